@@ -1,0 +1,38 @@
+# iop — common tasks. `make test` is the one command that runs every test.
+GO ?= go
+BIN := $(CURDIR)/bin
+PROTOC_GEN_GO_VERSION := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
+
+.PHONY: all build run test proto bench clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/iop ./cmd/iop
+
+# Runs the main job: an edge with an in-process node (local Ollama if present, else the simulator).
+run:
+	$(GO) run ./cmd/iop dev
+
+# Runs every test with the race detector. Installs nothing beyond Go modules today.
+test:
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./internal/scheduler/
+
+# Regenerates the protocol's Go code with pinned plugin versions (protoc from Debian's protobuf-compiler).
+proto:
+	@command -v protoc >/dev/null || (apt-get update -qq && apt-get install -y -qq protobuf-compiler)
+	GOBIN=$(BIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	GOBIN=$(BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	PATH=$(BIN):$$PATH protoc -I internal/wire \
+		--go_out=internal/wire --go_opt=paths=source_relative \
+		--go-grpc_out=internal/wire --go-grpc_opt=paths=source_relative \
+		internal/wire/node.proto
+	mkdir -p internal/wire/nodev1 && mv internal/wire/node.pb.go internal/wire/node_grpc.pb.go internal/wire/nodev1/
+
+clean:
+	rm -rf $(BIN)
