@@ -1,0 +1,25 @@
+package scheduler
+
+import "errors"
+
+// Admission outcomes. Callers map them to API errors with errors.Is; every
+// error the scheduler returns wraps exactly one of them (or a context error).
+var (
+	// ErrUnknownModel: the requested model is neither an alias nor a served model.
+	ErrUnknownModel = errors.New("unknown model")
+	// ErrNoProvider: the model is known but no live provider serves it.
+	ErrNoProvider = errors.New("no provider for model")
+	// ErrCandidatesRejected: providers exist but the request-local predicate
+	// rejected every one (e.g. none has a capability the request needs).
+	ErrCandidatesRejected = errors.New("no candidate accepts the request")
+	// ErrQueueFull: every candidate is busy and the group's queue holds max_queue waiters.
+	ErrQueueFull = errors.New("queue full")
+	// ErrQueueTimeout: the request waited the group's queue_timeout without a slot.
+	ErrQueueTimeout = errors.New("queue timeout")
+	// ErrProviderUnavailable: while the request waited, every candidate went away.
+	ErrProviderUnavailable = errors.New("provider unavailable")
+	// ErrInvalid: a constructor or update got an invalid argument; state is unchanged.
+	ErrInvalid = errors.New("invalid argument")
+	// ErrUnknownResource: no resource exists for the (node, provider) named.
+	ErrUnknownResource = errors.New("unknown resource")
+)

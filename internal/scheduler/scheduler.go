@@ -1,0 +1,711 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Default group policy (DESIGN.md "model group").
+const (
+	DefaultMaxQueue     = 16
+	DefaultQueueTimeout = 30 * time.Second
+)
+
+// Policy is the queue policy of one model group. A zero field means "the
+// default" in Config and "unchanged" in UpdatePolicy.
+type Policy struct {
+	// MaxQueue is the most requests that may wait in the group at once.
+	MaxQueue int
+	// QueueTimeout is how long one request may wait for a slot.
+	QueueTimeout time.Duration
+}
+
+func (p Policy) validate() error {
+	if p.MaxQueue < 0 {
+		return fmt.Errorf("%w: max_queue %d is negative", ErrInvalid, p.MaxQueue)
+	}
+	if p.QueueTimeout < 0 {
+		return fmt.Errorf("%w: queue_timeout %s is negative", ErrInvalid, p.QueueTimeout)
+	}
+	return nil
+}
+
+// overlay returns p with the non-zero fields of o applied.
+func (p Policy) overlay(o Policy) Policy {
+	if o.MaxQueue > 0 {
+		p.MaxQueue = o.MaxQueue
+	}
+	if o.QueueTimeout > 0 {
+		p.QueueTimeout = o.QueueTimeout
+	}
+	return p
+}
+
+// Config configures a Scheduler.
+type Config struct {
+	// Default is the policy of every group without an override; zero fields
+	// take DefaultMaxQueue and DefaultQueueTimeout.
+	Default Policy
+	// Groups holds per-model overrides, by group name; zero fields take Default.
+	Groups map[string]Policy
+	// Clock drives queue timeouts; nil means RealClock.
+	Clock Clock
+}
+
+// Validate reports a negative queue size or timeout, or an empty group name,
+// as an error wrapping ErrInvalid.
+func (c Config) Validate() error {
+	if err := c.Default.validate(); err != nil {
+		return fmt.Errorf("default policy: %w", err)
+	}
+	for name, p := range c.Groups {
+		if name == "" {
+			return fmt.Errorf("%w: empty model name in group policies", ErrInvalid)
+		}
+		if err := p.validate(); err != nil {
+			return fmt.Errorf("model %q: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// Candidate is one way to serve a request: a provider of one node
+// connection, and the served model name dispatch rewrites the request to.
+type Candidate struct {
+	NodeID     string
+	Generation uint64
+	ProviderID string
+	Target     string
+}
+
+// ResourceSpec describes one provider of a node connection for Activate.
+type ResourceSpec struct {
+	ProviderID string
+	// Capacity is the provider's max concurrent requests, ≥ 1.
+	Capacity int
+	// LongCapacity is its max concurrent long-context requests; 0 means Capacity.
+	LongCapacity int
+}
+
+func (r ResourceSpec) validate() error {
+	if r.ProviderID == "" {
+		return fmt.Errorf("%w: empty provider id", ErrInvalid)
+	}
+	return validateCapacity(r.ProviderID, r.Capacity, r.LongCapacity)
+}
+
+func validateCapacity(providerID string, capacity, longCapacity int) error {
+	if capacity < 1 {
+		return fmt.Errorf("%w: provider %q: capacity %d is below 1", ErrInvalid, providerID, capacity)
+	}
+	if longCapacity < 0 {
+		return fmt.Errorf("%w: provider %q: long capacity %d is negative", ErrInvalid, providerID, longCapacity)
+	}
+	return nil
+}
+
+// Request is one admission.
+type Request struct {
+	// Group is the model group: the model name the client asked for.
+	Group string
+	// Long marks a long-context request: it also needs a free long slot.
+	Long bool
+	// EstimatedInputTokens is carried into DispatchInfo for observability.
+	EstimatedInputTokens int
+	// Resolve returns the request's live candidates, already filtered by its
+	// request-local predicate. It is called under the scheduler's lock at
+	// admission and at every re-resolution (after Fence and Activate), so it
+	// must not call the scheduler. It returns an error wrapping
+	// ErrUnknownModel, ErrNoProvider or ErrCandidatesRejected when that is
+	// the case; any other error at re-resolution leaves the waiter queued.
+	Resolve func() ([]Candidate, error)
+}
+
+// QueueReason says how a lease was obtained.
+type QueueReason string
+
+const (
+	// ReasonImmediate: a slot was free at admission.
+	ReasonImmediate QueueReason = "immediate"
+	// ReasonQueued: the request waited for a slot to be handed over.
+	ReasonQueued QueueReason = "queued"
+)
+
+type resourceKey struct{ node, provider string }
+
+// resource holds the capacity counters of one (node, provider), shared by
+// every group that can use it.
+type resource struct {
+	key          resourceKey
+	generation   uint64
+	capacity     int
+	longCapacity int
+	inFlight     int
+	longInFlight int
+	orphan       bool
+	leases       map[*Lease]struct{}
+	// Waiters listing this resource, earliest first; long ones apart so a
+	// release can skip them cheaply when no long slot is free.
+	short, long waitHeap
+}
+
+func (r *resource) fits(long bool) bool {
+	if r.orphan || r.inFlight >= r.capacity {
+		return false
+	}
+	return !long || r.longInFlight < r.longCapacity
+}
+
+type group struct {
+	name   string
+	policy Policy
+	queued int
+}
+
+type waiterState uint8
+
+const (
+	waiting waiterState = iota
+	granted
+	failed
+	abandoned
+)
+
+type result struct {
+	lease *Lease
+	err   error
+}
+
+// waiter is one queued admission.
+type waiter struct {
+	seq      uint64
+	req      Request
+	group    *group
+	cands    []Candidate
+	refs     []*waitRef
+	state    waiterState
+	ch       chan result // one slot; exactly one send, by the settling lock holder
+	timer    Timer
+	enqueued time.Time
+	// prev, next link the global list of waiters in enqueue order.
+	prev, next *waiter
+}
+
+// Scheduler is the admission scheduler. Create it with New.
+type Scheduler struct {
+	clock     Clock
+	defaults  Policy
+	overrides map[string]Policy
+
+	mu        sync.Mutex // guards the fields below
+	resources map[resourceKey]*resource
+	nodes     map[string]map[string]*resource // node id → provider id → resource
+	groups    map[string]*group
+	byRun     map[string]*Lease
+	head      *waiter // earliest waiter
+	tail      *waiter // latest waiter
+	waiters   int
+	seq       uint64
+	leaseSeq  uint64
+	active    int // leases not yet released
+}
+
+// New returns a Scheduler, or an error wrapping ErrInvalid for a bad Config.
+func New(cfg Config) (*Scheduler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	clock := cfg.Clock
+	if clock == nil {
+		clock = RealClock()
+	}
+	overrides := make(map[string]Policy, len(cfg.Groups))
+	for name, p := range cfg.Groups {
+		overrides[name] = p
+	}
+	return &Scheduler{
+		clock:     clock,
+		defaults:  Policy{MaxQueue: DefaultMaxQueue, QueueTimeout: DefaultQueueTimeout}.overlay(cfg.Default),
+		overrides: overrides,
+		resources: make(map[resourceKey]*resource),
+		nodes:     make(map[string]map[string]*resource),
+		groups:    make(map[string]*group),
+		byRun:     make(map[string]*Lease),
+	}, nil
+}
+
+func (s *Scheduler) groupLocked(name string) *group {
+	g := s.groups[name]
+	if g == nil {
+		g = &group{name: name, policy: s.defaults.overlay(s.overrides[name])}
+		s.groups[name] = g
+	}
+	return g
+}
+
+// Admit reserves a slot for req, waiting in req.Group's queue if every
+// candidate is busy. It returns the lease, or an error wrapping
+// ErrUnknownModel, ErrNoProvider, ErrCandidatesRejected (from the resolver,
+// nothing reserved), ErrQueueFull (at once), ErrQueueTimeout,
+// ErrProviderUnavailable, ErrInvalid (empty group or nil resolver), or the
+// context's error. A slot handed over in the same instant as a timeout or
+// cancel is released, never lost.
+func (s *Scheduler) Admit(ctx context.Context, req Request) (*Lease, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	lease, w, err := s.enqueue(req)
+	if err != nil || lease != nil {
+		return lease, err
+	}
+	select {
+	case r := <-w.ch:
+		return r.lease, r.err
+	case <-ctx.Done():
+		return nil, s.abandon(w, ctx.Err())
+	}
+}
+
+// enqueue admits req at once (lease), queues it (waiter) or fails.
+func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
+	if req.Group == "" {
+		return nil, nil, fmt.Errorf("%w: empty model name", ErrInvalid)
+	}
+	if req.Resolve == nil {
+		return nil, nil, fmt.Errorf("%w: nil resolver", ErrInvalid)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cands, err := req.Resolve()
+	if err != nil {
+		return nil, nil, err
+	}
+	cands = s.liveLocked(cands)
+	if len(cands) == 0 {
+		return nil, nil, fmt.Errorf("%w %q", ErrNoProvider, req.Group)
+	}
+	g := s.groupLocked(req.Group)
+	if c, res := s.pickLocked(cands, req.Long); res != nil {
+		return s.reserveLocked(res, c, req, ReasonImmediate, 0), nil, nil
+	}
+	if g.queued >= g.policy.MaxQueue {
+		return nil, nil, fmt.Errorf("model %q: %w (%d waiting)", g.name, ErrQueueFull, g.queued)
+	}
+	s.seq++
+	w := &waiter{
+		seq:      s.seq,
+		req:      req,
+		group:    g,
+		ch:       make(chan result, 1),
+		enqueued: s.clock.Now(),
+	}
+	s.linkLocked(w, cands)
+	w.timer = s.clock.AfterFunc(g.policy.QueueTimeout, func() { s.expire(w) })
+	return nil, w, nil
+}
+
+// abandon withdraws w after its caller's context ended and returns cause.
+func (s *Scheduler) abandon(w *waiter, cause error) error {
+	s.mu.Lock()
+	if w.state == waiting {
+		s.unlinkLocked(w)
+		w.state = abandoned
+		s.mu.Unlock()
+		return cause
+	}
+	s.mu.Unlock()
+	// Settled in the same instant: the result is in w.ch already.
+	if r := <-w.ch; r.lease != nil {
+		r.lease.Release("abandoned")
+	}
+	return cause
+}
+
+func (s *Scheduler) expire(w *waiter) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w.state == waiting {
+		s.failLocked(w, fmt.Errorf("model %q: %w after %s", w.group.name, ErrQueueTimeout, w.group.policy.QueueTimeout))
+	}
+}
+
+// liveLocked keeps the candidates whose resource exists, is not orphan and
+// belongs to the candidate's generation, in a new slice.
+func (s *Scheduler) liveLocked(cands []Candidate) []Candidate {
+	live := cands[:0:0]
+	for _, c := range cands {
+		if r := s.resources[resourceKey{c.NodeID, c.ProviderID}]; r != nil && !r.orphan && r.generation == c.Generation {
+			live = append(live, c)
+		}
+	}
+	return live
+}
+
+// pickLocked returns the candidate with the lowest in-flight/capacity among
+// those with a free slot, ties by provider id then node id; nil if none.
+func (s *Scheduler) pickLocked(cands []Candidate, long bool) (Candidate, *resource) {
+	var best Candidate
+	var bestRes *resource
+	for _, c := range cands {
+		r := s.resources[resourceKey{c.NodeID, c.ProviderID}]
+		if r == nil || r.generation != c.Generation || !r.fits(long) {
+			continue
+		}
+		if bestRes == nil || lessLoaded(r, c, bestRes, best) {
+			best, bestRes = c, r
+		}
+	}
+	return best, bestRes
+}
+
+func lessLoaded(a *resource, ac Candidate, b *resource, bc Candidate) bool {
+	// a.inFlight/a.capacity < b.inFlight/b.capacity, without division.
+	la, lb := a.inFlight*b.capacity, b.inFlight*a.capacity
+	if la != lb {
+		return la < lb
+	}
+	if ac.ProviderID != bc.ProviderID {
+		return ac.ProviderID < bc.ProviderID
+	}
+	return ac.NodeID < bc.NodeID
+}
+
+func (s *Scheduler) reserveLocked(r *resource, c Candidate, req Request, reason QueueReason, wait time.Duration) *Lease {
+	r.inFlight++
+	if req.Long {
+		r.longInFlight++
+	}
+	s.leaseSeq++
+	s.active++
+	l := &Lease{
+		s:   s,
+		res: r,
+		id:  s.leaseSeq,
+		info: DispatchInfo{
+			NodeID:               c.NodeID,
+			Generation:           c.Generation,
+			ProviderID:           c.ProviderID,
+			Target:               c.Target,
+			Group:                req.Group,
+			Long:                 req.Long,
+			EstimatedInputTokens: req.EstimatedInputTokens,
+			QueueReason:          reason,
+			Wait:                 wait,
+		},
+	}
+	r.leases[l] = struct{}{}
+	return l
+}
+
+// grantLocked hands w a slot if one of its candidates has one.
+func (s *Scheduler) grantLocked(w *waiter) bool {
+	c, r := s.pickLocked(w.cands, w.req.Long)
+	if r == nil {
+		return false
+	}
+	s.unlinkLocked(w)
+	w.state = granted
+	w.ch <- result{lease: s.reserveLocked(r, c, w.req, ReasonQueued, s.clock.Now().Sub(w.enqueued))}
+	return true
+}
+
+func (s *Scheduler) failLocked(w *waiter, err error) {
+	s.unlinkLocked(w)
+	w.state = failed
+	w.ch <- result{err: err}
+}
+
+// linkLocked queues w with candidates cands: in the global list, its group's
+// count, and the heap of each distinct candidate resource.
+func (s *Scheduler) linkLocked(w *waiter, cands []Candidate) {
+	w.prev = s.tail
+	if s.tail != nil {
+		s.tail.next = w
+	} else {
+		s.head = w
+	}
+	s.tail = w
+	s.waiters++
+	w.group.queued++
+	s.setCandidatesLocked(w, cands)
+}
+
+// setCandidatesLocked replaces w's candidates and its places in the
+// per-resource heaps.
+func (s *Scheduler) setCandidatesLocked(w *waiter, cands []Candidate) {
+	s.dropRefsLocked(w)
+	w.cands = cands
+	for _, c := range cands {
+		r := s.resources[resourceKey{c.NodeID, c.ProviderID}]
+		if w.lists(r) {
+			continue
+		}
+		ref := &waitRef{w: w, res: r}
+		w.refs = append(w.refs, ref)
+		r.heap(w.req.Long).push(ref)
+	}
+}
+
+func (w *waiter) lists(r *resource) bool {
+	for _, ref := range w.refs {
+		if ref.res == r {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Scheduler) dropRefsLocked(w *waiter) {
+	for _, ref := range w.refs {
+		ref.res.heap(w.req.Long).remove(ref)
+	}
+	w.refs = w.refs[:0]
+}
+
+// unlinkLocked removes a waiting w from every queue structure.
+func (s *Scheduler) unlinkLocked(w *waiter) {
+	s.dropRefsLocked(w)
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		s.head = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	} else {
+		s.tail = w.prev
+	}
+	w.prev, w.next = nil, nil
+	s.waiters--
+	w.group.queued--
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+}
+
+func (r *resource) heap(long bool) *waitHeap {
+	if long {
+		return &r.long
+	}
+	return &r.short
+}
+
+// pumpResourceLocked hands r's free slots to the earliest waiters that can
+// use them.
+func (s *Scheduler) pumpResourceLocked(r *resource) {
+	for {
+		var next *waiter
+		if r.fits(false) {
+			next = r.short.peek()
+		}
+		if r.fits(true) {
+			if w := r.long.peek(); w != nil && (next == nil || w.seq < next.seq) {
+				next = w
+			}
+		}
+		if next == nil || !s.grantLocked(next) {
+			return
+		}
+	}
+}
+
+// pumpAllLocked walks every waiter in enqueue order and grants each one a
+// slot if any of its candidates has one.
+func (s *Scheduler) pumpAllLocked() {
+	for w := s.head; w != nil; {
+		next := w.next
+		s.grantLocked(w)
+		w = next
+	}
+}
+
+// reresolveLocked refreshes every waiter's candidates through its resolver,
+// fails the ones left with none, then pumps.
+func (s *Scheduler) reresolveLocked() {
+	for w := s.head; w != nil; {
+		next := w.next
+		cands, err := w.req.Resolve()
+		switch {
+		case errors.Is(err, ErrCandidatesRejected):
+			s.failLocked(w, err)
+		case errors.Is(err, ErrUnknownModel), errors.Is(err, ErrNoProvider):
+			s.failLocked(w, fmt.Errorf("model %q: %w: %w", w.group.name, ErrProviderUnavailable, err))
+		case err != nil:
+			// A resolver fault is recoverable: keep the waiter and its candidates.
+		default:
+			if cands = s.liveLocked(cands); len(cands) == 0 {
+				s.failLocked(w, fmt.Errorf("model %q: %w: every candidate is gone", w.group.name, ErrProviderUnavailable))
+			} else {
+				s.setCandidatesLocked(w, cands)
+			}
+		}
+		w = next
+	}
+	s.pumpAllLocked()
+}
+
+// releaseLocked moves l to released and frees its slot, without pumping. It
+// reports whether this call made the transition.
+func (s *Scheduler) releaseLocked(l *Lease, reason string) bool {
+	if l.state == leaseReleased {
+		return false
+	}
+	l.state = leaseReleased
+	l.reason = reason
+	if l.info.RunID != "" && s.byRun[l.info.RunID] == l {
+		delete(s.byRun, l.info.RunID)
+	}
+	r := l.res
+	delete(r.leases, l)
+	r.inFlight--
+	if l.info.Long {
+		r.longInFlight--
+	}
+	s.active--
+	return true
+}
+
+// ReleaseRun releases the lease tracked under runID (a terminal run event).
+// It reports whether a lease was released; an unknown or already released
+// run id is a no-op.
+func (s *Scheduler) ReleaseRun(runID, reason string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.byRun[runID]
+	if l == nil || !s.releaseLocked(l, reason) {
+		return false
+	}
+	s.pumpResourceLocked(l.res)
+	return true
+}
+
+// Activate makes the providers in specs available for the node's connection
+// generation gen, marks the node's other providers orphan, re-resolves every
+// waiter and hands out free slots. isCurrentOwner (nil = always) is called
+// under the scheduler's lock: when it reports false, or a newer generation of
+// the node was already activated, Activate changes nothing (a stale callback).
+// Invalid specs (empty or duplicate provider id, capacity < 1, negative long
+// capacity) return an error wrapping ErrInvalid and change nothing.
+func (s *Scheduler) Activate(nodeID string, gen uint64, specs []ResourceSpec, isCurrentOwner func() bool) error {
+	if nodeID == "" {
+		return fmt.Errorf("%w: empty node id", ErrInvalid)
+	}
+	seen := make(map[string]bool, len(specs))
+	for _, spec := range specs {
+		if err := spec.validate(); err != nil {
+			return fmt.Errorf("node %q: %w", nodeID, err)
+		}
+		if seen[spec.ProviderID] {
+			return fmt.Errorf("%w: node %q: duplicate provider id %q", ErrInvalid, nodeID, spec.ProviderID)
+		}
+		seen[spec.ProviderID] = true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if isCurrentOwner != nil && !isCurrentOwner() {
+		return nil
+	}
+	byProvider := s.nodes[nodeID]
+	for _, r := range byProvider {
+		if r.generation > gen {
+			return nil
+		}
+	}
+	if byProvider == nil {
+		byProvider = make(map[string]*resource, len(specs))
+		s.nodes[nodeID] = byProvider
+	}
+	for _, r := range byProvider {
+		if !seen[r.key.provider] {
+			r.orphan = true
+		}
+	}
+	for _, spec := range specs {
+		r := byProvider[spec.ProviderID]
+		if r == nil {
+			r = &resource{key: resourceKey{nodeID, spec.ProviderID}, leases: make(map[*Lease]struct{})}
+			byProvider[spec.ProviderID] = r
+			s.resources[r.key] = r
+		}
+		r.generation = gen
+		r.orphan = false
+		r.capacity, r.longCapacity = spec.Capacity, longOr(spec.LongCapacity, spec.Capacity)
+	}
+	s.reresolveLocked()
+	return nil
+}
+
+func longOr(long, capacity int) int {
+	if long == 0 {
+		return capacity
+	}
+	return long
+}
+
+// Fence settles a node connection that ended: every lease of the node with
+// generation ≤ gen is released and every resource of the node owned by a
+// generation ≤ gen is marked orphan; gen 0 fences the whole node. Waiters
+// then re-resolve their candidates. A fence that matches nothing (a callback
+// for a superseded generation) changes nothing.
+func (s *Scheduler) Fence(nodeID string, gen uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	changed := false
+	for _, r := range s.nodes[nodeID] {
+		for l := range r.leases {
+			if gen == 0 || l.info.Generation <= gen {
+				changed = s.releaseLocked(l, "node fenced") || changed
+			}
+		}
+		if !r.orphan && (gen == 0 || r.generation <= gen) {
+			r.orphan = true
+			changed = true
+		}
+	}
+	if changed {
+		s.reresolveLocked()
+	}
+}
+
+// SetCapacity changes a provider's capacity and long capacity (0 = capacity)
+// at once. A resource above its new capacity admits nothing until its
+// in-flight count drains below it. It returns an error wrapping ErrInvalid
+// (capacity < 1, negative long capacity) or ErrUnknownResource, changing
+// nothing.
+func (s *Scheduler) SetCapacity(nodeID, providerID string, capacity, longCapacity int) error {
+	if err := validateCapacity(providerID, capacity, longCapacity); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.resources[resourceKey{nodeID, providerID}]
+	if r == nil {
+		return fmt.Errorf("%w: node %q provider %q", ErrUnknownResource, nodeID, providerID)
+	}
+	r.capacity, r.longCapacity = capacity, longOr(longCapacity, capacity)
+	s.pumpResourceLocked(r)
+	return nil
+}
+
+// UpdatePolicy applies the non-zero fields of p to group name, for later
+// admissions; queued waiters keep their deadlines and in-flight leases are
+// untouched. A group not seen yet gets p as its override. It returns an
+// error wrapping ErrInvalid for an empty name or negative field.
+func (s *Scheduler) UpdatePolicy(name string, p Policy) error {
+	if name == "" {
+		return fmt.Errorf("%w: empty model name", ErrInvalid)
+	}
+	if err := p.validate(); err != nil {
+		return fmt.Errorf("model %q: %w", name, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.overrides[name] = s.overrides[name].overlay(p)
+	if g := s.groups[name]; g != nil {
+		g.policy = g.policy.overlay(p)
+	}
+	return nil
+}
