@@ -35,9 +35,10 @@ type Lease struct {
 	id  uint64
 
 	// Guarded by s.mu.
-	state  leaseState
-	info   DispatchInfo
-	reason string
+	prev, next *Lease // in res.leases while unreleased
+	state      leaseState
+	info       DispatchInfo
+	reason     string
 }
 
 // ID returns the lease's id, unique within its Scheduler.
@@ -88,4 +89,28 @@ func (l *Lease) Released() (bool, string) {
 	l.s.mu.Lock()
 	defer l.s.mu.Unlock()
 	return l.state == leaseReleased, l.reason
+}
+
+// leaseList is an intrusive doubly linked list of a resource's unreleased
+// leases: O(1) insert and remove, walked only by Fence.
+type leaseList struct{ head *Lease }
+
+func (ll *leaseList) push(l *Lease) {
+	l.next = ll.head
+	if ll.head != nil {
+		ll.head.prev = l
+	}
+	ll.head = l
+}
+
+func (ll *leaseList) remove(l *Lease) {
+	if l.prev != nil {
+		l.prev.next = l.next
+	} else {
+		ll.head = l.next
+	}
+	if l.next != nil {
+		l.next.prev = l.prev
+	}
+	l.prev, l.next = nil, nil
 }

@@ -116,7 +116,7 @@ type Request struct {
 	// EstimatedInputTokens is carried into DispatchInfo for observability.
 	EstimatedInputTokens int
 	// Resolve returns the request's live candidates, already filtered by its
-	// request-local predicate. It is called under the scheduler's lock at
+	// request-local predicate, in a slice the scheduler may keep and modify. It is called under the scheduler's lock at
 	// admission and at every re-resolution (after Fence and Activate), so it
 	// must not call the scheduler. It returns an error wrapping
 	// ErrUnknownModel, ErrNoProvider or ErrCandidatesRejected when that is
@@ -146,7 +146,7 @@ type resource struct {
 	inFlight     int
 	longInFlight int
 	orphan       bool
-	leases       map[*Lease]struct{}
+	leases       leaseList // unreleased leases on this resource
 	// Waiters listing this resource, earliest first; long ones apart so a
 	// release can skip them cheaply when no long slot is free.
 	short, long waitHeap
@@ -333,9 +333,9 @@ func (s *Scheduler) expire(w *waiter) {
 }
 
 // liveLocked keeps the candidates whose resource exists, is not orphan and
-// belongs to the candidate's generation, in a new slice.
+// belongs to the candidate's generation, filtering cands in place.
 func (s *Scheduler) liveLocked(cands []Candidate) []Candidate {
-	live := cands[:0:0]
+	live := cands[:0]
 	for _, c := range cands {
 		if r := s.resources[resourceKey{c.NodeID, c.ProviderID}]; r != nil && !r.orphan && r.generation == c.Generation {
 			live = append(live, c)
@@ -396,7 +396,7 @@ func (s *Scheduler) reserveLocked(r *resource, c Candidate, req Request, reason 
 			Wait:                 wait,
 		},
 	}
-	r.leases[l] = struct{}{}
+	r.leases.push(l)
 	return l
 }
 
@@ -559,7 +559,7 @@ func (s *Scheduler) releaseLocked(l *Lease, reason string) bool {
 		delete(s.byRun, l.info.RunID)
 	}
 	r := l.res
-	delete(r.leases, l)
+	r.leases.remove(l)
 	r.inFlight--
 	if l.info.Long {
 		r.longInFlight--
@@ -626,7 +626,7 @@ func (s *Scheduler) Activate(nodeID string, gen uint64, specs []ResourceSpec, is
 	for _, spec := range specs {
 		r := byProvider[spec.ProviderID]
 		if r == nil {
-			r = &resource{key: resourceKey{nodeID, spec.ProviderID}, leases: make(map[*Lease]struct{})}
+			r = &resource{key: resourceKey{nodeID, spec.ProviderID}}
 			byProvider[spec.ProviderID] = r
 			s.resources[r.key] = r
 		}
@@ -655,10 +655,12 @@ func (s *Scheduler) Fence(nodeID string, gen uint64) {
 	defer s.mu.Unlock()
 	changed := false
 	for _, r := range s.nodes[nodeID] {
-		for l := range r.leases {
+		for l := r.leases.head; l != nil; {
+			next := l.next
 			if gen == 0 || l.info.Generation <= gen {
 				changed = s.releaseLocked(l, "node fenced") || changed
 			}
+			l = next
 		}
 		if !r.orphan && (gen == 0 || r.generation <= gen) {
 			r.orphan = true
