@@ -1,0 +1,89 @@
+package edge
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+
+	"iop/internal/scheduler"
+)
+
+// candidate is a scheduler candidate with the provider behind it.
+type candidate struct {
+	scheduler.Candidate
+	prov *provider
+}
+
+// catalog maps requested model names to candidates: an alias from the
+// config to its targets, any other name to itself if some node serves it.
+type catalog struct {
+	aliases map[string][]string // immutable after newCatalog
+	reg     *registry
+}
+
+func newCatalog(models map[string]ModelConfig, reg *registry) *catalog {
+	aliases := make(map[string][]string, len(models))
+	for alias, m := range models {
+		aliases[alias] = slices.Clone(m.Targets)
+	}
+	return &catalog{aliases: aliases, reg: reg}
+}
+
+// resolve returns one candidate per healthy provider of a current node
+// connection that serves model's targets (the first target, in alias order,
+// the provider serves), ordered by node then provider. It returns an error
+// wrapping scheduler.ErrUnknownModel when model is neither an alias nor a
+// served name ever advertised, and scheduler.ErrNoProvider when no live
+// healthy provider serves it. It takes the registry's read lock, so it may
+// run under the scheduler's lock.
+func (c *catalog) resolve(model string) ([]candidate, error) {
+	targets, alias := c.aliases[model]
+	if !alias {
+		targets = []string{model}
+	}
+	c.reg.mu.RLock()
+	defer c.reg.mu.RUnlock()
+	if !alias && !c.reg.seen[model] {
+		return nil, fmt.Errorf("%w %q", scheduler.ErrUnknownModel, model)
+	}
+	var out []candidate
+	taken := make(map[*provider]bool)
+	for _, t := range targets {
+		for _, s := range c.reg.served[t] {
+			if taken[s.p] || !s.p.healthy {
+				continue
+			}
+			taken[s.p] = true
+			out = append(out, candidate{
+				Candidate: scheduler.Candidate{NodeID: s.c.nodeID, Generation: s.c.gen, ProviderID: s.p.id, Target: t},
+				prov:      s.p,
+			})
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w %q: no live healthy provider serves it", scheduler.ErrNoProvider, model)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].NodeID != out[j].NodeID {
+			return out[i].NodeID < out[j].NodeID
+		}
+		return out[i].ProviderID < out[j].ProviderID
+	})
+	return out, nil
+}
+
+// models returns every alias and every model name served by a current
+// node connection, sorted, without repeats.
+func (c *catalog) models() []string {
+	c.reg.mu.RLock()
+	names := make([]string, 0, len(c.aliases)+len(c.reg.served))
+	for m := range c.reg.served {
+		names = append(names, m)
+	}
+	c.reg.mu.RUnlock()
+	for a := range c.aliases {
+		names = append(names, a)
+	}
+	sort.Strings(names)
+	return slices.Compact(names)
+}

@@ -1,0 +1,221 @@
+package edge
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sort"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"iop/internal/scheduler"
+)
+
+// Defaults applied by Config.SetDefaults to zero fields.
+const (
+	DefaultListen            = "127.0.0.1:8080"
+	DefaultNodeListen        = "127.0.0.1:7070"
+	DefaultHeartbeatInterval = 5 * time.Second
+	DefaultDispatchTimeout   = 10 * time.Second
+	DefaultMaxQueue          = scheduler.DefaultMaxQueue     // 16
+	DefaultQueueTimeout      = scheduler.DefaultQueueTimeout // 30s
+)
+
+// Config is the edge's configuration, loaded once from YAML (LoadConfig) and
+// overridden by flags. A zero field means its documented default; durations
+// are Go duration strings in YAML ("30s", "1m30s").
+//
+//	listen: 127.0.0.1:8080
+//	node_listen: 0.0.0.0:7070
+//	heartbeat_interval: 5s
+//	dispatch_timeout: 10s
+//	queue: {max_queue: 16, queue_timeout: 30s}
+//	models:
+//	  llama3:
+//	    targets: [llama3.1:8b, meta-llama/Llama-3.1-8B-Instruct]
+//	    max_queue: 32
+//	    queue_timeout: 1m
+//	tokens: [s3cret-node-token]
+type Config struct {
+	// Listen is the HTTP API address (host:port); default 127.0.0.1:8080.
+	// The edge core does not serve it; the HTTP layer does.
+	Listen string `yaml:"listen"`
+	// NodeListen is the gRPC address nodes dial (host:port); default
+	// 127.0.0.1:7070.
+	NodeListen string `yaml:"node_listen"`
+	// HeartbeatInterval is how often both sides send a heartbeat on a
+	// node's control stream; a connection silent for 3 intervals is fenced.
+	// Default 5s.
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	// DispatchTimeout bounds the time from sending a Dispatch to the node
+	// opening that run's Run stream; default 10s.
+	DispatchTimeout time.Duration `yaml:"dispatch_timeout"`
+	// Queue is the default policy of every model group.
+	Queue QueueConfig `yaml:"queue"`
+	// Models maps an alias clients may request to the served model names
+	// that can answer it, with per-model queue overrides. A served model
+	// name needs no entry to be requested.
+	Models map[string]ModelConfig `yaml:"models"`
+	// Tokens are the node tokens accepted in Hello; empty accepts any.
+	Tokens []string `yaml:"tokens"`
+}
+
+// QueueConfig is a model group's queue policy; zero fields take the defaults
+// (max_queue 16, queue_timeout 30s).
+type QueueConfig struct {
+	// MaxQueue is the most requests that may wait in one group at once.
+	MaxQueue int `yaml:"max_queue"`
+	// QueueTimeout is how long one request may wait for a slot.
+	QueueTimeout time.Duration `yaml:"queue_timeout"`
+}
+
+// ModelConfig is one alias: its served targets and its queue overrides
+// (zero = the queue defaults).
+type ModelConfig struct {
+	// Targets are served model names, in order of preference when one
+	// provider serves several of them. At least one.
+	Targets      []string      `yaml:"targets"`
+	MaxQueue     int           `yaml:"max_queue"`
+	QueueTimeout time.Duration `yaml:"queue_timeout"`
+}
+
+// DefaultConfig returns the configuration with every default filled in.
+func DefaultConfig() Config {
+	var c Config
+	c.SetDefaults()
+	return c
+}
+
+// SetDefaults fills zero fields with their documented defaults.
+func (c *Config) SetDefaults() {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.NodeListen == "" {
+		c.NodeListen = DefaultNodeListen
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.DispatchTimeout == 0 {
+		c.DispatchTimeout = DefaultDispatchTimeout
+	}
+	if c.Queue.MaxQueue == 0 {
+		c.Queue.MaxQueue = DefaultMaxQueue
+	}
+	if c.Queue.QueueTimeout == 0 {
+		c.Queue.QueueTimeout = DefaultQueueTimeout
+	}
+}
+
+// Validate reports the first problem of a configuration whose defaults are
+// set, as an error wrapping ErrInvalidConfig: an address that is not
+// host:port, a non-positive interval or timeout, a negative queue field, an
+// alias with an empty name or no (or an empty or repeated) target, an empty
+// token.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...))
+	}
+	for _, a := range []struct{ name, addr string }{{"listen", c.Listen}, {"node_listen", c.NodeListen}} {
+		if _, _, err := net.SplitHostPort(a.addr); err != nil {
+			bad("%s %q is not host:port", a.name, a.addr)
+		}
+	}
+	if c.HeartbeatInterval <= 0 {
+		bad("heartbeat_interval %s must be positive", c.HeartbeatInterval)
+	}
+	if c.DispatchTimeout <= 0 {
+		bad("dispatch_timeout %s must be positive", c.DispatchTimeout)
+	}
+	if c.Queue.MaxQueue < 0 {
+		bad("queue.max_queue %d is negative", c.Queue.MaxQueue)
+	}
+	if c.Queue.QueueTimeout < 0 {
+		bad("queue.queue_timeout %s is negative", c.Queue.QueueTimeout)
+	}
+	aliases := make([]string, 0, len(c.Models))
+	for alias := range c.Models {
+		aliases = append(aliases, alias)
+	}
+	sort.Strings(aliases)
+	for _, alias := range aliases {
+		m := c.Models[alias]
+		if alias == "" {
+			bad("models: empty model name")
+			continue
+		}
+		if len(m.Targets) == 0 {
+			bad("models.%s: no targets", alias)
+		}
+		seen := make(map[string]bool, len(m.Targets))
+		for _, t := range m.Targets {
+			if t == "" {
+				bad("models.%s: empty target", alias)
+			} else if seen[t] {
+				bad("models.%s: target %q repeated", alias, t)
+			}
+			seen[t] = true
+		}
+		if m.MaxQueue < 0 {
+			bad("models.%s.max_queue %d is negative", alias, m.MaxQueue)
+		}
+		if m.QueueTimeout < 0 {
+			bad("models.%s.queue_timeout %s is negative", alias, m.QueueTimeout)
+		}
+	}
+	for i, t := range c.Tokens {
+		if t == "" {
+			bad("tokens[%d] is empty", i)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// LoadConfig reads the YAML file at path, rejecting unknown fields, fills
+// defaults and validates it. Errors wrap ErrInvalidConfig, or are the
+// file's read error.
+func LoadConfig(path string) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, err
+	}
+	return ParseConfig(data)
+}
+
+// ParseConfig is LoadConfig on YAML bytes. An empty document is the default
+// configuration.
+func ParseConfig(data []byte) (Config, error) {
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	c.SetDefaults()
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// schedulerConfig derives the scheduler's queue policies: the default, and
+// one override per alias that sets a field.
+func (c Config) schedulerConfig(clk scheduler.Clock) scheduler.Config {
+	sc := scheduler.Config{
+		Default: scheduler.Policy{MaxQueue: c.Queue.MaxQueue, QueueTimeout: c.Queue.QueueTimeout},
+		Groups:  make(map[string]scheduler.Policy),
+		Clock:   clk,
+	}
+	for alias, m := range c.Models {
+		if m.MaxQueue != 0 || m.QueueTimeout != 0 {
+			sc.Groups[alias] = scheduler.Policy{MaxQueue: m.MaxQueue, QueueTimeout: m.QueueTimeout}
+		}
+	}
+	return sc
+}

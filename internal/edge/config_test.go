@@ -1,0 +1,107 @@
+package edge
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/internal/scheduler"
+)
+
+const exampleConfig = `
+listen: 0.0.0.0:8080
+node_listen: 0.0.0.0:7070
+heartbeat_interval: 2s
+dispatch_timeout: 15s
+queue:
+  max_queue: 8
+  queue_timeout: 1m
+models:
+  llama3:
+    targets: [llama3.1:8b, meta-llama/Llama-3.1-8B-Instruct]
+    max_queue: 32
+  embed:
+    targets: [nomic-embed-text]
+    queue_timeout: 5s
+tokens: [s3cret]
+`
+
+func TestLoadConfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "edge.yaml")
+	if err := os.WriteFile(path, []byte(exampleConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Listen != "0.0.0.0:8080" || cfg.NodeListen != "0.0.0.0:7070" || cfg.HeartbeatInterval != 2*time.Second ||
+		cfg.DispatchTimeout != 15*time.Second || cfg.Queue.MaxQueue != 8 || cfg.Queue.QueueTimeout != time.Minute ||
+		len(cfg.Tokens) != 1 || cfg.Tokens[0] != "s3cret" {
+		t.Errorf("config %+v", cfg)
+	}
+	if m := cfg.Models["llama3"]; len(m.Targets) != 2 || m.Targets[1] != "meta-llama/Llama-3.1-8B-Instruct" || m.MaxQueue != 32 {
+		t.Errorf("llama3 %+v", m)
+	}
+	sc := cfg.schedulerConfig(nil)
+	if sc.Default != (scheduler.Policy{MaxQueue: 8, QueueTimeout: time.Minute}) ||
+		sc.Groups["llama3"] != (scheduler.Policy{MaxQueue: 32}) || sc.Groups["embed"] != (scheduler.Policy{QueueTimeout: 5 * time.Second}) {
+		t.Errorf("scheduler config %+v", sc)
+	}
+	if _, err := LoadConfig(filepath.Join(t.TempDir(), "missing.yaml")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: %v", err)
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	cfg, err := ParseConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{
+		Listen: "127.0.0.1:8080", NodeListen: "127.0.0.1:7070",
+		HeartbeatInterval: 5 * time.Second, DispatchTimeout: 10 * time.Second,
+		Queue: QueueConfig{MaxQueue: 16, QueueTimeout: 30 * time.Second},
+	}
+	if cfg.Listen != want.Listen || cfg.NodeListen != want.NodeListen || cfg.HeartbeatInterval != want.HeartbeatInterval ||
+		cfg.DispatchTimeout != want.DispatchTimeout || cfg.Queue != want.Queue {
+		t.Errorf("defaults %+v, want %+v", cfg, want)
+	}
+	if d := DefaultConfig(); d.Queue != want.Queue || d.Listen != want.Listen {
+		t.Errorf("DefaultConfig() = %+v", d)
+	}
+}
+
+func TestConfigInvalid(t *testing.T) {
+	tests := []struct {
+		name, yaml, text string
+	}{
+		{"unknown field", "listne: x", "listne"},
+		{"integer duration", "dispatch_timeout: 5", "into time.Duration"},
+		{"bad duration", "heartbeat_interval: soon", "soon"},
+		{"negative heartbeat", "heartbeat_interval: -1s", "heartbeat_interval"},
+		{"listen not host:port", "listen: localhost", "listen"},
+		{"node_listen not host:port", "node_listen: ':x:y'", "node_listen"},
+		{"negative max_queue", "queue: {max_queue: -1}", "max_queue"},
+		{"negative queue_timeout", "queue: {queue_timeout: -5s}", "queue_timeout"},
+		{"alias without targets", "models: {a: {}}", "no targets"},
+		{"empty target", `models: {a: {targets: [""]}}`, "empty target"},
+		{"repeated target", "models: {a: {targets: [x, x]}}", "repeated"},
+		{"negative model max_queue", "models: {a: {targets: [x], max_queue: -2}}", "models.a.max_queue"},
+		{"empty token", `tokens: [""]`, "tokens[0]"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseConfig([]byte(tc.yaml))
+			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.text) {
+				t.Fatalf("ParseConfig = %v, want ErrInvalidConfig mentioning %q", err, tc.text)
+			}
+		})
+	}
+	if _, err := NewServer(Config{DispatchTimeout: -time.Second}, Deps{}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("NewServer with a bad config = %v, want ErrInvalidConfig", err)
+	}
+}

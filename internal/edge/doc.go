@@ -1,0 +1,75 @@
+// Package edge is the edge's core: the node registry, the model catalog, the
+// gRPC NodeGateway endpoint nodes dial, and the dispatch Service the HTTP API
+// (package edge/api) calls. The admission decisions are the scheduler's
+// (package scheduler); this package feeds it live candidates and node
+// lifecycle, and carries admitted requests to nodes and their answers back.
+//
+// # Nodes and generations
+//
+// A node opens one Connect stream (DESIGN.md "Edge ↔ node protocol"). Its
+// Hello is validated (non-empty node_id; at least one provider; provider ids
+// unique and non-empty; each provider at least one model; capacity and
+// long_capacity ≥ 0, capacity 0 meaning runtime_concurrency, else 1,
+// long_capacity 0 meaning capacity; a known execution path; an accepted
+// token when Config.Tokens is set). A bad Hello gets HelloRefused{reason}
+// and the stream ends; the edge keeps serving. An accepted one gets a
+// generation greater than every one handed out before, replaces (and
+// closes) the node's previous connection, is answered Welcome, and its
+// providers are activated in the scheduler. When the stream ends, the node
+// is silent for 3 heartbeat intervals, a newer connection replaces it, or
+// the edge stops, the generation is fenced: its leases are released, its
+// resources orphaned, its unfinished runs end with ErrNodeGone.
+//
+// # Catalog
+//
+// A requested model name is a configured alias, resolving to its targets,
+// or a served model name some node advertised, resolving to itself. Its
+// candidates are the healthy providers of current connections serving a
+// target. A name never advertised and not an alias is unknown
+// (scheduler.ErrUnknownModel); a known one without a live provider has none
+// (scheduler.ErrNoProvider). The request's capability needs filter the
+// candidates inside the resolver (scheduler.ErrCandidatesRejected, naming
+// the capability, when they reject every one).
+//
+// # Runs
+//
+// Service.Dispatch admits a request, sends Dispatch on the selected
+// generation's control stream only (if that generation was replaced, the
+// lease is released and the request admitted once more), and waits, up to
+// Config.DispatchTimeout, for the node to open the run's own Run stream with
+// RunOpen naming the run and the same generation; any other RunOpen is
+// refused with a gRPC status. The Run handler sends the body down and then
+// blocks until the run ends; the caller of Run.Recv reads the stream
+// directly, so each run is flow-controlled on its own. A node ends a run by
+// sending its terminal message and reading until the edge ends the stream;
+// cancelling the Run stream aborts the run (ErrNodeGone).
+//
+// # Concurrency
+//
+// Locks, in the only order they nest: Run.mu, then the scheduler's lock,
+// then registry.mu. Run.finish holds Run.mu while it releases the lease, so
+// whoever sees a run ended finds its slot already free. The resolvers and
+// ownership checks the scheduler calls under its lock take registry.mu for
+// reading; nothing calls the scheduler while holding registry.mu.
+// Service.mu (the runs map) and conn.mu (a connection's outbox, closed flag,
+// last-seen time) are leaves: no call goes out while one is held.
+//
+// Goroutines: each Connect handler is the sole sender on its control stream
+// and the sole writer of its connection's lifecycle; one reader goroutine
+// per connection is the sole caller of its Recv and hands messages to the
+// handler. Other goroutines reach a node only through conn.enqueue, which
+// never blocks (a backlog over 4096 messages closes the connection). Each
+// Run handler is the sole sender on its run stream (the body, then a
+// Cancel); the caller of Run.Recv is the sole receiver after RunOpen.
+// Timers (heartbeats, hello and dispatch timeouts) run on the injected
+// clock; their callbacks only signal a channel or end a pending run.
+//
+// Every run is finalized exactly once, by Run.finish, whichever comes
+// first: Recv seeing a terminal message or a stream error, Close, the
+// dispatch timeout, DispatchRefused, the caller's context while
+// dispatching, the end of its connection or of its Run stream, or the
+// edge stopping. The state change under Run.mu decides the winner; only
+// the winner releases the lease (scheduler.Lease.Release, itself
+// idempotent), forgets the run, and sends Cancel when the run did not end
+// on the node. Closing Run.ended then lets the Run handler return.
+package edge

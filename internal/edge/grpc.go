@@ -1,0 +1,301 @@
+package edge
+
+import (
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+
+	"iop/internal/wire/nodev1"
+)
+
+// grpcServer is the edge's side of the NodeGateway service.
+type grpcServer struct {
+	nodev1.UnimplementedNodeGatewayServer
+	s *Service
+}
+
+var _ nodev1.NodeGatewayServer = (*grpcServer)(nil)
+
+// Connect serves one node's control stream: Hello → Welcome (or
+// HelloRefused and the end of the stream), then heartbeats, provider
+// updates, dispatch refusals up and dispatches, cancels down, until the
+// stream ends, 3 heartbeat intervals pass without a message from the node,
+// a newer connection of the node replaces it, or the edge stops. Its end
+// fences the connection's generation.
+func (g *grpcServer) Connect(stream nodev1.NodeGateway_ConnectServer) error {
+	err := g.s.serveConn(stream)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return grpcError(err)
+	}
+	return nil
+}
+
+// Run serves one run's stream: its first message is RunOpen naming a
+// pending run and the generation it was dispatched on; then the body goes
+// down and the caller of Run.Recv reads the node's messages directly from
+// this stream. The handler returns when the run ends.
+func (g *grpcServer) Run(stream nodev1.NodeGateway_RunServer) error {
+	return grpcError(g.s.serveRun(stream))
+}
+
+// received is one result of the control stream's reader goroutine.
+type received struct {
+	msg *nodev1.NodeMessage
+	err error
+}
+
+func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
+	ctx := stream.Context()
+	in := make(chan received)
+	done := make(chan struct{})
+	defer close(done)
+	// The reader: the only caller of stream.Recv. It ends when the stream
+	// does, which happens once this handler returns.
+	go func() {
+		for {
+			m, err := stream.Recv()
+			select {
+			case in <- received{m, err}:
+			case <-done:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+
+	hb := s.cfg.HeartbeatInterval
+	helloTimeout := make(chan struct{})
+	helloTimer := s.clock.AfterFunc(3*hb, func() { close(helloTimeout) })
+	defer helloTimer.Stop()
+	var hello *nodev1.Hello
+	select {
+	case r := <-in:
+		if r.err != nil {
+			return r.err
+		}
+		if hello = r.msg.GetHello(); hello == nil {
+			return fmt.Errorf("%w: first message is not Hello", errHelloInvalid)
+		}
+	case <-helloTimeout:
+		return errHelloTimeout
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.shutdown:
+		return errShutdown
+	}
+	helloTimer.Stop()
+
+	c, err := s.accept(hello)
+	if err != nil {
+		s.log.Warn("node refused", "node", hello.GetNodeId(), "reason", err)
+		_ = stream.Send(&nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_HelloRefused{HelloRefused: &nodev1.HelloRefused{Reason: err.Error()}}})
+		return err
+	}
+	if old := s.reg.add(c); old != nil {
+		old.supersede()
+	}
+	cause := errors.New("unknown")
+	defer func() { s.closeConn(c, cause) }()
+	log := s.log.With("node", c.nodeID, "generation", c.gen)
+
+	// Heartbeats tick on the injected clock; the tick that finds the node
+	// silent for 3 intervals ends the connection. Armed before Welcome so
+	// the node's first heartbeat interval starts now.
+	ticks := make(chan struct{}, 1)
+	tick := func() {
+		select {
+		case ticks <- struct{}{}:
+		default:
+		}
+	}
+	t := s.clock.AfterFunc(hb, tick)
+	defer func() { t.Stop() }()
+
+	welcome := &nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_Welcome{Welcome: &nodev1.Welcome{Generation: c.gen, HeartbeatIntervalMs: hb.Milliseconds()}}}
+	if err := stream.Send(welcome); err != nil {
+		cause = err
+		return err
+	}
+	if err := s.sched.Activate(c.nodeID, c.gen, s.reg.specs(c), func() bool { return s.reg.isCurrent(c) }); err != nil {
+		cause = fmt.Errorf("%w: %w", errActivate, err)
+		return cause
+	}
+	s.reg.notify()
+	log.Info("node connected", "label", c.label, "version", c.version, "providers", len(c.providers))
+
+	for {
+		select {
+		case r := <-in:
+			if r.err != nil {
+				cause = r.err
+				return r.err
+			}
+			c.touch(s.clock.Now())
+			s.handleNodeMessage(c, r.msg)
+		case <-c.wake:
+			for _, m := range c.takeOutbox() {
+				if err := stream.Send(m); err != nil {
+					cause = err
+					return err
+				}
+			}
+		case <-ticks:
+			now := s.clock.Now()
+			if silent := now.Sub(c.seen()); silent >= 3*hb {
+				cause = fmt.Errorf("%w: node silent for %s", errHeartbeatMissed, silent)
+				return cause
+			}
+			t = s.clock.AfterFunc(hb, tick)
+			if err := stream.Send(&nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_Heartbeat{Heartbeat: &nodev1.Heartbeat{UnixNano: now.UnixNano()}}}); err != nil {
+				cause = err
+				return err
+			}
+		case <-c.superseded:
+			cause = errSuperseded
+			return cause
+		case <-c.broken:
+			cause = errOutboxFull
+			return cause
+		case <-ctx.Done():
+			cause = ctx.Err()
+			return cause
+		case <-s.shutdown:
+			cause = errShutdown
+			return cause
+		}
+	}
+}
+
+// accept checks a Hello's token and contents and builds its connection.
+func (s *Service) accept(h *nodev1.Hello) (*conn, error) {
+	if len(s.cfg.Tokens) > 0 {
+		ok := false
+		for _, t := range s.cfg.Tokens {
+			if subtle.ConstantTimeCompare([]byte(t), []byte(h.GetToken())) == 1 {
+				ok = true
+			}
+		}
+		if !ok {
+			return nil, errBadToken
+		}
+	}
+	return parseHello(h, s.clock.Now())
+}
+
+// closeConn settles a connection that ended: it leaves the registry, its
+// generation is fenced in the scheduler (which releases its leases and
+// re-resolves waiters), and its unfinished runs end with ErrNodeGone.
+func (s *Service) closeConn(c *conn, cause error) {
+	s.reg.remove(c)
+	c.close()
+	s.sched.Fence(c.nodeID, c.gen)
+	for _, r := range s.runsOf(c) {
+		r.finish("node gone", fmt.Errorf("%w: node %q generation %d: %w", ErrNodeGone, c.nodeID, c.gen, cause), false)
+	}
+	s.reg.notify()
+	s.log.Info("node disconnected", "node", c.nodeID, "generation", c.gen, "cause", cause)
+}
+
+func (s *Service) handleNodeMessage(c *conn, m *nodev1.NodeMessage) {
+	switch msg := m.GetMsg().(type) {
+	case *nodev1.NodeMessage_Heartbeat:
+	case *nodev1.NodeMessage_ProviderUpdate:
+		s.updateProvider(c, msg.ProviderUpdate)
+	case *nodev1.NodeMessage_DispatchRefused:
+		id := msg.DispatchRefused.GetRunId()
+		if r := s.run(id); r != nil && r.conn == c {
+			r.finishIf(func(st runState) bool { return st == runPending }, "dispatch refused",
+				fmt.Errorf("%w: node %q: %s", ErrDispatchRefused, c.nodeID, msg.DispatchRefused.GetReason()), false)
+		}
+	default:
+		s.log.Warn("unexpected control message", "node", c.nodeID, "generation", c.gen, "type", fmt.Sprintf("%T", msg))
+	}
+}
+
+// updateProvider applies a ProviderUpdate: a capacity change goes to the
+// scheduler at once; a health change re-activates the connection's
+// resources so queued requests re-resolve their candidates.
+func (s *Service) updateProvider(c *conn, u *nodev1.ProviderUpdate) {
+	ch, ok := s.reg.update(c, u)
+	if !ok {
+		s.log.Warn("provider update ignored", "node", c.nodeID, "provider", u.GetProviderId(), "capacity", u.GetCapacity(), "long_capacity", u.GetLongCapacity())
+		return
+	}
+	if ch.capacityChanged {
+		if err := s.sched.SetCapacity(c.nodeID, u.GetProviderId(), ch.capacity, ch.longCapacity); err != nil {
+			s.log.Warn("capacity update failed", "node", c.nodeID, "provider", u.GetProviderId(), "err", err)
+		}
+	}
+	if ch.healthChanged {
+		if err := s.sched.Activate(c.nodeID, c.gen, s.reg.specs(c), func() bool { return s.reg.isCurrent(c) }); err != nil {
+			s.log.Warn("re-activation failed", "node", c.nodeID, "err", err)
+		}
+	}
+	s.reg.notify()
+}
+
+func (s *Service) serveRun(stream nodev1.NodeGateway_RunServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	open := first.GetOpen()
+	if open == nil {
+		return errRunOpenMissing
+	}
+	r := s.run(open.GetRunId())
+	if r == nil {
+		return fmt.Errorf("%w: run %q", errRunNotPending, open.GetRunId())
+	}
+	if r.info.NodeID != open.GetNodeId() || r.info.Generation != open.GetGeneration() {
+		return fmt.Errorf("%w: run %q went to node %q generation %d, not node %q generation %d",
+			errRunStale, r.info.RunID, r.info.NodeID, r.info.Generation, open.GetNodeId(), open.GetGeneration())
+	}
+	if !r.attach(stream) {
+		return fmt.Errorf("%w: run %q", errRunNotPending, open.GetRunId())
+	}
+
+	if err := s.sendBody(stream, r); err != nil {
+		r.finish("body send failed", fmt.Errorf("%w: node %q run %q: %w", ErrNodeGone, r.info.NodeID, r.info.RunID, err), false)
+		return err
+	}
+	select {
+	case <-r.ended:
+	case <-stream.Context().Done():
+		r.finish("run stream closed", fmt.Errorf("%w: node %q run %q: %w", ErrNodeGone, r.info.NodeID, r.info.RunID, errRunAborted), false)
+		return stream.Context().Err()
+	case <-s.shutdown:
+		r.finish("edge shutting down", fmt.Errorf("%w: %w", ErrNodeGone, errShutdown), true)
+	}
+	if cancel, reason := r.cancelled(); cancel {
+		_ = stream.Send(&nodev1.RunDown{Msg: &nodev1.RunDown_Cancel{Cancel: &nodev1.Cancel{RunId: r.info.RunID, Reason: reason}}})
+	}
+	return nil
+}
+
+// sendBody sends r's body down its stream in chunks of at most
+// maxBodyChunk bytes, the last one marked; an empty body is one empty last
+// chunk. It stops early, without error, when the run ends.
+func (s *Service) sendBody(stream nodev1.NodeGateway_RunServer, r *Run) error {
+	body := r.body
+	for {
+		select {
+		case <-r.ended:
+			return nil
+		default:
+		}
+		n := min(len(body), maxBodyChunk)
+		last := n == len(body)
+		if err := stream.Send(&nodev1.RunDown{Msg: &nodev1.RunDown_Body{Body: &nodev1.Body{Data: body[:n], Last: last}}}); err != nil {
+			return err
+		}
+		body = body[n:]
+		if last {
+			close(r.bodySent)
+			return nil
+		}
+	}
+}

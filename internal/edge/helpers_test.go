@@ -1,0 +1,442 @@
+package edge
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"iop/internal/clock"
+	"iop/internal/wire/nodev1"
+)
+
+// failsafe bounds every wait of a test on another goroutine; it is never
+// reached by a passing test.
+const failsafe = 10 * time.Second
+
+// Durations of the default test config: all different, so a test can wait
+// for one kind of timer to be armed. The heartbeat interval is long enough
+// that advancing the clock for a dispatch timeout never fences a node.
+const (
+	testHeartbeat       = time.Hour
+	testDispatchTimeout = 7 * time.Second
+	testQueueTimeout    = 30 * time.Second
+)
+
+// testClock is a clock.Fake that counts the timers armed per duration, so
+// a test can wait until a goroutine armed the timer it is about to fire.
+type testClock struct {
+	*clock.Fake
+	mu      sync.Mutex
+	armed   map[time.Duration]int
+	changed chan struct{}
+}
+
+func newTestClock() *testClock {
+	return &testClock{
+		Fake:    clock.NewFake(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)),
+		armed:   make(map[time.Duration]int),
+		changed: make(chan struct{}),
+	}
+}
+
+func (c *testClock) AfterFunc(d time.Duration, f func()) clock.Timer {
+	t := c.Fake.AfterFunc(d, f)
+	c.mu.Lock()
+	c.armed[d]++
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.mu.Unlock()
+	return t
+}
+
+// waitArmed waits until at least n timers of duration d have been armed
+// since the clock was made.
+func (c *testClock) waitArmed(t *testing.T, d time.Duration, n int) {
+	t.Helper()
+	deadline := time.After(failsafe)
+	for {
+		c.mu.Lock()
+		got, ch := c.armed[d], c.changed
+		c.mu.Unlock()
+		if got >= n {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("timer of %s armed %d times, want %d", d, got, n)
+		}
+	}
+}
+
+type testEdge struct {
+	srv    *Server
+	svc    *Service
+	clk    *testClock
+	client nodev1.NodeGatewayClient
+	stop   func() error // stops Serve and returns its error
+}
+
+func testConfig() Config {
+	return Config{
+		HeartbeatInterval: testHeartbeat,
+		DispatchTimeout:   testDispatchTimeout,
+		Queue:             QueueConfig{QueueTimeout: testQueueTimeout},
+		Models: map[string]ModelConfig{
+			"chat": {Targets: []string{"m-big", "m-small"}},
+		},
+	}
+}
+
+// startEdge serves cfg on 127.0.0.1:0 with a fake clock and dials it.
+func startEdge(t *testing.T, cfg Config) *testEdge {
+	t.Helper()
+	clk := newTestClock()
+	srv, err := NewServer(cfg, Deps{Clock: clk})
+	if err != nil {
+		t.Fatalf("NewServer: %v", err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, lis) }()
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	var serveErr error
+	stop := func() error {
+		once.Do(func() {
+			cancel()
+			serveErr = <-served
+		})
+		return serveErr
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+		cc.Close()
+	})
+	return &testEdge{srv: srv, svc: srv.Service(), clk: clk, client: nodev1.NewNodeGatewayClient(cc), stop: stop}
+}
+
+// waitUntil waits until cond holds for the service's snapshot, re-checking
+// at every registry change.
+func (e *testEdge) waitUntil(t *testing.T, what string, cond func(Snapshot) bool) Snapshot {
+	t.Helper()
+	deadline := time.After(failsafe)
+	for {
+		ch := e.svc.reg.changes()
+		snap := e.svc.Snapshot()
+		if cond(snap) {
+			return snap
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("timed out waiting for %s; snapshot %+v", what, snap)
+		}
+	}
+}
+
+func providerOf(snap Snapshot, node, id string) (ProviderSnapshot, bool) {
+	for _, p := range snap.Providers {
+		if p.NodeID == node && p.ProviderID == id {
+			return p, true
+		}
+	}
+	return ProviderSnapshot{}, false
+}
+
+// inFlight returns the in-flight count of (node, provider), -1 if unknown.
+func (e *testEdge) inFlight(node, id string) int {
+	p, ok := providerOf(e.svc.Snapshot(), node, id)
+	if !ok {
+		return -1
+	}
+	return p.InFlight
+}
+
+func prov(id string, path nodev1.ExecutionPath, capacity int32, models ...string) *nodev1.Provider {
+	return &nodev1.Provider{Id: id, Type: "sim", Models: models, Capacity: capacity, ExecutionPath: path, Healthy: true, Capabilities: []string{"stream", "cancel"}}
+}
+
+func hello(node string, providers ...*nodev1.Provider) *nodev1.Hello {
+	return &nodev1.Hello{NodeId: node, Label: node + "-label", Version: "test", Providers: providers}
+}
+
+// fakeNode is a node written for tests: a Connect stream whose messages
+// after Welcome are queued on msgs.
+type fakeNode struct {
+	e      *testEdge
+	id     string
+	gen    uint64
+	stream grpc.BidiStreamingClient[nodev1.NodeMessage, nodev1.EdgeMessage]
+	cancel context.CancelFunc
+	msgs   chan *nodev1.EdgeMessage
+	done   chan struct{} // closed when the stream ended; err is then set
+	err    error
+}
+
+// dial opens a Connect stream and sends h; the caller reads the answer.
+func (e *testEdge) dial(t *testing.T, h *nodev1.Hello) *fakeNode {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := e.client.Connect(ctx)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(cancel)
+	if err := stream.Send(&nodev1.NodeMessage{Msg: &nodev1.NodeMessage_Hello{Hello: h}}); err != nil {
+		t.Fatal(err)
+	}
+	return &fakeNode{e: e, id: h.GetNodeId(), stream: stream, cancel: cancel, msgs: make(chan *nodev1.EdgeMessage, 1024), done: make(chan struct{})}
+}
+
+// connect connects a node that must be welcomed and waits until its
+// providers are available in the scheduler.
+func (e *testEdge) connect(t *testing.T, h *nodev1.Hello) *fakeNode {
+	t.Helper()
+	n := e.dial(t, h)
+	first, err := n.stream.Recv()
+	if err != nil {
+		t.Fatalf("node %s: no welcome: %v", h.GetNodeId(), err)
+	}
+	w := first.GetWelcome()
+	if w == nil {
+		t.Fatalf("node %s: first message %v, want Welcome", h.GetNodeId(), first)
+	}
+	n.gen = w.GetGeneration()
+	go n.read()
+	e.waitUntil(t, "node "+n.id+" activated", func(s Snapshot) bool {
+		for _, hp := range h.GetProviders() {
+			p, ok := providerOf(s, n.id, hp.GetId())
+			if !ok || p.Generation != n.gen || p.Status != "available" {
+				return false
+			}
+		}
+		return true
+	})
+	return n
+}
+
+func (n *fakeNode) read() {
+	defer close(n.done)
+	for {
+		m, err := n.stream.Recv()
+		if err != nil {
+			n.err = err
+			return
+		}
+		n.msgs <- m
+	}
+}
+
+// next returns the next control message that is not a heartbeat.
+func (n *fakeNode) next(t *testing.T) *nodev1.EdgeMessage {
+	t.Helper()
+	for {
+		m := n.nextAny(t)
+		if m.GetHeartbeat() == nil {
+			return m
+		}
+	}
+}
+
+func (n *fakeNode) nextAny(t *testing.T) *nodev1.EdgeMessage {
+	t.Helper()
+	select {
+	case m := <-n.msgs:
+		return m
+	case <-n.done:
+		t.Fatalf("node %s: control stream ended: %v", n.id, n.err)
+	case <-time.After(failsafe):
+		t.Fatalf("node %s: no control message", n.id)
+	}
+	return nil
+}
+
+func (n *fakeNode) nextDispatch(t *testing.T) *nodev1.Dispatch {
+	t.Helper()
+	m := n.next(t)
+	if m.GetDispatch() == nil {
+		t.Fatalf("node %s: got %v, want Dispatch", n.id, m)
+	}
+	return m.GetDispatch()
+}
+
+func (n *fakeNode) nextCancel(t *testing.T) *nodev1.Cancel {
+	t.Helper()
+	m := n.next(t)
+	if m.GetCancel() == nil {
+		t.Fatalf("node %s: got %v, want Cancel", n.id, m)
+	}
+	return m.GetCancel()
+}
+
+// waitClosed waits until the edge ended the control stream and returns
+// its error.
+func (n *fakeNode) waitClosed(t *testing.T) error {
+	t.Helper()
+	for {
+		select {
+		case <-n.msgs:
+		case <-n.done:
+			return n.err
+		case <-time.After(failsafe):
+			t.Fatalf("node %s: control stream still open", n.id)
+		}
+	}
+}
+
+func (n *fakeNode) send(t *testing.T, m *nodev1.NodeMessage) {
+	t.Helper()
+	if err := n.stream.Send(m); err != nil {
+		t.Fatalf("node %s: send: %v", n.id, err)
+	}
+}
+
+type runStream = grpc.BidiStreamingClient[nodev1.RunUp, nodev1.RunDown]
+
+// openRun opens a Run stream naming runID and gen.
+func (n *fakeNode) openRun(t *testing.T, runID string, gen uint64) runStream {
+	t.Helper()
+	return n.e.openRunAs(t, n.id, runID, gen)
+}
+
+// openRunAs opens a Run stream naming node, runID and gen.
+func (e *testEdge) openRunAs(t *testing.T, node, runID string, gen uint64) runStream {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	rs, err := e.client.Run(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rs.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_Open{Open: &nodev1.RunOpen{RunId: runID, NodeId: node, Generation: gen}}}); err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
+
+// readBody reads Body chunks until the last one and returns the body and
+// the chunk sizes.
+func readBody(t *testing.T, rs runStream) ([]byte, []int) {
+	t.Helper()
+	var body []byte
+	var sizes []int
+	for {
+		m, err := rs.Recv()
+		if err != nil {
+			t.Fatalf("reading body: %v", err)
+		}
+		b := m.GetBody()
+		if b == nil {
+			t.Fatalf("got %v, want Body", m)
+		}
+		body = append(body, b.GetData()...)
+		sizes = append(sizes, len(b.GetData()))
+		if b.GetLast() {
+			return body, sizes
+		}
+	}
+}
+
+func sendUp(t *testing.T, rs runStream, m *nodev1.RunUp) {
+	t.Helper()
+	if err := rs.Send(m); err != nil {
+		t.Fatalf("run send: %v", err)
+	}
+}
+
+func events(evs ...*nodev1.RunEvent) *nodev1.RunUp {
+	return &nodev1.RunUp{Msg: &nodev1.RunUp_Events{Events: &nodev1.RunEvents{Events: evs}}}
+}
+
+func event(typ nodev1.RunEvent_Type, text string) *nodev1.RunEvent {
+	return &nodev1.RunEvent{Type: typ, Text: text}
+}
+
+// drainRun reads the run stream until the edge ends it and returns what
+// came down and the end error (io.EOF for a clean end).
+func drainRun(t *testing.T, rs runStream) ([]*nodev1.RunDown, error) {
+	t.Helper()
+	var got []*nodev1.RunDown
+	for {
+		m, err := rs.Recv()
+		if err != nil {
+			return got, err
+		}
+		got = append(got, m)
+	}
+}
+
+type dispatched struct {
+	run *Run
+	err error
+}
+
+// dispatchAsync runs Dispatch on its own goroutine.
+func (e *testEdge) dispatchAsync(ctx context.Context, req Request) <-chan dispatched {
+	ch := make(chan dispatched, 1)
+	go func() {
+		r, err := e.svc.Dispatch(ctx, req)
+		ch <- dispatched{r, err}
+	}()
+	return ch
+}
+
+func wait[T any](t *testing.T, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(failsafe):
+		t.Fatal("timed out")
+	}
+	var zero T
+	return zero
+}
+
+// startRun dispatches req, lets node open the run and read its body, and
+// returns the run, its stream and the Dispatch message.
+func (e *testEdge) startRun(t *testing.T, n *fakeNode, req Request) (*Run, runStream, *nodev1.Dispatch) {
+	t.Helper()
+	res := e.dispatchAsync(context.Background(), req)
+	d := n.nextDispatch(t)
+	rs := n.openRun(t, d.GetRunId(), n.gen)
+	readBody(t, rs)
+	got := wait(t, res)
+	if got.err != nil {
+		t.Fatalf("Dispatch: %v", got.err)
+	}
+	t.Cleanup(func() { got.run.Close("test cleanup") })
+	return got.run, rs, d
+}
+
+func chatReq(model string) Request {
+	return Request{Model: model, Operation: nodev1.Operation_OPERATION_CHAT, Stream: true, Body: []byte(`{"model":"` + model + `"}`)}
+}
+
+// recvAll reads the run until an error, returning the messages and the error.
+func recvAll(r *Run) ([]*nodev1.RunUp, error) {
+	var got []*nodev1.RunUp
+	for {
+		m, err := r.Recv()
+		if err != nil {
+			return got, err
+		}
+		got = append(got, m)
+	}
+}

@@ -1,0 +1,211 @@
+package edge
+
+import (
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"iop/internal/scheduler"
+	"iop/internal/wire/nodev1"
+)
+
+// DispatchInfo describes where a run was dispatched. It does not change.
+type DispatchInfo struct {
+	RunID, NodeID, ProviderID, ProviderType, ServedModel string
+	// Generation is the node connection the run was sent on.
+	Generation uint64
+	// Path says how the answer comes back: tunnel frames or run events.
+	Path nodev1.ExecutionPath
+	// QueueReason is "immediate" (a slot was free) or "queued".
+	QueueReason string
+	// QueueWait is the time spent queued; 0 when immediate.
+	QueueWait time.Duration
+}
+
+type runState uint8
+
+const (
+	runPending runState = iota // Dispatch sent, waiting for the node's Run stream
+	runOpen                    // Run stream attached
+	runEnded                   // terminal message seen, closed, or failed
+)
+
+// Run is one dispatched request, from the Dispatch message to its end. Its
+// lease is released exactly once, by whichever ends it first: a terminal
+// message seen by Recv, Close, a failure of its stream or node connection,
+// a dispatch timeout or refusal.
+//
+// Recv must be called from one goroutine at a time; Close may be called
+// from any goroutine, also while Recv blocks. A caller that got a Run from
+// Dispatch must call Close when done with it (after a terminal message it
+// is a no-op), as with an http.Response body.
+type Run struct {
+	s     *Service
+	conn  *conn
+	lease *scheduler.Lease
+	info  DispatchInfo
+	body  []byte
+	// opened is closed when the node's Run stream is attached; bodySent
+	// when the whole body went down it; ended when the run ends.
+	opened, bodySent, ended chan struct{}
+
+	mu           sync.Mutex // guards the fields below
+	state        runState
+	stream       nodev1.NodeGateway_RunServer // set when opened
+	endErr       error                        // why the run failed; nil for a clean end
+	cancelNode   bool                         // ended before the node finished it
+	cancelReason string
+}
+
+// Info returns where the run was dispatched.
+func (r *Run) Info() DispatchInfo { return r.info }
+
+// Recv returns the next message the node sent on this run: RunEvents on the
+// normalized path; TunnelHead, TunnelData, TunnelEnd or TunnelError on the
+// tunnel path. When it returns a terminal message (a RunEvents holding a
+// COMPLETE, ERROR or CANCELLED event, TunnelEnd, TunnelError) the lease is
+// already released, and later calls return io.EOF; so do calls after Close.
+// When the node connection or the run stream fails first, it returns an
+// error wrapping ErrNodeGone (the lease is released).
+func (r *Run) Recv() (*nodev1.RunUp, error) {
+	r.mu.Lock()
+	state, stream := r.state, r.stream
+	r.mu.Unlock()
+	if state == runEnded || stream == nil {
+		return nil, r.endResult()
+	}
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			cause := err
+			if err == io.EOF {
+				cause = errRunAborted
+			}
+			r.finish("run stream failed", fmt.Errorf("%w: node %q run %q: %w", ErrNodeGone, r.info.NodeID, r.info.RunID, cause), false)
+			return nil, r.endResult()
+		}
+		reason, terminal, ok := classifyRunUp(m)
+		if !ok {
+			continue // a repeated RunOpen or an empty message: nothing for the caller
+		}
+		if terminal {
+			if !r.finish(reason, nil, false) {
+				return nil, r.endResult() // ended by Close or a failure meanwhile
+			}
+			return m, nil
+		}
+		r.mu.Lock()
+		ended := r.state == runEnded
+		r.mu.Unlock()
+		if ended {
+			return nil, r.endResult()
+		}
+		return m, nil
+	}
+}
+
+// classifyRunUp says whether m is for the caller of Recv and whether it ends
+// the run, with the release reason.
+func classifyRunUp(m *nodev1.RunUp) (reason string, terminal, ok bool) {
+	switch msg := m.GetMsg().(type) {
+	case *nodev1.RunUp_Events:
+		for _, e := range msg.Events.GetEvents() {
+			switch e.GetType() {
+			case nodev1.RunEvent_TYPE_COMPLETE:
+				return "complete", true, true
+			case nodev1.RunEvent_TYPE_ERROR:
+				return "error", true, true
+			case nodev1.RunEvent_TYPE_CANCELLED:
+				return "cancelled", true, true
+			}
+		}
+		return "", false, true
+	case *nodev1.RunUp_TunnelEnd:
+		return "tunnel end", true, true
+	case *nodev1.RunUp_TunnelError:
+		return "tunnel error", true, true
+	case *nodev1.RunUp_TunnelHead, *nodev1.RunUp_TunnelData:
+		return "", false, true
+	default:
+		return "", false, false
+	}
+}
+
+// endResult is what Recv returns once the run ended: its failure, or io.EOF.
+func (r *Run) endResult() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.endErr != nil {
+		return r.endErr
+	}
+	return io.EOF
+}
+
+// Close ends the run if it has not ended: it sends Cancel{run_id} on the
+// node's control stream and on the run stream, releases the lease and lets
+// the node's Run handler return. The reason is for the node and the logs.
+// It is idempotent.
+func (r *Run) Close(reason string) {
+	r.finish("closed: "+reason, nil, true)
+}
+
+// finish ends the run with endErr (nil = clean) if it has not ended, and
+// reports whether this call ended it. It releases the lease, forgets the
+// run, and, with cancelNode, sends Cancel on the control stream; the Run
+// handler sends the run stream's Cancel.
+func (r *Run) finish(reason string, endErr error, cancelNode bool) bool {
+	return r.finishIf(func(runState) bool { return true }, reason, endErr, cancelNode)
+}
+
+// finishIf is finish when cond holds for the run's state.
+func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, cancelNode bool) bool {
+	r.mu.Lock()
+	if r.state == runEnded || !cond(r.state) {
+		r.mu.Unlock()
+		return false
+	}
+	r.state = runEnded
+	r.endErr = endErr
+	r.cancelNode = cancelNode
+	r.cancelReason = reason
+	// Released before anyone can see the run ended: whoever observes the end
+	// (Recv, Dispatch, the Run handler) finds the slot already free.
+	r.lease.Release(reason)
+	close(r.ended)
+	r.mu.Unlock()
+
+	r.s.forget(r)
+	if cancelNode {
+		r.conn.enqueue(&nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_Cancel{Cancel: &nodev1.Cancel{RunId: r.info.RunID, Reason: reason}}})
+	}
+	r.s.log.Debug("run ended", "run", r.info.RunID, "node", r.info.NodeID, "provider", r.info.ProviderID, "reason", reason, "err", endErr)
+	return true
+}
+
+// attach hands the node's Run stream to the run if it is pending.
+func (r *Run) attach(stream nodev1.NodeGateway_RunServer) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.state != runPending {
+		return false
+	}
+	r.state = runOpen
+	r.stream = stream
+	close(r.opened)
+	return true
+}
+
+// cancelled reports whether the run ended before the node finished it.
+func (r *Run) cancelled() (bool, string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cancelNode, r.cancelReason
+}
+
+// outcome reports whether the run ended, and its failure (nil for a clean end).
+func (r *Run) outcome() (ended bool, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.state == runEnded, r.endErr
+}

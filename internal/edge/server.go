@@ -1,0 +1,101 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
+	"iop/internal/scheduler"
+	"iop/internal/wire/nodev1"
+)
+
+// Deps are the edge core's injected dependencies; zero fields take
+// defaults.
+type Deps struct {
+	// Logger gets the edge's logs; nil discards them.
+	Logger *slog.Logger
+	// Clock drives heartbeats, dispatch timeouts and queue timeouts; nil
+	// means real time.
+	Clock scheduler.Clock
+}
+
+// Server is the edge core: node registry, catalog, scheduler and the gRPC
+// NodeGateway endpoint nodes connect to. Create it with NewServer.
+type Server struct {
+	svc *Service
+}
+
+// NewServer wires the edge core for cfg (zero fields take their defaults).
+// It returns an error wrapping ErrInvalidConfig when cfg does not validate.
+func NewServer(cfg Config, deps Deps) (*Server, error) {
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := deps.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	clk := deps.Clock
+	if clk == nil {
+		clk = scheduler.RealClock()
+	}
+	sched, err := scheduler.New(cfg.schedulerConfig(clk))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	reg := newRegistry()
+	return &Server{svc: &Service{
+		cfg:      cfg,
+		log:      log.With("component", "edge"),
+		clock:    clk,
+		sched:    sched,
+		reg:      reg,
+		cat:      newCatalog(cfg.Models, reg),
+		shutdown: make(chan struct{}),
+		runs:     make(map[string]*Run),
+	}}, nil
+}
+
+// Service returns the dispatch surface the HTTP API uses.
+func (s *Server) Service() *Service { return s.svc }
+
+// Serve serves the NodeGateway gRPC service on lis until ctx ends, then
+// ends every node connection (fencing it) and run, and returns nil. It
+// returns grpc.Server.Serve's error if serving fails first. Call it once.
+func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	gs := grpc.NewServer(
+		// Nodes may ping an idle connection every 10s; the edge pings a
+		// silent one after 30s and drops it 10s later (dead NAT mappings).
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		// Stop returns only after every handler did, so a Serve that
+		// returned has settled every connection.
+		grpc.WaitForHandlers(true),
+	)
+	nodev1.RegisterNodeGatewayServer(gs, &grpcServer{s: s.svc})
+	errc := make(chan error, 1)
+	go func() { errc <- gs.Serve(lis) }()
+	select {
+	case <-ctx.Done():
+		s.svc.stop()
+		gs.Stop()
+		if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			return err
+		}
+		return nil
+	case err := <-errc:
+		s.svc.stop()
+		gs.Stop()
+		return err
+	}
+}
+
+// stop makes every Connect and Run handler return.
+func (s *Service) stop() { s.stopOnce.Do(func() { close(s.shutdown) }) }
