@@ -1,0 +1,180 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+
+	"iop/internal/wire/nodev1"
+)
+
+// Reasons a handler gives Run.Close, for the edge's logs.
+const (
+	reasonCompleted     = "completed"
+	reasonClientGone    = "client gone"
+	reasonWriteFailed   = "client write failed"
+	reasonUpstreamError = "upstream error"
+)
+
+// forwardedHeaders are the client headers passed to the provider (canonical
+// names). The client's Authorization is for the edge and never forwarded.
+var forwardedHeaders = []string{"Accept", "X-Request-Id"}
+
+// chatCompletions serves POST /v1/chat/completions: it decodes and checks
+// the body, dispatches it with Operation CHAT, and renders the run by its
+// execution path. Statuses: 400 bad body, 413 body over Config.MaxBodyBytes,
+// 415 non-JSON Content-Type, then whatever classify maps a dispatch or
+// upstream failure to.
+func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
+	body, err := h.readBody(w, r)
+	if err != nil {
+		h.writeError(w, r, err, nil)
+		return
+	}
+	chat, err := decodeChatRequest(body)
+	if err != nil {
+		h.writeError(w, r, err, nil)
+		return
+	}
+	req := Request{
+		Model:                chat.Model,
+		Operation:            nodev1.Operation_OPERATION_CHAT,
+		Stream:               chat.Stream,
+		Body:                 body,
+		Needs:                chat.Needs,
+		EstimatedInputTokens: chat.EstimatedInputTokens,
+		Headers:              forwardHeaders(r.Header),
+	}
+	run, err := h.gw.Dispatch(r.Context(), req)
+	if err != nil {
+		h.writeError(w, r, err, &req)
+		return
+	}
+
+	closer := &runCloser{run: run}
+	stop := context.AfterFunc(r.Context(), func() { closer.close(reasonClientGone) })
+	reason := reasonCompleted
+	defer func() {
+		stop()
+		closer.close(reason)
+	}()
+
+	info := run.Info()
+	logger := h.logger.With("run_id", info.RunID, "model", req.Model, "node_id", info.NodeID,
+		"provider_id", info.ProviderID, "path", info.Path.String())
+	rr := &runResponse{h: h, w: w, r: r, run: run, req: &req}
+	switch info.Path {
+	case nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL:
+		reason = rr.tunnel()
+	case nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED:
+		cr := &chatRender{runResponse: rr, id: "chatcmpl-" + info.RunID, created: h.cfg.Now().Unix(),
+			model: chat.Model, includeUsage: chat.IncludeUsage}
+		if chat.Stream {
+			reason = cr.stream()
+		} else {
+			reason = cr.json()
+		}
+	default:
+		reason = rr.fail(errUnknownPath)
+	}
+	logger.Debug("run ended", "reason", reason, "queue_wait", info.QueueWait)
+}
+
+// readBody reads a request body of at most Config.MaxBodyBytes, after
+// checking its Content-Type. Errors: errUnsupportedMedia, errBodyTooLarge,
+// or a *requestError when the body cannot be read.
+func (h *handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	if !isJSONContentType(r.Header.Get("Content-Type")) {
+		return nil, errUnsupportedMedia
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return nil, errBodyTooLarge
+		}
+		// Usually a client that went away mid-upload; then nothing is written.
+		return nil, &requestError{message: "reading the request body failed"}
+	}
+	return body, nil
+}
+
+func forwardHeaders(header http.Header) map[string]string {
+	out := make(map[string]string)
+	for _, name := range forwardedHeaders {
+		if v := header.Get(name); v != "" {
+			out[name] = v
+		}
+	}
+	return out
+}
+
+// runCloser calls Run.Close exactly once, whichever of the request
+// goroutine and the client-gone callback gets there first.
+type runCloser struct {
+	run  Run
+	once sync.Once
+}
+
+func (c *runCloser) close(reason string) {
+	c.once.Do(func() { c.run.Close(reason) })
+}
+
+// runResponse is one dispatched run and the response it is rendered into.
+// Only the request goroutine uses it.
+type runResponse struct {
+	h   *handler
+	w   http.ResponseWriter
+	r   *http.Request
+	run Run
+	req *Request
+	// started is set once the status line was written; from then on a
+	// failure can only end the body.
+	started bool
+}
+
+// recv is Run.Recv with its failures turned into outcomes: io.EOF before a
+// terminal message means the upstream ended early, any other error that the
+// connection to the node was lost (keeping ErrNodeGone & co. if wrapped).
+func (rr *runResponse) recv() (*nodev1.RunUp, error) {
+	msg, err := rr.run.Recv()
+	if errors.Is(err, io.EOF) {
+		return nil, errUpstreamEnded
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errUpstreamLost, err)
+	}
+	return msg, nil
+}
+
+// fail ends a response that failed before its status line: an error answer,
+// or nothing if the client is gone. It returns the Close reason.
+func (rr *runResponse) fail(err error) string {
+	if clientGone(rr.r) {
+		rr.h.logger.Debug("client gone", "path", rr.r.URL.Path, "err", err)
+		return reasonClientGone
+	}
+	rr.h.writeError(rr.w, rr.r, err, rr.req)
+	return reasonUpstreamError
+}
+
+// flush sends what was written so far to the client.
+// A writer that cannot flush (some middleware) still delivers the bytes,
+// later, so that is not a failure.
+func (rr *runResponse) flush() error {
+	if err := http.NewResponseController(rr.w).Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return err
+	}
+	return nil
+}
+
+// write writes p and flushes it.
+func (rr *runResponse) write(p []byte) error {
+	if _, err := rr.w.Write(p); err != nil {
+		return err
+	}
+	return rr.flush()
+}

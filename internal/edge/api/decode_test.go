@@ -1,0 +1,122 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"slices"
+	"testing"
+)
+
+func TestDecodeChatRequest(t *testing.T) {
+	tests := []struct {
+		name      string
+		body      string
+		want      chatRequest
+		wantParam string // when an error is wanted; "-" for a whole-body error
+	}{
+		{name: "minimal", body: `{"model":"m","messages":[{"role":"user","content":"abcde"}]}`,
+			want: chatRequest{Model: "m", EstimatedInputTokens: 2}},
+		{name: "stream with usage", body: `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":""}]}`,
+			want: chatRequest{Model: "m", Stream: true, IncludeUsage: true}},
+		{name: "nulls are absent", body: `{"model":"m","stream":null,"stream_options":null,"max_tokens":null,"tools":null,"messages":[{"role":"assistant","content":null,"tool_calls":[]}]}`,
+			want: chatRequest{Model: "m"}},
+		{name: "unknown fields pass", body: `{"model":"m","x-vendor":{"a":[1,2]},"response_format":{"type":"json_object"},"messages":[{"role":"user","content":"hi","name":"bob"}]}`,
+			want: chatRequest{Model: "m", EstimatedInputTokens: 1}},
+		{name: "legacy functions need tools", body: `{"model":"m","functions":[{"name":"f"}],"messages":[{"role":"user","content":"x"}]}`,
+			want: chatRequest{Model: "m", Needs: []string{"tools"}, EstimatedInputTokens: 1}},
+		{name: "other part types", body: `{"model":"m","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{}},{"type":"text","text":"abcd"}]}]}`,
+			want: chatRequest{Model: "m", EstimatedInputTokens: 1}},
+		{name: "keys are case-sensitive", body: `{"Model":"m","model":"n","messages":[{"role":"user","content":"x"}]}`,
+			want: chatRequest{Model: "n", EstimatedInputTokens: 1}},
+		{name: "last duplicate wins", body: `{"model":1,"model":"m","messages":[{"role":"user","content":"x"}]}`,
+			want: chatRequest{Model: "m", EstimatedInputTokens: 1}},
+		{name: "image in a later message", body: `{"model":"m","messages":[{"role":"user","content":"x"},{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}]}`,
+			want: chatRequest{Model: "m", Needs: []string{"vision"}, EstimatedInputTokens: 1}},
+
+		{name: "missing role", body: `{"model":"m","messages":[{"content":"x"}]}`, wantParam: "messages[0].role"},
+		{name: "part without type", body: `{"model":"m","messages":[{"role":"user","content":[{"text":"x"}]}]}`, wantParam: "messages[0].content[0].type"},
+		{name: "part not an object", body: `{"model":"m","messages":[{"role":"user","content":["x"]}]}`, wantParam: "messages[0].content[0]"},
+		{name: "null message", body: `{"model":"m","messages":[null]}`, wantParam: "messages[0]"},
+		{name: "content an object", body: `{"model":"m","messages":[{"role":"user","content":{"text":"x"}}]}`, wantParam: "messages[0].content"},
+		{name: "stream_options not an object", body: `{"model":"m","stream_options":true,"messages":[{"role":"user","content":"x"}]}`, wantParam: "stream_options"},
+		{name: "n a string", body: `{"model":"m","n":"2","messages":[{"role":"user","content":"x"}]}`, wantParam: "n"},
+		{name: "a string body", body: `"hello"`, wantParam: "-"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := decodeChatRequest([]byte(tt.body))
+			if tt.wantParam != "" {
+				var reqErr *requestError
+				if !errors.As(err, &reqErr) {
+					t.Fatalf("err = %v, want a *requestError", err)
+				}
+				if param := reqErr.param; param != tt.wantParam && !(tt.wantParam == "-" && param == "") {
+					t.Errorf("param = %q, want %q (%v)", param, tt.wantParam, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Model != tt.want.Model || got.Stream != tt.want.Stream || got.IncludeUsage != tt.want.IncludeUsage ||
+				!slices.Equal(got.Needs, tt.want.Needs) || got.EstimatedInputTokens != tt.want.EstimatedInputTokens {
+				t.Errorf("got %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+// FuzzDecodeChatRequest feeds the decoder arbitrary client bodies. Corpus:
+// testdata/fuzz/FuzzDecodeChatRequest. It must never panic; an accepted body
+// must be a JSON object with a model, and a rejected one must yield a
+// *requestError that renders as an OpenAI error body.
+func FuzzDecodeChatRequest(f *testing.F) {
+	for _, seed := range []string{
+		simpleChat,
+		`{"model":"m","stream":true,"stream_options":{"include_usage":true},"tools":[{}],"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}]}`,
+		`{"model":"m","messages":"x"}`,
+		`{"model":"","messages":[]}`,
+		`[]`,
+		`{`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, err := decodeChatRequest(body)
+		if err != nil {
+			var reqErr *requestError
+			if !errors.As(err, &reqErr) || reqErr.message == "" {
+				t.Fatalf("err = %#v, want a *requestError with a message", err)
+			}
+			e := classify(err, nil)
+			if e.status != 400 {
+				t.Fatalf("status %d, want 400", e.status)
+			}
+			if _, err := json.Marshal(errorBody{Error: e}); err != nil {
+				t.Fatalf("error body does not marshal: %v", err)
+			}
+			return
+		}
+		var top map[string]json.RawMessage
+		if json.Unmarshal(body, &top) != nil || top == nil {
+			t.Fatalf("accepted a body that is not a JSON object: %q", body)
+		}
+		if got.Model == "" {
+			t.Fatal("accepted an empty model")
+		}
+		if got.EstimatedInputTokens < 0 || got.EstimatedInputTokens > len(body) {
+			t.Fatalf("EstimatedInputTokens = %d for a %d-byte body", got.EstimatedInputTokens, len(body))
+		}
+		seen := map[string]bool{}
+		for _, n := range got.Needs {
+			if (n != needTools && n != needVision) || seen[n] {
+				t.Fatalf("Needs = %v", got.Needs)
+			}
+			seen[n] = true
+		}
+		again, err := decodeChatRequest(body)
+		if err != nil || again.Model != got.Model || !slices.Equal(again.Needs, got.Needs) {
+			t.Fatalf("decoding is not deterministic: %+v then %+v, %v", got, again, err)
+		}
+	})
+}

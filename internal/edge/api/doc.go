@@ -1,0 +1,54 @@
+// Package api is the edge's OpenAI-compatible HTTP API: it decodes a client's
+// request, turns it into one Dispatch call on the edge service (the Gateway
+// interface), and renders what the node sends back into the OpenAI wire
+// format (OpenAI API reference, platform.openai.com/docs/api-reference).
+//
+// # Routes
+//
+//	POST /v1/chat/completions  chat.completion, or SSE chat.completion.chunk events ending "data: [DONE]"
+//	GET  /v1/models            {"object":"list","data":[{"id","object":"model","created","owned_by":"iop"}]}
+//	GET  /v1/models/{model}    one model object, or 404 model_not_found
+//	GET  /healthz              200 "ok" while the process serves HTTP
+//	GET  /readyz               200 "ready" when Config.Ready reports true, else 503
+//
+// Any other path is answered 404 and a known path with another method 405,
+// both in the OpenAI error shape {"error":{"message","type","param","code"}}.
+//
+// # Execution paths
+//
+// A run's DispatchInfo.Path says how its answer travels back. On the tunnel
+// path the node relays the provider's HTTP response unchanged: TunnelHead
+// becomes the status line and headers, each TunnelData is written and flushed
+// as it arrives. On the normalized path the node sends run events (started,
+// delta, usage, complete, error, cancelled) that this package renders as a
+// chat.completion object or as SSE chunks.
+//
+// # Errors
+//
+// Every failure is mapped to an HTTP status and an OpenAI error body by one
+// function, classify (errors.go). The Gateway reports dispatch outcomes by
+// wrapping this package's sentinel errors (ErrUnknownModel, ErrQueueFull, ...);
+// the edge's adapter maps its own and the scheduler's errors onto them. A
+// failure after the response headers were sent cannot change the status: an
+// SSE stream then ends with one `data: {"error":{...}}` event and no
+// `data: [DONE]`, and any other body is cut off by aborting the connection,
+// so a client never mistakes a failed answer for a complete one. Nothing is
+// written once the client has gone away.
+//
+// # Concurrency
+//
+// The handler returned by New is safe for concurrent use; net/http calls it on
+// one goroutine per request, and its configuration, gateway and logger are set
+// in New and never written again.
+//
+// Each dispatched run is owned by the request goroutine that dispatched it,
+// which is the only caller of Run.Recv and the only writer of the response.
+// Run.Close is called exactly once per run, through a sync.Once: either by the
+// request goroutine's deferred cleanup when the handler ends (completion,
+// upstream failure, write failure), or first by a context.AfterFunc callback
+// when the request's context ends (client gone). That callback runs on a
+// goroutine of its own; closing the run makes a blocked Recv return, so the
+// request goroutine notices a departed client promptly. The cleanup stops the
+// callback before the handler returns, and the Once makes the two callers
+// race-free. No goroutine outlives its request.
+package api

@@ -1,0 +1,224 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+)
+
+// Dispatch outcomes a Gateway reports, by wrapping one of them (for example
+// fmt.Errorf("%w: %w", api.ErrQueueFull, err)). classify maps each to its
+// HTTP status.
+var (
+	// ErrUnknownModel: no alias or served model has the requested name. 404.
+	ErrUnknownModel = errors.New("unknown model")
+	// ErrNoProvider: the model is known but no live provider serves it. 503.
+	ErrNoProvider = errors.New("no provider for model")
+	// ErrCandidatesRejected: providers exist but none has a capability the
+	// request needs; the wrapped text should name it. 400.
+	ErrCandidatesRejected = errors.New("candidates rejected")
+	// ErrQueueFull: every candidate is busy and the model's queue is full. 429.
+	ErrQueueFull = errors.New("queue full")
+	// ErrQueueTimeout: the request waited the queue timeout without a slot. 503.
+	ErrQueueTimeout = errors.New("queue timeout")
+	// ErrProviderUnavailable: while the request waited, every candidate went away. 503.
+	ErrProviderUnavailable = errors.New("provider unavailable")
+	// ErrDispatchTimeout: the node did not open the run in time. 502.
+	ErrDispatchTimeout = errors.New("dispatch timeout")
+	// ErrDispatchRefused: the node refused the dispatch. 502.
+	ErrDispatchRefused = errors.New("dispatch refused")
+	// ErrStaleGeneration: the node reconnected while the run was being sent. 502.
+	ErrStaleGeneration = errors.New("stale generation")
+	// ErrNodeGone: the node disconnected. 502.
+	ErrNodeGone = errors.New("node gone")
+
+	// ErrInvalidConfig is returned (wrapped) by Config.Validate.
+	ErrInvalidConfig = errors.New("invalid api config")
+)
+
+// Outcomes this package finds itself.
+var (
+	errNotFound          = errors.New("unknown url")
+	errMethodNotAllowed  = errors.New("method not allowed")
+	errBodyTooLarge      = errors.New("request body too large")
+	errUnsupportedMedia  = errors.New("unsupported content type")
+	errUpstreamEnded     = errors.New("upstream ended the response without completing it")
+	errUpstreamProtocol  = errors.New("unexpected message from upstream")
+	errUnknownPath       = errors.New("unknown execution path")
+	errUpstreamCancelled = errors.New("upstream cancelled the run")
+	errUpstreamLost      = errors.New("lost the connection to the node serving this request")
+)
+
+// requestError is a client request that cannot be served as sent: 400, with
+// param naming the offending field ("" when the body as a whole is bad).
+type requestError struct {
+	param   string
+	message string
+}
+
+func (e *requestError) Error() string {
+	if e.param == "" {
+		return e.message
+	}
+	return e.param + ": " + e.message
+}
+
+// upstreamError is a failure the node reported for a run: an error event or
+// a TunnelError. status is the HTTP status the provider answered or the node
+// chose (502 upstream failure, 504 timeout); 0 or out of range means 502.
+// message is already safe to show a client.
+type upstreamError struct {
+	status  int
+	message string
+}
+
+func (e *upstreamError) Error() string { return e.message }
+
+// apiError is an OpenAI error response: HTTP status, an optional Retry-After
+// (seconds), and the body's fields.
+type apiError struct {
+	status     int
+	retryAfter string
+	Message    string  `json:"message"`
+	Type       string  `json:"type"`
+	Param      *string `json:"param"`
+	Code       *string `json:"code"`
+}
+
+// errorBody is the OpenAI error shape, {"error":{...}}.
+type errorBody struct {
+	Error *apiError `json:"error"`
+}
+
+// Retry-After values, in seconds. A full queue frees up as soon as any run
+// ends; a timed-out queue or a missing provider takes longer.
+const (
+	retryAfterQueueFull   = "1"
+	retryAfterUnavailable = "5"
+)
+
+// classify is the one mapping from an outcome of this package or of the
+// Gateway to an HTTP status and OpenAI error body. req, when not nil, is the
+// request being served; messages may name its model and needs. Messages
+// never carry text from errors of unknown origin (they could hold provider
+// addresses); upstream messages come from the node, which strips secrets.
+func classify(err error, req *Request) *apiError {
+	model := ""
+	if req != nil {
+		model = req.Model
+	}
+	var (
+		reqErr *requestError
+		upErr  *upstreamError
+	)
+	switch {
+	case errors.As(err, &reqErr):
+		return newAPIError(http.StatusBadRequest, "invalid_request_error", reqErr.param, "invalid_request", reqErr.message)
+	case errors.Is(err, errNotFound):
+		return newAPIError(http.StatusNotFound, "invalid_request_error", "", "unknown_url", err.Error())
+	case errors.Is(err, errMethodNotAllowed):
+		return newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", err.Error())
+	case errors.Is(err, errBodyTooLarge):
+		return newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "", "request_too_large", err.Error())
+	case errors.Is(err, errUnsupportedMedia):
+		return newAPIError(http.StatusUnsupportedMediaType, "invalid_request_error", "", "unsupported_media_type",
+			"Content-Type must be application/json")
+	case errors.Is(err, ErrUnknownModel):
+		return newAPIError(http.StatusNotFound, "invalid_request_error", "model", "model_not_found",
+			fmt.Sprintf("The model %q does not exist", model))
+	case errors.Is(err, ErrCandidatesRejected):
+		return newAPIError(http.StatusBadRequest, "invalid_request_error", "", "unsupported_capability",
+			rejectedMessage(err, req))
+	case errors.Is(err, ErrQueueFull):
+		e := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "", "queue_full",
+			fmt.Sprintf("Too many requests queued for model %q; retry later", model))
+		e.retryAfter = retryAfterQueueFull
+		return e
+	case errors.Is(err, ErrQueueTimeout):
+		e := newAPIError(http.StatusServiceUnavailable, "server_error", "", "queue_timeout",
+			fmt.Sprintf("No capacity for model %q became free in time; retry later", model))
+		e.retryAfter = retryAfterUnavailable
+		return e
+	case errors.Is(err, ErrNoProvider), errors.Is(err, ErrProviderUnavailable):
+		e := newAPIError(http.StatusServiceUnavailable, "server_error", "", "provider_unavailable",
+			fmt.Sprintf("No provider for model %q is available; retry later", model))
+		e.retryAfter = retryAfterUnavailable
+		return e
+	case errors.Is(err, ErrDispatchTimeout), errors.Is(err, ErrDispatchRefused),
+		errors.Is(err, ErrStaleGeneration), errors.Is(err, ErrNodeGone):
+		return newAPIError(http.StatusBadGateway, "upstream_error", "", "upstream_unavailable",
+			"The node serving this request failed before answering: "+dispatchReason(err))
+	case errors.As(err, &upErr):
+		status := upErr.status
+		if status < 400 || status > 599 {
+			status = http.StatusBadGateway
+		}
+		msg := upErr.message
+		if msg == "" {
+			msg = http.StatusText(status)
+		}
+		switch {
+		case status == http.StatusGatewayTimeout:
+			return newAPIError(status, "upstream_error", "", "upstream_timeout", msg)
+		case status == http.StatusTooManyRequests:
+			return newAPIError(status, "rate_limit_error", "", "upstream_rate_limited", msg)
+		case status < 500:
+			return newAPIError(status, "invalid_request_error", "", "upstream_rejected", msg)
+		default:
+			return newAPIError(status, "upstream_error", "", "upstream_error", msg)
+		}
+	case errors.Is(err, errUpstreamEnded), errors.Is(err, errUpstreamProtocol), errors.Is(err, errUpstreamCancelled):
+		return newAPIError(http.StatusBadGateway, "upstream_error", "", "upstream_error", err.Error())
+	case errors.Is(err, errUpstreamLost):
+		// Not err.Error(): the wrapped Recv error may name addresses.
+		return newAPIError(http.StatusBadGateway, "upstream_error", "", "upstream_error", errUpstreamLost.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return newAPIError(http.StatusGatewayTimeout, "upstream_error", "", "upstream_timeout", "The request timed out")
+	default:
+		// Also errUnknownPath, and a Recv or Dispatch error of unknown
+		// origin: the text stays in the log.
+		return newAPIError(http.StatusInternalServerError, "server_error", "", "internal_error", "Internal server error")
+	}
+}
+
+func newAPIError(status int, typ, param, code, message string) *apiError {
+	e := &apiError{status: status, Message: message, Type: typ}
+	if param != "" {
+		e.Param = &param
+	}
+	if code != "" {
+		e.Code = &code
+	}
+	return e
+}
+
+// rejectedMessage is the message of a 400 for ErrCandidatesRejected: the
+// gateway's text (which names the missing capability) without the sentinel's
+// own prefix, and the request's needs when that text names none of them.
+func rejectedMessage(err error, req *Request) string {
+	msg := err.Error()
+	for strings.HasPrefix(msg, ErrCandidatesRejected.Error()+": ") {
+		msg = strings.TrimPrefix(msg, ErrCandidatesRejected.Error()+": ")
+	}
+	if req == nil || len(req.Needs) == 0 {
+		return msg
+	}
+	for _, need := range req.Needs {
+		if strings.Contains(msg, need) {
+			return msg
+		}
+	}
+	return fmt.Sprintf("%s (the request needs: %s)", msg, strings.Join(req.Needs, ", "))
+}
+
+// dispatchReason names a dispatch failure without the wrapped details.
+func dispatchReason(err error) string {
+	for _, s := range []error{ErrDispatchTimeout, ErrDispatchRefused, ErrStaleGeneration, ErrNodeGone} {
+		if errors.Is(err, s) {
+			return s.Error()
+		}
+	}
+	return "unknown"
+}

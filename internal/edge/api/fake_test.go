@@ -1,0 +1,233 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"iop/internal/wire/nodev1"
+)
+
+// fakeGateway is a Gateway whose Dispatch is scripted by each test. It
+// records every request and every run it handed out.
+type fakeGateway struct {
+	models   []string
+	dispatch func(ctx context.Context, req Request) (Run, error)
+
+	mu   sync.Mutex // guards the fields below
+	reqs []Request
+	runs []*fakeRun
+}
+
+var _ Gateway = (*fakeGateway)(nil)
+
+func (g *fakeGateway) Dispatch(ctx context.Context, req Request) (Run, error) {
+	g.mu.Lock()
+	g.reqs = append(g.reqs, req)
+	g.mu.Unlock()
+	run, err := g.dispatch(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if fr, ok := run.(interface{ base() *fakeRun }); ok {
+		g.mu.Lock()
+		g.runs = append(g.runs, fr.base())
+		g.mu.Unlock()
+	}
+	return run, nil
+}
+
+func (g *fakeGateway) Models() []string { return g.models }
+
+func (g *fakeGateway) requests() []Request {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]Request(nil), g.reqs...)
+}
+
+func (g *fakeGateway) allRuns() []*fakeRun {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]*fakeRun(nil), g.runs...)
+}
+
+// errRunClosed is what a fakeRun's Recv returns after Close, like a real run
+// whose stream was cancelled.
+var errRunClosed = errors.New("run closed")
+
+// fakeRun is a Run fed from a channel: a closed channel means io.EOF, Close
+// makes a blocked Recv return errRunClosed. It counts Close calls.
+type fakeRun struct {
+	info   DispatchInfo
+	up     chan *nodev1.RunUp
+	closed chan struct{}
+	once   sync.Once
+
+	mu      sync.Mutex // guards the fields below
+	closes  int
+	reasons []string
+}
+
+var _ Run = (*fakeRun)(nil)
+
+// scriptedRun returns a run that yields msgs, then io.EOF.
+func scriptedRun(path nodev1.ExecutionPath, msgs ...*nodev1.RunUp) *fakeRun {
+	r := liveRun(path, len(msgs))
+	for _, m := range msgs {
+		r.up <- m
+	}
+	close(r.up)
+	return r
+}
+
+// liveRun returns a run whose messages the test sends on r.up.
+func liveRun(path nodev1.ExecutionPath, buffer int) *fakeRun {
+	return &fakeRun{
+		info: DispatchInfo{
+			RunID: "run1", NodeID: "node1", ProviderID: "prov1", ProviderType: "sim",
+			ServedModel: "served-model", Generation: 1, Path: path,
+		},
+		up:     make(chan *nodev1.RunUp, buffer),
+		closed: make(chan struct{}),
+	}
+}
+
+func (r *fakeRun) Info() DispatchInfo { return r.info }
+
+// base lets fakeGateway find the fakeRun inside a wrapping test run.
+func (r *fakeRun) base() *fakeRun { return r }
+
+func (r *fakeRun) Recv() (*nodev1.RunUp, error) {
+	select {
+	case <-r.closed:
+		return nil, errRunClosed
+	default:
+	}
+	select {
+	case m, ok := <-r.up:
+		if !ok {
+			return nil, io.EOF
+		}
+		return m, nil
+	case <-r.closed:
+		return nil, errRunClosed
+	}
+}
+
+func (r *fakeRun) Close(reason string) {
+	r.mu.Lock()
+	r.closes++
+	r.reasons = append(r.reasons, reason)
+	r.mu.Unlock()
+	r.once.Do(func() { close(r.closed) })
+}
+
+func (r *fakeRun) closeCalls() (int, []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.closes, append([]string(nil), r.reasons...)
+}
+
+// runWith makes a dispatch func that hands out run.
+func runWith(run *fakeRun) func(context.Context, Request) (Run, error) {
+	return func(context.Context, Request) (Run, error) { return run, nil }
+}
+
+// failWith makes a dispatch func that fails with err.
+func failWith(err error) func(context.Context, Request) (Run, error) {
+	return func(context.Context, Request) (Run, error) { return nil, err }
+}
+
+// testEnv is an httptest server running New over a fakeGateway. Its cleanup
+// waits for every handler to return, then checks that each run was closed
+// exactly once.
+type testEnv struct {
+	t        *testing.T
+	gw       *fakeGateway
+	srv      *httptest.Server
+	handlers sync.WaitGroup
+}
+
+// newEnv starts a server; dispatch scripts the gateway.
+func newEnv(t *testing.T, cfg Config, dispatch func(context.Context, Request) (Run, error)) *testEnv {
+	t.Helper()
+	if cfg.Now == nil {
+		cfg.Now = func() time.Time { return time.Unix(1700000000, 0) }
+	}
+	env := &testEnv{t: t, gw: &fakeGateway{models: []string{"m", "alias"}, dispatch: dispatch}}
+	h := New(cfg, env.gw, nil)
+	env.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		env.handlers.Add(1)
+		defer env.handlers.Done()
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() {
+		env.srv.Close()
+		env.handlers.Wait()
+		for i, run := range env.gw.allRuns() {
+			if n, reasons := run.closeCalls(); n != 1 {
+				t.Errorf("run %d: Close called %d times (reasons %q), want exactly 1", i, n, reasons)
+			}
+		}
+	})
+	return env
+}
+
+// waitHandlers blocks until every handler that started has returned.
+func (e *testEnv) waitHandlers() { e.handlers.Wait() }
+
+// Run messages.
+
+func events(evs ...*nodev1.RunEvent) *nodev1.RunUp {
+	return &nodev1.RunUp{Msg: &nodev1.RunUp_Events{Events: &nodev1.RunEvents{Events: evs}}}
+}
+
+func started() *nodev1.RunEvent {
+	return &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_STARTED}
+}
+
+func delta(text string) *nodev1.RunEvent {
+	return &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: text}
+}
+
+func usageEvent(prompt, completion int32) *nodev1.RunEvent {
+	return &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_USAGE, PromptTokens: prompt, CompletionTokens: completion}
+}
+
+func complete(finish string) *nodev1.RunEvent {
+	return &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_COMPLETE, FinishReason: finish}
+}
+
+func errorEvent(status int32, msg string) *nodev1.RunEvent {
+	return &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_ERROR, Status: status, Error: msg}
+}
+
+func cancelledEvent() *nodev1.RunEvent {
+	return &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_CANCELLED}
+}
+
+func tunnelHead(status int32, headers map[string]string) *nodev1.RunUp {
+	return &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: &nodev1.TunnelHead{Status: status, Headers: headers}}}
+}
+
+func tunnelData(s string) *nodev1.RunUp {
+	return &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelData{TunnelData: &nodev1.TunnelData{Data: []byte(s)}}}
+}
+
+func tunnelEnd() *nodev1.RunUp {
+	return &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelEnd{TunnelEnd: &nodev1.TunnelEnd{}}}
+}
+
+func tunnelError(status int32, msg string) *nodev1.RunUp {
+	return &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelError{TunnelError: &nodev1.TunnelError{Status: status, Message: msg}}}
+}
+
+const (
+	normalized = nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED
+	tunnel     = nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL
+)

@@ -1,0 +1,87 @@
+package api
+
+import (
+	"context"
+	"time"
+
+	"iop/internal/wire/nodev1"
+)
+
+// Gateway is what the HTTP API needs of the edge service: dispatch one
+// request to a provider, and list the model names clients may ask for.
+// The edge's *edge.Service satisfies it through a small adapter that converts
+// Request and DispatchInfo (their fields mirror edge.Request and
+// edge.DispatchInfo one to one, so a Go conversion does it) and maps errors
+// onto this package's sentinels (errors.go).
+type Gateway interface {
+	// Dispatch admits req through its model's queue and sends it to exactly
+	// one provider. It blocks while the request is queued and returns when
+	// the run is dispatched, the admission fails, or ctx ends (then with
+	// ctx's error). A failed admission wraps one of ErrUnknownModel,
+	// ErrNoProvider, ErrCandidatesRejected, ErrQueueFull, ErrQueueTimeout,
+	// ErrProviderUnavailable, ErrDispatchTimeout, ErrDispatchRefused,
+	// ErrStaleGeneration or ErrNodeGone; any other error is answered 500.
+	Dispatch(ctx context.Context, req Request) (Run, error)
+	// Models lists the model names (aliases and served names) clients may
+	// request, in the order to show them.
+	Models() []string
+}
+
+// Run is one dispatched request, from dispatch to release.
+type Run interface {
+	// Info describes where the run was dispatched. It does not change.
+	Info() DispatchInfo
+	// Recv blocks for the next message from the node: RunEvents on the
+	// normalized path; TunnelHead, TunnelData, TunnelEnd or TunnelError on
+	// the tunnel path. After a terminal message (a complete, error or
+	// cancelled event; TunnelEnd; TunnelError) it returns io.EOF. Close makes
+	// a blocked Recv return promptly (io.EOF or an error). Any other error
+	// means the run failed upstream: the node disconnected (wrap ErrNodeGone
+	// for a clearer message) or its run stream broke; it is answered 502
+	// without the error's text.
+	Recv() (*nodev1.RunUp, error)
+	// Close ends the run: cancels it on the node if it has not ended and
+	// releases its lease. The reason is for logs only. It is idempotent and
+	// safe to call from another goroutine while Recv blocks.
+	Close(reason string)
+}
+
+// Request is one client request as the edge service dispatches it. Its fields
+// mirror edge.Request in name, type and order.
+type Request struct {
+	// Model is the model name the client asked for (an alias or a served name).
+	Model string
+	// Operation is the kind of request; the chat route sends OPERATION_CHAT.
+	Operation nodev1.Operation
+	// Stream is the request's "stream" flag.
+	Stream bool
+	// Body is the client's JSON body, byte for byte; the node rewrites its
+	// model to the served target.
+	Body []byte
+	// Needs are the capabilities every candidate provider must have:
+	// "tools" (the request defines tools), "vision" (a message carries an
+	// image), "embeddings".
+	Needs []string
+	// Long marks a long-context request, admitted against long_capacity.
+	Long bool
+	// EstimatedInputTokens is a rough size of the prompt: its characters / 4,
+	// rounded up.
+	EstimatedInputTokens int
+	// Headers are selected client headers a provider may need (canonical
+	// names, e.g. "Accept"); never the client's credentials.
+	Headers map[string]string
+}
+
+// DispatchInfo describes where a run went. Its fields mirror
+// edge.DispatchInfo in name, type and order.
+type DispatchInfo struct {
+	RunID, NodeID, ProviderID, ProviderType, ServedModel string
+	// Generation is the node connection the run was sent on.
+	Generation uint64
+	// Path says how the answer comes back: tunnel or normalized.
+	Path nodev1.ExecutionPath
+	// QueueReason says why the request waited, empty if it did not.
+	QueueReason string
+	// QueueWait is how long the request waited for a slot.
+	QueueWait time.Duration
+}

@@ -1,0 +1,168 @@
+package api
+
+import (
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+)
+
+// New returns the edge's OpenAI-compatible HTTP handler (routes in the
+// package doc), serving requests by calling gw. A negative
+// cfg.MaxBodyBytes is treated as 0 (the default); call cfg.Validate first
+// to reject it instead. logger may be nil (then nothing is logged).
+func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	h := &handler{
+		cfg:    cfg.withDefaults(),
+		gw:     gw,
+		logger: logger.With("component", "edge-api"),
+	}
+	h.routes = map[string]route{
+		"/v1/chat/completions": {http.MethodPost, h.chatCompletions},
+		"/v1/models":           {http.MethodGet, h.listModels},
+		"/healthz":             {http.MethodGet, h.healthz},
+		"/readyz":              {http.MethodGet, h.readyz},
+	}
+	return h
+}
+
+// handler serves every route. All fields are set in New and only read after.
+type handler struct {
+	cfg    Config
+	gw     Gateway
+	logger *slog.Logger
+	routes map[string]route // exact path -> route
+}
+
+// route is the one method a path accepts (GET also accepts HEAD) and its
+// handler.
+type route struct {
+	method string
+	serve  http.HandlerFunc
+}
+
+const modelsPrefix = "/v1/models/"
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rt, ok := h.routes[r.URL.Path]
+	if !ok && strings.HasPrefix(r.URL.Path, modelsPrefix) {
+		rt, ok = route{http.MethodGet, h.getModel}, true
+	}
+	if !ok {
+		h.writeError(w, r, errNotFound, nil)
+		return
+	}
+	if r.Method != rt.method && (rt.method != http.MethodGet || r.Method != http.MethodHead) {
+		w.Header().Set("Allow", rt.method)
+		h.writeError(w, r, errMethodNotAllowed, nil)
+		return
+	}
+	rt.serve(w, r)
+}
+
+// writeError answers a request with the status and OpenAI error body that
+// classify maps err to, unless the client has gone away (then it writes
+// nothing and logs at debug). It must be called before anything else was
+// written to w.
+func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error, req *Request) {
+	if r.Context().Err() != nil {
+		h.logger.Debug("client gone before the answer", "path", r.URL.Path, "err", err)
+		return
+	}
+	e := classify(err, req)
+	h.logError(r, e, err)
+	if e.retryAfter != "" {
+		w.Header().Set("Retry-After", e.retryAfter)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(e.status)
+	_ = json.NewEncoder(w).Encode(errorBody{Error: e})
+}
+
+// logError logs one error answer: server-side failures at warn, client
+// mistakes and back-pressure at debug.
+func (h *handler) logError(r *http.Request, e *apiError, err error) {
+	level := slog.LevelDebug
+	if e.status >= 500 {
+		level = slog.LevelWarn
+	}
+	h.logger.Log(r.Context(), level, "request failed",
+		"path", r.URL.Path, "status", e.status, "code", deref(e.Code), "err", err)
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// modelObject is one entry of GET /v1/models.
+type modelObject struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"` // Unix seconds
+	OwnedBy string `json:"owned_by"`
+}
+
+func (h *handler) model(id string) modelObject {
+	return modelObject{ID: id, Object: "model", Created: h.cfg.Now().Unix(), OwnedBy: "iop"}
+}
+
+// listModels serves GET /v1/models: {"object":"list","data":[model...]}.
+func (h *handler) listModels(w http.ResponseWriter, r *http.Request) {
+	names := h.gw.Models()
+	data := make([]modelObject, 0, len(names))
+	for _, name := range names {
+		data = append(data, h.model(name))
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Object string        `json:"object"`
+		Data   []modelObject `json:"data"`
+	}{"list", data})
+}
+
+// getModel serves GET /v1/models/{model}.
+func (h *handler) getModel(w http.ResponseWriter, r *http.Request) {
+	id := strings.TrimPrefix(r.URL.Path, modelsPrefix)
+	if !slices.Contains(h.gw.Models(), id) {
+		h.writeError(w, r, ErrUnknownModel, &Request{Model: id})
+		return
+	}
+	writeJSON(w, http.StatusOK, h.model(id))
+}
+
+func (h *handler) healthz(w http.ResponseWriter, r *http.Request) {
+	writeText(w, http.StatusOK, "ok")
+}
+
+func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
+	if !h.cfg.Ready() {
+		writeText(w, http.StatusServiceUnavailable, "not ready")
+		return
+	}
+	writeText(w, http.StatusOK, "ready")
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeText(w http.ResponseWriter, status int, s string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(s))
+}
+
+// clientGone reports whether the request's client has gone away (or the
+// server is shutting the request down): then nothing more is written.
+func clientGone(r *http.Request) bool {
+	return r.Context().Err() != nil
+}

@@ -1,0 +1,356 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"mime"
+	"net/http"
+	"strings"
+
+	"iop/internal/wire/nodev1"
+)
+
+// hopHeaders are response headers of the provider's connection, not of its
+// answer, so they are not relayed. Content-Length goes too: the edge
+// re-frames the body (chunked), and a length that no longer matched would
+// corrupt the response.
+var hopHeaders = map[string]bool{
+	"Connection":          true,
+	"Keep-Alive":          true,
+	"Proxy-Authenticate":  true,
+	"Proxy-Authorization": true,
+	"Te":                  true,
+	"Trailer":             true,
+	"Transfer-Encoding":   true,
+	"Upgrade":             true,
+	"Content-Length":      true,
+}
+
+// tunnel relays a tunnel-path run: TunnelHead becomes the status and headers
+// (as received, minus hopHeaders), each TunnelData is written and flushed at
+// once, TunnelEnd ends the response. A failure before TunnelHead is an error
+// answer (TunnelError's status, 502 if unset); after it, see failStarted.
+// It returns the Close reason.
+func (rr *runResponse) tunnel() string {
+	sse := false
+	for {
+		msg, err := rr.recv()
+		if err != nil {
+			return rr.tunnelFail(err, sse)
+		}
+		switch m := msg.GetMsg().(type) {
+		case *nodev1.RunUp_TunnelHead:
+			if rr.started {
+				return rr.tunnelFail(errUpstreamProtocol, sse)
+			}
+			status := int(m.TunnelHead.GetStatus())
+			if status < 200 || status > 599 {
+				return rr.fail(errUpstreamProtocol)
+			}
+			header := rr.w.Header()
+			for name, value := range m.TunnelHead.GetHeaders() {
+				name = http.CanonicalHeaderKey(name)
+				if !hopHeaders[name] {
+					header.Set(name, value)
+				}
+			}
+			sse = isEventStream(header.Get("Content-Type"))
+			rr.w.WriteHeader(status)
+			rr.started = true
+			if err := rr.flush(); err != nil {
+				return rr.writeFailed(err)
+			}
+		case *nodev1.RunUp_TunnelData:
+			if !rr.started {
+				return rr.fail(errUpstreamProtocol)
+			}
+			if err := rr.write(m.TunnelData.GetData()); err != nil {
+				return rr.writeFailed(err)
+			}
+		case *nodev1.RunUp_TunnelEnd:
+			if !rr.started {
+				return rr.fail(errUpstreamEnded)
+			}
+			return reasonCompleted
+		case *nodev1.RunUp_TunnelError:
+			return rr.tunnelFail(&upstreamError{
+				status:  int(m.TunnelError.GetStatus()),
+				message: m.TunnelError.GetMessage(),
+			}, sse)
+		default:
+			return rr.tunnelFail(errUpstreamProtocol, sse)
+		}
+	}
+}
+
+// tunnelFail ends a tunnel-path response that failed with err.
+func (rr *runResponse) tunnelFail(err error, sse bool) string {
+	if !rr.started {
+		return rr.fail(err)
+	}
+	return rr.failStarted(err, sse)
+}
+
+// failStarted ends a response whose status line was already sent. An SSE
+// body gets one `data: {"error":{...}}` event (no [DONE]); any other body
+// cannot signal an error, so the connection is aborted and the client sees
+// a truncated response rather than a complete-looking one. It returns the
+// Close reason (or does not return: http.ErrAbortHandler).
+func (rr *runResponse) failStarted(err error, sse bool) string {
+	if clientGone(rr.r) {
+		rr.h.logger.Debug("client gone", "path", rr.r.URL.Path, "err", err)
+		return reasonClientGone
+	}
+	e := classify(err, rr.req)
+	rr.h.logError(rr.r, e, err)
+	if !sse {
+		// The deferred Close in chatCompletions still runs.
+		panic(http.ErrAbortHandler)
+	}
+	if werr := rr.writeEvent(errorBody{Error: e}); werr != nil {
+		return reasonWriteFailed
+	}
+	return reasonUpstreamError
+}
+
+// writeFailed is the outcome of a failed write to the client.
+func (rr *runResponse) writeFailed(err error) string {
+	if clientGone(rr.r) {
+		return reasonClientGone
+	}
+	rr.h.logger.Debug("writing the response failed", "path", rr.r.URL.Path, "err", err)
+	return reasonWriteFailed
+}
+
+// writeEvent writes v as one SSE event, `data: <json>\n\n`, and flushes it.
+func (rr *runResponse) writeEvent(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 0, len(b)+8)
+	buf = append(buf, "data: "...)
+	buf = append(buf, b...)
+	buf = append(buf, "\n\n"...)
+	return rr.write(buf)
+}
+
+func isEventStream(contentType string) bool {
+	mediaType, _, err := mime.ParseMediaType(contentType)
+	return err == nil && mediaType == "text/event-stream"
+}
+
+// chatRender renders a normalized-path run as an OpenAI chat completion.
+type chatRender struct {
+	*runResponse
+	id           string // "chatcmpl-" + run id
+	created      int64  // Unix seconds
+	model        string // the model name the client asked for
+	includeUsage bool
+
+	usage usage
+}
+
+// usage is the OpenAI usage object, in tokens.
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+// chatCompletion is the non-streamed answer (object "chat.completion").
+type chatCompletion struct {
+	ID      string       `json:"id"`
+	Object  string       `json:"object"`
+	Created int64        `json:"created"`
+	Model   string       `json:"model"`
+	Choices []chatChoice `json:"choices"`
+	Usage   usage        `json:"usage"`
+}
+
+type chatChoice struct {
+	Index        int         `json:"index"`
+	Message      chatMessage `json:"message"`
+	FinishReason string      `json:"finish_reason"`
+}
+
+type chatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// chatChunk is one streamed event (object "chat.completion.chunk").
+type chatChunk struct {
+	ID      string        `json:"id"`
+	Object  string        `json:"object"`
+	Created int64         `json:"created"`
+	Model   string        `json:"model"`
+	Choices []chunkChoice `json:"choices"`
+	Usage   *usage        `json:"usage,omitempty"`
+}
+
+type chunkChoice struct {
+	Index        int        `json:"index"`
+	Delta        chunkDelta `json:"delta"`
+	FinishReason *string    `json:"finish_reason"`
+}
+
+type chunkDelta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+// next reads run events until one ends the run, calling onDelta for the
+// text of each non-empty delta. A usage event is recorded in c.usage. It
+// returns the finish reason ("stop" if the node sent none) or the failure.
+func (c *chatRender) next(onDelta func(text string) error) (finish string, err error) {
+	for {
+		msg, err := c.recv()
+		if err != nil {
+			return "", err
+		}
+		events := msg.GetEvents()
+		if events == nil {
+			return "", errUpstreamProtocol
+		}
+		for _, ev := range events.GetEvents() {
+			switch ev.GetType() {
+			case nodev1.RunEvent_TYPE_DELTA:
+				if ev.GetText() == "" {
+					continue
+				}
+				if err := onDelta(ev.GetText()); err != nil {
+					return "", err
+				}
+			case nodev1.RunEvent_TYPE_USAGE:
+				c.usage.PromptTokens = int(ev.GetPromptTokens())
+				c.usage.CompletionTokens = int(ev.GetCompletionTokens())
+				c.usage.TotalTokens = c.usage.PromptTokens + c.usage.CompletionTokens
+			case nodev1.RunEvent_TYPE_COMPLETE:
+				finish := ev.GetFinishReason()
+				if finish == "" {
+					finish = "stop"
+				}
+				return finish, nil
+			case nodev1.RunEvent_TYPE_ERROR:
+				return "", &upstreamError{status: int(ev.GetStatus()), message: ev.GetError()}
+			case nodev1.RunEvent_TYPE_CANCELLED:
+				return "", errUpstreamCancelled
+			}
+		}
+	}
+}
+
+// errWrite marks a failed write to the client, as opposed to a failed run.
+type errWrite struct{ err error }
+
+func (e *errWrite) Error() string { return "write: " + e.err.Error() }
+func (e *errWrite) Unwrap() error { return e.err }
+
+// json collects the whole answer and writes one chat.completion object. Usage
+// is what the node reported, zero if it reported none. It returns the Close
+// reason.
+func (c *chatRender) json() string {
+	var text strings.Builder
+	finish, err := c.next(func(s string) error {
+		text.WriteString(s)
+		return nil
+	})
+	if err != nil {
+		return c.fail(err)
+	}
+	if clientGone(c.r) {
+		return reasonClientGone
+	}
+	writeJSON(c.w, http.StatusOK, chatCompletion{
+		ID:      c.id,
+		Object:  "chat.completion",
+		Created: c.created,
+		Model:   c.model,
+		Choices: []chatChoice{{
+			Message:      chatMessage{Role: "assistant", Content: text.String()},
+			FinishReason: finish,
+		}},
+		Usage: c.usage,
+	})
+	return reasonCompleted
+}
+
+// stream writes the answer as SSE chat.completion.chunk events: a first
+// chunk with the assistant role, one chunk per delta (flushed at once), a
+// final chunk with the finish reason, a usage chunk (choices []) when the
+// request asked for include_usage, and `data: [DONE]`. The status line is
+// sent with the first delta or the completion, so a run that fails before
+// either gets an error answer with its own status; a run that fails later
+// ends with an error event and no [DONE]. It returns the Close reason.
+func (c *chatRender) stream() string {
+	finish, err := c.next(func(s string) error {
+		if err := c.startStream(); err != nil {
+			return err
+		}
+		return c.writeChunk(chunkDelta{Content: &s}, nil)
+	})
+	var werr *errWrite
+	switch {
+	case errors.As(err, &werr):
+		return c.writeFailed(werr.err)
+	case err != nil && !c.started:
+		return c.fail(err)
+	case err != nil:
+		return c.failStarted(err, true)
+	}
+	if err := c.finishStream(finish); err != nil {
+		return c.writeFailed(err)
+	}
+	return reasonCompleted
+}
+
+// startStream sends the status line, headers and role chunk, once.
+func (c *chatRender) startStream() error {
+	if c.started {
+		return nil
+	}
+	header := c.w.Header()
+	header.Set("Content-Type", "text/event-stream")
+	header.Set("Cache-Control", "no-cache")
+	header.Set("X-Accel-Buffering", "no") // tell nginx-like proxies not to buffer
+	c.w.WriteHeader(http.StatusOK)
+	c.started = true
+	empty := ""
+	return c.writeChunk(chunkDelta{Role: "assistant", Content: &empty}, nil)
+}
+
+// finishStream writes the final chunk, the usage chunk if asked for, and
+// [DONE].
+func (c *chatRender) finishStream(finish string) error {
+	if err := c.startStream(); err != nil {
+		return err
+	}
+	if err := c.writeChunk(chunkDelta{}, &finish); err != nil {
+		return err
+	}
+	if c.includeUsage {
+		u := c.usage
+		if err := c.writeEvent(chatChunk{ID: c.id, Object: "chat.completion.chunk", Created: c.created,
+			Model: c.model, Choices: []chunkChoice{}, Usage: &u}); err != nil {
+			return err
+		}
+	}
+	return c.write([]byte("data: [DONE]\n\n"))
+}
+
+// writeChunk writes one chunk with a single choice; a write failure is an
+// *errWrite.
+func (c *chatRender) writeChunk(delta chunkDelta, finish *string) error {
+	err := c.writeEvent(chatChunk{
+		ID:      c.id,
+		Object:  "chat.completion.chunk",
+		Created: c.created,
+		Model:   c.model,
+		Choices: []chunkChoice{{Delta: delta, FinishReason: finish}},
+	})
+	if err != nil {
+		return &errWrite{err}
+	}
+	return nil
+}
