@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"iop/internal/edge"
+	"iop/internal/edge/api"
+	"iop/internal/scheduler"
+	"iop/internal/wire/nodev1"
+)
+
+func newEdgeCommand(logLevel *string) *cobra.Command {
+	var configPath string
+	cfg := edge.DefaultConfig()
+	cmd := &cobra.Command{
+		Use:   "edge",
+		Short: "Run the edge: the HTTP API for clients and the gRPC endpoint for nodes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := newLogger(*logLevel)
+			if err != nil {
+				return err
+			}
+			if err := loadConfig(cmd, configPath, &cfg); err != nil {
+				return err
+			}
+			ctx, stop := signalContext()
+			defer stop()
+			e, err := startEdge(ctx, cfg, logger)
+			if err != nil {
+				return err
+			}
+			logger.Info("edge ready", "http", "http://"+e.HTTPAddr, "node_endpoint", e.NodeAddr)
+			return e.Wait()
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&configPath, "config", "", "YAML config file (flags override it)")
+	fl.StringVar(&cfg.Listen, "listen", cfg.Listen, "HTTP API listen address")
+	fl.StringVar(&cfg.NodeListen, "node-listen", cfg.NodeListen, "node endpoint (gRPC) listen address")
+	fl.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", cfg.HeartbeatInterval, "node heartbeat interval; 3 missed fence the connection")
+	fl.DurationVar(&cfg.DispatchTimeout, "dispatch-timeout", cfg.DispatchTimeout, "how long a node may take to open a dispatched run")
+	fl.IntVar(&cfg.Queue.MaxQueue, "max-queue", cfg.Queue.MaxQueue, "default max queued requests per model")
+	fl.DurationVar(&cfg.Queue.QueueTimeout, "queue-timeout", cfg.Queue.QueueTimeout, "default max time a request waits for a slot")
+	fl.StringSliceVar(&cfg.Tokens, "token", cfg.Tokens, "accepted node token (repeatable; none = accept any node)")
+	return cmd
+}
+
+// edgeProcess is a running edge: its node endpoint and HTTP API.
+type edgeProcess struct {
+	Service  *edge.Service
+	HTTPAddr string // host:port the HTTP API listens on
+	NodeAddr string // host:port the node endpoint listens on
+	done     chan error
+}
+
+// startEdge listens on cfg.Listen and cfg.NodeListen and serves until ctx
+// ends. It returns once both listeners are open.
+func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger) (*edgeProcess, error) {
+	srv, err := edge.NewServer(cfg, edge.Deps{Logger: logger, Clock: scheduler.RealClock()})
+	if err != nil {
+		return nil, err
+	}
+	nodeLis, err := net.Listen("tcp", cfg.NodeListen)
+	if err != nil {
+		return nil, fmt.Errorf("node endpoint: %w", err)
+	}
+	httpLis, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		nodeLis.Close()
+		return nil, fmt.Errorf("HTTP API: %w", err)
+	}
+	svc := srv.Service()
+	handler := api.New(api.Config{
+		Ready: func() bool { return len(svc.Snapshot().Nodes) > 0 },
+	}, gateway{svc}, logger)
+	httpSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
+	e := &edgeProcess{Service: svc, HTTPAddr: httpLis.Addr().String(), NodeAddr: nodeLis.Addr().String(), done: make(chan error, 1)}
+	grpcDone := make(chan error, 1)
+	go func() { grpcDone <- srv.Serve(ctx, nodeLis) }()
+	httpDone := make(chan error, 1)
+	go func() { httpDone <- httpSrv.Serve(httpLis) }()
+	go func() {
+		var err error
+		select {
+		case <-ctx.Done():
+		case err = <-httpDone:
+			httpDone <- err
+		}
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = httpSrv.Shutdown(shutdownCtx)
+		httpSrv.Close()
+		if herr := <-httpDone; !errors.Is(herr, http.ErrServerClosed) && err == nil {
+			err = herr
+		}
+		if gerr := <-grpcDone; err == nil {
+			err = gerr
+		}
+		e.done <- err
+	}()
+	return e, nil
+}
+
+// Wait blocks until the edge has stopped and returns why.
+func (e *edgeProcess) Wait() error { return <-e.done }
+
+// gateway adapts *edge.Service to the HTTP API's Gateway, mapping the
+// edge's and scheduler's errors onto the API's sentinels: the one place
+// where they meet.
+type gateway struct{ svc *edge.Service }
+
+var _ api.Gateway = gateway{}
+
+func (g gateway) Dispatch(ctx context.Context, req api.Request) (api.Run, error) {
+	run, err := g.svc.Dispatch(ctx, edge.Request(req))
+	if err != nil {
+		return nil, apiError(err)
+	}
+	return apiRun{run}, nil
+}
+
+func (g gateway) Models() []string { return g.svc.Models() }
+
+type apiRun struct{ *edge.Run }
+
+func (r apiRun) Info() api.DispatchInfo { return api.DispatchInfo(r.Run.Info()) }
+
+func (r apiRun) Recv() (*nodev1.RunUp, error) {
+	m, err := r.Run.Recv()
+	if err != nil && !errors.Is(err, io.EOF) {
+		err = apiError(err)
+	}
+	return m, err
+}
+
+// apiError wraps err with the API sentinel for its outcome; errors without
+// one (context errors, invalid requests) pass through.
+func apiError(err error) error {
+	for _, m := range []struct{ from, to error }{
+		{scheduler.ErrUnknownModel, api.ErrUnknownModel},
+		{scheduler.ErrCandidatesRejected, api.ErrCandidatesRejected},
+		{scheduler.ErrQueueFull, api.ErrQueueFull},
+		{scheduler.ErrQueueTimeout, api.ErrQueueTimeout},
+		{scheduler.ErrProviderUnavailable, api.ErrProviderUnavailable},
+		{scheduler.ErrNoProvider, api.ErrNoProvider},
+		{edge.ErrDispatchTimeout, api.ErrDispatchTimeout},
+		{edge.ErrDispatchRefused, api.ErrDispatchRefused},
+		{edge.ErrStaleGeneration, api.ErrStaleGeneration},
+		{edge.ErrNodeGone, api.ErrNodeGone},
+	} {
+		if errors.Is(err, m.from) {
+			return fmt.Errorf("%w: %w", m.to, err)
+		}
+	}
+	return err
+}

@@ -1,0 +1,106 @@
+// Command iop is the iop gateway: an edge serving OpenAI-compatible APIs,
+// nodes that run next to model servers, an all-in-one dev mode, and a model
+// server simulator. This package holds only flag parsing and wiring.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"gopkg.in/yaml.v3"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "0.1.0-dev"
+
+func main() {
+	if err := newRootCommand().Execute(); err != nil {
+		os.Exit(1)
+	}
+}
+
+func newRootCommand() *cobra.Command {
+	var logLevel string
+	root := &cobra.Command{
+		Use:           "iop",
+		Short:         "iop: a self-hosted LLM inference gateway",
+		Version:       version,
+		SilenceUsage:  true,
+		SilenceErrors: false,
+	}
+	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	root.AddCommand(newEdgeCommand(&logLevel), newNodeCommand(&logLevel), newDevCommand(&logLevel), newSimCommand(&logLevel))
+	return root
+}
+
+// newLogger returns a text logger on stderr at level.
+func newLogger(level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: %w", level, err)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}
+
+// signalContext returns a context cancelled on SIGINT or SIGTERM.
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+// loadConfig decodes the YAML file at path (if any) into v, the struct the
+// command's flags are bound to, then re-applies the flags the user set, so
+// flags override the file and the file overrides defaults.
+func loadConfig(cmd *cobra.Command, path string, v any) error {
+	if path == "" {
+		return nil
+	}
+	type setFlag struct {
+		flag  *pflag.Flag
+		value string
+		slice []string
+	}
+	var set []setFlag
+	cmd.Flags().Visit(func(fl *pflag.Flag) {
+		sf := setFlag{flag: fl, value: fl.Value.String()}
+		if sl, ok := fl.Value.(pflag.SliceValue); ok {
+			sf.slice = sl.GetSlice()
+		}
+		set = append(set, sf)
+	})
+	if err := loadYAML(path, v); err != nil {
+		return err
+	}
+	for _, sf := range set {
+		var err error
+		if sl, ok := sf.flag.Value.(pflag.SliceValue); ok {
+			err = sl.Replace(sf.slice)
+		} else {
+			err = sf.flag.Value.Set(sf.value)
+		}
+		if err != nil {
+			return fmt.Errorf("--%s: %w", sf.flag.Name, err)
+		}
+	}
+	return nil
+}
+
+// loadYAML decodes the YAML file at path into v, rejecting unknown fields.
+func loadYAML(path string, v any) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	dec := yaml.NewDecoder(f)
+	dec.KnownFields(true)
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,42 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"iop/internal/node"
+)
+
+func newNodeCommand(logLevel *string) *cobra.Command {
+	var configPath string
+	var cfg node.Config
+	cmd := &cobra.Command{
+		Use:   "node",
+		Short: "Run a node: dial the edge and serve its dispatches with local model servers",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := newLogger(*logLevel)
+			if err != nil {
+				return err
+			}
+			if err := loadConfig(cmd, configPath, &cfg); err != nil {
+				return err
+			}
+			agent, err := node.New(cfg, logger)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext()
+			defer stop()
+			logger.Info("node starting", "node_id", cfg.NodeID, "edge", cfg.Edge, "providers", len(cfg.Providers))
+			return agent.Run(ctx)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&configPath, "config", "", "YAML config file with the node's providers (flags override it)")
+	fl.StringVar(&cfg.Edge, "edge", "", "edge node endpoint, host:port")
+	fl.StringVar(&cfg.NodeID, "node-id", "", "node id (unique per edge)")
+	fl.StringVar(&cfg.Label, "label", "", "human-readable node label")
+	fl.StringVar(&cfg.Token, "token", "", "join token presented to the edge")
+	fl.IntVar(&cfg.RuntimeConcurrency, "runtime-concurrency", 0, "default provider capacity")
+	return cmd
+}

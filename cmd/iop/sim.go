@@ -1,0 +1,87 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"iop/internal/sim"
+)
+
+// simFile is the YAML shape of `iop sim --config`.
+type simFile struct {
+	Protocol         string        `yaml:"protocol"`
+	Listen           string        `yaml:"listen"`
+	Models           []string      `yaml:"models"`
+	TTFT             time.Duration `yaml:"ttft"`
+	TokensPerSecond  float64       `yaml:"tokens_per_second"`
+	MaxConcurrent    int           `yaml:"max_concurrent"`
+	Seed             int64         `yaml:"seed"`
+	DefaultMaxTokens int           `yaml:"default_max_tokens"`
+	APIKey           string        `yaml:"api_key"`
+	Faults           struct {
+		ErrorRate   float64 `yaml:"error_rate"`
+		ErrorStatus int     `yaml:"error_status"`
+		DropAfter   int     `yaml:"drop_after"`
+		Hang        bool    `yaml:"hang"`
+	} `yaml:"faults"`
+}
+
+func newSimCommand(logLevel *string) *cobra.Command {
+	var configPath string
+	f := simFile{Protocol: "openai", Listen: "127.0.0.1:9000"}
+	cmd := &cobra.Command{
+		Use:   "sim",
+		Short: "Run a model server simulator speaking the Ollama or OpenAI wire protocol",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := newLogger(*logLevel)
+			if err != nil {
+				return err
+			}
+			if err := loadConfig(cmd, configPath, &f); err != nil {
+				return err
+			}
+			s, err := sim.New(sim.Config{
+				Protocol:         sim.Protocol(f.Protocol),
+				Models:           f.Models,
+				TTFT:             f.TTFT,
+				TokensPerSecond:  f.TokensPerSecond,
+				MaxConcurrent:    f.MaxConcurrent,
+				Seed:             f.Seed,
+				DefaultMaxTokens: f.DefaultMaxTokens,
+				APIKey:           f.APIKey,
+				Faults: sim.Faults{
+					ErrorRate:   f.Faults.ErrorRate,
+					ErrorStatus: f.Faults.ErrorStatus,
+					DropAfter:   f.Faults.DropAfter,
+					Hang:        f.Faults.Hang,
+				},
+			}, logger.With("component", "sim"))
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext()
+			defer stop()
+			fmt.Fprintf(cmd.OutOrStdout(), "iop sim (%s) listening on http://%s\n", f.Protocol, f.Listen)
+			return s.ListenAndServe(ctx, f.Listen)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&configPath, "config", "", "YAML config file (flags override it)")
+	fl.StringVar(&f.Protocol, "protocol", f.Protocol, "wire protocol: ollama or openai")
+	fl.StringVar(&f.Listen, "listen", f.Listen, "HTTP listen address")
+	fl.StringSliceVar(&f.Models, "model", nil, "served model name (repeatable; default sim-model)")
+	fl.DurationVar(&f.TTFT, "ttft", 0, "time to first token")
+	fl.Float64Var(&f.TokensPerSecond, "tokens-per-second", 0, "token rate after the first (0 = unlimited)")
+	fl.IntVar(&f.MaxConcurrent, "max-concurrent", 0, "max concurrent requests, over it 429 (0 = unlimited)")
+	fl.Int64Var(&f.Seed, "seed", 0, "seed of the deterministic output")
+	fl.IntVar(&f.DefaultMaxTokens, "default-max-tokens", 0, "tokens per answer when the request sets no limit (default 16)")
+	fl.StringVar(&f.APIKey, "api-key", "", "require this bearer token")
+	fl.Float64Var(&f.Faults.ErrorRate, "error-rate", 0, "fraction of requests answered with --error-status")
+	fl.IntVar(&f.Faults.ErrorStatus, "error-status", 0, "status of injected errors (default 500)")
+	fl.IntVar(&f.Faults.DropAfter, "drop-after", 0, "drop the connection after this many streamed tokens")
+	fl.BoolVar(&f.Faults.Hang, "hang", false, "accept requests and never answer")
+	return cmd
+}

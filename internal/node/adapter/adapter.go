@@ -1,0 +1,265 @@
+package adapter
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"syscall"
+	"time"
+
+	"iop/internal/wire/nodev1"
+)
+
+// DefaultTimeout bounds a whole provider request (head and body) when
+// Config.Timeout is zero.
+const DefaultTimeout = 10 * time.Minute
+
+// dialTimeout bounds one TCP connect to a provider.
+const dialTimeout = 10 * time.Second
+
+// errorBodyLimit caps how much of a non-2xx answer is read for its message.
+const errorBodyLimit = 64 << 10
+
+// Request is one dispatched run as an adapter sees it.
+type Request struct {
+	// Op says which OpenAI endpoint's body Body is.
+	Op nodev1.Operation
+	// Stream is the client's stream flag (informational: a Normalizer always
+	// streams from its provider, a Tunneler relays whatever the body asks).
+	Stream bool
+	// ServedModel is the provider's model name; it replaces the body's model.
+	ServedModel string
+	// Body is the client's OpenAI-shaped JSON request body: chat
+	// completions, completions or embeddings.
+	Body []byte
+	// Headers are client request headers the edge selected for the provider
+	// (e.g. Accept), canonical or not. Tunnelers forward them, except
+	// hop-by-hop headers and those the adapter sets itself.
+	Headers map[string]string
+}
+
+// EventSink receives the run events of a normalized answer, in order. Send
+// is called with one or more events that belong in one message.
+type EventSink interface {
+	Send(events ...*nodev1.RunEvent) error
+}
+
+// EventSinkFunc adapts a function to EventSink.
+type EventSinkFunc func(events ...*nodev1.RunEvent) error
+
+// Send calls f(events...).
+func (f EventSinkFunc) Send(events ...*nodev1.RunEvent) error { return f(events...) }
+
+// TunnelSink receives a tunneled answer: Head once, then Data for each chunk
+// in the order it arrived from the provider.
+type TunnelSink interface {
+	// Head receives the provider's status and the headers to relay
+	// (hop-by-hop headers and Content-Length removed).
+	Head(status int, h http.Header) error
+	// Data receives the next chunk of the body. p is only valid during the
+	// call: the adapter reuses it.
+	Data(p []byte) error
+}
+
+// Adapter is what every provider adapter has; a value is also exactly one of
+// Normalizer or Tunneler, as Path says.
+type Adapter interface {
+	// Path is the execution path the adapter answers on.
+	Path() nodev1.ExecutionPath
+	// Close drops the provider's idle connections. Calls in flight are
+	// unaffected and the adapter stays usable.
+	Close()
+}
+
+// Normalizer answers on the normalized path.
+type Normalizer interface {
+	Adapter
+	// Normalize runs req against the provider and sends run events to sink:
+	// STARTED once the provider answered 2xx, DELTAs, then USAGE and
+	// COMPLETE together. The outcome is reported as described in the package
+	// doc; failure events (ERROR, CANCELLED) are the caller's to send.
+	Normalize(ctx context.Context, req Request, sink EventSink) error
+}
+
+// Tunneler answers on the tunnel path.
+type Tunneler interface {
+	Adapter
+	// Tunnel runs req against the provider and relays its answer to sink.
+	// The outcome is reported as described in the package doc.
+	Tunnel(ctx context.Context, req Request, sink TunnelSink) error
+}
+
+// Config describes how to reach one provider.
+type Config struct {
+	// BaseURL is the provider's root: "http://127.0.0.1:11434" for Ollama,
+	// the URL that ends before "/chat/completions" for an OpenAI-compatible
+	// server (e.g. "http://127.0.0.1:8000/v1"). Required, http or https.
+	BaseURL string
+	// APIKey, when set, is sent as "Authorization: Bearer <APIKey>".
+	APIKey string
+	// Timeout bounds a whole request, head and body; 0 means DefaultTimeout.
+	Timeout time.Duration
+	// MaxConns is the most requests the provider gets at once (its
+	// capacity, or long capacity if larger); the connection pool keeps that
+	// many idle connections. 0 means 1.
+	MaxConns int
+}
+
+// httpProvider is the HTTP plumbing both adapters share.
+type httpProvider struct {
+	baseURL   string // without a trailing slash
+	apiKey    string
+	timeout   time.Duration
+	client    *http.Client
+	transport *http.Transport
+	redactor  *strings.Replacer // hides baseURL, its host and apiKey
+}
+
+func newHTTPProvider(cfg Config) (*httpProvider, error) {
+	u, err := url.Parse(cfg.BaseURL)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%w: base url does not parse", ErrInvalidConfig)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, fmt.Errorf("%w: base url scheme %q: want http or https", ErrInvalidConfig, u.Scheme)
+	case u.Host == "":
+		return nil, fmt.Errorf("%w: base url has no host", ErrInvalidConfig)
+	case cfg.Timeout < 0:
+		return nil, fmt.Errorf("%w: timeout %v is negative", ErrInvalidConfig, cfg.Timeout)
+	case cfg.MaxConns < 0:
+		return nil, fmt.Errorf("%w: max conns %d is negative", ErrInvalidConfig, cfg.MaxConns)
+	}
+	timeout := cfg.Timeout
+	if timeout == 0 {
+		timeout = DefaultTimeout
+	}
+	conns := max(cfg.MaxConns, 1)
+	transport := &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          max(100, conns),
+		MaxIdleConnsPerHost:   conns,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		// Ask for identity encoding so a tunnel relays exactly the bytes
+		// the provider produced, and SSE is never held back by a decoder.
+		DisableCompression: true,
+	}
+	base := strings.TrimRight(cfg.BaseURL, "/")
+	secrets := []string{base, "[provider]", u.Host, "[provider]"}
+	if cfg.APIKey != "" {
+		secrets = append(secrets, cfg.APIKey, "[redacted]")
+	}
+	return &httpProvider{
+		baseURL: base,
+		apiKey:  cfg.APIKey,
+		timeout: timeout,
+		client: &http.Client{
+			Transport: transport,
+			// A redirect is the provider's answer; never re-post a body.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
+		transport: transport,
+		redactor:  strings.NewReplacer(secrets...),
+	}, nil
+}
+
+// Close drops idle connections.
+func (p *httpProvider) Close() { p.transport.CloseIdleConnections() }
+
+// redact removes the provider's URL, host and API key from s.
+func (p *httpProvider) redact(s string) string { return p.redactor.Replace(s) }
+
+// call is one provider request in flight.
+type call struct {
+	p      *httpProvider
+	parent context.Context // the caller's context
+	ctx    context.Context // parent plus the provider timeout
+	cancel context.CancelFunc
+	resp   *http.Response
+}
+
+// post sends body to p.baseURL+path. On success the caller owns c and must
+// call c.close. On failure the error is an *Error or wraps ErrCancelled.
+func (p *httpProvider) post(ctx context.Context, path string, body []byte, header http.Header) (*call, error) {
+	rctx, cancel := context.WithTimeoutCause(ctx, p.timeout, ErrProviderTimeout)
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, p.baseURL+path, bytes.NewReader(body))
+	if err != nil {
+		cancel()
+		return nil, &Error{Kind: ErrBadRequest, Status: http.StatusBadRequest, Message: "cannot build provider request"}
+	}
+	for k, vs := range header {
+		req.Header[k] = vs
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "iop-node")
+	if p.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+p.apiKey)
+	}
+	c := &call{p: p, parent: ctx, ctx: rctx, cancel: cancel}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		defer cancel()
+		return nil, c.failure(err, false)
+	}
+	c.resp = resp
+	return c, nil
+}
+
+// close aborts the request if it is still running and releases it.
+func (c *call) close() {
+	c.cancel()
+	c.resp.Body.Close()
+}
+
+// failure classifies err, which ended the call before (afterHead false) or
+// after the response head arrived.
+func (c *call) failure(err error, afterHead bool) error {
+	if c.parent.Err() != nil {
+		return fmt.Errorf("%w: %w", ErrCancelled, context.Cause(c.parent))
+	}
+	var nerr net.Error
+	if errors.Is(context.Cause(c.ctx), ErrProviderTimeout) || (errors.As(err, &nerr) && nerr.Timeout()) {
+		return &Error{Kind: ErrProviderTimeout, Status: http.StatusGatewayTimeout, Message: "provider timed out"}
+	}
+	if afterHead {
+		return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: "provider stream broken: " + cause(err)}
+	}
+	return &Error{Kind: ErrProviderUnreachable, Status: http.StatusBadGateway, Message: "provider unreachable: " + cause(err)}
+}
+
+// cause names a transport error without any part of its text that could hold
+// a URL or host.
+func cause(err error) string {
+	var dnsErr *net.DNSError
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused"
+	case errors.Is(err, syscall.ECONNRESET):
+		return "connection reset"
+	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
+		return "no route to host"
+	case errors.As(err, &dnsErr):
+		return "name resolution failed"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "connection closed"
+	default:
+		return "transport error"
+	}
+}
+
+// sinkFailed wraps a sink's error.
+func sinkFailed(err error) error { return fmt.Errorf("%w: %w", ErrSink, err) }
+
+// badRequest is an *Error of kind ErrBadRequest.
+func badRequest(format string, args ...any) *Error {
+	return &Error{Kind: ErrBadRequest, Status: http.StatusBadRequest, Message: fmt.Sprintf(format, args...)}
+}

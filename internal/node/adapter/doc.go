@@ -1,0 +1,44 @@
+// Package adapter drives the model servers a node runs next to. An adapter
+// takes one dispatched request (the client's OpenAI-shaped JSON body plus the
+// served model name) and answers it over one of the two execution paths:
+//
+//   - normalized ([Normalizer]): the provider speaks its own protocol and the
+//     adapter turns the answer into run events (started, delta, usage,
+//     complete). [Ollama] translates chat completions to POST /api/chat,
+//     completions to POST /api/generate and embeddings to POST /api/embed,
+//     always streams from Ollama, and reads its NDJSON line by line.
+//   - tunnel ([Tunneler]): the provider is OpenAI-compatible (OpenAI, vLLM,
+//     llama.cpp server, ...). [OpenAI] posts the body, with only its
+//     top-level "model" rewritten to the served model, to
+//     {base_url}/chat/completions, /completions or /embeddings and relays the
+//     response status, headers and body bytes unchanged, chunk by chunk as
+//     they arrive (SSE passes through untouched).
+//
+// # Outcomes
+//
+// Every adapter method reports its outcome the same way, so the caller has one
+// mapping to the wire:
+//
+//   - nil: the answer is complete. A Normalizer has sent COMPLETE as its last
+//     event; a Tunneler has relayed the whole body (the caller sends
+//     TunnelEnd).
+//   - an [*Error]: the provider request failed. Its Status and Message are
+//     safe to show a client: they never hold the provider's URL or API key.
+//     Status is the provider's own HTTP status when it answered non-2xx
+//     (normalized path only; the tunnel relays error answers as they are),
+//     502 when it could not be reached or broke its stream, 504 on timeout,
+//     400 when the request body cannot be translated.
+//   - an error wrapping [ErrCancelled]: the caller's context ended; the
+//     upstream HTTP request has been aborted.
+//   - an error wrapping [ErrSink]: the sink refused an event or chunk (the
+//     run stream is gone); the upstream request has been aborted.
+//
+// # Concurrency
+//
+// Adapters are safe for concurrent use; each call runs entirely on the
+// caller's goroutine and shares only the provider's [net/http.Client], whose
+// Transport pools connections (MaxIdleConnsPerHost ≥ the provider's
+// capacity). An adapter starts no goroutines of its own; the Transport's
+// connection goroutines end when Close drops idle connections. Sinks are
+// called from the calling goroutine only, one call at a time, in order.
+package adapter

@@ -1,0 +1,52 @@
+package adapter
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Kinds of failure. An [*Error] unwraps to exactly one of the first five;
+// the rest are returned wrapped by adapter methods and constructors.
+var (
+	// ErrProviderStatus: the provider answered with a non-2xx status.
+	ErrProviderStatus = errors.New("provider answered with an error status")
+	// ErrProviderUnreachable: the request could not be sent or no answer
+	// arrived (connection refused, reset before the head, DNS failure).
+	ErrProviderUnreachable = errors.New("provider unreachable")
+	// ErrProviderTimeout: the provider did not finish within the timeout.
+	ErrProviderTimeout = errors.New("provider timed out")
+	// ErrProviderStream: the provider broke its answer after the head: a
+	// dropped connection, a stream that ended before done, an error line, a
+	// line that does not parse.
+	ErrProviderStream = errors.New("provider stream failed")
+	// ErrBadRequest: the request body cannot be sent to this provider.
+	ErrBadRequest = errors.New("bad request")
+
+	// ErrCancelled: the caller's context ended before the answer did.
+	ErrCancelled = errors.New("run cancelled")
+	// ErrSink: a sink refused an event or a chunk.
+	ErrSink = errors.New("run sink failed")
+	// ErrInvalidConfig: an adapter Config cannot be used.
+	ErrInvalidConfig = errors.New("invalid adapter config")
+)
+
+// Error is a failed provider request, in terms safe to show a client.
+type Error struct {
+	// Kind is one of ErrProviderStatus, ErrProviderUnreachable,
+	// ErrProviderTimeout, ErrProviderStream, ErrBadRequest.
+	Kind error
+	// Status is the HTTP status to report: the provider's own status for
+	// ErrProviderStatus, 502 unreachable or stream failure, 504 timeout,
+	// 400 bad request.
+	Status int
+	// Message describes the failure; it never holds the provider's URL or
+	// API key.
+	Message string
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("%v (status %d): %s", e.Kind, e.Status, e.Message)
+}
+
+// Unwrap returns e.Kind so errors.Is(err, ErrProviderTimeout) etc. work.
+func (e *Error) Unwrap() error { return e.Kind }

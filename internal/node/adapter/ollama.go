@@ -1,0 +1,210 @@
+package adapter
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+
+	"iop/internal/wire/nodev1"
+)
+
+// maxEmbedBytes caps an Ollama /api/embed answer.
+const maxEmbedBytes = 256 << 20
+
+// maxFloatsPerDelta bounds one embeddings DELTA (4 bytes per value on the
+// wire), so a large batch travels as several messages of about 1 MiB.
+const maxFloatsPerDelta = 256 << 10
+
+// Ollama answers on the normalized path by driving an Ollama server's native
+// API. It is safe for concurrent use.
+type Ollama struct {
+	p           *httpProvider
+	deltaFloats int // most embedding values in one DELTA; maxFloatsPerDelta
+}
+
+var _ Normalizer = (*Ollama)(nil)
+
+// NewOllama returns the adapter for the Ollama server at cfg.BaseURL (e.g.
+// "http://127.0.0.1:11434"). Errors wrap ErrInvalidConfig.
+func NewOllama(cfg Config) (*Ollama, error) {
+	p, err := newHTTPProvider(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Ollama{p: p, deltaFloats: maxFloatsPerDelta}, nil
+}
+
+// Path is EXECUTION_PATH_NORMALIZED.
+func (o *Ollama) Path() nodev1.ExecutionPath { return nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED }
+
+// Close drops idle connections to the server.
+func (o *Ollama) Close() { o.p.Close() }
+
+// Normalize translates req to Ollama's API, streams the answer from Ollama
+// and sends it to sink as run events:
+//
+//	chat, completion: STARTED, DELTA{text} per line with text, then
+//	                  USAGE{prompt_tokens, completion_tokens} + COMPLETE{finish_reason}
+//	embeddings:       STARTED, DELTA{embeddings} (one or more, vectors in input
+//	                  order), then USAGE{prompt_tokens} + COMPLETE{"stop"}
+//
+// finish_reason is "length" when Ollama's done_reason is "length", else
+// "stop". Failures are reported as the package doc describes; a non-2xx
+// answer's *Error carries Ollama's {"error": ...} text and status.
+func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) error {
+	var (
+		path   string
+		body   []byte
+		inputs int
+		err    error
+	)
+	switch req.Op {
+	case nodev1.Operation_OPERATION_CHAT:
+		path = "/api/chat"
+		body, err = chatToOllama(req.Body, req.ServedModel)
+	case nodev1.Operation_OPERATION_COMPLETION:
+		path = "/api/generate"
+		body, err = completionToOllama(req.Body, req.ServedModel)
+	case nodev1.Operation_OPERATION_EMBEDDINGS:
+		path = "/api/embed"
+		body, inputs, err = embeddingsToOllama(req.Body, req.ServedModel)
+	default:
+		return badRequest("operation %v is not supported", req.Op)
+	}
+	if err != nil {
+		return err
+	}
+	c, err := o.p.post(ctx, path, body, http.Header{"Accept": {"application/x-ndjson, application/json"}})
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	if c.resp.StatusCode < 200 || c.resp.StatusCode > 299 {
+		return o.statusError(c)
+	}
+	if err := sink.Send(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_STARTED}); err != nil {
+		return sinkFailed(err)
+	}
+	if req.Op == nodev1.Operation_OPERATION_EMBEDDINGS {
+		return o.readEmbeddings(c, inputs, sink)
+	}
+	return o.readStream(c, sink)
+}
+
+// statusError is the *Error for a non-2xx answer: Ollama's own error text
+// (redacted) or, without one, the status text.
+func (o *Ollama) statusError(c *call) error {
+	status := c.resp.StatusCode
+	data, err := io.ReadAll(io.LimitReader(c.resp.Body, errorBodyLimit))
+	if err != nil && c.parent.Err() != nil {
+		return c.failure(err, true)
+	}
+	var body struct {
+		Error json.RawMessage `json:"error"`
+	}
+	msg := ""
+	if json.Unmarshal(data, &body) == nil {
+		msg = errorText(body.Error)
+	}
+	if msg == "" {
+		msg = fmt.Sprintf("provider answered %d %s", status, http.StatusText(status))
+	}
+	return &Error{Kind: ErrProviderStatus, Status: status, Message: o.p.redact(msg)}
+}
+
+// readStream relays an NDJSON chat or generate stream to sink.
+func (o *Ollama) readStream(c *call, sink EventSink) error {
+	sc := bufio.NewScanner(c.resp.Body)
+	sc.Buffer(make([]byte, 0, 64<<10), maxLineBytes)
+	for sc.Scan() {
+		if len(sc.Bytes()) == 0 {
+			continue
+		}
+		l, err := parseLine(sc.Bytes())
+		if err != nil {
+			return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: "provider sent a malformed stream line"}
+		}
+		if l.Err != "" {
+			return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: o.p.redact(l.Err)}
+		}
+		var events []*nodev1.RunEvent
+		if l.Text != "" {
+			events = append(events, &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: l.Text})
+		}
+		if l.Done {
+			finish := "stop"
+			if l.DoneReason == "length" {
+				finish = "length"
+			}
+			events = append(events,
+				&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_USAGE, PromptTokens: l.PromptTokens, CompletionTokens: l.CompletionTokens},
+				&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_COMPLETE, FinishReason: finish})
+		}
+		if len(events) > 0 {
+			if err := sink.Send(events...); err != nil {
+				return sinkFailed(err)
+			}
+		}
+		if l.Done {
+			return nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		if err == bufio.ErrTooLong {
+			return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: "provider sent a stream line over 1 MiB"}
+		}
+		return c.failure(err, true)
+	}
+	if c.parent.Err() != nil { // a cancel can surface as a clean EOF
+		return c.failure(context.Canceled, true)
+	}
+	return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: "provider closed stream before done"}
+}
+
+// readEmbeddings reads an /api/embed answer and sends its vectors.
+func (o *Ollama) readEmbeddings(c *call, inputs int, sink EventSink) error {
+	data, err := io.ReadAll(io.LimitReader(c.resp.Body, maxEmbedBytes+1))
+	if err != nil {
+		return c.failure(err, true)
+	}
+	if len(data) > maxEmbedBytes {
+		return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: "provider answer too large"}
+	}
+	var out struct {
+		Embeddings      [][]float32     `json:"embeddings"`
+		PromptEvalCount float64         `json:"prompt_eval_count"`
+		Error           json.RawMessage `json:"error"`
+	}
+	if err := json.Unmarshal(data, &out); err != nil {
+		return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: "provider sent a malformed embeddings answer"}
+	}
+	if msg := errorText(out.Error); msg != "" {
+		return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: o.p.redact(msg)}
+	}
+	if len(out.Embeddings) != inputs {
+		return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway,
+			Message: fmt.Sprintf("provider sent %d embeddings for %d inputs", len(out.Embeddings), inputs)}
+	}
+	delta := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA}
+	floats := 0
+	for _, vec := range out.Embeddings {
+		if floats > 0 && floats+len(vec) > o.deltaFloats {
+			if err := sink.Send(delta); err != nil {
+				return sinkFailed(err)
+			}
+			delta, floats = &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA}, 0
+		}
+		delta.Embeddings = append(delta.Embeddings, &nodev1.Embedding{Values: vec})
+		floats += len(vec)
+	}
+	if err := sink.Send(delta,
+		&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_USAGE, PromptTokens: clampCount(out.PromptEvalCount)},
+		&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_COMPLETE, FinishReason: "stop"},
+	); err != nil {
+		return sinkFailed(err)
+	}
+	return nil
+}

@@ -1,0 +1,106 @@
+package adapter
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"math"
+)
+
+// maxLineBytes caps one line of an Ollama NDJSON stream.
+const maxLineBytes = 1 << 20
+
+// ollamaLine is one line of an Ollama /api/chat or /api/generate stream
+// (Ollama API doc, "Generate a chat completion", streaming response).
+type ollamaLine struct {
+	// Text is the generated text of this line: message.content (chat) or
+	// response (generate).
+	Text string
+	// Done marks the final line; it carries the counters below.
+	Done bool
+	// DoneReason is Ollama's done_reason: "stop", "length", "load", ...
+	DoneReason string
+	// PromptTokens and CompletionTokens are prompt_eval_count and
+	// eval_count, clamped to [0, MaxInt32].
+	PromptTokens, CompletionTokens int32
+	// Err is the line's "error" text, "" when it has none.
+	Err string
+}
+
+// errMalformedLine is returned by parseLine for a line that is not an Ollama
+// stream object.
+var errMalformedLine = errors.New("malformed ndjson line")
+
+// parseLine decodes one NDJSON line (outside input; fuzzed by
+// FuzzParseOllamaLine). Unknown fields are ignored; an "error" that is not a
+// string is rendered as its JSON text, or its "message" field if it has one.
+func parseLine(line []byte) (ollamaLine, error) {
+	var raw struct {
+		Message *struct {
+			Content string `json:"content"`
+		} `json:"message"`
+		Response        string          `json:"response"`
+		Done            bool            `json:"done"`
+		DoneReason      string          `json:"done_reason"`
+		PromptEvalCount float64         `json:"prompt_eval_count"`
+		EvalCount       float64         `json:"eval_count"`
+		Error           json.RawMessage `json:"error"`
+	}
+	line = bytes.TrimSpace(line)
+	if len(line) == 0 || line[0] != '{' {
+		return ollamaLine{}, errMalformedLine
+	}
+	if err := json.Unmarshal(line, &raw); err != nil {
+		return ollamaLine{}, errMalformedLine
+	}
+	l := ollamaLine{
+		Text:             raw.Response,
+		Done:             raw.Done,
+		DoneReason:       raw.DoneReason,
+		PromptTokens:     clampCount(raw.PromptEvalCount),
+		CompletionTokens: clampCount(raw.EvalCount),
+		Err:              errorText(raw.Error),
+	}
+	if raw.Message != nil && raw.Message.Content != "" {
+		l.Text = raw.Message.Content
+	}
+	return l, nil
+}
+
+// clampCount turns a JSON token count into an int32 in [0, MaxInt32].
+func clampCount(f float64) int32 {
+	switch {
+	case !(f > 0): // also NaN
+		return 0
+	case f >= math.MaxInt32:
+		return math.MaxInt32
+	default:
+		return int32(f)
+	}
+}
+
+// errorText renders an Ollama "error" value: a string as is, an object by
+// its "message" (or "error") field, anything else as JSON text; absent,
+// null, false and "" are "" (no error).
+func errorText(raw json.RawMessage) string {
+	if isNull(raw) || string(bytes.TrimSpace(raw)) == "false" {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var obj struct {
+		Message string `json:"message"`
+		Error   string `json:"error"`
+	}
+	if json.Unmarshal(raw, &obj) == nil {
+		if obj.Message != "" {
+			return obj.Message
+		}
+		if obj.Error != "" {
+			return obj.Error
+		}
+	}
+	return string(bytes.TrimSpace(raw))
+}

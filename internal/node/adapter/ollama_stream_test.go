@@ -1,0 +1,74 @@
+package adapter
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+func TestParseLine(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		want ollamaLine
+		bad  bool
+	}{
+		{line: `{"message":{"role":"assistant","content":"hi"},"done":false}`, want: ollamaLine{Text: "hi"}},
+		{line: `{"response":"yo","done":false}`, want: ollamaLine{Text: "yo"}},
+		{line: `{"done":true,"done_reason":"length","prompt_eval_count":3,"eval_count":9}`,
+			want: ollamaLine{Done: true, DoneReason: "length", PromptTokens: 3, CompletionTokens: 9}},
+		{line: `{"done":true,"prompt_eval_count":-3,"eval_count":1e12}`, want: ollamaLine{Done: true, CompletionTokens: 1<<31 - 1}},
+		{line: `{"error":"boom"}`, want: ollamaLine{Err: "boom"}},
+		{line: `{"error":{"message":"deep"}}`, want: ollamaLine{Err: "deep"}},
+		{line: `{"error":42}`, want: ollamaLine{Err: "42"}},
+		{line: `{"error":null,"error2":1}`, want: ollamaLine{}},
+		{line: `{"error":false}`, want: ollamaLine{}},
+		{line: "  {\"response\":\"x\"}\r", want: ollamaLine{Text: "x"}},
+		{line: `[]`, bad: true},
+		{line: `{"done":"yes"}`, bad: true},
+		{line: `{`, bad: true},
+		{line: ``, bad: true},
+	} {
+		got, err := parseLine([]byte(tc.line))
+		if (err != nil) != tc.bad {
+			t.Errorf("parseLine(%q) error %v, want bad=%v", tc.line, err, tc.bad)
+			continue
+		}
+		if got != tc.want {
+			t.Errorf("parseLine(%q) = %+v, want %+v", tc.line, got, tc.want)
+		}
+	}
+}
+
+// FuzzParseOllamaLine: parseLine never panics, its counters are never
+// negative, and a parsed line re-encoded in Ollama's shape parses back to
+// the same value.
+func FuzzParseOllamaLine(f *testing.F) {
+	f.Add([]byte(`{"model":"m","message":{"role":"assistant","content":"hi"},"done":false}`))
+	f.Fuzz(func(t *testing.T, line []byte) {
+		l, err := parseLine(line)
+		if err != nil {
+			return
+		}
+		if l.PromptTokens < 0 || l.CompletionTokens < 0 {
+			t.Fatalf("negative counters %+v", l)
+		}
+		type wire struct {
+			Response        string `json:"response"`
+			Done            bool   `json:"done"`
+			DoneReason      string `json:"done_reason"`
+			PromptEvalCount int32  `json:"prompt_eval_count"`
+			EvalCount       int32  `json:"eval_count"`
+			Error           string `json:"error,omitempty"`
+		}
+		again, err := json.Marshal(wire{l.Text, l.Done, l.DoneReason, l.PromptTokens, l.CompletionTokens, l.Err})
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := parseLine(again)
+		if err != nil {
+			t.Fatalf("re-encoded line %s does not parse: %v", again, err)
+		}
+		if back != l {
+			t.Fatalf("round trip %+v -> %s -> %+v", l, again, back)
+		}
+	})
+}

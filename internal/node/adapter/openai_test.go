@@ -1,0 +1,294 @@
+package adapter
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/internal/wire/nodev1"
+)
+
+func newOpenAI(t *testing.T, cfg Config) *OpenAI {
+	t.Helper()
+	o, err := NewOpenAI(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(o.Close)
+	return o
+}
+
+func TestOpenAITunnelRequest(t *testing.T) {
+	// Odd spacing, escapes, a nested "model", a huge number: only the
+	// top-level model value may change.
+	const body = "{ \"messages\" : [{\"role\":\"user\",\"content\":\"caf\\u00e9 \\\"model\\\"\",\"model\":\"inner\"}],\n" +
+		"  \"model\" :\t\"alias\" , \"n\": 1e400, \"extra\": {\"model\": 1} }"
+	const want = "{ \"messages\" : [{\"role\":\"user\",\"content\":\"caf\\u00e9 \\\"model\\\"\",\"model\":\"inner\"}],\n" +
+		"  \"model\" :\t\"Qwen/Qwen2.5-7B\" , \"n\": 1e400, \"extra\": {\"model\": 1} }"
+	for _, tc := range []struct {
+		op   nodev1.Operation
+		path string
+	}{
+		{nodev1.Operation_OPERATION_CHAT, "/v1/chat/completions"},
+		{nodev1.Operation_OPERATION_COMPLETION, "/v1/completions"},
+		{nodev1.Operation_OPERATION_EMBEDDINGS, "/v1/embeddings"},
+	} {
+		t.Run(tc.path, func(t *testing.T) {
+			up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `{}`) })
+			o := newOpenAI(t, Config{BaseURL: up.URL + "/v1/", APIKey: "sk-provider"})
+			req := Request{Op: tc.op, ServedModel: "Qwen/Qwen2.5-7B", Body: []byte(body), Headers: map[string]string{
+				"accept":          "text/event-stream",
+				"Authorization":   "Bearer client-key-for-the-edge",
+				"Connection":      "close",
+				"Accept-Encoding": "gzip",
+				"OpenAI-Beta":     "assistants=v2",
+			}}
+			if err := o.Tunnel(context.Background(), req, &tunnelRec{}); err != nil {
+				t.Fatal(err)
+			}
+			path, header, sent := up.request()
+			if path != tc.path {
+				t.Errorf("path %q, want %q", path, tc.path)
+			}
+			if string(sent) != want {
+				t.Errorf("body\n got %q\nwant %q", sent, want)
+			}
+			for k, v := range map[string]string{
+				"Authorization":   "Bearer sk-provider",
+				"Content-Type":    "application/json",
+				"Accept":          "text/event-stream",
+				"Openai-Beta":     "assistants=v2",
+				"Accept-Encoding": "",
+			} {
+				if got := header.Get(k); got != v {
+					t.Errorf("header %s = %q, want %q", k, got, v)
+				}
+			}
+		})
+	}
+}
+
+func TestOpenAITunnelWithoutKeySendsNoAuthorization(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {})
+	o := newOpenAI(t, Config{BaseURL: up.URL})
+	req := Request{Op: nodev1.Operation_OPERATION_CHAT, ServedModel: "m", Body: []byte(`{}`),
+		Headers: map[string]string{"Authorization": "Bearer client"}}
+	if err := o.Tunnel(context.Background(), req, &tunnelRec{}); err != nil {
+		t.Fatal(err)
+	}
+	_, header, sent := up.request()
+	if header.Get("Authorization") != "" {
+		t.Errorf("Authorization %q sent", header.Get("Authorization"))
+	}
+	if string(sent) != `{"model":"m"}` {
+		t.Errorf("body %q", sent)
+	}
+}
+
+// TestOpenAITunnelStreamsChunkByChunk: the server sends its second SSE
+// chunk only after the sink has seen the first, so a tunnel that waited for
+// more data (a full buffer, the end) would never finish.
+func TestOpenAITunnelStreamsChunkByChunk(t *testing.T) {
+	const (
+		chunk1 = "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\n"
+		chunk2 = "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"},\"finish_reason\":\"stop\"}]}\n\n"
+		done   = "data: [DONE]\n\n"
+	)
+	seen1 := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("X-Request-Id", "req-1")
+		w.Header().Set("Keep-Alive", "timeout=5")
+		io.WriteString(w, chunk1)
+		w.(http.Flusher).Flush()
+		select {
+		case <-seen1:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, chunk2)
+		io.WriteString(w, done)
+	})
+	o := newOpenAI(t, Config{BaseURL: up.URL})
+	got := ""
+	rec := &tunnelRec{}
+	rec.onData = func(p []byte) error {
+		got += string(p)
+		if got == chunk1 {
+			close(seen1)
+		}
+		return nil
+	}
+	req := Request{Op: nodev1.Operation_OPERATION_CHAT, Stream: true, ServedModel: "m", Body: []byte(`{"model":"x","stream":true}`)}
+	if err := o.Tunnel(context.Background(), req, rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.body() != chunk1+chunk2+done {
+		t.Errorf("body %q", rec.body())
+	}
+	if rec.status != 200 || rec.header.Get("Content-Type") != "text/event-stream" || rec.header.Get("X-Request-Id") != "req-1" {
+		t.Errorf("head %d %v", rec.status, rec.header)
+	}
+	for _, h := range []string{"Keep-Alive", "Transfer-Encoding", "Content-Length", "Connection"} {
+		if _, ok := rec.header[h]; ok {
+			t.Errorf("hop-by-hop header %s relayed", h)
+		}
+	}
+}
+
+func TestOpenAITunnelRelaysErrorAnswers(t *testing.T) {
+	const errBody = `{"error":{"message":"The model does not exist.","type":"invalid_request_error","param":null,"code":"model_not_found"}}`
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(errBody)))
+		w.Header().Set("Connection", "X-Private")
+		w.Header().Set("X-Private", "1")
+		w.WriteHeader(404)
+		io.WriteString(w, errBody)
+	})
+	o := newOpenAI(t, Config{BaseURL: up.URL})
+	rec := &tunnelRec{}
+	if err := o.Tunnel(context.Background(), Request{Op: nodev1.Operation_OPERATION_CHAT, ServedModel: "m", Body: []byte(`{}`)}, rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.status != 404 || rec.body() != errBody {
+		t.Errorf("got %d %q", rec.status, rec.body())
+	}
+	if rec.header.Get("Content-Length") != "" || rec.header.Get("X-Private") != "" {
+		t.Errorf("relayed %v", rec.header)
+	}
+}
+
+func TestOpenAITunnelFailures(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		handler func(w http.ResponseWriter, r *http.Request)
+		timeout time.Duration
+		kind    error
+		status  int
+		head    bool
+	}{
+		{
+			name:    "timeout before head",
+			handler: func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() },
+			timeout: 20 * time.Millisecond,
+			kind:    ErrProviderTimeout, status: 504,
+		},
+		{
+			name: "timeout mid-body",
+			handler: func(w http.ResponseWriter, r *http.Request) {
+				io.WriteString(w, "data: {}\n\n")
+				w.(http.Flusher).Flush()
+				<-r.Context().Done()
+			},
+			timeout: 20 * time.Millisecond,
+			kind:    ErrProviderTimeout, status: 504, head: true,
+		},
+		{
+			name: "dropped mid-body",
+			handler: func(w http.ResponseWriter, r *http.Request) {
+				io.WriteString(w, "data: {}\n\n")
+				w.(http.Flusher).Flush()
+				panic(http.ErrAbortHandler)
+			},
+			kind: ErrProviderStream, status: 502, head: true,
+		},
+		{
+			name: "dropped before head",
+			handler: func(w http.ResponseWriter, r *http.Request) {
+				panic(http.ErrAbortHandler)
+			},
+			kind: ErrProviderUnreachable, status: 502,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t, tc.handler)
+			o := newOpenAI(t, Config{BaseURL: up.URL, Timeout: tc.timeout, APIKey: "sk-provider"})
+			rec := &tunnelRec{}
+			err := o.Tunnel(context.Background(), Request{Op: nodev1.Operation_OPERATION_CHAT, ServedModel: "m", Body: []byte(`{}`)}, rec)
+			e := asError(t, err)
+			if !errors.Is(err, tc.kind) || e.Status != tc.status {
+				t.Errorf("got %+v, want %v %d", e, tc.kind, tc.status)
+			}
+			if (rec.status != 0) != tc.head {
+				t.Errorf("head sent: %v, want %v", rec.status != 0, tc.head)
+			}
+			if strings.Contains(e.Error(), up.Listener.Addr().String()) || strings.Contains(e.Error(), "sk-provider") {
+				t.Errorf("error leaks a secret: %v", e)
+			}
+		})
+	}
+}
+
+func TestOpenAITunnelConnectionRefused(t *testing.T) {
+	base := refusedURL(t)
+	o := newOpenAI(t, Config{BaseURL: base, APIKey: "sk-provider"})
+	rec := &tunnelRec{}
+	err := o.Tunnel(context.Background(), Request{Op: nodev1.Operation_OPERATION_CHAT, ServedModel: "m", Body: []byte(`{}`)}, rec)
+	e := asError(t, err)
+	if !errors.Is(err, ErrProviderUnreachable) || e.Status != 502 || e.Message != "provider unreachable: connection refused" {
+		t.Errorf("got %+v", e)
+	}
+	if strings.Contains(e.Error(), strings.TrimPrefix(base, "http://")) {
+		t.Errorf("error leaks the provider address: %v", e)
+	}
+	if rec.status != 0 {
+		t.Error("head sent")
+	}
+}
+
+func TestOpenAITunnelCancelAbortsUpstream(t *testing.T) {
+	gone := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "data: {}\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+		close(gone)
+	})
+	o := newOpenAI(t, Config{BaseURL: up.URL})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	rec := &tunnelRec{onData: func([]byte) error { cancel(); return nil }}
+	err := o.Tunnel(ctx, Request{Op: nodev1.Operation_OPERATION_CHAT, ServedModel: "m", Body: []byte(`{}`)}, rec)
+	if !errors.Is(err, ErrCancelled) {
+		t.Fatalf("err %v, want ErrCancelled", err)
+	}
+	<-gone
+}
+
+func TestOpenAITunnelSinkFailure(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "data: {}\n\n") })
+	o := newOpenAI(t, Config{BaseURL: up.URL})
+	broken := errors.New("gone")
+	rec := &tunnelRec{onData: func([]byte) error { return broken }}
+	err := o.Tunnel(context.Background(), Request{Op: nodev1.Operation_OPERATION_CHAT, ServedModel: "m", Body: []byte(`{}`)}, rec)
+	if !errors.Is(err, ErrSink) || !errors.Is(err, broken) {
+		t.Fatalf("err %v", err)
+	}
+}
+
+func TestOpenAITunnelBadRequests(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		op   nodev1.Operation
+		body string
+	}{
+		{"array body", nodev1.Operation_OPERATION_CHAT, `[1]`},
+		{"truncated", nodev1.Operation_OPERATION_CHAT, `{"model":"x"`},
+		{"trailing data", nodev1.Operation_OPERATION_CHAT, `{"model":"x"} {}`},
+		{"no operation", nodev1.Operation_OPERATION_UNSPECIFIED, `{}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := newOpenAI(t, Config{BaseURL: refusedURL(t)})
+			err := o.Tunnel(context.Background(), Request{Op: tc.op, ServedModel: "m", Body: []byte(tc.body)}, &tunnelRec{})
+			if e := asError(t, err); !errors.Is(err, ErrBadRequest) || e.Status != 400 {
+				t.Errorf("got %+v", e)
+			}
+		})
+	}
+}

@@ -1,0 +1,77 @@
+package adapter
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+)
+
+// errNotObject is returned by rewriteModel for a body that is not one JSON
+// object.
+var errNotObject = errors.New("request body is not a JSON object")
+
+// rewriteModel returns body with the value of every top-level "model" member
+// replaced by model as a JSON string; every other byte is kept as it was
+// (member order, whitespace, number spelling, unknown fields). A body
+// without a top-level "model" gets one, first. body is outside input
+// (fuzzed by FuzzRewriteModel); it must be exactly one JSON object, else
+// the error is errNotObject.
+func rewriteModel(body []byte, model string) ([]byte, error) {
+	quoted, err := json.Marshal(model)
+	if err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, errNotObject
+	}
+	open := int(dec.InputOffset()) // just after '{'
+	type span struct{ start, end int }
+	var spans []span
+	members := 0
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return nil, errNotObject
+		}
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return nil, errNotObject
+		}
+		members++
+		if key != "model" {
+			continue
+		}
+		end := int(dec.InputOffset())
+		start := end - len(value)
+		if start < 0 || !bytes.Equal(body[start:end], value) {
+			return nil, errNotObject // cannot happen with encoding/json's decoder
+		}
+		spans = append(spans, span{start, end})
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+		return nil, errNotObject
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errNotObject // trailing data
+	}
+
+	out := make([]byte, 0, len(body)+len(quoted)+16)
+	if len(spans) == 0 {
+		out = append(out, body[:open]...)
+		out = append(out, `"model":`...)
+		out = append(out, quoted...)
+		if members > 0 {
+			out = append(out, ',')
+		}
+		return append(out, body[open:]...), nil
+	}
+	prev := 0
+	for _, s := range spans {
+		out = append(out, body[prev:s.start]...)
+		out = append(out, quoted...)
+		prev = s.end
+	}
+	return append(out, body[prev:]...), nil
+}

@@ -1,0 +1,71 @@
+package adapter
+
+import (
+	"bytes"
+	"encoding/json"
+	"maps"
+	"testing"
+)
+
+func TestRewriteModel(t *testing.T) {
+	for _, tc := range []struct {
+		name, in, want string
+	}{
+		{"plain", `{"model":"a","x":1}`, `{"model":"m","x":1}`},
+		{"kept spacing", "{ \"x\" : [1, 2] ,\n \"model\" : \"a\" }", "{ \"x\" : [1, 2] ,\n \"model\" : \"m\" }"},
+		{"non-string model", `{"model":null}`, `{"model":"m"}`},
+		{"escaped key", `{"mod\u0065l":"a"}`, `{"mod\u0065l":"m"}`},
+		{"duplicate keys", `{"model":"a","model":"b"}`, `{"model":"m","model":"m"}`},
+		{"nested only", `{"x":{"model":"a"}}`, `{"model":"m","x":{"model":"a"}}`},
+		{"empty object", ` {} `, ` {"model":"m"} `},
+		{"number edge", `{"model":1,"n":-0.0e+1}`, `{"model":"m","n":-0.0e+1}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := rewriteModel([]byte(tc.in), "m")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != tc.want {
+				t.Errorf("got %s, want %s", got, tc.want)
+			}
+		})
+	}
+	for _, bad := range []string{``, `null`, `[]`, `"x"`, `{`, `{"model"}`, `{"a":1}x`, `{"a":1,}`} {
+		if _, err := rewriteModel([]byte(bad), "m"); err == nil {
+			t.Errorf("rewriteModel(%q) succeeded", bad)
+		}
+	}
+}
+
+// FuzzRewriteModel: whatever the body, a rewrite that succeeds yields valid
+// JSON whose model is the served model and whose other members are the
+// body's, byte for byte.
+func FuzzRewriteModel(f *testing.F) {
+	f.Add([]byte(`{"model":"a","messages":[{"role":"user","content":"hi"}]}`), "m")
+	f.Add([]byte(`{}`), "m")
+	f.Fuzz(func(t *testing.T, body []byte, model string) {
+		out, err := rewriteModel(body, model)
+		if err != nil {
+			return
+		}
+		if !json.Valid(out) {
+			t.Fatalf("invalid output %q from %q", out, body)
+		}
+		var in, got map[string]json.RawMessage
+		if err := json.Unmarshal(body, &in); err != nil {
+			t.Fatalf("rewrite accepted %q, which does not decode: %v", body, err)
+		}
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatal(err)
+		}
+		want, _ := json.Marshal(model) // invalid UTF-8 becomes U+FFFD, as on every JSON path
+		if !bytes.Equal(got["model"], want) {
+			t.Fatalf("model %s, want %s", got["model"], want)
+		}
+		delete(in, "model")
+		delete(got, "model")
+		if !maps.EqualFunc(in, got, func(a, b json.RawMessage) bool { return bytes.Equal(a, b) }) {
+			t.Fatalf("members changed: %q -> %q", body, out)
+		}
+	})
+}

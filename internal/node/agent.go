@@ -1,0 +1,291 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"iop/internal/clock"
+	"iop/internal/node/adapter"
+	"iop/internal/wire/nodev1"
+)
+
+// DefaultHeartbeatInterval is used when a Welcome names no interval.
+const DefaultHeartbeatInterval = 5 * time.Second
+
+// helloTimeout bounds the wait for Welcome or HelloRefused after Hello.
+const helloTimeout = 10 * time.Second
+
+// missedHeartbeats is how many heartbeat intervals of silence from the edge
+// fence the connection.
+const missedHeartbeats = 3
+
+// MaxBodyBytes caps a run's request body as received from the edge.
+const MaxBodyBytes = 64 << 20
+
+// maxRecvMsgBytes caps one gRPC message from the edge.
+const maxRecvMsgBytes = 16 << 20
+
+// Agent is a node agent: it dials the edge, says hello, keeps the
+// connection alive with heartbeats, answers dispatches by running them on
+// its providers, and reconnects when the connection ends.
+type Agent struct {
+	cfg       Config
+	logger    *slog.Logger
+	clock     clock.Clock                           // heartbeats, liveness, hello timeout, backoff
+	jitter    func(max time.Duration) time.Duration // full jitter: uniform in [0, max]
+	providers map[string]*provider                  // by provider id; never written after New
+	hello     *nodev1.Hello                         // sent on every connection; never written after New
+	ready     chan struct{}                         // closed at the first Welcome
+	readyOnce sync.Once
+	running   atomic.Bool
+	gen       atomic.Uint64 // current generation, 0 when not connected
+
+	mu         sync.Mutex    // guards the fields below
+	genChanged chan struct{} // closed and replaced whenever gen changes
+}
+
+// provider is one configured model server and its adapter.
+type provider struct {
+	cfg     ProviderConfig
+	path    nodev1.ExecutionPath
+	adapter adapter.Adapter // an adapter.Normalizer or adapter.Tunneler, as path says
+}
+
+// Option changes how New builds an Agent.
+type Option func(*Agent)
+
+// WithClock makes the agent take time from c instead of the system clock:
+// heartbeats, the liveness check, the hello timeout and reconnect backoff
+// all go through it, so tests can drive them with a clock.Fake.
+func WithClock(c clock.Clock) Option { return func(a *Agent) { a.clock = c } }
+
+// New validates cfg (with defaults applied), reads each provider's API key
+// from its api_key_env once, and builds the adapters. A nil logger
+// discards. Errors wrap ErrInvalidConfig.
+func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Version == "" {
+		cfg.Version = buildVersion()
+	}
+	a := &Agent{
+		cfg:        cfg,
+		logger:     logger.With("component", "node", "node_id", cfg.NodeID),
+		clock:      clock.Real(),
+		jitter:     fullJitter,
+		providers:  make(map[string]*provider, len(cfg.Providers)),
+		ready:      make(chan struct{}),
+		genChanged: make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(a)
+	}
+	a.hello = &nodev1.Hello{
+		NodeId:             cfg.NodeID,
+		Label:              cfg.Label,
+		Token:              cfg.Token,
+		RuntimeConcurrency: int32(cfg.RuntimeConcurrency),
+		Version:            cfg.Version,
+	}
+	for _, pc := range cfg.Providers {
+		p, err := newProvider(pc)
+		if err != nil {
+			a.closeAdapters()
+			return nil, err
+		}
+		a.providers[pc.ID] = p
+		a.hello.Providers = append(a.hello.Providers, &nodev1.Provider{
+			Id:            pc.ID,
+			Type:          pc.Type,
+			Models:        pc.Models,
+			Capacity:      int32(pc.Capacity),
+			LongCapacity:  int32(pc.LongCapacity),
+			Capabilities:  pc.capabilities(),
+			ExecutionPath: p.path,
+			Healthy:       true,
+		})
+	}
+	return a, nil
+}
+
+func newProvider(pc ProviderConfig) (*provider, error) {
+	ac := adapter.Config{BaseURL: pc.BaseURL, Timeout: pc.Timeout, MaxConns: max(pc.Capacity, pc.LongCapacity)}
+	if pc.APIKeyEnv != "" {
+		ac.APIKey = os.Getenv(pc.APIKeyEnv)
+		if ac.APIKey == "" {
+			return nil, fmt.Errorf("%w: provider %q: environment variable %s is empty or unset", ErrInvalidConfig, pc.ID, pc.APIKeyEnv)
+		}
+	}
+	p := &provider{cfg: pc, path: pc.path()}
+	var err error
+	if p.path == nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED {
+		p.adapter, err = adapter.NewOllama(ac)
+	} else {
+		p.adapter, err = adapter.NewOpenAI(ac)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: provider %q: %w", ErrInvalidConfig, pc.ID, err)
+	}
+	return p, nil
+}
+
+func (a *Agent) closeAdapters() {
+	for _, p := range a.providers {
+		p.adapter.Close()
+	}
+}
+
+// buildVersion is the main module's version, or "dev".
+func buildVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}
+
+// fullJitter is uniform in [0, d].
+func fullJitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return time.Duration(rand.Int64N(int64(d) + 1))
+}
+
+// Generation is the generation of the current connection to the edge, 0
+// when not connected.
+func (a *Agent) Generation() uint64 { return a.gen.Load() }
+
+// Ready is closed when the agent is first welcomed by the edge.
+func (a *Agent) Ready() <-chan struct{} { return a.ready }
+
+// setGeneration publishes g and wakes waitGeneration.
+func (a *Agent) setGeneration(g uint64) {
+	a.gen.Store(g)
+	a.mu.Lock()
+	close(a.genChanged)
+	a.genChanged = make(chan struct{})
+	a.mu.Unlock()
+}
+
+// generationChanged returns a channel closed at the next generation change.
+func (a *Agent) generationChanged() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.genChanged
+}
+
+// Run connects to the edge and serves it until ctx ends, reconnecting after
+// every lost connection with exponential backoff (ReconnectMin doubling up
+// to ReconnectMax, full jitter; reset after each Welcome). It returns nil
+// when ctx ends, after every run and goroutine it started has finished;
+// ErrAlreadyRunning if another Run is active; or an error if the edge
+// address cannot be used at all.
+func (a *Agent) Run(ctx context.Context) error {
+	if !a.running.CompareAndSwap(false, true) {
+		return ErrAlreadyRunning
+	}
+	defer a.running.Store(false)
+	defer a.closeAdapters()
+
+	var cc *grpc.ClientConn
+	defer func() {
+		if cc != nil {
+			cc.Close()
+		}
+	}()
+	attempt := 0
+	for {
+		if cc == nil {
+			var err error
+			if cc, err = a.dial(); err != nil {
+				return err
+			}
+		}
+		welcomed, err := a.session(ctx, nodev1.NewNodeGatewayClient(cc))
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, ErrHeartbeatTimeout) || errors.Is(err, ErrWelcomeTimeout) {
+			// The edge went silent: the TCP connection may be dead (a NAT
+			// dropped it) without gRPC knowing yet. Start over on a new one.
+			cc.Close()
+			cc = nil
+		}
+		if welcomed {
+			attempt = 0
+		}
+		wait := a.backoff(attempt)
+		attempt++
+		if errors.Is(err, ErrHelloRefused) {
+			a.logger.Error("edge refused the node", "err", err, "retry_in", wait)
+		} else {
+			a.logger.Warn("connection to edge ended", "err", err, "retry_in", wait)
+		}
+		if !a.sleep(ctx, wait) {
+			return nil
+		}
+	}
+}
+
+// dial makes the gRPC client connection to the edge (it connects lazily,
+// on the first stream).
+func (a *Agent) dial() (*grpc.ClientConn, error) {
+	cc, err := grpc.NewClient(a.cfg.Edge,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.Config{
+				BaseDelay:  a.cfg.ReconnectMin,
+				Multiplier: 1.6,
+				Jitter:     0.2,
+				MaxDelay:   a.cfg.ReconnectMax,
+			},
+			MinConnectTimeout: 20 * time.Second,
+		}),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsgBytes)),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("dial edge %q: %w", a.cfg.Edge, err)
+	}
+	return cc, nil
+}
+
+// backoff is the wait before reconnect attempt+1.
+func (a *Agent) backoff(attempt int) time.Duration {
+	d := a.cfg.ReconnectMax
+	if attempt < 32 {
+		if s := a.cfg.ReconnectMin << attempt; s > 0 && s < d {
+			d = s
+		}
+	}
+	return a.jitter(d)
+}
+
+// sleep waits d on the agent's clock; false if ctx ended first.
+func (a *Agent) sleep(ctx context.Context, d time.Duration) bool {
+	woke := make(chan struct{})
+	t := a.clock.AfterFunc(d, func() { close(woke) })
+	defer t.Stop()
+	select {
+	case <-woke:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

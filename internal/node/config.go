@@ -1,0 +1,262 @@
+package node
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"slices"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"iop/internal/wire/nodev1"
+)
+
+// Defaults applied to zero fields of Config and ProviderConfig.
+const (
+	DefaultReconnectMin    = 200 * time.Millisecond
+	DefaultReconnectMax    = 30 * time.Second
+	DefaultProviderTimeout = 10 * time.Minute
+	DefaultOllamaURL       = "http://127.0.0.1:11434"
+)
+
+// Provider types.
+const (
+	TypeOllama = "ollama" // Ollama's native API, normalized path
+	TypeOpenAI = "openai" // any OpenAI-compatible server, tunnel path
+	TypeVLLM   = "vllm"   // vLLM's OpenAI-compatible server, tunnel path
+	TypeSim    = "sim"    // an `iop sim` server; path by ProviderConfig.Protocol
+)
+
+// Config is a node agent's configuration, read from YAML by LoadConfig.
+//
+//	node_id: gpu-box-1
+//	label: "rack 3, 2x A100"
+//	edge: edge.internal:7443
+//	token: s3cret
+//	runtime_concurrency: 4
+//	reconnect_min: 200ms
+//	reconnect_max: 30s
+//	providers:
+//	  - id: local-ollama
+//	    type: ollama
+//	    base_url: http://127.0.0.1:11434
+//	    models: [llama3.2:3b, nomic-embed-text]
+//	    capacity: 2
+//	    capabilities: [embeddings]
+//	  - id: vllm-qwen
+//	    type: vllm
+//	    base_url: http://127.0.0.1:8000/v1
+//	    models: [Qwen/Qwen2.5-7B-Instruct]
+//	    capacity: 16
+//	    long_capacity: 4
+//	    capabilities: [tools]
+//	    api_key_env: VLLM_API_KEY
+//	    timeout: 5m
+type Config struct {
+	// NodeID names the node to the edge. Required.
+	NodeID string `yaml:"node_id"`
+	// Label is a free-form description shown in status views.
+	Label string `yaml:"label"`
+	// Edge is host:port of the edge's node endpoint (gRPC, plaintext).
+	// Required.
+	Edge string `yaml:"edge"`
+	// Token authenticates the node to the edge, sent in Hello.
+	Token string `yaml:"token"`
+	// RuntimeConcurrency is the capacity of a provider that sets none;
+	// 0 means 1.
+	RuntimeConcurrency int `yaml:"runtime_concurrency"`
+	// Providers are the model servers this node drives; at least one.
+	Providers []ProviderConfig `yaml:"providers"`
+	// ReconnectMin and ReconnectMax bound the exponential reconnect
+	// backoff (full jitter); defaults 200ms and 30s.
+	ReconnectMin time.Duration `yaml:"reconnect_min"`
+	ReconnectMax time.Duration `yaml:"reconnect_max"`
+	// Version is reported in Hello; set by the binary, not by YAML.
+	// Default: the main module's version from the build info, else "dev".
+	Version string `yaml:"-"`
+}
+
+// ProviderConfig is one model server the node drives.
+type ProviderConfig struct {
+	// ID is unique within the node. Required.
+	ID string `yaml:"id"`
+	// Type is ollama, openai, vllm or sim. Required.
+	Type string `yaml:"type"`
+	// Protocol, for type sim only, is the simulator's wire protocol:
+	// "ollama" (default; normalized path) or "openai" (tunnel path).
+	Protocol string `yaml:"protocol"`
+	// BaseURL is the server's root, http or https: for ollama the server
+	// (default http://127.0.0.1:11434), for openai and vllm the API root
+	// that "/chat/completions" is appended to (e.g. http://host:8000/v1).
+	BaseURL string `yaml:"base_url"`
+	// Models are the served model names; at least one.
+	Models []string `yaml:"models"`
+	// Capacity is the most concurrent requests; 0 means the node's
+	// runtime_concurrency, else 1.
+	Capacity int `yaml:"capacity"`
+	// LongCapacity is the most concurrent long-context requests; 0 means
+	// Capacity.
+	LongCapacity int `yaml:"long_capacity"`
+	// Capabilities are advertised in addition to "stream", which every
+	// provider has: cancel, tools, vision, embeddings, background, ...
+	Capabilities []string `yaml:"capabilities"`
+	// APIKeyEnv names the environment variable holding the provider's API
+	// key, read once when the agent is built; empty means no key.
+	APIKeyEnv string `yaml:"api_key_env"`
+	// Timeout bounds a whole provider request; 0 means 10m.
+	Timeout time.Duration `yaml:"timeout"`
+}
+
+// LoadConfig reads a YAML config from path, rejects unknown fields, applies
+// the defaults and validates it. Errors wrap ErrInvalidConfig for content
+// problems; file errors are returned as they are.
+func LoadConfig(path string) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, err
+	}
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, fmt.Errorf("%w: %s: %w", ErrInvalidConfig, path, err)
+	}
+	c = c.withDefaults()
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// withDefaults returns c with every documented default filled in.
+func (c Config) withDefaults() Config {
+	if c.ReconnectMin == 0 {
+		c.ReconnectMin = DefaultReconnectMin
+	}
+	if c.ReconnectMax == 0 {
+		c.ReconnectMax = max(DefaultReconnectMax, c.ReconnectMin)
+	}
+	c.Providers = slices.Clone(c.Providers)
+	for i := range c.Providers {
+		p := &c.Providers[i]
+		if p.Type == TypeSim && p.Protocol == "" {
+			p.Protocol = TypeOllama
+		}
+		if p.BaseURL == "" && p.Type == TypeOllama {
+			p.BaseURL = DefaultOllamaURL
+		}
+		if p.Capacity == 0 {
+			p.Capacity = max(c.RuntimeConcurrency, 1)
+		}
+		if p.LongCapacity == 0 {
+			p.LongCapacity = p.Capacity
+		}
+		if p.Timeout == 0 {
+			p.Timeout = DefaultProviderTimeout
+		}
+	}
+	return c
+}
+
+// Validate reports every problem of c (with defaults applied), joined and
+// wrapped in ErrInvalidConfig: node_id and edge (host:port) set, at least
+// one provider, provider ids unique and non-empty, a known type (and sim
+// protocol), a base_url that parses as http(s) with a host, at least one
+// non-empty model each, capacities and durations not negative, reconnect
+// bounds ordered.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.NodeID == "" {
+		bad("node_id is required")
+	}
+	if c.Edge == "" {
+		bad("edge is required")
+	} else if host, port, err := net.SplitHostPort(c.Edge); err != nil || host == "" || port == "" {
+		bad("edge %q: want host:port", c.Edge)
+	}
+	if c.RuntimeConcurrency < 0 {
+		bad("runtime_concurrency %d: must not be negative", c.RuntimeConcurrency)
+	}
+	if c.ReconnectMin <= 0 || c.ReconnectMax < c.ReconnectMin {
+		bad("reconnect_min %v, reconnect_max %v: want 0 < min <= max", c.ReconnectMin, c.ReconnectMax)
+	}
+	if len(c.Providers) == 0 {
+		bad("at least one provider is required")
+	}
+	ids := make(map[string]bool)
+	for i, p := range c.Providers {
+		name := fmt.Sprintf("providers[%d]", i)
+		if p.ID == "" {
+			bad("%s: id is required", name)
+		} else if ids[p.ID] {
+			bad("%s: id %q is not unique", name, p.ID)
+		} else {
+			name = fmt.Sprintf("provider %q", p.ID)
+		}
+		ids[p.ID] = true
+		switch p.Type {
+		case TypeOllama, TypeOpenAI, TypeVLLM:
+			if p.Protocol != "" {
+				bad("%s: protocol is only for type sim", name)
+			}
+		case TypeSim:
+			if p.Protocol != TypeOllama && p.Protocol != TypeOpenAI {
+				bad("%s: protocol %q: want ollama or openai", name, p.Protocol)
+			}
+		default:
+			bad("%s: type %q: want ollama, openai, vllm or sim", name, p.Type)
+		}
+		if u, err := url.Parse(p.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("%s: base_url %q: want an http(s) URL with a host", name, p.BaseURL)
+		}
+		if len(p.Models) == 0 {
+			bad("%s: at least one model is required", name)
+		}
+		seen := make(map[string]bool)
+		for _, m := range p.Models {
+			if m == "" || seen[m] {
+				bad("%s: model %q is empty or listed twice", name, m)
+			}
+			seen[m] = true
+		}
+		if p.Capacity < 0 || p.LongCapacity < 0 {
+			bad("%s: capacity %d, long_capacity %d: must not be negative", name, p.Capacity, p.LongCapacity)
+		}
+		if p.Timeout < 0 {
+			bad("%s: timeout %v: must not be negative", name, p.Timeout)
+		}
+		if slices.Contains(p.Capabilities, "") {
+			bad("%s: empty capability", name)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
+	}
+	return nil
+}
+
+// path is the execution path p answers on.
+func (p ProviderConfig) path() nodev1.ExecutionPath {
+	if p.Type == TypeOllama || (p.Type == TypeSim && p.Protocol == TypeOllama) {
+		return nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED
+	}
+	return nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL
+}
+
+// capabilities is "stream" followed by p.Capabilities, without repeats.
+func (p ProviderConfig) capabilities() []string {
+	out := []string{"stream"}
+	for _, c := range p.Capabilities {
+		if !slices.Contains(out, c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}

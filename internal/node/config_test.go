@@ -1,0 +1,136 @@
+package node
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/internal/wire/nodev1"
+)
+
+func TestLoadConfigExample(t *testing.T) {
+	got, err := LoadConfig("testdata/node.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{
+		NodeID: "gpu-box-1", Label: "rack 3, 2x A100", Edge: "edge.internal:7443", Token: "s3cret",
+		RuntimeConcurrency: 4, ReconnectMin: 500 * time.Millisecond, ReconnectMax: time.Minute,
+		Providers: []ProviderConfig{
+			{ID: "local-ollama", Type: "ollama", BaseURL: DefaultOllamaURL, Models: []string{"llama3.2:3b", "nomic-embed-text"},
+				Capacity: 4, LongCapacity: 4, Capabilities: []string{"embeddings"}, Timeout: DefaultProviderTimeout},
+			{ID: "vllm-qwen", Type: "vllm", BaseURL: "http://127.0.0.1:8000/v1", Models: []string{"Qwen/Qwen2.5-7B-Instruct"},
+				Capacity: 16, LongCapacity: 4, Capabilities: []string{"tools", "cancel"}, APIKeyEnv: "IOP_TEST_VLLM_KEY", Timeout: 5 * time.Minute},
+			{ID: "sim", Type: "sim", Protocol: "openai", BaseURL: "http://127.0.0.1:9999", Models: []string{"sim-model"},
+				Capacity: 4, LongCapacity: 4, Timeout: DefaultProviderTimeout},
+		},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("LoadConfig\n got %+v\nwant %+v", got, want)
+	}
+	if p := want.Providers; p[0].path() != nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED ||
+		p[1].path() != nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL || p[2].path() != nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL {
+		t.Error("execution paths")
+	}
+}
+
+func TestLoadConfigDefaults(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "node.yaml")
+	os.WriteFile(path, []byte("node_id: n\nedge: 127.0.0.1:1\nproviders:\n  - {id: s, type: sim, base_url: 'http://h:1', models: [m]}\n"), 0o600)
+	c, err := LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := c.Providers[0]
+	if c.ReconnectMin != DefaultReconnectMin || c.ReconnectMax != DefaultReconnectMax ||
+		p.Capacity != 1 || p.LongCapacity != 1 || p.Protocol != "ollama" || p.Timeout != DefaultProviderTimeout ||
+		p.path() != nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED {
+		t.Errorf("defaults not applied: %+v", c)
+	}
+}
+
+func TestLoadConfigRejects(t *testing.T) {
+	for name, text := range map[string]string{
+		"unknown field":  "node_id: n\nedge: h:1\nbogus: 1\n",
+		"bad duration":   "node_id: n\nedge: h:1\nreconnect_min: 5\n",
+		"not a mapping":  "- 1\n",
+		"missing fields": "label: x\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "node.yaml")
+			os.WriteFile(path, []byte(text), 0o600)
+			if _, err := LoadConfig(path); !errors.Is(err, ErrInvalidConfig) {
+				t.Errorf("err %v, want ErrInvalidConfig", err)
+			}
+		})
+	}
+	if _, err := LoadConfig(filepath.Join(t.TempDir(), "missing.yaml")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: %v", err)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	valid := func() Config {
+		return Config{NodeID: "n", Edge: "127.0.0.1:7000", Providers: []ProviderConfig{
+			{ID: "a", Type: "openai", BaseURL: "https://api.example.com/v1", Models: []string{"m"}},
+		}}
+	}
+	if err := valid().Validate(); err != nil {
+		t.Fatalf("valid config: %v", err)
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*Config)
+		want   string
+	}{
+		{"no node id", func(c *Config) { c.NodeID = "" }, "node_id"},
+		{"no edge", func(c *Config) { c.Edge = "" }, "edge is required"},
+		{"edge without port", func(c *Config) { c.Edge = "edge.internal" }, "host:port"},
+		{"no providers", func(c *Config) { c.Providers = nil }, "at least one provider"},
+		{"duplicate id", func(c *Config) { c.Providers = append(c.Providers, c.Providers[0]) }, "not unique"},
+		{"empty id", func(c *Config) { c.Providers[0].ID = "" }, "id is required"},
+		{"unknown type", func(c *Config) { c.Providers[0].Type = "cli" }, "type \"cli\""},
+		{"protocol on openai", func(c *Config) { c.Providers[0].Protocol = "ollama" }, "only for type sim"},
+		{"bad sim protocol", func(c *Config) { c.Providers[0].Type, c.Providers[0].Protocol = "sim", "grpc" }, "protocol \"grpc\""},
+		{"no base url", func(c *Config) { c.Providers[0].BaseURL = "" }, "base_url"},
+		{"bad base url", func(c *Config) { c.Providers[0].BaseURL = "ftp://x" }, "base_url"},
+		{"unparsable base url", func(c *Config) { c.Providers[0].BaseURL = "http://[::1" }, "base_url"},
+		{"no models", func(c *Config) { c.Providers[0].Models = nil }, "at least one model"},
+		{"duplicate model", func(c *Config) { c.Providers[0].Models = []string{"m", "m"} }, "listed twice"},
+		{"negative capacity", func(c *Config) { c.Providers[0].Capacity = -1 }, "capacity -1"},
+		{"negative long capacity", func(c *Config) { c.Providers[0].LongCapacity = -2 }, "long_capacity -2"},
+		{"negative runtime concurrency", func(c *Config) { c.RuntimeConcurrency = -1 }, "runtime_concurrency"},
+		{"negative timeout", func(c *Config) { c.Providers[0].Timeout = -time.Second }, "timeout"},
+		{"reconnect bounds", func(c *Config) { c.ReconnectMin, c.ReconnectMax = time.Second, time.Millisecond }, "reconnect"},
+		{"empty capability", func(c *Config) { c.Providers[0].Capabilities = []string{""} }, "empty capability"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := valid()
+			tc.mutate(&c)
+			err := c.Validate()
+			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Validate() = %v, want ErrInvalidConfig mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestNewReadsAPIKeyOnce(t *testing.T) {
+	cfg := Config{NodeID: "n", Edge: "127.0.0.1:7000", Providers: []ProviderConfig{
+		{ID: "a", Type: "openai", BaseURL: "http://127.0.0.1:1/v1", Models: []string{"m"}, APIKeyEnv: "IOP_NODE_TEST_KEY"},
+	}}
+	t.Setenv("IOP_NODE_TEST_KEY", "")
+	if _, err := New(cfg, nil); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "IOP_NODE_TEST_KEY") {
+		t.Errorf("New with an empty key variable: %v", err)
+	}
+	t.Setenv("IOP_NODE_TEST_KEY", "sk-1")
+	a, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.closeAdapters()
+}

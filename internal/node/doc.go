@@ -1,0 +1,65 @@
+// Package node is the node agent: the process that runs next to model
+// servers, dials out to the edge (so it may sit behind NAT), advertises its
+// providers, and runs the requests the edge dispatches to them through the
+// adapters of package adapter.
+//
+// # Protocol (iop/internal/wire/node.proto)
+//
+// The agent keeps one Connect stream open: it sends Hello (node id, label,
+// token, providers with type, served models, capacity, long capacity,
+// capabilities, execution path, healthy, version) and waits for Welcome
+// (generation, heartbeat interval) or HelloRefused. After Welcome it sends a
+// Heartbeat every interval and drops the connection when nothing at all has
+// arrived from the edge for three intervals. A broken stream, a refusal, a
+// missing Welcome or missed heartbeats all end the connection; the agent
+// then waits (exponential backoff from ReconnectMin to ReconnectMax, full
+// jitter, reset after a Welcome) and connects again, getting a new
+// generation.
+//
+// A Dispatch for a known provider starts a run: the agent opens a Run
+// stream of its own for it (so HTTP/2 flow control applies to that run
+// alone and a slow reader backpressures only its own run), sends RunOpen,
+// receives the body chunks, drives the adapter and sends the answer up:
+// run events on the normalized path, TunnelHead/TunnelData/TunnelEnd on the
+// tunnel path. A Dispatch it cannot run gets DispatchRefused. Capacity is
+// the edge's to enforce; the node runs whatever it is sent.
+//
+// # Concurrency
+//
+// Agent fields set in New (config, logger, clock, providers and their
+// adapters, the Hello) are never written again. Run owns the gRPC client
+// connection and calls session once per connection, sequentially; at most
+// one Run is active per Agent. Agent.gen is an atomic written only by the
+// session goroutine; Agent.mu guards genChanged, the channel closed on each
+// generation change (tests wait on it). ready is closed once, at the first
+// Welcome.
+//
+// Each connection (conn) has:
+//   - the session goroutine (the one that called session): it alone arms
+//     the heartbeat timer (one at a time, re-armed after each tick) and
+//     keeps the time the edge was last heard from; it handles every edge
+//     message, starts runs and cancels them. Clock callbacks (heartbeat
+//     tick, hello timeout, backoff wake-up) run on the clock's goroutine
+//     (clock.Real) or inside Advance (clock.Fake) and never block: a
+//     non-blocking send, a context cancel, or a channel close;
+//   - a reader goroutine, the only caller of the Connect stream's Recv,
+//     handing messages to the session goroutine over an unbuffered channel;
+//   - a writer goroutine, the only caller of the Connect stream's Send after
+//     Hello, draining conn.out (heartbeats, DispatchRefused);
+//   - one goroutine per run, plus one reader per run (the only caller of
+//     that Run stream's Recv). The run goroutine is the only sender on its
+//     Run stream: the adapter's sink calls and the terminal frame all happen
+//     on it, in order. Run data never passes through the Connect stream or
+//     any channel shared with other runs.
+//
+// conn.mu guards conn.runs (run id -> run): the session goroutine adds runs
+// and looks them up to cancel; each run goroutine removes itself when done.
+// A run's provider request is cancelled, exactly through its workCtx, by a
+// Cancel on the control stream, a Cancel on its run stream, the end of its
+// run stream, or the end of the connection (every run context is a child of
+// the connection's). The run goroutine alone sends the run's terminal frame,
+// once (see terminal), then half-closes and waits for the edge to end the
+// stream. session returns only after every run, reader and writer goroutine
+// of its connection has finished, and Run only after its last session, so
+// no goroutine outlives Run.
+package node

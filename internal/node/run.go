@@ -1,0 +1,254 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+
+	"iop/internal/node/adapter"
+	"iop/internal/wire/nodev1"
+)
+
+// runStream is the node's side of one Run stream.
+type runStream = grpc.BidiStreamingClient[nodev1.RunUp, nodev1.RunDown]
+
+// run is one dispatched request in flight on a connection.
+type run struct {
+	id         string
+	streamCtx  context.Context // the Run stream's; a child of the connection's
+	stopStream context.CancelFunc
+	workCtx    context.Context // the provider request's; a child of streamCtx
+	cancelWork context.CancelCauseFunc
+}
+
+// bodyResult is a run's whole request body, or why there is none.
+type bodyResult struct {
+	data []byte
+	err  error
+}
+
+// dispatch starts d as a run, or refuses it. Capacity is the edge's to
+// enforce: the node never refuses for load.
+func (c *conn) dispatch(d *nodev1.Dispatch) {
+	p := c.a.providers[d.ProviderId]
+	switch {
+	case d.RunId == "":
+		c.refuse(d.RunId, ErrMissingRunID)
+		return
+	case p == nil:
+		c.refuse(d.RunId, fmt.Errorf("%w %q", ErrUnknownProvider, d.ProviderId))
+		return
+	case d.ExecutionPath != nodev1.ExecutionPath_EXECUTION_PATH_UNSPECIFIED && d.ExecutionPath != p.path:
+		c.refuse(d.RunId, fmt.Errorf("%w: provider %q answers on %v", ErrPathMismatch, d.ProviderId, p.path))
+		return
+	}
+	switch d.Operation {
+	case nodev1.Operation_OPERATION_CHAT, nodev1.Operation_OPERATION_COMPLETION, nodev1.Operation_OPERATION_EMBEDDINGS:
+	default:
+		c.refuse(d.RunId, fmt.Errorf("%w %v", ErrUnsupportedOperation, d.Operation))
+		return
+	}
+	r := &run{id: d.RunId}
+	r.streamCtx, r.stopStream = context.WithCancel(c.ctx)
+	r.workCtx, r.cancelWork = context.WithCancelCause(r.streamCtx)
+	c.mu.Lock()
+	_, dup := c.runs[r.id]
+	if !dup {
+		c.runs[r.id] = r
+	}
+	c.mu.Unlock()
+	if dup {
+		r.stopStream()
+		c.refuse(d.RunId, ErrDuplicateRun)
+		return
+	}
+	c.runWG.Add(1)
+	go func() {
+		defer c.runWG.Done()
+		defer c.removeRun(r)
+		defer r.stopStream()
+		c.serveRun(r, d, p)
+	}()
+}
+
+// cancelRun cancels the provider request of runID, if it is in flight.
+func (c *conn) cancelRun(runID, reason string) {
+	c.mu.Lock()
+	r := c.runs[runID]
+	c.mu.Unlock()
+	if r == nil {
+		c.a.logger.Debug("cancel for a run not in flight", "run_id", runID)
+		return
+	}
+	r.cancelWork(fmt.Errorf("%w: %s", ErrCancelledByEdge, reason))
+}
+
+func (c *conn) removeRun(r *run) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.runs[r.id] == r {
+		delete(c.runs, r.id)
+	}
+}
+
+// serveRun opens the run's own stream, receives the body, runs the
+// provider, and sends the answer up, ending with one terminal frame. It
+// returns once the edge has ended the stream (or the connection ended).
+func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
+	log := c.a.logger.With("run_id", r.id, "provider", d.ProviderId, "generation", c.gen)
+	stream, err := c.client.Run(r.streamCtx)
+	if err != nil {
+		c.refuse(r.id, fmt.Errorf("%w: %s", ErrRunStreamFailed, status.Convert(err).Message()))
+		return
+	}
+	open := &nodev1.RunOpen{RunId: r.id, NodeId: c.a.cfg.NodeID, Generation: c.gen}
+	if err := stream.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_Open{Open: open}}); err != nil {
+		log.Warn("run stream failed before open", "err", err)
+		return
+	}
+	bodies := make(chan bodyResult, 1)
+	readerDone := make(chan struct{})
+	go func() { // the only caller of stream.Recv
+		defer close(readerDone)
+		readRunDown(stream, r, bodies)
+	}()
+
+	var body bodyResult
+	select {
+	case body = <-bodies:
+	case <-r.workCtx.Done():
+		body.err = fmt.Errorf("%w: %w", adapter.ErrCancelled, context.Cause(r.workCtx))
+	}
+	err = body.err
+	if err == nil {
+		req := adapter.Request{Op: d.Operation, Stream: d.Stream, ServedModel: d.ServedModel, Body: body.data, Headers: d.Headers}
+		switch ad := p.adapter.(type) {
+		case adapter.Normalizer:
+			err = ad.Normalize(r.workCtx, req, eventSink{stream})
+		case adapter.Tunneler:
+			err = ad.Tunnel(r.workCtx, req, tunnelSink{stream})
+		}
+	}
+	if last := terminal(p.path, err); last != nil {
+		if serr := stream.Send(last); serr != nil {
+			log.Debug("cannot send the run's last frame", "err", serr)
+		}
+	}
+	_ = stream.CloseSend()
+	switch {
+	case err == nil:
+		log.Debug("run complete")
+	case errors.Is(err, adapter.ErrCancelled), errors.Is(err, adapter.ErrSink):
+		log.Debug("run ended early", "err", err)
+	default:
+		log.Warn("run failed", "err", err)
+	}
+	<-readerDone // the edge ends the stream after our last frame
+}
+
+// readRunDown reads the edge's side of a run stream: body chunks until
+// last (delivered once on bodies), and Cancel. When the stream ends, for
+// any reason, the run's work is cancelled: nobody is left to answer.
+func readRunDown(stream runStream, r *run, bodies chan<- bodyResult) {
+	var buf []byte
+	delivered := false
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			r.cancelWork(fmt.Errorf("%w: %w", ErrRunStreamEnded, err))
+			return
+		}
+		switch x := m.Msg.(type) {
+		case *nodev1.RunDown_Body:
+			if delivered {
+				continue
+			}
+			if len(buf)+len(x.Body.Data) > MaxBodyBytes {
+				delivered, buf = true, nil
+				bodies <- bodyResult{err: &adapter.Error{Kind: adapter.ErrBadRequest, Status: http.StatusRequestEntityTooLarge, Message: ErrBodyTooLarge.Error()}}
+				continue
+			}
+			buf = append(buf, x.Body.Data...)
+			if x.Body.Last {
+				delivered = true
+				bodies <- bodyResult{data: buf}
+			}
+		case *nodev1.RunDown_Cancel:
+			r.cancelWork(fmt.Errorf("%w: %s", ErrCancelledByEdge, x.Cancel.Reason))
+		}
+	}
+}
+
+// terminal is the one mapping from a run's outcome to its last frame on
+// the wire; nil when nothing more needs or can be sent.
+//
+//	outcome                normalized                 tunnel
+//	nil                    nil (COMPLETE was sent)    TunnelEnd
+//	adapter.ErrSink        nil (the stream is gone)   nil
+//	adapter.ErrCancelled   CANCELLED                  TunnelError{"run cancelled", 0}
+//	*adapter.Error         ERROR{message, status}     TunnelError{message, status}
+//	anything else          ERROR{..., 502}            TunnelError{..., 502}
+func terminal(path nodev1.ExecutionPath, err error) *nodev1.RunUp {
+	tunnel := path == nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL
+	var (
+		aerr      *adapter.Error
+		msg       string
+		code      int32
+		cancelled bool
+	)
+	switch {
+	case err == nil:
+		if tunnel {
+			return &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelEnd{TunnelEnd: &nodev1.TunnelEnd{}}}
+		}
+		return nil
+	case errors.Is(err, adapter.ErrSink):
+		return nil
+	case errors.Is(err, adapter.ErrCancelled):
+		msg, cancelled = "run cancelled", true
+	case errors.As(err, &aerr):
+		msg, code = aerr.Message, int32(aerr.Status)
+	default:
+		msg, code = "node failed to run the request", http.StatusBadGateway
+	}
+	if tunnel {
+		return &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelError{TunnelError: &nodev1.TunnelError{Message: msg, Status: code}}}
+	}
+	ev := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_ERROR, Error: msg, Status: code}
+	if cancelled {
+		ev = &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_CANCELLED}
+	}
+	return &nodev1.RunUp{Msg: &nodev1.RunUp_Events{Events: &nodev1.RunEvents{Events: []*nodev1.RunEvent{ev}}}}
+}
+
+// eventSink sends run events up a run stream, one message per Send.
+type eventSink struct{ s runStream }
+
+var _ adapter.EventSink = eventSink{}
+
+func (s eventSink) Send(events ...*nodev1.RunEvent) error {
+	return s.s.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_Events{Events: &nodev1.RunEvents{Events: events}}})
+}
+
+// tunnelSink sends a tunneled answer up a run stream. gRPC serializes a
+// message before Send returns, so Data's buffer may be reused at once.
+type tunnelSink struct{ s runStream }
+
+var _ adapter.TunnelSink = tunnelSink{}
+
+func (s tunnelSink) Head(code int, h http.Header) error {
+	headers := make(map[string]string, len(h))
+	for k, vs := range h {
+		headers[k] = strings.Join(vs, ", ")
+	}
+	return s.s.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: &nodev1.TunnelHead{Status: int32(code), Headers: headers}}})
+}
+
+func (s tunnelSink) Data(p []byte) error {
+	return s.s.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelData{TunnelData: &nodev1.TunnelData{Data: p}}})
+}

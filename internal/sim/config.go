@@ -1,0 +1,157 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"iop/internal/clock"
+)
+
+// Protocol names the wire format a Server speaks.
+type Protocol string
+
+// The protocols a Server can speak.
+const (
+	// ProtocolOllama is Ollama's native API (Ollama API doc, /api/*).
+	ProtocolOllama Protocol = "ollama"
+	// ProtocolOpenAI is the OpenAI-compatible API served by vLLM and others
+	// (OpenAI API reference, /v1/*).
+	ProtocolOpenAI Protocol = "openai"
+)
+
+// Defaults applied by New to zero fields of Config.
+const (
+	DefaultModel       = "sim-model"
+	DefaultMaxTokens   = 16
+	DefaultErrorStatus = 500
+)
+
+// Config describes one simulated model server. The zero value of every field
+// except Protocol is valid and means the documented default.
+type Config struct {
+	// Protocol is the wire format: "ollama" or "openai". Required.
+	Protocol Protocol
+	// Models are the model names served; default ["sim-model"]. A request
+	// naming another model is answered 404 in the protocol's error shape.
+	Models []string
+	// TTFT is the delay before the first token of an answer (and before a
+	// non-streamed answer's generation starts). 0 means none.
+	TTFT time.Duration
+	// TokensPerSecond paces the tokens after the first; 0 means unlimited
+	// (no delay between tokens).
+	TokensPerSecond float64
+	// MaxConcurrent caps the inference requests served at once; one more is
+	// answered 429. 0 means unlimited.
+	MaxConcurrent int
+	// Seed makes output deterministic: the same (Seed, prompt) always gets
+	// the same text, and the same (Seed, input) the same embedding.
+	Seed int64
+	// DefaultMaxTokens is the length, in tokens, of every answer whose
+	// request sets no lower limit; default 16.
+	DefaultMaxTokens int
+	// APIKey, when set, is required on every request as
+	// "Authorization: Bearer <key>"; others are answered 401.
+	APIKey string
+	// Faults injects failures; the zero value injects none.
+	Faults Faults
+	// Clock paces output and stamps timestamps; nil means clock.Real().
+	// Tests inject a clock.Fake.
+	Clock clock.Clock
+}
+
+// Faults are failures the simulator injects into admitted inference
+// requests (chat, generate, completions, embeddings).
+type Faults struct {
+	// ErrorRate is the fraction, in [0, 1], of admitted requests answered
+	// with ErrorStatus and an error body. Which requests fail is
+	// pseudo-random but deterministic: it depends only on Config.Seed and
+	// the order in which requests were admitted.
+	ErrorRate float64
+	// ErrorStatus is the HTTP status of injected errors, 400-599; default 500.
+	ErrorStatus int
+	// DropAfter, when > 0, makes every generation close the connection
+	// abruptly after sending min(DropAfter, answer length) tokens, without
+	// the final chunk (no done:true, no [DONE]). A non-streamed answer is
+	// dropped before any byte of it is written.
+	DropAfter int
+	// Hang makes every admitted request wait, holding its in-flight slot and
+	// writing nothing, until the client goes away or Serve's context ends;
+	// then its connection is closed. (An httptest.Server serving Handler
+	// waits for hung requests in Close: cancel the clients first.)
+	Hang bool
+}
+
+// Validate reports every invalid field of c, wrapped in ErrInvalidConfig.
+// Zero values are valid (they select defaults) except for Protocol.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+	if c.Protocol != ProtocolOllama && c.Protocol != ProtocolOpenAI {
+		bad("protocol %q: want %q or %q", c.Protocol, ProtocolOllama, ProtocolOpenAI)
+	}
+	seen := make(map[string]bool, len(c.Models))
+	for _, m := range c.Models {
+		switch {
+		case m == "":
+			bad("models: empty model name")
+		case seen[m]:
+			bad("models: %q listed twice", m)
+		}
+		seen[m] = true
+	}
+	if c.TTFT < 0 {
+		bad("ttft %v: must not be negative", c.TTFT)
+	}
+	if c.TokensPerSecond < 0 || math.IsNaN(c.TokensPerSecond) || math.IsInf(c.TokensPerSecond, 0) {
+		bad("tokens per second %v: must be a finite number >= 0", c.TokensPerSecond)
+	}
+	if c.MaxConcurrent < 0 {
+		bad("max concurrent %d: must not be negative", c.MaxConcurrent)
+	}
+	if c.DefaultMaxTokens < 0 {
+		bad("default max tokens %d: must not be negative", c.DefaultMaxTokens)
+	}
+	if !(c.Faults.ErrorRate >= 0 && c.Faults.ErrorRate <= 1) { // also rejects NaN
+		bad("error rate %v: must be in [0, 1]", c.Faults.ErrorRate)
+	}
+	if s := c.Faults.ErrorStatus; s != 0 && (s < 400 || s > 599) {
+		bad("error status %d: must be in 400-599", s)
+	}
+	if c.Faults.DropAfter < 0 {
+		bad("drop after %d: must not be negative", c.Faults.DropAfter)
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
+}
+
+// withDefaults returns c with zero fields replaced by their defaults.
+func (c Config) withDefaults() Config {
+	if len(c.Models) == 0 {
+		c.Models = []string{DefaultModel}
+	} else {
+		c.Models = append([]string(nil), c.Models...)
+	}
+	if c.DefaultMaxTokens == 0 {
+		c.DefaultMaxTokens = DefaultMaxTokens
+	}
+	if c.Faults.ErrorStatus == 0 {
+		c.Faults.ErrorStatus = DefaultErrorStatus
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real()
+	}
+	return c
+}
+
+// tokenInterval is the delay between two tokens after the first.
+func (c Config) tokenInterval() time.Duration {
+	if c.TokensPerSecond == 0 {
+		return 0
+	}
+	return time.Duration(float64(time.Second) / c.TokensPerSecond)
+}

@@ -1,0 +1,63 @@
+// Package sim is a backend model-server simulator: an HTTP server that speaks
+// the real wire format of an Ollama server or of an OpenAI-compatible server
+// (vLLM, llm-d) and answers with deterministic made-up text. It stands in for
+// real model servers in tests, benchmarks and `iop dev`, in the spirit of
+// llm-d-inference-sim.
+//
+// # What it serves
+//
+// With Protocol "ollama" (Ollama API doc, docs.ollama.com/api):
+//
+//	POST /api/chat        NDJSON stream (default) or one JSON object
+//	POST /api/generate    same, with "response" instead of "message"
+//	POST /api/embed       {"model","embeddings":[[...]],"prompt_eval_count"}
+//	POST /api/embeddings  legacy single-prompt form {"embedding":[...]}
+//	GET  /api/tags, /api/ps, /api/version; POST /api/show; GET / ("Ollama is running")
+//
+// With Protocol "openai" (OpenAI API reference, platform.openai.com/docs/api-reference):
+//
+//	POST /v1/chat/completions  chat.completion or SSE chat.completion.chunk events
+//	POST /v1/completions       text_completion objects or SSE chunks
+//	POST /v1/embeddings        {"object":"list","data":[{"object":"embedding",...}]}
+//	GET  /v1/models, /v1/models/{model}
+//
+// The /v1 prefix is optional on the OpenAI routes, as vLLM clients sometimes
+// omit it.
+//
+// # Output
+//
+// Generated text is a sequence of words, each with a leading space, drawn
+// from a fixed vocabulary by a PRNG seeded with (Config.Seed, hash of the
+// prompt text), so the same prompt on a server with the same seed always gets
+// the same answer. A prompt's token count is its number of whitespace
+// separated words. Every answer has Config.DefaultMaxTokens tokens unless the
+// request's limit (max_tokens, max_completion_tokens, options.num_predict)
+// is lower, in which case it is cut there and the finish reason is "length".
+// Sampling parameters, tools and formats are accepted and ignored.
+//
+// # Faults
+//
+// Config.Faults turns on the failures a gateway must survive: a fraction of
+// requests answered with an error status, streams cut off mid-way by closing
+// the connection, and requests that are accepted and never answered.
+//
+// # Concurrency
+//
+// A Server is safe for concurrent use; net/http calls its handler on one
+// goroutine per request. Its configuration, clock, logger and routes are set
+// in New and never written again. Server.mu guards the counters and the
+// record of seen requests; every request handler writes them, under the
+// lock, and Stats and Seen copy them out under the lock. No lock is held
+// while a handler waits on the clock or writes to the network.
+//
+// Each admitted inference request owns exactly one in-flight slot: the
+// handler that was admitted releases it exactly once, in a deferred call, on
+// every path out (answer written, client gone, injected fault, dropped
+// connection via panic(http.ErrAbortHandler)).
+//
+// Serve starts one goroutine running http.Server.Serve and returns when its
+// context is done and the server has shut down. The context is also every
+// request's base context, so cancelling it ends hung requests and streams.
+// Start runs Serve on a goroutine of its own, which its stop function waits
+// for.
+package sim

@@ -1,0 +1,61 @@
+package sim
+
+import (
+	"errors"
+	"testing"
+)
+
+// parsers are the decoders of outside input: every request body the
+// simulator accepts goes through one of them.
+var parsers = map[string]func([]byte) (request, error){
+	"ollama chat":       parseOllamaChat,
+	"ollama generate":   parseOllamaGenerate,
+	"ollama embed":      parseOllamaEmbed,
+	"ollama embeddings": parseOllamaEmbeddings,
+	"openai chat":       parseOpenAIChat,
+	"openai completion": parseOpenAICompletion,
+	"openai embeddings": parseOpenAIEmbeddings,
+}
+
+// FuzzParseRequest feeds arbitrary bodies to every request parser. A parser
+// must not panic, must fail only with errInvalidRequest, and on success
+// must return a request the generator can serve.
+func FuzzParseRequest(f *testing.F) {
+	for _, seed := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":false,"options":{"num_predict":3}}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"max_tokens":2}`,
+		`{"model":"m","prompt":[1,2,3],"max_tokens":5,"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"model":"m","input":[[1,2],[3]],"encoding_format":"base64","dimensions":16}`,
+		`{"model":"m","input":null}`,
+		`{"model":"","messages":null}`,
+		`[]`,
+		`{`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for name, parse := range parsers {
+			req, err := parse(body)
+			if err != nil {
+				if !errors.Is(err, errInvalidRequest) {
+					t.Errorf("%s: error %v does not wrap errInvalidRequest", name, err)
+				}
+				continue
+			}
+			if req.model == "" {
+				t.Errorf("%s: accepted a request without a model", name)
+			}
+			if req.maxTokens < noLimit {
+				t.Errorf("%s: maxTokens %d", name, req.maxTokens)
+			}
+			if req.dimensions < 0 || req.dimensions > maxEmbedDims {
+				t.Errorf("%s: dimensions %d", name, req.dimensions)
+			}
+			c := complete(1, 4, req)
+			if len(c.tokens) > 4 {
+				t.Errorf("%s: %d tokens for a 4-token default", name, len(c.tokens))
+			}
+			embedAll(1, req)
+		}
+	})
+}

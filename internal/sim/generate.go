@@ -1,0 +1,236 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Finish reasons, shared by both protocols (OpenAI finish_reason, Ollama
+// done_reason).
+const (
+	finishStop   = "stop"
+	finishLength = "length"
+)
+
+// noLimit is request.maxTokens when the request sets no token limit.
+const noLimit = -1
+
+// request is a generation or embedding request after a protocol's parser
+// has read it; every protocol-specific field the simulator honours is here.
+type request struct {
+	model        string
+	prompt       string   // all prompt text, the output is derived from it
+	inputs       []string // embedding inputs, one vector each
+	maxTokens    int      // noLimit, or >= 0 tokens
+	dimensions   int      // embedding length; 0 = embedDims
+	stream       bool
+	includeUsage bool   // OpenAI stream_options.include_usage
+	base64       bool   // OpenAI embeddings encoding_format "base64"
+	loadOnly     bool   // Ollama: no prompt at all, the request only loads the model
+	seq          uint64 // admission number, set by Server.accept; makes ids unique
+}
+
+// completion is the deterministic answer to a request.
+type completion struct {
+	tokens       []string // each a word with a leading space
+	promptTokens int
+	finishReason string // finishStop or finishLength
+}
+
+func (c completion) text() string { return strings.Join(c.tokens, "") }
+
+// vocabulary is the fixed set of words answers are made of.
+var vocabulary = [...]string{
+	"the", "a", "model", "token", "gateway", "request", "stream", "answer",
+	"quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and",
+	"of", "to", "in", "is", "it", "that", "for", "on",
+	"simulated", "inference", "server", "latency", "batch", "cache", "prompt", "reply",
+	"blue", "green", "red", "river", "mountain", "cloud", "light", "stone",
+	"runs", "sees", "makes", "takes", "gives", "finds", "keeps", "holds",
+	"always", "never", "often", "slowly", "quickly", "here", "there", "now",
+	"one", "two", "three", "many", "few", "every", "some", "all",
+}
+
+// countWords is the simulator's tokenizer: the number of whitespace
+// separated words in text.
+func countWords(text string) int { return len(strings.Fields(text)) }
+
+// rngFor returns a PRNG determined by seed and text.
+func rngFor(seed int64, text string) *rand.Rand {
+	h := fnv.New64a()
+	h.Write([]byte(text))
+	return rand.New(rand.NewPCG(uint64(seed), h.Sum64()))
+}
+
+// complete generates the answer to req: defaultTokens words, cut to
+// req.maxTokens (finish reason "length") when that is lower.
+func complete(seed int64, defaultTokens int, req request) completion {
+	n, reason := defaultTokens, finishStop
+	if req.maxTokens != noLimit && req.maxTokens < n {
+		n, reason = req.maxTokens, finishLength
+	}
+	rng := rngFor(seed, req.prompt)
+	tokens := make([]string, n)
+	for i := range tokens {
+		tokens[i] = " " + vocabulary[rng.IntN(len(vocabulary))]
+	}
+	return completion{tokens: tokens, promptTokens: countWords(req.prompt), finishReason: reason}
+}
+
+// embedDims is the default length of an embedding vector.
+const embedDims = 8
+
+// maxEmbedDims bounds the requested embedding length.
+const maxEmbedDims = 4096
+
+// embed returns a deterministic L2-normalized vector of dims components
+// derived from seed and text.
+func embed(seed int64, text string, dims int) []float32 {
+	rng := rngFor(seed, text)
+	v := make([]float64, dims)
+	var norm float64
+	for i := range v {
+		v[i] = rng.NormFloat64()
+		norm += v[i] * v[i]
+	}
+	norm = math.Sqrt(norm)
+	out := make([]float32, dims)
+	for i := range v {
+		if norm > 0 {
+			out[i] = float32(v[i] / norm)
+		}
+	}
+	return out
+}
+
+// embedAll embeds every input of req and counts their tokens.
+func embedAll(seed int64, req request) (vectors [][]float32, promptTokens int) {
+	dims := req.dimensions
+	if dims == 0 {
+		dims = embedDims
+	}
+	vectors = make([][]float32, len(req.inputs))
+	for i, in := range req.inputs {
+		vectors[i] = embed(seed, in, dims)
+		promptTokens += countWords(in)
+	}
+	return vectors, promptTokens
+}
+
+// pace delivers c's tokens to send as a model server would: it waits
+// Config.TTFT before the first token and the token interval before each
+// later one. If the request's context ends (the client went away or the
+// server is stopping) or send fails, it closes the connection with
+// abortConnection, so no partial answer ever looks complete. With
+// Faults.DropAfter set it does the same after that many tokens.
+func (s *Server) pace(ctx context.Context, c completion, send func(token string) error) {
+	drop := s.cfg.Faults.DropAfter
+	if s.wait(ctx, s.cfg.TTFT) != nil {
+		abortConnection()
+	}
+	for i, tok := range c.tokens {
+		if drop > 0 && i == drop {
+			abortConnection()
+		}
+		if i > 0 && s.wait(ctx, s.cfg.tokenInterval()) != nil {
+			abortConnection()
+		}
+		if send(tok) != nil {
+			abortConnection()
+		}
+	}
+	if drop > 0 {
+		abortConnection()
+	}
+}
+
+// abortConnection ends the current handler and makes net/http close the
+// connection without completing the response (for HTTP/1.1, no final
+// chunk), by panicking with http.ErrAbortHandler. Deferred calls, such as
+// the release of the in-flight slot, still run.
+func abortConnection() {
+	panic(http.ErrAbortHandler)
+}
+
+// wait blocks for d on the clock, or until ctx is done.
+func (s *Server) wait(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	elapsed := make(chan struct{})
+	t := s.clock.AfterFunc(d, func() { close(elapsed) })
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-elapsed:
+		return nil
+	}
+}
+
+// textInput is a prompt or embedding input as the OpenAI and Ollama APIs
+// accept it: a string, an array of strings, an array of token ids or an
+// array of token-id arrays. Token ids are kept as space-separated decimal
+// words, so each id counts as one token.
+type textInput []string
+
+// UnmarshalJSON accepts the four shapes above; null leaves the input empty.
+func (t *textInput) UnmarshalJSON(b []byte) error {
+	var (
+		one    string
+		many   []string
+		ids    []int64
+		idRows [][]int64
+	)
+	switch {
+	case string(b) == "null":
+		*t = nil
+	case json.Unmarshal(b, &one) == nil:
+		*t = textInput{one}
+	case json.Unmarshal(b, &many) == nil:
+		*t = many
+	case json.Unmarshal(b, &ids) == nil:
+		*t = textInput{joinIDs(ids)}
+	case json.Unmarshal(b, &idRows) == nil:
+		*t = make(textInput, len(idRows))
+		for i, row := range idRows {
+			(*t)[i] = joinIDs(row)
+		}
+	default:
+		return fmt.Errorf("want a string, an array of strings or an array of token ids, got %.40s", b)
+	}
+	return nil
+}
+
+func joinIDs(ids []int64) string {
+	words := make([]string, len(ids))
+	for i, id := range ids {
+		words[i] = strconv.FormatInt(id, 10)
+	}
+	return strings.Join(words, " ")
+}
+
+// decodeJSON unmarshals a request body into v, wrapping failures in
+// errInvalidRequest.
+func decodeJSON(body []byte, v any) error {
+	if err := json.Unmarshal(body, v); err != nil {
+		return fmt.Errorf("%w: %w", errInvalidRequest, err)
+	}
+	return nil
+}
+
+// checkDimensions validates a requested embedding length (0 = default).
+func checkDimensions(d int) error {
+	if d < 0 || d > maxEmbedDims {
+		return fmt.Errorf("%w: dimensions %d: must be in 1-%d", errInvalidRequest, d, maxEmbedDims)
+	}
+	return nil
+}

@@ -1,0 +1,380 @@
+package sim
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// OllamaVersion is what GET /api/version reports.
+const OllamaVersion = "0.12.0"
+
+// modelsModifiedAt is the fixed modification time listed for every model.
+var modelsModifiedAt = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// ollamaRoutes registers the Ollama API (Ollama API doc, docs.ollama.com/api).
+func (s *Server) ollamaRoutes(mux *http.ServeMux) {
+	mux.HandleFunc("POST /api/chat", s.ollamaGenerate(true))
+	mux.HandleFunc("POST /api/generate", s.ollamaGenerate(false))
+	mux.HandleFunc("POST /api/embed", s.ollamaEmbed(false))
+	mux.HandleFunc("POST /api/embeddings", s.ollamaEmbed(true))
+	mux.Handle("GET /api/tags", s.guard(writeOllamaError, s.ollamaTags))
+	mux.Handle("GET /api/ps", s.guard(writeOllamaError, s.ollamaPS))
+	mux.Handle("POST /api/show", s.guard(writeOllamaError, s.ollamaShow))
+	mux.Handle("GET /api/version", s.guard(writeOllamaError, func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"version": OllamaVersion})
+	}))
+	mux.Handle("GET /{$}", s.guard(writeOllamaError, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		io.WriteString(w, "Ollama is running")
+	}))
+	mux.Handle("/", s.guard(writeOllamaError, func(w http.ResponseWriter, r *http.Request) {
+		s.fail(w, r, writeOllamaError, fmt.Errorf("%w: %s %s", errNotFound, r.Method, r.URL.Path))
+	}))
+}
+
+// writeOllamaError writes Ollama's error shape: {"error": "<message>"}.
+func writeOllamaError(w http.ResponseWriter, _ *http.Request, status int, err error) {
+	writeJSON(w, status, map[string]string{"error": err.Error()})
+}
+
+// ollamaMessage is a chat message (Ollama API doc, /api/chat "messages").
+// Fields the simulator does not use (images, tool_calls, thinking) are
+// accepted and dropped.
+type ollamaMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// ollamaOptions are the model options the simulator honours.
+type ollamaOptions struct {
+	// NumPredict limits the tokens generated; < 0 means no limit.
+	NumPredict *int `json:"num_predict"`
+}
+
+// ollamaGenerateRequest is the body of POST /api/chat (Messages) and
+// POST /api/generate (Prompt, System). Stream defaults to true.
+type ollamaGenerateRequest struct {
+	Model    string          `json:"model"`
+	Messages []ollamaMessage `json:"messages"`
+	Prompt   string          `json:"prompt"`
+	System   string          `json:"system"`
+	Stream   *bool           `json:"stream"`
+	Options  ollamaOptions   `json:"options"`
+}
+
+// parseOllamaChat parses a POST /api/chat body.
+func parseOllamaChat(body []byte) (request, error) {
+	var in ollamaGenerateRequest
+	if err := decodeJSON(body, &in); err != nil {
+		return request{}, err
+	}
+	texts := make([]string, len(in.Messages))
+	for i, m := range in.Messages {
+		texts[i] = m.Content
+	}
+	return in.toRequest(strings.Join(texts, "\n"), len(in.Messages) == 0)
+}
+
+// parseOllamaGenerate parses a POST /api/generate body.
+func parseOllamaGenerate(body []byte) (request, error) {
+	var in ollamaGenerateRequest
+	if err := decodeJSON(body, &in); err != nil {
+		return request{}, err
+	}
+	prompt := in.Prompt
+	if in.System != "" {
+		prompt = in.System + "\n" + prompt
+	}
+	return in.toRequest(prompt, in.Prompt == "")
+}
+
+func (in ollamaGenerateRequest) toRequest(prompt string, loadOnly bool) (request, error) {
+	req := request{
+		model:     in.Model,
+		prompt:    prompt,
+		maxTokens: noLimit,
+		stream:    in.Stream == nil || *in.Stream,
+		loadOnly:  loadOnly,
+	}
+	if in.Model == "" {
+		return req, fmt.Errorf("%w: model is required", errInvalidRequest)
+	}
+	if n := in.Options.NumPredict; n != nil && *n >= 0 {
+		req.maxTokens = *n
+	}
+	return req, nil
+}
+
+// ollamaResponse is one line of an /api/chat or /api/generate stream, or
+// the whole non-streamed answer (Ollama API doc). Chat answers carry
+// Message, generate answers Response. Durations are in nanoseconds; they
+// are set on the final (Done) object only.
+type ollamaResponse struct {
+	Model              string         `json:"model"`
+	CreatedAt          string         `json:"created_at"` // RFC 3339, UTC
+	Message            *ollamaMessage `json:"message,omitempty"`
+	Response           *string        `json:"response,omitempty"`
+	Done               bool           `json:"done"`
+	DoneReason         string         `json:"done_reason,omitempty"` // "stop", "length" or "load"
+	TotalDuration      int64          `json:"total_duration,omitempty"`
+	LoadDuration       int64          `json:"load_duration,omitempty"`
+	PromptEvalCount    int            `json:"prompt_eval_count,omitempty"`
+	PromptEvalDuration int64          `json:"prompt_eval_duration,omitempty"`
+	EvalCount          int            `json:"eval_count,omitempty"`
+	EvalDuration       int64          `json:"eval_duration,omitempty"`
+}
+
+// ollamaGenerate returns the handler of POST /api/chat (chat) or
+// POST /api/generate. A stream is NDJSON (application/x-ndjson), one
+// object per token, flushed per line, then a final object with done:true,
+// done_reason and counts. A request with no messages (chat) or no prompt
+// (generate) only "loads the model" and gets done_reason "load".
+func (s *Server) ollamaGenerate(chat bool) http.HandlerFunc {
+	parse := parseOllamaGenerate
+	if chat {
+		parse = parseOllamaChat
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		req, release, err := s.accept(w, r, parse)
+		if err != nil {
+			s.fail(w, r, writeOllamaError, err)
+			return
+		}
+		defer release()
+
+		frame := func(content string) ollamaResponse {
+			resp := ollamaResponse{Model: req.model, CreatedAt: s.clock.Now().UTC().Format(time.RFC3339Nano)}
+			if chat {
+				resp.Message = &ollamaMessage{Role: "assistant", Content: content}
+			} else {
+				resp.Response = &content
+			}
+			return resp
+		}
+		if req.loadOnly {
+			resp := frame("")
+			resp.Done, resp.DoneReason = true, "load"
+			writeJSON(w, http.StatusOK, resp)
+			return
+		}
+
+		c := complete(s.cfg.Seed, s.cfg.DefaultMaxTokens, req)
+		start := s.clock.Now()
+		var firstToken time.Time
+		final := func(content string) ollamaResponse {
+			end := s.clock.Now()
+			if firstToken.IsZero() {
+				firstToken = end
+			}
+			resp := frame(content)
+			resp.Done, resp.DoneReason = true, c.finishReason
+			// Durations are floored at 1ns so clients computing tokens per
+			// second from them never divide by zero.
+			resp.TotalDuration = max(int64(end.Sub(start)), 1)
+			resp.LoadDuration = 1
+			resp.PromptEvalCount, resp.PromptEvalDuration = c.promptTokens, max(int64(firstToken.Sub(start)), 1)
+			resp.EvalCount, resp.EvalDuration = len(c.tokens), max(int64(end.Sub(firstToken)), 1)
+			return resp
+		}
+		markFirst := func() {
+			if firstToken.IsZero() {
+				firstToken = s.clock.Now()
+			}
+		}
+
+		if !req.stream {
+			s.pace(r.Context(), c, func(string) error { markFirst(); return nil })
+			writeJSON(w, http.StatusOK, final(c.text()))
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		w.WriteHeader(http.StatusOK)
+		enc := json.NewEncoder(w) // Encode ends each object with "\n"
+		s.pace(r.Context(), c, func(tok string) error {
+			markFirst()
+			if err := enc.Encode(frame(tok)); err != nil {
+				return err
+			}
+			return flush(w)
+		})
+		enc.Encode(final(""))
+	}
+}
+
+// ollamaEmbedRequest is the body of POST /api/embed (Input) and of the
+// legacy POST /api/embeddings (Prompt).
+type ollamaEmbedRequest struct {
+	Model      string    `json:"model"`
+	Input      textInput `json:"input"`
+	Prompt     string    `json:"prompt"`
+	Dimensions int       `json:"dimensions"`
+}
+
+// parseOllamaEmbed parses a POST /api/embed body; input is a string or an
+// array of strings, each embedded separately.
+func parseOllamaEmbed(body []byte) (request, error) {
+	var in ollamaEmbedRequest
+	if err := decodeJSON(body, &in); err != nil {
+		return request{}, err
+	}
+	return in.toRequest(in.Input)
+}
+
+// parseOllamaEmbeddings parses a legacy POST /api/embeddings body, whose
+// single input is "prompt".
+func parseOllamaEmbeddings(body []byte) (request, error) {
+	var in ollamaEmbedRequest
+	if err := decodeJSON(body, &in); err != nil {
+		return request{}, err
+	}
+	return in.toRequest([]string{in.Prompt})
+}
+
+func (in ollamaEmbedRequest) toRequest(inputs []string) (request, error) {
+	req := request{model: in.Model, inputs: inputs, dimensions: in.Dimensions}
+	if in.Model == "" {
+		return req, fmt.Errorf("%w: model is required", errInvalidRequest)
+	}
+	return req, checkDimensions(in.Dimensions)
+}
+
+// ollamaEmbed returns the handler of POST /api/embed, answering
+// {"model","embeddings":[[float,...],...],"total_duration","load_duration",
+// "prompt_eval_count"}, or with legacy set, of POST /api/embeddings,
+// answering {"embedding":[float,...]}. Vectors are L2-normalized, 8
+// components unless the request sets "dimensions".
+func (s *Server) ollamaEmbed(legacy bool) http.HandlerFunc {
+	parse := parseOllamaEmbed
+	if legacy {
+		parse = parseOllamaEmbeddings
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		req, release, err := s.accept(w, r, parse)
+		if err != nil {
+			s.fail(w, r, writeOllamaError, err)
+			return
+		}
+		defer release()
+		start := s.clock.Now()
+		if s.wait(r.Context(), s.cfg.TTFT) != nil {
+			abortConnection()
+		}
+		vectors, promptTokens := embedAll(s.cfg.Seed, req)
+		if legacy {
+			writeJSON(w, http.StatusOK, map[string]any{"embedding": vectors[0]})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{
+			"model":             req.model,
+			"embeddings":        vectors,
+			"total_duration":    max(int64(s.clock.Now().Sub(start)), 1),
+			"load_duration":     1,
+			"prompt_eval_count": promptTokens,
+		})
+	}
+}
+
+// ollamaModelDetails is the "details" object of a listed model.
+type ollamaModelDetails struct {
+	Format            string   `json:"format"`
+	Family            string   `json:"family"`
+	Families          []string `json:"families"`
+	ParameterSize     string   `json:"parameter_size"`
+	QuantizationLevel string   `json:"quantization_level"`
+}
+
+// ollamaModel is one entry of GET /api/tags and GET /api/ps.
+type ollamaModel struct {
+	Name       string             `json:"name"`
+	Model      string             `json:"model"`
+	ModifiedAt string             `json:"modified_at,omitempty"`
+	Size       int64              `json:"size"` // bytes
+	Digest     string             `json:"digest"`
+	Details    ollamaModelDetails `json:"details"`
+	ExpiresAt  string             `json:"expires_at,omitempty"` // /api/ps only
+	SizeVRAM   int64              `json:"size_vram,omitempty"`  // /api/ps only, bytes
+}
+
+func ollamaModelEntry(name string) ollamaModel {
+	sum := sha256.Sum256([]byte(name))
+	return ollamaModel{
+		Name:   name,
+		Model:  name,
+		Size:   1 << 30,
+		Digest: hex.EncodeToString(sum[:]),
+		Details: ollamaModelDetails{
+			Format: "gguf", Family: "sim", Families: []string{"sim"},
+			ParameterSize: "1B", QuantizationLevel: "Q4_K_M",
+		},
+	}
+}
+
+// ollamaTags answers GET /api/tags: {"models":[{name, model, modified_at,
+// size, digest, details}]}, one entry per configured model.
+func (s *Server) ollamaTags(w http.ResponseWriter, _ *http.Request) {
+	models := make([]ollamaModel, len(s.cfg.Models))
+	for i, name := range s.cfg.Models {
+		models[i] = ollamaModelEntry(name)
+		models[i].ModifiedAt = modelsModifiedAt.Format(time.RFC3339Nano)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"models": models})
+}
+
+// ollamaPS answers GET /api/ps: every configured model, shown as loaded in
+// VRAM for another 5 minutes.
+func (s *Server) ollamaPS(w http.ResponseWriter, _ *http.Request) {
+	models := make([]ollamaModel, len(s.cfg.Models))
+	for i, name := range s.cfg.Models {
+		models[i] = ollamaModelEntry(name)
+		models[i].SizeVRAM = models[i].Size
+		models[i].ExpiresAt = s.clock.Now().Add(5 * time.Minute).UTC().Format(time.RFC3339Nano)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"models": models})
+}
+
+// ollamaShow answers POST /api/show {"model"} (or legacy {"name"}) with the
+// model's details, a context length in model_info and its capabilities.
+func (s *Server) ollamaShow(w http.ResponseWriter, r *http.Request) {
+	var in struct {
+		Model string `json:"model"`
+		Name  string `json:"name"`
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err == nil {
+		err = decodeJSON(body, &in)
+	} else {
+		err = fmt.Errorf("%w: reading body: %w", errInvalidRequest, err)
+	}
+	if err != nil {
+		s.fail(w, r, writeOllamaError, err)
+		return
+	}
+	model := cmp.Or(in.Model, in.Name)
+	if !s.serves(model) {
+		s.fail(w, r, writeOllamaError, fmt.Errorf("%w: %q", errUnknownModel, model))
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"modelfile":    "",
+		"parameters":   "",
+		"template":     "{{ .Prompt }}",
+		"details":      ollamaModelEntry(model).Details,
+		"model_info":   map[string]any{"general.architecture": "sim", "sim.context_length": 4096},
+		"capabilities": []string{"completion", "embedding"},
+		"modified_at":  modelsModifiedAt.Format(time.RFC3339Nano),
+	})
+}
+
+// writeJSON writes v as a JSON response with the given status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}

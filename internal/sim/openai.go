@@ -1,0 +1,429 @@
+package sim
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strings"
+)
+
+// openaiRoutes registers the OpenAI-compatible API (OpenAI API reference),
+// each route with and without the /v1 prefix.
+func (s *Server) openaiRoutes(mux *http.ServeMux) {
+	for _, prefix := range []string{"/v1", ""} {
+		mux.HandleFunc("POST "+prefix+"/chat/completions", s.openaiGenerate(true))
+		mux.HandleFunc("POST "+prefix+"/completions", s.openaiGenerate(false))
+		mux.HandleFunc("POST "+prefix+"/embeddings", s.openaiEmbeddings)
+		mux.Handle("GET "+prefix+"/models", s.guard(writeOpenAIError, s.openaiModels))
+		mux.Handle("GET "+prefix+"/models/{model...}", s.guard(writeOpenAIError, s.openaiModel))
+	}
+	mux.Handle("/", s.guard(writeOpenAIError, func(w http.ResponseWriter, r *http.Request) {
+		s.fail(w, r, writeOpenAIError, fmt.Errorf("%w: %s %s", errNotFound, r.Method, r.URL.Path))
+	}))
+}
+
+// openaiError is the body of every OpenAI error response:
+// {"error":{"message","type","param","code"}}.
+type openaiError struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    *string `json:"code"`
+}
+
+// writeOpenAIError writes err in the OpenAI error shape, with the type and
+// code the OpenAI API uses for the status.
+func writeOpenAIError(w http.ResponseWriter, _ *http.Request, status int, err error) {
+	e := openaiError{Message: err.Error(), Type: "invalid_request_error"}
+	str := func(s string) *string { return &s }
+	switch status {
+	case http.StatusUnauthorized:
+		e.Code = str("invalid_api_key")
+	case http.StatusNotFound:
+		if errors.Is(err, errUnknownModel) {
+			e.Param, e.Code = str("model"), str("model_not_found")
+		}
+	case http.StatusTooManyRequests:
+		e.Type, e.Code = "requests", str("rate_limit_exceeded")
+	}
+	if status >= 500 {
+		e.Type = "server_error"
+	}
+	writeJSON(w, status, map[string]openaiError{"error": e})
+}
+
+// openaiContent is a chat message's content: a string, an array of content
+// parts (whose "text" parts are kept, joined by newlines) or null.
+type openaiContent string
+
+// UnmarshalJSON accepts the three shapes above.
+func (c *openaiContent) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*c = ""
+		return nil
+	}
+	var text string
+	if json.Unmarshal(b, &text) == nil {
+		*c = openaiContent(text)
+		return nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(b, &parts); err != nil {
+		return fmt.Errorf("content: want a string or an array of content parts, got %.40s", b)
+	}
+	var texts []string
+	for _, p := range parts {
+		if p.Type == "text" {
+			texts = append(texts, p.Text)
+		}
+	}
+	*c = openaiContent(strings.Join(texts, "\n"))
+	return nil
+}
+
+// openaiStreamOptions is "stream_options".
+type openaiStreamOptions struct {
+	// IncludeUsage asks for a last chunk with empty choices and usage.
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// openaiGenerateRequest is the body of POST /v1/chat/completions
+// (Messages) and POST /v1/completions (Prompt). Other fields (temperature,
+// seed, tools, n, ...) are accepted and ignored; n is always 1.
+type openaiGenerateRequest struct {
+	Model    string `json:"model"`
+	Messages []struct {
+		Role    string        `json:"role"`
+		Content openaiContent `json:"content"`
+	} `json:"messages"`
+	Prompt              *textInput           `json:"prompt"`
+	Stream              bool                 `json:"stream"`
+	StreamOptions       *openaiStreamOptions `json:"stream_options"`
+	MaxTokens           *int                 `json:"max_tokens"`
+	MaxCompletionTokens *int                 `json:"max_completion_tokens"`
+}
+
+// parseOpenAIChat parses a POST /v1/chat/completions body.
+func parseOpenAIChat(body []byte) (request, error) {
+	var in openaiGenerateRequest
+	if err := decodeJSON(body, &in); err != nil {
+		return request{}, err
+	}
+	texts := make([]string, len(in.Messages))
+	for i, m := range in.Messages {
+		texts[i] = string(m.Content)
+	}
+	req, err := in.toRequest(strings.Join(texts, "\n"))
+	if err == nil && len(in.Messages) == 0 {
+		err = fmt.Errorf("%w: messages must not be empty", errInvalidRequest)
+	}
+	return req, err
+}
+
+// parseOpenAICompletion parses a POST /v1/completions body. The prompt is
+// one string or one token-id array; batches of prompts are refused.
+func parseOpenAICompletion(body []byte) (request, error) {
+	var in openaiGenerateRequest
+	if err := decodeJSON(body, &in); err != nil {
+		return request{}, err
+	}
+	var prompt string
+	if in.Prompt != nil && len(*in.Prompt) > 0 {
+		prompt = (*in.Prompt)[0]
+	}
+	req, err := in.toRequest(prompt)
+	switch {
+	case err != nil:
+	case in.Prompt == nil || len(*in.Prompt) == 0:
+		err = fmt.Errorf("%w: prompt is required", errInvalidRequest)
+	case len(*in.Prompt) > 1:
+		err = fmt.Errorf("%w: batched prompts are not supported by the simulator", errInvalidRequest)
+	}
+	return req, err
+}
+
+func (in openaiGenerateRequest) toRequest(prompt string) (request, error) {
+	req := request{
+		model:        in.Model,
+		prompt:       prompt,
+		maxTokens:    noLimit,
+		stream:       in.Stream,
+		includeUsage: in.StreamOptions != nil && in.StreamOptions.IncludeUsage,
+	}
+	if in.Model == "" {
+		return req, fmt.Errorf("%w: model is required", errInvalidRequest)
+	}
+	for _, limit := range []struct {
+		name  string
+		value *int
+	}{{"max_tokens", in.MaxTokens}, {"max_completion_tokens", in.MaxCompletionTokens}} {
+		if limit.value == nil {
+			continue
+		}
+		if *limit.value < 1 {
+			return req, fmt.Errorf("%w: %s must be at least 1, got %d", errInvalidRequest, limit.name, *limit.value)
+		}
+		req.maxTokens = *limit.value // max_completion_tokens, checked last, wins
+	}
+	return req, nil
+}
+
+// openaiUsage is "usage": token counts of a request.
+type openaiUsage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+// openaiMessage is an answer's "message" (non-streamed chat) or "delta"
+// (streamed chat; role only on the first chunk, content absent on the last).
+type openaiMessage struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+// openaiChoice is one entry of "choices". Chat answers carry Message or
+// Delta, text completions Text.
+type openaiChoice struct {
+	Index        int            `json:"index"`
+	Message      *openaiMessage `json:"message,omitempty"`
+	Delta        *openaiMessage `json:"delta,omitempty"`
+	Text         *string        `json:"text,omitempty"`
+	Logprobs     *struct{}      `json:"logprobs"`      // always null
+	FinishReason *string        `json:"finish_reason"` // null until the last chunk
+}
+
+// openaiCompletion is a chat.completion, chat.completion.chunk or
+// text_completion object (OpenAI API reference). Created is in Unix seconds.
+type openaiCompletion struct {
+	ID                string         `json:"id"`
+	Object            string         `json:"object"`
+	Created           int64          `json:"created"`
+	Model             string         `json:"model"`
+	SystemFingerprint string         `json:"system_fingerprint"`
+	Choices           []openaiChoice `json:"choices"`
+	Usage             *openaiUsage   `json:"usage,omitempty"`
+}
+
+// openaiGenerate returns the handler of POST /v1/chat/completions (chat)
+// or POST /v1/completions. Non-streamed, it answers one chat.completion /
+// text_completion object with usage. Streamed, it answers Server-Sent
+// Events (text/event-stream), each "data: <chunk>\n\n" and flushed: for
+// chat first a chunk with delta.role "assistant", then one chunk per token,
+// then a chunk with finish_reason, then, if stream_options.include_usage, a
+// chunk with empty choices and usage, then "data: [DONE]".
+func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
+	parse, object, chunkObject, idPrefix := parseOpenAICompletion, "text_completion", "text_completion", "cmpl"
+	if chat {
+		parse, object, chunkObject, idPrefix = parseOpenAIChat, "chat.completion", "chat.completion.chunk", "chatcmpl"
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		req, release, err := s.accept(w, r, parse)
+		if err != nil {
+			s.fail(w, r, writeOpenAIError, err)
+			return
+		}
+		defer release()
+
+		c := complete(s.cfg.Seed, s.cfg.DefaultMaxTokens, req)
+		usage := &openaiUsage{
+			PromptTokens:     c.promptTokens,
+			CompletionTokens: len(c.tokens),
+			TotalTokens:      c.promptTokens + len(c.tokens),
+		}
+		base := openaiCompletion{
+			ID:                fmt.Sprintf("%s-sim-%d", idPrefix, req.seq),
+			Object:            chunkObject,
+			Created:           s.clock.Now().Unix(),
+			Model:             req.model,
+			SystemFingerprint: "fp_sim",
+		}
+		// withChoice returns base with one choice holding text (and role,
+		// for chat), finished if finish is not nil.
+		withChoice := func(role string, text *string, finish *string) openaiCompletion {
+			choice := openaiChoice{FinishReason: finish}
+			switch {
+			case !chat:
+				choice.Text = text
+			case req.stream:
+				choice.Delta = &openaiMessage{Role: role, Content: text}
+			default:
+				choice.Message = &openaiMessage{Role: role, Content: text}
+			}
+			out := base
+			out.Choices = []openaiChoice{choice}
+			return out
+		}
+
+		if !req.stream {
+			s.pace(r.Context(), c, func(string) error { return nil })
+			text := c.text()
+			resp := withChoice("assistant", &text, &c.finishReason)
+			resp.Object, resp.Usage = object, usage
+			writeJSON(w, http.StatusOK, resp)
+			return
+		}
+
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Cache-Control", "no-cache")
+		w.WriteHeader(http.StatusOK)
+		send := func(v any) error {
+			data, err := json.Marshal(v)
+			if err != nil {
+				return err
+			}
+			if _, err := fmt.Fprintf(w, "data: %s\n\n", data); err != nil {
+				return err
+			}
+			return flush(w)
+		}
+		empty, roleSent := "", !chat
+		sendRole := func() error {
+			if roleSent {
+				return nil
+			}
+			roleSent = true
+			return send(withChoice("assistant", &empty, nil))
+		}
+		s.pace(r.Context(), c, func(tok string) error {
+			if err := sendRole(); err != nil {
+				return err
+			}
+			return send(withChoice("", &tok, nil))
+		})
+		if sendRole() != nil {
+			return
+		}
+		last := withChoice("", nil, &c.finishReason)
+		if !chat {
+			last = withChoice("", &empty, &c.finishReason)
+		}
+		if send(last) != nil {
+			return
+		}
+		if req.includeUsage {
+			u := base
+			u.Choices, u.Usage = []openaiChoice{}, usage
+			if send(u) != nil {
+				return
+			}
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+		flush(w)
+	}
+}
+
+// openaiEmbeddingsRequest is the body of POST /v1/embeddings.
+type openaiEmbeddingsRequest struct {
+	Model          string    `json:"model"`
+	Input          textInput `json:"input"`
+	EncodingFormat string    `json:"encoding_format"` // "float" (default) or "base64"
+	Dimensions     int       `json:"dimensions"`
+}
+
+// parseOpenAIEmbeddings parses a POST /v1/embeddings body.
+func parseOpenAIEmbeddings(body []byte) (request, error) {
+	var in openaiEmbeddingsRequest
+	if err := decodeJSON(body, &in); err != nil {
+		return request{}, err
+	}
+	req := request{model: in.Model, inputs: in.Input, dimensions: in.Dimensions, base64: in.EncodingFormat == "base64"}
+	switch {
+	case in.Model == "":
+		return req, fmt.Errorf("%w: model is required", errInvalidRequest)
+	case len(in.Input) == 0:
+		return req, fmt.Errorf("%w: input must not be empty", errInvalidRequest)
+	case in.EncodingFormat != "" && in.EncodingFormat != "float" && in.EncodingFormat != "base64":
+		return req, fmt.Errorf("%w: encoding_format %q: want \"float\" or \"base64\"", errInvalidRequest, in.EncodingFormat)
+	}
+	return req, checkDimensions(in.Dimensions)
+}
+
+// openaiEmbedding is one entry of an embeddings response's "data".
+// Embedding is []float32, or with encoding_format "base64" the base64 of
+// the little-endian float32 components.
+type openaiEmbedding struct {
+	Object    string `json:"object"` // "embedding"
+	Index     int    `json:"index"`
+	Embedding any    `json:"embedding"`
+}
+
+// openaiEmbeddings answers POST /v1/embeddings with {"object":"list",
+// "data":[{"object":"embedding","index","embedding"}],"model","usage"}.
+// Vectors are L2-normalized, 8 components unless "dimensions" is set.
+func (s *Server) openaiEmbeddings(w http.ResponseWriter, r *http.Request) {
+	req, release, err := s.accept(w, r, parseOpenAIEmbeddings)
+	if err != nil {
+		s.fail(w, r, writeOpenAIError, err)
+		return
+	}
+	defer release()
+	if s.wait(r.Context(), s.cfg.TTFT) != nil {
+		abortConnection()
+	}
+	vectors, promptTokens := embedAll(s.cfg.Seed, req)
+	data := make([]openaiEmbedding, len(vectors))
+	for i, v := range vectors {
+		data[i] = openaiEmbedding{Object: "embedding", Index: i, Embedding: v}
+		if req.base64 {
+			data[i].Embedding = encodeFloat32s(v)
+		}
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Object string            `json:"object"` // "list"
+		Data   []openaiEmbedding `json:"data"`
+		Model  string            `json:"model"`
+		Usage  map[string]int    `json:"usage"` // prompt_tokens, total_tokens
+	}{"list", data, req.model, map[string]int{"prompt_tokens": promptTokens, "total_tokens": promptTokens}})
+}
+
+// encodeFloat32s is the base64 of v's little-endian float32 components.
+func encodeFloat32s(v []float32) string {
+	buf := make([]byte, 0, 4*len(v))
+	for _, f := range v {
+		buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(f))
+	}
+	return base64.StdEncoding.EncodeToString(buf)
+}
+
+// openaiModelObject is a model object (OpenAI API reference, "The model
+// object"). Created is in Unix seconds.
+type openaiModelObject struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"` // "model"
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+func openaiModelFor(name string) openaiModelObject {
+	return openaiModelObject{ID: name, Object: "model", Created: modelsModifiedAt.Unix(), OwnedBy: "iop-sim"}
+}
+
+// openaiModels answers GET /v1/models: {"object":"list","data":[model...]}.
+func (s *Server) openaiModels(w http.ResponseWriter, _ *http.Request) {
+	data := make([]openaiModelObject, len(s.cfg.Models))
+	for i, name := range s.cfg.Models {
+		data[i] = openaiModelFor(name)
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Object string              `json:"object"` // "list"
+		Data   []openaiModelObject `json:"data"`
+	}{"list", data})
+}
+
+// openaiModel answers GET /v1/models/{model} with one model object, or 404.
+func (s *Server) openaiModel(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("model")
+	if !s.serves(name) {
+		s.fail(w, r, writeOpenAIError, fmt.Errorf("%w: %q", errUnknownModel, name))
+		return
+	}
+	writeJSON(w, http.StatusOK, openaiModelFor(name))
+}

@@ -1,0 +1,352 @@
+package sim
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"iop/internal/clock"
+)
+
+// maxBodyBytes bounds a request body; larger ones are answered 413.
+const maxBodyBytes = 16 << 20
+
+// maxSeen is how many requests Seen remembers.
+const maxSeen = 1000
+
+// shutdownGrace bounds how long Serve waits for requests to finish after
+// its context is done before closing their connections.
+const shutdownGrace = 5 * time.Second
+
+// Stats are a Server's counters since New.
+type Stats struct {
+	// Requests counts every HTTP request received, on any route.
+	Requests int64
+	// InFlight is the number of inference requests admitted and not yet
+	// finished.
+	InFlight int
+	// MaxInFlight is the highest InFlight ever observed.
+	MaxInFlight int
+	// Rejected counts requests answered 429 because MaxConcurrent was reached.
+	Rejected int64
+	// InjectedErrors counts requests answered with Faults.ErrorStatus.
+	InjectedErrors int64
+	// LastModel is the model named by the latest request ("" if none).
+	LastModel string
+	// LastAuthorization is the Authorization header of the latest request.
+	LastAuthorization string
+}
+
+// SeenRequest is what a Server recorded of one request it received.
+type SeenRequest struct {
+	Method string
+	Path   string
+	// Model is the model named in the request body, "" if none or unparsable.
+	Model string
+	// Authorization is the request's Authorization header, verbatim.
+	Authorization string
+}
+
+// Server is a simulated model server. Create it with New; serve it with
+// Serve, ListenAndServe or Start, or mount Handler on a server of your own.
+type Server struct {
+	cfg     Config
+	clock   clock.Clock
+	logger  *slog.Logger
+	handler http.Handler
+	// trace, if set before serving, is called with "admitted" and "released"
+	// as inference requests take and give back their in-flight slot; tests
+	// use it to synchronise with handlers instead of sleeping.
+	trace func(event string)
+
+	mu        sync.Mutex // guards the fields below
+	stats     Stats
+	admitted  uint64        // inference requests admitted so far; drives fault choice and ids
+	seen      []SeenRequest // ring of the last maxSeen requests
+	seenStart int           // index of the oldest entry once seen is full
+}
+
+// New returns a Server for cfg, with defaults applied to its zero fields.
+// It returns an error wrapping ErrInvalidConfig if cfg does not validate.
+// A nil logger discards logs.
+func New(cfg Config, logger *slog.Logger) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{
+		cfg:    cfg,
+		clock:  cfg.Clock,
+		logger: logger.With("component", "sim", "protocol", string(cfg.Protocol)),
+	}
+	mux := http.NewServeMux()
+	switch cfg.Protocol {
+	case ProtocolOllama:
+		s.ollamaRoutes(mux)
+	case ProtocolOpenAI:
+		s.openaiRoutes(mux)
+	}
+	s.handler = mux
+	return s, nil
+}
+
+// Handler returns the http.Handler serving the configured protocol.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Stats returns a copy of the server's counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats
+}
+
+// Seen returns the last (up to 1000) requests received, oldest first.
+func (s *Server) Seen() []SeenRequest {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]SeenRequest, 0, len(s.seen))
+	out = append(out, s.seen[s.seenStart:]...)
+	return append(out, s.seen[:s.seenStart]...)
+}
+
+// Serve answers HTTP requests on ln until ctx is done, then shuts down:
+// it stops accepting, cancels the context of every request still running
+// (ending hung requests and streams) and waits up to 5 s for them. It
+// closes ln. It returns nil after a shutdown caused by ctx, or the error
+// that stopped serving.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.handler,
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelDebug),
+	}
+	s.logger.Info("serving", "addr", ln.Addr().String(), "models", s.cfg.Models)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		srv.Close()
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// ListenAndServe listens on the TCP address addr ("host:port") and calls
+// Serve. It blocks until ctx is done or serving fails.
+func (s *Server) ListenAndServe(ctx context.Context, addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	return s.Serve(ctx, ln)
+}
+
+// Start serves on the TCP address addr ("" means 127.0.0.1 on a free port)
+// in the background, for tests and `iop dev`. It returns the base URL
+// ("http://127.0.0.1:PORT", no trailing slash) and a stop function that
+// shuts the server down and returns once it has stopped.
+func (s *Server) Start(addr string) (url string, stop func(), err error) {
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := s.Serve(ctx, ln); err != nil {
+			s.logger.Error("serve failed", "err", err)
+		}
+	}()
+	stop = func() {
+		cancel()
+		<-done
+	}
+	return "http://" + ln.Addr().String(), stop, nil
+}
+
+// errorWriter writes err as a protocol's error response.
+type errorWriter func(w http.ResponseWriter, r *http.Request, status int, err error)
+
+// guard wraps the handler of a route that is not an inference request
+// (listings, health, show): it records the request and checks the API key.
+func (s *Server) guard(writeErr errorWriter, h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.record(r, "")
+		if err := s.authorize(r); err != nil {
+			s.fail(w, r, writeErr, err)
+			return
+		}
+		h(w, r)
+	})
+}
+
+// accept runs the steps every inference request goes through before it is
+// answered: read and parse the body, record it, check the API key, the
+// request itself and the model, take an in-flight slot (or 429), and apply
+// the ErrorRate and Hang faults (a hung request is aborted when its context
+// ends). On success the caller must call release exactly once when done
+// answering. On error nothing is held and the caller answers with the error
+// (see fail).
+func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byte) (request, error)) (req request, release func(), err error) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			err = errBodyTooLarge
+		} else {
+			err = fmt.Errorf("%w: reading body: %w", errInvalidRequest, err)
+		}
+	} else {
+		req, err = parse(body)
+	}
+	s.record(r, req.model)
+	if authErr := s.authorize(r); authErr != nil {
+		return request{}, nil, authErr
+	}
+	if err != nil {
+		return request{}, nil, err
+	}
+	if !s.serves(req.model) {
+		return request{}, nil, fmt.Errorf("%w: %q", errUnknownModel, req.model)
+	}
+
+	n, err := s.enter()
+	if err != nil {
+		return request{}, nil, err
+	}
+	req.seq = n
+	release = s.leave
+	if s.shouldFail(n) {
+		release()
+		return request{}, nil, errInjectedFault
+	}
+	if s.cfg.Faults.Hang {
+		defer release()
+		<-r.Context().Done()
+		abortConnection()
+	}
+	return req, release, nil
+}
+
+// fail answers a request with err in the protocol's error shape.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, writeErr errorWriter, err error) {
+	status := statusOf(err, s.cfg.Faults.ErrorStatus)
+	s.logger.Debug("request failed", "path", r.URL.Path, "status", status, "err", err)
+	writeErr(w, r, status, err)
+}
+
+// record counts r and remembers its path, model and Authorization header.
+func (s *Server) record(r *http.Request, model string) {
+	seen := SeenRequest{Method: r.Method, Path: r.URL.Path, Model: model, Authorization: r.Header.Get("Authorization")}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats.Requests++
+	s.stats.LastModel = seen.Model
+	s.stats.LastAuthorization = seen.Authorization
+	if len(s.seen) < maxSeen {
+		s.seen = append(s.seen, seen)
+		return
+	}
+	s.seen[s.seenStart] = seen
+	s.seenStart = (s.seenStart + 1) % maxSeen
+}
+
+// authorize checks the bearer token when Config.APIKey is set.
+func (s *Server) authorize(r *http.Request) error {
+	if s.cfg.APIKey == "" {
+		return nil
+	}
+	want := "Bearer " + s.cfg.APIKey
+	if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte(want)) != 1 {
+		return errUnauthorized
+	}
+	return nil
+}
+
+// serves reports whether model is one of the configured models.
+func (s *Server) serves(model string) bool {
+	for _, m := range s.cfg.Models {
+		if m == model {
+			return true
+		}
+	}
+	return false
+}
+
+// enter takes an in-flight slot, or fails with errOverCapacity. It returns
+// the request's admission number (1 for the first admitted request).
+func (s *Server) enter() (uint64, error) {
+	n, err := s.takeSlot()
+	if err == nil && s.trace != nil {
+		s.trace("admitted")
+	}
+	return n, err
+}
+
+func (s *Server) takeSlot() (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cfg.MaxConcurrent > 0 && s.stats.InFlight >= s.cfg.MaxConcurrent {
+		s.stats.Rejected++
+		return 0, errOverCapacity
+	}
+	s.admitted++
+	s.stats.InFlight++
+	s.stats.MaxInFlight = max(s.stats.MaxInFlight, s.stats.InFlight)
+	return s.admitted, nil
+}
+
+// leave gives back the in-flight slot taken by enter.
+func (s *Server) leave() {
+	s.mu.Lock()
+	s.stats.InFlight--
+	s.mu.Unlock()
+	if s.trace != nil {
+		s.trace("released")
+	}
+}
+
+// shouldFail decides, deterministically from Config.Seed and the admission
+// number n, whether request n gets an injected error.
+func (s *Server) shouldFail(n uint64) bool {
+	rate := s.cfg.Faults.ErrorRate
+	if rate == 0 {
+		return false
+	}
+	u := rand.New(rand.NewPCG(uint64(s.cfg.Seed), n)).Float64() // in [0, 1)
+	if u < rate {
+		s.mu.Lock()
+		s.stats.InjectedErrors++
+		s.mu.Unlock()
+		return true
+	}
+	return false
+}
+
+// flush sends buffered response bytes to the client now.
+func flush(w http.ResponseWriter) error {
+	return http.NewResponseController(w).Flush()
+}
