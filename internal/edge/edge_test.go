@@ -448,30 +448,52 @@ func TestStaleGenerationTwiceFails(t *testing.T) {
 	}
 }
 
-func TestDispatchTimeoutReleases(t *testing.T) {
+// DESIGN.md: a dispatch whose run stream is not opened within the bound is
+// released and admitted again, once; the second timeout fails the request.
+func TestDispatchTimeoutReleasesAndReadmitsOnce(t *testing.T) {
 	e := startEdge(t, testConfig())
 	n := e.connect(t, hello("n1", prov("p1", normalized, 1, "m1")))
 	res := e.dispatchAsync(context.Background(), chatReq("m1"))
-	d := n.nextDispatch(t) // and never opens the run
-	e.clk.waitArmed(t, testDispatchTimeout, 1)
-	e.clk.Advance(testDispatchTimeout - time.Millisecond)
-	select {
-	case r := <-res:
-		t.Fatalf("Dispatch returned %v before the timeout", r.err)
-	default:
+	// The node never opens a run: it sees dispatch, cancel, dispatch, cancel
+	// (a cancel and the next dispatch in either order).
+	var ids []string
+	cancels := map[string]bool{}
+	d := n.nextDispatch(t)
+	for attempt := range 2 {
+		ids = append(ids, d.GetRunId())
+		e.clk.waitArmed(t, testDispatchTimeout, 1)
+		e.clk.Advance(testDispatchTimeout - time.Millisecond)
+		select {
+		case r := <-res:
+			t.Fatalf("attempt %d: Dispatch returned %v before the timeout", attempt, r.err)
+		default:
+		}
+		e.clk.Advance(time.Millisecond)
+		for want := 1 + (1 - attempt); want > 0; want-- {
+			switch m := n.next(t); {
+			case m.GetCancel() != nil:
+				cancels[m.GetCancel().GetRunId()] = true
+			case m.GetDispatch() != nil:
+				d = m.GetDispatch()
+			default:
+				t.Fatalf("unexpected %v", m)
+			}
+		}
 	}
-	e.clk.Advance(time.Millisecond)
+	if !cancels[ids[0]] || !cancels[ids[1]] {
+		t.Errorf("cancels %v, want both runs %v", cancels, ids)
+	}
 	r := wait(t, res)
 	if !errors.Is(r.err, ErrDispatchTimeout) {
 		t.Fatalf("Dispatch = %v, want ErrDispatchTimeout", r.err)
 	}
+	if ids[0] == ids[1] {
+		t.Fatalf("re-admission reused run id %s", ids[0])
+	}
 	if got := e.inFlight("n1", "p1"); got != 0 {
 		t.Fatalf("in flight %d, want 0", got)
 	}
-	if c := n.nextCancel(t); c.GetRunId() != d.GetRunId() {
-		t.Errorf("cancel %v, want run %s", c, d.GetRunId())
-	}
-	rs := n.openRun(t, d.GetRunId(), n.gen)
+	rs := n.openRun(t, ids[0], n.gen)
 	if _, err := rs.Recv(); status.Code(err) != codes.NotFound {
 		t.Errorf("late open: %v, want NotFound", err)
 	}

@@ -84,7 +84,8 @@ type Service struct {
 // (scheduler.ErrUnknownModel, ErrNoProvider, ErrCandidatesRejected naming
 // the missing capability, ErrQueueFull, ErrQueueTimeout,
 // ErrProviderUnavailable); ErrDispatchTimeout when the node does not open
-// the run within dispatch_timeout; ErrDispatchRefused; ErrStaleGeneration
+// the run within dispatch_timeout twice in a row (once, the request is
+// admitted again); ErrDispatchRefused; ErrStaleGeneration
 // when the node reconnected between admission and dispatch twice in a row
 // (once, the request is admitted again); ErrNodeGone; ctx's error when ctx
 // ends first (the run is cancelled on the node). On every error the lease,
@@ -94,7 +95,9 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (*Run, error) {
 		return nil, err
 	}
 	run, err := s.dispatchOnce(ctx, req)
-	if errors.Is(err, ErrStaleGeneration) {
+	if errors.Is(err, ErrStaleGeneration) || errors.Is(err, ErrDispatchTimeout) {
+		// DESIGN.md: a dispatch sent on a replaced generation, or whose run
+		// stream was not opened in time, is released and admitted again, once.
 		run, err = s.dispatchOnce(ctx, req)
 	}
 	return run, err
