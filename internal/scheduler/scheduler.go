@@ -184,7 +184,7 @@ type waiter struct {
 	seq      uint64
 	req      Request
 	group    *group
-	cands    []Candidate
+	cands    []choice
 	refs     []*waitRef
 	state    waiterState
 	ch       chan result // one slot; exactly one send, by the settling lock holder
@@ -283,14 +283,14 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	cands = s.liveLocked(cands)
+	cands, best := s.scanLocked(cands, req.Long)
 	if len(cands) == 0 {
 		return nil, nil, fmt.Errorf("%w %q", ErrNoProvider, req.Group)
 	}
-	g := s.groupLocked(req.Group)
-	if c, res := s.pickLocked(cands, req.Long); res != nil {
-		return s.reserveLocked(res, c, req, ReasonImmediate, 0), nil, nil
+	if best.res != nil {
+		return s.reserveLocked(best.res, best.Candidate, req, ReasonImmediate, 0), nil, nil
 	}
+	g := s.groupLocked(req.Group)
 	if g.queued >= g.policy.MaxQueue {
 		return nil, nil, fmt.Errorf("model %q: %w (%d waiting)", g.name, ErrQueueFull, g.queued)
 	}
@@ -302,7 +302,7 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 		ch:       make(chan result, 1),
 		enqueued: s.clock.Now(),
 	}
-	s.linkLocked(w, cands)
+	s.linkLocked(w, s.choicesLocked(cands))
 	w.timer = s.clock.AfterFunc(g.policy.QueueTimeout, func() { s.expire(w) })
 	return nil, w, nil
 }
@@ -332,33 +332,57 @@ func (s *Scheduler) expire(w *waiter) {
 	}
 }
 
-// liveLocked keeps the candidates whose resource exists, is not orphan and
-// belongs to the candidate's generation, filtering cands in place.
-func (s *Scheduler) liveLocked(cands []Candidate) []Candidate {
-	live := cands[:0]
-	for _, c := range cands {
-		if r := s.resources[resourceKey{c.NodeID, c.ProviderID}]; r != nil && !r.orphan && r.generation == c.Generation {
-			live = append(live, c)
-		}
-	}
-	return live
+// choice is a live candidate and its resource.
+type choice struct {
+	Candidate
+	res *resource
 }
 
-// pickLocked returns the candidate with the lowest in-flight/capacity among
-// those with a free slot, ties by provider id then node id; nil if none.
-func (s *Scheduler) pickLocked(cands []Candidate, long bool) (Candidate, *resource) {
-	var best Candidate
-	var bestRes *resource
+// live reports whether r exists, is not orphan and belongs to c's generation.
+func live(r *resource, c Candidate) bool {
+	return r != nil && !r.orphan && r.generation == c.Generation
+}
+
+// scanLocked filters cands in place to the live ones and, in the same pass,
+// picks the best with a free slot: the lowest in-flight/capacity, ties by
+// provider id then node id (best.res is nil if none is free).
+func (s *Scheduler) scanLocked(cands []Candidate, long bool) (liveCands []Candidate, best choice) {
+	liveCands = cands[:0]
 	for _, c := range cands {
 		r := s.resources[resourceKey{c.NodeID, c.ProviderID}]
-		if r == nil || r.generation != c.Generation || !r.fits(long) {
+		if !live(r, c) {
 			continue
 		}
-		if bestRes == nil || lessLoaded(r, c, bestRes, best) {
-			best, bestRes = c, r
+		liveCands = append(liveCands, c)
+		if r.fits(long) && (best.res == nil || lessLoaded(r, c, best.res, best.Candidate)) {
+			best = choice{c, r}
 		}
 	}
-	return best, bestRes
+	return liveCands, best
+}
+
+// choicesLocked pairs live candidates with their resources.
+func (s *Scheduler) choicesLocked(cands []Candidate) []choice {
+	out := make([]choice, len(cands))
+	for i, c := range cands {
+		out[i] = choice{c, s.resources[resourceKey{c.NodeID, c.ProviderID}]}
+	}
+	return out
+}
+
+// pick returns the choice with a free slot and the lowest load, as
+// scanLocked does (res nil if none).
+func pick(choices []choice, long bool) choice {
+	var best choice
+	for _, c := range choices {
+		if !live(c.res, c.Candidate) || !c.res.fits(long) {
+			continue
+		}
+		if best.res == nil || lessLoaded(c.res, c.Candidate, best.res, best.Candidate) {
+			best = c
+		}
+	}
+	return best
 }
 
 func lessLoaded(a *resource, ac Candidate, b *resource, bc Candidate) bool {
@@ -402,13 +426,13 @@ func (s *Scheduler) reserveLocked(r *resource, c Candidate, req Request, reason 
 
 // grantLocked hands w a slot if one of its candidates has one.
 func (s *Scheduler) grantLocked(w *waiter) bool {
-	c, r := s.pickLocked(w.cands, w.req.Long)
-	if r == nil {
+	best := pick(w.cands, w.req.Long)
+	if best.res == nil {
 		return false
 	}
 	s.unlinkLocked(w)
 	w.state = granted
-	w.ch <- result{lease: s.reserveLocked(r, c, w.req, ReasonQueued, s.clock.Now().Sub(w.enqueued))}
+	w.ch <- result{lease: s.reserveLocked(best.res, best.Candidate, w.req, ReasonQueued, s.clock.Now().Sub(w.enqueued))}
 	return true
 }
 
@@ -420,7 +444,7 @@ func (s *Scheduler) failLocked(w *waiter, err error) {
 
 // linkLocked queues w with candidates cands: in the global list, its group's
 // count, and the heap of each distinct candidate resource.
-func (s *Scheduler) linkLocked(w *waiter, cands []Candidate) {
+func (s *Scheduler) linkLocked(w *waiter, cands []choice) {
 	w.prev = s.tail
 	if s.tail != nil {
 		s.tail.next = w
@@ -435,11 +459,11 @@ func (s *Scheduler) linkLocked(w *waiter, cands []Candidate) {
 
 // setCandidatesLocked replaces w's candidates and its places in the
 // per-resource heaps.
-func (s *Scheduler) setCandidatesLocked(w *waiter, cands []Candidate) {
+func (s *Scheduler) setCandidatesLocked(w *waiter, cands []choice) {
 	s.dropRefsLocked(w)
 	w.cands = cands
 	for _, c := range cands {
-		r := s.resources[resourceKey{c.NodeID, c.ProviderID}]
+		r := c.res
 		if w.lists(r) {
 			continue
 		}
@@ -536,10 +560,10 @@ func (s *Scheduler) reresolveLocked() {
 		case err != nil:
 			// A resolver fault is recoverable: keep the waiter and its candidates.
 		default:
-			if cands = s.liveLocked(cands); len(cands) == 0 {
+			if cands, _ = s.scanLocked(cands, w.req.Long); len(cands) == 0 {
 				s.failLocked(w, fmt.Errorf("model %q: %w: every candidate is gone", w.group.name, ErrProviderUnavailable))
 			} else {
-				s.setCandidatesLocked(w, cands)
+				s.setCandidatesLocked(w, s.choicesLocked(cands))
 			}
 		}
 		w = next
