@@ -23,6 +23,7 @@ const (
 	DefaultDispatchTimeout   = 10 * time.Second
 	DefaultMaxQueue          = scheduler.DefaultMaxQueue     // 16
 	DefaultQueueTimeout      = scheduler.DefaultQueueTimeout // 30s
+	DefaultLongContextTokens = 8192
 )
 
 // Config is the edge's configuration, loaded once from YAML (LoadConfig) and
@@ -40,6 +41,7 @@ const (
 //	    max_queue: 32
 //	    queue_timeout: 1m
 //	tokens: [s3cret-node-token]
+//	long_context_tokens: 8192
 type Config struct {
 	// Listen is the HTTP API address (host:port); default 127.0.0.1:8080.
 	// The edge core does not serve it; the HTTP layer does.
@@ -62,6 +64,10 @@ type Config struct {
 	Models map[string]ModelConfig `yaml:"models"`
 	// Tokens are the node tokens accepted in Hello; empty accepts any.
 	Tokens []string `yaml:"tokens"`
+	// LongContextTokens is the estimated prompt size, in tokens, from which
+	// a request is long-context and also needs a free long_capacity slot of
+	// its provider; default 8192, negative disables the classification.
+	LongContextTokens int `yaml:"long_context_tokens"`
 }
 
 // QueueConfig is a model group's queue policy; zero fields take the defaults
@@ -109,6 +115,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.Queue.QueueTimeout == 0 {
 		c.Queue.QueueTimeout = DefaultQueueTimeout
+	}
+	if c.LongContextTokens == 0 {
+		c.LongContextTokens = DefaultLongContextTokens
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -360,28 +361,33 @@ func TestRunOpenRefused(t *testing.T) {
 	r.run.Close("test")
 }
 
-func TestDispatchOnReplacedGenerationFails(t *testing.T) {
+// A run pending on a generation that a reconnect replaced never reached a
+// provider: it is admitted again, on the new generation.
+func TestDispatchPendingOnReplacedGenerationIsReadmitted(t *testing.T) {
 	e := startEdge(t, testConfig())
 	h := hello("n1", prov("p1", normalized, 1, "m1"))
 	old := e.connect(t, h)
 	res := e.dispatchAsync(context.Background(), chatReq("m1"))
 	d := old.nextDispatch(t)
 	fresh := e.connect(t, h) // fences the old generation and its pending run
+	d2 := fresh.nextDispatch(t)
+	rs := fresh.openRun(t, d2.GetRunId(), fresh.gen)
+	readBody(t, rs)
 	r := wait(t, res)
-	if !errors.Is(r.err, ErrNodeGone) {
-		t.Fatalf("Dispatch = %v, want ErrNodeGone", r.err)
+	if r.err != nil {
+		t.Fatalf("Dispatch = %v, want a run on the new generation", r.err)
+	}
+	defer r.run.Close("test")
+	if r.run.Info().Generation != fresh.gen {
+		t.Errorf("generation %d, want %d", r.run.Info().Generation, fresh.gen)
 	}
 	// The old generation's late open is refused.
-	rs := old.openRun(t, d.GetRunId(), old.gen)
-	if _, err := rs.Recv(); status.Code(err) != codes.NotFound {
+	ors := old.openRun(t, d.GetRunId(), old.gen)
+	if _, err := ors.Recv(); status.Code(err) != codes.NotFound {
 		t.Errorf("late open: %v, want NotFound", err)
 	}
-	if got := e.inFlight("n1", "p1"); got != 0 {
-		t.Fatalf("in flight %d, want 0", got)
-	}
-	run, _, _ := e.startRun(t, fresh, chatReq("m1"))
-	if run.Info().Generation != fresh.gen {
-		t.Errorf("generation %d, want %d", run.Info().Generation, fresh.gen)
+	if got := e.inFlight("n1", "p1"); got != 1 {
+		t.Fatalf("in flight %d, want 1", got)
 	}
 }
 
@@ -449,53 +455,66 @@ func TestStaleGenerationTwiceFails(t *testing.T) {
 }
 
 // DESIGN.md: a dispatch whose run stream is not opened within the bound is
-// released and admitted again, once; the second timeout fails the request.
-func TestDispatchTimeoutReleasesAndReadmitsOnce(t *testing.T) {
+// released and admitted again, once, without the candidate that failed; with
+// no other candidate the first failure is the answer.
+func TestDispatchTimeoutReleases(t *testing.T) {
 	e := startEdge(t, testConfig())
 	n := e.connect(t, hello("n1", prov("p1", normalized, 1, "m1")))
 	res := e.dispatchAsync(context.Background(), chatReq("m1"))
-	// The node never opens a run: it sees dispatch, cancel, dispatch, cancel
-	// (a cancel and the next dispatch in either order).
-	var ids []string
-	cancels := map[string]bool{}
-	d := n.nextDispatch(t)
-	for attempt := range 2 {
-		ids = append(ids, d.GetRunId())
-		e.clk.waitArmed(t, testDispatchTimeout, 1)
-		e.clk.Advance(testDispatchTimeout - time.Millisecond)
-		select {
-		case r := <-res:
-			t.Fatalf("attempt %d: Dispatch returned %v before the timeout", attempt, r.err)
-		default:
-		}
-		e.clk.Advance(time.Millisecond)
-		for want := 1 + (1 - attempt); want > 0; want-- {
-			switch m := n.next(t); {
-			case m.GetCancel() != nil:
-				cancels[m.GetCancel().GetRunId()] = true
-			case m.GetDispatch() != nil:
-				d = m.GetDispatch()
-			default:
-				t.Fatalf("unexpected %v", m)
-			}
-		}
+	d := n.nextDispatch(t) // and never opens the run
+	e.clk.waitArmed(t, testDispatchTimeout, 1)
+	e.clk.Advance(testDispatchTimeout - time.Millisecond)
+	select {
+	case r := <-res:
+		t.Fatalf("Dispatch returned %v before the timeout", r.err)
+	default:
 	}
-	if !cancels[ids[0]] || !cancels[ids[1]] {
-		t.Errorf("cancels %v, want both runs %v", cancels, ids)
-	}
+	e.clk.Advance(time.Millisecond)
 	r := wait(t, res)
 	if !errors.Is(r.err, ErrDispatchTimeout) {
 		t.Fatalf("Dispatch = %v, want ErrDispatchTimeout", r.err)
 	}
-	if ids[0] == ids[1] {
-		t.Fatalf("re-admission reused run id %s", ids[0])
-	}
 	if got := e.inFlight("n1", "p1"); got != 0 {
 		t.Fatalf("in flight %d, want 0", got)
 	}
-	rs := n.openRun(t, ids[0], n.gen)
+	if c := n.nextCancel(t); c.GetRunId() != d.GetRunId() {
+		t.Errorf("cancel %v, want run %s", c, d.GetRunId())
+	}
+	rs := n.openRun(t, d.GetRunId(), n.gen)
 	if _, err := rs.Recv(); status.Code(err) != codes.NotFound {
 		t.Errorf("late open: %v, want NotFound", err)
+	}
+}
+
+// Regression (breaker report): a node that never opens its runs, or refuses
+// them, took every request for its model while a healthy provider sat idle.
+// The request is admitted again to the other candidate.
+func TestRegression_SilentOrRefusingNodeDoesNotTakeTraffic(t *testing.T) {
+	for _, refuse := range []bool{false, true} {
+		t.Run(fmt.Sprintf("refuse=%v", refuse), func(t *testing.T) {
+			e := startEdge(t, testConfig())
+			bad := e.connect(t, hello("a-bad", prov("a", normalized, 1, "m1")))
+			good := e.connect(t, hello("z-good", prov("z", normalized, 1, "m1")))
+			res := e.dispatchAsync(context.Background(), chatReq("m1"))
+			d := bad.nextDispatch(t) // ties go to provider "a"
+			if refuse {
+				bad.send(t, &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_DispatchRefused{DispatchRefused: &nodev1.DispatchRefused{RunId: d.GetRunId(), Reason: "broken"}}})
+			} else {
+				e.clk.waitArmed(t, testDispatchTimeout, 1)
+				e.clk.Advance(testDispatchTimeout)
+			}
+			d2 := good.nextDispatch(t)
+			rs := good.openRun(t, d2.GetRunId(), good.gen)
+			readBody(t, rs)
+			r := wait(t, res)
+			if r.err != nil {
+				t.Fatalf("Dispatch = %v, want a run on the healthy node", r.err)
+			}
+			defer r.run.Close("test")
+			if r.run.Info().NodeID != "z-good" || e.inFlight("a-bad", "a") != 0 {
+				t.Fatalf("run on %s, bad node in flight %d", r.run.Info().NodeID, e.inFlight("a-bad", "a"))
+			}
+		})
 	}
 }
 
@@ -793,5 +812,30 @@ func TestShutdownEndsRuns(t *testing.T) {
 	}
 	if snap := e.svc.Snapshot(); snap.Leases != 0 {
 		t.Fatalf("%d leases after shutdown", snap.Leases)
+	}
+}
+
+// Regression (breaker report): long_capacity was never enforced because no
+// request was ever classified long-context. A request whose estimated prompt
+// reaches long_context_tokens needs a free long slot.
+func TestRegression_LongContextRequestsRespectLongCapacity(t *testing.T) {
+	cfg := testConfig()
+	cfg.LongContextTokens = 1000
+	e := startEdge(t, cfg)
+	p := prov("p1", normalized, 2, "m1")
+	p.LongCapacity = 1
+	n := e.connect(t, hello("n1", p))
+	long := chatReq("m1")
+	long.EstimatedInputTokens = 1000
+	e.startRun(t, n, long)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	res := e.dispatchAsync(ctx, long)
+	waitFor(t, func() bool { return e.svc.Snapshot().Waiters == 1 })
+	// A short request still gets the provider's second slot.
+	e.startRun(t, n, chatReq("m1"))
+	cancel()
+	if r := wait(t, res); !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("queued long request: %v", r.err)
 	}
 }

@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"net"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -438,5 +439,17 @@ func recvAll(r *Run) ([]*nodev1.RunUp, error) {
 			return got, err
 		}
 		got = append(got, m)
+	}
+}
+
+// waitFor polls cond until it holds, failing after the failsafe.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(failsafe)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached")
+		}
+		runtime.Gosched()
 	}
 }

@@ -94,24 +94,49 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (*Run, error) {
 	if err := req.validate(); err != nil {
 		return nil, err
 	}
-	run, err := s.dispatchOnce(ctx, req)
-	if errors.Is(err, ErrStaleGeneration) || errors.Is(err, ErrDispatchTimeout) {
-		// DESIGN.md: a dispatch sent on a replaced generation, or whose run
-		// stream was not opened in time, is released and admitted again, once.
-		run, err = s.dispatchOnce(ctx, req)
+	if s.cfg.LongContextTokens > 0 && req.EstimatedInputTokens >= s.cfg.LongContextTokens {
+		req.Long = true
 	}
-	return run, err
+	run, failed, err := s.dispatchOnce(ctx, req, nil)
+	if !retryable(err) {
+		return run, err
+	}
+	// DESIGN.md: a dispatch that never reached a provider (sent on a
+	// replaced generation, not opened in time, refused, or lost with its
+	// node before the run opened) is released and admitted again, once,
+	// without the candidate that failed.
+	s.log.Info("dispatch failed before the run opened; admitting again", "model", req.Model, "node", failed.NodeID, "provider", failed.ProviderID, "err", err)
+	run, _, err2 := s.dispatchOnce(ctx, req, &failed)
+	if errors.Is(err2, scheduler.ErrNoProvider) {
+		// No other candidate. A node that went away leaves the model
+		// without a provider (503); other failures are reported as they were.
+		if errors.Is(err, ErrNodeGone) || errors.Is(err, ErrStaleGeneration) {
+			return nil, fmt.Errorf("%w: %w", scheduler.ErrProviderUnavailable, err)
+		}
+		return nil, err
+	}
+	return run, err2
 }
 
-func (s *Service) dispatchOnce(ctx context.Context, req Request) (*Run, error) {
+// retryable reports whether a dispatch failed before any provider saw the
+// request, so admitting it again is safe.
+func retryable(err error) bool {
+	return errors.Is(err, ErrStaleGeneration) || errors.Is(err, ErrDispatchTimeout) ||
+		errors.Is(err, ErrDispatchRefused) || errors.Is(err, ErrNodeGone)
+}
+
+// dispatchOnce admits req (never to the candidate exclude, if set) and
+// dispatches it; it returns the run, or the candidate it tried and why it
+// failed.
+func (s *Service) dispatchOnce(ctx context.Context, req Request, exclude *scheduler.Candidate) (*Run, scheduler.Candidate, error) {
 	lease, err := s.sched.Admit(ctx, scheduler.Request{
 		Group:                req.Model,
 		Long:                 req.Long,
 		EstimatedInputTokens: req.EstimatedInputTokens,
-		Resolve:              s.resolver(req.Model, req.Needs),
+		Resolve:              s.resolver(req.Model, req.Needs, exclude),
 	})
 	if err != nil {
-		return nil, err
+		return nil, scheduler.Candidate{}, err
 	}
 	runID := newRunID()
 	lease.Track(runID)
@@ -122,7 +147,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request) (*Run, error) {
 	c, p := s.reg.lookup(cand.NodeID, cand.Generation, cand.ProviderID)
 	if c == nil {
 		lease.Release("stale generation")
-		return nil, fmt.Errorf("%w: node %q generation %d was replaced before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
+		return nil, cand, fmt.Errorf("%w: node %q generation %d was replaced before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
 	}
 	li := lease.Info()
 	r := &Run{
@@ -166,7 +191,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request) (*Run, error) {
 	}}}
 	if !c.enqueue(msg) {
 		r.finish("stale generation", nil, false)
-		return nil, fmt.Errorf("%w: node %q generation %d closed before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
+		return nil, cand, fmt.Errorf("%w: node %q generation %d closed before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
 	}
 
 	for _, step := range []chan struct{}{r.opened, r.bodySent} {
@@ -180,24 +205,28 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request) (*Run, error) {
 			if err == nil {
 				err = fmt.Errorf("%w: run %q ended before it started", ErrNodeGone, runID)
 			}
-			return nil, err
+			return nil, cand, err
 		}
 	}
-	return r, nil
+	return r, cand, nil
 }
 
 // resolver returns the request-local resolver the scheduler calls under its
 // lock: the catalog's candidates for model that have every capability in
 // needs.
-func (s *Service) resolver(model string, needs []string) func() ([]scheduler.Candidate, error) {
+func (s *Service) resolver(model string, needs []string, exclude *scheduler.Candidate) func() ([]scheduler.Candidate, error) {
 	return func() ([]scheduler.Candidate, error) {
 		cands, err := s.cat.resolve(model)
 		if err != nil {
 			return nil, err
 		}
 		out := make([]scheduler.Candidate, 0, len(cands))
-		missing := ""
+		missing, excluded := "", false
 		for _, c := range cands {
+			if exclude != nil && c.NodeID == exclude.NodeID && c.ProviderID == exclude.ProviderID && c.Generation == exclude.Generation {
+				excluded = true
+				continue
+			}
 			if m := c.prov.lacks(needs); m != "" {
 				if missing == "" {
 					missing = m
@@ -205,6 +234,9 @@ func (s *Service) resolver(model string, needs []string) func() ([]scheduler.Can
 				continue
 			}
 			out = append(out, c.Candidate)
+		}
+		if len(out) == 0 && missing == "" && excluded {
+			return nil, fmt.Errorf("%w %q but the one that failed", scheduler.ErrNoProvider, model)
 		}
 		if len(out) == 0 {
 			return nil, fmt.Errorf("%w: no provider for model %q has capability %q", scheduler.ErrCandidatesRejected, model, missing)
