@@ -94,7 +94,17 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 		_ = stream.Send(&nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_HelloRefused{HelloRefused: &nodev1.HelloRefused{Reason: err.Error()}}})
 		return err
 	}
-	if old := s.reg.add(c); old != nil {
+	old := s.reg.add(c)
+	cause := errors.New("unknown")
+	defer func() { s.closeConn(c, cause) }()
+	// Activate before the old connection is fenced and before Welcome, so a
+	// request that the replaced connection loses is admitted again onto this
+	// one at once. Dispatches wait in the outbox until after Welcome.
+	if err := s.sched.Activate(c.nodeID, c.gen, s.reg.specs(c), func() bool { return s.reg.isCurrent(c) }); err != nil {
+		cause = fmt.Errorf("%w: %w", errActivate, err)
+		return cause
+	}
+	if old != nil {
 		// A replaced connection that was still heartbeating usually means
 		// two running nodes share one node_id: they will keep replacing
 		// each other. Say so loudly.
@@ -106,8 +116,6 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 		}
 		old.supersede()
 	}
-	cause := errors.New("unknown")
-	defer func() { s.closeConn(c, cause) }()
 	log := s.log.With("node", c.nodeID, "generation", c.gen)
 
 	// Heartbeats tick on the injected clock; the tick that finds the node
@@ -127,10 +135,6 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 	if err := stream.Send(welcome); err != nil {
 		cause = err
 		return err
-	}
-	if err := s.sched.Activate(c.nodeID, c.gen, s.reg.specs(c), func() bool { return s.reg.isCurrent(c) }); err != nil {
-		cause = fmt.Errorf("%w: %w", errActivate, err)
-		return cause
 	}
 	s.reg.notify()
 	log.Info("node connected", "label", c.label, "version", c.version, "providers", len(c.providers))
