@@ -14,7 +14,9 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"iop/internal/clock"
 	"iop/internal/node/adapter"
@@ -193,10 +195,15 @@ func (a *Agent) generationChanged() <-chan struct{} {
 
 // Run connects to the edge and serves it until ctx ends, reconnecting after
 // every lost connection with exponential backoff (ReconnectMin doubling up
-// to ReconnectMax, full jitter; reset after each Welcome). It returns nil
+// to ReconnectMax, full jitter; reset after a connection that lasted
+// stableSession). It returns nil
 // when ctx ends, after every run and goroutine it started has finished;
 // ErrAlreadyRunning if another Run is active; or an error if the edge
 // address cannot be used at all.
+// stableSession is how long a welcomed connection must last for the next
+// reconnect to start from ReconnectMin again.
+const stableSession = 10 * time.Second
+
 func (a *Agent) Run(ctx context.Context) error {
 	if !a.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
@@ -218,6 +225,7 @@ func (a *Agent) Run(ctx context.Context) error {
 				return err
 			}
 		}
+		start := a.clock.Now()
 		welcomed, err := a.session(ctx, nodev1.NewNodeGatewayClient(cc))
 		if ctx.Err() != nil {
 			return nil
@@ -228,14 +236,20 @@ func (a *Agent) Run(ctx context.Context) error {
 			cc.Close()
 			cc = nil
 		}
-		if welcomed {
+		// Reset the backoff only after a connection that lasted: one replaced
+		// at once (two nodes sharing a node_id) must not reconnect in a
+		// tight loop.
+		if welcomed && a.clock.Now().Sub(start) >= stableSession {
 			attempt = 0
 		}
 		wait := a.backoff(attempt)
 		attempt++
-		if errors.Is(err, ErrHelloRefused) {
+		switch {
+		case errors.Is(err, ErrHelloRefused):
 			a.logger.Error("edge refused the node", "err", err, "retry_in", wait)
-		} else {
+		case status.Code(err) == codes.FailedPrecondition:
+			a.logger.Error("the edge replaced this connection with a newer one of the same node_id: is another node running with it?", "node_id", a.cfg.NodeID, "err", err, "retry_in", wait)
+		default:
 			a.logger.Warn("connection to edge ended", "err", err, "retry_in", wait)
 		}
 		if !a.sleep(ctx, wait) {

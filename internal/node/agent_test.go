@@ -535,3 +535,30 @@ func TestAgentHelloTimeout(t *testing.T) {
 	connect(t, e, 2, hour)
 	waitGeneration(t, a, 2)
 }
+
+// TestRegression_ReplacedAtOnceBacksOff: two nodes sharing a node_id made the
+// edge replace each one's connection right after its Welcome; the backoff
+// reset on every Welcome, so both reconnected about every 100 ms forever.
+// A connection that did not last keeps growing the backoff, and the
+// replacement is logged at error level naming the node_id.
+func TestRegression_ReplacedAtOnceBacksOff(t *testing.T) {
+	e, addr := startEdge(t)
+	clk := newTestClock()
+	logs := &logRecorder{}
+	a := startAgent(t, testConfig(addr, ProviderConfig{ID: "p", Type: "openai", BaseURL: "http://127.0.0.1:1", Models: []string{"m"}}), clk, logs)
+	gen := uint64(1)
+	for _, wait := range []time.Duration{3 * time.Second, 6 * time.Second, 12 * time.Second} {
+		c := connect(t, e, gen, hour)
+		waitGeneration(t, a, gen)
+		c.end <- status.Error(codes.FailedPrecondition, "connection superseded by a newer one of the same node")
+		waitGeneration(t, a, 0)
+		clk.waitArmed(t, wait)
+		clk.Advance(wait)
+		gen++
+	}
+	if !logs.find(slog.LevelError, "superseded") {
+		t.Error("replacement not logged at error level")
+	}
+	connect(t, e, gen, hour)
+	waitGeneration(t, a, gen)
+}

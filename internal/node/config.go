@@ -19,7 +19,7 @@ import (
 // Defaults applied to zero fields of Config and ProviderConfig.
 const (
 	DefaultReconnectMin    = 200 * time.Millisecond
-	DefaultReconnectMax    = 30 * time.Second
+	DefaultReconnectMax    = 10 * time.Second
 	DefaultProviderTimeout = 10 * time.Minute
 	DefaultOllamaURL       = "http://127.0.0.1:11434"
 )
@@ -40,7 +40,7 @@ const (
 //	token: s3cret
 //	runtime_concurrency: 4
 //	reconnect_min: 200ms
-//	reconnect_max: 30s
+//	reconnect_max: 10s
 //	providers:
 //	  - id: local-ollama
 //	    type: ollama
@@ -73,7 +73,7 @@ type Config struct {
 	// Providers are the model servers this node drives; at least one.
 	Providers []ProviderConfig `yaml:"providers"`
 	// ReconnectMin and ReconnectMax bound the exponential reconnect
-	// backoff (full jitter); defaults 200ms and 30s.
+	// backoff (full jitter); defaults 200ms and 10s.
 	ReconnectMin time.Duration `yaml:"reconnect_min"`
 	ReconnectMax time.Duration `yaml:"reconnect_max"`
 	// Version is reported in Hello; set by the binary, not by YAML.
