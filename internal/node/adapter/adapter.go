@@ -59,8 +59,9 @@ func (f EventSinkFunc) Send(events ...*nodev1.RunEvent) error { return f(events.
 // TunnelSink receives a tunneled answer: Head once, then Data for each chunk
 // in the order it arrived from the provider.
 type TunnelSink interface {
-	// Head receives the provider's status and the headers to relay
-	// (hop-by-hop headers and Content-Length removed).
+	// Head receives the status and the headers to relay: only the
+	// allowlisted ones (see [OpenAI.Tunnel]), never hop-by-hop headers or
+	// Content-Length.
 	Head(status int, h http.Header) error
 	// Data receives the next chunk of the body. p is only valid during the
 	// call: the adapter reuses it.
@@ -118,7 +119,7 @@ type httpProvider struct {
 	timeout   time.Duration
 	client    *http.Client
 	transport *http.Transport
-	redactor  *strings.Replacer // hides baseURL, its host and apiKey
+	redactor  *strings.Replacer // hides baseURL, its origin, its host, its password and apiKey
 }
 
 func newHTTPProvider(cfg Config) (*httpProvider, error) {
@@ -149,12 +150,20 @@ func newHTTPProvider(cfg Config) (*httpProvider, error) {
 		IdleConnTimeout:       90 * time.Second,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
+		// The tunnel relays few headers; refuse a provider's oversized ones.
+		MaxResponseHeaderBytes: 1 << 20,
 		// Ask for identity encoding so a tunnel relays exactly the bytes
 		// the provider produced, and SSE is never held back by a decoder.
 		DisableCompression: true,
 	}
 	base := strings.TrimRight(cfg.BaseURL, "/")
-	secrets := []string{base, "[provider]", u.Host, "[provider]"}
+	// Longest first: at any one position a Replacer tries its patterns in
+	// argument order, so the full URL wins over its origin, the origin over
+	// the bare host.
+	secrets := []string{base, "[provider]", u.Scheme + "://" + u.Host, "[provider]", u.Host, "[provider]"}
+	if pw, ok := u.User.Password(); ok && pw != "" {
+		secrets = append(secrets, pw, "[redacted]")
+	}
 	if cfg.APIKey != "" {
 		secrets = append(secrets, cfg.APIKey, "[redacted]")
 	}
@@ -175,7 +184,9 @@ func newHTTPProvider(cfg Config) (*httpProvider, error) {
 // Close drops idle connections.
 func (p *httpProvider) Close() { p.transport.CloseIdleConnections() }
 
-// redact removes the provider's URL, host and API key from s.
+// redact removes the provider's URL (in full, its scheme and host, its host
+// alone), any password in it, and its API key from s; "Bearer <key>" thus
+// becomes "Bearer [redacted]".
 func (p *httpProvider) redact(s string) string { return p.redactor.Replace(s) }
 
 // call is one provider request in flight.

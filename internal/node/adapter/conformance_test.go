@@ -32,8 +32,9 @@ import (
 //     Ollama behind an authenticating proxy (or the simulator with APIKey
 //     set) needs it.
 //   - Error answers: the normalized path returns an *adapter.Error carrying
-//     the provider's status; the tunnel relays the provider's status and
-//     error body as they are and returns nil.
+//     the provider's status; the tunnel relays the provider's status with an
+//     OpenAI error body (the provider's own, redacted, or one built for it)
+//     and returns nil.
 //   - A stream cut mid-body: the normalized path returns an *adapter.Error
 //     of kind ErrProviderStream (502) and sends no COMPLETE (the ERROR event
 //     is the caller's to send); the tunnel has already relayed the head (200)

@@ -10,9 +10,12 @@
 //   - tunnel ([Tunneler]): the provider is OpenAI-compatible (OpenAI, vLLM,
 //     llama.cpp server, ...). [OpenAI] posts the body, with only its
 //     top-level "model" rewritten to the served model, to
-//     {base_url}/chat/completions, /completions or /embeddings and relays the
-//     response status, headers and body bytes unchanged, chunk by chunk as
-//     they arrive (SSE passes through untouched).
+//     {base_url}/chat/completions, /completions or /embeddings and relays a
+//     2xx answer's status and body bytes unchanged, chunk by chunk as they
+//     arrive (SSE passes through untouched), with an allowlist of its
+//     headers. An error answer (4xx, 5xx) is relayed as one OpenAI error
+//     object with the provider's status, scrubbed of its URL and key; a
+//     redirect is a 502.
 //
 // # Outcomes
 //
@@ -25,8 +28,8 @@
 //   - an [*Error]: the provider request failed. Its Status and Message are
 //     safe to show a client: they never hold the provider's URL or API key.
 //     Status is the provider's own HTTP status when it answered non-2xx
-//     (normalized path only; the tunnel relays error answers as they are),
-//     502 when it could not be reached or broke its stream, 504 on timeout,
+//     (normalized path; the tunnel relays error answers as OpenAI error
+//     objects instead), 502 for a redirect, 502 when it could not be reached or broke its stream, 504 on timeout,
 //     400 when the request body cannot be translated.
 //   - an error wrapping [ErrCancelled]: the caller's context ended; the
 //     upstream HTTP request has been aborted.

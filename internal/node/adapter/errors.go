@@ -36,8 +36,8 @@ type Error struct {
 	// ErrProviderTimeout, ErrProviderStream, ErrBadRequest.
 	Kind error
 	// Status is the HTTP status to report: the provider's own status for
-	// ErrProviderStatus, 502 unreachable or stream failure, 504 timeout,
-	// 400 bad request.
+	// ErrProviderStatus (502 when it was a redirect or out of range), 502
+	// unreachable or stream failure, 504 timeout, 400 bad request.
 	Status int
 	// Message describes the failure; it never holds the provider's URL or
 	// API key.

@@ -2,11 +2,15 @@ package adapter
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"iop/internal/wire/nodev1"
 )
@@ -17,9 +21,33 @@ const tunnelChunk = 32 << 10
 
 var chunkPool = sync.Pool{New: func() any { b := make([]byte, tunnelChunk); return &b }}
 
+// maxHeaderValue is the longest response header value a tunnel relays; a
+// longer value is dropped (a provider's 200 KB header would otherwise reach
+// clients whose header limits are far smaller).
+const maxHeaderValue = 8 << 10
+
+// maxFallbackMessage bounds the message of an error object the tunnel builds
+// from a non-OpenAI error body (see [OpenAI.Tunnel]).
+const maxFallbackMessage = 1 << 10
+
+// relayedHeaders are the response headers a tunnel relays, by canonical
+// name; relayedPrefixes the header families it relays. Everything else is
+// dropped: Set-Cookie and Location (the provider's session and internal
+// addresses), Server and Via (its software), hop-by-hop headers and
+// Content-Length (they describe the provider's connection, not the edge's),
+// and any header a client has no use for.
+var (
+	relayedHeaders = map[string]bool{
+		"Content-Type": true, "Cache-Control": true, "Retry-After": true, "X-Request-Id": true,
+	}
+	relayedPrefixes = []string{"Openai-", "X-Ratelimit-"}
+	// privateHeaders name the operator's provider account: never relayed.
+	privateHeaders = map[string]bool{"Openai-Organization": true, "Openai-Project": true}
+)
+
 // hopByHop are the headers that describe one HTTP connection, not the
 // message (RFC 9110 section 7.6.1), plus Content-Length, which the edge
-// recomputes; none of them is relayed either way.
+// recomputes; a tunnel forwards none of them to the provider.
 var hopByHop = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
@@ -63,9 +91,36 @@ func (o *OpenAI) Close() { o.p.Close() }
 // req.ServedModel, to {base_url}/chat/completions, /completions or
 // /embeddings (by req.Op), with Content-Type application/json, the
 // provider's API key as a bearer token, and the forwardable req.Headers.
-// It relays the answer's status and headers (any status: an error answer
-// is the provider's to tell) and then each chunk of the body as Read
-// returned it. Failures are reported as the package doc describes.
+// What it relays depends on the answer's status:
+//
+//   - 2xx: the status, the allowlisted headers, then each chunk of the body
+//     as Read returned it, byte for byte.
+//   - 4xx and 5xx (an error answer, the provider's to tell): the same
+//     status, the allowlisted headers with Content-Type application/json,
+//     and one OpenAI error object {"error":{"message","type","param",
+//     "code"}} built from at most the first 64 KiB of the body. A body with
+//     an OpenAI-shaped "error" object (one with a string "message") keeps
+//     its message, type, param and code (a number becomes a string) and
+//     loses every other field, which may carry the provider's raw text.
+//     Any other body (HTML or text from a proxy, vLLM's {"object":"error",
+//     "message",...}, TGI's {"error":"..."}, a truncated one) becomes type
+//     "upstream_error" with the body's own message if it is JSON and has
+//     one (at most 1 KiB), else "upstream returned HTTP <status>", and code
+//     the body's "code" or else the status. Every string relayed has the
+//     provider's URL, host and API key (thus "Bearer <key>") redacted.
+//   - anything else (a redirect, which is never followed, or a status
+//     outside 200-599): nothing; it returns an *Error of kind
+//     ErrProviderStatus with status 502 and a message that names only the
+//     status (never Location).
+//
+// The allowlisted headers are Content-Type, Cache-Control, Retry-After,
+// X-Request-Id, Openai-* and X-Ratelimit-*, minus those the provider's
+// Connection header names and any value over 8 KiB, with the provider's URL
+// and API key redacted. Everything else (Set-Cookie, Location, Server, Via,
+// hop-by-hop headers, Content-Length, ...) is dropped: it describes the
+// provider's connection or exposes its internals to clients.
+//
+// Failures are reported as the package doc describes.
 func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error {
 	var path string
 	switch req.Op {
@@ -94,7 +149,18 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 		return err
 	}
 	defer c.close()
-	if err := sink.Head(c.resp.StatusCode, relayHeader(c.resp.Header)); err != nil {
+	switch status := c.resp.StatusCode; {
+	case status >= 200 && status <= 299:
+	case status >= 400 && status <= 599:
+		return o.relayError(c, sink)
+	case status >= 300 && status <= 399:
+		return &Error{Kind: ErrProviderStatus, Status: http.StatusBadGateway,
+			Message: fmt.Sprintf("provider answered with a redirect (%d); redirects are not followed", status)}
+	default:
+		return &Error{Kind: ErrProviderStatus, Status: http.StatusBadGateway,
+			Message: fmt.Sprintf("provider answered with unexpected status %d", status)}
+	}
+	if err := sink.Head(c.resp.StatusCode, o.relayHeader(c.resp.Header)); err != nil {
 		return sinkFailed(err)
 	}
 	bufp := chunkPool.Get().(*[]byte)
@@ -126,17 +192,150 @@ func isHopByHop(k string) bool {
 	return false
 }
 
-// relayHeader is h without hop-by-hop headers, those h's Connection header
-// names, and Content-Length.
-func relayHeader(h http.Header) http.Header {
-	out := h.Clone()
+// relayHeader is the part of h a tunnel relays: the allowlisted headers
+// (see Tunnel) not named by h's Connection header, each value at most
+// maxHeaderValue bytes and redacted.
+func (o *OpenAI) relayHeader(h http.Header) http.Header {
+	hop := map[string]bool{}
 	for _, v := range h.Values("Connection") {
 		for _, name := range strings.Split(v, ",") {
-			out.Del(strings.TrimSpace(name))
+			hop[http.CanonicalHeaderKey(strings.TrimSpace(name))] = true
 		}
 	}
-	for _, k := range hopByHop {
-		out.Del(k)
+	out := make(http.Header, len(relayedHeaders))
+	for k, vs := range h {
+		k = http.CanonicalHeaderKey(k)
+		if hop[k] || !relayedHeader(k) {
+			continue
+		}
+		for _, v := range vs {
+			if len(v) <= maxHeaderValue {
+				out[k] = append(out[k], o.p.redact(v))
+			}
+		}
 	}
 	return out
+}
+
+// relayedHeader reports whether the canonical header name k is allowlisted.
+func relayedHeader(k string) bool {
+	if relayedHeaders[k] {
+		return true
+	}
+	if privateHeaders[k] {
+		return false
+	}
+	for _, p := range relayedPrefixes {
+		if strings.HasPrefix(k, p) && len(k) > len(p) {
+			return true
+		}
+	}
+	return false
+}
+
+// openAIError is the error object of an OpenAI error answer.
+type openAIError struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    *string `json:"code"`
+}
+
+// relayError relays a 4xx or 5xx answer as one OpenAI error object (see
+// Tunnel), built from at most errorBodyLimit bytes of its body.
+func (o *OpenAI) relayError(c *call, sink TunnelSink) error {
+	data, err := io.ReadAll(io.LimitReader(c.resp.Body, errorBodyLimit))
+	if err != nil && c.parent.Err() != nil {
+		return c.failure(err, true)
+	}
+	// A read that failed otherwise leaves a truncated body, which gets the
+	// generic message: the status is still the provider's answer.
+	// Marshal cannot fail on strings and string pointers.
+	body, _ := json.Marshal(struct {
+		Error openAIError `json:"error"`
+	}{o.errorObject(c.resp.StatusCode, data)})
+	h := o.relayHeader(c.resp.Header)
+	h.Set("Content-Type", "application/json")
+	if err := sink.Head(c.resp.StatusCode, h); err != nil {
+		return sinkFailed(err)
+	}
+	if err := sink.Data(body); err != nil {
+		return sinkFailed(err)
+	}
+	return nil
+}
+
+// errorObject is the redacted OpenAI error object for an error answer with
+// the given status and (possibly truncated) body.
+func (o *OpenAI) errorObject(status int, data []byte) openAIError {
+	e := openAIError{Type: "upstream_error"}
+	var doc map[string]json.RawMessage
+	if json.Unmarshal(data, &doc) != nil { // not JSON, or not an object
+		doc = nil
+	}
+	var obj struct {
+		Message *string         `json:"message"`
+		Type    *string         `json:"type"`
+		Param   json.RawMessage `json:"param"`
+		Code    json.RawMessage `json:"code"`
+	}
+	if raw, ok := doc["error"]; ok && json.Unmarshal(raw, &obj) == nil && obj.Message != nil {
+		// OpenAI-shaped: keep its four fields, drop the rest.
+		e.Message = o.p.redact(*obj.Message)
+		if obj.Type != nil && *obj.Type != "" {
+			e.Type = o.p.redact(*obj.Type)
+		}
+		e.Param = o.scalarText(obj.Param)
+		e.Code = o.scalarText(obj.Code)
+	} else {
+		// vLLM/SGLang {"object":"error","message"}, TGI {"error":"..."},
+		// FastAPI {"detail":"..."}; anything else has no message to keep.
+		for _, k := range []string{"message", "error", "detail"} {
+			var s string
+			if json.Unmarshal(doc[k], &s) == nil && strings.TrimSpace(s) != "" {
+				// Redact before cutting, so no secret is cut in half.
+				e.Message = truncate(o.p.redact(s), maxFallbackMessage)
+				break
+			}
+		}
+		e.Code = o.scalarText(doc["code"])
+		if e.Code == nil {
+			code := strconv.Itoa(status)
+			e.Code = &code
+		}
+	}
+	if e.Message == "" {
+		e.Message = fmt.Sprintf("upstream returned HTTP %d", status)
+	}
+	return e
+}
+
+// scalarText is raw as redacted text if it is a JSON string or number, else
+// nil (null, absent, or a value an OpenAI client does not expect).
+func (o *OpenAI) scalarText(raw json.RawMessage) *string {
+	if isNull(raw) {
+		return nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		var n json.Number
+		if json.Unmarshal(raw, &n) != nil {
+			return nil
+		}
+		s = n.String()
+	}
+	s = o.p.redact(s)
+	return &s
+}
+
+// truncate cuts s to at most n bytes on a rune boundary, marking the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - len("…")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }
