@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"time"
@@ -18,16 +19,17 @@ import (
 
 // devConfig configures `iop dev`: an edge and an in-process node in one
 // process, reaching each other over the same gRPC path a remote node uses.
+// Its YAML shape (`iop dev --config`) uses the field names below.
 type devConfig struct {
-	Listen     string // HTTP API address
-	NodeListen string // node endpoint address; default an ephemeral loopback port
-	ForceSim   bool   // use the simulator even if a local Ollama answers
-	OllamaURL  string // where to look for a local Ollama; "" = never
+	Listen     string `yaml:"listen"`      // HTTP API address
+	NodeListen string `yaml:"node_listen"` // node endpoint address; default an ephemeral loopback port
+	ForceSim   bool   `yaml:"sim"`         // use the simulator even if a local Ollama answers
+	OllamaURL  string `yaml:"ollama_url"`  // where to look for a local Ollama; "" = never
 	// The simulated providers: capacity each, token rate (tokens/s) and
 	// time to first token.
-	SimCapacity        int
-	SimTokensPerSecond float64
-	SimTTFT            time.Duration
+	SimCapacity        int           `yaml:"sim_capacity"`
+	SimTokensPerSecond float64       `yaml:"sim_tokens_per_second"`
+	SimTTFT            time.Duration `yaml:"sim_ttft"`
 }
 
 // Names used by the simulated providers of `iop dev`.
@@ -46,6 +48,7 @@ func newDevCommand(logLevel *string) *cobra.Command {
 		SimTokensPerSecond: 50,
 		SimTTFT:            150 * time.Millisecond,
 	}
+	var configPath string
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run an edge with an in-process node (a local Ollama if one answers, else the simulator)",
@@ -55,20 +58,21 @@ func newDevCommand(logLevel *string) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := loadConfig(cmd, configPath, &cfg); err != nil {
+				return err
+			}
 			ctx, stop := signalContext()
 			defer stop()
 			d, err := startDev(ctx, cfg, logger)
 			if err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
-			fmt.Fprintf(out, "\niop dev is ready: %s\n", d.Summary)
-			fmt.Fprintf(out, "  OpenAI-compatible API: http://%s/v1\n", d.Edge.HTTPAddr)
-			fmt.Fprintf(out, "  try:\n    curl -N http://%s/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\":%q,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n\n", d.Edge.HTTPAddr, d.Model)
+			printBanner(cmd.OutOrStdout(), d)
 			return d.Wait()
 		},
 	}
 	fl := cmd.Flags()
+	fl.StringVar(&configPath, "config", "", "YAML config file (flags override it)")
 	fl.StringVar(&cfg.Listen, "listen", cfg.Listen, "HTTP API listen address")
 	fl.StringVar(&cfg.NodeListen, "node-listen", cfg.NodeListen, "node endpoint (gRPC) listen address; remote nodes may join too")
 	fl.BoolVar(&cfg.ForceSim, "sim", false, "use the built-in simulator even if a local Ollama answers")
@@ -84,8 +88,23 @@ type devStack struct {
 	Agent   *node.Agent
 	Sims    []*sim.Server // the simulated providers, if used
 	Model   string        // the model name to try
+	Models  []string      // the served model names behind it
 	Summary string        // what serves it, for people
 	done    chan error
+}
+
+// printBanner tells a person where iop dev listens and what to try.
+func printBanner(out io.Writer, d *devStack) {
+	base := "http://" + d.Edge.HTTPAddr
+	fmt.Fprintf(out, "\niop dev is ready: %s\n", d.Summary)
+	fmt.Fprintf(out, "  OpenAI-compatible API: %s/v1   (node endpoint for more nodes: %s)\n", base, d.Edge.NodeAddr)
+	fmt.Fprintf(out, "  try:\n")
+	fmt.Fprintf(out, "    curl -N %s/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\":%q,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n", base, d.Model)
+	fmt.Fprintf(out, "    curl %s/v1/models\n", base)
+	if len(d.Models) > 1 {
+		fmt.Fprintf(out, "  %q goes to the least loaded of %v (ties: lowest provider id); name one of them to pick it.\n", d.Model, d.Models)
+	}
+	fmt.Fprintln(out)
 }
 
 // startDev starts the edge, the simulated providers (unless a local Ollama
@@ -116,6 +135,7 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 	if len(ollamaModels) > 0 {
 		providers = append(providers, node.ProviderConfig{ID: "ollama", Type: node.TypeOllama, BaseURL: cfg.OllamaURL, Models: ollamaModels, Capacity: 1})
 		edgeCfg.Models = map[string]edge.ModelConfig{devAlias: {Targets: ollamaModels}}
+		d.Models = ollamaModels
 		d.Model, d.Summary = devAlias, fmt.Sprintf("local Ollama at %s (%d models; alias %q → %s)", cfg.OllamaURL, len(ollamaModels), devAlias, ollamaModels[0])
 	} else {
 		for _, p := range []struct {
@@ -142,55 +162,71 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 			}
 			stops = append(stops, stop)
 			d.Sims = append(d.Sims, s)
+			// The simulator takes tools and images (and answers with text),
+			// so a client that sends them can be tried against iop dev.
 			providers = append(providers, node.ProviderConfig{
 				ID: p.id, Type: node.TypeSim, Protocol: string(p.protocol), BaseURL: url + p.path,
-				Models: []string{p.model}, Capacity: cfg.SimCapacity,
+				Models: []string{p.model}, Capacity: cfg.SimCapacity, Capabilities: []string{"tools", "vision"},
 			})
+			d.Models = append(d.Models, p.model)
 		}
 		edgeCfg.Models = map[string]edge.ModelConfig{devAlias: {Targets: []string{devOllamaModel, devOpenAIModel}}}
 		d.Model, d.Summary = devAlias, fmt.Sprintf("simulator (alias %q → %s [normalized path], %s [tunnel path])", devAlias, devOllamaModel, devOpenAIModel)
 	}
 
-	e, err := startEdge(ctx, edgeCfg, logger)
+	// The in-process node outlives ctx until the edge has drained its
+	// requests, then stops before the edge's node endpoint does.
+	agentCtx, stopAgent := context.WithCancel(context.Background())
+	agentDone := make(chan error, 1)
+	agentStarted := make(chan struct{})
+	var agentErr error // set by afterDrain, read after the edge stopped
+	afterDrain := func() {
+		stopAgent()
+		select {
+		case <-agentStarted:
+			agentErr = <-agentDone
+		default:
+		}
+	}
+	e, err := startEdge(ctx, edgeCfg, logger, afterDrain)
 	if err != nil {
+		stopAgent()
 		return fail(err)
 	}
 	d.Edge = e
+	stopEdge := func() { cancel(); e.Wait() }
 	agent, err := node.New(node.Config{
 		NodeID:    "dev",
 		Label:     "iop dev in-process node",
+		Version:   version,
 		Edge:      e.NodeAddr,
 		Providers: providers,
 	}, logger)
 	if err != nil {
-		cancel()
-		e.Wait()
+		stopEdge()
 		return fail(err)
 	}
 	d.Agent = agent
-	agentDone := make(chan error, 1)
-	go func() { agentDone <- agent.Run(ctx) }()
+	close(agentStarted)
+	go func() { agentDone <- agent.Run(agentCtx) }()
 	select {
 	case <-agent.Ready():
 	case err := <-agentDone:
-		cancel()
-		e.Wait()
+		agentDone <- err // for afterDrain
+		stopEdge()
 		return fail(fmt.Errorf("in-process node stopped: %w", err))
 	case <-time.After(30 * time.Second):
-		cancel()
-		e.Wait()
-		<-agentDone
+		stopEdge()
 		return fail(errors.New("in-process node did not connect within 30s"))
 	}
 	go func() {
 		<-ctx.Done()
 		cancel()
-		aerr := <-agentDone
 		eerr := e.Wait()
 		for _, stop := range stops {
 			stop()
 		}
-		d.done <- errors.Join(eerr, aerr)
+		d.done <- errors.Join(eerr, agentErr)
 	}()
 	return d, nil
 }

@@ -51,7 +51,7 @@ func startTestEdge(t *testing.T, ctx context.Context, models map[string]edge.Mod
 	cfg := edge.DefaultConfig()
 	cfg.Listen, cfg.NodeListen = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Models = models
-	e, err := startEdge(ctx, cfg, quietLogger())
+	e, err := startEdge(ctx, cfg, quietLogger(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

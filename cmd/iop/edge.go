@@ -35,7 +35,7 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 			}
 			ctx, stop := signalContext()
 			defer stop()
-			e, err := startEdge(ctx, cfg, logger)
+			e, err := startEdge(ctx, cfg, logger, nil)
 			if err != nil {
 				return err
 			}
@@ -64,8 +64,10 @@ type edgeProcess struct {
 }
 
 // startEdge listens on cfg.Listen and cfg.NodeListen and serves until ctx
-// ends. It returns once both listeners are open.
-func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger) (*edgeProcess, error) {
+// ends. It returns once both listeners are open. When ctx ends it drains the
+// HTTP API (up to shutdownGrace), calls afterDrain (if set; iop dev stops
+// its in-process node there), then stops the node endpoint.
+func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterDrain func()) (*edgeProcess, error) {
 	srv, err := edge.NewServer(cfg, edge.Deps{Logger: logger, Clock: scheduler.RealClock()})
 	if err != nil {
 		return nil, err
@@ -85,8 +87,11 @@ func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger) (*edge
 	}, gateway{svc}, logger)
 	httpSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
 	e := &edgeProcess{Service: svc, HTTPAddr: httpLis.Addr().String(), NodeAddr: nodeLis.Addr().String(), done: make(chan error, 1)}
+	// The node endpoint outlives ctx until the HTTP API has drained, so the
+	// requests in flight at shutdown can finish.
+	grpcCtx, stopGRPC := context.WithCancel(context.Background())
 	grpcDone := make(chan error, 1)
-	go func() { grpcDone <- srv.Serve(ctx, nodeLis) }()
+	go func() { grpcDone <- srv.Serve(grpcCtx, nodeLis) }()
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- httpSrv.Serve(httpLis) }()
 	go func() {
@@ -95,14 +100,23 @@ func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger) (*edge
 		case <-ctx.Done():
 		case err = <-httpDone:
 			httpDone <- err
+		case err = <-grpcDone:
+			grpcDone <- err
 		}
-		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		logger.Info("edge shutting down: draining requests in flight", "grace", shutdownGrace)
+		drainCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 		defer cancel()
-		_ = httpSrv.Shutdown(shutdownCtx)
-		httpSrv.Close()
+		if derr := httpSrv.Shutdown(drainCtx); derr != nil {
+			logger.Warn("requests still in flight after the grace period were cut", "grace", shutdownGrace)
+			httpSrv.Close()
+		}
 		if herr := <-httpDone; !errors.Is(herr, http.ErrServerClosed) && err == nil {
 			err = herr
 		}
+		if afterDrain != nil {
+			afterDrain()
+		}
+		stopGRPC()
 		if gerr := <-grpcDone; err == nil {
 			err = gerr
 		}
@@ -110,6 +124,9 @@ func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger) (*edge
 	}()
 	return e, nil
 }
+
+// shutdownGrace bounds how long a stopping edge waits for requests in flight.
+const shutdownGrace = 10 * time.Second
 
 // Wait blocks until the edge has stopped and returns why.
 func (e *edgeProcess) Wait() error { return <-e.done }

@@ -21,6 +21,7 @@ func newNodeCommand(logLevel *string) *cobra.Command {
 			if err := loadConfig(cmd, configPath, &cfg); err != nil {
 				return err
 			}
+			cfg.Version = version
 			agent, err := node.New(cfg, logger)
 			if err != nil {
 				return err

@@ -58,7 +58,7 @@ func newSimCommand(logLevel *string) *cobra.Command {
 					DropAfter:   f.Faults.DropAfter,
 					Hang:        f.Faults.Hang,
 				},
-			}, logger.With("component", "sim"))
+			}, logger)
 			if err != nil {
 				return err
 			}
