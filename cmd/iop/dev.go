@@ -54,11 +54,8 @@ func newDevCommand(logLevel *string) *cobra.Command {
 		Short: "Run an edge with an in-process node (a local Ollama if one answers, else the simulator)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			logger, err := newLogger(*logLevel)
+			logger, err := setUp(cmd, *logLevel, configPath, &cfg)
 			if err != nil {
-				return err
-			}
-			if err := loadConfig(cmd, configPath, &cfg); err != nil {
 				return err
 			}
 			ctx, stop := signalContext()

@@ -26,11 +26,8 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 		Short: "Run the edge: the HTTP API for clients and the gRPC endpoint for nodes",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			logger, err := newLogger(*logLevel)
+			logger, err := setUp(cmd, *logLevel, configPath, &cfg)
 			if err != nil {
-				return err
-			}
-			if err := loadConfig(cmd, configPath, &cfg); err != nil {
 				return err
 			}
 			ctx, stop := signalContext()

@@ -53,6 +53,19 @@ func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 }
 
+// setUp makes the command's logger at level and loads its config file (if
+// any) into cfg, under the flags the user set.
+func setUp(cmd *cobra.Command, level, configPath string, cfg any) (*slog.Logger, error) {
+	logger, err := newLogger(level)
+	if err != nil {
+		return nil, err
+	}
+	if err := loadConfig(cmd, configPath, cfg); err != nil {
+		return nil, err
+	}
+	return logger, nil
+}
+
 // loadConfig decodes the YAML file at path (if any) into v, the struct the
 // command's flags are bound to, then re-applies the flags the user set, so
 // flags override the file and the file overrides defaults.

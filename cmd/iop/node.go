@@ -14,11 +14,8 @@ func newNodeCommand(logLevel *string) *cobra.Command {
 		Short: "Run a node: dial the edge and serve its dispatches with local model servers",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			logger, err := newLogger(*logLevel)
+			logger, err := setUp(cmd, *logLevel, configPath, &cfg)
 			if err != nil {
-				return err
-			}
-			if err := loadConfig(cmd, configPath, &cfg); err != nil {
 				return err
 			}
 			cfg.Version = version

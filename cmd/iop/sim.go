@@ -36,11 +36,8 @@ func newSimCommand(logLevel *string) *cobra.Command {
 		Short: "Run a model server simulator speaking the Ollama or OpenAI wire protocol",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			logger, err := newLogger(*logLevel)
+			logger, err := setUp(cmd, *logLevel, configPath, &f)
 			if err != nil {
-				return err
-			}
-			if err := loadConfig(cmd, configPath, &f); err != nil {
 				return err
 			}
 			s, err := sim.New(sim.Config{

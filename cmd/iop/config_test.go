@@ -1,0 +1,43 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// A flag the user set overrides the file; the file overrides defaults.
+func TestLoadConfigFlagsOverrideFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dev.yaml")
+	if err := os.WriteFile(path, []byte("listen: 127.0.0.1:9999\nsim_capacity: 2\nsim_ttft: 1s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := devConfig{Listen: "default", SimCapacity: 4, SimTTFT: 5 * time.Second}
+	cmd := &cobra.Command{Use: "x"}
+	cmd.Flags().StringVar(&cfg.Listen, "listen", cfg.Listen, "")
+	cmd.Flags().IntVar(&cfg.SimCapacity, "sim-capacity", cfg.SimCapacity, "")
+	cmd.Flags().DurationVar(&cfg.SimTTFT, "sim-ttft", cfg.SimTTFT, "")
+	if err := cmd.Flags().Parse([]string{"--sim-capacity", "7"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := loadConfig(cmd, path, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Listen != "127.0.0.1:9999" || cfg.SimCapacity != 7 || cfg.SimTTFT != time.Second {
+		t.Fatalf("config %+v", cfg)
+	}
+}
+
+func TestLoadConfigRejectsUnknownFields(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "edge.yaml")
+	if err := os.WriteFile(path, []byte("lisen: 127.0.0.1:1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var cfg devConfig
+	if err := loadConfig(&cobra.Command{Use: "x"}, path, &cfg); err == nil {
+		t.Fatal("a misspelt field was accepted")
+	}
+}
