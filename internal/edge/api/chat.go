@@ -29,7 +29,7 @@ var forwardedHeaders = []string{"Accept", "X-Request-Id"}
 // 415 non-JSON Content-Type, then whatever classify maps a dispatch or
 // upstream failure to.
 func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
-	body, err := h.readBody(w, r)
+	body, err := h.readBody(r)
 	if err != nil {
 		h.writeError(w, r, err, nil)
 		return
@@ -63,7 +63,7 @@ func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	}()
 
 	info := run.Info()
-	logger := h.logger.With("run_id", info.RunID, "model", req.Model, "node_id", info.NodeID,
+	logger := h.logger.With("run_id", info.RunID, "model", clip(req.Model), "node_id", info.NodeID,
 		"provider_id", info.ProviderID, "path", info.Path.String())
 	rr := &runResponse{h: h, w: w, r: r, run: run, req: &req}
 	switch info.Path {
@@ -80,17 +80,22 @@ func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	default:
 		reason = rr.fail(errUnknownPath)
 	}
-	logger.Debug("run ended", "reason", reason, "queue_wait", info.QueueWait)
+	logger.Debug("run ended", "reason", reason, "queue_wait", info.QueueWait, "aborted", rr.abort)
+	if rr.abort {
+		// After the deferred Close, with the reason above; net/http then
+		// drops the connection instead of ending the body cleanly.
+		panic(http.ErrAbortHandler)
+	}
 }
 
-// readBody reads a request body of at most Config.MaxBodyBytes, after
-// checking its Content-Type. Errors: errUnsupportedMedia, errBodyTooLarge,
-// or a *requestError when the body cannot be read.
-func (h *handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+// readBody reads a request body (ServeHTTP caps it at Config.MaxBodyBytes),
+// after checking its Content-Type. Errors: errUnsupportedMedia,
+// errBodyTooLarge, or a *requestError when the body cannot be read.
+func (h *handler) readBody(r *http.Request) ([]byte, error) {
 	if !isJSONContentType(r.Header.Get("Content-Type")) {
 		return nil, errUnsupportedMedia
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
+	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
@@ -134,6 +139,10 @@ type runResponse struct {
 	// started is set once the status line was written; from then on a
 	// failure can only end the body.
 	started bool
+	// abort is set when a started response was cut short: the handler then
+	// aborts the connection (http.ErrAbortHandler) rather than let net/http
+	// end the body as if it were complete.
+	abort bool
 }
 
 // recv is Run.Recv with its failures turned into outcomes: io.EOF before a
@@ -151,10 +160,11 @@ func (rr *runResponse) recv() (*nodev1.RunUp, error) {
 }
 
 // fail ends a response that failed before its status line: an error answer,
-// or nothing if the client is gone. It returns the Close reason.
+// or nothing if the client is gone (then ServeHTTP aborts the connection).
+// It returns the Close reason.
 func (rr *runResponse) fail(err error) string {
 	if clientGone(rr.r) {
-		rr.h.logger.Debug("client gone", "path", rr.r.URL.Path, "err", err)
+		rr.h.logger.Debug("client gone", "path", clip(rr.r.URL.Path), "err", errorText(err, rr.req))
 		return reasonClientGone
 	}
 	rr.h.writeError(rr.w, rr.r, err, rr.req)

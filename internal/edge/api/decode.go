@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"mime"
+	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -14,6 +17,20 @@ import (
 const (
 	needTools  = "tools"
 	needVision = "vision"
+)
+
+// maxStopSequences is how many "stop" strings a request may give (OpenAI's
+// limit).
+const maxStopSequences = 4
+
+var (
+	// responseFormatTypes are the "response_format" types a request may ask for.
+	responseFormatTypes = []string{"text", "json_object", "json_schema"}
+	// contentPartTypes are the message content part types iop accepts, the
+	// ones every provider of a chat model reads (decodeContent's cases).
+	// Other types (input_audio, file, ...) are rejected here rather than by
+	// the provider after a queue wait.
+	contentPartTypes = []string{"text", "image_url"}
 )
 
 // chatRequest is what the API itself reads from a chat completion request
@@ -46,18 +63,40 @@ const (
 
 // decodeChatRequest reads the fields the API needs from an OpenAI chat
 // completion request body (OpenAI API reference, "Create chat completion")
-// and checks the JSON types of the well-known fields, so a malformed request
-// is answered 400 here instead of by a provider after a queue wait.
+// and checks the well-known fields, so a request that every provider would
+// reject is answered 400 here, the same on every execution path, instead of
+// by the provider after a queue wait.
 //
 // Keys match exactly (case-sensitive, as providers read them); a duplicated
 // key counts by its last occurrence; null counts as absent. Message content
-// may be a string, an array of content parts, or null; a part of type
-// "image_url" makes the request need "vision", and a non-empty "tools" (or
-// legacy "functions") array makes it need "tools".
+// may be a string, an array of content parts of type "text" or "image_url",
+// or null; an "image_url" part makes the request need "vision", and a
+// non-empty "tools" (or legacy "functions") array makes it need "tools".
+//
+// Checked values:
+//
+//	n                        absent or 1: iop answers one choice per request
+//	max_tokens,              an integer in [1, 2147483647]
+//	max_completion_tokens
+//	seed                     an integer in the int64 range
+//	temperature, top_p,      a number that fits a float64
+//	presence_penalty,
+//	frequency_penalty
+//	stop                     a string, or an array of at most 4 strings
+//	response_format          an object whose "type" is text, json_object or
+//	                         json_schema ("json_schema", if given, an object)
+//	messages[i].name         a string
+//	messages[i].tool_calls   an array of objects
+//
+// An integer must be written as a JSON integer: 1e0 or 1.0 is rejected,
+// with a message saying so, although its value is integral. The body is
+// forwarded byte for byte, and providers that decode into Go integers
+// (Ollama's OpenAI layer, for one) reject such a literal; accepting it here
+// would bring back the after-queue 400 this check exists to prevent.
 //
 // Every error is a *requestError whose param names the field in the form
 // "messages[2].content[0].type" ("" when the body as a whole is not a JSON
-// object).
+// object). A client value quoted in its message is clipped (clip).
 func decodeChatRequest(body []byte) (chatRequest, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {
@@ -96,25 +135,36 @@ func decodeChatRequest(body []byte) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 
-	// Fields the API does not use, checked so that a wrong type fails fast.
+	// Fields the API does not use, checked so that a request every provider
+	// would reject fails here, before it waits in a queue.
+	if err := decodeN(top["n"]); err != nil {
+		return chatRequest{}, err
+	}
 	for _, f := range []struct {
-		name string
-		want string
-		dst  any
+		name     string
+		min, max int64
 	}{
-		{"max_tokens", wantInteger, new(int64)},
-		{"max_completion_tokens", wantInteger, new(int64)},
-		{"n", wantInteger, new(int64)},
-		{"seed", wantInteger, new(int64)},
-		{"temperature", wantNumber, new(float64)},
-		{"top_p", wantNumber, new(float64)},
-		{"presence_penalty", wantNumber, new(float64)},
-		{"frequency_penalty", wantNumber, new(float64)},
-		{"user", wantString, new(string)},
+		{"max_tokens", 1, math.MaxInt32},
+		{"max_completion_tokens", 1, math.MaxInt32},
+		{"seed", math.MinInt64, math.MaxInt64},
 	} {
-		if err := decodeField(top, f.name, f.want, f.dst); err != nil {
+		if err := decodeInteger(top[f.name], f.name, f.min, f.max); err != nil {
 			return chatRequest{}, err
 		}
+	}
+	for _, name := range []string{"temperature", "top_p", "presence_penalty", "frequency_penalty"} {
+		if err := decodeNumber(top[name], name); err != nil {
+			return chatRequest{}, err
+		}
+	}
+	if err := decodeField(top, "user", wantString, new(string)); err != nil {
+		return chatRequest{}, err
+	}
+	if err := decodeStop(top["stop"]); err != nil {
+		return chatRequest{}, err
+	}
+	if err := decodeResponseFormat(top["response_format"]); err != nil {
+		return chatRequest{}, err
 	}
 
 	var tools, functions []json.RawMessage
@@ -158,6 +208,12 @@ func decodeMessages(raw json.RawMessage) (chars int, vision bool, err error) {
 		}
 		if role == "" {
 			return 0, false, &requestError{param: param + ".role", message: "each message must have a role"}
+		}
+		if err := decodeNested(msg, param+".name", "name", wantString, new(string)); err != nil {
+			return 0, false, err
+		}
+		if err := decodeObjects(msg["tool_calls"], param+".tool_calls"); err != nil {
+			return 0, false, err
 		}
 		n, v, err := decodeContent(msg["content"], param+".content")
 		if err != nil {
@@ -209,12 +265,165 @@ func decodeContent(raw json.RawMessage, param string) (chars int, vision bool, e
 				chars += utf8.RuneCountInString(text)
 			case "image_url":
 				vision = true
+			default:
+				return 0, false, &requestError{param: partParam + ".type",
+					message: fmt.Sprintf("content part type %s is not supported; use %s",
+						strconv.Quote(clip(typ)), strings.Join(contentPartTypes, " or "))}
 			}
 		}
 		return chars, vision, nil
 	default:
 		return 0, false, &requestError{param: param, message: "expected a string or an array of content parts, got " + jsonKind(raw)}
 	}
+}
+
+// decodeObjects checks that raw, when present, is an array of objects.
+func decodeObjects(raw json.RawMessage, param string) error {
+	var elems []json.RawMessage
+	if err := decodeValue(raw, param, wantArray, &elems); err != nil {
+		return err
+	}
+	for i, elem := range elems {
+		if firstByte(elem) != '{' {
+			return &requestError{param: fmt.Sprintf("%s[%d]", param, i), message: "expected an object, got " + jsonKind(elem)}
+		}
+	}
+	return nil
+}
+
+// decodeStop checks "stop": a string, or an array of at most
+// maxStopSequences strings.
+func decodeStop(raw json.RawMessage) error {
+	switch firstByte(raw) {
+	case 0, 'n', '"': // absent, null, a string
+		return nil
+	case '[':
+		var seqs []json.RawMessage
+		if err := decodeValue(raw, "stop", wantArray, &seqs); err != nil {
+			return err
+		}
+		if len(seqs) > maxStopSequences {
+			return &requestError{param: "stop",
+				message: fmt.Sprintf("at most %d stop sequences are allowed, got %d", maxStopSequences, len(seqs))}
+		}
+		for i, seq := range seqs {
+			if firstByte(seq) != '"' {
+				return &requestError{param: fmt.Sprintf("stop[%d]", i), message: "expected a string, got " + jsonKind(seq)}
+			}
+		}
+		return nil
+	default:
+		return &requestError{param: "stop",
+			message: fmt.Sprintf("expected a string or an array of at most %d strings, got %s", maxStopSequences, jsonKind(raw))}
+	}
+}
+
+// decodeResponseFormat checks "response_format": an object whose "type" is
+// one of responseFormatTypes; for json_schema, "json_schema" (if given)
+// must be an object.
+func decodeResponseFormat(raw json.RawMessage) error {
+	if isAbsent(raw) {
+		return nil
+	}
+	var rf map[string]json.RawMessage
+	if err := decodeValue(raw, "response_format", wantObject, &rf); err != nil {
+		return err
+	}
+	var typ string
+	if err := decodeNested(rf, "response_format.type", "type", wantString, &typ); err != nil {
+		return err
+	}
+	if typ == "" {
+		return &requestError{param: "response_format.type", message: "a response format must have a type"}
+	}
+	if !slices.Contains(responseFormatTypes, typ) {
+		return &requestError{param: "response_format.type", message: fmt.Sprintf("must be one of %s, got %s",
+			strings.Join(responseFormatTypes, ", "), strconv.Quote(clip(typ)))}
+	}
+	if typ == "json_schema" {
+		return decodeNested(rf, "response_format.json_schema", "json_schema", wantObject, new(map[string]json.RawMessage))
+	}
+	return nil
+}
+
+// decodeN checks "n", the number of choices. iop answers one choice per
+// request, so only 1 is accepted: ignoring a larger n would answer a
+// different question than the client asked.
+func decodeN(raw json.RawMessage) error {
+	lit, err := numberLiteral(raw, "n", wantInteger)
+	if lit == "" || err != nil {
+		return err
+	}
+	if v, ok := parseInteger(lit); ok && v == 1 {
+		return nil
+	}
+	if integralIn(lit, 1, 1) {
+		return notPlainInteger("n", lit)
+	}
+	return &requestError{param: "n", message: "only n=1 is supported (iop answers one choice per request), got " + clip(lit)}
+}
+
+// decodeInteger checks that raw, when present, is a JSON integer in
+// [min, max].
+func decodeInteger(raw json.RawMessage, param string, min, max int64) error {
+	lit, err := numberLiteral(raw, param, wantInteger)
+	if lit == "" || err != nil {
+		return err
+	}
+	if v, ok := parseInteger(lit); ok && v >= min && v <= max {
+		return nil
+	}
+	if integralIn(lit, min, max) {
+		return notPlainInteger(param, lit)
+	}
+	return &requestError{param: param, message: fmt.Sprintf("must be an integer between %d and %d, got %s", min, max, clip(lit))}
+}
+
+// decodeNumber checks that raw, when present, is a JSON number that fits a
+// float64. (One too small to represent is 0, as encoding/json reads it.)
+func decodeNumber(raw json.RawMessage, param string) error {
+	lit, err := numberLiteral(raw, param, wantNumber)
+	if lit == "" || err != nil {
+		return err
+	}
+	if _, err := strconv.ParseFloat(lit, 64); err != nil {
+		return &requestError{param: param, message: "number out of range, got " + clip(lit)}
+	}
+	return nil
+}
+
+// numberLiteral returns the JSON number literal raw holds, "" if raw is
+// absent or null, or a *requestError if raw is another JSON type. raw must
+// be a valid JSON value.
+func numberLiteral(raw json.RawMessage, param, want string) (string, error) {
+	if isAbsent(raw) {
+		return "", nil
+	}
+	if c := firstByte(raw); c != '-' && (c < '0' || c > '9') {
+		return "", &requestError{param: param, message: fmt.Sprintf("expected %s, got %s", want, jsonKind(raw))}
+	}
+	return string(bytes.TrimSpace(raw)), nil
+}
+
+// parseInteger returns the value of a JSON number literal written as an
+// integer (no fraction, no exponent) that fits an int64.
+func parseInteger(lit string) (int64, bool) {
+	if strings.ContainsAny(lit, ".eE") {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(lit, 10, 64)
+	return v, err == nil
+}
+
+// integralIn reports whether a JSON number literal has an integral value in
+// [min, max] (as near as a float64 tells).
+func integralIn(lit string, min, max int64) bool {
+	f, err := strconv.ParseFloat(lit, 64)
+	return err == nil && f == math.Trunc(f) && f >= float64(min) && f < float64(max)+1
+}
+
+func notPlainInteger(param, lit string) error {
+	return &requestError{param: param, message: "must be an integer written without a fraction or exponent, got " + clip(lit)}
 }
 
 // decodeField decodes top[name] into dst, which is left alone when the key

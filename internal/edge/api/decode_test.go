@@ -1,10 +1,13 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestDecodeChatRequest(t *testing.T) {
@@ -24,8 +27,6 @@ func TestDecodeChatRequest(t *testing.T) {
 			want: chatRequest{Model: "m", EstimatedInputTokens: 1}},
 		{name: "legacy functions need tools", body: `{"model":"m","functions":[{"name":"f"}],"messages":[{"role":"user","content":"x"}]}`,
 			want: chatRequest{Model: "m", Needs: []string{"tools"}, EstimatedInputTokens: 1}},
-		{name: "other part types", body: `{"model":"m","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{}},{"type":"text","text":"abcd"}]}]}`,
-			want: chatRequest{Model: "m", EstimatedInputTokens: 1}},
 		{name: "keys are case-sensitive", body: `{"Model":"m","model":"n","messages":[{"role":"user","content":"x"}]}`,
 			want: chatRequest{Model: "n", EstimatedInputTokens: 1}},
 		{name: "last duplicate wins", body: `{"model":1,"model":"m","messages":[{"role":"user","content":"x"}]}`,
@@ -41,6 +42,10 @@ func TestDecodeChatRequest(t *testing.T) {
 		{name: "stream_options not an object", body: `{"model":"m","stream_options":true,"messages":[{"role":"user","content":"x"}]}`, wantParam: "stream_options"},
 		{name: "n a string", body: `{"model":"m","n":"2","messages":[{"role":"user","content":"x"}]}`, wantParam: "n"},
 		{name: "a string body", body: `"hello"`, wantParam: "-"},
+		// Was accepted and forwarded until providers were found to reject it
+		// after the queue wait; see TestRegression_ProviderRejectedValuesCaughtAtAPI.
+		{name: "other part types", body: `{"model":"m","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{}},{"type":"text","text":"abcd"}]}]}`,
+			wantParam: "messages[0].content[0].type"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -68,8 +73,9 @@ func TestDecodeChatRequest(t *testing.T) {
 
 // FuzzDecodeChatRequest feeds the decoder arbitrary client bodies. Corpus:
 // testdata/fuzz/FuzzDecodeChatRequest. It must never panic; an accepted body
-// must be a JSON object with a model, and a rejected one must yield a
-// *requestError that renders as an OpenAI error body.
+// must be a JSON object with a model whose checked fields a provider can
+// read (acceptedFieldsOK), and a rejected one must yield a *requestError that
+// renders as a short OpenAI error body in valid UTF-8.
 func FuzzDecodeChatRequest(f *testing.F) {
 	for _, seed := range []string{
 		simpleChat,
@@ -78,6 +84,8 @@ func FuzzDecodeChatRequest(f *testing.F) {
 		`{"model":"","messages":[]}`,
 		`[]`,
 		`{`,
+		`{"model":"m","n":2,"max_tokens":0,"temperature":1e400,"stop":5,"messages":[{"role":"user","content":"x"}]}`,
+		`{"model":"m","n":1,"max_tokens":1,"seed":-1,"stop":["a"],"response_format":{"type":"json_schema","json_schema":{}},"messages":[{"role":"assistant","name":"a","tool_calls":[{}]}]}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -95,6 +103,10 @@ func FuzzDecodeChatRequest(f *testing.F) {
 			if _, err := json.Marshal(errorBody{Error: e}); err != nil {
 				t.Fatalf("error body does not marshal: %v", err)
 			}
+			// One quoted client value (clipped, maybe escaped) and some words.
+			if len(e.Message) > 4*maxQuotedBytes+256 || !utf8.ValidString(e.Message) {
+				t.Fatalf("message of %d bytes (valid UTF-8: %v): %.300q", len(e.Message), utf8.ValidString(e.Message), e.Message)
+			}
 			return
 		}
 		var top map[string]json.RawMessage
@@ -103,6 +115,9 @@ func FuzzDecodeChatRequest(f *testing.F) {
 		}
 		if got.Model == "" {
 			t.Fatal("accepted an empty model")
+		}
+		if err := acceptedFieldsOK(top); err != nil {
+			t.Fatalf("accepted %q: %v", body, err)
 		}
 		if got.EstimatedInputTokens < 0 || got.EstimatedInputTokens > len(body) {
 			t.Fatalf("EstimatedInputTokens = %d for a %d-byte body", got.EstimatedInputTokens, len(body))
@@ -119,4 +134,82 @@ func FuzzDecodeChatRequest(f *testing.F) {
 			t.Fatalf("decoding is not deterministic: %+v then %+v, %v", got, again, err)
 		}
 	})
+}
+
+// acceptedFieldsOK checks, independently of the decoder, the checked fields
+// of a body it accepted: what a provider decoding them into Go types, with
+// OpenAI's limits, would accept.
+func acceptedFieldsOK(top map[string]json.RawMessage) error {
+	present := func(name string) (json.RawMessage, bool) {
+		raw, ok := top[name]
+		return raw, ok && string(bytes.TrimSpace(raw)) != "null"
+	}
+	if raw, ok := present("n"); ok && string(bytes.TrimSpace(raw)) != "1" {
+		return fmt.Errorf("n = %s", raw)
+	}
+	for _, name := range []string{"max_tokens", "max_completion_tokens"} {
+		var v int32
+		if raw, ok := present(name); ok && (json.Unmarshal(raw, &v) != nil || v < 1) {
+			return fmt.Errorf("%s = %s", name, raw)
+		}
+	}
+	var seed int64
+	if raw, ok := present("seed"); ok && json.Unmarshal(raw, &seed) != nil {
+		return fmt.Errorf("seed = %s", raw)
+	}
+	for _, name := range []string{"temperature", "top_p", "presence_penalty", "frequency_penalty"} {
+		var f float64
+		if raw, ok := present(name); ok && json.Unmarshal(raw, &f) != nil {
+			return fmt.Errorf("%s = %s", name, raw)
+		}
+	}
+	if raw, ok := present("stop"); ok {
+		var one string
+		var many []json.RawMessage
+		if json.Unmarshal(raw, &one) != nil {
+			if json.Unmarshal(raw, &many) != nil || len(many) > 4 {
+				return fmt.Errorf("stop = %s", raw)
+			}
+			for _, s := range many {
+				if firstByte(s) != '"' {
+					return fmt.Errorf("stop = %s", raw)
+				}
+			}
+		}
+	}
+	if raw, ok := present("response_format"); ok {
+		var rf map[string]json.RawMessage // not a struct: keys match exactly
+		var typ string
+		if json.Unmarshal(raw, &rf) != nil || json.Unmarshal(rf["type"], &typ) != nil ||
+			!slices.Contains(responseFormatTypes, typ) {
+			return fmt.Errorf("response_format = %s", raw)
+		}
+	}
+	var messages []map[string]json.RawMessage
+	if err := json.Unmarshal(top["messages"], &messages); err != nil {
+		return fmt.Errorf("messages: %v", err)
+	}
+	for i, msg := range messages {
+		var name string
+		var toolCalls []map[string]json.RawMessage
+		var parts []map[string]json.RawMessage
+		if raw, ok := msg["name"]; ok && json.Unmarshal(raw, &name) != nil {
+			return fmt.Errorf("messages[%d].name = %s", i, raw)
+		}
+		if raw, ok := msg["tool_calls"]; ok && json.Unmarshal(raw, &toolCalls) != nil {
+			return fmt.Errorf("messages[%d].tool_calls = %s", i, raw)
+		}
+		if raw := msg["content"]; firstByte(raw) == '[' {
+			if err := json.Unmarshal(raw, &parts); err != nil {
+				return fmt.Errorf("messages[%d].content = %s", i, raw)
+			}
+			for j, p := range parts {
+				var typ string
+				if json.Unmarshal(p["type"], &typ) != nil || !slices.Contains(contentPartTypes, typ) {
+					return fmt.Errorf("messages[%d].content[%d].type = %s", i, j, p["type"])
+				}
+			}
+		}
+	}
+	return nil
 }

@@ -32,8 +32,18 @@
 // failure after the response headers were sent cannot change the status: an
 // SSE stream then ends with one `data: {"error":{...}}` event and no
 // `data: [DONE]`, and any other body is cut off by aborting the connection,
-// so a client never mistakes a failed answer for a complete one. Nothing is
-// written once the client has gone away.
+// so a client never mistakes a failed answer for a complete one.
+//
+// Nothing more is written once the request's context ends (the client has
+// gone away), and the connection is aborted (http.ErrAbortHandler) instead
+// of letting net/http end the exchange: a handler that wrote nothing would
+// otherwise become an empty "200 OK", and a started body would end cleanly.
+// This matters for a client that half-closes its connection after sending
+// the request: net/http cancels the context on that EOF, yet the client is
+// still reading (ServeHTTP).
+//
+// Client-provided text quoted in an error message or a log line (a model
+// name, a path, a field's value) is clipped to 256 bytes (clip).
 //
 // # Concurrency
 //

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Dispatch outcomes a Gateway reports, by wrapping one of them (for example
@@ -53,6 +55,8 @@ var (
 
 // requestError is a client request that cannot be served as sent: 400, with
 // param naming the offending field ("" when the body as a whole is bad).
+// Its Error text, "param: message", is the error body's message, so the
+// message says which field is wrong even where a client shows only it.
 type requestError struct {
 	param   string
 	message string
@@ -101,13 +105,14 @@ const (
 
 // classify is the one mapping from an outcome of this package or of the
 // Gateway to an HTTP status and OpenAI error body. req, when not nil, is the
-// request being served; messages may name its model and needs. Messages
-// never carry text from errors of unknown origin (they could hold provider
-// addresses); upstream messages come from the node, which strips secrets.
+// request being served; messages may name its model (clipped) and needs.
+// Messages never carry text from errors of unknown origin (they could hold
+// provider addresses); upstream messages come from the node, which strips
+// secrets.
 func classify(err error, req *Request) *apiError {
 	model := ""
 	if req != nil {
-		model = req.Model
+		model = clip(req.Model)
 	}
 	var (
 		reqErr *requestError
@@ -115,7 +120,7 @@ func classify(err error, req *Request) *apiError {
 	)
 	switch {
 	case errors.As(err, &reqErr):
-		return newAPIError(http.StatusBadRequest, "invalid_request_error", reqErr.param, "invalid_request", reqErr.message)
+		return newAPIError(http.StatusBadRequest, "invalid_request_error", reqErr.param, "invalid_request", reqErr.Error())
 	case errors.Is(err, errNotFound):
 		return newAPIError(http.StatusNotFound, "invalid_request_error", "", "unknown_url", err.Error())
 	case errors.Is(err, errMethodNotAllowed):
@@ -198,7 +203,7 @@ func newAPIError(status int, typ, param, code, message string) *apiError {
 // gateway's text (which names the missing capability) without the sentinel's
 // own prefix, and the request's needs when that text names none of them.
 func rejectedMessage(err error, req *Request) string {
-	msg := err.Error()
+	msg := errorText(err, req)
 	for strings.HasPrefix(msg, ErrCandidatesRejected.Error()+": ") {
 		msg = strings.TrimPrefix(msg, ErrCandidatesRejected.Error()+": ")
 	}
@@ -221,4 +226,56 @@ func dispatchReason(err error) string {
 		}
 	}
 	return "unknown"
+}
+
+// Bounds on client-provided text in what the API writes or logs, so that a
+// 1 MB model name does not make a 1 MB error body or log line.
+const (
+	// maxQuotedBytes bounds one client value quoted in an error message or
+	// a log line: a model name, a URL path, a field's value.
+	maxQuotedBytes = 256
+	// maxErrorTextBytes bounds the text of an error that may embed client
+	// values among other words (a gateway error naming the model), in a
+	// log line or a message.
+	maxErrorTextBytes = 1024
+)
+
+// clip returns s cut to at most maxQuotedBytes bytes of valid UTF-8, ending
+// in "…" when it was cut; invalid bytes become U+FFFD.
+func clip(s string) string { return clipTo(s, maxQuotedBytes) }
+
+// clipTo is clip with a bound of limit bytes (at least len("…")).
+func clipTo(s string, limit int) string {
+	if len(s) <= limit && utf8.ValidString(s) {
+		return s
+	}
+	const ellipsis = "…"
+	out := make([]byte, 0, limit)
+	cut := 0 // the longest rune-aligned prefix of out that leaves room for the ellipsis
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:]) // an invalid byte is (RuneError, 1)
+		if len(out)+utf8.RuneLen(r) > limit {
+			return string(out[:cut]) + ellipsis
+		}
+		out = utf8.AppendRune(out, r)
+		if len(out) <= limit-len(ellipsis) {
+			cut = len(out)
+		}
+		i += size
+	}
+	return string(out)
+}
+
+// errorText is err's text for a log line or a message: the request's model
+// name, wherever the text quotes it, clipped; the whole text clipped to
+// maxErrorTextBytes.
+func errorText(err error, req *Request) string {
+	text := err.Error()
+	if req != nil {
+		if short := clip(req.Model); short != req.Model {
+			text = strings.ReplaceAll(text, strconv.Quote(req.Model), strconv.Quote(short))
+			text = strings.ReplaceAll(text, req.Model, short)
+		}
+	}
+	return clipTo(text, maxErrorTextBytes)
 }

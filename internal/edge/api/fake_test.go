@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -156,11 +157,17 @@ type testEnv struct {
 // newEnv starts a server; dispatch scripts the gateway.
 func newEnv(t *testing.T, cfg Config, dispatch func(context.Context, Request) (Run, error)) *testEnv {
 	t.Helper()
+	return newEnvLogging(t, cfg, nil, dispatch)
+}
+
+// newEnvLogging is newEnv with the handler logging to logger.
+func newEnvLogging(t *testing.T, cfg Config, logger *slog.Logger, dispatch func(context.Context, Request) (Run, error)) *testEnv {
+	t.Helper()
 	if cfg.Now == nil {
 		cfg.Now = func() time.Time { return time.Unix(1700000000, 0) }
 	}
 	env := &testEnv{t: t, gw: &fakeGateway{models: []string{"m", "alias"}, dispatch: dispatch}}
-	h := New(cfg, env.gw, nil)
+	h := New(cfg, env.gw, logger)
 	env.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		env.handlers.Add(1)
 		defer env.handlers.Done()

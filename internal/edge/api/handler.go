@@ -47,7 +47,31 @@ type route struct {
 
 const modelsPrefix = "/v1/models/"
 
+// ServeHTTP routes a request. It caps the body at Config.MaxBodyBytes for
+// every route, and ends any handler that wrote nothing (which happens only
+// when the client has gone away: see writeError) by aborting the
+// connection.
+//
+// Why abort: net/http cancels a request's context as soon as a read on its
+// connection sees EOF, and a client that half-closes its side after sending
+// the request (shutdown(SHUT_WR)) causes exactly that while it is still
+// reading. If a handler then returned without writing, net/http would
+// finish the exchange with an empty "200 OK"; a client still reading would
+// take that for an answer. panic(http.ErrAbortHandler) instead closes the
+// connection with nothing sent, which every client sees as a failed request.
+// (A half-closing client cannot be told apart from one that left, and
+// serving it regardless would keep runs going for departed clients.)
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes)
+	tw := &trackingWriter{ResponseWriter: w}
+	h.route(tw, r)
+	if !tw.wrote {
+		h.logger.Debug("aborting a response with nothing written", "path", clip(r.URL.Path))
+		panic(http.ErrAbortHandler)
+	}
+}
+
+func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 	rt, ok := h.routes[r.URL.Path]
 	if !ok && strings.HasPrefix(r.URL.Path, modelsPrefix) {
 		rt, ok = route{http.MethodGet, h.getModel}, true
@@ -64,17 +88,45 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt.serve(w, r)
 }
 
+// trackingWriter records whether a handler wrote anything: a status line,
+// a body byte, or a flush (which sends the status line).
+type trackingWriter struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (w *trackingWriter) WriteHeader(status int) {
+	w.wrote = true
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *trackingWriter) Write(p []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(p)
+}
+
+// FlushError is here so that a flush through http.ResponseController is
+// seen too; the controller finds the other optional methods by Unwrap.
+func (w *trackingWriter) FlushError() error {
+	w.wrote = true
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *trackingWriter) Flush() { _ = w.FlushError() }
+
+func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 // writeError answers a request with the status and OpenAI error body that
-// classify maps err to, unless the client has gone away (then it writes
-// nothing and logs at debug). It must be called before anything else was
-// written to w.
+// classify maps err to, unless the client has gone away: then it writes
+// nothing, logs at debug, and ServeHTTP aborts the connection. It must be
+// called before anything else was written to w.
 func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error, req *Request) {
-	if r.Context().Err() != nil {
-		h.logger.Debug("client gone before the answer", "path", r.URL.Path, "err", err)
+	if clientGone(r) {
+		h.logger.Debug("client gone before the answer", "path", clip(r.URL.Path), "err", errorText(err, req))
 		return
 	}
 	e := classify(err, req)
-	h.logError(r, e, err)
+	h.logError(r, e, err, req)
 	if e.retryAfter != "" {
 		w.Header().Set("Retry-After", e.retryAfter)
 	}
@@ -85,14 +137,14 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error, 
 }
 
 // logError logs one error answer: server-side failures at warn, client
-// mistakes and back-pressure at debug.
-func (h *handler) logError(r *http.Request, e *apiError, err error) {
+// mistakes and back-pressure at debug. Client text in it is clipped.
+func (h *handler) logError(r *http.Request, e *apiError, err error, req *Request) {
 	level := slog.LevelDebug
 	if e.status >= 500 {
 		level = slog.LevelWarn
 	}
 	h.logger.Log(r.Context(), level, "request failed",
-		"path", r.URL.Path, "status", e.status, "code", deref(e.Code), "err", err)
+		"path", clip(r.URL.Path), "status", e.status, "code", deref(e.Code), "err", errorText(err, req))
 }
 
 func deref(s *string) string {

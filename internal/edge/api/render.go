@@ -93,32 +93,38 @@ func (rr *runResponse) tunnelFail(err error, sse bool) string {
 
 // failStarted ends a response whose status line was already sent. An SSE
 // body gets one `data: {"error":{...}}` event (no [DONE]); any other body
-// cannot signal an error, so the connection is aborted and the client sees
-// a truncated response rather than a complete-looking one. It returns the
-// Close reason (or does not return: http.ErrAbortHandler).
+// cannot signal an error, so it is marked for abort (rr.abort) and the
+// client sees a truncated response rather than a complete-looking one. A
+// response whose client is gone is marked for abort too: a client that only
+// half-closed its connection may still be reading. It returns the Close
+// reason.
 func (rr *runResponse) failStarted(err error, sse bool) string {
 	if clientGone(rr.r) {
-		rr.h.logger.Debug("client gone", "path", rr.r.URL.Path, "err", err)
+		rr.h.logger.Debug("client gone", "path", clip(rr.r.URL.Path), "err", errorText(err, rr.req))
+		rr.abort = true
 		return reasonClientGone
 	}
 	e := classify(err, rr.req)
-	rr.h.logError(rr.r, e, err)
+	rr.h.logError(rr.r, e, err, rr.req)
 	if !sse {
-		// The deferred Close in chatCompletions still runs.
-		panic(http.ErrAbortHandler)
+		rr.abort = true
+		return reasonUpstreamError
 	}
 	if werr := rr.writeEvent(errorBody{Error: e}); werr != nil {
+		rr.abort = true
 		return reasonWriteFailed
 	}
 	return reasonUpstreamError
 }
 
-// writeFailed is the outcome of a failed write to the client.
+// writeFailed is the outcome of a failed write to the client. The response
+// is marked for abort: whatever part of it was sent must not end cleanly.
 func (rr *runResponse) writeFailed(err error) string {
+	rr.abort = true
 	if clientGone(rr.r) {
 		return reasonClientGone
 	}
-	rr.h.logger.Debug("writing the response failed", "path", rr.r.URL.Path, "err", err)
+	rr.h.logger.Debug("writing the response failed", "path", clip(rr.r.URL.Path), "err", err)
 	return reasonWriteFailed
 }
 
