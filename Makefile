@@ -12,8 +12,9 @@ build:
 	$(GO) build -o $(BIN)/iop ./cmd/iop
 
 # Runs the main job: an edge with an in-process node (local Ollama if present, else the simulator).
+# Pass flags with ARGS, e.g. make run ARGS="--listen 127.0.0.1:9090 --sim".
 run:
-	$(GO) run ./cmd/iop dev
+	$(GO) run ./cmd/iop dev $(ARGS)
 
 # Runs every test with the race detector. Installs nothing beyond Go modules today.
 test:

@@ -26,7 +26,9 @@ func newNodeCommand(logLevel *string) *cobra.Command {
 			ctx, stop := signalContext()
 			defer stop()
 			logger.Info("node starting", "node_id", cfg.NodeID, "edge", cfg.Edge, "providers", len(cfg.Providers))
-			return agent.Run(ctx)
+			err = agent.Run(ctx)
+			logger.Info("node stopped", "node_id", cfg.NodeID, "err", err)
+			return err
 		},
 	}
 	fl := cmd.Flags()

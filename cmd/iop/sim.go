@@ -74,7 +74,7 @@ func newSimCommand(logLevel *string) *cobra.Command {
 	fl.Float64Var(&f.TokensPerSecond, "tokens-per-second", 0, "token rate after the first (0 = unlimited)")
 	fl.IntVar(&f.MaxConcurrent, "max-concurrent", 0, "max concurrent requests, over it 429 (0 = unlimited)")
 	fl.Int64Var(&f.Seed, "seed", 0, "seed of the deterministic output")
-	fl.IntVar(&f.DefaultMaxTokens, "default-max-tokens", 0, "tokens per answer when the request sets no limit (default 16)")
+	fl.IntVar(&f.DefaultMaxTokens, "default-max-tokens", 0, "tokens per answer (default 16); a request's max_tokens can only lower it")
 	fl.StringVar(&f.APIKey, "api-key", "", "require this bearer token")
 	fl.Float64Var(&f.Faults.ErrorRate, "error-rate", 0, "fraction of requests answered with --error-status")
 	fl.IntVar(&f.Faults.ErrorStatus, "error-status", 0, "status of injected errors (default 500)")

@@ -109,7 +109,7 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 		// two running nodes share one node_id: they will keep replacing
 		// each other. Say so loudly.
 		if silent := s.clock.Now().Sub(old.seen()); silent < s.cfg.HeartbeatInterval {
-			s.log.Warn("node connection replaced a live one: are two nodes using the same node_id?",
+			s.log.Error("node connection replaced a live one: are two nodes using the same node_id?",
 				"node", c.nodeID, "old_generation", old.gen, "new_generation", c.gen, "old_silent_for", silent)
 		} else {
 			s.log.Info("node reconnected", "node", c.nodeID, "old_generation", old.gen, "new_generation", c.gen)

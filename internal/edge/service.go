@@ -105,7 +105,7 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (*Run, error) {
 	// replaced generation, not opened in time, refused, or lost with its
 	// node before the run opened) is released and admitted again, once,
 	// without the candidate that failed.
-	s.log.Info("dispatch failed before the run opened; admitting again", "model", req.Model, "node", failed.NodeID, "provider", failed.ProviderID, "err", err)
+	s.log.Info("dispatch failed before the run opened; trying another provider", "model", req.Model, "node", failed.NodeID, "provider", failed.ProviderID, "err", err)
 	run, _, err2 := s.dispatchOnce(ctx, req, &failed)
 	if errors.Is(err2, scheduler.ErrNoProvider) {
 		// No other candidate. A node that went away leaves the model

@@ -248,7 +248,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		case errors.Is(err, ErrHelloRefused):
 			a.logger.Error("edge refused the node", "err", err, "retry_in", wait)
 		case status.Code(err) == codes.FailedPrecondition:
-			a.logger.Error("the edge replaced this connection with a newer one of the same node_id: is another node running with it?", "node_id", a.cfg.NodeID, "err", err, "retry_in", wait)
+			a.logger.Error("the edge replaced this connection with a newer one of the same node_id: is another node running with it?", "err", err, "retry_in", wait)
 		default:
 			a.logger.Warn("connection to edge ended", "err", err, "retry_in", wait)
 		}

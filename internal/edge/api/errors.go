@@ -154,7 +154,7 @@ func classify(err error, req *Request) *apiError {
 	case errors.Is(err, ErrDispatchTimeout), errors.Is(err, ErrDispatchRefused),
 		errors.Is(err, ErrStaleGeneration), errors.Is(err, ErrNodeGone):
 		return newAPIError(http.StatusBadGateway, "upstream_error", "", "upstream_unavailable",
-			"The node serving this request failed before answering: "+dispatchReason(err))
+			"The node serving this request failed: "+dispatchReason(err))
 	case errors.As(err, &upErr):
 		status := upErr.status
 		if status < 400 || status > 599 {
