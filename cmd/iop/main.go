@@ -48,9 +48,13 @@ func newLogger(level string) (*slog.Logger, error) {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
 }
 
-// signalContext returns a context cancelled on SIGINT or SIGTERM.
+// signalContext returns a context cancelled on SIGINT or SIGTERM. After the
+// first signal the default handling is restored, so a second one stops the
+// process at once instead of waiting for the drain.
 func signalContext() (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	context.AfterFunc(ctx, stop)
+	return ctx, stop
 }
 
 // setUp makes the command's logger at level and loads its config file (if

@@ -33,16 +33,18 @@ const maxFallbackMessage = 1 << 10
 // relayedHeaders are the response headers a tunnel relays, by canonical
 // name; relayedPrefixes the header families it relays. Everything else is
 // dropped: Set-Cookie and Location (the provider's session and internal
-// addresses), Server and Via (its software), hop-by-hop headers and
+// addresses), Server and Via (its software), the other Openai-* headers
+// (they name the operator's provider account: Openai-Organization,
+// Openai-Project, Openai-Org-Id, ...), hop-by-hop headers and
 // Content-Length (they describe the provider's connection, not the edge's),
-// and any header a client has no use for.
+// and any header a client has no use for. Content-Encoding stays, so a body
+// a provider compressed anyway still decodes.
 var (
 	relayedHeaders = map[string]bool{
-		"Content-Type": true, "Cache-Control": true, "Retry-After": true, "X-Request-Id": true,
+		"Content-Type": true, "Content-Encoding": true, "Cache-Control": true, "Retry-After": true,
+		"X-Request-Id": true, "Openai-Processing-Ms": true, "Openai-Version": true, "Openai-Model": true,
 	}
-	relayedPrefixes = []string{"Openai-", "X-Ratelimit-"}
-	// privateHeaders name the operator's provider account: never relayed.
-	privateHeaders = map[string]bool{"Openai-Organization": true, "Openai-Project": true}
+	relayedPrefixes = []string{"X-Ratelimit-"}
 )
 
 // hopByHop are the headers that describe one HTTP connection, not the
@@ -221,9 +223,6 @@ func (o *OpenAI) relayHeader(h http.Header) http.Header {
 func relayedHeader(k string) bool {
 	if relayedHeaders[k] {
 		return true
-	}
-	if privateHeaders[k] {
-		return false
 	}
 	for _, p := range relayedPrefixes {
 		if strings.HasPrefix(k, p) && len(k) > len(p) {

@@ -255,6 +255,14 @@ func TestTunnelRelaysAllowlistedHeadersOnly(t *testing.T) {
 					"X-Ratelimit":                    {"not a family member"},
 					"Openai":                         {"not a family member"},
 					"X-Openai-Processing-Ms-Spoofed": {"1"},
+					// Regression (second breaker round): account ids leaked
+					// through an Openai-* prefix allowlist.
+					"Openai-Org-Id":          {"org-123"},
+					"Openai-Organization-Id": {"org-123"},
+					"Openai-Organization":    {"org-123"},
+					"Openai-Project":         {"proj_1"},
+					"Openai-Debug":           {"internal"},
+					"Content-Encoding":       {"gzip"},
 				}
 			},
 			want: http.Header{
@@ -266,6 +274,7 @@ func TestTunnelRelaysAllowlistedHeadersOnly(t *testing.T) {
 				"Openai-Version":               {"2020-10-01"},
 				"X-Ratelimit-Limit-Requests":   {"5000"},
 				"X-Ratelimit-Remaining-Tokens": {"39000"},
+				"Content-Encoding":             {"gzip"},
 			},
 		},
 		{
