@@ -487,10 +487,11 @@ func TestChatDerivesNeeds(t *testing.T) {
 		wantEst   int
 	}{
 		{"plain", simpleChat, nil, 2},
-		{"tools", `{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"12345678"}]}`, []string{"tools"}, 2},
+		// The tool definition's 44 characters of JSON count with the 8 of text.
+		{"tools", `{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"12345678"}]}`, []string{"tools"}, 13},
 		{"empty tools", `{"model":"m","tools":[],"messages":[{"role":"user","content":"x"}]}`, nil, 1},
 		{"image", `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"what is this"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`, []string{"vision"}, 3},
-		{"tools and image", `{"model":"m","tools":[{}],"messages":[{"role":"system","content":"abcd"},{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, []string{"tools", "vision"}, 1},
+		{"tools and image", `{"model":"m","tools":[{}],"messages":[{"role":"system","content":"abcd"},{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, []string{"tools", "vision"}, 2},
 		{"unicode counts characters", `{"model":"m","messages":[{"role":"user","content":"日本語です"}]}`, nil, 2},
 	}
 	for _, tt := range tests {

@@ -31,6 +31,9 @@ var (
 	// Other types (input_audio, file, ...) are rejected here rather than by
 	// the provider after a queue wait.
 	contentPartTypes = []string{"text", "image_url"}
+	// messageRoles are the message roles a request may use: OpenAI's, and
+	// the legacy "function" role.
+	messageRoles = []string{"system", "user", "assistant", "tool", "developer", "function"}
 )
 
 // chatRequest is what the API itself reads from a chat completion request
@@ -46,8 +49,10 @@ type chatRequest struct {
 	// Needs lists the capabilities the request needs, each once, in the
 	// order tools, vision.
 	Needs []string
-	// EstimatedInputTokens is the characters (Unicode code points) of all
-	// message text / 4, rounded up.
+	// EstimatedInputTokens is the characters (Unicode code points) of the
+	// prompt / 4, rounded up: all message text, the names and arguments of
+	// the messages' tool calls, and the JSON (without insignificant space)
+	// of each "tools" and legacy "functions" definition.
 	EstimatedInputTokens int
 }
 
@@ -84,9 +89,15 @@ const (
 //	frequency_penalty
 //	stop                     a string, or an array of at most 4 strings
 //	response_format          an object whose "type" is text, json_object or
-//	                         json_schema ("json_schema", if given, an object)
+//	                         json_schema; for json_schema, "json_schema" is
+//	                         required: an object with a string "name" and,
+//	                         if given, an object "schema"
+//	messages[i].role         one of messageRoles
 //	messages[i].name         a string
-//	messages[i].tool_calls   an array of objects
+//	messages[i].tool_calls   an array of objects, each with "type" (if
+//	                         given) "function" and a "function" object with
+//	                         a string "name" and (if given) string
+//	                         "arguments"
 //
 // An integer must be written as a JSON integer: 1e0 or 1.0 is rejected,
 // with a message saying so, although its value is integral. The body is
@@ -122,7 +133,6 @@ func decodeChatRequest(body []byte) (chatRequest, error) {
 	if err != nil {
 		return chatRequest{}, err
 	}
-	req.EstimatedInputTokens = (chars + 3) / 4
 
 	if err := decodeField(top, "stream", wantBool, &req.Stream); err != nil {
 		return chatRequest{}, err
@@ -177,6 +187,10 @@ func decodeChatRequest(body []byte) (chatRequest, error) {
 	if len(tools) > 0 || len(functions) > 0 {
 		req.Needs = append(req.Needs, needTools)
 	}
+	for _, def := range slices.Concat(tools, functions) {
+		chars += jsonChars(def)
+	}
+	req.EstimatedInputTokens = (chars + 3) / 4
 	if vision {
 		req.Needs = append(req.Needs, needVision)
 	}
@@ -184,7 +198,8 @@ func decodeChatRequest(body []byte) (chatRequest, error) {
 }
 
 // decodeMessages checks the "messages" array and returns the number of
-// characters of its text and whether any content part is an image.
+// characters of its text and tool calls and whether any content part is an
+// image.
 func decodeMessages(raw json.RawMessage) (chars int, vision bool, err error) {
 	if isAbsent(raw) {
 		return 0, false, &requestError{param: "messages", message: "you must provide a messages parameter"}
@@ -209,12 +224,18 @@ func decodeMessages(raw json.RawMessage) (chars int, vision bool, err error) {
 		if role == "" {
 			return 0, false, &requestError{param: param + ".role", message: "each message must have a role"}
 		}
+		if !slices.Contains(messageRoles, role) {
+			return 0, false, &requestError{param: param + ".role", message: fmt.Sprintf("must be one of %s, got %s",
+				strings.Join(messageRoles, ", "), strconv.Quote(clip(role)))}
+		}
 		if err := decodeNested(msg, param+".name", "name", wantString, new(string)); err != nil {
 			return 0, false, err
 		}
-		if err := decodeObjects(msg["tool_calls"], param+".tool_calls"); err != nil {
+		n, err := decodeToolCalls(msg["tool_calls"], param+".tool_calls")
+		if err != nil {
 			return 0, false, err
 		}
+		chars += n
 		n, v, err := decodeContent(msg["content"], param+".content")
 		if err != nil {
 			return 0, false, err
@@ -277,18 +298,58 @@ func decodeContent(raw json.RawMessage, param string) (chars int, vision bool, e
 	}
 }
 
-// decodeObjects checks that raw, when present, is an array of objects.
-func decodeObjects(raw json.RawMessage, param string) error {
-	var elems []json.RawMessage
-	if err := decodeValue(raw, param, wantArray, &elems); err != nil {
-		return err
+// decodeToolCalls checks one message's "tool_calls", when present: an array
+// of function tool calls. It returns the characters of their function names
+// and arguments.
+func decodeToolCalls(raw json.RawMessage, param string) (chars int, err error) {
+	var calls []json.RawMessage
+	if err := decodeValue(raw, param, wantArray, &calls); err != nil {
+		return 0, err
 	}
-	for i, elem := range elems {
-		if firstByte(elem) != '{' {
-			return &requestError{param: fmt.Sprintf("%s[%d]", param, i), message: "expected an object, got " + jsonKind(elem)}
+	for j, rawCall := range calls {
+		callParam := fmt.Sprintf("%s[%d]", param, j)
+		var call map[string]json.RawMessage
+		if err := decodeValue(rawCall, callParam, wantObject, &call); err != nil || call == nil {
+			return 0, &requestError{param: callParam, message: "expected an object, got " + jsonKind(rawCall)}
 		}
+		var typ string
+		if err := decodeNested(call, callParam+".type", "type", wantString, &typ); err != nil {
+			return 0, err
+		}
+		if !isAbsent(call["type"]) && typ != "function" {
+			return 0, &requestError{param: callParam + ".type",
+				message: "only function tool calls are supported, got " + strconv.Quote(clip(typ))}
+		}
+		var fn map[string]json.RawMessage
+		if err := decodeNested(call, callParam+".function", "function", wantObject, &fn); err != nil {
+			return 0, err
+		}
+		if fn == nil {
+			return 0, &requestError{param: callParam + ".function", message: "each tool call must have a function"}
+		}
+		var name, args string
+		if err := decodeNested(fn, callParam+".function.name", "name", wantString, &name); err != nil {
+			return 0, err
+		}
+		if isAbsent(fn["name"]) {
+			return 0, &requestError{param: callParam + ".function.name", message: "each tool call function must have a name"}
+		}
+		if err := decodeNested(fn, callParam+".function.arguments", "arguments", wantString, &args); err != nil {
+			return 0, err
+		}
+		chars += utf8.RuneCountInString(name) + utf8.RuneCountInString(args)
 	}
-	return nil
+	return chars, nil
+}
+
+// jsonChars is the characters of a valid JSON value without insignificant
+// space.
+func jsonChars(raw json.RawMessage) int {
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, raw); err != nil {
+		return utf8.RuneCount(raw)
+	}
+	return utf8.RuneCount(buf.Bytes())
 }
 
 // decodeStop checks "stop": a string, or an array of at most
@@ -319,8 +380,8 @@ func decodeStop(raw json.RawMessage) error {
 }
 
 // decodeResponseFormat checks "response_format": an object whose "type" is
-// one of responseFormatTypes; for json_schema, "json_schema" (if given)
-// must be an object.
+// one of responseFormatTypes; for json_schema, "json_schema" must be an
+// object with a string "name" and, if given, an object "schema".
 func decodeResponseFormat(raw json.RawMessage) error {
 	if isAbsent(raw) {
 		return nil
@@ -340,10 +401,23 @@ func decodeResponseFormat(raw json.RawMessage) error {
 		return &requestError{param: "response_format.type", message: fmt.Sprintf("must be one of %s, got %s",
 			strings.Join(responseFormatTypes, ", "), strconv.Quote(clip(typ)))}
 	}
-	if typ == "json_schema" {
-		return decodeNested(rf, "response_format.json_schema", "json_schema", wantObject, new(map[string]json.RawMessage))
+	if typ != "json_schema" {
+		return nil
 	}
-	return nil
+	var js map[string]json.RawMessage
+	if err := decodeNested(rf, "response_format.json_schema", "json_schema", wantObject, &js); err != nil {
+		return err
+	}
+	if js == nil {
+		return &requestError{param: "response_format.json_schema", message: "required when the response format type is json_schema"}
+	}
+	if err := decodeNested(js, "response_format.json_schema.name", "name", wantString, new(string)); err != nil {
+		return err
+	}
+	if isAbsent(js["name"]) {
+		return &requestError{param: "response_format.json_schema.name", message: "a json_schema response format must have a name"}
+	}
+	return decodeNested(js, "response_format.json_schema.schema", "schema", wantObject, new(map[string]json.RawMessage))
 }
 
 // decodeN checks "n", the number of choices. iop answers one choice per

@@ -25,8 +25,17 @@ func TestDecodeChatRequest(t *testing.T) {
 			want: chatRequest{Model: "m"}},
 		{name: "unknown fields pass", body: `{"model":"m","x-vendor":{"a":[1,2]},"response_format":{"type":"json_object"},"messages":[{"role":"user","content":"hi","name":"bob"}]}`,
 			want: chatRequest{Model: "m", EstimatedInputTokens: 1}},
+		// The estimate counts the function definition's JSON (12 characters).
 		{name: "legacy functions need tools", body: `{"model":"m","functions":[{"name":"f"}],"messages":[{"role":"user","content":"x"}]}`,
-			want: chatRequest{Model: "m", Needs: []string{"tools"}, EstimatedInputTokens: 1}},
+			want: chatRequest{Model: "m", Needs: []string{"tools"}, EstimatedInputTokens: 4}},
+		{name: "tool calls count names and arguments", body: `{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"fn","arguments":"{\"a\":1}"}}]}]}`,
+			want: chatRequest{Model: "m", EstimatedInputTokens: 3}}, // "fn" and {"a":1}: 9 characters
+		{name: "tools count without space", body: `{"model":"m","tools":[ { "a" : 1 } ],"messages":[{"role":"user","content":""}]}`,
+			want: chatRequest{Model: "m", Needs: []string{"tools"}, EstimatedInputTokens: 2}},
+		{name: "tool call type may be absent", body: `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f"}}]}]}`,
+			want: chatRequest{Model: "m", EstimatedInputTokens: 1}},
+		{name: "legacy function role", body: `{"model":"m","messages":[{"role":"developer","content":"x"},{"role":"function","name":"f","content":"y"}]}`,
+			want: chatRequest{Model: "m", EstimatedInputTokens: 1}},
 		{name: "keys are case-sensitive", body: `{"Model":"m","model":"n","messages":[{"role":"user","content":"x"}]}`,
 			want: chatRequest{Model: "n", EstimatedInputTokens: 1}},
 		{name: "last duplicate wins", body: `{"model":1,"model":"m","messages":[{"role":"user","content":"x"}]}`,
@@ -35,6 +44,11 @@ func TestDecodeChatRequest(t *testing.T) {
 			want: chatRequest{Model: "m", Needs: []string{"vision"}, EstimatedInputTokens: 1}},
 
 		{name: "missing role", body: `{"model":"m","messages":[{"content":"x"}]}`, wantParam: "messages[0].role"},
+		{name: "unknown role", body: `{"model":"m","messages":[{"role":"User","content":"x"}]}`, wantParam: "messages[0].role"},
+		{name: "tool call function null", body: `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"type":"function","function":null}]}]}`, wantParam: "messages[0].tool_calls[0].function"},
+		{name: "tool call type a number", body: `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"type":1,"function":{"name":"f"}}]}]}`, wantParam: "messages[0].tool_calls[0].type"},
+		{name: "tool call name null", body: `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":{"name":null,"arguments":"{}"}}]}]}`, wantParam: "messages[0].tool_calls[0].function.name"},
+		{name: "json_schema null", body: `{"model":"m","response_format":{"type":"json_schema","json_schema":null},"messages":[{"role":"user","content":"x"}]}`, wantParam: "response_format.json_schema"},
 		{name: "part without type", body: `{"model":"m","messages":[{"role":"user","content":[{"text":"x"}]}]}`, wantParam: "messages[0].content[0].type"},
 		{name: "part not an object", body: `{"model":"m","messages":[{"role":"user","content":["x"]}]}`, wantParam: "messages[0].content[0]"},
 		{name: "null message", body: `{"model":"m","messages":[null]}`, wantParam: "messages[0]"},
@@ -85,7 +99,7 @@ func FuzzDecodeChatRequest(f *testing.F) {
 		`[]`,
 		`{`,
 		`{"model":"m","n":2,"max_tokens":0,"temperature":1e400,"stop":5,"messages":[{"role":"user","content":"x"}]}`,
-		`{"model":"m","n":1,"max_tokens":1,"seed":-1,"stop":["a"],"response_format":{"type":"json_schema","json_schema":{}},"messages":[{"role":"assistant","name":"a","tool_calls":[{}]}]}`,
+		`{"model":"m","n":1,"max_tokens":1,"seed":-1,"stop":["a"],"response_format":{"type":"json_schema","json_schema":{"name":"s"}},"messages":[{"role":"assistant","name":"a","tool_calls":[{"function":{"name":"f"}}]}]}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -184,20 +198,46 @@ func acceptedFieldsOK(top map[string]json.RawMessage) error {
 			!slices.Contains(responseFormatTypes, typ) {
 			return fmt.Errorf("response_format = %s", raw)
 		}
+		if typ == "json_schema" {
+			// OpenAI's shape: {"name": string, "schema"?: object}.
+			var js, schema map[string]json.RawMessage
+			var name *string
+			if json.Unmarshal(rf["json_schema"], &js) != nil || js == nil ||
+				json.Unmarshal(js["name"], &name) != nil || name == nil ||
+				(js["schema"] != nil && json.Unmarshal(js["schema"], &schema) != nil) {
+				return fmt.Errorf("response_format = %s", raw)
+			}
+		}
 	}
 	var messages []map[string]json.RawMessage
 	if err := json.Unmarshal(top["messages"], &messages); err != nil {
 		return fmt.Errorf("messages: %v", err)
 	}
 	for i, msg := range messages {
-		var name string
-		var toolCalls []map[string]json.RawMessage
+		var role, name string
+		var toolCalls []map[string]json.RawMessage // not structs: keys match exactly
 		var parts []map[string]json.RawMessage
+		if json.Unmarshal(msg["role"], &role) != nil ||
+			!slices.Contains([]string{"system", "user", "assistant", "tool", "developer", "function"}, role) {
+			return fmt.Errorf("messages[%d].role = %s", i, msg["role"])
+		}
 		if raw, ok := msg["name"]; ok && json.Unmarshal(raw, &name) != nil {
 			return fmt.Errorf("messages[%d].name = %s", i, raw)
 		}
 		if raw, ok := msg["tool_calls"]; ok && json.Unmarshal(raw, &toolCalls) != nil {
 			return fmt.Errorf("messages[%d].tool_calls = %s", i, raw)
+		}
+		// OpenAI's shape: {"type"?: "function", "function": {"name": string,
+		// "arguments"?: string}}; null counts as absent.
+		for j, call := range toolCalls {
+			var fn map[string]json.RawMessage
+			var typ, fnName, args *string
+			if json.Unmarshal(call["function"], &fn) != nil || fn == nil ||
+				json.Unmarshal(fn["name"], &fnName) != nil || fnName == nil ||
+				(call["type"] != nil && (json.Unmarshal(call["type"], &typ) != nil || (typ != nil && *typ != "function"))) ||
+				(fn["arguments"] != nil && json.Unmarshal(fn["arguments"], &args) != nil) {
+				return fmt.Errorf("messages[%d].tool_calls[%d] = %s", i, j, msg["tool_calls"])
+			}
 		}
 		if raw := msg["content"]; firstByte(raw) == '[' {
 			if err := json.Unmarshal(raw, &parts); err != nil {

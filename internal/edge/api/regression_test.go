@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -438,4 +439,90 @@ func TestRegression_HalfCloseGetsNoEmpty200(t *testing.T) {
 			t.Errorf("got %q, want nothing or a 400", got)
 		}
 	})
+}
+
+// "response_format": {"type": "json_schema"} without a usable json_schema
+// was queued, then answered 400 upstream_rejected on the normalized path
+// and 200 on the tunnel path.
+func TestRegression_JSONSchemaWithoutSchemaRejected(t *testing.T) {
+	checkRejected(t, []badChat{
+		{"json_schema absent", chatWith(`"response_format":{"type":"json_schema"}`),
+			"response_format.json_schema", "response_format.json_schema: required when the response format type is json_schema"},
+		{"json_schema empty", chatWith(`"response_format":{"type":"json_schema","json_schema":{}}`),
+			"response_format.json_schema.name", "response_format.json_schema.name: a json_schema response format must have a name"},
+		{"name a number", chatWith(`"response_format":{"type":"json_schema","json_schema":{"name":1}}`),
+			"response_format.json_schema.name", "expected a string, got a number"},
+		{"schema a string", chatWith(`"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":"s"}}`),
+			"response_format.json_schema.schema", "response_format.json_schema.schema: expected an object, got a string"},
+	})
+	checkAccepted(t, map[string]string{
+		"name only":        chatWith(`"response_format":{"type":"json_schema","json_schema":{"name":"x"}}`),
+		"name and schema":  chatWith(`"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object"},"strict":true}}`),
+		"json_object bare": chatWith(`"response_format":{"type":"json_object"}`),
+	})
+}
+
+// A tool call whose function arguments were an object (OpenAI requires the
+// JSON-encoded string) was queued and then rejected by the provider.
+func TestRegression_ToolCallArgumentsObjectRejected(t *testing.T) {
+	call := func(c string) string {
+		return `{"model":"m","messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,"tool_calls":[` + c + `]}]}`
+	}
+	checkRejected(t, []badChat{
+		{"arguments an object", call(`{"id":"c1","type":"function","function":{"name":"f","arguments":{"a":1}}}`),
+			"messages[1].tool_calls[0].function.arguments", "messages[1].tool_calls[0].function.arguments: expected a string, got an object"},
+		{"type not function", call(`{"id":"c1","type":"retrieval","function":{"name":"f","arguments":"{}"}}`),
+			"messages[1].tool_calls[0].type", `only function tool calls are supported, got "retrieval"`},
+		{"no function", call(`{"id":"c1","type":"function"}`),
+			"messages[1].tool_calls[0].function", "each tool call must have a function"},
+		{"function a string", call(`{"id":"c1","type":"function","function":"f"}`),
+			"messages[1].tool_calls[0].function", "expected an object, got a string"},
+		{"no name", call(`{"id":"c1","type":"function","function":{"arguments":"{}"}}`),
+			"messages[1].tool_calls[0].function.name", "each tool call function must have a name"},
+		{"name a number", call(`{"id":"c1","type":"function","function":{"name":7,"arguments":"{}"}}`),
+			"messages[1].tool_calls[0].function.name", "expected a string, got a number"},
+		{"second call bad", call(`{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}},{"id":"c2","type":"function","function":{"name":"g","arguments":[]}}`),
+			"messages[1].tool_calls[1].function.arguments", "expected a string, got an array"},
+	})
+}
+
+// "role": "bogus" was queued and then rejected by the provider.
+func TestRegression_UnknownRoleRejected(t *testing.T) {
+	checkRejected(t, []badChat{
+		{"bogus", `{"model":"m","messages":[{"role":"bogus","content":"x"}]}`,
+			"messages[0].role", `messages[0].role: must be one of system, user, assistant, tool, developer, function, got "bogus"`},
+		{"role a number", `{"model":"m","messages":[{"role":1,"content":"x"}]}`, "messages[0].role", "expected a string, got a number"},
+	})
+	bodies := map[string]string{}
+	for _, role := range messageRoles {
+		bodies[role] = `{"model":"m","messages":[{"role":"` + role + `","name":"f","tool_call_id":"c1","content":"x"}]}`
+	}
+	checkAccepted(t, bodies)
+}
+
+// The input estimate counted only message content, so a long prompt carried
+// in tool call arguments or tool definitions was not classified
+// long-context.
+func TestRegression_EstimateCountsToolCallsAndTools(t *testing.T) {
+	args := strconv.Quote(`{"text":"` + strings.Repeat("a", 10_000) + `"}`)
+	tests := []struct {
+		name    string
+		body    string
+		wantMin int
+	}{
+		{"tool_calls arguments", `{"model":"m","messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":` + args + `}}]},{"role":"tool","tool_call_id":"c1","content":"ok"}]}`, 2_500},
+		{"tools definitions", `{"model":"m","tools":[{"type":"function","function":{"name":"f","description":"` + strings.Repeat("d", 10_000) + `"}}],"messages":[{"role":"user","content":"x"}]}`, 2_500},
+		{"legacy functions", `{"model":"m","functions":[{"name":"f","description":"` + strings.Repeat("d", 10_000) + `"}],"messages":[{"role":"user","content":"x"}]}`, 2_500},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := newEnv(t, Config{}, runWith(scriptedRun(normalized, events(complete("stop")))))
+			if resp := env.post(t, "/v1/chat/completions", "application/json", tt.body); resp.status != http.StatusOK {
+				t.Fatalf("status = %d (%s)", resp.status, resp.body)
+			}
+			if est := env.gw.requests()[0].EstimatedInputTokens; est < tt.wantMin || est > len(tt.body) {
+				t.Errorf("EstimatedInputTokens = %d, want at least %d (body %d bytes)", est, tt.wantMin, len(tt.body))
+			}
+		})
+	}
 }
