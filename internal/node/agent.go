@@ -193,17 +193,17 @@ func (a *Agent) generationChanged() <-chan struct{} {
 	return a.genChanged
 }
 
-// Run connects to the edge and serves it until ctx ends, reconnecting after
-// every lost connection with exponential backoff (ReconnectMin doubling up
-// to ReconnectMax, full jitter; reset after a connection that lasted
-// stableSession). It returns nil
-// when ctx ends, after every run and goroutine it started has finished;
-// ErrAlreadyRunning if another Run is active; or an error if the edge
-// address cannot be used at all.
 // stableSession is how long a welcomed connection must last for the next
 // reconnect to start from ReconnectMin again.
 const stableSession = 10 * time.Second
 
+// Run connects to the edge and serves it until ctx ends, reconnecting after
+// every lost connection with exponential backoff (ReconnectMin doubling up
+// to ReconnectMax, full jitter; reset after a connection that lasted
+// stableSession, so a connection replaced at once keeps backing off). It
+// returns nil when ctx ends, after every run and goroutine it started has
+// finished; ErrAlreadyRunning if another Run is active; or an error if the
+// edge address cannot be used at all.
 func (a *Agent) Run(ctx context.Context) error {
 	if !a.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning

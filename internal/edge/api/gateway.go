@@ -64,7 +64,8 @@ type Request struct {
 	Needs []string
 	// Long marks a long-context request, admitted against long_capacity.
 	Long bool
-	// EstimatedInputTokens is a rough size of the prompt: its characters / 4,
+	// EstimatedInputTokens is a rough size of the prompt, in tokens: the
+	// characters of its messages, tool calls and tool definitions / 4,
 	// rounded up.
 	EstimatedInputTokens int
 	// Headers are selected client headers a provider may need (canonical
