@@ -124,6 +124,9 @@ func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (w
 			}
 		})
 	}
+	// Silence counts from the instant the first tick is armed, so a clock
+	// that moves between the two cannot stretch the window.
+	lastHeard := a.clock.Now()
 	arm()
 	defer func() { tick.Stop() }()
 	c.gen = w.Generation
@@ -132,7 +135,6 @@ func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (w
 	a.readyOnce.Do(func() { close(a.ready) })
 	a.logger.Info("connected to edge", "edge", a.cfg.Edge, "generation", c.gen, "heartbeat", interval)
 
-	lastHeard := a.clock.Now()
 	for {
 		select {
 		case m := <-msgs:
