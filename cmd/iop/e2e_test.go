@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/packages/ssestream"
 	"go.uber.org/goleak"
 
 	"iop/internal/edge"
@@ -379,3 +381,164 @@ func TestCapacityNeverExceededUnderConcurrency(t *testing.T) {
 }
 
 func errorsAs(err error, target any) bool { return errors.As(err, target) }
+
+// TestAdminAPIMatchesScheduler holds two streams open on a capacity-2
+// provider and checks that the admin routes report what the edge's own
+// snapshot (the scheduler's counters) says.
+func TestAdminAPIMatchesScheduler(t *testing.T) {
+	// One token a second after the first: a stream stays open until closed.
+	_, url := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 1, DefaultMaxTokens: 1000})
+	ctx, cancel := context.WithCancel(context.Background())
+	e := startTestEdge(t, ctx, map[string]edge.ModelConfig{"pool": {Targets: []string{"m"}}})
+	stopOnCleanup(t, cancel, e)
+	startNode(t, ctx, node.Config{
+		NodeID:    "gpu-1",
+		Label:     "rack a",
+		Edge:      e.NodeAddr,
+		Providers: []node.ProviderConfig{{ID: "p", Type: node.TypeOllama, BaseURL: url, Models: []string{"m"}, Capacity: 2}},
+	})
+	client := newClient(e)
+
+	var streams []*ssestream.Stream[openai.ChatCompletionChunk]
+	for i := range 2 {
+		stream := client.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{
+			Model:    "pool",
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(fmt.Sprintf("stream %d", i))},
+		})
+		// A first chunk means the request holds its slot.
+		if !stream.Next() {
+			t.Fatalf("stream %d ended before its first chunk: %v", i, stream.Err())
+		}
+		defer stream.Close()
+		streams = append(streams, stream)
+	}
+	// A third request waits in the queue (the scheduler lists a model's
+	// queue once a request has waited in it) until its client leaves.
+	waitCtx, leave := context.WithCancel(context.Background())
+	waited := make(chan error, 1)
+	go func() {
+		_, err := client.Chat.Completions.New(waitCtx, openai.ChatCompletionNewParams{
+			Model:    "pool",
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("queued")},
+		})
+		waited <- err
+	}()
+	defer func() {
+		leave()
+		if err := <-waited; !errors.Is(err, context.Canceled) {
+			t.Errorf("queued request: %v, want context.Canceled", err)
+		}
+	}()
+	snap := waitSnapshot(t, e, func(s edge.Snapshot) bool { return s.Waiters == 1 })
+
+	var providers []struct {
+		NodeID       string   `json:"node_id"`
+		ProviderID   string   `json:"provider_id"`
+		Type         string   `json:"type"`
+		Capacity     int      `json:"capacity"`
+		InFlight     int      `json:"in_flight"`
+		Queued       int      `json:"queued"`
+		LoadRatio    float64  `json:"load_ratio"`
+		Health       string   `json:"health"`
+		Models       []string `json:"models"`
+		Capabilities []string `json:"capabilities"`
+		Status       string   `json:"status"`
+	}
+	getJSON(t, e, "/admin/v1/providers", &providers)
+	if len(providers) != 1 || len(snap.Providers) != 1 {
+		t.Fatalf("admin providers %+v, snapshot %+v: want one each", providers, snap.Providers)
+	}
+	p := providers[0]
+	if p.NodeID != "gpu-1" || p.ProviderID != "p" || p.Type != node.TypeOllama || p.Capacity != 2 ||
+		p.LoadRatio != 1 || p.Health != "healthy" || p.Status != "available" || fmt.Sprint(p.Models) != "[m]" || p.Capabilities == nil {
+		t.Errorf("admin provider %+v", p)
+	}
+	if p.InFlight != 2 || p.InFlight != snap.Providers[0].InFlight {
+		t.Errorf("admin in_flight %d, snapshot %d, want 2", p.InFlight, snap.Providers[0].InFlight)
+	}
+	if p.Queued != 1 || p.Queued != snap.Providers[0].Queued {
+		t.Errorf("admin queued %d, snapshot %d, want 1", p.Queued, snap.Providers[0].Queued)
+	}
+
+	var nodes []struct {
+		ID             string   `json:"id"`
+		Label          string   `json:"label"`
+		Generation     uint64   `json:"generation"`
+		ConnectedSince string   `json:"connected_since"`
+		LastHeartbeat  string   `json:"last_heartbeat"`
+		Providers      []string `json:"providers"`
+	}
+	getJSON(t, e, "/admin/v1/nodes", &nodes)
+	if len(nodes) != 1 || len(snap.Nodes) != 1 {
+		t.Fatalf("admin nodes %+v, snapshot %+v: want one each", nodes, snap.Nodes)
+	}
+	n := nodes[0]
+	if n.ID != "gpu-1" || n.Label != "rack a" || n.Generation == 0 || n.Generation != snap.Nodes[0].Generation || fmt.Sprint(n.Providers) != "[p]" {
+		t.Errorf("admin node %+v, snapshot generation %d", n, snap.Nodes[0].Generation)
+	}
+	for _, ts := range []string{n.ConnectedSince, n.LastHeartbeat} {
+		if _, err := time.Parse(time.RFC3339, ts); err != nil {
+			t.Errorf("time %q is not RFC 3339: %v", ts, err)
+		}
+	}
+
+	var queues []struct {
+		Model  string `json:"model"`
+		Policy struct {
+			MaxQueue       int   `json:"max_queue"`
+			QueueTimeoutMS int64 `json:"queue_timeout_ms"`
+		} `json:"policy"`
+		Queued int `json:"queued"`
+	}
+	getJSON(t, e, "/admin/v1/queues", &queues)
+	if len(queues) != 1 || queues[0].Model != "pool" || queues[0].Queued != 1 ||
+		queues[0].Policy.MaxQueue != edge.DefaultMaxQueue || queues[0].Policy.QueueTimeoutMS != edge.DefaultQueueTimeout.Milliseconds() {
+		t.Errorf("admin queues %+v", queues)
+	}
+
+	// Closing the requests gives every slot back.
+	leave()
+	for _, s := range streams {
+		s.Close()
+	}
+	waitIdle(t, e)
+}
+
+// waitSnapshot polls the edge's snapshot, bounded, until ok accepts it.
+func waitSnapshot(t *testing.T, e *edgeProcess, ok func(edge.Snapshot) bool) edge.Snapshot {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		snap := e.Service.Snapshot()
+		if ok(snap) {
+			return snap
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("snapshot never reached the state: %+v", snap)
+		}
+		<-tick.C
+	}
+}
+
+// getJSON GETs path from the edge's HTTP API and decodes its 200 JSON body
+// into v.
+func getJSON(t *testing.T, e *edgeProcess, path string, v any) {
+	t.Helper()
+	resp, err := http.Get("http://" + e.HTTPAddr + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", path, resp.StatusCode, body)
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		t.Fatalf("GET %s: %v in %s", path, err, body)
+	}
+}

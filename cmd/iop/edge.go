@@ -145,6 +145,25 @@ func (g gateway) Dispatch(ctx context.Context, req api.Request) (api.Run, error)
 
 func (g gateway) Models() []string { return g.svc.Models() }
 
+var _ api.Admin = gateway{}
+
+// AdminSnapshot converts the edge's snapshot into the API's views (their
+// fields mirror edge's one to one).
+func (g gateway) AdminSnapshot() api.AdminSnapshot {
+	snap := g.svc.Snapshot()
+	var out api.AdminSnapshot
+	for _, n := range snap.Nodes {
+		out.Nodes = append(out.Nodes, api.AdminNode(n))
+	}
+	for _, p := range snap.Providers {
+		out.Providers = append(out.Providers, api.AdminProvider(p))
+	}
+	for _, q := range snap.Queues {
+		out.Queues = append(out.Queues, api.AdminQueue(q))
+	}
+	return out
+}
+
 type apiRun struct{ *edge.Run }
 
 func (r apiRun) Info() api.DispatchInfo { return api.DispatchInfo(r.Run.Info()) }

@@ -8,6 +8,9 @@
 //	POST /v1/chat/completions  chat.completion, or SSE chat.completion.chunk events ending "data: [DONE]"
 //	GET  /v1/models            {"object":"list","data":[{"id","object":"model","created","owned_by":"iop"}]}
 //	GET  /v1/models/{model}    one model object, or 404 model_not_found
+//	GET  /admin/v1/nodes       JSON array of connected nodes (only when the Gateway implements Admin, else 404)
+//	GET  /admin/v1/providers   JSON array of provider snapshots
+//	GET  /admin/v1/queues      JSON array of model queues: policy and queued
 //	GET  /healthz              200 "ok" while the process serves HTTP
 //	GET  /readyz               200 "ready" when Config.Ready reports true, else 503
 //

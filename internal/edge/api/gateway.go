@@ -12,7 +12,8 @@ import (
 // The edge's *edge.Service satisfies it through a small adapter that converts
 // Request and DispatchInfo (their fields mirror edge.Request and
 // edge.DispatchInfo one to one, so a Go conversion does it) and maps errors
-// onto this package's sentinels (errors.go).
+// onto this package's sentinels (errors.go). A Gateway may also implement
+// Admin (admin.go) to serve the /admin/v1 routes.
 type Gateway interface {
 	// Dispatch admits req through its model's queue and sends it to exactly
 	// one provider. It blocks while the request is queued and returns when

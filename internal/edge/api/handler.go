@@ -3,13 +3,15 @@ package api
 import (
 	"encoding/json"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
 )
 
 // New returns the edge's OpenAI-compatible HTTP handler (routes in the
-// package doc), serving requests by calling gw. A negative
+// package doc), serving requests by calling gw, and the admin routes when gw
+// also implements Admin. A negative
 // cfg.MaxBodyBytes is treated as 0 (the default); call cfg.Validate first
 // to reject it instead. logger may be nil (then nothing is logged).
 func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
@@ -26,6 +28,9 @@ func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
 		"/v1/models":           {http.MethodGet, h.listModels},
 		"/healthz":             {http.MethodGet, h.healthz},
 		"/readyz":              {http.MethodGet, h.readyz},
+	}
+	if adm, ok := gw.(Admin); ok {
+		maps.Copy(h.routes, adminRoutes(adm))
 	}
 	return h
 }

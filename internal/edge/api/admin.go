@@ -1,0 +1,160 @@
+package api
+
+import (
+	"net/http"
+	"time"
+
+	"iop/internal/wire/nodev1"
+)
+
+// Admin is what the admin routes need of the edge: one view of its nodes,
+// providers and queues. A Gateway that also implements Admin gets the
+// /admin/v1 routes; for any other Gateway they answer 404.
+type Admin interface {
+	// AdminSnapshot returns the current nodes, providers and queues. The
+	// slices are the caller's.
+	AdminSnapshot() AdminSnapshot
+}
+
+// AdminSnapshot is one view of the edge. Its fields mirror edge.Snapshot's
+// first three.
+type AdminSnapshot struct {
+	Nodes     []AdminNode
+	Providers []AdminProvider
+	Queues    []AdminQueue
+}
+
+// AdminNode is one connected node. Its fields mirror edge.NodeSnapshot in
+// name, type and order.
+type AdminNode struct {
+	NodeID, Label, Version string
+	Generation             uint64
+	ConnectedAt, LastSeen  time.Time
+	Providers              []string
+}
+
+// AdminProvider is one provider: the scheduler's counters and what its node
+// said of it. Its fields mirror edge.ProviderSnapshot in name, type and
+// order.
+type AdminProvider struct {
+	NodeID, ProviderID, Type string
+	Generation               uint64
+	Models, Capabilities     []string
+	Path                     nodev1.ExecutionPath
+	Healthy                  bool
+	Capacity, LongCapacity   int
+	InFlight, LongInFlight   int
+	Queued                   int
+	Load                     float64
+	// Status is "available" or "orphan" (the node is gone while runs drain).
+	Status string
+}
+
+// AdminQueue is one model group's queue. Its fields mirror
+// edge.QueueSnapshot in name, type and order.
+type AdminQueue struct {
+	Model        string
+	MaxQueue     int
+	QueueTimeout time.Duration
+	Queued       int
+}
+
+// adminRoutes returns the admin routes, each answering a JSON array built
+// from one AdminSnapshot.
+func adminRoutes(adm Admin) map[string]route {
+	serve := func(render func(AdminSnapshot) any) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, http.StatusOK, render(adm.AdminSnapshot()))
+		}
+	}
+	return map[string]route{
+		"/admin/v1/nodes":     {http.MethodGet, serve(adminNodes)},
+		"/admin/v1/providers": {http.MethodGet, serve(adminProviders)},
+		"/admin/v1/queues":    {http.MethodGet, serve(adminQueues)},
+	}
+}
+
+// The wire shapes of the admin routes. Times are RFC 3339 and slices are
+// never null.
+
+type adminNodeJSON struct {
+	ID             string    `json:"id"`
+	Label          string    `json:"label"`
+	Generation     uint64    `json:"generation"`
+	ConnectedSince time.Time `json:"connected_since"`
+	LastHeartbeat  time.Time `json:"last_heartbeat"`
+	Version        string    `json:"version"`
+	Providers      []string  `json:"providers"`
+}
+
+type adminProviderJSON struct {
+	NodeID       string   `json:"node_id"`
+	ProviderID   string   `json:"provider_id"`
+	Type         string   `json:"type"`
+	Capacity     int      `json:"capacity"`
+	InFlight     int      `json:"in_flight"`
+	LongCapacity int      `json:"long_capacity"`
+	LongInFlight int      `json:"long_in_flight"`
+	Queued       int      `json:"queued"`
+	LoadRatio    float64  `json:"load_ratio"` // the scheduler keeps capacity ≥ 1
+	Health       string   `json:"health"`     // "healthy" or "unhealthy"
+	Models       []string `json:"models"`
+	Capabilities []string `json:"capabilities"`
+	Status       string   `json:"status"`
+}
+
+type adminQueueJSON struct {
+	Model  string `json:"model"`
+	Policy struct {
+		MaxQueue       int   `json:"max_queue"`
+		QueueTimeoutMS int64 `json:"queue_timeout_ms"`
+	} `json:"policy"`
+	Queued int `json:"queued"`
+}
+
+func adminNodes(s AdminSnapshot) any {
+	out := make([]adminNodeJSON, 0, len(s.Nodes))
+	for _, n := range s.Nodes {
+		out = append(out, adminNodeJSON{
+			ID: n.NodeID, Label: n.Label, Generation: n.Generation,
+			ConnectedSince: n.ConnectedAt.UTC(), LastHeartbeat: n.LastSeen.UTC(),
+			Version: n.Version, Providers: nonNil(n.Providers),
+		})
+	}
+	return out
+}
+
+func adminProviders(s AdminSnapshot) any {
+	out := make([]adminProviderJSON, 0, len(s.Providers))
+	for _, p := range s.Providers {
+		health := "unhealthy"
+		if p.Healthy {
+			health = "healthy"
+		}
+		out = append(out, adminProviderJSON{
+			NodeID: p.NodeID, ProviderID: p.ProviderID, Type: p.Type,
+			Capacity: p.Capacity, InFlight: p.InFlight, LongCapacity: p.LongCapacity, LongInFlight: p.LongInFlight,
+			Queued: p.Queued, LoadRatio: p.Load, Health: health,
+			Models: nonNil(p.Models), Capabilities: nonNil(p.Capabilities), Status: p.Status,
+		})
+	}
+	return out
+}
+
+func adminQueues(s AdminSnapshot) any {
+	out := make([]adminQueueJSON, 0, len(s.Queues))
+	for _, q := range s.Queues {
+		j := adminQueueJSON{Model: q.Model, Queued: q.Queued}
+		j.Policy.MaxQueue, j.Policy.QueueTimeoutMS = q.MaxQueue, q.QueueTimeout.Milliseconds()
+		out = append(out, j)
+	}
+	return out
+}
+
+// nonNil returns s, or an empty slice for nil, so that it encodes as [].
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
