@@ -12,6 +12,10 @@ import (
 	"iop/internal/clock"
 )
 
+// Actions call rapid's (*rapid.T).Skip when their precondition does not
+// hold (no lease to release, no waiter to cancel, ...): that skips the one
+// action and rapid draws another; it never skips the test.
+//
 // The model-based property test: random sequences of admit, cancel, clock
 // advance, track, release (by lease and by run id, duplicates included),
 // fence (current, stale, whole node), activate (current, stale, non-owner),
