@@ -134,6 +134,7 @@ func embedAll(seed int64, req request) (vectors [][]float32, promptTokens int) {
 func (s *Server) pace(ctx context.Context, c completion, send func(token string) error) {
 	drop := s.cfg.Faults.DropAfter
 	if s.wait(ctx, s.cfg.TTFT) != nil {
+		s.cancelled()
 		abortConnection()
 	}
 	for i, tok := range c.tokens {
@@ -141,9 +142,11 @@ func (s *Server) pace(ctx context.Context, c completion, send func(token string)
 			abortConnection()
 		}
 		if i > 0 && s.wait(ctx, s.cfg.tokenInterval()) != nil {
+			s.cancelled()
 			abortConnection()
 		}
 		if send(tok) != nil {
+			s.cancelled()
 			abortConnection()
 		}
 	}

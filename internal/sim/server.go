@@ -39,6 +39,10 @@ type Stats struct {
 	Rejected int64
 	// InjectedErrors counts requests answered with Faults.ErrorStatus.
 	InjectedErrors int64
+	// Cancelled counts inference requests whose client went away (closed
+	// the connection or cancelled the request) before the answer was
+	// complete: the server saw the abort and stopped generating.
+	Cancelled int64
 	// LastModel is the model named by the latest request ("" if none).
 	LastModel string
 	// LastAuthorization is the Authorization header of the latest request.
@@ -317,6 +321,13 @@ func (s *Server) takeSlot() (uint64, error) {
 	s.stats.InFlight++
 	s.stats.MaxInFlight = max(s.stats.MaxInFlight, s.stats.InFlight)
 	return s.admitted, nil
+}
+
+// cancelled counts a request whose client went away mid-answer.
+func (s *Server) cancelled() {
+	s.mu.Lock()
+	s.stats.Cancelled++
+	s.mu.Unlock()
 }
 
 // leave gives back the in-flight slot taken by enter.

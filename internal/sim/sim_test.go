@@ -433,6 +433,32 @@ func TestFaultHang(t *testing.T) {
 	}
 }
 
+// TestClientAbortIsCounted checks that a client going away before the
+// first token is seen and counted in Stats.Cancelled.
+func TestClientAbortIsCounted(t *testing.T) {
+	for _, ep := range endpoints {
+		t.Run(ep.name, func(t *testing.T) {
+			s, url, events := startSim(t, Config{Protocol: ep.protocol, TTFT: time.Hour})
+			ctx, cancel := context.WithCancel(context.Background())
+			errc := make(chan error, 1)
+			go func() {
+				resp, err := post(ctx, t, newClient(t), url+ep.path, ep.body(DefaultModel, prompt, true, 0))
+				if err == nil {
+					resp.Body.Close()
+				}
+				errc <- err
+			}()
+			waitEvent(t, events, "admitted")
+			cancel()
+			<-errc
+			waitEvent(t, events, "released")
+			if st := s.Stats(); st.Cancelled != 1 || st.InFlight != 0 {
+				t.Errorf("Cancelled = %d, InFlight = %d; want 1, 0", st.Cancelled, st.InFlight)
+			}
+		})
+	}
+}
+
 // TestStopEndsHungRequests checks that stopping the server releases a
 // request the Hang fault holds, instead of waiting for the client.
 func TestStopEndsHungRequests(t *testing.T) {
