@@ -30,6 +30,10 @@ type devConfig struct {
 	SimCapacity        int           `yaml:"sim_capacity"`
 	SimTokensPerSecond float64       `yaml:"sim_tokens_per_second"`
 	SimTTFT            time.Duration `yaml:"sim_ttft"`
+	// The HTTP API's limits, as in the edge config: the largest request
+	// body (bytes) and the write timeout.
+	MaxBodyBytes int64         `yaml:"max_body_bytes"`
+	WriteTimeout time.Duration `yaml:"write_timeout"`
 }
 
 // Names used by the simulated providers of `iop dev`.
@@ -47,6 +51,8 @@ func newDevCommand(logLevel *string) *cobra.Command {
 		SimCapacity:        4,
 		SimTokensPerSecond: 50,
 		SimTTFT:            150 * time.Millisecond,
+		MaxBodyBytes:       edge.DefaultMaxBodyBytes,
+		WriteTimeout:       edge.DefaultWriteTimeout,
 	}
 	var configPath string
 	cmd := &cobra.Command{
@@ -76,6 +82,7 @@ func newDevCommand(logLevel *string) *cobra.Command {
 	fl.IntVar(&cfg.SimCapacity, "sim-capacity", cfg.SimCapacity, "capacity of each simulated provider")
 	fl.Float64Var(&cfg.SimTokensPerSecond, "sim-tokens-per-second", cfg.SimTokensPerSecond, "token rate of the simulated providers (0 = unlimited)")
 	fl.DurationVar(&cfg.SimTTFT, "sim-ttft", cfg.SimTTFT, "time to first token of the simulated providers")
+	addHTTPFlags(fl, &cfg.MaxBodyBytes, &cfg.WriteTimeout)
 	return cmd
 }
 
@@ -111,6 +118,9 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 	if cfg.SimCapacity < 1 {
 		return nil, fmt.Errorf("--sim-capacity %d: must be at least 1", cfg.SimCapacity)
 	}
+	if cfg.MaxBodyBytes <= 0 || cfg.WriteTimeout <= 0 {
+		return nil, fmt.Errorf("--max-body-bytes %d and --write-timeout %s must be positive", cfg.MaxBodyBytes, cfg.WriteTimeout)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	d := &devStack{done: make(chan error, 1)}
 	var stops []func()
@@ -129,6 +139,7 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 	}
 	edgeCfg := edge.DefaultConfig()
 	edgeCfg.Listen, edgeCfg.NodeListen = cfg.Listen, cfg.NodeListen
+	edgeCfg.MaxBodyBytes, edgeCfg.WriteTimeout = cfg.MaxBodyBytes, cfg.WriteTimeout
 	if len(ollamaModels) > 0 {
 		providers = append(providers, node.ProviderConfig{ID: "ollama", Type: node.TypeOllama, BaseURL: cfg.OllamaURL, Models: ollamaModels, Capacity: 1})
 		edgeCfg.Models = map[string]edge.ModelConfig{devAlias: {Targets: ollamaModels}}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"iop/internal/edge"
 	"iop/internal/edge/api"
@@ -49,6 +50,7 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 	fl.IntVar(&cfg.Queue.MaxQueue, "max-queue", cfg.Queue.MaxQueue, "default max queued requests per model")
 	fl.DurationVar(&cfg.Queue.QueueTimeout, "queue-timeout", cfg.Queue.QueueTimeout, "default max time a request waits for a slot")
 	fl.StringSliceVar(&cfg.Tokens, "token", cfg.Tokens, "accepted node token (repeatable; none = accept any node)")
+	addHTTPFlags(fl, &cfg.MaxBodyBytes, &cfg.WriteTimeout)
 	return cmd
 }
 
@@ -80,7 +82,9 @@ func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterD
 	}
 	svc := srv.Service()
 	handler := api.New(api.Config{
-		Ready: func() bool { return len(svc.Snapshot().Nodes) > 0 },
+		MaxBodyBytes: cfg.MaxBodyBytes,
+		WriteTimeout: cfg.WriteTimeout,
+		Ready:        func() bool { return len(svc.Snapshot().Nodes) > 0 },
 	}, gateway{svc}, logger)
 	httpSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
 	e := &edgeProcess{Service: svc, HTTPAddr: httpLis.Addr().String(), NodeAddr: nodeLis.Addr().String(), done: make(chan error, 1)}
@@ -196,4 +200,10 @@ func apiError(err error) error {
 		}
 	}
 	return err
+}
+
+// addHTTPFlags adds the HTTP API's limits, shared by edge and dev.
+func addHTTPFlags(fl *pflag.FlagSet, maxBodyBytes *int64, writeTimeout *time.Duration) {
+	fl.Int64Var(maxBodyBytes, "max-body-bytes", *maxBodyBytes, "largest client request body, in bytes (413 above it)")
+	fl.DurationVar(writeTimeout, "write-timeout", *writeTimeout, "cancel a run whose client reads nothing for this long")
 }

@@ -24,6 +24,8 @@ const (
 	DefaultMaxQueue          = scheduler.DefaultMaxQueue     // 16
 	DefaultQueueTimeout      = scheduler.DefaultQueueTimeout // 30s
 	DefaultLongContextTokens = 8192
+	DefaultMaxBodyBytes      = 32 << 20 // 32 MiB
+	DefaultWriteTimeout      = 60 * time.Second
 )
 
 // Config is the edge's configuration, loaded once from YAML (LoadConfig) and
@@ -42,6 +44,8 @@ const (
 //	    queue_timeout: 1m
 //	tokens: [s3cret-node-token]
 //	long_context_tokens: 8192
+//	max_body_bytes: 33554432
+//	write_timeout: 60s
 type Config struct {
 	// Listen is the HTTP API address (host:port); default 127.0.0.1:8080.
 	// The edge core does not serve it; the HTTP layer does.
@@ -68,6 +72,13 @@ type Config struct {
 	// a request is long-context and also needs a free long_capacity slot of
 	// its provider; default 8192, negative disables the classification.
 	LongContextTokens int `yaml:"long_context_tokens"`
+	// MaxBodyBytes caps a client request body, in bytes (413 above it);
+	// default 32 MiB. Served by the HTTP layer.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// WriteTimeout bounds one write to a client: a client that stays
+	// connected but reads nothing for this long has its run cancelled and
+	// its slot released; default 60s. Served by the HTTP layer.
+	WriteTimeout time.Duration `yaml:"write_timeout"`
 }
 
 // QueueConfig is a model group's queue policy; zero fields take the defaults
@@ -119,6 +130,12 @@ func (c *Config) SetDefaults() {
 	if c.LongContextTokens == 0 {
 		c.LongContextTokens = DefaultLongContextTokens
 	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = DefaultWriteTimeout
+	}
 }
 
 // Validate reports the first problem of a configuration whose defaults are
@@ -141,6 +158,12 @@ func (c Config) Validate() error {
 	}
 	if c.DispatchTimeout <= 0 {
 		bad("dispatch_timeout %s must be positive", c.DispatchTimeout)
+	}
+	if c.MaxBodyBytes <= 0 {
+		bad("max_body_bytes %d must be positive", c.MaxBodyBytes)
+	}
+	if c.WriteTimeout <= 0 {
+		bad("write_timeout %s must be positive", c.WriteTimeout)
 	}
 	if c.Queue.MaxQueue < 0 {
 		bad("queue.max_queue %d is negative", c.Queue.MaxQueue)

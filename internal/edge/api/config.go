@@ -6,14 +6,24 @@ import (
 )
 
 // DefaultMaxBodyBytes is the request body limit when Config.MaxBodyBytes is 0.
-const DefaultMaxBodyBytes int64 = 16 << 20 // 16 MiB
+const DefaultMaxBodyBytes int64 = 32 << 20 // 32 MiB
+
+// DefaultWriteTimeout is Config.WriteTimeout when it is 0.
+const DefaultWriteTimeout = 60 * time.Second
 
 // Config configures the HTTP API. The zero value is valid and means the
 // documented defaults.
 type Config struct {
 	// MaxBodyBytes caps a request body, in bytes; a larger body is answered
-	// 413. 0 means DefaultMaxBodyBytes (16 MiB); negative is invalid.
+	// 413. 0 means DefaultMaxBodyBytes (32 MiB); negative is invalid.
 	MaxBodyBytes int64
+	// WriteTimeout bounds each write to a client: a write (or flush) that
+	// makes no progress for this long fails, and the run it belongs to is
+	// cancelled, so a client that stays connected but stops reading cannot
+	// hold a provider slot. Each write gets a fresh deadline, so a long
+	// stream is never cut while the client reads. 0 means
+	// DefaultWriteTimeout (60 s); negative is invalid.
+	WriteTimeout time.Duration
 	// Ready reports whether the edge can serve traffic, for GET /readyz
 	// (200 when true, 503 when false). nil means always ready. It is called
 	// once per probe and must not block.
@@ -28,6 +38,9 @@ func (c Config) Validate() error {
 	if c.MaxBodyBytes < 0 {
 		return fmt.Errorf("%w: max body bytes %d is negative", ErrInvalidConfig, c.MaxBodyBytes)
 	}
+	if c.WriteTimeout < 0 {
+		return fmt.Errorf("%w: write timeout %s is negative", ErrInvalidConfig, c.WriteTimeout)
+	}
 	return nil
 }
 
@@ -35,6 +48,9 @@ func (c Config) Validate() error {
 func (c Config) withDefaults() Config {
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = DefaultWriteTimeout
 	}
 	if c.Ready == nil {
 		c.Ready = func() bool { return true }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 )
 
 // New returns the edge's OpenAI-compatible HTTP handler (routes in the
@@ -68,7 +69,10 @@ const modelsPrefix = "/v1/models/"
 // serving it regardless would keep runs going for departed clients.)
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes)
-	tw := &trackingWriter{ResponseWriter: w}
+	tw := &trackingWriter{ResponseWriter: w, rc: http.NewResponseController(w), timeout: h.cfg.WriteTimeout}
+	// net/http keeps a connection's write deadline between requests: start
+	// each request with a fresh one (e.g. for a 100 Continue).
+	tw.extend()
 	h.route(tw, r)
 	if !tw.wrote {
 		h.logger.Debug("aborting a response with nothing written", "path", clip(r.URL.Path))
@@ -94,10 +98,20 @@ func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 }
 
 // trackingWriter records whether a handler wrote anything: a status line,
-// a body byte, or a flush (which sends the status line).
+// a body byte, or a flush (which sends the status line). It gives every
+// write and flush a fresh write deadline of timeout (Config.WriteTimeout),
+// so a client that stops reading fails the write instead of blocking it.
 type trackingWriter struct {
 	http.ResponseWriter
-	wrote bool
+	rc      *http.ResponseController
+	timeout time.Duration
+	wrote   bool
+}
+
+// extend moves the connection's write deadline to timeout from now. A
+// writer without deadlines (some middleware, tests) keeps none.
+func (w *trackingWriter) extend() {
+	_ = w.rc.SetWriteDeadline(time.Now().Add(w.timeout))
 }
 
 func (w *trackingWriter) WriteHeader(status int) {
@@ -107,6 +121,7 @@ func (w *trackingWriter) WriteHeader(status int) {
 
 func (w *trackingWriter) Write(p []byte) (int, error) {
 	w.wrote = true
+	w.extend()
 	return w.ResponseWriter.Write(p)
 }
 
@@ -114,7 +129,8 @@ func (w *trackingWriter) Write(p []byte) (int, error) {
 // seen too; the controller finds the other optional methods by Unwrap.
 func (w *trackingWriter) FlushError() error {
 	w.wrote = true
-	return http.NewResponseController(w.ResponseWriter).Flush()
+	w.extend()
+	return w.rc.Flush()
 }
 
 func (w *trackingWriter) Flush() { _ = w.FlushError() }
