@@ -40,7 +40,13 @@ type Request struct {
 	// tokens, for observability.
 	EstimatedInputTokens int
 	// Headers are selected client headers the provider may need.
-	Headers map[string]string
+	Headers map[string]string	// RunID, when set, is the run's id (else a new "run_<hex>" one); a
+	// second admission after a failed dispatch uses RunID + "-retry".
+	RunID string
+	// PreferNodeID and PreferProviderID name a provider to choose over the
+	// least loaded one when it is a candidate with a free slot (session
+	// affinity); empty means no preference.
+	PreferNodeID, PreferProviderID string
 }
 
 func (r Request) validate() error {
@@ -97,6 +103,9 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (*Run, error) {
 	if s.cfg.LongContextTokens > 0 && req.EstimatedInputTokens >= s.cfg.LongContextTokens {
 		req.Long = true
 	}
+	if req.RunID == "" {
+		req.RunID = newRunID()
+	}
 	run, failed, err := s.dispatchOnce(ctx, req, nil)
 	if !retryable(err) {
 		return run, err
@@ -106,6 +115,7 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (*Run, error) {
 	// node before the run opened) is released and admitted again, once,
 	// without the candidate that failed.
 	s.log.Info("dispatch failed before the run opened; trying another provider", "model", req.Model, "node", failed.NodeID, "provider", failed.ProviderID, "err", err)
+	req.RunID += "-retry"
 	run, _, err2 := s.dispatchOnce(ctx, req, &failed)
 	if errors.Is(err2, scheduler.ErrNoProvider) {
 		// No other candidate. A node that went away leaves the model
@@ -134,11 +144,12 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, exclude *schedu
 		Long:                 req.Long,
 		EstimatedInputTokens: req.EstimatedInputTokens,
 		Resolve:              s.resolver(req.Model, req.Needs, exclude),
+		Prefer:               scheduler.ProviderRef{NodeID: req.PreferNodeID, ProviderID: req.PreferProviderID},
 	})
 	if err != nil {
 		return nil, scheduler.Candidate{}, err
 	}
-	runID := newRunID()
+	runID := req.RunID
 	lease.Track(runID)
 	cand := lease.Candidate()
 	if s.afterAdmit != nil {

@@ -122,6 +122,16 @@ type Request struct {
 	// ErrUnknownModel, ErrNoProvider or ErrCandidatesRejected when that is
 	// the case; any other error at re-resolution leaves the waiter queued.
 	Resolve func() ([]Candidate, error)
+	// Prefer, when set, names a provider to choose at admission over the
+	// least loaded one, if it is a live candidate with a free slot (a soft
+	// affinity: a session's runs go back to the provider that holds its
+	// prompt cache). Otherwise, and for a queued request, it changes nothing.
+	Prefer ProviderRef
+}
+
+// ProviderRef names one provider of one node, whatever its generation.
+type ProviderRef struct {
+	NodeID, ProviderID string
 }
 
 // QueueReason says how a lease was obtained.
@@ -283,7 +293,7 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	cands, best := s.scanLocked(cands, req.Long)
+	cands, best := s.scanLocked(cands, req.Long, req.Prefer)
 	if len(cands) == 0 {
 		return nil, nil, fmt.Errorf("%w %q", ErrNoProvider, req.Group)
 	}
@@ -344,19 +354,30 @@ func live(r *resource, c Candidate) bool {
 }
 
 // scanLocked filters cands in place to the live ones and, in the same pass,
-// picks the best with a free slot: the lowest in-flight/capacity, ties by
-// provider id then node id (best.res is nil if none is free).
-func (s *Scheduler) scanLocked(cands []Candidate, long bool) (liveCands []Candidate, best choice) {
+// picks the best with a free slot: prefer if it is one, else the lowest
+// in-flight/capacity, ties by provider id then node id (best.res is nil if
+// none is free).
+func (s *Scheduler) scanLocked(cands []Candidate, long bool, prefer ProviderRef) (liveCands []Candidate, best choice) {
 	liveCands = cands[:0]
+	var preferred choice
 	for _, c := range cands {
 		r := s.resources[resourceKey{c.NodeID, c.ProviderID}]
 		if !live(r, c) {
 			continue
 		}
 		liveCands = append(liveCands, c)
-		if r.fits(long) && (best.res == nil || lessLoaded(r, c, best.res, best.Candidate)) {
+		if !r.fits(long) {
+			continue
+		}
+		if best.res == nil || lessLoaded(r, c, best.res, best.Candidate) {
 			best = choice{c, r}
 		}
+		if c.NodeID == prefer.NodeID && c.ProviderID == prefer.ProviderID {
+			preferred = choice{c, r}
+		}
+	}
+	if preferred.res != nil {
+		best = preferred
 	}
 	return liveCands, best
 }
@@ -560,7 +581,7 @@ func (s *Scheduler) reresolveLocked() {
 		case err != nil:
 			// A resolver fault is recoverable: keep the waiter and its candidates.
 		default:
-			if cands, _ = s.scanLocked(cands, w.req.Long); len(cands) == 0 {
+			if cands, _ = s.scanLocked(cands, w.req.Long, ProviderRef{}); len(cands) == 0 {
 				s.failLocked(w, fmt.Errorf("model %q: %w: every candidate is gone", w.group.name, ErrProviderUnavailable))
 			} else {
 				s.setCandidatesLocked(w, s.choicesLocked(cands))

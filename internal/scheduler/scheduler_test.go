@@ -169,6 +169,34 @@ func TestAdmitPicksLeastLoadedThenProviderThenNode(t *testing.T) {
 	}
 }
 
+// TestPreferIsASoftAffinity checks Request.Prefer: the preferred provider
+// wins over a less loaded one while it has a free slot; when it is full, or
+// not a candidate, the least loaded one is chosen as usual.
+func TestPreferIsASoftAffinity(t *testing.T) {
+	f := newFixture(t, Config{})
+	f.activate("n1", 1, ResourceSpec{ProviderID: "a", Capacity: 2}, ResourceSpec{ProviderID: "b", Capacity: 2})
+	f.world.set("m", cand("n1", 1, "a"), cand("n1", 1, "b"))
+	prefB := f.req("m")
+	prefB.Prefer = ProviderRef{NodeID: "n1", ProviderID: "b"}
+	var got []string
+	for range 4 {
+		got = append(got, f.admitNow(prefB).Candidate().ProviderID)
+	}
+	// b twice (preferred, free), then a twice (b is full).
+	if want := []string{"b", "b", "a", "a"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("order %v, want %v", got, want)
+	}
+
+	g := newFixture(t, Config{})
+	g.activate("n1", 1, ResourceSpec{ProviderID: "a", Capacity: 2}, ResourceSpec{ProviderID: "b", Capacity: 2})
+	g.world.set("m", cand("n1", 1, "a"), cand("n1", 1, "b"))
+	elsewhere := g.req("m")
+	elsewhere.Prefer = ProviderRef{NodeID: "n9", ProviderID: "b"}
+	if c := g.admitNow(elsewhere).Candidate(); c.ProviderID != "a" {
+		t.Fatalf("a preference for another node chose %s, want the least loaded a", c.ProviderID)
+	}
+}
+
 func TestAdmitErrors(t *testing.T) {
 	f := newFixture(t, Config{Default: Policy{MaxQueue: 1}})
 	f.activate("n1", 1, ResourceSpec{ProviderID: "p", Capacity: 1})
