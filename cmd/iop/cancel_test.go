@@ -42,6 +42,7 @@ func startCancelStack(t *testing.T, cfg edge.Config, capacity int, simCfg sim.Co
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cfg.Listen, cfg.NodeListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Database = ":memory:"
 	e, err := startEdge(ctx, cfg, quietLogger(), nil)
 	if err != nil {
 		t.Fatal(err)

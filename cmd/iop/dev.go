@@ -34,6 +34,8 @@ type devConfig struct {
 	// body (bytes) and the write timeout.
 	MaxBodyBytes int64         `yaml:"max_body_bytes"`
 	WriteTimeout time.Duration `yaml:"write_timeout"`
+	// Database is the SQLite file of run records; "" keeps them in memory.
+	Database string `yaml:"database"`
 }
 
 // Names used by the simulated providers of `iop dev`.
@@ -53,6 +55,7 @@ func newDevCommand(logLevel *string) *cobra.Command {
 		SimTTFT:            150 * time.Millisecond,
 		MaxBodyBytes:       edge.DefaultMaxBodyBytes,
 		WriteTimeout:       edge.DefaultWriteTimeout,
+		Database:           edge.DefaultDatabase,
 	}
 	var configPath string
 	cmd := &cobra.Command{
@@ -83,6 +86,7 @@ func newDevCommand(logLevel *string) *cobra.Command {
 	fl.Float64Var(&cfg.SimTokensPerSecond, "sim-tokens-per-second", cfg.SimTokensPerSecond, "token rate of the simulated providers (0 = unlimited)")
 	fl.DurationVar(&cfg.SimTTFT, "sim-ttft", cfg.SimTTFT, "time to first token of the simulated providers")
 	addHTTPFlags(fl, &cfg.MaxBodyBytes, &cfg.WriteTimeout)
+	fl.StringVar(&cfg.Database, "database", cfg.Database, `SQLite file of run records (":memory:" = not kept)`)
 	return cmd
 }
 
@@ -140,6 +144,10 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 	edgeCfg := edge.DefaultConfig()
 	edgeCfg.Listen, edgeCfg.NodeListen = cfg.Listen, cfg.NodeListen
 	edgeCfg.MaxBodyBytes, edgeCfg.WriteTimeout = cfg.MaxBodyBytes, cfg.WriteTimeout
+	edgeCfg.Database = cfg.Database
+	if edgeCfg.Database == "" {
+		edgeCfg.Database = ":memory:"
+	}
 	if len(ollamaModels) > 0 {
 		providers = append(providers, node.ProviderConfig{ID: "ollama", Type: node.TypeOllama, BaseURL: cfg.OllamaURL, Models: ollamaModels, Capacity: 1})
 		edgeCfg.Models = map[string]edge.ModelConfig{devAlias: {Targets: ollamaModels}}

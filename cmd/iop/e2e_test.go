@@ -52,6 +52,7 @@ func startTestEdge(t *testing.T, ctx context.Context, models map[string]edge.Mod
 	t.Helper()
 	cfg := edge.DefaultConfig()
 	cfg.Listen, cfg.NodeListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Database = ":memory:"
 	cfg.Models = models
 	e, err := startEdge(ctx, cfg, quietLogger(), nil)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"iop/internal/edge"
 	"iop/internal/edge/api"
+	"iop/internal/runs"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
 )
@@ -50,6 +51,7 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 	fl.IntVar(&cfg.Queue.MaxQueue, "max-queue", cfg.Queue.MaxQueue, "default max queued requests per model")
 	fl.DurationVar(&cfg.Queue.QueueTimeout, "queue-timeout", cfg.Queue.QueueTimeout, "default max time a request waits for a slot")
 	fl.StringSliceVar(&cfg.Tokens, "token", cfg.Tokens, "accepted node token (repeatable; none = accept any node)")
+	fl.StringVar(&cfg.Database, "database", cfg.Database, `SQLite file of run records (":memory:" = not kept)`)
 	addHTTPFlags(fl, &cfg.MaxBodyBytes, &cfg.WriteTimeout)
 	return cmd
 }
@@ -63,21 +65,33 @@ type edgeProcess struct {
 }
 
 // startEdge listens on cfg.Listen and cfg.NodeListen and serves until ctx
-// ends. It returns once both listeners are open. When ctx ends it drains the
-// HTTP API (up to shutdownGrace), calls afterDrain (if set; iop dev stops
-// its in-process node there), then stops the node endpoint.
+// ends, with run records in cfg.Database. It returns once both listeners
+// are open. When ctx ends it drains the HTTP API (up to shutdownGrace),
+// ends the runs still going (runs.Manager.Close), calls afterDrain (if set;
+// iop dev stops its in-process node there), then stops the node endpoint.
 func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterDrain func()) (*edgeProcess, error) {
 	srv, err := edge.NewServer(cfg, edge.Deps{Logger: logger, Clock: scheduler.RealClock()})
 	if err != nil {
 		return nil, err
 	}
+	runStore, err := runs.OpenSQLite(cfg.Database)
+	if err != nil {
+		return nil, err
+	}
+	runManager, err := runs.NewManager(ctx, runs.Config{Store: runStore, Logger: logger.With("component", "runs")})
+	if err != nil {
+		runStore.Close()
+		return nil, err
+	}
 	nodeLis, err := net.Listen("tcp", cfg.NodeListen)
 	if err != nil {
+		runManager.Close()
 		return nil, fmt.Errorf("node endpoint: %w", err)
 	}
 	httpLis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		nodeLis.Close()
+		runManager.Close()
 		return nil, fmt.Errorf("HTTP API: %w", err)
 	}
 	svc := srv.Service()
@@ -85,6 +99,7 @@ func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterD
 		MaxBodyBytes: cfg.MaxBodyBytes,
 		WriteTimeout: cfg.WriteTimeout,
 		Ready:        func() bool { return len(svc.Snapshot().Nodes) > 0 },
+		Runs:         runManager,
 	}, gateway{svc}, logger)
 	httpSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
 	e := &edgeProcess{Service: svc, HTTPAddr: httpLis.Addr().String(), NodeAddr: nodeLis.Addr().String(), done: make(chan error, 1)}
@@ -113,6 +128,11 @@ func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterD
 		}
 		if herr := <-httpDone; !errors.Is(herr, http.ErrServerClosed) && err == nil {
 			err = herr
+		}
+		// Background runs still going end now (recorded as stopped with the
+		// edge), while their nodes can still be told to stop them.
+		if rerr := runManager.Close(); rerr != nil && err == nil {
+			err = rerr
 		}
 		if afterDrain != nil {
 			afterDrain()

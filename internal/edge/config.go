@@ -26,6 +26,7 @@ const (
 	DefaultLongContextTokens = 8192
 	DefaultMaxBodyBytes      = 32 << 20 // 32 MiB
 	DefaultWriteTimeout      = 60 * time.Second
+	DefaultDatabase          = "iop.db"
 )
 
 // Config is the edge's configuration, loaded once from YAML (LoadConfig) and
@@ -46,6 +47,7 @@ const (
 //	long_context_tokens: 8192
 //	max_body_bytes: 33554432
 //	write_timeout: 60s
+//	database: /var/lib/iop/edge.db
 type Config struct {
 	// Listen is the HTTP API address (host:port); default 127.0.0.1:8080.
 	// The edge core does not serve it; the HTTP layer does.
@@ -79,6 +81,10 @@ type Config struct {
 	// connected but reads nothing for this long has its run cancelled and
 	// its slot released; default 60s. Served by the HTTP layer.
 	WriteTimeout time.Duration `yaml:"write_timeout"`
+	// Database is the SQLite file holding run records (the runs API); it
+	// is created if missing. Default "iop.db" in the working directory;
+	// ":memory:" keeps records in memory only, lost at exit.
+	Database string `yaml:"database"`
 }
 
 // QueueConfig is a model group's queue policy; zero fields take the defaults
@@ -135,6 +141,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.WriteTimeout == 0 {
 		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.Database == "" {
+		c.Database = DefaultDatabase
 	}
 }
 

@@ -3,6 +3,8 @@ package api
 import (
 	"fmt"
 	"time"
+
+	"iop/internal/runs"
 )
 
 // DefaultMaxBodyBytes is the request body limit when Config.MaxBodyBytes is 0.
@@ -30,6 +32,9 @@ type Config struct {
 	Ready func() bool
 	// Now stamps "created" fields (Unix seconds); nil means time.Now.
 	Now func() time.Time
+	// Runs, when set, serves the runs API (/v1/runs, see runs.go) with
+	// this manager of run records.
+	Runs *runs.Manager
 }
 
 // Validate reports a configuration New cannot honour, wrapping

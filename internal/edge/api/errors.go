@@ -123,6 +123,8 @@ func classify(err error, req *Request) *apiError {
 		return newAPIError(http.StatusBadRequest, "invalid_request_error", reqErr.param, "invalid_request", reqErr.Error())
 	case errors.Is(err, errNotFound):
 		return newAPIError(http.StatusNotFound, "invalid_request_error", "", "unknown_url", err.Error())
+	case errors.Is(err, errRunNotFound):
+		return newAPIError(http.StatusNotFound, "invalid_request_error", "", "run_not_found", "No run has this id")
 	case errors.Is(err, errMethodNotAllowed):
 		return newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", err.Error())
 	case errors.Is(err, errBodyTooLarge):

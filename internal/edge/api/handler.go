@@ -33,6 +33,9 @@ func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
 	if adm, ok := gw.(Admin); ok {
 		maps.Copy(h.routes, adminRoutes(adm))
 	}
+	if h.cfg.Runs != nil {
+		h.routes[runsPath] = route{"", h.runsRoute}
+	}
 	return h
 }
 
@@ -45,7 +48,7 @@ type handler struct {
 }
 
 // route is the one method a path accepts (GET also accepts HEAD) and its
-// handler.
+// handler; with method "", the handler checks the method itself.
 type route struct {
 	method string
 	serve  http.HandlerFunc
@@ -85,11 +88,14 @@ func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 	if !ok && strings.HasPrefix(r.URL.Path, modelsPrefix) {
 		rt, ok = route{http.MethodGet, h.getModel}, true
 	}
+	if !ok && h.cfg.Runs != nil && strings.HasPrefix(r.URL.Path, runsPrefix) {
+		rt, ok = route{"", h.runRoute}, true
+	}
 	if !ok {
 		h.writeError(w, r, errNotFound, nil)
 		return
 	}
-	if r.Method != rt.method && (rt.method != http.MethodGet || r.Method != http.MethodHead) {
+	if rt.method != "" && r.Method != rt.method && (rt.method != http.MethodGet || r.Method != http.MethodHead) {
 		w.Header().Set("Allow", rt.method)
 		h.writeError(w, r, errMethodNotAllowed, nil)
 		return

@@ -1,0 +1,360 @@
+package runs
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// DefaultRetention is how long a finished run's event log stays in memory
+// for late readers when Config.Retention is 0.
+const DefaultRetention = time.Hour
+
+// maxSessions bounds the session affinity table; past it, an arbitrary
+// entry is forgotten for each new one (an affinity is only a preference).
+const maxSessions = 100_000
+
+// Config configures a Manager.
+type Config struct {
+	// Store persists records. Required.
+	Store Store
+	// Retention is how long a finished run's event log is kept in memory
+	// (its record stays in the Store); 0 means DefaultRetention.
+	Retention time.Duration
+	// Logger may be nil.
+	Logger *slog.Logger
+	// Now stamps records; nil means time.Now.
+	Now func() time.Time
+}
+
+// Manager holds the live runs and their event logs, and writes records
+// through to the Store. Its methods are safe for concurrent use.
+type Manager struct {
+	store     Store
+	retention time.Duration
+	log       *slog.Logger
+	now       func() time.Time
+
+	mu       sync.Mutex
+	live     map[string]*Run          // submitted and not yet expired
+	sessions map[string][2]string     // session id -> {node id, provider id} of its latest run
+	closed   bool
+	wg       sync.WaitGroup           // running executions
+	timers   map[string]*time.Timer   // retention timers of finished runs
+}
+
+// NewManager returns a Manager over cfg.Store. It ends the records left
+// unfinished by a previous edge process as error "edge restarted"
+// (Store.Interrupt). Errors: cfg.Store is nil, or the store fails.
+func NewManager(ctx context.Context, cfg Config) (*Manager, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("runs: nil store")
+	}
+	m := &Manager{
+		store:     cfg.Store,
+		retention: cfg.Retention,
+		log:       cfg.Logger,
+		now:       cfg.Now,
+		live:      make(map[string]*Run),
+		sessions:  make(map[string][2]string),
+		timers:    make(map[string]*time.Timer),
+	}
+	if m.retention <= 0 {
+		m.retention = DefaultRetention
+	}
+	if m.log == nil {
+		m.log = slog.New(slog.DiscardHandler)
+	}
+	if m.now == nil {
+		m.now = time.Now
+	}
+	n, err := m.store.Interrupt(ctx, "edge restarted", m.now())
+	if err != nil {
+		return nil, err
+	}
+	if n > 0 {
+		m.log.Warn("runs left in flight by the previous edge process marked error", "runs", n, "reason", "edge restarted")
+	}
+	return m, nil
+}
+
+// ErrClosed is returned by Start after Close.
+var ErrClosed = errors.New("runs: manager closed")
+
+// ErrStopping is the cancellation cause of the runs still live when the
+// manager closes: they end error with this text, not cancelled.
+var ErrStopping = errors.New("the edge stopped while the run was in flight")
+
+// Start saves rec as a new queued run, registers it and runs exec(ctx, run)
+// in its own goroutine, where ctx is parent's values without its
+// cancellation (so a background run outlives its submitter) and is
+// cancelled by Run.Cancel. exec reports progress through run's methods and
+// must end it with Finish; if it returns without, the run ends error.
+// Errors: ErrClosed, or the Store's.
+func (m *Manager) Start(parent context.Context, rec Record, exec func(ctx context.Context, run *Run)) (*Run, error) {
+	rec.State = StateQueued
+	rec.CreatedAt = m.now()
+	if err := m.store.Save(parent, rec); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
+	r := &Run{m: m, rec: rec, cancel: cancel, changed: make(chan struct{})}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		cancel(ErrClosed)
+		return nil, ErrClosed
+	}
+	m.live[rec.ID] = r
+	m.wg.Add(1)
+	m.mu.Unlock()
+	go func() {
+		defer m.wg.Done()
+		defer cancel(nil)
+		exec(ctx, r)
+		r.Finish(Outcome{State: StateError, Error: "the run ended without an outcome"})
+	}()
+	return r, nil
+}
+
+// Live returns the run with id while its event log is kept, else nil.
+func (m *Manager) Live(id string) *Run {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.live[id]
+}
+
+// Get returns the record of run id: the live one if kept, else the
+// stored one. Errors: wrapping ErrNotFound, or the Store's.
+func (m *Manager) Get(ctx context.Context, id string) (Record, error) {
+	if r := m.Live(id); r != nil {
+		return r.Record(), nil
+	}
+	return m.store.Get(ctx, id)
+}
+
+// List returns records from the Store (see Store.List).
+func (m *Manager) List(ctx context.Context, f Filter) ([]Record, bool, error) {
+	return m.store.List(ctx, f)
+}
+
+// Affinity returns the node and provider of the session's latest
+// dispatched run, or empty strings.
+func (m *Manager) Affinity(sessionID string) (nodeID, providerID string) {
+	if sessionID == "" {
+		return "", ""
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p := m.sessions[sessionID]
+	return p[0], p[1]
+}
+
+func (m *Manager) remember(sessionID, nodeID, providerID string) {
+	if sessionID == "" {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.sessions[sessionID]; !ok && len(m.sessions) >= maxSessions {
+		for k := range m.sessions {
+			delete(m.sessions, k)
+			break
+		}
+	}
+	m.sessions[sessionID] = [2]string{nodeID, providerID}
+}
+
+// Close cancels every live run (cause ErrStopping), waits for their executions to end (their
+// final records saved), drops the event logs and closes the Store.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	m.closed = true
+	live := make([]*Run, 0, len(m.live))
+	for _, r := range m.live {
+		live = append(live, r)
+	}
+	for _, t := range m.timers {
+		t.Stop()
+	}
+	m.mu.Unlock()
+	for _, r := range live {
+		r.cancel(ErrStopping)
+	}
+	m.wg.Wait()
+	m.mu.Lock()
+	m.live = map[string]*Run{}
+	m.mu.Unlock()
+	return m.store.Close()
+}
+
+// expire drops a finished run's event log after the retention period.
+func (m *Manager) expireLater(r *Run) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
+	id := r.rec.ID
+	m.timers[id] = time.AfterFunc(m.retention, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.live[id] == r {
+			delete(m.live, id)
+		}
+		delete(m.timers, id)
+	})
+}
+
+// Run is a live run: its record and its event log. Its methods are safe
+// for concurrent use.
+type Run struct {
+	m      *Manager
+	cancel context.CancelCauseFunc
+
+	mu      sync.Mutex
+	rec     Record
+	events  []byte        // the SSE events so far, whole events only
+	done    bool          // the log is complete
+	changed chan struct{} // closed and replaced when events or done change
+}
+
+// Record returns a copy of the run's record.
+func (r *Run) Record() Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.rec
+}
+
+// Dispatched records where the run went and moves it to running. The
+// session (if any) remembers the provider. It saves the record.
+func (r *Run) Dispatched(d Record) {
+	r.mu.Lock()
+	if r.rec.State != StateQueued {
+		r.mu.Unlock()
+		return
+	}
+	r.rec.State = StateRunning
+	r.rec.StartedAt = r.m.now()
+	r.rec.NodeID, r.rec.ProviderID, r.rec.ServedModel, r.rec.Path = d.NodeID, d.ProviderID, d.ServedModel, d.Path
+	r.rec.QueueReason, r.rec.QueueWait = d.QueueReason, d.QueueWait
+	rec := r.rec
+	r.mu.Unlock()
+	r.m.remember(rec.SessionID, rec.NodeID, rec.ProviderID)
+	r.save(rec)
+}
+
+// Append adds whole SSE events to the log and wakes its readers. text is
+// the output they carry, appended to Record.Output; the first non-empty
+// text stamps FirstTokenAt.
+func (r *Run) Append(events []byte, text string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.done {
+		return
+	}
+	if text != "" {
+		if r.rec.FirstTokenAt.IsZero() {
+			r.rec.FirstTokenAt = r.m.now()
+		}
+		r.rec.Output += text
+	}
+	r.events = append(r.events, events...)
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// Outcome is how a run ended.
+type Outcome struct {
+	State                          State
+	Error, FinishReason            string
+	Status                         int
+	PromptTokens, CompletionTokens int
+}
+
+// Finish ends the run with o unless it has ended: it completes the log,
+// saves the record and schedules the log's expiry. It reports whether
+// this call ended the run.
+func (r *Run) Finish(o Outcome) bool {
+	r.mu.Lock()
+	if r.done {
+		r.mu.Unlock()
+		return false
+	}
+	r.done = true
+	r.rec.State = o.State
+	r.rec.Error, r.rec.FinishReason, r.rec.Status = o.Error, o.FinishReason, o.Status
+	r.rec.PromptTokens, r.rec.CompletionTokens = o.PromptTokens, o.CompletionTokens
+	r.rec.FinishedAt = r.m.now()
+	rec := r.rec
+	close(r.changed)
+	r.mu.Unlock()
+	r.save(rec)
+	r.m.expireLater(r)
+	r.m.log.Info("run ended", "run_id", rec.ID, "model", rec.Model, "state", rec.State, "node_id", rec.NodeID,
+		"provider_id", rec.ProviderID, "status", rec.Status, "prompt_tokens", rec.PromptTokens,
+		"completion_tokens", rec.CompletionTokens, "error", rec.Error)
+	return true
+}
+
+// Cancel cancels the run's execution with reason (no-op once it ended).
+func (r *Run) Cancel(reason string) {
+	r.cancel(errors.New(reason))
+}
+
+// Done reports whether the run has ended.
+func (r *Run) Done() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.done
+}
+
+// Wait blocks until the run ends or ctx does, and returns its record.
+func (r *Run) Wait(ctx context.Context) (Record, error) {
+	for {
+		r.mu.Lock()
+		done, rec, ch := r.done, r.rec, r.changed
+		r.mu.Unlock()
+		if done {
+			return rec, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return rec, ctx.Err()
+		}
+	}
+}
+
+// Next returns the log's bytes from offset on, waiting while there are none
+// and the run has not ended. done is true when the returned bytes reach
+// the end of a complete log. Errors: ctx's, when it ends first.
+func (r *Run) Next(ctx context.Context, offset int) (p []byte, done bool, err error) {
+	for {
+		r.mu.Lock()
+		if offset < len(r.events) {
+			p = r.events[offset:len(r.events):len(r.events)]
+		}
+		done, ch := r.done, r.changed
+		r.mu.Unlock()
+		if len(p) > 0 || done {
+			return p, done, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, false, ctx.Err()
+		}
+	}
+}
+
+func (r *Run) save(rec Record) {
+	// The record must reach the store even when the run was cancelled.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.m.store.Save(ctx, rec); err != nil {
+		r.m.log.Error("saving a run record failed", "run_id", rec.ID, "err", err)
+	}
+}

@@ -1,0 +1,94 @@
+// Package runs keeps the edge's runs submitted through the runs API
+// (POST /v1/runs): their records, persisted in a Store (SQLite by default),
+// and, while they are live or recently finished, their event logs, which
+// late readers replay from the start.
+//
+// A run's state moves queued → running → complete | error | cancelled,
+// never back. A record is saved when the run is submitted, when it is
+// dispatched and when it ends; an edge that stops with runs in flight marks
+// them error "edge restarted" when it next opens the store (Store.Interrupt).
+package runs
+
+import (
+	"errors"
+	"time"
+)
+
+// State is where a run is in its life.
+type State string
+
+// The states of a run. Complete, Error and Cancelled are final.
+const (
+	StateQueued    State = "queued"    // submitted, waiting for a provider slot
+	StateRunning   State = "running"   // dispatched to a provider
+	StateComplete  State = "complete"  // the provider finished the answer
+	StateError     State = "error"     // it failed; Record.Error says why
+	StateCancelled State = "cancelled" // cancelled by DELETE or by its submitter leaving
+)
+
+// Final reports whether s is a final state.
+func (s State) Final() bool {
+	return s == StateComplete || s == StateError || s == StateCancelled
+}
+
+// ErrNotFound is returned for a run id no store or log knows.
+var ErrNotFound = errors.New("run not found")
+
+// Record is what is known of one run. Times are zero until they happen.
+type Record struct {
+	ID         string
+	State      State
+	Model      string // the model the run asked for
+	SessionID  string
+	Background bool
+	Metadata   map[string]string
+
+	CreatedAt    time.Time // submitted
+	StartedAt    time.Time // dispatched to a provider
+	FirstTokenAt time.Time // first output reached the edge
+	FinishedAt   time.Time // reached a final state
+
+	// Where it ran: set when dispatched.
+	NodeID, ProviderID, ServedModel string
+	// Path is the execution path: "tunnel" or "normalized".
+	Path string
+	// QueueReason is "immediate" or "queued"; QueueWait the time queued.
+	QueueReason string
+	QueueWait   time.Duration
+
+	PromptTokens, CompletionTokens int
+	// Output is the answer's text, complete once the run is.
+	Output       string
+	FinishReason string
+	// Error says why a run ended error or cancelled.
+	Error string
+	// Status is the HTTP status the run's answer had (200 when the provider
+	// answered); 0 until known.
+	Status int
+}
+
+// Filter selects runs for Store.List. Empty fields match every run.
+type Filter struct {
+	State     State
+	Model     string
+	SessionID string
+	// After, when set, is the id of the last run of the previous page:
+	// List returns the runs created before it.
+	After string
+	// Limit caps the page; List treats values outside 1..MaxLimit as
+	// DefaultLimit.
+	Limit int
+}
+
+// Paging limits of Store.List.
+const (
+	DefaultLimit = 20
+	MaxLimit     = 100
+)
+
+func (f Filter) limit() int {
+	if f.Limit < 1 || f.Limit > MaxLimit {
+		return DefaultLimit
+	}
+	return f.Limit
+}

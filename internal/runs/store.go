@@ -1,0 +1,226 @@
+package runs
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver (pure Go, no cgo)
+)
+
+// Store persists run records.
+type Store interface {
+	// Save inserts or replaces the record with rec.ID.
+	Save(ctx context.Context, rec Record) error
+	// Get returns the record with id, or an error wrapping ErrNotFound.
+	Get(ctx context.Context, id string) (Record, error)
+	// List returns up to f's limit records matching f, newest first, and
+	// whether more follow.
+	List(ctx context.Context, f Filter) (recs []Record, more bool, err error)
+	// Interrupt ends every queued or running record as error with reason,
+	// at time now, and returns how many it changed. An edge calls it when
+	// it opens the store, before it takes runs: records left unfinished
+	// then were in flight when the previous edge process stopped.
+	Interrupt(ctx context.Context, reason string, now time.Time) (int, error)
+	Close() error
+}
+
+// SQLite is a Store in an SQLite database file (modernc.org/sqlite).
+type SQLite struct {
+	db *sql.DB
+}
+
+const schema = `
+CREATE TABLE IF NOT EXISTS runs (
+	id                TEXT PRIMARY KEY,
+	state             TEXT NOT NULL,
+	model             TEXT NOT NULL,
+	session_id        TEXT NOT NULL DEFAULT '',
+	background        INTEGER NOT NULL DEFAULT 0,
+	metadata          TEXT NOT NULL DEFAULT '{}',
+	created_at        INTEGER NOT NULL,
+	started_at        INTEGER NOT NULL DEFAULT 0,
+	first_token_at    INTEGER NOT NULL DEFAULT 0,
+	finished_at       INTEGER NOT NULL DEFAULT 0,
+	node_id           TEXT NOT NULL DEFAULT '',
+	provider_id       TEXT NOT NULL DEFAULT '',
+	served_model      TEXT NOT NULL DEFAULT '',
+	path              TEXT NOT NULL DEFAULT '',
+	queue_reason      TEXT NOT NULL DEFAULT '',
+	queue_wait_ns     INTEGER NOT NULL DEFAULT 0,
+	prompt_tokens     INTEGER NOT NULL DEFAULT 0,
+	completion_tokens INTEGER NOT NULL DEFAULT 0,
+	output            TEXT NOT NULL DEFAULT '',
+	finish_reason     TEXT NOT NULL DEFAULT '',
+	error             TEXT NOT NULL DEFAULT '',
+	status            INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS runs_created ON runs (created_at DESC, id DESC);
+CREATE INDEX IF NOT EXISTS runs_state ON runs (state);
+CREATE INDEX IF NOT EXISTS runs_session ON runs (session_id);
+`
+
+const columns = `id, state, model, session_id, background, metadata, created_at, started_at,
+	first_token_at, finished_at, node_id, provider_id, served_model, path, queue_reason,
+	queue_wait_ns, prompt_tokens, completion_tokens, output, finish_reason, error, status`
+
+// OpenSQLite opens (creating if needed) the database at path, or a private
+// in-memory one for ":memory:", and creates the schema. It uses WAL
+// journaling and one connection, so writers never see SQLITE_BUSY from each
+// other. Errors: the file cannot be opened or is not an SQLite database.
+func OpenSQLite(path string) (*SQLite, error) {
+	dsn := "file:" + url.PathEscape(path) + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)"
+	if path == ":memory:" {
+		dsn = "file::memory:"
+	}
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("run store %s: %w", path, err)
+	}
+	// One connection: an in-memory database lives in it, and SQLite
+	// serializes writers anyway.
+	db.SetMaxOpenConns(1)
+	if _, err := db.Exec(schema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("run store %s: %w", path, err)
+	}
+	return &SQLite{db: db}, nil
+}
+
+// Close closes the database.
+func (s *SQLite) Close() error { return s.db.Close() }
+
+// Save implements Store.
+func (s *SQLite) Save(ctx context.Context, r Record) error {
+	meta, err := json.Marshal(r.Metadata)
+	if err != nil {
+		return err
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT OR REPLACE INTO runs (`+columns+`)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		r.ID, string(r.State), r.Model, r.SessionID, r.Background, string(meta),
+		nanos(r.CreatedAt), nanos(r.StartedAt), nanos(r.FirstTokenAt), nanos(r.FinishedAt),
+		r.NodeID, r.ProviderID, r.ServedModel, r.Path, r.QueueReason, int64(r.QueueWait),
+		r.PromptTokens, r.CompletionTokens, r.Output, r.FinishReason, r.Error, r.Status)
+	if err != nil {
+		return fmt.Errorf("saving run %s: %w", r.ID, err)
+	}
+	return nil
+}
+
+// Get implements Store.
+func (s *SQLite) Get(ctx context.Context, id string) (Record, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+columns+` FROM runs WHERE id = ?`, id)
+	if err != nil {
+		return Record{}, err
+	}
+	recs, err := scan(rows)
+	if err != nil {
+		return Record{}, err
+	}
+	if len(recs) == 0 {
+		return Record{}, fmt.Errorf("%w: %q", ErrNotFound, id)
+	}
+	return recs[0], nil
+}
+
+// List implements Store. A Filter.After that names no run is ErrNotFound.
+func (s *SQLite) List(ctx context.Context, f Filter) ([]Record, bool, error) {
+	q := `SELECT ` + columns + ` FROM runs WHERE 1=1`
+	var args []any
+	if f.State != "" {
+		q += ` AND state = ?`
+		args = append(args, string(f.State))
+	}
+	if f.Model != "" {
+		q += ` AND model = ?`
+		args = append(args, f.Model)
+	}
+	if f.SessionID != "" {
+		q += ` AND session_id = ?`
+		args = append(args, f.SessionID)
+	}
+	if f.After != "" {
+		var created int64
+		err := s.db.QueryRowContext(ctx, `SELECT created_at FROM runs WHERE id = ?`, f.After).Scan(&created)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, false, fmt.Errorf("%w: %q", ErrNotFound, f.After)
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		q += ` AND (created_at < ? OR (created_at = ? AND id < ?))`
+		args = append(args, created, created, f.After)
+	}
+	limit := f.limit()
+	q += ` ORDER BY created_at DESC, id DESC LIMIT ?`
+	args = append(args, limit+1)
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, false, err
+	}
+	recs, err := scan(rows)
+	if err != nil {
+		return nil, false, err
+	}
+	if len(recs) > limit {
+		return recs[:limit], true, nil
+	}
+	return recs, false, nil
+}
+
+// Interrupt implements Store.
+func (s *SQLite) Interrupt(ctx context.Context, reason string, now time.Time) (int, error) {
+	res, err := s.db.ExecContext(ctx, `UPDATE runs SET state = ?, error = ?, finished_at = ?
+		WHERE state IN (?, ?)`, string(StateError), reason, nanos(now), string(StateQueued), string(StateRunning))
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	return int(n), err
+}
+
+func scan(rows *sql.Rows) ([]Record, error) {
+	defer rows.Close()
+	var out []Record
+	for rows.Next() {
+		var (
+			r                                       Record
+			state, meta                             string
+			created, started, first, finished, wait int64
+		)
+		if err := rows.Scan(&r.ID, &state, &r.Model, &r.SessionID, &r.Background, &meta,
+			&created, &started, &first, &finished, &r.NodeID, &r.ProviderID, &r.ServedModel,
+			&r.Path, &r.QueueReason, &wait, &r.PromptTokens, &r.CompletionTokens, &r.Output,
+			&r.FinishReason, &r.Error, &r.Status); err != nil {
+			return nil, err
+		}
+		r.State = State(state)
+		r.CreatedAt, r.StartedAt, r.FirstTokenAt, r.FinishedAt = fromNanos(created), fromNanos(started), fromNanos(first), fromNanos(finished)
+		r.QueueWait = time.Duration(wait)
+		if err := json.Unmarshal([]byte(meta), &r.Metadata); err != nil {
+			return nil, fmt.Errorf("run %s: metadata: %w", r.ID, err)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// nanos stores a time as Unix nanoseconds, the zero time as 0.
+func nanos(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromNanos(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}
