@@ -16,6 +16,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"iop/internal/node/adapter"
 	"iop/internal/wire/nodev1"
 )
 
@@ -25,7 +26,7 @@ const (
 	DefaultReconnectMax    = 10 * time.Second
 	DefaultProviderTimeout = 10 * time.Minute
 	DefaultOllamaURL       = "http://127.0.0.1:11434"
-	DefaultKillGrace       = 5 * time.Second // type cli: SIGTERM to SIGKILL
+	DefaultKillGrace       = adapter.DefaultKillGrace // type cli: SIGTERM to SIGKILL
 )
 
 // Provider types.
@@ -39,8 +40,8 @@ const (
 
 // How a cli provider passes the prompt to its command (ProviderConfig.PromptVia).
 const (
-	PromptViaStdin = "stdin" // written to the command's standard input, then closed
-	PromptViaArg   = "arg"   // substituted for {{prompt}} in the command's arguments
+	PromptViaStdin = adapter.PromptViaStdin // written to the command's standard input, then closed
+	PromptViaArg   = adapter.PromptViaArg   // substituted for {{prompt}} in the command's arguments
 )
 
 // Config is a node agent's configuration, read from YAML by LoadConfig.

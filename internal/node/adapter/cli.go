@@ -336,9 +336,9 @@ func (c *CLI) argv(model, prompt string) ([]string, error) {
 type process struct {
 	c      *CLI
 	cmd    *exec.Cmd
-	stdout *os.File // read end; its reader goroutine reads it
-	stderr *os.File // read end; its reader goroutine reads it
-	stdin  *os.File // write end, nil with PromptViaArg; its writer goroutine owns it
+	stdout *os.File      // read end; its reader goroutine reads it
+	stderr *os.File      // read end; its reader goroutine reads it
+	stdin  *os.File      // write end, nil with PromptViaArg; its writer goroutine owns it
 	chunks chan []byte   // stdout's reads, closed at EOF or a read error
 	exited chan struct{} // closed once the command has exited (not yet reaped)
 	errEOF chan struct{} // closed once stderr is read to its end

@@ -7,19 +7,17 @@ import (
 	"iop/internal/wire/nodev1"
 )
 
-// cliPrompt renders req's body as the plain text a CLI command gets:
+// cliPrompt renders req's body as the plain text a CLI command gets. For
+// chat completions, one user message alone is its content, as is;
+// otherwise every message becomes "<role>: <content>", in order, separated
+// by a blank line:
 //
-//   - chat completions: one user message alone is its content, as is;
-//     otherwise every message becomes "<role>: <content>", in order,
-//     separated by a blank line, e.g.
+//	system: Answer in French.
 //
-//     system: Answer in French.
+//	user: Hello
 //
-//     user: Hello
-//
-//     A message's content is its string, or its text parts joined by
-//     newlines.
-//   - completions: the prompt (a string, or an array of exactly one).
+// A message's content is its string, or its text parts joined by newlines.
+// For completions, it is the prompt (a string, or an array of exactly one).
 //
 // Every OpenAI sampling field (max_tokens, temperature, stop, ...) and
 // response_format are ignored: a command takes no such settings. Errors are
