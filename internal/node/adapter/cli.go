@@ -116,6 +116,7 @@ type CLI struct {
 	killGrace time.Duration
 	slots     chan struct{}
 	redactor  *strings.Replacer // hides Env values of minRedactBytes or more
+	onWait    func()            // if set, called when a run finds every slot taken (tests)
 }
 
 var _ Normalizer = (*CLI)(nil)
@@ -292,8 +293,15 @@ func (c *CLI) Normalize(ctx context.Context, req Request, sink EventSink) error 
 	defer cancel()
 	select {
 	case c.slots <- struct{}{}:
-	case <-rctx.Done():
-		return c.ended(ctx)
+	default:
+		if c.onWait != nil {
+			c.onWait()
+		}
+		select {
+		case c.slots <- struct{}{}:
+		case <-rctx.Done():
+			return c.ended(ctx)
+		}
 	}
 	defer func() { <-c.slots }()
 	p, err := c.start(args, prompt)
