@@ -627,3 +627,34 @@ if kill -0 "$(cat "$2")" 2>/dev/null; then echo overlap; else echo alone; fi`)
 		t.Fatal(err)
 	}
 }
+
+func TestNewCLIRejects(t *testing.T) {
+	notExec := filepath.Join(t.TempDir(), "data.txt")
+	if err := os.WriteFile(notExec, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  CLIConfig
+		want string
+	}{
+		{"no command", CLIConfig{}, "command is required"},
+		{"not in PATH", CLIConfig{Command: []string{"iop-no-such-program"}}, `"iop-no-such-program" not found in PATH`},
+		{"PATH from env", CLIConfig{Command: []string{"cat"}, Env: map[string]string{"PATH": t.TempDir()}}, `"cat" not found in PATH`},
+		{"not executable", CLIConfig{Command: []string{notExec}}, "not an executable file"},
+		{"dir missing", CLIConfig{Command: []string{"cat"}, Dir: filepath.Join(t.TempDir(), "nope")}, "not a directory"},
+		{"prompt placeholder with stdin", CLIConfig{Command: []string{"echo", "{{prompt}}"}}, `needs prompt via "arg"`},
+		{"arg without placeholder", CLIConfig{Command: []string{"echo"}, PromptVia: PromptViaArg}, "needs {{prompt}}"},
+		{"unknown placeholder", CLIConfig{Command: []string{"echo", "{{temperature}}"}}, "unknown placeholder"},
+		{"unknown prompt via", CLIConfig{Command: []string{"cat"}, PromptVia: "file"}, `prompt via "file"`},
+		{"bad env name", CLIConfig{Command: []string{"cat"}, Env: map[string]string{"A=B": "x"}}, `env "A=B"`},
+		{"negative grace", CLIConfig{Command: []string{"cat"}, KillGrace: -time.Second}, "must not be negative"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := NewCLI(tc.cfg)
+			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want ErrInvalidConfig mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
