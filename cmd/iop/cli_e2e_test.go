@@ -111,6 +111,17 @@ func TestEndToEndCLIProvider(t *testing.T) {
 			t.Fatalf("err %v, want a 502 with the stderr tail", err)
 		}
 	})
+	t.Run("non-zero exit while streaming", func(t *testing.T) {
+		stream := client.Chat.Completions.NewStreaming(context.Background(), chatParams("cli2", "fail"))
+		for stream.Next() {
+		}
+		// No delta came before the failure: the edge still answers 502.
+		var apiErr *openai.Error
+		if err := stream.Err(); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusBadGateway ||
+			!strings.Contains(apiErr.Message, "model weights not found") {
+			t.Fatalf("stream err %v, want a 502 with the stderr tail", err)
+		}
+	})
 	waitIdle(t, e)
 }
 
