@@ -137,7 +137,12 @@ func newProvider(pc ProviderConfig) (*provider, error) {
 	}
 	p := &provider{cfg: pc, path: pc.path()}
 	var err error
-	if p.path == nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED {
+	if pc.Type == TypeCLI {
+		p.adapter, err = adapter.NewCLI(adapter.CLIConfig{
+			Command: pc.Command, PromptVia: pc.PromptVia, Env: pc.Env, Dir: pc.Dir,
+			Timeout: pc.Timeout, KillGrace: pc.KillGrace, MaxProcs: max(pc.Capacity, pc.LongCapacity),
+		})
+	} else if p.path == nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED {
 		p.adapter, err = adapter.NewOllama(ac)
 	} else {
 		p.adapter, err = adapter.NewOpenAI(ac)

@@ -5,14 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/url"
 	"os"
+	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
 
+	"iop/internal/node/adapter"
 	"iop/internal/wire/nodev1"
 )
 
@@ -22,6 +26,7 @@ const (
 	DefaultReconnectMax    = 10 * time.Second
 	DefaultProviderTimeout = 10 * time.Minute
 	DefaultOllamaURL       = "http://127.0.0.1:11434"
+	DefaultKillGrace       = adapter.DefaultKillGrace // type cli: SIGTERM to SIGKILL
 )
 
 // Provider types.
@@ -30,6 +35,13 @@ const (
 	TypeOpenAI = "openai" // any OpenAI-compatible server, tunnel path
 	TypeVLLM   = "vllm"   // vLLM's OpenAI-compatible server, tunnel path
 	TypeSim    = "sim"    // an `iop sim` server; path by ProviderConfig.Protocol
+	TypeCLI    = "cli"    // a local command-line program, normalized path
+)
+
+// How a cli provider passes the prompt to its command (ProviderConfig.PromptVia).
+const (
+	PromptViaStdin = adapter.PromptViaStdin // written to the command's standard input, then closed
+	PromptViaArg   = adapter.PromptViaArg   // substituted for {{prompt}} in the command's arguments
 )
 
 // Config is a node agent's configuration, read from YAML by LoadConfig.
@@ -57,6 +69,16 @@ const (
 //	    capabilities: [tools]
 //	    api_key_env: VLLM_API_KEY
 //	    timeout: 5m
+//	  - id: llm-cli
+//	    type: cli
+//	    command: [llm, -m, "{{model}}"]
+//	    prompt_via: stdin
+//	    env: {LLM_USER_PATH: /srv/llm}
+//	    dir: /srv/llm
+//	    models: [gpt-4o-mini]
+//	    capacity: 2
+//	    timeout: 2m
+//	    kill_grace: 5s
 type Config struct {
 	// NodeID names the node to the edge. Required.
 	NodeID string `yaml:"node_id"`
@@ -85,7 +107,7 @@ type Config struct {
 type ProviderConfig struct {
 	// ID is unique within the node. Required.
 	ID string `yaml:"id"`
-	// Type is ollama, openai, vllm or sim. Required.
+	// Type is ollama, openai, vllm, sim or cli. Required.
 	Type string `yaml:"type"`
 	// Protocol, for type sim only, is the simulator's wire protocol:
 	// "ollama" (default; normalized path) or "openai" (tunnel path).
@@ -93,6 +115,7 @@ type ProviderConfig struct {
 	// BaseURL is the server's root, http or https: for ollama the server
 	// (default http://127.0.0.1:11434), for openai and vllm the API root
 	// that "/chat/completions" is appended to (e.g. http://host:8000/v1).
+	// Not used by type cli.
 	BaseURL string `yaml:"base_url"`
 	// Models are the served model names; at least one.
 	Models []string `yaml:"models"`
@@ -108,8 +131,31 @@ type ProviderConfig struct {
 	// APIKeyEnv names the environment variable holding the provider's API
 	// key, read once when the agent is built; empty means no key.
 	APIKeyEnv string `yaml:"api_key_env"`
-	// Timeout bounds a whole provider request; 0 means 10m.
+	// Timeout bounds a whole provider request (for type cli, the whole
+	// run of the command); 0 means 10m.
 	Timeout time.Duration `yaml:"timeout"`
+
+	// The fields below are for type cli only; see adapter.CLIConfig for
+	// how a run uses them.
+
+	// Command is the executable (a name looked up in PATH, or a path,
+	// relative to Dir when relative) and its argument template. "{{model}}"
+	// in an argument becomes the served model, "{{prompt}}" the prompt
+	// (prompt_via arg only); no other "{{...}}" placeholder exists. No
+	// shell is involved. Required for type cli.
+	Command []string `yaml:"command"`
+	// PromptVia is how the prompt reaches the command: "stdin" (default)
+	// or "arg" (Command must then hold "{{prompt}}").
+	PromptVia string `yaml:"prompt_via"`
+	// Env is added to the command's environment, which otherwise holds
+	// only PATH, HOME, USER, LOGNAME, SHELL, TMPDIR, TZ, LANG and LC_* from
+	// the node's own environment (see adapter.CLIConfig).
+	Env map[string]string `yaml:"env"`
+	// Dir is the command's working directory; empty means the node's.
+	Dir string `yaml:"dir"`
+	// KillGrace is how long a cancelled command's process group has
+	// between SIGTERM and SIGKILL; 0 means 5s.
+	KillGrace time.Duration `yaml:"kill_grace"`
 }
 
 // LoadConfig reads a YAML config from path, rejects unknown fields, applies
@@ -150,6 +196,14 @@ func (c Config) withDefaults() Config {
 		if p.BaseURL == "" && p.Type == TypeOllama {
 			p.BaseURL = DefaultOllamaURL
 		}
+		if p.Type == TypeCLI {
+			if p.PromptVia == "" {
+				p.PromptVia = PromptViaStdin
+			}
+			if p.KillGrace == 0 {
+				p.KillGrace = DefaultKillGrace
+			}
+		}
 		if p.Capacity == 0 {
 			p.Capacity = max(c.RuntimeConcurrency, 1)
 		}
@@ -166,9 +220,13 @@ func (c Config) withDefaults() Config {
 // Validate reports every problem of c (with defaults applied), joined and
 // wrapped in ErrInvalidConfig: node_id and edge (host:port) set, at least
 // one provider, provider ids unique and non-empty, a known type (and sim
-// protocol), a base_url that parses as http(s) with a host, at least one
-// non-empty model each, capacities and durations not negative, reconnect
-// bounds ordered.
+// protocol), a base_url that parses as http(s) with a host (none for type
+// cli), at least one non-empty model each, capacities and durations not
+// negative, reconnect bounds ordered. For type cli (see validateCLI): a
+// command, a known prompt_via and placeholders, env names usable in an
+// environment, no embeddings, tools or vision capability; the cli fields
+// are refused on other types. Whether the executable and dir exist is
+// checked when the agent is built (node.New).
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	var errs []error
@@ -210,11 +268,18 @@ func (c Config) Validate() error {
 			if p.Protocol != TypeOllama && p.Protocol != TypeOpenAI {
 				bad("%s: protocol %q: want ollama or openai", name, p.Protocol)
 			}
+		case TypeCLI:
+			errs = append(errs, p.validateCLI(name)...)
 		default:
-			bad("%s: type %q: want ollama, openai, vllm or sim", name, p.Type)
+			bad("%s: type %q: want ollama, openai, vllm, sim or cli", name, p.Type)
 		}
-		if u, err := url.Parse(p.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			bad("%s: base_url %q: want an http(s) URL with a host", name, p.BaseURL)
+		if p.Type != TypeCLI {
+			if len(p.Command) > 0 || p.PromptVia != "" || len(p.Env) > 0 || p.Dir != "" || p.KillGrace != 0 {
+				bad("%s: command, prompt_via, env, dir and kill_grace are only for type cli", name)
+			}
+			if u, err := url.Parse(p.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				bad("%s: base_url %q: want an http(s) URL with a host", name, p.BaseURL)
+			}
 		}
 		if len(p.Models) == 0 {
 			bad("%s: at least one model is required", name)
@@ -242,9 +307,67 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// placeholder matches one "{{...}}" in a cli argument template.
+var placeholder = regexp.MustCompile(`\{\{[^{}]*\}\}`)
+
+// validateCLI returns the problems of p, of type cli, that name describes.
+func (p ProviderConfig) validateCLI(name string) []error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if p.Protocol != "" || p.BaseURL != "" || p.APIKeyEnv != "" {
+		bad("%s: protocol, base_url and api_key_env are not used by type cli", name)
+	}
+	if len(p.Command) == 0 || p.Command[0] == "" {
+		bad("%s: command is required for type cli: the executable, then its arguments", name)
+	} else if strings.Contains(p.Command[0], "{{") {
+		bad("%s: command[0] %q: the executable cannot be a placeholder", name, p.Command[0])
+	}
+	prompts := 0
+	for i, arg := range p.Command {
+		if strings.IndexByte(arg, 0) >= 0 {
+			bad("%s: command[%d] holds a NUL byte", name, i)
+		}
+		for _, ph := range placeholder.FindAllString(arg, -1) {
+			switch ph {
+			case "{{model}}":
+			case "{{prompt}}":
+				prompts++
+			default:
+				bad("%s: command[%d]: unknown placeholder %s: want {{model}} or {{prompt}}", name, i, ph)
+			}
+		}
+	}
+	switch p.PromptVia {
+	case PromptViaStdin:
+		if prompts > 0 {
+			bad("%s: command holds {{prompt}} but prompt_via is stdin: set prompt_via: arg", name)
+		}
+	case PromptViaArg:
+		if prompts == 0 {
+			bad("%s: prompt_via arg needs {{prompt}} in command", name)
+		}
+	default:
+		bad("%s: prompt_via %q: want stdin or arg", name, p.PromptVia)
+	}
+	for _, k := range slices.Sorted(maps.Keys(p.Env)) {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(p.Env[k], 0) >= 0 {
+			bad("%s: env %q: a name must be non-empty without '=' or NUL, a value without NUL", name, k)
+		}
+	}
+	if p.KillGrace < 0 {
+		bad("%s: kill_grace %v: must not be negative", name, p.KillGrace)
+	}
+	for _, c := range []string{"embeddings", "tools", "vision"} {
+		if slices.Contains(p.Capabilities, c) {
+			bad("%s: capability %q: a cli provider answers text prompts only", name, c)
+		}
+	}
+	return errs
+}
+
 // path is the execution path p answers on.
 func (p ProviderConfig) path() nodev1.ExecutionPath {
-	if p.Type == TypeOllama || (p.Type == TypeSim && p.Protocol == TypeOllama) {
+	if p.Type == TypeOllama || p.Type == TypeCLI || (p.Type == TypeSim && p.Protocol == TypeOllama) {
 		return nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED
 	}
 	return nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL

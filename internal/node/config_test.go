@@ -27,13 +27,17 @@ func TestLoadConfigExample(t *testing.T) {
 				Capacity: 16, LongCapacity: 4, Capabilities: []string{"tools", "cancel"}, APIKeyEnv: "IOP_TEST_VLLM_KEY", Timeout: 5 * time.Minute},
 			{ID: "sim", Type: "sim", Protocol: "openai", BaseURL: "http://127.0.0.1:9999", Models: []string{"sim-model"},
 				Capacity: 4, LongCapacity: 4, Timeout: DefaultProviderTimeout},
+			{ID: "llm-cli", Type: "cli", Command: []string{"cat", "--model={{model}}"}, PromptVia: PromptViaStdin,
+				Env: map[string]string{"LLM_LOG": "off"}, Dir: "/", Models: []string{"cli-model"},
+				Capacity: 2, LongCapacity: 2, Timeout: 2 * time.Minute, KillGrace: DefaultKillGrace},
 		},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("LoadConfig\n got %+v\nwant %+v", got, want)
 	}
 	if p := want.Providers; p[0].path() != nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED ||
-		p[1].path() != nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL || p[2].path() != nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL {
+		p[1].path() != nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL || p[2].path() != nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL ||
+		p[3].path() != nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED {
 		t.Error("execution paths")
 	}
 }
@@ -93,7 +97,9 @@ func TestValidate(t *testing.T) {
 		{"no providers", func(c *Config) { c.Providers = nil }, "at least one provider"},
 		{"duplicate id", func(c *Config) { c.Providers = append(c.Providers, c.Providers[0]) }, "not unique"},
 		{"empty id", func(c *Config) { c.Providers[0].ID = "" }, "id is required"},
-		{"unknown type", func(c *Config) { c.Providers[0].Type = "cli" }, "type \"cli\""},
+		{"unknown type", func(c *Config) { c.Providers[0].Type = "grpc" }, "type \"grpc\""},
+		{"cli field on openai", func(c *Config) { c.Providers[0].Command = []string{"cat"} }, "only for type cli"},
+		{"kill grace on openai", func(c *Config) { c.Providers[0].KillGrace = time.Second }, "only for type cli"},
 		{"protocol on openai", func(c *Config) { c.Providers[0].Protocol = "ollama" }, "only for type sim"},
 		{"bad sim protocol", func(c *Config) { c.Providers[0].Type, c.Providers[0].Protocol = "sim", "grpc" }, "protocol \"grpc\""},
 		{"no base url", func(c *Config) { c.Providers[0].BaseURL = "" }, "base_url"},
@@ -133,4 +139,58 @@ func TestNewReadsAPIKeyOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.closeAdapters()
+}
+
+func TestValidateCLIProvider(t *testing.T) {
+	valid := func() Config {
+		return Config{NodeID: "n", Edge: "127.0.0.1:7000", Providers: []ProviderConfig{
+			{ID: "c", Type: TypeCLI, Command: []string{"llm", "-m", "{{model}}"}, Models: []string{"m"}},
+		}}
+	}
+	c := valid()
+	if err := c.Validate(); err != nil {
+		t.Fatalf("valid config: %v", err)
+	}
+	if p := c.withDefaults().Providers[0]; p.PromptVia != PromptViaStdin || p.KillGrace != DefaultKillGrace || p.Timeout != DefaultProviderTimeout || p.BaseURL != "" {
+		t.Errorf("cli defaults not applied: %+v", p)
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*ProviderConfig)
+		want   string
+	}{
+		{"no command", func(p *ProviderConfig) { p.Command = nil }, "command is required"},
+		{"empty executable", func(p *ProviderConfig) { p.Command = []string{"", "x"} }, "command is required"},
+		{"placeholder executable", func(p *ProviderConfig) { p.Command = []string{"{{model}}"} }, "cannot be a placeholder"},
+		{"unknown placeholder", func(p *ProviderConfig) { p.Command = append(p.Command, "--t={{temperature}}") }, "unknown placeholder {{temperature}}"},
+		{"prompt with stdin", func(p *ProviderConfig) { p.Command = append(p.Command, "{{prompt}}") }, "set prompt_via: arg"},
+		{"arg without prompt", func(p *ProviderConfig) { p.PromptVia = PromptViaArg }, "needs {{prompt}}"},
+		{"bad prompt_via", func(p *ProviderConfig) { p.PromptVia = "file" }, "prompt_via \"file\""},
+		{"base_url", func(p *ProviderConfig) { p.BaseURL = "http://h:1" }, "not used by type cli"},
+		{"api_key_env", func(p *ProviderConfig) { p.APIKeyEnv = "KEY" }, "not used by type cli"},
+		{"env name with =", func(p *ProviderConfig) { p.Env = map[string]string{"A=B": "x"} }, "env \"A=B\""},
+		{"NUL in env value", func(p *ProviderConfig) { p.Env = map[string]string{"A": "x\x00"} }, "env \"A\""},
+		{"NUL in argument", func(p *ProviderConfig) { p.Command = append(p.Command, "a\x00b") }, "NUL byte"},
+		{"negative kill_grace", func(p *ProviderConfig) { p.KillGrace = -time.Second }, "kill_grace"},
+		{"embeddings", func(p *ProviderConfig) { p.Capabilities = []string{"embeddings"} }, "capability \"embeddings\""},
+		{"tools", func(p *ProviderConfig) { p.Capabilities = []string{"cancel", "tools"} }, "capability \"tools\""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := valid()
+			tc.mutate(&c.Providers[0])
+			err := c.Validate()
+			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Validate() = %v, want ErrInvalidConfig mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestNewRejectsACLIProviderWhoseExecutableIsMissing(t *testing.T) {
+	_, err := New(Config{NodeID: "n", Edge: "127.0.0.1:7000", Providers: []ProviderConfig{
+		{ID: "c", Type: TypeCLI, Command: []string{"iop-no-such-program"}, Models: []string{"m"}},
+	}}, nil)
+	if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "not found in PATH") {
+		t.Fatalf("New: %v, want ErrInvalidConfig naming the missing executable", err)
+	}
 }

@@ -1,0 +1,111 @@
+package adapter
+
+import (
+	"encoding/json"
+	"strings"
+
+	"iop/internal/wire/nodev1"
+)
+
+// cliPrompt renders req's body as the plain text a CLI command gets. For
+// chat completions, one user message alone is its content, as is;
+// otherwise every message becomes "<role>: <content>", in order, separated
+// by a blank line:
+//
+//	system: Answer in French.
+//
+//	user: Hello
+//
+// A message's content is its string, or its text parts joined by newlines.
+// For completions, it is the prompt (a string, or an array of exactly one).
+//
+// Every OpenAI sampling field (max_tokens, temperature, stop, ...) and
+// response_format are ignored: a command takes no such settings. Errors are
+// *Error of kind ErrBadRequest: embeddings, a non-empty tools list, a
+// message with tool calls or an image part (a text program cannot take
+// them), no messages, a body that does not parse.
+func cliPrompt(req Request) (string, error) {
+	switch req.Op {
+	case nodev1.Operation_OPERATION_CHAT:
+		return chatPrompt(req.Body)
+	case nodev1.Operation_OPERATION_COMPLETION:
+		var in openAICompletionRequest
+		if err := json.Unmarshal(req.Body, &in); err != nil {
+			return "", badRequest("request body is not a valid completions object")
+		}
+		prompts, err := stringOrStrings(in.Prompt, "prompt")
+		if err != nil {
+			return "", err
+		}
+		if len(prompts) != 1 {
+			return "", badRequest("prompt: want one string, got %d", len(prompts))
+		}
+		return prompts[0], nil
+	case nodev1.Operation_OPERATION_EMBEDDINGS:
+		return "", badRequest("embeddings are not supported by a cli provider")
+	default:
+		return "", badRequest("operation %v is not supported", req.Op)
+	}
+}
+
+// chatPrompt renders a chat completions body; see cliPrompt.
+func chatPrompt(body []byte) (string, error) {
+	var in openAIChatRequest
+	if err := json.Unmarshal(body, &in); err != nil {
+		return "", badRequest("request body is not a valid chat completions object")
+	}
+	if len(in.Messages) == 0 {
+		return "", badRequest("messages: at least one message is required")
+	}
+	var tools []json.RawMessage
+	if !isNull(in.Tools) && (json.Unmarshal(in.Tools, &tools) != nil || len(tools) > 0) {
+		return "", badRequest("tools are not supported by a cli provider")
+	}
+	var b strings.Builder
+	for i, m := range in.Messages {
+		if m.Role == "" {
+			return "", badRequest("messages[%d]: role is required", i)
+		}
+		if len(m.ToolCalls) > 0 {
+			return "", badRequest("messages[%d]: tool calls are not supported by a cli provider", i)
+		}
+		text, err := textContent(m.Content, i)
+		if err != nil {
+			return "", err
+		}
+		if len(in.Messages) == 1 && m.Role == "user" {
+			return text, nil
+		}
+		if i > 0 {
+			b.WriteString("\n\n")
+		}
+		b.WriteString(m.Role)
+		b.WriteString(": ")
+		b.WriteString(text)
+	}
+	return b.String(), nil
+}
+
+// textContent flattens message content that holds text only: a string, or
+// text parts joined by newlines; null is empty.
+func textContent(raw json.RawMessage, i int) (string, error) {
+	if isNull(raw) {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var parts []openAIPart
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", badRequest("messages[%d].content: want a string or an array of parts", i)
+	}
+	texts := make([]string, 0, len(parts))
+	for j, p := range parts {
+		if p.Type != "text" {
+			return "", badRequest("messages[%d].content[%d]: part type %q is not supported by a cli provider (text only)", i, j, p.Type)
+		}
+		texts = append(texts, p.Text)
+	}
+	return strings.Join(texts, "\n"), nil
+}
