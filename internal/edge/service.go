@@ -40,7 +40,7 @@ type Request struct {
 	// tokens, for observability.
 	EstimatedInputTokens int
 	// Headers are selected client headers the provider may need.
-	Headers map[string]string	// RunID, when set, is the run's id (else a new "run_<hex>" one); a
+	Headers map[string]string // RunID, when set, is the run's id (else a new "run_<hex>" one); a
 	// second admission after a failed dispatch uses RunID + "-retry".
 	RunID string
 	// PreferNodeID and PreferProviderID name a provider to choose over the

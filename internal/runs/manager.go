@@ -38,11 +38,11 @@ type Manager struct {
 	now       func() time.Time
 
 	mu       sync.Mutex
-	live     map[string]*Run          // submitted and not yet expired
-	sessions map[string][2]string     // session id -> {node id, provider id} of its latest run
+	live     map[string]*Run      // submitted and not yet expired
+	sessions map[string][2]string // session id -> {node id, provider id} of its latest run
 	closed   bool
-	wg       sync.WaitGroup           // running executions
-	timers   map[string]*time.Timer   // retention timers of finished runs
+	wg       sync.WaitGroup         // running executions
+	timers   map[string]*time.Timer // retention timers of finished runs
 }
 
 // NewManager returns a Manager over cfg.Store. It ends the records left

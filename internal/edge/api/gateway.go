@@ -71,7 +71,7 @@ type Request struct {
 	EstimatedInputTokens int
 	// Headers are selected client headers a provider may need (canonical
 	// names, e.g. "Accept"); never the client's credentials.
-	Headers map[string]string	// RunID, when set, is the run's id (else a new "run_<hex>" one); a
+	Headers map[string]string // RunID, when set, is the run's id (else a new "run_<hex>" one); a
 	// second admission after a failed dispatch uses RunID + "-retry".
 	RunID string
 	// PreferNodeID and PreferProviderID name a provider to choose over the
