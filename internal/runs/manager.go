@@ -214,11 +214,12 @@ type Run struct {
 	m      *Manager
 	cancel context.CancelCauseFunc
 
-	mu      sync.Mutex
-	rec     Record
-	events  []byte        // the SSE events so far, whole events only
-	done    bool          // the log is complete
-	changed chan struct{} // closed and replaced when events or done change
+	mu        sync.Mutex
+	rec       Record
+	events    []byte        // the SSE events so far, whole events only
+	done      bool          // the log is complete and the final record saved
+	finishing bool          // Finish has begun: no more appends
+	changed   chan struct{} // closed and replaced when events or done change
 }
 
 // Record returns a copy of the run's record.
@@ -252,7 +253,7 @@ func (r *Run) Dispatched(d Record) {
 func (r *Run) Append(events []byte, text string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.done {
+	if r.finishing {
 		return
 	}
 	if text != "" {
@@ -274,24 +275,31 @@ type Outcome struct {
 	PromptTokens, CompletionTokens int
 }
 
-// Finish ends the run with o unless it has ended: it completes the log,
-// saves the record and schedules the log's expiry. It reports whether
-// this call ended the run.
+// Finish ends the run with o unless it has ended: it saves the final
+// record, then completes the log (so whoever sees the run end finds the
+// record stored) and schedules the log's expiry. It reports whether this
+// call ended the run.
 func (r *Run) Finish(o Outcome) bool {
 	r.mu.Lock()
-	if r.done {
+	if r.finishing {
 		r.mu.Unlock()
 		return false
 	}
-	r.done = true
-	r.rec.State = o.State
-	r.rec.Error, r.rec.FinishReason, r.rec.Status = o.Error, o.FinishReason, o.Status
-	r.rec.PromptTokens, r.rec.CompletionTokens = o.PromptTokens, o.CompletionTokens
-	r.rec.FinishedAt = r.m.now()
+	r.finishing = true
 	rec := r.rec
+	r.mu.Unlock()
+
+	rec.State = o.State
+	rec.Error, rec.FinishReason, rec.Status = o.Error, o.FinishReason, o.Status
+	rec.PromptTokens, rec.CompletionTokens = o.PromptTokens, o.CompletionTokens
+	rec.FinishedAt = r.m.now()
+	r.save(rec)
+
+	r.mu.Lock()
+	r.rec = rec
+	r.done = true
 	close(r.changed)
 	r.mu.Unlock()
-	r.save(rec)
 	r.m.expireLater(r)
 	r.m.log.Info("run ended", "run_id", rec.ID, "model", rec.Model, "state", rec.State, "node_id", rec.NodeID,
 		"provider_id", rec.ProviderID, "status", rec.Status, "prompt_tokens", rec.PromptTokens,
