@@ -77,7 +77,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func chatParams(model string, maxTokens int64) openai.ChatCompletionNewParams {
+// limitedChat is a one-message chat request for at most maxTokens tokens.
+func limitedChat(model string, maxTokens int64) openai.ChatCompletionNewParams {
 	return openai.ChatCompletionNewParams{
 		Model:     model,
 		Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage("count for me")},
@@ -90,7 +91,7 @@ func chatParams(model string, maxTokens int64) openai.ChatCompletionNewParams {
 func intactRun(client openai.Client, model string, n int64) <-chan error {
 	done := make(chan error, 1)
 	go func() {
-		stream := client.Chat.Completions.NewStreaming(context.Background(), chatParams(model, n))
+		stream := client.Chat.Completions.NewStreaming(context.Background(), limitedChat(model, n))
 		var acc openai.ChatCompletionAccumulator
 		for stream.Next() {
 			acc.AddChunk(stream.Current())
@@ -124,7 +125,7 @@ func TestClientGoneCancelsRun(t *testing.T) {
 			before := p.backend.Stats().Cancelled
 			intact := intactRun(client, p.model, 20)
 			ctx, cancel := context.WithCancel(context.Background())
-			stream := client.Chat.Completions.NewStreaming(ctx, chatParams(p.model, long))
+			stream := client.Chat.Completions.NewStreaming(ctx, limitedChat(p.model, long))
 			if !stream.Next() {
 				t.Fatalf("no first chunk: %v", stream.Err())
 			}
@@ -145,7 +146,7 @@ func TestClientGoneCancelsRun(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			errc := make(chan error, 1)
 			go func() {
-				_, err := client.Chat.Completions.New(ctx, chatParams(p.model, long))
+				_, err := client.Chat.Completions.New(ctx, limitedChat(p.model, long))
 				errc <- err
 			}()
 			waitFor(t, "both runs reach the backend", func() bool { return p.backend.Stats().InFlight == 2 })
@@ -167,7 +168,7 @@ func TestClientGoneCancelsRun(t *testing.T) {
 			for range 2 {
 				ctx, cancel := context.WithCancel(context.Background())
 				holders = append(holders, cancel)
-				stream := client.Chat.Completions.NewStreaming(ctx, chatParams(p.model, long))
+				stream := client.Chat.Completions.NewStreaming(ctx, limitedChat(p.model, long))
 				if !stream.Next() {
 					t.Fatalf("holder got no chunk: %v", stream.Err())
 				}
@@ -176,7 +177,7 @@ func TestClientGoneCancelsRun(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			errc := make(chan error, 1)
 			go func() {
-				_, err := client.Chat.Completions.New(ctx, chatParams(p.model, 3))
+				_, err := client.Chat.Completions.New(ctx, limitedChat(p.model, 3))
 				errc <- err
 			}()
 			waitFor(t, "the request is queued", func() bool { return e.Service.Snapshot().Waiters == 1 })
@@ -216,7 +217,7 @@ func TestSlowReaderLosesItsSlot(t *testing.T) {
 			before := p.backend.Stats().Cancelled
 			conn := stalledReader(t, e, p.model)
 			defer conn.Close()
-			resp, err := client.Chat.Completions.New(context.Background(), chatParams(p.model, 3))
+			resp, err := client.Chat.Completions.New(context.Background(), limitedChat(p.model, 3))
 			if err != nil {
 				t.Fatalf("the request after the stalled reader: %v", err)
 			}
