@@ -28,7 +28,10 @@ var hopHeaders = map[string]bool{
 
 // tunnel relays a tunnel-path run: TunnelHead becomes the status and headers
 // (as received, minus hopHeaders), each TunnelData is written and flushed at
-// once, TunnelEnd ends the response. A failure before TunnelHead is an error
+// once, TunnelEnd ends the response (a TunnelEnd with provider_error, an
+// error event the provider sent inside its 2xx stream and the client got
+// as is, ends it the same way but the run counts as failed: logged at
+// warn, Close reason "upstream error"). A failure before TunnelHead is an error
 // answer (TunnelError's status, 502 if unset); after it, see failStarted.
 // It returns the Close reason.
 func (rr *runResponse) tunnel() string {
@@ -70,6 +73,13 @@ func (rr *runResponse) tunnel() string {
 		case *nodev1.RunUp_TunnelEnd:
 			if !rr.started {
 				return rr.fail(errUpstreamEnded)
+			}
+			if msg := m.TunnelEnd.GetProviderError(); msg != "" {
+				// The provider's error event reached the client with its
+				// bytes; the run failed all the same.
+				rr.h.logger.Warn("provider reported an error inside its answer", "path", clip(rr.r.URL.Path),
+					"model", clip(rr.req.Model), "err", clipTo(msg, maxErrorTextBytes))
+				return reasonUpstreamError
 			}
 			return reasonCompleted
 		case *nodev1.RunUp_TunnelError:
