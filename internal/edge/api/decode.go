@@ -3,7 +3,6 @@ package api
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"mime"
@@ -109,16 +108,9 @@ const (
 // "messages[2].content[0].type" ("" when the body as a whole is not a JSON
 // object). A client value quoted in its message is clipped (clip).
 func decodeChatRequest(body []byte) (chatRequest, error) {
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(body, &top); err != nil {
-		var typeErr *json.UnmarshalTypeError
-		if errors.As(err, &typeErr) {
-			return chatRequest{}, &requestError{message: "the request body must be a JSON object, got " + jsonKind(body)}
-		}
-		return chatRequest{}, &requestError{message: "the request body is not valid JSON: " + err.Error()}
-	}
-	if top == nil {
-		return chatRequest{}, &requestError{message: "the request body must be a JSON object, got null"}
+	top, err := decodeObject(body)
+	if err != nil {
+		return chatRequest{}, err
 	}
 
 	var req chatRequest

@@ -396,12 +396,7 @@ func (c *chatRender) startStream() error {
 	if c.started {
 		return nil
 	}
-	header := c.w.Header()
-	header.Set("Content-Type", "text/event-stream")
-	header.Set("Cache-Control", "no-cache")
-	header.Set("X-Accel-Buffering", "no") // tell nginx-like proxies not to buffer
-	c.w.WriteHeader(http.StatusOK)
-	c.started = true
+	c.runResponse.startStream()
 	empty := ""
 	return c.writeChunk(chunkDelta{Role: "assistant", Content: &empty}, nil)
 }
@@ -439,4 +434,17 @@ func (c *chatRender) writeChunk(delta chunkDelta, finish *string) error {
 		return &errWrite{err}
 	}
 	return nil
+}
+
+// startStream sends the SSE status line and headers, once.
+func (rr *runResponse) startStream() {
+	if rr.started {
+		return
+	}
+	header := rr.w.Header()
+	header.Set("Content-Type", "text/event-stream")
+	header.Set("Cache-Control", "no-cache")
+	header.Set("X-Accel-Buffering", "no") // tell nginx-like proxies not to buffer
+	rr.w.WriteHeader(http.StatusOK)
+	rr.started = true
 }
