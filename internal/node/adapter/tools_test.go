@@ -14,11 +14,12 @@ import (
 	"iop/internal/wire/nodev1"
 )
 
-// TestOllamaToolCallsBecomeDeltas: Ollama sends whole calls without ids;
-// they become tool-call deltas numbered in order of arrival, with a new
-// "call_" id each (or Ollama's own), arguments as JSON text, and finish
-// reason tool_calls.
-func TestOllamaToolCallsBecomeDeltas(t *testing.T) {
+// TestRegression_OllamaToolCallsDropped: tool calls from an Ollama provider
+// used to be dropped (RunEvent had no field for them). Ollama sends whole
+// calls without ids; they become tool-call deltas numbered in order of
+// arrival, with a new "call_" id each (or Ollama's own), arguments as JSON
+// text, and finish reason tool_calls.
+func TestRegression_OllamaToolCallsDropped(t *testing.T) {
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		flushLines(w,
 			`{"message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"get_weather","arguments":{"city":"Paris"}}}]},"done":false}`,
@@ -149,10 +150,11 @@ func FuzzErrorWatch(f *testing.F) {
 	})
 }
 
-// TestOpenAITunnelReportsErrorEvent: an error event inside a 200 SSE
-// stream is relayed byte for byte, and the call reports
-// ErrProviderReported with its message (redacted).
-func TestOpenAITunnelReportsErrorEvent(t *testing.T) {
+// TestRegression_TunnelErrorEventCountedAsSuccess: an error event inside a
+// 200 SSE stream used to end the run as a clean success. It is relayed
+// byte for byte, and the call reports ErrProviderReported with its message
+// (redacted).
+func TestRegression_TunnelErrorEventCountedAsSuccess(t *testing.T) {
 	var body string
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
