@@ -16,10 +16,16 @@ build:
 run:
 	$(GO) run ./cmd/iop dev $(ARGS)
 
-# Runs every test with the race detector. Installs nothing beyond Go modules today.
-test:
+# Runs every test with the race detector. First installs the JavaScript
+# client tests' npm packages (test/js) if they are absent or older than the lock.
+test: test/js/node_modules
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
+
+# The official JavaScript clients the Go tests drive (cmd/iop, test/js/*.mjs).
+test/js/node_modules: test/js/package.json test/js/package-lock.json
+	cd test/js && npm ci --silent --no-audit --no-fund
+	@touch $@
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./internal/scheduler/

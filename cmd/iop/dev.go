@@ -178,11 +178,11 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 			}
 			stops = append(stops, stop)
 			d.Sims = append(d.Sims, s)
-			// The simulator takes tools and images (and answers with text),
-			// so a client that sends them can be tried against iop dev.
+			// The simulator takes tools and images, answers embedding requests
+			// and can call tools, so a client can be tried against iop dev.
 			providers = append(providers, node.ProviderConfig{
 				ID: p.id, Type: node.TypeSim, Protocol: string(p.protocol), BaseURL: url + p.path,
-				Models: []string{p.model}, Capacity: cfg.SimCapacity, Capabilities: []string{"tools", "vision"},
+				Models: []string{p.model}, Capacity: cfg.SimCapacity, Capabilities: []string{"tools", "vision", "embeddings"},
 			})
 			d.Models = append(d.Models, p.model)
 		}

@@ -24,6 +24,7 @@ type simFile struct {
 		ErrorRate   float64 `yaml:"error_rate"`
 		ErrorStatus int     `yaml:"error_status"`
 		DropAfter   int     `yaml:"drop_after"`
+		StreamError int     `yaml:"stream_error_after"`
 		Hang        bool    `yaml:"hang"`
 	} `yaml:"faults"`
 }
@@ -50,10 +51,11 @@ func newSimCommand(logLevel *string) *cobra.Command {
 				DefaultMaxTokens: f.DefaultMaxTokens,
 				APIKey:           f.APIKey,
 				Faults: sim.Faults{
-					ErrorRate:   f.Faults.ErrorRate,
-					ErrorStatus: f.Faults.ErrorStatus,
-					DropAfter:   f.Faults.DropAfter,
-					Hang:        f.Faults.Hang,
+					ErrorRate:        f.Faults.ErrorRate,
+					ErrorStatus:      f.Faults.ErrorStatus,
+					DropAfter:        f.Faults.DropAfter,
+					StreamErrorAfter: f.Faults.StreamError,
+					Hang:             f.Faults.Hang,
 				},
 			}, logger)
 			if err != nil {
@@ -79,6 +81,7 @@ func newSimCommand(logLevel *string) *cobra.Command {
 	fl.Float64Var(&f.Faults.ErrorRate, "error-rate", 0, "fraction of requests answered with --error-status")
 	fl.IntVar(&f.Faults.ErrorStatus, "error-status", 0, "status of injected errors (default 500)")
 	fl.IntVar(&f.Faults.DropAfter, "drop-after", 0, "drop the connection after this many streamed tokens")
+	fl.IntVar(&f.Faults.StreamError, "stream-error-after", 0, "report an error inside the stream after this many streamed tokens")
 	fl.BoolVar(&f.Faults.Hang, "hang", false, "accept requests and never answer")
 	return cmd
 }

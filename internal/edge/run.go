@@ -122,6 +122,9 @@ func classifyRunUp(m *nodev1.RunUp) (reason string, terminal, ok bool) {
 		}
 		return "", false, true
 	case *nodev1.RunUp_TunnelEnd:
+		if msg.TunnelEnd.GetProviderError() != "" {
+			return "tunnel end: provider reported an error", true, true
+		}
 		return "tunnel end", true, true
 	case *nodev1.RunUp_TunnelError:
 		return "tunnel error", true, true

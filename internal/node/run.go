@@ -189,6 +189,7 @@ func readRunDown(stream runStream, r *run, bodies chan<- bodyResult) {
 //
 //	outcome                normalized                 tunnel
 //	nil                    nil (COMPLETE was sent)    TunnelEnd
+//	adapter.ErrProviderReported  ERROR{message, status}  TunnelEnd{provider_error: message}
 //	adapter.ErrSink        nil (the stream is gone)   nil
 //	adapter.ErrCancelled   CANCELLED                  TunnelError{"run cancelled", 0}
 //	*adapter.Error         ERROR{message, status}     TunnelError{message, status}
@@ -209,6 +210,13 @@ func terminal(path nodev1.ExecutionPath, err error) *nodev1.RunUp {
 		return nil
 	case errors.Is(err, adapter.ErrSink):
 		return nil
+	case tunnel && errors.Is(err, adapter.ErrProviderReported):
+		// The body went through whole; only the outcome says it failed.
+		provErr := "provider reported an error"
+		if errors.As(err, &aerr) {
+			provErr = aerr.Message
+		}
+		return &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelEnd{TunnelEnd: &nodev1.TunnelEnd{ProviderError: provErr}}}
 	case errors.Is(err, adapter.ErrCancelled):
 		msg, cancelled = "run cancelled", true
 	case errors.As(err, &aerr):

@@ -76,6 +76,13 @@ type Faults struct {
 	// the final chunk (no done:true, no [DONE]). A non-streamed answer is
 	// dropped before any byte of it is written.
 	DropAfter int
+	// StreamErrorAfter, when > 0, makes every streamed generation report an
+	// error inside its 2xx stream after min(StreamErrorAfter, answer length)
+	// steps of output, as vLLM does when generation fails mid-way: OpenAI
+	// `data: {"error":{"message","type","param","code"}}` then
+	// `data: [DONE]`; Ollama a line {"error":"..."} and the end of the body.
+	// Non-streamed answers are unaffected.
+	StreamErrorAfter int
 	// Hang makes every admitted request wait, holding its in-flight slot and
 	// writing nothing, until the client goes away or Serve's context ends;
 	// then its connection is closed. (An httptest.Server serving Handler
@@ -122,6 +129,9 @@ func (c Config) Validate() error {
 	}
 	if c.Faults.DropAfter < 0 {
 		bad("drop after %d: must not be negative", c.Faults.DropAfter)
+	}
+	if c.Faults.StreamErrorAfter < 0 {
+		bad("stream error after %d: must not be negative", c.Faults.StreamErrorAfter)
 	}
 	if len(errs) == 0 {
 		return nil

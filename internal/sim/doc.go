@@ -33,13 +33,30 @@
 // separated words. Every answer has Config.DefaultMaxTokens tokens unless the
 // request's limit (max_tokens, max_completion_tokens, options.num_predict)
 // is lower, in which case it is cut there and the finish reason is "length".
-// Sampling parameters, tools and formats are accepted and ignored.
+// Sampling parameters and formats are accepted and ignored. OpenAI's "n"
+// (1-128) answers that many choices, each its own text, interleaved
+// token by token when streamed.
+//
+// # Tool calls
+//
+// A chat request is answered with a tool call when it defines at least one
+// function tool and its last message is a user message whose text contains
+// the name of one of them (the first such tool, in the order of "tools",
+// is called). The arguments are a JSON object with one member per property
+// of the tool's parameter schema (42 for integer and number, true for
+// boolean, a word otherwise). OpenAI answers carry the call in
+// message.tool_calls with finish_reason "tool_calls"; streamed, its first
+// delta has index, id, type and name, and later deltas add the arguments 4
+// characters at a time. Ollama answers carry the whole call in one
+// message.tool_calls (arguments an object, no id) with done_reason "stop".
 //
 // # Faults
 //
 // Config.Faults turns on the failures a gateway must survive: a fraction of
 // requests answered with an error status, streams cut off mid-way by closing
-// the connection, and requests that are accepted and never answered.
+// the connection, errors reported inside a 2xx stream
+// (Faults.StreamErrorAfter), and requests that are accepted and never
+// answered.
 //
 // # Concurrency
 //

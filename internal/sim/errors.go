@@ -19,6 +19,8 @@ var (
 	errNotFound       = errors.New("not found")
 	errOverCapacity   = errors.New("too many concurrent requests")
 	errInjectedFault  = errors.New("injected fault")
+	// errStreamFault is the error a stream reports with Faults.StreamErrorAfter.
+	errStreamFault = errors.New("injected stream error: generation failed")
 )
 
 // statusOf is the one mapping from a request outcome to the HTTP status it

@@ -18,7 +18,13 @@ import (
 const (
 	finishStop   = "stop"
 	finishLength = "length"
+	// finishToolCalls is OpenAI's finish_reason of an answer that calls a
+	// tool (Ollama reports done_reason "stop" for it, as Ollama does).
+	finishToolCalls = "tool_calls"
 )
+
+// maxChoices bounds OpenAI's "n" (the OpenAI API allows 1-128).
+const maxChoices = 128
 
 // noLimit is request.maxTokens when the request sets no token limit.
 const noLimit = -1
@@ -36,7 +42,16 @@ type request struct {
 	base64       bool   // OpenAI embeddings encoding_format "base64"
 	loadOnly     bool   // Ollama: no prompt at all, the request only loads the model
 	seq          uint64 // admission number, set by Server.accept; makes ids unique
+	n            int    // OpenAI "n": choices to answer; 0 means 1
+	// tools are the function tools the request defines and lastUser the
+	// text of its last message if that is a user message: together they
+	// decide whether the answer is a tool call (see chooseTool).
+	tools    []simTool
+	lastUser string
 }
+
+// choices is the number of choices to answer, at least 1.
+func (r request) choices() int { return max(r.n, 1) }
 
 // completion is the deterministic answer to a request.
 type completion struct {
@@ -73,11 +88,15 @@ func rngFor(seed int64, text string) *rand.Rand {
 // complete generates the answer to req: defaultTokens words, cut to
 // req.maxTokens (finish reason "length") when that is lower.
 func complete(seed int64, defaultTokens int, req request) completion {
+	return completeFrom(rngFor(seed, req.prompt), defaultTokens, req)
+}
+
+// completeFrom is complete with the words drawn from rng.
+func completeFrom(rng *rand.Rand, defaultTokens int, req request) completion {
 	n, reason := defaultTokens, finishStop
 	if req.maxTokens != noLimit && req.maxTokens < n {
 		n, reason = req.maxTokens, finishLength
 	}
-	rng := rngFor(seed, req.prompt)
 	tokens := make([]string, n)
 	for i := range tokens {
 		tokens[i] = " " + vocabulary[rng.IntN(len(vocabulary))]
@@ -132,12 +151,19 @@ func embedAll(seed int64, req request) (vectors [][]float32, promptTokens int) {
 // abortConnection, so no partial answer ever looks complete. With
 // Faults.DropAfter set it does the same after that many tokens.
 func (s *Server) pace(ctx context.Context, c completion, send func(token string) error) {
+	s.paceSteps(ctx, len(c.tokens), func(i int) error { return send(c.tokens[i]) })
+}
+
+// paceSteps is pace for an answer of steps pieces of output (tokens of
+// several choices, pieces of a tool call), delivered by send(0),
+// send(1), ... in order.
+func (s *Server) paceSteps(ctx context.Context, steps int, send func(step int) error) {
 	drop := s.cfg.Faults.DropAfter
 	if s.wait(ctx, s.cfg.TTFT) != nil {
 		s.cancelled()
 		abortConnection()
 	}
-	for i, tok := range c.tokens {
+	for i := range steps {
 		if drop > 0 && i == drop {
 			abortConnection()
 		}
@@ -145,7 +171,7 @@ func (s *Server) pace(ctx context.Context, c completion, send func(token string)
 			s.cancelled()
 			abortConnection()
 		}
-		if send(tok) != nil {
+		if send(i) != nil {
 			s.cancelled()
 			abortConnection()
 		}
@@ -153,6 +179,18 @@ func (s *Server) pace(ctx context.Context, c completion, send func(token string)
 	if drop > 0 {
 		abortConnection()
 	}
+}
+
+// completeChoice is complete for choice i of a request answering several
+// (OpenAI "n"): choice 0 is complete's answer, later ones are drawn from a
+// PRNG seeded with the prompt and the index, so each choice differs and all
+// are deterministic.
+func completeChoice(seed int64, defaultTokens int, req request, i int) completion {
+	key := req.prompt
+	if i > 0 {
+		key = fmt.Sprintf("%s\x00choice %d", req.prompt, i)
+	}
+	return completeFrom(rngFor(seed, key), defaultTokens, req)
 }
 
 // abortConnection ends the current handler and makes net/http close the

@@ -45,11 +45,22 @@ func writeOllamaError(w http.ResponseWriter, _ *http.Request, status int, err er
 }
 
 // ollamaMessage is a chat message (Ollama API doc, /api/chat "messages").
-// Fields the simulator does not use (images, tool_calls, thinking) are
-// accepted and dropped.
+// Fields the simulator does not use (images, thinking) are accepted and
+// dropped; ToolCalls are read from requests and written in answers.
 type ollamaMessage struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role      string           `json:"role"`
+	Content   string           `json:"content"`
+	ToolCalls []ollamaToolCall `json:"tool_calls,omitempty"`
+}
+
+// ollamaToolCall is one entry of a message's "tool_calls": Ollama sends a
+// whole call at once, its arguments as a JSON object (not a string) and
+// without an id.
+type ollamaToolCall struct {
+	Function struct {
+		Name      string          `json:"name"`
+		Arguments json.RawMessage `json:"arguments"`
+	} `json:"function"`
 }
 
 // ollamaOptions are the model options the simulator honours.
@@ -67,6 +78,7 @@ type ollamaGenerateRequest struct {
 	System   string          `json:"system"`
 	Stream   *bool           `json:"stream"`
 	Options  ollamaOptions   `json:"options"`
+	Tools    []simTool       `json:"tools"`
 }
 
 // parseOllamaChat parses a POST /api/chat body.
@@ -79,7 +91,12 @@ func parseOllamaChat(body []byte) (request, error) {
 	for i, m := range in.Messages {
 		texts[i] = m.Content
 	}
-	return in.toRequest(strings.Join(texts, "\n"), len(in.Messages) == 0)
+	req, err := in.toRequest(strings.Join(texts, "\n"), len(in.Messages) == 0)
+	req.tools = in.Tools
+	if n := len(in.Messages); n > 0 && in.Messages[n-1].Role == "user" {
+		req.lastUser = in.Messages[n-1].Content
+	}
+	return req, err
 }
 
 // parseOllamaGenerate parses a POST /api/generate body.
@@ -166,6 +183,13 @@ func (s *Server) ollamaGenerate(chat bool) http.HandlerFunc {
 		}
 
 		c := complete(s.cfg.Seed, s.cfg.DefaultMaxTokens, req)
+		var call *toolCall
+		if tool := chooseTool(req.tools, req.lastUser); chat && tool != nil {
+			tc := makeToolCall(s.cfg.Seed, tool, req.prompt)
+			call = &tc
+			// The whole call is one step of output; usage counts its pieces.
+			c = completion{tokens: []string{""}, promptTokens: c.promptTokens, finishReason: finishStop}
+		}
 		start := s.clock.Now()
 		var firstToken time.Time
 		final := func(content string) ollamaResponse {
@@ -181,6 +205,18 @@ func (s *Server) ollamaGenerate(chat bool) http.HandlerFunc {
 			resp.LoadDuration = 1
 			resp.PromptEvalCount, resp.PromptEvalDuration = c.promptTokens, max(int64(firstToken.Sub(start)), 1)
 			resp.EvalCount, resp.EvalDuration = len(c.tokens), max(int64(end.Sub(firstToken)), 1)
+			if call != nil {
+				resp.EvalCount = len(call.pieces)
+			}
+			return resp
+		}
+		// withCall adds the tool call to a chat frame.
+		withCall := func(resp ollamaResponse) ollamaResponse {
+			if call != nil {
+				var tc ollamaToolCall
+				tc.Function.Name, tc.Function.Arguments = call.name, json.RawMessage(call.arguments)
+				resp.Message.ToolCalls = []ollamaToolCall{tc}
+			}
 			return resp
 		}
 		markFirst := func() {
@@ -191,19 +227,26 @@ func (s *Server) ollamaGenerate(chat bool) http.HandlerFunc {
 
 		if !req.stream {
 			s.pace(r.Context(), c, func(string) error { markFirst(); return nil })
-			writeJSON(w, http.StatusOK, final(c.text()))
+			writeJSON(w, http.StatusOK, withCall(final(c.text())))
 			return
 		}
 		w.Header().Set("Content-Type", "application/x-ndjson")
 		w.WriteHeader(http.StatusOK)
 		enc := json.NewEncoder(w) // Encode ends each object with "\n"
+		if after := s.cfg.Faults.StreamErrorAfter; after > 0 && after < len(c.tokens) {
+			c.tokens = c.tokens[:after]
+		}
 		s.pace(r.Context(), c, func(tok string) error {
 			markFirst()
-			if err := enc.Encode(frame(tok)); err != nil {
+			if err := enc.Encode(withCall(frame(tok))); err != nil {
 				return err
 			}
 			return flush(w)
 		})
+		if s.cfg.Faults.StreamErrorAfter > 0 {
+			enc.Encode(map[string]string{"error": errStreamFault.Error()})
+			return
+		}
 		enc.Encode(final(""))
 	}
 }

@@ -96,7 +96,7 @@ type openaiStreamOptions struct {
 
 // openaiGenerateRequest is the body of POST /v1/chat/completions
 // (Messages) and POST /v1/completions (Prompt). Other fields (temperature,
-// seed, tools, n, ...) are accepted and ignored; n is always 1.
+// seed, ...) are accepted and ignored.
 type openaiGenerateRequest struct {
 	Model    string `json:"model"`
 	Messages []struct {
@@ -108,6 +108,8 @@ type openaiGenerateRequest struct {
 	StreamOptions       *openaiStreamOptions `json:"stream_options"`
 	MaxTokens           *int                 `json:"max_tokens"`
 	MaxCompletionTokens *int                 `json:"max_completion_tokens"`
+	N                   *int                 `json:"n"`
+	Tools               []simTool            `json:"tools"`
 }
 
 // parseOpenAIChat parses a POST /v1/chat/completions body.
@@ -123,6 +125,10 @@ func parseOpenAIChat(body []byte) (request, error) {
 	req, err := in.toRequest(strings.Join(texts, "\n"))
 	if err == nil && len(in.Messages) == 0 {
 		err = fmt.Errorf("%w: messages must not be empty", errInvalidRequest)
+	}
+	req.tools = in.Tools
+	if n := len(in.Messages); n > 0 && in.Messages[n-1].Role == "user" {
+		req.lastUser = string(in.Messages[n-1].Content)
 	}
 	return req, err
 }
@@ -160,6 +166,12 @@ func (in openaiGenerateRequest) toRequest(prompt string) (request, error) {
 	if in.Model == "" {
 		return req, fmt.Errorf("%w: model is required", errInvalidRequest)
 	}
+	if in.N != nil {
+		if *in.N < 1 || *in.N > maxChoices {
+			return req, fmt.Errorf("%w: n must be in 1-%d, got %d", errInvalidRequest, maxChoices, *in.N)
+		}
+		req.n = *in.N
+	}
 	for _, limit := range []struct {
 		name  string
 		value *int
@@ -185,8 +197,23 @@ type openaiUsage struct {
 // openaiMessage is an answer's "message" (non-streamed chat) or "delta"
 // (streamed chat; role only on the first chunk, content absent on the last).
 type openaiMessage struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role      string           `json:"role,omitempty"`
+	Content   *string          `json:"content,omitempty"`
+	ToolCalls []openaiToolCall `json:"tool_calls,omitempty"`
+}
+
+// openaiToolCall is one entry of a message's or delta's "tool_calls". A
+// streamed call's first delta carries Index, ID, Type and the name with
+// empty arguments; later deltas carry Index and the next piece of
+// Function.Arguments only.
+type openaiToolCall struct {
+	Index    *int   `json:"index,omitempty"` // deltas only
+	ID       string `json:"id,omitempty"`
+	Type     string `json:"type,omitempty"` // "function"
+	Function struct {
+		Name      string `json:"name,omitempty"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
 }
 
 // openaiChoice is one entry of "choices". Chat answers carry Message or
@@ -212,12 +239,44 @@ type openaiCompletion struct {
 	Usage             *openaiUsage   `json:"usage,omitempty"`
 }
 
+// openaiAnswer is one choice of an answer: text tokens, or a tool call.
+type openaiAnswer struct {
+	completion
+	call *toolCall
+	id   string // the tool call's id
+}
+
+// steps is the number of streamed chunks of output the choice has: one per
+// token, or for a tool call its first chunk (id and name) and one per piece
+// of its arguments.
+func (a openaiAnswer) steps() int {
+	if a.call != nil {
+		return 1 + len(a.call.pieces)
+	}
+	return len(a.tokens)
+}
+
+// completionTokens is the choice's share of usage.completion_tokens.
+func (a openaiAnswer) completionTokens() int {
+	if a.call != nil {
+		return len(a.call.pieces)
+	}
+	return len(a.tokens)
+}
+
 // openaiGenerate returns the handler of POST /v1/chat/completions (chat)
-// or POST /v1/completions. Non-streamed, it answers one chat.completion /
-// text_completion object with usage. Streamed, it answers Server-Sent
-// Events (text/event-stream), each "data: <chunk>\n\n" and flushed: for
-// chat first a chunk with delta.role "assistant", then one chunk per token,
-// then a chunk with finish_reason, then, if stream_options.include_usage, a
+// or POST /v1/completions. It answers "n" choices (default 1), each its own
+// deterministic text; a chat request that meets chooseTool's rule is
+// answered, in every choice, with a tool call (finish_reason "tool_calls").
+//
+// Non-streamed, it answers one chat.completion / text_completion object
+// with usage. Streamed, it answers Server-Sent Events (text/event-stream),
+// each "data: <chunk>\n\n" and flushed: for chat first a chunk with
+// delta.role "assistant" per choice, then the output in rounds, each round
+// one chunk per unfinished choice in index order (so choices interleave):
+// a token, or a tool call's first delta (index, id, type, name, arguments
+// "") and then its arguments in pieces of 4 characters; then one chunk
+// with finish_reason per choice, then, if stream_options.include_usage, a
 // chunk with empty choices and usage, then "data: [DONE]".
 func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
 	parse, object, chunkObject, idPrefix := parseOpenAICompletion, "text_completion", "text_completion", "cmpl"
@@ -232,12 +291,20 @@ func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
 		}
 		defer release()
 
-		c := complete(s.cfg.Seed, s.cfg.DefaultMaxTokens, req)
-		usage := &openaiUsage{
-			PromptTokens:     c.promptTokens,
-			CompletionTokens: len(c.tokens),
-			TotalTokens:      c.promptTokens + len(c.tokens),
+		answers := make([]openaiAnswer, req.choices())
+		tool := chooseTool(req.tools, req.lastUser)
+		usage := &openaiUsage{}
+		for i := range answers {
+			answers[i].completion = completeChoice(s.cfg.Seed, s.cfg.DefaultMaxTokens, req, i)
+			if chat && tool != nil {
+				call := makeToolCall(s.cfg.Seed, tool, req.prompt)
+				answers[i].call, answers[i].id = &call, toolCallID(req.seq, i)
+				answers[i].finishReason, answers[i].tokens = finishToolCalls, nil
+			}
+			usage.CompletionTokens += answers[i].completionTokens()
 		}
+		usage.PromptTokens = answers[0].promptTokens
+		usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
 		base := openaiCompletion{
 			ID:                fmt.Sprintf("%s-sim-%d", idPrefix, req.seq),
 			Object:            chunkObject,
@@ -245,28 +312,30 @@ func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
 			Model:             req.model,
 			SystemFingerprint: "fp_sim",
 		}
-		// withChoice returns base with one choice holding text (and role,
-		// for chat), finished if finish is not nil.
-		withChoice := func(role string, text *string, finish *string) openaiCompletion {
-			choice := openaiChoice{FinishReason: finish}
-			switch {
-			case !chat:
-				choice.Text = text
-			case req.stream:
-				choice.Delta = &openaiMessage{Role: role, Content: text}
-			default:
-				choice.Message = &openaiMessage{Role: role, Content: text}
-			}
-			out := base
-			out.Choices = []openaiChoice{choice}
-			return out
-		}
 
 		if !req.stream {
-			s.pace(r.Context(), c, func(string) error { return nil })
-			text := c.text()
-			resp := withChoice("assistant", &text, &c.finishReason)
+			steps := 0
+			for _, a := range answers {
+				steps = max(steps, a.steps())
+			}
+			s.paceSteps(r.Context(), steps, func(int) error { return nil })
+			resp := base
 			resp.Object, resp.Usage = object, usage
+			for i, a := range answers {
+				text := a.text()
+				choice := openaiChoice{Index: i, FinishReason: &answers[i].finishReason}
+				switch {
+				case !chat:
+					choice.Text = &text
+				case a.call != nil:
+					tc := openaiToolCall{ID: a.id, Type: "function"}
+					tc.Function.Name, tc.Function.Arguments = a.call.name, a.call.arguments
+					choice.Message = &openaiMessage{Role: "assistant", ToolCalls: []openaiToolCall{tc}}
+				default:
+					choice.Message = &openaiMessage{Role: "assistant", Content: &text}
+				}
+				resp.Choices = append(resp.Choices, choice)
+			}
 			writeJSON(w, http.StatusOK, resp)
 			return
 		}
@@ -284,29 +353,89 @@ func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
 			}
 			return flush(w)
 		}
+		chunk := func(choice openaiChoice) openaiCompletion {
+			out := base
+			out.Choices = []openaiChoice{choice}
+			return out
+		}
+		// The output in rounds: round k holds step k of every choice that
+		// has one, in index order.
+		type step struct{ choice, k int }
+		var steps []step
+		for k := 0; ; k++ {
+			n := len(steps)
+			for i, a := range answers {
+				if k < a.steps() {
+					steps = append(steps, step{i, k})
+				}
+			}
+			if len(steps) == n {
+				break
+			}
+		}
+		failAfter := s.cfg.Faults.StreamErrorAfter
+		if failAfter > 0 && failAfter < len(steps) {
+			steps = steps[:failAfter]
+		}
 		empty, roleSent := "", !chat
-		sendRole := func() error {
+		sendRoles := func() error {
 			if roleSent {
 				return nil
 			}
 			roleSent = true
-			return send(withChoice("assistant", &empty, nil))
+			for i := range answers {
+				if err := send(chunk(openaiChoice{Index: i, Delta: &openaiMessage{Role: "assistant", Content: &empty}})); err != nil {
+					return err
+				}
+			}
+			return nil
 		}
-		s.pace(r.Context(), c, func(tok string) error {
-			if err := sendRole(); err != nil {
+		s.paceSteps(r.Context(), len(steps), func(j int) error {
+			if err := sendRoles(); err != nil {
 				return err
 			}
-			return send(withChoice("", &tok, nil))
+			st := steps[j]
+			a := answers[st.choice]
+			choice := openaiChoice{Index: st.choice}
+			switch {
+			case !chat:
+				choice.Text = &a.tokens[st.k]
+			case a.call != nil:
+				index := 0
+				tc := openaiToolCall{Index: &index}
+				if st.k == 0 {
+					tc.ID, tc.Type, tc.Function.Name = a.id, "function", a.call.name
+				} else {
+					tc.Function.Arguments = a.call.pieces[st.k-1]
+				}
+				choice.Delta = &openaiMessage{ToolCalls: []openaiToolCall{tc}}
+			default:
+				choice.Delta = &openaiMessage{Content: &a.tokens[st.k]}
+			}
+			return send(chunk(choice))
 		})
-		if sendRole() != nil {
+		if sendRoles() != nil {
 			return
 		}
-		last := withChoice("", nil, &c.finishReason)
-		if !chat {
-			last = withChoice("", &empty, &c.finishReason)
-		}
-		if send(last) != nil {
+		if failAfter > 0 {
+			e := openaiError{Message: errStreamFault.Error(), Type: "server_error"}
+			if send(map[string]openaiError{"error": e}) != nil {
+				return
+			}
+			fmt.Fprint(w, "data: [DONE]\n\n")
+			flush(w)
 			return
+		}
+		for i := range answers {
+			last := openaiChoice{Index: i, FinishReason: &answers[i].finishReason}
+			if chat {
+				last.Delta = &openaiMessage{}
+			} else {
+				last.Text = &empty
+			}
+			if send(chunk(last)) != nil {
+				return
+			}
 		}
 		if req.includeUsage {
 			u := base

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -48,44 +47,14 @@ func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		EstimatedInputTokens: chat.EstimatedInputTokens,
 		Headers:              forwardHeaders(r.Header),
 	}
-	run, err := h.gw.Dispatch(r.Context(), req)
-	if err != nil {
-		h.writeError(w, r, err, &req)
-		return
-	}
-
-	closer := &runCloser{run: run}
-	stop := context.AfterFunc(r.Context(), func() { closer.close(reasonClientGone) })
-	reason := reasonCompleted
-	defer func() {
-		stop()
-		closer.close(reason)
-	}()
-
-	info := run.Info()
-	logger := h.logger.With("run_id", info.RunID, "model", clip(req.Model), "node_id", info.NodeID,
-		"provider_id", info.ProviderID, "path", info.Path.String())
-	rr := &runResponse{h: h, w: w, r: r, run: run, req: &req}
-	switch info.Path {
-	case nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL:
-		reason = rr.tunnel()
-	case nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED:
-		cr := &chatRender{runResponse: rr, id: "chatcmpl-" + info.RunID, created: h.cfg.Now().Unix(),
-			model: chat.Model, includeUsage: chat.IncludeUsage}
+	h.serveRun(w, r, &req, func(rr *runResponse, info DispatchInfo) string {
+		cr := &chatRender{eventReader: eventReader{runResponse: rr}, id: "chatcmpl-" + info.RunID,
+			created: h.cfg.Now().Unix(), model: chat.Model, includeUsage: chat.IncludeUsage}
 		if chat.Stream {
-			reason = cr.stream()
-		} else {
-			reason = cr.json()
+			return cr.stream()
 		}
-	default:
-		reason = rr.fail(errUnknownPath)
-	}
-	logger.Debug("run ended", "reason", reason, "queue_wait", info.QueueWait, "aborted", rr.abort)
-	if rr.abort {
-		// After the deferred Close, with the reason above; net/http then
-		// drops the connection instead of ending the body cleanly.
-		panic(http.ErrAbortHandler)
-	}
+		return cr.json()
+	})
 }
 
 // readBody reads a request body (ServeHTTP caps it at Config.MaxBodyBytes),

@@ -3,7 +3,6 @@ package api
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"mime"
@@ -80,7 +79,7 @@ const (
 //
 // Checked values:
 //
-//	n                        absent or 1: iop answers one choice per request
+//	n                        an integer in [1, 128]
 //	max_tokens,              an integer in [1, 2147483647]
 //	max_completion_tokens
 //	seed                     an integer in the int64 range
@@ -109,16 +108,9 @@ const (
 // "messages[2].content[0].type" ("" when the body as a whole is not a JSON
 // object). A client value quoted in its message is clipped (clip).
 func decodeChatRequest(body []byte) (chatRequest, error) {
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(body, &top); err != nil {
-		var typeErr *json.UnmarshalTypeError
-		if errors.As(err, &typeErr) {
-			return chatRequest{}, &requestError{message: "the request body must be a JSON object, got " + jsonKind(body)}
-		}
-		return chatRequest{}, &requestError{message: "the request body is not valid JSON: " + err.Error()}
-	}
-	if top == nil {
-		return chatRequest{}, &requestError{message: "the request body must be a JSON object, got null"}
+	top, err := decodeObject(body)
+	if err != nil {
+		return chatRequest{}, err
 	}
 
 	var req chatRequest
@@ -420,21 +412,15 @@ func decodeResponseFormat(raw json.RawMessage) error {
 	return decodeNested(js, "response_format.json_schema.schema", "schema", wantObject, new(map[string]json.RawMessage))
 }
 
-// decodeN checks "n", the number of choices. iop answers one choice per
-// request, so only 1 is accepted: ignoring a larger n would answer a
-// different question than the client asked.
+// maxChoices is the largest "n" (OpenAI's limit).
+const maxChoices = 128
+
+// decodeN checks "n", the number of choices: an integer in [1, 128]. A
+// provider on the tunnel path answers them all; one on the normalized
+// path answers one choice per request and refuses a larger n with a 400
+// naming it, rather than silently answering a different question.
 func decodeN(raw json.RawMessage) error {
-	lit, err := numberLiteral(raw, "n", wantInteger)
-	if lit == "" || err != nil {
-		return err
-	}
-	if v, ok := parseInteger(lit); ok && v == 1 {
-		return nil
-	}
-	if integralIn(lit, 1, 1) {
-		return notPlainInteger("n", lit)
-	}
-	return &requestError{param: "n", message: "only n=1 is supported (iop answers one choice per request), got " + clip(lit)}
+	return decodeInteger(raw, "n", 1, maxChoices)
 }
 
 // decodeInteger checks that raw, when present, is a JSON integer in

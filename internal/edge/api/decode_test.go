@@ -158,8 +158,11 @@ func acceptedFieldsOK(top map[string]json.RawMessage) error {
 		raw, ok := top[name]
 		return raw, ok && string(bytes.TrimSpace(raw)) != "null"
 	}
-	if raw, ok := present("n"); ok && string(bytes.TrimSpace(raw)) != "1" {
-		return fmt.Errorf("n = %s", raw)
+	if raw, ok := present("n"); ok {
+		var n int32
+		if json.Unmarshal(raw, &n) != nil || n < 1 || n > 128 {
+			return fmt.Errorf("n = %s", raw)
+		}
 	}
 	for _, name := range []string{"max_tokens", "max_completion_tokens"} {
 		var v int32

@@ -6,6 +6,8 @@
 // # Routes
 //
 //	POST /v1/chat/completions  chat.completion, or SSE chat.completion.chunk events ending "data: [DONE]"
+//	POST /v1/completions       text_completion, or SSE text_completion chunks ending "data: [DONE]"
+//	POST /v1/embeddings        {"object":"list","data":[{"object":"embedding","index","embedding"}],"model","usage"}
 //	GET  /v1/models            {"object":"list","data":[{"id","object":"model","created","owned_by":"iop"}]}
 //	GET  /v1/models/{model}    one model object, or 404 model_not_found
 //	GET  /admin/v1/nodes       JSON array of connected nodes (only when the Gateway implements Admin, else 404)
@@ -24,7 +26,10 @@
 // becomes the status line and headers, each TunnelData is written and flushed
 // as it arrives. On the normalized path the node sends run events (started,
 // delta, usage, complete, error, cancelled) that this package renders as a
-// chat.completion object or as SSE chunks.
+// chat.completion, text_completion or embeddings list object, or as SSE
+// chunks; tool calls in deltas become message.tool_calls, or streamed
+// delta.tool_calls parts, and embeddings with encoding_format base64 are
+// encoded here.
 //
 // # Errors
 //

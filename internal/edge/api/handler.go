@@ -26,6 +26,8 @@ func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
 	}
 	h.routes = map[string]route{
 		"/v1/chat/completions": {http.MethodPost, h.chatCompletions},
+		"/v1/completions":      {http.MethodPost, h.completions},
+		"/v1/embeddings":       {http.MethodPost, h.embeddings},
 		"/v1/models":           {http.MethodGet, h.listModels},
 		"/healthz":             {http.MethodGet, h.healthz},
 		"/readyz":              {http.MethodGet, h.readyz},

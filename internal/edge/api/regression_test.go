@@ -82,20 +82,25 @@ func chatWith(fields string) string {
 	return `{"model":"m",` + fields + `,"messages":[{"role":"user","content":"x"}]}`
 }
 
-// iop answers one choice per request: "n":2 used to get one choice back
-// silently and "n":0 was accepted.
+// "n":2 used to get one choice back silently and "n":0 was accepted. n is
+// now checked as an integer in [1, 128]: the tunnel path passes it to the
+// provider, and the normalized path refuses n > 1 naming it (see the
+// adapter's TestOllamaRefusesFieldsItCannotHonour).
 func TestRegression_NGreaterThanOneRejected(t *testing.T) {
-	const want = "n: only n=1 is supported"
+	const want = "n: must be an integer between 1 and 128"
 	checkRejected(t, []badChat{
-		{"n=2", chatWith(`"n": 2`), "n", want},
 		{"n=0", chatWith(`"n": 0`), "n", want},
 		{"n=-1", chatWith(`"n": -1`), "n", want},
 		{"n=1.5", chatWith(`"n": 1.5`), "n", want},
+		{"n=129", chatWith(`"n": 129`), "n", want},
 		{"n huge", chatWith(`"n": 100000000000000000000`), "n", want},
+		{"n=2.0", chatWith(`"n": 2.0`), "n", "n: must be an integer written without a fraction or exponent"},
 		{"n a string", chatWith(`"n": "1"`), "n", "n: expected an integer, got a string"},
 	})
 	checkAccepted(t, map[string]string{
 		"n=1":      chatWith(`"n": 1`),
+		"n=2":      chatWith(`"n": 2`),
+		"n=128":    chatWith(`"n": 128`),
 		"n null":   chatWith(`"n": null`),
 		"n absent": simpleChat,
 	})
@@ -434,7 +439,7 @@ func TestRegression_HalfCloseGetsNoEmpty200(t *testing.T) {
 	// with an empty 200.
 	t.Run("bad request", func(t *testing.T) {
 		env := newEnv(t, Config{}, failWith(fmt.Errorf("must not dispatch")))
-		got := rawExchange(t, env, `{"model":"m","n":2,"messages":[{"role":"user","content":"x"}]}`, "", func() {})
+		got := rawExchange(t, env, `{"model":"m","n":0,"messages":[{"role":"user","content":"x"}]}`, "", func() {})
 		if got != "" && !strings.HasPrefix(got, "HTTP/1.1 400 ") {
 			t.Errorf("got %q, want nothing or a 400", got)
 		}

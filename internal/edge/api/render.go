@@ -28,7 +28,10 @@ var hopHeaders = map[string]bool{
 
 // tunnel relays a tunnel-path run: TunnelHead becomes the status and headers
 // (as received, minus hopHeaders), each TunnelData is written and flushed at
-// once, TunnelEnd ends the response. A failure before TunnelHead is an error
+// once, TunnelEnd ends the response (a TunnelEnd with provider_error, an
+// error event the provider sent inside its 2xx stream and the client got
+// as is, ends it the same way but the run counts as failed: logged at
+// warn, Close reason "upstream error"). A failure before TunnelHead is an error
 // answer (TunnelError's status, 502 if unset); after it, see failStarted.
 // It returns the Close reason.
 func (rr *runResponse) tunnel() string {
@@ -70,6 +73,13 @@ func (rr *runResponse) tunnel() string {
 		case *nodev1.RunUp_TunnelEnd:
 			if !rr.started {
 				return rr.fail(errUpstreamEnded)
+			}
+			if msg := m.TunnelEnd.GetProviderError(); msg != "" {
+				// The provider's error event reached the client with its
+				// bytes; the run failed all the same.
+				rr.h.logger.Warn("provider reported an error inside its answer", "path", clip(rr.r.URL.Path),
+					"model", clip(rr.req.Model), "err", clipTo(msg, maxErrorTextBytes))
+				return reasonUpstreamError
 			}
 			return reasonCompleted
 		case *nodev1.RunUp_TunnelError:
@@ -146,15 +156,19 @@ func isEventStream(contentType string) bool {
 	return err == nil && mediaType == "text/event-stream"
 }
 
+// eventReader reads the run events of a normalized-path run.
+type eventReader struct {
+	*runResponse
+	usage usage
+}
+
 // chatRender renders a normalized-path run as an OpenAI chat completion.
 type chatRender struct {
-	*runResponse
+	eventReader
 	id           string // "chatcmpl-" + run id
 	created      int64  // Unix seconds
 	model        string // the model name the client asked for
 	includeUsage bool
-
-	usage usage
 }
 
 // usage is the OpenAI usage object, in tokens.
@@ -180,9 +194,29 @@ type chatChoice struct {
 	FinishReason string      `json:"finish_reason"`
 }
 
+// chatMessage is the answer's message. Content is null when the message
+// only calls tools, as OpenAI answers.
 type chatMessage struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role      string     `json:"role"`
+	Content   *string    `json:"content"`
+	ToolCalls []toolCall `json:"tool_calls,omitempty"`
+}
+
+// toolCall is one entry of a message's or a delta's "tool_calls" (OpenAI
+// API reference, chat completion object and chunk object). In a delta,
+// Index says which call a part belongs to; ID, Type and Function.Name come
+// with a call's first part only, and each part's Function.Arguments is
+// appended to the call's arguments.
+type toolCall struct {
+	Index    *int             `json:"index,omitempty"` // deltas only
+	ID       string           `json:"id,omitempty"`
+	Type     string           `json:"type,omitempty"` // "function"
+	Function toolCallFunction `json:"function"`
+}
+
+type toolCallFunction struct {
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments"` // JSON text, or a piece of it
 }
 
 // chatChunk is one streamed event (object "chat.completion.chunk").
@@ -202,16 +236,18 @@ type chunkChoice struct {
 }
 
 type chunkDelta struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role      string     `json:"role,omitempty"`
+	Content   *string    `json:"content,omitempty"`
+	ToolCalls []toolCall `json:"tool_calls,omitempty"`
 }
 
-// next reads run events until one ends the run, calling onDelta for the
-// text of each non-empty delta. A usage event is recorded in c.usage. It
-// returns the finish reason ("stop" if the node sent none) or the failure.
-func (c *chatRender) next(onDelta func(text string) error) (finish string, err error) {
+// next reads run events until one ends the run, calling onDelta for each
+// DELTA that carries text, tool calls or embeddings. A usage event is
+// recorded in e.usage. It returns the finish reason ("stop" if the node
+// sent none) or the failure.
+func (e *eventReader) next(onDelta func(ev *nodev1.RunEvent) error) (finish string, err error) {
 	for {
-		msg, err := c.recv()
+		msg, err := e.recv()
 		if err != nil {
 			return "", err
 		}
@@ -222,16 +258,16 @@ func (c *chatRender) next(onDelta func(text string) error) (finish string, err e
 		for _, ev := range events.GetEvents() {
 			switch ev.GetType() {
 			case nodev1.RunEvent_TYPE_DELTA:
-				if ev.GetText() == "" {
+				if ev.GetText() == "" && len(ev.GetToolCalls()) == 0 && len(ev.GetEmbeddings()) == 0 {
 					continue
 				}
-				if err := onDelta(ev.GetText()); err != nil {
+				if err := onDelta(ev); err != nil {
 					return "", err
 				}
 			case nodev1.RunEvent_TYPE_USAGE:
-				c.usage.PromptTokens = int(ev.GetPromptTokens())
-				c.usage.CompletionTokens = int(ev.GetCompletionTokens())
-				c.usage.TotalTokens = c.usage.PromptTokens + c.usage.CompletionTokens
+				e.usage.PromptTokens = int(ev.GetPromptTokens())
+				e.usage.CompletionTokens = int(ev.GetCompletionTokens())
+				e.usage.TotalTokens = e.usage.PromptTokens + e.usage.CompletionTokens
 			case nodev1.RunEvent_TYPE_COMPLETE:
 				finish := ev.GetFinishReason()
 				if finish == "" {
@@ -257,9 +293,28 @@ func (e *errWrite) Unwrap() error { return e.err }
 // is what the node reported, zero if it reported none. It returns the Close
 // reason.
 func (c *chatRender) json() string {
-	var text strings.Builder
-	finish, err := c.next(func(s string) error {
-		text.WriteString(s)
+	var (
+		text  strings.Builder
+		calls []toolCall // by index; parts of one call are joined
+	)
+	finish, err := c.next(func(ev *nodev1.RunEvent) error {
+		text.WriteString(ev.GetText())
+		for _, part := range ev.GetToolCalls() {
+			i := int(part.GetIndex())
+			if i < 0 || i >= maxToolCalls {
+				return errUpstreamProtocol
+			}
+			for len(calls) <= i {
+				calls = append(calls, toolCall{Type: "function"})
+			}
+			if part.GetId() != "" {
+				calls[i].ID = part.GetId()
+			}
+			if part.GetName() != "" {
+				calls[i].Function.Name = part.GetName()
+			}
+			calls[i].Function.Arguments += part.GetArguments()
+		}
 		return nil
 	})
 	if err != nil {
@@ -268,33 +323,58 @@ func (c *chatRender) json() string {
 	if clientGone(c.r) {
 		return reasonClientGone
 	}
+	msg := chatMessage{Role: "assistant", ToolCalls: calls}
+	if content := text.String(); content != "" || len(calls) == 0 {
+		msg.Content = &content
+	}
 	writeJSON(c.w, http.StatusOK, chatCompletion{
 		ID:      c.id,
 		Object:  "chat.completion",
 		Created: c.created,
 		Model:   c.model,
-		Choices: []chatChoice{{
-			Message:      chatMessage{Role: "assistant", Content: text.String()},
-			FinishReason: finish,
-		}},
-		Usage: c.usage,
+		Choices: []chatChoice{{Message: msg, FinishReason: finish}},
+		Usage:   c.usage,
 	})
 	return reasonCompleted
 }
 
+// maxToolCalls bounds the index of a tool call in one answer, so a
+// malformed index from a node cannot make the edge allocate without bound.
+const maxToolCalls = 1024
+
 // stream writes the answer as SSE chat.completion.chunk events: a first
-// chunk with the assistant role, one chunk per delta (flushed at once), a
+// chunk with the assistant role, one chunk per delta's text and one per
+// delta's tool-call parts (delta.tool_calls with index, and id, type and
+// name on a call's first part; flushed at once), a
 // final chunk with the finish reason, a usage chunk (choices []) when the
 // request asked for include_usage, and `data: [DONE]`. The status line is
 // sent with the first delta or the completion, so a run that fails before
 // either gets an error answer with its own status; a run that fails later
 // ends with an error event and no [DONE]. It returns the Close reason.
 func (c *chatRender) stream() string {
-	finish, err := c.next(func(s string) error {
+	finish, err := c.next(func(ev *nodev1.RunEvent) error {
 		if err := c.startStream(); err != nil {
 			return err
 		}
-		return c.writeChunk(chunkDelta{Content: &s}, nil)
+		if s := ev.GetText(); s != "" {
+			if err := c.writeChunk(chunkDelta{Content: &s}, nil); err != nil {
+				return err
+			}
+		}
+		if len(ev.GetToolCalls()) == 0 {
+			return nil
+		}
+		parts := make([]toolCall, 0, len(ev.GetToolCalls()))
+		for _, part := range ev.GetToolCalls() {
+			index := int(part.GetIndex())
+			tc := toolCall{Index: &index, ID: part.GetId(),
+				Function: toolCallFunction{Name: part.GetName(), Arguments: part.GetArguments()}}
+			if tc.ID != "" {
+				tc.Type = "function"
+			}
+			parts = append(parts, tc)
+		}
+		return c.writeChunk(chunkDelta{ToolCalls: parts}, nil)
 	})
 	var werr *errWrite
 	switch {
@@ -316,12 +396,7 @@ func (c *chatRender) startStream() error {
 	if c.started {
 		return nil
 	}
-	header := c.w.Header()
-	header.Set("Content-Type", "text/event-stream")
-	header.Set("Cache-Control", "no-cache")
-	header.Set("X-Accel-Buffering", "no") // tell nginx-like proxies not to buffer
-	c.w.WriteHeader(http.StatusOK)
-	c.started = true
+	c.runResponse.startStream()
 	empty := ""
 	return c.writeChunk(chunkDelta{Role: "assistant", Content: &empty}, nil)
 }
@@ -359,4 +434,17 @@ func (c *chatRender) writeChunk(delta chunkDelta, finish *string) error {
 		return &errWrite{err}
 	}
 	return nil
+}
+
+// startStream sends the SSE status line and headers, once.
+func (rr *runResponse) startStream() {
+	if rr.started {
+		return
+	}
+	header := rr.w.Header()
+	header.Set("Content-Type", "text/event-stream")
+	header.Set("Cache-Control", "no-cache")
+	header.Set("X-Accel-Buffering", "no") // tell nginx-like proxies not to buffer
+	rr.w.WriteHeader(http.StatusOK)
+	rr.started = true
 }

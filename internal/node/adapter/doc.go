@@ -13,7 +13,9 @@
 //     {base_url}/chat/completions, /completions or /embeddings and relays a
 //     2xx answer's status and body bytes unchanged, chunk by chunk as they
 //     arrive (SSE passes through untouched), with an allowlist of its
-//     headers. An error answer (4xx, 5xx) is relayed as one OpenAI error
+//     headers. An SSE answer is watched for an error event inside the 2xx
+//     stream (relayed unchanged, reported as [ErrProviderReported]).
+//     An error answer (4xx, 5xx) is relayed as one OpenAI error
 //     object with the provider's status, scrubbed of its URL and key; a
 //     redirect is a 502.
 //

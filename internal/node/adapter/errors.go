@@ -5,7 +5,7 @@ import (
 	"fmt"
 )
 
-// Kinds of failure. An [*Error] unwraps to exactly one of the first five;
+// Kinds of failure. An [*Error] unwraps to exactly one of the first six;
 // the rest are returned wrapped by adapter methods and constructors.
 var (
 	// ErrProviderStatus: the provider answered with a non-2xx status.
@@ -21,6 +21,10 @@ var (
 	ErrProviderStream = errors.New("provider stream failed")
 	// ErrBadRequest: the request body cannot be sent to this provider.
 	ErrBadRequest = errors.New("bad request")
+	// ErrProviderReported: a tunnel relayed a 2xx answer in full, but the
+	// provider reported an error inside it (an SSE error event). The client
+	// got the provider's bytes; the run failed all the same.
+	ErrProviderReported = errors.New("provider reported an error in its stream")
 
 	// ErrCancelled: the caller's context ended before the answer did.
 	ErrCancelled = errors.New("run cancelled")
@@ -33,11 +37,13 @@ var (
 // Error is a failed provider request, in terms safe to show a client.
 type Error struct {
 	// Kind is one of ErrProviderStatus, ErrProviderUnreachable,
-	// ErrProviderTimeout, ErrProviderStream, ErrBadRequest.
+	// ErrProviderTimeout, ErrProviderStream, ErrBadRequest,
+	// ErrProviderReported.
 	Kind error
 	// Status is the HTTP status to report: the provider's own status for
 	// ErrProviderStatus (502 when it was a redirect or out of range), 502
-	// unreachable or stream failure, 504 timeout, 400 bad request.
+	// unreachable, stream failure or reported error, 504 timeout, 400 bad
+	// request.
 	Status int
 	// Message describes the failure; it never holds the provider's URL or
 	// API key.

@@ -3,10 +3,12 @@ package adapter
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 
 	"iop/internal/wire/nodev1"
 )
@@ -46,13 +48,14 @@ func (o *Ollama) Close() { o.p.Close() }
 // Normalize translates req to Ollama's API, streams the answer from Ollama
 // and sends it to sink as run events:
 //
-//	chat, completion: STARTED, DELTA{text} per line with text, then
-//	                  USAGE{prompt_tokens, completion_tokens} + COMPLETE{finish_reason}
+//	chat, completion: STARTED, DELTA{text, tool_calls} per line with text or
+//	                  tool calls, then USAGE{prompt_tokens, completion_tokens}
+//	                  + COMPLETE{finish_reason}
 //	embeddings:       STARTED, DELTA{embeddings} (one or more, vectors in input
 //	                  order), then USAGE{prompt_tokens} + COMPLETE{"stop"}
 //
 // finish_reason is "length" when Ollama's done_reason is "length", else
-// "stop". Failures are reported as the package doc describes; a non-2xx
+// "tool_calls" when the answer called a tool, else "stop". Failures are reported as the package doc describes; a non-2xx
 // answer's *Error carries Ollama's {"error": ...} text and status.
 func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) error {
 	var (
@@ -94,6 +97,10 @@ func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) err
 	return o.readStream(c, sink)
 }
 
+// newToolCallID returns a new OpenAI-style tool call id: "call_" and 24
+// random characters.
+func newToolCallID() string { return "call_" + strings.ToLower(rand.Text()[:24]) }
+
 // statusError is the *Error for a non-2xx answer: Ollama's own error text
 // (redacted) or, without one, the status text.
 func (o *Ollama) statusError(c *call) error {
@@ -115,8 +122,13 @@ func (o *Ollama) statusError(c *call) error {
 	return &Error{Kind: ErrProviderStatus, Status: status, Message: o.p.redact(msg)}
 }
 
-// readStream relays an NDJSON chat or generate stream to sink.
+// readStream relays an NDJSON chat or generate stream to sink. Tool calls
+// (Ollama sends each whole, without an id unless it is recent) become
+// DELTA tool_calls numbered from 0 in order of arrival, with Ollama's id or
+// a new "call_..." one, and make the finish reason "tool_calls" unless the
+// answer was cut at its length limit (as Ollama's own OpenAI layer does).
 func (o *Ollama) readStream(c *call, sink EventSink) error {
+	var calls int32 // tool calls so far
 	sc := bufio.NewScanner(c.resp.Body)
 	sc.Buffer(make([]byte, 0, 64<<10), maxLineBytes)
 	for sc.Scan() {
@@ -131,13 +143,27 @@ func (o *Ollama) readStream(c *call, sink EventSink) error {
 			return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: o.p.redact(l.Err)}
 		}
 		var events []*nodev1.RunEvent
-		if l.Text != "" {
-			events = append(events, &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: l.Text})
+		if l.Text != "" || len(l.ToolCalls) > 0 {
+			delta := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: l.Text}
+			for _, tc := range l.ToolCalls {
+				id := tc.ID
+				if id == "" {
+					id = newToolCallID()
+				}
+				delta.ToolCalls = append(delta.ToolCalls, &nodev1.ToolCallDelta{
+					Index: calls, Id: id, Name: tc.Name, Arguments: tc.Arguments,
+				})
+				calls++
+			}
+			events = append(events, delta)
 		}
 		if l.Done {
 			finish := "stop"
-			if l.DoneReason == "length" {
+			switch {
+			case l.DoneReason == "length":
 				finish = "length"
+			case calls > 0:
+				finish = "tool_calls"
 			}
 			events = append(events,
 				&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_USAGE, PromptTokens: l.PromptTokens, CompletionTokens: l.CompletionTokens},

@@ -85,6 +85,7 @@ func isNull(raw json.RawMessage) bool {
 
 type openAIChatRequest struct {
 	sampling
+	N              *int            `json:"n"`
 	Messages       []openAIMessage `json:"messages"`
 	ResponseFormat *struct {
 		Type       string `json:"type"`
@@ -144,8 +145,8 @@ type ollamaFunctionCall struct {
 }
 
 // chatToOllama translates an OpenAI chat completions body into an Ollama
-// /api/chat body for model, always streaming. Errors are *Error of kind
-// ErrBadRequest.
+// /api/chat body for model, always streaming; "n" above 1 is refused.
+// Errors are *Error of kind ErrBadRequest.
 func chatToOllama(body []byte, model string) ([]byte, error) {
 	var in openAIChatRequest
 	if err := json.Unmarshal(body, &in); err != nil {
@@ -153,6 +154,9 @@ func chatToOllama(body []byte, model string) ([]byte, error) {
 	}
 	if len(in.Messages) == 0 {
 		return nil, badRequest("messages: at least one message is required")
+	}
+	if err := oneChoice(in.N); err != nil {
+		return nil, err
 	}
 	opts, err := in.options()
 	if err != nil {
@@ -267,8 +271,22 @@ func imageData(raw json.RawMessage) (string, *Error) {
 
 type openAICompletionRequest struct {
 	sampling
-	Prompt json.RawMessage `json:"prompt"` // string | [string]
-	Suffix string          `json:"suffix"`
+	Prompt   json.RawMessage `json:"prompt"` // string | [string]
+	Suffix   string          `json:"suffix"`
+	N        *int            `json:"n"`
+	BestOf   *int            `json:"best_of"`
+	Echo     *bool           `json:"echo"`
+	Logprobs json.RawMessage `json:"logprobs"` // integer | null
+}
+
+// oneChoice refuses an "n" above 1: Ollama answers one choice per
+// request, and answering one when the client asked for several would
+// change the answer's meaning.
+func oneChoice(n *int) error {
+	if n != nil && *n > 1 {
+		return badRequest("n: this provider answers one choice per request, got n=%d", *n)
+	}
+	return nil
 }
 
 type ollamaGenerateRequest struct {
@@ -280,9 +298,10 @@ type ollamaGenerateRequest struct {
 }
 
 // completionToOllama translates an OpenAI completions body into an Ollama
-// /api/generate body for model, always streaming. A prompt array must hold
-// exactly one string (one run, one answer). Errors are *Error of kind
-// ErrBadRequest.
+// /api/generate body for model, always streaming; "suffix" becomes
+// Ollama's suffix. A prompt array must hold exactly one string (one run,
+// one answer); echo true, logprobs, and n or best_of above 1 are refused.
+// Errors are *Error of kind ErrBadRequest naming the field.
 func completionToOllama(body []byte, model string) ([]byte, error) {
 	var in openAICompletionRequest
 	if err := json.Unmarshal(body, &in); err != nil {
@@ -290,6 +309,19 @@ func completionToOllama(body []byte, model string) ([]byte, error) {
 	}
 	prompts, err := stringOrStrings(in.Prompt, "prompt")
 	if err != nil {
+		return nil, err
+	}
+	// Fields Ollama's /api/generate cannot honour and whose loss would
+	// change the answer: refused, naming the field.
+	switch {
+	case in.Echo != nil && *in.Echo:
+		return nil, badRequest("echo: not supported by this provider")
+	case !isNull(in.Logprobs):
+		return nil, badRequest("logprobs: not supported by this provider")
+	case in.BestOf != nil && *in.BestOf > 1:
+		return nil, badRequest("best_of: this provider answers one choice per request, got best_of=%d", *in.BestOf)
+	}
+	if err := oneChoice(in.N); err != nil {
 		return nil, err
 	}
 	if len(prompts) != 1 {

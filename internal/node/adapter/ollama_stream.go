@@ -25,6 +25,21 @@ type ollamaLine struct {
 	PromptTokens, CompletionTokens int32
 	// Err is the line's "error" text, "" when it has none.
 	Err string
+	// ToolCalls are message.tool_calls: Ollama sends each call whole, in
+	// one line.
+	ToolCalls []ollamaLineToolCall
+}
+
+// ollamaLineToolCall is one tool call of a chat stream line.
+type ollamaLineToolCall struct {
+	// ID is the call's id when Ollama gives one (recent versions do not
+	// always), else "".
+	ID string
+	// Name is function.name.
+	Name string
+	// Arguments is function.arguments as JSON text: Ollama sends an
+	// object; a string is taken as already-encoded JSON text.
+	Arguments string
 }
 
 // errMalformedLine is returned by parseLine for a line that is not an Ollama
@@ -37,7 +52,14 @@ var errMalformedLine = errors.New("malformed ndjson line")
 func parseLine(line []byte) (ollamaLine, error) {
 	var raw struct {
 		Message *struct {
-			Content string `json:"content"`
+			Content   string `json:"content"`
+			ToolCalls []struct {
+				ID       string `json:"id"`
+				Function struct {
+					Name      string          `json:"name"`
+					Arguments json.RawMessage `json:"arguments"`
+				} `json:"function"`
+			} `json:"tool_calls"`
 		} `json:"message"`
 		Response        string          `json:"response"`
 		Done            bool            `json:"done"`
@@ -63,6 +85,13 @@ func parseLine(line []byte) (ollamaLine, error) {
 	}
 	if raw.Message != nil && raw.Message.Content != "" {
 		l.Text = raw.Message.Content
+	}
+	if raw.Message != nil {
+		for _, tc := range raw.Message.ToolCalls {
+			l.ToolCalls = append(l.ToolCalls, ollamaLineToolCall{
+				ID: tc.ID, Name: tc.Function.Name, Arguments: argumentsText(tc.Function.Arguments),
+			})
+		}
 	}
 	return l, nil
 }
@@ -103,4 +132,22 @@ func errorText(raw json.RawMessage) string {
 		}
 	}
 	return string(bytes.TrimSpace(raw))
+}
+
+// argumentsText is a tool call's arguments as OpenAI's JSON text: an
+// object (Ollama's form) compacted, a JSON string taken as the text itself
+// (OpenAI's form), absent or null as "{}".
+func argumentsText(raw json.RawMessage) string {
+	if isNull(raw) {
+		return "{}"
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var buf bytes.Buffer
+	if json.Compact(&buf, raw) != nil {
+		return string(bytes.TrimSpace(raw))
+	}
+	return buf.String()
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -96,7 +97,11 @@ func (o *OpenAI) Close() { o.p.Close() }
 // What it relays depends on the answer's status:
 //
 //   - 2xx: the status, the allowlisted headers, then each chunk of the body
-//     as Read returned it, byte for byte.
+//     as Read returned it, byte for byte. An SSE body (text/event-stream)
+//     is also watched for an error event (`data: {"error":...}`, see
+//     errorWatch): the body is still relayed in full and unchanged, but
+//     the call then returns an *Error of kind ErrProviderReported with the
+//     event's message, so the run is recorded as failed.
 //   - 4xx and 5xx (an error answer, the provider's to tell): the same
 //     status, the allowlisted headers with Content-Type application/json,
 //     and one OpenAI error object {"error":{"message","type","param",
@@ -162,8 +167,13 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 		return &Error{Kind: ErrProviderStatus, Status: http.StatusBadGateway,
 			Message: fmt.Sprintf("provider answered with unexpected status %d", status)}
 	}
-	if err := sink.Head(c.resp.StatusCode, o.relayHeader(c.resp.Header)); err != nil {
+	relayed := o.relayHeader(c.resp.Header)
+	if err := sink.Head(c.resp.StatusCode, relayed); err != nil {
 		return sinkFailed(err)
+	}
+	var watch *errorWatch
+	if isEventStream(relayed.Get("Content-Type")) {
+		watch = &errorWatch{}
 	}
 	bufp := chunkPool.Get().(*[]byte)
 	defer chunkPool.Put(bufp)
@@ -174,15 +184,30 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 			if err := sink.Data(buf[:n]); err != nil {
 				return sinkFailed(err)
 			}
+			if watch != nil {
+				watch.write(buf[:n])
+			}
 		}
 		switch {
 		case rerr == nil:
 		case errors.Is(rerr, io.EOF):
+			if watch != nil {
+				watch.write([]byte{'\n'}) // a last line without its end
+				if watch.message != "" {
+					return &Error{Kind: ErrProviderReported, Status: http.StatusBadGateway, Message: o.p.redact(watch.message)}
+				}
+			}
 			return nil
 		default:
 			return c.failure(rerr, true)
 		}
 	}
+}
+
+// isEventStream reports whether a Content-Type is text/event-stream.
+func isEventStream(contentType string) bool {
+	mediaType, _, err := mime.ParseMediaType(contentType)
+	return err == nil && mediaType == "text/event-stream"
 }
 
 func isHopByHop(k string) bool {

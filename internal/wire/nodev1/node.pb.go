@@ -1440,7 +1440,12 @@ type RunEvent struct {
 	Error            string                 `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`                                                // error: message safe to show a client
 	Status           int32                  `protobuf:"varint,7,opt,name=status,proto3" json:"status,omitempty"`                                             // error: HTTP status the provider answered, 0 if none
 	// delta for embeddings: one vector per input, in order.
-	Embeddings    []*Embedding `protobuf:"bytes,8,rep,name=embeddings,proto3" json:"embeddings,omitempty"`
+	Embeddings []*Embedding `protobuf:"bytes,8,rep,name=embeddings,proto3" json:"embeddings,omitempty"`
+	// delta: tool calls the model makes, or parts of them, in the shape of
+	// OpenAI's streamed delta.tool_calls: the first part of a call carries
+	// its index, id and name; later parts with the same index carry more of
+	// its arguments, to be appended.
+	ToolCalls     []*ToolCallDelta `protobuf:"bytes,9,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1531,6 +1536,82 @@ func (x *RunEvent) GetEmbeddings() []*Embedding {
 	return nil
 }
 
+func (x *RunEvent) GetToolCalls() []*ToolCallDelta {
+	if x != nil {
+		return x.ToolCalls
+	}
+	return nil
+}
+
+// ToolCallDelta is one function tool call, or a part of one.
+type ToolCallDelta struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         int32                  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`        // position of the call in the answer, from 0
+	Id            string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`               // "call_...", on the call's first part only
+	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`           // the function's name, on the call's first part only
+	Arguments     string                 `protobuf:"bytes,4,opt,name=arguments,proto3" json:"arguments,omitempty"` // JSON text of the arguments, or the next piece of it
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ToolCallDelta) Reset() {
+	*x = ToolCallDelta{}
+	mi := &file_node_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ToolCallDelta) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ToolCallDelta) ProtoMessage() {}
+
+func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ToolCallDelta.ProtoReflect.Descriptor instead.
+func (*ToolCallDelta) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ToolCallDelta) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ToolCallDelta) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ToolCallDelta) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ToolCallDelta) GetArguments() string {
+	if x != nil {
+		return x.Arguments
+	}
+	return ""
+}
+
 type Embedding struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Values        []float32              `protobuf:"fixed32,1,rep,packed,name=values,proto3" json:"values,omitempty"`
@@ -1540,7 +1621,7 @@ type Embedding struct {
 
 func (x *Embedding) Reset() {
 	*x = Embedding{}
-	mi := &file_node_proto_msgTypes[17]
+	mi := &file_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1552,7 +1633,7 @@ func (x *Embedding) String() string {
 func (*Embedding) ProtoMessage() {}
 
 func (x *Embedding) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[17]
+	mi := &file_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1565,7 +1646,7 @@ func (x *Embedding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Embedding.ProtoReflect.Descriptor instead.
 func (*Embedding) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{17}
+	return file_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Embedding) GetValues() []float32 {
@@ -1586,7 +1667,7 @@ type TunnelHead struct {
 
 func (x *TunnelHead) Reset() {
 	*x = TunnelHead{}
-	mi := &file_node_proto_msgTypes[18]
+	mi := &file_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1598,7 +1679,7 @@ func (x *TunnelHead) String() string {
 func (*TunnelHead) ProtoMessage() {}
 
 func (x *TunnelHead) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[18]
+	mi := &file_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1611,7 +1692,7 @@ func (x *TunnelHead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelHead.ProtoReflect.Descriptor instead.
 func (*TunnelHead) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{18}
+	return file_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TunnelHead) GetStatus() int32 {
@@ -1638,7 +1719,7 @@ type TunnelData struct {
 
 func (x *TunnelData) Reset() {
 	*x = TunnelData{}
-	mi := &file_node_proto_msgTypes[19]
+	mi := &file_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1650,7 +1731,7 @@ func (x *TunnelData) String() string {
 func (*TunnelData) ProtoMessage() {}
 
 func (x *TunnelData) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[19]
+	mi := &file_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1663,7 +1744,7 @@ func (x *TunnelData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelData.ProtoReflect.Descriptor instead.
 func (*TunnelData) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{19}
+	return file_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TunnelData) GetData() []byte {
@@ -1675,14 +1756,19 @@ func (x *TunnelData) GetData() []byte {
 
 // TunnelEnd marks a complete response body.
 type TunnelEnd struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// provider_error is set when the body, relayed in full, carried an error
+	// event from the provider (SSE `data: {"error":...}` in a 2xx stream):
+	// the client got the provider's bytes unchanged, but the run failed. It
+	// holds the error's message, safe to log.
+	ProviderError string `protobuf:"bytes,1,opt,name=provider_error,json=providerError,proto3" json:"provider_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TunnelEnd) Reset() {
 	*x = TunnelEnd{}
-	mi := &file_node_proto_msgTypes[20]
+	mi := &file_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1694,7 +1780,7 @@ func (x *TunnelEnd) String() string {
 func (*TunnelEnd) ProtoMessage() {}
 
 func (x *TunnelEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[20]
+	mi := &file_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1707,7 +1793,14 @@ func (x *TunnelEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelEnd.ProtoReflect.Descriptor instead.
 func (*TunnelEnd) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{20}
+	return file_node_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *TunnelEnd) GetProviderError() string {
+	if x != nil {
+		return x.ProviderError
+	}
+	return ""
 }
 
 // TunnelError reports a failure of the provider request.
@@ -1721,7 +1814,7 @@ type TunnelError struct {
 
 func (x *TunnelError) Reset() {
 	*x = TunnelError{}
-	mi := &file_node_proto_msgTypes[21]
+	mi := &file_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1733,7 +1826,7 @@ func (x *TunnelError) String() string {
 func (*TunnelError) ProtoMessage() {}
 
 func (x *TunnelError) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[21]
+	mi := &file_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1746,7 +1839,7 @@ func (x *TunnelError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelError.ProtoReflect.Descriptor instead.
 func (*TunnelError) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{21}
+	return file_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TunnelError) GetMessage() string {
@@ -1856,7 +1949,7 @@ const file_node_proto_rawDesc = "" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\bR\x04last\":\n" +
 	"\tRunEvents\x12-\n" +
-	"\x06events\x18\x01 \x03(\v2\x15.iop.node.v1.RunEventR\x06events\"\xb3\x03\n" +
+	"\x06events\x18\x01 \x03(\v2\x15.iop.node.v1.RunEventR\x06events\"\xee\x03\n" +
 	"\bRunEvent\x12.\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1a.iop.node.v1.RunEvent.TypeR\x04type\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12#\n" +
@@ -1867,7 +1960,9 @@ const file_node_proto_rawDesc = "" +
 	"\x06status\x18\a \x01(\x05R\x06status\x126\n" +
 	"\n" +
 	"embeddings\x18\b \x03(\v2\x16.iop.node.v1.EmbeddingR\n" +
-	"embeddings\"\x85\x01\n" +
+	"embeddings\x129\n" +
+	"\n" +
+	"tool_calls\x18\t \x03(\v2\x1a.iop.node.v1.ToolCallDeltaR\ttoolCalls\"\x85\x01\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fTYPE_STARTED\x10\x01\x12\x0e\n" +
@@ -1878,7 +1973,12 @@ const file_node_proto_rawDesc = "" +
 	"\rTYPE_COMPLETE\x10\x04\x12\x0e\n" +
 	"\n" +
 	"TYPE_ERROR\x10\x05\x12\x12\n" +
-	"\x0eTYPE_CANCELLED\x10\x06\"#\n" +
+	"\x0eTYPE_CANCELLED\x10\x06\"g\n" +
+	"\rToolCallDelta\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x1c\n" +
+	"\targuments\x18\x04 \x01(\tR\targuments\"#\n" +
 	"\tEmbedding\x12\x16\n" +
 	"\x06values\x18\x01 \x03(\x02R\x06values\"\xa0\x01\n" +
 	"\n" +
@@ -1890,8 +1990,9 @@ const file_node_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\" \n" +
 	"\n" +
 	"TunnelData\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data\"\v\n" +
-	"\tTunnelEnd\"?\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"2\n" +
+	"\tTunnelEnd\x12%\n" +
+	"\x0eprovider_error\x18\x01 \x01(\tR\rproviderError\"?\n" +
 	"\vTunnelError\x12\x18\n" +
 	"\amessage\x18\x01 \x01(\tR\amessage\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\x05R\x06status*i\n" +
@@ -1921,7 +2022,7 @@ func file_node_proto_rawDescGZIP() []byte {
 }
 
 var file_node_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_node_proto_goTypes = []any{
 	(ExecutionPath)(0),      // 0: iop.node.v1.ExecutionPath
 	(Operation)(0),          // 1: iop.node.v1.Operation
@@ -1943,13 +2044,14 @@ var file_node_proto_goTypes = []any{
 	(*Body)(nil),            // 17: iop.node.v1.Body
 	(*RunEvents)(nil),       // 18: iop.node.v1.RunEvents
 	(*RunEvent)(nil),        // 19: iop.node.v1.RunEvent
-	(*Embedding)(nil),       // 20: iop.node.v1.Embedding
-	(*TunnelHead)(nil),      // 21: iop.node.v1.TunnelHead
-	(*TunnelData)(nil),      // 22: iop.node.v1.TunnelData
-	(*TunnelEnd)(nil),       // 23: iop.node.v1.TunnelEnd
-	(*TunnelError)(nil),     // 24: iop.node.v1.TunnelError
-	nil,                     // 25: iop.node.v1.Dispatch.HeadersEntry
-	nil,                     // 26: iop.node.v1.TunnelHead.HeadersEntry
+	(*ToolCallDelta)(nil),   // 20: iop.node.v1.ToolCallDelta
+	(*Embedding)(nil),       // 21: iop.node.v1.Embedding
+	(*TunnelHead)(nil),      // 22: iop.node.v1.TunnelHead
+	(*TunnelData)(nil),      // 23: iop.node.v1.TunnelData
+	(*TunnelEnd)(nil),       // 24: iop.node.v1.TunnelEnd
+	(*TunnelError)(nil),     // 25: iop.node.v1.TunnelError
+	nil,                     // 26: iop.node.v1.Dispatch.HeadersEntry
+	nil,                     // 27: iop.node.v1.TunnelHead.HeadersEntry
 }
 var file_node_proto_depIdxs = []int32{
 	5,  // 0: iop.node.v1.NodeMessage.hello:type_name -> iop.node.v1.Hello
@@ -1965,28 +2067,29 @@ var file_node_proto_depIdxs = []int32{
 	0,  // 10: iop.node.v1.Provider.execution_path:type_name -> iop.node.v1.ExecutionPath
 	0,  // 11: iop.node.v1.Dispatch.execution_path:type_name -> iop.node.v1.ExecutionPath
 	1,  // 12: iop.node.v1.Dispatch.operation:type_name -> iop.node.v1.Operation
-	25, // 13: iop.node.v1.Dispatch.headers:type_name -> iop.node.v1.Dispatch.HeadersEntry
+	26, // 13: iop.node.v1.Dispatch.headers:type_name -> iop.node.v1.Dispatch.HeadersEntry
 	16, // 14: iop.node.v1.RunUp.open:type_name -> iop.node.v1.RunOpen
 	18, // 15: iop.node.v1.RunUp.events:type_name -> iop.node.v1.RunEvents
-	21, // 16: iop.node.v1.RunUp.tunnel_head:type_name -> iop.node.v1.TunnelHead
-	22, // 17: iop.node.v1.RunUp.tunnel_data:type_name -> iop.node.v1.TunnelData
-	23, // 18: iop.node.v1.RunUp.tunnel_end:type_name -> iop.node.v1.TunnelEnd
-	24, // 19: iop.node.v1.RunUp.tunnel_error:type_name -> iop.node.v1.TunnelError
+	22, // 16: iop.node.v1.RunUp.tunnel_head:type_name -> iop.node.v1.TunnelHead
+	23, // 17: iop.node.v1.RunUp.tunnel_data:type_name -> iop.node.v1.TunnelData
+	24, // 18: iop.node.v1.RunUp.tunnel_end:type_name -> iop.node.v1.TunnelEnd
+	25, // 19: iop.node.v1.RunUp.tunnel_error:type_name -> iop.node.v1.TunnelError
 	17, // 20: iop.node.v1.RunDown.body:type_name -> iop.node.v1.Body
 	13, // 21: iop.node.v1.RunDown.cancel:type_name -> iop.node.v1.Cancel
 	19, // 22: iop.node.v1.RunEvents.events:type_name -> iop.node.v1.RunEvent
 	2,  // 23: iop.node.v1.RunEvent.type:type_name -> iop.node.v1.RunEvent.Type
-	20, // 24: iop.node.v1.RunEvent.embeddings:type_name -> iop.node.v1.Embedding
-	26, // 25: iop.node.v1.TunnelHead.headers:type_name -> iop.node.v1.TunnelHead.HeadersEntry
-	3,  // 26: iop.node.v1.NodeGateway.Connect:input_type -> iop.node.v1.NodeMessage
-	14, // 27: iop.node.v1.NodeGateway.Run:input_type -> iop.node.v1.RunUp
-	4,  // 28: iop.node.v1.NodeGateway.Connect:output_type -> iop.node.v1.EdgeMessage
-	15, // 29: iop.node.v1.NodeGateway.Run:output_type -> iop.node.v1.RunDown
-	28, // [28:30] is the sub-list for method output_type
-	26, // [26:28] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	21, // 24: iop.node.v1.RunEvent.embeddings:type_name -> iop.node.v1.Embedding
+	20, // 25: iop.node.v1.RunEvent.tool_calls:type_name -> iop.node.v1.ToolCallDelta
+	27, // 26: iop.node.v1.TunnelHead.headers:type_name -> iop.node.v1.TunnelHead.HeadersEntry
+	3,  // 27: iop.node.v1.NodeGateway.Connect:input_type -> iop.node.v1.NodeMessage
+	14, // 28: iop.node.v1.NodeGateway.Run:input_type -> iop.node.v1.RunUp
+	4,  // 29: iop.node.v1.NodeGateway.Connect:output_type -> iop.node.v1.EdgeMessage
+	15, // 30: iop.node.v1.NodeGateway.Run:output_type -> iop.node.v1.RunDown
+	29, // [29:31] is the sub-list for method output_type
+	27, // [27:29] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_node_proto_init() }
@@ -2025,7 +2128,7 @@ func file_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_proto_rawDesc), len(file_node_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

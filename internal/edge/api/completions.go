@@ -1,0 +1,251 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"math"
+	"net/http"
+	"strings"
+
+	"iop/internal/wire/nodev1"
+)
+
+// completionRequest is what the API reads from a legacy completions request
+// body (OpenAI API reference, "Create completion"). Everything else travels
+// to the provider untouched.
+type completionRequest struct {
+	Model        string
+	Stream       bool
+	IncludeUsage bool
+	// EstimatedInputTokens is the prompt's token ids plus its characters / 4.
+	EstimatedInputTokens int
+}
+
+// decodeCompletionRequest reads and checks a completions request body, so a
+// request every provider would reject is answered 400 before it waits in a
+// queue. Checked values (absent or null is allowed unless said otherwise):
+//
+//	model                    a non-empty string, required
+//	prompt                   required: a string, an array of strings, an array
+//	                         of token ids or an array of token id arrays
+//	                         (decodeTextInput)
+//	stream, echo             booleans
+//	stream_options           an object; include_usage a boolean
+//	suffix, user             strings
+//	max_tokens               an integer in [1, 2147483647]
+//	n, best_of               integers in [1, 128]
+//	logprobs                 an integer in [0, 5]
+//	seed                     an integer in the int64 range
+//	temperature, top_p,      numbers that fit a float64
+//	presence_penalty,
+//	frequency_penalty
+//	stop                     a string, or an array of at most 4 strings
+//
+// Whether a provider can honour echo, suffix, logprobs, n and best_of is
+// the provider's to say: the tunnel path passes them on; the normalized
+// path (Ollama) answers 400 naming the field it cannot honour (echo,
+// logprobs, n or best_of above 1). Errors are *requestError naming the
+// field.
+func decodeCompletionRequest(body []byte) (completionRequest, error) {
+	top, err := decodeObject(body)
+	if err != nil {
+		return completionRequest{}, err
+	}
+	var req completionRequest
+	if err := decodeModel(top, &req.Model); err != nil {
+		return completionRequest{}, err
+	}
+	prompt, err := decodeTextInput(top["prompt"], "prompt", false)
+	if err != nil {
+		return completionRequest{}, err
+	}
+	req.EstimatedInputTokens = prompt.estimatedTokens()
+	if err := decodeField(top, "stream", wantBool, &req.Stream); err != nil {
+		return completionRequest{}, err
+	}
+	if req.IncludeUsage, err = decodeIncludeUsage(top); err != nil {
+		return completionRequest{}, err
+	}
+	for _, name := range []string{"echo"} {
+		if err := decodeField(top, name, wantBool, new(bool)); err != nil {
+			return completionRequest{}, err
+		}
+	}
+	for _, name := range []string{"suffix", "user"} {
+		if err := decodeField(top, name, wantString, new(string)); err != nil {
+			return completionRequest{}, err
+		}
+	}
+	for _, f := range []struct {
+		name     string
+		min, max int64
+	}{
+		{"max_tokens", 1, math.MaxInt32},
+		{"n", 1, maxChoices},
+		{"best_of", 1, maxChoices},
+		{"logprobs", 0, 5},
+		{"seed", math.MinInt64, math.MaxInt64},
+	} {
+		if err := decodeInteger(top[f.name], f.name, f.min, f.max); err != nil {
+			return completionRequest{}, err
+		}
+	}
+	for _, name := range []string{"temperature", "top_p", "presence_penalty", "frequency_penalty"} {
+		if err := decodeNumber(top[name], name); err != nil {
+			return completionRequest{}, err
+		}
+	}
+	if err := decodeStop(top["stop"]); err != nil {
+		return completionRequest{}, err
+	}
+	return req, nil
+}
+
+// decodeModel reads the required, non-empty "model".
+func decodeModel(top map[string]json.RawMessage, model *string) error {
+	if err := decodeField(top, "model", wantString, model); err != nil {
+		return err
+	}
+	if strings.TrimSpace(*model) == "" {
+		return &requestError{param: "model", message: "you must provide a model parameter"}
+	}
+	return nil
+}
+
+// decodeIncludeUsage reads "stream_options.include_usage".
+func decodeIncludeUsage(top map[string]json.RawMessage) (bool, error) {
+	var streamOptions map[string]json.RawMessage
+	if err := decodeField(top, "stream_options", wantObject, &streamOptions); err != nil {
+		return false, err
+	}
+	var include bool
+	err := decodeNested(streamOptions, "stream_options.include_usage", "include_usage", wantBool, &include)
+	return include, err
+}
+
+// completions serves POST /v1/completions (legacy text completions):
+// it decodes and checks the body, dispatches it with Operation COMPLETION,
+// and relays the tunnel path's answer or renders the normalized path's as
+// text_completion objects. Statuses as for chat completions.
+func (h *handler) completions(w http.ResponseWriter, r *http.Request) {
+	body, err := h.readBody(r)
+	if err != nil {
+		h.writeError(w, r, err, nil)
+		return
+	}
+	cr, err := decodeCompletionRequest(body)
+	if err != nil {
+		h.writeError(w, r, err, nil)
+		return
+	}
+	req := Request{
+		Model:                cr.Model,
+		Operation:            nodev1.Operation_OPERATION_COMPLETION,
+		Stream:               cr.Stream,
+		Body:                 body,
+		EstimatedInputTokens: cr.EstimatedInputTokens,
+		Headers:              forwardHeaders(r.Header),
+	}
+	h.serveRun(w, r, &req, func(rr *runResponse, info DispatchInfo) string {
+		tr := &textRender{eventReader: eventReader{runResponse: rr}, id: "cmpl-" + info.RunID,
+			created: h.cfg.Now().Unix(), model: cr.Model, includeUsage: cr.IncludeUsage}
+		if cr.Stream {
+			return tr.stream()
+		}
+		return tr.json()
+	})
+}
+
+// textRender renders a normalized-path run as an OpenAI text completion.
+type textRender struct {
+	eventReader
+	id           string // "cmpl-" + run id
+	created      int64  // Unix seconds
+	model        string // the model name the client asked for
+	includeUsage bool
+}
+
+// textCompletion is a completion object or a streamed chunk of one (object
+// "text_completion" both). Usage is set on the whole answer and on the
+// usage chunk only.
+type textCompletion struct {
+	ID      string       `json:"id"`
+	Object  string       `json:"object"`
+	Created int64        `json:"created"`
+	Model   string       `json:"model"`
+	Choices []textChoice `json:"choices"`
+	Usage   *usage       `json:"usage,omitempty"`
+}
+
+type textChoice struct {
+	Text         string    `json:"text"`
+	Index        int       `json:"index"`
+	Logprobs     *struct{} `json:"logprobs"`      // always null
+	FinishReason *string   `json:"finish_reason"` // null until the last chunk
+}
+
+func (t *textRender) object(choices []textChoice, u *usage) textCompletion {
+	return textCompletion{ID: t.id, Object: "text_completion", Created: t.created, Model: t.model, Choices: choices, Usage: u}
+}
+
+// json collects the whole answer and writes one text_completion object
+// with usage. It returns the Close reason.
+func (t *textRender) json() string {
+	var text strings.Builder
+	finish, err := t.next(func(ev *nodev1.RunEvent) error {
+		text.WriteString(ev.GetText())
+		return nil
+	})
+	if err != nil {
+		return t.fail(err)
+	}
+	if clientGone(t.r) {
+		return reasonClientGone
+	}
+	u := t.usage
+	writeJSON(t.w, http.StatusOK, t.object([]textChoice{{Text: text.String(), FinishReason: &finish}}, &u))
+	return reasonCompleted
+}
+
+// stream writes the answer as SSE text_completion chunks: one per delta
+// (flushed at once), a last one with empty text and the finish reason, a
+// usage chunk (choices []) when the request asked for include_usage, and
+// `data: [DONE]`. The status line goes with the first delta or the end, so
+// a run that fails before either gets an error answer with its own status;
+// one that fails later ends with an error event and no [DONE]. It returns
+// the Close reason.
+func (t *textRender) stream() string {
+	finish, err := t.next(func(ev *nodev1.RunEvent) error {
+		if ev.GetText() == "" {
+			return nil
+		}
+		t.startStream()
+		if err := t.writeEvent(t.object([]textChoice{{Text: ev.GetText()}}, nil)); err != nil {
+			return &errWrite{err}
+		}
+		return nil
+	})
+	var werr *errWrite
+	switch {
+	case errors.As(err, &werr):
+		return t.writeFailed(werr.err)
+	case err != nil && !t.started:
+		return t.fail(err)
+	case err != nil:
+		return t.failStarted(err, true)
+	}
+	t.startStream()
+	if err := t.writeEvent(t.object([]textChoice{{FinishReason: &finish}}, nil)); err != nil {
+		return t.writeFailed(err)
+	}
+	if t.includeUsage {
+		u := t.usage
+		if err := t.writeEvent(t.object([]textChoice{}, &u)); err != nil {
+			return t.writeFailed(err)
+		}
+	}
+	if err := t.write([]byte("data: [DONE]\n\n")); err != nil {
+		return t.writeFailed(err)
+	}
+	return reasonCompleted
+}

@@ -1,0 +1,51 @@
+package api
+
+import (
+	"context"
+	"net/http"
+
+	"iop/internal/wire/nodev1"
+)
+
+// serveRun dispatches req and answers with its run: a tunnel-path run is
+// relayed (runResponse.tunnel), a normalized-path run is rendered by
+// normalized, which returns the Close reason. A failed dispatch is answered
+// with classify's status and error body. The run is closed exactly once
+// before serveRun returns, also when the client goes away first; a
+// response cut short after its status line aborts the connection
+// (http.ErrAbortHandler) after that Close.
+func (h *handler) serveRun(w http.ResponseWriter, r *http.Request, req *Request,
+	normalized func(rr *runResponse, info DispatchInfo) string) {
+	run, err := h.gw.Dispatch(r.Context(), *req)
+	if err != nil {
+		h.writeError(w, r, err, req)
+		return
+	}
+
+	closer := &runCloser{run: run}
+	stop := context.AfterFunc(r.Context(), func() { closer.close(reasonClientGone) })
+	reason := reasonCompleted
+	defer func() {
+		stop()
+		closer.close(reason)
+	}()
+
+	info := run.Info()
+	logger := h.logger.With("run_id", info.RunID, "model", clip(req.Model), "node_id", info.NodeID,
+		"provider_id", info.ProviderID, "path", info.Path.String(), "operation", req.Operation.String())
+	rr := &runResponse{h: h, w: w, r: r, run: run, req: req}
+	switch info.Path {
+	case nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL:
+		reason = rr.tunnel()
+	case nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED:
+		reason = normalized(rr, info)
+	default:
+		reason = rr.fail(errUnknownPath)
+	}
+	logger.Debug("run ended", "reason", reason, "queue_wait", info.QueueWait, "aborted", rr.abort)
+	if rr.abort {
+		// After the deferred Close, with the reason above; net/http then
+		// drops the connection instead of ending the body cleanly.
+		panic(http.ErrAbortHandler)
+	}
+}

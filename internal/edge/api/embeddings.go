@@ -1,0 +1,174 @@
+package api
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+
+	"iop/internal/wire/nodev1"
+)
+
+// needEmbeddings is the capability an embeddings request needs of its
+// provider (Request.Needs).
+const needEmbeddings = "embeddings"
+
+// maxDimensions bounds "dimensions", the requested vector length.
+const maxDimensions = 1 << 16
+
+// embeddingsRequest is what the API reads from an embeddings request body
+// (OpenAI API reference, "Create embeddings").
+type embeddingsRequest struct {
+	Model string
+	// Inputs is the number of inputs, thus of vectors in the answer.
+	Inputs int
+	// Base64 is encoding_format "base64": vectors as the base64 of their
+	// little-endian float32 components instead of arrays of numbers.
+	Base64 bool
+	// EstimatedInputTokens is the input's token ids plus its characters / 4.
+	EstimatedInputTokens int
+}
+
+// decodeEmbeddingsRequest reads and checks an embeddings request body:
+//
+//	model            a non-empty string, required
+//	input            required: a string, an array of 1-2048 strings, an array of
+//	                 token ids or an array of 1-2048 token id arrays, none empty
+//	dimensions       an integer in [1, 65536]
+//	encoding_format  "float" (the default) or "base64"
+//	user             a string
+//
+// Errors are *requestError naming the field.
+func decodeEmbeddingsRequest(body []byte) (embeddingsRequest, error) {
+	top, err := decodeObject(body)
+	if err != nil {
+		return embeddingsRequest{}, err
+	}
+	var req embeddingsRequest
+	if err := decodeModel(top, &req.Model); err != nil {
+		return embeddingsRequest{}, err
+	}
+	input, err := decodeTextInput(top["input"], "input", true)
+	if err != nil {
+		return embeddingsRequest{}, err
+	}
+	req.Inputs, req.EstimatedInputTokens = input.Items, input.estimatedTokens()
+	if err := decodeInteger(top["dimensions"], "dimensions", 1, maxDimensions); err != nil {
+		return embeddingsRequest{}, err
+	}
+	var format string
+	if err := decodeField(top, "encoding_format", wantString, &format); err != nil {
+		return embeddingsRequest{}, err
+	}
+	switch format {
+	case "", "float":
+	case "base64":
+		req.Base64 = true
+	default:
+		return embeddingsRequest{}, &requestError{param: "encoding_format",
+			message: `must be "float" or "base64", got ` + strconv.Quote(clip(format))}
+	}
+	if err := decodeField(top, "user", wantString, new(string)); err != nil {
+		return embeddingsRequest{}, err
+	}
+	return req, nil
+}
+
+// embeddings serves POST /v1/embeddings: it decodes and checks the body and
+// dispatches it with Operation EMBEDDINGS to a provider with capability
+// "embeddings" (none: 400 naming it). The tunnel path relays the
+// provider's answer; the normalized path's vectors are rendered as
+// {"object":"list","data":[{"object":"embedding","index","embedding"}],
+// "model","usage":{"prompt_tokens","total_tokens"}}. Statuses as for chat
+// completions.
+func (h *handler) embeddings(w http.ResponseWriter, r *http.Request) {
+	body, err := h.readBody(r)
+	if err != nil {
+		h.writeError(w, r, err, nil)
+		return
+	}
+	er, err := decodeEmbeddingsRequest(body)
+	if err != nil {
+		h.writeError(w, r, err, nil)
+		return
+	}
+	req := Request{
+		Model:                er.Model,
+		Operation:            nodev1.Operation_OPERATION_EMBEDDINGS,
+		Body:                 body,
+		Needs:                []string{needEmbeddings},
+		EstimatedInputTokens: er.EstimatedInputTokens,
+		Headers:              forwardHeaders(r.Header),
+	}
+	h.serveRun(w, r, &req, func(rr *runResponse, info DispatchInfo) string {
+		return (&embeddingsRender{eventReader: eventReader{runResponse: rr}, req: er}).json()
+	})
+}
+
+// embeddingsRender renders a normalized-path embeddings run.
+type embeddingsRender struct {
+	eventReader
+	req embeddingsRequest
+}
+
+// embeddingObject is one entry of the answer's "data". Embedding is a
+// []float32 or, for encoding_format base64, a string.
+type embeddingObject struct {
+	Object    string `json:"object"` // "embedding"
+	Index     int    `json:"index"`
+	Embedding any    `json:"embedding"`
+}
+
+// embeddingsUsage is the usage of an embeddings answer, in tokens.
+type embeddingsUsage struct {
+	PromptTokens int `json:"prompt_tokens"`
+	TotalTokens  int `json:"total_tokens"`
+}
+
+// json collects the vectors of every DELTA, in order, and writes the list.
+// A run that sends other than one vector per input failed (502). It returns
+// the Close reason.
+func (e *embeddingsRender) json() string {
+	data := make([]embeddingObject, 0, e.req.Inputs)
+	_, err := e.next(func(ev *nodev1.RunEvent) error {
+		for _, vec := range ev.GetEmbeddings() {
+			if len(data) == e.req.Inputs {
+				return fmt.Errorf("%w: more vectors than inputs", errUpstreamProtocol)
+			}
+			obj := embeddingObject{Object: "embedding", Index: len(data), Embedding: vec.GetValues()}
+			if e.req.Base64 {
+				obj.Embedding = encodeFloat32s(vec.GetValues())
+			}
+			data = append(data, obj)
+		}
+		return nil
+	})
+	if err == nil && len(data) != e.req.Inputs {
+		err = fmt.Errorf("%w: %d vectors for %d inputs", errUpstreamProtocol, len(data), e.req.Inputs)
+	}
+	if err != nil {
+		return e.fail(err)
+	}
+	if clientGone(e.r) {
+		return reasonClientGone
+	}
+	writeJSON(e.w, http.StatusOK, struct {
+		Object string            `json:"object"` // "list"
+		Data   []embeddingObject `json:"data"`
+		Model  string            `json:"model"`
+		Usage  embeddingsUsage   `json:"usage"`
+	}{"list", data, e.req.Model, embeddingsUsage{PromptTokens: e.usage.PromptTokens, TotalTokens: e.usage.PromptTokens}})
+	return reasonCompleted
+}
+
+// encodeFloat32s is OpenAI's base64 encoding of a vector: the standard
+// base64 of its components as little-endian IEEE 754 float32.
+func encodeFloat32s(v []float32) string {
+	buf := make([]byte, 0, 4*len(v))
+	for _, f := range v {
+		buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(f))
+	}
+	return base64.StdEncoding.EncodeToString(buf)
+}

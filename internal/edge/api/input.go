@@ -1,0 +1,137 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"unicode/utf8"
+)
+
+// maxInputs bounds the items of a batched prompt or embeddings input
+// (OpenAI's limit for embeddings).
+const maxInputs = 2048
+
+// decodeObject decodes a request body that must be one JSON object into its
+// members. Errors are *requestError with no param.
+func decodeObject(body []byte) (map[string]json.RawMessage, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) {
+			return nil, &requestError{message: "the request body must be a JSON object, got " + jsonKind(body)}
+		}
+		return nil, &requestError{message: "the request body is not valid JSON: " + err.Error()}
+	}
+	if top == nil {
+		return nil, &requestError{message: "the request body must be a JSON object, got null"}
+	}
+	return top, nil
+}
+
+// textInput is what decodeTextInput found in a prompt or input.
+type textInput struct {
+	// Items is the number of prompts or inputs: 1 for a string or one
+	// token array, else the array's length.
+	Items int
+	// Chars is the characters (code points) of its text; Tokens the number
+	// of token ids it gives.
+	Chars, Tokens int
+}
+
+// estimatedTokens is the input's rough size in tokens: its token ids,
+// plus its characters / 4 rounded up.
+func (in textInput) estimatedTokens() int { return in.Tokens + (in.Chars+3)/4 }
+
+// decodeTextInput checks a completions "prompt" or an embeddings "input"
+// (OpenAI API reference): a string, an array of 1 to 2048 strings, an
+// array of token ids (integers in [0, 2^31)), or an array of 1 to 2048
+// such arrays. With nonEmpty, every string and token array must be
+// non-empty (OpenAI's rule for embeddings input). Absent or null is an
+// error: both fields are required. Errors are *requestError naming param
+// or the item, as in "input[3]".
+func decodeTextInput(raw json.RawMessage, param string, nonEmpty bool) (textInput, error) {
+	if isAbsent(raw) {
+		return textInput{}, &requestError{param: param, message: "you must provide " + param}
+	}
+	const want = "a string, an array of strings, an array of token ids or an array of token id arrays"
+	switch firstByte(raw) {
+	case '"':
+		var s string
+		if err := decodeValue(raw, param, wantString, &s); err != nil {
+			return textInput{}, err
+		}
+		if nonEmpty && s == "" {
+			return textInput{}, &requestError{param: param, message: "must not be an empty string"}
+		}
+		return textInput{Items: 1, Chars: utf8.RuneCountInString(s)}, nil
+	case '[':
+	default:
+		return textInput{}, &requestError{param: param, message: "expected " + want + ", got " + jsonKind(raw)}
+	}
+	var items []json.RawMessage
+	if err := decodeValue(raw, param, wantArray, &items); err != nil {
+		return textInput{}, err
+	}
+	switch {
+	case len(items) == 0:
+		return textInput{}, &requestError{param: param, message: "must not be an empty array"}
+	case len(items) > maxInputs:
+		return textInput{}, &requestError{param: param, message: fmt.Sprintf("at most %d items are allowed, got %d", maxInputs, len(items))}
+	}
+	var in textInput
+	switch firstByte(items[0]) {
+	case '"': // strings
+		in.Items = len(items)
+		for i, item := range items {
+			itemParam := fmt.Sprintf("%s[%d]", param, i)
+			if firstByte(item) != '"' {
+				return textInput{}, &requestError{param: itemParam, message: "expected a string like the first item, got " + jsonKind(item)}
+			}
+			var s string
+			if err := decodeValue(item, itemParam, wantString, &s); err != nil {
+				return textInput{}, err
+			}
+			if nonEmpty && s == "" {
+				return textInput{}, &requestError{param: itemParam, message: "must not be an empty string"}
+			}
+			in.Chars += utf8.RuneCountInString(s)
+		}
+	case '[': // token id arrays
+		in.Items = len(items)
+		for i, item := range items {
+			n, err := decodeTokenIDs(item, fmt.Sprintf("%s[%d]", param, i), nonEmpty)
+			if err != nil {
+				return textInput{}, err
+			}
+			in.Tokens += n
+		}
+	default: // one token id array
+		n, err := decodeTokenIDs(raw, param, nonEmpty)
+		if err != nil {
+			return textInput{}, err
+		}
+		in.Items, in.Tokens = 1, n
+	}
+	return in, nil
+}
+
+// decodeTokenIDs checks an array of token ids and returns its length.
+func decodeTokenIDs(raw json.RawMessage, param string, nonEmpty bool) (int, error) {
+	var ids []json.RawMessage
+	if firstByte(raw) != '[' || json.Unmarshal(raw, &ids) != nil {
+		return 0, &requestError{param: param, message: "expected an array of token ids, got " + jsonKind(raw)}
+	}
+	if nonEmpty && len(ids) == 0 {
+		return 0, &requestError{param: param, message: "must not be an empty array"}
+	}
+	for j, id := range ids {
+		if err := decodeInteger(id, fmt.Sprintf("%s[%d]", param, j), 0, math.MaxInt32); err != nil {
+			return 0, err
+		}
+		if isAbsent(id) {
+			return 0, &requestError{param: fmt.Sprintf("%s[%d]", param, j), message: "expected a token id, got null"}
+		}
+	}
+	return len(ids), nil
+}

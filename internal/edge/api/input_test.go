@@ -1,0 +1,96 @@
+package api
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+func TestDecodeTextInput(t *testing.T) {
+	for _, tc := range []struct {
+		raw      string
+		nonEmpty bool
+		want     textInput
+		param    string // of the error; "" when accepted
+	}{
+		{`"hello world"`, true, textInput{Items: 1, Chars: 11}, ""},
+		{`["a","bé"]`, true, textInput{Items: 2, Chars: 3}, ""},
+		{`[1,2,3]`, true, textInput{Items: 1, Tokens: 3}, ""},
+		{`[[1,2],[3]]`, true, textInput{Items: 2, Tokens: 3}, ""},
+		{`""`, false, textInput{Items: 1}, ""},
+		{`""`, true, textInput{}, "input"},
+		{`[""]`, true, textInput{}, "input[0]"},
+		{`[[]]`, true, textInput{}, "input[0]"},
+		{`[]`, false, textInput{}, "input"},
+		{`null`, false, textInput{}, "input"},
+		{`{}`, false, textInput{}, "input"},
+		{`["a",1]`, false, textInput{}, "input[1]"},
+		{`[1,"a"]`, false, textInput{}, "input[1]"},
+		{`[1,-1]`, false, textInput{}, "input[1]"},
+		{`[1,null]`, false, textInput{}, "input[1]"},
+		{`[1,1.5]`, false, textInput{}, "input[1]"},
+		{`[[1],"a"]`, false, textInput{}, "input[1]"},
+		{`[[1,2147483648]]`, false, textInput{}, "input[0][1]"},
+	} {
+		got, err := decodeTextInput(json.RawMessage(tc.raw), "input", tc.nonEmpty)
+		if tc.param == "" {
+			if err != nil || got != tc.want {
+				t.Errorf("%s: got %+v, %v; want %+v", tc.raw, got, err, tc.want)
+			}
+			continue
+		}
+		re, ok := err.(*requestError)
+		if !ok || re.param != tc.param {
+			t.Errorf("%s: error %v, want one naming %s", tc.raw, err, tc.param)
+		}
+	}
+}
+
+// FuzzDecodeEmbeddingsRequest: the decoder never panics, an accepted body
+// has at least one input and at most 2048, and every rejection is a
+// *requestError.
+func FuzzDecodeEmbeddingsRequest(f *testing.F) {
+	for _, seed := range []string{
+		`{"model":"m","input":"x"}`,
+		`{"model":"m","input":[[1,2],[3]],"dimensions":8,"encoding_format":"base64"}`,
+		`{"model":"m","input":["a",""]}`,
+		`{"model":"m","input":[1e3]}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req, err := decodeEmbeddingsRequest(body)
+		if err != nil {
+			if _, ok := err.(*requestError); !ok {
+				t.Fatalf("error %T %v", err, err)
+			}
+			return
+		}
+		if req.Inputs < 1 || req.Inputs > maxInputs || req.Model == "" || req.EstimatedInputTokens < 0 {
+			t.Fatalf("accepted %s as %+v", body, req)
+		}
+	})
+}
+
+// FuzzDecodeCompletionRequest: the decoder never panics, and every
+// rejection is a *requestError.
+func FuzzDecodeCompletionRequest(f *testing.F) {
+	for _, seed := range []string{
+		`{"model":"m","prompt":"x","max_tokens":5,"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"model":"m","prompt":[[1],[2]],"n":2,"best_of":3,"logprobs":5,"echo":true,"suffix":"s"}`,
+		`{"model":"m","prompt":"x","logprobs":6}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req, err := decodeCompletionRequest(body)
+		if err != nil {
+			if _, ok := err.(*requestError); !ok {
+				t.Fatalf("error %T %v", err, err)
+			}
+			return
+		}
+		if req.Model == "" || req.EstimatedInputTokens < 0 {
+			t.Fatalf("accepted %s as %+v", body, req)
+		}
+	})
+}
