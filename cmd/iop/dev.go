@@ -31,7 +31,7 @@ type devConfig struct {
 	SimTokensPerSecond float64       `yaml:"sim_tokens_per_second"`
 	SimTTFT            time.Duration `yaml:"sim_ttft"`
 	// The HTTP API's limits, as in the edge config: the largest request
-	// body (bytes) and the write timeout.
+	// body (bytes) and the write timeout; 0 means the edge's default.
 	MaxBodyBytes int64         `yaml:"max_body_bytes"`
 	WriteTimeout time.Duration `yaml:"write_timeout"`
 	// Database is the SQLite file of run records; "" keeps them in memory.
@@ -122,8 +122,8 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 	if cfg.SimCapacity < 1 {
 		return nil, fmt.Errorf("--sim-capacity %d: must be at least 1", cfg.SimCapacity)
 	}
-	if cfg.MaxBodyBytes <= 0 || cfg.WriteTimeout <= 0 {
-		return nil, fmt.Errorf("--max-body-bytes %d and --write-timeout %s must be positive", cfg.MaxBodyBytes, cfg.WriteTimeout)
+	if cfg.MaxBodyBytes < 0 || cfg.WriteTimeout < 0 {
+		return nil, fmt.Errorf("--max-body-bytes %d and --write-timeout %s must not be negative", cfg.MaxBodyBytes, cfg.WriteTimeout)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	d := &devStack{done: make(chan error, 1)}
