@@ -9,9 +9,9 @@ import (
 	"strings"
 )
 
-// New returns the edge's OpenAI-compatible HTTP handler (routes in the
-// package doc), serving requests by calling gw, and the admin routes when gw
-// also implements Admin. A negative
+// New returns the edge's OpenAI- and Ollama-compatible HTTP handler (routes
+// in the package doc), serving requests by calling gw, and the admin routes
+// when gw also implements Admin. A negative
 // cfg.MaxBodyBytes is treated as 0 (the default); call cfg.Validate first
 // to reject it instead. logger may be nil (then nothing is logged).
 func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
@@ -29,6 +29,7 @@ func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
 		"/healthz":             {http.MethodGet, h.healthz},
 		"/readyz":              {http.MethodGet, h.readyz},
 	}
+	maps.Copy(h.routes, h.ollamaRoutes())
 	if adm, ok := gw.(Admin); ok {
 		maps.Copy(h.routes, adminRoutes(adm))
 	}
@@ -81,13 +82,17 @@ func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 	if !ok && strings.HasPrefix(r.URL.Path, modelsPrefix) {
 		rt, ok = route{http.MethodGet, h.getModel}, true
 	}
+	writeError := h.writeError
+	if isOllamaPath(r.URL.Path) {
+		writeError = h.writeOllamaError
+	}
 	if !ok {
-		h.writeError(w, r, errNotFound, nil)
+		writeError(w, r, errNotFound, nil)
 		return
 	}
 	if r.Method != rt.method && (rt.method != http.MethodGet || r.Method != http.MethodHead) {
 		w.Header().Set("Allow", rt.method)
-		h.writeError(w, r, errMethodNotAllowed, nil)
+		writeError(w, r, errMethodNotAllowed, nil)
 		return
 	}
 	rt.serve(w, r)
