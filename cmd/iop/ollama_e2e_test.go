@@ -524,3 +524,106 @@ func waitFor(t *testing.T, cond func() bool) {
 		<-tick.C
 	}
 }
+
+// startRawProvider starts an OpenAI-compatible server that answers every
+// request with status 200, Content-Type text/event-stream and the given
+// writes, each flushed on its own (a stand-in for a provider whose stream
+// framing iop sim does not produce). It returns its /v1 base URL.
+func startRawProvider(t *testing.T, writes ...string) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		for _, s := range writes {
+			if _, err := io.WriteString(w, s); err != nil {
+				return
+			}
+			http.NewResponseController(w).Flush()
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL + "/v1"
+}
+
+func TestOllamaClientOverFragmentedOpenAIStream(t *testing.T) {
+	// "héllo wörld": é and ö split between writes; lines split; CRLF and
+	// bare CR line ends; "data:" without a space; two events in one write;
+	// a comment; a usage chunk with "choices": [].
+	raw := startRawProvider(t,
+		`data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`+"\r\n\r\n"+`data:{"choices":[{"index":0,"delta":{"content":"h`+"\xc3",
+		"\xa9llo"+`"}}]}`+"\r",
+		"\r\n: keep-alive\n\n"+`data: {"choices":[{"index":0,"delta":{"content":" w`+"\xc3\xb6",
+		`rld"},"finish_reason":null}]}`+"\n\n"+`data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`+"\n\nda",
+		`ta: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10}}`+"\r\r",
+		"data: [DONE]\n\n")
+	rig := startOllamaRig(t, node.ProviderConfig{ID: "raw-1", Type: "openai", BaseURL: raw, Models: []string{"raw:1b"}, Capacity: 1})
+	resp, data := rig.do(t, http.MethodPost, "/api/chat", `{"model":"raw:1b","messages":[{"role":"user","content":"hi"}]}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, data)
+	}
+	lines := ndjson(t, data)
+	var text strings.Builder
+	for _, l := range lines[:len(lines)-1] {
+		text.WriteString(l.text())
+	}
+	final := lines[len(lines)-1]
+	if text.String() != "héllo wörld" || final.EvalCount != 3 || final.PromptEvalCount != 7 || final.DoneReason != "stop" || !final.Done {
+		t.Fatalf("text %q, final %+v", text.String(), final)
+	}
+	resp, data = rig.do(t, http.MethodPost, "/api/generate", `{"model":"raw:1b","prompt":"hi","stream":false}`)
+	if o := decodeObject(t, data); resp.StatusCode != 200 || o.text() != "héllo wörld" || o.EvalCount != 3 {
+		t.Fatalf("%d %s", resp.StatusCode, data)
+	}
+	waitIdle(t, rig.e)
+}
+
+func TestRegression_OllamaErrorInside200StreamFailsTheRun(t *testing.T) {
+	// A provider that starts a 200 stream and then reports an error in it
+	// must not look like a clean answer to an Ollama client.
+	raw := startRawProvider(t,
+		`data: {"choices":[{"index":0,"delta":{"content":"partial"}}]}`+"\n\n",
+		`data: {"error":{"message":"the model crashed","type":"server_error"}}`+"\n\n",
+		"data: [DONE]\n\n")
+	rig := startOllamaRig(t, node.ProviderConfig{ID: "raw-1", Type: "openai", BaseURL: raw, Models: []string{"raw:1b"}, Capacity: 1})
+	resp, data := rig.do(t, http.MethodPost, "/api/chat", `{"model":"raw:1b","messages":[{"role":"user","content":"hi"}]}`)
+	lines := ndjson(t, data)
+	if resp.StatusCode != 200 || len(lines) != 2 || lines[0].text() != "partial" {
+		t.Fatalf("%d %s", resp.StatusCode, data)
+	}
+	if last := lines[1]; last.Done || last.Error != "the model crashed" {
+		t.Fatalf("the stream ended with %s, want an error line and no done object", data)
+	}
+	resp, data = rig.do(t, http.MethodPost, "/api/chat", `{"model":"raw:1b","stream":false,"messages":[{"role":"user","content":"hi"}]}`)
+	if o := decodeObject(t, data); resp.StatusCode != http.StatusBadGateway || o.Error != "the model crashed" || o.Done {
+		t.Fatalf("%d %s", resp.StatusCode, data)
+	}
+	waitIdle(t, rig.e)
+}
+
+func TestOllamaClientGetsToolCallsFromOpenAIProvider(t *testing.T) {
+	// Tool-call deltas split over chunks (index, id, partial arguments)
+	// become one Ollama tool call with an arguments object.
+	raw := startRawProvider(t,
+		`data: {"choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":""}}]}}]}`+"\n\n",
+		`data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":"}}]}}]}`+"\n\n",
+		`data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Paris\"}"}}]}}]}`+"\n\n",
+		`data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`+"\n\ndata: [DONE]\n\n")
+	rig := startOllamaRig(t, node.ProviderConfig{ID: "raw-1", Type: "openai", BaseURL: raw, Models: []string{"raw:1b"}, Capacity: 1, Capabilities: []string{"tools"}})
+	req := `{"model":"raw:1b","messages":[{"role":"user","content":"weather?"}],"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}]`
+	want := `[{"function":{"name":"get_weather","arguments":{"city":"Paris"}}}]`
+	resp, data := rig.do(t, http.MethodPost, "/api/chat", req+`}`)
+	lines := ndjson(t, data)
+	if resp.StatusCode != 200 || len(lines) != 2 || lines[0].Message == nil || lines[0].Done || !lines[1].Done || lines[1].DoneReason != "stop" {
+		t.Fatalf("%d %s", resp.StatusCode, data)
+	}
+	if got, _ := json.Marshal(lines[0].Message.ToolCalls); string(got) != want {
+		t.Fatalf("tool calls %s, want %s", got, want)
+	}
+	resp, data = rig.do(t, http.MethodPost, "/api/chat", req+`,"stream":false}`)
+	o := decodeObject(t, data)
+	if got, _ := json.Marshal(o.Message.ToolCalls); resp.StatusCode != 200 || string(got) != want {
+		t.Fatalf("%d %s", resp.StatusCode, data)
+	}
+	waitIdle(t, rig.e)
+}
