@@ -108,12 +108,12 @@ const maxStop = 4
 
 // ollamaMessage is a message of POST /api/chat.
 type ollamaMessage struct {
-	Role      string          `json:"role"`
-	Content   string          `json:"content"`
-	Images    []string        `json:"images"`
-	ToolCalls []ollamaCall    `json:"tool_calls"`
-	ToolName  string          `json:"tool_name"`
-	Thinking  string          `json:"thinking"`
+	Role      string       `json:"role"`
+	Content   string       `json:"content"`
+	Images    []string     `json:"images"`
+	ToolCalls []ollamaCall `json:"tool_calls"`
+	ToolName  string       `json:"tool_name"`
+	Thinking  string       `json:"thinking"`
 }
 
 type ollamaCall struct {
