@@ -16,10 +16,18 @@ build:
 run:
 	$(GO) run ./cmd/iop dev $(ARGS)
 
-# Runs every test with the race detector. Installs nothing beyond Go modules today.
-test:
+# Runs every test with the race detector. Installs the JavaScript client
+# tests' npm packages first (test/js; once, when node_modules is absent).
+test: test/js/node_modules
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
+
+# The npm packages of the JavaScript client tests (the official `ollama`
+# client), exactly as package-lock.json pins them. Needs Node.js and npm.
+test/js/node_modules: test/js/package.json test/js/package-lock.json
+	@command -v npm >/dev/null || { echo "npm (Node.js 20 or later) is needed for the JavaScript client tests" >&2; exit 1; }
+	cd test/js && npm ci --silent --no-audit --no-fund
+	@touch $@
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./internal/scheduler/
