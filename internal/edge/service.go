@@ -78,7 +78,9 @@ type Service struct {
 // Dispatch admits req through its model's queue, sends it to the selected
 // provider's node, waits for the node to open the run's stream and sends it
 // the body (in Body chunks of at most 64 KiB, the last marked last). It
-// blocks while the request is queued.
+// blocks while the request is queued. The model name is first resolved as
+// Ollama clients expect: a name without a tag and the same name with
+// ":latest" are one model (catalog.name), with one queue.
 //
 // Errors: ErrInvalidRequest; the scheduler's admission errors
 // (scheduler.ErrUnknownModel, ErrNoProvider, ErrCandidatesRejected naming
