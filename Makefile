@@ -22,8 +22,10 @@ test: test/js/node_modules
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
 
-# The official JavaScript clients the Go tests drive (cmd/iop, test/js/*.mjs).
+# The npm packages of the JavaScript client tests (the official `openai` and `ollama`
+# clients), exactly as package-lock.json pins them. Needs Node.js and npm.
 test/js/node_modules: test/js/package.json test/js/package-lock.json
+	@command -v npm >/dev/null || { echo "npm (Node.js 20 or later) is needed for the JavaScript client tests" >&2; exit 1; }
 	cd test/js && npm ci --silent --no-audit --no-fund
 	@touch $@
 

@@ -188,6 +188,19 @@ func (g gateway) AdminSnapshot() api.AdminSnapshot {
 	return out
 }
 
+var _ api.ModelCatalog = gateway{}
+
+func (g gateway) ModelInfo(name string) (api.ModelInfo, bool) {
+	info, ok := g.svc.ModelInfo(name)
+	out := api.ModelInfo{Name: info.Name, Alias: info.Alias, Targets: info.Targets}
+	for _, p := range info.Providers {
+		out.Providers = append(out.Providers, api.ModelProvider(p))
+	}
+	return out, ok
+}
+
+func (g gateway) RunsInFlight() map[string]int { return g.svc.RunsInFlight() }
+
 type apiRun struct{ *edge.Run }
 
 func (r apiRun) Info() api.DispatchInfo { return api.DispatchInfo(r.Run.Info()) }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 
 	"iop/internal/scheduler"
 )
@@ -70,6 +71,37 @@ func (c *catalog) resolve(model string) ([]candidate, error) {
 		return out[i].ProviderID < out[j].ProviderID
 	})
 	return out, nil
+}
+
+// latestTag is the tag Ollama gives a model name without one (Ollama API
+// doc, "Model names": the tag "will default to latest").
+const latestTag = ":latest"
+
+// name returns the catalog's name for the requested model: model itself
+// when it is an alias or a served name ever advertised; else, for an
+// Ollama-style name, the same name with or without the ":latest" tag ("x"
+// and "x:latest" are one model) if that one is known; else model. Exact
+// names win, so an alias "x" and a served "x:latest" stay two models. It
+// takes the registry's read lock.
+func (c *catalog) name(model string) string {
+	if _, ok := c.aliases[model]; ok {
+		return model
+	}
+	alt := ""
+	if base, ok := strings.CutSuffix(model, latestTag); ok && base != "" {
+		alt = base
+	} else if !strings.Contains(model[strings.LastIndex(model, "/")+1:], ":") {
+		alt = model + latestTag
+	}
+	c.reg.mu.RLock()
+	defer c.reg.mu.RUnlock()
+	if c.reg.seen[model] || alt == "" {
+		return model
+	}
+	if _, ok := c.aliases[alt]; ok || c.reg.seen[alt] {
+		return alt
+	}
+	return model
 }
 
 // models returns every alias and every model name served by a current

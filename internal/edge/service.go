@@ -84,7 +84,9 @@ type Service struct {
 // Dispatch admits req through its model's queue, sends it to the selected
 // provider's node, waits for the node to open the run's stream and sends it
 // the body (in Body chunks of at most 64 KiB, the last marked last). It
-// blocks while the request is queued.
+// blocks while the request is queued. The model name is first resolved as
+// Ollama clients expect: a name without a tag and the same name with
+// ":latest" are one model (catalog.name), with one queue.
 //
 // Errors: ErrInvalidRequest; the scheduler's admission errors
 // (scheduler.ErrUnknownModel, ErrNoProvider, ErrCandidatesRejected naming
@@ -100,6 +102,8 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (*Run, error) {
 	if err := req.validate(); err != nil {
 		return nil, err
 	}
+	// "x" and "x:latest" are one model with one queue.
+	req.Model = s.cat.name(req.Model)
 	if s.cfg.LongContextTokens > 0 && req.EstimatedInputTokens >= s.cfg.LongContextTokens {
 		req.Long = true
 	}
@@ -259,6 +263,60 @@ func (s *Service) resolver(model string, needs []string, exclude *scheduler.Cand
 // Models lists the model names clients may request: every configured
 // alias and every name served by a connected node, sorted.
 func (s *Service) Models() []string { return s.cat.models() }
+
+// ModelInfo is what the edge knows of one model.
+type ModelInfo struct {
+	// Name is the catalog's name for the requested one (see Dispatch).
+	Name string
+	// Alias is set when Name is a configured alias; Targets are then its
+	// served model names, else Targets is [Name].
+	Alias   bool
+	Targets []string
+	// Providers are the available providers serving a target, sorted by
+	// node then provider.
+	Providers []ModelProvider
+}
+
+// ModelProvider is one provider of a model, with its scheduler counters.
+type ModelProvider struct {
+	NodeID, ProviderID, Type string
+	Capabilities             []string
+	Healthy                  bool
+	Capacity, InFlight       int
+}
+
+// ModelInfo describes the model a client calls name, resolved as Dispatch
+// resolves it ("x" and "x:latest" are one model). ok is false when name is
+// neither an alias nor a model a connected node serves. It takes a Snapshot.
+func (s *Service) ModelInfo(name string) (ModelInfo, bool) {
+	name = s.cat.name(name)
+	info := ModelInfo{Name: name, Targets: []string{name}}
+	if targets, ok := s.cat.aliases[name]; ok {
+		info.Alias, info.Targets = true, slices.Clone(targets)
+	} else if !slices.Contains(s.cat.models(), name) {
+		return ModelInfo{}, false
+	}
+	for _, p := range s.Snapshot().Providers {
+		if p.Status != "available" || !slices.ContainsFunc(info.Targets, func(t string) bool { return slices.Contains(p.Models, t) }) {
+			continue
+		}
+		info.Providers = append(info.Providers, ModelProvider{NodeID: p.NodeID, ProviderID: p.ProviderID, Type: p.Type,
+			Capabilities: p.Capabilities, Healthy: p.Healthy, Capacity: p.Capacity, InFlight: p.InFlight})
+	}
+	return info, true
+}
+
+// RunsInFlight counts the runs dispatched and not yet ended, by served
+// model name.
+func (s *Service) RunsInFlight() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]int)
+	for _, r := range s.runs {
+		out[r.info.ServedModel]++
+	}
+	return out
+}
 
 func (s *Service) forget(r *Run) {
 	s.mu.Lock()

@@ -367,7 +367,7 @@ func TestRoutes(t *testing.T) {
 		{"healthz", "GET", "/healthz", 200, "ok", "", ""},
 		{"readyz", "GET", "/readyz", 200, "ready", "", ""},
 		{"unknown path", "GET", "/v1/nope", 404, "", "unknown_url", ""},
-		{"root", "POST", "/", 404, "", "unknown_url", ""},
+		{"unknown path at the root", "POST", "/nope", 404, "", "unknown_url", ""},
 		{"chat by GET", "GET", "/v1/chat/completions", 405, "", "method_not_allowed", "POST"},
 		{"models by POST", "POST", "/v1/models", 405, "", "method_not_allowed", "GET"},
 		{"healthz by DELETE", "DELETE", "/healthz", 405, "", "method_not_allowed", "GET"},

@@ -1,7 +1,12 @@
-// Package api is the edge's OpenAI-compatible HTTP API: it decodes a client's
-// request, turns it into one Dispatch call on the edge service (the Gateway
-// interface), and renders what the node sends back into the OpenAI wire
-// format (OpenAI API reference, platform.openai.com/docs/api-reference).
+// Package api is the edge's OpenAI- and Ollama-compatible HTTP API: it
+// decodes a client's request, turns it into one Dispatch call on the edge
+// service (the Gateway interface), and renders what the node sends back into
+// the client's wire format (OpenAI API reference,
+// platform.openai.com/docs/api-reference; Ollama API doc, docs/api.md of
+// github.com/ollama/ollama). An Ollama request is first translated into a
+// canonical OpenAI body (package translate) and dispatched like an OpenAI
+// one; its answer, run events or the tunnel's OpenAI bytes, is rendered as
+// Ollama NDJSON or JSON (ollama_render.go).
 //
 // # Routes
 //
@@ -13,11 +18,20 @@
 //	GET  /admin/v1/nodes       JSON array of connected nodes (only when the Gateway implements Admin, else 404)
 //	GET  /admin/v1/providers   JSON array of provider snapshots
 //	GET  /admin/v1/queues      JSON array of model queues: policy and queued
+//	POST /api/chat             Ollama chat: NDJSON lines ending with a done object, or one object ("stream": false)
+//	POST /api/generate         Ollama generate: the same, with "response" instead of "message"
+//	GET  /api/tags             {"models":[...]}: the names of /v1/models
+//	GET  /api/ps               {"models":[...]}: served models with runs in flight (Gateway implementing ModelCatalog)
+//	POST /api/show             what the catalog knows of one model, in Ollama's shape
+//	GET  /api/version          {"version":"0.12.0"}, the Ollama API version followed
+//	GET  /                     "Ollama is running" (clients probe it)
 //	GET  /healthz              200 "ok" while the process serves HTTP
 //	GET  /readyz               200 "ready" when Config.Ready reports true, else 503
 //
 // Any other path is answered 404 and a known path with another method 405,
-// both in the OpenAI error shape {"error":{"message","type","param","code"}}.
+// both in the OpenAI error shape {"error":{"message","type","param","code"}},
+// or, under /api/ and at /, in Ollama's {"error":"..."}. Ollama model names
+// "x" and "x:latest" name one model.
 //
 // # Execution paths
 //

@@ -10,9 +10,9 @@ import (
 	"time"
 )
 
-// New returns the edge's OpenAI-compatible HTTP handler (routes in the
-// package doc), serving requests by calling gw, and the admin routes when gw
-// also implements Admin. A negative
+// New returns the edge's OpenAI- and Ollama-compatible HTTP handler (routes
+// in the package doc), serving requests by calling gw, and the admin routes
+// when gw also implements Admin. A negative
 // cfg.MaxBodyBytes is treated as 0 (the default); call cfg.Validate first
 // to reject it instead. logger may be nil (then nothing is logged).
 func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
@@ -32,6 +32,7 @@ func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
 		"/healthz":             {http.MethodGet, h.healthz},
 		"/readyz":              {http.MethodGet, h.readyz},
 	}
+	maps.Copy(h.routes, h.ollamaRoutes())
 	if adm, ok := gw.(Admin); ok {
 		maps.Copy(h.routes, adminRoutes(adm))
 	}
@@ -93,13 +94,17 @@ func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 	if !ok && h.cfg.Runs != nil && strings.HasPrefix(r.URL.Path, runsPrefix) {
 		rt, ok = route{"", h.runRoute}, true
 	}
+	writeError := h.writeError
+	if isOllamaPath(r.URL.Path) {
+		writeError = h.writeOllamaError
+	}
 	if !ok {
-		h.writeError(w, r, errNotFound, nil)
+		writeError(w, r, errNotFound, nil)
 		return
 	}
 	if rt.method != "" && r.Method != rt.method && (rt.method != http.MethodGet || r.Method != http.MethodHead) {
 		w.Header().Set("Allow", rt.method)
-		h.writeError(w, r, errMethodNotAllowed, nil)
+		writeError(w, r, errMethodNotAllowed, nil)
 		return
 	}
 	rt.serve(w, r)

@@ -6,10 +6,14 @@
 //     adapter turns the answer into run events (started, delta, usage,
 //     complete). [Ollama] translates chat completions to POST /api/chat,
 //     completions to POST /api/generate and embeddings to POST /api/embed,
-//     always streams from Ollama, and reads its NDJSON line by line.
+//     always streams from Ollama, and reads its NDJSON line by line. The
+//     members of the body's translate.ExtensionKey object (Ollama-only
+//     fields an Ollama client sent: keep_alive, think, num_ctx, ...) are
+//     set on the Ollama request with their JSON values unchanged.
 //   - tunnel ([Tunneler]): the provider is OpenAI-compatible (OpenAI, vLLM,
 //     llama.cpp server, ...). [OpenAI] posts the body, with only its
-//     top-level "model" rewritten to the served model, to
+//     top-level "model" rewritten to the served model (and its
+//     translate.ExtensionKey member, if any, removed), to
 //     {base_url}/chat/completions, /completions or /embeddings and relays a
 //     2xx answer's status and body bytes unchanged, chunk by chunk as they
 //     arrive (SSE passes through untouched), with an allowlist of its

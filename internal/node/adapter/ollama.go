@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 
+	"iop/internal/translate"
 	"iop/internal/wire/nodev1"
 )
 
@@ -54,6 +55,8 @@ func (o *Ollama) Close() { o.p.Close() }
 //	embeddings:       STARTED, DELTA{embeddings} (one or more, vectors in input
 //	                  order), then USAGE{prompt_tokens} + COMPLETE{"stop"}
 //
+// Members of the body's translate.ExtensionKey object are set on the Ollama
+// request with their JSON values unchanged (translate.ApplyExtension).
 // finish_reason is "length" when Ollama's done_reason is "length", else
 // "tool_calls" when the answer called a tool, else "stop". Failures are reported as the package doc describes; a non-2xx
 // answer's *Error carries Ollama's {"error": ...} text and status.
@@ -79,6 +82,11 @@ func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) err
 	}
 	if err != nil {
 		return err
+	}
+	// Ollama-only fields an Ollama client sent (keep_alive, think, num_ctx,
+	// ...), carried under translate.ExtensionKey with their JSON values.
+	if body, _, err = translate.ApplyExtension(body, req.Body); err != nil {
+		return badRequest("%s: %v", translate.ExtensionKey, err)
 	}
 	c, err := o.p.post(ctx, path, body, http.Header{"Accept": {"application/x-ndjson, application/json"}})
 	if err != nil {

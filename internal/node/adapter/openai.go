@@ -13,6 +13,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
+	"iop/internal/translate"
 	"iop/internal/wire/nodev1"
 )
 
@@ -91,7 +92,8 @@ func (o *OpenAI) Path() nodev1.ExecutionPath { return nodev1.ExecutionPath_EXECU
 func (o *OpenAI) Close() { o.p.Close() }
 
 // Tunnel posts req.Body, with its top-level "model" rewritten to
-// req.ServedModel, to {base_url}/chat/completions, /completions or
+// req.ServedModel and its translate.ExtensionKey member (Ollama-only
+// fields) removed, to {base_url}/chat/completions, /completions or
 // /embeddings (by req.Op), with Content-Type application/json, the
 // provider's API key as a bearer token, and the forwardable req.Headers.
 // What it relays depends on the answer's status:
@@ -140,7 +142,13 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 	default:
 		return badRequest("operation %v is not supported", req.Op)
 	}
-	body, err := rewriteModel(req.Body, req.ServedModel)
+	// Ollama-only fields (translate.ExtensionKey) mean nothing to an
+	// OpenAI-compatible server.
+	body, _, err := translate.StripExtension(req.Body)
+	if err != nil {
+		return badRequest("%v", err)
+	}
+	body, err = rewriteModel(body, req.ServedModel)
 	if err != nil {
 		return badRequest("%v", err)
 	}

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// jsTestDir holds the JavaScript client tests and their package.json.
+const jsTestDir = "../../test/js"
+
+// runJSTest runs `node script` in test/js with env. It fails the test, never
+// skips it, when Node.js or the npm packages are missing: `make test`
+// installs the packages (npm ci) before running the Go tests.
+func runJSTest(t *testing.T, script string, env ...string) {
+	t.Helper()
+	dir, err := filepath.Abs(jsTestDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node_modules")); err != nil {
+		t.Fatalf("%s/node_modules is missing: run `make test` (it runs `npm ci` there) or `cd test/js && npm ci`", jsTestDir)
+	}
+	nodeBin, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatal("node (Node.js 20 or later) is not on PATH; the JavaScript client tests need it")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, nodeBin, script)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("node %s: %v\n%s", script, err, out)
+	}
+	if !strings.Contains(string(out), "checks passed") {
+		t.Fatalf("node %s printed no summary:\n%s", script, out)
+	}
+	t.Logf("node %s:\n%s", script, out)
+}
+
+// TestOllamaJavaScriptClient runs the official `ollama` npm client against
+// the edge, with an Ollama provider and an OpenAI-compatible one, streaming
+// and not, chat and generate (test/js/ollama_client.mjs).
+func TestOllamaJavaScriptClient(t *testing.T) {
+	rig := startOllamaRig(t)
+	models, _ := json.Marshal([]string{"llama3", rigOpenAIModel})
+	runJSTest(t, "ollama_client.mjs",
+		"IOP_OLLAMA_HOST=http://"+rig.e.HTTPAddr,
+		"IOP_MODELS="+string(models),
+		`IOP_VISION=["llama3"]`)
+	waitIdle(t, rig.e)
+}

@@ -1,0 +1,386 @@
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"iop/internal/translate"
+	"iop/internal/wire/nodev1"
+)
+
+// ollamaVersion is what GET /api/version reports: the Ollama release whose
+// API the edge's Ollama routes follow (clients gate features on it).
+const ollamaVersion = "0.12.0"
+
+// Content types of Ollama answers (an Ollama server sends these).
+const (
+	ndjsonContentType     = "application/x-ndjson"
+	ollamaJSONContentType = "application/json; charset=utf-8"
+)
+
+// ollamaRoutes are the Ollama API routes (Ollama API doc, docs/api.md).
+func (h *handler) ollamaRoutes() map[string]route {
+	return map[string]route{
+		"/":             {http.MethodGet, h.ollamaRoot},
+		"/api/chat":     {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, true) }},
+		"/api/generate": {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, false) }},
+		"/api/tags":     {http.MethodGet, h.ollamaTags},
+		"/api/ps":       {http.MethodGet, h.ollamaPS},
+		"/api/show":     {http.MethodPost, h.ollamaShow},
+		"/api/version":  {http.MethodGet, h.ollamaVersion},
+	}
+}
+
+// isOllamaPath reports whether path belongs to the Ollama API, whose errors
+// are Ollama-shaped.
+func isOllamaPath(path string) bool {
+	return path == "/" || strings.HasPrefix(path, "/api/")
+}
+
+// ollamaRoot answers GET and HEAD / as Ollama does: clients probe it to
+// find a server.
+func (h *handler) ollamaRoot(w http.ResponseWriter, r *http.Request) {
+	writeText(w, http.StatusOK, "Ollama is running")
+}
+
+func (h *handler) ollamaVersion(w http.ResponseWriter, r *http.Request) {
+	writeOllamaJSON(w, http.StatusOK, map[string]string{"version": ollamaVersion})
+}
+
+// ollamaGenerate serves POST /api/chat (chat) and POST /api/generate: it
+// translates the body to a canonical OpenAI request (translate), checks it
+// as POST /v1/chat/completions does, dispatches it, and renders the run as
+// Ollama NDJSON lines or one JSON object (ollamaRender). A request with
+// nothing to generate (no messages, an empty prompt) only "loads" the
+// model, as in Ollama: it is answered at once, done_reason "load" ("unload"
+// with keep_alive 0), after checking that the model exists.
+//
+// Any Content-Type is accepted, as Ollama does (its documented curl
+// examples send curl's default, application/x-www-form-urlencoded).
+// Statuses: 400 a body that cannot be translated or fails the chat checks,
+// 404 unknown model (`model "x" not found, try pulling it first`), 413 body
+// over Config.MaxBodyBytes, then whatever classify maps a dispatch or
+// upstream failure to; every error body is {"error":"..."}.
+func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
+	start := h.cfg.Now()
+	body, err := readAllBody(r)
+	if err != nil {
+		h.writeOllamaError(w, r, err, nil)
+		return
+	}
+	from := translate.FromOllamaGenerate
+	if chat {
+		from = translate.FromOllamaChat
+	}
+	tr, err := from(body)
+	if err != nil {
+		var fe *translate.FieldError
+		if errors.As(err, &fe) {
+			err = &requestError{param: fe.Field, message: fe.Message}
+		}
+		h.writeOllamaError(w, r, err, nil)
+		return
+	}
+	req := Request{
+		Model:     tr.Model,
+		Operation: nodev1.Operation_OPERATION_CHAT,
+		Stream:    true, // the canonical body always streams
+		Body:      tr.Body,
+		Headers:   map[string]string{},
+	}
+	if id := r.Header.Get("X-Request-Id"); id != "" {
+		req.Headers["X-Request-Id"] = id
+	}
+	if tr.LoadOnly {
+		h.ollamaLoad(w, r, chat, tr, &req)
+		return
+	}
+	switch tr.Operation {
+	case translate.Chat:
+		cr, err := decodeChatRequest(tr.Body)
+		if err != nil {
+			h.writeOllamaError(w, r, err, &req)
+			return
+		}
+		req.Needs, req.EstimatedInputTokens = cr.Needs, cr.EstimatedInputTokens
+	case translate.Completion:
+		req.Operation = nodev1.Operation_OPERATION_COMPLETION
+		req.EstimatedInputTokens = tr.EstimatedInputTokens
+	}
+	if len(tr.Dropped) > 0 {
+		h.logger.Debug("dropping Ollama fields no provider takes", "path", r.URL.Path, "fields", tr.Dropped)
+	}
+
+	run, err := h.gw.Dispatch(r.Context(), req)
+	if err != nil {
+		h.writeOllamaError(w, r, err, &req)
+		return
+	}
+	closer := &runCloser{run: run}
+	stop := context.AfterFunc(r.Context(), func() { closer.close(reasonClientGone) })
+	reason := reasonCompleted
+	defer func() {
+		stop()
+		closer.close(reason)
+	}()
+
+	info := run.Info()
+	logger := h.logger.With("run_id", info.RunID, "model", clip(req.Model), "node_id", info.NodeID,
+		"provider_id", info.ProviderID, "path", info.Path.String())
+	o := &ollamaRender{
+		runResponse: &runResponse{h: h, w: w, r: r, run: run, req: &req},
+		chat:        chat,
+		model:       tr.Model,
+		stream:      tr.Stream,
+		timings:     translate.Timings{Start: start, Dispatched: h.cfg.Now()},
+	}
+	switch info.Path {
+	case nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL:
+		if len(tr.Extension) > 0 {
+			logger.Debug("dropping Ollama-only fields for an OpenAI-compatible provider", "fields", tr.Extension)
+		}
+		reason = o.tunnel()
+	case nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED:
+		reason = o.normalized()
+	default:
+		reason = o.failed(errUnknownPath)
+	}
+	logger.Debug("run ended", "reason", reason, "queue_wait", info.QueueWait, "aborted", o.abort)
+	if o.abort {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// ollamaLoad answers a request with nothing to generate: Ollama's "load"
+// (or, with keep_alive 0, "unload") answer, a single object even when
+// streaming, for a model the edge knows.
+func (h *handler) ollamaLoad(w http.ResponseWriter, r *http.Request, chat bool, tr translate.Request, req *Request) {
+	if _, ok := knownModel(h.gw.Models(), tr.Model); !ok {
+		h.writeOllamaError(w, r, ErrUnknownModel, req)
+		return
+	}
+	resp := translate.NewOllamaResponse(chat, tr.Model, h.cfg.Now(), "")
+	resp.Done, resp.DoneReason = true, "load"
+	if tr.Unload {
+		resp.DoneReason = "unload"
+	}
+	writeOllamaJSON(w, http.StatusOK, resp)
+}
+
+// readAllBody reads a request body (ServeHTTP caps it at
+// Config.MaxBodyBytes). Errors: errBodyTooLarge, or a *requestError.
+func readAllBody(r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return nil, errBodyTooLarge
+		}
+		return nil, &requestError{message: "reading the request body failed"}
+	}
+	return body, nil
+}
+
+// ollamaErrorBody is Ollama's error shape.
+type ollamaErrorBody struct {
+	Error string `json:"error"`
+}
+
+// ollamaError maps err as classify does and gives the message Ollama
+// clients expect: an unknown model is `model "x" not found, try pulling it
+// first` (Ollama's own text, which clients match on).
+func ollamaError(err error, req *Request) (*apiError, string) {
+	e := classify(err, req)
+	if errors.Is(err, ErrUnknownModel) {
+		model := ""
+		if req != nil {
+			model = clip(req.Model)
+		}
+		return e, fmt.Sprintf("model %q not found, try pulling it first", model)
+	}
+	return e, e.Message
+}
+
+// writeOllamaError is writeError with an Ollama error body,
+// {"error":"<message>"}.
+func (h *handler) writeOllamaError(w http.ResponseWriter, r *http.Request, err error, req *Request) {
+	if clientGone(r) {
+		h.logger.Debug("client gone before the answer", "path", clip(r.URL.Path), "err", errorText(err, req))
+		return
+	}
+	e, msg := ollamaError(err, req)
+	h.logError(r, e, err, req)
+	if e.retryAfter != "" {
+		w.Header().Set("Retry-After", e.retryAfter)
+	}
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	writeOllamaJSON(w, e.status, ollamaErrorBody{Error: msg})
+}
+
+func writeOllamaJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", ollamaJSONContentType)
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// ollamaModel is one entry of GET /api/tags and GET /api/ps (Ollama API
+// doc, "List Local Models", "List Running Models"). iop knows no file size,
+// digest or format of a model: size is 0, digest the SHA-256 of the name
+// (stable, so clients can tell models apart), details empty.
+type ollamaModel struct {
+	Name       string             `json:"name"`
+	Model      string             `json:"model"`
+	ModifiedAt string             `json:"modified_at,omitempty"` // tags only
+	Size       int64              `json:"size"`
+	Digest     string             `json:"digest"`
+	Details    ollamaModelDetails `json:"details"`
+	ExpiresAt  string             `json:"expires_at,omitempty"` // ps only
+	SizeVRAM   int64              `json:"size_vram,omitempty"`  // ps only
+	// InFlight is iop's own field on /api/ps: the model's runs in flight.
+	InFlight int `json:"in_flight,omitempty"`
+}
+
+type ollamaModelDetails struct {
+	ParentModel       string   `json:"parent_model"`
+	Format            string   `json:"format"`
+	Family            string   `json:"family"`
+	Families          []string `json:"families"`
+	ParameterSize     string   `json:"parameter_size"`
+	QuantizationLevel string   `json:"quantization_level"`
+}
+
+func newOllamaModel(name string) ollamaModel {
+	sum := sha256.Sum256([]byte(name))
+	return ollamaModel{Name: name, Model: name, Digest: hex.EncodeToString(sum[:])}
+}
+
+// ollamaTags serves GET /api/tags: {"models":[...]}, one entry per name of
+// Gateway.Models (the names /v1/models lists), so it lists exactly the
+// names /api/chat accepts; each also answers to its tagAlternative.
+func (h *handler) ollamaTags(w http.ResponseWriter, r *http.Request) {
+	names := h.gw.Models()
+	now := h.cfg.Now().UTC().Format(time.RFC3339Nano)
+	models := make([]ollamaModel, 0, len(names))
+	for _, name := range names {
+		m := newOllamaModel(name)
+		m.ModifiedAt = now
+		models = append(models, m)
+	}
+	writeOllamaJSON(w, http.StatusOK, map[string]any{"models": models})
+}
+
+// ollamaPS serves GET /api/ps: {"models":[...]}, one entry per served model
+// with runs in flight (ModelCatalog.RunsInFlight), sorted by name, each with
+// its count in "in_flight" and expires_at set to now (iop does not keep
+// models loaded; the provider does).
+func (h *handler) ollamaPS(w http.ResponseWriter, r *http.Request) {
+	models := []ollamaModel{}
+	if cat, ok := h.gw.(ModelCatalog); ok {
+		counts := cat.RunsInFlight()
+		names := make([]string, 0, len(counts))
+		for name, n := range counts {
+			if n > 0 {
+				names = append(names, name)
+			}
+		}
+		slices.Sort(names)
+		now := h.cfg.Now().UTC().Format(time.RFC3339Nano)
+		for _, name := range names {
+			m := newOllamaModel(name)
+			m.ExpiresAt, m.InFlight = now, counts[name]
+			models = append(models, m)
+		}
+	}
+	writeOllamaJSON(w, http.StatusOK, map[string]any{"models": models})
+}
+
+// ollamaShowProvider is one provider in /api/show's model_info.
+type ollamaShowProvider struct {
+	NodeID       string   `json:"node_id"`
+	ProviderID   string   `json:"provider_id"`
+	Type         string   `json:"type"`
+	Capabilities []string `json:"capabilities"`
+	Healthy      bool     `json:"healthy"`
+	Capacity     int      `json:"capacity"`
+	InFlight     int      `json:"in_flight"`
+}
+
+// ollamaCapabilities maps provider capabilities to Ollama's names
+// ("completion" always; tools, vision, embedding).
+var ollamaCapabilities = map[string]string{"tools": "tools", "vision": "vision", "embeddings": "embedding"}
+
+// ollamaShow serves POST /api/show {"model"} (or the older {"name"}): what
+// the catalog knows of the model, in Ollama's shape (Ollama API doc, "Show
+// Model Information"): empty modelfile, parameters and template; details
+// empty; capabilities "completion" plus those of its live providers;
+// model_info with "iop.alias", "iop.targets" and "iop.providers". 400 for
+// a body without a model, 404 for an unknown model.
+func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
+	body, err := readAllBody(r)
+	if err != nil {
+		h.writeOllamaError(w, r, err, nil)
+		return
+	}
+	var in struct {
+		Model string `json:"model"`
+		Name  string `json:"name"`
+	}
+	if err := json.Unmarshal(body, &in); err != nil {
+		h.writeOllamaError(w, r, &requestError{message: "the request body must be a JSON object with a string model"}, nil)
+		return
+	}
+	name := in.Model
+	if name == "" {
+		name = in.Name
+	}
+	req := &Request{Model: name}
+	if strings.TrimSpace(name) == "" {
+		h.writeOllamaError(w, r, &requestError{param: "model", message: "model is required"}, nil)
+		return
+	}
+	info := ModelInfo{Name: name, Targets: []string{name}}
+	if cat, ok := h.gw.(ModelCatalog); ok {
+		if info, ok = cat.ModelInfo(name); !ok {
+			h.writeOllamaError(w, r, ErrUnknownModel, req)
+			return
+		}
+	} else if _, ok := knownModel(h.gw.Models(), name); !ok {
+		h.writeOllamaError(w, r, ErrUnknownModel, req)
+		return
+	}
+	caps := []string{"completion"}
+	providers := make([]ollamaShowProvider, 0, len(info.Providers))
+	for _, p := range info.Providers {
+		for _, c := range p.Capabilities {
+			if oc, ok := ollamaCapabilities[c]; ok && !slices.Contains(caps, oc) {
+				caps = append(caps, oc)
+			}
+		}
+		providers = append(providers, ollamaShowProvider{NodeID: p.NodeID, ProviderID: p.ProviderID, Type: p.Type,
+			Capabilities: nonNil(p.Capabilities), Healthy: p.Healthy, Capacity: p.Capacity, InFlight: p.InFlight})
+	}
+	writeOllamaJSON(w, http.StatusOK, map[string]any{
+		"modelfile":  "",
+		"parameters": "",
+		"template":   "",
+		"details":    ollamaModelDetails{},
+		"model_info": map[string]any{
+			"general.architecture": "",
+			"iop.name":             info.Name,
+			"iop.alias":            info.Alias,
+			"iop.targets":          nonNil(info.Targets),
+			"iop.providers":        providers,
+		},
+		"capabilities": caps,
+		"modified_at":  h.cfg.Now().UTC().Format(time.RFC3339Nano),
+	})
+}

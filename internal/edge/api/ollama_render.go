@@ -1,0 +1,266 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+
+	"iop/internal/translate"
+	"iop/internal/wire/nodev1"
+)
+
+// maxTunnelAnswer bounds a whole (not streamed) answer or error body read
+// from a tunnel to translate it, in bytes.
+const maxTunnelAnswer = 16 << 20
+
+// ollamaRender renders a run as an Ollama /api/chat or /api/generate
+// answer. Streamed (the client's "stream" absent or true): NDJSON
+// (application/x-ndjson), one object per text delta, written and flushed
+// as it arrives, then a final object with done true, done_reason, counts
+// and durations; the status line goes with the first delta, so a run that
+// fails before any text gets an error answer with its own status, and one
+// that fails later ends with a last line {"error":"..."} and no done
+// object. Not streamed: one JSON object with the whole text. Only the
+// request goroutine uses it.
+type ollamaRender struct {
+	*runResponse
+	chat    bool
+	model   string // the model name the client asked for
+	stream  bool
+	timings translate.Timings
+
+	text strings.Builder // the whole text, when not streaming
+}
+
+// normalized renders a normalized-path run: its DELTA (text and tool-call
+// parts, joined by index), USAGE and COMPLETE events (read by
+// eventReader.next). It returns the Close reason.
+func (o *ollamaRender) normalized() string {
+	er := &eventReader{runResponse: o.runResponse}
+	var calls []translate.ToolCall // by index
+	finish, err := er.next(func(ev *nodev1.RunEvent) error {
+		for _, tc := range ev.GetToolCalls() {
+			i := int(tc.GetIndex())
+			if i < 0 || i >= maxToolCalls {
+				return errUpstreamProtocol
+			}
+			for len(calls) <= i {
+				calls = append(calls, translate.ToolCall{})
+			}
+			c := &calls[i]
+			if tc.GetId() != "" {
+				c.ID = tc.GetId()
+			}
+			if tc.GetName() != "" {
+				c.Name = tc.GetName()
+			}
+			c.Arguments += tc.GetArguments()
+		}
+		if text := ev.GetText(); text != "" {
+			return o.onText(text)
+		}
+		return nil
+	})
+	if err != nil {
+		return o.failed(err)
+	}
+	return o.finish(translate.Answer{Finish: finish, ToolCalls: calls, Usage: &translate.Usage{
+		PromptTokens: er.usage.PromptTokens, CompletionTokens: er.usage.CompletionTokens}})
+}
+
+// tunnel renders a tunnel-path run, the OpenAI-compatible provider's
+// answer to the canonical body: a 2xx SSE stream is decoded as it arrives
+// (translate.OpenAIStream), a 2xx JSON body once complete
+// (translate.DecodeOpenAIAnswer), and an error status becomes an error
+// answer with that status and the provider's message. An error object
+// inside a 200 stream fails the run (502, or a last error line). It
+// returns the Close reason.
+func (o *ollamaRender) tunnel() string {
+	var (
+		status int
+		sse    bool
+		stream translate.OpenAIStream
+		body   []byte // a JSON answer or an error body
+	)
+	for {
+		msg, err := o.recv()
+		if err != nil {
+			return o.failed(err)
+		}
+		switch m := msg.GetMsg().(type) {
+		case *nodev1.RunUp_TunnelHead:
+			status = int(m.TunnelHead.GetStatus())
+			if status < 200 || status > 599 || o.started {
+				return o.failed(errUpstreamProtocol)
+			}
+			for name, value := range m.TunnelHead.GetHeaders() {
+				if http.CanonicalHeaderKey(name) == "Content-Type" {
+					sse = isEventStream(value)
+				}
+			}
+		case *nodev1.RunUp_TunnelData:
+			if status == 0 {
+				return o.failed(errUpstreamProtocol)
+			}
+			data := m.TunnelData.GetData()
+			if status < 300 && sse {
+				if err := stream.Feed(data, o.onText); err != nil {
+					return o.failed(streamError(err))
+				}
+				continue
+			}
+			if len(body)+len(data) > maxTunnelAnswer {
+				return o.failed(&upstreamError{status: http.StatusBadGateway, message: "the provider's answer is too large"})
+			}
+			body = append(body, data...)
+		case *nodev1.RunUp_TunnelEnd:
+			if status == 0 {
+				return o.failed(errUpstreamEnded)
+			}
+			if status >= 300 {
+				return o.failed(&upstreamError{status: status, message: clipTo(translate.DecodeOpenAIError(body), maxErrorTextBytes)})
+			}
+			var ans translate.Answer
+			if sse {
+				ans, err = stream.End(o.onText)
+			} else if ans, err = translate.DecodeOpenAIAnswer(body); err == nil && ans.Text != "" {
+				err = o.onText(ans.Text)
+			}
+			if err != nil {
+				return o.failed(streamError(err))
+			}
+			return o.finish(ans)
+		case *nodev1.RunUp_TunnelError:
+			return o.failed(&upstreamError{status: int(m.TunnelError.GetStatus()), message: m.TunnelError.GetMessage()})
+		default:
+			return o.failed(errUpstreamProtocol)
+		}
+	}
+}
+
+// streamError maps a decoding failure of a tunnel answer to this package's
+// outcomes; a failed write to the client passes through.
+func streamError(err error) error {
+	var pe *translate.ProviderError
+	switch {
+	case errors.As(err, new(*errWrite)):
+		return err
+	case errors.As(err, &pe):
+		return &upstreamError{status: http.StatusBadGateway, message: clipTo(pe.Error(), maxErrorTextBytes)}
+	case errors.Is(err, translate.ErrStreamTruncated):
+		return errUpstreamEnded
+	default:
+		return &upstreamError{status: http.StatusBadGateway, message: err.Error()}
+	}
+}
+
+// onText takes one text delta: streamed, it is written as one line at once
+// (the status line first, once); else it is kept for the final object. A
+// write failure is an *errWrite.
+func (o *ollamaRender) onText(text string) error {
+	now := o.h.cfg.Now()
+	if o.timings.FirstToken.IsZero() {
+		o.timings.FirstToken = now
+	}
+	if !o.stream {
+		o.text.WriteString(text)
+		return nil
+	}
+	o.startStream()
+	if err := o.writeLine(translate.NewOllamaResponse(o.chat, o.model, now, text)); err != nil {
+		return &errWrite{err}
+	}
+	return nil
+}
+
+// startStream sends the status line and headers of an NDJSON answer, once.
+func (o *ollamaRender) startStream() {
+	if o.started {
+		return
+	}
+	header := o.w.Header()
+	header.Set("Content-Type", ndjsonContentType)
+	header.Set("Cache-Control", "no-cache")
+	header.Set("X-Accel-Buffering", "no")
+	o.w.WriteHeader(http.StatusOK)
+	o.started = true
+}
+
+// writeLine writes v as one NDJSON line and flushes it.
+func (o *ollamaRender) writeLine(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return o.write(append(b, '\n'))
+}
+
+// finish writes the end of a complete answer: streamed, a line with the
+// tool calls if there are any (chat), then the final object; else the one
+// object with the whole text and tool calls. It returns the Close reason.
+func (o *ollamaRender) finish(ans translate.Answer) string {
+	now := o.h.cfg.Now()
+	o.timings.End = now
+	var usage translate.Usage
+	if ans.Usage != nil {
+		usage = *ans.Usage
+	}
+	final := translate.NewOllamaResponse(o.chat, o.model, now, o.text.String())
+	calls := translate.OllamaToolCalls(ans.ToolCalls)
+	if !o.chat && len(calls) > 0 {
+		o.h.logger.Debug("dropping tool calls from a generate answer", "model", clip(o.model))
+		calls = nil
+	}
+	final.SetFinal(translate.OllamaDoneReason(ans.Finish), usage, o.timings)
+	if !o.stream {
+		if clientGone(o.r) {
+			return reasonClientGone
+		}
+		if len(calls) > 0 {
+			final.Message.ToolCalls = calls
+		}
+		writeOllamaJSON(o.w, http.StatusOK, final)
+		return reasonCompleted
+	}
+	o.startStream()
+	if len(calls) > 0 {
+		line := translate.NewOllamaResponse(true, o.model, now, "")
+		line.Message.ToolCalls = calls
+		if err := o.writeLine(line); err != nil {
+			return o.writeFailed(err)
+		}
+	}
+	if err := o.writeLine(final); err != nil {
+		return o.writeFailed(err)
+	}
+	return reasonCompleted
+}
+
+// failed ends a run that failed with err: before the status line, an
+// Ollama error answer with classify's status; after it, a last line
+// {"error":"..."} and no done object (the JSON client libraries raise it
+// as an error). A failed write to the client, or a client gone, aborts the
+// connection instead. It returns the Close reason.
+func (o *ollamaRender) failed(err error) string {
+	var werr *errWrite
+	if errors.As(err, &werr) {
+		return o.writeFailed(werr.err)
+	}
+	if clientGone(o.r) {
+		o.h.logger.Debug("client gone", "path", clip(o.r.URL.Path), "err", errorText(err, o.req))
+		o.abort = o.started
+		return reasonClientGone
+	}
+	if !o.started {
+		o.h.writeOllamaError(o.w, o.r, err, o.req)
+		return reasonUpstreamError
+	}
+	e, msg := ollamaError(err, o.req)
+	o.h.logError(o.r, e, err, o.req)
+	if werr := o.writeLine(ollamaErrorBody{Error: msg}); werr != nil {
+		o.abort = true
+		return reasonWriteFailed
+	}
+	return reasonUpstreamError
+}

@@ -1,0 +1,23 @@
+// Package translate is the one place where iop converts between the Ollama
+// and OpenAI wire formats (Ollama API doc, github.com/ollama/ollama
+// docs/api.md; OpenAI API reference, platform.openai.com/docs/api-reference).
+//
+// Requests: FromOllamaChat and FromOllamaGenerate turn an Ollama client's
+// /api/chat or /api/generate body into a canonical OpenAI chat completions
+// or completions body, which the edge dispatches like any OpenAI request.
+// Ollama fields OpenAI has no name for travel under ExtensionKey; a node's
+// Ollama adapter puts them back (ApplyExtension) and its OpenAI tunnel
+// removes them (StripExtension). (The node's translation of an OpenAI body
+// to Ollama's API, internal/node/adapter's ollama_request.go, still lives in
+// the adapter package.)
+//
+// Answers: OpenAIStream decodes an OpenAI SSE stream fed in chunks of any
+// size (SSEReader does the framing) and DecodeOpenAIAnswer a whole answer;
+// OllamaResponse and its helpers build the Ollama objects the edge writes.
+//
+// # Concurrency
+//
+// Functions are pure and safe for concurrent use. An SSEReader or
+// OpenAIStream holds one stream's state and is used by one goroutine at a
+// time; the package starts no goroutines.
+package translate

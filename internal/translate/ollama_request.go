@@ -1,0 +1,697 @@
+package translate
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// ExtensionKey is the top-level member of a canonical (OpenAI-shaped)
+// request body that carries the Ollama request fields OpenAI's API has no
+// name for, as an object whose members are those fields with their JSON
+// values unchanged: "keep_alive" ("24h" stays a string, 300 a number),
+// "think", any other top-level field of the Ollama request iop does not
+// translate, and "options" (an object) with the model options that are not
+// OpenAI parameters (num_ctx, top_k, repeat_penalty, ...). For example:
+//
+//	{"model":"llama3","messages":[...],"stream":true,
+//	 "iop_ollama":{"keep_alive":"24h","think":true,"options":{"num_ctx":8192}}}
+//
+// A node's Ollama adapter sets these fields on the Ollama request it sends
+// (ApplyExtension); the tunnel to an OpenAI-compatible provider removes the
+// member (StripExtension), so such providers never see it. An OpenAI client
+// may send the member itself to reach Ollama-only settings.
+const ExtensionKey = "iop_ollama"
+
+// Operation is the OpenAI operation a translated request is for.
+type Operation int
+
+const (
+	// Chat is POST /v1/chat/completions.
+	Chat Operation = iota
+	// Completion is POST /v1/completions (a raw prompt, no chat template).
+	Completion
+)
+
+// Request is an Ollama request translated to a canonical OpenAI request.
+type Request struct {
+	// Model is the model the client asked for.
+	Model string
+	// Operation says which OpenAI API Body is for.
+	Operation Operation
+	// Body is the canonical OpenAI JSON body. It always streams
+	// ("stream": true, "stream_options": {"include_usage": true}),
+	// whatever the client asked: the edge renders a streamed answer as one
+	// object when the client did not want a stream.
+	Body []byte
+	// Stream is the client's own choice: "stream" absent or true (Ollama's
+	// default) streams NDJSON.
+	Stream bool
+	// LoadOnly marks a request with nothing to generate (no messages, or an
+	// empty prompt): Ollama only loads the model, or unloads it when
+	// Unload (keep_alive 0) is set.
+	LoadOnly, Unload bool
+	// Extension lists the fields carried under ExtensionKey, as paths
+	// ("keep_alive", "options.num_ctx"), sorted: they reach Ollama providers
+	// only.
+	Extension []string
+	// Dropped lists the fields dropped because no provider protocol can
+	// carry them and dropping them keeps the answer's meaning ("template",
+	// "messages[1].thinking"), sorted.
+	Dropped []string
+	// EstimatedInputTokens is the prompt's characters / 4, rounded up
+	// (Operation Completion only; a chat body is measured by the caller).
+	EstimatedInputTokens int
+}
+
+// FieldError is an Ollama request that cannot be translated: Field names
+// the offending field ("messages[0].images[1]", "" for the body as a
+// whole). It is a client error (HTTP 400).
+type FieldError struct {
+	Field, Message string
+}
+
+func (e *FieldError) Error() string {
+	if e.Field == "" {
+		return e.Message
+	}
+	return e.Field + ": " + e.Message
+}
+
+func fieldErr(field, format string, args ...any) error {
+	return &FieldError{Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+// optionsMapped are the Ollama model options that have an OpenAI
+// parameter (Ollama API doc, "Modelfile" valid parameters; OpenAI API
+// reference, "Create chat completion").
+var optionsMapped = map[string]string{
+	"num_predict":       "max_tokens",
+	"temperature":       "temperature",
+	"top_p":             "top_p",
+	"stop":              "stop",
+	"seed":              "seed",
+	"frequency_penalty": "frequency_penalty",
+	"presence_penalty":  "presence_penalty",
+}
+
+// maxStop is how many stop sequences OpenAI's API accepts.
+const maxStop = 4
+
+// ollamaMessage is a message of POST /api/chat.
+type ollamaMessage struct {
+	Role      string       `json:"role"`
+	Content   string       `json:"content"`
+	Images    []string     `json:"images"`
+	ToolCalls []ollamaCall `json:"tool_calls"`
+	ToolName  string       `json:"tool_name"`
+	Thinking  string       `json:"thinking"`
+}
+
+type ollamaCall struct {
+	Function struct {
+		Name      string          `json:"name"`
+		Arguments json.RawMessage `json:"arguments"` // an object
+	} `json:"function"`
+}
+
+// chatKnown and generateKnown are the top-level fields translated (or
+// refused) rather than carried under ExtensionKey.
+var (
+	chatKnown     = []string{"model", "messages", "tools", "format", "options", "stream"}
+	generateKnown = []string{"model", "prompt", "suffix", "system", "template", "context", "images", "raw", "format", "options", "stream"}
+)
+
+// canonicalChat is the canonical chat body, members in this order.
+type canonicalChat struct {
+	Model          string          `json:"model"`
+	Messages       []any           `json:"messages,omitempty"`
+	Prompt         *string         `json:"prompt,omitempty"` // completion only
+	Suffix         string          `json:"suffix,omitempty"` // completion only
+	Stream         bool            `json:"stream"`
+	StreamOptions  map[string]bool `json:"stream_options"`
+	MaxTokens      *int64          `json:"max_tokens,omitempty"`
+	Temperature    *float64        `json:"temperature,omitempty"`
+	TopP           *float64        `json:"top_p,omitempty"`
+	Stop           []string        `json:"stop,omitempty"`
+	Seed           *int64          `json:"seed,omitempty"`
+	FrequencyPen   *float64        `json:"frequency_penalty,omitempty"`
+	PresencePen    *float64        `json:"presence_penalty,omitempty"`
+	ResponseFormat json.RawMessage `json:"response_format,omitempty"`
+	Tools          json.RawMessage `json:"tools,omitempty"`
+	Extension      json.RawMessage `json:"iop_ollama,omitempty"`
+}
+
+// FromOllamaChat translates a POST /api/chat body (Ollama API doc,
+// "Generate a chat completion") into a canonical chat completions body:
+//
+//	messages[].content, .images   content (a string, or text and image_url
+//	                              parts whose URLs are base64 data: URLs,
+//	                              the media type sniffed from the bytes)
+//	messages[].tool_calls         tool_calls with ids "call_<m>_<i>" and
+//	                              arguments as JSON text
+//	messages[].tool_name          tool_call_id of the earliest unanswered
+//	                              call of that function (any function if
+//	                              the name is empty)
+//	tools                         tools (the same shape)
+//	format "json" / a schema      response_format json_object / json_schema
+//	options.num_predict           max_tokens (≤ 0, Ollama's "no limit", is
+//	                              left out; above 2^31-1 it is clamped)
+//	options.temperature, top_p,   the OpenAI parameters of the same names
+//	stop, seed, frequency_penalty,
+//	presence_penalty
+//	keep_alive, think, other      carried under ExtensionKey, values
+//	options and unknown fields    unchanged
+//	messages[].thinking           dropped (listed in Dropped)
+//
+// Errors are *FieldError: a body that is not a JSON object, a field of the
+// wrong JSON type, a missing model, an image that is not base64, a format
+// that is neither "json" nor a JSON schema, more than 4 stop sequences.
+func FromOllamaChat(body []byte) (Request, error) {
+	top, err := decodeTop(body)
+	if err != nil {
+		return Request{}, err
+	}
+	var in struct {
+		Model    string            `json:"model"`
+		Messages []json.RawMessage `json:"messages"`
+		Tools    json.RawMessage   `json:"tools"`
+	}
+	if err := decodeFields(top, &in); err != nil {
+		return Request{}, err
+	}
+	t := &translation{top: top}
+	req, out, err := t.common(in.Model, chatKnown)
+	if err != nil {
+		return Request{}, err
+	}
+	if len(in.Messages) == 0 {
+		req.LoadOnly = true
+		return req, nil
+	}
+	out.Messages, err = t.messages(in.Messages)
+	if err != nil {
+		return Request{}, err
+	}
+	if !isNull(in.Tools) {
+		if firstByte(in.Tools) != '[' {
+			return Request{}, fieldErr("tools", "expected an array of tools")
+		}
+		out.Tools = in.Tools
+	}
+	return t.finish(req, out)
+}
+
+// FromOllamaGenerate translates a POST /api/generate body (Ollama API doc,
+// "Generate a completion"). Ollama applies the model's prompt template to
+// the prompt (and system), as a chat does, so a plain request becomes a
+// chat body: an optional system message, then one user message with the
+// prompt and images. A raw request (no template) or one with a suffix
+// (fill in the middle) becomes a completions body: prompt and suffix, and
+// no system (dropped; Ollama's raw mode ignores it too); "format" is sent
+// both as response_format and, for Ollama providers, under ExtensionKey.
+// Options, keep_alive,
+// think and unknown fields go as in FromOllamaChat; "template" is dropped.
+//
+// Errors are *FieldError, as for FromOllamaChat, and also: a non-empty
+// "context" (the deprecated token context of an earlier answer, which no
+// chat or completions API can take: dropping it would answer without the
+// conversation), and images on a raw or suffix request (a completions
+// prompt cannot carry them).
+func FromOllamaGenerate(body []byte) (Request, error) {
+	top, err := decodeTop(body)
+	if err != nil {
+		return Request{}, err
+	}
+	var in struct {
+		Model    string   `json:"model"`
+		Prompt   string   `json:"prompt"`
+		Suffix   string   `json:"suffix"`
+		System   string   `json:"system"`
+		Template string   `json:"template"`
+		Context  []int64  `json:"context"`
+		Images   []string `json:"images"`
+		Raw      bool     `json:"raw"`
+	}
+	if err := decodeFields(top, &in); err != nil {
+		return Request{}, err
+	}
+	t := &translation{top: top}
+	req, out, err := t.common(in.Model, generateKnown)
+	if err != nil {
+		return Request{}, err
+	}
+	if len(in.Context) > 0 {
+		return Request{}, fieldErr("context", "the context of an earlier answer is not supported; send the conversation to /api/chat instead")
+	}
+	if in.Template != "" {
+		t.dropped = append(t.dropped, "template")
+	}
+	if in.Prompt == "" && in.Suffix == "" {
+		req.LoadOnly = true
+		return req, nil
+	}
+	if in.Raw || in.Suffix != "" {
+		if len(in.Images) > 0 {
+			return Request{}, fieldErr("images", "images cannot be sent with a raw or suffix prompt")
+		}
+		if in.System != "" {
+			t.dropped = append(t.dropped, "system")
+		}
+		prompt := in.Prompt
+		if f, ok := top["format"]; ok && !isNull(f) {
+			// Ollama's /api/generate takes format as it is.
+			t.ext["format"] = f
+			t.extension = append(t.extension, "format")
+		}
+		req.Operation = Completion
+		out.Prompt, out.Suffix = &prompt, in.Suffix
+		req.EstimatedInputTokens = (len([]rune(prompt)) + len([]rune(in.Suffix)) + 3) / 4
+		return t.finish(req, out)
+	}
+	if in.System != "" {
+		out.Messages = append(out.Messages, map[string]any{"role": "system", "content": in.System})
+	}
+	user, err := userContent(in.Prompt, in.Images, "images")
+	if err != nil {
+		return Request{}, err
+	}
+	out.Messages = append(out.Messages, map[string]any{"role": "user", "content": user})
+	return t.finish(req, out)
+}
+
+// translation is the state of one request's translation.
+type translation struct {
+	top       map[string]json.RawMessage
+	ext       map[string]json.RawMessage // fields for ExtensionKey
+	extOpts   map[string]json.RawMessage // options for ExtensionKey
+	dropped   []string
+	extension []string
+}
+
+// common translates the fields chat and generate share: model, stream,
+// format, options and the fields carried under ExtensionKey (every
+// top-level field not in known).
+func (t *translation) common(model string, known []string) (Request, *canonicalChat, error) {
+	if strings.TrimSpace(model) == "" {
+		return Request{}, nil, fieldErr("model", "model is required")
+	}
+	req := Request{Model: model, Stream: true}
+	if err := decodeField(t.top, "stream", &req.Stream); err != nil {
+		return Request{}, nil, err
+	}
+	out := &canonicalChat{Model: model, Stream: true, StreamOptions: map[string]bool{"include_usage": true}}
+	var err error
+	if out.ResponseFormat, err = responseFormat(t.top["format"]); err != nil {
+		return Request{}, nil, err
+	}
+	if err := t.options(out); err != nil {
+		return Request{}, nil, err
+	}
+	t.ext = make(map[string]json.RawMessage)
+	for k, v := range t.top {
+		if slices.Contains(known, k) || k == ExtensionKey || isNull(v) {
+			continue
+		}
+		t.ext[k] = v
+		t.extension = append(t.extension, k)
+	}
+	if ka, ok := t.top["keep_alive"]; ok {
+		req.Unload = isZeroKeepAlive(ka)
+	}
+	return req, out, nil
+}
+
+// finish sets the extension member and marshals the body.
+func (t *translation) finish(req Request, out *canonicalChat) (Request, error) {
+	if len(t.extOpts) > 0 {
+		opts, err := json.Marshal(t.extOpts)
+		if err != nil {
+			return Request{}, err
+		}
+		t.ext["options"] = opts
+	}
+	if len(t.ext) > 0 {
+		ext, err := json.Marshal(t.ext)
+		if err != nil {
+			return Request{}, err
+		}
+		out.Extension = ext
+	}
+	body, err := json.Marshal(out)
+	if err != nil {
+		return Request{}, err
+	}
+	req.Body = body
+	sort.Strings(t.extension)
+	sort.Strings(t.dropped)
+	req.Extension, req.Dropped = t.extension, t.dropped
+	return req, nil
+}
+
+// options maps the "options" object: the OpenAI-named ones onto out, the
+// others into the extension.
+func (t *translation) options(out *canonicalChat) error {
+	raw := t.top["options"]
+	if isNull(raw) {
+		return nil
+	}
+	var opts map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &opts); err != nil || opts == nil {
+		return fieldErr("options", "expected an object")
+	}
+	for name, v := range opts {
+		if isNull(v) {
+			continue
+		}
+		field := "options." + name
+		if _, ok := optionsMapped[name]; !ok {
+			if t.extOpts == nil {
+				t.extOpts = make(map[string]json.RawMessage)
+			}
+			t.extOpts[name] = v
+			t.extension = append(t.extension, field)
+			continue
+		}
+		switch name {
+		case "num_predict":
+			n, err := integer(v, field)
+			if err != nil {
+				return err
+			}
+			if n > 0 {
+				n = min(n, math.MaxInt32)
+				out.MaxTokens = &n
+			}
+		case "seed":
+			n, err := integer(v, field)
+			if err != nil {
+				return err
+			}
+			out.Seed = &n
+		case "stop":
+			var stop []string
+			if err := json.Unmarshal(v, &stop); err != nil {
+				var one string
+				if json.Unmarshal(v, &one) != nil {
+					return fieldErr(field, "expected an array of strings")
+				}
+				stop = []string{one}
+			}
+			if len(stop) > maxStop {
+				return fieldErr(field, "at most %d stop sequences are supported, got %d", maxStop, len(stop))
+			}
+			out.Stop = stop
+		default:
+			var f float64
+			if err := json.Unmarshal(v, &f); err != nil {
+				return fieldErr(field, "expected a number")
+			}
+			switch name {
+			case "temperature":
+				out.Temperature = &f
+			case "top_p":
+				out.TopP = &f
+			case "frequency_penalty":
+				out.FrequencyPen = &f
+			case "presence_penalty":
+				out.PresencePen = &f
+			}
+		}
+	}
+	return nil
+}
+
+// messages translates the chat messages.
+func (t *translation) messages(raw []json.RawMessage) ([]any, error) {
+	out := make([]any, 0, len(raw))
+	type pending struct{ id, name string }
+	var open []pending // tool calls not yet answered, oldest first
+	for i, r := range raw {
+		field := fmt.Sprintf("messages[%d]", i)
+		var m ollamaMessage
+		if err := json.Unmarshal(r, &m); err != nil {
+			return nil, typeError(err, field)
+		}
+		if m.Role == "" {
+			return nil, fieldErr(field+".role", "each message must have a role")
+		}
+		if m.Thinking != "" {
+			t.dropped = append(t.dropped, field+".thinking")
+		}
+		msg := map[string]any{"role": m.Role}
+		content, err := userContent(m.Content, m.Images, field+".images")
+		if err != nil {
+			return nil, err
+		}
+		msg["content"] = content
+		if len(m.ToolCalls) > 0 {
+			calls := make([]map[string]any, 0, len(m.ToolCalls))
+			for j, c := range m.ToolCalls {
+				args := "{}"
+				var text string
+				switch {
+				case isNull(c.Function.Arguments):
+				case json.Unmarshal(c.Function.Arguments, &text) == nil:
+					args = text // already JSON text
+				default:
+					var buf bytes.Buffer
+					if err := json.Compact(&buf, c.Function.Arguments); err != nil {
+						return nil, fieldErr(fmt.Sprintf("%s.tool_calls[%d].function.arguments", field, j), "expected a JSON object")
+					}
+					args = buf.String()
+				}
+				if c.Function.Name == "" {
+					return nil, fieldErr(fmt.Sprintf("%s.tool_calls[%d].function.name", field, j), "each tool call must name its function")
+				}
+				id := fmt.Sprintf("call_%d_%d", i, j)
+				open = append(open, pending{id, c.Function.Name})
+				calls = append(calls, map[string]any{
+					"id": id, "type": "function",
+					"function": map[string]any{"name": c.Function.Name, "arguments": args},
+				})
+			}
+			msg["tool_calls"] = calls
+		}
+		if m.Role == "tool" {
+			for k, p := range open {
+				if m.ToolName == "" || p.name == m.ToolName {
+					msg["tool_call_id"] = p.id
+					open = slices.Delete(open, k, k+1)
+					break
+				}
+			}
+		}
+		out = append(out, msg)
+	}
+	return out, nil
+}
+
+// userContent is OpenAI message content: text alone, or a text part and
+// one image_url part per image.
+func userContent(text string, images []string, field string) (any, error) {
+	if len(images) == 0 {
+		return text, nil
+	}
+	parts := []map[string]any{{"type": "text", "text": text}}
+	for i, img := range images {
+		url, err := dataURL(img)
+		if err != nil {
+			return nil, fieldErr(fmt.Sprintf("%s[%d]", field, i), "%s", err)
+		}
+		parts = append(parts, map[string]any{"type": "image_url", "image_url": map[string]string{"url": url}})
+	}
+	return parts, nil
+}
+
+// dataURL turns a base64 image (Ollama's "images" entries) into a data:
+// URL, its media type sniffed from the bytes (http.DetectContentType, the
+// WHATWG MIME Sniffing algorithm).
+func dataURL(b64 string) (string, error) {
+	b64 = strings.TrimSpace(b64)
+	if b64 == "" {
+		return "", errors.New("empty image")
+	}
+	if strings.HasPrefix(b64, "data:") {
+		return b64, nil // already a data: URL
+	}
+	raw, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil {
+		if raw, err = base64.RawStdEncoding.DecodeString(b64); err != nil {
+			return "", errors.New("expected base64-encoded image data")
+		}
+	}
+	return "data:" + http.DetectContentType(raw) + ";base64," + b64, nil
+}
+
+// responseFormat maps Ollama's "format": "json" → json_object, a JSON
+// schema (an object) → json_schema, "" or null → none.
+func responseFormat(raw json.RawMessage) (json.RawMessage, error) {
+	if isNull(raw) {
+		return nil, nil
+	}
+	switch firstByte(raw) {
+	case '"':
+		var s string
+		_ = json.Unmarshal(raw, &s)
+		switch s {
+		case "":
+			return nil, nil
+		case "json":
+			return json.RawMessage(`{"type":"json_object"}`), nil
+		}
+		return nil, fieldErr("format", `expected "json" or a JSON schema object, got %s`, strconv.Quote(clip(s)))
+	case '{':
+		schema, err := json.Marshal(map[string]any{
+			"type": "json_schema",
+			"json_schema": map[string]any{
+				"name":   "ollama_format",
+				"schema": raw,
+			},
+		})
+		return schema, err
+	}
+	return nil, fieldErr("format", `expected "json" or a JSON schema object`)
+}
+
+// isZeroKeepAlive reports whether keep_alive asks to unload the model: the
+// number 0 or a zero duration ("0", "0s", "0m").
+func isZeroKeepAlive(raw json.RawMessage) bool {
+	var f float64
+	if json.Unmarshal(raw, &f) == nil {
+		return f == 0
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return false
+	}
+	s = strings.TrimRight(strings.TrimSpace(s), "hmsuµn")
+	n, err := strconv.ParseFloat(s, 64)
+	return err == nil && n == 0
+}
+
+// integer reads an integral JSON number (42 or 42.0, as Ollama's option
+// decoding accepts) in the int64 range.
+func integer(raw json.RawMessage, field string) (int64, error) {
+	var f float64
+	if err := json.Unmarshal(raw, &f); err != nil {
+		return 0, fieldErr(field, "expected an integer")
+	}
+	if f != math.Trunc(f) || f < math.MinInt64 || f >= math.MaxInt64 {
+		return 0, fieldErr(field, "expected an integer")
+	}
+	if n, err := strconv.ParseInt(string(bytes.TrimSpace(raw)), 10, 64); err == nil {
+		return n, nil // exact for large literals
+	}
+	return int64(f), nil
+}
+
+// decodeTop decodes a body that must be one JSON object.
+func decodeTop(body []byte) (map[string]json.RawMessage, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) {
+			return nil, fieldErr("", "the request body must be a JSON object")
+		}
+		return nil, fieldErr("", "the request body is not valid JSON: %v", err)
+	}
+	if top == nil {
+		return nil, fieldErr("", "the request body must be a JSON object, got null")
+	}
+	return top, nil
+}
+
+// decodeFields decodes the known fields of top into dst, a struct pointer;
+// a wrong JSON type is a *FieldError naming the field.
+func decodeFields(top map[string]json.RawMessage, dst any) error {
+	b, err := json.Marshal(top)
+	if err != nil {
+		return fieldErr("", "the request body is not valid JSON")
+	}
+	if err := json.Unmarshal(b, dst); err != nil {
+		return typeError(err, "")
+	}
+	return nil
+}
+
+// decodeField decodes top[name] into dst, leaving it alone when absent or
+// null.
+func decodeField(top map[string]json.RawMessage, name string, dst any) error {
+	raw, ok := top[name]
+	if !ok || isNull(raw) {
+		return nil
+	}
+	if err := json.Unmarshal(raw, dst); err != nil {
+		return typeError(err, name)
+	}
+	return nil
+}
+
+// typeError is a *FieldError for a json.Unmarshal error under prefix.
+func typeError(err error, prefix string) error {
+	var typeErr *json.UnmarshalTypeError
+	if errors.As(err, &typeErr) {
+		field := typeErr.Field
+		switch {
+		case prefix != "" && field != "":
+			field = prefix + "." + field
+		case prefix != "":
+			field = prefix
+		}
+		return fieldErr(field, "expected %s, got a JSON %s", goTypeName(typeErr.Type.Kind().String()), typeErr.Value)
+	}
+	return fieldErr(prefix, "invalid value: %v", err)
+}
+
+func goTypeName(kind string) string {
+	switch kind {
+	case "string":
+		return "a string"
+	case "bool":
+		return "a boolean"
+	case "slice":
+		return "an array"
+	case "map", "struct":
+		return "an object"
+	case "int", "int64", "int32", "uint", "uint64":
+		return "an integer"
+	case "float64", "float32":
+		return "a number"
+	}
+	return kind
+}
+
+func isNull(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	return len(raw) == 0 || string(raw) == "null"
+}
+
+func firstByte(raw []byte) byte {
+	raw = bytes.TrimLeft(raw, " \t\r\n")
+	if len(raw) == 0 {
+		return 0
+	}
+	return raw[0]
+}
+
+// clip cuts a client value quoted in an error message to 256 bytes.
+func clip(s string) string {
+	const limit = 256
+	if len(s) <= limit {
+		return s
+	}
+	cut := limit
+	for cut > 0 && s[cut]&0xC0 == 0x80 {
+		cut--
+	}
+	return s[:cut] + "…"
+}

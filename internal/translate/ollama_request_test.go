@@ -1,0 +1,217 @@
+package translate
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"reflect"
+	"testing"
+)
+
+// jsonEqual reports whether two JSON texts hold the same value.
+func jsonEqual(t *testing.T, got []byte, want string) bool {
+	t.Helper()
+	var g, w any
+	if err := json.Unmarshal(got, &g); err != nil {
+		t.Fatalf("got invalid JSON %s: %v", got, err)
+	}
+	if err := json.Unmarshal([]byte(want), &w); err != nil {
+		t.Fatalf("want invalid JSON %s: %v", want, err)
+	}
+	return reflect.DeepEqual(g, w)
+}
+
+const pngB64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+
+func TestFromOllamaChat(t *testing.T) {
+	for _, c := range []struct {
+		name, in, want string
+		ext, dropped   []string
+	}{
+		{
+			name: "plain",
+			in:   `{"model":"llama3","messages":[{"role":"user","content":"hi"}]}`,
+			want: `{"model":"llama3","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`,
+		},
+		{
+			name: "options, format and Ollama-only fields",
+			in: `{"model":"m","stream":false,"keep_alive":"24h","think":true,"truncate":false,"format":"json",
+				"options":{"num_predict":5,"temperature":0,"top_p":0.9,"stop":["\n"],"seed":42.0,"frequency_penalty":1,"presence_penalty":1.5,"num_ctx":8192,"top_k":40},
+				"messages":[{"role":"user","content":"hi"}]}`,
+			want: `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},
+				"max_tokens":5,"temperature":0,"top_p":0.9,"stop":["\n"],"seed":42,"frequency_penalty":1,"presence_penalty":1.5,
+				"response_format":{"type":"json_object"},
+				"iop_ollama":{"keep_alive":"24h","think":true,"truncate":false,"options":{"num_ctx":8192,"top_k":40}}}`,
+			ext: []string{"keep_alive", "options.num_ctx", "options.top_k", "think", "truncate"},
+		},
+		{
+			name: "no limit and a schema format",
+			in:   `{"model":"m","options":{"num_predict":-1},"format":{"type":"object"},"messages":[{"role":"user","content":"hi"}]}`,
+			want: `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},
+				"response_format":{"type":"json_schema","json_schema":{"name":"ollama_format","schema":{"type":"object"}}}}`,
+		},
+		{
+			name: "images, tool calls and tool results",
+			in: `{"model":"m","tools":[{"type":"function","function":{"name":"w"}}],"messages":[
+				{"role":"user","content":"look","images":["` + pngB64 + `"]},
+				{"role":"assistant","content":"","thinking":"hmm","tool_calls":[{"function":{"name":"w","arguments":{"city":"Paris"}}},{"function":{"name":"t","arguments":{}}}]},
+				{"role":"tool","tool_name":"t","content":"12:00"},
+				{"role":"tool","content":"sunny"}]}`,
+			want: `{"model":"m","stream":true,"stream_options":{"include_usage":true},"tools":[{"type":"function","function":{"name":"w"}}],"messages":[
+				{"role":"user","content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"data:image/png;base64,` + pngB64 + `"}}]},
+				{"role":"assistant","content":"","tool_calls":[
+					{"id":"call_1_0","type":"function","function":{"name":"w","arguments":"{\"city\":\"Paris\"}"}},
+					{"id":"call_1_1","type":"function","function":{"name":"t","arguments":"{}"}}]},
+				{"role":"tool","content":"12:00","tool_call_id":"call_1_1"},
+				{"role":"tool","content":"sunny","tool_call_id":"call_1_0"}]}`,
+			dropped: []string{"messages[1].thinking"},
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			req, err := FromOllamaChat([]byte(c.in))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !jsonEqual(t, req.Body, c.want) {
+				t.Fatalf("body\n%s\nwant\n%s", req.Body, c.want)
+			}
+			if !reflect.DeepEqual(req.Extension, c.ext) || !reflect.DeepEqual(req.Dropped, c.dropped) || req.Operation != Chat {
+				t.Fatalf("extension %v dropped %v operation %v", req.Extension, req.Dropped, req.Operation)
+			}
+		})
+	}
+	t.Run("stream defaults to true", func(t *testing.T) {
+		for in, want := range map[string]bool{`{"model":"m"}`: true, `{"model":"m","stream":null}`: true, `{"model":"m","stream":false}`: false} {
+			req, err := FromOllamaChat([]byte(in))
+			if err != nil || req.Stream != want || !req.LoadOnly {
+				t.Fatalf("%s: stream %v load %v %v", in, req.Stream, req.LoadOnly, err)
+			}
+		}
+	})
+}
+
+func TestFromOllamaGenerate(t *testing.T) {
+	req, err := FromOllamaGenerate([]byte(`{"model":"m","prompt":"why?","system":"be brief","template":"{{.Prompt}}","images":["` + pngB64 + `"],"keep_alive":300}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"iop_ollama":{"keep_alive":300},"messages":[
+		{"role":"system","content":"be brief"},
+		{"role":"user","content":[{"type":"text","text":"why?"},{"type":"image_url","image_url":{"url":"data:image/png;base64,` + pngB64 + `"}}]}]}`
+	if !jsonEqual(t, req.Body, want) || req.Operation != Chat || !reflect.DeepEqual(req.Dropped, []string{"template"}) {
+		t.Fatalf("%s %v %v", req.Body, req.Operation, req.Dropped)
+	}
+
+	req, err = FromOllamaGenerate([]byte(`{"model":"m","prompt":"def f(","suffix":"return x","system":"s","format":"json","options":{"num_predict":9}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = `{"model":"m","prompt":"def f(","suffix":"return x","stream":true,"stream_options":{"include_usage":true},"max_tokens":9,
+		"response_format":{"type":"json_object"},"iop_ollama":{"format":"json"}}`
+	if !jsonEqual(t, req.Body, want) || req.Operation != Completion || req.EstimatedInputTokens != 4 {
+		t.Fatalf("%s %v %d", req.Body, req.Operation, req.EstimatedInputTokens)
+	}
+
+	for in, field := range map[string]string{
+		`{"model":"m","prompt":"p","context":[1,2]}`:           "context",
+		`{"model":"m","prompt":"p","raw":true,"images":["x"]}`: "images",
+		`{"prompt":"p"}`:                                                      "model",
+		`{"model":"m","prompt":7}`:                                            "prompt",
+		`{"model":"m","prompt":"p","options":[]}`:                             "options",
+		`{"model":"m","prompt":"p","options":{"seed":1.5}}`:                   "options.seed",
+		`{"model":"m","prompt":"p","options":{"stop":[1]}}`:                   "options.stop",
+		`{"model":"m","prompt":"p","options":{"stop":["a","b","c","d","e"]}}`: "options.stop",
+		`{"model":"m","prompt":"p","format":7}`:                               "format",
+		`{"model":"m","prompt":"p","images":["not base64!"]}`:                 "images[0]",
+		`[1]`: "",
+	} {
+		_, err := FromOllamaGenerate([]byte(in))
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != field {
+			t.Fatalf("%s: err %v, want a FieldError for %q", in, err, field)
+		}
+	}
+	for in, unload := range map[string]bool{`{"model":"m","keep_alive":0}`: true, `{"model":"m","keep_alive":"0s"}`: true, `{"model":"m","keep_alive":"5m"}`: false, `{"model":"m"}`: false} {
+		req, err := FromOllamaGenerate([]byte(in))
+		if err != nil || !req.LoadOnly || req.Unload != unload {
+			t.Fatalf("%s: %+v %v", in, req, err)
+		}
+	}
+}
+
+func TestApplyExtensionKeepsJSONTypes(t *testing.T) {
+	canonical := []byte(`{"model":"m","iop_ollama":{"keep_alive":"24h","think":"high","model":"other","options":{"num_ctx":8192,"temperature":2}}}`)
+	ollama := []byte(`{"model":"m","messages":[],"stream":true,"options":{"temperature":0.5}}`)
+	out, set, err := ApplyExtension(ollama, canonical)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"model":"m","messages":[],"stream":true,"keep_alive":"24h","think":"high","options":{"temperature":0.5,"num_ctx":8192}}`
+	if !jsonEqual(t, out, want) || !reflect.DeepEqual(set, []string{"keep_alive", "options.num_ctx", "think"}) {
+		t.Fatalf("%s %v", out, set)
+	}
+	if !bytes.Contains(out, []byte(`"num_ctx":8192`)) || !bytes.Contains(out, []byte(`"keep_alive":"24h"`)) {
+		t.Fatalf("values changed: %s", out)
+	}
+	out, set, err = ApplyExtension(ollama, []byte(`{"model":"m"}`))
+	if err != nil || !bytes.Equal(out, ollama) || set != nil {
+		t.Fatalf("without the member: %s %v %v", out, set, err)
+	}
+	if _, _, err := ApplyExtension(ollama, []byte(`{"iop_ollama":"x"}`)); !errors.Is(err, ErrNotObject) {
+		t.Fatalf("%v", err)
+	}
+}
+
+func TestStripExtension(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"model":"m"}`: `{"model":"m"}`,
+		`{"a":1,"iop_ollama":{"keep_alive":"5m"},"b":2}`: `{"a":1,"b":2}`,
+		`{"iop_ollama":{},"a":1}`:                        `{"a":1}`,
+		`{ "iop_ollama" : {} , "a" : 1 }`:                `{ "a" : 1 }`,
+		`{"iop_ollama":{}}`:                              `{}`,
+		`{"iop_ollama":1,"iop_ollama":2,"a":[1, 2]}`:     `{"a":[1, 2]}`,
+		`{"a":1,"iop\u005follama":{}}`:                   `{"a":1}`,
+		`{"a":{"iop_ollama":1}}`:                         `{"a":{"iop_ollama":1}}`,
+		"{\n  \"a\": 1.0,\n  \"iop_ollama\": null\n}":    "{\n  \"a\": 1.0\n}",
+	} {
+		out, removed, err := StripExtension([]byte(in))
+		if err != nil || string(out) != want || removed != (in != want) {
+			t.Fatalf("StripExtension(%s) = %s, %v, %v; want %s", in, out, removed, err, want)
+		}
+	}
+	for _, in := range []string{``, `[]`, `{"a":1} {}`, `{"a":}`} {
+		if _, _, err := StripExtension([]byte(in)); !errors.Is(err, ErrNotObject) {
+			t.Fatalf("StripExtension(%q): %v", in, err)
+		}
+	}
+}
+
+// FuzzStripExtension checks that StripExtension leaves a JSON object with
+// the same members minus ExtensionKey, or refuses what is not one object.
+func FuzzStripExtension(f *testing.F) {
+	f.Add([]byte(`{"a":1,"iop_ollama":{"keep_alive":"5m"},"b":2}`))
+	f.Add([]byte(`{"iop_ollama":{},"iop_ollama":[],"x":"y"}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		out, removed, err := StripExtension(body)
+		if err != nil {
+			return
+		}
+		var before, after map[string]json.RawMessage
+		if json.Unmarshal(body, &before) != nil {
+			return // e.g. invalid UTF-8 that the tokenizer accepted
+		}
+		if err := json.Unmarshal(out, &after); err != nil {
+			t.Fatalf("StripExtension(%q) = %q, not a JSON object: %v", body, out, err)
+		}
+		_, had := before[ExtensionKey]
+		delete(before, ExtensionKey)
+		if _, ok := after[ExtensionKey]; ok || removed != had || len(before) != len(after) {
+			t.Fatalf("StripExtension(%q) = %q (removed %v)", body, out, removed)
+		}
+		for k, v := range before {
+			if !bytes.Equal(after[k], v) {
+				t.Fatalf("member %q changed: %s -> %s", k, v, after[k])
+			}
+		}
+	})
+}

@@ -1,0 +1,289 @@
+package translate
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Errors of the OpenAI answer decoders.
+var (
+	// ErrStreamTruncated: the stream ended before a finish_reason or
+	// "data: [DONE]".
+	ErrStreamTruncated = errors.New("the provider's stream ended before the answer was complete")
+	// ErrMalformedAnswer: an event or body is not an OpenAI completion
+	// object.
+	ErrMalformedAnswer = errors.New("the provider sent a malformed answer")
+)
+
+// ProviderError is an error object the provider sent inside an answer it
+// began with a 2xx status: in an SSE event (`data: {"error":{...}}`) or as
+// a whole body. Message is the provider's text; the caller scrubs nothing
+// more (the node already redacted the provider's address and key on the
+// tunnel path only for error statuses, so callers must not assume it).
+type ProviderError struct {
+	Message string
+	// Code is the error object's "code" or "type" when it is a string.
+	Code string
+}
+
+func (e *ProviderError) Error() string {
+	if e.Message == "" {
+		return "the provider reported an error"
+	}
+	return e.Message
+}
+
+// Usage is a token count the provider reported.
+type Usage struct {
+	PromptTokens, CompletionTokens int
+}
+
+// ToolCall is one complete function call of an answer.
+type ToolCall struct {
+	ID, Name string
+	// Arguments is the call's arguments as the provider sent them: JSON
+	// text, normally an object.
+	Arguments string
+}
+
+// Answer is what an OpenAI chat completion or text completion answered,
+// streamed or not: its text, tool calls, finish reason and usage.
+type Answer struct {
+	Text      string
+	ToolCalls []ToolCall
+	// Finish is choices[0].finish_reason: "stop", "length", "tool_calls",
+	// "content_filter", ...; "" if none was sent.
+	Finish string
+	// Usage is nil when the provider reported none.
+	Usage *Usage
+}
+
+// openAIObject is the part of a chat.completion, chat.completion.chunk or
+// text_completion object (OpenAI API reference) the decoders read, plus
+// an "error" member some providers put in a 200 stream.
+type openAIObject struct {
+	Choices []struct {
+		Index   int            `json:"index"`
+		Text    *string        `json:"text"`    // text_completion
+		Delta   *openAIContent `json:"delta"`   // chunk
+		Message *openAIContent `json:"message"` // chat.completion
+		// FinishReason is null until the choice's last chunk.
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+	Error json.RawMessage `json:"error"`
+}
+
+type openAIContent struct {
+	Content   *string `json:"content"`
+	ToolCalls []struct {
+		Index    *int   `json:"index"`
+		ID       string `json:"id"`
+		Function struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		} `json:"function"`
+	} `json:"tool_calls"`
+}
+
+// OpenAIStream decodes an OpenAI chat.completion.chunk or text_completion
+// SSE stream (OpenAI API reference, "Streaming"), fed in chunks of any size
+// (see SSEReader for the framing). Only choice 0 is read: translated
+// requests never ask for more. Text deltas are handed to the caller as they
+// arrive; tool-call deltas (by their index, id, name and partial
+// arguments) are joined; the finish reason and a usage chunk (whose
+// "choices" is empty) are kept. "data: [DONE]" ends the stream; events
+// after it are ignored. The zero value is ready to use, by one goroutine at
+// a time.
+type OpenAIStream struct {
+	sse    SSEReader
+	answer Answer
+	calls  map[int]*ToolCall
+	order  []int // tool-call indexes in order of first appearance
+	done   bool  // [DONE] seen
+}
+
+// Feed reads the next bytes of the body, calling onText with each
+// non-empty text delta of choice 0 in order. It returns onText's error, a
+// *ProviderError for an event holding an "error" member, ErrMalformedAnswer
+// for an event that is not JSON, or ErrSSELineTooLong.
+func (s *OpenAIStream) Feed(p []byte, onText func(text string) error) error {
+	return s.sse.Feed(p, func(data []byte) error { return s.event(data, onText) })
+}
+
+// End ends the stream (the body is complete) and returns the answer without
+// its text (the caller collected that from onText). It returns
+// ErrStreamTruncated when neither a finish reason nor "[DONE]" arrived,
+// and Feed's errors for a last event not ended by a blank line.
+func (s *OpenAIStream) End(onText func(text string) error) (Answer, error) {
+	if err := s.sse.Close(func(data []byte) error { return s.event(data, onText) }); err != nil {
+		return Answer{}, err
+	}
+	if !s.done && s.answer.Finish == "" {
+		return Answer{}, ErrStreamTruncated
+	}
+	return s.result(), nil
+}
+
+func (s *OpenAIStream) result() Answer {
+	a := s.answer
+	for _, i := range s.order {
+		a.ToolCalls = append(a.ToolCalls, *s.calls[i])
+	}
+	return a
+}
+
+func (s *OpenAIStream) event(data []byte, onText func(string) error) error {
+	if s.done {
+		return nil
+	}
+	if string(bytes.TrimSpace(data)) == "[DONE]" {
+		s.done = true
+		return nil
+	}
+	var obj openAIObject
+	if err := json.Unmarshal(data, &obj); err != nil {
+		return fmt.Errorf("%w: an event is not a JSON object", ErrMalformedAnswer)
+	}
+	if err := providerError(obj.Error); err != nil {
+		return err
+	}
+	if obj.Usage != nil {
+		s.answer.Usage = &Usage{PromptTokens: obj.Usage.PromptTokens, CompletionTokens: obj.Usage.CompletionTokens}
+	}
+	for _, c := range obj.Choices {
+		if c.Index != 0 {
+			continue
+		}
+		text := c.Text
+		if c.Delta != nil {
+			text = c.Delta.Content
+			for j, tc := range c.Delta.ToolCalls {
+				idx := j
+				if tc.Index != nil {
+					idx = *tc.Index
+				}
+				s.addToolDelta(idx, tc.ID, tc.Function.Name, tc.Function.Arguments)
+			}
+		}
+		if text != nil && *text != "" {
+			if err := onText(*text); err != nil {
+				return err
+			}
+		}
+		if c.FinishReason != nil && *c.FinishReason != "" {
+			s.answer.Finish = *c.FinishReason
+		}
+	}
+	return nil
+}
+
+// addToolDelta joins one streamed tool-call delta into the call at index:
+// the id and name are set by the first delta that has them; arguments are
+// appended.
+func (s *OpenAIStream) addToolDelta(index int, id, name, args string) {
+	if s.calls == nil {
+		s.calls = make(map[int]*ToolCall)
+	}
+	tc := s.calls[index]
+	if tc == nil {
+		tc = &ToolCall{}
+		s.calls[index] = tc
+		s.order = append(s.order, index)
+	}
+	if tc.ID == "" {
+		tc.ID = id
+	}
+	if tc.Name == "" {
+		tc.Name = name
+	}
+	tc.Arguments += args
+}
+
+// DecodeOpenAIAnswer decodes a whole (not streamed) chat.completion or
+// text_completion body. Errors: a *ProviderError for a body holding an
+// "error" member, ErrMalformedAnswer for anything else that is not one
+// with at least one choice.
+func DecodeOpenAIAnswer(body []byte) (Answer, error) {
+	var obj openAIObject
+	if err := json.Unmarshal(body, &obj); err != nil {
+		return Answer{}, fmt.Errorf("%w: the body is not a JSON object", ErrMalformedAnswer)
+	}
+	if err := providerError(obj.Error); err != nil {
+		return Answer{}, err
+	}
+	var a Answer
+	if obj.Usage != nil {
+		a.Usage = &Usage{PromptTokens: obj.Usage.PromptTokens, CompletionTokens: obj.Usage.CompletionTokens}
+	}
+	sort.SliceStable(obj.Choices, func(i, j int) bool { return obj.Choices[i].Index < obj.Choices[j].Index })
+	if len(obj.Choices) == 0 {
+		return Answer{}, fmt.Errorf("%w: no choices", ErrMalformedAnswer)
+	}
+	c := obj.Choices[0]
+	switch {
+	case c.Message != nil:
+		if c.Message.Content != nil {
+			a.Text = *c.Message.Content
+		}
+		for _, tc := range c.Message.ToolCalls {
+			a.ToolCalls = append(a.ToolCalls, ToolCall{ID: tc.ID, Name: tc.Function.Name, Arguments: tc.Function.Arguments})
+		}
+	case c.Text != nil:
+		a.Text = *c.Text
+	}
+	if c.FinishReason != nil {
+		a.Finish = *c.FinishReason
+	}
+	return a, nil
+}
+
+// DecodeOpenAIError returns the message of an OpenAI error body
+// ({"error":{"message",...}}, {"error":"..."} or {"message":"..."}), or ""
+// when body has none.
+func DecodeOpenAIError(body []byte) string {
+	var obj struct {
+		Error   json.RawMessage `json:"error"`
+		Message string          `json:"message"`
+	}
+	if json.Unmarshal(body, &obj) != nil {
+		return ""
+	}
+	if pe, ok := providerError(obj.Error).(*ProviderError); ok && pe != nil {
+		return pe.Message
+	}
+	return strings.TrimSpace(obj.Message)
+}
+
+// providerError reads an "error" member: nil when absent or null, else a
+// *ProviderError with its message (an object's "message", or the string
+// itself).
+func providerError(raw json.RawMessage) error {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return &ProviderError{Message: s}
+	}
+	var obj struct {
+		Message string          `json:"message"`
+		Code    json.RawMessage `json:"code"`
+		Type    string          `json:"type"`
+	}
+	_ = json.Unmarshal(raw, &obj)
+	e := &ProviderError{Message: obj.Message, Code: obj.Type}
+	var code string
+	if json.Unmarshal(obj.Code, &code) == nil && code != "" {
+		e.Code = code
+	}
+	return e
+}

@@ -1,0 +1,149 @@
+// Runs the official `ollama` JavaScript client against an iop edge.
+// Driven by the Go test TestOllamaJavaScriptClient (cmd/iop), which starts
+// the edge, a node and simulated providers, and sets:
+//   IOP_OLLAMA_HOST  the edge's base URL, e.g. http://127.0.0.1:8080
+//   IOP_MODELS       a JSON array of model names, one per provider protocol
+//   IOP_VISION       a JSON array of those whose providers take images
+// Exits non-zero, naming the failed check, if any check fails.
+import assert from 'node:assert/strict'
+import { Ollama } from 'ollama'
+
+const host = process.env.IOP_OLLAMA_HOST
+const models = JSON.parse(process.env.IOP_MODELS ?? '[]')
+const vision = JSON.parse(process.env.IOP_VISION ?? '[]')
+assert.ok(host, 'IOP_OLLAMA_HOST is not set')
+assert.ok(models.length > 0, 'IOP_MODELS is empty')
+
+const ollama = new Ollama({ host })
+const png =
+  'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=='
+
+function checkFinal(r, model, evalCount) {
+  assert.equal(r.done, true)
+  assert.equal(r.model, model)
+  assert.equal(r.done_reason, 'length')
+  assert.equal(r.eval_count, evalCount)
+  assert.ok(r.prompt_eval_count > 0, 'prompt_eval_count')
+  for (const d of ['total_duration', 'load_duration', 'prompt_eval_duration', 'eval_duration']) {
+    assert.ok(r[d] > 0, d)
+  }
+  assert.ok(!Number.isNaN(Date.parse(r.created_at)), 'created_at')
+}
+
+const checks = []
+function check(name, fn) {
+  checks.push({ name, fn })
+}
+
+for (const model of models) {
+  const messages = [
+    { role: 'system', content: 'be brief' },
+    { role: 'user', content: 'say something' },
+  ]
+  const options = { num_predict: 4 }
+  let streamedChat = ''
+  check(`${model} chat stream`, async () => {
+    const stream = await ollama.chat({ model, messages, options, stream: true, keep_alive: '5m' })
+    let final
+    let parts = 0
+    for await (const part of stream) {
+      if (part.done) final = part
+      else {
+        assert.equal(part.message.role, 'assistant')
+        streamedChat += part.message.content
+        parts++
+      }
+    }
+    assert.equal(parts, 4)
+    checkFinal(final, model, 4)
+  })
+  check(`${model} chat`, async () => {
+    const r = await ollama.chat({ model, messages, options })
+    checkFinal(r, model, 4)
+    assert.equal(r.message.role, 'assistant')
+    assert.equal(r.message.content, streamedChat)
+  })
+  let streamedGenerate = ''
+  check(`${model} generate stream`, async () => {
+    const stream = await ollama.generate({ model, prompt: 'say something', system: 'be brief', options, stream: true })
+    let final
+    for await (const part of stream) {
+      if (part.done) final = part
+      else streamedGenerate += part.response
+    }
+    assert.equal(streamedGenerate.trim().split(/\s+/).length, 4)
+    checkFinal(final, model, 4)
+  })
+  check(`${model} generate`, async () => {
+    const r = await ollama.generate({ model, prompt: 'say something', system: 'be brief', options })
+    checkFinal(r, model, 4)
+    assert.equal(r.response, streamedGenerate)
+  })
+  check(`${model} generate raw`, async () => {
+    const r = await ollama.generate({ model, prompt: '[INST] hi [/INST]', raw: true, options: { num_predict: 2 } })
+    assert.equal(r.done, true)
+    assert.equal(r.eval_count, 2)
+  })
+  check(`${model} chat with an image`, async () => {
+    const request = {
+      model,
+      messages: [{ role: 'user', content: 'what is this?', images: [png] }],
+      options: { num_predict: 1 },
+    }
+    if (vision.includes(model)) {
+      const r = await ollama.chat(request)
+      assert.equal(r.done, true)
+      return
+    }
+    await assert.rejects(ollama.chat(request), (err) => {
+      assert.equal(err.status_code, 400)
+      assert.match(err.error, /vision/)
+      return true
+    })
+  })
+}
+
+check('list', async () => {
+  const r = await ollama.list()
+  const names = r.models.map((m) => m.name)
+  for (const model of models) {
+    assert.ok(
+      names.includes(model) || names.includes(`${model}:latest`),
+      `${model} not in ${names}`,
+    )
+  }
+})
+check('show', async () => {
+  const r = await ollama.show({ model: models[0] })
+  assert.ok(r.capabilities.includes('completion'))
+})
+check('ps and version', async () => {
+  const ps = await ollama.ps()
+  assert.ok(Array.isArray(ps.models))
+  const v = await ollama.version()
+  assert.match(v.version, /^\d+\.\d+\.\d+$/)
+})
+check('unknown model', async () => {
+  await assert.rejects(
+    ollama.chat({ model: 'no-such-model', messages: [{ role: 'user', content: 'hi' }] }),
+    (err) => {
+      assert.equal(err.name, 'ResponseError')
+      assert.equal(err.status_code, 404)
+      assert.equal(err.error, 'model "no-such-model" not found, try pulling it first')
+      return true
+    },
+  )
+})
+
+let failed = 0
+for (const { name, fn } of checks) {
+  try {
+    await fn()
+    console.log(`ok   ${name}`)
+  } catch (err) {
+    failed++
+    console.log(`FAIL ${name}: ${err?.stack ?? err}`)
+  }
+}
+console.log(`${checks.length - failed}/${checks.length} checks passed`)
+process.exit(failed === 0 ? 0 : 1)
