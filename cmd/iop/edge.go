@@ -19,7 +19,7 @@ import (
 )
 
 func newEdgeCommand(logLevel *string) *cobra.Command {
-	var configPath string
+	var configPath, pprofListen string
 	cfg := edge.DefaultConfig()
 	cmd := &cobra.Command{
 		Use:   "edge",
@@ -32,6 +32,9 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 			}
 			ctx, stop := signalContext()
 			defer stop()
+			if err := servePprof(ctx, pprofListen); err != nil {
+				return err
+			}
 			e, err := startEdge(ctx, cfg, logger, nil)
 			if err != nil {
 				return err
@@ -49,6 +52,7 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 	fl.IntVar(&cfg.Queue.MaxQueue, "max-queue", cfg.Queue.MaxQueue, "default max queued requests per model")
 	fl.DurationVar(&cfg.Queue.QueueTimeout, "queue-timeout", cfg.Queue.QueueTimeout, "default max time a request waits for a slot")
 	fl.StringSliceVar(&cfg.Tokens, "token", cfg.Tokens, "accepted node token (repeatable; none = accept any node)")
+	fl.StringVar(&pprofListen, "pprof-listen", "", "serve Go's profiler (/debug/pprof/) on this address (keep it on loopback)")
 	return cmd
 }
 
