@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"iop/internal/loadgen"
@@ -44,6 +46,20 @@ func (s *setup) memory(ctx context.Context) (Memory, error) {
 	}
 	if m.QueuedRSS, err = s.edge.rss(); err != nil {
 		return m, err
+	}
+	if s.cfg.ProfileDir != "" {
+		// The heap profile, and the runtime's memory statistics (debug=1
+		// ends with them: StackInuse counts the goroutine stacks), of the
+		// edge holding the queued requests.
+		for file, query := range map[string]string{"edge-queued-heap.pprof": "", "edge-queued-heap.txt": "?debug=1"} {
+			b, err := get(ctx, s.edgePprof+"/debug/pprof/heap"+query)
+			if err == nil {
+				err = os.WriteFile(filepath.Join(s.cfg.ProfileDir, file), b, 0o644)
+			}
+			if err != nil {
+				fmt.Fprintf(s.cfg.Log, "heap profile: %v\n", err)
+			}
+		}
 	}
 	cancel()
 	res := <-done

@@ -52,7 +52,9 @@ type Config struct {
 	// ProfileDir, if set, receives CPU profiles of the edge and the node
 	// (edge-<path>.pprof, node-<path>.pprof, with `go tool pprof -top`
 	// summaries in .txt) taken during the highest-concurrency measured run
-	// of non-streamed tunnel and streamed normalized requests.
+	// of non-streamed tunnel and streamed normalized requests, and the
+	// edge's heap profile with the memory phase's requests queued
+	// (edge-queued-heap.pprof; .txt with the runtime's memory statistics).
 	ProfileDir string
 	// Log receives a line per step; nil discards them.
 	Log io.Writer
