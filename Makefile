@@ -29,8 +29,13 @@ test/js/node_modules: test/js/package.json test/js/package-lock.json
 	cd test/js && npm ci --silent --no-audit --no-fund
 	@touch $@
 
-bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./internal/scheduler/
+# Benchmarks (not part of make test): the scheduler's and the hot paths'
+# (go test -bench), then the overhead benchmark: iop sim, edge and node as
+# separate processes, the same load directly and through edge + node, and
+# the edge's memory with 10,000 queued requests. Figures: BENCHMARKS.md.
+bench: build
+	$(GO) test -run '^$$' -bench . -benchmem ./internal/scheduler/ ./internal/edge/api/ ./internal/wire/nodev1/ ./internal/node/adapter/
+	$(BIN)/iop bench --overhead --profile-dir $(BIN)/bench-profiles $(BENCH_ARGS)
 
 # Regenerates the protocol's Go code with pinned plugin versions (protoc from Debian's protobuf-compiler).
 proto:

@@ -21,7 +21,7 @@ import (
 )
 
 func newEdgeCommand(logLevel *string) *cobra.Command {
-	var configPath string
+	var configPath, pprofListen string
 	cfg := edge.DefaultConfig()
 	cmd := &cobra.Command{
 		Use:   "edge",
@@ -34,6 +34,9 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 			}
 			ctx, stop := signalContext()
 			defer stop()
+			if err := servePprof(ctx, pprofListen); err != nil {
+				return err
+			}
 			e, err := startEdge(ctx, cfg, logger, nil)
 			if err != nil {
 				return err
@@ -53,6 +56,7 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 	fl.StringSliceVar(&cfg.Tokens, "token", cfg.Tokens, "accepted node token (repeatable; none = accept any node)")
 	fl.StringVar(&cfg.Database, "database", cfg.Database, `SQLite file of run records (":memory:" = not kept)`)
 	addHTTPFlags(fl, &cfg.MaxBodyBytes, &cfg.WriteTimeout)
+	fl.StringVar(&pprofListen, "pprof-listen", "", "serve Go's profiler (/debug/pprof/) on this address (keep it on loopback)")
 	return cmd
 }
 

@@ -7,7 +7,7 @@ import (
 )
 
 func newNodeCommand(logLevel *string) *cobra.Command {
-	var configPath string
+	var configPath, pprofListen string
 	var cfg node.Config
 	cmd := &cobra.Command{
 		Use:   "node",
@@ -25,6 +25,9 @@ func newNodeCommand(logLevel *string) *cobra.Command {
 			}
 			ctx, stop := signalContext()
 			defer stop()
+			if err := servePprof(ctx, pprofListen); err != nil {
+				return err
+			}
 			logger.Info("node starting", "node_id", cfg.NodeID, "edge", cfg.Edge, "providers", len(cfg.Providers))
 			err = agent.Run(ctx)
 			logger.Info("node stopped", "node_id", cfg.NodeID, "err", err)
@@ -38,5 +41,6 @@ func newNodeCommand(logLevel *string) *cobra.Command {
 	fl.StringVar(&cfg.Label, "label", "", "human-readable node label")
 	fl.StringVar(&cfg.Token, "token", "", "join token presented to the edge")
 	fl.IntVar(&cfg.RuntimeConcurrency, "runtime-concurrency", 0, "default provider capacity")
+	fl.StringVar(&pprofListen, "pprof-listen", "", "serve Go's profiler (/debug/pprof/) on this address (keep it on loopback)")
 	return cmd
 }

@@ -2,9 +2,11 @@ package adapter
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -130,72 +132,129 @@ func (o *Ollama) statusError(c *call) error {
 	return &Error{Kind: ErrProviderStatus, Status: status, Message: o.p.redact(msg)}
 }
 
-// readStream relays an NDJSON chat or generate stream to sink. Tool calls
-// (Ollama sends each whole, without an id unless it is recent) become
-// DELTA tool_calls numbered from 0 in order of arrival, with Ollama's id or
-// a new "call_..." one, and make the finish reason "tool_calls" unless the
-// answer was cut at its length limit (as Ollama's own OpenAI layer does).
+// readStream relays an NDJSON chat or generate stream to sink. Lines that
+// arrived together (a complete next line is already buffered) go up in one
+// Send, so a fast provider costs one message per read rather than one per
+// token; a line is never held back waiting for more (BENCHMARKS.md). Tool
+// calls (Ollama sends each whole, without an id unless it is recent)
+// become DELTA tool_calls numbered from 0 in order of arrival, with
+// Ollama's id or a new "call_..." one, and make the finish reason
+// "tool_calls" unless the answer was cut at its length limit (as Ollama's
+// own OpenAI layer does).
 func (o *Ollama) readStream(c *call, sink EventSink) error {
-	var calls int32 // tool calls so far
-	sc := bufio.NewScanner(c.resp.Body)
-	sc.Buffer(make([]byte, 0, 64<<10), maxLineBytes)
-	for sc.Scan() {
-		if len(sc.Bytes()) == 0 {
-			continue
-		}
-		l, err := parseLine(sc.Bytes())
-		if err != nil {
-			return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: "provider sent a malformed stream line"}
-		}
-		if l.Err != "" {
-			return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: o.p.redact(l.Err)}
-		}
-		var events []*nodev1.RunEvent
-		if l.Text != "" || len(l.ToolCalls) > 0 {
-			delta := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: l.Text}
-			for _, tc := range l.ToolCalls {
-				id := tc.ID
-				if id == "" {
-					id = newToolCallID()
-				}
-				delta.ToolCalls = append(delta.ToolCalls, &nodev1.ToolCallDelta{
-					Index: calls, Id: id, Name: tc.Name, Arguments: tc.Arguments,
-				})
-				calls++
-			}
-			events = append(events, delta)
-		}
-		if l.Done {
-			finish := "stop"
-			switch {
-			case l.DoneReason == "length":
-				finish = "length"
-			case calls > 0:
-				finish = "tool_calls"
-			}
-			events = append(events,
-				&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_USAGE, PromptTokens: l.PromptTokens, CompletionTokens: l.CompletionTokens},
-				&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_COMPLETE, FinishReason: finish})
-		}
-		if len(events) > 0 {
-			if err := sink.Send(events...); err != nil {
-				return sinkFailed(err)
-			}
-		}
-		if l.Done {
+	br := bufio.NewReaderSize(c.resp.Body, 64<<10)
+	var (
+		events []*nodev1.RunEvent
+		calls  int32 // tool calls so far
+	)
+	// send sends the events gathered so far; a failure that follows them
+	// still reaches the client after their text.
+	send := func() error {
+		if len(events) == 0 {
 			return nil
 		}
-	}
-	if err := sc.Err(); err != nil {
-		if err == bufio.ErrTooLong {
-			return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: "provider sent a stream line over 1 MiB"}
+		err := sink.Send(events...)
+		events = nil
+		if err != nil {
+			return sinkFailed(err)
 		}
-		return c.failure(err, true)
+		return nil
 	}
-	if c.parent.Err() != nil { // a cancel can surface as a clean EOF
-		return c.failure(context.Canceled, true)
+	streamErr := func(msg string) error {
+		if err := send(); err != nil {
+			return err
+		}
+		return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: msg}
 	}
-	return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: "provider closed stream before done"}
+	for {
+		line, rerr := readNDJSONLine(br)
+		if rerr == errLineTooLong {
+			return streamErr("provider sent a stream line over 1 MiB")
+		}
+		if len(bytes.TrimSpace(line)) > 0 {
+			l, err := parseLine(line)
+			if err != nil {
+				return streamErr("provider sent a malformed stream line")
+			}
+			if l.Err != "" {
+				return streamErr(o.p.redact(l.Err))
+			}
+			if l.Text != "" || len(l.ToolCalls) > 0 {
+				delta := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: l.Text}
+				for _, tc := range l.ToolCalls {
+					id := tc.ID
+					if id == "" {
+						id = newToolCallID()
+					}
+					delta.ToolCalls = append(delta.ToolCalls, &nodev1.ToolCallDelta{
+						Index: calls, Id: id, Name: tc.Name, Arguments: tc.Arguments,
+					})
+					calls++
+				}
+				events = append(events, delta)
+			}
+			if l.Done {
+				finish := "stop"
+				switch {
+				case l.DoneReason == "length":
+					finish = "length"
+				case calls > 0:
+					finish = "tool_calls"
+				}
+				events = append(events,
+					&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_USAGE, PromptTokens: l.PromptTokens, CompletionTokens: l.CompletionTokens},
+					&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_COMPLETE, FinishReason: finish})
+				return send()
+			}
+		}
+		if rerr != nil || !lineBuffered(br) {
+			if err := send(); err != nil {
+				return err
+			}
+		}
+		if rerr == nil {
+			continue
+		}
+		if rerr != io.EOF {
+			return c.failure(rerr, true)
+		}
+		if c.parent.Err() != nil { // a cancel can surface as a clean EOF
+			return c.failure(context.Canceled, true)
+		}
+		return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: "provider closed stream before done"}
+	}
+}
+
+// errLineTooLong is readNDJSONLine's error for a line over maxLineBytes.
+var errLineTooLong = errors.New("ndjson line too long")
+
+// readNDJSONLine returns the next line of br, its newline included, or the
+// last bytes before the end of the stream with the read error (io.EOF at a
+// clean end). A line over maxLineBytes is errLineTooLong.
+func readNDJSONLine(br *bufio.Reader) ([]byte, error) {
+	line, err := br.ReadSlice('\n')
+	if err != bufio.ErrBufferFull {
+		return line, err
+	}
+	long := append([]byte(nil), line...)
+	for err == bufio.ErrBufferFull {
+		if len(long) > maxLineBytes {
+			return nil, errLineTooLong
+		}
+		line, err = br.ReadSlice('\n')
+		long = append(long, line...)
+	}
+	if len(long) > maxLineBytes+1 { // +1: the newline
+		return nil, errLineTooLong
+	}
+	return long, err
+}
+
+// lineBuffered reports whether a complete line is already buffered in br,
+// so reading it will not block.
+func lineBuffered(br *bufio.Reader) bool {
+	b, _ := br.Peek(br.Buffered())
+	return bytes.IndexByte(b, '\n') >= 0
 }
 
 // readEmbeddings reads an /api/embed answer and sends its vectors.

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"iop/internal/benchrun"
+	"iop/internal/loadgen"
+)
+
+// benchFlags are the flags of `iop bench`.
+type benchFlags struct {
+	load       loadgen.Config
+	api        string
+	apiKey     string
+	jsonOut    bool
+	quiet      bool
+	overhead   bool
+	waiters    int
+	profileDir string
+}
+
+func newBenchCommand(_ *string) *cobra.Command {
+	f := benchFlags{
+		load: loadgen.Config{URL: "http://127.0.0.1:8080", PromptChars: loadgen.DefaultPromptChars, Duration: 10 * time.Second,
+			Timeout: loadgen.DefaultTimeout, MaxInFlight: loadgen.DefaultMaxInFlight},
+		api:     string(loadgen.APIOpenAI),
+		waiters: benchrun.DefaultWaiters,
+	}
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Load an OpenAI- or Ollama-compatible chat endpoint and report throughput and latency",
+		Long: `Load an OpenAI-compatible (POST /v1/chat/completions) or Ollama-compatible
+(POST /api/chat) chat endpoint with a fixed concurrency (closed loop) or a
+fixed rate (open loop), for a duration or a request count, and report
+throughput, latency, time to first token and inter-token latency percentiles,
+and outcomes by status. A progress line goes to stderr.
+
+With --overhead it runs the overhead benchmark instead (make bench): iop sim,
+iop edge and iop node as separate processes of this binary, the same load
+directly against the simulator and through edge + node, and the edge's
+memory with --waiters queued requests.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.overhead {
+				return runOverhead(cmd, f)
+			}
+			return runBench(cmd, f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.load.URL, "url", f.load.URL, "server root, http://host:port")
+	fl.StringVar(&f.api, "api", f.api, "endpoint protocol: openai (/v1/chat/completions) or ollama (/api/chat)")
+	fl.StringVar(&f.load.Model, "model", "", "model every request names")
+	fl.BoolVar(&f.load.Stream, "stream", false, "ask for streamed answers")
+	fl.IntVar(&f.load.PromptChars, "prompt-chars", f.load.PromptChars, "size of the user message, in bytes")
+	fl.IntVar(&f.load.MaxTokens, "max-tokens", 0, "cap each answer at this many tokens (0 = the server's default)")
+	fl.IntVarP(&f.load.Concurrency, "concurrency", "c", 0, "closed loop: requests in flight (default 1 unless --rate)")
+	fl.Float64Var(&f.load.Rate, "rate", 0, "open loop: requests started per second, on a fixed schedule")
+	fl.IntVar(&f.load.MaxInFlight, "max-in-flight", f.load.MaxInFlight, "open loop: most requests in flight; more are dropped and counted")
+	fl.DurationVarP(&f.load.Duration, "duration", "d", f.load.Duration, "run length (0 = until --requests); with --overhead, each measured run (default 5s)")
+	fl.IntVarP(&f.load.Requests, "requests", "n", 0, "stop after this many requests (0 = until --duration)")
+	fl.DurationVar(&f.load.Timeout, "timeout", f.load.Timeout, "bound of one request")
+	fl.StringVar(&f.apiKey, "api-key", "", "send Authorization: Bearer KEY")
+	fl.BoolVar(&f.jsonOut, "json", false, "print the result as JSON")
+	fl.BoolVarP(&f.quiet, "quiet", "q", false, "no progress line")
+	fl.BoolVar(&f.overhead, "overhead", false, "run the edge + node overhead benchmark (Linux; starts its own sim, edge and node)")
+	fl.IntVar(&f.waiters, "waiters", f.waiters, "with --overhead: queued requests of the memory phase (negative skips it)")
+	fl.StringVar(&f.profileDir, "profile-dir", "", "with --overhead: write CPU profiles of the edge and node here")
+	return cmd
+}
+
+func runBench(cmd *cobra.Command, f benchFlags) error {
+	cfg := f.load
+	cfg.API = loadgen.API(f.api)
+	if cfg.Rate == 0 && cfg.Concurrency == 0 {
+		cfg.Concurrency = 1
+	}
+	if f.apiKey != "" {
+		cfg.Header = http.Header{"Authorization": {"Bearer " + f.apiKey}}
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	var progress func(loadgen.Progress)
+	if !f.quiet {
+		progress = func(p loadgen.Progress) {
+			fmt.Fprintf(os.Stderr, "\r%5.0fs  %d requests (%d ok), %d in flight, %.0f/s   ",
+				p.Elapsed.Seconds(), p.Requests, p.OK, p.InFlight, float64(p.Requests)/p.Elapsed.Seconds())
+		}
+	}
+	res, err := loadgen.Run(ctx, cfg, progress)
+	if progress != nil {
+		fmt.Fprintln(os.Stderr)
+	}
+	if err != nil {
+		return err
+	}
+	if f.jsonOut {
+		enc := json.NewEncoder(cmd.OutOrStdout())
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	res.WriteText(cmd.OutOrStdout())
+	if res.OK == 0 {
+		return errors.New("no request succeeded")
+	}
+	return nil
+}
+
+func runOverhead(cmd *cobra.Command, f benchFlags) error {
+	bin, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cfg := benchrun.Config{Binary: bin, Waiters: f.waiters, ProfileDir: f.profileDir, Log: os.Stderr}
+	if cmd.Flags().Changed("duration") {
+		cfg.Duration = f.load.Duration
+	}
+	if f.quiet {
+		cfg.Log = nil
+	}
+	if cfg.ProfileDir != "" {
+		if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
+			return err
+		}
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	rep, err := benchrun.Overhead(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if f.jsonOut {
+		enc := json.NewEncoder(cmd.OutOrStdout())
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	rep.WriteTable(cmd.OutOrStdout())
+	return nil
+}

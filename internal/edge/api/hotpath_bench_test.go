@@ -1,0 +1,158 @@
+package api
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"iop/internal/wire/nodev1"
+)
+
+// chatBody returns a chat completion request body with the given number of
+// messages of contentChars bytes each, and tools if withTools.
+func chatBody(messages, contentChars int, withTools bool) []byte {
+	var b strings.Builder
+	b.WriteString(`{"model":"bench-openai","stream":true,"stream_options":{"include_usage":true},"max_tokens":256,"temperature":0.7,"messages":[`)
+	content := strings.Repeat("x", contentChars)
+	for i := range messages {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		role := "user"
+		if i%2 == 1 {
+			role = "assistant"
+		}
+		fmt.Fprintf(&b, `{"role":%q,"content":%q}`, role, content)
+	}
+	b.WriteString(`]`)
+	if withTools {
+		b.WriteString(`,"tools":[{"type":"function","function":{"name":"get_weather","description":"Get the weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}]`)
+	}
+	b.WriteString(`}`)
+	return []byte(b.String())
+}
+
+// BenchmarkDecodeChatRequest measures the edge's parse and check of a chat
+// completion body (decodeChatRequest), per request.
+func BenchmarkDecodeChatRequest(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		body []byte
+	}{
+		{"small_1msg_64B", chatBody(1, 64, false)},
+		{"chat_10msgs_1KiB_tools", chatBody(10, 1024, true)},
+		{"long_50msgs_4KiB", chatBody(50, 4096, false)},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.SetBytes(int64(len(bc.body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := decodeChatRequest(bc.body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// discardWriter is an http.ResponseWriter and http.Flusher that drops the
+// body: the benchmarks below measure the edge's own work per chunk, not a
+// socket.
+type discardWriter struct {
+	header http.Header
+	n      int64
+}
+
+func (w *discardWriter) Header() http.Header         { return w.header }
+func (w *discardWriter) WriteHeader(int)             {}
+func (w *discardWriter) Flush()                      {}
+func (w *discardWriter) Write(p []byte) (int, error) { w.n += int64(len(p)); return len(p), nil }
+
+// generatedRun is a Run that yields first, then body n times, then last,
+// then io.EOF, without buffering them all.
+type generatedRun struct {
+	path        nodev1.ExecutionPath
+	first, last *nodev1.RunUp
+	body        *nodev1.RunUp
+	n, i        int
+}
+
+func (r *generatedRun) Info() DispatchInfo {
+	return DispatchInfo{RunID: "run_0123456789abcdef", NodeID: "n", ProviderID: "p", Path: r.path}
+}
+func (r *generatedRun) Close(string) {}
+func (r *generatedRun) Recv() (*nodev1.RunUp, error) {
+	r.i++
+	switch {
+	case r.i == 1 && r.first != nil:
+		return r.first, nil
+	case r.i <= r.n+1:
+		return r.body, nil
+	case r.i == r.n+2:
+		return r.last, nil
+	default:
+		return nil, io.EOF
+	}
+}
+
+func benchResponse(run Run) (*runResponse, *discardWriter) {
+	h := &handler{cfg: Config{}.withDefaults(), logger: slog.New(slog.DiscardHandler)}
+	w := &discardWriter{header: http.Header{}}
+	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+	return &runResponse{h: h, w: w, r: r, run: run, req: &Request{Model: "bench-openai"}}, w
+}
+
+// sseChunk is a typical chat.completion.chunk event of one token, as vLLM
+// or iop sim sends it.
+const sseChunk = `data: {"id":"chatcmpl-sim-1","object":"chat.completion.chunk","created":1767225600,"model":"bench-openai","system_fingerprint":"fp_sim","choices":[{"index":0,"delta":{"content":" token"},"finish_reason":null}]}` + "\n\n"
+
+// BenchmarkTunnelRelayChunk measures the edge's relay of one TunnelData
+// frame (one SSE event) to the client on the tunnel path: type switch,
+// write, flush. One op is one chunk.
+func BenchmarkTunnelRelayChunk(b *testing.B) {
+	run := &generatedRun{
+		path:  nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL,
+		first: &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: &nodev1.TunnelHead{Status: 200, Headers: map[string]string{"Content-Type": "text/event-stream"}}}},
+		body:  &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelData{TunnelData: &nodev1.TunnelData{Data: []byte(sseChunk)}}},
+		last:  &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelEnd{TunnelEnd: &nodev1.TunnelEnd{}}},
+		n:     b.N,
+	}
+	rr, w := benchResponse(run)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(sseChunk)))
+	b.ResetTimer()
+	if reason := rr.tunnel(); reason != reasonCompleted {
+		b.Fatalf("tunnel ended %q", reason)
+	}
+	b.StopTimer()
+	if w.n < int64(b.N*len(sseChunk)) {
+		b.Fatalf("relayed %d bytes, want at least %d", w.n, b.N*len(sseChunk))
+	}
+}
+
+// BenchmarkRenderChunk measures the edge's render of one delta run event
+// into an OpenAI chat.completion.chunk SSE event on the normalized path
+// (chatRender.stream), write and flush included. One op is one chunk.
+func BenchmarkRenderChunk(b *testing.B) {
+	delta := &nodev1.RunUp{Msg: &nodev1.RunUp_Events{Events: &nodev1.RunEvents{Events: []*nodev1.RunEvent{
+		{Type: nodev1.RunEvent_TYPE_DELTA, Text: " token"}}}}}
+	complete := &nodev1.RunUp{Msg: &nodev1.RunUp_Events{Events: &nodev1.RunEvents{Events: []*nodev1.RunEvent{
+		{Type: nodev1.RunEvent_TYPE_USAGE, PromptTokens: 10, CompletionTokens: int32(b.N)},
+		{Type: nodev1.RunEvent_TYPE_COMPLETE, FinishReason: "stop"}}}}}
+	run := &generatedRun{path: nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED, body: delta, last: complete, n: b.N - 1}
+	rr, w := benchResponse(run)
+	cr := &chatRender{eventReader: eventReader{runResponse: rr}, id: "chatcmpl-run_0123456789abcdef", created: 1767225600, model: "bench-ollama", includeUsage: true}
+	b.ReportAllocs()
+	b.ResetTimer()
+	if reason := cr.stream(); reason != reasonCompleted {
+		b.Fatalf("stream ended %q", reason)
+	}
+	b.StopTimer()
+	if w.n == 0 {
+		b.Fatal("nothing rendered")
+	}
+}
