@@ -136,7 +136,9 @@ func (g *generator) closedLoop(ctx context.Context, done <-chan struct{}) {
 	var wg sync.WaitGroup
 	for range g.cfg.Concurrency {
 		wg.Go(func() {
-			for !stopped(done) && g.take() {
+			// ctx too: done closes a moment after ctx ends, and a request
+			// cancelled by ctx must not be followed by another.
+			for !stopped(done) && ctx.Err() == nil && g.take() {
 				g.inFlight.Add(1)
 				g.rec.add(g.req.do(ctx, time.Now()))
 				g.inFlight.Add(-1)
@@ -165,7 +167,7 @@ func (g *generator) openLoop(ctx context.Context, start time.Time, done <-chan s
 				return
 			}
 		}
-		if stopped(done) || !g.take() {
+		if stopped(done) || ctx.Err() != nil || !g.take() {
 			return
 		}
 		if g.inFlight.Load() >= int64(g.cfg.MaxInFlight) {
