@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -120,44 +119,16 @@ func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bo
 		h.logger.Debug("dropping Ollama fields no provider takes", "path", r.URL.Path, "fields", tr.Dropped)
 	}
 
-	run, err := h.gw.Dispatch(r.Context(), req)
-	if err != nil {
-		h.writeOllamaError(w, r, err, &req)
-		return
-	}
-	closer := &runCloser{run: run}
-	stop := context.AfterFunc(r.Context(), func() { closer.close(reasonClientGone) })
-	reason := reasonCompleted
-	defer func() {
-		stop()
-		closer.close(reason)
-	}()
-
-	info := run.Info()
-	logger := h.logger.With("run_id", info.RunID, "model", clip(req.Model), "node_id", info.NodeID,
-		"provider_id", info.ProviderID, "path", info.Path.String())
-	o := &ollamaRender{
-		runResponse: &runResponse{h: h, w: w, r: r, run: run, req: &req},
-		chat:        chat,
-		model:       tr.Model,
-		stream:      tr.Stream,
-		timings:     translate.Timings{Start: start, Dispatched: h.cfg.Now()},
-	}
-	switch info.Path {
-	case nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL:
-		if len(tr.Extension) > 0 {
-			logger.Debug("dropping Ollama-only fields for an OpenAI-compatible provider", "fields", tr.Extension)
+	h.serveWith(w, r, &req, h.writeOllamaError, func(rr *runResponse, info DispatchInfo) renderer {
+		return &ollamaRender{
+			runResponse: rr,
+			chat:        chat,
+			model:       tr.Model,
+			stream:      tr.Stream,
+			extension:   tr.Extension,
+			timings:     translate.Timings{Start: start, Dispatched: h.cfg.Now()},
 		}
-		reason = o.tunnel()
-	case nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED:
-		reason = o.normalized()
-	default:
-		reason = o.failed(errUnknownPath)
-	}
-	logger.Debug("run ended", "reason", reason, "queue_wait", info.QueueWait, "aborted", o.abort)
-	if o.abort {
-		panic(http.ErrAbortHandler)
-	}
+	})
 }
 
 // ollamaLoad answers a request with nothing to generate: Ollama's "load"

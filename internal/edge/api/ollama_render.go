@@ -29,6 +29,9 @@ type ollamaRender struct {
 	model   string // the model name the client asked for
 	stream  bool
 	timings translate.Timings
+	// extension are the Ollama-only fields of the request, which an
+	// OpenAI-compatible provider does not get.
+	extension []string
 
 	text strings.Builder // the whole text, when not streaming
 }
@@ -77,6 +80,9 @@ func (o *ollamaRender) normalized() string {
 // inside a 200 stream fails the run (502, or a last error line). It
 // returns the Close reason.
 func (o *ollamaRender) tunnel() string {
+	if len(o.extension) > 0 {
+		o.h.logger.Debug("dropping Ollama-only fields for an OpenAI-compatible provider", "fields", o.extension)
+	}
 	var (
 		status int
 		sse    bool
@@ -138,6 +144,9 @@ func (o *ollamaRender) tunnel() string {
 		}
 	}
 }
+
+// unknownPath answers a run on an execution path it cannot render.
+func (o *ollamaRender) unknownPath() string { return o.failed(errUnknownPath) }
 
 // streamError maps a decoding failure of a tunnel answer to this package's
 // outcomes; a failed write to the client passes through.
