@@ -65,10 +65,15 @@ type edgeProcess struct {
 // HTTP API (up to shutdownGrace), calls afterDrain (if set; iop dev stops
 // its in-process node there), then stops the node endpoint.
 func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterDrain func()) (*edgeProcess, error) {
-	srv, err := edge.NewServer(cfg, edge.Deps{Logger: logger, Clock: scheduler.RealClock()})
+	obs, err := newObservability()
 	if err != nil {
 		return nil, err
 	}
+	srv, err := edge.NewServer(cfg, edge.Deps{Logger: logger, Clock: scheduler.RealClock(), Observer: obs.observer()})
+	if err != nil {
+		return nil, err
+	}
+	obs.svc = srv.Service()
 	nodeLis, err := net.Listen("tcp", cfg.NodeListen)
 	if err != nil {
 		return nil, fmt.Errorf("node endpoint: %w", err)
@@ -79,9 +84,9 @@ func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterD
 		return nil, fmt.Errorf("HTTP API: %w", err)
 	}
 	svc := srv.Service()
-	handler := api.New(api.Config{
+	handler := api.New(obs.apiConfig(api.Config{
 		Ready: func() bool { return len(svc.Snapshot().Nodes) > 0 },
-	}, gateway{svc}, logger)
+	}), gateway{svc}, logger)
 	httpSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
 	e := &edgeProcess{Service: svc, HTTPAddr: httpLis.Addr().String(), NodeAddr: nodeLis.Addr().String(), done: make(chan error, 1)}
 	// The node endpoint outlives ctx until the HTTP API has drained, so the

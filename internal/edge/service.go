@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"iop/internal/edge/lifecycle"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
 )
@@ -67,6 +68,7 @@ type Service struct {
 	cat      *catalog
 	shutdown chan struct{} // closed when the gRPC side stops
 	stopOnce sync.Once
+	observer lifecycle.Observer // nil: none
 	// afterAdmit, when set (tests only, before use), runs between admission
 	// and dispatch.
 	afterAdmit func(scheduler.Candidate)
@@ -106,6 +108,7 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (*Run, error) {
 	// node before the run opened) is released and admitted again, once,
 	// without the candidate that failed.
 	s.log.Info("dispatch failed before the run opened; trying another provider", "model", req.Model, "node", failed.NodeID, "provider", failed.ProviderID, "err", err)
+	s.emit(lifecycle.Event{Type: lifecycle.DispatchRetried, Model: req.Model, NodeID: failed.NodeID, Generation: failed.Generation, ProviderID: failed.ProviderID, Reason: dispatchFailure(err)})
 	run, _, err2 := s.dispatchOnce(ctx, req, &failed)
 	if errors.Is(err2, scheduler.ErrNoProvider) {
 		// No other candidate. A node that went away leaves the model
@@ -134,6 +137,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, exclude *schedu
 		Long:                 req.Long,
 		EstimatedInputTokens: req.EstimatedInputTokens,
 		Resolve:              s.resolver(req.Model, req.Needs, exclude),
+		OnQueued:             func() { s.emitQueued(req.Model) },
 	})
 	if err != nil {
 		return nil, scheduler.Candidate{}, err
@@ -154,6 +158,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, exclude *schedu
 		s:     s,
 		conn:  c,
 		lease: lease,
+		model: req.Model,
 		info: DispatchInfo{
 			RunID:        runID,
 			NodeID:       cand.NodeID,
@@ -173,6 +178,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, exclude *schedu
 	s.mu.Lock()
 	s.runs[runID] = r
 	s.mu.Unlock()
+	s.emitRun(lifecycle.RunAdmitted, r, "")
 
 	// Arm the timeout before the node can see the dispatch.
 	timer := s.clock.AfterFunc(s.cfg.DispatchTimeout, func() {

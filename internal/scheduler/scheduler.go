@@ -122,6 +122,10 @@ type Request struct {
 	// ErrUnknownModel, ErrNoProvider or ErrCandidatesRejected when that is
 	// the case; any other error at re-resolution leaves the waiter queued.
 	Resolve func() ([]Candidate, error)
+	// OnQueued, if set, is called once, on the caller's goroutine and
+	// without the scheduler's lock, when the request starts waiting in its
+	// group's queue (for observability).
+	OnQueued func()
 }
 
 // QueueReason says how a lease was obtained.
@@ -196,11 +200,11 @@ type waiter struct {
 
 // Scheduler is the admission scheduler. Create it with New.
 type Scheduler struct {
-	clock     Clock
-	defaults  Policy
-	overrides map[string]Policy
+	clock Clock
 
 	mu        sync.Mutex // guards the fields below
+	defaults  Policy
+	overrides map[string]Policy
 	resources map[resourceKey]*resource
 	nodes     map[string]map[string]*resource // node id → provider id → resource
 	groups    map[string]*group
@@ -260,6 +264,9 @@ func (s *Scheduler) Admit(ctx context.Context, req Request) (*Lease, error) {
 	lease, w, err := s.enqueue(req)
 	if err != nil || lease != nil {
 		return lease, err
+	}
+	if req.OnQueued != nil {
+		req.OnQueued()
 	}
 	select {
 	case r := <-w.ch:

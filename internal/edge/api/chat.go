@@ -29,6 +29,8 @@ var forwardedHeaders = []string{"Accept", "X-Request-Id"}
 // 415 non-JSON Content-Type, then whatever classify maps a dispatch or
 // upstream failure to.
 func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
+	obs := obsOf(r)
+	obs.begin("chat.completions")
 	body, err := h.readBody(r)
 	if err != nil {
 		h.writeError(w, r, err, nil)
@@ -48,11 +50,13 @@ func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		EstimatedInputTokens: chat.EstimatedInputTokens,
 		Headers:              forwardHeaders(r.Header),
 	}
+	obs.request(&req)
 	run, err := h.gw.Dispatch(r.Context(), req)
 	if err != nil {
 		h.writeError(w, r, err, &req)
 		return
 	}
+	obs.dispatched(run.Info())
 
 	closer := &runCloser{run: run}
 	stop := context.AfterFunc(r.Context(), func() { closer.close(reasonClientGone) })
@@ -65,7 +69,7 @@ func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	info := run.Info()
 	logger := h.logger.With("run_id", info.RunID, "model", clip(req.Model), "node_id", info.NodeID,
 		"provider_id", info.ProviderID, "path", info.Path.String())
-	rr := &runResponse{h: h, w: w, r: r, run: run, req: &req}
+	rr := &runResponse{h: h, w: w, r: r, run: run, req: &req, obs: obs}
 	switch info.Path {
 	case nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL:
 		reason = rr.tunnel()
@@ -81,6 +85,7 @@ func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		reason = rr.fail(errUnknownPath)
 	}
 	logger.Debug("run ended", "reason", reason, "queue_wait", info.QueueWait, "aborted", rr.abort)
+	obs.ended(reason)
 	if rr.abort {
 		// After the deferred Close, with the reason above; net/http then
 		// drops the connection instead of ending the body cleanly.
@@ -136,6 +141,7 @@ type runResponse struct {
 	r   *http.Request
 	run Run
 	req *Request
+	obs *observation // may be nil
 	// started is set once the status line was written; from then on a
 	// failure can only end the body.
 	started bool

@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"net/http"
 	"time"
 )
 
@@ -18,8 +19,14 @@ type Config struct {
 	// (200 when true, 503 when false). nil means always ready. It is called
 	// once per probe and must not block.
 	Ready func() bool
-	// Now stamps "created" fields (Unix seconds); nil means time.Now.
+	// Now stamps "created" fields (Unix seconds) and times requests; nil
+	// means time.Now.
 	Now func() time.Time
+	// Observer gets a RequestRecord for every finished API request; nil
+	// means none (each request is still logged).
+	Observer Observer
+	// Metrics, if set, serves GET /metrics (the Prometheus exposition).
+	Metrics http.Handler
 }
 
 // Validate reports a configuration New cannot honour, wrapping

@@ -32,6 +32,9 @@ func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
 	if adm, ok := gw.(Admin); ok {
 		maps.Copy(h.routes, adminRoutes(adm))
 	}
+	if h.cfg.Metrics != nil {
+		h.routes["/metrics"] = route{http.MethodGet, h.cfg.Metrics.ServeHTTP}
+	}
 	return h
 }
 
@@ -69,6 +72,8 @@ const modelsPrefix = "/v1/models/"
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes)
 	tw := &trackingWriter{ResponseWriter: w}
+	r, obs := h.observe(r)
+	defer func() { h.finish(r.Context(), obs, tw.status) }()
 	h.route(tw, r)
 	if !tw.wrote {
 		h.logger.Debug("aborting a response with nothing written", "path", clip(r.URL.Path))
@@ -97,16 +102,23 @@ func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 // a body byte, or a flush (which sends the status line).
 type trackingWriter struct {
 	http.ResponseWriter
-	wrote bool
+	wrote  bool
+	status int // the status sent; 0 until then
 }
 
 func (w *trackingWriter) WriteHeader(status int) {
 	w.wrote = true
+	if w.status == 0 && status >= 200 {
+		w.status = status
+	}
 	w.ResponseWriter.WriteHeader(status)
 }
 
 func (w *trackingWriter) Write(p []byte) (int, error) {
 	w.wrote = true
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
 	return w.ResponseWriter.Write(p)
 }
 
@@ -114,6 +126,9 @@ func (w *trackingWriter) Write(p []byte) (int, error) {
 // seen too; the controller finds the other optional methods by Unwrap.
 func (w *trackingWriter) FlushError() error {
 	w.wrote = true
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
 	return http.NewResponseController(w.ResponseWriter).Flush()
 }
 
@@ -128,9 +143,11 @@ func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error, req *Request) {
 	if clientGone(r) {
 		h.logger.Debug("client gone before the answer", "path", clip(r.URL.Path), "err", errorText(err, req))
+		obsOf(r).failed(err, nil, true)
 		return
 	}
 	e := classify(err, req)
+	obsOf(r).failed(err, e.Code, false)
 	h.logError(r, e, err, req)
 	if e.retryAfter != "" {
 		w.Header().Set("Retry-After", e.retryAfter)

@@ -64,6 +64,7 @@ func (rr *runResponse) tunnel() string {
 			if !rr.started {
 				return rr.fail(errUpstreamProtocol)
 			}
+			rr.obs.tunnelData(m.TunnelData.GetData(), sse)
 			if err := rr.write(m.TunnelData.GetData()); err != nil {
 				return rr.writeFailed(err)
 			}
@@ -225,6 +226,7 @@ func (c *chatRender) next(onDelta func(text string) error) (finish string, err e
 				if ev.GetText() == "" {
 					continue
 				}
+				c.obs.content(1)
 				if err := onDelta(ev.GetText()); err != nil {
 					return "", err
 				}
@@ -232,6 +234,7 @@ func (c *chatRender) next(onDelta func(text string) error) (finish string, err e
 				c.usage.PromptTokens = int(ev.GetPromptTokens())
 				c.usage.CompletionTokens = int(ev.GetCompletionTokens())
 				c.usage.TotalTokens = c.usage.PromptTokens + c.usage.CompletionTokens
+				c.obs.tokens(c.usage.PromptTokens, c.usage.CompletionTokens)
 			case nodev1.RunEvent_TYPE_COMPLETE:
 				finish := ev.GetFinishReason()
 				if finish == "" {
