@@ -99,7 +99,7 @@ type RequestRecord struct {
 // observation collects the RequestRecord of one request. Only the request's
 // goroutine touches it.
 type observation struct {
-	rec  RequestRecord
+	rec     RequestRecord
 	err     error // the failure answered, if any
 	decoded bool  // the request was decoded (request was called)
 	gone    bool  // the client was gone when the failure was to be answered
