@@ -58,7 +58,7 @@ func newDevCommand(logLevel *string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext()
+			ctx, stop := signalContext(cmd.Context())
 			defer stop()
 			d, err := startDev(ctx, cfg, logger)
 			if err != nil {

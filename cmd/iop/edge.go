@@ -30,7 +30,7 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext()
+			ctx, stop := signalContext(cmd.Context())
 			defer stop()
 			e, err := startEdge(ctx, cfg, logger, nil)
 			if err != nil {

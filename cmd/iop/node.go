@@ -23,7 +23,7 @@ func newNodeCommand(logLevel *string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext()
+			ctx, stop := signalContext(cmd.Context())
 			defer stop()
 			logger.Info("node starting", "node_id", cfg.NodeID, "edge", cfg.Edge, "providers", len(cfg.Providers))
 			err = agent.Run(ctx)

@@ -211,7 +211,7 @@ func (s *Service) closeConn(c *conn, cause error) {
 		r.finish("node gone", fmt.Errorf("%w: node %q generation %d: %w", ErrNodeGone, c.nodeID, c.gen, cause), false)
 	}
 	s.reg.notify()
-	s.log.Info("node disconnected", "node", c.nodeID, "generation", c.gen, "cause", cause)
+	s.log.Info("node fenced", "node", c.nodeID, "generation", c.gen, "cause", cause)
 	s.emitNode(lifecycle.NodeFenced, c, cause)
 }
 
