@@ -36,6 +36,22 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if configPath != "" {
+				// The flags stay bound to cfg: each reload resets it, reads
+				// the file and applies the flags the user set again.
+				load := func() (edge.Config, error) {
+					err := reloadConfig(cmd, configPath, &cfg, func() { cfg = edge.DefaultConfig() })
+					return cfg, err
+				}
+				watchCtx, stopWatch := context.WithCancel(ctx)
+				watched, err := watchEdgeConfig(watchCtx, configPath, load, e.Service, logger)
+				if err != nil {
+					stopWatch()
+					stop() // stops the edge
+					return errors.Join(err, e.Wait())
+				}
+				defer func() { stopWatch(); <-watched }()
+			}
 			logger.Info("edge ready", "http", "http://"+e.HTTPAddr, "node_endpoint", e.NodeAddr)
 			return e.Wait()
 		},

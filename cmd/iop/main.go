@@ -93,6 +93,14 @@ func setUp(cmd *cobra.Command, level, configPath string, cfg any) (*slog.Logger,
 // command's flags are bound to, then re-applies the flags the user set, so
 // flags override the file and the file overrides defaults.
 func loadConfig(cmd *cobra.Command, path string, v any) error {
+	return reloadConfig(cmd, path, v, nil)
+}
+
+// reloadConfig is loadConfig for a configuration read again: after noting
+// the flags the user set and before decoding the file, it calls reset (if
+// set), which puts v back to its defaults, so that what the file no longer
+// says does not linger.
+func reloadConfig(cmd *cobra.Command, path string, v any, reset func()) error {
 	if path == "" {
 		return nil
 	}
@@ -109,6 +117,9 @@ func loadConfig(cmd *cobra.Command, path string, v any) error {
 		}
 		set = append(set, sf)
 	})
+	if reset != nil {
+		reset()
+	}
 	if err := loadYAML(path, v); err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"sync/atomic"
 
 	"iop/internal/scheduler"
 )
@@ -17,16 +18,26 @@ type candidate struct {
 // catalog maps requested model names to candidates: an alias from the
 // config to its targets, any other name to itself if some node serves it.
 type catalog struct {
-	aliases map[string][]string // immutable after newCatalog
+	// aliases maps each alias to its targets; the map is never modified,
+	// a config reload swaps in a new one.
+	aliases atomic.Pointer[map[string][]string]
 	reg     *registry
 }
 
 func newCatalog(models map[string]ModelConfig, reg *registry) *catalog {
+	c := &catalog{reg: reg}
+	c.setAliases(models)
+	return c
+}
+
+// setAliases replaces the aliases with those of models. Resolutions already
+// running keep the map they loaded.
+func (c *catalog) setAliases(models map[string]ModelConfig) {
 	aliases := make(map[string][]string, len(models))
 	for alias, m := range models {
 		aliases[alias] = slices.Clone(m.Targets)
 	}
-	return &catalog{aliases: aliases, reg: reg}
+	c.aliases.Store(&aliases)
 }
 
 // resolve returns one candidate per healthy provider of a current node
@@ -37,7 +48,7 @@ func newCatalog(models map[string]ModelConfig, reg *registry) *catalog {
 // healthy provider serves it. It takes the registry's read lock, so it may
 // run under the scheduler's lock.
 func (c *catalog) resolve(model string) ([]candidate, error) {
-	targets, alias := c.aliases[model]
+	targets, alias := (*c.aliases.Load())[model]
 	if !alias {
 		targets = []string{model}
 	}
@@ -75,13 +86,14 @@ func (c *catalog) resolve(model string) ([]candidate, error) {
 // models returns every alias and every model name served by a current
 // node connection, sorted, without repeats.
 func (c *catalog) models() []string {
+	aliases := *c.aliases.Load()
 	c.reg.mu.RLock()
-	names := make([]string, 0, len(c.aliases)+len(c.reg.served))
+	names := make([]string, 0, len(aliases)+len(c.reg.served))
 	for m := range c.reg.served {
 		names = append(names, m)
 	}
 	c.reg.mu.RUnlock()
-	for a := range c.aliases {
+	for a := range aliases {
 		names = append(names, a)
 	}
 	sort.Strings(names)

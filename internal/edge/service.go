@@ -69,6 +69,7 @@ type Service struct {
 	shutdown chan struct{} // closed when the gRPC side stops
 	stopOnce sync.Once
 	observer lifecycle.Observer // nil: none
+	reload   reloadState
 	// afterAdmit, when set (tests only, before use), runs between admission
 	// and dispatch.
 	afterAdmit func(scheduler.Candidate)
