@@ -104,6 +104,7 @@ func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterD
 		Ready: func() bool { return len(svc.Snapshot().Nodes) > 0 },
 	}), gateway{svc}, logger)
 	httpSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
+	httpSrv.RegisterOnShutdown(obs.hub.Close) // ends the events streams, which would hold up the drain
 	e := &edgeProcess{Service: svc, HTTPAddr: httpLis.Addr().String(), NodeAddr: nodeLis.Addr().String(), done: make(chan error, 1)}
 	// The node endpoint outlives ctx until the HTTP API has drained, so the
 	// requests in flight at shutdown can finish.

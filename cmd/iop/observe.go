@@ -66,5 +66,6 @@ func (o *observability) RequestDone(rec api.RequestRecord) {
 func (o *observability) apiConfig(cfg api.Config) api.Config {
 	cfg.Observer = o
 	cfg.Metrics = promhttp.HandlerFor(o.registry, promhttp.HandlerOpts{})
+	cfg.Events = o.hub
 	return cfg
 }

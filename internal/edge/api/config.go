@@ -27,6 +27,11 @@ type Config struct {
 	Observer Observer
 	// Metrics, if set, serves GET /metrics (the Prometheus exposition).
 	Metrics http.Handler
+	// Events, if set, serves GET /admin/v1/events (events.go).
+	Events Events
+	// EventsKeepAlive is how often an idle events stream gets a comment
+	// line; 0 means DefaultEventsKeepAlive (15s).
+	EventsKeepAlive time.Duration
 }
 
 // Validate reports a configuration New cannot honour, wrapping
@@ -48,6 +53,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.EventsKeepAlive <= 0 {
+		c.EventsKeepAlive = DefaultEventsKeepAlive
 	}
 	return c
 }

@@ -11,6 +11,7 @@
 //	GET  /admin/v1/nodes       JSON array of connected nodes (only when the Gateway implements Admin, else 404)
 //	GET  /admin/v1/providers   JSON array of provider snapshots
 //	GET  /admin/v1/queues      JSON array of model queues: policy and queued
+//	GET  /admin/v1/events      SSE of node and run lifecycle events (only when Config.Events is set; events.go)
 //	GET  /metrics              the Prometheus exposition (only when Config.Metrics is set)
 //	GET  /healthz              200 "ok" while the process serves HTTP
 //	GET  /readyz               200 "ready" when Config.Ready reports true, else 503

@@ -35,6 +35,9 @@ func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
 	if h.cfg.Metrics != nil {
 		h.routes["/metrics"] = route{http.MethodGet, h.cfg.Metrics.ServeHTTP}
 	}
+	if h.cfg.Events != nil {
+		h.routes["/admin/v1/events"] = route{http.MethodGet, h.events}
+	}
 	return h
 }
 
