@@ -4,7 +4,7 @@ BIN := $(CURDIR)/bin
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 
-.PHONY: all build run test proto bench clean
+.PHONY: all build run test chromium proto bench clean
 
 all: build
 
@@ -16,10 +16,16 @@ build:
 run:
 	$(GO) run ./cmd/iop dev $(ARGS)
 
-# Runs every test with the race detector. Installs nothing beyond Go modules today.
-test:
+# Runs every test with the race detector. The dashboard's browser test needs
+# Chromium: the chromium target installs it first when it is missing.
+test: chromium
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
+
+# Installs Debian's chromium (headless browser of the dashboard test) unless present.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./internal/scheduler/

@@ -13,6 +13,7 @@
 //	GET  /admin/v1/queues      JSON array of model queues: policy and queued
 //	GET  /admin/v1/events      SSE of node and run lifecycle events (only when Config.Events is set; events.go)
 //	GET  /metrics              the Prometheus exposition (only when Config.Metrics is set)
+//	GET  /ui                   the live dashboard, embedded HTML/JS/CSS (with Config.Events; ui.go)
 //	GET  /healthz              200 "ok" while the process serves HTTP
 //	GET  /readyz               200 "ready" when Config.Ready reports true, else 503
 //

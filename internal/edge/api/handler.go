@@ -37,6 +37,7 @@ func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
 	}
 	if h.cfg.Events != nil {
 		h.routes["/admin/v1/events"] = route{http.MethodGet, h.events}
+		maps.Copy(h.routes, uiRoutes())
 	}
 	return h
 }
