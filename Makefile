@@ -4,7 +4,7 @@ BIN := $(CURDIR)/bin
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 
-.PHONY: all build run test proto bench clean
+.PHONY: all build run test chromium proto bench clean
 
 all: build
 
@@ -16,9 +16,10 @@ build:
 run:
 	$(GO) run ./cmd/iop dev $(ARGS)
 
-# Runs every test with the race detector. First installs the JavaScript
-# client tests' npm packages (test/js) if they are absent or older than the lock.
-test: test/js/node_modules
+# Runs every test with the race detector. First installs what the tests
+# need beyond Go: the JavaScript client tests' npm packages (test/js) and
+# Chromium for the dashboard's browser test.
+test: test/js/node_modules chromium
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
 
@@ -28,6 +29,11 @@ test/js/node_modules: test/js/package.json test/js/package-lock.json
 	@command -v npm >/dev/null || { echo "npm (Node.js 20 or later) is needed for the JavaScript client tests" >&2; exit 1; }
 	cd test/js && npm ci --silent --no-audit --no-fund
 	@touch $@
+
+# Installs Debian's chromium (headless browser of the dashboard test) unless present.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 # Benchmarks (not part of make test): the scheduler's and the hot paths'
 # (go test -bench), then the overhead benchmark: iop sim, edge and node as

@@ -85,7 +85,7 @@ func runBench(cmd *cobra.Command, f benchFlags) error {
 	if f.apiKey != "" {
 		cfg.Header = http.Header{"Authorization": {"Bearer " + f.apiKey}}
 	}
-	ctx, stop := signalContext()
+	ctx, stop := signalContext(cmd.Context())
 	defer stop()
 	var progress func(loadgen.Progress)
 	if !f.quiet {
@@ -130,7 +130,7 @@ func runOverhead(cmd *cobra.Command, f benchFlags) error {
 			return err
 		}
 	}
-	ctx, stop := signalContext()
+	ctx, stop := signalContext(cmd.Context())
 	defer stop()
 	rep, err := benchrun.Overhead(ctx, cfg)
 	if err != nil {

@@ -67,7 +67,7 @@ func newDevCommand(logLevel *string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext()
+			ctx, stop := signalContext(cmd.Context())
 			defer stop()
 			d, err := startDev(ctx, cfg, logger)
 			if err != nil {
@@ -109,6 +109,7 @@ func printBanner(out io.Writer, d *devStack) {
 	fmt.Fprintf(out, "  try:\n")
 	fmt.Fprintf(out, "    curl -N %s/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\":%q,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n", base, d.Model)
 	fmt.Fprintf(out, "    curl %s/v1/models\n", base)
+	fmt.Fprintf(out, "  dashboard: %s/ui   metrics: %s/metrics   status: iop status --edge %s\n", base, base, base)
 	if len(d.Models) > 1 {
 		fmt.Fprintf(out, "  %q goes to the least loaded of %v (ties: lowest provider id); name one of them to pick it.\n", d.Model, d.Models)
 	}

@@ -32,7 +32,7 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext()
+			ctx, stop := signalContext(cmd.Context())
 			defer stop()
 			if err := servePprof(ctx, pprofListen); err != nil {
 				return err
@@ -40,6 +40,22 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 			e, err := startEdge(ctx, cfg, logger, nil)
 			if err != nil {
 				return err
+			}
+			if configPath != "" {
+				// The flags stay bound to cfg: each reload resets it, reads
+				// the file and applies the flags the user set again.
+				load := func() (edge.Config, error) {
+					err := reloadConfig(cmd, configPath, &cfg, func() { cfg = edge.DefaultConfig() })
+					return cfg, err
+				}
+				watchCtx, stopWatch := context.WithCancel(ctx)
+				watched, err := watchEdgeConfig(watchCtx, configPath, load, e.Service, logger)
+				if err != nil {
+					stopWatch()
+					stop() // stops the edge
+					return errors.Join(err, e.Wait())
+				}
+				defer func() { stopWatch(); <-watched }()
 			}
 			logger.Info("edge ready", "http", "http://"+e.HTTPAddr, "node_endpoint", e.NodeAddr)
 			return e.Wait()
@@ -74,10 +90,15 @@ type edgeProcess struct {
 // ends the runs still going (runs.Manager.Close), calls afterDrain (if set;
 // iop dev stops its in-process node there), then stops the node endpoint.
 func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterDrain func()) (*edgeProcess, error) {
-	srv, err := edge.NewServer(cfg, edge.Deps{Logger: logger, Clock: scheduler.RealClock()})
+	obs, err := newObservability()
 	if err != nil {
 		return nil, err
 	}
+	srv, err := edge.NewServer(cfg, edge.Deps{Logger: logger, Clock: scheduler.RealClock(), Observer: obs.observer()})
+	if err != nil {
+		return nil, err
+	}
+	obs.svc = srv.Service()
 	runStore, err := runs.OpenSQLite(cfg.Database)
 	if err != nil {
 		return nil, err
@@ -99,13 +120,14 @@ func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterD
 		return nil, fmt.Errorf("HTTP API: %w", err)
 	}
 	svc := srv.Service()
-	handler := api.New(api.Config{
+	handler := api.New(obs.apiConfig(api.Config{
 		MaxBodyBytes: cfg.MaxBodyBytes,
 		WriteTimeout: cfg.WriteTimeout,
 		Ready:        func() bool { return len(svc.Snapshot().Nodes) > 0 },
 		Runs:         runManager,
-	}, gateway{svc}, logger)
+	}), gateway{svc}, logger)
 	httpSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
+	httpSrv.RegisterOnShutdown(obs.hub.Close) // ends the events streams, which would hold up the drain
 	e := &edgeProcess{Service: svc, HTTPAddr: httpLis.Addr().String(), NodeAddr: nodeLis.Addr().String(), done: make(chan error, 1)}
 	// The node endpoint outlives ctx until the HTTP API has drained, so the
 	// requests in flight at shutdown can finish.

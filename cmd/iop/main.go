@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -35,24 +36,38 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: false,
 	}
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	root.AddCommand(newEdgeCommand(&logLevel), newNodeCommand(&logLevel), newDevCommand(&logLevel), newSimCommand(&logLevel), newBenchCommand(&logLevel))
+	root.PersistentFlags().String("log-format", "text", "log format: text (key=value) or json (one object a line)")
+	root.AddCommand(newEdgeCommand(&logLevel), newNodeCommand(&logLevel), newDevCommand(&logLevel), newSimCommand(&logLevel), newBenchCommand(&logLevel), newStatusCommand())
 	return root
 }
 
-// newLogger returns a text logger on stderr at level.
-func newLogger(level string) (*slog.Logger, error) {
+// newLogger returns a logger on w at level, in format "text" (slog's
+// key=value lines) or "json" (one JSON object a line).
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: %w", level, err)
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+	opts := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	default:
+		return nil, fmt.Errorf("--log-format %q: want text or json", format)
+	}
 }
 
-// signalContext returns a context cancelled on SIGINT or SIGTERM. After the
-// first signal the default handling is restored, so a second one stops the
-// process at once instead of waiting for the drain.
-func signalContext() (context.Context, context.CancelFunc) {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+// signalContext returns a context cancelled on SIGINT or SIGTERM, or when
+// parent ends (nil: never). After the first signal the default handling is
+// restored, so a second one stops the process at once instead of waiting
+// for the drain.
+func signalContext(parent context.Context) (context.Context, context.CancelFunc) {
+	if parent == nil {
+		parent = context.Background()
+	}
+	ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
 	context.AfterFunc(ctx, stop)
 	return ctx, stop
 }
@@ -60,7 +75,11 @@ func signalContext() (context.Context, context.CancelFunc) {
 // setUp makes the command's logger at level and loads its config file (if
 // any) into cfg, under the flags the user set.
 func setUp(cmd *cobra.Command, level, configPath string, cfg any) (*slog.Logger, error) {
-	logger, err := newLogger(level)
+	format, err := cmd.Flags().GetString("log-format")
+	if err != nil {
+		format = "text" // a command used without the root's flags (tests)
+	}
+	logger, err := newLogger(cmd.ErrOrStderr(), level, format)
 	if err != nil {
 		return nil, err
 	}
@@ -74,6 +93,14 @@ func setUp(cmd *cobra.Command, level, configPath string, cfg any) (*slog.Logger,
 // command's flags are bound to, then re-applies the flags the user set, so
 // flags override the file and the file overrides defaults.
 func loadConfig(cmd *cobra.Command, path string, v any) error {
+	return reloadConfig(cmd, path, v, nil)
+}
+
+// reloadConfig is loadConfig for a configuration read again: after noting
+// the flags the user set and before decoding the file, it calls reset (if
+// set), which puts v back to its defaults, so that what the file no longer
+// says does not linger.
+func reloadConfig(cmd *cobra.Command, path string, v any, reset func()) error {
 	if path == "" {
 		return nil
 	}
@@ -90,6 +117,9 @@ func loadConfig(cmd *cobra.Command, path string, v any) error {
 		}
 		set = append(set, sf)
 	})
+	if reset != nil {
+		reset()
+	}
 	if err := loadYAML(path, v); err != nil {
 		return err
 	}

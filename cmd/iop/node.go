@@ -23,7 +23,7 @@ func newNodeCommand(logLevel *string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext()
+			ctx, stop := signalContext(cmd.Context())
 			defer stop()
 			if err := servePprof(ctx, pprofListen); err != nil {
 				return err

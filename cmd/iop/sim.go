@@ -61,7 +61,7 @@ func newSimCommand(logLevel *string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext()
+			ctx, stop := signalContext(cmd.Context())
 			defer stop()
 			fmt.Fprintf(cmd.OutOrStdout(), "iop sim (%s) listening on http://%s\n", f.Protocol, f.Listen)
 			return s.ListenAndServe(ctx, f.Listen)

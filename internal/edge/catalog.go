@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 
 	"iop/internal/scheduler"
 )
@@ -18,16 +19,26 @@ type candidate struct {
 // catalog maps requested model names to candidates: an alias from the
 // config to its targets, any other name to itself if some node serves it.
 type catalog struct {
-	aliases map[string][]string // immutable after newCatalog
+	// aliases maps each alias to its targets; the map is never modified,
+	// a config reload swaps in a new one.
+	aliases atomic.Pointer[map[string][]string]
 	reg     *registry
 }
 
 func newCatalog(models map[string]ModelConfig, reg *registry) *catalog {
+	c := &catalog{reg: reg}
+	c.setAliases(models)
+	return c
+}
+
+// setAliases replaces the aliases with those of models. Resolutions already
+// running keep the map they loaded.
+func (c *catalog) setAliases(models map[string]ModelConfig) {
 	aliases := make(map[string][]string, len(models))
 	for alias, m := range models {
 		aliases[alias] = slices.Clone(m.Targets)
 	}
-	return &catalog{aliases: aliases, reg: reg}
+	c.aliases.Store(&aliases)
 }
 
 // resolve returns one candidate per healthy provider of a current node
@@ -38,7 +49,7 @@ func newCatalog(models map[string]ModelConfig, reg *registry) *catalog {
 // healthy provider serves it. It takes the registry's read lock, so it may
 // run under the scheduler's lock.
 func (c *catalog) resolve(model string) ([]candidate, error) {
-	targets, alias := c.aliases[model]
+	targets, alias := (*c.aliases.Load())[model]
 	if !alias {
 		targets = []string{model}
 	}
@@ -84,7 +95,8 @@ const latestTag = ":latest"
 // names win, so an alias "x" and a served "x:latest" stay two models. It
 // takes the registry's read lock.
 func (c *catalog) name(model string) string {
-	if _, ok := c.aliases[model]; ok {
+	aliases := *c.aliases.Load()
+	if _, ok := aliases[model]; ok {
 		return model
 	}
 	alt := ""
@@ -98,7 +110,7 @@ func (c *catalog) name(model string) string {
 	if c.reg.seen[model] || alt == "" {
 		return model
 	}
-	if _, ok := c.aliases[alt]; ok || c.reg.seen[alt] {
+	if _, ok := aliases[alt]; ok || c.reg.seen[alt] {
 		return alt
 	}
 	return model
@@ -107,13 +119,14 @@ func (c *catalog) name(model string) string {
 // models returns every alias and every model name served by a current
 // node connection, sorted, without repeats.
 func (c *catalog) models() []string {
+	aliases := *c.aliases.Load()
 	c.reg.mu.RLock()
-	names := make([]string, 0, len(c.aliases)+len(c.reg.served))
+	names := make([]string, 0, len(aliases)+len(c.reg.served))
 	for m := range c.reg.served {
 		names = append(names, m)
 	}
 	c.reg.mu.RUnlock()
-	for a := range c.aliases {
+	for a := range aliases {
 		names = append(names, a)
 	}
 	sort.Strings(names)

@@ -44,6 +44,14 @@
 // sending its terminal message and reading until the edge ends the stream;
 // cancelling the Run stream aborts the run (ErrNodeGone).
 //
+// # Lifecycle events
+//
+// Deps.Observer, when set, is told of node connections and fences (with
+// their generation), each run's queueing, admission, start and end (with
+// its provider's in-flight count and its model's queue length right after),
+// and dispatch retries (package lifecycle). It is called with no edge lock
+// held, on the goroutine where the event happened.
+//
 // # Concurrency
 //
 // Locks, in the only order they nest: Run.mu, then the scheduler's lock,

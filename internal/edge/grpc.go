@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 
+	"iop/internal/edge/lifecycle"
 	"iop/internal/wire/nodev1"
 )
 
@@ -138,6 +139,7 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 	}
 	s.reg.notify()
 	log.Info("node connected", "label", c.label, "version", c.version, "providers", len(c.providers))
+	s.emitNode(lifecycle.NodeConnected, c, nil)
 
 	for {
 		select {
@@ -209,7 +211,8 @@ func (s *Service) closeConn(c *conn, cause error) {
 		r.finish("node gone", fmt.Errorf("%w: node %q generation %d: %w", ErrNodeGone, c.nodeID, c.gen, cause), false)
 	}
 	s.reg.notify()
-	s.log.Info("node disconnected", "node", c.nodeID, "generation", c.gen, "cause", cause)
+	s.log.Info("node fenced", "node", c.nodeID, "generation", c.gen, "cause", cause)
+	s.emitNode(lifecycle.NodeFenced, c, cause)
 }
 
 func (s *Service) handleNodeMessage(c *conn, m *nodev1.NodeMessage) {
@@ -270,6 +273,7 @@ func (s *Service) serveRun(stream nodev1.NodeGateway_RunServer) error {
 	if !r.attach(stream) {
 		return fmt.Errorf("%w: run %q", errRunNotPending, open.GetRunId())
 	}
+	s.emitRun(lifecycle.RunStarted, r, "")
 
 	if err := s.sendBody(stream, r); err != nil {
 		r.finish("body send failed", fmt.Errorf("%w: node %q run %q: %w", ErrNodeGone, r.info.NodeID, r.info.RunID, err), false)

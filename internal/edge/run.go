@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"iop/internal/edge/lifecycle"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
 )
@@ -44,6 +45,7 @@ type Run struct {
 	s     *Service
 	conn  *conn
 	lease *scheduler.Lease
+	model string // the requested model name: the run's queue
 	info  DispatchInfo
 	body  []byte
 	// opened is closed when the node's Run stream is attached; bodySent
@@ -179,6 +181,7 @@ func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, ca
 	r.mu.Unlock()
 
 	r.s.forget(r)
+	r.s.emitRun(lifecycle.RunEnded, r, reason)
 	if cancelNode {
 		r.conn.enqueue(&nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_Cancel{Cancel: &nodev1.Cancel{RunId: r.info.RunID, Reason: reason}}})
 	}

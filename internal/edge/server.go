@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 
+	"iop/internal/edge/lifecycle"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
 )
@@ -23,6 +24,9 @@ type Deps struct {
 	// Clock drives heartbeats, dispatch timeouts and queue timeouts; nil
 	// means real time.
 	Clock scheduler.Clock
+	// Observer is told of node and run lifecycle events (package events);
+	// nil means none.
+	Observer lifecycle.Observer
 }
 
 // Server is the edge core: node registry, catalog, scheduler and the gRPC
@@ -60,6 +64,7 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 		cat:      newCatalog(cfg.Models, reg),
 		shutdown: make(chan struct{}),
 		runs:     make(map[string]*Run),
+		observer: deps.Observer,
 	}}, nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"iop/internal/edge/lifecycle"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
 )
@@ -73,6 +74,8 @@ type Service struct {
 	cat      *catalog
 	shutdown chan struct{} // closed when the gRPC side stops
 	stopOnce sync.Once
+	observer lifecycle.Observer // nil: none
+	reload   reloadState
 	// afterAdmit, when set (tests only, before use), runs between admission
 	// and dispatch.
 	afterAdmit func(scheduler.Candidate)
@@ -119,6 +122,7 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (*Run, error) {
 	// node before the run opened) is released and admitted again, once,
 	// without the candidate that failed.
 	s.log.Info("dispatch failed before the run opened; trying another provider", "model", req.Model, "node", failed.NodeID, "provider", failed.ProviderID, "err", err)
+	s.emit(lifecycle.Event{Type: lifecycle.DispatchRetried, Model: req.Model, NodeID: failed.NodeID, Generation: failed.Generation, ProviderID: failed.ProviderID, Reason: dispatchFailure(err)})
 	req.RunID += "-retry"
 	run, _, err2 := s.dispatchOnce(ctx, req, &failed)
 	if errors.Is(err2, scheduler.ErrNoProvider) {
@@ -149,6 +153,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, exclude *schedu
 		EstimatedInputTokens: req.EstimatedInputTokens,
 		Resolve:              s.resolver(req.Model, req.Needs, exclude),
 		Prefer:               scheduler.ProviderRef{NodeID: req.PreferNodeID, ProviderID: req.PreferProviderID},
+		OnQueued:             func() { s.emitQueued(req.Model) },
 	})
 	if err != nil {
 		return nil, scheduler.Candidate{}, err
@@ -169,6 +174,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, exclude *schedu
 		s:     s,
 		conn:  c,
 		lease: lease,
+		model: req.Model,
 		info: DispatchInfo{
 			RunID:        runID,
 			NodeID:       cand.NodeID,
@@ -188,6 +194,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, exclude *schedu
 	s.mu.Lock()
 	s.runs[runID] = r
 	s.mu.Unlock()
+	s.emitRun(lifecycle.RunAdmitted, r, "")
 
 	// Arm the timeout before the node can see the dispatch.
 	timer := s.clock.AfterFunc(s.cfg.DispatchTimeout, func() {
@@ -291,7 +298,7 @@ type ModelProvider struct {
 func (s *Service) ModelInfo(name string) (ModelInfo, bool) {
 	name = s.cat.name(name)
 	info := ModelInfo{Name: name, Targets: []string{name}}
-	if targets, ok := s.cat.aliases[name]; ok {
+	if targets, ok := (*s.cat.aliases.Load())[name]; ok {
 		info.Alias, info.Targets = true, slices.Clone(targets)
 	} else if !slices.Contains(s.cat.models(), name) {
 		return ModelInfo{}, false

@@ -127,6 +127,10 @@ type Request struct {
 	// affinity: a session's runs go back to the provider that holds its
 	// prompt cache). Otherwise, and for a queued request, it changes nothing.
 	Prefer ProviderRef
+	// OnQueued, if set, is called once, on the caller's goroutine and
+	// without the scheduler's lock, when the request starts waiting in its
+	// group's queue (for observability).
+	OnQueued func()
 }
 
 // ProviderRef names one provider of one node, whatever its generation.
@@ -206,11 +210,11 @@ type waiter struct {
 
 // Scheduler is the admission scheduler. Create it with New.
 type Scheduler struct {
-	clock     Clock
-	defaults  Policy
-	overrides map[string]Policy
+	clock Clock
 
 	mu        sync.Mutex // guards the fields below
+	defaults  Policy
+	overrides map[string]Policy
 	resources map[resourceKey]*resource
 	nodes     map[string]map[string]*resource // node id → provider id → resource
 	groups    map[string]*group
@@ -270,6 +274,9 @@ func (s *Scheduler) Admit(ctx context.Context, req Request) (*Lease, error) {
 	lease, w, err := s.enqueue(req)
 	if err != nil || lease != nil {
 		return lease, err
+	}
+	if req.OnQueued != nil {
+		req.OnQueued()
 	}
 	select {
 	case r := <-w.ch:

@@ -28,6 +28,8 @@ var forwardedHeaders = []string{"Accept", "X-Request-Id"}
 // 415 non-JSON Content-Type, then whatever classify maps a dispatch or
 // upstream failure to.
 func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
+	obs := obsOf(r)
+	obs.begin("chat.completions")
 	body, err := h.readBody(r)
 	if err != nil {
 		h.writeError(w, r, err, nil)
@@ -105,6 +107,7 @@ type runResponse struct {
 	r   *http.Request
 	run Run
 	req *Request
+	obs *observation // may be nil
 	// started is set once the status line was written; from then on a
 	// failure can only end the body.
 	started bool

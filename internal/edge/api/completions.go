@@ -128,6 +128,7 @@ func decodeIncludeUsage(top map[string]json.RawMessage) (bool, error) {
 // and relays the tunnel path's answer or renders the normalized path's as
 // text_completion objects. Statuses as for chat completions.
 func (h *handler) completions(w http.ResponseWriter, r *http.Request) {
+	obsOf(r).begin("completions")
 	body, err := h.readBody(r)
 	if err != nil {
 		h.writeError(w, r, err, nil)

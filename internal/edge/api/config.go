@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"net/http"
 	"time"
 
 	"iop/internal/runs"
@@ -30,11 +31,22 @@ type Config struct {
 	// (200 when true, 503 when false). nil means always ready. It is called
 	// once per probe and must not block.
 	Ready func() bool
-	// Now stamps "created" fields (Unix seconds); nil means time.Now.
+	// Now stamps "created" fields (Unix seconds) and times requests; nil
+	// means time.Now.
 	Now func() time.Time
 	// Runs, when set, serves the runs API (/v1/runs, see runs.go) with
 	// this manager of run records.
 	Runs *runs.Manager
+	// Observer gets a RequestRecord for every finished API request; nil
+	// means none (each request is still logged).
+	Observer Observer
+	// Metrics, if set, serves GET /metrics (the Prometheus exposition).
+	Metrics http.Handler
+	// Events, if set, serves GET /admin/v1/events (events.go).
+	Events Events
+	// EventsKeepAlive is how often an idle events stream gets a comment
+	// line; 0 means DefaultEventsKeepAlive (15s).
+	EventsKeepAlive time.Duration
 }
 
 // Validate reports a configuration New cannot honour, wrapping
@@ -62,6 +74,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.EventsKeepAlive <= 0 {
+		c.EventsKeepAlive = DefaultEventsKeepAlive
 	}
 	return c
 }

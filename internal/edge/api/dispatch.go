@@ -46,11 +46,14 @@ func (h *handler) serveRun(w http.ResponseWriter, r *http.Request, req *Request,
 func (h *handler) serveWith(w http.ResponseWriter, r *http.Request, req *Request,
 	writeErr func(http.ResponseWriter, *http.Request, error, *Request),
 	newRenderer func(rr *runResponse, info DispatchInfo) renderer) {
+	obs := obsOf(r)
+	obs.request(req)
 	run, err := h.gw.Dispatch(r.Context(), *req)
 	if err != nil {
 		writeErr(w, r, err, req)
 		return
 	}
+	obs.dispatched(run.Info())
 
 	closer := &runCloser{run: run}
 	stop := context.AfterFunc(r.Context(), func() { closer.close(reasonClientGone) })
@@ -63,7 +66,7 @@ func (h *handler) serveWith(w http.ResponseWriter, r *http.Request, req *Request
 	info := run.Info()
 	logger := h.logger.With("run_id", info.RunID, "model", clip(req.Model), "node_id", info.NodeID,
 		"provider_id", info.ProviderID, "path", info.Path.String(), "operation", req.Operation.String())
-	rr := &runResponse{h: h, w: w, r: r, run: run, req: req}
+	rr := &runResponse{h: h, w: w, r: r, run: run, req: req, obs: obs}
 	rd := newRenderer(rr, info)
 	switch info.Path {
 	case nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL:
@@ -74,6 +77,7 @@ func (h *handler) serveWith(w http.ResponseWriter, r *http.Request, req *Request
 		reason = rd.unknownPath()
 	}
 	logger.Debug("run ended", "reason", reason, "queue_wait", info.QueueWait, "aborted", rr.abort)
+	obs.ended(reason)
 	if rr.abort {
 		// After the deferred Close, with the reason above; net/http then
 		// drops the connection instead of ending the body cleanly.

@@ -25,6 +25,9 @@
 //	POST /api/show             what the catalog knows of one model, in Ollama's shape
 //	GET  /api/version          {"version":"0.12.0"}, the Ollama API version followed
 //	GET  /                     "Ollama is running" (clients probe it)
+//	GET  /admin/v1/events      SSE of node and run lifecycle events (only when Config.Events is set; events.go)
+//	GET  /metrics              the Prometheus exposition (only when Config.Metrics is set)
+//	GET  /ui                   the live dashboard, embedded HTML/JS/CSS (with Config.Events; ui.go)
 //	GET  /healthz              200 "ok" while the process serves HTTP
 //	GET  /readyz               200 "ready" when Config.Ready reports true, else 503
 //
@@ -63,6 +66,16 @@
 // This matters for a client that half-closes its connection after sending
 // the request: net/http cancels the context on that EOF, yet the client is
 // still reading (ServeHTTP).
+//
+// # Observation
+//
+// Every API request (a route that calls observation.begin: the chat
+// completions route) ends with one RequestRecord (observe.go): where it
+// went, how it was admitted, its status and outcome, its times and its
+// tokens. The handler logs it as one line ("request", info level; warn for
+// a 5xx) and hands it to Config.Observer. On the tunnel path the tokens and
+// the time to first token are read from a copy of the relayed bytes
+// (usage.go), which are never changed.
 //
 // Client-provided text quoted in an error message or a log line (a model
 // name, a path, a field's value) is clipped to 256 bytes (clip).

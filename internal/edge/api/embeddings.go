@@ -84,6 +84,7 @@ func decodeEmbeddingsRequest(body []byte) (embeddingsRequest, error) {
 // "model","usage":{"prompt_tokens","total_tokens"}}. Statuses as for chat
 // completions.
 func (h *handler) embeddings(w http.ResponseWriter, r *http.Request) {
+	obsOf(r).begin("embeddings")
 	body, err := h.readBody(r)
 	if err != nil {
 		h.writeError(w, r, err, nil)

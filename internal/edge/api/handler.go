@@ -39,6 +39,13 @@ func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
 	if h.cfg.Runs != nil {
 		h.routes[runsPath] = route{"", h.runsRoute}
 	}
+	if h.cfg.Metrics != nil {
+		h.routes["/metrics"] = route{http.MethodGet, h.cfg.Metrics.ServeHTTP}
+	}
+	if h.cfg.Events != nil {
+		h.routes["/admin/v1/events"] = route{http.MethodGet, h.events}
+		maps.Copy(h.routes, uiRoutes())
+	}
 	return h
 }
 
@@ -79,6 +86,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// net/http keeps a connection's write deadline between requests: start
 	// each request with a fresh one (e.g. for a 100 Continue).
 	tw.extend()
+	r, obs := h.observe(r)
+	defer func() { h.finish(r.Context(), obs, tw.status) }()
 	h.route(tw, r)
 	if !tw.wrote {
 		h.logger.Debug("aborting a response with nothing written", "path", clip(r.URL.Path))
@@ -119,6 +128,7 @@ type trackingWriter struct {
 	rc      *http.ResponseController
 	timeout time.Duration
 	wrote   bool
+	status  int // the status sent; 0 until then
 }
 
 // extend moves the connection's write deadline to timeout from now. A
@@ -129,12 +139,18 @@ func (w *trackingWriter) extend() {
 
 func (w *trackingWriter) WriteHeader(status int) {
 	w.wrote = true
+	if w.status == 0 && status >= 200 {
+		w.status = status
+	}
 	w.ResponseWriter.WriteHeader(status)
 }
 
 func (w *trackingWriter) Write(p []byte) (int, error) {
 	w.wrote = true
 	w.extend()
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
 	return w.ResponseWriter.Write(p)
 }
 
@@ -143,6 +159,9 @@ func (w *trackingWriter) Write(p []byte) (int, error) {
 func (w *trackingWriter) FlushError() error {
 	w.wrote = true
 	w.extend()
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
 	return w.rc.Flush()
 }
 
@@ -157,9 +176,11 @@ func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error, req *Request) {
 	if clientGone(r) {
 		h.logger.Debug("client gone before the answer", "path", clip(r.URL.Path), "err", errorText(err, req))
+		obsOf(r).failed(err, nil, true)
 		return
 	}
 	e := classify(err, req)
+	obsOf(r).failed(err, e.Code, false)
 	h.logError(r, e, err, req)
 	if e.retryAfter != "" {
 		w.Header().Set("Retry-After", e.retryAfter)

@@ -70,6 +70,11 @@ func (h *handler) ollamaVersion(w http.ResponseWriter, r *http.Request) {
 // over Config.MaxBodyBytes, then whatever classify maps a dispatch or
 // upstream failure to; every error body is {"error":"..."}.
 func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
+	if chat {
+		obsOf(r).begin("ollama.chat")
+	} else {
+		obsOf(r).begin("ollama.generate")
+	}
 	start := h.cfg.Now()
 	body, err := readAllBody(r)
 	if err != nil {
@@ -186,9 +191,11 @@ func ollamaError(err error, req *Request) (*apiError, string) {
 func (h *handler) writeOllamaError(w http.ResponseWriter, r *http.Request, err error, req *Request) {
 	if clientGone(r) {
 		h.logger.Debug("client gone before the answer", "path", clip(r.URL.Path), "err", errorText(err, req))
+		obsOf(r).failed(err, nil, true)
 		return
 	}
 	e, msg := ollamaError(err, req)
+	obsOf(r).failed(err, e.Code, false)
 	h.logError(r, e, err, req)
 	if e.retryAfter != "" {
 		w.Header().Set("Retry-After", e.retryAfter)

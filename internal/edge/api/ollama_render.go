@@ -80,6 +80,10 @@ func (o *ollamaRender) normalized() string {
 // inside a 200 stream fails the run (502, or a last error line). It
 // returns the Close reason.
 func (o *ollamaRender) tunnel() string {
+	onText := func(text string) error {
+		o.obs.content(1)
+		return o.onText(text)
+	}
 	if len(o.extension) > 0 {
 		o.h.logger.Debug("dropping Ollama-only fields for an OpenAI-compatible provider", "fields", o.extension)
 	}
@@ -111,7 +115,7 @@ func (o *ollamaRender) tunnel() string {
 			}
 			data := m.TunnelData.GetData()
 			if status < 300 && sse {
-				if err := stream.Feed(data, o.onText); err != nil {
+				if err := stream.Feed(data, onText); err != nil {
 					return o.failed(streamError(err))
 				}
 				continue
@@ -129,9 +133,9 @@ func (o *ollamaRender) tunnel() string {
 			}
 			var ans translate.Answer
 			if sse {
-				ans, err = stream.End(o.onText)
+				ans, err = stream.End(onText)
 			} else if ans, err = translate.DecodeOpenAIAnswer(body); err == nil && ans.Text != "" {
-				err = o.onText(ans.Text)
+				err = onText(ans.Text)
 			}
 			if err != nil {
 				return o.failed(streamError(err))
@@ -214,6 +218,7 @@ func (o *ollamaRender) finish(ans translate.Answer) string {
 	var usage translate.Usage
 	if ans.Usage != nil {
 		usage = *ans.Usage
+		o.obs.tokens(usage.PromptTokens, usage.CompletionTokens)
 	}
 	final := translate.NewOllamaResponse(o.chat, o.model, now, o.text.String())
 	calls := translate.OllamaToolCalls(ans.ToolCalls)

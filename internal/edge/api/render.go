@@ -73,6 +73,7 @@ func (rr *runResponse) tunnel() string {
 			if !rr.started {
 				return rr.fail(errUpstreamProtocol)
 			}
+			rr.obs.tunnelData(m.TunnelData.GetData(), sse)
 			if err := rr.write(m.TunnelData.GetData()); err != nil {
 				return rr.writeFailed(err)
 			}
@@ -267,6 +268,7 @@ func (e *eventReader) next(onDelta func(ev *nodev1.RunEvent) error) (finish stri
 				if ev.GetText() == "" && len(ev.GetToolCalls()) == 0 && len(ev.GetEmbeddings()) == 0 {
 					continue
 				}
+				e.obs.content(1)
 				if err := onDelta(ev); err != nil {
 					return "", err
 				}
@@ -274,6 +276,7 @@ func (e *eventReader) next(onDelta func(ev *nodev1.RunEvent) error) (finish stri
 				e.usage.PromptTokens = int(ev.GetPromptTokens())
 				e.usage.CompletionTokens = int(ev.GetCompletionTokens())
 				e.usage.TotalTokens = e.usage.PromptTokens + e.usage.CompletionTokens
+				e.obs.tokens(e.usage.PromptTokens, e.usage.CompletionTokens)
 			case nodev1.RunEvent_TYPE_COMPLETE:
 				finish := ev.GetFinishReason()
 				if finish == "" {

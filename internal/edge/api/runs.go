@@ -239,7 +239,11 @@ func (h *handler) execute(ctx context.Context, run *runs.Run, chatBody []byte, p
 		return
 	}
 	req.Header.Set("Content-Type", "application/json")
+	// Its own observation: ctx carries the submitting request's values, and
+	// that request may finish first.
+	req, obs := h.observe(req)
 	rw := &runWriter{run: run, header: make(http.Header)}
+	defer func() { h.finish(ctx, obs, rw.status) }()
 	func() {
 		defer func() {
 			// The chat handler aborts a response cut short; here that

@@ -1,0 +1,132 @@
+package main
+
+// The dashboard test drives a real headless Chromium (Debian's chromium
+// package, which `make test` installs when it is missing) against `iop dev`
+// started in-process. Its screenshot, dashboard.png, goes to $IOP_ARTIFACTS
+// when that is set, else to the test's artifact directory (kept with
+// `go test -artifacts -outputdir DIR`, else removed after the test).
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/packages/ssestream"
+)
+
+// chromiumPath finds the browser the dashboard test drives, failing the
+// test (not skipping it) when there is none.
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	t.Fatal("chromium is not installed: run `make test`, which installs Debian's chromium package (or apt-get install chromium)")
+	return ""
+}
+
+// artifactDir is where the test saves files for people to look at.
+func artifactDir(t *testing.T) string {
+	if dir := os.Getenv("IOP_ARTIFACTS"); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	return t.ArtifactDir()
+}
+
+// TestDashboardInBrowser opens /ui of `iop dev` in headless Chromium, checks
+// that it shows the node and both providers, drives load and sees the
+// provider's in-flight count rise and fall live (from the events stream),
+// sees a refusal listed, and saves a screenshot.
+func TestDashboardInBrowser(t *testing.T) {
+	chrome := chromiumPath(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	d, err := startDev(ctx, devConfig{Listen: "127.0.0.1:0", NodeListen: "127.0.0.1:0", ForceSim: true,
+		SimCapacity: 4, SimTokensPerSecond: 20, SimTTFT: 10 * time.Millisecond}, quietLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cancel()
+		if err := d.Wait(); err != nil {
+			t.Errorf("iop dev: %v", err)
+		}
+	}()
+	base := "http://" + d.Edge.HTTPAddr
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.WindowSize(1280, 860),
+		chromedp.Flag("disable-dev-shm-usage", true))
+	allocCtx, stopAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer stopAlloc()
+	browser, stopBrowser := chromedp.NewContext(allocCtx)
+	defer stopBrowser()
+	page, stopPage := context.WithTimeout(browser, 90*time.Second)
+	defer stopPage()
+
+	const ollama = `[data-provider="dev/sim-ollama"] .in-flight`
+	// waitFor waits, in the page, until the JavaScript expression is true.
+	waitFor := func(what, expr string) {
+		t.Helper()
+		if _, err := chromedp.Run(page, chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+			text, _ := chromedp.Run(page, chromedp.Evaluate[string]("document.body.innerText"))
+			t.Fatalf("page never showed %s: %v\npage text:\n%s", what, err, text)
+		}
+	}
+	textIs := func(sel, want string) string {
+		return fmt.Sprintf(`(document.querySelector(%q) || {}).textContent === %q`, sel, want)
+	}
+	if err := chromedp.Do(page, chromedp.Navigate(base+"/ui")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the node", `document.querySelector('[data-node="dev"]') !== null`)
+	waitFor("the normalized provider idle", textIs(ollama, "0 / 4"))
+	waitFor("the tunnel provider idle", textIs(`[data-provider="dev/sim-openai"] .in-flight`, "0 / 4"))
+	waitFor("the live events stream", `document.querySelector('#conn.live') !== null`)
+
+	// Three long answers on sim-ollama: 1000 tokens at 20 tokens/s.
+	client := newClient(d.Edge)
+	var streams []*ssestream.Stream[openai.ChatCompletionChunk]
+	for i := range 3 {
+		s := client.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{Model: "sim-ollama",
+			MaxTokens: openai.Int(1000), Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(fmt.Sprint("load ", i))}})
+		if !s.Next() {
+			t.Fatalf("stream %d: %v", i, s.Err())
+		}
+		defer s.Close()
+		streams = append(streams, s)
+	}
+	waitFor("3 in flight", textIs(ollama, "3 / 4"))
+	if _, err := client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "no-such-model",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("x")}}); err == nil {
+		t.Fatal("unknown model answered")
+	}
+	waitFor("the refusal", `[...document.querySelectorAll('#refusals li')].some(li => li.textContent.includes('404 unknown_model'))`)
+
+	png, err := chromedp.Run(page, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shot := filepath.Join(artifactDir(t), "dashboard.png")
+	if err := os.WriteFile(shot, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s", shot)
+
+	streams[0].Close()
+	waitFor("2 in flight", textIs(ollama, "2 / 4"))
+	for _, s := range streams[1:] {
+		s.Close()
+	}
+	waitFor("0 in flight", textIs(ollama, "0 / 4"))
+}

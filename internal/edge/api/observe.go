@@ -1,0 +1,345 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"iop/internal/wire/nodev1"
+)
+
+// Observer is told of every finished API request, once, with its
+// RequestRecord: the one hook metrics, request logs and later a usage
+// ledger or a runs store share. RequestDone is called on the request's
+// goroutine after the response ended (completed, failed or aborted); it
+// must not block for long and must not keep rec's slices.
+type Observer interface {
+	RequestDone(rec RequestRecord)
+}
+
+// ObserverFunc makes a function an Observer.
+type ObserverFunc func(RequestRecord)
+
+// RequestDone calls f(rec).
+func (f ObserverFunc) RequestDone(rec RequestRecord) { f(rec) }
+
+// Admission outcomes of a RequestRecord (DESIGN.md "The scheduler").
+const (
+	AdmissionImmediate      = "immediate"       // a slot was free
+	AdmissionQueued         = "queued"          // the request waited for a slot
+	AdmissionQueueFull      = "queue_full"      // 429: the model's queue was full
+	AdmissionQueueTimeout   = "queue_timeout"   // 503: no slot within the queue timeout
+	AdmissionRejected       = "rejected"        // 400: no provider has a capability the request needs
+	AdmissionUnavailable    = "unavailable"     // 503: no live provider serves the model
+	AdmissionUnknownModel   = "unknown_model"   // 404: no such model
+	AdmissionDispatchFailed = "dispatch_failed" // 502: admitted, but no node started the run (after the one retry)
+	AdmissionCancelled      = "cancelled"       // the client left while the request was queued or being dispatched
+)
+
+// Outcomes of a RequestRecord: how the request ended.
+const (
+	OutcomeCompleted      = "completed"       // the whole answer was sent
+	OutcomeInvalidRequest = "invalid_request" // refused before admission: bad body, size, content type, route
+	OutcomeRefused        = "refused"         // admission or dispatch failed (see Admission)
+	OutcomeUpstreamError  = "upstream_error"  // the provider or node failed after dispatch
+	OutcomeClientGone     = "client_gone"     // the client went away first
+	OutcomeWriteFailed    = "write_failed"    // writing to the client failed
+	OutcomeError          = "error"           // anything else (answered 500)
+)
+
+// RequestRecord describes one finished API request. Durations are
+// time.Duration (nanoseconds); zero means "did not happen" or "not known".
+type RequestRecord struct {
+	// API names the route's operation: "chat.completions".
+	API string
+	// Model is the model name the request asked for (clipped to 256
+	// bytes); "" when the body was not decoded. It is a client's string:
+	// only when Admission is neither "", unknown_model nor cancelled is it
+	// known to be a configured alias or served model.
+	Model  string
+	Stream bool
+	// Where the run went (zero when it was not dispatched).
+	RunID, NodeID, ProviderID, ProviderType, ServedModel string
+	Generation                                           uint64
+	// Path is "tunnel" or "normalized"; "" when not dispatched.
+	Path string
+	// Admission is one of the Admission* values; "" when the request never
+	// reached admission (refused as invalid).
+	Admission string
+	// QueueWait is the time spent queued for a slot.
+	QueueWait time.Duration
+	// Status is the HTTP status sent; 0 when nothing was (the connection
+	// was aborted first). A stream that failed after it started keeps 200.
+	Status int
+	// Outcome is one of the Outcome* values.
+	Outcome string
+	// ErrorCode is the OpenAI error code answered ("queue_full", ...), if any.
+	ErrorCode string
+	// Start is when the request reached the handler; Duration from then to
+	// the end of the response.
+	Start    time.Time
+	Duration time.Duration
+	// TimeToFirstToken is from Start to the first generated text reaching
+	// the edge (a non-empty delta; on the tunnel path an SSE event carrying
+	// content); 0 when none did or it cannot be seen (a tunnel JSON body).
+	TimeToFirstToken time.Duration
+	// InterTokenLatency is the mean time between output tokens, from the
+	// first to the last, when at least two were seen.
+	InterTokenLatency time.Duration
+	// InputTokens and OutputTokens are the run's usage when TokensKnown: the
+	// node's usage event (normalized path), or the usage object in the
+	// provider's answer (tunnel path; a stream carries it only when the
+	// client asked for stream_options.include_usage).
+	InputTokens, OutputTokens int
+	TokensKnown               bool
+}
+
+// observation collects the RequestRecord of one request. Only the request's
+// goroutine touches it.
+type observation struct {
+	rec     RequestRecord
+	err     error // the failure answered, if any
+	decoded bool  // the request was decoded (request was called)
+	gone    bool  // the client was gone when the failure was to be answered
+	sent    bool  // Dispatch returned a run
+	// reason is the run's Close reason once rendered.
+	reason string
+	// firstToken and lastToken are when the first and latest content
+	// arrived; contentEvents counts the deltas or content-carrying events.
+	firstToken, lastToken time.Time
+	contentEvents         int
+	usage                 *usageScanner // tunnel path only
+	now                   func() time.Time
+}
+
+type observationKey struct{}
+
+// observe starts the observation of r and returns r carrying it.
+func (h *handler) observe(r *http.Request) (*http.Request, *observation) {
+	o := &observation{now: h.cfg.Now}
+	o.rec.Start = o.now()
+	return r.WithContext(context.WithValue(r.Context(), observationKey{}, o)), o
+}
+
+// obsOf returns r's observation; nil (whose methods do nothing) if none.
+func obsOf(r *http.Request) *observation {
+	o, _ := r.Context().Value(observationKey{}).(*observation)
+	return o
+}
+
+// begin marks the request as an API request of the named operation: only
+// those get a RequestRecord.
+func (o *observation) begin(api string) {
+	if o != nil {
+		o.rec.API = api
+	}
+}
+
+// request records the decoded request.
+func (o *observation) request(req *Request) {
+	if o != nil {
+		o.rec.Model, o.rec.Stream, o.decoded = clip(req.Model), req.Stream, true
+	}
+}
+
+// dispatched records where the run went.
+func (o *observation) dispatched(info DispatchInfo) {
+	if o == nil {
+		return
+	}
+	o.sent = true
+	o.rec.RunID, o.rec.NodeID, o.rec.ProviderID, o.rec.ProviderType = info.RunID, info.NodeID, info.ProviderID, info.ProviderType
+	o.rec.ServedModel, o.rec.Generation, o.rec.QueueWait = info.ServedModel, info.Generation, info.QueueWait
+	o.rec.Admission = AdmissionImmediate
+	if info.QueueReason == AdmissionQueued {
+		o.rec.Admission = AdmissionQueued
+	}
+	switch info.Path {
+	case nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL:
+		o.rec.Path = "tunnel"
+	case nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED:
+		o.rec.Path = "normalized"
+	}
+}
+
+// failed records the failure answered with code, or not answered because
+// the client was gone.
+func (o *observation) failed(err error, code *string, gone bool) {
+	if o == nil {
+		return
+	}
+	o.err, o.gone = err, gone
+	if code != nil {
+		o.rec.ErrorCode = *code
+	}
+}
+
+// ended records the rendered run's Close reason.
+func (o *observation) ended(reason string) {
+	if o != nil {
+		o.reason = reason
+	}
+}
+
+// content records n content-carrying events arriving now.
+func (o *observation) content(n int) {
+	if o == nil || n == 0 {
+		return
+	}
+	now := o.now()
+	if o.contentEvents == 0 {
+		o.firstToken = now
+	}
+	o.lastToken = now
+	o.contentEvents += n
+}
+
+// tokens records the run's usage.
+func (o *observation) tokens(in, out int) {
+	if o != nil {
+		o.rec.InputTokens, o.rec.OutputTokens, o.rec.TokensKnown = in, out, true
+	}
+}
+
+// tunnelData scans a relayed tunnel chunk for content and usage, leaving
+// it unchanged.
+func (o *observation) tunnelData(p []byte, sse bool) {
+	if o == nil {
+		return
+	}
+	if o.usage == nil {
+		o.usage = &usageScanner{sse: sse}
+	}
+	o.content(o.usage.write(p))
+}
+
+// admissionOf names the admission outcome of a failed Dispatch; "" for an
+// error that is not one.
+func admissionOf(err error) string {
+	switch {
+	case errors.Is(err, ErrQueueFull):
+		return AdmissionQueueFull
+	case errors.Is(err, ErrQueueTimeout):
+		return AdmissionQueueTimeout
+	case errors.Is(err, ErrCandidatesRejected):
+		return AdmissionRejected
+	case errors.Is(err, ErrNoProvider), errors.Is(err, ErrProviderUnavailable):
+		return AdmissionUnavailable
+	case errors.Is(err, ErrUnknownModel):
+		return AdmissionUnknownModel
+	case errors.Is(err, ErrDispatchTimeout), errors.Is(err, ErrDispatchRefused),
+		errors.Is(err, ErrStaleGeneration), errors.Is(err, ErrNodeGone):
+		return AdmissionDispatchFailed
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return AdmissionCancelled
+	}
+	return ""
+}
+
+// record completes the RequestRecord once the response ended with status
+// (0: nothing sent).
+func (o *observation) record(status int) RequestRecord {
+	rec := o.rec
+	rec.Status = status
+	rec.Duration = o.now().Sub(rec.Start)
+	if o.usage != nil {
+		if in, out, ok := o.usage.end(); ok {
+			rec.InputTokens, rec.OutputTokens, rec.TokensKnown = in, out, true
+		}
+	}
+	if o.contentEvents > 0 {
+		rec.TimeToFirstToken = o.firstToken.Sub(rec.Start)
+		n := o.contentEvents
+		if rec.TokensKnown && rec.OutputTokens > 0 {
+			n = rec.OutputTokens
+		}
+		if n > 1 {
+			rec.InterTokenLatency = o.lastToken.Sub(o.firstToken) / time.Duration(n-1)
+		}
+	}
+	switch {
+	case o.sent:
+		switch o.reason {
+		case reasonCompleted:
+			rec.Outcome = OutcomeCompleted
+		case reasonClientGone:
+			rec.Outcome = OutcomeClientGone
+			if o.usage != nil && o.usage.done {
+				// A tunnel stream whose client left after [DONE], before
+				// the node's end of the run arrived: it got everything.
+				rec.Outcome = OutcomeCompleted
+			}
+		case reasonWriteFailed:
+			rec.Outcome = OutcomeWriteFailed
+		default:
+			rec.Outcome = OutcomeUpstreamError
+		}
+	case o.err != nil && o.decoded && (o.gone || admissionOf(o.err) != ""):
+		rec.Admission, rec.Outcome = admissionOf(o.err), OutcomeRefused
+		if o.gone || rec.Admission == AdmissionCancelled {
+			rec.Admission, rec.Outcome = AdmissionCancelled, OutcomeClientGone
+		}
+	case status == 0:
+		rec.Outcome = OutcomeClientGone
+	case status >= 500:
+		rec.Outcome = OutcomeError
+	default:
+		rec.Outcome = OutcomeInvalidRequest
+	}
+	return rec
+}
+
+// finish ends the observation of an API request: it logs the request line
+// and hands the record to the Observer.
+func (h *handler) finish(ctx context.Context, o *observation, status int) {
+	if o.rec.API == "" {
+		return
+	}
+	rec := o.record(status)
+	h.logRequest(ctx, rec)
+	if h.cfg.Observer != nil {
+		h.cfg.Observer.RequestDone(rec)
+	}
+}
+
+// logRequest writes the one log line of a finished API request: info,
+// or warn for a 5xx or an upstream failure. It names no header and no
+// body, so no credential can appear in it.
+func (h *handler) logRequest(ctx context.Context, rec RequestRecord) {
+	level := slog.LevelInfo
+	if rec.Status >= 500 || rec.Outcome == OutcomeUpstreamError || rec.Outcome == OutcomeError {
+		level = slog.LevelWarn
+	}
+	attrs := []slog.Attr{
+		slog.String("api", rec.API),
+		slog.String("model", rec.Model),
+		slog.Int("status", rec.Status),
+		slog.String("outcome", rec.Outcome),
+		slog.Duration("duration", rec.Duration),
+	}
+	if rec.Admission != "" {
+		attrs = append(attrs, slog.String("queue_reason", rec.Admission), slog.Duration("queue_wait", rec.QueueWait))
+	}
+	if rec.RunID != "" {
+		attrs = append(attrs,
+			slog.String("run_id", rec.RunID),
+			slog.String("node_id", rec.NodeID),
+			slog.Uint64("generation", rec.Generation),
+			slog.String("provider_id", rec.ProviderID),
+			slog.String("served_model", rec.ServedModel),
+			slog.String("path", rec.Path),
+			slog.Bool("stream", rec.Stream))
+	}
+	if rec.TimeToFirstToken > 0 {
+		attrs = append(attrs, slog.Duration("time_to_first_token", rec.TimeToFirstToken))
+	}
+	if rec.TokensKnown {
+		attrs = append(attrs, slog.Int("input_tokens", rec.InputTokens), slog.Int("output_tokens", rec.OutputTokens))
+	}
+	if rec.ErrorCode != "" {
+		attrs = append(attrs, slog.String("error_code", rec.ErrorCode))
+	}
+	h.logger.LogAttrs(ctx, level, "request", attrs...)
+}

@@ -1,0 +1,295 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"iop/internal/wire/nodev1"
+)
+
+// records is an Observer that keeps every record.
+type records struct {
+	mu   sync.Mutex
+	recs []RequestRecord
+}
+
+func (r *records) RequestDone(rec RequestRecord) {
+	r.mu.Lock()
+	r.recs = append(r.recs, rec)
+	r.mu.Unlock()
+}
+
+func (r *records) only(t *testing.T) RequestRecord {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.recs) != 1 {
+		t.Fatalf("%d records, want 1: %+v", len(r.recs), r.recs)
+	}
+	return r.recs[0]
+}
+
+// ticking returns a clock that moves one second at each reading.
+func ticking() func() time.Time {
+	var mu sync.Mutex
+	now := time.Unix(1700000000, 0)
+	return func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		now = now.Add(time.Second)
+		return now
+	}
+}
+
+func TestRecordOfANormalizedStream(t *testing.T) {
+	run := scriptedRun(normalized,
+		events(started()),
+		events(delta("hel")),
+		events(delta("lo"), delta("")),
+		events(usageEvent(7, 3)),
+		events(complete("stop")),
+	)
+	run.info.QueueReason, run.info.QueueWait = "queued", 1500*time.Millisecond
+	recs := &records{}
+	env := newEnv(t, Config{Observer: recs, Now: ticking()}, runWith(run))
+	resp := env.post(t, "/v1/chat/completions", "application/json", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	if resp.status != 200 {
+		t.Fatalf("status %d", resp.status)
+	}
+	env.waitHandlers()
+	rec := recs.only(t)
+	want := RequestRecord{API: "chat.completions", Model: "m", Stream: true, RunID: "run1", NodeID: "node1", ProviderID: "prov1",
+		ProviderType: "sim", ServedModel: "served-model", Generation: 1, Path: "normalized", Admission: AdmissionQueued,
+		QueueWait: 1500 * time.Millisecond, Status: 200, Outcome: OutcomeCompleted, InputTokens: 7, OutputTokens: 3, TokensKnown: true}
+	got := rec
+	got.Start, got.Duration, got.TimeToFirstToken, got.InterTokenLatency = time.Time{}, 0, 0, 0
+	if got != want {
+		t.Fatalf("record\n got %+v\nwant %+v", got, want)
+	}
+	if rec.TimeToFirstToken <= 0 || rec.Duration <= rec.TimeToFirstToken || rec.InterTokenLatency <= 0 {
+		t.Fatalf("times: ttft %s, duration %s, inter-token %s", rec.TimeToFirstToken, rec.Duration, rec.InterTokenLatency)
+	}
+}
+
+// The tunnel path's usage comes from the relayed bytes, here a final usage
+// chunk cut across frames, and the bytes reach the client unchanged.
+func TestRecordOfATunnelStreamParsesUsage(t *testing.T) {
+	sse := `data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}` + "\r\n\r\n" +
+		`data: {"choices":[{"index":0,"delta":{"content":"tun"}}]}` + "\n\n" +
+		`data: {"choices":[{"index":0,"delta":{"content":"nel"},"finish_reason":"stop"}],"usage":null}` + "\n\n" +
+		`data: {"choices":[],"usage":{"prompt_tokens":11,"completion_tokens":2,"total_tokens":13}}` + "\n\n" +
+		"data: [DONE]\n\n"
+	msgs := []*nodev1.RunUp{tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"})}
+	for i := 0; i < len(sse); i += 13 {
+		msgs = append(msgs, tunnelData(sse[i:min(i+13, len(sse))]))
+	}
+	msgs = append(msgs, tunnelEnd())
+	recs := &records{}
+	env := newEnv(t, Config{Observer: recs}, runWith(scriptedRun(tunnel, msgs...)))
+	resp := env.post(t, "/v1/chat/completions", "application/json", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	if resp.body != sse {
+		t.Fatalf("relayed bytes changed:\n%q\nwant\n%q", resp.body, sse)
+	}
+	env.waitHandlers()
+	rec := recs.only(t)
+	if !rec.TokensKnown || rec.InputTokens != 11 || rec.OutputTokens != 2 || rec.Path != "tunnel" || rec.Outcome != OutcomeCompleted || rec.Admission != AdmissionImmediate {
+		t.Fatalf("record %+v", rec)
+	}
+}
+
+func TestRecordOfATunnelJSONParsesUsage(t *testing.T) {
+	recs := &records{}
+	env := newEnv(t, Config{Observer: recs}, runWith(scriptedRun(tunnel,
+		tunnelHead(200, map[string]string{"content-type": "application/json"}),
+		tunnelData(tunnelJSON[:50]), tunnelData(tunnelJSON[50:]), tunnelEnd())))
+	env.post(t, "/v1/chat/completions", "application/json", simpleChat)
+	env.waitHandlers()
+	if rec := recs.only(t); !rec.TokensKnown || rec.InputTokens != 4 || rec.OutputTokens != 2 || rec.TimeToFirstToken != 0 {
+		t.Fatalf("record %+v", rec)
+	}
+}
+
+func TestRecordOfRefusalsAndInvalidRequests(t *testing.T) {
+	cases := []struct {
+		name      string
+		err       error
+		body      string
+		status    int
+		admission string
+		outcome   string
+		code      string
+	}{
+		{"queue full", fmt.Errorf("%w: 16 waiting", ErrQueueFull), simpleChat, 429, AdmissionQueueFull, OutcomeRefused, "queue_full"},
+		{"queue timeout", ErrQueueTimeout, simpleChat, 503, AdmissionQueueTimeout, OutcomeRefused, "queue_timeout"},
+		{"rejected", fmt.Errorf("%w: tools", ErrCandidatesRejected), simpleChat, 400, AdmissionRejected, OutcomeRefused, "unsupported_capability"},
+		{"no provider", ErrNoProvider, simpleChat, 503, AdmissionUnavailable, OutcomeRefused, "provider_unavailable"},
+		{"unknown model", ErrUnknownModel, simpleChat, 404, AdmissionUnknownModel, OutcomeRefused, "model_not_found"},
+		{"dispatch failed", ErrDispatchTimeout, simpleChat, 502, AdmissionDispatchFailed, OutcomeRefused, "upstream_unavailable"},
+		{"bad body", nil, `{"model":`, 400, "", OutcomeInvalidRequest, "invalid_request"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			recs := &records{}
+			env := newEnv(t, Config{Observer: recs}, failWith(c.err))
+			if resp := env.post(t, "/v1/chat/completions", "application/json", c.body); resp.status != c.status {
+				t.Fatalf("status %d, want %d", resp.status, c.status)
+			}
+			env.waitHandlers()
+			rec := recs.only(t)
+			if rec.Status != c.status || rec.Admission != c.admission || rec.Outcome != c.outcome || rec.ErrorCode != c.code || rec.RunID != "" {
+				t.Fatalf("record %+v", rec)
+			}
+		})
+	}
+	// Routes that are not API requests get no record.
+	recs := &records{}
+	env := newEnv(t, Config{Observer: recs}, failWith(ErrNoProvider))
+	env.get(t, "/v1/models")
+	env.get(t, "/nope")
+	env.waitHandlers()
+	if len(recs.recs) != 0 {
+		t.Fatalf("records for non-API routes: %+v", recs.recs)
+	}
+}
+
+func TestRecordOfAnUpstreamFailureAndAClientThatLeft(t *testing.T) {
+	recs := &records{}
+	env := newEnv(t, Config{Observer: recs}, runWith(scriptedRun(normalized, events(errorEvent(502, "boom")))))
+	env.post(t, "/v1/chat/completions", "application/json", simpleChat)
+	env.waitHandlers()
+	if rec := recs.only(t); rec.Status != 502 || rec.Outcome != OutcomeUpstreamError || rec.RunID != "run1" || rec.ErrorCode != "upstream_error" {
+		t.Fatalf("record %+v", rec)
+	}
+
+	recs = &records{}
+	queued := make(chan struct{})
+	env = newEnv(t, Config{Observer: recs}, func(ctx context.Context, _ Request) (Run, error) {
+		close(queued)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, env.srv.URL+"/v1/chat/completions", strings.NewReader(simpleChat))
+	go func() {
+		<-queued
+		cancel()
+	}()
+	if resp, err := env.srv.Client().Do(req); err == nil {
+		resp.Body.Close()
+	}
+	env.waitHandlers()
+	if rec := recs.only(t); rec.Status != 0 || rec.Outcome != OutcomeClientGone || rec.Admission != AdmissionCancelled {
+		t.Fatalf("record %+v", rec)
+	}
+}
+
+// Every request gets one info log line with its run's details; it names no
+// header and no body.
+func TestOneLogLinePerRequest(t *testing.T) {
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	logger := slog.New(slog.NewJSONHandler(&lockedWriter{w: &buf, mu: &mu}, nil))
+	run := scriptedRun(normalized, events(delta("hi")), events(usageEvent(3, 1)), events(complete("stop")))
+	env := newEnvLogging(t, Config{}, logger, runWith(run))
+	req, _ := http.NewRequest(http.MethodPost, env.srv.URL+"/v1/chat/completions", strings.NewReader(simpleChat))
+	req.Header.Set("Authorization", "Bearer sk-client-secret")
+	resp := env.do(t, req)
+	if resp.status != 200 {
+		t.Fatal(resp.status)
+	}
+	env.waitHandlers()
+	mu.Lock()
+	defer mu.Unlock()
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		if strings.Contains(l, `"msg":"request"`) {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) != 1 {
+		t.Fatalf("request lines %q", lines)
+	}
+	for _, want := range []string{`"level":"INFO"`, `"run_id":"run1"`, `"model":"m"`, `"node_id":"node1"`, `"provider_id":"prov1"`,
+		`"served_model":"served-model"`, `"path":"normalized"`, `"queue_reason":"immediate"`, `"status":200`, `"input_tokens":3`, `"output_tokens":1`, `"outcome":"completed"`} {
+		if !strings.Contains(lines[0], want) {
+			t.Errorf("log line lacks %s: %s", want, lines[0])
+		}
+	}
+	if strings.Contains(buf.String(), "sk-client-secret") {
+		t.Fatal("the client's key is in the log")
+	}
+}
+
+type lockedWriter struct {
+	w  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// record's derived times, on a hand-driven clock.
+func TestRecordTimes(t *testing.T) {
+	base := time.Unix(100, 0)
+	now := base
+	o := &observation{now: func() time.Time { return now }}
+	o.rec.Start = now
+	o.rec.API = "chat.completions"
+	o.sent, o.reason = true, reasonCompleted
+	now = base.Add(2 * time.Second)
+	o.content(1)
+	now = base.Add(3 * time.Second)
+	o.content(2)
+	now = base.Add(4 * time.Second)
+	rec := o.record(200)
+	// 3 content events over 1s: 0.5s apart.
+	if rec.TimeToFirstToken != 2*time.Second || rec.Duration != 4*time.Second || rec.InterTokenLatency != 500*time.Millisecond {
+		t.Fatalf("ttft %s duration %s inter-token %s", rec.TimeToFirstToken, rec.Duration, rec.InterTokenLatency)
+	}
+	// Known usage counts the tokens instead of the events.
+	o.tokens(5, 11)
+	if rec := o.record(200); rec.InterTokenLatency != 100*time.Millisecond {
+		t.Fatalf("inter-token with 11 output tokens: %s", rec.InterTokenLatency)
+	}
+}
+
+// A client that leaves right after a tunnel stream's [DONE], before the
+// node ended the run, got the whole answer: the request counts as completed.
+func TestRegression_TunnelClientLeavingAfterDoneIsCompleted(t *testing.T) {
+	run := liveRun(tunnel, 4)
+	run.up <- tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"})
+	run.up <- tunnelData("data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n")
+	recs := &records{}
+	env := newEnv(t, Config{Observer: recs}, runWith(run))
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, env.srv.URL+"/v1/chat/completions", strings.NewReader(simpleChat))
+	resp, err := env.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	got := ""
+	for !strings.HasSuffix(got, "data: [DONE]\n\n") {
+		n, err := resp.Body.Read(buf)
+		got += string(buf[:n])
+		if err != nil {
+			t.Fatalf("read %q: %v", got, err)
+		}
+	}
+	cancel() // the TunnelEnd never came
+	resp.Body.Close()
+	env.waitHandlers()
+	if rec := recs.only(t); rec.Outcome != OutcomeCompleted || rec.Status != 200 {
+		t.Fatalf("record %+v", rec)
+	}
+}

@@ -1,0 +1,200 @@
+// Package metrics exports the edge's Prometheus metrics (prometheus.io
+// naming conventions: the iop_ prefix, base units in the name, _total for
+// counters). Counters and histograms are fed by two hooks: one
+// api.RequestRecord per finished API request (RequestDone), and the edge's
+// lifecycle events (Observe). Gauges that mirror the scheduler and the node
+// registry (in-flight, capacity, queue depth, nodes connected) are read from
+// the edge's Snapshot at scrape time by a custom Collector, so they can
+// never drift from what the scheduler holds.
+//
+// Every collector is registered on the prometheus.Registerer passed to New;
+// nothing is registered globally.
+//
+// # Metrics
+//
+//	iop_requests_total{model,api,outcome,status}       counter: finished API requests
+//	iop_admissions_total{model,reason}                 counter: admission outcomes (immediate, queued, queue_full, queue_timeout,
+//	                                                   rejected, unavailable, unknown_model, dispatch_failed, cancelled)
+//	iop_queue_wait_seconds{model}                      histogram: time admitted requests waited for a slot
+//	iop_time_to_first_token_seconds{model,path}        histogram: from the request's arrival to its first generated text
+//	iop_request_duration_seconds{model,api}            histogram: from arrival to the end of the response
+//	iop_inter_token_latency_seconds{model,path}        histogram: mean time between output tokens of one request
+//	iop_input_tokens_total{model}                      counter: prompt tokens of requests whose usage is known
+//	iop_output_tokens_total{model}                     counter: completion tokens of requests whose usage is known
+//	iop_runs_in_flight{model}                          gauge: runs admitted and not yet ended
+//	iop_node_connects_total{node}                      counter: node connections accepted
+//	iop_node_fences_total{node,reason}                 counter: node connections fenced
+//	iop_dispatch_retries_total{model,reason}           counter: dispatches admitted again after failing before the run started
+//	iop_nodes_connected                                gauge (scrape time)
+//	iop_provider_in_flight{node,provider}              gauge (scrape time)
+//	iop_provider_capacity{node,provider}               gauge (scrape time)
+//	iop_provider_long_in_flight{node,provider}         gauge (scrape time)
+//	iop_provider_long_capacity{node,provider}          gauge (scrape time)
+//	iop_provider_queued{node,provider}                 gauge (scrape time): waiters that list the provider
+//	iop_provider_healthy{node,provider}                gauge (scrape time): 1 healthy, 0 not (or orphan)
+//	iop_queue_depth{model}                             gauge (scrape time): waiters of the model's queue
+//	iop_queue_max{model}                               gauge (scrape time): the queue's max_queue
+//
+// A model label is the requested model name only once the edge knew it (an
+// alias or a served name); a request refused before that (invalid, unknown
+// model, or cancelled before admission) is counted with model="", so a
+// client cannot grow the label set.
+//
+// # Concurrency
+//
+// A Metrics is safe for concurrent use: its hooks only update
+// client_golang's collectors, which are; the snapshot collector calls the
+// Snapshotter on the scrape's goroutine.
+package metrics
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"iop/internal/edge"
+	"iop/internal/edge/api"
+	"iop/internal/edge/lifecycle"
+)
+
+// Snapshotter is where scrape-time gauges come from; *edge.Service is one.
+type Snapshotter interface {
+	Snapshot() edge.Snapshot
+}
+
+// Metrics holds the edge's collectors. Create it with New.
+type Metrics struct {
+	requests     *prometheus.CounterVec
+	admissions   *prometheus.CounterVec
+	queueWait    *prometheus.HistogramVec
+	ttft         *prometheus.HistogramVec
+	duration     *prometheus.HistogramVec
+	interToken   *prometheus.HistogramVec
+	inputTokens  *prometheus.CounterVec
+	outputTokens *prometheus.CounterVec
+	runsInFlight *prometheus.GaugeVec
+	connects     *prometheus.CounterVec
+	fences       *prometheus.CounterVec
+	retries      *prometheus.CounterVec
+}
+
+var (
+	_ api.Observer       = (*Metrics)(nil)
+	_ lifecycle.Observer = (*Metrics)(nil)
+)
+
+// Histogram buckets, in seconds.
+var (
+	// Queue waits run up to the queue timeout (default 30s).
+	queueWaitBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60}
+	// Time to first token: from a cached prompt on a GPU to a long prompt
+	// on a CPU.
+	ttftBuckets = []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
+	// Whole requests: a short answer to a long generation (the node's
+	// default provider timeout is 10m).
+	durationBuckets = []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640}
+	// Time per output token: 1000 tokens/s to 1 token/s.
+	interTokenBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1}
+)
+
+// New creates the edge's collectors and registers them, with the
+// scrape-time collector over snap, on reg. It returns the registration
+// error (a collector already registered).
+func New(reg prometheus.Registerer, snap Snapshotter) (*Metrics, error) {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "iop_requests_total", Help: "Finished API requests, by requested model, API, outcome and HTTP status (0: aborted before a status).",
+		}, []string{"model", "api", "outcome", "status"}),
+		admissions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "iop_admissions_total", Help: "Admission outcomes of API requests, by requested model and reason.",
+		}, []string{"model", "reason"}),
+		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "iop_queue_wait_seconds", Help: "Time admitted requests waited in their model's queue for a slot.", Buckets: queueWaitBuckets,
+		}, []string{"model"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "iop_time_to_first_token_seconds", Help: "Time from a request's arrival to its first generated text reaching the edge.", Buckets: ttftBuckets,
+		}, []string{"model", "path"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "iop_request_duration_seconds", Help: "Time from a request's arrival to the end of its response.", Buckets: durationBuckets,
+		}, []string{"model", "api"}),
+		interToken: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "iop_inter_token_latency_seconds", Help: "Mean time between output tokens of one request (first to last), observed once per request.", Buckets: interTokenBuckets,
+		}, []string{"model", "path"}),
+		inputTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "iop_input_tokens_total", Help: "Prompt tokens of finished requests whose usage is known.",
+		}, []string{"model"}),
+		outputTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "iop_output_tokens_total", Help: "Completion tokens of finished requests whose usage is known.",
+		}, []string{"model"}),
+		runsInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "iop_runs_in_flight", Help: "Runs admitted and not yet ended, by requested model.",
+		}, []string{"model"}),
+		connects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "iop_node_connects_total", Help: "Node connections accepted (each a new generation).",
+		}, []string{"node"}),
+		fences: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "iop_node_fences_total", Help: "Node connections fenced, by why they ended.",
+		}, []string{"node", "reason"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "iop_dispatch_retries_total", Help: "Dispatches that failed before their run started and were admitted again.",
+		}, []string{"model", "reason"}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.admissions, m.queueWait, m.ttft, m.duration, m.interToken,
+		m.inputTokens, m.outputTokens, m.runsInFlight, m.connects, m.fences, m.retries, newSnapshotCollector(snap)} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// knownModel returns rec's model for a label, or "" when the edge never
+// knew it (see the package doc).
+func knownModel(rec api.RequestRecord) string {
+	switch rec.Admission {
+	case "", api.AdmissionUnknownModel, api.AdmissionCancelled:
+		return ""
+	}
+	return rec.Model
+}
+
+// RequestDone counts one finished API request.
+func (m *Metrics) RequestDone(rec api.RequestRecord) {
+	model := knownModel(rec)
+	m.requests.WithLabelValues(model, rec.API, rec.Outcome, strconv.Itoa(rec.Status)).Inc()
+	m.duration.WithLabelValues(model, rec.API).Observe(rec.Duration.Seconds())
+	if rec.Admission != "" {
+		m.admissions.WithLabelValues(model, rec.Admission).Inc()
+	}
+	if rec.RunID == "" {
+		return
+	}
+	m.queueWait.WithLabelValues(model).Observe(rec.QueueWait.Seconds())
+	if rec.TimeToFirstToken > 0 {
+		m.ttft.WithLabelValues(model, rec.Path).Observe(rec.TimeToFirstToken.Seconds())
+	}
+	if rec.InterTokenLatency > 0 {
+		m.interToken.WithLabelValues(model, rec.Path).Observe(rec.InterTokenLatency.Seconds())
+	}
+	if rec.TokensKnown {
+		m.inputTokens.WithLabelValues(model).Add(float64(rec.InputTokens))
+		m.outputTokens.WithLabelValues(model).Add(float64(rec.OutputTokens))
+	}
+}
+
+// Observe counts node connects and fences, dispatch retries and runs in
+// flight from the edge's lifecycle events.
+func (m *Metrics) Observe(e lifecycle.Event) {
+	switch e.Type {
+	case lifecycle.NodeConnected:
+		m.connects.WithLabelValues(e.NodeID).Inc()
+	case lifecycle.NodeFenced:
+		m.fences.WithLabelValues(e.NodeID, e.Reason).Inc()
+	case lifecycle.DispatchRetried:
+		m.retries.WithLabelValues(e.Model, e.Reason).Inc()
+	case lifecycle.RunAdmitted:
+		m.runsInFlight.WithLabelValues(e.Model).Inc()
+	case lifecycle.RunEnded:
+		m.runsInFlight.WithLabelValues(e.Model).Dec()
+	}
+}

@@ -1,0 +1,106 @@
+package metrics
+
+import (
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"iop/internal/edge"
+	"iop/internal/edge/api"
+	"iop/internal/edge/lifecycle"
+)
+
+type fixedSnapshot edge.Snapshot
+
+func (s fixedSnapshot) Snapshot() edge.Snapshot { return edge.Snapshot(s) }
+
+// series gathers reg into "name{k=v,...} value" lines, histograms as their
+// sample count.
+func series(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				ls = append(ls, l.GetName()+"="+l.GetValue())
+			}
+			sort.Strings(ls)
+			v := m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
+			out[f.GetName()+"{"+strings.Join(ls, ",")+"}"] = v
+		}
+	}
+	return out
+}
+
+func TestMetricsFromRecordsEventsAndSnapshot(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	snap := fixedSnapshot{
+		Nodes:     []edge.NodeSnapshot{{NodeID: "n1"}},
+		Providers: []edge.ProviderSnapshot{{NodeID: "n1", ProviderID: "p", Capacity: 4, InFlight: 3, Queued: 2, Healthy: true, Status: "available"}},
+		Queues:    []edge.QueueSnapshot{{Model: "m", MaxQueue: 16, Queued: 2}},
+	}
+	m, err := New(reg, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(reg, snap); err == nil {
+		t.Fatal("registering twice on one registry succeeded")
+	}
+	m.RequestDone(api.RequestRecord{API: "chat.completions", Model: "m", RunID: "r", Path: "tunnel", Admission: api.AdmissionQueued,
+		QueueWait: time.Second, Status: 200, Outcome: api.OutcomeCompleted, Duration: 3 * time.Second,
+		TimeToFirstToken: time.Second, InterTokenLatency: 10 * time.Millisecond, InputTokens: 7, OutputTokens: 9, TokensKnown: true})
+	// A client's unknown model name never becomes a label.
+	m.RequestDone(api.RequestRecord{API: "chat.completions", Model: "attacker-chosen", Admission: api.AdmissionUnknownModel, Status: 404, Outcome: api.OutcomeRefused})
+	m.RequestDone(api.RequestRecord{API: "chat.completions", Model: "also-chosen", Status: 400, Outcome: api.OutcomeInvalidRequest})
+	m.Observe(lifecycle.Event{Type: lifecycle.NodeConnected, NodeID: "n1"})
+	m.Observe(lifecycle.Event{Type: lifecycle.NodeFenced, NodeID: "n1", Reason: "heartbeats missed"})
+	m.Observe(lifecycle.Event{Type: lifecycle.DispatchRetried, Model: "m", Reason: "stale generation"})
+	m.Observe(lifecycle.Event{Type: lifecycle.RunAdmitted, Model: "m"})
+	m.Observe(lifecycle.Event{Type: lifecycle.RunAdmitted, Model: "m"})
+	m.Observe(lifecycle.Event{Type: lifecycle.RunEnded, Model: "m"})
+
+	got := series(t, reg)
+	want := map[string]float64{
+		"iop_requests_total{api=chat.completions,model=m,outcome=completed,status=200}":      1,
+		"iop_requests_total{api=chat.completions,model=,outcome=refused,status=404}":         1,
+		"iop_requests_total{api=chat.completions,model=,outcome=invalid_request,status=400}": 1,
+		"iop_admissions_total{model=m,reason=queued}":                                        1,
+		"iop_admissions_total{model=,reason=unknown_model}":                                  1,
+		"iop_queue_wait_seconds{model=m}":                                                    1,
+		"iop_time_to_first_token_seconds{model=m,path=tunnel}":                               1,
+		"iop_inter_token_latency_seconds{model=m,path=tunnel}":                               1,
+		"iop_request_duration_seconds{api=chat.completions,model=m}":                         1,
+		"iop_request_duration_seconds{api=chat.completions,model=}":                          2,
+		"iop_input_tokens_total{model=m}":                                                    7,
+		"iop_output_tokens_total{model=m}":                                                   9,
+		"iop_runs_in_flight{model=m}":                                                        1,
+		"iop_node_connects_total{node=n1}":                                                   1,
+		"iop_node_fences_total{node=n1,reason=heartbeats missed}":                            1,
+		"iop_dispatch_retries_total{model=m,reason=stale generation}":                        1,
+		"iop_nodes_connected{}":                                                              1,
+		"iop_provider_in_flight{node=n1,provider=p}":                                         3,
+		"iop_provider_capacity{node=n1,provider=p}":                                          4,
+		"iop_provider_queued{node=n1,provider=p}":                                            2,
+		"iop_provider_healthy{node=n1,provider=p}":                                           1,
+		"iop_queue_depth{model=m}":                                                           2,
+		"iop_queue_max{model=m}":                                                             16,
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
+	}
+	for k := range got {
+		if strings.Contains(k, "chosen") {
+			t.Errorf("a client's model name became a label: %s", k)
+		}
+	}
+}

@@ -1,0 +1,172 @@
+package edge
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"iop/internal/edge/lifecycle"
+	"iop/internal/wire/nodev1"
+)
+
+// recorder is an lifecycle.Observer that keeps every event.
+type recorder struct {
+	mu  sync.Mutex
+	evs []lifecycle.Event
+}
+
+func (r *recorder) Observe(e lifecycle.Event) {
+	r.mu.Lock()
+	r.evs = append(r.evs, e)
+	r.mu.Unlock()
+}
+
+func (r *recorder) all() []lifecycle.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]lifecycle.Event(nil), r.evs...)
+}
+
+// startObservedEdge is startEdge with an observer in its Deps.
+func startObservedEdge(t *testing.T, cfg Config, obs lifecycle.Observer) *testEdge {
+	t.Helper()
+	clk := newTestClock()
+	srv, err := NewServer(cfg, Deps{Clock: clk, Observer: obs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, lis) }()
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	stop := func() error {
+		var err error
+		once.Do(func() { cancel(); err = <-served })
+		return err
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+		cc.Close()
+	})
+	return &testEdge{srv: srv, svc: srv.Service(), clk: clk, client: nodev1.NewNodeGatewayClient(cc), stop: stop}
+}
+
+// The observer sees a node connect, a run go from queued through admitted
+// and started to ended with the provider's counters, and the node's fence.
+func TestObserverSeesNodeAndRunLifecycle(t *testing.T) {
+	rec := &recorder{}
+	e := startObservedEdge(t, testConfig(), rec)
+	n := e.connect(t, hello("n1", prov("p1", normalized, 1, "m-small")))
+	first, rs, _ := e.startRun(t, n, chatReq("chat"))
+
+	// A second request waits for the only slot.
+	res := e.dispatchAsync(context.Background(), chatReq("chat"))
+	waitFor(t, func() bool { return e.svc.Snapshot().Waiters == 1 })
+	sendUp(t, rs, events(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_COMPLETE}))
+	if _, err := first.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	d := n.nextDispatch(t)
+	rs2 := n.openRun(t, d.GetRunId(), n.gen)
+	readBody(t, rs2)
+	second := wait(t, res)
+	if second.err != nil {
+		t.Fatal(second.err)
+	}
+	second.run.Close("client gone")
+	n.cancel()
+	e.waitUntil(t, "node gone", func(s Snapshot) bool { return len(s.Nodes) == 0 })
+	waitFor(t, func() bool { return len(rec.all()) == 9 })
+
+	// The first run's end and the second's admission race (the release
+	// hands the slot over): compare them by run.
+	byRun := map[string][]lifecycle.Event{}
+	var types []lifecycle.Type
+	for _, ev := range rec.all() {
+		types = append(types, ev.Type)
+		byRun[ev.RunID] = append(byRun[ev.RunID], ev)
+	}
+	if types[0] != lifecycle.NodeConnected || types[8] != lifecycle.NodeFenced {
+		t.Fatalf("events %v: want node_connected first and node_fenced last", types)
+	}
+	evs := rec.all()
+	if c := evs[0]; c.NodeID != "n1" || c.Generation != n.gen || fmt.Sprint(c.Providers) != "[p1]" || c.Time.IsZero() {
+		t.Errorf("node_connected %+v", c)
+	}
+	if f := evs[8]; f.NodeID != "n1" || f.Generation != n.gen || f.Reason != "connection ended" {
+		t.Errorf("node_fenced %+v", f)
+	}
+	queued := byRun[""]
+	if len(queued) != 3 || queued[1].Type != lifecycle.RunQueued || queued[1].Model != "chat" || queued[1].Load.ModelQueued != 1 {
+		t.Errorf("events without a run id %+v, want node_connected, run_queued (1 queued), node_fenced", queued)
+	}
+	one, two := byRun[first.Info().RunID], byRun[second.run.Info().RunID]
+	if fmt.Sprint(typesOf(one)) != "[run_admitted run_started run_ended]" || fmt.Sprint(typesOf(two)) != "[run_admitted run_started run_ended]" {
+		t.Fatalf("first run %v, second %v", typesOf(one), typesOf(two))
+	}
+	if a := one[0]; a.Model != "chat" || a.ProviderID != "p1" || a.ServedModel != "m-small" ||
+		a.QueueReason != "immediate" || a.Load == nil || a.Load.InFlight != 1 || a.Load.Capacity != 1 {
+		t.Errorf("first run_admitted %+v load %+v", a, a.Load)
+	}
+	if end := one[2]; end.Reason != "complete" || end.Load == nil {
+		t.Errorf("first run_ended %+v", end)
+	}
+	if a := two[0]; a.QueueReason != "queued" || a.Load.InFlight != 1 || a.Load.ModelQueued != 0 {
+		t.Errorf("second run_admitted %+v load %+v", a, a.Load)
+	}
+	if end := two[2]; end.Reason != "closed: client gone" || end.Load.InFlight != 0 {
+		t.Errorf("second run_ended %+v load %+v", end, end.Load)
+	}
+}
+
+func typesOf(evs []lifecycle.Event) []lifecycle.Type {
+	var out []lifecycle.Type
+	for _, e := range evs {
+		out = append(out, e.Type)
+	}
+	return out
+}
+
+// A dispatch retried after its generation was replaced is reported once.
+func TestObserverSeesDispatchRetry(t *testing.T) {
+	rec := &recorder{}
+	e := startObservedEdge(t, testConfig(), rec)
+	h := hello("n1", prov("p1", normalized, 1, "m1"))
+	old := e.connect(t, h)
+	admitted, proceed := reconnectOnAdmit(e, 1)
+	res := e.dispatchAsync(context.Background(), chatReq("m1"))
+	wait(t, admitted)
+	fresh := e.connect(t, h)
+	proceed <- struct{}{}
+	d := fresh.nextDispatch(t)
+	readBody(t, fresh.openRun(t, d.GetRunId(), fresh.gen))
+	r := wait(t, res)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	r.run.Close("test")
+	var retries []lifecycle.Event
+	for _, ev := range rec.all() {
+		if ev.Type == lifecycle.DispatchRetried {
+			retries = append(retries, ev)
+		}
+	}
+	if len(retries) != 1 || retries[0].NodeID != "n1" || retries[0].Generation != old.gen || retries[0].Reason != ErrStaleGeneration.Error() {
+		t.Fatalf("retries %+v", retries)
+	}
+}

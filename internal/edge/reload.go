@@ -1,0 +1,105 @@
+package edge
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"sync"
+)
+
+// reloadState is the configuration the last Reload applied.
+type reloadState struct {
+	mu      sync.Mutex // guards the fields below; held for a whole Reload
+	applied *Config    // nil until the first Reload: Service.cfg
+}
+
+// ReloadResult says what a Reload changed.
+type ReloadResult struct {
+	// Added, Removed and Changed name the aliases (sorted) that are new,
+	// gone, or have other targets or queue overrides.
+	Added, Removed, Changed []string
+	// QueueChanged is set when the default queue policy changed.
+	QueueChanged bool
+	// Restart names the settings (YAML keys, sorted) that differ from the
+	// running ones but apply only at the next start; they keep their
+	// running values.
+	Restart []string
+}
+
+// Reload applies a new configuration to the running edge (DESIGN.md
+// "Policy refresh"): the model aliases (added, removed, new targets) take
+// effect for the next resolution, and the queue policies of every model
+// group (the default and each alias's override) for the next admission;
+// runs in flight and requests already queued are untouched (a queued
+// request keeps its deadline and its candidates). Other settings
+// (listen, node_listen, heartbeat_interval, dispatch_timeout, tokens,
+// long_context_tokens) need a restart; Reload reports those that differ and
+// keeps their running values.
+//
+// cfg's zero fields take their defaults. An invalid cfg changes nothing and
+// returns an error wrapping ErrInvalidConfig that names every problem.
+// Reloads are serialized.
+func (s *Service) Reload(cfg Config) (ReloadResult, error) {
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return ReloadResult{}, err
+	}
+	s.reload.mu.Lock()
+	defer s.reload.mu.Unlock()
+	old := s.cfg
+	if s.reload.applied != nil {
+		old = *s.reload.applied
+	}
+	sc := cfg.schedulerConfig(s.clock)
+	if err := s.sched.SetPolicies(sc.Default, sc.Groups); err != nil {
+		return ReloadResult{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	s.cat.setAliases(cfg.Models)
+	applied := old
+	applied.Models, applied.Queue = maps.Clone(cfg.Models), cfg.Queue
+	s.reload.applied = &applied
+	s.reg.notify()
+
+	res := ReloadResult{QueueChanged: old.Queue != cfg.Queue, Restart: restartOnly(old, cfg)}
+	for alias, m := range cfg.Models {
+		was, ok := old.Models[alias]
+		switch {
+		case !ok:
+			res.Added = append(res.Added, alias)
+		case !slices.Equal(was.Targets, m.Targets) || was.MaxQueue != m.MaxQueue || was.QueueTimeout != m.QueueTimeout:
+			res.Changed = append(res.Changed, alias)
+		}
+	}
+	for alias := range old.Models {
+		if _, ok := cfg.Models[alias]; !ok {
+			res.Removed = append(res.Removed, alias)
+		}
+	}
+	sort.Strings(res.Added)
+	sort.Strings(res.Removed)
+	sort.Strings(res.Changed)
+	return res, nil
+}
+
+// restartOnly names the settings that differ between running and next but
+// are read only at start.
+func restartOnly(running, next Config) []string {
+	var out []string
+	for _, f := range []struct {
+		key     string
+		differs bool
+	}{
+		{"dispatch_timeout", running.DispatchTimeout != next.DispatchTimeout},
+		{"heartbeat_interval", running.HeartbeatInterval != next.HeartbeatInterval},
+		{"listen", running.Listen != next.Listen},
+		{"long_context_tokens", running.LongContextTokens != next.LongContextTokens},
+		{"node_listen", running.NodeListen != next.NodeListen},
+		{"tokens", !slices.Equal(running.Tokens, next.Tokens)},
+	} {
+		if f.differs {
+			out = append(out, f.key)
+		}
+	}
+	return out
+}
