@@ -30,6 +30,10 @@ type devConfig struct {
 	SimCapacity        int           `yaml:"sim_capacity"`
 	SimTokensPerSecond float64       `yaml:"sim_tokens_per_second"`
 	SimTTFT            time.Duration `yaml:"sim_ttft"`
+	// SimMaxTokens is the length, in tokens, of a simulated answer whose
+	// request asks for more (or sets no max_tokens); 0 means the
+	// simulator's default (16).
+	SimMaxTokens int `yaml:"sim_max_tokens"`
 	// The HTTP API's limits, as in the edge config: the largest request
 	// body (bytes) and the write timeout; 0 means the edge's default.
 	MaxBodyBytes int64         `yaml:"max_body_bytes"`
@@ -85,6 +89,7 @@ func newDevCommand(logLevel *string) *cobra.Command {
 	fl.IntVar(&cfg.SimCapacity, "sim-capacity", cfg.SimCapacity, "capacity of each simulated provider")
 	fl.Float64Var(&cfg.SimTokensPerSecond, "sim-tokens-per-second", cfg.SimTokensPerSecond, "token rate of the simulated providers (0 = unlimited)")
 	fl.DurationVar(&cfg.SimTTFT, "sim-ttft", cfg.SimTTFT, "time to first token of the simulated providers")
+	fl.IntVar(&cfg.SimMaxTokens, "sim-max-tokens", cfg.SimMaxTokens, "longest simulated answer, in tokens (0 = 16)")
 	addHTTPFlags(fl, &cfg.MaxBodyBytes, &cfg.WriteTimeout)
 	fl.StringVar(&cfg.Database, "database", cfg.Database, `SQLite file of run records (":memory:" = not kept)`)
 	return cmd
@@ -164,11 +169,12 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 			{"sim-openai", devOpenAIModel, sim.ProtocolOpenAI, "/v1"},
 		} {
 			s, err := sim.New(sim.Config{
-				Protocol:        p.protocol,
-				Models:          []string{p.model},
-				TTFT:            cfg.SimTTFT,
-				TokensPerSecond: cfg.SimTokensPerSecond,
-				MaxConcurrent:   cfg.SimCapacity,
+				Protocol:         p.protocol,
+				Models:           []string{p.model},
+				TTFT:             cfg.SimTTFT,
+				TokensPerSecond:  cfg.SimTokensPerSecond,
+				MaxConcurrent:    cfg.SimCapacity,
+				DefaultMaxTokens: cfg.SimMaxTokens,
 			}, logger.With("provider", p.id))
 			if err != nil {
 				return fail(err)

@@ -52,7 +52,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	chrome := chromiumPath(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	d, err := startDev(ctx, devConfig{Listen: "127.0.0.1:0", NodeListen: "127.0.0.1:0", ForceSim: true,
-		SimCapacity: 4, SimTokensPerSecond: 20, SimTTFT: 10 * time.Millisecond}, quietLogger())
+		SimCapacity: 4, SimTokensPerSecond: 20, SimTTFT: 10 * time.Millisecond, SimMaxTokens: 100_000}, quietLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
