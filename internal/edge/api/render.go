@@ -262,34 +262,49 @@ func (e *eventReader) next(onDelta func(ev *nodev1.RunEvent) error) (finish stri
 		if events == nil {
 			return "", errUpstreamProtocol
 		}
-		for _, ev := range events.GetEvents() {
-			switch ev.GetType() {
-			case nodev1.RunEvent_TYPE_DELTA:
-				if ev.GetText() == "" && len(ev.GetToolCalls()) == 0 && len(ev.GetEmbeddings()) == 0 {
-					continue
-				}
-				e.obs.content(1)
-				if err := onDelta(ev); err != nil {
-					return "", err
-				}
-			case nodev1.RunEvent_TYPE_USAGE:
-				e.usage.PromptTokens = int(ev.GetPromptTokens())
-				e.usage.CompletionTokens = int(ev.GetCompletionTokens())
-				e.usage.TotalTokens = e.usage.PromptTokens + e.usage.CompletionTokens
-				e.obs.tokens(e.usage.PromptTokens, e.usage.CompletionTokens)
-			case nodev1.RunEvent_TYPE_COMPLETE:
-				finish := ev.GetFinishReason()
-				if finish == "" {
-					finish = "stop"
-				}
-				return finish, nil
-			case nodev1.RunEvent_TYPE_ERROR:
-				return "", &upstreamError{status: int(ev.GetStatus()), message: ev.GetError()}
-			case nodev1.RunEvent_TYPE_CANCELLED:
-				return "", errUpstreamCancelled
-			}
+		// The events of one message are written with one flush.
+		e.hold = true
+		finish, done, err := e.handle(events.GetEvents(), onDelta)
+		if rerr := e.release(); rerr != nil && err == nil {
+			err = &errWrite{rerr}
+		}
+		if done || err != nil {
+			return finish, err
 		}
 	}
+}
+
+// handle handles the events of one message, as next describes; done is set
+// when one of them ended the run.
+func (e *eventReader) handle(events []*nodev1.RunEvent, onDelta func(ev *nodev1.RunEvent) error) (finish string, done bool, err error) {
+	for _, ev := range events {
+		switch ev.GetType() {
+		case nodev1.RunEvent_TYPE_DELTA:
+			if ev.GetText() == "" && len(ev.GetToolCalls()) == 0 && len(ev.GetEmbeddings()) == 0 {
+				continue
+			}
+			e.obs.content(1)
+			if err := onDelta(ev); err != nil {
+				return "", true, err
+			}
+		case nodev1.RunEvent_TYPE_USAGE:
+			e.usage.PromptTokens = int(ev.GetPromptTokens())
+			e.usage.CompletionTokens = int(ev.GetCompletionTokens())
+			e.usage.TotalTokens = e.usage.PromptTokens + e.usage.CompletionTokens
+			e.obs.tokens(e.usage.PromptTokens, e.usage.CompletionTokens)
+		case nodev1.RunEvent_TYPE_COMPLETE:
+			finish := ev.GetFinishReason()
+			if finish == "" {
+				finish = "stop"
+			}
+			return finish, true, nil
+		case nodev1.RunEvent_TYPE_ERROR:
+			return "", true, &upstreamError{status: int(ev.GetStatus()), message: ev.GetError()}
+		case nodev1.RunEvent_TYPE_CANCELLED:
+			return "", true, errUpstreamCancelled
+		}
+	}
+	return "", false, nil
 }
 
 // errWrite marks a failed write to the client, as opposed to a failed run.
@@ -412,7 +427,13 @@ func (c *chatRender) startStream() error {
 
 // finishStream writes the final chunk, the usage chunk if asked for, and
 // [DONE].
-func (c *chatRender) finishStream(finish string) error {
+func (c *chatRender) finishStream(finish string) (err error) {
+	c.hold = true
+	defer func() {
+		if rerr := c.release(); err == nil {
+			err = rerr
+		}
+	}()
 	if err := c.startStream(); err != nil {
 		return err
 	}
