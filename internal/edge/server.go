@@ -60,6 +60,8 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 		cat:      newCatalog(cfg.Models, reg),
 		shutdown: make(chan struct{}),
 		runs:     make(map[string]*Run),
+		breakers: newBreakers(cfg.CircuitBreaker, clk),
+		retries:  make(map[string]uint64),
 	}}, nil
 }
 
