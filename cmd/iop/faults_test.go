@@ -16,8 +16,13 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -512,5 +517,226 @@ func TestFaultRetryAndCircuitBreaker(t *testing.T) {
 			t.Fatal("the request did not go straight to z-good")
 		}
 	})
+	waitIdle(t, e)
+}
+
+// streamResult is the outcome of a request read to its end.
+type streamResult struct {
+	status int
+	body   []byte
+	err    error
+}
+
+// startRequest posts body to path on its own goroutine; first is closed
+// when the first SSE event (or any first line) of the answer arrived, done
+// gets the whole answer.
+func startRequest(e *edgeProcess, path, body string) (first <-chan struct{}, done <-chan streamResult) {
+	firstc, donec := make(chan struct{}), make(chan streamResult, 1)
+	go func() {
+		var once bool
+		signal := func() {
+			if !once {
+				once = true
+				close(firstc)
+			}
+		}
+		defer signal()
+		resp, err := http.Post("http://"+e.HTTPAddr+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			donec <- streamResult{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		var buf bytes.Buffer
+		rd := bufio.NewReader(resp.Body)
+		for {
+			line, err := rd.ReadBytes('\n')
+			buf.Write(line)
+			if len(bytes.TrimSpace(line)) > 0 {
+				signal()
+			}
+			if err != nil {
+				if err == io.EOF {
+					err = nil
+				}
+				donec <- streamResult{resp.StatusCode, buf.Bytes(), err}
+				return
+			}
+		}
+	}()
+	return firstc, donec
+}
+
+// result waits for a request's outcome, bounded.
+func result(t *testing.T, done <-chan streamResult) streamResult {
+	t.Helper()
+	select {
+	case r := <-done:
+		return r
+	case <-time.After(15 * time.Second):
+		t.Fatal("request did not end")
+	}
+	return streamResult{}
+}
+
+// nodeGeneration is the generation of node's connection, 0 if it has none.
+func nodeGeneration(s edge.Snapshot, nodeID string) uint64 {
+	for _, n := range s.Nodes {
+		if n.NodeID == nodeID {
+			return n.Generation
+		}
+	}
+	return 0
+}
+
+// nodeProcess runs `iop node --config` as a child process.
+type nodeProcess struct {
+	cmd  *exec.Cmd
+	logs *lockedBuffer
+}
+
+// lockedBuffer is a bytes.Buffer safe for a child's output and the test.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func startNodeProcess(t *testing.T, bin, configPath string) *nodeProcess {
+	t.Helper()
+	p := &nodeProcess{logs: &lockedBuffer{}}
+	p.cmd = exec.Command(bin, "node", "--config", configPath, "--log-level", "warn")
+	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		_ = p.cmd.Wait()
+		if t.Failed() {
+			t.Logf("node process output:\n%s", p.logs.String())
+		}
+	})
+	return p
+}
+
+func (p *nodeProcess) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("signal %v: %v", sig, err)
+	}
+}
+
+// TestFaultNodeProcessStoppedAndKilled runs a node as a child `iop node`
+// process next to an in-process one and makes it fail mid-run.
+//
+// Stopped (SIGSTOP): its connection stays open but silent, and the edge
+// fences its generation within the heartbeat window (3 intervals of 250 ms);
+// a stream on it ends with an error event and no [DONE]; a run that had
+// not yet sent a byte goes to the other node's provider and succeeds; a
+// request holding its only provider of a model and one queued behind it
+// both get 503 at once (no other candidate; the queued one re-resolves)
+// instead of waiting for their timeouts. Resumed (SIGCONT): it reconnects
+// with a new generation and its providers take work again, while what its
+// old generation still sends changes nothing. Killed (SIGKILL) mid-stream
+// and started again: the same, with nothing left in flight.
+func TestFaultNodeProcessStoppedAndKilled(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "iop")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	_, streamURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"stream-m"}, TokensPerSecond: 20, DefaultMaxTokens: 100_000})
+	silentSim, silentURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, Faults: sim.Faults{Hang: true}})
+	queueSim, queueURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"q-m"}, Faults: sim.Faults{Hang: true}})
+	okSim, okURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}})
+
+	cfg := edge.DefaultConfig()
+	cfg.HeartbeatInterval = 250 * time.Millisecond
+	e, ctx := startFaultEdge(t, cfg)
+	startNode(t, ctx, node.Config{NodeID: "survivor", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
+		{ID: "z-ok", Type: node.TypeOllama, BaseURL: okURL, Models: []string{"m"}, Capacity: 2},
+	}})
+	configPath := filepath.Join(t.TempDir(), "node.yaml")
+	nodeYAML := fmt.Sprintf(`node_id: victim
+edge: %s
+reconnect_min: 50ms
+reconnect_max: 200ms
+providers:
+  - {id: a-stream, type: ollama, base_url: %q, models: [stream-m], capacity: 2}
+  - {id: a-silent, type: ollama, base_url: %q, models: [m], capacity: 2}
+  - {id: a-queue, type: ollama, base_url: %q, models: [q-m], capacity: 1}
+`, e.NodeAddr, streamURL, silentURL, queueURL)
+	if err := os.WriteFile(configPath, []byte(nodeYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	victim := startNodeProcess(t, bin, configPath)
+	gen1 := nodeGeneration(waitSnapshot(t, e, func(s edge.Snapshot) bool { return nodeGeneration(s, "victim") != 0 }), "victim")
+
+	// A stream under way, a run waiting for its first byte (ties go to
+	// a-silent), a run holding a-queue and one queued behind it.
+	streamFirst, streamDone := startRequest(e, "/v1/chat/completions", chatBody("stream-m", true, 100_000))
+	<-streamFirst
+	_, silentDone := startRequest(e, "/v1/chat/completions", chatBody("m", false, 4))
+	waitFor(t, "a-silent holds the run", func() bool { return silentSim.Stats().InFlight == 1 })
+	_, holderDone := startRequest(e, "/v1/chat/completions", chatBody("q-m", false, 4))
+	waitFor(t, "a-queue holds the run", func() bool { return queueSim.Stats().InFlight == 1 })
+	_, queuedDone := startRequest(e, "/v1/chat/completions", chatBody("q-m", false, 4))
+	waitSnapshot(t, e, func(s edge.Snapshot) bool { return s.Waiters == 1 })
+	okBefore := okSim.Stats().Requests
+
+	victim.signal(t, syscall.SIGSTOP)
+	waitSnapshot(t, e, func(s edge.Snapshot) bool { return nodeGeneration(s, "victim") == 0 })
+
+	r := result(t, streamDone)
+	if r.err != nil || r.status != http.StatusOK {
+		t.Fatalf("stream: %d %v", r.status, r.err)
+	}
+	checkStreamFailed(t, r.body)
+	if r := result(t, silentDone); r.status != http.StatusOK || okSim.Stats().Requests != okBefore+1 {
+		t.Fatalf("the run without a byte: %d %s; want it served by z-ok", r.status, r.body)
+	}
+	for name, done := range map[string]<-chan streamResult{"holder": holderDone, "queued": queuedDone} {
+		r := result(t, done)
+		var doc struct{ Error struct{ Code string } }
+		if r.status != http.StatusServiceUnavailable || json.Unmarshal(r.body, &doc) != nil || doc.Error.Code != "provider_unavailable" {
+			t.Fatalf("%s request: %d %s, want 503 provider_unavailable", name, r.status, r.body)
+		}
+	}
+	waitIdle(t, e)
+
+	victim.signal(t, syscall.SIGCONT)
+	gen2 := nodeGeneration(waitSnapshot(t, e, func(s edge.Snapshot) bool { return nodeGeneration(s, "victim") > gen1 }), "victim")
+	if status, _, body := post(t, e, "/v1/chat/completions", chatBody("stream-m", false, 3)); status != http.StatusOK {
+		t.Fatalf("after the node came back: %d %s", status, body)
+	}
+	waitIdle(t, e)
+
+	streamFirst, streamDone = startRequest(e, "/v1/chat/completions", chatBody("stream-m", true, 100_000))
+	<-streamFirst
+	victim.signal(t, syscall.SIGKILL)
+	r = result(t, streamDone)
+	if r.err != nil || r.status != http.StatusOK {
+		t.Fatalf("stream: %d %v", r.status, r.err)
+	}
+	checkStreamFailed(t, r.body)
+	waitSnapshot(t, e, func(s edge.Snapshot) bool { return nodeGeneration(s, "victim") == 0 })
+	waitIdle(t, e)
+
+	startNodeProcess(t, bin, configPath)
+	waitSnapshot(t, e, func(s edge.Snapshot) bool { return nodeGeneration(s, "victim") > gen2 })
+	if status, _, body := post(t, e, "/v1/chat/completions", chatBody("stream-m", false, 3)); status != http.StatusOK {
+		t.Fatalf("after the node was started again: %d %s", status, body)
+	}
 	waitIdle(t, e)
 }
