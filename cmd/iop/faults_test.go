@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/clock"
 	"iop/internal/edge"
 	"iop/internal/node"
 	"iop/internal/sim"
@@ -737,6 +738,119 @@ providers:
 	waitSnapshot(t, e, func(s edge.Snapshot) bool { return nodeGeneration(s, "victim") > gen2 })
 	if status, _, body := post(t, e, "/v1/chat/completions", chatBody("stream-m", false, 3)); status != http.StatusOK {
 		t.Fatalf("after the node was started again: %d %s", status, body)
+	}
+	waitIdle(t, e)
+}
+
+// backoffClock is a fake clock for one node agent that reports every
+// reconnect backoff the agent arms: with the edge's heartbeats an hour
+// apart and the hello timeout 10 s, every shorter timer is a backoff.
+type backoffClock struct {
+	*clock.Fake
+	backoffs chan time.Duration
+}
+
+func (c *backoffClock) AfterFunc(d time.Duration, f func()) clock.Timer {
+	t := c.Fake.AfterFunc(d, f)
+	if d < 10*time.Second {
+		c.backoffs <- d
+	}
+	return t
+}
+
+// TestFaultEdgeRestartNodesReconnectWithJitter: nodes that lose their edge
+// wait a jittered backoff each before dialing it again (so they do not all
+// dial a restarted edge at the same instant), then reconnect to the edge
+// started again on the same node address, with new generations, and serve.
+// Each agent runs on its own fake clock, so the instant it dials again is
+// exactly the backoff it drew (from the default, process-wide source):
+// without jitter every one would be reconnect_min.
+func TestFaultEdgeRestartNodesReconnectWithJitter(t *testing.T) {
+	const nodes = 4
+	const reconnectMin = time.Second
+	_, simURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}})
+	cfg := edge.DefaultConfig()
+	cfg.NodeListen = freeAddr(t)
+	cfg.HeartbeatInterval = time.Hour
+	cfg.Listen, cfg.Database = "127.0.0.1:0", ":memory:"
+	firstCtx, stopFirst := context.WithCancel(context.Background())
+	first, err := startEdge(firstCtx, cfg, quietLogger(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var agents []*node.Agent
+	var clocks []*backoffClock
+	for i := range nodes {
+		clk := &backoffClock{Fake: clock.NewFake(time.Unix(0, 0)), backoffs: make(chan time.Duration, 64)}
+		a, err := node.New(node.Config{
+			NodeID: fmt.Sprintf("gpu-%d", i), Edge: cfg.NodeListen,
+			ReconnectMin: reconnectMin, ReconnectMax: 4 * time.Second,
+			Providers: []node.ProviderConfig{{ID: "p", Type: node.TypeOllama, BaseURL: simURL, Models: []string{"m"}, Capacity: 1}},
+		}, quietLogger(), node.WithClock(clk))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- a.Run(ctx) }()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("node %d: %v", i, err)
+			}
+		})
+		<-a.Ready()
+		agents, clocks = append(agents, a), append(clocks, clk)
+	}
+
+	stopFirst()
+	if err := first.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	waits := make(map[time.Duration]bool)
+	pending := make([]time.Duration, nodes)
+	for i, clk := range clocks {
+		select {
+		case d := <-clk.backoffs:
+			if d < 0 || d > reconnectMin {
+				t.Fatalf("node %d backs off %s, want a wait in [0, %s]", i, d, reconnectMin)
+			}
+			waits[d], pending[i] = true, d
+		case <-time.After(10 * time.Second):
+			t.Fatalf("node %d armed no backoff after the edge stopped", i)
+		}
+	}
+	if len(waits) == 1 {
+		t.Fatalf("all %d nodes wait %v before dialing again: no jitter", nodes, pending)
+	}
+	t.Logf("backoffs after the edge stopped: %v", pending)
+
+	e, _ := startFaultEdge(t, cfg) // on the same node address
+	for i, a := range agents {
+		clocks[i].Advance(pending[i])
+		// A dial that finds the edge not ready yet arms a longer backoff:
+		// let that one pass too.
+		waitFor(t, fmt.Sprintf("node %d reconnects", i), func() bool {
+			select {
+			case d := <-clocks[i].backoffs:
+				clocks[i].Advance(d)
+			default:
+			}
+			return a.Generation() != 0
+		})
+	}
+	snap := waitSnapshot(t, e, func(s edge.Snapshot) bool { return len(s.Nodes) == nodes })
+	for _, p := range snap.Providers {
+		if p.Status != "available" {
+			t.Fatalf("provider %+v after the restart", p)
+		}
+	}
+	client := newClient(e)
+	for i := range nodes {
+		if err := <-intactRun(client, "m", 3); err != nil {
+			t.Fatalf("request %d after the restart: %v", i, err)
+		}
 	}
 	waitIdle(t, e)
 }
