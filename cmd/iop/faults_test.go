@@ -408,6 +408,7 @@ func TestFaultRetryAndCircuitBreaker(t *testing.T) {
 	flaky := startToggleProvider(t, backURL, http.StatusServiceUnavailable)
 	flaky.failing.Store(true)
 	limitedSim, limitedURL := startSim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m2"}, Faults: sim.Faults{ErrorRate: 1, ErrorStatus: http.StatusTooManyRequests}})
+	soloSim, soloURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m3"}, Faults: sim.Faults{ErrorRate: 1, ErrorStatus: http.StatusServiceUnavailable}})
 
 	cfg := edge.DefaultConfig()
 	const coolDown = 2 * time.Second
@@ -419,6 +420,7 @@ func TestFaultRetryAndCircuitBreaker(t *testing.T) {
 		{ID: "a-refused", Type: "openai", BaseURL: closedURL(t) + "/v1", Models: []string{"m2"}, Capacity: 4},
 		{ID: "b-limited", Type: "openai", BaseURL: limitedURL + "/v1", Models: []string{"m2"}, Capacity: 4},
 		{ID: "z-good", Type: "openai", BaseURL: goodURL + "/v1", Models: []string{"m", "m2"}, Capacity: 4},
+		{ID: "solo", Type: node.TypeOllama, BaseURL: soloURL, Models: []string{"m3"}, Capacity: 4},
 	}})
 	client := newClient(e)
 	ask := func(model string) error {
@@ -516,6 +518,25 @@ func TestFaultRetryAndCircuitBreaker(t *testing.T) {
 		}
 		if limitedSim.Stats().Requests != 2 || goodSim.Stats().Requests != goodBefore+1 {
 			t.Fatal("the request did not go straight to z-good")
+		}
+	})
+
+	t.Run("every provider out of rotation", func(t *testing.T) {
+		// The only provider of m3 answers 503: twice as it is, then its
+		// circuit is open and the edge answers 503 with Retry-After
+		// without asking it.
+		for i := 1; i <= 3; i++ {
+			status, header, body := post(t, e, "/v1/chat/completions", chatBody("m3", false, 3))
+			_, _, code := openAIError(t, header, body)
+			if status != http.StatusServiceUnavailable {
+				t.Fatalf("request %d: %d %s, want 503", i, status, body)
+			}
+			if i == 3 && (code != "provider_unavailable" || header.Get("Retry-After") == "") {
+				t.Fatalf("request %d: code %q, Retry-After %q; want provider_unavailable with Retry-After", i, code, header.Get("Retry-After"))
+			}
+		}
+		if got := soloSim.Stats().Requests; got != 2 {
+			t.Fatalf("the open provider received %d requests, want 2", got)
 		}
 	})
 	waitIdle(t, e)

@@ -558,3 +558,46 @@ func TestBreakerDisabled(t *testing.T) {
 		t.Fatalf("circuit %s, want closed", got)
 	}
 }
+
+// TestRegression_FailingFastProviderTakesEveryRequest: least-loaded
+// admission sent every request to a provider that answered 503 at once,
+// since it was always idle, while a healthy one sat with its runs; with
+// the circuit breaker (default 3 failures) it gets 3 requests, then none.
+func TestRegression_FailingFastProviderTakesEveryRequest(t *testing.T) {
+	cfg := testConfig() // max_retries 0: every request is one attempt
+	cfg.CircuitBreaker = BreakerConfig{}
+	e := startEdge(t, cfg)
+	bad := e.connect(t, hello("a-bad", prov("a", normalized, 4, "m1")))
+	good := e.connect(t, hello("z-good", prov("z", normalized, 8, "m1")))
+	badRuns := 0
+	for i := range 6 {
+		res := e.dispatchAsync(context.Background(), chatReq("m1"))
+		select {
+		case m := <-bad.msgs:
+			d := m.GetDispatch()
+			if d == nil {
+				t.Fatalf("request %d: a-bad got %v", i, m)
+			}
+			badRuns++
+			rs := bad.openRun(t, d.GetRunId(), bad.gen)
+			readBody(t, rs)
+			r := wait(t, res)
+			sendUp(t, rs, errorEvent(503))
+			recvAll(r.run)
+		case m := <-good.msgs:
+			d := m.GetDispatch()
+			if d == nil {
+				t.Fatalf("request %d: z-good got %v", i, m)
+			}
+			rs := good.openRun(t, d.GetRunId(), good.gen)
+			readBody(t, rs)
+			r := wait(t, res)
+			defer r.run.Close("test") // held: z-good is the busier one
+		case <-time.After(failsafe):
+			t.Fatal("no dispatch")
+		}
+	}
+	if badRuns != DefaultBreakerFailures {
+		t.Fatalf("the failing provider got %d of 6 requests, want %d", badRuns, DefaultBreakerFailures)
+	}
+}
