@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"iop/internal/edge"
 )
 
 // A flag the user set overrides the file; the file overrides defaults.
@@ -39,5 +41,31 @@ func TestLoadConfigRejectsUnknownFields(t *testing.T) {
 	var cfg devConfig
 	if err := loadConfig(&cobra.Command{Use: "x"}, path, &cfg); err == nil {
 		t.Fatal("a misspelt field was accepted")
+	}
+}
+
+// The edge's --max-retries flag overrides the file's max_retries, also
+// with 0 (which disables retries, unlike an unset field).
+func TestEdgeMaxRetriesFlag(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "edge.yaml")
+	if err := os.WriteFile(path, []byte("max_retries: 2\ncircuit_breaker: {cool_down: 1m}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want int
+	}{{nil, 2}, {[]string{"--max-retries", "0"}, 0}} {
+		cfg := edge.DefaultConfig()
+		cmd := &cobra.Command{Use: "x"}
+		cmd.Flags().Var(optionalInt{&cfg.MaxRetries}, "max-retries", "")
+		if err := cmd.Flags().Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		if err := loadConfig(cmd, path, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Retries() != tc.want || cfg.CircuitBreaker.CoolDown != time.Minute {
+			t.Errorf("%v: retries %d, cool-down %s; want %d, 1m", tc.args, cfg.Retries(), cfg.CircuitBreaker.CoolDown, tc.want)
+		}
 	}
 }

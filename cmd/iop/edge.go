@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -72,6 +73,10 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 	fl.StringSliceVar(&cfg.Tokens, "token", cfg.Tokens, "accepted node token (repeatable; none = accept any node)")
 	fl.StringVar(&cfg.Database, "database", cfg.Database, `SQLite file of run records (":memory:" = not kept)`)
 	addHTTPFlags(fl, &cfg.MaxBodyBytes, &cfg.WriteTimeout)
+	fl.Var(optionalInt{&cfg.MaxRetries}, "max-retries", "times a request whose provider failed before the first byte (unreachable, 502, 503, 429) goes to another provider (0 = never)")
+	fl.IntVar(&cfg.CircuitBreaker.Failures, "breaker-failures", cfg.CircuitBreaker.Failures, "failures in a row that take a provider out of rotation (negative = no circuit breaker)")
+	fl.DurationVar(&cfg.CircuitBreaker.CoolDown, "breaker-cool-down", cfg.CircuitBreaker.CoolDown, "how long a failing provider stays out of rotation before a trial request")
+	fl.DurationVar(&cfg.CircuitBreaker.MaxCoolDown, "breaker-max-cool-down", cfg.CircuitBreaker.MaxCoolDown, "cap of the cool-down, which doubles after each failed trial")
 	fl.StringVar(&pprofListen, "pprof-listen", "", "serve Go's profiler (/debug/pprof/) on this address (keep it on loopback)")
 	return cmd
 }
@@ -260,6 +265,28 @@ func apiError(err error) error {
 	}
 	return err
 }
+
+// optionalInt is a flag bound to an optional int of a config (a *int whose
+// nil means the config's default).
+type optionalInt struct{ p **int }
+
+func (o optionalInt) String() string {
+	if o.p == nil || *o.p == nil {
+		return ""
+	}
+	return strconv.Itoa(**o.p)
+}
+
+func (o optionalInt) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return err
+	}
+	*o.p = &n
+	return nil
+}
+
+func (o optionalInt) Type() string { return "int" }
 
 // addHTTPFlags adds the HTTP API's limits, shared by edge and dev.
 func addHTTPFlags(fl *pflag.FlagSet, maxBodyBytes *int64, writeTimeout *time.Duration) {

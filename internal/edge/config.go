@@ -27,6 +27,10 @@ const (
 	DefaultMaxBodyBytes      = 32 << 20 // 32 MiB
 	DefaultWriteTimeout      = 60 * time.Second
 	DefaultDatabase          = "iop.db"
+	DefaultMaxRetries        = 1
+	DefaultBreakerFailures   = 3
+	DefaultBreakerCoolDown   = 30 * time.Second
+	DefaultBreakerMaxCool    = 5 * time.Minute
 )
 
 // Config is the edge's configuration, loaded once from YAML (LoadConfig) and
@@ -48,6 +52,8 @@ const (
 //	max_body_bytes: 33554432
 //	write_timeout: 60s
 //	database: /var/lib/iop/edge.db
+//	max_retries: 1
+//	circuit_breaker: {failures: 3, cool_down: 30s, max_cool_down: 5m}
 type Config struct {
 	// Listen is the HTTP API address (host:port); default 127.0.0.1:8080.
 	// The edge core does not serve it; the HTTP layer does.
@@ -85,6 +91,34 @@ type Config struct {
 	// is created if missing. Default "iop.db" in the working directory;
 	// ":memory:" keeps records in memory only, lost at exit.
 	Database string `yaml:"database"`
+	// MaxRetries is how many more times a request is admitted, each time to
+	// a candidate not tried yet for it, when its provider failed before any
+	// byte of the answer reached the client: unreachable, or answered 502,
+	// 503 or 429, or its node was lost before the run's first message.
+	// nil means the default, 1; 0 disables these retries. (A dispatch that
+	// never reached a provider, see Service.Dispatch, is admitted again once
+	// whatever this says.)
+	MaxRetries *int `yaml:"max_retries"`
+	// CircuitBreaker takes a provider that keeps failing out of rotation
+	// for a cool-down.
+	CircuitBreaker BreakerConfig `yaml:"circuit_breaker"`
+}
+
+// BreakerConfig is the circuit breaker of every (node, provider); zero
+// fields take the defaults (failures 3, cool_down 30s, max_cool_down 5m).
+type BreakerConfig struct {
+	// Failures is how many failures of a provider in a row (an error
+	// status of 500 or above or 429 before the first byte, unreachable, a
+	// timeout, a dispatch its node did not open or refused) open its
+	// circuit. Negative disables the breaker.
+	Failures int `yaml:"failures"`
+	// CoolDown is how long an open circuit keeps its provider out of
+	// rotation before one trial request may go to it. A failed trial opens
+	// the circuit again for twice the previous cool-down, up to
+	// MaxCoolDown.
+	CoolDown time.Duration `yaml:"cool_down"`
+	// MaxCoolDown caps the doubled cool-down; at least CoolDown.
+	MaxCoolDown time.Duration `yaml:"max_cool_down"`
 }
 
 // QueueConfig is a model group's queue policy; zero fields take the defaults
@@ -145,13 +179,35 @@ func (c *Config) SetDefaults() {
 	if c.Database == "" {
 		c.Database = DefaultDatabase
 	}
+	if c.MaxRetries == nil {
+		n := DefaultMaxRetries
+		c.MaxRetries = &n
+	}
+	if c.CircuitBreaker.Failures == 0 {
+		c.CircuitBreaker.Failures = DefaultBreakerFailures
+	}
+	if c.CircuitBreaker.CoolDown == 0 {
+		c.CircuitBreaker.CoolDown = DefaultBreakerCoolDown
+	}
+	if c.CircuitBreaker.MaxCoolDown == 0 {
+		c.CircuitBreaker.MaxCoolDown = max(DefaultBreakerMaxCool, c.CircuitBreaker.CoolDown)
+	}
+}
+
+// Retries returns MaxRetries, or its default when unset.
+func (c Config) Retries() int {
+	if c.MaxRetries == nil {
+		return DefaultMaxRetries
+	}
+	return *c.MaxRetries
 }
 
 // Validate reports the first problem of a configuration whose defaults are
 // set, as an error wrapping ErrInvalidConfig: an address that is not
 // host:port, a non-positive interval or timeout, a negative queue field, an
 // alias with an empty name or no (or an empty or repeated) target, an empty
-// token.
+// token, a negative max_retries, a negative circuit breaker cool-down or a
+// max_cool_down below cool_down.
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) {
@@ -179,6 +235,12 @@ func (c Config) Validate() error {
 	}
 	if c.Queue.QueueTimeout < 0 {
 		bad("queue.queue_timeout %s is negative", c.Queue.QueueTimeout)
+	}
+	if c.MaxRetries != nil && *c.MaxRetries < 0 {
+		bad("max_retries %d is negative", *c.MaxRetries)
+	}
+	if b := c.CircuitBreaker; b.CoolDown < 0 || b.MaxCoolDown < b.CoolDown {
+		bad("circuit_breaker: cool_down %s must not be negative nor above max_cool_down %s", b.CoolDown, b.MaxCoolDown)
 	}
 	aliases := make([]string, 0, len(c.Models))
 	for alias := range c.Models {

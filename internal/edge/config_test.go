@@ -92,6 +92,9 @@ func TestConfigInvalid(t *testing.T) {
 		{"repeated target", "models: {a: {targets: [x, x]}}", "repeated"},
 		{"negative model max_queue", "models: {a: {targets: [x], max_queue: -2}}", "models.a.max_queue"},
 		{"empty token", `tokens: [""]`, "tokens[0]"},
+		{"negative max_retries", "max_retries: -1", "max_retries"},
+		{"negative cool-down", "circuit_breaker: {cool_down: -1s}", "cool_down"},
+		{"max cool-down below cool-down", "circuit_breaker: {cool_down: 1m, max_cool_down: 30s}", "max_cool_down"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -103,5 +106,29 @@ func TestConfigInvalid(t *testing.T) {
 	}
 	if _, err := NewServer(Config{DispatchTimeout: -time.Second}, Deps{}); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("NewServer with a bad config = %v, want ErrInvalidConfig", err)
+	}
+}
+
+// TestConfigFaultDefaults: max_retries is 1 unless set, and 0 is kept (it
+// disables retries); the circuit breaker defaults to 3 failures and a 30s
+// cool-down capped at 5m (raised to the cool-down when that is longer).
+func TestConfigFaultDefaults(t *testing.T) {
+	for _, tc := range []struct {
+		yaml    string
+		retries int
+		breaker BreakerConfig
+	}{
+		{"", 1, BreakerConfig{Failures: 3, CoolDown: 30 * time.Second, MaxCoolDown: 5 * time.Minute}},
+		{"max_retries: 0", 0, BreakerConfig{Failures: 3, CoolDown: 30 * time.Second, MaxCoolDown: 5 * time.Minute}},
+		{"max_retries: 3\ncircuit_breaker: {failures: -1, cool_down: 10m}", 3, BreakerConfig{Failures: -1, CoolDown: 10 * time.Minute, MaxCoolDown: 10 * time.Minute}},
+		{"circuit_breaker: {failures: 5, cool_down: 2s, max_cool_down: 1m}", 1, BreakerConfig{Failures: 5, CoolDown: 2 * time.Second, MaxCoolDown: time.Minute}},
+	} {
+		cfg, err := ParseConfig([]byte(tc.yaml))
+		if err != nil {
+			t.Fatalf("%q: %v", tc.yaml, err)
+		}
+		if cfg.Retries() != tc.retries || cfg.CircuitBreaker != tc.breaker {
+			t.Errorf("%q: retries %d, breaker %+v; want %d, %+v", tc.yaml, cfg.Retries(), cfg.CircuitBreaker, tc.retries, tc.breaker)
+		}
 	}
 }

@@ -52,6 +52,19 @@
 // and dispatch retries (package lifecycle). It is called with no edge lock
 // held, on the goroutine where the event happened.
 //
+// # Retries and circuit breakers
+//
+// With Config.MaxRetries above 0, Dispatch also reads the run's first
+// messages until one says how the provider did, and keeps them for Recv.
+// A provider that failed before the first byte in a way another may not
+// (unreachable, 502, 503, 429), or a node lost before the run's first
+// message, gives the request to another candidate, never one already
+// tried, up to MaxRetries times; the caller sees one run. Every
+// (node id, provider id) has a circuit breaker (breakers): failures before
+// the first byte in a row open it, taking the provider out of the
+// resolver's candidates for a cool-down, after which one trial request at a
+// time may go to it. Its state outlives the node's generations.
+//
 // # Concurrency
 //
 // Locks, in the only order they nest: Run.mu, then the scheduler's lock,
@@ -59,8 +72,13 @@
 // whoever sees a run ended finds its slot already free. The resolvers and
 // ownership checks the scheduler calls under its lock take registry.mu for
 // reading; nothing calls the scheduler while holding registry.mu.
-// Service.mu (the runs map) and conn.mu (a connection's outbox, closed flag,
-// last-seen time) are leaves: no call goes out while one is held.
+// Service.mu (the runs map), Service.statsMu (retry and circuit counters),
+// breakers.mu (circuit states; the resolvers take it under the scheduler's
+// lock, and Snapshot under registry.mu) and conn.mu (a connection's outbox,
+// closed flag, last-seen time) are leaves: no call goes out while one is
+// held. A circuit that opens re-activates its node's resources in the
+// scheduler (so queued requests re-resolve) from whoever saw the failure,
+// with no lock held.
 //
 // Goroutines: each Connect handler is the sole sender on its control stream
 // and the sole writer of its connection's lifecycle; one reader goroutine
@@ -70,7 +88,8 @@
 // Run handler is the sole sender on its run stream (the body, then a
 // Cancel); the caller of Run.Recv is the sole receiver after RunOpen.
 // Timers (heartbeats, hello and dispatch timeouts) run on the injected
-// clock; their callbacks only signal a channel or end a pending run.
+// clock; their callbacks only signal a channel or end a pending run (which
+// may open its provider's circuit, see above).
 //
 // Every run is finalized exactly once, by Run.finish, whichever comes
 // first: Recv seeing a terminal message or a stream error, Close, the

@@ -83,8 +83,11 @@ type testEdge struct {
 	stop   func() error // stops Serve and returns its error
 }
 
+// testConfig is the default test config. Its MaxRetries is 0, so Dispatch
+// returns once the body went down (tests of retries set it).
 func testConfig() Config {
 	return Config{
+		MaxRetries:        new(int),
 		HeartbeatInterval: testHeartbeat,
 		DispatchTimeout:   testDispatchTimeout,
 		Queue:             QueueConfig{QueueTimeout: testQueueTimeout},

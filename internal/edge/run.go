@@ -1,8 +1,10 @@
 package edge
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"sync"
 	"time"
 
@@ -51,8 +53,14 @@ type Run struct {
 	// opened is closed when the node's Run stream is attached; bodySent
 	// when the whole body went down it; ended when the run ends.
 	opened, bodySent, ended chan struct{}
+	// ticket reports the run's outcome to its provider's circuit breaker.
+	ticket *ticket
+	// decided is set once a message said how the provider did (the
+	// ticket's outcome); only the caller of Recv touches it.
+	decided bool
 
-	mu           sync.Mutex // guards the fields below
+	mu           sync.Mutex      // guards the fields below
+	replay       []*nodev1.RunUp // read by Dispatch, to be returned by Recv first
 	state        runState
 	stream       nodev1.NodeGateway_RunServer // set when opened
 	endErr       error                        // why the run failed; nil for a clean end
@@ -69,9 +77,16 @@ func (r *Run) Info() DispatchInfo { return r.info }
 // COMPLETE, ERROR or CANCELLED event, TunnelEnd, TunnelError) the lease is
 // already released, and later calls return io.EOF; so do calls after Close.
 // When the node connection or the run stream fails first, it returns an
-// error wrapping ErrNodeGone (the lease is released).
+// error wrapping ErrNodeGone (the lease is released). Messages Dispatch read
+// to decide whether to admit the request again come first, as they came.
 func (r *Run) Recv() (*nodev1.RunUp, error) {
 	r.mu.Lock()
+	if len(r.replay) > 0 {
+		m := r.replay[0]
+		r.replay = r.replay[1:]
+		r.mu.Unlock()
+		return m, nil
+	}
 	state, stream := r.state, r.stream
 	r.mu.Unlock()
 	if state == runEnded || stream == nil {
@@ -91,6 +106,7 @@ func (r *Run) Recv() (*nodev1.RunUp, error) {
 		if !ok {
 			continue // a repeated RunOpen or an empty message: nothing for the caller
 		}
+		r.observe(m)
 		if terminal {
 			if !r.finish(reason, nil, false) {
 				return nil, r.endResult() // ended by Close or a failure meanwhile
@@ -137,6 +153,82 @@ func classifyRunUp(m *nodev1.RunUp) (reason string, terminal, ok bool) {
 	}
 }
 
+// observe reports the provider's outcome to its circuit breaker at the
+// first message that tells it.
+func (r *Run) observe(m *nodev1.RunUp) {
+	if r.decided {
+		return
+	}
+	o, decisive, _ := verdict(m)
+	if !decisive {
+		return
+	}
+	r.decided = true
+	if r.ticket.done(o) {
+		r.s.circuitOpened(providerKey{r.info.NodeID, r.info.ProviderID})
+	}
+}
+
+// verdict says what m, the first message of a run that is not a bare
+// RunOpen, tells of its provider, whether it is the first that tells it
+// (decisive), and, for a failure before any byte of the answer that another
+// candidate may serve instead, the retry reason: "status 429", "status
+// 502" (also unreachable: the node's status for a provider it could not
+// reach) or "status 503". A run event ERROR without a status counts as
+// 502, as the HTTP layer answers it.
+func verdict(m *nodev1.RunUp) (o outcome, decisive bool, retry string) {
+	switch msg := m.GetMsg().(type) {
+	case *nodev1.RunUp_Events:
+		for _, e := range msg.Events.GetEvents() {
+			switch e.GetType() {
+			case nodev1.RunEvent_TYPE_STARTED, nodev1.RunEvent_TYPE_DELTA, nodev1.RunEvent_TYPE_USAGE, nodev1.RunEvent_TYPE_COMPLETE:
+				return outcomeOK, true, ""
+			case nodev1.RunEvent_TYPE_CANCELLED:
+				return outcomeNeutral, true, ""
+			case nodev1.RunEvent_TYPE_ERROR:
+				status := int(e.GetStatus())
+				if status == 0 {
+					status = http.StatusBadGateway
+				}
+				o, retry := statusOutcome(status)
+				return o, true, retry
+			}
+		}
+		return outcomeNeutral, false, ""
+	case *nodev1.RunUp_TunnelHead:
+		o, retry := statusOutcome(int(msg.TunnelHead.GetStatus()))
+		return o, true, retry
+	case *nodev1.RunUp_TunnelError:
+		if msg.TunnelError.GetStatus() == 0 { // the run was cancelled
+			return outcomeNeutral, true, ""
+		}
+		o, retry := statusOutcome(int(msg.TunnelError.GetStatus()))
+		return o, true, retry
+	case *nodev1.RunUp_TunnelData, *nodev1.RunUp_TunnelEnd:
+		return outcomeNeutral, true, "" // out of order: the HTTP layer answers it
+	default:
+		return outcomeNeutral, false, ""
+	}
+}
+
+// statusOutcome classifies an HTTP status a provider answered (or its node
+// reported) before the first byte: 429 and 500 and above are failures, 429,
+// 502 and 503 worth another candidate (RFC 9110 15.6.3, 15.6.4: a gateway
+// could not get an answer, the server is overloaded; RFC 6585 4: too many
+// requests), other 4xx the client's own, anything below 400 an answer.
+func statusOutcome(status int) (outcome, string) {
+	switch {
+	case status == http.StatusTooManyRequests, status == http.StatusBadGateway, status == http.StatusServiceUnavailable:
+		return outcomeFailed, fmt.Sprintf("status %d", status)
+	case status >= 500:
+		return outcomeFailed, ""
+	case status >= 400:
+		return outcomeNeutral, ""
+	default:
+		return outcomeOK, ""
+	}
+}
+
 // endResult is what Recv returns once the run ended: its failure, or io.EOF.
 func (r *Run) endResult() error {
 	r.mu.Lock()
@@ -150,9 +242,13 @@ func (r *Run) endResult() error {
 // Close ends the run if it has not ended: it sends Cancel{run_id} on the
 // node's control stream and on the run stream, releases the lease and lets
 // the node's Run handler return. The reason is for the node and the logs.
-// It is idempotent.
+// It is idempotent. Messages Dispatch read ahead and Recv has not returned
+// yet are dropped.
 func (r *Run) Close(reason string) {
 	r.finish("closed: "+reason, nil, true)
+	r.mu.Lock()
+	r.replay = nil
+	r.mu.Unlock()
 }
 
 // finish ends the run with endErr (nil = clean) if it has not ended, and
@@ -182,6 +278,15 @@ func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, ca
 
 	r.s.forget(r)
 	r.s.emitRun(lifecycle.RunEnded, r, reason)
+	// A run that ends before its provider said anything tells nothing of
+	// it, unless its node never opened or refused it.
+	o := outcomeNeutral
+	if errors.Is(endErr, ErrDispatchTimeout) || errors.Is(endErr, ErrDispatchRefused) {
+		o = outcomeFailed
+	}
+	if r.ticket.done(o) {
+		r.s.circuitOpened(providerKey{r.info.NodeID, r.info.ProviderID})
+	}
 	if cancelNode {
 		r.conn.enqueue(&nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_Cancel{Cancel: &nodev1.Cancel{RunId: r.info.RunID, Reason: reason}}})
 	}

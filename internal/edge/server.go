@@ -65,6 +65,8 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 		shutdown: make(chan struct{}),
 		runs:     make(map[string]*Run),
 		observer: deps.Observer,
+		breakers: newBreakers(cfg.CircuitBreaker, clk),
+		retries:  make(map[string]uint64),
 	}}, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -79,9 +80,14 @@ type Service struct {
 	// afterAdmit, when set (tests only, before use), runs between admission
 	// and dispatch.
 	afterAdmit func(scheduler.Candidate)
+	breakers   *breakers
 
 	mu   sync.Mutex      // guards the fields below
 	runs map[string]*Run // pending and open runs, by run id
+
+	statsMu      sync.Mutex // guards the fields below; a leaf lock
+	retries      map[string]uint64
+	circuitOpens uint64
 }
 
 // Dispatch admits req through its model's queue, sends it to the selected
@@ -90,6 +96,22 @@ type Service struct {
 // blocks while the request is queued. The model name is first resolved as
 // Ollama clients expect: a name without a tag and the same name with
 // ":latest" are one model (catalog.name), with one queue.
+//
+// Retry before the first byte: with max_retries > 0 (Config.MaxRetries,
+// default 1), Dispatch also waits for the run's first message that says how
+// the provider did (a head, a started, delta, complete or error event) and
+// keeps the messages it read for Recv. When the provider failed in a way
+// another candidate may not (unreachable or answered 502, 503 or 429; see
+// verdict), or the node was lost before the run's first message, the
+// request is admitted again, at most max_retries times, each time to a
+// provider not tried yet for it (run id RunID + "-retry", then "-retry2",
+// ...), and the failed run ends. When no other candidate takes it, the last
+// failed run is returned as it came (its Recv gives the provider's answer)
+// or, for a lost node, its error. Each retry is logged and counted (Stats).
+//
+// Providers out of rotation (their circuit breaker open, see breakers) are
+// no candidates; a model whose every provider is out of rotation fails with
+// scheduler.ErrNoProvider.
 //
 // Errors: ErrInvalidRequest; the scheduler's admission errors
 // (scheduler.ErrUnknownModel, ErrNoProvider, ErrCandidatesRejected naming
@@ -113,60 +135,224 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (*Run, error) {
 	if req.RunID == "" {
 		req.RunID = newRunID()
 	}
-	run, failed, err := s.dispatchOnce(ctx, req, nil)
-	if !retryable(err) {
-		return run, err
-	}
-	// DESIGN.md: a dispatch that never reached a provider (sent on a
-	// replaced generation, not opened in time, refused, or lost with its
-	// node before the run opened) is released and admitted again, once,
-	// without the candidate that failed.
-	s.log.Info("dispatch failed before the run opened; trying another provider", "model", req.Model, "node", failed.NodeID, "provider", failed.ProviderID, "err", err)
-	s.emit(lifecycle.Event{Type: lifecycle.DispatchRetried, Model: req.Model, NodeID: failed.NodeID, Generation: failed.Generation, ProviderID: failed.ProviderID, Reason: dispatchFailure(err)})
-	req.RunID += "-retry"
-	run, _, err2 := s.dispatchOnce(ctx, req, &failed)
-	if errors.Is(err2, scheduler.ErrNoProvider) {
-		// No other candidate. A node that went away leaves the model
-		// without a provider (503); other failures are reported as they were.
-		if errors.Is(err, ErrNodeGone) || errors.Is(err, ErrStaleGeneration) {
-			return nil, fmt.Errorf("%w: %w", scheduler.ErrProviderUnavailable, err)
+	baseID := req.RunID
+	var (
+		tried      []triedCandidate
+		readmitted bool  // a dispatch that never reached a provider was admitted again
+		retries    int   // admissions again after a provider failed before the first byte
+		failedRun  *Run  // the last failed attempt, ended, to relay if nothing else serves
+		failedErr  error // or why the last attempt failed without a run
+	)
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			req.RunID = retryRunID(baseID, attempt)
 		}
-		return nil, err
+		run, cand, err := s.dispatchOnce(ctx, req, tried)
+		switch {
+		case err == nil:
+		case errors.Is(err, errOutOfRotation):
+			// Its circuit opened after the resolver ran: not an attempt.
+			tried = append(tried, tried1(cand, false))
+			attempt--
+			continue
+		case dispatchRetryable(err) && !readmitted:
+			// DESIGN.md: a dispatch that never reached a provider (sent on a
+			// replaced generation, not opened in time, refused, or lost with
+			// its node before the run opened) is released and admitted
+			// again, once, without the candidate that failed.
+			s.log.Info("dispatch failed before the run opened; trying another provider", "run", req.RunID, "model", req.Model, "node", cand.NodeID, "provider", cand.ProviderID, "err", err)
+			s.emit(lifecycle.Event{Type: lifecycle.DispatchRetried, Model: req.Model, NodeID: cand.NodeID, Generation: cand.Generation, ProviderID: cand.ProviderID, Reason: dispatchFailure(err)})
+			readmitted = true
+			tried = append(tried, tried1(cand, true))
+			if failedRun == nil {
+				failedErr = err
+			}
+			continue
+		case failedRun != nil || failedErr != nil:
+			return s.noOtherCandidate(ctx, err, failedRun, failedErr)
+		default:
+			return nil, err
+		}
+		if failedRun != nil {
+			failedRun.Close("another provider took the request")
+			failedRun = nil
+		}
+		failedErr = nil
+		if s.cfg.Retries() == 0 {
+			return run, nil
+		}
+		reason, err := s.awaitFirst(ctx, run)
+		switch {
+		case ctx.Err() != nil:
+			run.Close("client gone")
+			return nil, ctx.Err()
+		case reason == "":
+			return run, nil // an answer, or a failure no other candidate would change
+		case retries >= s.cfg.Retries():
+			if err != nil {
+				return nil, err
+			}
+			return run, nil
+		}
+		retries++
+		s.countRetry(reason)
+		s.emit(lifecycle.Event{Type: lifecycle.DispatchRetried, Model: req.Model, NodeID: cand.NodeID, Generation: cand.Generation, ProviderID: cand.ProviderID, Reason: reason})
+		s.log.Warn("provider failed before the first byte; admitting the request again", "run", req.RunID, "model", req.Model,
+			"node", cand.NodeID, "provider", cand.ProviderID, "reason", reason, "retry", retries, "max_retries", s.cfg.Retries())
+		tried = append(tried, tried1(cand, false))
+		if err != nil {
+			failedErr = err
+		} else {
+			failedRun = run
+		}
 	}
-	return run, err2
 }
 
-// retryable reports whether a dispatch failed before any provider saw the
-// request, so admitting it again is safe.
-func retryable(err error) bool {
+// noOtherCandidate is Dispatch's answer when admitting a request again
+// failed with err after an attempt failed (failedRun or failedErr): the
+// failed attempt's outcome, as it would have been without the retry, unless
+// the client left.
+func (s *Service) noOtherCandidate(ctx context.Context, err error, failedRun *Run, failedErr error) (*Run, error) {
+	if ctx.Err() != nil {
+		if failedRun != nil {
+			failedRun.Close("client gone")
+		}
+		return nil, ctx.Err()
+	}
+	if failedRun != nil {
+		return failedRun, nil
+	}
+	if !errors.Is(err, scheduler.ErrNoProvider) {
+		return nil, err
+	}
+	// No other candidate. A node that went away leaves the model without a
+	// provider (503); other failures are reported as they were.
+	if errors.Is(failedErr, ErrNodeGone) || errors.Is(failedErr, ErrStaleGeneration) {
+		return nil, fmt.Errorf("%w: %w", scheduler.ErrProviderUnavailable, failedErr)
+	}
+	return nil, failedErr
+}
+
+// retryRunID is the run id of a request's attempt-th admission again:
+// id + "-retry", then id + "-retry2", ...
+func retryRunID(id string, attempt int) string {
+	if attempt == 1 {
+		return id + "-retry"
+	}
+	return fmt.Sprintf("%s-retry%d", id, attempt)
+}
+
+// maxReadAhead bounds the bytes of a failed tunnel answer (its error body)
+// Dispatch keeps while it admits the request again; a longer one is
+// relayed as it is.
+const maxReadAhead = 256 << 10
+
+// awaitFirst reads run's messages until one tells how the provider did
+// (verdict), keeping them for Recv. For a failure worth another candidate
+// it returns the retry reason; the run has then ended (a failed tunnel
+// answer is read to its end, up to maxReadAhead bytes). A node lost before
+// that message is the reason "node gone", with its error. ctx ending closes
+// the run.
+func (s *Service) awaitFirst(ctx context.Context, run *Run) (reason string, err error) {
+	stop := context.AfterFunc(ctx, func() { run.finish("client gone", ctx.Err(), true) })
+	defer stop()
+	var got []*nodev1.RunUp
+	defer func() {
+		run.mu.Lock()
+		run.replay = append(got, run.replay...)
+		run.mu.Unlock()
+	}()
+	for {
+		m, err := run.Recv()
+		if err != nil {
+			if errors.Is(err, ErrNodeGone) {
+				return "node gone", err
+			}
+			return "", nil // io.EOF or ctx: Recv will say it again
+		}
+		got = append(got, m)
+		_, decisive, retry := verdict(m)
+		if !decisive {
+			continue
+		}
+		if retry == "" || m.GetTunnelHead() == nil {
+			return retry, nil
+		}
+		// A failed tunnel answer: read its body to the end, so that the
+		// run's slot is free while the request is admitted again.
+		size := 0
+		for {
+			m, err := run.Recv()
+			if err != nil {
+				return retry, nil // ended: the head and what came is the answer
+			}
+			got = append(got, m)
+			size += len(m.GetTunnelData().GetData())
+			if size > maxReadAhead {
+				return "", nil
+			}
+			if _, terminal, _ := classifyRunUp(m); terminal {
+				return retry, nil
+			}
+		}
+	}
+}
+
+// triedCandidate is a candidate an attempt of a request went to; exact excludes only
+// its generation (the node replaced it: the new one is a fine candidate),
+// else the provider is excluded whatever its node's generation.
+type triedCandidate struct {
+	scheduler.Candidate
+	exact bool
+}
+
+func tried1(c scheduler.Candidate, exact bool) triedCandidate { return triedCandidate{c, exact} }
+
+func (t triedCandidate) excludes(c scheduler.Candidate) bool {
+	return c.NodeID == t.NodeID && c.ProviderID == t.ProviderID && (!t.exact || c.Generation == t.Generation)
+}
+
+// dispatchRetryable reports whether a dispatch failed before any provider
+// saw the request, so admitting it again is safe.
+func dispatchRetryable(err error) bool {
 	return errors.Is(err, ErrStaleGeneration) || errors.Is(err, ErrDispatchTimeout) ||
 		errors.Is(err, ErrDispatchRefused) || errors.Is(err, ErrNodeGone)
 }
 
-// dispatchOnce admits req (never to the candidate exclude, if set) and
+// errOutOfRotation: the admitted candidate's circuit opened, or its
+// half-open trial was taken, between the resolver and the dispatch.
+var errOutOfRotation = errors.New("provider out of rotation")
+
+// dispatchOnce admits req (never to a candidate tried excludes) and
 // dispatches it; it returns the run, or the candidate it tried and why it
 // failed.
-func (s *Service) dispatchOnce(ctx context.Context, req Request, exclude *scheduler.Candidate) (*Run, scheduler.Candidate, error) {
+func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCandidate) (*Run, scheduler.Candidate, error) {
 	lease, err := s.sched.Admit(ctx, scheduler.Request{
 		Group:                req.Model,
 		Long:                 req.Long,
 		EstimatedInputTokens: req.EstimatedInputTokens,
-		Resolve:              s.resolver(req.Model, req.Needs, exclude),
+		Resolve:              s.resolver(req.Model, req.Needs, tried),
 		Prefer:               scheduler.ProviderRef{NodeID: req.PreferNodeID, ProviderID: req.PreferProviderID},
 		OnQueued:             func() { s.emitQueued(req.Model) },
 	})
 	if err != nil {
 		return nil, scheduler.Candidate{}, err
 	}
+	cand := lease.Candidate()
+	tk, ok := s.breakers.acquire(providerKey{cand.NodeID, cand.ProviderID})
+	if !ok {
+		lease.Release("circuit open")
+		return nil, cand, errOutOfRotation
+	}
 	runID := req.RunID
 	lease.Track(runID)
-	cand := lease.Candidate()
 	if s.afterAdmit != nil {
 		s.afterAdmit(cand)
 	}
 	c, p := s.reg.lookup(cand.NodeID, cand.Generation, cand.ProviderID)
 	if c == nil {
 		lease.Release("stale generation")
+		tk.done(outcomeNeutral)
 		return nil, cand, fmt.Errorf("%w: node %q generation %d was replaced before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
 	}
 	li := lease.Info()
@@ -190,6 +376,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, exclude *schedu
 		opened:   make(chan struct{}),
 		bodySent: make(chan struct{}),
 		ended:    make(chan struct{}),
+		ticket:   tk,
 	}
 	s.mu.Lock()
 	s.runs[runID] = r
@@ -235,17 +422,19 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, exclude *schedu
 
 // resolver returns the request-local resolver the scheduler calls under its
 // lock: the catalog's candidates for model that have every capability in
-// needs.
-func (s *Service) resolver(model string, needs []string, exclude *scheduler.Candidate) func() ([]scheduler.Candidate, error) {
+// needs, that no earlier attempt of the request went to (tried) and whose
+// provider is in rotation (its circuit breaker closed, or half-open with no
+// trial in flight).
+func (s *Service) resolver(model string, needs []string, tried []triedCandidate) func() ([]scheduler.Candidate, error) {
 	return func() ([]scheduler.Candidate, error) {
 		cands, err := s.cat.resolve(model)
 		if err != nil {
 			return nil, err
 		}
 		out := make([]scheduler.Candidate, 0, len(cands))
-		missing, excluded := "", false
+		missing, excluded, open := "", false, false
 		for _, c := range cands {
-			if exclude != nil && c.NodeID == exclude.NodeID && c.ProviderID == exclude.ProviderID && c.Generation == exclude.Generation {
+			if slices.ContainsFunc(tried, func(t triedCandidate) bool { return t.excludes(c.Candidate) }) {
 				excluded = true
 				continue
 			}
@@ -255,16 +444,66 @@ func (s *Service) resolver(model string, needs []string, exclude *scheduler.Cand
 				}
 				continue
 			}
+			if !s.breakers.inRotation(providerKey{c.NodeID, c.ProviderID}) {
+				open = true
+				continue
+			}
 			out = append(out, c.Candidate)
 		}
-		if len(out) == 0 && missing == "" && excluded {
-			return nil, fmt.Errorf("%w %q but the one that failed", scheduler.ErrNoProvider, model)
-		}
-		if len(out) == 0 {
+		switch {
+		case len(out) > 0:
+			return out, nil
+		case open:
+			return nil, fmt.Errorf("%w %q: every provider that could serve it is out of rotation (circuit open)", scheduler.ErrNoProvider, model)
+		case missing == "" && excluded:
+			return nil, fmt.Errorf("%w %q but the ones that failed", scheduler.ErrNoProvider, model)
+		default:
 			return nil, fmt.Errorf("%w: no provider for model %q has capability %q", scheduler.ErrCandidatesRejected, model, missing)
 		}
-		return out, nil
 	}
+}
+
+// Stats are counters of the edge's fault handling since it started.
+type Stats struct {
+	// Retries counts admissions again after a provider failed before the
+	// first byte, by reason: "status 429", "status 502", "status 503",
+	// "node gone".
+	Retries map[string]uint64
+	// CircuitOpened counts the times a provider was taken out of rotation
+	// (a circuit opened, or re-opened after a failed trial).
+	CircuitOpened uint64
+}
+
+// Stats returns the fault-handling counters; the map is the caller's.
+func (s *Service) Stats() Stats {
+	s.statsMu.Lock()
+	defer s.statsMu.Unlock()
+	return Stats{Retries: maps.Clone(s.retries), CircuitOpened: s.circuitOpens}
+}
+
+func (s *Service) countRetry(reason string) {
+	s.statsMu.Lock()
+	s.retries[reason]++
+	s.statsMu.Unlock()
+}
+
+// circuitOpened takes k out of rotation in the scheduler too: queued
+// requests re-resolve their candidates, and those left with none fail
+// (scheduler.ErrProviderUnavailable) instead of waiting for it.
+func (s *Service) circuitOpened(k providerKey) {
+	s.statsMu.Lock()
+	s.circuitOpens++
+	s.statsMu.Unlock()
+	s.log.Warn("provider out of rotation: circuit open", "node", k.node, "provider", k.provider)
+	s.reg.mu.RLock()
+	c := s.reg.nodes[k.node]
+	s.reg.mu.RUnlock()
+	if c != nil {
+		if err := s.sched.Activate(c.nodeID, c.gen, s.reg.specs(c), func() bool { return s.reg.isCurrent(c) }); err != nil {
+			s.log.Warn("re-activation failed", "node", c.nodeID, "err", err)
+		}
+	}
+	s.reg.notify()
 }
 
 // Models lists the model names clients may request: every configured
@@ -393,6 +632,10 @@ type ProviderSnapshot struct {
 	Load float64
 	// Status is "available" or "orphan".
 	Status string
+	// Circuit is the provider's circuit breaker state: "closed" (in
+	// rotation), "open" (out of rotation for a cool-down) or "half_open"
+	// (one trial request may go).
+	Circuit string
 }
 
 // QueueSnapshot is one model group's queue.
@@ -421,6 +664,7 @@ func (s *Service) Snapshot() Snapshot {
 			NodeID: sp.NodeID, ProviderID: sp.ProviderID, Generation: sp.Generation,
 			Capacity: sp.Capacity, LongCapacity: sp.LongCapacity, InFlight: sp.InFlight, LongInFlight: sp.LongInFlight,
 			Queued: sp.Queued, Load: sp.Load, Status: sp.Status,
+			Circuit: s.breakers.state(providerKey{sp.NodeID, sp.ProviderID}),
 		}
 		if c := s.reg.nodes[sp.NodeID]; c != nil && c.gen == sp.Generation {
 			if p := c.byID[sp.ProviderID]; p != nil {

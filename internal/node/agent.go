@@ -73,6 +73,22 @@ type Option func(*Agent)
 // all go through it, so tests can drive them with a clock.Fake.
 func WithClock(c clock.Clock) Option { return func(a *Agent) { a.clock = c } }
 
+// WithRand makes the agent draw its reconnect backoff jitter from r instead
+// of the process-wide source, so a test can replay one node's delays (the
+// agent's Run loop is r's only user). Nodes that share no source (the
+// default) wait different times after one edge restart, so they do not
+// all dial it again at the same instant.
+func WithRand(r *rand.Rand) Option {
+	return func(a *Agent) {
+		a.jitter = func(d time.Duration) time.Duration {
+			if d <= 0 {
+				return 0
+			}
+			return time.Duration(r.Int64N(int64(d) + 1))
+		}
+	}
+}
+
 // New validates cfg (with defaults applied), reads each provider's API key
 // from its api_key_env once, and builds the adapters. A nil logger
 // discards. Errors wrap ErrInvalidConfig.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -561,4 +562,57 @@ func TestRegression_ReplacedAtOnceBacksOff(t *testing.T) {
 	}
 	connect(t, e, gen, hour)
 	waitGeneration(t, a, gen)
+}
+
+// TestBackoffJitter: every reconnect wait is drawn uniformly in [0, its
+// ceiling] (ReconnectMin doubling up to ReconnectMax); agents with their own
+// random sources wait different times, so nodes that lose one edge do not
+// all dial it again at the same instant, and one source replays the same
+// waits.
+func TestBackoffJitter(t *testing.T) {
+	cfg := testConfig("127.0.0.1:1", ProviderConfig{ID: "p", Type: "openai", BaseURL: "http://127.0.0.1:1", Models: []string{"m"}})
+	cfg.ReconnectMin, cfg.ReconnectMax = time.Second, 8*time.Second
+	ceilings := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 8 * time.Second}
+	waits := func(seed uint64) []time.Duration {
+		a, err := New(cfg, nil, WithRand(rand.New(rand.NewPCG(seed, 42))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.closeAdapters()
+		var out []time.Duration
+		for attempt, ceiling := range ceilings {
+			d := a.backoff(attempt)
+			if d < 0 || d > ceiling {
+				t.Fatalf("seed %d attempt %d: wait %s outside [0, %s]", seed, attempt, d, ceiling)
+			}
+			out = append(out, d)
+		}
+		return out
+	}
+	const nodes = 8
+	firsts := make(map[time.Duration]bool)
+	for seed := range uint64(nodes) {
+		w := waits(seed)
+		firsts[w[0]] = true
+		if again := waits(seed); !slices.Equal(w, again) {
+			t.Fatalf("seed %d: waits %v then %v from one source", seed, w, again)
+		}
+	}
+	if len(firsts) < nodes {
+		t.Fatalf("%d nodes drew only %d distinct first waits: %v", nodes, len(firsts), firsts)
+	}
+	// The default source: two agents' first waits differ too.
+	a1, _ := New(cfg, nil)
+	a2, _ := New(cfg, nil)
+	defer a1.closeAdapters()
+	defer a2.closeAdapters()
+	same := 0
+	for range 16 {
+		if a1.backoff(3) == a2.backoff(3) {
+			same++
+		}
+	}
+	if same == 16 {
+		t.Fatal("two agents with the default source drew the same 16 waits")
+	}
 }

@@ -48,6 +48,8 @@ type AdminProvider struct {
 	Load                     float64
 	// Status is "available" or "orphan" (the node is gone while runs drain).
 	Status string
+	// Circuit is the circuit breaker state: "closed", "open" or "half_open".
+	Circuit string
 }
 
 // AdminQueue is one model group's queue. Its fields mirror
@@ -101,6 +103,7 @@ type adminProviderJSON struct {
 	Models       []string `json:"models"`
 	Capabilities []string `json:"capabilities"`
 	Status       string   `json:"status"`
+	Circuit      string   `json:"circuit"` // "closed", "open" (out of rotation) or "half_open"
 }
 
 type adminQueueJSON struct {
@@ -136,6 +139,7 @@ func adminProviders(s AdminSnapshot) any {
 			Capacity: p.Capacity, InFlight: p.InFlight, LongCapacity: p.LongCapacity, LongInFlight: p.LongInFlight,
 			Queued: p.Queued, LoadRatio: p.Load, Health: health,
 			Models: nonNil(p.Models), Capabilities: nonNil(p.Capabilities), Status: p.Status,
+			Circuit: p.Circuit,
 		})
 	}
 	return out

@@ -1,0 +1,202 @@
+package edge
+
+import (
+	"sync"
+	"time"
+
+	"iop/internal/scheduler"
+)
+
+// Circuit states, as snapshots and the admin API show them.
+const (
+	CircuitClosed   = "closed"    // in rotation
+	CircuitOpen     = "open"      // out of rotation until its cool-down ends
+	CircuitHalfOpen = "half_open" // cool-down over: one trial request may go
+)
+
+// outcome is what one attempt says of its provider's health.
+type outcome uint8
+
+const (
+	// outcomeNeutral says nothing: the client's own fault (a 4xx other than
+	// 429), a cancel, the node lost (its generation is fenced instead), or
+	// an attempt that ended before its provider answered.
+	outcomeNeutral outcome = iota
+	// outcomeOK: the provider answered (a 2xx head, a started, delta or
+	// complete event).
+	outcomeOK
+	// outcomeFailed: the provider failed before its first byte (a status
+	// of 500 or above, or 429; unreachable; a timeout), or its node did not
+	// open or refused the dispatch.
+	outcomeFailed
+)
+
+// providerKey names one provider of one node, whatever its generation.
+type providerKey struct{ node, provider string }
+
+// breakers is the circuit breaker of every (node, provider). A circuit
+// counts its provider's failures in a row; at cfg.Failures it opens: the
+// provider is no candidate (the resolver filters it) until its cool-down
+// ends. It is then half-open: one trial request may be admitted to it; its
+// success closes the circuit, its failure opens it again for twice the
+// previous cool-down (at most cfg.MaxCoolDown), and an attempt that says
+// nothing (the client left first) lets another request be the trial.
+//
+// State is kept per node id and provider id across the node's
+// generations: a node that reconnects does not make a broken model server
+// work. Circuits of nodes that never come back stay, a few bytes each.
+type breakers struct {
+	cfg   BreakerConfig // Failures < 0: every method admits everything
+	clock scheduler.Clock
+
+	mu       sync.Mutex // guards the fields below; a leaf lock
+	circuits map[providerKey]*circuit
+}
+
+type circuit struct {
+	failures  int       // failures in a row while closed
+	open      bool      // open or half-open (openUntil passed)
+	openUntil time.Time // end of the cool-down
+	coolDown  time.Duration
+	trial     bool // a half-open trial is in flight
+}
+
+func newBreakers(cfg BreakerConfig, clk scheduler.Clock) *breakers {
+	return &breakers{cfg: cfg, clock: clk, circuits: make(map[providerKey]*circuit)}
+}
+
+func (b *breakers) disabled() bool { return b.cfg.Failures < 0 }
+
+// stateLocked returns k's state at now.
+func (b *breakers) stateLocked(c *circuit, now time.Time) string {
+	switch {
+	case c == nil || !c.open:
+		return CircuitClosed
+	case now.Before(c.openUntil):
+		return CircuitOpen
+	default:
+		return CircuitHalfOpen
+	}
+}
+
+// state returns the circuit state of k: CircuitClosed, CircuitOpen or
+// CircuitHalfOpen.
+func (b *breakers) state(k providerKey) string {
+	if b.disabled() {
+		return CircuitClosed
+	}
+	now := b.clock.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.stateLocked(b.circuits[k], now)
+}
+
+// inRotation reports whether k may be a candidate for a new admission: its
+// circuit is closed, or half-open with no trial in flight. It may be called
+// under the scheduler's lock.
+func (b *breakers) inRotation(k providerKey) bool {
+	if b.disabled() {
+		return true
+	}
+	now := b.clock.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c := b.circuits[k]
+	switch b.stateLocked(c, now) {
+	case CircuitOpen:
+		return false
+	case CircuitHalfOpen:
+		return !c.trial
+	default:
+		return true
+	}
+}
+
+// ticket is one admitted attempt's right to use a provider; done reports
+// its outcome, once (later calls change nothing).
+type ticket struct {
+	b     *breakers
+	key   providerKey
+	trial bool // the half-open circuit's trial
+	once  sync.Once
+}
+
+// acquire takes a ticket for an attempt just admitted to k, or reports
+// false when k is out of rotation (its circuit opened, or another request
+// took the half-open trial, since the resolver ran).
+func (b *breakers) acquire(k providerKey) (*ticket, bool) {
+	t := &ticket{b: b, key: k}
+	if b.disabled() {
+		return t, true
+	}
+	now := b.clock.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c := b.circuits[k]
+	switch b.stateLocked(c, now) {
+	case CircuitOpen:
+		return nil, false
+	case CircuitHalfOpen:
+		if c.trial {
+			return nil, false
+		}
+		c.trial, t.trial = true, true
+	}
+	return t, true
+}
+
+// done records the attempt's outcome; it reports whether this opened the
+// circuit. Only the first call counts.
+func (t *ticket) done(o outcome) (opened bool) {
+	if t == nil {
+		return false
+	}
+	t.once.Do(func() { opened = t.b.record(t, o) })
+	return opened
+}
+
+func (b *breakers) record(t *ticket, o outcome) (opened bool) {
+	if b.disabled() {
+		return false
+	}
+	now := b.clock.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c := b.circuits[t.key]
+	if c == nil {
+		if o != outcomeFailed {
+			return false
+		}
+		c = &circuit{coolDown: b.cfg.CoolDown}
+		b.circuits[t.key] = c
+	}
+	if t.trial {
+		c.trial = false
+		switch o {
+		case outcomeOK:
+			*c = circuit{coolDown: b.cfg.CoolDown}
+		case outcomeFailed:
+			c.coolDown = min(2*c.coolDown, b.cfg.MaxCoolDown)
+			c.openUntil = now.Add(c.coolDown)
+			return true
+		}
+		return false
+	}
+	if c.open {
+		// An attempt admitted before the circuit opened: its outcome is
+		// older news than the trial's.
+		return false
+	}
+	switch o {
+	case outcomeOK:
+		c.failures = 0
+	case outcomeFailed:
+		c.failures++
+		if c.failures >= b.cfg.Failures {
+			c.open, c.failures = true, 0
+			c.openUntil = now.Add(c.coolDown)
+			return true
+		}
+	}
+	return false
+}
