@@ -4,7 +4,7 @@ BIN := $(CURDIR)/bin
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 
-.PHONY: all build run test proto bench clean
+.PHONY: all build run test proto bench clean postgresql
 
 all: build
 
@@ -17,8 +17,9 @@ run:
 	$(GO) run ./cmd/iop dev $(ARGS)
 
 # Runs every test with the race detector. First installs the JavaScript
-# client tests' npm packages (test/js) if they are absent or older than the lock.
-test: test/js/node_modules
+# client tests' npm packages (test/js) if they are absent or older than the lock,
+# and PostgreSQL (the usage ledger's test starts a throwaway server) if absent.
+test: test/js/node_modules postgresql
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
 
@@ -28,6 +29,14 @@ test/js/node_modules: test/js/package.json test/js/package-lock.json
 	@command -v npm >/dev/null || { echo "npm (Node.js 20 or later) is needed for the JavaScript client tests" >&2; exit 1; }
 	cd test/js && npm ci --silent --no-audit --no-fund
 	@touch $@
+
+# Debian's postgresql package, for the usage ledger's PostgreSQL test (which
+# runs initdb and postgres from /usr/lib/postgresql/*/bin itself). Quiet; does
+# nothing when the binaries are there.
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+		echo "installing PostgreSQL (Debian's postgresql package) for the ledger test" >&2; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
 
 # Benchmarks (not part of make test): the scheduler's and the hot paths'
 # (go test -bench), then the overhead benchmark: iop sim, edge and node as
