@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"iop/internal/auth"
 	"iop/internal/runs"
 )
 
@@ -35,6 +36,19 @@ type Config struct {
 	// Runs, when set, serves the runs API (/v1/runs, see runs.go) with
 	// this manager of run records.
 	Runs *runs.Manager
+	// Keys are the client API keys; with at least one, every route but
+	// /healthz, /readyz and the admin routes needs one of them
+	// (access.go). Nil or empty: the client API is open.
+	Keys *auth.Keyring
+	// AdminKeys are the admin API keys the routes under AdminPrefixes
+	// need whenever Keys or AdminKeys hold a key.
+	AdminKeys *auth.Keyring
+	// AdminPrefixes are the path roots of the admin routes; nil means
+	// DefaultAdminPrefixes.
+	AdminPrefixes []string
+	// Ledger, when set, records every finished run and serves GET
+	// /admin/v1/usage.
+	Ledger Ledger
 }
 
 // Validate reports a configuration New cannot honour, wrapping
@@ -62,6 +76,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.AdminPrefixes == nil {
+		c.AdminPrefixes = DefaultAdminPrefixes
 	}
 	return c
 }

@@ -16,7 +16,7 @@ import (
 // (http.ErrAbortHandler) after that Close.
 func (h *handler) serveRun(w http.ResponseWriter, r *http.Request, req *Request,
 	normalized func(rr *runResponse, info DispatchInfo) string) {
-	run, err := h.gw.Dispatch(r.Context(), *req)
+	run, err := h.dispatch(r.Context(), req)
 	if err != nil {
 		h.writeError(w, r, err, req)
 		return

@@ -39,6 +39,9 @@ func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
 	if h.cfg.Runs != nil {
 		h.routes[runsPath] = route{"", h.runsRoute}
 	}
+	if h.cfg.Ledger != nil {
+		h.routes["/admin/v1/usage"] = route{http.MethodGet, h.serveUsage}
+	}
 	return h
 }
 
@@ -79,7 +82,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// net/http keeps a connection's write deadline between requests: start
 	// each request with a fresh one (e.g. for a 100 Continue).
 	tw.extend()
-	h.route(tw, r)
+	if r, release, ok := h.admit(tw, r); ok {
+		defer release()
+		h.route(tw, r)
+	}
 	if !tw.wrote {
 		h.logger.Debug("aborting a response with nothing written", "path", clip(r.URL.Path))
 		panic(http.ErrAbortHandler)
@@ -202,7 +208,7 @@ func (h *handler) model(id string) modelObject {
 
 // listModels serves GET /v1/models: {"object":"list","data":[model...]}.
 func (h *handler) listModels(w http.ResponseWriter, r *http.Request) {
-	names := h.gw.Models()
+	names := h.models(r)
 	data := make([]modelObject, 0, len(names))
 	for _, name := range names {
 		data = append(data, h.model(name))
@@ -216,7 +222,7 @@ func (h *handler) listModels(w http.ResponseWriter, r *http.Request) {
 // getModel serves GET /v1/models/{model}.
 func (h *handler) getModel(w http.ResponseWriter, r *http.Request) {
 	id := strings.TrimPrefix(r.URL.Path, modelsPrefix)
-	if !slices.Contains(h.gw.Models(), id) {
+	if !slices.Contains(h.models(r), id) {
 		h.writeError(w, r, ErrUnknownModel, &Request{Model: id})
 		return
 	}
