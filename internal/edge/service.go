@@ -71,6 +71,7 @@ type Service struct {
 	sched    *scheduler.Scheduler
 	reg      *registry
 	cat      *catalog
+	trust    *trust
 	shutdown chan struct{} // closed when the gRPC side stops
 	stopOnce sync.Once
 	// afterAdmit, when set (tests only, before use), runs between admission
