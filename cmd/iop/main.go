@@ -35,7 +35,7 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: false,
 	}
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	root.AddCommand(newEdgeCommand(&logLevel), newNodeCommand(&logLevel), newDevCommand(&logLevel), newSimCommand(&logLevel), newBenchCommand(&logLevel))
+	root.AddCommand(newEdgeCommand(&logLevel), newNodeCommand(&logLevel), newDevCommand(&logLevel), newSimCommand(&logLevel), newBenchCommand(&logLevel), newKeysCommand())
 	return root
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"path"
 	"slices"
 	"strings"
 	"time"
@@ -51,11 +52,15 @@ var (
 	ErrModelNotAllowed = errors.New("model not allowed for this API key")
 )
 
-// isAdminPath reports whether path lies under one of the admin prefixes.
-func (h *handler) isAdminPath(path string) bool {
-	for _, p := range h.cfg.AdminPrefixes {
-		if path == p || strings.HasPrefix(path, strings.TrimSuffix(p, "/")+"/") {
-			return true
+// isAdminPath reports whether p, or p with its dot segments resolved
+// (path.Clean: a proxy in front might resolve them), lies under one of the
+// admin prefixes.
+func (h *handler) isAdminPath(p string) bool {
+	for _, candidate := range []string{p, path.Clean(p)} {
+		for _, prefix := range h.cfg.AdminPrefixes {
+			if candidate == prefix || strings.HasPrefix(candidate, strings.TrimSuffix(prefix, "/")+"/") {
+				return true
+			}
 		}
 	}
 	return false

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -58,6 +59,8 @@ func (e *testEnv) send(t *testing.T, method, path, body string, header map[strin
 	}
 	return e.do(t, req)
 }
+
+var reflectDeepEqual = reflect.DeepEqual
 
 func bearer(key string) map[string]string { return map[string]string{"Authorization": "Bearer " + key} }
 
@@ -182,6 +185,12 @@ func TestWrongOrMissingKeys(t *testing.T) {
 			if resp.status != want {
 				t.Errorf("GET %s with %v: %d, want %d (%s)", p, tc.header, resp.status, want, resp.body)
 			}
+		}
+	}
+	// Dot segments do not dodge the admin check.
+	for _, p := range []string{"/v1/../admin/v1/nodes", "/api/../metrics", "//admin/v1/nodes"} {
+		if resp := env.send(t, "GET", p, "", bearer(f.alice)); resp.status != 403 {
+			t.Errorf("GET %s with a client key: %d, want 403", p, resp.status)
 		}
 	}
 	// An admin key cannot call the model API.
@@ -572,5 +581,43 @@ func TestUsageWatchReadsTheTailOfALargeAnswer(t *testing.T) {
 	none.write([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"\\\"usage\\\"\"}}]}\r\n\r\ndata: [DONE]\r\n\r\n"))
 	if _, _, ok := none.usage(); ok {
 		t.Fatal("a stream without a usage chunk reported usage")
+	}
+}
+
+// TestUsageAttributionNeverInfluencesScheduling: the request the edge
+// schedules carries no trace of the caller (the seeds' rule: caller
+// identity is no part of pool selection): the same body sent with two
+// different keys reaches the gateway as the same Request, field for field,
+// on every route.
+func TestUsageAttributionNeverInfluencesScheduling(t *testing.T) {
+	f := newKeys(t, auth.Key{})
+	gw := &fakeGateway{models: []string{"m"}, dispatch: okRun}
+	env := newEnvWithGateway(t, Config{Keys: f.keys, Ledger: &recordingLedger{}}, gw, gw)
+	bodies := []struct{ path, body string }{
+		{"/v1/chat/completions", simpleChat},
+		{"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}],"tools":[{"type":"function","function":{"name":"f"}}]}`},
+		{"/v1/completions", `{"model":"m","prompt":"x"}`},
+		{"/api/chat", `{"model":"m","messages":[{"role":"user","content":"x"}]}`},
+	}
+	for _, b := range bodies {
+		for _, key := range []string{f.alice, f.bob} {
+			env.send(t, "POST", b.path, b.body, map[string]string{"Authorization": "Bearer " + key, "X-Request-Id": "same"})
+		}
+	}
+	env.waitHandlers()
+	reqs := gw.requests()
+	if len(reqs) != 2*len(bodies) {
+		t.Fatalf("%d requests dispatched, want %d", len(reqs), 2*len(bodies))
+	}
+	for i := 0; i < len(reqs); i += 2 {
+		a, b := reqs[i], reqs[i+1]
+		if !reflectDeepEqual(a, b) {
+			t.Errorf("%s: alice's request %+v\ndiffers from bob's %+v", bodies[i/2].path, a, b)
+		}
+		for _, v := range a.Headers {
+			if strings.Contains(v, f.alice) {
+				t.Errorf("the key reached the dispatched request: %v", a.Headers)
+			}
+		}
 	}
 }
