@@ -28,11 +28,11 @@ const keyBytes = 32
 // Key is one configured API key: a name, the hash of its secret, and the
 // limits of a client key (admin keys have none). In YAML:
 //
-//	- name: team-a
-//	  hash: sha256:9f86d0...
-//	  max_concurrent: 4          # requests in flight at once; 0 = no limit
-//	  requests_per_minute: 60    # 0 = no limit
-//	  models: [llama3, qwen2.5]  # empty = every model
+//   - name: team-a
+//     hash: sha256:9f86d0...
+//     max_concurrent: 4          # requests in flight at once; 0 = no limit
+//     requests_per_minute: 60    # 0 = no limit
+//     models: [llama3, qwen2.5]  # empty = every model
 type Key struct {
 	// Name identifies the key in logs, the usage ledger and errors. Required,
 	// unique among the keys of one keyring.
