@@ -4,7 +4,7 @@ BIN := $(CURDIR)/bin
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 
-.PHONY: all build run test chromium proto bench clean
+.PHONY: all build run test chromium postgresql proto bench clean
 
 all: build
 
@@ -17,9 +17,10 @@ run:
 	$(GO) run ./cmd/iop dev $(ARGS)
 
 # Runs every test with the race detector. First installs what the tests
-# need beyond Go: the JavaScript client tests' npm packages (test/js) and
-# Chromium for the dashboard's browser test.
-test: test/js/node_modules chromium
+# need beyond Go: the JavaScript client tests' npm packages (test/js),
+# Chromium for the dashboard's browser test and PostgreSQL (the usage
+# ledger's test starts a throwaway server), each only when missing.
+test: test/js/node_modules chromium postgresql
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
 
@@ -34,6 +35,14 @@ test/js/node_modules: test/js/package.json test/js/package-lock.json
 chromium:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+# Debian's postgresql package, for the usage ledger's PostgreSQL test (which
+# runs initdb and postgres from /usr/lib/postgresql/*/bin itself). Quiet; does
+# nothing when the binaries are there.
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+		echo "installing PostgreSQL (Debian's postgresql package) for the ledger test" >&2; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
 
 # Benchmarks (not part of make test): the scheduler's and the hot paths'
 # (go test -bench), then the overhead benchmark: iop sim, edge and node as

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"iop/internal/auth"
 	"iop/internal/edge"
 	"iop/internal/node"
 	"iop/internal/sim"
@@ -40,6 +41,12 @@ type devConfig struct {
 	WriteTimeout time.Duration `yaml:"write_timeout"`
 	// Database is the SQLite file of run records; "" keeps them in memory.
 	Database string `yaml:"database"`
+	// APIKey, when set, is the one client API key the edge accepts (as
+	// "Authorization: Bearer KEY" or "x-api-key: KEY"); empty leaves the
+	// client API open (then served on loopback only unless InsecureOpen).
+	APIKey string `yaml:"api_key"`
+	// InsecureOpen allows an open client API on a non-loopback address.
+	InsecureOpen bool `yaml:"insecure_open"`
 }
 
 // Names used by the simulated providers of `iop dev`.
@@ -91,7 +98,9 @@ func newDevCommand(logLevel *string) *cobra.Command {
 	fl.DurationVar(&cfg.SimTTFT, "sim-ttft", cfg.SimTTFT, "time to first token of the simulated providers")
 	fl.IntVar(&cfg.SimMaxTokens, "sim-max-tokens", cfg.SimMaxTokens, "longest simulated answer, in tokens (0 = 16)")
 	addHTTPFlags(fl, &cfg.MaxBodyBytes, &cfg.WriteTimeout)
-	fl.StringVar(&cfg.Database, "database", cfg.Database, `SQLite file of run records (":memory:" = not kept)`)
+	fl.StringVar(&cfg.Database, "database", cfg.Database, `SQLite file of run records and the usage ledger (":memory:" = not kept)`)
+	fl.StringVar(&cfg.APIKey, "api-key", "", "require this client API key (Authorization: Bearer KEY or x-api-key)")
+	fl.BoolVar(&cfg.InsecureOpen, "insecure-open", false, "serve the client API without a key on a non-loopback address")
 	return cmd
 }
 
@@ -103,17 +112,22 @@ type devStack struct {
 	Model   string        // the model name to try
 	Models  []string      // the served model names behind it
 	Summary string        // what serves it, for people
+	APIKey  string        // the client key required, "" for none
 	done    chan error
 }
 
 // printBanner tells a person where iop dev listens and what to try.
 func printBanner(out io.Writer, d *devStack) {
 	base := "http://" + d.Edge.HTTPAddr
+	authHeader := ""
+	if d.APIKey != "" {
+		authHeader = " -H 'Authorization: Bearer " + d.APIKey + "'"
+	}
 	fmt.Fprintf(out, "\niop dev is ready: %s\n", d.Summary)
 	fmt.Fprintf(out, "  OpenAI-compatible API: %s/v1   (node endpoint for more nodes: %s)\n", base, d.Edge.NodeAddr)
 	fmt.Fprintf(out, "  try:\n")
-	fmt.Fprintf(out, "    curl -N %s/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\":%q,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n", base, d.Model)
-	fmt.Fprintf(out, "    curl %s/v1/models\n", base)
+	fmt.Fprintf(out, "    curl -N %s/v1/chat/completions%s -H 'Content-Type: application/json' -d '{\"model\":%q,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n", base, authHeader, d.Model)
+	fmt.Fprintf(out, "    curl %s/v1/models%s\n", base, authHeader)
 	fmt.Fprintf(out, "  dashboard: %s/ui   metrics: %s/metrics   status: iop status --edge %s\n", base, base, base)
 	if len(d.Models) > 1 {
 		fmt.Fprintf(out, "  %q goes to the least loaded of %v (ties: lowest provider id); name one of them to pick it.\n", d.Model, d.Models)
@@ -153,6 +167,11 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 	edgeCfg.Database = cfg.Database
 	if edgeCfg.Database == "" {
 		edgeCfg.Database = ":memory:"
+	}
+	edgeCfg.InsecureOpen = cfg.InsecureOpen
+	if cfg.APIKey != "" {
+		edgeCfg.Keys = []auth.Key{{Name: "dev", Hash: auth.Hash(cfg.APIKey)}}
+		d.APIKey = cfg.APIKey
 	}
 	if len(ollamaModels) > 0 {
 		providers = append(providers, node.ProviderConfig{ID: "ollama", Type: node.TypeOllama, BaseURL: cfg.OllamaURL, Models: ollamaModels, Capacity: 1})

@@ -14,8 +14,10 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"iop/internal/auth"
 	"iop/internal/edge"
 	"iop/internal/edge/api"
+	"iop/internal/ledger"
 	"iop/internal/runs"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
@@ -23,6 +25,7 @@ import (
 
 func newEdgeCommand(logLevel *string) *cobra.Command {
 	var configPath, pprofListen string
+	var tokens []string
 	cfg := edge.DefaultConfig()
 	cmd := &cobra.Command{
 		Use:   "edge",
@@ -32,6 +35,9 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 			logger, err := setUp(cmd, *logLevel, configPath, &cfg)
 			if err != nil {
 				return err
+			}
+			for _, t := range tokens {
+				cfg.Tokens = append(cfg.Tokens, edge.NodeToken{Token: t})
 			}
 			ctx, stop := signalContext(cmd.Context())
 			defer stop()
@@ -70,8 +76,14 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 	fl.DurationVar(&cfg.DispatchTimeout, "dispatch-timeout", cfg.DispatchTimeout, "how long a node may take to open a dispatched run")
 	fl.IntVar(&cfg.Queue.MaxQueue, "max-queue", cfg.Queue.MaxQueue, "default max queued requests per model")
 	fl.DurationVar(&cfg.Queue.QueueTimeout, "queue-timeout", cfg.Queue.QueueTimeout, "default max time a request waits for a slot")
-	fl.StringSliceVar(&cfg.Tokens, "token", cfg.Tokens, "accepted node token (repeatable; none = accept any node)")
-	fl.StringVar(&cfg.Database, "database", cfg.Database, `SQLite file of run records (":memory:" = not kept)`)
+	fl.StringSliceVar(&tokens, "token", nil, "accepted node join token, for any node id (repeatable; added to the config's tokens; none at all = accept any node)")
+	fl.StringVar(&cfg.Database, "database", cfg.Database, `SQLite file of run records and the usage ledger (":memory:" = not kept)`)
+	fl.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate of the node endpoint (TLS)")
+	fl.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM key of the node endpoint (TLS)")
+	fl.StringVar(&cfg.ClientCA, "client-ca", cfg.ClientCA, "PEM CA that node client certificates must chain to (mutual TLS)")
+	fl.StringVar(&cfg.KeysFile, "keys-file", cfg.KeysFile, "YAML file of client keys and admin_keys (hashes; see iop keys create)")
+	fl.StringVar(&cfg.LedgerDSN, "ledger-dsn", cfg.LedgerDSN, "PostgreSQL DSN of the usage ledger (default: the --database file)")
+	fl.BoolVar(&cfg.InsecureOpen, "insecure-open", cfg.InsecureOpen, "serve the client API without keys on a non-loopback address")
 	addHTTPFlags(fl, &cfg.MaxBodyBytes, &cfg.WriteTimeout)
 	fl.Var(optionalInt{&cfg.MaxRetries}, "max-retries", "times a request whose provider failed before the first byte (unreachable, 502, 503, 429) goes to another provider (0 = never)")
 	fl.IntVar(&cfg.CircuitBreaker.Failures, "breaker-failures", cfg.CircuitBreaker.Failures, "failures in a row that take a provider out of rotation (negative = no circuit breaker)")
@@ -84,17 +96,40 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 // edgeProcess is a running edge: its node endpoint and HTTP API.
 type edgeProcess struct {
 	Service  *edge.Service
+	Ledger   *ledger.Ledger
 	HTTPAddr string // host:port the HTTP API listens on
 	NodeAddr string // host:port the node endpoint listens on
 	done     chan error
 }
 
+// maxHeaderBytes caps a client request's header block; a larger one is
+// answered 431 by net/http (RFC 6585 §5).
+const maxHeaderBytes = 64 << 10
+
 // startEdge listens on cfg.Listen and cfg.NodeListen and serves until ctx
-// ends, with run records in cfg.Database. It returns once both listeners
-// are open. When ctx ends it drains the HTTP API (up to shutdownGrace),
-// ends the runs still going (runs.Manager.Close), calls afterDrain (if set;
-// iop dev stops its in-process node there), then stops the node endpoint.
-func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterDrain func()) (*edgeProcess, error) {
+// ends, with run records and the usage ledger in cfg.Database (the ledger
+// in PostgreSQL with cfg.LedgerDSN). It returns once both listeners
+// are open. It refuses an open client API (no keys) on a non-loopback
+// address unless cfg.InsecureOpen. When ctx ends it drains the HTTP API
+// (up to shutdownGrace), ends the runs still going (runs.Manager.Close),
+// flushes the ledger, calls afterDrain (if set; iop dev stops its
+// in-process node there), then stops the node endpoint.
+func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterDrain func()) (_ *edgeProcess, err error) {
+	cfg, err = cfg.LoadKeysFile()
+	if err != nil {
+		return nil, err
+	}
+	keys, err := auth.NewKeyring("keys", cfg.Keys, nil)
+	if err != nil {
+		return nil, err
+	}
+	adminKeys, err := auth.NewKeyring("admin_keys", cfg.AdminKeys, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkOpenAPI(cfg, keys.Len(), logger); err != nil {
+		return nil, err
+	}
 	obs, err := newObservability()
 	if err != nil {
 		return nil, err
@@ -104,6 +139,14 @@ func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterD
 		return nil, err
 	}
 	obs.svc = srv.Service()
+	var undo []func() // on failure, in reverse order
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
 	runStore, err := runs.OpenSQLite(cfg.Database)
 	if err != nil {
 		return nil, err
@@ -113,15 +156,25 @@ func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterD
 		runStore.Close()
 		return nil, err
 	}
+	undo = append(undo, func() { runManager.Close() })
+	var ledgerStore ledger.Store
+	if cfg.LedgerDSN != "" {
+		ledgerStore, err = ledger.OpenPostgres(ctx, cfg.LedgerDSN)
+	} else {
+		ledgerStore, err = ledger.OpenSQLite(cfg.Database)
+	}
+	if err != nil {
+		return nil, err
+	}
+	usage := ledger.New(ledgerStore, logger)
+	undo = append(undo, func() { usage.Close() })
 	nodeLis, err := net.Listen("tcp", cfg.NodeListen)
 	if err != nil {
-		runManager.Close()
 		return nil, fmt.Errorf("node endpoint: %w", err)
 	}
+	undo = append(undo, func() { nodeLis.Close() })
 	httpLis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		nodeLis.Close()
-		runManager.Close()
 		return nil, fmt.Errorf("HTTP API: %w", err)
 	}
 	svc := srv.Service()
@@ -130,10 +183,14 @@ func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterD
 		WriteTimeout: cfg.WriteTimeout,
 		Ready:        func() bool { return len(svc.Snapshot().Nodes) > 0 },
 		Runs:         runManager,
+		Keys:         keys,
+		AdminKeys:    adminKeys,
+		Ledger:       usage,
 	}), gateway{svc}, logger)
-	httpSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
+	httpSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: maxHeaderBytes,
+		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
 	httpSrv.RegisterOnShutdown(obs.hub.Close) // ends the events streams, which would hold up the drain
-	e := &edgeProcess{Service: svc, HTTPAddr: httpLis.Addr().String(), NodeAddr: nodeLis.Addr().String(), done: make(chan error, 1)}
+	e := &edgeProcess{Service: svc, Ledger: usage, HTTPAddr: httpLis.Addr().String(), NodeAddr: nodeLis.Addr().String(), done: make(chan error, 1)}
 	// The node endpoint outlives ctx until the HTTP API has drained, so the
 	// requests in flight at shutdown can finish.
 	grpcCtx, stopGRPC := context.WithCancel(context.Background())
@@ -165,6 +222,9 @@ func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterD
 		if rerr := runManager.Close(); rerr != nil && err == nil {
 			err = rerr
 		}
+		if lerr := usage.Close(); lerr != nil && err == nil {
+			err = lerr
+		}
 		if afterDrain != nil {
 			afterDrain()
 		}
@@ -175,6 +235,41 @@ func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterD
 		e.done <- err
 	}()
 	return e, nil
+}
+
+// checkOpenAPI refuses a client API without keys on an address other
+// hosts can reach, unless cfg.InsecureOpen, and says in the log what is
+// open: the client API without keys, the admin API without admin keys, a
+// plaintext node endpoint off loopback.
+func checkOpenAPI(cfg edge.Config, keys int, logger *slog.Logger) error {
+	if keys == 0 {
+		if !isLoopback(cfg.Listen) && !cfg.InsecureOpen {
+			return fmt.Errorf("refusing to serve the HTTP API on %s without API keys: anyone who can reach it could use your models. "+
+				"Add client keys (iop keys create NAME; keys: or keys_file: in the config), listen on a loopback address, or start with --insecure-open", cfg.Listen)
+		}
+		logger.Warn("client API is open: no API keys are configured, every caller is served", "listen", cfg.Listen, "insecure_open", cfg.InsecureOpen)
+	} else if len(cfg.AdminKeys) == 0 {
+		logger.Info("admin API disabled: no admin_keys are configured", "listen", cfg.Listen)
+	}
+	if cfg.TLSCert == "" && !isLoopback(cfg.NodeListen) {
+		logger.Warn("node endpoint is plaintext gRPC: node tokens travel in the clear (set tls_cert and tls_key)", "node_listen", cfg.NodeListen)
+	}
+	return nil
+}
+
+// isLoopback reports whether a host:port listen address is on a loopback
+// interface only: "localhost" or a loopback IP. An empty host, 0.0.0.0,
+// :: and names are not.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // shutdownGrace bounds how long a stopping edge waits for requests in flight.

@@ -40,6 +40,11 @@ func newNodeCommand(logLevel *string) *cobra.Command {
 	fl.StringVar(&cfg.NodeID, "node-id", "", "node id (unique per edge)")
 	fl.StringVar(&cfg.Label, "label", "", "human-readable node label")
 	fl.StringVar(&cfg.Token, "token", "", "join token presented to the edge")
+	fl.BoolVar(&cfg.TLS, "tls", false, "dial the edge over TLS (system roots unless --tls-ca)")
+	fl.StringVar(&cfg.TLSCA, "tls-ca", "", "PEM CA the edge's certificate must chain to (implies --tls)")
+	fl.StringVar(&cfg.TLSServerName, "tls-server-name", "", "name the edge's certificate must carry (default: the host of --edge)")
+	fl.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM client certificate for mutual TLS")
+	fl.StringVar(&cfg.TLSKey, "tls-key", "", "PEM key of --tls-cert")
 	fl.IntVar(&cfg.RuntimeConcurrency, "runtime-concurrency", 0, "default provider capacity")
 	fl.StringVar(&pprofListen, "pprof-listen", "", "serve Go's profiler (/debug/pprof/) on this address (keep it on loopback)")
 	return cmd

@@ -12,6 +12,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"iop/internal/auth"
 	"iop/internal/scheduler"
 )
 
@@ -47,7 +48,18 @@ const (
 //	    targets: [llama3.1:8b, meta-llama/Llama-3.1-8B-Instruct]
 //	    max_queue: 32
 //	    queue_timeout: 1m
-//	tokens: [s3cret-node-token]
+//	tokens:
+//	  - s3cret-node-token                      # any node id
+//	  - {token: gpu-token, nodes: [gpu-1]}     # only node gpu-1
+//	tls_cert: /etc/iop/edge.crt                # TLS on the node endpoint
+//	tls_key: /etc/iop/edge.key
+//	client_ca: /etc/iop/nodes-ca.crt           # mutual TLS: nodes need a cert from this CA
+//	keys:                                      # client API keys (hashes; iop keys create)
+//	  - {name: team-a, hash: "sha256:...", max_concurrent: 4, requests_per_minute: 60, models: [llama3]}
+//	admin_keys:
+//	  - {name: ops, hash: "sha256:..."}
+//	keys_file: /etc/iop/keys.yaml              # more keys/admin_keys, same shape
+//	ledger_dsn: postgres://iop@db/iop          # usage ledger in PostgreSQL (default: database)
 //	long_context_tokens: 8192
 //	max_body_bytes: 33554432
 //	write_timeout: 60s
@@ -74,8 +86,38 @@ type Config struct {
 	// that can answer it, with per-model queue overrides. A served model
 	// name needs no entry to be requested.
 	Models map[string]ModelConfig `yaml:"models"`
-	// Tokens are the node tokens accepted in Hello; empty accepts any.
-	Tokens []string `yaml:"tokens"`
+	// Tokens are the node join tokens accepted in Hello, each optionally
+	// limited to some node ids; empty accepts any token. Whatever the
+	// tokens, a node id stays bound to the token it first joined with
+	// (trust.go).
+	Tokens []NodeToken `yaml:"tokens"`
+	// TLSCert and TLSKey are PEM files of the node endpoint's certificate
+	// and key; both empty means plaintext gRPC (keep it on loopback or a
+	// private network).
+	TLSCert string `yaml:"tls_cert"`
+	TLSKey  string `yaml:"tls_key"`
+	// ClientCA, with TLS, is a PEM file of the CA(s) node certificates
+	// must chain to: mutual TLS; a node without such a certificate cannot
+	// connect.
+	ClientCA string `yaml:"client_ca"`
+	// Keys are the client API keys (auth.Key: name, hash, limits,
+	// models). With none (here and in KeysFile) the client API is open,
+	// and served only on a loopback address unless InsecureOpen. Served
+	// by the HTTP layer.
+	Keys []auth.Key `yaml:"keys"`
+	// AdminKeys are the keys of the admin routes (/admin, /metrics, /ui,
+	// /debug). Served by the HTTP layer.
+	AdminKeys []auth.Key `yaml:"admin_keys"`
+	// KeysFile is a YAML file with more keys and admin_keys, in the same
+	// shape as here (LoadKeysFile); read once at start.
+	KeysFile string `yaml:"keys_file"`
+	// InsecureOpen allows an open client API (no keys) on a non-loopback
+	// listen address.
+	InsecureOpen bool `yaml:"insecure_open"`
+	// LedgerDSN, when set, keeps the usage ledger in this PostgreSQL
+	// database (a pgx DSN) instead of the Database file; several edges
+	// may share it.
+	LedgerDSN string `yaml:"ledger_dsn"`
 	// LongContextTokens is the estimated prompt size, in tokens, from which
 	// a request is long-context and also needs a free long_capacity slot of
 	// its provider; default 8192, negative disables the classification.
@@ -273,9 +315,21 @@ func (c Config) Validate() error {
 		}
 	}
 	for i, t := range c.Tokens {
-		if t == "" {
-			bad("tokens[%d] is empty", i)
+		if err := t.validate(); err != nil {
+			bad("tokens[%d]: %v", i, err)
 		}
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		bad("tls_cert and tls_key go together")
+	}
+	if c.ClientCA != "" && c.TLSCert == "" {
+		bad("client_ca needs tls_cert and tls_key")
+	}
+	if err := auth.Validate("keys", c.Keys); err != nil {
+		bad("%v", err)
+	}
+	if err := auth.Validate("admin_keys", c.AdminKeys); err != nil {
+		bad("%v", err)
 	}
 	return errors.Join(errs...)
 }
@@ -303,6 +357,38 @@ func ParseConfig(data []byte) (Config, error) {
 	c.SetDefaults()
 	if err := c.Validate(); err != nil {
 		return Config{}, err
+	}
+	return c, nil
+}
+
+// KeysFile is the shape of a keys file (Config.KeysFile).
+type KeysFile struct {
+	Keys      []auth.Key `yaml:"keys"`
+	AdminKeys []auth.Key `yaml:"admin_keys"`
+}
+
+// LoadKeysFile reads c.KeysFile (if set) and returns c with its keys and
+// admin keys appended, validated together. Errors wrap ErrInvalidConfig,
+// or are the file's read error.
+func (c Config) LoadKeysFile() (Config, error) {
+	if c.KeysFile == "" {
+		return c, nil
+	}
+	data, err := os.ReadFile(c.KeysFile)
+	if err != nil {
+		return c, err
+	}
+	var kf KeysFile
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&kf); err != nil && !errors.Is(err, io.EOF) {
+		return c, fmt.Errorf("%w: keys_file %s: %w", ErrInvalidConfig, c.KeysFile, err)
+	}
+	c.Keys = append(append([]auth.Key(nil), c.Keys...), kf.Keys...)
+	c.AdminKeys = append(append([]auth.Key(nil), c.AdminKeys...), kf.AdminKeys...)
+	c.KeysFile = ""
+	if err := c.Validate(); err != nil {
+		return c, err
 	}
 	return c, nil
 }

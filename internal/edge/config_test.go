@@ -40,7 +40,7 @@ func TestLoadConfig(t *testing.T) {
 	}
 	if cfg.Listen != "0.0.0.0:8080" || cfg.NodeListen != "0.0.0.0:7070" || cfg.HeartbeatInterval != 2*time.Second ||
 		cfg.DispatchTimeout != 15*time.Second || cfg.Queue.MaxQueue != 8 || cfg.Queue.QueueTimeout != time.Minute ||
-		len(cfg.Tokens) != 1 || cfg.Tokens[0] != "s3cret" {
+		len(cfg.Tokens) != 1 || cfg.Tokens[0].Token != "s3cret" {
 		t.Errorf("config %+v", cfg)
 	}
 	if m := cfg.Models["llama3"]; len(m.Targets) != 2 || m.Targets[1] != "meta-llama/Llama-3.1-8B-Instruct" || m.MaxQueue != 32 {

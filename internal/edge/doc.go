@@ -11,8 +11,13 @@
 // unique and non-empty; each provider at least one model; capacity and
 // long_capacity ≥ 0, capacity 0 meaning runtime_concurrency, else 1,
 // long_capacity 0 meaning capacity; a known execution path; an accepted
-// token when Config.Tokens is set). A bad Hello gets HelloRefused{reason}
-// and the stream ends; the edge keeps serving. An accepted one gets a
+// token when Config.Tokens is set, that the node id may present; and a
+// node id bound to no other token: the first accepted Hello of a node id
+// binds it to its token's hash for the edge's lifetime, in memory, so no
+// node with another token can take over its id — trust.go). A bad Hello
+// gets HelloRefused{reason} and the stream ends; the node id's current
+// connection, if any, is untouched; the edge keeps serving. With
+// Config.TLSCert the endpoint speaks TLS only (mutual TLS with ClientCA). An accepted one gets a
 // generation greater than every one handed out before, replaces (and
 // closes) the node's previous connection, is answered Welcome, and its
 // providers are activated in the scheduler. When the stream ends, the node
@@ -74,11 +79,11 @@
 // reading; nothing calls the scheduler while holding registry.mu.
 // Service.mu (the runs map), Service.statsMu (retry and circuit counters),
 // breakers.mu (circuit states; the resolvers take it under the scheduler's
-// lock, and Snapshot under registry.mu) and conn.mu (a connection's outbox,
-// closed flag, last-seen time) are leaves: no call goes out while one is
-// held. A circuit that opens re-activates its node's resources in the
-// scheduler (so queued requests re-resolve) from whoever saw the failure,
-// with no lock held.
+// lock, and Snapshot under registry.mu), conn.mu (a connection's outbox,
+// closed flag, last-seen time) and trust.mu (node id → token bindings) are
+// leaves: no call goes out while one is held. A circuit that opens
+// re-activates its node's resources in the scheduler (so queued requests
+// re-resolve) from whoever saw the failure, with no lock held.
 //
 // Goroutines: each Connect handler is the sole sender on its control stream
 // and the sole writer of its connection's lifecycle; one reader goroutine

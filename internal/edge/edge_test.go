@@ -29,7 +29,7 @@ const (
 
 func TestHelloRefused(t *testing.T) {
 	cfg := testConfig()
-	cfg.Tokens = []string{"good-token"}
+	cfg.Tokens = []NodeToken{{Token: "good-token"}}
 	e := startEdge(t, cfg)
 	good := func(node string) *nodev1.Hello {
 		h := hello(node, prov("p1", normalized, 1, "m1"))

@@ -36,6 +36,8 @@ var (
 var (
 	errHelloInvalid    = errors.New("invalid hello")
 	errBadToken        = errors.New("node token not accepted")
+	errTokenNode       = errors.New("node token not accepted for this node id")
+	errNodeBound       = errors.New("node id is bound to another token")
 	errHelloTimeout    = errors.New("no hello in time")
 	errHeartbeatMissed = errors.New("heartbeats missed")
 	errSuperseded      = errors.New("connection superseded by a newer one of the same node")
@@ -61,7 +63,7 @@ func grpcError(err error) error {
 	switch {
 	case errors.Is(err, errHelloInvalid), errors.Is(err, errRunOpenMissing):
 		code = codes.InvalidArgument
-	case errors.Is(err, errBadToken):
+	case errors.Is(err, errBadToken), errors.Is(err, errTokenNode), errors.Is(err, errNodeBound):
 		code = codes.PermissionDenied
 	case errors.Is(err, errHelloTimeout), errors.Is(err, errHeartbeatMissed):
 		code = codes.DeadlineExceeded

@@ -1,7 +1,6 @@
 package edge
 
 import (
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -184,20 +183,21 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 	}
 }
 
-// accept checks a Hello's token and contents and builds its connection.
+// accept checks a Hello's token (trust.check), contents and node id
+// binding (trust.bind), and builds its connection. A refused Hello leaves
+// the node id's current connection, if any, untouched.
 func (s *Service) accept(h *nodev1.Hello) (*conn, error) {
-	if len(s.cfg.Tokens) > 0 {
-		ok := false
-		for _, t := range s.cfg.Tokens {
-			if subtle.ConstantTimeCompare([]byte(t), []byte(h.GetToken())) == 1 {
-				ok = true
-			}
-		}
-		if !ok {
-			return nil, errBadToken
-		}
+	if err := s.trust.check(h.GetNodeId(), h.GetToken()); err != nil {
+		return nil, err
 	}
-	return parseHello(h, s.clock.Now())
+	c, err := parseHello(h, s.clock.Now())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.trust.bind(c.nodeID, h.GetToken()); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // closeConn settles a connection that ended: it leaves the registry, its

@@ -3,6 +3,7 @@ package edge
 import (
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"sort"
 	"sync"
@@ -95,7 +96,13 @@ func restartOnly(running, next Config) []string {
 		{"listen", running.Listen != next.Listen},
 		{"long_context_tokens", running.LongContextTokens != next.LongContextTokens},
 		{"node_listen", running.NodeListen != next.NodeListen},
-		{"tokens", !slices.Equal(running.Tokens, next.Tokens)},
+		{"tokens", !reflect.DeepEqual(running.Tokens, next.Tokens)},
+		{"keys", !reflect.DeepEqual(running.Keys, next.Keys) || running.KeysFile != next.KeysFile},
+		{"admin_keys", !reflect.DeepEqual(running.AdminKeys, next.AdminKeys)},
+		{"tls", running.TLSCert != next.TLSCert || running.TLSKey != next.TLSKey || running.ClientCA != next.ClientCA},
+		{"database", running.Database != next.Database || running.LedgerDSN != next.LedgerDSN},
+		{"max_body_bytes", running.MaxBodyBytes != next.MaxBodyBytes},
+		{"write_timeout", running.WriteTimeout != next.WriteTimeout},
 	} {
 		if f.differs {
 			out = append(out, f.key)

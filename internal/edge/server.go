@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
 	"iop/internal/edge/lifecycle"
@@ -33,6 +35,7 @@ type Deps struct {
 // NodeGateway endpoint nodes connect to. Create it with NewServer.
 type Server struct {
 	svc *Service
+	tls *tls.Config // nil: plaintext
 }
 
 // NewServer wires the edge core for cfg (zero fields take their defaults).
@@ -54,8 +57,15 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	var tlsCfg *tls.Config
+	if cfg.TLSCert != "" {
+		if tlsCfg, err = serverTLS(cfg.TLSCert, cfg.TLSKey, cfg.ClientCA); err != nil {
+			return nil, err
+		}
+	}
 	reg := newRegistry()
-	return &Server{svc: &Service{
+	return &Server{tls: tlsCfg, svc: &Service{
+		trust:    newTrust(cfg.Tokens),
 		cfg:      cfg,
 		log:      log.With("component", "edge"),
 		clock:    clk,
@@ -73,11 +83,12 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 // Service returns the dispatch surface the HTTP API uses.
 func (s *Server) Service() *Service { return s.svc }
 
-// Serve serves the NodeGateway gRPC service on lis until ctx ends, then
+// Serve serves the NodeGateway gRPC service on lis (over TLS when the
+// config names a certificate; mutual TLS with client_ca) until ctx ends, then
 // ends every node connection (fencing it) and run, and returns nil. It
 // returns grpc.Server.Serve's error if serving fails first. Call it once.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
-	gs := grpc.NewServer(
+	opts := []grpc.ServerOption{
 		// Nodes may ping an idle connection every 10s; the edge pings a
 		// silent one after 30s and drops it 10s later (dead NAT mappings).
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
@@ -85,7 +96,11 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		// Stop returns only after every handler did, so a Serve that
 		// returned has settled every connection.
 		grpc.WaitForHandlers(true),
-	)
+	}
+	if s.tls != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(s.tls)))
+	}
+	gs := grpc.NewServer(opts...)
 	nodev1.RegisterNodeGatewayServer(gs, &grpcServer{s: s.svc})
 	errc := make(chan error, 1)
 	go func() { errc <- gs.Serve(lis) }()

@@ -73,6 +73,7 @@ type Service struct {
 	sched    *scheduler.Scheduler
 	reg      *registry
 	cat      *catalog
+	trust    *trust
 	shutdown chan struct{} // closed when the gRPC side stops
 	stopOnce sync.Once
 	observer lifecycle.Observer // nil: none

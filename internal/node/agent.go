@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
 	"iop/internal/clock"
@@ -49,6 +49,7 @@ type Agent struct {
 	jitter    func(max time.Duration) time.Duration // full jitter: uniform in [0, max]
 	providers map[string]*provider                  // by provider id; never written after New
 	hello     *nodev1.Hello                         // sent on every connection; never written after New
+	creds     credentials.TransportCredentials      // plaintext or TLS to the edge; never written after New
 	ready     chan struct{}                         // closed at the first Welcome
 	readyOnce sync.Once
 	running   atomic.Bool
@@ -115,6 +116,11 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 	for _, o := range opts {
 		o(a)
 	}
+	creds, err := transportCredentials(cfg)
+	if err != nil {
+		return nil, err
+	}
+	a.creds = creds
 	a.hello = &nodev1.Hello{
 		NodeId:             cfg.NodeID,
 		Label:              cfg.Label,
@@ -283,7 +289,7 @@ func (a *Agent) Run(ctx context.Context) error {
 // on the first stream).
 func (a *Agent) dial() (*grpc.ClientConn, error) {
 	cc, err := grpc.NewClient(a.cfg.Edge,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(a.creds),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff: backoff.Config{
 				BaseDelay:  a.cfg.ReconnectMin,

@@ -50,6 +50,10 @@ const (
 //	label: "rack 3, 2x A100"
 //	edge: edge.internal:7443
 //	token: s3cret
+//	tls_ca: /etc/iop/edge-ca.crt        # TLS to the edge, trusting this CA
+//	tls_server_name: edge.internal      # default: the host of edge
+//	tls_cert: /etc/iop/gpu-box-1.crt    # mutual TLS: the node's certificate
+//	tls_key: /etc/iop/gpu-box-1.key
 //	runtime_concurrency: 4
 //	reconnect_min: 200ms
 //	reconnect_max: 10s
@@ -84,11 +88,24 @@ type Config struct {
 	NodeID string `yaml:"node_id"`
 	// Label is a free-form description shown in status views.
 	Label string `yaml:"label"`
-	// Edge is host:port of the edge's node endpoint (gRPC, plaintext).
-	// Required.
+	// Edge is host:port of the edge's node endpoint (gRPC; plaintext
+	// unless TLS is configured below). Required.
 	Edge string `yaml:"edge"`
 	// Token authenticates the node to the edge, sent in Hello.
 	Token string `yaml:"token"`
+	// TLS dials the edge over TLS, verifying its certificate against the
+	// system's roots (or TLSCA). Setting TLSCA or TLSCert implies it.
+	TLS bool `yaml:"tls"`
+	// TLSCA is a PEM file of the CA(s) the edge's certificate must chain
+	// to (instead of the system's roots).
+	TLSCA string `yaml:"tls_ca"`
+	// TLSServerName is the name the edge's certificate must carry; default
+	// the host part of Edge.
+	TLSServerName string `yaml:"tls_server_name"`
+	// TLSCert and TLSKey are PEM files of the node's client certificate
+	// and key, for an edge that requires mutual TLS (client_ca).
+	TLSCert string `yaml:"tls_cert"`
+	TLSKey  string `yaml:"tls_key"`
 	// RuntimeConcurrency is the capacity of a provider that sets none;
 	// 0 means 1.
 	RuntimeConcurrency int `yaml:"runtime_concurrency"`
@@ -241,6 +258,9 @@ func (c Config) Validate() error {
 	}
 	if c.RuntimeConcurrency < 0 {
 		bad("runtime_concurrency %d: must not be negative", c.RuntimeConcurrency)
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		bad("tls_cert and tls_key go together")
 	}
 	if c.ReconnectMin <= 0 || c.ReconnectMax < c.ReconnectMin {
 		bad("reconnect_min %v, reconnect_max %v: want 0 < min <= max", c.ReconnectMin, c.ReconnectMax)

@@ -26,7 +26,7 @@ func TestBar(t *testing.T) {
 	}{
 		{0, 4, "[          ]"}, {1, 4, "[##        ]"}, {4, 4, "[##########]"},
 		{1, 100, "[#         ]"}, // any load shows
-		{5, 4, "[##########]"},  // over a lowered capacity
+		{5, 4, "[##########]"},   // over a lowered capacity
 	} {
 		if got := bar(c.inFlight, c.capacity); got != c.want {
 			t.Errorf("bar(%d, %d) = %q, want %q", c.inFlight, c.capacity, got, c.want)

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"time"
 
+	"iop/internal/auth"
 	"iop/internal/runs"
 )
 
@@ -47,6 +48,19 @@ type Config struct {
 	// EventsKeepAlive is how often an idle events stream gets a comment
 	// line; 0 means DefaultEventsKeepAlive (15s).
 	EventsKeepAlive time.Duration
+	// Keys are the client API keys; with at least one, every route but
+	// /healthz, /readyz and the admin routes needs one of them
+	// (access.go). Nil or empty: the client API is open.
+	Keys *auth.Keyring
+	// AdminKeys are the admin API keys the routes under AdminPrefixes
+	// need whenever Keys or AdminKeys hold a key.
+	AdminKeys *auth.Keyring
+	// AdminPrefixes are the path roots of the admin routes; nil means
+	// DefaultAdminPrefixes.
+	AdminPrefixes []string
+	// Ledger, when set, records every finished run and serves GET
+	// /admin/v1/usage.
+	Ledger Ledger
 }
 
 // Validate reports a configuration New cannot honour, wrapping
@@ -77,6 +91,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.EventsKeepAlive <= 0 {
 		c.EventsKeepAlive = DefaultEventsKeepAlive
+	}
+	if c.AdminPrefixes == nil {
+		c.AdminPrefixes = DefaultAdminPrefixes
 	}
 	return c
 }

@@ -48,7 +48,7 @@ func (h *handler) serveWith(w http.ResponseWriter, r *http.Request, req *Request
 	newRenderer func(rr *runResponse, info DispatchInfo) renderer) {
 	obs := obsOf(r)
 	obs.request(req)
-	run, err := h.gw.Dispatch(r.Context(), *req)
+	run, err := h.dispatch(r.Context(), req)
 	if err != nil {
 		writeErr(w, r, err, req)
 		return

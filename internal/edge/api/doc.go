@@ -18,6 +18,7 @@
 //	GET  /admin/v1/nodes       JSON array of connected nodes (only when the Gateway implements Admin, else 404)
 //	GET  /admin/v1/providers   JSON array of provider snapshots
 //	GET  /admin/v1/queues      JSON array of model queues: policy and queued
+//	GET  /admin/v1/usage       the usage ledger's sums (Config.Ledger): ?key=&model=&from=&to=&group_by=
 //	POST /api/chat             Ollama chat: NDJSON lines ending with a done object, or one object ("stream": false)
 //	POST /api/generate         Ollama generate: the same, with "response" instead of "message"
 //	GET  /api/tags             {"models":[...]}: the names of /v1/models
@@ -35,6 +36,27 @@
 // both in the OpenAI error shape {"error":{"message","type","param","code"}},
 // or, under /api/ and at /, in Ollama's {"error":"..."}. Ollama model names
 // "x" and "x:latest" name one model.
+//
+// # Keys
+//
+// With client keys configured (Config.Keys), every route but /healthz and
+// /readyz needs one, as "Authorization: Bearer KEY" or "x-api-key: KEY";
+// routes under Config.AdminPrefixes (/admin, /metrics, /ui, /debug) need an
+// admin key (Config.AdminKeys) whenever any key is configured. A missing
+// or unknown key is answered 401 with WWW-Authenticate: Bearer, a key of
+// the other class 403. A POST that runs a model first takes one of its
+// key's request slots (max_concurrent, requests_per_minute): over either,
+// 429 with Retry-After before anything is queued. A model the key may not
+// use is 403 model_not_allowed, and the model listings show only the
+// key's models. The caller is never part of the dispatched Request, so it
+// cannot influence provider selection (access.go).
+//
+// # Usage ledger
+//
+// With Config.Ledger, every dispatched run is recorded when its Run is
+// closed (meteredRun, metered.go): key name, model, node, provider, the
+// usage the provider reported and the close reason as outcome; a refused
+// dispatch is recorded with its error code.
 //
 // # Execution paths
 //
@@ -95,5 +117,9 @@
 // goroutine of its own; closing the run makes a blocked Recv return, so the
 // request goroutine notices a departed client promptly. The cleanup stops the
 // callback before the handler returns, and the Once makes the two callers
-// race-free. No goroutine outlives its request.
+// race-free. No goroutine outlives its request. A meteredRun's usage,
+// written by Recv on the request goroutine and read by Close (possibly on
+// the callback's goroutine), is guarded by its own mutex. A key's request
+// slot (admit) is given back when the handler returns, or, for a
+// background run that took it over (keepPermit), when the run ends.
 package api

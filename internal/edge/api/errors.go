@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"iop/internal/auth"
 )
 
 // Dispatch outcomes a Gateway reports, by wrapping one of them (for example
@@ -115,10 +117,31 @@ func classify(err error, req *Request) *apiError {
 		model = clip(req.Model)
 	}
 	var (
-		reqErr *requestError
-		upErr  *upstreamError
+		reqErr   *requestError
+		upErr    *upstreamError
+		limitErr *auth.LimitError
 	)
 	switch {
+	case errors.Is(err, errMissingKey):
+		return newAPIError(http.StatusUnauthorized, "invalid_request_error", "", "missing_api_key",
+			"Missing API key: send it as Authorization: Bearer KEY (or x-api-key: KEY)")
+	case errors.Is(err, errWrongKey):
+		// Never the key itself: it could be someone's secret typed into the wrong place.
+		return newAPIError(http.StatusUnauthorized, "invalid_request_error", "", "invalid_api_key", "Incorrect API key provided")
+	case errors.Is(err, errNotAdminKey), errors.Is(err, errAdminKeyOnAPI):
+		return newAPIError(http.StatusForbidden, "invalid_request_error", "", "permission_denied", err.Error())
+	case errors.Is(err, ErrModelNotAllowed):
+		return newAPIError(http.StatusForbidden, "invalid_request_error", "model", "model_not_allowed",
+			fmt.Sprintf("This API key may not use the model %q", model))
+	case errors.As(err, &limitErr):
+		code, what := "rate_limit_exceeded", fmt.Sprintf("%d requests per minute", limitErr.Max)
+		if limitErr.Limit == "max_concurrent" {
+			code, what = "concurrency_limit_exceeded", fmt.Sprintf("%d requests at once", limitErr.Max)
+		}
+		e := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "", code,
+			"This API key is over its limit of "+what+"; retry later")
+		e.retryAfter = retryAfterSeconds(limitErr.RetryAfter)
+		return e
 	case errors.As(err, &reqErr):
 		return newAPIError(http.StatusBadRequest, "invalid_request_error", reqErr.param, "invalid_request", reqErr.Error())
 	case errors.Is(err, errNotFound):

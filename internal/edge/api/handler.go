@@ -46,6 +46,9 @@ func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
 		h.routes["/admin/v1/events"] = route{http.MethodGet, h.events}
 		maps.Copy(h.routes, uiRoutes())
 	}
+	if h.cfg.Ledger != nil {
+		h.routes["/admin/v1/usage"] = route{http.MethodGet, h.serveUsage}
+	}
 	return h
 }
 
@@ -88,7 +91,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	tw.extend()
 	r, obs := h.observe(r)
 	defer func() { h.finish(r.Context(), obs, tw.status) }()
-	h.route(tw, r)
+	if r, release, ok := h.admit(tw, r); ok {
+		defer release()
+		h.route(tw, r)
+	}
 	if !tw.wrote {
 		h.logger.Debug("aborting a response with nothing written", "path", clip(r.URL.Path))
 		panic(http.ErrAbortHandler)
@@ -223,7 +229,7 @@ func (h *handler) model(id string) modelObject {
 
 // listModels serves GET /v1/models: {"object":"list","data":[model...]}.
 func (h *handler) listModels(w http.ResponseWriter, r *http.Request) {
-	names := h.gw.Models()
+	names := h.models(r)
 	data := make([]modelObject, 0, len(names))
 	for _, name := range names {
 		data = append(data, h.model(name))
@@ -237,7 +243,7 @@ func (h *handler) listModels(w http.ResponseWriter, r *http.Request) {
 // getModel serves GET /v1/models/{model}.
 func (h *handler) getModel(w http.ResponseWriter, r *http.Request) {
 	id := strings.TrimPrefix(r.URL.Path, modelsPrefix)
-	if !slices.Contains(h.gw.Models(), id) {
+	if !slices.Contains(h.models(r), id) {
 		h.writeError(w, r, ErrUnknownModel, &Request{Model: id})
 		return
 	}

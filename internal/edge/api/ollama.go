@@ -140,7 +140,7 @@ func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bo
 // (or, with keep_alive 0, "unload") answer, a single object even when
 // streaming, for a model the edge knows.
 func (h *handler) ollamaLoad(w http.ResponseWriter, r *http.Request, chat bool, tr translate.Request, req *Request) {
-	if _, ok := knownModel(h.gw.Models(), tr.Model); !ok {
+	if _, ok := knownModel(h.models(r), tr.Model); !ok {
 		h.writeOllamaError(w, r, ErrUnknownModel, req)
 		return
 	}
@@ -245,7 +245,7 @@ func newOllamaModel(name string) ollamaModel {
 // Gateway.Models (the names /v1/models lists), so it lists exactly the
 // names /api/chat accepts; each also answers to its tagAlternative.
 func (h *handler) ollamaTags(w http.ResponseWriter, r *http.Request) {
-	names := h.gw.Models()
+	names := h.models(r)
 	now := h.cfg.Now().UTC().Format(time.RFC3339Nano)
 	models := make([]ollamaModel, 0, len(names))
 	for _, name := range names {
@@ -266,7 +266,7 @@ func (h *handler) ollamaPS(w http.ResponseWriter, r *http.Request) {
 		counts := cat.RunsInFlight()
 		names := make([]string, 0, len(counts))
 		for name, n := range counts {
-			if n > 0 {
+			if n > 0 && allowed(r, name) {
 				names = append(names, name)
 			}
 		}
@@ -326,12 +326,16 @@ func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	info := ModelInfo{Name: name, Targets: []string{name}}
+	if !allowed(r, name) {
+		h.writeOllamaError(w, r, ErrUnknownModel, req)
+		return
+	}
 	if cat, ok := h.gw.(ModelCatalog); ok {
 		if info, ok = cat.ModelInfo(name); !ok {
 			h.writeOllamaError(w, r, ErrUnknownModel, req)
 			return
 		}
-	} else if _, ok := knownModel(h.gw.Models(), name); !ok {
+	} else if _, ok := knownModel(h.models(r), name); !ok {
 		h.writeOllamaError(w, r, ErrUnknownModel, req)
 		return
 	}

@@ -201,11 +201,20 @@ func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
 		Background: sub.background,
 		Metadata:   sub.metadata,
 	}
+	if err := checkModel(r.Context(), rec.Model); err != nil {
+		h.writeError(w, r, err, &Request{Model: rec.Model})
+		return
+	}
 	nodeID, providerID := h.cfg.Runs.Affinity(sub.sessionID)
+	// The run holds its key's request slot until it ends, also in the
+	// background after this request answered.
+	release := keepPermit(r.Context())
 	run, err := h.cfg.Runs.Start(r.Context(), rec, func(ctx context.Context, run *runs.Run) {
+		defer release()
 		h.execute(ctx, run, sub.chatBody, nodeID, providerID)
 	})
 	if err != nil {
+		release()
 		h.logger.Error("starting a run failed", "err", err)
 		h.writeError(w, r, err, nil)
 		return

@@ -99,7 +99,10 @@ func (o *OpenAI) Close() { o.p.Close() }
 // What it relays depends on the answer's status:
 //
 //   - 2xx: the status, the allowlisted headers, then each chunk of the body
-//     as Read returned it, byte for byte. An SSE body (text/event-stream)
+//     as Read returned it, byte for byte, except that the provider's API
+//     key, should the provider echo it, becomes "[redacted]"
+//     (streamRedactor; a chunk's tail that may begin the key waits for the
+//     next chunk). An SSE body (text/event-stream)
 //     is also watched for an error event (`data: {"error":...}`, see
 //     errorWatch): the body is still relayed in full and unchanged, but
 //     the call then returns an *Error of kind ErrProviderReported with the
@@ -183,14 +186,17 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 	if isEventStream(relayed.Get("Content-Type")) {
 		watch = &errorWatch{}
 	}
+	scrub := newStreamRedactor(o.p.apiKey)
 	bufp := chunkPool.Get().(*[]byte)
 	defer chunkPool.Put(bufp)
 	buf := *bufp
 	for {
 		n, rerr := c.resp.Body.Read(buf)
 		if n > 0 {
-			if err := sink.Data(buf[:n]); err != nil {
-				return sinkFailed(err)
+			if out := scrub.write(buf[:n]); len(out) > 0 {
+				if err := sink.Data(out); err != nil {
+					return sinkFailed(err)
+				}
 			}
 			if watch != nil {
 				watch.write(buf[:n])
@@ -199,6 +205,11 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 		switch {
 		case rerr == nil:
 		case errors.Is(rerr, io.EOF):
+			if rest := scrub.flush(); len(rest) > 0 {
+				if err := sink.Data(rest); err != nil {
+					return sinkFailed(err)
+				}
+			}
 			if watch != nil {
 				watch.write([]byte{'\n'}) // a last line without its end
 				if watch.message != "" {

@@ -1,0 +1,251 @@
+package auth
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestGeneratedKeyAuthenticatesByItsHashOnly(t *testing.T) {
+	secret, hash := Generate()
+	if !strings.HasPrefix(secret, KeyPrefix) || len(secret) < len(KeyPrefix)+43 {
+		t.Fatalf("secret %q: want %q and 256 bits of base64url", secret, KeyPrefix)
+	}
+	if strings.Contains(hash, secret) || hash != Hash(secret) {
+		t.Fatalf("hash %q of %q", hash, secret)
+	}
+	other, _ := Generate()
+	if other == secret {
+		t.Fatal("two generated keys are equal")
+	}
+	kr, err := NewKeyring("keys", []Key{{Name: "a", Hash: hash}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := kr.Authenticate(secret); c == nil || c.Name() != "a" {
+		t.Fatalf("Authenticate(secret) = %v", c)
+	}
+	for _, wrong := range []string{"", other, hash, secret + "x", secret[:len(secret)-1], strings.ToUpper(secret)} {
+		if c := kr.Authenticate(wrong); c != nil {
+			t.Errorf("Authenticate(%q) = %s, want nil", wrong, c.Name())
+		}
+	}
+	var none *Keyring
+	if none.Authenticate(secret) != nil || none.Len() != 0 {
+		t.Error("a nil keyring authenticated a key")
+	}
+}
+
+func TestValidateRejectsBadKeys(t *testing.T) {
+	_, h1 := Generate()
+	_, h2 := Generate()
+	for name, keys := range map[string][]Key{
+		"empty name":      {{Hash: h1}},
+		"repeated name":   {{Name: "a", Hash: h1}, {Name: "a", Hash: h2}},
+		"repeated hash":   {{Name: "a", Hash: h1}, {Name: "b", Hash: h1}},
+		"no prefix":       {{Name: "a", Hash: strings.TrimPrefix(h1, HashPrefix)}},
+		"short hash":      {{Name: "a", Hash: h1[:20]}},
+		"not hex":         {{Name: "a", Hash: HashPrefix + strings.Repeat("z", 64)}},
+		"plaintext key":   {{Name: "a", Hash: "iop-secret"}},
+		"negative limit":  {{Name: "a", Hash: h1, MaxConcurrent: -1}},
+		"negative rpm":    {{Name: "a", Hash: h1, RequestsPerMinute: -1}},
+		"empty model":     {{Name: "a", Hash: h1, Models: []string{""}}},
+		"name line break": {{Name: "a\r\nX-Evil: 1", Hash: h1}},
+	} {
+		if err := Validate("keys", keys); !errors.Is(err, ErrInvalidKey) {
+			t.Errorf("%s: Validate = %v, want ErrInvalidKey", name, err)
+		}
+	}
+	if err := Validate("keys", []Key{{Name: "a", Hash: strings.ToUpper(h1[:len(HashPrefix)]) + h1[len(HashPrefix):]}}); err == nil {
+		t.Error("an upper-case prefix was accepted")
+	}
+	if err := Validate("keys", []Key{{Name: "a", Hash: h1, Models: []string{"m"}, MaxConcurrent: 2, RequestsPerMinute: 10}, {Name: "b", Hash: h2}}); err != nil {
+		t.Errorf("valid keys: %v", err)
+	}
+}
+
+func TestCredentialHeaders(t *testing.T) {
+	for _, tc := range []struct {
+		header map[string]string
+		want   string
+	}{
+		{map[string]string{"Authorization": "Bearer k1"}, "k1"},
+		{map[string]string{"Authorization": "bearer   k1 "}, "k1"},
+		{map[string]string{"X-Api-Key": "k2"}, "k2"},
+		{map[string]string{"Authorization": "Bearer k1", "X-Api-Key": "k2"}, "k1"},
+		{map[string]string{"Authorization": "Basic dXNlcjpwYXNz"}, ""},
+		{map[string]string{"Authorization": "Basic dXNlcjpwYXNz", "X-Api-Key": "k2"}, "k2"},
+		{map[string]string{}, ""},
+	} {
+		h := http.Header{}
+		for k, v := range tc.header {
+			h.Set(k, v)
+		}
+		if got := Credential(h); got != tc.want {
+			t.Errorf("Credential(%v) = %q, want %q", tc.header, got, tc.want)
+		}
+	}
+}
+
+// fakeNow is a clock the test moves by hand.
+type fakeNow struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (f *fakeNow) now() time.Time { f.mu.Lock(); defer f.mu.Unlock(); return f.t }
+func (f *fakeNow) add(d time.Duration) {
+	f.mu.Lock()
+	f.t = f.t.Add(d)
+	f.mu.Unlock()
+}
+
+func caller(t *testing.T, key Key, clk *fakeNow) *Caller {
+	t.Helper()
+	secret, hash := Generate()
+	key.Name, key.Hash = "k", hash
+	kr, err := NewKeyring("keys", []Key{key}, clk.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kr.Authenticate(secret)
+}
+
+func TestConcurrencyLimit(t *testing.T) {
+	clk := &fakeNow{t: time.Unix(1000, 0)}
+	c := caller(t, Key{MaxConcurrent: 2}, clk)
+	p1, err1 := c.Admit()
+	p2, err2 := c.Admit()
+	if err1 != nil || err2 != nil {
+		t.Fatal(err1, err2)
+	}
+	_, err := c.Admit()
+	var le *LimitError
+	if !errors.As(err, &le) || le.Limit != "max_concurrent" || le.RetryAfter <= 0 || !errors.Is(err, ErrLimited) {
+		t.Fatalf("third Admit: %v", err)
+	}
+	p1.Release()
+	p1.Release() // a second release gives nothing back
+	if c.InFlight() != 1 {
+		t.Fatalf("in flight %d after one release (twice), want 1", c.InFlight())
+	}
+	p3, err := c.Admit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Admit(); err == nil {
+		t.Fatal("over the limit after a double release")
+	}
+	p2.Release()
+	p3.Release()
+	if c.InFlight() != 0 {
+		t.Fatalf("in flight %d at the end", c.InFlight())
+	}
+}
+
+func TestRequestsPerMinuteLimit(t *testing.T) {
+	clk := &fakeNow{t: time.Unix(1000, 0)}
+	c := caller(t, Key{RequestsPerMinute: 3}, clk)
+	for i := range 3 {
+		p, err := c.Admit()
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		p.Release()
+	}
+	_, err := c.Admit()
+	var le *LimitError
+	if !errors.As(err, &le) || le.Limit != "requests_per_minute" {
+		t.Fatalf("fourth request: %v", err)
+	}
+	// One request's allowance comes back every 20s.
+	if le.RetryAfter <= 0 || le.RetryAfter > 20*time.Second {
+		t.Fatalf("RetryAfter %s, want (0, 20s]", le.RetryAfter)
+	}
+	// A refused request spent nothing: the retry succeeds once RetryAfter has passed.
+	clk.add(le.RetryAfter)
+	p, err := c.Admit()
+	if err != nil {
+		t.Fatalf("after RetryAfter: %v", err)
+	}
+	p.Release()
+	if _, err := c.Admit(); err == nil {
+		t.Fatal("a fifth request within the refill was admitted")
+	}
+}
+
+func TestConcurrencyRefusalSpendsNoRateToken(t *testing.T) {
+	clk := &fakeNow{t: time.Unix(1000, 0)}
+	c := caller(t, Key{MaxConcurrent: 1, RequestsPerMinute: 2}, clk)
+	p, err := c.Admit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		if _, err := c.Admit(); err == nil {
+			t.Fatal("admitted over max_concurrent")
+		}
+	}
+	p.Release()
+	if p, err := c.Admit(); err != nil {
+		t.Fatalf("the second of 2 per minute was refused after concurrency refusals: %v", err)
+	} else {
+		p.Release()
+	}
+}
+
+func TestConcurrentAdmitsNeverExceedTheLimit(t *testing.T) {
+	clk := &fakeNow{t: time.Unix(1000, 0)}
+	c := caller(t, Key{MaxConcurrent: 3}, clk)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	peak, cur := 0, 0
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 200 {
+				p, err := c.Admit()
+				if err != nil {
+					continue
+				}
+				mu.Lock()
+				cur++
+				peak = max(peak, cur)
+				mu.Unlock()
+				mu.Lock()
+				cur--
+				mu.Unlock()
+				p.Release()
+			}
+		}()
+	}
+	wg.Wait()
+	if peak > 3 || c.InFlight() != 0 {
+		t.Fatalf("peak %d (limit 3), in flight at the end %d", peak, c.InFlight())
+	}
+}
+
+func TestAllowedModels(t *testing.T) {
+	clk := &fakeNow{t: time.Unix(1000, 0)}
+	c := caller(t, Key{Models: []string{"llama3", "qwen:7b", "org/m:latest"}}, clk)
+	for model, want := range map[string]bool{
+		"llama3": true, "llama3:latest": true, "qwen:7b": true,
+		"qwen": false, "qwen:7b:latest": true, "qwen:8b": false, "mistral": false, "": false, "../../admin": false, "org/m": true, ":latest": false,
+	} {
+		if got := c.Allows(model); got != want {
+			t.Errorf("Allows(%q) = %v, want %v", model, got, want)
+		}
+	}
+	got := c.Filter([]string{"mistral", "llama3", "qwen:7b", "x"})
+	if strings.Join(got, ",") != "llama3,qwen:7b" {
+		t.Errorf("Filter = %v", got)
+	}
+	all := caller(t, Key{}, clk)
+	if !all.Allows("anything") || len(all.Filter([]string{"a", "b"})) != 2 {
+		t.Error("a key without models must allow every model")
+	}
+}

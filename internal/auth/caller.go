@@ -1,0 +1,121 @@
+package auth
+
+import (
+	"context"
+	"crypto/sha256"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// Caller is one authenticated key and its live limit state.
+type Caller struct {
+	name          string
+	hash          [sha256.Size]byte
+	models        map[string]bool // nil = every model
+	maxConcurrent int             // 0 = no limit
+	limiter       *rate.Limiter   // nil = no per-minute limit
+	now           func() time.Time
+
+	mu       sync.Mutex // guards the fields below
+	inFlight int
+}
+
+// Name is the key's configured name.
+func (c *Caller) Name() string { return c.name }
+
+// Allows reports whether the key may request model. An Ollama name "x" and
+// "x:latest" are one model, as the edge's catalog treats them (Ollama API
+// doc, "Model names": a missing tag means latest).
+func (c *Caller) Allows(model string) bool {
+	if c.models == nil {
+		return true
+	}
+	if c.models[model] {
+		return true
+	}
+	if base, ok := strings.CutSuffix(model, ":latest"); ok && base != "" {
+		return c.models[base]
+	}
+	untagged := !strings.Contains(model[strings.LastIndex(model, "/")+1:], ":")
+	return untagged && model != "" && c.models[model+":latest"]
+}
+
+// Filter returns the names of models the key may request, in order.
+func (c *Caller) Filter(models []string) []string {
+	if c.models == nil {
+		return models
+	}
+	out := make([]string, 0, len(models))
+	for _, m := range models {
+		if c.Allows(m) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// Admit takes one request slot of the key: one of MaxConcurrent, and one
+// of the minute's RequestsPerMinute. A key over either limit gets a
+// *LimitError (wrapping ErrLimited) saying which and when to retry, and
+// takes nothing: a request refused for concurrency spends none of the
+// minute's allowance. Release the returned permit when the request ends.
+func (c *Caller) Admit() (*Permit, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.maxConcurrent > 0 && c.inFlight >= c.maxConcurrent {
+		// A slot frees when any of the key's requests ends; retry soon.
+		return nil, &LimitError{Limit: "max_concurrent", Max: c.maxConcurrent, RetryAfter: time.Second}
+	}
+	if c.limiter != nil {
+		now := c.now()
+		r := c.limiter.ReserveN(now, 1)
+		if d := r.DelayFrom(now); d > 0 {
+			r.CancelAt(now)
+			return nil, &LimitError{Limit: "requests_per_minute", Max: c.limiter.Burst(), RetryAfter: d}
+		}
+	}
+	c.inFlight++
+	return &Permit{c: c}, nil
+}
+
+// InFlight is how many of the key's requests hold a permit.
+func (c *Caller) InFlight() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.inFlight
+}
+
+// Permit is one admitted request of a key. Release gives its concurrency
+// slot back, exactly once however often it is called.
+type Permit struct {
+	c    *Caller
+	once sync.Once
+}
+
+// Release gives the slot back; later calls do nothing. Safe on nil.
+func (p *Permit) Release() {
+	if p == nil {
+		return
+	}
+	p.once.Do(func() {
+		p.c.mu.Lock()
+		p.c.inFlight--
+		p.c.mu.Unlock()
+	})
+}
+
+type callerKey struct{}
+
+// NewContext returns ctx carrying the authenticated caller.
+func NewContext(ctx context.Context, c *Caller) context.Context {
+	return context.WithValue(ctx, callerKey{}, c)
+}
+
+// FromContext returns the caller ctx carries, or nil (an open API).
+func FromContext(ctx context.Context) *Caller {
+	c, _ := ctx.Value(callerKey{}).(*Caller)
+	return c
+}

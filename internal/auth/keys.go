@@ -1,0 +1,198 @@
+package auth
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// HashPrefix starts every stored key hash: "sha256:" and 64 lowercase hex
+// digits.
+const HashPrefix = "sha256:"
+
+// KeyPrefix starts every key Generate makes, so a leaked one is easy to
+// recognise (secret scanners, logs).
+const KeyPrefix = "iop-"
+
+// keyBytes is the entropy of a generated key: 256 bits.
+const keyBytes = 32
+
+// Key is one configured API key: a name, the hash of its secret, and the
+// limits of a client key (admin keys have none). In YAML:
+//
+//   - name: team-a
+//     hash: sha256:9f86d0...
+//     max_concurrent: 4          # requests in flight at once; 0 = no limit
+//     requests_per_minute: 60    # 0 = no limit
+//     models: [llama3, qwen2.5]  # empty = every model
+type Key struct {
+	// Name identifies the key in logs, the usage ledger and errors. Required,
+	// unique among the keys of one keyring.
+	Name string `yaml:"name"`
+	// Hash is HashPrefix + hex(SHA-256(secret)), as Hash returns it.
+	Hash string `yaml:"hash"`
+	// MaxConcurrent bounds the key's requests in flight; 0 = no limit.
+	MaxConcurrent int `yaml:"max_concurrent"`
+	// RequestsPerMinute bounds how many requests the key may start per
+	// minute (a token bucket of that size, refilled evenly); 0 = no limit.
+	RequestsPerMinute int `yaml:"requests_per_minute"`
+	// Models are the model names (aliases or served names) the key may
+	// request; empty means every model.
+	Models []string `yaml:"models"`
+}
+
+// Generate returns a new random key, KeyPrefix followed by 256 bits of
+// crypto/rand in unpadded base64url, and its Hash.
+func Generate() (secret, hash string) {
+	var b [keyBytes]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
+	secret = KeyPrefix + base64.RawURLEncoding.EncodeToString(b[:])
+	return secret, Hash(secret)
+}
+
+// Hash returns the stored form of a secret: HashPrefix + hex SHA-256.
+//
+// A plain, unsalted SHA-256 is enough here, unlike for passwords: the keys
+// Generate makes carry 256 bits of entropy, so no dictionary or brute-force
+// search of the hash is feasible and a slow KDF (bcrypt, argon2) would only
+// cost every request time. The hash is what lets the config hold no usable
+// secret. Node join tokens are hashed the same way when configured by hash;
+// an operator choosing a low-entropy token gets no such protection.
+func Hash(secret string) string {
+	sum := sha256.Sum256([]byte(secret))
+	return HashPrefix + hex.EncodeToString(sum[:])
+}
+
+// ParseHash decodes a stored hash (HashPrefix + 64 hex digits, any case).
+func ParseHash(s string) ([sha256.Size]byte, error) {
+	var out [sha256.Size]byte
+	digits, ok := strings.CutPrefix(s, HashPrefix)
+	if !ok {
+		return out, fmt.Errorf("%w: hash must start with %q", ErrInvalidKey, HashPrefix)
+	}
+	b, err := hex.DecodeString(digits)
+	if err != nil || len(b) != sha256.Size {
+		return out, fmt.Errorf("%w: hash must be %q and 64 hex digits", ErrInvalidKey, HashPrefix)
+	}
+	copy(out[:], b)
+	return out, nil
+}
+
+// Validate reports the first problem of keys, naming them by field (for
+// example "keys[2]"): an empty or repeated name, a malformed or repeated
+// hash, a negative limit, an empty model name. Errors wrap ErrInvalidKey.
+func Validate(field string, keys []Key) error {
+	names := make(map[string]bool, len(keys))
+	hashes := make(map[[sha256.Size]byte]bool, len(keys))
+	for i, k := range keys {
+		at := fmt.Sprintf("%s[%d]", field, i)
+		if k.Name == "" {
+			return fmt.Errorf("%w: %s: empty name", ErrInvalidKey, at)
+		}
+		if strings.ContainsAny(k.Name, "\r\n") {
+			return fmt.Errorf("%w: %s: name has a line break", ErrInvalidKey, at)
+		}
+		if names[k.Name] {
+			return fmt.Errorf("%w: %s: name %q repeated", ErrInvalidKey, at, k.Name)
+		}
+		names[k.Name] = true
+		h, err := ParseHash(k.Hash)
+		if err != nil {
+			return fmt.Errorf("%s (%s): %w", at, k.Name, err)
+		}
+		if hashes[h] {
+			return fmt.Errorf("%w: %s (%s): the same hash as another key", ErrInvalidKey, at, k.Name)
+		}
+		hashes[h] = true
+		if k.MaxConcurrent < 0 || k.RequestsPerMinute < 0 {
+			return fmt.Errorf("%w: %s (%s): negative limit", ErrInvalidKey, at, k.Name)
+		}
+		for _, m := range k.Models {
+			if m == "" {
+				return fmt.Errorf("%w: %s (%s): empty model name", ErrInvalidKey, at, k.Name)
+			}
+		}
+	}
+	return nil
+}
+
+// Keyring holds the keys one class of routes accepts and the live limit
+// state of each. A nil *Keyring holds no key. Safe for concurrent use.
+type Keyring struct {
+	byHash map[[sha256.Size]byte]*Caller // never written after NewKeyring
+}
+
+// NewKeyring validates keys (Validate) and builds their keyring. now is
+// the clock of the per-minute limits; nil means time.Now.
+func NewKeyring(field string, keys []Key, now func() time.Time) (*Keyring, error) {
+	if err := Validate(field, keys); err != nil {
+		return nil, err
+	}
+	if now == nil {
+		now = time.Now
+	}
+	k := &Keyring{byHash: make(map[[sha256.Size]byte]*Caller, len(keys))}
+	for _, key := range keys {
+		h, _ := ParseHash(key.Hash)
+		c := &Caller{name: key.Name, hash: h, maxConcurrent: key.MaxConcurrent, now: now}
+		if len(key.Models) > 0 {
+			c.models = make(map[string]bool, len(key.Models))
+			for _, m := range key.Models {
+				c.models[m] = true
+			}
+		}
+		if key.RequestsPerMinute > 0 {
+			// Refilled evenly over the minute, up to a burst of the whole
+			// minute's allowance.
+			c.limiter = rate.NewLimiter(rate.Every(time.Minute/time.Duration(key.RequestsPerMinute)), key.RequestsPerMinute)
+		}
+		k.byHash[h] = c
+	}
+	return k, nil
+}
+
+// Len is the number of keys; 0 for a nil keyring.
+func (k *Keyring) Len() int {
+	if k == nil {
+		return 0
+	}
+	return len(k.byHash)
+}
+
+// Authenticate returns the caller whose key is secret, or nil. The
+// secret's SHA-256 is looked up in a map (a lookup by a hash of a
+// high-entropy secret reveals nothing useful through timing), then compared
+// in constant time (crypto/subtle) with the stored hash.
+func (k *Keyring) Authenticate(secret string) *Caller {
+	if k == nil || secret == "" {
+		return nil
+	}
+	sum := sha256.Sum256([]byte(secret))
+	c := k.byHash[sum]
+	if c == nil || subtle.ConstantTimeCompare(c.hash[:], sum[:]) != 1 {
+		return nil
+	}
+	return c
+}
+
+// Credential returns the API key a request carries: the token of
+// "Authorization: Bearer KEY" (scheme case-insensitive, RFC 7235 §2.1), else
+// the "x-api-key" header (Anthropic's and several gateways' convention), else
+// "". Surrounding spaces are trimmed.
+func Credential(h http.Header) string {
+	if v := h.Get("Authorization"); v != "" {
+		scheme, token, ok := strings.Cut(strings.TrimSpace(v), " ")
+		if ok && strings.EqualFold(scheme, "Bearer") {
+			return strings.TrimSpace(token)
+		}
+	}
+	return strings.TrimSpace(h.Get("X-Api-Key"))
+}

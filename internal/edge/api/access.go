@@ -1,0 +1,313 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"path"
+	"slices"
+	"strings"
+	"time"
+
+	"iop/internal/auth"
+	"iop/internal/ledger"
+)
+
+// DefaultAdminPrefixes are the path roots Config.AdminPrefixes defaults
+// to: the admin API, the Prometheus metrics, the dashboard and Go's
+// profiler. A path is admin when it is a root or lies under one.
+var DefaultAdminPrefixes = []string{"/admin", "/metrics", "/ui", "/debug"}
+
+// publicPaths need no key: liveness and readiness probes.
+var publicPaths = map[string]bool{"/healthz": true, "/readyz": true}
+
+// dispatchPaths are the routes whose POST runs a model: the ones a key's
+// max_concurrent and requests_per_minute count.
+var dispatchPaths = map[string]bool{
+	"/v1/chat/completions": true, "/v1/completions": true, "/v1/embeddings": true,
+	"/api/chat": true, "/api/generate": true, "/api/embed": true, runsPath: true,
+}
+
+// Ledger is what the API needs of the usage ledger (package ledger): a
+// place to record each finished run, and its sums for GET /admin/v1/usage.
+type Ledger interface {
+	// Record keeps one entry; it may block briefly, never on the database.
+	Record(e ledger.Entry)
+	// Aggregate sums entries; an unknown group_by wraps
+	// ledger.ErrInvalidQuery.
+	Aggregate(ctx context.Context, q ledger.Query) ([]ledger.Group, error)
+}
+
+// Access refusals, mapped by classify: 401 (with WWW-Authenticate: Bearer)
+// for a missing or unknown key, 403 for a key of the wrong class or a
+// model the key may not use, 429 for a key over its limits
+// (*auth.LimitError).
+var (
+	errMissingKey      = errors.New("missing API key")
+	errWrongKey        = errors.New("incorrect API key")
+	errNotAdminKey     = errors.New("this API key may not use the admin API")
+	errAdminKeyOnAPI   = errors.New("an admin key cannot call the model API; use a client key")
+	ErrModelNotAllowed = errors.New("model not allowed for this API key")
+)
+
+// isAdminPath reports whether p, or p with its dot segments resolved
+// (path.Clean: a proxy in front might resolve them), lies under one of the
+// admin prefixes.
+func (h *handler) isAdminPath(p string) bool {
+	for _, candidate := range []string{p, path.Clean(p)} {
+		for _, prefix := range h.cfg.AdminPrefixes {
+			if candidate == prefix || strings.HasPrefix(candidate, strings.TrimSuffix(prefix, "/")+"/") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// admit checks a request's key before it is routed (DESIGN.md; OpenAI API
+// reference, "Authentication": Authorization: Bearer). With no key of
+// either class configured every request passes. Public paths always pass.
+// Admin paths need an admin key. Every other path needs a client key when
+// client keys are configured; the caller then rides in the request's
+// context (auth.FromContext), and a POST that runs a model takes one of
+// the key's request slots first (429 with Retry-After when over a limit,
+// before anything is queued or dispatched). ok false means the request was
+// answered; otherwise release, to call when the request ends, gives the
+// slot back (unless a background run kept it: keepPermit).
+func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request, release func(), ok bool) {
+	release = func() {}
+	if h.cfg.Keys.Len() == 0 && h.cfg.AdminKeys.Len() == 0 || publicPaths[r.URL.Path] {
+		return r, release, true
+	}
+	writeError := h.writeError
+	if isOllamaPath(r.URL.Path) {
+		writeError = h.writeOllamaError
+	}
+	secret := auth.Credential(r.Header)
+	refuse := func(err error) (*http.Request, func(), bool) {
+		if errors.Is(err, errMissingKey) || errors.Is(err, errWrongKey) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="iop"`)
+		}
+		writeError(w, r, err, nil)
+		return nil, release, false
+	}
+	if h.isAdminPath(r.URL.Path) {
+		switch {
+		case h.cfg.AdminKeys.Authenticate(secret) != nil:
+			return r, release, true
+		case secret == "":
+			return refuse(errMissingKey)
+		case h.cfg.Keys.Authenticate(secret) != nil:
+			return refuse(errNotAdminKey)
+		default:
+			return refuse(errWrongKey)
+		}
+	}
+	if h.cfg.Keys.Len() == 0 {
+		return r, release, true
+	}
+	caller := h.cfg.Keys.Authenticate(secret)
+	switch {
+	case caller != nil:
+	case secret == "":
+		return refuse(errMissingKey)
+	case h.cfg.AdminKeys.Authenticate(secret) != nil:
+		return refuse(errAdminKeyOnAPI)
+	default:
+		return refuse(errWrongKey)
+	}
+	ctx := auth.NewContext(r.Context(), caller)
+	if r.Method != http.MethodPost || !dispatchPaths[r.URL.Path] {
+		return r.WithContext(ctx), release, true
+	}
+	permit, err := caller.Admit()
+	if err != nil {
+		h.logger.Debug("key over its limit", "key", caller.Name(), "path", clip(r.URL.Path), "err", err)
+		return refuse(err)
+	}
+	held := &heldPermit{permit: permit}
+	return r.WithContext(context.WithValue(ctx, permitKey{}, held)), func() {
+		if !held.kept {
+			permit.Release()
+		}
+	}, true
+}
+
+// heldPermit is the request slot a request took; kept is set (on the
+// request goroutine) when a run outliving the request took it over.
+type heldPermit struct {
+	permit *auth.Permit
+	kept   bool
+}
+
+type permitKey struct{}
+
+// keepPermit takes over the request slot of the request whose context is
+// ctx, for a run that goes on after the request ends (a background run):
+// the slot is then given back by calling the returned func (once), not
+// when the request ends. Without a slot it returns a no-op.
+func keepPermit(ctx context.Context) func() {
+	held, _ := ctx.Value(permitKey{}).(*heldPermit)
+	if held == nil {
+		return func() {}
+	}
+	held.kept = true
+	return held.permit.Release
+}
+
+// checkModel refuses a model the request's key may not use
+// (ErrModelNotAllowed, 403); nil for an open API.
+func checkModel(ctx context.Context, model string) error {
+	if c := auth.FromContext(ctx); c != nil && !c.Allows(model) {
+		return fmt.Errorf("%w: %q", ErrModelNotAllowed, model)
+	}
+	return nil
+}
+
+// models is Gateway.Models narrowed to what the request's key may use.
+func (h *handler) models(r *http.Request) []string {
+	names := h.gw.Models()
+	if c := auth.FromContext(r.Context()); c != nil {
+		return c.Filter(names)
+	}
+	return names
+}
+
+// allowed reports whether the request's key may use model (true for an
+// open API).
+func allowed(r *http.Request, model string) bool {
+	return checkModel(r.Context(), model) == nil
+}
+
+// retryAfterSeconds renders d as a Retry-After value: whole seconds,
+// rounded up, at least 1 (RFC 9110 §10.2.3).
+func retryAfterSeconds(d time.Duration) string {
+	return fmt.Sprint(max(1, int64(math.Ceil(d.Seconds()))))
+}
+
+// keyName is the name of the request's key, "" for an open API.
+func keyName(ctx context.Context) string {
+	if c := auth.FromContext(ctx); c != nil {
+		return c.Name()
+	}
+	return ""
+}
+
+// outcomes maps a Run.Close reason to the ledger's outcome.
+var outcomes = map[string]string{
+	reasonCompleted:     ledger.OutcomeCompleted,
+	reasonClientGone:    ledger.OutcomeClientGone,
+	reasonUpstreamError: ledger.OutcomeUpstreamError,
+	reasonWriteFailed:   ledger.OutcomeWriteFailed,
+}
+
+// dispatch is Gateway.Dispatch for a handler: it refuses a model the
+// request's key may not use (before anything is queued), dispatches, and,
+// with a ledger, records the refused dispatch or wraps the run so that
+// its Close records it (meteredRun). serveRun and ollamaGenerate call it;
+// the runs API reaches it through serveRun.
+func (h *handler) dispatch(ctx context.Context, req *Request) (Run, error) {
+	start := h.cfg.Now()
+	err := checkModel(ctx, req.Model)
+	var run Run
+	if err == nil {
+		run, err = h.gw.Dispatch(ctx, *req)
+	}
+	if h.cfg.Ledger == nil {
+		return run, err
+	}
+	entry := ledger.Entry{Time: start, Key: keyName(ctx), Model: req.Model}
+	if err != nil {
+		entry.Duration = h.cfg.Now().Sub(start)
+		if entry.Outcome = ledger.OutcomeClientGone; ctx.Err() == nil {
+			entry.Outcome = deref(classify(err, req).Code)
+		}
+		h.cfg.Ledger.Record(entry)
+		return nil, err
+	}
+	info := run.Info()
+	entry.RunID, entry.NodeID, entry.ProviderID, entry.ServedModel = info.RunID, info.NodeID, info.ProviderID, info.ServedModel
+	return &meteredRun{Run: run, h: h, entry: entry}, nil
+}
+
+// usageJSONBody is the part of an OpenAI answer (a chat.completion, a
+// text_completion, an embeddings list, or a stream's usage chunk) the
+// ledger reads.
+type usageJSONBody struct {
+	Usage *struct {
+		PromptTokens     int64 `json:"prompt_tokens"`
+		CompletionTokens int64 `json:"completion_tokens"`
+	} `json:"usage"`
+}
+
+// serveUsage serves GET /admin/v1/usage?key=&model=&from=&to=&group_by=:
+// the ledger's sums, {"object":"list","group_by","data":[{"group",
+// "requests","completed","prompt_tokens","completion_tokens",
+// "total_tokens","duration_ms"}]}. from and to are RFC 3339 times, dates
+// (YYYY-MM-DD, UTC midnight) or Unix seconds; from is inclusive, to
+// exclusive. group_by is key, model, provider (node/provider), node, day
+// or empty (one total). 400 for a bad parameter.
+func (h *handler) serveUsage(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	query := ledger.Query{Key: q.Get("key"), Model: q.Get("model"), GroupBy: q.Get("group_by")}
+	for _, p := range []struct {
+		name string
+		dst  *time.Time
+	}{{"from", &query.From}, {"to", &query.To}} {
+		if s := q.Get(p.name); s != "" {
+			t, ok := parseTime(s)
+			if !ok {
+				h.writeError(w, r, &requestError{param: p.name, message: "must be an RFC 3339 time, a date (YYYY-MM-DD) or Unix seconds"}, nil)
+				return
+			}
+			*p.dst = t
+		}
+	}
+	groups := []string{ledger.GroupNone, ledger.GroupKey, ledger.GroupModel, ledger.GroupProvider, ledger.GroupNode, ledger.GroupDay}
+	if !slices.Contains(groups, query.GroupBy) {
+		h.writeError(w, r, &requestError{param: "group_by", message: "must be one of key, model, provider, node, day"}, nil)
+		return
+	}
+	sums, err := h.cfg.Ledger.Aggregate(r.Context(), query)
+	if err != nil {
+		h.logger.Error("reading the usage ledger failed", "err", err)
+		h.writeError(w, r, err, nil)
+		return
+	}
+	type groupJSON struct {
+		Group            string `json:"group"`
+		Requests         int64  `json:"requests"`
+		Completed        int64  `json:"completed"`
+		PromptTokens     int64  `json:"prompt_tokens"`
+		CompletionTokens int64  `json:"completion_tokens"`
+		TotalTokens      int64  `json:"total_tokens"`
+		DurationMs       int64  `json:"duration_ms"`
+	}
+	out := struct {
+		Object  string      `json:"object"`
+		GroupBy string      `json:"group_by"`
+		Data    []groupJSON `json:"data"`
+	}{Object: "list", GroupBy: query.GroupBy, Data: make([]groupJSON, 0, len(sums))}
+	for _, g := range sums {
+		out.Data = append(out.Data, groupJSON{g.Group, g.Requests, g.Completed, g.PromptTokens, g.CompletionTokens,
+			g.PromptTokens + g.CompletionTokens, g.Duration.Milliseconds()})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// parseTime reads an RFC 3339 time, a date (UTC) or Unix seconds.
+func parseTime(s string) (time.Time, bool) {
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, true
+	}
+	if t, err := time.Parse(time.DateOnly, s); err == nil {
+		return t, true
+	}
+	var sec int64
+	if _, err := fmt.Sscanf(s, "%d", &sec); err == nil && fmt.Sprint(sec) == s {
+		return time.Unix(sec, 0), true
+	}
+	return time.Time{}, false
+}

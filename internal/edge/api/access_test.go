@@ -1,0 +1,623 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"iop/internal/auth"
+	"iop/internal/ledger"
+	"iop/internal/runs"
+)
+
+// keyFixture is a client keyring and an admin keyring with known secrets.
+type keyFixture struct {
+	keys, admin           *auth.Keyring
+	alice, bob, adminKey  string
+	aliceKey, bobKey, adm auth.Key
+}
+
+// newKeys makes keys alice and bob (alice limited by aliceKey's limits and
+// models) and one admin key.
+func newKeys(t *testing.T, alice auth.Key) keyFixture {
+	t.Helper()
+	var f keyFixture
+	var h string
+	f.alice, h = auth.Generate()
+	alice.Name, alice.Hash = "alice", h
+	f.bob, h = auth.Generate()
+	bob := auth.Key{Name: "bob", Hash: h}
+	f.adminKey, h = auth.Generate()
+	adm := auth.Key{Name: "ops", Hash: h}
+	var err error
+	if f.keys, err = auth.NewKeyring("keys", []auth.Key{alice, bob}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if f.admin, err = auth.NewKeyring("admin_keys", []auth.Key{adm}, nil); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// send makes a request with the given credential headers.
+func (e *testEnv) send(t *testing.T, method, path, body string, header map[string]string) rawResponse {
+	t.Helper()
+	req, err := http.NewRequest(method, e.srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	return e.do(t, req)
+}
+
+var reflectDeepEqual = reflect.DeepEqual
+
+func bearer(key string) map[string]string { return map[string]string{"Authorization": "Bearer " + key} }
+
+// adminStub serves the admin routes with an empty snapshot.
+type adminStub struct{ *fakeGateway }
+
+func (adminStub) AdminSnapshot() AdminSnapshot { return AdminSnapshot{} }
+
+// newRunsManager is a runs manager over an in-memory store.
+func newRunsManager(t *testing.T) *runs.Manager {
+	t.Helper()
+	store, err := runs.OpenSQLite(":memory:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := runs.NewManager(context.Background(), runs.Config{Store: store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+func okRun(context.Context, Request) (Run, error) {
+	return scriptedRun(normalized, events(started(), delta("hi"), usageEvent(3, 1), complete("stop"))), nil
+}
+
+// TestWrongOrMissingKeys: with keys configured, every route but the
+// probes needs a key; a missing or wrong one is answered 401 with
+// WWW-Authenticate: Bearer and the route's error shape (OpenAI's, or
+// Ollama's under /api/), never echoing the key sent, and nothing is
+// dispatched. A client key on the admin routes and an admin key on the
+// model API get 403.
+func TestWrongOrMissingKeys(t *testing.T) {
+	f := newKeys(t, auth.Key{})
+	cfg := Config{Keys: f.keys, AdminKeys: f.admin, Runs: newRunsManager(t)}
+	env := &testEnv{t: t, gw: &fakeGateway{models: []string{"m"}, dispatch: okRun}}
+	env = newEnvWithGateway(t, cfg, adminStub{env.gw}, env.gw)
+	const wrong = "iop-wrong-key-0123456789-do-not-echo"
+	routes := []struct {
+		method, path, body string
+		ollama             bool
+	}{
+		{"POST", "/v1/chat/completions", simpleChat, false},
+		{"POST", "/v1/completions", `{"model":"m","prompt":"x"}`, false},
+		{"POST", "/v1/embeddings", `{"model":"m","input":"x"}`, false},
+		{"GET", "/v1/models", "", false},
+		{"GET", "/v1/models/m", "", false},
+		{"POST", "/v1/runs", `{"model":"m","prompt":"x"}`, false},
+		{"GET", "/v1/runs", "", false},
+		{"POST", "/api/chat", `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":false}`, true},
+		{"POST", "/api/generate", `{"model":"m","prompt":"x","stream":false}`, true},
+		{"GET", "/api/tags", "", true},
+		{"GET", "/api/ps", "", true},
+		{"GET", "/", "", true},
+		{"GET", "/no/such/path", "", false},
+	}
+	for _, rt := range routes {
+		for name, header := range map[string]map[string]string{
+			"missing":         nil,
+			"wrong bearer":    bearer(wrong),
+			"wrong x-api-key": {"X-Api-Key": wrong},
+			"empty bearer":    {"Authorization": "Bearer "},
+			"basic":           {"Authorization": "Basic " + f.alice},
+		} {
+			resp := env.send(t, rt.method, rt.path, rt.body, header)
+			if resp.status != http.StatusUnauthorized {
+				t.Errorf("%s %s, %s key: status %d, want 401 (%s)", rt.method, rt.path, name, resp.status, resp.body)
+				continue
+			}
+			if got := resp.header.Get("WWW-Authenticate"); !strings.HasPrefix(got, "Bearer") {
+				t.Errorf("%s %s, %s key: WWW-Authenticate %q", rt.method, rt.path, name, got)
+			}
+			if strings.Contains(resp.body, wrong) || strings.Contains(resp.body, f.alice) {
+				t.Errorf("%s %s: the key sent is echoed: %s", rt.method, rt.path, resp.body)
+			}
+			if rt.ollama {
+				var body map[string]string
+				if json.Unmarshal([]byte(resp.body), &body) != nil || body["error"] == "" || len(body) != 1 {
+					t.Errorf("%s %s: Ollama error body %q", rt.method, rt.path, resp.body)
+				}
+			} else {
+				_, typ, _, code := openAIError(t, resp.body)
+				want := "invalid_api_key"
+				if header == nil || name == "empty bearer" || name == "basic" {
+					want = "missing_api_key"
+				}
+				if typ != "invalid_request_error" || str(code) != want {
+					t.Errorf("%s %s, %s key: type %q code %q, want %s", rt.method, rt.path, name, typ, str(code), want)
+				}
+			}
+		}
+	}
+	if n := len(env.gw.requests()); n != 0 {
+		t.Fatalf("%d requests were dispatched without a valid key", n)
+	}
+	// The right key, both ways, passes.
+	for _, header := range []map[string]string{bearer(f.alice), {"X-Api-Key": f.bob}, {"Authorization": "bearer " + f.alice}} {
+		if resp := env.send(t, "POST", "/v1/chat/completions", simpleChat, header); resp.status != 200 {
+			t.Errorf("valid key %v: %d %s", header, resp.status, resp.body)
+		}
+	}
+	// Probes stay open.
+	for _, p := range []string{"/healthz", "/readyz"} {
+		if resp := env.get(t, p); resp.status != 200 {
+			t.Errorf("%s without a key: %d", p, resp.status)
+		}
+	}
+	// Admin routes: admin key only.
+	for _, tc := range []struct {
+		header map[string]string
+		status int
+	}{
+		{nil, 401}, {bearer(wrong), 401}, {bearer(f.alice), 403}, {bearer(f.adminKey), 200}, {map[string]string{"X-Api-Key": f.adminKey}, 200},
+	} {
+		for _, p := range []string{"/admin/v1/nodes", "/admin/v1/providers", "/admin/v1/queues", "/metrics", "/ui/", "/admin", "/debug/pprof/"} {
+			resp := env.send(t, "GET", p, "", tc.header)
+			want := tc.status
+			if want == 200 && !strings.HasPrefix(p, "/admin/v1/") {
+				want = 404 // admitted, then not served by this handler
+			}
+			if resp.status != want {
+				t.Errorf("GET %s with %v: %d, want %d (%s)", p, tc.header, resp.status, want, resp.body)
+			}
+		}
+	}
+	// Dot segments do not dodge the admin check.
+	for _, p := range []string{"/v1/../admin/v1/nodes", "/api/../metrics", "//admin/v1/nodes"} {
+		if resp := env.send(t, "GET", p, "", bearer(f.alice)); resp.status != 403 {
+			t.Errorf("GET %s with a client key: %d, want 403", p, resp.status)
+		}
+	}
+	// An admin key cannot call the model API.
+	if resp := env.send(t, "POST", "/v1/chat/completions", simpleChat, bearer(f.adminKey)); resp.status != 403 {
+		t.Errorf("admin key on the model API: %d %s", resp.status, resp.body)
+	}
+	// /metricsX is no admin path: a client route (404 with a client key).
+	if resp := env.send(t, "GET", "/metricsX", "", bearer(f.alice)); resp.status != 404 {
+		t.Errorf("/metricsX with a client key: %d", resp.status)
+	}
+}
+
+// newEnvWithGateway is newEnv with an explicit Gateway wrapping fake (for
+// optional interfaces such as Admin).
+func newEnvWithGateway(t *testing.T, cfg Config, gw Gateway, fake *fakeGateway) *testEnv {
+	t.Helper()
+	if cfg.Now == nil {
+		cfg.Now = func() time.Time { return time.Unix(1700000000, 0) }
+	}
+	env := &testEnv{t: t, gw: fake}
+	h := New(cfg, gw, nil)
+	env.srv = newServer(env, h)
+	return env
+}
+
+func TestOpenAPINeedsNoKey(t *testing.T) {
+	env := newEnv(t, Config{}, okRun)
+	if resp := env.post(t, "/v1/chat/completions", "application/json", simpleChat); resp.status != 200 {
+		t.Fatalf("open API: %d %s", resp.status, resp.body)
+	}
+	// Admin keys alone guard the admin API but leave the model API open.
+	f := newKeys(t, auth.Key{})
+	env2 := newEnvWithGateway(t, Config{AdminKeys: f.admin}, adminStub{&fakeGateway{dispatch: okRun}}, &fakeGateway{dispatch: okRun})
+	if resp := env2.get(t, "/v1/models"); resp.status != 200 {
+		t.Errorf("model API with only admin keys: %d", resp.status)
+	}
+	if resp := env2.get(t, "/admin/v1/nodes"); resp.status != 401 {
+		t.Errorf("admin API with admin keys, no key sent: %d", resp.status)
+	}
+}
+
+func TestModelsAllowedPerKey(t *testing.T) {
+	f := newKeys(t, auth.Key{Models: []string{"m"}})
+	gw := &fakeGateway{models: []string{"m", "alias", "secret-model"}, dispatch: okRun}
+	env := newEnvWithGateway(t, Config{Keys: f.keys, Runs: newRunsManager(t)}, gw, gw)
+
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	resp := env.send(t, "GET", "/v1/models", "", bearer(f.alice))
+	if err := json.Unmarshal([]byte(resp.body), &list); err != nil || len(list.Data) != 1 || list.Data[0].ID != "m" {
+		t.Errorf("alice's /v1/models: %s", resp.body)
+	}
+	var tags struct {
+		Models []struct {
+			Name string `json:"name"`
+		} `json:"models"`
+	}
+	resp = env.send(t, "GET", "/api/tags", "", bearer(f.alice))
+	if err := json.Unmarshal([]byte(resp.body), &tags); err != nil || len(tags.Models) != 1 || tags.Models[0].Name != "m" {
+		t.Errorf("alice's /api/tags: %s", resp.body)
+	}
+	resp = env.send(t, "GET", "/v1/models", "", bearer(f.bob))
+	if err := json.Unmarshal([]byte(resp.body), &list); err != nil || len(list.Data) != 3 {
+		t.Errorf("bob (every model) sees: %s", resp.body)
+	}
+	if resp := env.send(t, "GET", "/v1/models/secret-model", "", bearer(f.alice)); resp.status != 404 {
+		t.Errorf("alice GET /v1/models/secret-model: %d", resp.status)
+	}
+
+	before := len(gw.requests())
+	for _, tc := range []struct {
+		path, body string
+		ollama     bool
+	}{
+		{"/v1/chat/completions", `{"model":"secret-model","messages":[{"role":"user","content":"x"}]}`, false},
+		{"/v1/completions", `{"model":"alias","prompt":"x"}`, false},
+		{"/v1/embeddings", `{"model":"secret-model","input":"x"}`, false},
+		{"/v1/runs", `{"model":"secret-model","prompt":"x","background":true}`, false},
+		{"/api/chat", `{"model":"secret-model","messages":[{"role":"user","content":"x"}]}`, true},
+		{"/api/generate", `{"model":"secret-model","prompt":"x"}`, true},
+	} {
+		resp := env.send(t, "POST", tc.path, tc.body, bearer(f.alice))
+		if resp.status != http.StatusForbidden {
+			t.Errorf("%s: %d, want 403 (%s)", tc.path, resp.status, resp.body)
+			continue
+		}
+		if tc.ollama {
+			if !strings.Contains(resp.body, `"error":`) || strings.Contains(resp.body, `"code"`) {
+				t.Errorf("%s: Ollama body %s", tc.path, resp.body)
+			}
+		} else if _, _, param, code := openAIError(t, resp.body); str(code) != "model_not_allowed" || str(param) != "model" {
+			t.Errorf("%s: code %s param %s", tc.path, str(code), str(param))
+		}
+	}
+	if n := len(gw.requests()) - before; n != 0 {
+		t.Errorf("%d refused requests reached the gateway", n)
+	}
+	// The allowed model, and its :latest spelling on the Ollama API, pass.
+	if resp := env.send(t, "POST", "/v1/chat/completions", simpleChat, bearer(f.alice)); resp.status != 200 {
+		t.Errorf("allowed model: %d %s", resp.status, resp.body)
+	}
+	if resp := env.send(t, "POST", "/api/chat", `{"model":"m:latest","messages":[{"role":"user","content":"x"}],"stream":false}`, bearer(f.alice)); resp.status != 200 {
+		t.Errorf("allowed model as m:latest: %d %s", resp.status, resp.body)
+	}
+}
+
+// blockingRuns returns a dispatch func whose runs stay open until release
+// is closed, and a channel that receives once per dispatch.
+func blockingRuns(release <-chan struct{}) (func(context.Context, Request) (Run, error), <-chan struct{}) {
+	dispatched := make(chan struct{}, 64)
+	return func(ctx context.Context, req Request) (Run, error) {
+		r := liveRun(normalized, 4)
+		go func() {
+			<-release
+			r.up <- events(started(), delta("x"), complete("stop"))
+			close(r.up)
+		}()
+		dispatched <- struct{}{}
+		return r, nil
+	}, dispatched
+}
+
+func TestKeyConcurrencyLimitRefusesBeforeDispatch(t *testing.T) {
+	f := newKeys(t, auth.Key{MaxConcurrent: 2})
+	release := make(chan struct{})
+	dispatch, dispatched := blockingRuns(release)
+	gw := &fakeGateway{models: []string{"m"}, dispatch: dispatch}
+	env := newEnvWithGateway(t, Config{Keys: f.keys}, gw, gw)
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if resp := env.send(t, "POST", "/v1/chat/completions", simpleChat, bearer(f.alice)); resp.status != 200 {
+				t.Errorf("request within the limit: %d", resp.status)
+			}
+		}()
+	}
+	<-dispatched
+	<-dispatched
+	for _, path := range []string{"/v1/chat/completions", "/api/chat"} {
+		body := simpleChat
+		resp := env.send(t, "POST", path, body, bearer(f.alice))
+		if resp.status != http.StatusTooManyRequests || resp.header.Get("Retry-After") == "" {
+			t.Errorf("%s over max_concurrent: %d Retry-After %q (%s)", path, resp.status, resp.header.Get("Retry-After"), resp.body)
+		}
+	}
+	if n := len(gw.requests()); n != 2 {
+		t.Errorf("%d dispatches, want 2: the refused ones must not reach the gateway", n)
+	}
+	// Another key is not limited by alice's requests.
+	go func() {
+		<-dispatched
+	}()
+	bobDone := make(chan rawResponse, 1)
+	go func() { bobDone <- env.send(t, "POST", "/v1/chat/completions", simpleChat, bearer(f.bob)) }()
+	close(release)
+	if resp := <-bobDone; resp.status != 200 {
+		t.Errorf("bob while alice is at her limit: %d", resp.status)
+	}
+	wg.Wait()
+	// Slots came back: alice may send again.
+	if resp := env.send(t, "POST", "/v1/chat/completions", simpleChat, bearer(f.alice)); resp.status != 200 {
+		t.Errorf("alice after her requests ended: %d %s", resp.status, resp.body)
+	}
+}
+
+func TestKeyRequestsPerMinute(t *testing.T) {
+	f := newKeys(t, auth.Key{RequestsPerMinute: 2})
+	gw := &fakeGateway{models: []string{"m"}, dispatch: okRun}
+	env := newEnvWithGateway(t, Config{Keys: f.keys}, gw, gw)
+	for i := range 2 {
+		if resp := env.send(t, "POST", "/v1/chat/completions", simpleChat, bearer(f.alice)); resp.status != 200 {
+			t.Fatalf("request %d: %d", i, resp.status)
+		}
+	}
+	// Listing models is not a model run: not counted.
+	if resp := env.send(t, "GET", "/v1/models", "", bearer(f.alice)); resp.status != 200 {
+		t.Errorf("GET /v1/models: %d", resp.status)
+	}
+	resp := env.send(t, "POST", "/v1/chat/completions", simpleChat, bearer(f.alice))
+	if resp.status != http.StatusTooManyRequests {
+		t.Fatalf("third request in a minute: %d", resp.status)
+	}
+	if ra := resp.header.Get("Retry-After"); ra == "" || ra == "0" {
+		t.Errorf("Retry-After %q", ra)
+	}
+	if _, typ, _, code := openAIError(t, resp.body); typ != "rate_limit_error" || str(code) != "rate_limit_exceeded" {
+		t.Errorf("type %s code %s", typ, str(code))
+	}
+	resp = env.send(t, "POST", "/api/generate", `{"model":"m","prompt":"x"}`, bearer(f.alice))
+	if resp.status != http.StatusTooManyRequests || !strings.HasPrefix(resp.body, `{"error":"`) {
+		t.Errorf("Ollama route over the limit: %d %s", resp.status, resp.body)
+	}
+	if n := len(gw.requests()); n != 2 {
+		t.Errorf("%d dispatches, want 2", n)
+	}
+}
+
+// recordingLedger is a Ledger that keeps entries in memory.
+type recordingLedger struct {
+	mu      sync.Mutex
+	entries []ledger.Entry
+}
+
+func (l *recordingLedger) Record(e ledger.Entry) {
+	l.mu.Lock()
+	l.entries = append(l.entries, e)
+	l.mu.Unlock()
+}
+
+func (l *recordingLedger) Aggregate(context.Context, ledger.Query) ([]ledger.Group, error) {
+	return nil, errors.New("unused")
+}
+
+func (l *recordingLedger) all() []ledger.Entry {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.entries)
+}
+
+func TestLedgerRecordsEveryFinishedRun(t *testing.T) {
+	f := newKeys(t, auth.Key{})
+	led := &recordingLedger{}
+	sseUsage := "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n" +
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":12,\"total_tokens\":23}}\n\ndata: [DONE]\n\n"
+	jsonAnswer := `{"id":"c","object":"chat.completion","choices":[{"message":{"content":"a \"usage\": {\"prompt_tokens\": 999}"}}],"usage":{"prompt_tokens":21,"completion_tokens":22}}`
+	scripts := map[string]func() Run{
+		"normalized": func() Run {
+			return scriptedRun(normalized, events(started(), delta("hi"), usageEvent(3, 4), complete("stop")))
+		},
+		"tunnel-sse": func() Run {
+			return scriptedRun(tunnel, tunnelHead(200, map[string]string{"content-type": "text/event-stream"}),
+				tunnelData(sseUsage[:40]), tunnelData(sseUsage[40:90]), tunnelData(sseUsage[90:]), tunnelEnd())
+		},
+		"tunnel-json": func() Run {
+			return scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "application/json"}),
+				tunnelData(jsonAnswer[:30]), tunnelData(jsonAnswer[30:]), tunnelEnd())
+		},
+		"upstream-error": func() Run {
+			return scriptedRun(normalized, events(started(), errorEvent(500, "boom")))
+		},
+	}
+	gw := &fakeGateway{models: []string{"m"}, dispatch: func(ctx context.Context, req Request) (Run, error) {
+		var sel string
+		_ = json.Unmarshal(req.Body, &struct {
+			User *string `json:"user"`
+		}{&sel})
+		switch sel {
+		case "full":
+			return nil, ErrQueueFull
+		case "":
+			sel = "normalized"
+		}
+		return scripts[sel](), nil
+	}}
+	env := newEnvWithGateway(t, Config{Keys: f.keys, Ledger: led}, gw, gw)
+	chat := func(script string) string {
+		return `{"model":"m","user":"` + script + `","messages":[{"role":"user","content":"x"}]}`
+	}
+	for _, s := range []string{"normalized", "tunnel-sse", "tunnel-json", "upstream-error", "full"} {
+		env.send(t, "POST", "/v1/chat/completions", chat(s), bearer(f.alice))
+	}
+	env.send(t, "POST", "/api/chat", `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":false}`, bearer(f.bob))
+	env.waitHandlers()
+	got := led.all()
+	type row struct {
+		key, outcome string
+		p, c         int64
+	}
+	var rows []row
+	for _, e := range got {
+		rows = append(rows, row{e.Key, e.Outcome, e.PromptTokens, e.CompletionTokens})
+		if e.Model != "m" || e.Time.IsZero() {
+			t.Errorf("entry %+v", e)
+		}
+		if e.Outcome != "queue_full" && (e.NodeID != "node1" || e.ProviderID != "prov1" || e.RunID != "run1") {
+			t.Errorf("entry without its dispatch: %+v", e)
+		}
+	}
+	want := []row{
+		{"alice", "completed", 3, 4}, {"alice", "completed", 11, 12}, {"alice", "completed", 21, 22},
+		{"alice", "upstream_error", 0, 0}, {"alice", "queue_full", 0, 0}, {"bob", "completed", 3, 4},
+	}
+	// The Ollama request dispatches a normalized run with no "user": the
+	// fake falls back to the normalized script.
+	if !slices.Equal(rows, want) {
+		t.Errorf("ledger rows\n got %+v\nwant %+v", rows, want)
+	}
+}
+
+func TestUsageRoute(t *testing.T) {
+	store, err := ledger.OpenSQLite(":memory:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	led := ledger.New(store, nil)
+	t.Cleanup(func() { led.Close() })
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	led.Record(ledger.Entry{Time: at, Key: "alice", Model: "m", NodeID: "n", ProviderID: "p", PromptTokens: 1, CompletionTokens: 2, Duration: time.Second, Outcome: "completed"})
+	led.Record(ledger.Entry{Time: at.Add(48 * time.Hour), Key: "bob", Model: "m", PromptTokens: 10, Outcome: "queue_full"})
+	led.Flush()
+	f := newKeys(t, auth.Key{})
+	gw := &fakeGateway{models: []string{"m"}}
+	env := newEnvWithGateway(t, Config{Keys: f.keys, AdminKeys: f.admin, Ledger: led}, adminStub{gw}, gw)
+	get := func(q string) rawResponse { return env.send(t, "GET", "/admin/v1/usage"+q, "", bearer(f.adminKey)) }
+	resp := get("?group_by=key")
+	want := `{"object":"list","group_by":"key","data":[{"group":"alice","requests":1,"completed":1,"prompt_tokens":1,"completion_tokens":2,"total_tokens":3,"duration_ms":1000},{"group":"bob","requests":1,"completed":0,"prompt_tokens":10,"completion_tokens":0,"total_tokens":10,"duration_ms":0}]}`
+	if resp.status != 200 || strings.TrimSpace(resp.body) != want {
+		t.Errorf("group_by=key: %d\n%s\nwant\n%s", resp.status, resp.body, want)
+	}
+	for q, wantGroups := range map[string]string{
+		"?group_by=day":                                 "2026-03-01,2026-03-03",
+		"?group_by=provider&key=alice":                  "n/p",
+		"?from=2026-03-02&group_by=key":                 "bob",
+		"?to=2026-03-01T13:00:00Z&group_by=key":         "alice",
+		"?from=1772323200&to=1772409600&group_by=model": "m", // 2026-03-01, Unix seconds
+		"?model=other&group_by=key":                     "",
+	} {
+		resp := get(q)
+		var body struct {
+			Data []struct {
+				Group string `json:"group"`
+			} `json:"data"`
+		}
+		if resp.status != 200 || json.Unmarshal([]byte(resp.body), &body) != nil {
+			t.Errorf("%s: %d %s", q, resp.status, resp.body)
+			continue
+		}
+		var groups []string
+		for _, d := range body.Data {
+			groups = append(groups, d.Group)
+		}
+		if strings.Join(groups, ",") != wantGroups {
+			t.Errorf("%s: groups %v, want %s", q, groups, wantGroups)
+		}
+	}
+	for _, q := range []string{"?group_by=user", "?from=yesterday", "?to=1e9"} {
+		if resp := get(q); resp.status != 400 {
+			t.Errorf("%s: %d, want 400", q, resp.status)
+		}
+	}
+	if resp := env.send(t, "GET", "/admin/v1/usage", "", bearer(f.alice)); resp.status != 403 {
+		t.Errorf("usage with a client key: %d", resp.status)
+	}
+}
+
+// newServer serves h for env as newEnvLogging does: its cleanup waits for
+// every handler, then checks each run was closed exactly once.
+func newServer(env *testEnv, h http.Handler) *httptest.Server {
+	t := env.t
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		env.handlers.Add(1)
+		defer env.handlers.Done()
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() {
+		srv.Close()
+		env.handlers.Wait()
+		for i, run := range env.gw.allRuns() {
+			if n, reasons := run.closeCalls(); n != 1 {
+				t.Errorf("run %d: Close called %d times (reasons %q), want exactly 1", i, n, reasons)
+			}
+		}
+	})
+	return srv
+}
+
+// TestUsageWatchReadsTheTailOfALargeAnswer: a JSON answer larger than the
+// kept tail (a big embeddings list) still yields its trailing usage, and a
+// quoted "usage" inside a string is not taken for it.
+func TestUsageWatchReadsTheTailOfALargeAnswer(t *testing.T) {
+	body := `{"object":"list","data":[{"embedding":[` + strings.Repeat("0.125,", 40000) + `0.5]}],"note":"\"usage\":{\"prompt_tokens\":999}","usage":{"prompt_tokens":7,"total_tokens":7}}`
+	var u usageWatch
+	for p := body; p != ""; {
+		n := min(len(p), 1000)
+		u.write([]byte(p[:n]))
+		p = p[n:]
+	}
+	if p, c, ok := u.usage(); !ok || p != 7 || c != 0 {
+		t.Fatalf("usage = %d, %d, %v; want 7, 0, true", p, c, ok)
+	}
+	var none usageWatch
+	none.sse = true
+	none.write([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"\\\"usage\\\"\"}}]}\r\n\r\ndata: [DONE]\r\n\r\n"))
+	if _, _, ok := none.usage(); ok {
+		t.Fatal("a stream without a usage chunk reported usage")
+	}
+}
+
+// TestUsageAttributionNeverInfluencesScheduling: the request the edge
+// schedules carries no trace of the caller (the seeds' rule: caller
+// identity is no part of pool selection): the same body sent with two
+// different keys reaches the gateway as the same Request, field for field,
+// on every route.
+func TestUsageAttributionNeverInfluencesScheduling(t *testing.T) {
+	f := newKeys(t, auth.Key{})
+	gw := &fakeGateway{models: []string{"m"}, dispatch: okRun}
+	env := newEnvWithGateway(t, Config{Keys: f.keys, Ledger: &recordingLedger{}}, gw, gw)
+	bodies := []struct{ path, body string }{
+		{"/v1/chat/completions", simpleChat},
+		{"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}],"tools":[{"type":"function","function":{"name":"f"}}]}`},
+		{"/v1/completions", `{"model":"m","prompt":"x"}`},
+		{"/api/chat", `{"model":"m","messages":[{"role":"user","content":"x"}]}`},
+	}
+	for _, b := range bodies {
+		for _, key := range []string{f.alice, f.bob} {
+			env.send(t, "POST", b.path, b.body, map[string]string{"Authorization": "Bearer " + key, "X-Request-Id": "same"})
+		}
+	}
+	env.waitHandlers()
+	reqs := gw.requests()
+	if len(reqs) != 2*len(bodies) {
+		t.Fatalf("%d requests dispatched, want %d", len(reqs), 2*len(bodies))
+	}
+	for i := 0; i < len(reqs); i += 2 {
+		a, b := reqs[i], reqs[i+1]
+		if !reflectDeepEqual(a, b) {
+			t.Errorf("%s: alice's request %+v\ndiffers from bob's %+v", bodies[i/2].path, a, b)
+		}
+		for _, v := range a.Headers {
+			if strings.Contains(v, f.alice) {
+				t.Errorf("the key reached the dispatched request: %v", a.Headers)
+			}
+		}
+	}
+}

@@ -1,0 +1,216 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Entry is one finished run (or a dispatch refused after its caller was
+// identified) as the ledger keeps it.
+type Entry struct {
+	// Time is when the request reached the API (dispatch start).
+	Time time.Time
+	// Key is the caller's key name; "" when the API is open.
+	Key string
+	// Model is the model name the client asked for (an alias or a served
+	// name).
+	Model string
+	// RunID, NodeID, ProviderID and ServedModel say where the run went;
+	// empty for a refused dispatch.
+	RunID, NodeID, ProviderID, ServedModel string
+	// PromptTokens and CompletionTokens are what the provider reported, 0
+	// when it reported nothing (a tunnel-path stream without
+	// stream_options.include_usage reports no usage).
+	PromptTokens, CompletionTokens int64
+	// Duration is from Time to the end of the answer.
+	Duration time.Duration
+	// Outcome is "completed", "client_gone", "upstream_error",
+	// "write_failed", or, for a refused dispatch, the API's error code
+	// ("queue_full", "model_not_found", "model_not_allowed", ...).
+	Outcome string
+}
+
+// Outcomes of a dispatched run.
+const (
+	OutcomeCompleted     = "completed"
+	OutcomeClientGone    = "client_gone"
+	OutcomeUpstreamError = "upstream_error"
+	OutcomeWriteFailed   = "write_failed"
+)
+
+// GroupBy values of a Query.
+const (
+	GroupNone     = ""
+	GroupKey      = "key"
+	GroupModel    = "model"
+	GroupProvider = "provider" // node_id/provider_id
+	GroupNode     = "node"
+	GroupDay      = "day" // the UTC date of Entry.Time, YYYY-MM-DD
+)
+
+// Query selects and groups entries. Zero fields select everything.
+type Query struct {
+	Key, Model string
+	// From (inclusive) and To (exclusive) bound Entry.Time.
+	From, To time.Time
+	// GroupBy is one of the Group constants.
+	GroupBy string
+}
+
+// Group is the sum of the entries of one group value.
+type Group struct {
+	// Group is the group's value: a key name, model, "node/provider",
+	// node id or date; "" for GroupNone.
+	Group string
+	// Requests counts the entries, Completed those whose outcome is
+	// "completed".
+	Requests, Completed int64
+	// PromptTokens and CompletionTokens are sums, in tokens.
+	PromptTokens, CompletionTokens int64
+	// Duration is the sum of the entries' durations.
+	Duration time.Duration
+}
+
+// Store persists entries: SQLite (OpenSQLite) or PostgreSQL (OpenPostgres).
+type Store interface {
+	// Insert adds entries in one transaction.
+	Insert(ctx context.Context, entries []Entry) error
+	// Aggregate sums the entries q selects, one Group per value of
+	// q.GroupBy, ordered by that value. An unknown GroupBy is
+	// ErrInvalidQuery.
+	Aggregate(ctx context.Context, q Query) ([]Group, error)
+	Close() error
+}
+
+// ErrInvalidQuery: a Query with an unknown GroupBy.
+var ErrInvalidQuery = errors.New("invalid usage query")
+
+// bufferEntries is how many entries wait for the writer before Record
+// blocks; batchEntries is the most one transaction inserts.
+const (
+	bufferEntries = 4096
+	batchEntries  = 256
+)
+
+// Ledger records entries into a Store on a writer goroutine of its own,
+// in batches, so a finishing request never waits for the database unless
+// thousands of entries are already waiting. Create it with New; Close it to
+// flush.
+type Ledger struct {
+	store Store
+	log   *slog.Logger
+	in    chan item
+	done  chan struct{}
+
+	mu     sync.RWMutex // guards closed; held for reading while sending on in
+	closed bool
+}
+
+// item is an entry for the writer, or (ack set) a flush request.
+type item struct {
+	entry Entry
+	ack   chan struct{}
+}
+
+// New starts a ledger writing into store. A nil logger discards; failed
+// inserts are logged at error with the entries' count.
+func New(store Store, logger *slog.Logger) *Ledger {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	l := &Ledger{store: store, log: logger.With("component", "ledger"), in: make(chan item, bufferEntries), done: make(chan struct{})}
+	go l.write()
+	return l
+}
+
+// Record queues e for the store. It blocks only while the buffer is full;
+// after Close it drops e (logged at warn).
+func (l *Ledger) Record(e Entry) {
+	if !l.send(item{entry: e}) {
+		l.log.Warn("usage entry after the ledger closed, dropped", "key", e.Key, "model", e.Model, "run_id", e.RunID)
+	}
+}
+
+// Flush returns once every entry recorded before the call is in the store
+// (or its insert failed and was logged).
+func (l *Ledger) Flush() {
+	ack := make(chan struct{})
+	if l.send(item{ack: ack}) {
+		<-ack
+	}
+}
+
+func (l *Ledger) send(it item) bool {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed {
+		return false
+	}
+	l.in <- it
+	return true
+}
+
+// Aggregate is Store.Aggregate on the entries written so far.
+func (l *Ledger) Aggregate(ctx context.Context, q Query) ([]Group, error) {
+	return l.store.Aggregate(ctx, q)
+}
+
+// Close writes the entries still buffered, stops the writer and closes the
+// store. Later calls return nil.
+func (l *Ledger) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	close(l.in)
+	l.mu.Unlock()
+	<-l.done
+	return l.store.Close()
+}
+
+// write is the writer goroutine: it inserts what is waiting, up to
+// batchEntries at a time, and answers flushes after the entries before
+// them are written.
+func (l *Ledger) write() {
+	defer close(l.done)
+	batch := make([]Entry, 0, batchEntries)
+	var acks []chan struct{}
+	for it := range l.in {
+		batch, acks = batch[:0], acks[:0]
+		add := func(it item) {
+			if it.ack != nil {
+				acks = append(acks, it.ack)
+			} else {
+				batch = append(batch, it.entry)
+			}
+		}
+		add(it)
+	more:
+		for len(batch) < batchEntries {
+			select {
+			case it, ok := <-l.in:
+				if !ok {
+					break more
+				}
+				add(it)
+			default:
+				break more
+			}
+		}
+		if len(batch) > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			if err := l.store.Insert(ctx, batch); err != nil {
+				l.log.Error("writing usage entries failed", "entries", len(batch), "err", err)
+			}
+			cancel()
+		}
+		for _, ack := range acks {
+			close(ack)
+		}
+	}
+}

@@ -1,0 +1,195 @@
+package ledger
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver (PostgreSQL)
+	_ "modernc.org/sqlite"             // registers the "sqlite" database/sql driver (pure Go, no cgo)
+)
+
+// SQL is a Store in an SQL database: SQLite or PostgreSQL, which differ
+// here only in how query parameters are written. The table is
+// usage_ledger; its statements are portable between the two.
+type SQL struct {
+	db      *sql.DB
+	dialect string // "sqlite" or "postgres"
+}
+
+var _ Store = (*SQL)(nil)
+
+var schema = []string{`CREATE TABLE IF NOT EXISTS usage_ledger (
+	at_ns             BIGINT NOT NULL,
+	day               TEXT   NOT NULL,
+	key_name          TEXT   NOT NULL,
+	model             TEXT   NOT NULL,
+	run_id            TEXT   NOT NULL,
+	node_id           TEXT   NOT NULL,
+	provider_id       TEXT   NOT NULL,
+	served_model      TEXT   NOT NULL,
+	prompt_tokens     BIGINT NOT NULL,
+	completion_tokens BIGINT NOT NULL,
+	duration_ns       BIGINT NOT NULL,
+	outcome           TEXT   NOT NULL
+)`,
+	`CREATE INDEX IF NOT EXISTS usage_ledger_at ON usage_ledger (at_ns)`,
+	`CREATE INDEX IF NOT EXISTS usage_ledger_key ON usage_ledger (key_name, at_ns)`,
+}
+
+// OpenSQLite opens (creating if needed) the ledger table in the SQLite
+// database at path, the edge's run database (its own table there), or a
+// private in-memory database for ":memory:". WAL journaling and a busy
+// timeout let it share the file with the run store's connection.
+func OpenSQLite(path string) (*SQL, error) {
+	dsn := "file:" + url.PathEscape(path) + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)"
+	if path == ":memory:" {
+		dsn = "file::memory:"
+	}
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("usage ledger %s: %w", path, err)
+	}
+	db.SetMaxOpenConns(1) // an in-memory database lives in its one connection
+	return open(db, "sqlite", path)
+}
+
+// OpenPostgres connects to the PostgreSQL database dsn names (a URL,
+// postgres://user@host:port/db?sslmode=..., or key=value pairs, as pgx
+// takes them) and creates the ledger table if missing. Several edges may
+// share one database.
+func OpenPostgres(ctx context.Context, dsn string) (*SQL, error) {
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("usage ledger (postgres): %w", err)
+	}
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		// Not err's text alone: it names the host, never the password.
+		return nil, fmt.Errorf("usage ledger (postgres): %w", err)
+	}
+	return open(db, "postgres", "postgres")
+}
+
+func open(db *sql.DB, dialect, name string) (*SQL, error) {
+	for _, stmt := range schema {
+		if _, err := db.Exec(stmt); err != nil {
+			db.Close()
+			return nil, fmt.Errorf("usage ledger %s: %w", name, err)
+		}
+	}
+	return &SQL{db: db, dialect: dialect}, nil
+}
+
+// Close closes the database.
+func (s *SQL) Close() error { return s.db.Close() }
+
+// param returns the n-th (from 1) query parameter's placeholder.
+func (s *SQL) param(n int) string {
+	if s.dialect == "postgres" {
+		return "$" + strconv.Itoa(n)
+	}
+	return "?"
+}
+
+// Insert implements Store.
+func (s *SQL) Insert(ctx context.Context, entries []Entry) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	ps := make([]string, 12)
+	for i := range ps {
+		ps[i] = s.param(i + 1)
+	}
+	stmt, err := tx.PrepareContext(ctx, `INSERT INTO usage_ledger (at_ns, day, key_name, model, run_id, node_id,
+		provider_id, served_model, prompt_tokens, completion_tokens, duration_ns, outcome)
+		VALUES (`+strings.Join(ps, ", ")+`)`)
+	if err != nil {
+		return err
+	}
+	defer stmt.Close()
+	for _, e := range entries {
+		if _, err := stmt.ExecContext(ctx, e.Time.UnixNano(), e.Time.UTC().Format(time.DateOnly), e.Key, e.Model,
+			e.RunID, e.NodeID, e.ProviderID, e.ServedModel, e.PromptTokens, e.CompletionTokens,
+			int64(e.Duration), e.Outcome); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+// groupColumns maps a GroupBy to the expression grouped on.
+var groupColumns = map[string]string{
+	GroupKey:      "key_name",
+	GroupModel:    "model",
+	GroupProvider: "node_id || '/' || provider_id",
+	GroupNode:     "node_id",
+	GroupDay:      "day",
+}
+
+// Aggregate implements Store.
+func (s *SQL) Aggregate(ctx context.Context, q Query) ([]Group, error) {
+	group := "''"
+	if q.GroupBy != GroupNone {
+		var ok bool
+		if group, ok = groupColumns[q.GroupBy]; !ok {
+			return nil, fmt.Errorf("%w: group_by %q", ErrInvalidQuery, q.GroupBy)
+		}
+	}
+	var (
+		where []string
+		args  []any
+	)
+	cond := func(expr string, v any) {
+		args = append(args, v)
+		where = append(where, fmt.Sprintf(expr, s.param(len(args))))
+	}
+	if q.Key != "" {
+		cond("key_name = %s", q.Key)
+	}
+	if q.Model != "" {
+		cond("model = %s", q.Model)
+	}
+	if !q.From.IsZero() {
+		cond("at_ns >= %s", q.From.UnixNano())
+	}
+	if !q.To.IsZero() {
+		cond("at_ns < %s", q.To.UnixNano())
+	}
+	query := `SELECT ` + group + ` AS g, COUNT(*),
+		CAST(COALESCE(SUM(CASE WHEN outcome = 'completed' THEN 1 ELSE 0 END), 0) AS BIGINT),
+		CAST(COALESCE(SUM(prompt_tokens), 0) AS BIGINT),
+		CAST(COALESCE(SUM(completion_tokens), 0) AS BIGINT),
+		CAST(COALESCE(SUM(duration_ns), 0) AS BIGINT)
+		FROM usage_ledger`
+	if len(where) > 0 {
+		query += ` WHERE ` + strings.Join(where, " AND ")
+	}
+	if q.GroupBy != GroupNone {
+		query += ` GROUP BY ` + group + ` ORDER BY g`
+	}
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []Group{}
+	for rows.Next() {
+		var (
+			g   Group
+			dur int64
+		)
+		if err := rows.Scan(&g.Group, &g.Requests, &g.Completed, &g.PromptTokens, &g.CompletionTokens, &dur); err != nil {
+			return nil, err
+		}
+		g.Duration = time.Duration(dur)
+		out = append(out, g)
+	}
+	return out, rows.Err()
+}
