@@ -638,6 +638,8 @@ func TestProviderKeyNeverEchoed(t *testing.T) {
 	cfg := edge.DefaultConfig()
 	cfg.Keys = []auth.Key{{Name: "alice", Hash: userHash}}
 	cfg.AdminKeys = []auth.Key{{Name: "ops", Hash: adminHash}}
+	// The provider fails on purpose, again and again: keep it in rotation.
+	cfg.CircuitBreaker.Failures = -1
 	e := startEdgeWith(t, cfg, logger)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
