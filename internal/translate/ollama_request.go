@@ -106,21 +106,15 @@ var optionsMapped = map[string]string{
 // maxStop is how many stop sequences OpenAI's API accepts.
 const maxStop = 4
 
-// ollamaMessage is a message of POST /api/chat.
+// ollamaMessage is a message of POST /api/chat, as a client sends it
+// (FromOllamaChat) and as a provider is sent it (ToOllamaChat).
 type ollamaMessage struct {
-	Role      string       `json:"role"`
-	Content   string       `json:"content"`
-	Images    []string     `json:"images"`
-	ToolCalls []ollamaCall `json:"tool_calls"`
-	ToolName  string       `json:"tool_name"`
-	Thinking  string       `json:"thinking"`
-}
-
-type ollamaCall struct {
-	Function struct {
-		Name      string          `json:"name"`
-		Arguments json.RawMessage `json:"arguments"` // an object
-	} `json:"function"`
+	Role      string           `json:"role"`
+	Content   string           `json:"content"`
+	Images    []string         `json:"images,omitempty"`
+	ToolCalls []OllamaToolCall `json:"tool_calls,omitempty"`
+	ToolName  string           `json:"tool_name,omitempty"`
+	Thinking  string           `json:"thinking,omitempty"`
 }
 
 // chatKnown and generateKnown are the top-level fields translated (or
