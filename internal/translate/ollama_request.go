@@ -39,6 +39,8 @@ const (
 	Chat Operation = iota
 	// Completion is POST /v1/completions (a raw prompt, no chat template).
 	Completion
+	// Embeddings is POST /v1/embeddings.
+	Embeddings
 )
 
 // Request is an Ollama request translated to a canonical OpenAI request.
@@ -47,17 +49,18 @@ type Request struct {
 	Model string
 	// Operation says which OpenAI API Body is for.
 	Operation Operation
-	// Body is the canonical OpenAI JSON body. It always streams
-	// ("stream": true, "stream_options": {"include_usage": true}),
-	// whatever the client asked: the edge renders a streamed answer as one
-	// object when the client did not want a stream.
+	// Body is the canonical OpenAI JSON body. A chat or completions body
+	// always streams ("stream": true, "stream_options":
+	// {"include_usage": true}), whatever the client asked: the edge renders
+	// a streamed answer as one object when the client did not want a
+	// stream. An embeddings body asks for "encoding_format": "float".
 	Body []byte
 	// Stream is the client's own choice: "stream" absent or true (Ollama's
-	// default) streams NDJSON.
+	// default) streams NDJSON. Embeddings never stream.
 	Stream bool
-	// LoadOnly marks a request with nothing to generate (no messages, or an
-	// empty prompt): Ollama only loads the model, or unloads it when
-	// Unload (keep_alive 0) is set.
+	// LoadOnly marks a request with nothing to generate or embed (no
+	// messages, an empty prompt or input): Ollama only loads the model, or
+	// unloads it when Unload (keep_alive 0) is set. Body is then nil.
 	LoadOnly, Unload bool
 	// Extension lists the fields carried under ExtensionKey, as paths
 	// ("keep_alive", "options.num_ctx"), sorted: they reach Ollama providers
@@ -295,21 +298,30 @@ type translation struct {
 // format, options and the fields carried under ExtensionKey (every
 // top-level field not in known).
 func (t *translation) common(model string, known []string) (Request, *canonicalChat, error) {
-	if strings.TrimSpace(model) == "" {
-		return Request{}, nil, fieldErr("model", "model is required")
+	req, err := t.required(model, known)
+	if err != nil {
+		return Request{}, nil, err
 	}
-	req := Request{Model: model, Stream: true}
 	if err := decodeField(t.top, "stream", &req.Stream); err != nil {
 		return Request{}, nil, err
 	}
 	out := &canonicalChat{Model: model, Stream: true, StreamOptions: map[string]bool{"include_usage": true}}
-	var err error
 	if out.ResponseFormat, err = responseFormat(t.top["format"]); err != nil {
 		return Request{}, nil, err
 	}
 	if err := t.options(out); err != nil {
 		return Request{}, nil, err
 	}
+	return req, out, nil
+}
+
+// required checks the model and sets aside every top-level field not in
+// known (keep_alive among them) for ExtensionKey; keep_alive 0 sets Unload.
+func (t *translation) required(model string, known []string) (Request, error) {
+	if strings.TrimSpace(model) == "" {
+		return Request{}, fieldErr("model", "model is required")
+	}
+	req := Request{Model: model, Stream: true}
 	t.ext = make(map[string]json.RawMessage)
 	for k, v := range t.top {
 		if slices.Contains(known, k) || k == ExtensionKey || isNull(v) {
@@ -321,34 +333,43 @@ func (t *translation) common(model string, known []string) (Request, *canonicalC
 	if ka, ok := t.top["keep_alive"]; ok {
 		req.Unload = isZeroKeepAlive(ka)
 	}
-	return req, out, nil
+	return req, nil
 }
 
 // finish sets the extension member and marshals the body.
 func (t *translation) finish(req Request, out *canonicalChat) (Request, error) {
+	var err error
+	if out.Extension, err = t.extensionJSON(); err != nil {
+		return Request{}, err
+	}
+	if req.Body, err = json.Marshal(out); err != nil {
+		return Request{}, err
+	}
+	t.sorted(&req)
+	return req, nil
+}
+
+// extensionJSON is the ExtensionKey member: the fields set aside, with the
+// options set aside as its "options"; nil when there are none.
+func (t *translation) extensionJSON() (json.RawMessage, error) {
 	if len(t.extOpts) > 0 {
 		opts, err := json.Marshal(t.extOpts)
 		if err != nil {
-			return Request{}, err
+			return nil, err
 		}
 		t.ext["options"] = opts
 	}
-	if len(t.ext) > 0 {
-		ext, err := json.Marshal(t.ext)
-		if err != nil {
-			return Request{}, err
-		}
-		out.Extension = ext
+	if len(t.ext) == 0 {
+		return nil, nil
 	}
-	body, err := json.Marshal(out)
-	if err != nil {
-		return Request{}, err
-	}
-	req.Body = body
+	return json.Marshal(t.ext)
+}
+
+// sorted sets req's Extension and Dropped lists, sorted.
+func (t *translation) sorted(req *Request) {
 	sort.Strings(t.extension)
 	sort.Strings(t.dropped)
 	req.Extension, req.Dropped = t.extension, t.dropped
-	return req, nil
 }
 
 // options maps the "options" object: the OpenAI-named ones onto out, the
