@@ -105,6 +105,9 @@ type runResponse struct {
 	r   *http.Request
 	run Run
 	req *Request
+	// writeError writes an error answer in the route's shape (OpenAI's
+	// writeError, or writeOllamaError).
+	writeError func(w http.ResponseWriter, r *http.Request, err error, req *Request)
 	// started is set once the status line was written; from then on a
 	// failure can only end the body.
 	started bool
@@ -136,7 +139,7 @@ func (rr *runResponse) fail(err error) string {
 		rr.h.logger.Debug("client gone", "path", clip(rr.r.URL.Path), "err", errorText(err, rr.req))
 		return reasonClientGone
 	}
-	rr.h.writeError(rr.w, rr.r, err, rr.req)
+	rr.writeError(rr.w, rr.r, err, rr.req)
 	return reasonUpstreamError
 }
 

@@ -16,9 +16,28 @@ import (
 // (http.ErrAbortHandler) after that Close.
 func (h *handler) serveRun(w http.ResponseWriter, r *http.Request, req *Request,
 	normalized func(rr *runResponse, info DispatchInfo) string) {
+	h.serveRunWith(w, r, req, runRenderer{
+		writeError: h.writeError,
+		tunnel:     func(rr *runResponse, _ DispatchInfo) string { return rr.tunnel() },
+		normalized: normalized,
+	})
+}
+
+// runRenderer says how a route answers a run: with which error shape, and
+// how each execution path's run becomes its response (each returns the
+// Close reason).
+type runRenderer struct {
+	writeError         func(w http.ResponseWriter, r *http.Request, err error, req *Request)
+	tunnel, normalized func(rr *runResponse, info DispatchInfo) string
+}
+
+// serveRunWith is serveRun with the route's own error shape and tunnel
+// rendering (the Ollama routes translate a tunnel's answer rather than
+// relay it).
+func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *Request, render runRenderer) {
 	run, err := h.gw.Dispatch(r.Context(), *req)
 	if err != nil {
-		h.writeError(w, r, err, req)
+		render.writeError(w, r, err, req)
 		return
 	}
 
@@ -33,12 +52,12 @@ func (h *handler) serveRun(w http.ResponseWriter, r *http.Request, req *Request,
 	info := run.Info()
 	logger := h.logger.With("run_id", info.RunID, "model", clip(req.Model), "node_id", info.NodeID,
 		"provider_id", info.ProviderID, "path", info.Path.String(), "operation", req.Operation.String())
-	rr := &runResponse{h: h, w: w, r: r, run: run, req: req}
+	rr := &runResponse{h: h, w: w, r: r, run: run, req: req, writeError: render.writeError}
 	switch info.Path {
 	case nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL:
-		reason = rr.tunnel()
+		reason = render.tunnel(rr, info)
 	case nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED:
-		reason = normalized(rr, info)
+		reason = render.normalized(rr, info)
 	default:
 		reason = rr.fail(errUnknownPath)
 	}

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -30,13 +29,15 @@ const (
 // ollamaRoutes are the Ollama API routes (Ollama API doc, docs/api.md).
 func (h *handler) ollamaRoutes() map[string]route {
 	return map[string]route{
-		"/":             {http.MethodGet, h.ollamaRoot},
-		"/api/chat":     {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, true) }},
-		"/api/generate": {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, false) }},
-		"/api/tags":     {http.MethodGet, h.ollamaTags},
-		"/api/ps":       {http.MethodGet, h.ollamaPS},
-		"/api/show":     {http.MethodPost, h.ollamaShow},
-		"/api/version":  {http.MethodGet, h.ollamaVersion},
+		"/":               {http.MethodGet, h.ollamaRoot},
+		"/api/chat":       {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, true) }},
+		"/api/generate":   {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, false) }},
+		"/api/embed":      {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaEmbed(w, r, false) }},
+		"/api/embeddings": {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaEmbed(w, r, true) }},
+		"/api/tags":       {http.MethodGet, h.ollamaTags},
+		"/api/ps":         {http.MethodGet, h.ollamaPS},
+		"/api/show":       {http.MethodPost, h.ollamaShow},
+		"/api/version":    {http.MethodGet, h.ollamaVersion},
 	}
 }
 
@@ -72,36 +73,23 @@ func (h *handler) ollamaVersion(w http.ResponseWriter, r *http.Request) {
 // upstream failure to; every error body is {"error":"..."}.
 func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 	start := h.cfg.Now()
-	body, err := readAllBody(r)
-	if err != nil {
-		h.writeOllamaError(w, r, err, nil)
-		return
-	}
 	from := translate.FromOllamaGenerate
 	if chat {
 		from = translate.FromOllamaChat
 	}
-	tr, err := from(body)
-	if err != nil {
-		var fe *translate.FieldError
-		if errors.As(err, &fe) {
-			err = &requestError{param: fe.Field, message: fe.Message}
-		}
-		h.writeOllamaError(w, r, err, nil)
+	tr, req, ok := h.ollamaRequest(w, r, from)
+	if !ok {
 		return
 	}
-	req := Request{
-		Model:     tr.Model,
-		Operation: nodev1.Operation_OPERATION_CHAT,
-		Stream:    true, // the canonical body always streams
-		Body:      tr.Body,
-		Headers:   map[string]string{},
-	}
-	if id := r.Header.Get("X-Request-Id"); id != "" {
-		req.Headers["X-Request-Id"] = id
-	}
+	req.Operation = nodev1.Operation_OPERATION_CHAT
+	req.Stream = true // the canonical body always streams
 	if tr.LoadOnly {
-		h.ollamaLoad(w, r, chat, tr, &req)
+		resp := translate.NewOllamaResponse(chat, tr.Model, h.cfg.Now(), "")
+		resp.Done, resp.DoneReason = true, "load"
+		if tr.Unload {
+			resp.DoneReason = "unload"
+		}
+		h.ollamaLoad(w, r, &req, resp)
 		return
 	}
 	switch tr.Operation {
@@ -120,60 +108,53 @@ func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bo
 		h.logger.Debug("dropping Ollama fields no provider takes", "path", r.URL.Path, "fields", tr.Dropped)
 	}
 
-	run, err := h.gw.Dispatch(r.Context(), req)
-	if err != nil {
-		h.writeOllamaError(w, r, err, &req)
-		return
-	}
-	closer := &runCloser{run: run}
-	stop := context.AfterFunc(r.Context(), func() { closer.close(reasonClientGone) })
-	reason := reasonCompleted
-	defer func() {
-		stop()
-		closer.close(reason)
-	}()
-
-	info := run.Info()
-	logger := h.logger.With("run_id", info.RunID, "model", clip(req.Model), "node_id", info.NodeID,
-		"provider_id", info.ProviderID, "path", info.Path.String())
-	o := &ollamaRender{
-		runResponse: &runResponse{h: h, w: w, r: r, run: run, req: &req},
-		chat:        chat,
-		model:       tr.Model,
-		stream:      tr.Stream,
-		timings:     translate.Timings{Start: start, Dispatched: h.cfg.Now()},
-	}
-	switch info.Path {
-	case nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL:
-		if len(tr.Extension) > 0 {
-			logger.Debug("dropping Ollama-only fields for an OpenAI-compatible provider", "fields", tr.Extension)
-		}
-		reason = o.tunnel()
-	case nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED:
-		reason = o.normalized()
-	default:
-		reason = o.failed(errUnknownPath)
-	}
-	logger.Debug("run ended", "reason", reason, "queue_wait", info.QueueWait, "aborted", o.abort)
-	if o.abort {
-		panic(http.ErrAbortHandler)
-	}
+	o := &ollamaRender{chat: chat, model: tr.Model, stream: tr.Stream, timings: translate.Timings{Start: start}}
+	h.serveRunWith(w, r, &req, runRenderer{
+		writeError: h.writeOllamaError,
+		tunnel: func(rr *runResponse, info DispatchInfo) string {
+			if len(tr.Extension) > 0 {
+				h.logger.Debug("dropping Ollama-only fields for an OpenAI-compatible provider", "run_id", info.RunID, "fields", tr.Extension)
+			}
+			return o.begin(rr).tunnel()
+		},
+		normalized: func(rr *runResponse, _ DispatchInfo) string { return o.begin(rr).normalized() },
+	})
 }
 
-// ollamaLoad answers a request with nothing to generate: Ollama's "load"
-// (or, with keep_alive 0, "unload") answer, a single object even when
-// streaming, for a model the edge knows.
-func (h *handler) ollamaLoad(w http.ResponseWriter, r *http.Request, chat bool, tr translate.Request, req *Request) {
-	if _, ok := knownModel(h.gw.Models(), tr.Model); !ok {
+// ollamaRequest reads the body of an Ollama route and translates it with
+// from (a translate.FromOllama* function). It returns the translation and
+// the Request to dispatch, with Model, Body and the X-Request-Id header
+// set; on failure it has answered with the Ollama error (400 naming the
+// field, 413) and ok is false.
+func (h *handler) ollamaRequest(w http.ResponseWriter, r *http.Request, from func([]byte) (translate.Request, error)) (tr translate.Request, req Request, ok bool) {
+	body, err := readAllBody(r)
+	if err == nil {
+		tr, err = from(body)
+	}
+	if err != nil {
+		var fe *translate.FieldError
+		if errors.As(err, &fe) {
+			err = &requestError{param: fe.Field, message: fe.Message}
+		}
+		h.writeOllamaError(w, r, err, nil)
+		return translate.Request{}, Request{}, false
+	}
+	req = Request{Model: tr.Model, Body: tr.Body, Headers: map[string]string{}}
+	if id := r.Header.Get("X-Request-Id"); id != "" {
+		req.Headers["X-Request-Id"] = id
+	}
+	return tr, req, true
+}
+
+// ollamaLoad answers a request with nothing to generate or embed (Ollama's
+// "load", or with keep_alive 0 "unload") with answer, a single object even
+// when streaming, for a model the edge knows; else 404.
+func (h *handler) ollamaLoad(w http.ResponseWriter, r *http.Request, req *Request, answer any) {
+	if _, ok := knownModel(h.gw.Models(), req.Model); !ok {
 		h.writeOllamaError(w, r, ErrUnknownModel, req)
 		return
 	}
-	resp := translate.NewOllamaResponse(chat, tr.Model, h.cfg.Now(), "")
-	resp.Done, resp.DoneReason = true, "load"
-	if tr.Unload {
-		resp.DoneReason = "unload"
-	}
-	writeOllamaJSON(w, http.StatusOK, resp)
+	writeOllamaJSON(w, http.StatusOK, answer)
 }
 
 // readAllBody reads a request body (ServeHTTP caps it at
