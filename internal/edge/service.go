@@ -32,7 +32,7 @@ type Request struct {
 	// its model to the served target.
 	Body []byte
 	// Needs are capabilities every candidate provider must have ("tools",
-	// "vision", "embeddings"): the request-local predicate.
+	// "vision", "embeddings", NeedChoices): the request-local predicate.
 	Needs []string
 	// Long marks a long-context request, admitted against long_capacity.
 	Long bool
@@ -252,6 +252,10 @@ func (s *Service) resolver(model string, needs []string, exclude *scheduler.Cand
 		}
 		if len(out) == 0 && missing == "" && excluded {
 			return nil, fmt.Errorf("%w %q but the one that failed", scheduler.ErrNoProvider, model)
+		}
+		if len(out) == 0 && missing == NeedChoices {
+			return nil, fmt.Errorf("%w: no provider for model %q answers several choices (n above 1): only OpenAI-compatible providers do",
+				scheduler.ErrCandidatesRejected, model)
 		}
 		if len(out) == 0 {
 			return nil, fmt.Errorf("%w: no provider for model %q has capability %q", scheduler.ErrCandidatesRejected, model, missing)
