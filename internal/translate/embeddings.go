@@ -42,14 +42,11 @@ type canonicalEmbeddings struct {
 // model, an input that is neither a string nor an array of strings, a
 // dimensions that is not an integer, options that are not an object.
 func FromOllamaEmbed(body []byte) (Request, error) {
-	top, err := decodeTop(body)
-	if err != nil {
-		return Request{}, err
-	}
 	var in struct {
 		Model string `json:"model"`
 	}
-	if err := decodeFields(top, &in); err != nil {
+	top, err := decodeRequest(body, &in)
+	if err != nil {
 		return Request{}, err
 	}
 	var inputs []string
@@ -80,15 +77,12 @@ func FromOllamaEmbed(body []byte) (Request, error) {
 // prompt only loads the model. Errors are *FieldError, as for
 // FromOllamaEmbed, and a prompt that is not a string.
 func FromOllamaEmbeddings(body []byte) (Request, error) {
-	top, err := decodeTop(body)
-	if err != nil {
-		return Request{}, err
-	}
 	var in struct {
 		Model  string `json:"model"`
 		Prompt string `json:"prompt"`
 	}
-	if err := decodeFields(top, &in); err != nil {
+	top, err := decodeRequest(body, &in)
+	if err != nil {
 		return Request{}, err
 	}
 	var out canonicalEmbeddings
@@ -115,14 +109,7 @@ func embeddingsRequest(top map[string]json.RawMessage, model string, known []str
 		return req, nil
 	}
 	out.Model, out.EncodingFormat = model, "float"
-	if out.Extension, err = t.extensionJSON(); err != nil {
-		return Request{}, err
-	}
-	if req.Body, err = json.Marshal(out); err != nil {
-		return Request{}, err
-	}
-	t.sorted(&req)
-	return req, nil
+	return t.finish(req, &out, &out.Extension)
 }
 
 // OllamaEmbedResponse is the answer of POST /api/embed (Ollama API doc):

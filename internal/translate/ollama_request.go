@@ -173,16 +173,13 @@ type canonicalChat struct {
 // wrong JSON type, a missing model, an image that is not base64, a format
 // that is neither "json" nor a JSON schema, more than 4 stop sequences.
 func FromOllamaChat(body []byte) (Request, error) {
-	top, err := decodeTop(body)
-	if err != nil {
-		return Request{}, err
-	}
 	var in struct {
 		Model    string            `json:"model"`
 		Messages []json.RawMessage `json:"messages"`
 		Tools    json.RawMessage   `json:"tools"`
 	}
-	if err := decodeFields(top, &in); err != nil {
+	top, err := decodeRequest(body, &in)
+	if err != nil {
 		return Request{}, err
 	}
 	t := &translation{top: top}
@@ -204,7 +201,7 @@ func FromOllamaChat(body []byte) (Request, error) {
 		}
 		out.Tools = in.Tools
 	}
-	return t.finish(req, out)
+	return t.finish(req, out, &out.Extension)
 }
 
 // FromOllamaGenerate translates a POST /api/generate body (Ollama API doc,
@@ -224,10 +221,6 @@ func FromOllamaChat(body []byte) (Request, error) {
 // conversation), and images on a raw or suffix request (a completions
 // prompt cannot carry them).
 func FromOllamaGenerate(body []byte) (Request, error) {
-	top, err := decodeTop(body)
-	if err != nil {
-		return Request{}, err
-	}
 	var in struct {
 		Model    string   `json:"model"`
 		Prompt   string   `json:"prompt"`
@@ -238,7 +231,8 @@ func FromOllamaGenerate(body []byte) (Request, error) {
 		Images   []string `json:"images"`
 		Raw      bool     `json:"raw"`
 	}
-	if err := decodeFields(top, &in); err != nil {
+	top, err := decodeRequest(body, &in)
+	if err != nil {
 		return Request{}, err
 	}
 	t := &translation{top: top}
@@ -272,7 +266,7 @@ func FromOllamaGenerate(body []byte) (Request, error) {
 		req.Operation = Completion
 		out.Prompt, out.Suffix = &prompt, in.Suffix
 		req.EstimatedInputTokens = (len([]rune(prompt)) + len([]rune(in.Suffix)) + 3) / 4
-		return t.finish(req, out)
+		return t.finish(req, out, &out.Extension)
 	}
 	if in.System != "" {
 		out.Messages = append(out.Messages, map[string]any{"role": "system", "content": in.System})
@@ -282,7 +276,7 @@ func FromOllamaGenerate(body []byte) (Request, error) {
 		return Request{}, err
 	}
 	out.Messages = append(out.Messages, map[string]any{"role": "user", "content": user})
-	return t.finish(req, out)
+	return t.finish(req, out, &out.Extension)
 }
 
 // translation is the state of one request's translation.
@@ -336,16 +330,19 @@ func (t *translation) required(model string, known []string) (Request, error) {
 	return req, nil
 }
 
-// finish sets the extension member and marshals the body.
-func (t *translation) finish(req Request, out *canonicalChat) (Request, error) {
+// finish sets the extension member (*ext, a field of out) and marshals
+// out as req's body.
+func (t *translation) finish(req Request, out any, ext *json.RawMessage) (Request, error) {
 	var err error
-	if out.Extension, err = t.extensionJSON(); err != nil {
+	if *ext, err = t.extensionJSON(); err != nil {
 		return Request{}, err
 	}
 	if req.Body, err = json.Marshal(out); err != nil {
 		return Request{}, err
 	}
-	t.sorted(&req)
+	sort.Strings(t.extension)
+	sort.Strings(t.dropped)
+	req.Extension, req.Dropped = t.extension, t.dropped
 	return req, nil
 }
 
@@ -363,13 +360,6 @@ func (t *translation) extensionJSON() (json.RawMessage, error) {
 		return nil, nil
 	}
 	return json.Marshal(t.ext)
-}
-
-// sorted sets req's Extension and Dropped lists, sorted.
-func (t *translation) sorted(req *Request) {
-	sort.Strings(t.extension)
-	sort.Strings(t.dropped)
-	req.Extension, req.Dropped = t.extension, t.dropped
 }
 
 // options maps the "options" object: the OpenAI-named ones onto out, the
@@ -623,6 +613,16 @@ func decodeTop(body []byte) (map[string]json.RawMessage, error) {
 		return nil, fieldErr("", "the request body must be a JSON object, got null")
 	}
 	return top, nil
+}
+
+// decodeRequest decodes a body that must be one JSON object: its members,
+// and its known fields into dst (decodeFields).
+func decodeRequest(body []byte, dst any) (map[string]json.RawMessage, error) {
+	top, err := decodeTop(body)
+	if err != nil {
+		return nil, err
+	}
+	return top, decodeFields(top, dst)
 }
 
 // decodeFields decodes the known fields of top into dst, a struct pointer;

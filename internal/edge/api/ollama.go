@@ -72,12 +72,11 @@ func (h *handler) ollamaVersion(w http.ResponseWriter, r *http.Request) {
 // over Config.MaxBodyBytes, then whatever classify maps a dispatch or
 // upstream failure to; every error body is {"error":"..."}.
 func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
-	start := h.cfg.Now()
 	from := translate.FromOllamaGenerate
 	if chat {
 		from = translate.FromOllamaChat
 	}
-	tr, req, ok := h.ollamaRequest(w, r, from)
+	tr, req, start, ok := h.ollamaRequest(w, r, from)
 	if !ok {
 		return
 	}
@@ -108,25 +107,48 @@ func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bo
 		h.logger.Debug("dropping Ollama fields no provider takes", "path", r.URL.Path, "fields", tr.Dropped)
 	}
 
-	o := &ollamaRender{chat: chat, model: tr.Model, stream: tr.Stream, timings: translate.Timings{Start: start}}
-	h.serveRunWith(w, r, &req, runRenderer{
+	h.serveOllamaRun(w, r, &req, tr.Extension,
+		&ollamaRender{chat: chat, model: tr.Model, stream: tr.Stream, timings: translate.Timings{Start: start}})
+}
+
+// ollamaRun renders one run as an Ollama route's answer.
+type ollamaRun interface {
+	// begin sets the run to render, once it was dispatched.
+	begin(rr *runResponse)
+	// tunnel and normalized render the run of each execution path and
+	// return the Close reason.
+	tunnel() string
+	normalized() string
+}
+
+// serveOllamaRun dispatches req and renders its run with o (serveRunWith,
+// with Ollama-shaped errors). extension lists the Ollama-only fields the
+// request carries, which a tunnel-path provider does not get (logged).
+func (h *handler) serveOllamaRun(w http.ResponseWriter, r *http.Request, req *Request, extension []string, o ollamaRun) {
+	h.serveRunWith(w, r, req, runRenderer{
 		writeError: h.writeOllamaError,
 		tunnel: func(rr *runResponse, info DispatchInfo) string {
-			if len(tr.Extension) > 0 {
-				h.logger.Debug("dropping Ollama-only fields for an OpenAI-compatible provider", "run_id", info.RunID, "fields", tr.Extension)
+			if len(extension) > 0 {
+				h.logger.Debug("dropping Ollama-only fields for an OpenAI-compatible provider", "run_id", info.RunID, "fields", extension)
 			}
-			return o.begin(rr).tunnel()
+			o.begin(rr)
+			return o.tunnel()
 		},
-		normalized: func(rr *runResponse, _ DispatchInfo) string { return o.begin(rr).normalized() },
+		normalized: func(rr *runResponse, _ DispatchInfo) string {
+			o.begin(rr)
+			return o.normalized()
+		},
 	})
 }
 
 // ollamaRequest reads the body of an Ollama route and translates it with
-// from (a translate.FromOllama* function). It returns the translation and
-// the Request to dispatch, with Model, Body and the X-Request-Id header
-// set; on failure it has answered with the Ollama error (400 naming the
-// field, 413) and ok is false.
-func (h *handler) ollamaRequest(w http.ResponseWriter, r *http.Request, from func([]byte) (translate.Request, error)) (tr translate.Request, req Request, ok bool) {
+// from (a translate.FromOllama* function). It returns the translation, the
+// Request to dispatch, with Model, Body and the X-Request-Id header set,
+// and when the request arrived; on failure it has answered with the Ollama
+// error (400 naming the field, 413) and ok is false.
+func (h *handler) ollamaRequest(w http.ResponseWriter, r *http.Request, from func([]byte) (translate.Request, error)) (
+	tr translate.Request, req Request, start time.Time, ok bool) {
+	start = h.cfg.Now()
 	body, err := readAllBody(r)
 	if err == nil {
 		tr, err = from(body)
@@ -137,13 +159,13 @@ func (h *handler) ollamaRequest(w http.ResponseWriter, r *http.Request, from fun
 			err = &requestError{param: fe.Field, message: fe.Message}
 		}
 		h.writeOllamaError(w, r, err, nil)
-		return translate.Request{}, Request{}, false
+		return translate.Request{}, Request{}, start, false
 	}
 	req = Request{Model: tr.Model, Body: tr.Body, Headers: map[string]string{}}
 	if id := r.Header.Get("X-Request-Id"); id != "" {
 		req.Headers["X-Request-Id"] = id
 	}
-	return tr, req, true
+	return tr, req, start, true
 }
 
 // ollamaLoad answers a request with nothing to generate or embed (Ollama's

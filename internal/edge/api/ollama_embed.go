@@ -24,12 +24,11 @@ import (
 // unknown model. Errors are Ollama-shaped with the statuses of
 // ollamaGenerate.
 func (h *handler) ollamaEmbed(w http.ResponseWriter, r *http.Request, legacy bool) {
-	start := h.cfg.Now()
 	from := translate.FromOllamaEmbed
 	if legacy {
 		from = translate.FromOllamaEmbeddings
 	}
-	tr, req, ok := h.ollamaRequest(w, r, from)
+	tr, req, start, ok := h.ollamaRequest(w, r, from)
 	if !ok {
 		return
 	}
@@ -47,16 +46,7 @@ func (h *handler) ollamaEmbed(w http.ResponseWriter, r *http.Request, legacy boo
 		return
 	}
 	req.EstimatedInputTokens, e.inputs = er.EstimatedInputTokens, er.Inputs
-	h.serveRunWith(w, r, &req, runRenderer{
-		writeError: h.writeOllamaError,
-		tunnel: func(rr *runResponse, info DispatchInfo) string {
-			if len(tr.Extension) > 0 {
-				h.logger.Debug("dropping Ollama-only fields for an OpenAI-compatible provider", "run_id", info.RunID, "fields", tr.Extension)
-			}
-			return e.begin(rr).tunnel()
-		},
-		normalized: func(rr *runResponse, _ DispatchInfo) string { return e.begin(rr).normalized() },
-	})
+	h.serveOllamaRun(w, r, &req, tr.Extension, e)
 }
 
 // ollamaEmbedRender renders an embeddings run as an Ollama answer. Only the
@@ -69,10 +59,11 @@ type ollamaEmbedRender struct {
 	timings translate.Timings
 }
 
+var _ ollamaRun = (*ollamaEmbedRender)(nil)
+
 // begin sets the run e renders, once it was dispatched.
-func (e *ollamaEmbedRender) begin(rr *runResponse) *ollamaEmbedRender {
+func (e *ollamaEmbedRender) begin(rr *runResponse) {
 	e.runResponse, e.timings.Dispatched = rr, rr.h.cfg.Now()
-	return e
 }
 
 // normalized renders a normalized-path run: the vectors of its DELTA

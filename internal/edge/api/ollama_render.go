@@ -33,11 +33,12 @@ type ollamaRender struct {
 	text strings.Builder // the whole text, when not streaming
 }
 
+var _ ollamaRun = (*ollamaRender)(nil)
+
 // begin sets the run o renders, once it was dispatched (which ends the
 // queue wait the final object reports as load_duration).
-func (o *ollamaRender) begin(rr *runResponse) *ollamaRender {
+func (o *ollamaRender) begin(rr *runResponse) {
 	o.runResponse, o.timings.Dispatched = rr, rr.h.cfg.Now()
-	return o
 }
 
 // normalized renders a normalized-path run: its DELTA (text and tool-call
