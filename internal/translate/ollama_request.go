@@ -461,18 +461,9 @@ func (t *translation) messages(raw []json.RawMessage) ([]any, error) {
 		if len(m.ToolCalls) > 0 {
 			calls := make([]map[string]any, 0, len(m.ToolCalls))
 			for j, c := range m.ToolCalls {
-				args := "{}"
-				var text string
-				switch {
-				case isNull(c.Function.Arguments):
-				case json.Unmarshal(c.Function.Arguments, &text) == nil:
-					args = text // already JSON text
-				default:
-					var buf bytes.Buffer
-					if err := json.Compact(&buf, c.Function.Arguments); err != nil {
-						return nil, fieldErr(fmt.Sprintf("%s.tool_calls[%d].function.arguments", field, j), "expected a JSON object")
-					}
-					args = buf.String()
+				args, ok := argumentsText(c.Function.Arguments)
+				if !ok {
+					return nil, fieldErr(fmt.Sprintf("%s.tool_calls[%d].function.arguments", field, j), "expected a JSON object")
 				}
 				if c.Function.Name == "" {
 					return nil, fieldErr(fmt.Sprintf("%s.tool_calls[%d].function.name", field, j), "each tool call must name its function")
