@@ -64,16 +64,7 @@ func (h *handler) readBody(r *http.Request) ([]byte, error) {
 	if !isJSONContentType(r.Header.Get("Content-Type")) {
 		return nil, errUnsupportedMedia
 	}
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return nil, errBodyTooLarge
-		}
-		// Usually a client that went away mid-upload; then nothing is written.
-		return nil, &requestError{message: "reading the request body failed"}
-	}
-	return body, nil
+	return readAllBody(r)
 }
 
 func forwardHeaders(header http.Header) map[string]string {

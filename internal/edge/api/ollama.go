@@ -188,6 +188,7 @@ func readAllBody(r *http.Request) ([]byte, error) {
 		if errors.As(err, &tooLarge) {
 			return nil, errBodyTooLarge
 		}
+		// Usually a client that went away mid-upload; then nothing is written.
 		return nil, &requestError{message: "reading the request body failed"}
 	}
 	return body, nil
