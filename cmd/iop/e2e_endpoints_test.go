@@ -462,12 +462,17 @@ func TestEndToEndCompletions(t *testing.T) {
 		for field, body := range map[string]string{
 			"echo":     `{"model":"` + normalizedModel + `","prompt":"x","echo":true}`,
 			"logprobs": `{"model":"` + normalizedModel + `","prompt":"x","logprobs":1}`,
-			"n":        `{"model":"` + normalizedModel + `","prompt":"x","n":2}`,
 		} {
 			status, resp := env.post(t, "/v1/completions", body)
 			if status != http.StatusBadRequest || !bytes.Contains(resp, []byte(`"message":"`+field+`:`)) {
 				t.Errorf("%s: %d %s", field, status, resp)
 			}
+		}
+		// Several choices are refused before the queue: no Ollama provider
+		// can answer them (the "choices" need).
+		status, resp := env.post(t, "/v1/completions", `{"model":"`+normalizedModel+`","prompt":"x","n":2}`)
+		if status != http.StatusBadRequest || !bytes.Contains(resp, []byte(`(n above 1)`)) {
+			t.Errorf("n: %d %s", status, resp)
 		}
 	})
 	t.Run("bad prompt is a 400 naming it", func(t *testing.T) {

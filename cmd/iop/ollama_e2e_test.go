@@ -80,7 +80,8 @@ func (p *recordingProxy) last(t *testing.T) recordedRequest {
 
 // ollamaRig is an edge with one node driving an Ollama sim (serving
 // "llama3:latest") and an OpenAI sim (serving "qwen2:7b"), both seeded
-// alike so that a prompt gets the same text from either.
+// alike so that a prompt gets the same text (and a text the same
+// embedding) from either; both providers have capability embeddings.
 type ollamaRig struct {
 	e                       *edgeProcess
 	ollamaProxy, openaiProx *recordingProxy
@@ -107,8 +108,8 @@ func startOllamaRig(t *testing.T, extra ...node.ProviderConfig) *ollamaRig {
 		NodeID: "gpu-1",
 		Edge:   rig.e.NodeAddr,
 		Providers: append([]node.ProviderConfig{
-			{ID: "ollama-1", Type: node.TypeOllama, BaseURL: rig.ollamaProxy.URL, Models: []string{rigOllamaModel}, Capacity: 2, Capabilities: []string{"tools", "vision"}},
-			{ID: "vllm-1", Type: "vllm", BaseURL: rig.openaiProx.URL + "/v1", Models: []string{rigOpenAIModel}, Capacity: 2, Capabilities: []string{"tools"}},
+			{ID: "ollama-1", Type: node.TypeOllama, BaseURL: rig.ollamaProxy.URL, Models: []string{rigOllamaModel}, Capacity: 2, Capabilities: []string{"tools", "vision", "embeddings"}},
+			{ID: "vllm-1", Type: "vllm", BaseURL: rig.openaiProx.URL + "/v1", Models: []string{rigOpenAIModel}, Capacity: 2, Capabilities: []string{"tools", "embeddings"}},
 		}, extra...),
 	})
 	transport := &http.Transport{}
@@ -448,7 +449,7 @@ func TestOllamaProbesVersionShowAndLoad(t *testing.T) {
 	if err := json.Unmarshal(data, &show); err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(show.Capabilities, []string{"completion", "tools", "vision"}) || show.ModelInfo["iop.alias"] != true ||
+	if !slices.Equal(show.Capabilities, []string{"completion", "embedding", "tools", "vision"}) || show.ModelInfo["iop.alias"] != true ||
 		fmt.Sprint(show.ModelInfo["iop.targets"]) != "[llama3:latest qwen2:7b]" || len(show.ModelInfo["iop.providers"].([]any)) != 2 {
 		t.Fatalf("show %s", data)
 	}

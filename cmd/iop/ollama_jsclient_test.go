@@ -46,8 +46,10 @@ func runJSTest(t *testing.T, script string, env ...string) {
 }
 
 // TestOllamaJavaScriptClient runs the official `ollama` npm client against
-// the edge, with an Ollama provider and an OpenAI-compatible one, streaming
-// and not, chat and generate (test/js/ollama_client.mjs).
+// the edge, with an Ollama provider (normalized path) and an
+// OpenAI-compatible one (tunnel path): chat and generate, streaming and
+// not, chat with tools, embed in batch and the older embeddings call
+// (test/js/ollama_client.mjs).
 func TestOllamaJavaScriptClient(t *testing.T) {
 	rig := startOllamaRig(t)
 	models, _ := json.Marshal([]string{"llama3", rigOpenAIModel})

@@ -34,7 +34,8 @@
 // (scheduler.ErrUnknownModel); a known one without a live provider has none
 // (scheduler.ErrNoProvider). The request's capability needs filter the
 // candidates inside the resolver (scheduler.ErrCandidatesRejected, naming
-// the capability, when they reject every one).
+// the capability, when they reject every one); NeedChoices, a request for
+// several choices, is met by tunnel-path providers only.
 //
 // # Runs
 //

@@ -417,7 +417,14 @@ func wait[T any](t *testing.T, ch <-chan T) T {
 // returns the run, its stream and the Dispatch message.
 func (e *testEdge) startRun(t *testing.T, n *fakeNode, req Request) (*Run, runStream, *nodev1.Dispatch) {
 	t.Helper()
-	res := e.dispatchAsync(context.Background(), req)
+	return n.acceptRun(t, e.dispatchAsync(context.Background(), req))
+}
+
+// acceptRun plays the node's part in the dispatch res waits for: it takes
+// the next Dispatch, opens its run stream and reads the body; it returns
+// the run Dispatch returned, its stream and the Dispatch.
+func (n *fakeNode) acceptRun(t *testing.T, res <-chan dispatched) (*Run, runStream, *nodev1.Dispatch) {
+	t.Helper()
 	d := n.nextDispatch(t)
 	rs := n.openRun(t, d.GetRunId(), n.gen)
 	readBody(t, rs)

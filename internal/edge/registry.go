@@ -32,10 +32,21 @@ type provider struct {
 	longCapacity int // 0 = follows capacity
 }
 
+// NeedChoices is the need of a request for more than one choice (OpenAI's
+// "n", or a completion's "best_of", above 1). No provider declares it: a
+// tunnel-path (OpenAI-compatible) provider has it, since the request
+// reaches it as sent; a normalized-path one (Ollama, a command) answers
+// one choice per request and does not.
+const NeedChoices = "choices"
+
 // lacks returns the first capability of needs that p does not have, or "".
 func (p *provider) lacks(needs []string) string {
 	for _, n := range needs {
-		if !p.capSet[n] {
+		has := p.capSet[n]
+		if n == NeedChoices {
+			has = p.path == nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL
+		}
+		if !has {
 			return n
 		}
 	}

@@ -34,7 +34,7 @@ type Request struct {
 	// its model to the served target.
 	Body []byte
 	// Needs are capabilities every candidate provider must have ("tools",
-	// "vision", "embeddings"): the request-local predicate.
+	// "vision", "embeddings", NeedChoices): the request-local predicate.
 	Needs []string
 	// Long marks a long-context request, admitted against long_capacity.
 	Long bool
@@ -458,6 +458,9 @@ func (s *Service) resolver(model string, needs []string, tried []triedCandidate)
 			return nil, fmt.Errorf("%w %q: every provider that could serve it is out of rotation (circuit open)", scheduler.ErrNoProvider, model)
 		case missing == "" && excluded:
 			return nil, fmt.Errorf("%w %q but the ones that failed", scheduler.ErrNoProvider, model)
+		case missing == NeedChoices:
+			return nil, fmt.Errorf("%w: no provider for model %q answers several choices (n above 1): only OpenAI-compatible providers do",
+				scheduler.ErrCandidatesRejected, model)
 		default:
 			return nil, fmt.Errorf("%w: no provider for model %q has capability %q", scheduler.ErrCandidatesRejected, model, missing)
 		}

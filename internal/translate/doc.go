@@ -2,14 +2,15 @@
 // and OpenAI wire formats (Ollama API doc, github.com/ollama/ollama
 // docs/api.md; OpenAI API reference, platform.openai.com/docs/api-reference).
 //
-// Requests: FromOllamaChat and FromOllamaGenerate turn an Ollama client's
-// /api/chat or /api/generate body into a canonical OpenAI chat completions
-// or completions body, which the edge dispatches like any OpenAI request.
-// Ollama fields OpenAI has no name for travel under ExtensionKey; a node's
-// Ollama adapter puts them back (ApplyExtension) and its OpenAI tunnel
-// removes them (StripExtension). (The node's translation of an OpenAI body
-// to Ollama's API, internal/node/adapter's ollama_request.go, still lives in
-// the adapter package.)
+// Requests: FromOllamaChat, FromOllamaGenerate and FromOllamaEmbed turn an
+// Ollama client's /api/chat, /api/generate or /api/embed (/api/embeddings)
+// body into a canonical OpenAI chat completions, completions or embeddings
+// body, which the edge dispatches like any OpenAI request. Ollama fields
+// OpenAI has no name for travel under ExtensionKey; a node's Ollama adapter
+// puts them back (ApplyExtension) and its OpenAI tunnel removes them
+// (StripExtension). The other way, ToOllamaChat, ToOllamaGenerate and
+// ToOllamaEmbed turn a canonical OpenAI body into the Ollama body a node's
+// Ollama adapter sends its provider.
 //
 // Answers: OpenAIStream decodes an OpenAI SSE stream fed in chunks of any
 // size (SSEReader does the framing) and DecodeOpenAIAnswer a whole answer;

@@ -39,6 +39,8 @@ const (
 	Chat Operation = iota
 	// Completion is POST /v1/completions (a raw prompt, no chat template).
 	Completion
+	// Embeddings is POST /v1/embeddings.
+	Embeddings
 )
 
 // Request is an Ollama request translated to a canonical OpenAI request.
@@ -47,17 +49,18 @@ type Request struct {
 	Model string
 	// Operation says which OpenAI API Body is for.
 	Operation Operation
-	// Body is the canonical OpenAI JSON body. It always streams
-	// ("stream": true, "stream_options": {"include_usage": true}),
-	// whatever the client asked: the edge renders a streamed answer as one
-	// object when the client did not want a stream.
+	// Body is the canonical OpenAI JSON body. A chat or completions body
+	// always streams ("stream": true, "stream_options":
+	// {"include_usage": true}), whatever the client asked: the edge renders
+	// a streamed answer as one object when the client did not want a
+	// stream. An embeddings body asks for "encoding_format": "float".
 	Body []byte
 	// Stream is the client's own choice: "stream" absent or true (Ollama's
-	// default) streams NDJSON.
+	// default) streams NDJSON. Embeddings never stream.
 	Stream bool
-	// LoadOnly marks a request with nothing to generate (no messages, or an
-	// empty prompt): Ollama only loads the model, or unloads it when
-	// Unload (keep_alive 0) is set.
+	// LoadOnly marks a request with nothing to generate or embed (no
+	// messages, an empty prompt or input): Ollama only loads the model, or
+	// unloads it when Unload (keep_alive 0) is set. Body is then nil.
 	LoadOnly, Unload bool
 	// Extension lists the fields carried under ExtensionKey, as paths
 	// ("keep_alive", "options.num_ctx"), sorted: they reach Ollama providers
@@ -106,21 +109,15 @@ var optionsMapped = map[string]string{
 // maxStop is how many stop sequences OpenAI's API accepts.
 const maxStop = 4
 
-// ollamaMessage is a message of POST /api/chat.
+// ollamaMessage is a message of POST /api/chat, as a client sends it
+// (FromOllamaChat) and as a provider is sent it (ToOllamaChat).
 type ollamaMessage struct {
-	Role      string       `json:"role"`
-	Content   string       `json:"content"`
-	Images    []string     `json:"images"`
-	ToolCalls []ollamaCall `json:"tool_calls"`
-	ToolName  string       `json:"tool_name"`
-	Thinking  string       `json:"thinking"`
-}
-
-type ollamaCall struct {
-	Function struct {
-		Name      string          `json:"name"`
-		Arguments json.RawMessage `json:"arguments"` // an object
-	} `json:"function"`
+	Role      string           `json:"role"`
+	Content   string           `json:"content"`
+	Images    []string         `json:"images,omitempty"`
+	ToolCalls []OllamaToolCall `json:"tool_calls,omitempty"`
+	ToolName  string           `json:"tool_name,omitempty"`
+	Thinking  string           `json:"thinking,omitempty"`
 }
 
 // chatKnown and generateKnown are the top-level fields translated (or
@@ -176,16 +173,13 @@ type canonicalChat struct {
 // wrong JSON type, a missing model, an image that is not base64, a format
 // that is neither "json" nor a JSON schema, more than 4 stop sequences.
 func FromOllamaChat(body []byte) (Request, error) {
-	top, err := decodeTop(body)
-	if err != nil {
-		return Request{}, err
-	}
 	var in struct {
 		Model    string            `json:"model"`
 		Messages []json.RawMessage `json:"messages"`
 		Tools    json.RawMessage   `json:"tools"`
 	}
-	if err := decodeFields(top, &in); err != nil {
+	top, err := decodeRequest(body, &in)
+	if err != nil {
 		return Request{}, err
 	}
 	t := &translation{top: top}
@@ -207,7 +201,7 @@ func FromOllamaChat(body []byte) (Request, error) {
 		}
 		out.Tools = in.Tools
 	}
-	return t.finish(req, out)
+	return t.finish(req, out, &out.Extension)
 }
 
 // FromOllamaGenerate translates a POST /api/generate body (Ollama API doc,
@@ -227,10 +221,6 @@ func FromOllamaChat(body []byte) (Request, error) {
 // conversation), and images on a raw or suffix request (a completions
 // prompt cannot carry them).
 func FromOllamaGenerate(body []byte) (Request, error) {
-	top, err := decodeTop(body)
-	if err != nil {
-		return Request{}, err
-	}
 	var in struct {
 		Model    string   `json:"model"`
 		Prompt   string   `json:"prompt"`
@@ -241,7 +231,8 @@ func FromOllamaGenerate(body []byte) (Request, error) {
 		Images   []string `json:"images"`
 		Raw      bool     `json:"raw"`
 	}
-	if err := decodeFields(top, &in); err != nil {
+	top, err := decodeRequest(body, &in)
+	if err != nil {
 		return Request{}, err
 	}
 	t := &translation{top: top}
@@ -275,7 +266,7 @@ func FromOllamaGenerate(body []byte) (Request, error) {
 		req.Operation = Completion
 		out.Prompt, out.Suffix = &prompt, in.Suffix
 		req.EstimatedInputTokens = (len([]rune(prompt)) + len([]rune(in.Suffix)) + 3) / 4
-		return t.finish(req, out)
+		return t.finish(req, out, &out.Extension)
 	}
 	if in.System != "" {
 		out.Messages = append(out.Messages, map[string]any{"role": "system", "content": in.System})
@@ -285,7 +276,7 @@ func FromOllamaGenerate(body []byte) (Request, error) {
 		return Request{}, err
 	}
 	out.Messages = append(out.Messages, map[string]any{"role": "user", "content": user})
-	return t.finish(req, out)
+	return t.finish(req, out, &out.Extension)
 }
 
 // translation is the state of one request's translation.
@@ -301,21 +292,30 @@ type translation struct {
 // format, options and the fields carried under ExtensionKey (every
 // top-level field not in known).
 func (t *translation) common(model string, known []string) (Request, *canonicalChat, error) {
-	if strings.TrimSpace(model) == "" {
-		return Request{}, nil, fieldErr("model", "model is required")
+	req, err := t.required(model, known)
+	if err != nil {
+		return Request{}, nil, err
 	}
-	req := Request{Model: model, Stream: true}
 	if err := decodeField(t.top, "stream", &req.Stream); err != nil {
 		return Request{}, nil, err
 	}
 	out := &canonicalChat{Model: model, Stream: true, StreamOptions: map[string]bool{"include_usage": true}}
-	var err error
 	if out.ResponseFormat, err = responseFormat(t.top["format"]); err != nil {
 		return Request{}, nil, err
 	}
 	if err := t.options(out); err != nil {
 		return Request{}, nil, err
 	}
+	return req, out, nil
+}
+
+// required checks the model and sets aside every top-level field not in
+// known (keep_alive among them) for ExtensionKey; keep_alive 0 sets Unload.
+func (t *translation) required(model string, known []string) (Request, error) {
+	if strings.TrimSpace(model) == "" {
+		return Request{}, fieldErr("model", "model is required")
+	}
+	req := Request{Model: model, Stream: true}
 	t.ext = make(map[string]json.RawMessage)
 	for k, v := range t.top {
 		if slices.Contains(known, k) || k == ExtensionKey || isNull(v) {
@@ -327,34 +327,39 @@ func (t *translation) common(model string, known []string) (Request, *canonicalC
 	if ka, ok := t.top["keep_alive"]; ok {
 		req.Unload = isZeroKeepAlive(ka)
 	}
-	return req, out, nil
+	return req, nil
 }
 
-// finish sets the extension member and marshals the body.
-func (t *translation) finish(req Request, out *canonicalChat) (Request, error) {
-	if len(t.extOpts) > 0 {
-		opts, err := json.Marshal(t.extOpts)
-		if err != nil {
-			return Request{}, err
-		}
-		t.ext["options"] = opts
-	}
-	if len(t.ext) > 0 {
-		ext, err := json.Marshal(t.ext)
-		if err != nil {
-			return Request{}, err
-		}
-		out.Extension = ext
-	}
-	body, err := json.Marshal(out)
-	if err != nil {
+// finish sets the extension member (*ext, a field of out) and marshals
+// out as req's body.
+func (t *translation) finish(req Request, out any, ext *json.RawMessage) (Request, error) {
+	var err error
+	if *ext, err = t.extensionJSON(); err != nil {
 		return Request{}, err
 	}
-	req.Body = body
+	if req.Body, err = json.Marshal(out); err != nil {
+		return Request{}, err
+	}
 	sort.Strings(t.extension)
 	sort.Strings(t.dropped)
 	req.Extension, req.Dropped = t.extension, t.dropped
 	return req, nil
+}
+
+// extensionJSON is the ExtensionKey member: the fields set aside, with the
+// options set aside as its "options"; nil when there are none.
+func (t *translation) extensionJSON() (json.RawMessage, error) {
+	if len(t.extOpts) > 0 {
+		opts, err := json.Marshal(t.extOpts)
+		if err != nil {
+			return nil, err
+		}
+		t.ext["options"] = opts
+	}
+	if len(t.ext) == 0 {
+		return nil, nil
+	}
+	return json.Marshal(t.ext)
 }
 
 // options maps the "options" object: the OpenAI-named ones onto out, the
@@ -456,18 +461,9 @@ func (t *translation) messages(raw []json.RawMessage) ([]any, error) {
 		if len(m.ToolCalls) > 0 {
 			calls := make([]map[string]any, 0, len(m.ToolCalls))
 			for j, c := range m.ToolCalls {
-				args := "{}"
-				var text string
-				switch {
-				case isNull(c.Function.Arguments):
-				case json.Unmarshal(c.Function.Arguments, &text) == nil:
-					args = text // already JSON text
-				default:
-					var buf bytes.Buffer
-					if err := json.Compact(&buf, c.Function.Arguments); err != nil {
-						return nil, fieldErr(fmt.Sprintf("%s.tool_calls[%d].function.arguments", field, j), "expected a JSON object")
-					}
-					args = buf.String()
+				args, ok := argumentsText(c.Function.Arguments)
+				if !ok {
+					return nil, fieldErr(fmt.Sprintf("%s.tool_calls[%d].function.arguments", field, j), "expected a JSON object")
 				}
 				if c.Function.Name == "" {
 					return nil, fieldErr(fmt.Sprintf("%s.tool_calls[%d].function.name", field, j), "each tool call must name its function")
@@ -608,6 +604,16 @@ func decodeTop(body []byte) (map[string]json.RawMessage, error) {
 		return nil, fieldErr("", "the request body must be a JSON object, got null")
 	}
 	return top, nil
+}
+
+// decodeRequest decodes a body that must be one JSON object: its members,
+// and its known fields into dst (decodeFields).
+func decodeRequest(body []byte, dst any) (map[string]json.RawMessage, error) {
+	top, err := decodeTop(body)
+	if err != nil {
+		return nil, err
+	}
+	return top, decodeFields(top, dst)
 }
 
 // decodeFields decodes the known fields of top into dst, a struct pointer;

@@ -1,6 +1,7 @@
 package translate
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 	"time"
@@ -75,6 +76,31 @@ func OllamaToolCalls(calls []ToolCall) []OllamaToolCall {
 		out = append(out, OllamaToolCall{Function: OllamaFunctionCall{Name: c.Name, Arguments: args}})
 	}
 	return out
+}
+
+// ArgumentsText is an Ollama tool call's arguments as OpenAI's JSON text:
+// an object (Ollama's form) compacted, a JSON string taken as the text
+// itself (OpenAI's form), absent or null as "{}". Arguments that are not
+// JSON come back as they are, trimmed.
+func ArgumentsText(raw json.RawMessage) string {
+	text, _ := argumentsText(raw)
+	return text
+}
+
+// argumentsText is ArgumentsText, also reporting whether raw was JSON.
+func argumentsText(raw json.RawMessage) (string, bool) {
+	if isNull(raw) {
+		return "{}", true
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, true
+	}
+	var buf bytes.Buffer
+	if json.Compact(&buf, raw) != nil {
+		return string(bytes.TrimSpace(raw)), false
+	}
+	return buf.String(), true
 }
 
 // OllamaDoneReason maps an OpenAI finish_reason to Ollama's done_reason:

@@ -2,7 +2,8 @@
 // Driven by the Go test TestOllamaJavaScriptClient (cmd/iop), which starts
 // the edge, a node and simulated providers, and sets:
 //   IOP_OLLAMA_HOST  the edge's base URL, e.g. http://127.0.0.1:8080
-//   IOP_MODELS       a JSON array of model names, one per provider protocol
+//   IOP_MODELS       a JSON array of model names, one per provider protocol;
+//                    their providers have capabilities tools and embeddings
 //   IOP_VISION       a JSON array of those whose providers take images
 // Exits non-zero, naming the failed check, if any check fails.
 import assert from 'node:assert/strict'
@@ -30,6 +31,7 @@ function checkFinal(r, model, evalCount) {
   assert.ok(!Number.isNaN(Date.parse(r.created_at)), 'created_at')
 }
 
+const embedded = {} // model → the vectors of its batch embed check
 const checks = []
 function check(name, fn) {
   checks.push({ name, fn })
@@ -84,6 +86,73 @@ for (const model of models) {
     assert.equal(r.done, true)
     assert.equal(r.eval_count, 2)
   })
+  const tools = [
+    {
+      type: 'function',
+      function: {
+        name: 'get_weather',
+        description: 'the weather in a city',
+        parameters: { type: 'object', properties: { city: { type: 'string' }, days: { type: 'integer' } }, required: ['city'] },
+      },
+    },
+  ]
+  const askTool = [{ role: 'user', content: 'use get_weather for Paris' }]
+  function checkCall(calls) {
+    assert.equal(calls?.length, 1, `tool calls ${JSON.stringify(calls)}`)
+    const fn = calls[0].function
+    assert.equal(fn.name, 'get_weather')
+    assert.equal(typeof fn.arguments, 'object', 'arguments are an object, not JSON text')
+    assert.equal(typeof fn.arguments.city, 'string')
+    assert.equal(fn.arguments.days, 42)
+  }
+  check(`${model} chat with tools`, async () => {
+    const r = await ollama.chat({ model, messages: askTool, tools })
+    assert.equal(r.done, true)
+    checkCall(r.message.tool_calls)
+    // The tool's result goes back; the model answers in text.
+    const next = await ollama.chat({
+      model,
+      tools,
+      options: { num_predict: 3 },
+      messages: [...askTool, r.message, { role: 'tool', content: 'sunny', tool_name: 'get_weather' }],
+    })
+    assert.equal(next.done, true)
+    assert.equal(next.message.tool_calls, undefined)
+    assert.equal(next.eval_count, 3)
+    assert.ok(next.message.content.length > 0)
+  })
+  check(`${model} chat stream with tools`, async () => {
+    const stream = await ollama.chat({ model, messages: askTool, tools, stream: true })
+    const calls = []
+    let final
+    for await (const part of stream) {
+      calls.push(...(part.message.tool_calls ?? []))
+      if (part.done) final = part
+    }
+    checkCall(calls)
+    assert.equal(final.done_reason, 'stop')
+  })
+  check(`${model} embed batch`, async () => {
+    const r = await ollama.embed({ model, input: ['first text', 'second text'], truncate: true, keep_alive: '5m' })
+    assert.equal(r.model, model)
+    assert.equal(r.embeddings.length, 2)
+    for (const v of r.embeddings) {
+      assert.equal(v.length, 8)
+      assert.ok(Math.abs(Math.hypot(...v) - 1) < 1e-5, 'unit vector')
+    }
+    assert.notDeepEqual(r.embeddings[0], r.embeddings[1])
+    assert.equal(r.prompt_eval_count, 4)
+    assert.ok(r.total_duration > 0 && r.load_duration > 0, 'durations')
+    embedded[model] = r.embeddings
+    const one = await ollama.embed({ model, input: 'first text', dimensions: 4 })
+    assert.equal(one.embeddings.length, 1)
+    assert.equal(one.embeddings[0].length, 4)
+  })
+  check(`${model} embeddings (the older API)`, async () => {
+    const r = await ollama.embeddings({ model, prompt: 'first text' })
+    assert.deepEqual(Object.keys(r), ['embedding'])
+    assert.deepEqual(r.embedding, embedded[model][0])
+  })
   check(`${model} chat with an image`, async () => {
     const request = {
       model,
@@ -103,6 +172,14 @@ for (const model of models) {
   })
 }
 
+check('embeddings alike from both provider protocols', async () => {
+  // The simulated providers are seeded alike: one text, one vector.
+  const vectors = models.map((m) => embedded[m])
+  for (const v of vectors) {
+    assert.ok(Array.isArray(v) && v.length === 2, 'every model embedded its batch')
+    assert.deepEqual(v, vectors[0])
+  }
+})
 check('list', async () => {
   const r = await ollama.list()
   const names = r.models.map((m) => m.name)

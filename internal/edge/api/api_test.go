@@ -493,6 +493,8 @@ func TestChatDerivesNeeds(t *testing.T) {
 		{"image", `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"what is this"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`, []string{"vision"}, 3},
 		{"tools and image", `{"model":"m","tools":[{}],"messages":[{"role":"system","content":"abcd"},{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, []string{"tools", "vision"}, 2},
 		{"unicode counts characters", `{"model":"m","messages":[{"role":"user","content":"日本語です"}]}`, nil, 2},
+		{"one choice", `{"model":"m","n":1,"messages":[{"role":"user","content":"x"}]}`, nil, 1},
+		{"several choices", `{"model":"m","n":2,"tools":[{}],"messages":[{"role":"user","content":"x"}]}`, []string{"tools", "choices"}, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

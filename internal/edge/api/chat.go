@@ -66,16 +66,7 @@ func (h *handler) readBody(r *http.Request) ([]byte, error) {
 	if !isJSONContentType(r.Header.Get("Content-Type")) {
 		return nil, errUnsupportedMedia
 	}
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return nil, errBodyTooLarge
-		}
-		// Usually a client that went away mid-upload; then nothing is written.
-		return nil, &requestError{message: "reading the request body failed"}
-	}
-	return body, nil
+	return readAllBody(r)
 }
 
 func forwardHeaders(header http.Header) map[string]string {
@@ -108,6 +99,9 @@ type runResponse struct {
 	run Run
 	req *Request
 	obs *observation // may be nil
+	// writeError writes an error answer in the route's shape (OpenAI's
+	// writeError, or writeOllamaError).
+	writeError func(w http.ResponseWriter, r *http.Request, err error, req *Request)
 	// started is set once the status line was written; from then on a
 	// failure can only end the body.
 	started bool
@@ -142,7 +136,7 @@ func (rr *runResponse) fail(err error) string {
 		rr.h.logger.Debug("client gone", "path", clip(rr.r.URL.Path), "err", errorText(err, rr.req))
 		return reasonClientGone
 	}
-	rr.h.writeError(rr.w, rr.r, err, rr.req)
+	rr.writeError(rr.w, rr.r, err, rr.req)
 	return reasonUpstreamError
 }
 

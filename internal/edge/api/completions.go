@@ -19,6 +19,8 @@ type completionRequest struct {
 	IncludeUsage bool
 	// EstimatedInputTokens is the prompt's token ids plus its characters / 4.
 	EstimatedInputTokens int
+	// Needs is ["choices"] when n or best_of is above 1, else empty.
+	Needs []string
 }
 
 // decodeCompletionRequest reads and checks a completions request body, so a
@@ -41,11 +43,11 @@ type completionRequest struct {
 //	frequency_penalty
 //	stop                     a string, or an array of at most 4 strings
 //
-// Whether a provider can honour echo, suffix, logprobs, n and best_of is
-// the provider's to say: the tunnel path passes them on; the normalized
-// path (Ollama) answers 400 naming the field it cannot honour (echo,
-// logprobs, n or best_of above 1). Errors are *requestError naming the
-// field.
+// n or best_of above 1 makes the request need "choices", which only
+// tunnel-path providers have. Whether a provider can honour echo, suffix
+// and logprobs is the provider's to say: the tunnel path passes them on;
+// the normalized path (Ollama) answers 400 naming the field it cannot
+// honour (echo, logprobs). Errors are *requestError naming the field.
 func decodeCompletionRequest(body []byte) (completionRequest, error) {
 	top, err := decodeObject(body)
 	if err != nil {
@@ -98,6 +100,9 @@ func decodeCompletionRequest(body []byte) (completionRequest, error) {
 	if err := decodeStop(top["stop"]); err != nil {
 		return completionRequest{}, err
 	}
+	if severalChoices(top["n"]) || severalChoices(top["best_of"]) {
+		req.Needs = []string{needChoices}
+	}
 	return req, nil
 }
 
@@ -144,6 +149,7 @@ func (h *handler) completions(w http.ResponseWriter, r *http.Request) {
 		Operation:            nodev1.Operation_OPERATION_COMPLETION,
 		Stream:               cr.Stream,
 		Body:                 body,
+		Needs:                cr.Needs,
 		EstimatedInputTokens: cr.EstimatedInputTokens,
 		Headers:              forwardHeaders(r.Header),
 	}

@@ -16,6 +16,11 @@ import (
 const (
 	needTools  = "tools"
 	needVision = "vision"
+	// needChoices is a request for more than one choice ("n", or a
+	// completion's "best_of", above 1). No provider declares it: the edge
+	// finds it in tunnel-path (OpenAI-compatible) providers only, as Ollama
+	// and command-line providers answer one choice per request.
+	needChoices = "choices"
 )
 
 // maxStopSequences is how many "stop" strings a request may give (OpenAI's
@@ -46,7 +51,7 @@ type chatRequest struct {
 	// usage chunk.
 	IncludeUsage bool
 	// Needs lists the capabilities the request needs, each once, in the
-	// order tools, vision.
+	// order tools, vision, choices.
 	Needs []string
 	// EstimatedInputTokens is the characters (Unicode code points) of the
 	// prompt / 4, rounded up: all message text, the names and arguments of
@@ -74,8 +79,9 @@ const (
 // Keys match exactly (case-sensitive, as providers read them); a duplicated
 // key counts by its last occurrence; null counts as absent. Message content
 // may be a string, an array of content parts of type "text" or "image_url",
-// or null; an "image_url" part makes the request need "vision", and a
-// non-empty "tools" (or legacy "functions") array makes it need "tools".
+// or null; an "image_url" part makes the request need "vision", a
+// non-empty "tools" (or legacy "functions") array makes it need "tools",
+// and "n" above 1 makes it need "choices".
 //
 // Checked values:
 //
@@ -185,6 +191,9 @@ func decodeChatRequest(body []byte) (chatRequest, error) {
 	req.EstimatedInputTokens = (chars + 3) / 4
 	if vision {
 		req.Needs = append(req.Needs, needVision)
+	}
+	if severalChoices(top["n"]) {
+		req.Needs = append(req.Needs, needChoices)
 	}
 	return req, nil
 }
@@ -421,6 +430,13 @@ const maxChoices = 128
 // naming it, rather than silently answering a different question.
 func decodeN(raw json.RawMessage) error {
 	return decodeInteger(raw, "n", 1, maxChoices)
+}
+
+// severalChoices reports whether raw, an "n" or "best_of" that passed its
+// check, asks for more than one choice.
+func severalChoices(raw json.RawMessage) bool {
+	var n int64
+	return json.Unmarshal(raw, &n) == nil && n > 1
 }
 
 // decodeInteger checks that raw, when present, is a JSON integer in

@@ -138,7 +138,7 @@ func FuzzDecodeChatRequest(f *testing.F) {
 		}
 		seen := map[string]bool{}
 		for _, n := range got.Needs {
-			if (n != needTools && n != needVision) || seen[n] {
+			if (n != needTools && n != needVision && n != needChoices) || seen[n] {
 				t.Fatalf("Needs = %v", got.Needs)
 			}
 			seen[n] = true

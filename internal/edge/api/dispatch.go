@@ -7,50 +7,39 @@ import (
 	"iop/internal/wire/nodev1"
 )
 
-// renderer answers one dispatched run in one API's shape. Each method
-// returns the Close reason.
-type renderer interface {
-	// tunnel renders a tunnel-path run (the provider's OpenAI bytes).
-	tunnel() string
-	// normalized renders a normalized-path run (run events).
-	normalized() string
-	// unknownPath answers a run whose execution path is neither.
-	unknownPath() string
-}
-
-// openAIRender is the OpenAI APIs' renderer: tunnel-path bytes are relayed
-// as they are; normalized-path runs are rendered by render.
-type openAIRender struct {
-	rr     *runResponse
-	render func() string
-}
-
-func (o openAIRender) tunnel() string      { return o.rr.tunnel() }
-func (o openAIRender) normalized() string  { return o.render() }
-func (o openAIRender) unknownPath() string { return o.rr.fail(errUnknownPath) }
-
-// serveRun is serveWith for the OpenAI routes: errors in OpenAI's shape,
-// tunnel-path answers relayed, normalized ones rendered by normalized.
+// serveRun dispatches req and answers with its run: a tunnel-path run is
+// relayed (runResponse.tunnel), a normalized-path run is rendered by
+// normalized, which returns the Close reason. A failed dispatch is answered
+// with classify's status and error body. The run is closed exactly once
+// before serveRun returns, also when the client goes away first; a
+// response cut short after its status line aborts the connection
+// (http.ErrAbortHandler) after that Close.
 func (h *handler) serveRun(w http.ResponseWriter, r *http.Request, req *Request,
 	normalized func(rr *runResponse, info DispatchInfo) string) {
-	h.serveWith(w, r, req, h.writeError, func(rr *runResponse, info DispatchInfo) renderer {
-		return openAIRender{rr, func() string { return normalized(rr, info) }}
+	h.serveRunWith(w, r, req, runRenderer{
+		writeError: h.writeError,
+		tunnel:     func(rr *runResponse, _ DispatchInfo) string { return rr.tunnel() },
+		normalized: normalized,
 	})
 }
 
-// serveWith dispatches req and answers with its run, rendered by the
-// renderer newRenderer makes for it; a failed dispatch is answered by
-// writeErr. The run is closed exactly once before serveWith returns, also
-// when the client goes away first; a response cut short after its status
-// line aborts the connection (http.ErrAbortHandler) after that Close.
-func (h *handler) serveWith(w http.ResponseWriter, r *http.Request, req *Request,
-	writeErr func(http.ResponseWriter, *http.Request, error, *Request),
-	newRenderer func(rr *runResponse, info DispatchInfo) renderer) {
+// runRenderer says how a route answers a run: with which error shape, and
+// how each execution path's run becomes its response (each returns the
+// Close reason).
+type runRenderer struct {
+	writeError         func(w http.ResponseWriter, r *http.Request, err error, req *Request)
+	tunnel, normalized func(rr *runResponse, info DispatchInfo) string
+}
+
+// serveRunWith is serveRun with the route's own error shape and tunnel
+// rendering (the Ollama routes translate a tunnel's answer rather than
+// relay it).
+func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *Request, render runRenderer) {
 	obs := obsOf(r)
 	obs.request(req)
 	run, err := h.dispatch(r.Context(), req)
 	if err != nil {
-		writeErr(w, r, err, req)
+		render.writeError(w, r, err, req)
 		return
 	}
 	obs.dispatched(run.Info())
@@ -66,15 +55,14 @@ func (h *handler) serveWith(w http.ResponseWriter, r *http.Request, req *Request
 	info := run.Info()
 	logger := h.logger.With("run_id", info.RunID, "model", clip(req.Model), "node_id", info.NodeID,
 		"provider_id", info.ProviderID, "path", info.Path.String(), "operation", req.Operation.String())
-	rr := &runResponse{h: h, w: w, r: r, run: run, req: req, obs: obs}
-	rd := newRenderer(rr, info)
+	rr := &runResponse{h: h, w: w, r: r, run: run, req: req, obs: obs, writeError: render.writeError}
 	switch info.Path {
 	case nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL:
-		reason = rd.tunnel()
+		reason = render.tunnel(rr, info)
 	case nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED:
-		reason = rd.normalized()
+		reason = render.normalized(rr, info)
 	default:
-		reason = rd.unknownPath()
+		reason = rr.fail(errUnknownPath)
 	}
 	logger.Debug("run ended", "reason", reason, "queue_wait", info.QueueWait, "aborted", rr.abort)
 	obs.ended(reason)

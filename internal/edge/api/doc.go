@@ -21,6 +21,8 @@
 //	GET  /admin/v1/usage       the usage ledger's sums (Config.Ledger): ?key=&model=&from=&to=&group_by=
 //	POST /api/chat             Ollama chat: NDJSON lines ending with a done object, or one object ("stream": false)
 //	POST /api/generate         Ollama generate: the same, with "response" instead of "message"
+//	POST /api/embed            Ollama embeddings: {"model","embeddings":[[...]],"total_duration","load_duration","prompt_eval_count"}
+//	POST /api/embeddings       Ollama's older embeddings API: {"embedding":[...]}
 //	GET  /api/tags             {"models":[...]}: the names of /v1/models
 //	GET  /api/ps               {"models":[...]}: served models with runs in flight (Gateway implementing ModelCatalog)
 //	POST /api/show             what the catalog knows of one model, in Ollama's shape

@@ -132,28 +132,20 @@ type embeddingsUsage struct {
 // A run that sends other than one vector per input failed (502). It returns
 // the Close reason.
 func (e *embeddingsRender) json() string {
-	data := make([]embeddingObject, 0, e.req.Inputs)
-	_, err := e.next(func(ev *nodev1.RunEvent) error {
-		for _, vec := range ev.GetEmbeddings() {
-			if len(data) == e.req.Inputs {
-				return fmt.Errorf("%w: more vectors than inputs", errUpstreamProtocol)
-			}
-			obj := embeddingObject{Object: "embedding", Index: len(data), Embedding: vec.GetValues()}
-			if e.req.Base64 {
-				obj.Embedding = encodeFloat32s(vec.GetValues())
-			}
-			data = append(data, obj)
-		}
-		return nil
-	})
-	if err == nil && len(data) != e.req.Inputs {
-		err = fmt.Errorf("%w: %d vectors for %d inputs", errUpstreamProtocol, len(data), e.req.Inputs)
-	}
+	vectors, err := e.vectors(e.req.Inputs)
 	if err != nil {
 		return e.fail(err)
 	}
 	if clientGone(e.r) {
 		return reasonClientGone
+	}
+	data := make([]embeddingObject, 0, len(vectors))
+	for i, vec := range vectors {
+		obj := embeddingObject{Object: "embedding", Index: i, Embedding: vec}
+		if e.req.Base64 {
+			obj.Embedding = encodeFloat32s(vec)
+		}
+		data = append(data, obj)
 	}
 	writeJSON(e.w, http.StatusOK, struct {
 		Object string            `json:"object"` // "list"
@@ -162,6 +154,26 @@ func (e *embeddingsRender) json() string {
 		Usage  embeddingsUsage   `json:"usage"`
 	}{"list", data, e.req.Model, embeddingsUsage{PromptTokens: e.usage.PromptTokens, TotalTokens: e.usage.PromptTokens}})
 	return reasonCompleted
+}
+
+// vectors reads a normalized-path embeddings run to its end and returns
+// the vectors of its DELTA events, in order. A run that sends other than
+// inputs vectors failed: errUpstreamProtocol; else next's errors.
+func (e *eventReader) vectors(inputs int) ([][]float32, error) {
+	vectors := make([][]float32, 0, inputs)
+	_, err := e.next(func(ev *nodev1.RunEvent) error {
+		for _, vec := range ev.GetEmbeddings() {
+			if len(vectors) == inputs {
+				return fmt.Errorf("%w: more vectors than inputs", errUpstreamProtocol)
+			}
+			vectors = append(vectors, vec.GetValues())
+		}
+		return nil
+	})
+	if err == nil && len(vectors) != inputs {
+		err = fmt.Errorf("%w: %d vectors for %d inputs", errUpstreamProtocol, len(vectors), inputs)
+	}
+	return vectors, err
 }
 
 // encodeFloat32s is OpenAI's base64 encoding of a vector: the standard

@@ -61,7 +61,8 @@ type Request struct {
 	Body []byte
 	// Needs are the capabilities every candidate provider must have:
 	// "tools" (the request defines tools), "vision" (a message carries an
-	// image), "embeddings".
+	// image), "embeddings", "choices" (n above 1: tunnel-path providers
+	// only).
 	Needs []string
 	// Long marks a long-context request, admitted against long_capacity.
 	Long bool

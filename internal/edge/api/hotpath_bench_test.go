@@ -103,7 +103,7 @@ func benchResponse(run Run) (*runResponse, *discardWriter) {
 	h := &handler{cfg: Config{}.withDefaults(), logger: slog.New(slog.DiscardHandler)}
 	w := &discardWriter{header: http.Header{}}
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-	return &runResponse{h: h, w: w, r: r, run: run, req: &Request{Model: "bench-openai"}}, w
+	return &runResponse{h: h, w: w, r: r, run: run, req: &Request{Model: "bench-openai"}, writeError: h.writeError}, w
 }
 
 // sseChunk is a typical chat.completion.chunk event of one token, as vLLM

@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"slices"
 	"testing"
 )
 
@@ -93,4 +94,21 @@ func FuzzDecodeCompletionRequest(f *testing.F) {
 			t.Fatalf("accepted %s as %+v", body, req)
 		}
 	})
+}
+
+// n or best_of above 1 needs "choices" (tunnel-path providers only).
+func TestCompletionNeedsChoices(t *testing.T) {
+	for body, want := range map[string][]string{
+		`{"model":"m","prompt":"x"}`:                   nil,
+		`{"model":"m","prompt":"x","n":1,"best_of":1}`: nil,
+		`{"model":"m","prompt":"x","n":null}`:          nil,
+		`{"model":"m","prompt":"x","n":2}`:             {"choices"},
+		`{"model":"m","prompt":"x","best_of":3}`:       {"choices"},
+		`{"model":"m","prompt":"x","n":2,"best_of":2}`: {"choices"},
+	} {
+		req, err := decodeCompletionRequest([]byte(body))
+		if err != nil || !slices.Equal(req.Needs, want) {
+			t.Errorf("%s: needs %v (%v), want %v", body, req.Needs, err, want)
+		}
+	}
 }

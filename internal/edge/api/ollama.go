@@ -29,13 +29,15 @@ const (
 // ollamaRoutes are the Ollama API routes (Ollama API doc, docs/api.md).
 func (h *handler) ollamaRoutes() map[string]route {
 	return map[string]route{
-		"/":             {http.MethodGet, h.ollamaRoot},
-		"/api/chat":     {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, true) }},
-		"/api/generate": {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, false) }},
-		"/api/tags":     {http.MethodGet, h.ollamaTags},
-		"/api/ps":       {http.MethodGet, h.ollamaPS},
-		"/api/show":     {http.MethodPost, h.ollamaShow},
-		"/api/version":  {http.MethodGet, h.ollamaVersion},
+		"/":               {http.MethodGet, h.ollamaRoot},
+		"/api/chat":       {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, true) }},
+		"/api/generate":   {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, false) }},
+		"/api/embed":      {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaEmbed(w, r, false) }},
+		"/api/embeddings": {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaEmbed(w, r, true) }},
+		"/api/tags":       {http.MethodGet, h.ollamaTags},
+		"/api/ps":         {http.MethodGet, h.ollamaPS},
+		"/api/show":       {http.MethodPost, h.ollamaShow},
+		"/api/version":    {http.MethodGet, h.ollamaVersion},
 	}
 }
 
@@ -70,42 +72,24 @@ func (h *handler) ollamaVersion(w http.ResponseWriter, r *http.Request) {
 // over Config.MaxBodyBytes, then whatever classify maps a dispatch or
 // upstream failure to; every error body is {"error":"..."}.
 func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
+	from, api := translate.FromOllamaGenerate, "ollama.generate"
 	if chat {
-		obsOf(r).begin("ollama.chat")
-	} else {
-		obsOf(r).begin("ollama.generate")
+		from, api = translate.FromOllamaChat, "ollama.chat"
 	}
-	start := h.cfg.Now()
-	body, err := readAllBody(r)
-	if err != nil {
-		h.writeOllamaError(w, r, err, nil)
+	obsOf(r).begin(api)
+	tr, req, start, ok := h.ollamaRequest(w, r, from)
+	if !ok {
 		return
 	}
-	from := translate.FromOllamaGenerate
-	if chat {
-		from = translate.FromOllamaChat
-	}
-	tr, err := from(body)
-	if err != nil {
-		var fe *translate.FieldError
-		if errors.As(err, &fe) {
-			err = &requestError{param: fe.Field, message: fe.Message}
-		}
-		h.writeOllamaError(w, r, err, nil)
-		return
-	}
-	req := Request{
-		Model:     tr.Model,
-		Operation: nodev1.Operation_OPERATION_CHAT,
-		Stream:    true, // the canonical body always streams
-		Body:      tr.Body,
-		Headers:   map[string]string{},
-	}
-	if id := r.Header.Get("X-Request-Id"); id != "" {
-		req.Headers["X-Request-Id"] = id
-	}
+	req.Operation = nodev1.Operation_OPERATION_CHAT
+	req.Stream = true // the canonical body always streams
 	if tr.LoadOnly {
-		h.ollamaLoad(w, r, chat, tr, &req)
+		resp := translate.NewOllamaResponse(chat, tr.Model, h.cfg.Now(), "")
+		resp.Done, resp.DoneReason = true, "load"
+		if tr.Unload {
+			resp.DoneReason = "unload"
+		}
+		h.ollamaLoad(w, r, &req, resp)
 		return
 	}
 	switch tr.Operation {
@@ -124,32 +108,76 @@ func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bo
 		h.logger.Debug("dropping Ollama fields no provider takes", "path", r.URL.Path, "fields", tr.Dropped)
 	}
 
-	h.serveWith(w, r, &req, h.writeOllamaError, func(rr *runResponse, info DispatchInfo) renderer {
-		return &ollamaRender{
-			runResponse: rr,
-			chat:        chat,
-			model:       tr.Model,
-			stream:      tr.Stream,
-			extension:   tr.Extension,
-			timings:     translate.Timings{Start: start, Dispatched: h.cfg.Now()},
-		}
+	h.serveOllamaRun(w, r, &req, tr.Extension,
+		&ollamaRender{chat: chat, model: tr.Model, stream: tr.Stream, timings: translate.Timings{Start: start}})
+}
+
+// ollamaRun renders one run as an Ollama route's answer.
+type ollamaRun interface {
+	// begin sets the run to render, once it was dispatched.
+	begin(rr *runResponse)
+	// tunnel and normalized render the run of each execution path and
+	// return the Close reason.
+	tunnel() string
+	normalized() string
+}
+
+// serveOllamaRun dispatches req and renders its run with o (serveRunWith,
+// with Ollama-shaped errors). extension lists the Ollama-only fields the
+// request carries, which a tunnel-path provider does not get (logged).
+func (h *handler) serveOllamaRun(w http.ResponseWriter, r *http.Request, req *Request, extension []string, o ollamaRun) {
+	h.serveRunWith(w, r, req, runRenderer{
+		writeError: h.writeOllamaError,
+		tunnel: func(rr *runResponse, info DispatchInfo) string {
+			if len(extension) > 0 {
+				h.logger.Debug("dropping Ollama-only fields for an OpenAI-compatible provider", "run_id", info.RunID, "fields", extension)
+			}
+			o.begin(rr)
+			return o.tunnel()
+		},
+		normalized: func(rr *runResponse, _ DispatchInfo) string {
+			o.begin(rr)
+			return o.normalized()
+		},
 	})
 }
 
-// ollamaLoad answers a request with nothing to generate: Ollama's "load"
-// (or, with keep_alive 0, "unload") answer, a single object even when
-// streaming, for a model the edge knows.
-func (h *handler) ollamaLoad(w http.ResponseWriter, r *http.Request, chat bool, tr translate.Request, req *Request) {
-	if _, ok := knownModel(h.models(r), tr.Model); !ok {
+// ollamaRequest reads the body of an Ollama route and translates it with
+// from (a translate.FromOllama* function). It returns the translation, the
+// Request to dispatch, with Model, Body and the X-Request-Id header set,
+// and when the request arrived; on failure it has answered with the Ollama
+// error (400 naming the field, 413) and ok is false.
+func (h *handler) ollamaRequest(w http.ResponseWriter, r *http.Request, from func([]byte) (translate.Request, error)) (
+	tr translate.Request, req Request, start time.Time, ok bool) {
+	start = h.cfg.Now()
+	body, err := readAllBody(r)
+	if err == nil {
+		tr, err = from(body)
+	}
+	if err != nil {
+		var fe *translate.FieldError
+		if errors.As(err, &fe) {
+			err = &requestError{param: fe.Field, message: fe.Message}
+		}
+		h.writeOllamaError(w, r, err, nil)
+		return translate.Request{}, Request{}, start, false
+	}
+	req = Request{Model: tr.Model, Body: tr.Body, Headers: map[string]string{}}
+	if id := r.Header.Get("X-Request-Id"); id != "" {
+		req.Headers["X-Request-Id"] = id
+	}
+	return tr, req, start, true
+}
+
+// ollamaLoad answers a request with nothing to generate or embed (Ollama's
+// "load", or with keep_alive 0 "unload") with answer, a single object even
+// when streaming, for a model the edge knows; else 404.
+func (h *handler) ollamaLoad(w http.ResponseWriter, r *http.Request, req *Request, answer any) {
+	if _, ok := knownModel(h.models(r), req.Model); !ok {
 		h.writeOllamaError(w, r, ErrUnknownModel, req)
 		return
 	}
-	resp := translate.NewOllamaResponse(chat, tr.Model, h.cfg.Now(), "")
-	resp.Done, resp.DoneReason = true, "load"
-	if tr.Unload {
-		resp.DoneReason = "unload"
-	}
-	writeOllamaJSON(w, http.StatusOK, resp)
+	writeOllamaJSON(w, http.StatusOK, answer)
 }
 
 // readAllBody reads a request body (ServeHTTP caps it at
@@ -161,6 +189,7 @@ func readAllBody(r *http.Request) ([]byte, error) {
 		if errors.As(err, &tooLarge) {
 			return nil, errBodyTooLarge
 		}
+		// Usually a client that went away mid-upload; then nothing is written.
 		return nil, &requestError{message: "reading the request body failed"}
 	}
 	return body, nil

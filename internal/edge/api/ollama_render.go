@@ -29,11 +29,16 @@ type ollamaRender struct {
 	model   string // the model name the client asked for
 	stream  bool
 	timings translate.Timings
-	// extension are the Ollama-only fields of the request, which an
-	// OpenAI-compatible provider does not get.
-	extension []string
 
 	text strings.Builder // the whole text, when not streaming
+}
+
+var _ ollamaRun = (*ollamaRender)(nil)
+
+// begin sets the run o renders, once it was dispatched (which ends the
+// queue wait the final object reports as load_duration).
+func (o *ollamaRender) begin(rr *runResponse) {
+	o.runResponse, o.timings.Dispatched = rr, rr.h.cfg.Now()
 }
 
 // normalized renders a normalized-path run: its DELTA (text and tool-call
@@ -84,73 +89,82 @@ func (o *ollamaRender) tunnel() string {
 		o.obs.content(1)
 		return o.onText(text)
 	}
-	if len(o.extension) > 0 {
-		o.h.logger.Debug("dropping Ollama-only fields for an OpenAI-compatible provider", "fields", o.extension)
+	var stream translate.OpenAIStream
+	sse, body, err := o.tunnelAnswer(func(data []byte) error { return stream.Feed(data, onText) })
+	if err != nil {
+		return o.failed(err)
 	}
-	var (
-		status int
-		sse    bool
-		stream translate.OpenAIStream
-		body   []byte // a JSON answer or an error body
-	)
+	var ans translate.Answer
+	if sse {
+		ans, err = stream.End(onText)
+	} else if ans, err = translate.DecodeOpenAIAnswer(body); err == nil && ans.Text != "" {
+		err = onText(ans.Text)
+	}
+	if err != nil {
+		return o.failed(streamError(err))
+	}
+	return o.finish(ans)
+}
+
+// tunnelAnswer reads a tunnel-path run to its end. A 2xx event stream is
+// handed to onSSE as it arrives (sse is then true); with onSSE nil, or for
+// any other 2xx answer, the body is returned whole. Errors: an
+// *upstreamError with the provider's status and message for an error
+// status or a TunnelError, one of status 502 for a body over
+// maxTunnelAnswer bytes, onSSE's error through streamError,
+// errUpstreamProtocol or errUpstreamEnded for a run that breaks the
+// tunnel's message order, and recv's errors.
+func (rr *runResponse) tunnelAnswer(onSSE func(data []byte) error) (sse bool, body []byte, err error) {
+	status := 0
 	for {
-		msg, err := o.recv()
+		msg, err := rr.recv()
 		if err != nil {
-			return o.failed(err)
+			return false, nil, err
 		}
 		switch m := msg.GetMsg().(type) {
 		case *nodev1.RunUp_TunnelHead:
+			if status != 0 {
+				return false, nil, errUpstreamProtocol
+			}
 			status = int(m.TunnelHead.GetStatus())
-			if status < 200 || status > 599 || o.started {
-				return o.failed(errUpstreamProtocol)
+			if status < 200 || status > 599 {
+				return false, nil, errUpstreamProtocol
 			}
 			for name, value := range m.TunnelHead.GetHeaders() {
 				if http.CanonicalHeaderKey(name) == "Content-Type" {
-					sse = isEventStream(value)
+					sse = onSSE != nil && status < 300 && isEventStream(value)
 				}
 			}
 		case *nodev1.RunUp_TunnelData:
 			if status == 0 {
-				return o.failed(errUpstreamProtocol)
+				return false, nil, errUpstreamProtocol
 			}
 			data := m.TunnelData.GetData()
-			if status < 300 && sse {
-				if err := stream.Feed(data, onText); err != nil {
-					return o.failed(streamError(err))
+			if sse {
+				if err := onSSE(data); err != nil {
+					return false, nil, streamError(err)
 				}
 				continue
 			}
 			if len(body)+len(data) > maxTunnelAnswer {
-				return o.failed(&upstreamError{status: http.StatusBadGateway, message: "the provider's answer is too large"})
+				return false, nil, &upstreamError{status: http.StatusBadGateway, message: "the provider's answer is too large"}
 			}
 			body = append(body, data...)
 		case *nodev1.RunUp_TunnelEnd:
 			if status == 0 {
-				return o.failed(errUpstreamEnded)
+				return false, nil, errUpstreamEnded
 			}
 			if status >= 300 {
-				return o.failed(&upstreamError{status: status, message: clipTo(translate.DecodeOpenAIError(body), maxErrorTextBytes)})
+				return false, nil, &upstreamError{status: status, message: clipTo(translate.DecodeOpenAIError(body), maxErrorTextBytes)}
 			}
-			var ans translate.Answer
-			if sse {
-				ans, err = stream.End(onText)
-			} else if ans, err = translate.DecodeOpenAIAnswer(body); err == nil && ans.Text != "" {
-				err = onText(ans.Text)
-			}
-			if err != nil {
-				return o.failed(streamError(err))
-			}
-			return o.finish(ans)
+			return sse, body, nil
 		case *nodev1.RunUp_TunnelError:
-			return o.failed(&upstreamError{status: int(m.TunnelError.GetStatus()), message: m.TunnelError.GetMessage()})
+			return false, nil, &upstreamError{status: int(m.TunnelError.GetStatus()), message: m.TunnelError.GetMessage()}
 		default:
-			return o.failed(errUpstreamProtocol)
+			return false, nil, errUpstreamProtocol
 		}
 	}
 }
-
-// unknownPath answers a run on an execution path it cannot render.
-func (o *ollamaRender) unknownPath() string { return o.failed(errUnknownPath) }
 
 // streamError maps a decoding failure of a tunnel answer to this package's
 // outcomes; a failed write to the client passes through.
@@ -261,14 +275,13 @@ func (o *ollamaRender) failed(err error) string {
 	if errors.As(err, &werr) {
 		return o.writeFailed(werr.err)
 	}
+	if !o.started {
+		return o.fail(err)
+	}
 	if clientGone(o.r) {
 		o.h.logger.Debug("client gone", "path", clip(o.r.URL.Path), "err", errorText(err, o.req))
-		o.abort = o.started
+		o.abort = true
 		return reasonClientGone
-	}
-	if !o.started {
-		o.h.writeOllamaError(o.w, o.r, err, o.req)
-		return reasonUpstreamError
 	}
 	e, msg := ollamaError(err, o.req)
 	o.h.logError(o.r, e, err, o.req)

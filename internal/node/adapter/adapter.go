@@ -3,6 +3,7 @@ package adapter
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -273,4 +274,10 @@ func sinkFailed(err error) error { return fmt.Errorf("%w: %w", ErrSink, err) }
 // badRequest is an *Error of kind ErrBadRequest.
 func badRequest(format string, args ...any) *Error {
 	return &Error{Kind: ErrBadRequest, Status: http.StatusBadRequest, Message: fmt.Sprintf(format, args...)}
+}
+
+// isNull reports whether raw is absent or JSON null.
+func isNull(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	return len(raw) == 0 || string(raw) == "null"
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 
+	"iop/internal/translate"
 	"iop/internal/wire/nodev1"
 )
 
@@ -29,18 +30,11 @@ func cliPrompt(req Request) (string, error) {
 	case nodev1.Operation_OPERATION_CHAT:
 		return chatPrompt(req.Body)
 	case nodev1.Operation_OPERATION_COMPLETION:
-		var in openAICompletionRequest
-		if err := json.Unmarshal(req.Body, &in); err != nil {
-			return "", badRequest("request body is not a valid completions object")
-		}
-		prompts, err := stringOrStrings(in.Prompt, "prompt")
+		prompt, err := translate.OpenAIPrompt(req.Body)
 		if err != nil {
-			return "", err
+			return "", badRequest("%v", err)
 		}
-		if len(prompts) != 1 {
-			return "", badRequest("prompt: want one string, got %d", len(prompts))
-		}
-		return prompts[0], nil
+		return prompt, nil
 	case nodev1.Operation_OPERATION_EMBEDDINGS:
 		return "", badRequest("embeddings are not supported by a cli provider")
 	default:
@@ -50,7 +44,14 @@ func cliPrompt(req Request) (string, error) {
 
 // chatPrompt renders a chat completions body; see cliPrompt.
 func chatPrompt(body []byte) (string, error) {
-	var in openAIChatRequest
+	var in struct {
+		Messages []struct {
+			Role      string            `json:"role"`
+			Content   json.RawMessage   `json:"content"` // string | []part | null
+			ToolCalls []json.RawMessage `json:"tool_calls"`
+		} `json:"messages"`
+		Tools json.RawMessage `json:"tools"`
+	}
 	if err := json.Unmarshal(body, &in); err != nil {
 		return "", badRequest("request body is not a valid chat completions object")
 	}
@@ -96,7 +97,10 @@ func textContent(raw json.RawMessage, i int) (string, error) {
 	if err := json.Unmarshal(raw, &s); err == nil {
 		return s, nil
 	}
-	var parts []openAIPart
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
 	if err := json.Unmarshal(raw, &parts); err != nil {
 		return "", badRequest("messages[%d].content: want a string or an array of parts", i)
 	}

@@ -48,7 +48,8 @@ func (o *Ollama) Path() nodev1.ExecutionPath { return nodev1.ExecutionPath_EXECU
 // Close drops idle connections to the server.
 func (o *Ollama) Close() { o.p.Close() }
 
-// Normalize translates req to Ollama's API, streams the answer from Ollama
+// Normalize translates req to Ollama's API (translate.ToOllamaChat,
+// ToOllamaGenerate, ToOllamaEmbed; their errors are 400s), streams the answer from Ollama
 // and sends it to sink as run events:
 //
 //	chat, completion: STARTED, DELTA{text, tool_calls} per line with text or
@@ -72,18 +73,18 @@ func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) err
 	switch req.Op {
 	case nodev1.Operation_OPERATION_CHAT:
 		path = "/api/chat"
-		body, err = chatToOllama(req.Body, req.ServedModel)
+		body, err = translate.ToOllamaChat(req.Body, req.ServedModel)
 	case nodev1.Operation_OPERATION_COMPLETION:
 		path = "/api/generate"
-		body, err = completionToOllama(req.Body, req.ServedModel)
+		body, err = translate.ToOllamaGenerate(req.Body, req.ServedModel)
 	case nodev1.Operation_OPERATION_EMBEDDINGS:
 		path = "/api/embed"
-		body, inputs, err = embeddingsToOllama(req.Body, req.ServedModel)
+		body, inputs, err = translate.ToOllamaEmbed(req.Body, req.ServedModel)
 	default:
 		return badRequest("operation %v is not supported", req.Op)
 	}
 	if err != nil {
-		return err
+		return badRequest("%v", err) // a *translate.FieldError: "field: message"
 	}
 	// Ollama-only fields an Ollama client sent (keep_alive, think, num_ctx,
 	// ...), carried under translate.ExtensionKey with their JSON values.

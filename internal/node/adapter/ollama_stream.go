@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+
+	"iop/internal/translate"
 )
 
 // maxLineBytes caps one line of an Ollama NDJSON stream.
@@ -89,7 +91,7 @@ func parseLine(line []byte) (ollamaLine, error) {
 	if raw.Message != nil {
 		for _, tc := range raw.Message.ToolCalls {
 			l.ToolCalls = append(l.ToolCalls, ollamaLineToolCall{
-				ID: tc.ID, Name: tc.Function.Name, Arguments: argumentsText(tc.Function.Arguments),
+				ID: tc.ID, Name: tc.Function.Name, Arguments: translate.ArgumentsText(tc.Function.Arguments),
 			})
 		}
 	}
@@ -132,22 +134,4 @@ func errorText(raw json.RawMessage) string {
 		}
 	}
 	return string(bytes.TrimSpace(raw))
-}
-
-// argumentsText is a tool call's arguments as OpenAI's JSON text: an
-// object (Ollama's form) compacted, a JSON string taken as the text itself
-// (OpenAI's form), absent or null as "{}".
-func argumentsText(raw json.RawMessage) string {
-	if isNull(raw) {
-		return "{}"
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return s
-	}
-	var buf bytes.Buffer
-	if json.Compact(&buf, raw) != nil {
-		return string(bytes.TrimSpace(raw))
-	}
-	return buf.String()
 }

@@ -101,38 +101,6 @@ func TestOllamaChatTranslatesRequest(t *testing.T) {
 	}
 }
 
-func TestOllamaChatRequestVariants(t *testing.T) {
-	for _, tc := range []struct {
-		name, body, want string
-	}{
-		{
-			name: "minimal",
-			body: `{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
-			want: `{"model":"llama3.2:3b","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
-		},
-		{
-			name: "max_tokens, stop list, json schema",
-			body: `{"messages":[{"role":"user","content":"hi"}],"max_tokens":5,"stop":["a","b"],
-				"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object"}}}}`,
-			want: `{"model":"llama3.2:3b","stream":true,"messages":[{"role":"user","content":"hi"}],
-				"options":{"num_predict":5,"stop":["a","b"]},"format":{"type":"object"}}`,
-		},
-		{
-			name: "tool message named directly, text response format",
-			body: `{"messages":[{"role":"tool","name":"f","content":"42"}],"response_format":{"type":"text"},"tools":null}`,
-			want: `{"model":"llama3.2:3b","stream":true,"messages":[{"role":"tool","content":"42","tool_name":"f"}]}`,
-		},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := chatToOllama([]byte(tc.body), "llama3.2:3b")
-			if err != nil {
-				t.Fatal(err)
-			}
-			jsonEqual(t, got, tc.want)
-		})
-	}
-}
-
 func TestOllamaCompletionAndFinishReasons(t *testing.T) {
 	for _, tc := range []struct {
 		doneReason, want string

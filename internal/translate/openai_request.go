@@ -1,17 +1,20 @@
-package adapter
+package translate
 
 import (
-	"bytes"
 	"encoding/json"
+	"fmt"
 	"strings"
 )
 
-// This file translates OpenAI request bodies (OpenAI API reference,
-// /v1/chat/completions, /v1/completions, /v1/embeddings) into Ollama's
-// native ones (Ollama API doc, /api/chat, /api/generate, /api/embed).
+// This file translates canonical OpenAI request bodies (OpenAI API
+// reference, /v1/chat/completions, /v1/completions, /v1/embeddings) into
+// Ollama's native ones (Ollama API doc, /api/chat, /api/generate,
+// /api/embed): the way to an Ollama provider. FromOllamaChat and its
+// siblings (ollama_request.go) go the other way.
 
-// sampling holds the OpenAI sampling fields chat and completions share.
-type sampling struct {
+// openAISampling holds the OpenAI sampling fields chat and completions
+// share.
+type openAISampling struct {
 	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	Temperature         *float64        `json:"temperature"`
@@ -34,8 +37,9 @@ type ollamaOptions struct {
 	PresencePenalty  *float64 `json:"presence_penalty,omitempty"`
 }
 
-// options maps s to Ollama options; nil when s sets nothing.
-func (s sampling) options() (*ollamaOptions, error) {
+// options maps s to Ollama options (max_completion_tokens wins over
+// max_tokens as num_predict); nil when s sets nothing.
+func (s openAISampling) options() (*ollamaOptions, error) {
 	o := &ollamaOptions{
 		NumPredict:       s.MaxTokens,
 		Temperature:      s.Temperature,
@@ -60,7 +64,7 @@ func (s sampling) options() (*ollamaOptions, error) {
 }
 
 // stringOrStrings decodes a JSON string or array of strings; null or absent
-// is nil.
+// is nil. Errors are *FieldError naming field.
 func stringOrStrings(raw json.RawMessage, field string) ([]string, error) {
 	if isNull(raw) {
 		return nil, nil
@@ -71,20 +75,15 @@ func stringOrStrings(raw json.RawMessage, field string) ([]string, error) {
 	}
 	var many []string
 	if err := json.Unmarshal(raw, &many); err != nil {
-		return nil, badRequest("%s: want a string or an array of strings", field)
+		return nil, fieldErr(field, "want a string or an array of strings")
 	}
 	return many, nil
-}
-
-func isNull(raw json.RawMessage) bool {
-	raw = bytes.TrimSpace(raw)
-	return len(raw) == 0 || string(raw) == "null"
 }
 
 // ---- chat ----
 
 type openAIChatRequest struct {
-	sampling
+	openAISampling
 	N              *int            `json:"n"`
 	Messages       []openAIMessage `json:"messages"`
 	ResponseFormat *struct {
@@ -97,13 +96,15 @@ type openAIChatRequest struct {
 }
 
 type openAIMessage struct {
-	Role       string           `json:"role"`
-	Content    json.RawMessage  `json:"content"` // string | []part | null
-	Name       string           `json:"name"`
+	Role       string          `json:"role"`
+	Content    json.RawMessage `json:"content"` // string | []part | null
+	Name       string          `json:"name"`
 	ToolCalls  []openAIToolCall `json:"tool_calls"`
-	ToolCallID string           `json:"tool_call_id"`
+	ToolCallID string          `json:"tool_call_id"`
 }
 
+// openAIToolCall is one entry of an OpenAI message's "tool_calls" as a
+// request carries it: arguments are JSON text.
 type openAIToolCall struct {
 	ID       string `json:"id"`
 	Function struct {
@@ -112,6 +113,8 @@ type openAIToolCall struct {
 	} `json:"function"`
 }
 
+// openAIPart is one part of OpenAI message content (OpenAI API
+// reference, "Create chat completion", content parts).
 type openAIPart struct {
 	Type     string          `json:"type"`
 	Text     string          `json:"text"`
@@ -127,33 +130,37 @@ type ollamaChatRequest struct {
 	Tools    json.RawMessage `json:"tools,omitempty"`
 }
 
-type ollamaMessage struct {
-	Role      string           `json:"role"`
-	Content   string           `json:"content"`
-	Images    []string         `json:"images,omitempty"`
-	ToolCalls []ollamaToolCall `json:"tool_calls,omitempty"`
-	ToolName  string           `json:"tool_name,omitempty"`
-}
-
-type ollamaToolCall struct {
-	Function ollamaFunctionCall `json:"function"`
-}
-
-type ollamaFunctionCall struct {
-	Name      string          `json:"name"`
-	Arguments json.RawMessage `json:"arguments"` // an object, not a string
-}
-
-// chatToOllama translates an OpenAI chat completions body into an Ollama
-// /api/chat body for model, always streaming; "n" above 1 is refused.
-// Errors are *Error of kind ErrBadRequest.
-func chatToOllama(body []byte, model string) ([]byte, error) {
+// ToOllamaChat translates an OpenAI chat completions body into an Ollama
+// /api/chat body for model, always streaming:
+//
+//	messages[].content        content (text parts joined by newlines) and
+//	                          images (base64 data: URLs only; the node
+//	                          fetches nothing on a client's behalf)
+//	messages[].tool_calls     tool_calls, arguments as an object
+//	tool message              tool_name: its "name", else the function of
+//	                          the call its tool_call_id answers
+//	tools                     tools (the same shape)
+//	max_completion_tokens,    options.num_predict
+//	max_tokens
+//	temperature, top_p, stop, options of the same names
+//	seed, frequency_penalty,
+//	presence_penalty
+//	response_format           format: "json" (json_object) or the schema
+//	                          (json_schema)
+//
+// Errors are *FieldError naming the field: a body that is not a chat
+// completions object, no messages, a message without a role, content that
+// is neither a string nor parts, a part other than text or a data: image,
+// tool call arguments that are not JSON, an unknown response_format type,
+// and "n" above 1 (Ollama answers one choice per request; answering one
+// when several were asked would change the answer's meaning).
+func ToOllamaChat(body []byte, model string) ([]byte, error) {
 	var in openAIChatRequest
 	if err := json.Unmarshal(body, &in); err != nil {
-		return nil, badRequest("request body is not a valid chat completions object")
+		return nil, fieldErr("", "request body is not a valid chat completions object")
 	}
 	if len(in.Messages) == 0 {
-		return nil, badRequest("messages: at least one message is required")
+		return nil, fieldErr("messages", "at least one message is required")
 	}
 	if err := oneChoice(in.N); err != nil {
 		return nil, err
@@ -173,18 +180,18 @@ func chatToOllama(body []byte, model string) ([]byte, error) {
 			out.Format = json.RawMessage(`"json"`)
 		case "json_schema":
 			if rf.JSONSchema == nil || isNull(rf.JSONSchema.Schema) {
-				return nil, badRequest("response_format: json_schema needs a schema")
+				return nil, fieldErr("response_format", "json_schema needs a schema")
 			}
 			out.Format = rf.JSONSchema.Schema
 		default:
-			return nil, badRequest("response_format: unsupported type %q", rf.Type)
+			return nil, fieldErr("response_format", "unsupported type %q", rf.Type)
 		}
 	}
 	toolNames := make(map[string]string) // tool call id -> function name
 	for i, m := range in.Messages {
 		om := ollamaMessage{Role: m.Role}
 		if m.Role == "" {
-			return nil, badRequest("messages[%d]: role is required", i)
+			return nil, fieldErr(fmt.Sprintf("messages[%d]", i), "role is required")
 		}
 		if om.Content, om.Images, err = messageContent(m.Content, i); err != nil {
 			return nil, err
@@ -194,9 +201,9 @@ func chatToOllama(body []byte, model string) ([]byte, error) {
 			if strings.TrimSpace(tc.Function.Arguments) == "" {
 				args = json.RawMessage(`{}`)
 			} else if !json.Valid(args) {
-				return nil, badRequest("messages[%d]: tool call arguments are not JSON", i)
+				return nil, fieldErr(fmt.Sprintf("messages[%d]", i), "tool call arguments are not JSON")
 			}
-			om.ToolCalls = append(om.ToolCalls, ollamaToolCall{Function: ollamaFunctionCall{Name: tc.Function.Name, Arguments: args}})
+			om.ToolCalls = append(om.ToolCalls, OllamaToolCall{Function: OllamaFunctionCall{Name: tc.Function.Name, Arguments: args}})
 			if tc.ID != "" {
 				toolNames[tc.ID] = tc.Function.Name
 			}
@@ -225,21 +232,22 @@ func messageContent(raw json.RawMessage, i int) (string, []string, error) {
 	}
 	var parts []openAIPart
 	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", nil, badRequest("messages[%d].content: want a string or an array of parts", i)
+		return "", nil, fieldErr(fmt.Sprintf("messages[%d].content", i), "want a string or an array of parts")
 	}
 	var texts, images []string
 	for j, p := range parts {
+		field := fmt.Sprintf("messages[%d].content[%d]", i, j)
 		switch p.Type {
 		case "text":
 			texts = append(texts, p.Text)
 		case "image_url":
 			img, err := imageData(p.ImageURL)
 			if err != nil {
-				return "", nil, badRequest("messages[%d].content[%d]: %s", i, j, err.Message)
+				return "", nil, fieldErr(field, "image_url: %s", err)
 			}
 			images = append(images, img)
 		default:
-			return "", nil, badRequest("messages[%d].content[%d]: unsupported part type %q", i, j, p.Type)
+			return "", nil, fieldErr(field, "unsupported part type %q", p.Type)
 		}
 	}
 	return strings.Join(texts, "\n"), images, nil
@@ -247,46 +255,45 @@ func messageContent(raw json.RawMessage, i int) (string, []string, error) {
 
 // imageData returns the base64 payload of an image_url part, which is
 // {"url": "data:<type>;base64,<payload>"} or that URL as a bare string.
-// Remote URLs are refused: the node fetches nothing on a client's behalf.
-func imageData(raw json.RawMessage) (string, *Error) {
+// Remote URLs are refused.
+func imageData(raw json.RawMessage) (string, error) {
 	var ref struct {
 		URL string `json:"url"`
 	}
 	if err := json.Unmarshal(raw, &ref); err != nil {
 		if err := json.Unmarshal(raw, &ref.URL); err != nil {
-			return "", badRequest("image_url: want {\"url\": ...}")
+			return "", fmt.Errorf(`want {"url": ...}`)
 		}
 	}
 	meta, payload, ok := strings.Cut(ref.URL, ",")
 	if !ok || !strings.HasPrefix(meta, "data:") || !strings.HasSuffix(meta, ";base64") {
-		return "", badRequest("image_url: only base64 data: URLs are supported")
+		return "", fmt.Errorf("only base64 data: URLs are supported")
 	}
 	if payload == "" {
-		return "", badRequest("image_url: empty image data")
+		return "", fmt.Errorf("empty image data")
 	}
 	return payload, nil
+}
+
+// oneChoice refuses an "n" above 1: Ollama answers one choice per
+// request.
+func oneChoice(n *int) error {
+	if n != nil && *n > 1 {
+		return fieldErr("n", "this provider answers one choice per request, got n=%d", *n)
+	}
+	return nil
 }
 
 // ---- completions ----
 
 type openAICompletionRequest struct {
-	sampling
+	openAISampling
 	Prompt   json.RawMessage `json:"prompt"` // string | [string]
 	Suffix   string          `json:"suffix"`
 	N        *int            `json:"n"`
 	BestOf   *int            `json:"best_of"`
 	Echo     *bool           `json:"echo"`
 	Logprobs json.RawMessage `json:"logprobs"` // integer | null
-}
-
-// oneChoice refuses an "n" above 1: Ollama answers one choice per
-// request, and answering one when the client asked for several would
-// change the answer's meaning.
-func oneChoice(n *int) error {
-	if n != nil && *n > 1 {
-		return badRequest("n: this provider answers one choice per request, got n=%d", *n)
-	}
-	return nil
 }
 
 type ollamaGenerateRequest struct {
@@ -297,49 +304,65 @@ type ollamaGenerateRequest struct {
 	Options *ollamaOptions `json:"options,omitempty"`
 }
 
-// completionToOllama translates an OpenAI completions body into an Ollama
-// /api/generate body for model, always streaming; "suffix" becomes
-// Ollama's suffix. A prompt array must hold exactly one string (one run,
-// one answer); echo true, logprobs, and n or best_of above 1 are refused.
-// Errors are *Error of kind ErrBadRequest naming the field.
-func completionToOllama(body []byte, model string) ([]byte, error) {
+// OpenAIPrompt returns the prompt of an OpenAI completions body: a string,
+// or an array of exactly one string (one run, one answer). Errors are
+// *FieldError: a body that is not an object, a prompt of another shape
+// (token arrays included) or count.
+func OpenAIPrompt(body []byte) (string, error) {
+	var in struct {
+		Prompt json.RawMessage `json:"prompt"`
+	}
+	if err := json.Unmarshal(body, &in); err != nil {
+		return "", fieldErr("", "request body is not a valid completions object")
+	}
+	return onePrompt(in.Prompt)
+}
+
+func onePrompt(raw json.RawMessage) (string, error) {
+	prompts, err := stringOrStrings(raw, "prompt")
+	if err != nil {
+		return "", err
+	}
+	if len(prompts) != 1 {
+		return "", fieldErr("prompt", "want one string, got %d", len(prompts))
+	}
+	return prompts[0], nil
+}
+
+// ToOllamaGenerate translates an OpenAI completions body into an Ollama
+// /api/generate body for model, always streaming: the prompt (see
+// OpenAIPrompt), suffix, and the sampling options as ToOllamaChat maps
+// them. Errors are *FieldError naming the field, also for the fields
+// Ollama cannot honour and whose loss would change the answer: echo true,
+// logprobs, and n or best_of above 1.
+func ToOllamaGenerate(body []byte, model string) ([]byte, error) {
 	var in openAICompletionRequest
 	if err := json.Unmarshal(body, &in); err != nil {
-		return nil, badRequest("request body is not a valid completions object")
+		return nil, fieldErr("", "request body is not a valid completions object")
 	}
-	prompts, err := stringOrStrings(in.Prompt, "prompt")
-	if err != nil {
-		return nil, err
-	}
-	// Fields Ollama's /api/generate cannot honour and whose loss would
-	// change the answer: refused, naming the field.
 	switch {
 	case in.Echo != nil && *in.Echo:
-		return nil, badRequest("echo: not supported by this provider")
+		return nil, fieldErr("echo", "not supported by this provider")
 	case !isNull(in.Logprobs):
-		return nil, badRequest("logprobs: not supported by this provider")
+		return nil, fieldErr("logprobs", "not supported by this provider")
 	case in.BestOf != nil && *in.BestOf > 1:
-		return nil, badRequest("best_of: this provider answers one choice per request, got best_of=%d", *in.BestOf)
+		return nil, fieldErr("best_of", "this provider answers one choice per request, got best_of=%d", *in.BestOf)
 	}
 	if err := oneChoice(in.N); err != nil {
 		return nil, err
 	}
-	if len(prompts) != 1 {
-		return nil, badRequest("prompt: want one string, got %d", len(prompts))
+	prompt, err := onePrompt(in.Prompt)
+	if err != nil {
+		return nil, err
 	}
 	opts, err := in.options()
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(ollamaGenerateRequest{Model: model, Prompt: prompts[0], Suffix: in.Suffix, Stream: true, Options: opts})
+	return json.Marshal(ollamaGenerateRequest{Model: model, Prompt: prompt, Suffix: in.Suffix, Stream: true, Options: opts})
 }
 
 // ---- embeddings ----
-
-type openAIEmbeddingsRequest struct {
-	Input      json.RawMessage `json:"input"` // string | []string
-	Dimensions *int            `json:"dimensions"`
-}
 
 type ollamaEmbedRequest struct {
 	Model      string   `json:"model"`
@@ -347,20 +370,25 @@ type ollamaEmbedRequest struct {
 	Dimensions *int     `json:"dimensions,omitempty"`
 }
 
-// embeddingsToOllama translates an OpenAI embeddings body into an Ollama
-// /api/embed body for model; it also returns the number of inputs. Token
-// array inputs are refused. Errors are *Error of kind ErrBadRequest.
-func embeddingsToOllama(body []byte, model string) ([]byte, int, error) {
-	var in openAIEmbeddingsRequest
+// ToOllamaEmbed translates an OpenAI embeddings body into an Ollama
+// /api/embed body for model: input (a string or strings; always an array
+// for Ollama) and dimensions. It also returns the number of inputs.
+// encoding_format is the edge's to apply. Errors are *FieldError: token
+// array inputs, no input.
+func ToOllamaEmbed(body []byte, model string) ([]byte, int, error) {
+	var in struct {
+		Input      json.RawMessage `json:"input"` // string | []string
+		Dimensions *int            `json:"dimensions"`
+	}
 	if err := json.Unmarshal(body, &in); err != nil {
-		return nil, 0, badRequest("request body is not a valid embeddings object")
+		return nil, 0, fieldErr("", "request body is not a valid embeddings object")
 	}
 	inputs, err := stringOrStrings(in.Input, "input")
 	if err != nil {
 		return nil, 0, err
 	}
 	if len(inputs) == 0 {
-		return nil, 0, badRequest("input: at least one input is required")
+		return nil, 0, fieldErr("input", "at least one input is required")
 	}
 	out, err := json.Marshal(ollamaEmbedRequest{Model: model, Input: inputs, Dimensions: in.Dimensions})
 	return out, len(inputs), err

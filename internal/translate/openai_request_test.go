@@ -1,0 +1,102 @@
+package translate
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestToOllamaChat(t *testing.T) {
+	for _, tc := range []struct {
+		name, body, want string
+	}{
+		{
+			name: "minimal",
+			body: `{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+			want: `{"model":"llama3.2:3b","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+		},
+		{
+			name: "max_tokens, stop list, json schema",
+			body: `{"messages":[{"role":"user","content":"hi"}],"max_tokens":5,"stop":["a","b"],
+				"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object"}}}}`,
+			want: `{"model":"llama3.2:3b","stream":true,"messages":[{"role":"user","content":"hi"}],
+				"options":{"num_predict":5,"stop":["a","b"]},"format":{"type":"object"}}`,
+		},
+		{
+			name: "tool message named directly, text response format",
+			body: `{"messages":[{"role":"tool","name":"f","content":"42"}],"response_format":{"type":"text"},"tools":null}`,
+			want: `{"model":"llama3.2:3b","stream":true,"messages":[{"role":"tool","content":"42","tool_name":"f"}]}`,
+		},
+		{
+			name: "tool call answered by id, empty arguments",
+			body: `{"messages":[{"role":"assistant","tool_calls":[{"id":"c1","function":{"name":"now","arguments":""}}]},
+				{"role":"tool","tool_call_id":"c1","content":"noon"}],"max_completion_tokens":3,"max_tokens":9,"temperature":0}`,
+			want: `{"model":"llama3.2:3b","stream":true,"options":{"num_predict":3,"temperature":0},"messages":[
+				{"role":"assistant","content":"","tool_calls":[{"function":{"name":"now","arguments":{}}}]},
+				{"role":"tool","content":"noon","tool_name":"now"}]}`,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ToOllamaChat([]byte(tc.body), "llama3.2:3b")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !jsonEqual(t, got, tc.want) {
+				t.Fatalf("got %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestToOllamaGenerateAndEmbed(t *testing.T) {
+	got, err := ToOllamaGenerate([]byte(`{"prompt":["Why?"],"suffix":"!","max_tokens":7,"stop":"\n","seed":1}`), "m")
+	if want := `{"model":"m","prompt":"Why?","suffix":"!","stream":true,"options":{"num_predict":7,"stop":["\n"],"seed":1}}`; err != nil || !jsonEqual(t, got, want) {
+		t.Fatalf("generate: %s, %v; want %s", got, err, want)
+	}
+	got, n, err := ToOllamaEmbed([]byte(`{"input":"one","dimensions":8,"encoding_format":"base64"}`), "e")
+	if want := `{"model":"e","input":["one"],"dimensions":8}`; err != nil || n != 1 || !jsonEqual(t, got, want) {
+		t.Fatalf("embed: %s, %d, %v; want %s", got, n, err, want)
+	}
+	if p, err := OpenAIPrompt([]byte(`{"prompt":"only"}`)); p != "only" || err != nil {
+		t.Fatalf("OpenAIPrompt: %q, %v", p, err)
+	}
+}
+
+// Requests an Ollama provider cannot answer as asked fail naming the field.
+func TestToOllamaRefusals(t *testing.T) {
+	chat := func(b []byte) error { _, err := ToOllamaChat(b, "m"); return err }
+	generate := func(b []byte) error { _, err := ToOllamaGenerate(b, "m"); return err }
+	embed := func(b []byte) error { _, _, err := ToOllamaEmbed(b, "m"); return err }
+	for _, tc := range []struct {
+		name  string
+		fn    func([]byte) error
+		body  string
+		field string
+	}{
+		{"not json", chat, `{`, ""},
+		{"no messages", chat, `{"messages":[]}`, "messages"},
+		{"no role", chat, `{"messages":[{"content":"x"}]}`, "messages[0]"},
+		{"n", chat, `{"n":2,"messages":[{"role":"user","content":"x"}]}`, "n"},
+		{"remote image", chat, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}]}`, "messages[0].content[0]"},
+		{"audio part", chat, `{"messages":[{"role":"user","content":[{"type":"input_audio"}]}]}`, "messages[0].content[0]"},
+		{"content number", chat, `{"messages":[{"role":"user","content":7}]}`, "messages[0].content"},
+		{"bad tool arguments", chat, `{"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{"}}]}]}`, "messages[0]"},
+		{"bad stop", chat, `{"messages":[{"role":"user","content":"x"}],"stop":3}`, "stop"},
+		{"unknown format", chat, `{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"yaml"}}`, "response_format"},
+		{"schema missing", chat, `{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}}`, "response_format"},
+		{"two prompts", generate, `{"prompt":["a","b"]}`, "prompt"},
+		{"token prompt", generate, `{"prompt":[1,2,3]}`, "prompt"},
+		{"echo", generate, `{"prompt":"x","echo":true}`, "echo"},
+		{"logprobs", generate, `{"prompt":"x","logprobs":2}`, "logprobs"},
+		{"best_of", generate, `{"prompt":"x","best_of":2}`, "best_of"},
+		{"n completions", generate, `{"prompt":"x","n":3}`, "n"},
+		{"token input", embed, `{"input":[[1,2]]}`, "input"},
+		{"no input", embed, `{"input":[]}`, "input"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var fe *FieldError
+			if err := tc.fn([]byte(tc.body)); !errors.As(err, &fe) || fe.Field != tc.field {
+				t.Fatalf("error %v, want a *FieldError naming %q", err, tc.field)
+			}
+		})
+	}
+}
