@@ -96,11 +96,11 @@ type openAIChatRequest struct {
 }
 
 type openAIMessage struct {
-	Role       string          `json:"role"`
-	Content    json.RawMessage `json:"content"` // string | []part | null
-	Name       string          `json:"name"`
+	Role       string           `json:"role"`
+	Content    json.RawMessage  `json:"content"` // string | []part | null
+	Name       string           `json:"name"`
 	ToolCalls  []openAIToolCall `json:"tool_calls"`
-	ToolCallID string          `json:"tool_call_id"`
+	ToolCallID string           `json:"tool_call_id"`
 }
 
 // openAIToolCall is one entry of an OpenAI message's "tool_calls" as a
