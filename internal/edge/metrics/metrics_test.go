@@ -43,9 +43,12 @@ func series(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 func TestMetricsFromRecordsEventsAndSnapshot(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	snap := fixedSnapshot{
-		Nodes:     []edge.NodeSnapshot{{NodeID: "n1"}},
-		Providers: []edge.ProviderSnapshot{{NodeID: "n1", ProviderID: "p", Capacity: 4, InFlight: 3, Queued: 2, Healthy: true, Status: "available"}},
-		Queues:    []edge.QueueSnapshot{{Model: "m", MaxQueue: 16, Queued: 2}},
+		Nodes: []edge.NodeSnapshot{{NodeID: "n1"}},
+		Providers: []edge.ProviderSnapshot{
+			{NodeID: "n1", ProviderID: "p", Capacity: 4, InFlight: 3, Queued: 2, Healthy: true, Status: "available", Circuit: edge.CircuitClosed},
+			{NodeID: "n1", ProviderID: "q", Capacity: 1, Healthy: true, Status: "available", Circuit: edge.CircuitOpen},
+		},
+		Queues: []edge.QueueSnapshot{{Model: "m", MaxQueue: 16, Queued: 2}},
 	}
 	m, err := New(reg, snap)
 	if err != nil {
@@ -90,6 +93,8 @@ func TestMetricsFromRecordsEventsAndSnapshot(t *testing.T) {
 		"iop_provider_capacity{node=n1,provider=p}":                                          4,
 		"iop_provider_queued{node=n1,provider=p}":                                            2,
 		"iop_provider_healthy{node=n1,provider=p}":                                           1,
+		"iop_provider_circuit_open{node=n1,provider=p}":                                      0,
+		"iop_provider_circuit_open{node=n1,provider=q}":                                      1,
 		"iop_queue_depth{model=m}":                                                           2,
 		"iop_queue_max{model=m}":                                                             16,
 	}

@@ -2,6 +2,8 @@ package metrics
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"iop/internal/edge"
 )
 
 // snapshotCollector reads the scheduler-mirroring gauges from one edge
@@ -9,7 +11,7 @@ import (
 type snapshotCollector struct {
 	snap Snapshotter
 
-	nodes, inFlight, capacity, longInFlight, longCapacity, queued, healthy, queueDepth, queueMax *prometheus.Desc
+	nodes, inFlight, capacity, longInFlight, longCapacity, queued, healthy, circuitOpen, queueDepth, queueMax *prometheus.Desc
 }
 
 func newSnapshotCollector(snap Snapshotter) *snapshotCollector {
@@ -23,13 +25,14 @@ func newSnapshotCollector(snap Snapshotter) *snapshotCollector {
 		longCapacity: prometheus.NewDesc("iop_provider_long_capacity", "Concurrent long-context requests the provider takes.", provider, nil),
 		queued:       prometheus.NewDesc("iop_provider_queued", "Queued requests that could use the provider.", provider, nil),
 		healthy:      prometheus.NewDesc("iop_provider_healthy", "1 when the provider is healthy and its node connected, else 0.", provider, nil),
+		circuitOpen:  prometheus.NewDesc("iop_provider_circuit_open", "1 while the provider's circuit breaker keeps it out of rotation (open or half-open), else 0.", provider, nil),
 		queueDepth:   prometheus.NewDesc("iop_queue_depth", "Requests waiting in the model's queue.", []string{"model"}, nil),
 		queueMax:     prometheus.NewDesc("iop_queue_max", "The model queue's max_queue.", []string{"model"}, nil),
 	}
 }
 
 func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.nodes, c.inFlight, c.capacity, c.longInFlight, c.longCapacity, c.queued, c.healthy, c.queueDepth, c.queueMax} {
+	for _, d := range []*prometheus.Desc{c.nodes, c.inFlight, c.capacity, c.longInFlight, c.longCapacity, c.queued, c.healthy, c.circuitOpen, c.queueDepth, c.queueMax} {
 		ch <- d
 	}
 }
@@ -38,9 +41,12 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	s := c.snap.Snapshot()
 	ch <- prometheus.MustNewConstMetric(c.nodes, prometheus.GaugeValue, float64(len(s.Nodes)))
 	for _, p := range s.Providers {
-		healthy := 0.0
+		healthy, open := 0.0, 0.0
 		if p.Healthy && p.Status == "available" {
 			healthy = 1
+		}
+		if p.Circuit != "" && p.Circuit != edge.CircuitClosed {
+			open = 1
 		}
 		for _, v := range []struct {
 			d *prometheus.Desc
@@ -48,7 +54,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		}{
 			{c.inFlight, float64(p.InFlight)}, {c.capacity, float64(p.Capacity)},
 			{c.longInFlight, float64(p.LongInFlight)}, {c.longCapacity, float64(p.LongCapacity)},
-			{c.queued, float64(p.Queued)}, {c.healthy, healthy},
+			{c.queued, float64(p.Queued)}, {c.healthy, healthy}, {c.circuitOpen, open},
 		} {
 			ch <- prometheus.MustNewConstMetric(v.d, prometheus.GaugeValue, v.v, p.NodeID, p.ProviderID)
 		}
