@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"testing"
 
+	"iop/internal/auth"
 	"iop/internal/edge"
 	"iop/internal/node"
 	"iop/internal/runs"
@@ -458,4 +459,59 @@ func startEdgeProcess(t *testing.T, bin, httpAddr, nodeAddr, db string) *exec.Cm
 		return status == http.StatusOK
 	})
 	return cmd
+}
+
+// TestRegression_RunsOfOneKeyHiddenFromAnother: with API keys, a run is
+// seen, listed, streamed and cancelled only with the key that submitted it
+// (another key gets 404, as for a run that does not exist). Before, any key
+// could read any run's output.
+func TestRegression_RunsOfOneKeyHiddenFromAnother(t *testing.T) {
+	_, url := startSim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}})
+	alice, aliceHash := auth.Generate()
+	bob, bobHash := auth.Generate()
+	cfg := edge.DefaultConfig()
+	cfg.Keys = []auth.Key{{Name: "alice", Hash: aliceHash}, {Name: "bob", Hash: bobHash}}
+	e := startEdgeWith(t, cfg, quietLogger())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	startNode(t, ctx, node.Config{NodeID: "gpu-1", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
+		{ID: "v", Type: "vllm", BaseURL: url + "/v1", Models: []string{"m"}, Capacity: 2}}})
+	base := "http://" + e.HTTPAddr
+	as := func(key, method, path, body string) (int, []byte) {
+		req, err := http.NewRequest(method, base+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	status, b := as(alice, "POST", "/v1/runs", `{"model":"m","prompt":"secret plans","max_tokens":3}`)
+	var r runJSON
+	if status != http.StatusOK || json.Unmarshal(b, &r) != nil || r.State != "complete" {
+		t.Fatalf("alice's run: %d %s", status, b)
+	}
+	for _, c := range []struct{ method, path string }{
+		{"GET", "/v1/runs/" + r.ID}, {"GET", "/v1/runs/" + r.ID + "/events"}, {"DELETE", "/v1/runs/" + r.ID},
+	} {
+		if status, b := as(bob, c.method, c.path, ""); status != http.StatusNotFound || strings.Contains(string(b), r.Output) {
+			t.Errorf("bob: %s %s: %d %s", c.method, c.path, status, b)
+		}
+		if status, _ := as(alice, c.method, c.path, ""); status != http.StatusOK {
+			t.Errorf("alice: %s %s: %d", c.method, c.path, status)
+		}
+	}
+	var page struct{ Data []runJSON }
+	for key, want := range map[string]int{alice: 1, bob: 0} {
+		_, b := as(key, "GET", "/v1/runs", "")
+		if err := json.Unmarshal(b, &page); err != nil || len(page.Data) != want {
+			t.Errorf("list: %d runs, want %d (%s)", len(page.Data), want, b)
+		}
+	}
 }

@@ -42,6 +42,9 @@ type Record struct {
 	SessionID  string
 	Background bool
 	Metadata   map[string]string
+	// KeyName is the name of the API key that submitted the run, "" on an
+	// open API; only that key may read or cancel the run.
+	KeyName string
 
 	CreatedAt    time.Time // submitted
 	StartedAt    time.Time // dispatched to a provider
@@ -72,6 +75,8 @@ type Filter struct {
 	State     State
 	Model     string
 	SessionID string
+	// KeyName, when set, selects the runs of that API key.
+	KeyName string
 	// After, when set, is the id of the last run of the previous page:
 	// List returns the runs created before it.
 	After string

@@ -2,9 +2,11 @@ package runs
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -257,5 +259,39 @@ func TestExecutionWithoutOutcomeEndsError(t *testing.T) {
 	}
 	if rec, _ := run.Wait(context.Background()); rec.State != StateError {
 		t.Fatalf("record %+v", rec)
+	}
+}
+
+// TestRegression_OpensADatabaseWithoutKeyName: a database made before runs
+// had key_name (this morning's iop.db files) opens, gains the column and
+// keeps its records.
+func TestRegression_OpensADatabaseWithoutKeyName(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "old.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := strings.Replace(schema, ",\n\tkey_name          TEXT NOT NULL DEFAULT ''", "", 1)
+	if old == schema {
+		t.Fatal("the schema has no key_name column to leave out")
+	}
+	if _, err := db.Exec(old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`INSERT INTO runs (id, state, model, created_at) VALUES ('run_old', 'complete', 'm', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s := openFile(t, path)
+	defer s.Close()
+	ctx := context.Background()
+	if rec, err := s.Get(ctx, "run_old"); err != nil || rec.State != StateComplete || rec.KeyName != "" {
+		t.Fatalf("old record: %+v %v", rec, err)
+	}
+	if err := s.Save(ctx, Record{ID: "run_new", State: StateQueued, Model: "m", KeyName: "alice", CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if recs, _, err := s.List(ctx, Filter{KeyName: "alice"}); err != nil || len(recs) != 1 || recs[0].ID != "run_new" {
+		t.Fatalf("by key: %+v %v", recs, err)
 	}
 }

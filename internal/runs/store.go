@@ -57,7 +57,8 @@ CREATE TABLE IF NOT EXISTS runs (
 	output            TEXT NOT NULL DEFAULT '',
 	finish_reason     TEXT NOT NULL DEFAULT '',
 	error             TEXT NOT NULL DEFAULT '',
-	status            INTEGER NOT NULL DEFAULT 0
+	status            INTEGER NOT NULL DEFAULT 0,
+	key_name          TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS runs_created ON runs (created_at DESC, id DESC);
 CREATE INDEX IF NOT EXISTS runs_state ON runs (state);
@@ -66,7 +67,7 @@ CREATE INDEX IF NOT EXISTS runs_session ON runs (session_id);
 
 const columns = `id, state, model, session_id, background, metadata, created_at, started_at,
 	first_token_at, finished_at, node_id, provider_id, served_model, path, queue_reason,
-	queue_wait_ns, prompt_tokens, completion_tokens, output, finish_reason, error, status`
+	queue_wait_ns, prompt_tokens, completion_tokens, output, finish_reason, error, status, key_name`
 
 // OpenSQLite opens (creating if needed) the database at path, or a private
 // in-memory one for ":memory:", and creates the schema. It uses WAL
@@ -88,7 +89,38 @@ func OpenSQLite(path string) (*SQLite, error) {
 		db.Close()
 		return nil, fmt.Errorf("run store %s: %w", path, err)
 	}
+	if err := migrate(db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("run store %s: %w", path, err)
+	}
 	return &SQLite{db: db}, nil
+}
+
+// migrate adds the columns a database made by an earlier version lacks.
+func migrate(db *sql.DB) error {
+	rows, err := db.Query(`SELECT name FROM pragma_table_info('runs')`)
+	if err != nil {
+		return err
+	}
+	have := map[string]bool{}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return err
+		}
+		have[name] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if !have["key_name"] {
+		if _, err := db.Exec(`ALTER TABLE runs ADD COLUMN key_name TEXT NOT NULL DEFAULT ''`); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Close closes the database.
@@ -101,11 +133,11 @@ func (s *SQLite) Save(ctx context.Context, r Record) error {
 		return err
 	}
 	_, err = s.db.ExecContext(ctx, `INSERT OR REPLACE INTO runs (`+columns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		r.ID, string(r.State), r.Model, r.SessionID, r.Background, string(meta),
 		nanos(r.CreatedAt), nanos(r.StartedAt), nanos(r.FirstTokenAt), nanos(r.FinishedAt),
 		r.NodeID, r.ProviderID, r.ServedModel, r.Path, r.QueueReason, int64(r.QueueWait),
-		r.PromptTokens, r.CompletionTokens, r.Output, r.FinishReason, r.Error, r.Status)
+		r.PromptTokens, r.CompletionTokens, r.Output, r.FinishReason, r.Error, r.Status, r.KeyName)
 	if err != nil {
 		return fmt.Errorf("saving run %s: %w", r.ID, err)
 	}
@@ -143,6 +175,10 @@ func (s *SQLite) List(ctx context.Context, f Filter) ([]Record, bool, error) {
 	if f.SessionID != "" {
 		q += ` AND session_id = ?`
 		args = append(args, f.SessionID)
+	}
+	if f.KeyName != "" {
+		q += ` AND key_name = ?`
+		args = append(args, f.KeyName)
 	}
 	if f.After != "" {
 		var created int64
@@ -196,7 +232,7 @@ func scan(rows *sql.Rows) ([]Record, error) {
 		if err := rows.Scan(&r.ID, &state, &r.Model, &r.SessionID, &r.Background, &meta,
 			&created, &started, &first, &finished, &r.NodeID, &r.ProviderID, &r.ServedModel,
 			&r.Path, &r.QueueReason, &wait, &r.PromptTokens, &r.CompletionTokens, &r.Output,
-			&r.FinishReason, &r.Error, &r.Status); err != nil {
+			&r.FinishReason, &r.Error, &r.Status, &r.KeyName); err != nil {
 			return nil, err
 		}
 		r.State = State(state)

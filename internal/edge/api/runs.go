@@ -200,6 +200,7 @@ func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
 		SessionID:  sub.sessionID,
 		Background: sub.background,
 		Metadata:   sub.metadata,
+		KeyName:    keyName(r.Context()),
 	}
 	if err := checkModel(r.Context(), rec.Model); err != nil {
 		h.writeError(w, r, err, &Request{Model: rec.Model})
@@ -480,7 +481,7 @@ func (w *runWriter) appendError(message, code string) {
 
 // getRun serves GET /v1/runs/{id}.
 func (h *handler) getRun(w http.ResponseWriter, r *http.Request, id string) {
-	rec, err := h.cfg.Runs.Get(r.Context(), id)
+	rec, err := h.ownRun(r, id)
 	if err != nil {
 		h.writeError(w, r, runError(err), nil)
 		return
@@ -493,7 +494,7 @@ func (h *handler) getRun(w http.ResponseWriter, r *http.Request, id string) {
 // answers its record. A finished run is answered as it is.
 func (h *handler) cancelRun(w http.ResponseWriter, r *http.Request, id string) {
 	run := h.cfg.Runs.Live(id)
-	if run == nil {
+	if run == nil || !ownedBy(r, run.Record()) {
 		h.getRun(w, r, id)
 		return
 	}
@@ -512,8 +513,8 @@ func (h *handler) cancelRun(w http.ResponseWriter, r *http.Request, id string) {
 // with its whole output, a usage chunk and [DONE], or its error event.
 func (h *handler) runEvents(w http.ResponseWriter, r *http.Request, id string) {
 	run := h.cfg.Runs.Live(id)
-	if run == nil {
-		rec, err := h.cfg.Runs.Get(r.Context(), id)
+	if run == nil || !ownedBy(r, run.Record()) {
+		rec, err := h.ownRun(r, id)
 		if err != nil {
 			h.writeError(w, r, runError(err), nil)
 			return
@@ -592,7 +593,8 @@ func replayRecord(rec runs.Record) []byte {
 // listRuns serves GET /v1/runs.
 func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := runs.Filter{State: runs.State(q.Get("state")), Model: q.Get("model"), SessionID: q.Get("session_id"), After: q.Get("after")}
+	f := runs.Filter{State: runs.State(q.Get("state")), Model: q.Get("model"), SessionID: q.Get("session_id"), After: q.Get("after"),
+		KeyName: keyName(r.Context())}
 	switch f.State {
 	case "", runs.StateQueued, runs.StateRunning, runs.StateComplete, runs.StateError, runs.StateCancelled:
 	default:
@@ -630,6 +632,23 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 		page.LastID = &recs[len(recs)-1].ID
 	}
 	writeJSON(w, http.StatusOK, page)
+}
+
+// ownRun returns the record of run id if the request's key submitted it
+// (any run on an open API); a run of another key is ErrNotFound, as if it
+// did not exist.
+func (h *handler) ownRun(r *http.Request, id string) (runs.Record, error) {
+	rec, err := h.cfg.Runs.Get(r.Context(), id)
+	if err == nil && !ownedBy(r, rec) {
+		return runs.Record{}, fmt.Errorf("%w: %q", runs.ErrNotFound, id)
+	}
+	return rec, err
+}
+
+// ownedBy reports whether the request's key may see rec.
+func ownedBy(r *http.Request, rec runs.Record) bool {
+	name := keyName(r.Context())
+	return name == "" || rec.KeyName == name
 }
 
 func runError(err error) error {
