@@ -76,8 +76,11 @@ func TestCredentialHeaders(t *testing.T) {
 		{map[string]string{"Authorization": "bearer   k1 "}, "k1"},
 		{map[string]string{"X-Api-Key": "k2"}, "k2"},
 		{map[string]string{"Authorization": "Bearer k1", "X-Api-Key": "k2"}, "k1"},
-		{map[string]string{"Authorization": "Basic dXNlcjpwYXNz"}, ""},
-		{map[string]string{"Authorization": "Basic dXNlcjpwYXNz", "X-Api-Key": "k2"}, "k2"},
+		// Basic: the password is the key (the dashboard's browser login).
+		{map[string]string{"Authorization": "Basic dXNlcjpwYXNz"}, "pass"},
+		{map[string]string{"Authorization": "Basic dXNlcjpwYXNz", "X-Api-Key": "k2"}, "pass"},
+		{map[string]string{"Authorization": "Basic !!notbase64", "X-Api-Key": "k2"}, "k2"},
+		{map[string]string{"Authorization": "Basic bm9jb2xvbg=="}, ""}, // "nocolon"
 		{map[string]string{}, ""},
 	} {
 		h := http.Header{}

@@ -184,14 +184,23 @@ func (k *Keyring) Authenticate(secret string) *Caller {
 }
 
 // Credential returns the API key a request carries: the token of
-// "Authorization: Bearer KEY" (scheme case-insensitive, RFC 7235 §2.1), else
-// the "x-api-key" header (Anthropic's and several gateways' convention), else
+// "Authorization: Bearer KEY" (scheme case-insensitive, RFC 7235 §2.1), or
+// the password of "Authorization: Basic" (RFC 7617; any user name: what a
+// browser sends for the dashboard after its login prompt), else the
+// "x-api-key" header (Anthropic's and several gateways' convention), else
 // "". Surrounding spaces are trimmed.
 func Credential(h http.Header) string {
 	if v := h.Get("Authorization"); v != "" {
 		scheme, token, ok := strings.Cut(strings.TrimSpace(v), " ")
-		if ok && strings.EqualFold(scheme, "Bearer") {
+		switch {
+		case ok && strings.EqualFold(scheme, "Bearer"):
 			return strings.TrimSpace(token)
+		case ok && strings.EqualFold(scheme, "Basic"):
+			if pair, err := base64.StdEncoding.DecodeString(strings.TrimSpace(token)); err == nil {
+				if _, password, ok := strings.Cut(string(pair), ":"); ok {
+					return strings.TrimSpace(password)
+				}
+			}
 		}
 	}
 	return strings.TrimSpace(h.Get("X-Api-Key"))

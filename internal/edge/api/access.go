@@ -89,6 +89,12 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request
 	refuse := func(err error) (*http.Request, func(), bool) {
 		if errors.Is(err, errMissingKey) || errors.Is(err, errWrongKey) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="iop"`)
+			if h.isAdminPath(r.URL.Path) {
+				// A browser opening the dashboard prompts for the admin
+				// key (as the password) and sends it with every request
+				// of the page, its events stream included.
+				w.Header().Add("WWW-Authenticate", `Basic realm="iop admin", charset="UTF-8"`)
+			}
 		}
 		writeError(w, r, err, nil)
 		return nil, release, false

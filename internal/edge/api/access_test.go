@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -200,6 +201,24 @@ func TestWrongOrMissingKeys(t *testing.T) {
 	// /metricsX is no admin path: a client route (404 with a client key).
 	if resp := env.send(t, "GET", "/metricsX", "", bearer(f.alice)); resp.status != 404 {
 		t.Errorf("/metricsX with a client key: %d", resp.status)
+	}
+	// A browser: the dashboard's 401 asks for Basic credentials too, and the
+	// admin key given as their password opens the admin routes.
+	resp := env.send(t, "GET", "/admin/v1/nodes", "", nil)
+	if got := resp.header.Values("WWW-Authenticate"); len(got) != 2 || !strings.HasPrefix(got[1], "Basic ") {
+		t.Errorf("admin 401 challenges %q, want Bearer and Basic", got)
+	}
+	if resp := env.send(t, "GET", "/v1/models", "", nil); len(resp.header.Values("WWW-Authenticate")) != 1 {
+		t.Errorf("a client route asks for Basic credentials: %q", resp.header.Values("WWW-Authenticate"))
+	}
+	basic := func(user, password string) map[string]string {
+		return map[string]string{"Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+password))}
+	}
+	if resp := env.send(t, "GET", "/admin/v1/nodes", "", basic("admin", f.adminKey)); resp.status != 200 {
+		t.Errorf("admin key as a Basic password: %d %s", resp.status, resp.body)
+	}
+	if resp := env.send(t, "GET", "/admin/v1/nodes", "", basic("admin", f.alice)); resp.status != 403 {
+		t.Errorf("client key as a Basic password on an admin route: %d", resp.status)
 	}
 }
 
