@@ -463,7 +463,10 @@ func (p *process) readStderr() {
 		n, err := p.stderr.Read(buf)
 		if n > 0 {
 			p.tailMu.Lock()
-			p.tail = append(p.tail, buf[:n]...)
+			// Redacted before the tail is cut, so no cut can split a
+			// secret and leave part of it (a secret split between two
+			// reads is whole once the second is appended).
+			p.tail = []byte(p.c.redactor.Replace(string(append(p.tail, buf[:n]...))))
 			if len(p.tail) > 2*stderrTailBytes {
 				p.tail = slices.Clone(p.tail[len(p.tail)-stderrTailBytes:])
 			}

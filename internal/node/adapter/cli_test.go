@@ -450,6 +450,28 @@ func TestCLIStderrTailIsBounded(t *testing.T) {
 	}
 }
 
+// TestRegression_StderrSecretAtTheCutIsRedacted: a secret that straddled
+// the point where the stderr tail was cut (5000 bytes in one write, the
+// secret at 2940) reached the message half redacted-proof: its last 19
+// characters were shown.
+func TestRegression_StderrSecretAtTheCutIsRedacted(t *testing.T) {
+	const secret = "sk-SUPERSECRET-0123456789abcdef"
+	for _, at := range []int{2940, 2950, 2960, 3000, 4000} {
+		script := fmt.Sprintf(`head -c %d /dev/zero | tr '\0' A >&2; printf '%%s' "$MY_SECRET" >&2; head -c %d /dev/zero | tr '\0' B >&2; exit 1`, at, 5000-at-len(secret))
+		c := newTestCLI(t, CLIConfig{Command: []string{"sh", "-c", script}, Env: map[string]string{"MY_SECRET": secret}})
+		err := c.Normalize(context.Background(), completionReq(""), &eventRec{})
+		var aerr *Error
+		if !errors.As(err, &aerr) {
+			t.Fatalf("err %v", err)
+		}
+		for i := 0; i+6 <= len(secret); i++ {
+			if strings.Contains(aerr.Message, secret[i:i+6]) {
+				t.Fatalf("secret at %d: part %q of it is in the message %q", at, secret[i:i+6], aerr.Message)
+			}
+		}
+	}
+}
+
 func TestCLIKilledBySignal(t *testing.T) {
 	c := newTestCLI(t, CLIConfig{Command: []string{"sh", "-c", `echo dying >&2; kill -9 $$`}})
 	err := c.Normalize(context.Background(), completionReq(""), &eventRec{})
