@@ -413,7 +413,7 @@ func TestRunsOutliveTheEdgeProcess(t *testing.T) {
 		for _, r := range page.Data {
 			byID[r.ID] = r
 		}
-		if r := byID[done.ID]; r.State != "complete" || r.Output != done.Output || r.Metadata["k"] != "v" {
+		if r := getRun(t, base, done.ID); r.State != "complete" || r.Output != done.Output || r.Metadata["k"] != "v" || byID[done.ID].State != "complete" {
 			t.Fatalf("finished run after restart: %+v", r)
 		}
 		if r := byID[inFlight.ID]; r.State != "error" || r.Error == nil || *r.Error != "edge restarted" {

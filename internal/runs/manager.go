@@ -4,8 +4,17 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
+)
+
+// Limits on what one run keeps, in bytes: its output text and its event
+// log. They bound the edge's memory per run (a run's log stays in memory
+// for Config.Retention after it ends).
+const (
+	MaxOutputBytes = 4 << 20
+	MaxEventBytes  = 16 << 20
 )
 
 // DefaultRetention is how long a finished run's event log stays in memory
@@ -215,18 +224,29 @@ type Run struct {
 	cancel context.CancelCauseFunc
 
 	mu        sync.Mutex
-	rec       Record
-	events    []byte        // the SSE events so far, whole events only
-	done      bool          // the log is complete and the final record saved
-	finishing bool          // Finish has begun: no more appends
-	changed   chan struct{} // closed and replaced when events or done change
+	rec       Record          // its Output is kept in output until Finish
+	output    strings.Builder // the output so far, at most MaxOutputBytes
+	events    []byte          // the SSE events so far, whole events only, at most MaxEventBytes
+	logCut    bool            // the log reached MaxEventBytes
+	done      bool            // the log is complete and the final record saved
+	finishing bool            // Finish has begun: no more appends
+	changed   chan struct{}   // closed and replaced when events or done change
 }
 
 // Record returns a copy of the run's record.
 func (r *Run) Record() Record {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.rec
+	return r.record()
+}
+
+// record is the record with its output so far. r.mu is held.
+func (r *Run) record() Record {
+	rec := r.rec
+	if !r.done {
+		rec.Output = r.output.String()
+	}
+	return rec
 }
 
 // Dispatched records where the run went and moves it to running. The
@@ -241,15 +261,18 @@ func (r *Run) Dispatched(d Record) {
 	r.rec.StartedAt = r.m.now()
 	r.rec.NodeID, r.rec.ProviderID, r.rec.ServedModel, r.rec.Path = d.NodeID, d.ProviderID, d.ServedModel, d.Path
 	r.rec.QueueReason, r.rec.QueueWait = d.QueueReason, d.QueueWait
-	rec := r.rec
+	rec := r.record()
 	r.mu.Unlock()
 	r.m.remember(rec.SessionID, rec.NodeID, rec.ProviderID)
 	r.save(rec)
 }
 
 // Append adds whole SSE events to the log and wakes its readers. text is
-// the output they carry, appended to Record.Output; the first non-empty
-// text stamps FirstTokenAt.
+// the output they carry, added to Record.Output; the first non-empty text
+// stamps FirstTokenAt. A run's output is kept up to MaxOutputBytes and its
+// log up to MaxEventBytes: past either, the rest is dropped (the run goes
+// on; its record says OutputTruncated, and the log ends with one last
+// event saying so).
 func (r *Run) Append(events []byte, text string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -260,9 +283,29 @@ func (r *Run) Append(events []byte, text string) {
 		if r.rec.FirstTokenAt.IsZero() {
 			r.rec.FirstTokenAt = r.m.now()
 		}
-		r.rec.Output += text
+		if room := MaxOutputBytes - r.output.Len(); room >= len(text) {
+			r.output.WriteString(text)
+		} else {
+			r.rec.OutputTruncated = true
+		}
+	}
+	if len(r.events)+len(events) > MaxEventBytes {
+		if !r.logCut {
+			r.logCut, r.rec.OutputTruncated = true, true
+			r.events = append(r.events, truncatedEvent...)
+			r.wake()
+		}
+		return
 	}
 	r.events = append(r.events, events...)
+	r.wake()
+}
+
+// truncatedEvent ends a log cut at MaxEventBytes.
+var truncatedEvent = []byte(`data: {"error":{"message":"the run's events exceed the edge's limit; the rest is not kept","type":"server_error","param":null,"code":"events_truncated"}}` + "\n\n")
+
+// wake tells the log's readers something changed. r.mu is held.
+func (r *Run) wake() {
 	close(r.changed)
 	r.changed = make(chan struct{})
 }
@@ -286,7 +329,7 @@ func (r *Run) Finish(o Outcome) bool {
 		return false
 	}
 	r.finishing = true
-	rec := r.rec
+	rec := r.record()
 	r.mu.Unlock()
 
 	rec.State = o.State
@@ -298,6 +341,7 @@ func (r *Run) Finish(o Outcome) bool {
 	r.mu.Lock()
 	r.rec = rec
 	r.done = true
+	r.output = strings.Builder{}
 	close(r.changed)
 	r.mu.Unlock()
 	r.m.expireLater(r)
@@ -323,7 +367,7 @@ func (r *Run) Done() bool {
 func (r *Run) Wait(ctx context.Context) (Record, error) {
 	for {
 		r.mu.Lock()
-		done, rec, ch := r.done, r.rec, r.changed
+		done, rec, ch := r.done, r.record(), r.changed
 		r.mu.Unlock()
 		if done {
 			return rec, nil
@@ -358,11 +402,28 @@ func (r *Run) Next(ctx context.Context, offset int) (p []byte, done bool, err er
 	}
 }
 
+// saveAttempts and saveBackoff bound how hard save tries: a database
+// briefly locked by another program (SQLITE_BUSY after its 5 s busy
+// timeout) gets a few more chances before the record is given up.
+const (
+	saveAttempts = 4
+	saveBackoff  = 500 * time.Millisecond
+)
+
 func (r *Run) save(rec Record) {
 	// The record must reach the store even when the run was cancelled.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := r.m.store.Save(ctx, rec); err != nil {
-		r.m.log.Error("saving a run record failed", "run_id", rec.ID, "err", err)
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := r.m.store.Save(ctx, rec)
+		cancel()
+		if err == nil {
+			return
+		}
+		if attempt == saveAttempts {
+			r.m.log.Error("saving a run record failed; giving up", "run_id", rec.ID, "state", rec.State, "attempts", attempt, "err", err)
+			return
+		}
+		r.m.log.Warn("saving a run record failed; trying again", "run_id", rec.ID, "state", rec.State, "attempt", attempt, "err", err)
+		time.Sleep(time.Duration(attempt) * saveBackoff)
 	}
 }

@@ -60,9 +60,12 @@ type Record struct {
 	QueueWait   time.Duration
 
 	PromptTokens, CompletionTokens int
-	// Output is the answer's text, complete once the run is.
-	Output       string
-	FinishReason string
+	// Output is the answer's text, complete once the run is, up to
+	// MaxOutputBytes; OutputTruncated says the run produced more (or more
+	// events than MaxEventBytes), which was not kept.
+	Output          string
+	OutputTruncated bool
+	FinishReason    string
 	// Error says why a run ended error or cancelled.
 	Error string
 	// Status is the HTTP status the run's answer had (200 when the provider

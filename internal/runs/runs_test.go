@@ -295,3 +295,44 @@ func TestRegression_OpensADatabaseWithoutKeyName(t *testing.T) {
 		t.Fatalf("by key: %+v %v", recs, err)
 	}
 }
+
+// TestRegression_SecondOpenerIsRefused: a second edge on the same database
+// file marked the first one's live runs "edge restarted". Now the second
+// opener gets ErrInUse until the first closes.
+func TestRegression_SecondOpenerIsRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "runs.db")
+	first := openFile(t, path)
+	if _, err := OpenSQLite(path); !errors.Is(err, ErrInUse) {
+		t.Fatalf("second open: %v, want ErrInUse", err)
+	}
+	first.Close()
+	second := openFile(t, path)
+	second.Close()
+}
+
+// TestRegression_OutputIsCapped: a run keeps at most MaxOutputBytes of
+// output, saying so (a 50 MB answer took the edge to 900 MB). The output
+// is built in a strings.Builder: appending to a string, each chunk copied
+// all before it (a 256k-token run spent 81% of its 52 s there).
+func TestRegression_OutputIsCapped(t *testing.T) {
+	m := newManager(t)
+	defer m.Close()
+	chunk := strings.Repeat("x", 1000)
+	run, err := m.Start(context.Background(), Record{ID: "run_big", Model: "m"}, func(ctx context.Context, r *Run) {
+		for range MaxOutputBytes/len(chunk) + 10 {
+			r.Append([]byte("data: {}\n\n"), chunk)
+		}
+		r.Finish(Outcome{State: StateComplete})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := run.Wait(context.Background())
+	if len(rec.Output) > MaxOutputBytes || len(rec.Output) < MaxOutputBytes-len(chunk) || !rec.OutputTruncated {
+		t.Fatalf("output %d bytes, truncated %v", len(rec.Output), rec.OutputTruncated)
+	}
+	stored, err := m.store.Get(context.Background(), "run_big")
+	if err != nil || !stored.OutputTruncated || len(stored.Output) != len(rec.Output) {
+		t.Fatalf("stored: %d bytes, truncated %v, %v", len(stored.Output), stored.OutputTruncated, err)
+	}
+}

@@ -7,6 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
+	"strings"
+	"syscall"
 	"time"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver (pure Go, no cgo)
@@ -18,8 +21,8 @@ type Store interface {
 	Save(ctx context.Context, rec Record) error
 	// Get returns the record with id, or an error wrapping ErrNotFound.
 	Get(ctx context.Context, id string) (Record, error)
-	// List returns up to f's limit records matching f, newest first, and
-	// whether more follow.
+	// List returns up to f's limit records matching f, newest first,
+	// without their Output, and whether more follow.
 	List(ctx context.Context, f Filter) (recs []Record, more bool, err error)
 	// Interrupt ends every queued or running record as error with reason,
 	// at time now, and returns how many it changed. An edge calls it when
@@ -31,7 +34,8 @@ type Store interface {
 
 // SQLite is a Store in an SQLite database file (modernc.org/sqlite).
 type SQLite struct {
-	db *sql.DB
+	db   *sql.DB
+	lock *os.File // holds the flock on path+".lock"; nil in memory
 }
 
 const schema = `
@@ -58,7 +62,8 @@ CREATE TABLE IF NOT EXISTS runs (
 	finish_reason     TEXT NOT NULL DEFAULT '',
 	error             TEXT NOT NULL DEFAULT '',
 	status            INTEGER NOT NULL DEFAULT 0,
-	key_name          TEXT NOT NULL DEFAULT ''
+	key_name          TEXT NOT NULL DEFAULT '',
+	output_truncated  INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS runs_created ON runs (created_at DESC, id DESC);
 CREATE INDEX IF NOT EXISTS runs_state ON runs (state);
@@ -67,33 +72,71 @@ CREATE INDEX IF NOT EXISTS runs_session ON runs (session_id);
 
 const columns = `id, state, model, session_id, background, metadata, created_at, started_at,
 	first_token_at, finished_at, node_id, provider_id, served_model, path, queue_reason,
-	queue_wait_ns, prompt_tokens, completion_tokens, output, finish_reason, error, status, key_name`
+	queue_wait_ns, prompt_tokens, completion_tokens, output, finish_reason, error, status, key_name, output_truncated`
+
+// listColumns are the columns with an empty output.
+var listColumns = strings.Replace(columns, "output,", "'' AS output,", 1)
 
 // OpenSQLite opens (creating if needed) the database at path, or a private
 // in-memory one for ":memory:", and creates the schema. It uses WAL
 // journaling and one connection, so writers never see SQLITE_BUSY from each
-// other. Errors: the file cannot be opened or is not an SQLite database.
+// other, and holds an exclusive lock on path+".lock" until Close. Errors:
+// ErrInUse when another process holds that lock; the file cannot be opened
+// or is not an SQLite database.
 func OpenSQLite(path string) (*SQLite, error) {
-	dsn := "file:" + url.PathEscape(path) + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)"
-	if path == ":memory:" {
-		dsn = "file::memory:"
+	var lock *os.File
+	dsn := "file::memory:"
+	if path != ":memory:" {
+		var err error
+		if lock, err = lockFile(path + ".lock"); err != nil {
+			return nil, fmt.Errorf("run store %s: %w", path, err)
+		}
+		dsn = "file:" + url.PathEscape(path) + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)"
+	}
+	fail := func(err error) (*SQLite, error) {
+		if lock != nil {
+			lock.Close()
+		}
+		return nil, fmt.Errorf("run store %s: %w", path, err)
 	}
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
-		return nil, fmt.Errorf("run store %s: %w", path, err)
+		return fail(err)
 	}
 	// One connection: an in-memory database lives in it, and SQLite
 	// serializes writers anyway.
 	db.SetMaxOpenConns(1)
 	if _, err := db.Exec(schema); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("run store %s: %w", path, err)
+		return fail(err)
 	}
 	if err := migrate(db); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("run store %s: %w", path, err)
+		return fail(err)
 	}
-	return &SQLite{db: db}, nil
+	return &SQLite{db: db, lock: lock}, nil
+}
+
+// ErrInUse is returned by OpenSQLite for a database another process (an
+// edge) has open: two edges on one file would mark each other's runs as
+// interrupted.
+var ErrInUse = errors.New("the database is in use by another process")
+
+// lockFile takes an exclusive flock on path (created if missing), without
+// waiting. The kernel drops it when the process ends, however it ends.
+func lockFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w (%s is locked)", ErrInUse, path)
+		}
+		return nil, err
+	}
+	return f, nil
 }
 
 // migrate adds the columns a database made by an earlier version lacks.
@@ -115,16 +158,27 @@ func migrate(db *sql.DB) error {
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	if !have["key_name"] {
-		if _, err := db.Exec(`ALTER TABLE runs ADD COLUMN key_name TEXT NOT NULL DEFAULT ''`); err != nil {
-			return err
+	for _, c := range []struct{ name, def string }{
+		{"key_name", "TEXT NOT NULL DEFAULT ''"},
+		{"output_truncated", "INTEGER NOT NULL DEFAULT 0"},
+	} {
+		if !have[c.name] {
+			if _, err := db.Exec(`ALTER TABLE runs ADD COLUMN ` + c.name + ` ` + c.def); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
 }
 
-// Close closes the database.
-func (s *SQLite) Close() error { return s.db.Close() }
+// Close closes the database and releases its lock.
+func (s *SQLite) Close() error {
+	err := s.db.Close()
+	if s.lock != nil {
+		s.lock.Close()
+	}
+	return err
+}
 
 // Save implements Store.
 func (s *SQLite) Save(ctx context.Context, r Record) error {
@@ -133,11 +187,11 @@ func (s *SQLite) Save(ctx context.Context, r Record) error {
 		return err
 	}
 	_, err = s.db.ExecContext(ctx, `INSERT OR REPLACE INTO runs (`+columns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		r.ID, string(r.State), r.Model, r.SessionID, r.Background, string(meta),
 		nanos(r.CreatedAt), nanos(r.StartedAt), nanos(r.FirstTokenAt), nanos(r.FinishedAt),
 		r.NodeID, r.ProviderID, r.ServedModel, r.Path, r.QueueReason, int64(r.QueueWait),
-		r.PromptTokens, r.CompletionTokens, r.Output, r.FinishReason, r.Error, r.Status, r.KeyName)
+		r.PromptTokens, r.CompletionTokens, r.Output, r.FinishReason, r.Error, r.Status, r.KeyName, r.OutputTruncated)
 	if err != nil {
 		return fmt.Errorf("saving run %s: %w", r.ID, err)
 	}
@@ -160,9 +214,10 @@ func (s *SQLite) Get(ctx context.Context, id string) (Record, error) {
 	return recs[0], nil
 }
 
-// List implements Store. A Filter.After that names no run is ErrNotFound.
+// List implements Store, without the records' Output (a page of long
+// answers would be huge). A Filter.After that names no run is ErrNotFound.
 func (s *SQLite) List(ctx context.Context, f Filter) ([]Record, bool, error) {
-	q := `SELECT ` + columns + ` FROM runs WHERE 1=1`
+	q := `SELECT ` + listColumns + ` FROM runs WHERE 1=1`
 	var args []any
 	if f.State != "" {
 		q += ` AND state = ?`
@@ -232,7 +287,7 @@ func scan(rows *sql.Rows) ([]Record, error) {
 		if err := rows.Scan(&r.ID, &state, &r.Model, &r.SessionID, &r.Background, &meta,
 			&created, &started, &first, &finished, &r.NodeID, &r.ProviderID, &r.ServedModel,
 			&r.Path, &r.QueueReason, &wait, &r.PromptTokens, &r.CompletionTokens, &r.Output,
-			&r.FinishReason, &r.Error, &r.Status, &r.KeyName); err != nil {
+			&r.FinishReason, &r.Error, &r.Status, &r.KeyName, &r.OutputTruncated); err != nil {
 			return nil, err
 		}
 		r.State = State(state)

@@ -661,23 +661,26 @@ func runError(err error) error {
 // recordJSON is a run record as the runs API shows it. Times are Unix
 // seconds (null until they happen); durations are milliseconds.
 type recordJSON struct {
-	ID           string            `json:"id"`
-	Object       string            `json:"object"` // "run"
-	State        runs.State        `json:"state"`
-	Model        string            `json:"model"`
-	SessionID    *string           `json:"session_id"`
-	Background   bool              `json:"background"`
-	Metadata     map[string]string `json:"metadata"`
-	CreatedAt    int64             `json:"created_at"`
-	StartedAt    *int64            `json:"started_at"`
-	FinishedAt   *int64            `json:"finished_at"`
-	Dispatch     *dispatchJSON     `json:"dispatch"`
-	Usage        usageJSON         `json:"usage"`
-	Timing       timingJSON        `json:"timing"`
-	Output       string            `json:"output"`
-	FinishReason *string           `json:"finish_reason"`
-	Error        *string           `json:"error"`
-	Status       int               `json:"status,omitempty"`
+	ID         string            `json:"id"`
+	Object     string            `json:"object"` // "run"
+	State      runs.State        `json:"state"`
+	Model      string            `json:"model"`
+	SessionID  *string           `json:"session_id"`
+	Background bool              `json:"background"`
+	Metadata   map[string]string `json:"metadata"`
+	CreatedAt  int64             `json:"created_at"`
+	StartedAt  *int64            `json:"started_at"`
+	FinishedAt *int64            `json:"finished_at"`
+	Dispatch   *dispatchJSON     `json:"dispatch"`
+	Usage      usageJSON         `json:"usage"`
+	Timing     timingJSON        `json:"timing"`
+	Output     string            `json:"output"`
+	// OutputTruncated says the run produced more output (or events) than
+	// the edge keeps for one run.
+	OutputTruncated bool    `json:"output_truncated,omitempty"`
+	FinishReason    *string `json:"finish_reason"`
+	Error           *string `json:"error"`
+	Status          int     `json:"status,omitempty"`
 }
 
 type dispatchJSON struct {
@@ -705,7 +708,7 @@ func renderRecord(r runs.Record) recordJSON {
 	out := recordJSON{
 		ID: r.ID, Object: "run", State: r.State, Model: r.Model, Background: r.Background,
 		Metadata: r.Metadata, CreatedAt: r.CreatedAt.Unix(), StartedAt: unixOrNil(r.StartedAt),
-		FinishedAt: unixOrNil(r.FinishedAt), Output: r.Output, Status: r.Status,
+		FinishedAt: unixOrNil(r.FinishedAt), Output: r.Output, OutputTruncated: r.OutputTruncated, Status: r.Status,
 		Usage: usageJSON{r.PromptTokens, r.CompletionTokens, r.PromptTokens + r.CompletionTokens},
 	}
 	if out.Metadata == nil {
