@@ -170,7 +170,11 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 	}
 	edgeCfg.InsecureOpen = cfg.InsecureOpen
 	if cfg.APIKey != "" {
+		// The one key of iop dev also opens the admin API, the dashboard
+		// (a browser gives it as the password of its login prompt) and
+		// iop status.
 		edgeCfg.Keys = []auth.Key{{Name: "dev", Hash: auth.Hash(cfg.APIKey)}}
+		edgeCfg.AdminKeys = []auth.Key{{Name: "dev", Hash: auth.Hash(cfg.APIKey)}}
 		d.APIKey = cfg.APIKey
 	}
 	if len(ollamaModels) > 0 {

@@ -300,6 +300,22 @@ func TestDevAPIKey(t *testing.T) {
 			t.Errorf("key %q: %v, want 401", key, err)
 		}
 	}
+	// The dev key also opens the admin API, for the dashboard and iop
+	// status (the banner points at both).
+	root := newRootCommand()
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetArgs([]string{"status", "--edge", d.Edge.HTTPAddr, "--json", "--api-key", "dev-secret-key"})
+	if err := root.Execute(); err != nil || !strings.Contains(out.String(), `"providers"`) {
+		t.Errorf("iop status with the dev key: %v\n%s", err, out.String())
+	}
+	root = newRootCommand()
+	root.SetOut(io.Discard)
+	root.SetErr(io.Discard)
+	root.SetArgs([]string{"status", "--edge", d.Edge.HTTPAddr})
+	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "--api-key") {
+		t.Errorf("iop status without a key: %v, want an error naming --api-key", err)
+	}
 }
 
 // TestKeysCreate: iop keys create prints a key once and a config line

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -21,6 +22,7 @@ func newStatusCommand() *cobra.Command {
 		watch    bool
 		asJSON   bool
 		interval time.Duration
+		apiKey   string
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
@@ -33,7 +35,10 @@ func newStatusCommand() *cobra.Command {
 			ctx, stop := signalContext(cmd.Context())
 			defer stop()
 			base := status.BaseURL(edgeURL)
-			client := &http.Client{Timeout: 10 * time.Second}
+			if apiKey == "" {
+				apiKey = os.Getenv("IOP_ADMIN_KEY")
+			}
+			client := &http.Client{Timeout: 10 * time.Second, Transport: bearerTransport{key: apiKey}}
 			out := cmd.OutOrStdout()
 			show := func() error {
 				v, err := status.Fetch(ctx, client, base)
@@ -72,5 +77,17 @@ func newStatusCommand() *cobra.Command {
 	fl.BoolVar(&watch, "watch", false, "refresh every --interval until interrupted")
 	fl.DurationVar(&interval, "interval", 2*time.Second, "refresh interval of --watch")
 	fl.BoolVar(&asJSON, "json", false, "print {nodes, providers, queues} as JSON (with --watch, one document per refresh)")
+	fl.StringVar(&apiKey, "api-key", "", "an admin key of the edge (default $IOP_ADMIN_KEY), needed when the edge has keys")
 	return cmd
+}
+
+// bearerTransport sends key, when set, as "Authorization: Bearer key".
+type bearerTransport struct{ key string }
+
+func (t bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if t.key != "" {
+		r = r.Clone(r.Context())
+		r.Header.Set("Authorization", "Bearer "+t.key)
+	}
+	return http.DefaultTransport.RoundTrip(r)
 }

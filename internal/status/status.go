@@ -95,7 +95,11 @@ func getJSON(ctx context.Context, client *http.Client, url string, into any) err
 		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return fmt.Errorf("GET %s: %s (the edge has API keys: give an admin key with --api-key or $IOP_ADMIN_KEY)", url, resp.Status)
+	default:
 		return fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
 	if err := json.NewDecoder(resp.Body).Decode(into); err != nil {
