@@ -62,9 +62,9 @@ type stormOutcome struct {
 // together.
 func TestStormAdmitsCapacityPlusQueue(t *testing.T) {
 	const (
-		clients      = 1000
-		capacity     = 8
-		maxQueue     = 16
+		clients  = 1000
+		capacity = 8
+		maxQueue = 16
 		// Long enough that no waiter times out before the 976 are
 		// answered (about 2 s under the race detector on a busy 2-core
 		// machine), short enough for make test.
