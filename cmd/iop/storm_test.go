@@ -19,27 +19,6 @@ import (
 	"iop/internal/sim"
 )
 
-// raiseOpenFileLimit raises the process's soft limit on open files to at
-// least want (up to the hard limit): a storm holds a client and a server
-// socket per request.
-func raiseOpenFileLimit(t testing.TB, want uint64) {
-	t.Helper()
-	var lim syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
-		t.Fatal(err)
-	}
-	if lim.Cur >= want {
-		return
-	}
-	lim.Cur = min(want, lim.Max)
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
-		t.Fatal(err)
-	}
-	if lim.Cur < want {
-		t.Fatalf("open file limit %d (hard limit), the storm needs %d", lim.Cur, want)
-	}
-}
-
 // stormOutcome is one storm client's answer.
 type stormOutcome struct {
 	status int
@@ -71,7 +50,11 @@ func TestStormAdmitsCapacityPlusQueue(t *testing.T) {
 		queueTimeout = 10 * time.Second
 		bound        = queueTimeout + time.Second
 	)
-	raiseOpenFileLimit(t, 4*clients)
+	raiseFileLimit(4 * clients)
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur < 4*clients {
+		t.Fatalf("open file limit %d (%v): the storm needs %d", lim.Cur, err, 4*clients)
+	}
 
 	_, simURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, Faults: sim.Faults{Hang: true}})
 	ctx, cancel := context.WithCancel(context.Background())
