@@ -2,10 +2,13 @@ package api
 
 import (
 	"encoding/json"
+	"errors"
+	"io"
 	"log/slog"
 	"maps"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -83,9 +86,25 @@ const modelsPrefix = "/v1/models/"
 // connection with nothing sent, which every client sees as a failed request.
 // (A half-closing client cannot be told apart from one that left, and
 // serving it regardless would keep runs going for departed clients.)
+//
+// A body declared (Content-Length) or found (while read) to be over the
+// limit is answered 413 without reading more than the limit. Whenever an
+// answer is given before its body was read to the end (413, 415, 404, 405,
+// any early 400), ServeHTTP then lingers: it sends the answer and reads and
+// discards what the client is still sending, up to lingerBytes for at most
+// lingerTime, so that a client that sends its whole body before reading
+// reads the answer instead of a connection reset (RFC 9112 §9.6, "Tear-down";
+// nginx's lingering close does the same).
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	r.Body = http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes)
 	tw := &trackingWriter{ResponseWriter: w, rc: http.NewResponseController(w), timeout: h.cfg.WriteTimeout}
+	body := newRequestBody(w, r, h.cfg.MaxBodyBytes)
+	r.Body = body
+	if r.ContentLength != 0 {
+		// Handlers read the body before they answer, except for early
+		// errors, after which linger reads the rest itself: net/http must not
+		// consume (or give up on) the body when the answer starts.
+		_ = tw.rc.EnableFullDuplex()
+	}
 	// net/http keeps a connection's write deadline between requests: start
 	// each request with a fresh one (e.g. for a 100 Continue).
 	tw.extend()
@@ -99,6 +118,86 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.logger.Debug("aborting a response with nothing written", "path", clip(r.URL.Path))
 		panic(http.ErrAbortHandler)
 	}
+	body.linger(tw, r)
+}
+
+// Bounds of ServeHTTP's lingering read after an early answer.
+const (
+	// lingerBytes is the most of a body read and discarded after the
+	// answer; a client sending more may see its connection closed.
+	lingerBytes = 64 << 20 // 64 MiB
+	// lingerTime bounds the whole lingering read.
+	lingerTime = 5 * time.Second
+)
+
+// requestBody is a request's body capped at Config.MaxBodyBytes
+// (http.MaxBytesReader) that records how far the handler read it. Only the
+// request goroutine uses it.
+type requestBody struct {
+	orig   io.ReadCloser // the body as net/http gave it
+	capped io.ReadCloser // orig behind http.MaxBytesReader
+	limit  int64
+	read   bool // Read was called: a 100 Continue was sent, if asked for
+	eof    bool // the body was read to its end
+	// tooLarge: the body is over the limit, by its Content-Length or by
+	// what was read. Every Read then fails with *http.MaxBytesError.
+	tooLarge bool
+}
+
+// newRequestBody caps r's body at limit bytes. A Content-Length over the
+// limit fails the first Read at once, without reading anything (so a
+// client waiting for a 100 Continue is never asked for the body), and
+// marks the answer Connection: close, as net/http does for a body over a
+// MaxBytesReader's limit.
+func newRequestBody(w http.ResponseWriter, r *http.Request, limit int64) *requestBody {
+	b := &requestBody{orig: r.Body, capped: http.MaxBytesReader(w, r.Body, limit), limit: limit}
+	if r.ContentLength > limit {
+		b.tooLarge = true
+		w.Header().Set("Connection", "close")
+	}
+	return b
+}
+
+func (b *requestBody) Read(p []byte) (int, error) {
+	if b.tooLarge {
+		return 0, &http.MaxBytesError{Limit: b.limit}
+	}
+	b.read = true
+	n, err := b.capped.Read(p)
+	if err == io.EOF {
+		b.eof = true
+	} else if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+		b.tooLarge = true
+	}
+	return n, err
+}
+
+func (b *requestBody) Close() error { return b.capped.Close() }
+
+// linger, after the handler has answered, sends the answer and reads and
+// discards the rest of a body the handler did not read to its end (see
+// ServeHTTP), unless the client asked for a 100 Continue that was never
+// sent (then it sends no body) or has gone away.
+func (b *requestBody) linger(w *trackingWriter, r *http.Request) {
+	if b.eof || r.ContentLength == 0 || clientGone(r) {
+		return
+	}
+	if !b.read && strings.EqualFold(r.Header.Get("Expect"), "100-continue") {
+		return
+	}
+	if w.FlushError() != nil {
+		return
+	}
+	_ = w.rc.SetReadDeadline(time.Now().Add(lingerTime))
+	buf := make([]byte, 64<<10) // few reads: io.Discard would read 8 KiB at a time
+	for left := lingerBytes; left > 0; {
+		n, err := b.orig.Read(buf[:min(left, len(buf))])
+		left -= n
+		if err != nil {
+			break
+		}
+	}
+	_ = w.rc.SetReadDeadline(time.Time{})
 }
 
 func (h *handler) route(w http.ResponseWriter, r *http.Request) {
@@ -191,10 +290,8 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error, 
 	if e.retryAfter != "" {
 		w.Header().Set("Retry-After", e.retryAfter)
 	}
-	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(e.status)
-	_ = json.NewEncoder(w).Encode(errorBody{Error: e})
+	writeJSON(w, e.status, errorBody{Error: e})
 }
 
 // logError logs one error answer: server-side failures at warn, client
@@ -262,10 +359,25 @@ func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
 	writeText(w, http.StatusOK, "ready")
 }
 
+// writeJSON answers with v as JSON (and a newline) and its Content-Length,
+// so that the client can read the whole answer even while ServeHTTP still
+// lingers on the request body.
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
+	writeJSONAs(w, status, "application/json", v)
+}
+
+// writeJSONAs is writeJSON with another Content-Type.
+func writeJSONAs(w http.ResponseWriter, status int, contentType string, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		// Only values of this package are written: a bug, not bad input.
+		status, data = http.StatusInternalServerError, []byte(`{"error":{"message":"Internal server error","type":"server_error","param":null,"code":"internal_error"}}`)
+	}
+	data = append(data, '\n')
+	w.Header().Set("Content-Type", contentType)
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	_, _ = w.Write(data)
 }
 
 func writeText(w http.ResponseWriter, status int, s string) {

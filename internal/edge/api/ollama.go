@@ -234,9 +234,7 @@ func (h *handler) writeOllamaError(w http.ResponseWriter, r *http.Request, err e
 }
 
 func writeOllamaJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", ollamaJSONContentType)
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	writeJSONAs(w, status, ollamaJSONContentType, v)
 }
 
 // ollamaModel is one entry of GET /api/tags and GET /api/ps (Ollama API

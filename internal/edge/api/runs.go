@@ -22,6 +22,9 @@ import (
 //
 //	POST   /v1/runs              submit a run; 202 and its record when
 //	                             background, else 200 and its final record
+//	                             (a run that never reached a provider: the
+//	                             chat route's error answer, e.g. 404
+//	                             model_not_found, with Location naming it)
 //	GET    /v1/runs              list records: ?state=&model=&session_id=&limit=&after=
 //	GET    /v1/runs/{id}         one record
 //	GET    /v1/runs/{id}/events  its events as SSE, replayed from the start
@@ -210,9 +213,12 @@ func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
 	// The run holds its key's request slot until it ends, also in the
 	// background after this request answered.
 	release := keepPermit(r.Context())
+	// Set by the run's goroutine before the run finishes, read here only
+	// after run.Wait saw it finish.
+	var dispatchErr error
 	run, err := h.cfg.Runs.Start(r.Context(), rec, func(ctx context.Context, run *runs.Run) {
 		defer release()
-		h.execute(ctx, run, sub.chatBody, nodeID, providerID)
+		h.execute(ctx, run, sub.chatBody, nodeID, providerID, &dispatchErr)
 	})
 	if err != nil {
 		release()
@@ -233,6 +239,13 @@ func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err, nil) // the client is gone: nothing is written
 		return
 	}
+	if final.State == runs.StateError && dispatchErr != nil {
+		// It never reached a provider (an unknown model, a full queue, ...):
+		// answered as the chat route answers it; the record stays listed.
+		w.Header().Set("Location", runsPrefix+rec.ID)
+		h.writeError(w, r, dispatchErr, &Request{Model: sub.chat.Model, Needs: sub.chat.Needs})
+		return
+	}
 	writeJSON(w, http.StatusOK, renderRecord(final))
 }
 
@@ -240,9 +253,9 @@ func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
 // the chat handler, into a writer that records the answer's events in the
 // run, with a gateway that names the run and records its dispatch. ctx
 // ends when the run is cancelled.
-func (h *handler) execute(ctx context.Context, run *runs.Run, chatBody []byte, preferNode, preferProvider string) {
+func (h *handler) execute(ctx context.Context, run *runs.Run, chatBody []byte, preferNode, preferProvider string, dispatchErr *error) {
 	inner := *h
-	inner.gw = runGateway{Gateway: h.gw, run: run, preferNode: preferNode, preferProvider: preferProvider}
+	inner.gw = runGateway{Gateway: h.gw, run: run, preferNode: preferNode, preferProvider: preferProvider, dispatchErr: dispatchErr}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "/v1/chat/completions", bytes.NewReader(chatBody))
 	if err != nil {
 		run.Finish(runs.Outcome{State: runs.StateError, Error: err.Error()})
@@ -269,11 +282,12 @@ func (h *handler) execute(ctx context.Context, run *runs.Run, chatBody []byte, p
 
 // runGateway is the Gateway a run's chat request goes through: it gives
 // the dispatch the run's id and session preference, and records where the
-// run went.
+// run went, or, in dispatchErr, why it went nowhere.
 type runGateway struct {
 	Gateway
 	run                        *runs.Run
 	preferNode, preferProvider string
+	dispatchErr                *error
 }
 
 func (g runGateway) Dispatch(ctx context.Context, req Request) (Run, error) {
@@ -281,6 +295,7 @@ func (g runGateway) Dispatch(ctx context.Context, req Request) (Run, error) {
 	req.PreferNodeID, req.PreferProviderID = g.preferNode, g.preferProvider
 	r, err := g.Gateway.Dispatch(ctx, req)
 	if err != nil {
+		*g.dispatchErr = err
 		return nil, err
 	}
 	info := r.Info()
