@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
 
 	"iop/internal/scheduler"
+	"iop/internal/wire/nodev1"
 )
 
 func TestReloadAppliesAliasesAndPolicies(t *testing.T) {
@@ -74,5 +76,59 @@ func TestReloadAppliesAliasesAndPolicies(t *testing.T) {
 		if r := wait(t, ch); !errors.Is(r.err, context.Canceled) {
 			t.Fatalf("queued request: %v", r.err)
 		}
+	}
+}
+
+// TestReloadRemovingAModelWithRunsInFlight (issue 6): a reload that drops
+// an alias while runs of it are in flight lets them finish and release
+// their slots; new requests for it are unknown (404); another model's run
+// and counters are untouched.
+func TestReloadRemovingAModelWithRunsInFlight(t *testing.T) {
+	cfg := testConfig()
+	cfg.Models["gone"] = ModelConfig{Targets: []string{"m-small"}}
+	cfg.Models["kept"] = ModelConfig{Targets: []string{"m-big"}}
+	e := startEdge(t, cfg)
+	n := e.connect(t, hello("n1", prov("small", normalized, 2, "m-small"), prov("big", normalized, 2, "m-big")))
+	goneRun, goneStream, _ := e.startRun(t, n, chatReq("gone"))
+	keptRun, keptStream, _ := e.startRun(t, n, chatReq("kept"))
+	before := e.svc.Snapshot()
+
+	next := testConfig()
+	next.Models["kept"] = ModelConfig{Targets: []string{"m-big"}}
+	res, err := e.svc.Reload(next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(res.Removed) != "[gone]" {
+		t.Fatalf("removed %v", res.Removed)
+	}
+	if _, err := e.svc.Dispatch(context.Background(), chatReq("gone")); !errors.Is(err, scheduler.ErrUnknownModel) {
+		t.Fatalf("a new request for the removed alias: %v, want ErrUnknownModel", err)
+	}
+	after := e.svc.Snapshot()
+	for _, id := range []string{"small", "big"} {
+		b, _ := providerOf(before, "n1", id)
+		a, _ := providerOf(after, "n1", id)
+		if a.InFlight != 1 || b.InFlight != 1 {
+			t.Fatalf("provider %s in flight %d before, %d after the reload; want 1 and 1", id, b.InFlight, a.InFlight)
+		}
+	}
+
+	// The removed alias's run goes on to its end and frees its slot.
+	sendUp(t, goneStream, events(event(nodev1.RunEvent_TYPE_DELTA, "still here"), event(nodev1.RunEvent_TYPE_COMPLETE, "")))
+	msgs, err := recvAll(goneRun)
+	if !errors.Is(err, io.EOF) || len(msgs) != 1 || msgs[0].GetEvents().GetEvents()[0].GetText() != "still here" {
+		t.Fatalf("the run in flight: %v %v", msgs, err)
+	}
+	e.waitUntil(t, "the removed alias's slot is free", func(s Snapshot) bool {
+		p, _ := providerOf(s, "n1", "small")
+		return p.InFlight == 0
+	})
+	if got := e.inFlight("n1", "big"); got != 1 {
+		t.Fatalf("the other model's provider in flight %d, want 1", got)
+	}
+	sendUp(t, keptStream, events(event(nodev1.RunEvent_TYPE_COMPLETE, "")))
+	if _, err := recvAll(keptRun); !errors.Is(err, io.EOF) {
+		t.Fatal(err)
 	}
 }
