@@ -247,7 +247,11 @@ func checkOpenAPI(cfg edge.Config, keys int, logger *slog.Logger) error {
 			return fmt.Errorf("refusing to serve the HTTP API on %s without API keys: anyone who can reach it could use your models. "+
 				"Add client keys (iop keys create NAME; keys: or keys_file: in the config), listen on a loopback address, or start with --insecure-open", cfg.Listen)
 		}
-		logger.Warn("client API is open: no API keys are configured, every caller is served", "listen", cfg.Listen, "insecure_open", cfg.InsecureOpen)
+		level := slog.LevelInfo // loopback: only this machine can call
+		if !isLoopback(cfg.Listen) {
+			level = slog.LevelWarn
+		}
+		logger.Log(context.Background(), level, "client API is open: no API keys are configured, every caller is served", "listen", cfg.Listen, "insecure_open", cfg.InsecureOpen)
 	} else if len(cfg.AdminKeys) == 0 {
 		logger.Info("admin API disabled: no admin_keys are configured", "listen", cfg.Listen)
 	}
