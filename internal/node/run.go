@@ -96,8 +96,10 @@ func (c *conn) removeRun(r *run) {
 	}
 }
 
-// serveRun opens the run's own stream, receives the body, runs the
-// provider, and sends the answer up, ending with one terminal frame. It
+// serveRun opens the run's own stream, receives the body (or takes it from
+// d when it came inline: the provider is then called right after RunOpen
+// is sent, without a trip back from the edge), runs the provider, and
+// sends the answer up, ending with one terminal frame. It
 // returns once the edge has ended the stream (or the connection ended).
 func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
 	log := c.a.logger.With("run_id", r.id, "provider", d.ProviderId, "generation", c.gen)
@@ -115,13 +117,23 @@ func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
 	readerDone := make(chan struct{})
 	go func() { // the only caller of stream.Recv
 		defer close(readerDone)
-		readRunDown(stream, r, bodies)
+		readRunDown(stream, r, d.BodyInline, bodies)
 	}()
 
 	var body bodyResult
-	select {
-	case body = <-bodies:
-	case <-r.workCtx.Done():
+	switch {
+	case d.BodyInline:
+		// The body came with the Dispatch: call the provider now, without
+		// waiting for anything on the run stream.
+		body = inlineBody(d.Body)
+	default:
+		select {
+		case body = <-bodies:
+		case <-r.workCtx.Done():
+			body.err = fmt.Errorf("%w: %w", adapter.ErrCancelled, context.Cause(r.workCtx))
+		}
+	}
+	if body.err == nil && r.workCtx.Err() != nil {
 		body.err = fmt.Errorf("%w: %w", adapter.ErrCancelled, context.Cause(r.workCtx))
 	}
 	err = body.err
@@ -151,12 +163,23 @@ func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
 	<-readerDone // the edge ends the stream after our last frame
 }
 
+// inlineBody is the body a Dispatch carried inline, or ErrBodyTooLarge
+// (413) above MaxBodyBytes, as for a body sent in chunks.
+func inlineBody(data []byte) bodyResult {
+	if len(data) > MaxBodyBytes {
+		return bodyResult{err: &adapter.Error{Kind: adapter.ErrBadRequest, Status: http.StatusRequestEntityTooLarge, Message: ErrBodyTooLarge.Error()}}
+	}
+	return bodyResult{data: data}
+}
+
 // readRunDown reads the edge's side of a run stream: body chunks until
-// last (delivered once on bodies), and Cancel. When the stream ends, for
-// any reason, the run's work is cancelled: nobody is left to answer.
-func readRunDown(stream runStream, r *run, bodies chan<- bodyResult) {
+// last (delivered once on bodies; none are expected, and any is ignored,
+// when the body came inline in the Dispatch), and Cancel. When the stream
+// ends, for any reason, the run's work is cancelled: nobody is left to
+// answer.
+func readRunDown(stream runStream, r *run, inline bool, bodies chan<- bodyResult) {
 	var buf []byte
-	delivered := false
+	delivered := inline
 	for {
 		m, err := stream.Recv()
 		if err != nil {
