@@ -260,3 +260,24 @@ func TestLedgerCloseDrainsTheBuffer(t *testing.T) {
 		t.Fatalf("after Close: %+v, %v", got, err)
 	}
 }
+
+// TestLedgerAggregateSeesEveryRecordedEntry: the writer waits up to
+// defaultLinger for a batch to fill, yet Aggregate counts an entry recorded
+// just before it (it flushes first), and a Flush while a batch waits
+// writes it at once.
+func TestLedgerAggregateSeesEveryRecordedEntry(t *testing.T) {
+	s, err := OpenSQLite(":memory:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := New(s, nil)
+	l.linger = time.Hour // a batch never fills by time here: only a flush writes it
+	defer l.Close()
+	for i := range 3 {
+		l.Record(Entry{Time: day1, Key: "k", Model: "m", Outcome: OutcomeCompleted})
+		got, err := l.Aggregate(context.Background(), Query{})
+		if err != nil || got[0].Requests != int64(i+1) {
+			t.Fatalf("after %d entries: %+v, %v", i+1, got, err)
+		}
+	}
+}
