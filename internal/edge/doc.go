@@ -44,8 +44,10 @@
 // lease is released and the request admitted once more), and waits, up to
 // Config.DispatchTimeout, for the node to open the run's own Run stream with
 // RunOpen naming the run and the same generation; any other RunOpen is
-// refused with a gRPC status. The Run handler sends the body down and then
-// blocks until the run ends; the caller of Run.Recv reads the stream
+// refused with a gRPC status. A body of at most 64 KiB goes in the Dispatch
+// message itself (body_inline), so the node calls its provider without
+// waiting for the edge; the Run handler sends a larger body down the run
+// stream in Body chunks, and then blocks until the run ends; the caller of Run.Recv reads the stream
 // directly, so each run is flow-controlled on its own. A node ends a run by
 // sending its terminal message and reading until the edge ends the stream;
 // cancelling the Run stream aborts the run (ErrNodeGone).
@@ -91,8 +93,8 @@
 // per connection is the sole caller of its Recv and hands messages to the
 // handler. Other goroutines reach a node only through conn.enqueue, which
 // never blocks (a backlog over 4096 messages closes the connection). Each
-// Run handler is the sole sender on its run stream (the body, then a
-// Cancel); the caller of Run.Recv is the sole receiver after RunOpen.
+// Run handler is the sole sender on its run stream (a body not sent
+// inline, then a Cancel); the caller of Run.Recv is the sole receiver after RunOpen.
 // Timers (heartbeats, hello and dispatch timeouts) run on the injected
 // clock; their callbacks only signal a channel or end a pending run (which
 // may open its provider's circuit, see above).

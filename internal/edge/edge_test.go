@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -225,16 +226,21 @@ func TestTunnelErrorReleases(t *testing.T) {
 	}
 }
 
-func TestBodyChunks(t *testing.T) {
+// TestBodyInlineOrChunked: a body of at most 64 KiB goes in the Dispatch
+// message and nothing but the run's end comes down its run stream; a larger
+// one goes down the run stream in Body chunks of at most 64 KiB, and the
+// Dispatch carries none of it.
+func TestBodyInlineOrChunked(t *testing.T) {
 	e := startEdge(t, testConfig())
 	n := e.connect(t, hello("n1", prov("p1", normalized, 1, "m1")))
 	for _, tc := range []struct {
 		size  int
-		sizes []int
+		sizes []int // nil: inline
 	}{
-		{0, []int{0}},
-		{10, []int{10}},
-		{64 << 10, []int{64 << 10}},
+		{0, nil},
+		{10, nil},
+		{64 << 10, nil},
+		{64<<10 + 1, []int{65536, 1}},
 		{150000, []int{65536, 65536, 150000 - 2*65536}},
 	} {
 		body := bytes.Repeat([]byte("x"), tc.size)
@@ -242,21 +248,37 @@ func TestBodyChunks(t *testing.T) {
 		req.Body = body
 		res := e.dispatchAsync(context.Background(), req)
 		d := n.nextDispatch(t)
+		if d.GetBodyInline() != (tc.sizes == nil) {
+			t.Fatalf("size %d: body_inline %v", tc.size, d.GetBodyInline())
+		}
+		if !d.GetBodyInline() && len(d.GetBody()) != 0 {
+			t.Fatalf("size %d: a chunked body also has %d bytes inline", tc.size, len(d.GetBody()))
+		}
 		rs := n.openRun(t, d.GetRunId(), n.gen)
-		got, sizes := readBody(t, rs)
+		var got []byte
+		var sizes []int
+		if tc.sizes != nil {
+			got, sizes = e.readBody(t, d, rs)
+		}
 		r := wait(t, res)
 		if r.err != nil {
 			t.Fatal(r.err)
 		}
-		if !bytes.Equal(got, body) || len(sizes) != len(tc.sizes) {
-			t.Fatalf("size %d: chunks %v, want %v", tc.size, sizes, tc.sizes)
-		}
-		for i := range sizes {
-			if sizes[i] != tc.sizes[i] {
-				t.Fatalf("size %d: chunks %v, want %v", tc.size, sizes, tc.sizes)
+		if tc.sizes == nil {
+			got = d.GetBody()
+			// The node gets nothing more on the run stream than the Cancel
+			// of its end: no Body message for an inline body.
+			r.run.Close("test")
+			down, _ := drainRun(t, rs)
+			if len(down) != 1 || down[0].GetCancel() == nil {
+				t.Fatalf("size %d: run stream carried %v, want only the Cancel", tc.size, down)
 			}
+		} else {
+			r.run.Close("test")
 		}
-		r.run.Close("test")
+		if !bytes.Equal(got, body) || !slices.Equal(sizes, tc.sizes) {
+			t.Fatalf("size %d: got %d bytes in chunks %v, want chunks %v", tc.size, len(got), sizes, tc.sizes)
+		}
 		n.nextCancel(t)
 	}
 }
@@ -349,7 +371,7 @@ func TestRunOpenRefused(t *testing.T) {
 
 	// The right open still works, and only once.
 	good := n.openRun(t, d.GetRunId(), n.gen)
-	readBody(t, good)
+	e.readBody(t, d, good)
 	r := wait(t, res)
 	if r.err != nil {
 		t.Fatal(r.err)
@@ -372,7 +394,7 @@ func TestDispatchPendingOnReplacedGenerationIsReadmitted(t *testing.T) {
 	fresh := e.connect(t, h) // fences the old generation and its pending run
 	d2 := fresh.nextDispatch(t)
 	rs := fresh.openRun(t, d2.GetRunId(), fresh.gen)
-	readBody(t, rs)
+	e.readBody(t, d2, rs)
 	r := wait(t, res)
 	if r.err != nil {
 		t.Fatalf("Dispatch = %v, want a run on the new generation", r.err)
@@ -420,7 +442,7 @@ func TestStaleGenerationReadmitsOnce(t *testing.T) {
 	proceed <- struct{}{}
 	d := fresh.nextDispatch(t)
 	rs := fresh.openRun(t, d.GetRunId(), fresh.gen)
-	readBody(t, rs)
+	e.readBody(t, d, rs)
 	r := wait(t, res)
 	if r.err != nil {
 		t.Fatalf("Dispatch: %v", r.err)
@@ -505,7 +527,7 @@ func TestRegression_SilentOrRefusingNodeDoesNotTakeTraffic(t *testing.T) {
 			}
 			d2 := good.nextDispatch(t)
 			rs := good.openRun(t, d2.GetRunId(), good.gen)
-			readBody(t, rs)
+			e.readBody(t, d2, rs)
 			r := wait(t, res)
 			if r.err != nil {
 				t.Fatalf("Dispatch = %v, want a run on the healthy node", r.err)
@@ -690,7 +712,7 @@ func TestClientCancelWhileQueued(t *testing.T) {
 	}
 	d := n.nextDispatch(t)
 	rs := n.openRun(t, d.GetRunId(), n.gen)
-	readBody(t, rs)
+	e.readBody(t, d, rs)
 	r := wait(t, res)
 	if r.err != nil {
 		t.Fatal(r.err)

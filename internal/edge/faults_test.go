@@ -45,7 +45,7 @@ func acceptRun(t *testing.T, n *fakeNode) (*nodev1.Dispatch, runStream) {
 	t.Helper()
 	d := n.nextDispatch(t)
 	rs := n.openRun(t, d.GetRunId(), n.gen)
-	readBody(t, rs)
+	n.e.readBody(t, d, rs)
 	return d, rs
 }
 
@@ -580,7 +580,7 @@ func TestRegression_FailingFastProviderTakesEveryRequest(t *testing.T) {
 			}
 			badRuns++
 			rs := bad.openRun(t, d.GetRunId(), bad.gen)
-			readBody(t, rs)
+			e.readBody(t, d, rs)
 			r := wait(t, res)
 			sendUp(t, rs, errorEvent(503))
 			recvAll(r.run)
@@ -590,7 +590,7 @@ func TestRegression_FailingFastProviderTakesEveryRequest(t *testing.T) {
 				t.Fatalf("request %d: z-good got %v", i, m)
 			}
 			rs := good.openRun(t, d.GetRunId(), good.gen)
-			readBody(t, rs)
+			e.readBody(t, d, rs)
 			r := wait(t, res)
 			defer r.run.Close("test") // held: z-good is the busier one
 		case <-time.After(failsafe):

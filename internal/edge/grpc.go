@@ -33,7 +33,7 @@ func (g *grpcServer) Connect(stream nodev1.NodeGateway_ConnectServer) error {
 
 // Run serves one run's stream: its first message is RunOpen naming a
 // pending run and the generation it was dispatched on; then the body goes
-// down and the caller of Run.Recv reads the node's messages directly from
+// down (unless it went inline in the Dispatch) and the caller of Run.Recv reads the node's messages directly from
 // this stream. The handler returns when the run ends.
 func (g *grpcServer) Run(stream nodev1.NodeGateway_RunServer) error {
 	return grpcError(g.s.serveRun(stream))
@@ -295,8 +295,12 @@ func (s *Service) serveRun(stream nodev1.NodeGateway_RunServer) error {
 
 // sendBody sends r's body down its stream in chunks of at most
 // maxBodyChunk bytes, the last one marked; an empty body is one empty last
-// chunk. It stops early, without error, when the run ends.
+// chunk. It sends nothing for a body that went inline in the Dispatch. It
+// stops early, without error, when the run ends.
 func (s *Service) sendBody(stream nodev1.NodeGateway_RunServer, r *Run) error {
+	if r.inline {
+		return nil
+	}
 	body := r.body
 	for {
 		select {

@@ -334,10 +334,24 @@ func (e *testEdge) openRunAs(t *testing.T, node, runID string, gen uint64) runSt
 	return rs
 }
 
-// readBody reads Body chunks until the last one and returns the body and
-// the chunk sizes.
-func readBody(t *testing.T, rs runStream) ([]byte, []int) {
+// readBody returns the request body of d's run, once the edge attached
+// the run stream rs: d's own when it came inline (sizes nil: nothing is
+// read from rs; it waits until the edge no longer holds the run pending),
+// else the Body chunks read from rs until the last one, with their sizes.
+func (e *testEdge) readBody(t *testing.T, d *nodev1.Dispatch, rs runStream) ([]byte, []int) {
 	t.Helper()
+	if d.GetBodyInline() {
+		waitFor(t, func() bool {
+			r := e.svc.run(d.GetRunId())
+			if r == nil {
+				return true
+			}
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return r.state != runPending
+		})
+		return d.GetBody(), nil
+	}
 	var body []byte
 	var sizes []int
 	for {
@@ -427,7 +441,7 @@ func (n *fakeNode) acceptRun(t *testing.T, res <-chan dispatched) (*Run, runStre
 	t.Helper()
 	d := n.nextDispatch(t)
 	rs := n.openRun(t, d.GetRunId(), n.gen)
-	readBody(t, rs)
+	n.e.readBody(t, d, rs)
 	got := wait(t, res)
 	if got.err != nil {
 		t.Fatalf("Dispatch: %v", got.err)

@@ -83,7 +83,7 @@ func TestObserverSeesNodeAndRunLifecycle(t *testing.T) {
 	}
 	d := n.nextDispatch(t)
 	rs2 := n.openRun(t, d.GetRunId(), n.gen)
-	readBody(t, rs2)
+	e.readBody(t, d, rs2)
 	second := wait(t, res)
 	if second.err != nil {
 		t.Fatal(second.err)
@@ -154,7 +154,7 @@ func TestObserverSeesDispatchRetry(t *testing.T) {
 	fresh := e.connect(t, h)
 	proceed <- struct{}{}
 	d := fresh.nextDispatch(t)
-	readBody(t, fresh.openRun(t, d.GetRunId(), fresh.gen))
+	e.readBody(t, d, fresh.openRun(t, d.GetRunId(), fresh.gen))
 	r := wait(t, res)
 	if r.err != nil {
 		t.Fatal(r.err)

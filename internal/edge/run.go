@@ -49,9 +49,13 @@ type Run struct {
 	lease *scheduler.Lease
 	model string // the requested model name: the run's queue
 	info  DispatchInfo
-	body  []byte
+	// inline: the body went in the Dispatch message; else body is to be
+	// sent down the run stream.
+	inline bool
+	body   []byte
 	// opened is closed when the node's Run stream is attached; bodySent
-	// when the whole body went down it; ended when the run ends.
+	// when the whole body went down it (at once for an inline body); ended
+	// when the run ends.
 	opened, bodySent, ended chan struct{}
 	// ticket reports the run's outcome to its provider's circuit breaker.
 	ticket *ticket

@@ -78,6 +78,21 @@ func testStore(t *testing.T, s Store) {
 	if err != nil || got[0].Requests != 0 {
 		t.Errorf("a quote in the key selected %+v (%v)", got, err)
 	}
+	// One Insert of more entries than one INSERT statement carries
+	// (rowsPerInsert): every row lands, with its own values.
+	bulk := make([]Entry, 2*rowsPerInsert+22)
+	var prompt int64
+	for i := range bulk {
+		bulk[i] = Entry{Time: day1, Key: "bulk", Model: "m", RunID: fmt.Sprintf("b%d", i), PromptTokens: int64(i), Outcome: OutcomeCompleted}
+		prompt += int64(i)
+	}
+	if err := s.Insert(ctx, bulk); err != nil {
+		t.Fatal(err)
+	}
+	got, err = s.Aggregate(ctx, Query{Key: "bulk"})
+	if err != nil || got[0].Requests != int64(len(bulk)) || got[0].PromptTokens != prompt || got[0].Completed != int64(len(bulk)) {
+		t.Errorf("after inserting %d entries at once: %+v (%v), want %d requests and %d prompt tokens", len(bulk), got, err, len(bulk), prompt)
+	}
 }
 
 func TestSQLiteStore(t *testing.T) {
@@ -258,5 +273,26 @@ func TestLedgerCloseDrainsTheBuffer(t *testing.T) {
 	got, err := s2.Aggregate(context.Background(), Query{})
 	if err != nil || got[0].Requests != 500 {
 		t.Fatalf("after Close: %+v, %v", got, err)
+	}
+}
+
+// TestLedgerAggregateSeesEveryRecordedEntry: the writer waits up to
+// defaultLinger for a batch to fill, yet Aggregate counts an entry recorded
+// just before it (it flushes first), and a Flush while a batch waits
+// writes it at once.
+func TestLedgerAggregateSeesEveryRecordedEntry(t *testing.T) {
+	s, err := OpenSQLite(":memory:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := New(s, nil)
+	l.linger = time.Hour // a batch never fills by time here: only a flush writes it
+	defer l.Close()
+	for i := range 3 {
+		l.Record(Entry{Time: day1, Key: "k", Model: "m", Outcome: OutcomeCompleted})
+		got, err := l.Aggregate(context.Background(), Query{})
+		if err != nil || got[0].Requests != int64(i+1) {
+			t.Fatalf("after %d entries: %+v, %v", i+1, got, err)
+		}
 	}
 }

@@ -96,32 +96,73 @@ func (s *SQL) param(n int) string {
 	return "?"
 }
 
-// Insert implements Store.
+// rowsPerInsert is the most rows one INSERT statement carries (12
+// parameters each: 768, far below SQLite's 32,766 and PostgreSQL's 65,535).
+const rowsPerInsert = 64
+
+// Insert implements Store: one transaction, one multi-row INSERT per
+// rowsPerInsert entries.
 func (s *SQL) Insert(ctx context.Context, entries []Entry) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	ps := make([]string, 12)
-	for i := range ps {
-		ps[i] = s.param(i + 1)
-	}
-	stmt, err := tx.PrepareContext(ctx, `INSERT INTO usage_ledger (at_ns, day, key_name, model, run_id, node_id,
-		provider_id, served_model, prompt_tokens, completion_tokens, duration_ns, outcome)
-		VALUES (`+strings.Join(ps, ", ")+`)`)
-	if err != nil {
-		return err
-	}
-	defer stmt.Close()
-	for _, e := range entries {
-		if _, err := stmt.ExecContext(ctx, e.Time.UnixNano(), e.Time.UTC().Format(time.DateOnly), e.Key, e.Model,
-			e.RunID, e.NodeID, e.ProviderID, e.ServedModel, e.PromptTokens, e.CompletionTokens,
-			int64(e.Duration), e.Outcome); err != nil {
+	var (
+		stmt     *sql.Stmt
+		stmtRows int
+		args     = make([]any, 0, 12*min(len(entries), rowsPerInsert))
+	)
+	defer func() {
+		if stmt != nil {
+			stmt.Close()
+		}
+	}()
+	for len(entries) > 0 {
+		n := min(len(entries), rowsPerInsert)
+		if n != stmtRows {
+			if stmt != nil {
+				stmt.Close()
+			}
+			if stmt, err = tx.PrepareContext(ctx, s.insertSQL(n)); err != nil {
+				stmt = nil
+				return err
+			}
+			stmtRows = n
+		}
+		args = args[:0]
+		for _, e := range entries[:n] {
+			args = append(args, e.Time.UnixNano(), e.Time.UTC().Format(time.DateOnly), e.Key, e.Model,
+				e.RunID, e.NodeID, e.ProviderID, e.ServedModel, e.PromptTokens, e.CompletionTokens,
+				int64(e.Duration), e.Outcome)
+		}
+		if _, err := stmt.ExecContext(ctx, args...); err != nil {
 			return err
 		}
+		entries = entries[n:]
 	}
 	return tx.Commit()
+}
+
+// insertSQL is the INSERT of rows rows, its placeholders in s's dialect.
+func (s *SQL) insertSQL(rows int) string {
+	var b strings.Builder
+	b.WriteString(`INSERT INTO usage_ledger (at_ns, day, key_name, model, run_id, node_id,
+		provider_id, served_model, prompt_tokens, completion_tokens, duration_ns, outcome) VALUES `)
+	for r := range rows {
+		if r > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteByte('(')
+		for c := range 12 {
+			if c > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(s.param(r*12 + c + 1))
+		}
+		b.WriteByte(')')
+	}
+	return b.String()
 }
 
 // groupColumns maps a GroupBy to the expression grouped on.

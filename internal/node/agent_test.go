@@ -322,6 +322,65 @@ func TestAgentRunsTunnelDispatch(t *testing.T) {
 	}
 }
 
+func inlineDispatchMsg(runID, providerID string, path nodev1.ExecutionPath, body string) *nodev1.EdgeMessage {
+	m := dispatchMsg(runID, providerID, path)
+	m.GetDispatch().Body, m.GetDispatch().BodyInline = []byte(body), true
+	return m
+}
+
+// TestAgentInlineBodyCallsProviderAtOnce: a Dispatch that carries its body
+// inline is run without anything coming down its run stream: the fake edge
+// here never sends a Body message, and the provider gets the body (its
+// model rewritten) and answers in full, on both execution paths. A node
+// that waited for a Body message would never call the provider.
+func TestAgentInlineBodyCallsProviderAtOnce(t *testing.T) {
+	t.Run("tunnel", func(t *testing.T) {
+		e, addr := startEdge(t)
+		const sse = "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\ndata: [DONE]\n\n"
+		got := make(chan string, 1)
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			got <- string(b)
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, sse)
+		}))
+		t.Cleanup(up.Close)
+		startAgent(t, testConfig(addr, ProviderConfig{ID: "oai", Type: "openai", BaseURL: up.URL + "/v1", Models: []string{"served-model"}}), newTestClock(), nil)
+		c := connect(t, e, 1, hour)
+		c.send(t, inlineDispatchMsg("t1", "oai", tunnel, `{"model":"alias","stream":true}`))
+		r := recv(t, e.runs, "run stream")
+		if b := recv(t, got, "provider request"); b != `{"model":"served-model","stream":true}` {
+			t.Errorf("provider got %q", b)
+		}
+		msgs := r.rest(t)
+		if len(msgs) < 3 || msgs[0].GetTunnelHead().GetStatus() != 200 || msgs[len(msgs)-1].GetTunnelEnd() == nil {
+			t.Fatalf("messages %v, want head, data, end", msgs)
+		}
+		data := ""
+		for _, m := range msgs[1 : len(msgs)-1] {
+			data += string(m.GetTunnelData().GetData())
+		}
+		if data != sse {
+			t.Errorf("data %q", data)
+		}
+	})
+	t.Run("normalized", func(t *testing.T) {
+		e, addr := startEdge(t)
+		ollama, calls := ollamaServer(t)
+		startAgent(t, testConfig(addr, ProviderConfig{ID: "ol", Type: "ollama", BaseURL: ollama.URL, Models: []string{"served-model"}}), newTestClock(), nil)
+		c := connect(t, e, 1, hour)
+		c.send(t, inlineDispatchMsg("r1", "ol", normalized, `{"model":"alias","messages":[{"role":"user","content":"hello"}],"stream":true}`))
+		r := recv(t, e.runs, "run stream")
+		evs := eventsOf(r.rest(t))
+		if len(evs) == 0 || evs[len(evs)-1].Type != nodev1.RunEvent_TYPE_COMPLETE {
+			t.Fatalf("events %v, want a complete run", evs)
+		}
+		if calls.Load() != 1 {
+			t.Errorf("%d provider calls, want 1", calls.Load())
+		}
+	})
+}
+
 // hangingUpstream answers with one chunk in the shape of path and then
 // waits for the request to be aborted, which closes gone.
 func hangingUpstream(t *testing.T, path nodev1.ExecutionPath) (*httptest.Server, chan struct{}) {
@@ -351,18 +410,28 @@ func hangingProvider(t *testing.T, path nodev1.ExecutionPath) (ProviderConfig, c
 
 // TestAgentCancelStopsRun: a Cancel, on the control stream or on the run's
 // own stream, aborts the provider request and ends the run with CANCELLED
-// (normalized) or TunnelError (tunnel).
+// (normalized) or TunnelError (tunnel), whether its body came in Body
+// messages or inline.
 func TestAgentCancelStopsRun(t *testing.T) {
+	const body = `{"messages":[{"role":"user","content":"x"}]}`
 	for _, path := range []nodev1.ExecutionPath{normalized, tunnel} {
-		for _, via := range []string{"control", "run"} {
+		for _, via := range []string{"control", "run", "control/inline", "run/inline"} {
 			t.Run(path.String()+"/"+via, func(t *testing.T) {
 				e, addr := startEdge(t)
 				pc, gone := hangingProvider(t, path)
 				startAgent(t, testConfig(addr, pc), newTestClock(), nil)
 				c := connect(t, e, 1, hour)
-				c.send(t, dispatchMsg("r1", "p", path))
+				inline := strings.HasSuffix(via, "/inline")
+				via = strings.TrimSuffix(via, "/inline")
+				if inline {
+					c.send(t, inlineDispatchMsg("r1", "p", path, body))
+				} else {
+					c.send(t, dispatchMsg("r1", "p", path))
+				}
 				r := recv(t, e.runs, "run stream")
-				r.sendBody(t, `{"messages":[{"role":"user","content":"x"}]}`)
+				if !inline {
+					r.sendBody(t, body)
+				}
 				if path == normalized {
 					r.next(t) // STARTED
 					if ev := r.next(t).GetEvents().GetEvents(); len(ev) != 1 || ev[0].Type != nodev1.RunEvent_TYPE_DELTA {

@@ -19,7 +19,9 @@
 // A Dispatch for a known provider starts a run: the agent opens a Run
 // stream of its own for it (so HTTP/2 flow control applies to that run
 // alone and a slow reader backpressures only its own run), sends RunOpen,
-// receives the body chunks, drives the adapter and sends the answer up:
+// takes the body from the Dispatch when it came inline (calling the
+// provider at once) or else receives its chunks, drives the adapter and
+// sends the answer up:
 // run events on the normalized path, TunnelHead/TunnelData/TunnelEnd on the
 // tunnel path. A Dispatch it cannot run gets DispatchRefused. Capacity is
 // the edge's to enforce; the node runs whatever it is sent.

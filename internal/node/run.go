@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 
@@ -96,11 +97,12 @@ func (c *conn) removeRun(r *run) {
 	}
 }
 
-// serveRun opens the run's own stream, receives the body, runs the
-// provider, and sends the answer up, ending with one terminal frame. It
+// serveRun opens the run's own stream, receives the body (or takes it from
+// d when it came inline: the provider is then called right after RunOpen
+// is sent, without a trip back from the edge), runs the provider, and
+// sends the answer up, ending with one terminal frame. It
 // returns once the edge has ended the stream (or the connection ended).
 func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
-	log := c.a.logger.With("run_id", r.id, "provider", d.ProviderId, "generation", c.gen)
 	stream, err := c.client.Run(r.streamCtx)
 	if err != nil {
 		c.refuse(r.id, fmt.Errorf("%w: %s", ErrRunStreamFailed, status.Convert(err).Message()))
@@ -108,20 +110,30 @@ func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
 	}
 	open := &nodev1.RunOpen{RunId: r.id, NodeId: c.a.cfg.NodeID, Generation: c.gen}
 	if err := stream.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_Open{Open: open}}); err != nil {
-		log.Warn("run stream failed before open", "err", err)
+		c.logRun(slog.LevelWarn, r, d, "run stream failed before open", "err", err)
 		return
 	}
 	bodies := make(chan bodyResult, 1)
 	readerDone := make(chan struct{})
 	go func() { // the only caller of stream.Recv
 		defer close(readerDone)
-		readRunDown(stream, r, bodies)
+		readRunDown(stream, r, d.BodyInline, bodies)
 	}()
 
 	var body bodyResult
-	select {
-	case body = <-bodies:
-	case <-r.workCtx.Done():
+	switch {
+	case d.BodyInline:
+		// The body came with the Dispatch: call the provider now, without
+		// waiting for anything on the run stream.
+		body = inlineBody(d.Body)
+	default:
+		select {
+		case body = <-bodies:
+		case <-r.workCtx.Done():
+			body.err = fmt.Errorf("%w: %w", adapter.ErrCancelled, context.Cause(r.workCtx))
+		}
+	}
+	if body.err == nil && r.workCtx.Err() != nil {
 		body.err = fmt.Errorf("%w: %w", adapter.ErrCancelled, context.Cause(r.workCtx))
 	}
 	err = body.err
@@ -136,27 +148,38 @@ func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
 	}
 	if last := terminal(p.path, err); last != nil {
 		if serr := stream.Send(last); serr != nil {
-			log.Debug("cannot send the run's last frame", "err", serr)
+			c.logRun(slog.LevelDebug, r, d, "cannot send the run's last frame", "err", serr)
 		}
 	}
 	_ = stream.CloseSend()
 	switch {
 	case err == nil:
-		log.Debug("run complete")
+		c.logRun(slog.LevelDebug, r, d, "run complete")
 	case errors.Is(err, adapter.ErrCancelled), errors.Is(err, adapter.ErrSink):
-		log.Debug("run ended early", "err", err)
+		c.logRun(slog.LevelDebug, r, d, "run ended early", "err", err)
 	default:
-		log.Warn("run failed", "err", err)
+		c.logRun(slog.LevelWarn, r, d, "run failed", "err", err)
 	}
 	<-readerDone // the edge ends the stream after our last frame
 }
 
+// inlineBody is the body a Dispatch carried inline, or ErrBodyTooLarge
+// (413) above MaxBodyBytes, as for a body sent in chunks.
+func inlineBody(data []byte) bodyResult {
+	if len(data) > MaxBodyBytes {
+		return bodyResult{err: &adapter.Error{Kind: adapter.ErrBadRequest, Status: http.StatusRequestEntityTooLarge, Message: ErrBodyTooLarge.Error()}}
+	}
+	return bodyResult{data: data}
+}
+
 // readRunDown reads the edge's side of a run stream: body chunks until
-// last (delivered once on bodies), and Cancel. When the stream ends, for
-// any reason, the run's work is cancelled: nobody is left to answer.
-func readRunDown(stream runStream, r *run, bodies chan<- bodyResult) {
+// last (delivered once on bodies; none are expected, and any is ignored,
+// when the body came inline in the Dispatch), and Cancel. When the stream
+// ends, for any reason, the run's work is cancelled: nobody is left to
+// answer.
+func readRunDown(stream runStream, r *run, inline bool, bodies chan<- bodyResult) {
 	var buf []byte
-	delivered := false
+	delivered := inline
 	for {
 		m, err := stream.Recv()
 		if err != nil {
@@ -259,4 +282,15 @@ func (s tunnelSink) Head(code int, h http.Header) error {
 
 func (s tunnelSink) Data(p []byte) error {
 	return s.s.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelData{TunnelData: &nodev1.TunnelData{Data: p}}})
+}
+
+// logRun logs msg about run r at level, with the run's id, provider and
+// generation. The attributes are built only when level is enabled: a
+// logger made with With for every run formatted them even when its lines
+// were then dropped (most are at debug).
+func (c *conn) logRun(level slog.Level, r *run, d *nodev1.Dispatch, msg string, args ...any) {
+	if !c.a.logger.Enabled(r.streamCtx, level) {
+		return
+	}
+	c.a.logger.Log(r.streamCtx, level, msg, append([]any{"run_id", r.id, "provider", d.ProviderId, "generation", c.gen}, args...)...)
 }

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 
 	"iop/internal/wire/nodev1"
@@ -53,8 +54,6 @@ func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *Requ
 	}()
 
 	info := run.Info()
-	logger := h.logger.With("run_id", info.RunID, "model", clip(req.Model), "node_id", info.NodeID,
-		"provider_id", info.ProviderID, "path", info.Path.String(), "operation", req.Operation.String())
 	rr := &runResponse{h: h, w: w, r: r, run: run, req: req, obs: obs, writeError: render.writeError}
 	switch info.Path {
 	case nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL:
@@ -64,11 +63,24 @@ func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *Requ
 	default:
 		reason = rr.fail(errUnknownPath)
 	}
-	logger.Debug("run ended", "reason", reason, "queue_wait", info.QueueWait, "aborted", rr.abort)
+	h.logRunEnded(r.Context(), info, req, reason, rr.abort)
 	obs.ended(reason)
 	if rr.abort {
 		// After the deferred Close, with the reason above; net/http then
 		// drops the connection instead of ending the body cleanly.
 		panic(http.ErrAbortHandler)
 	}
+}
+
+// logRunEnded logs a run's end at debug. Its attributes are built only when
+// debug is on: a logger made with With for every request formatted them
+// (the JSON handler encodes With's attributes at once) even when the line
+// was then dropped (BenchmarkRunEndedLog).
+func (h *handler) logRunEnded(ctx context.Context, info DispatchInfo, req *Request, reason string, aborted bool) {
+	if !h.logger.Enabled(ctx, slog.LevelDebug) {
+		return
+	}
+	h.logger.Debug("run ended", "run_id", info.RunID, "model", clip(req.Model), "node_id", info.NodeID,
+		"provider_id", info.ProviderID, "path", info.Path.String(), "operation", req.Operation.String(),
+		"reason", reason, "queue_wait", info.QueueWait, "aborted", aborted)
 }

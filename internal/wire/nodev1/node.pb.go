@@ -854,7 +854,15 @@ type Dispatch struct {
 	Operation     Operation              `protobuf:"varint,5,opt,name=operation,proto3,enum=iop.node.v1.Operation" json:"operation,omitempty"`
 	Stream        bool                   `protobuf:"varint,6,opt,name=stream,proto3" json:"stream,omitempty"`
 	// Selected client request headers the provider may need (e.g. Accept).
-	Headers       map[string]string `protobuf:"bytes,7,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Headers map[string]string `protobuf:"bytes,7,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The client's whole request body (possibly empty) when body_inline is
+	// set; else empty, and the body goes down the Run stream in Body chunks.
+	// The edge inlines bodies of at most 64 KiB.
+	Body []byte `protobuf:"bytes,8,opt,name=body,proto3" json:"body,omitempty"`
+	// Set when body is the whole request body: the edge sends no Body message
+	// on the run's stream, and the node calls the provider as soon as it has
+	// sent RunOpen, without waiting for anything on the stream.
+	BodyInline    bool `protobuf:"varint,9,opt,name=body_inline,json=bodyInline,proto3" json:"body_inline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -936,6 +944,20 @@ func (x *Dispatch) GetHeaders() map[string]string {
 		return x.Headers
 	}
 	return nil
+}
+
+func (x *Dispatch) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *Dispatch) GetBodyInline() bool {
+	if x != nil {
+		return x.BodyInline
+	}
+	return false
 }
 
 type DispatchRefused struct {
@@ -1905,7 +1927,7 @@ const file_node_proto_rawDesc = "" +
 	"providerId\x12\x18\n" +
 	"\ahealthy\x18\x02 \x01(\bR\ahealthy\x12\x1a\n" +
 	"\bcapacity\x18\x03 \x01(\x05R\bcapacity\x12#\n" +
-	"\rlong_capacity\x18\x04 \x01(\x05R\flongCapacity\"\xf0\x02\n" +
+	"\rlong_capacity\x18\x04 \x01(\x05R\flongCapacity\"\xa5\x03\n" +
 	"\bDispatch\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1f\n" +
 	"\vprovider_id\x18\x02 \x01(\tR\n" +
@@ -1914,7 +1936,10 @@ const file_node_proto_rawDesc = "" +
 	"\x0eexecution_path\x18\x04 \x01(\x0e2\x1a.iop.node.v1.ExecutionPathR\rexecutionPath\x124\n" +
 	"\toperation\x18\x05 \x01(\x0e2\x16.iop.node.v1.OperationR\toperation\x12\x16\n" +
 	"\x06stream\x18\x06 \x01(\bR\x06stream\x12<\n" +
-	"\aheaders\x18\a \x03(\v2\".iop.node.v1.Dispatch.HeadersEntryR\aheaders\x1a:\n" +
+	"\aheaders\x18\a \x03(\v2\".iop.node.v1.Dispatch.HeadersEntryR\aheaders\x12\x12\n" +
+	"\x04body\x18\b \x01(\fR\x04body\x12\x1f\n" +
+	"\vbody_inline\x18\t \x01(\bR\n" +
+	"bodyInline\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"@\n" +

@@ -1,0 +1,26 @@
+package api
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"iop/internal/wire/nodev1"
+)
+
+// BenchmarkRunEndedLog measures what logging a run's end costs a request
+// at the default level (info, JSON to a discarding writer): the debug line
+// is not written, so the cost is what is built for it anyway.
+func BenchmarkRunEndedLog(b *testing.B) {
+	h := &handler{logger: slog.New(slog.NewJSONHandler(io.Discard, nil)).With("component", "edge-api")}
+	info := DispatchInfo{RunID: "run_0123456789abcdef0123456789abcdef", NodeID: "node-1", ProviderID: "sim-openai",
+		Path: nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL, QueueWait: time.Millisecond}
+	req := &Request{Model: "bench-model", Operation: nodev1.Operation_OPERATION_CHAT}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		h.logRunEnded(ctx, info, req, reasonCompleted, false)
+	}
+}
