@@ -26,7 +26,7 @@ import (
 func newEdgeCommand(logLevel *string) *cobra.Command {
 	var configPath, pprofListen string
 	var tokens []string
-	cfg := edge.DefaultConfig()
+	cfg := edgeCommandDefaults()
 	cmd := &cobra.Command{
 		Use:   "edge",
 		Short: "Run the edge: the HTTP API for clients and the gRPC endpoint for nodes",
@@ -52,7 +52,7 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 				// The flags stay bound to cfg: each reload resets it, reads
 				// the file and applies the flags the user set again.
 				load := func() (edge.Config, error) {
-					err := reloadConfig(cmd, configPath, &cfg, func() { cfg = edge.DefaultConfig() })
+					err := reloadConfig(cmd, configPath, &cfg, func() { cfg = edgeCommandDefaults() })
 					return cfg, err
 				}
 				watchCtx, stopWatch := context.WithCancel(ctx)
@@ -91,6 +91,14 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 	fl.DurationVar(&cfg.CircuitBreaker.MaxCoolDown, "breaker-max-cool-down", cfg.CircuitBreaker.MaxCoolDown, "cap of the cool-down, which doubles after each failed trial")
 	fl.StringVar(&pprofListen, "pprof-listen", "", "serve Go's profiler (/debug/pprof/) on this address (keep it on loopback)")
 	return cmd
+}
+
+// edgeCommandDefaults is the configuration `iop edge` starts from: the
+// edge's defaults, with run records and the ledger kept in iop.db.
+func edgeCommandDefaults() edge.Config {
+	cfg := edge.DefaultConfig()
+	cfg.Database = edge.DefaultDatabase
+	return cfg
 }
 
 // edgeProcess is a running edge: its node endpoint and HTTP API.
@@ -147,6 +155,9 @@ func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterD
 			}
 		}
 	}()
+	if cfg.Database == "" {
+		cfg.Database = ":memory:"
+	}
 	runStore, err := runs.OpenSQLite(cfg.Database)
 	if err != nil {
 		return nil, err

@@ -113,7 +113,7 @@ func TestLogsOneLinePerRequestAndNoSecrets(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	edgeCmd := runCommand(ctx, "edge", "--config", edgeYAML, "--listen", "127.0.0.1:0", "--node-listen", "127.0.0.1:0", "--log-format", "json", "--log-level", "debug")
+	edgeCmd := runCommand(ctx, "edge", "--config", edgeYAML, "--listen", "127.0.0.1:0", "--node-listen", "127.0.0.1:0", "--database", ":memory:", "--log-format", "json", "--log-level", "debug")
 	ready := edgeCmd.waitLog(t, "edge ready")
 	base, nodeAddr := ready["http"].(string), ready["node_endpoint"].(string)
 

@@ -99,7 +99,7 @@ func TestConfigReloadUnderLoad(t *testing.T) {
 	writeAtomically(t, path, "models:\n  slow: {targets: [slow-m], max_queue: 1}\n")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	edgeCmd := runCommand(ctx, "edge", "--config", path, "--listen", "127.0.0.1:0", "--node-listen", "127.0.0.1:0", "--log-format", "json")
+	edgeCmd := runCommand(ctx, "edge", "--config", path, "--listen", "127.0.0.1:0", "--node-listen", "127.0.0.1:0", "--database", ":memory:", "--log-format", "json")
 	ready := edgeCmd.waitLog(t, "edge ready")
 	base := ready["http"].(string)
 	nodeCtx, stopNode := context.WithCancel(ctx)

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -513,5 +514,31 @@ func TestRegression_RunsOfOneKeyHiddenFromAnother(t *testing.T) {
 		if err := json.Unmarshal(b, &page); err != nil || len(page.Data) != want {
 			t.Errorf("list: %d runs, want %d (%s)", len(page.Data), want, b)
 		}
+	}
+}
+
+// TestRegression_ZeroConfigKeepsNothingOnDisk: an edge started from
+// edge.DefaultConfig (as tests and embedders do) keeps its records in
+// memory; only `iop edge` defaults to iop.db. Before, every test edge
+// shared cmd/iop/iop.db, and two test processes at once failed on its lock.
+func TestRegression_ZeroConfigKeepsNothingOnDisk(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	cfg := edge.DefaultConfig()
+	cfg.Listen, cfg.NodeListen = "127.0.0.1:0", "127.0.0.1:0"
+	e, err := startEdge(ctx, cfg, quietLogger(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := e.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if files, _ := os.ReadDir(dir); len(files) != 0 {
+		t.Fatalf("the edge wrote %v", files)
+	}
+	if got := edgeCommandDefaults().Database; got != edge.DefaultDatabase {
+		t.Fatalf("iop edge's database default %q, want %q", got, edge.DefaultDatabase)
 	}
 }

@@ -129,9 +129,11 @@ type Config struct {
 	// connected but reads nothing for this long has its run cancelled and
 	// its slot released; default 60s. Served by the HTTP layer.
 	WriteTimeout time.Duration `yaml:"write_timeout"`
-	// Database is the SQLite file holding run records (the runs API); it
-	// is created if missing. Default "iop.db" in the working directory;
-	// ":memory:" keeps records in memory only, lost at exit.
+	// Database is the SQLite file holding run records (the runs API) and
+	// the usage ledger; it is created if missing. "" or ":memory:" keeps
+	// them in memory only, lost at exit. `iop edge` defaults it to
+	// DefaultDatabase ("iop.db" in the working directory); the zero Config
+	// (tests, embedding) keeps nothing on disk.
 	Database string `yaml:"database"`
 	// MaxRetries is how many more times a request is admitted, each time to
 	// a candidate not tried yet for it, when its provider failed before any
@@ -217,9 +219,6 @@ func (c *Config) SetDefaults() {
 	}
 	if c.WriteTimeout == 0 {
 		c.WriteTimeout = DefaultWriteTimeout
-	}
-	if c.Database == "" {
-		c.Database = DefaultDatabase
 	}
 	if c.MaxRetries == nil {
 		n := DefaultMaxRetries
