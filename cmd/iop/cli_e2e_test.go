@@ -301,16 +301,10 @@ func checkAdminInFlightZero(t *testing.T, e *edgeProcess) {
 // waitFile polls, bounded, until path exists and is not empty.
 func waitFile(t *testing.T, path string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if fi, err := os.Stat(path); err == nil && fi.Size() > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never appeared", path)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitFor(t, path+" appears", func() bool {
+		fi, err := os.Stat(path)
+		return err == nil && fi.Size() > 0
+	})
 }
 
 // readPIDs reads the whitespace-separated pids a script wrote to path.
@@ -365,13 +359,15 @@ func processGone(pid int) bool {
 func waitGone(t *testing.T, pids ...int) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
 	for _, pid := range pids {
 		for !processGone(pid) {
 			if time.Now().After(deadline) {
 				state, ppid, _ := procStat(pid)
 				t.Fatalf("process %d still there (state %s, parent %d)", pid, state, ppid)
 			}
-			time.Sleep(5 * time.Millisecond)
+			<-tick.C
 		}
 	}
 }

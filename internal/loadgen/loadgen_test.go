@@ -187,11 +187,13 @@ func TestCancelEndsTheRun(t *testing.T) {
 		done <- res
 	}()
 	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
 	for s.Stats().InFlight < 3 {
 		if time.Now().After(deadline) {
 			t.Fatal("the requests never reached the simulator")
 		}
-		time.Sleep(time.Millisecond)
+		<-tick.C
 	}
 	cancel()
 	res := <-done

@@ -65,10 +65,10 @@ var reflectDeepEqual = reflect.DeepEqual
 
 func bearer(key string) map[string]string { return map[string]string{"Authorization": "Bearer " + key} }
 
-// adminStub serves the admin routes with an empty snapshot.
-type adminStub struct{ *fakeGateway }
+// emptyAdmin serves the admin routes with an empty snapshot.
+type emptyAdmin struct{ *fakeGateway }
 
-func (adminStub) AdminSnapshot() AdminSnapshot { return AdminSnapshot{} }
+func (emptyAdmin) AdminSnapshot() AdminSnapshot { return AdminSnapshot{} }
 
 // newRunsManager is a runs manager over an in-memory store.
 func newRunsManager(t *testing.T) *runs.Manager {
@@ -99,7 +99,7 @@ func TestWrongOrMissingKeys(t *testing.T) {
 	f := newKeys(t, auth.Key{})
 	cfg := Config{Keys: f.keys, AdminKeys: f.admin, Runs: newRunsManager(t)}
 	env := &testEnv{t: t, gw: &fakeGateway{models: []string{"m"}, dispatch: okRun}}
-	env = newEnvWithGateway(t, cfg, adminStub{env.gw}, env.gw)
+	env = newEnvWithGateway(t, cfg, emptyAdmin{env.gw}, env.gw)
 	const wrong = "iop-wrong-key-0123456789-do-not-echo"
 	routes := []struct {
 		method, path, body string
@@ -242,7 +242,7 @@ func TestOpenAPINeedsNoKey(t *testing.T) {
 	}
 	// Admin keys alone guard the admin API but leave the model API open.
 	f := newKeys(t, auth.Key{})
-	env2 := newEnvWithGateway(t, Config{AdminKeys: f.admin}, adminStub{&fakeGateway{dispatch: okRun}}, &fakeGateway{dispatch: okRun})
+	env2 := newEnvWithGateway(t, Config{AdminKeys: f.admin}, emptyAdmin{&fakeGateway{dispatch: okRun}}, &fakeGateway{dispatch: okRun})
 	if resp := env2.get(t, "/v1/models"); resp.status != 200 {
 		t.Errorf("model API with only admin keys: %d", resp.status)
 	}
@@ -517,7 +517,7 @@ func TestUsageRoute(t *testing.T) {
 	led.Flush()
 	f := newKeys(t, auth.Key{})
 	gw := &fakeGateway{models: []string{"m"}}
-	env := newEnvWithGateway(t, Config{Keys: f.keys, AdminKeys: f.admin, Ledger: led}, adminStub{gw}, gw)
+	env := newEnvWithGateway(t, Config{Keys: f.keys, AdminKeys: f.admin, Ledger: led}, emptyAdmin{gw}, gw)
 	get := func(q string) rawResponse { return env.send(t, "GET", "/admin/v1/usage"+q, "", bearer(f.adminKey)) }
 	resp := get("?group_by=key")
 	want := `{"object":"list","group_by":"key","data":[{"group":"alice","requests":1,"completed":1,"prompt_tokens":1,"completion_tokens":2,"total_tokens":3,"duration_ms":1000},{"group":"bob","requests":1,"completed":0,"prompt_tokens":10,"completion_tokens":0,"total_tokens":10,"duration_ms":0}]}`

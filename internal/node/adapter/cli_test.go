@@ -159,13 +159,15 @@ func processGone(pid int) bool {
 func waitGone(t *testing.T, pids ...int) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
 	for _, pid := range pids {
 		for !processGone(pid) {
 			if time.Now().After(deadline) {
 				state, ppid, _ := procStat(pid)
 				t.Fatalf("process %d still there (state %s, parent %d)", pid, state, ppid)
 			}
-			time.Sleep(5 * time.Millisecond)
+			<-tick.C
 		}
 	}
 }
