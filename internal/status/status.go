@@ -12,6 +12,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"iop/internal/edge/adminwire"
 )
 
 // View is the edge's state as its admin API reports it; its JSON form is
@@ -22,43 +24,12 @@ type View struct {
 	Queues    []Queue    `json:"queues"`
 }
 
-// Node is one entry of GET /admin/v1/nodes.
-type Node struct {
-	ID             string    `json:"id"`
-	Label          string    `json:"label"`
-	Generation     uint64    `json:"generation"`
-	ConnectedSince time.Time `json:"connected_since"`
-	LastHeartbeat  time.Time `json:"last_heartbeat"`
-	Version        string    `json:"version"`
-	Providers      []string  `json:"providers"`
-}
-
-// Provider is one entry of GET /admin/v1/providers.
-type Provider struct {
-	NodeID       string   `json:"node_id"`
-	ProviderID   string   `json:"provider_id"`
-	Type         string   `json:"type"`
-	Capacity     int      `json:"capacity"`
-	InFlight     int      `json:"in_flight"`
-	LongCapacity int      `json:"long_capacity"`
-	LongInFlight int      `json:"long_in_flight"`
-	Queued       int      `json:"queued"`
-	LoadRatio    float64  `json:"load_ratio"`
-	Health       string   `json:"health"`
-	Models       []string `json:"models"`
-	Capabilities []string `json:"capabilities"`
-	Status       string   `json:"status"`
-}
-
-// Queue is one entry of GET /admin/v1/queues.
-type Queue struct {
-	Model  string `json:"model"`
-	Policy struct {
-		MaxQueue       int   `json:"max_queue"`
-		QueueTimeoutMS int64 `json:"queue_timeout_ms"`
-	} `json:"policy"`
-	Queued int `json:"queued"`
-}
+// The admin API's entries (package adminwire).
+type (
+	Node     = adminwire.Node
+	Provider = adminwire.Provider
+	Queue    = adminwire.Queue
+)
 
 // BaseURL turns an --edge value into the HTTP API's base URL: a bare
 // host:port gets "http://"; a trailing slash goes.

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"iop/internal/wire/nodev1"
+
+	"iop/internal/edge/adminwire"
 )
 
 // Admin is what the admin routes need of the edge: one view of its nodes,
@@ -79,41 +81,11 @@ func adminRoutes(adm Admin) map[string]route {
 // The wire shapes of the admin routes. Times are RFC 3339 and slices are
 // never null.
 
-type adminNodeJSON struct {
-	ID             string    `json:"id"`
-	Label          string    `json:"label"`
-	Generation     uint64    `json:"generation"`
-	ConnectedSince time.Time `json:"connected_since"`
-	LastHeartbeat  time.Time `json:"last_heartbeat"`
-	Version        string    `json:"version"`
-	Providers      []string  `json:"providers"`
-}
-
-type adminProviderJSON struct {
-	NodeID       string   `json:"node_id"`
-	ProviderID   string   `json:"provider_id"`
-	Type         string   `json:"type"`
-	Capacity     int      `json:"capacity"`
-	InFlight     int      `json:"in_flight"`
-	LongCapacity int      `json:"long_capacity"`
-	LongInFlight int      `json:"long_in_flight"`
-	Queued       int      `json:"queued"`
-	LoadRatio    float64  `json:"load_ratio"` // the scheduler keeps capacity ≥ 1
-	Health       string   `json:"health"`     // "healthy" or "unhealthy"
-	Models       []string `json:"models"`
-	Capabilities []string `json:"capabilities"`
-	Status       string   `json:"status"`
-	Circuit      string   `json:"circuit"` // "closed", "open" (out of rotation) or "half_open"
-}
-
-type adminQueueJSON struct {
-	Model  string `json:"model"`
-	Policy struct {
-		MaxQueue       int   `json:"max_queue"`
-		QueueTimeoutMS int64 `json:"queue_timeout_ms"`
-	} `json:"policy"`
-	Queued int `json:"queued"`
-}
+type (
+	adminNodeJSON     = adminwire.Node
+	adminProviderJSON = adminwire.Provider
+	adminQueueJSON    = adminwire.Queue
+)
 
 func adminNodes(s AdminSnapshot) any {
 	out := make([]adminNodeJSON, 0, len(s.Nodes))

@@ -1,0 +1,48 @@
+// Package adminwire holds the JSON shapes of the edge's admin API
+// (GET /admin/v1/nodes, /providers, /queues), shared by the edge that
+// writes them (internal/edge/api) and the clients that read them
+// (iop status). Times are RFC 3339; slices are never null.
+package adminwire
+
+import "time"
+
+// Node is one entry of GET /admin/v1/nodes.
+type Node struct {
+	ID             string    `json:"id"`
+	Label          string    `json:"label"`
+	Generation     uint64    `json:"generation"`
+	ConnectedSince time.Time `json:"connected_since"`
+	LastHeartbeat  time.Time `json:"last_heartbeat"`
+	Version        string    `json:"version"`
+	Providers      []string  `json:"providers"`
+}
+
+// Provider is one entry of GET /admin/v1/providers: the scheduler's
+// counters for it and what its node said of it.
+type Provider struct {
+	NodeID       string   `json:"node_id"`
+	ProviderID   string   `json:"provider_id"`
+	Type         string   `json:"type"`
+	Capacity     int      `json:"capacity"`
+	InFlight     int      `json:"in_flight"`
+	LongCapacity int      `json:"long_capacity"`
+	LongInFlight int      `json:"long_in_flight"`
+	Queued       int      `json:"queued"`
+	LoadRatio    float64  `json:"load_ratio"` // in_flight / capacity; capacity ≥ 1
+	Health       string   `json:"health"`     // "healthy" or "unhealthy"
+	Models       []string `json:"models"`
+	Capabilities []string `json:"capabilities"`
+	Status       string   `json:"status"`  // "available" or "orphan"
+	Circuit      string   `json:"circuit"` // "closed", "open" (out of rotation) or "half_open"
+}
+
+// Queue is one entry of GET /admin/v1/queues: a model group's policy and
+// its queued requests.
+type Queue struct {
+	Model  string `json:"model"`
+	Policy struct {
+		MaxQueue       int   `json:"max_queue"`
+		QueueTimeoutMS int64 `json:"queue_timeout_ms"` // milliseconds
+	} `json:"policy"`
+	Queued int `json:"queued"`
+}
