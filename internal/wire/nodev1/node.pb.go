@@ -196,7 +196,7 @@ func (x RunEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RunEvent_Type.Descriptor instead.
 func (RunEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{16, 0}
+	return file_node_proto_rawDescGZIP(), []int{18, 0}
 }
 
 type NodeMessage struct {
@@ -207,6 +207,7 @@ type NodeMessage struct {
 	//	*NodeMessage_Heartbeat
 	//	*NodeMessage_ProviderUpdate
 	//	*NodeMessage_DispatchRefused
+	//	*NodeMessage_Drain
 	Msg           isNodeMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -285,6 +286,15 @@ func (x *NodeMessage) GetDispatchRefused() *DispatchRefused {
 	return nil
 }
 
+func (x *NodeMessage) GetDrain() *Drain {
+	if x != nil {
+		if x, ok := x.Msg.(*NodeMessage_Drain); ok {
+			return x.Drain
+		}
+	}
+	return nil
+}
+
 type isNodeMessage_Msg interface {
 	isNodeMessage_Msg()
 }
@@ -305,6 +315,10 @@ type NodeMessage_DispatchRefused struct {
 	DispatchRefused *DispatchRefused `protobuf:"bytes,4,opt,name=dispatch_refused,json=dispatchRefused,proto3,oneof"`
 }
 
+type NodeMessage_Drain struct {
+	Drain *Drain `protobuf:"bytes,5,opt,name=drain,proto3,oneof"`
+}
+
 func (*NodeMessage_Hello) isNodeMessage_Msg() {}
 
 func (*NodeMessage_Heartbeat) isNodeMessage_Msg() {}
@@ -312,6 +326,8 @@ func (*NodeMessage_Heartbeat) isNodeMessage_Msg() {}
 func (*NodeMessage_ProviderUpdate) isNodeMessage_Msg() {}
 
 func (*NodeMessage_DispatchRefused) isNodeMessage_Msg() {}
+
+func (*NodeMessage_Drain) isNodeMessage_Msg() {}
 
 type EdgeMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -540,8 +556,12 @@ type Provider struct {
 	Capabilities  []string               `protobuf:"bytes,6,rep,name=capabilities,proto3" json:"capabilities,omitempty"`                      // stream, cancel, tools, vision, embeddings, background
 	ExecutionPath ExecutionPath          `protobuf:"varint,7,opt,name=execution_path,json=executionPath,proto3,enum=iop.node.v1.ExecutionPath" json:"execution_path,omitempty"`
 	Healthy       bool                   `protobuf:"varint,8,opt,name=healthy,proto3" json:"healthy,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Capabilities of single served models, where the server says them per
+	// model (Ollama's /api/show "capabilities"). A model listed here has
+	// exactly these capabilities; a model not listed has `capabilities`.
+	ModelCapabilities []*ModelCapabilities `protobuf:"bytes,9,rep,name=model_capabilities,json=modelCapabilities,proto3" json:"model_capabilities,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Provider) Reset() {
@@ -630,6 +650,66 @@ func (x *Provider) GetHealthy() bool {
 	return false
 }
 
+func (x *Provider) GetModelCapabilities() []*ModelCapabilities {
+	if x != nil {
+		return x.ModelCapabilities
+	}
+	return nil
+}
+
+// ModelCapabilities are the capabilities of one served model of a provider.
+type ModelCapabilities struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Capabilities  []string               `protobuf:"bytes,2,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelCapabilities) Reset() {
+	*x = ModelCapabilities{}
+	mi := &file_node_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelCapabilities) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelCapabilities) ProtoMessage() {}
+
+func (x *ModelCapabilities) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelCapabilities.ProtoReflect.Descriptor instead.
+func (*ModelCapabilities) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ModelCapabilities) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *ModelCapabilities) GetCapabilities() []string {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
 // Welcome accepts a Hello. The generation is strictly increasing per node id.
 type Welcome struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -643,7 +723,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_node_proto_msgTypes[4]
+	mi := &file_node_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -655,7 +735,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[4]
+	mi := &file_node_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -668,7 +748,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{4}
+	return file_node_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Welcome) GetGeneration() uint64 {
@@ -695,7 +775,7 @@ type HelloRefused struct {
 
 func (x *HelloRefused) Reset() {
 	*x = HelloRefused{}
-	mi := &file_node_proto_msgTypes[5]
+	mi := &file_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -707,7 +787,7 @@ func (x *HelloRefused) String() string {
 func (*HelloRefused) ProtoMessage() {}
 
 func (x *HelloRefused) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[5]
+	mi := &file_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -720,7 +800,7 @@ func (x *HelloRefused) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloRefused.ProtoReflect.Descriptor instead.
 func (*HelloRefused) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{5}
+	return file_node_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *HelloRefused) GetReason() string {
@@ -739,7 +819,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_node_proto_msgTypes[6]
+	mi := &file_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -751,7 +831,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[6]
+	mi := &file_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -764,7 +844,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{6}
+	return file_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Heartbeat) GetUnixNano() int64 {
@@ -774,20 +854,29 @@ func (x *Heartbeat) GetUnixNano() int64 {
 	return 0
 }
 
-// ProviderUpdate changes the health or capacity of one provider.
+// ProviderUpdate changes the health, capacity or served models of one
+// provider. The node sends one whenever discovery (re-reading the model
+// server's model list and health on an interval) finds a change.
 type ProviderUpdate struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ProviderId    string                 `protobuf:"bytes,1,opt,name=provider_id,json=providerId,proto3" json:"provider_id,omitempty"`
-	Healthy       bool                   `protobuf:"varint,2,opt,name=healthy,proto3" json:"healthy,omitempty"`
-	Capacity      int32                  `protobuf:"varint,3,opt,name=capacity,proto3" json:"capacity,omitempty"`                             // 0 = unchanged
-	LongCapacity  int32                  `protobuf:"varint,4,opt,name=long_capacity,json=longCapacity,proto3" json:"long_capacity,omitempty"` // 0 = unchanged
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	ProviderId   string                 `protobuf:"bytes,1,opt,name=provider_id,json=providerId,proto3" json:"provider_id,omitempty"`
+	Healthy      bool                   `protobuf:"varint,2,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	Capacity     int32                  `protobuf:"varint,3,opt,name=capacity,proto3" json:"capacity,omitempty"`                             // 0 = unchanged
+	LongCapacity int32                  `protobuf:"varint,4,opt,name=long_capacity,json=longCapacity,proto3" json:"long_capacity,omitempty"` // 0 = unchanged
+	// When models_set is true, models and model_capabilities replace the
+	// provider's served models and their capabilities (a model pulled or
+	// removed since Hello); when false they are ignored and the served models
+	// are unchanged.
+	ModelsSet         bool                 `protobuf:"varint,5,opt,name=models_set,json=modelsSet,proto3" json:"models_set,omitempty"`
+	Models            []string             `protobuf:"bytes,6,rep,name=models,proto3" json:"models,omitempty"`
+	ModelCapabilities []*ModelCapabilities `protobuf:"bytes,7,rep,name=model_capabilities,json=modelCapabilities,proto3" json:"model_capabilities,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ProviderUpdate) Reset() {
 	*x = ProviderUpdate{}
-	mi := &file_node_proto_msgTypes[7]
+	mi := &file_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -799,7 +888,7 @@ func (x *ProviderUpdate) String() string {
 func (*ProviderUpdate) ProtoMessage() {}
 
 func (x *ProviderUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[7]
+	mi := &file_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -812,7 +901,7 @@ func (x *ProviderUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderUpdate.ProtoReflect.Descriptor instead.
 func (*ProviderUpdate) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{7}
+	return file_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ProviderUpdate) GetProviderId() string {
@@ -843,6 +932,75 @@ func (x *ProviderUpdate) GetLongCapacity() int32 {
 	return 0
 }
 
+func (x *ProviderUpdate) GetModelsSet() bool {
+	if x != nil {
+		return x.ModelsSet
+	}
+	return false
+}
+
+func (x *ProviderUpdate) GetModels() []string {
+	if x != nil {
+		return x.Models
+	}
+	return nil
+}
+
+func (x *ProviderUpdate) GetModelCapabilities() []*ModelCapabilities {
+	if x != nil {
+		return x.ModelCapabilities
+	}
+	return nil
+}
+
+// Drain tells the edge that the node takes no more dispatches (it is
+// shutting down): the edge takes the node's providers out of rotation and
+// sends new work elsewhere, while the runs in flight go on to their end.
+// The connection stays open until the node closes it.
+type Drain struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reason        string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Drain) Reset() {
+	*x = Drain{}
+	mi := &file_node_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Drain) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Drain) ProtoMessage() {}
+
+func (x *Drain) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Drain.ProtoReflect.Descriptor instead.
+func (*Drain) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Drain) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // Dispatch asks the node to run one request. The node answers by opening a
 // Run stream naming run_id (or with DispatchRefused).
 type Dispatch struct {
@@ -869,7 +1027,7 @@ type Dispatch struct {
 
 func (x *Dispatch) Reset() {
 	*x = Dispatch{}
-	mi := &file_node_proto_msgTypes[8]
+	mi := &file_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -881,7 +1039,7 @@ func (x *Dispatch) String() string {
 func (*Dispatch) ProtoMessage() {}
 
 func (x *Dispatch) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[8]
+	mi := &file_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -894,7 +1052,7 @@ func (x *Dispatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Dispatch.ProtoReflect.Descriptor instead.
 func (*Dispatch) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{8}
+	return file_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Dispatch) GetRunId() string {
@@ -970,7 +1128,7 @@ type DispatchRefused struct {
 
 func (x *DispatchRefused) Reset() {
 	*x = DispatchRefused{}
-	mi := &file_node_proto_msgTypes[9]
+	mi := &file_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -982,7 +1140,7 @@ func (x *DispatchRefused) String() string {
 func (*DispatchRefused) ProtoMessage() {}
 
 func (x *DispatchRefused) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[9]
+	mi := &file_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -995,7 +1153,7 @@ func (x *DispatchRefused) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DispatchRefused.ProtoReflect.Descriptor instead.
 func (*DispatchRefused) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{9}
+	return file_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DispatchRefused) GetRunId() string {
@@ -1023,7 +1181,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_node_proto_msgTypes[10]
+	mi := &file_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1035,7 +1193,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[10]
+	mi := &file_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1048,7 +1206,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{10}
+	return file_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Cancel) GetRunId() string {
@@ -1082,7 +1240,7 @@ type RunUp struct {
 
 func (x *RunUp) Reset() {
 	*x = RunUp{}
-	mi := &file_node_proto_msgTypes[11]
+	mi := &file_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1252,7 @@ func (x *RunUp) String() string {
 func (*RunUp) ProtoMessage() {}
 
 func (x *RunUp) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[11]
+	mi := &file_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1265,7 @@ func (x *RunUp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunUp.ProtoReflect.Descriptor instead.
 func (*RunUp) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{11}
+	return file_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RunUp) GetMsg() isRunUp_Msg {
@@ -1224,7 +1382,7 @@ type RunDown struct {
 
 func (x *RunDown) Reset() {
 	*x = RunDown{}
-	mi := &file_node_proto_msgTypes[12]
+	mi := &file_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1236,7 +1394,7 @@ func (x *RunDown) String() string {
 func (*RunDown) ProtoMessage() {}
 
 func (x *RunDown) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[12]
+	mi := &file_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1249,7 +1407,7 @@ func (x *RunDown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunDown.ProtoReflect.Descriptor instead.
 func (*RunDown) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{12}
+	return file_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RunDown) GetMsg() isRunDown_Msg {
@@ -1305,7 +1463,7 @@ type RunOpen struct {
 
 func (x *RunOpen) Reset() {
 	*x = RunOpen{}
-	mi := &file_node_proto_msgTypes[13]
+	mi := &file_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1475,7 @@ func (x *RunOpen) String() string {
 func (*RunOpen) ProtoMessage() {}
 
 func (x *RunOpen) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[13]
+	mi := &file_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1488,7 @@ func (x *RunOpen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunOpen.ProtoReflect.Descriptor instead.
 func (*RunOpen) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{13}
+	return file_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RunOpen) GetRunId() string {
@@ -1365,7 +1523,7 @@ type Body struct {
 
 func (x *Body) Reset() {
 	*x = Body{}
-	mi := &file_node_proto_msgTypes[14]
+	mi := &file_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +1535,7 @@ func (x *Body) String() string {
 func (*Body) ProtoMessage() {}
 
 func (x *Body) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[14]
+	mi := &file_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +1548,7 @@ func (x *Body) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Body.ProtoReflect.Descriptor instead.
 func (*Body) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{14}
+	return file_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Body) GetData() []byte {
@@ -1417,7 +1575,7 @@ type RunEvents struct {
 
 func (x *RunEvents) Reset() {
 	*x = RunEvents{}
-	mi := &file_node_proto_msgTypes[15]
+	mi := &file_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1429,7 +1587,7 @@ func (x *RunEvents) String() string {
 func (*RunEvents) ProtoMessage() {}
 
 func (x *RunEvents) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[15]
+	mi := &file_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1442,7 +1600,7 @@ func (x *RunEvents) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvents.ProtoReflect.Descriptor instead.
 func (*RunEvents) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{15}
+	return file_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RunEvents) GetEvents() []*RunEvent {
@@ -1474,7 +1632,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_node_proto_msgTypes[16]
+	mi := &file_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1486,7 +1644,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[16]
+	mi := &file_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1499,7 +1657,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{16}
+	return file_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RunEvent) GetType() RunEvent_Type {
@@ -1578,7 +1736,7 @@ type ToolCallDelta struct {
 
 func (x *ToolCallDelta) Reset() {
 	*x = ToolCallDelta{}
-	mi := &file_node_proto_msgTypes[17]
+	mi := &file_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1590,7 +1748,7 @@ func (x *ToolCallDelta) String() string {
 func (*ToolCallDelta) ProtoMessage() {}
 
 func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[17]
+	mi := &file_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1603,7 +1761,7 @@ func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallDelta.ProtoReflect.Descriptor instead.
 func (*ToolCallDelta) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{17}
+	return file_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ToolCallDelta) GetIndex() int32 {
@@ -1643,7 +1801,7 @@ type Embedding struct {
 
 func (x *Embedding) Reset() {
 	*x = Embedding{}
-	mi := &file_node_proto_msgTypes[18]
+	mi := &file_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1655,7 +1813,7 @@ func (x *Embedding) String() string {
 func (*Embedding) ProtoMessage() {}
 
 func (x *Embedding) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[18]
+	mi := &file_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1668,7 +1826,7 @@ func (x *Embedding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Embedding.ProtoReflect.Descriptor instead.
 func (*Embedding) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{18}
+	return file_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Embedding) GetValues() []float32 {
@@ -1689,7 +1847,7 @@ type TunnelHead struct {
 
 func (x *TunnelHead) Reset() {
 	*x = TunnelHead{}
-	mi := &file_node_proto_msgTypes[19]
+	mi := &file_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1701,7 +1859,7 @@ func (x *TunnelHead) String() string {
 func (*TunnelHead) ProtoMessage() {}
 
 func (x *TunnelHead) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[19]
+	mi := &file_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1714,7 +1872,7 @@ func (x *TunnelHead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelHead.ProtoReflect.Descriptor instead.
 func (*TunnelHead) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{19}
+	return file_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TunnelHead) GetStatus() int32 {
@@ -1741,7 +1899,7 @@ type TunnelData struct {
 
 func (x *TunnelData) Reset() {
 	*x = TunnelData{}
-	mi := &file_node_proto_msgTypes[20]
+	mi := &file_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1753,7 +1911,7 @@ func (x *TunnelData) String() string {
 func (*TunnelData) ProtoMessage() {}
 
 func (x *TunnelData) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[20]
+	mi := &file_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1766,7 +1924,7 @@ func (x *TunnelData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelData.ProtoReflect.Descriptor instead.
 func (*TunnelData) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{20}
+	return file_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TunnelData) GetData() []byte {
@@ -1790,7 +1948,7 @@ type TunnelEnd struct {
 
 func (x *TunnelEnd) Reset() {
 	*x = TunnelEnd{}
-	mi := &file_node_proto_msgTypes[21]
+	mi := &file_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1802,7 +1960,7 @@ func (x *TunnelEnd) String() string {
 func (*TunnelEnd) ProtoMessage() {}
 
 func (x *TunnelEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[21]
+	mi := &file_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1815,7 +1973,7 @@ func (x *TunnelEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelEnd.ProtoReflect.Descriptor instead.
 func (*TunnelEnd) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{21}
+	return file_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TunnelEnd) GetProviderError() string {
@@ -1836,7 +1994,7 @@ type TunnelError struct {
 
 func (x *TunnelError) Reset() {
 	*x = TunnelError{}
-	mi := &file_node_proto_msgTypes[22]
+	mi := &file_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1848,7 +2006,7 @@ func (x *TunnelError) String() string {
 func (*TunnelError) ProtoMessage() {}
 
 func (x *TunnelError) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[22]
+	mi := &file_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1861,7 +2019,7 @@ func (x *TunnelError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelError.ProtoReflect.Descriptor instead.
 func (*TunnelError) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{22}
+	return file_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *TunnelError) GetMessage() string {
@@ -1883,12 +2041,13 @@ var File_node_proto protoreflect.FileDescriptor
 const file_node_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"node.proto\x12\viop.node.v1\"\x8b\x02\n" +
+	"node.proto\x12\viop.node.v1\"\xb7\x02\n" +
 	"\vNodeMessage\x12*\n" +
 	"\x05hello\x18\x01 \x01(\v2\x12.iop.node.v1.HelloH\x00R\x05hello\x126\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x16.iop.node.v1.HeartbeatH\x00R\theartbeat\x12F\n" +
 	"\x0fprovider_update\x18\x03 \x01(\v2\x1b.iop.node.v1.ProviderUpdateH\x00R\x0eproviderUpdate\x12I\n" +
-	"\x10dispatch_refused\x18\x04 \x01(\v2\x1c.iop.node.v1.DispatchRefusedH\x00R\x0fdispatchRefusedB\x05\n" +
+	"\x10dispatch_refused\x18\x04 \x01(\v2\x1c.iop.node.v1.DispatchRefusedH\x00R\x0fdispatchRefused\x12*\n" +
+	"\x05drain\x18\x05 \x01(\v2\x12.iop.node.v1.DrainH\x00R\x05drainB\x05\n" +
 	"\x03msg\"\xa4\x02\n" +
 	"\vEdgeMessage\x120\n" +
 	"\awelcome\x18\x01 \x01(\v2\x14.iop.node.v1.WelcomeH\x00R\awelcome\x126\n" +
@@ -1903,7 +2062,7 @@ const file_node_proto_rawDesc = "" +
 	"\x05token\x18\x03 \x01(\tR\x05token\x123\n" +
 	"\tproviders\x18\x04 \x03(\v2\x15.iop.node.v1.ProviderR\tproviders\x12/\n" +
 	"\x13runtime_concurrency\x18\x05 \x01(\x05R\x12runtimeConcurrency\x12\x18\n" +
-	"\aversion\x18\x06 \x01(\tR\aversion\"\x88\x02\n" +
+	"\aversion\x18\x06 \x01(\tR\aversion\"\xd7\x02\n" +
 	"\bProvider\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x16\n" +
@@ -1912,7 +2071,11 @@ const file_node_proto_rawDesc = "" +
 	"\rlong_capacity\x18\x05 \x01(\x05R\flongCapacity\x12\"\n" +
 	"\fcapabilities\x18\x06 \x03(\tR\fcapabilities\x12A\n" +
 	"\x0eexecution_path\x18\a \x01(\x0e2\x1a.iop.node.v1.ExecutionPathR\rexecutionPath\x12\x18\n" +
-	"\ahealthy\x18\b \x01(\bR\ahealthy\"]\n" +
+	"\ahealthy\x18\b \x01(\bR\ahealthy\x12M\n" +
+	"\x12model_capabilities\x18\t \x03(\v2\x1e.iop.node.v1.ModelCapabilitiesR\x11modelCapabilities\"M\n" +
+	"\x11ModelCapabilities\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\"\n" +
+	"\fcapabilities\x18\x02 \x03(\tR\fcapabilities\"]\n" +
 	"\aWelcome\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
@@ -1921,13 +2084,19 @@ const file_node_proto_rawDesc = "" +
 	"\fHelloRefused\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"(\n" +
 	"\tHeartbeat\x12\x1b\n" +
-	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano\"\x8c\x01\n" +
+	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano\"\x92\x02\n" +
 	"\x0eProviderUpdate\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
 	"providerId\x12\x18\n" +
 	"\ahealthy\x18\x02 \x01(\bR\ahealthy\x12\x1a\n" +
 	"\bcapacity\x18\x03 \x01(\x05R\bcapacity\x12#\n" +
-	"\rlong_capacity\x18\x04 \x01(\x05R\flongCapacity\"\xa5\x03\n" +
+	"\rlong_capacity\x18\x04 \x01(\x05R\flongCapacity\x12\x1d\n" +
+	"\n" +
+	"models_set\x18\x05 \x01(\bR\tmodelsSet\x12\x16\n" +
+	"\x06models\x18\x06 \x03(\tR\x06models\x12M\n" +
+	"\x12model_capabilities\x18\a \x03(\v2\x1e.iop.node.v1.ModelCapabilitiesR\x11modelCapabilities\"\x1f\n" +
+	"\x05Drain\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xa5\x03\n" +
 	"\bDispatch\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1f\n" +
 	"\vprovider_id\x18\x02 \x01(\tR\n" +
@@ -2047,74 +2216,79 @@ func file_node_proto_rawDescGZIP() []byte {
 }
 
 var file_node_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_node_proto_goTypes = []any{
-	(ExecutionPath)(0),      // 0: iop.node.v1.ExecutionPath
-	(Operation)(0),          // 1: iop.node.v1.Operation
-	(RunEvent_Type)(0),      // 2: iop.node.v1.RunEvent.Type
-	(*NodeMessage)(nil),     // 3: iop.node.v1.NodeMessage
-	(*EdgeMessage)(nil),     // 4: iop.node.v1.EdgeMessage
-	(*Hello)(nil),           // 5: iop.node.v1.Hello
-	(*Provider)(nil),        // 6: iop.node.v1.Provider
-	(*Welcome)(nil),         // 7: iop.node.v1.Welcome
-	(*HelloRefused)(nil),    // 8: iop.node.v1.HelloRefused
-	(*Heartbeat)(nil),       // 9: iop.node.v1.Heartbeat
-	(*ProviderUpdate)(nil),  // 10: iop.node.v1.ProviderUpdate
-	(*Dispatch)(nil),        // 11: iop.node.v1.Dispatch
-	(*DispatchRefused)(nil), // 12: iop.node.v1.DispatchRefused
-	(*Cancel)(nil),          // 13: iop.node.v1.Cancel
-	(*RunUp)(nil),           // 14: iop.node.v1.RunUp
-	(*RunDown)(nil),         // 15: iop.node.v1.RunDown
-	(*RunOpen)(nil),         // 16: iop.node.v1.RunOpen
-	(*Body)(nil),            // 17: iop.node.v1.Body
-	(*RunEvents)(nil),       // 18: iop.node.v1.RunEvents
-	(*RunEvent)(nil),        // 19: iop.node.v1.RunEvent
-	(*ToolCallDelta)(nil),   // 20: iop.node.v1.ToolCallDelta
-	(*Embedding)(nil),       // 21: iop.node.v1.Embedding
-	(*TunnelHead)(nil),      // 22: iop.node.v1.TunnelHead
-	(*TunnelData)(nil),      // 23: iop.node.v1.TunnelData
-	(*TunnelEnd)(nil),       // 24: iop.node.v1.TunnelEnd
-	(*TunnelError)(nil),     // 25: iop.node.v1.TunnelError
-	nil,                     // 26: iop.node.v1.Dispatch.HeadersEntry
-	nil,                     // 27: iop.node.v1.TunnelHead.HeadersEntry
+	(ExecutionPath)(0),        // 0: iop.node.v1.ExecutionPath
+	(Operation)(0),            // 1: iop.node.v1.Operation
+	(RunEvent_Type)(0),        // 2: iop.node.v1.RunEvent.Type
+	(*NodeMessage)(nil),       // 3: iop.node.v1.NodeMessage
+	(*EdgeMessage)(nil),       // 4: iop.node.v1.EdgeMessage
+	(*Hello)(nil),             // 5: iop.node.v1.Hello
+	(*Provider)(nil),          // 6: iop.node.v1.Provider
+	(*ModelCapabilities)(nil), // 7: iop.node.v1.ModelCapabilities
+	(*Welcome)(nil),           // 8: iop.node.v1.Welcome
+	(*HelloRefused)(nil),      // 9: iop.node.v1.HelloRefused
+	(*Heartbeat)(nil),         // 10: iop.node.v1.Heartbeat
+	(*ProviderUpdate)(nil),    // 11: iop.node.v1.ProviderUpdate
+	(*Drain)(nil),             // 12: iop.node.v1.Drain
+	(*Dispatch)(nil),          // 13: iop.node.v1.Dispatch
+	(*DispatchRefused)(nil),   // 14: iop.node.v1.DispatchRefused
+	(*Cancel)(nil),            // 15: iop.node.v1.Cancel
+	(*RunUp)(nil),             // 16: iop.node.v1.RunUp
+	(*RunDown)(nil),           // 17: iop.node.v1.RunDown
+	(*RunOpen)(nil),           // 18: iop.node.v1.RunOpen
+	(*Body)(nil),              // 19: iop.node.v1.Body
+	(*RunEvents)(nil),         // 20: iop.node.v1.RunEvents
+	(*RunEvent)(nil),          // 21: iop.node.v1.RunEvent
+	(*ToolCallDelta)(nil),     // 22: iop.node.v1.ToolCallDelta
+	(*Embedding)(nil),         // 23: iop.node.v1.Embedding
+	(*TunnelHead)(nil),        // 24: iop.node.v1.TunnelHead
+	(*TunnelData)(nil),        // 25: iop.node.v1.TunnelData
+	(*TunnelEnd)(nil),         // 26: iop.node.v1.TunnelEnd
+	(*TunnelError)(nil),       // 27: iop.node.v1.TunnelError
+	nil,                       // 28: iop.node.v1.Dispatch.HeadersEntry
+	nil,                       // 29: iop.node.v1.TunnelHead.HeadersEntry
 }
 var file_node_proto_depIdxs = []int32{
 	5,  // 0: iop.node.v1.NodeMessage.hello:type_name -> iop.node.v1.Hello
-	9,  // 1: iop.node.v1.NodeMessage.heartbeat:type_name -> iop.node.v1.Heartbeat
-	10, // 2: iop.node.v1.NodeMessage.provider_update:type_name -> iop.node.v1.ProviderUpdate
-	12, // 3: iop.node.v1.NodeMessage.dispatch_refused:type_name -> iop.node.v1.DispatchRefused
-	7,  // 4: iop.node.v1.EdgeMessage.welcome:type_name -> iop.node.v1.Welcome
-	9,  // 5: iop.node.v1.EdgeMessage.heartbeat:type_name -> iop.node.v1.Heartbeat
-	11, // 6: iop.node.v1.EdgeMessage.dispatch:type_name -> iop.node.v1.Dispatch
-	13, // 7: iop.node.v1.EdgeMessage.cancel:type_name -> iop.node.v1.Cancel
-	8,  // 8: iop.node.v1.EdgeMessage.hello_refused:type_name -> iop.node.v1.HelloRefused
-	6,  // 9: iop.node.v1.Hello.providers:type_name -> iop.node.v1.Provider
-	0,  // 10: iop.node.v1.Provider.execution_path:type_name -> iop.node.v1.ExecutionPath
-	0,  // 11: iop.node.v1.Dispatch.execution_path:type_name -> iop.node.v1.ExecutionPath
-	1,  // 12: iop.node.v1.Dispatch.operation:type_name -> iop.node.v1.Operation
-	26, // 13: iop.node.v1.Dispatch.headers:type_name -> iop.node.v1.Dispatch.HeadersEntry
-	16, // 14: iop.node.v1.RunUp.open:type_name -> iop.node.v1.RunOpen
-	18, // 15: iop.node.v1.RunUp.events:type_name -> iop.node.v1.RunEvents
-	22, // 16: iop.node.v1.RunUp.tunnel_head:type_name -> iop.node.v1.TunnelHead
-	23, // 17: iop.node.v1.RunUp.tunnel_data:type_name -> iop.node.v1.TunnelData
-	24, // 18: iop.node.v1.RunUp.tunnel_end:type_name -> iop.node.v1.TunnelEnd
-	25, // 19: iop.node.v1.RunUp.tunnel_error:type_name -> iop.node.v1.TunnelError
-	17, // 20: iop.node.v1.RunDown.body:type_name -> iop.node.v1.Body
-	13, // 21: iop.node.v1.RunDown.cancel:type_name -> iop.node.v1.Cancel
-	19, // 22: iop.node.v1.RunEvents.events:type_name -> iop.node.v1.RunEvent
-	2,  // 23: iop.node.v1.RunEvent.type:type_name -> iop.node.v1.RunEvent.Type
-	21, // 24: iop.node.v1.RunEvent.embeddings:type_name -> iop.node.v1.Embedding
-	20, // 25: iop.node.v1.RunEvent.tool_calls:type_name -> iop.node.v1.ToolCallDelta
-	27, // 26: iop.node.v1.TunnelHead.headers:type_name -> iop.node.v1.TunnelHead.HeadersEntry
-	3,  // 27: iop.node.v1.NodeGateway.Connect:input_type -> iop.node.v1.NodeMessage
-	14, // 28: iop.node.v1.NodeGateway.Run:input_type -> iop.node.v1.RunUp
-	4,  // 29: iop.node.v1.NodeGateway.Connect:output_type -> iop.node.v1.EdgeMessage
-	15, // 30: iop.node.v1.NodeGateway.Run:output_type -> iop.node.v1.RunDown
-	29, // [29:31] is the sub-list for method output_type
-	27, // [27:29] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	10, // 1: iop.node.v1.NodeMessage.heartbeat:type_name -> iop.node.v1.Heartbeat
+	11, // 2: iop.node.v1.NodeMessage.provider_update:type_name -> iop.node.v1.ProviderUpdate
+	14, // 3: iop.node.v1.NodeMessage.dispatch_refused:type_name -> iop.node.v1.DispatchRefused
+	12, // 4: iop.node.v1.NodeMessage.drain:type_name -> iop.node.v1.Drain
+	8,  // 5: iop.node.v1.EdgeMessage.welcome:type_name -> iop.node.v1.Welcome
+	10, // 6: iop.node.v1.EdgeMessage.heartbeat:type_name -> iop.node.v1.Heartbeat
+	13, // 7: iop.node.v1.EdgeMessage.dispatch:type_name -> iop.node.v1.Dispatch
+	15, // 8: iop.node.v1.EdgeMessage.cancel:type_name -> iop.node.v1.Cancel
+	9,  // 9: iop.node.v1.EdgeMessage.hello_refused:type_name -> iop.node.v1.HelloRefused
+	6,  // 10: iop.node.v1.Hello.providers:type_name -> iop.node.v1.Provider
+	0,  // 11: iop.node.v1.Provider.execution_path:type_name -> iop.node.v1.ExecutionPath
+	7,  // 12: iop.node.v1.Provider.model_capabilities:type_name -> iop.node.v1.ModelCapabilities
+	7,  // 13: iop.node.v1.ProviderUpdate.model_capabilities:type_name -> iop.node.v1.ModelCapabilities
+	0,  // 14: iop.node.v1.Dispatch.execution_path:type_name -> iop.node.v1.ExecutionPath
+	1,  // 15: iop.node.v1.Dispatch.operation:type_name -> iop.node.v1.Operation
+	28, // 16: iop.node.v1.Dispatch.headers:type_name -> iop.node.v1.Dispatch.HeadersEntry
+	18, // 17: iop.node.v1.RunUp.open:type_name -> iop.node.v1.RunOpen
+	20, // 18: iop.node.v1.RunUp.events:type_name -> iop.node.v1.RunEvents
+	24, // 19: iop.node.v1.RunUp.tunnel_head:type_name -> iop.node.v1.TunnelHead
+	25, // 20: iop.node.v1.RunUp.tunnel_data:type_name -> iop.node.v1.TunnelData
+	26, // 21: iop.node.v1.RunUp.tunnel_end:type_name -> iop.node.v1.TunnelEnd
+	27, // 22: iop.node.v1.RunUp.tunnel_error:type_name -> iop.node.v1.TunnelError
+	19, // 23: iop.node.v1.RunDown.body:type_name -> iop.node.v1.Body
+	15, // 24: iop.node.v1.RunDown.cancel:type_name -> iop.node.v1.Cancel
+	21, // 25: iop.node.v1.RunEvents.events:type_name -> iop.node.v1.RunEvent
+	2,  // 26: iop.node.v1.RunEvent.type:type_name -> iop.node.v1.RunEvent.Type
+	23, // 27: iop.node.v1.RunEvent.embeddings:type_name -> iop.node.v1.Embedding
+	22, // 28: iop.node.v1.RunEvent.tool_calls:type_name -> iop.node.v1.ToolCallDelta
+	29, // 29: iop.node.v1.TunnelHead.headers:type_name -> iop.node.v1.TunnelHead.HeadersEntry
+	3,  // 30: iop.node.v1.NodeGateway.Connect:input_type -> iop.node.v1.NodeMessage
+	16, // 31: iop.node.v1.NodeGateway.Run:input_type -> iop.node.v1.RunUp
+	4,  // 32: iop.node.v1.NodeGateway.Connect:output_type -> iop.node.v1.EdgeMessage
+	17, // 33: iop.node.v1.NodeGateway.Run:output_type -> iop.node.v1.RunDown
+	32, // [32:34] is the sub-list for method output_type
+	30, // [30:32] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_node_proto_init() }
@@ -2127,6 +2301,7 @@ func file_node_proto_init() {
 		(*NodeMessage_Heartbeat)(nil),
 		(*NodeMessage_ProviderUpdate)(nil),
 		(*NodeMessage_DispatchRefused)(nil),
+		(*NodeMessage_Drain)(nil),
 	}
 	file_node_proto_msgTypes[1].OneofWrappers = []any{
 		(*EdgeMessage_Welcome)(nil),
@@ -2135,7 +2310,7 @@ func file_node_proto_init() {
 		(*EdgeMessage_Cancel)(nil),
 		(*EdgeMessage_HelloRefused)(nil),
 	}
-	file_node_proto_msgTypes[11].OneofWrappers = []any{
+	file_node_proto_msgTypes[13].OneofWrappers = []any{
 		(*RunUp_Open)(nil),
 		(*RunUp_Events)(nil),
 		(*RunUp_TunnelHead)(nil),
@@ -2143,7 +2318,7 @@ func file_node_proto_init() {
 		(*RunUp_TunnelEnd)(nil),
 		(*RunUp_TunnelError)(nil),
 	}
-	file_node_proto_msgTypes[12].OneofWrappers = []any{
+	file_node_proto_msgTypes[14].OneofWrappers = []any{
 		(*RunDown_Body)(nil),
 		(*RunDown_Cancel)(nil),
 	}
@@ -2153,7 +2328,7 @@ func file_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_proto_rawDesc), len(file_node_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

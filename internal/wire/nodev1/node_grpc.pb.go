@@ -43,7 +43,8 @@ type NodeGatewayClient interface {
 	Connect(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[NodeMessage, EdgeMessage], error)
 	// One per run, opened by the node when it accepts a dispatch. Its first
 	// message is RunOpen naming the run and the generation; request body chunks
-	// flow down, events or tunnel frames flow up.
+	// flow down (unless the Dispatch carried the body inline), events or
+	// tunnel frames flow up.
 	Run(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[RunUp, RunDown], error)
 }
 
@@ -90,7 +91,8 @@ type NodeGatewayServer interface {
 	Connect(grpc.BidiStreamingServer[NodeMessage, EdgeMessage]) error
 	// One per run, opened by the node when it accepts a dispatch. Its first
 	// message is RunOpen naming the run and the generation; request body chunks
-	// flow down, events or tunnel frames flow up.
+	// flow down (unless the Dispatch carried the body inline), events or
+	// tunnel frames flow up.
 	Run(grpc.BidiStreamingServer[RunUp, RunDown]) error
 	mustEmbedUnimplementedNodeGatewayServer()
 }
