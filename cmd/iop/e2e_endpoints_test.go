@@ -28,6 +28,7 @@ import (
 	"iop/internal/edge"
 	"iop/internal/node"
 	"iop/internal/sim"
+	"iop/internal/sse"
 )
 
 // Model names of the endpoint tests: one served name per execution path,
@@ -618,15 +619,12 @@ func TestEndToEndStreamFraming(t *testing.T) {
 				CompletionTokens int `json:"completion_tokens"`
 			} `json:"usage"`
 		}
-		for _, line := range strings.Split(string(got), "\n") {
-			payload, ok := strings.CutPrefix(line, "data: ")
-			if ok && payload != "[DONE]" {
-				_ = json.Unmarshal([]byte(payload), &u)
-				if u.Usage != nil {
-					break
-				}
+		_ = sse.ReadAll(bytes.NewReader(got), func(e sse.Event) error {
+			if string(e.Data) != "[DONE]" && u.Usage == nil {
+				_ = json.Unmarshal(e.Data, &u)
 			}
-		}
+			return nil
+		})
 		if u.Usage == nil || u.Usage.PromptTokens != last.PromptEvalCount || u.Usage.CompletionTokens != last.EvalCount || last.EvalCount == 0 {
 			t.Fatalf("edge usage %+v, provider's prompt_eval_count %d eval_count %d", u.Usage, last.PromptEvalCount, last.EvalCount)
 		}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"strings"
 	"testing"
 
 	"github.com/openai/openai-go/v3"
@@ -14,6 +13,7 @@ import (
 	"iop/internal/edge/lifecycle"
 	"iop/internal/node"
 	"iop/internal/sim"
+	"iop/internal/sse"
 )
 
 // TestEventsStreamThroughARealEdge subscribes to /admin/v1/events, then
@@ -31,21 +31,20 @@ func TestEventsStreamThroughARealEdge(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Scan() // "retry: 1000": subscribed
+	br := bufio.NewReader(resp.Body)
+	br.ReadString('\n') // "retry: 1000": subscribed
+	sc := sse.NewScanner(br)
 	next := func() lifecycle.Event {
 		t.Helper()
-		for sc.Scan() {
-			if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
-				var ev lifecycle.Event
-				if err := json.Unmarshal([]byte(data), &ev); err != nil {
-					t.Fatal(err)
-				}
-				return ev
-			}
+		e, err := sc.Next()
+		if err != nil {
+			t.Fatalf("stream ended: %v", err)
 		}
-		t.Fatalf("stream ended: %v", sc.Err())
-		return lifecycle.Event{}
+		var ev lifecycle.Event
+		if err := json.Unmarshal(e.Data, &ev); err != nil {
+			t.Fatal(err)
+		}
+		return ev
 	}
 
 	nodeCtx, stopNode := context.WithCancel(ctx)

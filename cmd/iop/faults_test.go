@@ -30,6 +30,7 @@ import (
 	"iop/internal/edge"
 	"iop/internal/node"
 	"iop/internal/sim"
+	"iop/internal/sse"
 )
 
 // startFaultEdge starts an edge for cfg on ephemeral loopback ports (or
@@ -103,13 +104,10 @@ func openAIError(t *testing.T, header http.Header, body []byte) (message, typ, c
 // sseData returns the data of each SSE event of body, in order.
 func sseData(body []byte) []string {
 	var out []string
-	sc := bufio.NewScanner(bytes.NewReader(body))
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
-			out = append(out, d)
-		}
-	}
+	_ = sse.ReadAll(bytes.NewReader(body), func(e sse.Event) error {
+		out = append(out, string(e.Data))
+		return nil
+	})
 	return out
 }
 

@@ -1,10 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -21,6 +21,7 @@ import (
 	"iop/internal/node"
 	"iop/internal/runs"
 	"iop/internal/sim"
+	"iop/internal/sse"
 )
 
 // runJSON is the part of a runs API record the tests read.
@@ -114,12 +115,16 @@ func runEvents(t *testing.T, base, id string) (content string, done bool, errCod
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
 		t.Fatalf("events: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok {
-			continue
+	sc := sse.NewScanner(resp.Body)
+	for {
+		e, err := sc.Next()
+		if errors.Is(err, io.EOF) {
+			break
 		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := string(e.Data)
 		if done {
 			t.Fatalf("event after [DONE]: %s", data)
 		}
@@ -142,9 +147,6 @@ func runEvents(t *testing.T, base, id string) (content string, done bool, errCod
 		for _, c := range ev.Choices {
 			content += c.Delta.Content
 		}
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
 	}
 	return content, done, errCode
 }

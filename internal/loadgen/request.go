@@ -12,9 +12,12 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"iop/internal/sse"
 )
 
-// maxLine bounds one SSE or NDJSON line of an answer, in bytes.
+// maxLine bounds one NDJSON line of an answer, in bytes (an SSE line is
+// bounded by package sse).
 const maxLine = 1 << 20
 
 // requester sends one request of a run and classifies its answer. Its
@@ -148,6 +151,11 @@ type openaiAnswer struct {
 		} `json:"message"`
 		Delta *struct {
 			Content string `json:"content"`
+			// Reasoning text, under its two names (vLLM and DeepSeek;
+			// Ollama's /v1 and OpenRouter). Strings only: another type
+			// makes the chunk malformed.
+			ReasoningContent string `json:"reasoning_content"`
+			Reasoning        string `json:"reasoning"`
 		} `json:"delta"`
 	} `json:"choices"`
 	Usage struct {
@@ -160,7 +168,8 @@ type openaiAnswer struct {
 // loadgen reads.
 type ollamaAnswer struct {
 	Message *struct {
-		Content string `json:"content"`
+		Content  string `json:"content"`
+		Thinking string `json:"thinking"`
 	} `json:"message"`
 	Done      bool            `json:"done"`
 	EvalCount int             `json:"eval_count"`
@@ -184,49 +193,54 @@ func (c *chunkClock) chunk() {
 	c.s.chunks++
 }
 
+// errStreamEnd stops reading an SSE stream once its outcome is known.
+var errStreamEnd = errors.New("stream outcome known")
+
 // readSSE reads an OpenAI chat completion stream: `data: <chunk>` events
-// until `data: [DONE]`. A chunk with non-empty choices[].delta.content is a
-// content chunk; a chunk with "error" ends the stream as OutcomeStreamError.
+// (package sse, the WHATWG rules) until `data: [DONE]`. A chunk with
+// non-empty choices[].delta.content or reasoning text is a content chunk
+// (a reasoning model's first token is its reasoning); a chunk with "error"
+// ends the stream as OutcomeStreamError.
 func readSSE(body io.Reader, start time.Time) sample {
 	c := chunkClock{start: start}
-	br := bufio.NewReaderSize(body, 16<<10)
-	for {
-		line, err := readLine(br)
-		if err != nil {
-			c.s.outcome, c.s.err = OutcomeTruncated, fmt.Errorf("stream ended before [DONE]: %w", err)
-			return c.s
-		}
-		data, ok := bytes.CutPrefix(line, []byte("data:"))
-		if !ok {
-			continue // blank separator, comment, event or id field
-		}
-		data = bytes.TrimSpace(data)
+	err := sse.ReadAll(body, func(e sse.Event) error {
+		data := bytes.TrimSpace(e.Data)
 		if string(data) == "[DONE]" {
 			c.s.outcome = OutcomeOK
-			return c.s
+			return errStreamEnd
 		}
 		var a openaiAnswer
 		if err := json.Unmarshal(data, &a); err != nil {
 			c.s.outcome, c.s.err = OutcomeBadBody, fmt.Errorf("chunk is not JSON: %.200s", data)
-			return c.s
+			return errStreamEnd
 		}
 		if len(a.Error) > 0 && string(a.Error) != "null" {
 			c.s.outcome, c.s.err = OutcomeStreamError, fmt.Errorf("%s", a.Error)
-			return c.s
+			return errStreamEnd
 		}
 		for _, ch := range a.Choices {
-			if ch.Delta != nil && ch.Delta.Content != "" {
+			if d := ch.Delta; d != nil && (d.Content != "" || d.ReasoningContent != "" || d.Reasoning != "") {
 				c.chunk()
 				break
 			}
 		}
 		c.s.completionTokens = max(c.s.completionTokens, a.Usage.CompletionTokens)
+		return nil
+	})
+	switch {
+	case errors.Is(err, errStreamEnd):
+	case err == nil:
+		c.s.outcome, c.s.err = OutcomeTruncated, fmt.Errorf("stream ended before [DONE]: %w", io.EOF)
+	default:
+		c.s.outcome, c.s.err = OutcomeTruncated, fmt.Errorf("stream ended before [DONE]: %w", err)
 	}
+	return c.s
 }
 
 // readNDJSON reads an Ollama chat stream: one JSON object per line until
-// one with done true. A line with non-empty message.content is a content
-// chunk; a line with "error" ends the stream as OutcomeStreamError.
+// one with done true. A line with non-empty message.content or
+// message.thinking is a content chunk; a line with "error" ends the stream
+// as OutcomeStreamError.
 func readNDJSON(body io.Reader, start time.Time) sample {
 	c := chunkClock{start: start}
 	br := bufio.NewReaderSize(body, 16<<10)
@@ -249,7 +263,7 @@ func readNDJSON(body io.Reader, start time.Time) sample {
 			c.s.outcome, c.s.err = OutcomeStreamError, fmt.Errorf("%s", a.Error)
 			return c.s
 		}
-		if a.Message != nil && a.Message.Content != "" {
+		if a.Message != nil && (a.Message.Content != "" || a.Message.Thinking != "") {
 			c.chunk()
 		}
 		if a.Done {

@@ -13,12 +13,12 @@
 // Ollama adapter sends its provider.
 //
 // Answers: OpenAIStream decodes an OpenAI SSE stream fed in chunks of any
-// size (SSEReader does the framing) and DecodeOpenAIAnswer a whole answer;
+// size (package sse does the framing) and DecodeOpenAIAnswer a whole answer;
 // OllamaResponse and its helpers build the Ollama objects the edge writes.
 //
 // # Concurrency
 //
-// Functions are pure and safe for concurrent use. An SSEReader or
-// OpenAIStream holds one stream's state and is used by one goroutine at a
-// time; the package starts no goroutines.
+// Functions are pure and safe for concurrent use. An OpenAIStream holds
+// one stream's state and is used by one goroutine at a time; the package
+// starts no goroutines.
 package translate

@@ -91,9 +91,10 @@ func FuzzFromOllamaGenerate(f *testing.F) {
 
 // streamResult is everything an OpenAIStream gave for one body.
 type streamResult struct {
-	Texts  string // the text deltas, joined
-	Answer Answer
-	Err    string
+	Texts     string // the text deltas, joined
+	Thinkings string // the reasoning deltas, joined
+	Answer    Answer
+	Err       string
 }
 
 // decodeStream feeds body to a new OpenAIStream in writes of the given
@@ -101,7 +102,7 @@ type streamResult struct {
 func decodeStream(body []byte, sizes []int) streamResult {
 	var s OpenAIStream
 	var res streamResult
-	onText := func(text string) error { res.Texts += text; return nil }
+	onDelta := func(d Delta) error { res.Texts += d.Text; res.Thinkings += d.Thinking; return nil }
 	fail := func(err error) streamResult {
 		res.Err = err.Error()
 		if pe, ok := errors.AsType[*ProviderError](err); ok {
@@ -114,12 +115,12 @@ func decodeStream(body []byte, sizes []int) streamResult {
 		if len(sizes) > 0 {
 			n = min(n, sizes[i%len(sizes)])
 		}
-		if err := s.Feed(body[:n], onText); err != nil {
+		if err := s.Feed(body[:n], onDelta); err != nil {
 			return fail(err)
 		}
 		body = body[n:]
 	}
-	a, err := s.End(onText)
+	a, err := s.End()
 	if err != nil {
 		return fail(err)
 	}
@@ -141,6 +142,8 @@ func FuzzOpenAIStream(f *testing.F) {
 		"data: {\"error\":{\"message\":\"boom\",\"type\":\"server_error\",\"code\":\"x\"}}\n\ndata: [DONE]\n\n",
 		"data: {\"choices\":[{\"index\":1,\"delta\":{\"content\":\"other choice\"}}]}\n\n: comment\n\ndata: not json\n\n",
 		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"cut\"}}]}",
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"hm\",\"reasoning\":\"hm\"}}]}\n\n" +
+			"data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning\":{\"x\":1},\"content\":\"ok\"},\"finish_reason\":\"stop\"}]}\n\n",
 	} {
 		f.Add([]byte(s), []byte{1, 7, 64})
 	}

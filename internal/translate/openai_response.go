@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"iop/internal/sse"
 )
 
 // Errors of the OpenAI answer decoders.
@@ -51,15 +53,31 @@ type ToolCall struct {
 }
 
 // Answer is what an OpenAI chat completion or text completion answered,
-// streamed or not: its text, tool calls, finish reason and usage.
+// streamed or not: its text, reasoning, tool calls, finish reason and
+// usage.
 type Answer struct {
-	Text      string
+	Text string
+	// Thinking is the reasoning text the provider sent apart from the
+	// answer (Thinking of each Delta; see Delta).
+	Thinking  string
 	ToolCalls []ToolCall
 	// Finish is choices[0].finish_reason: "stop", "length", "tool_calls",
 	// "content_filter", ...; "" if none was sent.
 	Finish string
 	// Usage is nil when the provider reported none.
 	Usage *Usage
+}
+
+// Delta is one event's part of choice 0 of a streamed answer: its text
+// and its reasoning text, either of which may be empty.
+type Delta struct {
+	Text string
+	// Thinking is the delta's (or a whole answer's message's) reasoning
+	// text: "reasoning_content" (vLLM, DeepSeek, LiteLLM) or, when that is
+	// absent or empty, "reasoning" (Ollama's OpenAI API, OpenRouter, newer
+	// vLLM). Servers that send both send the same text twice, so only one
+	// is read.
+	Thinking string
 }
 
 // openAIObject is the part of a chat.completion, chat.completion.chunk or
@@ -82,8 +100,13 @@ type openAIObject struct {
 }
 
 type openAIContent struct {
-	Content   *string `json:"content"`
-	ToolCalls []struct {
+	Content *string `json:"content"`
+	// ReasoningContent and Reasoning are the reasoning text under its two
+	// names in the wild; raw, so that a provider's non-string value (an
+	// object, in some APIs) is ignored rather than failing the event.
+	ReasoningContent json.RawMessage `json:"reasoning_content"`
+	Reasoning        json.RawMessage `json:"reasoning"`
+	ToolCalls        []struct {
 		Index    *int   `json:"index"`
 		ID       string `json:"id"`
 		Function struct {
@@ -93,39 +116,51 @@ type openAIContent struct {
 	} `json:"tool_calls"`
 }
 
+// thinking is the reasoning text of c: reasoning_content when it is a
+// non-empty string, else reasoning when it is a string.
+func (c *openAIContent) thinking() string {
+	var s string
+	if json.Unmarshal(c.ReasoningContent, &s) == nil && s != "" {
+		return s
+	}
+	if json.Unmarshal(c.Reasoning, &s) == nil {
+		return s
+	}
+	return ""
+}
+
 // OpenAIStream decodes an OpenAI chat.completion.chunk or text_completion
 // SSE stream (OpenAI API reference, "Streaming"), fed in chunks of any size
-// (see SSEReader for the framing). Only choice 0 is read: translated
-// requests never ask for more. Text deltas are handed to the caller as they
-// arrive; tool-call deltas (by their index, id, name and partial
-// arguments) are joined; the finish reason and a usage chunk (whose
-// "choices" is empty) are kept. "data: [DONE]" ends the stream; events
-// after it are ignored. The zero value is ready to use, by one goroutine at
-// a time.
+// (package sse does the framing, by the WHATWG rules). Only choice 0 is
+// read: translated requests never ask for more. Text and reasoning deltas
+// are handed to the caller as they arrive; tool-call deltas (by their
+// index, id, name and partial arguments) are joined; the finish reason and
+// a usage chunk (whose "choices" is empty) are kept. "data: [DONE]" ends
+// the stream; events after it are ignored. The zero value is ready to
+// use, by one goroutine at a time.
 type OpenAIStream struct {
-	sse    SSEReader
+	sse    sse.Reader
 	answer Answer
 	calls  map[int]*ToolCall
 	order  []int // tool-call indexes in order of first appearance
 	done   bool  // [DONE] seen
 }
 
-// Feed reads the next bytes of the body, calling onText with each
-// non-empty text delta of choice 0 in order. It returns onText's error, a
-// *ProviderError for an event holding an "error" member, ErrMalformedAnswer
-// for an event that is not JSON, or ErrSSELineTooLong.
-func (s *OpenAIStream) Feed(p []byte, onText func(text string) error) error {
-	return s.sse.Feed(p, func(data []byte) error { return s.event(data, onText) })
+// Feed reads the next bytes of the body, calling onDelta with each delta
+// of choice 0 that has text or reasoning, in order. It returns onDelta's
+// error, a *ProviderError for an event holding an "error" member,
+// ErrMalformedAnswer for an event that is not JSON, or sse.ErrTooLong.
+func (s *OpenAIStream) Feed(p []byte, onDelta func(Delta) error) error {
+	return s.sse.Feed(p, func(e sse.Event) error { return s.event(e.Data, onDelta) })
 }
 
-// End ends the stream (the body is complete) and returns the answer without
-// its text (the caller collected that from onText). It returns
-// ErrStreamTruncated when neither a finish reason nor "[DONE]" arrived,
-// and Feed's errors for a last event not ended by a blank line.
-func (s *OpenAIStream) End(onText func(text string) error) (Answer, error) {
-	if err := s.sse.Close(func(data []byte) error { return s.event(data, onText) }); err != nil {
-		return Answer{}, err
-	}
+// End ends the stream (the body is complete) and returns the answer
+// without its text and reasoning (the caller collected those from
+// onDelta). A last event not ended by a blank line is discarded, as the
+// SSE rules say; End returns ErrStreamTruncated when neither a finish
+// reason nor "[DONE]" arrived.
+func (s *OpenAIStream) End() (Answer, error) {
+	s.sse.End()
 	if !s.done && s.answer.Finish == "" {
 		return Answer{}, ErrStreamTruncated
 	}
@@ -140,7 +175,7 @@ func (s *OpenAIStream) result() Answer {
 	return a
 }
 
-func (s *OpenAIStream) event(data []byte, onText func(string) error) error {
+func (s *OpenAIStream) event(data []byte, onDelta func(Delta) error) error {
 	if s.done {
 		return nil
 	}
@@ -162,9 +197,15 @@ func (s *OpenAIStream) event(data []byte, onText func(string) error) error {
 		if c.Index != 0 {
 			continue
 		}
-		text := c.Text
+		var d Delta
+		if c.Text != nil {
+			d.Text = *c.Text
+		}
 		if c.Delta != nil {
-			text = c.Delta.Content
+			if c.Delta.Content != nil {
+				d.Text = *c.Delta.Content
+			}
+			d.Thinking = c.Delta.thinking()
 			for j, tc := range c.Delta.ToolCalls {
 				idx := j
 				if tc.Index != nil {
@@ -173,8 +214,8 @@ func (s *OpenAIStream) event(data []byte, onText func(string) error) error {
 				s.addToolDelta(idx, tc.ID, tc.Function.Name, tc.Function.Arguments)
 			}
 		}
-		if text != nil && *text != "" {
-			if err := onText(*text); err != nil {
+		if d.Text != "" || d.Thinking != "" {
+			if err := onDelta(d); err != nil {
 				return err
 			}
 		}
@@ -233,6 +274,7 @@ func DecodeOpenAIAnswer(body []byte) (Answer, error) {
 		if c.Message.Content != nil {
 			a.Text = *c.Message.Content
 		}
+		a.Thinking = c.Message.thinking()
 		for _, tc := range c.Message.ToolCalls {
 			a.ToolCalls = append(a.ToolCalls, ToolCall{ID: tc.ID, Name: tc.Function.Name, Arguments: tc.Function.Arguments})
 		}

@@ -7,17 +7,19 @@ import (
 	"testing"
 )
 
-// stream runs an OpenAIStream over writes and returns its text and answer.
+// stream runs an OpenAIStream over writes and returns its text and answer
+// (with the reasoning deltas, joined, as the answer's Thinking).
 func stream(writes ...string) (string, Answer, error) {
 	var s OpenAIStream
-	var text strings.Builder
-	onText := func(t string) error { text.WriteString(t); return nil }
+	var text, thinking strings.Builder
+	onDelta := func(d Delta) error { text.WriteString(d.Text); thinking.WriteString(d.Thinking); return nil }
 	for _, w := range writes {
-		if err := s.Feed([]byte(w), onText); err != nil {
+		if err := s.Feed([]byte(w), onDelta); err != nil {
 			return text.String(), Answer{}, err
 		}
 	}
-	a, err := s.End(onText)
+	a, err := s.End()
+	a.Thinking = thinking.String()
 	return text.String(), a, err
 }
 
@@ -117,5 +119,68 @@ func TestOllamaToolCallsAndDoneReason(t *testing.T) {
 		if got := OllamaDoneReason(finish); got != want {
 			t.Fatalf("OllamaDoneReason(%q) = %q", finish, got)
 		}
+	}
+}
+
+func TestOpenAIStreamReasoning(t *testing.T) {
+	for _, c := range []struct {
+		name, stream   string
+		text, thinking string
+	}{
+		{"reasoning_content (vLLM, DeepSeek)",
+			`data: {"choices":[{"index":0,"delta":{"role":"assistant","content":null,"reasoning_content":"Let me"}}]}` + "\n\n" +
+				`data: {"choices":[{"index":0,"delta":{"reasoning_content":" think."}}]}` + "\n\n" +
+				`data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":"stop"}]}` + "\n\n",
+			"Hi", "Let me think."},
+		{"reasoning (Ollama's /v1, OpenRouter)",
+			`data: {"choices":[{"index":0,"delta":{"role":"assistant","content":"","reasoning":"Hmm"}}]}` + "\n\n" +
+				`data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":"stop"}]}` + "\n\n",
+			"Hi", "Hmm"},
+		{"both names with the same text count once",
+			`data: {"choices":[{"index":0,"delta":{"reasoning_content":"once","reasoning":"once"}}]}` + "\n\n" +
+				`data: {"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"stop"}]}` + "\n\n",
+			"x", "once"},
+		{"a reasoning object (not text) is ignored",
+			`data: {"choices":[{"index":0,"delta":{"reasoning":{"summary":"s"},"content":"x"},"finish_reason":"stop"}]}` + "\n\n",
+			"x", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			text, a, err := stream(c.stream)
+			if err != nil || text != c.text || a.Thinking != c.thinking {
+				t.Fatalf("text %q thinking %q %v; want %q %q", text, a.Thinking, err, c.text, c.thinking)
+			}
+		})
+	}
+	t.Run("a thinking-only stream so far hands each delta over at once", func(t *testing.T) {
+		var s OpenAIStream
+		var got []Delta
+		err := s.Feed([]byte(`data: {"choices":[{"index":0,"delta":{"reasoning_content":"a"}}]}`+"\n\n"), func(d Delta) error { got = append(got, d); return nil })
+		if err != nil || !reflect.DeepEqual(got, []Delta{{Thinking: "a"}}) {
+			t.Fatalf("%+v %v", got, err)
+		}
+	})
+	t.Run("a whole answer", func(t *testing.T) {
+		for _, body := range []string{
+			`{"choices":[{"index":0,"message":{"role":"assistant","content":"Hi","reasoning_content":"Because."},"finish_reason":"stop"}]}`,
+			`{"choices":[{"index":0,"message":{"role":"assistant","content":"Hi","reasoning":"Because."},"finish_reason":"stop"}]}`,
+		} {
+			a, err := DecodeOpenAIAnswer([]byte(body))
+			if err != nil || a.Text != "Hi" || a.Thinking != "Because." {
+				t.Fatalf("%s: %+v %v", body, a, err)
+			}
+		}
+	})
+}
+
+// TestRegression_OpenAIStreamLastEventWithoutBlankLine: an event the
+// stream did not end with a blank line is discarded (WHATWG HTML, "if the
+// file ends in the middle of an event, before the final empty line, the
+// incomplete event is not dispatched"), so a stream cut after its last
+// data line is truncated, not complete.
+func TestRegression_OpenAIStreamLastEventWithoutBlankLine(t *testing.T) {
+	text, _, err := stream(`data: {"choices":[{"index":0,"delta":{"content":"a"}}]}` + "\n\n" +
+		`data: {"choices":[{"index":0,"delta":{"content":"b"},"finish_reason":"stop"}]}` + "\n")
+	if !errors.Is(err, ErrStreamTruncated) || text != "a" {
+		t.Fatalf("%q %v", text, err)
 	}
 }

@@ -11,24 +11,23 @@ import (
 	"time"
 
 	"iop/internal/edge/lifecycle"
+	"iop/internal/sse"
 )
 
-// readEvents reads SSE data events from sc until n were read, returning them.
-func readEvents(t *testing.T, sc *bufio.Scanner, n int) []lifecycle.Event {
+// readEvents reads events from sc until n were read, returning them.
+func readEvents(t *testing.T, sc *sse.Scanner, n int) []lifecycle.Event {
 	t.Helper()
 	var out []lifecycle.Event
-	for len(out) < n && sc.Scan() {
-		line := sc.Text()
-		if data, ok := strings.CutPrefix(line, "data: "); ok {
-			var e lifecycle.Event
-			if err := json.Unmarshal([]byte(data), &e); err != nil {
-				t.Fatalf("event %q: %v", data, err)
-			}
-			out = append(out, e)
+	for len(out) < n {
+		ev, err := sc.Next()
+		if err != nil {
+			t.Fatalf("stream ended after %d events: %v", len(out), err)
 		}
-	}
-	if len(out) < n {
-		t.Fatalf("stream ended after %d events: %v", len(out), sc.Err())
+		var e lifecycle.Event
+		if err := json.Unmarshal(ev.Data, &e); err != nil {
+			t.Fatalf("event %q: %v", ev.Data, err)
+		}
+		out = append(out, e)
 	}
 	return out
 }
@@ -47,10 +46,11 @@ func TestEventsStream(t *testing.T) {
 	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
 		t.Fatalf("%d %v", resp.StatusCode, resp.Header)
 	}
-	sc := bufio.NewScanner(resp.Body)
-	if !sc.Scan() || sc.Text() != "retry: 1000" {
-		t.Fatalf("first line %q", sc.Text())
+	br := bufio.NewReader(resp.Body)
+	if line, err := br.ReadString('\n'); line != "retry: 1000\n" {
+		t.Fatalf("first line %q, %v", line, err)
 	}
+	sc := sse.NewScanner(br)
 	// The handler subscribed before its first line was sent.
 	hub.Publish(lifecycle.Event{Type: lifecycle.NodeConnected, NodeID: "n1", Generation: 3})
 	hub.Publish(lifecycle.Event{Type: lifecycle.RunAdmitted, RunID: "r1", Model: "m", QueueWait: 2 * time.Second,
@@ -64,7 +64,10 @@ func TestEventsStream(t *testing.T) {
 	}
 	// The edge shutting down ends the stream.
 	hub.Close()
-	for sc.Scan() {
+	for {
+		if _, err := sc.Next(); err != nil {
+			break
+		}
 	}
 	cancel()
 }

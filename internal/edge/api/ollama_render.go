@@ -89,14 +89,20 @@ func (o *ollamaRender) tunnel() string {
 		o.obs.content(1)
 		return o.onText(text)
 	}
+	onDelta := func(d translate.Delta) error {
+		if d.Text == "" {
+			return nil
+		}
+		return onText(d.Text)
+	}
 	var stream translate.OpenAIStream
-	sse, body, err := o.tunnelAnswer(func(data []byte) error { return stream.Feed(data, onText) })
+	sse, body, err := o.tunnelAnswer(func(data []byte) error { return stream.Feed(data, onDelta) })
 	if err != nil {
 		return o.failed(err)
 	}
 	var ans translate.Answer
 	if sse {
-		ans, err = stream.End(onText)
+		ans, err = stream.End()
 	} else if ans, err = translate.DecodeOpenAIAnswer(body); err == nil && ans.Text != "" {
 		err = onText(ans.Text)
 	}

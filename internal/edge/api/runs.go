@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"iop/internal/runs"
+	"iop/internal/sse"
 	"iop/internal/wire/nodev1"
 )
 
@@ -321,8 +322,8 @@ func pathName(p nodev1.ExecutionPath) string {
 const maxErrorBody = 64 << 10
 
 // runWriter is the http.ResponseWriter a run's chat request is served
-// into. It splits an SSE answer into events (any of the line ends SSE
-// allows, "data:" with or without a space), appends each to the run's log
+// into. It splits an SSE answer into events (package sse, the WHATWG
+// rules), appends each to the run's log
 // as `data: <payload>\n\n`, and reads from it the output text, finish
 // reason, usage, an in-stream error and the closing [DONE]. A non-SSE
 // answer (an error) is kept for its message.
@@ -331,10 +332,8 @@ type runWriter struct {
 	header http.Header
 	status int
 	sse    bool
-	line   []byte   // the current, unterminated line
-	cr     bool     // the last byte seen was '\r' (a "\r\n" may be split)
-	data   [][]byte // the current event's data lines
-	body   []byte   // a non-SSE body, up to maxErrorBody
+	events sse.Reader // the SSE answer's events
+	body   []byte     // a non-SSE body, up to maxErrorBody
 
 	done                           bool
 	errMsg, finishReason           string
@@ -363,46 +362,15 @@ func (w *runWriter) Write(p []byte) (int, error) {
 		}
 		return len(p), nil
 	}
-	for _, b := range p {
-		switch {
-		case b == '\n' && w.cr:
-			w.cr = false // the second half of "\r\n"
-		case b == '\n' || b == '\r':
-			w.cr = b == '\r'
-			w.endLine()
-		default:
-			w.cr = false
-			w.line = append(w.line, b)
-		}
-	}
+	// The chat handler writes events of bounded size; an event over the
+	// reader's bound is not recorded.
+	w.events.SkipTooLong = true
+	_ = w.events.Feed(p, func(e sse.Event) error { w.dispatch(e.Data); return nil })
 	return len(p), nil
 }
 
-// endLine handles one complete SSE line (the WHATWG event stream rules:
-// an empty line dispatches the event; "data" fields accumulate; other
-// fields and comments are ignored).
-func (w *runWriter) endLine() {
-	line := w.line
-	w.line = w.line[:0]
-	if len(line) == 0 {
-		w.dispatch()
-		return
-	}
-	field, value, _ := bytes.Cut(line, []byte(":"))
-	if string(field) != "data" {
-		return
-	}
-	value = bytes.TrimPrefix(value, []byte(" "))
-	w.data = append(w.data, bytes.Clone(value))
-}
-
-// dispatch handles one complete event.
-func (w *runWriter) dispatch() {
-	if len(w.data) == 0 {
-		return
-	}
-	payload := bytes.Join(w.data, []byte("\n"))
-	w.data = w.data[:0]
+// dispatch handles one complete event, whose data is payload.
+func (w *runWriter) dispatch(payload []byte) {
 	text := ""
 	if string(payload) == "[DONE]" {
 		w.done = true

@@ -3,11 +3,13 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+
+	"iop/internal/sse"
 )
 
-// maxUsageScanBytes bounds what usageScanner keeps: one SSE line, or a
-// whole JSON body. A longer line or body is not scanned (its usage, if any,
-// stays unknown); the relayed bytes are never affected.
+// maxUsageScanBytes bounds what usageScanner keeps: one SSE line or
+// event, or a whole JSON body. A longer event or body is not scanned (its
+// usage, if any, stays unknown); the relayed bytes are never affected.
 const maxUsageScanBytes = 1 << 20 // 1 MiB
 
 // usageScanner reads a copy of a tunnel-path answer (an OpenAI chat or
@@ -15,10 +17,12 @@ const maxUsageScanBytes = 1 << 20 // 1 MiB
 // that carry generated content, without changing a byte of it. Usage is the
 // OpenAI "usage" object: in a JSON answer at the top level, in a stream the
 // final chunk's (sent when the request set stream_options.include_usage).
+// A stream's events are read by package sse (the WHATWG rules).
 type usageScanner struct {
-	sse  bool
-	buf  []byte // SSE: the current incomplete line; JSON: the body so far
-	skip bool   // the current line (SSE) or the body (JSON) outgrew the bound
+	sse    bool
+	events sse.Reader // SSE
+	buf    []byte     // JSON: the body so far
+	skip   bool       // JSON: the body outgrew the bound
 
 	found             bool
 	prompt, completed int
@@ -28,7 +32,7 @@ type usageScanner struct {
 }
 
 // write scans the next chunk of the answer and returns how many SSE events
-// in it carry generated content (always 0 for JSON).
+// in it carry generated content, text or reasoning (always 0 for JSON).
 func (u *usageScanner) write(p []byte) (contentEvents int) {
 	if !u.sse {
 		if !u.skip && len(u.buf)+len(p) <= maxUsageScanBytes {
@@ -38,49 +42,22 @@ func (u *usageScanner) write(p []byte) (contentEvents int) {
 		}
 		return 0
 	}
-	for len(p) > 0 {
-		i := bytes.IndexByte(p, '\n')
-		if i < 0 {
-			u.keep(p)
-			return contentEvents
-		}
-		line := p[:i]
-		p = p[i+1:]
-		if len(u.buf) > 0 || u.skip {
-			u.keep(line)
-			line, u.buf = u.buf, u.buf[:0]
-			if u.skip {
-				u.skip = false
-				continue
-			}
-		}
-		if u.line(line) {
+	if u.events.MaxSize == 0 {
+		u.events.MaxSize, u.events.SkipTooLong = maxUsageScanBytes, true
+	}
+	// With SkipTooLong, Feed fails only with the callback's error: never.
+	_ = u.events.Feed(p, func(e sse.Event) error {
+		if u.event(e.Data) {
 			contentEvents++
 		}
-	}
+		return nil
+	})
 	return contentEvents
 }
 
-// keep adds part of an unfinished line to the buffer, within the bound.
-func (u *usageScanner) keep(p []byte) {
-	if u.skip {
-		return
-	}
-	if len(u.buf)+len(p) > maxUsageScanBytes {
-		u.skip, u.buf = true, u.buf[:0]
-		return
-	}
-	u.buf = append(u.buf, p...)
-}
-
-// line scans one complete SSE line and reports whether it is a data event
-// carrying content.
-func (u *usageScanner) line(line []byte) bool {
-	line = bytes.TrimSuffix(line, []byte("\r"))
-	data, ok := bytes.CutPrefix(line, []byte("data:"))
-	if !ok {
-		return false
-	}
+// event scans the data of one SSE event and reports whether it carries
+// content.
+func (u *usageScanner) event(data []byte) bool {
 	data = bytes.TrimSpace(data)
 	if string(data) == "[DONE]" {
 		u.done = true
@@ -115,7 +92,9 @@ func (u *usageScanner) end() (prompt, completion int, ok bool) {
 }
 
 // contentKeys are the JSON keys whose non-empty string value is generated
-// text: chat deltas, completion choices, reasoning.
+// text: chat deltas, completion choices, reasoning (under both of its
+// names). Reasoning counts: it is the first output a reasoning model
+// produces, so its first token is the time to first token.
 var contentKeys = [][]byte{[]byte(`"content"`), []byte(`"text"`), []byte(`"reasoning_content"`), []byte(`"reasoning"`)}
 
 // hasContent reports whether an SSE data payload carries generated content:

@@ -58,15 +58,13 @@ func TestUsageScanner(t *testing.T) {
 // A line or body over the bound is skipped, not kept, and scanning goes on
 // with the next line.
 func TestUsageScannerBound(t *testing.T) {
-	long := "data: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1},\"pad\":\"" + strings.Repeat("x", maxUsageScanBytes) + "\"}\n"
-	in, out, ok, _ := scan(true, long[:100], long[100:], "data: {\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":6}}\n")
+	long := "data: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1},\"pad\":\"" + strings.Repeat("x", maxUsageScanBytes) + "\"}\n\n"
+	in, out, ok, _ := scan(true, long[:100], long[100:], "data: {\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":6}}\n\n")
 	if !ok || in != 5 || out != 6 {
 		t.Fatalf("after an overlong line: %d/%d %v", in, out, ok)
 	}
-	u := &usageScanner{sse: true}
-	u.write([]byte(long[:len(long)-1]))
-	if len(u.buf) > maxUsageScanBytes {
-		t.Fatalf("kept %d bytes", len(u.buf))
+	if in, out, ok, _ := scan(true, long); ok {
+		t.Fatalf("an overlong event was scanned: %d/%d", in, out)
 	}
 	if _, _, ok, _ := scan(false, `{"usage":{"prompt_tokens":1,"completion_tokens":1},"pad":"`+strings.Repeat("x", maxUsageScanBytes)+`"}`); ok {
 		t.Fatal("an overlong JSON body was parsed")

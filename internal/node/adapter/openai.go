@@ -211,7 +211,6 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 				}
 			}
 			if watch != nil {
-				watch.write([]byte{'\n'}) // a last line without its end
 				if watch.message != "" {
 					return &Error{Kind: ErrProviderReported, Status: http.StatusBadGateway, Message: o.p.redact(watch.message)}
 				}

@@ -112,13 +112,17 @@ func TestErrorWatch(t *testing.T) {
 		{"CRLF", []string{"data: {\"x\":1}\r\n\r\n" + errEvent + "\r\n\r\n"}, "boom"},
 		{"lone CR", []string{"data: {\"x\":1}\r\r" + errEvent + "\r\r"}, "boom"},
 		{"split everywhere", strings.Split(errEvent+"\n\n", ""), "boom"},
-		{"split CR LF", []string{"data: {\"x\":1}\r", "\n" + errEvent + "\r", "\n"}, "boom"},
-		{"last line without end", []string{errEvent}, ""}, // completed by Tunnel at EOF
+		{"split CR LF", []string{"data: {\"x\":1}\r", "\n\r", "\n" + errEvent + "\r", "\n\r", "\n"}, "boom"},
+		{"last line without end", []string{errEvent}, ""},               // no blank line: not an event
+		{"event without its blank line", []string{errEvent + "\n"}, ""}, // the stream may still end it
 		{"error null", []string{`data: {"error":null,"choices":[]}` + "\n\n"}, ""},
 		{"error in content", []string{`data: {"choices":[{"delta":{"content":"\"error\""}}]}` + "\n\n"}, ""},
 		{"comment line", []string{`: {"error":"x"}` + "\n\n"}, ""},
-		{"first error wins", []string{`data: {"error":"one"}` + "\n" + `data: {"error":"two"}` + "\n"}, "one"},
-		{"too long", []string{"data: {\"error\":\"" + strings.Repeat("x", maxWatchedLine) + "\"}\n"}, ""},
+		{"first error wins", []string{`data: {"error":"one"}` + "\n\n" + `data: {"error":"two"}` + "\n\n"}, "one"},
+		{"two data lines are one event", []string{`data: {"error":` + "\n" + `data: "joined"}` + "\n\n"}, "joined"},
+		{"an id and an event type", []string{"event: error\nid: 3\n" + errEvent + "\n\n"}, "boom"},
+		{"too long", []string{"data: {\"error\":\"" + strings.Repeat("x", maxWatchedEvent) + "\"}\n\n"}, ""},
+		{"after one too long", []string{"data: " + strings.Repeat("x", maxWatchedEvent) + "\n\n" + errEvent + "\n\n"}, "boom"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var w errorWatch
