@@ -20,6 +20,8 @@ type simFile struct {
 	Seed             int64         `yaml:"seed"`
 	DefaultMaxTokens int           `yaml:"default_max_tokens"`
 	APIKey           string        `yaml:"api_key"`
+	Thinking         bool          `yaml:"thinking"`
+	ReasoningField   string        `yaml:"reasoning_field"`
 	Faults           struct {
 		ErrorRate   float64 `yaml:"error_rate"`
 		ErrorStatus int     `yaml:"error_status"`
@@ -50,6 +52,8 @@ func newSimCommand(logLevel *string) *cobra.Command {
 				Seed:             f.Seed,
 				DefaultMaxTokens: f.DefaultMaxTokens,
 				APIKey:           f.APIKey,
+				Thinking:         f.Thinking,
+				ReasoningField:   f.ReasoningField,
 				Faults: sim.Faults{
 					ErrorRate:        f.Faults.ErrorRate,
 					ErrorStatus:      f.Faults.ErrorStatus,
@@ -78,6 +82,8 @@ func newSimCommand(logLevel *string) *cobra.Command {
 	fl.Int64Var(&f.Seed, "seed", 0, "seed of the deterministic output")
 	fl.IntVar(&f.DefaultMaxTokens, "default-max-tokens", 0, "tokens per answer (default 16); a request's max_tokens can only lower it")
 	fl.StringVar(&f.APIKey, "api-key", "", "require this bearer token")
+	fl.BoolVar(&f.Thinking, "thinking", false, "serve thinking models: answers start with reasoning (Ollama: message.thinking, or thinking in /api/generate, unless think is false; OpenAI: see --reasoning-field, unless reasoning_effort is none)")
+	fl.StringVar(&f.ReasoningField, "reasoning-field", "", `the OpenAI answer's reasoning field: reasoning_content (default) or reasoning`)
 	fl.Float64Var(&f.Faults.ErrorRate, "error-rate", 0, "fraction of requests answered with --error-status")
 	fl.IntVar(&f.Faults.ErrorStatus, "error-status", 0, "status of injected errors (default 500)")
 	fl.IntVar(&f.Faults.DropAfter, "drop-after", 0, "drop the connection after this many streamed tokens")

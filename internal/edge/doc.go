@@ -35,7 +35,9 @@
 // (scheduler.ErrNoProvider). The request's capability needs filter the
 // candidates inside the resolver (scheduler.ErrCandidatesRejected, naming
 // the capability, when they reject every one); NeedChoices, a request for
-// several choices, is met by tunnel-path providers only.
+// several choices, NeedToolChoice (tool_choice "required",
+// parallel_tool_calls false) and NeedRemoteImages (an image by URL) are met
+// by tunnel-path providers only.
 //
 // # Runs
 //

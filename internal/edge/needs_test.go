@@ -110,3 +110,36 @@ func TestNeedChoicesOnlyTunnelProviders(t *testing.T) {
 		t.Fatalf("%d waiters, %d leases after the rejection; want 0 and the 4 runs above", snap.Waiters, snap.Leases)
 	}
 }
+
+// The other needs only tunnel-path providers meet: tool_choice "required"
+// or parallel_tool_calls false (NeedToolChoice), and an image by URL
+// (NeedRemoteImages). A mixed alias sends such a request to the tunnel
+// provider; a model served by normalized providers alone rejects it at
+// once, saying why, with nothing reserved.
+func TestTunnelOnlyNeeds(t *testing.T) {
+	for need, why := range map[string]string{
+		NeedToolChoice:   `honours tool_choice "required" or parallel_tool_calls false`,
+		NeedRemoteImages: "send the image inline as a base64 data URL",
+	} {
+		t.Run(need, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.Models["mixed"] = ModelConfig{Targets: []string{"m-ollama", "m-vllm"}}
+			e := startEdge(t, cfg)
+			n := e.connect(t, hello("n1", prov("a-ollama", normalized, 4, "m-ollama"), prov("b-vllm", tunnel, 4, "m-vllm")))
+			req := chatReq("mixed")
+			req.Needs = []string{need}
+			if _, _, d := e.startRun(t, n, req); d.GetProviderId() != "b-vllm" {
+				t.Fatalf("went to %q, want the tunnel provider b-vllm", d.GetProviderId())
+			}
+			req = chatReq("m-ollama")
+			req.Needs = []string{need}
+			_, err := e.svc.Dispatch(context.Background(), req)
+			if !errors.Is(err, scheduler.ErrCandidatesRejected) || !strings.Contains(err.Error(), why) {
+				t.Fatalf("Dispatch = %v, want ErrCandidatesRejected saying %q", err, why)
+			}
+			if snap := e.svc.Snapshot(); snap.Waiters != 0 || snap.Leases != 1 {
+				t.Fatalf("%d waiters, %d leases after the rejection; want 0 and 1", snap.Waiters, snap.Leases)
+			}
+		})
+	}
+}

@@ -39,11 +39,22 @@ type provider struct {
 // one choice per request and does not.
 const NeedChoices = "choices"
 
+// NeedToolChoice and NeedRemoteImages are, like NeedChoices, needs only a
+// tunnel-path provider meets, since the request reaches it as sent: a
+// tool_choice of "required" or parallel_tool_calls false (Ollama cannot
+// force a tool call nor keep a model to one), and an image given by an
+// http(s) URL (iop fetches nothing for an Ollama provider).
+const (
+	NeedToolChoice   = "tool_choice"
+	NeedRemoteImages = "remote_images"
+)
+
 // lacks returns the first capability of needs that p does not have, or "".
 func (p *provider) lacks(needs []string) string {
 	for _, n := range needs {
 		has := p.capSet[n]
-		if n == NeedChoices {
+		switch n {
+		case NeedChoices, NeedToolChoice, NeedRemoteImages:
 			has = p.path == nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL
 		}
 		if !has {

@@ -482,6 +482,12 @@ func (s *Service) resolver(model string, needs []string, tried []triedCandidate)
 		case missing == NeedChoices:
 			return nil, fmt.Errorf("%w: no provider for model %q answers several choices (n above 1): only OpenAI-compatible providers do",
 				scheduler.ErrCandidatesRejected, model)
+		case missing == NeedToolChoice:
+			return nil, fmt.Errorf("%w: no provider for model %q honours tool_choice \"required\" or parallel_tool_calls false: only OpenAI-compatible providers do (Ollama cannot force a tool call nor keep a model to one)",
+				scheduler.ErrCandidatesRejected, model)
+		case missing == NeedRemoteImages:
+			return nil, fmt.Errorf("%w: no provider for model %q takes an image by URL: only OpenAI-compatible providers fetch one; send the image inline as a base64 data URL (\"data:image/png;base64,...\")",
+				scheduler.ErrCandidatesRejected, model)
 		default:
 			return nil, fmt.Errorf("%w: no provider for model %q has capability %q", scheduler.ErrCandidatesRejected, model, missing)
 		}

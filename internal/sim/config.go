@@ -54,6 +54,15 @@ type Config struct {
 	// APIKey, when set, is required on every request as
 	// "Authorization: Bearer <key>"; others are answered 401.
 	APIKey string
+	// Thinking makes the served models thinking (reasoning) models: an
+	// answer starts with reasoning text, in each protocol's real format
+	// (see thinking.go). Without it, a model cannot think, and an Ollama
+	// request asking it to is answered 400, as Ollama answers.
+	Thinking bool
+	// ReasoningField is the field of an OpenAI answer's message or delta
+	// that carries its reasoning: "reasoning_content" (vLLM, DeepSeek; the
+	// default) or "reasoning" (Ollama's OpenAI API, OpenRouter).
+	ReasoningField string
 	// Faults injects failures; the zero value injects none.
 	Faults Faults
 	// Clock paces output and stamps timestamps; nil means clock.Real().
@@ -121,6 +130,11 @@ func (c Config) Validate() error {
 	if c.DefaultMaxTokens < 0 {
 		bad("default max tokens %d: must not be negative", c.DefaultMaxTokens)
 	}
+	switch c.ReasoningField {
+	case "", ReasoningContent, ReasoningPlain:
+	default:
+		bad("reasoning field %q: want %q or %q", c.ReasoningField, ReasoningContent, ReasoningPlain)
+	}
 	if !(c.Faults.ErrorRate >= 0 && c.Faults.ErrorRate <= 1) { // also rejects NaN
 		bad("error rate %v: must be in [0, 1]", c.Faults.ErrorRate)
 	}
@@ -148,6 +162,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.DefaultMaxTokens == 0 {
 		c.DefaultMaxTokens = DefaultMaxTokens
+	}
+	if c.ReasoningField == "" {
+		c.ReasoningField = ReasoningContent
 	}
 	if c.Faults.ErrorStatus == 0 {
 		c.Faults.ErrorStatus = DefaultErrorStatus

@@ -50,6 +50,29 @@
 // characters at a time. Ollama answers carry the whole call in one
 // message.tool_calls (arguments an object, no id) with done_reason "stop".
 //
+// # Thinking
+//
+// With Config.Thinking (`iop sim --thinking`) the models are thinking
+// (reasoning) models: an answer starts with reasoning text, words drawn
+// like its text, in each protocol's real format. Ollama (as its server
+// v0.17.4 does for a thinking model): the model thinks unless "think" is
+// false (an unset think is true), 4, 8 or 16 tokens for "low", "medium"
+// or true, and "high"; streamed, each reasoning token is an object with
+// empty content and the token in message.thinking (/api/chat) or thinking
+// (/api/generate), before the text; not streamed, the whole reasoning is
+// there; a raw generate has none; /api/show lists the "thinking"
+// capability. Without Config.Thinking, think true or a level is answered
+// 400 in Ollama's words ("m" does not support thinking). OpenAI: a chat
+// answer reasons by default, as a reasoning model does, for as long as
+// reasoning_effort (or reasoning.effort) says, 2 tokens for "minimal" to
+// 16 for "high" and "xhigh", not at all for "none"; each reasoning token
+// is a delta under Config.ReasoningField ("reasoning_content", vLLM's and
+// DeepSeek's name, by default, or "reasoning", Ollama's OpenAI API's and
+// OpenRouter's), before the text; not streamed, the message carries it
+// whole. Reasoning tokens count in eval_count and completion_tokens and
+// are paced like the others; a request's token limit applies to the text
+// only.
+//
 // # Faults
 //
 // Config.Faults turns on the failures a gateway must survive: a fraction of

@@ -48,6 +48,13 @@ type request struct {
 	// decide whether the answer is a tool call (see chooseTool).
 	tools    []simTool
 	lastUser string
+	// think is an Ollama request's "think" (nil: absent), raw its generate
+	// "raw" flag, and effort an OpenAI request's reasoning effort
+	// (reasoning_effort, or reasoning.effort; nil: none set): together
+	// they decide whether and how long the answer reasons (thinking.go).
+	think  json.RawMessage
+	raw    bool
+	effort *string
 }
 
 // choices is the number of choices to answer, at least 1.

@@ -45,11 +45,14 @@ func writeOllamaError(w http.ResponseWriter, _ *http.Request, status int, err er
 }
 
 // ollamaMessage is a chat message (Ollama API doc, /api/chat "messages").
-// Fields the simulator does not use (images, thinking) are accepted and
-// dropped; ToolCalls are read from requests and written in answers.
+// Fields the simulator does not use (images) are accepted and dropped;
+// ToolCalls are read from requests and written in answers; Thinking is
+// written in answers of a thinking model (and read, unused, from an
+// earlier answer in the request).
 type ollamaMessage struct {
 	Role      string           `json:"role"`
 	Content   string           `json:"content"`
+	Thinking  string           `json:"thinking,omitempty"`
 	ToolCalls []ollamaToolCall `json:"tool_calls,omitempty"`
 }
 
@@ -79,6 +82,8 @@ type ollamaGenerateRequest struct {
 	Stream   *bool           `json:"stream"`
 	Options  ollamaOptions   `json:"options"`
 	Tools    []simTool       `json:"tools"`
+	Think    json.RawMessage `json:"think"`
+	Raw      bool            `json:"raw"`
 }
 
 // parseOllamaChat parses a POST /api/chat body.
@@ -119,6 +124,8 @@ func (in ollamaGenerateRequest) toRequest(prompt string, loadOnly bool) (request
 		maxTokens: noLimit,
 		stream:    in.Stream == nil || *in.Stream,
 		loadOnly:  loadOnly,
+		think:     in.Think,
+		raw:       in.Raw,
 	}
 	if in.Model == "" {
 		return req, fmt.Errorf("%w: model is required", errInvalidRequest)
@@ -138,6 +145,7 @@ type ollamaResponse struct {
 	CreatedAt          string         `json:"created_at"` // RFC 3339, UTC
 	Message            *ollamaMessage `json:"message,omitempty"`
 	Response           *string        `json:"response,omitempty"`
+	Thinking           string         `json:"thinking,omitempty"` // generate; chat's is in Message
 	Done               bool           `json:"done"`
 	DoneReason         string         `json:"done_reason,omitempty"` // "stop", "length" or "load"
 	TotalDuration      int64          `json:"total_duration,omitempty"`
@@ -151,8 +159,13 @@ type ollamaResponse struct {
 // ollamaGenerate returns the handler of POST /api/chat (chat) or
 // POST /api/generate. A stream is NDJSON (application/x-ndjson), one
 // object per token, flushed per line, then a final object with done:true,
-// done_reason and counts. A request with no messages (chat) or no prompt
-// (generate) only "loads the model" and gets done_reason "load".
+// done_reason and counts. A thinking model's answer starts with its
+// reasoning, a token per object with empty content and the token in
+// message.thinking (chat) or thinking (generate), as Ollama streams it;
+// a non-streamed answer has it whole there; eval_count counts it too
+// (ollamaThinking says when a model thinks). A request with no messages
+// (chat) or no prompt (generate) only "loads the model" and gets
+// done_reason "load".
 func (s *Server) ollamaGenerate(chat bool) http.HandlerFunc {
 	parse := parseOllamaGenerate
 	if chat {
@@ -166,12 +179,26 @@ func (s *Server) ollamaGenerate(chat bool) http.HandlerFunc {
 		}
 		defer release()
 
+		thinks, err := s.ollamaThinking(req, chat)
+		if err != nil {
+			s.fail(w, r, writeOllamaError, err)
+			return
+		}
 		frame := func(content string) ollamaResponse {
 			resp := ollamaResponse{Model: req.model, CreatedAt: s.clock.Now().UTC().Format(time.RFC3339Nano)}
 			if chat {
 				resp.Message = &ollamaMessage{Role: "assistant", Content: content}
 			} else {
 				resp.Response = &content
+			}
+			return resp
+		}
+		thinkingFrame := func(thinking string) ollamaResponse {
+			resp := frame("")
+			if chat {
+				resp.Message.Thinking = thinking
+			} else {
+				resp.Thinking = thinking
 			}
 			return resp
 		}
@@ -190,6 +217,7 @@ func (s *Server) ollamaGenerate(chat bool) http.HandlerFunc {
 			// The whole call is one step of output; usage counts its pieces.
 			c = completion{tokens: []string{""}, promptTokens: c.promptTokens, finishReason: finishStop}
 		}
+		thoughts := thinkingTokens(s.cfg.Seed, req.prompt, "", thinks)
 		start := s.clock.Now()
 		var firstToken time.Time
 		final := func(content string) ollamaResponse {
@@ -204,9 +232,9 @@ func (s *Server) ollamaGenerate(chat bool) http.HandlerFunc {
 			resp.TotalDuration = max(int64(end.Sub(start)), 1)
 			resp.LoadDuration = 1
 			resp.PromptEvalCount, resp.PromptEvalDuration = c.promptTokens, max(int64(firstToken.Sub(start)), 1)
-			resp.EvalCount, resp.EvalDuration = len(c.tokens), max(int64(end.Sub(firstToken)), 1)
+			resp.EvalCount, resp.EvalDuration = len(c.tokens)+len(thoughts), max(int64(end.Sub(firstToken)), 1)
 			if call != nil {
-				resp.EvalCount = len(call.pieces)
+				resp.EvalCount = len(call.pieces) + len(thoughts)
 			}
 			return resp
 		}
@@ -225,20 +253,34 @@ func (s *Server) ollamaGenerate(chat bool) http.HandlerFunc {
 			}
 		}
 
+		// The output, a token per step: the thinking, then the answer.
+		steps := append(thoughts[:len(thoughts):len(thoughts)], c.tokens...)
 		if !req.stream {
-			s.pace(r.Context(), c, func(string) error { markFirst(); return nil })
-			writeJSON(w, http.StatusOK, withCall(final(c.text())))
+			s.paceSteps(r.Context(), len(steps), func(int) error { markFirst(); return nil })
+			resp := withCall(final(c.text()))
+			if chat {
+				resp.Message.Thinking = joinTokens(thoughts)
+			} else {
+				resp.Thinking = joinTokens(thoughts)
+			}
+			writeJSON(w, http.StatusOK, resp)
 			return
 		}
 		w.Header().Set("Content-Type", "application/x-ndjson")
 		w.WriteHeader(http.StatusOK)
 		enc := json.NewEncoder(w) // Encode ends each object with "\n"
-		if after := s.cfg.Faults.StreamErrorAfter; after > 0 && after < len(c.tokens) {
-			c.tokens = c.tokens[:after]
+		if after := s.cfg.Faults.StreamErrorAfter; after > 0 && after < len(steps) {
+			steps = steps[:after]
 		}
-		s.pace(r.Context(), c, func(tok string) error {
+		s.paceSteps(r.Context(), len(steps), func(i int) error {
 			markFirst()
-			if err := enc.Encode(withCall(frame(tok))); err != nil {
+			var resp ollamaResponse
+			if i < len(thoughts) {
+				resp = thinkingFrame(steps[i])
+			} else {
+				resp = withCall(frame(steps[i]))
+			}
+			if err := enc.Encode(resp); err != nil {
 				return err
 			}
 			return flush(w)
@@ -410,9 +452,18 @@ func (s *Server) ollamaShow(w http.ResponseWriter, r *http.Request) {
 		"template":     "{{ .Prompt }}",
 		"details":      ollamaModelEntry(model).Details,
 		"model_info":   map[string]any{"general.architecture": "sim", "sim.context_length": 4096},
-		"capabilities": []string{"completion", "embedding"},
+		"capabilities": s.ollamaCapabilities(),
 		"modified_at":  modelsModifiedAt.Format(time.RFC3339Nano),
 	})
+}
+
+// ollamaCapabilities are what /api/show lists of every model: completion,
+// embedding, and thinking for a thinking model (Config.Thinking).
+func (s *Server) ollamaCapabilities() []string {
+	if s.cfg.Thinking {
+		return []string{"completion", "embedding", "thinking"}
+	}
+	return []string{"completion", "embedding"}
 }
 
 // writeJSON writes v as a JSON response with the given status.

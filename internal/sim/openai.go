@@ -110,6 +110,11 @@ type openaiGenerateRequest struct {
 	MaxCompletionTokens *int                 `json:"max_completion_tokens"`
 	N                   *int                 `json:"n"`
 	Tools               []simTool            `json:"tools"`
+	ReasoningEffort     *string              `json:"reasoning_effort"`
+	Reasoning           *struct {
+		Effort  *string `json:"effort"`
+		Enabled *bool   `json:"enabled"`
+	} `json:"reasoning"`
 }
 
 // parseOpenAIChat parses a POST /v1/chat/completions body.
@@ -166,6 +171,19 @@ func (in openaiGenerateRequest) toRequest(prompt string) (request, error) {
 	if in.Model == "" {
 		return req, fmt.Errorf("%w: model is required", errInvalidRequest)
 	}
+	req.effort = in.ReasoningEffort
+	if rs := in.Reasoning; rs != nil {
+		switch {
+		case rs.Effort != nil:
+			req.effort = rs.Effort // as Ollama's OpenAI API reads it: before reasoning_effort
+		case rs.Enabled != nil:
+			on, off := "medium", "none"
+			req.effort = &on
+			if !*rs.Enabled {
+				req.effort = &off
+			}
+		}
+	}
 	if in.N != nil {
 		if *in.N < 1 || *in.N > maxChoices {
 			return req, fmt.Errorf("%w: n must be in 1-%d, got %d", errInvalidRequest, maxChoices, *in.N)
@@ -195,11 +213,15 @@ type openaiUsage struct {
 }
 
 // openaiMessage is an answer's "message" (non-streamed chat) or "delta"
-// (streamed chat; role only on the first chunk, content absent on the last).
+// (streamed chat; role only on the first chunk, content absent on the
+// last). A thinking model's reasoning is under ReasoningContent or
+// Reasoning (Config.ReasoningField).
 type openaiMessage struct {
-	Role      string           `json:"role,omitempty"`
-	Content   *string          `json:"content,omitempty"`
-	ToolCalls []openaiToolCall `json:"tool_calls,omitempty"`
+	Role             string           `json:"role,omitempty"`
+	Content          *string          `json:"content,omitempty"`
+	ReasoningContent *string          `json:"reasoning_content,omitempty"`
+	Reasoning        *string          `json:"reasoning,omitempty"`
+	ToolCalls        []openaiToolCall `json:"tool_calls,omitempty"`
 }
 
 // openaiToolCall is one entry of a message's or delta's "tool_calls". A
@@ -239,29 +261,32 @@ type openaiCompletion struct {
 	Usage             *openaiUsage   `json:"usage,omitempty"`
 }
 
-// openaiAnswer is one choice of an answer: text tokens, or a tool call.
+// openaiAnswer is one choice of an answer: reasoning tokens (a thinking
+// model's), then text tokens or a tool call.
 type openaiAnswer struct {
 	completion
-	call *toolCall
-	id   string // the tool call's id
+	thoughts []string
+	call     *toolCall
+	id       string // the tool call's id
 }
 
 // steps is the number of streamed chunks of output the choice has: one per
-// token, or for a tool call its first chunk (id and name) and one per piece
-// of its arguments.
+// reasoning token, then one per token, or for a tool call its first chunk
+// (id and name) and one per piece of its arguments.
 func (a openaiAnswer) steps() int {
 	if a.call != nil {
-		return 1 + len(a.call.pieces)
+		return len(a.thoughts) + 1 + len(a.call.pieces)
 	}
-	return len(a.tokens)
+	return len(a.thoughts) + len(a.tokens)
 }
 
-// completionTokens is the choice's share of usage.completion_tokens.
+// completionTokens is the choice's share of usage.completion_tokens
+// (reasoning included, as OpenAI counts it).
 func (a openaiAnswer) completionTokens() int {
 	if a.call != nil {
-		return len(a.call.pieces)
+		return len(a.thoughts) + len(a.call.pieces)
 	}
-	return len(a.tokens)
+	return len(a.thoughts) + len(a.tokens)
 }
 
 // openaiGenerate returns the handler of POST /v1/chat/completions (chat)
@@ -277,7 +302,10 @@ func (a openaiAnswer) completionTokens() int {
 // a token, or a tool call's first delta (index, id, type, name, arguments
 // "") and then its arguments in pieces of 4 characters; then one chunk
 // with finish_reason per choice, then, if stream_options.include_usage, a
-// chunk with empty choices and usage, then "data: [DONE]".
+// chunk with empty choices and usage, then "data: [DONE]". A thinking
+// model's chat answer starts each choice with its reasoning, a token per
+// delta under Config.ReasoningField, and has it whole in the message of a
+// non-streamed answer (openaiThinking says how long).
 func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
 	parse, object, chunkObject, idPrefix := parseOpenAICompletion, "text_completion", "text_completion", "cmpl"
 	if chat {
@@ -291,11 +319,19 @@ func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
 		}
 		defer release()
 
+		thinks := 0
+		if chat {
+			if thinks, err = s.openaiThinking(req); err != nil {
+				s.fail(w, r, writeOpenAIError, err)
+				return
+			}
+		}
 		answers := make([]openaiAnswer, req.choices())
 		tool := chooseTool(req.tools, req.lastUser)
 		usage := &openaiUsage{}
 		for i := range answers {
 			answers[i].completion = completeChoice(s.cfg.Seed, s.cfg.DefaultMaxTokens, req, i)
+			answers[i].thoughts = thinkingTokens(s.cfg.Seed, req.prompt, fmt.Sprint(i), thinks)
 			if chat && tool != nil {
 				call := makeToolCall(s.cfg.Seed, tool, req.prompt)
 				answers[i].call, answers[i].id = &call, toolCallID(req.seq, i)
@@ -333,6 +369,9 @@ func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
 					choice.Message = &openaiMessage{Role: "assistant", ToolCalls: []openaiToolCall{tc}}
 				default:
 					choice.Message = &openaiMessage{Role: "assistant", Content: &text}
+				}
+				if chat && len(a.thoughts) > 0 {
+					s.reasoningMessage(choice.Message, joinTokens(a.thoughts))
 				}
 				resp.Choices = append(resp.Choices, choice)
 			}
@@ -397,20 +436,24 @@ func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
 			st := steps[j]
 			a := answers[st.choice]
 			choice := openaiChoice{Index: st.choice}
+			k := st.k - len(a.thoughts) // the step within the text or call
 			switch {
+			case k < 0:
+				choice.Delta = &openaiMessage{}
+				s.reasoningMessage(choice.Delta, a.thoughts[st.k])
 			case !chat:
-				choice.Text = &a.tokens[st.k]
+				choice.Text = &a.tokens[k]
 			case a.call != nil:
 				index := 0
 				tc := openaiToolCall{Index: &index}
-				if st.k == 0 {
+				if k == 0 {
 					tc.ID, tc.Type, tc.Function.Name = a.id, "function", a.call.name
 				} else {
-					tc.Function.Arguments = a.call.pieces[st.k-1]
+					tc.Function.Arguments = a.call.pieces[k-1]
 				}
 				choice.Delta = &openaiMessage{ToolCalls: []openaiToolCall{tc}}
 			default:
-				choice.Delta = &openaiMessage{Content: &a.tokens[st.k]}
+				choice.Delta = &openaiMessage{Content: &a.tokens[k]}
 			}
 			return send(chunk(choice))
 		})

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"sort"
 )
@@ -15,10 +16,13 @@ var ErrNotObject = errors.New("request body is not a JSON object")
 // body an adapter translated from canonical) with the fields canonical
 // carries under ExtensionKey set on it, their JSON values unchanged. A field
 // the translation already set keeps the translated value; "options" members
-// are merged the same way. Without the member, ollamaBody is returned as
-// it is. Errors: ErrNotObject when the member or ollamaBody is not a JSON
-// object, or canonical is not JSON. It returns the names it set
-// ("keep_alive", "options.num_ctx"), sorted.
+// are merged the same way, and so are the members of each object of
+// "messages" into the message of the same index (one the body does not
+// have is ignored). Without the member, ollamaBody is returned as it is.
+// Errors: ErrNotObject when the member, its "options" or "messages" (an
+// array of objects) or ollamaBody is not of its shape, or canonical is not
+// JSON. It returns the names it set ("keep_alive", "options.num_ctx",
+// "messages[1].thinking"), sorted.
 func ApplyExtension(ollamaBody, canonical []byte) ([]byte, []string, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(canonical, &top); err != nil {
@@ -38,7 +42,7 @@ func ApplyExtension(ollamaBody, canonical []byte) ([]byte, []string, error) {
 	}
 	var set []string
 	for k, v := range ext {
-		if k == "options" {
+		if k == "options" || k == "messages" {
 			continue
 		}
 		if _, taken := body[k]; !taken {
@@ -71,12 +75,55 @@ func ApplyExtension(ollamaBody, canonical []byte) ([]byte, []string, error) {
 		}
 		body["options"] = merged
 	}
+	if rawMsgs, ok := ext["messages"]; ok && !isNull(rawMsgs) {
+		msgsSet, err := mergeMessages(body, rawMsgs)
+		if err != nil {
+			return nil, nil, err
+		}
+		set = append(set, msgsSet...)
+	}
 	out, err := json.Marshal(body)
 	if err != nil {
 		return nil, nil, err
 	}
 	sort.Strings(set)
 	return out, set, nil
+}
+
+// mergeMessages sets the members of each object of extMsgs (ExtensionKey's
+// "messages") on body's message of the same index, where not already set.
+func mergeMessages(body map[string]json.RawMessage, extMsgs json.RawMessage) ([]string, error) {
+	var fields []map[string]json.RawMessage
+	if err := json.Unmarshal(extMsgs, &fields); err != nil {
+		return nil, ErrNotObject
+	}
+	var msgs []map[string]json.RawMessage
+	if raw, ok := body["messages"]; ok && !isNull(raw) {
+		if err := json.Unmarshal(raw, &msgs); err != nil {
+			return nil, ErrNotObject
+		}
+	}
+	var set []string
+	for i, f := range fields {
+		if i >= len(msgs) || msgs[i] == nil {
+			break
+		}
+		for k, v := range f {
+			if _, taken := msgs[i][k]; !taken && !isNull(v) {
+				msgs[i][k] = v
+				set = append(set, fmt.Sprintf("messages[%d].%s", i, k))
+			}
+		}
+	}
+	if len(set) == 0 {
+		return nil, nil
+	}
+	merged, err := json.Marshal(msgs)
+	if err != nil {
+		return nil, err
+	}
+	body["messages"] = merged
+	return set, nil
 }
 
 // StripExtension returns body without its top-level ExtensionKey member(s),

@@ -68,8 +68,13 @@ type Request struct {
 	Extension []string
 	// Dropped lists the fields dropped because no provider protocol can
 	// carry them and dropping them keeps the answer's meaning ("template",
-	// "messages[1].thinking"), sorted.
+	// "system" of a raw prompt), sorted.
 	Dropped []string
+	// NoThinking is set when the client sent "think": false. Ollama then
+	// answers without thinking, so the edge shows none of the reasoning an
+	// OpenAI-compatible provider may still send (the canonical body asks
+	// for no reasoning_effort then; see FromOllamaChat).
+	NoThinking bool
 	// EstimatedInputTokens is the prompt's characters / 4, rounded up
 	// (Operation Completion only; a chat body is measured by the caller).
 	EstimatedInputTokens int
@@ -143,8 +148,11 @@ type canonicalChat struct {
 	FrequencyPen   *float64        `json:"frequency_penalty,omitempty"`
 	PresencePen    *float64        `json:"presence_penalty,omitempty"`
 	ResponseFormat json.RawMessage `json:"response_format,omitempty"`
-	Tools          json.RawMessage `json:"tools,omitempty"`
-	Extension      json.RawMessage `json:"iop_ollama,omitempty"`
+	// ReasoningEffort is "think" for OpenAI-compatible providers (chat
+	// only; see thinkEffort).
+	ReasoningEffort string          `json:"reasoning_effort,omitempty"`
+	Tools           json.RawMessage `json:"tools,omitempty"`
+	Extension       json.RawMessage `json:"iop_ollama,omitempty"`
 }
 
 // FromOllamaChat translates a POST /api/chat body (Ollama API doc,
@@ -165,13 +173,29 @@ type canonicalChat struct {
 //	options.temperature, top_p,   the OpenAI parameters of the same names
 //	stop, seed, frequency_penalty,
 //	presence_penalty
-//	keep_alive, think, other      carried under ExtensionKey, values
-//	options and unknown fields    unchanged
-//	messages[].thinking           dropped (listed in Dropped)
+//	think                         reasoning_effort: true is "medium" (the
+//	                              level Ollama itself gives true), "low",
+//	                              "medium" and "high" stay; false sets no
+//	                              reasoning_effort (OpenAI's "none" is
+//	                              refused by OpenAI-compatible servers whose
+//	                              model does not reason, while Ollama takes
+//	                              think false for every model) and sets
+//	                              Request.NoThinking; and, unchanged, under
+//	                              ExtensionKey, for Ollama providers
+//	keep_alive, other options     carried under ExtensionKey, values
+//	and unknown fields            unchanged
+//	messages[].thinking           under ExtensionKey as "messages": one
+//	                              object per message, {"thinking": ...} or
+//	                              {}, for Ollama providers (ApplyExtension);
+//	                              an OpenAI-compatible provider does not get
+//	                              it (DeepSeek's API refuses reasoning_content
+//	                              in a request's messages)
 //
 // Errors are *FieldError: a body that is not a JSON object, a field of the
 // wrong JSON type, a missing model, an image that is not base64, a format
-// that is neither "json" nor a JSON schema, more than 4 stop sequences.
+// that is neither "json" nor a JSON schema, more than 4 stop sequences, a
+// think that is not a boolean, "low", "medium" or "high" (Ollama refuses
+// it too).
 func FromOllamaChat(body []byte) (Request, error) {
 	var in struct {
 		Model    string            `json:"model"`
@@ -213,7 +237,9 @@ func FromOllamaChat(body []byte) (Request, error) {
 // no system (dropped; Ollama's raw mode ignores it too); "format" is sent
 // both as response_format and, for Ollama providers, under ExtensionKey.
 // Options, keep_alive,
-// think and unknown fields go as in FromOllamaChat; "template" is dropped.
+// think and unknown fields go as in FromOllamaChat (a completions body
+// carries no reasoning_effort: think reaches Ollama providers only);
+// "template" is dropped.
 //
 // Errors are *FieldError, as for FromOllamaChat, and also: a non-empty
 // "context" (the deprecated token context of an earlier answer, which no
@@ -265,6 +291,7 @@ func FromOllamaGenerate(body []byte) (Request, error) {
 		}
 		req.Operation = Completion
 		out.Prompt, out.Suffix = &prompt, in.Suffix
+		out.ReasoningEffort = "" // not a completions parameter
 		req.EstimatedInputTokens = (len([]rune(prompt)) + len([]rune(in.Suffix)) + 3) / 4
 		return t.finish(req, out, &out.Extension)
 	}
@@ -284,6 +311,7 @@ type translation struct {
 	top       map[string]json.RawMessage
 	ext       map[string]json.RawMessage // fields for ExtensionKey
 	extOpts   map[string]json.RawMessage // options for ExtensionKey
+	extMsgs   []map[string]string        // per-message fields for ExtensionKey ("thinking"), nil if none
 	dropped   []string
 	extension []string
 }
@@ -302,6 +330,13 @@ func (t *translation) common(model string, known []string) (Request, *canonicalC
 	out := &canonicalChat{Model: model, Stream: true, StreamOptions: map[string]bool{"include_usage": true}}
 	if out.ResponseFormat, err = responseFormat(t.top["format"]); err != nil {
 		return Request{}, nil, err
+	}
+	if raw, ok := t.top["think"]; ok && !isNull(raw) {
+		var think bool
+		if out.ReasoningEffort, think, err = thinkEffort(raw); err != nil {
+			return Request{}, nil, err
+		}
+		req.NoThinking = !think
 	}
 	if err := t.options(out); err != nil {
 		return Request{}, nil, err
@@ -346,9 +381,40 @@ func (t *translation) finish(req Request, out any, ext *json.RawMessage) (Reques
 	return req, nil
 }
 
+// thinkEffort maps Ollama's "think" (Ollama API doc; api.ThinkValue: a
+// boolean, or "low", "medium" or "high") to OpenAI's reasoning_effort:
+// true is "medium" (ThinkValue.String gives true that level), a level
+// stays, false is "" (none sent). think reports whether thinking is on.
+func thinkEffort(raw json.RawMessage) (effort string, think bool, err error) {
+	var b bool
+	if json.Unmarshal(raw, &b) == nil {
+		if b {
+			return "medium", true, nil
+		}
+		return "", false, nil
+	}
+	var level string
+	if json.Unmarshal(raw, &level) == nil {
+		switch level {
+		case "low", "medium", "high":
+			return level, true, nil
+		}
+		return "", false, fieldErr("think", `must be true, false, "low", "medium" or "high", got %s`, strconv.Quote(clip(level)))
+	}
+	return "", false, fieldErr("think", `must be true, false, "low", "medium" or "high"`)
+}
+
 // extensionJSON is the ExtensionKey member: the fields set aside, with the
-// options set aside as its "options"; nil when there are none.
+// options set aside as its "options" and the per-message fields as its
+// "messages"; nil when there are none.
 func (t *translation) extensionJSON() (json.RawMessage, error) {
+	if t.extMsgs != nil {
+		msgs, err := json.Marshal(t.extMsgs)
+		if err != nil {
+			return nil, err
+		}
+		t.ext["messages"] = msgs
+	}
 	if len(t.extOpts) > 0 {
 		opts, err := json.Marshal(t.extOpts)
 		if err != nil {
@@ -450,7 +516,14 @@ func (t *translation) messages(raw []json.RawMessage) ([]any, error) {
 			return nil, fieldErr(field+".role", "each message must have a role")
 		}
 		if m.Thinking != "" {
-			t.dropped = append(t.dropped, field+".thinking")
+			if t.extMsgs == nil {
+				t.extMsgs = make([]map[string]string, len(raw))
+				for j := range t.extMsgs {
+					t.extMsgs[j] = map[string]string{}
+				}
+			}
+			t.extMsgs[i]["thinking"] = m.Thinking
+			t.extension = append(t.extension, field+".thinking")
 		}
 		msg := map[string]any{"role": m.Role}
 		content, err := userContent(m.Content, m.Images, field+".images")

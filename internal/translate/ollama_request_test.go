@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -40,7 +41,7 @@ func TestFromOllamaChat(t *testing.T) {
 				"messages":[{"role":"user","content":"hi"}]}`,
 			want: `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},
 				"max_tokens":5,"temperature":0,"top_p":0.9,"stop":["\n"],"seed":42,"frequency_penalty":1,"presence_penalty":1.5,
-				"response_format":{"type":"json_object"},
+				"response_format":{"type":"json_object"},"reasoning_effort":"medium",
 				"iop_ollama":{"keep_alive":"24h","think":true,"truncate":false,"options":{"num_ctx":8192,"top_k":40}}}`,
 			ext: []string{"keep_alive", "options.num_ctx", "options.top_k", "think", "truncate"},
 		},
@@ -63,8 +64,23 @@ func TestFromOllamaChat(t *testing.T) {
 					{"id":"call_1_0","type":"function","function":{"name":"w","arguments":"{\"city\":\"Paris\"}"}},
 					{"id":"call_1_1","type":"function","function":{"name":"t","arguments":"{}"}}]},
 				{"role":"tool","content":"12:00","tool_call_id":"call_1_1"},
-				{"role":"tool","content":"sunny","tool_call_id":"call_1_0"}]}`,
-			dropped: []string{"messages[1].thinking"},
+				{"role":"tool","content":"sunny","tool_call_id":"call_1_0"}],
+				"iop_ollama":{"messages":[{},{"thinking":"hmm"},{},{}]}}`,
+			ext: []string{"messages[1].thinking"},
+		},
+		{
+			name: "think levels reach OpenAI-compatible providers as reasoning_effort",
+			in:   `{"model":"m","think":"high","messages":[{"role":"user","content":"hi"}]}`,
+			want: `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},
+				"reasoning_effort":"high","iop_ollama":{"think":"high"}}`,
+			ext: []string{"think"},
+		},
+		{
+			name: "think false sends no reasoning_effort",
+			in:   `{"model":"m","think":false,"messages":[{"role":"user","content":"hi"}]}`,
+			want: `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},
+				"iop_ollama":{"think":false}}`,
+			ext: []string{"think"},
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -214,4 +230,85 @@ func FuzzStripExtension(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestOllamaThinkTranslation: "think" reaches OpenAI-compatible providers
+// as reasoning_effort (chat bodies only) and Ollama providers unchanged;
+// false marks the request NoThinking; Ollama refuses other values, and so
+// does the translation.
+func TestOllamaThinkTranslation(t *testing.T) {
+	effort := func(body []byte) string {
+		var b struct {
+			ReasoningEffort string `json:"reasoning_effort"`
+		}
+		_ = json.Unmarshal(body, &b)
+		return b.ReasoningEffort
+	}
+	for _, c := range []struct {
+		in         string
+		effort     string
+		noThinking bool
+	}{
+		{`{"model":"m","think":true,"messages":[{"role":"user","content":"x"}]}`, "medium", false},
+		{`{"model":"m","think":"low","messages":[{"role":"user","content":"x"}]}`, "low", false},
+		{`{"model":"m","think":false,"messages":[{"role":"user","content":"x"}]}`, "", true},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}]}`, "", false},
+		{`{"model":"m","think":null,"messages":[{"role":"user","content":"x"}]}`, "", false},
+	} {
+		req, err := FromOllamaChat([]byte(c.in))
+		if err != nil || effort(req.Body) != c.effort || req.NoThinking != c.noThinking {
+			t.Errorf("chat %s: effort %q no-thinking %v %v; want %q %v", c.in, effort(req.Body), req.NoThinking, err, c.effort, c.noThinking)
+		}
+	}
+	req, err := FromOllamaGenerate([]byte(`{"model":"m","prompt":"x","think":"high"}`))
+	if err != nil || req.Operation != Chat || effort(req.Body) != "high" {
+		t.Errorf("generate: %s %v", req.Body, err)
+	}
+	req, err = FromOllamaGenerate([]byte(`{"model":"m","prompt":"x","raw":true,"think":true}`))
+	if err != nil || req.Operation != Completion || effort(req.Body) != "" || !bytes.Contains(req.Body, []byte(`"iop_ollama":{"think":true}`)) {
+		t.Errorf("raw generate: a completions body carries think for Ollama only: %s %v", req.Body, err)
+	}
+	for _, in := range []string{
+		`{"model":"m","think":"max","messages":[{"role":"user","content":"x"}]}`,
+		`{"model":"m","think":1,"messages":[{"role":"user","content":"x"}]}`,
+		`{"model":"m","think":{},"prompt":"x"}`,
+	} {
+		from := FromOllamaChat
+		if strings.Contains(in, "prompt") {
+			from = FromOllamaGenerate
+		}
+		var fe *FieldError
+		if _, err := from([]byte(in)); !errors.As(err, &fe) || fe.Field != "think" {
+			t.Errorf("%s: %v, want a FieldError for think", in, err)
+		}
+	}
+}
+
+// TestApplyExtensionMergesMessages: the per-message fields of an Ollama
+// client's messages (their thinking) reach the Ollama provider's messages
+// of the same index, without replacing what the translation set.
+func TestApplyExtensionMergesMessages(t *testing.T) {
+	req, err := FromOllamaChat([]byte(`{"model":"m","messages":[{"role":"user","content":"q"},
+		{"role":"assistant","content":"a","thinking":"because"},{"role":"user","content":"and?"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ollama, err := ToOllamaChat(req.Body, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, set, err := ApplyExtension(ollama, req.Body)
+	want := `{"model":"m","stream":true,"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a","thinking":"because"},{"role":"user","content":"and?"}]}`
+	if err != nil || !jsonEqual(t, out, want) || !reflect.DeepEqual(set, []string{"messages[1].thinking"}) {
+		t.Fatalf("%s %v %v", out, set, err)
+	}
+	// The translation's own thinking stays; extra entries are ignored.
+	out, _, err = ApplyExtension([]byte(`{"messages":[{"role":"assistant","thinking":"mine"}]}`),
+		[]byte(`{"iop_ollama":{"messages":[{"thinking":"theirs"},{"thinking":"no such message"}]}}`))
+	if err != nil || !jsonEqual(t, out, `{"messages":[{"role":"assistant","thinking":"mine"}]}`) {
+		t.Fatalf("%s %v", out, err)
+	}
+	if _, _, err := ApplyExtension([]byte(`{"messages":[]}`), []byte(`{"iop_ollama":{"messages":{}}}`)); !errors.Is(err, ErrNotObject) {
+		t.Fatalf("messages not an array: %v", err)
+	}
 }

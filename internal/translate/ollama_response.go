@@ -17,7 +17,10 @@ type OllamaResponse struct {
 	CreatedAt string         `json:"created_at"` // RFC 3339 with nanoseconds, UTC
 	Message   *OllamaMessage `json:"message,omitempty"`
 	Response  *string        `json:"response,omitempty"`
-	Done      bool           `json:"done"`
+	// Thinking is a generate answer's reasoning text (GenerateResponse's
+	// "thinking"); a chat answer's is Message.Thinking.
+	Thinking string `json:"thinking,omitempty"`
+	Done     bool   `json:"done"`
 	// DoneReason is "stop", "length", "load" or "unload" (final object only).
 	DoneReason         string `json:"done_reason,omitempty"`
 	TotalDuration      int64  `json:"total_duration,omitempty"`
@@ -30,8 +33,10 @@ type OllamaResponse struct {
 
 // OllamaMessage is the assistant message of a chat answer.
 type OllamaMessage struct {
-	Role      string           `json:"role"`
-	Content   string           `json:"content"`
+	Role    string `json:"role"`
+	Content string `json:"content"`
+	// Thinking is the reasoning text (Ollama's api.Message "thinking").
+	Thinking  string           `json:"thinking,omitempty"`
 	ToolCalls []OllamaToolCall `json:"tool_calls,omitempty"`
 }
 
@@ -60,6 +65,16 @@ func NewOllamaResponse(chat bool, model string, at time.Time, text string) Ollam
 		r.Response = &text
 	}
 	return r
+}
+
+// SetThinking sets the object's reasoning text where Ollama puts it: in
+// the message of a chat answer, at the top of a generate answer.
+func (r *OllamaResponse) SetThinking(thinking string) {
+	if r.Message != nil {
+		r.Message.Thinking = thinking
+		return
+	}
+	r.Thinking = thinking
 }
 
 // OllamaToolCalls converts an answer's tool calls to Ollama's shape.
@@ -117,8 +132,9 @@ func OllamaDoneReason(finish string) string {
 // of a final object.
 type Timings struct {
 	// Start is when the request arrived; Dispatched when a provider took
-	// it (after the queue); FirstToken when the first text arrived (zero if
-	// none did); End when the answer was complete.
+	// it (after the queue); FirstToken when the first text or reasoning
+	// arrived (zero if none did: a reasoning model's first token is its
+	// reasoning); End when the answer was complete.
 	Start, Dispatched, FirstToken, End time.Time
 }
 

@@ -3,6 +3,7 @@ package translate
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -92,7 +93,53 @@ type openAIChatRequest struct {
 			Schema json.RawMessage `json:"schema"`
 		} `json:"json_schema"`
 	} `json:"response_format"`
-	Tools json.RawMessage `json:"tools"`
+	Tools             json.RawMessage `json:"tools"`
+	ToolChoice        json.RawMessage `json:"tool_choice"`
+	ParallelToolCalls *bool           `json:"parallel_tool_calls"`
+	openAIReasoning
+	Extension map[string]json.RawMessage `json:"iop_ollama"`
+}
+
+// openAIReasoning is a request's reasoning setting: OpenAI's
+// "reasoning_effort", or the "reasoning" object of OpenRouter and Ollama's
+// OpenAI API ({"effort"}, OpenRouter's {"enabled"}).
+type openAIReasoning struct {
+	ReasoningEffort *string `json:"reasoning_effort"`
+	Reasoning       *struct {
+		Effort  *string `json:"effort"`
+		Enabled *bool   `json:"enabled"`
+	} `json:"reasoning"`
+}
+
+// think maps the reasoning setting to Ollama's "think" (nil: none set), as
+// Ollama's own OpenAI API does (openai.FromChatRequest: "reasoning.effort"
+// before "reasoning_effort"; "none" is false, a level stays), and also
+// OpenAI's levels Ollama lacks to the nearest it has: "minimal" is "low",
+// "xhigh" is "high". Errors are *FieldError for another value.
+func (r openAIReasoning) think() (json.RawMessage, error) {
+	effort, field := r.ReasoningEffort, "reasoning_effort"
+	if r.Reasoning != nil {
+		switch {
+		case r.Reasoning.Effort != nil:
+			effort, field = r.Reasoning.Effort, "reasoning.effort"
+		case r.Reasoning.Enabled != nil:
+			return json.Marshal(*r.Reasoning.Enabled)
+		}
+	}
+	if effort == nil {
+		return nil, nil
+	}
+	switch *effort {
+	case "none":
+		return json.RawMessage(`false`), nil
+	case "minimal":
+		return json.RawMessage(`"low"`), nil
+	case "low", "medium", "high":
+		return json.Marshal(*effort)
+	case "xhigh":
+		return json.RawMessage(`"high"`), nil
+	}
+	return nil, fieldErr(field, `must be one of "none", "minimal", "low", "medium", "high", "xhigh", got %q`, clip(*effort))
 }
 
 type openAIMessage struct {
@@ -101,6 +148,11 @@ type openAIMessage struct {
 	Name       string           `json:"name"`
 	ToolCalls  []openAIToolCall `json:"tool_calls"`
 	ToolCallID string           `json:"tool_call_id"`
+	// ReasoningContent and Reasoning are an earlier answer's reasoning
+	// (vLLM and DeepSeek; Ollama's OpenAI API and OpenRouter): a string,
+	// else ignored.
+	ReasoningContent json.RawMessage `json:"reasoning_content"`
+	Reasoning        json.RawMessage `json:"reasoning"`
 }
 
 // openAIToolCall is one entry of an OpenAI message's "tool_calls" as a
@@ -128,18 +180,23 @@ type ollamaChatRequest struct {
 	Format   json.RawMessage `json:"format,omitempty"`
 	Options  *ollamaOptions  `json:"options,omitempty"`
 	Tools    json.RawMessage `json:"tools,omitempty"`
+	Think    json.RawMessage `json:"think,omitempty"`
 }
 
 // ToOllamaChat translates an OpenAI chat completions body into an Ollama
 // /api/chat body for model, always streaming:
 //
+//	messages[].role           the same, but "developer" is "system" (chat
+//	                          templates render only system)
 //	messages[].content        content (text parts joined by newlines) and
 //	                          images (base64 data: URLs only; the node
 //	                          fetches nothing on a client's behalf)
 //	messages[].tool_calls     tool_calls, arguments as an object
+//	messages[].reasoning_content, thinking (an earlier answer's reasoning)
+//	.reasoning
 //	tool message              tool_name: its "name", else the function of
 //	                          the call its tool_call_id answers
-//	tools                     tools (the same shape)
+//	tools, tool_choice        tools, as tool_choice allows (toolsFor)
 //	max_completion_tokens,    options.num_predict
 //	max_tokens
 //	temperature, top_p, stop, options of the same names
@@ -147,13 +204,18 @@ type ollamaChatRequest struct {
 //	presence_penalty
 //	response_format           format: "json" (json_object) or the schema
 //	                          (json_schema)
+//	reasoning_effort,         think (openAIReasoning.think), unless the
+//	reasoning.effort          body's ExtensionKey sets think itself
 //
 // Errors are *FieldError naming the field: a body that is not a chat
 // completions object, no messages, a message without a role, content that
-// is neither a string nor parts, a part other than text or a data: image,
-// tool call arguments that are not JSON, an unknown response_format type,
-// and "n" above 1 (Ollama answers one choice per request; answering one
-// when several were asked would change the answer's meaning).
+// is neither a string nor parts, a part other than text or a data: image
+// (a remote image URL is refused, saying to send a data URL), tool call
+// arguments that are not JSON, an unknown response_format type, a
+// reasoning effort of another value, and the settings Ollama cannot honour
+// and whose loss would change the answer: "n" above 1 (Ollama answers one
+// choice per request), tool_choice "required" (Ollama cannot force a tool
+// call) and parallel_tool_calls false (nor keep a model to one call).
 func ToOllamaChat(body []byte, model string) ([]byte, error) {
 	var in openAIChatRequest
 	if err := json.Unmarshal(body, &in); err != nil {
@@ -170,8 +232,13 @@ func ToOllamaChat(body []byte, model string) ([]byte, error) {
 		return nil, err
 	}
 	out := ollamaChatRequest{Model: model, Stream: true, Options: opts}
-	if !isNull(in.Tools) {
-		out.Tools = in.Tools
+	if out.Tools, err = toolsFor(in.Tools, in.ToolChoice, in.ParallelToolCalls); err != nil {
+		return nil, err
+	}
+	if _, set := in.Extension["think"]; !set {
+		if out.Think, err = in.think(); err != nil {
+			return nil, err
+		}
 	}
 	if rf := in.ResponseFormat; rf != nil {
 		switch rf.Type {
@@ -189,9 +256,12 @@ func ToOllamaChat(body []byte, model string) ([]byte, error) {
 	}
 	toolNames := make(map[string]string) // tool call id -> function name
 	for i, m := range in.Messages {
-		om := ollamaMessage{Role: m.Role}
-		if m.Role == "" {
+		om := ollamaMessage{Role: m.Role, Thinking: reasoningText(m.ReasoningContent, m.Reasoning)}
+		switch m.Role {
+		case "":
 			return nil, fieldErr(fmt.Sprintf("messages[%d]", i), "role is required")
+		case "developer":
+			om.Role = "system"
 		}
 		if om.Content, om.Images, err = messageContent(m.Content, i); err != nil {
 			return nil, err
@@ -219,6 +289,136 @@ func ToOllamaChat(body []byte, model string) ([]byte, error) {
 	return json.Marshal(out)
 }
 
+// reasoningText is a message's reasoning: reasoning_content when it is a
+// non-empty string, else reasoning when it is a string.
+func reasoningText(content, reasoning json.RawMessage) string {
+	var s string
+	if json.Unmarshal(content, &s) == nil && s != "" {
+		return s
+	}
+	if json.Unmarshal(reasoning, &s) == nil {
+		return s
+	}
+	return ""
+}
+
+// toolsFor is the "tools" an Ollama provider gets for an OpenAI request's
+// tools, tool_choice and parallel_tool_calls (OpenAI API reference, "Create
+// chat completion"), as near as Ollama, which has no tool_choice, can
+// honour them:
+//
+//	tool_choice absent, "auto"       the tools as sent
+//	"none"                           no tools: the model cannot call one
+//	{"type":"function",              only that function's tool: the model
+//	 "function":{"name":N}}          can call no other
+//	{"type":"allowed_tools",         only those tools
+//	 "allowed_tools":{"mode":"auto",
+//	 "tools":[...]}}
+//
+// Refused (*FieldError), as Ollama cannot honour them and answering anyway
+// would change the answer's meaning: "required" and allowed tools of mode
+// "required" (Ollama cannot force a call), another tool_choice, a named
+// function that is not among the tools, and parallel_tool_calls false
+// (Ollama cannot keep a model to one call per turn). An OpenAI-compatible
+// provider gets all of these as sent.
+func toolsFor(tools, choice json.RawMessage, parallel *bool) (json.RawMessage, error) {
+	if parallel != nil && !*parallel && !isNull(tools) {
+		return nil, fieldErr("parallel_tool_calls", "false cannot be honoured by this provider (Ollama may answer with several tool calls in one turn); leave it out, or use a model an OpenAI-compatible provider serves")
+	}
+	if isNull(choice) {
+		return nonNullRaw(tools), nil
+	}
+	var mode string
+	if json.Unmarshal(choice, &mode) == nil {
+		switch mode {
+		case "auto":
+			return nonNullRaw(tools), nil
+		case "none":
+			return nil, nil
+		case "required":
+			return nil, fieldErr("tool_choice", `"required" cannot be honoured by this provider (Ollama cannot force a tool call); send "auto", or use a model an OpenAI-compatible provider serves`)
+		}
+		return nil, fieldErr("tool_choice", `must be "none", "auto", "required" or an object naming a function, got %q`, clip(mode))
+	}
+	var obj struct {
+		Type     string `json:"type"`
+		Function *struct {
+			Name string `json:"name"`
+		} `json:"function"`
+		AllowedTools *struct {
+			Mode  string `json:"mode"`
+			Tools []struct {
+				Type     string `json:"type"`
+				Function *struct {
+					Name string `json:"name"`
+				} `json:"function"`
+			} `json:"tools"`
+		} `json:"allowed_tools"`
+	}
+	if err := json.Unmarshal(choice, &obj); err != nil {
+		return nil, fieldErr("tool_choice", `must be "none", "auto", "required" or an object naming a function`)
+	}
+	var names []string
+	switch {
+	case obj.Type == "function" && obj.Function != nil && obj.Function.Name != "":
+		names = []string{obj.Function.Name}
+	case obj.Type == "allowed_tools" && obj.AllowedTools != nil:
+		switch obj.AllowedTools.Mode {
+		case "", "auto":
+		case "required":
+			return nil, fieldErr("tool_choice.allowed_tools.mode", `"required" cannot be honoured by this provider (Ollama cannot force a tool call); send "auto", or use a model an OpenAI-compatible provider serves`)
+		default:
+			return nil, fieldErr("tool_choice.allowed_tools.mode", `must be "auto" or "required", got %q`, clip(obj.AllowedTools.Mode))
+		}
+		for _, t := range obj.AllowedTools.Tools {
+			if t.Function != nil && t.Function.Name != "" {
+				names = append(names, t.Function.Name)
+			}
+		}
+	default:
+		return nil, fieldErr("tool_choice", "a tool_choice of type %q is not supported by this provider; name a function: {\"type\":\"function\",\"function\":{\"name\":...}}", clip(obj.Type))
+	}
+	return onlyTools(tools, names)
+}
+
+// onlyTools returns the function tools of tools named in names, in their
+// order; a name without a tool is a *FieldError.
+func onlyTools(tools json.RawMessage, names []string) (json.RawMessage, error) {
+	var all []json.RawMessage
+	if !isNull(tools) {
+		if err := json.Unmarshal(tools, &all); err != nil {
+			return nil, fieldErr("tools", "expected an array of tools")
+		}
+	}
+	var kept []json.RawMessage
+	found := make(map[string]bool, len(names))
+	for _, raw := range all {
+		var t struct {
+			Function struct {
+				Name string `json:"name"`
+			} `json:"function"`
+		}
+		if json.Unmarshal(raw, &t) == nil && slices.Contains(names, t.Function.Name) {
+			kept = append(kept, raw)
+			found[t.Function.Name] = true
+		}
+	}
+	for _, n := range names {
+		if !found[n] {
+			return nil, fieldErr("tool_choice", "names the function %q, which is not among the request's tools", clip(n))
+		}
+	}
+	return json.Marshal(kept)
+}
+
+// nonNullRaw is raw, or nil when it is absent or null.
+func nonNullRaw(raw json.RawMessage) json.RawMessage {
+	if isNull(raw) {
+		return nil
+	}
+	return raw
+}
+
 // messageContent flattens OpenAI message content: a string, or an array of
 // parts whose text parts are joined by newlines and whose image_url parts,
 // which must be base64 data: URLs, become Ollama images.
@@ -243,7 +443,7 @@ func messageContent(raw json.RawMessage, i int) (string, []string, error) {
 		case "image_url":
 			img, err := imageData(p.ImageURL)
 			if err != nil {
-				return "", nil, fieldErr(field, "image_url: %s", err)
+				return "", nil, fieldErr(field+".image_url", "%s", err)
 			}
 			images = append(images, img)
 		default:
@@ -255,7 +455,9 @@ func messageContent(raw json.RawMessage, i int) (string, []string, error) {
 
 // imageData returns the base64 payload of an image_url part, which is
 // {"url": "data:<type>;base64,<payload>"} or that URL as a bare string.
-// Remote URLs are refused.
+// Remote (http, https) URLs are refused: Ollama takes image bytes only, and
+// the node fetches nothing on a client's behalf (a URL would let a client
+// make it reach any address its network can).
 func imageData(raw json.RawMessage) (string, error) {
 	var ref struct {
 		URL string `json:"url"`
@@ -265,14 +467,25 @@ func imageData(raw json.RawMessage) (string, error) {
 			return "", fmt.Errorf(`want {"url": ...}`)
 		}
 	}
+	if IsRemoteImageURL(ref.URL) {
+		return "", fmt.Errorf(`remote image URLs are not fetched for this provider (Ollama takes image bytes only); send the image inline as a base64 data URL, "data:image/png;base64,..."`)
+	}
 	meta, payload, ok := strings.Cut(ref.URL, ",")
 	if !ok || !strings.HasPrefix(meta, "data:") || !strings.HasSuffix(meta, ";base64") {
-		return "", fmt.Errorf("only base64 data: URLs are supported")
+		return "", fmt.Errorf(`only base64 data URLs are supported, "data:image/png;base64,..."`)
 	}
 	if payload == "" {
 		return "", fmt.Errorf("empty image data")
 	}
 	return payload, nil
+}
+
+// IsRemoteImageURL reports whether an image_url part's URL is a remote
+// one (http: or https:, in any case), which only a provider that fetches
+// URLs itself (an OpenAI-compatible one) can take.
+func IsRemoteImageURL(url string) bool {
+	scheme, _, ok := strings.Cut(url, ":")
+	return ok && (strings.EqualFold(scheme, "http") || strings.EqualFold(scheme, "https"))
 }
 
 // oneChoice refuses an "n" above 1: Ollama answers one choice per
@@ -294,14 +507,17 @@ type openAICompletionRequest struct {
 	BestOf   *int            `json:"best_of"`
 	Echo     *bool           `json:"echo"`
 	Logprobs json.RawMessage `json:"logprobs"` // integer | null
+	openAIReasoning
+	Extension map[string]json.RawMessage `json:"iop_ollama"`
 }
 
 type ollamaGenerateRequest struct {
-	Model   string         `json:"model"`
-	Prompt  string         `json:"prompt"`
-	Suffix  string         `json:"suffix,omitempty"`
-	Stream  bool           `json:"stream"`
-	Options *ollamaOptions `json:"options,omitempty"`
+	Model   string          `json:"model"`
+	Prompt  string          `json:"prompt"`
+	Suffix  string          `json:"suffix,omitempty"`
+	Stream  bool            `json:"stream"`
+	Options *ollamaOptions  `json:"options,omitempty"`
+	Think   json.RawMessage `json:"think,omitempty"`
 }
 
 // OpenAIPrompt returns the prompt of an OpenAI completions body: a string,
@@ -331,10 +547,10 @@ func onePrompt(raw json.RawMessage) (string, error) {
 
 // ToOllamaGenerate translates an OpenAI completions body into an Ollama
 // /api/generate body for model, always streaming: the prompt (see
-// OpenAIPrompt), suffix, and the sampling options as ToOllamaChat maps
-// them. Errors are *FieldError naming the field, also for the fields
-// Ollama cannot honour and whose loss would change the answer: echo true,
-// logprobs, and n or best_of above 1.
+// OpenAIPrompt), suffix, and the sampling options and reasoning effort as
+// ToOllamaChat maps them. Errors are *FieldError naming the field, also
+// for the fields Ollama cannot honour and whose loss would change the
+// answer: echo true, logprobs, and n or best_of above 1.
 func ToOllamaGenerate(body []byte, model string) ([]byte, error) {
 	var in openAICompletionRequest
 	if err := json.Unmarshal(body, &in); err != nil {
@@ -359,7 +575,13 @@ func ToOllamaGenerate(body []byte, model string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(ollamaGenerateRequest{Model: model, Prompt: prompt, Suffix: in.Suffix, Stream: true, Options: opts})
+	out := ollamaGenerateRequest{Model: model, Prompt: prompt, Suffix: in.Suffix, Stream: true, Options: opts}
+	if _, set := in.Extension["think"]; !set {
+		if out.Think, err = in.think(); err != nil {
+			return nil, err
+		}
+	}
+	return json.Marshal(out)
 }
 
 // ---- embeddings ----

@@ -47,6 +47,67 @@ func TestToOllamaChat(t *testing.T) {
 	}
 }
 
+// toolF and toolG are function tools of a request.
+const (
+	toolF = `{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}`
+	toolG = `{"type":"function","function":{"name":"g"}}`
+)
+
+func TestToOllamaChatReasoningRolesAndTools(t *testing.T) {
+	user := `"messages":[{"role":"user","content":"hi"}]`
+	for _, tc := range []struct {
+		name, body, want string
+	}{
+		{"reasoning_effort level", `{` + user + `,"reasoning_effort":"high"}`,
+			`{"model":"m","stream":true,` + user + `,"think":"high"}`},
+		{"reasoning_effort none is think false", `{` + user + `,"reasoning_effort":"none"}`,
+			`{"model":"m","stream":true,` + user + `,"think":false}`},
+		{"minimal is low, Ollama's lowest", `{` + user + `,"reasoning_effort":"minimal"}`,
+			`{"model":"m","stream":true,` + user + `,"think":"low"}`},
+		{"xhigh is high", `{` + user + `,"reasoning_effort":"xhigh"}`,
+			`{"model":"m","stream":true,` + user + `,"think":"high"}`},
+		{"reasoning.effort wins, as in Ollama's own OpenAI API", `{` + user + `,"reasoning_effort":"low","reasoning":{"effort":"none"}}`,
+			`{"model":"m","stream":true,` + user + `,"think":false}`},
+		{"OpenRouter's reasoning.enabled", `{` + user + `,"reasoning":{"enabled":true}}`,
+			`{"model":"m","stream":true,` + user + `,"think":true}`},
+		{"no reasoning setting: Ollama's default", `{` + user + `}`,
+			`{"model":"m","stream":true,` + user + `}`},
+		{"the extension's think is left to ApplyExtension", `{` + user + `,"reasoning_effort":"medium","iop_ollama":{"think":true}}`,
+			`{"model":"m","stream":true,` + user + `}`},
+		{"developer is system; an earlier answer's reasoning is thinking",
+			`{"messages":[{"role":"developer","content":"be brief"},{"role":"user","content":"hi"},
+				{"role":"assistant","content":"a","reasoning_content":"first"},{"role":"assistant","content":"b","reasoning":"second"},
+				{"role":"assistant","content":"c","reasoning":{"x":1}}]}`,
+			`{"model":"m","stream":true,"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"},
+				{"role":"assistant","content":"a","thinking":"first"},{"role":"assistant","content":"b","thinking":"second"},
+				{"role":"assistant","content":"c"}]}`},
+		{"tool_choice auto", `{` + user + `,"tools":[` + toolF + `,` + toolG + `],"tool_choice":"auto","parallel_tool_calls":true}`,
+			`{"model":"m","stream":true,` + user + `,"tools":[` + toolF + `,` + toolG + `]}`},
+		{"tool_choice none sends no tools", `{` + user + `,"tools":[` + toolF + `,` + toolG + `],"tool_choice":"none"}`,
+			`{"model":"m","stream":true,` + user + `}`},
+		{"a named function sends only its tool", `{` + user + `,"tools":[` + toolF + `,` + toolG + `],"tool_choice":{"type":"function","function":{"name":"g"}}}`,
+			`{"model":"m","stream":true,` + user + `,"tools":[` + toolG + `]}`},
+		{"allowed tools in mode auto", `{` + user + `,"tools":[` + toolF + `,` + toolG + `],"tool_choice":{"type":"allowed_tools","allowed_tools":{"mode":"auto","tools":[{"type":"function","function":{"name":"f"}}]}}}`,
+			`{"model":"m","stream":true,` + user + `,"tools":[` + toolF + `]}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ToOllamaChat([]byte(tc.body), "m")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !jsonEqual(t, got, tc.want) {
+				t.Fatalf("got %s, want %s", got, tc.want)
+			}
+		})
+	}
+	t.Run("a completion's reasoning_effort", func(t *testing.T) {
+		got, err := ToOllamaGenerate([]byte(`{"prompt":"x","reasoning_effort":"low"}`), "m")
+		if want := `{"model":"m","prompt":"x","stream":true,"think":"low"}`; err != nil || !jsonEqual(t, got, want) {
+			t.Fatalf("%s %v", got, err)
+		}
+	})
+}
+
 func TestToOllamaGenerateAndEmbed(t *testing.T) {
 	got, err := ToOllamaGenerate([]byte(`{"prompt":["Why?"],"suffix":"!","max_tokens":7,"stop":"\n","seed":1}`), "m")
 	if want := `{"model":"m","prompt":"Why?","suffix":"!","stream":true,"options":{"num_predict":7,"stop":["\n"],"seed":1}}`; err != nil || !jsonEqual(t, got, want) {
@@ -76,7 +137,16 @@ func TestToOllamaRefusals(t *testing.T) {
 		{"no messages", chat, `{"messages":[]}`, "messages"},
 		{"no role", chat, `{"messages":[{"content":"x"}]}`, "messages[0]"},
 		{"n", chat, `{"n":2,"messages":[{"role":"user","content":"x"}]}`, "n"},
-		{"remote image", chat, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}]}`, "messages[0].content[0]"},
+		{"remote image", chat, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}]}`, "messages[0].content[0].image_url"},
+		{"file URL image", chat, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":"file:///etc/passwd"}]}]}`, "messages[0].content[0].image_url"},
+		{"tool_choice required", chat, `{"messages":[{"role":"user","content":"x"}],"tools":[` + toolF + `],"tool_choice":"required"}`, "tool_choice"},
+		{"allowed tools required", chat, `{"messages":[{"role":"user","content":"x"}],"tools":[` + toolF + `],"tool_choice":{"type":"allowed_tools","allowed_tools":{"mode":"required","tools":[` + toolF + `]}}}`, "tool_choice.allowed_tools.mode"},
+		{"tool_choice unknown string", chat, `{"messages":[{"role":"user","content":"x"}],"tools":[` + toolF + `],"tool_choice":"any"}`, "tool_choice"},
+		{"tool_choice custom", chat, `{"messages":[{"role":"user","content":"x"}],"tools":[` + toolF + `],"tool_choice":{"type":"custom","custom":{"name":"f"}}}`, "tool_choice"},
+		{"tool_choice names a missing function", chat, `{"messages":[{"role":"user","content":"x"}],"tools":[` + toolF + `],"tool_choice":{"type":"function","function":{"name":"g"}}}`, "tool_choice"},
+		{"parallel_tool_calls false", chat, `{"messages":[{"role":"user","content":"x"}],"tools":[` + toolF + `],"parallel_tool_calls":false}`, "parallel_tool_calls"},
+		{"reasoning_effort unknown", chat, `{"messages":[{"role":"user","content":"x"}],"reasoning_effort":"max"}`, "reasoning_effort"},
+		{"reasoning.effort unknown", chat, `{"messages":[{"role":"user","content":"x"}],"reasoning":{"effort":"max"}}`, "reasoning.effort"},
 		{"audio part", chat, `{"messages":[{"role":"user","content":[{"type":"input_audio"}]}]}`, "messages[0].content[0]"},
 		{"content number", chat, `{"messages":[{"role":"user","content":7}]}`, "messages[0].content"},
 		{"bad tool arguments", chat, `{"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{"}}]}]}`, "messages[0]"},

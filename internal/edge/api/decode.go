@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"iop/internal/translate"
 )
 
 // Capabilities a request can need of its provider (Request.Needs).
@@ -21,6 +23,17 @@ const (
 	// finds it in tunnel-path (OpenAI-compatible) providers only, as Ollama
 	// and command-line providers answer one choice per request.
 	needChoices = "choices"
+	// needToolChoice is a request whose tool use only an OpenAI-compatible
+	// provider can keep to: tool_choice "required" (or allowed tools of
+	// mode "required"), or parallel_tool_calls false. Like needChoices, no
+	// provider declares it: tunnel-path providers have it (the request
+	// reaches them as sent); Ollama has no such settings.
+	needToolChoice = "tool_choice"
+	// needRemoteImages is a request with an image given by an http(s)
+	// URL: only a provider that fetches it itself (an OpenAI-compatible
+	// one, on the tunnel path) can take it; iop fetches nothing for
+	// Ollama providers.
+	needRemoteImages = "remote_images"
 )
 
 // maxStopSequences is how many "stop" strings a request may give (OpenAI's
@@ -51,7 +64,7 @@ type chatRequest struct {
 	// usage chunk.
 	IncludeUsage bool
 	// Needs lists the capabilities the request needs, each once, in the
-	// order tools, vision, choices.
+	// order tools, tool_choice, vision, remote_images, choices.
 	Needs []string
 	// EstimatedInputTokens is the characters (Unicode code points) of the
 	// prompt / 4, rounded up: all message text, the names and arguments of
@@ -79,9 +92,11 @@ const (
 // Keys match exactly (case-sensitive, as providers read them); a duplicated
 // key counts by its last occurrence; null counts as absent. Message content
 // may be a string, an array of content parts of type "text" or "image_url",
-// or null; an "image_url" part makes the request need "vision", a
-// non-empty "tools" (or legacy "functions") array makes it need "tools",
-// and "n" above 1 makes it need "choices".
+// or null; an "image_url" part makes the request need "vision" (and
+// "remote_images" when its URL is http or https), a non-empty "tools" (or
+// legacy "functions") array makes it need "tools", tool_choice "required"
+// or parallel_tool_calls false with tools "tool_choice", and "n" above 1
+// "choices".
 //
 // Checked values:
 //
@@ -103,6 +118,15 @@ const (
 //	                         given) "function" and a "function" object with
 //	                         a string "name" and (if given) string
 //	                         "arguments"
+//	tool_choice              "none", "auto" or "required", or an object
+//	                         with a string "type"; of type "function" it
+//	                         names (function.name) one of the tools';
+//	                         "required" or a named function needs tools
+//	parallel_tool_calls      a boolean
+//	reasoning_effort         a string (its values are the provider's to
+//	                         check: they differ between servers)
+//	reasoning                an object: "effort" a string, "enabled" a
+//	                         boolean
 //
 // An integer must be written as a JSON integer: 1e0 or 1.0 is rejected,
 // with a message saying so, although its value is integral. The body is
@@ -127,7 +151,7 @@ func decodeChatRequest(body []byte) (chatRequest, error) {
 		return chatRequest{}, &requestError{param: "model", message: "you must provide a model parameter"}
 	}
 
-	chars, vision, err := decodeMessages(top["messages"])
+	chars, images, err := decodeMessages(top["messages"])
 	if err != nil {
 		return chatRequest{}, err
 	}
@@ -185,12 +209,25 @@ func decodeChatRequest(body []byte) (chatRequest, error) {
 	if len(tools) > 0 || len(functions) > 0 {
 		req.Needs = append(req.Needs, needTools)
 	}
+	constrained, err := decodeToolChoice(top, tools)
+	if err != nil {
+		return chatRequest{}, err
+	}
+	if constrained {
+		req.Needs = append(req.Needs, needToolChoice)
+	}
+	if err := decodeReasoning(top); err != nil {
+		return chatRequest{}, err
+	}
 	for _, def := range slices.Concat(tools, functions) {
 		chars += jsonChars(def)
 	}
 	req.EstimatedInputTokens = (chars + 3) / 4
-	if vision {
+	if images.vision {
 		req.Needs = append(req.Needs, needVision)
+	}
+	if images.remote {
+		req.Needs = append(req.Needs, needRemoteImages)
 	}
 	if severalChoices(top["n"]) {
 		req.Needs = append(req.Needs, needChoices)
@@ -198,105 +235,231 @@ func decodeChatRequest(body []byte) (chatRequest, error) {
 	return req, nil
 }
 
+// imageUse says what images a request's messages carry: any (vision), and
+// any given by an http(s) URL (remote).
+type imageUse struct{ vision, remote bool }
+
 // decodeMessages checks the "messages" array and returns the number of
-// characters of its text and tool calls and whether any content part is an
-// image.
-func decodeMessages(raw json.RawMessage) (chars int, vision bool, err error) {
+// characters of its text and tool calls and what images its content
+// parts carry.
+func decodeMessages(raw json.RawMessage) (chars int, images imageUse, err error) {
 	if isAbsent(raw) {
-		return 0, false, &requestError{param: "messages", message: "you must provide a messages parameter"}
+		return 0, imageUse{}, &requestError{param: "messages", message: "you must provide a messages parameter"}
 	}
 	var messages []json.RawMessage
 	if err := decodeValue(raw, "messages", wantArray, &messages); err != nil {
-		return 0, false, err
+		return 0, imageUse{}, err
 	}
 	if len(messages) == 0 {
-		return 0, false, &requestError{param: "messages", message: "messages must contain at least one message"}
+		return 0, imageUse{}, &requestError{param: "messages", message: "messages must contain at least one message"}
 	}
 	for i, rawMsg := range messages {
 		param := fmt.Sprintf("messages[%d]", i)
 		var msg map[string]json.RawMessage
 		if err := decodeValue(rawMsg, param, wantObject, &msg); err != nil || msg == nil {
-			return 0, false, &requestError{param: param, message: "expected an object, got " + jsonKind(rawMsg)}
+			return 0, imageUse{}, &requestError{param: param, message: "expected an object, got " + jsonKind(rawMsg)}
 		}
 		var role string
 		if err := decodeNested(msg, param+".role", "role", wantString, &role); err != nil {
-			return 0, false, err
+			return 0, imageUse{}, err
 		}
 		if role == "" {
-			return 0, false, &requestError{param: param + ".role", message: "each message must have a role"}
+			return 0, imageUse{}, &requestError{param: param + ".role", message: "each message must have a role"}
 		}
 		if !slices.Contains(messageRoles, role) {
-			return 0, false, &requestError{param: param + ".role", message: fmt.Sprintf("must be one of %s, got %s",
+			return 0, imageUse{}, &requestError{param: param + ".role", message: fmt.Sprintf("must be one of %s, got %s",
 				strings.Join(messageRoles, ", "), strconv.Quote(clip(role)))}
 		}
 		if err := decodeNested(msg, param+".name", "name", wantString, new(string)); err != nil {
-			return 0, false, err
+			return 0, imageUse{}, err
 		}
 		n, err := decodeToolCalls(msg["tool_calls"], param+".tool_calls")
 		if err != nil {
-			return 0, false, err
+			return 0, imageUse{}, err
 		}
 		chars += n
-		n, v, err := decodeContent(msg["content"], param+".content")
+		n, use, err := decodeContent(msg["content"], param+".content")
 		if err != nil {
-			return 0, false, err
+			return 0, imageUse{}, err
 		}
 		chars += n
-		vision = vision || v
+		images.vision = images.vision || use.vision
+		images.remote = images.remote || use.remote
 	}
-	return chars, vision, nil
+	return chars, images, nil
 }
 
 // decodeContent checks one message's content: a string, an array of content
-// parts, or absent/null. It returns the characters of its text and whether a
-// part is an image.
-func decodeContent(raw json.RawMessage, param string) (chars int, vision bool, err error) {
+// parts, or absent/null. It returns the characters of its text and what
+// images its parts carry.
+func decodeContent(raw json.RawMessage, param string) (chars int, images imageUse, err error) {
 	if isAbsent(raw) {
-		return 0, false, nil
+		return 0, imageUse{}, nil
 	}
 	switch firstByte(raw) {
 	case '"':
 		var s string
 		if err := decodeValue(raw, param, wantString, &s); err != nil {
-			return 0, false, err
+			return 0, imageUse{}, err
 		}
-		return utf8.RuneCountInString(s), false, nil
+		return utf8.RuneCountInString(s), imageUse{}, nil
 	case '[':
 		var parts []json.RawMessage
 		if err := decodeValue(raw, param, wantArray, &parts); err != nil {
-			return 0, false, err
+			return 0, imageUse{}, err
 		}
 		for j, rawPart := range parts {
 			partParam := fmt.Sprintf("%s[%d]", param, j)
 			var part map[string]json.RawMessage
 			if err := decodeValue(rawPart, partParam, wantObject, &part); err != nil || part == nil {
-				return 0, false, &requestError{param: partParam, message: "expected an object, got " + jsonKind(rawPart)}
+				return 0, imageUse{}, &requestError{param: partParam, message: "expected an object, got " + jsonKind(rawPart)}
 			}
 			var typ string
 			if err := decodeNested(part, partParam+".type", "type", wantString, &typ); err != nil {
-				return 0, false, err
+				return 0, imageUse{}, err
 			}
 			switch typ {
 			case "":
-				return 0, false, &requestError{param: partParam + ".type", message: "each content part must have a type"}
+				return 0, imageUse{}, &requestError{param: partParam + ".type", message: "each content part must have a type"}
 			case "text":
 				var text string
 				if err := decodeNested(part, partParam+".text", "text", wantString, &text); err != nil {
-					return 0, false, err
+					return 0, imageUse{}, err
 				}
 				chars += utf8.RuneCountInString(text)
 			case "image_url":
-				vision = true
+				images.vision = true
+				images.remote = images.remote || translate.IsRemoteImageURL(imageURL(part["image_url"]))
 			default:
-				return 0, false, &requestError{param: partParam + ".type",
+				return 0, imageUse{}, &requestError{param: partParam + ".type",
 					message: fmt.Sprintf("content part type %s is not supported; use %s",
 						strconv.Quote(clip(typ)), strings.Join(contentPartTypes, " or "))}
 			}
 		}
-		return chars, vision, nil
+		return chars, images, nil
 	default:
-		return 0, false, &requestError{param: param, message: "expected a string or an array of content parts, got " + jsonKind(raw)}
+		return 0, imageUse{}, &requestError{param: param, message: "expected a string or an array of content parts, got " + jsonKind(raw)}
 	}
+}
+
+// imageURL is the URL of an image_url part's value: {"url": ...} or the
+// URL as a bare string; "" for anything else.
+func imageURL(raw json.RawMessage) string {
+	var ref struct {
+		URL string `json:"url"`
+	}
+	if json.Unmarshal(raw, &ref) != nil {
+		_ = json.Unmarshal(raw, &ref.URL)
+	}
+	return ref.URL
+}
+
+// decodeToolChoice checks "tool_choice" and "parallel_tool_calls" (OpenAI
+// API reference, "Create chat completion") against the request's tools,
+// and reports whether they constrain the tool use beyond what Ollama can
+// honour: tool_choice "required" (or allowed tools of mode "required"),
+// or parallel_tool_calls false (needToolChoice).
+func decodeToolChoice(top map[string]json.RawMessage, tools []json.RawMessage) (constrained bool, err error) {
+	var parallel *bool
+	if err := decodeField(top, "parallel_tool_calls", wantBool, &parallel); err != nil {
+		return false, err
+	}
+	constrained = parallel != nil && !*parallel && len(tools) > 0
+	raw := top["tool_choice"]
+	if isAbsent(raw) {
+		return constrained, nil
+	}
+	const choices = `"none", "auto", "required" or an object naming a function`
+	switch firstByte(raw) {
+	case '"':
+		var mode string
+		_ = json.Unmarshal(raw, &mode)
+		switch mode {
+		case "none", "auto":
+			return constrained, nil
+		case "required":
+			if len(tools) == 0 {
+				return false, &requestError{param: "tool_choice", message: `"required" needs tools; the request has none`}
+			}
+			return true, nil
+		}
+		return false, &requestError{param: "tool_choice", message: fmt.Sprintf("must be %s, got %s", choices, strconv.Quote(clip(mode)))}
+	case '{':
+	default:
+		return false, &requestError{param: "tool_choice", message: fmt.Sprintf("expected %s, got %s", choices, jsonKind(raw))}
+	}
+	var obj map[string]json.RawMessage
+	_ = json.Unmarshal(raw, &obj)
+	var typ string
+	if err := decodeNested(obj, "tool_choice.type", "type", wantString, &typ); err != nil {
+		return false, err
+	}
+	switch typ {
+	case "":
+		return false, &requestError{param: "tool_choice.type", message: "a tool_choice object must have a type"}
+	case "function":
+		var fn map[string]json.RawMessage
+		if err := decodeNested(obj, "tool_choice.function", "function", wantObject, &fn); err != nil {
+			return false, err
+		}
+		var name string
+		if err := decodeNested(fn, "tool_choice.function.name", "name", wantString, &name); err != nil {
+			return false, err
+		}
+		if name == "" {
+			return false, &requestError{param: "tool_choice.function.name", message: "a function tool_choice must name the function"}
+		}
+		if !slices.Contains(toolNames(tools), name) {
+			return false, &requestError{param: "tool_choice.function.name",
+				message: fmt.Sprintf("names the function %s, which is not among the request's tools", strconv.Quote(clip(name)))}
+		}
+	case "allowed_tools":
+		var allowed map[string]json.RawMessage
+		if err := decodeNested(obj, "tool_choice.allowed_tools", "allowed_tools", wantObject, &allowed); err != nil {
+			return false, err
+		}
+		var mode string
+		if err := decodeNested(allowed, "tool_choice.allowed_tools.mode", "mode", wantString, &mode); err != nil {
+			return false, err
+		}
+		if mode == "required" {
+			constrained = true
+		}
+	}
+	return constrained, nil
+}
+
+// toolNames are the function names of a request's tools.
+func toolNames(tools []json.RawMessage) []string {
+	names := make([]string, 0, len(tools))
+	for _, raw := range tools {
+		var t struct {
+			Function struct {
+				Name string `json:"name"`
+			} `json:"function"`
+		}
+		if json.Unmarshal(raw, &t) == nil && t.Function.Name != "" {
+			names = append(names, t.Function.Name)
+		}
+	}
+	return names
+}
+
+// decodeReasoning checks the reasoning settings: "reasoning_effort" a
+// string, "reasoning" an object whose "effort" is a string and "enabled"
+// a boolean. Which efforts a model takes is its provider's to say.
+func decodeReasoning(top map[string]json.RawMessage) error {
+	if err := decodeField(top, "reasoning_effort", wantString, new(string)); err != nil {
+		return err
+	}
+	var reasoning map[string]json.RawMessage
+	if err := decodeField(top, "reasoning", wantObject, &reasoning); err != nil {
+		return err
+	}
+	if err := decodeNested(reasoning, "reasoning.effort", "effort", wantString, new(string)); err != nil {
+		return err
+	}
+	return decodeNested(reasoning, "reasoning.enabled", "enabled", wantBool, new(bool))
 }
 
 // decodeToolCalls checks one message's "tool_calls", when present: an array

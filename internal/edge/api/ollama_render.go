@@ -16,21 +16,27 @@ const maxTunnelAnswer = 16 << 20
 
 // ollamaRender renders a run as an Ollama /api/chat or /api/generate
 // answer. Streamed (the client's "stream" absent or true): NDJSON
-// (application/x-ndjson), one object per text delta, written and flushed
-// as it arrives, then a final object with done true, done_reason, counts
-// and durations; the status line goes with the first delta, so a run that
-// fails before any text gets an error answer with its own status, and one
-// that fails later ends with a last line {"error":"..."} and no done
-// object. Not streamed: one JSON object with the whole text. Only the
-// request goroutine uses it.
+// (application/x-ndjson), one object per delta of text or thinking
+// (message.thinking in a chat answer, thinking in a generate answer, as
+// Ollama writes a thinking model's answer), written and flushed as it
+// arrives, then a final object with done true, done_reason, counts and
+// durations; the status line goes with the first delta, so a run that
+// fails before any output gets an error answer with its own status, and
+// one that fails later ends with a last line {"error":"..."} and no done
+// object. Not streamed: one JSON object with the whole text and thinking.
+// Only the request goroutine uses it.
 type ollamaRender struct {
 	*runResponse
 	chat    bool
 	model   string // the model name the client asked for
 	stream  bool
 	timings translate.Timings
+	// noThinking drops the reasoning of an OpenAI-compatible provider: the
+	// client sent think false (translate.Request.NoThinking), and Ollama
+	// then answers without thinking.
+	noThinking bool
 
-	text strings.Builder // the whole text, when not streaming
+	text, thinking strings.Builder // the whole answer, when not streaming
 }
 
 var _ ollamaRun = (*ollamaRender)(nil)
@@ -41,8 +47,8 @@ func (o *ollamaRender) begin(rr *runResponse) {
 	o.runResponse, o.timings.Dispatched = rr, rr.h.cfg.Now()
 }
 
-// normalized renders a normalized-path run: its DELTA (text and tool-call
-// parts, joined by index), USAGE and COMPLETE events (read by
+// normalized renders a normalized-path run: its DELTA (text, thinking and
+// tool-call parts, joined by index), USAGE and COMPLETE events (read by
 // eventReader.next). It returns the Close reason.
 func (o *ollamaRender) normalized() string {
 	er := &eventReader{runResponse: o.runResponse}
@@ -65,8 +71,8 @@ func (o *ollamaRender) normalized() string {
 			}
 			c.Arguments += tc.GetArguments()
 		}
-		if text := ev.GetText(); text != "" {
-			return o.onText(text)
+		if ev.GetText() != "" || ev.GetThinking() != "" {
+			return o.onDelta(translate.Delta{Text: ev.GetText(), Thinking: ev.GetThinking()})
 		}
 		return nil
 	})
@@ -79,21 +85,21 @@ func (o *ollamaRender) normalized() string {
 
 // tunnel renders a tunnel-path run, the OpenAI-compatible provider's
 // answer to the canonical body: a 2xx SSE stream is decoded as it arrives
-// (translate.OpenAIStream), a 2xx JSON body once complete
-// (translate.DecodeOpenAIAnswer), and an error status becomes an error
-// answer with that status and the provider's message. An error object
-// inside a 200 stream fails the run (502, or a last error line). It
-// returns the Close reason.
+// (translate.OpenAIStream; its reasoning_content or reasoning becomes
+// thinking), a 2xx JSON body once complete (translate.DecodeOpenAIAnswer),
+// and an error status becomes an error answer with that status and the
+// provider's message. An error object inside a 200 stream fails the run
+// (502, or a last error line). It returns the Close reason.
 func (o *ollamaRender) tunnel() string {
-	onText := func(text string) error {
-		o.obs.content(1)
-		return o.onText(text)
-	}
 	onDelta := func(d translate.Delta) error {
-		if d.Text == "" {
+		o.obs.content(1)
+		if o.noThinking {
+			d.Thinking = ""
+		}
+		if d.Text == "" && d.Thinking == "" {
 			return nil
 		}
-		return onText(d.Text)
+		return o.onDelta(d)
 	}
 	var stream translate.OpenAIStream
 	sse, body, err := o.tunnelAnswer(func(data []byte) error { return stream.Feed(data, onDelta) })
@@ -103,8 +109,8 @@ func (o *ollamaRender) tunnel() string {
 	var ans translate.Answer
 	if sse {
 		ans, err = stream.End()
-	} else if ans, err = translate.DecodeOpenAIAnswer(body); err == nil && ans.Text != "" {
-		err = onText(ans.Text)
+	} else if ans, err = translate.DecodeOpenAIAnswer(body); err == nil && (ans.Text != "" || ans.Thinking != "") {
+		err = onDelta(translate.Delta{Text: ans.Text, Thinking: ans.Thinking})
 	}
 	if err != nil {
 		return o.failed(streamError(err))
@@ -188,20 +194,25 @@ func streamError(err error) error {
 	}
 }
 
-// onText takes one text delta: streamed, it is written as one line at once
-// (the status line first, once); else it is kept for the final object. A
-// write failure is an *errWrite.
-func (o *ollamaRender) onText(text string) error {
+// onDelta takes one delta of text, thinking or both: streamed, it is
+// written as one line at once (the status line first, once); else it is
+// kept for the final object. Its arrival is the first token's, if none
+// came before (thinking included: it is what a thinking model produces
+// first). A write failure is an *errWrite.
+func (o *ollamaRender) onDelta(d translate.Delta) error {
 	now := o.h.cfg.Now()
 	if o.timings.FirstToken.IsZero() {
 		o.timings.FirstToken = now
 	}
 	if !o.stream {
-		o.text.WriteString(text)
+		o.text.WriteString(d.Text)
+		o.thinking.WriteString(d.Thinking)
 		return nil
 	}
 	o.startStream()
-	if err := o.writeLine(translate.NewOllamaResponse(o.chat, o.model, now, text)); err != nil {
+	line := translate.NewOllamaResponse(o.chat, o.model, now, d.Text)
+	line.SetThinking(d.Thinking)
+	if err := o.writeLine(line); err != nil {
 		return &errWrite{err}
 	}
 	return nil
@@ -251,6 +262,7 @@ func (o *ollamaRender) finish(ans translate.Answer) string {
 		if clientGone(o.r) {
 			return reasonClientGone
 		}
+		final.SetThinking(o.thinking.String())
 		if len(calls) > 0 {
 			final.Message.ToolCalls = calls
 		}

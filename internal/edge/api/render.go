@@ -203,10 +203,21 @@ type chatChoice struct {
 
 // chatMessage is the answer's message. Content is null when the message
 // only calls tools, as OpenAI answers.
+//
+// ReasoningContent is the model's reasoning (an Ollama provider's
+// message.thinking), sent as "reasoning_content" on the message and on
+// stream deltas (chunkDelta), as vLLM, DeepSeek and LiteLLM send it. It is
+// the name the clients agents are built on read: @langchain/openai reads
+// reasoning_content only, the Vercel AI SDK's openai-compatible provider
+// reasoning_content and then reasoning, and so do most hand-written
+// clients; Ollama's own OpenAI API and OpenRouter say "reasoning" instead.
+// Only one of the two is written, since a client that reads both would
+// show the reasoning twice.
 type chatMessage struct {
-	Role      string     `json:"role"`
-	Content   *string    `json:"content"`
-	ToolCalls []toolCall `json:"tool_calls,omitempty"`
+	Role             string     `json:"role"`
+	Content          *string    `json:"content"`
+	ReasoningContent string     `json:"reasoning_content,omitempty"`
+	ToolCalls        []toolCall `json:"tool_calls,omitempty"`
 }
 
 // toolCall is one entry of a message's or a delta's "tool_calls" (OpenAI
@@ -243,15 +254,18 @@ type chunkChoice struct {
 }
 
 type chunkDelta struct {
-	Role      string     `json:"role,omitempty"`
-	Content   *string    `json:"content,omitempty"`
-	ToolCalls []toolCall `json:"tool_calls,omitempty"`
+	Role             string     `json:"role,omitempty"`
+	Content          *string    `json:"content,omitempty"`
+	ReasoningContent *string    `json:"reasoning_content,omitempty"`
+	ToolCalls        []toolCall `json:"tool_calls,omitempty"`
 }
 
 // next reads run events until one ends the run, calling onDelta for each
-// DELTA that carries text, tool calls or embeddings. A usage event is
-// recorded in e.usage. It returns the finish reason ("stop" if the node
-// sent none) or the failure.
+// DELTA that carries text, reasoning (thinking), tool calls or embeddings;
+// each counts as generated content for the observation, reasoning too (a
+// reasoning model's first token is its reasoning: that is its time to
+// first token). A usage event is recorded in e.usage. It returns the
+// finish reason ("stop" if the node sent none) or the failure.
 func (e *eventReader) next(onDelta func(ev *nodev1.RunEvent) error) (finish string, err error) {
 	for {
 		msg, err := e.recv()
@@ -280,7 +294,7 @@ func (e *eventReader) handle(events []*nodev1.RunEvent, onDelta func(ev *nodev1.
 	for _, ev := range events {
 		switch ev.GetType() {
 		case nodev1.RunEvent_TYPE_DELTA:
-			if ev.GetText() == "" && len(ev.GetToolCalls()) == 0 && len(ev.GetEmbeddings()) == 0 {
+			if ev.GetText() == "" && ev.GetThinking() == "" && len(ev.GetToolCalls()) == 0 && len(ev.GetEmbeddings()) == 0 {
 				continue
 			}
 			e.obs.content(1)
@@ -318,11 +332,12 @@ func (e *errWrite) Unwrap() error { return e.err }
 // reason.
 func (c *chatRender) json() string {
 	var (
-		text  strings.Builder
-		calls []toolCall // by index; parts of one call are joined
+		text, thinking strings.Builder
+		calls          []toolCall // by index; parts of one call are joined
 	)
 	finish, err := c.next(func(ev *nodev1.RunEvent) error {
 		text.WriteString(ev.GetText())
+		thinking.WriteString(ev.GetThinking())
 		for _, part := range ev.GetToolCalls() {
 			i := int(part.GetIndex())
 			if i < 0 || i >= maxToolCalls {
@@ -347,7 +362,7 @@ func (c *chatRender) json() string {
 	if clientGone(c.r) {
 		return reasonClientGone
 	}
-	msg := chatMessage{Role: "assistant", ToolCalls: calls}
+	msg := chatMessage{Role: "assistant", ToolCalls: calls, ReasoningContent: thinking.String()}
 	if content := text.String(); content != "" || len(calls) == 0 {
 		msg.Content = &content
 	}
@@ -367,9 +382,11 @@ func (c *chatRender) json() string {
 const maxToolCalls = 1024
 
 // stream writes the answer as SSE chat.completion.chunk events: a first
-// chunk with the assistant role, one chunk per delta's text and one per
-// delta's tool-call parts (delta.tool_calls with index, and id, type and
-// name on a call's first part; flushed at once), a
+// chunk with the assistant role, one chunk per delta's reasoning
+// (delta.reasoning_content), one per delta's text and one per delta's
+// tool-call parts (delta.tool_calls with index, and id, type and name on a
+// call's first part; each flushed at once, so a stream that is only
+// reasoning so far sends it as it comes), a
 // final chunk with the finish reason, a usage chunk (choices []) when the
 // request asked for include_usage, and `data: [DONE]`. The status line is
 // sent with the first delta or the completion, so a run that fails before
@@ -379,6 +396,11 @@ func (c *chatRender) stream() string {
 	finish, err := c.next(func(ev *nodev1.RunEvent) error {
 		if err := c.startStream(); err != nil {
 			return err
+		}
+		if s := ev.GetThinking(); s != "" {
+			if err := c.writeChunk(chunkDelta{ReasoningContent: &s}, nil); err != nil {
+				return err
+			}
 		}
 		if s := ev.GetText(); s != "" {
 			if err := c.writeChunk(chunkDelta{Content: &s}, nil); err != nil {

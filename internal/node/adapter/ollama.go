@@ -52,8 +52,10 @@ func (o *Ollama) Close() { o.p.Close() }
 // ToOllamaGenerate, ToOllamaEmbed; their errors are 400s), streams the answer from Ollama
 // and sends it to sink as run events:
 //
-//	chat, completion: STARTED, DELTA{text, tool_calls} per line with text or
-//	                  tool calls, then USAGE{prompt_tokens, completion_tokens}
+//	chat, completion: STARTED, DELTA{text, thinking, tool_calls} per line
+//	                  with text, thinking (message.thinking, or a generate
+//	                  answer's thinking) or tool calls, each as it comes,
+//	                  then USAGE{prompt_tokens, completion_tokens}
 //	                  + COMPLETE{finish_reason}
 //	embeddings:       STARTED, DELTA{embeddings} (one or more, vectors in input
 //	                  order), then USAGE{prompt_tokens} + COMPLETE{"stop"}
@@ -180,8 +182,8 @@ func (o *Ollama) readStream(c *call, sink EventSink) error {
 			if l.Err != "" {
 				return streamErr(o.p.redact(l.Err))
 			}
-			if l.Text != "" || len(l.ToolCalls) > 0 {
-				delta := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: l.Text}
+			if l.Text != "" || l.Thinking != "" || len(l.ToolCalls) > 0 {
+				delta := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: l.Text, Thinking: l.Thinking}
 				for _, tc := range l.ToolCalls {
 					id := tc.ID
 					if id == "" {

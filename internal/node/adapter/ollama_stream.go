@@ -18,6 +18,10 @@ type ollamaLine struct {
 	// Text is the generated text of this line: message.content (chat) or
 	// response (generate).
 	Text string
+	// Thinking is the line's reasoning text: message.thinking (chat) or
+	// thinking (generate), sent by a thinking model apart from its text
+	// (Ollama API doc, "think").
+	Thinking string
 	// Done marks the final line; it carries the counters below.
 	Done bool
 	// DoneReason is Ollama's done_reason: "stop", "length", "load", ...
@@ -55,6 +59,7 @@ func parseLine(line []byte) (ollamaLine, error) {
 	var raw struct {
 		Message *struct {
 			Content   string `json:"content"`
+			Thinking  string `json:"thinking"`
 			ToolCalls []struct {
 				ID       string `json:"id"`
 				Function struct {
@@ -64,6 +69,7 @@ func parseLine(line []byte) (ollamaLine, error) {
 			} `json:"tool_calls"`
 		} `json:"message"`
 		Response        string          `json:"response"`
+		Thinking        string          `json:"thinking"`
 		Done            bool            `json:"done"`
 		DoneReason      string          `json:"done_reason"`
 		PromptEvalCount float64         `json:"prompt_eval_count"`
@@ -79,6 +85,7 @@ func parseLine(line []byte) (ollamaLine, error) {
 	}
 	l := ollamaLine{
 		Text:             raw.Response,
+		Thinking:         raw.Thinking,
 		Done:             raw.Done,
 		DoneReason:       raw.DoneReason,
 		PromptTokens:     clampCount(raw.PromptEvalCount),
@@ -87,6 +94,9 @@ func parseLine(line []byte) (ollamaLine, error) {
 	}
 	if raw.Message != nil && raw.Message.Content != "" {
 		l.Text = raw.Message.Content
+	}
+	if raw.Message != nil && raw.Message.Thinking != "" {
+		l.Thinking = raw.Message.Thinking
 	}
 	if raw.Message != nil {
 		for _, tc := range raw.Message.ToolCalls {

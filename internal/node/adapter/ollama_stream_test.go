@@ -14,6 +14,9 @@ func TestParseLine(t *testing.T) {
 	}{
 		{line: `{"message":{"role":"assistant","content":"hi"},"done":false}`, want: ollamaLine{Text: "hi"}},
 		{line: `{"response":"yo","done":false}`, want: ollamaLine{Text: "yo"}},
+		{line: `{"message":{"role":"assistant","content":"","thinking":"hmm"},"done":false}`, want: ollamaLine{Thinking: "hmm"}},
+		{line: `{"response":"","thinking":"so","done":false}`, want: ollamaLine{Thinking: "so"}},
+		{line: `{"message":{"role":"assistant","content":"a","thinking":"b"}}`, want: ollamaLine{Text: "a", Thinking: "b"}},
 		{line: `{"done":true,"done_reason":"length","prompt_eval_count":3,"eval_count":9}`,
 			want: ollamaLine{Done: true, DoneReason: "length", PromptTokens: 3, CompletionTokens: 9}},
 		{line: `{"done":true,"prompt_eval_count":-3,"eval_count":1e12}`, want: ollamaLine{Done: true, CompletionTokens: 1<<31 - 1}},
@@ -56,13 +59,14 @@ func FuzzParseOllamaLine(f *testing.F) {
 		}
 		type wire struct {
 			Response        string `json:"response"`
+			Thinking        string `json:"thinking,omitempty"`
 			Done            bool   `json:"done"`
 			DoneReason      string `json:"done_reason"`
 			PromptEvalCount int32  `json:"prompt_eval_count"`
 			EvalCount       int32  `json:"eval_count"`
 			Error           string `json:"error,omitempty"`
 		}
-		again, err := json.Marshal(wire{l.Text, l.Done, l.DoneReason, l.PromptTokens, l.CompletionTokens, l.Err})
+		again, err := json.Marshal(wire{l.Text, l.Thinking, l.Done, l.DoneReason, l.PromptTokens, l.CompletionTokens, l.Err})
 		if err != nil {
 			t.Fatal(err)
 		}

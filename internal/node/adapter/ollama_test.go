@@ -163,6 +163,49 @@ func TestOllamaDoneLineWithContent(t *testing.T) {
 	}
 }
 
+// TestOllamaThinkingStreamsAsItComes: a thinking model's lines
+// (message.thinking before any content) become DELTA events with Thinking,
+// each sent as its line arrives, before the answer's text starts.
+func TestOllamaThinkingStreamsAsItComes(t *testing.T) {
+	release := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		flushLines(w, `{"message":{"role":"assistant","content":"","thinking":"Let me"},"done":false}`,
+			`{"message":{"role":"assistant","content":"","thinking":" think."},"done":false}`)
+		<-release
+		flushLines(w, `{"message":{"role":"assistant","content":"Hi"},"done":false}`,
+			`{"message":{"role":"assistant","content":""},"done":true,"done_reason":"stop","prompt_eval_count":1,"eval_count":3}`)
+	})
+	o := newOllama(t, Config{BaseURL: up.URL})
+	thinking := make(chan string, 4)
+	rec := &eventRec{onSend: func(events []*nodev1.RunEvent) error {
+		for _, e := range events {
+			if e.GetThinking() != "" {
+				thinking <- e.GetThinking()
+			}
+		}
+		return nil
+	}}
+	done := make(chan error, 1)
+	go func() {
+		done <- o.Normalize(context.Background(), chatReq(`{"messages":[{"role":"user","content":"x"}],"reasoning_effort":"high"}`), rec)
+	}()
+	// Both thinking deltas arrive while the provider holds back its text.
+	if got := <-thinking + <-thinking; got != "Let me think." {
+		t.Fatalf("thinking %q", got)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if rec.text() != "Hi" {
+		t.Fatalf("text %q", rec.text())
+	}
+	if _, _, sent := up.request(); !strings.Contains(string(sent), `"think":"high"`) {
+		t.Fatalf("the provider was sent %s, want think high", sent)
+	}
+}
+
 func TestOllamaEmbeddings(t *testing.T) {
 	for _, tc := range []struct {
 		name, input, sentInput string
