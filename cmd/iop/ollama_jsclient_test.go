@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/node"
+	"iop/internal/sim"
 	"iop/internal/testenv"
 )
 
@@ -50,14 +52,20 @@ func runJSTest(t *testing.T, script string, env ...string) {
 // TestOllamaJavaScriptClient runs the official `ollama` npm client against
 // the edge, with an Ollama provider (normalized path) and an
 // OpenAI-compatible one (tunnel path): chat and generate, streaming and
-// not, chat with tools, embed in batch and the older embeddings call
-// (test/js/ollama_client.mjs).
+// not, chat with tools, embed in batch and the older embeddings call, and
+// think with thinking models of both protocols (test/js/ollama_client.mjs).
 func TestOllamaJavaScriptClient(t *testing.T) {
-	rig := startOllamaRig(t)
+	_, thinkOllamaURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{thinkOllamaModel}, Seed: 11, Thinking: true})
+	_, thinkOpenAIURL := startSim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{thinkOpenAIModel}, Seed: 11, Thinking: true})
+	rig := startOllamaRig(t,
+		node.ProviderConfig{ID: "ollama-thinking", Type: node.TypeOllama, BaseURL: thinkOllamaURL, Models: []string{thinkOllamaModel}, Capacity: 2},
+		node.ProviderConfig{ID: "vllm-thinking", Type: "vllm", BaseURL: thinkOpenAIURL + "/v1", Models: []string{thinkOpenAIModel}, Capacity: 2})
 	models, _ := json.Marshal([]string{"llama3", rigOpenAIModel})
+	thinkers, _ := json.Marshal([]string{"qwen3", thinkOpenAIModel})
 	runJSTest(t, "ollama_client.mjs",
 		"IOP_OLLAMA_HOST=http://"+rig.e.HTTPAddr,
 		"IOP_MODELS="+string(models),
-		`IOP_VISION=["llama3"]`)
+		`IOP_VISION=["llama3"]`,
+		"IOP_THINKING="+string(thinkers))
 	waitIdle(t, rig.e)
 }

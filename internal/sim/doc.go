@@ -49,6 +49,9 @@
 // delta has index, id, type and name, and later deltas add the arguments 4
 // characters at a time. Ollama answers carry the whole call in one
 // message.tool_calls (arguments an object, no id) with done_reason "stop".
+// An OpenAI request's tool_choice is honoured as an OpenAI-compatible
+// server honours it: "none" calls no tool, "required" calls the rule's
+// tool or else the first one, a named function calls that function.
 //
 // # Thinking
 //

@@ -48,6 +48,8 @@ type request struct {
 	// decide whether the answer is a tool call (see chooseTool).
 	tools    []simTool
 	lastUser string
+	// toolChoice is an OpenAI request's tool_choice ("" when absent).
+	toolChoice toolChoice
 	// think is an Ollama request's "think" (nil: absent), raw its generate
 	// "raw" flag, and effort an OpenAI request's reasoning effort
 	// (reasoning_effort, or reasoning.effort; nil: none set): together

@@ -110,6 +110,7 @@ type openaiGenerateRequest struct {
 	MaxCompletionTokens *int                 `json:"max_completion_tokens"`
 	N                   *int                 `json:"n"`
 	Tools               []simTool            `json:"tools"`
+	ToolChoice          toolChoice           `json:"tool_choice"`
 	ReasoningEffort     *string              `json:"reasoning_effort"`
 	Reasoning           *struct {
 		Effort  *string `json:"effort"`
@@ -131,7 +132,7 @@ func parseOpenAIChat(body []byte) (request, error) {
 	if err == nil && len(in.Messages) == 0 {
 		err = fmt.Errorf("%w: messages must not be empty", errInvalidRequest)
 	}
-	req.tools = in.Tools
+	req.tools, req.toolChoice = in.Tools, in.ToolChoice
 	if n := len(in.Messages); n > 0 && in.Messages[n-1].Role == "user" {
 		req.lastUser = string(in.Messages[n-1].Content)
 	}
@@ -291,8 +292,9 @@ func (a openaiAnswer) completionTokens() int {
 
 // openaiGenerate returns the handler of POST /v1/chat/completions (chat)
 // or POST /v1/completions. It answers "n" choices (default 1), each its own
-// deterministic text; a chat request that meets chooseTool's rule is
-// answered, in every choice, with a tool call (finish_reason "tool_calls").
+// deterministic text; a chat request that meets chooseTool's rule, as its
+// tool_choice allows (toolChoice.pick), is answered, in every choice, with
+// a tool call (finish_reason "tool_calls").
 //
 // Non-streamed, it answers one chat.completion / text_completion object
 // with usage. Streamed, it answers Server-Sent Events (text/event-stream),
@@ -327,7 +329,13 @@ func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
 			}
 		}
 		answers := make([]openaiAnswer, req.choices())
-		tool := chooseTool(req.tools, req.lastUser)
+		var tool *simTool
+		if chat {
+			if tool, err = req.toolChoice.pick(req.tools, req.lastUser); err != nil {
+				s.fail(w, r, writeOpenAIError, err)
+				return
+			}
+		}
 		usage := &openaiUsage{}
 		for i := range answers {
 			answers[i].completion = completeChoice(s.cfg.Seed, s.cfg.DefaultMaxTokens, req, i)

@@ -47,6 +47,72 @@ func chooseTool(tools []simTool, lastUser string) *simTool {
 	return nil
 }
 
+// toolChoice is an OpenAI request's "tool_choice" as the simulator honours
+// it, as an OpenAI-compatible server does (OpenAI API reference, "Create
+// chat completion"): "" or "auto" (chooseTool's rule), "none" (no call),
+// "required" (a call: chooseTool's, else the first tool), or the name of
+// the function to call (a {"type":"function","function":{"name"}} object).
+type toolChoice string
+
+// UnmarshalJSON reads the string or the function object; another object
+// type (allowed_tools, custom) is taken as "auto".
+func (c *toolChoice) UnmarshalJSON(b []byte) error {
+	var mode string
+	if json.Unmarshal(b, &mode) == nil {
+		switch mode {
+		case "none", "auto", "required":
+			*c = toolChoice(mode)
+			return nil
+		}
+		return fmt.Errorf(`tool_choice: want "none", "auto", "required" or a function, got %q`, mode)
+	}
+	var fn struct {
+		Type     string `json:"type"`
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	if err := json.Unmarshal(b, &fn); err != nil {
+		return fmt.Errorf("tool_choice: %w", err)
+	}
+	*c = "auto"
+	if fn.Type == "function" {
+		if fn.Function.Name == "" {
+			return fmt.Errorf("tool_choice: a function tool_choice must name the function")
+		}
+		*c = toolChoice("function:" + fn.Function.Name)
+	}
+	return nil
+}
+
+// pick is the tool the answer calls under the choice, or nil; a named
+// function that is not among tools is an error.
+func (c toolChoice) pick(tools []simTool, lastUser string) (*simTool, error) {
+	switch {
+	case c == "none":
+		return nil, nil
+	case c == "required":
+		if t := chooseTool(tools, lastUser); t != nil {
+			return t, nil
+		}
+		for i, t := range tools {
+			if (t.Type == "" || t.Type == "function") && t.Function.Name != "" {
+				return &tools[i], nil
+			}
+		}
+		return nil, fmt.Errorf(`%w: tool_choice "required" needs tools`, errInvalidRequest)
+	case strings.HasPrefix(string(c), "function:"):
+		name := strings.TrimPrefix(string(c), "function:")
+		for i, t := range tools {
+			if t.Function.Name == name {
+				return &tools[i], nil
+			}
+		}
+		return nil, fmt.Errorf("%w: tool_choice names %q, which is not among the tools", errInvalidRequest, name)
+	}
+	return chooseTool(tools, lastUser), nil
+}
+
 // makeToolCall builds the call of tool for a prompt: its arguments hold
 // one member per property of the tool's "parameters" JSON schema, in name
 // order, valued by the property's type: 42 for "integer" and "number",

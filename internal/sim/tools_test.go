@@ -39,6 +39,47 @@ func TestChooseToolRule(t *testing.T) {
 	}
 }
 
+// TestToolChoicePick: an OpenAI request's tool_choice decides the call as
+// an OpenAI-compatible server's does.
+func TestToolChoicePick(t *testing.T) {
+	var tools []simTool
+	if err := json.Unmarshal([]byte(`[{"type":"function","function":{"name":"a_tool"}},{"type":"function","function":{"name":"b_tool"}}]`), &tools); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		choice, last, want string
+		bad                bool
+	}{
+		{``, "use b_tool", "b_tool", false},
+		{`"auto"`, "use b_tool", "b_tool", false},
+		{`"none"`, "use b_tool", "", false},
+		{`"required"`, "no tool named", "a_tool", false},
+		{`"required"`, "use b_tool", "b_tool", false},
+		{`{"type":"function","function":{"name":"b_tool"}}`, "use a_tool", "b_tool", false},
+		{`{"type":"function","function":{"name":"z_tool"}}`, "", "", true},
+		{`{"type":"allowed_tools","allowed_tools":{"mode":"auto"}}`, "use a_tool", "a_tool", false},
+	} {
+		var c toolChoice
+		if tt.choice != "" {
+			if err := json.Unmarshal([]byte(tt.choice), &c); err != nil {
+				t.Fatalf("%s: %v", tt.choice, err)
+			}
+		}
+		got, err := c.pick(tools, tt.last)
+		name := ""
+		if got != nil {
+			name = got.Function.Name
+		}
+		if name != tt.want || (err != nil) != tt.bad {
+			t.Errorf("tool_choice %s, %q: called %q, %v; want %q", tt.choice, tt.last, name, err, tt.want)
+		}
+	}
+	var c toolChoice
+	if err := json.Unmarshal([]byte(`"sometimes"`), &c); err == nil {
+		t.Error("tool_choice sometimes accepted")
+	}
+}
+
 func TestMakeToolCallArguments(t *testing.T) {
 	var tools []simTool
 	if err := json.Unmarshal(weatherTools, &tools); err != nil {

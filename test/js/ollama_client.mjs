@@ -5,6 +5,8 @@
 //   IOP_MODELS       a JSON array of model names, one per provider protocol;
 //                    their providers have capabilities tools and embeddings
 //   IOP_VISION       a JSON array of those whose providers take images
+//   IOP_THINKING     a JSON array of thinking models (iop sim --thinking),
+//                    one per provider protocol
 // Exits non-zero, naming the failed check, if any check fails.
 import assert from 'node:assert/strict'
 import { Ollama } from 'ollama'
@@ -12,6 +14,7 @@ import { Ollama } from 'ollama'
 const host = process.env.IOP_OLLAMA_HOST
 const models = JSON.parse(process.env.IOP_MODELS ?? '[]')
 const vision = JSON.parse(process.env.IOP_VISION ?? '[]')
+const thinkers = JSON.parse(process.env.IOP_THINKING ?? '[]')
 assert.ok(host, 'IOP_OLLAMA_HOST is not set')
 assert.ok(models.length > 0, 'IOP_MODELS is empty')
 
@@ -169,6 +172,42 @@ for (const model of models) {
       assert.match(err.error, /vision/)
       return true
     })
+  })
+}
+
+// A thinking model's reasoning comes in message.thinking (chat) and
+// thinking (generate), streamed before the text, as Ollama sends it.
+for (const model of thinkers) {
+  const messages = [{ role: 'user', content: 'why is the sky blue?' }]
+  const options = { num_predict: 3 }
+  check(`${model} chat think: true, streamed`, async () => {
+    const stream = await ollama.chat({ model, messages, options, think: true, stream: true })
+    let thinking = ''
+    let content = ''
+    for await (const part of stream) {
+      if (part.message.thinking) {
+        assert.equal(content, '', 'thinking comes before the text')
+        thinking += part.message.thinking
+      }
+      content += part.message.content
+    }
+    assert.equal(thinking.trim().split(/\s+/).length, 8)
+    assert.equal(content.trim().split(/\s+/).length, 3)
+  })
+  check(`${model} chat think: "high"`, async () => {
+    const r = await ollama.chat({ model, messages, options, think: 'high' })
+    assert.equal(r.message.thinking.trim().split(/\s+/).length, 16)
+    assert.equal(r.message.content.trim().split(/\s+/).length, 3)
+  })
+  check(`${model} chat think: false`, async () => {
+    const r = await ollama.chat({ model, messages, options, think: false })
+    assert.equal(r.message.thinking, undefined)
+    assert.equal(r.message.content.trim().split(/\s+/).length, 3)
+  })
+  check(`${model} generate think: true`, async () => {
+    const r = await ollama.generate({ model, prompt: 'why?', options, think: true })
+    assert.equal(r.thinking.trim().split(/\s+/).length, 8)
+    assert.equal(r.response.trim().split(/\s+/).length, 3)
   })
 }
 

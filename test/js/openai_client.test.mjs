@@ -5,12 +5,14 @@
 //
 //   IOP_BASE_URL  the edge's OpenAI base URL, "http://127.0.0.1:PORT/v1"
 //   IOP_MODELS    JSON [{"path": "normalized"|"tunnel", "model": NAME}, ...]
+//   IOP_THINKING  the same for thinking models (iop sim --thinking)
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 
 const client = new OpenAI({ baseURL: process.env.IOP_BASE_URL, apiKey: 'client-key', maxRetries: 0 });
 const models = JSON.parse(process.env.IOP_MODELS ?? '[]');
+const thinkers = JSON.parse(process.env.IOP_THINKING ?? '[]');
 assert.ok(models.length >= 2, 'IOP_MODELS must list a model per execution path');
 
 // The simulators call a tool when the last user message names it.
@@ -159,6 +161,42 @@ for (const { path, model } of models) {
     float.data.forEach((d, i) => {
       assert.deepEqual(d.embedding.map(Math.fround), Array.from(b64.data[i].embedding, Math.fround));
     });
+  });
+}
+
+// A reasoning model's reasoning arrives as delta.reasoning_content (the
+// client keeps fields it does not know), before the text, and whole in the
+// message when not streamed; reasoning_effort sets how much.
+for (const { path, model } of thinkers) {
+  const messages = [{ role: 'user', content: 'why is the sky blue?' }];
+  test(`${path}: chat streaming with reasoning`, async () => {
+    const stream = await client.chat.completions.create({ model, max_tokens: 3, stream: true, reasoning_effort: 'low', messages });
+    let reasoning = '';
+    let text = '';
+    let chunks = 0;
+    for await (const chunk of stream) {
+      for (const choice of chunk.choices) {
+        if (choice.delta.reasoning_content) {
+          assert.equal(text, '', 'the reasoning comes before the text');
+          reasoning += choice.delta.reasoning_content;
+          chunks++;
+        }
+        text += choice.delta.content ?? '';
+      }
+    }
+    assert.equal(reasoning.trim().split(/\s+/).length, 4);
+    assert.equal(chunks, 4, 'one reasoning delta per token, as they come');
+    assert.equal(text.trim().split(/\s+/).length, 3);
+  });
+  test(`${path}: chat with reasoning`, async () => {
+    const resp = await client.chat.completions.create({ model, max_tokens: 3, messages });
+    assert.equal(resp.choices[0].message.reasoning_content.trim().split(/\s+/).length, 8);
+    assert.equal(resp.choices[0].message.content.trim().split(/\s+/).length, 3);
+    assert.equal(resp.usage.completion_tokens, 11);
+  });
+  test(`${path}: reasoning_effort none`, async () => {
+    const resp = await client.chat.completions.create({ model, max_tokens: 3, reasoning_effort: 'none', messages });
+    assert.equal(resp.choices[0].message.reasoning_content, undefined);
   });
 }
 

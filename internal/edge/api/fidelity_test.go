@@ -1,0 +1,364 @@
+package api
+
+import (
+	"bufio"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"iop/internal/sse"
+	"iop/internal/wire/nodev1"
+)
+
+// Protocol fidelity (issue 15): thinking on every path and client API,
+// tool choice, roles and images, through the handler and the fake gateway.
+
+func thinkingDelta(thinking string) *nodev1.RunEvent {
+	return &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Thinking: thinking}
+}
+
+// sseEvents is the data of each event of an SSE body.
+func sseEvents(t *testing.T, body string) []string {
+	t.Helper()
+	var out []string
+	if err := sse.ReadAll(strings.NewReader(body), func(e sse.Event) error {
+		out = append(out, string(e.Data))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// chunkParts is the reasoning_content and content of each chunk's choice
+// 0 delta (or message), and whether another reasoning field appears.
+func chunkParts(t *testing.T, data string) (reasoning, content string) {
+	t.Helper()
+	var obj struct {
+		Choices []struct {
+			Delta   map[string]json.RawMessage `json:"delta"`
+			Message map[string]json.RawMessage `json:"message"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal([]byte(data), &obj); err != nil {
+		t.Fatalf("%s: %v", data, err)
+	}
+	for _, c := range obj.Choices {
+		p := c.Delta
+		if p == nil {
+			p = c.Message
+		}
+		if _, ok := p["reasoning"]; ok {
+			t.Fatalf("iop renders reasoning_content only, got reasoning: %s", data)
+		}
+		var r, s string
+		_ = json.Unmarshal(p["reasoning_content"], &r)
+		_ = json.Unmarshal(p["content"], &s)
+		reasoning += r
+		content += s
+	}
+	return reasoning, content
+}
+
+// TestRegression_ThinkingDropped: an Ollama provider's thinking (run
+// events with Thinking and no text) used to be skipped; an OpenAI client
+// now gets it as reasoning_content, streamed (before the text) and not.
+func TestRegression_ThinkingDropped(t *testing.T) {
+	msgs := func() *fakeRun {
+		return scriptedRun(normalized,
+			events(started(), thinkingDelta("Let me")),
+			events(thinkingDelta(" think.")),
+			events(delta("Hi"), usageEvent(2, 4), complete("stop")))
+	}
+	const body = `{"model":"m","stream":%v,"messages":[{"role":"user","content":"hi"}]}`
+	env := newEnv(t, Config{}, runWith(msgs()))
+	resp := env.post(t, "/v1/chat/completions", "application/json", strings.Replace(body, "%v", "true", 1))
+	var reasoning, content []string
+	for _, ev := range sseEvents(t, resp.body) {
+		if ev == "[DONE]" {
+			continue
+		}
+		r, c := chunkParts(t, ev)
+		if r != "" {
+			reasoning = append(reasoning, r)
+		}
+		if c != "" {
+			content = append(content, c)
+			if len(reasoning) != 2 {
+				t.Fatalf("content before the reasoning was all sent: %s", resp.body)
+			}
+		}
+	}
+	if !slices.Equal(reasoning, []string{"Let me", " think."}) || !slices.Equal(content, []string{"Hi"}) {
+		t.Fatalf("reasoning %q content %q in\n%s", reasoning, content, resp.body)
+	}
+	env = newEnv(t, Config{}, runWith(msgs()))
+	resp = env.post(t, "/v1/chat/completions", "application/json", strings.Replace(body, "%v", "false", 1))
+	if r, c := chunkParts(t, resp.body); r != "Let me think." || c != "Hi" {
+		t.Fatalf("not streamed: reasoning %q content %q: %s", r, c, resp.body)
+	}
+}
+
+// TestThinkingOnlyStreamSendsAsItComes: a stream that is only thinking so
+// far sends each piece to the client as it arrives, on both client APIs.
+func TestThinkingOnlyStreamSendsAsItComes(t *testing.T) {
+	for _, c := range []struct {
+		path, body, want string
+	}{
+		{"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`, `"reasoning_content":"Hmm"`},
+		{"/api/chat", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, `"thinking":"Hmm"`},
+		{"/api/generate", `{"model":"m","prompt":"hi"}`, `"thinking":"Hmm"`},
+	} {
+		t.Run(c.path, func(t *testing.T) {
+			run := liveRun(normalized, 4)
+			env := newEnv(t, Config{}, runWith(run))
+			var end sync.Once
+			finish := func() { end.Do(func() { close(run.up) }) }
+			t.Cleanup(finish) // before env's cleanup, which waits for the handler
+			run.up <- events(started(), thinkingDelta("Hmm"))
+			// The client reads on its own goroutine: the status line itself
+			// waits for the first output.
+			line := make(chan string, 8)
+			go func() {
+				defer close(line)
+				resp, err := http.Post(env.srv.URL+c.path, "application/json", strings.NewReader(c.body))
+				if err != nil {
+					return
+				}
+				defer resp.Body.Close()
+				sc := bufio.NewScanner(resp.Body)
+				for sc.Scan() {
+					line <- sc.Text()
+				}
+			}()
+			deadline := time.After(10 * time.Second)
+			for found := false; !found; {
+				select {
+				case l, ok := <-line:
+					if !ok {
+						t.Fatal("the answer ended without the thinking")
+					}
+					found = strings.Contains(l, c.want)
+				case <-deadline:
+					t.Fatalf("the thinking did not reach the client while the run went on")
+				}
+			}
+			run.up <- events(delta("ok"), complete("stop"))
+			finish()
+			for range line {
+			}
+		})
+	}
+}
+
+// TestOllamaClientThinking: an Ollama client gets thinking as Ollama
+// writes it, message.thinking (chat) or thinking (generate), streamed and
+// whole, from an Ollama provider (run events) and from an OpenAI-compatible
+// one (reasoning_content or reasoning in its SSE or JSON answer); with
+// think false an OpenAI-compatible provider's reasoning is not shown.
+func TestOllamaClientThinking(t *testing.T) {
+	normalizedRun := func() *fakeRun {
+		return scriptedRun(normalized, events(started(), thinkingDelta("So")), events(delta("Hi"), usageEvent(1, 2), complete("stop")))
+	}
+	sseRun := func(field string) func() *fakeRun {
+		return func() *fakeRun {
+			return scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}),
+				tunnelData(`data: {"choices":[{"index":0,"delta":{"role":"assistant","content":null,"`+field+`":"So"}}]}`+"\n\n"),
+				tunnelData(`data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n"), tunnelEnd())
+		}
+	}
+	jsonRun := func() *fakeRun {
+		return scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "application/json"}),
+			tunnelData(`{"choices":[{"index":0,"message":{"role":"assistant","content":"Hi","reasoning_content":"So"},"finish_reason":"stop"}]}`), tunnelEnd())
+	}
+	const (
+		chatStream = `{"model":"m"%s"role":"assistant","content":"","thinking":"So"},"done":false}` + "\n" +
+			`{"model":"m"%s"role":"assistant","content":"Hi"},"done":false}` + "\n"
+		chatWhole = `"message":{"role":"assistant","content":"Hi","thinking":"So"},"done":true`
+		genStream = `"response":"","thinking":"So","done":false}` + "\n"
+		genWhole  = `"response":"Hi","thinking":"So","done":true`
+	)
+	msgPrefix := `,"created_at":"","message":{`
+	for _, c := range []struct {
+		name, path, body string
+		run              func() *fakeRun
+		want             string // in the normalized body
+	}{
+		{"normalized chat stream", "/api/chat", `{"model":"m","messages":[{"role":"user","content":"q"}]}`, normalizedRun,
+			strings.ReplaceAll(chatStream, "%s", msgPrefix)},
+		{"normalized chat whole", "/api/chat", `{"model":"m","stream":false,"messages":[{"role":"user","content":"q"}]}`, normalizedRun, chatWhole},
+		{"normalized generate stream", "/api/generate", `{"model":"m","prompt":"q"}`, normalizedRun, genStream},
+		{"normalized generate whole", "/api/generate", `{"model":"m","prompt":"q","stream":false}`, normalizedRun, genWhole},
+		{"tunnel reasoning_content chat stream", "/api/chat", `{"model":"m","messages":[{"role":"user","content":"q"}]}`, sseRun("reasoning_content"),
+			strings.ReplaceAll(chatStream, "%s", msgPrefix)},
+		{"tunnel reasoning chat whole", "/api/chat", `{"model":"m","stream":false,"messages":[{"role":"user","content":"q"}]}`, sseRun("reasoning"), chatWhole},
+		{"tunnel reasoning generate stream", "/api/generate", `{"model":"m","prompt":"q"}`, sseRun("reasoning"), genStream},
+		{"tunnel JSON answer", "/api/chat", `{"model":"m","stream":false,"messages":[{"role":"user","content":"q"}]}`, jsonRun, chatWhole},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			env := newEnv(t, Config{}, runWith(c.run()))
+			status, _, body := env.ollamaPost(t, c.path, c.body)
+			if got := normalizeOllama(t, body); status != 200 || !strings.Contains(got, c.want) {
+				t.Fatalf("%d\n%s\nwant it to hold\n%s", status, got, c.want)
+			}
+		})
+	}
+	t.Run("think false hides an OpenAI-compatible provider's reasoning", func(t *testing.T) {
+		env := newEnv(t, Config{}, runWith(sseRun("reasoning_content")()))
+		status, _, body := env.ollamaPost(t, "/api/chat", `{"model":"m","think":false,"stream":false,"messages":[{"role":"user","content":"q"}]}`)
+		if status != 200 || strings.Contains(body, "thinking") || !strings.Contains(body, `"content":"Hi"`) {
+			t.Fatalf("%d %s", status, body)
+		}
+		if req := env.gw.requests()[0]; strings.Contains(string(req.Body), "reasoning_effort") {
+			t.Fatalf("think false sent a reasoning_effort: %s", req.Body)
+		}
+	})
+	t.Run("think reaches the canonical body as reasoning_effort", func(t *testing.T) {
+		env := newEnv(t, Config{}, runWith(normalizedRun()))
+		env.ollamaPost(t, "/api/chat", `{"model":"m","think":true,"messages":[{"role":"user","content":"q"}]}`)
+		if req := env.gw.requests()[0]; !strings.Contains(string(req.Body), `"reasoning_effort":"medium"`) || !strings.Contains(string(req.Body), `"iop_ollama":{"think":true}`) {
+			t.Fatalf("%s", req.Body)
+		}
+	})
+}
+
+// TestThinkingCountsForTimeToFirstToken: the first reasoning token is the
+// first token (a reasoning model produces it first), on both paths.
+func TestThinkingCountsForTimeToFirstToken(t *testing.T) {
+	for name, run := range map[string]func() *fakeRun{
+		"normalized": func() *fakeRun {
+			return scriptedRun(normalized, events(started()), events(thinkingDelta("a")), events(thinkingDelta("b")), events(delta("c"), complete("stop")))
+		},
+		"tunnel": func() *fakeRun {
+			return scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}),
+				tunnelData(`data: {"choices":[{"index":0,"delta":{"reasoning_content":"a"}}]}`+"\n\n"),
+				tunnelData(`data: {"choices":[{"index":0,"delta":{"reasoning_content":"b"}}]}`+"\n\n"),
+				tunnelData(`data: {"choices":[{"index":0,"delta":{"content":"c"},"finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n"), tunnelEnd())
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			recs := &records{}
+			env := newEnv(t, Config{Observer: recs, Now: ticking()}, runWith(run()))
+			env.post(t, "/v1/chat/completions", "application/json", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+			env.waitHandlers()
+			rec := recs.only(t)
+			// Three content events, the first of them reasoning; with a
+			// clock ticking a second per reading, the first token comes
+			// before the last by at least two readings.
+			if rec.TimeToFirstToken <= 0 || rec.InterTokenLatency <= 0 || rec.TimeToFirstToken >= rec.Duration-2*time.Second {
+				t.Fatalf("ttft %s inter-token %s duration %s: the reasoning did not count as the first tokens", rec.TimeToFirstToken, rec.InterTokenLatency, rec.Duration)
+			}
+		})
+	}
+}
+
+// TestTunnelReasoningBytesUnchanged: on the tunnel path an OpenAI client
+// gets the provider's reasoning bytes as sent, whichever field they use.
+func TestTunnelReasoningBytesUnchanged(t *testing.T) {
+	const stream = "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning\":\"x\",\"reasoning_content\":\"x\"}}]}\r\n\r\n" +
+		": keep-alive\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"y\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"
+	env := newEnv(t, Config{}, runWith(scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}),
+		tunnelData(stream[:40]), tunnelData(stream[40:]), tunnelEnd())))
+	resp := env.post(t, "/v1/chat/completions", "application/json", `{"model":"m","stream":true,"reasoning_effort":"high","messages":[{"role":"user","content":"hi"}]}`)
+	if resp.status != 200 || resp.body != stream {
+		t.Fatalf("%d %q, want the provider's bytes", resp.status, resp.body)
+	}
+	if req := env.gw.requests()[0]; !strings.Contains(string(req.Body), `"reasoning_effort":"high"`) {
+		t.Fatalf("the request body changed: %s", req.Body)
+	}
+}
+
+// TestToolChoiceNeeds: tool_choice and parallel_tool_calls are checked,
+// and the settings only OpenAI-compatible providers honour make the
+// request need them (so it never silently reaches an Ollama provider);
+// remote images need one too.
+func TestToolChoiceNeeds(t *testing.T) {
+	const tools = `"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"g"}}]`
+	user := `"messages":[{"role":"user","content":"hi"}]`
+	for _, c := range []struct {
+		fields string
+		needs  []string
+	}{
+		{tools, []string{"tools"}},
+		{tools + `,"tool_choice":"auto","parallel_tool_calls":true`, []string{"tools"}},
+		{tools + `,"tool_choice":"none"`, []string{"tools"}},
+		{tools + `,"tool_choice":{"type":"function","function":{"name":"g"}}`, []string{"tools"}},
+		{tools + `,"tool_choice":"required"`, []string{"tools", "tool_choice"}},
+		{tools + `,"parallel_tool_calls":false`, []string{"tools", "tool_choice"}},
+		{tools + `,"tool_choice":{"type":"allowed_tools","allowed_tools":{"mode":"required","tools":[]}}`, []string{"tools", "tool_choice"}},
+		{`"parallel_tool_calls":false`, nil},
+		{`"tool_choice":"none"`, nil},
+	} {
+		body := `{"model":"m",` + user + `,` + c.fields + `}`
+		req, err := decodeChatRequest([]byte(body))
+		if err != nil || !slices.Equal(req.Needs, c.needs) {
+			t.Errorf("%s: needs %v, %v; want %v", c.fields, req.Needs, err, c.needs)
+		}
+	}
+	images := `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"see"},{"type":"image_url","image_url":{"url":"%s"}}]}]}`
+	for url, needs := range map[string][]string{
+		"data:image/png;base64,iVBORw0KGgo=": {"vision"},
+		"https://example.com/cat.png":        {"vision", "remote_images"},
+		"HTTP://example.com/cat.png":         {"vision", "remote_images"},
+	} {
+		req, err := decodeChatRequest([]byte(strings.Replace(images, "%s", url, 1)))
+		if err != nil || !slices.Equal(req.Needs, needs) {
+			t.Errorf("%s: needs %v, %v; want %v", url, req.Needs, err, needs)
+		}
+	}
+	for fields, param := range map[string]string{
+		tools + `,"tool_choice":"any"`:                                       "tool_choice",
+		tools + `,"tool_choice":7`:                                           "tool_choice",
+		tools + `,"tool_choice":{"function":{"name":"f"}}`:                   "tool_choice.type",
+		tools + `,"tool_choice":{"type":"function","function":{"name":"h"}}`: "tool_choice.function.name",
+		tools + `,"tool_choice":{"type":"function","function":{}}`:           "tool_choice.function.name",
+		`"tool_choice":"required"`:                                           "tool_choice",
+		tools + `,"parallel_tool_calls":"no"`:                                "parallel_tool_calls",
+		`"reasoning_effort":3`:                                               "reasoning_effort",
+		`"reasoning":"high"`:                                                 "reasoning",
+		`"reasoning":{"effort":1}`:                                           "reasoning.effort",
+	} {
+		_, err := decodeChatRequest([]byte(`{"model":"m",` + user + `,` + fields + `}`))
+		if re, ok := err.(*requestError); !ok || re.param != param {
+			t.Errorf("%s: %v, want a 400 naming %s", fields, err, param)
+		}
+	}
+}
+
+// TestRejectedNeedsSayWhy: a model whose providers cannot honour a
+// request's tool choice or remote image answers 400 with the gateway's
+// reason, not a silent drop.
+func TestRejectedNeedsSayWhy(t *testing.T) {
+	env := newEnv(t, Config{}, failWith(wrapRejected(`no provider for model "m" honours tool_choice "required" or parallel_tool_calls false: only OpenAI-compatible providers do`)))
+	resp := env.post(t, "/v1/chat/completions", "application/json",
+		`{"model":"m","tool_choice":"required","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"hi"}]}`)
+	msg, _, _, code := openAIError(t, resp.body)
+	if resp.status != 400 || !strings.Contains(msg, `tool_choice "required"`) || str(code) != "unsupported_capability" {
+		t.Fatalf("%d %s", resp.status, resp.body)
+	}
+	if req := env.gw.requests()[0]; !slices.Equal(req.Needs, []string{"tools", "tool_choice"}) {
+		t.Fatalf("needs %v", req.Needs)
+	}
+}
+
+func wrapRejected(msg string) error { return &rejected{msg} }
+
+type rejected struct{ msg string }
+
+func (e *rejected) Error() string { return ErrCandidatesRejected.Error() + ": " + e.msg }
+func (e *rejected) Unwrap() error { return ErrCandidatesRejected }
+
+// The requests from Ollama clients carry nothing only OpenAI-compatible
+// providers take.
+func TestOllamaRequestsNeedNoTunnelOnlySettings(t *testing.T) {
+	env := newEnv(t, Config{}, runWith(scriptedRun(normalized, events(started(), delta("a"), complete("stop")))))
+	env.ollamaPost(t, "/api/chat", `{"model":"m","think":"high","messages":[{"role":"user","content":"look","images":["iVBORw0KGgo="]}],
+		"tools":[{"type":"function","function":{"name":"f"}}]}`)
+	if req := env.gw.requests()[0]; !slices.Equal(req.Needs, []string{"tools", "vision"}) {
+		t.Fatalf("needs %v", req.Needs)
+	}
+}
