@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"iop/internal/ledger"
+	"iop/internal/sse"
 	"iop/internal/wire/nodev1"
 )
 
@@ -82,14 +83,12 @@ const (
 )
 
 // usageWatch finds the usage an OpenAI-compatible answer reports, as its
-// bytes go by: in an SSE stream, the last `data:` event with a non-null
-// "usage" (the include_usage chunk); in a JSON answer, the top-level
-// "usage" object, read from the body's last maxUsageTail bytes. Lines end
-// with LF, CRLF or CR and may be split anywhere across chunks.
+// bytes go by: in an SSE stream (read by package sse), the last event with
+// a non-null "usage" (the include_usage chunk); in a JSON answer, the
+// top-level "usage" object, read from the body's last maxUsageTail bytes.
 type usageWatch struct {
 	sse       bool
-	line      []byte
-	long      bool // the current line passed maxUsageLine: skipped
+	events    sse.Reader // an event over maxUsageLine is skipped
 	tail      []byte
 	found     bool
 	prompt    int64
@@ -104,37 +103,15 @@ func (u *usageWatch) write(p []byte) {
 		}
 		return
 	}
-	for len(p) > 0 {
-		i := bytes.IndexAny(p, "\r\n")
-		if i < 0 {
-			u.keep(p)
-			return
+	if u.events.MaxSize == 0 {
+		u.events.MaxSize, u.events.SkipTooLong = maxUsageLine, true
+	}
+	_ = u.events.Feed(p, func(e sse.Event) error {
+		if bytes.Contains(e.Data, []byte(`"usage"`)) {
+			u.parse(bytes.TrimSpace(e.Data))
 		}
-		u.keep(p[:i])
-		u.endLine()
-		p = p[i+1:]
-	}
-}
-
-func (u *usageWatch) keep(p []byte) {
-	if u.long {
-		return
-	}
-	if len(u.line)+len(p) > maxUsageLine {
-		u.long, u.line = true, u.line[:0]
-		return
-	}
-	u.line = append(u.line, p...)
-}
-
-func (u *usageWatch) endLine() {
-	line, long := u.line, u.long
-	u.line, u.long = u.line[:0], false
-	payload, ok := bytes.CutPrefix(line, []byte("data:"))
-	if long || !ok || !bytes.Contains(payload, []byte(`"usage"`)) {
-		return
-	}
-	u.parse(bytes.TrimSpace(payload))
+		return nil
+	})
 }
 
 func (u *usageWatch) parse(obj []byte) bool {
