@@ -30,12 +30,17 @@
 // and creates the model with POST /api/create and a template of the chosen
 // [Variant]. Ollama derives a model's capabilities (in /api/show) from the
 // file and the template; each variant's are listed with its constant. The
-// weights are fixed (a seeded generator), so every model of a variant has the
-// same digest. The model never emits its end-of-sequence token (its output
-// projection gives it a logit far below every other), so an answer ends only
-// at its token limit (done_reason "length"), a stop sequence, or a cancel;
-// the limit is 16 tokens unless the request sets num_predict / max_tokens.
-// Its text is random words and bytes, sometimes invalid UTF-8.
+// weights are fixed (a seeded generator); the file differs only in its
+// general.name, the model's name, so each model has a runner of its own.
+//
+// The model never emits its end-of-sequence token (its output projection
+// gives it a logit far below every other), so an answer ends only at its
+// token limit (done_reason "length"), a stop sequence, a cancel, or Ollama's
+// repeat limit (a greedy answer loops after a few dozen tokens; see
+// [WriteGGUF]); the limit is [DefaultNumPredict] tokens unless the request
+// sets num_predict / max_tokens. Its text is random word pieces, about 500
+// to 7000 tokens a second on one thread (each model runs with num_thread 1).
+// A model loads in about 0.3 s.
 //
 // # Concurrency
 //

@@ -138,7 +138,7 @@ func (s *Server) CreateModel(t testing.TB, name string, v Variant) {
 	if v.Capabilities() == nil {
 		t.Fatalf("unknown variant %q", v)
 	}
-	gguf, err := WriteGGUF(filepath.Join(t.TempDir(), string(v)+".gguf"), v)
+	gguf, err := WriteGGUF(filepath.Join(t.TempDir(), "model.gguf"), name, v)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,9 +162,14 @@ func (s *Server) CreateModel(t testing.TB, name string, v Variant) {
 		"template": v.template(),
 		"stream":   false,
 	}
+	// One thread: the model is so small that a second one only waits for
+	// the first, and on a loaded machine ggml's thread sync made a token
+	// take 80 ms instead of 0.15.
+	params := map[string]any{"num_thread": 1}
 	if v != Embedding {
-		create["parameters"] = map[string]any{"num_predict": DefaultNumPredict}
+		params["num_predict"] = DefaultNumPredict
 	}
+	create["parameters"] = params
 	body, _ := json.Marshal(create)
 	status, answer := s.request(ctx, http.MethodPost, "/api/create", body)
 	if status != http.StatusOK || !bytes.Contains(answer, []byte(`"success"`)) {
@@ -245,19 +250,27 @@ func (s *Server) request(ctx context.Context, method, path string, body []byte) 
 	return resp.StatusCode, b
 }
 
-// WriteGGUF writes the test model's GGUF file for variant v at path and
-// returns path. The weights come from a fixed seed, so the file is the same
-// on every call for the same variant.
+// WriteGGUF writes the GGUF file of a test model named name (its
+// general.name) of variant v at path and returns path. The weights come from
+// a fixed seed, so the file is the same on every call with the same name and
+// variant; models of different names are different files, so Ollama loads
+// a runner of its own for each (it shares one between models of one file).
 //
 // Shapes are in ggml's order, innermost (contiguous) dimension first: a
 // weight W that maps n inputs to m outputs is [n, m], stored as m rows of n
 // floats, row j giving output j. Dimension 0 of the residual stream is a
-// constant lane: every token embedding has 8 there and no layer writes it
+// constant lane: every token embedding has 2 there and no layer writes it
 // (row 0 of attn_output and ffn_down is zero), so after the final RMSNorm it
 // is positive, and column 0 of the output projection acts as a per-token
-// bias: -50 for <unk>, <s> and </s> (never sampled, so an answer never ends
-// by itself), +0.5 for the word pieces, -0.3 for the byte tokens.
-func WriteGGUF(path string, v Variant) (string, error) {
+// bias: -50 for <unk>, <s>, </s> and the byte tokens, 0 for the word pieces.
+// So an answer never ends by itself and is made of word pieces only (a
+// stream of random bytes would stall: Ollama holds back output until it is
+// valid UTF-8). The other weights of the output projection are small
+// (standard deviation 0.1), so sampling at Ollama's default temperature is
+// close to uniform over the word pieces, and Ollama's repeat limit (it cuts
+// an answer that repeats one token 30 times in a row) is practically never
+// hit; a greedy answer (temperature 0) does loop after a few dozen tokens.
+func WriteGGUF(path, name string, v Variant) (string, error) {
 	tokens, types := vocabulary()
 	n := len(tokens)
 	rng := rand.New(rand.NewPCG(weightSeed, 1))
@@ -277,15 +290,15 @@ func WriteGGUF(path string, v Variant) (string, error) {
 	}
 
 	embd := normal(EmbeddingLength*n, 1)
-	out := normal(EmbeddingLength*n, 1)
+	out := normal(EmbeddingLength*n, 0.1)
 	for tok := range n {
-		embd[tok*EmbeddingLength] = 8
+		embd[tok*EmbeddingLength] = float32(2)
 		bias := float32(0.5)
 		switch types[tok] {
 		case tokenUnknown, tokenControl:
 			bias = -50
 		case tokenByte:
-			bias = -0.3
+			bias = -50
 		}
 		out[tok*EmbeddingLength] = bias
 	}
@@ -297,9 +310,9 @@ func WriteGGUF(path string, v Variant) (string, error) {
 	in := 1 / math.Sqrt(EmbeddingLength)
 	for l := range layers {
 		blk := fmt.Sprintf("blk.%d.", l)
-		attnOut := normal(EmbeddingLength*EmbeddingLength, 0.1)
+		attnOut := normal(EmbeddingLength*EmbeddingLength, 0.5)
 		clear(attnOut[:EmbeddingLength]) // row 0: the constant lane
-		down := normal(ffnLength*EmbeddingLength, 0.1)
+		down := normal(ffnLength*EmbeddingLength, 0.5)
 		clear(down[:ffnLength])
 		tensors = append(tensors,
 			f32(blk+"attn_norm.weight", ones(EmbeddingLength), EmbeddingLength),
@@ -320,7 +333,7 @@ func WriteGGUF(path string, v Variant) (string, error) {
 	}
 	kv := ggml.KV{
 		"general.architecture":                   "llama",
-		"general.name":                           "iop-tiny-" + string(v),
+		"general.name":                           name,
 		"general.file_type":                      uint32(0), // all F32
 		"llama.block_count":                      uint32(layers),
 		"llama.context_length":                   uint32(contextLen),

@@ -34,18 +34,18 @@ func TestBuildScriptVersion(t *testing.T) {
 // every write, and small.
 func TestWriteGGUF(t *testing.T) {
 	dir := t.TempDir()
-	a, err := ollamatest.WriteGGUF(filepath.Join(dir, "a.gguf"), ollamatest.Plain)
+	a, err := ollamatest.WriteGGUF(filepath.Join(dir, "a.gguf"), "tiny", ollamatest.Plain)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := ollamatest.WriteGGUF(filepath.Join(dir, "b.gguf"), ollamatest.Plain)
+	b, err := ollamatest.WriteGGUF(filepath.Join(dir, "b.gguf"), "tiny", ollamatest.Plain)
 	if err != nil {
 		t.Fatal(err)
 	}
 	da, _ := os.ReadFile(a)
 	db, _ := os.ReadFile(b)
 	if !bytes.Equal(da, db) {
-		t.Errorf("two writes of the same variant differ")
+		t.Errorf("two writes of the same model differ")
 	}
 	if len(da) > 1<<20 {
 		t.Errorf("model is %d bytes, want under 1 MiB", len(da))
@@ -85,7 +85,7 @@ func TestWriteGGUF(t *testing.T) {
 	if _, ok := shapes["blk.2.attn_q.weight"]; ok || len(shapes) != 3+2*9 {
 		t.Errorf("tensors %v: want 3 + 9 per layer for 2 layers", shapes)
 	}
-	if _, err := ollamatest.WriteGGUF(filepath.Join(dir, "e.gguf"), ollamatest.Embedding); err != nil {
+	if _, err := ollamatest.WriteGGUF(filepath.Join(dir, "e.gguf"), "tiny", ollamatest.Embedding); err != nil {
 		t.Fatal(err)
 	}
 }
