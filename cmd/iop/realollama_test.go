@@ -378,3 +378,27 @@ func TestRealOllama_ClientGoesAway(t *testing.T) {
 		})
 	}
 }
+
+// TestRealOllama_RepeatLimit: a greedy answer of the test model loops, and
+// Ollama's repeat limit (30 equal tokens in a row) ends its stream without
+// a done line (native API) or data: [DONE] (/v1). On both paths the client
+// gets the text that came, then an error event and no clean end (DESIGN: a
+// stream that fails after its headers ends with an error event).
+func TestRealOllama_RepeatLimit(t *testing.T) {
+	rig := startRealRig(t)
+	greedy := `"temperature":0,"seed":7,"max_tokens":1000,"messages":[{"role":"system","content":"you are terse"},{"role":"user","content":"why is the sky blue"}]`
+	for _, model := range []string{"tiny", "tiny-v1"} {
+		status, body := rig.post(t, "/v1/chat/completions", `{"model":"`+model+`","stream":true,`+greedy+`}`)
+		events := strings.Split(strings.TrimSuffix(string(body), "\n\n"), "\n\n")
+		last := events[len(events)-1]
+		if status != http.StatusOK || len(events) < 3 || !strings.HasPrefix(last, `data: {"error":`) || slices.Contains(events, "data: [DONE]") {
+			t.Errorf("%s SSE: %d, %d events, last %q: want chunks then an error event, no [DONE]", model, status, len(events), last)
+		}
+	}
+	status, body := rig.post(t, "/api/chat", `{"model":"tiny","options":{"temperature":0,"seed":7,"num_predict":1000},"messages":[{"role":"system","content":"you are terse"},{"role":"user","content":"why is the sky blue"}]}`)
+	lines := strings.Split(strings.TrimSpace(string(body)), "\n")
+	if status != http.StatusOK || len(lines) < 3 || !strings.HasPrefix(lines[len(lines)-1], `{"error":`) || strings.Contains(string(body), `"done":true`) {
+		t.Errorf("/api/chat NDJSON: %d, %d lines, last %q: want parts then an error line, no done", status, len(lines), lines[len(lines)-1])
+	}
+	waitIdle(t, rig.e)
+}
