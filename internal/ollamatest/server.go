@@ -41,19 +41,24 @@ const (
 )
 
 // Binary returns the path of the Ollama binary: $IOP_OLLAMA_BIN if set, else
-// the build script's cache under $XDG_CACHE_HOME (default ~/.cache)/iop. When
+// where test/ollama/build.sh puts it: $IOP_CACHE/ollama-VERSION/ollama, with
+// IOP_CACHE defaulting to $XDG_CACHE_HOME/iop (XDG_CACHE_HOME to ~/.cache). When
 // it is not an executable file the test is skipped, or fails if
 // $IOP_REQUIRE_OLLAMA is "1".
 func Binary(t testing.TB) string {
 	t.Helper()
 	path := os.Getenv(EnvBinary)
 	if path == "" {
-		cache := os.Getenv("XDG_CACHE_HOME")
+		cache := os.Getenv("IOP_CACHE")
 		if cache == "" {
-			home, _ := os.UserHomeDir()
-			cache = filepath.Join(home, ".cache")
+			cache = os.Getenv("XDG_CACHE_HOME")
+			if cache == "" {
+				home, _ := os.UserHomeDir()
+				cache = filepath.Join(home, ".cache")
+			}
+			cache = filepath.Join(cache, "iop")
 		}
-		path = filepath.Join(cache, "iop", "ollama-"+Version, "ollama")
+		path = filepath.Join(cache, "ollama-"+Version, "ollama")
 	}
 	st, err := os.Stat(path)
 	if err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
@@ -83,7 +88,6 @@ type Server struct {
 	bin     string
 	env     []string
 	logPath string
-	tb      testing.TB
 
 	mu     sync.Mutex    // guards the fields below
 	cmd    *exec.Cmd     // the running process, nil when stopped
@@ -105,7 +109,6 @@ func Start(t testing.TB, extraEnv ...string) *Server {
 		Client:    &http.Client{Transport: &http.Transport{}},
 		bin:       bin,
 		logPath:   filepath.Join(dir, "ollama.log"),
-		tb:        t,
 	}
 	home := filepath.Join(dir, "home")
 	for _, d := range []string{s.ModelsDir, home} {
