@@ -70,22 +70,24 @@ func ollamaTags(t *testing.T, c *http.Client, base string) []string {
 func TestRealOllama_Dev(t *testing.T) {
 	s := ollamatest.Start(t)
 	// Ollama lists the newest model first and iop dev aliases demo to the
-	// first listed: the embedding model is created a second before the
-	// chat models (modified_at has one-second steps), so demo is a chat
-	// model. (demo can be an embedding model otherwise: iop dev does not
-	// read capabilities yet, issue 14.)
+	// first listed: every other model is created a second before tiny
+	// (modified_at has one-second steps), so demo is tiny. (Otherwise demo
+	// may be the embedding model, the thinking one, whose answer Ollama
+	// puts in the thinking field that iop drops, or the one whose slot the
+	// abort checks may leave taken: iop dev does not read capabilities yet,
+	// issue 14.)
 	s.CreateModel(t, "tiny-embed", ollamatest.Embedding)
-	created := time.Now().Unix()
-	waitReal(t, "the next second", func() bool { return time.Now().Unix() > created })
 	s.CreateModel(t, "tiny-think", ollamatest.Thinking)
 	s.CreateModel(t, "tiny-abort", ollamatest.Plain) // only for the clients' abort checks (ollama/ollama#17131)
 	s.CreateModel(t, "tiny-tools", ollamatest.Tools)
+	created := time.Now().Unix()
+	waitReal(t, "the next second", func() bool { return time.Now().Unix() > created })
 	s.CreateModel(t, "tiny", ollamatest.Plain)
 	all := []string{"tiny:latest", "tiny-tools:latest", "tiny-abort:latest", "tiny-think:latest", "tiny-embed:latest"}
 	c := &http.Client{Transport: &http.Transport{}}
 	defer c.CloseIdleConnections()
-	if tags := ollamaTags(t, c, s.URL); len(tags) != len(all) || tags[len(tags)-1] != "tiny-embed:latest" {
-		t.Fatalf("Ollama lists %v: want %d models, tiny-embed last", tags, len(all))
+	if tags := ollamaTags(t, c, s.URL); len(tags) != len(all) || tags[0] != "tiny:latest" {
+		t.Fatalf("Ollama lists %v: want %d models, tiny first", tags, len(all))
 	}
 
 	bin := filepath.Join(t.TempDir(), "iop")
