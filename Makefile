@@ -23,11 +23,12 @@ run:
 # Chromium for the dashboard's browser test, PostgreSQL (the usage
 # ledger's test starts a throwaway server) and a real Ollama server (built
 # from source once per machine, see the ollama target), each only when
-# missing. IOP_REQUIRE_OLLAMA=1 makes the real-Ollama tests fail, not skip,
-# if the binary is missing.
+# missing. IOP_TEST_STRICT=1 makes a test whose tool is missing fail instead
+# of skip (package internal/testenv), so make test skips nothing;
+# IOP_OLLAMA_BIN tells the real-Ollama tests where the binary is.
 test: test/js/node_modules chromium postgresql ollama
 	$(GO) vet ./...
-	IOP_OLLAMA_BIN="$$(OLLAMA_VERSION=$(OLLAMA_VERSION) GO=$(GO) test/ollama/build.sh)" IOP_REQUIRE_OLLAMA=1 \
+	IOP_OLLAMA_BIN="$$(OLLAMA_VERSION=$(OLLAMA_VERSION) GO=$(GO) test/ollama/build.sh)" IOP_TEST_STRICT=1 \
 		$(GO) test -race -count=1 -timeout 15m ./...
 
 # The npm packages of the JavaScript client tests (the official `openai` and `ollama`

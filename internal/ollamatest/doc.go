@@ -10,8 +10,9 @@
 // [Binary] takes the path from $IOP_OLLAMA_BIN, else the build script's
 // cache (~/.cache/iop/ollama-[Version]/ollama). When neither is there, a test
 // that needs Ollama is skipped with a message saying how to build it — unless
-// $IOP_REQUIRE_OLLAMA is 1, as `make test` sets it, and then it fails: `make
-// test` never skips a real-server test.
+// $IOP_TEST_STRICT is 1, as `make test` sets it (package testenv), or
+// $IOP_REQUIRE_OLLAMA is 1, and then it fails: `make test` never skips a
+// real-server test.
 //
 // # The server
 //

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"iop/internal/testenv"
 )
 
 // Version is the Ollama release the tests run against: test/ollama/build.sh
@@ -25,8 +27,9 @@ import (
 // field, and serves the OpenAI-compatible /v1 API with `reasoning`.
 const Version = "v0.17.4"
 
-// The environment variables that tell tests where the binary is and whether
-// a missing one fails them (see the package doc).
+// The environment variables that tell tests where the binary is and, besides
+// testenv.StrictEnv (IOP_TEST_STRICT), that a missing one fails them (see
+// the package doc).
 const (
 	EnvBinary  = "IOP_OLLAMA_BIN"
 	EnvRequire = "IOP_REQUIRE_OLLAMA"
@@ -43,8 +46,9 @@ const (
 // Binary returns the path of the Ollama binary: $IOP_OLLAMA_BIN if set, else
 // where test/ollama/build.sh puts it: $IOP_CACHE/ollama-VERSION/ollama, with
 // IOP_CACHE defaulting to $XDG_CACHE_HOME/iop (XDG_CACHE_HOME to ~/.cache). When
-// it is not an executable file the test is skipped, or fails if
-// $IOP_REQUIRE_OLLAMA is "1".
+// it is not an executable file the test is skipped (testenv.Missing), or
+// fails under testenv.Strict (IOP_TEST_STRICT=1, as make test sets it) or
+// with $IOP_REQUIRE_OLLAMA "1".
 func Binary(t testing.TB) string {
 	t.Helper()
 	path := os.Getenv(EnvBinary)
@@ -68,7 +72,7 @@ func Binary(t testing.TB) string {
 	if os.Getenv(EnvRequire) == "1" {
 		t.Fatalf("%s; %s=1 makes this a failure", msg, EnvRequire)
 	}
-	t.Skip(msg)
+	testenv.Missing(t, "%s", msg)
 	return ""
 }
 

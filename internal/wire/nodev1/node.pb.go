@@ -196,7 +196,7 @@ func (x RunEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RunEvent_Type.Descriptor instead.
 func (RunEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{18, 0}
+	return file_node_proto_rawDescGZIP(), []int{19, 0}
 }
 
 type NodeMessage struct {
@@ -657,11 +657,16 @@ func (x *Provider) GetModelCapabilities() []*ModelCapabilities {
 	return nil
 }
 
-// ModelCapabilities are the capabilities of one served model of a provider.
+// ModelCapabilities are the capabilities of one served model of a provider,
+// and what its model server says of it.
 type ModelCapabilities struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
-	Capabilities  []string               `protobuf:"bytes,2,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Model        string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Capabilities []string               `protobuf:"bytes,2,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	// The model server's description of the model (Ollama's /api/tags and
+	// /api/show), for the edge's /api/tags, /api/show and /api/ps; unset when
+	// the server says nothing of it.
+	Details       *ModelDetails `protobuf:"bytes,3,opt,name=details,proto3" json:"details,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -710,6 +715,131 @@ func (x *ModelCapabilities) GetCapabilities() []string {
 	return nil
 }
 
+func (x *ModelCapabilities) GetDetails() *ModelDetails {
+	if x != nil {
+		return x.Details
+	}
+	return nil
+}
+
+// ModelDetails is what a model server says of one model, as Ollama's
+// /api/tags and /api/show do (docs/api.md of github.com/ollama/ollama).
+type ModelDetails struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Size              int64                  `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`                              // bytes on disk
+	Digest            string                 `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`                           // e.g. the sha256 hex of the manifest
+	ModifiedAt        string                 `protobuf:"bytes,3,opt,name=modified_at,json=modifiedAt,proto3" json:"modified_at,omitempty"` // RFC 3339, as the server said it
+	Format            string                 `protobuf:"bytes,4,opt,name=format,proto3" json:"format,omitempty"`                           // e.g. "gguf"
+	Family            string                 `protobuf:"bytes,5,opt,name=family,proto3" json:"family,omitempty"`                           // e.g. "llama"
+	Families          []string               `protobuf:"bytes,6,rep,name=families,proto3" json:"families,omitempty"`
+	ParameterSize     string                 `protobuf:"bytes,7,opt,name=parameter_size,json=parameterSize,proto3" json:"parameter_size,omitempty"`             // e.g. "8.0B"
+	QuantizationLevel string                 `protobuf:"bytes,8,opt,name=quantization_level,json=quantizationLevel,proto3" json:"quantization_level,omitempty"` // e.g. "Q4_K_M"
+	ParentModel       string                 `protobuf:"bytes,9,opt,name=parent_model,json=parentModel,proto3" json:"parent_model,omitempty"`
+	ContextLength     int64                  `protobuf:"varint,10,opt,name=context_length,json=contextLength,proto3" json:"context_length,omitempty"` // tokens; 0 = not said
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *ModelDetails) Reset() {
+	*x = ModelDetails{}
+	mi := &file_node_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelDetails) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelDetails) ProtoMessage() {}
+
+func (x *ModelDetails) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelDetails.ProtoReflect.Descriptor instead.
+func (*ModelDetails) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ModelDetails) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *ModelDetails) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *ModelDetails) GetModifiedAt() string {
+	if x != nil {
+		return x.ModifiedAt
+	}
+	return ""
+}
+
+func (x *ModelDetails) GetFormat() string {
+	if x != nil {
+		return x.Format
+	}
+	return ""
+}
+
+func (x *ModelDetails) GetFamily() string {
+	if x != nil {
+		return x.Family
+	}
+	return ""
+}
+
+func (x *ModelDetails) GetFamilies() []string {
+	if x != nil {
+		return x.Families
+	}
+	return nil
+}
+
+func (x *ModelDetails) GetParameterSize() string {
+	if x != nil {
+		return x.ParameterSize
+	}
+	return ""
+}
+
+func (x *ModelDetails) GetQuantizationLevel() string {
+	if x != nil {
+		return x.QuantizationLevel
+	}
+	return ""
+}
+
+func (x *ModelDetails) GetParentModel() string {
+	if x != nil {
+		return x.ParentModel
+	}
+	return ""
+}
+
+func (x *ModelDetails) GetContextLength() int64 {
+	if x != nil {
+		return x.ContextLength
+	}
+	return 0
+}
+
 // Welcome accepts a Hello. The generation is strictly increasing per node id.
 type Welcome struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -723,7 +853,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_node_proto_msgTypes[5]
+	mi := &file_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -735,7 +865,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[5]
+	mi := &file_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -748,7 +878,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{5}
+	return file_node_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Welcome) GetGeneration() uint64 {
@@ -775,7 +905,7 @@ type HelloRefused struct {
 
 func (x *HelloRefused) Reset() {
 	*x = HelloRefused{}
-	mi := &file_node_proto_msgTypes[6]
+	mi := &file_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -787,7 +917,7 @@ func (x *HelloRefused) String() string {
 func (*HelloRefused) ProtoMessage() {}
 
 func (x *HelloRefused) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[6]
+	mi := &file_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -800,7 +930,7 @@ func (x *HelloRefused) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloRefused.ProtoReflect.Descriptor instead.
 func (*HelloRefused) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{6}
+	return file_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *HelloRefused) GetReason() string {
@@ -819,7 +949,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_node_proto_msgTypes[7]
+	mi := &file_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -831,7 +961,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[7]
+	mi := &file_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -844,7 +974,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{7}
+	return file_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Heartbeat) GetUnixNano() int64 {
@@ -876,7 +1006,7 @@ type ProviderUpdate struct {
 
 func (x *ProviderUpdate) Reset() {
 	*x = ProviderUpdate{}
-	mi := &file_node_proto_msgTypes[8]
+	mi := &file_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -888,7 +1018,7 @@ func (x *ProviderUpdate) String() string {
 func (*ProviderUpdate) ProtoMessage() {}
 
 func (x *ProviderUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[8]
+	mi := &file_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -901,7 +1031,7 @@ func (x *ProviderUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderUpdate.ProtoReflect.Descriptor instead.
 func (*ProviderUpdate) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{8}
+	return file_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ProviderUpdate) GetProviderId() string {
@@ -966,7 +1096,7 @@ type Drain struct {
 
 func (x *Drain) Reset() {
 	*x = Drain{}
-	mi := &file_node_proto_msgTypes[9]
+	mi := &file_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -978,7 +1108,7 @@ func (x *Drain) String() string {
 func (*Drain) ProtoMessage() {}
 
 func (x *Drain) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[9]
+	mi := &file_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -991,7 +1121,7 @@ func (x *Drain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drain.ProtoReflect.Descriptor instead.
 func (*Drain) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{9}
+	return file_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Drain) GetReason() string {
@@ -1027,7 +1157,7 @@ type Dispatch struct {
 
 func (x *Dispatch) Reset() {
 	*x = Dispatch{}
-	mi := &file_node_proto_msgTypes[10]
+	mi := &file_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1039,7 +1169,7 @@ func (x *Dispatch) String() string {
 func (*Dispatch) ProtoMessage() {}
 
 func (x *Dispatch) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[10]
+	mi := &file_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1052,7 +1182,7 @@ func (x *Dispatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Dispatch.ProtoReflect.Descriptor instead.
 func (*Dispatch) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{10}
+	return file_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Dispatch) GetRunId() string {
@@ -1128,7 +1258,7 @@ type DispatchRefused struct {
 
 func (x *DispatchRefused) Reset() {
 	*x = DispatchRefused{}
-	mi := &file_node_proto_msgTypes[11]
+	mi := &file_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1140,7 +1270,7 @@ func (x *DispatchRefused) String() string {
 func (*DispatchRefused) ProtoMessage() {}
 
 func (x *DispatchRefused) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[11]
+	mi := &file_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1153,7 +1283,7 @@ func (x *DispatchRefused) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DispatchRefused.ProtoReflect.Descriptor instead.
 func (*DispatchRefused) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{11}
+	return file_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DispatchRefused) GetRunId() string {
@@ -1181,7 +1311,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_node_proto_msgTypes[12]
+	mi := &file_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1323,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[12]
+	mi := &file_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1336,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{12}
+	return file_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Cancel) GetRunId() string {
@@ -1240,7 +1370,7 @@ type RunUp struct {
 
 func (x *RunUp) Reset() {
 	*x = RunUp{}
-	mi := &file_node_proto_msgTypes[13]
+	mi := &file_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1252,7 +1382,7 @@ func (x *RunUp) String() string {
 func (*RunUp) ProtoMessage() {}
 
 func (x *RunUp) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[13]
+	mi := &file_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1265,7 +1395,7 @@ func (x *RunUp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunUp.ProtoReflect.Descriptor instead.
 func (*RunUp) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{13}
+	return file_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RunUp) GetMsg() isRunUp_Msg {
@@ -1382,7 +1512,7 @@ type RunDown struct {
 
 func (x *RunDown) Reset() {
 	*x = RunDown{}
-	mi := &file_node_proto_msgTypes[14]
+	mi := &file_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1394,7 +1524,7 @@ func (x *RunDown) String() string {
 func (*RunDown) ProtoMessage() {}
 
 func (x *RunDown) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[14]
+	mi := &file_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1407,7 +1537,7 @@ func (x *RunDown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunDown.ProtoReflect.Descriptor instead.
 func (*RunDown) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{14}
+	return file_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RunDown) GetMsg() isRunDown_Msg {
@@ -1463,7 +1593,7 @@ type RunOpen struct {
 
 func (x *RunOpen) Reset() {
 	*x = RunOpen{}
-	mi := &file_node_proto_msgTypes[15]
+	mi := &file_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1475,7 +1605,7 @@ func (x *RunOpen) String() string {
 func (*RunOpen) ProtoMessage() {}
 
 func (x *RunOpen) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[15]
+	mi := &file_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1488,7 +1618,7 @@ func (x *RunOpen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunOpen.ProtoReflect.Descriptor instead.
 func (*RunOpen) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{15}
+	return file_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RunOpen) GetRunId() string {
@@ -1523,7 +1653,7 @@ type Body struct {
 
 func (x *Body) Reset() {
 	*x = Body{}
-	mi := &file_node_proto_msgTypes[16]
+	mi := &file_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1535,7 +1665,7 @@ func (x *Body) String() string {
 func (*Body) ProtoMessage() {}
 
 func (x *Body) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[16]
+	mi := &file_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1548,7 +1678,7 @@ func (x *Body) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Body.ProtoReflect.Descriptor instead.
 func (*Body) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{16}
+	return file_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Body) GetData() []byte {
@@ -1575,7 +1705,7 @@ type RunEvents struct {
 
 func (x *RunEvents) Reset() {
 	*x = RunEvents{}
-	mi := &file_node_proto_msgTypes[17]
+	mi := &file_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1587,7 +1717,7 @@ func (x *RunEvents) String() string {
 func (*RunEvents) ProtoMessage() {}
 
 func (x *RunEvents) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[17]
+	mi := &file_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1600,7 +1730,7 @@ func (x *RunEvents) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvents.ProtoReflect.Descriptor instead.
 func (*RunEvents) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{17}
+	return file_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RunEvents) GetEvents() []*RunEvent {
@@ -1625,14 +1755,17 @@ type RunEvent struct {
 	// OpenAI's streamed delta.tool_calls: the first part of a call carries
 	// its index, id and name; later parts with the same index carry more of
 	// its arguments, to be appended.
-	ToolCalls     []*ToolCallDelta `protobuf:"bytes,9,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
+	ToolCalls []*ToolCallDelta `protobuf:"bytes,9,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
+	// delta: generated reasoning text (Ollama's message.thinking, OpenAI-
+	// compatible servers' reasoning_content or reasoning), apart from text.
+	Thinking      string `protobuf:"bytes,10,opt,name=thinking,proto3" json:"thinking,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_node_proto_msgTypes[18]
+	mi := &file_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1644,7 +1777,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[18]
+	mi := &file_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1657,7 +1790,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{18}
+	return file_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RunEvent) GetType() RunEvent_Type {
@@ -1723,6 +1856,13 @@ func (x *RunEvent) GetToolCalls() []*ToolCallDelta {
 	return nil
 }
 
+func (x *RunEvent) GetThinking() string {
+	if x != nil {
+		return x.Thinking
+	}
+	return ""
+}
+
 // ToolCallDelta is one function tool call, or a part of one.
 type ToolCallDelta struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1736,7 +1876,7 @@ type ToolCallDelta struct {
 
 func (x *ToolCallDelta) Reset() {
 	*x = ToolCallDelta{}
-	mi := &file_node_proto_msgTypes[19]
+	mi := &file_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1748,7 +1888,7 @@ func (x *ToolCallDelta) String() string {
 func (*ToolCallDelta) ProtoMessage() {}
 
 func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[19]
+	mi := &file_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1761,7 +1901,7 @@ func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallDelta.ProtoReflect.Descriptor instead.
 func (*ToolCallDelta) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{19}
+	return file_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ToolCallDelta) GetIndex() int32 {
@@ -1801,7 +1941,7 @@ type Embedding struct {
 
 func (x *Embedding) Reset() {
 	*x = Embedding{}
-	mi := &file_node_proto_msgTypes[20]
+	mi := &file_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1813,7 +1953,7 @@ func (x *Embedding) String() string {
 func (*Embedding) ProtoMessage() {}
 
 func (x *Embedding) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[20]
+	mi := &file_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1826,7 +1966,7 @@ func (x *Embedding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Embedding.ProtoReflect.Descriptor instead.
 func (*Embedding) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{20}
+	return file_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Embedding) GetValues() []float32 {
@@ -1847,7 +1987,7 @@ type TunnelHead struct {
 
 func (x *TunnelHead) Reset() {
 	*x = TunnelHead{}
-	mi := &file_node_proto_msgTypes[21]
+	mi := &file_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1859,7 +1999,7 @@ func (x *TunnelHead) String() string {
 func (*TunnelHead) ProtoMessage() {}
 
 func (x *TunnelHead) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[21]
+	mi := &file_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1872,7 +2012,7 @@ func (x *TunnelHead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelHead.ProtoReflect.Descriptor instead.
 func (*TunnelHead) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{21}
+	return file_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TunnelHead) GetStatus() int32 {
@@ -1899,7 +2039,7 @@ type TunnelData struct {
 
 func (x *TunnelData) Reset() {
 	*x = TunnelData{}
-	mi := &file_node_proto_msgTypes[22]
+	mi := &file_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1911,7 +2051,7 @@ func (x *TunnelData) String() string {
 func (*TunnelData) ProtoMessage() {}
 
 func (x *TunnelData) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[22]
+	mi := &file_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1924,7 +2064,7 @@ func (x *TunnelData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelData.ProtoReflect.Descriptor instead.
 func (*TunnelData) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{22}
+	return file_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TunnelData) GetData() []byte {
@@ -1948,7 +2088,7 @@ type TunnelEnd struct {
 
 func (x *TunnelEnd) Reset() {
 	*x = TunnelEnd{}
-	mi := &file_node_proto_msgTypes[23]
+	mi := &file_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1960,7 +2100,7 @@ func (x *TunnelEnd) String() string {
 func (*TunnelEnd) ProtoMessage() {}
 
 func (x *TunnelEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[23]
+	mi := &file_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1973,7 +2113,7 @@ func (x *TunnelEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelEnd.ProtoReflect.Descriptor instead.
 func (*TunnelEnd) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{23}
+	return file_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *TunnelEnd) GetProviderError() string {
@@ -1994,7 +2134,7 @@ type TunnelError struct {
 
 func (x *TunnelError) Reset() {
 	*x = TunnelError{}
-	mi := &file_node_proto_msgTypes[24]
+	mi := &file_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2006,7 +2146,7 @@ func (x *TunnelError) String() string {
 func (*TunnelError) ProtoMessage() {}
 
 func (x *TunnelError) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[24]
+	mi := &file_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2019,7 +2159,7 @@ func (x *TunnelError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelError.ProtoReflect.Descriptor instead.
 func (*TunnelError) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{24}
+	return file_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *TunnelError) GetMessage() string {
@@ -2072,10 +2212,24 @@ const file_node_proto_rawDesc = "" +
 	"\fcapabilities\x18\x06 \x03(\tR\fcapabilities\x12A\n" +
 	"\x0eexecution_path\x18\a \x01(\x0e2\x1a.iop.node.v1.ExecutionPathR\rexecutionPath\x12\x18\n" +
 	"\ahealthy\x18\b \x01(\bR\ahealthy\x12M\n" +
-	"\x12model_capabilities\x18\t \x03(\v2\x1e.iop.node.v1.ModelCapabilitiesR\x11modelCapabilities\"M\n" +
+	"\x12model_capabilities\x18\t \x03(\v2\x1e.iop.node.v1.ModelCapabilitiesR\x11modelCapabilities\"\x82\x01\n" +
 	"\x11ModelCapabilities\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\"\n" +
-	"\fcapabilities\x18\x02 \x03(\tR\fcapabilities\"]\n" +
+	"\fcapabilities\x18\x02 \x03(\tR\fcapabilities\x123\n" +
+	"\adetails\x18\x03 \x01(\v2\x19.iop.node.v1.ModelDetailsR\adetails\"\xc7\x02\n" +
+	"\fModelDetails\x12\x12\n" +
+	"\x04size\x18\x01 \x01(\x03R\x04size\x12\x16\n" +
+	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x1f\n" +
+	"\vmodified_at\x18\x03 \x01(\tR\n" +
+	"modifiedAt\x12\x16\n" +
+	"\x06format\x18\x04 \x01(\tR\x06format\x12\x16\n" +
+	"\x06family\x18\x05 \x01(\tR\x06family\x12\x1a\n" +
+	"\bfamilies\x18\x06 \x03(\tR\bfamilies\x12%\n" +
+	"\x0eparameter_size\x18\a \x01(\tR\rparameterSize\x12-\n" +
+	"\x12quantization_level\x18\b \x01(\tR\x11quantizationLevel\x12!\n" +
+	"\fparent_model\x18\t \x01(\tR\vparentModel\x12%\n" +
+	"\x0econtext_length\x18\n" +
+	" \x01(\x03R\rcontextLength\"]\n" +
 	"\aWelcome\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
@@ -2143,7 +2297,7 @@ const file_node_proto_rawDesc = "" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\bR\x04last\":\n" +
 	"\tRunEvents\x12-\n" +
-	"\x06events\x18\x01 \x03(\v2\x15.iop.node.v1.RunEventR\x06events\"\xee\x03\n" +
+	"\x06events\x18\x01 \x03(\v2\x15.iop.node.v1.RunEventR\x06events\"\x8a\x04\n" +
 	"\bRunEvent\x12.\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1a.iop.node.v1.RunEvent.TypeR\x04type\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12#\n" +
@@ -2156,7 +2310,9 @@ const file_node_proto_rawDesc = "" +
 	"embeddings\x18\b \x03(\v2\x16.iop.node.v1.EmbeddingR\n" +
 	"embeddings\x129\n" +
 	"\n" +
-	"tool_calls\x18\t \x03(\v2\x1a.iop.node.v1.ToolCallDeltaR\ttoolCalls\"\x85\x01\n" +
+	"tool_calls\x18\t \x03(\v2\x1a.iop.node.v1.ToolCallDeltaR\ttoolCalls\x12\x1a\n" +
+	"\bthinking\x18\n" +
+	" \x01(\tR\bthinking\"\x85\x01\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fTYPE_STARTED\x10\x01\x12\x0e\n" +
@@ -2216,7 +2372,7 @@ func file_node_proto_rawDescGZIP() []byte {
 }
 
 var file_node_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_node_proto_goTypes = []any{
 	(ExecutionPath)(0),        // 0: iop.node.v1.ExecutionPath
 	(Operation)(0),            // 1: iop.node.v1.Operation
@@ -2226,69 +2382,71 @@ var file_node_proto_goTypes = []any{
 	(*Hello)(nil),             // 5: iop.node.v1.Hello
 	(*Provider)(nil),          // 6: iop.node.v1.Provider
 	(*ModelCapabilities)(nil), // 7: iop.node.v1.ModelCapabilities
-	(*Welcome)(nil),           // 8: iop.node.v1.Welcome
-	(*HelloRefused)(nil),      // 9: iop.node.v1.HelloRefused
-	(*Heartbeat)(nil),         // 10: iop.node.v1.Heartbeat
-	(*ProviderUpdate)(nil),    // 11: iop.node.v1.ProviderUpdate
-	(*Drain)(nil),             // 12: iop.node.v1.Drain
-	(*Dispatch)(nil),          // 13: iop.node.v1.Dispatch
-	(*DispatchRefused)(nil),   // 14: iop.node.v1.DispatchRefused
-	(*Cancel)(nil),            // 15: iop.node.v1.Cancel
-	(*RunUp)(nil),             // 16: iop.node.v1.RunUp
-	(*RunDown)(nil),           // 17: iop.node.v1.RunDown
-	(*RunOpen)(nil),           // 18: iop.node.v1.RunOpen
-	(*Body)(nil),              // 19: iop.node.v1.Body
-	(*RunEvents)(nil),         // 20: iop.node.v1.RunEvents
-	(*RunEvent)(nil),          // 21: iop.node.v1.RunEvent
-	(*ToolCallDelta)(nil),     // 22: iop.node.v1.ToolCallDelta
-	(*Embedding)(nil),         // 23: iop.node.v1.Embedding
-	(*TunnelHead)(nil),        // 24: iop.node.v1.TunnelHead
-	(*TunnelData)(nil),        // 25: iop.node.v1.TunnelData
-	(*TunnelEnd)(nil),         // 26: iop.node.v1.TunnelEnd
-	(*TunnelError)(nil),       // 27: iop.node.v1.TunnelError
-	nil,                       // 28: iop.node.v1.Dispatch.HeadersEntry
-	nil,                       // 29: iop.node.v1.TunnelHead.HeadersEntry
+	(*ModelDetails)(nil),      // 8: iop.node.v1.ModelDetails
+	(*Welcome)(nil),           // 9: iop.node.v1.Welcome
+	(*HelloRefused)(nil),      // 10: iop.node.v1.HelloRefused
+	(*Heartbeat)(nil),         // 11: iop.node.v1.Heartbeat
+	(*ProviderUpdate)(nil),    // 12: iop.node.v1.ProviderUpdate
+	(*Drain)(nil),             // 13: iop.node.v1.Drain
+	(*Dispatch)(nil),          // 14: iop.node.v1.Dispatch
+	(*DispatchRefused)(nil),   // 15: iop.node.v1.DispatchRefused
+	(*Cancel)(nil),            // 16: iop.node.v1.Cancel
+	(*RunUp)(nil),             // 17: iop.node.v1.RunUp
+	(*RunDown)(nil),           // 18: iop.node.v1.RunDown
+	(*RunOpen)(nil),           // 19: iop.node.v1.RunOpen
+	(*Body)(nil),              // 20: iop.node.v1.Body
+	(*RunEvents)(nil),         // 21: iop.node.v1.RunEvents
+	(*RunEvent)(nil),          // 22: iop.node.v1.RunEvent
+	(*ToolCallDelta)(nil),     // 23: iop.node.v1.ToolCallDelta
+	(*Embedding)(nil),         // 24: iop.node.v1.Embedding
+	(*TunnelHead)(nil),        // 25: iop.node.v1.TunnelHead
+	(*TunnelData)(nil),        // 26: iop.node.v1.TunnelData
+	(*TunnelEnd)(nil),         // 27: iop.node.v1.TunnelEnd
+	(*TunnelError)(nil),       // 28: iop.node.v1.TunnelError
+	nil,                       // 29: iop.node.v1.Dispatch.HeadersEntry
+	nil,                       // 30: iop.node.v1.TunnelHead.HeadersEntry
 }
 var file_node_proto_depIdxs = []int32{
 	5,  // 0: iop.node.v1.NodeMessage.hello:type_name -> iop.node.v1.Hello
-	10, // 1: iop.node.v1.NodeMessage.heartbeat:type_name -> iop.node.v1.Heartbeat
-	11, // 2: iop.node.v1.NodeMessage.provider_update:type_name -> iop.node.v1.ProviderUpdate
-	14, // 3: iop.node.v1.NodeMessage.dispatch_refused:type_name -> iop.node.v1.DispatchRefused
-	12, // 4: iop.node.v1.NodeMessage.drain:type_name -> iop.node.v1.Drain
-	8,  // 5: iop.node.v1.EdgeMessage.welcome:type_name -> iop.node.v1.Welcome
-	10, // 6: iop.node.v1.EdgeMessage.heartbeat:type_name -> iop.node.v1.Heartbeat
-	13, // 7: iop.node.v1.EdgeMessage.dispatch:type_name -> iop.node.v1.Dispatch
-	15, // 8: iop.node.v1.EdgeMessage.cancel:type_name -> iop.node.v1.Cancel
-	9,  // 9: iop.node.v1.EdgeMessage.hello_refused:type_name -> iop.node.v1.HelloRefused
+	11, // 1: iop.node.v1.NodeMessage.heartbeat:type_name -> iop.node.v1.Heartbeat
+	12, // 2: iop.node.v1.NodeMessage.provider_update:type_name -> iop.node.v1.ProviderUpdate
+	15, // 3: iop.node.v1.NodeMessage.dispatch_refused:type_name -> iop.node.v1.DispatchRefused
+	13, // 4: iop.node.v1.NodeMessage.drain:type_name -> iop.node.v1.Drain
+	9,  // 5: iop.node.v1.EdgeMessage.welcome:type_name -> iop.node.v1.Welcome
+	11, // 6: iop.node.v1.EdgeMessage.heartbeat:type_name -> iop.node.v1.Heartbeat
+	14, // 7: iop.node.v1.EdgeMessage.dispatch:type_name -> iop.node.v1.Dispatch
+	16, // 8: iop.node.v1.EdgeMessage.cancel:type_name -> iop.node.v1.Cancel
+	10, // 9: iop.node.v1.EdgeMessage.hello_refused:type_name -> iop.node.v1.HelloRefused
 	6,  // 10: iop.node.v1.Hello.providers:type_name -> iop.node.v1.Provider
 	0,  // 11: iop.node.v1.Provider.execution_path:type_name -> iop.node.v1.ExecutionPath
 	7,  // 12: iop.node.v1.Provider.model_capabilities:type_name -> iop.node.v1.ModelCapabilities
-	7,  // 13: iop.node.v1.ProviderUpdate.model_capabilities:type_name -> iop.node.v1.ModelCapabilities
-	0,  // 14: iop.node.v1.Dispatch.execution_path:type_name -> iop.node.v1.ExecutionPath
-	1,  // 15: iop.node.v1.Dispatch.operation:type_name -> iop.node.v1.Operation
-	28, // 16: iop.node.v1.Dispatch.headers:type_name -> iop.node.v1.Dispatch.HeadersEntry
-	18, // 17: iop.node.v1.RunUp.open:type_name -> iop.node.v1.RunOpen
-	20, // 18: iop.node.v1.RunUp.events:type_name -> iop.node.v1.RunEvents
-	24, // 19: iop.node.v1.RunUp.tunnel_head:type_name -> iop.node.v1.TunnelHead
-	25, // 20: iop.node.v1.RunUp.tunnel_data:type_name -> iop.node.v1.TunnelData
-	26, // 21: iop.node.v1.RunUp.tunnel_end:type_name -> iop.node.v1.TunnelEnd
-	27, // 22: iop.node.v1.RunUp.tunnel_error:type_name -> iop.node.v1.TunnelError
-	19, // 23: iop.node.v1.RunDown.body:type_name -> iop.node.v1.Body
-	15, // 24: iop.node.v1.RunDown.cancel:type_name -> iop.node.v1.Cancel
-	21, // 25: iop.node.v1.RunEvents.events:type_name -> iop.node.v1.RunEvent
-	2,  // 26: iop.node.v1.RunEvent.type:type_name -> iop.node.v1.RunEvent.Type
-	23, // 27: iop.node.v1.RunEvent.embeddings:type_name -> iop.node.v1.Embedding
-	22, // 28: iop.node.v1.RunEvent.tool_calls:type_name -> iop.node.v1.ToolCallDelta
-	29, // 29: iop.node.v1.TunnelHead.headers:type_name -> iop.node.v1.TunnelHead.HeadersEntry
-	3,  // 30: iop.node.v1.NodeGateway.Connect:input_type -> iop.node.v1.NodeMessage
-	16, // 31: iop.node.v1.NodeGateway.Run:input_type -> iop.node.v1.RunUp
-	4,  // 32: iop.node.v1.NodeGateway.Connect:output_type -> iop.node.v1.EdgeMessage
-	17, // 33: iop.node.v1.NodeGateway.Run:output_type -> iop.node.v1.RunDown
-	32, // [32:34] is the sub-list for method output_type
-	30, // [30:32] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	8,  // 13: iop.node.v1.ModelCapabilities.details:type_name -> iop.node.v1.ModelDetails
+	7,  // 14: iop.node.v1.ProviderUpdate.model_capabilities:type_name -> iop.node.v1.ModelCapabilities
+	0,  // 15: iop.node.v1.Dispatch.execution_path:type_name -> iop.node.v1.ExecutionPath
+	1,  // 16: iop.node.v1.Dispatch.operation:type_name -> iop.node.v1.Operation
+	29, // 17: iop.node.v1.Dispatch.headers:type_name -> iop.node.v1.Dispatch.HeadersEntry
+	19, // 18: iop.node.v1.RunUp.open:type_name -> iop.node.v1.RunOpen
+	21, // 19: iop.node.v1.RunUp.events:type_name -> iop.node.v1.RunEvents
+	25, // 20: iop.node.v1.RunUp.tunnel_head:type_name -> iop.node.v1.TunnelHead
+	26, // 21: iop.node.v1.RunUp.tunnel_data:type_name -> iop.node.v1.TunnelData
+	27, // 22: iop.node.v1.RunUp.tunnel_end:type_name -> iop.node.v1.TunnelEnd
+	28, // 23: iop.node.v1.RunUp.tunnel_error:type_name -> iop.node.v1.TunnelError
+	20, // 24: iop.node.v1.RunDown.body:type_name -> iop.node.v1.Body
+	16, // 25: iop.node.v1.RunDown.cancel:type_name -> iop.node.v1.Cancel
+	22, // 26: iop.node.v1.RunEvents.events:type_name -> iop.node.v1.RunEvent
+	2,  // 27: iop.node.v1.RunEvent.type:type_name -> iop.node.v1.RunEvent.Type
+	24, // 28: iop.node.v1.RunEvent.embeddings:type_name -> iop.node.v1.Embedding
+	23, // 29: iop.node.v1.RunEvent.tool_calls:type_name -> iop.node.v1.ToolCallDelta
+	30, // 30: iop.node.v1.TunnelHead.headers:type_name -> iop.node.v1.TunnelHead.HeadersEntry
+	3,  // 31: iop.node.v1.NodeGateway.Connect:input_type -> iop.node.v1.NodeMessage
+	17, // 32: iop.node.v1.NodeGateway.Run:input_type -> iop.node.v1.RunUp
+	4,  // 33: iop.node.v1.NodeGateway.Connect:output_type -> iop.node.v1.EdgeMessage
+	18, // 34: iop.node.v1.NodeGateway.Run:output_type -> iop.node.v1.RunDown
+	33, // [33:35] is the sub-list for method output_type
+	31, // [31:33] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_node_proto_init() }
@@ -2310,7 +2468,7 @@ func file_node_proto_init() {
 		(*EdgeMessage_Cancel)(nil),
 		(*EdgeMessage_HelloRefused)(nil),
 	}
-	file_node_proto_msgTypes[13].OneofWrappers = []any{
+	file_node_proto_msgTypes[14].OneofWrappers = []any{
 		(*RunUp_Open)(nil),
 		(*RunUp_Events)(nil),
 		(*RunUp_TunnelHead)(nil),
@@ -2318,7 +2476,7 @@ func file_node_proto_init() {
 		(*RunUp_TunnelEnd)(nil),
 		(*RunUp_TunnelError)(nil),
 	}
-	file_node_proto_msgTypes[14].OneofWrappers = []any{
+	file_node_proto_msgTypes[15].OneofWrappers = []any{
 		(*RunDown_Body)(nil),
 		(*RunDown_Cancel)(nil),
 	}
@@ -2328,7 +2486,7 @@ func file_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_proto_rawDesc), len(file_node_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   27,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
