@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -301,24 +302,12 @@ func wantRealEmbeddings(t *testing.T, got outcome) {
 			t.Errorf("vector %d %v: want a unit vector of %d", i, v, ollamatest.EmbeddingLength)
 		}
 	}
-	if slicesEqual(got.embeddings[0], got.embeddings[1]) {
+	if slices.Equal(got.embeddings[0], got.embeddings[1]) {
 		t.Errorf("two different inputs got the same vector")
 	}
 	if got.promptTokens <= 0 {
 		t.Errorf("prompt tokens %d, want some", got.promptTokens)
 	}
-}
-
-func slicesEqual(a, b []float32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // recorder is a reverse proxy to a real server that records the path and
