@@ -228,7 +228,7 @@ func TestThinkingEndToEnd(t *testing.T) {
 						sent   string // think (Ollama) or reasoning_effort (OpenAI) as the provider got it
 					}{
 						``:                {8, ""},
-						`,"think":true`:   {8, `"medium"`},
+						`,"think":true`:   {8, ""},
 						`,"think":"high"`: {16, `"high"`},
 						`,"think":false`:  {0, ""},
 					} {

@@ -173,13 +173,9 @@ type canonicalChat struct {
 //	options.temperature, top_p,   the OpenAI parameters of the same names
 //	stop, seed, frequency_penalty,
 //	presence_penalty
-//	think                         reasoning_effort: true is "medium" (the
-//	                              level Ollama itself gives true), "low",
-//	                              "medium" and "high" stay; false sets no
-//	                              reasoning_effort (OpenAI's "none" is
-//	                              refused by OpenAI-compatible servers whose
-//	                              model does not reason, while Ollama takes
-//	                              think false for every model) and sets
+//	think                         reasoning_effort: "low", "medium" and
+//	                              "high" stay; true and false set none
+//	                              (thinkEffort says why) and false sets
 //	                              Request.NoThinking; and, unchanged, under
 //	                              ExtensionKey, for Ollama providers
 //	keep_alive, other options     carried under ExtensionKey, values
@@ -382,16 +378,22 @@ func (t *translation) finish(req Request, out any, ext *json.RawMessage) (Reques
 }
 
 // thinkEffort maps Ollama's "think" (Ollama API doc; api.ThinkValue: a
-// boolean, or "low", "medium" or "high") to OpenAI's reasoning_effort:
-// true is "medium" (ThinkValue.String gives true that level), a level
-// stays, false is "" (none sent). think reports whether thinking is on.
+// boolean, or "low", "medium" or "high") to OpenAI's reasoning_effort for
+// an OpenAI-compatible provider; think reports whether thinking is on.
+//
+// A level stays a level. true sends none: a reasoning model reasons by
+// default on every such server, while a level is refused by some for the
+// very models that think (Ollama's own OpenAI API takes levels only for
+// gpt-oss: "think value "medium" is not supported for this model" for
+// qwen3 and the like, as its native API says for think "medium"). false
+// sends none either: OpenAI's "none" is refused by servers whose model
+// does not reason (and by older reasoning models), while Ollama takes
+// think false for every model; the edge hides whatever reasoning comes
+// back instead (Request.NoThinking), as Ollama shows none.
 func thinkEffort(raw json.RawMessage) (effort string, think bool, err error) {
 	var b bool
 	if json.Unmarshal(raw, &b) == nil {
-		if b {
-			return "medium", true, nil
-		}
-		return "", false, nil
+		return "", b, nil
 	}
 	var level string
 	if json.Unmarshal(raw, &level) == nil {

@@ -41,7 +41,7 @@ func TestFromOllamaChat(t *testing.T) {
 				"messages":[{"role":"user","content":"hi"}]}`,
 			want: `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true},
 				"max_tokens":5,"temperature":0,"top_p":0.9,"stop":["\n"],"seed":42,"frequency_penalty":1,"presence_penalty":1.5,
-				"response_format":{"type":"json_object"},"reasoning_effort":"medium",
+				"response_format":{"type":"json_object"},
 				"iop_ollama":{"keep_alive":"24h","think":true,"truncate":false,"options":{"num_ctx":8192,"top_k":40}}}`,
 			ext: []string{"keep_alive", "options.num_ctx", "options.top_k", "think", "truncate"},
 		},
@@ -249,7 +249,8 @@ func TestOllamaThinkTranslation(t *testing.T) {
 		effort     string
 		noThinking bool
 	}{
-		{`{"model":"m","think":true,"messages":[{"role":"user","content":"x"}]}`, "medium", false},
+		{`{"model":"m","think":true,"messages":[{"role":"user","content":"x"}]}`, "", false},
+		{`{"model":"m","think":"medium","messages":[{"role":"user","content":"x"}]}`, "medium", false},
 		{`{"model":"m","think":"low","messages":[{"role":"user","content":"x"}]}`, "low", false},
 		{`{"model":"m","think":false,"messages":[{"role":"user","content":"x"}]}`, "", true},
 		{`{"model":"m","messages":[{"role":"user","content":"x"}]}`, "", false},

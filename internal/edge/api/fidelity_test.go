@@ -217,10 +217,10 @@ func TestOllamaClientThinking(t *testing.T) {
 			t.Fatalf("think false sent a reasoning_effort: %s", req.Body)
 		}
 	})
-	t.Run("think reaches the canonical body as reasoning_effort", func(t *testing.T) {
+	t.Run("a think level reaches the canonical body as reasoning_effort", func(t *testing.T) {
 		env := newEnv(t, Config{}, runWith(normalizedRun()))
-		env.ollamaPost(t, "/api/chat", `{"model":"m","think":true,"messages":[{"role":"user","content":"q"}]}`)
-		if req := env.gw.requests()[0]; !strings.Contains(string(req.Body), `"reasoning_effort":"medium"`) || !strings.Contains(string(req.Body), `"iop_ollama":{"think":true}`) {
+		env.ollamaPost(t, "/api/chat", `{"model":"m","think":"high","messages":[{"role":"user","content":"q"}]}`)
+		if req := env.gw.requests()[0]; !strings.Contains(string(req.Body), `"reasoning_effort":"high"`) || !strings.Contains(string(req.Body), `"iop_ollama":{"think":"high"}`) {
 			t.Fatalf("%s", req.Body)
 		}
 	})
