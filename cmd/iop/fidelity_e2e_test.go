@@ -329,7 +329,7 @@ func TestToolChoiceEndToEnd(t *testing.T) {
 				t.Fatalf("%d %s", resp.StatusCode, data)
 			}
 		})
-		t.Run(target.model+"/TestRegression_ToolChoiceNoneStillCallsATool", func(t *testing.T) {
+		t.Run(target.model+"/tool_choice none calls no tool", func(t *testing.T) {
 			resp, data := rig.do(t, http.MethodPost, "/v1/chat/completions", ask(target.model, `,"tool_choice":"none"`))
 			if resp.StatusCode != 200 || called(t, data) != "" {
 				t.Fatalf("tool_choice none called %q: %d %s", called(t, data), resp.StatusCode, data)
@@ -338,7 +338,7 @@ func TestToolChoiceEndToEnd(t *testing.T) {
 				t.Fatalf("the Ollama provider got tools: %s", target.proxy.last(t).Body)
 			}
 		})
-		t.Run(target.model+"/TestRegression_NamedFunctionGetsAnotherOne", func(t *testing.T) {
+		t.Run(target.model+"/a named function is the one called", func(t *testing.T) {
 			const named = `"tool_choice":{"type":"function","function":{"name":"get_time"}}`
 			resp, data := rig.do(t, http.MethodPost, "/v1/chat/completions", ask(target.model, ","+named))
 			if resp.StatusCode != 200 || called(t, data) != "get_time" {

@@ -1,7 +1,9 @@
 package translate
 
 import (
+	"bytes"
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -168,5 +170,41 @@ func TestToOllamaRefusals(t *testing.T) {
 				t.Fatalf("error %v, want a *FieldError naming %q", err, tc.field)
 			}
 		})
+	}
+}
+
+// TestRegression_ToolChoiceNoneStillCallsATool: tool_choice never reached
+// an Ollama provider, so "none" still got a tool call. The provider now
+// gets no tools.
+func TestRegression_ToolChoiceNoneStillCallsATool(t *testing.T) {
+	got, err := ToOllamaChat([]byte(`{"messages":[{"role":"user","content":"use f"}],"tools":[`+toolF+`],"tool_choice":"none"}`), "m")
+	if err != nil || bytes.Contains(got, []byte(`"tools"`)) {
+		t.Fatalf("%s %v: the provider still gets the tools", got, err)
+	}
+}
+
+// TestRegression_NamedFunctionGetsAnotherOne: a named function used to
+// reach an Ollama provider with every tool, and the model called another
+// one. The provider now gets that tool alone.
+func TestRegression_NamedFunctionGetsAnotherOne(t *testing.T) {
+	got, err := ToOllamaChat([]byte(`{"messages":[{"role":"user","content":"use f"}],"tools":[`+toolF+`,`+toolG+`],
+		"tool_choice":{"type":"function","function":{"name":"g"}}}`), "m")
+	if want := `{"model":"m","stream":true,"messages":[{"role":"user","content":"use f"}],"tools":[` + toolG + `]}`; err != nil || !jsonEqual(t, got, want) {
+		t.Fatalf("%s %v, want only g", got, err)
+	}
+}
+
+// TestRegression_ToolChoiceRequiredSilentlyDropped: "required" and
+// parallel_tool_calls false were dropped on the way to Ollama, which
+// cannot honour them; the translation refuses them, naming the field.
+func TestRegression_ToolChoiceRequiredSilentlyDropped(t *testing.T) {
+	for field, body := range map[string]string{
+		"tool_choice":         `{"messages":[{"role":"user","content":"x"}],"tools":[` + toolF + `],"tool_choice":"required"}`,
+		"parallel_tool_calls": `{"messages":[{"role":"user","content":"x"}],"tools":[` + toolF + `],"parallel_tool_calls":false}`,
+	} {
+		var fe *FieldError
+		if _, err := ToOllamaChat([]byte(body), "m"); !errors.As(err, &fe) || fe.Field != field || !strings.Contains(fe.Message, "cannot be honoured") {
+			t.Errorf("%s: %v, want a refusal naming it", field, err)
+		}
 	}
 }

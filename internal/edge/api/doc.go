@@ -69,8 +69,10 @@
 // delta, usage, complete, error, cancelled) that this package renders as a
 // chat.completion, text_completion or embeddings list object, or as SSE
 // chunks; tool calls in deltas become message.tool_calls, or streamed
-// delta.tool_calls parts, and embeddings with encoding_format base64 are
-// encoded here.
+// delta.tool_calls parts, a delta's thinking becomes reasoning_content
+// (message or delta; render.go says why that name), and embeddings with
+// encoding_format base64 are encoded here. For Ollama clients a tunnel
+// answer's reasoning_content or reasoning becomes thinking.
 //
 // # Errors
 //

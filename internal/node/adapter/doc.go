@@ -9,7 +9,8 @@
 //     always streams from Ollama, and reads its NDJSON line by line. The
 //     members of the body's translate.ExtensionKey object (Ollama-only
 //     fields an Ollama client sent: keep_alive, think, num_ctx, ...) are
-//     set on the Ollama request with their JSON values unchanged.
+//     set on the Ollama request with their JSON values unchanged. A
+//     thinking model's message.thinking becomes the deltas' thinking.
 //   - tunnel ([Tunneler]): the provider is OpenAI-compatible (OpenAI, vLLM,
 //     llama.cpp server, ...). [OpenAI] posts the body, with only its
 //     top-level "model" rewritten to the served model (and its
