@@ -423,6 +423,9 @@ func decodeToolChoice(top map[string]json.RawMessage, tools []json.RawMessage) (
 			return false, err
 		}
 		if mode == "required" {
+			if len(tools) == 0 {
+				return false, &requestError{param: "tool_choice.allowed_tools.mode", message: `"required" needs tools; the request has none`}
+			}
 			constrained = true
 		}
 	}

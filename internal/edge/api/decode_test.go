@@ -100,6 +100,9 @@ func FuzzDecodeChatRequest(f *testing.F) {
 		`{`,
 		`{"model":"m","n":2,"max_tokens":0,"temperature":1e400,"stop":5,"messages":[{"role":"user","content":"x"}]}`,
 		`{"model":"m","n":1,"max_tokens":1,"seed":-1,"stop":["a"],"response_format":{"type":"json_schema","json_schema":{"name":"s"}},"messages":[{"role":"assistant","name":"a","tool_calls":[{"function":{"name":"f"}}]}]}`,
+		`{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"f"}},"parallel_tool_calls":false,
+		  "reasoning_effort":"high","reasoning":{"effort":"low","enabled":true},"messages":[{"role":"developer","content":[{"type":"image_url","image_url":"https://x/y.png"}]}]}`,
+		`{"model":"m","tool_choice":{"type":"allowed_tools","allowed_tools":{"mode":"required"}},"messages":[{"role":"user","content":"x"}]}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -138,7 +141,7 @@ func FuzzDecodeChatRequest(f *testing.F) {
 		}
 		seen := map[string]bool{}
 		for _, n := range got.Needs {
-			if (n != needTools && n != needVision && n != needChoices) || seen[n] {
+			if !slices.Contains([]string{needTools, needToolChoice, needVision, needRemoteImages, needChoices}, n) || seen[n] {
 				t.Fatalf("Needs = %v", got.Needs)
 			}
 			seen[n] = true

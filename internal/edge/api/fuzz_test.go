@@ -125,14 +125,19 @@ func FuzzRenderRunUp(f *testing.F) {
 		events(usageEvent(2, 0), complete("")))
 	failed := frames(f, events(started(), delta("part")), events(errorEvent(500, "boom")), events(delta("after")))
 	early := frames(f, events(errorEvent(429, "slow down")))
+	thinking := frames(f, events(started(), &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Thinking: "hm"}),
+		events(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Thinking: "so", Text: "ok"}), events(complete("stop")))
+	tunnelThinking := frames(f, tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}),
+		tunnelData("data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"hm\",\"reasoning\":{}}}]}\n\n"), tunnelData("data: [DONE]\n\n"), tunnelEnd())
 	tunnelOK := frames(f, tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}),
 		tunnelData("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n"), tunnelData("data: [DONE]\n\n"), tunnelEnd())
 	tunnelBad := frames(f, tunnelData("before head"), tunnelHead(0, map[string]string{"Content-Length": "-1", "Bad Header": "\r\n"}), tunnelError(504, "late"))
 	for route := range renderRoutes {
-		for _, seed := range [][]byte{ok, calls, vectors, failed, early, nil} {
+		for _, seed := range [][]byte{ok, calls, vectors, failed, early, thinking, nil} {
 			f.Add(uint8(route), false, seed)
 		}
 		f.Add(uint8(route), true, tunnelOK)
+		f.Add(uint8(route), true, tunnelThinking)
 		f.Add(uint8(route), true, tunnelBad)
 	}
 	f.Fuzz(func(t *testing.T, route uint8, tunnelPath bool, msgs []byte) {

@@ -59,6 +59,10 @@ func FuzzChatToOllama(f *testing.F) {
 		`{"messages":[{"role":"user","content":"x"}],"n":3}`,
 		`{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"},"stop":["a","b"],"max_completion_tokens":7}`,
 		`{"messages":[]}`, `{"messages":"x"}`, `[]`,
+		`{"messages":[{"role":"developer","content":"d"},{"role":"assistant","content":"a","reasoning_content":"r"}],"reasoning_effort":"minimal",
+		  "tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"g"}}],"tool_choice":{"type":"function","function":{"name":"g"}}}`,
+		`{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"none","reasoning":{"effort":"none"},"iop_ollama":{"think":true}}`,
+		`{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"allowed_tools","allowed_tools":{"mode":"auto","tools":[{"type":"function","function":{"name":"f"}}]}},"parallel_tool_calls":false}`,
 	} {
 		f.Add([]byte(s), "llama3:8b")
 	}
