@@ -423,3 +423,50 @@ func TestRolesAndImagesEndToEnd(t *testing.T) {
 	}
 	waitIdle(t, rig.e)
 }
+
+// TestThinkingHistoryEndToEnd: an earlier answer's thinking in a request's
+// history reaches an Ollama provider as message.thinking, from an Ollama
+// client (message.thinking) and from an OpenAI client (reasoning_content
+// or reasoning); an OpenAI-compatible provider gets none from an Ollama
+// client.
+func TestThinkingHistoryEndToEnd(t *testing.T) {
+	rig := startThinkingRig(t, sim.ReasoningContent)
+	history := func(t *testing.T, p *recordingProxy) string {
+		t.Helper()
+		var msgs []map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(sentField(t, p, "messages")), &msgs); err != nil || len(msgs) != 3 {
+			t.Fatalf("messages %s: %v", sentField(t, p, "messages"), err)
+		}
+		for _, k := range []string{"thinking", "reasoning_content", "reasoning"} {
+			if v, ok := msgs[1][k]; ok {
+				return k + "=" + string(v)
+			}
+		}
+		return ""
+	}
+	const ollamaChat = `{"model":%q,"stream":false,"think":false,"options":{"num_predict":2},"messages":[{"role":"user","content":"q"},
+		{"role":"assistant","content":"a","thinking":"because"},{"role":"user","content":"and?"}]}`
+	if resp, data := rig.do(t, http.MethodPost, "/api/chat", fmt.Sprintf(ollamaChat, thinkOllamaModel)); resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, data)
+	}
+	if got := history(t, rig.ollamaProxy); got != `thinking="because"` {
+		t.Fatalf("the Ollama provider got %s", got)
+	}
+	if resp, data := rig.do(t, http.MethodPost, "/api/chat", fmt.Sprintf(ollamaChat, thinkOpenAIModel)); resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, data)
+	}
+	if got := history(t, rig.openaiProx); got != "" {
+		t.Fatalf("the OpenAI-compatible provider got %s", got)
+	}
+	for _, field := range []string{"reasoning_content", "reasoning"} {
+		body := fmt.Sprintf(`{"model":%q,"reasoning_effort":"none","max_tokens":2,"messages":[{"role":"user","content":"q"},
+			{"role":"assistant","content":"a",%q:"because"},{"role":"user","content":"and?"}]}`, thinkOllamaModel, field)
+		if resp, data := rig.do(t, http.MethodPost, "/v1/chat/completions", body); resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, data)
+		}
+		if got := history(t, rig.ollamaProxy); got != `thinking="because"` {
+			t.Fatalf("%s: the Ollama provider got %s", field, got)
+		}
+	}
+	waitIdle(t, rig.e)
+}
