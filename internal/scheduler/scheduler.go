@@ -238,9 +238,9 @@ type Scheduler struct {
 	waiters   int
 	// staleHead, staleTail: the stale waiters, earliest first (waiter.stale).
 	staleHead, staleTail *waiter
-	seq       uint64
-	leaseSeq  uint64
-	active    int // leases not yet released
+	seq                  uint64
+	leaseSeq             uint64
+	active               int // leases not yet released
 }
 
 // New returns a Scheduler, or an error wrapping ErrInvalid for a bad Config.
