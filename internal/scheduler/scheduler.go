@@ -236,11 +236,12 @@ type Scheduler struct {
 	head      *waiter // earliest waiter
 	tail      *waiter // latest waiter
 	waiters   int
+	seq       uint64
+	leaseSeq  uint64
+	active    int // leases not yet released
+
 	// staleHead, staleTail: the stale waiters, earliest first (waiter.stale).
 	staleHead, staleTail *waiter
-	seq                  uint64
-	leaseSeq             uint64
-	active               int // leases not yet released
 }
 
 // New returns a Scheduler, or an error wrapping ErrInvalid for a bad Config.
