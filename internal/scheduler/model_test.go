@@ -52,7 +52,7 @@ import (
 // candidates it had that are still live.
 
 var (
-	modelNodes     = []string{"n0", "n1", "n2"}
+	modelNodes     = []string{"n0", "n1"}
 	modelProviders = []string{"pa", "pb"}
 	modelGroupList = []string{"g0", "g1", "g2"}
 	// Each group lists some (node-independent) providers; a candidate exists
@@ -505,7 +505,16 @@ func (m *machine) failResolver(t *rapid.T) {
 }
 
 func (m *machine) recoverResolver(t *rapid.T) {
-	m.failing[rapid.SampledFrom(modelGroupList).Draw(t, "group")] = false
+	var failing []string
+	for _, g := range modelGroupList {
+		if m.failing[g] {
+			failing = append(failing, g)
+		}
+	}
+	if len(failing) == 0 {
+		t.Skip("no resolver fails")
+	}
+	m.failing[rapid.SampledFrom(failing).Draw(t, "group")] = false
 }
 
 func (m *machine) connect(t *rapid.T) {
@@ -521,7 +530,7 @@ func (m *machine) connect(t *rapid.T) {
 	clear(node.tools)
 	var specs []ResourceSpec
 	for _, p := range subset {
-		c := rapid.IntRange(1, 3).Draw(t, "capacity")
+		c := rapid.IntRange(1, 2).Draw(t, "capacity")
 		lc := rapid.IntRange(0, c).Draw(t, "long")
 		specs = append(specs, ResourceSpec{ProviderID: p, Capacity: c, LongCapacity: lc})
 		node.providers[p] = true
@@ -626,7 +635,7 @@ func (m *machine) setCapacity(t *rapid.T) {
 		t.Skip("never connected")
 	}
 	p := rapid.SampledFrom(modelProviders).Draw(t, "provider")
-	c := rapid.IntRange(1, 3).Draw(t, "capacity")
+	c := rapid.IntRange(1, 2).Draw(t, "capacity")
 	lc := rapid.IntRange(0, c).Draw(t, "long")
 	err := m.s.SetCapacity(n, p, c, lc)
 	if !m.exists(resourceKey{n, p}) {
@@ -674,6 +683,17 @@ func (m *machine) check(t *rapid.T) {
 		}
 		if p.Status != wantStatus {
 			t.Fatalf("%v status %q, reference %q", key, p.Status, wantStatus)
+		}
+		// A waiter is listed on a resource exactly while it has a live
+		// candidate there.
+		listing := 0
+		for _, w := range m.pending() {
+			if slices.ContainsFunc(w.cands, func(c mCand) bool { return c.key == key && m.liveCand(c) }) {
+				listing++
+			}
+		}
+		if p.Queued != listing {
+			t.Fatalf("%v lists %d waiters, reference %d", key, p.Queued, listing)
 		}
 		if want := m.held(key, false); p.InFlight != want {
 			t.Fatalf("%v in-flight %d, reference %d", key, p.InFlight, want)
@@ -761,22 +781,32 @@ func (m *machine) drain(t *rapid.T) {
 func TestSchedulerModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		m := newMachine(t)
-		t.Repeat(map[string]func(*rapid.T){
+		actions := map[string]func(*rapid.T){
 			"admit":           m.admit,
 			"admit2":          m.admit,
+			"admit3":          m.admit,
+			"admit4":          m.admit,
 			"release":         m.release,
+			"release2":        m.release,
 			"track":           m.track,
 			"cancel":          m.cancel,
 			"advance":         m.advance,
 			"connect":         m.connect,
+			"connect2":        m.connect,
 			"disconnect":      m.disconnect,
 			"stale":           m.staleCallbacks,
 			"setCapacity":     m.setCapacity,
 			"updatePolicy":    m.updatePolicy,
 			"failResolver":    m.failResolver,
 			"recoverResolver": m.recoverResolver,
+			"recoverResolve2": m.recoverResolver,
 			"":                m.check,
-		})
+		}
+		// Runs of about 4 × rapid.steps actions: the defects this test is
+		// for need a queue, a resolver fault and a reconnect in one run.
+		for range 4 {
+			t.Repeat(actions)
+		}
 		m.drain(t)
 	})
 }

@@ -3,7 +3,9 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"testing"
@@ -14,7 +16,22 @@ import (
 	"iop/internal/clock"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// modelChecks is how many random runs TestSchedulerModel makes unless
+// -rapid.checks (or RAPID_CHECKS) says otherwise: rapid's default of 100
+// finds a revert of the work-conservation fix only now and then.
+const modelChecks = "1000"
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	given := os.Getenv("RAPID_CHECKS") != ""
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "rapid.checks" })
+	if !given {
+		if err := flag.Set("rapid.checks", modelChecks); err != nil {
+			panic(err)
+		}
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // world is a test catalog: the candidates of each model group, changed by
 // tests and read by resolvers under the scheduler's lock.
