@@ -281,9 +281,11 @@ func (s *Scheduler) groupLocked(name string) *group {
 // candidate is busy. It returns the lease, or an error wrapping
 // ErrUnknownModel, ErrNoProvider, ErrCandidatesRejected (from the resolver,
 // nothing reserved), ErrQueueFull (at once), ErrQueueTimeout,
-// ErrProviderUnavailable, ErrInvalid (empty group or nil resolver), or the
-// context's error. A slot handed over in the same instant as a timeout or
-// cancel is released, never lost.
+// ErrProviderUnavailable (while queued, its providers went away; or from the
+// resolver), ErrInvalid (empty group or nil resolver), the resolver's own
+// error, or the context's error. A slot handed over in the same instant as
+// a timeout or cancel is released, never lost. Before it considers req,
+// Admit re-resolves the stale waiters (package doc, "Re-resolution").
 func (s *Scheduler) Admit(ctx context.Context, req Request) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
