@@ -127,8 +127,10 @@ type Service struct {
 //
 // Errors: ErrInvalidRequest; the scheduler's admission errors
 // (scheduler.ErrUnknownModel, ErrNoProvider, ErrCandidatesRejected naming
-// the missing capability, ErrQueueFull, ErrQueueTimeout,
-// ErrProviderUnavailable); ErrDispatchTimeout when the node does not open
+// the missing capability when no live or configured provider has it,
+// ErrQueueFull, ErrQueueTimeout, ErrProviderUnavailable: the providers that
+// could meet the request are gone or unavailable now, see resolver);
+// ErrDispatchTimeout when the node does not open
 // the run within dispatch_timeout twice in a row (once, the request is
 // admitted again); ErrDispatchRefused; ErrStaleGeneration
 // when the node reconnected between admission and dispatch twice in a row
