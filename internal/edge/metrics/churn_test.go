@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -97,7 +98,15 @@ func TestMetricsOfRealNodeChurn(t *testing.T) {
 	}
 	cfg := edge.DefaultConfig()
 	cfg.HeartbeatInterval = time.Hour
-	srv, err := edge.NewServer(cfg, edge.Deps{Clock: clk, Observer: m})
+	// fenced counts the fences the metrics saw, so a disconnect waits for
+	// its own (emitted on the connection's goroutine).
+	var fenced atomic.Int64
+	countFences := lifecycle.ObserverFunc(func(e lifecycle.Event) {
+		if e.Type == lifecycle.NodeFenced {
+			fenced.Add(1)
+		}
+	})
+	srv, err := edge.NewServer(cfg, edge.Deps{Clock: clk, Observer: lifecycle.Observers{m, countFences}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,8 +150,9 @@ func TestMetricsOfRealNodeChurn(t *testing.T) {
 		}
 		waitFor(t, id+" connected", func() bool { return connected(svc.Snapshot(), id) })
 		return func() {
+			n := fenced.Load()
 			cancel()
-			waitFor(t, id+" gone", func() bool { return !connected(svc.Snapshot(), id) && labelSets(t, reg, "iop_node_fences_total") > 0 })
+			waitFor(t, id+" fenced", func() bool { return fenced.Load() > n })
 		}
 	}
 	forgetTrigger := func(stays func()) func() {
