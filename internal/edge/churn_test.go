@@ -37,6 +37,12 @@ func (s *Service) sizes() edgeSizes {
 	return z
 }
 
+// baseline is the edge's state with the node "stays" connected after a
+// forgetTrigger: its connection and provider, its model name served, and
+// the two expiry marks its trigger disconnect left (its gone node and its
+// model name, both back since; dropped at the next trigger).
+var baseline = edgeSizes{nodes: 1, served: 1, expiry: 2, providers: 1}
+
 // forgetTrigger lets ForgetAfter pass, disconnects stays (the node "stays")
 // and connects it again, and returns its new connection: the disconnect
 // forgets every node gone ForgetAfter before it.
@@ -85,7 +91,7 @@ func TestChurnOfNodesLeavesEdgeStateAtItsStartingSize(t *testing.T) {
 	// connect. Once before measuring, so the baseline holds what it leaves
 	// (the expiry marks of its own disconnect, forgotten at the next one).
 	stays = e.forgetTrigger(t, stays)
-	before := e.svc.sizes()
+	before := e.svc.waitSizes(t, baseline)
 	t.Logf("before: %+v", before)
 
 	for i := range nodes {
@@ -156,7 +162,7 @@ func TestChurnOfRealNodeConnections(t *testing.T) {
 	}
 	churn(-1)
 	stays := e.forgetTrigger(t, e.connect(t, hello("stays", prov("p", normalized, 1, "m-stays"))))
-	before := e.svc.waitSizes(t, e.svc.sizes())
+	before := e.svc.waitSizes(t, baseline)
 	goroutines := runtime.NumGoroutine()
 	t.Logf("before: %+v, %d goroutines", before, goroutines)
 
