@@ -118,3 +118,30 @@ func TestUnhealthyToolsProviderIsUnavailable(t *testing.T) {
 		t.Fatalf("vision request: %v, want ErrCandidatesRejected", err)
 	}
 }
+
+// TestOpenCircuitOfToolsProviderIsUnavailable: the only tools provider's
+// circuit opens (its node refused a dispatch, with failures: 1) while a
+// tools request is queued for it: the queued request and a fresh one get
+// 503 (ErrProviderUnavailable, ErrNoProvider), not a rejection.
+func TestOpenCircuitOfToolsProviderIsUnavailable(t *testing.T) {
+	cfg := testConfig()
+	cfg.CircuitBreaker = BreakerConfig{Failures: 1}
+	e := startEdge(t, cfg)
+	e.connect(t, hello("plain-node", prov("plain", normalized, 4, "m")))
+	tools := e.connect(t, hello("tools-node", toolsProv("tools", 1, "m")))
+	first := e.dispatchAsync(context.Background(), toolsReq("m"))
+	d := tools.nextDispatch(t)
+	queued := e.dispatchAsync(context.Background(), toolsReq("m"))
+	e.clk.waitArmed(t, testQueueTimeout, 1)
+	tools.send(t, &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_DispatchRefused{DispatchRefused: &nodev1.DispatchRefused{RunId: d.GetRunId(), Reason: "broken"}}})
+	if r := wait(t, first); !errors.Is(r.err, ErrDispatchRefused) {
+		t.Fatalf("the refused request: %v", r.err)
+	}
+	unavailable(t, "the queued request", wait(t, queued).err)
+	// At arrival, a model whose every capable provider is out of rotation
+	// has no provider (503 too).
+	_, err := e.svc.Dispatch(context.Background(), toolsReq("m"))
+	if !errors.Is(err, scheduler.ErrNoProvider) || errors.Is(err, scheduler.ErrCandidatesRejected) {
+		t.Fatalf("a fresh tools request: %v, want ErrNoProvider and no rejection", err)
+	}
+}
