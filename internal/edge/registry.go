@@ -318,12 +318,9 @@ func (r *registry) forget() (nodes []string) {
 			delete(r.lastServed, e.model)
 		}
 	}
-	// Drop the expired head; copy the rest down when the head is most of
-	// the array, so the backing array does not only grow.
+	// Drop the expired head. The backing array does not only grow: an
+	// append past its end copies the live entries to a new one.
 	r.expiry = r.expiry[n:]
-	if cap(r.expiry) > 64 && len(r.expiry) < cap(r.expiry)/4 {
-		r.expiry = slices.Clone(r.expiry)
-	}
 	return nodes
 }
 

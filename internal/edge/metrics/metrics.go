@@ -263,8 +263,5 @@ func (m *Metrics) observeNode(e lifecycle.Event) {
 			delete(m.nodeGen, g.node)
 		}
 	}
-	m.expiry = m.expiry[n:]
-	if cap(m.expiry) > 64 && len(m.expiry) < cap(m.expiry)/4 {
-		m.expiry = append([]goneNode(nil), m.expiry...)
-	}
+	m.expiry = m.expiry[n:] // an append past the array's end copies the rest
 }
