@@ -318,10 +318,18 @@ func (r *registry) forget() (nodes []string) {
 			delete(r.lastServed, e.model)
 		}
 	}
-	// Drop the expired head. The backing array does not only grow: an
-	// append past its end copies the live entries to a new one.
-	r.expiry = r.expiry[n:]
+	r.expiry = dropHead(r.expiry, n)
 	return nodes
+}
+
+// dropHead returns q without its first n entries. When they are most of
+// it, the rest is copied to a new array, so the old one (and the names it
+// holds) is freed; the copies cost O(1) per entry dropped.
+func dropHead[T any](q []T, n int) []T {
+	if n > 0 && len(q)-n < len(q)/4 {
+		return slices.Clone(q[n:])
+	}
+	return q[n:]
 }
 
 // goneProviders calls f with each provider of a gone node's last

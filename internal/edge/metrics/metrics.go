@@ -263,5 +263,11 @@ func (m *Metrics) observeNode(e lifecycle.Event) {
 			delete(m.nodeGen, g.node)
 		}
 	}
-	m.expiry = m.expiry[n:] // an append past the array's end copies the rest
+	// Drop the expired head; when it was most of the queue, copy the rest
+	// so the old array is freed (O(1) per entry dropped).
+	if n > 0 && len(m.expiry)-n < len(m.expiry)/4 {
+		m.expiry = slices.Clone(m.expiry[n:])
+	} else {
+		m.expiry = m.expiry[n:]
+	}
 }
