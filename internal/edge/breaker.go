@@ -44,13 +44,15 @@ type providerKey struct{ node, provider string }
 //
 // State is kept per node id and provider id across the node's
 // generations: a node that reconnects does not make a broken model server
-// work. Circuits of nodes that never come back stay, a few bytes each.
+// work. The circuits of a node gone longer than ForgetAfter are forgotten
+// with it (forgetNode), so nodes that come and go leave none behind.
 type breakers struct {
 	cfg   BreakerConfig // Failures < 0: every method admits everything
 	clock scheduler.Clock
 
 	mu       sync.Mutex // guards the fields below; a leaf lock
 	circuits map[providerKey]*circuit
+	byNode   map[string][]providerKey // the keys of circuits, by node id
 }
 
 type circuit struct {
@@ -62,7 +64,24 @@ type circuit struct {
 }
 
 func newBreakers(cfg BreakerConfig, clk scheduler.Clock) *breakers {
-	return &breakers{cfg: cfg, clock: clk, circuits: make(map[providerKey]*circuit)}
+	return &breakers{cfg: cfg, clock: clk, circuits: make(map[providerKey]*circuit), byNode: make(map[string][]providerKey)}
+}
+
+// forgetNode drops every circuit of node (gone longer than ForgetAfter).
+func (b *breakers) forgetNode(node string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, k := range b.byNode[node] {
+		delete(b.circuits, k)
+	}
+	delete(b.byNode, node)
+}
+
+// size returns the number of circuits held.
+func (b *breakers) size() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.circuits)
 }
 
 func (b *breakers) disabled() bool { return b.cfg.Failures < 0 }
@@ -169,6 +188,7 @@ func (b *breakers) record(t *ticket, o outcome) (opened bool) {
 		}
 		c = &circuit{coolDown: b.cfg.CoolDown}
 		b.circuits[t.key] = c
+		b.byNode[t.key.node] = append(b.byNode[t.key.node], t.key)
 	}
 	if t.trial {
 		c.trial = false

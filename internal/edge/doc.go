@@ -23,19 +23,38 @@
 // providers are activated in the scheduler. When the stream ends, the node
 // is silent for 3 heartbeat intervals, a newer connection replaces it, or
 // the edge stops, the generation is fenced: its leases are released, its
-// resources orphaned, its unfinished runs end with ErrNodeGone.
+// resources orphaned, its unfinished runs end with ErrNodeGone. An orphan
+// resource is dropped from the scheduler, and from Snapshot (the admin
+// API's providers), once no lease holds it and no request waits for it.
+//
+// A node whose connection ended and was not replaced is gone. The edge
+// remembers it for ForgetAfter (10 minutes): its last connection's
+// providers still count as configured (see Catalog), the model names only
+// it served stay known, and its circuit breakers keep their state. The
+// first connect or disconnect of any node after that forgets it, so nodes
+// that come and go leave no state behind (the node id's token binding,
+// trust.go, is kept for the edge's lifetime on purpose).
 //
 // # Catalog
 //
 // A requested model name is a configured alias, resolving to its targets,
-// or a served model name some node advertised, resolving to itself. Its
-// candidates are the healthy providers of current connections serving a
-// target. A name never advertised and not an alias is unknown
-// (scheduler.ErrUnknownModel); a known one without a live provider has none
-// (scheduler.ErrNoProvider). The request's capability needs filter the
-// candidates inside the resolver (scheduler.ErrCandidatesRejected, naming
-// the capability, when they reject every one); NeedChoices, a request for
-// several choices, is met by tunnel-path providers only.
+// or a served model name a current connection serves or one served less
+// than ForgetAfter ago, resolving to itself. Its candidates are the
+// healthy providers of current connections serving a target. Any other
+// name is unknown (scheduler.ErrUnknownModel); a known one without a live
+// provider has none (scheduler.ErrNoProvider). The request's capability
+// needs filter the candidates inside the resolver; NeedChoices, a request
+// for several choices, is met by tunnel-path providers only. When they
+// reject every candidate, the request is unavailable for now
+// (scheduler.ErrProviderUnavailable, HTTP 503 with Retry-After) if a
+// provider the edge knows could meet them: one of a current connection
+// that is unhealthy, out of rotation or already tried for the request, or
+// one of a gone node (it may come back). Only a request that no live or
+// configured provider can meet is rejected (scheduler.ErrCandidatesRejected,
+// HTTP 400, naming the capability). A queued request whose providers went
+// away (node killed or fenced, provider removed from a reconnect Hello,
+// circuit open) fails with scheduler.ErrProviderUnavailable, never with a
+// rejection (package scheduler, "Re-resolution").
 //
 // # Runs
 //
@@ -67,11 +86,16 @@
 // A provider that failed before the first byte in a way another may not
 // (unreachable, 502, 503, 429), or a node lost before the run's first
 // message, gives the request to another candidate, never one already
-// tried, up to MaxRetries times; the caller sees one run. Every
+// tried, up to MaxRetries times; the caller sees one run. A request admitted
+// again that finds no other candidate (none left, or none left with its
+// needs: its capable provider went away) gets the failed attempt's outcome:
+// the provider's answer, or for a lost node ErrProviderUnavailable, never a
+// rejection. Every
 // (node id, provider id) has a circuit breaker (breakers): failures before
 // the first byte in a row open it, taking the provider out of the
 // resolver's candidates for a cool-down, after which one trial request at a
-// time may go to it. Its state outlives the node's generations.
+// time may go to it. Its state outlives the node's generations, and is
+// forgotten with the node, ForgetAfter after it went.
 //
 // # Concurrency
 //
@@ -84,7 +108,9 @@
 // breakers.mu (circuit states; the resolvers take it under the scheduler's
 // lock, and Snapshot under registry.mu), conn.mu (a connection's outbox,
 // closed flag, last-seen time) and trust.mu (node id → token bindings) are
-// leaves: no call goes out while one is held. A circuit that opens
+// leaves: no call goes out while one is held. Forgetting gone nodes
+// (Service.forgetGone) takes registry.mu, then breakers.mu, one after the
+// other, on the goroutine of the connect or disconnect that triggers it. A circuit that opens
 // re-activates its node's resources in the scheduler (so queued requests
 // re-resolve) from whoever saw the failure, with no lock held.
 //

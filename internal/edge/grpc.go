@@ -95,6 +95,7 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 		return err
 	}
 	old := s.reg.add(c)
+	s.forgetGone()
 	cause := errors.New("unknown")
 	defer func() { s.closeConn(c, cause) }()
 	// Activate before the old connection is fenced and before Welcome, so a
@@ -205,6 +206,7 @@ func (s *Service) accept(h *nodev1.Hello) (*conn, error) {
 // re-resolves waiters), and its unfinished runs end with ErrNodeGone.
 func (s *Service) closeConn(c *conn, cause error) {
 	s.reg.remove(c)
+	s.forgetGone()
 	c.close()
 	s.sched.Fence(c.nodeID, c.gen)
 	for _, r := range s.runsOf(c) {
@@ -213,6 +215,15 @@ func (s *Service) closeConn(c *conn, cause error) {
 	s.reg.notify()
 	s.log.Info("node fenced", "node", c.nodeID, "generation", c.gen, "cause", cause)
 	s.emitNode(lifecycle.NodeFenced, c, cause)
+}
+
+// forgetGone forgets the nodes gone longer than ForgetAfter: the
+// registry's memory of them (and of the model names left unserved as long)
+// and their circuit breakers. It runs at every connect and disconnect.
+func (s *Service) forgetGone() {
+	for _, node := range s.reg.forget() {
+		s.breakers.forgetNode(node)
+	}
 }
 
 func (s *Service) handleNodeMessage(c *conn, m *nodev1.NodeMessage) {

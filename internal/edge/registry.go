@@ -39,6 +39,12 @@ type provider struct {
 // one choice per request and does not.
 const NeedChoices = "choices"
 
+// serves reports whether p serves the model name m.
+func (p *provider) serves(m string) bool {
+	_, ok := slices.BinarySearch(p.models, m)
+	return ok
+}
+
 // lacks returns the first capability of needs that p does not have, or "".
 func (p *provider) lacks(needs []string) string {
 	for _, n := range needs {
@@ -222,25 +228,121 @@ type servedBy struct {
 	p *provider
 }
 
+// ForgetAfter is how long the edge remembers a node that is gone (its
+// connection ended and no newer one replaced it) and a model name no
+// current connection serves. Until then the gone node's providers count as
+// configured (a request only they could meet is unavailable, 503, not
+// rejected, 400: the node may come back), the model names stay known (no
+// provider, 503, not unknown, 404), and the node's circuit breakers and
+// metrics label values are kept. After that they are forgotten, at the next
+// connect or disconnect of any node, so nodes that come and go leave no
+// state behind. It is longer than DefaultBreakerMaxCool, so a node's open
+// circuit outlives a quick restart.
+const ForgetAfter = 10 * time.Minute
+
 // registry holds the current connection of every node and an index of who
-// serves which model name. It is read under the scheduler's lock (resolvers,
-// ownership checks), so it never calls the scheduler itself.
+// serves which model name, and remembers gone nodes and model names for
+// ForgetAfter. It is read under the scheduler's lock (resolvers, ownership
+// checks), so it never calls the scheduler itself.
 type registry struct {
-	mu      sync.RWMutex // guards the fields below
-	nodes   map[string]*conn
-	served  map[string][]servedBy // served model name → providers of current conns
-	seen    map[string]bool       // every served model name ever advertised
-	lastGen uint64
-	changed chan struct{} // closed and replaced on every change
+	now func() time.Time // the edge's clock; immutable
+
+	mu     sync.RWMutex // guards the fields below
+	nodes  map[string]*conn
+	served map[string][]servedBy // served model name → providers of current conns
+	// lastServed holds the model names no current connection serves, with
+	// the time the last one that did went away; gone the nodes without a
+	// current connection, with their last one and the time it ended. Both
+	// are forgotten ForgetAfter later (expiry, in time order).
+	lastServed map[string]time.Time
+	gone       map[string]goneNode
+	expiry     []expiring
+	lastGen    uint64
+	changed    chan struct{} // closed and replaced on every change
 }
 
-func newRegistry() *registry {
+// goneNode is a node's last connection, ended at at.
+type goneNode struct {
+	c  *conn
+	at time.Time
+}
+
+// expiring is an entry of registry.lastServed (model) or registry.gone
+// (node) as of at; it is forgotten at at + ForgetAfter unless it changed
+// since.
+type expiring struct {
+	model, node string
+	at          time.Time
+}
+
+func newRegistry(now func() time.Time) *registry {
 	return &registry{
-		nodes:   make(map[string]*conn),
-		served:  make(map[string][]servedBy),
-		seen:    make(map[string]bool),
-		changed: make(chan struct{}),
+		now:        now,
+		nodes:      make(map[string]*conn),
+		served:     make(map[string][]servedBy),
+		lastServed: make(map[string]time.Time),
+		gone:       make(map[string]goneNode),
+		changed:    make(chan struct{}),
 	}
+}
+
+// knownLocked reports whether model is served by a current connection, or
+// was until less than ForgetAfter ago.
+func (r *registry) knownLocked(model string) bool {
+	if len(r.served[model]) > 0 {
+		return true
+	}
+	_, ok := r.lastServed[model]
+	return ok
+}
+
+// forget drops the gone nodes and unserved model names older than
+// ForgetAfter and returns the node ids it forgot. It costs O(1) per entry
+// forgotten.
+func (r *registry) forget() (nodes []string) {
+	now := r.now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, e := range r.expiry {
+		if now.Sub(e.at) < ForgetAfter {
+			break
+		}
+		n++
+		if e.node != "" {
+			if g, ok := r.gone[e.node]; ok && g.at.Equal(e.at) {
+				delete(r.gone, e.node)
+				nodes = append(nodes, e.node)
+			}
+		} else if at, ok := r.lastServed[e.model]; ok && at.Equal(e.at) {
+			delete(r.lastServed, e.model)
+		}
+	}
+	r.expiry = dropHead(r.expiry, n)
+	return nodes
+}
+
+// dropHead returns q without its first n entries. When they are most of
+// it, the rest is copied to a new array, so the old one (and the names it
+// holds) is freed; the copies cost O(1) per entry dropped.
+func dropHead[T any](q []T, n int) []T {
+	if n > 0 && len(q)-n < len(q)/4 {
+		return slices.Clone(q[n:])
+	}
+	return q[n:]
+}
+
+// goneProviders calls f with each provider of a gone node's last
+// connection, until f returns true; it reports whether one did.
+func (r *registry) goneProvidersLocked(f func(*provider) bool) bool {
+	for _, g := range r.gone {
+		for _, p := range g.c.providers {
+			if f(p) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // add makes c its node's current connection with a new generation, greater
@@ -256,10 +358,11 @@ func (r *registry) add(c *conn) (old *conn) {
 		r.unindexLocked(old)
 	}
 	r.nodes[c.nodeID] = c
+	delete(r.gone, c.nodeID)
 	for _, p := range c.providers {
 		for _, m := range p.models {
 			r.served[m] = append(r.served[m], servedBy{c, p})
-			r.seen[m] = true
+			delete(r.lastServed, m)
 		}
 	}
 	r.notifyLocked()
@@ -276,19 +379,30 @@ func (r *registry) remove(c *conn) bool {
 	}
 	delete(r.nodes, c.nodeID)
 	r.unindexLocked(c)
+	now := r.now()
+	r.gone[c.nodeID] = goneNode{c: c, at: now}
+	r.expiry = append(r.expiry, expiring{node: c.nodeID, at: now})
 	r.notifyLocked()
 	return true
 }
 
+// unindexLocked drops c's providers from the served index; a model name
+// left unserved is remembered as of now.
 func (r *registry) unindexLocked(c *conn) {
+	var now time.Time
 	for _, p := range c.providers {
 		for _, m := range p.models {
 			list := slices.DeleteFunc(r.served[m], func(s servedBy) bool { return s.c == c })
-			if len(list) == 0 {
-				delete(r.served, m)
-			} else {
+			if len(list) > 0 {
 				r.served[m] = list
+				continue
 			}
+			delete(r.served, m)
+			if now.IsZero() {
+				now = r.now()
+			}
+			r.lastServed[m] = now
+			r.expiry = append(r.expiry, expiring{model: m, at: now})
 		}
 	}
 }

@@ -38,7 +38,7 @@ func TestOutboxOverflowBreaksConn(t *testing.T) {
 }
 
 func TestProviderUpdateIgnored(t *testing.T) {
-	reg := newRegistry()
+	reg := newRegistry(time.Now)
 	c, err := parseHello(hello("n1", prov("p1", normalized, 2, "m1")), time.Time{})
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +64,7 @@ func TestProviderUpdateIgnored(t *testing.T) {
 }
 
 func TestCatalogPrefersAliasOrder(t *testing.T) {
-	reg := newRegistry()
+	reg := newRegistry(time.Now)
 	c, err := parseHello(hello("n1", prov("both", normalized, 1, "small", "big"), prov("small-only", normalized, 1, "small")), time.Time{})
 	if err != nil {
 		t.Fatal(err)

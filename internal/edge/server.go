@@ -63,7 +63,7 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 			return nil, err
 		}
 	}
-	reg := newRegistry()
+	reg := newRegistry(clk.Now)
 	return &Server{tls: tlsCfg, svc: &Service{
 		trust:    newTrust(cfg.Tokens),
 		cfg:      cfg,

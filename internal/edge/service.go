@@ -127,8 +127,10 @@ type Service struct {
 //
 // Errors: ErrInvalidRequest; the scheduler's admission errors
 // (scheduler.ErrUnknownModel, ErrNoProvider, ErrCandidatesRejected naming
-// the missing capability, ErrQueueFull, ErrQueueTimeout,
-// ErrProviderUnavailable); ErrDispatchTimeout when the node does not open
+// the missing capability when no live or configured provider has it,
+// ErrQueueFull, ErrQueueTimeout, ErrProviderUnavailable: the providers that
+// could meet the request are gone or unavailable now, see resolver);
+// ErrDispatchTimeout when the node does not open
 // the run within dispatch_timeout twice in a row (once, the request is
 // admitted again); ErrDispatchRefused; ErrStaleGeneration
 // when the node reconnected between admission and dispatch twice in a row
@@ -234,11 +236,17 @@ func (s *Service) noOtherCandidate(ctx context.Context, err error, failedRun *Ru
 	if failedRun != nil {
 		return failedRun, nil
 	}
-	if !errors.Is(err, scheduler.ErrNoProvider) {
+	// No other candidate: none left (ErrNoProvider); none left with the
+	// request's needs (a rejection now means the providers that met them
+	// went away, since the first admission found one: never a 400 for a
+	// request that was admitted once); or the re-admission waited and lost
+	// its providers (ErrProviderUnavailable).
+	if !errors.Is(err, scheduler.ErrNoProvider) && !errors.Is(err, scheduler.ErrCandidatesRejected) &&
+		!errors.Is(err, scheduler.ErrProviderUnavailable) {
 		return nil, err
 	}
-	// No other candidate. A node that went away leaves the model without a
-	// provider (503); other failures are reported as they were.
+	// A node that went away leaves the model without a provider (503);
+	// other failures are reported as they were.
 	if errors.Is(failedErr, ErrNodeGone) || errors.Is(failedErr, ErrStaleGeneration) {
 		return nil, fmt.Errorf("%w: %w", scheduler.ErrProviderUnavailable, failedErr)
 	}
@@ -446,7 +454,12 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 // lock: the catalog's candidates for model that have every capability in
 // needs, that no earlier attempt of the request went to (tried) and whose
 // provider is in rotation (its circuit breaker closed, or half-open with no
-// trial in flight).
+// trial in flight). When candidates exist but none has the needs, the
+// answer is scheduler.ErrProviderUnavailable if a provider the edge knows
+// could meet them (catalog.couldMeet: unhealthy, out of rotation, tried, or
+// of a node gone less than ForgetAfter ago), else
+// scheduler.ErrCandidatesRejected: only a request no live or configured
+// provider can meet is a bad request.
 func (s *Service) resolver(model string, needs []string, tried []triedCandidate) func() ([]scheduler.Candidate, error) {
 	return func() ([]scheduler.Candidate, error) {
 		cands, err := s.cat.resolve(model)
@@ -479,6 +492,9 @@ func (s *Service) resolver(model string, needs []string, tried []triedCandidate)
 			return nil, fmt.Errorf("%w %q: every provider that could serve it is out of rotation (circuit open)", scheduler.ErrNoProvider, model)
 		case missing == "" && excluded:
 			return nil, fmt.Errorf("%w %q but the ones that failed", scheduler.ErrNoProvider, model)
+		case s.cat.couldMeet(model, needs):
+			return nil, fmt.Errorf("%w: no provider for model %q with capability %q is available now (unhealthy, out of rotation or its node gone)",
+				scheduler.ErrProviderUnavailable, model, missing)
 		case missing == NeedChoices:
 			return nil, fmt.Errorf("%w: no provider for model %q answers several choices (n above 1): only OpenAI-compatible providers do",
 				scheduler.ErrCandidatesRejected, model)
