@@ -77,13 +77,6 @@ func (b *breakers) forgetNode(node string) {
 	delete(b.byNode, node)
 }
 
-// size returns the number of circuits held.
-func (b *breakers) size() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.circuits)
-}
-
 func (b *breakers) disabled() bool { return b.cfg.Failures < 0 }
 
 // stateLocked returns k's state at now.

@@ -98,10 +98,11 @@ func TestRegression_ProviderDroppedFromHelloIsUnavailable(t *testing.T) {
 	}
 }
 
-// TestUnhealthyToolsProviderIsUnavailable: the only tools provider is
-// live but unhealthy: a tools request is unavailable for now (503), not
-// rejected; a vision request, which no provider meets, is rejected.
-func TestUnhealthyToolsProviderIsUnavailable(t *testing.T) {
+// TestRegression_UnhealthyToolsProviderIsUnavailable: the only tools
+// provider is live but unhealthy: a tools request got a rejection (400) as
+// if no provider could ever take it; it is unavailable for now (503). A
+// vision request, which no provider meets, is still rejected.
+func TestRegression_UnhealthyToolsProviderIsUnavailable(t *testing.T) {
 	e := startEdge(t, testConfig())
 	e.connect(t, hello("n1", prov("plain", normalized, 1, "m")))
 	n := e.connect(t, hello("n2", toolsProv("tools", 1, "m")))
