@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
-	"os"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -54,7 +52,7 @@ func gatedUpstream(t *testing.T, path nodev1.ExecutionPath) (pc ProviderConfig, 
 // channel; the test's end cancels Run if it is still going.
 func runAgent(t *testing.T, cfg Config, clk *testClock) (*Agent, <-chan error) {
 	t.Helper()
-	a, err := New(cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})), WithClock(clk))
+	a, err := New(cfg, nil, WithClock(clk))
 	if err != nil {
 		t.Fatal(err)
 	}
