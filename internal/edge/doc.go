@@ -25,6 +25,16 @@
 // the edge stops, the generation is fenced: its leases are released, its
 // resources orphaned, its unfinished runs end with ErrNodeGone.
 //
+// A node that is shutting down sends Drain. Its connection is then
+// draining (NodeSnapshot.Draining; its providers' status "draining"): its
+// providers are no candidates, like unhealthy ones, so new requests go to
+// other nodes; queued requests re-resolve their candidates, and those left
+// with none fail with scheduler.ErrProviderUnavailable; its runs in flight
+// go on to their end. A dispatch it refuses after Drain (sent before the
+// Drain arrived) is admitted again elsewhere, without counting against its
+// provider's circuit. When its runs are done the node closes the
+// connection, which is fenced as any other ("node drained").
+//
 // # Catalog
 //
 // A requested model name is a configured alias, resolving to its targets,
