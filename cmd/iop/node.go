@@ -27,7 +27,7 @@ func newNodeCommand(logLevel *string) *cobra.Command {
 			// flight may finish, up to --drain-timeout); the second aborts
 			// them and stops at once.
 			ctx, stop := drainSignals(cmd.Context(), func(signal string) {
-				logger.Info("node draining; a second signal stops it at once", "signal", signal, "drain_timeout", cfg.DrainTimeout)
+				logger.Info("node stopping: draining; a second signal stops it at once", "signal", signal, "drain_timeout", cfg.DrainTimeout)
 				agent.Drain(signal)
 			})
 			defer stop()

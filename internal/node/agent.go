@@ -244,7 +244,6 @@ func (a *Agent) Drain(reason string) {
 	a.drainOnce.Do(func() {
 		a.drainReason = reason
 		close(a.draining)
-		a.logger.Info("draining: taking no more dispatches; runs in flight may finish", "reason", reason, "grace", a.cfg.DrainTimeout)
 		t := a.clock.AfterFunc(a.cfg.DrainTimeout, func() { a.abortRun(ErrDrainTimeout) })
 		a.mu.Lock()
 		a.drainTimer = t

@@ -226,7 +226,8 @@ func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (w
 func (c *conn) startDrain() (idle bool) {
 	c.draining = true
 	n := c.inFlight()
-	c.a.logger.Info("telling the edge this node drains", "runs_in_flight", n, "generation", c.gen)
+	c.a.logger.Info("draining: the edge is told, no more dispatches are taken, the runs in flight may finish",
+		"reason", c.a.drainReason, "runs_in_flight", n, "drain_timeout", c.a.cfg.DrainTimeout, "generation", c.gen)
 	m := &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_Drain{Drain: &nodev1.Drain{Reason: c.a.drainReason}}}
 	select {
 	case c.out <- m:
