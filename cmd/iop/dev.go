@@ -221,15 +221,20 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 	}
 
 	// The in-process node outlives ctx until the edge has drained its
-	// requests, then stops before the edge's node endpoint does.
+	// requests (they need it), then drains as `iop node` does (it tells
+	// the edge, and the runs still going, background ones the edge is
+	// ending, may finish up to its drain timeout) before the edge's node
+	// endpoint stops.
 	agentCtx, stopAgent := context.WithCancel(context.Background())
 	agentDone := make(chan error, 1)
 	agentStarted := make(chan struct{})
-	var agentErr error // set by afterDrain, read after the edge stopped
+	var agent *node.Agent // set before agentStarted is closed
+	var agentErr error    // set by afterDrain, read after the edge stopped
 	afterDrain := func() {
-		stopAgent()
+		defer stopAgent()
 		select {
 		case <-agentStarted:
+			agent.Drain("iop dev stopping")
 			agentErr = <-agentDone
 		default:
 		}
@@ -241,7 +246,7 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 	}
 	d.Edge = e
 	stopEdge := func() { cancel(); e.Wait() }
-	agent, err := node.New(node.Config{
+	agent, err = node.New(node.Config{
 		NodeID:    "dev",
 		Label:     "iop dev in-process node",
 		Version:   version,

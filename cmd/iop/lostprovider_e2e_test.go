@@ -18,9 +18,9 @@ import (
 	"iop/internal/edge/adminwire"
 )
 
-// startSimProcess runs `iop sim` with args as a child process and waits
+// startSimAt runs `iop sim` with args as a child process and waits
 // until it answers on addr; it is killed at cleanup.
-func startSimProcess(t *testing.T, bin, addr string, args ...string) {
+func startSimAt(t *testing.T, bin, addr string, args ...string) {
 	t.Helper()
 	logs := &lockedBuffer{}
 	cmd := exec.Command(bin, append([]string{"sim", "--listen", addr, "--log-level", "warn"}, args...)...)
@@ -61,8 +61,8 @@ func findProvider(ps []adminwire.Provider, node, id string) (adminwire.Provider,
 	return adminwire.Provider{}, false
 }
 
-// answer is one HTTP answer: status, headers and whole body.
-type answer struct {
+// httpAnswer is one HTTP answer: status, headers and whole body.
+type httpAnswer struct {
 	status int
 	header http.Header
 	body   []byte
@@ -70,22 +70,22 @@ type answer struct {
 }
 
 // postAsync posts a JSON body on its own goroutine.
-func postAsync(url, body string) <-chan answer {
-	ch := make(chan answer, 1)
+func postAsync(url, body string) <-chan httpAnswer {
+	ch := make(chan httpAnswer, 1)
 	go func() {
 		resp, err := http.Post(url, "application/json", strings.NewReader(body))
 		if err != nil {
-			ch <- answer{err: err}
+			ch <- httpAnswer{err: err}
 			return
 		}
 		defer resp.Body.Close()
 		b, err := io.ReadAll(resp.Body)
-		ch <- answer{resp.StatusCode, resp.Header, b, err}
+		ch <- httpAnswer{resp.StatusCode, resp.Header, b, err}
 	}()
 	return ch
 }
 
-func awaitAnswer(t *testing.T, ch <-chan answer) answer {
+func awaitAnswer(t *testing.T, ch <-chan httpAnswer) httpAnswer {
 	t.Helper()
 	select {
 	case a := <-ch:
@@ -96,7 +96,7 @@ func awaitAnswer(t *testing.T, ch <-chan answer) answer {
 	case <-time.After(20 * time.Second):
 		t.Fatal("no answer")
 	}
-	return answer{}
+	return httpAnswer{}
 }
 
 // toolsChat is a chat request for model that declares a tool: only a
@@ -108,7 +108,7 @@ func toolsChat(model string, stream bool) string {
 
 // wantUnavailable fails unless a is a 503 provider_unavailable with a
 // Retry-After, in the OpenAI error shape.
-func wantUnavailable(t *testing.T, what string, a answer) {
+func wantUnavailable(t *testing.T, what string, a httpAnswer) {
 	t.Helper()
 	_, _, code := openAIError(t, a.header, a.body)
 	if a.status != http.StatusServiceUnavailable || code != "provider_unavailable" || a.header.Get("Retry-After") == "" {
@@ -134,8 +134,8 @@ func TestLostToolsProviderIsUnavailableE2E(t *testing.T) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	toolsSim, plainSim := freeAddr(t), freeAddr(t)
-	startSimProcess(t, bin, toolsSim, "--protocol", "ollama", "--model", "m", "--hang")
-	startSimProcess(t, bin, plainSim, "--protocol", "ollama", "--model", "m")
+	startSimAt(t, bin, toolsSim, "--protocol", "ollama", "--model", "m", "--hang")
+	startSimAt(t, bin, plainSim, "--protocol", "ollama", "--model", "m")
 	httpAddr, nodeAddr := freeAddr(t), freeAddr(t)
 	startEdgeProcess(t, bin, httpAddr, nodeAddr, filepath.Join(dir, "edge.db"))
 	base := "http://" + httpAddr

@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"log/slog"
 	"sync"
 	"time"
 
@@ -49,6 +50,7 @@ type providerKey struct{ node, provider string }
 type breakers struct {
 	cfg   BreakerConfig // Failures < 0: every method admits everything
 	clock scheduler.Clock
+	log   *slog.Logger // a circuit that closes is logged here (one that opens, by Service.circuitOpened)
 
 	mu       sync.Mutex // guards the fields below; a leaf lock
 	circuits map[providerKey]*circuit
@@ -63,8 +65,8 @@ type circuit struct {
 	trial     bool // a half-open trial is in flight
 }
 
-func newBreakers(cfg BreakerConfig, clk scheduler.Clock) *breakers {
-	return &breakers{cfg: cfg, clock: clk, circuits: make(map[providerKey]*circuit), byNode: make(map[string][]providerKey)}
+func newBreakers(cfg BreakerConfig, clk scheduler.Clock, log *slog.Logger) *breakers {
+	return &breakers{cfg: cfg, clock: clk, log: log, circuits: make(map[providerKey]*circuit), byNode: make(map[string][]providerKey)}
 }
 
 // forgetNode drops every circuit of node (gone longer than ForgetAfter).
@@ -158,18 +160,25 @@ func (b *breakers) acquire(k providerKey) (*ticket, bool) {
 }
 
 // done records the attempt's outcome; it reports whether this opened the
-// circuit. Only the first call counts.
+// circuit. Only the first call counts. A successful trial closes the
+// circuit, which is logged (info, with node and provider).
 func (t *ticket) done(o outcome) (opened bool) {
 	if t == nil {
 		return false
 	}
-	t.once.Do(func() { opened = t.b.record(t, o) })
+	closed := false
+	t.once.Do(func() { opened, closed = t.b.record(t, o) })
+	if closed {
+		t.b.log.Info("provider back in rotation: circuit closed", "node", t.key.node, "provider", t.key.provider)
+	}
 	return opened
 }
 
-func (b *breakers) record(t *ticket, o outcome) (opened bool) {
+// record applies an attempt's outcome to its circuit and reports whether
+// that opened or closed it.
+func (b *breakers) record(t *ticket, o outcome) (opened, closed bool) {
 	if b.disabled() {
-		return false
+		return false, false
 	}
 	now := b.clock.Now()
 	b.mu.Lock()
@@ -177,7 +186,7 @@ func (b *breakers) record(t *ticket, o outcome) (opened bool) {
 	c := b.circuits[t.key]
 	if c == nil {
 		if o != outcomeFailed {
-			return false
+			return false, false
 		}
 		c = &circuit{coolDown: b.cfg.CoolDown}
 		b.circuits[t.key] = c
@@ -188,17 +197,18 @@ func (b *breakers) record(t *ticket, o outcome) (opened bool) {
 		switch o {
 		case outcomeOK:
 			*c = circuit{coolDown: b.cfg.CoolDown}
+			return false, true
 		case outcomeFailed:
 			c.coolDown = min(2*c.coolDown, b.cfg.MaxCoolDown)
 			c.openUntil = now.Add(c.coolDown)
-			return true
+			return true, false
 		}
-		return false
+		return false, false
 	}
 	if c.open {
 		// An attempt admitted before the circuit opened: its outcome is
 		// older news than the trial's.
-		return false
+		return false, false
 	}
 	switch o {
 	case outcomeOK:
@@ -208,8 +218,8 @@ func (b *breakers) record(t *ticket, o outcome) (opened bool) {
 		if c.failures >= b.cfg.Failures {
 			c.open, c.failures = true, 0
 			c.openUntil = now.Add(c.coolDown)
-			return true
+			return true, false
 		}
 	}
-	return false
+	return false, false
 }

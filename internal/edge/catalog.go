@@ -42,12 +42,13 @@ func (c *catalog) setAliases(models map[string]ModelConfig) {
 }
 
 // resolve returns one candidate per healthy provider of a current node
-// connection that serves model's targets (the first target, in alias order,
+// connection, not draining, that serves model's targets (the first target, in alias order,
 // the provider serves), ordered by node then provider. It returns an error
 // wrapping scheduler.ErrUnknownModel when model is neither an alias nor a
 // known served name (served now, or less than ForgetAfter ago), and
-// scheduler.ErrNoProvider when no live healthy provider serves it. It takes
-// the registry's read lock, so it may run under the scheduler's lock.
+// scheduler.ErrNoProvider when no live healthy provider of a node that is
+// not draining serves it. It takes the registry's read lock, so it may run
+// under the scheduler's lock.
 func (c *catalog) resolve(model string) ([]candidate, error) {
 	targets, alias := c.targets(model)
 	c.reg.mu.RLock()
@@ -59,7 +60,7 @@ func (c *catalog) resolve(model string) ([]candidate, error) {
 	taken := make(map[*provider]bool)
 	for _, t := range targets {
 		for _, s := range c.reg.served[t] {
-			if taken[s.p] || !s.p.healthy {
+			if taken[s.p] || !s.p.healthy || s.c.draining {
 				continue
 			}
 			taken[s.p] = true

@@ -35,6 +35,16 @@
 // that come and go leave no state behind (the node id's token binding,
 // trust.go, is kept for the edge's lifetime on purpose).
 //
+// A node that is shutting down sends Drain. Its connection is then
+// draining (NodeSnapshot.Draining; its providers' status "draining"): its
+// providers are no candidates, like unhealthy ones, so new requests go to
+// other nodes; queued requests re-resolve their candidates, and those left
+// with none fail with scheduler.ErrProviderUnavailable; its runs in flight
+// go on to their end. A dispatch it refuses after Drain (sent before the
+// Drain arrived) is admitted again elsewhere, without counting against its
+// provider's circuit. When its runs are done the node closes the
+// connection, which is fenced as any other ("node drained").
+//
 // # Catalog
 //
 // A requested model name is a configured alias, resolving to its targets,

@@ -205,6 +205,9 @@ func (s *Service) accept(h *nodev1.Hello) (*conn, error) {
 // generation is fenced in the scheduler (which releases its leases and
 // re-resolves waiters), and its unfinished runs end with ErrNodeGone.
 func (s *Service) closeConn(c *conn, cause error) {
+	if s.reg.isDraining(c) {
+		cause = fmt.Errorf("%w: %w", errNodeDraining, cause)
+	}
 	s.reg.remove(c)
 	s.forgetGone()
 	c.close()
@@ -234,12 +237,37 @@ func (s *Service) handleNodeMessage(c *conn, m *nodev1.NodeMessage) {
 	case *nodev1.NodeMessage_DispatchRefused:
 		id := msg.DispatchRefused.GetRunId()
 		if r := s.run(id); r != nil && r.conn == c {
-			r.finishIf(func(st runState) bool { return st == runPending }, "dispatch refused",
-				fmt.Errorf("%w: node %q: %s", ErrDispatchRefused, c.nodeID, msg.DispatchRefused.GetReason()), false)
+			err := fmt.Errorf("%w: node %q: %s", ErrDispatchRefused, c.nodeID, msg.DispatchRefused.GetReason())
+			if s.reg.isDraining(c) {
+				// Sent before the node's Drain arrived: no failure of its
+				// provider; Dispatch admits the request again elsewhere.
+				err = fmt.Errorf("%w: %w", errNodeDraining, err)
+			}
+			r.finishIf(func(st runState) bool { return st == runPending }, "dispatch refused", err, false)
 		}
+	case *nodev1.NodeMessage_Drain:
+		s.drainConn(c, msg.Drain.GetReason())
 	default:
 		s.log.Warn("unexpected control message", "node", c.nodeID, "generation", c.gen, "type", fmt.Sprintf("%T", msg))
 	}
+}
+
+// drainConn takes a connection whose node said Drain out of rotation: its
+// providers are no candidates from now on (the catalog skips them), queued
+// requests re-resolve their candidates (those left with none fail with
+// scheduler.ErrProviderUnavailable), and its runs in flight go on to their
+// end. The node closes the connection when they are done.
+func (s *Service) drainConn(c *conn, reason string) {
+	if !s.reg.drain(c) {
+		return
+	}
+	s.log.Info("node draining: its providers take no new requests", "node", c.nodeID, "generation", c.gen,
+		"reason", reason, "runs_in_flight", len(s.runsOf(c)))
+	if err := s.sched.Activate(c.nodeID, c.gen, s.reg.specs(c), func() bool { return s.reg.isCurrent(c) }); err != nil {
+		s.log.Warn("re-activation failed", "node", c.nodeID, "err", err)
+	}
+	s.reg.notify()
+	s.emitNode(lifecycle.NodeDraining, c, nil)
 }
 
 // updateProvider applies a ProviderUpdate: a capacity change goes to the

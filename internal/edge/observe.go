@@ -67,6 +67,8 @@ func (s *Service) emitNode(typ lifecycle.Type, c *conn, cause error) {
 // cause's text may carry addresses).
 func fenceReason(cause error) string {
 	switch {
+	case errors.Is(cause, errNodeDraining):
+		return "node drained"
 	case errors.Is(cause, errSuperseded):
 		return "replaced by a newer connection"
 	case errors.Is(cause, errHeartbeatMissed):

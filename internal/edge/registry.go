@@ -79,6 +79,10 @@ type conn struct {
 	outbox   []*nodev1.EdgeMessage
 	closed   bool
 	lastSeen time.Time
+
+	// draining: the node said Drain; its providers are no candidates.
+	// Guarded by registry.mu.
+	draining bool
 }
 
 // parseHello validates a Hello (DESIGN.md "Words": provider) and builds the
@@ -435,6 +439,26 @@ func (r *registry) specs(c *conn) []scheduler.ResourceSpec {
 		specs = append(specs, scheduler.ResourceSpec{ProviderID: p.id, Capacity: p.capacity, LongCapacity: p.longCapacity})
 	}
 	return specs
+}
+
+// drain marks c draining if it is its node's current connection, and
+// reports whether it did (false: replaced, or already draining).
+func (r *registry) drain(c *conn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.nodes[c.nodeID] != c || c.draining {
+		return false
+	}
+	c.draining = true
+	r.notifyLocked()
+	return true
+}
+
+// isDraining reports whether c said Drain.
+func (r *registry) isDraining(c *conn) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return c.draining
 }
 
 // providerChange is what a ProviderUpdate changed.

@@ -245,9 +245,9 @@ func (s *Service) noOtherCandidate(ctx context.Context, err error, failedRun *Ru
 		!errors.Is(err, scheduler.ErrProviderUnavailable) {
 		return nil, err
 	}
-	// A node that went away leaves the model without a provider (503);
-	// other failures are reported as they were.
-	if errors.Is(failedErr, ErrNodeGone) || errors.Is(failedErr, ErrStaleGeneration) {
+	// No other candidate. A node that went away or drains leaves the model
+	// without a provider (503); other failures are reported as they were.
+	if errors.Is(failedErr, ErrNodeGone) || errors.Is(failedErr, ErrStaleGeneration) || errors.Is(failedErr, errNodeDraining) {
 		return nil, fmt.Errorf("%w: %w", scheduler.ErrProviderUnavailable, failedErr)
 	}
 	return nil, failedErr
@@ -638,6 +638,10 @@ func newRunID() string {
 	return "run_" + hex.EncodeToString(b[:])
 }
 
+// StatusDraining is the snapshot status of a provider whose node drains,
+// beside the scheduler's scheduler.StatusAvailable and StatusOrphan.
+const StatusDraining = "draining"
+
 // Snapshot is a view of nodes, providers and queues, for admin endpoints.
 type Snapshot struct {
 	Nodes     []NodeSnapshot
@@ -654,11 +658,15 @@ type NodeSnapshot struct {
 	ConnectedAt, LastSeen  time.Time
 	// Providers are the node's provider ids, sorted.
 	Providers []string
+	// Draining: the node said Drain; its providers take no new requests
+	// while its runs in flight finish.
+	Draining bool
 }
 
 // ProviderSnapshot is one provider: the scheduler's counters for its
 // (node, provider) resource and what its node said of it. A provider whose
-// node is gone while runs drain is Status "orphan", without node details.
+// node is gone is Status "orphan", without node details; one whose node
+// drains (NodeSnapshot.Draining) is "draining".
 type ProviderSnapshot struct {
 	NodeID, ProviderID, Type string
 	Generation               uint64
@@ -671,7 +679,8 @@ type ProviderSnapshot struct {
 	Queued int
 	// Load is InFlight / Capacity.
 	Load float64
-	// Status is "available" or "orphan".
+	// Status is "available", "draining" (its node drains: no new
+	// requests) or "orphan" (its node is gone).
 	Status string
 	// Circuit is the provider's circuit breaker state: "closed" (in
 	// rotation), "open" (out of rotation for a cool-down) or "half_open"
@@ -694,7 +703,7 @@ func (s *Service) Snapshot() Snapshot {
 	snap := Snapshot{Waiters: ss.Waiters, Leases: ss.Leases}
 	s.reg.mu.RLock()
 	for _, c := range s.reg.nodes {
-		ns := NodeSnapshot{NodeID: c.nodeID, Label: c.label, Version: c.version, Generation: c.gen, ConnectedAt: c.connectedAt, LastSeen: c.seen()}
+		ns := NodeSnapshot{NodeID: c.nodeID, Label: c.label, Version: c.version, Generation: c.gen, ConnectedAt: c.connectedAt, LastSeen: c.seen(), Draining: c.draining}
 		for _, p := range c.providers {
 			ns.Providers = append(ns.Providers, p.id)
 		}
@@ -711,6 +720,9 @@ func (s *Service) Snapshot() Snapshot {
 			if p := c.byID[sp.ProviderID]; p != nil {
 				ps.Type, ps.Path, ps.Healthy = p.typ, p.path, p.healthy
 				ps.Models, ps.Capabilities = slices.Clone(p.models), slices.Clone(p.caps)
+				if c.draining && ps.Status == scheduler.StatusAvailable {
+					ps.Status = StatusDraining
+				}
 			}
 		}
 		snap.Providers = append(snap.Providers, ps)

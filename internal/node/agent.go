@@ -54,9 +54,15 @@ type Agent struct {
 	readyOnce sync.Once
 	running   atomic.Bool
 	gen       atomic.Uint64 // current generation, 0 when not connected
+	// draining is closed by the first Drain, after drainReason is set.
+	draining    chan struct{}
+	drainOnce   sync.Once
+	drainReason string
 
-	mu         sync.Mutex    // guards the fields below
-	genChanged chan struct{} // closed and replaced whenever gen changes
+	mu         sync.Mutex              // guards the fields below
+	genChanged chan struct{}           // closed and replaced whenever gen changes
+	stopRun    context.CancelCauseFunc // ends the active Run's context; nil outside Run
+	drainTimer clock.Timer             // the drain's grace period, once Drain was called
 }
 
 // provider is one configured model server and its adapter.
@@ -112,6 +118,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 		providers:  make(map[string]*provider, len(cfg.Providers)),
 		ready:      make(chan struct{}),
 		genChanged: make(chan struct{}),
+		draining:   make(chan struct{}),
 	}
 	for _, o := range opts {
 		o(a)
@@ -220,6 +227,50 @@ func (a *Agent) generationChanged() <-chan struct{} {
 	return a.genChanged
 }
 
+// Drain stops the agent gracefully (`iop node` calls it on SIGTERM or
+// SIGINT). On its connection the agent sends Drain{reason}, so that the
+// edge takes the node's providers out of rotation and sends new requests
+// elsewhere; refuses every Dispatch that still arrives with
+// DispatchRefused (ErrDraining), which the edge admits again elsewhere;
+// and lets the runs in flight finish. When none is left it closes the
+// connection and Run returns nil, without reconnecting; a connection lost
+// meanwhile is not made again. Runs still going when Config.DrainTimeout
+// has passed on the agent's clock (from this call) are aborted as when
+// Run's context ends: the agent closes the connection without a last
+// frame for them, so the edge ends each with its node gone. Drain returns
+// at once; later calls change nothing. After a Drain, Run returns nil at
+// once.
+func (a *Agent) Drain(reason string) {
+	a.drainOnce.Do(func() {
+		a.drainReason = reason
+		close(a.draining)
+		t := a.clock.AfterFunc(a.cfg.DrainTimeout, func() { a.abortRun(ErrDrainTimeout) })
+		a.mu.Lock()
+		a.drainTimer = t
+		a.mu.Unlock()
+	})
+}
+
+// isDraining reports whether Drain was called.
+func (a *Agent) isDraining() bool {
+	select {
+	case <-a.draining:
+		return true
+	default:
+	}
+	return false
+}
+
+// abortRun ends the active Run's context with cause: every run in flight
+// is aborted and Run returns.
+func (a *Agent) abortRun(cause error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.stopRun != nil {
+		a.stopRun(cause)
+	}
+}
+
 // stableSession is how long a welcomed connection must last for the next
 // reconnect to start from ReconnectMin again.
 const stableSession = 10 * time.Second
@@ -228,7 +279,8 @@ const stableSession = 10 * time.Second
 // every lost connection with exponential backoff (ReconnectMin doubling up
 // to ReconnectMax, full jitter; reset after a connection that lasted
 // stableSession, so a connection replaced at once keeps backing off). It
-// returns nil when ctx ends, after every run and goroutine it started has
+// returns nil when ctx ends (the runs in flight are aborted) or a drain
+// is over (see Drain), after every run and goroutine it started has
 // finished; ErrAlreadyRunning if another Run is active; or an error if the
 // edge address cannot be used at all.
 func (a *Agent) Run(ctx context.Context) error {
@@ -237,6 +289,19 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer a.running.Store(false)
 	defer a.closeAdapters()
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	a.mu.Lock()
+	a.stopRun = stop
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.stopRun = nil
+		if a.drainTimer != nil {
+			a.drainTimer.Stop()
+		}
+		a.mu.Unlock()
+	}()
 
 	var cc *grpc.ClientConn
 	defer func() {
@@ -246,6 +311,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}()
 	attempt := 0
 	for {
+		if a.isDraining() {
+			return nil
+		}
 		if cc == nil {
 			var err error
 			if cc, err = a.dial(); err != nil {
@@ -254,7 +322,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		start := a.clock.Now()
 		welcomed, err := a.session(ctx, nodev1.NewNodeGatewayClient(cc))
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || a.isDraining() {
 			return nil
 		}
 		if errors.Is(err, ErrHeartbeatTimeout) || errors.Is(err, ErrWelcomeTimeout) {
@@ -318,7 +386,8 @@ func (a *Agent) backoff(attempt int) time.Duration {
 	return a.jitter(d)
 }
 
-// sleep waits d on the agent's clock; false if ctx ended first.
+// sleep waits d on the agent's clock; false if ctx ended or a drain
+// began first.
 func (a *Agent) sleep(ctx context.Context, d time.Duration) bool {
 	woke := make(chan struct{})
 	t := a.clock.AfterFunc(d, func() { close(woke) })
@@ -327,6 +396,8 @@ func (a *Agent) sleep(ctx context.Context, d time.Duration) bool {
 	case <-woke:
 		return true
 	case <-ctx.Done():
+		return false
+	case <-a.draining:
 		return false
 	}
 }

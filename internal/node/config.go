@@ -24,6 +24,7 @@ import (
 const (
 	DefaultReconnectMin    = 200 * time.Millisecond
 	DefaultReconnectMax    = 10 * time.Second
+	DefaultDrainTimeout    = 30 * time.Second // grace period of a drain (Agent.Drain)
 	DefaultProviderTimeout = 10 * time.Minute
 	DefaultOllamaURL       = "http://127.0.0.1:11434"
 	DefaultKillGrace       = adapter.DefaultKillGrace // type cli: SIGTERM to SIGKILL
@@ -57,6 +58,7 @@ const (
 //	runtime_concurrency: 4
 //	reconnect_min: 200ms
 //	reconnect_max: 10s
+//	drain_timeout: 30s                   # on SIGTERM: how long runs in flight may take
 //	providers:
 //	  - id: local-ollama
 //	    type: ollama
@@ -115,6 +117,10 @@ type Config struct {
 	// backoff (full jitter); defaults 200ms and 10s.
 	ReconnectMin time.Duration `yaml:"reconnect_min"`
 	ReconnectMax time.Duration `yaml:"reconnect_max"`
+	// DrainTimeout is the grace period of a drain (Agent.Drain; `iop
+	// node` drains on SIGTERM or SIGINT): the runs in flight may take this
+	// long to finish before they are aborted. 0 means 30s.
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
 	// Version is reported in Hello; set by the binary, not by YAML.
 	// Default: the main module's version from the build info, else "dev".
 	Version string `yaml:"-"`
@@ -204,6 +210,9 @@ func (c Config) withDefaults() Config {
 	if c.ReconnectMax == 0 {
 		c.ReconnectMax = max(DefaultReconnectMax, c.ReconnectMin)
 	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = DefaultDrainTimeout
+	}
 	c.Providers = slices.Clone(c.Providers)
 	for i := range c.Providers {
 		p := &c.Providers[i]
@@ -264,6 +273,9 @@ func (c Config) Validate() error {
 	}
 	if c.ReconnectMin <= 0 || c.ReconnectMax < c.ReconnectMin {
 		bad("reconnect_min %v, reconnect_max %v: want 0 < min <= max", c.ReconnectMin, c.ReconnectMax)
+	}
+	if c.DrainTimeout < 0 {
+		bad("drain_timeout %v: must not be negative", c.DrainTimeout)
 	}
 	if len(c.Providers) == 0 {
 		bad("at least one provider is required")

@@ -19,7 +19,7 @@ func TestLoadConfigExample(t *testing.T) {
 	}
 	want := Config{
 		NodeID: "gpu-box-1", Label: "rack 3, 2x A100", Edge: "edge.internal:7443", Token: "s3cret",
-		RuntimeConcurrency: 4, ReconnectMin: 500 * time.Millisecond, ReconnectMax: time.Minute,
+		RuntimeConcurrency: 4, ReconnectMin: 500 * time.Millisecond, ReconnectMax: time.Minute, DrainTimeout: 45 * time.Second,
 		Providers: []ProviderConfig{
 			{ID: "local-ollama", Type: "ollama", BaseURL: DefaultOllamaURL, Models: []string{"llama3.2:3b", "nomic-embed-text"},
 				Capacity: 4, LongCapacity: 4, Capabilities: []string{"embeddings"}, Timeout: DefaultProviderTimeout},
@@ -50,7 +50,7 @@ func TestLoadConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := c.Providers[0]
-	if c.ReconnectMin != DefaultReconnectMin || c.ReconnectMax != DefaultReconnectMax ||
+	if c.ReconnectMin != DefaultReconnectMin || c.ReconnectMax != DefaultReconnectMax || c.DrainTimeout != 30*time.Second ||
 		p.Capacity != 1 || p.LongCapacity != 1 || p.Protocol != "ollama" || p.Timeout != DefaultProviderTimeout ||
 		p.path() != nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED {
 		t.Errorf("defaults not applied: %+v", c)
@@ -112,6 +112,7 @@ func TestValidate(t *testing.T) {
 		{"negative runtime concurrency", func(c *Config) { c.RuntimeConcurrency = -1 }, "runtime_concurrency"},
 		{"negative timeout", func(c *Config) { c.Providers[0].Timeout = -time.Second }, "timeout"},
 		{"reconnect bounds", func(c *Config) { c.ReconnectMin, c.ReconnectMax = time.Second, time.Millisecond }, "reconnect"},
+		{"negative drain timeout", func(c *Config) { c.DrainTimeout = -time.Second }, "drain_timeout"},
 		{"empty capability", func(c *Config) { c.Providers[0].Capabilities = []string{""} }, "empty capability"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

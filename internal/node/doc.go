@@ -26,6 +26,20 @@
 // tunnel path. A Dispatch it cannot run gets DispatchRefused. Capacity is
 // the edge's to enforce; the node runs whatever it is sent.
 //
+// # Drain
+//
+// Agent.Drain (`iop node` on SIGTERM or SIGINT) sends Drain{reason} on the
+// control stream, after which every Dispatch is refused (ErrDraining) and
+// the runs in flight go on. When the last one has finished, the agent
+// sends what is still queued, half-closes the control stream, waits (up to
+// flushTimeout) for the edge to end it, and Run returns nil without
+// reconnecting. Config.DrainTimeout after Drain, on the agent's clock, the
+// runs still going are aborted as when Run's context ends. An aborted run
+// (Run's context ended, the drain's grace period over, the connection
+// lost) sends no last frame and does not half-close its stream: the edge
+// ends it, like every run of a connection that closed, with its node gone,
+// so each client of an aborted run sees that one error.
+//
 // # Concurrency
 //
 // Agent fields set in New (config, logger, clock, providers and their
@@ -47,7 +61,8 @@
 //   - a reader goroutine, the only caller of the Connect stream's Recv,
 //     handing messages to the session goroutine over an unbuffered channel;
 //   - a writer goroutine, the only caller of the Connect stream's Send after
-//     Hello, draining conn.out (heartbeats, DispatchRefused);
+//     Hello, draining conn.out (heartbeats, DispatchRefused, Drain); at the
+//     end of a drain it sends what is queued and half-closes the stream;
 //   - one goroutine per run, plus one reader per run (the only caller of
 //     that Run stream's Recv). The run goroutine is the only sender on its
 //     Run stream: the adapter's sink calls and the terminal frame all happen
@@ -55,7 +70,12 @@
 //     any channel shared with other runs.
 //
 // conn.mu guards conn.runs (run id -> run): the session goroutine adds runs
-// and looks them up to cancel; each run goroutine removes itself when done.
+// and looks them up to cancel; each run goroutine removes itself when done
+// and then signals conn.runEnded (one slot, never blocking), on which a
+// draining session goroutine waits for the last run. conn.draining is the
+// session goroutine's alone. Agent.draining is closed once, by Drain, after
+// Agent.drainReason is written; Agent.mu guards stopRun (the active Run's
+// cancel, which the drain's grace timer calls) and the drain's timer.
 // A run's provider request is cancelled, exactly through its workCtx, by a
 // Cancel on the control stream, a Cancel on its run stream, the end of its
 // run stream, or the end of the connection (every run context is a child of

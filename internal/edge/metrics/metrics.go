@@ -27,11 +27,11 @@
 //	iop_dispatch_retries_total{model,reason}           counter: dispatches admitted again after failing before the run started
 //	iop_nodes_connected                                gauge (scrape time)
 //	iop_provider_in_flight{node,provider}              gauge (scrape time)
-//	iop_provider_capacity{node,provider}               gauge (scrape time)
+//	iop_provider_capacity{node,provider}               gauge (scrape time); not for an orphan (its node is gone)
 //	iop_provider_long_in_flight{node,provider}         gauge (scrape time)
-//	iop_provider_long_capacity{node,provider}          gauge (scrape time)
+//	iop_provider_long_capacity{node,provider}          gauge (scrape time); not for an orphan
 //	iop_provider_queued{node,provider}                 gauge (scrape time): waiters that list the provider
-//	iop_provider_healthy{node,provider}                gauge (scrape time): 1 healthy, 0 not (or orphan)
+//	iop_provider_healthy{node,provider}                gauge (scrape time): 1 healthy, 0 not (or orphan, or draining)
 //	iop_queue_depth{model}                             gauge (scrape time): waiters of the model's queue
 //	iop_queue_max{model}                               gauge (scrape time): the queue's max_queue
 //
