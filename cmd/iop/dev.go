@@ -93,6 +93,7 @@ func newDevCommand(logLevel *string) *cobra.Command {
 	fl.StringVar(&cfg.Listen, "listen", cfg.Listen, "HTTP API listen address")
 	fl.StringVar(&cfg.NodeListen, "node-listen", cfg.NodeListen, "node endpoint (gRPC) listen address; remote nodes may join too")
 	fl.BoolVar(&cfg.ForceSim, "sim", false, "use the built-in simulator even if a local Ollama answers")
+	fl.StringVar(&cfg.OllamaURL, "ollama", cfg.OllamaURL, `base URL of the Ollama to use if it answers ("" = never look for one)`)
 	fl.IntVar(&cfg.SimCapacity, "sim-capacity", cfg.SimCapacity, "capacity of each simulated provider")
 	fl.Float64Var(&cfg.SimTokensPerSecond, "sim-tokens-per-second", cfg.SimTokensPerSecond, "token rate of the simulated providers (0 = unlimited)")
 	fl.DurationVar(&cfg.SimTTFT, "sim-ttft", cfg.SimTTFT, "time to first token of the simulated providers")
