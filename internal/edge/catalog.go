@@ -42,13 +42,17 @@ func (c *catalog) setAliases(models map[string]ModelConfig) {
 }
 
 // resolve returns one candidate per healthy provider of a current node
-// connection that serves model's targets (the first target, in alias order,
-// the provider serves), ordered by node then provider. It returns an error
-// wrapping scheduler.ErrUnknownModel when model is neither an alias nor a
-// served name ever advertised, and scheduler.ErrNoProvider when no live
-// healthy provider serves it. It takes the registry's read lock, so it may
-// run under the scheduler's lock.
-func (c *catalog) resolve(model string) ([]candidate, error) {
+// connection that serves one of model's targets with every capability of
+// needs: the first such target, in alias order, the provider serves
+// (capabilities are per served model: a provider may serve one target with
+// tools and another without). Candidates are ordered by node then
+// provider. missing is the capability that the first provider left out for
+// lacking it (in target order) lacked first, "" when none was left out. It returns an
+// error wrapping scheduler.ErrUnknownModel when model is neither an alias nor
+// a served name ever advertised, and scheduler.ErrNoProvider when no live
+// healthy provider serves it (whatever its capabilities). It takes the
+// registry's read lock, so it may run under the scheduler's lock.
+func (c *catalog) resolve(model string, needs []string) (out []candidate, missing string, err error) {
 	targets, alias := (*c.aliases.Load())[model]
 	if !alias {
 		targets = []string{model}
@@ -56,13 +60,22 @@ func (c *catalog) resolve(model string) ([]candidate, error) {
 	c.reg.mu.RLock()
 	defer c.reg.mu.RUnlock()
 	if !alias && !c.reg.seen[model] {
-		return nil, fmt.Errorf("%w %q", scheduler.ErrUnknownModel, model)
+		return nil, "", fmt.Errorf("%w %q", scheduler.ErrUnknownModel, model)
 	}
-	var out []candidate
+	type rejection struct {
+		p    *provider
+		need string
+	}
 	taken := make(map[*provider]bool)
+	var rejected []rejection // in the order met
 	for _, t := range targets {
 		for _, s := range c.reg.served[t] {
 			if taken[s.p] || !s.p.healthy {
+				continue
+			}
+			caps, own := s.p.capsOfLocked(t)
+			if m := lacks(s.p.path, caps, own, needs); m != "" {
+				rejected = append(rejected, rejection{s.p, m})
 				continue
 			}
 			taken[s.p] = true
@@ -72,8 +85,14 @@ func (c *catalog) resolve(model string) ([]candidate, error) {
 			})
 		}
 	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("%w %q: no live healthy provider serves it", scheduler.ErrNoProvider, model)
+	if len(out) == 0 && len(rejected) == 0 {
+		return nil, "", fmt.Errorf("%w %q: no live healthy provider serves it", scheduler.ErrNoProvider, model)
+	}
+	for _, r := range rejected {
+		if !taken[r.p] {
+			missing = r.need
+			break
+		}
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].NodeID != out[j].NodeID {
@@ -81,7 +100,7 @@ func (c *catalog) resolve(model string) ([]candidate, error) {
 		}
 		return out[i].ProviderID < out[j].ProviderID
 	})
-	return out, nil
+	return out, missing, nil
 }
 
 // latestTag is the tag Ollama gives a model name without one (Ollama API
