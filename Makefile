@@ -20,9 +20,11 @@ run:
 # need beyond Go: the JavaScript client tests' npm packages (test/js),
 # Chromium for the dashboard's browser test and PostgreSQL (the usage
 # ledger's test starts a throwaway server), each only when missing.
+# IOP_TEST_STRICT=1 makes a test whose tool is missing fail instead of
+# skip (package internal/testenv), so make test skips nothing.
 test: test/js/node_modules chromium postgresql
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 15m ./...
+	IOP_TEST_STRICT=1 $(GO) test -race -count=1 -timeout 15m ./...
 
 # The npm packages of the JavaScript client tests (the official `openai` and `ollama`
 # clients), exactly as package-lock.json pins them. Needs Node.js and npm.

@@ -11,6 +11,7 @@ import (
 
 	"iop/internal/node"
 	"iop/internal/sim"
+	"iop/internal/testenv"
 )
 
 // jsDir holds the JavaScript client tests and their package.json; `make
@@ -18,16 +19,16 @@ import (
 var jsDir = filepath.Join("..", "..", "test", "js")
 
 // requireJS returns the node binary and the JavaScript test files matching
-// pattern, failing the test when Node.js or the installed packages are
-// missing.
+// pattern. When Node.js or the installed packages are missing it fails the
+// test under `make test` and skips it elsewhere (package testenv).
 func requireJS(t *testing.T, pattern string) (nodeBin string, files []string) {
 	t.Helper()
 	nodeBin, err := exec.LookPath("node")
 	if err != nil {
-		t.Fatal("Node.js (node) is not on PATH; it is needed for the JavaScript client tests")
+		testenv.Missing(t, "Node.js (node) is not on PATH; it is needed for the JavaScript client tests")
 	}
 	if _, err := os.Stat(filepath.Join(jsDir, "node_modules")); err != nil {
-		t.Fatalf("%s is missing: run `make test`, which installs the JavaScript test packages (npm ci in test/js)",
+		testenv.Missing(t, "%s is missing: run `make test`, which installs the JavaScript test packages (npm ci in test/js)",
 			filepath.Join("test", "js", "node_modules"))
 	}
 	files, err = filepath.Glob(filepath.Join(jsDir, pattern))

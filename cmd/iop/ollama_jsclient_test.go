@@ -9,14 +9,16 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"iop/internal/testenv"
 )
 
 // jsTestDir holds the JavaScript client tests and their package.json.
 const jsTestDir = "../../test/js"
 
-// runJSTest runs `node script` in test/js with env. It fails the test, never
-// skips it, when Node.js or the npm packages are missing: `make test`
-// installs the packages (npm ci) before running the Go tests.
+// runJSTest runs `node script` in test/js with env. When Node.js or the npm
+// packages are missing it fails the test under `make test` (which installs
+// the packages with npm ci first) and skips it elsewhere (package testenv).
 func runJSTest(t *testing.T, script string, env ...string) {
 	t.Helper()
 	dir, err := filepath.Abs(jsTestDir)
@@ -24,11 +26,11 @@ func runJSTest(t *testing.T, script string, env ...string) {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "node_modules")); err != nil {
-		t.Fatalf("%s/node_modules is missing: run `make test` (it runs `npm ci` there) or `cd test/js && npm ci`", jsTestDir)
+		testenv.Missing(t, "%s/node_modules is missing: run `make test` (it runs `npm ci` there) or `cd test/js && npm ci`", jsTestDir)
 	}
 	nodeBin, err := exec.LookPath("node")
 	if err != nil {
-		t.Fatal("node (Node.js 20 or later) is not on PATH; the JavaScript client tests need it")
+		testenv.Missing(t, "node (Node.js 20 or later) is not on PATH; the JavaScript client tests need it")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -18,10 +18,13 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/packages/ssestream"
+
+	"iop/internal/testenv"
 )
 
 // chromiumPath finds the browser the dashboard test drives, failing the
-// test (not skipping it) when there is none.
+// test under make test, and skipping it elsewhere, when there is none
+// (package testenv).
 func chromiumPath(t *testing.T) string {
 	t.Helper()
 	for _, name := range []string{"chromium", "chromium-browser"} {
@@ -29,7 +32,7 @@ func chromiumPath(t *testing.T) string {
 			return p
 		}
 	}
-	t.Fatal("chromium is not installed: run `make test`, which installs Debian's chromium package (or apt-get install chromium)")
+	testenv.Missing(t, "chromium is not installed: run `make test`, which installs Debian's chromium package (or apt-get install chromium)")
 	return ""
 }
 

@@ -1755,7 +1755,10 @@ type RunEvent struct {
 	// OpenAI's streamed delta.tool_calls: the first part of a call carries
 	// its index, id and name; later parts with the same index carry more of
 	// its arguments, to be appended.
-	ToolCalls     []*ToolCallDelta `protobuf:"bytes,9,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
+	ToolCalls []*ToolCallDelta `protobuf:"bytes,9,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
+	// delta: generated reasoning text (Ollama's message.thinking, OpenAI-
+	// compatible servers' reasoning_content or reasoning), apart from text.
+	Thinking      string `protobuf:"bytes,10,opt,name=thinking,proto3" json:"thinking,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1851,6 +1854,13 @@ func (x *RunEvent) GetToolCalls() []*ToolCallDelta {
 		return x.ToolCalls
 	}
 	return nil
+}
+
+func (x *RunEvent) GetThinking() string {
+	if x != nil {
+		return x.Thinking
+	}
+	return ""
 }
 
 // ToolCallDelta is one function tool call, or a part of one.
@@ -2287,7 +2297,7 @@ const file_node_proto_rawDesc = "" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\bR\x04last\":\n" +
 	"\tRunEvents\x12-\n" +
-	"\x06events\x18\x01 \x03(\v2\x15.iop.node.v1.RunEventR\x06events\"\xee\x03\n" +
+	"\x06events\x18\x01 \x03(\v2\x15.iop.node.v1.RunEventR\x06events\"\x8a\x04\n" +
 	"\bRunEvent\x12.\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1a.iop.node.v1.RunEvent.TypeR\x04type\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12#\n" +
@@ -2300,7 +2310,9 @@ const file_node_proto_rawDesc = "" +
 	"embeddings\x18\b \x03(\v2\x16.iop.node.v1.EmbeddingR\n" +
 	"embeddings\x129\n" +
 	"\n" +
-	"tool_calls\x18\t \x03(\v2\x1a.iop.node.v1.ToolCallDeltaR\ttoolCalls\"\x85\x01\n" +
+	"tool_calls\x18\t \x03(\v2\x1a.iop.node.v1.ToolCallDeltaR\ttoolCalls\x12\x1a\n" +
+	"\bthinking\x18\n" +
+	" \x01(\tR\bthinking\"\x85\x01\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fTYPE_STARTED\x10\x01\x12\x0e\n" +
