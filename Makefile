@@ -3,8 +3,10 @@ GO ?= go
 BIN := $(CURDIR)/bin
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
+# The Ollama release the real-server tests run against (internal/ollamatest.Version).
+OLLAMA_VERSION := v0.17.4
 
-.PHONY: all build run test chromium postgresql proto bench clean
+.PHONY: all build run test chromium postgresql ollama proto bench clean
 
 all: build
 
@@ -18,13 +20,16 @@ run:
 
 # Runs every test with the race detector. First installs what the tests
 # need beyond Go: the JavaScript client tests' npm packages (test/js),
-# Chromium for the dashboard's browser test and PostgreSQL (the usage
-# ledger's test starts a throwaway server), each only when missing.
-# IOP_TEST_STRICT=1 makes a test whose tool is missing fail instead of
-# skip (package internal/testenv), so make test skips nothing.
-test: test/js/node_modules chromium postgresql
+# Chromium for the dashboard's browser test, PostgreSQL (the usage
+# ledger's test starts a throwaway server) and a real Ollama server (built
+# from source once per machine, see the ollama target), each only when
+# missing. IOP_TEST_STRICT=1 makes a test whose tool is missing fail instead
+# of skip (package internal/testenv), and IOP_REQUIRE_OLLAMA=1 the
+# real-Ollama tests, so make test skips nothing.
+test: test/js/node_modules chromium postgresql ollama
 	$(GO) vet ./...
-	IOP_TEST_STRICT=1 $(GO) test -race -count=1 -timeout 15m ./...
+	IOP_OLLAMA_BIN="$$(OLLAMA_VERSION=$(OLLAMA_VERSION) GO=$(GO) test/ollama/build.sh)" IOP_REQUIRE_OLLAMA=1 IOP_TEST_STRICT=1 \
+		$(GO) test -race -count=1 -timeout 15m ./...
 
 # The npm packages of the JavaScript client tests (the official `openai` and `ollama`
 # clients), exactly as package-lock.json pins them. Needs Node.js and npm.
@@ -32,6 +37,14 @@ test/js/node_modules: test/js/package.json test/js/package-lock.json
 	@command -v npm >/dev/null || { echo "npm (Node.js 20 or later) is needed for the JavaScript client tests" >&2; exit 1; }
 	cd test/js && npm ci --silent --no-audit --no-fund
 	@touch $@
+
+# A CPU-only Ollama server for the real-server tests (internal/ollamatest):
+# test/ollama/build.sh builds it with `go install github.com/ollama/ollama@$(OLLAMA_VERSION)`
+# into ~/.cache/iop/ollama-$(OLLAMA_VERSION)/ (several minutes, once per
+# machine; it installs Debian's nlohmann-json3-dev and libstb-dev first).
+# Does nothing when the binary is there; a failed build fails make test.
+ollama:
+	@OLLAMA_VERSION=$(OLLAMA_VERSION) GO=$(GO) test/ollama/build.sh >/dev/null
 
 # Installs Debian's chromium (headless browser of the dashboard test) unless present.
 chromium:

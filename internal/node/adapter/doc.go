@@ -18,7 +18,9 @@
 //     2xx answer's status and body bytes unchanged, chunk by chunk as they
 //     arrive (SSE passes through untouched), with an allowlist of its
 //     headers. An SSE answer is watched for an error event inside the 2xx
-//     stream (relayed unchanged, reported as [ErrProviderReported]).
+//     stream (relayed unchanged, reported as [ErrProviderReported]) and for
+//     its closing `data: [DONE]` (without it the stream was cut short:
+//     [ErrProviderStream]).
 //     An error answer (4xx, 5xx) is relayed as one OpenAI error
 //     object with the provider's status, scrubbed of its URL and key; a
 //     redirect is a 502.

@@ -106,7 +106,10 @@ func (o *OpenAI) Close() { o.p.Close() }
 //     is also watched for an error event (`data: {"error":...}`, see
 //     errorWatch): the body is still relayed in full and unchanged, but
 //     the call then returns an *Error of kind ErrProviderReported with the
-//     event's message, so the run is recorded as failed.
+//     event's message, so the run is recorded as failed. An SSE body that
+//     ends cleanly but without its closing `data: [DONE]` (as Ollama's /v1
+//     does when its repeat limit cuts an answer) is relayed in full too,
+//     and the call returns an *Error of kind ErrProviderStream (502).
 //   - 4xx and 5xx (an error answer, the provider's to tell): the same
 //     status, the allowlisted headers with Content-Type application/json,
 //     and one OpenAI error object {"error":{"message","type","param",
@@ -214,6 +217,9 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 				watch.write([]byte{'\n'}) // a last line without its end
 				if watch.message != "" {
 					return &Error{Kind: ErrProviderReported, Status: http.StatusBadGateway, Message: o.p.redact(watch.message)}
+				}
+				if !watch.done {
+					return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: "provider closed stream before data: [DONE]"}
 				}
 			}
 			return nil

@@ -12,8 +12,9 @@ const maxWatchedLine = 64 << 10
 // errorWatch reads a relayed Server-Sent Events body, as the chunks go by,
 // for an error event: a `data:` line whose payload is a JSON object with a
 // non-null "error" member, as vLLM, SGLang and OpenAI send when a stream
-// fails after its 200 (`data: {"error":{"message":...}}`). It only
-// watches: the bytes are relayed unchanged whatever it finds.
+// fails after its 200 (`data: {"error":{"message":...}}`), and for the
+// closing `data: [DONE]`. It only watches: the bytes are relayed unchanged
+// whatever it finds.
 //
 // Lines end with LF, CRLF or a lone CR (WHATWG HTML, "Server-sent events",
 // event stream interpretation), and may be split across chunks anywhere,
@@ -25,6 +26,9 @@ type errorWatch struct {
 	afterCR bool   // the previous byte was a CR: a following LF ends nothing
 	// message is the text of the first error event seen, "" if none.
 	message string
+	// done: a `data: [DONE]` line was seen, the end OpenAI's streams
+	// promise; a body that ends without it was cut short.
+	done bool
 }
 
 // write looks at the next chunk of the body.
@@ -72,6 +76,10 @@ func (w *errorWatch) endLine() {
 		return
 	}
 	payload = bytes.TrimPrefix(payload, []byte(" "))
+	if string(bytes.TrimSpace(payload)) == "[DONE]" {
+		w.done = true
+		return
+	}
 	if len(payload) == 0 || payload[0] != '{' || !bytes.Contains(payload, []byte(`"error"`)) {
 		return // the cheap test first: chunks of output are never parsed
 	}

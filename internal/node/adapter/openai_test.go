@@ -292,3 +292,36 @@ func TestOpenAITunnelBadRequests(t *testing.T) {
 		})
 	}
 }
+
+// TestRegression_TunnelStreamEndsWithoutDone: Ollama's /v1 ends a stream
+// that its repeat limit cut (30 equal tokens in a row) with neither a
+// finish_reason nor `data: [DONE]`, and a clean end of the body. The tunnel
+// relayed it and returned nil, so the client's answer was cut short with no
+// error and the run was recorded as complete. Now it relays the body and
+// returns ErrProviderStream (502).
+func TestRegression_TunnelStreamEndsWithoutDone(t *testing.T) {
+	const chunk = `data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" of"},"finish_reason":null}]}` + "\n\n"
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, chunk+chunk)
+	})
+	o := newOpenAI(t, Config{BaseURL: up.URL})
+	rec := &tunnelRec{}
+	req := Request{Op: nodev1.Operation_OPERATION_CHAT, Stream: true, ServedModel: "m", Body: []byte(`{"model":"x","stream":true}`)}
+	err := o.Tunnel(context.Background(), req, rec)
+	if e := asError(t, err); !errors.Is(err, ErrProviderStream) || e.Status != http.StatusBadGateway {
+		t.Errorf("err %v: want ErrProviderStream, 502", err)
+	}
+	if rec.status != 200 || rec.body() != chunk+chunk {
+		t.Errorf("relayed %d %q, want the head and the whole body", rec.status, rec.body())
+	}
+
+	// A JSON (not streamed) answer has no [DONE] and is complete.
+	up2 := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"choices":[]}`)
+	})
+	if err := newOpenAI(t, Config{BaseURL: up2.URL}).Tunnel(context.Background(), req, &tunnelRec{}); err != nil {
+		t.Errorf("JSON answer: %v", err)
+	}
+}
