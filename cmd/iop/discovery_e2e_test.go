@@ -29,11 +29,17 @@ type discoveredServer struct {
 	remove     func(t *testing.T, name string)
 	stop       func(t *testing.T)
 	start      func(t *testing.T)
-	// checkToolsReached checks that the last chat request the server got,
-	// answered by body, carried the request's tools.
-	checkToolsReached func(t *testing.T, body []byte)
-	// checkEmbedReached checks that the server embedded with embedModel.
-	checkEmbedReached func(t *testing.T)
+	// mark returns a position in what the server saw so far, for the
+	// checks below to look only at later requests.
+	mark func() int
+	// checkToolsReached checks that of the two chat requests to
+	// toolsModel, the same but for tools, the one sent after withTools
+	// (and answered body) reached the server with its tools and the one
+	// sent after without did without.
+	checkToolsReached func(t *testing.T, without, withTools int, body []byte)
+	// checkEmbedReached checks that the server embedded with embedModel
+	// after mark.
+	checkEmbedReached func(t *testing.T, mark int)
 }
 
 // simDiscoveredServer is an Ollama simulator serving a tools model, a
@@ -76,26 +82,20 @@ func simDiscoveredServer(t *testing.T) *discoveredServer {
 		}
 		stop = st
 	}
-	d.checkToolsReached = func(t *testing.T, body []byte) {
+	d.mark = func() int { return len(s.Seen()) }
+	d.checkToolsReached = func(t *testing.T, _, withTools int, body []byte) {
 		// The sim calls a tool only when the request defined it.
 		if !strings.Contains(string(body), `"tool_calls"`) || !strings.Contains(string(body), "get_weather") {
 			t.Fatalf("the answer calls no tool: %s", body)
 		}
-		seen := s.Seen()
-		if last := seen[len(seen)-1]; last.Path != "/api/chat" || last.Model != "coder:latest" {
-			t.Fatalf("the server's last request %+v", last)
+		if !slices.ContainsFunc(s.Seen()[withTools:], func(r sim.SeenRequest) bool { return r.Path == "/api/chat" && r.Model == "coder:latest" }) {
+			t.Fatalf("the server got no chat for coder:latest: %+v", s.Seen()[withTools:])
 		}
 	}
-	d.checkEmbedReached = func(t *testing.T) {
-		for _, r := range slices.Backward(s.Seen()) {
-			if r.Path == "/api/embed" {
-				if r.Model != "embed:latest" {
-					t.Fatalf("embedded with %q", r.Model)
-				}
-				return
-			}
+	d.checkEmbedReached = func(t *testing.T, mark int) {
+		if !slices.ContainsFunc(s.Seen()[mark:], func(r sim.SeenRequest) bool { return r.Path == "/api/embed" && r.Model == "embed:latest" }) {
+			t.Fatalf("the server embedded nothing with embed:latest: %+v", s.Seen()[mark:])
 		}
-		t.Fatal("the server embedded nothing")
 	}
 	return d
 }
@@ -171,11 +171,16 @@ func runDiscoveryEndToEnd(t *testing.T, d *discoveredServer) {
 	const tools = `,"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]`
 
 	t.Run("tools reach a tools model", func(t *testing.T) {
+		without := d.mark()
+		if status, body := chat(t, d.toolsModel, ""); status != http.StatusOK {
+			t.Fatalf("without tools: %d %s", status, body)
+		}
+		withTools := d.mark()
 		status, body := chat(t, d.toolsModel, tools)
 		if status != http.StatusOK {
 			t.Fatalf("%d %s", status, body)
 		}
-		d.checkToolsReached(t, body)
+		d.checkToolsReached(t, without, withTools, body)
 	})
 	t.Run("tools are refused for a model without", func(t *testing.T) {
 		for _, m := range []string{d.plainModel, d.embedModel} {
@@ -185,6 +190,7 @@ func runDiscoveryEndToEnd(t *testing.T, d *discoveredServer) {
 		}
 	})
 	t.Run("embeddings reach the embedding model", func(t *testing.T) {
+		mark := d.mark()
 		status, body := postTo(t, c, base+"/v1/embeddings", fmt.Sprintf(`{"model":%q,"input":["a","b"]}`, d.embedModel))
 		var got struct {
 			Data []struct {
@@ -194,12 +200,13 @@ func runDiscoveryEndToEnd(t *testing.T, d *discoveredServer) {
 		if status != http.StatusOK || json.Unmarshal(body, &got) != nil || len(got.Data) != 2 || len(got.Data[0].Embedding) == 0 {
 			t.Fatalf("/v1/embeddings: %d %s", status, body)
 		}
-		d.checkEmbedReached(t)
+		d.checkEmbedReached(t, mark)
+		mark = d.mark()
 		status, body = postTo(t, c, base+"/api/embed", fmt.Sprintf(`{"model":%q,"input":"a"}`, d.embedModel))
 		if status != http.StatusOK || !strings.Contains(string(body), `"embeddings":[[`) {
 			t.Fatalf("/api/embed: %d %s", status, body)
 		}
-		d.checkEmbedReached(t)
+		d.checkEmbedReached(t, mark)
 		if status, body := postTo(t, c, base+"/v1/embeddings", fmt.Sprintf(`{"model":%q,"input":"a"}`, d.toolsModel)); status != http.StatusBadRequest {
 			t.Fatalf("embeddings of a model without: %d %s", status, body)
 		}
