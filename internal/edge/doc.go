@@ -8,7 +8,10 @@
 //
 // A node opens one Connect stream (DESIGN.md "Edge ↔ node protocol"). Its
 // Hello is validated (non-empty node_id; at least one provider; provider ids
-// unique and non-empty; each provider at least one model; capacity and
+// unique and non-empty; each healthy provider at least one model — a
+// provider whose node discovers its models may come unhealthy with none
+// yet; no empty model name; model_capabilities entries named, at most one
+// per model; capacity and
 // long_capacity ≥ 0, capacity 0 meaning runtime_concurrency, else 1,
 // long_capacity 0 meaning capacity; a known execution path; an accepted
 // token when Config.Tokens is set, that the node id may present; and a
@@ -65,6 +68,26 @@
 // away (node killed or fenced, provider removed from a reconnect Hello,
 // circuit open) fails with scheduler.ErrProviderUnavailable, never with a
 // rejection (package scheduler, "Re-resolution").
+//
+// Capabilities are per served model: a model its node described
+// (Provider.model_capabilities, e.g. from Ollama's /api/show) has exactly
+// its own, any other its provider's; a provider's candidate is the first
+// target, in alias order, whose capabilities meet the needs. A chat or
+// completion request also needs NeedCompletion, which a model with its own
+// capabilities has only when they list it (an embedding model does not).
+//
+// # Provider updates
+//
+// A ProviderUpdate changes a provider's health, capacity and, with
+// models_set, its served models and what the node says of them
+// (capabilities, details): the served-name index, /v1/models, /api/tags and
+// /api/show follow at once. A change of health or served models
+// re-activates the node's resources in the scheduler, so queued requests
+// re-resolve (a waiter left with no live provider fails
+// ErrProviderUnavailable); an unhealthy provider is no candidate until an
+// update says it is healthy again. An invalid update (unknown provider,
+// negative capacity, an empty model name, a healthy provider with no model)
+// changes nothing.
 //
 // # Runs
 //

@@ -271,20 +271,28 @@ func (s *Service) drainConn(c *conn, reason string) {
 }
 
 // updateProvider applies a ProviderUpdate: a capacity change goes to the
-// scheduler at once; a health change re-activates the connection's
-// resources so queued requests re-resolve their candidates.
+// scheduler at once; a change of health or of the served models (models_set:
+// the registry's index of served names, the models' capabilities and
+// details) re-activates the connection's resources so queued requests
+// re-resolve their candidates (a waiter whose model is no longer served by
+// any live provider fails with scheduler.ErrProviderUnavailable).
 func (s *Service) updateProvider(c *conn, u *nodev1.ProviderUpdate) {
 	ch, ok := s.reg.update(c, u)
 	if !ok {
-		s.log.Warn("provider update ignored", "node", c.nodeID, "provider", u.GetProviderId(), "capacity", u.GetCapacity(), "long_capacity", u.GetLongCapacity())
+		s.log.Warn("provider update ignored", "node", c.nodeID, "provider", u.GetProviderId(), "healthy", u.GetHealthy(),
+			"capacity", u.GetCapacity(), "long_capacity", u.GetLongCapacity(), "models_set", u.GetModelsSet(), "models", len(u.GetModels()))
 		return
+	}
+	if ch.healthChanged || ch.modelsChanged {
+		s.log.Info("provider updated", "node", c.nodeID, "generation", c.gen, "provider", u.GetProviderId(),
+			"healthy", u.GetHealthy(), "models_changed", ch.modelsChanged)
 	}
 	if ch.capacityChanged {
 		if err := s.sched.SetCapacity(c.nodeID, u.GetProviderId(), ch.capacity, ch.longCapacity); err != nil {
 			s.log.Warn("capacity update failed", "node", c.nodeID, "provider", u.GetProviderId(), "err", err)
 		}
 	}
-	if ch.healthChanged {
+	if ch.healthChanged || ch.modelsChanged {
 		if err := s.sched.Activate(c.nodeID, c.gen, s.reg.specs(c), func() bool { return s.reg.isCurrent(c) }); err != nil {
 			s.log.Warn("re-activation failed", "node", c.nodeID, "err", err)
 		}

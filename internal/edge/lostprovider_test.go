@@ -16,12 +16,6 @@ func toolsProv(id string, capacity int32, model string) *nodev1.Provider {
 	return p
 }
 
-func toolsReq(model string) Request {
-	r := chatReq(model)
-	r.Needs = []string{"tools"}
-	return r
-}
-
 // unavailable fails the test unless err is ErrProviderUnavailable, and not
 // a rejection (HTTP 503, not 400).
 func unavailable(t *testing.T, what string, err error) {

@@ -71,14 +71,14 @@ func TestCatalogPrefersAliasOrder(t *testing.T) {
 	}
 	reg.add(c)
 	cat := newCatalog(map[string]ModelConfig{"m": {Targets: []string{"big", "small"}}}, reg)
-	cands, err := cat.resolve("m")
+	cands, _, err := cat.resolve("m", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(cands) != 2 || cands[0].ProviderID != "both" || cands[0].Target != "big" || cands[1].ProviderID != "small-only" || cands[1].Target != "small" {
 		t.Fatalf("candidates %+v", cands)
 	}
-	if _, err := cat.resolve("nothing"); !errors.Is(err, scheduler.ErrUnknownModel) {
+	if _, _, err := cat.resolve("nothing", nil); !errors.Is(err, scheduler.ErrUnknownModel) {
 		t.Fatalf("resolve(unknown) = %v, want ErrUnknownModel", err)
 	}
 }

@@ -351,7 +351,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		Group:                req.Model,
 		Long:                 req.Long,
 		EstimatedInputTokens: req.EstimatedInputTokens,
-		Resolve:              s.resolver(req.Model, req.Needs, tried),
+		Resolve:              s.resolver(req.Model, needsOf(req), tried),
 		Prefer:               scheduler.ProviderRef{NodeID: req.PreferNodeID, ProviderID: req.PreferProviderID},
 		OnQueued:             func() { s.emitQueued(req.Model) },
 	})
@@ -450,33 +450,39 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 	return r, cand, nil
 }
 
+// needsOf returns the capabilities req needs of the served model: its
+// Needs, and NeedCompletion for a chat or completion request.
+func needsOf(req Request) []string {
+	switch req.Operation {
+	case nodev1.Operation_OPERATION_CHAT, nodev1.Operation_OPERATION_COMPLETION:
+		if !slices.Contains(req.Needs, NeedCompletion) {
+			return append(slices.Clip(req.Needs), NeedCompletion)
+		}
+	}
+	return req.Needs
+}
+
 // resolver returns the request-local resolver the scheduler calls under its
-// lock: the catalog's candidates for model that have every capability in
-// needs, that no earlier attempt of the request went to (tried) and whose
-// provider is in rotation (its circuit breaker closed, or half-open with no
-// trial in flight). When candidates exist but none has the needs, the
-// answer is scheduler.ErrProviderUnavailable if a provider the edge knows
-// could meet them (catalog.couldMeet: unhealthy, out of rotation, tried, or
-// of a node gone less than ForgetAfter ago), else
+// lock: the catalog's candidates for model whose target has every
+// capability in needs, that no earlier attempt of the request went to
+// (tried) and whose provider is in rotation (its circuit breaker closed, or
+// half-open with no trial in flight). When candidates exist but none has
+// the needs, the answer is scheduler.ErrProviderUnavailable if a provider
+// the edge knows could meet them (catalog.couldMeet: unhealthy, out of
+// rotation, tried, or of a node gone less than ForgetAfter ago), else
 // scheduler.ErrCandidatesRejected: only a request no live or configured
 // provider can meet is a bad request.
 func (s *Service) resolver(model string, needs []string, tried []triedCandidate) func() ([]scheduler.Candidate, error) {
 	return func() ([]scheduler.Candidate, error) {
-		cands, err := s.cat.resolve(model)
+		cands, missing, err := s.cat.resolve(model, needs)
 		if err != nil {
 			return nil, err
 		}
 		out := make([]scheduler.Candidate, 0, len(cands))
-		missing, excluded, open := "", false, false
+		excluded, open := false, false
 		for _, c := range cands {
 			if slices.ContainsFunc(tried, func(t triedCandidate) bool { return t.excludes(c.Candidate) }) {
 				excluded = true
-				continue
-			}
-			if m := c.prov.lacks(needs); m != "" {
-				if missing == "" {
-					missing = m
-				}
 				continue
 			}
 			if !s.breakers.inRotation(providerKey{c.NodeID, c.ProviderID}) {
@@ -492,6 +498,9 @@ func (s *Service) resolver(model string, needs []string, tried []triedCandidate)
 			return nil, fmt.Errorf("%w %q: every provider that could serve it is out of rotation (circuit open)", scheduler.ErrNoProvider, model)
 		case missing == "" && excluded:
 			return nil, fmt.Errorf("%w %q but the ones that failed", scheduler.ErrNoProvider, model)
+		case s.cat.couldMeet(model, needs):
+			return nil, fmt.Errorf("%w: no provider for model %q with capability %q is available now (unhealthy, out of rotation or its node gone)",
+				scheduler.ErrProviderUnavailable, model, missing)
 		case s.cat.couldMeet(model, needs):
 			return nil, fmt.Errorf("%w: no provider for model %q with capability %q is available now (unhealthy, out of rotation or its node gone)",
 				scheduler.ErrProviderUnavailable, model, missing)
@@ -567,9 +576,20 @@ type ModelInfo struct {
 // ModelProvider is one provider of a model, with its scheduler counters.
 type ModelProvider struct {
 	NodeID, ProviderID, Type string
-	Capabilities             []string
-	Healthy                  bool
-	Capacity, InFlight       int
+	// Capabilities are those of Target on this provider: the model's own
+	// when its node described it (e.g. from Ollama's /api/show), else the
+	// provider's with NeedCompletion added (such a model is taken to
+	// generate text). Sorted.
+	Capabilities       []string
+	Healthy            bool
+	Capacity, InFlight int
+	// Target is the served model name the provider serves the model as:
+	// the first target, in alias order, it serves.
+	Target string
+	// Details are what the provider's model server says of Target (size,
+	// digest, family, ...), nil when its node said nothing. Not to be
+	// modified.
+	Details *nodev1.ModelDetails
 }
 
 // ModelInfo describes the model a client calls name, resolved as Dispatch
@@ -584,11 +604,16 @@ func (s *Service) ModelInfo(name string) (ModelInfo, bool) {
 		return ModelInfo{}, false
 	}
 	for _, p := range s.Snapshot().Providers {
-		if p.Status != "available" || !slices.ContainsFunc(info.Targets, func(t string) bool { return slices.Contains(p.Models, t) }) {
+		if p.Status != "available" {
 			continue
 		}
-		info.Providers = append(info.Providers, ModelProvider{NodeID: p.NodeID, ProviderID: p.ProviderID, Type: p.Type,
-			Capabilities: p.Capabilities, Healthy: p.Healthy, Capacity: p.Capacity, InFlight: p.InFlight})
+		mp, ok := s.reg.describe(p.NodeID, p.Generation, p.ProviderID, info.Targets)
+		if !ok {
+			continue
+		}
+		mp.NodeID, mp.ProviderID, mp.Type = p.NodeID, p.ProviderID, p.Type
+		mp.Healthy, mp.Capacity, mp.InFlight = p.Healthy, p.Capacity, p.InFlight
+		info.Providers = append(info.Providers, mp)
 	}
 	return info, true
 }

@@ -48,7 +48,7 @@ type Agent struct {
 	clock     clock.Clock                           // heartbeats, liveness, hello timeout, backoff
 	jitter    func(max time.Duration) time.Duration // full jitter: uniform in [0, max]
 	providers map[string]*provider                  // by provider id; never written after New
-	hello     *nodev1.Hello                         // sent on every connection; never written after New
+	order     []*provider                           // the providers in config order; never written after New
 	creds     credentials.TransportCredentials      // plaintext or TLS to the edge; never written after New
 	ready     chan struct{}                         // closed at the first Welcome
 	readyOnce sync.Once
@@ -59,10 +59,19 @@ type Agent struct {
 	drainOnce   sync.Once
 	drainReason string
 
+	// afterRound, when set (tests only, before Run), is called at the end of
+	// every discovery round, on its goroutine, with whether the round
+	// changed the provider's advert.
+	afterRound func(providerID string, changed bool)
+
 	mu         sync.Mutex              // guards the fields below
 	genChanged chan struct{}           // closed and replaced whenever gen changes
 	stopRun    context.CancelCauseFunc // ends the active Run's context; nil outside Run
 	drainTimer clock.Timer             // the drain's grace period, once Drain was called
+
+	advMu      sync.Mutex             // guards the fields below
+	adverts    map[string]*advertised // by provider id: what the edge is told of each provider
+	advChanged chan struct{}          // closed and replaced at every change of an advert
 }
 
 // provider is one configured model server and its adapter.
@@ -70,6 +79,11 @@ type provider struct {
 	cfg     ProviderConfig
 	path    nodev1.ExecutionPath
 	adapter adapter.Adapter // an adapter.Normalizer or adapter.Tunneler, as path says
+	// lister reads what the server serves, for a provider that omits its
+	// models (nil otherwise). It and rounds belong to the provider's
+	// discovery goroutine (one round at a time).
+	lister *lister
+	rounds int // discovery rounds run
 }
 
 // Option changes how New builds an Agent.
@@ -119,6 +133,8 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 		ready:      make(chan struct{}),
 		genChanged: make(chan struct{}),
 		draining:   make(chan struct{}),
+		adverts:    make(map[string]*advertised, len(cfg.Providers)),
+		advChanged: make(chan struct{}),
 	}
 	for _, o := range opts {
 		o(a)
@@ -128,13 +144,6 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 		return nil, err
 	}
 	a.creds = creds
-	a.hello = &nodev1.Hello{
-		NodeId:             cfg.NodeID,
-		Label:              cfg.Label,
-		Token:              cfg.Token,
-		RuntimeConcurrency: int32(cfg.RuntimeConcurrency),
-		Version:            cfg.Version,
-	}
 	for _, pc := range cfg.Providers {
 		p, err := newProvider(pc)
 		if err != nil {
@@ -142,16 +151,13 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 			return nil, err
 		}
 		a.providers[pc.ID] = p
-		a.hello.Providers = append(a.hello.Providers, &nodev1.Provider{
-			Id:            pc.ID,
-			Type:          pc.Type,
-			Models:        pc.Models,
-			Capacity:      int32(pc.Capacity),
-			LongCapacity:  int32(pc.LongCapacity),
-			Capabilities:  pc.capabilities(),
-			ExecutionPath: p.path,
-			Healthy:       true,
-		})
+		a.order = append(a.order, p)
+		if p.lister != nil {
+			// Unknown until the first discovery round: unhealthy, no models.
+			a.adverts[pc.ID] = &advertised{advert: advert{models: []string{}}}
+		} else {
+			a.adverts[pc.ID] = &advertised{advert: configuredAdvert(pc)}
+		}
 	}
 	return a, nil
 }
@@ -165,6 +171,9 @@ func newProvider(pc ProviderConfig) (*provider, error) {
 		}
 	}
 	p := &provider{cfg: pc, path: pc.path()}
+	if pc.discovers() {
+		p.lister = newLister(pc, ac.APIKey)
+	}
 	var err error
 	if pc.Type == TypeCLI {
 		p.adapter, err = adapter.NewCLI(adapter.CLIConfig{
@@ -185,6 +194,9 @@ func newProvider(pc ProviderConfig) (*provider, error) {
 func (a *Agent) closeAdapters() {
 	for _, p := range a.providers {
 		p.adapter.Close()
+		if p.lister != nil {
+			p.lister.close()
+		}
 	}
 }
 
@@ -283,6 +295,11 @@ const stableSession = 10 * time.Second
 // is over (see Drain), after every run and goroutine it started has
 // finished; ErrAlreadyRunning if another Run is active; or an error if the
 // edge address cannot be used at all.
+//
+// Providers that omit their models are discovered first (one round each,
+// at once, see startDiscovery), then again every discovery interval while
+// Run runs; every connection says hello with what is known then and sends
+// a ProviderUpdate whenever a round changes it.
 func (a *Agent) Run(ctx context.Context) error {
 	if !a.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
@@ -301,6 +318,12 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.drainTimer.Stop()
 		}
 		a.mu.Unlock()
+	}()
+	dctx, stopDiscovery := context.WithCancel(ctx)
+	waitDiscovery := a.startDiscovery(dctx)
+	defer func() {
+		stopDiscovery()
+		waitDiscovery()
 	}()
 
 	var cc *grpc.ClientConn

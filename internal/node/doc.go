@@ -16,6 +16,24 @@
 // jitter, reset after a Welcome) and connects again, getting a new
 // generation.
 //
+// # Discovery
+//
+// A provider that omits its models (any type but cli) is discovered: Run
+// first reads, for every such provider at once, what its server serves
+// (Ollama: GET /api/tags, then POST /api/show per model not shown yet with
+// its digest, for capabilities, parent model and context length; an
+// OpenAI-compatible server: GET {base_url}/models), then reads it again
+// every discovery interval of the agent's clock. Its advert (health, served
+// models sorted, and per model its capabilities — "stream" and what the
+// server says in iop's words, or the configured capabilities, which
+// override the server's — and details) is what Hello says of it and, at
+// every change, what a ProviderUpdate (models_set, the whole list) carries:
+// a model pulled or removed, a server that stops answering its listing
+// (unhealthy, models kept) or answers again. A round that finds nothing new
+// sends nothing. A provider whose server did not answer yet is advertised
+// unhealthy with no models. A provider with configured models is
+// advertised healthy with exactly those, and its server is never read.
+//
 // A Dispatch for a known provider starts a run: the agent opens a Run
 // stream of its own for it (so HTTP/2 flow control applies to that run
 // alone and a slow reader backpressures only its own run), sends RunOpen,
@@ -43,12 +61,25 @@
 // # Concurrency
 //
 // Agent fields set in New (config, logger, clock, providers and their
-// adapters, the Hello) are never written again. Run owns the gRPC client
+// adapters and listers) are never written again. Run owns the gRPC client
 // connection and calls session once per connection, sequentially; at most
 // one Run is active per Agent. Agent.gen is an atomic written only by the
 // session goroutine; Agent.mu guards genChanged, the channel closed on each
 // generation change (tests wait on it). ready is closed once, at the first
 // Welcome.
+//
+// Discovery: Run starts one goroutine per discovered provider (after a
+// first round run by goroutines it waits for), the only one that runs that
+// provider's rounds and uses its lister; it sleeps on the agent's clock
+// between rounds and ends with Run (Run waits for it). Agent.advMu guards
+// the adverts (replaced, never modified: a published advert's slices and
+// messages are shared read-only with the Hellos and updates built from
+// them) and advChanged, closed and replaced at every change. Each session
+// goroutine builds its Hello from a snapshot (advert versions and the
+// channel of that instant), and on each close of the channel queues a
+// ProviderUpdate for every advert whose version moved since it last sent,
+// so no change between the snapshot and the loop is missed and none is
+// sent twice on one connection.
 //
 // Each connection (conn) has:
 //   - the session goroutine (the one that called session): it alone arms
@@ -61,8 +92,9 @@
 //   - a reader goroutine, the only caller of the Connect stream's Recv,
 //     handing messages to the session goroutine over an unbuffered channel;
 //   - a writer goroutine, the only caller of the Connect stream's Send after
-//     Hello, draining conn.out (heartbeats, DispatchRefused, Drain); at the
-//     end of a drain it sends what is queued and half-closes the stream;
+//     Hello, draining conn.out (heartbeats, DispatchRefused, ProviderUpdate,
+//     Drain); at the end of a drain it sends what is queued and half-closes
+//     the stream;
 //   - one goroutine per run, plus one reader per run (the only caller of
 //     that Run stream's Recv). The run goroutine is the only sender on its
 //     Run stream: the adapter's sink calls and the terminal frame all happen

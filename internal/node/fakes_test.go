@@ -288,6 +288,13 @@ func (h *logRecorder) find(level slog.Level, attrSubstr string) bool {
 // (every wait is its ceiling), and runs it until the test ends.
 func startAgent(t *testing.T, cfg Config, clk clock.Clock, logs slog.Handler) *Agent {
 	t.Helper()
+	return startAgentWith(t, cfg, clk, logs, nil)
+}
+
+// startAgentWith is startAgent that lets setup change the agent before it
+// runs.
+func startAgentWith(t *testing.T, cfg Config, clk clock.Clock, logs slog.Handler, setup func(*Agent)) *Agent {
+	t.Helper()
 	if logs == nil {
 		logs = slog.DiscardHandler
 	}
@@ -296,6 +303,9 @@ func startAgent(t *testing.T, cfg Config, clk clock.Clock, logs slog.Handler) *A
 		t.Fatal(err)
 	}
 	a.jitter = func(d time.Duration) time.Duration { return d }
+	if setup != nil {
+		setup(a)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()

@@ -16,7 +16,7 @@ import (
 const flushTimeout = 2 * time.Second
 
 // outQueue is the capacity of a connection's queue of control messages to
-// the edge (heartbeats, dispatch refusals).
+// the edge (heartbeats, dispatch refusals, provider updates).
 const outQueue = 64
 
 // conn is one Connect stream, from Hello until it ends. Its context is the
@@ -58,7 +58,10 @@ func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (w
 	if err != nil {
 		return false, fmt.Errorf("%w: %w", ErrConnectionLost, err)
 	}
-	if err := stream.Send(&nodev1.NodeMessage{Msg: &nodev1.NodeMessage_Hello{Hello: a.hello}}); err != nil {
+	// The Hello says what is advertised now; later changes of an advert go
+	// as ProviderUpdates (sent holds the versions the edge knows).
+	hello, sent, advChanged := a.helloNow()
+	if err := stream.Send(&nodev1.NodeMessage{Msg: &nodev1.NodeMessage_Hello{Hello: hello}}); err != nil {
 		_, err = stream.Recv() // the stream's real status
 		return false, fmt.Errorf("%w: send hello: %w", ErrConnectionLost, err)
 	}
@@ -198,6 +201,17 @@ func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (w
 		case m := <-msgs:
 			lastHeard = a.clock.Now()
 			c.handle(m)
+		case <-advChanged:
+			var updates []*nodev1.ProviderUpdate
+			updates, advChanged = a.updatesSince(sent)
+			for _, u := range updates {
+				m := &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_ProviderUpdate{ProviderUpdate: u}}
+				select {
+				case c.out <- m:
+				case <-cctx.Done():
+					return true, context.Cause(cctx)
+				}
+			}
 		case <-ticks:
 			now := a.clock.Now()
 			if now.Sub(lastHeard) >= missedHeartbeats*interval {
