@@ -157,6 +157,9 @@ func TestRealOllama_Dev(t *testing.T) {
 	// Ollama must end that request too.
 	abortEnded := func(t *testing.T, mark int) {
 		t.Helper()
+		if t.Skipped() {
+			return // the script did not run (its packages are missing)
+		}
 		runner := "runner.name=registry.ollama.ai/library/tiny-abort:latest "
 		waitReal(t, "Ollama to log that tiny-abort's runner went idle", func() bool {
 			for _, line := range strings.Split(s.LogSince(mark), "\n") {
