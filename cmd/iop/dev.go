@@ -2,12 +2,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -26,6 +25,9 @@ type devConfig struct {
 	NodeListen string `yaml:"node_listen"` // node endpoint address; default an ephemeral loopback port
 	ForceSim   bool   `yaml:"sim"`         // use the simulator even if a local Ollama answers
 	OllamaURL  string `yaml:"ollama_url"`  // where to look for a local Ollama; "" = never
+	// DiscoveryInterval is how often the node reads the local Ollama's
+	// models and health again; 0 means the node's default (30s).
+	DiscoveryInterval time.Duration `yaml:"discovery_interval"`
 	// The simulated providers: capacity each, token rate (tokens/s) and
 	// time to first token.
 	SimCapacity        int           `yaml:"sim_capacity"`
@@ -159,8 +161,9 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 
 	var providers []node.ProviderConfig
 	var ollamaModels []string
+	ollama := node.ProviderConfig{ID: "ollama", Type: node.TypeOllama, BaseURL: cfg.OllamaURL, Capacity: 1}
 	if !cfg.ForceSim && cfg.OllamaURL != "" {
-		ollamaModels = probeOllama(ctx, cfg.OllamaURL)
+		ollamaModels = probeOllama(ctx, ollama)
 	}
 	edgeCfg := edge.DefaultConfig()
 	edgeCfg.Listen, edgeCfg.NodeListen = cfg.Listen, cfg.NodeListen
@@ -179,7 +182,10 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 		d.APIKey = cfg.APIKey
 	}
 	if len(ollamaModels) > 0 {
-		providers = append(providers, node.ProviderConfig{ID: "ollama", Type: node.TypeOllama, BaseURL: cfg.OllamaURL, Models: ollamaModels, Capacity: 1})
+		// No models: the node discovers them, with their capabilities, and
+		// follows the ones pulled or removed while it runs (the alias keeps
+		// the ones found now).
+		providers = append(providers, ollama)
 		edgeCfg.Models = map[string]edge.ModelConfig{devAlias: {Targets: ollamaModels}}
 		d.Models = ollamaModels
 		d.Model, d.Summary = devAlias, fmt.Sprintf("local Ollama at %s (%d models; alias %q → %s)", cfg.OllamaURL, len(ollamaModels), devAlias, ollamaModels[0])
@@ -222,15 +228,20 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 	}
 
 	// The in-process node outlives ctx until the edge has drained its
-	// requests, then stops before the edge's node endpoint does.
+	// requests (they need it), then drains as `iop node` does (it tells
+	// the edge, and the runs still going, background ones the edge is
+	// ending, may finish up to its drain timeout) before the edge's node
+	// endpoint stops.
 	agentCtx, stopAgent := context.WithCancel(context.Background())
 	agentDone := make(chan error, 1)
 	agentStarted := make(chan struct{})
-	var agentErr error // set by afterDrain, read after the edge stopped
+	var agent *node.Agent // set before agentStarted is closed
+	var agentErr error    // set by afterDrain, read after the edge stopped
 	afterDrain := func() {
-		stopAgent()
+		defer stopAgent()
 		select {
 		case <-agentStarted:
+			agent.Drain("iop dev stopping")
 			agentErr = <-agentDone
 		default:
 		}
@@ -242,12 +253,13 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 	}
 	d.Edge = e
 	stopEdge := func() { cancel(); e.Wait() }
-	agent, err := node.New(node.Config{
-		NodeID:    "dev",
-		Label:     "iop dev in-process node",
-		Version:   version,
-		Edge:      e.NodeAddr,
-		Providers: providers,
+	agent, err = node.New(node.Config{
+		NodeID:            "dev",
+		Label:             "iop dev in-process node",
+		Version:           version,
+		Edge:              e.NodeAddr,
+		Providers:         providers,
+		DiscoveryInterval: cfg.DiscoveryInterval,
 	}, logger)
 	if err != nil {
 		stopEdge()
@@ -281,36 +293,28 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 // Wait blocks until the stack has stopped.
 func (d *devStack) Wait() error { return <-d.done }
 
-// probeOllama returns the models of the Ollama at baseURL, or nil if none
-// answers within a second.
-func probeOllama(ctx context.Context, baseURL string) []string {
-	ctx, cancel := context.WithTimeout(ctx, time.Second)
+// probeTimeout bounds the look for a local Ollama (its model list and what
+// it says of each model).
+const probeTimeout = 5 * time.Second
+
+// probeOllama returns the models of the Ollama of pc (read as its node
+// discovers them), those that generate text first (the alias's first
+// target answers chat), each group by name; nil if none answers within
+// probeTimeout.
+func probeOllama(ctx context.Context, pc node.ProviderConfig) []string {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, baseURL+"/api/tags", nil)
+	models, err := node.Discover(ctx, pc)
 	if err != nil {
 		return nil
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil
-	}
-	var tags struct {
-		Models []struct {
-			Name string `json:"name"`
-		} `json:"models"`
-	}
-	if json.NewDecoder(resp.Body).Decode(&tags) != nil {
-		return nil
-	}
-	var names []string
-	for _, m := range tags.Models {
-		if m.Name != "" {
-			names = append(names, m.Name)
+	var text, other []string
+	for _, m := range models {
+		if m.Capabilities == nil || slices.Contains(m.Capabilities, "completion") {
+			text = append(text, m.Name)
+		} else {
+			other = append(other, m.Name)
 		}
 	}
-	return names
+	return append(text, other...)
 }

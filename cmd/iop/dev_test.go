@@ -4,7 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"slices"
+	"strings"
 	"testing"
+
+	"iop/internal/sim"
 )
 
 // TestDevDemoAnswersEmbeddings: the simulated providers of `iop dev`
@@ -36,4 +40,62 @@ func TestDevDemoAnswersEmbeddings(t *testing.T) {
 			t.Fatalf("%s: %d %s", model, status, body)
 		}
 	}
+}
+
+// TestRegression_DevOllamaAdmitsToolsAndEmbeddings: with a local Ollama,
+// iop dev advertised only "stream" for its provider, so a chat request with
+// tools was refused 400 ("no provider for model demo has capability
+// tools") and embeddings too. Now the node discovers each model's
+// capabilities from /api/show: the alias demo sends a tools request to the
+// tools model and an embeddings request to the embedding model; a model
+// pulled while iop dev runs is listed without a restart.
+func TestRegression_DevOllamaAdmitsToolsAndEmbeddings(t *testing.T) {
+	s, ollamaURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"nomic-embed-text:latest", "qwen3:latest"},
+		Capabilities: map[string][]string{"qwen3:latest": {"completion", "tools", "thinking"}, "nomic-embed-text:latest": {"embedding"}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	d, err := startDev(ctx, devConfig{Listen: "127.0.0.1:0", NodeListen: "127.0.0.1:0", OllamaURL: ollamaURL,
+		DiscoveryInterval: discoveryInterval, SimCapacity: 1}, quietLogger())
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	defer func() {
+		cancel()
+		if err := d.Wait(); err != nil {
+			t.Errorf("iop dev: %v", err)
+		}
+	}()
+	if len(d.Sims) != 0 || !slices.Equal(d.Models, []string{"qwen3:latest", "nomic-embed-text:latest"}) {
+		t.Fatalf("iop dev serves %v (sims %d), want the local Ollama's models, the chat one first", d.Models, len(d.Sims))
+	}
+	c := &http.Client{Transport: &http.Transport{}}
+	defer c.CloseIdleConnections()
+	base := "http://" + d.Edge.HTTPAddr
+	status, body := postTo(t, c, base+"/v1/chat/completions", `{"model":"demo","messages":[{"role":"user","content":"use get_weather"}],`+
+		`"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{}}}}]}`)
+	if status != http.StatusOK || !strings.Contains(string(body), `"tool_calls"`) {
+		t.Fatalf("tools request to demo: %d %s", status, body)
+	}
+	status, body = postTo(t, c, base+"/v1/embeddings", `{"model":"demo","input":"a"}`)
+	if status != http.StatusOK {
+		t.Fatalf("embeddings request to demo: %d %s", status, body)
+	}
+	if seen := s.Seen(); seen[len(seen)-1].Path != "/api/embed" || seen[len(seen)-1].Model != "nomic-embed-text:latest" {
+		t.Fatalf("the embeddings request reached %+v", seen[len(seen)-1])
+	}
+
+	s.AddModel("llama3.2:latest", "completion", "tools")
+	waitFor(t, "the pulled model is listed", func() bool {
+		var models struct {
+			Data []struct {
+				ID string `json:"id"`
+			} `json:"data"`
+		}
+		getJSON(t, d.Edge, "/v1/models", &models)
+		return slices.ContainsFunc(models.Data, func(m struct {
+			ID string `json:"id"`
+		}) bool {
+			return m.ID == "llama3.2:latest"
+		})
+	})
 }

@@ -354,15 +354,17 @@ func (r apiRun) Recv() (*nodev1.RunUp, error) {
 	return m, err
 }
 
-// apiError wraps err with the API sentinel for its outcome; errors without
-// one (context errors, invalid requests) pass through.
+// apiError wraps err with the API sentinel for its outcome (the first
+// that matches: a lost provider is unavailable even if a rejection is in
+// the chain); errors without one (context errors, invalid requests) pass
+// through.
 func apiError(err error) error {
 	for _, m := range []struct{ from, to error }{
 		{scheduler.ErrUnknownModel, api.ErrUnknownModel},
+		{scheduler.ErrProviderUnavailable, api.ErrProviderUnavailable},
 		{scheduler.ErrCandidatesRejected, api.ErrCandidatesRejected},
 		{scheduler.ErrQueueFull, api.ErrQueueFull},
 		{scheduler.ErrQueueTimeout, api.ErrQueueTimeout},
-		{scheduler.ErrProviderUnavailable, api.ErrProviderUnavailable},
 		{scheduler.ErrNoProvider, api.ErrNoProvider},
 		{edge.ErrDispatchTimeout, api.ErrDispatchTimeout},
 		{edge.ErrDispatchRefused, api.ErrDispatchRefused},

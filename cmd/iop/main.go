@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"golang.org/x/sys/unix"
 	"gopkg.in/yaml.v3"
 )
 
@@ -71,6 +72,47 @@ func signalContext(parent context.Context) (context.Context, context.CancelFunc)
 	ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
 	context.AfterFunc(ctx, stop)
 	return ctx, stop
+}
+
+// drainSignals returns a context for a process that drains before it
+// stops: at the first SIGINT or SIGTERM it calls drain (with the signal's
+// name, e.g. "SIGTERM"), at the second it cancels the context; then the
+// default handling is restored, so a third stops the process as the
+// system does. The context also ends with parent, or stop.
+func drainSignals(parent context.Context, drain func(signal string)) (ctx context.Context, stop context.CancelFunc) {
+	if parent == nil {
+		parent = context.Background()
+	}
+	ctx, stop = context.WithCancel(parent)
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		defer signal.Stop(sigs)
+		for first := true; ; first = false {
+			select {
+			case s := <-sigs:
+				if first {
+					drain(signalName(s))
+					continue
+				}
+				stop()
+				return
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return ctx, stop
+}
+
+// signalName is "SIGTERM" for syscall.SIGTERM and so on.
+func signalName(s os.Signal) string {
+	if n, ok := s.(syscall.Signal); ok {
+		if name := unix.SignalName(n); name != "" {
+			return name
+		}
+	}
+	return s.String()
 }
 
 // setUp makes the command's logger at level and loads its config file (if

@@ -23,13 +23,22 @@ func newNodeCommand(logLevel *string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext(cmd.Context())
+			// The first SIGTERM or SIGINT drains the node (its runs in
+			// flight may finish, up to --drain-timeout); the second aborts
+			// them and stops at once.
+			ctx, stop := drainSignals(cmd.Context(), func(signal string) {
+				logger.Info("node stopping: draining; a second signal stops it at once", "signal", signal, "drain_timeout", cfg.DrainTimeout)
+				agent.Drain(signal)
+			})
 			defer stop()
 			if err := servePprof(ctx, pprofListen); err != nil {
 				return err
 			}
 			logger.Info("node starting", "node_id", cfg.NodeID, "edge", cfg.Edge, "providers", len(cfg.Providers))
 			err = agent.Run(ctx)
+			if ctx.Err() != nil && cmd.Context().Err() == nil {
+				logger.Warn("second signal: the runs still in flight were aborted", "node_id", cfg.NodeID)
+			}
 			logger.Info("node stopped", "node_id", cfg.NodeID, "err", err)
 			return err
 		},
@@ -46,6 +55,7 @@ func newNodeCommand(logLevel *string) *cobra.Command {
 	fl.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM client certificate for mutual TLS")
 	fl.StringVar(&cfg.TLSKey, "tls-key", "", "PEM key of --tls-cert")
 	fl.IntVar(&cfg.RuntimeConcurrency, "runtime-concurrency", 0, "default provider capacity")
+	fl.DurationVar(&cfg.DrainTimeout, "drain-timeout", node.DefaultDrainTimeout, "on SIGTERM or SIGINT, how long the runs in flight may take to finish before they are aborted (a second signal aborts them at once)")
 	fl.StringVar(&pprofListen, "pprof-listen", "", "serve Go's profiler (/debug/pprof/) on this address (keep it on loopback)")
 	return cmd
 }

@@ -19,6 +19,9 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/packages/ssestream"
 
+	"iop/internal/edge"
+	"iop/internal/node"
+	"iop/internal/sim"
 	"iop/internal/testenv"
 )
 
@@ -132,4 +135,79 @@ func TestDashboardInBrowser(t *testing.T) {
 		s.Close()
 	}
 	waitFor("0 in flight", textIs(ollama, "0 / 4"))
+	waitFor("a provider in rotation shown available", textIs(`[data-provider="dev/sim-ollama"] .state`, "healthy · available"))
+
+	// A provider whose circuit opened (its model server answers 500) is
+	// not shown available; the page reads the admin API again within 10 s.
+	_, flakyURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"flaky-m"}, Faults: sim.Faults{ErrorRate: 1}})
+	nodeCtx, stopNodes := context.WithCancel(context.Background())
+	defer stopNodes()
+	startNode(t, nodeCtx, node.Config{NodeID: "flaky", Edge: d.Edge.NodeAddr,
+		Providers: []node.ProviderConfig{{ID: "broken", Type: node.TypeOllama, BaseURL: flakyURL, Models: []string{"flaky-m"}}}})
+	for i := 0; i < edge.DefaultBreakerFailures; i++ {
+		client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "flaky-m",
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("x")}})
+	}
+	if p, _ := providerSnapshot(d.Edge.Service.Snapshot(), "flaky", "broken"); p.Circuit != edge.CircuitOpen {
+		t.Fatalf("circuit %q after %d failures, want open", p.Circuit, edge.DefaultBreakerFailures)
+	}
+	const broken = `[data-provider="flaky/broken"]`
+	waitFor("the open circuit", fmt.Sprintf(`(document.querySelector(%q) || {textContent: ""}).textContent.startsWith("circuit")`, broken+" .state"))
+	waitFor("the open circuit marked", fmt.Sprintf(`document.querySelector(%q) !== null`, broken+".out"))
+
+	// A node that drains: its provider and its row say so, live.
+	_, slowURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"slow-m"}, TokensPerSecond: 20, DefaultMaxTokens: 100_000})
+	leaving, err := node.New(node.Config{NodeID: "leaving", Edge: d.Edge.NodeAddr,
+		Providers: []node.ProviderConfig{{ID: "p", Type: node.TypeOllama, BaseURL: slowURL, Models: []string{"slow-m"}}}}, quietLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	leavingDone := make(chan error, 1)
+	go func() { leavingDone <- leaving.Run(nodeCtx) }()
+	<-leaving.Ready()
+	held := client.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{Model: "slow-m",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hold")}})
+	if !held.Next() {
+		t.Fatalf("stream on the leaving node: %v", held.Err())
+	}
+	leaving.Drain("test")
+	waitFor("the draining provider", textIs(`[data-provider="leaving/p"] .state`, "draining · no new requests"))
+	waitFor("the draining node", `document.querySelector('tr.draining[data-node="leaving"]') !== null`)
+	held.Close()
+	if err := <-leavingDone; err != nil {
+		t.Fatalf("leaving node: %v", err)
+	}
+
+	// An orphan (its node gone) as the admin API lists it, rendered by the
+	// page. (The edge forgets an orphan with nothing in flight at once, so
+	// the page may never see one of its own.)
+	orphan, err := chromedp.Run(page, chromedp.Evaluate[string](`(() => {
+		state.providers.set("gone/p", {node_id: "gone", provider_id: "p", type: "ollama", capacity: 2, in_flight: 0, long_capacity: 2,
+			long_in_flight: 0, queued: 0, load_ratio: 0, health: "unhealthy", models: ["m"], capabilities: [], status: "orphan", circuit: "closed"});
+		render();
+		return document.querySelector('[data-provider="gone/p"] .state').textContent;
+	})()`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if orphan != "orphan · node gone" {
+		t.Errorf("an orphan is shown %q", orphan)
+	}
+	png, err = chromedp.Run(page, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(artifactDir(t), "dashboard-states.png"), png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// providerSnapshot is node's provider id in s.
+func providerSnapshot(s edge.Snapshot, node, id string) (edge.ProviderSnapshot, bool) {
+	for _, p := range s.Providers {
+		if p.NodeID == node && p.ProviderID == id {
+			return p, true
+		}
+	}
+	return edge.ProviderSnapshot{}, false
 }

@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"log/slog"
 	"sync"
 	"time"
 
@@ -44,13 +45,16 @@ type providerKey struct{ node, provider string }
 //
 // State is kept per node id and provider id across the node's
 // generations: a node that reconnects does not make a broken model server
-// work. Circuits of nodes that never come back stay, a few bytes each.
+// work. The circuits of a node gone longer than ForgetAfter are forgotten
+// with it (forgetNode), so nodes that come and go leave none behind.
 type breakers struct {
 	cfg   BreakerConfig // Failures < 0: every method admits everything
 	clock scheduler.Clock
+	log   *slog.Logger // a circuit that closes is logged here (one that opens, by Service.circuitOpened)
 
 	mu       sync.Mutex // guards the fields below; a leaf lock
 	circuits map[providerKey]*circuit
+	byNode   map[string][]providerKey // the keys of circuits, by node id
 }
 
 type circuit struct {
@@ -61,8 +65,18 @@ type circuit struct {
 	trial     bool // a half-open trial is in flight
 }
 
-func newBreakers(cfg BreakerConfig, clk scheduler.Clock) *breakers {
-	return &breakers{cfg: cfg, clock: clk, circuits: make(map[providerKey]*circuit)}
+func newBreakers(cfg BreakerConfig, clk scheduler.Clock, log *slog.Logger) *breakers {
+	return &breakers{cfg: cfg, clock: clk, log: log, circuits: make(map[providerKey]*circuit), byNode: make(map[string][]providerKey)}
+}
+
+// forgetNode drops every circuit of node (gone longer than ForgetAfter).
+func (b *breakers) forgetNode(node string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, k := range b.byNode[node] {
+		delete(b.circuits, k)
+	}
+	delete(b.byNode, node)
 }
 
 func (b *breakers) disabled() bool { return b.cfg.Failures < 0 }
@@ -146,18 +160,25 @@ func (b *breakers) acquire(k providerKey) (*ticket, bool) {
 }
 
 // done records the attempt's outcome; it reports whether this opened the
-// circuit. Only the first call counts.
+// circuit. Only the first call counts. A successful trial closes the
+// circuit, which is logged (info, with node and provider).
 func (t *ticket) done(o outcome) (opened bool) {
 	if t == nil {
 		return false
 	}
-	t.once.Do(func() { opened = t.b.record(t, o) })
+	closed := false
+	t.once.Do(func() { opened, closed = t.b.record(t, o) })
+	if closed {
+		t.b.log.Info("provider back in rotation: circuit closed", "node", t.key.node, "provider", t.key.provider)
+	}
 	return opened
 }
 
-func (b *breakers) record(t *ticket, o outcome) (opened bool) {
+// record applies an attempt's outcome to its circuit and reports whether
+// that opened or closed it.
+func (b *breakers) record(t *ticket, o outcome) (opened, closed bool) {
 	if b.disabled() {
-		return false
+		return false, false
 	}
 	now := b.clock.Now()
 	b.mu.Lock()
@@ -165,27 +186,29 @@ func (b *breakers) record(t *ticket, o outcome) (opened bool) {
 	c := b.circuits[t.key]
 	if c == nil {
 		if o != outcomeFailed {
-			return false
+			return false, false
 		}
 		c = &circuit{coolDown: b.cfg.CoolDown}
 		b.circuits[t.key] = c
+		b.byNode[t.key.node] = append(b.byNode[t.key.node], t.key)
 	}
 	if t.trial {
 		c.trial = false
 		switch o {
 		case outcomeOK:
 			*c = circuit{coolDown: b.cfg.CoolDown}
+			return false, true
 		case outcomeFailed:
 			c.coolDown = min(2*c.coolDown, b.cfg.MaxCoolDown)
 			c.openUntil = now.Add(c.coolDown)
-			return true
+			return true, false
 		}
-		return false
+		return false, false
 	}
 	if c.open {
 		// An attempt admitted before the circuit opened: its outcome is
 		// older news than the trial's.
-		return false
+		return false, false
 	}
 	switch o {
 	case outcomeOK:
@@ -195,8 +218,8 @@ func (b *breakers) record(t *ticket, o outcome) (opened bool) {
 		if c.failures >= b.cfg.Failures {
 			c.open, c.failures = true, 0
 			c.openUntil = now.Add(c.coolDown)
-			return true
+			return true, false
 		}
 	}
-	return false
+	return false, false
 }

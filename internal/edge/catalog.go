@@ -42,27 +42,39 @@ func (c *catalog) setAliases(models map[string]ModelConfig) {
 }
 
 // resolve returns one candidate per healthy provider of a current node
-// connection that serves model's targets (the first target, in alias order,
-// the provider serves), ordered by node then provider. It returns an error
-// wrapping scheduler.ErrUnknownModel when model is neither an alias nor a
-// served name ever advertised, and scheduler.ErrNoProvider when no live
-// healthy provider serves it. It takes the registry's read lock, so it may
-// run under the scheduler's lock.
-func (c *catalog) resolve(model string) ([]candidate, error) {
-	targets, alias := (*c.aliases.Load())[model]
-	if !alias {
-		targets = []string{model}
-	}
+// connection, not draining, that serves one of model's targets with every
+// capability of needs: the first such target, in alias order, the provider
+// serves (capabilities are per served model: a provider may serve one
+// target with tools and another without). Candidates are ordered by node
+// then provider. missing is the capability that the first provider left
+// out for lacking it (in target order) lacked first, "" when none was left
+// out. It returns an error wrapping scheduler.ErrUnknownModel when model is
+// neither an alias nor a known served name (served now, or less than
+// ForgetAfter ago), and scheduler.ErrNoProvider when no live healthy
+// provider of a node that is not draining serves it (whatever its
+// capabilities). It takes the registry's read lock, so it may run under
+// the scheduler's lock.
+func (c *catalog) resolve(model string, needs []string) (out []candidate, missing string, err error) {
+	targets, alias := c.targets(model)
 	c.reg.mu.RLock()
 	defer c.reg.mu.RUnlock()
-	if !alias && !c.reg.seen[model] {
-		return nil, fmt.Errorf("%w %q", scheduler.ErrUnknownModel, model)
+	if !alias && !c.reg.knownLocked(model) {
+		return nil, "", fmt.Errorf("%w %q", scheduler.ErrUnknownModel, model)
 	}
-	var out []candidate
+	type rejection struct {
+		p    *provider
+		need string
+	}
 	taken := make(map[*provider]bool)
+	var rejected []rejection // in the order met
 	for _, t := range targets {
 		for _, s := range c.reg.served[t] {
-			if taken[s.p] || !s.p.healthy {
+			if taken[s.p] || !s.p.healthy || s.c.draining {
+				continue
+			}
+			caps, own := s.p.capsOfLocked(t)
+			if m := lacks(s.p.path, caps, own, needs); m != "" {
+				rejected = append(rejected, rejection{s.p, m})
 				continue
 			}
 			taken[s.p] = true
@@ -72,8 +84,14 @@ func (c *catalog) resolve(model string) ([]candidate, error) {
 			})
 		}
 	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("%w %q: no live healthy provider serves it", scheduler.ErrNoProvider, model)
+	if len(out) == 0 && len(rejected) == 0 {
+		return nil, "", fmt.Errorf("%w %q: no live healthy provider serves it", scheduler.ErrNoProvider, model)
+	}
+	for _, r := range rejected {
+		if !taken[r.p] {
+			missing = r.need
+			break
+		}
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].NodeID != out[j].NodeID {
@@ -81,7 +99,39 @@ func (c *catalog) resolve(model string) ([]candidate, error) {
 		}
 		return out[i].ProviderID < out[j].ProviderID
 	})
-	return out, nil
+	return out, missing, nil
+}
+
+// targets returns the served names model resolves to: an alias's targets,
+// or model itself.
+func (c *catalog) targets(model string) (targets []string, alias bool) {
+	targets, alias = (*c.aliases.Load())[model]
+	if !alias {
+		targets = []string{model}
+	}
+	return targets, alias
+}
+
+// couldMeet reports whether some provider the edge knows has every
+// capability in needs and serves one of model's targets: a provider of a
+// current connection, healthy or not, in rotation or not, or of a gone
+// node's last connection (remembered for ForgetAfter; the node may come
+// back). A request the live candidates reject is then unavailable for now,
+// not one no provider can take. It takes the registry's read lock.
+func (c *catalog) couldMeet(model string, needs []string) bool {
+	targets, _ := c.targets(model)
+	c.reg.mu.RLock()
+	defer c.reg.mu.RUnlock()
+	for _, t := range targets {
+		for _, s := range c.reg.served[t] {
+			if s.p.meetsLocked(t, needs) {
+				return true
+			}
+		}
+	}
+	return c.reg.goneProvidersLocked(func(p *provider) bool {
+		return slices.ContainsFunc(targets, func(t string) bool { return p.serves(t) && p.meetsLocked(t, needs) })
+	})
 }
 
 // latestTag is the tag Ollama gives a model name without one (Ollama API
@@ -89,7 +139,7 @@ func (c *catalog) resolve(model string) ([]candidate, error) {
 const latestTag = ":latest"
 
 // name returns the catalog's name for the requested model: model itself
-// when it is an alias or a served name ever advertised; else, for an
+// when it is an alias or a known served name; else, for an
 // Ollama-style name, the same name with or without the ":latest" tag ("x"
 // and "x:latest" are one model) if that one is known; else model. Exact
 // names win, so an alias "x" and a served "x:latest" stay two models. It
@@ -107,10 +157,10 @@ func (c *catalog) name(model string) string {
 	}
 	c.reg.mu.RLock()
 	defer c.reg.mu.RUnlock()
-	if c.reg.seen[model] || alt == "" {
+	if c.reg.knownLocked(model) || alt == "" {
 		return model
 	}
-	if _, ok := aliases[alt]; ok || c.reg.seen[alt] {
+	if _, ok := aliases[alt]; ok || c.reg.knownLocked(alt) {
 		return alt
 	}
 	return model

@@ -8,7 +8,10 @@
 //
 // A node opens one Connect stream (DESIGN.md "Edge ↔ node protocol"). Its
 // Hello is validated (non-empty node_id; at least one provider; provider ids
-// unique and non-empty; each provider at least one model; capacity and
+// unique and non-empty; each healthy provider at least one model — a
+// provider whose node discovers its models may come unhealthy with none
+// yet; no empty model name; model_capabilities entries named, at most one
+// per model; capacity and
 // long_capacity ≥ 0, capacity 0 meaning runtime_concurrency, else 1,
 // long_capacity 0 meaning capacity; a known execution path; an accepted
 // token when Config.Tokens is set, that the node id may present; and a
@@ -23,21 +26,70 @@
 // providers are activated in the scheduler. When the stream ends, the node
 // is silent for 3 heartbeat intervals, a newer connection replaces it, or
 // the edge stops, the generation is fenced: its leases are released, its
-// resources orphaned, its unfinished runs end with ErrNodeGone.
+// resources orphaned, its unfinished runs end with ErrNodeGone. An orphan
+// resource is dropped from the scheduler, and from Snapshot (the admin
+// API's providers), once no lease holds it and no request waits for it.
+//
+// A node whose connection ended and was not replaced is gone. The edge
+// remembers it for ForgetAfter (10 minutes): its last connection's
+// providers still count as configured (see Catalog), the model names only
+// it served stay known, and its circuit breakers keep their state. The
+// first connect or disconnect of any node after that forgets it, so nodes
+// that come and go leave no state behind (the node id's token binding,
+// trust.go, is kept for the edge's lifetime on purpose).
+//
+// A node that is shutting down sends Drain. Its connection is then
+// draining (NodeSnapshot.Draining; its providers' status "draining"): its
+// providers are no candidates, like unhealthy ones, so new requests go to
+// other nodes; queued requests re-resolve their candidates, and those left
+// with none fail with scheduler.ErrProviderUnavailable; its runs in flight
+// go on to their end. A dispatch it refuses after Drain (sent before the
+// Drain arrived) is admitted again elsewhere, without counting against its
+// provider's circuit. When its runs are done the node closes the
+// connection, which is fenced as any other ("node drained").
 //
 // # Catalog
 //
 // A requested model name is a configured alias, resolving to its targets,
-// or a served model name some node advertised, resolving to itself. Its
-// candidates are the healthy providers of current connections serving a
-// target. A name never advertised and not an alias is unknown
-// (scheduler.ErrUnknownModel); a known one without a live provider has none
-// (scheduler.ErrNoProvider). The request's capability needs filter the
-// candidates inside the resolver (scheduler.ErrCandidatesRejected, naming
-// the capability, when they reject every one); NeedChoices, a request for
-// several choices, NeedToolChoice (tool_choice "required",
+// or a served model name a current connection serves or one served less
+// than ForgetAfter ago, resolving to itself. Its candidates are the
+// healthy providers of current connections serving a target. Any other
+// name is unknown (scheduler.ErrUnknownModel); a known one without a live
+// provider has none (scheduler.ErrNoProvider). The request's capability
+// needs filter the candidates inside the resolver; NeedChoices, a request
+// for several choices, NeedToolChoice (tool_choice "required",
 // parallel_tool_calls false) and NeedRemoteImages (an image by URL) are met
-// by tunnel-path providers only.
+// by tunnel-path providers only. When they
+// reject every candidate, the request is unavailable for now
+// (scheduler.ErrProviderUnavailable, HTTP 503 with Retry-After) if a
+// provider the edge knows could meet them: one of a current connection
+// that is unhealthy, out of rotation or already tried for the request, or
+// one of a gone node (it may come back). Only a request that no live or
+// configured provider can meet is rejected (scheduler.ErrCandidatesRejected,
+// HTTP 400, naming the capability). A queued request whose providers went
+// away (node killed or fenced, provider removed from a reconnect Hello,
+// circuit open) fails with scheduler.ErrProviderUnavailable, never with a
+// rejection (package scheduler, "Re-resolution").
+//
+// Capabilities are per served model: a model its node described
+// (Provider.model_capabilities, e.g. from Ollama's /api/show) has exactly
+// its own, any other its provider's; a provider's candidate is the first
+// target, in alias order, whose capabilities meet the needs. A chat or
+// completion request also needs NeedCompletion, which a model with its own
+// capabilities has only when they list it (an embedding model does not).
+//
+// # Provider updates
+//
+// A ProviderUpdate changes a provider's health, capacity and, with
+// models_set, its served models and what the node says of them
+// (capabilities, details): the served-name index, /v1/models, /api/tags and
+// /api/show follow at once. A change of health or served models
+// re-activates the node's resources in the scheduler, so queued requests
+// re-resolve (a waiter left with no live provider fails
+// ErrProviderUnavailable); an unhealthy provider is no candidate until an
+// update says it is healthy again. An invalid update (unknown provider,
+// negative capacity, an empty model name, a healthy provider with no model)
+// changes nothing.
 //
 // # Runs
 //
@@ -69,11 +121,16 @@
 // A provider that failed before the first byte in a way another may not
 // (unreachable, 502, 503, 429), or a node lost before the run's first
 // message, gives the request to another candidate, never one already
-// tried, up to MaxRetries times; the caller sees one run. Every
+// tried, up to MaxRetries times; the caller sees one run. A request admitted
+// again that finds no other candidate (none left, or none left with its
+// needs: its capable provider went away) gets the failed attempt's outcome:
+// the provider's answer, or for a lost node ErrProviderUnavailable, never a
+// rejection. Every
 // (node id, provider id) has a circuit breaker (breakers): failures before
 // the first byte in a row open it, taking the provider out of the
 // resolver's candidates for a cool-down, after which one trial request at a
-// time may go to it. Its state outlives the node's generations.
+// time may go to it. Its state outlives the node's generations, and is
+// forgotten with the node, ForgetAfter after it went.
 //
 // # Concurrency
 //
@@ -86,7 +143,9 @@
 // breakers.mu (circuit states; the resolvers take it under the scheduler's
 // lock, and Snapshot under registry.mu), conn.mu (a connection's outbox,
 // closed flag, last-seen time) and trust.mu (node id → token bindings) are
-// leaves: no call goes out while one is held. A circuit that opens
+// leaves: no call goes out while one is held. Forgetting gone nodes
+// (Service.forgetGone) takes registry.mu, then breakers.mu, one after the
+// other, on the goroutine of the connect or disconnect that triggers it. A circuit that opens
 // re-activates its node's resources in the scheduler (so queued requests
 // re-resolve) from whoever saw the failure, with no lock held.
 //

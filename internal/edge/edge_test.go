@@ -302,9 +302,10 @@ func TestNodeDisconnectMidRun(t *testing.T) {
 		t.Fatalf("Recv = %v, want ErrNodeGone", err)
 	}
 	snap := e.waitUntil(t, "node gone", func(s Snapshot) bool { return len(s.Nodes) == 0 })
-	p, _ := providerOf(snap, "n1", "p1")
-	if p.InFlight != 0 || p.Status != "orphan" || snap.Leases != 0 {
-		t.Fatalf("provider %+v leases %d, want orphan with nothing in flight", p, snap.Leases)
+	// Its lease released and no request waiting for it, the orphan
+	// provider is forgotten.
+	if p, ok := providerOf(snap, "n1", "p1"); ok || snap.Leases != 0 {
+		t.Fatalf("provider %+v leases %d, want the drained orphan gone and nothing in flight", p, snap.Leases)
 	}
 	if _, err := run.Recv(); !errors.Is(err, ErrNodeGone) {
 		t.Fatalf("later Recv = %v, want ErrNodeGone", err)
@@ -782,8 +783,8 @@ func TestHeartbeats(t *testing.T) {
 		t.Fatalf("connection ended with %v, want DeadlineExceeded", err)
 	}
 	snap := e.waitUntil(t, "fenced", func(s Snapshot) bool { return len(s.Nodes) == 0 })
-	if p, _ := providerOf(snap, "n1", "p1"); p.Status != "orphan" {
-		t.Fatalf("provider %+v, want orphan", p)
+	if p, ok := providerOf(snap, "n1", "p1"); ok {
+		t.Fatalf("provider %+v, want the fenced, drained provider gone", p)
 	}
 }
 

@@ -48,6 +48,9 @@ var (
 	errRunNotPending   = errors.New("run is not pending")
 	errRunStale        = errors.New("run was dispatched on another node connection")
 	errRunAborted      = errors.New("run stream ended by the node")
+	// errNodeDraining: the node said Drain; it refuses dispatches and
+	// closes its connection when its runs are done.
+	errNodeDraining = errors.New("node is draining")
 )
 
 // grpcError maps an outcome of a gRPC handler to the status the node sees.

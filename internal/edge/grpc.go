@@ -95,6 +95,7 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 		return err
 	}
 	old := s.reg.add(c)
+	s.forgetGone()
 	cause := errors.New("unknown")
 	defer func() { s.closeConn(c, cause) }()
 	// Activate before the old connection is fenced and before Welcome, so a
@@ -204,7 +205,11 @@ func (s *Service) accept(h *nodev1.Hello) (*conn, error) {
 // generation is fenced in the scheduler (which releases its leases and
 // re-resolves waiters), and its unfinished runs end with ErrNodeGone.
 func (s *Service) closeConn(c *conn, cause error) {
+	if s.reg.isDraining(c) {
+		cause = fmt.Errorf("%w: %w", errNodeDraining, cause)
+	}
 	s.reg.remove(c)
+	s.forgetGone()
 	c.close()
 	s.sched.Fence(c.nodeID, c.gen)
 	for _, r := range s.runsOf(c) {
@@ -215,6 +220,15 @@ func (s *Service) closeConn(c *conn, cause error) {
 	s.emitNode(lifecycle.NodeFenced, c, cause)
 }
 
+// forgetGone forgets the nodes gone longer than ForgetAfter: the
+// registry's memory of them (and of the model names left unserved as long)
+// and their circuit breakers. It runs at every connect and disconnect.
+func (s *Service) forgetGone() {
+	for _, node := range s.reg.forget() {
+		s.breakers.forgetNode(node)
+	}
+}
+
 func (s *Service) handleNodeMessage(c *conn, m *nodev1.NodeMessage) {
 	switch msg := m.GetMsg().(type) {
 	case *nodev1.NodeMessage_Heartbeat:
@@ -223,29 +237,62 @@ func (s *Service) handleNodeMessage(c *conn, m *nodev1.NodeMessage) {
 	case *nodev1.NodeMessage_DispatchRefused:
 		id := msg.DispatchRefused.GetRunId()
 		if r := s.run(id); r != nil && r.conn == c {
-			r.finishIf(func(st runState) bool { return st == runPending }, "dispatch refused",
-				fmt.Errorf("%w: node %q: %s", ErrDispatchRefused, c.nodeID, msg.DispatchRefused.GetReason()), false)
+			err := fmt.Errorf("%w: node %q: %s", ErrDispatchRefused, c.nodeID, msg.DispatchRefused.GetReason())
+			if s.reg.isDraining(c) {
+				// Sent before the node's Drain arrived: no failure of its
+				// provider; Dispatch admits the request again elsewhere.
+				err = fmt.Errorf("%w: %w", errNodeDraining, err)
+			}
+			r.finishIf(func(st runState) bool { return st == runPending }, "dispatch refused", err, false)
 		}
+	case *nodev1.NodeMessage_Drain:
+		s.drainConn(c, msg.Drain.GetReason())
 	default:
 		s.log.Warn("unexpected control message", "node", c.nodeID, "generation", c.gen, "type", fmt.Sprintf("%T", msg))
 	}
 }
 
+// drainConn takes a connection whose node said Drain out of rotation: its
+// providers are no candidates from now on (the catalog skips them), queued
+// requests re-resolve their candidates (those left with none fail with
+// scheduler.ErrProviderUnavailable), and its runs in flight go on to their
+// end. The node closes the connection when they are done.
+func (s *Service) drainConn(c *conn, reason string) {
+	if !s.reg.drain(c) {
+		return
+	}
+	s.log.Info("node draining: its providers take no new requests", "node", c.nodeID, "generation", c.gen,
+		"reason", reason, "runs_in_flight", len(s.runsOf(c)))
+	if err := s.sched.Activate(c.nodeID, c.gen, s.reg.specs(c), func() bool { return s.reg.isCurrent(c) }); err != nil {
+		s.log.Warn("re-activation failed", "node", c.nodeID, "err", err)
+	}
+	s.reg.notify()
+	s.emitNode(lifecycle.NodeDraining, c, nil)
+}
+
 // updateProvider applies a ProviderUpdate: a capacity change goes to the
-// scheduler at once; a health change re-activates the connection's
-// resources so queued requests re-resolve their candidates.
+// scheduler at once; a change of health or of the served models (models_set:
+// the registry's index of served names, the models' capabilities and
+// details) re-activates the connection's resources so queued requests
+// re-resolve their candidates (a waiter whose model is no longer served by
+// any live provider fails with scheduler.ErrProviderUnavailable).
 func (s *Service) updateProvider(c *conn, u *nodev1.ProviderUpdate) {
 	ch, ok := s.reg.update(c, u)
 	if !ok {
-		s.log.Warn("provider update ignored", "node", c.nodeID, "provider", u.GetProviderId(), "capacity", u.GetCapacity(), "long_capacity", u.GetLongCapacity())
+		s.log.Warn("provider update ignored", "node", c.nodeID, "provider", u.GetProviderId(), "healthy", u.GetHealthy(),
+			"capacity", u.GetCapacity(), "long_capacity", u.GetLongCapacity(), "models_set", u.GetModelsSet(), "models", len(u.GetModels()))
 		return
+	}
+	if ch.healthChanged || ch.modelsChanged {
+		s.log.Info("provider updated", "node", c.nodeID, "generation", c.gen, "provider", u.GetProviderId(),
+			"healthy", u.GetHealthy(), "models_changed", ch.modelsChanged)
 	}
 	if ch.capacityChanged {
 		if err := s.sched.SetCapacity(c.nodeID, u.GetProviderId(), ch.capacity, ch.longCapacity); err != nil {
 			s.log.Warn("capacity update failed", "node", c.nodeID, "provider", u.GetProviderId(), "err", err)
 		}
 	}
-	if ch.healthChanged {
+	if ch.healthChanged || ch.modelsChanged {
 		if err := s.sched.Activate(c.nodeID, c.gen, s.reg.specs(c), func() bool { return s.reg.isCurrent(c) }); err != nil {
 			s.log.Warn("re-activation failed", "node", c.nodeID, "err", err)
 		}

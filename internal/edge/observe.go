@@ -31,9 +31,10 @@ func (s *Service) emitRun(typ lifecycle.Type, r *Run, reason string) {
 	if typ == lifecycle.RunAdmitted {
 		e.QueueReason, e.QueueWait = r.info.QueueReason, r.info.QueueWait
 	}
-	if p, queued, ok := s.sched.Load(r.info.NodeID, r.info.ProviderID, r.model); ok {
-		e.Load = &lifecycle.Load{InFlight: p.InFlight, Capacity: p.Capacity, Queued: p.Queued, ModelQueued: queued}
-	}
+	// A provider the scheduler forgot (its node gone and its last lease
+	// released) has nothing in flight and no capacity.
+	p, queued, _ := s.sched.Load(r.info.NodeID, r.info.ProviderID, r.model)
+	e.Load = &lifecycle.Load{InFlight: p.InFlight, Capacity: p.Capacity, Queued: p.Queued, ModelQueued: queued}
 	s.emit(e)
 }
 
@@ -66,6 +67,8 @@ func (s *Service) emitNode(typ lifecycle.Type, c *conn, cause error) {
 // cause's text may carry addresses).
 func fenceReason(cause error) string {
 	switch {
+	case errors.Is(cause, errNodeDraining):
+		return "node drained"
 	case errors.Is(cause, errSuperseded):
 		return "replaced by a newer connection"
 	case errors.Is(cause, errHeartbeatMissed):

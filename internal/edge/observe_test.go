@@ -170,3 +170,32 @@ func TestObserverSeesDispatchRetry(t *testing.T) {
 		t.Fatalf("retries %+v", retries)
 	}
 }
+
+// TestRunEndedByFenceReportsLoad: a run whose node goes away ends after
+// the fence forgot its provider (drained orphan); its run_ended event still
+// carries the counters: nothing in flight on the provider, and the model's
+// queue length. Before, it had none once its provider was forgotten.
+func TestRunEndedByFenceReportsLoad(t *testing.T) {
+	rec := &recorder{}
+	e := startObservedEdge(t, testConfig(), rec)
+	n := e.connect(t, hello("n1", prov("p1", normalized, 1, "m1")))
+	run, _, _ := e.startRun(t, n, chatReq("m1"))
+	n.cancel()
+	if _, err := recvAll(run); err == nil {
+		t.Fatal("run did not end")
+	}
+	e.waitUntil(t, "provider forgotten", func(s Snapshot) bool { _, ok := providerOf(s, "n1", "p1"); return !ok })
+	var ended *lifecycle.Event
+	waitFor(t, func() bool {
+		for _, ev := range rec.all() {
+			if ev.Type == lifecycle.RunEnded && ev.RunID == run.Info().RunID {
+				ended = &ev
+				return true
+			}
+		}
+		return false
+	})
+	if ended.Load == nil || ended.Load.InFlight != 0 || ended.Load.ModelQueued != 0 {
+		t.Fatalf("run_ended %+v load %+v, want a load with nothing in flight", ended, ended.Load)
+	}
+}

@@ -2,10 +2,13 @@ package edge
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
@@ -16,21 +19,59 @@ import (
 // and the connection is closed.
 const maxOutbox = 4096
 
-// provider is one provider of one node connection, as its Hello described
-// it. The fields above mu-guarded ones are immutable.
+// provider is one provider of one node connection, as its Hello and later
+// ProviderUpdates described it. The fields above the registry.mu-guarded
+// ones are immutable.
 type provider struct {
 	id     string
 	typ    string
-	models []string // served model names, sorted, unique
-	caps   []string // lifecycle capabilities, sorted, unique
+	caps   []string // the provider's capabilities, sorted, unique
 	capSet map[string]bool
 	path   nodev1.ExecutionPath
 
-	// Guarded by registry.mu.
+	// Guarded by registry.mu. A models_set update replaces models and
+	// model; the slice, the map and the values in it are never modified.
 	healthy      bool
-	capacity     int // ≥ 1
-	longCapacity int // 0 = follows capacity
+	capacity     int      // ≥ 1
+	longCapacity int      // 0 = follows capacity
+	models       []string // served model names, sorted, unique
+	// model holds the served models the node described one by one
+	// (Provider.model_capabilities): their own capabilities and details.
+	// A served model without an entry has the provider's capabilities.
+	model map[string]*servedModel
 }
+
+// servedModel is what a node said of one served model of a provider. It is
+// never modified once built.
+type servedModel struct {
+	caps    []string // the model's capabilities, sorted, unique
+	capSet  map[string]bool
+	details *nodev1.ModelDetails // nil when the node said none
+}
+
+// capsOfLocked returns the capabilities of p's served model m and whether they
+// are the model's own (rather than the provider's). The set is never
+// modified. Callers hold registry.mu.
+func (p *provider) capsOfLocked(m string) (caps map[string]bool, own bool) {
+	if sm := p.model[m]; sm != nil {
+		return sm.capSet, true
+	}
+	return p.capSet, false
+}
+
+// meetsLocked reports whether p's served model m has every capability of
+// needs. Callers hold registry.mu.
+func (p *provider) meetsLocked(m string, needs []string) bool {
+	caps, own := p.capsOfLocked(m)
+	return lacks(p.path, caps, own, needs) == ""
+}
+
+// NeedCompletion is the need of a chat or completion request: a model that
+// generates text. A served model with its own capabilities (its server
+// said them, e.g. Ollama's /api/show) has it only when they list
+// "completion" (an embedding model does not); one with its provider's
+// capabilities has it.
+const NeedCompletion = "completion"
 
 // NeedChoices is the need of a request for more than one choice (OpenAI's
 // "n", or a completion's "best_of", above 1). No provider declares it: a
@@ -49,13 +90,24 @@ const (
 	NeedRemoteImages = "remote_images"
 )
 
-// lacks returns the first capability of needs that p does not have, or "".
-func (p *provider) lacks(needs []string) string {
+// serves reports whether p serves the model name m. Call it under
+// registry.mu (a provider update replaces p.models).
+func (p *provider) serves(m string) bool {
+	_, ok := slices.BinarySearch(p.models, m)
+	return ok
+}
+
+// lacks returns the first capability of needs that a served model with
+// capabilities caps (own: the model's own, else its provider's) on a
+// provider answering on path does not have, or "".
+func lacks(path nodev1.ExecutionPath, caps map[string]bool, own bool, needs []string) string {
 	for _, n := range needs {
-		has := p.capSet[n]
+		has := caps[n]
 		switch n {
 		case NeedChoices, NeedToolChoice, NeedRemoteImages:
-			has = p.path == nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL
+			has = path == nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL
+		case NeedCompletion:
+			has = has || !own
 		}
 		if !has {
 			return n
@@ -84,6 +136,10 @@ type conn struct {
 	outbox   []*nodev1.EdgeMessage
 	closed   bool
 	lastSeen time.Time
+
+	// draining: the node said Drain; its providers are no candidates.
+	// Guarded by registry.mu.
+	draining bool
 }
 
 // parseHello validates a Hello (DESIGN.md "Words": provider) and builds the
@@ -125,11 +181,18 @@ func parseHello(h *nodev1.Hello, now time.Time) (*conn, error) {
 		if c.byID[id] != nil {
 			return nil, bad("duplicate provider id %q", id)
 		}
-		if len(hp.GetModels()) == 0 {
+		// A provider whose node discovers its models may not know them
+		// yet (its server did not answer): it comes unhealthy, and a
+		// ProviderUpdate brings the models.
+		if len(hp.GetModels()) == 0 && hp.GetHealthy() {
 			return nil, bad("provider %q: no models", id)
 		}
 		if slices.Contains(hp.GetModels(), "") {
 			return nil, bad("provider %q: empty model name", id)
+		}
+		model, err := servedModels(hp.GetModels(), hp.GetModelCapabilities())
+		if err != nil {
+			return nil, bad("provider %q: %w", id, err)
 		}
 		if hp.GetCapacity() < 0 {
 			return nil, bad("provider %q: capacity %d is negative", id, hp.GetCapacity())
@@ -155,11 +218,9 @@ func parseHello(h *nodev1.Hello, now time.Time) (*conn, error) {
 			healthy:      hp.GetHealthy(),
 			capacity:     capacity,
 			longCapacity: int(hp.GetLongCapacity()),
+			model:        model,
 		}
-		p.capSet = make(map[string]bool, len(p.caps))
-		for _, cp := range p.caps {
-			p.capSet[cp] = true
-		}
+		p.capSet = setOf(p.caps)
 		c.byID[id] = p
 		c.providers = append(c.providers, p)
 	}
@@ -171,6 +232,51 @@ func sortedUnique(in []string) []string {
 	out := slices.Clone(in)
 	sort.Strings(out)
 	return slices.Compact(out)
+}
+
+func setOf(in []string) map[string]bool {
+	set := make(map[string]bool, len(in))
+	for _, s := range in {
+		set[s] = true
+	}
+	return set
+}
+
+// servedModels builds a provider's per-model entries from a node's
+// model_capabilities for the served models: an entry for a model not
+// served is dropped, an entry without a model name or a second entry for
+// one model is an error. Details are copied, so the message may be reused.
+func servedModels(models []string, entries []*nodev1.ModelCapabilities) (map[string]*servedModel, error) {
+	if len(entries) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]*servedModel, len(entries))
+	for _, e := range entries {
+		m := e.GetModel()
+		if m == "" {
+			return nil, fmt.Errorf("model_capabilities without a model")
+		}
+		if out[m] != nil {
+			return nil, fmt.Errorf("model_capabilities of %q twice", m)
+		}
+		if !slices.Contains(models, m) {
+			continue
+		}
+		sm := &servedModel{caps: sortedUnique(e.GetCapabilities())}
+		sm.capSet = setOf(sm.caps)
+		if d := e.GetDetails(); d != nil {
+			sm.details = proto.Clone(d).(*nodev1.ModelDetails)
+		}
+		out[m] = sm
+	}
+	return out, nil
+}
+
+// equalServed reports whether two per-model maps say the same.
+func equalServed(a, b map[string]*servedModel) bool {
+	return maps.EqualFunc(a, b, func(x, y *servedModel) bool {
+		return slices.Equal(x.caps, y.caps) && proto.Equal(x.details, y.details)
+	})
 }
 
 // enqueue queues m for the connection's control stream, for the Connect
@@ -233,25 +339,121 @@ type servedBy struct {
 	p *provider
 }
 
+// ForgetAfter is how long the edge remembers a node that is gone (its
+// connection ended and no newer one replaced it) and a model name no
+// current connection serves. Until then the gone node's providers count as
+// configured (a request only they could meet is unavailable, 503, not
+// rejected, 400: the node may come back), the model names stay known (no
+// provider, 503, not unknown, 404), and the node's circuit breakers and
+// metrics label values are kept. After that they are forgotten, at the next
+// connect or disconnect of any node, so nodes that come and go leave no
+// state behind. It is longer than DefaultBreakerMaxCool, so a node's open
+// circuit outlives a quick restart.
+const ForgetAfter = 10 * time.Minute
+
 // registry holds the current connection of every node and an index of who
-// serves which model name. It is read under the scheduler's lock (resolvers,
-// ownership checks), so it never calls the scheduler itself.
+// serves which model name, and remembers gone nodes and model names for
+// ForgetAfter. It is read under the scheduler's lock (resolvers, ownership
+// checks), so it never calls the scheduler itself.
 type registry struct {
-	mu      sync.RWMutex // guards the fields below
-	nodes   map[string]*conn
-	served  map[string][]servedBy // served model name → providers of current conns
-	seen    map[string]bool       // every served model name ever advertised
-	lastGen uint64
-	changed chan struct{} // closed and replaced on every change
+	now func() time.Time // the edge's clock; immutable
+
+	mu     sync.RWMutex // guards the fields below
+	nodes  map[string]*conn
+	served map[string][]servedBy // served model name → providers of current conns
+	// lastServed holds the model names no current connection serves, with
+	// the time the last one that did went away; gone the nodes without a
+	// current connection, with their last one and the time it ended. Both
+	// are forgotten ForgetAfter later (expiry, in time order).
+	lastServed map[string]time.Time
+	gone       map[string]goneNode
+	expiry     []expiring
+	lastGen    uint64
+	changed    chan struct{} // closed and replaced on every change
 }
 
-func newRegistry() *registry {
+// goneNode is a node's last connection, ended at at.
+type goneNode struct {
+	c  *conn
+	at time.Time
+}
+
+// expiring is an entry of registry.lastServed (model) or registry.gone
+// (node) as of at; it is forgotten at at + ForgetAfter unless it changed
+// since.
+type expiring struct {
+	model, node string
+	at          time.Time
+}
+
+func newRegistry(now func() time.Time) *registry {
 	return &registry{
-		nodes:   make(map[string]*conn),
-		served:  make(map[string][]servedBy),
-		seen:    make(map[string]bool),
-		changed: make(chan struct{}),
+		now:        now,
+		nodes:      make(map[string]*conn),
+		served:     make(map[string][]servedBy),
+		lastServed: make(map[string]time.Time),
+		gone:       make(map[string]goneNode),
+		changed:    make(chan struct{}),
 	}
+}
+
+// knownLocked reports whether model is served by a current connection, or
+// was until less than ForgetAfter ago.
+func (r *registry) knownLocked(model string) bool {
+	if len(r.served[model]) > 0 {
+		return true
+	}
+	_, ok := r.lastServed[model]
+	return ok
+}
+
+// forget drops the gone nodes and unserved model names older than
+// ForgetAfter and returns the node ids it forgot. It costs O(1) per entry
+// forgotten.
+func (r *registry) forget() (nodes []string) {
+	now := r.now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, e := range r.expiry {
+		if now.Sub(e.at) < ForgetAfter {
+			break
+		}
+		n++
+		if e.node != "" {
+			if g, ok := r.gone[e.node]; ok && g.at.Equal(e.at) {
+				delete(r.gone, e.node)
+				nodes = append(nodes, e.node)
+			}
+		} else if at, ok := r.lastServed[e.model]; ok && at.Equal(e.at) {
+			delete(r.lastServed, e.model)
+		}
+	}
+	r.expiry = dropHead(r.expiry, n)
+	return nodes
+}
+
+// dropHead returns q without its first n entries. When they are most of
+// it, the rest is copied to a new array, so the old one (and the names it
+// holds) is freed; the copies cost O(1) per entry dropped.
+func dropHead[T any](q []T, n int) []T {
+	if n > 0 && len(q)-n < len(q)/4 {
+		return slices.Clone(q[n:])
+	}
+	return q[n:]
+}
+
+// goneProviders calls f with each provider of a gone node's last
+// connection, until f returns true; it reports whether one did.
+func (r *registry) goneProvidersLocked(f func(*provider) bool) bool {
+	for _, g := range r.gone {
+		for _, p := range g.c.providers {
+			if f(p) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // add makes c its node's current connection with a new generation, greater
@@ -267,14 +469,46 @@ func (r *registry) add(c *conn) (old *conn) {
 		r.unindexLocked(old)
 	}
 	r.nodes[c.nodeID] = c
+	delete(r.gone, c.nodeID)
 	for _, p := range c.providers {
-		for _, m := range p.models {
-			r.served[m] = append(r.served[m], servedBy{c, p})
-			r.seen[m] = true
-		}
+		r.indexLocked(c, p)
 	}
 	r.notifyLocked()
 	return old
+}
+
+// indexLocked adds p's served models to the index; a name served again is
+// no longer remembered as unserved.
+func (r *registry) indexLocked(c *conn, p *provider) {
+	for _, m := range p.models {
+		r.served[m] = append(r.served[m], servedBy{c, p})
+		delete(r.lastServed, m)
+	}
+}
+
+// unindexProviderLocked removes p's served models from the index; a model
+// name left unserved is remembered as of now (unservedLocked).
+func (r *registry) unindexProviderLocked(p *provider) {
+	var now time.Time
+	for _, m := range p.models {
+		list := slices.DeleteFunc(r.served[m], func(s servedBy) bool { return s.p == p })
+		if len(list) > 0 {
+			r.served[m] = list
+			continue
+		}
+		delete(r.served, m)
+		if now.IsZero() {
+			now = r.now()
+		}
+		r.unservedLocked(m, now)
+	}
+}
+
+// unservedLocked remembers that no current connection serves m since now,
+// until ForgetAfter later.
+func (r *registry) unservedLocked(m string, now time.Time) {
+	r.lastServed[m] = now
+	r.expiry = append(r.expiry, expiring{model: m, at: now})
 }
 
 // remove drops c if it is still its node's current connection, reporting
@@ -287,20 +521,18 @@ func (r *registry) remove(c *conn) bool {
 	}
 	delete(r.nodes, c.nodeID)
 	r.unindexLocked(c)
+	now := r.now()
+	r.gone[c.nodeID] = goneNode{c: c, at: now}
+	r.expiry = append(r.expiry, expiring{node: c.nodeID, at: now})
 	r.notifyLocked()
 	return true
 }
 
+// unindexLocked drops c's providers from the served index; a model name
+// left unserved is remembered as of now.
 func (r *registry) unindexLocked(c *conn) {
 	for _, p := range c.providers {
-		for _, m := range p.models {
-			list := slices.DeleteFunc(r.served[m], func(s servedBy) bool { return s.c == c })
-			if len(list) == 0 {
-				delete(r.served, m)
-			} else {
-				r.served[m] = list
-			}
-		}
+		r.unindexProviderLocked(p)
 	}
 }
 
@@ -323,6 +555,33 @@ func (r *registry) lookup(node string, gen uint64, providerID string) (*conn, *p
 	return c, c.byID[providerID]
 }
 
+// describe returns, for the provider providerID of node's connection of
+// generation gen, the first of targets it serves, that model's
+// capabilities (see ModelProvider.Capabilities) and details; ok is false
+// when that connection is not current or the provider serves none of them.
+func (r *registry) describe(node string, gen uint64, providerID string, targets []string) (mp ModelProvider, ok bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	c := r.nodes[node]
+	if c == nil || c.gen != gen || c.byID[providerID] == nil {
+		return mp, false
+	}
+	p := c.byID[providerID]
+	for _, t := range targets {
+		if _, found := slices.BinarySearch(p.models, t); !found {
+			continue
+		}
+		mp.Target = t
+		if sm := p.model[t]; sm != nil {
+			mp.Capabilities, mp.Details = slices.Clone(sm.caps), sm.details
+		} else {
+			mp.Capabilities = sortedUnique(append(slices.Clone(p.caps), NeedCompletion))
+		}
+		return mp, true
+	}
+	return mp, false
+}
+
 // specs returns the scheduler resources of c as they stand.
 func (r *registry) specs(c *conn) []scheduler.ResourceSpec {
 	r.mu.RLock()
@@ -334,24 +593,78 @@ func (r *registry) specs(c *conn) []scheduler.ResourceSpec {
 	return specs
 }
 
+// drain marks c draining if it is its node's current connection, and
+// reports whether it did (false: replaced, or already draining).
+func (r *registry) drain(c *conn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.nodes[c.nodeID] != c || c.draining {
+		return false
+	}
+	c.draining = true
+	r.notifyLocked()
+	return true
+}
+
+// isDraining reports whether c said Drain.
+func (r *registry) isDraining(c *conn) bool {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return c.draining
+}
+
 // providerChange is what a ProviderUpdate changed.
 type providerChange struct {
 	capacity, longCapacity int
 	capacityChanged        bool
 	healthChanged          bool
+	// modelsChanged: the served models, or what the node said of them
+	// (capabilities, details), changed.
+	modelsChanged bool
 }
 
 // update applies u to the provider of c it names, if c is current. ok is
-// false for an unknown provider, a negative field, or a replaced c.
+// false, and nothing changes, for an unknown provider, a negative field, a
+// replaced c, or a models_set update that is invalid (an empty model name,
+// a model_capabilities entry without a model or twice for one) or would
+// leave the provider healthy with no model.
 func (r *registry) update(c *conn, u *nodev1.ProviderUpdate) (ch providerChange, ok bool) {
 	if u.GetCapacity() < 0 || u.GetLongCapacity() < 0 {
 		return ch, false
+	}
+	var models []string
+	var model map[string]*servedModel
+	if u.GetModelsSet() {
+		if slices.Contains(u.GetModels(), "") {
+			return ch, false
+		}
+		models = sortedUnique(u.GetModels())
+		var err error
+		if model, err = servedModels(models, u.GetModelCapabilities()); err != nil {
+			return ch, false
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	p := c.byID[u.GetProviderId()]
 	if p == nil || r.nodes[c.nodeID] != c {
 		return ch, false
+	}
+	if !u.GetModelsSet() {
+		models, model = p.models, p.model
+	}
+	if u.GetHealthy() && len(models) == 0 {
+		return ch, false
+	}
+	if !slices.Equal(models, p.models) {
+		r.unindexProviderLocked(p)
+		p.models = models
+		r.indexLocked(c, p)
+		ch.modelsChanged = true
+	}
+	if !equalServed(model, p.model) {
+		p.model = model
+		ch.modelsChanged = true
 	}
 	if u.GetHealthy() != p.healthy {
 		p.healthy = u.GetHealthy()
@@ -366,7 +679,7 @@ func (r *registry) update(c *conn, u *nodev1.ProviderUpdate) (ch providerChange,
 		ch.capacityChanged = true
 	}
 	ch.capacity, ch.longCapacity = p.capacity, p.longCapacity
-	if ch.healthChanged || ch.capacityChanged {
+	if ch.healthChanged || ch.capacityChanged || ch.modelsChanged {
 		r.notifyLocked()
 	}
 	return ch, true

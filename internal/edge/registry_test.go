@@ -38,7 +38,7 @@ func TestOutboxOverflowBreaksConn(t *testing.T) {
 }
 
 func TestProviderUpdateIgnored(t *testing.T) {
-	reg := newRegistry()
+	reg := newRegistry(time.Now)
 	c, err := parseHello(hello("n1", prov("p1", normalized, 2, "m1")), time.Time{})
 	if err != nil {
 		t.Fatal(err)
@@ -64,21 +64,21 @@ func TestProviderUpdateIgnored(t *testing.T) {
 }
 
 func TestCatalogPrefersAliasOrder(t *testing.T) {
-	reg := newRegistry()
+	reg := newRegistry(time.Now)
 	c, err := parseHello(hello("n1", prov("both", normalized, 1, "small", "big"), prov("small-only", normalized, 1, "small")), time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg.add(c)
 	cat := newCatalog(map[string]ModelConfig{"m": {Targets: []string{"big", "small"}}}, reg)
-	cands, err := cat.resolve("m")
+	cands, _, err := cat.resolve("m", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(cands) != 2 || cands[0].ProviderID != "both" || cands[0].Target != "big" || cands[1].ProviderID != "small-only" || cands[1].Target != "small" {
 		t.Fatalf("candidates %+v", cands)
 	}
-	if _, err := cat.resolve("nothing"); !errors.Is(err, scheduler.ErrUnknownModel) {
+	if _, _, err := cat.resolve("nothing", nil); !errors.Is(err, scheduler.ErrUnknownModel) {
 		t.Fatalf("resolve(unknown) = %v, want ErrUnknownModel", err)
 	}
 }

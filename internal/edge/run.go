@@ -284,8 +284,9 @@ func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, ca
 	r.s.emitRun(lifecycle.RunEnded, r, reason)
 	// A run that ends before its provider said anything tells nothing of
 	// it, unless its node never opened or refused it.
+	// A refusal by a draining node says nothing of its provider either.
 	o := outcomeNeutral
-	if errors.Is(endErr, ErrDispatchTimeout) || errors.Is(endErr, ErrDispatchRefused) {
+	if (errors.Is(endErr, ErrDispatchTimeout) || errors.Is(endErr, ErrDispatchRefused)) && !errors.Is(endErr, errNodeDraining) {
 		o = outcomeFailed
 	}
 	if r.ticket.done(o) {

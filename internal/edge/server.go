@@ -63,11 +63,12 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 			return nil, err
 		}
 	}
-	reg := newRegistry()
+	reg := newRegistry(clk.Now)
+	log = log.With("component", "edge")
 	return &Server{tls: tlsCfg, svc: &Service{
 		trust:    newTrust(cfg.Tokens),
 		cfg:      cfg,
-		log:      log.With("component", "edge"),
+		log:      log,
 		clock:    clk,
 		sched:    sched,
 		reg:      reg,
@@ -75,7 +76,7 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 		shutdown: make(chan struct{}),
 		runs:     make(map[string]*Run),
 		observer: deps.Observer,
-		breakers: newBreakers(cfg.CircuitBreaker, clk),
+		breakers: newBreakers(cfg.CircuitBreaker, clk, log),
 		retries:  make(map[string]uint64),
 	}}, nil
 }

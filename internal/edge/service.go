@@ -127,8 +127,10 @@ type Service struct {
 //
 // Errors: ErrInvalidRequest; the scheduler's admission errors
 // (scheduler.ErrUnknownModel, ErrNoProvider, ErrCandidatesRejected naming
-// the missing capability, ErrQueueFull, ErrQueueTimeout,
-// ErrProviderUnavailable); ErrDispatchTimeout when the node does not open
+// the missing capability when no live or configured provider has it,
+// ErrQueueFull, ErrQueueTimeout, ErrProviderUnavailable: the providers that
+// could meet the request are gone or unavailable now, see resolver);
+// ErrDispatchTimeout when the node does not open
 // the run within dispatch_timeout twice in a row (once, the request is
 // admitted again); ErrDispatchRefused; ErrStaleGeneration
 // when the node reconnected between admission and dispatch twice in a row
@@ -234,12 +236,18 @@ func (s *Service) noOtherCandidate(ctx context.Context, err error, failedRun *Ru
 	if failedRun != nil {
 		return failedRun, nil
 	}
-	if !errors.Is(err, scheduler.ErrNoProvider) {
+	// No other candidate: none left (ErrNoProvider); none left with the
+	// request's needs (a rejection now means the providers that met them
+	// went away, since the first admission found one: never a 400 for a
+	// request that was admitted once); or the re-admission waited and lost
+	// its providers (ErrProviderUnavailable).
+	if !errors.Is(err, scheduler.ErrNoProvider) && !errors.Is(err, scheduler.ErrCandidatesRejected) &&
+		!errors.Is(err, scheduler.ErrProviderUnavailable) {
 		return nil, err
 	}
-	// No other candidate. A node that went away leaves the model without a
-	// provider (503); other failures are reported as they were.
-	if errors.Is(failedErr, ErrNodeGone) || errors.Is(failedErr, ErrStaleGeneration) {
+	// No other candidate. A node that went away or drains leaves the model
+	// without a provider (503); other failures are reported as they were.
+	if errors.Is(failedErr, ErrNodeGone) || errors.Is(failedErr, ErrStaleGeneration) || errors.Is(failedErr, errNodeDraining) {
 		return nil, fmt.Errorf("%w: %w", scheduler.ErrProviderUnavailable, failedErr)
 	}
 	return nil, failedErr
@@ -343,7 +351,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		Group:                req.Model,
 		Long:                 req.Long,
 		EstimatedInputTokens: req.EstimatedInputTokens,
-		Resolve:              s.resolver(req.Model, req.Needs, tried),
+		Resolve:              s.resolver(req.Model, needsOf(req), tried),
 		Prefer:               scheduler.ProviderRef{NodeID: req.PreferNodeID, ProviderID: req.PreferProviderID},
 		OnQueued:             func() { s.emitQueued(req.Model) },
 	})
@@ -442,28 +450,39 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 	return r, cand, nil
 }
 
+// needsOf returns the capabilities req needs of the served model: its
+// Needs, and NeedCompletion for a chat or completion request.
+func needsOf(req Request) []string {
+	switch req.Operation {
+	case nodev1.Operation_OPERATION_CHAT, nodev1.Operation_OPERATION_COMPLETION:
+		if !slices.Contains(req.Needs, NeedCompletion) {
+			return append(slices.Clip(req.Needs), NeedCompletion)
+		}
+	}
+	return req.Needs
+}
+
 // resolver returns the request-local resolver the scheduler calls under its
-// lock: the catalog's candidates for model that have every capability in
-// needs, that no earlier attempt of the request went to (tried) and whose
-// provider is in rotation (its circuit breaker closed, or half-open with no
-// trial in flight).
+// lock: the catalog's candidates for model whose target has every
+// capability in needs, that no earlier attempt of the request went to
+// (tried) and whose provider is in rotation (its circuit breaker closed, or
+// half-open with no trial in flight). When candidates exist but none has
+// the needs, the answer is scheduler.ErrProviderUnavailable if a provider
+// the edge knows could meet them (catalog.couldMeet: unhealthy, out of
+// rotation, tried, or of a node gone less than ForgetAfter ago), else
+// scheduler.ErrCandidatesRejected: only a request no live or configured
+// provider can meet is a bad request.
 func (s *Service) resolver(model string, needs []string, tried []triedCandidate) func() ([]scheduler.Candidate, error) {
 	return func() ([]scheduler.Candidate, error) {
-		cands, err := s.cat.resolve(model)
+		cands, missing, err := s.cat.resolve(model, needs)
 		if err != nil {
 			return nil, err
 		}
 		out := make([]scheduler.Candidate, 0, len(cands))
-		missing, excluded, open := "", false, false
+		excluded, open := false, false
 		for _, c := range cands {
 			if slices.ContainsFunc(tried, func(t triedCandidate) bool { return t.excludes(c.Candidate) }) {
 				excluded = true
-				continue
-			}
-			if m := c.prov.lacks(needs); m != "" {
-				if missing == "" {
-					missing = m
-				}
 				continue
 			}
 			if !s.breakers.inRotation(providerKey{c.NodeID, c.ProviderID}) {
@@ -479,6 +498,9 @@ func (s *Service) resolver(model string, needs []string, tried []triedCandidate)
 			return nil, fmt.Errorf("%w %q: every provider that could serve it is out of rotation (circuit open)", scheduler.ErrNoProvider, model)
 		case missing == "" && excluded:
 			return nil, fmt.Errorf("%w %q but the ones that failed", scheduler.ErrNoProvider, model)
+		case s.cat.couldMeet(model, needs):
+			return nil, fmt.Errorf("%w: no provider for model %q with capability %q is available now (unhealthy, out of rotation or its node gone)",
+				scheduler.ErrProviderUnavailable, model, missing)
 		case missing == NeedChoices:
 			return nil, fmt.Errorf("%w: no provider for model %q answers several choices (n above 1): only OpenAI-compatible providers do",
 				scheduler.ErrCandidatesRejected, model)
@@ -557,9 +579,20 @@ type ModelInfo struct {
 // ModelProvider is one provider of a model, with its scheduler counters.
 type ModelProvider struct {
 	NodeID, ProviderID, Type string
-	Capabilities             []string
-	Healthy                  bool
-	Capacity, InFlight       int
+	// Capabilities are those of Target on this provider: the model's own
+	// when its node described it (e.g. from Ollama's /api/show), else the
+	// provider's with NeedCompletion added (such a model is taken to
+	// generate text). Sorted.
+	Capabilities       []string
+	Healthy            bool
+	Capacity, InFlight int
+	// Target is the served model name the provider serves the model as:
+	// the first target, in alias order, it serves.
+	Target string
+	// Details are what the provider's model server says of Target (size,
+	// digest, family, ...), nil when its node said nothing. Not to be
+	// modified.
+	Details *nodev1.ModelDetails
 }
 
 // ModelInfo describes the model a client calls name, resolved as Dispatch
@@ -574,11 +607,16 @@ func (s *Service) ModelInfo(name string) (ModelInfo, bool) {
 		return ModelInfo{}, false
 	}
 	for _, p := range s.Snapshot().Providers {
-		if p.Status != "available" || !slices.ContainsFunc(info.Targets, func(t string) bool { return slices.Contains(p.Models, t) }) {
+		if p.Status != "available" {
 			continue
 		}
-		info.Providers = append(info.Providers, ModelProvider{NodeID: p.NodeID, ProviderID: p.ProviderID, Type: p.Type,
-			Capabilities: p.Capabilities, Healthy: p.Healthy, Capacity: p.Capacity, InFlight: p.InFlight})
+		mp, ok := s.reg.describe(p.NodeID, p.Generation, p.ProviderID, info.Targets)
+		if !ok {
+			continue
+		}
+		mp.NodeID, mp.ProviderID, mp.Type = p.NodeID, p.ProviderID, p.Type
+		mp.Healthy, mp.Capacity, mp.InFlight = p.Healthy, p.Capacity, p.InFlight
+		info.Providers = append(info.Providers, mp)
 	}
 	return info, true
 }
@@ -628,6 +666,10 @@ func newRunID() string {
 	return "run_" + hex.EncodeToString(b[:])
 }
 
+// StatusDraining is the snapshot status of a provider whose node drains,
+// beside the scheduler's scheduler.StatusAvailable and StatusOrphan.
+const StatusDraining = "draining"
+
 // Snapshot is a view of nodes, providers and queues, for admin endpoints.
 type Snapshot struct {
 	Nodes     []NodeSnapshot
@@ -644,11 +686,15 @@ type NodeSnapshot struct {
 	ConnectedAt, LastSeen  time.Time
 	// Providers are the node's provider ids, sorted.
 	Providers []string
+	// Draining: the node said Drain; its providers take no new requests
+	// while its runs in flight finish.
+	Draining bool
 }
 
 // ProviderSnapshot is one provider: the scheduler's counters for its
 // (node, provider) resource and what its node said of it. A provider whose
-// node is gone while runs drain is Status "orphan", without node details.
+// node is gone is Status "orphan", without node details; one whose node
+// drains (NodeSnapshot.Draining) is "draining".
 type ProviderSnapshot struct {
 	NodeID, ProviderID, Type string
 	Generation               uint64
@@ -661,7 +707,8 @@ type ProviderSnapshot struct {
 	Queued int
 	// Load is InFlight / Capacity.
 	Load float64
-	// Status is "available" or "orphan".
+	// Status is "available", "draining" (its node drains: no new
+	// requests) or "orphan" (its node is gone).
 	Status string
 	// Circuit is the provider's circuit breaker state: "closed" (in
 	// rotation), "open" (out of rotation for a cool-down) or "half_open"
@@ -684,7 +731,7 @@ func (s *Service) Snapshot() Snapshot {
 	snap := Snapshot{Waiters: ss.Waiters, Leases: ss.Leases}
 	s.reg.mu.RLock()
 	for _, c := range s.reg.nodes {
-		ns := NodeSnapshot{NodeID: c.nodeID, Label: c.label, Version: c.version, Generation: c.gen, ConnectedAt: c.connectedAt, LastSeen: c.seen()}
+		ns := NodeSnapshot{NodeID: c.nodeID, Label: c.label, Version: c.version, Generation: c.gen, ConnectedAt: c.connectedAt, LastSeen: c.seen(), Draining: c.draining}
 		for _, p := range c.providers {
 			ns.Providers = append(ns.Providers, p.id)
 		}
@@ -701,6 +748,9 @@ func (s *Service) Snapshot() Snapshot {
 			if p := c.byID[sp.ProviderID]; p != nil {
 				ps.Type, ps.Path, ps.Healthy = p.typ, p.path, p.healthy
 				ps.Models, ps.Capabilities = slices.Clone(p.models), slices.Clone(p.caps)
+				if c.draining && ps.Status == scheduler.StatusAvailable {
+					ps.Status = StatusDraining
+				}
 			}
 		}
 		snap.Providers = append(snap.Providers, ps)

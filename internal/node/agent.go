@@ -48,15 +48,30 @@ type Agent struct {
 	clock     clock.Clock                           // heartbeats, liveness, hello timeout, backoff
 	jitter    func(max time.Duration) time.Duration // full jitter: uniform in [0, max]
 	providers map[string]*provider                  // by provider id; never written after New
-	hello     *nodev1.Hello                         // sent on every connection; never written after New
+	order     []*provider                           // the providers in config order; never written after New
 	creds     credentials.TransportCredentials      // plaintext or TLS to the edge; never written after New
 	ready     chan struct{}                         // closed at the first Welcome
 	readyOnce sync.Once
 	running   atomic.Bool
 	gen       atomic.Uint64 // current generation, 0 when not connected
+	// draining is closed by the first Drain, after drainReason is set.
+	draining    chan struct{}
+	drainOnce   sync.Once
+	drainReason string
 
-	mu         sync.Mutex    // guards the fields below
-	genChanged chan struct{} // closed and replaced whenever gen changes
+	// afterRound, when set (tests only, before Run), is called at the end of
+	// every discovery round, on its goroutine, with whether the round
+	// changed the provider's advert.
+	afterRound func(providerID string, changed bool)
+
+	mu         sync.Mutex              // guards the fields below
+	genChanged chan struct{}           // closed and replaced whenever gen changes
+	stopRun    context.CancelCauseFunc // ends the active Run's context; nil outside Run
+	drainTimer clock.Timer             // the drain's grace period, once Drain was called
+
+	advMu      sync.Mutex             // guards the fields below
+	adverts    map[string]*advertised // by provider id: what the edge is told of each provider
+	advChanged chan struct{}          // closed and replaced at every change of an advert
 }
 
 // provider is one configured model server and its adapter.
@@ -64,6 +79,11 @@ type provider struct {
 	cfg     ProviderConfig
 	path    nodev1.ExecutionPath
 	adapter adapter.Adapter // an adapter.Normalizer or adapter.Tunneler, as path says
+	// lister reads what the server serves, for a provider that omits its
+	// models (nil otherwise). It and rounds belong to the provider's
+	// discovery goroutine (one round at a time).
+	lister *lister
+	rounds int // discovery rounds run
 }
 
 // Option changes how New builds an Agent.
@@ -112,6 +132,9 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 		providers:  make(map[string]*provider, len(cfg.Providers)),
 		ready:      make(chan struct{}),
 		genChanged: make(chan struct{}),
+		draining:   make(chan struct{}),
+		adverts:    make(map[string]*advertised, len(cfg.Providers)),
+		advChanged: make(chan struct{}),
 	}
 	for _, o := range opts {
 		o(a)
@@ -121,13 +144,6 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 		return nil, err
 	}
 	a.creds = creds
-	a.hello = &nodev1.Hello{
-		NodeId:             cfg.NodeID,
-		Label:              cfg.Label,
-		Token:              cfg.Token,
-		RuntimeConcurrency: int32(cfg.RuntimeConcurrency),
-		Version:            cfg.Version,
-	}
 	for _, pc := range cfg.Providers {
 		p, err := newProvider(pc)
 		if err != nil {
@@ -135,16 +151,13 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 			return nil, err
 		}
 		a.providers[pc.ID] = p
-		a.hello.Providers = append(a.hello.Providers, &nodev1.Provider{
-			Id:            pc.ID,
-			Type:          pc.Type,
-			Models:        pc.Models,
-			Capacity:      int32(pc.Capacity),
-			LongCapacity:  int32(pc.LongCapacity),
-			Capabilities:  pc.capabilities(),
-			ExecutionPath: p.path,
-			Healthy:       true,
-		})
+		a.order = append(a.order, p)
+		if p.lister != nil {
+			// Unknown until the first discovery round: unhealthy, no models.
+			a.adverts[pc.ID] = &advertised{advert: advert{models: []string{}}}
+		} else {
+			a.adverts[pc.ID] = &advertised{advert: configuredAdvert(pc)}
+		}
 	}
 	return a, nil
 }
@@ -158,6 +171,9 @@ func newProvider(pc ProviderConfig) (*provider, error) {
 		}
 	}
 	p := &provider{cfg: pc, path: pc.path()}
+	if pc.discovers() {
+		p.lister = newLister(pc, ac.APIKey)
+	}
 	var err error
 	if pc.Type == TypeCLI {
 		p.adapter, err = adapter.NewCLI(adapter.CLIConfig{
@@ -178,6 +194,9 @@ func newProvider(pc ProviderConfig) (*provider, error) {
 func (a *Agent) closeAdapters() {
 	for _, p := range a.providers {
 		p.adapter.Close()
+		if p.lister != nil {
+			p.lister.close()
+		}
 	}
 }
 
@@ -220,6 +239,50 @@ func (a *Agent) generationChanged() <-chan struct{} {
 	return a.genChanged
 }
 
+// Drain stops the agent gracefully (`iop node` calls it on SIGTERM or
+// SIGINT). On its connection the agent sends Drain{reason}, so that the
+// edge takes the node's providers out of rotation and sends new requests
+// elsewhere; refuses every Dispatch that still arrives with
+// DispatchRefused (ErrDraining), which the edge admits again elsewhere;
+// and lets the runs in flight finish. When none is left it closes the
+// connection and Run returns nil, without reconnecting; a connection lost
+// meanwhile is not made again. Runs still going when Config.DrainTimeout
+// has passed on the agent's clock (from this call) are aborted as when
+// Run's context ends: the agent closes the connection without a last
+// frame for them, so the edge ends each with its node gone. Drain returns
+// at once; later calls change nothing. After a Drain, Run returns nil at
+// once.
+func (a *Agent) Drain(reason string) {
+	a.drainOnce.Do(func() {
+		a.drainReason = reason
+		close(a.draining)
+		t := a.clock.AfterFunc(a.cfg.DrainTimeout, func() { a.abortRun(ErrDrainTimeout) })
+		a.mu.Lock()
+		a.drainTimer = t
+		a.mu.Unlock()
+	})
+}
+
+// isDraining reports whether Drain was called.
+func (a *Agent) isDraining() bool {
+	select {
+	case <-a.draining:
+		return true
+	default:
+	}
+	return false
+}
+
+// abortRun ends the active Run's context with cause: every run in flight
+// is aborted and Run returns.
+func (a *Agent) abortRun(cause error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.stopRun != nil {
+		a.stopRun(cause)
+	}
+}
+
 // stableSession is how long a welcomed connection must last for the next
 // reconnect to start from ReconnectMin again.
 const stableSession = 10 * time.Second
@@ -228,15 +291,40 @@ const stableSession = 10 * time.Second
 // every lost connection with exponential backoff (ReconnectMin doubling up
 // to ReconnectMax, full jitter; reset after a connection that lasted
 // stableSession, so a connection replaced at once keeps backing off). It
-// returns nil when ctx ends, after every run and goroutine it started has
+// returns nil when ctx ends (the runs in flight are aborted) or a drain
+// is over (see Drain), after every run and goroutine it started has
 // finished; ErrAlreadyRunning if another Run is active; or an error if the
 // edge address cannot be used at all.
+//
+// Providers that omit their models are discovered first (one round each,
+// at once, see startDiscovery), then again every discovery interval while
+// Run runs; every connection says hello with what is known then and sends
+// a ProviderUpdate whenever a round changes it.
 func (a *Agent) Run(ctx context.Context) error {
 	if !a.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
 	defer a.running.Store(false)
 	defer a.closeAdapters()
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	a.mu.Lock()
+	a.stopRun = stop
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.stopRun = nil
+		if a.drainTimer != nil {
+			a.drainTimer.Stop()
+		}
+		a.mu.Unlock()
+	}()
+	dctx, stopDiscovery := context.WithCancel(ctx)
+	waitDiscovery := a.startDiscovery(dctx)
+	defer func() {
+		stopDiscovery()
+		waitDiscovery()
+	}()
 
 	var cc *grpc.ClientConn
 	defer func() {
@@ -246,6 +334,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}()
 	attempt := 0
 	for {
+		if a.isDraining() {
+			return nil
+		}
 		if cc == nil {
 			var err error
 			if cc, err = a.dial(); err != nil {
@@ -254,7 +345,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		start := a.clock.Now()
 		welcomed, err := a.session(ctx, nodev1.NewNodeGatewayClient(cc))
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || a.isDraining() {
 			return nil
 		}
 		if errors.Is(err, ErrHeartbeatTimeout) || errors.Is(err, ErrWelcomeTimeout) {
@@ -318,7 +409,8 @@ func (a *Agent) backoff(attempt int) time.Duration {
 	return a.jitter(d)
 }
 
-// sleep waits d on the agent's clock; false if ctx ended first.
+// sleep waits d on the agent's clock; false if ctx ended or a drain
+// began first.
 func (a *Agent) sleep(ctx context.Context, d time.Duration) bool {
 	woke := make(chan struct{})
 	t := a.clock.AfterFunc(d, func() { close(woke) })
@@ -327,6 +419,8 @@ func (a *Agent) sleep(ctx context.Context, d time.Duration) bool {
 	case <-woke:
 		return true
 	case <-ctx.Done():
+		return false
+	case <-a.draining:
 		return false
 	}
 }

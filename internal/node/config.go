@@ -24,9 +24,13 @@ import (
 const (
 	DefaultReconnectMin    = 200 * time.Millisecond
 	DefaultReconnectMax    = 10 * time.Second
+	DefaultDrainTimeout    = 30 * time.Second // grace period of a drain (Agent.Drain)
 	DefaultProviderTimeout = 10 * time.Minute
 	DefaultOllamaURL       = "http://127.0.0.1:11434"
 	DefaultKillGrace       = adapter.DefaultKillGrace // type cli: SIGTERM to SIGKILL
+	// DefaultDiscoveryInterval is how often the models and health of a
+	// provider that omits its models are read again.
+	DefaultDiscoveryInterval = 30 * time.Second
 )
 
 // Provider types.
@@ -57,10 +61,15 @@ const (
 //	runtime_concurrency: 4
 //	reconnect_min: 200ms
 //	reconnect_max: 10s
+//	drain_timeout: 30s                   # on SIGTERM: how long runs in flight may take
+//	discovery_interval: 30s
 //	providers:
-//	  - id: local-ollama
+//	  - id: local-ollama                # models omitted: every model the server lists
 //	    type: ollama
 //	    base_url: http://127.0.0.1:11434
+//	  - id: other-ollama
+//	    type: ollama
+//	    base_url: http://10.0.0.7:11434
 //	    models: [llama3.2:3b, nomic-embed-text]
 //	    capacity: 2
 //	    capabilities: [embeddings]
@@ -115,6 +124,14 @@ type Config struct {
 	// backoff (full jitter); defaults 200ms and 10s.
 	ReconnectMin time.Duration `yaml:"reconnect_min"`
 	ReconnectMax time.Duration `yaml:"reconnect_max"`
+	// DrainTimeout is the grace period of a drain (Agent.Drain; `iop
+	// node` drains on SIGTERM or SIGINT): the runs in flight may take this
+	// long to finish before they are aborted. 0 means 30s.
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// DiscoveryInterval is how often the agent reads again the models and
+	// health of each provider that omits its models (a provider may set its
+	// own); default 30s.
+	DiscoveryInterval time.Duration `yaml:"discovery_interval"`
 	// Version is reported in Hello; set by the binary, not by YAML.
 	// Default: the main module's version from the build info, else "dev".
 	Version string `yaml:"-"`
@@ -134,7 +151,14 @@ type ProviderConfig struct {
 	// that "/chat/completions" is appended to (e.g. http://host:8000/v1).
 	// Not used by type cli.
 	BaseURL string `yaml:"base_url"`
-	// Models are the served model names; at least one.
+	// Models are the served model names. Omitted (for any type but cli),
+	// the agent discovers them: every model the server lists (Ollama's
+	// GET /api/tags, with each model's capabilities and details from
+	// POST /api/show; an OpenAI-compatible server's GET {base_url}/models),
+	// read again every DiscoveryInterval, together with the server's health
+	// (a server that does not answer its listing is unhealthy, out of
+	// rotation, until it does). With models set, the provider serves
+	// exactly those and is taken as healthy: nothing is read from it.
 	Models []string `yaml:"models"`
 	// Capacity is the most concurrent requests; 0 means the node's
 	// runtime_concurrency, else 1.
@@ -143,8 +167,15 @@ type ProviderConfig struct {
 	// Capacity.
 	LongCapacity int `yaml:"long_capacity"`
 	// Capabilities are advertised in addition to "stream", which every
-	// provider has: cancel, tools, vision, embeddings, background, ...
+	// provider has: cancel, tools, vision, embeddings, background, ... For
+	// a provider whose models are discovered, each model has the
+	// capabilities its server says (Ollama's /api/show: completion, tools,
+	// vision, embedding, thinking, insert), unless Capabilities is set:
+	// then every model has these instead.
 	Capabilities []string `yaml:"capabilities"`
+	// DiscoveryInterval, for a provider that omits its models, overrides
+	// the node's discovery_interval; 0 means the node's.
+	DiscoveryInterval time.Duration `yaml:"discovery_interval"`
 	// APIKeyEnv names the environment variable holding the provider's API
 	// key, read once when the agent is built; empty means no key.
 	APIKeyEnv string `yaml:"api_key_env"`
@@ -204,6 +235,12 @@ func (c Config) withDefaults() Config {
 	if c.ReconnectMax == 0 {
 		c.ReconnectMax = max(DefaultReconnectMax, c.ReconnectMin)
 	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = DefaultDrainTimeout
+	}
+	if c.DiscoveryInterval == 0 {
+		c.DiscoveryInterval = DefaultDiscoveryInterval
+	}
 	c.Providers = slices.Clone(c.Providers)
 	for i := range c.Providers {
 		p := &c.Providers[i]
@@ -230,6 +267,9 @@ func (c Config) withDefaults() Config {
 		if p.Timeout == 0 {
 			p.Timeout = DefaultProviderTimeout
 		}
+		if p.discovers() && p.DiscoveryInterval == 0 {
+			p.DiscoveryInterval = c.DiscoveryInterval
+		}
 	}
 	return c
 }
@@ -238,8 +278,10 @@ func (c Config) withDefaults() Config {
 // wrapped in ErrInvalidConfig: node_id and edge (host:port) set, at least
 // one provider, provider ids unique and non-empty, a known type (and sim
 // protocol), a base_url that parses as http(s) with a host (none for type
-// cli), at least one non-empty model each, capacities and durations not
-// negative, reconnect bounds ordered. For type cli (see validateCLI): a
+// cli), models non-empty and unique (at least one for type cli; other
+// types may omit them, to be discovered), capacities and durations not
+// negative (discovery_interval only on a provider that omits its models),
+// reconnect bounds ordered. For type cli (see validateCLI): a
 // command, a known prompt_via and placeholders, env names usable in an
 // environment, no embeddings, tools or vision capability; the cli fields
 // are refused on other types. Whether the executable and dir exist is
@@ -264,6 +306,12 @@ func (c Config) Validate() error {
 	}
 	if c.ReconnectMin <= 0 || c.ReconnectMax < c.ReconnectMin {
 		bad("reconnect_min %v, reconnect_max %v: want 0 < min <= max", c.ReconnectMin, c.ReconnectMax)
+	}
+	if c.DrainTimeout < 0 {
+		bad("drain_timeout %v: must not be negative", c.DrainTimeout)
+	}
+	if c.DiscoveryInterval < 0 {
+		bad("discovery_interval %v: must not be negative", c.DiscoveryInterval)
 	}
 	if len(c.Providers) == 0 {
 		bad("at least one provider is required")
@@ -301,8 +349,13 @@ func (c Config) Validate() error {
 				bad("%s: base_url %q: want an http(s) URL with a host", name, p.BaseURL)
 			}
 		}
-		if len(p.Models) == 0 {
-			bad("%s: at least one model is required", name)
+		if len(p.Models) == 0 && p.Type == TypeCLI {
+			bad("%s: at least one model is required for type cli (it has no model list to discover)", name)
+		}
+		if p.DiscoveryInterval < 0 {
+			bad("%s: discovery_interval %v: must not be negative", name, p.DiscoveryInterval)
+		} else if p.DiscoveryInterval > 0 && !p.discovers() {
+			bad("%s: discovery_interval is only for a provider that omits its models", name)
 		}
 		seen := make(map[string]bool)
 		for _, m := range p.Models {
@@ -392,6 +445,10 @@ func (p ProviderConfig) path() nodev1.ExecutionPath {
 	}
 	return nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL
 }
+
+// discovers reports whether the agent discovers p's models (and health):
+// it omits them and has a server to ask.
+func (p ProviderConfig) discovers() bool { return p.Type != TypeCLI && len(p.Models) == 0 }
 
 // capabilities is "stream" followed by p.Capabilities, without repeats.
 func (p ProviderConfig) capabilities() []string {

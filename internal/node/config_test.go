@@ -19,8 +19,13 @@ func TestLoadConfigExample(t *testing.T) {
 	}
 	want := Config{
 		NodeID: "gpu-box-1", Label: "rack 3, 2x A100", Edge: "edge.internal:7443", Token: "s3cret",
-		RuntimeConcurrency: 4, ReconnectMin: 500 * time.Millisecond, ReconnectMax: time.Minute,
+		RuntimeConcurrency: 4, ReconnectMin: 500 * time.Millisecond, ReconnectMax: time.Minute, DrainTimeout: 45 * time.Second,
+		DiscoveryInterval: 15 * time.Second,
 		Providers: []ProviderConfig{
+			{ID: "zero-config", Type: "ollama", BaseURL: "http://127.0.0.1:11435", Capacity: 4, LongCapacity: 4,
+				Timeout: DefaultProviderTimeout, DiscoveryInterval: 15 * time.Second},
+			{ID: "discovered-vllm", Type: "vllm", BaseURL: "http://127.0.0.1:8001/v1", Capacity: 4, LongCapacity: 4,
+				Timeout: DefaultProviderTimeout, DiscoveryInterval: time.Minute},
 			{ID: "local-ollama", Type: "ollama", BaseURL: DefaultOllamaURL, Models: []string{"llama3.2:3b", "nomic-embed-text"},
 				Capacity: 4, LongCapacity: 4, Capabilities: []string{"embeddings"}, Timeout: DefaultProviderTimeout},
 			{ID: "vllm-qwen", Type: "vllm", BaseURL: "http://127.0.0.1:8000/v1", Models: []string{"Qwen/Qwen2.5-7B-Instruct"},
@@ -35,10 +40,15 @@ func TestLoadConfigExample(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("LoadConfig\n got %+v\nwant %+v", got, want)
 	}
-	if p := want.Providers; p[0].path() != nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED ||
+	if p := want.Providers[2:]; p[0].path() != nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED ||
 		p[1].path() != nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL || p[2].path() != nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL ||
 		p[3].path() != nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED {
 		t.Error("execution paths")
+	}
+	for i, p := range got.Providers {
+		if p.discovers() != (i < 2) {
+			t.Errorf("provider %s discovers: %v", p.ID, p.discovers())
+		}
 	}
 }
 
@@ -50,7 +60,8 @@ func TestLoadConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := c.Providers[0]
-	if c.ReconnectMin != DefaultReconnectMin || c.ReconnectMax != DefaultReconnectMax ||
+	if c.ReconnectMin != DefaultReconnectMin || c.ReconnectMax != DefaultReconnectMax || c.DrainTimeout != 30*time.Second ||
+		c.DiscoveryInterval != DefaultDiscoveryInterval ||
 		p.Capacity != 1 || p.LongCapacity != 1 || p.Protocol != "ollama" || p.Timeout != DefaultProviderTimeout ||
 		p.path() != nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED {
 		t.Errorf("defaults not applied: %+v", c)
@@ -86,6 +97,10 @@ func TestValidate(t *testing.T) {
 	if err := valid().Validate(); err != nil {
 		t.Fatalf("valid config: %v", err)
 	}
+	zeroConfig := Config{NodeID: "n", Edge: "127.0.0.1:7000", Providers: []ProviderConfig{{ID: "o", Type: TypeOllama}}}
+	if err := zeroConfig.Validate(); err != nil {
+		t.Fatalf("a provider with type alone: %v", err)
+	}
 	for _, tc := range []struct {
 		name   string
 		mutate func(*Config)
@@ -105,13 +120,19 @@ func TestValidate(t *testing.T) {
 		{"no base url", func(c *Config) { c.Providers[0].BaseURL = "" }, "base_url"},
 		{"bad base url", func(c *Config) { c.Providers[0].BaseURL = "ftp://x" }, "base_url"},
 		{"unparsable base url", func(c *Config) { c.Providers[0].BaseURL = "http://[::1" }, "base_url"},
-		{"no models", func(c *Config) { c.Providers[0].Models = nil }, "at least one model"},
+		{"no models for cli", func(c *Config) {
+			c.Providers[0] = ProviderConfig{ID: "c", Type: TypeCLI, Command: []string{"llm"}}
+		}, "at least one model is required for type cli"},
+		{"discovery interval with models", func(c *Config) { c.Providers[0].DiscoveryInterval = time.Second }, "only for a provider that omits its models"},
+		{"negative provider discovery interval", func(c *Config) { c.Providers[0].Models, c.Providers[0].DiscoveryInterval = nil, -time.Second }, "discovery_interval -1s"},
+		{"negative discovery interval", func(c *Config) { c.DiscoveryInterval = -time.Second }, "discovery_interval -1s"},
 		{"duplicate model", func(c *Config) { c.Providers[0].Models = []string{"m", "m"} }, "listed twice"},
 		{"negative capacity", func(c *Config) { c.Providers[0].Capacity = -1 }, "capacity -1"},
 		{"negative long capacity", func(c *Config) { c.Providers[0].LongCapacity = -2 }, "long_capacity -2"},
 		{"negative runtime concurrency", func(c *Config) { c.RuntimeConcurrency = -1 }, "runtime_concurrency"},
 		{"negative timeout", func(c *Config) { c.Providers[0].Timeout = -time.Second }, "timeout"},
 		{"reconnect bounds", func(c *Config) { c.ReconnectMin, c.ReconnectMax = time.Second, time.Millisecond }, "reconnect"},
+		{"negative drain timeout", func(c *Config) { c.DrainTimeout = -time.Second }, "drain_timeout"},
 		{"empty capability", func(c *Config) { c.Providers[0].Capabilities = []string{""} }, "empty capability"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -16,6 +16,24 @@
 // jitter, reset after a Welcome) and connects again, getting a new
 // generation.
 //
+// # Discovery
+//
+// A provider that omits its models (any type but cli) is discovered: Run
+// first reads, for every such provider at once, what its server serves
+// (Ollama: GET /api/tags, then POST /api/show per model not shown yet with
+// its digest, for capabilities, parent model and context length; an
+// OpenAI-compatible server: GET {base_url}/models), then reads it again
+// every discovery interval of the agent's clock. Its advert (health, served
+// models sorted, and per model its capabilities — "stream" and what the
+// server says in iop's words, or the configured capabilities, which
+// override the server's — and details) is what Hello says of it and, at
+// every change, what a ProviderUpdate (models_set, the whole list) carries:
+// a model pulled or removed, a server that stops answering its listing
+// (unhealthy, models kept) or answers again. A round that finds nothing new
+// sends nothing. A provider whose server did not answer yet is advertised
+// unhealthy with no models. A provider with configured models is
+// advertised healthy with exactly those, and its server is never read.
+//
 // A Dispatch for a known provider starts a run: the agent opens a Run
 // stream of its own for it (so HTTP/2 flow control applies to that run
 // alone and a slow reader backpressures only its own run), sends RunOpen,
@@ -26,15 +44,42 @@
 // tunnel path. A Dispatch it cannot run gets DispatchRefused. Capacity is
 // the edge's to enforce; the node runs whatever it is sent.
 //
+// # Drain
+//
+// Agent.Drain (`iop node` on SIGTERM or SIGINT) sends Drain{reason} on the
+// control stream, after which every Dispatch is refused (ErrDraining) and
+// the runs in flight go on. When the last one has finished, the agent
+// sends what is still queued, half-closes the control stream, waits (up to
+// flushTimeout) for the edge to end it, and Run returns nil without
+// reconnecting. Config.DrainTimeout after Drain, on the agent's clock, the
+// runs still going are aborted as when Run's context ends. An aborted run
+// (Run's context ended, the drain's grace period over, the connection
+// lost) sends no last frame and does not half-close its stream: the edge
+// ends it, like every run of a connection that closed, with its node gone,
+// so each client of an aborted run sees that one error.
+//
 // # Concurrency
 //
 // Agent fields set in New (config, logger, clock, providers and their
-// adapters, the Hello) are never written again. Run owns the gRPC client
+// adapters and listers) are never written again. Run owns the gRPC client
 // connection and calls session once per connection, sequentially; at most
 // one Run is active per Agent. Agent.gen is an atomic written only by the
 // session goroutine; Agent.mu guards genChanged, the channel closed on each
 // generation change (tests wait on it). ready is closed once, at the first
 // Welcome.
+//
+// Discovery: Run starts one goroutine per discovered provider (after a
+// first round run by goroutines it waits for), the only one that runs that
+// provider's rounds and uses its lister; it sleeps on the agent's clock
+// between rounds and ends with Run (Run waits for it). Agent.advMu guards
+// the adverts (replaced, never modified: a published advert's slices and
+// messages are shared read-only with the Hellos and updates built from
+// them) and advChanged, closed and replaced at every change. Each session
+// goroutine builds its Hello from a snapshot (advert versions and the
+// channel of that instant), and on each close of the channel queues a
+// ProviderUpdate for every advert whose version moved since it last sent,
+// so no change between the snapshot and the loop is missed and none is
+// sent twice on one connection.
 //
 // Each connection (conn) has:
 //   - the session goroutine (the one that called session): it alone arms
@@ -47,7 +92,9 @@
 //   - a reader goroutine, the only caller of the Connect stream's Recv,
 //     handing messages to the session goroutine over an unbuffered channel;
 //   - a writer goroutine, the only caller of the Connect stream's Send after
-//     Hello, draining conn.out (heartbeats, DispatchRefused);
+//     Hello, draining conn.out (heartbeats, DispatchRefused, ProviderUpdate,
+//     Drain); at the end of a drain it sends what is queued and half-closes
+//     the stream;
 //   - one goroutine per run, plus one reader per run (the only caller of
 //     that Run stream's Recv). The run goroutine is the only sender on its
 //     Run stream: the adapter's sink calls and the terminal frame all happen
@@ -55,7 +102,12 @@
 //     any channel shared with other runs.
 //
 // conn.mu guards conn.runs (run id -> run): the session goroutine adds runs
-// and looks them up to cancel; each run goroutine removes itself when done.
+// and looks them up to cancel; each run goroutine removes itself when done
+// and then signals conn.runEnded (one slot, never blocking), on which a
+// draining session goroutine waits for the last run. conn.draining is the
+// session goroutine's alone. Agent.draining is closed once, by Drain, after
+// Agent.drainReason is written; Agent.mu guards stopRun (the active Run's
+// cancel, which the drain's grace timer calls) and the drain's timer.
 // A run's provider request is cancelled, exactly through its workCtx, by a
 // Cancel on the control stream, a Cancel on its run stream, the end of its
 // run stream, or the end of the connection (every run context is a child of

@@ -26,6 +26,12 @@ var (
 	// ErrProtocol: the edge sent something the protocol does not allow at
 	// that point (e.g. no Welcome or HelloRefused first).
 	ErrProtocol = errors.New("edge broke the protocol")
+	// ErrDrained: the agent drained (Agent.Drain) and every run in flight
+	// finished; the agent closes the connection and does not reconnect.
+	ErrDrained = errors.New("node drained")
+	// ErrDrainTimeout: the drain's grace period (Config.DrainTimeout) ended
+	// with runs still in flight; they are aborted.
+	ErrDrainTimeout = errors.New("drain grace period over")
 )
 
 // Why a dispatch was refused (sent to the edge as DispatchRefused.reason).
@@ -36,6 +42,9 @@ var (
 	ErrDuplicateRun         = errors.New("run id already in flight")
 	ErrMissingRunID         = errors.New("dispatch without a run id")
 	ErrRunStreamFailed      = errors.New("cannot open run stream")
+	// ErrDraining: the node is draining (it told the edge so) and takes no
+	// new run.
+	ErrDraining = errors.New("node is draining")
 )
 
 // Why a run ended early; causes of its context's cancellation.

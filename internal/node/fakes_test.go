@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"net"
 	"strings"
@@ -84,6 +85,9 @@ type edgeRun struct {
 	stream grpc.BidiStreamingServer[nodev1.RunUp, nodev1.RunDown]
 	up     chan *nodev1.RunUp // unbuffered: an unread run backpressures the node; closed at the node's half-close
 	end    chan error
+	// recvErr is why the stream's messages ended (io.EOF: the node
+	// half-closed it); set before up is closed.
+	recvErr error
 }
 
 func startEdge(t *testing.T) (*fakeEdge, string) {
@@ -109,10 +113,14 @@ func (e *fakeEdge) Connect(s grpc.BidiStreamingServer[nodev1.NodeMessage, nodev1
 	c := &edgeConn{hello: m.GetHello(), stream: s, in: make(chan *nodev1.NodeMessage, 256), end: make(chan error, 1), done: make(chan struct{})}
 	defer close(c.done)
 	ctx := s.Context()
+	halfClosed := make(chan struct{})
 	go func() {
 		for {
 			m, err := s.Recv()
 			if err != nil {
+				if err == io.EOF {
+					close(halfClosed)
+				}
 				return
 			}
 			select {
@@ -130,6 +138,8 @@ func (e *fakeEdge) Connect(s grpc.BidiStreamingServer[nodev1.NodeMessage, nodev1
 	select {
 	case err := <-c.end:
 		return err
+	case <-halfClosed: // like the real edge: a node that half-closes is gone
+		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -148,12 +158,14 @@ func (e *fakeEdge) Run(s grpc.BidiStreamingServer[nodev1.RunUp, nodev1.RunDown])
 		for {
 			m, err := s.Recv()
 			if err != nil {
+				r.recvErr = err
 				close(halfClosed)
 				return
 			}
 			select {
 			case r.up <- m:
 			case <-ctx.Done():
+				r.recvErr = ctx.Err()
 				return
 			}
 		}
@@ -276,6 +288,13 @@ func (h *logRecorder) find(level slog.Level, attrSubstr string) bool {
 // (every wait is its ceiling), and runs it until the test ends.
 func startAgent(t *testing.T, cfg Config, clk clock.Clock, logs slog.Handler) *Agent {
 	t.Helper()
+	return startAgentWith(t, cfg, clk, logs, nil)
+}
+
+// startAgentWith is startAgent that lets setup change the agent before it
+// runs.
+func startAgentWith(t *testing.T, cfg Config, clk clock.Clock, logs slog.Handler, setup func(*Agent)) *Agent {
+	t.Helper()
 	if logs == nil {
 		logs = slog.DiscardHandler
 	}
@@ -284,6 +303,9 @@ func startAgent(t *testing.T, cfg Config, clk clock.Clock, logs slog.Handler) *A
 		t.Fatal(err)
 	}
 	a.jitter = func(d time.Duration) time.Duration { return d }
+	if setup != nil {
+		setup(a)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()

@@ -38,6 +38,9 @@ type bodyResult struct {
 func (c *conn) dispatch(d *nodev1.Dispatch) {
 	p := c.a.providers[d.ProviderId]
 	switch {
+	case c.draining:
+		c.refuse(d.RunId, ErrDraining)
+		return
 	case d.RunId == "":
 		c.refuse(d.RunId, ErrMissingRunID)
 		return
@@ -89,11 +92,17 @@ func (c *conn) cancelRun(runID, reason string) {
 	r.cancelWork(fmt.Errorf("%w: %s", ErrCancelledByEdge, reason))
 }
 
+// removeRun forgets r and wakes the session goroutine (a drain waits for
+// the last run).
 func (c *conn) removeRun(r *run) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.runs[r.id] == r {
 		delete(c.runs, r.id)
+	}
+	c.mu.Unlock()
+	select {
+	case c.runEnded <- struct{}{}:
+	default:
 	}
 }
 
@@ -146,12 +155,19 @@ func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
 			err = ad.Tunnel(r.workCtx, req, tunnelSink{stream})
 		}
 	}
-	if last := terminal(p.path, err); last != nil {
-		if serr := stream.Send(last); serr != nil {
-			c.logRun(slog.LevelDebug, r, d, "cannot send the run's last frame", "err", serr)
+	// A run aborted with its connection (the node stopping, the edge lost)
+	// sends no last frame and does not half-close: the edge ends it as it
+	// ends every run of a connection that closed (its node gone), so that
+	// every client of the aborted runs sees that one error rather than
+	// some "cancelled".
+	if c.ctx.Err() == nil {
+		if last := terminal(p.path, err); last != nil {
+			if serr := stream.Send(last); serr != nil {
+				c.logRun(slog.LevelDebug, r, d, "cannot send the run's last frame", "err", serr)
+			}
 		}
+		_ = stream.CloseSend()
 	}
-	_ = stream.CloseSend()
 	switch {
 	case err == nil:
 		c.logRun(slog.LevelDebug, r, d, "run complete")

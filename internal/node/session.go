@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -10,8 +11,12 @@ import (
 	"iop/internal/wire/nodev1"
 )
 
+// flushTimeout bounds how long a drained connection waits for its last
+// control messages (the Drain, refusals) to be sent before it closes.
+const flushTimeout = 2 * time.Second
+
 // outQueue is the capacity of a connection's queue of control messages to
-// the edge (heartbeats, dispatch refusals).
+// the edge (heartbeats, dispatch refusals, provider updates).
 const outQueue = 64
 
 // conn is one Connect stream, from Hello until it ends. Its context is the
@@ -24,6 +29,11 @@ type conn struct {
 	out    chan *nodev1.NodeMessage // control messages for the writer goroutine
 	gen    uint64                   // written once, after Welcome, before any dispatch
 	runWG  sync.WaitGroup           // one per run goroutine
+	// runEnded has one slot; a run goroutine fills it when it leaves runs.
+	runEnded chan struct{}
+	// draining: the edge was told Drain; dispatches are refused. Read and
+	// written by the session goroutine only.
+	draining bool
 
 	mu   sync.Mutex      // guards the fields below
 	runs map[string]*run // in-flight runs by run id
@@ -36,7 +46,7 @@ type conn struct {
 func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (welcomed bool, err error) {
 	cctx, cancel := context.WithCancelCause(ctx)
 	c := &conn{a: a, client: client, ctx: cctx, cancel: cancel,
-		out: make(chan *nodev1.NodeMessage, outQueue), runs: make(map[string]*run)}
+		out: make(chan *nodev1.NodeMessage, outQueue), runEnded: make(chan struct{}, 1), runs: make(map[string]*run)}
 	var wg sync.WaitGroup // reader and writer
 	defer func() {
 		cancel(err) // ends the stream and every run of this connection
@@ -48,7 +58,10 @@ func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (w
 	if err != nil {
 		return false, fmt.Errorf("%w: %w", ErrConnectionLost, err)
 	}
-	if err := stream.Send(&nodev1.NodeMessage{Msg: &nodev1.NodeMessage_Hello{Hello: a.hello}}); err != nil {
+	// The Hello says what is advertised now; later changes of an advert go
+	// as ProviderUpdates (sent holds the versions the edge knows).
+	hello, sent, advChanged := a.helloNow()
+	if err := stream.Send(&nodev1.NodeMessage{Msg: &nodev1.NodeMessage_Hello{Hello: hello}}); err != nil {
 		_, err = stream.Recv() // the stream's real status
 		return false, fmt.Errorf("%w: send hello: %w", ErrConnectionLost, err)
 	}
@@ -71,6 +84,7 @@ func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (w
 			}
 		}
 	}()
+	flush := make(chan struct{})
 	go func() { // writer: the only caller of stream.Send from here on
 		defer wg.Done()
 		for {
@@ -80,11 +94,43 @@ func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (w
 					cancel(fmt.Errorf("%w: send: %w", ErrConnectionLost, err))
 					return
 				}
+			case <-flush: // the connection ends: send what is queued, then half-close
+				for {
+					select {
+					case m := <-c.out:
+						if stream.Send(m) != nil {
+							return
+						}
+					default:
+						_ = stream.CloseSend()
+						return
+					}
+				}
 			case <-cctx.Done():
 				return
 			}
 		}
 	}()
+	// drained ends the connection after a drain, gracefully: the Drain and
+	// any refusal still queued go out, the node half-closes the stream and
+	// the edge ends it, within flushTimeout. (Cancelling the stream at
+	// once would drop what gRPC had not yet written.)
+	drained := func() (bool, error) {
+		close(flush)
+		timeout := make(chan struct{})
+		t := a.clock.AfterFunc(flushTimeout, func() { close(timeout) })
+		defer t.Stop()
+		for {
+			select {
+			case <-msgs: // late: the edge ends a dispatch sent now with the connection
+				continue
+			case <-recvErr: // the edge ended the stream
+			case <-timeout:
+			case <-cctx.Done():
+			}
+			return true, ErrDrained
+		}
+	}
 
 	// Hello -> Welcome | HelloRefused, within helloTimeout.
 	helloTimer := a.clock.AfterFunc(helloTimeout, func() { cancel(ErrWelcomeTimeout) })
@@ -106,6 +152,9 @@ func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (w
 	case <-cctx.Done():
 		helloTimer.Stop()
 		return false, context.Cause(cctx) // ErrWelcomeTimeout, or why ctx ended
+	case <-a.draining:
+		helloTimer.Stop()
+		return false, ErrDrained // nothing in flight yet
 	}
 
 	interval := time.Duration(w.HeartbeatIntervalMs) * time.Millisecond
@@ -135,11 +184,34 @@ func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (w
 	a.readyOnce.Do(func() { close(a.ready) })
 	a.logger.Info("connected to edge", "edge", a.cfg.Edge, "generation", c.gen, "heartbeat", interval)
 
+	drain := a.draining // nil once the drain began on this connection
 	for {
 		select {
+		case <-drain:
+			drain = nil
+			if c.startDrain() {
+				a.logger.Info("drained: no run in flight; disconnecting", "generation", c.gen)
+				return drained()
+			}
+		case <-c.runEnded:
+			if c.draining && c.inFlight() == 0 {
+				a.logger.Info("drained: every run in flight finished; disconnecting", "generation", c.gen)
+				return drained()
+			}
 		case m := <-msgs:
 			lastHeard = a.clock.Now()
 			c.handle(m)
+		case <-advChanged:
+			var updates []*nodev1.ProviderUpdate
+			updates, advChanged = a.updatesSince(sent)
+			for _, u := range updates {
+				m := &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_ProviderUpdate{ProviderUpdate: u}}
+				select {
+				case c.out <- m:
+				case <-cctx.Done():
+					return true, context.Cause(cctx)
+				}
+			}
 		case <-ticks:
 			now := a.clock.Now()
 			if now.Sub(lastHeard) >= missedHeartbeats*interval {
@@ -153,9 +225,36 @@ func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (w
 		case err := <-recvErr:
 			return true, fmt.Errorf("%w: %w", ErrConnectionLost, err)
 		case <-cctx.Done():
+			if cause := context.Cause(cctx); errors.Is(cause, ErrDrainTimeout) {
+				a.logger.Warn("drain grace period over: aborting the runs still in flight", "runs", c.inFlight(), "grace", a.cfg.DrainTimeout, "generation", c.gen)
+			}
 			return true, context.Cause(cctx)
 		}
 	}
+}
+
+// startDrain begins the drain on this connection: from now on dispatches
+// are refused, and the edge is told (Drain, ahead of any refusal on the
+// control stream). It reports whether no run is in flight, so the
+// connection may end at once.
+func (c *conn) startDrain() (idle bool) {
+	c.draining = true
+	n := c.inFlight()
+	c.a.logger.Info("draining: the edge is told, no more dispatches are taken, the runs in flight may finish",
+		"reason", c.a.drainReason, "runs_in_flight", n, "drain_timeout", c.a.cfg.DrainTimeout, "generation", c.gen)
+	m := &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_Drain{Drain: &nodev1.Drain{Reason: c.a.drainReason}}}
+	select {
+	case c.out <- m:
+	case <-c.ctx.Done():
+	}
+	return n == 0
+}
+
+// inFlight counts the runs of the connection not yet finished.
+func (c *conn) inFlight() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.runs)
 }
 
 // handle acts on one message from the edge after Welcome. Any message

@@ -14,6 +14,48 @@
 // Every release offers the slot to the earliest waiter, in any group, that can
 // use it, so no slot stays idle while a waiter that can use it waits.
 //
+// # Work conservation
+//
+// Each resource keeps the waiters that list it in a heap by enqueue order
+// (short and long-context apart). A waiter is in resource r's heap only while
+// one of its candidates is live on r: r is not orphan and belongs to the
+// candidate's generation. So when r has a free slot, the top of its heap can
+// always take it (on r, or on a less loaded candidate of its own), and a
+// release hands its slot over in O(log W) without passing over anyone. Every
+// path that frees a slot or makes one usable hands it out before it returns:
+// a release and a capacity change pump the resource, an Activate or a Fence
+// re-resolves every waiter and then walks them all in enqueue order. A fresh
+// admission takes a free slot only when no queued waiter can use it.
+//
+// # Re-resolution
+//
+// Activate and a Fence that changed something call every waiter's resolver
+// again, in enqueue order:
+//   - candidates: the waiter lists the live ones; none live fails it with
+//     ErrProviderUnavailable;
+//   - ErrUnknownModel, ErrNoProvider, ErrCandidatesRejected,
+//     ErrProviderUnavailable: the providers that could serve it went away (it
+//     had a live candidate meeting its predicate when it was queued), so it
+//     fails with ErrProviderUnavailable, never with ErrCandidatesRejected,
+//     which is kept for a request no provider can take when it arrives;
+//   - any other error (a fault of the resolver): the waiter stays queued with
+//     those of its candidates that are still live, possibly none, and is
+//     "stale". Stale waiters are re-resolved, in enqueue order, at every
+//     later admission (before the new request is considered), effective
+//     release and capacity change, and are then offered free slots, so one
+//     whose resolver recovered is served before any later request. A stale
+//     waiter that never recovers waits until its queue timeout.
+//
+// # Bounded state
+//
+// A resource that is orphan (its connection fenced, or dropped from the
+// node's newer Hello), has no lease and is listed by no waiter is forgotten:
+// at the fence, at the Activate that orphans it, or at its last lease's
+// release. A node without resources is forgotten with them, generation
+// included (after that, only Activate's ownership check tells a late
+// activation of an old generation). Groups stay once created, with their
+// policy and queue counter: one per model name that has queued.
+//
 // The semantics are those of DESIGN.md ("The scheduler") and of the earlier
 // system's queue manager (shared/seeds 000 and 001); the shape is new: one
 // Lease type instead of "node:provider" slot keys, per-resource waiter heaps
@@ -24,7 +66,9 @@
 // Admit and Snapshot cost O(candidates) (Snapshot O(resources + groups)). A
 // release costs O(log W) for W waiters listing the released resource, plus
 // O(candidates) for the waiter it hands the slot to. Fence and Activate
-// re-resolve every waiter: O(waiters × candidates); they are rare.
+// re-resolve every waiter: O(waiters × candidates); they are rare. While S
+// waiters are stale (their resolver failing), an admission, release or
+// capacity change also costs O(S × candidates); with none, nothing.
 //
 // # Concurrency
 //

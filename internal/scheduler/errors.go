@@ -11,12 +11,16 @@ var (
 	ErrNoProvider = errors.New("no provider for model")
 	// ErrCandidatesRejected: providers exist but the request-local predicate
 	// rejected every one (e.g. none has a capability the request needs).
+	// Only at admission: a queued request whose resolver says so later fails
+	// with ErrProviderUnavailable.
 	ErrCandidatesRejected = errors.New("no candidate accepts the request")
 	// ErrQueueFull: every candidate is busy and the group's queue holds max_queue waiters.
 	ErrQueueFull = errors.New("queue full")
 	// ErrQueueTimeout: the request waited the group's queue_timeout without a slot.
 	ErrQueueTimeout = errors.New("queue timeout")
-	// ErrProviderUnavailable: while the request waited, every candidate went away.
+	// ErrProviderUnavailable: while the request waited, every candidate (or
+	// every one meeting its needs) went away; or its resolver says so at
+	// admission.
 	ErrProviderUnavailable = errors.New("provider unavailable")
 	// ErrInvalid: a constructor or update got an invalid argument; state is unchanged.
 	ErrInvalid = errors.New("invalid argument")

@@ -80,7 +80,7 @@ func (l *Lease) Release(reason string) bool {
 	if !s.releaseLocked(l, reason) {
 		return false
 	}
-	s.pumpResourceLocked(l.res)
+	s.freedLocked(l.res)
 	return true
 }
 

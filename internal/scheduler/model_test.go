@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -16,23 +17,58 @@ import (
 // hold (no lease to release, no waiter to cancel, ...): that skips the one
 // action and rapid draws another; it never skips the test.
 //
-// The model-based property test: random sequences of admit, cancel, clock
+// The model-based property test: random sequences of admit (with and
+// without a capability need that only some providers meet), cancel, clock
 // advance, track, release (by lease and by run id, duplicates included),
-// fence (current, stale, whole node), activate (current, stale, non-owner),
-// capacity and policy changes, checked after every step against a plain
-// reference model of the world.
+// connect and reconnect (a new generation, with a random subset of the
+// node's providers and of their capabilities: providers dropped from a
+// reconnect Hello), disconnect (current generation or the whole node),
+// stale callbacks (fence and activate of an old generation, activate of a
+// non-owner), capacity changes (cuts included), policy changes, and
+// resolvers that fail transiently and recover. After every step it checks
+// the scheduler against a plain reference model of the world:
+//
+//   - counters: in-flight and long in-flight per resource, waiters, leases;
+//     no resource above its capacity except draining after a cut;
+//   - the resources the scheduler holds: exactly those of current
+//     connections plus orphans that still hold a lease (a drained orphan is
+//     removed), with their status and generation;
+//   - work conservation: no resource has a free slot while a queued waiter
+//     lists it (with a live candidate on it), and a fresh admission never
+//     takes a slot an earlier waiter listing it could use;
+//   - order: a waiter handed a slot never overtakes an earlier one, still
+//     waiting, that lists the same resource;
+//   - outcomes: every settled waiter's outcome is the one the reference
+//     predicts (a lease only on a candidate it lists; ErrQueueTimeout only
+//     at its deadline; ErrProviderUnavailable, never ErrCandidatesRejected,
+//     exactly when its re-resolution finds no candidate left), and every
+//     predicted failure has happened.
+//
+// The reference re-resolves waiters when the scheduler's contract says it
+// does (package doc, "Re-resolution"): every waiter at an Activate or a
+// Fence that changed something; waiters whose resolver failed at their last
+// resolution ("stale" ones) also at every admission, effective release and
+// capacity change. A resolver that fails leaves a waiter queued with the
+// candidates it had that are still live.
 
 var (
-	modelNodes     = []string{"n0", "n1", "n2"}
+	modelNodes     = []string{"n0", "n1"}
 	modelProviders = []string{"pa", "pb"}
+	modelGroupList = []string{"g0", "g1", "g2"}
 	// Each group lists some (node-independent) providers; a candidate exists
-	// on every connected node for each listed provider.
+	// on every connected node for each listed provider that node's current
+	// connection has.
 	modelGroups = map[string][]string{"g0": {"pa"}, "g1": {"pb"}, "g2": {"pa", "pb"}}
+	// errTransient is a resolver fault that is none of the scheduler's
+	// sentinels: it leaves a queued waiter queued.
+	errTransient = errors.New("catalog unavailable")
 )
 
 type mNode struct {
 	gen       uint64 // current generation; 0 = never connected
 	connected bool
+	providers map[string]bool // in the current connection's Hello
+	tools     map[string]bool // providers of the current connection with the capability "tools"
 	capacity  map[string]int
 	long      map[string]int
 }
@@ -45,20 +81,32 @@ type mLease struct {
 	runID    string
 }
 
+// mCand is one candidate as the reference sees it.
+type mCand struct {
+	key resourceKey
+	gen uint64
+}
+
 type mWaiter struct {
 	w        *waiter
 	group    string
 	long     bool
+	tools    bool // needs providers with "tools"
 	deadline time.Time
 	done     bool
 	key      resourceKey // resource it was handed, if any
+	// What the reference says the scheduler holds for it.
+	cands []mCand // its live candidates
+	stale bool    // its last resolution failed
+	// expect, when set, is the error it must have failed with by now.
+	expect error
 }
 
 type machine struct {
 	clk     *clock.Fake
 	s       *Scheduler
-	world   *world
 	nodes   map[string]*mNode
+	failing map[string]bool // groups whose resolver fails now
 	gens    uint64
 	leases  []*mLease
 	waiters []*mWaiter
@@ -74,32 +122,110 @@ func newMachine(t *rapid.T) *machine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &machine{clk: clk, s: s, world: newWorld(), nodes: map[string]*mNode{}, lastHeld: map[resourceKey]int{}, lastLong: map[resourceKey]int{}}
+	m := &machine{clk: clk, s: s, nodes: map[string]*mNode{}, failing: map[string]bool{},
+		lastHeld: map[resourceKey]int{}, lastLong: map[resourceKey]int{}}
 	for _, n := range modelNodes {
-		m.nodes[n] = &mNode{capacity: map[string]int{}, long: map[string]int{}}
+		m.nodes[n] = &mNode{providers: map[string]bool{}, tools: map[string]bool{}, capacity: map[string]int{}, long: map[string]int{}}
 	}
 	m.policy = map[string]Policy{}
 	for g := range modelGroups {
 		m.policy[g] = Policy{MaxQueue: 3, QueueTimeout: 10 * time.Second}
 	}
-	m.syncWorld()
 	return m
 }
 
-// syncWorld publishes the catalog: every group's candidates on connected nodes.
-func (m *machine) syncWorld() {
-	for g, providers := range modelGroups {
-		var cands []Candidate
-		for _, n := range modelNodes {
-			node := m.nodes[n]
-			if !node.connected {
+// world returns the candidates of a request of group on current
+// connections, and those of them that meet its need, in the catalog's
+// order (node, then provider).
+func (m *machine) world(group string, tools bool) (all, ok []mCand) {
+	for _, n := range modelNodes {
+		node := m.nodes[n]
+		if !node.connected {
+			continue
+		}
+		for _, p := range modelGroups[group] {
+			if !node.providers[p] {
 				continue
 			}
-			for _, p := range providers {
-				cands = append(cands, cand(n, node.gen, p))
+			c := mCand{resourceKey{n, p}, node.gen}
+			all = append(all, c)
+			if !tools || node.tools[p] {
+				ok = append(ok, c)
 			}
 		}
-		m.world.set(g, cands...)
+	}
+	return all, ok
+}
+
+// resolve is the reference resolver: the request's candidates, or the
+// error a catalog gives.
+func (m *machine) resolve(group string, tools bool) ([]mCand, error) {
+	if m.failing[group] {
+		return nil, errTransient
+	}
+	all, ok := m.world(group, tools)
+	switch {
+	case len(all) == 0:
+		return nil, fmt.Errorf("%w %q", ErrNoProvider, group)
+	case len(ok) == 0:
+		return nil, fmt.Errorf("%w: no provider of %q has tools", ErrCandidatesRejected, group)
+	}
+	return ok, nil
+}
+
+// resolver is the request's resolver given to the scheduler: the reference
+// resolver, in the scheduler's types.
+func (m *machine) resolver(group string, tools bool) func() ([]Candidate, error) {
+	return func() ([]Candidate, error) {
+		cands, err := m.resolve(group, tools)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]Candidate, len(cands))
+		for i, c := range cands {
+			out[i] = cand(c.key.node, c.gen, c.key.provider)
+		}
+		return out, nil
+	}
+}
+
+// liveCand reports whether c is a candidate on a current connection.
+func (m *machine) liveCand(c mCand) bool {
+	node := m.nodes[c.key.node]
+	return node.connected && node.gen == c.gen && node.providers[c.key.provider]
+}
+
+// reresolve applies one re-resolution of w in the reference.
+func (m *machine) reresolve(w *mWaiter) {
+	if w.done || w.expect != nil {
+		return
+	}
+	cands, err := m.resolve(w.group, w.tools)
+	switch {
+	case errors.Is(err, errTransient):
+		w.cands = slices.DeleteFunc(w.cands, func(c mCand) bool { return !m.liveCand(c) })
+		w.stale = true
+	case err != nil:
+		w.expect = ErrProviderUnavailable
+	default:
+		w.cands, w.stale = cands, false
+	}
+}
+
+// reresolveAll is what an Activate or a Fence that changed something does.
+func (m *machine) reresolveAll() {
+	for _, w := range m.waiters {
+		m.reresolve(w)
+	}
+}
+
+// retryStale is what an admission, an effective release or a capacity
+// change does first.
+func (m *machine) retryStale() {
+	for _, w := range m.waiters {
+		if w.stale {
+			m.reresolve(w)
+		}
 	}
 }
 
@@ -113,31 +239,32 @@ func (m *machine) held(key resourceKey, longOnly bool) int {
 	return n
 }
 
+// liveKey reports whether key is a provider of a current connection.
+func (m *machine) liveKey(key resourceKey) bool {
+	node := m.nodes[key.node]
+	return node.connected && node.providers[key.provider]
+}
+
+// exists reports whether the scheduler must hold a resource for key: a
+// provider of a current connection, or an orphan that still has a lease.
+func (m *machine) exists(key resourceKey) bool {
+	return m.liveKey(key) || m.held(key, false) > 0
+}
+
 // free reports whether the reference model has a slot for a request on key.
 func (m *machine) free(key resourceKey, long bool) bool {
-	node := m.nodes[key.node]
-	if !node.connected {
+	if !m.liveKey(key) {
 		return false
 	}
-	capacity := node.capacity[key.provider]
-	if m.held(key, false) >= capacity {
+	node := m.nodes[key.node]
+	if m.held(key, false) >= node.capacity[key.provider] {
 		return false
 	}
 	return !long || m.held(key, true) < node.long[key.provider]
 }
 
-// groupKeys returns the live resources a group's requests can use.
-func (m *machine) groupKeys(group string) []resourceKey {
-	var keys []resourceKey
-	for _, n := range modelNodes {
-		if !m.nodes[n].connected {
-			continue
-		}
-		for _, p := range modelGroups[group] {
-			keys = append(keys, resourceKey{n, p})
-		}
-	}
-	return keys
+func (w *mWaiter) lists(key resourceKey, gen uint64) bool {
+	return slices.Contains(w.cands, mCand{key, gen})
 }
 
 // collect takes every settled waiter's outcome, checking it.
@@ -152,9 +279,17 @@ func (m *machine) collect(t *rapid.T) {
 			w.done = true
 			switch {
 			case r.lease != nil:
-				m.leases = append(m.leases, &mLease{l: r.lease, key: r.lease.res.key, long: w.long})
+				c := r.lease.Candidate()
+				key := resourceKey{c.NodeID, c.ProviderID}
+				if w.expect != nil {
+					t.Fatalf("waiter %d got a lease on %v; the reference expects %v", w.w.seq, key, w.expect)
+				}
+				if !w.lists(key, c.Generation) {
+					t.Fatalf("waiter %d got %v generation %d, not one of its candidates %v", w.w.seq, key, c.Generation, w.cands)
+				}
+				m.leases = append(m.leases, &mLease{l: r.lease, key: key, long: w.long})
 				served = append(served, w)
-				w.key = r.lease.res.key
+				w.key = key
 				if r.lease.Info().QueueReason != ReasonQueued {
 					t.Fatalf("handed-over lease has reason %q", r.lease.Info().QueueReason)
 				}
@@ -162,9 +297,15 @@ func (m *machine) collect(t *rapid.T) {
 				if m.clk.Now().Before(w.deadline) {
 					t.Fatalf("timed out at %v before its deadline %v", m.clk.Now(), w.deadline)
 				}
+				if w.expect != nil {
+					t.Fatalf("waiter %d timed out; the reference expects %v", w.w.seq, w.expect)
+				}
 			case errors.Is(r.err, ErrProviderUnavailable):
-				if len(m.groupKeys(w.group)) != 0 {
-					t.Fatalf("provider unavailable while %v are live", m.groupKeys(w.group))
+				if !errors.Is(w.expect, ErrProviderUnavailable) {
+					t.Fatalf("waiter %d failed with %v; the reference expects %v (candidates %v)", w.w.seq, r.err, w.expect, w.cands)
+				}
+				if errors.Is(r.err, ErrCandidatesRejected) {
+					t.Fatalf("waiter %d failed with %v: a lost provider is no rejection", w.w.seq, r.err)
 				}
 			default:
 				t.Fatalf("unexpected waiter outcome %v", r.err)
@@ -184,9 +325,9 @@ func (m *machine) collect(t *rapid.T) {
 			if e.w.seq > w.w.seq || (e.long && !w.long) {
 				continue
 			}
-			for _, k := range m.groupKeys(e.group) {
-				if k == w.key {
-					t.Fatalf("waiter %d got %v before earlier waiter %d", w.w.seq, k, e.w.seq)
+			for _, c := range e.cands {
+				if c.key == w.key {
+					t.Fatalf("waiter %d got %v before earlier waiter %d", w.w.seq, c.key, e.w.seq)
 				}
 			}
 		}
@@ -214,16 +355,23 @@ func (m *machine) live() []*mLease {
 }
 
 func (m *machine) admit(t *rapid.T) {
-	group := rapid.SampledFrom([]string{"g0", "g1", "g2"}).Draw(t, "group")
+	group := rapid.SampledFrom(modelGroupList).Draw(t, "group")
 	long := rapid.Bool().Draw(t, "long")
-	// What the reference expects.
+	tools := rapid.Bool().Draw(t, "tools")
+	// An admission first retries the stale waiters; those it hands a slot
+	// come before this request.
+	m.retryStale()
+	lease, w, err := m.s.enqueue(Request{Group: group, Long: long, Resolve: m.resolver(group, tools)})
+	m.collect(t)
+	// What the reference expects, in the state the earlier waiters left.
+	cands, rerr := m.resolve(group, tools)
 	var want *resourceKey
-	for _, k := range m.groupKeys(group) {
-		if !m.free(k, long) {
+	for _, c := range cands {
+		if !m.free(c.key, long) {
 			continue
 		}
-		if want == nil || refLess(m, k, *want) {
-			k := k
+		if want == nil || refLess(m, c.key, *want) {
+			k := c.key
 			want = &k
 		}
 	}
@@ -234,11 +382,15 @@ func (m *machine) admit(t *rapid.T) {
 		}
 	}
 	maxQueue, timeout := m.policy[group].MaxQueue, m.policy[group].QueueTimeout
-	lease, w, err := m.s.enqueue(Request{Group: group, Long: long, Resolve: m.world.resolver(group)})
 	switch {
-	case len(m.groupKeys(group)) == 0:
-		if !errors.Is(err, ErrNoProvider) {
-			t.Fatalf("no live provider: got %v %v %v", lease, w, err)
+	case rerr != nil:
+		// At arrival the resolver's error is the answer (a rejection stays
+		// one: no provider can take this request).
+		if kind := errKind(rerr); !errors.Is(err, kind) {
+			t.Fatalf("resolver says %v: got %v %v %v", rerr, lease, w, err)
+		}
+		if lease != nil || w != nil {
+			t.Fatalf("resolver error %v but admitted", rerr)
 		}
 	case want != nil:
 		if err != nil || lease == nil {
@@ -246,6 +398,12 @@ func (m *machine) admit(t *rapid.T) {
 		}
 		if lease.res.key != *want {
 			t.Fatalf("picked %v, reference picks %v", lease.res.key, *want)
+		}
+		// No earlier waiter that lists the slot and could use it waits.
+		for _, e := range m.pending() {
+			if e.lists(lease.res.key, lease.Candidate().Generation) && m.free(lease.res.key, e.long) {
+				t.Fatalf("admission took %v ahead of waiter %d that lists it", lease.res.key, e.w.seq)
+			}
 		}
 		m.leases = append(m.leases, &mLease{l: lease, key: lease.res.key, long: long})
 	case queued >= maxQueue:
@@ -256,8 +414,19 @@ func (m *machine) admit(t *rapid.T) {
 		if err != nil || w == nil {
 			t.Fatalf("expected queued, got %v %v", lease, err)
 		}
-		m.waiters = append(m.waiters, &mWaiter{w: w, group: group, long: long, deadline: m.clk.Now().Add(timeout)})
+		m.waiters = append(m.waiters, &mWaiter{w: w, group: group, long: long, tools: tools, cands: cands,
+			deadline: m.clk.Now().Add(timeout)})
 	}
+}
+
+// errKind returns the sentinel err wraps.
+func errKind(err error) error {
+	for _, k := range []error{errTransient, ErrNoProvider, ErrCandidatesRejected} {
+		if errors.Is(err, k) {
+			return k
+		}
+	}
+	return err
 }
 
 func refLess(m *machine, a, b resourceKey) bool {
@@ -286,6 +455,9 @@ func (m *machine) release(t *rapid.T) {
 	if ok == l.released {
 		t.Fatalf("release returned %v for a lease released=%v", ok, l.released)
 	}
+	if ok {
+		m.retryStale()
+	}
 	l.released = true
 	m.collect(t)
 }
@@ -310,6 +482,9 @@ func (m *machine) cancel(t *rapid.T) {
 		t.Skip("no waiter")
 	}
 	w := rapid.SampledFrom(p).Draw(t, "waiter")
+	if w.expect != nil {
+		t.Skip("settled")
+	}
 	if err := m.s.abandon(w.w, context.Canceled); !errors.Is(err, context.Canceled) {
 		t.Fatalf("abandon: %v", err)
 	}
@@ -323,25 +498,51 @@ func (m *machine) advance(t *rapid.T) {
 	m.collect(t)
 }
 
+// failResolver makes a group's resolver fail transiently; recoverResolver
+// ends it. Neither tells the scheduler: it finds out when it re-resolves.
+func (m *machine) failResolver(t *rapid.T) {
+	m.failing[rapid.SampledFrom(modelGroupList).Draw(t, "group")] = true
+}
+
+func (m *machine) recoverResolver(t *rapid.T) {
+	var failing []string
+	for _, g := range modelGroupList {
+		if m.failing[g] {
+			failing = append(failing, g)
+		}
+	}
+	if len(failing) == 0 {
+		t.Skip("no resolver fails")
+	}
+	m.failing[rapid.SampledFrom(failing).Draw(t, "group")] = false
+}
+
 func (m *machine) connect(t *rapid.T) {
 	n := rapid.SampledFrom(modelNodes).Draw(t, "node")
 	node := m.nodes[n]
 	m.gens++
 	node.gen = m.gens
 	node.connected = true
+	// A reconnect's Hello may drop providers the last one had, and change
+	// their capabilities.
+	subset := rapid.SliceOfNDistinct(rapid.SampledFrom(modelProviders), 1, len(modelProviders), rapid.ID[string]).Draw(t, "providers")
+	clear(node.providers)
+	clear(node.tools)
 	var specs []ResourceSpec
-	for _, p := range modelProviders {
-		c := rapid.IntRange(1, 3).Draw(t, "capacity")
+	for _, p := range subset {
+		c := rapid.IntRange(1, 2).Draw(t, "capacity")
 		lc := rapid.IntRange(0, c).Draw(t, "long")
 		specs = append(specs, ResourceSpec{ProviderID: p, Capacity: c, LongCapacity: lc})
+		node.providers[p] = true
+		node.tools[p] = rapid.Bool().Draw(t, "tools")
 		node.capacity[p] = c
 		node.long[p] = longOr(lc, c)
 	}
-	m.syncWorld()
 	// A reconnect supersedes the old connection: its fence may come later.
 	if err := m.s.Activate(n, node.gen, specs, func() bool { return true }); err != nil {
 		t.Fatal(err)
 	}
+	m.reresolveAll()
 	m.collect(t)
 }
 
@@ -353,7 +554,6 @@ func (m *machine) disconnect(t *rapid.T) {
 	}
 	whole := rapid.Bool().Draw(t, "whole")
 	node.connected = false
-	m.syncWorld()
 	gen := node.gen
 	if whole {
 		gen = 0
@@ -367,6 +567,7 @@ func (m *machine) disconnect(t *rapid.T) {
 			l.released = true
 		}
 	}
+	m.reresolveAll()
 	m.collect(t)
 }
 
@@ -381,24 +582,46 @@ func (m *machine) staleCallbacks(t *rapid.T) {
 	// A reconnect may come before the old connection's fence: that fence
 	// settles the old generation's leases and nothing else.
 	m.s.Fence(n, old)
+	changed := false
 	for _, l := range m.leases {
 		if l.key.node == n && l.l.Candidate().Generation <= old && !l.released {
 			if ok, _ := l.l.Released(); !ok {
 				t.Fatalf("fence of %s/%d left lease of generation %d", n, old, l.l.Candidate().Generation)
 			}
 			l.released = true
+			changed = true
 		}
 	}
-	if err := m.s.Activate(n, old, []ResourceSpec{{ProviderID: "pa", Capacity: 9}}, nil); err != nil {
+	if changed {
+		m.reresolveAll()
+	}
+	m.collect(t)
+	// A late activation of an old generation changes nothing: the
+	// scheduler refuses it itself while it holds resources of a newer one
+	// of the node; once it holds none (the node gone and drained) only the
+	// caller's ownership check can tell, as the edge's does.
+	owner := func() bool { return false }
+	for _, p := range modelProviders {
+		if m.exists(resourceKey{n, p}) {
+			owner = nil
+		}
+	}
+	if err := m.s.Activate(n, old, []ResourceSpec{{ProviderID: "pa", Capacity: 9}}, owner); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.s.Activate(n, node.gen+100, []ResourceSpec{{ProviderID: "pa", Capacity: 9}}, func() bool { return false }); err != nil {
 		t.Fatal(err)
 	}
 	after := m.s.Snapshot().Providers
-	for i := range before {
-		b, a := before[i], after[i]
-		if b.NodeID == n && (a.Generation != b.Generation || a.Capacity != b.Capacity || a.LongCapacity != b.LongCapacity || a.Status != b.Status) {
+	for _, a := range after {
+		if a.NodeID != n {
+			continue
+		}
+		i := slices.IndexFunc(before, func(b ProviderSnapshot) bool { return b.NodeID == a.NodeID && b.ProviderID == a.ProviderID })
+		if i < 0 {
+			t.Fatalf("stale callbacks created a resource: %+v", a)
+		}
+		if b := before[i]; a.Generation != b.Generation || a.Capacity != b.Capacity || a.LongCapacity != b.LongCapacity || a.Status != b.Status {
 			t.Fatalf("stale callbacks changed a resource:\n%+v\n%+v", b, a)
 		}
 	}
@@ -412,17 +635,25 @@ func (m *machine) setCapacity(t *rapid.T) {
 		t.Skip("never connected")
 	}
 	p := rapid.SampledFrom(modelProviders).Draw(t, "provider")
-	c := rapid.IntRange(1, 3).Draw(t, "capacity")
+	c := rapid.IntRange(1, 2).Draw(t, "capacity")
 	lc := rapid.IntRange(0, c).Draw(t, "long")
-	if err := m.s.SetCapacity(n, p, c, lc); err != nil {
+	err := m.s.SetCapacity(n, p, c, lc)
+	if !m.exists(resourceKey{n, p}) {
+		if !errors.Is(err, ErrUnknownResource) {
+			t.Fatalf("capacity of %s/%s, which the scheduler must have forgotten: %v", n, p, err)
+		}
+		return
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	node.capacity[p], node.long[p] = c, longOr(lc, c)
+	m.retryStale()
 	m.collect(t)
 }
 
 func (m *machine) updatePolicy(t *rapid.T) {
-	g := rapid.SampledFrom([]string{"g0", "g1", "g2"}).Draw(t, "group")
+	g := rapid.SampledFrom(modelGroupList).Draw(t, "group")
 	p := Policy{
 		MaxQueue:     rapid.IntRange(0, 4).Draw(t, "maxQueue"),
 		QueueTimeout: time.Duration(rapid.IntRange(0, 20).Draw(t, "timeout")) * time.Second,
@@ -440,6 +671,30 @@ func (m *machine) check(t *rapid.T) {
 	held, long := map[resourceKey]int{}, map[resourceKey]int{}
 	for _, p := range snap.Providers {
 		key := resourceKey{p.NodeID, p.ProviderID}
+		if !m.exists(key) {
+			t.Fatalf("%v is neither a provider of a current connection nor an orphan with a lease: %+v", key, p)
+		}
+		wantStatus := StatusOrphan
+		if m.liveKey(key) {
+			wantStatus = StatusAvailable
+			if p.Generation != m.nodes[key.node].gen {
+				t.Fatalf("%v has generation %d, its node %d", key, p.Generation, m.nodes[key.node].gen)
+			}
+		}
+		if p.Status != wantStatus {
+			t.Fatalf("%v status %q, reference %q", key, p.Status, wantStatus)
+		}
+		// A waiter is listed on a resource exactly while it has a live
+		// candidate there.
+		listing := 0
+		for _, w := range m.pending() {
+			if slices.ContainsFunc(w.cands, func(c mCand) bool { return c.key == key && m.liveCand(c) }) {
+				listing++
+			}
+		}
+		if p.Queued != listing {
+			t.Fatalf("%v lists %d waiters, reference %d", key, p.Queued, listing)
+		}
 		if want := m.held(key, false); p.InFlight != want {
 			t.Fatalf("%v in-flight %d, reference %d", key, p.InFlight, want)
 		}
@@ -456,16 +711,31 @@ func (m *machine) check(t *rapid.T) {
 		held[key] = p.InFlight
 		long[key] = p.LongInFlight
 	}
+	for _, n := range modelNodes {
+		for _, p := range modelProviders {
+			if key := (resourceKey{n, p}); m.exists(key) && !slices.ContainsFunc(snap.Providers, func(s ProviderSnapshot) bool {
+				return s.NodeID == n && s.ProviderID == p
+			}) {
+				t.Fatalf("%v missing from the snapshot", key)
+			}
+		}
+	}
 	m.lastHeld, m.lastLong = held, long
 	pend := m.pending()
 	if snap.Waiters != len(pend) {
 		t.Fatalf("scheduler has %d waiters, reference %d", snap.Waiters, len(pend))
 	}
 	for _, w := range pend {
-		// No slot idle while a waiter that can use it waits.
-		for _, k := range m.groupKeys(w.group) {
-			if m.free(k, w.long) {
-				t.Fatalf("waiter %d (%s long=%v) waits while %v is free", w.w.seq, w.group, w.long, k)
+		if w.expect != nil {
+			t.Fatalf("waiter %d still queued; the reference expects it failed with %v", w.w.seq, w.expect)
+		}
+		// No slot idle while a waiter that lists it waits.
+		for _, c := range w.cands {
+			if !m.liveCand(c) {
+				t.Fatalf("reference: waiter %d lists dead candidate %v", w.w.seq, c)
+			}
+			if m.free(c.key, w.long) {
+				t.Fatalf("waiter %d (%s long=%v tools=%v stale=%v) waits while %v is free", w.w.seq, w.group, w.long, w.tools, w.stale, c.key)
 			}
 		}
 		if !m.clk.Now().Before(w.deadline) {
@@ -494,6 +764,9 @@ func (m *machine) drain(t *rapid.T) {
 		if p.InFlight != 0 || p.LongInFlight != 0 || p.Queued != 0 {
 			t.Fatalf("counters not zero at the end: %+v", p)
 		}
+		if !m.liveKey(resourceKey{p.NodeID, p.ProviderID}) {
+			t.Fatalf("drained orphan left at the end: %+v", p)
+		}
 	}
 	for _, g := range snap.Groups {
 		if g.Queued != 0 {
@@ -508,20 +781,32 @@ func (m *machine) drain(t *rapid.T) {
 func TestSchedulerModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		m := newMachine(t)
-		t.Repeat(map[string]func(*rapid.T){
-			"admit":        m.admit,
-			"admit2":       m.admit,
-			"release":      m.release,
-			"track":        m.track,
-			"cancel":       m.cancel,
-			"advance":      m.advance,
-			"connect":      m.connect,
-			"disconnect":   m.disconnect,
-			"stale":        m.staleCallbacks,
-			"setCapacity":  m.setCapacity,
-			"updatePolicy": m.updatePolicy,
-			"":             m.check,
-		})
+		actions := map[string]func(*rapid.T){
+			"admit":           m.admit,
+			"admit2":          m.admit,
+			"admit3":          m.admit,
+			"admit4":          m.admit,
+			"release":         m.release,
+			"release2":        m.release,
+			"track":           m.track,
+			"cancel":          m.cancel,
+			"advance":         m.advance,
+			"connect":         m.connect,
+			"connect2":        m.connect,
+			"disconnect":      m.disconnect,
+			"stale":           m.staleCallbacks,
+			"setCapacity":     m.setCapacity,
+			"updatePolicy":    m.updatePolicy,
+			"failResolver":    m.failResolver,
+			"recoverResolver": m.recoverResolver,
+			"recoverResolve2": m.recoverResolver,
+			"":                m.check,
+		}
+		// Runs of about 4 × rapid.steps actions: the defects this test is
+		// for need a queue, a resolver fault and a reconnect in one run.
+		for range 4 {
+			t.Repeat(actions)
+		}
 		m.drain(t)
 	})
 }

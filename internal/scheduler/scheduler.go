@@ -116,11 +116,17 @@ type Request struct {
 	// EstimatedInputTokens is carried into DispatchInfo for observability.
 	EstimatedInputTokens int
 	// Resolve returns the request's live candidates, already filtered by its
-	// request-local predicate, in a slice the scheduler may keep and modify. It is called under the scheduler's lock at
-	// admission and at every re-resolution (after Fence and Activate), so it
-	// must not call the scheduler. It returns an error wrapping
-	// ErrUnknownModel, ErrNoProvider or ErrCandidatesRejected when that is
-	// the case; any other error at re-resolution leaves the waiter queued.
+	// request-local predicate, in a slice the scheduler may keep and
+	// modify. It is called under the scheduler's lock at admission and at
+	// every re-resolution (package doc, "Re-resolution"), so it must not call
+	// the scheduler. It returns an error wrapping ErrUnknownModel,
+	// ErrNoProvider, ErrCandidatesRejected or ErrProviderUnavailable when
+	// that is the case: at admission the error is Admit's; at re-resolution
+	// each of them fails the waiter with ErrProviderUnavailable (its
+	// providers went away). Any other error is a fault of the resolver: at
+	// admission it is Admit's error; at re-resolution it leaves the waiter
+	// queued with its candidates that are still live, and the resolver is
+	// called again at the next admission, release or capacity change.
 	Resolve func() ([]Candidate, error)
 	// Prefer, when set, names a provider to choose at admission over the
 	// least loaded one, if it is a live candidate with a free slot (a soft
@@ -193,12 +199,15 @@ type result struct {
 	err   error
 }
 
-// waiter is one queued admission.
+// waiter is one queued admission. It is in the heap of a resource r only
+// while one of its cands is live on r (r not orphan, of the candidate's
+// generation): so the earliest waiter of a resource with a free slot can
+// always take it.
 type waiter struct {
 	seq      uint64
 	req      Request
 	group    *group
-	cands    []choice
+	cands    []choice // live candidates, one heap place per distinct resource (refs)
 	refs     []*waitRef
 	state    waiterState
 	ch       chan result // one slot; exactly one send, by the settling lock holder
@@ -206,6 +215,11 @@ type waiter struct {
 	enqueued time.Time
 	// prev, next link the global list of waiters in enqueue order.
 	prev, next *waiter
+	// stale: its resolver failed at its last re-resolution, so its
+	// candidates may be out of date; prevStale, nextStale link the list of
+	// stale waiters, in enqueue order.
+	stale                bool
+	prevStale, nextStale *waiter
 }
 
 // Scheduler is the admission scheduler. Create it with New.
@@ -225,6 +239,9 @@ type Scheduler struct {
 	seq       uint64
 	leaseSeq  uint64
 	active    int // leases not yet released
+
+	// staleHead, staleTail: the stale waiters, earliest first (waiter.stale).
+	staleHead, staleTail *waiter
 }
 
 // New returns a Scheduler, or an error wrapping ErrInvalid for a bad Config.
@@ -264,9 +281,11 @@ func (s *Scheduler) groupLocked(name string) *group {
 // candidate is busy. It returns the lease, or an error wrapping
 // ErrUnknownModel, ErrNoProvider, ErrCandidatesRejected (from the resolver,
 // nothing reserved), ErrQueueFull (at once), ErrQueueTimeout,
-// ErrProviderUnavailable, ErrInvalid (empty group or nil resolver), or the
-// context's error. A slot handed over in the same instant as a timeout or
-// cancel is released, never lost.
+// ErrProviderUnavailable (while queued, its providers went away; or from the
+// resolver), ErrInvalid (empty group or nil resolver), the resolver's own
+// error, or the context's error. A slot handed over in the same instant as
+// a timeout or cancel is released, never lost. Before it considers req,
+// Admit re-resolves the stale waiters (package doc, "Re-resolution").
 func (s *Scheduler) Admit(ctx context.Context, req Request) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -296,6 +315,9 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// Waiters whose resolver failed come first: one that recovered and can
+	// use a free slot takes it before this request.
+	s.grantEachLocked(s.retryStaleLocked())
 	cands, err := req.Resolve()
 	if err != nil {
 		return nil, nil, err
@@ -520,6 +542,7 @@ func (s *Scheduler) dropRefsLocked(w *waiter) {
 // unlinkLocked removes a waiting w from every queue structure.
 func (s *Scheduler) unlinkLocked(w *waiter) {
 	s.dropRefsLocked(w)
+	s.unstaleLocked(w)
 	if w.prev != nil {
 		w.prev.next = w.next
 	} else {
@@ -545,8 +568,46 @@ func (r *resource) heap(long bool) *waitHeap {
 	return &r.short
 }
 
+// markStaleLocked puts w at the end of the stale list, if it is not in it.
+// Only reresolveLocked calls it, walking waiters in enqueue order after
+// emptying the list, so the list stays in enqueue order.
+func (s *Scheduler) markStaleLocked(w *waiter) {
+	if w.stale {
+		return
+	}
+	w.stale = true
+	w.prevStale = s.staleTail
+	if s.staleTail != nil {
+		s.staleTail.nextStale = w
+	} else {
+		s.staleHead = w
+	}
+	s.staleTail = w
+}
+
+// unstaleLocked takes w out of the stale list, if it is in it.
+func (s *Scheduler) unstaleLocked(w *waiter) {
+	if !w.stale {
+		return
+	}
+	if w.prevStale != nil {
+		w.prevStale.nextStale = w.nextStale
+	} else {
+		s.staleHead = w.nextStale
+	}
+	if w.nextStale != nil {
+		w.nextStale.prevStale = w.prevStale
+	} else {
+		s.staleTail = w.prevStale
+	}
+	w.stale, w.prevStale, w.nextStale = false, nil, nil
+}
+
 // pumpResourceLocked hands r's free slots to the earliest waiters that can
-// use them.
+// use them. Every waiter in r's heaps has a live candidate on r (see
+// waiter), so the earliest one that fits can always be granted, on r or on
+// a less loaded candidate of its own; the pump stops only when r is full or
+// no waiter lists it, at O(log W) per grant.
 func (s *Scheduler) pumpResourceLocked(r *resource) {
 	for {
 		var next *waiter
@@ -574,29 +635,121 @@ func (s *Scheduler) pumpAllLocked() {
 	}
 }
 
-// reresolveLocked refreshes every waiter's candidates through its resolver,
-// fails the ones left with none, then pumps.
+// reresolveLocked refreshes every waiter's candidates through its resolver
+// (resolveLocked), in enqueue order, then hands out every free slot
+// (pumpAllLocked). It rebuilds the stale list, in enqueue order.
 func (s *Scheduler) reresolveLocked() {
+	for w := s.staleHead; w != nil; {
+		next := w.nextStale
+		w.stale, w.prevStale, w.nextStale = false, nil, nil
+		w = next
+	}
+	s.staleHead, s.staleTail = nil, nil
 	for w := s.head; w != nil; {
 		next := w.next
-		cands, err := w.req.Resolve()
-		switch {
-		case errors.Is(err, ErrCandidatesRejected):
-			s.failLocked(w, err)
-		case errors.Is(err, ErrUnknownModel), errors.Is(err, ErrNoProvider):
-			s.failLocked(w, fmt.Errorf("model %q: %w: %w", w.group.name, ErrProviderUnavailable, err))
-		case err != nil:
-			// A resolver fault is recoverable: keep the waiter and its candidates.
-		default:
-			if cands, _ = s.scanLocked(cands, w.req.Long, ProviderRef{}); len(cands) == 0 {
-				s.failLocked(w, fmt.Errorf("model %q: %w: every candidate is gone", w.group.name, ErrProviderUnavailable))
-			} else {
-				s.setCandidatesLocked(w, s.choicesLocked(cands))
-			}
-		}
+		s.resolveLocked(w)
 		w = next
 	}
 	s.pumpAllLocked()
+}
+
+// resolveLocked calls a waiting w's resolver again and applies the answer,
+// without granting anything:
+//   - candidates: w lists the live ones, and is no longer stale; none live
+//     fails it with ErrProviderUnavailable;
+//   - ErrUnknownModel, ErrNoProvider, ErrCandidatesRejected or
+//     ErrProviderUnavailable: the providers that could serve it are gone
+//     (it had a live candidate that met its predicate when it was queued),
+//     so it fails with ErrProviderUnavailable, never with the rejection,
+//     which means "no provider could ever take this request";
+//   - any other error: w keeps those of its candidates that are still live
+//     (possibly none, then it is in no heap) and becomes stale, to be
+//     re-resolved at the next event that could grant it (retryStaleLocked).
+func (s *Scheduler) resolveLocked(w *waiter) {
+	cands, err := w.req.Resolve()
+	switch {
+	case errors.Is(err, ErrProviderUnavailable):
+		s.failLocked(w, fmt.Errorf("model %q: %w", w.group.name, err))
+	case errors.Is(err, ErrUnknownModel), errors.Is(err, ErrNoProvider), errors.Is(err, ErrCandidatesRejected):
+		// %v: the cause is text; the outcome is unavailable alone.
+		s.failLocked(w, fmt.Errorf("model %q: %w: %v", w.group.name, ErrProviderUnavailable, err))
+	case err != nil:
+		kept := w.cands[:0]
+		for _, c := range w.cands {
+			if live(c.res, c.Candidate) {
+				kept = append(kept, c)
+			}
+		}
+		if len(kept) != len(w.cands) {
+			s.setCandidatesLocked(w, kept)
+		}
+		s.markStaleLocked(w)
+	default:
+		if cands, _ = s.scanLocked(cands, w.req.Long, ProviderRef{}); len(cands) == 0 {
+			s.failLocked(w, fmt.Errorf("model %q: %w: every candidate is gone", w.group.name, ErrProviderUnavailable))
+			return
+		}
+		s.setCandidatesLocked(w, s.choicesLocked(cands))
+		s.unstaleLocked(w)
+	}
+}
+
+// retryStaleLocked re-resolves every stale waiter, in enqueue order
+// (resolveLocked), and returns those still waiting, in that order, for the
+// caller to grant after it pumped what it freed. It costs nothing when no
+// waiter is stale.
+func (s *Scheduler) retryStaleLocked() []*waiter {
+	if s.staleHead == nil {
+		return nil
+	}
+	var retried []*waiter
+	for w := s.staleHead; w != nil; {
+		next := w.nextStale
+		s.resolveLocked(w)
+		if w.state == waiting {
+			retried = append(retried, w)
+		}
+		w = next
+	}
+	return retried
+}
+
+// grantEachLocked hands each waiting w of ws, in order, a free slot of one
+// of its candidates, if one has one.
+func (s *Scheduler) grantEachLocked(ws []*waiter) {
+	for _, w := range ws {
+		if w.state == waiting {
+			s.grantLocked(w)
+		}
+	}
+}
+
+// freedLocked offers what a release or a capacity change freed on r: stale
+// waiters are re-resolved first (so one that recovered takes its place in
+// r's heaps), then r's heaps are pumped, then the re-resolved waiters get
+// any other free slot they now list; a drained orphan r is then dropped.
+func (s *Scheduler) freedLocked(r *resource) {
+	retried := s.retryStaleLocked()
+	s.pumpResourceLocked(r)
+	s.grantEachLocked(retried)
+	s.dropIfDrainedLocked(r)
+}
+
+// dropIfDrainedLocked forgets r if it is an orphan with no lease and no
+// waiter listing it: its node connection ended, or the node's newer
+// connection no longer has the provider, and nothing refers to it any more.
+// A node left without resources is forgotten too.
+func (s *Scheduler) dropIfDrainedLocked(r *resource) {
+	if !r.orphan || r.leases.head != nil || len(r.short) != 0 || len(r.long) != 0 || s.resources[r.key] != r {
+		return
+	}
+	delete(s.resources, r.key)
+	if byProvider := s.nodes[r.key.node]; byProvider != nil {
+		delete(byProvider, r.key.provider)
+		if len(byProvider) == 0 {
+			delete(s.nodes, r.key.node)
+		}
+	}
 }
 
 // releaseLocked moves l to released and frees its slot, without pumping. It
@@ -630,15 +783,18 @@ func (s *Scheduler) ReleaseRun(runID, reason string) bool {
 	if l == nil || !s.releaseLocked(l, reason) {
 		return false
 	}
-	s.pumpResourceLocked(l.res)
+	s.freedLocked(l.res)
 	return true
 }
 
 // Activate makes the providers in specs available for the node's connection
-// generation gen, marks the node's other providers orphan, re-resolves every
-// waiter and hands out free slots. isCurrentOwner (nil = always) is called
-// under the scheduler's lock: when it reports false, or a newer generation of
-// the node was already activated, Activate changes nothing (a stale callback).
+// generation gen, marks the node's other providers orphan (forgetting those
+// already drained), re-resolves every waiter and hands out free slots.
+// isCurrentOwner (nil = always) is called under the scheduler's lock: when it
+// reports false, or the scheduler holds a resource of a newer generation of
+// the node, Activate changes nothing (a stale callback). A node whose
+// resources were all fenced and drained is forgotten, generation included:
+// then only isCurrentOwner tells a late activation of an old generation.
 // Invalid specs (empty or duplicate provider id, capacity < 1, negative long
 // capacity) return an error wrapping ErrInvalid and change nothing.
 func (s *Scheduler) Activate(nodeID string, gen uint64, specs []ResourceSpec, isCurrentOwner func() bool) error {
@@ -687,6 +843,12 @@ func (s *Scheduler) Activate(nodeID string, gen uint64, specs []ResourceSpec, is
 		r.capacity, r.longCapacity = spec.Capacity, longOr(spec.LongCapacity, spec.Capacity)
 	}
 	s.reresolveLocked()
+	for _, r := range byProvider {
+		s.dropIfDrainedLocked(r)
+	}
+	if len(byProvider) == 0 {
+		delete(s.nodes, nodeID)
+	}
 	return nil
 }
 
@@ -700,8 +862,9 @@ func longOr(long, capacity int) int {
 // Fence settles a node connection that ended: every lease of the node with
 // generation ≤ gen is released and every resource of the node owned by a
 // generation ≤ gen is marked orphan; gen 0 fences the whole node. Waiters
-// then re-resolve their candidates. A fence that matches nothing (a callback
-// for a superseded generation) changes nothing.
+// then re-resolve their candidates, free slots are handed out, and the
+// node's drained orphan resources are forgotten. A fence that matches
+// nothing (a callback for a superseded generation) changes nothing.
 func (s *Scheduler) Fence(nodeID string, gen uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -721,14 +884,18 @@ func (s *Scheduler) Fence(nodeID string, gen uint64) {
 	}
 	if changed {
 		s.reresolveLocked()
+		for _, r := range s.nodes[nodeID] {
+			s.dropIfDrainedLocked(r)
+		}
 	}
 }
 
 // SetCapacity changes a provider's capacity and long capacity (0 = capacity)
-// at once. A resource above its new capacity admits nothing until its
-// in-flight count drains below it. It returns an error wrapping ErrInvalid
-// (capacity < 1, negative long capacity) or ErrUnknownResource, changing
-// nothing.
+// at once, and hands out the slots a rise frees. A resource above its new
+// capacity admits nothing until its in-flight count drains below it. It
+// returns an error wrapping ErrInvalid (capacity < 1, negative long
+// capacity) or ErrUnknownResource (never activated, or a drained orphan
+// already forgotten), changing nothing.
 func (s *Scheduler) SetCapacity(nodeID, providerID string, capacity, longCapacity int) error {
 	if err := validateCapacity(providerID, capacity, longCapacity); err != nil {
 		return err
@@ -740,7 +907,7 @@ func (s *Scheduler) SetCapacity(nodeID, providerID string, capacity, longCapacit
 		return fmt.Errorf("%w: node %q provider %q", ErrUnknownResource, nodeID, providerID)
 	}
 	r.capacity, r.longCapacity = capacity, longOr(longCapacity, capacity)
-	s.pumpResourceLocked(r)
+	s.freedLocked(r)
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"iop/internal/clock"
@@ -35,7 +36,14 @@ type Config struct {
 	Protocol Protocol
 	// Models are the model names served; default ["sim-model"]. A request
 	// naming another model is answered 404 in the protocol's error shape.
+	// Server.AddModel and Server.RemoveModel change them at run time.
 	Models []string
+	// Capabilities are the Ollama capabilities (/api/show "capabilities":
+	// completion, tools, vision, embedding, thinking, insert) of single
+	// models of Models; a model without an entry reports
+	// DefaultCapabilities. They only change what /api/show says: the
+	// simulator answers every request to a served model alike.
+	Capabilities map[string][]string
 	// TTFT is the delay before the first token of an answer (and before a
 	// non-streamed answer's generation starts). 0 means none.
 	TTFT time.Duration
@@ -117,6 +125,14 @@ func (c Config) Validate() error {
 			bad("models: %q listed twice", m)
 		}
 		seen[m] = true
+	}
+	for m, caps := range c.Capabilities {
+		if !seen[m] {
+			bad("capabilities: %q is not one of models", m)
+		}
+		if slices.Contains(caps, "") {
+			bad("capabilities of %q: empty capability", m)
+		}
 	}
 	if c.TTFT < 0 {
 		bad("ttft %v: must not be negative", c.TTFT)

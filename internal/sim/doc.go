@@ -24,6 +24,20 @@
 // The /v1 prefix is optional on the OpenAI routes, as vLLM clients sometimes
 // omit it.
 //
+// # Models
+//
+// The served models are Config.Models at first; Server.AddModel and
+// Server.RemoveModel change them while the server runs, as a pull, create
+// or delete changes a real server's: the listings (/api/tags, /api/ps,
+// /v1/models) show the models served at the time of the request, an added
+// one first (Ollama lists the most recently modified first) with a new
+// digest and its time of creation, and a request naming a model not served
+// (any more) is answered 404. /api/show reports each model's Ollama
+// capabilities (Config.Capabilities, or DefaultCapabilities: completion,
+// tools, vision, embedding). A server stopped (Start's stop function) and
+// started again on the same address stands in for a model server that
+// goes down and comes back.
+//
 // # Output
 //
 // Generated text is a sequence of words, each with a leading space, drawn
@@ -88,9 +102,12 @@
 //
 // A Server is safe for concurrent use; net/http calls its handler on one
 // goroutine per request. Its configuration, clock, logger and routes are set
-// in New and never written again. Server.mu guards the counters and the
-// record of seen requests; every request handler writes them, under the
-// lock, and Stats and Seen copy them out under the lock. No lock is held
+// in New and never written again. Server.mu guards the served models, the
+// counters and the record of seen requests; every request handler writes
+// the counters and the record, under the lock, and Stats and Seen copy them
+// out under the lock; AddModel and RemoveModel replace entries of the
+// served models (an entry is never modified), and handlers look them up
+// or copy them under the lock. No lock is held
 // while a handler waits on the clock or writes to the network.
 //
 // Each admitted inference request owns exactly one in-flight slot: the

@@ -2,12 +2,11 @@ package sim
 
 import (
 	"cmp"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 )
@@ -15,7 +14,8 @@ import (
 // OllamaVersion is what GET /api/version reports.
 const OllamaVersion = "0.12.0"
 
-// modelsModifiedAt is the fixed modification time listed for every model.
+// modelsModifiedAt is the modification time listed for every configured
+// model (Config.Models); one added later has the time it was added.
 var modelsModifiedAt = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // ollamaRoutes registers the Ollama API (Ollama API doc, docs.ollama.com/api).
@@ -385,15 +385,18 @@ type ollamaModel struct {
 	Details    ollamaModelDetails `json:"details"`
 	ExpiresAt  string             `json:"expires_at,omitempty"` // /api/ps only
 	SizeVRAM   int64              `json:"size_vram,omitempty"`  // /api/ps only, bytes
+	// ContextLength is /api/ps only: the context the model is loaded with,
+	// in tokens.
+	ContextLength int `json:"context_length,omitempty"`
 }
 
-func ollamaModelEntry(name string) ollamaModel {
-	sum := sha256.Sum256([]byte(name))
+func ollamaModelEntry(m model) ollamaModel {
 	return ollamaModel{
-		Name:   name,
-		Model:  name,
-		Size:   1 << 30,
-		Digest: hex.EncodeToString(sum[:]),
+		Name:       m.name,
+		Model:      m.name,
+		ModifiedAt: m.modifiedAt.Format(time.RFC3339Nano),
+		Size:       1 << 30,
+		Digest:     m.digest,
 		Details: ollamaModelDetails{
 			Format: "gguf", Family: "sim", Families: []string{"sim"},
 			ParameterSize: "1B", QuantizationLevel: "Q4_K_M",
@@ -402,30 +405,40 @@ func ollamaModelEntry(name string) ollamaModel {
 }
 
 // ollamaTags answers GET /api/tags: {"models":[{name, model, modified_at,
-// size, digest, details}]}, one entry per configured model.
+// size, digest, details}]}, one entry per served model, the most recently
+// modified first (as Ollama's ListHandler sorts them).
 func (s *Server) ollamaTags(w http.ResponseWriter, _ *http.Request) {
-	models := make([]ollamaModel, len(s.cfg.Models))
-	for i, name := range s.cfg.Models {
-		models[i] = ollamaModelEntry(name)
-		models[i].ModifiedAt = modelsModifiedAt.Format(time.RFC3339Nano)
+	served := s.servedModels()
+	models := make([]ollamaModel, len(served))
+	for i, m := range served {
+		models[i] = ollamaModelEntry(m)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"models": models})
 }
 
-// ollamaPS answers GET /api/ps: every configured model, shown as loaded in
+// ollamaPS answers GET /api/ps: every served model, shown as loaded in
 // VRAM for another 5 minutes.
 func (s *Server) ollamaPS(w http.ResponseWriter, _ *http.Request) {
-	models := make([]ollamaModel, len(s.cfg.Models))
-	for i, name := range s.cfg.Models {
-		models[i] = ollamaModelEntry(name)
+	served := s.servedModels()
+	models := make([]ollamaModel, len(served))
+	for i, m := range served {
+		models[i] = ollamaModelEntry(m)
+		models[i].ModifiedAt = ""
 		models[i].SizeVRAM = models[i].Size
 		models[i].ExpiresAt = s.clock.Now().Add(5 * time.Minute).UTC().Format(time.RFC3339Nano)
+		models[i].ContextLength = simContextLength
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"models": models})
 }
 
+// simContextLength is the context length, in tokens, the simulator reports
+// for every model.
+const simContextLength = 4096
+
 // ollamaShow answers POST /api/show {"model"} (or legacy {"name"}) with the
-// model's details, a context length in model_info and its capabilities.
+// model's details, its architecture and context length in model_info (as
+// "general.architecture" and "<architecture>.context_length") and its
+// capabilities (Config.Capabilities, AddModel).
 func (s *Server) ollamaShow(w http.ResponseWriter, r *http.Request) {
 	var in struct {
 		Model string `json:"model"`
@@ -441,29 +454,39 @@ func (s *Server) ollamaShow(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, writeOllamaError, err)
 		return
 	}
-	model := cmp.Or(in.Model, in.Name)
-	if !s.serves(model) {
-		s.fail(w, r, writeOllamaError, fmt.Errorf("%w: %q", errUnknownModel, model))
+	name := cmp.Or(in.Model, in.Name)
+	m, ok := s.lookup(name)
+	if !ok {
+		s.fail(w, r, writeOllamaError, fmt.Errorf("%w: %q", errUnknownModel, name))
 		return
 	}
+	entry := ollamaModelEntry(m)
 	writeJSON(w, http.StatusOK, map[string]any{
 		"modelfile":    "",
 		"parameters":   "",
 		"template":     "{{ .Prompt }}",
-		"details":      ollamaModelEntry(model).Details,
-		"model_info":   map[string]any{"general.architecture": "sim", "sim.context_length": 4096},
-		"capabilities": s.ollamaCapabilities(),
-		"modified_at":  modelsModifiedAt.Format(time.RFC3339Nano),
+		"details":      ollamaShowDetails{ParentModel: "", ollamaModelDetails: entry.Details},
+		"model_info":   map[string]any{"general.architecture": "sim", "sim.context_length": simContextLength},
+		"capabilities": s.showCapabilities(m.capabilities),
+		"modified_at":  entry.ModifiedAt,
 	})
 }
 
-// ollamaCapabilities are what /api/show lists of every model: completion,
-// embedding, and thinking for a thinking model (Config.Thinking).
-func (s *Server) ollamaCapabilities() []string {
-	if s.cfg.Thinking {
-		return []string{"completion", "embedding", "thinking"}
+// ollamaShowDetails is /api/show's "details": a listed model's details
+// and the model it was created from.
+type ollamaShowDetails struct {
+	ParentModel string `json:"parent_model"`
+	ollamaModelDetails
+}
+
+// showCapabilities are what /api/show lists of a model with caps: caps,
+// and "thinking" for a thinking model (Config.Thinking), as Ollama lists
+// it for a model that thinks.
+func (s *Server) showCapabilities(caps []string) []string {
+	if s.cfg.Thinking && !slices.Contains(caps, "thinking") {
+		return append(slices.Clip(caps), "thinking")
 	}
-	return []string{"completion", "embedding"}
+	return caps
 }
 
 // writeJSON writes v as a JSON response with the given status.

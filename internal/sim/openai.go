@@ -588,9 +588,10 @@ func openaiModelFor(name string) openaiModelObject {
 
 // openaiModels answers GET /v1/models: {"object":"list","data":[model...]}.
 func (s *Server) openaiModels(w http.ResponseWriter, _ *http.Request) {
-	data := make([]openaiModelObject, len(s.cfg.Models))
-	for i, name := range s.cfg.Models {
-		data[i] = openaiModelFor(name)
+	served := s.servedModels()
+	data := make([]openaiModelObject, len(served))
+	for i, m := range served {
+		data[i] = openaiModelFor(m.name)
 	}
 	writeJSON(w, http.StatusOK, struct {
 		Object string              `json:"object"` // "list"

@@ -72,6 +72,8 @@ type Server struct {
 	trace func(event string)
 
 	mu        sync.Mutex // guards the fields below
+	models    []model    // served now, in listing order
+	created   int        // models added by AddModel so far
 	stats     Stats
 	admitted  uint64        // inference requests admitted so far; drives fault choice and ids
 	seen      []SeenRequest // ring of the last maxSeen requests
@@ -93,6 +95,13 @@ func New(cfg Config, logger *slog.Logger) (*Server, error) {
 		cfg:    cfg,
 		clock:  cfg.Clock,
 		logger: logger.With("component", "sim", "protocol", string(cfg.Protocol)),
+	}
+	for _, name := range cfg.Models {
+		caps, ok := cfg.Capabilities[name]
+		if !ok {
+			caps = DefaultCapabilities
+		}
+		s.models = append(s.models, newModel(name, caps, modelsModifiedAt, 0))
 	}
 	mux := http.NewServeMux()
 	switch cfg.Protocol {
@@ -136,7 +145,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelDebug),
 	}
-	s.logger.Info("serving", "addr", ln.Addr().String(), "models", s.cfg.Models)
+	s.logger.Info("serving", "addr", ln.Addr().String(), "models", s.Models())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -288,16 +297,6 @@ func (s *Server) authorize(r *http.Request) error {
 		return errUnauthorized
 	}
 	return nil
-}
-
-// serves reports whether model is one of the configured models.
-func (s *Server) serves(model string) bool {
-	for _, m := range s.cfg.Models {
-		if m == model {
-			return true
-		}
-	}
-	return false
 }
 
 // enter takes an in-flight slot, or fails with errOverCapacity. It returns

@@ -659,7 +659,7 @@ func TestListings(t *testing.T) {
 		{ProtocolOllama, "GET", "/api/version", "", `"version":"` + OllamaVersion + `"`},
 		{ProtocolOllama, "GET", "/api/tags", "", `"name":"org/m2:7b","model":"org/m2:7b","modified_at":`},
 		{ProtocolOllama, "GET", "/api/ps", "", `"size_vram":`},
-		{ProtocolOllama, "POST", "/api/show", `{"model":"m1"}`, `"capabilities":["completion","embedding"]`},
+		{ProtocolOllama, "POST", "/api/show", `{"model":"m1"}`, `"capabilities":["completion","tools","vision","embedding"]`},
 		{ProtocolOpenAI, "GET", "/v1/models", "", `{"object":"list","data":[{"id":"m1","object":"model"`},
 		{ProtocolOpenAI, "GET", "/models", "", `"id":"org/m2:7b"`},
 		{ProtocolOpenAI, "GET", "/v1/models/org/m2:7b", "", `"id":"org/m2:7b","object":"model"`},

@@ -83,20 +83,31 @@ func getJSON(ctx context.Context, client *http.Client, url string, into any) err
 const barWidth = 10
 
 // Render writes v as three tables (nodes, providers, queues); times are
-// shown as ages relative to now. It returns the first write error.
+// shown as ages relative to now. A node's STATE is "connected" or
+// "draining"; a provider's HEALTH is what its node reports ("-" once the
+// node is gone) and its STATE says whether it takes new requests (see
+// ProviderState). It returns the first write error.
 func Render(w io.Writer, v View, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "NODES (%d)\n", len(v.Nodes))
-	fmt.Fprintln(tw, "NODE\tLABEL\tGENERATION\tCONNECTED\tLAST HEARTBEAT\tVERSION\tPROVIDERS")
+	fmt.Fprintln(tw, "NODE\tLABEL\tSTATE\tGENERATION\tCONNECTED\tLAST HEARTBEAT\tVERSION\tPROVIDERS")
 	for _, n := range v.Nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s ago\t%s ago\t%s\t%s\n", n.ID, dash(n.Label), n.Generation,
+		state := "connected"
+		if n.Draining {
+			state = "draining"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s ago\t%s ago\t%s\t%s\n", n.ID, dash(n.Label), state, n.Generation,
 			age(now, n.ConnectedSince), age(now, n.LastHeartbeat), dash(n.Version), strings.Join(n.Providers, ","))
 	}
 	fmt.Fprintf(tw, "\nPROVIDERS (%d)\n", len(v.Providers))
-	fmt.Fprintln(tw, "NODE\tPROVIDER\tTYPE\tIN-FLIGHT\tLOAD\tQUEUED\tHEALTH\tSTATUS\tMODELS")
+	fmt.Fprintln(tw, "NODE\tPROVIDER\tTYPE\tIN-FLIGHT\tLOAD\tQUEUED\tHEALTH\tSTATE\tMODELS")
 	for _, p := range v.Providers {
+		health := p.Health
+		if p.Status == StatusOrphan {
+			health = "-" // nobody reports it any more
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%d\t%s\t%s\t%s\n", p.NodeID, p.ProviderID, dash(p.Type),
-			p.InFlight, p.Capacity, bar(p.InFlight, p.Capacity), p.Queued, p.Health, p.Status, strings.Join(p.Models, ","))
+			p.InFlight, p.Capacity, bar(p.InFlight, p.Capacity), p.Queued, health, ProviderState(p), strings.Join(p.Models, ","))
 	}
 	fmt.Fprintf(tw, "\nQUEUES (%d)\n", len(v.Queues))
 	fmt.Fprintln(tw, "MODEL\tQUEUED\tMAX QUEUE\tQUEUE TIMEOUT")
@@ -104,6 +115,48 @@ func Render(w io.Writer, v View, now time.Time) error {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", q.Model, q.Queued, q.Policy.MaxQueue, time.Duration(q.Policy.QueueTimeoutMS)*time.Millisecond)
 	}
 	return tw.Flush()
+}
+
+// Provider statuses and circuit states of the admin API (adminwire.Provider).
+const (
+	StatusAvailable = "available"
+	StatusDraining  = "draining"
+	StatusOrphan    = "orphan"
+	CircuitOpen     = "open"
+	CircuitHalfOpen = "half_open"
+)
+
+// ProviderState says whether p takes new requests: "available" when it
+// does, else why not, every reason that applies, joined by ", ": "orphan
+// (node gone)" alone, or among "draining" (its node is shutting down),
+// "unhealthy" (its node says so) and "circuit open" (failing: out of
+// rotation for a cool-down); "circuit half-open (on trial)" when one
+// trial request at a time may go to it. A provider is "available" only
+// when none of these holds.
+func ProviderState(p Provider) string {
+	if p.Status == StatusOrphan {
+		return "orphan (node gone)"
+	}
+	var why []string
+	if p.Status == StatusDraining {
+		why = append(why, "draining")
+	}
+	if p.Health != "healthy" {
+		why = append(why, "unhealthy")
+	}
+	switch p.Circuit {
+	case CircuitOpen:
+		why = append(why, "circuit open")
+	case CircuitHalfOpen:
+		why = append(why, "circuit half-open (on trial)")
+	}
+	if p.Status != StatusAvailable && p.Status != StatusDraining {
+		why = append(why, dash(p.Status)) // a status this version does not know
+	}
+	if len(why) == 0 {
+		return StatusAvailable
+	}
+	return strings.Join(why, ", ")
 }
 
 // bar draws inFlight/capacity as "[####      ]"; over capacity (a capacity

@@ -52,3 +52,85 @@ func TestRenderAges(t *testing.T) {
 		}
 	}
 }
+
+// TestRenderProviderStates: a provider is shown "available" only when it
+// takes new requests; otherwise its STATE says why (an open circuit, its
+// node gone or draining, unhealthy), and a node that drains says so.
+func TestRenderProviderStates(t *testing.T) {
+	for _, c := range []struct {
+		name                   string
+		health, status, circut string
+		wantHealth, wantState  string
+	}{
+		{"available", "healthy", "available", "closed", "healthy", "available"},
+		{"circuit open", "healthy", "available", "open", "healthy", "circuit open"},
+		{"circuit half-open", "healthy", "available", "half_open", "healthy", "circuit half-open (on trial)"},
+		{"orphan", "unhealthy", "orphan", "closed", "-", "orphan (node gone)"},
+		{"orphan with an open circuit", "unhealthy", "orphan", "open", "-", "orphan (node gone)"},
+		{"unhealthy", "unhealthy", "available", "closed", "unhealthy", "unhealthy"},
+		{"draining", "healthy", "draining", "closed", "healthy", "draining"},
+		{"draining and open", "healthy", "draining", "open", "healthy", "draining, circuit open"},
+		{"unknown status", "healthy", "retired", "closed", "healthy", "retired"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := Provider{NodeID: "n1", ProviderID: "p1", Type: "sim", Capacity: 2, Health: c.health, Status: c.status, Circuit: c.circut, Models: []string{"m"}}
+			if got := ProviderState(p); got != c.wantState {
+				t.Errorf("ProviderState = %q, want %q", got, c.wantState)
+			}
+			var buf bytes.Buffer
+			if err := Render(&buf, View{Providers: []Provider{p}}, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			health, row := cell(t, buf.String(), "HEALTH", "n1 "), cell(t, buf.String(), "", "n1 ")
+			if state := cell(t, buf.String(), "STATE", "n1 "); health != c.wantHealth || state != c.wantState {
+				t.Errorf("row %q: health %q state %q, want %q and %q", row, health, state, c.wantHealth, c.wantState)
+			}
+			if c.wantState != "available" && strings.Contains(row, "available") {
+				t.Errorf("row %q shows a provider out of rotation as available", row)
+			}
+		})
+	}
+	var buf bytes.Buffer
+	if err := Render(&buf, View{Nodes: []Node{{ID: "n1", Draining: true}, {ID: "n2"}}}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]string{"n1 ": "draining", "n2 ": "connected"} {
+		if got := cell(t, buf.String(), "STATE", id); got != want {
+			t.Errorf("node %s: state %q, want %q", id, got, want)
+		}
+	}
+}
+
+// cell returns the cell of column col (found by its header) in the first
+// row of a table with that column starting with rowPrefix, trimmed; col ""
+// gives the whole row.
+func cell(t *testing.T, table, col, rowPrefix string) string {
+	t.Helper()
+	lines := strings.Split(table, "\n")
+	for i, h := range lines {
+		at := strings.Index(h, col)
+		if col != "" && (at < 0 || !strings.Contains(h, "NODE")) {
+			continue
+		}
+		end := len(h)
+		if col != "" {
+			if next := strings.IndexFunc(h[at+len(col):], func(r rune) bool { return r != ' ' }); next >= 0 {
+				end = at + len(col) + next
+			}
+		}
+		for _, row := range lines[i+1:] {
+			if row == "" {
+				break // the end of this table
+			}
+			if strings.HasPrefix(row, rowPrefix) {
+				if col == "" {
+					return row
+				}
+				end = min(end, len(row))
+				return strings.TrimSpace(row[at:end])
+			}
+		}
+	}
+	t.Fatalf("no column %q with a row %q in\n%s", col, rowPrefix, table)
+	return ""
+}

@@ -15,6 +15,9 @@ type Node struct {
 	LastHeartbeat  time.Time `json:"last_heartbeat"`
 	Version        string    `json:"version"`
 	Providers      []string  `json:"providers"`
+	// Draining: the node is shutting down (it said Drain): its providers
+	// take no new requests while its runs in flight finish.
+	Draining bool `json:"draining"`
 }
 
 // Provider is one entry of GET /admin/v1/providers: the scheduler's
@@ -32,7 +35,7 @@ type Provider struct {
 	Health       string   `json:"health"`     // "healthy" or "unhealthy"
 	Models       []string `json:"models"`
 	Capabilities []string `json:"capabilities"`
-	Status       string   `json:"status"`  // "available" or "orphan"
+	Status       string   `json:"status"`  // "available", "draining" (its node drains) or "orphan" (its node is gone)
 	Circuit      string   `json:"circuit"` // "closed", "open" (out of rotation) or "half_open"
 }
 

@@ -33,6 +33,9 @@ type AdminNode struct {
 	Generation             uint64
 	ConnectedAt, LastSeen  time.Time
 	Providers              []string
+	// Draining: the node is shutting down; its providers take no new
+	// requests while its runs in flight finish.
+	Draining bool
 }
 
 // AdminProvider is one provider: the scheduler's counters and what its node
@@ -48,7 +51,8 @@ type AdminProvider struct {
 	InFlight, LongInFlight   int
 	Queued                   int
 	Load                     float64
-	// Status is "available" or "orphan" (the node is gone while runs drain).
+	// Status is "available", "draining" (its node drains: no new
+	// requests) or "orphan" (its node is gone).
 	Status string
 	// Circuit is the circuit breaker state: "closed", "open" or "half_open".
 	Circuit string
@@ -93,7 +97,7 @@ func adminNodes(s AdminSnapshot) any {
 		out = append(out, adminNodeJSON{
 			ID: n.NodeID, Label: n.Label, Generation: n.Generation,
 			ConnectedSince: n.ConnectedAt.UTC(), LastHeartbeat: n.LastSeen.UTC(),
-			Version: n.Version, Providers: nonNil(n.Providers),
+			Version: n.Version, Providers: nonNil(n.Providers), Draining: n.Draining,
 		})
 	}
 	return out

@@ -35,7 +35,7 @@ func TestAdminRoutes(t *testing.T) {
 	snap := AdminSnapshot{
 		Nodes: []AdminNode{
 			{NodeID: "gpu-1", Label: "rack a", Version: "0.3.0", Generation: 4, ConnectedAt: connected, LastSeen: seen, Providers: []string{"ollama-1", "vllm-1"}},
-			{NodeID: "gpu-2", Generation: 1, ConnectedAt: connected, LastSeen: seen}, // no providers: []
+			{NodeID: "gpu-2", Generation: 1, ConnectedAt: connected, LastSeen: seen, Draining: true}, // no providers: []
 		},
 		Providers: []AdminProvider{
 			{
@@ -56,8 +56,8 @@ func TestAdminRoutes(t *testing.T) {
 		want string
 	}{
 		{"/admin/v1/nodes", snap, `[` +
-			`{"id":"gpu-1","label":"rack a","generation":4,"connected_since":"2025-03-01T11:00:00Z","last_heartbeat":"2025-03-01T11:05:30.25Z","version":"0.3.0","providers":["ollama-1","vllm-1"]},` +
-			`{"id":"gpu-2","label":"","generation":1,"connected_since":"2025-03-01T11:00:00Z","last_heartbeat":"2025-03-01T11:05:30.25Z","version":"","providers":[]}]`},
+			`{"id":"gpu-1","label":"rack a","generation":4,"connected_since":"2025-03-01T11:00:00Z","last_heartbeat":"2025-03-01T11:05:30.25Z","version":"0.3.0","providers":["ollama-1","vllm-1"],"draining":false},` +
+			`{"id":"gpu-2","label":"","generation":1,"connected_since":"2025-03-01T11:00:00Z","last_heartbeat":"2025-03-01T11:05:30.25Z","version":"","providers":[],"draining":true}]`},
 		{"/admin/v1/providers", snap, `[` +
 			`{"node_id":"gpu-1","provider_id":"ollama-1","type":"ollama","capacity":4,"in_flight":3,"long_capacity":1,"long_in_flight":1,"queued":2,"load_ratio":0.75,"health":"healthy","models":["llama3:8b"],"capabilities":["tools"],"status":"available","circuit":"closed"},` +
 			`{"node_id":"gpu-3","provider_id":"p","type":"","capacity":2,"in_flight":1,"long_capacity":0,"long_in_flight":0,"queued":0,"load_ratio":0.5,"health":"unhealthy","models":[],"capabilities":[],"status":"orphan","circuit":"open"}]`},

@@ -20,14 +20,16 @@ var (
 	ErrUnknownModel = errors.New("unknown model")
 	// ErrNoProvider: the model is known but no live provider serves it. 503.
 	ErrNoProvider = errors.New("no provider for model")
-	// ErrCandidatesRejected: providers exist but none has a capability the
-	// request needs; the wrapped text should name it. 400.
+	// ErrCandidatesRejected: providers exist but none the edge knows has a
+	// capability the request needs; the wrapped text should name it. 400.
 	ErrCandidatesRejected = errors.New("candidates rejected")
 	// ErrQueueFull: every candidate is busy and the model's queue is full. 429.
 	ErrQueueFull = errors.New("queue full")
 	// ErrQueueTimeout: the request waited the queue timeout without a slot. 503.
 	ErrQueueTimeout = errors.New("queue timeout")
-	// ErrProviderUnavailable: while the request waited, every candidate went away. 503.
+	// ErrProviderUnavailable: while the request waited, every candidate went
+	// away; or the providers that could meet its needs are gone or
+	// unavailable for now (they may come back). 503.
 	ErrProviderUnavailable = errors.New("provider unavailable")
 	// ErrDispatchTimeout: the node did not open the run in time. 502.
 	ErrDispatchTimeout = errors.New("dispatch timeout")

@@ -238,9 +238,11 @@ func writeOllamaJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // ollamaModel is one entry of GET /api/tags and GET /api/ps (Ollama API
-// doc, "List Local Models", "List Running Models"). iop knows no file size,
-// digest or format of a model: size is 0, digest the SHA-256 of the name
-// (stable, so clients can tell models apart), details empty.
+// doc, "List Local Models", "List Running Models"). Its size, digest,
+// modified_at and details are what the serving model server said of the
+// model (ModelProvider.Details; see representative); a model whose node
+// said nothing has size 0, the SHA-256 of its name as digest (stable, so
+// clients can tell models apart) and empty details.
 type ollamaModel struct {
 	Name       string             `json:"name"`
 	Model      string             `json:"model"`
@@ -250,6 +252,9 @@ type ollamaModel struct {
 	Details    ollamaModelDetails `json:"details"`
 	ExpiresAt  string             `json:"expires_at,omitempty"` // ps only
 	SizeVRAM   int64              `json:"size_vram,omitempty"`  // ps only
+	// ContextLength is the model's context length in tokens (ps only), 0
+	// when unknown.
+	ContextLength int64 `json:"context_length,omitempty"`
 	// InFlight is iop's own field on /api/ps: the model's runs in flight.
 	InFlight int `json:"in_flight,omitempty"`
 }
@@ -263,21 +268,80 @@ type ollamaModelDetails struct {
 	QuantizationLevel string   `json:"quantization_level"`
 }
 
-func newOllamaModel(name string) ollamaModel {
+func detailsOf(d *nodev1.ModelDetails) ollamaModelDetails {
+	return ollamaModelDetails{
+		ParentModel: d.GetParentModel(), Format: d.GetFormat(), Family: d.GetFamily(), Families: d.GetFamilies(),
+		ParameterSize: d.GetParameterSize(), QuantizationLevel: d.GetQuantizationLevel(),
+	}
+}
+
+// representative returns the providers whose model server describes the
+// model of info to Ollama clients: those serving the first of its targets
+// that some live provider serves (an alias shows its first target's), and
+// among them the first, by node then provider, whose node gave details (or
+// the first). ok is false when no provider serves a target.
+func representative(info ModelInfo) (rep ModelProvider, same []ModelProvider, ok bool) {
+	for _, t := range info.Targets {
+		for _, p := range info.Providers {
+			if p.Target == t {
+				same = append(same, p)
+			}
+		}
+		if len(same) > 0 {
+			break
+		}
+	}
+	if len(same) == 0 {
+		return ModelProvider{}, nil, false
+	}
+	rep = same[0]
+	if i := slices.IndexFunc(same, func(p ModelProvider) bool { return p.Details != nil }); i >= 0 {
+		rep = same[i]
+	}
+	return rep, same, true
+}
+
+// newOllamaModel returns the listing entry of name: what the
+// representative provider's server said of it, when the gateway is a
+// ModelCatalog and a node said something.
+func (h *handler) newOllamaModel(name string) ollamaModel {
 	sum := sha256.Sum256([]byte(name))
-	return ollamaModel{Name: name, Model: name, Digest: hex.EncodeToString(sum[:])}
+	m := ollamaModel{Name: name, Model: name, Digest: hex.EncodeToString(sum[:])}
+	cat, ok := h.gw.(ModelCatalog)
+	if !ok {
+		return m
+	}
+	info, ok := cat.ModelInfo(name)
+	if !ok {
+		return m
+	}
+	rep, _, ok := representative(info)
+	if !ok || rep.Details == nil {
+		return m
+	}
+	d := rep.Details
+	m.Size, m.ModifiedAt, m.Details, m.ContextLength = d.GetSize(), d.GetModifiedAt(), detailsOf(d), d.GetContextLength()
+	if d.GetDigest() != "" {
+		m.Digest = d.GetDigest()
+	}
+	return m
 }
 
 // ollamaTags serves GET /api/tags: {"models":[...]}, one entry per name of
 // Gateway.Models (the names /v1/models lists), so it lists exactly the
-// names /api/chat accepts; each also answers to its tagAlternative.
+// names /api/chat accepts; each also answers to its tagAlternative. Each
+// entry has the size, digest, modified_at and details its model server
+// said (newOllamaModel); modified_at is now when unknown.
 func (h *handler) ollamaTags(w http.ResponseWriter, r *http.Request) {
 	names := h.models(r)
 	now := h.cfg.Now().UTC().Format(time.RFC3339Nano)
 	models := make([]ollamaModel, 0, len(names))
 	for _, name := range names {
-		m := newOllamaModel(name)
-		m.ModifiedAt = now
+		m := h.newOllamaModel(name)
+		if m.ModifiedAt == "" {
+			m.ModifiedAt = now
+		}
+		m.ContextLength = 0 // /api/ps only
 		models = append(models, m)
 	}
 	writeOllamaJSON(w, http.StatusOK, map[string]any{"models": models})
@@ -285,8 +349,10 @@ func (h *handler) ollamaTags(w http.ResponseWriter, r *http.Request) {
 
 // ollamaPS serves GET /api/ps: {"models":[...]}, one entry per served model
 // with runs in flight (ModelCatalog.RunsInFlight), sorted by name, each with
-// its count in "in_flight" and expires_at set to now (iop does not keep
-// models loaded; the provider does).
+// its count in "in_flight", expires_at set to now (iop does not keep
+// models loaded; the provider does), and the size (on disk: iop does not
+// know the memory a model takes, so size_vram is left out), digest,
+// details and context length its model server said.
 func (h *handler) ollamaPS(w http.ResponseWriter, r *http.Request) {
 	models := []ollamaModel{}
 	if cat, ok := h.gw.(ModelCatalog); ok {
@@ -300,7 +366,8 @@ func (h *handler) ollamaPS(w http.ResponseWriter, r *http.Request) {
 		slices.Sort(names)
 		now := h.cfg.Now().UTC().Format(time.RFC3339Nano)
 		for _, name := range names {
-			m := newOllamaModel(name)
+			m := h.newOllamaModel(name)
+			m.ModifiedAt = "" // /api/tags only
 			m.ExpiresAt, m.InFlight = now, counts[name]
 			models = append(models, m)
 		}
@@ -319,15 +386,23 @@ type ollamaShowProvider struct {
 	InFlight     int      `json:"in_flight"`
 }
 
-// ollamaCapabilities maps provider capabilities to Ollama's names
-// ("completion" always; tools, vision, embedding).
-var ollamaCapabilities = map[string]string{"tools": "tools", "vision": "vision", "embeddings": "embedding"}
+// ollamaCapabilities maps iop's capability words to Ollama's (the words
+// of /api/show "capabilities" in Ollama's types/model/capability.go);
+// others (stream, cancel, ...) have no Ollama name.
+var ollamaCapabilities = map[string]string{
+	"completion": "completion", "tools": "tools", "vision": "vision", "embeddings": "embedding",
+	"thinking": "thinking", "insert": "insert",
+}
 
 // ollamaShow serves POST /api/show {"model"} (or the older {"name"}): what
 // the catalog knows of the model, in Ollama's shape (Ollama API doc, "Show
-// Model Information"): empty modelfile, parameters and template; details
-// empty; capabilities "completion" plus those of its live providers;
-// model_info with "iop.alias", "iop.targets" and "iop.providers". 400 for
+// Model Information"): empty modelfile, parameters and template; the
+// details, modified_at and context length ("<family>.context_length" in
+// model_info, beside "general.architecture") that the model server of its
+// representative provider said (an alias shows its first target's); as
+// capabilities, in Ollama's words, those of that target on every provider
+// serving it ("completion" alone when none serves it); model_info also
+// holds "iop.name", "iop.alias", "iop.targets" and "iop.providers". 400 for
 // a body without a model, 404 for an unknown model.
 func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 	body, err := readAllBody(r)
@@ -366,30 +441,47 @@ func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 		h.writeOllamaError(w, r, ErrUnknownModel, req)
 		return
 	}
-	caps := []string{"completion"}
 	providers := make([]ollamaShowProvider, 0, len(info.Providers))
 	for _, p := range info.Providers {
-		for _, c := range p.Capabilities {
-			if oc, ok := ollamaCapabilities[c]; ok && !slices.Contains(caps, oc) {
-				caps = append(caps, oc)
-			}
-		}
 		providers = append(providers, ollamaShowProvider{NodeID: p.NodeID, ProviderID: p.ProviderID, Type: p.Type,
 			Capabilities: nonNil(p.Capabilities), Healthy: p.Healthy, Capacity: p.Capacity, InFlight: p.InFlight})
 	}
+	caps := []string{}
+	var d *nodev1.ModelDetails
+	if rep, same, ok := representative(info); ok {
+		d = rep.Details
+		for _, p := range same {
+			for _, c := range p.Capabilities {
+				if oc, ok := ollamaCapabilities[c]; ok && !slices.Contains(caps, oc) {
+					caps = append(caps, oc)
+				}
+			}
+		}
+	}
+	if len(caps) == 0 {
+		caps = append(caps, "completion")
+	}
+	modelInfo := map[string]any{
+		"general.architecture": d.GetFamily(),
+		"iop.name":             info.Name,
+		"iop.alias":            info.Alias,
+		"iop.targets":          nonNil(info.Targets),
+		"iop.providers":        providers,
+	}
+	if d.GetFamily() != "" && d.GetContextLength() > 0 {
+		modelInfo[d.GetFamily()+".context_length"] = d.GetContextLength()
+	}
+	modifiedAt := d.GetModifiedAt()
+	if modifiedAt == "" {
+		modifiedAt = h.cfg.Now().UTC().Format(time.RFC3339Nano)
+	}
 	writeOllamaJSON(w, http.StatusOK, map[string]any{
-		"modelfile":  "",
-		"parameters": "",
-		"template":   "",
-		"details":    ollamaModelDetails{},
-		"model_info": map[string]any{
-			"general.architecture": "",
-			"iop.name":             info.Name,
-			"iop.alias":            info.Alias,
-			"iop.targets":          nonNil(info.Targets),
-			"iop.providers":        providers,
-		},
+		"modelfile":    "",
+		"parameters":   "",
+		"template":     "",
+		"details":      detailsOf(d),
+		"model_info":   modelInfo,
 		"capabilities": caps,
-		"modified_at":  h.cfg.Now().UTC().Format(time.RFC3339Nano),
+		"modified_at":  modifiedAt,
 	})
 }

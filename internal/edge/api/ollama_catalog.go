@@ -1,6 +1,10 @@
 package api
 
-import "strings"
+import (
+	"strings"
+
+	"iop/internal/wire/nodev1"
+)
 
 // ModelCatalog is what POST /api/show and GET /api/ps need beyond
 // Gateway.Models. A Gateway may implement it; without it /api/show answers
@@ -32,9 +36,17 @@ type ModelInfo struct {
 // edge.ModelProvider in name, type and order.
 type ModelProvider struct {
 	NodeID, ProviderID, Type string
-	Capabilities             []string
-	Healthy                  bool
-	Capacity, InFlight       int
+	// Capabilities are iop's capability words for Target on this provider
+	// ("completion", "tools", "vision", "embeddings", "thinking", ...,
+	// and lifecycle ones such as "stream").
+	Capabilities       []string
+	Healthy            bool
+	Capacity, InFlight int
+	// Target is the served model name the provider serves the model as.
+	Target string
+	// Details are what the provider's model server says of Target, nil
+	// when nothing. Not to be modified.
+	Details *nodev1.ModelDetails
 }
 
 // latestTag is the tag Ollama gives a model name without one (Ollama API

@@ -28,6 +28,10 @@ const (
 	// NodeFenced: a node connection ended and its generation was fenced
 	// (NodeID, Generation, Reason).
 	NodeFenced Type = "node_fenced"
+	// NodeDraining: a node said it drains (it is shutting down): its
+	// providers take no new requests while its runs in flight finish
+	// (NodeID, Generation, Label, Providers).
+	NodeDraining Type = "node_draining"
 	// RunQueued: a request found every candidate busy and waits in its
 	// model's queue (Model; Load.ModelQueued counts it). No run id yet.
 	RunQueued Type = "run_queued"

@@ -27,11 +27,11 @@
 //	iop_dispatch_retries_total{model,reason}           counter: dispatches admitted again after failing before the run started
 //	iop_nodes_connected                                gauge (scrape time)
 //	iop_provider_in_flight{node,provider}              gauge (scrape time)
-//	iop_provider_capacity{node,provider}               gauge (scrape time)
+//	iop_provider_capacity{node,provider}               gauge (scrape time); not for an orphan (its node is gone)
 //	iop_provider_long_in_flight{node,provider}         gauge (scrape time)
-//	iop_provider_long_capacity{node,provider}          gauge (scrape time)
+//	iop_provider_long_capacity{node,provider}          gauge (scrape time); not for an orphan
 //	iop_provider_queued{node,provider}                 gauge (scrape time): waiters that list the provider
-//	iop_provider_healthy{node,provider}                gauge (scrape time): 1 healthy, 0 not (or orphan)
+//	iop_provider_healthy{node,provider}                gauge (scrape time): 1 healthy, 0 not (or orphan, or draining)
 //	iop_queue_depth{model}                             gauge (scrape time): waiters of the model's queue
 //	iop_queue_max{model}                               gauge (scrape time): the queue's max_queue
 //
@@ -40,15 +40,26 @@
 // model, or cancelled before admission) is counted with model="", so a
 // client cannot grow the label set.
 //
+// Node labels do not outlive their node: the label values of a node whose
+// last connection was fenced edge.ForgetAfter ago (by the events' own times,
+// the edge's clock) are deleted at the next node event, so nodes that come
+// and go do not grow the label sets. The per-provider gauges are read from
+// the snapshot and list only the providers the scheduler holds.
+//
 // # Concurrency
 //
-// A Metrics is safe for concurrent use: its hooks only update
-// client_golang's collectors, which are; the snapshot collector calls the
-// Snapshotter on the scrape's goroutine.
+// A Metrics is safe for concurrent use: its hooks update client_golang's
+// collectors, which are; Metrics.mu, a leaf lock, guards which nodes are
+// gone, and is held by node events while they count and delete label values,
+// so a node's counters are never deleted after its new connection counted.
+// The snapshot collector calls the Snapshotter on the scrape's goroutine.
 package metrics
 
 import (
+	"slices"
 	"strconv"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -76,6 +87,19 @@ type Metrics struct {
 	connects     *prometheus.CounterVec
 	fences       *prometheus.CounterVec
 	retries      *prometheus.CounterVec
+
+	mu      sync.Mutex           // guards the fields below
+	nodeGen map[string]uint64    // the latest generation seen, per node with label values
+	reasons map[string][]string  // the fence reasons counted, per node
+	gone    map[string]time.Time // nodes whose latest connection was fenced, since when
+	expiry  []goneNode           // gone marks in time order
+}
+
+// goneNode is a node's fence at at; its label values go at at +
+// edge.ForgetAfter unless it connected again since.
+type goneNode struct {
+	node string
+	at   time.Time
 }
 
 var (
@@ -138,6 +162,9 @@ func New(reg prometheus.Registerer, snap Snapshotter) (*Metrics, error) {
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "iop_dispatch_retries_total", Help: "Dispatches that failed before their run started and were admitted again.",
 		}, []string{"model", "reason"}),
+		nodeGen: make(map[string]uint64),
+		reasons: make(map[string][]string),
+		gone:    make(map[string]time.Time),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.admissions, m.queueWait, m.ttft, m.duration, m.interToken,
 		m.inputTokens, m.outputTokens, m.runsInFlight, m.connects, m.fences, m.retries, newSnapshotCollector(snap)} {
@@ -186,15 +213,61 @@ func (m *Metrics) RequestDone(rec api.RequestRecord) {
 // flight from the edge's lifecycle events.
 func (m *Metrics) Observe(e lifecycle.Event) {
 	switch e.Type {
-	case lifecycle.NodeConnected:
-		m.connects.WithLabelValues(e.NodeID).Inc()
-	case lifecycle.NodeFenced:
-		m.fences.WithLabelValues(e.NodeID, e.Reason).Inc()
+	case lifecycle.NodeConnected, lifecycle.NodeFenced:
+		m.observeNode(e)
 	case lifecycle.DispatchRetried:
 		m.retries.WithLabelValues(e.Model, e.Reason).Inc()
 	case lifecycle.RunAdmitted:
 		m.runsInFlight.WithLabelValues(e.Model).Inc()
 	case lifecycle.RunEnded:
 		m.runsInFlight.WithLabelValues(e.Model).Dec()
+	}
+}
+
+// observeNode counts a node connect or fence, keeps track of which nodes
+// are gone, and deletes the label values of nodes gone edge.ForgetAfter
+// before e.
+func (m *Metrics) observeNode(e lifecycle.Event) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e.Type == lifecycle.NodeConnected {
+		m.connects.WithLabelValues(e.NodeID).Inc()
+		m.nodeGen[e.NodeID] = max(m.nodeGen[e.NodeID], e.Generation)
+		delete(m.gone, e.NodeID)
+	} else {
+		m.fences.WithLabelValues(e.NodeID, e.Reason).Inc()
+		if !slices.Contains(m.reasons[e.NodeID], e.Reason) {
+			m.reasons[e.NodeID] = append(m.reasons[e.NodeID], e.Reason)
+		}
+		// A superseded connection's fence, after its successor connected,
+		// leaves the node live.
+		if e.Generation >= m.nodeGen[e.NodeID] {
+			m.nodeGen[e.NodeID] = e.Generation
+			m.gone[e.NodeID] = e.Time
+			m.expiry = append(m.expiry, goneNode{e.NodeID, e.Time})
+		}
+	}
+	n := 0
+	for _, g := range m.expiry {
+		if e.Time.Sub(g.at) < edge.ForgetAfter {
+			break
+		}
+		n++
+		if at, ok := m.gone[g.node]; ok && at.Equal(g.at) {
+			m.connects.DeleteLabelValues(g.node)
+			for _, r := range m.reasons[g.node] {
+				m.fences.DeleteLabelValues(g.node, r)
+			}
+			delete(m.reasons, g.node)
+			delete(m.gone, g.node)
+			delete(m.nodeGen, g.node)
+		}
+	}
+	// Drop the expired head; when it was most of the queue, copy the rest
+	// so the old array is freed (O(1) per entry dropped).
+	if n > 0 && len(m.expiry)-n < len(m.expiry)/4 {
+		m.expiry = slices.Clone(m.expiry[n:])
+	} else {
+		m.expiry = m.expiry[n:]
 	}
 }

@@ -109,3 +109,40 @@ func TestMetricsFromRecordsEventsAndSnapshot(t *testing.T) {
 		}
 	}
 }
+
+// TestOrphanProviderExportsNoCapacity: a provider whose node is gone keeps
+// its in-flight and health series (0) but no capacity ones, so summing
+// iop_provider_capacity counts the capacity of live nodes only; a draining
+// provider is not healthy (it takes no new requests) but still has its
+// capacity.
+func TestOrphanProviderExportsNoCapacity(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	snap := fixedSnapshot{Providers: []edge.ProviderSnapshot{
+		{NodeID: "live", ProviderID: "p", Capacity: 4, LongCapacity: 2, Healthy: true, Status: "available", Circuit: edge.CircuitClosed},
+		{NodeID: "gone", ProviderID: "p", Capacity: 8, LongCapacity: 8, Status: "orphan", Circuit: edge.CircuitClosed},
+		{NodeID: "leaving", ProviderID: "p", Capacity: 2, LongCapacity: 2, Healthy: true, Status: edge.StatusDraining, Circuit: edge.CircuitClosed},
+	}}
+	if _, err := New(reg, snap); err != nil {
+		t.Fatal(err)
+	}
+	got := series(t, reg)
+	for k, want := range map[string]float64{
+		"iop_provider_capacity{node=live,provider=p}":         4,
+		"iop_provider_long_capacity{node=live,provider=p}":    2,
+		"iop_provider_healthy{node=live,provider=p}":          1,
+		"iop_provider_in_flight{node=gone,provider=p}":        0,
+		"iop_provider_healthy{node=gone,provider=p}":          0,
+		"iop_provider_capacity{node=leaving,provider=p}":      2,
+		"iop_provider_long_capacity{node=leaving,provider=p}": 2,
+		"iop_provider_healthy{node=leaving,provider=p}":       0,
+	} {
+		if v, ok := got[k]; !ok || v != want {
+			t.Errorf("%s = %v (present %v), want %v", k, v, ok, want)
+		}
+	}
+	for _, k := range []string{"iop_provider_capacity{node=gone,provider=p}", "iop_provider_long_capacity{node=gone,provider=p}"} {
+		if v, ok := got[k]; ok {
+			t.Errorf("orphan exports %s = %v", k, v)
+		}
+	}
+}

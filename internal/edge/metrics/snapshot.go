@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"iop/internal/edge"
+	"iop/internal/scheduler"
 )
 
 // snapshotCollector reads the scheduler-mirroring gauges from one edge
@@ -24,7 +25,7 @@ func newSnapshotCollector(snap Snapshotter) *snapshotCollector {
 		longInFlight: prometheus.NewDesc("iop_provider_long_in_flight", "Long-context requests holding a slot of the provider.", provider, nil),
 		longCapacity: prometheus.NewDesc("iop_provider_long_capacity", "Concurrent long-context requests the provider takes.", provider, nil),
 		queued:       prometheus.NewDesc("iop_provider_queued", "Queued requests that could use the provider.", provider, nil),
-		healthy:      prometheus.NewDesc("iop_provider_healthy", "1 when the provider is healthy and its node connected, else 0.", provider, nil),
+		healthy:      prometheus.NewDesc("iop_provider_healthy", "1 when the provider is healthy, its node connected and not draining, else 0.", provider, nil),
 		circuitOpen:  prometheus.NewDesc("iop_provider_circuit_open", "1 while the provider's circuit breaker keeps it out of rotation (open or half-open), else 0.", provider, nil),
 		queueDepth:   prometheus.NewDesc("iop_queue_depth", "Requests waiting in the model's queue.", []string{"model"}, nil),
 		queueMax:     prometheus.NewDesc("iop_queue_max", "The model queue's max_queue.", []string{"model"}, nil),
@@ -48,14 +49,22 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 		if p.Circuit != "" && p.Circuit != edge.CircuitClosed {
 			open = 1
 		}
-		for _, v := range []struct {
+		gauges := []struct {
 			d *prometheus.Desc
 			v float64
 		}{
-			{c.inFlight, float64(p.InFlight)}, {c.capacity, float64(p.Capacity)},
-			{c.longInFlight, float64(p.LongInFlight)}, {c.longCapacity, float64(p.LongCapacity)},
+			{c.inFlight, float64(p.InFlight)}, {c.longInFlight, float64(p.LongInFlight)},
 			{c.queued, float64(p.Queued)}, {c.healthy, healthy}, {c.circuitOpen, open},
-		} {
+		}
+		// An orphan's capacity is no longer there: a sum of
+		// iop_provider_capacity counts only providers of live nodes.
+		if p.Status != scheduler.StatusOrphan {
+			gauges = append(gauges, []struct {
+				d *prometheus.Desc
+				v float64
+			}{{c.capacity, float64(p.Capacity)}, {c.longCapacity, float64(p.LongCapacity)}}...)
+		}
+		for _, v := range gauges {
 			ch <- prometheus.MustNewConstMetric(v.d, prometheus.GaugeValue, v.v, p.NodeID, p.ProviderID)
 		}
 	}

@@ -353,8 +353,7 @@ type process struct {
 	stop   chan struct{} // closed by cleanup: readers stop sending
 	wg     sync.WaitGroup
 
-	tailMu sync.Mutex // guards tail
-	tail   []byte     // the last bytes of stderr, at most 2*stderrTailBytes
+	tail *tailBuffer // the end of stderr, redacted
 
 	reaped bool
 	state  *os.ProcessState
@@ -421,6 +420,7 @@ func (c *CLI) start(args []string, prompt string) (*process, error) {
 		exited: make(chan struct{}),
 		errEOF: make(chan struct{}),
 		stop:   make(chan struct{}),
+		tail:   &tailBuffer{limit: stderrTailBytes, redact: c.redactor.Replace},
 	}
 	p.wg.Add(3)
 	go p.readStdout()
@@ -462,15 +462,7 @@ func (p *process) readStderr() {
 	for {
 		n, err := p.stderr.Read(buf)
 		if n > 0 {
-			p.tailMu.Lock()
-			// Redacted before the tail is cut, so no cut can split a
-			// secret and leave part of it (a secret split between two
-			// reads is whole once the second is appended).
-			p.tail = []byte(p.c.redactor.Replace(string(append(p.tail, buf[:n]...))))
-			if len(p.tail) > 2*stderrTailBytes {
-				p.tail = slices.Clone(p.tail[len(p.tail)-stderrTailBytes:])
-			}
-			p.tailMu.Unlock()
+			p.tail.write(buf[:n])
 		}
 		if err != nil {
 			return
@@ -654,18 +646,10 @@ func (p *process) exitError() error {
 
 // stderrTail is the last stderrTailBytes of stderr, safe to show: Env
 // secrets redacted, valid UTF-8 without control characters other than
-// newline and tab, trimmed; "…" marks a cut.
+// newline and tab, trimmed; "…" marks a cut (tailBuffer.tail decides both
+// where the tail starts and whether anything before it was dropped).
 func (p *process) stderrTail() string {
-	p.tailMu.Lock()
-	s := p.c.redactor.Replace(string(p.tail))
-	p.tailMu.Unlock()
-	cut := false
-	if len(s) > stderrTailBytes {
-		s, cut = s[len(s)-stderrTailBytes:], true
-		for len(s) > 0 && !utf8.RuneStart(s[0]) {
-			s = s[1:]
-		}
-	}
+	s, cut := p.tail.tail()
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	s = strings.Map(func(r rune) rune {
 		if r == '\n' || r == '\t' || !unicode.IsControl(r) {
@@ -678,6 +662,59 @@ func (p *process) stderrTail() string {
 		s = "…" + s
 	}
 	return s
+}
+
+// tailBuffer keeps the end of a byte stream (a command's stderr), redacted:
+// the one place that decides where the kept tail starts and whether bytes
+// before it were dropped. Its cuts fall on UTF-8 character boundaries. It
+// is safe for concurrent use.
+type tailBuffer struct {
+	limit  int                 // the tail is at most limit bytes
+	redact func(string) string // hides secrets; applied before any cut
+
+	mu  sync.Mutex // guards the fields below
+	buf []byte     // redacted; at most 2*limit bytes after each write
+	cut bool       // bytes before buf were dropped
+}
+
+// write appends p. The whole buffer is redacted before it is cut, so no
+// cut splits a secret and leaves part of it (a secret split between two
+// writes is whole once the second is appended).
+func (t *tailBuffer) write(p []byte) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = []byte(t.redact(string(append(t.buf, p...))))
+	if len(t.buf) > 2*t.limit {
+		t.buf = slices.Clone(lastBytes(t.buf, t.limit))
+		t.cut = true
+	}
+}
+
+// tail returns the last at most limit bytes written, starting at a
+// character boundary, and whether anything before them was dropped.
+func (t *tailBuffer) tail() (string, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	b, cut := t.buf, t.cut
+	if len(b) > t.limit {
+		b, cut = lastBytes(b, t.limit), true
+	}
+	return string(b), cut
+}
+
+// lastBytes is the longest suffix of b of at most n bytes that does not
+// start inside a UTF-8 sequence: the up to utf8.UTFMax-1 continuation
+// bytes at the cut go with what precedes them. (More in a row are no
+// character's; they stay, and become U+FFFD.)
+func lastBytes(b []byte, n int) []byte {
+	if len(b) <= n {
+		return b
+	}
+	b = b[len(b)-n:]
+	for i := 0; i < utf8.UTFMax-1 && len(b) > 0 && !utf8.RuneStart(b[0]); i++ {
+		b = b[1:]
+	}
+	return b
 }
 
 // estimateTokens is chars / 4 rounded up, clamped to int32.

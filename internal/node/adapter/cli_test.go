@@ -452,6 +452,67 @@ func TestCLIStderrTailIsBounded(t *testing.T) {
 	}
 }
 
+// TestRegression_StderrTailCutInsideACharacter: stderr of 2048 "é" (2
+// bytes each) and "a", 4097 bytes, made a message that began with U+FFFD
+// and lacked its "…", whatever the reads' sizes: the reader kept the last
+// 2048 bytes, which start inside an "é", and the message, seeing no more
+// than 2048 bytes, thought nothing was cut. TestCLIStderrTailIsBounded
+// failed the same way when its reads happened to end there.
+func TestRegression_StderrTailCutInsideACharacter(t *testing.T) {
+	c := newTestCLI(t, CLIConfig{Command: []string{"sh", "-c", `i=0; s=''; while [ $i -lt 2048 ]; do s="${s}é"; i=$((i+1)); done; printf '%sa' "$s" >&2; exit 1`}})
+	err := c.Normalize(context.Background(), completionReq(""), &eventRec{})
+	var aerr *Error
+	if !errors.As(err, &aerr) {
+		t.Fatalf("err %v", err)
+	}
+	if want := "command exited with status 1: …" + strings.Repeat("é", 1023) + "a"; aerr.Message != want {
+		got := []rune(aerr.Message)
+		t.Fatalf("message (%d bytes) %q...%q, want %q...", len(aerr.Message), string(got[:min(36, len(got))]),
+			string(got[max(0, len(got)-4):]), string([]rune(want)[:36]))
+	}
+}
+
+// TestTailBuffer: whatever the sizes of the writes, the tail is the last
+// at most limit bytes that start a character, and "cut" says whether any
+// byte before it was dropped.
+func TestTailBuffer(t *testing.T) {
+	const limit = 16
+	identity := func(s string) string { return s }
+	for _, c := range []struct {
+		name   string
+		writes []string
+		want   string
+		cut    bool
+	}{
+		{"short", []string{"abc"}, "abc", false},
+		{"exactly the limit", []string{strings.Repeat("a", 16)}, strings.Repeat("a", 16), false},
+		{"over the limit, cut when read", []string{strings.Repeat("a", 17)}, strings.Repeat("a", 16), true},
+		{"trimmed by a write to exactly the limit", []string{strings.Repeat("x", 32), "y"}, strings.Repeat("x", 15) + "y", true},
+		// 16 "é" and "a" (33 bytes): the last 16 bytes start inside an "é".
+		{"trimmed inside a character", []string{strings.Repeat("é", 16) + "a"}, strings.Repeat("é", 7) + "a", true},
+		{"trimmed, then cut when read", []string{strings.Repeat("é", 16), "é", "a"}, strings.Repeat("é", 7) + "a", true},
+		{"cut inside a character when read", []string{strings.Repeat("é", 8), "a"}, strings.Repeat("é", 7) + "a", true},
+		{"4-byte characters", []string{strings.Repeat("😀", 9)}, strings.Repeat("😀", 4), true},
+		// No character starts in the last bytes: at most 3 are dropped,
+		// the rest stays to be shown as U+FFFD.
+		{"invalid bytes", []string{strings.Repeat("\x80", 20)}, strings.Repeat("\x80", 13), true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tb := &tailBuffer{limit: limit, redact: identity}
+			for _, w := range c.writes {
+				tb.write([]byte(w))
+			}
+			got, cut := tb.tail()
+			if got != c.want || cut != c.cut {
+				t.Fatalf("tail %q cut %v, want %q cut %v", got, cut, c.want, c.cut)
+			}
+			if len(got) > limit {
+				t.Fatalf("tail of %d bytes, limit %d", len(got), limit)
+			}
+		})
+	}
+}
+
 // TestRegression_StderrSecretAtTheCutIsRedacted: a secret that straddled
 // the point where the stderr tail was cut (5000 bytes in one write, the
 // secret at 2940) reached the message half redacted-proof: its last 19

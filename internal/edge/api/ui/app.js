@@ -38,6 +38,7 @@ async function load() {
 function apply(ev) {
   switch (ev.type) {
     case "node_connected":
+    case "node_draining":
     case "node_fenced":
       load();
       return;
@@ -86,17 +87,34 @@ function ago(iso) {
   return Math.floor(s / 3600) + "h ago";
 }
 
+// providerState says whether p takes new requests, as iop status does:
+// "healthy · available" only when it does, else why not. bad marks the
+// card.
+function providerState(p) {
+  if (p.status === "orphan") return { text: "orphan · node gone", bad: true };
+  const why = [];
+  if (p.status === "draining") why.push("draining · no new requests");
+  if (p.health !== "healthy") why.push("unhealthy");
+  if (p.circuit === "open") why.push("circuit open · out of rotation");
+  else if (p.circuit === "half_open") why.push("circuit half-open · on trial");
+  if (p.status !== "available" && p.status !== "draining") why.push(p.status || "unknown");
+  if (why.length === 0) return { text: "healthy · available", bad: false };
+  return { text: why.join(" · "), bad: true };
+}
+
 function render() {
   const nodes = document.querySelector("#nodes tbody");
-  nodes.replaceChildren(...state.nodes.map(n => el("tr", { "data-node": n.id },
-    el("td", {}, n.id), el("td", {}, n.label || "–"), el("td", {}, n.generation),
+  nodes.replaceChildren(...state.nodes.map(n => el("tr", { "data-node": n.id, class: n.draining ? "draining" : "" },
+    el("td", {}, n.id, n.draining ? el("span", { class: "meta state" }, " draining") : ""),
+    el("td", {}, n.label || "–"), el("td", {}, n.generation),
     el("td", {}, ago(n.connected_since)), el("td", {}, ago(n.last_heartbeat)), el("td", {}, n.version || "–"))));
   document.getElementById("node-count").textContent = "(" + state.nodes.length + ")";
 
   const providers = [...state.providers.values()];
   document.getElementById("providers").replaceChildren(...providers.map(p => {
     const pct = p.capacity > 0 ? Math.min(100, 100 * p.in_flight / p.capacity) : 0;
-    const cls = "provider" + (p.health !== "healthy" ? " unhealthy" : "") + (p.status === "orphan" ? " orphan" : "");
+    const st = providerState(p);
+    const cls = "provider" + (st.bad ? " out" : "") + (p.status === "orphan" ? " orphan" : "");
     return el("div", { class: cls, "data-provider": key(p.node_id, p.provider_id) },
       el("div", { class: "name" }, p.provider_id, " ", el("span", { class: "meta" }, "on " + p.node_id + " · " + (p.type || "?"))),
       el("div", { class: "meta" }, (p.models || []).join(", ")),
@@ -104,7 +122,7 @@ function render() {
       el("div", { class: "numbers" },
         el("span", {}, "in flight ", el("b", { class: "in-flight" }, p.in_flight + " / " + p.capacity)),
         el("span", { class: "queued" + (p.queued > 0 ? " nonzero" : "") }, "queued ", p.queued)),
-      el("div", { class: "meta" }, p.health + " · " + p.status));
+      el("div", { class: "meta state" }, st.text));
   }));
   document.getElementById("provider-count").textContent = "(" + providers.length + ")";
   document.getElementById("providers-empty").hidden = providers.length > 0;

@@ -1,0 +1,234 @@
+package node
+
+import (
+	"context"
+	"slices"
+	"sync"
+
+	"google.golang.org/protobuf/proto"
+
+	"iop/internal/wire/nodev1"
+)
+
+// advert is what the agent tells the edge of one provider: its health and
+// its served models, with what it knows of each. A published advert is
+// never modified (a change publishes a new one).
+type advert struct {
+	healthy bool
+	models  []string                    // served model names, sorted
+	entries []*nodev1.ModelCapabilities // per-model capabilities and details, sorted by model; nil when none
+}
+
+func (v advert) equal(w advert) bool {
+	return v.healthy == w.healthy && slices.Equal(v.models, w.models) &&
+		slices.EqualFunc(v.entries, w.entries, func(a, b *nodev1.ModelCapabilities) bool { return proto.Equal(a, b) })
+}
+
+// advertised is a provider's current advert and its version, which every
+// change increments.
+type advertised struct {
+	advert
+	version uint64
+}
+
+// configuredAdvert is the advert of a provider with configured models: it
+// serves them and is healthy, for good.
+func configuredAdvert(pc ProviderConfig) advert {
+	return advert{healthy: true, models: slices.Clone(pc.Models)}
+}
+
+// discoveredAdvert is the advert of a provider whose server listed models
+// (sorted by name): healthy when it lists at least one. A model gets an
+// entry in model_capabilities when its server said its capabilities (they
+// are then "stream" and those, unless the provider configures
+// capabilities, which override the server's) or its details (with the
+// provider's capabilities and "completion": a model of the provider's
+// capabilities is taken to generate text, as the edge takes it).
+func discoveredAdvert(pc ProviderConfig, models []DiscoveredModel) advert {
+	v := advert{healthy: len(models) > 0, models: []string{}}
+	base := pc.capabilities()
+	for _, m := range models {
+		v.models = append(v.models, m.Name)
+		var caps []string
+		switch {
+		case len(pc.Capabilities) == 0 && m.Capabilities != nil:
+			caps = appendNew(slices.Clone(base), m.Capabilities...)
+		case m.Details != nil:
+			caps = appendNew(slices.Clone(base), "completion")
+		default:
+			continue
+		}
+		v.entries = append(v.entries, &nodev1.ModelCapabilities{Model: m.Name, Capabilities: caps, Details: m.Details})
+	}
+	return v
+}
+
+// appendNew appends those of add that are not in list yet.
+func appendNew(list []string, add ...string) []string {
+	for _, s := range add {
+		if !slices.Contains(list, s) {
+			list = append(list, s)
+		}
+	}
+	return list
+}
+
+// providerMessage is the Provider message of p for a Hello, advertised as v.
+func (a *Agent) providerMessage(p *provider, v advert) *nodev1.Provider {
+	return &nodev1.Provider{
+		Id:                p.cfg.ID,
+		Type:              p.cfg.Type,
+		Models:            v.models,
+		Capacity:          int32(p.cfg.Capacity),
+		LongCapacity:      int32(p.cfg.LongCapacity),
+		Capabilities:      p.cfg.capabilities(),
+		ExecutionPath:     p.path,
+		Healthy:           v.healthy,
+		ModelCapabilities: v.entries,
+	}
+}
+
+// helloNow returns the Hello to send on a new connection, describing every
+// provider as advertised now, the advert versions it describes, and a
+// channel closed at the next change of an advert.
+func (a *Agent) helloNow() (*nodev1.Hello, map[string]uint64, <-chan struct{}) {
+	a.advMu.Lock()
+	defer a.advMu.Unlock()
+	h := &nodev1.Hello{
+		NodeId:             a.cfg.NodeID,
+		Label:              a.cfg.Label,
+		Token:              a.cfg.Token,
+		RuntimeConcurrency: int32(a.cfg.RuntimeConcurrency),
+		Version:            a.cfg.Version,
+	}
+	sent := make(map[string]uint64, len(a.order))
+	for _, p := range a.order {
+		adv := a.adverts[p.cfg.ID]
+		h.Providers = append(h.Providers, a.providerMessage(p, adv.advert))
+		sent[p.cfg.ID] = adv.version
+	}
+	return h, sent, a.advChanged
+}
+
+// updatesSince returns a ProviderUpdate for every provider whose advert
+// changed since the versions in sent (which it brings up to date), in
+// config order, and a channel closed at the next change.
+func (a *Agent) updatesSince(sent map[string]uint64) ([]*nodev1.ProviderUpdate, <-chan struct{}) {
+	a.advMu.Lock()
+	defer a.advMu.Unlock()
+	var out []*nodev1.ProviderUpdate
+	for _, p := range a.order {
+		adv := a.adverts[p.cfg.ID]
+		if adv.version == sent[p.cfg.ID] {
+			continue
+		}
+		sent[p.cfg.ID] = adv.version
+		out = append(out, &nodev1.ProviderUpdate{
+			ProviderId:        p.cfg.ID,
+			Healthy:           adv.healthy,
+			ModelsSet:         true,
+			Models:            adv.models,
+			ModelCapabilities: adv.entries,
+		})
+	}
+	return out, a.advChanged
+}
+
+// publish makes v p's advert if it differs from the current one, waking
+// every connection to send it; it returns the advert it replaced and
+// whether it did.
+func (a *Agent) publish(id string, v advert) (old advert, changed bool) {
+	a.advMu.Lock()
+	defer a.advMu.Unlock()
+	cur := a.adverts[id]
+	if cur.equal(v) {
+		return cur.advert, false
+	}
+	old = cur.advert
+	a.adverts[id] = &advertised{advert: v, version: cur.version + 1}
+	close(a.advChanged)
+	a.advChanged = make(chan struct{})
+	return old, true
+}
+
+// round reads what p's server serves now and publishes it: its models
+// (sorted; healthy when there is at least one) when the listing succeeded;
+// when it failed (the server unreachable, or not answering its listing),
+// the models last read, unhealthy, so the edge takes the provider out of
+// rotation until it answers again.
+func (a *Agent) round(ctx context.Context, p *provider) {
+	models, err := p.lister.list(ctx)
+	if ctx.Err() != nil {
+		return
+	}
+	a.advMu.Lock()
+	v := a.adverts[p.cfg.ID].advert
+	a.advMu.Unlock()
+	if err == nil {
+		v = discoveredAdvert(p.cfg, models)
+	} else {
+		v.healthy = false
+	}
+	old, changed := a.publish(p.cfg.ID, v)
+	first := p.rounds == 0
+	p.rounds++
+	log := a.logger.With("provider", p.cfg.ID, "base_url", p.cfg.BaseURL)
+	switch {
+	case err != nil && (old.healthy || first):
+		log.Warn("provider out of rotation: its model server does not answer its model list", "err", err)
+	case err == nil && !v.healthy && (old.healthy || first || len(old.models) > 0):
+		log.Warn("provider out of rotation: its model server serves no model")
+	case v.healthy && !old.healthy:
+		log.Info("provider in rotation: its model server answers", "models", v.models)
+	}
+	if changed && !slices.Equal(old.models, v.models) && err == nil {
+		added, removed := diff(old.models, v.models)
+		log.Info("provider's served models changed", "added", added, "removed", removed)
+	}
+	if a.afterRound != nil {
+		a.afterRound(p.cfg.ID, changed)
+	}
+}
+
+// diff returns the names in b not in a, and those in a not in b.
+func diff(a, b []string) (added, removed []string) {
+	for _, s := range b {
+		if !slices.Contains(a, s) {
+			added = append(added, s)
+		}
+	}
+	for _, s := range a {
+		if !slices.Contains(b, s) {
+			removed = append(removed, s)
+		}
+	}
+	return added, removed
+}
+
+// startDiscovery runs a first round for every discovering provider, all at
+// once, and returns when they are done (each request is bounded by
+// discoveryTimeout), so the first Hello says what the servers serve; then
+// it starts one goroutine per discovering provider that runs a round every
+// discovery interval of the agent's clock, until ctx ends. stop waits for
+// those goroutines.
+func (a *Agent) startDiscovery(ctx context.Context) (stop func()) {
+	var wg sync.WaitGroup
+	for _, p := range a.order {
+		if p.lister == nil {
+			continue
+		}
+		wg.Go(func() { a.round(ctx, p) })
+	}
+	wg.Wait()
+	for _, p := range a.order {
+		if p.lister == nil {
+			continue
+		}
+		wg.Go(func() {
+			for a.sleep(ctx, p.cfg.DiscoveryInterval) {
+				a.round(ctx, p)
+			}
+		})
+	}
+	return wg.Wait
+}
