@@ -81,6 +81,9 @@ func TestObserverSeesNodeAndRunLifecycle(t *testing.T) {
 	if _, err := first.Recv(); err != nil {
 		t.Fatal(err)
 	}
+	// Its caller closes it with the request's outcome once the answer is
+	// written: that publishes run_ended.
+	first.Close("completed")
 	d := n.nextDispatch(t)
 	rs2 := n.openRun(t, d.GetRunId(), n.gen)
 	e.readBody(t, d, rs2)
@@ -123,13 +126,13 @@ func TestObserverSeesNodeAndRunLifecycle(t *testing.T) {
 		a.QueueReason != "immediate" || a.Load == nil || a.Load.InFlight != 1 || a.Load.Capacity != 1 {
 		t.Errorf("first run_admitted %+v load %+v", a, a.Load)
 	}
-	if end := one[2]; end.Reason != "complete" || end.Load == nil {
+	if end := one[2]; end.Reason != "complete" || end.Outcome != "completed" || end.Load == nil {
 		t.Errorf("first run_ended %+v", end)
 	}
 	if a := two[0]; a.QueueReason != "queued" || a.Load.InFlight != 1 || a.Load.ModelQueued != 0 {
 		t.Errorf("second run_admitted %+v load %+v", a, a.Load)
 	}
-	if end := two[2]; end.Reason != "closed: client gone" || end.Load.InFlight != 0 {
+	if end := two[2]; end.Reason != "closed: client gone" || end.Outcome != "client gone" || end.Load.InFlight != 0 {
 		t.Errorf("second run_ended %+v load %+v", end, end.Load)
 	}
 }

@@ -135,10 +135,21 @@ type Service struct {
 // (once, the request is admitted again); ErrNodeGone; ctx's error when ctx
 // ends first (the run is cancelled on the node). On every error the lease,
 // if one was taken, is released.
-func (s *Service) Dispatch(ctx context.Context, req Request) (*Run, error) {
+func (s *Service) Dispatch(ctx context.Context, req Request) (out *Run, outErr error) {
 	if err := req.validate(); err != nil {
 		return nil, err
 	}
+	// Every attempt but the run handed to the caller is settled here (its
+	// RunEnded published without an outcome): the caller settles its own
+	// with Close.
+	var attempts []*Run
+	defer func() {
+		for _, a := range attempts {
+			if a != out || outErr != nil {
+				a.drop("not handed to the caller")
+			}
+		}
+	}()
 	// "x" and "x:latest" are one model with one queue.
 	req.Model = s.cat.name(req.Model)
 	if s.cfg.LongContextTokens > 0 && req.EstimatedInputTokens >= s.cfg.LongContextTokens {
@@ -160,6 +171,9 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (*Run, error) {
 			req.RunID = retryRunID(baseID, attempt)
 		}
 		run, cand, err := s.dispatchOnce(ctx, req, tried)
+		if run != nil {
+			attempts = append(attempts, run)
+		}
 		switch {
 		case err == nil:
 		case errors.Is(err, errOutOfRotation):
@@ -186,7 +200,7 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (*Run, error) {
 			return nil, err
 		}
 		if failedRun != nil {
-			failedRun.Close("another provider took the request")
+			failedRun.drop("another provider took the request")
 			failedRun = nil
 		}
 		failedErr = nil
@@ -196,7 +210,7 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (*Run, error) {
 		reason, err := s.awaitFirst(ctx, run)
 		switch {
 		case ctx.Err() != nil:
-			run.Close("client gone")
+			run.drop("client gone")
 			return nil, ctx.Err()
 		case reason == "":
 			return run, nil // an answer, or a failure no other candidate would change
@@ -227,7 +241,7 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (*Run, error) {
 func (s *Service) noOtherCandidate(ctx context.Context, err error, failedRun *Run, failedErr error) (*Run, error) {
 	if ctx.Err() != nil {
 		if failedRun != nil {
-			failedRun.Close("client gone")
+			failedRun.drop("client gone")
 		}
 		return nil, ctx.Err()
 	}
@@ -422,6 +436,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 	}}}
 	if !c.enqueue(msg) {
 		r.finish("stale generation", nil, false)
+		r.settle("")
 		return nil, cand, fmt.Errorf("%w: node %q generation %d closed before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
 	}
 
@@ -433,6 +448,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 			r.finish("client gone", ctx.Err(), true)
 		}
 		if ended, err := r.outcome(); ended {
+			r.settle("")
 			if err == nil {
 				err = fmt.Errorf("%w: run %q ended before it started", ErrNodeGone, runID)
 			}

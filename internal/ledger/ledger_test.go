@@ -27,9 +27,9 @@ func sample() []Entry {
 	return []Entry{
 		{Time: day1, Key: "alice", Model: "llama3", RunID: "r1", NodeID: "gpu-1", ProviderID: "ollama", ServedModel: "llama3:8b", PromptTokens: 10, CompletionTokens: 20, Duration: time.Second, Outcome: OutcomeCompleted},
 		{Time: day1.Add(time.Minute), Key: "alice", Model: "llama3", RunID: "r2", NodeID: "gpu-2", ProviderID: "vllm", ServedModel: "llama3:8b", PromptTokens: 5, CompletionTokens: 7, Duration: 2 * time.Second, Outcome: OutcomeCompleted},
-		{Time: day1.Add(2 * time.Minute), Key: "bob", Model: "qwen", RunID: "r3", NodeID: "gpu-2", ProviderID: "vllm", ServedModel: "qwen2.5", PromptTokens: 100, CompletionTokens: 0, Duration: 3 * time.Second, Outcome: OutcomeUpstreamError},
+		{Time: day1.Add(2 * time.Minute), Key: "bob", Model: "qwen", RunID: "r3", NodeID: "gpu-2", ProviderID: "vllm", ServedModel: "qwen2.5", PromptTokens: 100, CompletionTokens: 0, Duration: 3 * time.Second, Outcome: "upstream_error"},
 		{Time: day2, Key: "bob", Model: "llama3", RunID: "r4", NodeID: "gpu-1", ProviderID: "ollama", ServedModel: "llama3:8b", PromptTokens: 1, CompletionTokens: 2, Duration: 4 * time.Second, Outcome: OutcomeCompleted},
-		{Time: day2.Add(time.Hour), Key: "bob", Model: "llama3", Duration: time.Millisecond, Outcome: "queue_full"},
+		{Time: day2.Add(time.Hour), Key: "bob", Model: "llama3", Duration: time.Millisecond, Outcome: "refused", ErrorCode: "queue_full", RequestID: "req_1"},
 	}
 }
 

@@ -177,6 +177,7 @@ func (h *handler) ollamaLoad(w http.ResponseWriter, r *http.Request, req *Reques
 		h.writeOllamaError(w, r, ErrUnknownModel, req)
 		return
 	}
+	answerFinished(r.Context()) // nothing was dispatched
 	writeOllamaJSON(w, http.StatusOK, answer)
 }
 
@@ -226,6 +227,7 @@ func (h *handler) writeOllamaError(w http.ResponseWriter, r *http.Request, err e
 	e, msg := ollamaError(err, req)
 	obsOf(r).failed(err, e.Code, false)
 	h.logError(r, e, err, req)
+	answerFinished(r.Context()) // an error answer ends the request
 	if e.retryAfter != "" {
 		w.Header().Set("Retry-After", e.retryAfter)
 	}

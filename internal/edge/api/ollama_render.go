@@ -283,6 +283,7 @@ func (o *ollamaRender) failed(err error) string {
 		o.abort = true
 		return reasonClientGone
 	}
+	o.answerDone()
 	e, msg := ollamaError(err, o.req)
 	o.h.logError(o.r, e, err, o.req)
 	if werr := o.writeLine(ollamaErrorBody{Error: msg}); werr != nil {

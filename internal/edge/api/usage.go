@@ -6,9 +6,13 @@ import (
 )
 
 // maxUsageScanBytes bounds what usageScanner keeps: one SSE line, or a
-// whole JSON body. A longer line or body is not scanned (its usage, if any,
-// stays unknown); the relayed bytes are never affected.
-const maxUsageScanBytes = 1 << 20 // 1 MiB
+// whole JSON body. A longer line is not scanned; of a longer body only the
+// last maxUsageTail bytes are kept (usage comes last in OpenAI's objects,
+// after choices or data). The relayed bytes are never affected.
+const (
+	maxUsageScanBytes = 1 << 20  // 1 MiB
+	maxUsageTail      = 64 << 10 // 64 KiB
+)
 
 // usageScanner reads a copy of a tunnel-path answer (an OpenAI chat or
 // completion response, SSE or JSON) for the token usage and for the events
@@ -17,8 +21,9 @@ const maxUsageScanBytes = 1 << 20 // 1 MiB
 // final chunk's (sent when the request set stream_options.include_usage).
 type usageScanner struct {
 	sse  bool
-	buf  []byte // SSE: the current incomplete line; JSON: the body so far
-	skip bool   // the current line (SSE) or the body (JSON) outgrew the bound
+	buf  []byte // SSE: the current incomplete line; JSON: the body so far, or its tail
+	skip bool   // SSE: the current line outgrew the bound
+	tail bool   // JSON: the body outgrew the bound; buf is its last maxUsageTail bytes
 
 	found             bool
 	prompt, completed int
@@ -31,10 +36,10 @@ type usageScanner struct {
 // in it carry generated content (always 0 for JSON).
 func (u *usageScanner) write(p []byte) (contentEvents int) {
 	if !u.sse {
-		if !u.skip && len(u.buf)+len(p) <= maxUsageScanBytes {
-			u.buf = append(u.buf, p...)
-		} else {
-			u.skip, u.buf = true, nil
+		u.buf = append(u.buf, p...)
+		if len(u.buf) > maxUsageScanBytes || u.tail && len(u.buf) > maxUsageTail {
+			u.tail = true
+			u.buf = append(u.buf[:0], u.buf[len(u.buf)-maxUsageTail:]...)
 		}
 		return 0
 	}
@@ -92,23 +97,38 @@ func (u *usageScanner) line(line []byte) bool {
 	return hasContent(data)
 }
 
+// usageObject is OpenAI's usage object, in tokens.
+type usageObject struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+}
+
 // parse records the usage object of one JSON document, if it has one.
 func (u *usageScanner) parse(doc []byte) {
 	var v struct {
-		Usage *struct {
-			PromptTokens     int `json:"prompt_tokens"`
-			CompletionTokens int `json:"completion_tokens"`
-		} `json:"usage"`
+		Usage *usageObject `json:"usage"`
 	}
 	if json.Unmarshal(doc, &v) == nil && v.Usage != nil {
 		u.found, u.prompt, u.completed = true, v.Usage.PromptTokens, v.Usage.CompletionTokens
 	}
 }
 
-// end finishes the scan and returns the usage, if the answer had one.
+// end finishes the scan and returns the usage, if the answer had one: for
+// a JSON answer, its top-level "usage" when the whole body was kept, else
+// the object after the last `"usage":` key of the kept tail.
 func (u *usageScanner) end() (prompt, completion int, ok bool) {
-	if !u.sse && !u.skip && len(u.buf) > 0 {
-		u.parse(u.buf)
+	if !u.sse && len(u.buf) > 0 {
+		if !u.tail {
+			u.parse(u.buf)
+		} else if i := bytes.LastIndex(u.buf, []byte(`"usage"`)); i > 0 && u.buf[i-1] != '\\' {
+			rest := bytes.TrimLeft(u.buf[i+len(`"usage"`):], " \t\r\n")
+			if r, ok := bytes.CutPrefix(rest, []byte(":")); ok {
+				var v *usageObject
+				if json.NewDecoder(bytes.NewReader(r)).Decode(&v) == nil && v != nil {
+					u.found, u.prompt, u.completed = true, v.PromptTokens, v.CompletionTokens
+				}
+			}
+		}
 		u.buf = nil
 	}
 	return u.prompt, u.completed, u.found

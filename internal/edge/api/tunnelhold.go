@@ -1,0 +1,136 @@
+package api
+
+import "bytes"
+
+// finalHold holds back the end of a relayed tunnel answer until the run's
+// terminal message arrives (TunnelEnd), so that the key's request slot is
+// given back before the client can see the answer end (answerDone): the
+// provider's last bytes come before the node's TunnelEnd, and a client
+// reading them could otherwise send its next request while this one still
+// counts.
+//
+// What is held is exactly what tells a client the answer is complete:
+//   - an event stream (SSE): from the start of the line that ends it,
+//     `data: [DONE]` (OpenAI's end of stream) or an error event
+//     `data: {"error"...` (which ends a stream that failed), to the end,
+//     and, while undecided, a partial line that may still become one of
+//     them;
+//   - any other body (a JSON answer): its last non-blank byte and what
+//     follows it (a JSON document is incomplete without its last byte).
+//
+// Everything else passes at once, so no content event waits: an SSE event
+// is dispatched by the client only at its blank line, which a held partial
+// line does not have yet. The relayed bytes are never changed: what split
+// returns followed by rest is what was fed, in order. Only the request
+// goroutine uses a finalHold.
+type finalHold struct {
+	sse  bool
+	held []byte
+	// final is set once an SSE line ending the stream was seen: every
+	// later byte is held too.
+	final bool
+	// midLine is set when the bytes passed so far end inside a line that
+	// cannot end the stream: the next bytes continue it.
+	midLine bool
+}
+
+// split takes the next relayed bytes and returns those to write now; the
+// rest is kept for rest.
+func (f *finalHold) split(p []byte) []byte {
+	if f.final {
+		f.held = append(f.held, p...)
+		return nil
+	}
+	buf := p
+	if len(f.held) > 0 {
+		buf = append(f.held, p...)
+	}
+	cut := len(buf) // where the held part starts
+	if f.sse {
+		cut = f.sseCut(buf)
+	} else if i := bytes.LastIndexFunc(buf, func(r rune) bool { return !isBlank(r) }); i >= 0 {
+		cut = i
+	} else {
+		cut = 0 // only blanks so far: hold them with what ends the body
+	}
+	out := buf[:cut]
+	f.held = append(f.held[:0:0], buf[cut:]...)
+	return out
+}
+
+// rest returns the held bytes and forgets them.
+func (f *finalHold) rest() []byte {
+	p := f.held
+	f.held = nil
+	return p
+}
+
+// sseCut returns where the held part of buf starts: the start of its
+// first line that ends the stream (final is then set), else of its last,
+// unterminated line if that may still become one, else len(buf). buf
+// begins at the start of a line unless midLine (held bytes always begin
+// one).
+func (f *finalHold) sseCut(buf []byte) int {
+	start := 0
+	if f.midLine {
+		end := bytes.IndexAny(buf, "\r\n")
+		if end < 0 {
+			return len(buf) // still the same line
+		}
+		f.midLine = false
+		start = end + 1
+	}
+	for start < len(buf) {
+		end := bytes.IndexAny(buf[start:], "\r\n")
+		if end < 0 {
+			if mayEndStream(buf[start:]) {
+				return start
+			}
+			f.midLine = true
+			return len(buf)
+		}
+		if endsStream(buf[start : start+end]) {
+			f.final = true
+			return start
+		}
+		start += end + 1
+	}
+	return len(buf)
+}
+
+func isBlank(r rune) bool { return r == ' ' || r == '\t' || r == '\r' || r == '\n' }
+
+// The payloads of the SSE data lines that end a stream.
+var streamEnds = [][]byte{[]byte("[DONE]"), []byte(`{"error"`)}
+
+// endsStream reports whether a complete SSE line ends the stream: a data
+// line (OpenAI writes "data: " with one space; SSE allows none or more)
+// whose payload is [DONE] or starts an object with an "error" member.
+func endsStream(line []byte) bool {
+	payload, ok := bytes.CutPrefix(line, []byte("data:"))
+	if !ok {
+		return false
+	}
+	payload = bytes.TrimLeft(payload, " ")
+	return bytes.Equal(bytes.TrimRight(payload, " "), streamEnds[0]) || bytes.HasPrefix(payload, streamEnds[1])
+}
+
+// mayEndStream reports whether an unterminated line may still turn out to
+// end the stream once more bytes arrive.
+func mayEndStream(part []byte) bool {
+	const prefix = "data:"
+	if len(part) <= len(prefix) {
+		return bytes.HasPrefix([]byte(prefix), part)
+	}
+	if !bytes.HasPrefix(part, []byte(prefix)) {
+		return false
+	}
+	payload := bytes.TrimLeft(part[len(prefix):], " ")
+	for _, end := range streamEnds {
+		n := min(len(payload), len(end))
+		if bytes.Equal(payload[:n], end[:n]) {
+			return true
+		}
+	}
+	return false
+}
