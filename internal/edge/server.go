@@ -65,18 +65,19 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 	}
 	reg := newRegistry()
 	return &Server{tls: tlsCfg, svc: &Service{
-		trust:    newTrust(cfg.Tokens),
-		cfg:      cfg,
-		log:      log.With("component", "edge"),
-		clock:    clk,
-		sched:    sched,
-		reg:      reg,
-		cat:      newCatalog(cfg.Models, reg),
-		shutdown: make(chan struct{}),
-		runs:     make(map[string]*Run),
-		observer: deps.Observer,
-		breakers: newBreakers(cfg.CircuitBreaker, clk),
-		retries:  make(map[string]uint64),
+		trust:     newTrust(cfg.Tokens),
+		cfg:       cfg,
+		log:       log.With("component", "edge"),
+		clock:     clk,
+		sched:     sched,
+		reg:       reg,
+		cat:       newCatalog(cfg.Models, reg),
+		shutdown:  make(chan struct{}),
+		runs:      make(map[string]*Run),
+		observer:  deps.Observer,
+		breakers:  newBreakers(cfg.CircuitBreaker, clk),
+		retries:   make(map[string]uint64),
+		requested: make(map[string]bool),
 	}}, nil
 }
 

@@ -97,6 +97,11 @@ type Service struct {
 	statsMu      sync.Mutex // guards the fields below; a leaf lock
 	retries      map[string]uint64
 	circuitOpens uint64
+	// requested holds every known model name (an alias or a served name)
+	// a request asked for, so that its queue is listed from the first
+	// request (Snapshot). Only names the catalog knows enter it, so a
+	// client cannot grow it.
+	requested map[string]bool
 }
 
 // Dispatch admits req through its model's queue, sends it to the selected
@@ -152,6 +157,11 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (out *Run, outErr e
 	}()
 	// "x" and "x:latest" are one model with one queue.
 	req.Model = s.cat.name(req.Model)
+	if s.cat.known(req.Model) {
+		s.statsMu.Lock()
+		s.requested[req.Model] = true
+		s.statsMu.Unlock()
+	}
 	if s.cfg.LongContextTokens > 0 && req.EstimatedInputTokens >= s.cfg.LongContextTokens {
 		req.Long = true
 	}
@@ -679,7 +689,9 @@ type ProviderSnapshot struct {
 	Circuit string
 }
 
-// QueueSnapshot is one model group's queue.
+// QueueSnapshot is one model group's queue. Snapshot lists one for every
+// configured alias and every model that has had a request (a name the
+// catalog knows), with its policy, and Queued 0 while none waits.
 type QueueSnapshot struct {
 	Model        string
 	MaxQueue     int
@@ -717,8 +729,27 @@ func (s *Service) Snapshot() Snapshot {
 	}
 	s.reg.mu.RUnlock()
 	sort.Slice(snap.Nodes, func(i, j int) bool { return snap.Nodes[i].NodeID < snap.Nodes[j].NodeID })
+	listed := make(map[string]bool, len(ss.Groups))
 	for _, g := range ss.Groups {
+		listed[g.Name] = true
 		snap.Queues = append(snap.Queues, QueueSnapshot{Model: g.Name, MaxQueue: g.Policy.MaxQueue, QueueTimeout: g.Policy.QueueTimeout, Queued: g.Queued})
 	}
+	// Every configured alias and every model that had a request has a
+	// queue, empty until a request waits in it.
+	names := s.cat.aliasNames()
+	s.statsMu.Lock()
+	for m := range s.requested {
+		names = append(names, m)
+	}
+	s.statsMu.Unlock()
+	for _, name := range names {
+		if listed[name] {
+			continue
+		}
+		listed[name] = true
+		p := s.sched.Policy(name)
+		snap.Queues = append(snap.Queues, QueueSnapshot{Model: name, MaxQueue: p.MaxQueue, QueueTimeout: p.QueueTimeout})
+	}
+	sort.Slice(snap.Queues, func(i, j int) bool { return snap.Queues[i].Model < snap.Queues[j].Model })
 	return snap
 }

@@ -34,13 +34,15 @@ var hopHeaders = map[string]bool{
 // bytes are written. TunnelEnd ends the response (a TunnelEnd with
 // provider_error, an error event the provider sent inside its 2xx stream
 // and the client got as is, ends it the same way but the run counts as
-// failed: logged at warn, reason "upstream error"). A failure before
+// failed: logged at warn, reason "upstream error"; so does an error status
+// the provider answered, relayed whole). A failure before
 // TunnelHead is an error answer (TunnelError's status, 502 if unset);
 // after it, see failStarted (the held bytes are dropped: a failed stream
 // must not end with the provider's [DONE]). It returns the reason the
 // rendering ended for.
 func (rr *runResponse) tunnel() string {
 	var hold finalHold
+	status := 0 // the head's
 	for {
 		msg, err := rr.recv()
 		if err != nil {
@@ -51,7 +53,7 @@ func (rr *runResponse) tunnel() string {
 			if rr.started {
 				return rr.tunnelFail(errUpstreamProtocol, hold.sse)
 			}
-			status := int(m.TunnelHead.GetStatus())
+			status = int(m.TunnelHead.GetStatus())
 			if status < 200 || status > 599 {
 				return rr.fail(errUpstreamProtocol)
 			}
@@ -97,6 +99,11 @@ func (rr *runResponse) tunnel() string {
 				// bytes; the run failed all the same.
 				rr.h.logger.Warn("provider reported an error inside its answer", "path", clip(rr.r.URL.Path),
 					"model", clip(rr.req.Model), "err", clipTo(msg, maxErrorTextBytes))
+				return reasonUpstreamError
+			}
+			if status >= 400 {
+				// The provider's error answer was relayed whole; the run
+				// failed, as it does on the normalized path.
 				return reasonUpstreamError
 			}
 			return reasonCompleted
