@@ -42,9 +42,9 @@ const (
 type keyRig struct {
 	e      *edgeProcess
 	base   string
-	admin  string     // the admin key
+	admin  string      // the admin key
 	log    *syncBuffer // the edge's JSON log (info)
-	db     string     // the SQLite file of run records and the ledger
+	db     string      // the SQLite file of run records and the ledger
 	client *http.Client
 	// drainAfter: once a client has its answer's end, the rest of the body
 	// (the framing's end) is read in the background and the connection
