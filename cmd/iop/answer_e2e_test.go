@@ -34,6 +34,9 @@ const (
 	tunModel     = "m-tun"
 	normErrModel = "m-norm-err"
 	tunErrModel  = "m-tun-err"
+	// The same two, slow: 1000 tokens at 20 tokens/s.
+	normSlowModel = "m-norm-slow"
+	tunSlowModel  = "m-tun-slow"
 )
 
 // keyRig is a real edge with client keys, an admin key, a usage ledger in
@@ -62,10 +65,15 @@ func startKeyRig(t *testing.T, keys []auth.Key) *keyRig {
 		return sim.Config{Protocol: p, Models: []string{model}, Seed: 13, DefaultMaxTokens: 4,
 			Faults: sim.Faults{StreamErrorAfter: streamErrorAfter}}
 	}
+	slow := func(p sim.Protocol, model string) sim.Config {
+		return sim.Config{Protocol: p, Models: []string{model}, Seed: 13, DefaultMaxTokens: 1000, TokensPerSecond: 20}
+	}
 	_, normURL := startSim(t, simCfg(sim.ProtocolOllama, normModel, 0))
 	_, tunURL := startSim(t, simCfg(sim.ProtocolOpenAI, tunModel, 0))
 	_, normErrURL := startSim(t, simCfg(sim.ProtocolOllama, normErrModel, 2))
 	_, tunErrURL := startSim(t, simCfg(sim.ProtocolOpenAI, tunErrModel, 2))
+	_, normSlowURL := startSim(t, slow(sim.ProtocolOllama, normSlowModel))
+	_, tunSlowURL := startSim(t, slow(sim.ProtocolOpenAI, tunSlowModel))
 	admin, adminHash := auth.Generate()
 	rig := &keyRig{admin: admin, log: &syncBuffer{}, db: filepath.Join(t.TempDir(), "iop.db"),
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}}
@@ -92,6 +100,8 @@ func startKeyRig(t *testing.T, keys []auth.Key) *keyRig {
 		{ID: "tun", Type: node.TypeOpenAI, BaseURL: tunURL + "/v1", Models: []string{tunModel}, Capacity: 64, Capabilities: caps},
 		{ID: "norm-err", Type: node.TypeOllama, BaseURL: normErrURL, Models: []string{normErrModel}, Capacity: 64},
 		{ID: "tun-err", Type: node.TypeOpenAI, BaseURL: tunErrURL + "/v1", Models: []string{tunErrModel}, Capacity: 64},
+		{ID: "norm-slow", Type: node.TypeOllama, BaseURL: normSlowURL, Models: []string{normSlowModel}, Capacity: 64},
+		{ID: "tun-slow", Type: node.TypeOpenAI, BaseURL: tunSlowURL + "/v1", Models: []string{tunSlowModel}, Capacity: 64},
 	}})
 	return rig
 }
@@ -179,6 +189,13 @@ var modelRoutes = []route{
 // returns at once, leaving the rest of the body (see drainAfter), so that
 // its next request may start while the edge still finishes this one.
 func (rig *keyRig) send(ctx context.Context, key, path, body string, kind answerKind) (answer, error) {
+	return rig.sendUntil(ctx, key, path, body, kind, false)
+}
+
+// sendUntil is send; with early, it returns as soon as the first line of
+// a streamed answer has come, keeping the connection until ctx ends (the
+// caller then leaves by cancelling ctx).
+func (rig *keyRig) sendUntil(ctx context.Context, key, path, body string, kind answerKind, early bool) (answer, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rig.base+path, strings.NewReader(body))
 	if err != nil {
 		return answer{}, err
@@ -188,7 +205,7 @@ func (rig *keyRig) send(ctx context.Context, key, path, body string, kind answer
 	if err != nil {
 		return answer{}, err
 	}
-	defer rig.leave(resp.Body)
+	defer rig.leave(ctx, resp.Body, early)
 	a := answer{status: resp.StatusCode}
 	if resp.StatusCode/100 != 2 || kind == kindJSON || kind == kindRunEvents {
 		var v struct {
@@ -217,7 +234,7 @@ func (rig *keyRig) send(ctx context.Context, key, path, body string, kind answer
 		if resp, err = rig.client.Do(events); err != nil {
 			return a, err
 		}
-		defer rig.leave(resp.Body)
+		defer rig.leave(ctx, resp.Body, early)
 		a = answer{status: resp.StatusCode}
 		kind = kindSSE
 	}
@@ -226,6 +243,9 @@ func (rig *keyRig) send(ctx context.Context, key, path, body string, kind answer
 	for sc.Scan() {
 		line := sc.Bytes()
 		a.text = clipText(string(line))
+		if early && len(line) > 0 && !bytes.HasPrefix(line, []byte(":")) {
+			return a, nil
+		}
 		switch kind {
 		case kindSSE:
 			data, ok := bytes.CutPrefix(line, []byte("data: "))
@@ -264,9 +284,17 @@ func (rig *keyRig) send(ctx context.Context, key, path, body string, kind answer
 	return a, sc.Err()
 }
 
-// leave is done with a body whose answer was read: see drainAfter.
-func (rig *keyRig) leave(body io.ReadCloser) {
-	if !rig.drainAfter {
+// leave is done with a body whose answer was read: see drainAfter; a
+// body left early is closed when ctx ends.
+func (rig *keyRig) leave(ctx context.Context, body io.ReadCloser, early bool) {
+	switch {
+	case early:
+		rig.drains.Go(func() {
+			<-ctx.Done()
+			body.Close()
+		})
+		return
+	case !rig.drainAfter:
 		body.Close()
 		return
 	}

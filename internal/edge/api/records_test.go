@@ -1,0 +1,117 @@
+package api
+
+import (
+	"bufio"
+	"context"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/internal/auth"
+)
+
+// holdAtRunEnd is a slog handler that, at the handler's debug line "run
+// ended" (logged when the answer was rendered, before the request ends),
+// waits for the request's context (the one the gateway was given) to end,
+// up to a bound: it stands for the moment, between the answer's last byte
+// and the end of the handler, in which a client that has its whole answer
+// closes its connection (which ends the request's context).
+type holdAtRunEnd struct {
+	slog.Handler
+	ctxs chan context.Context
+}
+
+func (h holdAtRunEnd) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h holdAtRunEnd) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == "run ended" {
+		ctx := <-h.ctxs
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Second):
+		}
+	}
+	return nil
+}
+
+func (h holdAtRunEnd) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h holdAtRunEnd) WithGroup(string) slog.Handler      { return h }
+
+// TestRegression_ClientClosingAfterItsAnswerIsNotClientGone: under
+// concurrency, 13-16% of successful streamed requests were recorded in the
+// usage ledger as client_gone while their log line said completed (issue
+// 13, item 6). The ledger took the outcome from the first Run.Close, and
+// the callback that closes the run when the request's context ends won
+// whenever the client, having read the whole answer, closed its connection
+// before the handler had closed the run: net/http then ends the context.
+// The input that broke it: a streamed answer whose client closes its
+// connection as soon as it has read the answer's end. Every record of the
+// request must say completed: the log's (Observer), the ledger's, and the
+// outcome the run is closed with (the run_ended event's).
+func TestRegression_ClientClosingAfterItsAnswerIsNotClientGone(t *testing.T) {
+	sse := map[string]string{"Content-Type": "text/event-stream"}
+	const tunnelStream = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n"
+	for _, tc := range []struct {
+		name, path, body, end string
+		run                   func() *fakeRun
+	}{
+		{"normalized SSE", "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`, "data: [DONE]",
+			func() *fakeRun {
+				return scriptedRun(normalized, events(started(), delta("hi"), usageEvent(1, 1), complete("stop")))
+			}},
+		{"tunnel SSE", "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`, "data: [DONE]",
+			func() *fakeRun {
+				return scriptedRun(tunnel, tunnelHead(200, sse), tunnelData(tunnelStream), tunnelEnd())
+			}},
+		{"normalized NDJSON", "/api/chat", `{"model":"m","messages":[{"role":"user","content":"x"}]}`, `"done":true`,
+			func() *fakeRun {
+				return scriptedRun(normalized, events(started(), delta("hi"), usageEvent(1, 1), complete("stop")))
+			}},
+		{"tunnel NDJSON", "/api/chat", `{"model":"m","messages":[{"role":"user","content":"x"}]}`, `"done":true`,
+			func() *fakeRun {
+				return scriptedRun(tunnel, tunnelHead(200, sse), tunnelData(tunnelStream), tunnelEnd())
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newKeys(t, auth.Key{})
+			led, recs := &recordingLedger{}, &records{}
+			run := tc.run()
+			hold := holdAtRunEnd{ctxs: make(chan context.Context, 1)}
+			env := newEnvLogging(t, Config{Keys: f.keys, Ledger: led, Observer: recs}, slog.New(hold),
+				func(ctx context.Context, _ Request) (Run, error) {
+					hold.ctxs <- ctx
+					return run, nil
+				})
+			env.gw.models = []string{"m"}
+			req, _ := http.NewRequest(http.MethodPost, env.srv.URL+tc.path, strings.NewReader(tc.body))
+			req.Header.Set("Authorization", "Bearer "+f.alice)
+			resp, err := env.srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() && !strings.Contains(sc.Text(), tc.end) {
+			}
+			if !strings.Contains(sc.Text(), tc.end) {
+				t.Fatalf("the answer ended without %s: %v", tc.end, sc.Err())
+			}
+			resp.Body.Close() // the whole answer is in: the client leaves at once
+			env.waitHandlers()
+			rec := recs.only(t)
+			entries := led.all()
+			if len(entries) != 1 {
+				t.Fatalf("%d ledger entries, want 1: %+v", len(entries), entries)
+			}
+			n, outcomes := run.closeCalls()
+			if rec.Outcome != OutcomeCompleted || entries[0].Outcome != OutcomeCompleted || n != 1 || outcomes[0] != OutcomeCompleted {
+				t.Errorf("outcomes: log %q, ledger %q, run closed %d times with %q; want completed everywhere",
+					rec.Outcome, entries[0].Outcome, n, outcomes)
+			}
+			if entries[0].RequestID != rec.RequestID || entries[0].RunID != rec.RunID || entries[0].Key != "alice" {
+				t.Errorf("ledger entry %+v is not the logged request %+v", entries[0], rec)
+			}
+		})
+	}
+}
