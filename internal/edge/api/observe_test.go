@@ -26,6 +26,12 @@ func (r *records) RequestDone(rec RequestRecord) {
 	r.mu.Unlock()
 }
 
+func (r *records) all() []RequestRecord {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]RequestRecord(nil), r.recs...)
+}
+
 func (r *records) only(t *testing.T) RequestRecord {
 	t.Helper()
 	r.mu.Lock()

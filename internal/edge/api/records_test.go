@@ -115,3 +115,110 @@ func TestRegression_ClientClosingAfterItsAnswerIsNotClientGone(t *testing.T) {
 		})
 	}
 }
+
+// TestKeyRefusalsAreRecordedOnce: a request refused by one of its key's
+// limits (max_concurrent, requests_per_minute, a model it may not use) is
+// a finished request like any other: one record (the log line's, the
+// metrics'), one ledger entry, outcome refused with the error code, under
+// the route's operation, on the OpenAI, Ollama and runs APIs.
+func TestKeyRefusalsAreRecordedOnce(t *testing.T) {
+	limited, limitedHash := auth.Generate()
+	f := newKeys(t, auth.Key{MaxConcurrent: 1, Models: []string{"m"}})
+	rpm, err := auth.NewKeyring("keys", []auth.Key{{Name: "rpm", Hash: limitedHash, RequestsPerMinute: 1}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := liveRun(normalized, 1)
+	dispatched := make(chan struct{}, 1)
+	gw := &fakeGateway{models: []string{"m", "other"}, dispatch: func(context.Context, Request) (Run, error) {
+		dispatched <- struct{}{}
+		return held, nil
+	}}
+	led, recs := &recordingLedger{}, &records{}
+	cfg := Config{Keys: f.keys, Ledger: led, Observer: recs, Runs: newRunsManager(t)}
+	env := newEnvWithGateway(t, cfg, gw, gw)
+	cfgRPM := Config{Keys: rpm, Ledger: led, Observer: recs}
+	gwRPM := &fakeGateway{models: []string{"m"}, dispatch: okRun}
+	envRPM := newEnvWithGateway(t, cfgRPM, gwRPM, gwRPM)
+
+	// alice holds her one slot with a stream that has not ended.
+	stream := make(chan rawResponse, 1)
+	go func() {
+		stream <- env.send(t, "POST", "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`, bearer(f.alice))
+	}()
+	<-dispatched
+	type want struct {
+		api, code string
+		status    int
+	}
+	var wants []want
+	for _, r := range []struct{ api, path, body string }{
+		{"chat.completions", "/v1/chat/completions", simpleChat},
+		{"ollama.chat", "/api/chat", `{"model":"m","messages":[{"role":"user","content":"x"}]}`},
+		{"ollama.embed", "/api/embeddings", `{"model":"m","prompt":"x"}`},
+		{"runs", "/v1/runs", `{"model":"m","prompt":"x"}`},
+	} {
+		if resp := env.send(t, "POST", r.path, r.body, bearer(f.alice)); resp.status != 429 {
+			t.Fatalf("%s over max_concurrent: %d %s", r.path, resp.status, resp.body)
+		}
+		wants = append(wants, want{r.api, "concurrency_limit_exceeded", 429})
+	}
+	held.up <- events(started(), delta("hi"), complete("stop"))
+	if resp := <-stream; resp.status != 200 {
+		t.Fatalf("alice's stream: %d", resp.status)
+	}
+	wants = append(wants, want{"chat.completions", "", 200})
+	// A model alice may not use, once her slot is free.
+	for _, r := range []struct{ api, path, body string }{
+		{"chat.completions", "/v1/chat/completions", `{"model":"other","messages":[{"role":"user","content":"x"}]}`},
+		{"ollama.chat", "/api/chat", `{"model":"other","messages":[{"role":"user","content":"x"}]}`},
+		{"runs", "/v1/runs", `{"model":"other","prompt":"x"}`},
+	} {
+		if resp := env.send(t, "POST", r.path, r.body, bearer(f.alice)); resp.status != 403 {
+			t.Fatalf("%s for a model not allowed: %d %s", r.path, resp.status, resp.body)
+		}
+		wants = append(wants, want{r.api, "model_not_allowed", 403})
+	}
+	// One request a minute: the second is refused.
+	for i, code := range []string{"", "rate_limit_exceeded"} {
+		resp := envRPM.send(t, "POST", "/v1/completions", `{"model":"m","prompt":"x"}`, bearer(limited))
+		if code == "" && resp.status != 200 || code != "" && resp.status != 429 {
+			t.Fatalf("rpm request %d: %d %s", i, resp.status, resp.body)
+		}
+		wants = append(wants, want{"completions", code, resp.status})
+	}
+	env.waitHandlers()
+	envRPM.waitHandlers()
+
+	got := recs.all()
+	entries := led.all()
+	if len(got) != len(wants) || len(entries) != len(wants) {
+		t.Fatalf("%d records and %d ledger entries for %d requests:\n%+v\n%+v", len(got), len(entries), len(wants), got, entries)
+	}
+	// Records are made as each handler ends, maybe after the client read
+	// the answer and sent the next request: compare them as sets.
+	count := map[want]int{}
+	for _, w := range wants {
+		count[w]++
+	}
+	byID := map[string]RequestRecord{}
+	for _, rec := range got {
+		w := want{rec.API, rec.ErrorCode, rec.Status}
+		outcome := OutcomeRefused
+		if w.code == "" {
+			outcome = OutcomeCompleted
+		}
+		if count[w] == 0 || rec.Outcome != outcome || rec.Key == "" {
+			t.Errorf("record %+v: not one of the requests sent, or outcome %q", rec, outcome)
+		}
+		count[w]--
+		byID[rec.RequestID] = rec
+	}
+	for _, e := range entries {
+		rec, ok := byID[e.RequestID]
+		if !ok || e.Outcome != rec.Outcome || e.ErrorCode != rec.ErrorCode || e.Key != rec.Key {
+			t.Errorf("ledger entry %+v disagrees with its record %+v", e, rec)
+		}
+		delete(byID, e.RequestID)
+	}
+}

@@ -45,13 +45,12 @@ func (f *finalHold) split(p []byte) []byte {
 	if len(f.held) > 0 {
 		buf = append(f.held, p...)
 	}
-	cut := len(buf) // where the held part starts
+	var cut int // where the held part starts
 	if f.sse {
 		cut = f.sseCut(buf)
-	} else if i := bytes.LastIndexFunc(buf, func(r rune) bool { return !isBlank(r) }); i >= 0 {
-		cut = i
 	} else {
-		cut = 0 // only blanks so far: hold them with what ends the body
+		cut = lastNonBlank(buf) // only blanks so far (-1): hold them with what ends the body
+		cut = max(cut, 0)
 	}
 	out := buf[:cut]
 	f.held = append(f.held[:0:0], buf[cut:]...)
@@ -98,7 +97,15 @@ func (f *finalHold) sseCut(buf []byte) int {
 	return len(buf)
 }
 
-func isBlank(r rune) bool { return r == ' ' || r == '\t' || r == '\r' || r == '\n' }
+// lastNonBlank is the index of p's last byte that is not a JSON blank
+// (space, tab, CR, LF), or -1.
+func lastNonBlank(p []byte) int {
+	i := len(p) - 1
+	for i >= 0 && (p[i] == ' ' || p[i] == '\t' || p[i] == '\r' || p[i] == '\n') {
+		i--
+	}
+	return i
+}
 
 // The payloads of the SSE data lines that end a stream.
 var streamEnds = [][]byte{[]byte("[DONE]"), []byte(`{"error"`)}
