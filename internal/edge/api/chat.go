@@ -9,7 +9,9 @@ import (
 	"iop/internal/wire/nodev1"
 )
 
-// Reasons a handler gives Run.Close, for the edge's logs.
+// The reasons a run's rendering ends for (the rendering's reason): they
+// decide the request's outcome (runOutcome) and appear in the debug line
+// "run ended".
 const (
 	reasonCompleted     = "completed"
 	reasonClientGone    = "client gone"
@@ -159,7 +161,7 @@ func terminal(m *nodev1.RunUp) bool {
 
 // fail ends a response that failed before its status line: an error answer,
 // or nothing if the client is gone (then ServeHTTP aborts the connection).
-// It returns the Close reason.
+// It returns the rendering's reason.
 func (rr *runResponse) fail(err error) string {
 	if clientGone(rr.r) {
 		rr.h.logger.Debug("client gone", "path", clip(rr.r.URL.Path), "err", errorText(err, rr.req))

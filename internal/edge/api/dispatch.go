@@ -27,7 +27,7 @@ func (h *handler) serveRun(w http.ResponseWriter, r *http.Request, req *Request,
 
 // runRenderer says how a route answers a run: with which error shape, and
 // how each execution path's run becomes its response (each returns the
-// Close reason).
+// rendering's reason).
 type runRenderer struct {
 	writeError         func(w http.ResponseWriter, r *http.Request, err error, req *Request)
 	tunnel, normalized func(rr *runResponse, info DispatchInfo) string

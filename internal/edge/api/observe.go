@@ -116,7 +116,7 @@ type observation struct {
 	decoded bool  // the request was decoded (request was called)
 	gone    bool  // the client was gone when the failure was to be answered
 	sent    bool  // Dispatch returned a run
-	// reason is the run's Close reason once rendered.
+	// reason is how the rendering of the run ended (a reason* value).
 	reason string
 	// firstToken and lastToken are when the first and latest content
 	// arrived; contentEvents counts the deltas or content-carrying events.

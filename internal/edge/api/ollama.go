@@ -117,7 +117,7 @@ type ollamaRun interface {
 	// begin sets the run to render, once it was dispatched.
 	begin(rr *runResponse)
 	// tunnel and normalized render the run of each execution path and
-	// return the Close reason.
+	// return the rendering's reason.
 	tunnel() string
 	normalized() string
 }

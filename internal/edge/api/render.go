@@ -393,7 +393,7 @@ const maxToolCalls = 1024
 // request asked for include_usage, and `data: [DONE]`. The status line is
 // sent with the first delta or the completion, so a run that fails before
 // either gets an error answer with its own status; a run that fails later
-// ends with an error event and no [DONE]. It returns the Close reason.
+// ends with an error event and no [DONE]. It returns the rendering's reason.
 func (c *chatRender) stream() string {
 	finish, err := c.next(func(ev *nodev1.RunEvent) error {
 		if err := c.startStream(); err != nil {
