@@ -138,7 +138,7 @@ func (rr *runResponse) answerDone() {
 		return
 	}
 	rr.done = true
-	rr.run.Cancel("answer finished")
+	rr.run.Cancel("the edge ended the answer")
 	answerFinished(rr.r.Context())
 }
 
