@@ -36,3 +36,13 @@ func TestQueuesListedFromTheFirstRequest(t *testing.T) {
 		t.Fatalf("queues after a request for m-small %q, want %q", got, want)
 	}
 }
+
+// queueOf is model's queue in snap (zero if it has none).
+func queueOf(snap Snapshot, model string) QueueSnapshot {
+	for _, q := range snap.Queues {
+		if q.Model == model {
+			return q
+		}
+	}
+	return QueueSnapshot{}
+}

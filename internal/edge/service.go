@@ -743,7 +743,7 @@ func (s *Service) Snapshot() Snapshot {
 	}
 	s.statsMu.Unlock()
 	for _, name := range names {
-		if listed[name] {
+		if listed[name] || !s.cat.known(name) { // a removed alias is no queue
 			continue
 		}
 		listed[name] = true

@@ -321,7 +321,8 @@ func keyRefusal(err error) bool {
 // client closing its connection once it has read the answer, which ends
 // the request's context) can change it. A request that failed before
 // dispatch is refused (admission failures, a key's limits), client_gone
-// (the client left first), error (a 5xx) or invalid_request.
+// (the client left first), error (a 5xx) or invalid_request; one answered
+// 2xx without a run (an Ollama "load") completed.
 func (o *observation) decide(status int) string {
 	if o.decided {
 		return o.rec.Outcome
@@ -342,6 +343,8 @@ func (o *observation) decide(status int) string {
 		rec.Admission, rec.Outcome = admissionOf(o.err), OutcomeRefused
 	case status == 0:
 		rec.Outcome = OutcomeClientGone
+	case status < 300:
+		rec.Outcome = OutcomeCompleted // answered without a run: an Ollama "load"
 	case status >= 500:
 		rec.Outcome = OutcomeError
 	default:

@@ -222,3 +222,18 @@ func TestKeyRefusalsAreRecordedOnce(t *testing.T) {
 		delete(byID, e.RequestID)
 	}
 }
+
+// TestRegression_OllamaLoadIsCompleted: an Ollama "load" (a generate
+// request with nothing to generate, answered 200 without a run) was
+// recorded invalid_request; it is completed, in the log and the ledger.
+func TestRegression_OllamaLoadIsCompleted(t *testing.T) {
+	led, recs := &recordingLedger{}, &records{}
+	env := newEnv(t, Config{Ledger: led, Observer: recs}, okRun)
+	if resp := env.post(t, "/api/generate", "application/json", `{"model":"m"}`); resp.status != 200 || !strings.Contains(resp.body, `"done_reason":"load"`) {
+		t.Fatalf("load: %d %s", resp.status, resp.body)
+	}
+	env.waitHandlers()
+	if rec, entries := recs.only(t), led.all(); rec.Outcome != OutcomeCompleted || len(entries) != 1 || entries[0].Outcome != OutcomeCompleted {
+		t.Fatalf("record %+v, ledger %+v; want completed", rec, entries)
+	}
+}
