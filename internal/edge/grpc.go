@@ -131,6 +131,9 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 	t := s.clock.AfterFunc(hb, tick)
 	defer func() { t.Stop() }()
 
+	// Published before Welcome: a node that has its Welcome (and may be
+	// sent work) has had its node_connected, with its providers active.
+	s.emitNode(lifecycle.NodeConnected, c, nil)
 	welcome := &nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_Welcome{Welcome: &nodev1.Welcome{Generation: c.gen, HeartbeatIntervalMs: hb.Milliseconds()}}}
 	if err := stream.Send(welcome); err != nil {
 		cause = err
@@ -138,7 +141,6 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 	}
 	s.reg.notify()
 	log.Info("node connected", "label", c.label, "version", c.version, "providers", len(c.providers))
-	s.emitNode(lifecycle.NodeConnected, c, nil)
 
 	for {
 		select {
@@ -274,6 +276,7 @@ func (s *Service) serveRun(stream nodev1.NodeGateway_RunServer) error {
 		return fmt.Errorf("%w: run %q", errRunNotPending, open.GetRunId())
 	}
 	s.emitRun(lifecycle.RunStarted, r, "")
+	close(r.opened) // after RunStarted: Dispatch returns, and the run's end is published, after it
 
 	if err := s.sendBody(stream, r); err != nil {
 		r.finish("body send failed", fmt.Errorf("%w: node %q run %q: %w", ErrNodeGone, r.info.NodeID, r.info.RunID, err), false)

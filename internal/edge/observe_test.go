@@ -74,9 +74,18 @@ func TestObserverSeesNodeAndRunLifecycle(t *testing.T) {
 	n := e.connect(t, hello("n1", prov("p1", normalized, 1, "m-small")))
 	first, rs, _ := e.startRun(t, n, chatReq("chat"))
 
-	// A second request waits for the only slot.
+	// A second request waits for the only slot. (Its run_queued is
+	// published just after it queued, with the counters of that moment:
+	// wait for it before freeing the slot, or it may say 0 queued.)
 	res := e.dispatchAsync(context.Background(), chatReq("chat"))
-	waitFor(t, func() bool { return e.svc.Snapshot().Waiters == 1 })
+	waitFor(t, func() bool {
+		for _, ev := range rec.all() {
+			if ev.Type == lifecycle.RunQueued {
+				return true
+			}
+		}
+		return false
+	})
 	sendUp(t, rs, events(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_COMPLETE}))
 	if _, err := first.Recv(); err != nil {
 		t.Fatal(err)

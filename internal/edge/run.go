@@ -53,9 +53,10 @@ type Run struct {
 	// sent down the run stream.
 	inline bool
 	body   []byte
-	// opened is closed when the node's Run stream is attached; bodySent
-	// when the whole body went down it (at once for an inline body); ended
-	// when the run ends.
+	// opened is closed when the node's Run stream is attached and its
+	// RunStarted published (so that Dispatch, and the caller's Close with
+	// its RunEnded, come after it); bodySent when the whole body went down
+	// it (at once for an inline body); ended when the run ends.
 	opened, bodySent, ended chan struct{}
 	// ticket reports the run's outcome to its provider's circuit breaker.
 	ticket *ticket
@@ -335,7 +336,8 @@ func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, ca
 	return true
 }
 
-// attach hands the node's Run stream to the run if it is pending.
+// attach hands the node's Run stream to the run if it is pending. The
+// caller that attached it then publishes RunStarted and closes r.opened.
 func (r *Run) attach(stream nodev1.NodeGateway_RunServer) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -344,7 +346,6 @@ func (r *Run) attach(stream nodev1.NodeGateway_RunServer) bool {
 	}
 	r.state = runOpen
 	r.stream = stream
-	close(r.opened)
 	return true
 }
 
