@@ -26,6 +26,9 @@ import "bytes"
 type finalHold struct {
 	sse  bool
 	held []byte
+	// scratch holds held+p while split looks at them; what split returns
+	// may point into it, until the next call.
+	scratch []byte
 	// final is set once an SSE line ending the stream was seen: every
 	// later byte is held too.
 	final bool
@@ -34,8 +37,8 @@ type finalHold struct {
 	midLine bool
 }
 
-// split takes the next relayed bytes and returns those to write now; the
-// rest is kept for rest.
+// split takes the next relayed bytes and returns those to write now (valid
+// until the next call); the rest is kept for rest.
 func (f *finalHold) split(p []byte) []byte {
 	if f.final {
 		f.held = append(f.held, p...)
@@ -43,18 +46,17 @@ func (f *finalHold) split(p []byte) []byte {
 	}
 	buf := p
 	if len(f.held) > 0 {
-		buf = append(f.held, p...)
+		f.scratch = append(append(f.scratch[:0], f.held...), p...)
+		buf = f.scratch
 	}
 	var cut int // where the held part starts
 	if f.sse {
 		cut = f.sseCut(buf)
 	} else {
-		cut = lastNonBlank(buf) // only blanks so far (-1): hold them with what ends the body
-		cut = max(cut, 0)
+		cut = max(lastNonBlank(buf), 0) // only blanks so far (-1): hold them with what ends the body
 	}
-	out := buf[:cut]
-	f.held = append(f.held[:0:0], buf[cut:]...)
-	return out
+	f.held = append(f.held[:0], buf[cut:]...)
+	return buf[:cut]
 }
 
 // rest returns the held bytes and forgets them.
@@ -68,11 +70,12 @@ func (f *finalHold) rest() []byte {
 // first line that ends the stream (final is then set), else of its last,
 // unterminated line if that may still become one, else len(buf). buf
 // begins at the start of a line unless midLine (held bytes always begin
-// one).
+// one). Only the first bytes of each line are looked at; its end is found
+// with bytes.IndexByte (BenchmarkTunnelRelayChunk).
 func (f *finalHold) sseCut(buf []byte) int {
 	start := 0
 	if f.midLine {
-		end := bytes.IndexAny(buf, "\r\n")
+		end := lineEnd(buf)
 		if end < 0 {
 			return len(buf) // still the same line
 		}
@@ -80,7 +83,7 @@ func (f *finalHold) sseCut(buf []byte) int {
 		start = end + 1
 	}
 	for start < len(buf) {
-		end := bytes.IndexAny(buf[start:], "\r\n")
+		end := lineEnd(buf[start:])
 		if end < 0 {
 			if mayEndStream(buf[start:]) {
 				return start
@@ -95,6 +98,19 @@ func (f *finalHold) sseCut(buf []byte) int {
 		start += end + 1
 	}
 	return len(buf)
+}
+
+// lineEnd is the index of p's first line terminator (CR or LF), or -1.
+func lineEnd(p []byte) int {
+	n := bytes.IndexByte(p, '\n')
+	limit := p
+	if n >= 0 {
+		limit = p[:n]
+	}
+	if r := bytes.IndexByte(limit, '\r'); r >= 0 {
+		return r
+	}
+	return n
 }
 
 // lastNonBlank is the index of p's last byte that is not a JSON blank

@@ -27,9 +27,6 @@ type usageScanner struct {
 
 	found             bool
 	prompt, completed int
-	// done is set once an SSE `data: [DONE]` went by: the client has the
-	// whole answer even if the run had not ended yet.
-	done bool
 }
 
 // write scans the next chunk of the answer and returns how many SSE events
@@ -88,7 +85,6 @@ func (u *usageScanner) line(line []byte) bool {
 	}
 	data = bytes.TrimSpace(data)
 	if string(data) == "[DONE]" {
-		u.done = true
 		return false
 	}
 	if bytes.Contains(data, []byte(`"usage"`)) {
