@@ -244,11 +244,11 @@ func startStream(base string, c clientCase, maxTokens int) (first <-chan struct{
 	return firstc, donec
 }
 
-// answer is what a client got: the text, whether the answer ended as a
+// streamAnswer is what a client got: the text, whether the answer ended as a
 // complete one (SSE "[DONE]"; NDJSON a last object with done true), and
 // the error messages it carried (SSE error events; NDJSON error objects),
 // in order, and whether an error was the last thing sent.
-type answer struct {
+type streamAnswer struct {
 	text      string
 	complete  bool
 	errors    []string
@@ -256,9 +256,9 @@ type answer struct {
 }
 
 // readAnswer parses a streamed answer of c.
-func readAnswer(t *testing.T, c clientCase, body []byte) answer {
+func readAnswer(t *testing.T, c clientCase, body []byte) streamAnswer {
 	t.Helper()
-	var a answer
+	var a streamAnswer
 	if c.api == "openai" {
 		events := sseData(body)
 		for i, ev := range events {

@@ -182,7 +182,9 @@ providers:
 		ok["status"] != 200.0 || ok["output_tokens"] != 3.0 || ok["outcome"] != "completed" || ok["level"] != "INFO" {
 		t.Errorf("request line %v", ok)
 	}
-	if r := requests[1]; r["status"] != 401.0 || r["provider_id"] != "bad" || r["level"] != "INFO" {
+	// The provider's error answer, relayed whole on the tunnel path, is a
+	// failed run as on the normalized path: upstream_error, at warn.
+	if r := requests[1]; r["status"] != 401.0 || r["provider_id"] != "bad" || r["outcome"] != "upstream_error" || r["level"] != "WARN" {
 		t.Errorf("refused-key request line %v", r)
 	}
 	if r := requests[2]; r["status"] != 404.0 || r["queue_reason"] != "unknown_model" || r["run_id"] != nil {

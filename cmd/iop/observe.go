@@ -49,15 +49,20 @@ func (o *observability) observer() lifecycle.Observer {
 }
 
 // RequestDone feeds a finished API request to the metrics, and a refused
-// one to the event stream (the dashboard's recent refusals).
+// one (by admission or by its key's limits) to the event stream (the
+// dashboard's recent refusals), once each.
 func (o *observability) RequestDone(rec api.RequestRecord) {
 	o.metrics.RequestDone(rec)
 	if rec.Outcome == api.OutcomeRefused {
-		model := rec.Model
-		if rec.Admission == api.AdmissionUnknownModel {
-			model = "" // a client's string, not a model the edge knows
+		model, reason := rec.Model, rec.Admission
+		if reason == "" {
+			reason = rec.ErrorCode // a key's limit: concurrency_limit_exceeded, ...
 		}
-		o.hub.Publish(lifecycle.Event{Type: lifecycle.RequestRefused, Model: model, Reason: rec.Admission, Status: rec.Status})
+		if rec.Admission == "" || rec.Admission == api.AdmissionUnknownModel {
+			model = "" // a client's string, not (yet) a model the edge knows
+		}
+		o.hub.Publish(lifecycle.Event{Type: lifecycle.RequestRefused, RequestID: rec.RequestID, Model: model,
+			Reason: reason, Outcome: rec.Outcome, Status: rec.Status})
 	}
 }
 

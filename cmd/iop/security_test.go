@@ -36,6 +36,7 @@ import (
 
 	"iop/internal/auth"
 	"iop/internal/edge"
+	"iop/internal/ledger"
 	"iop/internal/node"
 	"iop/internal/sim"
 )
@@ -729,6 +730,28 @@ func TestProviderKeyNeverEchoed(t *testing.T) {
 	}
 }
 
+// waitLedger polls, bounded, until the edge's ledger holds n entries: a
+// request is recorded as its handler ends, just after its client had the
+// answer.
+func waitLedger(t *testing.T, e *edgeProcess, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		sums, err := e.Ledger.Aggregate(context.Background(), ledger.Query{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := sums[0].Requests; got == int64(n) {
+			return
+		} else if got > int64(n) || time.Now().After(deadline) {
+			t.Fatalf("the ledger holds %d entries, want %d", got, n)
+		}
+		<-tick.C
+	}
+}
+
 // TestUsageLedgerEndToEnd: every route records its finished runs under
 // the caller's key, with the model, provider, node and the provider's
 // token counts; GET /admin/v1/usage sums them. Two keys sending the same
@@ -782,7 +805,7 @@ func TestUsageLedgerEndToEnd(t *testing.T) {
 		}
 	}
 	waitIdle(t, e)
-	e.Ledger.Flush()
+	waitLedger(t, e, 2*len(requests))
 	type group struct {
 		Group            string `json:"group"`
 		Requests         int64  `json:"requests"`
@@ -824,7 +847,7 @@ func TestUsageLedgerEndToEnd(t *testing.T) {
 	}
 	// A refused request (unknown model) is recorded with its error code.
 	do("POST", "/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"x"}]}`, alice)
-	e.Ledger.Flush()
+	waitLedger(t, e, 2*len(requests)+1)
 	if g := usage("model=nope"); len(g) != 1 || g[0].Requests != 1 || g[0].Completed != 0 {
 		t.Errorf("refused request: %+v", g)
 	}

@@ -42,13 +42,18 @@ func TestStatusCommand(t *testing.T) {
 		return c.out.String()
 	}
 	table := run()
-	for _, want := range []string{"NODES (1)", "gpu-1", "rack a", "9.9", "PROVIDERS (1)", "1/2", "[#####     ]", "healthy", "available", "QUEUES (0)"} {
+	for _, want := range []string{"NODES (1)", "gpu-1", "rack a", "9.9", "PROVIDERS (1)", "1/2", "[#####     ]", "healthy", "available", "QUEUES (1)"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)
 		}
 	}
 	if line := lineWith(table, "ollama"); !strings.HasPrefix(line, "gpu-1") || !strings.Contains(line, " p ") || !strings.HasSuffix(line, " m") {
 		t.Errorf("provider row %q", line)
+	}
+	// The alias's queue is listed though nothing waits in it (issue 13,
+	// item 5): queued 0, its policy.
+	if fields := strings.Fields(lineWith(table, "pool")); strings.Join(fields, " ") != "pool 0 16 30s" {
+		t.Errorf("queue row %q, want pool 0 16 30s", fields)
 	}
 
 	var v status.View

@@ -51,7 +51,9 @@ func artifactDir(t *testing.T) string {
 }
 
 // TestDashboardInBrowser opens /ui of `iop dev` in headless Chromium, checks
-// that it shows the node and both providers, drives load and sees the
+// that it shows the node and both providers, the queue of the demo alias
+// from the start and of a served model from its first request (issue 13,
+// item 5), drives load and sees the
 // provider's in-flight count rise and fall live (from the events stream),
 // sees a refusal listed, and saves a screenshot.
 func TestDashboardInBrowser(t *testing.T) {
@@ -99,6 +101,9 @@ func TestDashboardInBrowser(t *testing.T) {
 	waitFor("the normalized provider idle", textIs(ollama, "0 / 4"))
 	waitFor("the tunnel provider idle", textIs(`[data-provider="dev/sim-openai"] .in-flight`, "0 / 4"))
 	waitFor("the live events stream", `document.querySelector('#conn.live') !== null`)
+	// A configured alias has its queue listed before any request, with its
+	// policy; a served model's appears with its first request.
+	waitFor("the demo alias's queue", `(document.querySelector('[data-queue="demo"]') || {}).textContent === "demo01630s"`)
 
 	// Three long answers on sim-ollama: 1000 tokens at 20 tokens/s.
 	client := newClient(d.Edge)
@@ -113,6 +118,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		streams = append(streams, s)
 	}
 	waitFor("3 in flight", textIs(ollama, "3 / 4"))
+	waitFor("the sim-ollama queue, empty", `(document.querySelector('[data-queue="sim-ollama"]') || {}).textContent === "sim-ollama01630s"`)
 	if _, err := client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "no-such-model",
 		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("x")}}); err == nil {
 		t.Fatal("unknown model answered")

@@ -166,6 +166,27 @@ func (c *catalog) name(model string) string {
 	return model
 }
 
+// known reports whether model is an alias or a served name ever
+// advertised: a name Dispatch resolves rather than refuses as unknown.
+func (c *catalog) known(model string) bool {
+	if _, ok := (*c.aliases.Load())[model]; ok {
+		return true
+	}
+	c.reg.mu.RLock()
+	defer c.reg.mu.RUnlock()
+	return c.reg.knownLocked(model)
+}
+
+// aliasNames returns the configured aliases, unsorted.
+func (c *catalog) aliasNames() []string {
+	aliases := *c.aliases.Load()
+	names := make([]string, 0, len(aliases))
+	for a := range aliases {
+		names = append(names, a)
+	}
+	return names
+}
+
 // models returns every alias and every model name served by a current
 // node connection, sorted, without repeats.
 func (c *catalog) models() []string {

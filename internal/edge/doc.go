@@ -112,7 +112,19 @@
 // their generation), each run's queueing, admission, start and end (with
 // its provider's in-flight count and its model's queue length right after),
 // and dispatch retries (package lifecycle). It is called with no edge lock
-// held, on the goroutine where the event happened.
+// held, on the goroutine where the event happened. A run's end (RunEnded)
+// is published once, when the run has ended and its caller closed it with
+// the outcome of the request it served (Run.Close), which the caller
+// decides after the run ended (after its answer was written); an attempt
+// Dispatch drops to admit the request again is published without an
+// outcome when Dispatch drops it.
+//
+// # Queues
+//
+// Snapshot lists a queue for every model group the scheduler holds, every
+// configured alias and every known model name a request asked for
+// (Service.requested; only names the catalog knows, so clients cannot
+// grow it), each with its policy and queued count.
 //
 // # Retries and circuit breakers
 //
@@ -139,7 +151,8 @@
 // whoever sees a run ended finds its slot already free. The resolvers and
 // ownership checks the scheduler calls under its lock take registry.mu for
 // reading; nothing calls the scheduler while holding registry.mu.
-// Service.mu (the runs map), Service.statsMu (retry and circuit counters),
+// Service.mu (the runs map), Service.statsMu (retry and circuit counters,
+// the requested model names),
 // breakers.mu (circuit states; the resolvers take it under the scheduler's
 // lock, and Snapshot under registry.mu), conn.mu (a connection's outbox,
 // closed flag, last-seen time) and trust.mu (node id → token bindings) are
@@ -161,11 +174,14 @@
 // may open its provider's circuit, see above).
 //
 // Every run is finalized exactly once, by Run.finish, whichever comes
-// first: Recv seeing a terminal message or a stream error, Close, the
-// dispatch timeout, DispatchRefused, the caller's context while
+// first: Recv seeing a terminal message or a stream error, Cancel or Close,
+// the dispatch timeout, DispatchRefused, the caller's context while
 // dispatching, the end of its connection or of its Run stream, or the
 // edge stopping. The state change under Run.mu decides the winner; only
 // the winner releases the lease (scheduler.Lease.Release, itself
 // idempotent), forgets the run, and sends Cancel when the run did not end
-// on the node. Closing Run.ended then lets the Run handler return.
+// on the node. Closing Run.ended then lets the Run handler return. Its
+// RunEnded event is published exactly once, by Run.settle (from Close, or
+// from Dispatch for a dropped attempt): Run.settled, under Run.mu, decides
+// it, and only for a run already ended.
 package edge

@@ -693,7 +693,7 @@ func TestClientCancelWhileQueued(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	res := e.dispatchAsync(ctx, chatReq("m1"))
 	e.clk.waitArmed(t, testQueueTimeout, 1) // it is queued
-	if snap := e.svc.Snapshot(); snap.Waiters != 1 || snap.Queues[0].Queued != 1 {
+	if snap := e.svc.Snapshot(); snap.Waiters != 1 || queueOf(snap, "m1").Queued != 1 {
 		t.Fatalf("snapshot %+v, want one waiter", snap)
 	}
 	cancel()

@@ -132,6 +132,9 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 	t := s.clock.AfterFunc(hb, tick)
 	defer func() { t.Stop() }()
 
+	// Published before Welcome: a node that has its Welcome (and may be
+	// sent work) has had its node_connected, with its providers active.
+	s.emitNode(lifecycle.NodeConnected, c, nil)
 	welcome := &nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_Welcome{Welcome: &nodev1.Welcome{Generation: c.gen, HeartbeatIntervalMs: hb.Milliseconds()}}}
 	if err := stream.Send(welcome); err != nil {
 		cause = err
@@ -139,7 +142,6 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 	}
 	s.reg.notify()
 	log.Info("node connected", "label", c.label, "version", c.version, "providers", len(c.providers))
-	s.emitNode(lifecycle.NodeConnected, c, nil)
 
 	for {
 		select {
@@ -221,11 +223,26 @@ func (s *Service) closeConn(c *conn, cause error) {
 }
 
 // forgetGone forgets the nodes gone longer than ForgetAfter: the
-// registry's memory of them (and of the model names left unserved as long)
-// and their circuit breakers. It runs at every connect and disconnect.
+// registry's memory of them (and of the model names left unserved as long),
+// their circuit breakers, and the requested model names no longer known
+// (so their queues are no longer listed). It runs at every connect and
+// disconnect; it costs O(forgotten + requested names).
 func (s *Service) forgetGone() {
 	for _, node := range s.reg.forget() {
 		s.breakers.forgetNode(node)
+	}
+	s.statsMu.Lock()
+	names := make([]string, 0, len(s.requested))
+	for m := range s.requested {
+		names = append(names, m)
+	}
+	s.statsMu.Unlock()
+	for _, m := range names {
+		if !s.cat.known(m) {
+			s.statsMu.Lock()
+			delete(s.requested, m)
+			s.statsMu.Unlock()
+		}
 	}
 }
 
@@ -321,6 +338,7 @@ func (s *Service) serveRun(stream nodev1.NodeGateway_RunServer) error {
 		return fmt.Errorf("%w: run %q", errRunNotPending, open.GetRunId())
 	}
 	s.emitRun(lifecycle.RunStarted, r, "")
+	close(r.opened) // after RunStarted: Dispatch returns, and the run's end is published, after it
 
 	if err := s.sendBody(stream, r); err != nil {
 		r.finish("body send failed", fmt.Errorf("%w: node %q run %q: %w", ErrNodeGone, r.info.NodeID, r.info.RunID, err), false)

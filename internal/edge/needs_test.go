@@ -25,15 +25,16 @@ func TestLatestTagSharesOneQueue(t *testing.T) {
 
 	second := e.dispatchAsync(context.Background(), chatReq("x:latest"))
 	e.clk.waitArmed(t, testQueueTimeout, 1) // the second request is queued
+	// The queues are the alias's (chat) and x:latest's: none named "x".
 	snap := e.svc.Snapshot()
-	if len(snap.Queues) != 1 || snap.Queues[0].Model != "x:latest" || snap.Queues[0].Queued != 1 {
-		t.Fatalf("queues %+v, want the one group x:latest holding the waiter", snap.Queues)
+	if len(snap.Queues) != 2 || queueOf(snap, "x:latest").Queued != 1 || queueOf(snap, "chat").Model != "chat" {
+		t.Fatalf("queues %+v, want chat's and the one group x:latest holding the waiter", snap.Queues)
 	}
 	// A third spelling-alike request queues in the same group, behind it.
 	third := e.dispatchAsync(context.Background(), chatReq("x"))
 	e.clk.waitArmed(t, testQueueTimeout, 2)
 	snap = e.svc.Snapshot()
-	if len(snap.Queues) != 1 || snap.Queues[0].Model != "x:latest" || snap.Queues[0].Queued != 2 {
+	if len(snap.Queues) != 2 || queueOf(snap, "x:latest").Queued != 2 {
 		t.Fatalf("queues %+v, want one group x:latest with 2 queued", snap.Queues)
 	}
 

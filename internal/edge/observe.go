@@ -21,9 +21,22 @@ func (s *Service) emit(e lifecycle.Event) {
 // emitRun emits a run event for r with the provider's and the model
 // queue's counters as they stand now.
 func (s *Service) emitRun(typ lifecycle.Type, r *Run, reason string) {
-	if s.observer == nil {
-		return
+	if s.observer != nil {
+		s.emit(s.runEvent(typ, r, reason))
 	}
+}
+
+// emitRunEnded emits RunEnded for r, which ended for reason, with the
+// outcome its caller reported ("" for an attempt Dispatch dropped).
+func (s *Service) emitRunEnded(r *Run, reason, outcome string) {
+	if s.observer != nil {
+		e := s.runEvent(lifecycle.RunEnded, r, reason)
+		e.Outcome = outcome
+		s.emit(e)
+	}
+}
+
+func (s *Service) runEvent(typ lifecycle.Type, r *Run, reason string) lifecycle.Event {
 	e := lifecycle.Event{
 		Type: typ, RunID: r.info.RunID, Model: r.model, NodeID: r.info.NodeID, Generation: r.info.Generation,
 		ProviderID: r.info.ProviderID, ServedModel: r.info.ServedModel, Reason: reason,
@@ -35,7 +48,7 @@ func (s *Service) emitRun(typ lifecycle.Type, r *Run, reason string) {
 	// released) has nothing in flight and no capacity.
 	p, queued, _ := s.sched.Load(r.info.NodeID, r.info.ProviderID, r.model)
 	e.Load = &lifecycle.Load{InFlight: p.InFlight, Capacity: p.Capacity, Queued: p.Queued, ModelQueued: queued}
-	s.emit(e)
+	return e
 }
 
 // emitQueued emits RunQueued for a request of model that starts waiting.

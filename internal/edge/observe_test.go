@@ -74,13 +74,25 @@ func TestObserverSeesNodeAndRunLifecycle(t *testing.T) {
 	n := e.connect(t, hello("n1", prov("p1", normalized, 1, "m-small")))
 	first, rs, _ := e.startRun(t, n, chatReq("chat"))
 
-	// A second request waits for the only slot.
+	// A second request waits for the only slot. (Its run_queued is
+	// published just after it queued, with the counters of that moment:
+	// wait for it before freeing the slot, or it may say 0 queued.)
 	res := e.dispatchAsync(context.Background(), chatReq("chat"))
-	waitFor(t, func() bool { return e.svc.Snapshot().Waiters == 1 })
+	waitFor(t, func() bool {
+		for _, ev := range rec.all() {
+			if ev.Type == lifecycle.RunQueued {
+				return true
+			}
+		}
+		return false
+	})
 	sendUp(t, rs, events(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_COMPLETE}))
 	if _, err := first.Recv(); err != nil {
 		t.Fatal(err)
 	}
+	// Its caller closes it with the request's outcome once the answer is
+	// written: that publishes run_ended.
+	first.Close("completed")
 	d := n.nextDispatch(t)
 	rs2 := n.openRun(t, d.GetRunId(), n.gen)
 	e.readBody(t, d, rs2)
@@ -123,13 +135,13 @@ func TestObserverSeesNodeAndRunLifecycle(t *testing.T) {
 		a.QueueReason != "immediate" || a.Load == nil || a.Load.InFlight != 1 || a.Load.Capacity != 1 {
 		t.Errorf("first run_admitted %+v load %+v", a, a.Load)
 	}
-	if end := one[2]; end.Reason != "complete" || end.Load == nil {
+	if end := one[2]; end.Reason != "complete" || end.Outcome != "completed" || end.Load == nil {
 		t.Errorf("first run_ended %+v", end)
 	}
 	if a := two[0]; a.QueueReason != "queued" || a.Load.InFlight != 1 || a.Load.ModelQueued != 0 {
 		t.Errorf("second run_admitted %+v load %+v", a, a.Load)
 	}
-	if end := two[2]; end.Reason != "closed: client gone" || end.Load.InFlight != 0 {
+	if end := two[2]; end.Reason != "closed: client gone" || end.Outcome != "client gone" || end.Load.InFlight != 0 {
 		t.Errorf("second run_ended %+v load %+v", end, end.Load)
 	}
 }
@@ -184,6 +196,7 @@ func TestRunEndedByFenceReportsLoad(t *testing.T) {
 	if _, err := recvAll(run); err == nil {
 		t.Fatal("run did not end")
 	}
+	run.Close("node_gone") // its end is published when its caller closes it
 	e.waitUntil(t, "provider forgotten", func(s Snapshot) bool { _, ok := providerOf(s, "n1", "p1"); return !ok })
 	var ended *lifecycle.Event
 	waitFor(t, func() bool {
@@ -197,5 +210,89 @@ func TestRunEndedByFenceReportsLoad(t *testing.T) {
 	})
 	if ended.Load == nil || ended.Load.InFlight != 0 || ended.Load.ModelQueued != 0 {
 		t.Fatalf("run_ended %+v load %+v, want a load with nothing in flight", ended, ended.Load)
+	}
+}
+
+// endsOf returns the run_ended events rec has for run id.
+func endsOf(rec *recorder, id string) []lifecycle.Event {
+	var out []lifecycle.Event
+	for _, ev := range rec.all() {
+		if ev.Type == lifecycle.RunEnded && ev.RunID == id {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// TestRunEndedCarriesTheCallersOutcome: a run's end is published once,
+// when its caller closes it with the outcome of the request it served
+// (issue 13, item 6): not when Cancel or a terminal message ends it and
+// frees its slot, and never twice.
+func TestRunEndedCarriesTheCallersOutcome(t *testing.T) {
+	rec := &recorder{}
+	e := startObservedEdge(t, testConfig(), rec)
+	n := e.connect(t, hello("n1", prov("p1", normalized, 2, "m")))
+
+	// Cancelled (the client left): the slot is free at once, the end is
+	// published by Close.
+	run, _, _ := e.startRun(t, n, chatReq("m"))
+	run.Cancel("client gone")
+	if c := n.nextCancel(t); c.GetRunId() != run.Info().RunID {
+		t.Fatalf("cancel %+v, want run %s's", c, run.Info().RunID)
+	}
+	e.waitUntil(t, "slot freed", func(s Snapshot) bool { return s.Leases == 0 })
+	if evs := endsOf(rec, run.Info().RunID); len(evs) != 0 {
+		t.Fatalf("run_ended before Close: %+v", evs)
+	}
+	run.Close("client_gone")
+	run.Close("completed")
+	if evs := endsOf(rec, run.Info().RunID); len(evs) != 1 || evs[0].Outcome != "client_gone" ||
+		evs[0].Reason != "closed: client gone" || evs[0].Load == nil || evs[0].Load.InFlight != 0 {
+		t.Fatalf("run_ended %+v, want one with outcome client_gone", evs)
+	}
+
+	// Ended by its terminal message: the same.
+	run, rs, _ := e.startRun(t, n, chatReq("m"))
+	sendUp(t, rs, events(event(nodev1.RunEvent_TYPE_COMPLETE, "")))
+	if _, err := run.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	if e.svc.Snapshot().Leases != 0 || len(endsOf(rec, run.Info().RunID)) != 0 {
+		t.Fatalf("after the terminal message: %d leases, run_ended %+v; want the slot free and no event yet",
+			e.svc.Snapshot().Leases, endsOf(rec, run.Info().RunID))
+	}
+	run.Close("completed")
+	if evs := endsOf(rec, run.Info().RunID); len(evs) != 1 || evs[0].Outcome != "completed" || evs[0].Reason != "complete" {
+		t.Fatalf("run_ended %+v, want one with outcome completed", evs)
+	}
+}
+
+// TestDroppedAttemptsPublishTheirEndWithoutOutcome: an attempt Dispatch
+// drops to admit the request again is published once, without an outcome
+// (it is not a request's end); the run handed to the caller waits for
+// its Close.
+func TestDroppedAttemptsPublishTheirEndWithoutOutcome(t *testing.T) {
+	rec := &recorder{}
+	e := startObservedEdge(t, retryConfig(1), rec)
+	bad := e.connect(t, hello("a-bad", prov("a", normalized, 1, "m1")))
+	good := e.connect(t, hello("z-good", prov("z", normalized, 1, "m1")))
+	res := e.dispatchAsync(context.Background(), chatReq("m1"))
+	d, rs := acceptRun(t, bad)
+	sendUp(t, rs, errorEvent(503))
+	_, rs2 := acceptRun(t, good)
+	sendUp(t, rs2, events(event(nodev1.RunEvent_TYPE_STARTED, "")))
+	r := wait(t, res)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if evs := endsOf(rec, d.GetRunId()); len(evs) != 1 || evs[0].Outcome != "" {
+		t.Fatalf("the dropped attempt's run_ended %+v, want one without an outcome", evs)
+	}
+	if evs := endsOf(rec, r.run.Info().RunID); len(evs) != 0 {
+		t.Fatalf("the caller's run published its end before Close: %+v", evs)
+	}
+	r.run.Close("completed")
+	if evs := endsOf(rec, r.run.Info().RunID); len(evs) != 1 || evs[0].Outcome != "completed" {
+		t.Fatalf("run_ended %+v", evs)
 	}
 }

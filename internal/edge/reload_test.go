@@ -49,9 +49,12 @@ func TestReloadAppliesAliasesAndPolicies(t *testing.T) {
 	if _, err := e.svc.Dispatch(context.Background(), chatReq("chat")); !errors.Is(err, scheduler.ErrQueueFull) {
 		t.Fatalf("third waiter: %v, want ErrQueueFull", err)
 	}
-	q := e.svc.Snapshot().Queues
-	if len(q) != 1 || q[0].MaxQueue != 2 || q[0].QueueTimeout != time.Minute {
-		t.Fatalf("queues %+v", q)
+	// chat's queue has its new policy; the new alias's is listed, empty,
+	// with the new default's max_queue.
+	snap := e.svc.Snapshot()
+	if q, n := queueOf(snap, "chat"), queueOf(snap, "new"); len(snap.Queues) != 2 || q.MaxQueue != 2 || q.QueueTimeout != time.Minute ||
+		n.MaxQueue != 2 || n.Queued != 0 || n.QueueTimeout != testQueueTimeout {
+		t.Fatalf("queues %+v", snap.Queues)
 	}
 	// The removed alias is unknown; the new one resolves.
 	if _, err := e.svc.Dispatch(context.Background(), chatReq("old")); !errors.Is(err, scheduler.ErrUnknownModel) {

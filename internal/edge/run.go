@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"iop/internal/edge/lifecycle"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
 )
@@ -36,13 +35,14 @@ const (
 
 // Run is one dispatched request, from the Dispatch message to its end. Its
 // lease is released exactly once, by whichever ends it first: a terminal
-// message seen by Recv, Close, a failure of its stream or node connection,
-// a dispatch timeout or refusal.
+// message seen by Recv, Cancel or Close, a failure of its stream or node
+// connection, a dispatch timeout or refusal.
 //
-// Recv must be called from one goroutine at a time; Close may be called
+// Recv must be called from one goroutine at a time; Cancel may be called
 // from any goroutine, also while Recv blocks. A caller that got a Run from
-// Dispatch must call Close when done with it (after a terminal message it
-// is a no-op), as with an http.Response body.
+// Dispatch must call Close exactly once when done with it (after the run
+// ended it only reports the outcome), as with an http.Response body: the
+// run's RunEnded event is published then, carrying the caller's outcome.
 type Run struct {
 	s     *Service
 	conn  *conn
@@ -53,9 +53,10 @@ type Run struct {
 	// sent down the run stream.
 	inline bool
 	body   []byte
-	// opened is closed when the node's Run stream is attached; bodySent
-	// when the whole body went down it (at once for an inline body); ended
-	// when the run ends.
+	// opened is closed when the node's Run stream is attached and its
+	// RunStarted published (so that Dispatch, and the caller's Close with
+	// its RunEnded, come after it); bodySent when the whole body went down
+	// it (at once for an inline body); ended when the run ends.
 	opened, bodySent, ended chan struct{}
 	// ticket reports the run's outcome to its provider's circuit breaker.
 	ticket *ticket
@@ -69,7 +70,10 @@ type Run struct {
 	stream       nodev1.NodeGateway_RunServer // set when opened
 	endErr       error                        // why the run failed; nil for a clean end
 	cancelNode   bool                         // ended before the node finished it
-	cancelReason string
+	cancelReason string                       // why the run ended (the RunEnded reason)
+	// settled is set once the run's owner reported how its request ended
+	// (Close) or Dispatch dropped it: RunEnded is published then, once.
+	settled bool
 }
 
 // Info returns where the run was dispatched.
@@ -243,16 +247,51 @@ func (r *Run) endResult() error {
 	return io.EOF
 }
 
-// Close ends the run if it has not ended: it sends Cancel{run_id} on the
+// Cancel ends the run if it has not ended: it sends Cancel{run_id} on the
 // node's control stream and on the run stream, releases the lease and lets
-// the node's Run handler return. The reason is for the node and the logs.
-// It is idempotent. Messages Dispatch read ahead and Recv has not returned
-// yet are dropped.
-func (r *Run) Close(reason string) {
+// the node's Run handler return; a blocked Recv returns. The reason is for
+// the node and the logs. It is idempotent and safe from any goroutine.
+// Messages Dispatch read ahead and Recv has not returned yet are dropped.
+// It publishes nothing: the run's RunEnded event waits for Close.
+func (r *Run) Cancel(reason string) {
 	r.finish("closed: "+reason, nil, true)
 	r.mu.Lock()
 	r.replay = nil
 	r.mu.Unlock()
+}
+
+// Close ends the run as Cancel(outcome) does if it has not ended, and
+// reports how the request it served ended: outcome is the HTTP API's
+// outcome of that request ("completed", "client_gone", ...; see package
+// edge/api), decided once by its caller. The run's RunEnded event is
+// published now, once, with outcome and the reason the run ended for. The
+// caller that got the run from Dispatch calls Close exactly once, after
+// its answer was finished; later calls do nothing more than Cancel.
+func (r *Run) Close(outcome string) {
+	r.Cancel(outcome)
+	r.settle(outcome)
+}
+
+// drop settles a run Dispatch does not hand to its caller (an attempt
+// that failed, was admitted again, or whose caller left): it ends it if
+// needed and publishes its RunEnded without an outcome (it is not the end
+// of a request).
+func (r *Run) drop(reason string) {
+	r.Cancel(reason)
+	r.settle("")
+}
+
+// settle publishes the ended run's RunEnded event with outcome, once.
+func (r *Run) settle(outcome string) {
+	r.mu.Lock()
+	if r.settled || r.state != runEnded {
+		r.mu.Unlock()
+		return
+	}
+	r.settled = true
+	reason := r.cancelReason
+	r.mu.Unlock()
+	r.s.emitRunEnded(r, reason, outcome)
 }
 
 // finish ends the run with endErr (nil = clean) if it has not ended, and
@@ -281,7 +320,6 @@ func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, ca
 	r.mu.Unlock()
 
 	r.s.forget(r)
-	r.s.emitRun(lifecycle.RunEnded, r, reason)
 	// A run that ends before its provider said anything tells nothing of
 	// it, unless its node never opened or refused it.
 	// A refusal by a draining node says nothing of its provider either.
@@ -299,7 +337,8 @@ func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, ca
 	return true
 }
 
-// attach hands the node's Run stream to the run if it is pending.
+// attach hands the node's Run stream to the run if it is pending. The
+// caller that attached it then publishes RunStarted and closes r.opened.
 func (r *Run) attach(stream nodev1.NodeGateway_RunServer) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -308,7 +347,6 @@ func (r *Run) attach(stream nodev1.NodeGateway_RunServer) bool {
 	}
 	r.state = runOpen
 	r.stream = stream
-	close(r.opened)
 	return true
 }
 

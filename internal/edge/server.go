@@ -66,18 +66,19 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 	reg := newRegistry(clk.Now)
 	log = log.With("component", "edge")
 	return &Server{tls: tlsCfg, svc: &Service{
-		trust:    newTrust(cfg.Tokens),
-		cfg:      cfg,
-		log:      log,
-		clock:    clk,
-		sched:    sched,
-		reg:      reg,
-		cat:      newCatalog(cfg.Models, reg),
-		shutdown: make(chan struct{}),
-		runs:     make(map[string]*Run),
-		observer: deps.Observer,
-		breakers: newBreakers(cfg.CircuitBreaker, clk, log),
-		retries:  make(map[string]uint64),
+		trust:     newTrust(cfg.Tokens),
+		cfg:       cfg,
+		log:       log,
+		clock:     clk,
+		sched:     sched,
+		reg:       reg,
+		cat:       newCatalog(cfg.Models, reg),
+		shutdown:  make(chan struct{}),
+		runs:      make(map[string]*Run),
+		observer:  deps.Observer,
+		breakers:  newBreakers(cfg.CircuitBreaker, clk, log),
+		retries:   make(map[string]uint64),
+		requested: make(map[string]bool),
 	}}, nil
 }
 

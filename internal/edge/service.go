@@ -97,6 +97,11 @@ type Service struct {
 	statsMu      sync.Mutex // guards the fields below; a leaf lock
 	retries      map[string]uint64
 	circuitOpens uint64
+	// requested holds every known model name (an alias or a served name)
+	// a request asked for, so that its queue is listed from the first
+	// request (Snapshot). Only names the catalog knows enter it, so a
+	// client cannot grow it.
+	requested map[string]bool
 }
 
 // Dispatch admits req through its model's queue, sends it to the selected
@@ -137,12 +142,28 @@ type Service struct {
 // (once, the request is admitted again); ErrNodeGone; ctx's error when ctx
 // ends first (the run is cancelled on the node). On every error the lease,
 // if one was taken, is released.
-func (s *Service) Dispatch(ctx context.Context, req Request) (*Run, error) {
+func (s *Service) Dispatch(ctx context.Context, req Request) (out *Run, outErr error) {
 	if err := req.validate(); err != nil {
 		return nil, err
 	}
+	// Every attempt but the run handed to the caller is settled here (its
+	// RunEnded published without an outcome): the caller settles its own
+	// with Close.
+	var attempts []*Run
+	defer func() {
+		for _, a := range attempts {
+			if a != out || outErr != nil {
+				a.drop("not handed to the caller")
+			}
+		}
+	}()
 	// "x" and "x:latest" are one model with one queue.
 	req.Model = s.cat.name(req.Model)
+	if s.cat.known(req.Model) {
+		s.statsMu.Lock()
+		s.requested[req.Model] = true
+		s.statsMu.Unlock()
+	}
 	if s.cfg.LongContextTokens > 0 && req.EstimatedInputTokens >= s.cfg.LongContextTokens {
 		req.Long = true
 	}
@@ -162,6 +183,9 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (*Run, error) {
 			req.RunID = retryRunID(baseID, attempt)
 		}
 		run, cand, err := s.dispatchOnce(ctx, req, tried)
+		if run != nil {
+			attempts = append(attempts, run)
+		}
 		switch {
 		case err == nil:
 		case errors.Is(err, errOutOfRotation):
@@ -188,7 +212,7 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (*Run, error) {
 			return nil, err
 		}
 		if failedRun != nil {
-			failedRun.Close("another provider took the request")
+			failedRun.drop("another provider took the request")
 			failedRun = nil
 		}
 		failedErr = nil
@@ -198,7 +222,7 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (*Run, error) {
 		reason, err := s.awaitFirst(ctx, run)
 		switch {
 		case ctx.Err() != nil:
-			run.Close("client gone")
+			run.drop("client gone")
 			return nil, ctx.Err()
 		case reason == "":
 			return run, nil // an answer, or a failure no other candidate would change
@@ -229,7 +253,7 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (*Run, error) {
 func (s *Service) noOtherCandidate(ctx context.Context, err error, failedRun *Run, failedErr error) (*Run, error) {
 	if ctx.Err() != nil {
 		if failedRun != nil {
-			failedRun.Close("client gone")
+			failedRun.drop("client gone")
 		}
 		return nil, ctx.Err()
 	}
@@ -430,6 +454,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 	}}}
 	if !c.enqueue(msg) {
 		r.finish("stale generation", nil, false)
+		r.settle("")
 		return nil, cand, fmt.Errorf("%w: node %q generation %d closed before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
 	}
 
@@ -441,6 +466,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 			r.finish("client gone", ctx.Err(), true)
 		}
 		if ended, err := r.outcome(); ended {
+			r.settle("")
 			if err == nil {
 				err = fmt.Errorf("%w: run %q ended before it started", ErrNodeGone, runID)
 			}
@@ -716,7 +742,9 @@ type ProviderSnapshot struct {
 	Circuit string
 }
 
-// QueueSnapshot is one model group's queue.
+// QueueSnapshot is one model group's queue. Snapshot lists one for every
+// configured alias and every model that has had a request (a name the
+// catalog knows), with its policy, and Queued 0 while none waits.
 type QueueSnapshot struct {
 	Model        string
 	MaxQueue     int
@@ -757,8 +785,27 @@ func (s *Service) Snapshot() Snapshot {
 	}
 	s.reg.mu.RUnlock()
 	sort.Slice(snap.Nodes, func(i, j int) bool { return snap.Nodes[i].NodeID < snap.Nodes[j].NodeID })
+	listed := make(map[string]bool, len(ss.Groups))
 	for _, g := range ss.Groups {
+		listed[g.Name] = true
 		snap.Queues = append(snap.Queues, QueueSnapshot{Model: g.Name, MaxQueue: g.Policy.MaxQueue, QueueTimeout: g.Policy.QueueTimeout, Queued: g.Queued})
 	}
+	// Every configured alias and every model that had a request has a
+	// queue, empty until a request waits in it.
+	names := s.cat.aliasNames()
+	s.statsMu.Lock()
+	for m := range s.requested {
+		names = append(names, m)
+	}
+	s.statsMu.Unlock()
+	for _, name := range names {
+		if listed[name] || !s.cat.known(name) { // a removed alias is no queue
+			continue
+		}
+		listed[name] = true
+		p := s.sched.Policy(name)
+		snap.Queues = append(snap.Queues, QueueSnapshot{Model: name, MaxQueue: p.MaxQueue, QueueTimeout: p.QueueTimeout})
+	}
+	sort.Slice(snap.Queues, func(i, j int) bool { return snap.Queues[i].Model < snap.Queues[j].Model })
 	return snap
 }

@@ -1,9 +1,12 @@
-// Package ledger is the edge's usage ledger: one Entry per finished run
-// (key name, model, node, provider, prompt and completion tokens, duration,
-// outcome), kept in an SQL Store — the edge's SQLite run database by
-// default (table usage_ledger), or PostgreSQL through a DSN when several
-// edges share one ledger — and summed by key, model, provider, node or day
-// (Aggregate, served as GET /admin/v1/usage).
+// Package ledger is the edge's usage ledger: one Entry per finished API
+// request (request id, key name, model, run, node, provider, prompt and
+// completion tokens, duration, outcome and error code, the outcome being
+// the one its log line and metrics say), kept in an SQL Store — the
+// edge's SQLite run database by default (table usage_ledger), or
+// PostgreSQL through a DSN when several edges share one ledger — and
+// summed by key, model, provider, node or day (Aggregate, served as GET
+// /admin/v1/usage). A table made by an earlier version gains the columns
+// it lacks when it is opened.
 //
 // Usage attribution is bookkeeping only: nothing here is read by the
 // scheduler, so who calls never changes which provider serves.

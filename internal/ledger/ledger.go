@@ -8,11 +8,13 @@ import (
 	"time"
 )
 
-// Entry is one finished run (or a dispatch refused after its caller was
-// identified) as the ledger keeps it.
+// Entry is one finished API request as the ledger keeps it: a run, or a
+// request refused or failed before it was dispatched.
 type Entry struct {
-	// Time is when the request reached the API (dispatch start).
+	// Time is when the request reached the API.
 	Time time.Time
+	// RequestID names the request, as its log line does ("req_...").
+	RequestID string
 	// Key is the caller's key name; "" when the API is open.
 	Key string
 	// Model is the model name the client asked for (an alias or a served
@@ -27,19 +29,20 @@ type Entry struct {
 	PromptTokens, CompletionTokens int64
 	// Duration is from Time to the end of the answer.
 	Duration time.Duration
-	// Outcome is "completed", "client_gone", "upstream_error",
-	// "write_failed", or, for a refused dispatch, the API's error code
-	// ("queue_full", "model_not_found", "model_not_allowed", ...).
+	// Outcome is the request's outcome, the same its log line, metrics
+	// and lifecycle events say: "completed", "client_gone",
+	// "upstream_error", "write_failed", "refused" (by admission or by the
+	// key's limits), "invalid_request" or "error".
 	Outcome string
+	// ErrorCode is the API's error code of a request that failed
+	// ("queue_full", "model_not_found", "concurrency_limit_exceeded",
+	// ...); "" for one that did not.
+	ErrorCode string
 }
 
-// Outcomes of a dispatched run.
-const (
-	OutcomeCompleted     = "completed"
-	OutcomeClientGone    = "client_gone"
-	OutcomeUpstreamError = "upstream_error"
-	OutcomeWriteFailed   = "write_failed"
-)
+// OutcomeCompleted is the outcome of a request whose whole answer was
+// written; Group.Completed counts those.
+const OutcomeCompleted = "completed"
 
 // GroupBy values of a Query.
 const (

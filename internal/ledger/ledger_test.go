@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -29,9 +30,9 @@ func sample() []Entry {
 	return []Entry{
 		{Time: day1, Key: "alice", Model: "llama3", RunID: "r1", NodeID: "gpu-1", ProviderID: "ollama", ServedModel: "llama3:8b", PromptTokens: 10, CompletionTokens: 20, Duration: time.Second, Outcome: OutcomeCompleted},
 		{Time: day1.Add(time.Minute), Key: "alice", Model: "llama3", RunID: "r2", NodeID: "gpu-2", ProviderID: "vllm", ServedModel: "llama3:8b", PromptTokens: 5, CompletionTokens: 7, Duration: 2 * time.Second, Outcome: OutcomeCompleted},
-		{Time: day1.Add(2 * time.Minute), Key: "bob", Model: "qwen", RunID: "r3", NodeID: "gpu-2", ProviderID: "vllm", ServedModel: "qwen2.5", PromptTokens: 100, CompletionTokens: 0, Duration: 3 * time.Second, Outcome: OutcomeUpstreamError},
+		{Time: day1.Add(2 * time.Minute), Key: "bob", Model: "qwen", RunID: "r3", NodeID: "gpu-2", ProviderID: "vllm", ServedModel: "qwen2.5", PromptTokens: 100, CompletionTokens: 0, Duration: 3 * time.Second, Outcome: "upstream_error"},
 		{Time: day2, Key: "bob", Model: "llama3", RunID: "r4", NodeID: "gpu-1", ProviderID: "ollama", ServedModel: "llama3:8b", PromptTokens: 1, CompletionTokens: 2, Duration: 4 * time.Second, Outcome: OutcomeCompleted},
-		{Time: day2.Add(time.Hour), Key: "bob", Model: "llama3", Duration: time.Millisecond, Outcome: "queue_full"},
+		{Time: day2.Add(time.Hour), Key: "bob", Model: "llama3", Duration: time.Millisecond, Outcome: "refused", ErrorCode: "queue_full", RequestID: "req_1"},
 	}
 }
 
@@ -104,6 +105,61 @@ func TestSQLiteStore(t *testing.T) {
 	}
 	defer s.Close()
 	testStore(t, s)
+	checkRequestColumns(t, s)
+}
+
+// checkRequestColumns: after testStore's sample, the refused entry's
+// request id and error code are stored.
+func checkRequestColumns(t *testing.T, s *SQL) {
+	t.Helper()
+	var id, code string
+	err := s.db.QueryRow(`SELECT request_id, error_code FROM usage_ledger WHERE outcome = 'refused'`).Scan(&id, &code)
+	if err != nil || id != "req_1" || code != "queue_full" {
+		t.Fatalf("the refused entry's request_id %q, error_code %q (%v); want req_1, queue_full", id, code, err)
+	}
+}
+
+// oldSchema is the ledger table as versions before request ids made it.
+const oldSchema = `CREATE TABLE usage_ledger (
+	at_ns BIGINT NOT NULL, day TEXT NOT NULL, key_name TEXT NOT NULL, model TEXT NOT NULL, run_id TEXT NOT NULL,
+	node_id TEXT NOT NULL, provider_id TEXT NOT NULL, served_model TEXT NOT NULL, prompt_tokens BIGINT NOT NULL,
+	completion_tokens BIGINT NOT NULL, duration_ns BIGINT NOT NULL, outcome TEXT NOT NULL)`
+
+// TestSQLiteMigratesAnOldTable: a ledger table an earlier version made
+// gets the request_id and error_code columns; its rows stay, with both
+// empty.
+func TestSQLiteMigratesAnOldTable(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "iop.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(oldSchema); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`INSERT INTO usage_ledger VALUES (1, '2026-03-01', 'old', 'm', 'r0', 'n', 'p', 's', 1, 1, 1, 'completed')`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s, err := OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Insert(context.Background(), sample()); err != nil {
+		t.Fatal(err)
+	}
+	checkRequestColumns(t, s)
+	var id, code string
+	if err := s.db.QueryRow(`SELECT request_id, error_code FROM usage_ledger WHERE key_name = 'old'`).Scan(&id, &code); err != nil || id != "" || code != "" {
+		t.Fatalf("the old row: %q %q %v", id, code, err)
+	}
+	// Opening it again changes nothing.
+	s2, err := OpenSQLite(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2.Close()
 }
 
 // TestSQLiteStoreSharesTheRunDatabase opens the ledger on a file another
@@ -144,6 +200,7 @@ func TestPostgresStore(t *testing.T) {
 	}
 	defer s.Close()
 	testStore(t, s)
+	checkRequestColumns(t, s)
 
 	// Two ledgers (two edges) share the database.
 	s2, err := OpenPostgres(context.Background(), dsn)
@@ -159,6 +216,34 @@ func TestPostgresStore(t *testing.T) {
 	if err != nil || got[0].Requests != 1 || got[0].PromptTokens != 3 {
 		t.Fatalf("entry of the second edge: %+v, %v", got, err)
 	}
+}
+
+// TestPostgresMigratesAnOldTable: as TestSQLiteMigratesAnOldTable, on
+// PostgreSQL (ADD COLUMN IF NOT EXISTS), opened twice.
+func TestPostgresMigratesAnOldTable(t *testing.T) {
+	dsn := startPostgres(t)
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(oldSchema); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		s, err := OpenPostgres(context.Background(), dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+	}
+	s, err := OpenPostgres(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	testStore(t, s)
+	checkRequestColumns(t, s)
 }
 
 // startPostgres creates and starts a PostgreSQL cluster in a temporary

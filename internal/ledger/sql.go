@@ -35,11 +35,23 @@ var schema = []string{`CREATE TABLE IF NOT EXISTS usage_ledger (
 	prompt_tokens     BIGINT NOT NULL,
 	completion_tokens BIGINT NOT NULL,
 	duration_ns       BIGINT NOT NULL,
-	outcome           TEXT   NOT NULL
+	outcome           TEXT   NOT NULL,
+	request_id        TEXT   NOT NULL DEFAULT '',
+	error_code        TEXT   NOT NULL DEFAULT ''
 )`,
 	`CREATE INDEX IF NOT EXISTS usage_ledger_at ON usage_ledger (at_ns)`,
 	`CREATE INDEX IF NOT EXISTS usage_ledger_key ON usage_ledger (key_name, at_ns)`,
 }
+
+// addedColumns are the columns a table made by an earlier version lacks,
+// added when the ledger opens it (migrate).
+var addedColumns = []struct{ name, def string }{
+	{"request_id", "TEXT NOT NULL DEFAULT ''"},
+	{"error_code", "TEXT NOT NULL DEFAULT ''"},
+}
+
+// columnsPerRow is the number of columns Insert writes per entry.
+const columnsPerRow = 14
 
 // OpenSQLite opens (creating if needed) the ledger table in the SQLite
 // database at path, the edge's run database (its own table there), or a
@@ -82,7 +94,49 @@ func open(db *sql.DB, dialect, name string) (*SQL, error) {
 			return nil, fmt.Errorf("usage ledger %s: %w", name, err)
 		}
 	}
+	if err := migrate(db, dialect); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("usage ledger %s: %w", name, err)
+	}
 	return &SQL{db: db, dialect: dialect}, nil
+}
+
+// migrate adds the addedColumns the table lacks: PostgreSQL adds a column
+// only if it does not exist; SQLite has no such clause, so the columns it
+// has are read first.
+func migrate(db *sql.DB, dialect string) error {
+	have := map[string]bool{}
+	if dialect == "sqlite" {
+		rows, err := db.Query(`SELECT name FROM pragma_table_info('usage_ledger')`)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var name string
+			if err := rows.Scan(&name); err != nil {
+				rows.Close()
+				return err
+			}
+			have[name] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+	}
+	for _, c := range addedColumns {
+		stmt := `ALTER TABLE usage_ledger ADD COLUMN ` + c.name + ` ` + c.def
+		switch {
+		case have[c.name]:
+			continue
+		case dialect == "postgres":
+			stmt = `ALTER TABLE usage_ledger ADD COLUMN IF NOT EXISTS ` + c.name + ` ` + c.def
+		}
+		if _, err := db.Exec(stmt); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Close closes the database.
@@ -96,8 +150,9 @@ func (s *SQL) param(n int) string {
 	return "?"
 }
 
-// rowsPerInsert is the most rows one INSERT statement carries (12
-// parameters each: 768, far below SQLite's 32,766 and PostgreSQL's 65,535).
+// rowsPerInsert is the most rows one INSERT statement carries
+// (columnsPerRow parameters each: 896, far below SQLite's 32,766 and
+// PostgreSQL's 65,535).
 const rowsPerInsert = 64
 
 // Insert implements Store: one transaction, one multi-row INSERT per
@@ -111,7 +166,7 @@ func (s *SQL) Insert(ctx context.Context, entries []Entry) error {
 	var (
 		stmt     *sql.Stmt
 		stmtRows int
-		args     = make([]any, 0, 12*min(len(entries), rowsPerInsert))
+		args     = make([]any, 0, columnsPerRow*min(len(entries), rowsPerInsert))
 	)
 	defer func() {
 		if stmt != nil {
@@ -134,7 +189,7 @@ func (s *SQL) Insert(ctx context.Context, entries []Entry) error {
 		for _, e := range entries[:n] {
 			args = append(args, e.Time.UnixNano(), e.Time.UTC().Format(time.DateOnly), e.Key, e.Model,
 				e.RunID, e.NodeID, e.ProviderID, e.ServedModel, e.PromptTokens, e.CompletionTokens,
-				int64(e.Duration), e.Outcome)
+				int64(e.Duration), e.Outcome, e.RequestID, e.ErrorCode)
 		}
 		if _, err := stmt.ExecContext(ctx, args...); err != nil {
 			return err
@@ -148,17 +203,17 @@ func (s *SQL) Insert(ctx context.Context, entries []Entry) error {
 func (s *SQL) insertSQL(rows int) string {
 	var b strings.Builder
 	b.WriteString(`INSERT INTO usage_ledger (at_ns, day, key_name, model, run_id, node_id,
-		provider_id, served_model, prompt_tokens, completion_tokens, duration_ns, outcome) VALUES `)
+		provider_id, served_model, prompt_tokens, completion_tokens, duration_ns, outcome, request_id, error_code) VALUES `)
 	for r := range rows {
 		if r > 0 {
 			b.WriteString(", ")
 		}
 		b.WriteByte('(')
-		for c := range 12 {
+		for c := range columnsPerRow {
 			if c > 0 {
 				b.WriteString(", ")
 			}
-			b.WriteString(s.param(r*12 + c + 1))
+			b.WriteString(s.param(r*columnsPerRow + c + 1))
 		}
 		b.WriteByte(')')
 	}

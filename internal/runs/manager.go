@@ -310,12 +310,14 @@ func (r *Run) wake() {
 	r.changed = make(chan struct{})
 }
 
-// Outcome is how a run ended.
+// Outcome is how a run ended. Outcome is its request's outcome
+// (Record.Outcome).
 type Outcome struct {
 	State                          State
 	Error, FinishReason            string
 	Status                         int
 	PromptTokens, CompletionTokens int
+	Outcome                        string
 }
 
 // Finish ends the run with o unless it has ended: it saves the final
@@ -335,6 +337,7 @@ func (r *Run) Finish(o Outcome) bool {
 	rec.State = o.State
 	rec.Error, rec.FinishReason, rec.Status = o.Error, o.FinishReason, o.Status
 	rec.PromptTokens, rec.CompletionTokens = o.PromptTokens, o.CompletionTokens
+	rec.Outcome = o.Outcome
 	rec.FinishedAt = r.m.now()
 	r.save(rec)
 
@@ -346,7 +349,7 @@ func (r *Run) Finish(o Outcome) bool {
 	r.mu.Unlock()
 	r.m.expireLater(r)
 	r.m.log.Info("run ended", "run_id", rec.ID, "model", rec.Model, "state", rec.State, "node_id", rec.NodeID,
-		"provider_id", rec.ProviderID, "status", rec.Status, "prompt_tokens", rec.PromptTokens,
+		"provider_id", rec.ProviderID, "status", rec.Status, "outcome", rec.Outcome, "prompt_tokens", rec.PromptTokens,
 		"completion_tokens", rec.CompletionTokens, "error", rec.Error)
 	return true
 }

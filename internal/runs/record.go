@@ -71,6 +71,12 @@ type Record struct {
 	// Status is the HTTP status the run's answer had (200 when the provider
 	// answered); 0 until known.
 	Status int
+	// Outcome is how the run's request ended, once it did: the HTTP API's
+	// request outcome ("completed", "client_gone" for a run cancelled
+	// before its answer was finished, "upstream_error", "refused", ...),
+	// the same its log line, metrics, usage ledger entry and RunEnded
+	// event say. "" until the run ends, and for a run an edge interrupted.
+	Outcome string
 }
 
 // Filter selects runs for Store.List. Empty fields match every run.

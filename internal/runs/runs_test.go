@@ -36,6 +36,7 @@ func TestStoreRoundTripAndReopen(t *testing.T) {
 		NodeID: "gpu-1", ProviderID: "ollama-1", ServedModel: "llama3:8b", Path: "normalized",
 		QueueReason: "queued", QueueWait: 42 * time.Millisecond,
 		PromptTokens: 3, CompletionTokens: 7, Output: "héllo wörld", FinishReason: "stop", Status: 200,
+		Outcome: "completed",
 	}
 	if err := s.Save(ctx, want); err != nil {
 		t.Fatal(err)
@@ -293,6 +294,40 @@ func TestRegression_OpensADatabaseWithoutKeyName(t *testing.T) {
 	}
 	if recs, _, err := s.List(ctx, Filter{KeyName: "alice"}); err != nil || len(recs) != 1 || recs[0].ID != "run_new" {
 		t.Fatalf("by key: %+v %v", recs, err)
+	}
+}
+
+// TestOpensADatabaseWithoutOutcome: a database made before records kept
+// their request's outcome opens, gains the column (empty for its old
+// records) and keeps outcomes from then on.
+func TestOpensADatabaseWithoutOutcome(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "old.db")
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := strings.Replace(schema, ",\n\toutcome           TEXT NOT NULL DEFAULT ''", "", 1)
+	if old == schema {
+		t.Fatal("the schema has no outcome column to leave out")
+	}
+	if _, err := db.Exec(old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`INSERT INTO runs (id, state, model, created_at) VALUES ('run_old', 'complete', 'm', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	s := openFile(t, path)
+	defer s.Close()
+	ctx := context.Background()
+	if rec, err := s.Get(ctx, "run_old"); err != nil || rec.Outcome != "" {
+		t.Fatalf("old record: %+v %v", rec, err)
+	}
+	if err := s.Save(ctx, Record{ID: "run_new", State: StateError, Model: "m", CreatedAt: time.Now(), Outcome: "upstream_error"}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Get(ctx, "run_new"); err != nil || rec.Outcome != "upstream_error" {
+		t.Fatalf("new record: %+v %v", rec, err)
 	}
 }
 

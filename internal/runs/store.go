@@ -63,7 +63,8 @@ CREATE TABLE IF NOT EXISTS runs (
 	error             TEXT NOT NULL DEFAULT '',
 	status            INTEGER NOT NULL DEFAULT 0,
 	key_name          TEXT NOT NULL DEFAULT '',
-	output_truncated  INTEGER NOT NULL DEFAULT 0
+	output_truncated  INTEGER NOT NULL DEFAULT 0,
+	outcome           TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS runs_created ON runs (created_at DESC, id DESC);
 CREATE INDEX IF NOT EXISTS runs_state ON runs (state);
@@ -72,7 +73,7 @@ CREATE INDEX IF NOT EXISTS runs_session ON runs (session_id);
 
 const columns = `id, state, model, session_id, background, metadata, created_at, started_at,
 	first_token_at, finished_at, node_id, provider_id, served_model, path, queue_reason,
-	queue_wait_ns, prompt_tokens, completion_tokens, output, finish_reason, error, status, key_name, output_truncated`
+	queue_wait_ns, prompt_tokens, completion_tokens, output, finish_reason, error, status, key_name, output_truncated, outcome`
 
 // listColumns are the columns with an empty output.
 var listColumns = strings.Replace(columns, "output,", "'' AS output,", 1)
@@ -161,6 +162,7 @@ func migrate(db *sql.DB) error {
 	for _, c := range []struct{ name, def string }{
 		{"key_name", "TEXT NOT NULL DEFAULT ''"},
 		{"output_truncated", "INTEGER NOT NULL DEFAULT 0"},
+		{"outcome", "TEXT NOT NULL DEFAULT ''"},
 	} {
 		if !have[c.name] {
 			if _, err := db.Exec(`ALTER TABLE runs ADD COLUMN ` + c.name + ` ` + c.def); err != nil {
@@ -187,11 +189,11 @@ func (s *SQLite) Save(ctx context.Context, r Record) error {
 		return err
 	}
 	_, err = s.db.ExecContext(ctx, `INSERT OR REPLACE INTO runs (`+columns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		r.ID, string(r.State), r.Model, r.SessionID, r.Background, string(meta),
 		nanos(r.CreatedAt), nanos(r.StartedAt), nanos(r.FirstTokenAt), nanos(r.FinishedAt),
 		r.NodeID, r.ProviderID, r.ServedModel, r.Path, r.QueueReason, int64(r.QueueWait),
-		r.PromptTokens, r.CompletionTokens, r.Output, r.FinishReason, r.Error, r.Status, r.KeyName, r.OutputTruncated)
+		r.PromptTokens, r.CompletionTokens, r.Output, r.FinishReason, r.Error, r.Status, r.KeyName, r.OutputTruncated, r.Outcome)
 	if err != nil {
 		return fmt.Errorf("saving run %s: %w", r.ID, err)
 	}
@@ -287,7 +289,7 @@ func scan(rows *sql.Rows) ([]Record, error) {
 		if err := rows.Scan(&r.ID, &state, &r.Model, &r.SessionID, &r.Background, &meta,
 			&created, &started, &first, &finished, &r.NodeID, &r.ProviderID, &r.ServedModel,
 			&r.Path, &r.QueueReason, &wait, &r.PromptTokens, &r.CompletionTokens, &r.Output,
-			&r.FinishReason, &r.Error, &r.Status, &r.KeyName, &r.OutputTruncated); err != nil {
+			&r.FinishReason, &r.Error, &r.Status, &r.KeyName, &r.OutputTruncated, &r.Outcome); err != nil {
 			return nil, err
 		}
 		r.State = State(state)

@@ -32,6 +32,18 @@ func (s *Scheduler) Load(nodeID, providerID, group string) (p ProviderSnapshot, 
 	}, groupQueued, true
 }
 
+// Policy returns the queue policy of group: its own once it has one (it
+// had a waiter), else the one its first waiter would get (the default
+// overlaid with the group's override).
+func (s *Scheduler) Policy(group string) Policy {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if g := s.groups[group]; g != nil {
+		return g.policy
+	}
+	return s.defaults.overlay(s.overrides[group])
+}
+
 // SetPolicies replaces the default policy and every per-group override
 // (config reload; DESIGN.md "Policy refresh"): each existing group's policy
 // becomes the new default overlaid with its new override (a group whose

@@ -24,10 +24,13 @@ var DefaultAdminPrefixes = []string{"/admin", "/metrics", "/ui", "/debug"}
 var publicPaths = map[string]bool{"/healthz": true, "/readyz": true}
 
 // dispatchPaths are the routes whose POST runs a model: the ones a key's
-// max_concurrent and requests_per_minute count.
-var dispatchPaths = map[string]bool{
-	"/v1/chat/completions": true, "/v1/completions": true, "/v1/embeddings": true,
-	"/api/chat": true, "/api/generate": true, "/api/embed": true, runsPath: true,
+// max_concurrent and requests_per_minute count, with the name of their
+// operation in a RequestRecord (a refusal by the key's limits is recorded
+// under it).
+var dispatchPaths = map[string]string{
+	"/v1/chat/completions": "chat.completions", "/v1/completions": "completions", "/v1/embeddings": "embeddings",
+	"/api/chat": "ollama.chat", "/api/generate": "ollama.generate", "/api/embed": "ollama.embed",
+	"/api/embeddings": "ollama.embed", runsPath: "runs",
 }
 
 // Ledger is what the API needs of the usage ledger (package ledger): a
@@ -73,9 +76,11 @@ func (h *handler) isAdminPath(p string) bool {
 // client keys are configured; the caller then rides in the request's
 // context (auth.FromContext), and a POST that runs a model takes one of
 // the key's request slots first (429 with Retry-After when over a limit,
-// before anything is queued or dispatched). ok false means the request was
-// answered; otherwise release, to call when the request ends, gives the
-// slot back (unless a background run kept it: keepPermit).
+// before anything is queued or dispatched; recorded as a refused request
+// of the route's operation). ok false means the request was answered;
+// otherwise release, to call when the request ends, gives the slot back
+// if the answer did not already (answerFinished), unless a background run
+// kept it (keepPermit).
 func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request, release func(), ok bool) {
 	release = func() {}
 	if h.cfg.Keys.Len() == 0 && h.cfg.AdminKeys.Len() == 0 || publicPaths[r.URL.Path] {
@@ -125,12 +130,15 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request
 		return refuse(errWrongKey)
 	}
 	ctx := auth.NewContext(r.Context(), caller)
-	if r.Method != http.MethodPost || !dispatchPaths[r.URL.Path] {
+	obsOf(r).key(caller.Name())
+	op, dispatches := dispatchPaths[r.URL.Path]
+	if r.Method != http.MethodPost || !dispatches {
 		return r.WithContext(ctx), release, true
 	}
 	permit, err := caller.Admit()
 	if err != nil {
 		h.logger.Debug("key over its limit", "key", caller.Name(), "path", clip(r.URL.Path), "err", err)
+		obsOf(r).begin(op)
 		return refuse(err)
 	}
 	held := &heldPermit{permit: permit}
@@ -150,10 +158,26 @@ type heldPermit struct {
 
 type permitKey struct{}
 
+// answerFinished gives back the request slot of the request whose context
+// is ctx, if it holds one: its answer is finished, so the key's next
+// request may start. It is called before the answer's last byte is
+// written (its final bytes, an error answer, the end of a run recorded
+// by the runs API), once the request occupies no provider any more: its
+// run has ended at the edge (the terminal message arrived, or the run was
+// cancelled; either way its lease is released) or it was never
+// dispatched. The slot is given back once, however often this is called
+// (auth.Permit.Release), also for a run that took it over (keepPermit).
+func answerFinished(ctx context.Context) {
+	if held, _ := ctx.Value(permitKey{}).(*heldPermit); held != nil {
+		held.permit.Release()
+	}
+}
+
 // keepPermit takes over the request slot of the request whose context is
 // ctx, for a run that goes on after the request ends (a background run):
-// the slot is then given back by calling the returned func (once), not
-// when the request ends. Without a slot it returns a no-op.
+// the slot is then given back by calling the returned func (once), or
+// when the run's answer is finished (answerFinished), not when the
+// request ends. Without a slot it returns a no-op.
 func keepPermit(ctx context.Context) func() {
 	held, _ := ctx.Value(permitKey{}).(*heldPermit)
 	if held == nil {
@@ -201,51 +225,15 @@ func keyName(ctx context.Context) string {
 	return ""
 }
 
-// outcomes maps a Run.Close reason to the ledger's outcome.
-var outcomes = map[string]string{
-	reasonCompleted:     ledger.OutcomeCompleted,
-	reasonClientGone:    ledger.OutcomeClientGone,
-	reasonUpstreamError: ledger.OutcomeUpstreamError,
-	reasonWriteFailed:   ledger.OutcomeWriteFailed,
-}
-
 // dispatch is Gateway.Dispatch for a handler: it refuses a model the
-// request's key may not use (before anything is queued), dispatches, and,
-// with a ledger, records the refused dispatch or wraps the run so that
-// its Close records it (meteredRun). serveRun and ollamaGenerate call it;
-// the runs API reaches it through serveRun.
+// request's key may not use (ErrModelNotAllowed, before anything is
+// queued), then dispatches. serveRun and ollamaGenerate call it; the runs
+// API reaches it through serveRun.
 func (h *handler) dispatch(ctx context.Context, req *Request) (Run, error) {
-	start := h.cfg.Now()
-	err := checkModel(ctx, req.Model)
-	var run Run
-	if err == nil {
-		run, err = h.gw.Dispatch(ctx, *req)
-	}
-	if h.cfg.Ledger == nil {
-		return run, err
-	}
-	entry := ledger.Entry{Time: start, Key: keyName(ctx), Model: req.Model}
-	if err != nil {
-		entry.Duration = h.cfg.Now().Sub(start)
-		if entry.Outcome = ledger.OutcomeClientGone; ctx.Err() == nil {
-			entry.Outcome = deref(classify(err, req).Code)
-		}
-		h.cfg.Ledger.Record(entry)
+	if err := checkModel(ctx, req.Model); err != nil {
 		return nil, err
 	}
-	info := run.Info()
-	entry.RunID, entry.NodeID, entry.ProviderID, entry.ServedModel = info.RunID, info.NodeID, info.ProviderID, info.ServedModel
-	return &meteredRun{Run: run, h: h, entry: entry}, nil
-}
-
-// usageJSONBody is the part of an OpenAI answer (a chat.completion, a
-// text_completion, an embeddings list, or a stream's usage chunk) the
-// ledger reads.
-type usageJSONBody struct {
-	Usage *struct {
-		PromptTokens     int64 `json:"prompt_tokens"`
-		CompletionTokens int64 `json:"completion_tokens"`
-	} `json:"usage"`
+	return h.gw.Dispatch(ctx, *req)
 }
 
 // serveUsage serves GET /admin/v1/usage?key=&model=&from=&to=&group_by=:

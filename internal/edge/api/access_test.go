@@ -489,13 +489,16 @@ func TestLedgerRecordsEveryFinishedRun(t *testing.T) {
 		if e.Model != "m" || e.Time.IsZero() {
 			t.Errorf("entry %+v", e)
 		}
-		if e.Outcome != "queue_full" && (e.NodeID != "node1" || e.ProviderID != "prov1" || e.RunID != "run1") {
+		if e.ErrorCode != "queue_full" && (e.NodeID != "node1" || e.ProviderID != "prov1" || e.RunID != "run1") {
 			t.Errorf("entry without its dispatch: %+v", e)
+		}
+		if !strings.HasPrefix(e.RequestID, "req_") {
+			t.Errorf("entry without its request id: %+v", e)
 		}
 	}
 	want := []row{
 		{"alice", "completed", 3, 4}, {"alice", "completed", 11, 12}, {"alice", "completed", 21, 22},
-		{"alice", "upstream_error", 0, 0}, {"alice", "queue_full", 0, 0}, {"bob", "completed", 3, 4},
+		{"alice", "upstream_error", 0, 0}, {"alice", "refused", 0, 0}, {"bob", "completed", 3, 4},
 	}
 	// The Ollama request dispatches a normalized run with no "user": the
 	// fake falls back to the normalized script.
@@ -581,24 +584,26 @@ func newServer(env *testEnv, h http.Handler) *httptest.Server {
 	return srv
 }
 
-// TestUsageWatchReadsTheTailOfALargeAnswer: a JSON answer larger than the
-// kept tail (a big embeddings list) still yields its trailing usage, and a
-// quoted "usage" inside a string is not taken for it.
-func TestUsageWatchReadsTheTailOfALargeAnswer(t *testing.T) {
-	body := `{"object":"list","data":[{"embedding":[` + strings.Repeat("0.125,", 40000) + `0.5]}],"note":"\"usage\":{\"prompt_tokens\":999}","usage":{"prompt_tokens":7,"total_tokens":7}}`
-	var u usageWatch
+// TestUsageScannerReadsTheTailOfALargeAnswer: a JSON answer larger than
+// the whole body the scanner keeps (a big embeddings list) still yields its
+// trailing usage, and a quoted "usage" inside a string is not taken for it.
+func TestUsageScannerReadsTheTailOfALargeAnswer(t *testing.T) {
+	body := `{"object":"list","data":[{"embedding":[` + strings.Repeat("0.125,", 200000) + `0.5]}],"note":"\"usage\":{\"prompt_tokens\":999}","usage":{"prompt_tokens":7,"total_tokens":7}}`
+	if len(body) <= maxUsageScanBytes {
+		t.Fatalf("the body (%d bytes) must outgrow what the scanner keeps whole (%d)", len(body), maxUsageScanBytes)
+	}
+	u := usageScanner{}
 	for p := body; p != ""; {
 		n := min(len(p), 1000)
 		u.write([]byte(p[:n]))
 		p = p[n:]
 	}
-	if p, c, ok := u.usage(); !ok || p != 7 || c != 0 {
+	if p, c, ok := u.end(); !ok || p != 7 || c != 0 {
 		t.Fatalf("usage = %d, %d, %v; want 7, 0, true", p, c, ok)
 	}
-	var none usageWatch
-	none.sse = true
+	none := usageScanner{sse: true}
 	none.write([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"\\\"usage\\\"\"}}]}\r\n\r\ndata: [DONE]\r\n\r\n"))
-	if _, _, ok := none.usage(); ok {
+	if _, _, ok := none.end(); ok {
 		t.Fatal("a stream without a usage chunk reported usage")
 	}
 }

@@ -5,12 +5,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"sync"
 
 	"iop/internal/wire/nodev1"
 )
 
-// Reasons a handler gives Run.Close, for the edge's logs.
+// The reasons a run's rendering ends for (the rendering's reason): they
+// decide the request's outcome (runOutcome) and appear in the debug line
+// "run ended".
 const (
 	reasonCompleted     = "completed"
 	reasonClientGone    = "client gone"
@@ -79,17 +80,6 @@ func forwardHeaders(header http.Header) map[string]string {
 	return out
 }
 
-// runCloser calls Run.Close exactly once, whichever of the request
-// goroutine and the client-gone callback gets there first.
-type runCloser struct {
-	run  Run
-	once sync.Once
-}
-
-func (c *runCloser) close(reason string) {
-	c.once.Do(func() { c.run.Close(reason) })
-}
-
 // runResponse is one dispatched run and the response it is rendered into.
 // Only the request goroutine uses it.
 type runResponse struct {
@@ -112,13 +102,21 @@ type runResponse struct {
 	// hold, while set, makes write leave its flush to release; held says
 	// something was written under it.
 	hold, held bool
+	// done is set once the answer was marked finished (answerDone).
+	done bool
 }
 
 // recv is Run.Recv with its failures turned into outcomes: io.EOF before a
 // terminal message means the upstream ended early, any other error that the
 // connection to the node was lost (keeping ErrNodeGone & co. if wrapped).
+// A terminal message or a failure means the run has ended at the edge:
+// recv then finishes the answer (answerDone) before anything of it is
+// written, so the last bytes of the answer always follow.
 func (rr *runResponse) recv() (*nodev1.RunUp, error) {
 	msg, err := rr.run.Recv()
+	if err != nil || terminal(msg) {
+		rr.answerDone()
+	}
 	if errors.Is(err, io.EOF) {
 		return nil, errUpstreamEnded
 	}
@@ -128,14 +126,48 @@ func (rr *runResponse) recv() (*nodev1.RunUp, error) {
 	return msg, nil
 }
 
+// answerDone marks the answer finished before its last bytes are written:
+// it ends the run at the edge if it has not ended (a failure the renderer
+// found itself, such as a malformed message; the node is told to stop) and
+// gives the key's request slot back (answerFinished). It is idempotent.
+// This is the one point where a request stops counting against its key's
+// max_concurrent: after its run released its lease, before the client can
+// see the end of the answer.
+func (rr *runResponse) answerDone() {
+	if rr.done {
+		return
+	}
+	rr.done = true
+	rr.run.Cancel("the edge ended the answer")
+	answerFinished(rr.r.Context())
+}
+
+// terminal reports whether m ends its run (package edge: a complete, error
+// or cancelled event; TunnelEnd; TunnelError).
+func terminal(m *nodev1.RunUp) bool {
+	switch msg := m.GetMsg().(type) {
+	case *nodev1.RunUp_Events:
+		for _, e := range msg.Events.GetEvents() {
+			switch e.GetType() {
+			case nodev1.RunEvent_TYPE_COMPLETE, nodev1.RunEvent_TYPE_ERROR, nodev1.RunEvent_TYPE_CANCELLED:
+				return true
+			}
+		}
+	case *nodev1.RunUp_TunnelEnd, *nodev1.RunUp_TunnelError:
+		return true
+	}
+	return false
+}
+
 // fail ends a response that failed before its status line: an error answer,
 // or nothing if the client is gone (then ServeHTTP aborts the connection).
-// It returns the Close reason.
+// It returns the rendering's reason.
 func (rr *runResponse) fail(err error) string {
 	if clientGone(rr.r) {
 		rr.h.logger.Debug("client gone", "path", clip(rr.r.URL.Path), "err", errorText(err, rr.req))
 		return reasonClientGone
 	}
+	rr.answerDone()
 	rr.writeError(rr.w, rr.r, err, rr.req)
 	return reasonUpstreamError
 }

@@ -196,7 +196,7 @@ func (t *textRender) object(choices []textChoice, u *usage) textCompletion {
 }
 
 // json collects the whole answer and writes one text_completion object
-// with usage. It returns the Close reason.
+// with usage. It returns the rendering's reason.
 func (t *textRender) json() string {
 	var text strings.Builder
 	finish, err := t.next(func(ev *nodev1.RunEvent) error {
@@ -220,7 +220,7 @@ func (t *textRender) json() string {
 // `data: [DONE]`. The status line goes with the first delta or the end, so
 // a run that fails before either gets an error answer with its own status;
 // one that fails later ends with an error event and no [DONE]. It returns
-// the Close reason.
+// the rendering's reason.
 func (t *textRender) stream() string {
 	finish, err := t.next(func(ev *nodev1.RunEvent) error {
 		if ev.GetText() == "" {

@@ -58,7 +58,7 @@ type Config struct {
 	// AdminPrefixes are the path roots of the admin routes; nil means
 	// DefaultAdminPrefixes.
 	AdminPrefixes []string
-	// Ledger, when set, records every finished run and serves GET
+	// Ledger, when set, records every finished API request and serves GET
 	// /admin/v1/usage.
 	Ledger Ledger
 }

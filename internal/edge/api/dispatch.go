@@ -10,10 +10,11 @@ import (
 
 // serveRun dispatches req and answers with its run: a tunnel-path run is
 // relayed (runResponse.tunnel), a normalized-path run is rendered by
-// normalized, which returns the Close reason. A failed dispatch is answered
-// with classify's status and error body. The run is closed exactly once
-// before serveRun returns, also when the client goes away first; a
-// response cut short after its status line aborts the connection
+// normalized, which returns the reason the rendering ended for. A failed
+// dispatch is answered with classify's status and error body. The run is
+// closed exactly once before serveRun returns, with the request's outcome
+// (observation.ended), also when the client goes away first; a response
+// cut short after its status line aborts the connection
 // (http.ErrAbortHandler) after that Close.
 func (h *handler) serveRun(w http.ResponseWriter, r *http.Request, req *Request,
 	normalized func(rr *runResponse, info DispatchInfo) string) {
@@ -26,7 +27,7 @@ func (h *handler) serveRun(w http.ResponseWriter, r *http.Request, req *Request,
 
 // runRenderer says how a route answers a run: with which error shape, and
 // how each execution path's run becomes its response (each returns the
-// Close reason).
+// rendering's reason).
 type runRenderer struct {
 	writeError         func(w http.ResponseWriter, r *http.Request, err error, req *Request)
 	tunnel, normalized func(rr *runResponse, info DispatchInfo) string
@@ -45,12 +46,14 @@ func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *Requ
 	}
 	obs.dispatched(run.Info())
 
-	closer := &runCloser{run: run}
-	stop := context.AfterFunc(r.Context(), func() { closer.close(reasonClientGone) })
-	reason := reasonCompleted
+	// A client that goes away ends the run at once (a blocked Recv returns);
+	// the outcome is still decided here, on the request goroutine, from how
+	// the rendering ended.
+	stop := context.AfterFunc(r.Context(), func() { run.Cancel(reasonClientGone) })
+	reason := "" // a renderer that panics ends the request "error"
 	defer func() {
 		stop()
-		closer.close(reason)
+		run.Close(obs.ended(reason))
 	}()
 
 	info := run.Info()
@@ -64,10 +67,9 @@ func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *Requ
 		reason = rr.fail(errUnknownPath)
 	}
 	h.logRunEnded(r.Context(), info, req, reason, rr.abort)
-	obs.ended(reason)
 	if rr.abort {
-		// After the deferred Close, with the reason above; net/http then
-		// drops the connection instead of ending the body cleanly.
+		// After the deferred Close, with the outcome of reason; net/http
+		// then drops the connection instead of ending the body cleanly.
 		panic(http.ErrAbortHandler)
 	}
 }

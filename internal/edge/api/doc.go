@@ -51,14 +51,32 @@
 // 429 with Retry-After before anything is queued. A model the key may not
 // use is 403 model_not_allowed, and the model listings show only the
 // key's models. The caller is never part of the dispatched Request, so it
-// cannot influence provider selection (access.go).
+// cannot influence provider selection (access.go). A refusal by a key's
+// limits is a finished request like any other: recorded once, outcome
+// refused, with its error code (see Observation).
+//
+// The slot is given back when the answer is finished (answerFinished),
+// before the answer's last byte is written, so that a client that has
+// read its whole answer never meets its own max_concurrent with its next
+// request: "finished" means the request occupies no provider any more,
+// that is its run has ended at the edge (Run.Recv returned the run's
+// terminal message or an error, by then the lease is released; or the
+// handler cancelled the run itself) or it was never dispatched. On the
+// normalized path every final write follows the terminal message. On the
+// tunnel path the provider's last bytes come before the node's TunnelEnd,
+// so the bytes that end the answer (an event stream's `data: [DONE]` or
+// error event, a JSON body's last byte) are held back until it arrives
+// (finalHold, tunnelhold.go). An error answer gives it back before it is
+// written. A run of the runs API gives back its submission's slot before
+// its last event and its final record (the synchronous POST answers after
+// that). A client that goes away gives it back when the handler returns.
 //
 // # Usage ledger
 //
-// With Config.Ledger, every dispatched run is recorded when its Run is
-// closed (meteredRun, metered.go): key name, model, node, provider, the
-// usage the provider reported and the close reason as outcome; a refused
-// dispatch is recorded with its error code.
+// With Config.Ledger, every finished API request is recorded once, from
+// its RequestRecord, when it ends (finish): request id, key name, model,
+// node, provider, the usage the provider reported, duration, outcome and
+// error code.
 //
 // # Execution paths
 //
@@ -95,13 +113,20 @@
 //
 // # Observation
 //
-// Every API request (a route that calls observation.begin: the chat
-// completions route) ends with one RequestRecord (observe.go): where it
-// went, how it was admitted, its status and outcome, its times and its
-// tokens. The handler logs it as one line ("request", info level; warn for
-// a 5xx) and hands it to Config.Observer. On the tunnel path the tokens and
-// the time to first token are read from a copy of the relayed bytes
-// (usage.go), which are never changed.
+// Every API request (a route that calls observation.begin: the routes
+// that run a model, and a refusal of one by its key's limits) ends with
+// one RequestRecord (observe.go): its request id, key, where it went, how
+// it was admitted, its status and outcome, its times and its tokens. The
+// handler logs it as one line ("request", info level; warn for a 5xx or
+// an upstream failure), hands it to Config.Observer (the metrics, the
+// events stream's refusals) and records it in Config.Ledger. The outcome
+// is decided once (observation.decide): for a dispatched request on the
+// request goroutine, from how the rendering of its run ended, before the
+// run is closed with it (Run.Close, which the edge publishes as the run's
+// run_ended); nothing that happens after the answer, such as the client
+// closing its connection, changes it. A run of the runs API records it too.
+// On the tunnel path the tokens and the time to first token are read from
+// a copy of the relayed bytes (usage.go), which are never changed.
 //
 // Client-provided text quoted in an error message or a log line (a model
 // name, a path, a field's value) is clipped to 256 bytes (clip).
@@ -114,16 +139,18 @@
 //
 // Each dispatched run is owned by the request goroutine that dispatched it,
 // which is the only caller of Run.Recv and the only writer of the response.
-// Run.Close is called exactly once per run, through a sync.Once: either by the
-// request goroutine's deferred cleanup when the handler ends (completion,
-// upstream failure, write failure), or first by a context.AfterFunc callback
-// when the request's context ends (client gone). That callback runs on a
-// goroutine of its own; closing the run makes a blocked Recv return, so the
-// request goroutine notices a departed client promptly. The cleanup stops the
-// callback before the handler returns, and the Once makes the two callers
-// race-free. No goroutine outlives its request. A meteredRun's usage,
-// written by Recv on the request goroutine and read by Close (possibly on
-// the callback's goroutine), is guarded by its own mutex. A key's request
-// slot (admit) is given back when the handler returns, or, for a
-// background run that took it over (keepPermit), when the run ends.
+// Run.Close is called exactly once per run, by the request goroutine's
+// deferred cleanup when the handler ends, with the request's outcome. When
+// the request's context ends (client gone) a context.AfterFunc callback,
+// on a goroutine of its own, calls Run.Cancel: ending the run makes a
+// blocked Recv return, so the request goroutine notices a departed client
+// promptly; the callback decides nothing about the outcome. The cleanup
+// stops the callback before the handler returns; Run.Cancel is safe
+// concurrently with Recv and Close. No goroutine outlives its request. The
+// observation, its outcome included, is written by the request goroutine
+// only. A key's request slot (admit) is an auth.Permit, given back once
+// however often it is released: when the answer is finished
+// (answerFinished), or at the latest when the handler returns, or, for a
+// background run that took it over (keepPermit), when the run's answer is
+// finished or the run ends.
 package api

@@ -130,7 +130,7 @@ type embeddingsUsage struct {
 
 // json collects the vectors of every DELTA, in order, and writes the list.
 // A run that sends other than one vector per input failed (502). It returns
-// the Close reason.
+// the rendering's reason.
 func (e *embeddingsRender) json() string {
 	vectors, err := e.vectors(e.req.Inputs)
 	if err != nil {

@@ -61,8 +61,9 @@ func (g *fakeGateway) allRuns() []*fakeRun {
 // whose stream was cancelled.
 var errRunClosed = errors.New("run closed")
 
-// fakeRun is a Run fed from a channel: a closed channel means io.EOF, Close
-// makes a blocked Recv return errRunClosed. It counts Close calls.
+// fakeRun is a Run fed from a channel: a closed channel means io.EOF,
+// Cancel or Close makes a blocked Recv return errRunClosed. It counts
+// Close calls and keeps their outcomes, and the Cancel reasons.
 type fakeRun struct {
 	info   DispatchInfo
 	up     chan *nodev1.RunUp
@@ -71,7 +72,8 @@ type fakeRun struct {
 
 	mu      sync.Mutex // guards the fields below
 	closes  int
-	reasons []string
+	reasons []string // the outcomes Close was given
+	cancels []string // the reasons Cancel was given
 }
 
 var _ Run = (*fakeRun)(nil)
@@ -120,12 +122,26 @@ func (r *fakeRun) Recv() (*nodev1.RunUp, error) {
 	}
 }
 
-func (r *fakeRun) Close(reason string) {
+func (r *fakeRun) Cancel(reason string) {
 	r.mu.Lock()
-	r.closes++
-	r.reasons = append(r.reasons, reason)
+	r.cancels = append(r.cancels, reason)
 	r.mu.Unlock()
 	r.once.Do(func() { close(r.closed) })
+}
+
+func (r *fakeRun) Close(outcome string) {
+	r.mu.Lock()
+	r.closes++
+	r.reasons = append(r.reasons, outcome)
+	r.mu.Unlock()
+	r.once.Do(func() { close(r.closed) })
+}
+
+// cancelReasons returns the reasons Cancel was called with.
+func (r *fakeRun) cancelReasons() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.cancels...)
 }
 
 func (r *fakeRun) closeCalls() (int, []string) {

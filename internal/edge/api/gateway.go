@@ -34,17 +34,24 @@ type Run interface {
 	Info() DispatchInfo
 	// Recv blocks for the next message from the node: RunEvents on the
 	// normalized path; TunnelHead, TunnelData, TunnelEnd or TunnelError on
-	// the tunnel path. After a terminal message (a complete, error or
-	// cancelled event; TunnelEnd; TunnelError) it returns io.EOF. Close makes
-	// a blocked Recv return promptly (io.EOF or an error). Any other error
-	// means the run failed upstream: the node disconnected (wrap ErrNodeGone
-	// for a clearer message) or its run stream broke; it is answered 502
-	// without the error's text.
+	// the tunnel path. When it returns a terminal message (a complete,
+	// error or cancelled event; TunnelEnd; TunnelError) or an error, the
+	// run has ended: its lease is already released. After a terminal
+	// message it returns io.EOF. Cancel makes a blocked Recv return
+	// promptly (io.EOF or an error). Any other error means the run failed
+	// upstream: the node disconnected (wrap ErrNodeGone for a clearer
+	// message) or its run stream broke; it is answered 502 without the
+	// error's text.
 	Recv() (*nodev1.RunUp, error)
-	// Close ends the run: cancels it on the node if it has not ended and
+	// Cancel ends the run if it has not ended: cancels it on the node and
 	// releases its lease. The reason is for logs only. It is idempotent and
 	// safe to call from another goroutine while Recv blocks.
-	Close(reason string)
+	Cancel(reason string)
+	// Close ends the run as Cancel does if it has not ended, and reports
+	// the outcome of the request it served (one of the Outcome* values, as
+	// its RequestRecord says), for the edge's record of the run's end. The
+	// request goroutine calls it exactly once, when the answer is finished.
+	Close(outcome string)
 }
 
 // Request is one client request as the edge service dispatches it. Its fields

@@ -287,6 +287,7 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error, 
 	e := classify(err, req)
 	obsOf(r).failed(err, e.Code, false)
 	h.logError(r, e, err, req)
+	answerFinished(r.Context()) // an error answer ends the request
 	if e.retryAfter != "" {
 		w.Header().Set("Retry-After", e.retryAfter)
 	}

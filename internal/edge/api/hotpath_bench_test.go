@@ -84,7 +84,8 @@ type generatedRun struct {
 func (r *generatedRun) Info() DispatchInfo {
 	return DispatchInfo{RunID: "run_0123456789abcdef", NodeID: "n", ProviderID: "p", Path: r.path}
 }
-func (r *generatedRun) Close(string) {}
+func (r *generatedRun) Close(string)  {}
+func (r *generatedRun) Cancel(string) {}
 func (r *generatedRun) Recv() (*nodev1.RunUp, error) {
 	r.i++
 	switch {

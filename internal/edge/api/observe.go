@@ -2,11 +2,16 @@ package api
 
 import (
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"time"
 
+	"iop/internal/auth"
+	"iop/internal/ledger"
 	"iop/internal/wire/nodev1"
 )
 
@@ -40,9 +45,9 @@ const (
 
 // Outcomes of a RequestRecord: how the request ended.
 const (
-	OutcomeCompleted      = "completed"       // the whole answer was sent
+	OutcomeCompleted      = "completed"       // the whole answer was written
 	OutcomeInvalidRequest = "invalid_request" // refused before admission: bad body, size, content type, route
-	OutcomeRefused        = "refused"         // admission or dispatch failed (see Admission)
+	OutcomeRefused        = "refused"         // admission or dispatch failed (see Admission), or a key's limit refused it (see ErrorCode)
 	OutcomeUpstreamError  = "upstream_error"  // the provider or node failed after dispatch
 	OutcomeClientGone     = "client_gone"     // the client went away first
 	OutcomeWriteFailed    = "write_failed"    // writing to the client failed
@@ -54,6 +59,11 @@ const (
 type RequestRecord struct {
 	// API names the route's operation: "chat.completions".
 	API string
+	// RequestID names the request: "req_" and 32 hex digits, new for each
+	// API request (the log line's request_id, the usage ledger's).
+	RequestID string
+	// Key is the name of the request's API key; "" on an open API.
+	Key string
 	// Model is the model name the request asked for (clipped to 256
 	// bytes); "" when the body was not decoded. It is a client's string:
 	// only when Admission is neither "", unknown_model nor cancelled is it
@@ -73,7 +83,9 @@ type RequestRecord struct {
 	// Status is the HTTP status sent; 0 when nothing was (the connection
 	// was aborted first). A stream that failed after it started keeps 200.
 	Status int
-	// Outcome is one of the Outcome* values.
+	// Outcome is one of the Outcome* values, decided once when the request
+	// ended (observation.decide); the log line, the metrics, the usage
+	// ledger, the run's RunEnded event and a runs API record all carry it.
 	Outcome string
 	// ErrorCode is the OpenAI error code answered ("queue_full", ...), if any.
 	ErrorCode string
@@ -97,14 +109,14 @@ type RequestRecord struct {
 }
 
 // observation collects the RequestRecord of one request. Only the request's
-// goroutine touches it.
+// goroutine touches it (for a run of the runs API, the run's goroutine).
 type observation struct {
 	rec     RequestRecord
 	err     error // the failure answered, if any
 	decoded bool  // the request was decoded (request was called)
 	gone    bool  // the client was gone when the failure was to be answered
 	sent    bool  // Dispatch returned a run
-	// reason is the run's Close reason once rendered.
+	// reason is how the rendering of the run ended (a reason* value).
 	reason string
 	// firstToken and lastToken are when the first and latest content
 	// arrived; contentEvents counts the deltas or content-carrying events.
@@ -112,6 +124,8 @@ type observation struct {
 	contentEvents         int
 	usage                 *usageScanner // tunnel path only
 	now                   func() time.Time
+	// decided is set once rec.Outcome was decided (decide).
+	decided bool
 }
 
 type observationKey struct{}
@@ -130,11 +144,45 @@ func obsOf(r *http.Request) *observation {
 }
 
 // begin marks the request as an API request of the named operation: only
-// those get a RequestRecord.
+// those get a RequestRecord (and a request id). An operation already set
+// stays (the runs API names its runs' chat requests "runs").
 func (o *observation) begin(api string) {
-	if o != nil {
-		o.rec.API = api
+	if o != nil && o.rec.API == "" {
+		o.rec.API, o.rec.RequestID = api, newRequestID()
 	}
+}
+
+// requestID is the request's id ("" without an observation).
+func (o *observation) requestID() string {
+	if o == nil {
+		return ""
+	}
+	return o.rec.RequestID
+}
+
+// handOff drops the request's record: another request records it (a run
+// of the runs API records its submission when it ends).
+func (o *observation) handOff() {
+	if o != nil {
+		o.rec.API = ""
+	}
+}
+
+// key records the name of the request's API key.
+func (o *observation) key(name string) {
+	if o != nil {
+		o.rec.Key = name
+	}
+}
+
+// newRequestID returns "req_" and 128 random bits in hex. The id only
+// tells requests apart in records; it guards nothing, so math/rand's
+// per-goroutine generator (no lock, no system call) is enough.
+func newRequestID() string {
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], rand.Uint64())
+	binary.LittleEndian.PutUint64(b[8:], rand.Uint64())
+	return "req_" + hex.EncodeToString(b[:])
 }
 
 // request records the decoded request.
@@ -176,11 +224,14 @@ func (o *observation) failed(err error, code *string, gone bool) {
 	}
 }
 
-// ended records the rendered run's Close reason.
-func (o *observation) ended(reason string) {
-	if o != nil {
-		o.reason = reason
+// ended records how the rendered run ended (its renderer's reason) and
+// returns the request's outcome, decided now (decide).
+func (o *observation) ended(reason string) string {
+	if o == nil {
+		return runOutcome(reason)
 	}
+	o.reason = reason
+	return o.decide(0)
 }
 
 // content records n content-carrying events arriving now.
@@ -238,9 +289,74 @@ func admissionOf(err error) string {
 	return ""
 }
 
+// runOutcome is the outcome of a request whose run was dispatched and
+// rendered, from the renderer's reason.
+func runOutcome(reason string) string {
+	switch reason {
+	case reasonCompleted:
+		return OutcomeCompleted
+	case reasonClientGone:
+		return OutcomeClientGone
+	case reasonWriteFailed:
+		return OutcomeWriteFailed
+	case reasonUpstreamError:
+		return OutcomeUpstreamError
+	default:
+		return OutcomeError
+	}
+}
+
+// keyRefusal reports whether err is a refusal by the request's key: over
+// one of its limits (*auth.LimitError) or a model it may not use.
+func keyRefusal(err error) bool {
+	var limit *auth.LimitError
+	return errors.As(err, &limit) || errors.Is(err, ErrModelNotAllowed)
+}
+
+// decide decides the request's outcome, once: later calls return the
+// first decision. status is the HTTP status sent (0: none); it matters
+// only for a request that was not dispatched. A dispatched request's
+// outcome is its renderer's reason (runOutcome), decided on the request
+// goroutine when the rendering ended, so nothing that happens after (the
+// client closing its connection once it has read the answer, which ends
+// the request's context) can change it. A request that failed before
+// dispatch is refused (admission failures, a key's limits), client_gone
+// (the client left first), error (a 5xx) or invalid_request; one answered
+// 2xx without a run (an Ollama "load") completed.
+func (o *observation) decide(status int) string {
+	if o.decided {
+		return o.rec.Outcome
+	}
+	o.decided = true
+	rec := &o.rec
+	switch {
+	case o.sent:
+		rec.Outcome = runOutcome(o.reason)
+	case o.err != nil && (o.gone || admissionOf(o.err) == AdmissionCancelled):
+		rec.Outcome = OutcomeClientGone
+		if o.decoded {
+			rec.Admission = AdmissionCancelled
+		}
+	case o.err != nil && keyRefusal(o.err):
+		rec.Outcome = OutcomeRefused
+	case o.err != nil && o.decoded && admissionOf(o.err) != "":
+		rec.Admission, rec.Outcome = admissionOf(o.err), OutcomeRefused
+	case status == 0:
+		rec.Outcome = OutcomeClientGone
+	case status < 300:
+		rec.Outcome = OutcomeCompleted // answered without a run: an Ollama "load"
+	case status >= 500:
+		rec.Outcome = OutcomeError
+	default:
+		rec.Outcome = OutcomeInvalidRequest
+	}
+	return rec.Outcome
+}
+
 // record completes the RequestRecord once the response ended with status
-// (0: nothing sent).
+// (0: nothing sent), deciding its outcome if it was not yet.
 func (o *observation) record(status int) RequestRecord {
+	o.decide(status)
 	rec := o.rec
 	rec.Status = status
 	rec.Duration = o.now().Sub(rec.Start)
@@ -259,40 +375,13 @@ func (o *observation) record(status int) RequestRecord {
 			rec.InterTokenLatency = o.lastToken.Sub(o.firstToken) / time.Duration(n-1)
 		}
 	}
-	switch {
-	case o.sent:
-		switch o.reason {
-		case reasonCompleted:
-			rec.Outcome = OutcomeCompleted
-		case reasonClientGone:
-			rec.Outcome = OutcomeClientGone
-			if o.usage != nil && o.usage.done {
-				// A tunnel stream whose client left after [DONE], before
-				// the node's end of the run arrived: it got everything.
-				rec.Outcome = OutcomeCompleted
-			}
-		case reasonWriteFailed:
-			rec.Outcome = OutcomeWriteFailed
-		default:
-			rec.Outcome = OutcomeUpstreamError
-		}
-	case o.err != nil && o.decoded && (o.gone || admissionOf(o.err) != ""):
-		rec.Admission, rec.Outcome = admissionOf(o.err), OutcomeRefused
-		if o.gone || rec.Admission == AdmissionCancelled {
-			rec.Admission, rec.Outcome = AdmissionCancelled, OutcomeClientGone
-		}
-	case status == 0:
-		rec.Outcome = OutcomeClientGone
-	case status >= 500:
-		rec.Outcome = OutcomeError
-	default:
-		rec.Outcome = OutcomeInvalidRequest
-	}
 	return rec
 }
 
-// finish ends the observation of an API request: it logs the request line
-// and hands the record to the Observer.
+// finish ends the observation of an API request: it logs the request
+// line, hands the record to the Observer and, with a ledger, records it
+// there. All three read the one RequestRecord, so they agree on the
+// request's outcome.
 func (h *handler) finish(ctx context.Context, o *observation, status int) {
 	if o.rec.API == "" {
 		return
@@ -302,6 +391,22 @@ func (h *handler) finish(ctx context.Context, o *observation, status int) {
 	if h.cfg.Observer != nil {
 		h.cfg.Observer.RequestDone(rec)
 	}
+	if h.cfg.Ledger != nil {
+		h.cfg.Ledger.Record(ledgerEntry(rec))
+	}
+}
+
+// ledgerEntry is the usage ledger's entry for a finished request.
+func ledgerEntry(rec RequestRecord) ledger.Entry {
+	e := ledger.Entry{
+		Time: rec.Start, RequestID: rec.RequestID, Key: rec.Key, Model: rec.Model,
+		RunID: rec.RunID, NodeID: rec.NodeID, ProviderID: rec.ProviderID, ServedModel: rec.ServedModel,
+		Duration: rec.Duration, Outcome: rec.Outcome, ErrorCode: rec.ErrorCode,
+	}
+	if rec.TokensKnown {
+		e.PromptTokens, e.CompletionTokens = int64(rec.InputTokens), int64(rec.OutputTokens)
+	}
+	return e
 }
 
 // logRequest writes the one log line of a finished API request: info,
@@ -314,6 +419,7 @@ func (h *handler) logRequest(ctx context.Context, rec RequestRecord) {
 	}
 	attrs := []slog.Attr{
 		slog.String("api", rec.API),
+		slog.String("request_id", rec.RequestID),
 		slog.String("model", rec.Model),
 		slog.Int("status", rec.Status),
 		slog.String("outcome", rec.Outcome),
@@ -340,6 +446,9 @@ func (h *handler) logRequest(ctx context.Context, rec RequestRecord) {
 	}
 	if rec.ErrorCode != "" {
 		attrs = append(attrs, slog.String("error_code", rec.ErrorCode))
+	}
+	if rec.Key != "" {
+		attrs = append(attrs, slog.String("key", rec.Key))
 	}
 	h.logger.LogAttrs(ctx, level, "request", attrs...)
 }

@@ -26,6 +26,12 @@ func (r *records) RequestDone(rec RequestRecord) {
 	r.mu.Unlock()
 }
 
+func (r *records) all() []RequestRecord {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]RequestRecord(nil), r.recs...)
+}
+
 func (r *records) only(t *testing.T) RequestRecord {
 	t.Helper()
 	r.mu.Lock()
@@ -69,7 +75,10 @@ func TestRecordOfANormalizedStream(t *testing.T) {
 		ProviderType: "sim", ServedModel: "served-model", Generation: 1, Path: "normalized", Admission: AdmissionQueued,
 		QueueWait: 1500 * time.Millisecond, Status: 200, Outcome: OutcomeCompleted, InputTokens: 7, OutputTokens: 3, TokensKnown: true}
 	got := rec
-	got.Start, got.Duration, got.TimeToFirstToken, got.InterTokenLatency = time.Time{}, 0, 0, 0
+	if !strings.HasPrefix(got.RequestID, "req_") || len(got.RequestID) != len("req_")+32 {
+		t.Errorf("request id %q, want req_ and 32 hex digits", got.RequestID)
+	}
+	got.Start, got.Duration, got.TimeToFirstToken, got.InterTokenLatency, got.RequestID = time.Time{}, 0, 0, 0, ""
 	if got != want {
 		t.Fatalf("record\n got %+v\nwant %+v", got, want)
 	}
@@ -279,17 +288,31 @@ func TestRegression_TunnelClientLeavingAfterDoneIsCompleted(t *testing.T) {
 	}
 	buf := make([]byte, 4096)
 	got := ""
-	for !strings.HasSuffix(got, "data: [DONE]\n\n") {
-		n, err := resp.Body.Read(buf)
-		got += string(buf[:n])
-		if err != nil {
-			t.Fatalf("read %q: %v", got, err)
+	readUntil := func(suffix string) {
+		for !strings.HasSuffix(got, suffix) {
+			n, err := resp.Body.Read(buf)
+			got += string(buf[:n])
+			if err != nil && !strings.HasSuffix(got, suffix) {
+				t.Fatalf("read %q: %v", got, err)
+			}
 		}
 	}
-	cancel() // the TunnelEnd never came
+	// The content event goes at once; the [DONE] that came with it waits
+	// for the run's end (TunnelEnd), so the client cannot see the answer
+	// end before the run has.
+	readUntil("}}]}\n\n")
+	if strings.Contains(got, "[DONE]") {
+		t.Fatalf("the client got %q before the run ended", got)
+	}
+	run.up <- tunnelEnd()
+	readUntil("data: [DONE]\n\n")
+	cancel() // the client leaves as soon as it has the whole answer
 	resp.Body.Close()
 	env.waitHandlers()
 	if rec := recs.only(t); rec.Outcome != OutcomeCompleted || rec.Status != 200 {
 		t.Fatalf("record %+v", rec)
+	}
+	if n, outcomes := run.closeCalls(); n != 1 || outcomes[0] != OutcomeCompleted {
+		t.Fatalf("Close called %d times with %q, want once with %q", n, outcomes, OutcomeCompleted)
 	}
 }

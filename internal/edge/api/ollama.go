@@ -117,7 +117,7 @@ type ollamaRun interface {
 	// begin sets the run to render, once it was dispatched.
 	begin(rr *runResponse)
 	// tunnel and normalized render the run of each execution path and
-	// return the Close reason.
+	// return the rendering's reason.
 	tunnel() string
 	normalized() string
 }
@@ -177,6 +177,7 @@ func (h *handler) ollamaLoad(w http.ResponseWriter, r *http.Request, req *Reques
 		h.writeOllamaError(w, r, ErrUnknownModel, req)
 		return
 	}
+	answerFinished(r.Context()) // nothing was dispatched
 	writeOllamaJSON(w, http.StatusOK, answer)
 }
 
@@ -226,6 +227,7 @@ func (h *handler) writeOllamaError(w http.ResponseWriter, r *http.Request, err e
 	e, msg := ollamaError(err, req)
 	obsOf(r).failed(err, e.Code, false)
 	h.logError(r, e, err, req)
+	answerFinished(r.Context()) // an error answer ends the request
 	if e.retryAfter != "" {
 		w.Header().Set("Retry-After", e.retryAfter)
 	}

@@ -68,7 +68,7 @@ func (e *ollamaEmbedRender) begin(rr *runResponse) {
 }
 
 // normalized renders a normalized-path run: the vectors of its DELTA
-// events and the prompt tokens of its USAGE. It returns the Close reason.
+// events and the prompt tokens of its USAGE. It returns the rendering's reason.
 func (e *ollamaEmbedRender) normalized() string {
 	er := &eventReader{runResponse: e.runResponse}
 	vectors, err := er.vectors(e.inputs)
@@ -81,7 +81,7 @@ func (e *ollamaEmbedRender) normalized() string {
 // tunnel renders a tunnel-path run, the provider's OpenAI embeddings
 // answer (vectors as numbers or base64; translate.DecodeOpenAIEmbeddings);
 // an error status becomes an error answer with that status and the
-// provider's message. It returns the Close reason.
+// provider's message. It returns the rendering's reason.
 func (e *ollamaEmbedRender) tunnel() string {
 	_, body, err := e.tunnelAnswer(nil)
 	if err != nil {
@@ -97,7 +97,7 @@ func (e *ollamaEmbedRender) tunnel() string {
 	return e.write(vectors, prompt)
 }
 
-// write writes the answer. It returns the Close reason.
+// write writes the answer. It returns the rendering's reason.
 func (e *ollamaEmbedRender) write(vectors [][]float32, promptTokens int) string {
 	if clientGone(e.r) {
 		return reasonClientGone

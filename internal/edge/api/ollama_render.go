@@ -49,7 +49,7 @@ func (o *ollamaRender) begin(rr *runResponse) {
 
 // normalized renders a normalized-path run: its DELTA (text, thinking and
 // tool-call parts, joined by index), USAGE and COMPLETE events (read by
-// eventReader.next). It returns the Close reason.
+// eventReader.next). It returns the rendering's reason.
 func (o *ollamaRender) normalized() string {
 	er := &eventReader{runResponse: o.runResponse}
 	var calls []translate.ToolCall // by index
@@ -89,7 +89,7 @@ func (o *ollamaRender) normalized() string {
 // thinking), a 2xx JSON body once complete (translate.DecodeOpenAIAnswer),
 // and an error status becomes an error answer with that status and the
 // provider's message. An error object inside a 200 stream fails the run
-// (502, or a last error line). It returns the Close reason.
+// (502, or a last error line). It returns the rendering's reason.
 func (o *ollamaRender) tunnel() string {
 	onDelta := func(d translate.Delta) error {
 		o.obs.content(1)
@@ -242,7 +242,7 @@ func (o *ollamaRender) writeLine(v any) error {
 
 // finish writes the end of a complete answer: streamed, a line with the
 // tool calls if there are any (chat), then the final object; else the one
-// object with the whole text and tool calls. It returns the Close reason.
+// object with the whole text and tool calls. It returns the rendering's reason.
 func (o *ollamaRender) finish(ans translate.Answer) string {
 	now := o.h.cfg.Now()
 	o.timings.End = now
@@ -287,7 +287,7 @@ func (o *ollamaRender) finish(ans translate.Answer) string {
 // Ollama error answer with classify's status; after it, a last line
 // {"error":"..."} and no done object (the JSON client libraries raise it
 // as an error). A failed write to the client, or a client gone, aborts the
-// connection instead. It returns the Close reason.
+// connection instead. It returns the rendering's reason.
 func (o *ollamaRender) failed(err error) string {
 	var werr *errWrite
 	if errors.As(err, &werr) {
@@ -301,6 +301,7 @@ func (o *ollamaRender) failed(err error) string {
 		o.abort = true
 		return reasonClientGone
 	}
+	o.answerDone()
 	e, msg := ollamaError(err, o.req)
 	o.h.logError(o.r, e, err, o.req)
 	if werr := o.writeLine(ollamaErrorBody{Error: msg}); werr != nil {

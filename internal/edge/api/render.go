@@ -29,25 +29,31 @@ var hopHeaders = map[string]bool{
 // tunnel relays a tunnel-path run: TunnelHead becomes the status and headers
 // (as received, minus hopHeaders; flushed at once for an event stream, else
 // with the first data), each TunnelData is written and flushed at once,
-// TunnelEnd ends the response (a TunnelEnd with provider_error, an
-// error event the provider sent inside its 2xx stream and the client got
-// as is, ends it the same way but the run counts as failed: logged at
-// warn, Close reason "upstream error"). A failure before TunnelHead is an error
-// answer (TunnelError's status, 502 if unset); after it, see failStarted.
-// It returns the Close reason.
+// but for the bytes that end the answer (finalHold), which wait for
+// TunnelEnd: the answer is finished (answerDone, in recv) before its last
+// bytes are written. TunnelEnd ends the response (a TunnelEnd with
+// provider_error, an error event the provider sent inside its 2xx stream
+// and the client got as is, ends it the same way but the run counts as
+// failed: logged at warn, reason "upstream error"; so does an error status
+// the provider answered, relayed whole). A failure before
+// TunnelHead is an error answer (TunnelError's status, 502 if unset);
+// after it, see failStarted (the held bytes are dropped: a failed stream
+// must not end with the provider's [DONE]). It returns the reason the
+// rendering ended for.
 func (rr *runResponse) tunnel() string {
-	sse := false
+	var hold finalHold
+	status := 0 // the head's
 	for {
 		msg, err := rr.recv()
 		if err != nil {
-			return rr.tunnelFail(err, sse)
+			return rr.tunnelFail(err, hold.sse)
 		}
 		switch m := msg.GetMsg().(type) {
 		case *nodev1.RunUp_TunnelHead:
 			if rr.started {
-				return rr.tunnelFail(errUpstreamProtocol, sse)
+				return rr.tunnelFail(errUpstreamProtocol, hold.sse)
 			}
-			status := int(m.TunnelHead.GetStatus())
+			status = int(m.TunnelHead.GetStatus())
 			if status < 200 || status > 599 {
 				return rr.fail(errUpstreamProtocol)
 			}
@@ -58,12 +64,12 @@ func (rr *runResponse) tunnel() string {
 					header.Set(name, value)
 				}
 			}
-			sse = isEventStream(header.Get("Content-Type"))
+			hold.sse = isEventStream(header.Get("Content-Type"))
 			rr.w.WriteHeader(status)
 			rr.started = true
 			// The head of a stream goes at once; any other answer's goes
 			// with its first data, one write fewer (BENCHMARKS.md).
-			if !sse {
+			if !hold.sse {
 				break
 			}
 			if err := rr.flush(); err != nil {
@@ -73,13 +79,20 @@ func (rr *runResponse) tunnel() string {
 			if !rr.started {
 				return rr.fail(errUpstreamProtocol)
 			}
-			rr.obs.tunnelData(m.TunnelData.GetData(), sse)
-			if err := rr.write(m.TunnelData.GetData()); err != nil {
-				return rr.writeFailed(err)
+			rr.obs.tunnelData(m.TunnelData.GetData(), hold.sse)
+			if p := hold.split(m.TunnelData.GetData()); len(p) > 0 {
+				if err := rr.write(p); err != nil {
+					return rr.writeFailed(err)
+				}
 			}
 		case *nodev1.RunUp_TunnelEnd:
 			if !rr.started {
 				return rr.fail(errUpstreamEnded)
+			}
+			if p := hold.rest(); len(p) > 0 {
+				if err := rr.write(p); err != nil {
+					return rr.writeFailed(err)
+				}
 			}
 			if msg := m.TunnelEnd.GetProviderError(); msg != "" {
 				// The provider's error event reached the client with its
@@ -88,14 +101,19 @@ func (rr *runResponse) tunnel() string {
 					"model", clip(rr.req.Model), "err", clipTo(msg, maxErrorTextBytes))
 				return reasonUpstreamError
 			}
+			if status >= 400 {
+				// The provider's error answer was relayed whole; the run
+				// failed, as it does on the normalized path.
+				return reasonUpstreamError
+			}
 			return reasonCompleted
 		case *nodev1.RunUp_TunnelError:
 			return rr.tunnelFail(&upstreamError{
 				status:  int(m.TunnelError.GetStatus()),
 				message: m.TunnelError.GetMessage(),
-			}, sse)
+			}, hold.sse)
 		default:
-			return rr.tunnelFail(errUpstreamProtocol, sse)
+			return rr.tunnelFail(errUpstreamProtocol, hold.sse)
 		}
 	}
 }
@@ -121,6 +139,7 @@ func (rr *runResponse) failStarted(err error, sse bool) string {
 		rr.abort = true
 		return reasonClientGone
 	}
+	rr.answerDone()
 	e := classify(err, rr.req)
 	rr.h.logError(rr.r, e, err, rr.req)
 	if !sse {
@@ -391,7 +410,7 @@ const maxToolCalls = 1024
 // request asked for include_usage, and `data: [DONE]`. The status line is
 // sent with the first delta or the completion, so a run that fails before
 // either gets an error answer with its own status; a run that fails later
-// ends with an error event and no [DONE]. It returns the Close reason.
+// ends with an error event and no [DONE]. It returns the rendering's reason.
 func (c *chatRender) stream() string {
 	finish, err := c.next(func(ev *nodev1.RunEvent) error {
 		if err := c.startStream(); err != nil {

@@ -186,8 +186,13 @@ func (h *handler) runRoute(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// submitRun serves POST /v1/runs.
+// submitRun serves POST /v1/runs. A submission refused before its run
+// starts is recorded as a request of operation "runs"; a run that starts
+// is recorded by its own chat request (execute), under the same request
+// id, when it ends.
 func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
+	obs := obsOf(r)
+	obs.begin("runs")
 	body, err := h.readBody(r)
 	if err != nil {
 		h.writeError(w, r, err, nil)
@@ -206,6 +211,7 @@ func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
 		Metadata:   sub.metadata,
 		KeyName:    keyName(r.Context()),
 	}
+	obs.request(&Request{Model: rec.Model})
 	if err := checkModel(r.Context(), rec.Model); err != nil {
 		h.writeError(w, r, err, &Request{Model: rec.Model})
 		return
@@ -217,9 +223,10 @@ func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
 	// Set by the run's goroutine before the run finishes, read here only
 	// after run.Wait saw it finish.
 	var dispatchErr error
+	requestID := obs.requestID()
 	run, err := h.cfg.Runs.Start(r.Context(), rec, func(ctx context.Context, run *runs.Run) {
 		defer release()
-		h.execute(ctx, run, sub.chatBody, nodeID, providerID, &dispatchErr)
+		h.execute(ctx, run, requestID, sub.chatBody, nodeID, providerID, &dispatchErr)
 	})
 	if err != nil {
 		release()
@@ -227,6 +234,7 @@ func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err, nil)
 		return
 	}
+	obs.handOff()
 	if sub.background {
 		w.Header().Set("Location", runsPrefix+rec.ID)
 		writeJSON(w, http.StatusAccepted, renderRecord(run.Record()))
@@ -253,8 +261,10 @@ func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
 // execute runs a submitted run: it serves its chat completion request with
 // the chat handler, into a writer that records the answer's events in the
 // run, with a gateway that names the run and records its dispatch. ctx
-// ends when the run is cancelled.
-func (h *handler) execute(ctx context.Context, run *runs.Run, chatBody []byte, preferNode, preferProvider string, dispatchErr *error) {
+// ends when the run is cancelled. The chat request is an API request of
+// operation "runs" named requestID (the submission's): its outcome is
+// decided once and is the run record's too (runWriter.outcome).
+func (h *handler) execute(ctx context.Context, run *runs.Run, requestID string, chatBody []byte, preferNode, preferProvider string, dispatchErr *error) {
 	inner := *h
 	inner.gw = runGateway{Gateway: h.gw, run: run, preferNode: preferNode, preferProvider: preferProvider, dispatchErr: dispatchErr}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "/v1/chat/completions", bytes.NewReader(chatBody))
@@ -266,6 +276,7 @@ func (h *handler) execute(ctx context.Context, run *runs.Run, chatBody []byte, p
 	// Its own observation: ctx carries the submitting request's values, and
 	// that request may finish first.
 	req, obs := h.observe(req)
+	obs.rec.API, obs.rec.RequestID, obs.rec.Key = "runs", requestID, keyName(ctx)
 	rw := &runWriter{run: run, header: make(http.Header)}
 	defer func() { h.finish(ctx, obs, rw.status) }()
 	func() {
@@ -278,7 +289,10 @@ func (h *handler) execute(ctx context.Context, run *runs.Run, chatBody []byte, p
 		}()
 		inner.chatCompletions(rw, req)
 	}()
-	run.Finish(rw.outcome(ctx))
+	// The run's answer is finished (answerFinished also ran in the chat
+	// handler, before its last event, unless the run never started).
+	answerFinished(ctx)
+	run.Finish(rw.outcome(ctx, obs.decide(rw.status)))
 }
 
 // runGateway is the Gateway a run's chat request goes through: it gives
@@ -423,11 +437,15 @@ func errorMessage(raw json.RawMessage) string {
 	return clipTo(string(raw), maxQuotedBytes)
 }
 
-// outcome is how the recorded answer ended; ctx is the run's context.
-func (w *runWriter) outcome(ctx context.Context) runs.Outcome {
-	o := runs.Outcome{Status: w.status, FinishReason: w.finishReason, PromptTokens: w.promptTokens, CompletionTokens: w.completionTokens}
+// outcome is how the recorded answer ended; ctx is the run's context and
+// requestOutcome the outcome decided for the run's chat request (an
+// Outcome* value), which the record keeps and which decides a complete
+// state: the run is complete exactly when its request completed.
+func (w *runWriter) outcome(ctx context.Context, requestOutcome string) runs.Outcome {
+	o := runs.Outcome{Status: w.status, FinishReason: w.finishReason, PromptTokens: w.promptTokens, CompletionTokens: w.completionTokens,
+		Outcome: requestOutcome}
 	switch {
-	case w.sse && w.done && w.errMsg == "":
+	case requestOutcome == OutcomeCompleted:
 		o.State = runs.StateComplete
 	case errors.Is(context.Cause(ctx), runs.ErrStopping):
 		o.State, o.Error = runs.StateError, runs.ErrStopping.Error()
@@ -664,6 +682,10 @@ type recordJSON struct {
 	FinishReason    *string `json:"finish_reason"`
 	Error           *string `json:"error"`
 	Status          int     `json:"status,omitempty"`
+	// Outcome is how the run's request ended (an Outcome* value; the same
+	// its log line, metrics, usage ledger entry and run_ended event say);
+	// null until it ended.
+	Outcome *string `json:"outcome"`
 }
 
 type dispatchJSON struct {
@@ -715,6 +737,9 @@ func renderRecord(r runs.Record) recordJSON {
 	}
 	if r.Error != "" {
 		out.Error = &r.Error
+	}
+	if r.Outcome != "" {
+		out.Outcome = &r.Outcome
 	}
 	return out
 }

@@ -7,10 +7,14 @@ import (
 	"iop/internal/sse"
 )
 
-// maxUsageScanBytes bounds what usageScanner keeps: one SSE line or
-// event, or a whole JSON body. A longer event or body is not scanned (its
-// usage, if any, stays unknown); the relayed bytes are never affected.
-const maxUsageScanBytes = 1 << 20 // 1 MiB
+// maxUsageScanBytes bounds what usageScanner keeps: one SSE event, or a
+// whole JSON body. A longer event is not scanned; of a longer body only the
+// last maxUsageTail bytes are kept (usage comes last in OpenAI's objects,
+// after choices or data). The relayed bytes are never affected.
+const (
+	maxUsageScanBytes = 1 << 20  // 1 MiB
+	maxUsageTail      = 64 << 10 // 64 KiB
+)
 
 // usageScanner reads a copy of a tunnel-path answer (an OpenAI chat or
 // completion response, SSE or JSON) for the token usage and for the events
@@ -21,24 +25,21 @@ const maxUsageScanBytes = 1 << 20 // 1 MiB
 type usageScanner struct {
 	sse    bool
 	events sse.Reader // SSE
-	buf    []byte     // JSON: the body so far
-	skip   bool       // JSON: the body outgrew the bound
+	buf    []byte     // JSON: the body so far, or its tail
+	tail   bool       // JSON: the body outgrew the bound; buf is its last maxUsageTail bytes
 
 	found             bool
 	prompt, completed int
-	// done is set once an SSE `data: [DONE]` went by: the client has the
-	// whole answer even if the run had not ended yet.
-	done bool
 }
 
 // write scans the next chunk of the answer and returns how many SSE events
-// in it carry generated content, text or reasoning (always 0 for JSON).
+// in it carry generated content (always 0 for JSON).
 func (u *usageScanner) write(p []byte) (contentEvents int) {
 	if !u.sse {
-		if !u.skip && len(u.buf)+len(p) <= maxUsageScanBytes {
-			u.buf = append(u.buf, p...)
-		} else {
-			u.skip, u.buf = true, nil
+		u.buf = append(u.buf, p...)
+		if len(u.buf) > maxUsageScanBytes || u.tail && len(u.buf) > maxUsageTail {
+			u.tail = true
+			u.buf = append(u.buf[:0], u.buf[len(u.buf)-maxUsageTail:]...)
 		}
 		return 0
 	}
@@ -60,7 +61,6 @@ func (u *usageScanner) write(p []byte) (contentEvents int) {
 func (u *usageScanner) event(data []byte) bool {
 	data = bytes.TrimSpace(data)
 	if string(data) == "[DONE]" {
-		u.done = true
 		return false
 	}
 	if bytes.Contains(data, []byte(`"usage"`)) {
@@ -69,23 +69,38 @@ func (u *usageScanner) event(data []byte) bool {
 	return hasContent(data)
 }
 
+// usageObject is OpenAI's usage object, in tokens.
+type usageObject struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+}
+
 // parse records the usage object of one JSON document, if it has one.
 func (u *usageScanner) parse(doc []byte) {
 	var v struct {
-		Usage *struct {
-			PromptTokens     int `json:"prompt_tokens"`
-			CompletionTokens int `json:"completion_tokens"`
-		} `json:"usage"`
+		Usage *usageObject `json:"usage"`
 	}
 	if json.Unmarshal(doc, &v) == nil && v.Usage != nil {
 		u.found, u.prompt, u.completed = true, v.Usage.PromptTokens, v.Usage.CompletionTokens
 	}
 }
 
-// end finishes the scan and returns the usage, if the answer had one.
+// end finishes the scan and returns the usage, if the answer had one: for
+// a JSON answer, its top-level "usage" when the whole body was kept, else
+// the object after the last `"usage":` key of the kept tail.
 func (u *usageScanner) end() (prompt, completion int, ok bool) {
-	if !u.sse && !u.skip && len(u.buf) > 0 {
-		u.parse(u.buf)
+	if !u.sse && len(u.buf) > 0 {
+		if !u.tail {
+			u.parse(u.buf)
+		} else if i := bytes.LastIndex(u.buf, []byte(`"usage"`)); i > 0 && u.buf[i-1] != '\\' {
+			rest := bytes.TrimLeft(u.buf[i+len(`"usage"`):], " \t\r\n")
+			if r, ok := bytes.CutPrefix(rest, []byte(":")); ok {
+				var v *usageObject
+				if json.NewDecoder(bytes.NewReader(r)).Decode(&v) == nil && v != nil {
+					u.found, u.prompt, u.completed = true, v.PromptTokens, v.CompletionTokens
+				}
+			}
+		}
 		u.buf = nil
 	}
 	return u.prompt, u.completed, u.found

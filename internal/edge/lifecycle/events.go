@@ -42,16 +42,23 @@ const (
 	// RunStarted: the node opened the run's stream (RunID, Model, NodeID,
 	// ProviderID, Load).
 	RunStarted Type = "run_started"
-	// RunEnded: the run ended and its slot was released (RunID, Model,
-	// NodeID, ProviderID, Reason, Load after the release).
+	// RunEnded: the run ended, its slot was released and the request it
+	// served was answered (RunID, Model, NodeID, ProviderID, Reason: why the
+	// run ended, Outcome: how its request ended, the same outcome the
+	// request's log line, metrics and usage ledger entry say; empty for an
+	// attempt the edge dropped to admit the request again; Load). It is
+	// published when the request's handler closes the run, just after the
+	// answer's last byte was written (the slot was free before it).
 	RunEnded Type = "run_ended"
 	// DispatchRetried: a dispatch failed before its node started the run
 	// and the request is admitted once more (Model, NodeID, ProviderID of
 	// the failed candidate, Reason).
 	DispatchRetried Type = "dispatch_retried"
-	// RequestRefused: the HTTP API answered a request with an admission
-	// failure (Model, Reason: the admission outcome such as "queue_full",
-	// Status: the HTTP status).
+	// RequestRefused: the HTTP API refused a request: an admission failure
+	// or one of its key's limits (RequestID, Model, Reason: the admission
+	// outcome such as "queue_full", or for a key's limit the error code
+	// "concurrency_limit_exceeded", "rate_limit_exceeded" or
+	// "model_not_allowed", Outcome "refused", Status: the HTTP status).
 	RequestRefused Type = "request_refused"
 )
 
@@ -81,6 +88,12 @@ type Event struct {
 	// Reason says why a run ended, a node was fenced, a dispatch retried
 	// or a request refused.
 	Reason string `json:"reason,omitempty"`
+	// Outcome is how the request ended (RunEnded, RequestRefused): one of
+	// the HTTP API's request outcomes, as its log line says.
+	Outcome string `json:"outcome,omitempty"`
+	// RequestID names the HTTP API request (RequestRefused), as its log
+	// line and usage ledger entry do.
+	RequestID string `json:"request_id,omitempty"`
 	// Status is the HTTP status of a refused request.
 	Status int `json:"status,omitempty"`
 	// Load is the provider's and the model queue's counters right after

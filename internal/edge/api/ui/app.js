@@ -63,7 +63,7 @@ function apply(ev) {
       if (ev.model) {
         const q = state.queues.get(ev.model);
         if (q) q.queued = load_.model_queued;
-        else if (load_.model_queued > 0) load(); // a queue the page has not seen
+        else load(); // a model's first request: its queue is listed from now on
       }
       break;
     }
