@@ -51,6 +51,11 @@ type breakers struct {
 	cfg   BreakerConfig // Failures < 0: every method admits everything
 	clock scheduler.Clock
 	log   *slog.Logger // a circuit that closes is logged here (one that opens, by Service.circuitOpened)
+	// onBack, when set (by NewServer, before use), is called with no lock
+	// held when a half-open circuit's trial ended without a failure (the
+	// circuit closed, or the trial said nothing and another may be tried):
+	// the provider is back in rotation, so queued requests re-resolve.
+	onBack func(providerKey)
 
 	mu       sync.Mutex // guards the fields below; a leaf lock
 	circuits map[providerKey]*circuit
@@ -166,19 +171,35 @@ func (t *ticket) done(o outcome) (opened bool) {
 	if t == nil {
 		return false
 	}
-	closed := false
-	t.once.Do(func() { opened, closed = t.b.record(t, o) })
+	closed, back := false, false
+	t.once.Do(func() { opened, closed, back = t.b.record(t, o) })
 	if closed {
 		t.b.log.Info("provider back in rotation: circuit closed", "node", t.key.node, "provider", t.key.provider)
+	}
+	if back && t.b.onBack != nil {
+		t.b.onBack(t.key)
 	}
 	return opened
 }
 
+// coolDownLeft returns how long k's circuit stays open from now (0 when it
+// is not open).
+func (b *breakers) coolDownLeft(k providerKey) time.Duration {
+	now := b.clock.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if c := b.circuits[k]; c != nil && c.open && now.Before(c.openUntil) {
+		return c.openUntil.Sub(now)
+	}
+	return 0
+}
+
 // record applies an attempt's outcome to its circuit and reports whether
-// that opened or closed it.
-func (b *breakers) record(t *ticket, o outcome) (opened, closed bool) {
+// that opened or closed it, and whether a trial ended without a failure
+// (back: the provider may be a candidate again).
+func (b *breakers) record(t *ticket, o outcome) (opened, closed, back bool) {
 	if b.disabled() {
-		return false, false
+		return false, false, false
 	}
 	now := b.clock.Now()
 	b.mu.Lock()
@@ -186,7 +207,7 @@ func (b *breakers) record(t *ticket, o outcome) (opened, closed bool) {
 	c := b.circuits[t.key]
 	if c == nil {
 		if o != outcomeFailed {
-			return false, false
+			return false, false, false
 		}
 		c = &circuit{coolDown: b.cfg.CoolDown}
 		b.circuits[t.key] = c
@@ -197,18 +218,18 @@ func (b *breakers) record(t *ticket, o outcome) (opened, closed bool) {
 		switch o {
 		case outcomeOK:
 			*c = circuit{coolDown: b.cfg.CoolDown}
-			return false, true
+			return false, true, true
 		case outcomeFailed:
 			c.coolDown = min(2*c.coolDown, b.cfg.MaxCoolDown)
 			c.openUntil = now.Add(c.coolDown)
-			return true, false
+			return true, false, false
 		}
-		return false, false
+		return false, false, true
 	}
 	if c.open {
 		// An attempt admitted before the circuit opened: its outcome is
 		// older news than the trial's.
-		return false, false
+		return false, false, false
 	}
 	switch o {
 	case outcomeOK:
@@ -218,8 +239,8 @@ func (b *breakers) record(t *ticket, o outcome) (opened, closed bool) {
 		if c.failures >= b.cfg.Failures {
 			c.open, c.failures = true, 0
 			c.openUntil = now.Add(c.coolDown)
-			return true, false
+			return true, false, false
 		}
 	}
-	return false, false
+	return false, false, false
 }

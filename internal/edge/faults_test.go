@@ -601,3 +601,116 @@ func TestRegression_FailingFastProviderTakesEveryRequest(t *testing.T) {
 		t.Fatalf("the failing provider got %d of 6 requests, want %d", badRuns, DefaultBreakerFailures)
 	}
 }
+
+// TestRegression_HalfOpenTrialSlotGoesToAWaiter: a request queued while
+// its model's other provider was out of rotation (circuit open) lists only
+// the busy one. When the cool-down ends, the half-open provider's trial
+// slot goes to the earliest waiter at once, instead of staying idle beside
+// it until the busy provider frees a slot (work conservation; before,
+// nothing re-resolved the waiters when the cool-down ended). When the
+// trial succeeds and ends, the provider takes the next waiter, though the
+// other provider is still busy: a waiter that raced for the trial and lost
+// it is not left without that provider for good.
+func TestRegression_HalfOpenTrialSlotGoesToAWaiter(t *testing.T) {
+	e := startEdge(t, breakerConfig())
+	bad := e.connect(t, hello("a-bad", prov("a", normalized, 1, "m1")))
+	good := e.connect(t, hello("z-good", prov("z", normalized, 1, "m1")))
+	failRun(t, e, bad, errorEvent(500))
+	failRun(t, e, bad, errorEvent(500))
+	if got := circuitOf(e, "a-bad", "a"); got != CircuitOpen {
+		t.Fatalf("circuit %s, want open", got)
+	}
+	busy, _, _ := e.startRun(t, good, chatReq("m1"))
+	defer busy.Close("test")
+	if busy.Info().NodeID != "z-good" {
+		t.Fatalf("run went to %s, want z-good", busy.Info().NodeID)
+	}
+	first := e.dispatchAsync(context.Background(), chatReq("m1"))
+	waitFor(t, func() bool { return e.svc.Snapshot().Waiters == 1 })
+	second := e.dispatchAsync(context.Background(), chatReq("m1"))
+	waitFor(t, func() bool { return e.svc.Snapshot().Waiters == 2 })
+
+	e.clk.Advance(10 * time.Second) // the cool-down ends: "a" is half-open
+	_, trs := acceptRun(t, bad)
+	sendUp(t, trs, events(event(nodev1.RunEvent_TYPE_STARTED, "")))
+	r := wait(t, first)
+	if r.err != nil || r.run.Info().NodeID != "a-bad" {
+		t.Fatalf("first waiter: %v on %+v, want the trial on a-bad", r.err, r.run)
+	}
+	if _, err := r.run.Recv(); err != nil { // the provider answered
+		t.Fatal(err)
+	}
+	if got := circuitOf(e, "a-bad", "a"); got != CircuitClosed {
+		t.Fatalf("circuit %s after a good trial, want closed", got)
+	}
+	r.run.Close("test")
+	_, rs2 := cancelThenAccept(t, bad)
+	sendUp(t, rs2, events(event(nodev1.RunEvent_TYPE_STARTED, "")))
+	r2 := wait(t, second)
+	if r2.err != nil || r2.run.Info().NodeID != "a-bad" {
+		t.Fatalf("second waiter: %v, want a-bad", r2.err)
+	}
+	if e.svc.Snapshot().Waiters != 0 {
+		t.Fatal("a waiter is left")
+	}
+	r2.run.Close("test")
+}
+
+// TestRegression_WaiterQueuedDuringATrialGetsTheProviderBack: a request
+// that queued while a half-open provider's trial was in flight lists only
+// the other, busy provider. When the trial succeeds (the circuit closes)
+// and its run ends, the freed slot goes to that waiter: the close
+// re-resolves the queued requests (breakers.onBack), so it does not wait
+// for the busy provider beside an idle one.
+func TestRegression_WaiterQueuedDuringATrialGetsTheProviderBack(t *testing.T) {
+	e := startEdge(t, breakerConfig())
+	bad := e.connect(t, hello("a-bad", prov("a", normalized, 1, "m1")))
+	good := e.connect(t, hello("z-good", prov("z", normalized, 1, "m1")))
+	failRun(t, e, bad, errorEvent(500))
+	failRun(t, e, bad, errorEvent(500))
+	busy, _, _ := e.startRun(t, good, chatReq("m1"))
+	defer busy.Close("test")
+	e.clk.Advance(10 * time.Second)
+	trial, trs, _ := e.startRun(t, bad, chatReq("m1"))
+	if trial.Info().NodeID != "a-bad" {
+		t.Fatalf("trial went to %s", trial.Info().NodeID)
+	}
+	waiter := e.dispatchAsync(context.Background(), chatReq("m1"))
+	waitFor(t, func() bool { return e.svc.Snapshot().Waiters == 1 })
+	sendUp(t, trs, events(event(nodev1.RunEvent_TYPE_STARTED, "")))
+	if _, err := trial.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	if got := circuitOf(e, "a-bad", "a"); got != CircuitClosed {
+		t.Fatalf("circuit %s after a good trial, want closed", got)
+	}
+	trial.Close("test")
+	cancelThenAccept(t, bad)
+	r := wait(t, waiter)
+	if r.err != nil || r.run.Info().NodeID != "a-bad" {
+		t.Fatalf("waiter: %v, want a run on a-bad", r.err)
+	}
+	r.run.Close("test")
+}
+
+// cancelThenAccept reads n's Cancel of the run just closed and the Dispatch
+// of the request its freed slot went to, in either order (the slot is free
+// before the Cancel is queued), and accepts the dispatched run.
+func cancelThenAccept(t *testing.T, n *fakeNode) (*nodev1.Dispatch, runStream) {
+	t.Helper()
+	var d *nodev1.Dispatch
+	for cancels := 0; d == nil || cancels == 0; {
+		m := n.next(t)
+		switch {
+		case m.GetCancel() != nil && cancels == 0:
+			cancels++
+		case m.GetDispatch() != nil && d == nil:
+			d = m.GetDispatch()
+		default:
+			t.Fatalf("node %s: got %v, want one Cancel and one Dispatch", n.id, m)
+		}
+	}
+	rs := n.openRun(t, d.GetRunId(), n.gen)
+	n.e.readBody(t, d, rs)
+	return d, rs
+}

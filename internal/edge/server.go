@@ -65,7 +65,7 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 	}
 	reg := newRegistry(clk.Now)
 	log = log.With("component", "edge")
-	return &Server{tls: tlsCfg, svc: &Service{
+	svc := &Service{
 		trust:     newTrust(cfg.Tokens),
 		cfg:       cfg,
 		log:       log,
@@ -79,7 +79,9 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 		breakers:  newBreakers(cfg.CircuitBreaker, clk, log),
 		retries:   make(map[string]uint64),
 		requested: make(map[string]bool),
-	}}, nil
+	}
+	svc.breakers.onBack = svc.rotationChanged
+	return &Server{tls: tlsCfg, svc: svc}, nil
 }
 
 // Service returns the dispatch surface the HTTP API uses.

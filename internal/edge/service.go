@@ -177,6 +177,7 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (out *Run, outErr e
 		retries    int   // admissions again after a provider failed before the first byte
 		failedRun  *Run  // the last failed attempt, ended, to relay if nothing else serves
 		failedErr  error // or why the last attempt failed without a run
+		outOfRot   int   // admissions whose provider left rotation before dispatch
 	)
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
@@ -189,8 +190,15 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (out *Run, outErr e
 		switch {
 		case err == nil:
 		case errors.Is(err, errOutOfRotation):
-			// Its circuit opened after the resolver ran: not an attempt.
-			tried = append(tried, tried1(cand, false))
+			// Its circuit opened, or another request took its half-open
+			// trial, after the resolver ran: not an attempt. The resolver
+			// leaves it out while it is out of rotation, so the request
+			// may still go to it once it is back (the trial succeeded);
+			// only after maxOutOfRotation such races is it left out for
+			// good, so the loop ends.
+			if outOfRot++; outOfRot >= maxOutOfRotation {
+				tried = append(tried, tried1(cand, false))
+			}
 			attempt--
 			continue
 		case dispatchRetryable(err) && !readmitted:
@@ -208,6 +216,10 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (out *Run, outErr e
 			continue
 		case failedRun != nil || failedErr != nil:
 			return s.noOtherCandidate(ctx, err, failedRun, failedErr)
+		case outOfRot > 0 && (errors.Is(err, scheduler.ErrNoProvider) || errors.Is(err, scheduler.ErrCandidatesRejected)):
+			// Admitted once, its provider left rotation before dispatch
+			// and none is left: its providers went away while it waited.
+			return nil, fmt.Errorf("model %q: %w: %v", req.Model, scheduler.ErrProviderUnavailable, err)
 		default:
 			return nil, err
 		}
@@ -362,6 +374,11 @@ func dispatchRetryable(err error) bool {
 	return errors.Is(err, ErrStaleGeneration) || errors.Is(err, ErrDispatchTimeout) ||
 		errors.Is(err, ErrDispatchRefused) || errors.Is(err, ErrNodeGone)
 }
+
+// maxOutOfRotation is how many times one request may be admitted to a
+// provider that left rotation before its dispatch (errOutOfRotation)
+// before Dispatch stops considering that provider for it.
+const maxOutOfRotation = 3
 
 // errOutOfRotation: the admitted candidate's circuit opened, or its
 // half-open trial was taken, between the resolver and the dispatch.
@@ -568,12 +585,26 @@ func (s *Service) countRetry(reason string) {
 
 // circuitOpened takes k out of rotation in the scheduler too: queued
 // requests re-resolve their candidates, and those left with none fail
-// (scheduler.ErrProviderUnavailable) instead of waiting for it.
+// (scheduler.ErrProviderUnavailable) instead of waiting for it. When the
+// cool-down ends, a timer on the edge's clock re-resolves them again, so
+// the half-open provider's trial slot goes to the earliest waiter that can
+// use it instead of staying idle beside it (work conservation).
 func (s *Service) circuitOpened(k providerKey) {
 	s.statsMu.Lock()
 	s.circuitOpens++
 	s.statsMu.Unlock()
 	s.log.Warn("provider out of rotation: circuit open", "node", k.node, "provider", k.provider)
+	s.rotationChanged(k)
+	if d := s.breakers.coolDownLeft(k); d > 0 {
+		s.clock.AfterFunc(d, func() { s.rotationChanged(k) })
+	}
+}
+
+// rotationChanged re-activates the resources of k's node in the scheduler,
+// so queued requests re-resolve their candidates against k's circuit as it
+// is now: k left rotation (circuit opened) or came back (cool-down over,
+// trial done). It takes no lock while calling the scheduler.
+func (s *Service) rotationChanged(k providerKey) {
 	s.reg.mu.RLock()
 	c := s.reg.nodes[k.node]
 	s.reg.mu.RUnlock()
