@@ -141,8 +141,12 @@
 // (node id, provider id) has a circuit breaker (breakers): failures before
 // the first byte in a row open it, taking the provider out of the
 // resolver's candidates for a cool-down, after which one trial request at a
-// time may go to it. Its state outlives the node's generations, and is
-// forgotten with the node, ForgetAfter after it went.
+// time may go to it. Each change of rotation (the circuit opens, its
+// cool-down ends on the edge's clock, a trial ends without failing)
+// re-activates the node's resources in the scheduler, so queued requests
+// re-resolve: a half-open provider's trial slot goes to the earliest waiter
+// that can use it, never idle beside it. Its state outlives the node's
+// generations, and is forgotten with the node, ForgetAfter after it went.
 //
 // # Concurrency
 //
