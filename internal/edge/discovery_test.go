@@ -296,3 +296,45 @@ func (n *fakeNode) conn(t *testing.T) *conn {
 	}
 	return c
 }
+
+// TestRegression_ThinkingRequestGoesToAModelThatThinks: one model served
+// by two nodes, only one of whose servers says the model can think (its
+// /api/show lists "thinking"). A request that asks for thinking goes to
+// that one, though the other wins the tie by node id; before, it went to
+// the other and got Ollama's 400 "does not support thinking" every time
+// (found by a new user's deployment). A model whose capabilities are its
+// provider's (configured, not said by the server) is assumed to think. No
+// live provider whose model thinks: 400 naming the capability.
+func TestRegression_ThinkingRequestGoesToAModelThatThinks(t *testing.T) {
+	e := startEdge(t, testConfig())
+	plain := prov("p", normalized, 4, "llama3.1:8b")
+	plain.ModelCapabilities = []*nodev1.ModelCapabilities{modelCaps("llama3.1:8b", "completion")}
+	thinker := prov("p", normalized, 4, "llama3.1:8b")
+	thinker.ModelCapabilities = []*nodev1.ModelCapabilities{modelCaps("llama3.1:8b", "completion", "thinking")}
+	e.connect(t, hello("gpu-1", plain))
+	n2 := e.connect(t, hello("gpu-2", thinker))
+
+	think := chatReq("llama3.1:8b")
+	think.Needs = []string{NeedThinking}
+	for i := 0; i < 3; i++ {
+		run, _, _ := e.startRun(t, n2, think)
+		if run.Info().NodeID != "gpu-2" {
+			t.Fatalf("thinking request %d went to %s, want gpu-2", i, run.Info().NodeID)
+		}
+		run.Close("test")
+		n2.nextCancel(t)
+	}
+
+	e2 := startEdge(t, testConfig())
+	nc := e2.connect(t, hello("n-configured", prov("c", normalized, 1, "qwen3")))
+	e2.connect(t, hello("n-plain", plain))
+	q := chatReq("qwen3")
+	q.Needs = []string{NeedThinking}
+	run, _, _ := e2.startRun(t, nc, q)
+	run.Close("test")
+	l := chatReq("llama3.1:8b")
+	l.Needs = []string{NeedThinking}
+	if _, err := e2.svc.Dispatch(context.Background(), l); !errors.Is(err, scheduler.ErrCandidatesRejected) || !strings.Contains(err.Error(), `"thinking"`) {
+		t.Fatalf("thinking request for a model that cannot think: %v, want a rejection naming thinking", err)
+	}
+}

@@ -73,6 +73,13 @@ func (p *provider) meetsLocked(m string, needs []string) bool {
 // capabilities has it.
 const NeedCompletion = "completion"
 
+// NeedThinking is the need of a request that asks the model to think
+// (Ollama's think, OpenAI's reasoning_effort). Like NeedCompletion, a
+// served model with its own capabilities has it only when they list
+// "thinking" (Ollama refuses think for any other model: "does not
+// support thinking"); one with its provider's capabilities has it.
+const NeedThinking = "thinking"
+
 // NeedChoices is the need of a request for more than one choice (OpenAI's
 // "n", or a completion's "best_of", above 1). No provider declares it: a
 // tunnel-path (OpenAI-compatible) provider has it, since the request
@@ -106,7 +113,7 @@ func lacks(path nodev1.ExecutionPath, caps map[string]bool, own bool, needs []st
 		switch n {
 		case NeedChoices, NeedToolChoice, NeedRemoteImages:
 			has = path == nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL
-		case NeedCompletion:
+		case NeedCompletion, NeedThinking:
 			has = has || !own
 		}
 		if !has {

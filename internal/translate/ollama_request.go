@@ -75,6 +75,10 @@ type Request struct {
 	// OpenAI-compatible provider may still send (the canonical body asks
 	// for no reasoning_effort then; see FromOllamaChat).
 	NoThinking bool
+	// Thinking is set when the client asked for thinking: "think" true or
+	// a level. The request then needs a model that can think (Ollama
+	// refuses think for one that cannot: "does not support thinking").
+	Thinking bool
 	// EstimatedInputTokens is the prompt's characters / 4, rounded up
 	// (Operation Completion only; a chat body is measured by the caller).
 	EstimatedInputTokens int
@@ -332,7 +336,7 @@ func (t *translation) common(model string, known []string) (Request, *canonicalC
 		if out.ReasoningEffort, think, err = thinkEffort(raw); err != nil {
 			return Request{}, nil, err
 		}
-		req.NoThinking = !think
+		req.NoThinking, req.Thinking = !think, think
 	}
 	if err := t.options(out); err != nil {
 		return Request{}, nil, err

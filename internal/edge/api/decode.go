@@ -34,6 +34,14 @@ const (
 	// one, on the tunnel path) can take it; iop fetches nothing for
 	// Ollama providers.
 	needRemoteImages = "remote_images"
+	// needThinking is a request that asks the model to think: Ollama's
+	// "think" true or a level, OpenAI's reasoning_effort (or
+	// reasoning.effort) other than "none", or reasoning.enabled true. A
+	// served model whose server said its capabilities (Ollama's /api/show)
+	// has it only when they list "thinking": Ollama refuses think for any
+	// other ("does not support thinking"), so such a request goes to a
+	// provider whose model thinks.
+	needThinking = "thinking"
 )
 
 // maxStopSequences is how many "stop" strings a request may give (OpenAI's
@@ -216,8 +224,12 @@ func decodeChatRequest(body []byte) (chatRequest, error) {
 	if constrained {
 		req.Needs = append(req.Needs, needToolChoice)
 	}
-	if err := decodeReasoning(top); err != nil {
+	thinks, err := decodeReasoning(top)
+	if err != nil {
 		return chatRequest{}, err
+	}
+	if thinks {
+		req.Needs = append(req.Needs, needThinking)
 	}
 	for _, def := range slices.Concat(tools, functions) {
 		chars += jsonChars(def)
@@ -451,18 +463,24 @@ func toolNames(tools []json.RawMessage) []string {
 // decodeReasoning checks the reasoning settings: "reasoning_effort" a
 // string, "reasoning" an object whose "effort" is a string and "enabled"
 // a boolean. Which efforts a model takes is its provider's to say.
-func decodeReasoning(top map[string]json.RawMessage) error {
-	if err := decodeField(top, "reasoning_effort", wantString, new(string)); err != nil {
-		return err
+func decodeReasoning(top map[string]json.RawMessage) (thinks bool, err error) {
+	var effort, nestedEffort string
+	if err := decodeField(top, "reasoning_effort", wantString, &effort); err != nil {
+		return false, err
 	}
 	var reasoning map[string]json.RawMessage
 	if err := decodeField(top, "reasoning", wantObject, &reasoning); err != nil {
-		return err
+		return false, err
 	}
-	if err := decodeNested(reasoning, "reasoning.effort", "effort", wantString, new(string)); err != nil {
-		return err
+	if err := decodeNested(reasoning, "reasoning.effort", "effort", wantString, &nestedEffort); err != nil {
+		return false, err
 	}
-	return decodeNested(reasoning, "reasoning.enabled", "enabled", wantBool, new(bool))
+	var enabled bool
+	if err := decodeNested(reasoning, "reasoning.enabled", "enabled", wantBool, &enabled); err != nil {
+		return false, err
+	}
+	thinks = enabled || (effort != "" && effort != "none") || (nestedEffort != "" && nestedEffort != "none")
+	return thinks, nil
 }
 
 // decodeToolCalls checks one message's "tool_calls", when present: an array

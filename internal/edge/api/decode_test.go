@@ -141,7 +141,7 @@ func FuzzDecodeChatRequest(f *testing.F) {
 		}
 		seen := map[string]bool{}
 		for _, n := range got.Needs {
-			if !slices.Contains([]string{needTools, needToolChoice, needVision, needRemoteImages, needChoices}, n) || seen[n] {
+			if !slices.Contains([]string{needTools, needToolChoice, needThinking, needVision, needRemoteImages, needChoices}, n) || seen[n] {
 				t.Fatalf("Needs = %v", got.Needs)
 			}
 			seen[n] = true

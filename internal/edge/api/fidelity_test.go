@@ -353,12 +353,54 @@ func (e *rejected) Error() string { return ErrCandidatesRejected.Error() + ": " 
 func (e *rejected) Unwrap() error { return ErrCandidatesRejected }
 
 // The requests from Ollama clients carry nothing only OpenAI-compatible
-// providers take.
+// providers take (their think level needs a model that thinks, as any).
 func TestOllamaRequestsNeedNoTunnelOnlySettings(t *testing.T) {
 	env := newEnv(t, Config{}, runWith(scriptedRun(normalized, events(started(), delta("a"), complete("stop")))))
 	env.ollamaPost(t, "/api/chat", `{"model":"m","think":"high","messages":[{"role":"user","content":"look","images":["iVBORw0KGgo="]}],
 		"tools":[{"type":"function","function":{"name":"f"}}]}`)
-	if req := env.gw.requests()[0]; !slices.Equal(req.Needs, []string{"tools", "vision"}) {
+	if req := env.gw.requests()[0]; !slices.Equal(req.Needs, []string{"tools", "thinking", "vision"}) {
 		t.Fatalf("needs %v", req.Needs)
+	}
+}
+
+// TestThinkingNeeds: a request that asks the model to think needs a model
+// that can (needThinking), from either API; one that does not ask, or asks
+// for no thinking, needs nothing more. A regression test of a new user's
+// report: a think request went to a model whose server said it cannot
+// think, and got Ollama's 400 every time.
+func TestThinkingNeeds(t *testing.T) {
+	user := `"messages":[{"role":"user","content":"hi"}]`
+	for fields, want := range map[string][]string{
+		`"reasoning_effort":"high"`:     {"thinking"},
+		`"reasoning_effort":"minimal"`:  {"thinking"},
+		`"reasoning_effort":"none"`:     nil,
+		`"reasoning":{"effort":"low"}`:  {"thinking"},
+		`"reasoning":{"effort":"none"}`: nil,
+		`"reasoning":{"enabled":true}`:  {"thinking"},
+		`"reasoning":{"enabled":false}`: nil,
+		`"temperature":0.2`:             nil,
+	} {
+		req, err := decodeChatRequest([]byte(`{"model":"m",` + user + `,` + fields + `}`))
+		if err != nil || !slices.Equal(req.Needs, want) {
+			t.Errorf("%s: needs %v, %v; want %v", fields, req.Needs, err, want)
+		}
+	}
+	for _, c := range []struct {
+		path, body string
+		want       []string
+	}{
+		{"/api/chat", `{"model":"m","think":true,` + user + `}`, []string{"thinking"}},
+		{"/api/chat", `{"model":"m","think":"low",` + user + `}`, []string{"thinking"}},
+		{"/api/chat", `{"model":"m","think":false,` + user + `}`, nil},
+		{"/api/chat", `{"model":"m",` + user + `}`, nil},
+		{"/api/generate", `{"model":"m","think":true,"prompt":"hi"}`, []string{"thinking"}},
+		{"/api/generate", `{"model":"m","think":"high","prompt":"hi"}`, []string{"thinking"}},
+		{"/api/generate", `{"model":"m","prompt":"hi"}`, nil},
+	} {
+		env := newEnv(t, Config{}, runWith(scriptedRun(normalized, events(started(), delta("a"), complete("stop")))))
+		env.ollamaPost(t, c.path, c.body)
+		if req := env.gw.requests()[0]; !slices.Equal(req.Needs, c.want) {
+			t.Errorf("%s %s: needs %v, want %v", c.path, c.body, req.Needs, c.want)
+		}
 	}
 }

@@ -104,6 +104,9 @@ func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bo
 		req.Operation = nodev1.Operation_OPERATION_COMPLETION
 		req.EstimatedInputTokens = tr.EstimatedInputTokens
 	}
+	if tr.Thinking && !slices.Contains(req.Needs, needThinking) {
+		req.Needs = append(req.Needs, needThinking)
+	}
 	if len(tr.Dropped) > 0 {
 		h.logger.Debug("dropping Ollama fields no provider takes", "path", r.URL.Path, "fields", tr.Dropped)
 	}
