@@ -139,7 +139,9 @@ type Config struct {
 
 // ProviderConfig is one model server the node drives.
 type ProviderConfig struct {
-	// ID is unique within the node. Required.
+	// ID is unique within the node. Default: the provider's type ("ollama",
+	// "openai", ...), or the type and its position among the providers
+	// without an id of that type ("ollama-2", ...) when that is taken.
 	ID string `yaml:"id"`
 	// Type is ollama, openai, vllm, sim or cli. Required.
 	Type string `yaml:"type"`
@@ -228,6 +230,30 @@ func LoadConfig(path string) (Config, error) {
 }
 
 // withDefaults returns c with every documented default filled in.
+// defaultProviderIDs gives every provider without an id one from its type:
+// the type itself when no provider has it as its id, else the type
+// followed by "-2", "-3", ... (the first free one), in provider order. A
+// provider without a type keeps no id (Validate reports it).
+func defaultProviderIDs(ps []ProviderConfig) {
+	taken := make(map[string]bool, len(ps))
+	for _, p := range ps {
+		if p.ID != "" {
+			taken[p.ID] = true
+		}
+	}
+	for i := range ps {
+		p := &ps[i]
+		if p.ID != "" || p.Type == "" {
+			continue
+		}
+		id := p.Type
+		for n := 2; taken[id]; n++ {
+			id = fmt.Sprintf("%s-%d", p.Type, n)
+		}
+		p.ID, taken[id] = id, true
+	}
+}
+
 func (c Config) withDefaults() Config {
 	if c.ReconnectMin == 0 {
 		c.ReconnectMin = DefaultReconnectMin
@@ -242,6 +268,7 @@ func (c Config) withDefaults() Config {
 		c.DiscoveryInterval = DefaultDiscoveryInterval
 	}
 	c.Providers = slices.Clone(c.Providers)
+	defaultProviderIDs(c.Providers)
 	for i := range c.Providers {
 		p := &c.Providers[i]
 		if p.Type == TypeSim && p.Protocol == "" {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -97,7 +98,7 @@ func TestValidate(t *testing.T) {
 	if err := valid().Validate(); err != nil {
 		t.Fatalf("valid config: %v", err)
 	}
-	zeroConfig := Config{NodeID: "n", Edge: "127.0.0.1:7000", Providers: []ProviderConfig{{ID: "o", Type: TypeOllama}}}
+	zeroConfig := Config{NodeID: "n", Edge: "127.0.0.1:7000", Providers: []ProviderConfig{{Type: TypeOllama}}}
 	if err := zeroConfig.Validate(); err != nil {
 		t.Fatalf("a provider with type alone: %v", err)
 	}
@@ -111,7 +112,7 @@ func TestValidate(t *testing.T) {
 		{"edge without port", func(c *Config) { c.Edge = "edge.internal" }, "host:port"},
 		{"no providers", func(c *Config) { c.Providers = nil }, "at least one provider"},
 		{"duplicate id", func(c *Config) { c.Providers = append(c.Providers, c.Providers[0]) }, "not unique"},
-		{"empty id", func(c *Config) { c.Providers[0].ID = "" }, "id is required"},
+		{"empty id and type", func(c *Config) { c.Providers[0].ID, c.Providers[0].Type = "", "" }, "id is required"},
 		{"unknown type", func(c *Config) { c.Providers[0].Type = "grpc" }, "type \"grpc\""},
 		{"cli field on openai", func(c *Config) { c.Providers[0].Command = []string{"cat"} }, "only for type cli"},
 		{"kill grace on openai", func(c *Config) { c.Providers[0].KillGrace = time.Second }, "only for type cli"},
@@ -213,5 +214,29 @@ func TestNewRejectsACLIProviderWhoseExecutableIsMissing(t *testing.T) {
 	}}, nil)
 	if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "not found in PATH") {
 		t.Fatalf("New: %v, want ErrInvalidConfig naming the missing executable", err)
+	}
+}
+
+// TestRegression_ProviderIDDefaultsToItsType: a provider needs no id (a new
+// user's zero-config node, `type: ollama` and `base_url` alone, was
+// refused "id is required"): it defaults to its type, and to the type and
+// a number when that is taken, explicit ids first.
+func TestRegression_ProviderIDDefaultsToItsType(t *testing.T) {
+	c := Config{NodeID: "n", Edge: "127.0.0.1:7000", Providers: []ProviderConfig{
+		{Type: TypeOllama},
+		{Type: "openai", BaseURL: "http://127.0.0.1:8000/v1"},
+		{Type: TypeOllama, BaseURL: "http://10.0.0.7:11434"},
+		{ID: "ollama-2", Type: "vllm", BaseURL: "http://127.0.0.1:8001/v1"},
+		{Type: TypeOllama, BaseURL: "http://10.0.0.8:11434"},
+	}}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, p := range c.withDefaults().Providers {
+		ids = append(ids, p.ID)
+	}
+	if want := []string{"ollama", "openai", "ollama-3", "ollama-2", "ollama-4"}; !slices.Equal(ids, want) {
+		t.Fatalf("ids %v, want %v", ids, want)
 	}
 }
