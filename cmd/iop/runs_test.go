@@ -250,6 +250,14 @@ func TestRunsAPI(t *testing.T) {
 		if page.Object != "list" || len(page.Data) != 4 || !page.HasMore || page.LastID != page.Data[3].ID {
 			t.Fatalf("first page %+v", page)
 		}
+		// Lists leave the output out (README; a new user found "output":"").
+		var raw struct{ Data []map[string]json.RawMessage }
+		getJSON(t, e, "/v1/runs?state=complete&limit=4", &raw)
+		for _, r := range raw.Data {
+			if _, ok := r["output"]; ok {
+				t.Fatalf("a listed run has an output: %s", r["output"])
+			}
+		}
 		first := page.Data
 		getJSON(t, e, "/v1/runs?state=complete&limit=4&after="+page.LastID, &page)
 		if len(page.Data) != 2 || page.HasMore {

@@ -627,7 +627,9 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 		LastID  *string      `json:"last_id"`
 	}{Object: "list", Data: make([]recordJSON, 0, len(recs)), HasMore: more}
 	for _, rec := range recs {
-		page.Data = append(page.Data, renderRecord(rec))
+		item := renderRecord(rec)
+		item.Output = nil // lists leave the output out
+		page.Data = append(page.Data, item)
 	}
 	if len(recs) > 0 {
 		page.LastID = &recs[len(recs)-1].ID
@@ -675,7 +677,8 @@ type recordJSON struct {
 	Dispatch   *dispatchJSON     `json:"dispatch"`
 	Usage      usageJSON         `json:"usage"`
 	Timing     timingJSON        `json:"timing"`
-	Output     string            `json:"output"`
+	// Output is the answer's text; lists leave it out (nil).
+	Output *string `json:"output,omitempty"`
 	// OutputTruncated says the run produced more output (or events) than
 	// the edge keeps for one run.
 	OutputTruncated bool    `json:"output_truncated,omitempty"`
@@ -713,7 +716,7 @@ func renderRecord(r runs.Record) recordJSON {
 	out := recordJSON{
 		ID: r.ID, Object: "run", State: r.State, Model: r.Model, Background: r.Background,
 		Metadata: r.Metadata, CreatedAt: r.CreatedAt.Unix(), StartedAt: unixOrNil(r.StartedAt),
-		FinishedAt: unixOrNil(r.FinishedAt), Output: r.Output, OutputTruncated: r.OutputTruncated, Status: r.Status,
+		FinishedAt: unixOrNil(r.FinishedAt), Output: &r.Output, OutputTruncated: r.OutputTruncated, Status: r.Status,
 		Usage: usageJSON{r.PromptTokens, r.CompletionTokens, r.PromptTokens + r.CompletionTokens},
 	}
 	if out.Metadata == nil {
