@@ -437,7 +437,7 @@ func TestOllamaProbesVersionShowAndLoad(t *testing.T) {
 			t.Fatalf("%s /: %d %q", method, resp.StatusCode, data)
 		}
 	}
-	if _, data := rig.do(t, http.MethodGet, "/api/version", ""); string(data) != `{"version":"0.12.0"}`+"\n" {
+	if _, data := rig.do(t, http.MethodGet, "/api/version", ""); string(data) != `{"version":"0.17.4"}`+"\n" {
 		t.Fatalf("version %s", data)
 	}
 

@@ -12,7 +12,7 @@ import (
 )
 
 // OllamaVersion is what GET /api/version reports.
-const OllamaVersion = "0.12.0"
+const OllamaVersion = "0.17.4"
 
 // modelsModifiedAt is the modification time listed for every configured
 // model (Config.Models); one added later has the time it was added.

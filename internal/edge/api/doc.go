@@ -26,7 +26,7 @@
 //	GET  /api/tags             {"models":[...]}: the names of /v1/models, with what their model server said of them
 //	GET  /api/ps               {"models":[...]}: served models with runs in flight (Gateway implementing ModelCatalog)
 //	POST /api/show             what the catalog and the model server know of one model, in Ollama's shape
-//	GET  /api/version          {"version":"0.12.0"}, the Ollama API version followed
+//	GET  /api/version          {"version":"0.17.4"}, the Ollama API version followed
 //	GET  /                     "Ollama is running" (clients probe it)
 //	GET  /admin/v1/events      SSE of node and run lifecycle events (only when Config.Events is set; events.go)
 //	GET  /metrics              the Prometheus exposition (only when Config.Metrics is set)

@@ -126,6 +126,9 @@ type observation struct {
 	now                   func() time.Time
 	// decided is set once rec.Outcome was decided (decide).
 	decided bool
+	// clientStream is set when the route recorded the client's own
+	// "stream" (clientStreams): the dispatched request's may differ.
+	clientStream bool
 }
 
 type observationKey struct{}
@@ -188,7 +191,19 @@ func newRequestID() string {
 // request records the decoded request.
 func (o *observation) request(req *Request) {
 	if o != nil {
-		o.rec.Model, o.rec.Stream, o.decoded = clip(req.Model), req.Stream, true
+		o.rec.Model, o.decoded = clip(req.Model), true
+		if !o.clientStream {
+			o.rec.Stream = req.Stream
+		}
+	}
+}
+
+// clientStreams records the client's own "stream" flag, for a route whose
+// dispatched request streams whatever the client asked (the Ollama routes:
+// their canonical body always streams).
+func (o *observation) clientStreams(stream bool) {
+	if o != nil {
+		o.rec.Stream, o.clientStream = stream, true
 	}
 }
 

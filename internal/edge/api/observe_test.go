@@ -316,3 +316,27 @@ func TestRegression_TunnelClientLeavingAfterDoneIsCompleted(t *testing.T) {
 		t.Fatalf("Close called %d times with %q, want once with %q", n, outcomes, OutcomeCompleted)
 	}
 }
+
+// TestRegression_OllamaRecordSaysTheClientsStream: an Ollama request's
+// record (its log line) says the client's own "stream" flag (Ollama
+// streams unless "stream": false), not the canonical body's, which always
+// streams: a new user's "stream": false requests were logged stream=true.
+func TestRegression_OllamaRecordSaysTheClientsStream(t *testing.T) {
+	for body, want := range map[string]bool{
+		`{"model":"m","stream":false,"messages":[{"role":"user","content":"hi"}]}`: false,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`:                true,
+		`{"model":"m","stream":false,"prompt":"hi"}`:                               false,
+	} {
+		recs := &records{}
+		env := newEnv(t, Config{Observer: recs}, runWith(scriptedRun(normalized, events(started(), delta("a"), complete("stop")))))
+		path := "/api/chat"
+		if strings.Contains(body, "prompt") {
+			path = "/api/generate"
+		}
+		env.ollamaPost(t, path, body)
+		env.waitHandlers()
+		if rec := recs.only(t); rec.Stream != want {
+			t.Errorf("%s %s: record stream %v, want %v", path, body, rec.Stream, want)
+		}
+	}
+}

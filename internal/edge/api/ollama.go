@@ -18,7 +18,7 @@ import (
 
 // ollamaVersion is what GET /api/version reports: the Ollama release whose
 // API the edge's Ollama routes follow (clients gate features on it).
-const ollamaVersion = "0.12.0"
+const ollamaVersion = "0.17.4"
 
 // Content types of Ollama answers (an Ollama server sends these).
 const (
@@ -83,6 +83,7 @@ func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bo
 	}
 	req.Operation = nodev1.Operation_OPERATION_CHAT
 	req.Stream = true // the canonical body always streams
+	obsOf(r).clientStreams(tr.Stream)
 	if tr.LoadOnly {
 		resp := translate.NewOllamaResponse(chat, tr.Model, h.cfg.Now(), "")
 		resp.Done, resp.DoneReason = true, "load"
