@@ -173,6 +173,13 @@ func TestCapabilitiesArePerServedModel(t *testing.T) {
 		modelCaps("tooly", "stream", "completion", "tools", "thinking"),
 	}
 	n := e.connect(t, hello("n1", p))
+	// The admin snapshot shows each model's own capabilities (a new user
+	// saw a discovered provider as capabilities ["stream"] alone).
+	ps, _ := providerOf(e.svc.Snapshot(), "n1", "p1")
+	if got := ps.ModelCapabilities["tooly"]; !slices.Equal(got, []string{"completion", "stream", "thinking", "tools"}) ||
+		len(ps.ModelCapabilities) != 3 || ps.ModelCapabilities["legacy"] != nil {
+		t.Fatalf("snapshot model capabilities %v", ps.ModelCapabilities)
+	}
 
 	for _, c := range []struct {
 		req     Request

@@ -771,6 +771,10 @@ type ProviderSnapshot struct {
 	// rotation), "open" (out of rotation for a cool-down) or "half_open"
 	// (one trial request may go).
 	Circuit string
+	// ModelCapabilities are the capabilities of the served models whose
+	// server said their own (Ollama's /api/show), by model; a model not in
+	// it has Capabilities.
+	ModelCapabilities map[string][]string
 }
 
 // QueueSnapshot is one model group's queue. Snapshot lists one for every
@@ -807,6 +811,12 @@ func (s *Service) Snapshot() Snapshot {
 			if p := c.byID[sp.ProviderID]; p != nil {
 				ps.Type, ps.Path, ps.Healthy = p.typ, p.path, p.healthy
 				ps.Models, ps.Capabilities = slices.Clone(p.models), slices.Clone(p.caps)
+				for m, sm := range p.model {
+					if ps.ModelCapabilities == nil {
+						ps.ModelCapabilities = make(map[string][]string, len(p.model))
+					}
+					ps.ModelCapabilities[m] = slices.Clone(sm.caps)
+				}
 				if c.draining && ps.Status == scheduler.StatusAvailable {
 					ps.Status = StatusDraining
 				}

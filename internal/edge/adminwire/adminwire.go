@@ -37,6 +37,10 @@ type Provider struct {
 	Capabilities []string `json:"capabilities"`
 	Status       string   `json:"status"`  // "available", "draining" (its node drains) or "orphan" (its node is gone)
 	Circuit      string   `json:"circuit"` // "closed", "open" (out of rotation) or "half_open"
+	// ModelCapabilities are the capabilities of each served model whose
+	// server said its own (Ollama's /api/show: a discovered provider's
+	// models), by model name; a model not listed has Capabilities.
+	ModelCapabilities map[string][]string `json:"model_capabilities,omitempty"`
 }
 
 // Queue is one entry of GET /admin/v1/queues: a model group's policy and

@@ -56,6 +56,9 @@ type AdminProvider struct {
 	Status string
 	// Circuit is the circuit breaker state: "closed", "open" or "half_open".
 	Circuit string
+	// ModelCapabilities are the capabilities of the served models whose
+	// server said their own, by model; any other model has Capabilities.
+	ModelCapabilities map[string][]string
 }
 
 // AdminQueue is one model group's queue. Its fields mirror
@@ -115,7 +118,7 @@ func adminProviders(s AdminSnapshot) any {
 			Capacity: p.Capacity, InFlight: p.InFlight, LongCapacity: p.LongCapacity, LongInFlight: p.LongInFlight,
 			Queued: p.Queued, LoadRatio: p.Load, Health: health,
 			Models: nonNil(p.Models), Capabilities: nonNil(p.Capabilities), Status: p.Status,
-			Circuit: p.Circuit,
+			Circuit: p.Circuit, ModelCapabilities: p.ModelCapabilities,
 		})
 	}
 	return out

@@ -42,7 +42,7 @@ func TestAdminRoutes(t *testing.T) {
 				NodeID: "gpu-1", ProviderID: "ollama-1", Type: "ollama", Generation: 4,
 				Models: []string{"llama3:8b"}, Capabilities: []string{"tools"}, Path: normalized, Healthy: true,
 				Capacity: 4, LongCapacity: 1, InFlight: 3, LongInFlight: 1, Queued: 2, Load: 0.75, Status: "available",
-				Circuit: "closed",
+				Circuit: "closed", ModelCapabilities: map[string][]string{"llama3:8b": {"completion", "tools"}},
 			},
 			// A provider whose node is gone while runs drain: no node
 			// details, so models and capabilities are [].
@@ -59,7 +59,7 @@ func TestAdminRoutes(t *testing.T) {
 			`{"id":"gpu-1","label":"rack a","generation":4,"connected_since":"2025-03-01T11:00:00Z","last_heartbeat":"2025-03-01T11:05:30.25Z","version":"0.3.0","providers":["ollama-1","vllm-1"],"draining":false},` +
 			`{"id":"gpu-2","label":"","generation":1,"connected_since":"2025-03-01T11:00:00Z","last_heartbeat":"2025-03-01T11:05:30.25Z","version":"","providers":[],"draining":true}]`},
 		{"/admin/v1/providers", snap, `[` +
-			`{"node_id":"gpu-1","provider_id":"ollama-1","type":"ollama","capacity":4,"in_flight":3,"long_capacity":1,"long_in_flight":1,"queued":2,"load_ratio":0.75,"health":"healthy","models":["llama3:8b"],"capabilities":["tools"],"status":"available","circuit":"closed"},` +
+			`{"node_id":"gpu-1","provider_id":"ollama-1","type":"ollama","capacity":4,"in_flight":3,"long_capacity":1,"long_in_flight":1,"queued":2,"load_ratio":0.75,"health":"healthy","models":["llama3:8b"],"capabilities":["tools"],"status":"available","circuit":"closed","model_capabilities":{"llama3:8b":["completion","tools"]}},` +
 			`{"node_id":"gpu-3","provider_id":"p","type":"","capacity":2,"in_flight":1,"long_capacity":0,"long_in_flight":0,"queued":0,"load_ratio":0.5,"health":"unhealthy","models":[],"capabilities":[],"status":"orphan","circuit":"open"}]`},
 		{"/admin/v1/queues", snap, `[{"model":"chat","policy":{"max_queue":64,"queue_timeout_ms":30000},"queued":2}]`},
 		{"/admin/v1/nodes", AdminSnapshot{}, `[]`},
