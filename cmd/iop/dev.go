@@ -37,6 +37,9 @@ type devConfig struct {
 	// request asks for more (or sets no max_tokens); 0 means the
 	// simulator's default (16).
 	SimMaxTokens int `yaml:"sim_max_tokens"`
+	// SimThinking makes the simulated models think before they answer,
+	// in each protocol's format (iop sim --thinking).
+	SimThinking bool `yaml:"sim_thinking"`
 	// The HTTP API's limits, as in the edge config: the largest request
 	// body (bytes) and the write timeout; 0 means the edge's default.
 	MaxBodyBytes int64         `yaml:"max_body_bytes"`
@@ -100,6 +103,7 @@ func newDevCommand(logLevel *string) *cobra.Command {
 	fl.Float64Var(&cfg.SimTokensPerSecond, "sim-tokens-per-second", cfg.SimTokensPerSecond, "token rate of the simulated providers (0 = unlimited)")
 	fl.DurationVar(&cfg.SimTTFT, "sim-ttft", cfg.SimTTFT, "time to first token of the simulated providers")
 	fl.IntVar(&cfg.SimMaxTokens, "sim-max-tokens", cfg.SimMaxTokens, "longest simulated answer, in tokens (0 = 16)")
+	fl.BoolVar(&cfg.SimThinking, "sim-thinking", cfg.SimThinking, "the simulated models think before they answer (Ollama's message.thinking, OpenAI's reasoning_content)")
 	addHTTPFlags(fl, &cfg.MaxBodyBytes, &cfg.WriteTimeout)
 	fl.StringVar(&cfg.Database, "database", cfg.Database, `SQLite file of run records and the usage ledger (":memory:" = not kept)`)
 	fl.StringVar(&cfg.APIKey, "api-key", "", "require this client API key (Authorization: Bearer KEY or x-api-key)")
@@ -190,6 +194,9 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 		d.Models = ollamaModels
 		d.Model, d.Summary = devAlias, fmt.Sprintf("local Ollama at %s (%d models; alias %q → %s)", cfg.OllamaURL, len(ollamaModels), devAlias, ollamaModels[0])
 	} else {
+		if !cfg.ForceSim && cfg.OllamaURL != "" {
+			logger.Info("no Ollama with models answers here: serving the built-in simulator", "ollama_url", cfg.OllamaURL)
+		}
 		for _, p := range []struct {
 			id, model string
 			protocol  sim.Protocol
@@ -205,6 +212,7 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 				TokensPerSecond:  cfg.SimTokensPerSecond,
 				MaxConcurrent:    cfg.SimCapacity,
 				DefaultMaxTokens: cfg.SimMaxTokens,
+				Thinking:         cfg.SimThinking,
 			}, logger.With("provider", p.id))
 			if err != nil {
 				return fail(err)

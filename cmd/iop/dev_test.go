@@ -99,3 +99,47 @@ func TestRegression_DevOllamaAdmitsToolsAndEmbeddings(t *testing.T) {
 		})
 	})
 }
+
+// TestDevSimThinking: iop dev --sim-thinking serves thinking models on both
+// execution paths: an Ollama client asking for thinking gets
+// message.thinking, an OpenAI client reasoning_content, before the answer
+// (a new user could not try thinking against iop dev).
+func TestDevSimThinking(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	d, err := startDev(ctx, devConfig{Listen: "127.0.0.1:0", NodeListen: "127.0.0.1:0", ForceSim: true, SimCapacity: 2,
+		SimThinking: true}, quietLogger())
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	defer func() {
+		cancel()
+		if err := d.Wait(); err != nil {
+			t.Errorf("iop dev: %v", err)
+		}
+	}()
+	c := &http.Client{Transport: &http.Transport{}}
+	defer c.CloseIdleConnections()
+	base := "http://" + d.Edge.HTTPAddr
+	for _, model := range []string{devOllamaModel, devOpenAIModel} {
+		status, body := postTo(t, c, base+"/api/chat", `{"model":"`+model+`","stream":false,"think":true,"messages":[{"role":"user","content":"hi"}]}`)
+		var got struct {
+			Message struct{ Content, Thinking string } `json:"message"`
+		}
+		if status != http.StatusOK || json.Unmarshal(body, &got) != nil || got.Message.Thinking == "" || got.Message.Content == "" {
+			t.Errorf("/api/chat %s: %d %s, want thinking and content", model, status, body)
+		}
+		status, body = postTo(t, c, base+"/v1/chat/completions", `{"model":"`+model+`","reasoning_effort":"low","messages":[{"role":"user","content":"hi"}]}`)
+		var oa struct {
+			Choices []struct {
+				Message struct {
+					Content          string `json:"content"`
+					ReasoningContent string `json:"reasoning_content"`
+				} `json:"message"`
+			} `json:"choices"`
+		}
+		if status != http.StatusOK || json.Unmarshal(body, &oa) != nil || len(oa.Choices) != 1 || oa.Choices[0].Message.ReasoningContent == "" {
+			t.Errorf("/v1/chat/completions %s: %d %s, want reasoning_content", model, status, body)
+		}
+	}
+}
