@@ -44,6 +44,9 @@ type devConfig struct {
 	// body (bytes) and the write timeout; 0 means the edge's default.
 	MaxBodyBytes int64         `yaml:"max_body_bytes"`
 	WriteTimeout time.Duration `yaml:"write_timeout"`
+	// DrainTimeout is how long Ctrl-C lets requests in flight finish; 0
+	// means the edge's default (30s).
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
 	// Database is the SQLite file of run records; "" keeps them in memory.
 	Database string `yaml:"database"`
 	// APIKey, when set, is the one client API key the edge accepts (as
@@ -103,6 +106,7 @@ func newDevCommand(logLevel *string) *cobra.Command {
 	fl.Float64Var(&cfg.SimTokensPerSecond, "sim-tokens-per-second", cfg.SimTokensPerSecond, "token rate of the simulated providers (0 = unlimited)")
 	fl.DurationVar(&cfg.SimTTFT, "sim-ttft", cfg.SimTTFT, "time to first token of the simulated providers")
 	fl.IntVar(&cfg.SimMaxTokens, "sim-max-tokens", cfg.SimMaxTokens, "longest simulated answer, in tokens (0 = 16)")
+	fl.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "on Ctrl-C: how long requests in flight may take before they are ended (a second Ctrl-C stops at once; 0 = 30s)")
 	fl.BoolVar(&cfg.SimThinking, "sim-thinking", cfg.SimThinking, "the simulated models think before they answer (Ollama's message.thinking, OpenAI's reasoning_content)")
 	addHTTPFlags(fl, &cfg.MaxBodyBytes, &cfg.WriteTimeout)
 	fl.StringVar(&cfg.Database, "database", cfg.Database, `SQLite file of run records and the usage ledger (":memory:" = not kept)`)
@@ -172,6 +176,7 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 	edgeCfg := edge.DefaultConfig()
 	edgeCfg.Listen, edgeCfg.NodeListen = cfg.Listen, cfg.NodeListen
 	edgeCfg.MaxBodyBytes, edgeCfg.WriteTimeout = cfg.MaxBodyBytes, cfg.WriteTimeout
+	edgeCfg.DrainTimeout = cfg.DrainTimeout
 	edgeCfg.Database = cfg.Database
 	if edgeCfg.Database == "" {
 		edgeCfg.Database = ":memory:"

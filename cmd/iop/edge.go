@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -74,6 +75,7 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 	fl.StringVar(&cfg.NodeListen, "node-listen", cfg.NodeListen, "node endpoint (gRPC) listen address")
 	fl.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", cfg.HeartbeatInterval, "node heartbeat interval; 3 missed fence the connection")
 	fl.DurationVar(&cfg.DispatchTimeout, "dispatch-timeout", cfg.DispatchTimeout, "how long a node may take to open a dispatched run")
+	fl.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "on SIGTERM or SIGINT: how long requests in flight may take before they are ended (a second signal stops at once)")
 	fl.IntVar(&cfg.Queue.MaxQueue, "max-queue", cfg.Queue.MaxQueue, "default max queued requests per model")
 	fl.DurationVar(&cfg.Queue.QueueTimeout, "queue-timeout", cfg.Queue.QueueTimeout, "default max time a request waits for a slot")
 	fl.StringSliceVar(&tokens, "token", nil, "accepted node join token, for any node id (repeatable; added to the config's tokens; none at all = accept any node)")
@@ -119,8 +121,11 @@ const maxHeaderBytes = 64 << 10
 // in PostgreSQL with cfg.LedgerDSN). It returns once both listeners
 // are open. It refuses an open client API (no keys) on a non-loopback
 // address unless cfg.InsecureOpen. When ctx ends it drains the HTTP API
-// (up to shutdownGrace), ends the runs still going (runs.Manager.Close),
-// flushes the ledger, calls afterDrain (if set; iop dev stops its
+// (up to cfg.DrainTimeout), then ends what is still going with an answer
+// that says so (edge.Service.Shutdown: 503, or a stream's error event;
+// outcome edge_stopped), waits up to shutdownFinish for those answers,
+// ends the background runs (runs.Manager.Close), flushes the ledger once
+// every handler has returned, calls afterDrain (if set; iop dev stops its
 // in-process node there), then stops the node endpoint.
 func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterDrain func()) (_ *edgeProcess, err error) {
 	cfg, err = cfg.LoadKeysFile()
@@ -189,7 +194,9 @@ func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterD
 		return nil, fmt.Errorf("HTTP API: %w", err)
 	}
 	svc := srv.Service()
+	stopping := make(chan struct{}) // closed when the edge ends what is still in flight
 	handler := api.New(obs.apiConfig(api.Config{
+		Stopping:     stopping,
 		MaxBodyBytes: cfg.MaxBodyBytes,
 		WriteTimeout: cfg.WriteTimeout,
 		Ready:        func() bool { return len(svc.Snapshot().Nodes) > 0 },
@@ -198,7 +205,13 @@ func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterD
 		AdminKeys:    adminKeys,
 		Ledger:       usage,
 	}), gateway{svc}, logger)
-	httpSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: maxHeaderBytes,
+	var handlers sync.WaitGroup // handlers running, so the ledger closes after the last one
+	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		handlers.Add(1)
+		defer handlers.Done()
+		handler.ServeHTTP(w, r)
+	})
+	httpSrv := &http.Server{Handler: counted, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: maxHeaderBytes,
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
 	httpSrv.RegisterOnShutdown(obs.hub.Close) // ends the events streams, which would hold up the drain
 	e := &edgeProcess{Service: svc, Ledger: usage, HTTPAddr: httpLis.Addr().String(), NodeAddr: nodeLis.Addr().String(), done: make(chan error, 1)}
@@ -218,16 +231,35 @@ func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterD
 		case err = <-grpcDone:
 			grpcDone <- err
 		}
-		logger.Info("edge shutting down: draining requests in flight", "grace", shutdownGrace)
-		drainCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+		grace := cfg.DrainTimeout
+		if grace <= 0 {
+			grace = edge.DefaultDrainTimeout
+		}
+		logger.Info("edge shutting down: draining requests in flight; a second signal stops it at once", "drain_timeout", grace)
+		drainCtx, cancel := context.WithTimeout(context.Background(), grace)
 		defer cancel()
-		if derr := httpSrv.Shutdown(drainCtx); derr != nil {
-			logger.Warn("requests still in flight after the grace period were cut", "grace", shutdownGrace)
-			httpSrv.Close()
+		derr := httpSrv.Shutdown(drainCtx)
+		// What is still going now (requests past the grace, queued ones,
+		// background runs) ends with an answer that says the edge stopped
+		// (503, or a stream's error event), recorded as edge_stopped:
+		// never a cut connection.
+		if derr != nil {
+			logger.Warn("drain timeout over: ending the requests still in flight", "drain_timeout", grace)
+		}
+		close(stopping)
+		svc.Shutdown()
+		if derr != nil {
+			finishCtx, cancelFinish := context.WithTimeout(context.Background(), shutdownFinish)
+			if httpSrv.Shutdown(finishCtx) != nil {
+				logger.Warn("requests still writing after the edge ended them were cut", "after", shutdownFinish)
+				httpSrv.Close()
+			}
+			cancelFinish()
 		}
 		if herr := <-httpDone; !errors.Is(herr, http.ErrServerClosed) && err == nil {
 			err = herr
 		}
+		handlers.Wait() // Close does not wait for its handlers; their records go to the ledger first
 		// Background runs still going end now (recorded as stopped with the
 		// edge), while their nodes can still be told to stop them.
 		if rerr := runManager.Close(); rerr != nil && err == nil {
@@ -287,8 +319,11 @@ func isLoopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// shutdownGrace bounds how long a stopping edge waits for requests in flight.
-const shutdownGrace = 10 * time.Second
+// shutdownFinish bounds how long a stopping edge, past its drain timeout,
+// waits for the requests it ended to write their last answer (a client
+// that stopped reading holds its handler; after this its connection is
+// closed).
+const shutdownFinish = 5 * time.Second
 
 // Wait blocks until the edge has stopped and returns why.
 func (e *edgeProcess) Wait() error { return <-e.done }
@@ -370,6 +405,7 @@ func apiError(err error) error {
 		{edge.ErrDispatchRefused, api.ErrDispatchRefused},
 		{edge.ErrStaleGeneration, api.ErrStaleGeneration},
 		{edge.ErrNodeGone, api.ErrNodeGone},
+		{edge.ErrShuttingDown, api.ErrShuttingDown},
 	} {
 		if errors.Is(err, m.from) {
 			return fmt.Errorf("%w: %w", m.to, err)

@@ -27,6 +27,7 @@ const (
 	DefaultLongContextTokens = 8192
 	DefaultMaxBodyBytes      = 32 << 20 // 32 MiB
 	DefaultWriteTimeout      = 60 * time.Second
+	DefaultDrainTimeout      = 30 * time.Second
 	DefaultDatabase          = "iop.db"
 	DefaultMaxRetries        = 1
 	DefaultBreakerFailures   = 3
@@ -63,6 +64,7 @@ const (
 //	long_context_tokens: 8192
 //	max_body_bytes: 33554432
 //	write_timeout: 60s
+//	drain_timeout: 30s                         # on SIGTERM: how long requests in flight may take
 //	database: /var/lib/iop/edge.db
 //	max_retries: 1
 //	circuit_breaker: {failures: 3, cool_down: 30s, max_cool_down: 5m}
@@ -129,6 +131,11 @@ type Config struct {
 	// connected but reads nothing for this long has its run cancelled and
 	// its slot released; default 60s. Served by the HTTP layer.
 	WriteTimeout time.Duration `yaml:"write_timeout"`
+	// DrainTimeout is how long a stopping edge (SIGTERM or SIGINT) lets
+	// the requests in flight finish before it ends them with an answer
+	// that says it stopped (503, or a stream's error event); default 30s,
+	// as a node's. Served by the process (cmd/iop).
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
 	// Database is the SQLite file holding run records (the runs API) and
 	// the usage ledger; it is created if missing. "" or ":memory:" keeps
 	// them in memory only, lost at exit. `iop edge` defaults it to
@@ -217,6 +224,9 @@ func (c *Config) SetDefaults() {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = DefaultDrainTimeout
+	}
 	if c.WriteTimeout == 0 {
 		c.WriteTimeout = DefaultWriteTimeout
 	}
@@ -270,6 +280,9 @@ func (c Config) Validate() error {
 	}
 	if c.WriteTimeout <= 0 {
 		bad("write_timeout %s must be positive", c.WriteTimeout)
+	}
+	if c.DrainTimeout < 0 {
+		bad("drain_timeout %s must not be negative", c.DrainTimeout)
 	}
 	if c.Queue.MaxQueue < 0 {
 		bad("queue.max_queue %d is negative", c.Queue.MaxQueue)

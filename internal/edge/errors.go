@@ -30,6 +30,9 @@ var (
 	ErrDispatchTimeout = errors.New("dispatch timed out")
 	// ErrDispatchRefused: the node answered the dispatch with DispatchRefused.
 	ErrDispatchRefused = errors.New("dispatch refused by node")
+	// ErrShuttingDown: the edge is stopping (Service.Shutdown): the request
+	// was refused or dequeued, or its run ended, before it finished.
+	ErrShuttingDown = errors.New("edge shutting down")
 )
 
 // Outcomes the gRPC handlers find themselves; grpcError maps them to codes.

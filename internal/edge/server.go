@@ -81,6 +81,7 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 		requested: make(map[string]bool),
 	}
 	svc.breakers.onBack = svc.rotationChanged
+	svc.stopping, svc.stopRequests = context.WithCancelCause(context.Background())
 	return &Server{tls: tlsCfg, svc: svc}, nil
 }
 

@@ -84,8 +84,12 @@ type Service struct {
 	trust    *trust
 	shutdown chan struct{} // closed when the gRPC side stops
 	stopOnce sync.Once
-	observer lifecycle.Observer // nil: none
-	reload   reloadState
+	// stopping ends (with cause ErrShuttingDown) at Shutdown: queued and
+	// dispatching requests see it through their context.
+	stopping     context.Context
+	stopRequests context.CancelCauseFunc
+	observer     lifecycle.Observer // nil: none
+	reload       reloadState
 	// afterAdmit, when set (tests only, before use), runs between admission
 	// and dispatch.
 	afterAdmit func(scheduler.Candidate)
@@ -146,6 +150,21 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (out *Run, outErr e
 	if err := req.validate(); err != nil {
 		return nil, err
 	}
+	if s.stopping.Err() != nil {
+		return nil, fmt.Errorf("%w: no new requests", ErrShuttingDown)
+	}
+	// A Shutdown while the request waits or is dispatched ends it with
+	// ErrShuttingDown, not as a client that went away.
+	callerCtx := ctx
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stopWait := context.AfterFunc(s.stopping, func() { cancel(ErrShuttingDown) })
+	defer stopWait()
+	defer func() {
+		if outErr != nil && callerCtx.Err() == nil && errors.Is(context.Cause(ctx), ErrShuttingDown) {
+			out, outErr = nil, fmt.Errorf("%w: the request was not served (%v)", ErrShuttingDown, outErr)
+		}
+	}()
 	// Every attempt but the run handed to the caller is settled here (its
 	// RunEnded published without an outcome): the caller settles its own
 	// with Close.
@@ -556,6 +575,26 @@ func (s *Service) resolver(model string, needs []string, tried []triedCandidate)
 		default:
 			return nil, fmt.Errorf("%w: no provider for model %q has capability %q", scheduler.ErrCandidatesRejected, model, missing)
 		}
+	}
+}
+
+// Shutdown ends the edge's client work, for the end of its drain: every
+// queued or dispatching request fails with ErrShuttingDown (HTTP 503, so
+// clients retry, maybe through another edge), every run in flight ends
+// with ErrShuttingDown (its Recv returns it: a stream ends with an error
+// event, never cut; the node is told to cancel it), and later Dispatch
+// calls fail with it at once. Node connections stay up, so the cancels
+// reach the nodes. It is idempotent.
+func (s *Service) Shutdown() {
+	s.stopRequests(ErrShuttingDown)
+	s.mu.Lock()
+	open := make([]*Run, 0, len(s.runs))
+	for _, r := range s.runs {
+		open = append(open, r)
+	}
+	s.mu.Unlock()
+	for _, r := range open {
+		r.finish("edge shutting down", fmt.Errorf("%w: run %q ended before it finished", ErrShuttingDown, r.info.RunID), true)
 	}
 }
 

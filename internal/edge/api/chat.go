@@ -17,6 +17,7 @@ const (
 	reasonClientGone    = "client gone"
 	reasonWriteFailed   = "client write failed"
 	reasonUpstreamError = "upstream error"
+	reasonEdgeStopped   = "edge stopped"
 )
 
 // forwardedHeaders are the client headers passed to the provider (canonical

@@ -32,6 +32,11 @@ type Config struct {
 	// (200 when true, 503 when false). nil means always ready. It is called
 	// once per probe and must not block.
 	Ready func() bool
+	// Stopping, when set, is closed when the edge ends the requests still
+	// in flight at the end of its drain (edge.Service.Shutdown): a request
+	// that then ends without completing has the outcome OutcomeEdgeStopped,
+	// not the client_gone or upstream_error its rendering saw.
+	Stopping <-chan struct{}
 	// Now stamps "created" fields (Unix seconds) and times requests; nil
 	// means time.Now.
 	Now func() time.Time

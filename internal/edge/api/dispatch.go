@@ -66,11 +66,25 @@ func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *Requ
 	default:
 		reason = rr.fail(errUnknownPath)
 	}
+	if reason != reasonCompleted && h.stopping() {
+		reason = reasonEdgeStopped // its run was ended by the edge's stop
+	}
 	h.logRunEnded(r.Context(), info, req, reason, rr.abort)
 	if rr.abort {
 		// After the deferred Close, with the outcome of reason; net/http
 		// then drops the connection instead of ending the body cleanly.
 		panic(http.ErrAbortHandler)
+	}
+}
+
+// stopping reports whether the edge has ended the requests in flight
+// (Config.Stopping is closed).
+func (h *handler) stopping() bool {
+	select {
+	case <-h.cfg.Stopping:
+		return true
+	default:
+		return false
 	}
 }
 

@@ -39,6 +39,11 @@ var (
 	ErrStaleGeneration = errors.New("stale generation")
 	// ErrNodeGone: the node disconnected. 502.
 	ErrNodeGone = errors.New("node gone")
+	// ErrShuttingDown: the edge is stopping; the request was refused or
+	// dequeued, or its run ended, before it finished. 503 with Retry-After
+	// (another edge, or this one restarted, may serve it); a stream that
+	// had started ends with this error event.
+	ErrShuttingDown = errors.New("edge shutting down")
 
 	// ErrInvalidConfig is returned (wrapped) by Config.Validate.
 	ErrInvalidConfig = errors.New("invalid api config")
@@ -171,6 +176,11 @@ func classify(err error, req *Request) *apiError {
 	case errors.Is(err, ErrQueueTimeout):
 		e := newAPIError(http.StatusServiceUnavailable, "server_error", "", "queue_timeout",
 			fmt.Sprintf("No capacity for model %q became free in time; retry later", model))
+		e.retryAfter = retryAfterUnavailable
+		return e
+	case errors.Is(err, ErrShuttingDown):
+		e := newAPIError(http.StatusServiceUnavailable, "server_error", "", "edge_shutting_down",
+			"The gateway is shutting down; retry")
 		e.retryAfter = retryAfterUnavailable
 		return e
 	case errors.Is(err, ErrNoProvider), errors.Is(err, ErrProviderUnavailable):

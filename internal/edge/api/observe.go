@@ -52,6 +52,7 @@ const (
 	OutcomeClientGone     = "client_gone"     // the client went away first
 	OutcomeWriteFailed    = "write_failed"    // writing to the client failed
 	OutcomeError          = "error"           // anything else (answered 500)
+	OutcomeEdgeStopped    = "edge_stopped"    // the edge stopped before the answer was finished (Config.Stopping)
 )
 
 // RequestRecord describes one finished API request. Durations are
@@ -239,6 +240,14 @@ func (o *observation) failed(err error, code *string, gone bool) {
 	}
 }
 
+// errorCode records the error code of a failure that ended an answer
+// already started (its last event, or line, said it).
+func (o *observation) errorCode(code *string) {
+	if o != nil && code != nil {
+		o.rec.ErrorCode = *code
+	}
+}
+
 // ended records how the rendered run ended (its renderer's reason) and
 // returns the request's outcome, decided now (decide).
 func (o *observation) ended(reason string) string {
@@ -291,7 +300,7 @@ func admissionOf(err error) string {
 		return AdmissionQueueTimeout
 	case errors.Is(err, ErrCandidatesRejected):
 		return AdmissionRejected
-	case errors.Is(err, ErrNoProvider), errors.Is(err, ErrProviderUnavailable):
+	case errors.Is(err, ErrNoProvider), errors.Is(err, ErrProviderUnavailable), errors.Is(err, ErrShuttingDown):
 		return AdmissionUnavailable
 	case errors.Is(err, ErrUnknownModel):
 		return AdmissionUnknownModel
@@ -316,6 +325,8 @@ func runOutcome(reason string) string {
 		return OutcomeWriteFailed
 	case reasonUpstreamError:
 		return OutcomeUpstreamError
+	case reasonEdgeStopped:
+		return OutcomeEdgeStopped
 	default:
 		return OutcomeError
 	}
@@ -354,6 +365,11 @@ func (o *observation) decide(status int) string {
 		}
 	case o.err != nil && keyRefusal(o.err):
 		rec.Outcome = OutcomeRefused
+	case o.err != nil && errors.Is(o.err, ErrShuttingDown):
+		rec.Outcome = OutcomeEdgeStopped
+		if o.decoded {
+			rec.Admission = admissionOf(o.err)
+		}
 	case o.err != nil && o.decoded && admissionOf(o.err) != "":
 		rec.Admission, rec.Outcome = admissionOf(o.err), OutcomeRefused
 	case status == 0:

@@ -304,6 +304,7 @@ func (o *ollamaRender) failed(err error) string {
 	o.answerDone()
 	e, msg := ollamaError(err, o.req)
 	o.h.logError(o.r, e, err, o.req)
+	o.obs.errorCode(e.Code)
 	if werr := o.writeLine(ollamaErrorBody{Error: msg}); werr != nil {
 		o.abort = true
 		return reasonWriteFailed

@@ -142,6 +142,7 @@ func (rr *runResponse) failStarted(err error, sse bool) string {
 	rr.answerDone()
 	e := classify(err, rr.req)
 	rr.h.logError(rr.r, e, err, rr.req)
+	rr.obs.errorCode(e.Code)
 	if !sse {
 		rr.abort = true
 		return reasonUpstreamError

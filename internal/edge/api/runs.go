@@ -447,7 +447,7 @@ func (w *runWriter) outcome(ctx context.Context, requestOutcome string) runs.Out
 	switch {
 	case requestOutcome == OutcomeCompleted:
 		o.State = runs.StateComplete
-	case errors.Is(context.Cause(ctx), runs.ErrStopping):
+	case errors.Is(context.Cause(ctx), runs.ErrStopping) || requestOutcome == OutcomeEdgeStopped:
 		o.State, o.Error = runs.StateError, runs.ErrStopping.Error()
 		w.appendError(o.Error, "edge_stopped")
 	case ctx.Err() != nil:
