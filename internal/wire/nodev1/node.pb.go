@@ -1758,9 +1758,16 @@ type RunEvent struct {
 	ToolCalls []*ToolCallDelta `protobuf:"bytes,9,rep,name=tool_calls,json=toolCalls,proto3" json:"tool_calls,omitempty"`
 	// delta: generated reasoning text (Ollama's message.thinking, OpenAI-
 	// compatible servers' reasoning_content or reasoning), apart from text.
-	Thinking      string `protobuf:"bytes,10,opt,name=thinking,proto3" json:"thinking,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Thinking string `protobuf:"bytes,10,opt,name=thinking,proto3" json:"thinking,omitempty"`
+	// error: set when the node refused the request itself, before its
+	// provider saw it (the node could not turn it into the provider's
+	// protocol): the client's request is at fault (HTTP 400,
+	// invalid_request_error), and param names the offending field, as
+	// OpenAI's error objects do ("messages[1].content"), or is empty.
+	InvalidRequest bool   `protobuf:"varint,11,opt,name=invalid_request,json=invalidRequest,proto3" json:"invalid_request,omitempty"`
+	Param          string `protobuf:"bytes,12,opt,name=param,proto3" json:"param,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RunEvent) Reset() {
@@ -1859,6 +1866,20 @@ func (x *RunEvent) GetToolCalls() []*ToolCallDelta {
 func (x *RunEvent) GetThinking() string {
 	if x != nil {
 		return x.Thinking
+	}
+	return ""
+}
+
+func (x *RunEvent) GetInvalidRequest() bool {
+	if x != nil {
+		return x.InvalidRequest
+	}
+	return false
+}
+
+func (x *RunEvent) GetParam() string {
+	if x != nil {
+		return x.Param
 	}
 	return ""
 }
@@ -2297,7 +2318,7 @@ const file_node_proto_rawDesc = "" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\bR\x04last\":\n" +
 	"\tRunEvents\x12-\n" +
-	"\x06events\x18\x01 \x03(\v2\x15.iop.node.v1.RunEventR\x06events\"\x8a\x04\n" +
+	"\x06events\x18\x01 \x03(\v2\x15.iop.node.v1.RunEventR\x06events\"\xc9\x04\n" +
 	"\bRunEvent\x12.\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1a.iop.node.v1.RunEvent.TypeR\x04type\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12#\n" +
@@ -2312,7 +2333,9 @@ const file_node_proto_rawDesc = "" +
 	"\n" +
 	"tool_calls\x18\t \x03(\v2\x1a.iop.node.v1.ToolCallDeltaR\ttoolCalls\x12\x1a\n" +
 	"\bthinking\x18\n" +
-	" \x01(\tR\bthinking\"\x85\x01\n" +
+	" \x01(\tR\bthinking\x12'\n" +
+	"\x0finvalid_request\x18\v \x01(\bR\x0einvalidRequest\x12\x14\n" +
+	"\x05param\x18\f \x01(\tR\x05param\"\x85\x01\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fTYPE_STARTED\x10\x01\x12\x0e\n" +
