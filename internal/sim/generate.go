@@ -34,6 +34,7 @@ const noLimit = -1
 type request struct {
 	model        string
 	prompt       string   // all prompt text, the output is derived from it
+	prompts      []string // an OpenAI completions batch of more than one prompt, else nil
 	inputs       []string // embedding inputs, one vector each
 	maxTokens    int      // noLimit, or >= 0 tokens
 	dimensions   int      // embedding length; 0 = embedDims

@@ -140,7 +140,8 @@ func parseOpenAIChat(body []byte) (request, error) {
 }
 
 // parseOpenAICompletion parses a POST /v1/completions body. The prompt is
-// one string or one token-id array; batches of prompts are refused.
+// a string, strings, token ids or token-id arrays; more than one prompt is
+// a batch (request.prompts), answered as OpenAI and vLLM do.
 func parseOpenAICompletion(body []byte) (request, error) {
 	var in openaiGenerateRequest
 	if err := decodeJSON(body, &in); err != nil {
@@ -156,7 +157,7 @@ func parseOpenAICompletion(body []byte) (request, error) {
 	case in.Prompt == nil || len(*in.Prompt) == 0:
 		err = fmt.Errorf("%w: prompt is required", errInvalidRequest)
 	case len(*in.Prompt) > 1:
-		err = fmt.Errorf("%w: batched prompts are not supported by the simulator", errInvalidRequest)
+		req.prompts = *in.Prompt
 	}
 	return req, err
 }
@@ -328,7 +329,14 @@ func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
 				return
 			}
 		}
-		answers := make([]openaiAnswer, req.choices())
+		// A batch of prompts is answered as OpenAI and vLLM do: n choices
+		// per prompt, choice index = prompt index * n + choice.
+		prompts := []string{req.prompt}
+		if !chat && len(req.prompts) > 1 {
+			prompts = req.prompts
+		}
+		perPrompt := req.choices()
+		answers := make([]openaiAnswer, len(prompts)*perPrompt)
 		var tool *simTool
 		if chat {
 			if tool, err = req.toolChoice.pick(req.tools, req.lastUser); err != nil {
@@ -338,7 +346,9 @@ func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
 		}
 		usage := &openaiUsage{}
 		for i := range answers {
-			answers[i].completion = completeChoice(s.cfg.Seed, s.cfg.DefaultMaxTokens, req, i)
+			one := req
+			one.prompt = prompts[i/perPrompt]
+			answers[i].completion = completeChoice(s.cfg.Seed, s.cfg.DefaultMaxTokens, one, i%perPrompt)
 			answers[i].thoughts = thinkingTokens(s.cfg.Seed, req.prompt, fmt.Sprint(i), thinks)
 			if chat && tool != nil {
 				call := makeToolCall(s.cfg.Seed, tool, req.prompt)
@@ -347,7 +357,9 @@ func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
 			}
 			usage.CompletionTokens += answers[i].completionTokens()
 		}
-		usage.PromptTokens = answers[0].promptTokens
+		for p := range prompts {
+			usage.PromptTokens += answers[p*perPrompt].promptTokens
+		}
 		usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
 		base := openaiCompletion{
 			ID:                fmt.Sprintf("%s-sim-%d", idPrefix, req.seq),
