@@ -433,9 +433,9 @@ func TestAgentCancelStopsRun(t *testing.T) {
 					r.sendBody(t, body)
 				}
 				if path == normalized {
-					r.next(t) // STARTED
-					if ev := r.next(t).GetEvents().GetEvents(); len(ev) != 1 || ev[0].Type != nodev1.RunEvent_TYPE_DELTA {
-						t.Fatalf("want a delta, got %v", ev)
+					// STARTED comes with the first part of the answer.
+					if ev := r.next(t).GetEvents().GetEvents(); len(ev) != 2 || ev[0].Type != nodev1.RunEvent_TYPE_STARTED || ev[1].Type != nodev1.RunEvent_TYPE_DELTA {
+						t.Fatalf("want STARTED and a delta, got %v", ev)
 					}
 				} else {
 					r.next(t) // head

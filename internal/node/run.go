@@ -223,6 +223,12 @@ func readRunDown(stream runStream, r *run, inline bool, bodies chan<- bodyResult
 	}
 }
 
+// InvalidRequestMarker is the finish_reason of an ERROR event for a
+// request the node could not turn into its provider's protocol (see
+// terminal): "invalid_request", or "invalid_request:<param>" naming the
+// offending field as in "messages[0].content[1].image_url".
+const InvalidRequestMarker = "invalid_request"
+
 // terminal is the one mapping from a run's outcome to its last frame on
 // the wire; nil when nothing more needs or can be sent.
 //
@@ -231,8 +237,18 @@ func readRunDown(stream runStream, r *run, inline bool, bodies chan<- bodyResult
 //	adapter.ErrProviderReported  ERROR{message, status}  TunnelEnd{provider_error: message}
 //	adapter.ErrSink        nil (the stream is gone)   nil
 //	adapter.ErrCancelled   CANCELLED                  TunnelError{"run cancelled", 0}
+//	adapter.ErrBadRequest  ERROR{message, 400,        TunnelError{message, 400}
+//	  (status 400)           finish_reason marker}
 //	*adapter.Error         ERROR{message, status}     TunnelError{message, status}
 //	anything else          ERROR{..., 502}            TunnelError{..., 502}
+//
+// The marker tells the edge that the node itself could not turn the
+// request into its provider's protocol (a client error naming a field),
+// not that the provider refused it: the wire has no field of its own for
+// it, so an ERROR event's finish_reason (unused on ERROR otherwise) holds
+// InvalidRequestMarker, followed by ":" and the field when the error
+// names one. A TunnelError of status 400 is always the node's own (a
+// tunnel relays a provider's error answers as TunnelHead and TunnelData).
 func terminal(path nodev1.ExecutionPath, err error) *nodev1.RunUp {
 	tunnel := path == nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL
 	var (
@@ -260,6 +276,14 @@ func terminal(path nodev1.ExecutionPath, err error) *nodev1.RunUp {
 		msg, cancelled = "run cancelled", true
 	case errors.As(err, &aerr):
 		msg, code = aerr.Message, int32(aerr.Status)
+		if !tunnel && errors.Is(err, adapter.ErrBadRequest) && aerr.Status == http.StatusBadRequest {
+			marker := InvalidRequestMarker
+			if aerr.Param != "" {
+				marker += ":" + aerr.Param
+			}
+			ev := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_ERROR, Error: msg, Status: code, FinishReason: marker}
+			return &nodev1.RunUp{Msg: &nodev1.RunUp_Events{Events: &nodev1.RunEvents{Events: []*nodev1.RunEvent{ev}}}}
+		}
 	default:
 		msg, code = "node failed to run the request", http.StatusBadGateway
 	}

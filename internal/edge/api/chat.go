@@ -17,6 +17,9 @@ const (
 	reasonClientGone    = "client gone"
 	reasonWriteFailed   = "client write failed"
 	reasonUpstreamError = "upstream error"
+	// reasonInvalidRequest: the node could not turn the request into its
+	// provider's protocol (a *requestError after dispatch).
+	reasonInvalidRequest = "invalid request"
 )
 
 // forwardedHeaders are the client headers passed to the provider (canonical
@@ -169,6 +172,9 @@ func (rr *runResponse) fail(err error) string {
 	}
 	rr.answerDone()
 	rr.writeError(rr.w, rr.r, err, rr.req)
+	if errors.As(err, new(*requestError)) {
+		return reasonInvalidRequest
+	}
 	return reasonUpstreamError
 }
 

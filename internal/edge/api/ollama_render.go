@@ -171,7 +171,7 @@ func (rr *runResponse) tunnelAnswer(onSSE func(data []byte) error) (sse bool, bo
 			}
 			return sse, body, nil
 		case *nodev1.RunUp_TunnelError:
-			return false, nil, &upstreamError{status: int(m.TunnelError.GetStatus()), message: m.TunnelError.GetMessage()}
+			return false, nil, tunnelFailure(m.TunnelError)
 		default:
 			return false, nil, errUpstreamProtocol
 		}
