@@ -103,8 +103,16 @@ func (o *OpenAI) Close() { o.p.Close() }
 //     as Read returned it, byte for byte, except that the provider's API
 //     key, should the provider echo it, becomes "[redacted]"
 //     (streamRedactor; a chunk's tail that may begin the key waits for the
-//     next chunk). An SSE body (text/event-stream)
-//     is also watched for an error event (`data: {"error":...}`, see
+//     next chunk). The head and the first bytes wait until the answer is
+//     known not to be an error object: an SSE body's until its first
+//     event, any other body's until its end or maxPeek bytes. A body that
+//     is an error object (errorObjectText: a JSON object with an "error"
+//     and no "choices" or "data") or an SSE body whose first event is an
+//     error event is not relayed at all: the call returns an *Error of
+//     kind ErrProviderError, status 502, with the error's message
+//     (redacted, at most 1 KiB), a failure before the first byte that the
+//     edge may retry elsewhere. An SSE body (text/event-stream)
+//     is also watched for a later error event (`data: {"error":...}`, see
 //     errorWatch): the body is still relayed in full and unchanged, but
 //     the call then returns an *Error of kind ErrProviderReported with the
 //     event's message, so the run is recorded as failed. An SSE body that
@@ -121,7 +129,9 @@ func (o *OpenAI) Close() { o.p.Close() }
 //     Any other body (HTML or text from a proxy, vLLM's {"object":"error",
 //     "message",...}, TGI's {"error":"..."}, a truncated one) becomes type
 //     "upstream_error" with the body's own message if it is JSON and has
-//     one (at most 1 KiB), else "upstream returned HTTP <status>", and code
+//     one, or the body's text if it is not JSON (bodyText: plain text as
+//     it is, an HTML page's title), at most 1 KiB, else "upstream
+//     returned HTTP <status>", and code
 //     the body's "code" or else the status. Every string relayed has the
 //     provider's URL, host and API key (thus "Bearer <key>") redacted.
 //   - anything else (a redirect, which is never followed, or a status
