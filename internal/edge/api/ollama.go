@@ -111,7 +111,8 @@ func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bo
 	}
 
 	h.serveOllamaRun(w, r, &req, tr.Extension,
-		&ollamaRender{chat: chat, model: tr.Model, stream: tr.Stream, timings: translate.Timings{Start: start}, noThinking: tr.NoThinking})
+		&ollamaRender{chat: chat, model: tr.Model, stream: tr.Stream, timings: translate.Timings{Start: start}, noThinking: tr.NoThinking,
+			conversation: tr.Conversation})
 }
 
 // ollamaRun renders one run as an Ollama route's answer.

@@ -35,8 +35,13 @@ type ollamaRender struct {
 	// client sent think false (translate.Request.NoThinking), and Ollama
 	// then answers without thinking.
 	noThinking bool
+	// conversation is a non-raw generate request's conversation
+	// (translate.Request.Conversation), nil otherwise: its final object
+	// carries it with the answer's text as its "context".
+	conversation []translate.Turn
 
 	text, thinking strings.Builder // the whole answer, when not streaming
+	answer         strings.Builder // the whole text, for the context
 }
 
 var _ ollamaRun = (*ollamaRender)(nil)
@@ -204,6 +209,9 @@ func (o *ollamaRender) onDelta(d translate.Delta) error {
 	if o.timings.FirstToken.IsZero() {
 		o.timings.FirstToken = now
 	}
+	if o.conversation != nil {
+		o.answer.WriteString(d.Text)
+	}
 	if !o.stream {
 		o.text.WriteString(d.Text)
 		o.thinking.WriteString(d.Thinking)
@@ -258,6 +266,9 @@ func (o *ollamaRender) finish(ans translate.Answer) string {
 		calls = nil
 	}
 	final.SetFinal(translate.OllamaDoneReason(ans.Finish), usage, o.timings)
+	if o.conversation != nil {
+		final.Context = translate.EncodeContext(append(o.conversation, translate.Turn{Role: "assistant", Content: o.answer.String()}))
+	}
 	if !o.stream {
 		if clientGone(o.r) {
 			return reasonClientGone
