@@ -84,6 +84,8 @@ type ollamaGenerateRequest struct {
 	Tools    []simTool       `json:"tools"`
 	Think    json.RawMessage `json:"think"`
 	Raw      bool            `json:"raw"`
+	// Format asks for JSON: "json" or a JSON schema (structured output).
+	Format json.RawMessage `json:"format"`
 }
 
 // parseOllamaChat parses a POST /api/chat body.
@@ -126,6 +128,7 @@ func (in ollamaGenerateRequest) toRequest(prompt string, loadOnly bool) (request
 		loadOnly:  loadOnly,
 		think:     in.Think,
 		raw:       in.Raw,
+		format:    ollamaFormat(in.Format),
 	}
 	if in.Model == "" {
 		return req, fmt.Errorf("%w: model is required", errInvalidRequest)

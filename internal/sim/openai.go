@@ -103,15 +103,16 @@ type openaiGenerateRequest struct {
 		Role    string        `json:"role"`
 		Content openaiContent `json:"content"`
 	} `json:"messages"`
-	Prompt              *textInput           `json:"prompt"`
-	Stream              bool                 `json:"stream"`
-	StreamOptions       *openaiStreamOptions `json:"stream_options"`
-	MaxTokens           *int                 `json:"max_tokens"`
-	MaxCompletionTokens *int                 `json:"max_completion_tokens"`
-	N                   *int                 `json:"n"`
-	Tools               []simTool            `json:"tools"`
-	ToolChoice          toolChoice           `json:"tool_choice"`
-	ReasoningEffort     *string              `json:"reasoning_effort"`
+	Prompt              *textInput            `json:"prompt"`
+	Stream              bool                  `json:"stream"`
+	StreamOptions       *openaiStreamOptions  `json:"stream_options"`
+	MaxTokens           *int                  `json:"max_tokens"`
+	MaxCompletionTokens *int                  `json:"max_completion_tokens"`
+	N                   *int                  `json:"n"`
+	Tools               []simTool             `json:"tools"`
+	ToolChoice          toolChoice            `json:"tool_choice"`
+	ResponseFormat      *openaiResponseFormat `json:"response_format"`
+	ReasoningEffort     *string               `json:"reasoning_effort"`
 	Reasoning           *struct {
 		Effort  *string `json:"effort"`
 		Enabled *bool   `json:"enabled"`
@@ -169,6 +170,7 @@ func (in openaiGenerateRequest) toRequest(prompt string) (request, error) {
 		maxTokens:    noLimit,
 		stream:       in.Stream,
 		includeUsage: in.StreamOptions != nil && in.StreamOptions.IncludeUsage,
+		format:       openaiFormat(in.ResponseFormat),
 	}
 	if in.Model == "" {
 		return req, fmt.Errorf("%w: model is required", errInvalidRequest)
