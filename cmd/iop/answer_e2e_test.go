@@ -86,6 +86,10 @@ func startKeyRig(t *testing.T, keys []auth.Key) *keyRig {
 	cfg.AdminKeys = []auth.Key{{Name: "ops", Hash: adminHash}}
 	cfg.Database = rig.db
 	cfg.Queue.MaxQueue = 256
+	// The *-err providers fail inside every stream on purpose; a
+	// provider's error in its stream counts for the circuit breaker, which
+	// would take them out of rotation and turn their requests into 503s.
+	cfg.CircuitBreaker.Failures = -1
 	logger, err := newLogger(rig.log, "info", "json")
 	if err != nil {
 		t.Fatal(err)

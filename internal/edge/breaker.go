@@ -24,11 +24,14 @@ const (
 	// an attempt that ended before its provider answered.
 	outcomeNeutral outcome = iota
 	// outcomeOK: the provider answered (a 2xx head, a started, delta or
-	// complete event).
+	// complete event) and its answer did not end in a provider failure
+	// (Run.observe decides it at the answer's end).
 	outcomeOK
 	// outcomeFailed: the provider failed before its first byte (a status
-	// of 500 or above, or 429; unreachable; a timeout), or its node did not
-	// open or refused the dispatch.
+	// of 500 or above, or 429; unreachable; a timeout; an error object in
+	// its 2xx), or its answer, once begun, ended in such a failure (an
+	// error event or object, a broken stream), or its node did not open or
+	// refused the dispatch.
 	outcomeFailed
 )
 

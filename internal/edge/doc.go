@@ -58,8 +58,10 @@
 // provider has none (scheduler.ErrNoProvider). The request's capability
 // needs filter the candidates inside the resolver; NeedChoices, a request
 // for several choices, NeedToolChoice (tool_choice "required",
-// parallel_tool_calls false) and NeedRemoteImages (an image by URL) are met
-// by tunnel-path providers only. When they
+// parallel_tool_calls false), NeedRemoteImages (an image by URL),
+// NeedPromptBatch (several completions prompts) and NeedTokenInput (token
+// ids as a prompt or embeddings input) are met by tunnel-path providers
+// only. When they
 // reject every candidate, the request is unavailable for now
 // (scheduler.ErrProviderUnavailable, HTTP 503 with Retry-After) if a
 // provider the edge knows could meet them: one of a current connection

@@ -640,10 +640,10 @@ func TestRegression_HalfOpenTrialSlotGoesToAWaiter(t *testing.T) {
 	if _, err := r.run.Recv(); err != nil { // the provider answered
 		t.Fatal(err)
 	}
+	r.run.Close("test") // the answer that began ended well: the trial succeeded
 	if got := circuitOf(e, "a-bad", "a"); got != CircuitClosed {
 		t.Fatalf("circuit %s after a good trial, want closed", got)
 	}
-	r.run.Close("test")
 	_, rs2 := cancelThenAccept(t, bad)
 	sendUp(t, rs2, events(event(nodev1.RunEvent_TYPE_STARTED, "")))
 	r2 := wait(t, second)
@@ -658,8 +658,8 @@ func TestRegression_HalfOpenTrialSlotGoesToAWaiter(t *testing.T) {
 
 // TestRegression_WaiterQueuedDuringATrialGetsTheProviderBack: a request
 // that queued while a half-open provider's trial was in flight lists only
-// the other, busy provider. When the trial succeeds (the circuit closes)
-// and its run ends, the freed slot goes to that waiter: the close
+// the other, busy provider. When the trial's answer ends well (the circuit
+// closes), the freed slot goes to that waiter: the close
 // re-resolves the queued requests (breakers.onBack), so it does not wait
 // for the busy provider beside an idle one.
 func TestRegression_WaiterQueuedDuringATrialGetsTheProviderBack(t *testing.T) {
@@ -681,10 +681,10 @@ func TestRegression_WaiterQueuedDuringATrialGetsTheProviderBack(t *testing.T) {
 	if _, err := trial.Recv(); err != nil {
 		t.Fatal(err)
 	}
+	trial.Close("test")
 	if got := circuitOf(e, "a-bad", "a"); got != CircuitClosed {
 		t.Fatalf("circuit %s after a good trial, want closed", got)
 	}
-	trial.Close("test")
 	cancelThenAccept(t, bad)
 	r := wait(t, waiter)
 	if r.err != nil || r.run.Info().NodeID != "a-bad" {
@@ -713,4 +713,55 @@ func cancelThenAccept(t *testing.T, n *fakeNode) (*nodev1.Dispatch, runStream) {
 	rs := n.openRun(t, d.GetRunId(), n.gen)
 	n.e.readBody(t, d, rs)
 	return d, rs
+}
+
+// A provider failure that ends an answer after it began counts for the
+// circuit breaker too (issue 15: a provider's error object is a provider
+// failure on every path): an error event after the first delta, a tunnel
+// stream that carried the provider's error event (TunnelEnd
+// provider_error), a tunnel that broke after its head. Two in a row open
+// the circuit (breakerConfig). A cancel or a client error after the
+// answer began does not count.
+func TestLateProviderFailureCountsForTheBreaker(t *testing.T) {
+	started := events(event(nodev1.RunEvent_TYPE_STARTED, ""), event(nodev1.RunEvent_TYPE_DELTA, "hel"))
+	sseHead := &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: &nodev1.TunnelHead{Status: 200, Headers: map[string]string{"Content-Type": "text/event-stream"}}}}
+	providerError := &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelEnd{TunnelEnd: &nodev1.TunnelEnd{ProviderError: "overloaded"}}}
+	cancelled := events(event(nodev1.RunEvent_TYPE_CANCELLED, ""))
+	for _, c := range []struct {
+		name  string
+		path  nodev1.ExecutionPath
+		msgs  []*nodev1.RunUp
+		opens bool
+	}{
+		{"normalized error line after a delta", normalized, []*nodev1.RunUp{started, errorEvent(502)}, true},
+		{"normalized timeout after a delta", normalized, []*nodev1.RunUp{started, errorEvent(504)}, true},
+		{"tunnel error event in a 200 stream", tunnel, []*nodev1.RunUp{sseHead, tunnelData("data: {}\n\ndata: {\"error\":{\"message\":\"overloaded\"}}\n\n"), providerError}, true},
+		{"tunnel broken after its head", tunnel, []*nodev1.RunUp{sseHead, tunnelData("data: {}\n\n"), tunnelError(502)}, true},
+		{"normalized cancel after a delta", normalized, []*nodev1.RunUp{started, cancelled}, false},
+		{"normalized 400 after a delta", normalized, []*nodev1.RunUp{started, errorEvent(400)}, false},
+		{"tunnel cancel after its head", tunnel, []*nodev1.RunUp{sseHead, tunnelData("data: {}\n\n"), tunnelError(0)}, false},
+		{"tunnel clean end", tunnel, []*nodev1.RunUp{sseHead, tunnelData("data: {}\n\ndata: [DONE]\n\n"), tunnelEnd()}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := startEdge(t, breakerConfig())
+			n := e.connect(t, hello("a-node", prov("a", c.path, 1, "m1")))
+			for range 2 {
+				run, rs, _ := e.startRun(t, n, chatReq("m1"))
+				for _, m := range c.msgs {
+					sendUp(t, rs, m)
+				}
+				if _, err := recvAll(run); err != io.EOF {
+					t.Fatalf("Recv ended with %v", err)
+				}
+			}
+			if c.opens {
+				waitFor(t, func() bool { return circuitOf(e, "a-node", "a") == CircuitOpen })
+				return
+			}
+			waitFor(t, func() bool { return e.inFlight("a-node", "a") == 0 })
+			if got := circuitOf(e, "a-node", "a"); got != CircuitClosed {
+				t.Fatalf("circuit %s, want closed", got)
+			}
+		})
+	}
 }

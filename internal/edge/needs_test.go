@@ -113,14 +113,17 @@ func TestNeedChoicesOnlyTunnelProviders(t *testing.T) {
 }
 
 // The other needs only tunnel-path providers meet: tool_choice "required"
-// or parallel_tool_calls false (NeedToolChoice), and an image by URL
-// (NeedRemoteImages). A mixed alias sends such a request to the tunnel
+// or parallel_tool_calls false (NeedToolChoice), an image by URL
+// (NeedRemoteImages), several completions prompts (NeedPromptBatch) and
+// token ids as input (NeedTokenInput). A mixed alias sends such a request to the tunnel
 // provider; a model served by normalized providers alone rejects it at
 // once, saying why, with nothing reserved.
 func TestTunnelOnlyNeeds(t *testing.T) {
 	for need, why := range map[string]string{
 		NeedToolChoice:   `honours tool_choice "required" or parallel_tool_calls false`,
 		NeedRemoteImages: "send the image inline as a base64 data URL",
+		NeedPromptBatch:  "send one request per prompt",
+		NeedTokenInput:   "takes token ids as input",
 	} {
 		t.Run(need, func(t *testing.T) {
 			cfg := testConfig()

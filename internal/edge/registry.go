@@ -97,6 +97,17 @@ const (
 	NeedRemoteImages = "remote_images"
 )
 
+// NeedPromptBatch and NeedTokenInput are, like NeedChoices, needs only a
+// tunnel-path provider meets: a completions request with more than one
+// prompt, and a completions prompt or embeddings input given as token
+// ids. Ollama takes one prompt string (/api/generate; its /v1/completions
+// too) and embeds text only (/api/embed: a string or strings), and a
+// command takes text.
+const (
+	NeedPromptBatch = "prompt_batch"
+	NeedTokenInput  = "token_input"
+)
+
 // serves reports whether p serves the model name m. Call it under
 // registry.mu (a provider update replaces p.models).
 func (p *provider) serves(m string) bool {
@@ -111,7 +122,7 @@ func lacks(path nodev1.ExecutionPath, caps map[string]bool, own bool, needs []st
 	for _, n := range needs {
 		has := caps[n]
 		switch n {
-		case NeedChoices, NeedToolChoice, NeedRemoteImages:
+		case NeedChoices, NeedToolChoice, NeedRemoteImages, NeedPromptBatch, NeedTokenInput:
 			has = path == nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL
 		case NeedCompletion, NeedThinking:
 			has = has || !own

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"iop/internal/scheduler"
@@ -60,9 +61,12 @@ type Run struct {
 	opened, bodySent, ended chan struct{}
 	// ticket reports the run's outcome to its provider's circuit breaker.
 	ticket *ticket
-	// decided is set once a message said how the provider did (the
-	// ticket's outcome); only the caller of Recv touches it.
+	// decided is set once a message said how the provider did (its first
+	// decisive message, verdict); only the caller of Recv touches it.
 	decided bool
+	// answered is set when that message said the provider answered: the
+	// ticket's outcome then waits for the answer's end (observe, finish).
+	answered atomic.Bool
 
 	mu           sync.Mutex      // guards the fields below
 	replay       []*nodev1.RunUp // read by Dispatch, to be returned by Recv first
@@ -161,20 +165,66 @@ func classifyRunUp(m *nodev1.RunUp) (reason string, terminal, ok bool) {
 	}
 }
 
-// observe reports the provider's outcome to its circuit breaker at the
-// first message that tells it.
+// observe reports the provider's outcome to its circuit breaker. A
+// failure before the provider answered is reported at the first message
+// that tells it; an answer that began is reported at its terminal message:
+// outcomeFailed when that ends it with a provider failure (lateFailure),
+// else outcomeOK (and by finish as outcomeOK when the run ends otherwise,
+// e.g. its client left). So a provider whose answers keep breaking off
+// with an error object is taken out of rotation like one that fails at
+// once, and each clean answer resets its count.
 func (r *Run) observe(m *nodev1.RunUp) {
-	if r.decided {
+	if !r.decided {
+		o, decisive, _ := verdict(m)
+		if !decisive {
+			return
+		}
+		r.decided = true
+		if o != outcomeOK {
+			if r.ticket.done(o) {
+				r.s.circuitOpened(providerKey{r.info.NodeID, r.info.ProviderID})
+			}
+			return
+		}
+		r.answered.Store(true)
+	}
+	if !r.answered.Load() {
 		return
 	}
-	o, decisive, _ := verdict(m)
-	if !decisive {
-		return
+	if _, terminal, _ := classifyRunUp(m); terminal {
+		o := outcomeOK
+		if lateFailure(m) {
+			o = outcomeFailed
+		}
+		if r.ticket.done(o) {
+			r.s.circuitOpened(providerKey{r.info.NodeID, r.info.ProviderID})
+		}
 	}
-	r.decided = true
-	if r.ticket.done(o) {
-		r.s.circuitOpened(providerKey{r.info.NodeID, r.info.ProviderID})
+}
+
+// lateFailure reports whether m, a message after the provider's answer
+// began, ends it with a failure of the provider: an ERROR event or a
+// TunnelError of status 429 or 500 and above (or none: the node's own 502),
+// or a TunnelEnd whose body carried the provider's error object
+// (provider_error). A cancel (CANCELLED, a TunnelError of status 0) and a
+// client error (another 4xx) are none.
+func lateFailure(m *nodev1.RunUp) bool {
+	failed := func(status int) bool {
+		return status == 0 || status == http.StatusTooManyRequests || status >= 500
 	}
+	switch msg := m.GetMsg().(type) {
+	case *nodev1.RunUp_Events:
+		for _, e := range msg.Events.GetEvents() {
+			if e.GetType() == nodev1.RunEvent_TYPE_ERROR {
+				return failed(int(e.GetStatus()))
+			}
+		}
+	case *nodev1.RunUp_TunnelError:
+		return msg.TunnelError.GetStatus() != 0 && failed(int(msg.TunnelError.GetStatus()))
+	case *nodev1.RunUp_TunnelEnd:
+		return msg.TunnelEnd.GetProviderError() != ""
+	}
+	return false
 }
 
 // verdict says what m, the first message of a run that is not a bare
@@ -323,7 +373,13 @@ func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, ca
 	// A run that ends before its provider said anything tells nothing of
 	// it, unless its node never opened or refused it.
 	// A refusal by a draining node says nothing of its provider either.
+	// One whose provider answered and that ended without a terminal
+	// message (its client left, its node was lost) did well as far as it
+	// went (observe reports the others).
 	o := outcomeNeutral
+	if r.answered.Load() {
+		o = outcomeOK
+	}
 	if (errors.Is(endErr, ErrDispatchTimeout) || errors.Is(endErr, ErrDispatchRefused)) && !errors.Is(endErr, errNodeDraining) {
 		o = outcomeFailed
 	}

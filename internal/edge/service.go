@@ -569,6 +569,12 @@ func (s *Service) resolver(model string, needs []string, tried []triedCandidate)
 		case missing == NeedToolChoice:
 			return nil, fmt.Errorf("%w: no provider for model %q honours tool_choice \"required\" or parallel_tool_calls false: only OpenAI-compatible providers do (Ollama cannot force a tool call nor keep a model to one)",
 				scheduler.ErrCandidatesRejected, model)
+		case missing == NeedPromptBatch:
+			return nil, fmt.Errorf("%w: no provider for model %q answers a batch of prompts (a prompt array): only OpenAI-compatible providers do (Ollama takes one prompt per request); send one request per prompt",
+				scheduler.ErrCandidatesRejected, model)
+		case missing == NeedTokenInput:
+			return nil, fmt.Errorf("%w: no provider for model %q takes token ids as input: only OpenAI-compatible providers do (Ollama takes text); send the text instead",
+				scheduler.ErrCandidatesRejected, model)
 		case missing == NeedRemoteImages:
 			return nil, fmt.Errorf("%w: no provider for model %q takes an image by URL: only OpenAI-compatible providers fetch one; send the image inline as a base64 data URL (\"data:image/png;base64,...\")",
 				scheduler.ErrCandidatesRejected, model)

@@ -433,9 +433,9 @@ func TestAgentCancelStopsRun(t *testing.T) {
 					r.sendBody(t, body)
 				}
 				if path == normalized {
-					r.next(t) // STARTED
-					if ev := r.next(t).GetEvents().GetEvents(); len(ev) != 1 || ev[0].Type != nodev1.RunEvent_TYPE_DELTA {
-						t.Fatalf("want a delta, got %v", ev)
+					// STARTED comes with the first part of the answer.
+					if ev := r.next(t).GetEvents().GetEvents(); len(ev) != 2 || ev[0].Type != nodev1.RunEvent_TYPE_STARTED || ev[1].Type != nodev1.RunEvent_TYPE_DELTA {
+						t.Fatalf("want STARTED and a delta, got %v", ev)
 					}
 				} else {
 					r.next(t) // head
@@ -564,6 +564,7 @@ func TestAgentRunTwice(t *testing.T) {
 
 func TestTerminal(t *testing.T) {
 	provErr := &adapter.Error{Kind: adapter.ErrProviderStatus, Status: 500, Message: "boom"}
+	badReq := &adapter.Error{Kind: adapter.ErrBadRequest, Status: 400, Message: "echo: not supported", Param: "echo"}
 	for _, tc := range []struct {
 		name string
 		path nodev1.ExecutionPath
@@ -578,6 +579,8 @@ func TestTerminal(t *testing.T) {
 		{"tunnel cancel", tunnel, adapter.ErrCancelled, &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelError{TunnelError: &nodev1.TunnelError{Message: "run cancelled"}}}},
 		{"normalized provider", normalized, provErr, runEvents(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_ERROR, Error: "boom", Status: 500})},
 		{"tunnel provider", tunnel, provErr, &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelError{TunnelError: &nodev1.TunnelError{Message: "boom", Status: 500}}}},
+		{"normalized bad request", normalized, badReq, runEvents(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_ERROR, Error: "echo: not supported", Status: 400, InvalidRequest: true, Param: "echo"})},
+		{"tunnel bad request", tunnel, badReq, &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelError{TunnelError: &nodev1.TunnelError{Message: "echo: not supported", Status: 400}}}},
 		{"other", normalized, errors.New("x"), runEvents(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_ERROR, Error: "node failed to run the request", Status: 502})},
 	} {
 		if got := terminal(tc.path, tc.err); !proto.Equal(got, tc.want) {

@@ -82,9 +82,9 @@ func startRun(t *testing.T, e *fakeEdge, c *edgeConn, id string, path nodev1.Exe
 	c.send(t, inlineDispatchMsg(id, "p", path, `{"messages":[{"role":"user","content":"x"}],"stream":true}`))
 	r := recv(t, e.runs, "run stream "+id)
 	if path == normalized {
-		r.next(t) // STARTED
-		if ev := r.next(t).GetEvents().GetEvents(); len(ev) != 1 || ev[0].Text != "first " {
-			t.Fatalf("run %s: want the first delta, got %v", id, ev)
+		// STARTED comes with the first part of the answer.
+		if ev := r.next(t).GetEvents().GetEvents(); len(ev) != 2 || ev[0].Type != nodev1.RunEvent_TYPE_STARTED || ev[1].Text != "first " {
+			t.Fatalf("run %s: want STARTED and the first delta, got %v", id, ev)
 		}
 	} else {
 		r.next(t) // head
@@ -233,8 +233,7 @@ func TestAgentAbortSendsNoLastFrame(t *testing.T) {
 	body := `{"messages":[{"role":"user","content":"x"}],"stream":true}`
 	c.send(t, inlineDispatchMsg("n", "norm", normalized, body))
 	rn := recv(t, e.runs, "normalized run")
-	rn.next(t) // STARTED
-	rn.next(t) // the first delta
+	rn.next(t) // STARTED and the first delta
 	c.send(t, inlineDispatchMsg("t", "tun", tunnel, body))
 	rt := recv(t, e.runs, "tunnel run")
 	rt.next(t) // head

@@ -231,8 +231,16 @@ func readRunDown(stream runStream, r *run, inline bool, bodies chan<- bodyResult
 //	adapter.ErrProviderReported  ERROR{message, status}  TunnelEnd{provider_error: message}
 //	adapter.ErrSink        nil (the stream is gone)   nil
 //	adapter.ErrCancelled   CANCELLED                  TunnelError{"run cancelled", 0}
+//	adapter.ErrBadRequest  ERROR{message, 400,        TunnelError{message, 400}
+//	  (status 400)           invalid_request, param}
 //	*adapter.Error         ERROR{message, status}     TunnelError{message, status}
 //	anything else          ERROR{..., 502}            TunnelError{..., 502}
+//
+// An ERROR event's invalid_request tells the edge that the node itself
+// could not turn the request into its provider's protocol (a client error,
+// with param naming the field when the error names one), not that the
+// provider refused it. A TunnelError of status 400 is always the node's own
+// (a tunnel relays a provider's error answers as TunnelHead and TunnelData).
 func terminal(path nodev1.ExecutionPath, err error) *nodev1.RunUp {
 	tunnel := path == nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL
 	var (
@@ -260,6 +268,10 @@ func terminal(path nodev1.ExecutionPath, err error) *nodev1.RunUp {
 		msg, cancelled = "run cancelled", true
 	case errors.As(err, &aerr):
 		msg, code = aerr.Message, int32(aerr.Status)
+		if !tunnel && errors.Is(err, adapter.ErrBadRequest) && aerr.Status == http.StatusBadRequest {
+			ev := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_ERROR, Error: msg, Status: code, InvalidRequest: true, Param: aerr.Param}
+			return &nodev1.RunUp{Msg: &nodev1.RunUp_Events{Events: &nodev1.RunEvents{Events: []*nodev1.RunEvent{ev}}}}
+		}
 	default:
 		msg, code = "node failed to run the request", http.StatusBadGateway
 	}

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"encoding/json"
 	"errors"
 	"testing"
 )
@@ -27,6 +28,8 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","prompt":[1,2,3],"max_tokens":5,"stream":true,"stream_options":{"include_usage":true}}`,
 		`{"model":"m","input":[[1,2],[3]],"encoding_format":"base64","dimensions":16}`,
 		`{"model":"m","input":null}`,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"format":{"type":"object","properties":{"a":{"type":"array","items":{"enum":["x"]}}}}}`,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"type":"object","properties":{"n":{"type":["integer","null"]}}}}}}`,
 		`{"model":"","messages":null}`,
 		`[]`,
 		`{`,
@@ -52,8 +55,13 @@ func FuzzParseRequest(f *testing.F) {
 				t.Errorf("%s: dimensions %d", name, req.dimensions)
 			}
 			c := complete(1, 4, req)
-			if len(c.tokens) > 4 {
+			switch {
+			case req.format == nil && len(c.tokens) > 4:
 				t.Errorf("%s: %d tokens for a 4-token default", name, len(c.tokens))
+			case req.format != nil && req.maxTokens != noLimit && len(c.tokens) > req.maxTokens:
+				t.Errorf("%s: %d tokens of JSON for a limit of %d", name, len(c.tokens), req.maxTokens)
+			case req.format != nil && c.finishReason == finishStop && !json.Valid([]byte(c.text())):
+				t.Errorf("%s: structured answer %q is not JSON", name, c.text())
 			}
 			embedAll(1, req)
 		}

@@ -34,6 +34,7 @@ const noLimit = -1
 type request struct {
 	model        string
 	prompt       string   // all prompt text, the output is derived from it
+	prompts      []string // an OpenAI completions batch of more than one prompt, else nil
 	inputs       []string // embedding inputs, one vector each
 	maxTokens    int      // noLimit, or >= 0 tokens
 	dimensions   int      // embedding length; 0 = embedDims
@@ -57,6 +58,9 @@ type request struct {
 	think  json.RawMessage
 	raw    bool
 	effort *string
+	// format is the JSON the request asks for (structured output): a
+	// JSON schema, jsonAny, or nil for text (openaiFormat, ollamaFormat).
+	format json.RawMessage
 }
 
 // choices is the number of choices to answer, at least 1.
@@ -100,8 +104,18 @@ func complete(seed int64, defaultTokens int, req request) completion {
 	return completeFrom(rngFor(seed, req.prompt), defaultTokens, req)
 }
 
-// completeFrom is complete with the words drawn from rng.
+// completeFrom is complete with the words drawn from rng. A request for
+// JSON (req.format) is answered with a JSON document of its schema
+// (structuredAnswer), of whatever length it has, cut only by the
+// request's own token limit.
 func completeFrom(rng *rand.Rand, defaultTokens int, req request) completion {
+	if req.format != nil {
+		tokens, reason := structuredAnswer(rng, req.format), finishStop
+		if req.maxTokens != noLimit && req.maxTokens < len(tokens) {
+			tokens, reason = tokens[:req.maxTokens], finishLength
+		}
+		return completion{tokens: tokens, promptTokens: countWords(req.prompt), finishReason: reason}
+	}
 	n, reason := defaultTokens, finishStop
 	if req.maxTokens != noLimit && req.maxTokens < n {
 		n, reason = req.maxTokens, finishLength

@@ -84,6 +84,8 @@ type ollamaGenerateRequest struct {
 	Tools    []simTool       `json:"tools"`
 	Think    json.RawMessage `json:"think"`
 	Raw      bool            `json:"raw"`
+	// Format asks for JSON: "json" or a JSON schema (structured output).
+	Format json.RawMessage `json:"format"`
 }
 
 // parseOllamaChat parses a POST /api/chat body.
@@ -126,6 +128,7 @@ func (in ollamaGenerateRequest) toRequest(prompt string, loadOnly bool) (request
 		loadOnly:  loadOnly,
 		think:     in.Think,
 		raw:       in.Raw,
+		format:    ollamaFormat(in.Format),
 	}
 	if in.Model == "" {
 		return req, fmt.Errorf("%w: model is required", errInvalidRequest)
@@ -296,20 +299,33 @@ func (s *Server) ollamaGenerate(chat bool) http.HandlerFunc {
 // ollamaEmbedRequest is the body of POST /api/embed (Input) and of the
 // legacy POST /api/embeddings (Prompt).
 type ollamaEmbedRequest struct {
-	Model      string    `json:"model"`
-	Input      textInput `json:"input"`
-	Prompt     string    `json:"prompt"`
-	Dimensions int       `json:"dimensions"`
+	Model      string          `json:"model"`
+	Input      json.RawMessage `json:"input"`
+	Prompt     string          `json:"prompt"`
+	Dimensions int             `json:"dimensions"`
 }
 
 // parseOllamaEmbed parses a POST /api/embed body; input is a string or an
-// array of strings, each embedded separately.
+// array of strings, each embedded separately. Token ids are refused, as
+// Ollama's EmbedHandler refuses any other input: "invalid input type".
 func parseOllamaEmbed(body []byte) (request, error) {
 	var in ollamaEmbedRequest
 	if err := decodeJSON(body, &in); err != nil {
 		return request{}, err
 	}
-	return in.toRequest(in.Input)
+	var (
+		one    string
+		inputs []string
+	)
+	switch {
+	case len(in.Input) == 0 || string(in.Input) == "null":
+	case json.Unmarshal(in.Input, &one) == nil:
+		inputs = []string{one}
+	case json.Unmarshal(in.Input, &inputs) == nil:
+	default:
+		return request{}, fmt.Errorf("%w: invalid input type", errInvalidRequest)
+	}
+	return in.toRequest(inputs)
 }
 
 // parseOllamaEmbeddings parses a legacy POST /api/embeddings body, whose

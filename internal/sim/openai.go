@@ -103,15 +103,16 @@ type openaiGenerateRequest struct {
 		Role    string        `json:"role"`
 		Content openaiContent `json:"content"`
 	} `json:"messages"`
-	Prompt              *textInput           `json:"prompt"`
-	Stream              bool                 `json:"stream"`
-	StreamOptions       *openaiStreamOptions `json:"stream_options"`
-	MaxTokens           *int                 `json:"max_tokens"`
-	MaxCompletionTokens *int                 `json:"max_completion_tokens"`
-	N                   *int                 `json:"n"`
-	Tools               []simTool            `json:"tools"`
-	ToolChoice          toolChoice           `json:"tool_choice"`
-	ReasoningEffort     *string              `json:"reasoning_effort"`
+	Prompt              *textInput            `json:"prompt"`
+	Stream              bool                  `json:"stream"`
+	StreamOptions       *openaiStreamOptions  `json:"stream_options"`
+	MaxTokens           *int                  `json:"max_tokens"`
+	MaxCompletionTokens *int                  `json:"max_completion_tokens"`
+	N                   *int                  `json:"n"`
+	Tools               []simTool             `json:"tools"`
+	ToolChoice          toolChoice            `json:"tool_choice"`
+	ResponseFormat      *openaiResponseFormat `json:"response_format"`
+	ReasoningEffort     *string               `json:"reasoning_effort"`
 	Reasoning           *struct {
 		Effort  *string `json:"effort"`
 		Enabled *bool   `json:"enabled"`
@@ -140,7 +141,8 @@ func parseOpenAIChat(body []byte) (request, error) {
 }
 
 // parseOpenAICompletion parses a POST /v1/completions body. The prompt is
-// one string or one token-id array; batches of prompts are refused.
+// a string, strings, token ids or token-id arrays; more than one prompt is
+// a batch (request.prompts), answered as OpenAI and vLLM do.
 func parseOpenAICompletion(body []byte) (request, error) {
 	var in openaiGenerateRequest
 	if err := decodeJSON(body, &in); err != nil {
@@ -156,7 +158,7 @@ func parseOpenAICompletion(body []byte) (request, error) {
 	case in.Prompt == nil || len(*in.Prompt) == 0:
 		err = fmt.Errorf("%w: prompt is required", errInvalidRequest)
 	case len(*in.Prompt) > 1:
-		err = fmt.Errorf("%w: batched prompts are not supported by the simulator", errInvalidRequest)
+		req.prompts = *in.Prompt
 	}
 	return req, err
 }
@@ -168,6 +170,7 @@ func (in openaiGenerateRequest) toRequest(prompt string) (request, error) {
 		maxTokens:    noLimit,
 		stream:       in.Stream,
 		includeUsage: in.StreamOptions != nil && in.StreamOptions.IncludeUsage,
+		format:       openaiFormat(in.ResponseFormat),
 	}
 	if in.Model == "" {
 		return req, fmt.Errorf("%w: model is required", errInvalidRequest)
@@ -328,7 +331,14 @@ func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
 				return
 			}
 		}
-		answers := make([]openaiAnswer, req.choices())
+		// A batch of prompts is answered as OpenAI and vLLM do: n choices
+		// per prompt, choice index = prompt index * n + choice.
+		prompts := []string{req.prompt}
+		if !chat && len(req.prompts) > 1 {
+			prompts = req.prompts
+		}
+		perPrompt := req.choices()
+		answers := make([]openaiAnswer, len(prompts)*perPrompt)
 		var tool *simTool
 		if chat {
 			if tool, err = req.toolChoice.pick(req.tools, req.lastUser); err != nil {
@@ -338,7 +348,9 @@ func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
 		}
 		usage := &openaiUsage{}
 		for i := range answers {
-			answers[i].completion = completeChoice(s.cfg.Seed, s.cfg.DefaultMaxTokens, req, i)
+			one := req
+			one.prompt = prompts[i/perPrompt]
+			answers[i].completion = completeChoice(s.cfg.Seed, s.cfg.DefaultMaxTokens, one, i%perPrompt)
 			answers[i].thoughts = thinkingTokens(s.cfg.Seed, req.prompt, fmt.Sprint(i), thinks)
 			if chat && tool != nil {
 				call := makeToolCall(s.cfg.Seed, tool, req.prompt)
@@ -347,7 +359,9 @@ func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
 			}
 			usage.CompletionTokens += answers[i].completionTokens()
 		}
-		usage.PromptTokens = answers[0].promptTokens
+		for p := range prompts {
+			usage.PromptTokens += answers[p*perPrompt].promptTokens
+		}
 		usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
 		base := openaiCompletion{
 			ID:                fmt.Sprintf("%s-sim-%d", idPrefix, req.seq),

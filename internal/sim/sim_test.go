@@ -168,7 +168,8 @@ func TestRequestErrors(t *testing.T) {
 		{"openai max_tokens 0", ProtocolOpenAI, "POST", "/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":0}`, auth, 400},
 		{"openai bad content", ProtocolOpenAI, "POST", "/v1/chat/completions", `{"model":"sim-model","messages":[{"role":"user","content":7}]}`, auth, 400},
 		{"openai no prompt", ProtocolOpenAI, "POST", "/v1/completions", `{"model":"sim-model"}`, auth, 400},
-		{"openai batched prompt", ProtocolOpenAI, "POST", "/v1/completions", `{"model":"sim-model","prompt":["a","b"]}`, auth, 400},
+		{"ollama token ids embed", ProtocolOllama, "POST", "/api/embed", `{"model":"sim-model","input":[1,2,3]}`, auth, 400},
+		{"ollama token id arrays embed", ProtocolOllama, "POST", "/api/embed", `{"model":"sim-model","input":[[1],[2]]}`, auth, 400},
 		{"openai empty embedding input", ProtocolOpenAI, "POST", "/v1/embeddings", `{"model":"sim-model","input":[]}`, auth, 400},
 		{"openai bad encoding format", ProtocolOpenAI, "POST", "/v1/embeddings", `{"model":"sim-model","input":"a","encoding_format":"hex"}`, auth, 400},
 		{"openai unknown model", ProtocolOpenAI, "POST", "/v1/completions", `{"model":"gpt-4o","prompt":"hi"}`, auth, 404},
@@ -789,5 +790,54 @@ func TestBodyTooLarge(t *testing.T) {
 		rec := httptest.NewRecorder()
 		s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, tt.path, strings.NewReader(body)))
 		checkErrorBody(t, tt.protocol, rec.Result(), http.StatusRequestEntityTooLarge)
+	}
+}
+
+// A completions batch (more than one prompt, strings or token-id arrays)
+// is answered as OpenAI and vLLM do: n choices per prompt, indexed prompt
+// * n + choice, each prompt's first choice the answer that prompt alone
+// gets; usage adds up the prompts.
+func TestOpenAICompletionBatch(t *testing.T) {
+	_, url, _ := startSim(t, Config{Protocol: ProtocolOpenAI, Seed: 3})
+	type answer struct {
+		Choices []struct {
+			Index int    `json:"index"`
+			Text  string `json:"text"`
+		} `json:"choices"`
+		Usage openaiUsage `json:"usage"`
+	}
+	complete := func(body map[string]any) answer {
+		t.Helper()
+		resp := mustPost(t, newClient(t), url+"/v1/completions", body)
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%v: status %d", body, resp.StatusCode)
+		}
+		var a answer
+		if err := json.NewDecoder(resp.Body).Decode(&a); err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	first := complete(map[string]any{"model": DefaultModel, "prompt": "one two", "max_tokens": 3})
+	second := complete(map[string]any{"model": DefaultModel, "prompt": "three", "max_tokens": 3})
+	batch := complete(map[string]any{"model": DefaultModel, "prompt": []string{"one two", "three"}, "max_tokens": 3, "n": 2})
+	if len(batch.Choices) != 4 {
+		t.Fatalf("%d choices, want 2 prompts x n 2", len(batch.Choices))
+	}
+	for i, c := range batch.Choices {
+		if c.Index != i {
+			t.Errorf("choice %d has index %d", i, c.Index)
+		}
+	}
+	if batch.Choices[0].Text != first.Choices[0].Text || batch.Choices[2].Text != second.Choices[0].Text {
+		t.Errorf("batch %+v, want prompt 0 then prompt 1 answered as alone (%q, %q)", batch.Choices, first.Choices[0].Text, second.Choices[0].Text)
+	}
+	if batch.Usage.PromptTokens != first.Usage.PromptTokens+second.Usage.PromptTokens {
+		t.Errorf("prompt_tokens %d, want %d + %d", batch.Usage.PromptTokens, first.Usage.PromptTokens, second.Usage.PromptTokens)
+	}
+	ids := complete(map[string]any{"model": DefaultModel, "prompt": [][]int{{1, 2}, {3}}, "max_tokens": 2})
+	if len(ids.Choices) != 2 || ids.Usage.PromptTokens != 3 {
+		t.Errorf("token-id batch: %+v, want 2 choices and 3 prompt tokens", ids)
 	}
 }

@@ -82,6 +82,12 @@ type Request struct {
 	// EstimatedInputTokens is the prompt's characters / 4, rounded up
 	// (Operation Completion only; a chat body is measured by the caller).
 	EstimatedInputTokens int
+	// Conversation is set for a non-raw /api/generate request without a
+	// suffix: the turns of the "context" it sent back (none if it sent
+	// none) and its prompt as the last user turn. The answer's "context"
+	// is this with the answer's text as an assistant turn
+	// (EncodeContext).
+	Conversation []Turn
 }
 
 // FieldError is an Ollama request that cannot be translated: Field names
@@ -241,11 +247,19 @@ func FromOllamaChat(body []byte) (Request, error) {
 // carries no reasoning_effort: think reaches Ollama providers only);
 // "template" is dropped.
 //
+// A "context" iop gave in an earlier answer (EncodeContext: the
+// conversation so far) becomes the chat's history, its turns as user and
+// assistant messages between the system message and the new prompt, as
+// Ollama puts a context's text before the new prompt; Request.Conversation
+// is that history and the new prompt.
+//
 // Errors are *FieldError, as for FromOllamaChat, and also: a non-empty
-// "context" (the deprecated token context of an earlier answer, which no
-// chat or completions API can take: dropping it would answer without the
-// conversation), and images on a raw or suffix request (a completions
-// prompt cannot carry them).
+// "context" that is not one iop gave (the token ids of another server,
+// which iop, with no tokenizer, cannot read back: dropping it would answer
+// without the conversation), a context on a raw request (as Ollama: "raw
+// mode does not support template, system, or context") or one with a
+// suffix, and images on a raw or suffix request (a completions prompt
+// cannot carry them).
 func FromOllamaGenerate(body []byte) (Request, error) {
 	var in struct {
 		Model    string   `json:"model"`
@@ -266,8 +280,17 @@ func FromOllamaGenerate(body []byte) (Request, error) {
 	if err != nil {
 		return Request{}, err
 	}
-	if len(in.Context) > 0 {
-		return Request{}, fieldErr("context", "the context of an earlier answer is not supported; send the conversation to /api/chat instead")
+	var history []Turn
+	switch {
+	case len(in.Context) == 0:
+	case in.Raw:
+		return Request{}, fieldErr("context", "raw mode does not support template, system, or context")
+	case in.Suffix != "":
+		return Request{}, fieldErr("context", "a context cannot be sent with a suffix prompt")
+	default:
+		if history, err = DecodeContext(in.Context); err != nil {
+			return Request{}, fieldErr("context", "%v: iop reads back only the context it gave (it has no tokenizer for another server's token ids); send the conversation to /api/chat instead", err)
+		}
 	}
 	if in.Template != "" {
 		t.dropped = append(t.dropped, "template")
@@ -298,11 +321,15 @@ func FromOllamaGenerate(body []byte) (Request, error) {
 	if in.System != "" {
 		out.Messages = append(out.Messages, map[string]any{"role": "system", "content": in.System})
 	}
+	for _, turn := range history {
+		out.Messages = append(out.Messages, map[string]any{"role": turn.Role, "content": turn.Content})
+	}
 	user, err := userContent(in.Prompt, in.Images, "images")
 	if err != nil {
 		return Request{}, err
 	}
 	out.Messages = append(out.Messages, map[string]any{"role": "user", "content": user})
+	req.Conversation = append(history, Turn{Role: "user", Content: in.Prompt})
 	return t.finish(req, out, &out.Extension)
 }
 

@@ -22,13 +22,17 @@ type OllamaResponse struct {
 	Thinking string `json:"thinking,omitempty"`
 	Done     bool   `json:"done"`
 	// DoneReason is "stop", "length", "load" or "unload" (final object only).
-	DoneReason         string `json:"done_reason,omitempty"`
-	TotalDuration      int64  `json:"total_duration,omitempty"`
-	LoadDuration       int64  `json:"load_duration,omitempty"`
-	PromptEvalCount    int    `json:"prompt_eval_count,omitempty"`
-	PromptEvalDuration int64  `json:"prompt_eval_duration,omitempty"`
-	EvalCount          int    `json:"eval_count,omitempty"`
-	EvalDuration       int64  `json:"eval_duration,omitempty"`
+	DoneReason string `json:"done_reason,omitempty"`
+	// Context is a non-raw generate answer's conversation so far (final
+	// object only), iop's encoding of it (EncodeContext) where Ollama
+	// gives token ids; a client may send it back in its next request.
+	Context            []int `json:"context,omitempty"`
+	TotalDuration      int64 `json:"total_duration,omitempty"`
+	LoadDuration       int64 `json:"load_duration,omitempty"`
+	PromptEvalCount    int   `json:"prompt_eval_count,omitempty"`
+	PromptEvalDuration int64 `json:"prompt_eval_duration,omitempty"`
+	EvalCount          int   `json:"eval_count,omitempty"`
+	EvalDuration       int64 `json:"eval_duration,omitempty"`
 }
 
 // OllamaMessage is the assistant message of a chat answer.

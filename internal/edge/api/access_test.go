@@ -271,7 +271,7 @@ func TestModelsAllowedPerKey(t *testing.T) {
 		} `json:"models"`
 	}
 	resp = env.send(t, "GET", "/api/tags", "", bearer(f.alice))
-	if err := json.Unmarshal([]byte(resp.body), &tags); err != nil || len(tags.Models) != 1 || tags.Models[0].Name != "m" {
+	if err := json.Unmarshal([]byte(resp.body), &tags); err != nil || len(tags.Models) != 1 || tags.Models[0].Name != "m:latest" {
 		t.Errorf("alice's /api/tags: %s", resp.body)
 	}
 	resp = env.send(t, "GET", "/v1/models", "", bearer(f.bob))

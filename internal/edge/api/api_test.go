@@ -599,6 +599,13 @@ func TestChatUpstreamErrorsBeforeFirstByte(t *testing.T) {
 		{"error event, no status", normalized, false, []*nodev1.RunUp{events(started(), errorEvent(0, "model crashed"))}, nil, 502, "upstream_error", "model crashed"},
 		{"error event 504", normalized, false, []*nodev1.RunUp{events(errorEvent(504, "provider timed out"))}, nil, 504, "upstream_timeout", "provider timed out"},
 		{"error event 400", normalized, false, []*nodev1.RunUp{events(errorEvent(400, "context too long"))}, nil, 400, "upstream_rejected", "context too long"},
+		// The node's own refusal of a request it cannot translate (issue
+		// 15): the client's error, naming the field, not the provider's.
+		{"node translation error", normalized, false, []*nodev1.RunUp{events(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_ERROR, Status: 400,
+			Error: "echo: not supported by this provider", InvalidRequest: true, Param: "echo"})}, nil, 400, "invalid_request", "echo: not supported"},
+		{"node translation error without a field", normalized, true, []*nodev1.RunUp{events(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_ERROR, Status: 400,
+			Error: "request body is not a valid chat completions object", InvalidRequest: true})}, nil, 400, "invalid_request", "not a valid chat"},
+		{"tunnel node refusal", tunnel, false, []*nodev1.RunUp{tunnelError(400, "operation is not supported")}, nil, 400, "invalid_request", "operation is not supported"},
 		{"stream error event before first delta", normalized, true, []*nodev1.RunUp{events(started()), events(errorEvent(0, "boom"))}, nil, 502, "upstream_error", "boom"},
 		{"stream error event 429", normalized, true, []*nodev1.RunUp{events(errorEvent(429, "slow down"))}, nil, 429, "upstream_rate_limited", "slow down"},
 		{"cancelled by node", normalized, false, []*nodev1.RunUp{events(cancelledEvent())}, nil, 502, "upstream_error", "cancelled"},
@@ -630,9 +637,22 @@ func TestChatUpstreamErrorsBeforeFirstByte(t *testing.T) {
 			if ct := resp.header.Get("Content-Type"); ct != "application/json" {
 				t.Errorf("Content-Type = %q, want application/json", ct)
 			}
-			msg, _, _, code := openAIError(t, resp.body)
+			msg, typ, param, code := openAIError(t, resp.body)
 			if str(code) != tt.wantCode || !strings.Contains(msg, tt.wantInMsg) {
 				t.Errorf("code %s message %q, want code %s message containing %q", str(code), msg, tt.wantCode, tt.wantInMsg)
+			}
+			if tt.wantCode == "invalid_request" {
+				wantParam := ""
+				if strings.HasPrefix(tt.name, "node translation error") && !strings.HasSuffix(tt.name, "without a field") {
+					wantParam = "echo"
+				}
+				gotParam := ""
+				if param != nil {
+					gotParam = *param
+				}
+				if typ != "invalid_request_error" || gotParam != wantParam || msg == "echo: echo: not supported by this provider" {
+					t.Errorf("type %s param %q message %q, want invalid_request_error naming %q once", typ, gotParam, msg, wantParam)
+				}
 			}
 			if strings.Contains(resp.body, "sk-secret") {
 				t.Errorf("body leaks the Recv error: %s", resp.body)

@@ -18,6 +18,9 @@ const (
 	reasonWriteFailed   = "client write failed"
 	reasonUpstreamError = "upstream error"
 	reasonEdgeStopped   = "edge stopped"
+	// reasonInvalidRequest: the node could not turn the request into its
+	// provider's protocol (a *requestError after dispatch).
+	reasonInvalidRequest = "invalid request"
 )
 
 // forwardedHeaders are the client headers passed to the provider (canonical
@@ -170,6 +173,9 @@ func (rr *runResponse) fail(err error) string {
 	}
 	rr.answerDone()
 	rr.writeError(rr.w, rr.r, err, rr.req)
+	if errors.As(err, new(*requestError)) {
+		return reasonInvalidRequest
+	}
 	return reasonUpstreamError
 }
 

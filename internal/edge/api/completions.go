@@ -19,7 +19,9 @@ type completionRequest struct {
 	IncludeUsage bool
 	// EstimatedInputTokens is the prompt's token ids plus its characters / 4.
 	EstimatedInputTokens int
-	// Needs is ["choices"] when n or best_of is above 1, else empty.
+	// Needs are needPromptBatch for more than one prompt, needTokenInput
+	// for a prompt of token ids, needChoices for n or best_of above 1, in
+	// that order; empty for one prompt string and one choice.
 	Needs []string
 }
 
@@ -43,8 +45,11 @@ type completionRequest struct {
 //	frequency_penalty
 //	stop                     a string, or an array of at most 4 strings
 //
-// n or best_of above 1 makes the request need "choices", which only
-// tunnel-path providers have. Whether a provider can honour echo, suffix
+// More than one prompt makes the request need "prompt_batch", a prompt of
+// token ids "token_input", and n or best_of above 1 "choices": only
+// tunnel-path providers have them (Ollama takes one prompt string and
+// answers one choice), so such a request goes only to them, or is answered
+// 400 when no provider of the model is one. Whether a provider can honour echo, suffix
 // and logprobs is the provider's to say: the tunnel path passes them on;
 // the normalized path (Ollama) answers 400 naming the field it cannot
 // honour (echo, logprobs). Errors are *requestError naming the field.
@@ -62,6 +67,7 @@ func decodeCompletionRequest(body []byte) (completionRequest, error) {
 		return completionRequest{}, err
 	}
 	req.EstimatedInputTokens = prompt.estimatedTokens()
+	req.Needs = prompt.needs(true)
 	if err := decodeField(top, "stream", wantBool, &req.Stream); err != nil {
 		return completionRequest{}, err
 	}
@@ -101,7 +107,7 @@ func decodeCompletionRequest(body []byte) (completionRequest, error) {
 		return completionRequest{}, err
 	}
 	if severalChoices(top["n"]) || severalChoices(top["best_of"]) {
-		req.Needs = []string{needChoices}
+		req.Needs = append(req.Needs, needChoices)
 	}
 	return req, nil
 }

@@ -42,6 +42,17 @@ const (
 	// other ("does not support thinking"), so such a request goes to a
 	// provider whose model thinks.
 	needThinking = "thinking"
+	// needPromptBatch is a completions request with more than one prompt
+	// (an array of strings or of token arrays): one request, several
+	// answers. Ollama's /api/generate (and its own /v1/completions) takes
+	// one prompt string, so like needChoices only tunnel-path providers
+	// have it.
+	needPromptBatch = "prompt_batch"
+	// needTokenInput is a completions prompt or an embeddings input given
+	// as token ids: Ollama takes text only (/api/generate a string,
+	// /api/embed a string or strings), so only tunnel-path providers have
+	// it.
+	needTokenInput = "token_input"
 )
 
 // maxStopSequences is how many "stop" strings a request may give (OpenAI's

@@ -29,6 +29,9 @@ type embeddingsRequest struct {
 	Base64 bool
 	// EstimatedInputTokens is the input's token ids plus its characters / 4.
 	EstimatedInputTokens int
+	// Needs are needEmbeddings, and needTokenInput for an input of token
+	// ids (Ollama's /api/embed takes text only).
+	Needs []string
 }
 
 // decodeEmbeddingsRequest reads and checks an embeddings request body:
@@ -40,7 +43,8 @@ type embeddingsRequest struct {
 //	encoding_format  "float" (the default) or "base64"
 //	user             a string
 //
-// Errors are *requestError naming the field.
+// It needs "embeddings" of its provider, and "token_input" (a tunnel-path
+// provider) for token ids. Errors are *requestError naming the field.
 func decodeEmbeddingsRequest(body []byte) (embeddingsRequest, error) {
 	top, err := decodeObject(body)
 	if err != nil {
@@ -55,6 +59,7 @@ func decodeEmbeddingsRequest(body []byte) (embeddingsRequest, error) {
 		return embeddingsRequest{}, err
 	}
 	req.Inputs, req.EstimatedInputTokens = input.Items, input.estimatedTokens()
+	req.Needs = append([]string{needEmbeddings}, input.needs(false)...)
 	if err := decodeInteger(top["dimensions"], "dimensions", 1, maxDimensions); err != nil {
 		return embeddingsRequest{}, err
 	}
@@ -78,7 +83,8 @@ func decodeEmbeddingsRequest(body []byte) (embeddingsRequest, error) {
 
 // embeddings serves POST /v1/embeddings: it decodes and checks the body and
 // dispatches it with Operation EMBEDDINGS to a provider with capability
-// "embeddings" (none: 400 naming it). The tunnel path relays the
+// "embeddings" (none: 400 naming it), and, for token ids, to a tunnel-path
+// one (needTokenInput). The tunnel path relays the
 // provider's answer; the normalized path's vectors are rendered as
 // {"object":"list","data":[{"object":"embedding","index","embedding"}],
 // "model","usage":{"prompt_tokens","total_tokens"}}. Statuses as for chat
@@ -99,7 +105,7 @@ func (h *handler) embeddings(w http.ResponseWriter, r *http.Request) {
 		Model:                er.Model,
 		Operation:            nodev1.Operation_OPERATION_EMBEDDINGS,
 		Body:                 body,
-		Needs:                []string{needEmbeddings},
+		Needs:                er.Needs,
 		EstimatedInputTokens: er.EstimatedInputTokens,
 		Headers:              forwardHeaders(r.Header),
 	}

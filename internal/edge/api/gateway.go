@@ -68,8 +68,10 @@ type Request struct {
 	Body []byte
 	// Needs are the capabilities every candidate provider must have:
 	// "tools" (the request defines tools), "vision" (a message carries an
-	// image), "embeddings", "choices" (n above 1: tunnel-path providers
-	// only).
+	// image), "embeddings", and needs only tunnel-path providers meet:
+	// "choices" (n above 1), "tool_choice", "remote_images",
+	// "prompt_batch" (several completions prompts) and "token_input"
+	// (token ids as a prompt or input).
 	Needs []string
 	// Long marks a long-context request, admitted against long_capacity.
 	Long bool

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -338,10 +337,13 @@ func (h *handler) listModels(w http.ResponseWriter, r *http.Request) {
 	}{"list", data})
 }
 
-// getModel serves GET /v1/models/{model}.
+// getModel serves GET /v1/models/{model}: the model object of a name
+// /v1/models lists, or of the same name with or without ":latest" (Ollama's
+// rule, as chat and /api/show apply it: "x" and "x:latest" are one
+// model), with the id asked for; else 404.
 func (h *handler) getModel(w http.ResponseWriter, r *http.Request) {
 	id := strings.TrimPrefix(r.URL.Path, modelsPrefix)
-	if !slices.Contains(h.models(r), id) {
+	if _, ok := knownModel(h.models(r), id); !ok {
 		h.writeError(w, r, ErrUnknownModel, &Request{Model: id})
 		return
 	}

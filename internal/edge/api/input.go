@@ -37,6 +37,24 @@ type textInput struct {
 	// Chars is the characters (code points) of its text; Tokens the number
 	// of token ids it gives.
 	Chars, Tokens int
+	// TokenIDs is set when the input is given as token ids (an array of
+	// token ids or of token id arrays), even empty ones.
+	TokenIDs bool
+}
+
+// needs are the capabilities a completions prompt (batch: whether more
+// than one prompt is a need) or an embeddings input requires of its
+// provider: needPromptBatch for more than one item, needTokenInput for
+// token ids.
+func (in textInput) needs(batch bool) []string {
+	var needs []string
+	if batch && in.Items > 1 {
+		needs = append(needs, needPromptBatch)
+	}
+	if in.TokenIDs {
+		needs = append(needs, needTokenInput)
+	}
+	return needs
 }
 
 // estimatedTokens is the input's rough size in tokens: its token ids,
@@ -98,7 +116,7 @@ func decodeTextInput(raw json.RawMessage, param string, nonEmpty bool) (textInpu
 			in.Chars += utf8.RuneCountInString(s)
 		}
 	case '[': // token id arrays
-		in.Items = len(items)
+		in.Items, in.TokenIDs = len(items), true
 		for i, item := range items {
 			n, err := decodeTokenIDs(item, fmt.Sprintf("%s[%d]", param, i), nonEmpty)
 			if err != nil {
@@ -111,7 +129,7 @@ func decodeTextInput(raw json.RawMessage, param string, nonEmpty bool) (textInpu
 		if err != nil {
 			return textInput{}, err
 		}
-		in.Items, in.Tokens = 1, n
+		in.Items, in.Tokens, in.TokenIDs = 1, n, true
 	}
 	return in, nil
 }

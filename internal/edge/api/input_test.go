@@ -15,8 +15,9 @@ func TestDecodeTextInput(t *testing.T) {
 	}{
 		{`"hello world"`, true, textInput{Items: 1, Chars: 11}, ""},
 		{`["a","bé"]`, true, textInput{Items: 2, Chars: 3}, ""},
-		{`[1,2,3]`, true, textInput{Items: 1, Tokens: 3}, ""},
-		{`[[1,2],[3]]`, true, textInput{Items: 2, Tokens: 3}, ""},
+		{`[1,2,3]`, true, textInput{Items: 1, Tokens: 3, TokenIDs: true}, ""},
+		{`[[1,2],[3]]`, true, textInput{Items: 2, Tokens: 3, TokenIDs: true}, ""},
+		{`[[]]`, false, textInput{Items: 1, TokenIDs: true}, ""},
 		{`""`, false, textInput{Items: 1}, ""},
 		{`""`, true, textInput{}, "input"},
 		{`[""]`, true, textInput{}, "input[0]"},
@@ -109,6 +110,40 @@ func TestCompletionNeedsChoices(t *testing.T) {
 		req, err := decodeCompletionRequest([]byte(body))
 		if err != nil || !slices.Equal(req.Needs, want) {
 			t.Errorf("%s: needs %v (%v), want %v", body, req.Needs, err, want)
+		}
+	}
+}
+
+// A batch of prompts needs "prompt_batch", token ids "token_input" (both
+// met by tunnel-path providers only: Ollama takes one prompt string and
+// embeds text); one prompt string, one token-free input, or a one-item
+// array of strings needs neither.
+func TestBatchAndTokenNeeds(t *testing.T) {
+	for body, want := range map[string][]string{
+		`{"model":"m","prompt":"x"}`:             nil,
+		`{"model":"m","prompt":["x"]}`:           nil,
+		`{"model":"m","prompt":["x","y"]}`:       {"prompt_batch"},
+		`{"model":"m","prompt":[1,2,3]}`:         {"token_input"},
+		`{"model":"m","prompt":[[1,2,3]]}`:       {"token_input"},
+		`{"model":"m","prompt":[[1],[2]]}`:       {"prompt_batch", "token_input"},
+		`{"model":"m","prompt":["x","y"],"n":2}`: {"prompt_batch", "choices"},
+		`{"model":"m","prompt":[[1],[2]],"n":2}`: {"prompt_batch", "token_input", "choices"},
+		`{"model":"m","prompt":[1],"best_of":2}`: {"token_input", "choices"},
+	} {
+		req, err := decodeCompletionRequest([]byte(body))
+		if err != nil || !slices.Equal(req.Needs, want) {
+			t.Errorf("completions %s: needs %v (%v), want %v", body, req.Needs, err, want)
+		}
+	}
+	for body, want := range map[string][]string{
+		`{"model":"m","input":"x"}`:         {"embeddings"},
+		`{"model":"m","input":["x","y"]}`:   {"embeddings"},
+		`{"model":"m","input":[1,2]}`:       {"embeddings", "token_input"},
+		`{"model":"m","input":[[1],[2,3]]}`: {"embeddings", "token_input"},
+	} {
+		req, err := decodeEmbeddingsRequest([]byte(body))
+		if err != nil || !slices.Equal(req.Needs, want) {
+			t.Errorf("embeddings %s: needs %v (%v), want %v", body, req.Needs, err, want)
 		}
 	}
 }

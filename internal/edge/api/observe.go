@@ -46,7 +46,7 @@ const (
 // Outcomes of a RequestRecord: how the request ended.
 const (
 	OutcomeCompleted      = "completed"       // the whole answer was written
-	OutcomeInvalidRequest = "invalid_request" // refused before admission: bad body, size, content type, route
+	OutcomeInvalidRequest = "invalid_request" // refused as invalid: before admission (bad body, size, content type, route), or by the node, which could not translate it for its provider
 	OutcomeRefused        = "refused"         // admission or dispatch failed (see Admission), or a key's limit refused it (see ErrorCode)
 	OutcomeUpstreamError  = "upstream_error"  // the provider or node failed after dispatch
 	OutcomeClientGone     = "client_gone"     // the client went away first
@@ -327,6 +327,8 @@ func runOutcome(reason string) string {
 		return OutcomeUpstreamError
 	case reasonEdgeStopped:
 		return OutcomeEdgeStopped
+	case reasonInvalidRequest:
+		return OutcomeInvalidRequest
 	default:
 		return OutcomeError
 	}

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -37,6 +38,7 @@ func (h *handler) ollamaRoutes() map[string]route {
 		"/api/tags":       {http.MethodGet, h.ollamaTags},
 		"/api/ps":         {http.MethodGet, h.ollamaPS},
 		"/api/show":       {http.MethodPost, h.ollamaShow},
+		"/api/pull":       {http.MethodPost, h.ollamaPull},
 		"/api/version":    {http.MethodGet, h.ollamaVersion},
 	}
 }
@@ -113,7 +115,8 @@ func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bo
 	}
 
 	h.serveOllamaRun(w, r, &req, tr.Extension,
-		&ollamaRender{chat: chat, model: tr.Model, stream: tr.Stream, timings: translate.Timings{Start: start}, noThinking: tr.NoThinking})
+		&ollamaRender{chat: chat, model: tr.Model, stream: tr.Stream, timings: translate.Timings{Start: start}, noThinking: tr.NoThinking,
+			conversation: tr.Conversation})
 }
 
 // ollamaRun renders one run as an Ollama route's answer.
@@ -334,16 +337,19 @@ func (h *handler) newOllamaModel(name string) ollamaModel {
 }
 
 // ollamaTags serves GET /api/tags: {"models":[...]}, one entry per name of
-// Gateway.Models (the names /v1/models lists), so it lists exactly the
-// names /api/chat accepts; each also answers to its tagAlternative. Each
-// entry has the size, digest, modified_at and details its model server
-// said (newOllamaModel); modified_at is now when unknown.
+// Gateway.Models (the names /v1/models lists), each named with its tag as
+// Ollama names them (ollamaName: "demo" is listed as "demo:latest", in
+// "name" and "model"), all of them names /api/chat accepts. Each entry has
+// the size, digest, modified_at and details its model server said
+// (newOllamaModel); modified_at is now when unknown.
 func (h *handler) ollamaTags(w http.ResponseWriter, r *http.Request) {
 	names := h.models(r)
 	now := h.cfg.Now().UTC().Format(time.RFC3339Nano)
 	models := make([]ollamaModel, 0, len(names))
 	for _, name := range names {
 		m := h.newOllamaModel(name)
+		m.Name = ollamaName(names, name)
+		m.Model = m.Name
 		if m.ModifiedAt == "" {
 			m.ModifiedAt = now
 		}
@@ -354,7 +360,8 @@ func (h *handler) ollamaTags(w http.ResponseWriter, r *http.Request) {
 }
 
 // ollamaPS serves GET /api/ps: {"models":[...]}, one entry per served model
-// with runs in flight (ModelCatalog.RunsInFlight), sorted by name, each with
+// with runs in flight (ModelCatalog.RunsInFlight), sorted by name, named
+// as /api/tags names them (ollamaName), each with
 // its count in "in_flight", expires_at set to now (iop does not keep
 // models loaded; the provider does), and the size (on disk: iop does not
 // know the memory a model takes, so size_vram is left out), digest,
@@ -373,6 +380,8 @@ func (h *handler) ollamaPS(w http.ResponseWriter, r *http.Request) {
 		now := h.cfg.Now().UTC().Format(time.RFC3339Nano)
 		for _, name := range names {
 			m := h.newOllamaModel(name)
+			m.Name = ollamaName(names, name)
+			m.Model = m.Name
 			m.ModifiedAt = "" // /api/tags only
 			m.ExpiresAt, m.InFlight = now, counts[name]
 			models = append(models, m)
@@ -490,4 +499,116 @@ func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 		"capabilities": caps,
 		"modified_at":  modifiedAt,
 	})
+}
+
+// ollamaProgress is one object of /api/pull's answer (Ollama's
+// api.ProgressResponse).
+type ollamaProgress struct {
+	Status    string `json:"status"`
+	Digest    string `json:"digest,omitempty"`
+	Total     int64  `json:"total,omitempty"`
+	Completed int64  `json:"completed,omitempty"`
+}
+
+// pullNotFound is what Ollama's PullHandler answers for a model its
+// registry does not have (pullModelManifest: the registry's 404 is
+// os.ErrNotExist).
+const pullNotFound = "pull model manifest: file does not exist"
+
+// ollamaPull serves POST /api/pull {"model"} (or the older {"name"};
+// "stream" true by default, "insecure" ignored) as Ollama's PullHandler
+// answers it, for clients that pull a model before they use it (LangChain's
+// ChatOllama with checkOrPullModel, Open WebUI, editor plugins). iop
+// downloads nothing: its models are whatever its providers serve.
+//
+// For a model iop serves (a name /api/tags lists, with or without
+// ":latest"; one the request's key may use) the answer is what Ollama
+// answers for a model it already has: NDJSON progress objects
+// {"status":"pulling manifest"}, {"status":"pulling <digest[7:19]>",
+// "digest","total","completed"} (one layer: the digest and size its model
+// server said, total = completed), {"status":"verifying sha256 digest"},
+// {"status":"writing manifest"}, {"status":"success"}; with "stream":
+// false only {"status":"success"}. For any other model it is Ollama's
+// answer for a model its registry does not have: streamed,
+// {"status":"pulling manifest"} then {"error":"pull model manifest: file
+// does not exist"} (status 200: the stream had begun); with "stream":
+// false, 500 {"error":"pull model manifest: file does not exist"}. A body
+// that is not JSON, or names no model, is 400 as in Ollama ("invalid
+// model name" for an empty name).
+func (h *handler) ollamaPull(w http.ResponseWriter, r *http.Request) {
+	body, err := readAllBody(r)
+	if err != nil {
+		h.writeOllamaError(w, r, err, nil)
+		return
+	}
+	var in struct {
+		Model  string `json:"model"`
+		Name   string `json:"name"`
+		Stream *bool  `json:"stream"`
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		h.writeOllamaError(w, r, &requestError{message: "missing request body"}, nil)
+		return
+	}
+	if err := json.Unmarshal(body, &in); err != nil {
+		h.writeOllamaError(w, r, &requestError{message: "the request body must be a JSON object with a string model"}, nil)
+		return
+	}
+	name := in.Model
+	if name == "" {
+		name = in.Name
+	}
+	if strings.TrimSpace(name) == "" {
+		h.writeOllamaError(w, r, &requestError{param: "model", message: "invalid model name"}, nil)
+		return
+	}
+	stream := in.Stream == nil || *in.Stream
+	answerFinished(r.Context()) // nothing is dispatched
+	served, ok := knownModel(h.models(r), name)
+	if !ok {
+		if !stream {
+			writeOllamaJSON(w, http.StatusInternalServerError, ollamaErrorBody{Error: pullNotFound})
+			return
+		}
+		w.Header().Set("Content-Type", ndjsonContentType)
+		w.WriteHeader(http.StatusOK)
+		writeNDJSON(w, ollamaProgress{Status: "pulling manifest"}, ollamaErrorBody{Error: pullNotFound})
+		return
+	}
+	if !stream {
+		writeOllamaJSON(w, http.StatusOK, ollamaProgress{Status: "success"})
+		return
+	}
+	m := h.newOllamaModel(served)
+	digest := "sha256:" + strings.TrimPrefix(m.Digest, "sha256:")
+	w.Header().Set("Content-Type", ndjsonContentType)
+	w.WriteHeader(http.StatusOK)
+	writeNDJSON(w,
+		ollamaProgress{Status: "pulling manifest"},
+		ollamaProgress{Status: "pulling " + shortDigest(digest), Digest: digest, Total: m.Size, Completed: m.Size},
+		ollamaProgress{Status: "verifying sha256 digest"},
+		ollamaProgress{Status: "writing manifest"},
+		ollamaProgress{Status: "success"})
+}
+
+// shortDigest is the part of a "sha256:<hex>" digest Ollama's progress
+// names a layer by: the hex's first 12 characters (digest[7:19]).
+func shortDigest(digest string) string {
+	hex := strings.TrimPrefix(digest, "sha256:")
+	return hex[:min(12, len(hex))]
+}
+
+// writeNDJSON writes each value as one JSON line and flushes them. A
+// failed write is the client's going: nothing more can be done.
+func writeNDJSON(w http.ResponseWriter, values ...any) {
+	for _, v := range values {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return
+		}
+		if _, err := w.Write(append(b, '\n')); err != nil {
+			return
+		}
+	}
+	_ = http.NewResponseController(w).Flush()
 }

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"slices"
 	"strings"
 
 	"iop/internal/wire/nodev1"
@@ -80,4 +81,17 @@ func knownModel(names []string, name string) (string, bool) {
 		}
 	}
 	return found, found != ""
+}
+
+// ollamaName is the name Ollama's /api/tags and /api/ps show for name, one
+// of names: with its tag, as Ollama lists every model ("demo:latest",
+// model.Name.DisplayShortest), so clients that look a tagged name up find
+// it; a name without a tag gets ":latest", unless that name is itself in
+// names (then the two are two models, and each keeps its own name).
+func ollamaName(names []string, name string) string {
+	alt := tagAlternative(name)
+	if alt == "" || strings.HasSuffix(name, latestTag) || slices.Contains(names, alt) {
+		return name
+	}
+	return alt
 }

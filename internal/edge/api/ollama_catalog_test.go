@@ -86,10 +86,11 @@ func TestOllamaTagsPassDetailsThrough(t *testing.T) {
 	if got := canonical(t, byName["qwen3:latest"]); got != canonical(t, want) {
 		t.Errorf("qwen3 entry\n got %s\nwant %s", got, want)
 	}
-	if got := byName["coder"]; !strings.Contains(got, `"digest":"500a1f067a9f782620b40bee6f7b0c89e17ae61f686b92c24933e4ca4b2b8b41"`) || !strings.Contains(got, `"name":"coder"`) {
+	// Names are listed with their tag, as Ollama lists them.
+	if got := byName["coder:latest"]; !strings.Contains(got, `"digest":"500a1f067a9f782620b40bee6f7b0c89e17ae61f686b92c24933e4ca4b2b8b41"`) || !strings.Contains(got, `"model":"coder:latest"`) {
 		t.Errorf("alias entry %s, want its first target's details", got)
 	}
-	if got := byName["legacy"]; !strings.Contains(got, `"size":0`) || !strings.Contains(got, `"modified_at":"2023-11-14T22:13:20Z"`) {
+	if got := byName["legacy:latest"]; !strings.Contains(got, `"size":0`) || !strings.Contains(got, `"modified_at":"2023-11-14T22:13:20Z"`) {
 		t.Errorf("undescribed entry %s", got)
 	}
 }

@@ -35,8 +35,13 @@ type ollamaRender struct {
 	// client sent think false (translate.Request.NoThinking), and Ollama
 	// then answers without thinking.
 	noThinking bool
+	// conversation is a non-raw generate request's conversation
+	// (translate.Request.Conversation), nil otherwise: its final object
+	// carries it with the answer's text as its "context".
+	conversation []translate.Turn
 
 	text, thinking strings.Builder // the whole answer, when not streaming
+	answer         strings.Builder // the whole text, for the context
 }
 
 var _ ollamaRun = (*ollamaRender)(nil)
@@ -171,7 +176,7 @@ func (rr *runResponse) tunnelAnswer(onSSE func(data []byte) error) (sse bool, bo
 			}
 			return sse, body, nil
 		case *nodev1.RunUp_TunnelError:
-			return false, nil, &upstreamError{status: int(m.TunnelError.GetStatus()), message: m.TunnelError.GetMessage()}
+			return false, nil, tunnelFailure(m.TunnelError)
 		default:
 			return false, nil, errUpstreamProtocol
 		}
@@ -203,6 +208,9 @@ func (o *ollamaRender) onDelta(d translate.Delta) error {
 	now := o.h.cfg.Now()
 	if o.timings.FirstToken.IsZero() {
 		o.timings.FirstToken = now
+	}
+	if o.conversation != nil {
+		o.answer.WriteString(d.Text)
 	}
 	if !o.stream {
 		o.text.WriteString(d.Text)
@@ -258,6 +266,9 @@ func (o *ollamaRender) finish(ans translate.Answer) string {
 		calls = nil
 	}
 	final.SetFinal(translate.OllamaDoneReason(ans.Finish), usage, o.timings)
+	if o.conversation != nil {
+		final.Context = translate.EncodeContext(append(o.conversation, translate.Turn{Role: "assistant", Content: o.answer.String()}))
+	}
 	if !o.stream {
 		if clientGone(o.r) {
 			return reasonClientGone

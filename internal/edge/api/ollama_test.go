@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"iop/internal/translate"
 	"iop/internal/wire/nodev1"
 )
 
@@ -70,7 +71,9 @@ func TestOllamaRendering(t *testing.T) {
 			path: "/api/generate", body: `{"model":"m","prompt":"hi","stream":false}`,
 			run:    scriptedRun(normalized, events(started(), delta("a"), delta("b")), events(usageEvent(3, 2), complete("stop"))),
 			status: 200, contentType: "application/json; charset=utf-8",
-			want: `{"model":"m","created_at":"","response":"ab","done":true,"done_reason":"stop","total_duration":1,"load_duration":1,"prompt_eval_count":3,"prompt_eval_duration":1,"eval_count":2,"eval_duration":1}` + "\n",
+			want: `{"model":"m","created_at":"","response":"ab","done":true,"done_reason":"stop","context":` +
+				contextJSON(translate.Turn{Role: "user", Content: "hi"}, translate.Turn{Role: "assistant", Content: "ab"}) +
+				`,"total_duration":1,"load_duration":1,"prompt_eval_count":3,"prompt_eval_duration":1,"eval_count":2,"eval_duration":1}` + "\n",
 		},
 		{
 			name: "tunnel error status",
@@ -182,4 +185,10 @@ func TestTagAlternative(t *testing.T) {
 			t.Errorf("tagAlternative(%q) = %q, want %q", name, got, want)
 		}
 	}
+}
+
+// contextJSON is the JSON of the "context" iop gives for a conversation.
+func contextJSON(turns ...translate.Turn) string {
+	b, _ := json.Marshal(translate.EncodeContext(turns))
+	return string(b)
 }

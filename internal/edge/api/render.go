@@ -108,10 +108,7 @@ func (rr *runResponse) tunnel() string {
 			}
 			return reasonCompleted
 		case *nodev1.RunUp_TunnelError:
-			return rr.tunnelFail(&upstreamError{
-				status:  int(m.TunnelError.GetStatus()),
-				message: m.TunnelError.GetMessage(),
-			}, hold.sse)
+			return rr.tunnelFail(tunnelFailure(m.TunnelError), hold.sse)
 		default:
 			return rr.tunnelFail(errUpstreamProtocol, hold.sse)
 		}
@@ -333,7 +330,7 @@ func (e *eventReader) handle(events []*nodev1.RunEvent, onDelta func(ev *nodev1.
 			}
 			return finish, true, nil
 		case nodev1.RunEvent_TYPE_ERROR:
-			return "", true, &upstreamError{status: int(ev.GetStatus()), message: ev.GetError()}
+			return "", true, runEventError(ev)
 		case nodev1.RunEvent_TYPE_CANCELLED:
 			return "", true, errUpstreamCancelled
 		}
@@ -519,4 +516,31 @@ func (rr *runResponse) startStream() {
 	header.Set("X-Accel-Buffering", "no") // tell nginx-like proxies not to buffer
 	rr.w.WriteHeader(http.StatusOK)
 	rr.started = true
+}
+
+// runEventError is the failure an ERROR event reports: a *requestError
+// (400 invalid_request_error naming the field) when the node could not
+// translate the request, else an *upstreamError with the event's status
+// and message.
+func runEventError(ev *nodev1.RunEvent) error {
+	if ev.GetInvalidRequest() {
+		param := clip(ev.GetParam())
+		msg := ev.GetError()
+		if param != "" {
+			msg = strings.TrimPrefix(msg, param+": ")
+		}
+		return &requestError{param: param, message: msg}
+	}
+	return &upstreamError{status: int(ev.GetStatus()), message: ev.GetError()}
+}
+
+// tunnelFailure is the failure a TunnelError reports: one of status 400 is
+// the node's own refusal of a request it could not send (a tunnel relays
+// the provider's error answers as they are, never as a TunnelError), a
+// *requestError; any other an *upstreamError.
+func tunnelFailure(te *nodev1.TunnelError) error {
+	if te.GetStatus() == http.StatusBadRequest {
+		return &requestError{message: te.GetMessage()}
+	}
+	return &upstreamError{status: int(te.GetStatus()), message: te.GetMessage()}
 }

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"iop/internal/translate"
 	"iop/internal/wire/nodev1"
 )
 
@@ -274,6 +275,27 @@ func sinkFailed(err error) error { return fmt.Errorf("%w: %w", ErrSink, err) }
 // badRequest is an *Error of kind ErrBadRequest.
 func badRequest(format string, args ...any) *Error {
 	return &Error{Kind: ErrBadRequest, Status: http.StatusBadRequest, Message: fmt.Sprintf(format, args...)}
+}
+
+// fieldBadRequest is an *Error of kind ErrBadRequest naming the request
+// field param: its message is "<param>: <what>".
+func fieldBadRequest(param, format string, args ...any) *Error {
+	e := badRequest(format, args...)
+	if param != "" {
+		e.Param, e.Message = param, param+": "+e.Message
+	}
+	return e
+}
+
+// translateFailed is the *Error of kind ErrBadRequest for err, an error
+// of package translate: a *translate.FieldError names its field (Param),
+// anything else names none.
+func translateFailed(err error) *Error {
+	var fe *translate.FieldError
+	if errors.As(err, &fe) {
+		return fieldBadRequest(fe.Field, "%s", fe.Message)
+	}
+	return badRequest("%v", err)
 }
 
 // isNull reports whether raw is absent or JSON null.

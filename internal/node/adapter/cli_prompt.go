@@ -2,6 +2,7 @@ package adapter
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 
 	"iop/internal/translate"
@@ -32,7 +33,7 @@ func cliPrompt(req Request) (string, error) {
 	case nodev1.Operation_OPERATION_COMPLETION:
 		prompt, err := translate.OpenAIPrompt(req.Body)
 		if err != nil {
-			return "", badRequest("%v", err)
+			return "", translateFailed(err)
 		}
 		return prompt, nil
 	case nodev1.Operation_OPERATION_EMBEDDINGS:
@@ -56,19 +57,19 @@ func chatPrompt(body []byte) (string, error) {
 		return "", badRequest("request body is not a valid chat completions object")
 	}
 	if len(in.Messages) == 0 {
-		return "", badRequest("messages: at least one message is required")
+		return "", fieldBadRequest("messages", "at least one message is required")
 	}
 	var tools []json.RawMessage
 	if !isNull(in.Tools) && (json.Unmarshal(in.Tools, &tools) != nil || len(tools) > 0) {
-		return "", badRequest("tools are not supported by a cli provider")
+		return "", fieldBadRequest("tools", "tools are not supported by a cli provider")
 	}
 	var b strings.Builder
 	for i, m := range in.Messages {
 		if m.Role == "" {
-			return "", badRequest("messages[%d]: role is required", i)
+			return "", fieldBadRequest(fmt.Sprintf("messages[%d].role", i), "role is required")
 		}
 		if len(m.ToolCalls) > 0 {
-			return "", badRequest("messages[%d]: tool calls are not supported by a cli provider", i)
+			return "", fieldBadRequest(fmt.Sprintf("messages[%d].tool_calls", i), "tool calls are not supported by a cli provider")
 		}
 		text, err := textContent(m.Content, i)
 		if err != nil {
@@ -102,12 +103,12 @@ func textContent(raw json.RawMessage, i int) (string, error) {
 		Text string `json:"text"`
 	}
 	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", badRequest("messages[%d].content: want a string or an array of parts", i)
+		return "", fieldBadRequest(fmt.Sprintf("messages[%d].content", i), "want a string or an array of parts")
 	}
 	texts := make([]string, 0, len(parts))
 	for j, p := range parts {
 		if p.Type != "text" {
-			return "", badRequest("messages[%d].content[%d]: part type %q is not supported by a cli provider (text only)", i, j, p.Type)
+			return "", fieldBadRequest(fmt.Sprintf("messages[%d].content[%d].type", i, j), "part type %q is not supported by a cli provider (text only)", p.Type)
 		}
 		texts = append(texts, p.Text)
 	}

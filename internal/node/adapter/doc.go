@@ -11,6 +11,9 @@
 //     fields an Ollama client sent: keep_alive, think, num_ctx, ...) are
 //     set on the Ollama request with their JSON values unchanged. A
 //     thinking model's message.thinking becomes the deltas' thinking.
+//     STARTED goes with the answer's first line, so a 2xx whose first
+//     line (or whole embed answer) is an error object fails with
+//     [ErrProviderError] before anything was sent.
 //   - tunnel ([Tunneler]): the provider is OpenAI-compatible (OpenAI, vLLM,
 //     llama.cpp server, ...). [OpenAI] posts the body, with only its
 //     top-level "model" rewritten to the served model (and its
@@ -18,12 +21,18 @@
 //     {base_url}/chat/completions, /completions or /embeddings and relays a
 //     2xx answer's status and body bytes unchanged, chunk by chunk as they
 //     arrive (SSE passes through untouched), with an allowlist of its
-//     headers. An SSE answer is watched for an error event inside the 2xx
-//     stream (relayed unchanged, reported as [ErrProviderReported]) and for
-//     its closing `data: [DONE]` (without it the stream was cut short:
+//     headers, once the answer is known not to be an error object: an SSE
+//     answer's head waits for its first event, any other answer's for its
+//     end or its first 64 KiB. A 2xx that is an error object (the whole
+//     JSON body, or the stream's first event) relays nothing and fails
+//     with [ErrProviderError] (502, the provider's message). An SSE answer
+//     is watched for a later error event inside the 2xx stream (relayed
+//     unchanged, reported as [ErrProviderReported]) and for its closing
+//     `data: [DONE]` (without it the stream was cut short:
 //     [ErrProviderStream]).
 //     An error answer (4xx, 5xx) is relayed as one OpenAI error
-//     object with the provider's status, scrubbed of its URL and key; a
+//     object with the provider's status, scrubbed of its URL and key (a
+//     plain-text or HTML body keeps its text, or an HTML page's title); a
 //     redirect is a 502.
 //
 // # Outcomes
@@ -38,8 +47,9 @@
 //     safe to show a client: they never hold the provider's URL or API key.
 //     Status is the provider's own HTTP status when it answered non-2xx
 //     (normalized path; the tunnel relays error answers as OpenAI error
-//     objects instead), 502 for a redirect, 502 when it could not be reached or broke its stream, 504 on timeout,
-//     400 when the request body cannot be translated.
+//     objects instead), 502 for a redirect, 502 when it could not be reached or broke its stream
+//     or answered 2xx with an error object, 504 on timeout,
+//     400 when the request body cannot be translated (Param names the field).
 //   - an error wrapping [ErrCancelled]: the caller's context ended; the
 //     upstream HTTP request has been aborted.
 //   - an error wrapping [ErrSink]: the sink refused an event or chunk (the

@@ -5,7 +5,7 @@ import (
 	"fmt"
 )
 
-// Kinds of failure. An [*Error] unwraps to exactly one of the first six;
+// Kinds of failure. An [*Error] unwraps to exactly one of the first seven;
 // the rest are returned wrapped by adapter methods and constructors.
 var (
 	// ErrProviderStatus: the provider answered with a non-2xx status.
@@ -25,6 +25,12 @@ var (
 	// provider reported an error inside it (an SSE error event). The client
 	// got the provider's bytes; the run failed all the same.
 	ErrProviderReported = errors.New("provider reported an error in its stream")
+	// ErrProviderError: the provider answered 2xx with an error object
+	// before any of its answer was passed on: a JSON body that is an error
+	// object ({"error":{...}} or {"error":"..."}), or a stream whose first
+	// event (SSE) or line (NDJSON) is one. Nothing reached the client, so
+	// the edge may try another provider.
+	ErrProviderError = errors.New("provider answered with an error object")
 
 	// ErrCancelled: the caller's context ended before the answer did.
 	ErrCancelled = errors.New("run cancelled")
@@ -38,16 +44,21 @@ var (
 type Error struct {
 	// Kind is one of ErrProviderStatus, ErrProviderUnreachable,
 	// ErrProviderTimeout, ErrProviderStream, ErrBadRequest,
-	// ErrProviderReported.
+	// ErrProviderReported, ErrProviderError.
 	Kind error
 	// Status is the HTTP status to report: the provider's own status for
 	// ErrProviderStatus (502 when it was a redirect or out of range), 502
-	// unreachable, stream failure or reported error, 504 timeout, 400 bad
-	// request.
+	// unreachable, stream failure, reported error or error object, 504
+	// timeout, 400 bad request (413 for a body over the node's limit).
 	Status int
 	// Message describes the failure; it never holds the provider's URL or
-	// API key.
+	// API key. For ErrBadRequest with a Param it is "<param>: <what>".
 	Message string
+	// Param names the request field the adapter could not turn into its
+	// provider's protocol (ErrBadRequest only), as in
+	// "messages[0].content[1].image_url"; "" for the body as a whole or
+	// another failure.
+	Param string
 }
 
 func (e *Error) Error() string {

@@ -86,12 +86,12 @@ func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) err
 		return badRequest("operation %v is not supported", req.Op)
 	}
 	if err != nil {
-		return badRequest("%v", err) // a *translate.FieldError: "field: message"
+		return translateFailed(err) // a *translate.FieldError: Param its field
 	}
 	// Ollama-only fields an Ollama client sent (keep_alive, think, num_ctx,
 	// ...), carried under translate.ExtensionKey with their JSON values.
 	if body, _, err = translate.ApplyExtension(body, req.Body); err != nil {
-		return badRequest("%s: %v", translate.ExtensionKey, err)
+		return fieldBadRequest(translate.ExtensionKey, "%v", err)
 	}
 	c, err := o.p.post(ctx, path, body, http.Header{"Accept": {"application/x-ndjson, application/json"}})
 	if err != nil {
@@ -101,21 +101,26 @@ func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) err
 	if c.resp.StatusCode < 200 || c.resp.StatusCode > 299 {
 		return o.statusError(c)
 	}
-	if err := sink.Send(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_STARTED}); err != nil {
-		return sinkFailed(err)
-	}
+	// STARTED goes with the first part of the answer, not with the 2xx
+	// head: a 2xx whose first line (or whole embed answer) is an error
+	// object is a failure before the first byte (ErrProviderError), which
+	// the edge may send to another provider.
 	if req.Op == nodev1.Operation_OPERATION_EMBEDDINGS {
 		return o.readEmbeddings(c, inputs, sink)
 	}
 	return o.readStream(c, sink)
 }
 
+// startedEvent is the STARTED event that opens a normalized answer.
+func startedEvent() *nodev1.RunEvent { return &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_STARTED} }
+
 // newToolCallID returns a new OpenAI-style tool call id: "call_" and 24
 // random characters.
 func newToolCallID() string { return "call_" + strings.ToLower(rand.Text()[:24]) }
 
 // statusError is the *Error for a non-2xx answer: Ollama's own error text
-// (redacted) or, without one, the status text.
+// (redacted), or the body's own text (a proxy's "Bad Gateway" page, see
+// bodyText), or, with neither, the status text.
 func (o *Ollama) statusError(c *call) error {
 	status := c.resp.StatusCode
 	data, err := io.ReadAll(io.LimitReader(c.resp.Body, errorBodyLimit))
@@ -130,9 +135,13 @@ func (o *Ollama) statusError(c *call) error {
 		msg = errorText(body.Error)
 	}
 	if msg == "" {
+		msg = bodyText(data)
+	}
+	if msg == "" {
 		msg = fmt.Sprintf("provider answered %d %s", status, http.StatusText(status))
 	}
-	return &Error{Kind: ErrProviderStatus, Status: status, Message: o.p.redact(msg)}
+	// Redact before cutting, so no secret is cut in half.
+	return &Error{Kind: ErrProviderStatus, Status: status, Message: truncate(o.p.redact(msg), maxFallbackMessage)}
 }
 
 // readStream relays an NDJSON chat or generate stream to sink. Lines that
@@ -147,14 +156,20 @@ func (o *Ollama) statusError(c *call) error {
 func (o *Ollama) readStream(c *call, sink EventSink) error {
 	br := bufio.NewReaderSize(c.resp.Body, 64<<10)
 	var (
-		events []*nodev1.RunEvent
-		calls  int32 // tool calls so far
+		events  []*nodev1.RunEvent
+		calls   int32 // tool calls so far
+		started bool  // STARTED was sent
 	)
-	// send sends the events gathered so far; a failure that follows them
-	// still reaches the client after their text.
+	// send sends the events gathered so far, after STARTED the first
+	// time; a failure that follows them still reaches the client after
+	// their text.
 	send := func() error {
 		if len(events) == 0 {
 			return nil
+		}
+		if !started {
+			events = append([]*nodev1.RunEvent{startedEvent()}, events...)
+			started = true
 		}
 		err := sink.Send(events...)
 		events = nil
@@ -163,24 +178,32 @@ func (o *Ollama) readStream(c *call, sink EventSink) error {
 		}
 		return nil
 	}
-	streamErr := func(msg string) error {
+	// streamErr ends the stream with a failure: after the answer began,
+	// one of kind ErrProviderStream; before (nothing gathered or sent), of
+	// kind before (ErrProviderError for an error object, else
+	// ErrProviderStream), with nothing sent.
+	streamErr := func(before error, msg string) error {
 		if err := send(); err != nil {
 			return err
 		}
-		return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: msg}
+		kind := ErrProviderStream
+		if !started {
+			kind = before
+		}
+		return &Error{Kind: kind, Status: http.StatusBadGateway, Message: msg}
 	}
 	for {
 		line, rerr := readNDJSONLine(br)
 		if rerr == errLineTooLong {
-			return streamErr("provider sent a stream line over 1 MiB")
+			return streamErr(ErrProviderStream, "provider sent a stream line over 1 MiB")
 		}
 		if len(bytes.TrimSpace(line)) > 0 {
 			l, err := parseLine(line)
 			if err != nil {
-				return streamErr("provider sent a malformed stream line")
+				return streamErr(ErrProviderStream, "provider sent a malformed stream line")
 			}
 			if l.Err != "" {
-				return streamErr(o.p.redact(l.Err))
+				return streamErr(ErrProviderError, truncate(o.p.redact(l.Err), maxFallbackMessage))
 			}
 			if l.Text != "" || l.Thinking != "" || len(l.ToolCalls) > 0 {
 				delta := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: l.Text, Thinking: l.Thinking}
@@ -197,6 +220,11 @@ func (o *Ollama) readStream(c *call, sink EventSink) error {
 				events = append(events, delta)
 			}
 			if l.Done {
+				if !started && len(events) == 0 {
+					// An answer with no content still starts.
+					events = append(events, startedEvent())
+					started = true
+				}
 				finish := "stop"
 				switch {
 				case l.DoneReason == "length":
@@ -224,7 +252,7 @@ func (o *Ollama) readStream(c *call, sink EventSink) error {
 		if c.parent.Err() != nil { // a cancel can surface as a clean EOF
 			return c.failure(context.Canceled, true)
 		}
-		return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: "provider closed stream before done"}
+		return streamErr(ErrProviderStream, "provider closed stream before done")
 	}
 }
 
@@ -278,28 +306,31 @@ func (o *Ollama) readEmbeddings(c *call, inputs int, sink EventSink) error {
 		return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: "provider sent a malformed embeddings answer"}
 	}
 	if msg := errorText(out.Error); msg != "" {
-		return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: o.p.redact(msg)}
+		return &Error{Kind: ErrProviderError, Status: http.StatusBadGateway, Message: truncate(o.p.redact(msg), maxFallbackMessage)}
 	}
 	if len(out.Embeddings) != inputs {
 		return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway,
 			Message: fmt.Sprintf("provider sent %d embeddings for %d inputs", len(out.Embeddings), inputs)}
 	}
+	// STARTED only now that the answer is known good (see Normalize).
+	events := []*nodev1.RunEvent{startedEvent()}
 	delta := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA}
 	floats := 0
 	for _, vec := range out.Embeddings {
 		if floats > 0 && floats+len(vec) > o.deltaFloats {
-			if err := sink.Send(delta); err != nil {
+			if err := sink.Send(append(events, delta)...); err != nil {
 				return sinkFailed(err)
 			}
+			events = nil
 			delta, floats = &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA}, 0
 		}
 		delta.Embeddings = append(delta.Embeddings, &nodev1.Embedding{Values: vec})
 		floats += len(vec)
 	}
-	if err := sink.Send(delta,
+	if err := sink.Send(append(events, delta,
 		&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_USAGE, PromptTokens: clampCount(out.PromptEvalCount)},
 		&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_COMPLETE, FinishReason: "stop"},
-	); err != nil {
+	)...); err != nil {
 		return sinkFailed(err)
 	}
 	return nil

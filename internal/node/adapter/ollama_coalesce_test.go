@@ -13,7 +13,8 @@ import (
 // Lines that reach the node together go up in one Send; a line that is all
 // the node has is sent at once, not held back for more. The provider here
 // writes its third line only after the node has sent the first two (in one
-// message): an adapter that waited for more lines would never get it.
+// message, after STARTED: the answer starts with its first line): an
+// adapter that waited for more lines would never get it.
 func TestOllamaStreamCoalescesBufferedLinesOnly(t *testing.T) {
 	sentFirst := make(chan struct{})
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
@@ -36,7 +37,7 @@ func TestOllamaStreamCoalescesBufferedLinesOnly(t *testing.T) {
 			types = append(types, e.Type)
 		}
 		batches = append(batches, types)
-		if len(batches) == 2 {
+		if len(batches) == 1 {
 			close(sentFirst)
 		}
 		return nil
@@ -44,7 +45,7 @@ func TestOllamaStreamCoalescesBufferedLinesOnly(t *testing.T) {
 	if err := o.Normalize(context.Background(), chatReq(`{"messages":[{"role":"user","content":"x"}]}`), rec); err != nil {
 		t.Fatal(err)
 	}
-	want := [][]nodev1.RunEvent_Type{{tStarted}, {tDelta, tDelta}, {tDelta, tUsage, tComplete}}
+	want := [][]nodev1.RunEvent_Type{{tStarted, tDelta, tDelta}, {tDelta, tUsage, tComplete}}
 	if !slices.EqualFunc(batches, want, slices.Equal) {
 		t.Errorf("sends %v, want %v", batches, want)
 	}

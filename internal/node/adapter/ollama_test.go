@@ -300,7 +300,45 @@ func TestOllamaErrors(t *testing.T) {
 				w.WriteHeader(502)
 				io.WriteString(w, `<html>bad gateway</html>`)
 			},
-			kind: ErrProviderStatus, status: 502, message: "provider answered 502 Bad Gateway",
+			kind: ErrProviderStatus, status: 502, message: "bad gateway",
+		},
+		{
+			name: "503 with a plain-text body",
+			handler: func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/plain")
+				w.WriteHeader(503)
+				io.WriteString(w, "upstream connect error or disconnect/reset before headers\n")
+			},
+			kind: ErrProviderStatus, status: 503, message: "upstream connect error or disconnect/reset before headers",
+		},
+		{
+			name: "500 with a long plain-text body, clipped",
+			handler: func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(500)
+				io.WriteString(w, strings.Repeat("é", 2000))
+			},
+			kind: ErrProviderStatus, status: 500, message: strings.Repeat("é", (maxFallbackMessage-len("…"))/2) + "…",
+		},
+		{
+			name: "500 with an empty body",
+			handler: func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(500)
+			},
+			kind: ErrProviderStatus, status: 500, message: "provider answered 500 Internal Server Error",
+		},
+		{
+			name: "200 whose first line is an error object",
+			handler: ollamaLines(
+				`{"error":"llama runner process has terminated: exit status 2"}`),
+			kind: ErrProviderError, status: 502, message: "llama runner process has terminated: exit status 2",
+		},
+		{
+			name: "200 whose whole JSON body is an error object",
+			handler: func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				io.WriteString(w, `{"error":{"message":"no healthy upstream","code":503}}`)
+			},
+			kind: ErrProviderError, status: 502, message: "no healthy upstream",
 		},
 		{
 			name: "error line mid-stream",
@@ -329,13 +367,16 @@ func TestOllamaErrors(t *testing.T) {
 			name:    "malformed line",
 			handler: ollamaLines(`not json`),
 			kind:    ErrProviderStream, status: 502, message: "provider sent a malformed stream line",
-			wantEvents: []nodev1.RunEvent_Type{tStarted},
 		},
 		{
 			name:    "line over 1 MiB",
 			handler: ollamaLines(`{"response":"` + strings.Repeat("x", maxLineBytes) + `"}`),
 			kind:    ErrProviderStream, status: 502, message: "provider sent a stream line over 1 MiB",
-			wantEvents: []nodev1.RunEvent_Type{tStarted},
+		},
+		{
+			name:    "200 that ends before any line",
+			handler: ollamaLines(),
+			kind:    ErrProviderStream, status: 502, message: "provider closed stream before done",
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -432,7 +473,7 @@ func TestOllamaCancelAbortsUpstream(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	rec := &eventRec{onSend: func(events []*nodev1.RunEvent) error {
-		if events[0].Type == tDelta {
+		if slices.ContainsFunc(events, func(e *nodev1.RunEvent) bool { return e.Type == tDelta }) {
 			cancel()
 		}
 		return nil
@@ -454,7 +495,7 @@ func TestOllamaSinkFailureAbortsUpstream(t *testing.T) {
 	o := newOllama(t, Config{BaseURL: up.URL})
 	broken := errors.New("stream gone")
 	rec := &eventRec{onSend: func(events []*nodev1.RunEvent) error {
-		if events[0].Type == tDelta {
+		if slices.ContainsFunc(events, func(e *nodev1.RunEvent) bool { return e.Type == tDelta }) {
 			return broken
 		}
 		return nil

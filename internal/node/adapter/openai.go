@@ -1,6 +1,7 @@
 package adapter
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -102,8 +103,16 @@ func (o *OpenAI) Close() { o.p.Close() }
 //     as Read returned it, byte for byte, except that the provider's API
 //     key, should the provider echo it, becomes "[redacted]"
 //     (streamRedactor; a chunk's tail that may begin the key waits for the
-//     next chunk). An SSE body (text/event-stream)
-//     is also watched for an error event (`data: {"error":...}`, see
+//     next chunk). The head and the first bytes wait until the answer is
+//     known not to be an error object: an SSE body's until its first
+//     event, any other body's until its end or maxPeek bytes. A body that
+//     is an error object (errorObjectText: a JSON object with an "error"
+//     and no "choices" or "data") or an SSE body whose first event is an
+//     error event is not relayed at all: the call returns an *Error of
+//     kind ErrProviderError, status 502, with the error's message
+//     (redacted, at most 1 KiB), a failure before the first byte that the
+//     edge may retry elsewhere. An SSE body (text/event-stream)
+//     is also watched for a later error event (`data: {"error":...}`, see
 //     errorWatch): the body is still relayed in full and unchanged, but
 //     the call then returns an *Error of kind ErrProviderReported with the
 //     event's message, so the run is recorded as failed. An SSE body that
@@ -120,7 +129,9 @@ func (o *OpenAI) Close() { o.p.Close() }
 //     Any other body (HTML or text from a proxy, vLLM's {"object":"error",
 //     "message",...}, TGI's {"error":"..."}, a truncated one) becomes type
 //     "upstream_error" with the body's own message if it is JSON and has
-//     one (at most 1 KiB), else "upstream returned HTTP <status>", and code
+//     one, or the body's text if it is not JSON (bodyText: plain text as
+//     it is, an HTML page's title), at most 1 KiB, else "upstream
+//     returned HTTP <status>", and code
 //     the body's "code" or else the status. Every string relayed has the
 //     provider's URL, host and API key (thus "Bearer <key>") redacted.
 //   - anything else (a redirect, which is never followed, or a status
@@ -182,9 +193,6 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 			Message: fmt.Sprintf("provider answered with unexpected status %d", status)}
 	}
 	relayed := o.relayHeader(c.resp.Header)
-	if err := sink.Head(c.resp.StatusCode, relayed); err != nil {
-		return sinkFailed(err)
-	}
 	var watch *errorWatch
 	if isEventStream(relayed.Get("Content-Type")) {
 		watch = &errorWatch{}
@@ -193,22 +201,66 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 	bufp := chunkPool.Get().(*[]byte)
 	defer chunkPool.Put(bufp)
 	buf := *bufp
+	// Until the answer is known not to be an error object, its head and
+	// first bytes wait: pending holds them scrubbed, raw as read. An event
+	// stream is known once its first event is in (or maxPeek bytes are,
+	// without one); any other body once it ended within maxPeek bytes (an
+	// error object is small) or went past them.
+	var (
+		pending, raw []byte
+		headSent     bool
+	)
+	sendHead := func() error {
+		headSent = true
+		if err := sink.Head(c.resp.StatusCode, relayed); err != nil {
+			return sinkFailed(err)
+		}
+		if len(pending) > 0 {
+			if err := sink.Data(pending); err != nil {
+				return sinkFailed(err)
+			}
+		}
+		pending, raw = nil, nil
+		return nil
+	}
 	for {
 		n, rerr := c.resp.Body.Read(buf)
 		if n > 0 {
-			if out := scrub.write(buf[:n]); len(out) > 0 {
-				if err := sink.Data(out); err != nil {
-					return sinkFailed(err)
-				}
-			}
+			out := scrub.write(buf[:n])
 			if watch != nil {
 				watch.write(buf[:n])
+			}
+			switch {
+			case headSent:
+				if len(out) > 0 {
+					if err := sink.Data(out); err != nil {
+						return sinkFailed(err)
+					}
+				}
+			case watch != nil && watch.firstError:
+				return &Error{Kind: ErrProviderError, Status: http.StatusBadGateway, Message: truncate(o.p.redact(watch.message), maxFallbackMessage)}
+			default:
+				pending, raw = append(pending, out...), append(raw, buf[:n]...)
+				if (watch != nil && watch.seen > 0) || len(raw) > maxPeek {
+					if err := sendHead(); err != nil {
+						return err
+					}
+				}
 			}
 		}
 		switch {
 		case rerr == nil:
 		case errors.Is(rerr, io.EOF):
-			if rest := scrub.flush(); len(rest) > 0 {
+			rest := scrub.flush()
+			if !headSent {
+				if msg := errorObjectText(raw); msg != "" {
+					return &Error{Kind: ErrProviderError, Status: http.StatusBadGateway, Message: truncate(o.p.redact(msg), maxFallbackMessage)}
+				}
+				pending = append(pending, rest...)
+				if err := sendHead(); err != nil {
+					return err
+				}
+			} else if len(rest) > 0 {
 				if err := sink.Data(rest); err != nil {
 					return sinkFailed(err)
 				}
@@ -226,6 +278,32 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 			return c.failure(rerr, true)
 		}
 	}
+}
+
+// maxPeek is how much of a 2xx answer a tunnel reads, at most, before it
+// relays the head, to tell an error object from an answer.
+const maxPeek = errorBodyLimit
+
+// errorObjectText is the message of a 2xx body that is an error object
+// instead of an answer: a JSON object with an "error" member (an object
+// with a message, or a string; errorText), and no "choices" or "data" (an
+// answer's). It is "" for anything else.
+func errorObjectText(body []byte) string {
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 || body[0] != '{' {
+		return ""
+	}
+	var doc map[string]json.RawMessage
+	if json.Unmarshal(body, &doc) != nil {
+		return ""
+	}
+	if _, ok := doc["choices"]; ok {
+		return ""
+	}
+	if _, ok := doc["data"]; ok {
+		return ""
+	}
+	return errorText(doc["error"])
 }
 
 // isEventStream reports whether a Content-Type is text/event-stream.
@@ -345,6 +423,10 @@ func (o *OpenAI) errorObject(status int, data []byte) openAIError {
 				e.Message = truncate(o.p.redact(s), maxFallbackMessage)
 				break
 			}
+		}
+		if e.Message == "" && doc == nil {
+			// Not JSON: a proxy's page or plain text keeps its own text.
+			e.Message = truncate(o.p.redact(bodyText(data)), maxFallbackMessage)
 		}
 		e.Code = o.scalarText(doc["code"])
 		if e.Code == nil {

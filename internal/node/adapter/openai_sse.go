@@ -25,6 +25,10 @@ type errorWatch struct {
 	events sse.Reader
 	// message is the text of the first error event seen, "" if none.
 	message string
+	// seen counts the events seen; firstError is set when the first
+	// of them was an error event.
+	seen       int
+	firstError bool
 	// done: a `data: [DONE]` event was seen, the end OpenAI's streams
 	// promise; a body that ends without it was cut short.
 	done bool
@@ -44,6 +48,7 @@ func (w *errorWatch) write(p []byte) {
 
 // event checks one event's data.
 func (w *errorWatch) event(data []byte) {
+	w.seen++
 	data = bytes.TrimSpace(data)
 	if string(data) == "[DONE]" {
 		w.done = true
@@ -62,6 +67,6 @@ func (w *errorWatch) event(data []byte) {
 		return
 	}
 	if msg := errorText(event.Error); msg != "" {
-		w.message = msg
+		w.message, w.firstError = msg, w.seen == 1
 	}
 }

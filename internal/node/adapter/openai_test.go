@@ -180,8 +180,9 @@ func TestOpenAITunnelFailures(t *testing.T) {
 			kind:    ErrProviderTimeout, status: 504,
 		},
 		{
-			name: "timeout mid-body",
+			name: "timeout mid-stream",
 			handler: func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
 				io.WriteString(w, "data: {}\n\n")
 				w.(http.Flusher).Flush()
 				<-r.Context().Done()
@@ -190,13 +191,37 @@ func TestOpenAITunnelFailures(t *testing.T) {
 			kind:    ErrProviderTimeout, status: 504, head: true,
 		},
 		{
-			name: "dropped mid-body",
+			name: "dropped mid-stream",
 			handler: func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
 				io.WriteString(w, "data: {}\n\n")
 				w.(http.Flusher).Flush()
 				panic(http.ErrAbortHandler)
 			},
 			kind: ErrProviderStream, status: 502, head: true,
+		},
+		{
+			// A JSON answer is held until it is known not to be an error
+			// object: one that breaks within its first 64 KiB relayed
+			// nothing, a failure before the first byte.
+			name: "JSON answer dropped mid-body",
+			handler: func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				io.WriteString(w, `{"id":"x","choices":[`)
+				w.(http.Flusher).Flush()
+				panic(http.ErrAbortHandler)
+			},
+			kind: ErrProviderStream, status: 502,
+		},
+		{
+			name: "stream dropped before its first event",
+			handler: func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				io.WriteString(w, ": keep-alive\n\ndata: {\"id\"")
+				w.(http.Flusher).Flush()
+				panic(http.ErrAbortHandler)
+			},
+			kind: ErrProviderStream, status: 502,
 		},
 		{
 			name: "dropped before head",
@@ -245,6 +270,7 @@ func TestOpenAITunnelConnectionRefused(t *testing.T) {
 func TestOpenAITunnelCancelAbortsUpstream(t *testing.T) {
 	gone := make(chan struct{})
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
 		io.WriteString(w, "data: {}\n\n")
 		w.(http.Flusher).Flush()
 		<-r.Context().Done()
