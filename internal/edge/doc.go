@@ -4,6 +4,13 @@
 // (package scheduler); this package feeds it live candidates and node
 // lifecycle, and carries admitted requests to nodes and their answers back.
 //
+// What the HTTP API asks and gets back is package edge/contract's: Request,
+// DispatchInfo, Snapshot, ModelInfo, the dispatch errors and Outcome. This
+// package's names for them are aliases, and the scheduler's admission errors
+// are wrapped with the contract's once, where Service.Dispatch returns
+// (boundaryError); the wire protocol's operation and execution path are
+// mapped to the contract's there too.
+//
 // # Nodes and generations
 //
 // A node opens one Connect stream (DESIGN.md "Edge ↔ node protocol"). Its

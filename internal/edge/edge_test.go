@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"iop/internal/edge/contract"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
 )
@@ -144,7 +145,7 @@ func TestDispatchNormalized(t *testing.T) {
 	}
 	info := run.Info()
 	want := DispatchInfo{RunID: d.GetRunId(), NodeID: "n1", ProviderID: "p1", ProviderType: "sim", ServedModel: "m-small",
-		Generation: n.gen, Path: normalized, QueueReason: "immediate"}
+		Generation: n.gen, Path: contract.PathNormalized, QueueReason: "immediate"}
 	if info != want {
 		t.Errorf("Info() = %+v, want %+v", info, want)
 	}
@@ -193,7 +194,7 @@ func TestDispatchTunnel(t *testing.T) {
 	e := startEdge(t, testConfig())
 	n := e.connect(t, hello("n1", prov("p1", tunnel, 1, "gpt-x")))
 	run, rs, d := e.startRun(t, n, chatReq("gpt-x"))
-	if run.Info().Path != tunnel || d.GetExecutionPath() != tunnel {
+	if run.Info().Path != contract.PathTunnel || d.GetExecutionPath() != tunnel {
 		t.Fatalf("path %v / %v, want tunnel", run.Info().Path, d.GetExecutionPath())
 	}
 	sendUp(t, rs, &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: &nodev1.TunnelHead{Status: 200, Headers: map[string]string{"Content-Type": "text/event-stream"}}}})
@@ -578,7 +579,7 @@ func TestResolveErrors(t *testing.T) {
 		{"empty model", func() Request { return chatReq("") }, ErrInvalidRequest, "empty model"},
 		{"no operation", func() Request {
 			r := chatReq("chat")
-			r.Operation = nodev1.Operation_OPERATION_UNSPECIFIED
+			r.Operation = contract.OperationUnspecified
 			return r
 		}, ErrInvalidRequest, "operation"},
 	}
@@ -814,7 +815,7 @@ func TestProviderHealth(t *testing.T) {
 	n.send(t, &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_ProviderUpdate{ProviderUpdate: &nodev1.ProviderUpdate{ProviderId: "p1", Healthy: true, LongCapacity: 1}}})
 	snap := e.waitUntil(t, "healthy", func(s Snapshot) bool { p, _ := providerOf(s, "n1", "p1"); return p.Healthy })
 	p, _ := providerOf(snap, "n1", "p1")
-	if p.Type != "sim" || p.Path != normalized || !equal(p.Models, []string{"m1"}) || !equal(p.Capabilities, []string{"cancel", "stream"}) || p.Status != "available" {
+	if p.Type != "sim" || p.Path != contract.PathNormalized || !equal(p.Models, []string{"m1"}) || !equal(p.Capabilities, []string{"cancel", "stream"}) || p.Status != "available" {
 		t.Errorf("provider snapshot %+v", p)
 	}
 	e.startRun(t, n, chatReq("m1"))

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"iop/internal/clock"
+	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
 
@@ -451,7 +452,7 @@ func (n *fakeNode) acceptRun(t *testing.T, res <-chan dispatched) (*Run, runStre
 }
 
 func chatReq(model string) Request {
-	return Request{Model: model, Operation: nodev1.Operation_OPERATION_CHAT, Stream: true, Body: []byte(`{"model":"` + model + `"}`)}
+	return Request{Model: model, Operation: contract.OperationChat, Stream: true, Body: []byte(`{"model":"` + model + `"}`)}
 }
 
 // recvAll reads the run until an error, returning the messages and the error.

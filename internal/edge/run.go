@@ -7,24 +7,14 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
-	"time"
 
+	"iop/internal/edge/contract"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
 )
 
-// DispatchInfo describes where a run was dispatched. It does not change.
-type DispatchInfo struct {
-	RunID, NodeID, ProviderID, ProviderType, ServedModel string
-	// Generation is the node connection the run was sent on.
-	Generation uint64
-	// Path says how the answer comes back: tunnel frames or run events.
-	Path nodev1.ExecutionPath
-	// QueueReason is "immediate" (a slot was free) or "queued".
-	QueueReason string
-	// QueueWait is the time spent queued; 0 when immediate.
-	QueueWait time.Duration
-}
+// DispatchInfo describes where a run went (see contract.DispatchInfo).
+type DispatchInfo = contract.DispatchInfo
 
 type runState uint8
 
@@ -317,9 +307,9 @@ func (r *Run) Cancel(reason string) {
 // published now, once, with outcome and the reason the run ended for. The
 // caller that got the run from Dispatch calls Close exactly once, after
 // its answer was finished; later calls do nothing more than Cancel.
-func (r *Run) Close(outcome string) {
-	r.Cancel(outcome)
-	r.settle(outcome)
+func (r *Run) Close(outcome contract.Outcome) {
+	r.Cancel(string(outcome))
+	r.settle(string(outcome))
 }
 
 // drop settles a run Dispatch does not hand to its caller (an attempt

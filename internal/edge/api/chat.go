@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 
+	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
 
@@ -47,7 +48,7 @@ func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	req := Request{
 		Model:                chat.Model,
-		Operation:            nodev1.Operation_OPERATION_CHAT,
+		Operation:            contract.OperationChat,
 		Stream:               chat.Stream,
 		Body:                 body,
 		Needs:                chat.Needs,

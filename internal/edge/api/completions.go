@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 
+	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
 
@@ -152,7 +153,7 @@ func (h *handler) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	req := Request{
 		Model:                cr.Model,
-		Operation:            nodev1.Operation_OPERATION_COMPLETION,
+		Operation:            contract.OperationCompletion,
 		Stream:               cr.Stream,
 		Body:                 body,
 		Needs:                cr.Needs,

@@ -97,8 +97,9 @@
 //
 // Every failure is mapped to an HTTP status and an OpenAI error body by one
 // function, classify (errors.go). The Gateway reports dispatch outcomes by
-// wrapping this package's sentinel errors (ErrUnknownModel, ErrQueueFull, ...);
-// the edge's adapter maps its own and the scheduler's errors onto them. A
+// wrapping the contract's errors (package edge/contract: ErrUnknownModel,
+// ErrQueueFull, ..., aliased here); the edge wraps the scheduler's with
+// them once, at its boundary, so nothing translates between error sets. A
 // failure after the response headers were sent cannot change the status: an
 // SSE stream then ends with one `data: {"error":{...}}` event and no
 // `data: [DONE]`, and any other body is cut off by aborting the connection,

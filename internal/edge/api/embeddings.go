@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
 
@@ -103,7 +104,7 @@ func (h *handler) embeddings(w http.ResponseWriter, r *http.Request) {
 	}
 	req := Request{
 		Model:                er.Model,
-		Operation:            nodev1.Operation_OPERATION_EMBEDDINGS,
+		Operation:            contract.OperationEmbeddings,
 		Body:                 body,
 		Needs:                er.Needs,
 		EstimatedInputTokens: er.EstimatedInputTokens,
