@@ -115,6 +115,16 @@
 // sending its terminal message and reading until the edge ends the stream;
 // cancelling the Run stream aborts the run (ErrNodeGone).
 //
+// Each message a node sends up a run is decoded once, when Run.recv reads
+// it (decodeRunUp, decode.go): into the contract's typed message
+// (contract.Message: head, data, delta with text, thinking and tool-call
+// parts, usage, end, failure) that Recv hands on, with what the edge reads
+// of it (whether it ends the run and why, what it says of the provider for
+// the circuit breaker and the retry). Run.recv is the one place where the
+// end of a run is detected and its lease released; the messages Dispatch
+// reads ahead are kept decoded and handed on without decoding them again.
+// The HTTP API renders typed messages and never sees the wire protocol.
+//
 // # Lifecycle events
 //
 // Deps.Observer, when set, is told of node connections and fences (with

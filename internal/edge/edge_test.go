@@ -169,7 +169,7 @@ func TestDispatchNormalized(t *testing.T) {
 	}
 	sendUp(t, rs, events(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_COMPLETE, FinishReason: "stop"}))
 	m, err := run.Recv()
-	if err != nil || m.GetEvents().GetEvents()[0].GetType() != nodev1.RunEvent_TYPE_COMPLETE {
+	if err != nil || first(m).Kind != contract.EventEnd || first(m).FinishReason != "stop" {
 		t.Fatalf("Recv = %v, %v; want the complete event", m, err)
 	}
 	// Released before Recv returned the terminal event.
@@ -205,7 +205,8 @@ func TestDispatchTunnel(t *testing.T) {
 	if err != io.EOF {
 		t.Fatalf("Recv ended with %v, want io.EOF", err)
 	}
-	if len(got) != 4 || got[0].GetTunnelHead().GetStatus() != 200 || string(got[2].GetTunnelData().GetData()) != "data: [DONE]\n\n" || got[3].GetTunnelEnd() == nil {
+	if len(got) != 4 || first(got[0]).Kind != contract.EventHead || first(got[0]).Status != 200 ||
+		first(got[2]).Kind != contract.EventData || string(first(got[2]).Data) != "data: [DONE]\n\n" || first(got[3]).Kind != contract.EventEnd {
 		t.Fatalf("got %v", got)
 	}
 	if e.inFlight("n1", "p1") != 0 {
@@ -219,7 +220,7 @@ func TestTunnelErrorReleases(t *testing.T) {
 	run, rs, _ := e.startRun(t, n, chatReq("gpt-x"))
 	sendUp(t, rs, &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelError{TunnelError: &nodev1.TunnelError{Message: "upstream 500", Status: 502}}})
 	m, err := run.Recv()
-	if err != nil || m.GetTunnelError().GetStatus() != 502 {
+	if err != nil || first(m).Kind != contract.EventFailure || first(m).Status != 502 {
 		t.Fatalf("Recv = %v, %v", m, err)
 	}
 	if e.inFlight("n1", "p1") != 0 {

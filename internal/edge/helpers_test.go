@@ -456,8 +456,8 @@ func chatReq(model string) Request {
 }
 
 // recvAll reads the run until an error, returning the messages and the error.
-func recvAll(r *Run) ([]*nodev1.RunUp, error) {
-	var got []*nodev1.RunUp
+func recvAll(r *Run) ([]contract.Message, error) {
+	var got []contract.Message
 	for {
 		m, err := r.Recv()
 		if err != nil {
@@ -465,6 +465,20 @@ func recvAll(r *Run) ([]*nodev1.RunUp, error) {
 		}
 		got = append(got, m)
 	}
+}
+
+// decoded is m as Recv hands it on.
+func decoded(m *nodev1.RunUp) contract.Message {
+	d, _ := DecodeRunUp(m)
+	return d
+}
+
+// first is m's first event; the zero Event when it has none.
+func first(m contract.Message) contract.Event {
+	if len(m.Events) == 0 {
+		return contract.Event{}
+	}
+	return m.Events[0]
 }
 
 // waitFor polls cond until it holds, failing after the failsafe.

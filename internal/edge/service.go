@@ -328,14 +328,14 @@ const maxReadAhead = 256 << 10
 func (s *Service) awaitFirst(ctx context.Context, run *Run) (reason string, err error) {
 	stop := context.AfterFunc(ctx, func() { run.finish("client gone", ctx.Err(), true) })
 	defer stop()
-	var got []*nodev1.RunUp
+	var got []runMsg
 	defer func() {
 		run.mu.Lock()
 		run.replay = append(got, run.replay...)
 		run.mu.Unlock()
 	}()
 	for {
-		m, err := run.Recv()
+		m, err := run.recv()
 		if err != nil {
 			if errors.Is(err, ErrNodeGone) {
 				return "node gone", err
@@ -343,27 +343,27 @@ func (s *Service) awaitFirst(ctx context.Context, run *Run) (reason string, err 
 			return "", nil // io.EOF or ctx: Recv will say it again
 		}
 		got = append(got, m)
-		_, decisive, retry := verdict(m)
-		if !decisive {
+		if !m.decisive {
 			continue
 		}
-		if retry == "" || m.GetTunnelHead() == nil {
+		retry := m.retry
+		if retry == "" || !m.head {
 			return retry, nil
 		}
 		// A failed tunnel answer: read its body to the end, so that the
 		// run's slot is free while the request is admitted again.
 		size := 0
 		for {
-			m, err := run.Recv()
+			m, err := run.recv()
 			if err != nil {
 				return retry, nil // ended: the head and what came is the answer
 			}
 			got = append(got, m)
-			size += len(m.GetTunnelData().GetData())
+			size += m.dataLen
 			if size > maxReadAhead {
 				return "", nil
 			}
-			if _, terminal, _ := classifyRunUp(m); terminal {
+			if m.msg.Ends {
 				return retry, nil
 			}
 		}

@@ -578,10 +578,10 @@ type failingRun struct {
 	err error
 }
 
-func (r *failingRun) Recv() (*nodev1.RunUp, error) {
+func (r *failingRun) Recv() (contract.Message, error) {
 	m, err := r.fakeRun.Recv()
 	if errors.Is(err, io.EOF) {
-		return nil, r.err
+		return contract.Message{}, r.err
 	}
 	return m, err
 }

@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"iop/internal/edge/contract"
-	"iop/internal/wire/nodev1"
 )
 
 // completionRequest is what the API reads from a legacy completions request
@@ -206,8 +205,8 @@ func (t *textRender) object(choices []textChoice, u *usage) textCompletion {
 // with usage. It returns the rendering's reason.
 func (t *textRender) json() string {
 	var text strings.Builder
-	finish, err := t.next(func(ev *nodev1.RunEvent) error {
-		text.WriteString(ev.GetText())
+	finish, err := t.next(func(ev *contract.Event) error {
+		text.WriteString(ev.Text)
 		return nil
 	})
 	if err != nil {
@@ -229,12 +228,12 @@ func (t *textRender) json() string {
 // one that fails later ends with an error event and no [DONE]. It returns
 // the rendering's reason.
 func (t *textRender) stream() string {
-	finish, err := t.next(func(ev *nodev1.RunEvent) error {
-		if ev.GetText() == "" {
+	finish, err := t.next(func(ev *contract.Event) error {
+		if ev.Text == "" {
 			return nil
 		}
 		t.startStream()
-		if err := t.writeEvent(t.object([]textChoice{{Text: ev.GetText()}}, nil)); err != nil {
+		if err := t.writeEvent(t.object([]textChoice{{Text: ev.Text}}, nil)); err != nil {
 			return &errWrite{err}
 		}
 		return nil

@@ -63,9 +63,10 @@ func (e *requestError) Error() string {
 	return e.param + ": " + e.message
 }
 
-// upstreamError is a failure the node reported for a run: an error event or
-// a TunnelError. status is the HTTP status the provider answered or the node
-// chose (502 upstream failure, 504 timeout); 0 or out of range means 502.
+// upstreamError is a failure the node reported for a run: a normalized or a
+// tunnel failure event. status is the HTTP status the provider answered or
+// the node chose (502 upstream failure, 504 timeout); 0 or out of range
+// means 502.
 // message is already safe to show a client.
 type upstreamError struct {
 	status  int

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/edge"
 	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
@@ -106,21 +107,34 @@ func (r *fakeRun) Info() DispatchInfo { return r.info }
 // base lets fakeGateway find the fakeRun inside a wrapping test run.
 func (r *fakeRun) base() *fakeRun { return r }
 
-func (r *fakeRun) Recv() (*nodev1.RunUp, error) {
-	select {
-	case <-r.closed:
-		return nil, errRunClosed
-	default:
-	}
-	select {
-	case m, ok := <-r.up:
-		if !ok {
-			return nil, io.EOF
+// Recv returns the next scripted node message as the edge decodes it
+// (edge.DecodeRunUp), skipping those the edge does not hand on (a RunOpen,
+// an empty message).
+func (r *fakeRun) Recv() (contract.Message, error) {
+	for {
+		select {
+		case <-r.closed:
+			return contract.Message{}, errRunClosed
+		default:
 		}
-		return m, nil
-	case <-r.closed:
-		return nil, errRunClosed
+		select {
+		case m, ok := <-r.up:
+			if !ok {
+				return contract.Message{}, io.EOF
+			}
+			if d, ok := edge.DecodeRunUp(m); ok {
+				return d, nil
+			}
+		case <-r.closed:
+			return contract.Message{}, errRunClosed
+		}
 	}
+}
+
+// decoded is m as the edge decodes it.
+func decoded(m *nodev1.RunUp) *contract.Message {
+	d, _ := edge.DecodeRunUp(m)
+	return &d
 }
 
 func (r *fakeRun) Cancel(reason string) {

@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"iop/internal/edge/contract"
-	"iop/internal/wire/nodev1"
 )
 
 // Gateway is what the HTTP API needs of the edge service: dispatch one
@@ -32,17 +31,17 @@ type Gateway interface {
 type Run interface {
 	// Info describes where the run was dispatched. It does not change.
 	Info() DispatchInfo
-	// Recv blocks for the next message from the node: RunEvents on the
-	// normalized path; TunnelHead, TunnelData, TunnelEnd or TunnelError on
-	// the tunnel path. When it returns a terminal message (a complete,
-	// error or cancelled event; TunnelEnd; TunnelError) or an error, the
-	// run has ended: its lease is already released. After a terminal
-	// message it returns io.EOF. Cancel makes a blocked Recv return
+	// Recv blocks for the next message from the node, decoded by the edge
+	// into typed events (contract.Message): a normalized run's deltas,
+	// usage, end or failure; a tunnel run's head, data, end or failure.
+	// When it returns a message that ends the run (Message.Ends) or an
+	// error, the run has ended: its lease is already released. After such
+	// a message it returns io.EOF. Cancel makes a blocked Recv return
 	// promptly (io.EOF or an error). Any other error means the run failed
 	// upstream: the node disconnected (wrap ErrNodeGone for a clearer
 	// message) or its run stream broke; it is answered 502 without the
 	// error's text.
-	Recv() (*nodev1.RunUp, error)
+	Recv() (contract.Message, error)
 	// Cancel ends the run if it has not ended: cancels it on the node and
 	// releases its lease. The reason is for logs only. It is idempotent and
 	// safe to call from another goroutine while Recv blocks.

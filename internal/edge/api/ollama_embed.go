@@ -67,8 +67,8 @@ func (e *ollamaEmbedRender) begin(rr *runResponse) {
 	e.runResponse, e.timings.Dispatched = rr, rr.h.cfg.Now()
 }
 
-// normalized renders a normalized-path run: the vectors of its DELTA
-// events and the prompt tokens of its USAGE. It returns the rendering's reason.
+// normalized renders a normalized-path run: the vectors of its delta
+// events and the prompt tokens of its usage event. It returns the rendering's reason.
 func (e *ollamaEmbedRender) normalized() string {
 	er := &eventReader{runResponse: e.runResponse}
 	vectors, err := er.vectors(e.inputs)
