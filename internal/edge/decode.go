@@ -79,28 +79,32 @@ func decodeMessage(m *nodev1.RunUp) contract.Message {
 	var out contract.Message
 	switch msg := m.GetMsg().(type) {
 	case *nodev1.RunUp_Events:
-		for _, e := range msg.Events.GetEvents() {
+		evs := msg.Events.GetEvents()
+		for i, e := range evs {
 			if ev, ok := decodeRunEvent(e); ok {
+				if out.Events == nil {
+					out.Events = make([]contract.Event, 0, len(evs)-i)
+				}
 				out.Events = append(out.Events, ev)
 			}
 		}
 	case *nodev1.RunUp_TunnelHead:
 		out.Tunnel = true
-		out.Events = []contract.Event{{Kind: contract.EventHead, Status: int(msg.TunnelHead.GetStatus()), Headers: msg.TunnelHead.GetHeaders()}}
+		out.Part = contract.Event{Kind: contract.EventHead, Status: int(msg.TunnelHead.GetStatus()), Headers: msg.TunnelHead.GetHeaders()}
 	case *nodev1.RunUp_TunnelData:
 		out.Tunnel = true
-		out.Events = []contract.Event{{Kind: contract.EventData, Data: msg.TunnelData.GetData()}}
+		out.Part = contract.Event{Kind: contract.EventData, Data: msg.TunnelData.GetData()}
 	case *nodev1.RunUp_TunnelEnd:
 		out.Tunnel = true
-		out.Events = []contract.Event{{Kind: contract.EventEnd, ProviderError: msg.TunnelEnd.GetProviderError()}}
+		out.Part = contract.Event{Kind: contract.EventEnd, ProviderError: msg.TunnelEnd.GetProviderError()}
 	case *nodev1.RunUp_TunnelError:
 		out.Tunnel = true
 		te := msg.TunnelError
 		// A TunnelError of status 400 is the node's own refusal of a
 		// request it could not send (a tunnel relays the provider's error
 		// answers as they are, never as a TunnelError).
-		out.Events = []contract.Event{{Kind: contract.EventFailure, Status: int(te.GetStatus()), Message: te.GetMessage(),
-			InvalidRequest: te.GetStatus() == http.StatusBadRequest}}
+		out.Part = contract.Event{Kind: contract.EventFailure, Status: int(te.GetStatus()), Message: te.GetMessage(),
+			InvalidRequest: te.GetStatus() == http.StatusBadRequest}
 	}
 	return out
 }

@@ -473,8 +473,12 @@ func decoded(m *nodev1.RunUp) contract.Message {
 	return d
 }
 
-// first is m's first event; the zero Event when it has none.
+// first is m's first event (a tunnel message's Part); the zero Event when
+// it has none.
 func first(m contract.Message) contract.Event {
+	if m.Tunnel {
+		return m.Part
+	}
 	if len(m.Events) == 0 {
 		return contract.Event{}
 	}

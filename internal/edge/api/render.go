@@ -538,11 +538,9 @@ func failureError(ev contract.Event) error {
 	}
 }
 
-// tunnelEvent is the one event of a tunnel-path message; ok is false for
-// a message that is not one (a normalized message on a tunnel run).
+// tunnelEvent is the event of a tunnel-path message (its Part); ok is
+// false for a message that is not one (a normalized message on a tunnel
+// run).
 func tunnelEvent(msg contract.Message) (contract.Event, bool) {
-	if !msg.Tunnel || len(msg.Events) != 1 {
-		return contract.Event{}, false
-	}
-	return msg.Events[0], true
+	return msg.Part, msg.Tunnel
 }

@@ -5,15 +5,15 @@ package contract
 // message, or one tunnel-path part. The HTTP API renders messages; it never
 // sees the wire protocol.
 type Message struct {
-	// Tunnel is set for a tunnel-path part (head, data, end or failure: one
-	// event), clear for a normalized-path message.
+	// Tunnel is set for a tunnel-path part, which is Part (a head, data,
+	// end or failure event); clear for a normalized-path message, whose
+	// events are Events.
 	Tunnel bool
-	// Events are the message's events, in order. A normalized message's
-	// (delta, usage, end, failure) are written with one flush; events only
-	// the edge reads (started, and types it does not know) are left out,
-	// so Events may be empty. A message with no event at all on the
-	// tunnel path is one the node should not have sent (Kind
-	// EventUnknown).
+	Part   Event
+	// Events are a normalized message's events, in order (delta, usage,
+	// end, failure), which the API writes with one flush. Events only the
+	// edge reads (started, and types it does not know) and deltas without
+	// content are left out, so Events may be empty.
 	Events []Event
 	// Ends is set when this message ended the run: its lease is already
 	// released, and the next Recv returns io.EOF.
@@ -25,9 +25,8 @@ type EventKind uint8
 
 // Event kinds.
 const (
-	// EventUnknown is a message the node sent that the edge cannot read
-	// as any event of the run's path (an empty tunnel message): a
-	// protocol error to the API.
+	// EventUnknown is the zero EventKind: no event (the Part of a
+	// normalized message).
 	EventUnknown EventKind = iota
 	// EventHead (tunnel): the provider's status and headers.
 	EventHead
