@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -21,7 +20,6 @@ import (
 	"iop/internal/ledger"
 	"iop/internal/runs"
 	"iop/internal/scheduler"
-	"iop/internal/wire/nodev1"
 )
 
 func newEdgeCommand(logLevel *string) *cobra.Command {
@@ -328,90 +326,23 @@ const shutdownFinish = 5 * time.Second
 // Wait blocks until the edge has stopped and returns why.
 func (e *edgeProcess) Wait() error { return <-e.done }
 
-// gateway adapts *edge.Service to the HTTP API's Gateway, mapping the
-// edge's and scheduler's errors onto the API's sentinels: the one place
-// where they meet.
-type gateway struct{ svc *edge.Service }
+// gateway is *edge.Service as the HTTP API's Gateway: both speak the
+// contract's types (package edge/contract), and the service is also the
+// API's Admin and ModelCatalog; only Dispatch's result widens to api.Run.
+type gateway struct{ *edge.Service }
 
-var _ api.Gateway = gateway{}
+var (
+	_ api.Gateway      = gateway{}
+	_ api.Admin        = gateway{}
+	_ api.ModelCatalog = gateway{}
+)
 
 func (g gateway) Dispatch(ctx context.Context, req api.Request) (api.Run, error) {
-	run, err := g.svc.Dispatch(ctx, edge.Request(req))
+	run, err := g.Service.Dispatch(ctx, req)
 	if err != nil {
-		return nil, apiError(err)
+		return nil, err
 	}
-	return apiRun{run}, nil
-}
-
-func (g gateway) Models() []string { return g.svc.Models() }
-
-var _ api.Admin = gateway{}
-
-// AdminSnapshot converts the edge's snapshot into the API's views (their
-// fields mirror edge's one to one).
-func (g gateway) AdminSnapshot() api.AdminSnapshot {
-	snap := g.svc.Snapshot()
-	var out api.AdminSnapshot
-	for _, n := range snap.Nodes {
-		out.Nodes = append(out.Nodes, api.AdminNode(n))
-	}
-	for _, p := range snap.Providers {
-		out.Providers = append(out.Providers, api.AdminProvider(p))
-	}
-	for _, q := range snap.Queues {
-		out.Queues = append(out.Queues, api.AdminQueue(q))
-	}
-	return out
-}
-
-var _ api.ModelCatalog = gateway{}
-
-func (g gateway) ModelInfo(name string) (api.ModelInfo, bool) {
-	info, ok := g.svc.ModelInfo(name)
-	out := api.ModelInfo{Name: info.Name, Alias: info.Alias, Targets: info.Targets}
-	for _, p := range info.Providers {
-		out.Providers = append(out.Providers, api.ModelProvider(p))
-	}
-	return out, ok
-}
-
-func (g gateway) RunsInFlight() map[string]int { return g.svc.RunsInFlight() }
-
-type apiRun struct{ *edge.Run }
-
-func (r apiRun) Info() api.DispatchInfo { return api.DispatchInfo(r.Run.Info()) }
-
-func (r apiRun) Recv() (*nodev1.RunUp, error) {
-	m, err := r.Run.Recv()
-	if err != nil && !errors.Is(err, io.EOF) {
-		err = apiError(err)
-	}
-	return m, err
-}
-
-// apiError wraps err with the API sentinel for its outcome (the first
-// that matches: a lost provider is unavailable even if a rejection is in
-// the chain); errors without one (context errors, invalid requests) pass
-// through.
-func apiError(err error) error {
-	for _, m := range []struct{ from, to error }{
-		{scheduler.ErrUnknownModel, api.ErrUnknownModel},
-		{scheduler.ErrProviderUnavailable, api.ErrProviderUnavailable},
-		{scheduler.ErrCandidatesRejected, api.ErrCandidatesRejected},
-		{scheduler.ErrQueueFull, api.ErrQueueFull},
-		{scheduler.ErrQueueTimeout, api.ErrQueueTimeout},
-		{scheduler.ErrNoProvider, api.ErrNoProvider},
-		{edge.ErrDispatchTimeout, api.ErrDispatchTimeout},
-		{edge.ErrDispatchRefused, api.ErrDispatchRefused},
-		{edge.ErrStaleGeneration, api.ErrStaleGeneration},
-		{edge.ErrNodeGone, api.ErrNodeGone},
-		{edge.ErrShuttingDown, api.ErrShuttingDown},
-	} {
-		if errors.Is(err, m.from) {
-			return fmt.Errorf("%w: %w", m.to, err)
-		}
-	}
-	return err
+	return run, nil
 }
 
 // optionalInt is a flag bound to an optional int of a config (a *int whose

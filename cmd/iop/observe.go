@@ -62,7 +62,7 @@ func (o *observability) RequestDone(rec api.RequestRecord) {
 			model = "" // a client's string, not (yet) a model the edge knows
 		}
 		o.hub.Publish(lifecycle.Event{Type: lifecycle.RequestRefused, RequestID: rec.RequestID, Model: model,
-			Reason: reason, Outcome: rec.Outcome, Status: rec.Status})
+			Reason: reason, Outcome: string(rec.Outcome), Status: rec.Status})
 	}
 }
 

@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strings"
 	"sync/atomic"
 
+	"iop/internal/edge/contract"
 	"iop/internal/scheduler"
 )
 
@@ -134,10 +134,6 @@ func (c *catalog) couldMeet(model string, needs []string) bool {
 	})
 }
 
-// latestTag is the tag Ollama gives a model name without one (Ollama API
-// doc, "Model names": the tag "will default to latest").
-const latestTag = ":latest"
-
 // name returns the catalog's name for the requested model: model itself
 // when it is an alias or a known served name; else, for an
 // Ollama-style name, the same name with or without the ":latest" tag ("x"
@@ -149,12 +145,7 @@ func (c *catalog) name(model string) string {
 	if _, ok := aliases[model]; ok {
 		return model
 	}
-	alt := ""
-	if base, ok := strings.CutSuffix(model, latestTag); ok && base != "" {
-		alt = base
-	} else if !strings.Contains(model[strings.LastIndex(model, "/")+1:], ":") {
-		alt = model + latestTag
-	}
+	alt := contract.TagAlternative(model)
 	c.reg.mu.RLock()
 	defer c.reg.mu.RUnlock()
 	if c.reg.knownLocked(model) || alt == "" {

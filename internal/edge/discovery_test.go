@@ -3,13 +3,13 @@ package edge
 import (
 	"context"
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
+	"iop/internal/edge/contract"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
 )
@@ -33,7 +33,7 @@ func setModels(provider string, models []string, caps ...*nodev1.ModelCapabiliti
 }
 
 func embedReq(model string) Request {
-	return Request{Model: model, Operation: nodev1.Operation_OPERATION_EMBEDDINGS, Body: []byte(`{"model":"` + model + `","input":"x"}`), Needs: []string{"embeddings"}}
+	return Request{Model: model, Operation: contract.OperationEmbeddings, Body: []byte(`{"model":"` + model + `","input":"x"}`), Needs: []string{"embeddings"}}
 }
 
 func toolsReq(model string) Request {
@@ -241,7 +241,8 @@ func TestModelInfoDescribesTheTarget(t *testing.T) {
 	}
 	p1, p2 := info.Providers[0], info.Providers[1]
 	if p1.ProviderID != "p1" || p1.Target != "qwen3:latest" || !slices.Equal(p1.Capabilities, []string{"completion", "stream", "thinking", "tools"}) ||
-		!proto.Equal(p1.Details, details) {
+		!reflect.DeepEqual(p1.Details, &contract.ModelDetails{Size: 1234, Digest: "abc", ModifiedAt: "2026-01-02T03:04:05Z", Format: "gguf",
+			Family: "qwen3", Families: []string{"qwen3"}, ParameterSize: "8.2B", QuantizationLevel: "Q4_K_M", ContextLength: 40960}) {
 		t.Errorf("p1: %+v", p1)
 	}
 	if p2.ProviderID != "p2" || p2.Target != "qwen3:latest" || !slices.Equal(p2.Capabilities, []string{"cancel", "completion", "stream"}) || p2.Details != nil {

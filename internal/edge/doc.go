@@ -4,6 +4,13 @@
 // (package scheduler); this package feeds it live candidates and node
 // lifecycle, and carries admitted requests to nodes and their answers back.
 //
+// What the HTTP API asks and gets back is package edge/contract's: Request,
+// DispatchInfo, Snapshot, ModelInfo, the dispatch errors and Outcome. This
+// package's names for them are aliases, and the scheduler's admission errors
+// are wrapped with the contract's once, where Service.Dispatch returns
+// (boundaryError); the wire protocol's operation and execution path are
+// mapped to the contract's there too.
+//
 // # Nodes and generations
 //
 // A node opens one Connect stream (DESIGN.md "Edge ↔ node protocol"). Its
@@ -107,6 +114,16 @@
 // directly, so each run is flow-controlled on its own. A node ends a run by
 // sending its terminal message and reading until the edge ends the stream;
 // cancelling the Run stream aborts the run (ErrNodeGone).
+//
+// Each message a node sends up a run is decoded once, when Run.recv reads
+// it (decodeRunUp, decode.go): into the contract's typed message
+// (contract.Message: head, data, delta with text, thinking and tool-call
+// parts, usage, end, failure) that Recv hands on, with what the edge reads
+// of it (whether it ends the run and why, what it says of the provider for
+// the circuit breaker and the retry). Run.recv is the one place where the
+// end of a run is detected and its lease released; the messages Dispatch
+// reads ahead are kept decoded and handed on without decoding them again.
+// The HTTP API renders typed messages and never sees the wire protocol.
 //
 // # Lifecycle events
 //

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"iop/internal/edge/contract"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
 )
@@ -144,7 +145,7 @@ func TestDispatchNormalized(t *testing.T) {
 	}
 	info := run.Info()
 	want := DispatchInfo{RunID: d.GetRunId(), NodeID: "n1", ProviderID: "p1", ProviderType: "sim", ServedModel: "m-small",
-		Generation: n.gen, Path: normalized, QueueReason: "immediate"}
+		Generation: n.gen, Path: contract.PathNormalized, QueueReason: "immediate"}
 	if info != want {
 		t.Errorf("Info() = %+v, want %+v", info, want)
 	}
@@ -168,7 +169,7 @@ func TestDispatchNormalized(t *testing.T) {
 	}
 	sendUp(t, rs, events(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_COMPLETE, FinishReason: "stop"}))
 	m, err := run.Recv()
-	if err != nil || m.GetEvents().GetEvents()[0].GetType() != nodev1.RunEvent_TYPE_COMPLETE {
+	if err != nil || first(m).Kind != contract.EventEnd || first(m).FinishReason != "stop" {
 		t.Fatalf("Recv = %v, %v; want the complete event", m, err)
 	}
 	// Released before Recv returned the terminal event.
@@ -193,7 +194,7 @@ func TestDispatchTunnel(t *testing.T) {
 	e := startEdge(t, testConfig())
 	n := e.connect(t, hello("n1", prov("p1", tunnel, 1, "gpt-x")))
 	run, rs, d := e.startRun(t, n, chatReq("gpt-x"))
-	if run.Info().Path != tunnel || d.GetExecutionPath() != tunnel {
+	if run.Info().Path != contract.PathTunnel || d.GetExecutionPath() != tunnel {
 		t.Fatalf("path %v / %v, want tunnel", run.Info().Path, d.GetExecutionPath())
 	}
 	sendUp(t, rs, &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: &nodev1.TunnelHead{Status: 200, Headers: map[string]string{"Content-Type": "text/event-stream"}}}})
@@ -204,7 +205,8 @@ func TestDispatchTunnel(t *testing.T) {
 	if err != io.EOF {
 		t.Fatalf("Recv ended with %v, want io.EOF", err)
 	}
-	if len(got) != 4 || got[0].GetTunnelHead().GetStatus() != 200 || string(got[2].GetTunnelData().GetData()) != "data: [DONE]\n\n" || got[3].GetTunnelEnd() == nil {
+	if len(got) != 4 || first(got[0]).Kind != contract.EventHead || first(got[0]).Status != 200 ||
+		first(got[2]).Kind != contract.EventData || string(first(got[2]).Data) != "data: [DONE]\n\n" || first(got[3]).Kind != contract.EventEnd {
 		t.Fatalf("got %v", got)
 	}
 	if e.inFlight("n1", "p1") != 0 {
@@ -218,7 +220,7 @@ func TestTunnelErrorReleases(t *testing.T) {
 	run, rs, _ := e.startRun(t, n, chatReq("gpt-x"))
 	sendUp(t, rs, &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelError{TunnelError: &nodev1.TunnelError{Message: "upstream 500", Status: 502}}})
 	m, err := run.Recv()
-	if err != nil || m.GetTunnelError().GetStatus() != 502 {
+	if err != nil || first(m).Kind != contract.EventFailure || first(m).Status != 502 {
 		t.Fatalf("Recv = %v, %v", m, err)
 	}
 	if e.inFlight("n1", "p1") != 0 {
@@ -578,7 +580,7 @@ func TestResolveErrors(t *testing.T) {
 		{"empty model", func() Request { return chatReq("") }, ErrInvalidRequest, "empty model"},
 		{"no operation", func() Request {
 			r := chatReq("chat")
-			r.Operation = nodev1.Operation_OPERATION_UNSPECIFIED
+			r.Operation = contract.OperationUnspecified
 			return r
 		}, ErrInvalidRequest, "operation"},
 	}
@@ -814,7 +816,7 @@ func TestProviderHealth(t *testing.T) {
 	n.send(t, &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_ProviderUpdate{ProviderUpdate: &nodev1.ProviderUpdate{ProviderId: "p1", Healthy: true, LongCapacity: 1}}})
 	snap := e.waitUntil(t, "healthy", func(s Snapshot) bool { p, _ := providerOf(s, "n1", "p1"); return p.Healthy })
 	p, _ := providerOf(snap, "n1", "p1")
-	if p.Type != "sim" || p.Path != normalized || !equal(p.Models, []string{"m1"}) || !equal(p.Capabilities, []string{"cancel", "stream"}) || p.Status != "available" {
+	if p.Type != "sim" || p.Path != contract.PathNormalized || !equal(p.Models, []string{"m1"}) || !equal(p.Capabilities, []string{"cancel", "stream"}) || p.Status != "available" {
 		t.Errorf("provider snapshot %+v", p)
 	}
 	e.startRun(t, n, chatReq("m1"))

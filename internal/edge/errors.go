@@ -3,15 +3,18 @@ package edge
 import (
 	"context"
 	"errors"
+	"fmt"
+
+	"iop/internal/edge/contract"
+	"iop/internal/scheduler"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
-// Outcomes of Service.Dispatch and Run.Recv besides the scheduler's
-// admission errors (scheduler.ErrUnknownModel, ErrNoProvider,
-// ErrCandidatesRejected, ErrQueueFull, ErrQueueTimeout,
-// ErrProviderUnavailable), which Dispatch returns wrapped as they are.
+// Outcomes of Service.Dispatch and Run.Recv: the contract's errors
+// (package contract), which the scheduler's admission errors are wrapped
+// with at the edge's boundary (boundaryError), and the edge's own.
 var (
 	// ErrInvalidConfig: Config.Validate, LoadConfig or NewServer got a
 	// configuration that cannot be served.
@@ -21,19 +24,44 @@ var (
 	ErrInvalidRequest = errors.New("invalid dispatch request")
 	// ErrNodeGone: the node connection a run was dispatched on ended (or the
 	// node dropped the run's stream) before the run ended.
-	ErrNodeGone = errors.New("node gone")
+	ErrNodeGone = contract.ErrNodeGone
 	// ErrStaleGeneration: the node reconnected between admission and
 	// dispatch, twice in a row.
-	ErrStaleGeneration = errors.New("stale node generation")
+	ErrStaleGeneration = contract.ErrStaleGeneration
 	// ErrDispatchTimeout: the node did not open the run's stream within
 	// dispatch_timeout.
-	ErrDispatchTimeout = errors.New("dispatch timed out")
+	ErrDispatchTimeout = contract.ErrDispatchTimeout
 	// ErrDispatchRefused: the node answered the dispatch with DispatchRefused.
-	ErrDispatchRefused = errors.New("dispatch refused by node")
+	ErrDispatchRefused = contract.ErrDispatchRefused
 	// ErrShuttingDown: the edge is stopping (Service.Shutdown): the request
 	// was refused or dequeued, or its run ended, before it finished.
-	ErrShuttingDown = errors.New("edge shutting down")
+	ErrShuttingDown = contract.ErrShuttingDown
 )
+
+// boundaryError wraps an error Service.Dispatch returns with the
+// contract's error for its outcome, the first that matches in this order
+// (a lost provider is unavailable even if a rejection is in the chain):
+// the one place where the scheduler's errors become the contract's. The
+// edge's own outcomes (ErrNodeGone, ...) already are the contract's;
+// errors without one (context errors, ErrInvalidRequest) pass through.
+func boundaryError(err error) error {
+	if err == nil {
+		return nil
+	}
+	for _, m := range []struct{ from, to error }{
+		{scheduler.ErrUnknownModel, contract.ErrUnknownModel},
+		{scheduler.ErrProviderUnavailable, contract.ErrProviderUnavailable},
+		{scheduler.ErrCandidatesRejected, contract.ErrCandidatesRejected},
+		{scheduler.ErrQueueFull, contract.ErrQueueFull},
+		{scheduler.ErrQueueTimeout, contract.ErrQueueTimeout},
+		{scheduler.ErrNoProvider, contract.ErrNoProvider},
+	} {
+		if errors.Is(err, m.from) {
+			return fmt.Errorf("%w: %w", m.to, err)
+		}
+	}
+	return err
+}
 
 // Outcomes the gRPC handlers find themselves; grpcError maps them to codes.
 var (

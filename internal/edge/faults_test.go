@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"io"
+	"reflect"
 	"testing"
 	"time"
 
+	"iop/internal/edge/contract"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
 )
@@ -77,13 +79,14 @@ var notRetryable = []failure{
 	{"tunnel 503 after the head", tunnel, []*nodev1.RunUp{tunnelHead(200), tunnelData("data: {}\n\n"), tunnelError(503)}, ""},
 }
 
-// sameMessages reports whether got are the messages of want, in order.
-func sameMessages(got, want []*nodev1.RunUp) bool {
+// sameMessages reports whether got are the messages of want, decoded, in
+// order.
+func sameMessages(got []contract.Message, want []*nodev1.RunUp) bool {
 	if len(got) != len(want) {
 		return false
 	}
 	for i := range got {
-		if got[i].String() != want[i].String() {
+		if !reflect.DeepEqual(got[i], decoded(want[i])) {
 			return false
 		}
 	}
@@ -122,7 +125,7 @@ func TestRetryBeforeFirstByte(t *testing.T) {
 			if info := r.run.Info(); info.NodeID != "z-good" || info.RunID != d2.GetRunId() {
 				t.Fatalf("run %+v, want the one on z-good", info)
 			}
-			if m, err := r.run.Recv(); err != nil || m.String() != first.String() {
+			if m, err := r.run.Recv(); err != nil || !reflect.DeepEqual(m, decoded(first)) {
 				t.Fatalf("first Recv = %v, %v; want %v", m, err, first)
 			}
 			if got := e.inFlight("a-bad", "a"); got != 0 {
@@ -219,7 +222,7 @@ func TestRetriesAtMostMaxRetries(t *testing.T) {
 		t.Fatal(r.err)
 	}
 	defer r.run.Close("test")
-	if m, err := r.run.Recv(); err != nil || r.run.Info().NodeID != "n-b" || m.GetEvents().GetEvents()[0].GetStatus() != 429 {
+	if m, err := r.run.Recv(); err != nil || r.run.Info().NodeID != "n-b" || first(m).Kind != contract.EventFailure || first(m).Status != 429 {
 		t.Fatalf("run on %s: Recv = %v, %v; want n-b's 429", r.run.Info().NodeID, m, err)
 	}
 	if got := e.svc.Stats().Retries; got["status 503"] != 1 || len(got) != 1 {
@@ -267,7 +270,7 @@ func TestRetriesDisabled(t *testing.T) {
 	e.connect(t, hello("z-good", prov("z", normalized, 1, "m1")))
 	run, rs, _ := e.startRun(t, bad, chatReq("m1"))
 	sendUp(t, rs, errorEvent(503))
-	if m, err := run.Recv(); err != nil || m.GetEvents().GetEvents()[0].GetStatus() != 503 {
+	if m, err := run.Recv(); err != nil || first(m).Kind != contract.EventFailure || first(m).Status != 503 {
 		t.Fatalf("Recv = %v, %v; want the 503", m, err)
 	}
 	if n := len(e.svc.Stats().Retries); n != 0 {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"iop/internal/clock"
+	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
 
@@ -451,12 +452,12 @@ func (n *fakeNode) acceptRun(t *testing.T, res <-chan dispatched) (*Run, runStre
 }
 
 func chatReq(model string) Request {
-	return Request{Model: model, Operation: nodev1.Operation_OPERATION_CHAT, Stream: true, Body: []byte(`{"model":"` + model + `"}`)}
+	return Request{Model: model, Operation: contract.OperationChat, Stream: true, Body: []byte(`{"model":"` + model + `"}`)}
 }
 
 // recvAll reads the run until an error, returning the messages and the error.
-func recvAll(r *Run) ([]*nodev1.RunUp, error) {
-	var got []*nodev1.RunUp
+func recvAll(r *Run) ([]contract.Message, error) {
+	var got []contract.Message
 	for {
 		m, err := r.Recv()
 		if err != nil {
@@ -464,6 +465,24 @@ func recvAll(r *Run) ([]*nodev1.RunUp, error) {
 		}
 		got = append(got, m)
 	}
+}
+
+// decoded is m as Recv hands it on.
+func decoded(m *nodev1.RunUp) contract.Message {
+	d, _ := DecodeRunUp(m)
+	return d
+}
+
+// first is m's first event (a tunnel message's Part); the zero Event when
+// it has none.
+func first(m contract.Message) contract.Event {
+	if m.Tunnel {
+		return m.Part
+	}
+	if len(m.Events) == 0 {
+		return contract.Event{}
+	}
+	return m.Events[0]
 }
 
 // waitFor polls cond until it holds, failing after the failsafe.

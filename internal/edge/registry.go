@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"iop/internal/edge/contract"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
 )
@@ -599,7 +600,7 @@ func (r *registry) describe(node string, gen uint64, providerID string, targets 
 		}
 		mp.Target = t
 		if sm := p.model[t]; sm != nil {
-			mp.Capabilities, mp.Details = slices.Clone(sm.caps), sm.details
+			mp.Capabilities, mp.Details = slices.Clone(sm.caps), modelDetails(sm.details)
 		} else {
 			mp.Capabilities = sortedUnique(append(slices.Clone(p.caps), NeedCompletion))
 		}
@@ -729,4 +730,17 @@ func (r *registry) changes() <-chan struct{} {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	return r.changed
+}
+
+// modelDetails is what a node said of a model (d, nil for nothing) as the
+// contract says it.
+func modelDetails(d *nodev1.ModelDetails) *contract.ModelDetails {
+	if d == nil {
+		return nil
+	}
+	return &contract.ModelDetails{
+		Size: d.GetSize(), Digest: d.GetDigest(), ModifiedAt: d.GetModifiedAt(), Format: d.GetFormat(),
+		Family: d.GetFamily(), Families: slices.Clone(d.GetFamilies()), ParameterSize: d.GetParameterSize(),
+		QuantizationLevel: d.GetQuantizationLevel(), ParentModel: d.GetParentModel(), ContextLength: d.GetContextLength(),
+	}
 }

@@ -120,7 +120,7 @@ func TestReloadRemovingAModelWithRunsInFlight(t *testing.T) {
 	// The removed alias's run goes on to its end and frees its slot.
 	sendUp(t, goneStream, events(event(nodev1.RunEvent_TYPE_DELTA, "still here"), event(nodev1.RunEvent_TYPE_COMPLETE, "")))
 	msgs, err := recvAll(goneRun)
-	if !errors.Is(err, io.EOF) || len(msgs) != 1 || msgs[0].GetEvents().GetEvents()[0].GetText() != "still here" {
+	if !errors.Is(err, io.EOF) || len(msgs) != 1 || first(msgs[0]).Text != "still here" {
 		t.Fatalf("the run in flight: %v %v", msgs, err)
 	}
 	e.waitUntil(t, "the removed alias's slot is free", func(s Snapshot) bool {

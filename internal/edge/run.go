@@ -7,24 +7,14 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
-	"time"
 
+	"iop/internal/edge/contract"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
 )
 
-// DispatchInfo describes where a run was dispatched. It does not change.
-type DispatchInfo struct {
-	RunID, NodeID, ProviderID, ProviderType, ServedModel string
-	// Generation is the node connection the run was sent on.
-	Generation uint64
-	// Path says how the answer comes back: tunnel frames or run events.
-	Path nodev1.ExecutionPath
-	// QueueReason is "immediate" (a slot was free) or "queued".
-	QueueReason string
-	// QueueWait is the time spent queued; 0 when immediate.
-	QueueWait time.Duration
-}
+// DispatchInfo describes where a run went (see contract.DispatchInfo).
+type DispatchInfo = contract.DispatchInfo
 
 type runState uint8
 
@@ -68,8 +58,8 @@ type Run struct {
 	// ticket's outcome then waits for the answer's end (observe, finish).
 	answered atomic.Bool
 
-	mu           sync.Mutex      // guards the fields below
-	replay       []*nodev1.RunUp // read by Dispatch, to be returned by Recv first
+	mu           sync.Mutex // guards the fields below
+	replay       []runMsg   // read by Dispatch, to be returned by Recv first
 	state        runState
 	stream       nodev1.NodeGateway_RunServer // set when opened
 	endErr       error                        // why the run failed; nil for a clean end
@@ -83,15 +73,24 @@ type Run struct {
 // Info returns where the run was dispatched.
 func (r *Run) Info() DispatchInfo { return r.info }
 
-// Recv returns the next message the node sent on this run: RunEvents on the
-// normalized path; TunnelHead, TunnelData, TunnelEnd or TunnelError on the
-// tunnel path. When it returns a terminal message (a RunEvents holding a
-// COMPLETE, ERROR or CANCELLED event, TunnelEnd, TunnelError) the lease is
-// already released, and later calls return io.EOF; so do calls after Close.
-// When the node connection or the run stream fails first, it returns an
-// error wrapping ErrNodeGone (the lease is released). Messages Dispatch read
-// to decide whether to admit the request again come first, as they came.
-func (r *Run) Recv() (*nodev1.RunUp, error) {
+// Recv returns the next message the node sent on this run, decoded
+// (contract.Message): a normalized run's events; a tunnel run's head,
+// data, end or failure. When it returns a message that ends the run
+// (Message.Ends: a complete, error or cancelled event, a tunnel end or
+// failure) the lease is already released, and later calls return io.EOF;
+// so do calls after Close. When the node connection or the run stream fails
+// first, it returns an error wrapping ErrNodeGone (the lease is released).
+// Messages Dispatch read to decide whether to admit the request again come
+// first, as they came.
+func (r *Run) Recv() (contract.Message, error) {
+	m, err := r.recv()
+	return m.msg, err
+}
+
+// recv is Recv with what the edge reads of the message. Each message is
+// decoded once (decodeRunUp), here, and it is here alone that the run's end
+// is detected and its lease released.
+func (r *Run) recv() (runMsg, error) {
 	r.mu.Lock()
 	if len(r.replay) > 0 {
 		m := r.replay[0]
@@ -102,26 +101,26 @@ func (r *Run) Recv() (*nodev1.RunUp, error) {
 	state, stream := r.state, r.stream
 	r.mu.Unlock()
 	if state == runEnded || stream == nil {
-		return nil, r.endResult()
+		return runMsg{}, r.endResult()
 	}
 	for {
-		m, err := stream.Recv()
+		raw, err := stream.Recv()
 		if err != nil {
 			cause := err
 			if err == io.EOF {
 				cause = errRunAborted
 			}
 			r.finish("run stream failed", fmt.Errorf("%w: node %q run %q: %w", ErrNodeGone, r.info.NodeID, r.info.RunID, cause), false)
-			return nil, r.endResult()
+			return runMsg{}, r.endResult()
 		}
-		reason, terminal, ok := classifyRunUp(m)
+		m, ok := decodeRunUp(raw)
 		if !ok {
 			continue // a repeated RunOpen or an empty message: nothing for the caller
 		}
 		r.observe(m)
-		if terminal {
-			if !r.finish(reason, nil, false) {
-				return nil, r.endResult() // ended by Close or a failure meanwhile
+		if m.msg.Ends {
+			if !r.finish(m.reason, nil, false) {
+				return runMsg{}, r.endResult() // ended by Close or a failure meanwhile
 			}
 			return m, nil
 		}
@@ -129,7 +128,7 @@ func (r *Run) Recv() (*nodev1.RunUp, error) {
 		ended := r.state == runEnded
 		r.mu.Unlock()
 		if ended {
-			return nil, r.endResult()
+			return runMsg{}, r.endResult()
 		}
 		return m, nil
 	}
@@ -173,15 +172,14 @@ func classifyRunUp(m *nodev1.RunUp) (reason string, terminal, ok bool) {
 // e.g. its client left). So a provider whose answers keep breaking off
 // with an error object is taken out of rotation like one that fails at
 // once, and each clean answer resets its count.
-func (r *Run) observe(m *nodev1.RunUp) {
+func (r *Run) observe(m runMsg) {
 	if !r.decided {
-		o, decisive, _ := verdict(m)
-		if !decisive {
+		if !m.decisive {
 			return
 		}
 		r.decided = true
-		if o != outcomeOK {
-			if r.ticket.done(o) {
+		if m.outcome != outcomeOK {
+			if r.ticket.done(m.outcome) {
 				r.s.circuitOpened(providerKey{r.info.NodeID, r.info.ProviderID})
 			}
 			return
@@ -191,9 +189,9 @@ func (r *Run) observe(m *nodev1.RunUp) {
 	if !r.answered.Load() {
 		return
 	}
-	if _, terminal, _ := classifyRunUp(m); terminal {
+	if m.msg.Ends {
 		o := outcomeOK
-		if lateFailure(m) {
+		if m.late {
 			o = outcomeFailed
 		}
 		if r.ticket.done(o) {
@@ -318,9 +316,9 @@ func (r *Run) Cancel(reason string) {
 // published now, once, with outcome and the reason the run ended for. The
 // caller that got the run from Dispatch calls Close exactly once, after
 // its answer was finished; later calls do nothing more than Cancel.
-func (r *Run) Close(outcome string) {
-	r.Cancel(outcome)
-	r.settle(outcome)
+func (r *Run) Close(outcome contract.Outcome) {
+	r.Cancel(string(outcome))
+	r.settle(string(outcome))
 }
 
 // drop settles a run Dispatch does not hand to its caller (an attempt

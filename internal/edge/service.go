@@ -11,8 +11,8 @@ import (
 	"slices"
 	"sort"
 	"sync"
-	"time"
 
+	"iop/internal/edge/contract"
 	"iop/internal/edge/lifecycle"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
@@ -29,45 +29,44 @@ const maxBodyChunk = 64 << 10
 // stream in Body chunks, under that stream's own flow control.
 const maxInlineBody = 64 << 10
 
-// Request is one client request to dispatch.
-type Request struct {
-	// Model is the requested model name: an alias or a served name. It is
-	// also the request's model group (queue).
-	Model string
-	// Operation is the kind of request: chat, completion or embeddings.
-	Operation nodev1.Operation
-	// Stream is the client's "stream" flag.
-	Stream bool
-	// Body is the client's OpenAI JSON body, unchanged; the node rewrites
-	// its model to the served target.
-	Body []byte
-	// Needs are capabilities every candidate provider must have ("tools",
-	// "vision", "embeddings", NeedChoices): the request-local predicate.
-	Needs []string
-	// Long marks a long-context request, admitted against long_capacity.
-	Long bool
-	// EstimatedInputTokens is the caller's estimate of the prompt size, in
-	// tokens, for observability.
-	EstimatedInputTokens int
-	// Headers are selected client headers the provider may need.
-	Headers map[string]string // RunID, when set, is the run's id (else a new "run_<hex>" one); a
-	// second admission after a failed dispatch uses RunID + "-retry".
-	RunID string
-	// PreferNodeID and PreferProviderID name a provider to choose over the
-	// least loaded one when it is a candidate with a free slot (session
-	// affinity); empty means no preference.
-	PreferNodeID, PreferProviderID string
-}
+// Request is one client request to dispatch (see contract.Request).
+type Request = contract.Request
 
-func (r Request) validate() error {
+// validateRequest refuses a request without a model or with an unknown
+// operation (ErrInvalidRequest).
+func validateRequest(r Request) error {
 	if r.Model == "" {
 		return fmt.Errorf("%w: empty model", ErrInvalidRequest)
 	}
-	switch r.Operation {
-	case nodev1.Operation_OPERATION_CHAT, nodev1.Operation_OPERATION_COMPLETION, nodev1.Operation_OPERATION_EMBEDDINGS:
-		return nil
-	default:
+	if _, ok := wireOperation(r.Operation); !ok {
 		return fmt.Errorf("%w: unknown operation %v", ErrInvalidRequest, r.Operation)
+	}
+	return nil
+}
+
+// wireOperation is op as the node protocol says it.
+func wireOperation(op contract.Operation) (nodev1.Operation, bool) {
+	switch op {
+	case contract.OperationChat:
+		return nodev1.Operation_OPERATION_CHAT, true
+	case contract.OperationCompletion:
+		return nodev1.Operation_OPERATION_COMPLETION, true
+	case contract.OperationEmbeddings:
+		return nodev1.Operation_OPERATION_EMBEDDINGS, true
+	default:
+		return nodev1.Operation_OPERATION_UNSPECIFIED, false
+	}
+}
+
+// contractPath is the execution path p as the contract says it.
+func contractPath(p nodev1.ExecutionPath) contract.Path {
+	switch p {
+	case nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL:
+		return contract.PathTunnel
+	case nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED:
+		return contract.PathNormalized
+	default:
+		return contract.PathUnknown
 	}
 }
 
@@ -147,7 +146,8 @@ type Service struct {
 // ends first (the run is cancelled on the node). On every error the lease,
 // if one was taken, is released.
 func (s *Service) Dispatch(ctx context.Context, req Request) (out *Run, outErr error) {
-	if err := req.validate(); err != nil {
+	defer func() { outErr = boundaryError(outErr) }() // last: after every other defer
+	if err := validateRequest(req); err != nil {
 		return nil, err
 	}
 	if s.stopping.Err() != nil {
@@ -182,9 +182,6 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (out *Run, outErr e
 		s.statsMu.Lock()
 		s.requested[req.Model] = true
 		s.statsMu.Unlock()
-	}
-	if s.cfg.LongContextTokens > 0 && req.EstimatedInputTokens >= s.cfg.LongContextTokens {
-		req.Long = true
 	}
 	if req.RunID == "" {
 		req.RunID = newRunID()
@@ -331,14 +328,14 @@ const maxReadAhead = 256 << 10
 func (s *Service) awaitFirst(ctx context.Context, run *Run) (reason string, err error) {
 	stop := context.AfterFunc(ctx, func() { run.finish("client gone", ctx.Err(), true) })
 	defer stop()
-	var got []*nodev1.RunUp
+	var got []runMsg
 	defer func() {
 		run.mu.Lock()
 		run.replay = append(got, run.replay...)
 		run.mu.Unlock()
 	}()
 	for {
-		m, err := run.Recv()
+		m, err := run.recv()
 		if err != nil {
 			if errors.Is(err, ErrNodeGone) {
 				return "node gone", err
@@ -346,27 +343,27 @@ func (s *Service) awaitFirst(ctx context.Context, run *Run) (reason string, err 
 			return "", nil // io.EOF or ctx: Recv will say it again
 		}
 		got = append(got, m)
-		_, decisive, retry := verdict(m)
-		if !decisive {
+		if !m.decisive {
 			continue
 		}
-		if retry == "" || m.GetTunnelHead() == nil {
+		retry := m.retry
+		if retry == "" || !m.head {
 			return retry, nil
 		}
 		// A failed tunnel answer: read its body to the end, so that the
 		// run's slot is free while the request is admitted again.
 		size := 0
 		for {
-			m, err := run.Recv()
+			m, err := run.recv()
 			if err != nil {
 				return retry, nil // ended: the head and what came is the answer
 			}
 			got = append(got, m)
-			size += len(m.GetTunnelData().GetData())
+			size += m.dataLen
 			if size > maxReadAhead {
 				return "", nil
 			}
-			if _, terminal, _ := classifyRunUp(m); terminal {
+			if m.msg.Ends {
 				return retry, nil
 			}
 		}
@@ -409,7 +406,7 @@ var errOutOfRotation = errors.New("provider out of rotation")
 func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCandidate) (*Run, scheduler.Candidate, error) {
 	lease, err := s.sched.Admit(ctx, scheduler.Request{
 		Group:                req.Model,
-		Long:                 req.Long,
+		Long:                 s.cfg.LongContextTokens > 0 && req.EstimatedInputTokens >= s.cfg.LongContextTokens,
 		EstimatedInputTokens: req.EstimatedInputTokens,
 		Resolve:              s.resolver(req.Model, needsOf(req), tried),
 		Prefer:               scheduler.ProviderRef{NodeID: req.PreferNodeID, ProviderID: req.PreferProviderID},
@@ -449,7 +446,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 			ProviderType: p.typ,
 			ServedModel:  cand.Target,
 			Generation:   cand.Generation,
-			Path:         p.path,
+			Path:         contractPath(p.path),
 			QueueReason:  string(li.QueueReason),
 			QueueWait:    li.Wait,
 		},
@@ -477,12 +474,13 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 			fmt.Errorf("%w: node %q did not open run %q within %s", ErrDispatchTimeout, cand.NodeID, runID, s.cfg.DispatchTimeout), true)
 	})
 	defer timer.Stop()
+	op, _ := wireOperation(req.Operation) // validateRequest refused any other
 	msg := &nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_Dispatch{Dispatch: &nodev1.Dispatch{
 		RunId:         runID,
 		ProviderId:    cand.ProviderID,
 		ServedModel:   cand.Target,
 		ExecutionPath: p.path,
-		Operation:     req.Operation,
+		Operation:     op,
 		Stream:        req.Stream,
 		Headers:       req.Headers,
 		Body:          inlineBody,
@@ -516,7 +514,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 // Needs, and NeedCompletion for a chat or completion request.
 func needsOf(req Request) []string {
 	switch req.Operation {
-	case nodev1.Operation_OPERATION_CHAT, nodev1.Operation_OPERATION_COMPLETION:
+	case contract.OperationChat, contract.OperationCompletion:
 		if !slices.Contains(req.Needs, NeedCompletion) {
 			return append(slices.Clip(req.Needs), NeedCompletion)
 		}
@@ -672,37 +670,12 @@ func (s *Service) rotationChanged(k providerKey) {
 // alias and every name served by a connected node, sorted.
 func (s *Service) Models() []string { return s.cat.models() }
 
-// ModelInfo is what the edge knows of one model.
-type ModelInfo struct {
-	// Name is the catalog's name for the requested one (see Dispatch).
-	Name string
-	// Alias is set when Name is a configured alias; Targets are then its
-	// served model names, else Targets is [Name].
-	Alias   bool
-	Targets []string
-	// Providers are the available providers serving a target, sorted by
-	// node then provider.
-	Providers []ModelProvider
-}
+// ModelInfo is what the edge knows of one model (see contract.ModelInfo).
+type ModelInfo = contract.ModelInfo
 
-// ModelProvider is one provider of a model, with its scheduler counters.
-type ModelProvider struct {
-	NodeID, ProviderID, Type string
-	// Capabilities are those of Target on this provider: the model's own
-	// when its node described it (e.g. from Ollama's /api/show), else the
-	// provider's with NeedCompletion added (such a model is taken to
-	// generate text). Sorted.
-	Capabilities       []string
-	Healthy            bool
-	Capacity, InFlight int
-	// Target is the served model name the provider serves the model as:
-	// the first target, in alias order, it serves.
-	Target string
-	// Details are what the provider's model server says of Target (size,
-	// digest, family, ...), nil when its node said nothing. Not to be
-	// modified.
-	Details *nodev1.ModelDetails
-}
+// ModelProvider is one provider of a model, with its scheduler counters
+// (see contract.ModelProvider).
+type ModelProvider = contract.ModelProvider
 
 // ModelInfo describes the model a client calls name, resolved as Dispatch
 // resolves it ("x" and "x:latest" are one model). ok is false when name is
@@ -779,65 +752,18 @@ func newRunID() string {
 // beside the scheduler's scheduler.StatusAvailable and StatusOrphan.
 const StatusDraining = "draining"
 
-// Snapshot is a view of nodes, providers and queues, for admin endpoints.
-type Snapshot struct {
-	Nodes     []NodeSnapshot
-	Providers []ProviderSnapshot
-	Queues    []QueueSnapshot
-	// Waiters counts queued requests; Leases unreleased leases.
-	Waiters, Leases int
-}
+// Snapshot is a view of nodes, providers and queues, for admin endpoints
+// (see contract.Snapshot).
+type Snapshot = contract.Snapshot
 
-// NodeSnapshot is one connected node.
-type NodeSnapshot struct {
-	NodeID, Label, Version string
-	Generation             uint64
-	ConnectedAt, LastSeen  time.Time
-	// Providers are the node's provider ids, sorted.
-	Providers []string
-	// Draining: the node said Drain; its providers take no new requests
-	// while its runs in flight finish.
-	Draining bool
-}
+// NodeSnapshot is one connected node (see contract.NodeSnapshot).
+type NodeSnapshot = contract.NodeSnapshot
 
-// ProviderSnapshot is one provider: the scheduler's counters for its
-// (node, provider) resource and what its node said of it. A provider whose
-// node is gone is Status "orphan", without node details; one whose node
-// drains (NodeSnapshot.Draining) is "draining".
-type ProviderSnapshot struct {
-	NodeID, ProviderID, Type string
-	Generation               uint64
-	Models, Capabilities     []string
-	Path                     nodev1.ExecutionPath
-	Healthy                  bool
-	Capacity, LongCapacity   int
-	InFlight, LongInFlight   int
-	// Queued counts waiters that list this provider.
-	Queued int
-	// Load is InFlight / Capacity.
-	Load float64
-	// Status is "available", "draining" (its node drains: no new
-	// requests) or "orphan" (its node is gone).
-	Status string
-	// Circuit is the provider's circuit breaker state: "closed" (in
-	// rotation), "open" (out of rotation for a cool-down) or "half_open"
-	// (one trial request may go).
-	Circuit string
-	// ModelCapabilities are the capabilities of the served models whose
-	// server said their own (Ollama's /api/show), by model; a model not in
-	// it has Capabilities.
-	ModelCapabilities map[string][]string
-}
+// ProviderSnapshot is one provider (see contract.ProviderSnapshot).
+type ProviderSnapshot = contract.ProviderSnapshot
 
-// QueueSnapshot is one model group's queue. Snapshot lists one for every
-// configured alias and every model that has had a request (a name the
-// catalog knows), with its policy, and Queued 0 while none waits.
-type QueueSnapshot struct {
-	Model        string
-	MaxQueue     int
-	QueueTimeout time.Duration
-	Queued       int
-}
+// QueueSnapshot is one model group's queue (see contract.QueueSnapshot).
+type QueueSnapshot = contract.QueueSnapshot
 
 // Snapshot returns the current nodes, providers and queues, sorted by node
 // then provider, and by model.
@@ -861,7 +787,7 @@ func (s *Service) Snapshot() Snapshot {
 		}
 		if c := s.reg.nodes[sp.NodeID]; c != nil && c.gen == sp.Generation {
 			if p := c.byID[sp.ProviderID]; p != nil {
-				ps.Type, ps.Path, ps.Healthy = p.typ, p.path, p.healthy
+				ps.Type, ps.Path, ps.Healthy = p.typ, contractPath(p.path), p.healthy
 				ps.Models, ps.Capabilities = slices.Clone(p.models), slices.Clone(p.caps)
 				for m, sm := range p.model {
 					if ps.ModelCapabilities == nil {

@@ -110,6 +110,6 @@ func (f Filter) limit() int {
 }
 
 // OutcomeEdgeStopped is the Outcome of a run an edge process stopped before
-// it ended, the HTTP API's outcome of the same name (api.OutcomeEdgeStopped).
+// it ended, the outcome of the same name of the edge's contract (contract.OutcomeEdgeStopped).
 // A new user saw such runs with no outcome at all.
 const OutcomeEdgeStopped = "edge_stopped"

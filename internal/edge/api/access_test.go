@@ -68,7 +68,7 @@ func bearer(key string) map[string]string { return map[string]string{"Authorizat
 // emptyAdmin serves the admin routes with an empty snapshot.
 type emptyAdmin struct{ *fakeGateway }
 
-func (emptyAdmin) AdminSnapshot() AdminSnapshot { return AdminSnapshot{} }
+func (emptyAdmin) Snapshot() AdminSnapshot { return AdminSnapshot{} }
 
 // newRunsManager is a runs manager over an in-memory store.
 func newRunsManager(t *testing.T) *runs.Manager {

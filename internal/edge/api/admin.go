@@ -2,80 +2,38 @@ package api
 
 import (
 	"net/http"
-	"time"
-
-	"iop/internal/wire/nodev1"
 
 	"iop/internal/edge/adminwire"
+	"iop/internal/edge/contract"
 )
 
 // Admin is what the admin routes need of the edge: one view of its nodes,
 // providers and queues. A Gateway that also implements Admin gets the
-// /admin/v1 routes; for any other Gateway they answer 404.
+// /admin/v1 routes; for any other Gateway they answer 404. The edge's
+// *edge.Service implements it.
 type Admin interface {
-	// AdminSnapshot returns the current nodes, providers and queues. The
+	// Snapshot returns the current nodes, providers and queues. The
 	// slices are the caller's.
-	AdminSnapshot() AdminSnapshot
+	Snapshot() AdminSnapshot
 }
 
-// AdminSnapshot is one view of the edge. Its fields mirror edge.Snapshot's
-// first three.
-type AdminSnapshot struct {
-	Nodes     []AdminNode
-	Providers []AdminProvider
-	Queues    []AdminQueue
-}
+// AdminSnapshot is one view of the edge (contract.Snapshot).
+type AdminSnapshot = contract.Snapshot
 
-// AdminNode is one connected node. Its fields mirror edge.NodeSnapshot in
-// name, type and order.
-type AdminNode struct {
-	NodeID, Label, Version string
-	Generation             uint64
-	ConnectedAt, LastSeen  time.Time
-	Providers              []string
-	// Draining: the node is shutting down; its providers take no new
-	// requests while its runs in flight finish.
-	Draining bool
-}
-
-// AdminProvider is one provider: the scheduler's counters and what its node
-// said of it. Its fields mirror edge.ProviderSnapshot in name, type and
-// order.
-type AdminProvider struct {
-	NodeID, ProviderID, Type string
-	Generation               uint64
-	Models, Capabilities     []string
-	Path                     nodev1.ExecutionPath
-	Healthy                  bool
-	Capacity, LongCapacity   int
-	InFlight, LongInFlight   int
-	Queued                   int
-	Load                     float64
-	// Status is "available", "draining" (its node drains: no new
-	// requests) or "orphan" (its node is gone).
-	Status string
-	// Circuit is the circuit breaker state: "closed", "open" or "half_open".
-	Circuit string
-	// ModelCapabilities are the capabilities of the served models whose
-	// server said their own, by model; any other model has Capabilities.
-	ModelCapabilities map[string][]string
-}
-
-// AdminQueue is one model group's queue. Its fields mirror
-// edge.QueueSnapshot in name, type and order.
-type AdminQueue struct {
-	Model        string
-	MaxQueue     int
-	QueueTimeout time.Duration
-	Queued       int
-}
+// AdminNode, AdminProvider and AdminQueue are one connected node, one
+// provider and one model group's queue of an AdminSnapshot.
+type (
+	AdminNode     = contract.NodeSnapshot
+	AdminProvider = contract.ProviderSnapshot
+	AdminQueue    = contract.QueueSnapshot
+)
 
 // adminRoutes returns the admin routes, each answering a JSON array built
 // from one AdminSnapshot.
 func adminRoutes(adm Admin) map[string]route {
 	serve := func(render func(AdminSnapshot) any) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
-			writeJSON(w, http.StatusOK, render(adm.AdminSnapshot()))
+			writeJSON(w, http.StatusOK, render(adm.Snapshot()))
 		}
 	}
 	return map[string]route{

@@ -18,7 +18,7 @@ type adminGateway struct {
 
 var _ Admin = adminGateway{}
 
-func (g adminGateway) AdminSnapshot() AdminSnapshot { return g.snap }
+func (g adminGateway) Snapshot() AdminSnapshot { return g.snap }
 
 // newAdminEnv starts a server over a gateway that implements Admin.
 func newAdminEnv(t *testing.T, snap AdminSnapshot) *testEnv {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"iop/internal/auth"
+	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
 
@@ -72,7 +73,7 @@ func TestAnswerFinishedBeforeItsLastByte(t *testing.T) {
 	generate, generateJSON := `{"model":"m","prompt":"x"}`, `{"model":"m","prompt":"x","stream":false}`
 	for _, tc := range []struct {
 		name, path, body string
-		path_            nodev1.ExecutionPath
+		path_            contract.Path
 		msgs             []*nodev1.RunUp
 		dispatchErr      error
 		streamed         bool // content is written before the terminal message

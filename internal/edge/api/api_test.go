@@ -16,6 +16,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
 
@@ -151,7 +152,7 @@ func TestChatNormalizedNonStream(t *testing.T) {
 		t.Fatalf("dispatched %d requests, want 1", len(reqs))
 	}
 	r := reqs[0]
-	if r.Model != "alias" || r.Operation != nodev1.Operation_OPERATION_CHAT || r.Stream || r.Long || len(r.Needs) != 0 {
+	if r.Model != "alias" || r.Operation != contract.OperationChat || r.Stream || len(r.Needs) != 0 {
 		t.Errorf("dispatched %+v", r)
 	}
 	if want := (len("say hello") + 3) / 4; r.EstimatedInputTokens != want {
@@ -577,10 +578,10 @@ type failingRun struct {
 	err error
 }
 
-func (r *failingRun) Recv() (*nodev1.RunUp, error) {
+func (r *failingRun) Recv() (contract.Message, error) {
 	m, err := r.fakeRun.Recv()
 	if errors.Is(err, io.EOF) {
-		return nil, r.err
+		return contract.Message{}, r.err
 	}
 	return m, err
 }
@@ -588,7 +589,7 @@ func (r *failingRun) Recv() (*nodev1.RunUp, error) {
 func TestChatUpstreamErrorsBeforeFirstByte(t *testing.T) {
 	tests := []struct {
 		name       string
-		path       nodev1.ExecutionPath
+		path       contract.Path
 		stream     bool
 		msgs       []*nodev1.RunUp
 		recvErr    error // after msgs, instead of io.EOF
@@ -619,7 +620,7 @@ func TestChatUpstreamErrorsBeforeFirstByte(t *testing.T) {
 		{"tunnel end before head", tunnel, false, []*nodev1.RunUp{tunnelEnd()}, nil, 502, "upstream_error", ""},
 		{"tunnel data before head", tunnel, false, []*nodev1.RunUp{tunnelData("x")}, nil, 502, "upstream_error", ""},
 		{"tunnel bad status", tunnel, false, []*nodev1.RunUp{tunnelHead(0, nil)}, nil, 502, "upstream_error", ""},
-		{"unknown path", nodev1.ExecutionPath_EXECUTION_PATH_UNSPECIFIED, false, nil, nil, 500, "internal_error", ""},
+		{"unknown path", contract.PathUnknown, false, nil, nil, 500, "internal_error", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -665,7 +666,7 @@ func TestChatErrorAfterStreamStarted(t *testing.T) {
 	sseHead := tunnelHead(200, map[string]string{"Content-Type": "text/event-stream; charset=utf-8"})
 	tests := []struct {
 		name      string
-		path      nodev1.ExecutionPath
+		path      contract.Path
 		msgs      []*nodev1.RunUp
 		recvErr   error
 		wantFirst string // the body starts with this
@@ -748,7 +749,7 @@ func TestChatTunnelJSONErrorAfterHeadAborts(t *testing.T) {
 func TestChatClientDisconnect(t *testing.T) {
 	tests := []struct {
 		name   string
-		path   nodev1.ExecutionPath
+		path   contract.Path
 		stream bool
 		first  *nodev1.RunUp // sent, then awaited by the client; nil: the client waits for headers
 		until  string        // the client reads until a line containing this

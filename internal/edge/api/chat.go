@@ -6,7 +6,7 @@ import (
 	"io"
 	"net/http"
 
-	"iop/internal/wire/nodev1"
+	"iop/internal/edge/contract"
 )
 
 // The reasons a run's rendering ends for (the rendering's reason): they
@@ -47,7 +47,7 @@ func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	}
 	req := Request{
 		Model:                chat.Model,
-		Operation:            nodev1.Operation_OPERATION_CHAT,
+		Operation:            contract.OperationChat,
 		Stream:               chat.Stream,
 		Body:                 body,
 		Needs:                chat.Needs,
@@ -111,21 +111,22 @@ type runResponse struct {
 }
 
 // recv is Run.Recv with its failures turned into outcomes: io.EOF before a
-// terminal message means the upstream ended early, any other error that the
-// connection to the node was lost (keeping ErrNodeGone & co. if wrapped).
-// A terminal message or a failure means the run has ended at the edge:
-// recv then finishes the answer (answerDone) before anything of it is
-// written, so the last bytes of the answer always follow.
-func (rr *runResponse) recv() (*nodev1.RunUp, error) {
+// message that ends the run means the upstream ended early, any other
+// error that the connection to the node was lost (keeping ErrNodeGone &
+// co. if wrapped). A message that ends the run (Message.Ends, which the
+// edge decided) or a failure means the run has ended at the edge: recv
+// then finishes the answer (answerDone) before anything of it is written,
+// so the last bytes of the answer always follow.
+func (rr *runResponse) recv() (contract.Message, error) {
 	msg, err := rr.run.Recv()
-	if err != nil || terminal(msg) {
+	if err != nil || msg.Ends {
 		rr.answerDone()
 	}
 	if errors.Is(err, io.EOF) {
-		return nil, errUpstreamEnded
+		return contract.Message{}, errUpstreamEnded
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errUpstreamLost, err)
+		return contract.Message{}, fmt.Errorf("%w: %w", errUpstreamLost, err)
 	}
 	return msg, nil
 }
@@ -144,23 +145,6 @@ func (rr *runResponse) answerDone() {
 	rr.done = true
 	rr.run.Cancel("the edge ended the answer")
 	answerFinished(rr.r.Context())
-}
-
-// terminal reports whether m ends its run (package edge: a complete, error
-// or cancelled event; TunnelEnd; TunnelError).
-func terminal(m *nodev1.RunUp) bool {
-	switch msg := m.GetMsg().(type) {
-	case *nodev1.RunUp_Events:
-		for _, e := range msg.Events.GetEvents() {
-			switch e.GetType() {
-			case nodev1.RunEvent_TYPE_COMPLETE, nodev1.RunEvent_TYPE_ERROR, nodev1.RunEvent_TYPE_CANCELLED:
-				return true
-			}
-		}
-	case *nodev1.RunUp_TunnelEnd, *nodev1.RunUp_TunnelError:
-		return true
-	}
-	return false
 }
 
 // fail ends a response that failed before its status line: an error answer,

@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"strings"
 
-	"iop/internal/wire/nodev1"
+	"iop/internal/edge/contract"
 )
 
 // completionRequest is what the API reads from a legacy completions request
@@ -155,7 +155,7 @@ func (h *handler) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	req := Request{
 		Model:                cr.Model,
-		Operation:            nodev1.Operation_OPERATION_COMPLETION,
+		Operation:            contract.OperationCompletion,
 		Stream:               cr.Stream,
 		Body:                 body,
 		Needs:                cr.Needs,
@@ -208,8 +208,8 @@ func (t *textRender) object(choices []textChoice, u *usage) textCompletion {
 // with usage. It returns the rendering's reason.
 func (t *textRender) json() string {
 	var text strings.Builder
-	finish, err := t.next(func(ev *nodev1.RunEvent) error {
-		text.WriteString(ev.GetText())
+	finish, err := t.next(func(ev *contract.Event) error {
+		text.WriteString(ev.Text)
 		return nil
 	})
 	if err != nil {
@@ -231,12 +231,12 @@ func (t *textRender) json() string {
 // one that fails later ends with an error event and no [DONE]. It returns
 // the rendering's reason.
 func (t *textRender) stream() string {
-	finish, err := t.next(func(ev *nodev1.RunEvent) error {
-		if ev.GetText() == "" {
+	finish, err := t.next(func(ev *contract.Event) error {
+		if ev.Text == "" {
 			return nil
 		}
 		t.startStream()
-		if err := t.writeEvent(t.object([]textChoice{{Text: ev.GetText()}}, nil)); err != nil {
+		if err := t.writeEvent(t.object([]textChoice{{Text: ev.Text}}, nil)); err != nil {
 			return &errWrite{err}
 		}
 		return nil

@@ -5,7 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 
-	"iop/internal/wire/nodev1"
+	"iop/internal/edge/contract"
 )
 
 // serveRun dispatches req and answers with its run: a tunnel-path run is
@@ -59,9 +59,9 @@ func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *Requ
 	info := run.Info()
 	rr := &runResponse{h: h, w: w, r: r, run: run, req: req, obs: obs, writeError: render.writeError}
 	switch info.Path {
-	case nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL:
+	case contract.PathTunnel:
 		reason = render.tunnel(rr, info)
-	case nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED:
+	case contract.PathNormalized:
 		reason = render.normalized(rr, info)
 	default:
 		reason = rr.fail(errUnknownPath)
@@ -92,11 +92,22 @@ func (h *handler) stopping() bool {
 // debug is on: a logger made with With for every request formatted them
 // (the JSON handler encodes With's attributes at once) even when the line
 // was then dropped (BenchmarkRunEndedLog).
+// pathLogNames and operationLogNames are the names the "run ended" line
+// gives a run's path and operation, as it always has (the node protocol's
+// enum names), which log queries match.
+var (
+	pathLogNames = map[contract.Path]string{contract.PathUnknown: "EXECUTION_PATH_UNSPECIFIED",
+		contract.PathTunnel: "EXECUTION_PATH_TUNNEL", contract.PathNormalized: "EXECUTION_PATH_NORMALIZED"}
+	operationLogNames = map[contract.Operation]string{contract.OperationUnspecified: "OPERATION_UNSPECIFIED",
+		contract.OperationChat: "OPERATION_CHAT", contract.OperationCompletion: "OPERATION_COMPLETION",
+		contract.OperationEmbeddings: "OPERATION_EMBEDDINGS"}
+)
+
 func (h *handler) logRunEnded(ctx context.Context, info DispatchInfo, req *Request, reason string, aborted bool) {
 	if !h.logger.Enabled(ctx, slog.LevelDebug) {
 		return
 	}
 	h.logger.Debug("run ended", "run_id", info.RunID, "model", clip(req.Model), "node_id", info.NodeID,
-		"provider_id", info.ProviderID, "path", info.Path.String(), "operation", req.Operation.String(),
+		"provider_id", info.ProviderID, "path", pathLogNames[info.Path], "operation", operationLogNames[req.Operation],
 		"reason", reason, "queue_wait", info.QueueWait, "aborted", aborted)
 }

@@ -61,10 +61,10 @@
 // read its whole answer never meets its own max_concurrent with its next
 // request: "finished" means the request occupies no provider any more,
 // that is its run has ended at the edge (Run.Recv returned the run's
-// terminal message or an error, by then the lease is released; or the
+// message that ends it or an error, by then the lease is released; or the
 // handler cancelled the run itself) or it was never dispatched. On the
-// normalized path every final write follows the terminal message. On the
-// tunnel path the provider's last bytes come before the node's TunnelEnd,
+// normalized path every final write follows that message. On the
+// tunnel path the provider's last bytes come before the tunnel's end event,
 // so the bytes that end the answer (an event stream's `data: [DONE]` or
 // error event, a JSON body's last byte) are held back until it arrives
 // (finalHold, tunnelhold.go). An error answer gives it back before it is
@@ -81,11 +81,14 @@
 //
 // # Execution paths
 //
-// A run's DispatchInfo.Path says how its answer travels back. On the tunnel
-// path the node relays the provider's HTTP response unchanged: TunnelHead
-// becomes the status line and headers, each TunnelData is written and flushed
-// as it arrives. On the normalized path the node sends run events (started,
-// delta, usage, complete, error, cancelled) that this package renders as a
+// A run's DispatchInfo.Path says how its answer travels back. Run.Recv
+// hands on each of the node's messages as the edge decoded it, once, into
+// the contract's typed events (contract.Message; whether it ends the run
+// is the edge's decision, Message.Ends): this package never reads the wire
+// protocol. On the tunnel path the node relays the provider's HTTP response
+// unchanged: its head event becomes the status line and headers, each data
+// event is written and flushed as it arrives. On the normalized path the
+// node sends run events (delta, usage, end, failure) that this package renders as a
 // chat.completion, text_completion or embeddings list object, or as SSE
 // chunks; tool calls in deltas become message.tool_calls, or streamed
 // delta.tool_calls parts, a delta's thinking becomes reasoning_content
@@ -97,8 +100,9 @@
 //
 // Every failure is mapped to an HTTP status and an OpenAI error body by one
 // function, classify (errors.go). The Gateway reports dispatch outcomes by
-// wrapping this package's sentinel errors (ErrUnknownModel, ErrQueueFull, ...);
-// the edge's adapter maps its own and the scheduler's errors onto them. A
+// wrapping the contract's errors (package edge/contract: ErrUnknownModel,
+// ErrQueueFull, ..., aliased here); the edge wraps the scheduler's with
+// them once, at its boundary, so nothing translates between error sets. A
 // failure after the response headers were sent cannot change the status: an
 // SSE stream then ends with one `data: {"error":{...}}` event and no
 // `data: [DONE]`, and any other body is cut off by aborting the connection,

@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"strconv"
 
-	"iop/internal/wire/nodev1"
+	"iop/internal/edge/contract"
 )
 
 // needEmbeddings is the capability an embeddings request needs of its
@@ -103,7 +103,7 @@ func (h *handler) embeddings(w http.ResponseWriter, r *http.Request) {
 	}
 	req := Request{
 		Model:                er.Model,
-		Operation:            nodev1.Operation_OPERATION_EMBEDDINGS,
+		Operation:            contract.OperationEmbeddings,
 		Body:                 body,
 		Needs:                er.Needs,
 		EstimatedInputTokens: er.EstimatedInputTokens,
@@ -134,7 +134,7 @@ type embeddingsUsage struct {
 	TotalTokens  int `json:"total_tokens"`
 }
 
-// json collects the vectors of every DELTA, in order, and writes the list.
+// json collects the vectors of every delta, in order, and writes the list.
 // A run that sends other than one vector per input failed (502). It returns
 // the rendering's reason.
 func (e *embeddingsRender) json() string {
@@ -163,16 +163,16 @@ func (e *embeddingsRender) json() string {
 }
 
 // vectors reads a normalized-path embeddings run to its end and returns
-// the vectors of its DELTA events, in order. A run that sends other than
+// the vectors of its delta events, in order. A run that sends other than
 // inputs vectors failed: errUpstreamProtocol; else next's errors.
 func (e *eventReader) vectors(inputs int) ([][]float32, error) {
 	vectors := make([][]float32, 0, inputs)
-	_, err := e.next(func(ev *nodev1.RunEvent) error {
-		for _, vec := range ev.GetEmbeddings() {
+	_, err := e.next(func(ev *contract.Event) error {
+		for _, vec := range ev.Embeddings {
 			if len(vectors) == inputs {
 				return fmt.Errorf("%w: more vectors than inputs", errUpstreamProtocol)
 			}
-			vectors = append(vectors, vec.GetValues())
+			vectors = append(vectors, vec)
 		}
 		return nil
 	})

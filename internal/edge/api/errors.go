@@ -10,40 +10,25 @@ import (
 	"unicode/utf8"
 
 	"iop/internal/auth"
+	"iop/internal/edge/contract"
 )
 
 // Dispatch outcomes a Gateway reports, by wrapping one of them (for example
-// fmt.Errorf("%w: %w", api.ErrQueueFull, err)). classify maps each to its
-// HTTP status.
+// fmt.Errorf("%w: %w", api.ErrQueueFull, err)): the contract's errors
+// (package edge/contract, which says each one's status), which the edge
+// returns as they are. classify maps each to its HTTP status.
 var (
-	// ErrUnknownModel: no alias or served model has the requested name. 404.
-	ErrUnknownModel = errors.New("unknown model")
-	// ErrNoProvider: the model is known but no live provider serves it. 503.
-	ErrNoProvider = errors.New("no provider for model")
-	// ErrCandidatesRejected: providers exist but none the edge knows has a
-	// capability the request needs; the wrapped text should name it. 400.
-	ErrCandidatesRejected = errors.New("candidates rejected")
-	// ErrQueueFull: every candidate is busy and the model's queue is full. 429.
-	ErrQueueFull = errors.New("queue full")
-	// ErrQueueTimeout: the request waited the queue timeout without a slot. 503.
-	ErrQueueTimeout = errors.New("queue timeout")
-	// ErrProviderUnavailable: while the request waited, every candidate went
-	// away; or the providers that could meet its needs are gone or
-	// unavailable for now (they may come back). 503.
-	ErrProviderUnavailable = errors.New("provider unavailable")
-	// ErrDispatchTimeout: the node did not open the run in time. 502.
-	ErrDispatchTimeout = errors.New("dispatch timeout")
-	// ErrDispatchRefused: the node refused the dispatch. 502.
-	ErrDispatchRefused = errors.New("dispatch refused")
-	// ErrStaleGeneration: the node reconnected while the run was being sent. 502.
-	ErrStaleGeneration = errors.New("stale generation")
-	// ErrNodeGone: the node disconnected. 502.
-	ErrNodeGone = errors.New("node gone")
-	// ErrShuttingDown: the edge is stopping; the request was refused or
-	// dequeued, or its run ended, before it finished. 503 with Retry-After
-	// (another edge, or this one restarted, may serve it); a stream that
-	// had started ends with this error event.
-	ErrShuttingDown = errors.New("edge shutting down")
+	ErrUnknownModel        = contract.ErrUnknownModel        // 404
+	ErrNoProvider          = contract.ErrNoProvider          // 503
+	ErrCandidatesRejected  = contract.ErrCandidatesRejected  // 400, the text names the capability
+	ErrQueueFull           = contract.ErrQueueFull           // 429
+	ErrQueueTimeout        = contract.ErrQueueTimeout        // 503
+	ErrProviderUnavailable = contract.ErrProviderUnavailable // 503
+	ErrDispatchTimeout     = contract.ErrDispatchTimeout     // 502
+	ErrDispatchRefused     = contract.ErrDispatchRefused     // 502
+	ErrStaleGeneration     = contract.ErrStaleGeneration     // 502
+	ErrNodeGone            = contract.ErrNodeGone            // 502
+	ErrShuttingDown        = contract.ErrShuttingDown        // 503 with Retry-After; a started stream's error event
 
 	// ErrInvalidConfig is returned (wrapped) by Config.Validate.
 	ErrInvalidConfig = errors.New("invalid api config")
@@ -78,9 +63,10 @@ func (e *requestError) Error() string {
 	return e.param + ": " + e.message
 }
 
-// upstreamError is a failure the node reported for a run: an error event or
-// a TunnelError. status is the HTTP status the provider answered or the node
-// chose (502 upstream failure, 504 timeout); 0 or out of range means 502.
+// upstreamError is a failure the node reported for a run: a normalized or a
+// tunnel failure event. status is the HTTP status the provider answered or
+// the node chose (502 upstream failure, 504 timeout); 0 or out of range
+// means 502.
 // message is already safe to show a client.
 type upstreamError struct {
 	status  int

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/edge"
+	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
 
@@ -72,14 +74,14 @@ type fakeRun struct {
 
 	mu      sync.Mutex // guards the fields below
 	closes  int
-	reasons []string // the outcomes Close was given
-	cancels []string // the reasons Cancel was given
+	reasons []contract.Outcome // the outcomes Close was given
+	cancels []string           // the reasons Cancel was given
 }
 
 var _ Run = (*fakeRun)(nil)
 
 // scriptedRun returns a run that yields msgs, then io.EOF.
-func scriptedRun(path nodev1.ExecutionPath, msgs ...*nodev1.RunUp) *fakeRun {
+func scriptedRun(path contract.Path, msgs ...*nodev1.RunUp) *fakeRun {
 	r := liveRun(path, len(msgs))
 	for _, m := range msgs {
 		r.up <- m
@@ -89,7 +91,7 @@ func scriptedRun(path nodev1.ExecutionPath, msgs ...*nodev1.RunUp) *fakeRun {
 }
 
 // liveRun returns a run whose messages the test sends on r.up.
-func liveRun(path nodev1.ExecutionPath, buffer int) *fakeRun {
+func liveRun(path contract.Path, buffer int) *fakeRun {
 	return &fakeRun{
 		info: DispatchInfo{
 			RunID: "run1", NodeID: "node1", ProviderID: "prov1", ProviderType: "sim",
@@ -105,21 +107,34 @@ func (r *fakeRun) Info() DispatchInfo { return r.info }
 // base lets fakeGateway find the fakeRun inside a wrapping test run.
 func (r *fakeRun) base() *fakeRun { return r }
 
-func (r *fakeRun) Recv() (*nodev1.RunUp, error) {
-	select {
-	case <-r.closed:
-		return nil, errRunClosed
-	default:
-	}
-	select {
-	case m, ok := <-r.up:
-		if !ok {
-			return nil, io.EOF
+// Recv returns the next scripted node message as the edge decodes it
+// (edge.DecodeRunUp), skipping those the edge does not hand on (a RunOpen,
+// an empty message).
+func (r *fakeRun) Recv() (contract.Message, error) {
+	for {
+		select {
+		case <-r.closed:
+			return contract.Message{}, errRunClosed
+		default:
 		}
-		return m, nil
-	case <-r.closed:
-		return nil, errRunClosed
+		select {
+		case m, ok := <-r.up:
+			if !ok {
+				return contract.Message{}, io.EOF
+			}
+			if d, ok := edge.DecodeRunUp(m); ok {
+				return d, nil
+			}
+		case <-r.closed:
+			return contract.Message{}, errRunClosed
+		}
 	}
+}
+
+// decoded is m as the edge decodes it.
+func decoded(m *nodev1.RunUp) *contract.Message {
+	d, _ := edge.DecodeRunUp(m)
+	return &d
 }
 
 func (r *fakeRun) Cancel(reason string) {
@@ -129,7 +144,7 @@ func (r *fakeRun) Cancel(reason string) {
 	r.once.Do(func() { close(r.closed) })
 }
 
-func (r *fakeRun) Close(outcome string) {
+func (r *fakeRun) Close(outcome contract.Outcome) {
 	r.mu.Lock()
 	r.closes++
 	r.reasons = append(r.reasons, outcome)
@@ -144,10 +159,10 @@ func (r *fakeRun) cancelReasons() []string {
 	return append([]string(nil), r.cancels...)
 }
 
-func (r *fakeRun) closeCalls() (int, []string) {
+func (r *fakeRun) closeCalls() (int, []contract.Outcome) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.closes, append([]string(nil), r.reasons...)
+	return r.closes, append([]contract.Outcome(nil), r.reasons...)
 }
 
 // runWith makes a dispatch func that hands out run.
@@ -251,6 +266,6 @@ func tunnelError(status int32, msg string) *nodev1.RunUp {
 }
 
 const (
-	normalized = nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED
-	tunnel     = nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL
+	normalized = contract.PathNormalized
+	tunnel     = contract.PathTunnel
 )

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"iop/internal/wire/nodev1"
+	"iop/internal/edge/contract"
 )
 
 // flushRecorder records the body and, for each flush, how much of it had
@@ -26,7 +26,7 @@ func (w *flushRecorder) Flush() {
 // reach the client with one flush, and every message's events are flushed
 // before the next message is read (none waits for a later one).
 func TestStreamFlushesOncePerMessage(t *testing.T) {
-	run := scriptedRun(nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED,
+	run := scriptedRun(contract.PathNormalized,
 		events(delta("a"), delta("b"), delta("c")),
 		events(delta("d")),
 		events(usageEvent(1, 4), complete("stop")))

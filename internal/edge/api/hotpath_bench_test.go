@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
 
@@ -75,28 +76,28 @@ func (w *discardWriter) Write(p []byte) (int, error) { w.n += int64(len(p)); ret
 // generatedRun is a Run that yields first, then body n times, then last,
 // then io.EOF, without buffering them all.
 type generatedRun struct {
-	path        nodev1.ExecutionPath
-	first, last *nodev1.RunUp
-	body        *nodev1.RunUp
+	path        contract.Path
+	first, last *contract.Message // decoded once, as the edge does on arrival
+	body        *contract.Message
 	n, i        int
 }
 
 func (r *generatedRun) Info() DispatchInfo {
 	return DispatchInfo{RunID: "run_0123456789abcdef", NodeID: "n", ProviderID: "p", Path: r.path}
 }
-func (r *generatedRun) Close(string)  {}
-func (r *generatedRun) Cancel(string) {}
-func (r *generatedRun) Recv() (*nodev1.RunUp, error) {
+func (r *generatedRun) Close(contract.Outcome) {}
+func (r *generatedRun) Cancel(string)          {}
+func (r *generatedRun) Recv() (contract.Message, error) {
 	r.i++
 	switch {
 	case r.i == 1 && r.first != nil:
-		return r.first, nil
+		return *r.first, nil
 	case r.i <= r.n+1:
-		return r.body, nil
+		return *r.body, nil
 	case r.i == r.n+2:
-		return r.last, nil
+		return *r.last, nil
 	default:
-		return nil, io.EOF
+		return contract.Message{}, io.EOF
 	}
 }
 
@@ -116,10 +117,10 @@ const sseChunk = `data: {"id":"chatcmpl-sim-1","object":"chat.completion.chunk",
 // write, flush. One op is one chunk.
 func BenchmarkTunnelRelayChunk(b *testing.B) {
 	run := &generatedRun{
-		path:  nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL,
-		first: &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: &nodev1.TunnelHead{Status: 200, Headers: map[string]string{"Content-Type": "text/event-stream"}}}},
-		body:  &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelData{TunnelData: &nodev1.TunnelData{Data: []byte(sseChunk)}}},
-		last:  &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelEnd{TunnelEnd: &nodev1.TunnelEnd{}}},
+		path:  contract.PathTunnel,
+		first: decoded(&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: &nodev1.TunnelHead{Status: 200, Headers: map[string]string{"Content-Type": "text/event-stream"}}}}),
+		body:  decoded(&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelData{TunnelData: &nodev1.TunnelData{Data: []byte(sseChunk)}}}),
+		last:  decoded(&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelEnd{TunnelEnd: &nodev1.TunnelEnd{}}}),
 		n:     b.N,
 	}
 	rr, w := benchResponse(run)
@@ -144,7 +145,7 @@ func BenchmarkRenderChunk(b *testing.B) {
 	complete := &nodev1.RunUp{Msg: &nodev1.RunUp_Events{Events: &nodev1.RunEvents{Events: []*nodev1.RunEvent{
 		{Type: nodev1.RunEvent_TYPE_USAGE, PromptTokens: 10, CompletionTokens: int32(b.N)},
 		{Type: nodev1.RunEvent_TYPE_COMPLETE, FinishReason: "stop"}}}}}
-	run := &generatedRun{path: nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED, body: delta, last: complete, n: b.N - 1}
+	run := &generatedRun{path: contract.PathNormalized, body: decoded(delta), last: decoded(complete), n: b.N - 1}
 	rr, w := benchResponse(run)
 	cr := &chatRender{eventReader: eventReader{runResponse: rr}, id: "chatcmpl-run_0123456789abcdef", created: 1767225600, model: "bench-ollama", includeUsage: true}
 	b.ReportAllocs()

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"iop/internal/wire/nodev1"
+	"iop/internal/edge/contract"
 )
 
 // BenchmarkRunEndedLog measures what logging a run's end costs a request
@@ -16,8 +16,8 @@ import (
 func BenchmarkRunEndedLog(b *testing.B) {
 	h := &handler{logger: slog.New(slog.NewJSONHandler(io.Discard, nil)).With("component", "edge-api")}
 	info := DispatchInfo{RunID: "run_0123456789abcdef0123456789abcdef", NodeID: "node-1", ProviderID: "sim-openai",
-		Path: nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL, QueueWait: time.Millisecond}
-	req := &Request{Model: "bench-model", Operation: nodev1.Operation_OPERATION_CHAT}
+		Path: contract.PathTunnel, QueueWait: time.Millisecond}
+	req := &Request{Model: "bench-model", Operation: contract.OperationChat}
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {

@@ -5,15 +5,14 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
-	"iop/internal/runs"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"time"
 
 	"iop/internal/auth"
+	"iop/internal/edge/contract"
 	"iop/internal/ledger"
-	"iop/internal/wire/nodev1"
 )
 
 // Observer is told of every finished API request, once, with its
@@ -44,16 +43,17 @@ const (
 	AdmissionCancelled      = "cancelled"       // the client left while the request was queued or being dispatched
 )
 
-// Outcomes of a RequestRecord: how the request ended.
+// Outcomes of a RequestRecord: how the request ended (contract.Outcome,
+// whose comments say each).
 const (
-	OutcomeCompleted      = "completed"             // the whole answer was written
-	OutcomeInvalidRequest = "invalid_request"       // refused as invalid: before admission (bad body, size, content type, route), or by the node, which could not translate it for its provider
-	OutcomeRefused        = "refused"               // admission or dispatch failed (see Admission), or a key's limit refused it (see ErrorCode)
-	OutcomeUpstreamError  = "upstream_error"        // the provider or node failed after dispatch
-	OutcomeClientGone     = "client_gone"           // the client went away first
-	OutcomeWriteFailed    = "write_failed"          // writing to the client failed
-	OutcomeError          = "error"                 // anything else (answered 500)
-	OutcomeEdgeStopped    = runs.OutcomeEdgeStopped // the edge stopped before the answer was finished (Config.Stopping)
+	OutcomeCompleted      = contract.OutcomeCompleted
+	OutcomeInvalidRequest = contract.OutcomeInvalidRequest
+	OutcomeRefused        = contract.OutcomeRefused
+	OutcomeUpstreamError  = contract.OutcomeUpstreamError
+	OutcomeClientGone     = contract.OutcomeClientGone
+	OutcomeWriteFailed    = contract.OutcomeWriteFailed
+	OutcomeError          = contract.OutcomeError
+	OutcomeEdgeStopped    = contract.OutcomeEdgeStopped
 )
 
 // RequestRecord describes one finished API request. Durations are
@@ -88,7 +88,7 @@ type RequestRecord struct {
 	// Outcome is one of the Outcome* values, decided once when the request
 	// ended (observation.decide); the log line, the metrics, the usage
 	// ledger, the run's RunEnded event and a runs API record all carry it.
-	Outcome string
+	Outcome contract.Outcome
 	// ErrorCode is the OpenAI error code answered ("queue_full", ...), if any.
 	ErrorCode string
 	// Start is when the request reached the handler; Duration from then to
@@ -221,12 +221,7 @@ func (o *observation) dispatched(info DispatchInfo) {
 	if info.QueueReason == AdmissionQueued {
 		o.rec.Admission = AdmissionQueued
 	}
-	switch info.Path {
-	case nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL:
-		o.rec.Path = "tunnel"
-	case nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED:
-		o.rec.Path = "normalized"
-	}
+	o.rec.Path = info.Path.String()
 }
 
 // failed records the failure answered with code, or not answered because
@@ -251,7 +246,7 @@ func (o *observation) errorCode(code *string) {
 
 // ended records how the rendered run ended (its renderer's reason) and
 // returns the request's outcome, decided now (decide).
-func (o *observation) ended(reason string) string {
+func (o *observation) ended(reason string) contract.Outcome {
 	if o == nil {
 		return runOutcome(reason)
 	}
@@ -316,7 +311,7 @@ func admissionOf(err error) string {
 
 // runOutcome is the outcome of a request whose run was dispatched and
 // rendered, from the renderer's reason.
-func runOutcome(reason string) string {
+func runOutcome(reason string) contract.Outcome {
 	switch reason {
 	case reasonCompleted:
 		return OutcomeCompleted
@@ -352,7 +347,7 @@ func keyRefusal(err error) bool {
 // dispatch is refused (admission failures, a key's limits), client_gone
 // (the client left first), error (a 5xx) or invalid_request; one answered
 // 2xx without a run (an Ollama "load") completed.
-func (o *observation) decide(status int) string {
+func (o *observation) decide(status int) contract.Outcome {
 	if o.decided {
 		return o.rec.Outcome
 	}
@@ -435,7 +430,7 @@ func ledgerEntry(rec RequestRecord) ledger.Entry {
 	e := ledger.Entry{
 		Time: rec.Start, RequestID: rec.RequestID, Key: rec.Key, Model: rec.Model,
 		RunID: rec.RunID, NodeID: rec.NodeID, ProviderID: rec.ProviderID, ServedModel: rec.ServedModel,
-		Duration: rec.Duration, Outcome: rec.Outcome, ErrorCode: rec.ErrorCode,
+		Duration: rec.Duration, Outcome: string(rec.Outcome), ErrorCode: rec.ErrorCode,
 	}
 	if rec.TokensKnown {
 		e.PromptTokens, e.CompletionTokens = int64(rec.InputTokens), int64(rec.OutputTokens)
@@ -456,7 +451,7 @@ func (h *handler) logRequest(ctx context.Context, rec RequestRecord) {
 		slog.String("request_id", rec.RequestID),
 		slog.String("model", rec.Model),
 		slog.Int("status", rec.Status),
-		slog.String("outcome", rec.Outcome),
+		slog.String("outcome", string(rec.Outcome)),
 		slog.Duration("duration", rec.Duration),
 	}
 	if rec.Admission != "" {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
 
@@ -132,7 +133,7 @@ func TestRecordOfRefusalsAndInvalidRequests(t *testing.T) {
 		body      string
 		status    int
 		admission string
-		outcome   string
+		outcome   contract.Outcome
 		code      string
 	}{
 		{"queue full", fmt.Errorf("%w: 16 waiting", ErrQueueFull), simpleChat, 429, AdmissionQueueFull, OutcomeRefused, "queue_full"},

@@ -13,8 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"iop/internal/edge/contract"
 	"iop/internal/translate"
-	"iop/internal/wire/nodev1"
 )
 
 // ollamaVersion is what GET /api/version reports: the Ollama release whose
@@ -83,7 +83,7 @@ func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bo
 	if !ok {
 		return
 	}
-	req.Operation = nodev1.Operation_OPERATION_CHAT
+	req.Operation = contract.OperationChat
 	req.Stream = true // the canonical body always streams
 	obsOf(r).clientStreams(tr.Stream)
 	if tr.LoadOnly {
@@ -104,7 +104,7 @@ func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bo
 		}
 		req.Needs, req.EstimatedInputTokens = cr.Needs, cr.EstimatedInputTokens
 	case translate.Completion:
-		req.Operation = nodev1.Operation_OPERATION_COMPLETION
+		req.Operation = contract.OperationCompletion
 		req.EstimatedInputTokens = tr.EstimatedInputTokens
 	}
 	if tr.Thinking && !slices.Contains(req.Needs, needThinking) {
@@ -277,10 +277,10 @@ type ollamaModelDetails struct {
 	QuantizationLevel string   `json:"quantization_level"`
 }
 
-func detailsOf(d *nodev1.ModelDetails) ollamaModelDetails {
+func detailsOf(d contract.ModelDetails) ollamaModelDetails {
 	return ollamaModelDetails{
-		ParentModel: d.GetParentModel(), Format: d.GetFormat(), Family: d.GetFamily(), Families: d.GetFamilies(),
-		ParameterSize: d.GetParameterSize(), QuantizationLevel: d.GetQuantizationLevel(),
+		ParentModel: d.ParentModel, Format: d.Format, Family: d.Family, Families: d.Families,
+		ParameterSize: d.ParameterSize, QuantizationLevel: d.QuantizationLevel,
 	}
 }
 
@@ -328,10 +328,10 @@ func (h *handler) newOllamaModel(name string) ollamaModel {
 	if !ok || rep.Details == nil {
 		return m
 	}
-	d := rep.Details
-	m.Size, m.ModifiedAt, m.Details, m.ContextLength = d.GetSize(), d.GetModifiedAt(), detailsOf(d), d.GetContextLength()
-	if d.GetDigest() != "" {
-		m.Digest = d.GetDigest()
+	d := *rep.Details
+	m.Size, m.ModifiedAt, m.Details, m.ContextLength = d.Size, d.ModifiedAt, detailsOf(d), d.ContextLength
+	if d.Digest != "" {
+		m.Digest = d.Digest
 	}
 	return m
 }
@@ -462,9 +462,11 @@ func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 			Capabilities: nonNil(p.Capabilities), Healthy: p.Healthy, Capacity: p.Capacity, InFlight: p.InFlight})
 	}
 	caps := []string{}
-	var d *nodev1.ModelDetails
+	var d contract.ModelDetails // zero: the node said nothing
 	if rep, same, ok := representative(info); ok {
-		d = rep.Details
+		if rep.Details != nil {
+			d = *rep.Details
+		}
 		for _, p := range same {
 			for _, c := range p.Capabilities {
 				if oc, ok := ollamaCapabilities[c]; ok && !slices.Contains(caps, oc) {
@@ -477,16 +479,16 @@ func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 		caps = append(caps, "completion")
 	}
 	modelInfo := map[string]any{
-		"general.architecture": d.GetFamily(),
+		"general.architecture": d.Family,
 		"iop.name":             info.Name,
 		"iop.alias":            info.Alias,
 		"iop.targets":          nonNil(info.Targets),
 		"iop.providers":        providers,
 	}
-	if d.GetFamily() != "" && d.GetContextLength() > 0 {
-		modelInfo[d.GetFamily()+".context_length"] = d.GetContextLength()
+	if d.Family != "" && d.ContextLength > 0 {
+		modelInfo[d.Family+".context_length"] = d.ContextLength
 	}
-	modifiedAt := d.GetModifiedAt()
+	modifiedAt := d.ModifiedAt
 	if modifiedAt == "" {
 		modifiedAt = h.cfg.Now().UTC().Format(time.RFC3339Nano)
 	}

@@ -4,7 +4,7 @@ import (
 	"slices"
 	"strings"
 
-	"iop/internal/wire/nodev1"
+	"iop/internal/edge/contract"
 )
 
 // ModelCatalog is what POST /api/show and GET /api/ps need beyond
@@ -16,56 +16,23 @@ type ModelCatalog interface {
 	// when no alias or served name matches.
 	ModelInfo(name string) (info ModelInfo, ok bool)
 	// RunsInFlight counts the runs dispatched and not yet ended, by served
-	// model name.
+	// model name. The edge's *edge.Service implements ModelCatalog.
 	RunsInFlight() map[string]int
 }
 
-// ModelInfo is what the edge knows of one model. Its fields mirror
-// edge.ModelInfo in name, type and order.
-type ModelInfo struct {
-	// Name is the catalog's own name for the model.
-	Name string
-	// Alias is set when Name is a configured alias; Targets are then its
-	// served model names, else Targets is [Name].
-	Alias   bool
-	Targets []string
-	// Providers are the live providers serving a target.
-	Providers []ModelProvider
-}
+// ModelInfo is what the edge knows of one model (contract.ModelInfo).
+type ModelInfo = contract.ModelInfo
 
-// ModelProvider is one provider of a model. Its fields mirror
-// edge.ModelProvider in name, type and order.
-type ModelProvider struct {
-	NodeID, ProviderID, Type string
-	// Capabilities are iop's capability words for Target on this provider
-	// ("completion", "tools", "vision", "embeddings", "thinking", ...,
-	// and lifecycle ones such as "stream").
-	Capabilities       []string
-	Healthy            bool
-	Capacity, InFlight int
-	// Target is the served model name the provider serves the model as.
-	Target string
-	// Details are what the provider's model server says of Target, nil
-	// when nothing. Not to be modified.
-	Details *nodev1.ModelDetails
-}
+// ModelProvider is one provider of a model (contract.ModelProvider).
+type ModelProvider = contract.ModelProvider
 
-// latestTag is the tag Ollama gives a model name without one (Ollama API
-// doc, "Model names": the tag "will default to latest").
-const latestTag = ":latest"
+// latestTag is the tag Ollama gives a model name without one
+// (contract.LatestTag).
+const latestTag = contract.LatestTag
 
-// tagAlternative returns the other spelling of an Ollama model name: "x"
-// for "x:latest" and "x:latest" for "x" (a name with no tag: no ':' after
-// its last '/'); "" for a name with another tag.
-func tagAlternative(name string) string {
-	if base, ok := strings.CutSuffix(name, latestTag); ok && base != "" {
-		return base
-	}
-	if strings.Contains(name[strings.LastIndex(name, "/")+1:], ":") {
-		return ""
-	}
-	return name + latestTag
-}
+// tagAlternative returns the other spelling of an Ollama model name
+// (contract.TagAlternative: "x" and "x:latest" are one model).
+func tagAlternative(name string) string { return contract.TagAlternative(name) }
 
 // knownModel returns the name in names that the Ollama model name means:
 // name itself, else its tagAlternative; ok is false when neither is there.

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"iop/internal/wire/nodev1"
+	"iop/internal/edge/contract"
 )
 
 // catalogGateway is a fakeGateway that is also a ModelCatalog, answering
@@ -32,7 +32,7 @@ func (g catalogGateway) RunsInFlight() map[string]int { return g.inFlight }
 
 // qwen3Details is what an Ollama server says of a qwen3 model, as its node
 // passes it on.
-var qwen3Details = &nodev1.ModelDetails{Size: 5225376047, Digest: "500a1f067a9f782620b40bee6f7b0c89e17ae61f686b92c24933e4ca4b2b8b41",
+var qwen3Details = &contract.ModelDetails{Size: 5225376047, Digest: "500a1f067a9f782620b40bee6f7b0c89e17ae61f686b92c24933e4ca4b2b8b41",
 	ModifiedAt: "2026-02-03T04:05:06.789Z", Format: "gguf", Family: "qwen3", Families: []string{"qwen3"},
 	ParameterSize: "8.2B", QuantizationLevel: "Q4_K_M", ContextLength: 40960}
 
@@ -45,7 +45,7 @@ func newCatalogEnv(t *testing.T) *testEnv {
 	qwenToo := ModelProvider{NodeID: "n0", ProviderID: "vllm", Type: "vllm", Target: "qwen3:latest", Healthy: true, Capacity: 4,
 		Capabilities: []string{"completion", "stream", "vision"}}
 	embed := ModelProvider{NodeID: "n1", ProviderID: "ollama", Type: "ollama", Target: "embed:latest", Healthy: true, Capacity: 1,
-		Capabilities: []string{"embeddings", "stream"}, Details: &nodev1.ModelDetails{Size: 45, Digest: "e", Format: "gguf", Family: "bert"}}
+		Capabilities: []string{"embeddings", "stream"}, Details: &contract.ModelDetails{Size: 45, Digest: "e", Format: "gguf", Family: "bert"}}
 	gw := catalogGateway{fakeGateway: fake,
 		infos: map[string]ModelInfo{
 			"qwen3:latest": {Name: "qwen3:latest", Targets: []string{"qwen3:latest"}, Providers: []ModelProvider{qwenToo, qwen}},

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"net/http"
 
+	"iop/internal/edge/contract"
 	"iop/internal/translate"
-	"iop/internal/wire/nodev1"
 )
 
 // ollamaEmbed serves POST /api/embed (Ollama API doc, "Generate
@@ -33,7 +33,7 @@ func (h *handler) ollamaEmbed(w http.ResponseWriter, r *http.Request, legacy boo
 	if !ok {
 		return
 	}
-	req.Operation = nodev1.Operation_OPERATION_EMBEDDINGS
+	req.Operation = contract.OperationEmbeddings
 	req.Needs = []string{needEmbeddings}
 	e := &ollamaEmbedRender{legacy: legacy, model: tr.Model, timings: translate.Timings{Start: start}}
 	if tr.LoadOnly {
@@ -67,8 +67,8 @@ func (e *ollamaEmbedRender) begin(rr *runResponse) {
 	e.runResponse, e.timings.Dispatched = rr, rr.h.cfg.Now()
 }
 
-// normalized renders a normalized-path run: the vectors of its DELTA
-// events and the prompt tokens of its USAGE. It returns the rendering's reason.
+// normalized renders a normalized-path run: the vectors of its delta
+// events and the prompt tokens of its usage event. It returns the rendering's reason.
 func (e *ollamaEmbedRender) normalized() string {
 	er := &eventReader{runResponse: e.runResponse}
 	vectors, err := er.vectors(e.inputs)

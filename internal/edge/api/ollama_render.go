@@ -6,8 +6,8 @@ import (
 	"net/http"
 	"strings"
 
+	"iop/internal/edge/contract"
 	"iop/internal/translate"
-	"iop/internal/wire/nodev1"
 )
 
 // maxTunnelAnswer bounds a whole (not streamed) answer or error body read
@@ -52,15 +52,15 @@ func (o *ollamaRender) begin(rr *runResponse) {
 	o.runResponse, o.timings.Dispatched = rr, rr.h.cfg.Now()
 }
 
-// normalized renders a normalized-path run: its DELTA (text, thinking and
-// tool-call parts, joined by index), USAGE and COMPLETE events (read by
+// normalized renders a normalized-path run: its delta events (text, thinking and
+// tool-call parts, joined by index), usage and end events (read by
 // eventReader.next). It returns the rendering's reason.
 func (o *ollamaRender) normalized() string {
 	er := &eventReader{runResponse: o.runResponse}
 	var calls []translate.ToolCall // by index
-	finish, err := er.next(func(ev *nodev1.RunEvent) error {
-		for _, tc := range ev.GetToolCalls() {
-			i := int(tc.GetIndex())
+	finish, err := er.next(func(ev *contract.Event) error {
+		for _, tc := range ev.ToolCalls {
+			i := tc.Index
 			if i < 0 || i >= maxToolCalls {
 				return errUpstreamProtocol
 			}
@@ -68,16 +68,16 @@ func (o *ollamaRender) normalized() string {
 				calls = append(calls, translate.ToolCall{})
 			}
 			c := &calls[i]
-			if tc.GetId() != "" {
-				c.ID = tc.GetId()
+			if tc.ID != "" {
+				c.ID = tc.ID
 			}
-			if tc.GetName() != "" {
-				c.Name = tc.GetName()
+			if tc.Name != "" {
+				c.Name = tc.Name
 			}
-			c.Arguments += tc.GetArguments()
+			c.Arguments += tc.Arguments
 		}
-		if ev.GetText() != "" || ev.GetThinking() != "" {
-			return o.onDelta(translate.Delta{Text: ev.GetText(), Thinking: ev.GetThinking()})
+		if ev.Text != "" || ev.Thinking != "" {
+			return o.onDelta(translate.Delta{Text: ev.Text, Thinking: ev.Thinking})
 		}
 		return nil
 	})
@@ -127,7 +127,7 @@ func (o *ollamaRender) tunnel() string {
 // handed to onSSE as it arrives (sse is then true); with onSSE nil, or for
 // any other 2xx answer, the body is returned whole. Errors: an
 // *upstreamError with the provider's status and message for an error
-// status or a TunnelError, one of status 502 for a body over
+// status or a tunnel failure, one of status 502 for a body over
 // maxTunnelAnswer bytes, onSSE's error through streamError,
 // errUpstreamProtocol or errUpstreamEnded for a run that breaks the
 // tunnel's message order, and recv's errors.
@@ -138,25 +138,29 @@ func (rr *runResponse) tunnelAnswer(onSSE func(data []byte) error) (sse bool, bo
 		if err != nil {
 			return false, nil, err
 		}
-		switch m := msg.GetMsg().(type) {
-		case *nodev1.RunUp_TunnelHead:
+		ev, ok := tunnelEvent(msg)
+		if !ok {
+			return false, nil, errUpstreamProtocol
+		}
+		switch ev.Kind {
+		case contract.EventHead:
 			if status != 0 {
 				return false, nil, errUpstreamProtocol
 			}
-			status = int(m.TunnelHead.GetStatus())
+			status = ev.Status
 			if status < 200 || status > 599 {
 				return false, nil, errUpstreamProtocol
 			}
-			for name, value := range m.TunnelHead.GetHeaders() {
+			for name, value := range ev.Headers {
 				if http.CanonicalHeaderKey(name) == "Content-Type" {
 					sse = onSSE != nil && status < 300 && isEventStream(value)
 				}
 			}
-		case *nodev1.RunUp_TunnelData:
+		case contract.EventData:
 			if status == 0 {
 				return false, nil, errUpstreamProtocol
 			}
-			data := m.TunnelData.GetData()
+			data := ev.Data
 			if sse {
 				if err := onSSE(data); err != nil {
 					return false, nil, streamError(err)
@@ -167,7 +171,7 @@ func (rr *runResponse) tunnelAnswer(onSSE func(data []byte) error) (sse bool, bo
 				return false, nil, &upstreamError{status: http.StatusBadGateway, message: "the provider's answer is too large"}
 			}
 			body = append(body, data...)
-		case *nodev1.RunUp_TunnelEnd:
+		case contract.EventEnd:
 			if status == 0 {
 				return false, nil, errUpstreamEnded
 			}
@@ -175,8 +179,8 @@ func (rr *runResponse) tunnelAnswer(onSSE func(data []byte) error) (sse bool, bo
 				return false, nil, &upstreamError{status: status, message: clipTo(translate.DecodeOpenAIError(body), maxErrorTextBytes)}
 			}
 			return sse, body, nil
-		case *nodev1.RunUp_TunnelError:
-			return false, nil, tunnelFailure(m.TunnelError)
+		case contract.EventFailure:
+			return false, nil, failureError(ev)
 		default:
 			return false, nil, errUpstreamProtocol
 		}

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"iop/internal/edge/contract"
 	"iop/internal/translate"
-	"iop/internal/wire/nodev1"
 )
 
 // post sends body to path on env and returns status, Content-Type and body.
@@ -148,7 +148,7 @@ func TestOllamaDispatchesCanonicalRequests(t *testing.T) {
 		t.Fatalf("%d %s", resp.status, resp.body)
 	}
 	got := env.gw.requests()[0]
-	if got.Operation != nodev1.Operation_OPERATION_COMPLETION || got.Model != "m" || !got.Stream ||
+	if got.Operation != contract.OperationCompletion || got.Model != "m" || !got.Stream ||
 		len(got.Headers) != 1 || got.Headers["X-Request-Id"] != "r-1" || !strings.Contains(string(got.Body), `"prompt":"p"`) {
 		t.Fatalf("dispatched %+v %s", got, got.Body)
 	}

@@ -105,7 +105,7 @@ func TestRegression_ClientClosingAfterItsAnswerIsNotClientGone(t *testing.T) {
 				t.Fatalf("%d ledger entries, want 1: %+v", len(entries), entries)
 			}
 			n, outcomes := run.closeCalls()
-			if rec.Outcome != OutcomeCompleted || entries[0].Outcome != OutcomeCompleted || n != 1 || outcomes[0] != OutcomeCompleted {
+			if rec.Outcome != OutcomeCompleted || entries[0].Outcome != string(OutcomeCompleted) || n != 1 || outcomes[0] != OutcomeCompleted {
 				t.Errorf("outcomes: log %q, ledger %q, run closed %d times with %q; want completed everywhere",
 					rec.Outcome, entries[0].Outcome, n, outcomes)
 			}
@@ -216,7 +216,7 @@ func TestKeyRefusalsAreRecordedOnce(t *testing.T) {
 	}
 	for _, e := range entries {
 		rec, ok := byID[e.RequestID]
-		if !ok || e.Outcome != rec.Outcome || e.ErrorCode != rec.ErrorCode || e.Key != rec.Key {
+		if !ok || e.Outcome != string(rec.Outcome) || e.ErrorCode != rec.ErrorCode || e.Key != rec.Key {
 			t.Errorf("ledger entry %+v disagrees with its record %+v", e, rec)
 		}
 		delete(byID, e.RequestID)
@@ -233,7 +233,7 @@ func TestRegression_OllamaLoadIsCompleted(t *testing.T) {
 		t.Fatalf("load: %d %s", resp.status, resp.body)
 	}
 	env.waitHandlers()
-	if rec, entries := recs.only(t), led.all(); rec.Outcome != OutcomeCompleted || len(entries) != 1 || entries[0].Outcome != OutcomeCompleted {
+	if rec, entries := recs.only(t), led.all(); rec.Outcome != OutcomeCompleted || len(entries) != 1 || entries[0].Outcome != string(OutcomeCompleted) {
 		t.Fatalf("record %+v, ledger %+v; want completed", rec, entries)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
 
@@ -374,7 +375,7 @@ func TestRegression_HalfCloseGetsNoEmpty200(t *testing.T) {
 
 	for _, tt := range []struct {
 		name string
-		path nodev1.ExecutionPath
+		path contract.Path
 		body string
 	}{
 		{"dispatched, normalized", normalized, chat},
@@ -403,7 +404,7 @@ func TestRegression_HalfCloseGetsNoEmpty200(t *testing.T) {
 	// chunked body end cleanly ("0\r\n\r\n").
 	for _, tt := range []struct {
 		name  string
-		path  nodev1.ExecutionPath
+		path  contract.Path
 		body  string
 		send  []*nodev1.RunUp
 		until string

@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"strings"
 
-	"iop/internal/wire/nodev1"
+	"iop/internal/edge/contract"
 )
 
 // hopHeaders are response headers of the provider's connection, not of its
@@ -26,17 +26,17 @@ var hopHeaders = map[string]bool{
 	"Content-Length":      true,
 }
 
-// tunnel relays a tunnel-path run: TunnelHead becomes the status and headers
-// (as received, minus hopHeaders; flushed at once for an event stream, else
-// with the first data), each TunnelData is written and flushed at once,
-// but for the bytes that end the answer (finalHold), which wait for
-// TunnelEnd: the answer is finished (answerDone, in recv) before its last
-// bytes are written. TunnelEnd ends the response (a TunnelEnd with
-// provider_error, an error event the provider sent inside its 2xx stream
-// and the client got as is, ends it the same way but the run counts as
-// failed: logged at warn, reason "upstream error"; so does an error status
-// the provider answered, relayed whole). A failure before
-// TunnelHead is an error answer (TunnelError's status, 502 if unset);
+// tunnel relays a tunnel-path run: the head event becomes the status and
+// headers (as received, minus hopHeaders; flushed at once for an event
+// stream, else with the first data), each data event is written and
+// flushed at once, but for the bytes that end the answer (finalHold), which
+// wait for the end event: the answer is finished (answerDone, in recv)
+// before its last bytes are written. The end event ends the response (one
+// with ProviderError, an error event the provider sent inside its 2xx
+// stream and the client got as is, ends it the same way but the run counts
+// as failed: logged at warn, reason "upstream error"; so does an error
+// status the provider answered, relayed whole). A failure before the head
+// is an error answer (the failure's status, 502 if unset);
 // after it, see failStarted (the held bytes are dropped: a failed stream
 // must not end with the provider's [DONE]). It returns the reason the
 // rendering ended for.
@@ -48,17 +48,21 @@ func (rr *runResponse) tunnel() string {
 		if err != nil {
 			return rr.tunnelFail(err, hold.sse)
 		}
-		switch m := msg.GetMsg().(type) {
-		case *nodev1.RunUp_TunnelHead:
+		ev, ok := tunnelEvent(msg)
+		if !ok {
+			return rr.tunnelFail(errUpstreamProtocol, hold.sse)
+		}
+		switch ev.Kind {
+		case contract.EventHead:
 			if rr.started {
 				return rr.tunnelFail(errUpstreamProtocol, hold.sse)
 			}
-			status = int(m.TunnelHead.GetStatus())
+			status = ev.Status
 			if status < 200 || status > 599 {
 				return rr.fail(errUpstreamProtocol)
 			}
 			header := rr.w.Header()
-			for name, value := range m.TunnelHead.GetHeaders() {
+			for name, value := range ev.Headers {
 				name = http.CanonicalHeaderKey(name)
 				if !hopHeaders[name] {
 					header.Set(name, value)
@@ -75,17 +79,17 @@ func (rr *runResponse) tunnel() string {
 			if err := rr.flush(); err != nil {
 				return rr.writeFailed(err)
 			}
-		case *nodev1.RunUp_TunnelData:
+		case contract.EventData:
 			if !rr.started {
 				return rr.fail(errUpstreamProtocol)
 			}
-			rr.obs.tunnelData(m.TunnelData.GetData(), hold.sse)
-			if p := hold.split(m.TunnelData.GetData()); len(p) > 0 {
+			rr.obs.tunnelData(ev.Data, hold.sse)
+			if p := hold.split(ev.Data); len(p) > 0 {
 				if err := rr.write(p); err != nil {
 					return rr.writeFailed(err)
 				}
 			}
-		case *nodev1.RunUp_TunnelEnd:
+		case contract.EventEnd:
 			if !rr.started {
 				return rr.fail(errUpstreamEnded)
 			}
@@ -94,7 +98,7 @@ func (rr *runResponse) tunnel() string {
 					return rr.writeFailed(err)
 				}
 			}
-			if msg := m.TunnelEnd.GetProviderError(); msg != "" {
+			if msg := ev.ProviderError; msg != "" {
 				// The provider's error event reached the client with its
 				// bytes; the run failed all the same.
 				rr.h.logger.Warn("provider reported an error inside its answer", "path", clip(rr.r.URL.Path),
@@ -107,8 +111,8 @@ func (rr *runResponse) tunnel() string {
 				return reasonUpstreamError
 			}
 			return reasonCompleted
-		case *nodev1.RunUp_TunnelError:
-			return rr.tunnelFail(tunnelFailure(m.TunnelError), hold.sse)
+		case contract.EventFailure:
+			return rr.tunnelFail(failureError(ev), hold.sse)
 		default:
 			return rr.tunnelFail(errUpstreamProtocol, hold.sse)
 		}
@@ -278,24 +282,23 @@ type chunkDelta struct {
 }
 
 // next reads run events until one ends the run, calling onDelta for each
-// DELTA that carries text, reasoning (thinking), tool calls or embeddings;
+// delta that carries text, reasoning (thinking), tool calls or embeddings;
 // each counts as generated content for the observation, reasoning too (a
 // reasoning model's first token is its reasoning: that is its time to
 // first token). A usage event is recorded in e.usage. It returns the
 // finish reason ("stop" if the node sent none) or the failure.
-func (e *eventReader) next(onDelta func(ev *nodev1.RunEvent) error) (finish string, err error) {
+func (e *eventReader) next(onDelta func(ev *contract.Event) error) (finish string, err error) {
 	for {
 		msg, err := e.recv()
 		if err != nil {
 			return "", err
 		}
-		events := msg.GetEvents()
-		if events == nil {
+		if msg.Tunnel {
 			return "", errUpstreamProtocol
 		}
 		// The events of one message are written with one flush.
 		e.hold = true
-		finish, done, err := e.handle(events.GetEvents(), onDelta)
+		finish, done, err := e.handle(msg.Events, onDelta)
 		if rerr := e.release(); rerr != nil && err == nil {
 			err = &errWrite{rerr}
 		}
@@ -307,32 +310,28 @@ func (e *eventReader) next(onDelta func(ev *nodev1.RunEvent) error) (finish stri
 
 // handle handles the events of one message, as next describes; done is set
 // when one of them ended the run.
-func (e *eventReader) handle(events []*nodev1.RunEvent, onDelta func(ev *nodev1.RunEvent) error) (finish string, done bool, err error) {
-	for _, ev := range events {
-		switch ev.GetType() {
-		case nodev1.RunEvent_TYPE_DELTA:
-			if ev.GetText() == "" && ev.GetThinking() == "" && len(ev.GetToolCalls()) == 0 && len(ev.GetEmbeddings()) == 0 {
-				continue
-			}
+func (e *eventReader) handle(events []contract.Event, onDelta func(ev *contract.Event) error) (finish string, done bool, err error) {
+	for i := range events {
+		ev := &events[i]
+		switch ev.Kind {
+		case contract.EventDelta: // the edge leaves out deltas without content
 			e.obs.content(1)
 			if err := onDelta(ev); err != nil {
 				return "", true, err
 			}
-		case nodev1.RunEvent_TYPE_USAGE:
-			e.usage.PromptTokens = int(ev.GetPromptTokens())
-			e.usage.CompletionTokens = int(ev.GetCompletionTokens())
+		case contract.EventUsage:
+			e.usage.PromptTokens = ev.PromptTokens
+			e.usage.CompletionTokens = ev.CompletionTokens
 			e.usage.TotalTokens = e.usage.PromptTokens + e.usage.CompletionTokens
 			e.obs.tokens(e.usage.PromptTokens, e.usage.CompletionTokens)
-		case nodev1.RunEvent_TYPE_COMPLETE:
-			finish := ev.GetFinishReason()
+		case contract.EventEnd:
+			finish := ev.FinishReason
 			if finish == "" {
 				finish = "stop"
 			}
 			return finish, true, nil
-		case nodev1.RunEvent_TYPE_ERROR:
-			return "", true, runEventError(ev)
-		case nodev1.RunEvent_TYPE_CANCELLED:
-			return "", true, errUpstreamCancelled
+		case contract.EventFailure:
+			return "", true, failureError(*ev)
 		}
 	}
 	return "", false, nil
@@ -352,24 +351,24 @@ func (c *chatRender) json() string {
 		text, thinking strings.Builder
 		calls          []toolCall // by index; parts of one call are joined
 	)
-	finish, err := c.next(func(ev *nodev1.RunEvent) error {
-		text.WriteString(ev.GetText())
-		thinking.WriteString(ev.GetThinking())
-		for _, part := range ev.GetToolCalls() {
-			i := int(part.GetIndex())
+	finish, err := c.next(func(ev *contract.Event) error {
+		text.WriteString(ev.Text)
+		thinking.WriteString(ev.Thinking)
+		for _, part := range ev.ToolCalls {
+			i := part.Index
 			if i < 0 || i >= maxToolCalls {
 				return errUpstreamProtocol
 			}
 			for len(calls) <= i {
 				calls = append(calls, toolCall{Type: "function"})
 			}
-			if part.GetId() != "" {
-				calls[i].ID = part.GetId()
+			if part.ID != "" {
+				calls[i].ID = part.ID
 			}
-			if part.GetName() != "" {
-				calls[i].Function.Name = part.GetName()
+			if part.Name != "" {
+				calls[i].Function.Name = part.Name
 			}
-			calls[i].Function.Arguments += part.GetArguments()
+			calls[i].Function.Arguments += part.Arguments
 		}
 		return nil
 	})
@@ -410,28 +409,28 @@ const maxToolCalls = 1024
 // either gets an error answer with its own status; a run that fails later
 // ends with an error event and no [DONE]. It returns the rendering's reason.
 func (c *chatRender) stream() string {
-	finish, err := c.next(func(ev *nodev1.RunEvent) error {
+	finish, err := c.next(func(ev *contract.Event) error {
 		if err := c.startStream(); err != nil {
 			return err
 		}
-		if s := ev.GetThinking(); s != "" {
+		if s := ev.Thinking; s != "" {
 			if err := c.writeChunk(chunkDelta{ReasoningContent: &s}, nil); err != nil {
 				return err
 			}
 		}
-		if s := ev.GetText(); s != "" {
+		if s := ev.Text; s != "" {
 			if err := c.writeChunk(chunkDelta{Content: &s}, nil); err != nil {
 				return err
 			}
 		}
-		if len(ev.GetToolCalls()) == 0 {
+		if len(ev.ToolCalls) == 0 {
 			return nil
 		}
-		parts := make([]toolCall, 0, len(ev.GetToolCalls()))
-		for _, part := range ev.GetToolCalls() {
-			index := int(part.GetIndex())
-			tc := toolCall{Index: &index, ID: part.GetId(),
-				Function: toolCallFunction{Name: part.GetName(), Arguments: part.GetArguments()}}
+		parts := make([]toolCall, 0, len(ev.ToolCalls))
+		for _, part := range ev.ToolCalls {
+			index := part.Index
+			tc := toolCall{Index: &index, ID: part.ID,
+				Function: toolCallFunction{Name: part.Name, Arguments: part.Arguments}}
 			if tc.ID != "" {
 				tc.Type = "function"
 			}
@@ -518,29 +517,30 @@ func (rr *runResponse) startStream() {
 	rr.started = true
 }
 
-// runEventError is the failure an ERROR event reports: a *requestError
-// (400 invalid_request_error naming the field) when the node could not
-// translate the request, else an *upstreamError with the event's status
-// and message.
-func runEventError(ev *nodev1.RunEvent) error {
-	if ev.GetInvalidRequest() {
-		param := clip(ev.GetParam())
-		msg := ev.GetError()
+// failureError is the failure a run's failure event reports: errUpstreamCancelled
+// when the node cancelled the run; a *requestError (400
+// invalid_request_error naming the field, if any) when the node could not
+// translate or send the request; else an *upstreamError with the event's
+// status and message.
+func failureError(ev contract.Event) error {
+	switch {
+	case ev.Cancelled:
+		return errUpstreamCancelled
+	case ev.InvalidRequest:
+		param := clip(ev.Param)
+		msg := ev.Message
 		if param != "" {
 			msg = strings.TrimPrefix(msg, param+": ")
 		}
 		return &requestError{param: param, message: msg}
+	default:
+		return &upstreamError{status: ev.Status, message: ev.Message}
 	}
-	return &upstreamError{status: int(ev.GetStatus()), message: ev.GetError()}
 }
 
-// tunnelFailure is the failure a TunnelError reports: one of status 400 is
-// the node's own refusal of a request it could not send (a tunnel relays
-// the provider's error answers as they are, never as a TunnelError), a
-// *requestError; any other an *upstreamError.
-func tunnelFailure(te *nodev1.TunnelError) error {
-	if te.GetStatus() == http.StatusBadRequest {
-		return &requestError{message: te.GetMessage()}
-	}
-	return &upstreamError{status: int(te.GetStatus()), message: te.GetMessage()}
+// tunnelEvent is the event of a tunnel-path message (its Part); ok is
+// false for a message that is not one (a normalized message on a tunnel
+// run).
+func tunnelEvent(msg contract.Message) (contract.Event, bool) {
+	return msg.Part, msg.Tunnel
 }

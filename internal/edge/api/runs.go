@@ -14,9 +14,9 @@ import (
 	"strings"
 	"time"
 
+	"iop/internal/edge/contract"
 	"iop/internal/runs"
 	"iop/internal/sse"
-	"iop/internal/wire/nodev1"
 )
 
 // The runs API (served when Config.Runs is set):
@@ -316,20 +316,9 @@ func (g runGateway) Dispatch(ctx context.Context, req Request) (Run, error) {
 	info := r.Info()
 	g.run.Dispatched(runs.Record{
 		NodeID: info.NodeID, ProviderID: info.ProviderID, ServedModel: info.ServedModel,
-		Path: pathName(info.Path), QueueReason: info.QueueReason, QueueWait: info.QueueWait,
+		Path: info.Path.String(), QueueReason: info.QueueReason, QueueWait: info.QueueWait,
 	})
 	return r, nil
-}
-
-func pathName(p nodev1.ExecutionPath) string {
-	switch p {
-	case nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL:
-		return "tunnel"
-	case nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED:
-		return "normalized"
-	default:
-		return ""
-	}
 }
 
 // maxErrorBody caps the error body a runWriter keeps.
@@ -441,9 +430,9 @@ func errorMessage(raw json.RawMessage) string {
 // requestOutcome the outcome decided for the run's chat request (an
 // Outcome* value), which the record keeps and which decides a complete
 // state: the run is complete exactly when its request completed.
-func (w *runWriter) outcome(ctx context.Context, requestOutcome string) runs.Outcome {
+func (w *runWriter) outcome(ctx context.Context, requestOutcome contract.Outcome) runs.Outcome {
 	o := runs.Outcome{Status: w.status, FinishReason: w.finishReason, PromptTokens: w.promptTokens, CompletionTokens: w.completionTokens,
-		Outcome: requestOutcome}
+		Outcome: string(requestOutcome)}
 	switch {
 	case requestOutcome == OutcomeCompleted:
 		o.State = runs.StateComplete

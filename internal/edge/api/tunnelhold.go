@@ -3,9 +3,9 @@ package api
 import "bytes"
 
 // finalHold holds back the end of a relayed tunnel answer until the run's
-// terminal message arrives (TunnelEnd), so that the key's request slot is
-// given back before the client can see the answer end (answerDone): the
-// provider's last bytes come before the node's TunnelEnd, and a client
+// terminal message arrives (the tunnel's end event), so that the key's
+// request slot is given back before the client can see the answer end (answerDone): the
+// provider's last bytes come before the tunnel's end event, and a client
 // reading them could otherwise send its next request while this one still
 // counts.
 //

@@ -1,0 +1,61 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"iop/internal/edge/contract"
+	"iop/internal/scheduler"
+)
+
+// TestDispatchErrorsAreTheContracts: the edge wraps its scheduler's
+// admission errors with the contract's once, at its boundary
+// (Service.Dispatch), so its callers need only the contract's errors; the
+// scheduler's stay in the chain, with their details.
+func TestDispatchErrorsAreTheContracts(t *testing.T) {
+	cfg := testConfig()
+	cfg.Models["orphan"] = ModelConfig{Targets: []string{"nobody-serves-this"}}
+	e := startEdge(t, cfg)
+	p := prov("p1", normalized, 1, "m-small")
+	p.Capabilities = []string{"stream"}
+	e.connect(t, hello("n1", p))
+	vision := chatReq("chat")
+	vision.Needs = []string{"vision"}
+	for _, tc := range []struct {
+		name            string
+		req             Request
+		contract, sched error
+	}{
+		{"unknown model", chatReq("nope"), contract.ErrUnknownModel, scheduler.ErrUnknownModel},
+		{"missing capability", vision, contract.ErrCandidatesRejected, scheduler.ErrCandidatesRejected},
+		{"no provider", chatReq("orphan"), contract.ErrNoProvider, scheduler.ErrNoProvider},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := e.svc.Dispatch(context.Background(), tc.req)
+			if !errors.Is(err, tc.contract) || !errors.Is(err, tc.sched) || !strings.HasPrefix(err.Error(), tc.contract.Error()+": ") {
+				t.Fatalf("Dispatch = %v, want the contract's %q wrapping the scheduler's %q", err, tc.contract, tc.sched)
+			}
+		})
+	}
+}
+
+// TestBoundaryErrorOrder: a lost provider is unavailable even when a
+// rejection is in the chain; the edge's own outcomes and errors of no
+// outcome pass as they are.
+func TestBoundaryErrorOrder(t *testing.T) {
+	both := fmt.Errorf("%w: %w", scheduler.ErrProviderUnavailable, scheduler.ErrCandidatesRejected)
+	if err := boundaryError(both); !errors.Is(err, contract.ErrProviderUnavailable) || errors.Is(err, contract.ErrCandidatesRejected) {
+		t.Errorf("boundaryError(%v) = %v, want only provider unavailable", both, err)
+	}
+	for _, err := range []error{ErrNodeGone, context.Canceled, ErrInvalidRequest} {
+		if got := boundaryError(err); got != err {
+			t.Errorf("boundaryError(%v) = %v, want it unchanged", err, got)
+		}
+	}
+	if boundaryError(nil) != nil {
+		t.Error("boundaryError(nil) != nil")
+	}
+}

@@ -1,0 +1,244 @@
+package contract
+
+import (
+	"strings"
+	"time"
+)
+
+// Operation is the kind of a dispatched request.
+type Operation uint8
+
+// Operations. The zero value is no operation: the edge refuses it.
+const (
+	OperationUnspecified Operation = iota
+	// OperationChat is a chat completion (OpenAI /v1/chat/completions,
+	// Ollama /api/chat).
+	OperationChat
+	// OperationCompletion is a text completion (OpenAI /v1/completions,
+	// Ollama /api/generate).
+	OperationCompletion
+	// OperationEmbeddings is an embeddings request (OpenAI /v1/embeddings,
+	// Ollama /api/embed and /api/embeddings).
+	OperationEmbeddings
+)
+
+// String names the operation for logs and errors: "chat", "completion",
+// "embeddings", or "unspecified" for any other value.
+func (o Operation) String() string {
+	switch o {
+	case OperationChat:
+		return "chat"
+	case OperationCompletion:
+		return "completion"
+	case OperationEmbeddings:
+		return "embeddings"
+	default:
+		return "unspecified"
+	}
+}
+
+// Path is how a run's answer comes back from its node (DESIGN.md
+// "Execution paths").
+type Path uint8
+
+// Execution paths. The zero value is an unknown path.
+const (
+	PathUnknown Path = iota
+	// PathTunnel: the provider's own HTTP answer, relayed byte for byte
+	// (head, data chunks, end).
+	PathTunnel
+	// PathNormalized: the node translated the provider's answer into
+	// events (started, deltas, usage, complete).
+	PathNormalized
+)
+
+// String is the path's name in logs, metrics, the usage ledger and the
+// runs API: "tunnel", "normalized", or "" for PathUnknown.
+func (p Path) String() string {
+	switch p {
+	case PathTunnel:
+		return "tunnel"
+	case PathNormalized:
+		return "normalized"
+	default:
+		return ""
+	}
+}
+
+// Request is one client request as the edge dispatches it.
+type Request struct {
+	// Model is the model name the client asked for: an alias or a served
+	// name. It is also the request's model group (queue).
+	Model string
+	// Operation is the kind of request: chat, completion or embeddings.
+	Operation Operation
+	// Stream is the client's "stream" flag.
+	Stream bool
+	// Body is the client's JSON body, byte for byte; the node rewrites its
+	// model to the served target.
+	Body []byte
+	// Needs are the capabilities every candidate provider must have:
+	// "tools" (the request defines tools), "vision" (a message carries an
+	// image), "embeddings", and needs only tunnel-path providers meet:
+	// "choices" (n above 1), "tool_choice", "remote_images",
+	// "prompt_batch" (several completions prompts) and "token_input"
+	// (token ids as a prompt or input).
+	Needs []string
+	// EstimatedInputTokens is a rough size of the prompt, in tokens: the
+	// characters of its messages, tool calls and tool definitions / 4,
+	// rounded up. The edge marks a request at or above its
+	// long_context_tokens long, admitted against long_capacity.
+	EstimatedInputTokens int
+	// Headers are selected client headers a provider may need (canonical
+	// names, e.g. "Accept"); never the client's credentials.
+	Headers map[string]string
+	// RunID, when set, is the run's id (else a new "run_<hex>" one); a
+	// second admission after a failed dispatch uses RunID + "-retry".
+	RunID string
+	// PreferNodeID and PreferProviderID name a provider to choose over the
+	// least loaded one when it is a candidate with a free slot (session
+	// affinity); empty means no preference.
+	PreferNodeID, PreferProviderID string
+}
+
+// DispatchInfo describes where a run went. It does not change.
+type DispatchInfo struct {
+	RunID, NodeID, ProviderID, ProviderType, ServedModel string
+	// Generation is the node connection the run was sent on.
+	Generation uint64
+	// Path says how the answer comes back: tunnel or normalized.
+	Path Path
+	// QueueReason says why the request waited ("queued"), empty if it did
+	// not.
+	QueueReason string
+	// QueueWait is how long the request waited for a slot.
+	QueueWait time.Duration
+}
+
+// Snapshot is one view of the edge's nodes, providers and queues, for the
+// admin routes and the metrics' gauges. Its slices are the caller's.
+type Snapshot struct {
+	Nodes     []NodeSnapshot
+	Providers []ProviderSnapshot
+	Queues    []QueueSnapshot
+	// Waiters counts queued requests; Leases unreleased leases.
+	Waiters, Leases int
+}
+
+// NodeSnapshot is one connected node.
+type NodeSnapshot struct {
+	NodeID, Label, Version string
+	Generation             uint64
+	ConnectedAt, LastSeen  time.Time
+	// Providers are the node's provider ids, sorted.
+	Providers []string
+	// Draining: the node said Drain; its providers take no new requests
+	// while its runs in flight finish.
+	Draining bool
+}
+
+// ProviderSnapshot is one provider: the scheduler's counters for its
+// (node, provider) resource and what its node said of it. A provider whose
+// node is gone is Status "orphan", without node details; one whose node
+// drains (NodeSnapshot.Draining) is "draining".
+type ProviderSnapshot struct {
+	NodeID, ProviderID, Type string
+	Generation               uint64
+	Models, Capabilities     []string
+	Path                     Path
+	Healthy                  bool
+	Capacity, LongCapacity   int
+	InFlight, LongInFlight   int
+	// Queued counts waiters that list this provider.
+	Queued int
+	// Load is InFlight / Capacity.
+	Load float64
+	// Status is "available", "draining" (its node drains: no new
+	// requests) or "orphan" (its node is gone).
+	Status string
+	// Circuit is the provider's circuit breaker state: "closed" (in
+	// rotation), "open" (out of rotation for a cool-down) or "half_open"
+	// (one trial request may go).
+	Circuit string
+	// ModelCapabilities are the capabilities of the served models whose
+	// server said their own (Ollama's /api/show), by model; a model not in
+	// it has Capabilities.
+	ModelCapabilities map[string][]string
+}
+
+// QueueSnapshot is one model group's queue: one for every configured
+// alias and every model that has had a request (a name the catalog
+// knows), with its policy, and Queued 0 while none waits.
+type QueueSnapshot struct {
+	Model        string
+	MaxQueue     int
+	QueueTimeout time.Duration
+	Queued       int
+}
+
+// ModelInfo is what the edge knows of one model.
+type ModelInfo struct {
+	// Name is the catalog's name for the requested one ("x" and
+	// "x:latest" are one model, see TagAlternative).
+	Name string
+	// Alias is set when Name is a configured alias; Targets are then its
+	// served model names, else Targets is [Name].
+	Alias   bool
+	Targets []string
+	// Providers are the available providers serving a target, sorted by
+	// node then provider.
+	Providers []ModelProvider
+}
+
+// ModelProvider is one provider of a model, with its scheduler counters.
+type ModelProvider struct {
+	NodeID, ProviderID, Type string
+	// Capabilities are iop's capability words for Target on this provider
+	// ("completion", "tools", "vision", "embeddings", "thinking", ...,
+	// and lifecycle ones such as "stream"): the model's own when its node
+	// described it (e.g. from Ollama's /api/show), else the provider's
+	// with "completion" added (such a model is taken to generate text).
+	// Sorted.
+	Capabilities       []string
+	Healthy            bool
+	Capacity, InFlight int
+	// Target is the served model name the provider serves the model as:
+	// the first target, in alias order, it serves.
+	Target string
+	// Details are what the provider's model server says of Target, nil
+	// when its node said nothing. Not to be modified.
+	Details *ModelDetails
+}
+
+// ModelDetails is what a model server says of one model, as Ollama's
+// /api/tags and /api/show do (docs/api.md of github.com/ollama/ollama).
+type ModelDetails struct {
+	Size              int64  // bytes on disk
+	Digest            string // e.g. the sha256 hex of the manifest
+	ModifiedAt        string // RFC 3339, as the server said it
+	Format            string // e.g. "gguf"
+	Family            string // e.g. "llama"
+	Families          []string
+	ParameterSize     string // e.g. "8.0B"
+	QuantizationLevel string // e.g. "Q4_K_M"
+	ParentModel       string
+	ContextLength     int64 // tokens; 0 = not said
+}
+
+// LatestTag is the tag Ollama gives a model name without one (Ollama API
+// doc, "Model names": the tag "will default to latest").
+const LatestTag = ":latest"
+
+// TagAlternative returns the other spelling of an Ollama model name: "x"
+// for "x:latest" and "x:latest" for "x" (a name with no tag: no ':' after
+// its last '/'); "" for a name with another tag. The edge's catalog and
+// the Ollama routes both name one model by either spelling with it.
+func TagAlternative(name string) string {
+	if base, ok := strings.CutSuffix(name, LatestTag); ok && base != "" {
+		return base
+	}
+	if strings.Contains(name[strings.LastIndex(name, "/")+1:], ":") {
+		return ""
+	}
+	return name + LatestTag
+}

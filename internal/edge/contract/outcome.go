@@ -1,0 +1,76 @@
+package contract
+
+import "errors"
+
+// Errors a dispatch fails with: Gateway.Dispatch returns one of them
+// wrapped (with the edge's or the scheduler's details after it), and a
+// run's Recv returns ErrNodeGone or ErrShuttingDown wrapped. The edge
+// wraps its scheduler's errors with these once, at its boundary; the HTTP
+// API's classify maps each to its status (in the comments) and error body.
+var (
+	// ErrUnknownModel: no alias or served model has the requested name. 404.
+	ErrUnknownModel = errors.New("unknown model")
+	// ErrNoProvider: the model is known but no live provider serves it
+	// (or every one is out of rotation). 503.
+	ErrNoProvider = errors.New("no provider for model")
+	// ErrCandidatesRejected: providers exist but none the edge knows has a
+	// capability the request needs; the wrapped text names it. 400.
+	ErrCandidatesRejected = errors.New("candidates rejected")
+	// ErrQueueFull: every candidate is busy and the model's queue is full. 429.
+	ErrQueueFull = errors.New("queue full")
+	// ErrQueueTimeout: the request waited the queue timeout without a slot. 503.
+	ErrQueueTimeout = errors.New("queue timeout")
+	// ErrProviderUnavailable: while the request waited, every candidate went
+	// away; or the providers that could meet its needs are gone or
+	// unavailable for now (they may come back). 503.
+	ErrProviderUnavailable = errors.New("provider unavailable")
+	// ErrDispatchTimeout: the node did not open the run's stream within
+	// dispatch_timeout. 502.
+	ErrDispatchTimeout = errors.New("dispatch timeout")
+	// ErrDispatchRefused: the node answered the dispatch with
+	// DispatchRefused. 502.
+	ErrDispatchRefused = errors.New("dispatch refused")
+	// ErrStaleGeneration: the node reconnected between admission and
+	// dispatch (twice in a row). 502.
+	ErrStaleGeneration = errors.New("stale generation")
+	// ErrNodeGone: the node connection a run was dispatched on ended (or
+	// the node dropped the run's stream) before the run ended. 502.
+	ErrNodeGone = errors.New("node gone")
+	// ErrShuttingDown: the edge is stopping; the request was refused or
+	// dequeued, or its run ended, before it finished. 503 with
+	// Retry-After (another edge, or this one restarted, may serve it); a
+	// stream that had started ends with this error event.
+	ErrShuttingDown = errors.New("edge shutting down")
+)
+
+// Outcome is how one API request ended, decided once when it ended. The
+// log line ("outcome"), the metrics (label outcome of
+// iop_requests_total), the usage ledger, the run's RunEnded event and
+// the runs API's record all carry this same value, as its string.
+type Outcome string
+
+// Outcomes. The strings are part of iop's interface: clients of the runs
+// API, the ledger's rows and dashboards read them.
+const (
+	// OutcomeCompleted: the whole answer was written.
+	OutcomeCompleted Outcome = "completed"
+	// OutcomeInvalidRequest: refused as invalid: before admission (bad
+	// body, size, content type, route), or by the node, which could not
+	// translate it for its provider.
+	OutcomeInvalidRequest Outcome = "invalid_request"
+	// OutcomeRefused: admission or dispatch failed (queue full, queue
+	// timeout, unavailable, rejected, unknown model, dispatch failed: the
+	// record's Admission says which), or a key's limit refused it (its
+	// ErrorCode says which).
+	OutcomeRefused Outcome = "refused"
+	// OutcomeUpstreamError: the provider or node failed after dispatch.
+	OutcomeUpstreamError Outcome = "upstream_error"
+	// OutcomeClientGone: the client went away first.
+	OutcomeClientGone Outcome = "client_gone"
+	// OutcomeWriteFailed: writing to the client failed.
+	OutcomeWriteFailed Outcome = "write_failed"
+	// OutcomeError: anything else (answered 500).
+	OutcomeError Outcome = "error"
+	// OutcomeEdgeStopped: the edge stopped before the answer was finished.
+	OutcomeEdgeStopped Outcome = "edge_stopped"
+)
