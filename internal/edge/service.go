@@ -41,6 +41,10 @@ type Request struct {
 	// Body is the client's OpenAI JSON body, unchanged; the node rewrites
 	// its model to the served target.
 	Body []byte
+	// OllamaFields is the JSON object of Ollama request fields OpenAI's API
+	// has no name for, for Ollama providers (Dispatch.ollama_fields); nil
+	// when there are none. Body never carries them.
+	OllamaFields []byte
 	// Needs are capabilities every candidate provider must have ("tools",
 	// "vision", "embeddings", NeedChoices): the request-local predicate.
 	Needs []string
@@ -487,6 +491,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		Headers:       req.Headers,
 		Body:          inlineBody,
 		BodyInline:    inline,
+		OllamaFields:  req.OllamaFields,
 	}}}
 	if !c.enqueue(msg) {
 		r.finish("stale generation", nil, false)

@@ -66,6 +66,10 @@ type Request struct {
 	// Body is the client's JSON body, byte for byte; the node rewrites its
 	// model to the served target.
 	Body []byte
+	// OllamaFields is the JSON object of Ollama request fields OpenAI's API
+	// has no name for (translate.OllamaFields), for Ollama providers; nil
+	// when there are none. Body never carries them.
+	OllamaFields []byte
 	// Needs are the capabilities every candidate provider must have:
 	// "tools" (the request defines tools), "vision" (a message carries an
 	// image), "embeddings", and needs only tunnel-path providers meet:
