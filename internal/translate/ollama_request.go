@@ -187,7 +187,7 @@ type canonicalChat struct {
 //	think                         reasoning_effort: "low", "medium" and
 //	                              "high" stay; true and false set none
 //	                              (thinkEffort says why) and false sets
-//	                              Request.NoThinking; and, unchanged, under
+//	                              Request.NoThinking; and, unchanged, in
 //	                              OllamaFields, for Ollama providers
 //	keep_alive, other options     carried in OllamaFields, values
 //	and unknown fields            unchanged
