@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -178,4 +179,66 @@ func batchAnswer(t *testing.T, data []byte, stream bool) (model string, items in
 		items += len(obj.Data)
 	}
 	return model, items + len(seen)
+}
+
+// TestRegression_LogprobsReachOnlyProvidersThatReturnThem: a chat request
+// with logprobs true was answered by an Ollama provider without them (a new
+// user's report; the README promised a 400 naming the field). A request
+// for log probabilities (chat's logprobs or top_logprobs, a completion's
+// logprobs) on an alias that mixes providers goes to the OpenAI-compatible
+// one; on a model only an Ollama provider serves it is refused 400 saying
+// why, and the Ollama provider sees none of them.
+func TestRegression_LogprobsReachOnlyProvidersThatReturnThem(t *testing.T) {
+	rig := startOllamaRig(t)
+	requests := func() int {
+		rig.ollamaProxy.mu.Lock()
+		defer rig.ollamaProxy.mu.Unlock()
+		return len(rig.ollamaProxy.reqs)
+	}
+	chat := `{"model":%q,"max_tokens":2,"messages":[{"role":"user","content":"hi"}],%s}`
+	for _, c := range []struct{ path, body string }{
+		{"/v1/chat/completions", fmt.Sprintf(chat, "both", `"logprobs":true`)},
+		{"/v1/chat/completions", fmt.Sprintf(chat, "both", `"logprobs":true,"top_logprobs":2,"stream":true`)},
+		{"/v1/completions", `{"model":"both","max_tokens":2,"prompt":"x","logprobs":1}`},
+	} {
+		resp, data := rig.do(t, http.MethodPost, c.path, c.body)
+		if resp.StatusCode != http.StatusOK || !bytes.Contains(data, []byte(`"model":"`+rigOpenAIModel+`"`)) {
+			t.Fatalf("%s %s: %d %s, want an answer of %s", c.path, c.body, resp.StatusCode, data, rigOpenAIModel)
+		}
+	}
+	if got := requests(); got != 0 {
+		t.Fatalf("the Ollama provider saw %d requests, want none", got)
+	}
+	// logprobs false is no request for them: the tie-break winner, the
+	// Ollama provider, takes it.
+	if resp, data := rig.do(t, http.MethodPost, "/v1/chat/completions", fmt.Sprintf(chat, "both", `"logprobs":false`)); resp.StatusCode != http.StatusOK {
+		t.Fatalf("logprobs false: %d %s", resp.StatusCode, data)
+	}
+	if got := requests(); got != 1 {
+		t.Fatalf("the Ollama provider saw %d requests, want 1", got)
+	}
+	for _, c := range []struct{ path, body string }{
+		{"/v1/chat/completions", fmt.Sprintf(chat, "llama3", `"logprobs":true`)},
+		{"/v1/chat/completions", fmt.Sprintf(chat, "llama3", `"top_logprobs":3`)},
+		{"/v1/completions", `{"model":"llama3","prompt":"x","logprobs":0}`},
+	} {
+		resp, data := rig.do(t, http.MethodPost, c.path, c.body)
+		var e struct {
+			Error struct{ Message, Code string } `json:"error"`
+		}
+		if err := json.Unmarshal(data, &e); err != nil || resp.StatusCode != http.StatusBadRequest ||
+			!strings.Contains(e.Error.Message, "returns logprobs") || e.Error.Code != "unsupported_capability" {
+			t.Fatalf("%s %s: %d %s, want 400 saying no provider returns logprobs", c.path, c.body, resp.StatusCode, data)
+		}
+	}
+	// Bad values are the client's error, before any queue.
+	for _, body := range []string{fmt.Sprintf(chat, "both", `"logprobs":"yes"`), fmt.Sprintf(chat, "both", `"top_logprobs":21`)} {
+		if resp, data := rig.do(t, http.MethodPost, "/v1/chat/completions", body); resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("%s: %d %s, want 400", body, resp.StatusCode, data)
+		}
+	}
+	if got := requests(); got != 1 {
+		t.Fatalf("the Ollama provider saw %d requests, want no more after the refusals", got)
+	}
+	waitIdle(t, rig.e)
 }

@@ -139,9 +139,15 @@ func printBanner(out io.Writer, d *devStack) {
 	fmt.Fprintf(out, "  try:\n")
 	fmt.Fprintf(out, "    curl -N %s/v1/chat/completions%s -H 'Content-Type: application/json' -d '{\"model\":%q,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n", base, authHeader, d.Model)
 	fmt.Fprintf(out, "    curl %s/v1/models%s\n", base, authHeader)
-	fmt.Fprintf(out, "  dashboard: %s/ui   metrics: %s/metrics   status: iop status --edge %s\n", base, base, base)
+	if d.APIKey == "" {
+		fmt.Fprintf(out, "  dashboard: %s/ui   metrics: %s/metrics   status: iop status --edge %s\n", base, base, base)
+	} else {
+		// The one key of iop dev opens the admin routes too: a browser
+		// asks for it as the password.
+		fmt.Fprintf(out, "  dashboard: %s/ui (password: the key)   metrics: %s/metrics   status: iop status --edge %s --api-key %s\n", base, base, base, d.APIKey)
+	}
 	if len(d.Models) > 1 {
-		fmt.Fprintf(out, "  %q goes to the least loaded of %v (ties: lowest provider id); name one of them to pick it.\n", d.Model, d.Models)
+		fmt.Fprintf(out, "  %q is each of %v: a request goes to one that can take it (tools, thinking, embeddings...), the least loaded first; name one to pick it.\n", d.Model, d.Models)
 	}
 	fmt.Fprintln(out)
 }
@@ -197,7 +203,7 @@ func startDev(ctx context.Context, cfg devConfig, logger *slog.Logger) (*devStac
 		providers = append(providers, ollama)
 		edgeCfg.Models = map[string]edge.ModelConfig{devAlias: {Targets: ollamaModels}}
 		d.Models = ollamaModels
-		d.Model, d.Summary = devAlias, fmt.Sprintf("local Ollama at %s (%d models; alias %q → %s)", cfg.OllamaURL, len(ollamaModels), devAlias, ollamaModels[0])
+		d.Model, d.Summary = devAlias, fmt.Sprintf("local Ollama at %s (%d models, behind alias %q)", cfg.OllamaURL, len(ollamaModels), devAlias)
 	} else {
 		if !cfg.ForceSim && cfg.OllamaURL != "" {
 			logger.Info("no Ollama with models answers here: serving the built-in simulator", "ollama_url", cfg.OllamaURL)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"regexp"
 	"slices"
@@ -123,5 +124,54 @@ func TestRegression_DevRealOllamaAdmitsTools(t *testing.T) {
 	status, body = postTo(t, c, base+"/v1/embeddings", `{"model":"demo","input":"a"}`)
 	if status != http.StatusOK || !strings.Contains(string(body), `"embedding"`) {
 		t.Fatalf("embeddings request to demo: %d %s", status, body)
+	}
+}
+
+// TestRegression_ModelListsShowNoPathOfTheOllamaHost: /api/tags through
+// iop dev in front of a real Ollama showed a model's parent_model as the
+// path of its blob on the Ollama host ("/.../models/blobs/sha256-..."),
+// taken from /api/show, where Ollama's own /api/tags says "" (a new user's
+// report). No model list or description iop serves carries a path of the
+// host.
+func TestRegression_ModelListsShowNoPathOfTheOllamaHost(t *testing.T) {
+	s := ollamatest.Start(t)
+	s.CreateModel(t, "plain", ollamatest.Plain)
+	ctx, cancel := context.WithCancel(context.Background())
+	d, err := startDev(ctx, devConfig{Listen: "127.0.0.1:0", NodeListen: "127.0.0.1:0", OllamaURL: s.URL, SimCapacity: 1}, quietLogger())
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	defer func() {
+		cancel()
+		if err := d.Wait(); err != nil {
+			t.Errorf("iop dev: %v", err)
+		}
+	}()
+	c := &http.Client{Transport: &http.Transport{}}
+	defer c.CloseIdleConnections()
+	base := "http://" + d.Edge.HTTPAddr
+	// The real Ollama's /api/show does name the path, so the test checks
+	// something that could leak.
+	if status, body := postTo(t, c, s.URL+"/api/show", `{"model":"plain"}`); status != http.StatusOK || !strings.Contains(string(body), "blobs/sha256") {
+		t.Fatalf("Ollama's /api/show: %d %s, want a parent_model path to guard against", status, body)
+	}
+	get := func(path string) string {
+		resp, err := c.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %d %s", path, resp.StatusCode, b)
+		}
+		return string(b)
+	}
+	_, show := postTo(t, c, base+"/api/show", `{"model":"plain"}`)
+	for what, body := range map[string]string{"/api/tags": get("/api/tags"), "/v1/models": get("/v1/models"), "/api/show": string(show), "/api/ps": get("/api/ps")} {
+		if strings.Contains(body, "blobs/sha256") || strings.Contains(body, `"parent_model":"/`) {
+			t.Errorf("%s shows a path of the Ollama host: %s", what, body)
+		}
 	}
 }

@@ -109,7 +109,7 @@ func TestRealOllama_Dev(t *testing.T) {
 		}
 	})
 	waitReal(t, "iop dev's banner", func() bool { return strings.Contains(logs.String(), "iop dev is ready") })
-	if out := logs.String(); !strings.Contains(out, "local Ollama at "+s.URL+" (5 models;") {
+	if out := logs.String(); !strings.Contains(out, "local Ollama at "+s.URL+" (5 models, behind alias \"demo\")") {
 		t.Fatalf("banner does not name the Ollama and its models:\n%s", out)
 	}
 	base := "http://" + addr

@@ -200,7 +200,20 @@ func TestNodeTLS(t *testing.T) {
 		wrongName := nodeCfg("wrong-name", e)
 		wrongName.TLSCA, wrongName.TLSServerName = caFile, "edge.example.com"
 		tlsFailure(t, failingNode(t, e, wrongName))
-		failingNode(t, e, nodeCfg("plaintext", e))
+		// A plaintext node at a TLS endpoint: the error alone ("error
+		// reading server preface: EOF") gave a new user no clue.
+		if rec := failingNode(t, e, nodeCfg("plaintext", e)); !strings.Contains(rec["hint"], "tls_ca") {
+			t.Errorf("plaintext node at a TLS edge: log %v has no TLS hint", rec)
+		}
+	})
+
+	t.Run("TLS node at a plaintext edge", func(t *testing.T) {
+		e := startEdgeWith(t, edge.DefaultConfig(), quietLogger())
+		n := nodeCfg("tls-node", e)
+		n.TLSCA = caFile
+		if rec := failingNode(t, e, n); !strings.Contains(rec["hint"], "tls_ca") {
+			t.Errorf("TLS node at a plaintext edge: log %v has no TLS hint", rec)
+		}
 	})
 
 	t.Run("mutual TLS", func(t *testing.T) {
@@ -284,6 +297,11 @@ func TestDevAPIKey(t *testing.T) {
 	printBanner(&banner, d)
 	if !strings.Contains(banner.String(), "Authorization: Bearer dev-secret-key") {
 		t.Errorf("banner without the key header:\n%s", banner.String())
+	}
+	// The status command it suggests works as printed (a new user's got
+	// 401: it had no key).
+	if !strings.Contains(banner.String(), "iop status --edge http://"+d.Edge.HTTPAddr+" --api-key dev-secret-key") {
+		t.Errorf("banner's status command without the key:\n%s", banner.String())
 	}
 	base := "http://" + d.Edge.HTTPAddr + "/v1"
 	for key, want := range map[string]int{"": 401, "wrong": 401, "dev-secret-key": 200} {
@@ -583,11 +601,14 @@ func TestNeverAnOpenProxy(t *testing.T) {
 	// Paths the API does not serve reach no provider.
 	before := len(up.requests())
 	for _, p := range []string{"/v1/files", "/v1/audio/speech", "/v1/chat/completions/../../admin", "/v1/models/../../../v1/files",
-		"/api/pull", "/api/delete", "/api/copy", "/api/create", "/api/push", "/v1/responses"} {
+		"/api/delete", "/api/copy", "/api/create", "/api/push", "/v1/responses"} {
 		if st := send("POST", p, `{"model":"m","name":"m","messages":[{"role":"user","content":"hi"}]}`); st < 400 {
 			t.Errorf("POST %s: %d", p, st)
 		}
 	}
+	// A pull of a served model is answered by the edge itself (Ollama's
+	// progress stream, issue 15): it reaches no provider either.
+	send("POST", "/api/pull", `{"model":"m","name":"m"}`)
 	if n := len(up.requests()) - before; n != 0 {
 		t.Errorf("%d provider requests from paths the API does not serve", n)
 	}

@@ -152,9 +152,13 @@
 //
 // # Concurrency
 //
-// Locks, in the only order they nest: Run.mu, then the scheduler's lock,
-// then registry.mu. Run.finish holds Run.mu while it releases the lease, so
-// whoever sees a run ended finds its slot already free. The resolvers and
+// Locks, in the only order they nest: the scheduler's lock, then
+// registry.mu. Run.mu is a leaf: Run.finish decides the run's end under it,
+// then, with no lock held, tells the breaker the outcome (so a circuit this
+// outcome opens re-resolves the queued requests before the slot is free),
+// releases the lease and closes Run.ended; whoever waits for the end
+// (Recv, Dispatch, the Run handler) waits for Run.ended, so finds the slot
+// already free. The resolvers and
 // ownership checks the scheduler calls under its lock take registry.mu for
 // reading; nothing calls the scheduler while holding registry.mu.
 // Service.mu (the runs map), Service.statsMu (retry and circuit counters,
@@ -184,7 +188,7 @@
 // the dispatch timeout, DispatchRefused, the caller's context while
 // dispatching, the end of its connection or of its Run stream, or the
 // edge stopping. The state change under Run.mu decides the winner; only
-// the winner releases the lease (scheduler.Lease.Release, itself
+// the winner reports the outcome to the breaker, releases the lease (scheduler.Lease.Release, itself
 // idempotent), forgets the run, and sends Cancel when the run did not end
 // on the node. Closing Run.ended then lets the Run handler return. Its
 // RunEnded event is published exactly once, by Run.settle (from Close, or

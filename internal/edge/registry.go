@@ -108,6 +108,14 @@ const (
 	NeedTokenInput  = "token_input"
 )
 
+// NeedLogprobs is, like NeedChoices, a need only a tunnel-path provider
+// meets: a request for log probabilities (chat's logprobs true or
+// top_logprobs, a completion's logprobs). The translation to Ollama's API
+// returns none, so the request goes to an OpenAI-compatible provider or is
+// refused; it is never answered without them (a new user saw chat's
+// logprobs dropped by an Ollama provider).
+const NeedLogprobs = "logprobs"
+
 // serves reports whether p serves the model name m. Call it under
 // registry.mu (a provider update replaces p.models).
 func (p *provider) serves(m string) bool {
@@ -122,7 +130,7 @@ func lacks(path nodev1.ExecutionPath, caps map[string]bool, own bool, needs []st
 	for _, n := range needs {
 		has := caps[n]
 		switch n {
-		case NeedChoices, NeedToolChoice, NeedRemoteImages, NeedPromptBatch, NeedTokenInput:
+		case NeedChoices, NeedToolChoice, NeedRemoteImages, NeedPromptBatch, NeedTokenInput, NeedLogprobs:
 			has = path == nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL
 		case NeedCompletion, NeedThinking:
 			has = has || !own

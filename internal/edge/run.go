@@ -289,6 +289,7 @@ func statusOutcome(status int) (outcome, string) {
 
 // endResult is what Recv returns once the run ended: its failure, or io.EOF.
 func (r *Run) endResult() error {
+	<-r.ended // the run ended: wait until its slot is free (finishIf)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.endErr != nil {
@@ -363,13 +364,8 @@ func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, ca
 	r.endErr = endErr
 	r.cancelNode = cancelNode
 	r.cancelReason = reason
-	// Released before anyone can see the run ended: whoever observes the end
-	// (Recv, Dispatch, the Run handler) finds the slot already free.
-	r.lease.Release(reason)
-	close(r.ended)
 	r.mu.Unlock()
 
-	r.s.forget(r)
 	// A run that ends before its provider said anything tells nothing of
 	// it, unless its node never opened or refused it.
 	// A refusal by a draining node says nothing of its provider either.
@@ -383,9 +379,20 @@ func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, ca
 	if (errors.Is(endErr, ErrDispatchTimeout) || errors.Is(endErr, ErrDispatchRefused)) && !errors.Is(endErr, errNodeDraining) {
 		o = outcomeFailed
 	}
+	// The breaker hears the outcome before the slot is free: when it opens
+	// the circuit, circuitOpened re-resolves the queued requests first, so
+	// the freed slot does not go to a waiter that still lists a provider
+	// this very outcome took out of rotation (TestOpenCircuitOfTools-
+	// ProviderIsUnavailable hung when it did).
 	if r.ticket.done(o) {
 		r.s.circuitOpened(providerKey{r.info.NodeID, r.info.ProviderID})
 	}
+	// Released before anyone can see the run ended (r.ended; Recv and
+	// outcome wait for it): whoever observes the end finds the slot free.
+	// The lease is released with no lock held.
+	r.lease.Release(reason)
+	close(r.ended)
+	r.s.forget(r)
 	if cancelNode {
 		r.conn.enqueue(&nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_Cancel{Cancel: &nodev1.Cancel{RunId: r.info.RunID, Reason: reason}}})
 	}
@@ -416,6 +423,13 @@ func (r *Run) cancelled() (bool, string) {
 // outcome reports whether the run ended, and its failure (nil for a clean end).
 func (r *Run) outcome() (ended bool, err error) {
 	r.mu.Lock()
+	ended = r.state == runEnded
+	r.mu.Unlock()
+	if !ended {
+		return false, nil
+	}
+	<-r.ended // its slot is free (finishIf)
+	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.state == runEnded, r.endErr
+	return true, r.endErr
 }

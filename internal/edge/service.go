@@ -580,6 +580,13 @@ func (s *Service) resolver(model string, needs []string, tried []triedCandidate)
 		case missing == NeedTokenInput:
 			return nil, fmt.Errorf("%w: no provider for model %q takes token ids as input: only OpenAI-compatible providers do (Ollama takes text); send the text instead",
 				scheduler.ErrCandidatesRejected, model)
+		case missing == NeedThinking:
+			// Ollama's own words for it, which Ollama clients show.
+			return nil, fmt.Errorf("%w: %q does not support thinking (no provider of it has capability \"thinking\")",
+				scheduler.ErrCandidatesRejected, model)
+		case missing == NeedLogprobs:
+			return nil, fmt.Errorf("%w: no provider for model %q returns logprobs: only OpenAI-compatible providers do (the translation to Ollama's API has none)",
+				scheduler.ErrCandidatesRejected, model)
 		case missing == NeedRemoteImages:
 			return nil, fmt.Errorf("%w: no provider for model %q takes an image by URL: only OpenAI-compatible providers fetch one; send the image inline as a base64 data URL (\"data:image/png;base64,...\")",
 				scheduler.ErrCandidatesRejected, model)

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -368,12 +369,35 @@ func (a *Agent) Run(ctx context.Context) error {
 		case status.Code(err) == codes.FailedPrecondition:
 			a.logger.Error("the edge replaced this connection with a newer one of the same node_id: is another node running with it?", "err", err, "retry_in", wait)
 		default:
-			a.logger.Warn("connection to edge ended", "err", err, "retry_in", wait)
+			attrs := []any{"err", err, "retry_in", wait}
+			if hint := handshakeHint(err); hint != "" {
+				attrs = append(attrs, "hint", hint)
+			}
+			a.logger.Warn("connection to edge ended", attrs...)
 		}
 		if !a.sleep(ctx, wait) {
 			return nil
 		}
 	}
+}
+
+// handshakeHint says what to check when err, a failed connection's, is
+// the mark of a TLS mismatch between node and edge, else "". gRPC reports a
+// plaintext node at a TLS endpoint as "error reading server preface: EOF"
+// (the edge drops the connection and logs nothing), and a TLS node at a
+// plaintext one as "first record does not look like a TLS handshake"; a
+// new user met the first with no clue to its cause.
+func handshakeHint(err error) string {
+	if status.Code(err) != codes.Unavailable {
+		return ""
+	}
+	msg := status.Convert(err).Message()
+	for _, mark := range []string{"server preface", "does not look like a TLS handshake", "authentication handshake failed"} {
+		if strings.Contains(msg, mark) {
+			return "check that node and edge agree on TLS: a node sets tls_ca when the edge's node endpoint has tls_cert, none when it has none, and tls_cert/tls_key when the edge sets client_ca"
+		}
+	}
+	return ""
 }
 
 // dial makes the gRPC client connection to the edge (it connects lazily,

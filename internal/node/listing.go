@@ -182,7 +182,7 @@ func (l *lister) listOllama(ctx context.Context) ([]DiscoveredModel, error) {
 		if ok {
 			m.Capabilities = slices.Clone(s.capabilities)
 			d.ContextLength = s.contextLength
-			if s.parentModel != "" {
+			if s.parentModel != "" && !isFilePath(s.parentModel) {
 				d.ParentModel = s.parentModel
 			}
 		}
@@ -283,4 +283,14 @@ func (l *lister) call(ctx context.Context, method, path string, body []byte, out
 		return fmt.Errorf("%s %s: not a listing: %w", method, path, err)
 	}
 	return nil
+}
+
+// isFilePath reports whether an /api/show parent_model is a path on the
+// Ollama host (a model created FROM a GGUF file: Ollama shows its blob's
+// path, "/root/.ollama/models/blobs/sha256-...") rather than a model name:
+// absolute, or with a Windows drive or separator. Such a path is not passed
+// on: it would show the host's file layout to every client, and Ollama's
+// own /api/tags says "" there (a new user's report).
+func isFilePath(s string) bool {
+	return strings.HasPrefix(s, "/") || strings.Contains(s, `\`) || len(s) > 1 && s[1] == ':'
 }

@@ -66,7 +66,9 @@ type Record struct {
 	// request outcome ("completed", "client_gone" for a run cancelled
 	// before its answer was finished, "upstream_error", "refused", ...),
 	// the same its log line, metrics, usage ledger entry and RunEnded
-	// event say. "" until the run ends, and for a run an edge interrupted.
+	// event say. "" until the run ends; OutcomeEdgeStopped for a run an
+	// edge process left unfinished (marked when the next one opens the
+	// store).
 	Outcome string
 }
 
@@ -97,3 +99,8 @@ func (f Filter) limit() int {
 	}
 	return f.Limit
 }
+
+// OutcomeEdgeStopped is the Outcome of a run an edge process stopped before
+// it ended, the HTTP API's outcome of the same name (api.OutcomeEdgeStopped).
+// A new user saw such runs with no outcome at all.
+const OutcomeEdgeStopped = "edge_stopped"

@@ -144,8 +144,11 @@ func TestNewManagerMarksRunsLeftInFlight(t *testing.T) {
 		if rec.State != want {
 			t.Errorf("%s: state %s, want %s", id, rec.State, want)
 		}
-		if want == StateError && (rec.Error != "edge restarted" || rec.FinishedAt.IsZero()) {
-			t.Errorf("%s: error %q finished %v", id, rec.Error, rec.FinishedAt)
+		if want == StateError && (rec.Error != "edge restarted" || rec.FinishedAt.IsZero() || rec.Outcome != "edge_stopped") {
+			t.Errorf("%s: error %q finished %v outcome %q, want edge restarted, a time, edge_stopped", id, rec.Error, rec.FinishedAt, rec.Outcome)
+		}
+		if want != StateError && rec.Outcome != "" {
+			t.Errorf("%s: outcome %q of a finished run changed", id, rec.Outcome)
 		}
 	}
 }

@@ -268,8 +268,8 @@ func (s *SQLite) List(ctx context.Context, f Filter) ([]Record, bool, error) {
 
 // Interrupt implements Store.
 func (s *SQLite) Interrupt(ctx context.Context, reason string, now time.Time) (int, error) {
-	res, err := s.db.ExecContext(ctx, `UPDATE runs SET state = ?, error = ?, finished_at = ?
-		WHERE state IN (?, ?)`, string(StateError), reason, nanos(now), string(StateQueued), string(StateRunning))
+	res, err := s.db.ExecContext(ctx, `UPDATE runs SET state = ?, error = ?, finished_at = ?, outcome = ?
+		WHERE state IN (?, ?)`, string(StateError), reason, nanos(now), OutcomeEdgeStopped, string(StateQueued), string(StateRunning))
 	if err != nil {
 		return 0, err
 	}

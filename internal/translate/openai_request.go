@@ -96,6 +96,8 @@ type openAIChatRequest struct {
 	Tools             json.RawMessage `json:"tools"`
 	ToolChoice        json.RawMessage `json:"tool_choice"`
 	ParallelToolCalls *bool           `json:"parallel_tool_calls"`
+	Logprobs          *bool           `json:"logprobs"`
+	TopLogprobs       json.RawMessage `json:"top_logprobs"` // integer | null
 	openAIReasoning
 }
 
@@ -218,7 +220,8 @@ type ollamaChatRequest struct {
 // reasoning effort of another value, and the settings Ollama cannot honour
 // and whose loss would change the answer: "n" above 1 (Ollama answers one
 // choice per request), tool_choice "required" (Ollama cannot force a tool
-// call) and parallel_tool_calls false (nor keep a model to one call).
+// call), parallel_tool_calls false (nor keep a model to one call), and
+// logprobs true or top_logprobs (the translation returns none).
 func ToOllamaChat(body []byte, model string, fields *OllamaFields) ([]byte, error) {
 	var in openAIChatRequest
 	if err := json.Unmarshal(body, &in); err != nil {
@@ -226,6 +229,12 @@ func ToOllamaChat(body []byte, model string, fields *OllamaFields) ([]byte, erro
 	}
 	if len(in.Messages) == 0 {
 		return nil, fieldErr("messages", "at least one message is required")
+	}
+	switch {
+	case in.Logprobs != nil && *in.Logprobs:
+		return nil, fieldErr("logprobs", "not supported by this provider")
+	case !isNull(in.TopLogprobs):
+		return nil, fieldErr("top_logprobs", "not supported by this provider")
 	}
 	if err := oneChoice(in.N); err != nil {
 		return nil, err

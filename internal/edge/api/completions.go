@@ -111,6 +111,9 @@ func decodeCompletionRequest(body []byte) (completionRequest, error) {
 	if severalChoices(top["n"]) || severalChoices(top["best_of"]) {
 		req.Needs = append(req.Needs, needChoices)
 	}
+	if !isAbsent(top["logprobs"]) {
+		req.Needs = append(req.Needs, needLogprobs)
+	}
 	req.ollama = ollamaMemberOf(top)
 	return req, nil
 }

@@ -53,6 +53,10 @@ const (
 	// /api/embed a string or strings), so only tunnel-path providers have
 	// it.
 	needTokenInput = "token_input"
+	// needLogprobs is a request for log probabilities (chat's logprobs true
+	// or top_logprobs, a completion's logprobs): the translation to
+	// Ollama's API returns none, so only tunnel-path providers have it.
+	needLogprobs = "logprobs"
 )
 
 // maxStopSequences is how many "stop" strings a request may give (OpenAI's
@@ -200,10 +204,18 @@ func decodeChatRequest(body []byte) (chatRequest, error) {
 		{"max_tokens", 1, math.MaxInt32},
 		{"max_completion_tokens", 1, math.MaxInt32},
 		{"seed", math.MinInt64, math.MaxInt64},
+		{"top_logprobs", 0, 20},
 	} {
 		if err := decodeInteger(top[f.name], f.name, f.min, f.max); err != nil {
 			return chatRequest{}, err
 		}
+	}
+	var logprobs bool
+	if err := decodeField(top, "logprobs", wantBool, &logprobs); err != nil {
+		return chatRequest{}, err
+	}
+	if logprobs || !isAbsent(top["top_logprobs"]) {
+		req.Needs = append(req.Needs, needLogprobs)
 	}
 	for _, name := range []string{"temperature", "top_p", "presence_penalty", "frequency_penalty"} {
 		if err := decodeNumber(top[name], name); err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"iop/internal/runs"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -45,14 +46,14 @@ const (
 
 // Outcomes of a RequestRecord: how the request ended.
 const (
-	OutcomeCompleted      = "completed"       // the whole answer was written
-	OutcomeInvalidRequest = "invalid_request" // refused as invalid: before admission (bad body, size, content type, route), or by the node, which could not translate it for its provider
-	OutcomeRefused        = "refused"         // admission or dispatch failed (see Admission), or a key's limit refused it (see ErrorCode)
-	OutcomeUpstreamError  = "upstream_error"  // the provider or node failed after dispatch
-	OutcomeClientGone     = "client_gone"     // the client went away first
-	OutcomeWriteFailed    = "write_failed"    // writing to the client failed
-	OutcomeError          = "error"           // anything else (answered 500)
-	OutcomeEdgeStopped    = "edge_stopped"    // the edge stopped before the answer was finished (Config.Stopping)
+	OutcomeCompleted      = "completed"             // the whole answer was written
+	OutcomeInvalidRequest = "invalid_request"       // refused as invalid: before admission (bad body, size, content type, route), or by the node, which could not translate it for its provider
+	OutcomeRefused        = "refused"               // admission or dispatch failed (see Admission), or a key's limit refused it (see ErrorCode)
+	OutcomeUpstreamError  = "upstream_error"        // the provider or node failed after dispatch
+	OutcomeClientGone     = "client_gone"           // the client went away first
+	OutcomeWriteFailed    = "write_failed"          // writing to the client failed
+	OutcomeError          = "error"                 // anything else (answered 500)
+	OutcomeEdgeStopped    = runs.OutcomeEdgeStopped // the edge stopped before the answer was finished (Config.Stopping)
 )
 
 // RequestRecord describes one finished API request. Durations are
