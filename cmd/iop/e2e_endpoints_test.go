@@ -461,8 +461,7 @@ func TestEndToEndCompletions(t *testing.T) {
 	})
 	t.Run("fields Ollama cannot honour are a 400 naming them", func(t *testing.T) {
 		for field, body := range map[string]string{
-			"echo":     `{"model":"` + normalizedModel + `","prompt":"x","echo":true}`,
-			"logprobs": `{"model":"` + normalizedModel + `","prompt":"x","logprobs":1}`,
+			"echo": `{"model":"` + normalizedModel + `","prompt":"x","echo":true}`,
 		} {
 			status, resp := env.post(t, "/v1/completions", body)
 			if status != http.StatusBadRequest || !bytes.Contains(resp, []byte(`"message":"`+field+`:`)) {
@@ -474,6 +473,11 @@ func TestEndToEndCompletions(t *testing.T) {
 		status, resp := env.post(t, "/v1/completions", `{"model":"`+normalizedModel+`","prompt":"x","n":2}`)
 		if status != http.StatusBadRequest || !bytes.Contains(resp, []byte(`(n above 1)`)) {
 			t.Errorf("n: %d %s", status, resp)
+		}
+		// So are logprobs (the "logprobs" need): the translation has none.
+		status, resp = env.post(t, "/v1/completions", `{"model":"`+normalizedModel+`","prompt":"x","logprobs":1}`)
+		if status != http.StatusBadRequest || !bytes.Contains(resp, []byte(`returns logprobs`)) {
+			t.Errorf("logprobs: %d %s", status, resp)
 		}
 	})
 	t.Run("bad prompt is a 400 naming it", func(t *testing.T) {
