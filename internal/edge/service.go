@@ -485,6 +485,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		Headers:       req.Headers,
 		Body:          inlineBody,
 		BodyInline:    inline,
+		OllamaFields:  req.OllamaFields,
 	}}}
 	if !c.enqueue(msg) {
 		r.finish("stale generation", nil, false)

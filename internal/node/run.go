@@ -147,7 +147,7 @@ func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
 	}
 	err = body.err
 	if err == nil {
-		req := adapter.Request{Op: d.Operation, Stream: d.Stream, ServedModel: d.ServedModel, Body: body.data, Headers: d.Headers}
+		req := adapter.Request{Op: d.Operation, Stream: d.Stream, ServedModel: d.ServedModel, Body: body.data, OllamaFields: d.OllamaFields, Headers: d.Headers}
 		switch ad := p.adapter.(type) {
 		case adapter.Normalizer:
 			err = ad.Normalize(r.workCtx, req, eventSink{stream})

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"iop/internal/clock"
 )
 
 // Limits on what one run keeps, in bytes: its output text and its event
@@ -34,8 +36,12 @@ type Config struct {
 	Retention time.Duration
 	// Logger may be nil.
 	Logger *slog.Logger
-	// Now stamps records; nil means time.Now.
+	// Now stamps records; nil means Clock.Now.
 	Now func() time.Time
+	// Clock schedules the expiry of finished runs' event logs (Retention)
+	// and the backoff between a failed save and the next attempt; nil
+	// means clock.Real().
+	Clock clock.Clock
 }
 
 // Manager holds the live runs and their event logs, and writes records
@@ -45,13 +51,14 @@ type Manager struct {
 	retention time.Duration
 	log       *slog.Logger
 	now       func() time.Time
+	clock     clock.Clock
 
 	mu       sync.Mutex
 	live     map[string]*Run      // submitted and not yet expired
 	sessions map[string][2]string // session id -> {node id, provider id} of its latest run
 	closed   bool
 	wg       sync.WaitGroup         // running executions
-	timers   map[string]*time.Timer // retention timers of finished runs
+	timers   map[string]clock.Timer // retention timers of finished runs
 }
 
 // NewManager returns a Manager over cfg.Store. It ends the records left
@@ -66,9 +73,13 @@ func NewManager(ctx context.Context, cfg Config) (*Manager, error) {
 		retention: cfg.Retention,
 		log:       cfg.Logger,
 		now:       cfg.Now,
+		clock:     cfg.Clock,
 		live:      make(map[string]*Run),
 		sessions:  make(map[string][2]string),
-		timers:    make(map[string]*time.Timer),
+		timers:    make(map[string]clock.Timer),
+	}
+	if m.clock == nil {
+		m.clock = clock.Real()
 	}
 	if m.retention <= 0 {
 		m.retention = DefaultRetention
@@ -77,7 +88,7 @@ func NewManager(ctx context.Context, cfg Config) (*Manager, error) {
 		m.log = slog.New(slog.DiscardHandler)
 	}
 	if m.now == nil {
-		m.now = time.Now
+		m.now = m.clock.Now
 	}
 	n, err := m.store.Interrupt(ctx, "edge restarted", m.now())
 	if err != nil {
@@ -199,7 +210,8 @@ func (m *Manager) Close() error {
 	return m.store.Close()
 }
 
-// expire drops a finished run's event log after the retention period.
+// expireLater drops a finished run's event log after the retention
+// period (a Clock timer).
 func (m *Manager) expireLater(r *Run) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -207,7 +219,7 @@ func (m *Manager) expireLater(r *Run) {
 		return
 	}
 	id := r.rec.ID
-	m.timers[id] = time.AfterFunc(m.retention, func() {
+	m.timers[id] = m.clock.AfterFunc(m.retention, func() {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		if m.live[id] == r {
@@ -427,6 +439,13 @@ func (r *Run) save(rec Record) {
 			return
 		}
 		r.m.log.Warn("saving a run record failed; trying again", "run_id", rec.ID, "state", rec.State, "attempt", attempt, "err", err)
-		time.Sleep(time.Duration(attempt) * saveBackoff)
+		r.m.sleep(time.Duration(attempt) * saveBackoff)
 	}
+}
+
+// sleep returns after d on the Manager's Clock.
+func (m *Manager) sleep(d time.Duration) {
+	done := make(chan struct{})
+	m.clock.AfterFunc(d, func() { close(done) })
+	<-done
 }

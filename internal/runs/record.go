@@ -1,12 +1,3 @@
-// Package runs keeps the edge's runs submitted through the runs API
-// (POST /v1/runs): their records, persisted in a Store (SQLite by default),
-// and, while they are live or recently finished, their event logs, which
-// late readers replay from the start.
-//
-// A run's state moves queued → running → complete | error | cancelled,
-// never back. A record is saved when the run is submitted, when it is
-// dispatched and when it ends; an edge that stops with runs in flight marks
-// them error "edge restarted" when it next opens the store (Store.Interrupt).
 package runs
 
 import (

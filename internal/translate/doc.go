@@ -6,11 +6,17 @@
 // Ollama client's /api/chat, /api/generate or /api/embed (/api/embeddings)
 // body into a canonical OpenAI chat completions, completions or embeddings
 // body, which the edge dispatches like any OpenAI request. Ollama fields
-// OpenAI has no name for travel under ExtensionKey; a node's Ollama adapter
-// puts them back (ApplyExtension) and its OpenAI tunnel removes them
-// (StripExtension). The other way, ToOllamaChat, ToOllamaGenerate and
-// ToOllamaEmbed turn a canonical OpenAI body into the Ollama body a node's
-// Ollama adapter sends its provider.
+// OpenAI has no name for travel apart from the body, as Request.OllamaFields
+// (the Dispatch's ollama_fields on the wire; an OpenAI client sends them
+// as the body's ExtensionKey member, which the edge takes out with
+// StripExtension). The other way, ToOllamaChat, ToOllamaGenerate and
+// ToOllamaEmbed turn a canonical OpenAI body and its OllamaFields
+// (ParseOllamaFields) into the Ollama body a node's Ollama adapter sends
+// its provider, decoding the body once.
+//
+// The package is a format library used on each side: it knows nothing of
+// the node protocol, and no wire field lives inside the JSON it reads or
+// writes.
 //
 // Answers: OpenAIStream decodes an OpenAI SSE stream fed in chunks of any
 // size (package sse does the framing) and DecodeOpenAIAnswer a whole answer;

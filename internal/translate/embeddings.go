@@ -10,7 +10,7 @@ import (
 
 // embedKnown and embeddingsKnown are the top-level fields of POST
 // /api/embed and of the older POST /api/embeddings translated rather than
-// carried under ExtensionKey.
+// carried in Request.OllamaFields.
 var (
 	embedKnown      = []string{"model", "input", "dimensions"}
 	embeddingsKnown = []string{"model", "prompt"}
@@ -19,11 +19,10 @@ var (
 // canonicalEmbeddings is the canonical embeddings body, members in this
 // order.
 type canonicalEmbeddings struct {
-	Model          string          `json:"model"`
-	Input          []string        `json:"input"`
-	Dimensions     *int64          `json:"dimensions,omitempty"`
-	EncodingFormat string          `json:"encoding_format"`
-	Extension      json.RawMessage `json:"iop_ollama,omitempty"`
+	Model          string   `json:"model"`
+	Input          []string `json:"input"`
+	Dimensions     *int64   `json:"dimensions,omitempty"`
+	EncodingFormat string   `json:"encoding_format"`
 }
 
 // FromOllamaEmbed translates a POST /api/embed body (Ollama API doc,
@@ -32,7 +31,7 @@ type canonicalEmbeddings struct {
 //
 //	input (a string or strings)   input, always an array
 //	dimensions                    dimensions
-//	truncate, keep_alive,         carried under ExtensionKey, values
+//	truncate, keep_alive,         carried in OllamaFields, values
 //	options, unknown fields       unchanged (an OpenAI-compatible provider
 //	                              truncates as it is configured to)
 //
@@ -93,7 +92,7 @@ func FromOllamaEmbeddings(body []byte) (Request, error) {
 }
 
 // embeddingsRequest finishes an embeddings translation: every top-level
-// field not in known goes under ExtensionKey.
+// field not in known goes into OllamaFields.
 func embeddingsRequest(top map[string]json.RawMessage, model string, known []string, out canonicalEmbeddings) (Request, error) {
 	t := &translation{top: top}
 	req, err := t.required(model, known)
@@ -109,7 +108,7 @@ func embeddingsRequest(top map[string]json.RawMessage, model string, known []str
 		return req, nil
 	}
 	out.Model, out.EncodingFormat = model, "float"
-	return t.finish(req, &out, &out.Extension)
+	return t.finish(req, &out)
 }
 
 // OllamaEmbedResponse is the answer of POST /api/embed (Ollama API doc):

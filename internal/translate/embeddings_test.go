@@ -28,7 +28,7 @@ func TestFromOllamaEmbed(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !jsonEqual(t, req.Body, c.want) || req.Operation != Embeddings || req.Stream || req.LoadOnly || req.Model != "e" {
+			if !translatedAs(t, req, c.want) || req.Operation != Embeddings || req.Stream || req.LoadOnly || req.Model != "e" {
 				t.Fatalf("got %+v body %s, want %s", req, req.Body, c.want)
 			}
 			if !slices.Equal(req.Extension, c.ext) {
@@ -37,7 +37,7 @@ func TestFromOllamaEmbed(t *testing.T) {
 		})
 	}
 	req, err := FromOllamaEmbeddings([]byte(`{"model":"e","prompt":"legacy","keep_alive":300}`))
-	if want := `{"model":"e","input":["legacy"],"encoding_format":"float","iop_ollama":{"keep_alive":300}}`; err != nil || !jsonEqual(t, req.Body, want) {
+	if want := `{"model":"e","input":["legacy"],"encoding_format":"float","iop_ollama":{"keep_alive":300}}`; err != nil || !translatedAs(t, req, want) {
 		t.Fatalf("legacy: %s, %v; want %s", req.Body, err, want)
 	}
 	// Nothing to embed: Ollama only loads (or unloads) the model.

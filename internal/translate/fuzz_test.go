@@ -8,8 +8,8 @@ import (
 )
 
 // checkCanonical checks a translated request: a JSON object naming the
-// requested model, always streaming with usage, that StripExtension accepts
-// and ApplyExtension can merge into an Ollama body.
+// requested model, always streaming with usage, without an ExtensionKey
+// member, whose OllamaFields parse and can be set on an Ollama body.
 func checkCanonical(t *testing.T, in []byte, req Request) {
 	t.Helper()
 	var body struct {
@@ -23,13 +23,16 @@ func checkCanonical(t *testing.T, in []byte, req Request) {
 	if body.Model != req.Model || req.Model == "" || !body.Stream || !body.StreamOptions["include_usage"] {
 		t.Fatalf("%q: canonical body %s for model %q", in, req.Body, req.Model)
 	}
-	stripped, _, err := StripExtension(req.Body)
-	if err != nil || !json.Valid(stripped) {
-		t.Fatalf("%q: StripExtension(%s) = %s, %v", in, req.Body, stripped, err)
+	if _, had, err := StripExtension(req.Body); err != nil || had {
+		t.Fatalf("%q: canonical body %s: %s member %v, %v", in, req.Body, ExtensionKey, had, err)
 	}
-	merged, _, err := ApplyExtension([]byte(`{"model":"m","options":{"temperature":0}}`), req.Body)
+	fields, err := ParseOllamaFields(req.OllamaFields)
+	if err != nil {
+		t.Fatalf("%q: OllamaFields %s: %v", in, req.OllamaFields, err)
+	}
+	merged, err := ToOllamaChat([]byte(`{"messages":[{"role":"user","content":"x"}],"temperature":0}`), "m", fields)
 	if err != nil || !json.Valid(merged) {
-		t.Fatalf("%q: ApplyExtension = %s, %v", in, merged, err)
+		t.Fatalf("%q: ToOllamaChat with fields %s = %s, %v", in, req.OllamaFields, merged, err)
 	}
 }
 
@@ -186,32 +189,77 @@ func FuzzDecodeOpenAIAnswer(f *testing.F) {
 	})
 }
 
-// FuzzApplyExtension: merging a canonical body's extension into an Ollama
-// body never panics, gives valid JSON, and never changes a field the
-// translation set.
-func FuzzApplyExtension(f *testing.F) {
-	f.Add([]byte(`{"model":"m","options":{"temperature":0.1}}`), []byte(`{"model":"x","iop_ollama":{"keep_alive":"5m","model":"no","options":{"num_ctx":8192,"temperature":9}}}`))
-	f.Add([]byte(`{"model":"m"}`), []byte(`{"iop_ollama":null}`))
-	f.Add([]byte(`{"model":"m","options":null}`), []byte(`{"iop_ollama":{"options":{"a":1}}}`))
-	f.Add([]byte(`[]`), []byte(`{"iop_ollama":{"think":true}}`))
-	f.Fuzz(func(t *testing.T, ollama, canonical []byte) {
-		out, set, err := ApplyExtension(ollama, canonical)
+// FuzzOllamaFields: setting fields on a translated Ollama body never
+// panics, gives valid JSON, and never changes a field the translation set
+// (options and messages members included).
+func FuzzOllamaFields(f *testing.F) {
+	f.Add([]byte(`{"messages":[{"role":"user","content":"x"}],"temperature":0.1}`), []byte(`{"keep_alive":"5m","model":"no","options":{"num_ctx":8192,"temperature":9}}`))
+	f.Add([]byte(`{"messages":[{"role":"user","content":"x"}]}`), []byte(`null`))
+	f.Add([]byte(`{"messages":[{"role":"user","content":"x"}]}`), []byte(`{"options":{"a":1},"messages":[{"thinking":"t","role":"no"}]}`))
+	f.Add([]byte(`{"messages":[{"role":"assistant","content":"","reasoning":"r"}]}`), []byte(`{"think":true,"messages":[{"thinking":"t"}],"\u0000":1}`))
+	f.Fuzz(func(t *testing.T, canonical, raw []byte) {
+		fields, err := ParseOllamaFields(raw)
 		if err != nil {
 			return
 		}
-		if len(set) == 0 {
-			return // returned as it was
+		plain, err := ToOllamaChat(canonical, "m", nil)
+		if err != nil {
+			return
+		}
+		out, err := ToOllamaChat(canonical, "m", fields)
+		if err != nil {
+			t.Fatalf("ToOllamaChat(%q) with fields %q: %v", canonical, raw, err)
 		}
 		var before, after map[string]json.RawMessage
-		if json.Unmarshal(out, &after) != nil || json.Unmarshal(ollama, &before) != nil {
-			t.Fatalf("ApplyExtension(%q, %q) = %q: not a JSON object", ollama, canonical, out)
+		if json.Unmarshal(out, &after) != nil || json.Unmarshal(plain, &before) != nil {
+			t.Fatalf("ToOllamaChat(%q) with fields %q = %q: not a JSON object", canonical, raw, out)
 		}
 		for k, v := range before {
-			if k != "options" && !sameJSON(after[k], v) {
-				t.Fatalf("field %s changed from %s to %s", k, v, after[k])
+			switch k {
+			case "options", "messages":
+				var b, a any
+				json.Unmarshal(v, &b)
+				json.Unmarshal(after[k], &a)
+				if !contains(a, b) {
+					t.Fatalf("%s changed from %s to %s", k, v, after[k])
+				}
+			default:
+				if !sameJSON(after[k], v) {
+					t.Fatalf("field %s changed from %s to %s", k, v, after[k])
+				}
 			}
 		}
 	})
+}
+
+// contains reports whether a holds b: equal values, except that an object
+// of a may have members b lacks, and arrays compare element by element.
+func contains(a, b any) bool {
+	switch b := b.(type) {
+	case map[string]any:
+		a, ok := a.(map[string]any)
+		if !ok {
+			return false
+		}
+		for k, v := range b {
+			if !contains(a[k], v) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		a, ok := a.([]any)
+		if !ok || len(a) != len(b) {
+			return false
+		}
+		for i := range b {
+			if !contains(a[i], b[i]) {
+				return false
+			}
+		}
+		return true
+	}
+	return reflect.DeepEqual(a, b)
 }
 
 // sameJSON reports whether two JSON values are equal as values.

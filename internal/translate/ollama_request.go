@@ -14,21 +14,20 @@ import (
 	"strings"
 )
 
-// ExtensionKey is the top-level member of a canonical (OpenAI-shaped)
-// request body that carries the Ollama request fields OpenAI's API has no
-// name for, as an object whose members are those fields with their JSON
-// values unchanged: "keep_alive" ("24h" stays a string, 300 a number),
-// "think", any other top-level field of the Ollama request iop does not
-// translate, and "options" (an object) with the model options that are not
-// OpenAI parameters (num_ctx, top_k, repeat_penalty, ...). For example:
+// ExtensionKey is the top-level member of an OpenAI client's request body
+// by which it reaches Ollama-only settings: its value is the JSON form of
+// OllamaFields, for example
 //
-//	{"model":"llama3","messages":[...],"stream":true,
+//	{"model":"llama3","messages":[...],
 //	 "iop_ollama":{"keep_alive":"24h","think":true,"options":{"num_ctx":8192}}}
 //
-// A node's Ollama adapter sets these fields on the Ollama request it sends
-// (ApplyExtension); the tunnel to an OpenAI-compatible provider removes the
-// member (StripExtension), so such providers never see it. An OpenAI client
-// may send the member itself to reach Ollama-only settings.
+// The edge takes the member out of the body (StripExtension) and sends its
+// value to the node apart from it (the Dispatch's ollama_fields), as it
+// does with an Ollama client's fields (Request.OllamaFields), so no
+// provider sees the member; the node's Ollama adapter sets the fields on
+// the Ollama request (ToOllamaChat ...). An Ollama client's own member of
+// this name is ignored (it sends Ollama fields as themselves), and a node
+// reads none from a body. Errors about the fields name this member.
 const ExtensionKey = "iop_ollama"
 
 // Operation is the OpenAI operation a translated request is for.
@@ -62,9 +61,12 @@ type Request struct {
 	// messages, an empty prompt or input): Ollama only loads the model, or
 	// unloads it when Unload (keep_alive 0) is set. Body is then nil.
 	LoadOnly, Unload bool
-	// Extension lists the fields carried under ExtensionKey, as paths
-	// ("keep_alive", "options.num_ctx"), sorted: they reach Ollama providers
+	// OllamaFields is the JSON form of the OllamaFields the request
+	// carries apart from Body (nil when none): they reach Ollama providers
 	// only.
+	OllamaFields json.RawMessage
+	// Extension lists the fields of OllamaFields, as paths ("keep_alive",
+	// "options.num_ctx"), sorted.
 	Extension []string
 	// Dropped lists the fields dropped because no provider protocol can
 	// carry them and dropping them keeps the answer's meaning ("template",
@@ -136,7 +138,7 @@ type ollamaMessage struct {
 }
 
 // chatKnown and generateKnown are the top-level fields translated (or
-// refused) rather than carried under ExtensionKey.
+// refused) rather than carried in Request.OllamaFields.
 var (
 	chatKnown     = []string{"model", "messages", "tools", "format", "options", "stream"}
 	generateKnown = []string{"model", "prompt", "suffix", "system", "template", "context", "images", "raw", "format", "options", "stream"}
@@ -162,7 +164,6 @@ type canonicalChat struct {
 	// only; see thinkEffort).
 	ReasoningEffort string          `json:"reasoning_effort,omitempty"`
 	Tools           json.RawMessage `json:"tools,omitempty"`
-	Extension       json.RawMessage `json:"iop_ollama,omitempty"`
 }
 
 // FromOllamaChat translates a POST /api/chat body (Ollama API doc,
@@ -186,13 +187,13 @@ type canonicalChat struct {
 //	think                         reasoning_effort: "low", "medium" and
 //	                              "high" stay; true and false set none
 //	                              (thinkEffort says why) and false sets
-//	                              Request.NoThinking; and, unchanged, under
-//	                              ExtensionKey, for Ollama providers
-//	keep_alive, other options     carried under ExtensionKey, values
+//	                              Request.NoThinking; and, unchanged, in
+//	                              OllamaFields, for Ollama providers
+//	keep_alive, other options     carried in OllamaFields, values
 //	and unknown fields            unchanged
-//	messages[].thinking           under ExtensionKey as "messages": one
+//	messages[].thinking           in OllamaFields as "messages": one
 //	                              object per message, {"thinking": ...} or
-//	                              {}, for Ollama providers (ApplyExtension);
+//	                              {}, for Ollama providers (ToOllamaChat);
 //	                              an OpenAI-compatible provider does not get
 //	                              it (DeepSeek's API refuses reasoning_content
 //	                              in a request's messages)
@@ -231,7 +232,7 @@ func FromOllamaChat(body []byte) (Request, error) {
 		}
 		out.Tools = in.Tools
 	}
-	return t.finish(req, out, &out.Extension)
+	return t.finish(req, out)
 }
 
 // FromOllamaGenerate translates a POST /api/generate body (Ollama API doc,
@@ -241,7 +242,7 @@ func FromOllamaChat(body []byte) (Request, error) {
 // prompt and images. A raw request (no template) or one with a suffix
 // (fill in the middle) becomes a completions body: prompt and suffix, and
 // no system (dropped; Ollama's raw mode ignores it too); "format" is sent
-// both as response_format and, for Ollama providers, under ExtensionKey.
+// both as response_format and, for Ollama providers, in OllamaFields.
 // Options, keep_alive,
 // think and unknown fields go as in FromOllamaChat (a completions body
 // carries no reasoning_effort: think reaches Ollama providers only);
@@ -316,7 +317,7 @@ func FromOllamaGenerate(body []byte) (Request, error) {
 		out.Prompt, out.Suffix = &prompt, in.Suffix
 		out.ReasoningEffort = "" // not a completions parameter
 		req.EstimatedInputTokens = (len([]rune(prompt)) + len([]rune(in.Suffix)) + 3) / 4
-		return t.finish(req, out, &out.Extension)
+		return t.finish(req, out)
 	}
 	if in.System != "" {
 		out.Messages = append(out.Messages, map[string]any{"role": "system", "content": in.System})
@@ -330,21 +331,21 @@ func FromOllamaGenerate(body []byte) (Request, error) {
 	}
 	out.Messages = append(out.Messages, map[string]any{"role": "user", "content": user})
 	req.Conversation = append(history, Turn{Role: "user", Content: in.Prompt})
-	return t.finish(req, out, &out.Extension)
+	return t.finish(req, out)
 }
 
 // translation is the state of one request's translation.
 type translation struct {
 	top       map[string]json.RawMessage
-	ext       map[string]json.RawMessage // fields for ExtensionKey
-	extOpts   map[string]json.RawMessage // options for ExtensionKey
-	extMsgs   []map[string]string        // per-message fields for ExtensionKey ("thinking"), nil if none
+	ext       map[string]json.RawMessage // fields for OllamaFields
+	extOpts   map[string]json.RawMessage // options for OllamaFields
+	extMsgs   []map[string]string        // per-message fields for OllamaFields ("thinking"), nil if none
 	dropped   []string
 	extension []string
 }
 
 // common translates the fields chat and generate share: model, stream,
-// format, options and the fields carried under ExtensionKey (every
+// format, options and the fields carried in OllamaFields (every
 // top-level field not in known).
 func (t *translation) common(model string, known []string) (Request, *canonicalChat, error) {
 	req, err := t.required(model, known)
@@ -372,7 +373,9 @@ func (t *translation) common(model string, known []string) (Request, *canonicalC
 }
 
 // required checks the model and sets aside every top-level field not in
-// known (keep_alive among them) for ExtensionKey; keep_alive 0 sets Unload.
+// known (keep_alive among them) for OllamaFields; keep_alive 0 sets Unload.
+// An Ollama client's ExtensionKey member is ignored: it is not an Ollama
+// field, and must not pass as the fields themselves.
 func (t *translation) required(model string, known []string) (Request, error) {
 	if strings.TrimSpace(model) == "" {
 		return Request{}, fieldErr("model", "model is required")
@@ -392,11 +395,10 @@ func (t *translation) required(model string, known []string) (Request, error) {
 	return req, nil
 }
 
-// finish sets the extension member (*ext, a field of out) and marshals
-// out as req's body.
-func (t *translation) finish(req Request, out any, ext *json.RawMessage) (Request, error) {
+// finish sets req's OllamaFields and marshals out as req's body.
+func (t *translation) finish(req Request, out any) (Request, error) {
 	var err error
-	if *ext, err = t.extensionJSON(); err != nil {
+	if req.OllamaFields, err = t.extensionJSON(); err != nil {
 		return Request{}, err
 	}
 	if req.Body, err = json.Marshal(out); err != nil {
@@ -437,7 +439,7 @@ func thinkEffort(raw json.RawMessage) (effort string, think bool, err error) {
 	return "", false, fieldErr("think", `must be true, false, "low", "medium" or "high"`)
 }
 
-// extensionJSON is the ExtensionKey member: the fields set aside, with the
+// extensionJSON is Request.OllamaFields: the fields set aside, with the
 // options set aside as its "options" and the per-message fields as its
 // "messages"; nil when there are none.
 func (t *translation) extensionJSON() (json.RawMessage, error) {

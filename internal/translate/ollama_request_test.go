@@ -22,6 +22,43 @@ func jsonEqual(t *testing.T, got []byte, want string) bool {
 	return reflect.DeepEqual(g, w)
 }
 
+// translatedAs reports whether req is want: a canonical body, whose
+// ExtensionKey member (absent: none) is what req.OllamaFields must hold,
+// apart from req.Body, which must equal the rest and never carry the
+// member (a wire field does not live in the body).
+func translatedAs(t *testing.T, req Request, want string) bool {
+	t.Helper()
+	var w map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(want), &w); err != nil {
+		t.Fatalf("want invalid JSON %s: %v", want, err)
+	}
+	fields, hasFields := w[ExtensionKey]
+	delete(w, ExtensionKey)
+	rest, err := json.Marshal(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(req.Body, []byte(ExtensionKey)) {
+		t.Errorf("body carries %s: %s", ExtensionKey, req.Body)
+		return false
+	}
+	if !jsonEqual(t, req.Body, string(rest)) {
+		return false
+	}
+	if !hasFields {
+		if req.OllamaFields != nil {
+			t.Errorf("OllamaFields %s, want none", req.OllamaFields)
+			return false
+		}
+		return true
+	}
+	if req.OllamaFields == nil || !jsonEqual(t, req.OllamaFields, string(fields)) {
+		t.Errorf("OllamaFields %s, want %s", req.OllamaFields, fields)
+		return false
+	}
+	return true
+}
+
 const pngB64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
 
 func TestFromOllamaChat(t *testing.T) {
@@ -88,8 +125,8 @@ func TestFromOllamaChat(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !jsonEqual(t, req.Body, c.want) {
-				t.Fatalf("body\n%s\nwant\n%s", req.Body, c.want)
+			if !translatedAs(t, req, c.want) {
+				t.Fatalf("body\n%s\nfields %s\nwant\n%s", req.Body, req.OllamaFields, c.want)
 			}
 			if !reflect.DeepEqual(req.Extension, c.ext) || !reflect.DeepEqual(req.Dropped, c.dropped) || req.Operation != Chat {
 				t.Fatalf("extension %v dropped %v operation %v", req.Extension, req.Dropped, req.Operation)
@@ -114,7 +151,7 @@ func TestFromOllamaGenerate(t *testing.T) {
 	want := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"iop_ollama":{"keep_alive":300},"messages":[
 		{"role":"system","content":"be brief"},
 		{"role":"user","content":[{"type":"text","text":"why?"},{"type":"image_url","image_url":{"url":"data:image/png;base64,` + pngB64 + `"}}]}]}`
-	if !jsonEqual(t, req.Body, want) || req.Operation != Chat || !reflect.DeepEqual(req.Dropped, []string{"template"}) {
+	if !translatedAs(t, req, want) || req.Operation != Chat || !reflect.DeepEqual(req.Dropped, []string{"template"}) {
 		t.Fatalf("%s %v %v", req.Body, req.Operation, req.Dropped)
 	}
 
@@ -124,7 +161,7 @@ func TestFromOllamaGenerate(t *testing.T) {
 	}
 	want = `{"model":"m","prompt":"def f(","suffix":"return x","stream":true,"stream_options":{"include_usage":true},"max_tokens":9,
 		"response_format":{"type":"json_object"},"iop_ollama":{"format":"json"}}`
-	if !jsonEqual(t, req.Body, want) || req.Operation != Completion || req.EstimatedInputTokens != 4 {
+	if !translatedAs(t, req, want) || req.Operation != Completion || req.EstimatedInputTokens != 4 {
 		t.Fatalf("%s %v %d", req.Body, req.Operation, req.EstimatedInputTokens)
 	}
 
@@ -155,26 +192,79 @@ func TestFromOllamaGenerate(t *testing.T) {
 	}
 }
 
-func TestApplyExtensionKeepsJSONTypes(t *testing.T) {
-	canonical := []byte(`{"model":"m","iop_ollama":{"keep_alive":"24h","think":"high","model":"other","options":{"num_ctx":8192,"temperature":2}}}`)
-	ollama := []byte(`{"model":"m","messages":[],"stream":true,"options":{"temperature":0.5}}`)
-	out, set, err := ApplyExtension(ollama, canonical)
+// TestOllamaFieldsKeepJSONTypes: the fields reach the Ollama body with
+// their JSON values unchanged, a field the translation sets (model,
+// options.temperature) keeps the translated value, and fields that are
+// not an object are refused.
+func TestOllamaFieldsKeepJSONTypes(t *testing.T) {
+	fields, err := ParseOllamaFields([]byte(`{"keep_alive":"24h","think":"high","model":"other","options":{"num_ctx":8192,"temperature":2}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `{"model":"m","messages":[],"stream":true,"keep_alive":"24h","think":"high","options":{"temperature":0.5,"num_ctx":8192}}`
-	if !jsonEqual(t, out, want) || !reflect.DeepEqual(set, []string{"keep_alive", "options.num_ctx", "think"}) {
-		t.Fatalf("%s %v", out, set)
+	canonical := []byte(`{"model":"x","messages":[{"role":"user","content":"hi"}],"temperature":0.5}`)
+	out, err := ToOllamaChat(canonical, "m", fields)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"keep_alive":"24h","think":"high","options":{"temperature":0.5,"num_ctx":8192}}`
+	if !jsonEqual(t, out, want) {
+		t.Fatalf("%s", out)
 	}
 	if !bytes.Contains(out, []byte(`"num_ctx":8192`)) || !bytes.Contains(out, []byte(`"keep_alive":"24h"`)) {
 		t.Fatalf("values changed: %s", out)
 	}
-	out, set, err = ApplyExtension(ollama, []byte(`{"model":"m"}`))
-	if err != nil || !bytes.Equal(out, ollama) || set != nil {
-		t.Fatalf("without the member: %s %v %v", out, set, err)
+	plain, err := ToOllamaChat(canonical, "m", nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, _, err := ApplyExtension(ollama, []byte(`{"iop_ollama":"x"}`)); !errors.Is(err, ErrNotObject) {
-		t.Fatalf("%v", err)
+	for _, none := range []string{``, `null`, `{}`} {
+		f, err := ParseOllamaFields([]byte(none))
+		if err != nil {
+			t.Fatalf("%q: %v", none, err)
+		}
+		out, err := ToOllamaChat(canonical, "m", f)
+		if err != nil || !bytes.Equal(out, plain) {
+			t.Fatalf("without fields (%q): %s %v, want %s", none, out, err, plain)
+		}
+	}
+	for _, bad := range []string{`"x"`, `[]`, `1`, `{"options":[]}`, `{"options":1}`, `{"messages":{}}`, `{"messages":[1]}`, `{`} {
+		if _, err := ParseOllamaFields([]byte(bad)); !errors.Is(err, ErrNotObject) {
+			t.Fatalf("%s: %v", bad, err)
+		}
+	}
+	// options null is no options; an empty options object is an empty one.
+	for in, want := range map[string]string{
+		`{"options":null}`: `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`,
+		`{"options":{}}`:   `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"options":{}}`,
+	} {
+		f, err := ParseOllamaFields([]byte(in))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := ToOllamaChat([]byte(`{"messages":[{"role":"user","content":"hi"}]}`), "m", f)
+		if err != nil || !jsonEqual(t, out, want) {
+			t.Fatalf("%s: %s %v, want %s", in, out, err, want)
+		}
+	}
+}
+
+// TestOllamaFieldsOnGenerateAndEmbed: the fields reach /api/generate and
+// /api/embed bodies too; an embed body has no options of its own, so
+// the fields' options are its options.
+func TestOllamaFieldsOnGenerateAndEmbed(t *testing.T) {
+	f, err := ParseOllamaFields([]byte(`{"keep_alive":300,"raw":true,"suffix":"theirs","options":{"num_ctx":512,"seed":9},"messages":[{"thinking":"x"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := ToOllamaGenerate([]byte(`{"prompt":"p","suffix":"mine","seed":1}`), "m", f)
+	want := `{"model":"m","prompt":"p","suffix":"mine","stream":true,"keep_alive":300,"raw":true,"options":{"seed":1,"num_ctx":512}}`
+	if err != nil || !jsonEqual(t, out, want) {
+		t.Fatalf("generate: %s %v, want %s", out, err, want)
+	}
+	out, n, err := ToOllamaEmbed([]byte(`{"input":"a"}`), "e", f)
+	want = `{"model":"e","input":["a"],"keep_alive":300,"raw":true,"suffix":"theirs","options":{"num_ctx":512,"seed":9}}`
+	if err != nil || n != 1 || !jsonEqual(t, out, want) {
+		t.Fatalf("embed: %s %d %v, want %s", out, n, err, want)
 	}
 }
 
@@ -266,7 +356,7 @@ func TestOllamaThinkTranslation(t *testing.T) {
 		t.Errorf("generate: %s %v", req.Body, err)
 	}
 	req, err = FromOllamaGenerate([]byte(`{"model":"m","prompt":"x","raw":true,"think":true}`))
-	if err != nil || req.Operation != Completion || effort(req.Body) != "" || !bytes.Contains(req.Body, []byte(`"iop_ollama":{"think":true}`)) {
+	if err != nil || req.Operation != Completion || effort(req.Body) != "" || string(req.OllamaFields) != `{"think":true}` {
 		t.Errorf("raw generate: a completions body carries think for Ollama only: %s %v", req.Body, err)
 	}
 	for _, in := range []string{
@@ -285,31 +375,32 @@ func TestOllamaThinkTranslation(t *testing.T) {
 	}
 }
 
-// TestApplyExtensionMergesMessages: the per-message fields of an Ollama
+// TestOllamaFieldsMergeMessages: the per-message fields of an Ollama
 // client's messages (their thinking) reach the Ollama provider's messages
 // of the same index, without replacing what the translation set.
-func TestApplyExtensionMergesMessages(t *testing.T) {
+func TestOllamaFieldsMergeMessages(t *testing.T) {
 	req, err := FromOllamaChat([]byte(`{"model":"m","messages":[{"role":"user","content":"q"},
 		{"role":"assistant","content":"a","thinking":"because"},{"role":"user","content":"and?"}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ollama, err := ToOllamaChat(req.Body, "m")
+	fields, err := ParseOllamaFields(req.OllamaFields)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, set, err := ApplyExtension(ollama, req.Body)
+	out, err := ToOllamaChat(req.Body, "m", fields)
 	want := `{"model":"m","stream":true,"messages":[{"role":"user","content":"q"},{"role":"assistant","content":"a","thinking":"because"},{"role":"user","content":"and?"}]}`
-	if err != nil || !jsonEqual(t, out, want) || !reflect.DeepEqual(set, []string{"messages[1].thinking"}) {
-		t.Fatalf("%s %v %v", out, set, err)
+	if err != nil || !jsonEqual(t, out, want) || !reflect.DeepEqual(req.Extension, []string{"messages[1].thinking"}) {
+		t.Fatalf("%s %v %v", out, req.Extension, err)
 	}
-	// The translation's own thinking stays; extra entries are ignored.
-	out, _, err = ApplyExtension([]byte(`{"messages":[{"role":"assistant","thinking":"mine"}]}`),
-		[]byte(`{"iop_ollama":{"messages":[{"thinking":"theirs"},{"thinking":"no such message"}]}}`))
-	if err != nil || !jsonEqual(t, out, `{"messages":[{"role":"assistant","thinking":"mine"}]}`) {
+	// The translation's own thinking stays; extra entries and null values
+	// are ignored.
+	fields, err = ParseOllamaFields([]byte(`{"messages":[{"thinking":"theirs","x":null},{"thinking":"no such message"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err = ToOllamaChat([]byte(`{"messages":[{"role":"assistant","content":"","reasoning_content":"mine"}]}`), "m", fields)
+	if err != nil || !jsonEqual(t, out, `{"model":"m","stream":true,"messages":[{"role":"assistant","content":"","thinking":"mine"}]}`) {
 		t.Fatalf("%s %v", out, err)
-	}
-	if _, _, err := ApplyExtension([]byte(`{"messages":[]}`), []byte(`{"iop_ollama":{"messages":{}}}`)); !errors.Is(err, ErrNotObject) {
-		t.Fatalf("messages not an array: %v", err)
 	}
 }

@@ -99,7 +99,6 @@ type openAIChatRequest struct {
 	Logprobs          *bool           `json:"logprobs"`
 	TopLogprobs       json.RawMessage `json:"top_logprobs"` // integer | null
 	openAIReasoning
-	Extension map[string]json.RawMessage `json:"iop_ollama"`
 }
 
 // openAIReasoning is a request's reasoning setting: OpenAI's
@@ -177,7 +176,7 @@ type openAIPart struct {
 
 type ollamaChatRequest struct {
 	Model    string          `json:"model"`
-	Messages []ollamaMessage `json:"messages"`
+	Messages []ollamaMessage `json:"messages,omitempty"` // never empty
 	Stream   bool            `json:"stream"`
 	Format   json.RawMessage `json:"format,omitempty"`
 	Options  *ollamaOptions  `json:"options,omitempty"`
@@ -206,8 +205,12 @@ type ollamaChatRequest struct {
 //	presence_penalty
 //	response_format           format: "json" (json_object) or the schema
 //	                          (json_schema)
-//	reasoning_effort,         think (openAIReasoning.think), unless the
-//	reasoning.effort          body's ExtensionKey sets think itself
+//	reasoning_effort,         think (openAIReasoning.think), unless
+//	reasoning.effort          fields set think itself
+//
+// fields (nil: none) are set on the Ollama body as OllamaFields.encode
+// says: a field the translation sets keeps the translated value. body is
+// decoded once and the result encoded once, fields or not.
 //
 // Errors are *FieldError naming the field: a body that is not a chat
 // completions object, no messages, a message without a role, content that
@@ -219,7 +222,7 @@ type ollamaChatRequest struct {
 // choice per request), tool_choice "required" (Ollama cannot force a tool
 // call), parallel_tool_calls false (nor keep a model to one call), and
 // logprobs true or top_logprobs (the translation returns none).
-func ToOllamaChat(body []byte, model string) ([]byte, error) {
+func ToOllamaChat(body []byte, model string, fields *OllamaFields) ([]byte, error) {
 	var in openAIChatRequest
 	if err := json.Unmarshal(body, &in); err != nil {
 		return nil, fieldErr("", "request body is not a valid chat completions object")
@@ -244,7 +247,7 @@ func ToOllamaChat(body []byte, model string) ([]byte, error) {
 	if out.Tools, err = toolsFor(in.Tools, in.ToolChoice, in.ParallelToolCalls); err != nil {
 		return nil, err
 	}
-	if _, set := in.Extension["think"]; !set {
+	if !fields.has("think") {
 		if out.Think, err = in.think(); err != nil {
 			return nil, err
 		}
@@ -295,7 +298,24 @@ func ToOllamaChat(body []byte, model string) ([]byte, error) {
 		}
 		out.Messages = append(out.Messages, om)
 	}
-	return json.Marshal(out)
+	return fields.encode(&out, out.has, &out.Options, &out.Messages)
+}
+
+// has reports whether r's encoding has the top-level member name.
+func (r *ollamaChatRequest) has(name string) bool {
+	switch name {
+	case "model", "messages", "stream":
+		return true
+	case "format":
+		return len(r.Format) > 0
+	case "options":
+		return r.Options != nil
+	case "tools":
+		return len(r.Tools) > 0
+	case "think":
+		return len(r.Think) > 0
+	}
+	return false
 }
 
 // reasoningText is a message's reasoning: reasoning_content when it is a
@@ -517,7 +537,6 @@ type openAICompletionRequest struct {
 	Echo     *bool           `json:"echo"`
 	Logprobs json.RawMessage `json:"logprobs"` // integer | null
 	openAIReasoning
-	Extension map[string]json.RawMessage `json:"iop_ollama"`
 }
 
 type ollamaGenerateRequest struct {
@@ -559,8 +578,9 @@ func onePrompt(raw json.RawMessage) (string, error) {
 // OpenAIPrompt), suffix, and the sampling options and reasoning effort as
 // ToOllamaChat maps them. Errors are *FieldError naming the field, also
 // for the fields Ollama cannot honour and whose loss would change the
-// answer: echo true, logprobs, and n or best_of above 1.
-func ToOllamaGenerate(body []byte, model string) ([]byte, error) {
+// answer: echo true, logprobs, and n or best_of above 1. fields are set
+// on the Ollama body as ToOllamaChat sets them.
+func ToOllamaGenerate(body []byte, model string, fields *OllamaFields) ([]byte, error) {
 	var in openAICompletionRequest
 	if err := json.Unmarshal(body, &in); err != nil {
 		return nil, fieldErr("", "request body is not a valid completions object")
@@ -585,12 +605,27 @@ func ToOllamaGenerate(body []byte, model string) ([]byte, error) {
 		return nil, err
 	}
 	out := ollamaGenerateRequest{Model: model, Prompt: prompt, Suffix: in.Suffix, Stream: true, Options: opts}
-	if _, set := in.Extension["think"]; !set {
+	if !fields.has("think") {
 		if out.Think, err = in.think(); err != nil {
 			return nil, err
 		}
 	}
-	return json.Marshal(out)
+	return fields.encode(&out, out.has, &out.Options, nil)
+}
+
+// has reports whether r's encoding has the top-level member name.
+func (r *ollamaGenerateRequest) has(name string) bool {
+	switch name {
+	case "model", "prompt", "stream":
+		return true
+	case "suffix":
+		return r.Suffix != ""
+	case "options":
+		return r.Options != nil
+	case "think":
+		return len(r.Think) > 0
+	}
+	return false
 }
 
 // ---- embeddings ----
@@ -605,8 +640,10 @@ type ollamaEmbedRequest struct {
 // /api/embed body for model: input (a string or strings; always an array
 // for Ollama) and dimensions. It also returns the number of inputs.
 // encoding_format is the edge's to apply. Errors are *FieldError: token
-// array inputs, no input.
-func ToOllamaEmbed(body []byte, model string) ([]byte, int, error) {
+// array inputs, no input. fields are set on the Ollama body as
+// ToOllamaChat sets them (its "options" among them: the translation sets
+// none).
+func ToOllamaEmbed(body []byte, model string, fields *OllamaFields) ([]byte, int, error) {
 	var in struct {
 		Input      json.RawMessage `json:"input"` // string | []string
 		Dimensions *int            `json:"dimensions"`
@@ -621,6 +658,18 @@ func ToOllamaEmbed(body []byte, model string) ([]byte, int, error) {
 	if len(inputs) == 0 {
 		return nil, 0, fieldErr("input", "at least one input is required")
 	}
-	out, err := json.Marshal(ollamaEmbedRequest{Model: model, Input: inputs, Dimensions: in.Dimensions})
+	req := ollamaEmbedRequest{Model: model, Input: inputs, Dimensions: in.Dimensions}
+	out, err := fields.encode(&req, req.has, nil, nil)
 	return out, len(inputs), err
+}
+
+// has reports whether r's encoding has the top-level member name.
+func (r *ollamaEmbedRequest) has(name string) bool {
+	switch name {
+	case "model", "input":
+		return true
+	case "dimensions":
+		return r.Dimensions != nil
+	}
+	return false
 }

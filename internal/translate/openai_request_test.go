@@ -38,7 +38,7 @@ func TestToOllamaChat(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ToOllamaChat([]byte(tc.body), "llama3.2:3b")
+			got, err := ToOllamaChat([]byte(tc.body), "llama3.2:3b", nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -57,6 +57,9 @@ const (
 
 func TestToOllamaChatReasoningRolesAndTools(t *testing.T) {
 	user := `"messages":[{"role":"user","content":"hi"}]`
+	fieldsOf := map[string]string{ // the cases' OllamaFields, by name
+		"the fields' think wins over reasoning_effort": `{"think":true}`,
+	}
 	for _, tc := range []struct {
 		name, body, want string
 	}{
@@ -74,8 +77,10 @@ func TestToOllamaChatReasoningRolesAndTools(t *testing.T) {
 			`{"model":"m","stream":true,` + user + `,"think":true}`},
 		{"no reasoning setting: Ollama's default", `{` + user + `}`,
 			`{"model":"m","stream":true,` + user + `}`},
-		{"the extension's think is left to ApplyExtension", `{` + user + `,"reasoning_effort":"medium","iop_ollama":{"think":true}}`,
-			`{"model":"m","stream":true,` + user + `}`},
+		{"the fields' think wins over reasoning_effort", `{` + user + `,"reasoning_effort":"medium"}`,
+			`{"model":"m","stream":true,` + user + `,"think":true}`},
+		{"a body's own iop_ollama member is not fields", `{` + user + `,"reasoning_effort":"medium","iop_ollama":{"think":true,"keep_alive":"1h"}}`,
+			`{"model":"m","stream":true,` + user + `,"think":"medium"}`},
 		{"developer is system; an earlier answer's reasoning is thinking",
 			`{"messages":[{"role":"developer","content":"be brief"},{"role":"user","content":"hi"},
 				{"role":"assistant","content":"a","reasoning_content":"first"},{"role":"assistant","content":"b","reasoning":"second"},
@@ -93,7 +98,11 @@ func TestToOllamaChatReasoningRolesAndTools(t *testing.T) {
 			`{"model":"m","stream":true,` + user + `,"tools":[` + toolF + `]}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ToOllamaChat([]byte(tc.body), "m")
+			fields, err := ParseOllamaFields([]byte(fieldsOf[tc.name]))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := ToOllamaChat([]byte(tc.body), "m", fields)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -103,7 +112,7 @@ func TestToOllamaChatReasoningRolesAndTools(t *testing.T) {
 		})
 	}
 	t.Run("a completion's reasoning_effort", func(t *testing.T) {
-		got, err := ToOllamaGenerate([]byte(`{"prompt":"x","reasoning_effort":"low"}`), "m")
+		got, err := ToOllamaGenerate([]byte(`{"prompt":"x","reasoning_effort":"low"}`), "m", nil)
 		if want := `{"model":"m","prompt":"x","stream":true,"think":"low"}`; err != nil || !jsonEqual(t, got, want) {
 			t.Fatalf("%s %v", got, err)
 		}
@@ -111,11 +120,11 @@ func TestToOllamaChatReasoningRolesAndTools(t *testing.T) {
 }
 
 func TestToOllamaGenerateAndEmbed(t *testing.T) {
-	got, err := ToOllamaGenerate([]byte(`{"prompt":["Why?"],"suffix":"!","max_tokens":7,"stop":"\n","seed":1}`), "m")
+	got, err := ToOllamaGenerate([]byte(`{"prompt":["Why?"],"suffix":"!","max_tokens":7,"stop":"\n","seed":1}`), "m", nil)
 	if want := `{"model":"m","prompt":"Why?","suffix":"!","stream":true,"options":{"num_predict":7,"stop":["\n"],"seed":1}}`; err != nil || !jsonEqual(t, got, want) {
 		t.Fatalf("generate: %s, %v; want %s", got, err, want)
 	}
-	got, n, err := ToOllamaEmbed([]byte(`{"input":"one","dimensions":8,"encoding_format":"base64"}`), "e")
+	got, n, err := ToOllamaEmbed([]byte(`{"input":"one","dimensions":8,"encoding_format":"base64"}`), "e", nil)
 	if want := `{"model":"e","input":["one"],"dimensions":8}`; err != nil || n != 1 || !jsonEqual(t, got, want) {
 		t.Fatalf("embed: %s, %d, %v; want %s", got, n, err, want)
 	}
@@ -126,9 +135,9 @@ func TestToOllamaGenerateAndEmbed(t *testing.T) {
 
 // Requests an Ollama provider cannot answer as asked fail naming the field.
 func TestToOllamaRefusals(t *testing.T) {
-	chat := func(b []byte) error { _, err := ToOllamaChat(b, "m"); return err }
-	generate := func(b []byte) error { _, err := ToOllamaGenerate(b, "m"); return err }
-	embed := func(b []byte) error { _, _, err := ToOllamaEmbed(b, "m"); return err }
+	chat := func(b []byte) error { _, err := ToOllamaChat(b, "m", nil); return err }
+	generate := func(b []byte) error { _, err := ToOllamaGenerate(b, "m", nil); return err }
+	embed := func(b []byte) error { _, _, err := ToOllamaEmbed(b, "m", nil); return err }
 	for _, tc := range []struct {
 		name  string
 		fn    func([]byte) error
@@ -177,7 +186,7 @@ func TestToOllamaRefusals(t *testing.T) {
 // an Ollama provider, so "none" still got a tool call. The provider now
 // gets no tools.
 func TestRegression_ToolChoiceNoneStillCallsATool(t *testing.T) {
-	got, err := ToOllamaChat([]byte(`{"messages":[{"role":"user","content":"use f"}],"tools":[`+toolF+`],"tool_choice":"none"}`), "m")
+	got, err := ToOllamaChat([]byte(`{"messages":[{"role":"user","content":"use f"}],"tools":[`+toolF+`],"tool_choice":"none"}`), "m", nil)
 	if err != nil || bytes.Contains(got, []byte(`"tools"`)) {
 		t.Fatalf("%s %v: the provider still gets the tools", got, err)
 	}
@@ -188,7 +197,7 @@ func TestRegression_ToolChoiceNoneStillCallsATool(t *testing.T) {
 // one. The provider now gets that tool alone.
 func TestRegression_NamedFunctionGetsAnotherOne(t *testing.T) {
 	got, err := ToOllamaChat([]byte(`{"messages":[{"role":"user","content":"use f"}],"tools":[`+toolF+`,`+toolG+`],
-		"tool_choice":{"type":"function","function":{"name":"g"}}}`), "m")
+		"tool_choice":{"type":"function","function":{"name":"g"}}}`), "m", nil)
 	if want := `{"model":"m","stream":true,"messages":[{"role":"user","content":"use f"}],"tools":[` + toolG + `]}`; err != nil || !jsonEqual(t, got, want) {
 		t.Fatalf("%s %v, want only g", got, err)
 	}
@@ -203,7 +212,7 @@ func TestRegression_ToolChoiceRequiredSilentlyDropped(t *testing.T) {
 		"parallel_tool_calls": `{"messages":[{"role":"user","content":"x"}],"tools":[` + toolF + `],"parallel_tool_calls":false}`,
 	} {
 		var fe *FieldError
-		if _, err := ToOllamaChat([]byte(body), "m"); !errors.As(err, &fe) || fe.Field != field || !strings.Contains(fe.Message, "cannot be honoured") {
+		if _, err := ToOllamaChat([]byte(body), "m", nil); !errors.As(err, &fe) || fe.Field != field || !strings.Contains(fe.Message, "cannot be honoured") {
 			t.Errorf("%s: %v, want a refusal naming it", field, err)
 		}
 	}

@@ -54,6 +54,10 @@ func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		EstimatedInputTokens: chat.EstimatedInputTokens,
 		Headers:              forwardHeaders(r.Header),
 	}
+	if err := chat.ollama.moveTo(&req); err != nil {
+		h.writeError(w, r, err, nil)
+		return
+	}
 	h.serveRun(w, r, &req, func(rr *runResponse, info DispatchInfo) string {
 		cr := &chatRender{eventReader: eventReader{runResponse: rr}, id: "chatcmpl-" + info.RunID,
 			created: h.cfg.Now().Unix(), model: chat.Model, includeUsage: chat.IncludeUsage}

@@ -23,6 +23,8 @@ type completionRequest struct {
 	// for a prompt of token ids, needChoices for n or best_of above 1, in
 	// that order; empty for one prompt string and one choice.
 	Needs []string
+	// ollama is the body's translate.ExtensionKey member.
+	ollama ollamaMember
 }
 
 // decodeCompletionRequest reads and checks a completions request body, so a
@@ -112,6 +114,7 @@ func decodeCompletionRequest(body []byte) (completionRequest, error) {
 	if !isAbsent(top["logprobs"]) {
 		req.Needs = append(req.Needs, needLogprobs)
 	}
+	req.ollama = ollamaMemberOf(top)
 	return req, nil
 }
 
@@ -161,6 +164,10 @@ func (h *handler) completions(w http.ResponseWriter, r *http.Request) {
 		Needs:                cr.Needs,
 		EstimatedInputTokens: cr.EstimatedInputTokens,
 		Headers:              forwardHeaders(r.Header),
+	}
+	if err := cr.ollama.moveTo(&req); err != nil {
+		h.writeError(w, r, err, nil)
+		return
 	}
 	h.serveRun(w, r, &req, func(rr *runResponse, info DispatchInfo) string {
 		tr := &textRender{eventReader: eventReader{runResponse: rr}, id: "cmpl-" + info.RunID,

@@ -94,6 +94,8 @@ type chatRequest struct {
 	// the messages' tool calls, and the JSON (without insignificant space)
 	// of each "tools" and legacy "functions" definition.
 	EstimatedInputTokens int
+	// ollama is the body's translate.ExtensionKey member.
+	ollama ollamaMember
 }
 
 // jsonTypes names the JSON type each checked field must have, for messages.
@@ -267,6 +269,7 @@ func decodeChatRequest(body []byte) (chatRequest, error) {
 	if severalChoices(top["n"]) {
 		req.Needs = append(req.Needs, needChoices)
 	}
+	req.ollama = ollamaMemberOf(top)
 	return req, nil
 }
 

@@ -32,6 +32,8 @@ type embeddingsRequest struct {
 	// Needs are needEmbeddings, and needTokenInput for an input of token
 	// ids (Ollama's /api/embed takes text only).
 	Needs []string
+	// ollama is the body's translate.ExtensionKey member.
+	ollama ollamaMember
 }
 
 // decodeEmbeddingsRequest reads and checks an embeddings request body:
@@ -78,6 +80,7 @@ func decodeEmbeddingsRequest(body []byte) (embeddingsRequest, error) {
 	if err := decodeField(top, "user", wantString, new(string)); err != nil {
 		return embeddingsRequest{}, err
 	}
+	req.ollama = ollamaMemberOf(top)
 	return req, nil
 }
 
@@ -108,6 +111,10 @@ func (h *handler) embeddings(w http.ResponseWriter, r *http.Request) {
 		Needs:                er.Needs,
 		EstimatedInputTokens: er.EstimatedInputTokens,
 		Headers:              forwardHeaders(r.Header),
+	}
+	if err := er.ollama.moveTo(&req); err != nil {
+		h.writeError(w, r, err, nil)
+		return
 	}
 	h.serveRun(w, r, &req, func(rr *runResponse, info DispatchInfo) string {
 		return (&embeddingsRender{eventReader: eventReader{runResponse: rr}, req: er}).json()

@@ -220,8 +220,9 @@ func TestOllamaClientThinking(t *testing.T) {
 	t.Run("a think level reaches the canonical body as reasoning_effort", func(t *testing.T) {
 		env := newEnv(t, Config{}, runWith(normalizedRun()))
 		env.ollamaPost(t, "/api/chat", `{"model":"m","think":"high","messages":[{"role":"user","content":"q"}]}`)
-		if req := env.gw.requests()[0]; !strings.Contains(string(req.Body), `"reasoning_effort":"high"`) || !strings.Contains(string(req.Body), `"iop_ollama":{"think":"high"}`) {
-			t.Fatalf("%s", req.Body)
+		if req := env.gw.requests()[0]; !strings.Contains(string(req.Body), `"reasoning_effort":"high"`) || strings.Contains(string(req.Body), "iop_ollama") ||
+			string(req.OllamaFields) != `{"think":"high"}` {
+			t.Fatalf("body %s, Ollama fields %s", req.Body, req.OllamaFields)
 		}
 	})
 }

@@ -169,7 +169,7 @@ func (h *handler) ollamaRequest(w http.ResponseWriter, r *http.Request, from fun
 		h.writeOllamaError(w, r, err, nil)
 		return translate.Request{}, Request{}, start, false
 	}
-	req = Request{Model: tr.Model, Body: tr.Body, Headers: map[string]string{}}
+	req = Request{Model: tr.Model, Body: tr.Body, OllamaFields: tr.OllamaFields, Headers: map[string]string{}}
 	if id := r.Header.Get("X-Request-Id"); id != "" {
 		req.Headers["X-Request-Id"] = id
 	}

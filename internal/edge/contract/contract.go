@@ -77,12 +77,17 @@ type Request struct {
 	// Body is the client's JSON body, byte for byte; the node rewrites its
 	// model to the served target.
 	Body []byte
+	// OllamaFields is the JSON object of Ollama request fields OpenAI's API
+	// has no name for (translate.OllamaFields), for Ollama providers
+	// (node.proto Dispatch.ollama_fields); nil when there are none. Body
+	// never carries them.
+	OllamaFields []byte
 	// Needs are the capabilities every candidate provider must have:
 	// "tools" (the request defines tools), "vision" (a message carries an
 	// image), "embeddings", and needs only tunnel-path providers meet:
 	// "choices" (n above 1), "tool_choice", "remote_images",
-	// "prompt_batch" (several completions prompts) and "token_input"
-	// (token ids as a prompt or input).
+	// "prompt_batch" (several completions prompts), "token_input" (token
+	// ids as a prompt or input) and "logprobs".
 	Needs []string
 	// EstimatedInputTokens is a rough size of the prompt, in tokens: the
 	// characters of its messages, tool calls and tool definitions / 4,

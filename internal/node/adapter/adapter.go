@@ -40,6 +40,11 @@ type Request struct {
 	// Body is the client's OpenAI-shaped JSON request body: chat
 	// completions, completions or embeddings.
 	Body []byte
+	// OllamaFields is the Dispatch's ollama_fields: a JSON object of Ollama
+	// request fields OpenAI's API has no name for (translate.OllamaFields),
+	// or empty. Only the Ollama adapter reads it; no adapter reads such
+	// fields from Body.
+	OllamaFields []byte
 	// Headers are client request headers the edge selected for the provider
 	// (e.g. Accept), canonical or not. Tunnelers forward them, except
 	// hop-by-hop headers and those the adapter sets itself.

@@ -7,17 +7,18 @@
 //     complete). [Ollama] translates chat completions to POST /api/chat,
 //     completions to POST /api/generate and embeddings to POST /api/embed,
 //     always streams from Ollama, and reads its NDJSON line by line. The
-//     members of the body's translate.ExtensionKey object (Ollama-only
-//     fields an Ollama client sent: keep_alive, think, num_ctx, ...) are
-//     set on the Ollama request with their JSON values unchanged. A
+//     Dispatch's ollama_fields (Request.OllamaFields: Ollama-only fields
+//     the client sent, keep_alive, think, num_ctx, ...) are set on the
+//     Ollama request with their JSON values unchanged; the body is
+//     decoded once. A
 //     thinking model's message.thinking becomes the deltas' thinking.
 //     STARTED goes with the answer's first line, so a 2xx whose first
 //     line (or whole embed answer) is an error object fails with
 //     [ErrProviderError] before anything was sent.
 //   - tunnel ([Tunneler]): the provider is OpenAI-compatible (OpenAI, vLLM,
 //     llama.cpp server, ...). [OpenAI] posts the body, with only its
-//     top-level "model" rewritten to the served model (and its
-//     translate.ExtensionKey member, if any, removed), to
+//     top-level "model" rewritten to the served model (a body that needs
+//     no change goes byte for byte as it came), to
 //     {base_url}/chat/completions, /completions or /embeddings and relays a
 //     2xx answer's status and body bytes unchanged, chunk by chunk as they
 //     arrive (SSE passes through untouched), with an allowlist of its

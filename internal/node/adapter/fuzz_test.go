@@ -231,17 +231,17 @@ func FuzzOllamaStream(f *testing.F) {
 // translate), with its mapping of their *translate.FieldError to a bad
 // request.
 func chatToOllama(body []byte, model string) ([]byte, error) {
-	out, err := translate.ToOllamaChat(body, model)
+	out, err := translate.ToOllamaChat(body, model, nil)
 	return out, asBadRequest(err)
 }
 
 func completionToOllama(body []byte, model string) ([]byte, error) {
-	out, err := translate.ToOllamaGenerate(body, model)
+	out, err := translate.ToOllamaGenerate(body, model, nil)
 	return out, asBadRequest(err)
 }
 
 func embeddingsToOllama(body []byte, model string) ([]byte, int, error) {
-	out, inputs, err := translate.ToOllamaEmbed(body, model)
+	out, inputs, err := translate.ToOllamaEmbed(body, model, nil)
 	return out, inputs, asBadRequest(err)
 }
 

@@ -60,8 +60,11 @@ func (o *Ollama) Close() { o.p.Close() }
 //	embeddings:       STARTED, DELTA{embeddings} (one or more, vectors in input
 //	                  order), then USAGE{prompt_tokens} + COMPLETE{"stop"}
 //
-// Members of the body's translate.ExtensionKey object are set on the Ollama
-// request with their JSON values unchanged (translate.ApplyExtension).
+// The fields of req.OllamaFields (translate.ParseOllamaFields; not an
+// object: 400 naming translate.ExtensionKey) are set on the Ollama request
+// with their JSON values unchanged, where the translation does not set the
+// same field; req.Body is decoded once, whatever it carries.
+//
 // finish_reason is "length" when Ollama's done_reason is "length", else
 // "tool_calls" when the answer called a tool, else "stop". Failures are reported as the package doc describes; a non-2xx
 // answer's *Error carries Ollama's {"error": ...} text and status.
@@ -72,26 +75,27 @@ func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) err
 		inputs int
 		err    error
 	)
+	// Ollama-only fields the client sent (keep_alive, think, num_ctx, ...);
+	// their error is reported after the body's own.
+	fields, fieldsErr := translate.ParseOllamaFields(req.OllamaFields)
 	switch req.Op {
 	case nodev1.Operation_OPERATION_CHAT:
 		path = "/api/chat"
-		body, err = translate.ToOllamaChat(req.Body, req.ServedModel)
+		body, err = translate.ToOllamaChat(req.Body, req.ServedModel, fields)
 	case nodev1.Operation_OPERATION_COMPLETION:
 		path = "/api/generate"
-		body, err = translate.ToOllamaGenerate(req.Body, req.ServedModel)
+		body, err = translate.ToOllamaGenerate(req.Body, req.ServedModel, fields)
 	case nodev1.Operation_OPERATION_EMBEDDINGS:
 		path = "/api/embed"
-		body, inputs, err = translate.ToOllamaEmbed(req.Body, req.ServedModel)
+		body, inputs, err = translate.ToOllamaEmbed(req.Body, req.ServedModel, fields)
 	default:
 		return badRequest("operation %v is not supported", req.Op)
 	}
 	if err != nil {
 		return translateFailed(err) // a *translate.FieldError: Param its field
 	}
-	// Ollama-only fields an Ollama client sent (keep_alive, think, num_ctx,
-	// ...), carried under translate.ExtensionKey with their JSON values.
-	if body, _, err = translate.ApplyExtension(body, req.Body); err != nil {
-		return fieldBadRequest(translate.ExtensionKey, "%v", err)
+	if fieldsErr != nil {
+		return fieldBadRequest(translate.ExtensionKey, "%v", fieldsErr)
 	}
 	c, err := o.p.post(ctx, path, body, http.Header{"Accept": {"application/x-ndjson, application/json"}})
 	if err != nil {

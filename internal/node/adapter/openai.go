@@ -14,7 +14,6 @@ import (
 	"sync"
 	"unicode/utf8"
 
-	"iop/internal/translate"
 	"iop/internal/wire/nodev1"
 )
 
@@ -93,8 +92,8 @@ func (o *OpenAI) Path() nodev1.ExecutionPath { return nodev1.ExecutionPath_EXECU
 func (o *OpenAI) Close() { o.p.Close() }
 
 // Tunnel posts req.Body, with its top-level "model" rewritten to
-// req.ServedModel and its translate.ExtensionKey member (Ollama-only
-// fields) removed, to {base_url}/chat/completions, /completions or
+// req.ServedModel (a body whose model already is req.ServedModel goes as
+// it came, byte for byte; req.OllamaFields are not sent), to {base_url}/chat/completions, /completions or
 // /embeddings (by req.Op), with Content-Type application/json, the
 // provider's API key as a bearer token, and the forwardable req.Headers.
 // What it relays depends on the answer's status:
@@ -159,13 +158,8 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 	default:
 		return badRequest("operation %v is not supported", req.Op)
 	}
-	// Ollama-only fields (translate.ExtensionKey) mean nothing to an
-	// OpenAI-compatible server.
-	body, _, err := translate.StripExtension(req.Body)
-	if err != nil {
-		return badRequest("%v", err)
-	}
-	body, err = rewriteModel(body, req.ServedModel)
+	// req.OllamaFields mean nothing to an OpenAI-compatible server.
+	body, err := rewriteModel(req.Body, req.ServedModel)
 	if err != nil {
 		return badRequest("%v", err)
 	}

@@ -14,7 +14,9 @@ var errNotObject = errors.New("request body is not a JSON object")
 // rewriteModel returns body with the value of every top-level "model" member
 // replaced by model as a JSON string; every other byte is kept as it was
 // (member order, whitespace, number spelling, unknown fields). A body
-// without a top-level "model" gets one, first. body is outside input
+// without a top-level "model" gets one, first. A body whose every "model"
+// already is model (as decoded: "ll\u0061ma" is "llama") is returned
+// itself, not a copy: nothing in it changes. body is outside input
 // (fuzzed by FuzzRewriteModel); it must be exactly one JSON object, else
 // the error is errNotObject.
 func rewriteModel(body []byte, model string) ([]byte, error) {
@@ -30,6 +32,7 @@ func rewriteModel(body []byte, model string) ([]byte, error) {
 	type span struct{ start, end int }
 	var spans []span
 	members := 0
+	same := true // every "model" member already is model
 	for dec.More() {
 		key, err := dec.Token()
 		if err != nil {
@@ -42,6 +45,10 @@ func rewriteModel(body []byte, model string) ([]byte, error) {
 		members++
 		if key != "model" {
 			continue
+		}
+		var name string
+		if json.Unmarshal(value, &name) != nil || name != model {
+			same = false
 		}
 		end := int(dec.InputOffset())
 		start := end - len(value)
@@ -57,6 +64,9 @@ func rewriteModel(body []byte, model string) ([]byte, error) {
 		return nil, errNotObject // trailing data
 	}
 
+	if len(spans) > 0 && same {
+		return body, nil
+	}
 	out := make([]byte, 0, len(body)+len(quoted)+16)
 	if len(spans) == 0 {
 		out = append(out, body[:open]...)

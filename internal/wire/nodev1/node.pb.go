@@ -1150,7 +1150,22 @@ type Dispatch struct {
 	// Set when body is the whole request body: the edge sends no Body message
 	// on the run's stream, and the node calls the provider as soon as it has
 	// sent RunOpen, without waiting for anything on the stream.
-	BodyInline    bool `protobuf:"varint,9,opt,name=body_inline,json=bodyInline,proto3" json:"body_inline,omitempty"`
+	BodyInline bool `protobuf:"varint,9,opt,name=body_inline,json=bodyInline,proto3" json:"body_inline,omitempty"`
+	// Ollama request fields OpenAI's API has no name for, for an Ollama
+	// provider (normalized path): a JSON object whose members are those
+	// fields with their JSON values unchanged ("keep_alive", "think", an
+	// untranslated top-level field), "options" (an object: model options
+	// that are not OpenAI parameters, such as num_ctx) and "messages" (an
+	// array of objects: per-message fields, such as "thinking", by index);
+	// empty when there are none. The edge takes them from an Ollama client's
+	// request, or from the "iop_ollama" member of an OpenAI client's body
+	// (which it removes from body: no provider sees it); the node's Ollama
+	// adapter sets them on the Ollama request where its translation of body
+	// does not set the same field, and every other adapter ignores them. The
+	// node reads no such fields from body. Edge and node are released
+	// together: a node from before this field reads none (it took them from
+	// the body), and this node reads no "iop_ollama" member in a body.
+	OllamaFields  []byte `protobuf:"bytes,10,opt,name=ollama_fields,json=ollamaFields,proto3" json:"ollama_fields,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1246,6 +1261,13 @@ func (x *Dispatch) GetBodyInline() bool {
 		return x.BodyInline
 	}
 	return false
+}
+
+func (x *Dispatch) GetOllamaFields() []byte {
+	if x != nil {
+		return x.OllamaFields
+	}
+	return nil
 }
 
 type DispatchRefused struct {
@@ -2271,7 +2293,7 @@ const file_node_proto_rawDesc = "" +
 	"\x06models\x18\x06 \x03(\tR\x06models\x12M\n" +
 	"\x12model_capabilities\x18\a \x03(\v2\x1e.iop.node.v1.ModelCapabilitiesR\x11modelCapabilities\"\x1f\n" +
 	"\x05Drain\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xa5\x03\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xca\x03\n" +
 	"\bDispatch\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1f\n" +
 	"\vprovider_id\x18\x02 \x01(\tR\n" +
@@ -2283,7 +2305,9 @@ const file_node_proto_rawDesc = "" +
 	"\aheaders\x18\a \x03(\v2\".iop.node.v1.Dispatch.HeadersEntryR\aheaders\x12\x12\n" +
 	"\x04body\x18\b \x01(\fR\x04body\x12\x1f\n" +
 	"\vbody_inline\x18\t \x01(\bR\n" +
-	"bodyInline\x1a:\n" +
+	"bodyInline\x12#\n" +
+	"\rollama_fields\x18\n" +
+	" \x01(\fR\follamaFields\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"@\n" +

@@ -1,0 +1,81 @@
+package adapter
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"iop/internal/translate"
+)
+
+// benchChat returns a canonical chat completions body of messages messages
+// of contentChars bytes each, for model.
+func benchChat(model string, messages, contentChars int) []byte {
+	var b strings.Builder
+	fmt.Fprintf(&b, `{"model":%q,"stream":true,"stream_options":{"include_usage":true},"max_tokens":256,"temperature":0.7,"messages":[`, model)
+	content := strings.Repeat("x", contentChars)
+	for i := range messages {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		role := "user"
+		if i%2 == 1 {
+			role = "assistant"
+		}
+		fmt.Fprintf(&b, `{"role":%q,"content":%q}`, role, content)
+	}
+	b.WriteString(`]}`)
+	return []byte(b.String())
+}
+
+// benchFields are typical Ollama-only fields of an Ollama client's chat.
+const benchFields = `{"keep_alive":"24h","options":{"num_ctx":8192,"top_k":40}}`
+
+// BenchmarkNormalizeRequest measures what the Ollama adapter does to a
+// request before calling its provider (the Dispatch's fields parsed, the
+// canonical body translated to /api/chat), per request: an OpenAI
+// client's (no fields) and an Ollama client's (keep_alive, options).
+func BenchmarkNormalizeRequest(b *testing.B) {
+	for _, bc := range []struct {
+		name   string
+		fields string
+	}{{"openai_client", ""}, {"ollama_client_fields", benchFields}} {
+		for _, size := range []struct {
+			name           string
+			messages, size int
+		}{{"1msg_64B", 1, 64}, {"10msgs_1KiB", 10, 1024}} {
+			body := benchChat("alias", size.messages, size.size)
+			b.Run(bc.name+"/"+size.name, func(b *testing.B) {
+				b.SetBytes(int64(len(body)))
+				b.ReportAllocs()
+				for b.Loop() {
+					fields, err := translate.ParseOllamaFields([]byte(bc.fields))
+					if err != nil {
+						b.Fatal(err)
+					}
+					if _, err := translate.ToOllamaChat(body, "served", fields); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkTunnelRequest measures what the OpenAI tunnel does to a body
+// before posting it, per request: the model rewrite, for a body whose model
+// already is the served one and for one whose model is an alias.
+func BenchmarkTunnelRequest(b *testing.B) {
+	for _, bc := range []struct{ name, model string }{{"same_model", "served"}, {"alias", "alias"}} {
+		body := benchChat(bc.model, 10, 1024)
+		b.Run(bc.name+"/10msgs_1KiB", func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := rewriteModel(body, "served"); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
