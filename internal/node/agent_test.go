@@ -532,13 +532,20 @@ func TestAgentSlowRunDoesNotBlockOthers(t *testing.T) {
 	startAgent(t, testConfig(addr, ProviderConfig{ID: "p", Type: "openai", BaseURL: up.URL, Models: []string{"served-model"}, Capacity: 1}), newTestClock(), nil)
 	c := connect(t, e, 1, hour)
 
-	c.send(t, dispatchMsg("big", "p", tunnel))
+	// Not streamed: the upstream answers plain bytes, which a streamed
+	// request would refuse as no event stream.
+	plain := func(runID string) *nodev1.EdgeMessage {
+		m := dispatchMsg(runID, "p", tunnel)
+		m.GetDispatch().Stream = false
+		return m
+	}
+	c.send(t, plain("big"))
 	big := recv(t, e.runs, "big run")
 	big.sendBody(t, `{"note":"big"}`)
 	big.next(t) // head; then stop reading
 	recv(t, bigWritten, "3 MiB of the big answer written")
 
-	c.send(t, dispatchMsg("small", "p", tunnel))
+	c.send(t, plain("small"))
 	small := recv(t, e.runs, "small run")
 	small.sendBody(t, `{"note":"small"}`)
 	msgs := small.rest(t)

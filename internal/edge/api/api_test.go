@@ -492,10 +492,10 @@ func TestChatDerivesNeeds(t *testing.T) {
 		{"tools", `{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"12345678"}]}`, []string{"tools"}, 13},
 		{"empty tools", `{"model":"m","tools":[],"messages":[{"role":"user","content":"x"}]}`, nil, 1},
 		{"image", `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"what is this"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`, []string{"vision"}, 3},
-		{"tools and image", `{"model":"m","tools":[{}],"messages":[{"role":"system","content":"abcd"},{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, []string{"tools", "vision"}, 2},
+		{"tools and image", `{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"system","content":"abcd"},{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, []string{"tools", "vision"}, 12},
 		{"unicode counts characters", `{"model":"m","messages":[{"role":"user","content":"日本語です"}]}`, nil, 2},
 		{"one choice", `{"model":"m","n":1,"messages":[{"role":"user","content":"x"}]}`, nil, 1},
-		{"several choices", `{"model":"m","n":2,"tools":[{}],"messages":[{"role":"user","content":"x"}]}`, []string{"tools", "choices"}, 1},
+		{"several choices", `{"model":"m","n":2,"tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"x"}]}`, []string{"tools", "choices"}, 11},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

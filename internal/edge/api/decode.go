@@ -239,6 +239,9 @@ func decodeChatRequest(body []byte) (chatRequest, error) {
 	if err := decodeField(top, "functions", wantArray, &functions); err != nil {
 		return chatRequest{}, err
 	}
+	if err := decodeTools(tools, functions); err != nil {
+		return chatRequest{}, err
+	}
 	if len(tools) > 0 || len(functions) > 0 {
 		req.Needs = append(req.Needs, needTools)
 	}
@@ -390,6 +393,70 @@ func imageURL(raw json.RawMessage) string {
 		_ = json.Unmarshal(raw, &ref.URL)
 	}
 	return ref.URL
+}
+
+// decodeTools checks the shape of a chat request's "tools" and legacy
+// "functions" (OpenAI API reference, chat completions "tools"): each tool
+// an object of type "function" with a "function" object, or of type
+// "custom" with a "custom" object; each function (and custom tool) a
+// non-empty string "name", a "description" string if any, "parameters" a
+// JSON Schema object if any, "strict" a boolean if any. OpenAI refuses
+// the others 400, and iop did not: a malformed tool reached a provider
+// that dropped it or failed (a break-it report). A name's characters are
+// left to the provider (OpenAI allows [a-zA-Z0-9_-], Ollama any). Errors
+// are *requestError naming the field, e.g. "tools[0].function.name".
+func decodeTools(tools, functions []json.RawMessage) error {
+	checkFunction := func(raw json.RawMessage, param string) error {
+		var fn map[string]json.RawMessage
+		if err := decodeValue(raw, param, wantObject, &fn); err != nil || fn == nil {
+			return &requestError{param: param, message: "expected an object, got " + jsonKind(raw)}
+		}
+		var name string
+		if err := decodeNested(fn, param+".name", "name", wantString, &name); err != nil {
+			return err
+		}
+		if name == "" {
+			return &requestError{param: param + ".name", message: "a function must have a name"}
+		}
+		if err := decodeNested(fn, param+".description", "description", wantString, new(string)); err != nil {
+			return err
+		}
+		var params map[string]json.RawMessage
+		if err := decodeNested(fn, param+".parameters", "parameters", wantObject, &params); err != nil {
+			return err
+		}
+		return decodeNested(fn, param+".strict", "strict", wantBool, new(bool))
+	}
+	for i, raw := range tools {
+		param := fmt.Sprintf("tools[%d]", i)
+		var tool map[string]json.RawMessage
+		if err := decodeValue(raw, param, wantObject, &tool); err != nil || tool == nil {
+			return &requestError{param: param, message: "expected an object, got " + jsonKind(raw)}
+		}
+		var typ string
+		if err := decodeNested(tool, param+".type", "type", wantString, &typ); err != nil {
+			return err
+		}
+		switch typ {
+		case "function", "custom":
+			if isAbsent(tool[typ]) {
+				return &requestError{param: param + "." + typ, message: fmt.Sprintf("a tool of type %q must have a %q object", typ, typ)}
+			}
+			if err := checkFunction(tool[typ], param+"."+typ); err != nil {
+				return err
+			}
+		case "":
+			return &requestError{param: param + ".type", message: `each tool must have a type: "function"`}
+		default:
+			return &requestError{param: param + ".type", message: fmt.Sprintf(`must be "function" or "custom", got %s`, strconv.Quote(clip(typ)))}
+		}
+	}
+	for i, raw := range functions {
+		if err := checkFunction(raw, fmt.Sprintf("functions[%d]", i)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // decodeToolChoice checks "tool_choice" and "parallel_tool_calls" (OpenAI

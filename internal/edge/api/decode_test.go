@@ -30,8 +30,8 @@ func TestDecodeChatRequest(t *testing.T) {
 			want: chatRequest{Model: "m", Needs: []string{"tools"}, EstimatedInputTokens: 4}},
 		{name: "tool calls count names and arguments", body: `{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"fn","arguments":"{\"a\":1}"}}]}]}`,
 			want: chatRequest{Model: "m", EstimatedInputTokens: 3}}, // "fn" and {"a":1}: 9 characters
-		{name: "tools count without space", body: `{"model":"m","tools":[ { "a" : 1 } ],"messages":[{"role":"user","content":""}]}`,
-			want: chatRequest{Model: "m", Needs: []string{"tools"}, EstimatedInputTokens: 2}},
+		{name: "tools count without space", body: `{"model":"m","tools":[ { "type" : "function" , "function" : { "name" : "f" } } ],"messages":[{"role":"user","content":""}]}`,
+			want: chatRequest{Model: "m", Needs: []string{"tools"}, EstimatedInputTokens: 11}}, // {"type":"function","function":{"name":"f"}}: 43 characters
 		{name: "tool call type may be absent", body: `{"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f"}}]}]}`,
 			want: chatRequest{Model: "m", EstimatedInputTokens: 1}},
 		{name: "legacy function role", body: `{"model":"m","messages":[{"role":"developer","content":"x"},{"role":"function","name":"f","content":"y"}]}`,
@@ -93,7 +93,7 @@ func TestDecodeChatRequest(t *testing.T) {
 func FuzzDecodeChatRequest(f *testing.F) {
 	for _, seed := range []string{
 		simpleChat,
-		`{"model":"m","stream":true,"stream_options":{"include_usage":true},"tools":[{}],"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}]}`,
+		`{"model":"m","stream":true,"stream_options":{"include_usage":true},"tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}]}`,
 		`{"model":"m","messages":"x"}`,
 		`{"model":"","messages":[]}`,
 		`[]`,
@@ -258,4 +258,45 @@ func acceptedFieldsOK(top map[string]json.RawMessage) error {
 		}
 	}
 	return nil
+}
+
+// TestRegression_MalformedToolsAreRefused: chat requests with malformed
+// tools were accepted (200) on both paths, where OpenAI answers 400 (a
+// break-it report). Each is refused 400 naming the field; well-formed
+// function and custom tools, and legacy functions, pass.
+func TestRegression_MalformedToolsAreRefused(t *testing.T) {
+	msgs := `"messages":[{"role":"user","content":"x"}]`
+	for tools, param := range map[string]string{
+		`"tools":[{}]`:                  "tools[0].type",
+		`"tools":[1]`:                   "tools[0]",
+		`"tools":[{"type":"function"}]`: "tools[0].function",
+		`"tools":[{"type":"function","function":{}}]`:                               "tools[0].function.name",
+		`"tools":[{"type":"function","function":"f"}]`:                              "tools[0].function",
+		`"tools":[{"type":"function","function":{"name":""}}]`:                      "tools[0].function.name",
+		`"tools":[{"type":"function","function":{"name":1}}]`:                       "tools[0].function.name",
+		`"tools":[{"type":"function","function":{"name":"f","parameters":"x"}}]`:    "tools[0].function.parameters",
+		`"tools":[{"type":"function","function":{"name":"f","description":2}}]`:     "tools[0].function.description",
+		`"tools":[{"type":"function","function":{"name":"f","strict":"yes"}}]`:      "tools[0].function.strict",
+		`"tools":[{"type":"retrieval"}]`:                                            "tools[0].type",
+		`"tools":[{"type":"custom"}]`:                                               "tools[0].custom",
+		`"tools":[{"type":"function","function":{"name":"f"}},{"type":"function"}]`: "tools[1].function",
+		`"functions":[{"parameters":{}}]`:                                           "functions[0].name",
+	} {
+		body := `{"model":"m",` + tools + `,` + msgs + `}`
+		_, err := decodeChatRequest([]byte(body))
+		var re *requestError
+		if !errors.As(err, &re) || re.param != param {
+			t.Errorf("%s: %v, want a 400 naming %s", tools, err, param)
+		}
+	}
+	for _, tools := range []string{
+		`"tools":[{"type":"function","function":{"name":"get weather.now","description":"d","parameters":{"type":"object"},"strict":true}}]`,
+		`"tools":[{"type":"custom","custom":{"name":"grammar"}}]`,
+		`"tools":[]`,
+		`"functions":[{"name":"f","parameters":{}}]`,
+	} {
+		if _, err := decodeChatRequest([]byte(`{"model":"m",` + tools + `,` + msgs + `}`)); err != nil {
+			t.Errorf("%s: %v, want it accepted", tools, err)
+		}
+	}
 }

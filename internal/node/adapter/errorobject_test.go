@@ -91,3 +91,54 @@ func TestTunnelErrorObjectIn2xx(t *testing.T) {
 		})
 	}
 }
+
+// TestRegression_StreamAnsweredWithoutAnEventStreamIsAnError: a streamed
+// request whose provider answered 200 with an HTML error page (a proxy's
+// "502 Bad Gateway") or a JSON object cut short was relayed to the client
+// as it was and recorded completed (a break-it report). A 2xx answer to a
+// streamed request that is not an event stream is a provider failure
+// before its first byte (502, nothing relayed, retried elsewhere), naming
+// the content type and, for text, what it said. An event stream without
+// a Content-Type of its own name is not one either; a real event stream,
+// and a non-streamed request's JSON answer, are relayed as they are.
+func TestRegression_StreamAnsweredWithoutAnEventStreamIsAnError(t *testing.T) {
+	sse := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n"
+	for _, tc := range []struct {
+		name, ctype, body string
+		stream            bool
+		message           string // "" for relayed as it is
+	}{
+		{"HTML error page", "text/html", "<html><body>502 Bad Gateway</body></html>", true,
+			`provider answered a streamed request with Content-Type "text/html", not an event stream: 502 Bad Gateway`},
+		{"truncated JSON", "application/json", `{"id":"c1","choices":[{"message":{"content":"hi`, true,
+			`provider answered a streamed request with Content-Type "application/json", not an event stream`},
+		{"error object", "application/json", `{"error":{"message":"overloaded"}}`, true, "overloaded"},
+		{"large non-stream body", "text/plain", strings.Repeat("x", 3*maxPeek), true,
+			`provider answered a streamed request with Content-Type "text/plain", not an event stream: ` + strings.Repeat("x", 10)},
+		{"event stream", "text/event-stream; charset=utf-8", sse, true, ""},
+		{"JSON answer to a request that did not stream", "application/json", `{"id":"c1","choices":[]}`, false, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", tc.ctype)
+				io.WriteString(w, tc.body)
+			})
+			o := newOpenAI(t, Config{BaseURL: up.URL})
+			rec := &tunnelRec{}
+			err := o.Tunnel(context.Background(), Request{Op: nodev1.Operation_OPERATION_CHAT, Stream: tc.stream, ServedModel: "m", Body: []byte(`{}`)}, rec)
+			if tc.message == "" {
+				if err != nil || rec.status != 200 || rec.body() != tc.body {
+					t.Fatalf("err %v, relayed %d %.80q; want the body relayed in full", err, rec.status, rec.body())
+				}
+				return
+			}
+			e := asError(t, err)
+			if !errors.Is(err, ErrProviderError) || e.Status != http.StatusBadGateway || !strings.HasPrefix(e.Message, tc.message) {
+				t.Fatalf("err %+v, want ErrProviderError 502 %q", e, tc.message)
+			}
+			if rec.status != 0 || len(rec.chunks) != 0 {
+				t.Fatalf("relayed %d %q, want nothing", rec.status, rec.body())
+			}
+		})
+	}
+}

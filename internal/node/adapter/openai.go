@@ -191,6 +191,11 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 	if isEventStream(relayed.Get("Content-Type")) {
 		watch = &errorWatch{}
 	}
+	// A streamed request answered 2xx with anything but an event stream
+	// (an HTML error page of a proxy, a truncated JSON object) is no
+	// answer the client can read: a provider failure before its first
+	// byte, not a stream relayed as completed (a break-it report).
+	notAStream := req.Stream && watch == nil
 	scrub := newStreamRedactor(o.p.apiKey)
 	bufp := chunkPool.Get().(*[]byte)
 	defer chunkPool.Put(bufp)
@@ -204,6 +209,13 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 		pending, raw []byte
 		headSent     bool
 	)
+	notAStreamErr := func() error {
+		msg := fmt.Sprintf("provider answered a streamed request with Content-Type %q, not an event stream", relayed.Get("Content-Type"))
+		if text := bodyText(raw); text != "" {
+			msg += ": " + text
+		}
+		return &Error{Kind: ErrProviderError, Status: http.StatusBadGateway, Message: truncate(o.p.redact(msg), maxFallbackMessage)}
+	}
 	sendHead := func() error {
 		headSent = true
 		if err := sink.Head(c.resp.StatusCode, relayed); err != nil {
@@ -233,6 +245,10 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 				}
 			case watch != nil && watch.firstError:
 				return &Error{Kind: ErrProviderError, Status: http.StatusBadGateway, Message: truncate(o.p.redact(watch.message), maxFallbackMessage)}
+			case notAStream:
+				if raw = append(raw, buf[:n]...); len(raw) > maxPeek {
+					return notAStreamErr()
+				}
 			default:
 				pending, raw = append(pending, out...), append(raw, buf[:n]...)
 				if (watch != nil && watch.seen > 0) || len(raw) > maxPeek {
@@ -247,6 +263,12 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 		case errors.Is(rerr, io.EOF):
 			rest := scrub.flush()
 			if !headSent {
+				if notAStream {
+					if msg := errorObjectText(raw); msg != "" {
+						return &Error{Kind: ErrProviderError, Status: http.StatusBadGateway, Message: truncate(o.p.redact(msg), maxFallbackMessage)}
+					}
+					return notAStreamErr()
+				}
 				if msg := errorObjectText(raw); msg != "" {
 					return &Error{Kind: ErrProviderError, Status: http.StatusBadGateway, Message: truncate(o.p.redact(msg), maxFallbackMessage)}
 				}

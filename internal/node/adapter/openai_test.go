@@ -347,6 +347,7 @@ func TestRegression_TunnelStreamEndsWithoutDone(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"choices":[]}`)
 	})
+	req.Stream, req.Body = false, []byte(`{"model":"x"}`)
 	if err := newOpenAI(t, Config{BaseURL: up2.URL}).Tunnel(context.Background(), req, &tunnelRec{}); err != nil {
 		t.Errorf("JSON answer: %v", err)
 	}
