@@ -24,8 +24,9 @@ type Config struct {
 	// WriteTimeout bounds each write to a client: a write (or flush) that
 	// makes no progress for this long fails, and the run it belongs to is
 	// cancelled, so a client that stays connected but stops reading cannot
-	// hold a provider slot. Each write gets a fresh deadline, so a long
-	// stream is never cut while the client reads. 0 means
+	// hold a provider slot. Each write, and each 16 KiB of a larger one,
+	// gets a fresh deadline, so a long stream is never cut while the client
+	// reads (at least 16 KiB per timeout). 0 means
 	// DefaultWriteTimeout (60 s); negative is invalid.
 	WriteTimeout time.Duration
 	// Ready reports whether the edge can serve traffic, for GET /readyz

@@ -251,12 +251,30 @@ func (w *trackingWriter) WriteHeader(status int) {
 
 func (w *trackingWriter) Write(p []byte) (int, error) {
 	w.wrote = true
-	w.extend()
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
-	return w.ResponseWriter.Write(p)
+	// In pieces of writePiece bytes, each with a fresh deadline: a client
+	// that keeps reading, however slowly, makes progress within every
+	// deadline, so only one that stops (takes longer than the timeout to
+	// take writePiece bytes) is cut. One deadline for a whole large write
+	// cut a slow reader that was still reading (a break-it report: 2 KB/s,
+	// a 10 s timeout).
+	written := 0
+	for {
+		piece := p[written:min(len(p), written+writePiece)]
+		w.extend()
+		n, err := w.ResponseWriter.Write(piece)
+		written += n
+		if err != nil || written == len(p) {
+			return written, err
+		}
+	}
 }
+
+// writePiece is the most trackingWriter writes under one deadline, in
+// bytes.
+const writePiece = 16 << 10
 
 // FlushError is here so that a flush through http.ResponseController is
 // seen too; the controller finds the other optional methods by Unwrap.
