@@ -71,6 +71,9 @@ func (e *requestError) Error() string {
 type upstreamError struct {
 	status  int
 	message string
+	// retryAfter is the provider's own Retry-After header, when its answer
+	// had one (a tunnel's error head), for the client: "" otherwise.
+	retryAfter string
 }
 
 func (e *upstreamError) Error() string { return e.message }
@@ -191,7 +194,9 @@ func classify(err error, req *Request) *apiError {
 		case status == http.StatusGatewayTimeout:
 			return newAPIError(status, "upstream_error", "", "upstream_timeout", msg)
 		case status == http.StatusTooManyRequests:
-			return newAPIError(status, "rate_limit_error", "", "upstream_rate_limited", msg)
+			e := newAPIError(status, "rate_limit_error", "", "upstream_rate_limited", msg)
+			e.retryAfter = upErr.retryAfter
+			return e
 		case status < 500:
 			return newAPIError(status, "invalid_request_error", "", "upstream_rejected", msg)
 		default:

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"iop/internal/edge/contract"
@@ -132,7 +133,7 @@ func (o *ollamaRender) tunnel() string {
 // errUpstreamProtocol or errUpstreamEnded for a run that breaks the
 // tunnel's message order, and recv's errors.
 func (rr *runResponse) tunnelAnswer(onSSE func(data []byte) error) (sse bool, body []byte, err error) {
-	status := 0
+	status, retryAfter := 0, ""
 	for {
 		msg, err := rr.recv()
 		if err != nil {
@@ -152,8 +153,17 @@ func (rr *runResponse) tunnelAnswer(onSSE func(data []byte) error) (sse bool, bo
 				return false, nil, errUpstreamProtocol
 			}
 			for name, value := range ev.Headers {
-				if http.CanonicalHeaderKey(name) == "Content-Type" {
+				switch http.CanonicalHeaderKey(name) {
+				case "Content-Type":
 					sse = onSSE != nil && status < 300 && isEventStream(value)
+				case "Retry-After":
+					// The provider's, for the Ollama client as an OpenAI
+					// client gets it (a break-it report: lost on /api/chat).
+					if _, err := strconv.Atoi(value); err == nil {
+						retryAfter = value
+					} else if _, err := http.ParseTime(value); err == nil {
+						retryAfter = value
+					}
 				}
 			}
 		case contract.EventData:
@@ -176,7 +186,7 @@ func (rr *runResponse) tunnelAnswer(onSSE func(data []byte) error) (sse bool, bo
 				return false, nil, errUpstreamEnded
 			}
 			if status >= 300 {
-				return false, nil, &upstreamError{status: status, message: clipTo(translate.DecodeOpenAIError(body), maxErrorTextBytes)}
+				return false, nil, &upstreamError{status: status, message: clipTo(translate.DecodeOpenAIError(body), maxErrorTextBytes), retryAfter: retryAfter}
 			}
 			return sse, body, nil
 		case contract.EventFailure:

@@ -192,3 +192,21 @@ func contextJSON(turns ...translate.Turn) string {
 	b, _ := json.Marshal(translate.EncodeContext(turns))
 	return string(b)
 }
+
+// TestRegression_OllamaClientGetsTheProvidersRetryAfter: a tunnel-path
+// provider's 429 kept its Retry-After for an OpenAI client (the head is
+// relayed) but lost it on /api/chat (a break-it report). An Ollama client
+// gets the provider's Retry-After too, when it is one (seconds or an HTTP
+// date); anything else is not passed on.
+func TestRegression_OllamaClientGetsTheProvidersRetryAfter(t *testing.T) {
+	chat := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	for value, want := range map[string]string{"7": "7", "Wed, 21 Oct 2026 07:28:00 GMT": "Wed, 21 Oct 2026 07:28:00 GMT", "soon\r\nX-Evil: 1": ""} {
+		run := scriptedRun(tunnel, tunnelHead(429, map[string]string{"Content-Type": "application/json", "Retry-After": value}),
+			tunnelData(`{"error":{"message":"slow down","type":"rate_limit"}}`), tunnelEnd())
+		env := newEnv(t, Config{}, runWith(run))
+		resp := env.post(t, "/api/chat", "", chat)
+		if resp.status != http.StatusTooManyRequests || resp.header.Get("Retry-After") != want || resp.header.Get("X-Evil") != "" {
+			t.Errorf("provider Retry-After %q: %d Retry-After %q %s, want 429 with %q", value, resp.status, resp.header.Get("Retry-After"), resp.body, want)
+		}
+	}
+}
