@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 
@@ -39,8 +40,14 @@ type runRenderer struct {
 func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *Request, render runRenderer) {
 	obs := obsOf(r)
 	obs.request(req)
+	queued := h.cfg.Now()
 	run, err := h.dispatch(r.Context(), req)
 	if err != nil {
+		if errors.Is(err, ErrQueueTimeout) {
+			// It waited its whole queue timeout: say so (a break-it report
+			// saw queue_wait=0s on such refusals).
+			obs.queueWaited(h.cfg.Now().Sub(queued))
+		}
 		render.writeError(w, r, err, req)
 		return
 	}

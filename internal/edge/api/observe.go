@@ -209,6 +209,14 @@ func (o *observation) clientStreams(stream bool) {
 	}
 }
 
+// queueWaited records how long a request that got no run waited in its
+// queue.
+func (o *observation) queueWaited(d time.Duration) {
+	if o != nil {
+		o.rec.QueueWait = d
+	}
+}
+
 // dispatched records where the run went.
 func (o *observation) dispatched(info DispatchInfo) {
 	if o == nil {

@@ -341,3 +341,28 @@ func TestRegression_OllamaRecordSaysTheClientsStream(t *testing.T) {
 		}
 	}
 }
+
+// TestRegression_QueueTimeoutRecordsItsWait: a request refused because its
+// queue timeout passed was logged and recorded with queue_wait=0s after
+// waiting seconds (a break-it report). Its record has the time it waited.
+func TestRegression_QueueTimeoutRecordsItsWait(t *testing.T) {
+	var (
+		mu  sync.Mutex
+		now = time.Unix(1700000000, 0)
+	)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	recs := &records{}
+	env := newEnv(t, Config{Observer: recs, Now: clock}, func(context.Context, Request) (Run, error) {
+		mu.Lock()
+		now = now.Add(3 * time.Second) // the queue timeout
+		mu.Unlock()
+		return nil, ErrQueueTimeout
+	})
+	if resp := env.post(t, "/v1/chat/completions", "application/json", simpleChat); resp.status != 503 {
+		t.Fatalf("status %d, want 503", resp.status)
+	}
+	env.waitHandlers()
+	if rec := recs.only(t); rec.QueueWait != 3*time.Second || rec.Admission != AdmissionQueueTimeout {
+		t.Fatalf("record queue wait %s admission %q, want 3s queue_timeout", rec.QueueWait, rec.Admission)
+	}
+}
