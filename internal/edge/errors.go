@@ -72,6 +72,7 @@ var (
 	errHelloTimeout    = errors.New("no hello in time")
 	errHeartbeatMissed = errors.New("heartbeats missed")
 	errSuperseded      = errors.New("connection superseded by a newer one of the same node")
+	errNodeInUse       = errors.New("node id in use")
 	errOutboxFull      = errors.New("control stream backlog full")
 	errActivate        = errors.New("activating providers failed")
 	errShutdown        = errors.New("edge shutting down")
@@ -103,6 +104,8 @@ func grpcError(err error) error {
 		code = codes.DeadlineExceeded
 	case errors.Is(err, errSuperseded), errors.Is(err, errRunStale):
 		code = codes.FailedPrecondition
+	case errors.Is(err, errNodeInUse):
+		code = codes.AlreadyExists
 	case errors.Is(err, errRunNotPending):
 		code = codes.NotFound
 	case errors.Is(err, errOutboxFull):

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"iop/internal/edge/lifecycle"
 	"iop/internal/wire/nodev1"
@@ -196,6 +197,19 @@ func (s *Service) accept(h *nodev1.Hello) (*conn, error) {
 	c, err := parseHello(h, s.clock.Now())
 	if err != nil {
 		return nil, err
+	}
+	// Another process with this node_id while its connection is live: two
+	// nodes given one node_id replaced each other's connection forever,
+	// cutting each other's runs (a break-it report). The newcomer is
+	// refused (it retries with its backoff) and the live one keeps serving;
+	// once that one has been silent two heartbeat intervals (a connection
+	// the network lost), the newcomer gets in. The same instance, or none,
+	// is the node reconnecting: it replaces its old connection.
+	if cur := s.reg.current(c.nodeID); cur != nil && cur.instance != "" && c.instance != "" && cur.instance != c.instance {
+		if silent := s.clock.Now().Sub(cur.seen()); silent < 2*s.cfg.HeartbeatInterval {
+			return nil, fmt.Errorf("%w: node_id %q is in use by another running node (generation %d, heard from %s ago): give each node its own node_id",
+				errNodeInUse, c.nodeID, cur.gen, silent.Round(time.Millisecond))
+		}
 	}
 	if err := s.trust.bind(c.nodeID, h.GetToken()); err != nil {
 		return nil, err

@@ -148,6 +148,7 @@ type conn struct {
 	nodeID      string
 	label       string
 	version     string
+	instance    string // Hello.instance: the node process's random id, "" if it sent none
 	gen         uint64 // set by registry.add before the conn is shared
 	connectedAt time.Time
 	providers   []*provider // sorted by id
@@ -193,6 +194,7 @@ func parseHello(h *nodev1.Hello, now time.Time) (*conn, error) {
 		nodeID:      h.GetNodeId(),
 		label:       h.GetLabel(),
 		version:     h.GetVersion(),
+		instance:    h.GetInstance(),
 		connectedAt: now,
 		byID:        make(map[string]*provider, len(h.GetProviders())),
 		wake:        make(chan struct{}, 1),
@@ -561,6 +563,13 @@ func (r *registry) unindexLocked(c *conn) {
 	for _, p := range c.providers {
 		r.unindexProviderLocked(p)
 	}
+}
+
+// current returns the registered connection of node, or nil.
+func (r *registry) current(node string) *conn {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.nodes[node]
 }
 
 // isCurrent reports whether c is its node's current connection.

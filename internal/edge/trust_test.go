@@ -131,3 +131,50 @@ tokens:
 		}
 	}
 }
+
+// TestRegression_TwoNodesWithOneNodeIDDoNotReplaceEachOther: two running
+// node processes given one node_id replaced each other's connection over
+// and over, each replacement cutting the other's runs (a break-it report:
+// 18 of 24 requests failed). While the first process's connection is live,
+// a Hello of the same node_id from another instance is refused (AlreadyExists,
+// saying why) and the first keeps its generation and its run; the same
+// instance reconnecting replaces its connection as before; once the first
+// has been silent two heartbeat intervals, the other gets in.
+func TestRegression_TwoNodesWithOneNodeIDDoNotReplaceEachOther(t *testing.T) {
+	e := startEdge(t, testConfig())
+	first := hello("gpu-1", prov("p", normalized, 1, "m1"))
+	first.Instance = "aaaa"
+	n := e.connect(t, first)
+	run, _, _ := e.startRun(t, n, chatReq("m1"))
+	defer run.Close("test")
+
+	other := hello("gpu-1", prov("p", normalized, 1, "m1"))
+	other.Instance = "bbbb"
+	d := e.dial(t, other)
+	m, err := d.stream.Recv()
+	if err != nil || !strings.Contains(m.GetHelloRefused().GetReason(), "in use by another running node") {
+		t.Fatalf("the other instance: %v %v, want HelloRefused saying the node_id is in use", m, err)
+	}
+	if _, err := d.stream.Recv(); status.Code(err) != codes.AlreadyExists {
+		t.Fatalf("stream ended with %v, want AlreadyExists", err)
+	}
+	if ended, _ := run.outcome(); ended {
+		t.Fatal("the first node's run ended")
+	}
+	if nodes := e.svc.Snapshot().Nodes; len(nodes) != 1 || nodes[0].Generation != n.gen {
+		t.Fatalf("nodes %+v, want gpu-1 at generation %d", nodes, n.gen)
+	}
+
+	// Silent for two heartbeat intervals (its heartbeats are lost): the
+	// other instance gets in, replacing it.
+	e.clk.Advance(2 * testConfig().HeartbeatInterval)
+	n2 := e.connect(t, other)
+	if n2.gen <= n.gen {
+		t.Fatalf("generation %d after %d", n2.gen, n.gen)
+	}
+	// The same instance reconnecting replaces its own connection at once.
+	n3 := e.connect(t, other)
+	if n3.gen <= n2.gen {
+		t.Fatalf("a reconnect of the same instance: generation %d after %d", n3.gen, n2.gen)
+	}
+}

@@ -45,6 +45,7 @@ const maxRecvMsgBytes = 16 << 20
 // its providers, and reconnects when the connection ends.
 type Agent struct {
 	cfg       Config
+	instance  string // Hello.instance: drawn once by New, the same on every connection
 	logger    *slog.Logger
 	clock     clock.Clock                           // heartbeats, liveness, hello timeout, backoff
 	jitter    func(max time.Duration) time.Duration // full jitter: uniform in [0, max]
@@ -127,6 +128,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 	}
 	a := &Agent{
 		cfg:        cfg,
+		instance:   fmt.Sprintf("%016x", rand.Uint64()),
 		logger:     logger.With("component", "node", "node_id", cfg.NodeID),
 		clock:      clock.Real(),
 		jitter:     fullJitter,

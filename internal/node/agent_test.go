@@ -77,6 +77,12 @@ func TestAgentHelloAndWelcome(t *testing.T) {
 			{Id: "sim", Type: "sim", Models: []string{"sim-model"}, Capacity: 4, LongCapacity: 4,
 				Capabilities: []string{"stream"}, ExecutionPath: normalized, Healthy: true},
 		}}
+	// The instance is the agent's own random id, the same on every
+	// connection.
+	if len(c.hello.GetInstance()) != 16 || c.hello.GetInstance() != a.instance {
+		t.Errorf("instance %q, want the agent's %q", c.hello.GetInstance(), a.instance)
+	}
+	want.Instance = c.hello.GetInstance()
 	if !proto.Equal(c.hello, want) {
 		t.Errorf("hello\n got %v\nwant %v", c.hello, want)
 	}

@@ -100,6 +100,7 @@ func (a *Agent) helloNow() (*nodev1.Hello, map[string]uint64, <-chan struct{}) {
 		Token:              a.cfg.Token,
 		RuntimeConcurrency: int32(a.cfg.RuntimeConcurrency),
 		Version:            a.cfg.Version,
+		Instance:           a.instance,
 	}
 	sent := make(map[string]uint64, len(a.order))
 	for _, p := range a.order {

@@ -469,8 +469,15 @@ type Hello struct {
 	// Default capacity of a provider that does not set its own.
 	RuntimeConcurrency int32  `protobuf:"varint,5,opt,name=runtime_concurrency,json=runtimeConcurrency,proto3" json:"runtime_concurrency,omitempty"`
 	Version            string `protobuf:"bytes,6,opt,name=version,proto3" json:"version,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// A random id the node process draws once, the same on every connection
+	// it makes. While a connection of a node_id is live, the edge refuses a
+	// Hello of the same node_id with another instance (two processes given
+	// one node_id would otherwise replace each other's connection forever,
+	// cutting each other's runs); one with the same instance, or none, is
+	// the node reconnecting and replaces it.
+	Instance      string `protobuf:"bytes,7,opt,name=instance,proto3" json:"instance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -541,6 +548,13 @@ func (x *Hello) GetRuntimeConcurrency() int32 {
 func (x *Hello) GetVersion() string {
 	if x != nil {
 		return x.Version
+	}
+	return ""
+}
+
+func (x *Hello) GetInstance() string {
+	if x != nil {
+		return x.Instance
 	}
 	return ""
 }
@@ -2238,14 +2252,15 @@ const file_node_proto_rawDesc = "" +
 	"\bdispatch\x18\x03 \x01(\v2\x15.iop.node.v1.DispatchH\x00R\bdispatch\x12-\n" +
 	"\x06cancel\x18\x04 \x01(\v2\x13.iop.node.v1.CancelH\x00R\x06cancel\x12@\n" +
 	"\rhello_refused\x18\x05 \x01(\v2\x19.iop.node.v1.HelloRefusedH\x00R\fhelloRefusedB\x05\n" +
-	"\x03msg\"\xcc\x01\n" +
+	"\x03msg\"\xe8\x01\n" +
 	"\x05Hello\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05label\x18\x02 \x01(\tR\x05label\x12\x14\n" +
 	"\x05token\x18\x03 \x01(\tR\x05token\x123\n" +
 	"\tproviders\x18\x04 \x03(\v2\x15.iop.node.v1.ProviderR\tproviders\x12/\n" +
 	"\x13runtime_concurrency\x18\x05 \x01(\x05R\x12runtimeConcurrency\x12\x18\n" +
-	"\aversion\x18\x06 \x01(\tR\aversion\"\xd7\x02\n" +
+	"\aversion\x18\x06 \x01(\tR\aversion\x12\x1a\n" +
+	"\binstance\x18\a \x01(\tR\binstance\"\xd7\x02\n" +
 	"\bProvider\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x16\n" +
