@@ -39,6 +39,7 @@ var (
 	errNotFound          = errors.New("unknown url")
 	errMethodNotAllowed  = errors.New("method not allowed")
 	errBodyTooLarge      = errors.New("request body too large")
+	errBodyTimeout       = errors.New("the request body did not arrive in time")
 	errUnsupportedMedia  = errors.New("unsupported content type")
 	errUpstreamEnded     = errors.New("upstream ended the response without completing it")
 	errUpstreamProtocol  = errors.New("unexpected message from upstream")
@@ -146,6 +147,8 @@ func classify(err error, req *Request) *apiError {
 		return newAPIError(http.StatusNotFound, "invalid_request_error", "", "run_not_found", "No run has this id")
 	case errors.Is(err, errMethodNotAllowed):
 		return newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", err.Error())
+	case errors.Is(err, errBodyTimeout):
+		return newAPIError(http.StatusRequestTimeout, "invalid_request_error", "", "request_timeout", err.Error())
 	case errors.Is(err, errBodyTooLarge):
 		return newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "", "request_too_large", err.Error())
 	case errors.Is(err, errUnsupportedMedia):

@@ -1,8 +1,13 @@
 package api
 
 import (
+	"bufio"
 	"bytes"
+	"context"
+	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -90,5 +95,44 @@ func TestRegression_SlowReaderGetsADeadlinePerPiece(t *testing.T) {
 	}
 	if _, err := w.Write([]byte("small")); err != nil || !slices.Equal(d.writes, []int{1, 2, 3, 4}) {
 		t.Fatalf("a small write: %v, deadlines %v", err, d.writes)
+	}
+}
+
+// TestRegression_SlowBodyIsAnsweredRequestTimeout: a client that sent its
+// headers and a few bytes of a body and then nothing held its connection
+// and a goroutine for as long as it liked (a break-it report: 3,000 such
+// clients, none answered after 60 s). A body not in within
+// BodyReadTimeout is answered 408 and the connection closed; a body that
+// is in lifts the deadline, so a request answered long after it (a
+// queue wait, a long stream) is not cut.
+func TestRegression_SlowBodyIsAnsweredRequestTimeout(t *testing.T) {
+	const timeout = 100 * time.Millisecond
+	slow := make(chan struct{})
+	env := newEnv(t, Config{BodyReadTimeout: timeout}, func(ctx context.Context, _ Request) (Run, error) {
+		<-slow // held well past the body's deadline
+		return scriptedRun(normalized, events(started(), delta("late")), events(complete("stop"))), nil
+	})
+	conn, err := net.Dial("tcp", env.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\":")
+	_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second)) // the test's own bound, not the rule's
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer to a body that stopped: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(b), "request_timeout") || !resp.Close {
+		t.Fatalf("%d close=%v %s, want 408 request_timeout and the connection closed", resp.StatusCode, resp.Close, b)
+	}
+
+	// A body that is in: the answer comes after the deadline would have
+	// passed, whole.
+	go func() { time.Sleep(3 * timeout); close(slow) }()
+	got := env.post(t, "/v1/chat/completions", "application/json", simpleChat)
+	if got.status != http.StatusOK || !strings.Contains(got.body, "late") {
+		t.Fatalf("an answer after the body was in: %d %s", got.status, got.body)
 	}
 }

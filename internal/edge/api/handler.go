@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -103,6 +104,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// errors, after which linger reads the rest itself: net/http must not
 		// consume (or give up on) the body when the answer starts.
 		_ = tw.rc.EnableFullDuplex()
+		// The body must be in within BodyReadTimeout; the deadline is lifted
+		// when it is (requestBody.Read at its end), before any answer.
+		if tw.rc.SetReadDeadline(time.Now().Add(h.cfg.BodyReadTimeout)) == nil {
+			body.lift = func() { _ = tw.rc.SetReadDeadline(time.Time{}) }
+		}
 	}
 	// net/http keeps a connection's write deadline between requests: start
 	// each request with a fresh one (e.g. for a 100 Continue).
@@ -141,6 +147,12 @@ type requestBody struct {
 	// tooLarge: the body is over the limit, by its Content-Length or by
 	// what was read. Every Read then fails with *http.MaxBytesError.
 	tooLarge bool
+	// lift, when set, lifts the connection's read deadline for the body
+	// (Config.BodyReadTimeout); called once the body is read to its end,
+	// or by linger.
+	lift func()
+	// header is the answer's header, for a Connection: close.
+	header http.Header
 }
 
 // newRequestBody caps r's body at limit bytes. A Content-Length over the
@@ -149,7 +161,7 @@ type requestBody struct {
 // marks the answer Connection: close, as net/http does for a body over a
 // MaxBytesReader's limit.
 func newRequestBody(w http.ResponseWriter, r *http.Request, limit int64) *requestBody {
-	b := &requestBody{orig: r.Body, capped: http.MaxBytesReader(w, r.Body, limit), limit: limit}
+	b := &requestBody{orig: r.Body, capped: http.MaxBytesReader(w, r.Body, limit), limit: limit, header: w.Header()}
 	if r.ContentLength > limit {
 		b.tooLarge = true
 		w.Header().Set("Connection", "close")
@@ -165,8 +177,18 @@ func (b *requestBody) Read(p []byte) (int, error) {
 	n, err := b.capped.Read(p)
 	if err == io.EOF {
 		b.eof = true
+		if b.lift != nil {
+			// net/http's read for a client that goes away, which starts at
+			// the body's end, must not hit the body's deadline.
+			b.lift()
+			b.lift = nil
+		}
 	} else if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 		b.tooLarge = true
+	} else if errors.Is(err, os.ErrDeadlineExceeded) && b.header != nil {
+		// The rest of the body may still come: the connection cannot
+		// carry another request (its 408 says so).
+		b.header.Set("Connection", "close")
 	}
 	return n, err
 }
@@ -178,6 +200,10 @@ func (b *requestBody) Close() error { return b.capped.Close() }
 // ServeHTTP), unless the client asked for a 100 Continue that was never
 // sent (then it sends no body) or has gone away.
 func (b *requestBody) linger(w *trackingWriter, r *http.Request) {
+	if b.lift != nil {
+		b.lift()
+		b.lift = nil
+	}
 	if b.eof || r.ContentLength == 0 || clientGone(r) {
 		return
 	}
@@ -296,7 +322,7 @@ func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 // nothing, logs at debug, and ServeHTTP aborts the connection. It must be
 // called before anything else was written to w.
 func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error, req *Request) {
-	if clientGone(r) {
+	if clientGone(r) && !errors.Is(err, errBodyTimeout) { // a body read past its deadline cancels the context; the client is there
 		h.logger.Debug("client gone before the answer", "path", clip(r.URL.Path), "err", errorText(err, req))
 		obsOf(r).failed(err, nil, true)
 		return

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -197,6 +198,9 @@ func readAllBody(r *http.Request) ([]byte, error) {
 		if errors.As(err, &tooLarge) {
 			return nil, errBodyTooLarge
 		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, errBodyTimeout // Config.BodyReadTimeout
+		}
 		// Usually a client that went away mid-upload; then nothing is written.
 		return nil, &requestError{message: "reading the request body failed"}
 	}
@@ -226,7 +230,7 @@ func ollamaError(err error, req *Request) (*apiError, string) {
 // writeOllamaError is writeError with an Ollama error body,
 // {"error":"<message>"}.
 func (h *handler) writeOllamaError(w http.ResponseWriter, r *http.Request, err error, req *Request) {
-	if clientGone(r) {
+	if clientGone(r) && !errors.Is(err, errBodyTimeout) {
 		h.logger.Debug("client gone before the answer", "path", clip(r.URL.Path), "err", errorText(err, req))
 		obsOf(r).failed(err, nil, true)
 		return
