@@ -69,3 +69,30 @@ func TestEdgeMaxRetriesFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestBadInput_MaxBodyBytesConfig: the limit's default is 32 MiB, and it is
+// set by max_body_bytes in the edge's config and --max-body-bytes on edge
+// and dev.
+func TestBadInput_MaxBodyBytesConfig(t *testing.T) {
+	if got := edge.DefaultConfig().MaxBodyBytes; got != 32<<20 {
+		t.Fatalf("default max_body_bytes %d, want 32 MiB", got)
+	}
+	logLevel := "info"
+	for _, cmd := range []string{"edge", "dev"} {
+		c := newEdgeCommand(&logLevel)
+		if cmd == "dev" {
+			c = newDevCommand(&logLevel)
+		}
+		if c.Flags().Lookup("max-body-bytes") == nil {
+			t.Errorf("iop %s has no --max-body-bytes", cmd)
+		}
+	}
+	path := t.TempDir() + "/edge.yaml"
+	if err := os.WriteFile(path, []byte("max_body_bytes: 12345\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := edge.DefaultConfig()
+	if err := loadYAML(path, &cfg); err != nil || cfg.MaxBodyBytes != 12345 {
+		t.Fatalf("max_body_bytes from YAML: %d, %v", cfg.MaxBodyBytes, err)
+	}
+}
