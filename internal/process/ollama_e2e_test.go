@@ -155,6 +155,7 @@ type ollamaObject struct {
 	PromptEvalDuration int64   `json:"prompt_eval_duration"`
 	EvalCount          int     `json:"eval_count"`
 	EvalDuration       int64   `json:"eval_duration"`
+	Context            []int64 `json:"context"` // a non-raw /api/generate answer's last object
 	Error              string  `json:"error"`
 }
 
@@ -323,7 +324,8 @@ func TestOllamaTagsListWhatChatAccepts(t *testing.T) {
 			t.Fatalf("entry %+v", m)
 		}
 	}
-	if want := []string{"both", rigOllamaModel, rigOpenAIModel}; !slices.Equal(names, want) {
+	// Names with their tag, as Ollama lists them (issue 15).
+	if want := []string{"both:latest", rigOllamaModel, rigOpenAIModel}; !slices.Equal(names, want) {
 		t.Fatalf("tags %v, want %v", names, want)
 	}
 	chat := func(model string) (int, []byte) {
@@ -332,7 +334,7 @@ func TestOllamaTagsListWhatChatAccepts(t *testing.T) {
 		return resp.StatusCode, data
 	}
 	// Every listed name is accepted, and so is its other spelling.
-	for _, name := range append(names, "llama3", "both:latest") {
+	for _, name := range append(names, "llama3", "both") {
 		if status, data := chat(name); status != http.StatusOK {
 			t.Fatalf("/api/chat with listed model %q: %d %s", name, status, data)
 		}
