@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"iop/internal/edge"
+	"iop/internal/process"
 )
 
 // A flag the user set overrides the file; the file overrides defaults.
@@ -17,7 +18,7 @@ func TestLoadConfigFlagsOverrideFile(t *testing.T) {
 	if err := os.WriteFile(path, []byte("listen: 127.0.0.1:9999\nsim_capacity: 2\nsim_ttft: 1s\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg := devConfig{Listen: "default", SimCapacity: 4, SimTTFT: 5 * time.Second}
+	cfg := process.DevConfig{Listen: "default", SimCapacity: 4, SimTTFT: 5 * time.Second}
 	cmd := &cobra.Command{Use: "x"}
 	cmd.Flags().StringVar(&cfg.Listen, "listen", cfg.Listen, "")
 	cmd.Flags().IntVar(&cfg.SimCapacity, "sim-capacity", cfg.SimCapacity, "")
@@ -38,7 +39,7 @@ func TestLoadConfigRejectsUnknownFields(t *testing.T) {
 	if err := os.WriteFile(path, []byte("lisen: 127.0.0.1:1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var cfg devConfig
+	var cfg process.DevConfig
 	if err := loadConfig(&cobra.Command{Use: "x"}, path, &cfg); err == nil {
 		t.Fatal("a misspelt field was accepted")
 	}
@@ -92,7 +93,7 @@ func TestBadInput_MaxBodyBytesConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := edge.DefaultConfig()
-	if err := loadYAML(path, &cfg); err != nil || cfg.MaxBodyBytes != 12345 {
+	if err := loadConfig(&cobra.Command{Use: "x"}, path, &cfg); err != nil || cfg.MaxBodyBytes != 12345 {
 		t.Fatalf("max_body_bytes from YAML: %d, %v", cfg.MaxBodyBytes, err)
 	}
 }
