@@ -49,7 +49,8 @@ const maxHeaderBytes = 64 << 10
 // (up to cfg.DrainTimeout, or until abort ends), then ends what is still
 // going with an answer that says so (edge.Service.Shutdown: 503, or a
 // stream's error event; outcome edge_stopped), waits up to shutdownFinish
-// (or until abort ends) for those answers, ends the background runs
+// for those answers (abort does not cut this: they are the answers), ends
+// the background runs
 // (runs.Manager.Close), flushes the ledger once every handler has
 // returned, calls afterDrain (if set; iop dev stops its in-process node
 // there), then stops the node endpoint.
@@ -177,12 +178,10 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 		svc.Shutdown()
 		if derr != nil {
 			finishCtx, cancelFinish := context.WithTimeout(context.Background(), shutdownFinish)
-			stopFinish := context.AfterFunc(abort, cancelFinish)
 			if httpSrv.Shutdown(finishCtx) != nil {
 				logger.Warn("requests still writing after the edge ended them were cut", "after", shutdownFinish)
 				httpSrv.Close()
 			}
-			stopFinish()
 			cancelFinish()
 		}
 		if herr := <-httpDone; !errors.Is(herr, http.ErrServerClosed) && err == nil {
