@@ -50,10 +50,9 @@ const maxHeaderBytes = 64 << 10
 // going with an answer that says so (edge.Service.Shutdown: 503, or a
 // stream's error event; outcome edge_stopped), waits up to shutdownFinish
 // for those answers (abort does not cut this: they are the answers), ends
-// the background runs
-// (runs.Manager.Close), flushes the ledger once every handler has
-// returned, calls afterDrain (if set; iop dev stops its in-process node
-// there), then stops the node endpoint.
+// the background runs (runs.Manager.Close), flushes the ledger once every
+// handler has returned, calls afterDrain (if set; iop dev stops its
+// in-process node there), then stops the node endpoint.
 func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger, afterDrain func()) (_ *edgeRun, err error) {
 	cfg, err = cfg.LoadKeysFile()
 	if err != nil {
