@@ -23,8 +23,12 @@
 //     to its drain timeout; Abort aborts them.
 //   - The open-API policy: an edge without client keys serves only on a
 //     loopback address unless Edge.InsecureOpen, and logs what is open.
-//   - The reload loop (Config.Reload): SIGHUP (Deps.Hangup) and a changed
-//     config file reload the edge's configuration.
+//   - The signal policy of iop node (HandleSignals): the first SIGTERM or
+//     SIGINT drains, the second aborts.
+//   - Configuration layering (LoadConfig): defaults, then the YAML file,
+//     then the flags the user set; and the reload loop (Config.Reload):
+//     SIGHUP (Deps.Hangup) and a changed config file reload the edge's
+//     configuration.
 //   - The soak harness (Soak, `iop soak`).
 //   - The adapter between the edge (package edge) and its HTTP API (package
 //     edge/api), in apiadapter.go.
@@ -45,6 +49,8 @@
 //   - With Config.PprofListen: the profiler's server, closed with the run
 //     context (ModeEdge) or when the process stops (ModeNode).
 //   - One goroutine that waits for the above and closes Wait's channel.
+//   - HandleSignals adds one that reads the signals until the process
+//     stops.
 //
 // Drain, Abort and Wait are safe from any goroutine at any time and any
 // number of times. Drain and Abort only cancel contexts (and, in ModeNode,
