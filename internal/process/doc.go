@@ -37,7 +37,7 @@
 //
 // Start runs on the caller's goroutine and returns once the process serves.
 // It then leaves these goroutines running, all ended by the time Wait
-// returns:
+// returns except the last two of this list, which end just after it:
 //   - ModeEdge and ModeDev: the gRPC server and the HTTP server, and a
 //     supervisor that waits for the run context to end (ctx, Drain or
 //     Abort) or a server to fail, then runs the drain order above. ModeDev
@@ -46,9 +46,10 @@
 //   - ModeNode: Agent.Run.
 //   - With Config.Reload: the watch loop (file events, Deps.Hangup, a settle
 //     timer), ended with the run context.
+//   - One goroutine that waits for the above and closes Wait's channel
+//     (in ModeNode, Agent.Run's).
 //   - With Config.PprofListen: the profiler's server, closed with the run
 //     context (ModeEdge) or when the process stops (ModeNode).
-//   - One goroutine that waits for the above and closes Wait's channel.
 //   - HandleSignals adds one that reads the signals until the process
 //     stops.
 //
