@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"iop/internal/edge"
+	"iop/internal/process"
 )
 
 // A flag the user set overrides the file; the file overrides defaults.
@@ -17,7 +18,7 @@ func TestLoadConfigFlagsOverrideFile(t *testing.T) {
 	if err := os.WriteFile(path, []byte("listen: 127.0.0.1:9999\nsim_capacity: 2\nsim_ttft: 1s\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg := devConfig{Listen: "default", SimCapacity: 4, SimTTFT: 5 * time.Second}
+	cfg := process.DevConfig{Listen: "default", SimCapacity: 4, SimTTFT: 5 * time.Second}
 	cmd := &cobra.Command{Use: "x"}
 	cmd.Flags().StringVar(&cfg.Listen, "listen", cfg.Listen, "")
 	cmd.Flags().IntVar(&cfg.SimCapacity, "sim-capacity", cfg.SimCapacity, "")
@@ -38,7 +39,7 @@ func TestLoadConfigRejectsUnknownFields(t *testing.T) {
 	if err := os.WriteFile(path, []byte("lisen: 127.0.0.1:1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var cfg devConfig
+	var cfg process.DevConfig
 	if err := loadConfig(&cobra.Command{Use: "x"}, path, &cfg); err == nil {
 		t.Fatal("a misspelt field was accepted")
 	}
@@ -67,5 +68,32 @@ func TestEdgeMaxRetriesFlag(t *testing.T) {
 		if cfg.Retries() != tc.want || cfg.CircuitBreaker.CoolDown != time.Minute {
 			t.Errorf("%v: retries %d, cool-down %s; want %d, 1m", tc.args, cfg.Retries(), cfg.CircuitBreaker.CoolDown, tc.want)
 		}
+	}
+}
+
+// TestBadInput_MaxBodyBytesConfig: the limit's default is 32 MiB, and it is
+// set by max_body_bytes in the edge's config and --max-body-bytes on edge
+// and dev.
+func TestBadInput_MaxBodyBytesConfig(t *testing.T) {
+	if got := edge.DefaultConfig().MaxBodyBytes; got != 32<<20 {
+		t.Fatalf("default max_body_bytes %d, want 32 MiB", got)
+	}
+	logLevel := "info"
+	for _, cmd := range []string{"edge", "dev"} {
+		c := newEdgeCommand(&logLevel)
+		if cmd == "dev" {
+			c = newDevCommand(&logLevel)
+		}
+		if c.Flags().Lookup("max-body-bytes") == nil {
+			t.Errorf("iop %s has no --max-body-bytes", cmd)
+		}
+	}
+	path := t.TempDir() + "/edge.yaml"
+	if err := os.WriteFile(path, []byte("max_body_bytes: 12345\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := edge.DefaultConfig()
+	if err := loadConfig(&cobra.Command{Use: "x"}, path, &cfg); err != nil || cfg.MaxBodyBytes != 12345 {
+		t.Fatalf("max_body_bytes from YAML: %d, %v", cfg.MaxBodyBytes, err)
 	}
 }

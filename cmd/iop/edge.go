@@ -1,31 +1,23 @@
 package main
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"log/slog"
-	"net"
-	"net/http"
+	"os"
+	"os/signal"
 	"strconv"
-	"sync"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"iop/internal/auth"
 	"iop/internal/edge"
-	"iop/internal/edge/api"
-	"iop/internal/ledger"
-	"iop/internal/runs"
-	"iop/internal/scheduler"
+	"iop/internal/process"
 )
 
 func newEdgeCommand(logLevel *string) *cobra.Command {
 	var configPath, pprofListen string
 	var tokens []string
-	cfg := edgeCommandDefaults()
+	cfg := process.EdgeDefaults()
 	cmd := &cobra.Command{
 		Use:   "edge",
 		Short: "Run the edge: the HTTP API for clients and the gRPC endpoint for nodes",
@@ -38,33 +30,28 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 			for _, t := range tokens {
 				cfg.Tokens = append(cfg.Tokens, edge.NodeToken{Token: t})
 			}
-			ctx, stop := signalContext(cmd.Context())
-			defer stop()
-			if err := servePprof(ctx, pprofListen); err != nil {
-				return err
-			}
-			e, err := startEdge(ctx, cfg, logger, nil)
-			if err != nil {
-				return err
-			}
+			pc := process.Config{Mode: process.ModeEdge, Edge: cfg, PprofListen: pprofListen}
+			deps := process.Deps{Logger: logger}
 			if configPath != "" {
 				// The flags stay bound to cfg: each reload resets it, reads
 				// the file and applies the flags the user set again.
-				load := func() (edge.Config, error) {
-					err := reloadConfig(cmd, configPath, &cfg, func() { cfg = edgeCommandDefaults() })
+				pc.ConfigFile = configPath
+				pc.Reload = func() (edge.Config, error) {
+					err := process.LoadConfig(cmd.Flags(), configPath, &cfg, func() { cfg = process.EdgeDefaults() })
 					return cfg, err
 				}
-				watchCtx, stopWatch := context.WithCancel(ctx)
-				watched, err := watchEdgeConfig(watchCtx, configPath, load, e.Service, logger)
-				if err != nil {
-					stopWatch()
-					stop() // stops the edge
-					return errors.Join(err, e.Wait())
-				}
-				defer func() { stopWatch(); <-watched }()
+				hup := make(chan os.Signal, 1)
+				signal.Notify(hup, syscall.SIGHUP)
+				defer signal.Stop(hup)
+				deps.Hangup = hup
 			}
-			logger.Info("edge ready", "http", "http://"+e.HTTPAddr, "node_endpoint", e.NodeAddr)
-			return e.Wait()
+			ctx, stop := signalContext(cmd.Context())
+			defer stop()
+			p, err := process.Start(ctx, pc, deps)
+			if err != nil {
+				return err
+			}
+			return p.Wait()
 		},
 	}
 	fl := cmd.Flags()
@@ -91,258 +78,6 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 	fl.DurationVar(&cfg.CircuitBreaker.MaxCoolDown, "breaker-max-cool-down", cfg.CircuitBreaker.MaxCoolDown, "cap of the cool-down, which doubles after each failed trial")
 	fl.StringVar(&pprofListen, "pprof-listen", "", "serve Go's profiler (/debug/pprof/) on this address (keep it on loopback)")
 	return cmd
-}
-
-// edgeCommandDefaults is the configuration `iop edge` starts from: the
-// edge's defaults, with run records and the ledger kept in iop.db.
-func edgeCommandDefaults() edge.Config {
-	cfg := edge.DefaultConfig()
-	cfg.Database = edge.DefaultDatabase
-	return cfg
-}
-
-// edgeProcess is a running edge: its node endpoint and HTTP API.
-type edgeProcess struct {
-	Service  *edge.Service
-	Ledger   *ledger.Ledger
-	HTTPAddr string // host:port the HTTP API listens on
-	NodeAddr string // host:port the node endpoint listens on
-	done     chan error
-}
-
-// maxHeaderBytes caps a client request's header block; a larger one is
-// answered 431 by net/http (RFC 6585 §5).
-const maxHeaderBytes = 64 << 10
-
-// startEdge listens on cfg.Listen and cfg.NodeListen and serves until ctx
-// ends, with run records and the usage ledger in cfg.Database (the ledger
-// in PostgreSQL with cfg.LedgerDSN). It returns once both listeners
-// are open. It refuses an open client API (no keys) on a non-loopback
-// address unless cfg.InsecureOpen. When ctx ends it drains the HTTP API
-// (up to cfg.DrainTimeout), then ends what is still going with an answer
-// that says so (edge.Service.Shutdown: 503, or a stream's error event;
-// outcome edge_stopped), waits up to shutdownFinish for those answers,
-// ends the background runs (runs.Manager.Close), flushes the ledger once
-// every handler has returned, calls afterDrain (if set; iop dev stops its
-// in-process node there), then stops the node endpoint.
-func startEdge(ctx context.Context, cfg edge.Config, logger *slog.Logger, afterDrain func()) (_ *edgeProcess, err error) {
-	cfg, err = cfg.LoadKeysFile()
-	if err != nil {
-		return nil, err
-	}
-	keys, err := auth.NewKeyring("keys", cfg.Keys, nil)
-	if err != nil {
-		return nil, err
-	}
-	adminKeys, err := auth.NewKeyring("admin_keys", cfg.AdminKeys, nil)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkOpenAPI(cfg, keys.Len(), logger); err != nil {
-		return nil, err
-	}
-	obs, err := newObservability()
-	if err != nil {
-		return nil, err
-	}
-	srv, err := edge.NewServer(cfg, edge.Deps{Logger: logger, Clock: scheduler.RealClock(), Observer: obs.observer()})
-	if err != nil {
-		return nil, err
-	}
-	obs.svc = srv.Service()
-	var undo []func() // on failure, in reverse order
-	defer func() {
-		if err != nil {
-			for i := len(undo) - 1; i >= 0; i-- {
-				undo[i]()
-			}
-		}
-	}()
-	if cfg.Database == "" {
-		cfg.Database = ":memory:"
-	}
-	runStore, err := runs.OpenSQLite(cfg.Database)
-	if err != nil {
-		return nil, err
-	}
-	runManager, err := runs.NewManager(ctx, runs.Config{Store: runStore, Logger: logger.With("component", "runs")})
-	if err != nil {
-		runStore.Close()
-		return nil, err
-	}
-	undo = append(undo, func() { runManager.Close() })
-	var ledgerStore ledger.Store
-	if cfg.LedgerDSN != "" {
-		ledgerStore, err = ledger.OpenPostgres(ctx, cfg.LedgerDSN)
-	} else {
-		ledgerStore, err = ledger.OpenSQLite(cfg.Database)
-	}
-	if err != nil {
-		return nil, err
-	}
-	usage := ledger.New(ledgerStore, logger)
-	undo = append(undo, func() { usage.Close() })
-	nodeLis, err := net.Listen("tcp", cfg.NodeListen)
-	if err != nil {
-		return nil, fmt.Errorf("node endpoint: %w", err)
-	}
-	undo = append(undo, func() { nodeLis.Close() })
-	httpLis, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("HTTP API: %w", err)
-	}
-	svc := srv.Service()
-	stopping := make(chan struct{}) // closed when the edge ends what is still in flight
-	handler := api.New(obs.apiConfig(api.Config{
-		Stopping:     stopping,
-		MaxBodyBytes: cfg.MaxBodyBytes,
-		WriteTimeout: cfg.WriteTimeout,
-		Ready:        func() bool { return len(svc.Snapshot().Nodes) > 0 },
-		Runs:         runManager,
-		Keys:         keys,
-		AdminKeys:    adminKeys,
-		Ledger:       usage,
-	}), gateway{svc}, logger)
-	var handlers sync.WaitGroup // handlers running, so the ledger closes after the last one
-	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		handlers.Add(1)
-		defer handlers.Done()
-		handler.ServeHTTP(w, r)
-	})
-	httpSrv := &http.Server{Handler: counted, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: maxHeaderBytes,
-		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
-	httpSrv.RegisterOnShutdown(obs.hub.Close) // ends the events streams, which would hold up the drain
-	e := &edgeProcess{Service: svc, Ledger: usage, HTTPAddr: httpLis.Addr().String(), NodeAddr: nodeLis.Addr().String(), done: make(chan error, 1)}
-	// The node endpoint outlives ctx until the HTTP API has drained, so the
-	// requests in flight at shutdown can finish.
-	grpcCtx, stopGRPC := context.WithCancel(context.Background())
-	grpcDone := make(chan error, 1)
-	go func() { grpcDone <- srv.Serve(grpcCtx, nodeLis) }()
-	httpDone := make(chan error, 1)
-	go func() { httpDone <- httpSrv.Serve(httpLis) }()
-	go func() {
-		var err error
-		select {
-		case <-ctx.Done():
-		case err = <-httpDone:
-			httpDone <- err
-		case err = <-grpcDone:
-			grpcDone <- err
-		}
-		grace := cfg.DrainTimeout
-		if grace <= 0 {
-			grace = edge.DefaultDrainTimeout
-		}
-		logger.Info("edge shutting down: draining requests in flight; a second signal stops it at once", "drain_timeout", grace)
-		drainCtx, cancel := context.WithTimeout(context.Background(), grace)
-		defer cancel()
-		derr := httpSrv.Shutdown(drainCtx)
-		// What is still going now (requests past the grace, queued ones,
-		// background runs) ends with an answer that says the edge stopped
-		// (503, or a stream's error event), recorded as edge_stopped:
-		// never a cut connection.
-		if derr != nil {
-			logger.Warn("drain timeout over: ending the requests still in flight", "drain_timeout", grace)
-		}
-		close(stopping)
-		svc.Shutdown()
-		if derr != nil {
-			finishCtx, cancelFinish := context.WithTimeout(context.Background(), shutdownFinish)
-			if httpSrv.Shutdown(finishCtx) != nil {
-				logger.Warn("requests still writing after the edge ended them were cut", "after", shutdownFinish)
-				httpSrv.Close()
-			}
-			cancelFinish()
-		}
-		if herr := <-httpDone; !errors.Is(herr, http.ErrServerClosed) && err == nil {
-			err = herr
-		}
-		handlers.Wait() // Close does not wait for its handlers; their records go to the ledger first
-		// Background runs still going end now (recorded as stopped with the
-		// edge), while their nodes can still be told to stop them.
-		if rerr := runManager.Close(); rerr != nil && err == nil {
-			err = rerr
-		}
-		if lerr := usage.Close(); lerr != nil && err == nil {
-			err = lerr
-		}
-		if afterDrain != nil {
-			afterDrain()
-		}
-		stopGRPC()
-		if gerr := <-grpcDone; err == nil {
-			err = gerr
-		}
-		e.done <- err
-	}()
-	return e, nil
-}
-
-// checkOpenAPI refuses a client API without keys on an address other
-// hosts can reach, unless cfg.InsecureOpen, and says in the log what is
-// open: the client API without keys, the admin API without admin keys, a
-// plaintext node endpoint off loopback.
-func checkOpenAPI(cfg edge.Config, keys int, logger *slog.Logger) error {
-	if keys == 0 {
-		if !isLoopback(cfg.Listen) && !cfg.InsecureOpen {
-			return fmt.Errorf("refusing to serve the HTTP API on %s without API keys: anyone who can reach it could use your models. "+
-				"Add client keys (iop keys create NAME; keys: or keys_file: in the config), listen on a loopback address, or start with --insecure-open", cfg.Listen)
-		}
-		level := slog.LevelInfo // loopback: only this machine can call
-		if !isLoopback(cfg.Listen) {
-			level = slog.LevelWarn
-		}
-		logger.Log(context.Background(), level, "client API is open: no API keys are configured, every caller is served", "listen", cfg.Listen, "insecure_open", cfg.InsecureOpen)
-	} else if len(cfg.AdminKeys) == 0 {
-		logger.Info("admin API disabled: no admin_keys are configured", "listen", cfg.Listen)
-	}
-	if cfg.TLSCert == "" && !isLoopback(cfg.NodeListen) {
-		logger.Warn("node endpoint is plaintext gRPC: node tokens travel in the clear (set tls_cert and tls_key)", "node_listen", cfg.NodeListen)
-	}
-	return nil
-}
-
-// isLoopback reports whether a host:port listen address is on a loopback
-// interface only: "localhost" or a loopback IP. An empty host, 0.0.0.0,
-// :: and names are not.
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
-
-// shutdownFinish bounds how long a stopping edge, past its drain timeout,
-// waits for the requests it ended to write their last answer (a client
-// that stopped reading holds its handler; after this its connection is
-// closed).
-const shutdownFinish = 5 * time.Second
-
-// Wait blocks until the edge has stopped and returns why.
-func (e *edgeProcess) Wait() error { return <-e.done }
-
-// gateway is *edge.Service as the HTTP API's Gateway: both speak the
-// contract's types (package edge/contract), and the service is also the
-// API's Admin and ModelCatalog; only Dispatch's result widens to api.Run.
-type gateway struct{ *edge.Service }
-
-var (
-	_ api.Gateway      = gateway{}
-	_ api.Admin        = gateway{}
-	_ api.ModelCatalog = gateway{}
-)
-
-func (g gateway) Dispatch(ctx context.Context, req api.Request) (api.Run, error) {
-	run, err := g.Service.Dispatch(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	return run, nil
 }
 
 // optionalInt is a flag bound to an optional int of a config (a *int whose

@@ -4,6 +4,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"iop/internal/node"
+	"iop/internal/process"
 )
 
 func newNodeCommand(logLevel *string) *cobra.Command {
@@ -18,29 +19,16 @@ func newNodeCommand(logLevel *string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			cfg.Version = version
-			agent, err := node.New(cfg, logger)
+			p, err := process.Start(cmd.Context(), process.Config{Mode: process.ModeNode, Node: cfg, Version: version, PprofListen: pprofListen},
+				process.Deps{Logger: logger})
 			if err != nil {
 				return err
 			}
 			// The first SIGTERM or SIGINT drains the node (its runs in
 			// flight may finish, up to --drain-timeout); the second aborts
 			// them and stops at once.
-			ctx, stop := drainSignals(cmd.Context(), func(signal string) {
-				logger.Info("node stopping: draining; a second signal stops it at once", "signal", signal, "drain_timeout", cfg.DrainTimeout)
-				agent.Drain(signal)
-			})
-			defer stop()
-			if err := servePprof(ctx, pprofListen); err != nil {
-				return err
-			}
-			logger.Info("node starting", "node_id", cfg.NodeID, "edge", cfg.Edge, "providers", len(cfg.Providers))
-			err = agent.Run(ctx)
-			if ctx.Err() != nil && cmd.Context().Err() == nil {
-				logger.Warn("second signal: the runs still in flight were aborted", "node_id", cfg.NodeID)
-			}
-			logger.Info("node stopped", "node_id", cfg.NodeID, "err", err)
-			return err
+			process.HandleSignals(p)
+			return p.Wait()
 		},
 	}
 	fl := cmd.Flags()

@@ -1,0 +1,79 @@
+package process
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"iop/internal/node"
+	"iop/internal/sim"
+	"iop/internal/testenv"
+)
+
+// jsDir holds the JavaScript client tests and their package.json; `make
+// test` installs their node_modules (npm ci) before running the Go tests.
+var jsDir = filepath.Join("..", "..", "test", "js")
+
+// requireJS returns the node binary and the JavaScript test files matching
+// pattern. When Node.js or the installed packages are missing it fails the
+// test under `make test` and skips it elsewhere (package testenv).
+func requireJS(t *testing.T, pattern string) (nodeBin string, files []string) {
+	t.Helper()
+	nodeBin, err := exec.LookPath("node")
+	if err != nil {
+		testenv.Missing(t, "Node.js (node) is not on PATH; it is needed for the JavaScript client tests")
+	}
+	if _, err := os.Stat(filepath.Join(jsDir, "node_modules")); err != nil {
+		testenv.Missing(t, "%s is missing: run `make test`, which installs the JavaScript test packages (npm ci in test/js)",
+			filepath.Join("test", "js", "node_modules"))
+	}
+	files, err = filepath.Glob(filepath.Join(jsDir, pattern))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no JavaScript tests match %s in %s", pattern, jsDir)
+	}
+	return nodeBin, files
+}
+
+// TestOpenAIJavaScriptClient runs test/js/openai_*.mjs, the official
+// `openai` npm client, against a real edge and node with an Ollama and an
+// OpenAI-compatible simulator (one per execution path), and a thinking one
+// of each for the reasoning checks.
+func TestOpenAIJavaScriptClient(t *testing.T) {
+	nodeBin, files := requireJS(t, "openai_*.mjs")
+	_, ollamaURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{normalizedModel}, Seed: 11})
+	_, openaiURL := startSim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{tunnelModel}, Seed: 11})
+	_, thinkOllamaURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{thinkOllamaModel}, Seed: 11, Thinking: true})
+	_, thinkOpenAIURL := startSim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{thinkOpenAIModel}, Seed: 11, Thinking: true})
+	ctx, cancel := context.WithCancel(context.Background())
+	e := startTestEdge(t, ctx, nil)
+	stopOnCleanup(t, cancel, e)
+	caps := []string{"tools", "embeddings"}
+	startNode(t, ctx, node.Config{
+		NodeID: "gpu-1",
+		Edge:   e.NodeAddr,
+		Providers: []node.ProviderConfig{
+			{ID: "ollama", Type: node.TypeOllama, BaseURL: ollamaURL, Models: []string{normalizedModel}, Capacity: 4, Capabilities: caps},
+			{ID: "vllm", Type: "vllm", BaseURL: openaiURL + "/v1", Models: []string{tunnelModel}, Capacity: 4, Capabilities: caps},
+			{ID: "ollama-thinking", Type: node.TypeOllama, BaseURL: thinkOllamaURL, Models: []string{thinkOllamaModel}, Capacity: 4},
+			{ID: "vllm-thinking", Type: "vllm", BaseURL: thinkOpenAIURL + "/v1", Models: []string{thinkOpenAIModel}, Capacity: 4},
+		},
+	})
+	models, _ := json.Marshal([]map[string]string{{"path": "normalized", "model": normalizedModel}, {"path": "tunnel", "model": tunnelModel}})
+	thinkers, _ := json.Marshal([]map[string]string{{"path": "normalized", "model": thinkOllamaModel}, {"path": "tunnel", "model": thinkOpenAIModel}})
+
+	runCtx, stop := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer stop()
+	cmd := exec.CommandContext(runCtx, nodeBin, append([]string{"--test", "--test-reporter=spec"}, files...)...)
+	cmd.Env = append(os.Environ(), "IOP_BASE_URL=http://"+e.HTTPAddr+"/v1", "IOP_MODELS="+string(models),
+		"IOP_THINKING="+string(thinkers), "NO_COLOR=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("node --test %v: %v\n%s", files, err, out)
+	}
+	t.Logf("%s", out)
+	waitIdle(t, e)
+}

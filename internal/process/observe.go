@@ -1,0 +1,76 @@
+package process
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"iop/internal/edge"
+	"iop/internal/edge/api"
+	"iop/internal/edge/lifecycle"
+	"iop/internal/edge/metrics"
+)
+
+// observability is an edge's metrics registry and lifecycle event hub, and
+// the hooks that feed them.
+type observability struct {
+	registry *prometheus.Registry
+	hub      *lifecycle.Hub
+	metrics  *metrics.Metrics
+	svc      *edge.Service // set by attach, before the edge serves
+}
+
+// newObservability creates the registry (with the Go runtime and process
+// collectors), the edge's metrics and the event hub.
+func newObservability() (*observability, error) {
+	o := &observability{registry: prometheus.NewRegistry(), hub: lifecycle.NewHub(nil)}
+	if err := o.registry.Register(collectors.NewGoCollector()); err != nil {
+		return nil, err
+	}
+	if err := o.registry.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {
+		return nil, err
+	}
+	m, err := metrics.New(o.registry, o)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	o.metrics = m
+	return o, nil
+}
+
+// Snapshot is the edge's snapshot, for the scrape-time gauges.
+func (o *observability) Snapshot() edge.Snapshot { return o.svc.Snapshot() }
+
+// observer is what the edge service reports lifecycle events to.
+func (o *observability) observer() lifecycle.Observer {
+	return lifecycle.Observers{o.metrics, o.hub}
+}
+
+// RequestDone feeds a finished API request to the metrics, and a refused
+// one (by admission or by its key's limits) to the event stream (the
+// dashboard's recent refusals), once each.
+func (o *observability) RequestDone(rec api.RequestRecord) {
+	o.metrics.RequestDone(rec)
+	if rec.Outcome == api.OutcomeRefused {
+		model, reason := rec.Model, rec.Admission
+		if reason == "" {
+			reason = rec.ErrorCode // a key's limit: concurrency_limit_exceeded, ...
+		}
+		if rec.Admission == "" || rec.Admission == api.AdmissionUnknownModel {
+			model = "" // a client's string, not (yet) a model the edge knows
+		}
+		o.hub.Publish(lifecycle.Event{Type: lifecycle.RequestRefused, RequestID: rec.RequestID, Model: model,
+			Reason: reason, Outcome: string(rec.Outcome), Status: rec.Status})
+	}
+}
+
+// apiConfig adds the observability hooks to cfg: the request observer and
+// the /metrics handler.
+func (o *observability) apiConfig(cfg api.Config) api.Config {
+	cfg.Observer = o
+	cfg.Metrics = promhttp.HandlerFor(o.registry, promhttp.HandlerOpts{})
+	cfg.Events = o.hub
+	return cfg
+}

@@ -1,0 +1,122 @@
+package process
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	_ "modernc.org/sqlite"
+
+	"iop/internal/edge"
+	"iop/internal/node"
+	"iop/internal/sim"
+)
+
+// TestRegression_EdgeStopEndsRequestsWithAnAnswer: an edge stopped while a
+// stream runs past its drain timeout and another request is queued behind
+// it ends both with an answer that says it stopped, and records both. The
+// stream gets an SSE error event with code edge_shutting_down and no
+// [DONE]; the queued request gets 503 edge_shutting_down with Retry-After;
+// each is in the usage ledger once, with the outcome edge_stopped. Before
+// (a new user's report), the stream was cut without an error event, the
+// queued request got an empty reply after the grace, both were recorded as
+// client_gone, and the ledger dropped them ("usage entry after the ledger
+// closed").
+func TestRegression_EdgeStopEndsRequestsWithAnAnswer(t *testing.T) {
+	_, url := startSim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"slow"}, TokensPerSecond: 20, DefaultMaxTokens: 1_000_000})
+	db := filepath.Join(t.TempDir(), "edge.db")
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	cfg := edge.DefaultConfig()
+	cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", db
+	cfg.DrainTimeout = 300 * time.Millisecond
+	e, err := Start(ctx, Config{Mode: ModeEdge, Edge: cfg}, Deps{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeCtx, stopNode := context.WithCancel(context.Background())
+	defer stopNode()
+	startNode(t, nodeCtx, node.Config{NodeID: "gpu-1", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
+		{ID: "v", Type: "vllm", BaseURL: url + "/v1", Models: []string{"slow"}, Capacity: 1}}})
+	base := "http://" + e.HTTPAddr
+	waitFor(t, "the node serves slow", func() bool {
+		return len(e.Service.Snapshot().Providers) == 1
+	})
+
+	resp, err := http.Post(base+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"slow","stream":true,"messages":[{"role":"user","content":"go on"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	lines := bufio.NewScanner(resp.Body)
+	if !lines.Scan() || !strings.HasPrefix(lines.Text(), "data: ") {
+		t.Fatalf("stream did not start: %q %v", lines.Text(), lines.Err())
+	}
+	queued := make(chan *http.Response, 1)
+	go func() {
+		r, err := http.Post(base+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"slow","messages":[{"role":"user","content":"wait"}]}`))
+		if err != nil {
+			t.Error(err)
+			r = nil
+		}
+		queued <- r
+	}()
+	waitFor(t, "the second request queued", func() bool { return e.Service.Snapshot().Waiters == 1 })
+
+	stop() // SIGTERM
+	var last string
+	for lines.Scan() {
+		if l := lines.Text(); l != "" {
+			last = l
+		}
+	}
+	if !strings.Contains(last, `"edge_shutting_down"`) || strings.Contains(last, "[DONE]") {
+		t.Errorf("the stream ended with %q, want an error event with code edge_shutting_down and no [DONE]", last)
+	}
+	q := <-queued
+	if q == nil {
+		t.Fatal("the queued request got no answer")
+	}
+	var body struct {
+		Error struct{ Code string } `json:"error"`
+	}
+	json.NewDecoder(q.Body).Decode(&body)
+	q.Body.Close()
+	if q.StatusCode != http.StatusServiceUnavailable || q.Header.Get("Retry-After") == "" || body.Error.Code != "edge_shutting_down" {
+		t.Errorf("the queued request: %d Retry-After %q code %q, want 503 edge_shutting_down with Retry-After",
+			q.StatusCode, q.Header.Get("Retry-After"), body.Error.Code)
+	}
+	if err := e.Wait(); err != nil {
+		t.Fatal(err)
+	}
+
+	ldb, err := sql.Open("sqlite", "file:"+db+"?_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ldb.Close()
+	rows, err := ldb.Query(`SELECT outcome, error_code FROM usage_ledger ORDER BY outcome`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var got []string
+	for rows.Next() {
+		var outcome, code string
+		if err := rows.Scan(&outcome, &code); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, outcome+"/"+code)
+	}
+	if len(got) != 2 || got[0] != "edge_stopped/edge_shutting_down" || got[1] != got[0] {
+		t.Errorf("ledger rows %v, want two, edge_stopped with code edge_shutting_down", got)
+	}
+}
