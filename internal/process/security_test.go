@@ -544,6 +544,17 @@ func TestHeaderInjection(t *testing.T) {
 // the API's reach no provider.
 func TestNeverAnOpenProxy(t *testing.T) {
 	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if bytes.Contains(body, []byte(`"stream":true`)) {
+			// An Ollama route always asks for a stream; one answered
+			// otherwise is a provider failure.
+			w.Header().Set("Content-Type", "text/event-stream")
+			chunk := `{"id":"c","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"ok","finish_reason":"stop"}]}`
+			if r.URL.Path == "/v1/chat/completions" {
+				chunk = `{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":"stop"}]}`
+			}
+			fmt.Fprintf(w, "data: %s\n\ndata: [DONE]\n\n", chunk)
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		switch r.URL.Path {
 		case "/v1/embeddings":
