@@ -256,12 +256,21 @@ func (rc *runRecorder) failStarted(run Run, err error) string {
 	return reasonUpstreamError
 }
 
-// append adds one event, `data: <payload>\n\n`, carrying text, to the
-// run's log.
+// append adds one event whose data is payload, carrying text, to the
+// run's log: `data: <payload>\n\n`, one data line per line of payload (an
+// event's data holds an LF where the provider's event had two data
+// lines), so that a reader of the log gets payload back whole.
 func (rc *runRecorder) append(payload []byte, text string) {
 	event := make([]byte, 0, len(payload)+8)
-	event = append(append(append(event, "data: "...), payload...), "\n\n"...)
-	rc.run.Append(event, text)
+	for {
+		line, rest, more := bytes.Cut(payload, []byte("\n"))
+		event = append(append(append(event, "data: "...), line...), '\n')
+		if !more {
+			break
+		}
+		payload = rest
+	}
+	rc.run.Append(append(event, '\n'), text)
 }
 
 // normalized records a normalized-path run as the chat route streams it
