@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -104,4 +105,82 @@ func eventData(t *testing.T, stream []byte) []string {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// TestRunEventsAreTheChatStream: a run's events (GET /v1/runs/{id}/events)
+// are the events a client of POST /v1/chat/completions that streams with
+// include_usage gets for the same run (the runs API's doc: a run is a chat
+// completion, its events chat.completion.chunk objects ending [DONE], or
+// one error event when it fails), on both execution paths, with
+// reasoning, text and tool-call parts, and when the run fails after its
+// first event. On the normalized path they are the same bytes.
+func TestRunEventsAreTheChatStream(t *testing.T) {
+	sseHead := map[string]string{"Content-Type": "text/event-stream"}
+	thinking := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Thinking: "hmm"}
+	calls := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, ToolCalls: []*nodev1.ToolCallDelta{
+		{Index: 0, Id: "call_1", Name: "f", Arguments: `{"a":`}, {Index: 0, Arguments: `1}`}}}
+	const chunk = `data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}` + "\n\n"
+	for _, tc := range []struct {
+		name string
+		path contract.Path
+		msgs func() []*nodev1.RunUp
+		same bool // the same bytes, not only the same events
+	}{
+		{"normalized", normalized, func() []*nodev1.RunUp {
+			return []*nodev1.RunUp{events(started(), thinking, delta("hi")), events(calls, delta(" there")),
+				events(usageEvent(4, 3), complete("tool_calls"))}
+		}, true},
+		{"normalized without a finish reason", normalized, func() []*nodev1.RunUp {
+			return []*nodev1.RunUp{events(started(), delta("hi")), events(complete(""))}
+		}, true},
+		{"normalized failing after its first event", normalized, func() []*nodev1.RunUp {
+			return []*nodev1.RunUp{events(started(), delta("hi")), events(errorEvent(500, "boom"))}
+		}, true},
+		{"tunnel", tunnel, func() []*nodev1.RunUp {
+			return []*nodev1.RunUp{tunnelHead(200, sseHead), tunnelData(chunk), tunnelData(chunk + "data: [DONE]\n\n"), tunnelEnd()}
+		}, false},
+		{"tunnel failing after its status line", tunnel, func() []*nodev1.RunUp {
+			return []*nodev1.RunUp{tunnelHead(200, sseHead), tunnelData(chunk), tunnelError(502, "reset")}
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := newEnv(t, Config{Runs: newRunsManager(t)}, func(context.Context, Request) (Run, error) {
+				return scriptedRun(tc.path, tc.msgs()...), nil
+			})
+			resp, err := http.Post(env.srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(
+				`{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"x"}]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			chat, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+
+			resp, err = http.Post(env.srv.URL+"/v1/runs", "application/json", strings.NewReader(`{"model":"m","prompt":"x"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rec struct {
+				ID string `json:"id"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&rec)
+			resp.Body.Close()
+			if err != nil || rec.ID == "" {
+				t.Fatalf("POST /v1/runs: %d, %v", resp.StatusCode, err)
+			}
+			resp, err = http.Get(env.srv.URL + "/v1/runs/" + rec.ID + "/events")
+			if err != nil {
+				t.Fatal(err)
+			}
+			replay, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+
+			want, got := eventData(t, chat), eventData(t, replay)
+			if len(want) < 2 || strings.Join(got, "\n\n") != strings.Join(want, "\n\n") {
+				t.Errorf("the run's events differ from the chat stream's\nrun:\n%s\nchat:\n%s", replay, chat)
+			}
+			if tc.same && !bytes.Equal(replay, chat) {
+				t.Errorf("the run's log is not the chat stream's bytes\nrun:\n%q\nchat:\n%q", replay, chat)
+			}
+		})
+	}
 }
