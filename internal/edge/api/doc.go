@@ -96,6 +96,27 @@
 // encoding_format base64 are encoded here. For Ollama clients a tunnel
 // answer's reasoning_content or reasoning becomes thinking.
 //
+// # Runs API
+//
+// A run of the runs API (/v1/runs, runs.go; served with Config.Runs) is a
+// chat completion that lives in a runs.Run. It is not served by the chat
+// route: execute (runexec.go) dispatches its chat request itself
+// (Gateway.Dispatch, with the run's id and its session's preferred node
+// and provider) and consumes the run's typed events (contract.Message)
+// directly into the run (runRecorder): on the normalized path each delta's
+// reasoning, text and tool-call parts, the finish reason and the usage
+// become the chat.completion.chunk events a streaming chat client gets
+// (rendered once, appended to the run's log, the text to its output); on
+// the tunnel path the provider's OpenAI chat-completions bytes are read
+// once with package sse and each event is recorded with its data as the
+// provider sent it (its output text, finish reason, usage and error read
+// from that event). The run's request is observed as an API request of
+// operation "runs" (its outcome, log line, metrics and ledger entry
+// decided as on the chat route), and a refusal by the gateway reaches a
+// synchronous submission on a channel, to be answered as the chat route
+// answers it. Nothing is rendered into an http.ResponseWriter and read
+// back.
+//
 // # Errors
 //
 // Every failure is mapped to an HTTP status and an OpenAI error body by one
@@ -151,9 +172,14 @@
 // blocked Recv return, so the request goroutine notices a departed client
 // promptly; the callback decides nothing about the outcome. The cleanup
 // stops the callback before the handler returns; Run.Cancel is safe
-// concurrently with Recv and Close. No goroutine outlives its request. The
+// concurrently with Recv and Close. No goroutine outlives its request,
+// but for a run of the runs API: its run is dispatched, received, recorded
+// and closed by the run's own goroutine (runs.Manager.Start's, execute),
+// which is then its only owner as the request goroutine is of a chat
+// request; the run's context ending (its submitter gone, a DELETE, the
+// edge stopping) cancels it through the same context.AfterFunc. The
 // observation, its outcome included, is written by the request goroutine
-// only. A key's request slot (admit) is an auth.Permit, given back once
+// only (for a run of the runs API, by the run's goroutine). A key's request slot (admit) is an auth.Permit, given back once
 // however often it is released: when the answer is finished
 // (answerFinished), or at the latest when the handler returns, or, for a
 // background run that took it over (keepPermit), when the run's answer is

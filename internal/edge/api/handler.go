@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -341,12 +342,18 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error, 
 // logError logs one error answer: server-side failures at warn, client
 // mistakes and back-pressure at debug. Client text in it is clipped.
 func (h *handler) logError(r *http.Request, e *apiError, err error, req *Request) {
+	h.logFailure(r.Context(), r.URL.Path, e, err, req)
+}
+
+// logFailure is logError for the request of ctx on path (a run of the
+// runs API has no *http.Request of its own).
+func (h *handler) logFailure(ctx context.Context, path string, e *apiError, err error, req *Request) {
 	level := slog.LevelDebug
 	if e.status >= 500 {
 		level = slog.LevelWarn
 	}
-	h.logger.Log(r.Context(), level, "request failed",
-		"path", clip(r.URL.Path), "status", e.status, "code", deref(e.Code), "err", errorText(err, req))
+	h.logger.Log(ctx, level, "request failed",
+		"path", clip(path), "status", e.status, "code", deref(e.Code), "err", errorText(err, req))
 }
 
 func deref(s *string) string {

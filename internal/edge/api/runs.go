@@ -1,7 +1,6 @@
 package api
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -14,9 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"iop/internal/edge/contract"
 	"iop/internal/runs"
-	"iop/internal/sse"
 )
 
 // The runs API (served when Config.Runs is set):
@@ -220,13 +217,13 @@ func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
 	// The run holds its key's request slot until it ends, also in the
 	// background after this request answered.
 	release := keepPermit(r.Context())
-	// Set by the run's goroutine before the run finishes, read here only
-	// after run.Wait saw it finish.
-	var dispatchErr error
+	// The run's refusal by the gateway, if it got one: sent before the
+	// run finishes, so it is there once run.Wait saw it finish.
+	refused := make(chan error, 1)
 	requestID := obs.requestID()
 	run, err := h.cfg.Runs.Start(r.Context(), rec, func(ctx context.Context, run *runs.Run) {
 		defer release()
-		h.execute(ctx, run, requestID, sub.chatBody, nodeID, providerID, &dispatchErr)
+		h.execute(ctx, run, runTarget{requestID: requestID, sub: sub, preferNode: nodeID, preferProvider: providerID}, refused)
 	})
 	if err != nil {
 		release()
@@ -248,6 +245,11 @@ func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err, nil) // the client is gone: nothing is written
 		return
 	}
+	var dispatchErr error
+	select {
+	case dispatchErr = <-refused:
+	default:
+	}
 	if final.State == runs.StateError && dispatchErr != nil {
 		// It never reached a provider (an unknown model, a full queue, ...):
 		// answered as the chat route answers it; the record stays listed.
@@ -256,217 +258,6 @@ func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, renderRecord(final))
-}
-
-// execute runs a submitted run: it serves its chat completion request with
-// the chat handler, into a writer that records the answer's events in the
-// run, with a gateway that names the run and records its dispatch. ctx
-// ends when the run is cancelled. The chat request is an API request of
-// operation "runs" named requestID (the submission's): its outcome is
-// decided once and is the run record's too (runWriter.outcome).
-func (h *handler) execute(ctx context.Context, run *runs.Run, requestID string, chatBody []byte, preferNode, preferProvider string, dispatchErr *error) {
-	inner := *h
-	inner.gw = runGateway{Gateway: h.gw, run: run, preferNode: preferNode, preferProvider: preferProvider, dispatchErr: dispatchErr}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "/v1/chat/completions", bytes.NewReader(chatBody))
-	if err != nil {
-		run.Finish(runs.Outcome{State: runs.StateError, Error: err.Error()})
-		return
-	}
-	req.Header.Set("Content-Type", "application/json")
-	// Its own observation: ctx carries the submitting request's values, and
-	// that request may finish first.
-	req, obs := h.observe(req)
-	obs.rec.API, obs.rec.RequestID, obs.rec.Key = "runs", requestID, keyName(ctx)
-	rw := &runWriter{run: run, header: make(http.Header)}
-	defer func() { h.finish(ctx, obs, rw.status) }()
-	func() {
-		defer func() {
-			// The chat handler aborts a response cut short; here that
-			// just ends the recording.
-			if v := recover(); v != nil && v != http.ErrAbortHandler {
-				panic(v)
-			}
-		}()
-		inner.chatCompletions(rw, req)
-	}()
-	// The run's answer is finished (answerFinished also ran in the chat
-	// handler, before its last event, unless the run never started).
-	answerFinished(ctx)
-	run.Finish(rw.outcome(ctx, obs.decide(rw.status)))
-}
-
-// runGateway is the Gateway a run's chat request goes through: it gives
-// the dispatch the run's id and session preference, and records where the
-// run went, or, in dispatchErr, why it went nowhere.
-type runGateway struct {
-	Gateway
-	run                        *runs.Run
-	preferNode, preferProvider string
-	dispatchErr                *error
-}
-
-func (g runGateway) Dispatch(ctx context.Context, req Request) (Run, error) {
-	req.RunID = g.run.Record().ID
-	req.PreferNodeID, req.PreferProviderID = g.preferNode, g.preferProvider
-	r, err := g.Gateway.Dispatch(ctx, req)
-	if err != nil {
-		*g.dispatchErr = err
-		return nil, err
-	}
-	info := r.Info()
-	g.run.Dispatched(runs.Record{
-		NodeID: info.NodeID, ProviderID: info.ProviderID, ServedModel: info.ServedModel,
-		Path: info.Path.String(), QueueReason: info.QueueReason, QueueWait: info.QueueWait,
-	})
-	return r, nil
-}
-
-// maxErrorBody caps the error body a runWriter keeps.
-const maxErrorBody = 64 << 10
-
-// runWriter is the http.ResponseWriter a run's chat request is served
-// into. It splits an SSE answer into events (package sse, the WHATWG
-// rules), appends each to the run's log
-// as `data: <payload>\n\n`, and reads from it the output text, finish
-// reason, usage, an in-stream error and the closing [DONE]. A non-SSE
-// answer (an error) is kept for its message.
-type runWriter struct {
-	run    *runs.Run
-	header http.Header
-	status int
-	sse    bool
-	events sse.Reader // the SSE answer's events
-	body   []byte     // a non-SSE body, up to maxErrorBody
-
-	done                           bool
-	errMsg, finishReason           string
-	promptTokens, completionTokens int
-}
-
-func (w *runWriter) Header() http.Header { return w.header }
-
-func (w *runWriter) WriteHeader(status int) {
-	if w.status != 0 {
-		return
-	}
-	w.status = status
-	w.sse = isEventStream(w.header.Get("Content-Type"))
-}
-
-func (w *runWriter) Flush() {}
-
-func (w *runWriter) Write(p []byte) (int, error) {
-	if w.status == 0 {
-		w.WriteHeader(http.StatusOK)
-	}
-	if !w.sse {
-		if room := maxErrorBody - len(w.body); room > 0 {
-			w.body = append(w.body, p[:min(room, len(p))]...)
-		}
-		return len(p), nil
-	}
-	// The chat handler writes events of bounded size; an event over the
-	// reader's bound is not recorded.
-	w.events.SkipTooLong = true
-	_ = w.events.Feed(p, func(e sse.Event) error { w.dispatch(e.Data); return nil })
-	return len(p), nil
-}
-
-// dispatch handles one complete event, whose data is payload.
-func (w *runWriter) dispatch(payload []byte) {
-	text := ""
-	if string(payload) == "[DONE]" {
-		w.done = true
-	} else {
-		var chunk struct {
-			Choices []struct {
-				Index int `json:"index"`
-				Delta struct {
-					Content string `json:"content"`
-				} `json:"delta"`
-				FinishReason string `json:"finish_reason"`
-			} `json:"choices"`
-			Usage *struct {
-				PromptTokens     int `json:"prompt_tokens"`
-				CompletionTokens int `json:"completion_tokens"`
-			} `json:"usage"`
-			Error json.RawMessage `json:"error"`
-		}
-		if json.Unmarshal(payload, &chunk) == nil {
-			for _, c := range chunk.Choices {
-				if c.Index != 0 {
-					continue
-				}
-				text += c.Delta.Content
-				if c.FinishReason != "" {
-					w.finishReason = c.FinishReason
-				}
-			}
-			if chunk.Usage != nil {
-				w.promptTokens, w.completionTokens = chunk.Usage.PromptTokens, chunk.Usage.CompletionTokens
-			}
-			if !isAbsent(chunk.Error) {
-				w.errMsg = errorMessage(chunk.Error)
-			}
-		}
-	}
-	event := make([]byte, 0, len(payload)+8)
-	event = append(append(append(event, "data: "...), payload...), "\n\n"...)
-	w.run.Append(event, text)
-}
-
-// errorMessage is the message of an OpenAI error object, or its JSON.
-func errorMessage(raw json.RawMessage) string {
-	var e struct {
-		Message string `json:"message"`
-	}
-	if json.Unmarshal(raw, &e) == nil && e.Message != "" {
-		return e.Message
-	}
-	return clipTo(string(raw), maxQuotedBytes)
-}
-
-// outcome is how the recorded answer ended; ctx is the run's context and
-// requestOutcome the outcome decided for the run's chat request (an
-// Outcome* value), which the record keeps and which decides a complete
-// state: the run is complete exactly when its request completed.
-func (w *runWriter) outcome(ctx context.Context, requestOutcome contract.Outcome) runs.Outcome {
-	o := runs.Outcome{Status: w.status, FinishReason: w.finishReason, PromptTokens: w.promptTokens, CompletionTokens: w.completionTokens,
-		Outcome: string(requestOutcome)}
-	switch {
-	case requestOutcome == OutcomeCompleted:
-		o.State = runs.StateComplete
-	case errors.Is(context.Cause(ctx), runs.ErrStopping) || requestOutcome == OutcomeEdgeStopped:
-		o.State, o.Error = runs.StateError, runs.ErrStopping.Error()
-		w.appendError(o.Error, "edge_stopped")
-	case ctx.Err() != nil:
-		o.State = runs.StateCancelled
-		o.Error = "cancelled: " + context.Cause(ctx).Error()
-		w.appendError(o.Error, "run_cancelled")
-	case w.errMsg != "":
-		o.State, o.Error = runs.StateError, w.errMsg
-	case !w.sse && w.status >= 400:
-		var body struct {
-			Error json.RawMessage `json:"error"`
-		}
-		o.State, o.Error = runs.StateError, http.StatusText(w.status)
-		if json.Unmarshal(w.body, &body) == nil && !isAbsent(body.Error) {
-			o.Error = errorMessage(body.Error)
-			w.run.Append(append(append([]byte("data: "), bytes.TrimSpace(w.body)...), "\n\n"...), "")
-		} else {
-			w.appendError(o.Error, "upstream_error")
-		}
-	default:
-		o.State, o.Error = runs.StateError, errUpstreamEnded.Error()
-		w.appendError(o.Error, "upstream_error")
-	}
-	return o
-}
-
-// appendError ends the run's log with an OpenAI error event.
-func (w *runWriter) appendError(message, code string) {
-	b, _ := json.Marshal(errorBody{Error: newAPIError(0, "server_error", "", code, message)})
-	w.run.Append(append(append([]byte("data: "), b...), "\n\n"...), "")
 }
 
 // getRun serves GET /v1/runs/{id}.
