@@ -175,6 +175,11 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 		defer cancel()
 		defer context.AfterFunc(abort, cancel)()
 		derr := httpSrv.Shutdown(drainCtx)
+		if derr == nil {
+			// Background runs (the runs API) have the rest of the grace
+			// too; the edge still dispatches and relays them meanwhile.
+			derr = runManager.Drain(drainCtx)
+		}
 		// What is still going now (requests past the grace, queued ones,
 		// background runs) ends with an answer that says the edge stopped
 		// (503, or a stream's error event), recorded as edge_stopped:

@@ -120,3 +120,57 @@ func TestRegression_EdgeStopEndsRequestsWithAnAnswer(t *testing.T) {
 		t.Errorf("ledger rows %v, want two, edge_stopped with code edge_shutting_down", got)
 	}
 }
+
+// TestRegression_EdgeStopDrainsBackgroundRuns: a background run (the runs
+// API) in flight when the edge is told to stop was ended at once, as
+// stopped with the edge, though the drain timeout had most of its time
+// left (a new user's report). It runs to its end within the drain, is
+// recorded complete with its whole output, and the edge then stops.
+func TestRegression_EdgeStopDrainsBackgroundRuns(t *testing.T) {
+	_, url := startSim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"slow"}, TokensPerSecond: 20})
+	db := filepath.Join(t.TempDir(), "edge.db")
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	cfg := edge.DefaultConfig()
+	cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", db
+	cfg.DrainTimeout = time.Minute // far more than the run needs
+	e, err := Start(ctx, Config{Mode: ModeEdge, Edge: cfg}, Deps{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeCtx, stopNode := context.WithCancel(context.Background())
+	defer stopNode()
+	startNode(t, nodeCtx, node.Config{NodeID: "gpu-1", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
+		{ID: "v", Type: "vllm", BaseURL: url + "/v1", Models: []string{"slow"}, Capacity: 1}}})
+	waitFor(t, "the node serves slow", func() bool { return len(e.Service.Snapshot().Providers) == 1 })
+
+	resp, err := http.Post("http://"+e.HTTPAddr+"/v1/runs", "application/json",
+		strings.NewReader(`{"model":"slow","prompt":"count","background":true,"max_tokens":20}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var run struct{ ID string }
+	json.NewDecoder(resp.Body).Decode(&run)
+	resp.Body.Close()
+	if run.ID == "" {
+		t.Fatalf("no run id (%d)", resp.StatusCode)
+	}
+	waitFor(t, "the run is in flight", func() bool { return len(e.Service.RunsInFlight()) == 1 })
+
+	stop() // SIGTERM
+	if err := e.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	rdb, err := sql.Open("sqlite", "file:"+db+"?_pragma=busy_timeout(5000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	var state, outcome, output string
+	if err := rdb.QueryRow(`SELECT state, outcome, output FROM runs WHERE id = ?`, run.ID).Scan(&state, &outcome, &output); err != nil {
+		t.Fatal(err)
+	}
+	if state != "complete" || outcome != "completed" || strings.TrimSpace(output) == "" {
+		t.Fatalf("run %s: state %q outcome %q output %q, want complete, completed, its answer", run.ID, state, outcome, output)
+	}
+}

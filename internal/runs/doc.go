@@ -28,7 +28,8 @@
 // The package starts no other goroutine. Two mutexes:
 //
 //   - Manager.mu guards live, sessions, closed and timers, and orders
-//     wg.Add after the closed check in Start before Close's wg.Wait.
+//     wg.Add after the closed check in Start before the wg.Wait of Close
+//     and of Drain (both set closed first).
 //   - Run.mu guards the run's record, output, event log, its done and
 //     finishing flags, and the changed channel, which wake closes and
 //     replaces under it; Wait and Next take the channel under Run.mu and

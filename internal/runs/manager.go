@@ -187,6 +187,29 @@ func (m *Manager) remember(sessionID, nodeID, providerID string) {
 	m.sessions[sessionID] = [2]string{nodeID, providerID}
 }
 
+// Drain refuses new runs (Start then fails with ErrClosed) and waits until
+// every run's execution has ended, or ctx is done (then it returns ctx's
+// error and the runs go on until Close). A stopping edge drains its
+// background runs within its drain timeout, as it does its requests (a new
+// user saw a background run cut at once by a stop whose drain timeout had
+// 23 s left).
+func (m *Manager) Drain(ctx context.Context) error {
+	m.mu.Lock()
+	m.closed = true // no wg.Add after this (Start checks it under mu)
+	m.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		m.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // Close cancels every live run (cause ErrStopping), waits for their executions to end (their
 // final records saved), drops the event logs and closes the Store.
 func (m *Manager) Close() error {
