@@ -113,6 +113,11 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 		if silent := s.clock.Now().Sub(old.seen()); silent < s.cfg.HeartbeatInterval {
 			s.log.Error("node connection replaced a live one: are two nodes using the same node_id?",
 				"node", c.nodeID, "old_generation", old.gen, "new_generation", c.gen, "old_silent_for", silent)
+		} else if old.instance != "" && c.instance != "" && old.instance != c.instance {
+			// Another process took the id over from one that went silent:
+			// no reconnect of the same node (a new user read it as one).
+			s.log.Warn("node_id taken over by another node process: the previous one went silent", "node", c.nodeID,
+				"old_generation", old.gen, "new_generation", c.gen, "old_silent_for", silent)
 		} else {
 			s.log.Info("node reconnected", "node", c.nodeID, "old_generation", old.gen, "new_generation", c.gen)
 		}
