@@ -199,7 +199,11 @@ func TestNodeTLS(t *testing.T) {
 		tlsFailure(t, failingNode(t, e, wrongCA))
 		wrongName := nodeCfg("wrong-name", e)
 		wrongName.TLSCA, wrongName.TLSServerName = caFile, "edge.example.com"
-		tlsFailure(t, failingNode(t, e, wrongName))
+		rec := failingNode(t, e, wrongName)
+		tlsFailure(t, rec)
+		if !strings.Contains(rec["hint"], "tls_server_name") {
+			t.Errorf("a certificate for another name: log %v has no tls_server_name hint", rec)
+		}
 		// A plaintext node at a TLS endpoint: the error alone ("error
 		// reading server preface: EOF") gave a new user no clue.
 		if rec := failingNode(t, e, nodeCfg("plaintext", e)); !strings.Contains(rec["hint"], "tls_ca") {
