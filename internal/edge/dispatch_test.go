@@ -158,7 +158,7 @@ func TestDispatchNext(t *testing.T) {
 		},
 		{
 			name: "a client gone during the read-ahead ends it", maxRetries: 1,
-			steps: []step{{attemptResult{kind: resClientGone, run: r1, err: context.Canceled, ctxErr: context.Canceled}, actFinish, false}},
+			steps:   []step{{attemptResult{kind: resClientGone, run: r1, err: context.Canceled, ctxErr: context.Canceled}, actFinish, false}},
 			wantErr: context.Canceled, wantDrop: r1,
 		},
 		{
