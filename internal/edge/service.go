@@ -128,6 +128,7 @@ type Service struct {
 // ...), and the failed run ends. When no other candidate takes it, the last
 // failed run is returned as it came (its Recv gives the provider's answer)
 // or, for a lost node, its error. Each retry is logged and counted (Stats).
+// The decisions are next's (dispatch.go), one per attempt.
 //
 // Providers out of rotation (their circuit breaker open, see breakers) are
 // no candidates; a model whose every provider is out of rotation fails with
