@@ -93,6 +93,12 @@ func TestDispatchNext(t *testing.T) {
 			wantErr: scheduler.ErrProviderUnavailable, wantRetry: 1,
 		},
 		{
+			name: "none left after two failures: the latest failed attempt's outcome", maxRetries: 2,
+			steps: []step{{failed(r1, "status 503"), actRetry, false}, {nodeLost(r2), actRetry, false},
+				{notAdmitted(noProvider), actFinish, false}},
+			wantErr: scheduler.ErrProviderUnavailable, wantRetry: 2,
+		},
+		{
 			name: "a node lost with retries used up: its error", maxRetries: 0,
 			steps:   []step{{nodeLost(r1), actFinish, false}},
 			wantErr: ErrNodeGone,
