@@ -72,10 +72,11 @@ type attemptResult struct {
 
 // dispatchState is what the dispatch loop remembers between attempts.
 type dispatchState struct {
-	maxRetries int  // Config.Retries()
-	retries    int  // admissions again after a provider failed before the first byte
-	readmitted bool // a dispatch that never reached a provider was admitted again
-	outOfRot   int  // admissions whose provider left rotation before dispatch
+	model      string // the request's model, for errors
+	maxRetries int    // Config.Retries()
+	retries    int    // admissions again after a provider failed before the first byte
+	readmitted bool   // a dispatch that never reached a provider was admitted again
+	outOfRot   int    // admissions whose provider left rotation before dispatch
 	// failedRun (ended) or failedErr is the last failed attempt, the answer
 	// when no other candidate serves the request.
 	failedRun *Run
@@ -117,6 +118,12 @@ type action struct {
 func next(res attemptResult, st dispatchState) (action, dispatchState) {
 	switch res.kind {
 	case resOutOfRotation:
+		// Its circuit opened, or another request took its half-open
+		// trial, after the resolver ran: not an attempt. The resolver
+		// leaves it out while it is out of rotation, so the request may
+		// still go to it once it is back (the trial succeeded); only after
+		// maxOutOfRotation such races is it left out for good, so the loop
+		// ends.
 		st.outOfRot++
 		return action{kind: actAgain, exclude: st.outOfRot >= maxOutOfRotation}, st
 	case resNotDispatched:
@@ -165,7 +172,7 @@ func notServed(res attemptResult, st dispatchState) action {
 		if st.outOfRot > 0 && (errors.Is(err, scheduler.ErrNoProvider) || errors.Is(err, scheduler.ErrCandidatesRejected)) {
 			// Admitted once, its provider left rotation before dispatch
 			// and none is left: its providers went away while it waited.
-			return action{kind: actFinish, err: fmt.Errorf("%w: %v", scheduler.ErrProviderUnavailable, err)}
+			return action{kind: actFinish, err: fmt.Errorf("model %q: %w: %v", st.model, scheduler.ErrProviderUnavailable, err)}
 		}
 		return action{kind: actFinish, err: err}
 	}
@@ -230,7 +237,7 @@ func (s *Service) attempt(ctx context.Context, req Request, tried []triedCandida
 // *attempts, so that Dispatch settles those it does not hand out.
 func (s *Service) dispatchLoop(ctx context.Context, req Request, attempts *[]*Run) (*Run, error) {
 	baseID := req.RunID
-	st := dispatchState{maxRetries: s.cfg.Retries()}
+	st := dispatchState{model: req.Model, maxRetries: s.cfg.Retries()}
 	var tried []triedCandidate
 	for n := 0; ; {
 		res := s.attempt(ctx, req, tried, st.maxRetries > 0, st.failedRun)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"iop/internal/scheduler"
@@ -45,6 +46,7 @@ func TestDispatchNext(t *testing.T) {
 		wantNotErr error // an error the answer must not be
 		wantDrop   *Run  // the run dropped as "client gone"
 		wantRetry  int   // retries counted (max_retries counts these)
+		wantMsg    string
 	}{
 		{
 			name: "an answer is the answer", maxRetries: 1,
@@ -193,7 +195,7 @@ func TestDispatchNext(t *testing.T) {
 		{
 			name: "out of rotation and then none left: its providers went away (503)", maxRetries: 1,
 			steps:   []step{{outOfRot, actAgain, false}, {notAdmitted(noProvider), actFinish, false}},
-			wantErr: scheduler.ErrProviderUnavailable,
+			wantErr: scheduler.ErrProviderUnavailable, wantMsg: `model "m"`,
 		},
 		{
 			name: "out of rotation and then a rejection: never a 400", maxRetries: 1,
@@ -214,7 +216,7 @@ func TestDispatchNext(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			st := dispatchState{maxRetries: tt.maxRetries}
+			st := dispatchState{model: "m", maxRetries: tt.maxRetries}
 			var act action
 			for i, s := range tt.steps {
 				act, st = next(s.res, st)
@@ -236,6 +238,9 @@ func TestDispatchNext(t *testing.T) {
 			}
 			if tt.wantNotErr != nil && errors.Is(act.err, tt.wantNotErr) {
 				t.Errorf("err %v, must not be %v", act.err, tt.wantNotErr)
+			}
+			if tt.wantMsg != "" && (act.err == nil || !strings.Contains(act.err.Error(), tt.wantMsg)) {
+				t.Errorf("err %v, want it to say %s", act.err, tt.wantMsg)
 			}
 			if act.drop != tt.wantDrop {
 				t.Errorf("drop %p, want %p", act.drop, tt.wantDrop)
