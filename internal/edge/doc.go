@@ -156,7 +156,22 @@
 // again that finds no other candidate (none left, or none left with its
 // needs: its capable provider went away) gets the failed attempt's outcome:
 // the provider's answer, or for a lost node ErrProviderUnavailable, never a
-// rejection. Every
+// rejection.
+//
+// Dispatch is one loop (dispatch.go): each attempt (Service.attempt: one
+// admission, one dispatch, and with MaxRetries above 0 the read-ahead)
+// returns an attemptResult (not admitted, out of rotation, not dispatched,
+// answered, failed before the first byte, client gone); the pure function
+// next(result, state) decides, from it and what earlier attempts left
+// (dispatchState: retries counted, whether a dispatch was admitted again,
+// out-of-rotation races, the failed attempt to relay), whether to retry on
+// a provider not tried yet, admit again or finish, and with what. A
+// dispatch that never reached a provider (stale generation, dispatch
+// timeout, refused, its node gone or draining before the run opened) is
+// admitted again once and counts no retry; a provider out of rotation
+// between admission and dispatch is no attempt. The messages read ahead
+// belong to the run's readAhead (Run.readFirst fills it, Run.recv returns
+// them first). Every
 // (node id, provider id) has a circuit breaker (breakers): failures before
 // the first byte in a row open it, taking the provider out of the
 // resolver's candidates for a cool-down, after which one trial request at a
@@ -198,7 +213,12 @@
 // inline, then a Cancel); the caller of Run.Recv is the sole receiver after RunOpen.
 // Timers (heartbeats, hello and dispatch timeouts) run on the injected
 // clock; their callbacks only signal a channel or end a pending run (which
-// may open its provider's circuit, see above).
+// may open its provider's circuit, see above). Each Dispatch attempt has one
+// client-gone watcher (watchClient, a context.AfterFunc on the caller's
+// context) from the run's creation until the attempt returns: it ends the
+// run ("client gone"), which ends the waits for the run to open and the
+// read-ahead; stopping it waits for a watcher that already fired, so the
+// attempt sees the run's end whole. A run handed to the caller has none.
 //
 // Every run is finalized exactly once, by Run.finish, whichever comes
 // first: Recv seeing a terminal message or a stream error, Cancel or Close,

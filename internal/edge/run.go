@@ -59,7 +59,7 @@ type Run struct {
 	answered atomic.Bool
 
 	mu           sync.Mutex // guards the fields below
-	replay       []runMsg   // read by Dispatch, to be returned by Recv first
+	ahead        readAhead  // read by Dispatch, to be returned by Recv first
 	state        runState
 	stream       nodev1.NodeGateway_RunServer // set when opened
 	endErr       error                        // why the run failed; nil for a clean end
@@ -92,9 +92,7 @@ func (r *Run) Recv() (contract.Message, error) {
 // is detected and its lease released.
 func (r *Run) recv() (runMsg, error) {
 	r.mu.Lock()
-	if len(r.replay) > 0 {
-		m := r.replay[0]
-		r.replay = r.replay[1:]
+	if m, ok := r.ahead.pop(); ok {
 		r.mu.Unlock()
 		return m, nil
 	}
@@ -305,7 +303,7 @@ func (r *Run) endResult() error {
 func (r *Run) Cancel(reason string) {
 	r.finish("closed: "+reason, nil, true)
 	r.mu.Lock()
-	r.replay = nil
+	r.ahead.reset()
 	r.mu.Unlock()
 }
 

@@ -128,6 +128,7 @@ type Service struct {
 // ...), and the failed run ends. When no other candidate takes it, the last
 // failed run is returned as it came (its Recv gives the provider's answer)
 // or, for a lost node, its error. Each retry is logged and counted (Stats).
+// The decisions are next's (dispatch.go), one per attempt.
 //
 // Providers out of rotation (their circuit breaker open, see breakers) are
 // no candidates; a model whose every provider is out of rotation fails with
@@ -186,123 +187,7 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (out *Run, outErr e
 	if req.RunID == "" {
 		req.RunID = newRunID()
 	}
-	baseID := req.RunID
-	var (
-		tried      []triedCandidate
-		readmitted bool  // a dispatch that never reached a provider was admitted again
-		retries    int   // admissions again after a provider failed before the first byte
-		failedRun  *Run  // the last failed attempt, ended, to relay if nothing else serves
-		failedErr  error // or why the last attempt failed without a run
-		outOfRot   int   // admissions whose provider left rotation before dispatch
-	)
-	for attempt := 0; ; attempt++ {
-		if attempt > 0 {
-			req.RunID = retryRunID(baseID, attempt)
-		}
-		run, cand, err := s.dispatchOnce(ctx, req, tried)
-		if run != nil {
-			attempts = append(attempts, run)
-		}
-		switch {
-		case err == nil:
-		case errors.Is(err, errOutOfRotation):
-			// Its circuit opened, or another request took its half-open
-			// trial, after the resolver ran: not an attempt. The resolver
-			// leaves it out while it is out of rotation, so the request
-			// may still go to it once it is back (the trial succeeded);
-			// only after maxOutOfRotation such races is it left out for
-			// good, so the loop ends.
-			if outOfRot++; outOfRot >= maxOutOfRotation {
-				tried = append(tried, tried1(cand, false))
-			}
-			attempt--
-			continue
-		case dispatchRetryable(err) && !readmitted:
-			// DESIGN.md: a dispatch that never reached a provider (sent on a
-			// replaced generation, not opened in time, refused, or lost with
-			// its node before the run opened) is released and admitted
-			// again, once, without the candidate that failed.
-			s.log.Info("dispatch failed before the run opened; trying another provider", "run", req.RunID, "model", req.Model, "node", cand.NodeID, "provider", cand.ProviderID, "err", err)
-			s.emit(lifecycle.Event{Type: lifecycle.DispatchRetried, Model: req.Model, NodeID: cand.NodeID, Generation: cand.Generation, ProviderID: cand.ProviderID, Reason: dispatchFailure(err)})
-			readmitted = true
-			tried = append(tried, tried1(cand, true))
-			if failedRun == nil {
-				failedErr = err
-			}
-			continue
-		case failedRun != nil || failedErr != nil:
-			return s.noOtherCandidate(ctx, err, failedRun, failedErr)
-		case outOfRot > 0 && (errors.Is(err, scheduler.ErrNoProvider) || errors.Is(err, scheduler.ErrCandidatesRejected)):
-			// Admitted once, its provider left rotation before dispatch
-			// and none is left: its providers went away while it waited.
-			return nil, fmt.Errorf("model %q: %w: %v", req.Model, scheduler.ErrProviderUnavailable, err)
-		default:
-			return nil, err
-		}
-		if failedRun != nil {
-			failedRun.drop("another provider took the request")
-			failedRun = nil
-		}
-		failedErr = nil
-		if s.cfg.Retries() == 0 {
-			return run, nil
-		}
-		reason, err := s.awaitFirst(ctx, run)
-		switch {
-		case ctx.Err() != nil:
-			run.drop("client gone")
-			return nil, ctx.Err()
-		case reason == "":
-			return run, nil // an answer, or a failure no other candidate would change
-		case retries >= s.cfg.Retries():
-			if err != nil {
-				return nil, err
-			}
-			return run, nil
-		}
-		retries++
-		s.countRetry(reason)
-		s.emit(lifecycle.Event{Type: lifecycle.DispatchRetried, Model: req.Model, NodeID: cand.NodeID, Generation: cand.Generation, ProviderID: cand.ProviderID, Reason: reason})
-		s.log.Warn("provider failed before the first byte; admitting the request again", "run", req.RunID, "model", req.Model,
-			"node", cand.NodeID, "provider", cand.ProviderID, "reason", reason, "retry", retries, "max_retries", s.cfg.Retries())
-		tried = append(tried, tried1(cand, false))
-		if err != nil {
-			failedErr = err
-		} else {
-			failedRun = run
-		}
-	}
-}
-
-// noOtherCandidate is Dispatch's answer when admitting a request again
-// failed with err after an attempt failed (failedRun or failedErr): the
-// failed attempt's outcome, as it would have been without the retry, unless
-// the client left.
-func (s *Service) noOtherCandidate(ctx context.Context, err error, failedRun *Run, failedErr error) (*Run, error) {
-	if ctx.Err() != nil {
-		if failedRun != nil {
-			failedRun.drop("client gone")
-		}
-		return nil, ctx.Err()
-	}
-	if failedRun != nil {
-		return failedRun, nil
-	}
-	// No other candidate: none left (ErrNoProvider); none left with the
-	// request's needs (a rejection now means the providers that met them
-	// went away, since the first admission found one: never a 400 for a
-	// request that was admitted once); or the re-admission waited and lost
-	// its providers (ErrProviderUnavailable).
-	if !errors.Is(err, scheduler.ErrNoProvider) && !errors.Is(err, scheduler.ErrCandidatesRejected) &&
-		!errors.Is(err, scheduler.ErrProviderUnavailable) {
-		return nil, err
-	}
-	// No other candidate. A node that went away or drains leaves the model
-	// without a provider (503); other failures are reported as they were.
-	if errors.Is(failedErr, ErrNodeGone) || errors.Is(failedErr, ErrStaleGeneration) || errors.Is(failedErr, errNodeDraining) {
-		return nil, fmt.Errorf("%w: %w", scheduler.ErrProviderUnavailable, failedErr)
-	}
-	return nil, failedErr
+	return s.dispatchLoop(ctx, req, &attempts)
 }
 
 // retryRunID is the run id of a request's attempt-th admission again:
@@ -312,62 +197,6 @@ func retryRunID(id string, attempt int) string {
 		return id + "-retry"
 	}
 	return fmt.Sprintf("%s-retry%d", id, attempt)
-}
-
-// maxReadAhead bounds the bytes of a failed tunnel answer (its error body)
-// Dispatch keeps while it admits the request again; a longer one is
-// relayed as it is.
-const maxReadAhead = 256 << 10
-
-// awaitFirst reads run's messages until one tells how the provider did
-// (verdict), keeping them for Recv. For a failure worth another candidate
-// it returns the retry reason; the run has then ended (a failed tunnel
-// answer is read to its end, up to maxReadAhead bytes). A node lost before
-// that message is the reason "node gone", with its error. ctx ending closes
-// the run.
-func (s *Service) awaitFirst(ctx context.Context, run *Run) (reason string, err error) {
-	stop := context.AfterFunc(ctx, func() { run.finish("client gone", ctx.Err(), true) })
-	defer stop()
-	var got []runMsg
-	defer func() {
-		run.mu.Lock()
-		run.replay = append(got, run.replay...)
-		run.mu.Unlock()
-	}()
-	for {
-		m, err := run.recv()
-		if err != nil {
-			if errors.Is(err, ErrNodeGone) {
-				return "node gone", err
-			}
-			return "", nil // io.EOF or ctx: Recv will say it again
-		}
-		got = append(got, m)
-		if !m.decisive {
-			continue
-		}
-		retry := m.retry
-		if retry == "" || !m.head {
-			return retry, nil
-		}
-		// A failed tunnel answer: read its body to the end, so that the
-		// run's slot is free while the request is admitted again.
-		size := 0
-		for {
-			m, err := run.recv()
-			if err != nil {
-				return retry, nil // ended: the head and what came is the answer
-			}
-			got = append(got, m)
-			size += m.dataLen
-			if size > maxReadAhead {
-				return "", nil
-			}
-			if m.msg.Ends {
-				return retry, nil
-			}
-		}
-	}
 }
 
 // triedCandidate is a candidate an attempt of a request went to; exact excludes only
@@ -402,8 +231,10 @@ var errOutOfRotation = errors.New("provider out of rotation")
 
 // dispatchOnce admits req (never to a candidate tried excludes) and
 // dispatches it; it returns the run, or the candidate it tried and why it
-// failed.
-func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCandidate) (*Run, scheduler.Candidate, error) {
+// failed. From the run's creation, the attempt's client-gone watcher ends
+// it when ctx ends; with the run, dispatchOnce returns that watcher's stop,
+// which the caller calls when it is done with the attempt.
+func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCandidate) (*Run, scheduler.Candidate, func(), error) {
 	lease, err := s.sched.Admit(ctx, scheduler.Request{
 		Group:                req.Model,
 		Long:                 s.cfg.LongContextTokens > 0 && req.EstimatedInputTokens >= s.cfg.LongContextTokens,
@@ -413,13 +244,13 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		OnQueued:             func() { s.emitQueued(req.Model) },
 	})
 	if err != nil {
-		return nil, scheduler.Candidate{}, err
+		return nil, scheduler.Candidate{}, nil, err
 	}
 	cand := lease.Candidate()
 	tk, ok := s.breakers.acquire(providerKey{cand.NodeID, cand.ProviderID})
 	if !ok {
 		lease.Release("circuit open")
-		return nil, cand, errOutOfRotation
+		return nil, cand, nil, errOutOfRotation
 	}
 	runID := req.RunID
 	lease.Track(runID)
@@ -430,7 +261,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 	if c == nil {
 		lease.Release("stale generation")
 		tk.done(outcomeNeutral)
-		return nil, cand, fmt.Errorf("%w: node %q generation %d was replaced before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
+		return nil, cand, nil, fmt.Errorf("%w: node %q generation %d was replaced before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
 	}
 	li := lease.Info()
 	inline := len(req.Body) <= maxInlineBody
@@ -490,25 +321,27 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 	if !c.enqueue(msg) {
 		r.finish("stale generation", nil, false)
 		r.settle("")
-		return nil, cand, fmt.Errorf("%w: node %q generation %d closed before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
+		return nil, cand, nil, fmt.Errorf("%w: node %q generation %d closed before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
 	}
 
+	// The attempt's one client-gone watcher: the caller leaving ends the
+	// run, which ends the waits below (r.ended) and a read-ahead.
+	stopWatch := watchClient(ctx, r)
 	for _, step := range []chan struct{}{r.opened, r.bodySent} {
 		select {
 		case <-step:
 		case <-r.ended:
-		case <-ctx.Done():
-			r.finish("client gone", ctx.Err(), true)
 		}
 		if ended, err := r.outcome(); ended {
+			stopWatch()
 			r.settle("")
 			if err == nil {
 				err = fmt.Errorf("%w: run %q ended before it started", ErrNodeGone, runID)
 			}
-			return nil, cand, err
+			return nil, cand, nil, err
 		}
 	}
-	return r, cand, nil
+	return r, cand, stopWatch, nil
 }
 
 // needsOf returns the capabilities req needs of the served model: its

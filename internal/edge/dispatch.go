@@ -1,0 +1,296 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"iop/internal/edge/lifecycle"
+	"iop/internal/scheduler"
+)
+
+// One dispatch loop. Service.Dispatch runs attempts (Service.attempt: one
+// admission, one dispatch, and with read-ahead the run's first messages)
+// until the pure function next decides the request is finished. The rules
+// next encodes (DESIGN.md, the README's "When a provider fails before any
+// byte ..."):
+//
+//   - A dispatch that never reached a provider (stale generation, dispatch
+//     timeout, a refusal, its node lost or draining before the run opened)
+//     is admitted again once, without that candidate (exactly that
+//     generation); it is no retry: max_retries does not count it.
+//   - A provider that failed before the first byte in a way another may not
+//     (unreachable, 502, 503, 429, its node lost before the run's first
+//     message) gives the request to a provider not tried yet, at most
+//     max_retries times; after that the failed attempt is the answer.
+//   - A provider that left rotation between admission and dispatch is no
+//     attempt: the request is admitted again under the same run id; after
+//     maxOutOfRotation such races that provider is left out.
+//   - When admitting again finds no other candidate, the client gets the
+//     failed attempt as it came (its run, or for a node that went away or
+//     drains ErrProviderUnavailable), never a rejection.
+//   - A client that leaves ends it: no further attempt.
+
+// resultKind is what one attempt came to.
+type resultKind uint8
+
+const (
+	// resNotAdmitted: admission failed (the scheduler's errors), or the
+	// dispatch did otherwise (the caller's context ended); err says why.
+	resNotAdmitted resultKind = iota
+	// resOutOfRotation: admitted to a provider whose circuit opened (or
+	// whose half-open trial was taken) before the dispatch.
+	resOutOfRotation
+	// resNotDispatched: the dispatch never reached a provider
+	// (dispatchRetryable: stale generation, dispatch timeout, refused, node
+	// gone or draining before the run opened); err says why.
+	resNotDispatched
+	// resAnswered: dispatched; the run is the answer (the provider
+	// answered, failed in a way no other candidate would change, or there
+	// was no read-ahead).
+	resAnswered
+	// resFailedFirst: dispatched; the provider failed before the first
+	// byte in a way another candidate may not (reason). run holds its
+	// answer, ended; err is set for a node lost before the first message.
+	resFailedFirst
+	// resClientGone: dispatched; the caller's context ended meanwhile.
+	resClientGone
+)
+
+// attemptResult is what one attempt returns to the dispatch loop.
+type attemptResult struct {
+	kind   resultKind
+	run    *Run                // the run, once dispatched
+	cand   scheduler.Candidate // the candidate admitted (zero for resNotAdmitted)
+	reason string              // resFailedFirst: the retry reason ("status 503", "node gone")
+	err    error               // why the attempt failed
+	// ctxErr is the caller's context's error when the attempt returned
+	// (nil while the caller waits).
+	ctxErr error
+}
+
+// dispatchState is what the dispatch loop remembers between attempts.
+type dispatchState struct {
+	model      string // the request's model, for errors
+	maxRetries int    // Config.Retries()
+	retries    int    // admissions again after a provider failed before the first byte
+	readmitted bool   // a dispatch that never reached a provider was admitted again
+	outOfRot   int    // admissions whose provider left rotation before dispatch
+	// failedRun (ended) or failedErr is the last failed attempt, the answer
+	// when no other candidate serves the request.
+	failedRun *Run
+	failedErr error
+}
+
+// actionKind is what the dispatch loop does next.
+type actionKind uint8
+
+const (
+	// actFinish: return run or err to the caller.
+	actFinish actionKind = iota
+	// actRetry: a provider failed before the first byte; admit the request
+	// again (a new run id) without that provider; log and count it.
+	actRetry
+	// actReadmit: the dispatch never reached a provider; admit the
+	// request again (a new run id) without that candidate's generation.
+	actReadmit
+	// actAgain: the provider left rotation before dispatch; admit the
+	// request again under the same run id, without that provider when
+	// exclude is set.
+	actAgain
+)
+
+// action is next's decision.
+type action struct {
+	kind    actionKind
+	exclude bool  // actAgain: leave the provider out from now on
+	run     *Run  // actFinish: the run handed to the caller
+	err     error // actFinish: or the error returned
+	// drop, when set, is ended and settled as "client gone" before
+	// finishing.
+	drop *Run
+}
+
+// next decides, from what an attempt came to and what earlier attempts
+// left, whether the request is admitted again or finished, and how. It is
+// pure: the caller does the logging, counting, dropping and admitting.
+func next(res attemptResult, st dispatchState) (action, dispatchState) {
+	switch res.kind {
+	case resOutOfRotation:
+		// Its circuit opened, or another request took its half-open
+		// trial, after the resolver ran: not an attempt. The resolver
+		// leaves it out while it is out of rotation, so the request may
+		// still go to it once it is back (the trial succeeded); only after
+		// maxOutOfRotation such races is it left out for good, so the loop
+		// ends.
+		st.outOfRot++
+		return action{kind: actAgain, exclude: st.outOfRot >= maxOutOfRotation}, st
+	case resNotDispatched:
+		if !st.readmitted {
+			st.readmitted = true
+			if st.failedRun == nil {
+				st.failedErr = res.err
+			}
+			return action{kind: actReadmit}, st
+		}
+		return notServed(res, st), st
+	case resNotAdmitted:
+		return notServed(res, st), st
+	}
+	// Dispatched: an earlier failed attempt is no longer the answer.
+	st.failedRun, st.failedErr = nil, nil
+	switch res.kind {
+	case resClientGone:
+		return action{kind: actFinish, err: res.ctxErr, drop: res.run}, st
+	case resFailedFirst:
+		if st.retries >= st.maxRetries {
+			if res.err != nil {
+				return action{kind: actFinish, err: res.err}, st
+			}
+			return action{kind: actFinish, run: res.run}, st
+		}
+		st.retries++
+		if res.err != nil {
+			st.failedErr = res.err
+		} else {
+			st.failedRun = res.run
+		}
+		return action{kind: actRetry}, st
+	default: // resAnswered
+		return action{kind: actFinish, run: res.run}, st
+	}
+}
+
+// notServed is next's answer when an attempt ends without a run and the
+// request is not admitted again: its error, or, after an earlier attempt
+// failed (st.failedRun or failedErr), that attempt's outcome as it would
+// have been without admitting it again, unless the client left.
+func notServed(res attemptResult, st dispatchState) action {
+	err := res.err
+	if st.failedRun == nil && st.failedErr == nil {
+		if st.outOfRot > 0 && (errors.Is(err, scheduler.ErrNoProvider) || errors.Is(err, scheduler.ErrCandidatesRejected)) {
+			// Admitted once, its provider left rotation before dispatch
+			// and none is left: its providers went away while it waited.
+			return action{kind: actFinish, err: fmt.Errorf("model %q: %w: %v", st.model, scheduler.ErrProviderUnavailable, err)}
+		}
+		return action{kind: actFinish, err: err}
+	}
+	if res.ctxErr != nil {
+		return action{kind: actFinish, err: res.ctxErr, drop: st.failedRun}
+	}
+	if st.failedRun != nil {
+		return action{kind: actFinish, run: st.failedRun}
+	}
+	// No other candidate: none left (ErrNoProvider); none left with the
+	// request's needs (a rejection now means the providers that met them
+	// went away, since the first admission found one: never a 400 for a
+	// request that was admitted once); or the re-admission waited and lost
+	// its providers (ErrProviderUnavailable).
+	if !errors.Is(err, scheduler.ErrNoProvider) && !errors.Is(err, scheduler.ErrCandidatesRejected) &&
+		!errors.Is(err, scheduler.ErrProviderUnavailable) {
+		return action{kind: actFinish, err: err}
+	}
+	// A node that went away or drains leaves the model without a provider
+	// (503); other failures are reported as they were.
+	if errors.Is(st.failedErr, ErrNodeGone) || errors.Is(st.failedErr, ErrStaleGeneration) || errors.Is(st.failedErr, errNodeDraining) {
+		return action{kind: actFinish, err: fmt.Errorf("%w: %w", scheduler.ErrProviderUnavailable, st.failedErr)}
+	}
+	return action{kind: actFinish, err: st.failedErr}
+}
+
+// attempt admits req (never to a candidate tried excludes), dispatches it
+// and, with readAhead, reads the run's first messages until one says how
+// the provider did (Run.readFirst). superseded, an earlier failed attempt,
+// is dropped once this one is dispatched. One client-gone watcher covers
+// the attempt from the run's creation to its return: the caller's context
+// ending ends the run ("client gone").
+func (s *Service) attempt(ctx context.Context, req Request, tried []triedCandidate, readAhead bool, superseded *Run) attemptResult {
+	run, cand, stopWatch, err := s.dispatchOnce(ctx, req, tried)
+	switch {
+	case errors.Is(err, errOutOfRotation):
+		return attemptResult{kind: resOutOfRotation, cand: cand, err: err, ctxErr: ctx.Err()}
+	case err != nil && dispatchRetryable(err):
+		return attemptResult{kind: resNotDispatched, cand: cand, err: err, ctxErr: ctx.Err()}
+	case err != nil:
+		return attemptResult{kind: resNotAdmitted, cand: cand, err: err, ctxErr: ctx.Err()}
+	}
+	if superseded != nil {
+		superseded.drop("another provider took the request")
+	}
+	res := attemptResult{kind: resAnswered, run: run, cand: cand}
+	if readAhead {
+		res.reason, res.err = run.readFirst()
+		if res.reason != "" {
+			res.kind = resFailedFirst
+		}
+	}
+	stopWatch()
+	if res.ctxErr = ctx.Err(); res.ctxErr != nil && readAhead {
+		res.kind, res.run, res.err = resClientGone, run, res.ctxErr
+	}
+	return res
+}
+
+// dispatchLoop runs attempts of req until next finishes it (see the rules
+// above) and returns what it decided. Every attempt is appended to
+// *attempts, so that Dispatch settles those it does not hand out.
+func (s *Service) dispatchLoop(ctx context.Context, req Request, attempts *[]*Run) (*Run, error) {
+	baseID := req.RunID
+	st := dispatchState{model: req.Model, maxRetries: s.cfg.Retries()}
+	var tried []triedCandidate
+	for n := 0; ; {
+		res := s.attempt(ctx, req, tried, st.maxRetries > 0, st.failedRun)
+		if res.run != nil {
+			*attempts = append(*attempts, res.run)
+		}
+		var act action
+		act, st = next(res, st)
+		cand := res.cand
+		switch act.kind {
+		case actFinish:
+			if act.drop != nil {
+				act.drop.drop("client gone")
+			}
+			return act.run, act.err
+		case actAgain:
+			if act.exclude {
+				tried = append(tried, tried1(cand, false))
+			}
+			continue // not an attempt: the same run id
+		case actReadmit:
+			s.log.Info("dispatch failed before the run opened; trying another provider", "run", req.RunID, "model", req.Model, "node", cand.NodeID, "provider", cand.ProviderID, "err", res.err)
+			s.emit(lifecycle.Event{Type: lifecycle.DispatchRetried, Model: req.Model, NodeID: cand.NodeID, Generation: cand.Generation, ProviderID: cand.ProviderID, Reason: dispatchFailure(res.err)})
+			tried = append(tried, tried1(cand, true))
+		case actRetry:
+			s.countRetry(res.reason)
+			s.emit(lifecycle.Event{Type: lifecycle.DispatchRetried, Model: req.Model, NodeID: cand.NodeID, Generation: cand.Generation, ProviderID: cand.ProviderID, Reason: res.reason})
+			s.log.Warn("provider failed before the first byte; admitting the request again", "run", req.RunID, "model", req.Model,
+				"node", cand.NodeID, "provider", cand.ProviderID, "reason", res.reason, "retry", st.retries, "max_retries", st.maxRetries)
+			tried = append(tried, tried1(cand, false))
+		}
+		n++
+		req.RunID = retryRunID(baseID, n)
+	}
+}
+
+// watchClient is an attempt's one client-gone watcher: when ctx ends it
+// ends r ("client gone", with ctx's error, cancelling it on the node). The
+// returned stop ends the watch; when the watcher already fired it waits
+// until r has ended, so that whoever stopped it sees the run's end whole.
+// stop may be called more than once.
+func watchClient(ctx context.Context, r *Run) (stop func()) {
+	fired := make(chan struct{})
+	stopAfter := context.AfterFunc(ctx, func() {
+		defer close(fired)
+		r.finish("client gone", ctx.Err(), true)
+	})
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			if !stopAfter() {
+				<-fired
+			}
+		})
+	}
+}
