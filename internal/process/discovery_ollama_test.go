@@ -98,18 +98,7 @@ func TestRegression_DevRealOllamaAdmitsTools(t *testing.T) {
 	s := ollamatest.Start(t)
 	s.CreateModel(t, "coder", ollamatest.Tools)
 	s.CreateModel(t, "embed", ollamatest.Embedding)
-	ctx, cancel := context.WithCancel(context.Background())
-	d, err := Start(ctx, Config{Mode: ModeDev, Dev: DevConfig{Listen: "127.0.0.1:0", NodeListen: "127.0.0.1:0", OllamaURL: s.URL, SimCapacity: 1}}, Deps{Logger: quietLogger()})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	defer func() {
-		cancel()
-		if err := d.Wait(); err != nil {
-			t.Errorf("iop dev: %v", err)
-		}
-	}()
+	d := startDevOllama(t, s.URL)
 	if len(d.Dev.Sims) != 0 || !slices.Equal(d.Dev.Models, []string{"coder:latest", "embed:latest"}) {
 		t.Fatalf("iop dev serves %v (sims %d), want the Ollama's models, the chat one first", d.Dev.Models, len(d.Dev.Sims))
 	}
@@ -136,18 +125,7 @@ func TestRegression_DevRealOllamaAdmitsTools(t *testing.T) {
 func TestRegression_ModelListsShowNoPathOfTheOllamaHost(t *testing.T) {
 	s := ollamatest.Start(t)
 	s.CreateModel(t, "plain", ollamatest.Plain)
-	ctx, cancel := context.WithCancel(context.Background())
-	d, err := Start(ctx, Config{Mode: ModeDev, Dev: DevConfig{Listen: "127.0.0.1:0", NodeListen: "127.0.0.1:0", OllamaURL: s.URL, SimCapacity: 1}}, Deps{Logger: quietLogger()})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	defer func() {
-		cancel()
-		if err := d.Wait(); err != nil {
-			t.Errorf("iop dev: %v", err)
-		}
-	}()
+	d := startDevOllama(t, s.URL)
 	c := &http.Client{Transport: &http.Transport{}}
 	defer c.CloseIdleConnections()
 	base := "http://" + d.HTTPAddr
@@ -174,4 +152,23 @@ func TestRegression_ModelListsShowNoPathOfTheOllamaHost(t *testing.T) {
 			t.Errorf("%s shows a path of the Ollama host: %s", what, body)
 		}
 	}
+}
+
+// startDevOllama starts iop dev in front of the Ollama at url, stopped (and
+// its exit checked) when the test ends.
+func startDevOllama(t *testing.T, url string) *Process {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	d, err := Start(ctx, Config{Mode: ModeDev, Dev: DevConfig{Listen: "127.0.0.1:0", NodeListen: "127.0.0.1:0", OllamaURL: url, SimCapacity: 1}}, Deps{Logger: quietLogger()})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := d.Wait(); err != nil {
+			t.Errorf("iop dev: %v", err)
+		}
+	})
+	return d
 }
