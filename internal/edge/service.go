@@ -504,6 +504,11 @@ func (s *Service) rotationChanged(k providerKey) {
 // alias and every name served by a connected node, sorted.
 func (s *Service) Models() []string { return s.cat.models() }
 
+// Known reports whether a client's model name is one Dispatch resolves
+// rather than refuses as unknown: an alias, or a served name ever
+// advertised (also while no node serves it now, until it is forgotten).
+func (s *Service) Known(name string) bool { return s.cat.known(s.cat.name(name)) }
+
 // ModelInfo is what the edge knows of one model (see contract.ModelInfo).
 type ModelInfo = contract.ModelInfo
 

@@ -616,3 +616,39 @@ func TestOllamaClientGetsToolCallsFromOpenAIProvider(t *testing.T) {
 	}
 	waitIdle(t, rig.e)
 }
+
+// TestRegression_LoadOfAModelWhoseNodeIsGoneIsUnavailable: Ollama's load
+// request (/api/generate or /api/chat with nothing to generate) for a model
+// whose only node had just gone answered 404 "try pulling it first", while
+// a request that generates answered 503 (a new user's report). It answers
+// 503 with Retry-After too; a model never served is still 404.
+func TestRegression_LoadOfAModelWhoseNodeIsGoneIsUnavailable(t *testing.T) {
+	_, url := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}})
+	e := startEdgeWith(t, edge.DefaultConfig(), quietLogger())
+	nodeCtx, stopNode := context.WithCancel(context.Background())
+	startNode(t, nodeCtx, node.Config{NodeID: "n1", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
+		{ID: "o", Type: node.TypeOllama, BaseURL: url, Models: []string{"m"}}}})
+	post := func(path, body string) (int, string, string) {
+		resp, err := http.Post("http://"+e.HTTPAddr+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Retry-After"), string(b)
+	}
+	if st, _, body := post("/api/generate", `{"model":"m"}`); st != http.StatusOK || !strings.Contains(body, `"done_reason":"load"`) {
+		t.Fatalf("load while served: %d %s", st, body)
+	}
+	stopNode()
+	waitFor(t, "the node is gone", func() bool { return len(e.Service.Snapshot().Nodes) == 0 })
+	for _, path := range []string{"/api/generate", "/api/chat"} {
+		st, retry, body := post(path, `{"model":"m"}`)
+		if st != http.StatusServiceUnavailable || retry == "" {
+			t.Errorf("%s load of m, its node gone: %d Retry-After %q %s, want 503 with Retry-After", path, st, retry, body)
+		}
+	}
+	if st, _, body := post("/api/generate", `{"model":"never"}`); st != http.StatusNotFound || !strings.Contains(body, "try pulling it first") {
+		t.Errorf("load of a model never served: %d %s, want 404", st, body)
+	}
+}

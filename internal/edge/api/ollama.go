@@ -177,12 +177,24 @@ func (h *handler) ollamaRequest(w http.ResponseWriter, r *http.Request, from fun
 	return tr, req, start, true
 }
 
+// modelKnower is what a Gateway may also say of a model name (the edge's
+// Service does): whether Dispatch would resolve it rather than refuse it as
+// unknown, also while no node serves it.
+type modelKnower interface{ Known(model string) bool }
+
 // ollamaLoad answers a request with nothing to generate or embed (Ollama's
 // "load", or with keep_alive 0 "unload") with answer, a single object even
 // when streaming, for a model the edge knows; else 404.
 func (h *handler) ollamaLoad(w http.ResponseWriter, r *http.Request, req *Request, answer any) {
 	if _, ok := knownModel(h.models(r), req.Model); !ok {
-		h.writeOllamaError(w, r, ErrUnknownModel, req)
+		err := ErrUnknownModel
+		if k, ok := h.gw.(modelKnower); ok && k.Known(req.Model) && checkModel(r.Context(), req.Model) == nil {
+			// Served before, and no node serves it now: unavailable, as a
+			// request that generates is answered (503), not "pull it" (a
+			// new user's report).
+			err = ErrProviderUnavailable
+		}
+		h.writeOllamaError(w, r, err, req)
 		return
 	}
 	answerFinished(r.Context()) // nothing was dispatched
