@@ -276,7 +276,21 @@ func startPostgres(t *testing.T) string {
 		if err := os.Chown(dir, uid, gid); err != nil {
 			t.Fatal(err)
 		}
-		prefix = []string{"runuser", "-u", "postgres", "--"}
+		// util-linux's runuser lives in /usr/sbin, which a user's PATH
+		// may leave out.
+		runuser, err := exec.LookPath("runuser")
+		for _, p := range []string{"/usr/sbin/runuser", "/sbin/runuser"} {
+			if err == nil {
+				break
+			}
+			if _, serr := os.Stat(p); serr == nil {
+				runuser, err = p, nil
+			}
+		}
+		if err != nil {
+			testenv.Missing(t, "running as root needs runuser (util-linux) to start PostgreSQL as the postgres user")
+		}
+		prefix = []string{runuser, "-u", "postgres", "--"}
 	}
 	run := func(args ...string) {
 		t.Helper()
