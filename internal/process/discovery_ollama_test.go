@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"iop/internal/ollamatest"
 )
@@ -63,17 +62,10 @@ func ollamaDiscoveredServer(t *testing.T) *discoveredServer {
 		// served it going idle: that of the embedding model. The log may
 		// trail the answer a little.
 		runner := `msg="runner with non-zero duration has gone idle, adding timer" runner.name=registry.ollama.ai/library/embed:latest `
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		waitFor(t, "Ollama's log of a request of the embedding model", func() bool {
 			log := s.LogSince(mark)
-			if embedRequest.MatchString(log) && strings.Contains(log, runner) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("Ollama logged no request of the embedding model since the request:\n%s", log)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return embedRequest.MatchString(log) && strings.Contains(log, runner)
+		})
 	}
 	return d
 }

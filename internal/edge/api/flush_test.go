@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -107,9 +108,20 @@ func TestRegression_SlowReaderGetsADeadlinePerPiece(t *testing.T) {
 // queue wait, a long stream) is not cut.
 func TestRegression_SlowBodyIsAnsweredRequestTimeout(t *testing.T) {
 	const timeout = 100 * time.Millisecond
-	slow := make(chan struct{})
+	// The second request is held past the body's deadline: its answer must
+	// still come whole (a read deadline that outlived the body, or a
+	// server-wide ReadTimeout, would cut it). Network deadlines run on the
+	// real clock, so this waits real time; a cancelled request context
+	// ends the wait at once and fails the test.
+	var held atomic.Bool
 	env := newEnv(t, Config{BodyReadTimeout: timeout}, func(ctx context.Context, _ Request) (Run, error) {
-		<-slow // held well past the body's deadline
+		if held.Load() {
+			select {
+			case <-ctx.Done():
+				return nil, context.Cause(ctx)
+			case <-time.After(3 * timeout):
+			}
+		}
 		return scriptedRun(normalized, events(started(), delta("late")), events(complete("stop"))), nil
 	})
 	conn, err := net.Dial("tcp", env.srv.Listener.Addr().String())
@@ -130,7 +142,7 @@ func TestRegression_SlowBodyIsAnsweredRequestTimeout(t *testing.T) {
 
 	// A body that is in: the answer comes after the deadline would have
 	// passed, whole.
-	go func() { time.Sleep(3 * timeout); close(slow) }()
+	held.Store(true)
 	got := env.post(t, "/v1/chat/completions", "application/json", simpleChat)
 	if got.status != http.StatusOK || !strings.Contains(got.body, "late") {
 		t.Fatalf("an answer after the body was in: %d %s", got.status, got.body)

@@ -179,8 +179,9 @@ func (b *requestBody) Read(p []byte) (int, error) {
 	if err == io.EOF {
 		b.eof = true
 		if b.lift != nil {
-			// net/http's read for a client that goes away, which starts at
-			// the body's end, must not hit the body's deadline.
+			// Nothing after the body may hit its deadline (with full duplex
+			// net/http reads no more itself; this keeps it so should that
+			// change, and for a handler that reads past the body).
 			b.lift()
 			b.lift = nil
 		}
