@@ -42,7 +42,7 @@ func (s *Service) runEvent(typ lifecycle.Type, r *Run, reason string) lifecycle.
 		ProviderID: r.info.ProviderID, ServedModel: r.info.ServedModel, Reason: reason,
 	}
 	if typ == lifecycle.RunAdmitted {
-		e.QueueReason, e.QueueWait = r.info.QueueReason, r.info.QueueWait
+		e.QueueReason, e.QueueWait = r.info.QueueReason.String(), r.info.QueueWait
 	}
 	// A provider the scheduler forgot (its node gone and its last lease
 	// released) has nothing in flight and no capacity.

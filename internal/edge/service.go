@@ -278,7 +278,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 			ServedModel:  cand.Target,
 			Generation:   cand.Generation,
 			Path:         contractPath(p.path),
-			QueueReason:  string(li.QueueReason),
+			QueueReason:  contract.Admission(li.QueueReason),
 			QueueWait:    li.Wait,
 		},
 		inline:   inline,

@@ -54,7 +54,7 @@ func (o *observability) observer() lifecycle.Observer {
 func (o *observability) RequestDone(rec api.RequestRecord) {
 	o.metrics.RequestDone(rec)
 	if rec.Outcome == api.OutcomeRefused {
-		model, reason := rec.Model, rec.Admission
+		model, reason := rec.Model, rec.Admission.String()
 		if reason == "" {
 			reason = rec.ErrorCode // a key's limit: concurrency_limit_exceeded, ...
 		}
@@ -62,7 +62,7 @@ func (o *observability) RequestDone(rec api.RequestRecord) {
 			model = "" // a client's string, not (yet) a model the edge knows
 		}
 		o.hub.Publish(lifecycle.Event{Type: lifecycle.RequestRefused, RequestID: rec.RequestID, Model: model,
-			Reason: reason, Outcome: string(rec.Outcome), Status: rec.Status})
+			Reason: reason, Outcome: rec.Outcome.String(), Status: rec.Status})
 	}
 }
 

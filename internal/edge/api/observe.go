@@ -30,17 +30,18 @@ type ObserverFunc func(RequestRecord)
 // RequestDone calls f(rec).
 func (f ObserverFunc) RequestDone(rec RequestRecord) { f(rec) }
 
-// Admission outcomes of a RequestRecord (DESIGN.md "The scheduler").
+// Admission outcomes of a RequestRecord: the contract's (contract.Admission,
+// whose comments say each).
 const (
-	AdmissionImmediate      = "immediate"       // a slot was free
-	AdmissionQueued         = "queued"          // the request waited for a slot
-	AdmissionQueueFull      = "queue_full"      // 429: the model's queue was full
-	AdmissionQueueTimeout   = "queue_timeout"   // 503: no slot within the queue timeout
-	AdmissionRejected       = "rejected"        // 400: no provider has a capability the request needs
-	AdmissionUnavailable    = "unavailable"     // 503: no live provider serves the model
-	AdmissionUnknownModel   = "unknown_model"   // 404: no such model
-	AdmissionDispatchFailed = "dispatch_failed" // 502: admitted, but no node started the run (after the one retry)
-	AdmissionCancelled      = "cancelled"       // the client left while the request was queued or being dispatched
+	AdmissionImmediate      = contract.AdmissionImmediate
+	AdmissionQueued         = contract.AdmissionQueued
+	AdmissionQueueFull      = contract.AdmissionQueueFull
+	AdmissionQueueTimeout   = contract.AdmissionQueueTimeout
+	AdmissionRejected       = contract.AdmissionRejected
+	AdmissionUnavailable    = contract.AdmissionUnavailable
+	AdmissionUnknownModel   = contract.AdmissionUnknownModel
+	AdmissionDispatchFailed = contract.AdmissionDispatchFailed
+	AdmissionCancelled      = contract.AdmissionCancelled
 )
 
 // Outcomes of a RequestRecord: how the request ended (contract.Outcome,
@@ -79,7 +80,7 @@ type RequestRecord struct {
 	Path string
 	// Admission is one of the Admission* values; "" when the request never
 	// reached admission (refused as invalid).
-	Admission string
+	Admission contract.Admission
 	// QueueWait is the time spent queued for a slot.
 	QueueWait time.Duration
 	// Status is the HTTP status sent; 0 when nothing was (the connection
@@ -294,28 +295,8 @@ func (o *observation) tunnelData(p []byte, sse bool) {
 	o.content(o.usage.write(p))
 }
 
-// admissionOf names the admission outcome of a failed Dispatch; "" for an
-// error that is not one.
-func admissionOf(err error) string {
-	switch {
-	case errors.Is(err, ErrQueueFull):
-		return AdmissionQueueFull
-	case errors.Is(err, ErrQueueTimeout):
-		return AdmissionQueueTimeout
-	case errors.Is(err, ErrCandidatesRejected):
-		return AdmissionRejected
-	case errors.Is(err, ErrNoProvider), errors.Is(err, ErrProviderUnavailable), errors.Is(err, ErrShuttingDown):
-		return AdmissionUnavailable
-	case errors.Is(err, ErrUnknownModel):
-		return AdmissionUnknownModel
-	case errors.Is(err, ErrDispatchTimeout), errors.Is(err, ErrDispatchRefused),
-		errors.Is(err, ErrStaleGeneration), errors.Is(err, ErrNodeGone):
-		return AdmissionDispatchFailed
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return AdmissionCancelled
-	}
-	return ""
-}
+// admissionOf is the admission of a failed Dispatch (contract.AdmissionOf).
+func admissionOf(err error) contract.Admission { return contract.AdmissionOf(err) }
 
 // runOutcome is the outcome of a request whose run was dispatched and
 // rendered, from the renderer's reason.
@@ -438,7 +419,7 @@ func ledgerEntry(rec RequestRecord) ledger.Entry {
 	e := ledger.Entry{
 		Time: rec.Start, RequestID: rec.RequestID, Key: rec.Key, Model: rec.Model,
 		RunID: rec.RunID, NodeID: rec.NodeID, ProviderID: rec.ProviderID, ServedModel: rec.ServedModel,
-		Duration: rec.Duration, Outcome: string(rec.Outcome), ErrorCode: rec.ErrorCode,
+		Duration: rec.Duration, Outcome: rec.Outcome.String(), ErrorCode: rec.ErrorCode,
 	}
 	if rec.TokensKnown {
 		e.PromptTokens, e.CompletionTokens = int64(rec.InputTokens), int64(rec.OutputTokens)
@@ -459,11 +440,11 @@ func (h *handler) logRequest(ctx context.Context, rec RequestRecord) {
 		slog.String("request_id", rec.RequestID),
 		slog.String("model", rec.Model),
 		slog.Int("status", rec.Status),
-		slog.String("outcome", string(rec.Outcome)),
+		slog.String("outcome", rec.Outcome.String()),
 		slog.Duration("duration", rec.Duration),
 	}
 	if rec.Admission != "" {
-		attrs = append(attrs, slog.String("queue_reason", rec.Admission), slog.Duration("queue_wait", rec.QueueWait))
+		attrs = append(attrs, slog.String("queue_reason", rec.Admission.String()), slog.Duration("queue_wait", rec.QueueWait))
 	}
 	if rec.RunID != "" {
 		attrs = append(attrs,

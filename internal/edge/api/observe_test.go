@@ -132,7 +132,7 @@ func TestRecordOfRefusalsAndInvalidRequests(t *testing.T) {
 		err       error
 		body      string
 		status    int
-		admission string
+		admission contract.Admission
 		outcome   contract.Outcome
 		code      string
 	}{

@@ -123,7 +123,7 @@ func (rc *runRecorder) dispatch(t runTarget, refused chan<- error) {
 	info := run.Info()
 	rc.run.Dispatched(runs.Record{
 		NodeID: info.NodeID, ProviderID: info.ProviderID, ServedModel: info.ServedModel,
-		Path: info.Path.String(), QueueReason: info.QueueReason, QueueWait: info.QueueWait,
+		Path: info.Path.String(), QueueReason: info.QueueReason.String(), QueueWait: info.QueueWait,
 	})
 	obs.dispatched(info)
 
@@ -517,7 +517,7 @@ func errorMessage(raw json.RawMessage) string {
 func (rc *runRecorder) outcome(requestOutcome contract.Outcome) runs.Outcome {
 	ctx := rc.ctx
 	o := runs.Outcome{Status: rc.status, FinishReason: rc.finishReason, PromptTokens: rc.promptTokens,
-		CompletionTokens: rc.completionTokens, Outcome: string(requestOutcome)}
+		CompletionTokens: rc.completionTokens, Outcome: requestOutcome.String()}
 	switch {
 	case requestOutcome == OutcomeCompleted:
 		o.State = runs.StateComplete

@@ -113,9 +113,9 @@ type DispatchInfo struct {
 	Generation uint64
 	// Path says how the answer comes back: tunnel or normalized.
 	Path Path
-	// QueueReason says why the request waited ("queued"), empty if it did
-	// not.
-	QueueReason string
+	// QueueReason is how the request was admitted: AdmissionImmediate or
+	// AdmissionQueued (it waited for a slot).
+	QueueReason Admission
 	// QueueWait is how long the request waited for a slot.
 	QueueWait time.Duration
 }

@@ -2,7 +2,9 @@
 // (internal/edge) and its HTTP API (internal/edge/api): what the API asks
 // of the edge (Request), what comes back (DispatchInfo, the admin Snapshot,
 // ModelInfo), the errors a dispatch fails with (ErrQueueFull, ...) and how
-// a request ended (Outcome). Both packages use these types directly; no
+// a request ended (Outcome) and how its admission went (Admission,
+// AdmissionOf: the one mapping of dispatch errors to admissions). Both
+// packages use these types directly; no
 // adapter converts them field by field.
 //
 // It depends on nothing of iop's: the wire protocol (wire/nodev1) and the

@@ -1,6 +1,9 @@
 package contract
 
-import "errors"
+import (
+	"context"
+	"errors"
+)
 
 // Errors a dispatch fails with: Gateway.Dispatch returns one of them
 // wrapped (with the edge's or the scheduler's details after it), and a
@@ -74,3 +77,58 @@ const (
 	// OutcomeEdgeStopped: the edge stopped before the answer was finished.
 	OutcomeEdgeStopped Outcome = "edge_stopped"
 )
+
+// String is the outcome's label: the log line's "outcome", the metrics'
+// outcome label, the ledger's and the runs API's outcome.
+func (o Outcome) String() string { return string(o) }
+
+// Admission is how one API request's admission went, decided with its
+// Outcome: a slot was free, it waited, or why it was refused. The log
+// line ("queue_reason"), the metrics (label reason of
+// iop_admissions_total), the events stream's refusals and the
+// RequestRecord carry this same value, as its string; "" (AdmissionNone)
+// when the request never reached admission (refused as invalid).
+type Admission string
+
+// Admissions (DESIGN.md "The scheduler"). The strings are part of iop's
+// interface, like the Outcomes': metrics labels and the dashboard read them.
+const (
+	AdmissionNone           Admission = ""
+	AdmissionImmediate      Admission = "immediate"       // a slot was free
+	AdmissionQueued         Admission = "queued"          // the request waited for a slot
+	AdmissionQueueFull      Admission = "queue_full"      // 429: the model's queue was full
+	AdmissionQueueTimeout   Admission = "queue_timeout"   // 503: no slot within the queue timeout
+	AdmissionRejected       Admission = "rejected"        // 400: no provider has a capability the request needs
+	AdmissionUnavailable    Admission = "unavailable"     // 503: no live provider serves the model
+	AdmissionUnknownModel   Admission = "unknown_model"   // 404: no such model
+	AdmissionDispatchFailed Admission = "dispatch_failed" // 502: admitted, but no node started the run (after the one retry)
+	AdmissionCancelled      Admission = "cancelled"       // the client left while the request was queued or being dispatched
+)
+
+// String is the admission's label.
+func (a Admission) String() string { return string(a) }
+
+// AdmissionOf is the admission of a failed Dispatch, from the error it
+// returned (one of this package's errors wrapped, or the caller's context
+// error); AdmissionNone for an error that is none of them. It is the one
+// mapping from dispatch errors to admissions.
+func AdmissionOf(err error) Admission {
+	switch {
+	case errors.Is(err, ErrQueueFull):
+		return AdmissionQueueFull
+	case errors.Is(err, ErrQueueTimeout):
+		return AdmissionQueueTimeout
+	case errors.Is(err, ErrCandidatesRejected):
+		return AdmissionRejected
+	case errors.Is(err, ErrNoProvider), errors.Is(err, ErrProviderUnavailable), errors.Is(err, ErrShuttingDown):
+		return AdmissionUnavailable
+	case errors.Is(err, ErrUnknownModel):
+		return AdmissionUnknownModel
+	case errors.Is(err, ErrDispatchTimeout), errors.Is(err, ErrDispatchRefused),
+		errors.Is(err, ErrStaleGeneration), errors.Is(err, ErrNodeGone):
+		return AdmissionDispatchFailed
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return AdmissionCancelled
+	}
+	return AdmissionNone
+}

@@ -188,10 +188,10 @@ func knownModel(rec api.RequestRecord) string {
 // RequestDone counts one finished API request.
 func (m *Metrics) RequestDone(rec api.RequestRecord) {
 	model := knownModel(rec)
-	m.requests.WithLabelValues(model, rec.API, string(rec.Outcome), strconv.Itoa(rec.Status)).Inc()
+	m.requests.WithLabelValues(model, rec.API, rec.Outcome.String(), strconv.Itoa(rec.Status)).Inc()
 	m.duration.WithLabelValues(model, rec.API).Observe(rec.Duration.Seconds())
 	if rec.Admission != "" {
-		m.admissions.WithLabelValues(model, rec.Admission).Inc()
+		m.admissions.WithLabelValues(model, rec.Admission.String()).Inc()
 	}
 	if rec.RunID == "" {
 		return
