@@ -1,7 +1,6 @@
 package api
 
 import (
-	"encoding/json"
 	"errors"
 	"math"
 	"net/http"
@@ -56,33 +55,31 @@ type completionRequest struct {
 // the normalized path (Ollama) answers 400 naming the field it cannot
 // honour (echo, logprobs). Errors are *requestError naming the field.
 func decodeCompletionRequest(body []byte) (completionRequest, error) {
-	top, err := decodeObject(body)
+	top, err := parseBody(body)
 	if err != nil {
 		return completionRequest{}, err
 	}
 	var req completionRequest
-	if err := decodeModel(top, &req.Model); err != nil {
+	if req.Model, err = modelOf(top); err != nil {
 		return completionRequest{}, err
 	}
-	prompt, err := decodeTextInput(top["prompt"], "prompt", false)
+	prompt, err := textInputOf(top.get("prompt"), "prompt", false)
 	if err != nil {
 		return completionRequest{}, err
 	}
 	req.EstimatedInputTokens = prompt.estimatedTokens()
 	req.Needs = prompt.needs(true)
-	if err := decodeField(top, "stream", wantBool, &req.Stream); err != nil {
+	if req.Stream, err = boolOf(top.get("stream"), "stream"); err != nil {
 		return completionRequest{}, err
 	}
-	if req.IncludeUsage, err = decodeIncludeUsage(top); err != nil {
+	if req.IncludeUsage, err = includeUsageOf(top); err != nil {
 		return completionRequest{}, err
 	}
-	for _, name := range []string{"echo"} {
-		if err := decodeField(top, name, wantBool, new(bool)); err != nil {
-			return completionRequest{}, err
-		}
+	if err := checkType(top.get("echo"), "echo", wantBool); err != nil {
+		return completionRequest{}, err
 	}
 	for _, name := range []string{"suffix", "user"} {
-		if err := decodeField(top, name, wantString, new(string)); err != nil {
+		if err := checkType(top.get(name), name, wantString); err != nil {
 			return completionRequest{}, err
 		}
 	}
@@ -96,48 +93,47 @@ func decodeCompletionRequest(body []byte) (completionRequest, error) {
 		{"logprobs", 0, 5},
 		{"seed", math.MinInt64, math.MaxInt64},
 	} {
-		if err := decodeInteger(top[f.name], f.name, f.min, f.max); err != nil {
+		if err := checkInteger(top.get(f.name), f.name, f.min, f.max); err != nil {
 			return completionRequest{}, err
 		}
 	}
 	for _, name := range []string{"temperature", "top_p", "presence_penalty", "frequency_penalty"} {
-		if err := decodeNumber(top[name], name); err != nil {
+		if err := checkNumber(top.get(name), name); err != nil {
 			return completionRequest{}, err
 		}
 	}
-	if err := decodeStop(top["stop"]); err != nil {
+	if err := checkStop(top.get("stop")); err != nil {
 		return completionRequest{}, err
 	}
-	if severalChoices(top["n"]) || severalChoices(top["best_of"]) {
+	if severalChoicesOf(top.get("n")) || severalChoicesOf(top.get("best_of")) {
 		req.Needs = append(req.Needs, needChoices)
 	}
-	if !isAbsent(top["logprobs"]) {
+	if !top.get("logprobs").absent() {
 		req.Needs = append(req.Needs, needLogprobs)
 	}
 	req.ollama = ollamaMemberOf(top)
 	return req, nil
 }
 
-// decodeModel reads the required, non-empty "model".
-func decodeModel(top map[string]json.RawMessage, model *string) error {
-	if err := decodeField(top, "model", wantString, model); err != nil {
-		return err
+// modelOf reads the required, non-empty "model".
+func modelOf(top *jsonValue) (string, error) {
+	model, err := stringOf(top.get("model"), "model")
+	if err != nil {
+		return "", err
 	}
-	if strings.TrimSpace(*model) == "" {
-		return &requestError{param: "model", message: "you must provide a model parameter"}
+	if strings.TrimSpace(model) == "" {
+		return "", &requestError{param: "model", message: "you must provide a model parameter"}
 	}
-	return nil
+	return model, nil
 }
 
-// decodeIncludeUsage reads "stream_options.include_usage".
-func decodeIncludeUsage(top map[string]json.RawMessage) (bool, error) {
-	var streamOptions map[string]json.RawMessage
-	if err := decodeField(top, "stream_options", wantObject, &streamOptions); err != nil {
+// includeUsageOf reads "stream_options.include_usage".
+func includeUsageOf(top *jsonValue) (bool, error) {
+	opts := top.get("stream_options")
+	if err := checkType(opts, "stream_options", wantObject); err != nil {
 		return false, err
 	}
-	var include bool
-	err := decodeNested(streamOptions, "stream_options.include_usage", "include_usage", wantBool, &include)
-	return include, err
+	return boolOf(opts.get("include_usage"), "stream_options.include_usage")
 }
 
 // completions serves POST /v1/completions (legacy text completions):

@@ -163,38 +163,39 @@ const (
 // "messages[2].content[0].type" ("" when the body as a whole is not a JSON
 // object). A client value quoted in its message is clipped (clip).
 func decodeChatRequest(body []byte) (chatRequest, error) {
-	top, err := decodeObject(body)
+	top, err := parseBody(body)
 	if err != nil {
 		return chatRequest{}, err
 	}
+	return chatRequestOf(top)
+}
 
+// chatRequestOf is decodeChatRequest of a parsed body.
+func chatRequestOf(top *jsonValue) (chatRequest, error) {
 	var req chatRequest
-	if err := decodeField(top, "model", wantString, &req.Model); err != nil {
+	var err error
+	if req.Model, err = stringOf(top.get("model"), "model"); err != nil {
 		return chatRequest{}, err
 	}
 	if strings.TrimSpace(req.Model) == "" {
 		return chatRequest{}, &requestError{param: "model", message: "you must provide a model parameter"}
 	}
 
-	chars, images, err := decodeMessages(top["messages"])
+	chars, images, err := messagesOf(top.get("messages"))
 	if err != nil {
 		return chatRequest{}, err
 	}
 
-	if err := decodeField(top, "stream", wantBool, &req.Stream); err != nil {
+	if req.Stream, err = boolOf(top.get("stream"), "stream"); err != nil {
 		return chatRequest{}, err
 	}
-	var streamOptions map[string]json.RawMessage
-	if err := decodeField(top, "stream_options", wantObject, &streamOptions); err != nil {
-		return chatRequest{}, err
-	}
-	if err := decodeNested(streamOptions, "stream_options.include_usage", "include_usage", wantBool, &req.IncludeUsage); err != nil {
+	if req.IncludeUsage, err = includeUsageOf(top); err != nil {
 		return chatRequest{}, err
 	}
 
 	// Fields the API does not use, checked so that a request every provider
 	// would reject fails here, before it waits in a queue.
-	if err := decodeN(top["n"]); err != nil {
+	if err := checkInteger(top.get("n"), "n", 1, maxChoices); err != nil {
 		return chatRequest{}, err
 	}
 	for _, f := range []struct {
@@ -206,61 +207,64 @@ func decodeChatRequest(body []byte) (chatRequest, error) {
 		{"seed", math.MinInt64, math.MaxInt64},
 		{"top_logprobs", 0, 20},
 	} {
-		if err := decodeInteger(top[f.name], f.name, f.min, f.max); err != nil {
+		if err := checkInteger(top.get(f.name), f.name, f.min, f.max); err != nil {
 			return chatRequest{}, err
 		}
 	}
-	var logprobs bool
-	if err := decodeField(top, "logprobs", wantBool, &logprobs); err != nil {
+	logprobs, err := boolOf(top.get("logprobs"), "logprobs")
+	if err != nil {
 		return chatRequest{}, err
 	}
-	if logprobs || !isAbsent(top["top_logprobs"]) {
+	if logprobs || !top.get("top_logprobs").absent() {
 		req.Needs = append(req.Needs, needLogprobs)
 	}
 	for _, name := range []string{"temperature", "top_p", "presence_penalty", "frequency_penalty"} {
-		if err := decodeNumber(top[name], name); err != nil {
+		if err := checkNumber(top.get(name), name); err != nil {
 			return chatRequest{}, err
 		}
 	}
-	if err := decodeField(top, "user", wantString, new(string)); err != nil {
+	if err := checkType(top.get("user"), "user", wantString); err != nil {
 		return chatRequest{}, err
 	}
-	if err := decodeStop(top["stop"]); err != nil {
+	if err := checkStop(top.get("stop")); err != nil {
 		return chatRequest{}, err
 	}
-	if err := decodeResponseFormat(top["response_format"]); err != nil {
+	if err := checkResponseFormat(top.get("response_format")); err != nil {
 		return chatRequest{}, err
 	}
 
-	var tools, functions []json.RawMessage
-	if err := decodeField(top, "tools", wantArray, &tools); err != nil {
+	tools, functions := top.get("tools"), top.get("functions")
+	if err := checkType(tools, "tools", wantArray); err != nil {
 		return chatRequest{}, err
 	}
-	if err := decodeField(top, "functions", wantArray, &functions); err != nil {
+	if err := checkType(functions, "functions", wantArray); err != nil {
 		return chatRequest{}, err
 	}
-	if err := decodeTools(tools, functions); err != nil {
+	if err := checkTools(elemsOf(tools), elemsOf(functions)); err != nil {
 		return chatRequest{}, err
 	}
-	if len(tools) > 0 || len(functions) > 0 {
+	if len(elemsOf(tools)) > 0 || len(elemsOf(functions)) > 0 {
 		req.Needs = append(req.Needs, needTools)
 	}
-	constrained, err := decodeToolChoice(top, tools)
+	constrained, err := toolChoiceOf(top, elemsOf(tools))
 	if err != nil {
 		return chatRequest{}, err
 	}
 	if constrained {
 		req.Needs = append(req.Needs, needToolChoice)
 	}
-	thinks, err := decodeReasoning(top)
+	thinks, err := reasoningOf(top)
 	if err != nil {
 		return chatRequest{}, err
 	}
 	if thinks {
 		req.Needs = append(req.Needs, needThinking)
 	}
-	for _, def := range slices.Concat(tools, functions) {
-		chars += jsonChars(def)
+	for _, def := range elemsOf(tools) {
+		chars += def.compact
+	}
+	for _, def := range elemsOf(functions) {
+		chars += def.compact
 	}
 	req.EstimatedInputTokens = (chars + 3) / 4
 	if images.vision {
@@ -269,7 +273,7 @@ func decodeChatRequest(body []byte) (chatRequest, error) {
 	if images.remote {
 		req.Needs = append(req.Needs, needRemoteImages)
 	}
-	if severalChoices(top["n"]) {
+	if severalChoicesOf(top.get("n")) {
 		req.Needs = append(req.Needs, needChoices)
 	}
 	req.ollama = ollamaMemberOf(top)
@@ -282,26 +286,39 @@ type imageUse struct{ vision, remote bool }
 
 // decodeMessages checks the "messages" array and returns the number of
 // characters of its text and tool calls and what images its content
-// parts carry.
+// parts carry (messagesOf, for a value not parsed yet).
 func decodeMessages(raw json.RawMessage) (chars int, images imageUse, err error) {
 	if isAbsent(raw) {
+		return messagesOf(nil)
+	}
+	v, perr := parseJSON(raw)
+	if perr != nil {
+		return 0, imageUse{}, &requestError{param: "messages", message: "expected an array, got " + jsonKind(raw)}
+	}
+	return messagesOf(v)
+}
+
+// messagesOf checks the "messages" array and returns the number of
+// characters of its text and tool calls and what images its content
+// parts carry.
+func messagesOf(v *jsonValue) (chars int, images imageUse, err error) {
+	if v.absent() {
 		return 0, imageUse{}, &requestError{param: "messages", message: "you must provide a messages parameter"}
 	}
-	var messages []json.RawMessage
-	if err := decodeValue(raw, "messages", wantArray, &messages); err != nil {
+	if err := checkType(v, "messages", wantArray); err != nil {
 		return 0, imageUse{}, err
 	}
-	if len(messages) == 0 {
+	if len(v.elems) == 0 {
 		return 0, imageUse{}, &requestError{param: "messages", message: "messages must contain at least one message"}
 	}
-	for i, rawMsg := range messages {
+	for i := range v.elems {
+		msg := &v.elems[i]
 		param := fmt.Sprintf("messages[%d]", i)
-		var msg map[string]json.RawMessage
-		if err := decodeValue(rawMsg, param, wantObject, &msg); err != nil || msg == nil {
-			return 0, imageUse{}, &requestError{param: param, message: "expected an object, got " + jsonKind(rawMsg)}
+		if msg.kind() != '{' {
+			return 0, imageUse{}, &requestError{param: param, message: "expected an object, got " + msg.typeName()}
 		}
-		var role string
-		if err := decodeNested(msg, param+".role", "role", wantString, &role); err != nil {
+		role, err := stringOf(msg.get("role"), param+".role")
+		if err != nil {
 			return 0, imageUse{}, err
 		}
 		if role == "" {
@@ -311,15 +328,15 @@ func decodeMessages(raw json.RawMessage) (chars int, images imageUse, err error)
 			return 0, imageUse{}, &requestError{param: param + ".role", message: fmt.Sprintf("must be one of %s, got %s",
 				strings.Join(messageRoles, ", "), strconv.Quote(clip(role)))}
 		}
-		if err := decodeNested(msg, param+".name", "name", wantString, new(string)); err != nil {
+		if err := checkType(msg.get("name"), param+".name", wantString); err != nil {
 			return 0, imageUse{}, err
 		}
-		n, err := decodeToolCalls(msg["tool_calls"], param+".tool_calls")
+		n, err := toolCallsOf(msg.get("tool_calls"), param+".tool_calls")
 		if err != nil {
 			return 0, imageUse{}, err
 		}
 		chars += n
-		n, use, err := decodeContent(msg["content"], param+".content")
+		n, use, err := contentOf(msg.get("content"), param+".content")
 		if err != nil {
 			return 0, imageUse{}, err
 		}
@@ -330,47 +347,41 @@ func decodeMessages(raw json.RawMessage) (chars int, images imageUse, err error)
 	return chars, images, nil
 }
 
-// decodeContent checks one message's content: a string, an array of content
+// contentOf checks one message's content: a string, an array of content
 // parts, or absent/null. It returns the characters of its text and what
 // images its parts carry.
-func decodeContent(raw json.RawMessage, param string) (chars int, images imageUse, err error) {
-	if isAbsent(raw) {
+func contentOf(v *jsonValue, param string) (chars int, images imageUse, err error) {
+	if v.absent() {
 		return 0, imageUse{}, nil
 	}
-	switch firstByte(raw) {
+	switch v.kind() {
 	case '"':
-		var s string
-		if err := decodeValue(raw, param, wantString, &s); err != nil {
-			return 0, imageUse{}, err
-		}
-		return utf8.RuneCountInString(s), imageUse{}, nil
+		return v.runes, imageUse{}, nil
 	case '[':
-		var parts []json.RawMessage
-		if err := decodeValue(raw, param, wantArray, &parts); err != nil {
-			return 0, imageUse{}, err
-		}
-		for j, rawPart := range parts {
+		for j := range v.elems {
+			part := &v.elems[j]
 			partParam := fmt.Sprintf("%s[%d]", param, j)
-			var part map[string]json.RawMessage
-			if err := decodeValue(rawPart, partParam, wantObject, &part); err != nil || part == nil {
-				return 0, imageUse{}, &requestError{param: partParam, message: "expected an object, got " + jsonKind(rawPart)}
+			if part.kind() != '{' {
+				return 0, imageUse{}, &requestError{param: partParam, message: "expected an object, got " + part.typeName()}
 			}
-			var typ string
-			if err := decodeNested(part, partParam+".type", "type", wantString, &typ); err != nil {
+			typ, err := stringOf(part.get("type"), partParam+".type")
+			if err != nil {
 				return 0, imageUse{}, err
 			}
 			switch typ {
 			case "":
 				return 0, imageUse{}, &requestError{param: partParam + ".type", message: "each content part must have a type"}
 			case "text":
-				var text string
-				if err := decodeNested(part, partParam+".text", "text", wantString, &text); err != nil {
+				text := part.get("text")
+				if err := checkType(text, partParam+".text", wantString); err != nil {
 					return 0, imageUse{}, err
 				}
-				chars += utf8.RuneCountInString(text)
+				if !text.absent() {
+					chars += text.runes
+				}
 			case "image_url":
 				images.vision = true
-				images.remote = images.remote || translate.IsRemoteImageURL(imageURL(part["image_url"]))
+				images.remote = images.remote || translate.IsRemoteImageURL(imageURLOf(part.get("image_url")))
 			default:
 				return 0, imageUse{}, &requestError{param: partParam + ".type",
 					message: fmt.Sprintf("content part type %s is not supported; use %s",
@@ -379,23 +390,57 @@ func decodeContent(raw json.RawMessage, param string) (chars int, images imageUs
 		}
 		return chars, images, nil
 	default:
-		return 0, imageUse{}, &requestError{param: param, message: "expected a string or an array of content parts, got " + jsonKind(raw)}
+		return 0, imageUse{}, &requestError{param: param, message: "expected a string or an array of content parts, got " + v.typeName()}
 	}
 }
 
-// imageURL is the URL of an image_url part's value: {"url": ...} or the
-// URL as a bare string; "" for anything else.
-func imageURL(raw json.RawMessage) string {
-	var ref struct {
-		URL string `json:"url"`
+// imageURLOf is the URL of an image_url part's value: {"url": ...} or the
+// URL as a bare string; "" for anything else. As encoding/json decodes
+// such a value into struct{URL string `json:"url"`}, a key "url" matches
+// in any case, and the last string one counts.
+func imageURLOf(v *jsonValue) string {
+	switch v.kind() {
+	case '"':
+		return v.text()
+	case '{':
+		url := ""
+		for i := range v.members {
+			m := &v.members[i]
+			if strings.EqualFold(m.key(), "url") && m.value.kind() == '"' {
+				url = m.value.text()
+			}
+		}
+		return url
 	}
-	if json.Unmarshal(raw, &ref) != nil {
-		_ = json.Unmarshal(raw, &ref.URL)
-	}
-	return ref.URL
+	return ""
 }
 
 // decodeTools checks the shape of a chat request's "tools" and legacy
+// "functions" (checkTools, for values not parsed yet).
+func decodeTools(tools, functions []json.RawMessage) error {
+	parse := func(raws []json.RawMessage) ([]jsonValue, error) {
+		vs := make([]jsonValue, len(raws))
+		for i, raw := range raws {
+			v, err := parseJSON(raw)
+			if err != nil {
+				return nil, &requestError{message: "the request body is not valid JSON"}
+			}
+			vs[i] = *v
+		}
+		return vs, nil
+	}
+	t, err := parse(tools)
+	if err != nil {
+		return err
+	}
+	f, err := parse(functions)
+	if err != nil {
+		return err
+	}
+	return checkTools(t, f)
+}
+
+// checkTools checks the shape of a chat request's "tools" and legacy
 // "functions" (OpenAI API reference, chat completions "tools"): each tool
 // an object of type "function" with a "function" object, or of type
 // "custom" with a "custom" object; each function (and custom tool) a
@@ -405,44 +450,42 @@ func imageURL(raw json.RawMessage) string {
 // that dropped it or failed (a break-it report). A name's characters are
 // left to the provider (OpenAI allows [a-zA-Z0-9_-], Ollama any). Errors
 // are *requestError naming the field, e.g. "tools[0].function.name".
-func decodeTools(tools, functions []json.RawMessage) error {
-	checkFunction := func(raw json.RawMessage, param string) error {
-		var fn map[string]json.RawMessage
-		if err := decodeValue(raw, param, wantObject, &fn); err != nil || fn == nil {
-			return &requestError{param: param, message: "expected an object, got " + jsonKind(raw)}
+func checkTools(tools, functions []jsonValue) error {
+	checkFunction := func(fn *jsonValue, param string) error {
+		if fn.kind() != '{' {
+			return &requestError{param: param, message: "expected an object, got " + fn.typeName()}
 		}
-		var name string
-		if err := decodeNested(fn, param+".name", "name", wantString, &name); err != nil {
+		name, err := stringOf(fn.get("name"), param+".name")
+		if err != nil {
 			return err
 		}
 		if name == "" {
 			return &requestError{param: param + ".name", message: "a function must have a name"}
 		}
-		if err := decodeNested(fn, param+".description", "description", wantString, new(string)); err != nil {
+		if err := checkType(fn.get("description"), param+".description", wantString); err != nil {
 			return err
 		}
-		var params map[string]json.RawMessage
-		if err := decodeNested(fn, param+".parameters", "parameters", wantObject, &params); err != nil {
+		if err := checkType(fn.get("parameters"), param+".parameters", wantObject); err != nil {
 			return err
 		}
-		return decodeNested(fn, param+".strict", "strict", wantBool, new(bool))
+		return checkType(fn.get("strict"), param+".strict", wantBool)
 	}
-	for i, raw := range tools {
+	for i := range tools {
+		tool := &tools[i]
 		param := fmt.Sprintf("tools[%d]", i)
-		var tool map[string]json.RawMessage
-		if err := decodeValue(raw, param, wantObject, &tool); err != nil || tool == nil {
-			return &requestError{param: param, message: "expected an object, got " + jsonKind(raw)}
+		if tool.kind() != '{' {
+			return &requestError{param: param, message: "expected an object, got " + tool.typeName()}
 		}
-		var typ string
-		if err := decodeNested(tool, param+".type", "type", wantString, &typ); err != nil {
+		typ, err := stringOf(tool.get("type"), param+".type")
+		if err != nil {
 			return err
 		}
 		switch typ {
 		case "function", "custom":
-			if isAbsent(tool[typ]) {
+			if tool.get(typ).absent() {
 				return &requestError{param: param + "." + typ, message: fmt.Sprintf("a tool of type %q must have a %q object", typ, typ)}
 			}
-			if err := checkFunction(tool[typ], param+"."+typ); err != nil {
+			if err := checkFunction(tool.get(typ), param+"."+typ); err != nil {
 				return err
 			}
 		case "":
@@ -451,35 +494,33 @@ func decodeTools(tools, functions []json.RawMessage) error {
 			return &requestError{param: param + ".type", message: fmt.Sprintf(`must be "function" or "custom", got %s`, strconv.Quote(clip(typ)))}
 		}
 	}
-	for i, raw := range functions {
-		if err := checkFunction(raw, fmt.Sprintf("functions[%d]", i)); err != nil {
+	for i := range functions {
+		if err := checkFunction(&functions[i], fmt.Sprintf("functions[%d]", i)); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// decodeToolChoice checks "tool_choice" and "parallel_tool_calls" (OpenAI
+// toolChoiceOf checks "tool_choice" and "parallel_tool_calls" (OpenAI
 // API reference, "Create chat completion") against the request's tools,
 // and reports whether they constrain the tool use beyond what Ollama can
 // honour: tool_choice "required" (or allowed tools of mode "required"),
 // or parallel_tool_calls false (needToolChoice).
-func decodeToolChoice(top map[string]json.RawMessage, tools []json.RawMessage) (constrained bool, err error) {
-	var parallel *bool
-	if err := decodeField(top, "parallel_tool_calls", wantBool, &parallel); err != nil {
+func toolChoiceOf(top *jsonValue, tools []jsonValue) (constrained bool, err error) {
+	parallel := top.get("parallel_tool_calls")
+	if err := checkType(parallel, "parallel_tool_calls", wantBool); err != nil {
 		return false, err
 	}
-	constrained = parallel != nil && !*parallel && len(tools) > 0
-	raw := top["tool_choice"]
-	if isAbsent(raw) {
+	constrained = parallel.kind() == 'f' && len(tools) > 0
+	tc := top.get("tool_choice")
+	if tc.absent() {
 		return constrained, nil
 	}
 	const choices = `"none", "auto", "required" or an object naming a function`
-	switch firstByte(raw) {
+	switch tc.kind() {
 	case '"':
-		var mode string
-		_ = json.Unmarshal(raw, &mode)
-		switch mode {
+		switch mode := tc.text(); mode {
 		case "none", "auto":
 			return constrained, nil
 		case "required":
@@ -487,44 +528,43 @@ func decodeToolChoice(top map[string]json.RawMessage, tools []json.RawMessage) (
 				return false, &requestError{param: "tool_choice", message: `"required" needs tools; the request has none`}
 			}
 			return true, nil
+		default:
+			return false, &requestError{param: "tool_choice", message: fmt.Sprintf("must be %s, got %s", choices, strconv.Quote(clip(mode)))}
 		}
-		return false, &requestError{param: "tool_choice", message: fmt.Sprintf("must be %s, got %s", choices, strconv.Quote(clip(mode)))}
 	case '{':
 	default:
-		return false, &requestError{param: "tool_choice", message: fmt.Sprintf("expected %s, got %s", choices, jsonKind(raw))}
+		return false, &requestError{param: "tool_choice", message: fmt.Sprintf("expected %s, got %s", choices, tc.typeName())}
 	}
-	var obj map[string]json.RawMessage
-	_ = json.Unmarshal(raw, &obj)
-	var typ string
-	if err := decodeNested(obj, "tool_choice.type", "type", wantString, &typ); err != nil {
+	typ, err := stringOf(tc.get("type"), "tool_choice.type")
+	if err != nil {
 		return false, err
 	}
 	switch typ {
 	case "":
 		return false, &requestError{param: "tool_choice.type", message: "a tool_choice object must have a type"}
 	case "function":
-		var fn map[string]json.RawMessage
-		if err := decodeNested(obj, "tool_choice.function", "function", wantObject, &fn); err != nil {
+		fn := tc.get("function")
+		if err := checkType(fn, "tool_choice.function", wantObject); err != nil {
 			return false, err
 		}
-		var name string
-		if err := decodeNested(fn, "tool_choice.function.name", "name", wantString, &name); err != nil {
+		name, err := stringOf(fn.get("name"), "tool_choice.function.name")
+		if err != nil {
 			return false, err
 		}
 		if name == "" {
 			return false, &requestError{param: "tool_choice.function.name", message: "a function tool_choice must name the function"}
 		}
-		if !slices.Contains(toolNames(tools), name) {
+		if !slices.Contains(toolNamesOf(tools), name) {
 			return false, &requestError{param: "tool_choice.function.name",
 				message: fmt.Sprintf("names the function %s, which is not among the request's tools", strconv.Quote(clip(name)))}
 		}
 	case "allowed_tools":
-		var allowed map[string]json.RawMessage
-		if err := decodeNested(obj, "tool_choice.allowed_tools", "allowed_tools", wantObject, &allowed); err != nil {
+		allowed := tc.get("allowed_tools")
+		if err := checkType(allowed, "tool_choice.allowed_tools", wantObject); err != nil {
 			return false, err
 		}
-		var mode string
-		if err := decodeNested(allowed, "tool_choice.allowed_tools.mode", "mode", wantString, &mode); err != nil {
+		mode, err := stringOf(allowed.get("mode"), "tool_choice.allowed_tools.mode")
+		if err != nil {
 			return false, err
 		}
 		if mode == "required" {
@@ -537,85 +577,115 @@ func decodeToolChoice(top map[string]json.RawMessage, tools []json.RawMessage) (
 	return constrained, nil
 }
 
-// toolNames are the function names of a request's tools.
-func toolNames(tools []json.RawMessage) []string {
+// toolNamesOf are the function names of a request's tools, each read as
+// encoding/json reads a tool into struct{Function struct{Name string}}:
+// keys "function" and "name" match in any case, the last one counts, and
+// a tool whose function or name is of another type has none.
+func toolNamesOf(tools []jsonValue) []string {
 	names := make([]string, 0, len(tools))
-	for _, raw := range tools {
-		var t struct {
-			Function struct {
-				Name string `json:"name"`
-			} `json:"function"`
+	for i := range tools {
+		name, ok := "", true
+		for j := range tools[i].members {
+			m := &tools[i].members[j]
+			if !strings.EqualFold(m.key(), "function") {
+				continue
+			}
+			switch m.value.kind() {
+			case 'n':
+				continue
+			case '{':
+			default:
+				ok = false
+				continue
+			}
+			for k := range m.value.members {
+				n := &m.value.members[k]
+				if !strings.EqualFold(n.key(), "name") {
+					continue
+				}
+				switch n.value.kind() {
+				case '"':
+					name = n.value.text()
+				case 'n':
+				default:
+					ok = false
+				}
+			}
 		}
-		if json.Unmarshal(raw, &t) == nil && t.Function.Name != "" {
-			names = append(names, t.Function.Name)
+		if ok && name != "" {
+			names = append(names, name)
 		}
 	}
 	return names
 }
 
-// decodeReasoning checks the reasoning settings: "reasoning_effort" a
+// reasoningOf checks the reasoning settings: "reasoning_effort" a
 // string, "reasoning" an object whose "effort" is a string and "enabled"
 // a boolean. Which efforts a model takes is its provider's to say.
-func decodeReasoning(top map[string]json.RawMessage) (thinks bool, err error) {
-	var effort, nestedEffort string
-	if err := decodeField(top, "reasoning_effort", wantString, &effort); err != nil {
+func reasoningOf(top *jsonValue) (thinks bool, err error) {
+	effort, err := stringOf(top.get("reasoning_effort"), "reasoning_effort")
+	if err != nil {
 		return false, err
 	}
-	var reasoning map[string]json.RawMessage
-	if err := decodeField(top, "reasoning", wantObject, &reasoning); err != nil {
+	reasoning := top.get("reasoning")
+	if err := checkType(reasoning, "reasoning", wantObject); err != nil {
 		return false, err
 	}
-	if err := decodeNested(reasoning, "reasoning.effort", "effort", wantString, &nestedEffort); err != nil {
+	nestedEffort, err := stringOf(reasoning.get("effort"), "reasoning.effort")
+	if err != nil {
 		return false, err
 	}
-	var enabled bool
-	if err := decodeNested(reasoning, "reasoning.enabled", "enabled", wantBool, &enabled); err != nil {
+	enabled, err := boolOf(reasoning.get("enabled"), "reasoning.enabled")
+	if err != nil {
 		return false, err
 	}
 	thinks = enabled || (effort != "" && effort != "none") || (nestedEffort != "" && nestedEffort != "none")
 	return thinks, nil
 }
 
-// decodeToolCalls checks one message's "tool_calls", when present: an array
+// toolCallsOf checks one message's "tool_calls", when present: an array
 // of function tool calls. It returns the characters of their function names
 // and arguments.
-func decodeToolCalls(raw json.RawMessage, param string) (chars int, err error) {
-	var calls []json.RawMessage
-	if err := decodeValue(raw, param, wantArray, &calls); err != nil {
+func toolCallsOf(v *jsonValue, param string) (chars int, err error) {
+	if err := checkType(v, param, wantArray); err != nil {
 		return 0, err
 	}
-	for j, rawCall := range calls {
+	for j := range elemsOf(v) {
+		call := &v.elems[j]
 		callParam := fmt.Sprintf("%s[%d]", param, j)
-		var call map[string]json.RawMessage
-		if err := decodeValue(rawCall, callParam, wantObject, &call); err != nil || call == nil {
-			return 0, &requestError{param: callParam, message: "expected an object, got " + jsonKind(rawCall)}
+		if call.kind() != '{' {
+			return 0, &requestError{param: callParam, message: "expected an object, got " + call.typeName()}
 		}
-		var typ string
-		if err := decodeNested(call, callParam+".type", "type", wantString, &typ); err != nil {
+		typ, err := stringOf(call.get("type"), callParam+".type")
+		if err != nil {
 			return 0, err
 		}
-		if !isAbsent(call["type"]) && typ != "function" {
+		if !call.get("type").absent() && typ != "function" {
 			return 0, &requestError{param: callParam + ".type",
 				message: "only function tool calls are supported, got " + strconv.Quote(clip(typ))}
 		}
-		var fn map[string]json.RawMessage
-		if err := decodeNested(call, callParam+".function", "function", wantObject, &fn); err != nil {
+		fn := call.get("function")
+		if err := checkType(fn, callParam+".function", wantObject); err != nil {
 			return 0, err
 		}
-		if fn == nil {
+		if fn.absent() {
 			return 0, &requestError{param: callParam + ".function", message: "each tool call must have a function"}
 		}
-		var name, args string
-		if err := decodeNested(fn, callParam+".function.name", "name", wantString, &name); err != nil {
+		name := fn.get("name")
+		if err := checkType(name, callParam+".function.name", wantString); err != nil {
 			return 0, err
 		}
-		if isAbsent(fn["name"]) {
+		if name.absent() {
 			return 0, &requestError{param: callParam + ".function.name", message: "each tool call function must have a name"}
 		}
-		if err := decodeNested(fn, callParam+".function.arguments", "arguments", wantString, &args); err != nil {
+		args := fn.get("arguments")
+		if err := checkType(args, callParam+".function.arguments", wantString); err != nil {
 			return 0, err
 		}
-		chars += utf8.RuneCountInString(name) + utf8.RuneCountInString(args)
+		chars += name.runes
+		if !args.absent() {
+			chars += args.runes
+		}
 	}
 	return chars, nil
 }
@@ -630,46 +700,60 @@ func jsonChars(raw json.RawMessage) int {
 	return utf8.RuneCount(buf.Bytes())
 }
 
-// decodeStop checks "stop": a string, or an array of at most
+// rawValue is raw, a valid JSON value (or nothing), parsed: for the
+// decode* wrappers of values that were not parsed with their body.
+func rawValue(raw json.RawMessage) *jsonValue {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return nil
+	}
+	v, err := parseJSON(bytes.TrimSpace(raw))
+	if err != nil {
+		return &jsonValue{raw: bytes.TrimSpace(raw)}
+	}
+	return v
+}
+
+// decodeStop checks "stop" (checkStop).
+func decodeStop(raw json.RawMessage) error { return checkStop(rawValue(raw)) }
+
+// checkStop checks "stop": a string, or an array of at most
 // maxStopSequences strings.
-func decodeStop(raw json.RawMessage) error {
-	switch firstByte(raw) {
+func checkStop(v *jsonValue) error {
+	switch v.kind() {
 	case 0, 'n', '"': // absent, null, a string
 		return nil
 	case '[':
-		var seqs []json.RawMessage
-		if err := decodeValue(raw, "stop", wantArray, &seqs); err != nil {
-			return err
-		}
-		if len(seqs) > maxStopSequences {
+		if len(v.elems) > maxStopSequences {
 			return &requestError{param: "stop",
-				message: fmt.Sprintf("at most %d stop sequences are allowed, got %d", maxStopSequences, len(seqs))}
+				message: fmt.Sprintf("at most %d stop sequences are allowed, got %d", maxStopSequences, len(v.elems))}
 		}
-		for i, seq := range seqs {
-			if firstByte(seq) != '"' {
-				return &requestError{param: fmt.Sprintf("stop[%d]", i), message: "expected a string, got " + jsonKind(seq)}
+		for i := range v.elems {
+			if v.elems[i].kind() != '"' {
+				return &requestError{param: fmt.Sprintf("stop[%d]", i), message: "expected a string, got " + v.elems[i].typeName()}
 			}
 		}
 		return nil
 	default:
 		return &requestError{param: "stop",
-			message: fmt.Sprintf("expected a string or an array of at most %d strings, got %s", maxStopSequences, jsonKind(raw))}
+			message: fmt.Sprintf("expected a string or an array of at most %d strings, got %s", maxStopSequences, v.typeName())}
 	}
 }
 
-// decodeResponseFormat checks "response_format": an object whose "type" is
+// decodeResponseFormat checks "response_format" (checkResponseFormat).
+func decodeResponseFormat(raw json.RawMessage) error { return checkResponseFormat(rawValue(raw)) }
+
+// checkResponseFormat checks "response_format": an object whose "type" is
 // one of responseFormatTypes; for json_schema, "json_schema" must be an
 // object with a string "name" and, if given, an object "schema".
-func decodeResponseFormat(raw json.RawMessage) error {
-	if isAbsent(raw) {
+func checkResponseFormat(rf *jsonValue) error {
+	if rf.absent() {
 		return nil
 	}
-	var rf map[string]json.RawMessage
-	if err := decodeValue(raw, "response_format", wantObject, &rf); err != nil {
+	if err := checkType(rf, "response_format", wantObject); err != nil {
 		return err
 	}
-	var typ string
-	if err := decodeNested(rf, "response_format.type", "type", wantString, &typ); err != nil {
+	typ, err := stringOf(rf.get("type"), "response_format.type")
+	if err != nil {
 		return err
 	}
 	if typ == "" {
@@ -682,20 +766,20 @@ func decodeResponseFormat(raw json.RawMessage) error {
 	if typ != "json_schema" {
 		return nil
 	}
-	var js map[string]json.RawMessage
-	if err := decodeNested(rf, "response_format.json_schema", "json_schema", wantObject, &js); err != nil {
+	js := rf.get("json_schema")
+	if err := checkType(js, "response_format.json_schema", wantObject); err != nil {
 		return err
 	}
-	if js == nil {
+	if js.absent() {
 		return &requestError{param: "response_format.json_schema", message: "required when the response format type is json_schema"}
 	}
-	if err := decodeNested(js, "response_format.json_schema.name", "name", wantString, new(string)); err != nil {
+	if err := checkType(js.get("name"), "response_format.json_schema.name", wantString); err != nil {
 		return err
 	}
-	if isAbsent(js["name"]) {
+	if js.get("name").absent() {
 		return &requestError{param: "response_format.json_schema.name", message: "a json_schema response format must have a name"}
 	}
-	return decodeNested(js, "response_format.json_schema.schema", "schema", wantObject, new(map[string]json.RawMessage))
+	return checkType(js.get("schema"), "response_format.json_schema.schema", wantObject)
 }
 
 // maxChoices is the largest "n" (OpenAI's limit).
@@ -711,15 +795,27 @@ func decodeN(raw json.RawMessage) error {
 
 // severalChoices reports whether raw, an "n" or "best_of" that passed its
 // check, asks for more than one choice.
-func severalChoices(raw json.RawMessage) bool {
-	var n int64
-	return json.Unmarshal(raw, &n) == nil && n > 1
+func severalChoices(raw json.RawMessage) bool { return severalChoicesOf(rawValue(raw)) }
+
+// severalChoicesOf is severalChoices of a parsed value.
+func severalChoicesOf(v *jsonValue) bool {
+	if v.kind() == 0 {
+		return false
+	}
+	n, ok := parseInteger(string(v.raw))
+	return ok && n > 1
 }
 
 // decodeInteger checks that raw, when present, is a JSON integer in
-// [min, max].
+// [min, max] (checkInteger).
 func decodeInteger(raw json.RawMessage, param string, min, max int64) error {
-	lit, err := numberLiteral(raw, param, wantInteger)
+	return checkInteger(rawValue(raw), param, min, max)
+}
+
+// checkInteger checks that v, when present, is a JSON integer in
+// [min, max].
+func checkInteger(v *jsonValue, param string, min, max int64) error {
+	lit, err := numberLiteral(v, param, wantInteger)
 	if lit == "" || err != nil {
 		return err
 	}
@@ -732,10 +828,14 @@ func decodeInteger(raw json.RawMessage, param string, min, max int64) error {
 	return &requestError{param: param, message: fmt.Sprintf("must be an integer between %d and %d, got %s", min, max, clip(lit))}
 }
 
-// decodeNumber checks that raw, when present, is a JSON number that fits a
+// decodeNumber checks that raw, when present, is a JSON number that fits
+// a float64 (checkNumber).
+func decodeNumber(raw json.RawMessage, param string) error { return checkNumber(rawValue(raw), param) }
+
+// checkNumber checks that v, when present, is a JSON number that fits a
 // float64. (One too small to represent is 0, as encoding/json reads it.)
-func decodeNumber(raw json.RawMessage, param string) error {
-	lit, err := numberLiteral(raw, param, wantNumber)
+func checkNumber(v *jsonValue, param string) error {
+	lit, err := numberLiteral(v, param, wantNumber)
 	if lit == "" || err != nil {
 		return err
 	}
@@ -745,17 +845,16 @@ func decodeNumber(raw json.RawMessage, param string) error {
 	return nil
 }
 
-// numberLiteral returns the JSON number literal raw holds, "" if raw is
-// absent or null, or a *requestError if raw is another JSON type. raw must
-// be a valid JSON value.
-func numberLiteral(raw json.RawMessage, param, want string) (string, error) {
-	if isAbsent(raw) {
+// numberLiteral returns the JSON number literal v holds, "" if v is
+// absent or null, or a *requestError if v is another JSON type.
+func numberLiteral(v *jsonValue, param, want string) (string, error) {
+	if v.absent() {
 		return "", nil
 	}
-	if c := firstByte(raw); c != '-' && (c < '0' || c > '9') {
-		return "", &requestError{param: param, message: fmt.Sprintf("expected %s, got %s", want, jsonKind(raw))}
+	if c := v.kind(); c != '-' && (c < '0' || c > '9') {
+		return "", &requestError{param: param, message: fmt.Sprintf("expected %s, got %s", want, v.typeName())}
 	}
-	return string(bytes.TrimSpace(raw)), nil
+	return string(v.raw), nil
 }
 
 // parseInteger returns the value of a JSON number literal written as an
@@ -777,6 +876,57 @@ func integralIn(lit string, min, max int64) bool {
 
 func notPlainInteger(param, lit string) error {
 	return &requestError{param: param, message: "must be an integer written without a fraction or exponent, got " + clip(lit)}
+}
+
+// checkType checks that v, when present and not null, has the JSON type
+// want names; else a *requestError naming param.
+func checkType(v *jsonValue, param, want string) error {
+	if v.absent() {
+		return nil
+	}
+	var ok bool
+	switch k := v.kind(); want {
+	case wantString:
+		ok = k == '"'
+	case wantBool:
+		ok = k == 't' || k == 'f'
+	case wantArray:
+		ok = k == '['
+	case wantObject:
+		ok = k == '{'
+	case wantNumber, wantInteger:
+		ok = k == '-' || k >= '0' && k <= '9'
+	}
+	if !ok {
+		return &requestError{param: param, message: fmt.Sprintf("expected %s, got %s", want, v.typeName())}
+	}
+	return nil
+}
+
+// stringOf is v's text when v is a string, "" when absent or null, else a
+// *requestError naming param.
+func stringOf(v *jsonValue, param string) (string, error) {
+	if err := checkType(v, param, wantString); err != nil || v.absent() {
+		return "", err
+	}
+	return v.text(), nil
+}
+
+// boolOf is v's value when v is a boolean, false when absent or null,
+// else a *requestError naming param.
+func boolOf(v *jsonValue, param string) (bool, error) {
+	if err := checkType(v, param, wantBool); err != nil {
+		return false, err
+	}
+	return v.kind() == 't', nil
+}
+
+// elemsOf is an array's elements; none for anything else.
+func elemsOf(v *jsonValue) []jsonValue {
+	if v.kind() != '[' {
+		return nil
+	}
+	return v.elems
 }
 
 // decodeField decodes top[name] into dst, which is left alone when the key

@@ -48,25 +48,31 @@ type embeddingsRequest struct {
 // It needs "embeddings" of its provider, and "token_input" (a tunnel-path
 // provider) for token ids. Errors are *requestError naming the field.
 func decodeEmbeddingsRequest(body []byte) (embeddingsRequest, error) {
-	top, err := decodeObject(body)
+	top, err := parseBody(body)
 	if err != nil {
 		return embeddingsRequest{}, err
 	}
+	return embeddingsRequestOf(top)
+}
+
+// embeddingsRequestOf is decodeEmbeddingsRequest of a parsed body.
+func embeddingsRequestOf(top *jsonValue) (embeddingsRequest, error) {
 	var req embeddingsRequest
-	if err := decodeModel(top, &req.Model); err != nil {
+	var err error
+	if req.Model, err = modelOf(top); err != nil {
 		return embeddingsRequest{}, err
 	}
-	input, err := decodeTextInput(top["input"], "input", true)
+	input, err := textInputOf(top.get("input"), "input", true)
 	if err != nil {
 		return embeddingsRequest{}, err
 	}
 	req.Inputs, req.EstimatedInputTokens = input.Items, input.estimatedTokens()
 	req.Needs = append([]string{needEmbeddings}, input.needs(false)...)
-	if err := decodeInteger(top["dimensions"], "dimensions", 1, maxDimensions); err != nil {
+	if err := checkInteger(top.get("dimensions"), "dimensions", 1, maxDimensions); err != nil {
 		return embeddingsRequest{}, err
 	}
-	var format string
-	if err := decodeField(top, "encoding_format", wantString, &format); err != nil {
+	format, err := stringOf(top.get("encoding_format"), "encoding_format")
+	if err != nil {
 		return embeddingsRequest{}, err
 	}
 	switch format {
@@ -77,7 +83,7 @@ func decodeEmbeddingsRequest(body []byte) (embeddingsRequest, error) {
 		return embeddingsRequest{}, &requestError{param: "encoding_format",
 			message: `must be "float" or "base64", got ` + strconv.Quote(clip(format))}
 	}
-	if err := decodeField(top, "user", wantString, new(string)); err != nil {
+	if err := checkType(top.get("user"), "user", wantString); err != nil {
 		return embeddingsRequest{}, err
 	}
 	req.ollama = ollamaMemberOf(top)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"unicode/utf8"
 )
 
 // maxInputs bounds the items of a batched prompt or embeddings input
@@ -61,36 +60,34 @@ func (in textInput) needs(batch bool) []string {
 // plus its characters / 4 rounded up.
 func (in textInput) estimatedTokens() int { return in.Tokens + (in.Chars+3)/4 }
 
-// decodeTextInput checks a completions "prompt" or an embeddings "input"
+// decodeTextInput is textInputOf for a value not parsed yet.
+func decodeTextInput(raw json.RawMessage, param string, nonEmpty bool) (textInput, error) {
+	return textInputOf(rawValue(raw), param, nonEmpty)
+}
+
+// textInputOf checks a completions "prompt" or an embeddings "input"
 // (OpenAI API reference): a string, an array of 1 to 2048 strings, an
 // array of token ids (integers in [0, 2^31)), or an array of 1 to 2048
 // such arrays. With nonEmpty, every string and token array must be
 // non-empty (OpenAI's rule for embeddings input). Absent or null is an
 // error: both fields are required. Errors are *requestError naming param
 // or the item, as in "input[3]".
-func decodeTextInput(raw json.RawMessage, param string, nonEmpty bool) (textInput, error) {
-	if isAbsent(raw) {
+func textInputOf(v *jsonValue, param string, nonEmpty bool) (textInput, error) {
+	if v.absent() {
 		return textInput{}, &requestError{param: param, message: "you must provide " + param}
 	}
 	const want = "a string, an array of strings, an array of token ids or an array of token id arrays"
-	switch firstByte(raw) {
+	switch v.kind() {
 	case '"':
-		var s string
-		if err := decodeValue(raw, param, wantString, &s); err != nil {
-			return textInput{}, err
-		}
-		if nonEmpty && s == "" {
+		if nonEmpty && v.runes == 0 {
 			return textInput{}, &requestError{param: param, message: "must not be an empty string"}
 		}
-		return textInput{Items: 1, Chars: utf8.RuneCountInString(s)}, nil
+		return textInput{Items: 1, Chars: v.runes}, nil
 	case '[':
 	default:
-		return textInput{}, &requestError{param: param, message: "expected " + want + ", got " + jsonKind(raw)}
+		return textInput{}, &requestError{param: param, message: "expected " + want + ", got " + v.typeName()}
 	}
-	var items []json.RawMessage
-	if err := decodeValue(raw, param, wantArray, &items); err != nil {
-		return textInput{}, err
-	}
+	items := v.elems
 	switch {
 	case len(items) == 0:
 		return textInput{}, &requestError{param: param, message: "must not be an empty array"}
@@ -98,34 +95,31 @@ func decodeTextInput(raw json.RawMessage, param string, nonEmpty bool) (textInpu
 		return textInput{}, &requestError{param: param, message: fmt.Sprintf("at most %d items are allowed, got %d", maxInputs, len(items))}
 	}
 	var in textInput
-	switch firstByte(items[0]) {
+	switch items[0].kind() {
 	case '"': // strings
 		in.Items = len(items)
-		for i, item := range items {
+		for i := range items {
+			item := &items[i]
 			itemParam := fmt.Sprintf("%s[%d]", param, i)
-			if firstByte(item) != '"' {
-				return textInput{}, &requestError{param: itemParam, message: "expected a string like the first item, got " + jsonKind(item)}
+			if item.kind() != '"' {
+				return textInput{}, &requestError{param: itemParam, message: "expected a string like the first item, got " + item.typeName()}
 			}
-			var s string
-			if err := decodeValue(item, itemParam, wantString, &s); err != nil {
-				return textInput{}, err
-			}
-			if nonEmpty && s == "" {
+			if nonEmpty && item.runes == 0 {
 				return textInput{}, &requestError{param: itemParam, message: "must not be an empty string"}
 			}
-			in.Chars += utf8.RuneCountInString(s)
+			in.Chars += item.runes
 		}
 	case '[': // token id arrays
 		in.Items, in.TokenIDs = len(items), true
-		for i, item := range items {
-			n, err := decodeTokenIDs(item, fmt.Sprintf("%s[%d]", param, i), nonEmpty)
+		for i := range items {
+			n, err := tokenIDsOf(&items[i], fmt.Sprintf("%s[%d]", param, i), nonEmpty)
 			if err != nil {
 				return textInput{}, err
 			}
 			in.Tokens += n
 		}
 	default: // one token id array
-		n, err := decodeTokenIDs(raw, param, nonEmpty)
+		n, err := tokenIDsOf(v, param, nonEmpty)
 		if err != nil {
 			return textInput{}, err
 		}
@@ -134,22 +128,22 @@ func decodeTextInput(raw json.RawMessage, param string, nonEmpty bool) (textInpu
 	return in, nil
 }
 
-// decodeTokenIDs checks an array of token ids and returns its length.
-func decodeTokenIDs(raw json.RawMessage, param string, nonEmpty bool) (int, error) {
-	var ids []json.RawMessage
-	if firstByte(raw) != '[' || json.Unmarshal(raw, &ids) != nil {
-		return 0, &requestError{param: param, message: "expected an array of token ids, got " + jsonKind(raw)}
+// tokenIDsOf checks an array of token ids and returns its length.
+func tokenIDsOf(v *jsonValue, param string, nonEmpty bool) (int, error) {
+	if v.kind() != '[' {
+		return 0, &requestError{param: param, message: "expected an array of token ids, got " + v.typeName()}
 	}
-	if nonEmpty && len(ids) == 0 {
+	if nonEmpty && len(v.elems) == 0 {
 		return 0, &requestError{param: param, message: "must not be an empty array"}
 	}
-	for j, id := range ids {
-		if err := decodeInteger(id, fmt.Sprintf("%s[%d]", param, j), 0, math.MaxInt32); err != nil {
+	for j := range v.elems {
+		id := &v.elems[j]
+		if err := checkInteger(id, fmt.Sprintf("%s[%d]", param, j), 0, math.MaxInt32); err != nil {
 			return 0, err
 		}
-		if isAbsent(id) {
+		if id.absent() {
 			return 0, &requestError{param: fmt.Sprintf("%s[%d]", param, j), message: "expected a token id, got null"}
 		}
 	}
-	return len(ids), nil
+	return len(v.elems), nil
 }
