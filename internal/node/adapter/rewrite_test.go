@@ -82,3 +82,56 @@ func FuzzRewriteModel(f *testing.F) {
 		}
 	})
 }
+
+// TestRewriteModelUnchangedBodyNotDecoded: a body whose model already is
+// the served name goes to the provider as it came, the same bytes, and is
+// not decoded to tell (no allocation: encoding/json's decoder allocates
+// for every member; issue 16).
+func TestRewriteModelUnchangedBodyNotDecoded(t *testing.T) {
+	body := []byte(`{"messages":[{"role":"user","content":"say \"model\": hi","model":"other"}],"model":"served",` +
+		`"tools":[{"type":"function","function":{"name":"model"}}],"stream":true}`)
+	var out []byte
+	allocs := testing.AllocsPerRun(100, func() {
+		var err error
+		if out, err = rewriteModel(body, "served"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if &out[0] != &body[0] || len(out) != len(body) {
+		t.Fatalf("rewriteModel returned a copy %s, want the body itself", out)
+	}
+	if allocs != 0 {
+		t.Errorf("rewriteModel of an unchanged body allocated %v times per call, want 0 (no decode)", allocs)
+	}
+	// A body that needs the change still gets it, in one pass.
+	got, err := rewriteModel(body, "other-name")
+	if err != nil || !bytes.Contains(got, []byte(`"model":"other-name"`)) || !bytes.Contains(got, []byte(`"content":"say \"model\": hi","model":"other"`)) {
+		t.Errorf("rewriteModel to another name = %s, %v", got, err)
+	}
+}
+
+// FuzzModelAlready: whenever modelAlready says a body needs no change,
+// decoding it says so too (rewriteModel's full path returns the body
+// itself).
+func FuzzModelAlready(f *testing.F) {
+	for _, s := range []string{`{"model":"m"}`, `{"a":{"model":"x"},"model":"m"}`, `{"model":"m","model":"n"}`,
+		`{"mod\u0065l":"x","model":"m"}`, `{"model":"m\u0000"}`, `["model","m"]`, `{"x":"\"model\":","model":"m"}`, `{"model": "m" }`} {
+		f.Add([]byte(s), "m")
+	}
+	f.Fuzz(func(t *testing.T, body []byte, model string) {
+		if !modelAlready(body, model) {
+			return
+		}
+		if !json.Valid(body) {
+			t.Fatalf("modelAlready true for invalid JSON %q", body)
+		}
+		var top map[string]json.RawMessage
+		if err := json.Unmarshal(body, &top); err != nil {
+			t.Fatalf("modelAlready true for a non-object %q", body)
+		}
+		var name string
+		if json.Unmarshal(top["model"], &name) != nil || name != model {
+			t.Fatalf("modelAlready true for %q, model %q: its model decodes to %q", body, model, name)
+		}
+	})
+}
