@@ -85,8 +85,8 @@ func FuzzRewriteModel(f *testing.F) {
 
 // TestRewriteModelUnchangedBodyNotDecoded: a body whose model already is
 // the served name goes to the provider as it came, the same bytes, and is
-// not decoded to tell (no allocation: encoding/json's decoder allocates
-// for every member; issue 16).
+// not decoded to tell (no allocation, where encoding/json's decoder
+// allocates for every member; issue 16).
 func TestRewriteModelUnchangedBodyNotDecoded(t *testing.T) {
 	body := []byte(`{"messages":[{"role":"user","content":"say \"model\": hi","model":"other"}],"model":"served",` +
 		`"tools":[{"type":"function","function":{"name":"model"}}],"stream":true}`)
@@ -100,7 +100,10 @@ func TestRewriteModelUnchangedBodyNotDecoded(t *testing.T) {
 	if &out[0] != &body[0] || len(out) != len(body) {
 		t.Fatalf("rewriteModel returned a copy %s, want the body itself", out)
 	}
-	if allocs != 0 {
+	// 0 allocations; at most 1 under -race, whose sync.Pool drops at
+	// random the scanner json.Valid keeps in one. Decoding this body costs
+	// several per member (encoding/json's decoder: a token and a raw copy).
+	if allocs > 1 {
 		t.Errorf("rewriteModel of an unchanged body allocated %v times per call, want 0 (no decode)", allocs)
 	}
 	// A body that needs the change still gets it, in one pass.
