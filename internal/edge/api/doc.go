@@ -8,6 +8,11 @@
 // one; its answer, run events or the tunnel's OpenAI bytes, is rendered as
 // Ollama NDJSON or JSON (ollama_render.go).
 //
+// An OpenAI route parses the client's body once (parseBody, jsonvalue.go:
+// one pass, values pointing into the body): its checks, its needs, its
+// estimated input tokens and the removal of an iop_ollama member all read
+// that parse, and no part of the body is decoded again.
+//
 // # Routes
 //
 //	POST /v1/chat/completions  chat.completion, or SSE chat.completion.chunk events ending "data: [DONE]"
