@@ -6,12 +6,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
+	"reflect"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 )
 
 // ExtensionKey is the top-level member of an OpenAI client's request body
@@ -698,8 +701,19 @@ func integer(raw json.RawMessage, field string) (int64, error) {
 	return int64(f), nil
 }
 
-// decodeTop decodes a body that must be one JSON object.
+// bodyDecodes counts decodeTop's decodes of a whole client body: a test
+// hook (BodyDecodes).
+var bodyDecodes atomic.Int64
+
+// BodyDecodes is how many whole request bodies the FromOllama* functions
+// decoded since the process started: one per call (a test hook, so the
+// edge's tests can tell that an Ollama request's body is decoded once).
+func BodyDecodes() int64 { return bodyDecodes.Load() }
+
+// decodeTop decodes a body that must be one JSON object: the one decode
+// of the client's whole body.
 func decodeTop(body []byte) (map[string]json.RawMessage, error) {
+	bodyDecodes.Add(1)
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil {
 		var typeErr *json.UnmarshalTypeError
@@ -724,17 +738,30 @@ func decodeRequest(body []byte, dst any) (map[string]json.RawMessage, error) {
 	return top, decodeFields(top, dst)
 }
 
-// decodeFields decodes the known fields of top into dst, a struct pointer;
-// a wrong JSON type is a *FieldError naming the field.
+// decodeFields decodes the members of top that name a field of dst, a
+// pointer to a struct of json-tagged fields, into it, as encoding/json
+// decodes an object into the struct: a key matches a field's name in any
+// case, members in key order (the order of the object json.Marshal writes
+// of top, which this once re-encoded and decoded whole), the first wrong
+// JSON type is the *FieldError naming the field, and the other members are
+// still decoded. Each member's value is decoded once, from top.
 func decodeFields(top map[string]json.RawMessage, dst any) error {
-	b, err := json.Marshal(top)
-	if err != nil {
-		return fieldErr("", "the request body is not valid JSON")
+	v := reflect.ValueOf(dst).Elem()
+	t := v.Type()
+	var first error
+	for _, k := range slices.Sorted(maps.Keys(top)) {
+		for i := range t.NumField() {
+			name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+			if !strings.EqualFold(k, name) {
+				continue
+			}
+			if err := json.Unmarshal(top[k], v.Field(i).Addr().Interface()); err != nil && first == nil {
+				first = typeError(err, name)
+			}
+			break
+		}
 	}
-	if err := json.Unmarshal(b, dst); err != nil {
-		return typeError(err, "")
-	}
-	return nil
+	return first
 }
 
 // decodeField decodes top[name] into dst, leaving it alone when absent or
