@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"unicode/utf8"
 )
 
 // embedKnown and embeddingsKnown are the top-level fields of POST
@@ -108,6 +109,10 @@ func embeddingsRequest(top map[string]json.RawMessage, model string, known []str
 		return req, nil
 	}
 	out.Model, out.EncodingFormat = model, "float"
+	req.Inputs, req.Dimensions = out.Input, out.Dimensions
+	for _, in := range out.Input {
+		req.InputChars += utf8.RuneCountInString(in)
+	}
 	return t.finish(req, &out)
 }
 

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"unicode/utf8"
 )
 
 // ExtensionKey is the top-level member of an OpenAI client's request body
@@ -85,8 +86,32 @@ type Request struct {
 	// refuses think for one that cannot: "does not support thinking").
 	Thinking bool
 	// EstimatedInputTokens is the prompt's characters / 4, rounded up
-	// (Operation Completion only; a chat body is measured by the caller).
+	// (Operation Completion only; a chat body is measured by the caller,
+	// from InputChars and Tools).
 	EstimatedInputTokens int
+	// What the canonical body holds that the edge checks and measures, so
+	// that it need not decode the body it was given (the client's was
+	// decoded once, here):
+	//
+	// Roles are the roles of a chat's messages, in order.
+	Roles []string
+	// InputChars is the characters (code points) of the canonical body's
+	// text: a chat's message text (content strings, text parts) and its
+	// tool calls' function names and arguments; a completion's prompt and
+	// suffix; the embeddings inputs.
+	InputChars int
+	// Images is set when a chat message carries an image.
+	Images bool
+	// Tools is a chat's "tools" value as the client sent it, nil when
+	// absent or null (the canonical body has it compacted).
+	Tools json.RawMessage
+	// ReasoningEffort is the canonical chat body's reasoning_effort, ""
+	// when it has none.
+	ReasoningEffort string
+	// Inputs and Dimensions are the canonical embeddings body's input and
+	// dimensions (nil when it has none).
+	Inputs     []string
+	Dimensions *int64
 	// Conversation is set for a non-raw /api/generate request without a
 	// suffix: the turns of the "context" it sent back (none if it sent
 	// none) and its prompt as the last user turn. The answer's "context"
@@ -234,7 +259,9 @@ func FromOllamaChat(body []byte) (Request, error) {
 			return Request{}, fieldErr("tools", "expected an array of tools")
 		}
 		out.Tools = in.Tools
+		req.Tools = in.Tools
 	}
+	req.Roles, req.InputChars, req.Images = t.roles, t.chars, t.images
 	return t.finish(req, out)
 }
 
@@ -319,20 +346,28 @@ func FromOllamaGenerate(body []byte) (Request, error) {
 		req.Operation = Completion
 		out.Prompt, out.Suffix = &prompt, in.Suffix
 		out.ReasoningEffort = "" // not a completions parameter
-		req.EstimatedInputTokens = (len([]rune(prompt)) + len([]rune(in.Suffix)) + 3) / 4
+		req.InputChars = utf8.RuneCountInString(prompt) + utf8.RuneCountInString(in.Suffix)
+		req.EstimatedInputTokens = (req.InputChars + 3) / 4
 		return t.finish(req, out)
 	}
 	if in.System != "" {
 		out.Messages = append(out.Messages, map[string]any{"role": "system", "content": in.System})
+		req.Roles = append(req.Roles, "system")
+		req.InputChars += utf8.RuneCountInString(in.System)
 	}
 	for _, turn := range history {
 		out.Messages = append(out.Messages, map[string]any{"role": turn.Role, "content": turn.Content})
+		req.Roles = append(req.Roles, turn.Role)
+		req.InputChars += utf8.RuneCountInString(turn.Content)
 	}
 	user, err := userContent(in.Prompt, in.Images, "images")
 	if err != nil {
 		return Request{}, err
 	}
 	out.Messages = append(out.Messages, map[string]any{"role": "user", "content": user})
+	req.Roles = append(req.Roles, "user")
+	req.InputChars += utf8.RuneCountInString(in.Prompt)
+	req.Images = len(in.Images) > 0
 	req.Conversation = append(history, Turn{Role: "user", Content: in.Prompt})
 	return t.finish(req, out)
 }
@@ -345,6 +380,10 @@ type translation struct {
 	extMsgs   []map[string]string        // per-message fields for OllamaFields ("thinking"), nil if none
 	dropped   []string
 	extension []string
+	// What the canonical messages hold (Request.Roles, InputChars, Images).
+	roles  []string
+	chars  int
+	images bool
 }
 
 // common translates the fields chat and generate share: model, stream,
@@ -400,6 +439,9 @@ func (t *translation) required(model string, known []string) (Request, error) {
 
 // finish sets req's OllamaFields and marshals out as req's body.
 func (t *translation) finish(req Request, out any) (Request, error) {
+	if c, ok := out.(*canonicalChat); ok {
+		req.ReasoningEffort = c.ReasoningEffort
+	}
 	var err error
 	if req.OllamaFields, err = t.extensionJSON(); err != nil {
 		return Request{}, err
@@ -564,6 +606,9 @@ func (t *translation) messages(raw []json.RawMessage) ([]any, error) {
 			t.extension = append(t.extension, field+".thinking")
 		}
 		msg := map[string]any{"role": m.Role}
+		t.roles = append(t.roles, m.Role)
+		t.chars += utf8.RuneCountInString(m.Content)
+		t.images = t.images || len(m.Images) > 0
 		content, err := userContent(m.Content, m.Images, field+".images")
 		if err != nil {
 			return nil, err
@@ -579,6 +624,7 @@ func (t *translation) messages(raw []json.RawMessage) ([]any, error) {
 				if c.Function.Name == "" {
 					return nil, fieldErr(fmt.Sprintf("%s.tool_calls[%d].function.name", field, j), "each tool call must name its function")
 				}
+				t.chars += utf8.RuneCountInString(c.Function.Name) + utf8.RuneCountInString(args)
 				id := fmt.Sprintf("call_%d_%d", i, j)
 				open = append(open, pending{id, c.Function.Name})
 				calls = append(calls, map[string]any{

@@ -11,7 +11,12 @@
 // An OpenAI route parses the client's body once (parseBody, jsonvalue.go:
 // one pass, values pointing into the body): its checks, its needs, its
 // estimated input tokens and the removal of an iop_ollama member all read
-// that parse, and no part of the body is decoded again.
+// that parse, and no part of the body is decoded again. An Ollama route's
+// body is decoded once, by its translation; the checks, needs and estimate
+// come from what the translation decoded (ollamaChatNeeds,
+// checkOllamaEmbed), never from decoding the canonical body it generated
+// (the client's tools, which the translation passes on unread, are parsed
+// once there).
 //
 // # Routes
 //

@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"slices"
@@ -152,6 +153,106 @@ func TestRoutesParseBodyOnce(t *testing.T) {
 			}
 			if strings.Contains(string(r.Body), translate.ExtensionKey) || !json.Valid(r.Body) {
 				t.Errorf("dispatched body %s", r.Body)
+			}
+		})
+	}
+}
+
+// FuzzOllamaNeedsAsCanonical: an Ollama request's checks, needs and
+// estimate, taken from what the translation decoded (ollamaChatNeeds,
+// checkOllamaEmbed), are those decodeChatRequest and
+// decodeEmbeddingsRequest find in the canonical body it generated, which
+// the route used to decode again.
+func FuzzOllamaNeedsAsCanonical(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"héllo","images":["iVBORw0KGgo="]}]}`,
+		`{"model":"m","messages":[{"role":"wizard","content":"x"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","description":"a <b> & c \u2028"}}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"nope"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[]}`,
+		`{"model":"m","messages":[{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":{"a":"<1>"}}}]},{"role":"tool","content":"r"}],"think":"high"}`,
+		`{"model":"m","messages":[{"role":"user","content":"x"}],"think":true,"options":{"num_predict":5,"stop":["a"]},"format":"json"}`,
+		`{"model":"m","prompt":"why","system":"be brief","images":["iVBORw0KGgo="]}`,
+		`{"model":"m","prompt":"p","raw":true}`,
+		`{"model":"m","input":["a","","c"]}`, `{"model":"m","input":"one","dimensions":0}`, `{"model":"m","input":["a","b"],"dimensions":8}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		words := func(err error) string {
+			var re *requestError
+			if errors.As(err, &re) {
+				return re.param + ": " + re.message
+			}
+			if err != nil {
+				return "other: " + err.Error()
+			}
+			return ""
+		}
+		for _, from := range []func([]byte) (translate.Request, error){translate.FromOllamaChat, translate.FromOllamaGenerate} {
+			tr, err := from(body)
+			if err != nil || tr.LoadOnly || tr.Operation != translate.Chat {
+				continue
+			}
+			want, werr := decodeChatRequest(tr.Body)
+			needs, estimate, gerr := ollamaChatNeeds(&tr)
+			if words(gerr) != words(werr) {
+				t.Fatalf("body %s: error %q, the canonical body's %q", body, words(gerr), words(werr))
+			}
+			if werr == nil && (!slices.Equal(needs, want.Needs) || estimate != want.EstimatedInputTokens) {
+				t.Fatalf("body %s: needs %q estimate %d, the canonical body's %q %d", body, needs, estimate, want.Needs, want.EstimatedInputTokens)
+			}
+		}
+		tr, err := translate.FromOllamaEmbed(body)
+		if err != nil || tr.LoadOnly {
+			return
+		}
+		want, werr := decodeEmbeddingsRequest(tr.Body)
+		gerr := checkOllamaEmbed(&tr)
+		if words(gerr) != words(werr) {
+			t.Fatalf("body %s: error %q, the canonical body's %q", body, words(gerr), words(werr))
+		}
+		if werr == nil && (len(tr.Inputs) != want.Inputs || (tr.InputChars+3)/4 != want.EstimatedInputTokens) {
+			t.Fatalf("body %s: %d inputs, estimate %d; the canonical body's %d %d", body, len(tr.Inputs), (tr.InputChars+3)/4, want.Inputs, want.EstimatedInputTokens)
+		}
+	})
+}
+
+// TestOllamaRoutesDecodeBodyOnce: /api/chat, /api/generate and /api/embed
+// decode the client's body once (in the translation) and do not parse
+// the canonical body they generated (issue 16).
+func TestOllamaRoutesDecodeBodyOnce(t *testing.T) {
+	for _, c := range []struct {
+		path, body string
+		run        *fakeRun
+	}{
+		{"/api/chat", `{"model":"m","stream":false,"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}]}`,
+			scriptedRun(normalized, events(delta("hi"), complete("stop")))},
+		{"/api/generate", `{"model":"m","stream":false,"prompt":"hi","system":"s"}`,
+			scriptedRun(normalized, events(delta("hi"), complete("stop")))},
+		{"/api/embed", `{"model":"m","input":["a","b"]}`,
+			scriptedRun(normalized, events(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Embeddings: []*nodev1.Embedding{{Values: []float32{1}}, {Values: []float32{2}}}}), events(complete("stop")))},
+	} {
+		t.Run(c.path, func(t *testing.T) {
+			env := newEnv(t, Config{}, runWith(c.run))
+			decodes, parses := translate.BodyDecodes(), bodyParses.Load()
+			resp, err := http.Post(env.srv.URL+c.path, "application/json", strings.NewReader(c.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			if n := translate.BodyDecodes() - decodes; n != 1 {
+				t.Errorf("the client's body was decoded %d times, want 1", n)
+			}
+			if n := bodyParses.Load() - parses; n != 0 {
+				t.Errorf("a generated body was parsed %d times, want 0", n)
+			}
+			if reqs := env.gw.requests(); len(reqs) != 1 || reqs[0].EstimatedInputTokens == 0 {
+				t.Errorf("dispatched %+v", reqs)
 			}
 		})
 	}

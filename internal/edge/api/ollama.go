@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -98,12 +99,12 @@ func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bo
 	}
 	switch tr.Operation {
 	case translate.Chat:
-		cr, err := decodeChatRequest(tr.Body)
+		needs, estimate, err := ollamaChatNeeds(&tr)
 		if err != nil {
 			h.writeOllamaError(w, r, err, &req)
 			return
 		}
-		req.Needs, req.EstimatedInputTokens = cr.Needs, cr.EstimatedInputTokens
+		req.Needs, req.EstimatedInputTokens = needs, estimate
 	case translate.Completion:
 		req.Operation = contract.OperationCompletion
 		req.EstimatedInputTokens = tr.EstimatedInputTokens
@@ -118,6 +119,50 @@ func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bo
 	h.serveOllamaRun(w, r, &req, tr.Extension,
 		&ollamaRender{chat: chat, model: tr.Model, stream: tr.Stream, timings: translate.Timings{Start: start}, noThinking: tr.NoThinking,
 			conversation: tr.Conversation})
+}
+
+// ollamaChatNeeds checks a translated chat as decodeChatRequest checks
+// an OpenAI client's (the checks its canonical body could fail: the
+// messages' roles, the tools' shape) and returns its needs and estimated
+// input tokens as decodeChatRequest finds them in the canonical body, from
+// what the translation decoded (Roles, InputChars, Images, Tools,
+// ReasoningEffort) instead of decoding the body it generated. The client's
+// tools are parsed here, once (the translation passes them on unread).
+// Errors are *requestError naming the field, as decodeChatRequest's.
+func ollamaChatNeeds(tr *translate.Request) (needs []string, estimate int, err error) {
+	for i, role := range tr.Roles {
+		if !slices.Contains(messageRoles, role) {
+			return nil, 0, &requestError{param: fmt.Sprintf("messages[%d].role", i), message: fmt.Sprintf("must be one of %s, got %s",
+				strings.Join(messageRoles, ", "), strconv.Quote(clip(role)))}
+		}
+	}
+	chars := tr.InputChars
+	if tr.Tools != nil {
+		tools, perr := parseJSON(tr.Tools)
+		if perr != nil {
+			return nil, 0, &requestError{param: "tools", message: "expected an array of tools"}
+		}
+		if err := checkTools(elemsOf(tools), nil); err != nil {
+			return nil, 0, err
+		}
+		if len(elemsOf(tools)) > 0 {
+			needs = append(needs, needTools)
+		}
+		for _, def := range elemsOf(tools) {
+			// The canonical body has the tools as json.Marshal writes
+			// them: compact, and <, >, &, U+2028 and U+2029 escaped as
+			// \u003c and the like (5 characters more each).
+			chars += def.compact + 5*(bytes.Count(def.raw, []byte("<"))+bytes.Count(def.raw, []byte(">"))+
+				bytes.Count(def.raw, []byte("&"))+bytes.Count(def.raw, []byte("\u2028"))+bytes.Count(def.raw, []byte("\u2029")))
+		}
+	}
+	if tr.ReasoningEffort != "" && tr.ReasoningEffort != "none" {
+		needs = append(needs, needThinking)
+	}
+	if tr.Images {
+		needs = append(needs, needVision)
+	}
+	return needs, (chars + 3) / 4, nil
 }
 
 // ollamaRun renders one run as an Ollama route's answer.

@@ -41,13 +41,32 @@ func (h *handler) ollamaEmbed(w http.ResponseWriter, r *http.Request, legacy boo
 		h.ollamaLoad(w, r, &req, e.answer(nil, 0))
 		return
 	}
-	er, err := decodeEmbeddingsRequest(tr.Body)
-	if err != nil {
+	if err := checkOllamaEmbed(&tr); err != nil {
 		h.writeOllamaError(w, r, err, &req)
 		return
 	}
-	req.EstimatedInputTokens, e.inputs = er.EstimatedInputTokens, er.Inputs
+	req.EstimatedInputTokens, e.inputs = (tr.InputChars+3)/4, len(tr.Inputs)
 	h.serveOllamaRun(w, r, &req, tr.Extension, e)
+}
+
+// checkOllamaEmbed checks a translated embeddings request as
+// decodeEmbeddingsRequest checks its canonical body (what that body could
+// fail: the number of inputs, an empty one, the dimensions' range), from
+// what the translation decoded (Inputs, Dimensions) instead of decoding
+// the body it generated. Errors are decodeEmbeddingsRequest's.
+func checkOllamaEmbed(tr *translate.Request) error {
+	if len(tr.Inputs) > maxInputs {
+		return &requestError{param: "input", message: fmt.Sprintf("at most %d items are allowed, got %d", maxInputs, len(tr.Inputs))}
+	}
+	for i, in := range tr.Inputs {
+		if in == "" {
+			return &requestError{param: fmt.Sprintf("input[%d]", i), message: "must not be an empty string"}
+		}
+	}
+	if d := tr.Dimensions; d != nil && (*d < 1 || *d > maxDimensions) {
+		return &requestError{param: "dimensions", message: fmt.Sprintf("must be an integer between %d and %d, got %d", 1, maxDimensions, *d)}
+	}
+	return nil
 }
 
 // ollamaEmbedRender renders an embeddings run as an Ollama answer. Only the
