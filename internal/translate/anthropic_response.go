@@ -134,7 +134,10 @@ func (a *AnthropicAnswer) Start() error {
 	a.tools = make(map[int]int)
 	a.message = AnthropicMessage{ID: a.ID, Type: "message", Role: "assistant", Model: a.Model,
 		Content: []AnthropicBlock{}, Usage: AnthropicUsage{InputTokens: a.InputTokens}}
-	if err := a.emit("message_start", map[string]any{"type": "message_start", "message": a.message}); err != nil {
+	if err := a.emit("message_start", struct {
+		Type    string           `json:"type"`
+		Message AnthropicMessage `json:"message"`
+	}{"message_start", a.message}); err != nil {
 		return err
 	}
 	return a.Ping()
@@ -156,7 +159,7 @@ func (a *AnthropicAnswer) Thinking(s string) error {
 	}
 	a.blocks[a.open].Text += s
 	a.sig.Write([]byte(s))
-	return a.delta(map[string]string{"type": "thinking_delta", "thinking": s})
+	return a.delta(blockDelta{Type: "thinking_delta", Thinking: &s})
 }
 
 // Text adds text to the answer's text block.
@@ -168,7 +171,7 @@ func (a *AnthropicAnswer) Text(s string) error {
 		return err
 	}
 	a.blocks[a.open].Text += s
-	return a.delta(map[string]string{"type": "text_delta", "text": s})
+	return a.delta(blockDelta{Type: "text_delta", Text: &s})
 }
 
 // ToolCall adds one part of the tool call at the provider's index: its id
@@ -209,7 +212,7 @@ func (a *AnthropicAnswer) ToolCall(index int, id, name, args string) error {
 	if b != a.open {
 		return nil
 	}
-	return a.delta(map[string]string{"type": "input_json_delta", "partial_json": args})
+	return a.delta(blockDelta{Type: "input_json_delta", PartialJSON: &args})
 }
 
 // toolID is the id of a tool_use block: Anthropic's ids are
@@ -256,8 +259,17 @@ func (a *AnthropicAnswer) Finish(finish string, usage *Usage) error {
 	}
 	a.message.Content = append([]AnthropicBlock{}, a.blocks...)
 	a.message.StopReason, a.message.Usage = &reason, u
-	if err := a.emit("message_delta", map[string]any{"type": "message_delta",
-		"delta": map[string]any{"stop_reason": reason, "stop_sequence": nil}, "usage": u}); err != nil {
+	if err := a.emit("message_delta", struct {
+		Type  string `json:"type"`
+		Delta struct {
+			StopReason   string  `json:"stop_reason"`
+			StopSequence *string `json:"stop_sequence"`
+		} `json:"delta"`
+		Usage AnthropicUsage `json:"usage"`
+	}{Type: "message_delta", Delta: struct {
+		StopReason   string  `json:"stop_reason"`
+		StopSequence *string `json:"stop_sequence"`
+	}{StopReason: reason}, Usage: u}); err != nil {
 		return err
 	}
 	return a.emit("message_stop", map[string]string{"type": "message_stop"})
@@ -285,7 +297,11 @@ func (a *AnthropicAnswer) openBlock(b AnthropicBlock) error {
 	if b.Type == "thinking" {
 		a.sig = sha256.New()
 	}
-	return a.emit("content_block_start", map[string]any{"type": "content_block_start", "index": a.open, "content_block": b})
+	return a.emit("content_block_start", struct {
+		Type         string         `json:"type"`
+		Index        int            `json:"index"`
+		ContentBlock AnthropicBlock `json:"content_block"`
+	}{"content_block_start", a.open, b})
 }
 
 // closeOpen closes the open block, if any: a thinking block first gets
@@ -300,17 +316,34 @@ func (a *AnthropicAnswer) closeOpen() error {
 	if a.blocks[i].Type == "thinking" {
 		sig := base64.StdEncoding.EncodeToString(a.sig.Sum(nil))
 		a.blocks[i].Signature = sig
-		if err := a.delta(map[string]string{"type": "signature_delta", "signature": sig}); err != nil {
+		if err := a.delta(blockDelta{Type: "signature_delta", Signature: &sig}); err != nil {
 			return err
 		}
 	}
 	a.open = -1
-	return a.emit("content_block_stop", map[string]any{"type": "content_block_stop", "index": i})
+	return a.emit("content_block_stop", struct {
+		Type  string `json:"type"`
+		Index int    `json:"index"`
+	}{"content_block_stop", i})
+}
+
+// blockDelta is a content_block_delta's delta: its type and the one
+// member of that type.
+type blockDelta struct {
+	Type        string  `json:"type"`
+	Text        *string `json:"text,omitempty"`
+	Thinking    *string `json:"thinking,omitempty"`
+	PartialJSON *string `json:"partial_json,omitempty"`
+	Signature   *string `json:"signature,omitempty"`
 }
 
 // delta sends a content_block_delta of the open block.
 func (a *AnthropicAnswer) delta(d any) error {
-	return a.emit("content_block_delta", map[string]any{"type": "content_block_delta", "index": a.open, "delta": d})
+	return a.emit("content_block_delta", struct {
+		Type  string `json:"type"`
+		Index int    `json:"index"`
+		Delta any    `json:"delta"`
+	}{"content_block_delta", a.open, d})
 }
 
 func (a *AnthropicAnswer) emit(event string, data any) error {

@@ -22,6 +22,9 @@ type messagesRender struct {
 	stream   bool
 	thinking bool // the request enabled thinking: show the reasoning
 	ans      translate.AnthropicAnswer
+	// pings, when streaming, is the run that pings a quiet stream
+	// (pingRun); the renderer stops it before it returns.
+	pings *pingRun
 }
 
 // newMessagesRender is the renderer of the run of rr for the request tr.
@@ -36,10 +39,31 @@ func newMessagesRender(rr *runResponse, info DispatchInfo, tr translate.Anthropi
 			}
 			return nil
 		}
+		m.pings = newPingRun(rr.run, messagesPingInterval, m.quiet)
+		rr.run = m.pings
 	} else {
 		_ = m.ans.Start() // collects only
 	}
 	return m
+}
+
+// quiet is called when the stream was quiet for messagesPingInterval: it
+// sends a ping, after the stream's start if nothing was sent yet (a
+// failure after that ends the stream with an error event rather than
+// an error status).
+func (m *messagesRender) quiet() error {
+	if err := m.begin(); err != nil {
+		return err
+	}
+	return m.ans.Ping()
+}
+
+// end stops the pings, before the renderer returns its reason.
+func (m *messagesRender) end(reason string) string {
+	if m.pings != nil {
+		m.pings.stop()
+	}
+	return reason
 }
 
 // begin sends the stream's status line, headers and message_start, once.
@@ -80,7 +104,8 @@ func (m *messagesRender) part(thinking, text string, calls []contract.ToolCallPa
 }
 
 // normalized renders a normalized-path run from its run events.
-func (m *messagesRender) normalized() string {
+func (m *messagesRender) normalized() (reason string) {
+	defer func() { reason = m.end(reason) }()
 	er := &eventReader{runResponse: m.runResponse}
 	finish, err := er.next(func(ev *contract.Event) error {
 		return m.part(ev.Thinking, ev.Text, ev.ToolCalls)
@@ -97,7 +122,8 @@ func (m *messagesRender) normalized() string {
 // once the stream ends, each as one input_json_delta), a 2xx JSON body
 // once complete (translate.DecodeOpenAIAnswer), an error status as an
 // error answer with that status and the provider's message.
-func (m *messagesRender) tunnel() string {
+func (m *messagesRender) tunnel() (reason string) {
+	defer func() { reason = m.end(reason) }()
 	onDelta := func(d translate.Delta) error {
 		m.obs.content(1)
 		return m.part(d.Thinking, d.Text, nil)
