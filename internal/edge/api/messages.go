@@ -141,15 +141,18 @@ const statusOverloaded = 529
 // key's limits, a provider's 429), 500 api_error; a full queue and a queue
 // timeout are 529 overloaded_error with Retry-After, the status
 // Anthropic's clients retry on when the service is busy. No provider
-// serving the model now stays 503 (api_error, Retry-After): it is an
-// outage of the model, not load. Other statuses keep classify's, with
-// type invalid_request_error below 500 and api_error from 500.
+// serving the model now keeps iop's 503 (with Retry-After), as an outage
+// of the model rather than load, with type overloaded_error, as Ollama's
+// Messages API types a 503. Other statuses keep classify's, with type
+// invalid_request_error below 500 and api_error from 500.
 func anthropicError(err error, req *Request) (e *apiError, status int, typ string) {
 	e = classify(err, req)
 	status = e.status
 	switch {
 	case errors.Is(err, ErrQueueFull), errors.Is(err, ErrQueueTimeout):
 		return e, statusOverloaded, "overloaded_error"
+	case errors.Is(err, ErrNoProvider), errors.Is(err, ErrProviderUnavailable):
+		return e, status, "overloaded_error"
 	}
 	switch status {
 	case http.StatusUnauthorized:
