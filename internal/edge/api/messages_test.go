@@ -549,3 +549,42 @@ func TestMessagesFailureBeforeOutput(t *testing.T) {
 		t.Errorf("%d %s", resp.status, resp.body)
 	}
 }
+
+// TestMessagesRecords: a Messages request is recorded as every API
+// request is (one RequestRecord: its API, where it went, its status,
+// outcome and tokens), on both paths, and so is a refusal (529, queue
+// full, outcome refused).
+func TestMessagesRecords(t *testing.T) {
+	const tunnelSSE = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}\n\n" +
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n"
+	for _, tc := range []struct {
+		path contract.Path
+		run  func() *fakeRun
+	}{
+		{normalized, func() *fakeRun {
+			return scriptedRun(normalized, events(started(), delta("hi")), events(usageEvent(5, 1), complete("stop")))
+		}},
+		{tunnel, func() *fakeRun {
+			return scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}), tunnelData(tunnelSSE), tunnelEnd())
+		}},
+	} {
+		recs := &records{}
+		env := newEnv(t, Config{Observer: recs, Now: ticking()}, runWith(tc.run()))
+		if resp := env.post(t, messagesPath, "application/json", messagesBody+`,"stream":true}`); resp.status != 200 {
+			t.Fatalf("%v: %d", tc.path, resp.status)
+		}
+		env.waitHandlers()
+		rec := recs.only(t)
+		if rec.API != "anthropic.messages" || rec.Model != "m" || !rec.Stream || rec.RunID != "run1" || rec.Status != 200 ||
+			rec.Outcome != OutcomeCompleted || rec.InputTokens != 5 || rec.OutputTokens != 1 || !rec.TokensKnown || rec.TimeToFirstToken <= 0 {
+			t.Errorf("%v: record %+v", tc.path, rec)
+		}
+	}
+	recs := &records{}
+	env := newEnv(t, Config{Observer: recs}, failWith(fmt.Errorf("%w: m", ErrQueueFull)))
+	env.post(t, messagesPath, "application/json", messagesBody+`}`)
+	env.waitHandlers()
+	if rec := recs.only(t); rec.API != "anthropic.messages" || rec.Status != 529 || rec.Outcome != OutcomeRefused || rec.ErrorCode != "queue_full" {
+		t.Errorf("refusal record %+v", rec)
+	}
+}
