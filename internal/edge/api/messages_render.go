@@ -97,6 +97,9 @@ func (m *messagesRender) part(thinking, text string, calls []contract.ToolCallPa
 			return errUpstreamProtocol
 		}
 		if err := m.ans.ToolCall(c.Index, c.ID, c.Name, c.Arguments); err != nil {
+			if errors.Is(err, translate.ErrMalformedAnswer) {
+				return errUpstreamProtocol // a part that cannot be streamed any more
+			}
 			return err
 		}
 	}

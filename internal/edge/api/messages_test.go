@@ -588,3 +588,20 @@ func TestMessagesRecords(t *testing.T) {
 		t.Errorf("refusal record %+v", rec)
 	}
 }
+
+// TestMessagesLateToolPart: a normalized run whose tool call gets a part
+// after another block began cannot be streamed as Anthropic's blocks: the
+// stream ends with an error event (502's api_error, the upstream broke the
+// answer; not a 500 of iop's), not a wrong answer.
+func TestMessagesLateToolPart(t *testing.T) {
+	env := newEnv(t, Config{}, runWith(scriptedRun(normalized,
+		events(started(), toolPart(0, "", "f", `{"a":`), toolPart(1, "", "g", `{}`)),
+		events(toolPart(0, "", "", `1}`), complete("tool_calls")))))
+	resp := env.post(t, messagesPath, "application/json", messagesBody+`,"stream":true}`)
+	evs := messagesEvents(t, resp.body)
+	last := evs[len(evs)-1]
+	e, _ := last.data["error"].(map[string]any)
+	if last.name != "error" || e["type"] != "api_error" || e["message"] != errUpstreamProtocol.Error() {
+		t.Errorf("events %q, last %v", eventNames(evs), last.data)
+	}
+}
