@@ -2,6 +2,7 @@ package translate
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -230,11 +231,13 @@ type anthropicTranslation struct {
 
 func (t *anthropicTranslation) count(s string) { t.chars += utf8.RuneCountInString(s) }
 
-func (t *anthropicTranslation) setExt(path string, key string, v any) {
+// setExt sets the OllamaFields member at path ("think", or "options.top_k"
+// inside "options") to v, and lists path in Extension.
+func (t *anthropicTranslation) setExt(path string, v any) {
 	if t.ext == nil {
 		t.ext = make(map[string]any)
 	}
-	if k, sub, ok := strings.Cut(key, "."); ok {
+	if k, sub, ok := strings.Cut(path, "."); ok {
 		m, _ := t.ext[k].(map[string]any)
 		if m == nil {
 			m = make(map[string]any)
@@ -242,7 +245,7 @@ func (t *anthropicTranslation) setExt(path string, key string, v any) {
 		}
 		m[sub] = v
 	} else {
-		t.ext[key] = v
+		t.ext[path] = v
 	}
 	t.req.Extension = append(t.req.Extension, path)
 	sort.Strings(t.req.Extension)
@@ -442,15 +445,17 @@ func (t *anthropicTranslation) imageURL(raw json.RawMessage, field string) (stri
 		if src.Data == "" {
 			return "", fieldErr(field+".data", "Field required")
 		}
-		if _, err := dataURL(src.Data); err != nil {
+		url, err := dataURL(src.Data) // checks the base64; sniffs the media type
+		if err == nil && strings.HasPrefix(strings.TrimSpace(src.Data), "data:") {
+			err = errors.New("expected base64-encoded image data, not a data: URL")
+		}
+		if err != nil {
 			return "", fieldErr(field+".data", "%s", err)
 		}
-		media := src.MediaType
-		if media == "" {
-			url, _ := dataURL(src.Data)
+		if src.MediaType == "" {
 			return url, nil
 		}
-		return "data:" + media + ";base64," + strings.TrimSpace(src.Data), nil
+		return "data:" + src.MediaType + ";base64," + strings.TrimSpace(src.Data), nil
 	case "url":
 		if src.URL == "" {
 			return "", fieldErr(field+".url", "Field required")
@@ -688,7 +693,7 @@ func (t *anthropicTranslation) sampling(top map[string]json.RawMessage) error {
 		if err != nil || n < 0 {
 			return fieldErr("top_k", "expected a non-negative integer")
 		}
-		t.setExt("options.top_k", "options.top_k", n)
+		t.setExt("options.top_k", n)
 	}
 	return nil
 }
@@ -724,6 +729,6 @@ func (t *anthropicTranslation) thinking(raw json.RawMessage) error {
 		}
 	}
 	t.req.Thinking = think
-	t.setExt("think", "think", think)
+	t.setExt("think", think)
 	return nil
 }

@@ -155,6 +155,7 @@ func TestFromAnthropicMessagesErrors(t *testing.T) {
 		{`{"model":"m","max_tokens":5,"messages":[{"role":"assistant","content":[{"type":"image","source":{"type":"url","url":"x"}}]}]}`, "messages[0].content[0].type"},
 		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"file","file_id":"f"}}]}]}`, "messages[0].content[0].source.type"},
 		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","data":"!!"}}]}]}`, "messages[0].content[0].source.data"},
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"data:image/png;base64,aGk="}}]}]}`, "messages[0].content[0].source.data"},
 		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":[{"type":"image","source":{}}]}]}]}`, "messages[0].content[0].content[0]"},
 		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","content":"x"}]}]}`, "messages[0].content[0].tool_use_id"},
 		{`{"model":"m","max_tokens":5,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"a","name":"b","input":[1]}]}]}`, "messages[0].content[0].input"},
