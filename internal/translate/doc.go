@@ -18,13 +18,21 @@
 // the node protocol, and no wire field lives inside the JSON it reads or
 // writes.
 //
+// Anthropic's Messages API (Anthropic API reference,
+// docs.anthropic.com/en/api/messages): FromAnthropicMessages and
+// FromAnthropicCountTokens turn a /v1/messages body into a canonical
+// OpenAI chat body (anthropic_request.go), and AnthropicAnswer builds the
+// answer, a message or its event stream, from an answer's parts
+// (anthropic_response.go).
+//
 // Answers: OpenAIStream decodes an OpenAI SSE stream fed in chunks of any
 // size (package sse does the framing) and DecodeOpenAIAnswer a whole answer;
 // OllamaResponse and its helpers build the Ollama objects the edge writes.
 //
 // # Concurrency
 //
-// Functions are pure and safe for concurrent use. An OpenAIStream holds
-// one stream's state and is used by one goroutine at a time; the package
+// Functions are pure and safe for concurrent use. An OpenAIStream and an
+// AnthropicAnswer hold one answer's state and are used by one goroutine
+// at a time; the package
 // starts no goroutines.
 package translate

@@ -30,7 +30,7 @@ var publicPaths = map[string]bool{"/healthz": true, "/readyz": true}
 var dispatchPaths = map[string]string{
 	"/v1/chat/completions": "chat.completions", "/v1/completions": "completions", "/v1/embeddings": "embeddings",
 	"/api/chat": "ollama.chat", "/api/generate": "ollama.generate", "/api/embed": "ollama.embed",
-	"/api/embeddings": "ollama.embed", runsPath: "runs",
+	"/api/embeddings": "ollama.embed", runsPath: "runs", messagesPath: "anthropic.messages",
 }
 
 // Ledger is what the API needs of the usage ledger (package ledger): a
@@ -86,10 +86,7 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request
 	if h.cfg.Keys.Len() == 0 && h.cfg.AdminKeys.Len() == 0 || publicPaths[r.URL.Path] {
 		return r, release, true
 	}
-	writeError := h.writeError
-	if isOllamaPath(r.URL.Path) {
-		writeError = h.writeOllamaError
-	}
+	writeError := h.errorWriterFor(r.URL.Path)
 	secret := auth.Credential(r.Header)
 	refuse := func(err error) (*http.Request, func(), bool) {
 		if errors.Is(err, errMissingKey) || errors.Is(err, errWrongKey) {

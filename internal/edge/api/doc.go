@@ -3,10 +3,13 @@
 // service (the Gateway interface), and renders what the node sends back into
 // the client's wire format (OpenAI API reference,
 // platform.openai.com/docs/api-reference; Ollama API doc, docs/api.md of
-// github.com/ollama/ollama). An Ollama request is first translated into a
-// canonical OpenAI body (package translate) and dispatched like an OpenAI
-// one; its answer, run events or the tunnel's OpenAI bytes, is rendered as
-// Ollama NDJSON or JSON (ollama_render.go).
+// github.com/ollama/ollama; Anthropic API reference,
+// docs.anthropic.com/en/api/messages). An Ollama or an Anthropic Messages
+// request is first translated into a canonical OpenAI body (package
+// translate) and dispatched like an OpenAI one; its answer, run events or
+// the tunnel's OpenAI bytes, is rendered as Ollama NDJSON or JSON
+// (ollama_render.go) or as a Messages answer or event stream
+// (messages_render.go).
 //
 // An OpenAI route parses the client's body once (parseBody, jsonvalue.go:
 // one pass, values pointing into the body): its checks, its needs, its
@@ -25,6 +28,8 @@
 //	POST /v1/embeddings        {"object":"list","data":[{"object":"embedding","index","embedding"}],"model","usage"}
 //	GET  /v1/models            {"object":"list","data":[{"id","object":"model","created","owned_by":"iop"}]}
 //	GET  /v1/models/{model}    one model object, or 404 model_not_found
+//	POST /v1/messages          Anthropic's Messages API: a message object, or its event stream (messages.go)
+//	POST /v1/messages/count_tokens  {"input_tokens": the edge's estimate}
 //	GET  /admin/v1/nodes       JSON array of connected nodes (only when the Gateway implements Admin, else 404)
 //	GET  /admin/v1/providers   JSON array of provider snapshots
 //	GET  /admin/v1/queues      JSON array of model queues: policy and queued
@@ -47,7 +52,10 @@
 //
 // Any other path is answered 404 and a known path with another method 405,
 // both in the OpenAI error shape {"error":{"message","type","param","code"}},
-// or, under /api/ and at /, in Ollama's {"error":"..."}. Ollama model names
+// or, under /api/ and at /, in Ollama's {"error":"..."}, or, under
+// /v1/messages, in Anthropic's {"type":"error","error":{"type","message"}}
+// with its statuses (anthropicError: 529 overloaded_error for a full
+// queue or a queue timeout). Ollama model names
 // "x" and "x:latest" name one model.
 //
 // # Keys
@@ -174,7 +182,13 @@
 // in New and never written again.
 //
 // Each dispatched run is owned by the request goroutine that dispatched it,
-// which is the only caller of Run.Recv and the only writer of the response.
+// which is the only caller of Run.Recv and the only writer of the response,
+// but for a streamed Messages answer: its run's Recv is called by a
+// receiving goroutine (pingRun, messages_ping.go) that hands each message
+// to the request goroutine, which pings the client meanwhile when the run
+// is quiet; the request goroutine stays the only writer, and stops that
+// goroutine (cancelling the run, which makes a blocked Recv return, and
+// waiting for it) before the run is closed.
 // Run.Close is called exactly once per run, by the request goroutine's
 // deferred cleanup when the handler ends, with the request's outcome. When
 // the request's context ends (client gone) a context.AfterFunc callback,

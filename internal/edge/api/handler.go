@@ -33,6 +33,8 @@ func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
 		"/v1/completions":      {http.MethodPost, h.completions},
 		"/v1/embeddings":       {http.MethodPost, h.embeddings},
 		"/v1/models":           {http.MethodGet, h.listModels},
+		messagesPath:           {http.MethodPost, h.anthropicMessages},
+		countTokensPath:        {http.MethodPost, h.countTokens},
 		"/healthz":             {http.MethodGet, h.healthz},
 		"/readyz":              {http.MethodGet, h.readyz},
 	}
@@ -235,10 +237,7 @@ func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 	if !ok && h.cfg.Runs != nil && strings.HasPrefix(r.URL.Path, runsPrefix) {
 		rt, ok = route{"", h.runRoute}, true
 	}
-	writeError := h.writeError
-	if isOllamaPath(r.URL.Path) {
-		writeError = h.writeOllamaError
-	}
+	writeError := h.errorWriterFor(r.URL.Path)
 	if !ok {
 		writeError(w, r, errNotFound, nil)
 		return

@@ -1,0 +1,209 @@
+package api
+
+import (
+	"errors"
+	"net/http"
+
+	"iop/internal/edge/contract"
+	"iop/internal/translate"
+)
+
+// messagesRender renders a run as a Messages API answer
+// (translate.AnthropicAnswer builds it). Streamed ("stream": true):
+// text/event-stream with Anthropic's events, each written and flushed as
+// its part arrives; the status line and message_start (then a ping) go
+// with the first part or the end, so a run that fails before any output
+// gets an error answer with its own status, and one that fails later ends
+// with `event: error` and no message_stop. Not streamed: one message
+// object. Reasoning becomes a thinking block only when the request
+// enabled thinking. Only the request goroutine uses it.
+type messagesRender struct {
+	*runResponse
+	stream   bool
+	thinking bool // the request enabled thinking: show the reasoning
+	ans      translate.AnthropicAnswer
+	// pings, when streaming, is the run that pings a quiet stream
+	// (pingRun); the renderer stops it before it returns.
+	pings *pingRun
+}
+
+// newMessagesRender is the renderer of the run of rr for the request tr.
+func newMessagesRender(rr *runResponse, info DispatchInfo, tr translate.AnthropicRequest) *messagesRender {
+	m := &messagesRender{runResponse: rr, stream: tr.Stream, thinking: tr.Thinking}
+	m.ans = translate.AnthropicAnswer{ID: "msg_" + info.RunID, Model: tr.Model,
+		InputTokens: tr.EstimatedInputTokens, OneToolCall: tr.OneToolCall}
+	if m.stream {
+		m.ans.Write = func(p []byte) error {
+			if err := m.write(p); err != nil {
+				return &errWrite{err}
+			}
+			return nil
+		}
+		m.pings = newPingRun(rr.run, messagesPingInterval, m.quiet)
+		rr.run = m.pings
+	} else {
+		_ = m.ans.Start() // collects only
+	}
+	return m
+}
+
+// quiet is called when the stream was quiet for messagesPingInterval: it
+// sends a ping, after the stream's start if nothing was sent yet (a
+// failure after that ends the stream with an error event rather than
+// an error status).
+func (m *messagesRender) quiet() error {
+	if err := m.begin(); err != nil {
+		return err
+	}
+	return m.ans.Ping()
+}
+
+// end stops the pings, before the renderer returns its reason.
+func (m *messagesRender) end(reason string) string {
+	if m.pings != nil {
+		m.pings.stop()
+	}
+	return reason
+}
+
+// begin sends the stream's status line, headers and message_start, once.
+func (m *messagesRender) begin() error {
+	if !m.stream || m.started {
+		return nil
+	}
+	m.startStream()
+	return m.ans.Start()
+}
+
+// part adds one part of the answer (reasoning, text, tool-call parts).
+func (m *messagesRender) part(thinking, text string, calls []contract.ToolCallPart) error {
+	if !m.thinking {
+		thinking = ""
+	}
+	if thinking == "" && text == "" && len(calls) == 0 {
+		return nil
+	}
+	if err := m.begin(); err != nil {
+		return err
+	}
+	if err := m.ans.Thinking(thinking); err != nil {
+		return err
+	}
+	if err := m.ans.Text(text); err != nil {
+		return err
+	}
+	for _, c := range calls {
+		if c.Index < 0 || c.Index >= maxToolCalls {
+			return errUpstreamProtocol
+		}
+		if err := m.ans.ToolCall(c.Index, c.ID, c.Name, c.Arguments); err != nil {
+			if errors.Is(err, translate.ErrMalformedAnswer) {
+				return errUpstreamProtocol // a part that cannot be streamed any more
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// normalized renders a normalized-path run from its run events.
+func (m *messagesRender) normalized() (reason string) {
+	defer func() { reason = m.end(reason) }()
+	er := &eventReader{runResponse: m.runResponse}
+	finish, err := er.next(func(ev *contract.Event) error {
+		return m.part(ev.Thinking, ev.Text, ev.ToolCalls)
+	})
+	if err != nil {
+		return m.failed(err)
+	}
+	return m.finish(finish, &translate.Usage{PromptTokens: er.usage.PromptTokens, CompletionTokens: er.usage.CompletionTokens})
+}
+
+// tunnel renders a tunnel-path run, the OpenAI-compatible provider's
+// answer to the canonical body: a 2xx SSE stream decoded as it arrives
+// (translate.OpenAIStream: text and reasoning as they come, tool calls
+// once the stream ends, each as one input_json_delta), a 2xx JSON body
+// once complete (translate.DecodeOpenAIAnswer), an error status as an
+// error answer with that status and the provider's message.
+func (m *messagesRender) tunnel() (reason string) {
+	defer func() { reason = m.end(reason) }()
+	onDelta := func(d translate.Delta) error {
+		m.obs.content(1)
+		return m.part(d.Thinking, d.Text, nil)
+	}
+	var stream translate.OpenAIStream
+	sse, body, err := m.tunnelAnswer(func(data []byte) error { return stream.Feed(data, onDelta) })
+	if err != nil {
+		return m.failed(err)
+	}
+	var ans translate.Answer
+	if sse {
+		ans, err = stream.End()
+	} else if ans, err = translate.DecodeOpenAIAnswer(body); err == nil {
+		err = onDelta(translate.Delta{Text: ans.Text, Thinking: ans.Thinking})
+	}
+	if err == nil {
+		calls := make([]contract.ToolCallPart, 0, len(ans.ToolCalls))
+		for i, c := range ans.ToolCalls {
+			calls = append(calls, contract.ToolCallPart{Index: i, ID: c.ID, Name: c.Name, Arguments: c.Arguments})
+		}
+		err = m.part("", "", calls)
+	}
+	if err != nil {
+		if errors.As(err, new(*errWrite)) {
+			return m.failed(err)
+		}
+		return m.failed(streamError(err))
+	}
+	if ans.Usage != nil {
+		m.obs.tokens(ans.Usage.PromptTokens, ans.Usage.CompletionTokens)
+	}
+	return m.finish(ans.Finish, ans.Usage)
+}
+
+// finish ends a complete answer: streamed, the last block's end,
+// message_delta and message_stop; else the one message object.
+func (m *messagesRender) finish(finish string, usage *translate.Usage) string {
+	if err := m.begin(); err != nil {
+		return m.failed(err)
+	}
+	if err := m.ans.Finish(finish, usage); err != nil {
+		return m.failed(err)
+	}
+	if m.stream {
+		return reasonCompleted
+	}
+	if clientGone(m.r) {
+		return reasonClientGone
+	}
+	writeJSON(m.w, http.StatusOK, m.ans.Message())
+	return reasonCompleted
+}
+
+// failed ends a run that failed with err: before the status line, an
+// Anthropic error answer with its status; after it, `event: error` with
+// Anthropic's error body and no message_stop. A failed write to the
+// client, or a client gone, aborts the connection instead.
+func (m *messagesRender) failed(err error) string {
+	var werr *errWrite
+	if errors.As(err, &werr) {
+		return m.writeFailed(werr.err)
+	}
+	if !m.started {
+		return m.fail(err)
+	}
+	if clientGone(m.r) {
+		m.h.logger.Debug("client gone", "path", clip(m.r.URL.Path), "err", errorText(err, m.req))
+		m.abort = true
+		return reasonClientGone
+	}
+	m.answerDone()
+	e, _, typ := anthropicError(err, m.req)
+	m.h.logError(m.r, e, err, m.req)
+	m.obs.errorCode(e.Code)
+	if werr := m.write(translate.AnthropicEvent("error", translate.NewAnthropicError(typ, e.Message))); werr != nil {
+		m.abort = true
+		return reasonWriteFailed
+	}
+	return reasonUpstreamError
+}
