@@ -662,7 +662,8 @@ func (p *nodeProcess) signal(t *testing.T, sig syscall.Signal) {
 // process next to an in-process one and makes it fail mid-run.
 //
 // Stopped (SIGSTOP): its connection stays open but silent, and the edge
-// fences its generation within the heartbeat window (3 intervals of 250 ms);
+// fences its generation within the heartbeat window (3 intervals of 1 s:
+// shorter ones fenced the live nodes too on a loaded 2-core machine);
 // a stream on it ends with an error event and no [DONE]; a run that had
 // not yet sent a byte goes to the other node's provider and succeeds; a
 // request holding its only provider of a model and one queued behind it
@@ -682,7 +683,7 @@ func TestFaultNodeProcessStoppedAndKilled(t *testing.T) {
 	okSim, okURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}})
 
 	cfg := edge.DefaultConfig()
-	cfg.HeartbeatInterval = 250 * time.Millisecond
+	cfg.HeartbeatInterval = time.Second
 	e, ctx := startFaultEdge(t, cfg)
 	startNode(t, ctx, node.Config{NodeID: "survivor", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
 		{ID: "z-ok", Type: node.TypeOllama, BaseURL: okURL, Models: []string{"m"}, Capacity: 2},
