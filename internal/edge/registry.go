@@ -437,7 +437,7 @@ type registry struct {
 // regState is the registry as it stands at one instant. It is never
 // modified once published (registry.state): writers publish a new one.
 type regState struct {
-	nodes  cowMap[string, *connState]  // node id → its current connection
+	nodes  cowMap[string, *connState] // node id → its current connection
 	served cowMap[string, []servedBy] // served model name → providers of current conns; a list is never modified
 	// lastServed holds the model names no current connection serves, with
 	// the time the last one that did went away; gone the nodes without a
