@@ -69,15 +69,12 @@ func BenchmarkResolver(b *testing.B) {
 	})
 	b.Run("with_writer", func(b *testing.B) {
 		s, conns := benchService(b, 16)
-		stop, done := make(chan struct{}), make(chan struct{})
+		kick, done := make(chan struct{}, 1), make(chan struct{})
 		go func() {
 			defer close(done)
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
+			i := 0
+			for range kick {
+				i++
 				u := &nodev1.ProviderUpdate{ProviderId: "p", Healthy: i%2 == 0}
 				if _, ok := s.reg.update(conns[15], u); !ok {
 					panic("update refused")
@@ -87,14 +84,48 @@ func BenchmarkResolver(b *testing.B) {
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			resolve := s.resolver("m", needs, nil)
-			for pb.Next() {
+			for n := 0; pb.Next(); n++ {
+				if n%64 == 0 {
+					select { // one update per 64 resolutions, at most one pending
+					case kick <- struct{}{}:
+					default:
+					}
+				}
 				if c, err := resolve(); err != nil || len(c) < 30 {
 					b.Errorf("resolve = %d candidates, %v", len(c), err)
 					return
 				}
 			}
 		})
-		close(stop)
+		close(kick)
 		<-done
 	})
+}
+
+// BenchmarkRegistryUpdate measures one writer of the registry: a
+// ProviderUpdate that flips a provider's health, on a registry of 16 live
+// nodes of 2 providers and gone nodes gone (each with its own model name,
+// remembered for ForgetAfter). One op is one update.
+func BenchmarkRegistryUpdate(b *testing.B) {
+	for _, gone := range []int{0, 10_000} {
+		b.Run(fmt.Sprintf("gone=%d", gone), func(b *testing.B) {
+			s, conns := benchService(b, 16)
+			for i := range gone {
+				c, err := parseHello(hello(fmt.Sprintf("gone-%05d", i), prov("p", normalized, 1, fmt.Sprintf("m-%05d", i))), time.Time{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				s.reg.add(c)
+				s.reg.remove(c)
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				i++
+				if _, ok := s.reg.update(conns[15], &nodev1.ProviderUpdate{ProviderId: "p", Healthy: i%2 == 0}); !ok {
+					b.Fatal("update refused")
+				}
+			}
+		})
+	}
 }
