@@ -378,7 +378,9 @@ func TestRegistryStateIsNeverModifiedOncePublished(t *testing.T) {
 	if got := reg.forget(); !slices.Equal(got, []string{"b"}) {
 		t.Fatalf("forget() = %v, want [b]", got)
 	}
-	step("b forgotten", func(st *regState) bool { return st.gone.len() == 0 && !st.known("m2") && !st.known("m3") && st.known("m1") })
+	step("b forgotten", func(st *regState) bool {
+		return st.gone.len() == 0 && !st.known("m2") && !st.known("m3") && st.known("m1")
+	})
 }
 
 // TestCowMapWritesLeaveEarlierMapsAsTheyWere: a cowMap after any sequence
