@@ -357,7 +357,8 @@ func needsOf(req Request) []string {
 }
 
 // resolver returns the request-local resolver the scheduler calls under its
-// lock: the catalog's candidates for model whose target has every
+// lock, which takes no lock of its own (it reads the registry's and the
+// circuit breakers' published state): the catalog's candidates for model whose target has every
 // capability in needs, that no earlier attempt of the request went to
 // (tried) and whose provider is in rotation (its circuit breaker closed, or
 // half-open with no trial in flight). When candidates exist but none has
