@@ -3,6 +3,7 @@ package edge
 import (
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"iop/internal/scheduler"
@@ -60,9 +61,23 @@ type breakers struct {
 	// the provider is back in rotation, so queued requests re-resolve.
 	onBack func(providerKey)
 
-	mu       sync.Mutex // guards the fields below; a leaf lock
+	// out holds the circuits that are open or half-open, as last
+	// published under mu; the value is never modified. What a resolver
+	// asks (inRotation) and what snapshots show (state, coolDownLeft) are
+	// read from it without a lock, so no lock of the breakers is taken
+	// under the scheduler's lock.
+	out atomic.Pointer[cowMap[providerKey, rotation]]
+
+	mu       sync.Mutex // serializes the writers; guards the fields below; a leaf lock
 	circuits map[providerKey]*circuit
 	byNode   map[string][]providerKey // the keys of circuits, by node id
+}
+
+// rotation is what readers see of an open or half-open circuit: the end
+// of its cool-down, and whether a half-open trial is in flight.
+type rotation struct {
+	openUntil time.Time
+	trial     bool
 }
 
 type circuit struct {
@@ -74,7 +89,25 @@ type circuit struct {
 }
 
 func newBreakers(cfg BreakerConfig, clk scheduler.Clock, log *slog.Logger) *breakers {
-	return &breakers{cfg: cfg, clock: clk, log: log, circuits: make(map[providerKey]*circuit), byNode: make(map[string][]providerKey)}
+	b := &breakers{cfg: cfg, clock: clk, log: log, circuits: make(map[providerKey]*circuit), byNode: make(map[string][]providerKey)}
+	b.out.Store(&cowMap[providerKey, rotation]{})
+	return b
+}
+
+// publishLocked publishes k's circuit as it now is (b.circuits[k], nil for
+// none) to the readers of b.out. Callers hold b.mu.
+func (b *breakers) publishLocked(k providerKey) {
+	out := *b.out.Load()
+	old, was := out.get(k)
+	if c := b.circuits[k]; c != nil && c.open {
+		if r := (rotation{c.openUntil, c.trial}); !was || r != old {
+			out = out.with(k, r)
+			b.out.Store(&out)
+		}
+	} else if was {
+		out = out.without(k)
+		b.out.Store(&out)
+	}
 }
 
 // forgetNode drops every circuit of node (gone longer than ForgetAfter).
@@ -83,6 +116,7 @@ func (b *breakers) forgetNode(node string) {
 	defer b.mu.Unlock()
 	for _, k := range b.byNode[node] {
 		delete(b.circuits, k)
+		b.publishLocked(k)
 	}
 	delete(b.byNode, node)
 }
@@ -101,36 +135,42 @@ func (b *breakers) stateLocked(c *circuit, now time.Time) string {
 	}
 }
 
-// state returns the circuit state of k: CircuitClosed, CircuitOpen or
-// CircuitHalfOpen.
-func (b *breakers) state(k providerKey) string {
+// published returns k's open or half-open circuit as last published, and
+// whether it has one. It takes no lock.
+func (b *breakers) published(k providerKey) (rotation, bool) {
 	if b.disabled() {
-		return CircuitClosed
+		return rotation{}, false
 	}
-	now := b.clock.Now()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.stateLocked(b.circuits[k], now)
+	return b.out.Load().get(k)
+}
+
+// state returns the circuit state of k: CircuitClosed, CircuitOpen or
+// CircuitHalfOpen. It takes no lock.
+func (b *breakers) state(k providerKey) string {
+	r, open := b.published(k)
+	switch {
+	case !open:
+		return CircuitClosed
+	case b.clock.Now().Before(r.openUntil):
+		return CircuitOpen
+	default:
+		return CircuitHalfOpen
+	}
 }
 
 // inRotation reports whether k may be a candidate for a new admission: its
-// circuit is closed, or half-open with no trial in flight. It may be called
-// under the scheduler's lock.
+// circuit is closed, or half-open with no trial in flight. It takes no
+// lock (it reads the published circuits), so it may be called under the
+// scheduler's lock.
 func (b *breakers) inRotation(k providerKey) bool {
-	if b.disabled() {
+	r, open := b.published(k)
+	switch {
+	case !open:
 		return true
-	}
-	now := b.clock.Now()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	c := b.circuits[k]
-	switch b.stateLocked(c, now) {
-	case CircuitOpen:
+	case b.clock.Now().Before(r.openUntil):
 		return false
-	case CircuitHalfOpen:
-		return !c.trial
 	default:
-		return true
+		return !r.trial
 	}
 }
 
@@ -163,6 +203,7 @@ func (b *breakers) acquire(k providerKey) (*ticket, bool) {
 			return nil, false
 		}
 		c.trial, t.trial = true, true
+		b.publishLocked(k)
 	}
 	return t, true
 }
@@ -186,13 +227,12 @@ func (t *ticket) done(o outcome) (opened bool) {
 }
 
 // coolDownLeft returns how long k's circuit stays open from now (0 when it
-// is not open).
+// is not open). It takes no lock.
 func (b *breakers) coolDownLeft(k providerKey) time.Duration {
-	now := b.clock.Now()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if c := b.circuits[k]; c != nil && c.open && now.Before(c.openUntil) {
-		return c.openUntil.Sub(now)
+	if r, open := b.published(k); open {
+		if now := b.clock.Now(); now.Before(r.openUntil) {
+			return r.openUntil.Sub(now)
+		}
 	}
 	return 0
 }
@@ -207,6 +247,7 @@ func (b *breakers) record(t *ticket, o outcome) (opened, closed, back bool) {
 	now := b.clock.Now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	defer b.publishLocked(t.key) // before the unlock
 	c := b.circuits[t.key]
 	if c == nil {
 		if o != outcomeFailed {

@@ -52,13 +52,12 @@ func (c *catalog) setAliases(models map[string]ModelConfig) {
 // neither an alias nor a known served name (served now, or less than
 // ForgetAfter ago), and scheduler.ErrNoProvider when no live healthy
 // provider of a node that is not draining serves it (whatever its
-// capabilities). It takes the registry's read lock, so it may run under
-// the scheduler's lock.
+// capabilities). It reads the registry's published state and takes no
+// lock, so it may run under the scheduler's lock.
 func (c *catalog) resolve(model string, needs []string) (out []candidate, missing string, err error) {
 	targets, alias := c.targets(model)
-	c.reg.mu.RLock()
-	defer c.reg.mu.RUnlock()
-	if !alias && !c.reg.knownLocked(model) {
+	st := c.reg.load()
+	if !alias && !st.known(model) {
 		return nil, "", fmt.Errorf("%w %q", scheduler.ErrUnknownModel, model)
 	}
 	type rejection struct {
@@ -68,18 +67,19 @@ func (c *catalog) resolve(model string, needs []string) (out []candidate, missin
 	taken := make(map[*provider]bool)
 	var rejected []rejection // in the order met
 	for _, t := range targets {
-		for _, s := range c.reg.served[t] {
-			if taken[s.p] || !s.p.healthy || s.c.draining {
+		list, _ := st.served.get(t)
+		for _, s := range list {
+			if taken[s.p] || !s.p.healthy || s.cs.draining {
 				continue
 			}
-			caps, own := s.p.capsOfLocked(t)
+			caps, own := s.p.capsOf(t)
 			if m := lacks(s.p.path, caps, own, needs); m != "" {
 				rejected = append(rejected, rejection{s.p, m})
 				continue
 			}
 			taken[s.p] = true
 			out = append(out, candidate{
-				Candidate: scheduler.Candidate{NodeID: s.c.nodeID, Generation: s.c.gen, ProviderID: s.p.id, Target: t},
+				Candidate: scheduler.Candidate{NodeID: s.cs.c.nodeID, Generation: s.cs.c.gen, ProviderID: s.p.id, Target: t},
 				prov:      s.p,
 			})
 		}
@@ -117,20 +117,21 @@ func (c *catalog) targets(model string) (targets []string, alias bool) {
 // current connection, healthy or not, in rotation or not, or of a gone
 // node's last connection (remembered for ForgetAfter; the node may come
 // back). A request the live candidates reject is then unavailable for now,
-// not one no provider can take. It takes the registry's read lock.
+// not one no provider can take. It reads the registry's published state
+// and takes no lock.
 func (c *catalog) couldMeet(model string, needs []string) bool {
 	targets, _ := c.targets(model)
-	c.reg.mu.RLock()
-	defer c.reg.mu.RUnlock()
+	st := c.reg.load()
 	for _, t := range targets {
-		for _, s := range c.reg.served[t] {
-			if s.p.meetsLocked(t, needs) {
+		list, _ := st.served.get(t)
+		for _, s := range list {
+			if s.p.meets(t, needs) {
 				return true
 			}
 		}
 	}
-	return c.reg.goneProvidersLocked(func(p *provider) bool {
-		return slices.ContainsFunc(targets, func(t string) bool { return p.serves(t) && p.meetsLocked(t, needs) })
+	return st.goneProviders(func(p *provider) bool {
+		return slices.ContainsFunc(targets, func(t string) bool { return p.serves(t) && p.meets(t, needs) })
 	})
 }
 
@@ -139,19 +140,18 @@ func (c *catalog) couldMeet(model string, needs []string) bool {
 // Ollama-style name, the same name with or without the ":latest" tag ("x"
 // and "x:latest" are one model) if that one is known; else model. Exact
 // names win, so an alias "x" and a served "x:latest" stay two models. It
-// takes the registry's read lock.
+// takes no lock.
 func (c *catalog) name(model string) string {
 	aliases := *c.aliases.Load()
 	if _, ok := aliases[model]; ok {
 		return model
 	}
 	alt := contract.TagAlternative(model)
-	c.reg.mu.RLock()
-	defer c.reg.mu.RUnlock()
-	if c.reg.knownLocked(model) || alt == "" {
+	st := c.reg.load()
+	if st.known(model) || alt == "" {
 		return model
 	}
-	if _, ok := aliases[alt]; ok || c.reg.knownLocked(alt) {
+	if _, ok := aliases[alt]; ok || st.known(alt) {
 		return alt
 	}
 	return model
@@ -163,9 +163,7 @@ func (c *catalog) known(model string) bool {
 	if _, ok := (*c.aliases.Load())[model]; ok {
 		return true
 	}
-	c.reg.mu.RLock()
-	defer c.reg.mu.RUnlock()
-	return c.reg.knownLocked(model)
+	return c.reg.load().known(model)
 }
 
 // aliasNames returns the configured aliases, unsorted.
@@ -182,12 +180,11 @@ func (c *catalog) aliasNames() []string {
 // node connection, sorted, without repeats.
 func (c *catalog) models() []string {
 	aliases := *c.aliases.Load()
-	c.reg.mu.RLock()
-	names := make([]string, 0, len(aliases)+len(c.reg.served))
-	for m := range c.reg.served {
+	st := c.reg.load()
+	names := make([]string, 0, len(aliases)+st.served.len())
+	for m := range st.served.all() {
 		names = append(names, m)
 	}
-	c.reg.mu.RUnlock()
 	for a := range aliases {
 		names = append(names, a)
 	}

@@ -23,9 +23,11 @@ type edgeSizes struct {
 
 func (s *Service) sizes() edgeSizes {
 	var z edgeSizes
-	s.reg.mu.RLock()
-	z.nodes, z.served, z.lastServed, z.gone, z.expiry = len(s.reg.nodes), len(s.reg.served), len(s.reg.lastServed), len(s.reg.gone), len(s.reg.expiry)
-	s.reg.mu.RUnlock()
+	st := s.reg.load()
+	z.nodes, z.served, z.lastServed, z.gone = st.nodes.len(), st.served.len(), st.lastServed.len(), st.gone.len()
+	s.reg.mu.Lock()
+	z.expiry = len(s.reg.expiry)
+	s.reg.mu.Unlock()
 	s.breakers.mu.Lock()
 	z.circuits, z.circuitNodes = len(s.breakers.circuits), len(s.breakers.byNode)
 	s.breakers.mu.Unlock()

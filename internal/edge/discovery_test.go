@@ -296,9 +296,7 @@ func TestDiscoveringProviderJoinsUnhealthyWithoutModels(t *testing.T) {
 // conn returns the registry's current connection of n.
 func (n *fakeNode) conn(t *testing.T) *conn {
 	t.Helper()
-	n.e.svc.reg.mu.RLock()
-	defer n.e.svc.reg.mu.RUnlock()
-	c := n.e.svc.reg.nodes[n.id]
+	c := n.e.svc.reg.current(n.id)
 	if c == nil || c.gen != n.gen {
 		t.Fatalf("node %s generation %d is not current", n.id, n.gen)
 	}

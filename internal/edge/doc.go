@@ -184,25 +184,53 @@
 //
 // # Concurrency
 //
-// Locks, in the only order they nest: the scheduler's lock, then
-// registry.mu. Run.mu is a leaf: Run.finish decides the run's end under it,
-// then, with no lock held, tells the breaker the outcome (so a circuit this
-// outcome opens re-resolves the queued requests before the slot is free),
-// releases the lease and closes Run.ended; whoever waits for the end
-// (Recv, Dispatch, the Run handler) waits for Run.ended, so finds the slot
-// already free. The resolvers and
-// ownership checks the scheduler calls under its lock take registry.mu for
-// reading; nothing calls the scheduler while holding registry.mu.
-// Service.mu (the runs map), Service.statsMu (retry and circuit counters,
-// the requested model names),
-// breakers.mu (circuit states; the resolvers take it under the scheduler's
-// lock, and Snapshot under registry.mu), conn.mu (a connection's outbox,
-// closed flag, last-seen time) and trust.mu (node id → token bindings) are
-// leaves: no call goes out while one is held. Forgetting gone nodes
-// (Service.forgetGone) takes registry.mu, then breakers.mu, one after the
-// other, on the goroutine of the connect or disconnect that triggers it. A circuit that opens
-// re-activates its node's resources in the scheduler (so queued requests
-// re-resolve) from whoever saw the failure, with no lock held.
+// No edge lock is taken inside a scheduler callback. The resolvers and
+// the ownership checks the scheduler calls under its lock
+// (Service.resolver, with catalog.resolve and catalog.couldMeet,
+// breakers.inRotation, registry.isCurrent) read published, immutable state
+// and take no lock, so the scheduler's lock is the only one held while
+// they run, and the lock chain scheduler → registry → breakers is gone
+// (issue 16).
+//
+// The registry publishes its state (every current connection with its
+// providers as they stand and its draining flag, the served-name index,
+// the gone nodes whose providers still count as configured, the model
+// names remembered as unserved) as one regState behind an atomic.Pointer.
+// Its writers (add at a connect, remove at a fence, update at a
+// ProviderUpdate, drain, forget) take registry.mu, which only serializes
+// them, build the next state copy-on-write (cowMap: a write copies the
+// shard it changes, not the whole map) and publish it before they let go
+// of it; a published state, and every provider and connection state in
+// it, is never modified. Every reader (the resolvers, the catalog,
+// Snapshot, ModelInfo, the service's lookups) loads the pointer once and
+// takes no lock. Nothing outside registry.go takes registry.mu, and
+// nothing but the edge's clock is called while it is held. The circuit breakers publish their
+// open and half-open circuits the same way (breakers.out): inRotation,
+// state and coolDownLeft take no lock; breakers.mu only serializes the
+// writers (acquire, record, forgetNode) and is never taken under the
+// scheduler's lock or any other.
+//
+// So every edge lock is a leaf: no call goes out while one is held (but
+// to the clock), and no other lock is taken under it. They are registry.mu and breakers.mu
+// (above), Run.mu, Service.mu (the runs map), Service.statsMu (retry and
+// circuit counters, the requested model names), conn.mu (a connection's
+// outbox, closed flag, last-seen time) and trust.mu (node id → token
+// bindings). The one exception is reload.mu, which serializes Reload and
+// is held while it sets the scheduler's policies and wakes the registry's
+// watchers (registry.notify takes registry.mu); nothing takes reload.mu
+// under another lock. The edge calls the scheduler with no other lock of
+// its own held. Forgetting gone nodes (Service.forgetGone) takes
+// registry.mu, then breakers.mu, one after the other, on the goroutine of
+// the connect or disconnect that triggers it.
+//
+// Run.mu: Run.finish decides the run's end under it, then, with no lock
+// held, tells the breaker the outcome (so a circuit this outcome opens
+// re-resolves the queued requests before the slot is free), releases the
+// lease and closes Run.ended; whoever waits for the end (Recv, Dispatch,
+// the Run handler) waits for Run.ended, so finds the slot already free. A
+// circuit that opens re-activates its node's resources in the scheduler
+// (so queued requests re-resolve) from whoever saw the failure, with no
+// lock held; it is published before, so the re-resolution sees it.
 //
 // Goroutines: each Connect handler is the sole sender on its control stream
 // and the sole writer of its connection's lifecycle; one reader goroutine

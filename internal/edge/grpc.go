@@ -147,7 +147,7 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 		return err
 	}
 	s.reg.notify()
-	log.Info("node connected", "label", c.label, "version", c.version, "providers", len(c.providers))
+	log.Info("node connected", "label", c.label, "version", c.version, "providers", len(c.hello))
 
 	for {
 		select {

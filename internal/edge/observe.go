@@ -67,7 +67,7 @@ func (s *Service) emitNode(typ lifecycle.Type, c *conn, cause error) {
 		return
 	}
 	e := lifecycle.Event{Type: typ, NodeID: c.nodeID, Generation: c.gen, Label: c.label}
-	for _, p := range c.providers {
+	for _, p := range c.hello {
 		e.Providers = append(e.Providers, p.id)
 	}
 	if cause != nil {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -20,9 +21,10 @@ import (
 // and the connection is closed.
 const maxOutbox = 4096
 
-// provider is one provider of one node connection, as its Hello and later
-// ProviderUpdates described it. The fields above the registry.mu-guarded
-// ones are immutable.
+// provider is one provider of one node connection, as its Hello or a later
+// ProviderUpdate described it. It is never modified once built: an update
+// that changes a provider publishes a copy with the change in the
+// registry's state (registry.update), so readers need no lock.
 type provider struct {
 	id     string
 	typ    string
@@ -30,8 +32,6 @@ type provider struct {
 	capSet map[string]bool
 	path   nodev1.ExecutionPath
 
-	// Guarded by registry.mu. A models_set update replaces models and
-	// model; the slice, the map and the values in it are never modified.
 	healthy      bool
 	capacity     int      // ≥ 1
 	longCapacity int      // 0 = follows capacity
@@ -50,20 +50,19 @@ type servedModel struct {
 	details *nodev1.ModelDetails // nil when the node said none
 }
 
-// capsOfLocked returns the capabilities of p's served model m and whether they
+// capsOf returns the capabilities of p's served model m and whether they
 // are the model's own (rather than the provider's). The set is never
-// modified. Callers hold registry.mu.
-func (p *provider) capsOfLocked(m string) (caps map[string]bool, own bool) {
+// modified.
+func (p *provider) capsOf(m string) (caps map[string]bool, own bool) {
 	if sm := p.model[m]; sm != nil {
 		return sm.capSet, true
 	}
 	return p.capSet, false
 }
 
-// meetsLocked reports whether p's served model m has every capability of
-// needs. Callers hold registry.mu.
-func (p *provider) meetsLocked(m string, needs []string) bool {
-	caps, own := p.capsOfLocked(m)
+// meets reports whether p's served model m has every capability of needs.
+func (p *provider) meets(m string, needs []string) bool {
+	caps, own := p.capsOf(m)
 	return lacks(p.path, caps, own, needs) == ""
 }
 
@@ -117,8 +116,7 @@ const (
 // logprobs dropped by an Ollama provider).
 const NeedLogprobs = "logprobs"
 
-// serves reports whether p serves the model name m. Call it under
-// registry.mu (a provider update replaces p.models).
+// serves reports whether p serves the model name m.
 func (p *provider) serves(m string) bool {
 	_, ok := slices.BinarySearch(p.models, m)
 	return ok
@@ -151,8 +149,16 @@ type conn struct {
 	instance    string // Hello.instance: the node process's random id, "" if it sent none
 	gen         uint64 // set by registry.add before the conn is shared
 	connectedAt time.Time
-	providers   []*provider // sorted by id
-	byID        map[string]*provider
+	// hello holds the providers as the Hello described them, sorted by
+	// id: the connection's first state, which registry.add publishes.
+	// Their ids are the connection's for its lifetime; what they are now
+	// (health, capacity, models) is the registry state's (state).
+	hello []*provider
+	// state is the connection's state as the registry last published it
+	// (set under registry.mu, with the registry state that holds it); it
+	// keeps the last one after the connection left the registry. Nil
+	// before registry.add.
+	state atomic.Pointer[connState]
 	// wake has one slot; enqueue fills it when the outbox gains a message.
 	wake chan struct{}
 	// superseded is closed when a newer connection of the node replaces
@@ -164,10 +170,29 @@ type conn struct {
 	outbox   []*nodev1.EdgeMessage
 	closed   bool
 	lastSeen time.Time
+}
 
+// connState is one connection as a registry state has it: its providers
+// as they stand and whether its node said Drain. It is never modified once
+// published; a change publishes a new one.
+type connState struct {
+	c *conn
 	// draining: the node said Drain; its providers are no candidates.
-	// Guarded by registry.mu.
-	draining bool
+	draining  bool
+	providers []*provider // sorted by id
+	byID      map[string]*provider
+}
+
+// withProvider returns cs with p in place of its provider of p's id.
+func (cs *connState) withProvider(p *provider) *connState {
+	out := &connState{c: cs.c, draining: cs.draining, providers: slices.Clone(cs.providers), byID: maps.Clone(cs.byID)}
+	for i, q := range out.providers {
+		if q.id == p.id {
+			out.providers[i] = p
+		}
+	}
+	out.byID[p.id] = p
+	return out
 }
 
 // parseHello validates a Hello (DESIGN.md "Words": provider) and builds the
@@ -196,18 +221,18 @@ func parseHello(h *nodev1.Hello, now time.Time) (*conn, error) {
 		version:     h.GetVersion(),
 		instance:    h.GetInstance(),
 		connectedAt: now,
-		byID:        make(map[string]*provider, len(h.GetProviders())),
 		wake:        make(chan struct{}, 1),
 		superseded:  make(chan struct{}),
 		broken:      make(chan struct{}),
 		lastSeen:    now,
 	}
+	ids := make(map[string]bool, len(h.GetProviders()))
 	for i, hp := range h.GetProviders() {
 		id := hp.GetId()
 		if id == "" {
 			return nil, bad("providers[%d]: empty id", i)
 		}
-		if c.byID[id] != nil {
+		if ids[id] {
 			return nil, bad("duplicate provider id %q", id)
 		}
 		// A provider whose node discovers its models may not know them
@@ -250,10 +275,10 @@ func parseHello(h *nodev1.Hello, now time.Time) (*conn, error) {
 			model:        model,
 		}
 		p.capSet = setOf(p.caps)
-		c.byID[id] = p
-		c.providers = append(c.providers, p)
+		ids[id] = true
+		c.hello = append(c.hello, p)
 	}
-	sort.Slice(c.providers, func(i, j int) bool { return c.providers[i].id < c.providers[j].id })
+	sort.Slice(c.hello, func(i, j int) bool { return c.hello[i].id < c.hello[j].id })
 	return c, nil
 }
 
@@ -362,10 +387,11 @@ func (c *conn) seen() time.Time {
 
 func (c *conn) supersede() { c.supersedeOnce.Do(func() { close(c.superseded) }) }
 
-// servedBy is one provider of one connection serving a model name.
+// servedBy is one provider of one connection serving a model name, as a
+// registry state has them.
 type servedBy struct {
-	c *conn
-	p *provider
+	cs *connState
+	p  *provider
 }
 
 // ForgetAfter is how long the edge remembers a node that is gone (its
@@ -382,32 +408,51 @@ const ForgetAfter = 10 * time.Minute
 
 // registry holds the current connection of every node and an index of who
 // serves which model name, and remembers gone nodes and model names for
-// ForgetAfter. It is read under the scheduler's lock (resolvers, ownership
-// checks), so it never calls the scheduler itself.
+// ForgetAfter.
+//
+// All of it is one immutable regState behind an atomic pointer: readers
+// (the resolvers and ownership checks the scheduler calls under its lock,
+// the catalog, snapshots, the service) load it and take no lock, so no
+// lock is ever taken inside a scheduler callback. Writers (add, remove,
+// drain, update, forget) take mu, which serializes them, build the next
+// state copy-on-write (the maps are cowMaps, so a change copies only what
+// it changes) and publish it before they let go of mu. The registry never
+// calls the scheduler.
 type registry struct {
 	now func() time.Time // the edge's clock; immutable
 
-	mu     sync.RWMutex // guards the fields below
-	nodes  map[string]*conn
-	served map[string][]servedBy // served model name → providers of current conns
-	// lastServed holds the model names no current connection serves, with
-	// the time the last one that did went away; gone the nodes without a
-	// current connection, with their last one and the time it ended. Both
-	// are forgotten ForgetAfter later (expiry, in time order).
-	lastServed map[string]time.Time
-	gone       map[string]goneNode
-	expiry     []expiring
-	lastGen    uint64
-	changed    chan struct{} // closed and replaced on every change
+	state atomic.Pointer[regState] // the published state; never modified, replaced under mu
+	// changed is closed and replaced (under mu) after every change of the
+	// registry or of the scheduler state the edge drives.
+	changed atomic.Pointer[chan struct{}]
+
+	mu sync.Mutex // serializes the writers; guards the fields below
+	// expiry lists the entries of regState.lastServed (model) and
+	// regState.gone (node) in time order; each is forgotten ForgetAfter
+	// after it was made, unless it changed since.
+	expiry  []expiring
+	lastGen uint64
 }
 
-// goneNode is a node's last connection, ended at at.
+// regState is the registry as it stands at one instant. It is never
+// modified once published (registry.state): writers publish a new one.
+type regState struct {
+	nodes  cowMap[string, *connState] // node id → its current connection
+	served cowMap[string, []servedBy] // served model name → providers of current conns; a list is never modified
+	// lastServed holds the model names no current connection serves, with
+	// the time the last one that did went away; gone the nodes without a
+	// current connection, with their last one and the time it ended.
+	lastServed cowMap[string, time.Time]
+	gone       cowMap[string, goneNode]
+}
+
+// goneNode is a node's last connection, as it stood when it ended at at.
 type goneNode struct {
-	c  *conn
+	cs *connState
 	at time.Time
 }
 
-// expiring is an entry of registry.lastServed (model) or registry.gone
+// expiring is an entry of regState.lastServed (model) or regState.gone
 // (node) as of at; it is forgotten at at + ForgetAfter unless it changed
 // since.
 type expiring struct {
@@ -416,24 +461,40 @@ type expiring struct {
 }
 
 func newRegistry(now func() time.Time) *registry {
-	return &registry{
-		now:        now,
-		nodes:      make(map[string]*conn),
-		served:     make(map[string][]servedBy),
-		lastServed: make(map[string]time.Time),
-		gone:       make(map[string]goneNode),
-		changed:    make(chan struct{}),
-	}
+	r := &registry{now: now}
+	r.state.Store(&regState{})
+	changed := make(chan struct{})
+	r.changed.Store(&changed)
+	return r
 }
 
-// knownLocked reports whether model is served by a current connection, or
-// was until less than ForgetAfter ago.
-func (r *registry) knownLocked(model string) bool {
-	if len(r.served[model]) > 0 {
+// load returns the published state. It takes no lock.
+func (r *registry) load() *regState { return r.state.Load() }
+
+// known reports whether model is served by a current connection, or was
+// until less than ForgetAfter ago.
+func (st *regState) known(model string) bool {
+	if l, _ := st.served.get(model); len(l) > 0 {
 		return true
 	}
-	_, ok := r.lastServed[model]
+	_, ok := st.lastServed.get(model)
 	return ok
+}
+
+// current returns the current connection of node, or nil.
+func (st *regState) current(node string) *connState {
+	cs, _ := st.nodes.get(node)
+	return cs
+}
+
+// publishLocked makes st the registry's state; callers hold r.mu.
+func (r *registry) publishLocked(st *regState) { r.state.Store(st) }
+
+// setConnLocked makes cs its node's current connection in st, and the
+// state its connection was last published in.
+func (r *registry) setConnLocked(st *regState, cs *connState) {
+	st.nodes = st.nodes.with(cs.c.nodeID, cs)
+	cs.c.state.Store(cs)
 }
 
 // forget drops the gone nodes and unserved model names older than
@@ -443,6 +504,8 @@ func (r *registry) forget() (nodes []string) {
 	now := r.now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	old := r.load()
+	st := *old
 	n := 0
 	for _, e := range r.expiry {
 		if now.Sub(e.at) < ForgetAfter {
@@ -450,15 +513,18 @@ func (r *registry) forget() (nodes []string) {
 		}
 		n++
 		if e.node != "" {
-			if g, ok := r.gone[e.node]; ok && g.at.Equal(e.at) {
-				delete(r.gone, e.node)
+			if g, ok := st.gone.get(e.node); ok && g.at.Equal(e.at) {
+				st.gone = st.gone.without(e.node)
 				nodes = append(nodes, e.node)
 			}
-		} else if at, ok := r.lastServed[e.model]; ok && at.Equal(e.at) {
-			delete(r.lastServed, e.model)
+		} else if at, ok := st.lastServed.get(e.model); ok && at.Equal(e.at) {
+			st.lastServed = st.lastServed.without(e.model)
 		}
 	}
 	r.expiry = dropHead(r.expiry, n)
+	if st != *old {
+		r.publishLocked(&st)
+	}
 	return nodes
 }
 
@@ -474,9 +540,9 @@ func dropHead[T any](q []T, n int) []T {
 
 // goneProviders calls f with each provider of a gone node's last
 // connection, until f returns true; it reports whether one did.
-func (r *registry) goneProvidersLocked(f func(*provider) bool) bool {
-	for _, g := range r.gone {
-		for _, p := range g.c.providers {
+func (st *regState) goneProviders(f func(*provider) bool) bool {
+	for _, g := range st.gone.all() {
+		for _, p := range g.cs.providers {
 			if f(p) {
 				return true
 			}
@@ -486,57 +552,86 @@ func (r *registry) goneProvidersLocked(f func(*provider) bool) bool {
 }
 
 // add makes c its node's current connection with a new generation, greater
-// than every generation handed out before, and returns the connection it
-// replaces, if any.
+// than every generation handed out before, with its providers as its Hello
+// described them, and returns the connection it replaces, if any.
 func (r *registry) add(c *conn) (old *conn) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.lastGen++
 	c.gen = r.lastGen
-	old = r.nodes[c.nodeID]
-	if old != nil {
-		r.unindexLocked(old)
+	cs := &connState{c: c, providers: c.hello, byID: make(map[string]*provider, len(c.hello))}
+	for _, p := range c.hello {
+		cs.byID[p.id] = p
 	}
-	r.nodes[c.nodeID] = c
-	delete(r.gone, c.nodeID)
-	for _, p := range c.providers {
-		r.indexLocked(c, p)
+	st := *r.load()
+	if prev := st.current(c.nodeID); prev != nil {
+		r.unindexLocked(&st, prev)
+		old = prev.c
 	}
+	r.setConnLocked(&st, cs)
+	st.gone = st.gone.without(c.nodeID)
+	for _, p := range cs.providers {
+		r.indexLocked(&st, cs, p)
+	}
+	r.publishLocked(&st)
 	r.notifyLocked()
 	return old
 }
 
-// indexLocked adds p's served models to the index; a name served again is
-// no longer remembered as unserved.
-func (r *registry) indexLocked(c *conn, p *provider) {
+// indexLocked adds p's served models to st's index, at the end of each
+// model's list; a name served again is no longer remembered as unserved.
+func (r *registry) indexLocked(st *regState, cs *connState, p *provider) {
 	for _, m := range p.models {
-		r.served[m] = append(r.served[m], servedBy{c, p})
-		delete(r.lastServed, m)
+		list, _ := st.served.get(m)
+		st.served = st.served.with(m, append(slices.Clip(list), servedBy{cs, p}))
+		st.lastServed = st.lastServed.without(m)
 	}
 }
 
-// unindexProviderLocked removes p's served models from the index; a model
+// unindexProviderLocked removes p's served models from st's index; a model
 // name left unserved is remembered as of now (unservedLocked).
-func (r *registry) unindexProviderLocked(p *provider) {
+func (r *registry) unindexProviderLocked(st *regState, p *provider) {
 	var now time.Time
 	for _, m := range p.models {
-		list := slices.DeleteFunc(r.served[m], func(s servedBy) bool { return s.p == p })
+		list, _ := st.served.get(m)
+		list = slices.DeleteFunc(slices.Clone(list), func(s servedBy) bool { return s.p == p })
 		if len(list) > 0 {
-			r.served[m] = list
+			st.served = st.served.with(m, list)
 			continue
 		}
-		delete(r.served, m)
+		st.served = st.served.without(m)
 		if now.IsZero() {
 			now = r.now()
 		}
-		r.unservedLocked(m, now)
+		r.unservedLocked(st, m, now)
+	}
+}
+
+// repointLocked makes st's index entries of cs's connection name cs and
+// its providers as they are in cs, in place (a model's list keeps its
+// order), for every provider but skip's.
+func (r *registry) repointLocked(st *regState, cs *connState, skip string) {
+	for _, p := range cs.providers {
+		if p.id == skip {
+			continue
+		}
+		for _, m := range p.models {
+			list, _ := st.served.get(m)
+			list = slices.Clone(list)
+			for i, s := range list {
+				if s.cs.c == cs.c && s.p.id == p.id {
+					list[i] = servedBy{cs, p}
+				}
+			}
+			st.served = st.served.with(m, list)
+		}
 	}
 }
 
 // unservedLocked remembers that no current connection serves m since now,
 // until ForgetAfter later.
-func (r *registry) unservedLocked(m string, now time.Time) {
-	r.lastServed[m] = now
+func (r *registry) unservedLocked(st *regState, m string, now time.Time) {
+	st.lastServed = st.lastServed.with(m, now)
 	r.expiry = append(r.expiry, expiring{model: m, at: now})
 }
 
@@ -545,50 +640,51 @@ func (r *registry) unservedLocked(m string, now time.Time) {
 func (r *registry) remove(c *conn) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.nodes[c.nodeID] != c {
+	st := *r.load()
+	cs := st.current(c.nodeID)
+	if cs == nil || cs.c != c {
 		return false
 	}
-	delete(r.nodes, c.nodeID)
-	r.unindexLocked(c)
+	st.nodes = st.nodes.without(c.nodeID)
+	r.unindexLocked(&st, cs)
 	now := r.now()
-	r.gone[c.nodeID] = goneNode{c: c, at: now}
+	st.gone = st.gone.with(c.nodeID, goneNode{cs: cs, at: now})
 	r.expiry = append(r.expiry, expiring{node: c.nodeID, at: now})
+	r.publishLocked(&st)
 	r.notifyLocked()
 	return true
 }
 
-// unindexLocked drops c's providers from the served index; a model name
+// unindexLocked drops cs's providers from st's served index; a model name
 // left unserved is remembered as of now.
-func (r *registry) unindexLocked(c *conn) {
-	for _, p := range c.providers {
-		r.unindexProviderLocked(p)
+func (r *registry) unindexLocked(st *regState, cs *connState) {
+	for _, p := range cs.providers {
+		r.unindexProviderLocked(st, p)
 	}
 }
 
 // current returns the registered connection of node, or nil.
 func (r *registry) current(node string) *conn {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	return r.nodes[node]
+	if cs := r.load().current(node); cs != nil {
+		return cs.c
+	}
+	return nil
 }
 
 // isCurrent reports whether c is its node's current connection.
 func (r *registry) isCurrent(c *conn) bool {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	return r.nodes[c.nodeID] == c
+	cs := r.load().current(c.nodeID)
+	return cs != nil && cs.c == c
 }
 
 // lookup returns the current connection of node if it has generation gen,
 // and its provider providerID; nils otherwise.
 func (r *registry) lookup(node string, gen uint64, providerID string) (*conn, *provider) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	c := r.nodes[node]
-	if c == nil || c.gen != gen || c.byID[providerID] == nil {
+	cs := r.load().current(node)
+	if cs == nil || cs.c.gen != gen || cs.byID[providerID] == nil {
 		return nil, nil
 	}
-	return c, c.byID[providerID]
+	return cs.c, cs.byID[providerID]
 }
 
 // describe returns, for the provider providerID of node's connection of
@@ -596,13 +692,10 @@ func (r *registry) lookup(node string, gen uint64, providerID string) (*conn, *p
 // capabilities (see ModelProvider.Capabilities) and details; ok is false
 // when that connection is not current or the provider serves none of them.
 func (r *registry) describe(node string, gen uint64, providerID string, targets []string) (mp ModelProvider, ok bool) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	c := r.nodes[node]
-	if c == nil || c.gen != gen || c.byID[providerID] == nil {
+	_, p := r.lookup(node, gen, providerID)
+	if p == nil {
 		return mp, false
 	}
-	p := c.byID[providerID]
 	for _, t := range targets {
 		if _, found := slices.BinarySearch(p.models, t); !found {
 			continue
@@ -618,12 +711,20 @@ func (r *registry) describe(node string, gen uint64, providerID string, targets 
 	return mp, false
 }
 
+// lastState returns c's state as the registry last published it (its
+// Hello's, before registry.add).
+func (c *conn) lastState() *connState {
+	if cs := c.state.Load(); cs != nil {
+		return cs
+	}
+	return &connState{c: c, providers: c.hello}
+}
+
 // specs returns the scheduler resources of c as they stand.
 func (r *registry) specs(c *conn) []scheduler.ResourceSpec {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	specs := make([]scheduler.ResourceSpec, 0, len(c.providers))
-	for _, p := range c.providers {
+	cs := c.lastState()
+	specs := make([]scheduler.ResourceSpec, 0, len(cs.providers))
+	for _, p := range cs.providers {
 		specs = append(specs, scheduler.ResourceSpec{ProviderID: p.id, Capacity: p.capacity, LongCapacity: p.longCapacity})
 	}
 	return specs
@@ -634,20 +735,21 @@ func (r *registry) specs(c *conn) []scheduler.ResourceSpec {
 func (r *registry) drain(c *conn) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.nodes[c.nodeID] != c || c.draining {
+	st := *r.load()
+	cs := st.current(c.nodeID)
+	if cs == nil || cs.c != c || cs.draining {
 		return false
 	}
-	c.draining = true
+	next := &connState{c: c, draining: true, providers: cs.providers, byID: cs.byID}
+	r.setConnLocked(&st, next)
+	r.repointLocked(&st, next, "")
+	r.publishLocked(&st)
 	r.notifyLocked()
 	return true
 }
 
 // isDraining reports whether c said Drain.
-func (r *registry) isDraining(c *conn) bool {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	return c.draining
-}
+func (r *registry) isDraining(c *conn) bool { return c.lastState().draining }
 
 // providerChange is what a ProviderUpdate changed.
 type providerChange struct {
@@ -682,48 +784,63 @@ func (r *registry) update(c *conn, u *nodev1.ProviderUpdate) (ch providerChange,
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	p := c.byID[u.GetProviderId()]
-	if p == nil || r.nodes[c.nodeID] != c {
+	st := *r.load()
+	cs := st.current(c.nodeID)
+	if cs == nil || cs.c != c || cs.byID[u.GetProviderId()] == nil {
 		return ch, false
 	}
+	p := cs.byID[u.GetProviderId()]
 	if !u.GetModelsSet() {
 		models, model = p.models, p.model
 	}
 	if u.GetHealthy() && len(models) == 0 {
 		return ch, false
 	}
-	if !slices.Equal(models, p.models) {
-		r.unindexProviderLocked(p)
-		p.models = models
-		r.indexLocked(c, p)
+	next := *p
+	servedChanged := !slices.Equal(models, p.models)
+	if servedChanged {
+		next.models = models
 		ch.modelsChanged = true
 	}
 	if !equalServed(model, p.model) {
-		p.model = model
+		next.model = model
 		ch.modelsChanged = true
 	}
 	if u.GetHealthy() != p.healthy {
-		p.healthy = u.GetHealthy()
+		next.healthy = u.GetHealthy()
 		ch.healthChanged = true
 	}
 	if n := int(u.GetCapacity()); n > 0 && n != p.capacity {
-		p.capacity = n
+		next.capacity = n
 		ch.capacityChanged = true
 	}
 	if n := int(u.GetLongCapacity()); n > 0 && n != p.longCapacity {
-		p.longCapacity = n
+		next.longCapacity = n
 		ch.capacityChanged = true
 	}
-	ch.capacity, ch.longCapacity = p.capacity, p.longCapacity
-	if ch.healthChanged || ch.capacityChanged || ch.modelsChanged {
-		r.notifyLocked()
+	ch.capacity, ch.longCapacity = next.capacity, next.longCapacity
+	if !ch.healthChanged && !ch.capacityChanged && !ch.modelsChanged {
+		return ch, true
 	}
+	ncs := cs.withProvider(&next)
+	r.setConnLocked(&st, ncs)
+	if servedChanged {
+		// Its entries move to the end of each list, as a provider newly
+		// serving the models; the others' stay where they are.
+		r.unindexProviderLocked(&st, p)
+		r.repointLocked(&st, ncs, p.id)
+		r.indexLocked(&st, ncs, &next)
+	} else {
+		r.repointLocked(&st, ncs, "")
+	}
+	r.publishLocked(&st)
+	r.notifyLocked()
 	return ch, true
 }
 
 func (r *registry) notifyLocked() {
-	close(r.changed)
-	r.changed = make(chan struct{})
+	next := make(chan struct{})
+	close(*r.changed.Swap(&next))
 }
 
 // notify wakes everyone waiting on changes.
@@ -734,12 +851,9 @@ func (r *registry) notify() {
 }
 
 // changes returns a channel closed at the next change of the registry or
-// of the scheduler state the edge drives (activation, fence, capacity).
-func (r *registry) changes() <-chan struct{} {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	return r.changed
-}
+// of the scheduler state the edge drives (activation, fence, capacity). It
+// takes no lock.
+func (r *registry) changes() <-chan struct{} { return *r.changed.Load() }
 
 // modelDetails is what a node said of a model (d, nil for nothing) as the
 // contract says it.

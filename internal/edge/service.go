@@ -357,7 +357,8 @@ func needsOf(req Request) []string {
 }
 
 // resolver returns the request-local resolver the scheduler calls under its
-// lock: the catalog's candidates for model whose target has every
+// lock, which takes no lock of its own (it reads the registry's and the
+// circuit breakers' published state): the catalog's candidates for model whose target has every
 // capability in needs, that no earlier attempt of the request went to
 // (tried) and whose provider is in rotation (its circuit breaker closed, or
 // half-open with no trial in flight). When candidates exist but none has
@@ -489,10 +490,7 @@ func (s *Service) circuitOpened(k providerKey) {
 // is now: k left rotation (circuit opened) or came back (cool-down over,
 // trial done). It takes no lock while calling the scheduler.
 func (s *Service) rotationChanged(k providerKey) {
-	s.reg.mu.RLock()
-	c := s.reg.nodes[k.node]
-	s.reg.mu.RUnlock()
-	if c != nil {
+	if c := s.reg.current(k.node); c != nil {
 		if err := s.sched.Activate(c.nodeID, c.gen, s.reg.specs(c), func() bool { return s.reg.isCurrent(c) }); err != nil {
 			s.log.Warn("re-activation failed", "node", c.nodeID, "err", err)
 		}
@@ -609,10 +607,11 @@ type QueueSnapshot = contract.QueueSnapshot
 func (s *Service) Snapshot() Snapshot {
 	ss := s.sched.Snapshot()
 	snap := Snapshot{Waiters: ss.Waiters, Leases: ss.Leases}
-	s.reg.mu.RLock()
-	for _, c := range s.reg.nodes {
-		ns := NodeSnapshot{NodeID: c.nodeID, Label: c.label, Version: c.version, Generation: c.gen, ConnectedAt: c.connectedAt, LastSeen: c.seen(), Draining: c.draining}
-		for _, p := range c.providers {
+	st := s.reg.load()
+	for _, cs := range st.nodes.all() {
+		c := cs.c
+		ns := NodeSnapshot{NodeID: c.nodeID, Label: c.label, Version: c.version, Generation: c.gen, ConnectedAt: c.connectedAt, LastSeen: c.seen(), Draining: cs.draining}
+		for _, p := range cs.providers {
 			ns.Providers = append(ns.Providers, p.id)
 		}
 		snap.Nodes = append(snap.Nodes, ns)
@@ -624,8 +623,8 @@ func (s *Service) Snapshot() Snapshot {
 			Queued: sp.Queued, Load: sp.Load, Status: sp.Status,
 			Circuit: s.breakers.state(providerKey{sp.NodeID, sp.ProviderID}),
 		}
-		if c := s.reg.nodes[sp.NodeID]; c != nil && c.gen == sp.Generation {
-			if p := c.byID[sp.ProviderID]; p != nil {
+		if cs := st.current(sp.NodeID); cs != nil && cs.c.gen == sp.Generation {
+			if p := cs.byID[sp.ProviderID]; p != nil {
 				ps.Type, ps.Path, ps.Healthy = p.typ, contractPath(p.path), p.healthy
 				ps.Models, ps.Capabilities = slices.Clone(p.models), slices.Clone(p.caps)
 				for m, sm := range p.model {
@@ -634,14 +633,13 @@ func (s *Service) Snapshot() Snapshot {
 					}
 					ps.ModelCapabilities[m] = slices.Clone(sm.caps)
 				}
-				if c.draining && ps.Status == scheduler.StatusAvailable {
+				if cs.draining && ps.Status == scheduler.StatusAvailable {
 					ps.Status = StatusDraining
 				}
 			}
 		}
 		snap.Providers = append(snap.Providers, ps)
 	}
-	s.reg.mu.RUnlock()
 	sort.Slice(snap.Nodes, func(i, j int) bool { return snap.Nodes[i].NodeID < snap.Nodes[j].NodeID })
 	listed := make(map[string]bool, len(ss.Groups))
 	for _, g := range ss.Groups {

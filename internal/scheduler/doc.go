@@ -73,10 +73,13 @@
 // # Concurrency
 //
 // One mutex, Scheduler.mu, guards all state: resources, groups, waiters and
-// leases. Every exported method takes it; nothing blocks while holding it
-// except the resolvers and ownership callbacks supplied by the caller, which
-// run under it and must not call back into the scheduler (they may take the
-// caller's own locks: the lock order is scheduler, then caller).
+// leases. Every exported method takes it; nothing runs under it but the
+// scheduler's own bookkeeping and the resolvers and ownership callbacks
+// supplied by the caller, which must not call back into the scheduler and
+// should not block: a lock one takes would nest under the scheduler's, so
+// it must be a leaf the caller never holds while calling the scheduler.
+// The edge's take none: they read state it publishes immutably (package
+// edge, "Concurrency").
 //
 // Admit blocks in its caller's goroutine, outside the lock, on a one-slot
 // channel. The lock holder that settles a waiter (grant, timeout, failure)
