@@ -364,6 +364,11 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	owner := keyName(ctx)
 	store := rq.Store && h.cfg.Responses != nil
+	if rq.Background && rq.Stream {
+		// A background response is read by GET (polling), not streamed.
+		h.writeError(w, r, &requestError{param: "stream", message: "streaming a background response is not supported: create it with background true and stream false, then GET /v1/responses/{id}"}, nil)
+		return
+	}
 	if rq.Background && (h.cfg.Runs == nil || h.cfg.Responses == nil) {
 		h.writeError(w, r, &requestError{param: "background", message: "background responses are not served by this edge (it keeps no run records)"}, nil)
 		return

@@ -394,6 +394,7 @@ func TestResponses_BadInput(t *testing.T) {
 		{`{"model":"m","input":"hi","temperature":"hot"}`, "temperature", ""},
 		{`{"model":"m","input":"hi","conversation":"conv_1"}`, "conversation", ""},
 		{`{"model":"m","input":"hi","background":true,"store":false}`, "background", ""},
+		{`{"model":"m","input":"hi","background":true,"stream":true}`, "stream", ""},
 		{`{"model":"m","input":"hi","previous_response_id":"resp_nope"}`, "previous_response_id", "not found"},
 		{`{"model":"m","input":[{"type":"item_reference","id":"msg_nope"}]}`, "input[0].id", "not found"},
 	} {
@@ -720,5 +721,44 @@ func TestResponses_BackgroundCompletes(t *testing.T) {
 	plain := createResponse(t, env, `{"model":"m","input":"hi"}`, nil)
 	if resp := env.post(t, "/v1/responses/"+plain["id"].(string)+"/cancel", "", ""); resp.status != http.StatusBadRequest {
 		t.Errorf("cancel of a foreground response: %d %s", resp.status, resp.body)
+	}
+}
+
+// TestResponses_KeyLimits: POST /v1/responses takes one of its key's
+// request slots like every route that runs a model: over
+// requests_per_minute it is refused 429 with Retry-After before anything
+// is dispatched; a background response holds its slot until its run
+// ends.
+func TestResponses_KeyLimits(t *testing.T) {
+	f := newKeys(t, auth.Key{RequestsPerMinute: 1})
+	env := newEnv(t, Config{Keys: f.keys, AdminKeys: f.admin, Responses: newResponseStore(t)}, okRun)
+	createResponse(t, env, `{"model":"m","input":"hi"}`, bearer(f.alice))
+	h := bearer(f.alice)
+	h["Content-Type"] = "application/json"
+	resp := env.send(t, http.MethodPost, "/v1/responses", `{"model":"m","input":"hi"}`, h)
+	if resp.status != http.StatusTooManyRequests || resp.header.Get("Retry-After") == "" {
+		t.Errorf("second request: %d %s", resp.status, resp.body)
+	}
+	if n := len(env.gw.requests()); n != 1 {
+		t.Errorf("%d dispatched, want 1", n)
+	}
+
+	g := newKeys(t, auth.Key{MaxConcurrent: 1})
+	run := liveRun(normalized, 4)
+	env = newEnv(t, Config{Keys: g.keys, AdminKeys: g.admin, Responses: newResponseStore(t), Runs: newRunsManager(t)}, runWith(run))
+	obj := createResponse(t, env, `{"model":"m","input":"long","background":true}`, bearer(g.alice))
+	h = bearer(g.alice)
+	h["Content-Type"] = "application/json"
+	if resp := env.send(t, http.MethodPost, "/v1/responses", `{"model":"m","input":"hi"}`, h); resp.status != http.StatusTooManyRequests {
+		t.Errorf("while the background response runs: %d %s", resp.status, resp.body)
+	}
+	run.up <- events(started(), delta("done"), usageEvent(1, 1), complete("stop"))
+	close(run.up)
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(env.send(t, http.MethodGet, "/v1/responses/"+obj["id"].(string), "", bearer(g.alice)).body, `"status":"completed"`) {
+		if time.Now().After(deadline) {
+			t.Fatal("the background response never completed")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
