@@ -762,3 +762,66 @@ func TestResponses_KeyLimits(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestResponses_ClientGoesAway: a client that leaves a streamed response
+// mid-stream cancels its run, which is closed once with the outcome
+// client_gone, on both paths; nothing is stored as if it had finished.
+func TestResponses_ClientGoesAway(t *testing.T) {
+	for _, path := range []string{"normalized", "tunnel"} {
+		t.Run(path, func(t *testing.T) {
+			run := liveRun(normalized, 4)
+			first := events(started(), delta("first words"))
+			if path == "tunnel" {
+				run = liveRun(tunnel, 4)
+				run.up <- tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"})
+				first = tunnelData(`data: {"choices":[{"index":0,"delta":{"content":"first words"}}]}` + "\n\n")
+			}
+			run.up <- first
+			store := newResponseStore(t)
+			env := newEnv(t, Config{Responses: store}, runWith(run))
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, env.srv.URL+"/v1/responses",
+				strings.NewReader(`{"model":"m","input":"hi","stream":true}`))
+			resp, err := env.srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var id string
+			var r sse.Reader
+			seen := map[string]bool{}
+			buf := make([]byte, 4096)
+			for id == "" || !seen["response.output_text.delta"] {
+				n, err := resp.Body.Read(buf)
+				if n > 0 {
+					_ = r.Feed(buf[:n], func(e sse.Event) error {
+						if e.Type == "response.created" {
+							var obj struct{ Response struct{ ID string } }
+							_ = json.Unmarshal(e.Data, &obj)
+							id = obj.Response.ID
+						}
+						seen[e.Type] = true
+						return nil
+					})
+				}
+				if err != nil {
+					t.Fatalf("stream ended before its first delta: %v", err)
+				}
+			}
+			cancel()
+			select {
+			case <-run.closed:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the run was not closed after the client left")
+			}
+			env.waitHandlers()
+			if n, reasons := run.closeCalls(); n != 1 || reasons[0] != OutcomeClientGone {
+				t.Errorf("Close called %d times with %q, want once with %q", n, reasons, OutcomeClientGone)
+			}
+			if _, err := store.Get(context.Background(), "", id); err == nil {
+				t.Error("a response its client left was stored")
+			}
+		})
+	}
+}
