@@ -12,6 +12,7 @@ import (
 
 	"iop/internal/auth"
 	"iop/internal/responses"
+	"iop/internal/runs"
 	"iop/internal/sse"
 	"iop/internal/wire/nodev1"
 )
@@ -694,13 +695,30 @@ func TestResponses_BackgroundCancel(t *testing.T) {
 	}
 }
 
+// waitBackground waits until the background response id's run has ended
+// (its dispatched run closed).
+func waitBackground(t *testing.T, m *runs.Manager, id string) {
+	t.Helper()
+	run := m.Live(id)
+	if run == nil {
+		return // ended, and its log expired
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := run.Wait(ctx); err != nil {
+		t.Fatalf("background response %s: %v", id, err)
+	}
+}
+
 // TestResponses_BackgroundCompletes: a background response's final
 // object, once its run ended, is what GET answers: completed, its output
 // and usage.
 func TestResponses_BackgroundCompletes(t *testing.T) {
-	env := newEnv(t, Config{Responses: newResponseStore(t), Runs: newRunsManager(t)}, okRun)
+	m := newRunsManager(t)
+	env := newEnv(t, Config{Responses: newResponseStore(t), Runs: m}, okRun)
 	obj := createResponse(t, env, `{"model":"m","input":"hi","background":true}`, nil)
 	id := obj["id"].(string)
+	defer waitBackground(t, m, id)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		resp := env.get(t, "/v1/responses/"+id)
@@ -745,8 +763,10 @@ func TestResponses_KeyLimits(t *testing.T) {
 
 	g := newKeys(t, auth.Key{MaxConcurrent: 1})
 	run := liveRun(normalized, 4)
-	env = newEnv(t, Config{Keys: g.keys, AdminKeys: g.admin, Responses: newResponseStore(t), Runs: newRunsManager(t)}, runWith(run))
+	m := newRunsManager(t)
+	env = newEnv(t, Config{Keys: g.keys, AdminKeys: g.admin, Responses: newResponseStore(t), Runs: m}, runWith(run))
 	obj := createResponse(t, env, `{"model":"m","input":"long","background":true}`, bearer(g.alice))
+	defer waitBackground(t, m, obj["id"].(string))
 	h = bearer(g.alice)
 	h["Content-Type"] = "application/json"
 	if resp := env.send(t, http.MethodPost, "/v1/responses", `{"model":"m","input":"hi"}`, h); resp.status != http.StatusTooManyRequests {
