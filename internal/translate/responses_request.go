@@ -48,6 +48,10 @@ type ResponsesRequest struct {
 	// OpenAI-compatible provider keeps to. Thinks: reasoning.effort is
 	// set and not "none".
 	NeedsTools, NeedsToolChoice, Thinks bool
+	// NoThinking: reasoning.effort is "none", so the answer shows no
+	// reasoning even if the provider sends some (as Request.NoThinking of
+	// an Ollama translation).
+	NoThinking bool
 
 	// Echo holds the request's settings as the response object repeats
 	// them.
@@ -704,7 +708,7 @@ func (req *ResponsesRequest) decodeReasoning(raw json.RawMessage) error {
 			return fieldErr("reasoning.effort", `must be one of "none", "minimal", "low", "medium", "high", "xhigh", got %q`, clip(*r.Effort))
 		}
 		req.reasoningEffort = *r.Effort
-		req.Thinks = *r.Effort != "none"
+		req.Thinks, req.NoThinking = *r.Effort != "none", *r.Effort == "none"
 	}
 	if r.Summary != nil {
 		switch *r.Summary {

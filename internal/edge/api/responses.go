@@ -425,7 +425,7 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 		resp.PreviousResponseID = &rq.PreviousResponseID
 	}
 	rec := responses.Record{ID: resp.ID, Owner: owner, CreatedAt: start, History: history, Input: storedItems(input)}
-	o := &responsesRender{resp: resp, stream: rq.Stream && !rq.Background}
+	o := &responsesRender{resp: resp, stream: rq.Stream && !rq.Background, noThinking: rq.NoThinking}
 	if store {
 		o.save = func(ctx context.Context, resp *responseObject) error {
 			doc, err := json.Marshal(resp)

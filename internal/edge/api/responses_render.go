@@ -39,6 +39,10 @@ type responsesRender struct {
 	save  func(ctx context.Context, resp *responseObject) error
 	saved bool // a final state was saved
 
+	// noThinking drops the answer's reasoning: the client asked for
+	// reasoning.effort "none" (translate.ResponsesRequest.NoThinking).
+	noThinking bool
+
 	b      translate.ResponseBuilder
 	opened bool // the stream's response.created was written
 }
@@ -109,6 +113,9 @@ func (o *responsesRender) emit(ev translate.ResponseEvent) error {
 }
 
 func (o *responsesRender) thinking(s string) error {
+	if s == "" || o.noThinking {
+		return nil
+	}
 	if err := o.open(); err != nil {
 		return err
 	}
@@ -116,6 +123,9 @@ func (o *responsesRender) thinking(s string) error {
 }
 
 func (o *responsesRender) text(s string) error {
+	if s == "" {
+		return nil
+	}
 	if err := o.open(); err != nil {
 		return err
 	}

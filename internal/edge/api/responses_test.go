@@ -845,3 +845,24 @@ func TestResponses_ClientGoesAway(t *testing.T) {
 		})
 	}
 }
+
+// TestResponses_NoReasoningWhenNone: reasoning.effort "none" shows no
+// reasoning item even when the provider reasons all the same; without it
+// the provider's reasoning is a reasoning item with its summary.
+func TestResponses_NoReasoningWhenNone(t *testing.T) {
+	for _, tc := range []struct {
+		effort string
+		items  int
+	}{{`"none"`, 1}, {`"low"`, 2}} {
+		run := scriptedRun(normalized, events(started(), thinkingDelta("pondering"), delta("answer")), events(complete("stop")))
+		env := newEnv(t, Config{}, runWith(run))
+		obj := createResponse(t, env, `{"model":"m","input":"hi","reasoning":{"effort":`+tc.effort+`}}`, nil)
+		out := obj["output"].([]any)
+		if len(out) != tc.items || out[len(out)-1].(map[string]any)["type"] != "message" {
+			t.Errorf("effort %s: output %v", tc.effort, out)
+		}
+		if tc.items == 2 && out[0].(map[string]any)["summary"].([]any)[0].(map[string]any)["text"] != "pondering" {
+			t.Errorf("reasoning item %v", out[0])
+		}
+	}
+}
