@@ -167,7 +167,35 @@ func (h *handler) storedResponse(ctx context.Context, id string) (responses.Reco
 	if errors.Is(err, responses.ErrNotFound) {
 		return responses.Record{}, &responseNotFound{id}
 	}
+	if err == nil && (rec.Status == "queued" || rec.Status == "in_progress") && (h.cfg.Runs == nil || h.cfg.Runs.Live(id) == nil) {
+		rec = h.orphaned(ctx, rec)
+	}
 	return rec, err
+}
+
+// errResponseOrphaned is the error of a background response whose run no
+// edge process runs any more: the one that ran it stopped before it ended
+// (a crash; a stop ends it failed itself).
+const errResponseOrphaned = "the edge restarted while the response was in flight"
+
+// orphaned ends a stored response left queued or in progress by an edge
+// process that is gone: failed, with errResponseOrphaned, saved so.
+func (h *handler) orphaned(ctx context.Context, rec responses.Record) responses.Record {
+	var obj map[string]any
+	if json.Unmarshal(rec.Response, &obj) != nil {
+		return rec
+	}
+	obj["status"] = "failed"
+	obj["error"] = responseError{Code: "server_error", Message: errResponseOrphaned}
+	doc, err := json.Marshal(obj)
+	if err != nil {
+		return rec
+	}
+	if err := h.cfg.Responses.SetStatus(ctx, rec.Owner, rec.ID, "failed", doc); err != nil {
+		h.logger.Warn("marking an orphaned response failed", "response_id", rec.ID, "err", err)
+	}
+	rec.Status, rec.Response = "failed", doc
+	return rec
 }
 
 // getResponse serves GET /v1/responses/{id}: the stored response object

@@ -866,3 +866,24 @@ func TestResponses_NoReasoningWhenNone(t *testing.T) {
 		}
 	}
 }
+
+// TestResponses_OrphanedBackground: a background response an earlier edge
+// process left in progress (its run is gone) reads as failed, saying the
+// edge restarted, not in progress for ever.
+func TestResponses_OrphanedBackground(t *testing.T) {
+	store := newResponseStore(t)
+	if err := store.Save(context.Background(), responses.Record{ID: "resp_old", Status: "in_progress", CreatedAt: time.Unix(1, 0),
+		Response: json.RawMessage(`{"id":"resp_old","object":"response","status":"in_progress","background":true,"error":null}`)}); err != nil {
+		t.Fatal(err)
+	}
+	env := newEnv(t, Config{Responses: store, Runs: newRunsManager(t)}, okRun)
+	for range 2 {
+		resp := env.get(t, "/v1/responses/resp_old")
+		if resp.status != http.StatusOK || !strings.Contains(resp.body, `"status":"failed"`) || !strings.Contains(resp.body, errResponseOrphaned) {
+			t.Errorf("GET: %d %s", resp.status, resp.body)
+		}
+	}
+	if rec, _ := store.Get(context.Background(), "", "resp_old"); rec.Status != "failed" {
+		t.Errorf("stored status %q", rec.Status)
+	}
+}
