@@ -14,6 +14,7 @@ import (
 	"iop/internal/edge"
 	"iop/internal/edge/api"
 	"iop/internal/ledger"
+	"iop/internal/responses"
 	"iop/internal/runs"
 	"iop/internal/scheduler"
 )
@@ -104,6 +105,11 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 		return nil, err
 	}
 	undo = append(undo, func() { runManager.Close() })
+	responseStore, err := responses.OpenSQLite(cfg.Database)
+	if err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() { responseStore.Close() })
 	var ledgerStore ledger.Store
 	if cfg.LedgerDSN != "" {
 		ledgerStore, err = ledger.OpenPostgres(ctx, cfg.LedgerDSN)
@@ -135,6 +141,7 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 		Keys:         keys,
 		AdminKeys:    adminKeys,
 		Ledger:       usage,
+		Responses:    responseStore,
 	}), gateway{svc}, logger)
 	var handlers sync.WaitGroup // handlers running, so the ledger closes after the last one
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -206,6 +213,7 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 		if rerr := runManager.Close(); rerr != nil && err == nil {
 			err = rerr
 		}
+		responseStore.Close() // after the background runs, which save their responses
 		if lerr := usage.Close(); lerr != nil && err == nil {
 			err = lerr
 		}

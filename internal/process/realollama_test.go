@@ -407,3 +407,14 @@ func TestRealOllama_RepeatLimit(t *testing.T) {
 	}
 	waitIdle(t, rig.e)
 }
+
+// TestRealOllama_Responses: OpenAI's Responses API through iop to a real
+// Ollama on both execution paths (the rig's native and /v1 providers): the
+// official `openai` client's responses.create and responses.stream answer
+// (test/js/real_responses.mjs), and previous_response_id continues a
+// conversation begun on one path on the other.
+func TestRealOllama_Responses(t *testing.T) {
+	rig := startRealRig(t)
+	models, _ := json.Marshal([]map[string]string{{"path": "normalized", "model": "tiny"}, {"path": "tunnel", "model": "tiny-v1"}})
+	runJSTest(t, "real_responses.mjs", "IOP_BASE_URL=http://"+rig.e.HTTPAddr+"/v1", "IOP_MODELS="+string(models))
+}

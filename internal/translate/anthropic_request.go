@@ -527,10 +527,10 @@ func (t *anthropicTranslation) assistantBlocks(blocks []json.RawMessage, field s
 			if firstByte(input) != '{' {
 				return fieldErr(bf+".input", "expected an object")
 			}
-			args, err := compactJSON(input)
-			if err != nil {
+			if !json.Valid(input) {
 				return fieldErr(bf+".input", "expected an object")
 			}
+			args := string(compactJSON(input))
 			t.count(b.Name)
 			t.count(args)
 			calls = append(calls, map[string]any{"id": b.ID, "type": "function",
@@ -550,15 +550,6 @@ func (t *anthropicTranslation) assistantBlocks(blocks []json.RawMessage, field s
 	}
 	t.out.Messages = append(t.out.Messages, msg)
 	return nil
-}
-
-func compactJSON(raw json.RawMessage) (string, error) {
-	var v any
-	if err := json.Unmarshal(raw, &v); err != nil {
-		return "", err
-	}
-	b, err := json.Marshal(v)
-	return string(b), err
 }
 
 // tools translates "tools" and "tool_choice".

@@ -14,6 +14,13 @@
 // (ParseOllamaFields) into the Ollama body a node's Ollama adapter sends
 // its provider, decoding the body once.
 //
+// OpenAI's Responses API (POST /v1/responses): DecodeResponsesRequest
+// reads and checks a client's body, ResponsesRequest.ChatBody turns its
+// conversation (ResponseItem values) into the canonical chat completions
+// body every provider is sent, and a ResponseBuilder turns the answer's
+// deltas into the response's output items and its stream events
+// (responses_request.go, responses_items.go, responses_stream.go).
+//
 // The package is a format library used on each side: it knows nothing of
 // the node protocol, and no wire field lives inside the JSON it reads or
 // writes.
@@ -31,8 +38,8 @@
 //
 // # Concurrency
 //
-// Functions are pure and safe for concurrent use. An OpenAIStream and an
-// AnthropicAnswer hold one answer's state and are used by one goroutine
-// at a time; the package
+// Functions are pure and safe for concurrent use. An OpenAIStream, an
+// AnthropicAnswer and a ResponseBuilder hold one answer's state and are
+// used by one goroutine at a time; the package
 // starts no goroutines.
 package translate

@@ -139,6 +139,13 @@ func (c *openAIContent) thinking() string {
 // the stream; events after it are ignored. The zero value is ready to
 // use, by one goroutine at a time.
 type OpenAIStream struct {
+	// ToolDelta, when set, gets each tool-call delta of choice 0 as it
+	// arrives (its index, and the id, name and piece of arguments it
+	// carries, each possibly empty), after the delta's text and
+	// reasoning; its error ends Feed. The calls are joined for End all
+	// the same.
+	ToolDelta func(index int, id, name, arguments string) error
+
 	sse    sse.Reader
 	answer Answer
 	calls  map[int]*ToolCall
@@ -206,17 +213,24 @@ func (s *OpenAIStream) event(data []byte, onDelta func(Delta) error) error {
 				d.Text = *c.Delta.Content
 			}
 			d.Thinking = c.Delta.thinking()
+		}
+		if d.Text != "" || d.Thinking != "" {
+			if err := onDelta(d); err != nil {
+				return err
+			}
+		}
+		if c.Delta != nil {
 			for j, tc := range c.Delta.ToolCalls {
 				idx := j
 				if tc.Index != nil {
 					idx = *tc.Index
 				}
 				s.addToolDelta(idx, tc.ID, tc.Function.Name, tc.Function.Arguments)
-			}
-		}
-		if d.Text != "" || d.Thinking != "" {
-			if err := onDelta(d); err != nil {
-				return err
+				if s.ToolDelta != nil {
+					if err := s.ToolDelta(idx, tc.ID, tc.Function.Name, tc.Function.Arguments); err != nil {
+						return err
+					}
+				}
 			}
 		}
 		if c.FinishReason != nil && *c.FinishReason != "" {

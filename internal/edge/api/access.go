@@ -30,7 +30,7 @@ var publicPaths = map[string]bool{"/healthz": true, "/readyz": true}
 var dispatchPaths = map[string]string{
 	"/v1/chat/completions": "chat.completions", "/v1/completions": "completions", "/v1/embeddings": "embeddings",
 	"/api/chat": "ollama.chat", "/api/generate": "ollama.generate", "/api/embed": "ollama.embed",
-	"/api/embeddings": "ollama.embed", runsPath: "runs", messagesPath: "anthropic.messages",
+	"/api/embeddings": "ollama.embed", runsPath: "runs", messagesPath: "anthropic.messages", responsesPath: "responses",
 }
 
 // Ledger is what the API needs of the usage ledger (package ledger): a

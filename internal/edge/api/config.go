@@ -79,6 +79,11 @@ type Config struct {
 	// Ledger, when set, records every finished API request and serves GET
 	// /admin/v1/usage.
 	Ledger Ledger
+	// Responses, when set, keeps the stored responses of the Responses API
+	// (POST /v1/responses with store true; GET, DELETE, input_items and
+	// previous_response_id read them). Nil: nothing is kept, every stored
+	// id is unknown (404), and background responses are refused.
+	Responses ResponseStore
 }
 
 // Validate reports a configuration New cannot honour, wrapping

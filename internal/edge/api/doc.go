@@ -26,6 +26,10 @@
 //	POST /v1/chat/completions  chat.completion, or SSE chat.completion.chunk events ending "data: [DONE]"
 //	POST /v1/completions       text_completion, or SSE text_completion chunks ending "data: [DONE]"
 //	POST /v1/embeddings        {"object":"list","data":[{"object":"embedding","index","embedding"}],"model","usage"}
+//	POST /v1/responses         OpenAI's Responses API: a response object, or its SSE event stream (responses.go)
+//	GET  /v1/responses/{id}    a stored response (Config.Responses), of the request's key only; DELETE removes it
+//	GET  /v1/responses/{id}/input_items  {"object":"list","data","first_id","last_id","has_more"}
+//	POST /v1/responses/{id}/cancel       cancels a background response
 //	GET  /v1/models            {"object":"list","data":[{"id","object":"model","created","owned_by":"iop"}]}
 //	GET  /v1/models/{model}    one model object, or 404 model_not_found
 //	POST /v1/messages          Anthropic's Messages API: a message object, or its event stream (messages.go)
@@ -134,6 +138,26 @@
 // synchronous submission on a channel, to be answered as the chat route
 // answers it. Nothing is rendered into an http.ResponseWriter and read
 // back.
+//
+// # Responses API
+//
+// POST /v1/responses (responses.go, responses_render.go) is served like
+// the Ollama routes: the client's body is decoded and checked once
+// (translate.DecodeResponsesRequest; its Needs and estimated tokens come
+// from that decode), the conversation (the items of previous_response_id,
+// then the input, item references resolved against the key's stored
+// items) is translated into a canonical chat completions body
+// (ResponsesRequest.ChatBody), dispatched through serveRunWith as every
+// chat request is, and the answer, run events or the tunnel's OpenAI chat
+// answer, is rendered as a response object or the Responses event stream
+// by a translate.ResponseBuilder. State is iop's: with Config.Responses,
+// a response with store true (the default) is kept, with its owner (the
+// key's name), before its final event or body is written; GET, DELETE,
+// input_items and previous_response_id find only the key's own responses
+// (another key's id is 404, as OpenAI answers an id it does not know). A
+// background response (background true, with Config.Runs) runs as a run
+// of the runs manager whose id is the response's; its state is saved as
+// it goes and POST /cancel (or DELETE) cancels its run.
 //
 // # Errors
 //

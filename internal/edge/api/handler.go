@@ -32,6 +32,7 @@ func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
 		"/v1/chat/completions": {http.MethodPost, h.chatCompletions},
 		"/v1/completions":      {http.MethodPost, h.completions},
 		"/v1/embeddings":       {http.MethodPost, h.embeddings},
+		responsesPath:          {http.MethodPost, h.responsesCreate},
 		"/v1/models":           {http.MethodGet, h.listModels},
 		messagesPath:           {http.MethodPost, h.anthropicMessages},
 		countTokensPath:        {http.MethodPost, h.countTokens},
@@ -236,6 +237,9 @@ func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 	}
 	if !ok && h.cfg.Runs != nil && strings.HasPrefix(r.URL.Path, runsPrefix) {
 		rt, ok = route{"", h.runRoute}, true
+	}
+	if !ok && strings.HasPrefix(r.URL.Path, responsesPrefix) {
+		rt, ok = route{"", h.responsesRoute}, true
 	}
 	writeError := h.errorWriterFor(r.URL.Path)
 	if !ok {

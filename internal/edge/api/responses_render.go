@@ -1,0 +1,280 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"iop/internal/edge/contract"
+	"iop/internal/translate"
+)
+
+// responsesRender renders a run as a Responses API answer (OpenAI API
+// reference, "Responses" and "Streaming events"). The run's reasoning,
+// text and tool-call parts go through a translate.ResponseBuilder, which
+// makes the output items (reasoning with a summary_text, a message with
+// an output_text, function_call items) and, streamed, their events.
+//
+// Streamed: an SSE stream of "event: <type>" / "data: <json>" events,
+// each with its sequence_number: response.created and
+// response.in_progress with the first output (so a run that fails before
+// any output gets an error answer with its own status), the items'
+// events, then response.completed (or response.incomplete when the answer
+// was cut by max_output_tokens or a content filter) with the whole
+// response and its usage. A run that fails after the stream began ends
+// with response.failed (status "failed", its error), never with a
+// clean-looking completed. Not streamed: one response object.
+//
+// A stored response (save set) is kept before the final event or the
+// body is written, so a client that continues it at once finds it. Only
+// the request goroutine (a background response's run goroutine) uses it.
+type responsesRender struct {
+	*runResponse
+	resp   *responseObject
+	stream bool
+	// background: the run is a background response's (its state is
+	// saved as it goes).
+	background bool
+	// save keeps the response; nil when it is not stored.
+	save  func(ctx context.Context, resp *responseObject) error
+	saved bool // a final state was saved
+
+	// noThinking drops the answer's reasoning: the client asked for
+	// reasoning.effort "none" (translate.ResponsesRequest.NoThinking).
+	noThinking bool
+
+	b      translate.ResponseBuilder
+	opened bool // the stream's response.created was written
+}
+
+// begin sets the run o renders, once it was dispatched.
+func (o *responsesRender) begin(rr *runResponse) {
+	o.runResponse = rr
+	o.b.NewID = newItemID
+	if o.stream {
+		o.b.Emit = o.emit
+	}
+}
+
+// inProgress saves a background response as "in_progress" once it was
+// dispatched.
+func (o *responsesRender) inProgress(DispatchInfo) {
+	o.resp.Status = "in_progress"
+	if o.save != nil {
+		if err := o.save(o.r.Context(), o.resp); err != nil {
+			o.h.logger.Warn("saving a background response failed", "response_id", o.resp.ID, "err", err)
+		}
+	}
+}
+
+// store saves the response in its current (final) state.
+func (o *responsesRender) store(ctx context.Context) {
+	if o.save == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), responsesStoreTimeout)
+	defer cancel()
+	if err := o.save(ctx, o.resp); err != nil {
+		o.h.logger.Warn("saving a response failed", "response_id", o.resp.ID, "err", err)
+		return
+	}
+	o.saved = true
+}
+
+// open starts a streamed answer, once: the SSE headers, response.created
+// and response.in_progress.
+func (o *responsesRender) open() error {
+	if !o.stream || o.opened {
+		return nil
+	}
+	o.opened = true
+	o.startStream()
+	snap := *o.resp
+	snap.Status, snap.Output = "in_progress", []translate.ResponseItem{}
+	if err := o.b.Event("response.created", map[string]any{"response": &snap}); err != nil {
+		return err
+	}
+	return o.b.Event("response.in_progress", map[string]any{"response": &snap})
+}
+
+// emit writes one event (the builder's Emit). A write failure is an
+// *errWrite.
+func (o *responsesRender) emit(ev translate.ResponseEvent) error {
+	buf := make([]byte, 0, len(ev.Type)+len(ev.Data)+16)
+	buf = append(buf, "event: "...)
+	buf = append(buf, ev.Type...)
+	buf = append(buf, "\ndata: "...)
+	buf = append(buf, ev.Data...)
+	buf = append(buf, "\n\n"...)
+	if err := o.write(buf); err != nil {
+		return &errWrite{err}
+	}
+	return nil
+}
+
+func (o *responsesRender) thinking(s string) error {
+	if s == "" || o.noThinking {
+		return nil
+	}
+	if err := o.open(); err != nil {
+		return err
+	}
+	return o.b.Thinking(s)
+}
+
+func (o *responsesRender) text(s string) error {
+	if s == "" {
+		return nil
+	}
+	if err := o.open(); err != nil {
+		return err
+	}
+	return o.b.Text(s)
+}
+
+func (o *responsesRender) toolCall(index int, id, name, args string) error {
+	if index < 0 || index >= maxToolCalls {
+		return errUpstreamProtocol
+	}
+	if err := o.open(); err != nil {
+		return err
+	}
+	return o.b.ToolCall(index, id, name, args)
+}
+
+// normalized renders a normalized-path run from its delta, usage and end
+// events (eventReader.next).
+func (o *responsesRender) normalized() string {
+	er := &eventReader{runResponse: o.runResponse}
+	finish, err := er.next(func(ev *contract.Event) error {
+		if err := o.thinking(ev.Thinking); err != nil {
+			return err
+		}
+		if err := o.text(ev.Text); err != nil {
+			return err
+		}
+		for _, tc := range ev.ToolCalls {
+			if err := o.toolCall(tc.Index, tc.ID, tc.Name, tc.Arguments); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return o.failed(err)
+	}
+	return o.finish(finish, er.usage.PromptTokens, er.usage.CompletionTokens)
+}
+
+// tunnel renders a tunnel-path run, the OpenAI-compatible provider's
+// answer to the canonical chat body: a 2xx SSE stream decoded as it
+// arrives (translate.OpenAIStream, tool-call deltas included), a 2xx JSON
+// body once complete (translate.DecodeOpenAIAnswer); an error status is an
+// error answer with that status and the provider's message.
+func (o *responsesRender) tunnel() string {
+	var stream translate.OpenAIStream
+	stream.ToolDelta = func(index int, id, name, args string) error {
+		o.obs.content(1)
+		return o.toolCall(index, id, name, args)
+	}
+	onDelta := func(d translate.Delta) error {
+		o.obs.content(1)
+		if err := o.thinking(d.Thinking); err != nil {
+			return err
+		}
+		return o.text(d.Text)
+	}
+	sse, body, err := o.tunnelAnswer(func(data []byte) error { return stream.Feed(data, onDelta) })
+	if err != nil {
+		return o.failed(err)
+	}
+	var ans translate.Answer
+	if sse {
+		ans, err = stream.End()
+	} else if ans, err = translate.DecodeOpenAIAnswer(body); err == nil {
+		err = onDelta(translate.Delta{Text: ans.Text, Thinking: ans.Thinking})
+		for i, tc := range ans.ToolCalls {
+			if err == nil {
+				err = o.toolCall(i, tc.ID, tc.Name, tc.Arguments)
+			}
+		}
+	}
+	if err != nil {
+		return o.failed(streamError(err))
+	}
+	in, out := 0, 0
+	if ans.Usage != nil {
+		in, out = ans.Usage.PromptTokens, ans.Usage.CompletionTokens
+		o.obs.tokens(in, out)
+	}
+	return o.finish(ans.Finish, in, out)
+}
+
+// finish ends a complete answer: its items done, the response completed
+// (or incomplete) with its usage, stored, then written: the final event,
+// or the one object. It returns the rendering's reason.
+func (o *responsesRender) finish(finishReason string, in, out int) string {
+	status, reason := translate.ResponseStatus(finishReason)
+	if err := o.open(); err != nil {
+		return o.failed(err)
+	}
+	if err := o.b.Finish(status); err != nil {
+		return o.failed(err)
+	}
+	o.resp.Status, o.resp.Output, o.resp.Usage = status, o.b.Output(), newResponseUsage(in, out)
+	if reason != "" {
+		o.resp.IncompleteDetails = &incompleteDetails{Reason: reason}
+	}
+	o.store(o.r.Context())
+	if !o.stream {
+		if clientGone(o.r) {
+			return reasonClientGone
+		}
+		writeJSON(o.w, http.StatusOK, o.resp)
+		return reasonCompleted
+	}
+	typ := "response.completed"
+	if status == "incomplete" {
+		typ = "response.incomplete"
+	}
+	if err := o.b.Event(typ, map[string]any{"response": o.resp}); err != nil {
+		return o.writeFailed(err)
+	}
+	return reasonCompleted
+}
+
+// failed ends a run that failed with err: before the stream began (or
+// not streamed), an error answer with classify's status; after it, the
+// response is "failed" with the error, stored, and the stream ends with
+// response.failed. A failed write to the client, or a client gone,
+// aborts the connection instead. It returns the rendering's reason.
+func (o *responsesRender) failed(err error) string {
+	var werr *errWrite
+	if errors.As(err, &werr) {
+		return o.writeFailed(werr.err)
+	}
+	if !o.started {
+		return o.fail(err)
+	}
+	if clientGone(o.r) {
+		o.h.logger.Debug("client gone", "path", clip(o.r.URL.Path), "err", errorText(err, o.req))
+		o.abort = true
+		return reasonClientGone
+	}
+	o.answerDone()
+	e := classify(err, o.req)
+	o.h.logError(o.r, e, err, o.req)
+	o.obs.errorCode(e.Code)
+	code := "server_error"
+	if e.status < 500 && e.Code != nil {
+		code = *e.Code
+	}
+	o.resp.Status, o.resp.Output = "failed", o.b.Output()
+	o.resp.Error = &responseError{Code: code, Message: e.Message}
+	o.store(o.r.Context())
+	if werr := o.b.Event("response.failed", map[string]any{"response": o.resp}); werr != nil {
+		o.abort = true
+		return reasonWriteFailed
+	}
+	return reasonUpstreamError
+}
