@@ -10,8 +10,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -150,8 +152,43 @@ func providerInFlight(e *Process, providerID string) int {
 }
 
 // closedURL is an http URL on a loopback port nothing listens on: a
-// provider there refuses connections.
-func closedURL(t *testing.T) string { return "http://" + freeAddr(t) }
+// provider there refuses connections. The port is held by a socket bound
+// to it but not listening (a connect to it is answered RST), until the
+// test ends: a port merely found free and closed again could be taken by
+// another test's server in between (TestRegression_ClosedPortTakenByAnotherServer:
+// the refused provider answered another simulator's 404 under a parallel load).
+func closedURL(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("http://127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+}
+
+// TestRegression_ClosedPortTakenByAnotherServer: the port of closedURL
+// stays refused while the test runs; no listener can take it.
+func TestRegression_ClosedPortTakenByAnotherServer(t *testing.T) {
+	u := closedURL(t)
+	if ln, err := net.Listen("tcp", strings.TrimPrefix(u, "http://")); err == nil {
+		ln.Close()
+		t.Fatalf("a server could listen on %s, closedURL's port", u)
+	}
+	if resp, err := http.Get(u); err == nil {
+		resp.Body.Close()
+		t.Fatalf("GET %s answered %d; want the connection refused", u, resp.StatusCode)
+	} else if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("GET %s: %v; want connection refused", u, err)
+	}
+}
 
 // TestFaultFailingProviderAnswersAtOnce: a provider that refuses
 // connections, answers 500, 502 or 504, or hangs past its request timeout
