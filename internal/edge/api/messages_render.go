@@ -121,8 +121,8 @@ func (m *messagesRender) normalized() (reason string) {
 
 // tunnel renders a tunnel-path run, the OpenAI-compatible provider's
 // answer to the canonical body: a 2xx SSE stream decoded as it arrives
-// (translate.OpenAIStream: text and reasoning as they come, tool calls
-// once the stream ends, each as one input_json_delta), a 2xx JSON body
+// (translate.OpenAIStream: text, reasoning and tool-call parts as they
+// come, each tool-call part as an input_json_delta), a 2xx JSON body
 // once complete (translate.DecodeOpenAIAnswer), an error status as an
 // error answer with that status and the provider's message.
 func (m *messagesRender) tunnel() (reason string) {
@@ -131,7 +131,10 @@ func (m *messagesRender) tunnel() (reason string) {
 		m.obs.content(1)
 		return m.part(d.Thinking, d.Text, nil)
 	}
-	var stream translate.OpenAIStream
+	stream := translate.OpenAIStream{ToolDelta: func(index int, id, name, args string) error {
+		m.obs.content(1)
+		return m.part("", "", []contract.ToolCallPart{{Index: index, ID: id, Name: name, Arguments: args}})
+	}}
 	sse, body, err := m.tunnelAnswer(func(data []byte) error { return stream.Feed(data, onDelta) })
 	if err != nil {
 		return m.failed(err)
@@ -142,7 +145,7 @@ func (m *messagesRender) tunnel() (reason string) {
 	} else if ans, err = translate.DecodeOpenAIAnswer(body); err == nil {
 		err = onDelta(translate.Delta{Text: ans.Text, Thinking: ans.Thinking})
 	}
-	if err == nil {
+	if err == nil && !sse {
 		calls := make([]contract.ToolCallPart, 0, len(ans.ToolCalls))
 		for i, c := range ans.ToolCalls {
 			calls = append(calls, contract.ToolCallPart{Index: i, ID: c.ID, Name: c.Name, Arguments: c.Arguments})
