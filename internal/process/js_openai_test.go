@@ -39,11 +39,21 @@ func requireJS(t *testing.T, pattern string) (nodeBin string, files []string) {
 }
 
 // TestOpenAIJavaScriptClient runs test/js/openai_*.mjs, the official
-// `openai` npm client, against a real edge and node with an Ollama and an
-// OpenAI-compatible simulator (one per execution path), and a thinking one
-// of each for the reasoning checks.
+// `openai` npm client, against a real edge and node (runJSClientSuite).
 func TestOpenAIJavaScriptClient(t *testing.T) {
-	nodeBin, files := requireJS(t, "openai_*.mjs")
+	runJSClientSuite(t, "openai_*.mjs", []string{"tools", "embeddings"}, "/v1", 2*time.Minute)
+}
+
+// runJSClientSuite runs the JavaScript test files matching pattern (node
+// --test) against a real edge and a node with an Ollama and an
+// OpenAI-compatible simulator (one per execution path: IOP_MODELS names
+// their models by path), and a thinking one of each (IOP_THINKING), the
+// first two with capabilities caps. IOP_BASE_URL is the edge's HTTP
+// address followed by basePath ("/v1" for OpenAI's clients, "" for
+// Anthropic's). The suite must pass within timeout, and leave the edge
+// idle (every slot released).
+func runJSClientSuite(t *testing.T, pattern string, caps []string, basePath string, timeout time.Duration) {
+	nodeBin, files := requireJS(t, pattern)
 	_, ollamaURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{normalizedModel}, Seed: 11})
 	_, openaiURL := startSim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{tunnelModel}, Seed: 11})
 	_, thinkOllamaURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{thinkOllamaModel}, Seed: 11, Thinking: true})
@@ -51,7 +61,6 @@ func TestOpenAIJavaScriptClient(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	e := startTestEdge(t, ctx, nil)
 	stopOnCleanup(t, cancel, e)
-	caps := []string{"tools", "embeddings"}
 	startNode(t, ctx, node.Config{
 		NodeID: "gpu-1",
 		Edge:   e.NodeAddr,
@@ -65,10 +74,10 @@ func TestOpenAIJavaScriptClient(t *testing.T) {
 	models, _ := json.Marshal([]map[string]string{{"path": "normalized", "model": normalizedModel}, {"path": "tunnel", "model": tunnelModel}})
 	thinkers, _ := json.Marshal([]map[string]string{{"path": "normalized", "model": thinkOllamaModel}, {"path": "tunnel", "model": thinkOpenAIModel}})
 
-	runCtx, stop := context.WithTimeout(context.Background(), 2*time.Minute)
+	runCtx, stop := context.WithTimeout(context.Background(), timeout)
 	defer stop()
 	cmd := exec.CommandContext(runCtx, nodeBin, append([]string{"--test", "--test-reporter=spec"}, files...)...)
-	cmd.Env = append(os.Environ(), "IOP_BASE_URL=http://"+e.HTTPAddr+"/v1", "IOP_MODELS="+string(models),
+	cmd.Env = append(os.Environ(), "IOP_BASE_URL=http://"+e.HTTPAddr+basePath, "IOP_MODELS="+string(models),
 		"IOP_THINKING="+string(thinkers), "NO_COLOR=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
