@@ -188,17 +188,8 @@ func (m *messagesRender) finish(finish string, usage *translate.Usage) string {
 // Anthropic's error body and no message_stop. A failed write to the
 // client, or a client gone, aborts the connection instead.
 func (m *messagesRender) failed(err error) string {
-	var werr *errWrite
-	if errors.As(err, &werr) {
-		return m.writeFailed(werr.err)
-	}
-	if !m.started {
-		return m.fail(err)
-	}
-	if clientGone(m.r) {
-		m.h.logger.Debug("client gone", "path", clip(m.r.URL.Path), "err", errorText(err, m.req))
-		m.abort = true
-		return reasonClientGone
+	if reason, ended := m.failedEarly(err); ended {
+		return reason
 	}
 	m.answerDone()
 	e, _, typ := anthropicError(err, m.req)

@@ -314,17 +314,8 @@ func (o *ollamaRender) finish(ans translate.Answer) string {
 // as an error). A failed write to the client, or a client gone, aborts the
 // connection instead. It returns the rendering's reason.
 func (o *ollamaRender) failed(err error) string {
-	var werr *errWrite
-	if errors.As(err, &werr) {
-		return o.writeFailed(werr.err)
-	}
-	if !o.started {
-		return o.fail(err)
-	}
-	if clientGone(o.r) {
-		o.h.logger.Debug("client gone", "path", clip(o.r.URL.Path), "err", errorText(err, o.req))
-		o.abort = true
-		return reasonClientGone
+	if reason, ended := o.failedEarly(err); ended {
+		return reason
 	}
 	o.answerDone()
 	e, msg := ollamaError(err, o.req)

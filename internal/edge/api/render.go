@@ -127,6 +127,29 @@ func (rr *runResponse) tunnelFail(err error, sse bool) string {
 	return rr.failStarted(err, sse)
 }
 
+// failedEarly ends a translated answer (Ollama, Responses, Messages) that
+// failed with err, when its own error rendering has no part in it: a
+// failed write to the client (an *errWrite) is writeFailed; a failure
+// before the status line is an error answer (fail); a client gone after
+// it aborts the connection. ended is false when none of these holds: the
+// stream began and the client is there, so the caller writes its API's
+// error event.
+func (rr *runResponse) failedEarly(err error) (reason string, ended bool) {
+	var werr *errWrite
+	if errors.As(err, &werr) {
+		return rr.writeFailed(werr.err), true
+	}
+	if !rr.started {
+		return rr.fail(err), true
+	}
+	if clientGone(rr.r) {
+		rr.h.logger.Debug("client gone", "path", clip(rr.r.URL.Path), "err", errorText(err, rr.req))
+		rr.abort = true
+		return reasonClientGone, true
+	}
+	return "", false
+}
+
 // failStarted ends a response whose status line was already sent. An SSE
 // body gets one `data: {"error":{...}}` event (no [DONE]); any other body
 // cannot signal an error, so it is marked for abort (rr.abort) and the

@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"errors"
 	"net/http"
 
 	"iop/internal/edge/contract"
@@ -249,17 +248,8 @@ func (o *responsesRender) finish(finishReason string, in, out int) string {
 // response.failed. A failed write to the client, or a client gone,
 // aborts the connection instead. It returns the rendering's reason.
 func (o *responsesRender) failed(err error) string {
-	var werr *errWrite
-	if errors.As(err, &werr) {
-		return o.writeFailed(werr.err)
-	}
-	if !o.started {
-		return o.fail(err)
-	}
-	if clientGone(o.r) {
-		o.h.logger.Debug("client gone", "path", clip(o.r.URL.Path), "err", errorText(err, o.req))
-		o.abort = true
-		return reasonClientGone
+	if reason, ended := o.failedEarly(err); ended {
+		return reason
 	}
 	o.answerDone()
 	e := classify(err, o.req)
