@@ -202,6 +202,16 @@ func (h *handler) orphaned(ctx context.Context, rec responses.Record) responses.
 // (of a background response, its state now). 404 for an id the key has
 // none of.
 func (h *handler) getResponse(w http.ResponseWriter, r *http.Request, id string) {
+	if v := r.URL.Query().Get("stream"); v != "" && v != "false" {
+		// OpenAI's retrieve can resume a background response's event
+		// stream (stream=true, starting_after); iop keeps no event log
+		// of a response, so it says so instead of answering JSON that a
+		// client reading events would take for an empty stream (a new
+		// user's report: responses.retrieve(id, {stream: true}) yielded
+		// no events).
+		h.writeError(w, r, &requestError{param: "stream", message: "streaming a stored response is not supported: retrieve it without stream, or poll until it is no longer queued or in_progress"}, nil)
+		return
+	}
 	rec, err := h.storedResponse(r.Context(), id)
 	if err != nil {
 		h.writeError(w, r, err, nil)

@@ -887,3 +887,22 @@ func TestResponses_OrphanedBackground(t *testing.T) {
 		t.Errorf("stored status %q", rec.Status)
 	}
 }
+
+// TestRegression_RetrieveWithStreamIsRefused: GET /v1/responses/{id}?stream=true
+// (the openai client's responses.retrieve(id, {stream: true}), which resumes
+// a response's event stream) was answered with the JSON object, and the
+// client read it as a stream without events. iop keeps no event log of a
+// response: 400 naming stream; stream=false is a plain retrieve.
+func TestRegression_RetrieveWithStreamIsRefused(t *testing.T) {
+	env := newEnv(t, Config{Responses: newResponseStore(t)}, okRun)
+	id := createResponse(t, env, `{"model":"m","input":"hi"}`, nil)["id"].(string)
+	for _, q := range []string{"?stream=true", "?stream=true&starting_after=3", "?stream=1"} {
+		resp := env.get(t, "/v1/responses/"+id+q)
+		if resp.status != http.StatusBadRequest || !strings.Contains(resp.body, `"param":"stream"`) {
+			t.Errorf("GET %s: %d %s", q, resp.status, resp.body)
+		}
+	}
+	if resp := env.get(t, "/v1/responses/"+id+"?stream=false"); resp.status != http.StatusOK || !strings.Contains(resp.body, id) {
+		t.Errorf("GET ?stream=false: %d %s", resp.status, resp.body)
+	}
+}
