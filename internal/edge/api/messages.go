@@ -148,6 +148,13 @@ const statusOverloaded = 529
 func anthropicError(err error, req *Request) (e *apiError, status int, typ string) {
 	e = classify(err, req)
 	status = e.status
+	if errors.Is(err, ErrCandidatesRejected) {
+		// The edge words the tool_choice need in the chat API's terms;
+		// a Messages client sent tool_choice "any" (a new user's report).
+		words := *e
+		words.Message = strings.ReplaceAll(e.Message, `tool_choice "required" or parallel_tool_calls false`, `tool_choice "any"`)
+		e = &words
+	}
 	switch {
 	case errors.Is(err, ErrQueueFull), errors.Is(err, ErrQueueTimeout):
 		return e, statusOverloaded, "overloaded_error"

@@ -607,3 +607,17 @@ func TestMessagesLateToolPart(t *testing.T) {
 		t.Errorf("events %q, last %v", eventNames(evs), last.data)
 	}
 }
+
+// TestRegression_MessagesToolChoiceAnyInItsOwnWords: a Messages request
+// with tool_choice "any" for a model only Ollama providers serve was
+// refused in the chat API's words (tool_choice "required" or
+// parallel_tool_calls false), which the client never sent.
+func TestRegression_MessagesToolChoiceAnyInItsOwnWords(t *testing.T) {
+	refusal := fmt.Errorf(`%w: no provider for model "m" honours tool_choice "required" or parallel_tool_calls false: only OpenAI-compatible providers do`, ErrCandidatesRejected)
+	env := newEnv(t, Config{}, failWith(refusal))
+	resp := env.post(t, messagesPath, "application/json", messagesBody+`,"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"any"}}`)
+	typ, msg := anthropicErrorOf(t, resp.body)
+	if resp.status != 400 || typ != "invalid_request_error" || !strings.Contains(msg, `tool_choice "any"`) || strings.Contains(msg, "required") {
+		t.Errorf("%d %s %q", resp.status, typ, msg)
+	}
+}
