@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -762,6 +763,52 @@ func TestLateProviderFailureCountsForTheBreaker(t *testing.T) {
 				return
 			}
 			waitFor(t, func() bool { return e.inFlight("a-node", "a") == 0 })
+			if got := circuitOf(e, "a-node", "a"); got != CircuitClosed {
+				t.Fatalf("circuit %s, want closed", got)
+			}
+		})
+	}
+}
+
+// TestRegression_BrokenAnswerClosedEarlyCountsForTheBreaker: the HTTP
+// API's translated routes (Ollama, Responses, Messages) stop reading a
+// tunnel at the provider's error object and Close the run with
+// OutcomeUpstreamError before the TunnelEnd that carries provider_error
+// arrives; those failures never opened the circuit (a new user's report:
+// ten broken Responses streams in a row, the circuit still closed). Two in
+// a row open it now; a run its client left (OutcomeClientGone) after the
+// answer began still counts as the provider's success.
+func TestRegression_BrokenAnswerClosedEarlyCountsForTheBreaker(t *testing.T) {
+	sseHead := &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: &nodev1.TunnelHead{Status: 200, Headers: map[string]string{"Content-Type": "text/event-stream"}}}}
+	for _, c := range []struct {
+		outcome contract.Outcome
+		opens   bool
+	}{
+		{contract.OutcomeUpstreamError, true},
+		{contract.OutcomeClientGone, false},
+	} {
+		t.Run(string(c.outcome), func(t *testing.T) {
+			e := startEdge(t, breakerConfig())
+			n := e.connect(t, hello("a-node", prov("a", tunnel, 1, "m1")))
+			for range 2 {
+				run, rs, _ := e.startRun(t, n, chatReq("m1"))
+				sendUp(t, rs, sseHead)
+				sendUp(t, rs, tunnelData("data: {}\n\ndata: {\"error\":{\"message\":\"overloaded\"}}\n\n"))
+				for got := 0; got < 2; got++ { // the head, the data
+					if _, err := run.Recv(); err != nil {
+						t.Fatalf("Recv: %v", err)
+					}
+				}
+				run.Close(c.outcome)
+				if got := n.nextCancel(t).GetReason(); !strings.Contains(got, string(c.outcome)) {
+					t.Fatalf("Cancel reason %q", got)
+				}
+				waitFor(t, func() bool { return e.inFlight("a-node", "a") == 0 })
+			}
+			if c.opens {
+				waitFor(t, func() bool { return circuitOf(e, "a-node", "a") == CircuitOpen })
+				return
+			}
 			if got := circuitOf(e, "a-node", "a"); got != CircuitClosed {
 				t.Fatalf("circuit %s, want closed", got)
 			}

@@ -57,6 +57,11 @@ type Run struct {
 	// answered is set when that message said the provider answered: the
 	// ticket's outcome then waits for the answer's end (observe, finish).
 	answered atomic.Bool
+	// brokenAnswer is set by Close with OutcomeUpstreamError: the HTTP
+	// API found the provider's answer broken (an error object in its 200
+	// stream, an answer it cannot decode) before a terminal message said
+	// so, and ended the run; finish then reports a failure.
+	brokenAnswer atomic.Bool
 
 	mu           sync.Mutex // guards the fields below
 	ahead        readAhead  // read by Dispatch, to be returned by Recv first
@@ -314,7 +319,13 @@ func (r *Run) Cancel(reason string) {
 // published now, once, with outcome and the reason the run ended for. The
 // caller that got the run from Dispatch calls Close exactly once, after
 // its answer was finished; later calls do nothing more than Cancel.
+// OutcomeUpstreamError says the provider's answer was broken: if no
+// terminal message told the circuit breaker already, Close counts it as
+// the provider's failure.
 func (r *Run) Close(outcome contract.Outcome) {
+	if outcome == contract.OutcomeUpstreamError {
+		r.brokenAnswer.Store(true)
+	}
 	r.Cancel(string(outcome))
 	r.settle(string(outcome))
 }
@@ -367,10 +378,17 @@ func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, ca
 	// A refusal by a draining node says nothing of its provider either.
 	// One whose provider answered and that ended without a terminal
 	// message (its client left, its node was lost) did well as far as it
-	// went (observe reports the others).
+	// went (observe reports the others), unless the HTTP API found its
+	// answer broken: the translated routes (Ollama, Responses, Messages)
+	// stop reading a tunnel at the provider's error object, before the
+	// TunnelEnd that would say so (a new user's report: their failures
+	// never opened an OpenAI-compatible provider's circuit).
 	o := outcomeNeutral
 	if r.answered.Load() {
 		o = outcomeOK
+		if r.brokenAnswer.Load() {
+			o = outcomeFailed
+		}
 	}
 	if (errors.Is(endErr, ErrDispatchTimeout) || errors.Is(endErr, ErrDispatchRefused)) && !errors.Is(endErr, errNodeDraining) {
 		o = outcomeFailed
