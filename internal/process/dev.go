@@ -90,6 +90,8 @@ func printBanner(out io.Writer, d *devStack) {
 	fmt.Fprintf(out, "  OpenAI-compatible API: %s/v1   (node endpoint for more nodes: %s)\n", base, d.Edge.NodeAddr)
 	fmt.Fprintf(out, "  try:\n")
 	fmt.Fprintf(out, "    curl -N %s/v1/chat/completions%s -H 'Content-Type: application/json' -d '{\"model\":%q,\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n", base, authHeader, d.Model)
+	fmt.Fprintf(out, "    curl %s/v1/responses%s -H 'Content-Type: application/json' -d '{\"model\":%q,\"input\":\"Hello!\"}'\n", base, authHeader, d.Model)
+	fmt.Fprintf(out, "    curl %s/v1/messages%s -H 'Content-Type: application/json' -d '{\"model\":%q,\"max_tokens\":64,\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n", base, authHeader, d.Model)
 	fmt.Fprintf(out, "    curl %s/v1/models%s\n", base, authHeader)
 	if d.APIKey == "" {
 		fmt.Fprintf(out, "  dashboard: %s/ui   metrics: %s/metrics   status: iop status --edge %s\n", base, base, base)

@@ -24,6 +24,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -39,6 +40,7 @@ import (
 	"iop/internal/ledger"
 	"iop/internal/node"
 	"iop/internal/sim"
+	"iop/internal/testenv"
 )
 
 // testCA is an in-process certificate authority.
@@ -877,5 +879,46 @@ func TestUsageLedgerEndToEnd(t *testing.T) {
 	waitLedger(t, e, 2*len(requests)+1)
 	if g := usage("model=nope"); len(g) != 1 || g[0].Requests != 1 || g[0].Completed != 0 {
 		t.Errorf("refused request: %+v", g)
+	}
+}
+
+// TestDevBannerCommandsWork: every curl command iop dev's banner suggests
+// works as printed, with and without --api-key (200, a body), the
+// Responses and Messages ones included.
+func TestDevBannerCommandsWork(t *testing.T) {
+	if _, err := exec.LookPath("curl"); err != nil {
+		testenv.Missing(t, "curl is not on PATH; the banner's commands are curl commands")
+	}
+	for _, key := range []string{"", "dev-secret-key"} {
+		ctx, cancel := context.WithCancel(context.Background())
+		var banner bytes.Buffer
+		d, err := Start(ctx, Config{Mode: ModeDev, Dev: DevConfig{Listen: "127.0.0.1:0", NodeListen: "127.0.0.1:0", ForceSim: true, SimCapacity: 2, APIKey: key}}, Deps{Logger: quietLogger(), Stdout: &banner})
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		var commands []string
+		for _, line := range strings.Split(banner.String(), "\n") {
+			if line = strings.TrimSpace(line); strings.HasPrefix(line, "curl ") {
+				commands = append(commands, line)
+			}
+		}
+		if len(commands) < 4 {
+			t.Errorf("banner has %d curl commands:\n%s", len(commands), banner.String())
+		}
+		for _, c := range commands {
+			out, err := exec.Command("sh", "-c", c+" -sS -w '\\n%{http_code}'").CombinedOutput()
+			body, status := "", string(out)
+			if i := strings.LastIndex(status, "\n"); i >= 0 {
+				body, status = status[:i], status[i+1:]
+			}
+			if err != nil || status != "200" || strings.TrimSpace(body) == "" {
+				t.Errorf("key %q: %s\n→ %v, status %s:\n%s", key, c, err, status, out)
+			}
+		}
+		cancel()
+		if err := d.Wait(); err != nil {
+			t.Errorf("iop dev: %v", err)
+		}
 	}
 }
