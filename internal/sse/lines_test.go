@@ -14,7 +14,9 @@ type refLine struct {
 	Truncated bool
 }
 
-func (l refLine) String() string { return fmt.Sprintf("{%d %q trunc=%v}", l.Start, l.Text, l.Truncated) }
+func (l refLine) String() string {
+	return fmt.Sprintf("{%d %q trunc=%v}", l.Start, l.Text, l.Truncated)
+}
 
 func lineOf(l Line) refLine { return refLine{l.Start, string(l.Text), l.Truncated} }
 
