@@ -455,7 +455,7 @@ func (rc *runRecorder) data(p []byte) {
 // choice 0's delta.content is output text, its finish_reason and error
 // are kept, and its usage, as the stream's reader read it for the
 // observation too (readStreamEvent).
-func (rc *runRecorder) tunnelEvent(ev *streamEvent) {
+func (rc *runRecorder) tunnelEvent(ev streamEvent) {
 	payload, text := ev.data, ""
 	if string(payload) != "[DONE]" {
 		var chunk struct {

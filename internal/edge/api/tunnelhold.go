@@ -72,7 +72,7 @@ type finalHold struct {
 
 // eventRecorder records the released events of a tunnel stream.
 type eventRecorder interface {
-	tunnelEvent(ev *streamEvent)
+	tunnelEvent(ev streamEvent) // ev.data valid only during the call
 }
 
 var _ eventRecorder = (*runRecorder)(nil)
@@ -114,8 +114,8 @@ func (f *finalHold) split(p []byte) []byte {
 // rest returns the held bytes and forgets them; the events they complete
 // are told to runs.
 func (f *finalHold) rest() []byte {
-	for i := range f.pending {
-		f.runs.tunnelEvent(&f.pending[i])
+	for _, ev := range f.pending {
+		f.runs.tunnelEvent(ev)
 	}
 	f.pending = nil
 	p := f.held
@@ -159,7 +159,7 @@ func (f *finalHold) event(e sse.Event) error {
 		ev.data = bytes.Clone(ev.data)
 		f.pending = append(f.pending, ev)
 	default:
-		f.runs.tunnelEvent(&ev)
+		f.runs.tunnelEvent(ev)
 	}
 	return nil
 }

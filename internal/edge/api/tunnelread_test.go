@@ -131,7 +131,7 @@ func oldLineEnd(p []byte) int {
 // eventList is an eventRecorder that keeps the events' data.
 type eventList struct{ data []string }
 
-func (l *eventList) tunnelEvent(ev *streamEvent) { l.data = append(l.data, string(ev.data)) }
+func (l *eventList) tunnelEvent(ev streamEvent) { l.data = append(l.data, string(ev.data)) }
 
 // compareWithOld feeds chunks to a finalHold (with an observation and a
 // runs recorder) and to oldFinalHold, and fails unless each chunk lets the
