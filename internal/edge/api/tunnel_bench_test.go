@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"iop/internal/edge/contract"
 	"iop/internal/runs"
@@ -64,8 +65,9 @@ func tunnelStream20() (msgs []*contract.Message, body string) {
 // chunks through the API handler (ServeHTTP, in process), per answer:
 // chat, a streaming POST /v1/chat/completions relayed to the client with
 // its observation (content, usage; an Observer and a ledger record it);
-// runs, a synchronous POST /v1/runs whose run records the same stream
-// (an in-memory runs store).
+// relay, the tunnel relay of chat alone (runResponse.tunnel with its
+// observation); runs, a synchronous POST /v1/runs whose run records the
+// same stream (an in-memory runs store).
 func BenchmarkTunnelStream20(b *testing.B) {
 	msgs, body := tunnelStream20()
 	gw := &fakeGateway{models: []string{"bench-openai"}, dispatch: func(context.Context, Request) (Run, error) {
@@ -84,6 +86,19 @@ func BenchmarkTunnelStream20(b *testing.B) {
 			h.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(req)))
 			if w.n != int64(len(body)) {
 				b.Fatalf("relayed %d bytes, want %d", w.n, len(body))
+			}
+		}
+	})
+	b.Run("relay", func(b *testing.B) {
+		// The tunnel relay alone (runResponse.tunnel with its observation),
+		// without the request's decode, dispatch and record.
+		b.ReportAllocs()
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			rr, w := benchResponse(&listRun{msgs: msgs})
+			rr.obs = &observation{now: time.Now}
+			if reason := rr.tunnel(); reason != reasonCompleted || w.n != int64(len(body)) {
+				b.Fatalf("tunnel ended %q after %d bytes", reason, w.n)
 			}
 		}
 	})
