@@ -457,7 +457,7 @@ func (rc *runRecorder) data(p []byte) {
 // observation too (readStreamEvent).
 func (rc *runRecorder) tunnelEvent(ev streamEvent) {
 	payload, text := ev.data, ""
-	if string(payload) != "[DONE]" {
+	if !ev.done {
 		var chunk struct {
 			Choices []struct {
 				Index int `json:"index"`

@@ -24,6 +24,9 @@ type streamEvent struct {
 	// data is the event's data as the provider sent it; valid only during
 	// the call it is passed to.
 	data []byte
+	// done is set for OpenAI's end of stream, [DONE] (blanks around it
+	// allowed), which is no JSON and carries nothing.
+	done bool
 	// content is set when the event carries generated content (hasContent).
 	content bool
 	// usage is the event's OpenAI "usage" object, when hasUsage (the final
@@ -32,12 +35,13 @@ type streamEvent struct {
 	hasUsage bool
 }
 
-// readStreamEvent reads the data of one event: whether it carries content
-// and its usage object. [DONE] carries neither.
+// readStreamEvent reads the data of one event: whether it is [DONE],
+// whether it carries content and its usage object.
 func readStreamEvent(data []byte) streamEvent {
 	ev := streamEvent{data: data}
 	doc := bytes.TrimSpace(data)
 	if string(doc) == "[DONE]" {
+		ev.done = true
 		return ev
 	}
 	if bytes.Contains(doc, []byte(`"usage"`)) {
