@@ -22,11 +22,20 @@
 //   - at the end of the stream, an event not yet dispatched (no empty line
 //     after it) is discarded.
 //
-// Every place iop reads an event stream uses a [Reader]: the edge's tunnel
-// observers and the runs API, the node's tunnel watch, the translation of
-// an OpenAI-compatible provider's stream to Ollama's, and the load
-// generator. Bytes may arrive split anywhere (inside a line end, a UTF-8
-// sequence or the BOM); the events are the same however they are split.
+// Every place iop reads an event stream uses a [Reader]: the edge's relay
+// of a tunnel answer (one Reader per run, whose events the metrics, the
+// usage ledger and the runs API all read, and whose lines say which bytes
+// end the stream), the node's tunnel watch, the translation of an
+// OpenAI-compatible provider's stream to Ollama's, and the load generator.
+// Bytes may arrive split anywhere (inside a line end, a UTF-8 sequence or
+// the BOM); the events are the same however they are split.
+//
+// A reader that must know where in the bytes something is gets offsets,
+// in bytes since the stream began: [Reader.FeedLines] passes each line
+// with its start before interpreting it, [Reader.Pending] says the line
+// not yet ended, [Event.End] where an event ends, [Reader.Fed] how many
+// bytes were fed. So a relay can hold back the line that ends a stream
+// while the same one parse feeds the stream's other readers.
 //
 // # Concurrency
 //

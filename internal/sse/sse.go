@@ -31,6 +31,25 @@ type Event struct {
 	// value of the latest "id" field (of this event or an earlier one)
 	// holding no NUL, "" if none.
 	ID string
+	// End is where the event ends in the stream: the offset, in bytes
+	// since the stream began (a BOM counts), just past the CR or LF that
+	// ended the blank line dispatching it. A reader of the stream's first
+	// End bytes dispatches it; one of fewer does not.
+	End int64
+}
+
+// Line is one line of the stream as a Reader reads it, before it is
+// interpreted (FeedLines, Pending).
+type Line struct {
+	// Start is the offset of the line's first byte in the stream, in bytes
+	// since it began (a BOM counts; it is no part of the first line).
+	Start int64
+	// Text is the line without its line end, its bytes as they came
+	// (invalid UTF-8 not yet replaced), at most the Reader's MaxSize
+	// bytes: of a longer line (SkipTooLong) its first MaxSize bytes, with
+	// Truncated set. It is valid only until the Reader is fed again.
+	Text      []byte
+	Truncated bool
 }
 
 // Reader turns a text/event-stream body, fed in chunks of any size, into
@@ -56,10 +75,12 @@ type Reader struct {
 	hasRetry  bool
 	afterCR   bool  // the previous byte was a CR: an LF now ends nothing
 	started   bool  // the BOM check is done
-	skipLine  bool  // the current line went over the bound: its rest is dropped
+	skipLine  bool  // the current line went over the bound: line keeps its head, its rest is dropped
 	broken    bool  // the current event went over the bound: it is not dispatched
 	err       error // ErrTooLong, once returned
 	fixed     []byte
+	fed       int64 // the bytes fed since the stream began (Fed)
+	lineStart int64 // the offset of the current line's first byte
 }
 
 // Feed reads the next bytes of the stream and calls emit with each event
@@ -67,9 +88,43 @@ type Reader struct {
 // it in p are not read), or ErrTooLong; once it returned ErrTooLong it
 // returns it again.
 func (r *Reader) Feed(p []byte, emit func(Event) error) error {
+	return r.feed(p, nil, emit)
+}
+
+// FeedLines is Feed that also calls line with each line the bytes
+// complete, blank lines and comments included, in order, before the line
+// is interpreted: before emit is called with the event the line
+// dispatches. A line over MaxSize fails FeedLines before line is called,
+// unless SkipTooLong: then line gets its head (Line.Truncated). For a
+// reader of the stream that needs to know where in the bytes something
+// is (a relay that holds back the line ending a stream), so the bytes are
+// parsed once for it and for the events' readers.
+func (r *Reader) FeedLines(p []byte, line func(Line), emit func(Event) error) error {
+	return r.feed(p, line, emit)
+}
+
+// Fed is the number of bytes fed since the stream began (since the Reader
+// was made or last ended), a BOM included: the offset the next byte fed
+// will have.
+func (r *Reader) Fed() int64 { return r.fed }
+
+// Pending is the stream's current line, not yet ended, as the bytes fed so
+// far have it: Text is empty when the bytes fed end with a line end (or
+// are only the start of a possible BOM); Start is where the line began,
+// or will begin. Its Text is valid until the Reader is fed again.
+func (r *Reader) Pending() Line {
+	if !r.started {
+		return Line{Start: r.fed}
+	}
+	return Line{Start: r.lineStart, Text: r.line, Truncated: r.skipLine}
+}
+
+func (r *Reader) feed(p []byte, onLine func(Line), emit func(Event) error) error {
 	if r.err != nil {
 		return r.err
 	}
+	pos := r.fed // the offset of p[0]
+	r.fed += int64(len(p))
 	if !r.started {
 		if len(r.line)+len(p) < len(bom) && bytes.HasPrefix(bom, append(r.line, p...)) {
 			// The BOM may itself arrive split: wait until it can be told.
@@ -78,16 +133,21 @@ func (r *Reader) Feed(p []byte, emit func(Event) error) error {
 		}
 		r.started = true
 		if len(r.line) > 0 {
+			pos -= int64(len(r.line))
 			p = append(r.line[:len(r.line):len(r.line)], p...)
 			r.line = nil
 		}
-		p = bytes.TrimPrefix(p, bom)
+		if bytes.HasPrefix(p, bom) {
+			p, pos = p[len(bom):], pos+int64(len(bom))
+		}
+		r.lineStart = pos
 	}
 	for len(p) > 0 {
 		if r.afterCR {
 			r.afterCR = false
 			if p[0] == '\n' {
-				p = p[1:]
+				p, pos = p[1:], pos+1
+				r.lineStart = pos
 				continue
 			}
 		}
@@ -100,23 +160,29 @@ func (r *Reader) Feed(p []byte, emit func(Event) error) error {
 		switch {
 		case skip:
 			r.skipLine = false
+			line = r.line // its head
 		case len(r.line) == 0:
 			line = p[:i]
 		default:
 			r.line = append(r.line, p[:i]...)
 			line = r.line
 		}
-		if len(line) > r.max() {
+		if !skip && len(line) > r.max() {
 			if err := r.tooLong(); err != nil {
 				return err
 			}
-			skip = true
+			skip, line = true, line[:r.max()]
 		}
 		r.afterCR = p[i] == '\r'
-		p = p[i+1:]
+		p, pos = p[i+1:], pos+int64(i)+1
+		start := r.lineStart
+		r.lineStart = pos
+		if onLine != nil {
+			onLine(Line{Start: start, Text: line, Truncated: skip})
+		}
 		var err error
 		if !skip {
-			err = r.processLine(line, emit)
+			err = r.processLine(line, pos, emit)
 		}
 		r.line = r.line[:0]
 		if err != nil {
@@ -134,6 +200,7 @@ func (r *Reader) End() (discarded bool) {
 	discarded = len(r.line) > 0 || r.skipLine || len(r.data) > 0 || r.eventType != "" || r.broken
 	r.line, r.data, r.eventType = r.line[:0], r.data[:0], ""
 	r.afterCR, r.started, r.skipLine, r.broken = false, false, false, false
+	r.fed, r.lineStart = 0, 0
 	return discarded
 }
 
@@ -239,7 +306,8 @@ func (r *Reader) tooLong() error {
 	return nil
 }
 
-// keep buffers the unfinished tail of a line.
+// keep buffers the unfinished tail of a line. Of a line over the bound
+// only its first MaxSize bytes are kept (Line.Truncated).
 func (r *Reader) keep(p []byte) error {
 	if r.skipLine {
 		return nil
@@ -248,7 +316,7 @@ func (r *Reader) keep(p []byte) error {
 		if err := r.tooLong(); err != nil {
 			return err
 		}
-		r.skipLine, r.line = true, r.line[:0]
+		r.skipLine, r.line = true, append(r.line, p[:r.max()-len(r.line)]...)
 		return nil
 	}
 	r.line = append(r.line, p...)
@@ -268,10 +336,11 @@ func lineEnd(p []byte) int {
 	return lf
 }
 
-// processLine interprets one line, without its line end.
-func (r *Reader) processLine(line []byte, emit func(Event) error) error {
+// processLine interprets one line, without its line end; end is the
+// offset just past its line end's first byte.
+func (r *Reader) processLine(line []byte, end int64, emit func(Event) error) error {
 	if len(line) == 0 {
-		return r.dispatch(emit)
+		return r.dispatch(end, emit)
 	}
 	if line[0] == ':' {
 		return nil // a comment
@@ -317,7 +386,7 @@ func (r *Reader) processLine(line []byte, emit func(Event) error) error {
 
 // dispatch ends the event being built: it is emitted when its data buffer
 // is not empty (and it stayed within the bound).
-func (r *Reader) dispatch(emit func(Event) error) error {
+func (r *Reader) dispatch(end int64, emit func(Event) error) error {
 	data, typ, broken := r.data, r.eventType, r.broken
 	r.data, r.eventType, r.broken = r.data[:0], "", false
 	if broken || len(data) == 0 {
@@ -326,7 +395,7 @@ func (r *Reader) dispatch(emit func(Event) error) error {
 	if typ == "" {
 		typ = "message"
 	}
-	return emit(Event{Type: typ, Data: data[:len(data)-1], ID: r.lastID})
+	return emit(Event{Type: typ, Data: data[:len(data)-1], ID: r.lastID, End: end})
 }
 
 func allDigits(b []byte) bool {

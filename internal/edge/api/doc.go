@@ -130,9 +130,10 @@
 // become the chat.completion.chunk events a streaming chat client gets
 // (rendered once, appended to the run's log, the text to its output); on
 // the tunnel path the provider's OpenAI chat-completions bytes are read
-// once with package sse and each event is recorded with its data as the
-// provider sent it (its output text, finish reason, usage and error read
-// from that event). The run's request is observed as an API request of
+// once, by the same one reader as on the chat route (finalHold), and each
+// event the chat route would have released is recorded with its data as
+// the provider sent it (its output text, finish reason and error read
+// from that event, its usage as the observation read it). The run's request is observed as an API request of
 // operation "runs" (its outcome, log line, metrics and ledger entry
 // decided as on the chat route), and a refusal by the gateway reaches a
 // synchronous submission on a channel, to be answered as the chat route
@@ -194,7 +195,10 @@
 // run_ended); nothing that happens after the answer, such as the client
 // closing its connection, changes it. A run of the runs API records it too.
 // On the tunnel path the tokens and the time to first token are read from
-// a copy of the relayed bytes (usage.go), which are never changed.
+// the relayed bytes, which are never changed: an event stream by its one
+// reader (finalHold, tunnelhold.go: each chunk parsed once, each event
+// read once for the observation and a run's recorder alike, usage.go), a
+// JSON body from a copy (usageScanner).
 //
 // Client-provided text quoted in an error message or a log line (a model
 // name, a path, a field's value) is clipped to 256 bytes (clip).

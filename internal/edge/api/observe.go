@@ -125,7 +125,7 @@ type observation struct {
 	// arrived; contentEvents counts the deltas or content-carrying events.
 	firstToken, lastToken time.Time
 	contentEvents         int
-	usage                 *usageScanner // tunnel path only
+	usage                 *usageScanner // tunnel path only (tunnelEvent, tunnelBody)
 	now                   func() time.Time
 	// decided is set once rec.Outcome was decided (decide).
 	decided bool
@@ -283,16 +283,31 @@ func (o *observation) tokens(in, out int) {
 	}
 }
 
-// tunnelData scans a relayed tunnel chunk for content and usage, leaving
-// it unchanged.
-func (o *observation) tunnelData(p []byte, sse bool) {
+// tunnelEvent records one event of a relayed tunnel stream, as its one
+// reader (finalHold) read it: content arriving now, and its usage.
+func (o *observation) tunnelEvent(ev *streamEvent) {
 	if o == nil {
 		return
 	}
 	if o.usage == nil {
-		o.usage = &usageScanner{sse: sse}
+		o.usage = &usageScanner{sse: true}
 	}
-	o.content(o.usage.write(p))
+	o.usage.event(ev)
+	if ev.content {
+		o.content(1)
+	}
+}
+
+// tunnelBody keeps the next bytes of a relayed tunnel answer that is not
+// an event stream, for its usage (usageScanner.end).
+func (o *observation) tunnelBody(p []byte) {
+	if o == nil {
+		return
+	}
+	if o.usage == nil {
+		o.usage = &usageScanner{}
+	}
+	o.usage.json(p)
 }
 
 // admissionOf is the admission of a failed Dispatch (contract.AdmissionOf).

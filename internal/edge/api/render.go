@@ -28,9 +28,10 @@ var hopHeaders = map[string]bool{
 
 // tunnel relays a tunnel-path run: the head event becomes the status and
 // headers (as received, minus hopHeaders; flushed at once for an event
-// stream, else with the first data), each data event is written and
-// flushed at once, but for the bytes that end the answer (finalHold), which
-// wait for the end event: the answer is finished (answerDone, in recv)
+// stream, else with the first data), each data event is read once by
+// finalHold (which tells the observation of its content and usage) and
+// written and flushed at once, but for the bytes that end the answer,
+// which finalHold holds until the end event: the answer is finished (answerDone, in recv)
 // before its last bytes are written. The end event ends the response (one
 // with ProviderError, an error event the provider sent inside its 2xx
 // stream and the client got as is, ends it the same way but the run counts
@@ -41,7 +42,7 @@ var hopHeaders = map[string]bool{
 // must not end with the provider's [DONE]). It returns the reason the
 // rendering ended for.
 func (rr *runResponse) tunnel() string {
-	var hold finalHold
+	hold := finalHold{obs: rr.obs}
 	status := 0 // the head's
 	for {
 		msg, err := rr.recv()
@@ -83,7 +84,6 @@ func (rr *runResponse) tunnel() string {
 			if !rr.started {
 				return rr.fail(errUpstreamProtocol)
 			}
-			rr.obs.tunnelData(ev.Data, hold.sse)
 			if p := hold.split(ev.Data); len(p) > 0 {
 				if err := rr.write(p); err != nil {
 					return rr.writeFailed(err)

@@ -11,7 +11,6 @@ import (
 
 	"iop/internal/edge/contract"
 	"iop/internal/runs"
-	"iop/internal/sse"
 )
 
 // runChatPath is the path a run's chat request is logged under: a run is
@@ -88,8 +87,7 @@ type runRecorder struct {
 	// started is set once the answer has its status; sse says it is an
 	// event stream, whose events are recorded as they come.
 	started, sse bool
-	events       sse.Reader // a tunnel stream's events
-	body         []byte     // a non-SSE body, up to maxErrorBody
+	body         []byte // a non-SSE body, up to maxErrorBody
 	// done is set once the answer was marked finished (answerDone).
 	done bool
 	// abort is set when a started answer was cut short (logged only).
@@ -371,13 +369,15 @@ func usageOf(ev *contract.Event) usage {
 
 // tunnel records a tunnel-path run as runResponse.tunnel relays it: the
 // head gives the status and says whether the answer is an event stream;
-// the body's bytes (OpenAI chat-completions bytes) are read with package
-// sse, each event recorded with its data as the provider sent it, except
-// that the bytes that end the answer (finalHold) wait for the end event
-// and are dropped if the run fails instead. Any other body is kept, up to
+// the body's bytes (OpenAI chat-completions bytes) are read once, by
+// finalHold's reader, which tells the observation of each event as it is
+// read and this recorder of each event once it is released
+// (tunnelEvent): the events completed by the bytes that end the answer
+// wait for the end event and are dropped if the run fails instead, as a
+// client of the chat route never gets them. Any other body is kept, up to
 // maxErrorBody, for its error message. It returns the recording's reason.
 func (rc *runRecorder) tunnel(run Run) string {
-	var hold finalHold
+	hold := finalHold{obs: rc.obs, runs: rc}
 	for {
 		msg, err := rc.recv(run)
 		if err != nil {
@@ -407,7 +407,6 @@ func (rc *runRecorder) tunnel(run Run) string {
 			if !rc.started {
 				return rc.fail(run, errUpstreamProtocol)
 			}
-			rc.obs.tunnelData(ev.Data, hold.sse)
 			rc.data(hold.split(ev.Data))
 		case contract.EventEnd:
 			if !rc.started {
@@ -439,31 +438,26 @@ func (rc *runRecorder) tunnelFail(run Run, err error) string {
 	return rc.failStarted(run, err)
 }
 
-// data records the next bytes of a tunnel answer's body: an event
-// stream's events (package sse, the WHATWG rules; an event over the
-// reader's bound is not recorded), each with what it says (chunkEvent);
-// any other body is kept, up to maxErrorBody, for its message.
+// data records the next released bytes of a tunnel answer's body: one
+// that is not an event stream is kept, up to maxErrorBody, for its
+// message (an event stream's events come through tunnelEvent).
 func (rc *runRecorder) data(p []byte) {
-	if len(p) == 0 {
+	if rc.sse {
 		return
 	}
-	if !rc.sse {
-		if room := maxErrorBody - len(rc.body); room > 0 {
-			rc.body = append(rc.body, p[:min(room, len(p))]...)
-		}
-		return
+	if room := maxErrorBody - len(rc.body); room > 0 {
+		rc.body = append(rc.body, p[:min(room, len(p))]...)
 	}
-	rc.events.SkipTooLong = true
-	_ = rc.events.Feed(p, func(e sse.Event) error { rc.chunkEvent(e.Data); return nil })
 }
 
-// chunkEvent records one event of a tunnel stream, whose data is payload
-// (an OpenAI chat.completion.chunk, an error object or [DONE]): its
-// choice 0's delta.content is output text, its finish_reason, usage and
-// error are kept.
-func (rc *runRecorder) chunkEvent(payload []byte) {
-	text := ""
-	if string(payload) != "[DONE]" {
+// tunnelEvent records one released event of a tunnel stream, whose data
+// is an OpenAI chat.completion.chunk, an error object or [DONE]: its
+// choice 0's delta.content is output text, its finish_reason and error
+// are kept, and its usage, as the stream's reader read it for the
+// observation too (readStreamEvent).
+func (rc *runRecorder) tunnelEvent(ev streamEvent) {
+	payload, text := ev.data, ""
+	if !ev.done {
 		var chunk struct {
 			Choices []struct {
 				Index int `json:"index"`
@@ -472,10 +466,6 @@ func (rc *runRecorder) chunkEvent(payload []byte) {
 				} `json:"delta"`
 				FinishReason string `json:"finish_reason"`
 			} `json:"choices"`
-			Usage *struct {
-				PromptTokens     int `json:"prompt_tokens"`
-				CompletionTokens int `json:"completion_tokens"`
-			} `json:"usage"`
 			Error json.RawMessage `json:"error"`
 		}
 		if json.Unmarshal(payload, &chunk) == nil {
@@ -488,13 +478,13 @@ func (rc *runRecorder) chunkEvent(payload []byte) {
 					rc.finishReason = c.FinishReason
 				}
 			}
-			if chunk.Usage != nil {
-				rc.promptTokens, rc.completionTokens = chunk.Usage.PromptTokens, chunk.Usage.CompletionTokens
-			}
 			if !isAbsent(chunk.Error) {
 				rc.errMsg = errorMessage(chunk.Error)
 			}
 		}
+	}
+	if ev.hasUsage {
+		rc.promptTokens, rc.completionTokens = ev.usage.PromptTokens, ev.usage.CompletionTokens
 	}
 	rc.append(payload, text)
 }

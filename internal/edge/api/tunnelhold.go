@@ -1,15 +1,23 @@
 package api
 
-import "bytes"
+import (
+	"bytes"
+	"sync/atomic"
 
-// finalHold holds back the end of a relayed tunnel answer until the run's
-// terminal message arrives (the tunnel's end event), so that the key's
-// request slot is given back before the client can see the answer end (answerDone): the
+	"iop/internal/sse"
+)
+
+// finalHold is the one reader of a relayed tunnel answer's body: each
+// chunk is fed to it once, as it arrives, and it both decides what may be
+// written now and tells the answer's observers what the body says.
+//
+// It holds back the end of the answer until the run's terminal message
+// arrives (the tunnel's end event), so that the key's request slot is
+// given back before the client can see the answer end (answerDone): the
 // provider's last bytes come before the tunnel's end event, and a client
 // reading them could otherwise send its next request while this one still
-// counts.
-//
-// What is held is exactly what tells a client the answer is complete:
+// counts. What is held is exactly what tells a client the answer is
+// complete:
 //   - an event stream (SSE): from the start of the line that ends it,
 //     `data: [DONE]` (OpenAI's end of stream) or an error event
 //     `data: {"error"...` (which ends a stream that failed), to the end,
@@ -21,26 +29,69 @@ import "bytes"
 // Everything else passes at once, so no content event waits: an SSE event
 // is dispatched by the client only at its blank line, which a held partial
 // line does not have yet. The relayed bytes are never changed: what split
-// returns followed by rest is what was fed, in order. Only the request
-// goroutine uses a finalHold.
+// returns followed by rest is what was fed, in order.
+//
+// An event stream is parsed once, by one sse.Reader (the WHATWG rules),
+// whose lines tell where the held part starts and whose events, each read
+// once (readStreamEvent: content, usage), go to obs at once, held or not
+// (the metrics and the usage ledger count what the provider sent), and to
+// runs once the bytes that complete them are released (split's result or
+// rest's): the runs API records what a client would have got, so the held
+// end of a run that fails instead is never recorded. A line is judged as
+// it came: the first line after a byte order mark is not an end (the
+// OpenAI clients iop relays to do not drop a BOM), and a line over the
+// reader's bound (maxUsageScanBytes) by its first maxUsageScanBytes bytes.
+// Only the request goroutine (for a run of the runs API, the run's) uses a
+// finalHold.
 type finalHold struct {
-	sse  bool
-	held []byte
+	sse bool
+	// obs, if set, is told of each event as it is read and of a JSON
+	// body's bytes (observation.tunnelEvent, tunnelBody).
+	obs *observation
+	// runs, if set, is told of each event once it is released (the runs
+	// API's runRecorder).
+	runs eventRecorder
+
+	events sse.Reader // an event stream's one reader
+	held   []byte     // the bytes fed but not yet returned
 	// scratch holds held+p while split looks at them; what split returns
 	// may point into it, until the next call.
 	scratch []byte
-	// final is set once an SSE line ending the stream was seen: every
-	// later byte is held too.
-	final bool
-	// midLine is set when the bytes passed so far end inside a line that
-	// cannot end the stream: the next bytes continue it.
-	midLine bool
+	// passed is the number of bytes split returned so far: the offset in
+	// the stream of held's first byte.
+	passed int64
+	// final is set once an SSE line ending the stream was seen, at offset
+	// finalAt: every later byte is held too.
+	final   bool
+	finalAt int64
+	// sawLine is set once the reader passed the stream's first line.
+	sawLine bool
+	// pending are the events read from held bytes, not yet told to runs.
+	pending []streamEvent
 }
+
+// eventRecorder records the released events of a tunnel stream.
+type eventRecorder interface {
+	tunnelEvent(ev streamEvent) // ev.data valid only during the call
+}
+
+var _ eventRecorder = (*runRecorder)(nil)
+
+// tunnelBytesRead counts the bytes of tunnel event streams fed to a
+// finalHold's reader, as the reader counted them (sse.Reader.Fed): a test
+// hook, so a test can tell that each relayed chunk is parsed once.
+var tunnelBytesRead atomic.Int64
 
 // split takes the next relayed bytes and returns those to write now (valid
 // until the next call); the rest is kept for rest.
 func (f *finalHold) split(p []byte) []byte {
-	if f.final {
+	wasFinal := f.final
+	if f.sse {
+		f.read(p)
+	} else {
+		f.obs.tunnelBody(p)
+	}
+	if wasFinal {
 		f.held = append(f.held, p...)
 		return nil
 	}
@@ -49,68 +100,85 @@ func (f *finalHold) split(p []byte) []byte {
 		f.scratch = append(append(f.scratch[:0], f.held...), p...)
 		buf = f.scratch
 	}
-	var cut int // where the held part starts
+	var cut int // where the held part starts, in buf
 	if f.sse {
-		cut = f.sseCut(buf)
+		cut = int(f.sseCut() - f.passed)
 	} else {
 		cut = max(lastNonBlank(buf), 0) // only blanks so far (-1): hold them with what ends the body
 	}
+	f.passed += int64(cut)
 	f.held = append(f.held[:0], buf[cut:]...)
 	return buf[:cut]
 }
 
-// rest returns the held bytes and forgets them.
+// rest returns the held bytes and forgets them; the events they complete
+// are told to runs.
 func (f *finalHold) rest() []byte {
+	for _, ev := range f.pending {
+		f.runs.tunnelEvent(ev)
+	}
+	f.pending = nil
 	p := f.held
 	f.held = nil
+	f.passed += int64(len(p))
 	return p
 }
 
-// sseCut returns where the held part of buf starts: the start of its
-// first line that ends the stream (final is then set), else of its last,
-// unterminated line if that may still become one, else len(buf). buf
-// begins at the start of a line unless midLine (held bytes always begin
-// one). Only the first bytes of each line are looked at; its end is found
-// with bytes.IndexByte (BenchmarkTunnelRelayChunk).
-func (f *finalHold) sseCut(buf []byte) int {
-	start := 0
-	if f.midLine {
-		end := lineEnd(buf)
-		if end < 0 {
-			return len(buf) // still the same line
-		}
-		f.midLine = false
-		start = end + 1
+// read feeds the next bytes of an event stream to the reader, once.
+func (f *finalHold) read(p []byte) {
+	if f.events.MaxSize == 0 {
+		f.events.MaxSize, f.events.SkipTooLong = maxUsageScanBytes, true
 	}
-	for start < len(buf) {
-		end := lineEnd(buf[start:])
-		if end < 0 {
-			if mayEndStream(buf[start:]) {
-				return start
-			}
-			f.midLine = true
-			return len(buf)
-		}
-		if endsStream(buf[start : start+end]) {
-			f.final = true
-			return start
-		}
-		start += end + 1
-	}
-	return len(buf)
+	before := f.events.Fed()
+	// With SkipTooLong, FeedLines fails only with the callback's error:
+	// never.
+	_ = f.events.FeedLines(p, f.line, f.event)
+	tunnelBytesRead.Add(f.events.Fed() - before)
 }
 
-// lineEnd is the index of p's first line terminator (CR or LF), or -1.
-func lineEnd(p []byte) int {
-	n := bytes.IndexByte(p, '\n')
-	limit := p
-	if n >= 0 {
-		limit = p[:n]
+// line is told of each line of the stream before it is interpreted: the
+// first that ends the stream starts the held part.
+func (f *finalHold) line(l sse.Line) {
+	afterBOM := !f.sawLine && l.Start > 0 // only a BOM comes before the first line
+	f.sawLine = true
+	if !f.final && !afterBOM && endsStream(l.Text) {
+		f.final, f.finalAt = true, l.Start
 	}
-	if r := bytes.IndexByte(limit, '\r'); r >= 0 {
-		return r
+}
+
+// event reads one event of the stream, once, for obs and runs.
+func (f *finalHold) event(e sse.Event) error {
+	if f.obs == nil && f.runs == nil {
+		return nil
 	}
-	return n
+	ev := readStreamEvent(e.Data)
+	f.obs.tunnelEvent(&ev)
+	switch {
+	case f.runs == nil:
+	case f.final && e.End > f.finalAt: // completed by held bytes
+		ev.data = bytes.Clone(ev.data)
+		f.pending = append(f.pending, ev)
+	default:
+		f.runs.tunnelEvent(ev)
+	}
+	return nil
+}
+
+// sseCut returns the offset in the stream where the held part starts,
+// from what the reader found: the start of the first line that ends the
+// stream, else of the unterminated last line if that may still become
+// one, else the end of the bytes fed.
+func (f *finalHold) sseCut() int64 {
+	if f.final {
+		return f.finalAt
+	}
+	cut := f.events.Fed()
+	if l := f.events.Pending(); len(l.Text) > 0 && (f.sawLine || l.Start == 0) && mayEndStream(l.Text) {
+		cut = l.Start
+	}
+	// A line judged not to end the stream never turns into one, so the
+	// held part never starts before what was already passed.
+	return max(cut, f.passed)
 }
 
 // lastNonBlank is the index of p's last byte that is not a JSON blank

@@ -3,70 +3,82 @@ package api
 import (
 	"bytes"
 	"encoding/json"
-
-	"iop/internal/sse"
 )
 
-// maxUsageScanBytes bounds what usageScanner keeps: one SSE event, or a
-// whole JSON body. A longer event is not scanned; of a longer body only the
-// last maxUsageTail bytes are kept (usage comes last in OpenAI's objects,
-// after choices or data). The relayed bytes are never affected.
+// maxUsageScanBytes bounds what is read of a tunnel answer: one SSE line
+// or event (finalHold's reader; a longer event is not read), or a whole
+// JSON body (usageScanner). Of a longer body only the last maxUsageTail
+// bytes are kept (usage comes last in OpenAI's objects, after choices or
+// data). The relayed bytes are never affected.
 const (
 	maxUsageScanBytes = 1 << 20  // 1 MiB
 	maxUsageTail      = 64 << 10 // 64 KiB
 )
 
-// usageScanner reads a copy of a tunnel-path answer (an OpenAI chat or
-// completion response, SSE or JSON) for the token usage and for the events
-// that carry generated content, without changing a byte of it. Usage is the
-// OpenAI "usage" object: in a JSON answer at the top level, in a stream the
-// final chunk's (sent when the request set stream_options.include_usage).
-// A stream's events are read by package sse (the WHATWG rules).
+// streamEvent is what one event of a tunnel event stream (an OpenAI chat
+// or completion chunk, an error object or [DONE]) says to the edge, read
+// once (readStreamEvent) by the stream's one reader (finalHold) and told
+// to the observation (metrics, the usage ledger) and the runs recorder
+// alike, so they agree on it.
+type streamEvent struct {
+	// data is the event's data as the provider sent it; valid only during
+	// the call it is passed to.
+	data []byte
+	// done is set for OpenAI's end of stream, [DONE] (blanks around it
+	// allowed), which is no JSON and carries nothing.
+	done bool
+	// content is set when the event carries generated content (hasContent).
+	content bool
+	// usage is the event's OpenAI "usage" object, when hasUsage (the final
+	// chunk's, sent when the request set stream_options.include_usage).
+	usage    usageObject
+	hasUsage bool
+}
+
+// readStreamEvent reads the data of one event: whether it is [DONE],
+// whether it carries content and its usage object.
+func readStreamEvent(data []byte) streamEvent {
+	ev := streamEvent{data: data}
+	doc := bytes.TrimSpace(data)
+	if string(doc) == "[DONE]" {
+		ev.done = true
+		return ev
+	}
+	if bytes.Contains(doc, []byte(`"usage"`)) {
+		ev.usage, ev.hasUsage = parseUsage(doc)
+	}
+	ev.content = hasContent(doc)
+	return ev
+}
+
+// usageScanner keeps the token usage of one tunnel-path answer (an OpenAI
+// chat or completion response, SSE or JSON), never changing a byte of it.
+// Usage is the OpenAI "usage" object: in a JSON answer at the top level
+// (the body is kept, or its tail, until end), in a stream the latest
+// event's that had one (event).
 type usageScanner struct {
-	sse    bool
-	events sse.Reader // SSE
-	buf    []byte     // JSON: the body so far, or its tail
-	tail   bool       // JSON: the body outgrew the bound; buf is its last maxUsageTail bytes
+	sse  bool   // the answer is an event stream
+	buf  []byte // JSON: the body so far, or its tail
+	tail bool   // JSON: the body outgrew the bound; buf is its last maxUsageTail bytes
 
 	found             bool
 	prompt, completed int
 }
 
-// write scans the next chunk of the answer and returns how many SSE events
-// in it carry generated content (always 0 for JSON).
-func (u *usageScanner) write(p []byte) (contentEvents int) {
-	if !u.sse {
-		u.buf = append(u.buf, p...)
-		if len(u.buf) > maxUsageScanBytes || u.tail && len(u.buf) > maxUsageTail {
-			u.tail = true
-			u.buf = append(u.buf[:0], u.buf[len(u.buf)-maxUsageTail:]...)
-		}
-		return 0
+// json keeps the next bytes of a JSON answer for end.
+func (u *usageScanner) json(p []byte) {
+	u.buf = append(u.buf, p...)
+	if len(u.buf) > maxUsageScanBytes || u.tail && len(u.buf) > maxUsageTail {
+		u.tail = true
+		u.buf = append(u.buf[:0], u.buf[len(u.buf)-maxUsageTail:]...)
 	}
-	if u.events.MaxSize == 0 {
-		u.events.MaxSize, u.events.SkipTooLong = maxUsageScanBytes, true
-	}
-	// With SkipTooLong, Feed fails only with the callback's error: never.
-	_ = u.events.Feed(p, func(e sse.Event) error {
-		if u.event(e.Data) {
-			contentEvents++
-		}
-		return nil
-	})
-	return contentEvents
 }
 
-// event scans the data of one SSE event and reports whether it carries
-// content.
-func (u *usageScanner) event(data []byte) bool {
-	data = bytes.TrimSpace(data)
-	if string(data) == "[DONE]" {
-		return false
+// event records the usage of one event of a stream, if it had one.
+func (u *usageScanner) event(ev *streamEvent) {
+	if ev.hasUsage {
+		u.found, u.prompt, u.completed = true, ev.usage.PromptTokens, ev.usage.CompletionTokens
 	}
-	if bytes.Contains(data, []byte(`"usage"`)) {
-		u.parse(data)
-	}
-	return hasContent(data)
 }
 
 // usageObject is OpenAI's usage object, in tokens.
@@ -75,14 +87,15 @@ type usageObject struct {
 	CompletionTokens int `json:"completion_tokens"`
 }
 
-// parse records the usage object of one JSON document, if it has one.
-func (u *usageScanner) parse(doc []byte) {
+// parseUsage is the usage object of one JSON document, if it has one.
+func parseUsage(doc []byte) (usageObject, bool) {
 	var v struct {
 		Usage *usageObject `json:"usage"`
 	}
 	if json.Unmarshal(doc, &v) == nil && v.Usage != nil {
-		u.found, u.prompt, u.completed = true, v.Usage.PromptTokens, v.Usage.CompletionTokens
+		return *v.Usage, true
 	}
+	return usageObject{}, false
 }
 
 // end finishes the scan and returns the usage, if the answer had one: for
@@ -91,7 +104,9 @@ func (u *usageScanner) parse(doc []byte) {
 func (u *usageScanner) end() (prompt, completion int, ok bool) {
 	if !u.sse && len(u.buf) > 0 {
 		if !u.tail {
-			u.parse(u.buf)
+			if v, ok := parseUsage(u.buf); ok {
+				u.found, u.prompt, u.completed = true, v.PromptTokens, v.CompletionTokens
+			}
 		} else if i := bytes.LastIndex(u.buf, []byte(`"usage"`)); i > 0 && u.buf[i-1] != '\\' {
 			rest := bytes.TrimLeft(u.buf[i+len(`"usage"`):], " \t\r\n")
 			if r, ok := bytes.CutPrefix(rest, []byte(":")); ok {

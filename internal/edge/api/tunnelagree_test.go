@@ -1,0 +1,272 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/internal/edge/contract"
+	"iop/internal/ledger"
+	"iop/internal/wire/nodev1"
+)
+
+// awkwardStream is an OpenAI chat stream with CRLF line ends whose output
+// is "héllo" and whose usage is 11/2, before its end (end).
+func awkwardStream(end string) string {
+	return `data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":"h"}}]}` + "\r\n\r\n" +
+		`data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"éllo"},"finish_reason":"stop"}]}` + "\r\n\r\n" +
+		`data: {"id":"c1","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":11,"completion_tokens":2,"total_tokens":13}}` + "\r\n\r\n" +
+		end
+}
+
+// awkwardCuts cuts stream where a reader is most easily wrong: inside
+// "data:", inside the UTF-8 sequence of é, between a CR and its LF, inside
+// "usage", inside "[DONE]" and inside {"error".
+func awkwardCuts(stream string) []string {
+	var cuts []int
+	at := func(sub string, into int) {
+		if i := strings.Index(stream, sub); i >= 0 {
+			cuts = append(cuts, i+into)
+		}
+	}
+	at("\r\n\r\ndata", 6)       // "da|ta:"
+	at("é", 1)                  // inside é
+	at("\r\n", 1)               // CR | LF
+	at(`"usage"`, 3)            // "us|age"
+	at("[DONE]", 3)             // [DO|NE]
+	at(`{"error"`, 4)           // {"er|ror"
+	at("}]}\r\n\r\ndata: {", 5) // an event's blank line cut after its CR
+	slices.Sort(cuts)
+	cuts = slices.Compact(cuts)
+	var chunks []string
+	last := 0
+	for _, c := range cuts {
+		chunks = append(chunks, stream[last:c])
+		last = c
+	}
+	return append(chunks, stream[last:])
+}
+
+// tunnelRun is a tunnel-path run sending chunks of an event stream, then
+// last.
+func tunnelRun(chunks []string, last *nodev1.RunUp) *fakeRun {
+	msgs := []*nodev1.RunUp{tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"})}
+	for _, c := range chunks {
+		msgs = append(msgs, tunnelData(c))
+	}
+	return scriptedRun(contract.PathTunnel, append(msgs, last)...)
+}
+
+// waitRecorded waits until the Observer and the ledger have n records
+// each (a run of the runs API records its request after its record is
+// final, so after a synchronous submission was answered) and returns
+// them; it fails after 30 s, or when there are more.
+func waitRecorded(t *testing.T, recs *records, led *recordingLedger, n int) ([]RequestRecord, []ledger.Entry) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		all, entries := recs.all(), led.all()
+		if len(all) > n || len(entries) > n || (len(all) < n || len(entries) < n) && time.Now().After(deadline) {
+			t.Fatalf("%d records and %d ledger entries, want %d of each: %+v", len(all), len(entries), n, all)
+		}
+		if len(all) == n && len(entries) == n {
+			return all, entries
+		}
+	}
+}
+
+// runRecord is what the runs API says of a finished run.
+type runRecord struct {
+	State   string  `json:"state"`
+	Output  string  `json:"output"`
+	Error   *string `json:"error"`
+	Outcome *string `json:"outcome"`
+	Usage   struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+}
+
+// submitRun runs a synchronous POST /v1/runs and returns its record.
+func submitRun(t *testing.T, env *testEnv) runRecord {
+	t.Helper()
+	resp, err := http.Post(env.srv.URL+"/v1/runs", "application/json", strings.NewReader(`{"model":"m","prompt":"x"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var rec runRecord
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &rec) != nil {
+		t.Fatalf("POST /v1/runs: %d %s", resp.StatusCode, body)
+	}
+	return rec
+}
+
+// lastErrorMessage is the message of the last event of an SSE stream, an
+// OpenAI error event; "" if it is none.
+func lastErrorMessage(t *testing.T, stream []byte) string {
+	t.Helper()
+	events := eventData(t, stream)
+	if len(events) == 0 {
+		return ""
+	}
+	var e struct {
+		Error *struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if json.Unmarshal([]byte(events[len(events)-1]), &e) != nil || e.Error == nil {
+		return ""
+	}
+	return e.Error.Message
+}
+
+// TestTunnelStreamObserversAgree: the metrics (the Observer's record), the
+// usage ledger and the runs API read a tunnel stream's usage and its
+// failure from the same one reading of its bytes, so they agree whatever
+// the framing: CRLF line ends, and the stream cut inside "data:", inside a
+// UTF-8 sequence, between a CR and its LF, inside "usage", "[DONE]" and
+// {"error" (or byte by byte). The stream completes; or the provider sends
+// an error event mid-stream (the node's end event says it); or the tunnel
+// fails after that error event, whose held bytes the chat client then
+// never gets (it gets the edge's error event) and the run never records.
+// The chat client gets the provider's bytes unchanged but for that held
+// end.
+func TestTunnelStreamObserversAgree(t *testing.T) {
+	errorEvent := `data: {"error":{"message":"boom","type":"server_error","code":"provider_failed"}}` + "\r\n\r\n"
+	for _, tc := range []struct {
+		name     string
+		stream   string
+		last     *nodev1.RunUp
+		outcome  contract.Outcome
+		state    string
+		runError string // "" for none; "edge" for the edge's error event the chat client got
+		relayed  bool   // the chat client gets the stream whole
+	}{
+		{"completed", awkwardStream("data: [DONE]\r\n\r\n"), tunnelEnd(), OutcomeCompleted, "complete", "", true},
+		{"error event mid-stream", awkwardStream(errorEvent),
+			&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelEnd{TunnelEnd: &nodev1.TunnelEnd{ProviderError: "boom"}}},
+			OutcomeUpstreamError, "error", "boom", true},
+		{"tunnel failing after an error event", awkwardStream(errorEvent), tunnelError(502, "connection reset"),
+			OutcomeUpstreamError, "error", "edge", false},
+	} {
+		for how, chunks := range map[string][]string{"awkward": awkwardCuts(tc.stream), "bytewise": strings.Split(tc.stream, "")} {
+			t.Run(tc.name+"/"+how, func(t *testing.T) {
+				recs, led := &records{}, &recordingLedger{}
+				env := newEnv(t, Config{Observer: recs, Ledger: led, Runs: newRunsManager(t)}, func(context.Context, Request) (Run, error) {
+					return tunnelRun(chunks, tc.last), nil
+				})
+				chat := env.post(t, "/v1/chat/completions", "application/json", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"x"}]}`)
+				if chat.status != 200 {
+					t.Fatalf("chat: status %d", chat.status)
+				}
+				if got := chat.body == tc.stream; got != tc.relayed {
+					t.Errorf("chat client got the stream whole: %v, want %v\n%q", got, tc.relayed, chat.body)
+				}
+				if !tc.relayed && !strings.HasPrefix(chat.body, strings.TrimSuffix(tc.stream, errorEvent)) {
+					t.Errorf("chat client got %q, want the stream up to its error event", chat.body)
+				}
+				run := submitRun(t, env)
+				env.waitHandlers()
+				all, entries := waitRecorded(t, recs, led, 2)
+				byID := map[string]ledger.Entry{}
+				for _, e := range entries {
+					byID[e.RequestID] = e
+				}
+				if len(all) != 2 || len(byID) != 2 {
+					t.Fatalf("%d records and %d ledger entries, want 2 of each (chat, runs): %+v", len(all), len(byID), all)
+				}
+				for _, rec := range all {
+					e := byID[rec.RequestID]
+					if !rec.TokensKnown || rec.InputTokens != 11 || rec.OutputTokens != 2 {
+						t.Errorf("%s: metrics record usage %d/%d (known %v), want 11/2", rec.API, rec.InputTokens, rec.OutputTokens, rec.TokensKnown)
+					}
+					if e.PromptTokens != 11 || e.CompletionTokens != 2 {
+						t.Errorf("%s: ledger usage %d/%d, want 11/2", rec.API, e.PromptTokens, e.CompletionTokens)
+					}
+					if rec.Outcome != tc.outcome || e.Outcome != tc.outcome.String() || e.ErrorCode != rec.ErrorCode {
+						t.Errorf("%s: outcome %q (code %q), ledger %q (code %q), want %q", rec.API, rec.Outcome, rec.ErrorCode, e.Outcome, e.ErrorCode, tc.outcome)
+					}
+				}
+				if run.Usage.PromptTokens != 11 || run.Usage.CompletionTokens != 2 {
+					t.Errorf("runs record usage %d/%d, want 11/2", run.Usage.PromptTokens, run.Usage.CompletionTokens)
+				}
+				if run.State != tc.state || run.Outcome == nil || *run.Outcome != tc.outcome.String() || run.Output != "héllo" {
+					t.Errorf("runs record %+v, want state %s, outcome %s, output héllo", run, tc.state, tc.outcome)
+				}
+				wantErr := tc.runError
+				if wantErr == "edge" {
+					wantErr = lastErrorMessage(t, []byte(chat.body))
+					if wantErr == "" {
+						t.Fatalf("the chat client's stream does not end with an error event: %q", chat.body)
+					}
+				}
+				switch {
+				case wantErr == "" && run.Error != nil:
+					t.Errorf("runs record error %q, want none", *run.Error)
+				case wantErr != "" && (run.Error == nil || *run.Error != wantErr):
+					t.Errorf("runs record error %v, want %q (the error the chat client got)", run.Error, wantErr)
+				}
+			})
+		}
+	}
+}
+
+// TestTunnelStreamParsedOnce: on the chat route and in the runs API, each
+// byte of a tunnel stream is fed to one reader once: the bytes parsed
+// are the bytes of the stream, whatever its framing.
+func TestTunnelStreamParsedOnce(t *testing.T) {
+	stream := awkwardStream("data: [DONE]\r\n\r\n")
+	for how, chunks := range map[string][]string{"awkward": awkwardCuts(stream), "bytewise": strings.Split(stream, ""), "whole": {stream}} {
+		t.Run(how, func(t *testing.T) {
+			env := newEnv(t, Config{Observer: &records{}, Ledger: &recordingLedger{}, Runs: newRunsManager(t)}, func(context.Context, Request) (Run, error) {
+				return tunnelRun(chunks, tunnelEnd()), nil
+			})
+			before := tunnelBytesRead.Load()
+			if chat := env.post(t, "/v1/chat/completions", "application/json", `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`); chat.body != stream {
+				t.Fatalf("chat: %d %q", chat.status, chat.body)
+			}
+			env.waitHandlers()
+			if n := tunnelBytesRead.Load() - before; n != int64(len(stream)) {
+				t.Errorf("chat route: %d bytes parsed, want the stream's %d, once", n, len(stream))
+			}
+			before = tunnelBytesRead.Load()
+			if run := submitRun(t, env); run.State != "complete" {
+				t.Fatalf("run %+v", run)
+			}
+			env.waitHandlers()
+			if n := tunnelBytesRead.Load() - before; n != int64(len(stream)) {
+				t.Errorf("runs API: %d bytes parsed, want the stream's %d, once", n, len(stream))
+			}
+		})
+	}
+}
+
+// TestRegression_TunnelUsageReadOnceForAll (issue 16): the metrics, the
+// ledger and the runs API read a tunnel stream's usage from the same one
+// reading of each event. When the runs recorder decoded each chunk again
+// for itself, a usage chunk whose choices it could not decode (an index
+// that is a string) gave the metrics and the ledger the usage and the run
+// none (0/0).
+func TestRegression_TunnelUsageReadOnceForAll(t *testing.T) {
+	stream := `data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}` + "\n\n" +
+		`data: {"choices":[{"index":"0","delta":{}}],"usage":{"prompt_tokens":5,"completion_tokens":1}}` + "\n\n" +
+		"data: [DONE]\n\n"
+	recs, led := &records{}, &recordingLedger{}
+	env := newEnv(t, Config{Observer: recs, Ledger: led, Runs: newRunsManager(t)}, func(context.Context, Request) (Run, error) {
+		return tunnelRun([]string{stream}, tunnelEnd()), nil
+	})
+	run := submitRun(t, env)
+	all, entries := waitRecorded(t, recs, led, 1)
+	rec := all[0]
+	if rec.InputTokens != 5 || rec.OutputTokens != 1 || entries[0].PromptTokens != 5 || entries[0].CompletionTokens != 1 ||
+		run.Usage.PromptTokens != 5 || run.Usage.CompletionTokens != 1 {
+		t.Fatalf("usage: metrics %d/%d, ledger %d/%d, runs %d/%d; want 5/1 for all", rec.InputTokens, rec.OutputTokens,
+			entries[0].PromptTokens, entries[0].CompletionTokens, run.Usage.PromptTokens, run.Usage.CompletionTokens)
+	}
+}
