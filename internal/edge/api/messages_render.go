@@ -105,23 +105,32 @@ func (m *messagesRender) part(thinking, text string, calls []contract.ToolCallPa
 		return err
 	}
 	if err := m.ans.Thinking(thinking); err != nil {
-		return err
+		return answerError(err)
 	}
 	if err := m.ans.Text(text); err != nil {
-		return err
+		return answerError(err)
 	}
 	for _, c := range calls {
 		if c.Index < 0 || c.Index >= maxToolCalls {
 			return errUpstreamProtocol
 		}
 		if err := m.ans.ToolCall(c.Index, c.ID, c.Name, c.Arguments); err != nil {
-			if errors.Is(err, translate.ErrMalformedAnswer) {
-				return errUpstreamProtocol // a part that cannot be streamed any more
-			}
-			return err
+			return answerError(err)
 		}
 	}
 	return nil
+}
+
+// answerError is the failure of an answer the provider broke so that it
+// cannot be a Messages answer (translate.ErrMalformedAnswer: a tool call's
+// part after its block closed, arguments that are not a JSON object): a
+// 502 saying what was broken, which a stream ends with as its error event.
+// A failed write passes through.
+func answerError(err error) error {
+	if errors.Is(err, translate.ErrMalformedAnswer) && !errors.As(err, new(*errWrite)) {
+		return &upstreamError{status: http.StatusBadGateway, message: clipTo(err.Error(), maxErrorTextBytes)}
+	}
+	return err
 }
 
 // normalized renders a normalized-path run from its run events.
@@ -189,7 +198,7 @@ func (m *messagesRender) finish(finish string, usage *translate.Usage) string {
 		return m.failed(err)
 	}
 	if err := m.ans.Finish(finish, usage); err != nil {
-		return m.failed(err)
+		return m.failed(answerError(err))
 	}
 	if m.stream {
 		return reasonCompleted
