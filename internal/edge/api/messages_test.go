@@ -680,3 +680,39 @@ func TestRegression_MessagesToolArgumentsNotAnObject(t *testing.T) {
 		}
 	}
 }
+
+// TestRegression_MessagesValidatedAsTheReference: bodies Anthropic's
+// reference refuses, which the edge dispatched (a text/plain image, a
+// temperature of 1.5, a top_p of 7, max_tokens cut to 2147483647, a
+// file:// image) or refused naming another field (bad base64 padding:
+// the node named "messages[0].content[0].image_url"; content []: "messages
+// must not be empty"), are refused 400 invalid_request_error naming the
+// field, on either route (create and count_tokens), with nothing
+// dispatched.
+func TestRegression_MessagesValidatedAsTheReference(t *testing.T) {
+	env := newEnv(t, Config{}, okRun)
+	image := func(src string) string {
+		return `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":` + src + `}]}]}`
+	}
+	const msgs = `"messages":[{"role":"user","content":"x"}]`
+	for _, tc := range []struct{ body, field string }{
+		{image(`{"type":"base64","media_type":"text/plain","data":"aGk="}`), "messages[0].content[0].source.media_type"},
+		{image(`{"type":"base64","media_type":"image/png","data":"aGVsbG8"}`), "messages[0].content[0].source.data"},
+		{image(`{"type":"url","url":"file:///etc/passwd"}`), "messages[0].content[0].source.url"},
+		{`{"model":"m","max_tokens":5,` + msgs + `,"temperature":1.5}`, "temperature"},
+		{`{"model":"m","max_tokens":5,` + msgs + `,"top_p":7}`, "top_p"},
+		{`{"model":"m","max_tokens":99999999999,` + msgs + `}`, "max_tokens"},
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[]}]}`, "messages[0].content"},
+	} {
+		for _, path := range []string{messagesPath, countTokensPath} {
+			resp := env.post(t, path, "application/json", tc.body)
+			typ, msg := anthropicErrorOf(t, resp.body)
+			if resp.status != 400 || typ != "invalid_request_error" || !strings.HasPrefix(msg, tc.field+": ") {
+				t.Errorf("%s %s: %d %s %q, want 400 naming %s", path, tc.body, resp.status, typ, msg, tc.field)
+			}
+		}
+	}
+	if n := len(env.gw.requests()); n != 0 {
+		t.Errorf("%d requests dispatched", n)
+	}
+}
