@@ -40,7 +40,10 @@ func (h *handler) errorWriterFor(path string) func(w http.ResponseWriter, r *htt
 // dispatched as a chat (its needs from the translation: tools, vision,
 // remote images, thinking, and tool_choice for tool_choice "any"), and the
 // run rendered as a Messages API answer (messagesRender): one message
-// object, or with "stream": true Anthropic's event stream. Headers
+// object, or with "stream": true Anthropic's event stream, which starts
+// after messagesPingInterval of quiet while the request waits for its
+// dispatch too (dispatchQuiet: queued, or for the provider's first
+// message; a failure after that is its error event). Headers
 // anthropic-version and anthropic-beta are accepted and not required.
 // Statuses, with Anthropic's error body (writeAnthropicError): 400 a body
 // that cannot be translated, 413 body over Config.MaxBodyBytes, 415 a
