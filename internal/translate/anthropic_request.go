@@ -1,10 +1,13 @@
 package translate
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -91,9 +94,15 @@ type anthropicCanonical struct {
 	User          string          `json:"user,omitempty"`
 }
 
-// maxAnthropicTokens bounds max_tokens (and budget_tokens): the largest a
-// canonical body's max_tokens may be.
+// maxAnthropicTokens bounds max_tokens (and so budget_tokens, below it):
+// the largest max_tokens iop passes on (a canonical body's max_tokens,
+// Ollama's num_predict, are 32-bit integers); a larger one is refused,
+// not cut.
 const maxAnthropicTokens = math.MaxInt32
+
+// anthropicImageTypes are the media types a base64 image source may have
+// (Anthropic API reference, "Messages": Base64ImageSource.media_type).
+var anthropicImageTypes = []string{"image/jpeg", "image/png", "image/gif", "image/webp"}
 
 // minThinkingBudget is the least budget_tokens Anthropic accepts.
 const minThinkingBudget = 1024
@@ -107,7 +116,8 @@ const minThinkingBudget = 1024
 //	  content: a string                content
 //	  text blocks                      text (parts when there are images)
 //	  image, source base64             an image_url part, a data: URL
-//	  image, source url                an image_url part with the URL
+//	   {media_type, data}              of that media type
+//	  image, source url (http, https)  an image_url part with the URL
 //	                                   (RemoteImages)
 //	  tool_use {id, name, input}       tool_calls {id, function {name,
 //	                                   arguments: input as JSON text}}
@@ -136,15 +146,21 @@ const minThinkingBudget = 1024
 //
 // cache_control on blocks and tools, and unknown top-level fields, are
 // ignored. Errors are *FieldError naming the field: a body that is not a
-// JSON object, a missing model, max_tokens missing or not a positive
-// integer, no messages, a role other than user or assistant, an unknown
+// JSON object, a missing model, max_tokens missing or not an integer from
+// 1 to 2147483647 (maxAnthropicTokens), no messages, a role other than
+// user or assistant, a message with empty content (an empty string or no
+// blocks) but for a last assistant message (Anthropic's rule), an unknown
 // content block type (document, search_result, server tool blocks, ...)
 // or one in the wrong role's message, an image source that is neither
-// base64 nor url, a tool_result with an image, a server tool (refused by
-// its type), a tool without a name or input_schema, a tool_choice of
-// another type or naming no defined tool, more than 4 stop sequences (the
-// canonical body's limit), thinking of another type or budget_tokens
-// below 1024 or not below max_tokens, a metadata that is not an object.
+// base64 nor url, a base64 source whose media_type is not image/jpeg,
+// image/png, image/gif or image/webp or whose data is not standard,
+// padded base64, a url source that is not an http(s) URL, a tool_result
+// with an image, a server tool (refused by its type), a tool without a
+// name or input_schema, a tool_choice of another type or naming no
+// defined tool, more than 4 stop sequences (the canonical body's limit),
+// temperature or top_p not a number from 0 to 1, thinking of another
+// type or budget_tokens below 1024 or not below max_tokens, a metadata
+// that is not an object.
 func FromAnthropicMessages(body []byte) (AnthropicRequest, error) {
 	return fromAnthropic(body, true)
 }
@@ -170,10 +186,10 @@ func fromAnthropic(body []byte, create bool) (AnthropicRequest, error) {
 	}
 	if raw, ok := top["max_tokens"]; ok && !isNull(raw) {
 		n, err := integer(raw, "max_tokens")
-		if err != nil || n < 1 {
-			return AnthropicRequest{}, fieldErr("max_tokens", "must be a positive integer")
+		if err != nil || n < 1 || n > maxAnthropicTokens {
+			return AnthropicRequest{}, fieldErr("max_tokens", "must be an integer from 1 to %d", maxAnthropicTokens)
 		}
-		req.MaxTokens = int(min(n, maxAnthropicTokens))
+		req.MaxTokens = int(n)
 	} else if create {
 		return AnthropicRequest{}, fieldErr("max_tokens", "Field required")
 	}
@@ -317,6 +333,8 @@ func (t *anthropicTranslation) messages(raw json.RawMessage) error {
 	if len(msgs) == 0 {
 		return fieldErr("messages", "at least one message is required")
 	}
+	// Anthropic's own words for an empty content, which its clients show.
+	const emptyContent = "all messages must have non-empty content except for the optional final assistant message"
 	for i, rm := range msgs {
 		field := fmt.Sprintf("messages[%d]", i)
 		var m struct {
@@ -334,8 +352,12 @@ func (t *anthropicTranslation) messages(raw json.RawMessage) error {
 		if isNull(m.Content) {
 			return fieldErr(field+".content", "Field required")
 		}
+		finalAssistant := m.Role == "assistant" && i == len(msgs)-1
 		var s string
 		if json.Unmarshal(m.Content, &s) == nil {
+			if s == "" && !finalAssistant {
+				return fieldErr(field+".content", emptyContent)
+			}
 			t.count(s)
 			t.out.Messages = append(t.out.Messages, map[string]any{"role": m.Role, "content": s})
 			continue
@@ -343,6 +365,9 @@ func (t *anthropicTranslation) messages(raw json.RawMessage) error {
 		var blocks []json.RawMessage
 		if firstByte(m.Content) != '[' || json.Unmarshal(m.Content, &blocks) != nil {
 			return fieldErr(field+".content", "expected a string or an array of content blocks")
+		}
+		if len(blocks) == 0 && !finalAssistant {
+			return fieldErr(field+".content", emptyContent)
 		}
 		var err error
 		if m.Role == "user" {
@@ -427,8 +452,10 @@ func (t *anthropicTranslation) userBlocks(blocks []json.RawMessage, field string
 	return nil
 }
 
-// imageURL is the URL of an image block's source: a data: URL for base64
-// data, the URL itself for a url source (sets RemoteImages for http(s)).
+// imageURL is the URL of an image block's source: a data: URL of its
+// media_type for base64 data, the URL itself for an http(s) url source
+// (RemoteImages). Anthropic takes nothing else; a file: or any other URL
+// is refused, as it would reach whatever the provider can read.
 func (t *anthropicTranslation) imageURL(raw json.RawMessage, field string) (string, error) {
 	var src struct {
 		Type      string `json:"type"`
@@ -442,27 +469,25 @@ func (t *anthropicTranslation) imageURL(raw json.RawMessage, field string) (stri
 	t.req.Vision = true
 	switch src.Type {
 	case "base64":
-		if src.Data == "" {
+		data := strings.TrimSpace(src.Data)
+		if data == "" {
 			return "", fieldErr(field+".data", "Field required")
 		}
-		url, err := dataURL(src.Data) // checks the base64; sniffs the media type
-		if err == nil && strings.HasPrefix(strings.TrimSpace(src.Data), "data:") {
-			err = errors.New("expected base64-encoded image data, not a data: URL")
-		}
-		if err != nil {
+		if err := checkBase64(data); err != nil {
 			return "", fieldErr(field+".data", "%s", err)
 		}
-		if src.MediaType == "" {
-			return url, nil
+		if !slices.Contains(anthropicImageTypes, src.MediaType) {
+			return "", fieldErr(field+".media_type", "must be one of %s, got %s", strings.Join(anthropicImageTypes, ", "), strconv.Quote(clip(src.MediaType)))
 		}
-		return "data:" + src.MediaType + ";base64," + strings.TrimSpace(src.Data), nil
+		return "data:" + src.MediaType + ";base64," + data, nil
 	case "url":
 		if src.URL == "" {
 			return "", fieldErr(field+".url", "Field required")
 		}
-		if IsRemoteImageURL(src.URL) {
-			t.req.RemoteImages = true
+		if !IsRemoteImageURL(src.URL) {
+			return "", fieldErr(field+".url", "must be an http or https URL (or send the image as a base64 source)")
 		}
+		t.req.RemoteImages = true
 		return src.URL, nil
 	}
 	return "", fieldErr(field+".type", `must be "base64" or "url", got %s`, strconv.Quote(clip(src.Type)))
@@ -641,6 +666,19 @@ func (t *anthropicTranslation) tools(raw, choice json.RawMessage) error {
 	return nil
 }
 
+// checkBase64 checks an image source's data: standard, padded base64 (as
+// Ollama decodes an image, and as the edge checks an image of the chat
+// API for Ollama providers), not a data: URL.
+func checkBase64(data string) error {
+	if strings.HasPrefix(data, "data:") {
+		return errors.New("expected base64-encoded image data, not a data: URL")
+	}
+	if _, err := io.Copy(io.Discard, base64.NewDecoder(base64.StdEncoding, strings.NewReader(data))); err != nil {
+		return fmt.Errorf("is not valid base64 (the standard alphabet, padded with =): %v", err)
+	}
+	return nil
+}
+
 func isServerTool(typ string) bool {
 	for _, p := range anthropicServerTools {
 		if strings.HasPrefix(typ, p+"_") || typ == p {
@@ -674,8 +712,8 @@ func (t *anthropicTranslation) sampling(top map[string]json.RawMessage) error {
 			continue
 		}
 		var v float64
-		if json.Unmarshal(raw, &v) != nil {
-			return fieldErr(f.name, "expected a number")
+		if json.Unmarshal(raw, &v) != nil || v < 0 || v > 1 {
+			return fieldErr(f.name, "must be a number from 0 to 1")
 		}
 		*f.dst = &v
 	}

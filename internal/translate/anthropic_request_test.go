@@ -242,3 +242,64 @@ func FuzzFromAnthropicMessages(f *testing.F) {
 		}
 	})
 }
+
+// TestRegression_AnthropicValidationAsTheReference: what a tester found
+// accepted, or refused naming the wrong field, that Anthropic's
+// reference refuses: an image media_type other than image/jpeg, png, gif
+// or webp (or none); temperature or top_p outside [0, 1]; max_tokens
+// above what iop passes on (2147483647: it was cut silently); base64
+// data with bad padding ("aGVsbG8" was refused by an Ollama provider's
+// node naming messages[0].content[0].image_url, and sent as it was to an
+// OpenAI-compatible one); an image URL that is not http(s) (file://);
+// content [] in a message (refused by the edge as "messages must not be
+// empty", naming no message). Each is now a *FieldError naming the
+// field; the values at the bounds are taken.
+func TestRegression_AnthropicValidationAsTheReference(t *testing.T) {
+	image := func(src string) string {
+		return `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":` + src + `}]}]}`
+	}
+	const msgs = `"messages":[{"role":"user","content":"x"}]`
+	for _, tc := range []struct{ body, field string }{
+		{image(`{"type":"base64","media_type":"text/plain","data":"aGk="}`), "messages[0].content[0].source.media_type"},
+		{image(`{"type":"base64","media_type":"image/svg+xml","data":"aGk="}`), "messages[0].content[0].source.media_type"},
+		{image(`{"type":"base64","data":"aGk="}`), "messages[0].content[0].source.media_type"},
+		{image(`{"type":"base64","media_type":"image/png","data":"aGVsbG8"}`), "messages[0].content[0].source.data"},
+		{image(`{"type":"base64","media_type":"image/png","data":"aGVsbG8=="}`), "messages[0].content[0].source.data"},
+		{image(`{"type":"url","url":"file:///etc/passwd"}`), "messages[0].content[0].source.url"},
+		{image(`{"type":"url","url":"ftp://x/y.png"}`), "messages[0].content[0].source.url"},
+		{image(`{"type":"url","url":"y.png"}`), "messages[0].content[0].source.url"},
+		{`{"model":"m","max_tokens":5,` + msgs + `,"temperature":1.5}`, "temperature"},
+		{`{"model":"m","max_tokens":5,` + msgs + `,"temperature":-0.1}`, "temperature"},
+		{`{"model":"m","max_tokens":5,` + msgs + `,"top_p":7}`, "top_p"},
+		{`{"model":"m","max_tokens":5,` + msgs + `,"top_p":-1}`, "top_p"},
+		{`{"model":"m","max_tokens":2147483648,` + msgs + `}`, "max_tokens"},
+		{`{"model":"m","max_tokens":1e12,` + msgs + `}`, "max_tokens"},
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[]}]}`, "messages[0].content"},
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":""}]}`, "messages[0].content"},
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"},{"role":"assistant","content":[]},{"role":"user","content":"y"}]}`, "messages[1].content"},
+	} {
+		_, err := FromAnthropicMessages([]byte(tc.body))
+		fe, ok := errors.AsType[*FieldError](err)
+		if !ok || fe.Field != tc.field {
+			t.Errorf("%s: error %v, want a *FieldError naming %s", tc.body, err, tc.field)
+		}
+	}
+	for _, body := range []string{
+		image(`{"type":"base64","media_type":"image/jpeg","data":"aGVsbG8="}`),
+		image(`{"type":"base64","media_type":"image/gif","data":"aGk="}`),
+		image(`{"type":"base64","media_type":"image/webp","data":"aGk="}`),
+		image(`{"type":"url","url":"HTTPS://x/y.png"}`),
+		`{"model":"m","max_tokens":2147483647,` + msgs + `,"temperature":0,"top_p":1}`,
+		`{"model":"m","max_tokens":5,` + msgs + `,"temperature":1,"top_p":0}`,
+		// Anthropic's exception: the last message may be an empty assistant one.
+		`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"},{"role":"assistant","content":[]}]}`,
+	} {
+		if _, err := FromAnthropicMessages([]byte(body)); err != nil {
+			t.Errorf("%s: %v", body, err)
+		}
+	}
+	req, err := FromAnthropicMessages([]byte(image(`{"type":"base64","media_type":"image/webp","data":"aGk="}`)))
+	if err != nil || !strings.Contains(string(req.Body), `"url":"data:image/webp;base64,aGk="`) {
+		t.Errorf("%v: body %s", err, req.Body)
+	}
+}

@@ -44,7 +44,8 @@ type AnthropicBlock struct {
 }
 
 // MarshalJSON writes the block in its type's shape; a tool_use's input is
-// its arguments when they are a JSON object, else {}.
+// its arguments, {} when they are empty (AnthropicAnswer refuses any that
+// are not a JSON object: checkToolInput).
 func (b AnthropicBlock) MarshalJSON() ([]byte, error) {
 	switch b.Type {
 	case "thinking":
@@ -76,6 +77,20 @@ func toolInput(args string) json.RawMessage {
 		return json.RawMessage(`{}`)
 	}
 	return raw
+}
+
+// checkToolInput is ErrMalformedAnswer for a tool_use block whose
+// arguments are neither empty (a call without arguments: input {}) nor a
+// JSON object, which a tool_use's input must be (Anthropic API reference,
+// "Messages": input is an object) and a client parses: such an answer
+// is the provider's broken answer, not one to repair by dropping its
+// arguments. The message quotes the arguments (at most 256 bytes).
+func checkToolInput(b AnthropicBlock) error {
+	args := strings.TrimSpace(b.Arguments)
+	if args == "" || args[0] == '{' && json.Valid([]byte(args)) {
+		return nil
+	}
+	return fmt.Errorf("%w: the arguments of tool call %q are not a JSON object: %s", ErrMalformedAnswer, clip(b.Name), clip(args))
 }
 
 // AnthropicStopReason maps an OpenAI finish reason to a Messages API
@@ -240,14 +255,21 @@ func sanitizeID(id string) string {
 // Finish ends the answer with the provider's finish reason and usage (nil:
 // none reported; the output is then counted as 0 and the input as
 // InputTokens): the open block is closed and, streamed, message_delta
-// and message_stop are sent.
+// and message_stop are sent. A tool call whose arguments are not a JSON
+// object is ErrMalformedAnswer (checkToolInput), streamed before its
+// block's content_block_stop, else here: nothing more is sent.
 func (a *AnthropicAnswer) Finish(finish string, usage *Usage) error {
 	if err := a.closeOpen(); err != nil {
 		return err
 	}
 	toolUse := false
 	for _, b := range a.blocks {
-		toolUse = toolUse || b.Type == "tool_use"
+		if b.Type == "tool_use" {
+			toolUse = true
+			if err := checkToolInput(b); err != nil {
+				return err
+			}
+		}
 	}
 	reason := AnthropicStopReason(finish, toolUse)
 	u := AnthropicUsage{InputTokens: a.InputTokens}
@@ -307,12 +329,20 @@ func (a *AnthropicAnswer) openBlock(b AnthropicBlock) error {
 // closeOpen closes the open block, if any: a thinking block first gets
 // its signature (signature_delta), an opaque value iop derives from the
 // text (the SHA-256 of the reasoning, base64): clients keep it and send it
-// back, and iop does not check it.
+// back, and iop does not check it. Streamed, a tool_use block whose
+// arguments are not a JSON object is not closed: ErrMalformedAnswer
+// (checkToolInput; not streamed, a closed block may still get parts, and
+// Finish checks it).
 func (a *AnthropicAnswer) closeOpen() error {
 	if a.open < 0 {
 		return nil
 	}
 	i := a.open
+	if a.blocks[i].Type == "tool_use" && a.Write != nil {
+		if err := checkToolInput(a.blocks[i]); err != nil {
+			return err
+		}
+	}
 	if a.blocks[i].Type == "thinking" {
 		sig := base64.StdEncoding.EncodeToString(a.sig.Sum(nil))
 		a.blocks[i].Signature = sig

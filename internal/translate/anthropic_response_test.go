@@ -110,26 +110,78 @@ func TestAnthropicAnswerStream(t *testing.T) {
 }
 
 // TestAnthropicAnswerWhole: without Write nothing is streamed and the
-// message is built the same; a provider that reported no usage gets the
+// message is built the same; a tool call's parts are joined even after
+// another block began; a provider that reported no usage gets the
 // estimate as input_tokens.
 func TestAnthropicAnswerWhole(t *testing.T) {
 	a := AnthropicAnswer{ID: "msg_x", Model: "m", InputTokens: 3}
 	_ = a.Start()
 	_ = a.Text("a")
-	_ = a.ToolCall(0, "", "f", `{"x":1}`)
+	_ = a.ToolCall(0, "", "f", `{"x":`)
 	_ = a.Text("b") // a new text block after the tool call
-	_ = a.ToolCall(0, "", "", `junk`)
+	_ = a.ToolCall(0, "", "", `1}`)
+	_ = a.ToolCall(1, "", "g", ``)
 	if err := a.Finish("stop", nil); err != nil {
 		t.Fatal(err)
 	}
 	m := a.Message()
-	if len(m.Content) != 3 || m.Content[2].Text != "b" || *m.StopReason != "tool_use" || m.Usage != (AnthropicUsage{3, 0}) {
+	if len(m.Content) != 4 || m.Content[2].Text != "b" || *m.StopReason != "tool_use" || m.Usage != (AnthropicUsage{3, 0}) {
 		t.Errorf("message %+v", m)
 	}
-	// The joined arguments are not an object: the input is {}.
 	b, _ := json.Marshal(m.Content[1])
-	if string(b) != `{"type":"tool_use","id":"toolu_x_0","name":"f","input":{}}` {
+	if string(b) != `{"type":"tool_use","id":"toolu_x_0","name":"f","input":{"x":1}}` {
 		t.Errorf("tool_use %s", b)
+	}
+	// A call without arguments has input {}.
+	if b, _ := json.Marshal(m.Content[3]); string(b) != `{"type":"tool_use","id":"toolu_x_1","name":"g","input":{}}` {
+		t.Errorf("tool_use %s", b)
+	}
+}
+
+// TestRegression_AnthropicToolArgumentsNotAnObject: a provider's tool
+// call whose arguments are not a JSON object ("{broken", "[1,2]") was
+// answered with input {} whole, its arguments silently dropped, and
+// streamed as input_json_delta then message_stop, which a client's JSON
+// parse throws on. Now both are ErrMalformedAnswer quoting the
+// arguments: streamed, after the input_json_delta and before the block's
+// content_block_stop (nothing more is sent), whole at Finish.
+func TestRegression_AnthropicToolArgumentsNotAnObject(t *testing.T) {
+	for _, args := range []string{`{broken`, `[1,2]`, `"text"`, `null`, `{"a":1}x`} {
+		for _, stream := range []bool{false, true} {
+			var out strings.Builder
+			a := AnthropicAnswer{ID: "msg_x", Model: "m"}
+			if stream {
+				a.Write = func(p []byte) error { out.Write(p); return nil }
+			}
+			if err := a.Start(); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.ToolCall(0, "call_1", "f", args); err != nil {
+				t.Fatalf("%q: ToolCall: %v", args, err)
+			}
+			err := a.Finish("tool_calls", nil)
+			if !errors.Is(err, ErrMalformedAnswer) || !strings.Contains(err.Error(), args) {
+				t.Errorf("%q stream %v: Finish: %v, want ErrMalformedAnswer quoting the arguments", args, stream, err)
+			}
+			if !stream {
+				continue
+			}
+			names, data := sseEvents(t, out.String())
+			want := []string{"message_start", "ping", "content_block_start", "content_block_delta"}
+			if !reflect.DeepEqual(names, want) {
+				t.Errorf("%q: events %q, want %q", args, names, want)
+			} else if d := data[3]["delta"].(map[string]any); d["partial_json"] != args {
+				t.Errorf("%q: delta %v", args, d)
+			}
+		}
+	}
+	// Streamed, the check is at the block's end: another block after it.
+	a := AnthropicAnswer{ID: "msg_x", Model: "m", Write: func([]byte) error { return nil }}
+	_ = a.Start()
+	_ = a.ToolCall(0, "", "f", `{bro`)
+	_ = a.ToolCall(0, "", "", `ken`)
+	if err := a.Text("after"); !errors.Is(err, ErrMalformedAnswer) {
+		t.Errorf("text after a broken call: %v", err)
 	}
 }
 
@@ -156,9 +208,9 @@ func TestAnthropicAnswerOneToolCall(t *testing.T) {
 func TestAnthropicAnswerLateToolPart(t *testing.T) {
 	a := AnthropicAnswer{ID: "msg_x", Model: "m", Write: func([]byte) error { return nil }}
 	_ = a.Start()
-	_ = a.ToolCall(0, "", "f", `{`)
+	_ = a.ToolCall(0, "", "f", `{}`)
 	_ = a.ToolCall(1, "", "g", `{}`)
-	if err := a.ToolCall(0, "", "", `}`); !errors.Is(err, ErrMalformedAnswer) {
+	if err := a.ToolCall(0, "", "", `{}`); !errors.Is(err, ErrMalformedAnswer) {
 		t.Errorf("late part: %v, want ErrMalformedAnswer", err)
 	}
 }

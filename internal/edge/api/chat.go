@@ -147,7 +147,9 @@ func (rr *runResponse) answerDone() {
 		return
 	}
 	rr.done = true
-	rr.run.Cancel("the edge ended the answer")
+	if rr.run != nil { // nil: the dispatch failed after the answer began
+		rr.run.Cancel("the edge ended the answer")
+	}
 	answerFinished(rr.r.Context())
 }
 

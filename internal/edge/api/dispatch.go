@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"iop/internal/edge/contract"
 )
@@ -32,6 +33,17 @@ func (h *handler) serveRun(w http.ResponseWriter, r *http.Request, req *Request,
 type runRenderer struct {
 	writeError         func(w http.ResponseWriter, r *http.Request, err error, req *Request)
 	tunnel, normalized func(rr *runResponse, info DispatchInfo) string
+	// quiet, when set, is called on the request goroutine each
+	// quietInterval that Dispatch blocks (the request queued, or the
+	// edge reading ahead to the provider's first message, which may come
+	// with its first token), with the response, which has no run yet;
+	// an error stops the calls (dispatchQuiet). It may start the response
+	// (the Messages stream's message_start and ping); a Dispatch failure
+	// after that is then ended by failed, as a started answer's failure,
+	// not with an error status.
+	quiet         func(rr *runResponse) error
+	quietInterval time.Duration
+	failed        func(rr *runResponse, err error) string
 }
 
 // serveRunWith is serveRun with the route's own error shape and tunnel
@@ -41,16 +53,40 @@ func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *Requ
 	obs := obsOf(r)
 	obs.request(req)
 	queued := h.cfg.Now()
-	run, err := h.dispatch(r.Context(), req)
+	rr := &runResponse{h: h, w: w, r: r, req: req, obs: obs, writeError: render.writeError}
+	var run Run
+	var err error
+	if render.quiet != nil {
+		run, err = dispatchQuiet(func() (Run, error) { return h.dispatch(r.Context(), req) },
+			render.quietInterval, func() error { return render.quiet(rr) })
+	} else {
+		run, err = h.dispatch(r.Context(), req)
+	}
 	if err != nil {
 		if errors.Is(err, ErrQueueTimeout) {
 			// It waited its whole queue timeout: say so (a break-it report
 			// saw queue_wait=0s on such refusals).
 			obs.queueWaited(h.cfg.Now().Sub(queued))
 		}
-		render.writeError(w, r, err, req)
+		if !rr.started {
+			render.writeError(w, r, err, req)
+			return
+		}
+		// quiet started the answer while the request waited: it ends as a
+		// started answer does, and its outcome is the failure's, not the
+		// 200 the client got.
+		obs.failed(err, nil, clientGone(r))
+		reason := render.failed(rr, err)
+		if obs != nil {
+			obs.decide(classify(err, req).status)
+		}
+		h.logger.Debug("dispatch failed after the answer began", "path", clip(r.URL.Path), "reason", reason, "err", errorText(err, req))
+		if rr.abort {
+			panic(http.ErrAbortHandler)
+		}
 		return
 	}
+	rr.run = run
 	obs.dispatched(run.Info())
 
 	// A client that goes away ends the run at once (a blocked Recv returns);
@@ -64,7 +100,6 @@ func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *Requ
 	}()
 
 	info := run.Info()
-	rr := &runResponse{h: h, w: w, r: r, run: run, req: req, obs: obs, writeError: render.writeError}
 	switch info.Path {
 	case contract.PathTunnel:
 		reason = render.tunnel(rr, info)

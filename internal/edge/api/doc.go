@@ -211,12 +211,16 @@
 //
 // Each dispatched run is owned by the request goroutine that dispatched it,
 // which is the only caller of Run.Recv and the only writer of the response,
-// but for a streamed Messages answer: its run's Recv is called by a
-// receiving goroutine (pingRun, messages_ping.go) that hands each message
-// to the request goroutine, which pings the client meanwhile when the run
-// is quiet; the request goroutine stays the only writer, and stops that
-// goroutine (cancelling the run, which makes a blocked Recv return, and
-// waiting for it) before the run is closed.
+// but for a streamed Messages answer: its Dispatch is called on a
+// goroutine of its own (dispatchQuiet, messages_ping.go), which only hands
+// the run or the failure back, while the request goroutine pings the
+// client each 10 s the request waits (queued, or for the provider's first
+// message) and waits for that goroutine in every case; then its run's
+// Recv is called by a receiving goroutine (pingRun) that hands each
+// message to the request goroutine, which pings the client meanwhile
+// when the run is quiet; the request goroutine stays the only writer,
+// and stops that goroutine (cancelling the run, which makes a blocked
+// Recv return, and waiting for it) before the run is closed.
 // Run.Close is called exactly once per run, by the request goroutine's
 // deferred cleanup when the handler ends, with the request's outcome. When
 // the request's context ends (client gone) a context.AfterFunc callback,

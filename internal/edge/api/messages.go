@@ -40,7 +40,10 @@ func (h *handler) errorWriterFor(path string) func(w http.ResponseWriter, r *htt
 // dispatched as a chat (its needs from the translation: tools, vision,
 // remote images, thinking, and tool_choice for tool_choice "any"), and the
 // run rendered as a Messages API answer (messagesRender): one message
-// object, or with "stream": true Anthropic's event stream. Headers
+// object, or with "stream": true Anthropic's event stream, which starts
+// after messagesPingInterval of quiet while the request waits for its
+// dispatch too (dispatchQuiet: queued, or for the provider's first
+// message; a failure after that is its error event). Headers
 // anthropic-version and anthropic-beta are accepted and not required.
 // Statuses, with Anthropic's error body (writeAnthropicError): 400 a body
 // that cannot be translated, 413 body over Config.MaxBodyBytes, 415 a
@@ -57,15 +60,30 @@ func (h *handler) anthropicMessages(w http.ResponseWriter, r *http.Request) {
 			if len(tr.Extension) > 0 {
 				h.logger.Debug("Messages fields only Ollama providers take", "fields", tr.Extension)
 			}
-			h.serveRunWith(w, r, &req, runRenderer{
+			var m *messagesRender // made once, by the first of the calls below
+			render := func(rr *runResponse) *messagesRender {
+				if m == nil {
+					m = newMessagesRender(rr, tr)
+				}
+				return m
+			}
+			rend := runRenderer{
 				writeError: h.writeAnthropicError,
 				tunnel: func(rr *runResponse, info DispatchInfo) string {
-					return newMessagesRender(rr, info, tr).tunnel()
+					return render(rr).dispatched(info).tunnel()
 				},
 				normalized: func(rr *runResponse, info DispatchInfo) string {
-					return newMessagesRender(rr, info, tr).normalized()
+					return render(rr).dispatched(info).normalized()
 				},
-			})
+			}
+			if tr.Stream {
+				// A ping every messagesPingInterval from the start, while
+				// the request waits for its provider too.
+				rend.quiet = func(rr *runResponse) error { return render(rr).quiet() }
+				rend.quietInterval = messagesPingInterval
+				rend.failed = func(rr *runResponse, err error) string { return render(rr).failed(err) }
+			}
+			h.serveRunWith(w, r, &req, rend)
 			return
 		}
 	}
@@ -88,6 +106,11 @@ func anthropicDispatch(r *http.Request, tr translate.AnthropicRequest) Request {
 		OllamaFields: tr.OllamaFields, EstimatedInputTokens: tr.EstimatedInputTokens, Headers: map[string]string{}}
 	if id := r.Header.Get("X-Request-Id"); id != "" {
 		req.Headers["X-Request-Id"] = id
+	}
+	if tr.Stream {
+		// The stream may start, naming its message after the run, before
+		// Dispatch returns (dispatchQuiet).
+		req.RunID = newRunID()
 	}
 	for _, n := range []struct {
 		on   bool

@@ -14,6 +14,41 @@ import (
 // clients between give up on a silent connection.
 const messagesPingInterval = 10 * time.Second
 
+// dispatchQuiet calls dispatch on a goroutine of its own and returns what
+// it returned; meanwhile it calls quiet, on the calling goroutine (the
+// request goroutine, which stays the only writer of the response), each
+// time interval passes, until quiet fails. Dispatch blocks while the
+// request is queued and, with retries on, until the provider's first
+// message, which a provider that sends its status line with its first
+// token (the simulator, many servers reading a long prompt) sends only
+// then: without this a streamed Messages answer stayed silent that long
+// (a tester's report). It waits for dispatch to return in every case: a
+// client gone ends Dispatch's context, so it returns promptly.
+func dispatchQuiet(dispatch func() (Run, error), interval time.Duration, quiet func() error) (Run, error) {
+	type result struct {
+		run Run
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		run, err := dispatch()
+		done <- result{run, err}
+	}()
+	timer := time.NewTimer(interval)
+	defer timer.Stop()
+	for {
+		select {
+		case res := <-done:
+			return res.run, res.err
+		case <-timer.C:
+			if quiet != nil && quiet() != nil {
+				quiet = nil
+			}
+			timer.Reset(interval)
+		}
+	}
+}
+
 // pingRun is a Run whose Recv calls ping, on the calling goroutine, each
 // time interval passes without a message, so that the request goroutine
 // stays the only writer of the response. The run's own Recv is called by

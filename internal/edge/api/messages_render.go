@@ -12,9 +12,10 @@ import (
 // (translate.AnthropicAnswer builds it). Streamed ("stream": true):
 // text/event-stream with Anthropic's events, each written and flushed as
 // its part arrives; the status line and message_start (then a ping) go
-// with the first part or the end, so a run that fails before any output
-// gets an error answer with its own status, and one that fails later ends
-// with `event: error` and no message_stop. Not streamed: one message
+// with the first part, the end, or the first messagesPingInterval of
+// quiet (while the request waits for its dispatch too), so a run that
+// fails before any of these gets an error answer with its own status, and
+// one that fails later ends with `event: error` and no message_stop. Not streamed: one message
 // object. Reasoning becomes a thinking block only when the request
 // enabled thinking. Only the request goroutine uses it.
 type messagesRender struct {
@@ -27,10 +28,13 @@ type messagesRender struct {
 	pings *pingRun
 }
 
-// newMessagesRender is the renderer of the run of rr for the request tr.
-func newMessagesRender(rr *runResponse, info DispatchInfo, tr translate.AnthropicRequest) *messagesRender {
+// newMessagesRender is the renderer of rr's answer to the request tr,
+// made before rr has a run when the stream may start while the request
+// waits (quiet): its message id is then "msg_" and the run id the request
+// was dispatched with (Request.RunID), until dispatched names the run.
+func newMessagesRender(rr *runResponse, tr translate.AnthropicRequest) *messagesRender {
 	m := &messagesRender{runResponse: rr, stream: tr.Stream, thinking: tr.Thinking}
-	m.ans = translate.AnthropicAnswer{ID: "msg_" + info.RunID, Model: tr.Model,
+	m.ans = translate.AnthropicAnswer{ID: "msg_" + rr.req.RunID, Model: tr.Model,
 		InputTokens: tr.EstimatedInputTokens, OneToolCall: tr.OneToolCall}
 	if m.stream {
 		m.ans.Write = func(p []byte) error {
@@ -39,21 +43,35 @@ func newMessagesRender(rr *runResponse, info DispatchInfo, tr translate.Anthropi
 			}
 			return nil
 		}
-		m.pings = newPingRun(rr.run, messagesPingInterval, m.quiet)
-		rr.run = m.pings
+	}
+	return m
+}
+
+// dispatched takes the run rr got: the message is named after it unless
+// message_start was sent already (a retried run's id differs from the
+// request's by its "-retry" suffix), and a stream's run pings while it is
+// quiet (pingRun).
+func (m *messagesRender) dispatched(info DispatchInfo) *messagesRender {
+	if !m.started {
+		m.ans.ID = "msg_" + info.RunID
+	}
+	if m.stream {
+		m.pings = newPingRun(m.run, messagesPingInterval, m.quiet)
+		m.run = m.pings
 	} else {
 		_ = m.ans.Start() // collects only
 	}
 	return m
 }
 
-// quiet is called when the stream was quiet for messagesPingInterval: it
-// sends a ping, after the stream's start if nothing was sent yet (a
-// failure after that ends the stream with an error event rather than
-// an error status).
+// quiet is called when the stream was quiet for messagesPingInterval,
+// before the dispatch returned too (dispatchQuiet): it sends a ping, or
+// the stream's start (message_start and its ping) if nothing was sent
+// yet; a failure after that ends the stream with an error event rather
+// than an error status.
 func (m *messagesRender) quiet() error {
-	if err := m.begin(); err != nil {
-		return err
+	if !m.started {
+		return m.begin()
 	}
 	return m.ans.Ping()
 }
@@ -87,23 +105,32 @@ func (m *messagesRender) part(thinking, text string, calls []contract.ToolCallPa
 		return err
 	}
 	if err := m.ans.Thinking(thinking); err != nil {
-		return err
+		return answerError(err)
 	}
 	if err := m.ans.Text(text); err != nil {
-		return err
+		return answerError(err)
 	}
 	for _, c := range calls {
 		if c.Index < 0 || c.Index >= maxToolCalls {
 			return errUpstreamProtocol
 		}
 		if err := m.ans.ToolCall(c.Index, c.ID, c.Name, c.Arguments); err != nil {
-			if errors.Is(err, translate.ErrMalformedAnswer) {
-				return errUpstreamProtocol // a part that cannot be streamed any more
-			}
-			return err
+			return answerError(err)
 		}
 	}
 	return nil
+}
+
+// answerError is the failure of an answer the provider broke so that it
+// cannot be a Messages answer (translate.ErrMalformedAnswer: a tool call's
+// part after its block closed, arguments that are not a JSON object): a
+// 502 saying what was broken, which a stream ends with as its error event.
+// A failed write passes through.
+func answerError(err error) error {
+	if errors.Is(err, translate.ErrMalformedAnswer) && !errors.As(err, new(*errWrite)) {
+		return &upstreamError{status: http.StatusBadGateway, message: clipTo(err.Error(), maxErrorTextBytes)}
+	}
+	return err
 }
 
 // normalized renders a normalized-path run from its run events.
@@ -171,7 +198,7 @@ func (m *messagesRender) finish(finish string, usage *translate.Usage) string {
 		return m.failed(err)
 	}
 	if err := m.ans.Finish(finish, usage); err != nil {
-		return m.failed(err)
+		return m.failed(answerError(err))
 	}
 	if m.stream {
 		return reasonCompleted

@@ -597,13 +597,14 @@ func TestMessagesRecords(t *testing.T) {
 // answer; not a 500 of iop's), not a wrong answer.
 func TestMessagesLateToolPart(t *testing.T) {
 	env := newEnv(t, Config{}, runWith(scriptedRun(normalized,
-		events(started(), toolPart(0, "", "f", `{"a":`), toolPart(1, "", "g", `{}`)),
-		events(toolPart(0, "", "", `1}`), complete("tool_calls")))))
+		events(started(), toolPart(0, "", "f", `{"a":1}`), toolPart(1, "", "g", `{}`)),
+		events(toolPart(0, "", "", `{}`), complete("tool_calls")))))
 	resp := env.post(t, messagesPath, "application/json", messagesBody+`,"stream":true}`)
 	evs := messagesEvents(t, resp.body)
 	last := evs[len(evs)-1]
 	e, _ := last.data["error"].(map[string]any)
-	if last.name != "error" || e["type"] != "api_error" || e["message"] != errUpstreamProtocol.Error() {
+	msg, _ := e["message"].(string)
+	if last.name != "error" || e["type"] != "api_error" || !strings.Contains(msg, "a tool call's part came after another block") {
 		t.Errorf("events %q, last %v", eventNames(evs), last.data)
 	}
 }
@@ -619,5 +620,99 @@ func TestRegression_MessagesToolChoiceAnyInItsOwnWords(t *testing.T) {
 	typ, msg := anthropicErrorOf(t, resp.body)
 	if resp.status != 400 || typ != "invalid_request_error" || !strings.Contains(msg, `tool_choice "any"`) || strings.Contains(msg, "required") {
 		t.Errorf("%d %s %q", resp.status, typ, msg)
+	}
+}
+
+// TestRegression_MessagesToolArgumentsNotAnObject: a provider whose tool
+// call's arguments are not a JSON object ("{broken", "[1,2]") was
+// answered 200 with "input":{} (the arguments silently replaced) when not
+// streamed, and streamed as input_json_delta "{broken" then message_stop,
+// which the SDK's JSON parse throws on. Now both are the provider's
+// broken answer, on both paths: 502 api_error before the stream began,
+// and after it the input_json_delta as it came, then `event: error`
+// (api_error) with neither the block's content_block_stop nor a
+// message_stop.
+func TestRegression_MessagesToolArgumentsNotAnObject(t *testing.T) {
+	for _, args := range []string{`{broken`, `[1,2]`} {
+		quoted, _ := json.Marshal(args)
+		sseBody := `data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":""}}]}}]}` + "\n\n" +
+			`data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":` + string(quoted) + `}}]}}]}` + "\n\n" +
+			`data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}` + "\n\ndata: [DONE]\n\n"
+		jsonBody := `{"choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":` +
+			string(quoted) + `}}]},"finish_reason":"tool_calls"}]}`
+		runs := map[string]func() *fakeRun{
+			"normalized": func() *fakeRun {
+				return scriptedRun(normalized, events(started(), toolPart(0, "call_1", "f", args)), events(complete("tool_calls")))
+			},
+			"tunnel SSE": func() *fakeRun {
+				return scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}), tunnelData(sseBody), tunnelEnd())
+			},
+			"tunnel JSON": func() *fakeRun {
+				return scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "application/json"}), tunnelData(jsonBody), tunnelEnd())
+			},
+		}
+		for name, run := range runs {
+			for _, stream := range []bool{false, true} {
+				env := newEnv(t, Config{}, runWith(run()))
+				resp := env.post(t, messagesPath, "application/json", messagesBody+fmt.Sprintf(`,"stream":%v}`, stream))
+				what := fmt.Sprintf("%s %q stream %v", name, args, stream)
+				if !stream {
+					typ, msg := anthropicErrorOf(t, resp.body)
+					if resp.status != http.StatusBadGateway || typ != "api_error" || !strings.Contains(msg, args) {
+						t.Errorf("%s: %d %s", what, resp.status, resp.body)
+					}
+					continue
+				}
+				evs := messagesEvents(t, resp.body)
+				names := eventNames(evs)
+				want := []string{"message_start", "ping", "content_block_start", "content_block_delta", "error"}
+				if resp.status != 200 || !reflect.DeepEqual(names, want) {
+					t.Errorf("%s: %d events %q, want %q", what, resp.status, names, want)
+					continue
+				}
+				if d := evs[3].data["delta"].(map[string]any); d["type"] != "input_json_delta" || d["partial_json"] != args {
+					t.Errorf("%s: delta %v", what, d)
+				}
+				if e, _ := evs[4].data["error"].(map[string]any); e["type"] != "api_error" || !strings.Contains(e["message"].(string), args) {
+					t.Errorf("%s: error %v", what, evs[4].data)
+				}
+			}
+		}
+	}
+}
+
+// TestRegression_MessagesValidatedAsTheReference: bodies Anthropic's
+// reference refuses, which the edge dispatched (a text/plain image, a
+// temperature of 1.5, a top_p of 7, max_tokens cut to 2147483647, a
+// file:// image) or refused naming another field (bad base64 padding:
+// the node named "messages[0].content[0].image_url"; content []: "messages
+// must not be empty"), are refused 400 invalid_request_error naming the
+// field, on either route (create and count_tokens), with nothing
+// dispatched.
+func TestRegression_MessagesValidatedAsTheReference(t *testing.T) {
+	env := newEnv(t, Config{}, okRun)
+	image := func(src string) string {
+		return `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":` + src + `}]}]}`
+	}
+	const msgs = `"messages":[{"role":"user","content":"x"}]`
+	for _, tc := range []struct{ body, field string }{
+		{image(`{"type":"base64","media_type":"text/plain","data":"aGk="}`), "messages[0].content[0].source.media_type"},
+		{image(`{"type":"base64","media_type":"image/png","data":"aGVsbG8"}`), "messages[0].content[0].source.data"},
+		{image(`{"type":"url","url":"file:///etc/passwd"}`), "messages[0].content[0].source.url"},
+		{`{"model":"m","max_tokens":5,` + msgs + `,"temperature":1.5}`, "temperature"},
+		{`{"model":"m","max_tokens":5,` + msgs + `,"top_p":7}`, "top_p"},
+		{`{"model":"m","max_tokens":99999999999,` + msgs + `}`, "max_tokens"},
+		{`{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[]}]}`, "messages[0].content"},
+	} {
+		for _, path := range []string{messagesPath, countTokensPath} {
+			resp := env.post(t, path, "application/json", tc.body)
+			typ, msg := anthropicErrorOf(t, resp.body)
+			if resp.status != 400 || typ != "invalid_request_error" || !strings.HasPrefix(msg, tc.field+": ") {
+				t.Errorf("%s %s: %d %s %q, want 400 naming %s", path, tc.body, resp.status, typ, msg, tc.field)
+			}
+		}
+	}
+	if n := len(env.gw.requests()); n != 0 {
+		t.Errorf("%d requests dispatched", n)
 	}
 }
