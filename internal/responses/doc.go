@@ -12,7 +12,12 @@
 //
 // # Concurrency
 //
-// A Store is safe for concurrent use: it is a database/sql pool, and each
-// Save is one transaction. The package starts no goroutines and holds no
-// locks of its own.
+// A Store is safe for concurrent use. Writes (Save, SetStatus, Delete)
+// run one at a time on one connection, each one IMMEDIATE transaction,
+// after a FIFO write turn (a channel of one slot: its blocked senders are
+// served in order), so a small save waits only for the writes that came
+// before it; reads (Get, Item) use a pool of their own, which in WAL mode
+// neither waits for the writer nor blocks it (an in-memory database has
+// one connection for both). The package starts no goroutines and holds
+// no locks but the write turn.
 package responses

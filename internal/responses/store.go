@@ -82,8 +82,36 @@ var schema = []string{
 }
 
 // SQLite is a Store in an SQLite database file.
+//
+// Writes go through one connection (db) and take a FIFO turn first
+// (wturn), so concurrent saves are served in the order they came and a
+// small save never starves behind bigger ones (database/sql hands its
+// free connection to a random waiter); each write transaction begins
+// IMMEDIATE (it takes SQLite's write lock at once, so a busy database
+// is waited for by the busy timeout rather than failing at the first
+// write). Reads use their own pool (rd): in WAL mode SQLite's readers
+// do not block the writer nor each other ("Write-Ahead Logging",
+// sqlite.org/wal.html). An in-memory database lives in its one
+// connection, so there rd is db.
 type SQLite struct {
-	db *sql.DB
+	db    *sql.DB
+	rd    *sql.DB
+	wturn chan struct{}
+}
+
+// readConns is the number of connections of a file database's read pool.
+const readConns = 4
+
+// turn waits for the write turn (FIFO: goroutines blocked sending on a
+// channel are served in order) or ctx's end; the returned func gives it
+// back.
+func (s *SQLite) turn(ctx context.Context) (func(), error) {
+	select {
+	case s.wturn <- struct{}{}:
+		return func() { <-s.wturn }, nil
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
 }
 
 // OpenSQLite opens (creating if needed) the responses tables in the
@@ -92,30 +120,52 @@ type SQLite struct {
 // run store and the ledger), or a private in-memory database for
 // ":memory:".
 func OpenSQLite(path string) (*SQLite, error) {
-	dsn := "file:" + url.PathEscape(path) + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)"
-	if path == ":memory:" || path == "" {
-		dsn = "file::memory:"
+	memory := path == ":memory:" || path == ""
+	dsn := "file:" + url.PathEscape(path) + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+	if memory {
+		dsn = "file::memory:?_txlock=immediate"
 	}
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("response store %s: %w", path, err)
 	}
-	db.SetMaxOpenConns(1) // an in-memory database lives in its one connection
+	db.SetMaxOpenConns(1) // the one writer; an in-memory database lives in its one connection
 	for _, stmt := range schema {
 		if _, err := db.Exec(stmt); err != nil {
 			db.Close()
 			return nil, fmt.Errorf("response store %s: %w", path, err)
 		}
 	}
-	return &SQLite{db: db}, nil
+	s := &SQLite{db: db, rd: db, wturn: make(chan struct{}, 1)}
+	if !memory {
+		rd, err := sql.Open("sqlite", "file:"+url.PathEscape(path)+"?_pragma=busy_timeout(10000)&_pragma=query_only(1)")
+		if err != nil {
+			db.Close()
+			return nil, fmt.Errorf("response store %s: %w", path, err)
+		}
+		rd.SetMaxOpenConns(readConns)
+		s.rd = rd
+	}
+	return s, nil
 }
 
 // Close closes the database.
-func (s *SQLite) Close() error { return s.db.Close() }
+func (s *SQLite) Close() error {
+	err := s.db.Close()
+	if s.rd != s.db {
+		err = errors.Join(err, s.rd.Close())
+	}
+	return err
+}
 
 // Save inserts rec, or replaces the stored response of rec.ID (its items
 // too), in one transaction.
 func (s *SQLite) Save(ctx context.Context, rec Record) (err error) {
+	done, err := s.turn(ctx)
+	if err != nil {
+		return fmt.Errorf("saving response %s: %w", rec.ID, err)
+	}
+	defer done()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("saving response %s: %w", rec.ID, err)
@@ -150,6 +200,11 @@ func (s *SQLite) Save(ctx context.Context, rec Record) (err error) {
 // SetStatus changes the status and object of owner's stored response id,
 // without touching its items. Errors: ErrNotFound.
 func (s *SQLite) SetStatus(ctx context.Context, owner, id, status string, response json.RawMessage) error {
+	done, err := s.turn(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
 	res, err := s.db.ExecContext(ctx, `UPDATE responses SET status = ?, response = ? WHERE id = ? AND owner = ?`,
 		status, string(response), id, owner)
 	if err != nil {
@@ -167,7 +222,7 @@ func (s *SQLite) Get(ctx context.Context, owner, id string) (Record, error) {
 	rec := Record{ID: id, Owner: owner}
 	var created int64
 	var response string
-	err := s.db.QueryRowContext(ctx, `SELECT created_at, status, response FROM responses WHERE id = ? AND owner = ?`,
+	err := s.rd.QueryRowContext(ctx, `SELECT created_at, status, response FROM responses WHERE id = ? AND owner = ?`,
 		id, owner).Scan(&created, &rec.Status, &response)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Record{}, fmt.Errorf("%w: %q", ErrNotFound, id)
@@ -176,7 +231,7 @@ func (s *SQLite) Get(ctx context.Context, owner, id string) (Record, error) {
 		return Record{}, err
 	}
 	rec.CreatedAt, rec.Response = time.Unix(0, created), json.RawMessage(response)
-	rows, err := s.db.QueryContext(ctx, `SELECT kind, item_id, item FROM response_items WHERE response_id = ?
+	rows, err := s.rd.QueryContext(ctx, `SELECT kind, item_id, item FROM response_items WHERE response_id = ?
 		ORDER BY kind, seq`, id)
 	if err != nil {
 		return Record{}, err
@@ -203,6 +258,11 @@ func (s *SQLite) Get(ctx context.Context, owner, id string) (Record, error) {
 // Delete removes owner's stored response id and its items. Errors:
 // ErrNotFound.
 func (s *SQLite) Delete(ctx context.Context, owner, id string) (err error) {
+	done, err := s.turn(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -229,7 +289,7 @@ func (s *SQLite) Delete(ctx context.Context, owner, id string) (err error) {
 // itemID (an item_reference's target). Errors: ErrNotFound.
 func (s *SQLite) Item(ctx context.Context, owner, itemID string) (json.RawMessage, error) {
 	var item string
-	err := s.db.QueryRowContext(ctx, `SELECT item FROM response_items WHERE owner = ? AND item_id = ? AND kind != ?
+	err := s.rd.QueryRowContext(ctx, `SELECT item FROM response_items WHERE owner = ? AND item_id = ? AND kind != ?
 		ORDER BY rowid DESC LIMIT 1`, owner, itemID, kindHistory).Scan(&item)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("%w: item %q", ErrNotFound, itemID)

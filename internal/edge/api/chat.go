@@ -112,6 +112,11 @@ type runResponse struct {
 	hold, held bool
 	// done is set once the answer was marked finished (answerDone).
 	done bool
+	// keepSlot, set by a renderer that still has work after the run
+	// ended (a stored response's save), makes answerDone leave the key's
+	// request slot to it: the renderer gives it back (answerFinished)
+	// once that work is done, or the handler does when it returns.
+	keepSlot bool
 }
 
 // recv is Run.Recv with its failures turned into outcomes: io.EOF before a
@@ -148,7 +153,9 @@ func (rr *runResponse) answerDone() {
 	}
 	rr.done = true
 	rr.run.Cancel("the edge ended the answer")
-	answerFinished(rr.r.Context())
+	if !rr.keepSlot {
+		answerFinished(rr.r.Context())
+	}
 }
 
 // fail ends a response that failed before its status line: an error answer,

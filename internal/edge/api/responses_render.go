@@ -25,8 +25,13 @@ import (
 // clean-looking completed. Not streamed: one response object.
 //
 // A stored response (save set) is kept before the final event or the
-// body is written, so a client that continues it at once finds it. Only
-// the request goroutine (a background response's run goroutine) uses it.
+// body is written, so a client that continues it at once finds it, and
+// the key's request slot (max_concurrent) is given back only once the
+// save is done (runResponse.keepSlot). A save that fails fails the
+// request: not streamed, a 500 error answer; streamed, response.failed
+// with the error, never response.completed (a client told "store": true
+// must find what it was told is stored). Only the request goroutine (a
+// background response's run goroutine) uses it.
 type responsesRender struct {
 	*runResponse
 	resp   *responseObject
@@ -49,6 +54,7 @@ type responsesRender struct {
 // begin sets the run o renders, once it was dispatched.
 func (o *responsesRender) begin(rr *runResponse) {
 	o.runResponse = rr
+	rr.keepSlot = o.save != nil
 	o.b.NewID = newItemID
 	if o.stream {
 		o.b.Emit = o.emit
@@ -66,19 +72,34 @@ func (o *responsesRender) inProgress(DispatchInfo) {
 	}
 }
 
-// store saves the response in its current (final) state.
-func (o *responsesRender) store(ctx context.Context) {
+// store saves the response in its current (final) state, then gives the
+// key's request slot back (answerFinished; the run has ended). A failure
+// is logged and returned as an *errNotStored.
+func (o *responsesRender) store(ctx context.Context) error {
 	if o.save == nil {
-		return
+		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), responsesStoreTimeout)
+	defer answerFinished(ctx)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), responsesStoreTimeout)
 	defer cancel()
-	if err := o.save(ctx, o.resp); err != nil {
+	if err := o.save(sctx, o.resp); err != nil {
 		o.h.logger.Warn("saving a response failed", "response_id", o.resp.ID, "err", err)
-		return
+		return &errNotStored{err}
 	}
 	o.saved = true
+	return nil
 }
+
+// errNotStored is a stored response's save that failed. It does not
+// unwrap (classify makes it a 500 internal_error whatever the cause, a
+// timeout included: the client's request did not time out).
+type errNotStored struct{ err error }
+
+func (e *errNotStored) Error() string { return "the response could not be stored: " + e.err.Error() }
+
+// msgNotStored is the error message of a streamed response whose save
+// failed.
+const msgNotStored = "The response could not be stored; it was not kept. Retry the request."
 
 // open starts a streamed answer, once: the SSE headers, response.created
 // and response.in_progress.
@@ -224,7 +245,9 @@ func (o *responsesRender) finish(finishReason string, in, out int) string {
 	if reason != "" {
 		o.resp.IncompleteDetails = &incompleteDetails{Reason: reason}
 	}
-	o.store(o.r.Context())
+	if err := o.store(o.r.Context()); err != nil {
+		return o.notStored(err)
+	}
 	if !o.stream {
 		if clientGone(o.r) {
 			return reasonClientGone
@@ -261,7 +284,29 @@ func (o *responsesRender) failed(err error) string {
 	}
 	o.resp.Status, o.resp.Output = "failed", o.b.Output()
 	o.resp.Error = &responseError{Code: code, Message: e.Message}
-	o.store(o.r.Context())
+	_ = o.store(o.r.Context()) // failed either way; the error is logged
+	if werr := o.b.Event("response.failed", map[string]any{"response": o.resp}); werr != nil {
+		o.abort = true
+		return reasonWriteFailed
+	}
+	return reasonUpstreamError
+}
+
+// notStored ends a complete answer whose save failed (err, an
+// *errNotStored): not streamed, a 500 error answer; streamed, the
+// response "failed" with server_error and response.failed. A client
+// gone aborts instead. It returns the rendering's reason.
+func (o *responsesRender) notStored(err error) string {
+	if !o.stream {
+		return o.fail(err)
+	}
+	if clientGone(o.r) {
+		o.abort = true
+		return reasonClientGone
+	}
+	o.h.logError(o.r, classify(err, o.req), err, o.req)
+	o.resp.Status, o.resp.Usage = "failed", nil
+	o.resp.Error = &responseError{Code: "server_error", Message: msgNotStored}
 	if werr := o.b.Event("response.failed", map[string]any{"response": o.resp}); werr != nil {
 		o.abort = true
 		return reasonWriteFailed
