@@ -110,4 +110,3 @@ func TestRegression_SlotHeldWhileSaving(t *testing.T) {
 		t.Errorf("after the first was stored: %d %s", resp.status, resp.body)
 	}
 }
-
