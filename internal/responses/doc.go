@@ -1,9 +1,14 @@
 // Package responses keeps the edge's stored Responses API responses
 // (POST /v1/responses with "store" true, the default): each response's
-// object, the items of the conversation before it (from
-// previous_response_id), its input items and its output items, and the
-// API key that made it, in the edge's database (the SQLite file of the run
-// records, its own tables "responses" and "response_items").
+// object, the id of the response it continued (previous_response_id),
+// its own input items and output items, and the API key that made it, in
+// the edge's database (the SQLite file of the run records, its own tables
+// "responses" and "response_items"). A conversation is the chain of its
+// responses: each item is stored once, with the response that brought
+// it, and Conversation walks the chain (at most MaxChainDepth responses,
+// MaxChainItems items). A response deleted while a later one continues
+// it is marked deleted, its items kept for the later one's conversation
+// until the last response continuing it is deleted.
 //
 // A response belongs to its owner, the name of the key that created it
 // ("" for an open API): Get, Delete and Item find only the owner's, so

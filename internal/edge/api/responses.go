@@ -34,8 +34,12 @@ type ResponseStore interface {
 	Save(ctx context.Context, rec responses.Record) error
 	// SetStatus changes a stored response's status and object.
 	SetStatus(ctx context.Context, owner, id, status string, response json.RawMessage) error
-	// Get returns a stored response with its items.
+	// Get returns a stored response with its own items.
 	Get(ctx context.Context, owner, id string) (responses.Record, error)
+	// Conversation returns the items a response continuing a stored one
+	// starts from, the whole chain's (responses.ErrChainTooLong past its
+	// limits).
+	Conversation(ctx context.Context, owner, id string) ([]responses.Item, error)
 	// Delete removes a stored response.
 	Delete(ctx context.Context, owner, id string) error
 	// Item returns the JSON of the owner's latest stored input or output
@@ -423,7 +427,25 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 			h.writeError(w, r, err, nil)
 			return
 		}
-		history = prev.Conversation()
+		if prev.Status == "queued" || prev.Status == "in_progress" {
+			// Its answer is not there yet: a conversation continued from
+			// it would miss it (a tester's report).
+			h.writeError(w, r, &requestError{param: "previous_response_id",
+				message: fmt.Sprintf("Previous response with id '%s' is still %s: wait until it is no longer queued or in_progress.", clip(rq.PreviousResponseID), prev.Status)}, nil)
+			return
+		}
+		if history, err = h.cfg.Responses.Conversation(ctx, owner, rq.PreviousResponseID); err != nil {
+			switch {
+			case errors.Is(err, responses.ErrNotFound):
+				err = &requestError{param: "previous_response_id",
+					message: fmt.Sprintf("Previous response with id '%s' not found.", clip(rq.PreviousResponseID))}
+			case errors.Is(err, responses.ErrChainTooLong):
+				err = &requestError{param: "previous_response_id",
+					message: fmt.Sprintf("Previous response with id '%s' continues a conversation longer than iop keeps (%d responses, %d items): start a new one.", clip(rq.PreviousResponseID), responses.MaxChainDepth, responses.MaxChainItems)}
+			}
+			h.writeError(w, r, err, nil)
+			return
+		}
 	}
 	input, err := h.resolveItems(ctx, owner, rq.Input)
 	if err != nil {
@@ -462,7 +484,7 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 	if rq.PreviousResponseID != "" {
 		resp.PreviousResponseID = &rq.PreviousResponseID
 	}
-	rec := responses.Record{ID: resp.ID, Owner: owner, CreatedAt: start, History: history, Input: storedItems(input)}
+	rec := responses.Record{ID: resp.ID, Owner: owner, CreatedAt: start, Previous: rq.PreviousResponseID, Input: storedItems(input)}
 	o := &responsesRender{resp: resp, stream: rq.Stream && !rq.Background, noThinking: rq.NoThinking}
 	if store {
 		o.save = func(ctx context.Context, resp *responseObject) error {

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -109,4 +110,58 @@ func TestRegression_SlotHeldWhileSaving(t *testing.T) {
 	if resp := env.send(t, http.MethodPost, "/v1/responses", `{"model":"m","input":"third"}`, h); resp.status != http.StatusOK {
 		t.Errorf("after the first was stored: %d %s", resp.status, resp.body)
 	}
+}
+
+// TestRegression_ContinueAfterTheMiddleIsDeleted: three hops of a
+// conversation, the middle one deleted; the last one still continues with
+// the whole conversation, and the deleted one is not found.
+func TestRegression_ContinueAfterTheMiddleIsDeleted(t *testing.T) {
+	env := newEnv(t, Config{Responses: newResponseStore(t)}, okRun)
+	first := createResponse(t, env, `{"model":"m","input":"one"}`, nil)
+	second := createResponse(t, env, fmt.Sprintf(`{"model":"m","previous_response_id":%q,"input":"two"}`, first["id"]), nil)
+	third := createResponse(t, env, fmt.Sprintf(`{"model":"m","previous_response_id":%q,"input":"three"}`, second["id"]), nil)
+	if resp := env.send(t, http.MethodDelete, "/v1/responses/"+second["id"].(string), "", nil); resp.status != http.StatusOK {
+		t.Fatalf("delete: %d %s", resp.status, resp.body)
+	}
+	if resp := env.get(t, "/v1/responses/"+second["id"].(string)); resp.status != http.StatusNotFound {
+		t.Errorf("GET of the deleted one: %d", resp.status)
+	}
+	resp := env.post(t, "/v1/responses", "application/json", fmt.Sprintf(`{"model":"m","previous_response_id":%q,"input":"two"}`, second["id"]))
+	if resp.status != http.StatusBadRequest || !strings.Contains(resp.body, `"param":"previous_response_id"`) {
+		t.Errorf("continuing the deleted one: %d %s", resp.status, resp.body)
+	}
+	createResponse(t, env, fmt.Sprintf(`{"model":"m","previous_response_id":%q,"input":"four"}`, third["id"]), nil)
+	reqs := env.gw.requests()
+	var got []string
+	for _, m := range chatMessages(t, reqs[len(reqs)-1]) {
+		got = append(got, fmt.Sprint(m["role"], ":", m["content"]))
+	}
+	want := []string{"user:one", "assistant:hi", "user:two", "assistant:hi", "user:three", "assistant:hi", "user:four"}
+	if !slices.Equal(got, want) {
+		t.Errorf("messages\n got %q\nwant %q", got, want)
+	}
+}
+
+// TestRegression_PreviousStillInProgressIsRefused: previous_response_id
+// naming a background response still queued or in progress was accepted
+// and stored a history missing its answer; it is refused 400 naming
+// previous_response_id, and nothing is dispatched for it.
+func TestRegression_PreviousStillInProgressIsRefused(t *testing.T) {
+	run := liveRun(normalized, 4)
+	run.up <- events(started(), delta("working"))
+	m := newRunsManager(t)
+	env := newEnv(t, Config{Responses: newResponseStore(t), Runs: m}, runWith(run))
+	obj := createResponse(t, env, `{"model":"m","input":"long job","background":true}`, nil)
+	id := obj["id"].(string)
+	defer waitBackground(t, m, id)
+	defer close(run.up)
+	resp := env.post(t, "/v1/responses", "application/json", fmt.Sprintf(`{"model":"m","previous_response_id":%q,"input":"and then?"}`, id))
+	if resp.status != http.StatusBadRequest || !strings.Contains(resp.body, `"param":"previous_response_id"`) ||
+		!(strings.Contains(resp.body, "is still queued") || strings.Contains(resp.body, "is still in_progress")) {
+		t.Errorf("continuing a running background response: %d %s", resp.status, resp.body)
+	}
+	if n := len(env.gw.requests()); n != 1 {
+		t.Errorf("%d dispatched, want the background one only", n)
+	}
+	run.up <- events(usageEvent(1, 1), complete("stop"))
 }
