@@ -171,10 +171,29 @@ func (h *handler) storedResponse(ctx context.Context, id string) (responses.Reco
 	if errors.Is(err, responses.ErrNotFound) {
 		return responses.Record{}, &responseNotFound{id}
 	}
-	if err == nil && (rec.Status == "queued" || rec.Status == "in_progress") && (h.cfg.Runs == nil || h.cfg.Runs.Live(id) == nil) {
+	if err == nil && (rec.Status == "queued" || rec.Status == "in_progress") && (h.cfg.Runs == nil || h.cfg.Runs.Live(id) == nil) && !h.isStreaming(id) {
 		rec = h.orphaned(ctx, rec)
 	}
 	return rec, err
+}
+
+// liveResponse is a stored response being streamed (handler.streaming).
+type liveResponse struct {
+	owner string
+	// cancel ends its request (its run) with a cause.
+	cancel context.CancelCauseFunc
+	// done is closed once its request stored its last state.
+	done chan struct{}
+}
+
+// errResponseDeleted ends a streamed response deleted while it streams.
+var errResponseDeleted = errors.New("the response was deleted")
+
+// isStreaming reports whether the stored response id is being streamed
+// by this edge process now.
+func (h *handler) isStreaming(id string) bool {
+	_, ok := h.streaming.Load(id)
+	return ok
 }
 
 // errResponseOrphaned is the error of a background response whose run no
@@ -236,6 +255,19 @@ func (h *handler) deleteResponse(w http.ResponseWriter, r *http.Request, id stri
 		if run := h.cfg.Runs.Live(id); run != nil && run.Record().KeyName == keyName(r.Context()) {
 			run.Cancel("the response was deleted")
 			_, _ = run.Wait(r.Context())
+		}
+	}
+	if v, ok := h.streaming.Load(id); ok && v.(*liveResponse).owner == keyName(r.Context()) {
+		// Streamed now: its request ends (the run is cancelled, the
+		// client's stream cut) and stores its last state, then it is
+		// deleted, so the delete is not undone by that last save.
+		live := v.(*liveResponse)
+		live.cancel(errResponseDeleted)
+		select {
+		case <-live.done:
+		case <-r.Context().Done():
+			h.writeError(w, r, context.Cause(r.Context()), nil)
+			return
 		}
 	}
 	if err := h.cfg.Responses.Delete(r.Context(), keyName(r.Context()), id); err != nil {
@@ -499,6 +531,26 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 	if rq.Background {
 		h.responsesBackground(w, r, &req, o)
 		return
+	}
+	if store && o.stream {
+		// Stored at response.created (responsesRender.open); a DELETE
+		// meanwhile cancels it (deleteResponse); a stream that ends
+		// without its final state stored (its client left, a DELETE) is
+		// stored "cancelled". Deferred: a cut stream panics
+		// (http.ErrAbortHandler).
+		rctx, cancel := context.WithCancelCause(ctx)
+		live := &liveResponse{owner: owner, cancel: cancel, done: make(chan struct{})}
+		h.streaming.Store(resp.ID, live)
+		r = r.WithContext(rctx)
+		defer func() {
+			if o.created && !o.saved {
+				o.resp.Status = "cancelled"
+				_ = o.store(rctx)
+			}
+			h.streaming.Delete(resp.ID)
+			close(live.done)
+			cancel(nil)
+		}()
 	}
 	h.serveRunWith(w, r, &req, runRenderer{
 		writeError: h.writeError,

@@ -2,15 +2,19 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"iop/internal/auth"
 	"iop/internal/responses"
+	"iop/internal/sse"
 )
 
 // saveHook is a ResponseStore whose Save runs hook first (an error from
@@ -33,14 +37,26 @@ func (s *saveHook) Save(ctx context.Context, rec responses.Record) error {
 // does not know: not streamed, a 500 error answer; streamed, the stream
 // ends with response.failed carrying the error, never response.completed.
 func TestRegression_FailedSaveFailsTheRequest(t *testing.T) {
-	store := &saveHook{SQLite: newResponseStore(t), hook: func(responses.Record) error {
-		return context.DeadlineExceeded // what the store's timeout gave
+	var failAll atomic.Bool
+	failAll.Store(true)
+	store := &saveHook{SQLite: newResponseStore(t), hook: func(rec responses.Record) error {
+		if failAll.Load() || rec.Status != "in_progress" {
+			return context.DeadlineExceeded // what the store's timeout gave
+		}
+		return nil
 	}}
 	env := newEnv(t, Config{Responses: store}, okRun)
 	resp := env.post(t, "/v1/responses", "application/json", `{"model":"m","input":"tiny"}`)
 	if resp.status != http.StatusInternalServerError || !strings.Contains(resp.body, `"error":{`) || strings.Contains(resp.body, `"store":true`) {
 		t.Errorf("not streamed: %d %s", resp.status, resp.body)
 	}
+	// Streamed, the save at response.created fails: an error answer.
+	resp = env.post(t, "/v1/responses", "application/json", `{"model":"m","input":"tiny","stream":true}`)
+	if resp.status != http.StatusInternalServerError || !strings.Contains(resp.body, `"error":{`) {
+		t.Errorf("streamed, not stored at response.created: %d %s", resp.status, resp.body)
+	}
+	// Streamed, the final save fails: response.failed.
+	failAll.Store(false)
 	resp = env.post(t, "/v1/responses", "application/json", `{"model":"m","input":"tiny","stream":true}`)
 	if resp.status != http.StatusOK {
 		t.Fatalf("streamed: %d %s", resp.status, resp.body)
@@ -55,8 +71,8 @@ func TestRegression_FailedSaveFailsTheRequest(t *testing.T) {
 		t.Errorf("streamed final response %v", final)
 	}
 	id, _ := final["id"].(string)
-	if got := env.get(t, "/v1/responses/"+id); got.status != http.StatusNotFound {
-		t.Errorf("GET of the unsaved response: %d %s", got.status, got.body)
+	if got := env.get(t, "/v1/responses/"+id); strings.Contains(got.body, `"status":"completed"`) {
+		t.Errorf("GET of the response whose final save failed: %d %s", got.status, got.body)
 	}
 }
 
@@ -66,13 +82,12 @@ func TestRegression_FailedSaveFailsTheRequest(t *testing.T) {
 func TestRegression_SlotHeldWhileSaving(t *testing.T) {
 	f := newKeys(t, auth.Key{MaxConcurrent: 1})
 	entered, proceed := make(chan struct{}), make(chan struct{})
-	first := true
+	var once sync.Once
 	store := &saveHook{SQLite: newResponseStore(t), hook: func(responses.Record) error {
-		if first {
-			first = false
+		once.Do(func() {
 			close(entered)
 			<-proceed
-		}
+		})
 		return nil
 	}}
 	env := newEnv(t, Config{Keys: f.keys, AdminKeys: f.admin, Responses: store}, okRun)
@@ -164,4 +179,82 @@ func TestRegression_PreviousStillInProgressIsRefused(t *testing.T) {
 		t.Errorf("%d dispatched, want the background one only", n)
 	}
 	run.up <- events(usageEvent(1, 1), complete("stop"))
+}
+
+// openStream posts a streamed response and reads its events until
+// response.created: the response's id and the open body.
+func openStream(t *testing.T, env *testEnv, ctx context.Context, body string) (string, io.ReadCloser) {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, env.srv.URL+"/v1/responses", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := env.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id string
+	var r sse.Reader
+	buf := make([]byte, 4096)
+	for id == "" {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			_ = r.Feed(buf[:n], func(e sse.Event) error {
+				if e.Type == "response.created" {
+					var obj struct{ Response struct{ ID string } }
+					_ = json.Unmarshal(e.Data, &obj)
+					id = obj.Response.ID
+				}
+				return nil
+			})
+		}
+		if err != nil && id == "" {
+			resp.Body.Close()
+			t.Fatalf("stream ended before response.created: %v", err)
+		}
+	}
+	return id, resp.Body
+}
+
+// TestRegression_StreamedResponseIsStoredWhileItStreams: a streamed
+// stored response's id arrives in response.created, and GET found
+// nothing (404) until the stream ended; a DELETE meanwhile answered 404
+// and the response appeared afterwards. Now GET answers it in_progress
+// while it streams, and DELETE cancels its run and deletes it for good.
+func TestRegression_StreamedResponseIsStoredWhileItStreams(t *testing.T) {
+	run := liveRun(normalized, 4)
+	run.up <- events(started(), delta("first words"))
+	env := newEnv(t, Config{Responses: newResponseStore(t)}, runWith(run))
+	id, body := openStream(t, env, context.Background(), `{"model":"m","input":"hi","stream":true}`)
+	defer body.Close()
+	if resp := env.get(t, "/v1/responses/"+id); resp.status != http.StatusOK || !strings.Contains(resp.body, `"status":"in_progress"`) {
+		t.Fatalf("GET while it streams: %d %s", resp.status, resp.body)
+	}
+	if resp := env.send(t, http.MethodDelete, "/v1/responses/"+id, "", nil); resp.status != http.StatusOK || !strings.Contains(resp.body, `"deleted":true`) {
+		t.Fatalf("DELETE while it streams: %d %s", resp.status, resp.body)
+	}
+	if len(run.cancelReasons()) == 0 {
+		t.Error("the run was not cancelled")
+	}
+	_, _ = io.Copy(io.Discard, body) // the stream ends
+	env.waitHandlers()
+	if resp := env.get(t, "/v1/responses/"+id); resp.status != http.StatusNotFound {
+		t.Errorf("GET after DELETE, once the stream ended: %d %s", resp.status, resp.body)
+	}
+}
+
+// TestRegression_StreamedResponseItsClientLeftIsStoredCancelled: a
+// client that leaves mid-stream left nothing stored; now the response is
+// stored "cancelled" (README).
+func TestRegression_StreamedResponseItsClientLeftIsStoredCancelled(t *testing.T) {
+	run := liveRun(normalized, 4)
+	run.up <- events(started(), delta("first words"))
+	env := newEnv(t, Config{Responses: newResponseStore(t)}, runWith(run))
+	ctx, cancel := context.WithCancel(context.Background())
+	id, body := openStream(t, env, ctx, `{"model":"m","input":"hi","stream":true}`)
+	cancel()
+	body.Close()
+	env.waitHandlers()
+	resp := env.get(t, "/v1/responses/"+id)
+	if resp.status != http.StatusOK || !strings.Contains(resp.body, `"status":"cancelled"`) {
+		t.Errorf("GET after its client left: %d %s", resp.status, resp.body)
+	}
 }

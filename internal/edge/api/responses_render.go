@@ -42,6 +42,9 @@ type responsesRender struct {
 	// save keeps the response; nil when it is not stored.
 	save  func(ctx context.Context, resp *responseObject) error
 	saved bool // a final state was saved
+	// created is set once a streamed response was stored in_progress, at
+	// response.created.
+	created bool
 
 	// noThinking drops the answer's reasoning: the client asked for
 	// reasoning.effort "none" (translate.ResponsesRequest.NoThinking).
@@ -80,13 +83,23 @@ func (o *responsesRender) store(ctx context.Context) error {
 		return nil
 	}
 	defer answerFinished(ctx)
+	if err := o.saveNow(ctx); err != nil {
+		return err
+	}
+	o.saved = true
+	return nil
+}
+
+// saveNow saves the response in its current state (bounded by
+// responsesStoreTimeout, also when ctx has ended). A failure is logged and
+// returned as an *errNotStored.
+func (o *responsesRender) saveNow(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), responsesStoreTimeout)
 	defer cancel()
 	if err := o.save(sctx, o.resp); err != nil {
 		o.h.logger.Warn("saving a response failed", "response_id", o.resp.ID, "err", err)
 		return &errNotStored{err}
 	}
-	o.saved = true
 	return nil
 }
 
@@ -101,11 +114,19 @@ func (e *errNotStored) Error() string { return "the response could not be stored
 // failed.
 const msgNotStored = "The response could not be stored; it was not kept. Retry the request."
 
-// open starts a streamed answer, once: the SSE headers, response.created
-// and response.in_progress.
+// open starts a streamed answer, once: a stored response is saved
+// in_progress first (so GET and DELETE find it once its id is out; a
+// failed save is an error answer), then the SSE headers,
+// response.created and response.in_progress.
 func (o *responsesRender) open() error {
 	if !o.stream || o.opened {
 		return nil
+	}
+	if o.save != nil && !o.created {
+		if err := o.saveNow(o.r.Context()); err != nil {
+			return err
+		}
+		o.created = true
 	}
 	o.opened = true
 	o.startStream()
