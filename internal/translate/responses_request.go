@@ -174,6 +174,13 @@ func DecodeResponsesRequest(body []byte) (ResponsesRequest, error) {
 	if m := req.MaxOutputTokens; m != nil && (*m < 1 || *m > math.MaxInt32) {
 		return ResponsesRequest{}, fieldErr("max_output_tokens", "must be an integer in [1, %d], got %d", math.MaxInt32, *m)
 	}
+	// Ranges of the API reference ("Create a model response").
+	if v := req.Temperature; v != nil && (*v < 0 || *v > 2) {
+		return ResponsesRequest{}, fieldErr("temperature", "must be a number in [0, 2], got %v", *v)
+	}
+	if v := req.TopP; v != nil && (*v < 0 || *v > 1) {
+		return ResponsesRequest{}, fieldErr("top_p", "must be a number in [0, 1], got %v", *v)
+	}
 	if req.Input, err = decodeInput(top["input"]); err != nil {
 		return ResponsesRequest{}, err
 	}
@@ -533,6 +540,9 @@ func decodeResponsesTools(raw json.RawMessage) (chat json.RawMessage, names []st
 		}
 		if strings.TrimSpace(t.Name) == "" {
 			return nil, nil, nil, fieldErr(param+".name", "a function tool needs a name")
+		}
+		if slices.Contains(names, t.Name) {
+			return nil, nil, nil, fieldErr(param+".name", "duplicate tool name %q: each function tool needs its own name", clip(t.Name))
 		}
 		if !isNull(t.Parameters) && firstByte(t.Parameters) != '{' {
 			return nil, nil, nil, fieldErr(param+".parameters", "must be a JSON Schema object")

@@ -258,3 +258,63 @@ func TestRegression_StreamedResponseItsClientLeftIsStoredCancelled(t *testing.T)
 		t.Errorf("GET after its client left: %d %s", resp.status, resp.body)
 	}
 }
+
+// TestRegression_ResponsesRangesAndDuplicateTools: temperature outside
+// [0, 2], top_p outside [0, 1] and two function tools of one name are
+// refused 400 naming the field (OpenAI API reference), nothing
+// dispatched; the bounds themselves are accepted.
+func TestRegression_ResponsesRangesAndDuplicateTools(t *testing.T) {
+	env := newEnv(t, Config{}, okRun)
+	for body, param := range map[string]string{
+		`{"model":"m","input":"x","temperature":2.5}`:                                 "temperature",
+		`{"model":"m","input":"x","temperature":-0.1}`:                                "temperature",
+		`{"model":"m","input":"x","top_p":1.5}`:                                       "top_p",
+		`{"model":"m","input":"x","top_p":-1}`:                                        "top_p",
+		`{"model":"m","input":"x","tools":[` + weatherTool + `,` + weatherTool + `]}`: "tools[1].name",
+	} {
+		resp := env.post(t, "/v1/responses", "application/json", body)
+		if resp.status != http.StatusBadRequest || !strings.Contains(resp.body, `"param":"`+param+`"`) {
+			t.Errorf("%s: %d %s, want 400 naming %s", body, resp.status, resp.body, param)
+		}
+	}
+	if n := len(env.gw.requests()); n != 0 {
+		t.Errorf("%d dispatched", n)
+	}
+	for _, body := range []string{
+		`{"model":"m","input":"x","temperature":0,"top_p":0}`,
+		`{"model":"m","input":"x","temperature":2,"top_p":1}`,
+	} {
+		if resp := env.post(t, "/v1/responses", "application/json", body); resp.status != http.StatusOK {
+			t.Errorf("%s: %d %s", body, resp.status, resp.body)
+		}
+	}
+}
+
+// TestRegression_ReasoningTokensPassedOn: a provider reporting
+// usage.completion_tokens_details.reasoning_tokens has it in the
+// response's usage.output_tokens_details.reasoning_tokens (it was always
+// 0), streamed or not; one reporting none has 0.
+func TestRegression_ReasoningTokensPassedOn(t *testing.T) {
+	withDetails := `data: {"choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":4,"completion_tokens":9,"completion_tokens_details":{"reasoning_tokens":6}}}` + "\n\ndata: [DONE]\n\n"
+	without := `data: {"choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":4,"completion_tokens":9}}` + "\n\ndata: [DONE]\n\n"
+	for _, tc := range []struct {
+		body string
+		want float64
+	}{{withDetails, 6}, {without, 0}} {
+		for _, stream := range []bool{false, true} {
+			env := newEnv(t, Config{}, func(context.Context, Request) (Run, error) { return splitTunnel(tc.body, 16), nil })
+			resp := env.post(t, "/v1/responses", "application/json", fmt.Sprintf(`{"model":"m","input":"x","stream":%v}`, stream))
+			var obj map[string]any
+			if stream {
+				obj = finalResponse(t, responseEvents(t, resp.body))
+			} else if err := json.Unmarshal([]byte(resp.body), &obj); err != nil {
+				t.Fatalf("%d %s", resp.status, resp.body)
+			}
+			usage, _ := obj["usage"].(map[string]any)
+			details, _ := usage["output_tokens_details"].(map[string]any)
+			if usage["output_tokens"] != 9.0 || details["reasoning_tokens"] != tc.want {
+				t.Errorf("stream %v: usage %v, want reasoning_tokens %v", stream, usage, tc.want)
+			}
+		}
+	}
+}

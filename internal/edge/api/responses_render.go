@@ -50,6 +50,11 @@ type responsesRender struct {
 	// reasoning.effort "none" (translate.ResponsesRequest.NoThinking).
 	noThinking bool
 
+	// reasoningTokens is the provider's completion_tokens_details.
+	// reasoning_tokens (tunnel path); 0 when it reported none, and on the
+	// normalized path, whose run events carry no such count.
+	reasoningTokens int
+
 	b      translate.ResponseBuilder
 	opened bool // the stream's response.created was written
 }
@@ -247,6 +252,7 @@ func (o *responsesRender) tunnel() string {
 	if ans.Usage != nil {
 		in, out = ans.Usage.PromptTokens, ans.Usage.CompletionTokens
 		o.obs.tokens(in, out)
+		o.reasoningTokens = ans.Usage.ReasoningTokens
 	}
 	return o.finish(ans.Finish, in, out)
 }
@@ -263,6 +269,7 @@ func (o *responsesRender) finish(finishReason string, in, out int) string {
 		return o.failed(err)
 	}
 	o.resp.Status, o.resp.Output, o.resp.Usage = status, o.b.Output(), newResponseUsage(in, out)
+	o.resp.Usage.OutputTokensDetails.ReasoningTokens = o.reasoningTokens
 	if reason != "" {
 		o.resp.IncompleteDetails = &incompleteDetails{Reason: reason}
 	}
