@@ -2,8 +2,11 @@ package translate
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"strings"
@@ -283,9 +286,33 @@ func decodeInput(raw json.RawMessage) ([]ResponseItem, error) {
 		if err != nil {
 			return nil, err
 		}
+		if err := checkClientItem(it, fmt.Sprintf("input[%d]", i)); err != nil {
+			return nil, err
+		}
 		items = append(items, it)
 	}
 	return items, nil
+}
+
+// checkClientItem checks what the chat translation would otherwise refuse
+// in its own words (messages[i]..., a new user's report), in the
+// client's: a function_call's arguments that are not JSON text, an
+// input_image's data: URL that is not valid base64. Only for the
+// client's input: stored items (a provider's own calls among them) are
+// read as they were kept.
+func checkClientItem(it ResponseItem, param string) error {
+	if a := strings.TrimSpace(it.Arguments); it.Type == ItemFunctionCall && a != "" && !json.Valid([]byte(a)) {
+		return fieldErr(param+".arguments", "a function_call's arguments must be JSON text (a JSON object, as a string)")
+	}
+	for j, p := range it.Content {
+		if p.Type != PartInputImage {
+			continue
+		}
+		if err := checkDataURL(p.ImageURL); err != nil {
+			return fieldErr(fmt.Sprintf("%s.content[%d].image_url", param, j), "%s", err)
+		}
+	}
+	return nil
 }
 
 // decodeItem reads one input item (see DecodeResponsesRequest); param
@@ -340,6 +367,7 @@ func decodeItem(raw json.RawMessage, param string) (ResponseItem, error) {
 		if in.Arguments != nil {
 			it.Arguments = *in.Arguments
 		}
+
 	case ItemFunctionCallOutput:
 		if in.CallID == "" {
 			return ResponseItem{}, fieldErr(param+".call_id", "a function_call_output needs a call_id")
@@ -488,6 +516,27 @@ func checkToolOutput(raw json.RawMessage, param string) error {
 		if p.Type != PartInputText && p.Type != PartInputImage {
 			return fieldErr(fmt.Sprintf("%s[%d].type", param, j), "must be input_text or input_image, got %q", p.Type)
 		}
+	}
+	return nil
+}
+
+// checkDataURL checks an input_image's data: URL, in the client's words
+// (the chat translation would name its own messages[i]...image_url): a
+// base64 one ("data:<type>;base64,<payload>") whose payload is standard
+// base64 and not empty. Other URLs are not its business.
+func checkDataURL(url string) error {
+	if len(url) < 5 || !strings.EqualFold(url[:5], "data:") {
+		return nil
+	}
+	meta, payload, ok := strings.Cut(url, ",")
+	if !ok || !strings.HasSuffix(meta, ";base64") {
+		return errors.New(`only base64 data URLs are supported, "data:image/png;base64,..."`)
+	}
+	if payload == "" {
+		return errors.New("empty image data")
+	}
+	if _, err := io.Copy(io.Discard, base64.NewDecoder(base64.StdEncoding, strings.NewReader(payload))); err != nil {
+		return fmt.Errorf("image data is not valid base64: %v", err)
 	}
 	return nil
 }
@@ -786,7 +835,9 @@ type chatToolCall struct {
 //	message (assistant)      an assistant message with the output_text
 //	                         parts' text (refusals as text)
 //	function_call            a tool_calls entry of the assistant message
-//	                         it follows (a new one if it follows none)
+//	                         it follows (a new one if it follows none);
+//	                         arguments that are not JSON (a stored call a
+//	                         provider made so) as a JSON string
 //	function_call_output     a tool message with tool_call_id; an array
 //	                         output's text parts joined
 //	reasoning                left out (no provider takes it back)
@@ -832,8 +883,15 @@ func (req *ResponsesRequest) ChatBody(model string, items []ResponseItem) (Respo
 			var tc chatToolCall
 			tc.ID, tc.Type = it.CallID, "function"
 			tc.Function.Name, tc.Function.Arguments = it.Name, it.Arguments
-			if tc.Function.Arguments == "" {
+			if strings.TrimSpace(tc.Function.Arguments) == "" {
 				tc.Function.Arguments = "{}"
+			} else if !json.Valid([]byte(tc.Function.Arguments)) {
+				// A stored call a provider made with arguments that are
+				// not JSON (a client's own are refused at decode): sent
+				// as a JSON string, so that a provider that takes the
+				// arguments as JSON (Ollama) still gets them.
+				quoted, _ := json.Marshal(tc.Function.Arguments)
+				tc.Function.Arguments = string(quoted)
 			}
 			out.Chars += utf8.RuneCountInString(it.Name) + utf8.RuneCountInString(it.Arguments)
 			if n := len(msgs); n > 0 && msgs[n-1].Role == "assistant" {

@@ -15,6 +15,7 @@ import (
 	"iop/internal/auth"
 	"iop/internal/responses"
 	"iop/internal/sse"
+	"iop/internal/translate"
 )
 
 // saveHook is a ResponseStore whose Save runs hook first (an error from
@@ -316,5 +317,62 @@ func TestRegression_ReasoningTokensPassedOn(t *testing.T) {
 				t.Errorf("stream %v: usage %v, want reasoning_tokens %v", stream, usage, tc.want)
 			}
 		}
+	}
+}
+
+// TestRegression_ResponsesErrorsInTheClientsWords: a function_call input
+// item with arguments that are not JSON, and an input_image whose data:
+// URL is not valid base64, were refused naming the chat translation's
+// fields (messages[0], messages[0].content[0].image_url); they are
+// refused 400 naming the client's (input[0].arguments,
+// input[0].content[0].image_url), nothing dispatched.
+func TestRegression_ResponsesErrorsInTheClientsWords(t *testing.T) {
+	env := newEnv(t, Config{}, okRun)
+	for body, param := range map[string]string{
+		`{"model":"m","input":[{"type":"function_call","call_id":"c1","name":"get_weather","arguments":"{not json"},
+			{"type":"function_call_output","call_id":"c1","output":"21C"}]}`: "input[0].arguments",
+		`{"model":"m","input":[{"role":"user","content":[{"type":"input_image","image_url":"data:image/png;base64,!!!"}]}]}`:                             "input[0].content[0].image_url",
+		`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"see"},{"type":"input_image","image_url":"data:image/png,raw"}]}]}`: "input[0].content[1].image_url",
+	} {
+		resp := env.post(t, "/v1/responses", "application/json", body)
+		if resp.status != http.StatusBadRequest || !strings.Contains(resp.body, `"param":"`+param+`"`) {
+			t.Errorf("%s: %d %s, want 400 naming %s", body, resp.status, resp.body, param)
+		}
+	}
+	if n := len(env.gw.requests()); n != 0 {
+		t.Errorf("%d dispatched", n)
+	}
+}
+
+// TestRegression_StoredCallWithBrokenArgumentsContinuesOnOllama: a
+// provider's function call whose arguments are not JSON, stored, could
+// not be continued on an Ollama provider (400 "messages[1]: tool call
+// arguments are not JSON"); its arguments now reach the chat body as a
+// JSON string, which the Ollama translation takes.
+func TestRegression_StoredCallWithBrokenArgumentsContinuesOnOllama(t *testing.T) {
+	n := 0
+	env := newEnv(t, Config{Responses: newResponseStore(t)}, func(context.Context, Request) (Run, error) {
+		if n++; n == 1 {
+			return scriptedRun(normalized, events(started(), toolDelta(0, "call_a", "get_weather", `{"city": Paris`)),
+				events(usageEvent(3, 2), complete("tool_calls"))), nil
+		}
+		return okRun(context.Background(), Request{})
+	})
+	first := createResponse(t, env, `{"model":"m","input":"weather?","tools":[`+weatherTool+`]}`, nil)
+	createResponse(t, env, fmt.Sprintf(`{"model":"m","previous_response_id":%q,"tools":[`+weatherTool+`],
+		"input":[{"type":"function_call_output","call_id":"call_a","output":"21C"}]}`, first["id"]), nil)
+	body := env.gw.requests()[1].Body
+	if _, err := translate.ToOllamaChat(body, "served", nil); err != nil {
+		t.Fatalf("the continued conversation on an Ollama provider: %v\n%s", err, body)
+	}
+	msgs := chatMessages(t, env.gw.requests()[1])
+	calls, _ := msgs[1]["tool_calls"].([]any)
+	if len(calls) != 1 {
+		t.Fatalf("messages %v", msgs)
+	}
+	args := calls[0].(map[string]any)["function"].(map[string]any)["arguments"].(string)
+	var s string
+	if err := json.Unmarshal([]byte(args), &s); err != nil || s != `{"city": Paris` {
+		t.Errorf("arguments %q, want the provider's as a JSON string", args)
 	}
 }
