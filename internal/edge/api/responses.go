@@ -682,6 +682,7 @@ func (h *handler) runBackground(ctx context.Context, run *runs.Run, requestID st
 	hr := (&http.Request{Method: http.MethodPost, URL: &url.URL{Path: responsesPath}, Header: http.Header{}}).WithContext(ctx)
 	req.RunID = run.Record().ID
 	o.background = true
+	o.log = &responseRunLog{run: run, id: o.resp.ID, created: o.resp.CreatedAt, model: req.Model}
 	func() {
 		defer func() {
 			// A rendering cut short aborts its (here absent) connection.
@@ -705,6 +706,24 @@ func (h *handler) runBackground(ctx context.Context, run *runs.Run, requestID st
 	}()
 	h.finish(ctx, obs, dw.status)
 	outcome := runs.Outcome{State: runs.StateComplete, Status: dw.status, Outcome: string(obs.rec.Outcome)}
+	if u := o.resp.Usage; u != nil {
+		outcome.PromptTokens, outcome.CompletionTokens = u.InputTokens, u.OutputTokens
+	}
+	// The run's log ends as a POST /v1/runs run's does (responseRunLog).
+	defer func() {
+		if outcome.State == runs.StateComplete {
+			outcome.FinishReason = o.finishReason
+			o.log.complete(o.finishReason, usage{PromptTokens: outcome.PromptTokens, CompletionTokens: outcome.CompletionTokens,
+				TotalTokens: outcome.PromptTokens + outcome.CompletionTokens})
+		} else {
+			code := "run_failed"
+			if outcome.State == runs.StateCancelled {
+				code = "run_cancelled"
+			}
+			o.log.fail(outcome.Error, code)
+		}
+		run.Finish(outcome)
+	}()
 	switch {
 	case o.saved && o.resp.Status == "failed":
 		outcome.State, outcome.Error = runs.StateError, o.resp.Error.Message
@@ -717,7 +736,7 @@ func (h *handler) runBackground(ctx context.Context, run *runs.Run, requestID st
 			o.resp.Status, outcome.State = "failed", runs.StateError
 			o.resp.Error = &responseError{Code: "server_error", Message: runs.ErrStopping.Error()}
 		}
-		o.store(context.WithoutCancel(ctx))
+		_ = o.store(context.WithoutCancel(ctx))
 	default:
 		// Refused before it reached a provider: the error answer's message.
 		var body errorBody
@@ -731,9 +750,8 @@ func (h *handler) runBackground(ctx context.Context, run *runs.Run, requestID st
 		}
 		o.resp.Status, o.resp.Error = "failed", e
 		outcome.State, outcome.Error = runs.StateError, e.Message
-		o.store(ctx)
+		_ = o.store(ctx)
 	}
-	run.Finish(outcome)
 }
 
 // backgroundWriter is the http.ResponseWriter of a background response: it

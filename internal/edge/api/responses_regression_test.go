@@ -376,3 +376,72 @@ func TestRegression_StoredCallWithBrokenArgumentsContinuesOnOllama(t *testing.T)
 		t.Errorf("arguments %q, want the provider's as a JSON string", args)
 	}
 }
+
+// TestRegression_BackgroundResponseInTheRunsAPI: a background response's
+// run showed dispatch null, zero usage, started_at null, output "" and
+// finish_reason null even after it completed, and its events nothing
+// while in progress and an empty 200 without [DONE] once finished. Now
+// it is recorded as a POST /v1/runs run is: its events while it runs,
+// then its dispatch, usage, output and finish reason, and events ending
+// with [DONE].
+func TestRegression_BackgroundResponseInTheRunsAPI(t *testing.T) {
+	run := liveRun(normalized, 4)
+	run.up <- events(started(), delta("Hel"))
+	m := newRunsManager(t)
+	env := newEnv(t, Config{Responses: newResponseStore(t), Runs: m}, runWith(run))
+	id := createResponse(t, env, `{"model":"m","input":"hi","background":true}`, nil)["id"].(string)
+
+	// While it runs, its events stream has its first delta.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, env.srv.URL+"/v1/runs/"+id+"/events", nil)
+	resp, err := env.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var seen strings.Builder
+	buf := make([]byte, 4096)
+	for !strings.Contains(seen.String(), `"content":"Hel"`) {
+		n, err := resp.Body.Read(buf)
+		seen.Write(buf[:n])
+		if err != nil {
+			t.Fatalf("events while it runs: %v %q", err, seen.String())
+		}
+	}
+	run.up <- events(delta("lo"), usageEvent(7, 2), complete("stop"))
+	close(run.up)
+	waitBackground(t, m, id)
+	rest, _ := io.ReadAll(resp.Body)
+	if all := seen.String() + string(rest); !strings.Contains(all, `"content":"lo"`) || !strings.HasSuffix(all, "data: [DONE]\n\n") {
+		t.Errorf("live events %q", all)
+	}
+
+	got := env.get(t, "/v1/runs/"+id)
+	var rec struct {
+		State        string `json:"state"`
+		StartedAt    *int64 `json:"started_at"`
+		Output       string `json:"output"`
+		FinishReason string `json:"finish_reason"`
+		Dispatch     *struct {
+			NodeID     string `json:"node_id"`
+			ProviderID string `json:"provider_id"`
+		} `json:"dispatch"`
+		Usage struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal([]byte(got.body), &rec); err != nil {
+		t.Fatalf("%d %s", got.status, got.body)
+	}
+	if rec.State != "complete" || rec.StartedAt == nil || rec.Output != "Hello" || rec.FinishReason != "stop" ||
+		rec.Dispatch == nil || rec.Dispatch.NodeID != "node1" || rec.Dispatch.ProviderID != "prov1" ||
+		rec.Usage.PromptTokens != 7 || rec.Usage.CompletionTokens != 2 {
+		t.Errorf("run record %s", got.body)
+	}
+	// Replayed once it ended.
+	if ev := env.get(t, "/v1/runs/"+id+"/events"); !strings.Contains(ev.body, `"content":"Hel"`) || !strings.HasSuffix(ev.body, "data: [DONE]\n\n") {
+		t.Errorf("events once it ended: %d %q", ev.status, ev.body)
+	}
+}

@@ -50,6 +50,12 @@ type responsesRender struct {
 	// reasoning.effort "none" (translate.ResponsesRequest.NoThinking).
 	noThinking bool
 
+	// log records a background response's answer in its run; nil for
+	// the others.
+	log *responseRunLog
+	// finishReason is the run's finish reason, once it completed.
+	finishReason string
+
 	// reasoningTokens is the provider's completion_tokens_details.
 	// reasoning_tokens (tunnel path); 0 when it reported none, and on the
 	// normalized path, whose run events carry no such count.
@@ -71,7 +77,10 @@ func (o *responsesRender) begin(rr *runResponse) {
 
 // inProgress saves a background response as "in_progress" once it was
 // dispatched.
-func (o *responsesRender) inProgress(DispatchInfo) {
+func (o *responsesRender) inProgress(info DispatchInfo) {
+	if o.log != nil {
+		o.log.dispatched(info)
+	}
 	o.resp.Status = "in_progress"
 	if o.save != nil {
 		if err := o.save(o.r.Context(), o.resp); err != nil {
@@ -165,6 +174,9 @@ func (o *responsesRender) thinking(s string) error {
 	if err := o.open(); err != nil {
 		return err
 	}
+	if o.log != nil {
+		o.log.thinking(s)
+	}
 	return o.b.Thinking(s)
 }
 
@@ -175,6 +187,9 @@ func (o *responsesRender) text(s string) error {
 	if err := o.open(); err != nil {
 		return err
 	}
+	if o.log != nil {
+		o.log.text(s)
+	}
 	return o.b.Text(s)
 }
 
@@ -184,6 +199,9 @@ func (o *responsesRender) toolCall(index int, id, name, args string) error {
 	}
 	if err := o.open(); err != nil {
 		return err
+	}
+	if o.log != nil {
+		o.log.toolCall(index, id, name, args)
 	}
 	return o.b.ToolCall(index, id, name, args)
 }
@@ -262,6 +280,7 @@ func (o *responsesRender) tunnel() string {
 // or the one object. It returns the rendering's reason.
 func (o *responsesRender) finish(finishReason string, in, out int) string {
 	status, reason := translate.ResponseStatus(finishReason)
+	o.finishReason = finishReason
 	if err := o.open(); err != nil {
 		return o.failed(err)
 	}
