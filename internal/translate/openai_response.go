@@ -39,9 +39,12 @@ func (e *ProviderError) Error() string {
 	return e.Message
 }
 
-// Usage is a token count the provider reported.
+// Usage is a token count the provider reported. ReasoningTokens is its
+// usage.completion_tokens_details.reasoning_tokens (part of
+// CompletionTokens), 0 when it reported none.
 type Usage struct {
 	PromptTokens, CompletionTokens int
+	ReasoningTokens                int
 }
 
 // ToolCall is one complete function call of an answer.
@@ -93,10 +96,22 @@ type openAIObject struct {
 		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
 	Usage *struct {
-		PromptTokens     int `json:"prompt_tokens"`
-		CompletionTokens int `json:"completion_tokens"`
+		PromptTokens            int `json:"prompt_tokens"`
+		CompletionTokens        int `json:"completion_tokens"`
+		CompletionTokensDetails *struct {
+			ReasoningTokens int `json:"reasoning_tokens"`
+		} `json:"completion_tokens_details"`
 	} `json:"usage"`
 	Error json.RawMessage `json:"error"`
+}
+
+// usage is obj's usage (non-nil) as a Usage.
+func (obj *openAIObject) usage() *Usage {
+	u := &Usage{PromptTokens: obj.Usage.PromptTokens, CompletionTokens: obj.Usage.CompletionTokens}
+	if d := obj.Usage.CompletionTokensDetails; d != nil {
+		u.ReasoningTokens = d.ReasoningTokens
+	}
+	return u
 }
 
 type openAIContent struct {
@@ -198,7 +213,7 @@ func (s *OpenAIStream) event(data []byte, onDelta func(Delta) error) error {
 		return err
 	}
 	if obj.Usage != nil {
-		s.answer.Usage = &Usage{PromptTokens: obj.Usage.PromptTokens, CompletionTokens: obj.Usage.CompletionTokens}
+		s.answer.Usage = obj.usage()
 	}
 	for _, c := range obj.Choices {
 		if c.Index != 0 {
@@ -276,7 +291,7 @@ func DecodeOpenAIAnswer(body []byte) (Answer, error) {
 	}
 	var a Answer
 	if obj.Usage != nil {
-		a.Usage = &Usage{PromptTokens: obj.Usage.PromptTokens, CompletionTokens: obj.Usage.CompletionTokens}
+		a.Usage = obj.usage()
 	}
 	sort.SliceStable(obj.Choices, func(i, j int) bool { return obj.Choices[i].Index < obj.Choices[j].Index })
 	if len(obj.Choices) == 0 {

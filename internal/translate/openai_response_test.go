@@ -30,7 +30,7 @@ func TestOpenAIStream(t *testing.T) {
 			`data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}`+"\n\n"+`data: {"choices":[{"index":0,"delta":{"content":" there"},"finish_reason":"length"}]}`+"\n\n",
 			`data: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":2,"total_tokens":6}}`+"\n\n",
 			"data: [DONE]\n\ndata: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"after done\"}}]}\n\n")
-		if err != nil || text != "Hi there" || a.Finish != "length" || *a.Usage != (Usage{4, 2}) {
+		if err != nil || text != "Hi there" || a.Finish != "length" || *a.Usage != (Usage{PromptTokens: 4, CompletionTokens: 2}) {
 			t.Fatalf("%q %+v %v", text, a, err)
 		}
 	})
@@ -83,7 +83,7 @@ func TestOpenAIStream(t *testing.T) {
 func TestDecodeOpenAIAnswer(t *testing.T) {
 	a, err := DecodeOpenAIAnswer([]byte(`{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":null,
 		"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`))
-	if err != nil || a.Text != "" || len(a.ToolCalls) != 1 || a.ToolCalls[0].Name != "f" || a.Finish != "tool_calls" || *a.Usage != (Usage{3, 1}) {
+	if err != nil || a.Text != "" || len(a.ToolCalls) != 1 || a.ToolCalls[0].Name != "f" || a.Finish != "tool_calls" || *a.Usage != (Usage{PromptTokens: 3, CompletionTokens: 1}) {
 		t.Fatalf("%+v %v", a, err)
 	}
 	a, err = DecodeOpenAIAnswer([]byte(`{"object":"text_completion","choices":[{"index":0,"text":"hello","finish_reason":"stop"}]}`))

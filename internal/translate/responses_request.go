@@ -2,8 +2,11 @@ package translate
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"strings"
@@ -174,6 +177,13 @@ func DecodeResponsesRequest(body []byte) (ResponsesRequest, error) {
 	if m := req.MaxOutputTokens; m != nil && (*m < 1 || *m > math.MaxInt32) {
 		return ResponsesRequest{}, fieldErr("max_output_tokens", "must be an integer in [1, %d], got %d", math.MaxInt32, *m)
 	}
+	// Ranges of the API reference ("Create a model response").
+	if v := req.Temperature; v != nil && (*v < 0 || *v > 2) {
+		return ResponsesRequest{}, fieldErr("temperature", "must be a number in [0, 2], got %v", *v)
+	}
+	if v := req.TopP; v != nil && (*v < 0 || *v > 1) {
+		return ResponsesRequest{}, fieldErr("top_p", "must be a number in [0, 1], got %v", *v)
+	}
 	if req.Input, err = decodeInput(top["input"]); err != nil {
 		return ResponsesRequest{}, err
 	}
@@ -276,9 +286,33 @@ func decodeInput(raw json.RawMessage) ([]ResponseItem, error) {
 		if err != nil {
 			return nil, err
 		}
+		if err := checkClientItem(it, fmt.Sprintf("input[%d]", i)); err != nil {
+			return nil, err
+		}
 		items = append(items, it)
 	}
 	return items, nil
+}
+
+// checkClientItem checks what the chat translation would otherwise refuse
+// in its own words (messages[i]..., a new user's report), in the
+// client's: a function_call's arguments that are not JSON text, an
+// input_image's data: URL that is not valid base64. Only for the
+// client's input: stored items (a provider's own calls among them) are
+// read as they were kept.
+func checkClientItem(it ResponseItem, param string) error {
+	if a := strings.TrimSpace(it.Arguments); it.Type == ItemFunctionCall && a != "" && !json.Valid([]byte(a)) {
+		return fieldErr(param+".arguments", "a function_call's arguments must be JSON text (a JSON object, as a string)")
+	}
+	for j, p := range it.Content {
+		if p.Type != PartInputImage {
+			continue
+		}
+		if err := checkDataURL(p.ImageURL); err != nil {
+			return fieldErr(fmt.Sprintf("%s.content[%d].image_url", param, j), "%s", err)
+		}
+	}
+	return nil
 }
 
 // decodeItem reads one input item (see DecodeResponsesRequest); param
@@ -333,6 +367,7 @@ func decodeItem(raw json.RawMessage, param string) (ResponseItem, error) {
 		if in.Arguments != nil {
 			it.Arguments = *in.Arguments
 		}
+
 	case ItemFunctionCallOutput:
 		if in.CallID == "" {
 			return ResponseItem{}, fieldErr(param+".call_id", "a function_call_output needs a call_id")
@@ -485,6 +520,27 @@ func checkToolOutput(raw json.RawMessage, param string) error {
 	return nil
 }
 
+// checkDataURL checks an input_image's data: URL, in the client's words
+// (the chat translation would name its own messages[i]...image_url): a
+// base64 one ("data:<type>;base64,<payload>") whose payload is standard
+// base64 and not empty. Other URLs are not its business.
+func checkDataURL(url string) error {
+	if len(url) < 5 || !strings.EqualFold(url[:5], "data:") {
+		return nil
+	}
+	meta, payload, ok := strings.Cut(url, ",")
+	if !ok || !strings.HasSuffix(meta, ";base64") {
+		return errors.New(`only base64 data URLs are supported, "data:image/png;base64,..."`)
+	}
+	if payload == "" {
+		return errors.New("empty image data")
+	}
+	if _, err := io.Copy(io.Discard, base64.NewDecoder(base64.StdEncoding, strings.NewReader(payload))); err != nil {
+		return fmt.Errorf("image data is not valid base64: %v", err)
+	}
+	return nil
+}
+
 // decodeResponsesTools reads "tools": function tools only. It returns
 // them in the chat completions shape, their names, and each as sent (for
 // the response object).
@@ -533,6 +589,9 @@ func decodeResponsesTools(raw json.RawMessage) (chat json.RawMessage, names []st
 		}
 		if strings.TrimSpace(t.Name) == "" {
 			return nil, nil, nil, fieldErr(param+".name", "a function tool needs a name")
+		}
+		if slices.Contains(names, t.Name) {
+			return nil, nil, nil, fieldErr(param+".name", "duplicate tool name %q: each function tool needs its own name", clip(t.Name))
 		}
 		if !isNull(t.Parameters) && firstByte(t.Parameters) != '{' {
 			return nil, nil, nil, fieldErr(param+".parameters", "must be a JSON Schema object")
@@ -776,7 +835,9 @@ type chatToolCall struct {
 //	message (assistant)      an assistant message with the output_text
 //	                         parts' text (refusals as text)
 //	function_call            a tool_calls entry of the assistant message
-//	                         it follows (a new one if it follows none)
+//	                         it follows (a new one if it follows none);
+//	                         arguments that are not JSON (a stored call a
+//	                         provider made so) as a JSON string
 //	function_call_output     a tool message with tool_call_id; an array
 //	                         output's text parts joined
 //	reasoning                left out (no provider takes it back)
@@ -822,8 +883,15 @@ func (req *ResponsesRequest) ChatBody(model string, items []ResponseItem) (Respo
 			var tc chatToolCall
 			tc.ID, tc.Type = it.CallID, "function"
 			tc.Function.Name, tc.Function.Arguments = it.Name, it.Arguments
-			if tc.Function.Arguments == "" {
+			if strings.TrimSpace(tc.Function.Arguments) == "" {
 				tc.Function.Arguments = "{}"
+			} else if !json.Valid([]byte(tc.Function.Arguments)) {
+				// A stored call a provider made with arguments that are
+				// not JSON (a client's own are refused at decode): sent
+				// as a JSON string, so that a provider that takes the
+				// arguments as JSON (Ollama) still gets them.
+				quoted, _ := json.Marshal(tc.Function.Arguments)
+				tc.Function.Arguments = string(quoted)
 			}
 			out.Chars += utf8.RuneCountInString(it.Name) + utf8.RuneCountInString(it.Arguments)
 			if n := len(msgs); n > 0 && msgs[n-1].Role == "assistant" {

@@ -112,6 +112,11 @@ type runResponse struct {
 	hold, held bool
 	// done is set once the answer was marked finished (answerDone).
 	done bool
+	// keepSlot, set by a renderer that still has work after the run
+	// ended (a stored response's save), makes answerDone leave the key's
+	// request slot to it: the renderer gives it back (answerFinished)
+	// once that work is done, or the handler does when it returns.
+	keepSlot bool
 }
 
 // recv is Run.Recv with its failures turned into outcomes: io.EOF before a
@@ -141,7 +146,8 @@ func (rr *runResponse) recv() (contract.Message, error) {
 // gives the key's request slot back (answerFinished). It is idempotent.
 // This is the one point where a request stops counting against its key's
 // max_concurrent: after its run released its lease, before the client can
-// see the end of the answer.
+// see the end of the answer — unless keepSlot is set (a stored Responses
+// answer keeps it until its save is done, then gives it back itself).
 func (rr *runResponse) answerDone() {
 	if rr.done {
 		return
@@ -150,7 +156,9 @@ func (rr *runResponse) answerDone() {
 	if rr.run != nil { // nil: the dispatch failed after the answer began
 		rr.run.Cancel("the edge ended the answer")
 	}
-	answerFinished(rr.r.Context())
+	if !rr.keepSlot {
+		answerFinished(rr.r.Context())
+	}
 }
 
 // fail ends a response that failed before its status line: an error answer,

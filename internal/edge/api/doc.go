@@ -158,7 +158,16 @@
 // (another key's id is 404, as OpenAI answers an id it does not know). A
 // background response (background true, with Config.Runs) runs as a run
 // of the runs manager whose id is the response's; its state is saved as
-// it goes and POST /cancel (or DELETE) cancels its run.
+// it goes, its run records its dispatch, output, usage and events as a
+// POST /v1/runs run does (responseRunLog), and POST /cancel (or DELETE)
+// cancels its run. A streamed stored response is saved in_progress
+// before response.created and is in handler.streaming while it streams,
+// so GET finds it and DELETE cancels its request (then deletes it); a
+// stream that ends without its final state stored (its client left) is
+// stored cancelled. A save that fails fails the request (500, or
+// response.failed), and the key's slot is held until the save is done.
+// A stored response keeps its own items only: the conversation is the
+// chain of previous_response_id (responses.SQLite.Conversation).
 //
 // # Errors
 //
@@ -239,5 +248,11 @@
 // however often it is released: when the answer is finished
 // (answerFinished), or at the latest when the handler returns, or, for a
 // background run that took it over (keepPermit), when the run's answer is
-// finished or the run ends.
+// finished or the run ends; a stored Responses answer keeps it past the
+// run's end until its save is done (runResponse.keepSlot). The handler's
+// streaming map (a sync.Map) is written by the streaming request's
+// goroutine (added before its first save, removed after its last) and
+// read by the GET and DELETE of other requests; a DELETE cancels the
+// streaming request's context and waits on its done channel, closed
+// after that last save.
 package api

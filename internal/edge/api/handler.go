@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -65,6 +66,10 @@ type handler struct {
 	gw     Gateway
 	logger *slog.Logger
 	routes map[string]route // exact path -> route
+	// streaming holds the stored Responses API responses being streamed
+	// now (id -> *liveResponse): GET finds them in progress, DELETE
+	// cancels and deletes them.
+	streaming sync.Map
 }
 
 // route is the one method a path accepts (GET also accepts HEAD) and its

@@ -34,8 +34,12 @@ type ResponseStore interface {
 	Save(ctx context.Context, rec responses.Record) error
 	// SetStatus changes a stored response's status and object.
 	SetStatus(ctx context.Context, owner, id, status string, response json.RawMessage) error
-	// Get returns a stored response with its items.
+	// Get returns a stored response with its own items.
 	Get(ctx context.Context, owner, id string) (responses.Record, error)
+	// Conversation returns the items a response continuing a stored one
+	// starts from, the whole chain's (responses.ErrChainTooLong past its
+	// limits).
+	Conversation(ctx context.Context, owner, id string) ([]responses.Item, error)
 	// Delete removes a stored response.
 	Delete(ctx context.Context, owner, id string) error
 	// Item returns the JSON of the owner's latest stored input or output
@@ -167,10 +171,29 @@ func (h *handler) storedResponse(ctx context.Context, id string) (responses.Reco
 	if errors.Is(err, responses.ErrNotFound) {
 		return responses.Record{}, &responseNotFound{id}
 	}
-	if err == nil && (rec.Status == "queued" || rec.Status == "in_progress") && (h.cfg.Runs == nil || h.cfg.Runs.Live(id) == nil) {
+	if err == nil && (rec.Status == "queued" || rec.Status == "in_progress") && (h.cfg.Runs == nil || h.cfg.Runs.Live(id) == nil) && !h.isStreaming(id) {
 		rec = h.orphaned(ctx, rec)
 	}
 	return rec, err
+}
+
+// liveResponse is a stored response being streamed (handler.streaming).
+type liveResponse struct {
+	owner string
+	// cancel ends its request (its run) with a cause.
+	cancel context.CancelCauseFunc
+	// done is closed once its request stored its last state.
+	done chan struct{}
+}
+
+// errResponseDeleted ends a streamed response deleted while it streams.
+var errResponseDeleted = errors.New("the response was deleted")
+
+// isStreaming reports whether the stored response id is being streamed
+// by this edge process now.
+func (h *handler) isStreaming(id string) bool {
+	_, ok := h.streaming.Load(id)
+	return ok
 }
 
 // errResponseOrphaned is the error of a background response whose run no
@@ -232,6 +255,19 @@ func (h *handler) deleteResponse(w http.ResponseWriter, r *http.Request, id stri
 		if run := h.cfg.Runs.Live(id); run != nil && run.Record().KeyName == keyName(r.Context()) {
 			run.Cancel("the response was deleted")
 			_, _ = run.Wait(r.Context())
+		}
+	}
+	if v, ok := h.streaming.Load(id); ok && v.(*liveResponse).owner == keyName(r.Context()) {
+		// Streamed now: its request ends (the run is cancelled, the
+		// client's stream cut) and stores its last state, then it is
+		// deleted, so the delete is not undone by that last save.
+		live := v.(*liveResponse)
+		live.cancel(errResponseDeleted)
+		select {
+		case <-live.done:
+		case <-r.Context().Done():
+			h.writeError(w, r, context.Cause(r.Context()), nil)
+			return
 		}
 	}
 	if err := h.cfg.Responses.Delete(r.Context(), keyName(r.Context()), id); err != nil {
@@ -423,7 +459,25 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 			h.writeError(w, r, err, nil)
 			return
 		}
-		history = prev.Conversation()
+		if prev.Status == "queued" || prev.Status == "in_progress" {
+			// Its answer is not there yet: a conversation continued from
+			// it would miss it (a tester's report).
+			h.writeError(w, r, &requestError{param: "previous_response_id",
+				message: fmt.Sprintf("Previous response with id '%s' is still %s: wait until it is no longer queued or in_progress.", clip(rq.PreviousResponseID), prev.Status)}, nil)
+			return
+		}
+		if history, err = h.cfg.Responses.Conversation(ctx, owner, rq.PreviousResponseID); err != nil {
+			switch {
+			case errors.Is(err, responses.ErrNotFound):
+				err = &requestError{param: "previous_response_id",
+					message: fmt.Sprintf("Previous response with id '%s' not found.", clip(rq.PreviousResponseID))}
+			case errors.Is(err, responses.ErrChainTooLong):
+				err = &requestError{param: "previous_response_id",
+					message: fmt.Sprintf("Previous response with id '%s' continues a conversation longer than iop keeps (%d responses, %d items): start a new one.", clip(rq.PreviousResponseID), responses.MaxChainDepth, responses.MaxChainItems)}
+			}
+			h.writeError(w, r, err, nil)
+			return
+		}
 	}
 	input, err := h.resolveItems(ctx, owner, rq.Input)
 	if err != nil {
@@ -462,7 +516,7 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 	if rq.PreviousResponseID != "" {
 		resp.PreviousResponseID = &rq.PreviousResponseID
 	}
-	rec := responses.Record{ID: resp.ID, Owner: owner, CreatedAt: start, History: history, Input: storedItems(input)}
+	rec := responses.Record{ID: resp.ID, Owner: owner, CreatedAt: start, Previous: rq.PreviousResponseID, Input: storedItems(input)}
 	o := &responsesRender{resp: resp, stream: rq.Stream && !rq.Background, noThinking: rq.NoThinking}
 	if store {
 		o.save = func(ctx context.Context, resp *responseObject) error {
@@ -477,6 +531,26 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 	if rq.Background {
 		h.responsesBackground(w, r, &req, o)
 		return
+	}
+	if store && o.stream {
+		// Stored at response.created (responsesRender.open); a DELETE
+		// meanwhile cancels it (deleteResponse); a stream that ends
+		// without its final state stored (its client left, a DELETE) is
+		// stored "cancelled". Deferred: a cut stream panics
+		// (http.ErrAbortHandler).
+		rctx, cancel := context.WithCancelCause(ctx)
+		live := &liveResponse{owner: owner, cancel: cancel, done: make(chan struct{})}
+		h.streaming.Store(resp.ID, live)
+		r = r.WithContext(rctx)
+		defer func() {
+			if o.created && !o.saved {
+				o.resp.Status = "cancelled"
+				_ = o.store(rctx)
+			}
+			h.streaming.Delete(resp.ID)
+			close(live.done)
+			cancel(nil)
+		}()
 	}
 	h.serveRunWith(w, r, &req, runRenderer{
 		writeError: h.writeError,
@@ -608,6 +682,7 @@ func (h *handler) runBackground(ctx context.Context, run *runs.Run, requestID st
 	hr := (&http.Request{Method: http.MethodPost, URL: &url.URL{Path: responsesPath}, Header: http.Header{}}).WithContext(ctx)
 	req.RunID = run.Record().ID
 	o.background = true
+	o.log = &responseRunLog{run: run, id: o.resp.ID, created: o.resp.CreatedAt, model: req.Model}
 	func() {
 		defer func() {
 			// A rendering cut short aborts its (here absent) connection.
@@ -631,6 +706,24 @@ func (h *handler) runBackground(ctx context.Context, run *runs.Run, requestID st
 	}()
 	h.finish(ctx, obs, dw.status)
 	outcome := runs.Outcome{State: runs.StateComplete, Status: dw.status, Outcome: string(obs.rec.Outcome)}
+	if u := o.resp.Usage; u != nil {
+		outcome.PromptTokens, outcome.CompletionTokens = u.InputTokens, u.OutputTokens
+	}
+	// The run's log ends as a POST /v1/runs run's does (responseRunLog).
+	defer func() {
+		if outcome.State == runs.StateComplete {
+			outcome.FinishReason = o.finishReason
+			o.log.complete(o.finishReason, usage{PromptTokens: outcome.PromptTokens, CompletionTokens: outcome.CompletionTokens,
+				TotalTokens: outcome.PromptTokens + outcome.CompletionTokens})
+		} else {
+			code := "run_failed"
+			if outcome.State == runs.StateCancelled {
+				code = "run_cancelled"
+			}
+			o.log.fail(outcome.Error, code)
+		}
+		run.Finish(outcome)
+	}()
 	switch {
 	case o.saved && o.resp.Status == "failed":
 		outcome.State, outcome.Error = runs.StateError, o.resp.Error.Message
@@ -643,7 +736,7 @@ func (h *handler) runBackground(ctx context.Context, run *runs.Run, requestID st
 			o.resp.Status, outcome.State = "failed", runs.StateError
 			o.resp.Error = &responseError{Code: "server_error", Message: runs.ErrStopping.Error()}
 		}
-		o.store(context.WithoutCancel(ctx))
+		_ = o.store(context.WithoutCancel(ctx))
 	default:
 		// Refused before it reached a provider: the error answer's message.
 		var body errorBody
@@ -657,9 +750,8 @@ func (h *handler) runBackground(ctx context.Context, run *runs.Run, requestID st
 		}
 		o.resp.Status, o.resp.Error = "failed", e
 		outcome.State, outcome.Error = runs.StateError, e.Message
-		o.store(ctx)
+		_ = o.store(ctx)
 	}
-	run.Finish(outcome)
 }
 
 // backgroundWriter is the http.ResponseWriter of a background response: it

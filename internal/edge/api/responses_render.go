@@ -25,8 +25,13 @@ import (
 // clean-looking completed. Not streamed: one response object.
 //
 // A stored response (save set) is kept before the final event or the
-// body is written, so a client that continues it at once finds it. Only
-// the request goroutine (a background response's run goroutine) uses it.
+// body is written, so a client that continues it at once finds it, and
+// the key's request slot (max_concurrent) is given back only once the
+// save is done (runResponse.keepSlot). A save that fails fails the
+// request: not streamed, a 500 error answer; streamed, response.failed
+// with the error, never response.completed (a client told "store": true
+// must find what it was told is stored). Only the request goroutine (a
+// background response's run goroutine) uses it.
 type responsesRender struct {
 	*runResponse
 	resp   *responseObject
@@ -37,10 +42,24 @@ type responsesRender struct {
 	// save keeps the response; nil when it is not stored.
 	save  func(ctx context.Context, resp *responseObject) error
 	saved bool // a final state was saved
+	// created is set once a streamed response was stored in_progress, at
+	// response.created.
+	created bool
 
 	// noThinking drops the answer's reasoning: the client asked for
 	// reasoning.effort "none" (translate.ResponsesRequest.NoThinking).
 	noThinking bool
+
+	// log records a background response's answer in its run; nil for
+	// the others.
+	log *responseRunLog
+	// finishReason is the run's finish reason, once it completed.
+	finishReason string
+
+	// reasoningTokens is the provider's completion_tokens_details.
+	// reasoning_tokens (tunnel path); 0 when it reported none, and on the
+	// normalized path, whose run events carry no such count.
+	reasoningTokens int
 
 	b      translate.ResponseBuilder
 	opened bool // the stream's response.created was written
@@ -49,6 +68,7 @@ type responsesRender struct {
 // begin sets the run o renders, once it was dispatched.
 func (o *responsesRender) begin(rr *runResponse) {
 	o.runResponse = rr
+	rr.keepSlot = o.save != nil
 	o.b.NewID = newItemID
 	if o.stream {
 		o.b.Emit = o.emit
@@ -57,7 +77,10 @@ func (o *responsesRender) begin(rr *runResponse) {
 
 // inProgress saves a background response as "in_progress" once it was
 // dispatched.
-func (o *responsesRender) inProgress(DispatchInfo) {
+func (o *responsesRender) inProgress(info DispatchInfo) {
+	if o.log != nil {
+		o.log.dispatched(info)
+	}
 	o.resp.Status = "in_progress"
 	if o.save != nil {
 		if err := o.save(o.r.Context(), o.resp); err != nil {
@@ -66,25 +89,58 @@ func (o *responsesRender) inProgress(DispatchInfo) {
 	}
 }
 
-// store saves the response in its current (final) state.
-func (o *responsesRender) store(ctx context.Context) {
+// store saves the response in its current (final) state, then gives the
+// key's request slot back (answerFinished; the run has ended). A failure
+// is logged and returned as an *errNotStored.
+func (o *responsesRender) store(ctx context.Context) error {
 	if o.save == nil {
-		return
+		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), responsesStoreTimeout)
-	defer cancel()
-	if err := o.save(ctx, o.resp); err != nil {
-		o.h.logger.Warn("saving a response failed", "response_id", o.resp.ID, "err", err)
-		return
+	defer answerFinished(ctx)
+	if err := o.saveNow(ctx); err != nil {
+		return err
 	}
 	o.saved = true
+	return nil
 }
 
-// open starts a streamed answer, once: the SSE headers, response.created
-// and response.in_progress.
+// saveNow saves the response in its current state (bounded by
+// responsesStoreTimeout, also when ctx has ended). A failure is logged and
+// returned as an *errNotStored.
+func (o *responsesRender) saveNow(ctx context.Context) error {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), responsesStoreTimeout)
+	defer cancel()
+	if err := o.save(sctx, o.resp); err != nil {
+		o.h.logger.Warn("saving a response failed", "response_id", o.resp.ID, "err", err)
+		return &errNotStored{err}
+	}
+	return nil
+}
+
+// errNotStored is a stored response's save that failed. It does not
+// unwrap (classify makes it a 500 internal_error whatever the cause, a
+// timeout included: the client's request did not time out).
+type errNotStored struct{ err error }
+
+func (e *errNotStored) Error() string { return "the response could not be stored: " + e.err.Error() }
+
+// msgNotStored is the error message of a streamed response whose save
+// failed.
+const msgNotStored = "The response could not be stored; it was not kept. Retry the request."
+
+// open starts a streamed answer, once: a stored response is saved
+// in_progress first (so GET and DELETE find it once its id is out; a
+// failed save is an error answer), then the SSE headers,
+// response.created and response.in_progress.
 func (o *responsesRender) open() error {
 	if !o.stream || o.opened {
 		return nil
+	}
+	if o.save != nil && !o.created {
+		if err := o.saveNow(o.r.Context()); err != nil {
+			return err
+		}
+		o.created = true
 	}
 	o.opened = true
 	o.startStream()
@@ -118,6 +174,9 @@ func (o *responsesRender) thinking(s string) error {
 	if err := o.open(); err != nil {
 		return err
 	}
+	if o.log != nil {
+		o.log.thinking(s)
+	}
 	return o.b.Thinking(s)
 }
 
@@ -128,6 +187,9 @@ func (o *responsesRender) text(s string) error {
 	if err := o.open(); err != nil {
 		return err
 	}
+	if o.log != nil {
+		o.log.text(s)
+	}
 	return o.b.Text(s)
 }
 
@@ -137,6 +199,9 @@ func (o *responsesRender) toolCall(index int, id, name, args string) error {
 	}
 	if err := o.open(); err != nil {
 		return err
+	}
+	if o.log != nil {
+		o.log.toolCall(index, id, name, args)
 	}
 	return o.b.ToolCall(index, id, name, args)
 }
@@ -205,6 +270,7 @@ func (o *responsesRender) tunnel() string {
 	if ans.Usage != nil {
 		in, out = ans.Usage.PromptTokens, ans.Usage.CompletionTokens
 		o.obs.tokens(in, out)
+		o.reasoningTokens = ans.Usage.ReasoningTokens
 	}
 	return o.finish(ans.Finish, in, out)
 }
@@ -214,6 +280,7 @@ func (o *responsesRender) tunnel() string {
 // or the one object. It returns the rendering's reason.
 func (o *responsesRender) finish(finishReason string, in, out int) string {
 	status, reason := translate.ResponseStatus(finishReason)
+	o.finishReason = finishReason
 	if err := o.open(); err != nil {
 		return o.failed(err)
 	}
@@ -221,10 +288,13 @@ func (o *responsesRender) finish(finishReason string, in, out int) string {
 		return o.failed(err)
 	}
 	o.resp.Status, o.resp.Output, o.resp.Usage = status, o.b.Output(), newResponseUsage(in, out)
+	o.resp.Usage.OutputTokensDetails.ReasoningTokens = o.reasoningTokens
 	if reason != "" {
 		o.resp.IncompleteDetails = &incompleteDetails{Reason: reason}
 	}
-	o.store(o.r.Context())
+	if err := o.store(o.r.Context()); err != nil {
+		return o.notStored(err)
+	}
 	if !o.stream {
 		if clientGone(o.r) {
 			return reasonClientGone
@@ -261,7 +331,29 @@ func (o *responsesRender) failed(err error) string {
 	}
 	o.resp.Status, o.resp.Output = "failed", o.b.Output()
 	o.resp.Error = &responseError{Code: code, Message: e.Message}
-	o.store(o.r.Context())
+	_ = o.store(o.r.Context()) // failed either way; the error is logged
+	if werr := o.b.Event("response.failed", map[string]any{"response": o.resp}); werr != nil {
+		o.abort = true
+		return reasonWriteFailed
+	}
+	return reasonUpstreamError
+}
+
+// notStored ends a complete answer whose save failed (err, an
+// *errNotStored): not streamed, a 500 error answer; streamed, the
+// response "failed" with server_error and response.failed. A client
+// gone aborts instead. It returns the rendering's reason.
+func (o *responsesRender) notStored(err error) string {
+	if !o.stream {
+		return o.fail(err)
+	}
+	if clientGone(o.r) {
+		o.abort = true
+		return reasonClientGone
+	}
+	o.h.logError(o.r, classify(err, o.req), err, o.req)
+	o.resp.Status, o.resp.Usage = "failed", nil
+	o.resp.Error = &responseError{Code: "server_error", Message: msgNotStored}
 	if werr := o.b.Event("response.failed", map[string]any{"response": o.resp}); werr != nil {
 		o.abort = true
 		return reasonWriteFailed

@@ -785,7 +785,8 @@ func TestResponses_KeyLimits(t *testing.T) {
 
 // TestResponses_ClientGoesAway: a client that leaves a streamed response
 // mid-stream cancels its run, which is closed once with the outcome
-// client_gone, on both paths; nothing is stored as if it had finished.
+// client_gone, on both paths; the response is stored "cancelled", not as
+// if it had finished.
 func TestResponses_ClientGoesAway(t *testing.T) {
 	for _, path := range []string{"normalized", "tunnel"} {
 		t.Run(path, func(t *testing.T) {
@@ -839,8 +840,8 @@ func TestResponses_ClientGoesAway(t *testing.T) {
 			if n, reasons := run.closeCalls(); n != 1 || reasons[0] != OutcomeClientGone {
 				t.Errorf("Close called %d times with %q, want once with %q", n, reasons, OutcomeClientGone)
 			}
-			if _, err := store.Get(context.Background(), "", id); err == nil {
-				t.Error("a response its client left was stored")
+			if rec, err := store.Get(context.Background(), "", id); err != nil || rec.Status != "cancelled" {
+				t.Errorf("a response its client left: %q %v, want it stored cancelled", rec.Status, err)
 			}
 		})
 	}
