@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"reflect"
 	"strings"
@@ -781,13 +782,15 @@ func TestLateProviderFailureCountsForTheBreaker(t *testing.T) {
 func TestRegression_BrokenAnswerClosedEarlyCountsForTheBreaker(t *testing.T) {
 	sseHead := &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: &nodev1.TunnelHead{Status: 200, Headers: map[string]string{"Content-Type": "text/event-stream"}}}}
 	for _, c := range []struct {
+		fail    bool // Fail before Close, as the HTTP API's answerFailed does
 		outcome contract.Outcome
 		opens   bool
 	}{
-		{contract.OutcomeUpstreamError, true},
-		{contract.OutcomeClientGone, false},
+		{false, contract.OutcomeUpstreamError, true},
+		{true, contract.OutcomeUpstreamError, true},
+		{false, contract.OutcomeClientGone, false},
 	} {
-		t.Run(string(c.outcome), func(t *testing.T) {
+		t.Run(fmt.Sprintf("fail=%v/%s", c.fail, c.outcome), func(t *testing.T) {
 			e := startEdge(t, breakerConfig())
 			n := e.connect(t, hello("a-node", prov("a", tunnel, 1, "m1")))
 			for range 2 {
@@ -799,8 +802,13 @@ func TestRegression_BrokenAnswerClosedEarlyCountsForTheBreaker(t *testing.T) {
 						t.Fatalf("Recv: %v", err)
 					}
 				}
+				want := string(c.outcome)
+				if c.fail {
+					run.Fail("the provider's answer carried an error")
+					want = "carried an error"
+				}
 				run.Close(c.outcome)
-				if got := n.nextCancel(t).GetReason(); !strings.Contains(got, string(c.outcome)) {
+				if got := n.nextCancel(t).GetReason(); !strings.Contains(got, want) {
 					t.Fatalf("Cancel reason %q", got)
 				}
 				waitFor(t, func() bool { return e.inFlight("a-node", "a") == 0 })

@@ -57,10 +57,11 @@ type Run struct {
 	// answered is set when that message said the provider answered: the
 	// ticket's outcome then waits for the answer's end (observe, finish).
 	answered atomic.Bool
-	// brokenAnswer is set by Close with OutcomeUpstreamError: the HTTP
-	// API found the provider's answer broken (an error object in its 200
-	// stream, an answer it cannot decode) before a terminal message said
-	// so, and ended the run; finish then reports a failure.
+	// brokenAnswer is set by Fail, and by Close with
+	// OutcomeUpstreamError: the HTTP API found the provider's answer
+	// broken (an error object in its 200 stream, an answer it cannot
+	// decode) before a terminal message said so, and ended the run;
+	// finish then reports a failure.
 	brokenAnswer atomic.Bool
 
 	mu           sync.Mutex // guards the fields below
@@ -310,6 +311,20 @@ func (r *Run) Cancel(reason string) {
 	r.mu.Lock()
 	r.ahead.reset()
 	r.mu.Unlock()
+}
+
+// Fail ends the run as Cancel does, as its provider's failure: the HTTP
+// API found the provider's answer broken (an error object inside its 2xx
+// stream, an answer it cannot decode, one that breaks the protocol)
+// before a terminal message told the edge so. If no message of the run
+// decided its circuit breaker's outcome yet, the run counts as the
+// provider's failure (finish), as a terminal failure message would (the
+// translated routes stop reading a tunnel at the provider's error object;
+// a new user's report: their failures never opened an OpenAI-compatible
+// provider's circuit, and reset its failure count).
+func (r *Run) Fail(reason string) {
+	r.brokenAnswer.Store(true)
+	r.Cancel(reason)
 }
 
 // Close ends the run as Cancel(outcome) does if it has not ended, and

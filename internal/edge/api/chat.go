@@ -161,6 +161,33 @@ func (rr *runResponse) answerDone() {
 	}
 }
 
+// answerFailed is answerDone for an answer that ends with err: when err
+// says the provider's answer was broken (providerBroke), the run ends as
+// the provider's failure (Run.Fail), for its circuit breaker.
+func (rr *runResponse) answerFailed(err error) {
+	if !rr.done && rr.run != nil && providerBroke(err) {
+		rr.run.Fail(errorText(err, rr.req))
+	}
+	rr.answerDone()
+}
+
+// providerBroke reports whether err, the end of an answer, is a failure
+// of the provider's answer the API found: an answer that breaks the
+// protocol or ends early, or a failure of status 429, 500 and above (or
+// none: the node's 502), the statuses a terminal failure message counts
+// for (edge.lateFailure). A failure the edge reported already counted;
+// the breaker counts each run once.
+func providerBroke(err error) bool {
+	var ue *upstreamError
+	switch {
+	case errors.Is(err, errUpstreamProtocol), errors.Is(err, errUpstreamEnded):
+		return true
+	case errors.As(err, &ue):
+		return ue.status == 0 || ue.status == http.StatusTooManyRequests || ue.status >= 500
+	}
+	return false
+}
+
 // fail ends a response that failed before its status line: an error answer,
 // or nothing if the client is gone (then ServeHTTP aborts the connection).
 // It returns the rendering's reason.
@@ -169,7 +196,7 @@ func (rr *runResponse) fail(err error) string {
 		rr.h.logger.Debug("client gone", "path", clip(rr.r.URL.Path), "err", errorText(err, rr.req))
 		return reasonClientGone
 	}
-	rr.answerDone()
+	rr.answerFailed(err)
 	rr.writeError(rr.w, rr.r, err, rr.req)
 	if errors.As(err, new(*requestError)) {
 		return reasonInvalidRequest

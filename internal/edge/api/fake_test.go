@@ -144,6 +144,9 @@ func (r *fakeRun) Cancel(reason string) {
 	r.once.Do(func() { close(r.closed) })
 }
 
+// Fail is Cancel, with its reason recorded as "fail: " + reason.
+func (r *fakeRun) Fail(reason string) { r.Cancel("fail: " + reason) }
+
 func (r *fakeRun) Close(outcome contract.Outcome) {
 	r.mu.Lock()
 	r.closes++

@@ -46,6 +46,12 @@ type Run interface {
 	// releases its lease. The reason is for logs only. It is idempotent and
 	// safe to call from another goroutine while Recv blocks.
 	Cancel(reason string)
+	// Fail ends the run as Cancel does, as its provider's failure: the
+	// API found the provider's answer broken (an error object inside its
+	// 2xx stream, an answer it cannot decode or that breaks the
+	// protocol). Unless a message of the run already told the edge how
+	// the provider did, it counts against the provider's circuit breaker.
+	Fail(reason string)
 	// Close ends the run as Cancel does if it has not ended, and reports
 	// the outcome of the request it served (one of the Outcome* values, as
 	// its RequestRecord says), for the edge's record of the run's end. The

@@ -87,6 +87,7 @@ func (r *generatedRun) Info() DispatchInfo {
 }
 func (r *generatedRun) Close(contract.Outcome) {}
 func (r *generatedRun) Cancel(string)          {}
+func (r *generatedRun) Fail(string)            {}
 func (r *generatedRun) Recv() (contract.Message, error) {
 	r.i++
 	switch {

@@ -218,7 +218,7 @@ func (m *messagesRender) failed(err error) string {
 	if reason, ended := m.failedEarly(err); ended {
 		return reason
 	}
-	m.answerDone()
+	m.answerFailed(err)
 	e, _, typ := anthropicError(err, m.req)
 	m.h.logError(m.r, e, err, m.req)
 	m.obs.errorCode(e.Code)

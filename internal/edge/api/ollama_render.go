@@ -317,7 +317,7 @@ func (o *ollamaRender) failed(err error) string {
 	if reason, ended := o.failedEarly(err); ended {
 		return reason
 	}
-	o.answerDone()
+	o.answerFailed(err)
 	e, msg := ollamaError(err, o.req)
 	o.h.logError(o.r, e, err, o.req)
 	o.obs.errorCode(e.Code)

@@ -163,7 +163,7 @@ func (rr *runResponse) failStarted(err error, sse bool) string {
 		rr.abort = true
 		return reasonClientGone
 	}
-	rr.answerDone()
+	rr.answerFailed(err)
 	e := classify(err, rr.req)
 	rr.h.logError(rr.r, e, err, rr.req)
 	rr.obs.errorCode(e.Code)

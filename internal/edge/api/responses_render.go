@@ -321,7 +321,7 @@ func (o *responsesRender) failed(err error) string {
 	if reason, ended := o.failedEarly(err); ended {
 		return reason
 	}
-	o.answerDone()
+	o.answerFailed(err)
 	e := classify(err, o.req)
 	o.h.logError(o.r, e, err, o.req)
 	o.obs.errorCode(e.Code)

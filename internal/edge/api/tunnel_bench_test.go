@@ -28,6 +28,7 @@ func (r *listRun) Info() DispatchInfo {
 }
 func (r *listRun) Close(contract.Outcome) {}
 func (r *listRun) Cancel(string)          {}
+func (r *listRun) Fail(string)            {}
 func (r *listRun) Recv() (contract.Message, error) {
 	if r.i == len(r.msgs) {
 		return contract.Message{}, io.EOF
