@@ -301,6 +301,13 @@ func (t *anthropicTranslation) system(raw json.RawMessage) error {
 // textOf reads a string or an array of text blocks (their text joined by
 // blank lines) and counts it.
 func (t *anthropicTranslation) textOf(raw json.RawMessage, field string) (string, error) {
+	return t.joinText(raw, field, "\n\n", "expected a text block with a string text")
+}
+
+// joinText reads raw, a string or an array of text blocks, as one text
+// (the blocks' texts joined by sep) and counts it; a block of another
+// type is refused with notText and its type.
+func (t *anthropicTranslation) joinText(raw json.RawMessage, field, sep, notText string) (string, error) {
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
 		t.count(s)
@@ -313,12 +320,12 @@ func (t *anthropicTranslation) textOf(raw json.RawMessage, field string) (string
 	texts := make([]string, 0, len(blocks))
 	for i, b := range blocks {
 		if b.Type != "text" || b.Text == nil {
-			return "", fieldErr(fmt.Sprintf("%s[%d]", field, i), "expected a text block with a string text, got type %s", strconv.Quote(clip(b.Type)))
+			return "", fieldErr(fmt.Sprintf("%s[%d]", field, i), "%s, got type %s", notText, strconv.Quote(clip(b.Type)))
 		}
 		t.count(*b.Text)
 		texts = append(texts, *b.Text)
 	}
-	return strings.Join(texts, "\n\n"), nil
+	return strings.Join(texts, sep), nil
 }
 
 // messages translates "messages".
@@ -500,24 +507,7 @@ func (t *anthropicTranslation) toolResultText(raw json.RawMessage, field string)
 	if isNull(raw) {
 		return "", nil
 	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		t.count(s)
-		return s, nil
-	}
-	var blocks []anthropicBlock
-	if firstByte(raw) != '[' || json.Unmarshal(raw, &blocks) != nil {
-		return "", fieldErr(field, "expected a string or an array of text blocks")
-	}
-	texts := make([]string, 0, len(blocks))
-	for i, b := range blocks {
-		if b.Type != "text" || b.Text == nil {
-			return "", fieldErr(fmt.Sprintf("%s[%d]", field, i), "a tool result's content can only be text here, got type %s", strconv.Quote(clip(b.Type)))
-		}
-		t.count(*b.Text)
-		texts = append(texts, *b.Text)
-	}
-	return strings.Join(texts, "\n"), nil
+	return t.joinText(raw, field, "\n", "a tool result's content can only be text here")
 }
 
 // assistantBlocks translates an assistant message's blocks into one
