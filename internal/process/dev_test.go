@@ -3,6 +3,7 @@ package process
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -11,22 +12,36 @@ import (
 	"iop/internal/sim"
 )
 
-// TestDevDemoAnswersEmbeddings: the simulated providers of `iop dev`
-// declare capability embeddings, so the alias demo answers embedding
-// requests (on whichever of its providers is least loaded).
-func TestDevDemoAnswersEmbeddings(t *testing.T) {
+// startSimDev starts iop dev with the simulator (ForceSim, SimCapacity 2
+// unless cfg says otherwise) on loopback ports chosen by the system, its
+// banner written to stdout (may be nil); at cleanup it stops it and checks
+// it exited cleanly.
+func startSimDev(t *testing.T, cfg DevConfig, stdout io.Writer) *Process {
+	t.Helper()
+	cfg.Listen, cfg.NodeListen, cfg.ForceSim = "127.0.0.1:0", "127.0.0.1:0", true
+	if cfg.SimCapacity == 0 {
+		cfg.SimCapacity = 2
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	d, err := Start(ctx, Config{Mode: ModeDev, Dev: DevConfig{Listen: "127.0.0.1:0", NodeListen: "127.0.0.1:0", ForceSim: true, SimCapacity: 2}}, Deps{Logger: quietLogger()})
+	d, err := Start(ctx, Config{Mode: ModeDev, Dev: cfg}, Deps{Logger: quietLogger(), Stdout: stdout})
 	if err != nil {
 		cancel()
 		t.Fatal(err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		cancel()
 		if err := d.Wait(); err != nil {
 			t.Errorf("iop dev: %v", err)
 		}
-	}()
+	})
+	return d
+}
+
+// TestDevDemoAnswersEmbeddings: the simulated providers of `iop dev`
+// declare capability embeddings, so the alias demo answers embedding
+// requests (on whichever of its providers is least loaded).
+func TestDevDemoAnswersEmbeddings(t *testing.T) {
+	d := startSimDev(t, DevConfig{}, nil)
 	c := &http.Client{Transport: &http.Transport{}}
 	defer c.CloseIdleConnections()
 	for _, model := range append([]string{devAlias}, d.Dev.Models...) {
@@ -105,19 +120,7 @@ func TestRegression_DevOllamaAdmitsToolsAndEmbeddings(t *testing.T) {
 // message.thinking, an OpenAI client reasoning_content, before the answer
 // (a new user could not try thinking against iop dev).
 func TestDevSimThinking(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	d, err := Start(ctx, Config{Mode: ModeDev, Dev: DevConfig{Listen: "127.0.0.1:0", NodeListen: "127.0.0.1:0", ForceSim: true, SimCapacity: 2,
-		SimThinking: true}}, Deps{Logger: quietLogger()})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	defer func() {
-		cancel()
-		if err := d.Wait(); err != nil {
-			t.Errorf("iop dev: %v", err)
-		}
-	}()
+	d := startSimDev(t, DevConfig{SimThinking: true}, nil)
 	c := &http.Client{Transport: &http.Transport{}}
 	defer c.CloseIdleConnections()
 	base := "http://" + d.HTTPAddr

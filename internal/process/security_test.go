@@ -287,19 +287,8 @@ func TestOpenAPIOnlyOnLoopback(t *testing.T) {
 // TestDevAPIKey: iop dev --api-key requires that key, with an OpenAI error
 // the official client understands.
 func TestDevAPIKey(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
 	var banner bytes.Buffer // the banner iop dev prints once ready
-	d, err := Start(ctx, Config{Mode: ModeDev, Dev: DevConfig{Listen: "127.0.0.1:0", NodeListen: "127.0.0.1:0", ForceSim: true, SimCapacity: 2, APIKey: "dev-secret-key"}}, Deps{Logger: quietLogger(), Stdout: &banner})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	defer func() {
-		cancel()
-		if err := d.Wait(); err != nil {
-			t.Errorf("iop dev: %v", err)
-		}
-	}()
+	d := startSimDev(t, DevConfig{APIKey: "dev-secret-key"}, &banner)
 	if !strings.Contains(banner.String(), "Authorization: Bearer dev-secret-key") {
 		t.Errorf("banner without the key header:\n%s", banner.String())
 	}
@@ -890,35 +879,28 @@ func TestDevBannerCommandsWork(t *testing.T) {
 		testenv.Missing(t, "curl is not on PATH; the banner's commands are curl commands")
 	}
 	for _, key := range []string{"", "dev-secret-key"} {
-		ctx, cancel := context.WithCancel(context.Background())
-		var banner bytes.Buffer
-		d, err := Start(ctx, Config{Mode: ModeDev, Dev: DevConfig{Listen: "127.0.0.1:0", NodeListen: "127.0.0.1:0", ForceSim: true, SimCapacity: 2, APIKey: key}}, Deps{Logger: quietLogger(), Stdout: &banner})
-		if err != nil {
-			cancel()
-			t.Fatal(err)
-		}
-		var commands []string
-		for _, line := range strings.Split(banner.String(), "\n") {
-			if line = strings.TrimSpace(line); strings.HasPrefix(line, "curl ") {
-				commands = append(commands, line)
+		t.Run("key="+key, func(t *testing.T) {
+			var banner bytes.Buffer
+			startSimDev(t, DevConfig{APIKey: key}, &banner)
+			var commands []string
+			for _, line := range strings.Split(banner.String(), "\n") {
+				if line = strings.TrimSpace(line); strings.HasPrefix(line, "curl ") {
+					commands = append(commands, line)
+				}
 			}
-		}
-		if len(commands) < 4 {
-			t.Errorf("banner has %d curl commands:\n%s", len(commands), banner.String())
-		}
-		for _, c := range commands {
-			out, err := exec.Command("sh", "-c", c+" -sS -w '\\n%{http_code}'").CombinedOutput()
-			body, status := "", string(out)
-			if i := strings.LastIndex(status, "\n"); i >= 0 {
-				body, status = status[:i], status[i+1:]
+			if len(commands) < 4 {
+				t.Errorf("banner has %d curl commands:\n%s", len(commands), banner.String())
 			}
-			if err != nil || status != "200" || strings.TrimSpace(body) == "" {
-				t.Errorf("key %q: %s\n→ %v, status %s:\n%s", key, c, err, status, out)
+			for _, c := range commands {
+				out, err := exec.Command("sh", "-c", c+" -sS -w '\\n%{http_code}'").CombinedOutput()
+				body, status := "", string(out)
+				if i := strings.LastIndex(status, "\n"); i >= 0 {
+					body, status = status[:i], status[i+1:]
+				}
+				if err != nil || status != "200" || strings.TrimSpace(body) == "" {
+					t.Errorf("key %q: %s\n→ %v, status %s:\n%s", key, c, err, status, out)
+				}
 			}
-		}
-		cancel()
-		if err := d.Wait(); err != nil {
-			t.Errorf("iop dev: %v", err)
-		}
+		})
 	}
 }
