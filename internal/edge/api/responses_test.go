@@ -672,17 +672,9 @@ func TestResponses_BackgroundCancel(t *testing.T) {
 		t.Fatalf("create: %v", obj)
 	}
 	id := obj["id"].(string)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp := env.get(t, "/v1/responses/"+id)
-		if strings.Contains(resp.body, `"status":"in_progress"`) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("never in progress: %s", resp.body)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventually(t, "the response in progress", func() bool {
+		return strings.Contains(env.get(t, "/v1/responses/"+id).body, `"status":"in_progress"`)
+	})
 	resp := env.post(t, "/v1/responses/"+id+"/cancel", "", "")
 	if resp.status != http.StatusOK || !strings.Contains(resp.body, `"status":"cancelled"`) {
 		t.Fatalf("cancel: %d %s", resp.status, resp.body)
@@ -718,20 +710,10 @@ func TestResponses_BackgroundCompletes(t *testing.T) {
 	env := newEnv(t, Config{Responses: newResponseStore(t), Runs: m}, okRun)
 	obj := createResponse(t, env, `{"model":"m","input":"hi","background":true}`, nil)
 	id := obj["id"].(string)
-	defer waitBackground(t, m, id)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp := env.get(t, "/v1/responses/"+id)
-		if strings.Contains(resp.body, `"status":"completed"`) {
-			if !strings.Contains(resp.body, `"text":"hi"`) || !strings.Contains(resp.body, `"output_tokens":1`) {
-				t.Errorf("final: %s", resp.body)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("never completed: %s", resp.body)
-		}
-		time.Sleep(10 * time.Millisecond)
+	waitBackground(t, m, id) // its final object is stored before its run ends
+	if resp := env.get(t, "/v1/responses/"+id); !strings.Contains(resp.body, `"status":"completed"`) ||
+		!strings.Contains(resp.body, `"text":"hi"`) || !strings.Contains(resp.body, `"output_tokens":1`) {
+		t.Fatalf("final: %s", resp.body)
 	}
 	if resp := env.post(t, "/v1/responses/"+id+"/cancel", "", ""); resp.status != http.StatusOK || !strings.Contains(resp.body, `"status":"completed"`) {
 		t.Errorf("cancel of a finished response: %d %s", resp.status, resp.body)
@@ -774,12 +756,9 @@ func TestResponses_KeyLimits(t *testing.T) {
 	}
 	run.up <- events(started(), delta("done"), usageEvent(1, 1), complete("stop"))
 	close(run.up)
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(env.send(t, http.MethodGet, "/v1/responses/"+obj["id"].(string), "", bearer(g.alice)).body, `"status":"completed"`) {
-		if time.Now().After(deadline) {
-			t.Fatal("the background response never completed")
-		}
-		time.Sleep(10 * time.Millisecond)
+	waitBackground(t, m, obj["id"].(string))
+	if body := env.send(t, http.MethodGet, "/v1/responses/"+obj["id"].(string), "", bearer(g.alice)).body; !strings.Contains(body, `"status":"completed"`) {
+		t.Fatalf("the background response did not complete: %s", body)
 	}
 }
 

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -68,13 +69,30 @@ func tunnelRun(chunks []string, last *nodev1.RunUp) *fakeRun {
 // them; it fails after 30 s, or when there are more.
 func waitRecorded(t *testing.T, recs *records, led *recordingLedger, n int) ([]RequestRecord, []ledger.Entry) {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		all, entries := recs.all(), led.all()
-		if len(all) > n || len(entries) > n || (len(all) < n || len(entries) < n) && time.Now().After(deadline) {
+	var all []RequestRecord
+	var entries []ledger.Entry
+	eventually(t, fmt.Sprintf("%d records and ledger entries", n), func() bool {
+		all, entries = recs.all(), led.all()
+		if len(all) > n || len(entries) > n {
 			t.Fatalf("%d records and %d ledger entries, want %d of each: %+v", len(all), len(entries), n, all)
 		}
-		if len(all) == n && len(entries) == n {
-			return all, entries
+		return len(all) == n && len(entries) == n
+	})
+	return all, entries
+}
+
+// eventually waits until cond holds, checking it every 5 ms (on a
+// ticker); it fails the test, naming what, after 30 s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(30 * time.Second)
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("%s: not reached within 30 s", what)
 		}
 	}
 }
