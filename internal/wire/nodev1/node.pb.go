@@ -2038,7 +2038,8 @@ func (x *Embedding) GetValues() []float32 {
 // TunnelData chunks, then a TunnelEnd or TunnelError; or, for a body the
 // node had whole at once (a non-streamed answer of at most 64 KiB), one
 // TunnelHead with data and end: one message, one write on each side. Old
-// nodes send neither field, and the edge handles both forms.
+// nodes send neither field, and the edge handles both forms; an edge that
+// predates them does not read them, so edges are upgraded before nodes.
 type TunnelHead struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Status  int32                  `protobuf:"varint,1,opt,name=status,proto3" json:"status,omitempty"`
