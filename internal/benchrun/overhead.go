@@ -69,6 +69,9 @@ type Config struct {
 	// edge's heap profile with the memory phase's requests queued
 	// (edge-queued-heap.pprof; .txt with the runtime's memory statistics).
 	ProfileDir string
+	// MemoryOnly runs the memory phase and the Content-Length check only,
+	// no load workload.
+	MemoryOnly bool
 	// GoBenchOutput, if set, is a file of `go test -bench` output (make
 	// bench writes the scheduler's there) whose figures the report checks
 	// against the issue's targets: the scheduler's waiter bytes and
@@ -283,7 +286,10 @@ func Overhead(ctx context.Context, cfg Config) (Report, error) {
 		return rep, fmt.Errorf("content length check: %w (logs in %s)", err, dir)
 	}
 	rep.ContentLength = &cl
-	for _, path := range []string{"tunnel", "normalized"} {
+	for _, path := range paths {
+		if cfg.MemoryOnly {
+			break
+		}
 		for _, stream := range []bool{false, true} {
 			concs := cfg.Concurrencies
 			if stream {
@@ -309,6 +315,9 @@ func Overhead(ctx context.Context, cfg Config) (Report, error) {
 	os.RemoveAll(dir)
 	return rep, nil
 }
+
+// paths are the execution paths measured, in order.
+var paths = []string{"tunnel", "normalized"}
 
 // start runs the simulators, the edge and the node, and waits until the
 // edge lists every model.
