@@ -26,6 +26,7 @@ type benchFlags struct {
 	profileDir string
 	goBench    string
 	memoryOnly bool
+	gateway    string
 }
 
 func newBenchCommand(_ *string) *cobra.Command {
@@ -79,6 +80,7 @@ prints each figure with its target (issue 18), met or missed and by how much.`,
 	fl.IntVar(&f.waiters, "waiters", f.waiters, "with --overhead: queued requests of the memory phase (negative skips it)")
 	fl.StringVar(&f.profileDir, "profile-dir", "", "with --overhead: write CPU profiles of the edge and node here")
 	fl.BoolVar(&f.memoryOnly, "memory-only", false, "with --overhead: only the memory phase and the Content-Length check, no load workload")
+	fl.StringVar(&f.gateway, "gateway-binary", "", "with --overhead: run the edge and the node from this iop binary (e.g. another commit's build) under this one's simulators and load")
 	fl.StringVar(&f.goBench, "go-bench", "", "with --overhead: a file of `go test -bench` output whose scheduler figures (waiter bytes, AdmitRelease) are checked against their targets too")
 	return cmd
 }
@@ -125,7 +127,7 @@ func runOverhead(cmd *cobra.Command, f benchFlags) error {
 	if err != nil {
 		return err
 	}
-	cfg := benchrun.Config{Binary: bin, Waiters: f.waiters, ProfileDir: f.profileDir, GoBenchOutput: f.goBench, MemoryOnly: f.memoryOnly, Log: os.Stderr}
+	cfg := benchrun.Config{Binary: bin, Waiters: f.waiters, ProfileDir: f.profileDir, GoBenchOutput: f.goBench, MemoryOnly: f.memoryOnly, GatewayBinary: f.gateway, Log: os.Stderr}
 	if cmd.Flags().Changed("duration") {
 		cfg.Duration = f.load.Duration
 	}

@@ -44,6 +44,11 @@ const providerCapacity = 256
 type Config struct {
 	// Binary is the iop executable to run as sim, edge and node. Required.
 	Binary string
+	// GatewayBinary, if set, is the iop executable run as edge and node
+	// instead of Binary (e.g. another commit's build, for an A/B under the
+	// same simulators and load); it needs the edge and node flags this
+	// package passes (those of main at 605d215).
+	GatewayBinary string
 	// Duration is the length of each measured load run; default 5 s.
 	Duration time.Duration
 	// Warmup is the load run before each measured one (connections
@@ -316,6 +321,14 @@ func Overhead(ctx context.Context, cfg Config) (Report, error) {
 	return rep, nil
 }
 
+// gatewayBinary is the executable of the edge and the node.
+func (s *setup) gatewayBinary() string {
+	if s.cfg.GatewayBinary != "" {
+		return s.cfg.GatewayBinary
+	}
+	return s.cfg.Binary
+}
+
 // paths are the execution paths measured, in order.
 var paths = []string{"tunnel", "normalized"}
 
@@ -335,7 +348,11 @@ func (s *setup) start(ctx context.Context) error {
 	s.edgeURL, s.edgePprof, s.nodePprof = "http://"+edgeHTTP, "http://"+edgePprof, "http://"+nodePprof
 
 	run := func(name string, args ...string) (*process, error) {
-		p, err := startProcess(s.dir, name, s.cfg.Binary, append(args, "--log-level", "warn")...)
+		bin := s.cfg.Binary
+		if args[0] != "sim" {
+			bin = s.gatewayBinary()
+		}
+		p, err := startProcess(s.dir, name, bin, append(args, "--log-level", "warn")...)
 		if err == nil {
 			s.procs = append(s.procs, p)
 		}
@@ -532,7 +549,7 @@ func (s *setup) profile(ctx context.Context, name string) []string {
 			continue
 		}
 		files = append(files, file)
-		top, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=30", s.cfg.Binary, file).Output()
+		top, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=30", s.gatewayBinary(), file).Output()
 		if err != nil {
 			fmt.Fprintf(s.cfg.Log, "go tool pprof -top %s: %v\n", file, err)
 			continue
