@@ -148,7 +148,10 @@ func runOverhead(cmd *cobra.Command, f benchFlags) error {
 	if f.jsonOut {
 		enc := json.NewEncoder(cmd.OutOrStdout())
 		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		return enc.Encode(struct {
+			benchrun.Report
+			Targets []benchrun.Target `json:"targets"`
+		}{rep, rep.Targets()})
 	}
 	rep.WriteTable(cmd.OutOrStdout())
 	return nil

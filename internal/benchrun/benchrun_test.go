@@ -104,6 +104,20 @@ func TestReportTargets(t *testing.T) {
 		}
 	}
 
+	// Targets holds the same verdicts, the earlier targets marked.
+	var missed, earlier int
+	for _, tg := range rep.Targets() {
+		if !tg.Met {
+			missed++
+		}
+		if tg.Earlier {
+			earlier++
+		}
+	}
+	if missed != 8 || earlier != 3 {
+		t.Errorf("Targets: %d missed, %d earlier; want 8 and 3: %+v", missed, earlier, rep.Targets())
+	}
+
 	rep.ContentLength.Through = 300
 	out.Reset()
 	rep.WriteTable(&out)

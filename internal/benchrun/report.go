@@ -117,6 +117,31 @@ type target struct {
 	by           string // how far under or over the bound
 }
 
+// Target is one target checked against its figure, as WriteTable prints
+// it.
+type Target struct {
+	Name   string `json:"name"`
+	Figure string `json:"figure"`
+	Met    bool   `json:"met"`
+	// By says how far under or over the bound the figure is.
+	By string `json:"by,omitempty"`
+	// Earlier marks a target of the benchmarks issue that issue 18 left
+	// standing.
+	Earlier bool `json:"earlier,omitempty"`
+}
+
+// Targets returns every target of issue 18 the report has a figure for,
+// then the earlier ones still standing.
+func (r Report) Targets() []Target {
+	var out []Target
+	for i, ts := range [][]target{r.targets(), r.earlierTargets()} {
+		for _, t := range ts {
+			out = append(out, Target{Name: t.name, Figure: t.figure, Met: t.met, By: t.by, Earlier: i == 1})
+		}
+	}
+	return out
+}
+
 // atMost is the target "v ≤ bound".
 func atMost(name, figure string, v, bound float64) target {
 	t := target{name: name, figure: figure, met: v <= bound}
