@@ -60,12 +60,16 @@ postgresql:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
 
 # Benchmarks (not part of make test): the scheduler's and the hot paths'
-# (go test -bench), then the overhead benchmark: iop sim, edge and node as
-# separate processes, the same load directly and through edge + node, and
-# the edge's memory with 10,000 queued requests. Figures: BENCHMARKS.md.
+# (go test -bench, output kept in bin/bench-go.txt), then the overhead
+# benchmark: iop sim, edge and node as separate processes, the same load
+# directly and through edge + node, and the edge's memory with 10,000
+# queued requests; it prints every figure of issue 18 with its target, the
+# scheduler's (waiter bytes, AdmitRelease) read from bin/bench-go.txt.
+# Figures: BENCHMARKS.md.
 bench: build
-	$(GO) test -run '^$$' -bench . -benchmem ./internal/scheduler/ ./internal/edge/api/ ./internal/wire/nodev1/ ./internal/node/adapter/
-	$(BIN)/iop bench --overhead --profile-dir $(BIN)/bench-profiles $(BENCH_ARGS)
+	$(GO) test -run '^$$' -bench . -benchmem ./internal/scheduler/ ./internal/edge/api/ ./internal/wire/nodev1/ ./internal/node/adapter/ >$(BIN)/bench-go.txt; \
+		rc=$$?; cat $(BIN)/bench-go.txt; exit $$rc
+	$(BIN)/iop bench --overhead --profile-dir $(BIN)/bench-profiles --go-bench $(BIN)/bench-go.txt $(BENCH_ARGS)
 
 # Regenerates the protocol's Go code with pinned plugin versions (protoc from Debian's protobuf-compiler).
 proto:

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -21,6 +23,10 @@ const (
 	DefaultDuration = 5 * time.Second
 	DefaultWarmup   = time.Second
 	DefaultWaiters  = 10000
+	// DefaultTokens is the simulators' answer length in tokens: a streamed
+	// answer is that many content chunks, the "20-chunk streamed request"
+	// of issue 18 (non-streamed answers are the same 20 tokens in one body).
+	DefaultTokens = 20
 )
 
 // Model names the benchmark's node serves, one per simulator.
@@ -38,14 +44,26 @@ const providerCapacity = 256
 type Config struct {
 	// Binary is the iop executable to run as sim, edge and node. Required.
 	Binary string
+	// GatewayBinary, if set, is the iop executable run as edge and node
+	// instead of Binary (e.g. another commit's build, for an A/B under the
+	// same simulators and load); it needs the edge and node flags this
+	// package passes (those of main at 605d215).
+	GatewayBinary string
 	// Duration is the length of each measured load run; default 5 s.
 	Duration time.Duration
 	// Warmup is the load run before each measured one (connections
 	// established, caches and heaps grown); default 1 s.
 	Warmup time.Duration
-	// Concurrencies are the closed-loop concurrencies measured; default 1
-	// and 32.
+	// Concurrencies are the closed-loop concurrencies of the non-streamed
+	// workloads; default 1 and 32 (issue 18's "1 client" and "32 clients").
 	Concurrencies []int
+	// StreamConcurrencies are those of the streamed workloads; default 1
+	// (added time to first token with 1 client) and 8 (issue 18's "streamed
+	// (20 chunks), 8 clients").
+	StreamConcurrencies []int
+	// Tokens is the length of every simulator answer in tokens (chunks,
+	// when streamed); default DefaultTokens.
+	Tokens int
 	// Waiters is the number of queued requests of the memory phase; default
 	// 10,000; negative skips the phase.
 	Waiters int
@@ -56,6 +74,14 @@ type Config struct {
 	// edge's heap profile with the memory phase's requests queued
 	// (edge-queued-heap.pprof; .txt with the runtime's memory statistics).
 	ProfileDir string
+	// MemoryOnly runs the memory phase and the Content-Length check only,
+	// no load workload.
+	MemoryOnly bool
+	// GoBenchOutput, if set, is a file of `go test -bench` output (make
+	// bench writes the scheduler's there) whose figures the report checks
+	// against the issue's targets: the scheduler's waiter bytes and
+	// AdmitRelease. Overhead fails if it cannot be read.
+	GoBenchOutput string
 	// Log receives a line per step; nil discards them.
 	Log io.Writer
 }
@@ -118,6 +144,32 @@ type Memory struct {
 	// QueuedRSS with all of them queued.
 	IdleRSS   int64 `json:"idle_rss_bytes"`
 	QueuedRSS int64 `json:"queued_rss_bytes"`
+	// Idle and Queued are the edge runtime's own figures at the same two
+	// moments, read after a forced GC (so the heap is what is live).
+	Idle   RuntimeMem `json:"idle"`
+	Queued RuntimeMem `json:"queued"`
+}
+
+// RuntimeMem is what the edge's Go runtime reports (runtime.MemStats, via
+// /debug/pprof/heap?debug=1&gc=1, and the goroutine profile's total).
+type RuntimeMem struct {
+	// HeapAlloc is the bytes of live heap objects just after a GC.
+	HeapAlloc int64 `json:"heap_alloc_bytes"`
+	// StackInuse is the bytes of goroutine stacks.
+	StackInuse int64 `json:"stack_inuse_bytes"`
+	// Goroutines is the number of goroutines.
+	Goroutines int `json:"goroutines"`
+}
+
+// PerWaiterRuntime is the growth of the live heap and of the goroutine
+// stacks per queued request (bytes), and the goroutines each adds.
+func (m Memory) PerWaiterRuntime() (heap, stack, goroutines float64) {
+	if m.Waiters == 0 {
+		return 0, 0, 0
+	}
+	n := float64(m.Waiters)
+	return float64(m.Queued.HeapAlloc-m.Idle.HeapAlloc) / n, float64(m.Queued.StackInuse-m.Idle.StackInuse) / n,
+		float64(m.Queued.Goroutines-m.Idle.Goroutines) / n
 }
 
 // PerWaiter is the growth of the edge's resident memory per queued request,
@@ -132,9 +184,32 @@ func (m Memory) PerWaiter() float64 {
 
 // Report is what Overhead measured.
 type Report struct {
-	Cells    []Cell   `json:"cells"`
-	Memory   *Memory  `json:"memory,omitempty"`
-	Profiles []string `json:"profiles,omitempty"`
+	Cells  []Cell  `json:"cells"`
+	Memory *Memory `json:"memory,omitempty"`
+	// ContentLength is the check of one non-streamed tunnel answer's
+	// Content-Length, direct and through edge + node.
+	ContentLength *ContentLength `json:"content_length,omitempty"`
+	// GoBench holds the figures read from `go test -bench` output
+	// (Config's GoBenchOutput; make bench passes the scheduler's).
+	GoBench  []GoBenchmark `json:"go_bench,omitempty"`
+	Profiles []string      `json:"profiles,omitempty"`
+}
+
+// ContentLength is what one non-streamed tunnel answer carried: the
+// provider's Content-Length (direct) and the edge's (through); -1 when the
+// answer had none (chunked).
+type ContentLength struct {
+	Direct  int64 `json:"direct"`
+	Through int64 `json:"through"`
+	// ThroughBody is the length of the body received through the edge.
+	ThroughBody int `json:"through_body_bytes"`
+}
+
+// Kept reports whether the through answer kept a Content-Length, equal to
+// its body (the provider's answer had one: the simulator's small JSON
+// answers do, net/http sets it).
+func (c ContentLength) Kept() bool {
+	return c.Direct >= 0 && c.Through >= 0 && c.Through == int64(c.ThroughBody)
 }
 
 // setup is the running processes of a benchmark.
@@ -166,15 +241,33 @@ func Overhead(ctx context.Context, cfg Config) (Report, error) {
 	if len(cfg.Concurrencies) == 0 {
 		cfg.Concurrencies = []int{1, 32}
 	}
+	if len(cfg.StreamConcurrencies) == 0 {
+		cfg.StreamConcurrencies = []int{1, 8}
+	}
+	if cfg.Tokens == 0 {
+		cfg.Tokens = DefaultTokens
+	}
 	if cfg.Waiters == 0 {
 		cfg.Waiters = DefaultWaiters
 	}
 	if cfg.Log == nil {
 		cfg.Log = io.Discard
 	}
+	var rep Report
+	if cfg.GoBenchOutput != "" {
+		f, err := os.Open(cfg.GoBenchOutput)
+		if err != nil {
+			return rep, err
+		}
+		rep.GoBench, err = ParseGoBench(f)
+		f.Close()
+		if err != nil {
+			return rep, fmt.Errorf("%s: %w", cfg.GoBenchOutput, err)
+		}
+	}
 	dir, err := os.MkdirTemp("", "iop-bench-")
 	if err != nil {
-		return Report{}, err
+		return rep, err
 	}
 	s := &setup{cfg: cfg, dir: dir}
 	defer func() {
@@ -183,10 +276,9 @@ func Overhead(ctx context.Context, cfg Config) (Report, error) {
 		}
 	}()
 	if err := s.start(ctx); err != nil {
-		return Report{}, fmt.Errorf("%w (logs in %s)", err, dir)
+		return rep, fmt.Errorf("%w (logs in %s)", err, dir)
 	}
 
-	var rep Report
 	if cfg.Waiters > 0 {
 		m, err := s.memory(ctx)
 		if err != nil {
@@ -194,12 +286,23 @@ func Overhead(ctx context.Context, cfg Config) (Report, error) {
 		}
 		rep.Memory = &m
 	}
-	maxConc := cfg.Concurrencies[len(cfg.Concurrencies)-1]
-	for _, path := range []string{"tunnel", "normalized"} {
+	cl, err := s.contentLength(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("content length check: %w (logs in %s)", err, dir)
+	}
+	rep.ContentLength = &cl
+	for _, path := range paths {
+		if cfg.MemoryOnly {
+			break
+		}
 		for _, stream := range []bool{false, true} {
-			for _, conc := range cfg.Concurrencies {
+			concs := cfg.Concurrencies
+			if stream {
+				concs = cfg.StreamConcurrencies
+			}
+			for _, conc := range concs {
 				profile := ""
-				if cfg.ProfileDir != "" && conc == maxConc && (path == "tunnel") != stream {
+				if cfg.ProfileDir != "" && conc == slices.Max(concs) && (path == "tunnel") != stream {
 					profile = path
 					if stream {
 						profile += "-stream"
@@ -218,6 +321,17 @@ func Overhead(ctx context.Context, cfg Config) (Report, error) {
 	return rep, nil
 }
 
+// gatewayBinary is the executable of the edge and the node.
+func (s *setup) gatewayBinary() string {
+	if s.cfg.GatewayBinary != "" {
+		return s.cfg.GatewayBinary
+	}
+	return s.cfg.Binary
+}
+
+// paths are the execution paths measured, in order.
+var paths = []string{"tunnel", "normalized"}
+
 // start runs the simulators, the edge and the node, and waits until the
 // edge lists every model.
 func (s *setup) start(ctx context.Context) error {
@@ -234,18 +348,23 @@ func (s *setup) start(ctx context.Context) error {
 	s.edgeURL, s.edgePprof, s.nodePprof = "http://"+edgeHTTP, "http://"+edgePprof, "http://"+nodePprof
 
 	run := func(name string, args ...string) (*process, error) {
-		p, err := startProcess(s.dir, name, s.cfg.Binary, append(args, "--log-level", "warn")...)
+		bin := s.cfg.Binary
+		if args[0] != "sim" {
+			bin = s.gatewayBinary()
+		}
+		p, err := startProcess(s.dir, name, bin, append(args, "--log-level", "warn")...)
 		if err == nil {
 			s.procs = append(s.procs, p)
 		}
 		return p, err
 	}
 	// Zero latency: --ttft and --tokens-per-second default to 0 (none,
-	// unlimited); every answer is 16 tokens.
-	if _, err := run("sim-openai", "sim", "--protocol", "openai", "--listen", simTunnel, "--model", modelTunnel); err != nil {
+	// unlimited); every answer is cfg.Tokens tokens.
+	tokens := strconv.Itoa(s.cfg.Tokens)
+	if _, err := run("sim-openai", "sim", "--protocol", "openai", "--listen", simTunnel, "--model", modelTunnel, "--default-max-tokens", tokens); err != nil {
 		return err
 	}
-	if _, err := run("sim-ollama", "sim", "--protocol", "ollama", "--listen", simOllama, "--model", modelNormalized); err != nil {
+	if _, err := run("sim-ollama", "sim", "--protocol", "ollama", "--listen", simOllama, "--model", modelNormalized, "--default-max-tokens", tokens); err != nil {
 		return err
 	}
 	if _, err := run("sim-hang", "sim", "--protocol", "openai", "--listen", simHang, "--model", modelHang, "--hang"); err != nil {
@@ -290,6 +409,41 @@ providers:
 		}
 		return nil
 	})
+}
+
+// contentLength sends one non-streamed chat completion to the OpenAI
+// simulator and the same through the edge, and returns their
+// Content-Length headers.
+func (s *setup) contentLength(ctx context.Context) (ContentLength, error) {
+	one := func(base, model string) (int64, int, error) {
+		body := `{"model":"` + model + `","messages":[{"role":"user","content":"hello"}]}`
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
+		if err != nil {
+			return 0, 0, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, 0, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("POST %s: %s: %s", base, resp.Status, b)
+		}
+		// net/http's client sets ContentLength to -1 for a chunked answer.
+		return resp.ContentLength, len(b), err
+	}
+	var c ContentLength
+	var err error
+	if c.Direct, _, err = one(s.simTunnel, modelTunnel); err != nil {
+		return c, err
+	}
+	if c.Through, c.ThroughBody, err = one(s.edgeURL, modelTunnel); err != nil {
+		return c, err
+	}
+	fmt.Fprintf(s.cfg.Log, "content length: direct %d, through %d (body %d bytes)\n", c.Direct, c.Through, c.ThroughBody)
+	return c, nil
 }
 
 // load runs one closed-loop load; a run with failed requests is an error.
@@ -395,7 +549,7 @@ func (s *setup) profile(ctx context.Context, name string) []string {
 			continue
 		}
 		files = append(files, file)
-		top, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=30", s.cfg.Binary, file).Output()
+		top, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=30", s.gatewayBinary(), file).Output()
 		if err != nil {
 			fmt.Fprintf(s.cfg.Log, "go tool pprof -top %s: %v\n", file, err)
 			continue
