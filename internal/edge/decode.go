@@ -25,7 +25,8 @@ type runMsg struct {
 	// late: the message ends an answer that began with a provider
 	// failure (lateFailure).
 	late bool
-	// head is set for a TunnelHead; dataLen counts a TunnelData's bytes.
+	// head is set for a TunnelHead; dataLen counts a TunnelData's bytes
+	// (or those a TunnelHead carried).
 	head    bool
 	dataLen int
 }
@@ -52,6 +53,7 @@ func decodeRunUp(m *nodev1.RunUp) (runMsg, bool) {
 	switch msg := m.GetMsg().(type) {
 	case *nodev1.RunUp_TunnelHead:
 		rm.head = true
+		rm.dataLen = len(msg.TunnelHead.GetData())
 	case *nodev1.RunUp_TunnelData:
 		rm.dataLen = len(msg.TunnelData.GetData())
 	}
@@ -60,7 +62,7 @@ func decodeRunUp(m *nodev1.RunUp) (runMsg, bool) {
 
 // DecodeRunUp is m as the contract's typed message (contract.Message),
 // with Ends set when m ends its run (a complete, error or cancelled event;
-// TunnelEnd; TunnelError); ok is false for a message Run.Recv does not
+// TunnelEnd; TunnelError; a TunnelHead with end); ok is false for a message Run.Recv does not
 // hand on (a repeated RunOpen, an empty message). The edge decodes each
 // message once, when it arrives (decodeRunUp); this is exported so that
 // tests of the HTTP API can feed their fake runs the node's messages.
@@ -90,7 +92,12 @@ func decodeMessage(m *nodev1.RunUp) contract.Message {
 		}
 	case *nodev1.RunUp_TunnelHead:
 		out.Tunnel = true
-		out.Part = contract.Event{Kind: contract.EventHead, Status: int(msg.TunnelHead.GetStatus()), Headers: msg.TunnelHead.GetHeaders()}
+		h := msg.TunnelHead
+		out.Part = contract.Event{Kind: contract.EventHead, Status: int(h.GetStatus()), Headers: h.GetHeaders(),
+			Data: h.GetData(), End: h.GetEnd()}
+		if !h.GetEnd() && h.GetContentLength() > 0 { // 0 is unknown (node.proto); with end the body is data
+			out.Part.ContentLength = h.GetContentLength()
+		}
 	case *nodev1.RunUp_TunnelData:
 		out.Tunnel = true
 		out.Part = contract.Event{Kind: contract.EventData, Data: msg.TunnelData.GetData()}

@@ -32,6 +32,14 @@ func tunnelHead(status int32) *nodev1.RunUp {
 	return &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: &nodev1.TunnelHead{Status: status, Headers: map[string]string{"Content-Type": "application/json"}}}}
 }
 
+// tunnelWhole is a whole answer in one message: a head with the body and
+// end (node.proto TunnelHead.data, end).
+func tunnelWhole(status int32, body string) *nodev1.RunUp {
+	m := tunnelHead(status)
+	m.GetTunnelHead().Data, m.GetTunnelHead().End = []byte(body), true
+	return m
+}
+
 func tunnelData(s string) *nodev1.RunUp {
 	return &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelData{TunnelData: &nodev1.TunnelData{Data: []byte(s)}}}
 }
@@ -67,6 +75,8 @@ var retryable = []failure{
 	{"normalized unreachable", normalized, []*nodev1.RunUp{errorEvent(502)}, "status 502"},
 	{"tunnel 429 with a body", tunnel, []*nodev1.RunUp{tunnelHead(429), tunnelData(`{"error":{"message":"slow down"}}`), tunnelEnd()}, "status 429"},
 	{"tunnel 503 with a body", tunnel, []*nodev1.RunUp{tunnelHead(503), tunnelData(`{"error":{"message":"overloaded"}}`), tunnelEnd()}, "status 503"},
+	{"tunnel 429 in one message", tunnel, []*nodev1.RunUp{tunnelWhole(429, `{"error":{"message":"slow down"}}`)}, "status 429"},
+	{"tunnel 503 in one message", tunnel, []*nodev1.RunUp{tunnelWhole(503, `{"error":{"message":"overloaded"}}`)}, "status 503"},
 	{"tunnel unreachable", tunnel, []*nodev1.RunUp{tunnelError(502)}, "status 502"},
 }
 
@@ -77,6 +87,8 @@ var notRetryable = []failure{
 	{"normalized 503 after the first byte", normalized, []*nodev1.RunUp{events(event(nodev1.RunEvent_TYPE_STARTED, "")), errorEvent(503)}, ""},
 	{"tunnel 401 with a body", tunnel, []*nodev1.RunUp{tunnelHead(401), tunnelData(`{"error":{"message":"bad key"}}`), tunnelEnd()}, ""},
 	{"tunnel 500 with a body", tunnel, []*nodev1.RunUp{tunnelHead(500), tunnelData(`{"error":{"message":"boom"}}`), tunnelEnd()}, ""},
+	{"tunnel 401 in one message", tunnel, []*nodev1.RunUp{tunnelWhole(401, `{"error":{"message":"bad key"}}`)}, ""},
+	{"tunnel 500 in one message", tunnel, []*nodev1.RunUp{tunnelWhole(500, `{"error":{"message":"boom"}}`)}, ""},
 	{"tunnel timeout", tunnel, []*nodev1.RunUp{tunnelError(504)}, ""},
 	{"tunnel 503 after the head", tunnel, []*nodev1.RunUp{tunnelHead(200), tunnelData("data: {}\n\n"), tunnelError(503)}, ""},
 }

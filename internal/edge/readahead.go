@@ -57,12 +57,12 @@ func (r *Run) readFirst() (reason string, err error) {
 			continue
 		}
 		retry := m.retry
-		if retry == "" || !m.head {
+		if retry == "" || !m.head || m.msg.Ends { // a head with the whole answer ended the run
 			return retry, nil
 		}
 		// A failed tunnel answer: read its body to the end, so that the
 		// run's slot is free while the request is admitted again.
-		size := 0
+		size := m.dataLen
 		for {
 			m, err := r.recv()
 			if err != nil {

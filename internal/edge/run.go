@@ -161,7 +161,12 @@ func classifyRunUp(m *nodev1.RunUp) (reason string, terminal, ok bool) {
 		return "tunnel end", true, true
 	case *nodev1.RunUp_TunnelError:
 		return "tunnel error", true, true
-	case *nodev1.RunUp_TunnelHead, *nodev1.RunUp_TunnelData:
+	case *nodev1.RunUp_TunnelHead:
+		if msg.TunnelHead.GetEnd() { // the whole answer: as a TunnelEnd without provider_error
+			return "tunnel end", true, true
+		}
+		return "", false, true
+	case *nodev1.RunUp_TunnelData:
 		return "", false, true
 	default:
 		return "", false, false

@@ -306,22 +306,16 @@ func TestAgentRunsTunnelDispatch(t *testing.T) {
 	r := recv(t, e.runs, "run stream")
 	r.sendBody(t, `{"model":"alias","stream":true}`)
 	msgs := r.rest(t)
-	if len(msgs) < 3 {
-		t.Fatalf("messages %v", msgs)
-	}
-	head := msgs[0].GetTunnelHead()
+	head, data, complete := tunnelAnswer(msgs)
 	if head == nil || head.Status != 200 || head.Headers["Content-Type"] != "text/event-stream" {
 		t.Errorf("head %v", msgs[0])
-	}
-	data := ""
-	for _, m := range msgs[1 : len(msgs)-1] {
-		data += string(m.GetTunnelData().GetData())
 	}
 	if data != sse {
 		t.Errorf("data %q", data)
 	}
-	if msgs[len(msgs)-1].GetTunnelEnd() == nil {
-		t.Errorf("last message %v, want TunnelEnd", msgs[len(msgs)-1])
+	// A stream ends with its own TunnelEnd, whatever came with its head.
+	if !complete || msgs[len(msgs)-1].GetTunnelEnd() == nil {
+		t.Errorf("messages %v, want a stream ending with TunnelEnd", msgs)
 	}
 	if got := gotBody.Load(); got != `{"model":"served-model","stream":true} /v1/chat/completions Bearer sk-test text/event-stream` {
 		t.Errorf("provider got %q", got)
@@ -359,12 +353,9 @@ func TestAgentInlineBodyCallsProviderAtOnce(t *testing.T) {
 			t.Errorf("provider got %q", b)
 		}
 		msgs := r.rest(t)
-		if len(msgs) < 3 || msgs[0].GetTunnelHead().GetStatus() != 200 || msgs[len(msgs)-1].GetTunnelEnd() == nil {
-			t.Fatalf("messages %v, want head, data, end", msgs)
-		}
-		data := ""
-		for _, m := range msgs[1 : len(msgs)-1] {
-			data += string(m.GetTunnelData().GetData())
+		head, data, complete := tunnelAnswer(msgs)
+		if head.GetStatus() != 200 || !complete {
+			t.Fatalf("messages %v, want a complete answer", msgs)
 		}
 		if data != sse {
 			t.Errorf("data %q", data)
@@ -443,11 +434,9 @@ func TestAgentCancelStopsRun(t *testing.T) {
 					if ev := r.next(t).GetEvents().GetEvents(); len(ev) != 2 || ev[0].Type != nodev1.RunEvent_TYPE_STARTED || ev[1].Type != nodev1.RunEvent_TYPE_DELTA {
 						t.Fatalf("want STARTED and a delta, got %v", ev)
 					}
-				} else {
-					r.next(t) // head
-					if r.next(t).GetTunnelData() == nil {
-						t.Fatal("want data")
-					}
+				} else if len(r.next(t).GetTunnelHead().GetData()) == 0 {
+					// The head goes with the stream's first event.
+					t.Fatal("want the head with the first data")
 				}
 				if via == "control" {
 					c.send(t, cancelMsg("r1"))
@@ -500,8 +489,7 @@ func TestAgentConnectionLossCancelsRuns(t *testing.T) {
 	c.send(t, dispatchMsg("r1", "p", tunnel))
 	r := recv(t, e.runs, "run stream")
 	r.sendBody(t, `{}`)
-	r.next(t) // head
-	r.next(t) // data
+	r.next(t) // head, with the first data
 	c.end <- status.Error(codes.Unavailable, "edge going away")
 	recv(t, gone, "provider request to be aborted")
 	waitGeneration(t, a, 0)
@@ -555,7 +543,8 @@ func TestAgentSlowRunDoesNotBlockOthers(t *testing.T) {
 	small := recv(t, e.runs, "small run")
 	small.sendBody(t, `{"note":"small"}`)
 	msgs := small.rest(t)
-	if len(msgs) != 3 || string(msgs[1].GetTunnelData().GetData()) != "small answer" || msgs[2].GetTunnelEnd() == nil {
+	// A small whole answer goes up as one message: head, body and end.
+	if _, body, complete := tunnelAnswer(msgs); len(msgs) != 1 || body != "small answer" || !complete {
 		t.Errorf("small run: %v", msgs)
 	}
 

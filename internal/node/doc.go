@@ -41,7 +41,8 @@
 // provider at once) or else receives its chunks, drives the adapter and
 // sends the answer up:
 // run events on the normalized path, TunnelHead/TunnelData/TunnelEnd on the
-// tunnel path. A Dispatch it cannot run gets DispatchRefused. Capacity is
+// tunnel path (a small whole answer as one TunnelHead with its body and
+// end, and no TunnelEnd after it). A Dispatch it cannot run gets DispatchRefused. Capacity is
 // the edge's to enforce; the node runs whatever it is sent.
 //
 // # Drain

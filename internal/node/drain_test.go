@@ -86,11 +86,9 @@ func startRun(t *testing.T, e *fakeEdge, c *edgeConn, id string, path nodev1.Exe
 		if ev := r.next(t).GetEvents().GetEvents(); len(ev) != 2 || ev[0].Type != nodev1.RunEvent_TYPE_STARTED || ev[1].Text != "first " {
 			t.Fatalf("run %s: want STARTED and the first delta, got %v", id, ev)
 		}
-	} else {
-		r.next(t) // head
-		if d := r.next(t).GetTunnelData(); d == nil || !strings.Contains(string(d.Data), "first ") {
-			t.Fatalf("run %s: want the first data, got %v", id, d)
-		}
+	} else if h := r.next(t).GetTunnelHead(); !strings.Contains(string(h.GetData()), "first ") {
+		// The head goes with the stream's first event.
+		t.Fatalf("run %s: want the head with the first data, got %v", id, h)
 	}
 	return r
 }
@@ -236,8 +234,7 @@ func TestAgentAbortSendsNoLastFrame(t *testing.T) {
 	rn.next(t) // STARTED and the first delta
 	c.send(t, inlineDispatchMsg("t", "tun", tunnel, body))
 	rt := recv(t, e.runs, "tunnel run")
-	rt.next(t) // head
-	rt.next(t) // data
+	rt.next(t) // head, with the first data
 
 	a.Drain("SIGTERM")
 	cancel()

@@ -245,6 +245,31 @@ func (r *edgeRun) rest(t *testing.T) []*nodev1.RunUp {
 	return out
 }
 
+// tunnelAnswer reads a tunnel run's messages as node.proto defines them:
+// a TunnelHead (which may carry the body's start, or all of it with end),
+// TunnelData chunks, and a TunnelEnd; body is what the head and the data
+// carried, complete whether the answer ended cleanly (a TunnelEnd without
+// provider_error, or a head with end, as the last message).
+func tunnelAnswer(msgs []*nodev1.RunUp) (head *nodev1.TunnelHead, body string, complete bool) {
+	for i, m := range msgs {
+		last := i == len(msgs)-1
+		switch {
+		case m.GetTunnelHead() != nil:
+			if head != nil {
+				return head, body, false // a second head
+			}
+			head = m.GetTunnelHead()
+			body += string(head.GetData())
+			complete = last && head.GetEnd()
+		case m.GetTunnelData() != nil:
+			body += string(m.GetTunnelData().GetData())
+		case m.GetTunnelEnd() != nil:
+			complete = last && head != nil && !head.GetEnd() && m.GetTunnelEnd().GetProviderError() == ""
+		}
+	}
+	return head, body, complete
+}
+
 // ---- agent ----
 
 // logRecorder is a slog.Handler that keeps every record.

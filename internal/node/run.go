@@ -146,13 +146,16 @@ func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
 		body.err = fmt.Errorf("%w: %w", adapter.ErrCancelled, context.Cause(r.workCtx))
 	}
 	err = body.err
+	sentLast := false // the adapter's last message ended the run (tunnelSink.ended)
 	if err == nil {
 		req := adapter.Request{Op: d.Operation, Stream: d.Stream, ServedModel: d.ServedModel, Body: body.data, OllamaFields: d.OllamaFields, Headers: d.Headers}
 		switch ad := p.adapter.(type) {
 		case adapter.Normalizer:
 			err = ad.Normalize(r.workCtx, req, eventSink{stream})
 		case adapter.Tunneler:
-			err = ad.Tunnel(r.workCtx, req, tunnelSink{stream})
+			ts := &tunnelSink{s: stream}
+			err = ad.Tunnel(r.workCtx, req, ts)
+			sentLast = ts.ended
 		}
 	}
 	// A run aborted with its connection (the node stopping, the edge lost)
@@ -161,7 +164,7 @@ func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
 	// every client of the aborted runs sees that one error rather than
 	// some "cancelled".
 	if c.ctx.Err() == nil {
-		if last := terminal(p.path, err); last != nil {
+		if last := terminal(p.path, err); last != nil && !sentLast {
 			if serr := stream.Send(last); serr != nil {
 				c.logRun(slog.LevelDebug, r, d, "cannot send the run's last frame", "err", serr)
 			}
@@ -294,21 +297,33 @@ func (s eventSink) Send(events ...*nodev1.RunEvent) error {
 	return s.s.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_Events{Events: &nodev1.RunEvents{Events: events}}})
 }
 
-// tunnelSink sends a tunneled answer up a run stream. gRPC serializes a
-// message before Send returns, so Data's buffer may be reused at once.
-type tunnelSink struct{ s runStream }
-
-var _ adapter.TunnelSink = tunnelSink{}
-
-func (s tunnelSink) Head(code int, h http.Header) error {
-	headers := make(map[string]string, len(h))
-	for k, vs := range h {
-		headers[k] = strings.Join(vs, ", ")
-	}
-	return s.s.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: &nodev1.TunnelHead{Status: int32(code), Headers: headers}}})
+// tunnelSink sends a tunneled answer up a run stream: the head, with the
+// body's start or all of it, as one TunnelHead; each chunk as a
+// TunnelData. gRPC serializes a message before Send returns, so the
+// adapter's buffers may be reused at once.
+type tunnelSink struct {
+	s runStream
+	// ended is set once a head with the whole body (End) was sent: it was
+	// the run's last frame, so serveRun sends no TunnelEnd after it.
+	ended bool
 }
 
-func (s tunnelSink) Data(p []byte) error {
+var _ adapter.TunnelSink = (*tunnelSink)(nil)
+
+func (s *tunnelSink) Head(h adapter.TunnelHead) error {
+	headers := make(map[string]string, len(h.Header))
+	for k, vs := range h.Header {
+		headers[k] = strings.Join(vs, ", ")
+	}
+	head := &nodev1.TunnelHead{Status: int32(h.Status), Headers: headers, Data: h.Body, End: h.End}
+	if !h.End && h.ContentLength > 0 { // 0 on the wire is unknown (node.proto)
+		head.ContentLength = h.ContentLength
+	}
+	s.ended = h.End
+	return s.s.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: head}})
+}
+
+func (s *tunnelSink) Data(p []byte) error {
 	return s.s.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelData{TunnelData: &nodev1.TunnelData{Data: p}}})
 }
 

@@ -109,7 +109,11 @@
 // is the edge's decision, Message.Ends): this package never reads the wire
 // protocol. On the tunnel path the node relays the provider's HTTP response
 // unchanged: its head event becomes the status line and headers, each data
-// event is written and flushed as it arrives. On the normalized path the
+// event is written and flushed as it arrives; a small non-streamed answer
+// comes as one message (a head with the whole body and its end:
+// contract.TunnelParts), written with one flush and a Content-Length, and
+// so does a larger one whose head declared its length (else it is
+// chunked). On the normalized path the
 // node sends run events (delta, usage, end, failure) that this package renders as a
 // chat.completion, text_completion or embeddings list object, or as SSE
 // chunks; tool calls in deltas become message.tool_calls, or streamed

@@ -134,14 +134,11 @@ func (o *ollamaRender) tunnel() string {
 // tunnel's message order, and recv's errors.
 func (rr *runResponse) tunnelAnswer(onSSE func(data []byte) error) (sse bool, body []byte, err error) {
 	status, retryAfter := 0, ""
+	var next tunnelQueue
 	for {
-		msg, err := rr.recv()
+		ev, err := next.event(rr.recv)
 		if err != nil {
 			return false, nil, err
-		}
-		ev, ok := tunnelEvent(msg)
-		if !ok {
-			return false, nil, errUpstreamProtocol
 		}
 		switch ev.Kind {
 		case contract.EventHead:

@@ -5,15 +5,17 @@ import (
 	"errors"
 	"mime"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"iop/internal/edge/contract"
 )
 
 // hopHeaders are response headers of the provider's connection, not of its
-// answer, so they are not relayed. Content-Length goes too: the edge
-// re-frames the body (chunked), and a length that no longer matched would
-// corrupt the response.
+// answer, so they are not relayed. Content-Length goes too: the edge sets
+// its own from what the node says of the body (the head's ContentLength,
+// or the whole body in one message), and a length that no longer matched
+// would corrupt the response.
 var hopHeaders = map[string]bool{
 	"Connection":          true,
 	"Keep-Alive":          true,
@@ -41,26 +43,33 @@ var hopHeaders = map[string]bool{
 // after it, see failStarted (the held bytes are dropped: a failed stream
 // must not end with the provider's [DONE]). It returns the reason the
 // rendering ended for.
+//
+// A head may carry the body's start, or the whole body with End (one
+// message from the node: contract.TunnelParts); the parts of one message
+// go to the client with one flush, so a whole answer is one write. A body
+// that is not an event stream gets a Content-Length (RFC 9110 section
+// 8.6) when the edge knows its length before it writes it: the whole body
+// came with the head, or the head declared it (ContentLength); else it is
+// sent chunked. A body that turns out longer or shorter than it declared is
+// a broken answer (errUpstreamProtocol, errUpstreamEnded): the response is
+// aborted, never ended as if it were complete.
 func (rr *runResponse) tunnel() string {
 	hold := finalHold{obs: rr.obs}
 	status := 0 // the head's
-	for {
-		msg, err := rr.recv()
-		if err != nil {
-			return rr.tunnelFail(err, hold.sse)
-		}
-		ev, ok := tunnelEvent(msg)
-		if !ok {
-			return rr.tunnelFail(errUpstreamProtocol, hold.sse)
-		}
+	// declared is the Content-Length the client was told, -1 for none;
+	// fed counts the body's bytes so far.
+	declared, fed := int64(-1), int64(0)
+	// part handles one tunnel event; done says the rendering ended with
+	// reason.
+	part := func(ev contract.Event) (reason string, done bool) {
 		switch ev.Kind {
 		case contract.EventHead:
 			if rr.started {
-				return rr.tunnelFail(errUpstreamProtocol, hold.sse)
+				return rr.tunnelFail(errUpstreamProtocol, hold.sse), true
 			}
 			status = ev.Status
 			if status < 200 || status > 599 {
-				return rr.fail(errUpstreamProtocol)
+				return rr.fail(errUpstreamProtocol), true
 			}
 			header := rr.w.Header()
 			for name, value := range ev.Headers {
@@ -70,53 +79,111 @@ func (rr *runResponse) tunnel() string {
 				}
 			}
 			hold.sse = isEventStream(header.Get("Content-Type"))
+			if !hold.sse && bodyAllowed(status) {
+				switch {
+				case ev.End:
+					declared = int64(len(ev.Data))
+				case ev.ContentLength > 0:
+					declared = ev.ContentLength
+				}
+				if declared >= 0 {
+					header.Set("Content-Length", strconv.FormatInt(declared, 10))
+				}
+			}
 			rr.w.WriteHeader(status)
 			rr.started = true
-			// The head of a stream goes at once; any other answer's goes
-			// with its first data, one write fewer (BENCHMARKS.md).
-			if !hold.sse {
-				break
-			}
-			if err := rr.flush(); err != nil {
-				return rr.writeFailed(err)
+			// The head of a stream goes at once (with the bytes that came
+			// with it); any other answer's goes with its first data, one
+			// write fewer (BENCHMARKS.md).
+			if hold.sse {
+				if err := rr.flushOrHold(); err != nil {
+					return rr.writeFailed(err), true
+				}
 			}
 		case contract.EventData:
 			if !rr.started {
-				return rr.fail(errUpstreamProtocol)
+				return rr.fail(errUpstreamProtocol), true
+			}
+			if fed += int64(len(ev.Data)); declared >= 0 && fed > declared {
+				return rr.tunnelFail(errUpstreamProtocol, hold.sse), true // longer than it said
 			}
 			if p := hold.split(ev.Data); len(p) > 0 {
 				if err := rr.write(p); err != nil {
-					return rr.writeFailed(err)
+					return rr.writeFailed(err), true
 				}
 			}
 		case contract.EventEnd:
 			if !rr.started {
-				return rr.fail(errUpstreamEnded)
+				return rr.fail(errUpstreamEnded), true
+			}
+			if declared >= 0 && fed != declared {
+				return rr.tunnelFail(errUpstreamEnded, hold.sse), true // shorter than it said
 			}
 			if p := hold.rest(); len(p) > 0 {
 				if err := rr.write(p); err != nil {
-					return rr.writeFailed(err)
+					return rr.writeFailed(err), true
 				}
+			}
+			if err := rr.release(); err != nil {
+				return rr.writeFailed(err), true
 			}
 			if msg := ev.ProviderError; msg != "" {
 				// The provider's error event reached the client with its
 				// bytes; the run failed all the same.
 				rr.h.logger.Warn("provider reported an error inside its answer", "path", clip(rr.r.URL.Path),
 					"model", clip(rr.req.Model), "err", clipTo(msg, maxErrorTextBytes))
-				return reasonUpstreamError
+				return reasonUpstreamError, true
 			}
 			if status >= 400 {
 				// The provider's error answer was relayed whole; the run
 				// failed, as it does on the normalized path.
-				return reasonUpstreamError
+				return reasonUpstreamError, true
 			}
-			return reasonCompleted
+			return reasonCompleted, true
 		case contract.EventFailure:
-			return rr.tunnelFail(failureError(ev), hold.sse)
+			return rr.tunnelFail(failureError(ev), hold.sse), true
 		default:
+			return rr.tunnelFail(errUpstreamProtocol, hold.sse), true
+		}
+		return "", false
+	}
+	for {
+		msg, err := rr.recv()
+		if err != nil {
+			return rr.tunnelFail(err, hold.sse)
+		}
+		if !msg.Tunnel {
 			return rr.tunnelFail(errUpstreamProtocol, hold.sse)
 		}
+		parts, n := contract.TunnelParts(msg)
+		rr.hold = n > 1 // one flush for the parts of one message
+		for _, ev := range parts[:n] {
+			if reason, done := part(ev); done {
+				_ = rr.release() // a failure's last write; the reason says how it ended
+				return reason
+			}
+		}
+		if err := rr.release(); err != nil {
+			return rr.writeFailed(err)
+		}
 	}
+}
+
+// bodyAllowed reports whether a response of status may have a body, and so
+// a Content-Length (RFC 9110 sections 8.6, 15.3.5, 15.4.5: not a 204 or
+// 304).
+func bodyAllowed(status int) bool {
+	return status != http.StatusNoContent && status != http.StatusNotModified
+}
+
+// flushOrHold flushes what was written, or under a hold leaves the flush to
+// release.
+func (rr *runResponse) flushOrHold() error {
+	if rr.hold {
+		rr.held = true
+		return nil
+	}
+	return rr.flush()
 }
 
 // tunnelFail ends a tunnel-path response that failed with err.
@@ -561,9 +628,31 @@ func failureError(ev contract.Event) error {
 	}
 }
 
-// tunnelEvent is the event of a tunnel-path message (its Part); ok is
-// false for a message that is not one (a normalized message on a tunnel
-// run).
-func tunnelEvent(msg contract.Message) (contract.Event, bool) {
-	return msg.Part, msg.Tunnel
+// tunnelQueue hands out a tunnel-path run's events one at a time, those
+// of a head that carries the body, or all of it, in turn
+// (contract.TunnelParts), for a reader that renders no writes of its own
+// and needs no flush per message.
+type tunnelQueue struct {
+	parts [3]contract.Event
+	i, n  int
+}
+
+// event returns the next event, reading the next message with recv when
+// the last one's are used up; a message that is not a tunnel part (a
+// normalized message on a tunnel run) is errUpstreamProtocol, recv's
+// error is returned as it is.
+func (q *tunnelQueue) event(recv func() (contract.Message, error)) (contract.Event, error) {
+	if q.i == q.n {
+		msg, err := recv()
+		if err != nil {
+			return contract.Event{}, err
+		}
+		if !msg.Tunnel {
+			return contract.Event{}, errUpstreamProtocol
+		}
+		q.parts, q.n = contract.TunnelParts(msg)
+		q.i = 0
+	}
+	q.i++
+	return q.parts[q.i-1], nil
 }

@@ -378,14 +378,11 @@ func usageOf(ev *contract.Event) usage {
 // maxErrorBody, for its error message. It returns the recording's reason.
 func (rc *runRecorder) tunnel(run Run) string {
 	hold := finalHold{obs: rc.obs, runs: rc}
+	var next tunnelQueue
 	for {
-		msg, err := rc.recv(run)
+		ev, err := next.event(func() (contract.Message, error) { return rc.recv(run) })
 		if err != nil {
 			return rc.tunnelFail(run, err)
-		}
-		ev, ok := tunnelEvent(msg)
-		if !ok {
-			return rc.tunnelFail(run, errUpstreamProtocol)
 		}
 		switch ev.Kind {
 		case contract.EventHead:

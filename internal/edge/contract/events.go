@@ -6,8 +6,9 @@ package contract
 // sees the wire protocol.
 type Message struct {
 	// Tunnel is set for a tunnel-path part, which is Part (a head, data,
-	// end or failure event); clear for a normalized-path message, whose
-	// events are Events.
+	// end or failure event; a head may carry the body's start, or with End
+	// all of it: see TunnelParts); clear for a normalized-path message,
+	// whose events are Events.
 	Tunnel bool
 	Part   Event
 	// Events are a normalized message's events, in order (delta, usage,
@@ -28,7 +29,9 @@ const (
 	// EventUnknown is the zero EventKind: no event (the Part of a
 	// normalized message).
 	EventUnknown EventKind = iota
-	// EventHead (tunnel): the provider's status and headers.
+	// EventHead (tunnel): the provider's status and headers, and
+	// ContentLength; it may carry the body's first bytes (Data), or the
+	// whole body with End.
 	EventHead
 	// EventData (tunnel): bytes of the provider's body, as it sent them.
 	EventData
@@ -58,8 +61,18 @@ type Event struct {
 	// Headers are the provider's response headers (EventHead), as the
 	// node sent them.
 	Headers map[string]string
-	// Data is a tunnel body chunk (EventData). Not to be modified.
+	// Data is a tunnel body chunk (EventData), or the body's start, or
+	// with End all of it (EventHead). Not to be modified.
 	Data []byte
+	// End (EventHead): Data is the whole body, and the answer ended with
+	// it as an EventEnd without ProviderError would say; the message
+	// ends the run (Message.Ends).
+	End bool
+	// ContentLength (EventHead without End) is the length in bytes of the
+	// whole body (Data and every EventData after it) when the node knew it
+	// in advance (the provider's Content-Length), 0 when not known. With
+	// End the whole body is Data, and this field is not used.
+	ContentLength int64
 	// Text and Thinking are generated text and reasoning (EventDelta).
 	Text, Thinking string
 	// ToolCalls are tool-call parts (EventDelta).
@@ -84,6 +97,26 @@ type Event struct {
 	Param          string
 	// Cancelled marks a failure that is the node cancelling the run.
 	Cancelled bool
+}
+
+// TunnelParts is the events of a tunnel message in order, a head that
+// carries body bytes or the end split into head, data and end (the data
+// and end as a TunnelData and a TunnelEnd would have carried them), so
+// that a reader of tunnel parts handles both forms the same way; n is how
+// many of parts are set. The head in parts[0] keeps its Data and End.
+func TunnelParts(msg Message) (parts [3]Event, n int) {
+	ev := msg.Part
+	parts[0], n = ev, 1
+	if ev.Kind != EventHead {
+		return parts, n
+	}
+	if len(ev.Data) > 0 {
+		parts[n], n = Event{Kind: EventData, Data: ev.Data}, n+1
+	}
+	if ev.End {
+		parts[n], n = Event{Kind: EventEnd}, n+1
+	}
+	return parts, n
 }
 
 // ToolCallPart is one part of a tool call in a delta (OpenAI's streamed

@@ -64,15 +64,40 @@ type EventSinkFunc func(events ...*nodev1.RunEvent) error
 func (f EventSinkFunc) Send(events ...*nodev1.RunEvent) error { return f(events...) }
 
 // TunnelSink receives a tunneled answer: Head once, then Data for each chunk
-// in the order it arrived from the provider.
+// in the order it arrived from the provider; or, for an answer whose body
+// the adapter had whole at once, Head alone with End set.
 type TunnelSink interface {
-	// Head receives the status and the headers to relay: only the
-	// allowlisted ones (see [OpenAI.Tunnel]), never hop-by-hop headers or
-	// Content-Length.
-	Head(status int, h http.Header) error
+	// Head receives the status, the headers to relay and the start of the
+	// body, or all of it (see [TunnelHead]).
+	Head(h TunnelHead) error
 	// Data receives the next chunk of the body. p is only valid during the
 	// call: the adapter reuses it.
 	Data(p []byte) error
+}
+
+// TunnelHead is the start of a tunneled answer, as a TunnelSink's Head
+// gets it.
+type TunnelHead struct {
+	// Status is the provider's HTTP status.
+	Status int
+	// Header holds the headers to relay: only the allowlisted ones (see
+	// [OpenAI.Tunnel]), never hop-by-hop headers or Content-Length (which
+	// is ContentLength).
+	Header http.Header
+	// Body is the start of the body, bytes that would otherwise be the
+	// first Data (nil when none came with the head), or, with End, the
+	// whole body. It is only valid during the call.
+	Body []byte
+	// End says Body is the whole body: the answer is complete with this
+	// call, no Data follows, and the Tunnel call returns nil right after it
+	// (the caller then sends no TunnelEnd: the head carried the end).
+	End bool
+	// ContentLength is the length in bytes of the whole body as relayed
+	// (Body and every Data after it) when it is known before the body
+	// ends: the provider's Content-Length, for a body the adapter relays
+	// unchanged in length; -1 when it is not known. With End it is
+	// len(Body).
+	ContentLength int64
 }
 
 // Adapter is what every provider adapter has; a value is also exactly one of

@@ -263,8 +263,13 @@ func TestRealOllama_CancelMidStream(t *testing.T) {
 // signalTunnel is a TunnelSink that calls onData for each chunk.
 type signalTunnel struct{ onData func() }
 
-func (s *signalTunnel) Head(int, http.Header) error { return nil }
-func (s *signalTunnel) Data([]byte) error           { s.onData(); return nil }
+func (s *signalTunnel) Head(h adapter.TunnelHead) error {
+	if len(h.Body) > 0 {
+		s.onData()
+	}
+	return nil
+}
+func (s *signalTunnel) Data([]byte) error { s.onData(); return nil }
 
 // wantRealAnswer checks a complete text answer of exactly n tokens that hit
 // its token limit.

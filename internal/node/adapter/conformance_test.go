@@ -531,11 +531,12 @@ type tunnelLog struct {
 	body   bytes.Buffer
 }
 
-func (l *tunnelLog) Head(status int, h http.Header) error {
+func (l *tunnelLog) Head(h adapter.TunnelHead) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.heads++
-	l.status, l.header = status, h
+	l.status, l.header = h.Status, h.Header
+	l.body.Write(h.Body) // copies: the body is the adapter's
 	return nil
 }
 

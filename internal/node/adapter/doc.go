@@ -43,7 +43,8 @@
 //
 //   - nil: the answer is complete. A Normalizer has sent COMPLETE as its last
 //     event; a Tunneler has relayed the whole body (the caller sends
-//     TunnelEnd).
+//     TunnelEnd, unless the sink's Head got the whole body with End: a
+//     small non-streamed answer goes up as one message).
 //   - an [*Error]: the provider request failed. Its Status and Message are
 //     safe to show a client: they never hold the provider's URL or API key.
 //     Status is the provider's own HTTP status when it answered non-2xx

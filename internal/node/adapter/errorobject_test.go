@@ -29,6 +29,8 @@ func TestTunnelErrorObjectIn2xx(t *testing.T) {
 		{name: "OpenAI-shaped error object", ctype: "application/json",
 			body: `{"error":{"message":"upstream quota exceeded for ` + key + ` at BASE","type":"insufficient_quota","code":429}}`,
 			kind: ErrProviderError, message: "upstream quota exceeded for [redacted] at [provider]"},
+		{name: "error object whose name is escaped", ctype: "application/json",
+			body: `{"\u0065rror":{"message":"escaped name"}}`, kind: ErrProviderError, message: "escaped name"},
 		{name: "error string", ctype: "application/json; charset=utf-8",
 			body: `{"error":"model is overloaded"}`, kind: ErrProviderError, message: "model is overloaded"},
 		{name: "error object without a content type", body: "  {\"error\": {\"message\": \"bad things\"}}\n",

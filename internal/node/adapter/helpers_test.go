@@ -62,16 +62,28 @@ func (r *eventRec) last(typ nodev1.RunEvent_Type) *nodev1.RunEvent {
 	return nil
 }
 
-// tunnelRec is a TunnelSink that records the head and every chunk (copied).
+// tunnelRec is a TunnelSink that records the head and every chunk
+// (copied; the body bytes a head carried are the first chunk), and
+// whether the head carried the whole body (end) and the length it said.
 type tunnelRec struct {
 	status int
 	header http.Header
 	chunks [][]byte
 	onData func(p []byte) error
+	heads  int
+	end    bool
+	length int64
 }
 
-func (r *tunnelRec) Head(status int, h http.Header) error {
-	r.status, r.header = status, h
+func (r *tunnelRec) Head(h TunnelHead) error {
+	r.heads++
+	r.status, r.header, r.end, r.length = h.Status, h.Header, h.End, h.ContentLength
+	if len(h.Body) > 0 {
+		r.chunks = append(r.chunks, append([]byte(nil), h.Body...))
+		if r.onData != nil {
+			return r.onData(h.Body)
+		}
+	}
 	return nil
 }
 

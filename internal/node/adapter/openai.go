@@ -38,7 +38,8 @@ const maxFallbackMessage = 1 << 10
 // addresses), Server and Via (its software), the other Openai-* headers
 // (they name the operator's provider account: Openai-Organization,
 // Openai-Project, Openai-Org-Id, ...), hop-by-hop headers and
-// Content-Length (they describe the provider's connection, not the edge's),
+// Content-Length (they describe the provider's connection, not the edge's;
+// the body's length goes as TunnelHead.ContentLength when it is known),
 // and any header a client has no use for. Content-Encoding stays, so a body
 // a provider compressed anyway still decodes.
 var (
@@ -104,7 +105,14 @@ func (o *OpenAI) Close() { o.p.Close() }
 //     (streamRedactor; a chunk's tail that may begin the key waits for the
 //     next chunk). The head and the first bytes wait until the answer is
 //     known not to be an error object: an SSE body's until its first
-//     event, any other body's until its end or maxPeek bytes. A body that
+//     event, any other body's until its end or maxPeek bytes. The bytes
+//     that waited go with the head (TunnelHead.Body): a body that ended
+//     within maxPeek bytes goes whole, with End, in one sink call (one
+//     message on the wire; its length is the body's); the head of a
+//     larger one that is not an event stream carries the provider's
+//     Content-Length as TunnelHead.ContentLength when the provider sent
+//     one and no API key is set (a redacted key would change the length),
+//     else -1 (the edge then cannot know it). A body that
 //     is an error object (errorObjectText: a JSON object with an "error"
 //     and no "choices" or "data") or an SSE body whose first event is an
 //     error event is not relayed at all: the call returns an *Error of
@@ -121,7 +129,8 @@ func (o *OpenAI) Close() { o.p.Close() }
 //   - 4xx and 5xx (an error answer, the provider's to tell): the same
 //     status, the allowlisted headers with Content-Type application/json,
 //     and one OpenAI error object {"error":{"message","type","param",
-//     "code"}} built from at most the first 64 KiB of the body. A body with
+//     "code"}} built from at most the first 64 KiB of the body, whole in
+//     one sink call (TunnelHead.End). A body with
 //     an OpenAI-shaped "error" object (one with a string "message") keeps
 //     its message, type, param and code (a number becomes a string) and
 //     loses every other field, which may carry the provider's raw text.
@@ -143,7 +152,8 @@ func (o *OpenAI) Close() { o.p.Close() }
 // Connection header names and any value over 8 KiB, with the provider's URL
 // and API key redacted. Everything else (Set-Cookie, Location, Server, Via,
 // hop-by-hop headers, Content-Length, ...) is dropped: it describes the
-// provider's connection or exposes its internals to clients.
+// provider's connection or exposes its internals to clients (the body's
+// length travels as TunnelHead.ContentLength instead, see above).
 //
 // Failures are reported as the package doc describes.
 func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error {
@@ -197,34 +207,51 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 	// byte, not a stream relayed as completed (a break-it report).
 	notAStream := req.Stream && watch == nil
 	scrub := newStreamRedactor(o.p.apiKey)
+	// The body's length as relayed is known before its end when the
+	// provider declared it (Content-Length), for a body that is not an
+	// event stream and that the redactor cannot change in length (there is
+	// no API key to scrub): the edge then answers with that Content-Length.
+	length := int64(-1)
+	if watch == nil && scrub.secret == nil && c.resp.ContentLength >= 0 {
+		length = c.resp.ContentLength
+	}
 	bufp := chunkPool.Get().(*[]byte)
 	defer chunkPool.Put(bufp)
 	buf := *bufp
 	// Until the answer is known not to be an error object, its head and
-	// first bytes wait: pending holds them scrubbed, raw as read. An event
-	// stream is known once its first event is in (or maxPeek bytes are,
-	// without one); any other body once it ended within maxPeek bytes (an
-	// error object is small) or went past them.
+	// first bytes wait: pending holds them scrubbed, raw as read (raw is
+	// pending itself when there is nothing to scrub: see rawBody). An
+	// event stream is known once its first event is in (or maxPeek bytes
+	// are, without one); any other body once it ended within maxPeek
+	// bytes (an error object is small; the head then carries the whole
+	// body, one message) or went past them.
 	var (
 		pending, raw []byte
 		headSent     bool
 	)
+	rawBody := func() []byte {
+		if scrub.secret == nil && !notAStream {
+			return pending
+		}
+		return raw
+	}
 	notAStreamErr := func() error {
 		msg := fmt.Sprintf("provider answered a streamed request with Content-Type %q, not an event stream", relayed.Get("Content-Type"))
-		if text := bodyText(raw); text != "" {
+		if text := bodyText(rawBody()); text != "" {
 			msg += ": " + text
 		}
 		return &Error{Kind: ErrProviderError, Status: http.StatusBadGateway, Message: truncate(o.p.redact(msg), maxFallbackMessage)}
 	}
-	sendHead := func() error {
+	// sendHead sends the head with the bytes that waited: the whole body
+	// when end is set.
+	sendHead := func(end bool) error {
 		headSent = true
-		if err := sink.Head(c.resp.StatusCode, relayed); err != nil {
-			return sinkFailed(err)
+		head := TunnelHead{Status: c.resp.StatusCode, Header: relayed, Body: pending, End: end, ContentLength: length}
+		if end {
+			head.ContentLength = int64(len(pending))
 		}
-		if len(pending) > 0 {
-			if err := sink.Data(pending); err != nil {
-				return sinkFailed(err)
-			}
+		if err := sink.Head(head); err != nil {
+			return sinkFailed(err)
 		}
 		pending, raw = nil, nil
 		return nil
@@ -250,9 +277,19 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 					return notAStreamErr()
 				}
 			default:
-				pending, raw = append(pending, out...), append(raw, buf[:n]...)
-				if (watch != nil && watch.seen > 0) || len(raw) > maxPeek {
-					if err := sendHead(); err != nil {
+				switch {
+				case scrub.secret == nil && pending == nil && errors.Is(rerr, io.EOF):
+					// The whole body in one read, with nothing to scrub:
+					// it goes up from buf itself, without a copy (the sink
+					// is done with it before buf is reused).
+					pending = out
+				case scrub.secret == nil:
+					pending = append(pending, out...) // raw is pending (rawBody)
+				default:
+					pending, raw = append(pending, out...), append(raw, buf[:n]...)
+				}
+				if (watch != nil && watch.seen > 0) || len(rawBody()) > maxPeek {
+					if err := sendHead(false); err != nil {
 						return err
 					}
 				}
@@ -269,12 +306,18 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 					}
 					return notAStreamErr()
 				}
-				if msg := errorObjectText(raw); msg != "" {
+				if msg := errorObjectText(rawBody()); msg != "" {
 					return &Error{Kind: ErrProviderError, Status: http.StatusBadGateway, Message: truncate(o.p.redact(msg), maxFallbackMessage)}
 				}
 				pending = append(pending, rest...)
-				if err := sendHead(); err != nil {
+				// A body that ended before its head went is whole: one
+				// message, head, body and end, but for an event stream,
+				// whose end may still be a failure (below).
+				if err := sendHead(watch == nil); err != nil {
 					return err
+				}
+				if watch == nil {
+					return nil
 				}
 			} else if len(rest) > 0 {
 				if err := sink.Data(rest); err != nil {
@@ -309,6 +352,12 @@ func errorObjectText(body []byte) string {
 	if len(body) == 0 || body[0] != '{' {
 		return ""
 	}
+	// A member named "error" is spelled `"error"` or with a \u escape
+	// (JSON has no other escape for a letter): a body with neither has
+	// none, and is not decoded (every answer passes here).
+	if !bytes.Contains(body, errorKey) && !bytes.Contains(body, unicodeEscape) {
+		return ""
+	}
 	var doc map[string]json.RawMessage
 	if json.Unmarshal(body, &doc) != nil {
 		return ""
@@ -321,6 +370,11 @@ func errorObjectText(body []byte) string {
 	}
 	return errorText(doc["error"])
 }
+
+var (
+	errorKey      = []byte(`"error"`)
+	unicodeEscape = []byte(`\u`)
+)
 
 // isEventStream reports whether a Content-Type is text/event-stream.
 func isEventStream(contentType string) bool {
@@ -384,7 +438,8 @@ type openAIError struct {
 }
 
 // relayError relays a 4xx or 5xx answer as one OpenAI error object (see
-// Tunnel), built from at most errorBodyLimit bytes of its body.
+// Tunnel), built from at most errorBodyLimit bytes of its body, in one
+// sink call.
 func (o *OpenAI) relayError(c *call, sink TunnelSink) error {
 	data, err := io.ReadAll(io.LimitReader(c.resp.Body, errorBodyLimit))
 	if err != nil && c.parent.Err() != nil {
@@ -398,10 +453,8 @@ func (o *OpenAI) relayError(c *call, sink TunnelSink) error {
 	}{o.errorObject(c.resp.StatusCode, data)})
 	h := o.relayHeader(c.resp.Header)
 	h.Set("Content-Type", "application/json")
-	if err := sink.Head(c.resp.StatusCode, h); err != nil {
-		return sinkFailed(err)
-	}
-	if err := sink.Data(body); err != nil {
+	// The whole answer in one message (TunnelHead.End).
+	if err := sink.Head(TunnelHead{Status: c.resp.StatusCode, Header: h, Body: body, End: true, ContentLength: int64(len(body))}); err != nil {
 		return sinkFailed(err)
 	}
 	return nil

@@ -505,8 +505,8 @@ func TestTunnelStatusesNotRelayed(t *testing.T) {
 // headSink fails Head with err.
 type headSink struct{ err error }
 
-func (s headSink) Head(int, http.Header) error { return s.err }
-func (s headSink) Data([]byte) error           { return nil }
+func (s headSink) Head(TunnelHead) error { return s.err }
+func (s headSink) Data([]byte) error     { return nil }
 
 func TestTunnelErrorAnswerSinkFailure(t *testing.T) {
 	p := startProvider(t, "", func(w http.ResponseWriter, r *http.Request) {

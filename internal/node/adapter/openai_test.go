@@ -352,3 +352,83 @@ func TestRegression_TunnelStreamEndsWithoutDone(t *testing.T) {
 		t.Errorf("JSON answer: %v", err)
 	}
 }
+
+// A 2xx answer the tunnel had whole within its first 64 KiB goes to the
+// sink as one Head with the whole body and End (one message on the wire),
+// whether it came in one read or in pieces, with or without an API key to
+// scrub, and an error answer (4xx, 5xx) too; a 2xx error object still
+// relays nothing. A stream's head carries its first event and no End (its
+// end comes after it). A larger body's head carries its first bytes and
+// the provider's Content-Length when there is no key to scrub, else -1.
+func TestOpenAITunnelWholeAnswerInOneHead(t *testing.T) {
+	answer := `{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}`
+	large := `{"choices":[{"text":"` + strings.Repeat("w", 2*maxPeek) + `"}]}`
+	for _, tc := range []struct {
+		name, ctype, body string
+		status            int
+		key               string
+		pieces            bool
+		wantEnd           bool
+		wantLength        int64 // of a head without End
+		wantHeads         int
+		wantErr           error
+	}{
+		{name: "one read", ctype: "application/json", body: answer, status: 200, wantEnd: true},
+		{name: "one read, api key", ctype: "application/json", body: answer, status: 200, key: "sk-some-secret-key", wantEnd: true},
+		{name: "in pieces", ctype: "application/json", body: answer, status: 200, pieces: true, wantEnd: true},
+		{name: "in pieces, api key", ctype: "application/json", body: answer, status: 200, key: "sk-some-secret-key", pieces: true, wantEnd: true},
+		{name: "error answer", ctype: "application/json", body: `{"error":{"message":"no"}}`, status: 400, wantEnd: true},
+		{name: "2xx error object", ctype: "application/json", body: `{"error":{"message":"no"}}`, status: 200, wantHeads: -1, wantErr: ErrProviderError},
+		{name: "stream", ctype: "text/event-stream", body: "data: {\"choices\":[]}\n\ndata: [DONE]\n\n", status: 200, wantLength: -1},
+		{name: "large, declared", ctype: "application/json", body: large, status: 200, wantLength: int64(len(large))},
+		{name: "large, declared, api key", ctype: "application/json", body: large, status: 200, key: "sk-some-secret-key", wantLength: -1},
+		{name: "large, chunked", ctype: "application/json", body: large, status: 200, pieces: true, wantLength: -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", tc.ctype)
+				if !tc.pieces {
+					w.Header().Set("Content-Length", strconv.Itoa(len(tc.body)))
+				}
+				w.WriteHeader(tc.status)
+				for body := tc.body; len(body) > 0; {
+					n := len(body)
+					if tc.pieces {
+						n = min(n, 40)
+					}
+					io.WriteString(w, body[:n])
+					w.(http.Flusher).Flush()
+					body = body[n:]
+				}
+			})
+			o := newOpenAI(t, Config{BaseURL: up.URL, APIKey: tc.key})
+			rec := &tunnelRec{}
+			err := o.Tunnel(context.Background(), Request{Op: nodev1.Operation_OPERATION_CHAT, ServedModel: "m", Body: []byte(`{}`)}, rec)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) || rec.heads != 0 {
+					t.Fatalf("err %v, %d heads; want %v and nothing relayed", err, rec.heads, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || rec.heads != 1 || rec.status != tc.status {
+				t.Fatalf("err %v, %d heads, status %d", err, rec.heads, rec.status)
+			}
+			if tc.status < 400 && rec.body() != tc.body {
+				t.Errorf("relayed %.80q, want the provider's body", rec.body())
+			}
+			if rec.end != tc.wantEnd {
+				t.Errorf("end %v, want %v", rec.end, tc.wantEnd)
+			}
+			switch {
+			case tc.wantEnd:
+				if len(rec.chunks) != 1 || rec.length != int64(len(rec.chunks[0])) {
+					t.Errorf("%d chunks, length %d; want the whole body with the head", len(rec.chunks), rec.length)
+				}
+			default:
+				if len(rec.chunks) == 0 || rec.length != tc.wantLength {
+					t.Errorf("head with %d chunks, length %d; want its first bytes and length %d", len(rec.chunks), rec.length, tc.wantLength)
+				}
+			}
+		})
+	}
+}

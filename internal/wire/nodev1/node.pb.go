@@ -2033,11 +2033,32 @@ func (x *Embedding) GetValues() []float32 {
 	return nil
 }
 
-// TunnelHead is the provider's response status and headers.
+// TunnelHead is the provider's response status and headers, and may carry
+// the start of the body, or all of it. An answer is a TunnelHead, then
+// TunnelData chunks, then a TunnelEnd or TunnelError; or, for a body the
+// node had whole at once (a non-streamed answer of at most 64 KiB), one
+// TunnelHead with data and end: one message, one write on each side. Old
+// nodes send neither field, and the edge handles both forms; an edge that
+// predates them does not read them, so edges are upgraded before nodes.
 type TunnelHead struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Status        int32                  `protobuf:"varint,1,opt,name=status,proto3" json:"status,omitempty"`
-	Headers       map[string]string      `protobuf:"bytes,2,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Status  int32                  `protobuf:"varint,1,opt,name=status,proto3" json:"status,omitempty"`
+	Headers map[string]string      `protobuf:"bytes,2,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// data is the start of the body, as a TunnelData carrying it would (the
+	// body's first bytes when both were at hand at once), or all of it with
+	// end.
+	Data []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	// end: the body is complete with data, exactly as if a TunnelEnd with an
+	// empty provider_error followed; the run ends with this message and no
+	// TunnelEnd or TunnelError follows.
+	End bool `protobuf:"varint,4,opt,name=end,proto3" json:"end,omitempty"`
+	// content_length is the length in bytes of the whole body as relayed
+	// (data and every TunnelData after it), when the node knows it in
+	// advance (the provider's Content-Length); 0 means unknown (old nodes,
+	// streams). With end, the body is data and this field is ignored. The
+	// edge then sends the client this Content-Length (RFC 9110 section 8.6)
+	// and fails a response whose body does not match it.
+	ContentLength int64 `protobuf:"varint,5,opt,name=content_length,json=contentLength,proto3" json:"content_length,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2084,6 +2105,27 @@ func (x *TunnelHead) GetHeaders() map[string]string {
 		return x.Headers
 	}
 	return nil
+}
+
+func (x *TunnelHead) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *TunnelHead) GetEnd() bool {
+	if x != nil {
+		return x.End
+	}
+	return false
+}
+
+func (x *TunnelHead) GetContentLength() int64 {
+	if x != nil {
+		return x.ContentLength
+	}
+	return 0
 }
 
 // TunnelData is a chunk of the provider's response body, as it arrived.
@@ -2392,11 +2434,14 @@ const file_node_proto_rawDesc = "" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x1c\n" +
 	"\targuments\x18\x04 \x01(\tR\targuments\"#\n" +
 	"\tEmbedding\x12\x16\n" +
-	"\x06values\x18\x01 \x03(\x02R\x06values\"\xa0\x01\n" +
+	"\x06values\x18\x01 \x03(\x02R\x06values\"\xed\x01\n" +
 	"\n" +
 	"TunnelHead\x12\x16\n" +
 	"\x06status\x18\x01 \x01(\x05R\x06status\x12>\n" +
-	"\aheaders\x18\x02 \x03(\v2$.iop.node.v1.TunnelHead.HeadersEntryR\aheaders\x1a:\n" +
+	"\aheaders\x18\x02 \x03(\v2$.iop.node.v1.TunnelHead.HeadersEntryR\aheaders\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12\x10\n" +
+	"\x03end\x18\x04 \x01(\bR\x03end\x12%\n" +
+	"\x0econtent_length\x18\x05 \x01(\x03R\rcontentLength\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\" \n" +
