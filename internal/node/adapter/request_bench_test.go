@@ -79,3 +79,19 @@ func BenchmarkTunnelRequest(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkErrorObjectText measures the check every non-streamed 2xx tunnel
+// answer goes through before it is relayed (is it an error object instead
+// of an answer?), for a chat completion answer of a 16-token reply.
+func BenchmarkErrorObjectText(b *testing.B) {
+	body := []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1764547200,"model":"served",` +
+		`"choices":[{"index":0,"message":{"role":"assistant","content":"one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"},` +
+		`"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":16,"total_tokens":28}}`)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if errorObjectText(body) != "" {
+			b.Fatal("an answer taken for an error object")
+		}
+	}
+}
