@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -80,5 +81,33 @@ func BenchmarkSQLiteInsert(b *testing.B) {
 		if err := s.Insert(ctx, batch[:min(len(batch), b.N-i)]); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkSQLiteInsertBatch measures Store.Insert of batches of the sizes
+// the writer sees under load (a few entries at c=1, tens to a couple of
+// hundred at c=32: BenchmarkLedgerPaced's entries/tx) into a WAL SQLite
+// file; one op is one entry.
+func BenchmarkSQLiteInsertBatch(b *testing.B) {
+	for _, size := range []int{1, 10, 100} {
+		b.Run(fmt.Sprintf("entries=%d", size), func(b *testing.B) {
+			s, err := OpenSQLite(filepath.Join(b.TempDir(), "ledger.db"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			batch := make([]Entry, size)
+			for i := range batch {
+				batch[i] = Entry{Time: day1, Key: "k", Model: "m", RunID: "run_0123456789abcdef", NodeID: "n", ProviderID: "p",
+					ServedModel: "m", PromptTokens: 10, CompletionTokens: 16, Duration: time.Millisecond, Outcome: OutcomeCompleted}
+			}
+			b.ReportAllocs()
+			ctx := context.Background()
+			for i := 0; i < b.N; i += len(batch) {
+				if err := s.Insert(ctx, batch[:min(len(batch), b.N-i)]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

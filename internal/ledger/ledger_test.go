@@ -96,6 +96,29 @@ func testStore(t *testing.T, s Store) {
 	if err != nil || got[0].Requests != int64(len(bulk)) || got[0].PromptTokens != prompt || got[0].Completed != int64(len(bulk)) {
 		t.Errorf("after inserting %d entries at once: %+v (%v), want %d requests and %d prompt tokens", len(bulk), got, err, len(bulk), prompt)
 	}
+	// Later transactions reuse the statements prepared for earlier ones
+	// (the full one, and the last one of each row count left), with their
+	// own values: batches of every row count from 1 to just over two full
+	// INSERTs, some twice.
+	total, want := int64(0), int64(0)
+	for _, n := range []int{22, 2*rowsPerInsert + 22, 1, rowsPerInsert, rowsPerInsert - 1, 22, rowsPerInsert + 1, 1, 2 * rowsPerInsert} {
+		batch := make([]Entry, n)
+		for i := range batch {
+			batch[i] = Entry{Time: day1, Key: "again", Model: "m", RunID: fmt.Sprintf("a%d", total), CompletionTokens: total}
+			want += total
+			total++
+		}
+		if err := s.Insert(ctx, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Insert(ctx, nil); err != nil {
+		t.Errorf("Insert of no entries: %v", err)
+	}
+	got, err = s.Aggregate(ctx, Query{Key: "again"})
+	if err != nil || got[0].Requests != total || got[0].CompletionTokens != want {
+		t.Errorf("after batches of reused statements: %+v (%v), want %d requests and %d completion tokens", got, err, total, want)
+	}
 }
 
 func TestSQLiteStore(t *testing.T) {

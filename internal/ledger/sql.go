@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver (PostgreSQL)
@@ -19,6 +20,9 @@ import (
 type SQL struct {
 	db      *sql.DB
 	dialect string // "sqlite" or "postgres"
+
+	mu    sync.Mutex               // guards the field below
+	stmts [rowsPerInsert]*sql.Stmt // stmts[n-1] inserts n rows; prepared on first use, closed by Close
 }
 
 var _ Store = (*SQL)(nil)
@@ -139,8 +143,18 @@ func migrate(db *sql.DB, dialect string) error {
 	return nil
 }
 
-// Close closes the database.
-func (s *SQL) Close() error { return s.db.Close() }
+// Close closes the prepared statements and the database.
+func (s *SQL) Close() error {
+	s.mu.Lock()
+	for i, stmt := range s.stmts {
+		if stmt != nil {
+			stmt.Close()
+			s.stmts[i] = nil
+		}
+	}
+	s.mu.Unlock()
+	return s.db.Close()
+}
 
 // param returns the n-th (from 1) query parameter's placeholder.
 func (s *SQL) param(n int) string {
@@ -156,34 +170,45 @@ func (s *SQL) param(n int) string {
 const rowsPerInsert = 64
 
 // Insert implements Store: one transaction, one multi-row INSERT per
-// rowsPerInsert entries.
+// rowsPerInsert entries (the last one with the rows left). The INSERT of
+// each row count is prepared once, on the database, the first time a
+// batch needs it (insertStmt), and reused by every later transaction
+// (Tx.StmtContext: a connection that prepared it already is not asked
+// again), so a batch costs no statement parsing.
 func (s *SQL) Insert(ctx context.Context, entries []Entry) error {
+	if len(entries) == 0 {
+		return nil
+	}
+	// Prepared before the transaction takes a connection (SQLite has one):
+	// full for the first INSERT, last for the rows left after the full ones.
+	full, err := s.insertStmt(ctx, min(len(entries), rowsPerInsert))
+	if err != nil {
+		return err
+	}
+	last := full
+	if rest := len(entries) % rowsPerInsert; rest != 0 && len(entries) > rowsPerInsert {
+		if last, err = s.insertStmt(ctx, rest); err != nil {
+			return err
+		}
+	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
-	var (
-		stmt     *sql.Stmt
-		stmtRows int
-		args     = make([]any, 0, columnsPerRow*min(len(entries), rowsPerInsert))
-	)
-	defer func() {
-		if stmt != nil {
-			stmt.Close()
-		}
-	}()
+	// The transaction's copies of the statements are closed with it.
+	if last == full {
+		full = tx.StmtContext(ctx, full)
+		last = full
+	} else {
+		full, last = tx.StmtContext(ctx, full), tx.StmtContext(ctx, last)
+	}
+	args := make([]any, 0, columnsPerRow*min(len(entries), rowsPerInsert))
 	for len(entries) > 0 {
 		n := min(len(entries), rowsPerInsert)
-		if n != stmtRows {
-			if stmt != nil {
-				stmt.Close()
-			}
-			if stmt, err = tx.PrepareContext(ctx, s.insertSQL(n)); err != nil {
-				stmt = nil
-				return err
-			}
-			stmtRows = n
+		stmt := full
+		if n < rowsPerInsert {
+			stmt = last
 		}
 		args = args[:0]
 		for _, e := range entries[:n] {
@@ -197,6 +222,22 @@ func (s *SQL) Insert(ctx context.Context, entries []Entry) error {
 		entries = entries[n:]
 	}
 	return tx.Commit()
+}
+
+// insertStmt returns the prepared INSERT of rows rows (1..rowsPerInsert),
+// preparing it on the database on first use.
+func (s *SQL) insertStmt(ctx context.Context, rows int) (*sql.Stmt, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if stmt := s.stmts[rows-1]; stmt != nil {
+		return stmt, nil
+	}
+	stmt, err := s.db.PrepareContext(ctx, s.insertSQL(rows))
+	if err != nil {
+		return nil, err
+	}
+	s.stmts[rows-1] = stmt
+	return stmt, nil
 }
 
 // insertSQL is the INSERT of rows rows, its placeholders in s's dialect.

@@ -405,6 +405,15 @@ func handshakeHint(err error) string {
 	return ""
 }
 
+// The node's HTTP/2 flow-control windows for what the edge sends it
+// (dispatches, bodies, cancels): static, so gRPC's dynamic window estimate
+// (a BDP ping after the first data frame each time the previous one is
+// acknowledged) is off; each run stream keeps its own window.
+const (
+	grpcStreamWindow = 256 << 10
+	grpcConnWindow   = 4 << 20
+)
+
 // dial makes the gRPC client connection to the edge (it connects lazily,
 // on the first stream).
 func (a *Agent) dial() (*grpc.ClientConn, error) {
@@ -420,6 +429,8 @@ func (a *Agent) dial() (*grpc.ClientConn, error) {
 			MinConnectTimeout: 20 * time.Second,
 		}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsgBytes)),
+		grpc.WithStaticStreamWindowSize(grpcStreamWindow),
+		grpc.WithStaticConnWindowSize(grpcConnWindow),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("dial edge %q: %w", a.cfg.Edge, err)

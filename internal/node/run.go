@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
@@ -288,19 +289,42 @@ func terminal(path nodev1.ExecutionPath, err error) *nodev1.RunUp {
 	return &nodev1.RunUp{Msg: &nodev1.RunUp_Events{Events: &nodev1.RunEvents{Events: []*nodev1.RunEvent{ev}}}}
 }
 
-// eventSink sends run events up a run stream, one message per Send.
+// eventSink sends run events up a run stream, one message per Send. The
+// message (its RunUp, oneof and RunEvents) is pooled: gRPC marshals a
+// message before Send returns and keeps no reference to it (no stats
+// handler or binary log is installed), so it is reused at once.
 type eventSink struct{ s runStream }
 
 var _ adapter.EventSink = eventSink{}
 
 func (s eventSink) Send(events ...*nodev1.RunEvent) error {
-	return s.s.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_Events{Events: &nodev1.RunEvents{Events: events}}})
+	m := eventsMsgPool.Get().(*eventsMsg)
+	m.events.Events = events
+	err := s.s.Send(&m.up)
+	m.events.Events = nil
+	eventsMsgPool.Put(m)
+	return err
 }
+
+// eventsMsg is one RunUp of run events, its three parts in one allocation.
+type eventsMsg struct {
+	up     nodev1.RunUp
+	oneof  nodev1.RunUp_Events
+	events nodev1.RunEvents
+}
+
+var eventsMsgPool = sync.Pool{New: func() any {
+	m := &eventsMsg{}
+	m.oneof.Events, m.up.Msg = &m.events, &m.oneof
+	return m
+}}
 
 // tunnelSink sends a tunneled answer up a run stream: the head, with the
 // body's start or all of it, as one TunnelHead; each chunk as a
-// TunnelData. gRPC serializes a message before Send returns, so the
-// adapter's buffers may be reused at once.
+// TunnelData. gRPC serializes a message before Send returns and keeps
+// nothing of it (no stats handler or binary log is installed), so the
+// adapter's buffers may be reused at once, and so is Data's message
+// (pooled, as eventSink's).
 type tunnelSink struct {
 	s runStream
 	// ended is set once a head with the whole body (End) was sent: it was
@@ -324,8 +348,27 @@ func (s *tunnelSink) Head(h adapter.TunnelHead) error {
 }
 
 func (s *tunnelSink) Data(p []byte) error {
-	return s.s.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelData{TunnelData: &nodev1.TunnelData{Data: p}}})
+	m := tunnelDataMsgPool.Get().(*tunnelDataMsg)
+	m.data.Data = p
+	err := s.s.Send(&m.up)
+	m.data.Data = nil
+	tunnelDataMsgPool.Put(m)
+	return err
 }
+
+// tunnelDataMsg is one RunUp of tunnel data, its three parts in one
+// allocation.
+type tunnelDataMsg struct {
+	up    nodev1.RunUp
+	oneof nodev1.RunUp_TunnelData
+	data  nodev1.TunnelData
+}
+
+var tunnelDataMsgPool = sync.Pool{New: func() any {
+	m := &tunnelDataMsg{}
+	m.oneof.TunnelData, m.up.Msg = &m.data, &m.oneof
+	return m
+}}
 
 // logRun logs msg about run r at level, with the run's id, provider and
 // generation. The attributes are built only when level is enabled: a

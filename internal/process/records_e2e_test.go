@@ -313,13 +313,18 @@ func TestRecordsAgreeRequestByRequest(t *testing.T) {
 	for {
 		lines, rows = rig.requestLines(t), rig.ledgerRows(t)
 		ended, denied = events.ofType("run_ended"), events.ofType("request_refused")
-		dispatched := 0
+		dispatched, refused := 0, 0
 		for _, l := range lines {
 			if str(l["run_id"]) != "" {
 				dispatched++
 			}
+			if str(l["outcome"]) == "refused" {
+				refused++
+			}
 		}
-		if len(lines) >= total && len(rows) >= total && len(ended) >= dispatched || time.Now().After(deadline) {
+		// The events stream is read on its own connection: its events may
+		// come after the log lines and ledger rows; wait for them too.
+		if len(lines) >= total && len(rows) >= total && len(ended) >= dispatched && len(denied) >= refused || time.Now().After(deadline) {
 			break
 		}
 		<-tick.C

@@ -3,6 +3,8 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -150,8 +152,15 @@ func parseBody(body []byte) (*jsonValue, error) {
 // parseJSON parses data, which must be exactly one JSON value (RFC 8259,
 // as encoding/json reads it: invalid UTF-8 in strings allowed, nesting up
 // to maxJSONDepth), in one pass.
+//
+// Each object's members and each array's elements are gathered on a
+// scratch stack (pooled across parses) and copied, when the object or
+// array ends, into a slice of exactly their number: one allocation per
+// object or array instead of append's doublings.
 func parseJSON(data []byte) (*jsonValue, error) {
-	p := jsonParser{data: data}
+	st := scratchPool.Get().(*jsonScratch)
+	defer st.release()
+	p := jsonParser{data: data, st: st}
 	p.space()
 	v := new(jsonValue)
 	if err := p.value(v, 0); err != nil {
@@ -170,6 +179,33 @@ type jsonParser struct {
 	// sig counts the code points read so far outside insignificant space
 	// (jsonValue.compact).
 	sig int
+	st  *jsonScratch
+}
+
+// jsonScratch holds the members and elements of the objects and arrays
+// being parsed, innermost last: an object's members are members[base:]
+// while it is read (its nested values push above them and pop before it
+// goes on).
+type jsonScratch struct {
+	members []jsonMember
+	elems   []jsonValue
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(jsonScratch) }}
+
+// maxScratch is the most members or elements a pooled scratch keeps room
+// for; a larger one (an unusual body) is left to the collector.
+const maxScratch = 1 << 10
+
+// release empties st (so it holds no body) and returns it to the pool.
+func (st *jsonScratch) release() {
+	if cap(st.members) > maxScratch || cap(st.elems) > maxScratch {
+		return
+	}
+	clear(st.members[:cap(st.members)])
+	clear(st.elems[:cap(st.elems)])
+	st.members, st.elems = st.members[:0], st.elems[:0]
+	scratchPool.Put(st)
 }
 
 func (p *jsonParser) space() {
@@ -191,9 +227,9 @@ func (p *jsonParser) value(v *jsonValue, depth int) error {
 	var err error
 	switch c := p.data[p.pos]; {
 	case c == '{':
-		err = p.object(v, depth+1)
+		v.members, err = p.object(depth + 1)
 	case c == '[':
-		err = p.array(v, depth+1)
+		v.elems, err = p.array(depth + 1)
 	case c == '"':
 		v.runes, v.escaped, err = p.str()
 	case c == 't':
@@ -215,9 +251,10 @@ func (p *jsonParser) value(v *jsonValue, depth int) error {
 	return nil
 }
 
-func (p *jsonParser) object(v *jsonValue, depth int) error {
+// object reads an object and returns its members (nil for {}).
+func (p *jsonParser) object(depth int) ([]jsonMember, error) {
 	if depth > maxJSONDepth {
-		return errJSONSyntax
+		return nil, errJSONSyntax
 	}
 	p.pos++ // '{'
 	p.sig++
@@ -225,16 +262,18 @@ func (p *jsonParser) object(v *jsonValue, depth int) error {
 	if p.pos < len(p.data) && p.data[p.pos] == '}' {
 		p.pos++
 		p.sig++
-		return nil
+		return nil, nil
 	}
+	base := len(p.st.members)
+	defer func() { p.st.members = p.st.members[:base] }()
 	for {
 		if p.pos >= len(p.data) || p.data[p.pos] != '"' {
-			return errJSONSyntax
+			return nil, errJSONSyntax
 		}
 		keyStart := p.pos
 		_, escaped, err := p.str()
 		if err != nil {
-			return err
+			return nil, err
 		}
 		m := jsonMember{keyRaw: p.data[keyStart+1 : p.pos-1]}
 		if escaped {
@@ -244,18 +283,18 @@ func (p *jsonParser) object(v *jsonValue, depth int) error {
 		}
 		p.space()
 		if p.pos >= len(p.data) || p.data[p.pos] != ':' {
-			return errJSONSyntax
+			return nil, errJSONSyntax
 		}
 		p.pos++
 		p.sig++
 		p.space()
-		v.members = append(v.members, m)
-		if err := p.value(&v.members[len(v.members)-1].value, depth); err != nil {
-			return err
+		if err := p.value(&m.value, depth); err != nil {
+			return nil, err
 		}
+		p.st.members = append(p.st.members, m)
 		p.space()
 		if p.pos >= len(p.data) {
-			return errJSONSyntax
+			return nil, errJSONSyntax
 		}
 		switch p.data[p.pos] {
 		case ',':
@@ -265,16 +304,18 @@ func (p *jsonParser) object(v *jsonValue, depth int) error {
 		case '}':
 			p.pos++
 			p.sig++
-			return nil
+			return slices.Clone(p.st.members[base:]), nil
 		default:
-			return errJSONSyntax
+			return nil, errJSONSyntax
 		}
 	}
 }
 
-func (p *jsonParser) array(v *jsonValue, depth int) error {
+// array reads an array and returns its elements (empty, not nil, for
+// []).
+func (p *jsonParser) array(depth int) ([]jsonValue, error) {
 	if depth > maxJSONDepth {
-		return errJSONSyntax
+		return nil, errJSONSyntax
 	}
 	p.pos++ // '['
 	p.sig++
@@ -282,17 +323,19 @@ func (p *jsonParser) array(v *jsonValue, depth int) error {
 	if p.pos < len(p.data) && p.data[p.pos] == ']' {
 		p.pos++
 		p.sig++
-		v.elems = []jsonValue{}
-		return nil
+		return []jsonValue{}, nil
 	}
+	base := len(p.st.elems)
+	defer func() { p.st.elems = p.st.elems[:base] }()
 	for {
-		v.elems = append(v.elems, jsonValue{})
-		if err := p.value(&v.elems[len(v.elems)-1], depth); err != nil {
-			return err
+		var e jsonValue
+		if err := p.value(&e, depth); err != nil {
+			return nil, err
 		}
+		p.st.elems = append(p.st.elems, e)
 		p.space()
 		if p.pos >= len(p.data) {
-			return errJSONSyntax
+			return nil, errJSONSyntax
 		}
 		switch p.data[p.pos] {
 		case ',':
@@ -302,9 +345,9 @@ func (p *jsonParser) array(v *jsonValue, depth int) error {
 		case ']':
 			p.pos++
 			p.sig++
-			return nil
+			return slices.Clone(p.st.elems[base:]), nil
 		default:
-			return errJSONSyntax
+			return nil, errJSONSyntax
 		}
 	}
 }

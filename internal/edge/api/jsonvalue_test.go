@@ -21,6 +21,8 @@ var jsonSeeds = []string{
 	`{"model":"m","messages":[{"role":"user","content":"h\u00e9llo \ud83d\ude00 \ud800 x"}]}`,
 	"{\"a\":\"\xff\xfe bad utf-8\"}", "{\"a\":\"tab\there\"}", `{"a":"\x"}`, `{"a":1,}`, `[1,]`, `{"a" 1}`,
 	`{"mod\u0065l":"x","model":"y"}`, `{"a":"\"\\\/\b\f\n\r\t"}`, `{"a":"\u12"}`, `{} x`, `{"a":[[[[]]]]}`,
+	`{"a":{"b":1,"c":[1,{"d":2,"e":[3,4]}],"f":{}},"g":[[],[1,2],{}],"h":3}`, `[{"a":[1,{"b":[]}]},[2,[3]],4]`,
+	`{"a":{"b":1,"c":[1,{"d":2}` + "]}}x",
 }
 
 // FuzzParseJSON: parseJSON accepts exactly what encoding/json accepts,
@@ -67,17 +69,73 @@ func FuzzParseJSON(f *testing.F) {
 						t.Fatalf("member %q: %v, want %q", k, got, raw)
 					}
 				}
+				// Exactly the object's own members, in order, none of a
+				// nested object's.
+				dec := json.NewDecoder(bytes.NewReader(v.raw))
+				dec.Token() // '{'
+				for i := 0; dec.More(); i++ {
+					key, _ := dec.Token()
+					var raw json.RawMessage
+					if err := dec.Decode(&raw); err != nil {
+						t.Fatal(err)
+					}
+					if i >= len(v.members) || v.members[i].key() != key || !bytes.Equal(v.members[i].value.raw, raw) {
+						t.Fatalf("member %d of %q (parseJSON has %d), want %q: %q", i, v.raw, len(v.members), key, raw)
+					}
+					if !dec.More() && i != len(v.members)-1 {
+						t.Fatalf("%q has %d members, parseJSON %d", v.raw, i+1, len(v.members))
+					}
+				}
 				for i := range v.members {
 					check(&v.members[i].value)
 				}
 			case '[':
+				var elems []json.RawMessage
+				if err := json.Unmarshal(v.raw, &elems); err != nil {
+					t.Fatal(err)
+				}
+				if len(elems) != len(v.elems) || v.elems == nil {
+					t.Fatalf("array %q: %d elements (nil %v), want %d", v.raw, len(v.elems), v.elems == nil, len(elems))
+				}
 				for i := range v.elems {
+					if !bytes.Equal(v.elems[i].raw, elems[i]) {
+						t.Fatalf("element %d of %q: %q, want %q", i, v.raw, v.elems[i].raw, elems[i])
+					}
 					check(&v.elems[i])
 				}
 			}
 		}
 		check(v)
 	})
+}
+
+// TestParseJSONTreeOutlivesItsScratch: the members and elements of one
+// parse are its own, not the pooled scratch stack's, so parses after it
+// (of other bodies, which reuse the scratch) leave its tree as it was.
+func TestParseJSONTreeOutlivesItsScratch(t *testing.T) {
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}],"n":[1,2,3]}`)
+	v, err := parseJSON(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 50 {
+		if _, err := parseJSON([]byte(`{"x":[{"y":{"z":[9,8,7,6]}},{"w":0}],"v":{"u":"t"}}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := string(v.get("model").raw); got != `"m"` {
+		t.Errorf("model %s", got)
+	}
+	msgs := v.get("messages")
+	if len(msgs.elems) != 2 || msgs.elems[1].get("role").text() != "assistant" || msgs.elems[0].get("content").text() != "a" {
+		t.Errorf("messages %s: %+v", msgs.raw, msgs.elems)
+	}
+	if n := v.get("n"); len(n.elems) != 3 || string(n.elems[2].raw) != "3" {
+		t.Errorf("n %+v", n)
+	}
+	if len(v.members) != 3 {
+		t.Errorf("%d members, want 3", len(v.members))
+	}
 }
 
 // FuzzStripMembers: taking the iop_ollama member out of a body from the

@@ -450,14 +450,20 @@ func (h *handler) logRequest(ctx context.Context, rec RequestRecord) {
 	if rec.Status >= 500 || rec.Outcome == OutcomeUpstreamError || rec.Outcome == OutcomeError {
 		level = slog.LevelWarn
 	}
-	attrs := []slog.Attr{
+	// Built only when the line is written, in an array that holds every
+	// attribute below (BenchmarkRequestLog).
+	if !h.logger.Enabled(ctx, level) {
+		return
+	}
+	var buf [24]slog.Attr
+	attrs := append(buf[:0],
 		slog.String("api", rec.API),
 		slog.String("request_id", rec.RequestID),
 		slog.String("model", rec.Model),
 		slog.Int("status", rec.Status),
 		slog.String("outcome", rec.Outcome.String()),
 		slog.Duration("duration", rec.Duration),
-	}
+	)
 	if rec.Admission != "" {
 		attrs = append(attrs, slog.String("queue_reason", rec.Admission.String()), slog.Duration("queue_wait", rec.QueueWait))
 	}

@@ -347,9 +347,17 @@ const maxPeek = errorBodyLimit
 // instead of an answer: a JSON object with an "error" member (an object
 // with a message, or a string; errorText), and no "choices" or "data" (an
 // answer's). It is "" for anything else.
+//
+// An answer is told without decoding it (scanObject, no allocation): only a
+// body that is a JSON object without "choices" or "data" is decoded.
 func errorObjectText(body []byte) string {
-	body = bytes.TrimSpace(body)
-	if len(body) == 0 || body[0] != '{' {
+	answer := false
+	_, _, ok := scanObject(body, func(key []byte, keyFlags int, _, _ int) {
+		if !answer && (isKey(key, keyFlags, "choices") || isKey(key, keyFlags, "data")) {
+			answer = true
+		}
+	})
+	if !ok || answer {
 		return ""
 	}
 	// A member named "error" is spelled `"error"` or with a \u escape

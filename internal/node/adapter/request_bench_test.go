@@ -1,11 +1,16 @@
 package adapter
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"iop/internal/translate"
+	"iop/internal/wire/nodev1"
 )
 
 // benchChat returns a canonical chat completions body of messages messages
@@ -77,5 +82,56 @@ func BenchmarkTunnelRequest(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkErrorObjectText measures the check every non-streamed 2xx tunnel
+// answer goes through before it is relayed (is it an error object instead
+// of an answer?), for a chat completion answer of a 16-token reply.
+func BenchmarkErrorObjectText(b *testing.B) {
+	body := []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1764547200,"model":"served",` +
+		`"choices":[{"index":0,"message":{"role":"assistant","content":"one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"},` +
+		`"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":16,"total_tokens":28}}`)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if errorObjectText(body) != "" {
+			b.Fatal("an answer taken for an error object")
+		}
+	}
+}
+
+// discardTunnel is a TunnelSink that drops what it is given.
+type discardTunnel struct{}
+
+func (discardTunnel) Head(TunnelHead) error { return nil }
+func (discardTunnel) Data([]byte) error     { return nil }
+
+// BenchmarkOpenAITunnel measures one tunneled request, non-streamed, to a
+// local OpenAI-compatible server answering a 16-token chat completion
+// (the HTTP round trip on loopback included): what the node's tunnel costs
+// a request around its provider's answer.
+func BenchmarkOpenAITunnel(b *testing.B) {
+	answer := []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1764547200,"model":"served",` +
+		`"choices":[{"index":0,"message":{"role":"assistant","content":"one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"},` +
+		`"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":16,"total_tokens":28}}`)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(answer)
+	}))
+	defer srv.Close()
+	o, err := NewOpenAI(Config{BaseURL: srv.URL + "/v1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer o.Close()
+	req := Request{Op: nodev1.Operation_OPERATION_CHAT, ServedModel: "served", Body: benchChat("served", 1, 64)}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := o.Tunnel(ctx, req, discardTunnel{}); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"maps"
+	"strings"
 	"testing"
 )
 
@@ -135,6 +136,65 @@ func FuzzModelAlready(f *testing.F) {
 		var name string
 		if json.Unmarshal(top["model"], &name) != nil || name != model {
 			t.Fatalf("modelAlready true for %q, model %q: its model decodes to %q", body, model, name)
+		}
+	})
+}
+
+// FuzzScanObject: scan, the single pass rewriteModel and modelAlready rest
+// on, accepts a body exactly when json.Valid does and it is an object, and
+// the spans it records are the body's top-level "model" values: decoding
+// the body finds the same last value (encoding/json keeps the last of
+// duplicate keys), and each span's value decodes to model exactly when
+// scan says so.
+func FuzzScanObject(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m"}`, ` { } `, `{"a":[1,-0.5e+10,true,false,null,{"b":[]}],"model":"m"}`,
+		`{"a":01}`, `{"a":1.}`, `{"a":.5}`, `{"a":1e}`, `{"a":-}`, `{"a":tru}`, `{"a":nulll}`,
+		`{"a":"\u00zz"}`, `{"a":"\x"}`, "{\"a\":\"\x01\"}", "{\"a\":\"\xff\"}", "{\"model\":\"\xff\"}",
+		`{"mod\u0065l":"m"}`, `{"model":"\u006d"}`, `{"model":"m","model":"n"}`, `{"model":"m",}`,
+		`{"a":1}{}`, `{"a":1} x`, `[{"model":"m"}]`, `{"a":{"model":"x"}}`, `{"a" 1}`, `{"a":1 "b":2}`,
+		`{"model":"m\"x"}`, `{"model":"<m>"}`, "{\"model\":\"\u00e9\"}",
+		`{"a":` + strings.Repeat("[", 10000) + strings.Repeat("]", 10000) + `}`,
+		`{"a":` + strings.Repeat("[", 9998) + strings.Repeat("]", 9998) + `}`,
+		`{"a":` + strings.Repeat("[", 9999) + strings.Repeat("]", 9999) + `}`,
+	} {
+		f.Add([]byte(s), "m")
+	}
+	f.Add([]byte("{\"model\":\"\xff\"}"), "\xff")
+	f.Add([]byte("{\"model\":\"\ufffd\"}"), "\xff")
+	f.Fuzz(func(t *testing.T, body []byte, model string) {
+		var s objectScan
+		ok := s.scan(body, model)
+		trimmed := bytes.TrimLeft(body, " \t\r\n")
+		want := json.Valid(body) && len(trimmed) > 0 && trimmed[0] == '{'
+		if ok != want {
+			t.Fatalf("scan(%q) = %v, json.Valid and an object: %v", body, ok, want)
+		}
+		if !ok {
+			return
+		}
+		var top map[string]json.RawMessage
+		if err := json.Unmarshal(body, &top); err != nil {
+			t.Fatal(err)
+		}
+		last, has := top["model"]
+		if has != (s.n > 0) {
+			t.Fatalf("scan found %d model members in %q; decoding: %v", s.n, body, has)
+		}
+		same := true
+		for i := range s.n {
+			sp := s.span(i)
+			v := body[sp.start:sp.end]
+			if i == s.n-1 && !bytes.Equal(v, bytes.TrimSpace(last)) {
+				t.Fatalf("last model span %q, decoded %q", v, last)
+			}
+			var name string
+			if json.Unmarshal(v, &name) != nil || name != model {
+				same = false
+			}
+		}
+		if s.n > 0 && same != s.same {
+			t.Fatalf("scan says same=%v for %q, model %q; decoding says %v", s.same, body, model, same)
 		}
 	})
 }
