@@ -43,7 +43,11 @@ type Run struct {
 	// inline: the body went in the Dispatch message; else body is to be
 	// sent down the run stream.
 	inline bool
-	body   []byte
+	// warm: the Dispatch went down a warm Run stream of the node
+	// (dispatchWarm), not on the control stream; set before the run is
+	// shared.
+	warm bool
+	body []byte
 	// opened is closed when the node's Run stream is attached and its
 	// RunStarted published (so that Dispatch, and the caller's Close with
 	// its RunEnded, come after it); bodySent when the whole body went down
@@ -115,6 +119,12 @@ func (r *Run) recv() (runMsg, error) {
 				cause = errRunAborted
 			}
 			r.finish("run stream failed", fmt.Errorf("%w: node %q run %q: %w", ErrNodeGone, r.info.NodeID, r.info.RunID, cause), false)
+			return runMsg{}, r.endResult()
+		}
+		if ref := raw.GetRefused(); ref != nil {
+			// The node refused the Dispatch it got on its warm stream, as it
+			// would have on the control stream (handleNodeMessage).
+			r.finish("dispatch refused", r.s.refusal(r.conn, ref.GetReason()), false)
 			return runMsg{}, r.endResult()
 		}
 		m, ok := decodeRunUp(raw)

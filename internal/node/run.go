@@ -33,42 +33,15 @@ type bodyResult struct {
 	err  error
 }
 
-// dispatch starts d as a run, or refuses it. Capacity is the edge's to
-// enforce: the node never refuses for load.
+// dispatch starts d, a Dispatch from the control stream, as a run on a
+// Run stream of its own, or refuses it on the control stream. Capacity is
+// the edge's to enforce: the node never refuses for load.
 func (c *conn) dispatch(d *nodev1.Dispatch) {
-	p := c.a.providers[d.ProviderId]
-	switch {
-	case c.draining:
-		c.refuse(d.RunId, ErrDraining)
-		return
-	case d.RunId == "":
-		c.refuse(d.RunId, ErrMissingRunID)
-		return
-	case p == nil:
-		c.refuse(d.RunId, fmt.Errorf("%w %q", ErrUnknownProvider, d.ProviderId))
-		return
-	case d.ExecutionPath != nodev1.ExecutionPath_EXECUTION_PATH_UNSPECIFIED && d.ExecutionPath != p.path:
-		c.refuse(d.RunId, fmt.Errorf("%w: provider %q answers on %v", ErrPathMismatch, d.ProviderId, p.path))
-		return
-	}
-	switch d.Operation {
-	case nodev1.Operation_OPERATION_CHAT, nodev1.Operation_OPERATION_COMPLETION, nodev1.Operation_OPERATION_EMBEDDINGS:
-	default:
-		c.refuse(d.RunId, fmt.Errorf("%w %v", ErrUnsupportedOperation, d.Operation))
-		return
-	}
-	r := &run{id: d.RunId}
-	r.streamCtx, r.stopStream = context.WithCancel(c.ctx)
-	r.workCtx, r.cancelWork = context.WithCancelCause(r.streamCtx)
-	c.mu.Lock()
-	_, dup := c.runs[r.id]
-	if !dup {
-		c.runs[r.id] = r
-	}
-	c.mu.Unlock()
-	if dup {
-		r.stopStream()
-		c.refuse(d.RunId, ErrDuplicateRun)
+	streamCtx, stopStream := context.WithCancel(c.ctx)
+	r, p, err := c.admit(d, streamCtx, stopStream)
+	if err != nil {
+		stopStream()
+		c.refuse(d.RunId, err)
 		return
 	}
 	c.runWG.Add(1)
@@ -78,6 +51,48 @@ func (c *conn) dispatch(d *nodev1.Dispatch) {
 		defer r.stopStream()
 		c.serveRun(r, d, p)
 	}()
+}
+
+// admit validates d, a Dispatch from the control stream or down a warm
+// stream, and registers it as a run of c whose stream lives in streamCtx
+// (stopStream ends it), or says why the node refuses it: ErrDraining
+// after a drain began, ErrMissingRunID, ErrUnknownProvider,
+// ErrPathMismatch, ErrUnsupportedOperation, ErrDuplicateRun for a run id
+// in flight. The drain check and the registration are one step under
+// c.mu, so a drain that finds no run in flight admits none after.
+func (c *conn) admit(d *nodev1.Dispatch, streamCtx context.Context, stopStream context.CancelFunc) (*run, *provider, error) {
+	p := c.a.providers[d.ProviderId]
+	var invalid error
+	switch {
+	case d.RunId == "":
+		invalid = ErrMissingRunID
+	case p == nil:
+		invalid = fmt.Errorf("%w %q", ErrUnknownProvider, d.ProviderId)
+	case d.ExecutionPath != nodev1.ExecutionPath_EXECUTION_PATH_UNSPECIFIED && d.ExecutionPath != p.path:
+		invalid = fmt.Errorf("%w: provider %q answers on %v", ErrPathMismatch, d.ProviderId, p.path)
+	}
+	if invalid == nil {
+		switch d.Operation {
+		case nodev1.Operation_OPERATION_CHAT, nodev1.Operation_OPERATION_COMPLETION, nodev1.Operation_OPERATION_EMBEDDINGS:
+		default:
+			invalid = fmt.Errorf("%w %v", ErrUnsupportedOperation, d.Operation)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.draining:
+		return nil, nil, ErrDraining
+	case invalid != nil:
+		return nil, nil, invalid
+	}
+	if _, dup := c.runs[d.RunId]; dup {
+		return nil, nil, ErrDuplicateRun
+	}
+	r := &run{id: d.RunId, streamCtx: streamCtx, stopStream: stopStream}
+	r.workCtx, r.cancelWork = context.WithCancelCause(streamCtx)
+	c.runs[r.id] = r
+	return r, p, nil
 }
 
 // cancelRun cancels the provider request of runID, if it is in flight.
@@ -122,6 +137,15 @@ func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
 		c.logRun(slog.LevelWarn, r, d, "run stream failed before open", "err", err)
 		return
 	}
+	c.runOn(stream, r, d, p)
+}
+
+// runOn serves run r, whose Dispatch is d, on its open stream: it
+// receives the body (or takes it from d when it came inline: the provider
+// is called at once), runs the provider, and sends the answer up, ending
+// with one terminal frame. It returns once the edge has ended the stream
+// (or the connection ended).
+func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider) {
 	bodies := make(chan bodyResult, 1)
 	readerDone := make(chan struct{})
 	go func() { // the only caller of stream.Recv
@@ -145,7 +169,7 @@ func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
 	if body.err == nil && r.workCtx.Err() != nil {
 		body.err = fmt.Errorf("%w: %w", adapter.ErrCancelled, context.Cause(r.workCtx))
 	}
-	err = body.err
+	err := body.err
 	if err == nil {
 		req := adapter.Request{Op: d.Operation, Stream: d.Stream, ServedModel: d.ServedModel, Body: body.data, OllamaFields: d.OllamaFields, Headers: d.Headers}
 		switch ad := p.adapter.(type) {
