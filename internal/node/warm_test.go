@@ -1,0 +1,216 @@
+package node
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/internal/wire/nodev1"
+)
+
+// startWarmEdge is startEdge whose fake edge takes warm run streams and
+// hands them to the test (fakeEdge.warm).
+func startWarmEdge(t *testing.T) (*fakeEdge, string) {
+	t.Helper()
+	e, addr := startEdge(t)
+	e.warm = make(chan *edgeRun, 16)
+	return e, addr
+}
+
+// warmDown sends m down the warm stream r, as the edge does.
+func (r *edgeRun) warmDown(t *testing.T, m *nodev1.EdgeMessage) {
+	t.Helper()
+	if err := r.stream.Send(&nodev1.RunDown{Msg: &nodev1.RunDown_Dispatch{Dispatch: m.GetDispatch()}}); err != nil {
+		t.Fatalf("edge send dispatch: %v", err)
+	}
+}
+
+// noRun fails when a Run stream of its own was opened.
+func noRun(t *testing.T, e *fakeEdge) {
+	t.Helper()
+	select {
+	case r := <-e.runs:
+		t.Fatalf("a run stream of its own was opened: %v", r.open)
+	default:
+	}
+}
+
+// After Welcome, the agent opens WarmStreams warm run streams naming its
+// node and generation (RunOpen.idle, no run). A Dispatch sent down one is
+// served on that stream, as on a stream of its own: the provider is called
+// with the inline body and the answer comes up, then the node half-closes.
+// Each one taken is replaced by a new warm stream.
+func TestAgentServesDispatchOnWarmStream(t *testing.T) {
+	e, addr := startWarmEdge(t)
+	ollama, calls := ollamaServer(t)
+	startAgent(t, testConfig(addr, ProviderConfig{ID: "ol", Type: "ollama", BaseURL: ollama.URL, Models: []string{"served-model"}}), newTestClock(), nil)
+	c := connect(t, e, 5, hour)
+	var warm []*edgeRun
+	for range WarmStreams {
+		r := recv(t, e.warm, "warm run stream")
+		if o := r.open; !o.Idle || o.RunId != "" || o.NodeId != "node-1" || o.Generation != 5 {
+			t.Fatalf("warm RunOpen %v", o)
+		}
+		warm = append(warm, r)
+	}
+	for i, id := range []string{"r1", "r2", "r3"} {
+		r := warm[i]
+		r.warmDown(t, inlineDispatchMsg(id, "ol", normalized, `{"model":"alias","messages":[{"role":"user","content":"hello"}],"stream":true}`))
+		// Its replacement.
+		next := recv(t, e.warm, "replacement warm run stream")
+		if !next.open.Idle || next.open.Generation != 5 {
+			t.Fatalf("replacement RunOpen %v", next.open)
+		}
+		warm = append(warm, next)
+		var types []nodev1.RunEvent_Type
+		text := ""
+		for _, ev := range eventsOf(r.rest(t)) {
+			types = append(types, ev.Type)
+			text += ev.Text
+		}
+		want := []nodev1.RunEvent_Type{nodev1.RunEvent_TYPE_STARTED, nodev1.RunEvent_TYPE_DELTA, nodev1.RunEvent_TYPE_DELTA,
+			nodev1.RunEvent_TYPE_USAGE, nodev1.RunEvent_TYPE_COMPLETE}
+		if !slices.Equal(types, want) || text != "Hi there" {
+			t.Errorf("run %s: events %v text %q", id, types, text)
+		}
+		r.end <- nil
+	}
+	if calls.Load() != 3 {
+		t.Errorf("%d provider calls, want 3", calls.Load())
+	}
+	noRun(t, e)
+	for _, m := range drainIn(c) {
+		if m.GetDispatchRefused() != nil {
+			t.Errorf("refusal on the control stream: %v", m)
+		}
+	}
+}
+
+// drainIn returns the messages c received so far.
+func drainIn(c *edgeConn) []*nodev1.NodeMessage {
+	var out []*nodev1.NodeMessage
+	for {
+		select {
+		case m := <-c.in:
+			out = append(out, m)
+		default:
+			return out
+		}
+	}
+}
+
+// A Dispatch down a warm stream is checked as one on the control stream
+// (TestAgentRefusesDispatches), and refused on that stream
+// (RunUp.refused): unknown provider, path mismatch, no run id, unknown
+// operation, a run id already in flight, and any after Drain.
+func TestAgentRefusesDispatchOnWarmStream(t *testing.T) {
+	e, addr := startWarmEdge(t)
+	pc, _ := hangingProvider(t, tunnel)
+	a := startAgent(t, testConfig(addr, pc), newTestClock(), nil)
+	c := connect(t, e, 1, hour)
+	nextWarm := func() *edgeRun { return recv(t, e.warm, "warm run stream") }
+	// A run in flight, for the duplicate.
+	busy := nextWarm()
+	busy.warmDown(t, inlineDispatchMsg("busy", "p", tunnel, `{}`))
+	busy.next(t) // its head: in flight
+
+	noOp := dispatchMsg("r4", "p", tunnel)
+	noOp.GetDispatch().Operation = nodev1.Operation_OPERATION_UNSPECIFIED
+	cases := []struct {
+		msg  *nodev1.EdgeMessage
+		want error
+	}{
+		{dispatchMsg("r1", "nope", tunnel), ErrUnknownProvider},
+		{dispatchMsg("r2", "p", normalized), ErrPathMismatch},
+		{dispatchMsg("", "p", tunnel), ErrMissingRunID},
+		{noOp, ErrUnsupportedOperation},
+		{inlineDispatchMsg("busy", "p", tunnel, `{}`), ErrDuplicateRun},
+	}
+	check := func(msg *nodev1.EdgeMessage, want error) {
+		t.Helper()
+		r := nextWarm()
+		r.warmDown(t, msg)
+		rest := r.rest(t)
+		if len(rest) != 1 || rest[0].GetRefused() == nil || rest[0].GetRefused().RunId != msg.GetDispatch().RunId ||
+			!strings.Contains(rest[0].GetRefused().Reason, want.Error()) {
+			t.Errorf("dispatch %v: got %v, want one refusal for %v, then the half-close", msg.GetDispatch(), rest, want)
+		}
+		r.end <- nil
+	}
+	for _, tc := range cases {
+		check(tc.msg, tc.want)
+	}
+	// After Drain: refused (the Drain goes first on the control stream).
+	r := nextWarm()
+	a.Drain("test")
+	for m := c.next(t); m.GetDrain() == nil; m = c.next(t) {
+	}
+	r.warmDown(t, inlineDispatchMsg("late", "p", tunnel, `{}`))
+	rest := r.rest(t)
+	if len(rest) != 1 || !strings.Contains(rest[0].GetRefused().GetReason(), ErrDraining.Error()) {
+		t.Errorf("dispatch after Drain: got %v, want a refusal for %v", rest, ErrDraining)
+	}
+	r.end <- nil
+	noRun(t, e)
+	busy.stream.Send(&nodev1.RunDown{Msg: &nodev1.RunDown_Cancel{Cancel: &nodev1.Cancel{RunId: "busy"}}})
+	busy.rest(t)
+	busy.end <- nil
+}
+
+// A run on a warm stream is cancelled by a Cancel on the control stream
+// or down its stream, as any run.
+func TestAgentCancelsRunOnWarmStream(t *testing.T) {
+	for _, via := range []string{"control", "run"} {
+		t.Run(via, func(t *testing.T) {
+			e, addr := startWarmEdge(t)
+			pc, gone := hangingProvider(t, tunnel)
+			startAgent(t, testConfig(addr, pc), newTestClock(), nil)
+			c := connect(t, e, 1, hour)
+			r := recv(t, e.warm, "warm run stream")
+			r.warmDown(t, inlineDispatchMsg("r1", "p", tunnel, `{}`))
+			r.next(t) // head
+			if r.next(t).GetTunnelData() == nil {
+				t.Fatal("want data")
+			}
+			if via == "control" {
+				c.send(t, cancelMsg("r1"))
+			} else if err := r.stream.Send(&nodev1.RunDown{Msg: &nodev1.RunDown_Cancel{Cancel: &nodev1.Cancel{RunId: "r1"}}}); err != nil {
+				t.Fatal(err)
+			}
+			recv(t, gone, "provider request to be aborted")
+			if rest := r.rest(t); len(rest) != 1 || rest[0].GetTunnelError() == nil {
+				t.Fatalf("after cancel: %v, want TunnelError", rest)
+			}
+			r.end <- nil
+		})
+	}
+}
+
+// A warm stream the edge ends without a Dispatch (its connection drains or
+// ended, the edge refused it) is not replaced: the node does not loop
+// opening streams an edge refuses. The plain fake edge refuses every warm
+// stream, as an edge without them does; the agent still takes dispatches
+// on the control stream.
+func TestAgentDoesNotReopenRefusedWarmStreams(t *testing.T) {
+	e, addr := startWarmEdge(t)
+	ollama, _ := ollamaServer(t)
+	startAgent(t, testConfig(addr, ProviderConfig{ID: "ol", Type: "ollama", BaseURL: ollama.URL, Models: []string{"served-model"}}), newTestClock(), nil)
+	c := connect(t, e, 1, hour)
+	for range WarmStreams {
+		r := recv(t, e.warm, "warm run stream")
+		r.end <- nil // ended without a Dispatch
+	}
+	c.send(t, inlineDispatchMsg("r1", "ol", normalized, `{"messages":[{"role":"user","content":"hello"}]}`))
+	r := recv(t, e.runs, "run stream of its own")
+	if r.open.RunId != "r1" || r.open.Idle {
+		t.Fatalf("RunOpen %v", r.open)
+	}
+	r.rest(t)
+	r.end <- nil
+	select {
+	case w := <-e.warm:
+		t.Fatalf("a warm stream was opened again: %v", w.open)
+	case <-time.After(50 * time.Millisecond):
+	}
+}
