@@ -108,7 +108,9 @@ type Service struct {
 }
 
 // Dispatch admits req through its model's queue, sends it to the selected
-// provider's node and waits for the node to open the run's stream. A body
+// provider's node and waits for the node to open the run's stream (none
+// to wait for when the Dispatch went down one of the node's idle warm
+// streams: the run is open once it is sent; see warm.go). A body
 // of at most 64 KiB (maxInlineBody) goes in the Dispatch message itself, so
 // the node calls the provider without waiting for anything more; a larger
 // one goes down the run stream once it is open, in Body chunks of at most
