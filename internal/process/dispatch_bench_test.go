@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,7 +20,8 @@ import (
 // node calling its provider (iop sim, OpenAI protocol, no latency: the
 // tunnel path) and the answer read to its end with Run.Recv, then
 // Run.Close. seq runs one at a time (the latency of the two hops),
-// par4xcpu four per GOMAXPROCS at once. No HTTP client is involved: the edge's API layer is not
+// par4xcpu four per GOMAXPROCS at once; cpu-ns/op is the process's CPU
+// time per run (edge, node and simulator together). No HTTP client is involved: the edge's API layer is not
 // measured.
 func BenchmarkDispatchRoundTrip(b *testing.B) {
 	s, err := sim.New(sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}, DefaultMaxTokens: 4}, quietLogger())
@@ -100,15 +102,18 @@ func BenchmarkDispatchRoundTrip(b *testing.B) {
 
 	b.Run("seq", func(b *testing.B) {
 		b.ReportAllocs()
+		cpu := cpuTime()
 		for b.Loop() {
 			if err := one(); err != nil {
 				b.Fatal(err)
 			}
 		}
+		b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
 	})
 	b.Run("par4xcpu", func(b *testing.B) {
 		b.ReportAllocs()
 		b.SetParallelism(4)
+		cpu := cpuTime()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
 				if err := one(); err != nil {
@@ -117,5 +122,17 @@ func BenchmarkDispatchRoundTrip(b *testing.B) {
 				}
 			}
 		})
+		b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
 	})
+}
+
+// cpuTime is the CPU time (user and system) the process has used, in
+// nanoseconds: the edge's, the node's and the simulator's together, the
+// least noisy figure on a shared machine.
+func cpuTime() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
 }
