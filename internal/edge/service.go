@@ -317,7 +317,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 	if w := c.takeIdle(); w != nil {
 		// A warm stream of the selected generation: the Dispatch goes down
 		// it, and the run is open once it is sent.
-		r.warm = true
+		r.warm, r.awaitAck = true, true
 		s.dispatchWarm(w, r, d)
 	} else {
 		// Arm the timeout before the node can see the dispatch.

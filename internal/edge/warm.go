@@ -7,6 +7,14 @@ import (
 	"iop/internal/wire/nodev1"
 )
 
+// maxIdleStreams is the most idle warm streams a connection holds: a warm
+// stream whose run ended cleanly goes back to its connection's idle list,
+// for the next dispatch, unless the connection holds as many already (it
+// then ends). The node opens a few (node.WarmStreams) and replaces those
+// taken only while it has fewer idle, so its connection holds about as
+// many as its runs in flight at their peak, up to this.
+const maxIdleStreams = 64
+
 // warmStream is a Run stream a node opened ahead of need (RunOpen.idle),
 // waiting in its connection's idle list (conn.idle) for a run. Whoever
 // takes it off the list (conn.takeIdle, conn.removeIdle, conn.endIdle)
@@ -23,7 +31,7 @@ type warmStream struct {
 func (c *conn) addIdle(w *warmStream) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed || c.noIdle {
+	if c.closed || c.noIdle || len(c.idle) >= maxIdleStreams {
 		return false
 	}
 	c.idle = append(c.idle, w)
@@ -85,21 +93,42 @@ func (c *conn) idleCount() int {
 // refused (errRunStale) unless open names its node's current connection,
 // and (errNodeDraining) when that connection drains. Else it waits in the
 // connection's idle list until a dispatch takes it (dispatchWarm), then
-// serves that run as serveRun serves one whose node opened its stream;
-// it ends without a run when the connection drains or closes, the node
-// ends the stream, or the edge stops.
+// serves that run as serveRun serves one whose node opened its stream.
+// After a run that ended cleanly (Run.reusable: its node's terminal
+// message read, no cancel) it waits in the idle list again, for the next
+// run; after any other end the stream ends, as a run's own does. It ends
+// without a run when the connection drains or closes (or holds
+// maxIdleStreams idle), the node ends the stream, or the edge stops.
 func (s *Service) serveWarm(stream nodev1.NodeGateway_RunServer, open *nodev1.RunOpen) error {
 	c := s.reg.current(open.GetNodeId())
 	if c == nil || c.gen != open.GetGeneration() {
 		return fmt.Errorf("%w: warm run stream of node %q generation %d: not its current connection", errRunStale, open.GetNodeId(), open.GetGeneration())
 	}
-	w := &warmStream{stream: stream, assigned: make(chan *Run, 1)}
-	if !c.addIdle(w) {
-		if s.reg.isDraining(c) {
-			return fmt.Errorf("%w: warm run stream of node %q generation %d", errNodeDraining, c.nodeID, c.gen)
+	for first := true; ; first = false {
+		w := &warmStream{stream: stream, assigned: make(chan *Run, 1)}
+		if !c.addIdle(w) {
+			switch {
+			case !first:
+				return nil // the run is over: the stream ends as its own would
+			case s.reg.isDraining(c):
+				return fmt.Errorf("%w: warm run stream of node %q generation %d", errNodeDraining, c.nodeID, c.gen)
+			default:
+				return fmt.Errorf("%w: warm run stream of node %q generation %d: its connection closed or holds enough idle streams", errRunStale, c.nodeID, c.gen)
+			}
 		}
-		return fmt.Errorf("%w: warm run stream of node %q generation %d: its connection closed", errRunStale, c.nodeID, c.gen)
+		r, err := s.awaitRun(stream, c, w)
+		if r == nil || err != nil {
+			return err
+		}
+		if err := s.serveOpen(stream, r); err != nil || !r.reusable() {
+			return err
+		}
 	}
+}
+
+// awaitRun waits until the idle stream w of c is handed a run (nil: end
+// the stream), the node ends the stream, or the edge stops.
+func (s *Service) awaitRun(stream nodev1.NodeGateway_RunServer, c *conn, w *warmStream) (*Run, error) {
 	var r *Run
 	var endErr error
 	select {
@@ -111,14 +140,11 @@ func (s *Service) serveWarm(stream nodev1.NodeGateway_RunServer, open *nodev1.Ru
 	}
 	if endErr != nil {
 		if c.removeIdle(w) {
-			return endErr
+			return nil, endErr
 		}
 		r = <-w.assigned // taken meanwhile: its taker sends it at once
 	}
-	if r == nil {
-		return nil
-	}
-	return s.serveOpen(stream, r)
+	return r, nil
 }
 
 // dispatchWarm sends r's Dispatch d down w, which the caller took off r's

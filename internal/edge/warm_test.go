@@ -3,7 +3,9 @@ package edge
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -84,12 +86,21 @@ func (n *fakeNode) noControlDispatch(t *testing.T) {
 	}
 }
 
+// ackWarm acknowledges d's run on the warm stream rs, as the node does
+// (RunOpen naming it) before anything of the run.
+func (n *fakeNode) ackWarm(t *testing.T, rs runStream, d *nodev1.Dispatch) {
+	t.Helper()
+	sendUp(t, rs, &nodev1.RunUp{Msg: &nodev1.RunUp_Open{Open: &nodev1.RunOpen{RunId: d.GetRunId(), NodeId: n.id, Generation: n.gen}}})
+}
+
 // A dispatch takes an idle warm stream of the selected connection: its
 // Dispatch goes down that stream (not on the control stream), Dispatch
-// returns the run at once (no RunOpen), the node's answer comes up the
-// same stream, and its end releases the slot and ends the stream cleanly
-// (no Cancel). A second dispatch, finding no idle stream, goes on the
-// control stream as before.
+// returns the run at once (no RunOpen to wait for), the node's answer
+// comes up the same stream, and its end releases the slot. After that
+// clean end the stream is idle again and the next dispatch goes down it;
+// a message of the earlier run that comes late, before the node
+// acknowledged the next one, is never read as the next run's. A dispatch
+// finding no idle stream goes on the control stream, as before.
 func TestWarmStreamCarriesDispatch(t *testing.T) {
 	e := startEdge(t, testConfig())
 	n := e.connect(t, hello("n1", prov("p", nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED, 2, "m-big")))
@@ -117,7 +128,7 @@ func TestWarmStreamCarriesDispatch(t *testing.T) {
 	if got := e.inFlight("n1", "p"); got != 1 {
 		t.Fatalf("in-flight %d, want 1", got)
 	}
-
+	n.ackWarm(t, rs, d)
 	sendUp(t, rs, events(event(nodev1.RunEvent_TYPE_DELTA, "hi")))
 	sendUp(t, rs, events(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_COMPLETE, FinishReason: "stop"}))
 	msgs, err := recvAll(r)
@@ -127,15 +138,87 @@ func TestWarmStreamCarriesDispatch(t *testing.T) {
 	if got := e.inFlight("n1", "p"); got != 0 {
 		t.Fatalf("in-flight %d after the run's end, want 0", got)
 	}
-	if down, err := drainRun(t, rs); !errors.Is(err, io.EOF) || len(down) != 0 {
-		t.Fatalf("after the run: %v, %v; want a clean end, nothing more", down, err)
+	e.waitIdleStreams(t, "n1", 1) // reused
+
+	// The next run goes down the same stream; a late message of the first
+	// comes before the node's acknowledgement of the second.
+	res = e.dispatchAsync(context.Background(), chatReq("m-big"))
+	d2 := warmDispatch(t, rs)
+	if d2.GetRunId() == d.GetRunId() {
+		t.Fatalf("second run has the first's id %q", d.GetRunId())
+	}
+	got = wait(t, res)
+	if got.err != nil {
+		t.Fatalf("Dispatch: %v", got.err)
+	}
+	r2 := got.run
+	defer r2.Close("test")
+	sendUp(t, rs, events(event(nodev1.RunEvent_TYPE_DELTA, "late, of the first run")))
+	n.ackWarm(t, rs, d2)
+	sendUp(t, rs, events(event(nodev1.RunEvent_TYPE_DELTA, "two")))
+
+	// No idle stream now: the control stream.
+	r3, rs3, _ := e.startRun(t, n, chatReq("m-big"))
+	sendUp(t, rs3, events(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_COMPLETE}))
+	if _, err := recvAll(r3); !errors.Is(err, io.EOF) {
+		t.Fatalf("control-stream run: %v", err)
 	}
 
-	// No idle stream left: the control stream.
-	r2, rs2, _ := e.startRun(t, n, chatReq("m-big"))
-	sendUp(t, rs2, events(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_COMPLETE}))
-	if _, err := recvAll(r2); !errors.Is(err, io.EOF) {
-		t.Fatalf("control-stream run: %v", err)
+	sendUp(t, rs, events(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_COMPLETE}))
+	msgs, err = recvAll(r2)
+	if !errors.Is(err, io.EOF) || len(msgs) != 2 || first(msgs[0]).Text != "two" || !msgs[1].Ends {
+		t.Fatalf("second run: %v, %v; want its delta and complete only, then io.EOF", msgs, err)
+	}
+}
+
+// One warm stream carries N runs in a row, each after the last one's
+// clean end (a complete event, a tunnel end): every one is answered, in
+// order, and the slot is free after each.
+func TestWarmStreamSequentialRuns(t *testing.T) {
+	for _, path := range []nodev1.ExecutionPath{nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED, nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL} {
+		t.Run(path.String(), func(t *testing.T) {
+			e := startEdge(t, testConfig())
+			n := e.connect(t, hello("n1", prov("p", path, 2, "m-big")))
+			rs := n.openWarm(t, n.gen)
+			const runs = 5
+			seen := map[string]bool{}
+			for i := range runs {
+				e.waitIdleStreams(t, "n1", 1)
+				res := e.dispatchAsync(context.Background(), chatReq("m-big"))
+				d := warmDispatch(t, rs)
+				if seen[d.GetRunId()] {
+					t.Fatalf("run %d: id %q again", i, d.GetRunId())
+				}
+				seen[d.GetRunId()] = true
+				got := wait(t, res)
+				if got.err != nil {
+					t.Fatalf("run %d: %v", i, got.err)
+				}
+				n.ackWarm(t, rs, d)
+				text := fmt.Sprintf("answer %d", i)
+				if path == nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL {
+					sendUp(t, rs, &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: &nodev1.TunnelHead{Status: 200}}})
+					sendUp(t, rs, &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelData{TunnelData: &nodev1.TunnelData{Data: []byte(text)}}})
+					sendUp(t, rs, &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelEnd{TunnelEnd: &nodev1.TunnelEnd{}}})
+				} else {
+					sendUp(t, rs, events(event(nodev1.RunEvent_TYPE_DELTA, text)))
+					sendUp(t, rs, events(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_COMPLETE}))
+				}
+				msgs, err := recvAll(got.run)
+				got.run.Close("completed")
+				var all string
+				for _, m := range msgs {
+					all += first(m).Text + string(first(m).Data)
+				}
+				if !errors.Is(err, io.EOF) || !strings.Contains(all, text) || !msgs[len(msgs)-1].Ends {
+					t.Fatalf("run %d: %v (%q), %v; want %q, then io.EOF", i, msgs, all, err, text)
+				}
+				if got := e.inFlight("n1", "p"); got != 0 {
+					t.Fatalf("run %d: in-flight %d after its end", i, got)
+				}
+			}
+			e.waitIdleStreams(t, "n1", 1)
+		})
 	}
 }
 
@@ -242,6 +325,7 @@ func TestWarmRunCancel(t *testing.T) {
 		t.Fatal(got.err)
 	}
 	defer got.run.Close("test")
+	n.ackWarm(t, rs, d)
 	sendUp(t, rs, &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: &nodev1.TunnelHead{Status: 200}}})
 	got.run.Cancel("client gone")
 	if c := n.nextCancel(t); c.GetRunId() != d.GetRunId() {
@@ -253,6 +337,65 @@ func TestWarmRunCancel(t *testing.T) {
 	}
 	if got := e.inFlight("n1", "p"); got != 0 {
 		t.Fatalf("in-flight %d after the cancel, want 0", got)
+	}
+	if got := e.idleStreams("n1"); got != 0 {
+		t.Fatalf("%d idle streams: a cancelled run's stream was reused", got)
+	}
+}
+
+// A warm stream whose run ended otherwise than cleanly is not reused: it
+// ends, as a run's own stream does. An error event, a tunnel end carrying
+// the provider's error, and a node that aborts (half-closes) before its
+// terminal message.
+func TestWarmStreamNotReusedAfterFailure(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		path nodev1.ExecutionPath
+		last *nodev1.RunUp // nil: the node half-closes
+	}{
+		{"error event", nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED, events(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_ERROR, Error: "boom", Status: 500})},
+		{"tunnel end with provider error", nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL,
+			&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelEnd{TunnelEnd: &nodev1.TunnelEnd{ProviderError: "boom"}}}},
+		{"tunnel error", nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL,
+			&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelError{TunnelError: &nodev1.TunnelError{Message: "boom", Status: 502}}}},
+		{"aborted", nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := startEdge(t, testConfig())
+			n := e.connect(t, hello("n1", prov("p", c.path, 2, "m-big")))
+			rs := n.openWarm(t, n.gen)
+			e.waitIdleStreams(t, "n1", 1)
+			res := e.dispatchAsync(context.Background(), chatReq("m-big"))
+			d := warmDispatch(t, rs)
+			got := wait(t, res)
+			if got.err != nil {
+				t.Fatal(got.err)
+			}
+			defer got.run.Close("test")
+			n.ackWarm(t, rs, d)
+			if c.path == nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL {
+				sendUp(t, rs, &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: &nodev1.TunnelHead{Status: 200}}})
+			} else {
+				sendUp(t, rs, events(event(nodev1.RunEvent_TYPE_DELTA, "a")))
+			}
+			if c.last != nil {
+				sendUp(t, rs, c.last)
+			} else if err := rs.CloseSend(); err != nil {
+				t.Fatal(err)
+			}
+			recvAll(got.run)
+			ended := make(chan error, 1)
+			go func() {
+				_, err := drainRun(t, rs)
+				ended <- err
+			}()
+			if err := wait(t, ended); !errors.Is(err, io.EOF) {
+				t.Fatalf("stream after the run: %v, want its end", err)
+			}
+			if got := e.idleStreams("n1"); got != 0 {
+				t.Fatalf("%d idle streams, want 0", got)
+			}
+		})
 	}
 }
 

@@ -137,21 +137,28 @@ func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
 		c.logRun(slog.LevelWarn, r, d, "run stream failed before open", "err", err)
 		return
 	}
-	c.runOn(stream, r, d, p)
+	c.runOn(stream, r, d, p, false)
 }
 
 // runOn serves run r, whose Dispatch is d, on its open stream: it
 // receives the body (or takes it from d when it came inline: the provider
 // is called at once), runs the provider, and sends the answer up, ending
-// with one terminal frame. It returns once the edge has ended the stream
-// (or the connection ended).
-func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider) {
+// with one terminal frame, after which it sends nothing more on the
+// stream. It returns once the edge has ended the stream (or the connection
+// ended). On a warm stream (warm) it does not half-close the stream after
+// the terminal frame: the edge may send the next run's Dispatch down it
+// instead of ending it, which runOn then returns (nil when the stream
+// ended). A run that sent no terminal frame (its adapter ended without
+// one) half-closes the stream, as on a stream of its own, so the edge ends
+// the run as aborted.
+func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, warm bool) (next *nodev1.Dispatch) {
 	bodies := make(chan bodyResult, 1)
 	readerDone := make(chan struct{})
 	go func() { // the only caller of stream.Recv
 		defer close(readerDone)
-		readRunDown(stream, r, d.BodyInline, bodies)
+		next = readRunDown(stream, r, d.BodyInline, bodies)
 	}()
+	events := &eventSink{s: stream}
 
 	var body bodyResult
 	switch {
@@ -174,7 +181,7 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider) 
 		req := adapter.Request{Op: d.Operation, Stream: d.Stream, ServedModel: d.ServedModel, Body: body.data, OllamaFields: d.OllamaFields, Headers: d.Headers}
 		switch ad := p.adapter.(type) {
 		case adapter.Normalizer:
-			err = ad.Normalize(r.workCtx, req, eventSink{stream})
+			err = ad.Normalize(r.workCtx, req, events)
 		case adapter.Tunneler:
 			err = ad.Tunnel(r.workCtx, req, tunnelSink{stream})
 		}
@@ -185,12 +192,20 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider) 
 	// every client of the aborted runs sees that one error rather than
 	// some "cancelled".
 	if c.ctx.Err() == nil {
-		if last := terminal(p.path, err); last != nil {
+		ended := events.ended // the adapter sent the terminal event itself
+		if last := terminal(p.path, err); last != nil && !ended {
 			if serr := stream.Send(last); serr != nil {
 				c.logRun(slog.LevelDebug, r, d, "cannot send the run's last frame", "err", serr)
+			} else {
+				ended = true
 			}
 		}
-		_ = stream.CloseSend()
+		if !warm || !ended {
+			_ = stream.CloseSend()
+			warm = false
+		}
+	} else {
+		warm = false
 	}
 	switch {
 	case err == nil:
@@ -200,7 +215,16 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider) 
 	default:
 		c.logRun(slog.LevelWarn, r, d, "run failed", "err", err)
 	}
-	<-readerDone // the edge ends the stream after our last frame
+	if !warm {
+		<-readerDone // the edge ends the stream after our last frame
+		return nil
+	}
+	c.warmIdle() // until the edge ends the stream or sends the next Dispatch
+	<-readerDone
+	if next == nil {
+		c.warmGone()
+	}
+	return next
 }
 
 // inlineBody is the body a Dispatch carried inline, or ErrBodyTooLarge
@@ -216,17 +240,20 @@ func inlineBody(data []byte) bodyResult {
 // last (delivered once on bodies; none are expected, and any is ignored,
 // when the body came inline in the Dispatch), and Cancel. When the stream
 // ends, for any reason, the run's work is cancelled: nobody is left to
-// answer.
-func readRunDown(stream runStream, r *run, inline bool, bodies chan<- bodyResult) {
+// answer. On a warm stream the edge sends the next run's Dispatch once
+// this run ended cleanly: readRunDown returns it, reading no further.
+func readRunDown(stream runStream, r *run, inline bool, bodies chan<- bodyResult) *nodev1.Dispatch {
 	var buf []byte
 	delivered := inline
 	for {
 		m, err := stream.Recv()
 		if err != nil {
 			r.cancelWork(fmt.Errorf("%w: %w", ErrRunStreamEnded, err))
-			return
+			return nil
 		}
 		switch x := m.Msg.(type) {
+		case *nodev1.RunDown_Dispatch:
+			return x.Dispatch
 		case *nodev1.RunDown_Body:
 			if delivered {
 				continue
@@ -309,12 +336,28 @@ func terminal(path nodev1.ExecutionPath, err error) *nodev1.RunUp {
 	return &nodev1.RunUp{Msg: &nodev1.RunUp_Events{Events: &nodev1.RunEvents{Events: []*nodev1.RunEvent{ev}}}}
 }
 
-// eventSink sends run events up a run stream, one message per Send.
-type eventSink struct{ s runStream }
+// eventSink sends run events up a run stream, one message per Send,
+// until one carries a terminal event (complete, error, cancelled): it
+// drops whatever comes after, so nothing of a run follows its terminal
+// frame on the wire (a reused warm stream carries the next run after it).
+// It belongs to the run goroutine.
+type eventSink struct {
+	s     runStream
+	ended bool // a terminal event was sent
+}
 
-var _ adapter.EventSink = eventSink{}
+var _ adapter.EventSink = (*eventSink)(nil)
 
-func (s eventSink) Send(events ...*nodev1.RunEvent) error {
+func (s *eventSink) Send(events ...*nodev1.RunEvent) error {
+	if s.ended {
+		return nil
+	}
+	for _, e := range events {
+		switch e.GetType() {
+		case nodev1.RunEvent_TYPE_COMPLETE, nodev1.RunEvent_TYPE_ERROR, nodev1.RunEvent_TYPE_CANCELLED:
+			s.ended = true
+		}
+	}
 	return s.s.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_Events{Events: &nodev1.RunEvents{Events: events}}})
 }
 

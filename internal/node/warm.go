@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"log/slog"
 
 	"iop/internal/wire/nodev1"
 )
@@ -65,24 +66,55 @@ func (c *conn) serveWarm() {
 		return
 	}
 	m, err := stream.Recv()
-	c.warmGone()
 	if err != nil {
+		c.warmGone()
 		c.a.logger.Debug("warm run stream ended", "err", err, "generation", c.gen)
 		return
 	}
 	d := m.GetDispatch()
 	if d == nil {
+		c.warmGone()
 		c.a.logger.Warn("ignoring a warm run stream whose first message is no Dispatch", "type", fmt.Sprintf("%T", m.GetMsg()), "generation", c.gen)
 		return
 	}
-	c.refillWarm()
+	for d != nil {
+		c.warmGone()
+		c.refillWarm()
+		if d = c.serveWarmRun(ctx, stop, stream, d); d == nil {
+			return
+		}
+		// The edge reuses the stream for d: it was idle since the last
+		// run's end (warmIdle).
+	}
+}
+
+// serveWarmRun admits d, the Dispatch the warm stream brought, or refuses
+// it on the stream; an admitted run is acknowledged with RunOpen naming
+// it (the edge drops whatever comes before it on the stream: nothing of
+// an earlier run can pass for this one's) and served. It returns the next
+// Dispatch when the edge reuses the stream after the run's clean end,
+// counting the stream idle meanwhile, else nil.
+func (c *conn) serveWarmRun(ctx context.Context, stop context.CancelFunc, stream runStream, d *nodev1.Dispatch) *nodev1.Dispatch {
 	r, p, err := c.admit(d, ctx, stop)
 	if err != nil {
 		c.refuseOn(stream, d.RunId, err)
-		return
+		return nil
 	}
 	defer c.removeRun(r)
-	c.runOn(stream, r, d, p)
+	open := &nodev1.RunOpen{RunId: r.id, NodeId: c.a.cfg.NodeID, Generation: c.gen}
+	if err := stream.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_Open{Open: open}}); err != nil {
+		c.logRun(slog.LevelDebug, r, d, "warm run stream failed", "err", err)
+		return nil
+	}
+	return c.runOn(stream, r, d, p, true)
+}
+
+// warmIdle counts one warm stream more idle: a run on it ended cleanly and
+// the edge may send the next Dispatch down it.
+func (c *conn) warmIdle() {
+	c.mu.Lock()
+	c.warm++
+	c.mu.Unlock()
 }
 
 // refuseOn tells the edge, on the warm stream that brought its Dispatch,

@@ -26,6 +26,43 @@ func (r *edgeRun) warmDown(t *testing.T, m *nodev1.EdgeMessage) {
 	}
 }
 
+// isTerminal reports whether m ends its run.
+func isTerminal(m *nodev1.RunUp) bool {
+	if m.GetTunnelEnd() != nil || m.GetTunnelError() != nil {
+		return true
+	}
+	for _, e := range m.GetEvents().GetEvents() {
+		switch e.Type {
+		case nodev1.RunEvent_TYPE_COMPLETE, nodev1.RunEvent_TYPE_ERROR, nodev1.RunEvent_TYPE_CANCELLED:
+			return true
+		}
+	}
+	return false
+}
+
+// warmRun reads a run on the warm stream r: its acknowledgement (RunOpen
+// naming runID, checked) and its messages up to its terminal one. The
+// node then neither sends more nor half-closes: the stream waits for the
+// edge's next Dispatch or its end.
+func (r *edgeRun) warmRun(t *testing.T, runID string) []*nodev1.RunUp {
+	t.Helper()
+	ack := r.next(t)
+	if o := ack.GetOpen(); o == nil || o.RunId != runID || o.Idle || o.NodeId != "node-1" {
+		t.Fatalf("warm run %s: first message %v, want its RunOpen", runID, ack)
+	}
+	var out []*nodev1.RunUp
+	for {
+		m := r.next(t)
+		if m == nil {
+			t.Fatalf("warm run %s: half-closed after %v, before its terminal message", runID, out)
+		}
+		out = append(out, m)
+		if isTerminal(m) {
+			return out
+		}
+	}
+}
+
 // noRun fails when a Run stream of its own was opened.
 func noRun(t *testing.T, e *fakeEdge) {
 	t.Helper()
@@ -38,9 +75,12 @@ func noRun(t *testing.T, e *fakeEdge) {
 
 // After Welcome, the agent opens WarmStreams warm run streams naming its
 // node and generation (RunOpen.idle, no run). A Dispatch sent down one is
-// served on that stream, as on a stream of its own: the provider is called
-// with the inline body and the answer comes up, then the node half-closes.
-// Each one taken is replaced by a new warm stream.
+// acknowledged (RunOpen naming the run) and served on that stream, as on
+// a stream of its own: the provider is called with the inline body and
+// the answer comes up; the one taken is replaced by a new warm stream.
+// After the run's terminal message the node sends nothing and keeps the
+// stream open: the edge reuses it for the next Dispatch (three runs in a
+// row here) or ends it.
 func TestAgentServesDispatchOnWarmStream(t *testing.T) {
 	e, addr := startWarmEdge(t)
 	ollama, calls := ollamaServer(t)
@@ -54,18 +94,18 @@ func TestAgentServesDispatchOnWarmStream(t *testing.T) {
 		}
 		warm = append(warm, r)
 	}
+	r := warm[0]
 	for i, id := range []string{"r1", "r2", "r3"} {
-		r := warm[i]
 		r.warmDown(t, inlineDispatchMsg(id, "ol", normalized, `{"model":"alias","messages":[{"role":"user","content":"hello"}],"stream":true}`))
-		// Its replacement.
-		next := recv(t, e.warm, "replacement warm run stream")
-		if !next.open.Idle || next.open.Generation != 5 {
-			t.Fatalf("replacement RunOpen %v", next.open)
+		if i == 0 {
+			next := recv(t, e.warm, "replacement warm run stream")
+			if !next.open.Idle || next.open.Generation != 5 {
+				t.Fatalf("replacement RunOpen %v", next.open)
+			}
 		}
-		warm = append(warm, next)
 		var types []nodev1.RunEvent_Type
 		text := ""
-		for _, ev := range eventsOf(r.rest(t)) {
+		for _, ev := range eventsOf(r.warmRun(t, id)) {
 			types = append(types, ev.Type)
 			text += ev.Text
 		}
@@ -74,7 +114,10 @@ func TestAgentServesDispatchOnWarmStream(t *testing.T) {
 		if !slices.Equal(types, want) || text != "Hi there" {
 			t.Errorf("run %s: events %v text %q", id, types, text)
 		}
-		r.end <- nil
+	}
+	r.end <- nil
+	if m := r.next(t); m != nil {
+		t.Errorf("after the edge ended the stream: %v", m)
 	}
 	if calls.Load() != 3 {
 		t.Errorf("%d provider calls, want 3", calls.Load())
@@ -113,7 +156,6 @@ func TestAgentRefusesDispatchOnWarmStream(t *testing.T) {
 	// A run in flight, for the duplicate.
 	busy := nextWarm()
 	busy.warmDown(t, inlineDispatchMsg("busy", "p", tunnel, `{}`))
-	busy.next(t) // its head: in flight
 
 	noOp := dispatchMsg("r4", "p", tunnel)
 	noOp.GetDispatch().Operation = nodev1.Operation_OPERATION_UNSPECIFIED
@@ -127,6 +169,7 @@ func TestAgentRefusesDispatchOnWarmStream(t *testing.T) {
 		{noOp, ErrUnsupportedOperation},
 		{inlineDispatchMsg("busy", "p", tunnel, `{}`), ErrDuplicateRun},
 	}
+	busy.next(t) // its acknowledgement
 	check := func(msg *nodev1.EdgeMessage, want error) {
 		t.Helper()
 		r := nextWarm()
@@ -154,7 +197,6 @@ func TestAgentRefusesDispatchOnWarmStream(t *testing.T) {
 	r.end <- nil
 	noRun(t, e)
 	busy.stream.Send(&nodev1.RunDown{Msg: &nodev1.RunDown_Cancel{Cancel: &nodev1.Cancel{RunId: "busy"}}})
-	busy.rest(t)
 	busy.end <- nil
 }
 
@@ -169,6 +211,7 @@ func TestAgentCancelsRunOnWarmStream(t *testing.T) {
 			c := connect(t, e, 1, hour)
 			r := recv(t, e.warm, "warm run stream")
 			r.warmDown(t, inlineDispatchMsg("r1", "p", tunnel, `{}`))
+			r.next(t) // its acknowledgement
 			r.next(t) // head
 			if r.next(t).GetTunnelData() == nil {
 				t.Fatal("want data")
@@ -179,10 +222,10 @@ func TestAgentCancelsRunOnWarmStream(t *testing.T) {
 				t.Fatal(err)
 			}
 			recv(t, gone, "provider request to be aborted")
-			if rest := r.rest(t); len(rest) != 1 || rest[0].GetTunnelError() == nil {
-				t.Fatalf("after cancel: %v, want TunnelError", rest)
+			if m := r.next(t); m.GetTunnelError() == nil {
+				t.Fatalf("after cancel: %v, want TunnelError", m)
 			}
-			r.end <- nil
+			r.end <- nil // the edge ends a cancelled run's stream
 		})
 	}
 }
