@@ -57,7 +57,7 @@ type Run struct {
 	// before it ends the run: a warm stream whose run so ended, without a
 	// cancel, is reused (serveWarm).
 	endedClean atomic.Bool
-	body []byte
+	body       []byte
 	// opened is closed when the node's Run stream is attached and its
 	// RunStarted published (so that Dispatch, and the caller's Close with
 	// its RunEnded, come after it); bodySent when the whole body went down
