@@ -124,7 +124,16 @@
 // A dispatch to a connection with an idle stream takes one and sends the
 // Dispatch down it (RunDown.dispatch) instead of on the control stream:
 // the run is open once it is sent (RunStarted; no RunOpen to wait for, so
-// no dispatch timeout), and goes on as any run. A node that refuses it
+// no dispatch timeout), and goes on as any run. The node acknowledges
+// each run on a warm stream with RunOpen naming it, and Run.recv drops
+// whatever comes before that (awaitAck), so no message of the stream's
+// earlier run is ever read as this one's. A run that ends cleanly (recv
+// read its complete event or clean tunnel end, and nothing cancelled it
+// first: Run.reusable) gives its stream back to the idle list, up to
+// maxIdleStreams (64) per connection, for the next dispatch; one per run
+// at a time keeps HTTP/2 flow control per run. Any other end (cancel,
+// client gone, an error, a failed stream) ends the stream, as a run's own.
+// A node that refuses a Dispatch on a warm stream
 // says so on the stream (RunUp.refused), which ends the run as a
 // control-stream DispatchRefused does: with MaxRetries above 0 the
 // read-ahead sees it and the request is admitted again (a dispatch that

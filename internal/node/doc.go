@@ -51,7 +51,13 @@
 // (admit: draining, run id, provider, path, operation, a run id in
 // flight), serves it on that stream as on one of its own, and opens
 // another warm stream in its place; a Dispatch it cannot run is refused on
-// that stream (RunUp.refused). A warm stream the edge ends without a
+// that stream (RunUp.refused). Each run on a warm stream is acknowledged
+// first with RunOpen naming it. After a run's terminal frame the node sends
+// nothing more of it (eventSink drops anything after a terminal event) and
+// keeps the stream open, not half-closed: the edge either ends it or, after
+// a clean end, sends the next run's Dispatch down it, which the node serves
+// the same way (a run that sent no terminal frame half-closes the stream,
+// as on one of its own, so the edge ends it as aborted). A warm stream the edge ends without a
 // Dispatch (its connection ended or drains, the edge refused the stream or
 // stops) is not replaced, so an edge that refuses them is not asked
 // again.
