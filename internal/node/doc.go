@@ -122,7 +122,8 @@
 //     Recv and Send until a Dispatch arrives; it then becomes that run's
 //     goroutine (runOn, with its reader), and before serving it starts the
 //     warm stream that replaces it (refillWarm; counted in runWG like the
-//     runs).
+//     runs); when the edge reuses the stream it serves the next run the
+//     same way, one at a time.
 //
 // conn.mu guards conn.runs (run id -> run), conn.draining and conn.warm
 // (the warm streams opening or idle): the session goroutine and warm

@@ -12,11 +12,14 @@ import (
 // edge ahead of need: streams opened with RunOpen{idle} and no run yet,
 // down which the edge sends a Dispatch instead of on the control stream,
 // so a run starts without the node opening a stream first (a new HTTP/2
-// stream and a trip to the edge and back). Each one taken is replaced at
-// once, in the background; two cover a burst of two dispatches arriving
-// faster than a stream opens, and cost two idle HTTP/2 streams and a
-// goroutine on each side. A dispatch that finds none idle goes on the
-// control stream as before.
+// stream and a trip to the edge and back). One taken is replaced at once,
+// in the background, while fewer than WarmStreams are opening or idle; a
+// stream whose run ended cleanly comes back idle when the edge reuses it
+// (up to its cap of 64 per connection), so a connection keeps about as
+// many as its runs in flight at their peak and opens no stream per run.
+// Two cover a burst of two dispatches arriving faster than a stream opens,
+// at the cost of two idle HTTP/2 streams and a goroutine on each side. A
+// dispatch that finds none idle goes on the control stream as before.
 const WarmStreams = 2
 
 // refillWarm opens warm streams until the connection has Agent.warm of them
