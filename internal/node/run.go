@@ -219,7 +219,11 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 		<-readerDone // the edge ends the stream after our last frame
 		return nil
 	}
-	c.warmIdle() // until the edge ends the stream or sends the next Dispatch
+	// The run is over: it is no run in flight (a drain does not wait for
+	// it) while its stream waits idle, until the edge ends the stream or
+	// sends the next Dispatch.
+	c.removeRun(r)
+	c.warmIdle()
 	<-readerDone
 	if next == nil {
 		c.warmGone()

@@ -230,6 +230,27 @@ func TestAgentCancelsRunOnWarmStream(t *testing.T) {
 	}
 }
 
+// TestRegression_IdleWarmStreamIsNoRunInFlight: a run whose terminal
+// frame went up a warm stream is over, though its stream stays open for
+// the edge's next Dispatch: a Drain then finds no run in flight and the
+// node disconnects at once. (iop dev's Ctrl-C logged "every run in flight
+// finished" instead of "no run in flight": the runs stayed in flight until
+// the edge ended their idle streams.)
+func TestRegression_IdleWarmStreamIsNoRunInFlight(t *testing.T) {
+	e, addr := startWarmEdge(t)
+	ollama, _ := ollamaServer(t)
+	a := startAgent(t, testConfig(addr, ProviderConfig{ID: "ol", Type: "ollama", BaseURL: ollama.URL, Models: []string{"served-model"}}), newTestClock(), nil)
+	c := connect(t, e, 1, hour)
+	r := recv(t, e.warm, "warm run stream")
+	r.warmDown(t, inlineDispatchMsg("r1", "ol", normalized, `{"messages":[{"role":"user","content":"hello"}]}`))
+	r.warmRun(t, "r1")
+	// The stream stays open (the edge neither ends it nor reuses it); the
+	// drain must not wait for it.
+	a.Drain("test")
+	recv(t, c.done, "the control stream to end")
+	r.end <- nil
+}
+
 // A warm stream the edge ends without a Dispatch (its connection drains or
 // ended, the edge refused it) is not replaced: the node does not loop
 // opening streams an edge refuses. The plain fake edge refuses every warm
