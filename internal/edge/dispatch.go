@@ -215,8 +215,12 @@ func (s *Service) attempt(ctx context.Context, req Request, tried []triedCandida
 	case err != nil:
 		return attemptResult{kind: resNotAdmitted, cand: cand, err: err, ctxErr: ctx.Err()}
 	}
-	if superseded != nil {
+	// A run on a warm stream may still be refused: its node says so on the
+	// stream, so the earlier failed attempt stays the answer until the
+	// read-ahead said it was not.
+	if superseded != nil && !run.warm {
 		superseded.drop("another provider took the request")
+		superseded = nil
 	}
 	res := attemptResult{kind: resAnswered, run: run, cand: cand}
 	if readAhead {
@@ -228,6 +232,14 @@ func (s *Service) attempt(ctx context.Context, req Request, tried []triedCandida
 	stopWatch()
 	if res.ctxErr = ctx.Err(); res.ctxErr != nil && readAhead {
 		res.kind, res.run, res.err = resClientGone, run, res.ctxErr
+	}
+	if ended, err := run.outcome(); readAhead && res.ctxErr == nil && ended && errors.Is(err, ErrDispatchRefused) {
+		// Refused on its warm stream: it never reached a provider, as a
+		// control-stream refusal before the run opened.
+		return attemptResult{kind: resNotDispatched, run: run, cand: cand, err: err}
+	}
+	if superseded != nil {
+		superseded.drop("another provider took the request")
 	}
 	return res
 }

@@ -103,7 +103,8 @@
 // # Runs
 //
 // Service.Dispatch admits a request, sends Dispatch on the selected
-// generation's control stream only (if that generation was replaced, the
+// generation's control stream only (or down an idle warm stream of that
+// generation, below) (if that generation was replaced, the
 // lease is released and the request admitted once more), and waits, up to
 // Config.DispatchTimeout, for the node to open the run's own Run stream with
 // RunOpen naming the run and the same generation; any other RunOpen is
@@ -114,6 +115,33 @@
 // directly, so each run is flow-controlled on its own. A node ends a run by
 // sending its terminal message and reading until the edge ends the stream;
 // cancelling the Run stream aborts the run (ErrNodeGone).
+//
+// Warm streams (warm.go): a node keeps a few Run streams open ahead of
+// need, each opened with RunOpen{idle} naming its node and generation. One
+// that does not name the node's current connection is refused
+// (FailedPrecondition), as is one of a draining connection; an accepted
+// one waits in its connection's idle list (NodeSnapshot.IdleRunStreams).
+// A dispatch to a connection with an idle stream takes one and sends the
+// Dispatch down it (RunDown.dispatch) instead of on the control stream:
+// the run is open once it is sent (RunStarted; no RunOpen to wait for, so
+// no dispatch timeout), and goes on as any run. The node acknowledges
+// each run on a warm stream with RunOpen naming it, and Run.recv drops
+// whatever comes before that (awaitAck), so no message of the stream's
+// earlier run is ever read as this one's. A run that ends cleanly (recv
+// read its complete event or clean tunnel end, and nothing cancelled it
+// first: Run.reusable) gives its stream back to the idle list, up to
+// maxIdleStreams (64) per connection, for the next dispatch; one per run
+// at a time keeps HTTP/2 flow control per run. Any other end (cancel,
+// client gone, an error, a failed stream) ends the stream, as a run's own.
+// A node that refuses a Dispatch on a warm stream
+// says so on the stream (RunUp.refused), which ends the run as a
+// control-stream DispatchRefused does: with MaxRetries above 0 the
+// read-ahead sees it and the request is admitted again (a dispatch that
+// never reached a provider); with none the run was already handed out,
+// and its Recv returns ErrDispatchRefused. A connection without an idle
+// stream gets the Dispatch on its control stream, as before. A
+// connection's idle streams end when it drains or closes (fenced,
+// superseded) and when the edge stops.
 //
 // Each message a node sends up a run is decoded once, when Run.recv reads
 // it (decodeRunUp, decode.go): into the contract's typed message
@@ -214,7 +242,7 @@
 // to the clock), and no other lock is taken under it. They are registry.mu and breakers.mu
 // (above), Run.mu, Service.mu (the runs map), Service.statsMu (retry and
 // circuit counters, the requested model names), conn.mu (a connection's
-// outbox, closed flag, last-seen time) and trust.mu (node id → token
+// outbox, closed flag, last-seen time, idle warm streams) and trust.mu (node id → token
 // bindings). The one exception is reload.mu, which serializes Reload and
 // is held while it sets the scheduler's policies and wakes the registry's
 // watchers (registry.notify takes registry.mu); nothing takes reload.mu
@@ -239,6 +267,13 @@
 // never blocks (a backlog over 4096 messages closes the connection). Each
 // Run handler is the sole sender on its run stream (a body not sent
 // inline, then a Cancel); the caller of Run.Recv is the sole receiver after RunOpen.
+// A warm stream's handler waits, sending nothing, in its connection's idle
+// list; whoever takes it off the list (a dispatch, conn.takeIdle; the
+// connection draining or closing, conn.endIdle; the handler itself when
+// its stream or the edge ends, conn.removeIdle) owns it and sends exactly
+// one value on its assigned channel. A dispatch that took it is its one
+// sender until then (the Dispatch), and hands the run over on assigned;
+// from then on the handler is the sole sender, as on any run stream.
 // Timers (heartbeats, hello and dispatch timeouts) run on the injected
 // clock; their callbacks only signal a channel or end a pending run (which
 // may open its provider's circuit, see above). Each Dispatch attempt has one
@@ -250,7 +285,7 @@
 //
 // Every run is finalized exactly once, by Run.finish, whichever comes
 // first: Recv seeing a terminal message or a stream error, Cancel or Close,
-// the dispatch timeout, DispatchRefused, the caller's context while
+// the dispatch timeout, DispatchRefused (or RunUp.refused on a warm stream), the caller's context while
 // dispatching, the end of its connection or of its Run stream, or the
 // edge stopping. The state change under Run.mu decides the winner; only
 // the winner reports the outcome to the breaker, releases the lease (scheduler.Lease.Release, itself

@@ -102,7 +102,7 @@ func grpcError(err error) error {
 		code = codes.PermissionDenied
 	case errors.Is(err, errHelloTimeout), errors.Is(err, errHeartbeatMissed):
 		code = codes.DeadlineExceeded
-	case errors.Is(err, errSuperseded), errors.Is(err, errRunStale):
+	case errors.Is(err, errSuperseded), errors.Is(err, errRunStale), errors.Is(err, errNodeDraining):
 		code = codes.FailedPrecondition
 	case errors.Is(err, errNodeInUse):
 		code = codes.AlreadyExists

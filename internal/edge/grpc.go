@@ -273,19 +273,25 @@ func (s *Service) handleNodeMessage(c *conn, m *nodev1.NodeMessage) {
 	case *nodev1.NodeMessage_DispatchRefused:
 		id := msg.DispatchRefused.GetRunId()
 		if r := s.run(id); r != nil && r.conn == c {
-			err := fmt.Errorf("%w: node %q: %s", ErrDispatchRefused, c.nodeID, msg.DispatchRefused.GetReason())
-			if s.reg.isDraining(c) {
-				// Sent before the node's Drain arrived: no failure of its
-				// provider; Dispatch admits the request again elsewhere.
-				err = fmt.Errorf("%w: %w", errNodeDraining, err)
-			}
-			r.finishIf(func(st runState) bool { return st == runPending }, "dispatch refused", err, false)
+			r.finishIf(func(st runState) bool { return st == runPending }, "dispatch refused", s.refusal(c, msg.DispatchRefused.GetReason()), false)
 		}
 	case *nodev1.NodeMessage_Drain:
 		s.drainConn(c, msg.Drain.GetReason())
 	default:
 		s.log.Warn("unexpected control message", "node", c.nodeID, "generation", c.gen, "type", fmt.Sprintf("%T", msg))
 	}
+}
+
+// refusal is the error of a run whose Dispatch c's node refused for
+// reason: ErrDispatchRefused, also wrapping errNodeDraining when the node
+// said Drain (it was sent before the Drain arrived: no failure of its
+// provider; Dispatch admits the request again elsewhere).
+func (s *Service) refusal(c *conn, reason string) error {
+	err := fmt.Errorf("%w: node %q: %s", ErrDispatchRefused, c.nodeID, reason)
+	if s.reg.isDraining(c) {
+		err = fmt.Errorf("%w: %w", errNodeDraining, err)
+	}
+	return err
 }
 
 // drainConn takes a connection whose node said Drain out of rotation: its
@@ -297,6 +303,7 @@ func (s *Service) drainConn(c *conn, reason string) {
 	if !s.reg.drain(c) {
 		return
 	}
+	c.endIdle()
 	s.log.Info("node draining: its providers take no new requests", "node", c.nodeID, "generation", c.gen,
 		"reason", reason, "runs_in_flight", len(s.runsOf(c)))
 	if err := s.sched.Activate(c.nodeID, c.gen, s.reg.specs(c), func() bool { return s.reg.isCurrent(c) }); err != nil {
@@ -345,6 +352,9 @@ func (s *Service) serveRun(stream nodev1.NodeGateway_RunServer) error {
 	if open == nil {
 		return errRunOpenMissing
 	}
+	if open.GetIdle() {
+		return s.serveWarm(stream, open)
+	}
 	r := s.run(open.GetRunId())
 	if r == nil {
 		return fmt.Errorf("%w: run %q", errRunNotPending, open.GetRunId())
@@ -358,7 +368,14 @@ func (s *Service) serveRun(stream nodev1.NodeGateway_RunServer) error {
 	}
 	s.emitRun(lifecycle.RunStarted, r, "")
 	close(r.opened) // after RunStarted: Dispatch returns, and the run's end is published, after it
+	return s.serveOpen(stream, r)
+}
 
+// serveOpen serves the open run r on its stream: it sends the body down
+// (unless it went inline in the Dispatch), then blocks until the run ends,
+// and sends Cancel when it ended before the node finished it. The stream
+// ending first (the node cancelled it), or the edge stopping, ends the run.
+func (s *Service) serveOpen(stream nodev1.NodeGateway_RunServer, r *Run) error {
 	if err := s.sendBody(stream, r); err != nil {
 		r.finish("body send failed", fmt.Errorf("%w: node %q run %q: %w", ErrNodeGone, r.info.NodeID, r.info.RunID, err), false)
 		return err

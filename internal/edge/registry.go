@@ -170,6 +170,11 @@ type conn struct {
 	outbox   []*nodev1.EdgeMessage
 	closed   bool
 	lastSeen time.Time
+	// idle lists the node's warm Run streams waiting for a run (warm.go);
+	// noIdle is set once the connection drains or closes: it lists none
+	// from then on.
+	idle   []*warmStream
+	noIdle bool
 }
 
 // connState is one connection as a registry state has it: its providers
@@ -365,12 +370,14 @@ func (c *conn) takeOutbox() []*nodev1.EdgeMessage {
 	return out
 }
 
-// close marks the connection closed: later enqueues fail.
+// close marks the connection closed: later enqueues fail, and its idle
+// streams end.
 func (c *conn) close() {
 	c.mu.Lock()
 	c.closed = true
 	c.outbox = nil
 	c.mu.Unlock()
+	c.endIdle()
 }
 
 func (c *conn) touch(now time.Time) {

@@ -43,7 +43,21 @@ type Run struct {
 	// inline: the body went in the Dispatch message; else body is to be
 	// sent down the run stream.
 	inline bool
-	body   []byte
+	// warm: the Dispatch went down a warm Run stream of the node
+	// (dispatchWarm), not on the control stream; set before the run is
+	// shared.
+	warm bool
+	// awaitAck: a warm run whose node has not yet acknowledged it (RunOpen
+	// naming it, or RunUp.refused): recv drops every message before, so
+	// nothing of the stream's earlier run can pass for this one's. Only
+	// the caller of recv touches it after the run is shared.
+	awaitAck bool
+	// endedClean is set by recv when the message it read ends the run
+	// cleanly (a complete event, a tunnel end without provider error),
+	// before it ends the run: a warm stream whose run so ended, without a
+	// cancel, is reused (serveWarm).
+	endedClean atomic.Bool
+	body       []byte
 	// opened is closed when the node's Run stream is attached and its
 	// RunStarted published (so that Dispatch, and the caller's Close with
 	// its RunEnded, come after it); bodySent when the whole body went down
@@ -117,12 +131,25 @@ func (r *Run) recv() (runMsg, error) {
 			r.finish("run stream failed", fmt.Errorf("%w: node %q run %q: %w", ErrNodeGone, r.info.NodeID, r.info.RunID, cause), false)
 			return runMsg{}, r.endResult()
 		}
+		if r.awaitAck {
+			if ref := raw.GetRefused(); ref != nil && ref.GetRunId() == r.info.RunID {
+				// The node refused the Dispatch it got on its warm stream, as
+				// it would have on the control stream (handleNodeMessage).
+				r.finish("dispatch refused", r.s.refusal(r.conn, ref.GetReason()), false)
+				return runMsg{}, r.endResult()
+			}
+			if open := raw.GetOpen(); open != nil && open.GetRunId() == r.info.RunID {
+				r.awaitAck = false
+			}
+			continue // the acknowledgement, or a late message of the stream's earlier run
+		}
 		m, ok := decodeRunUp(raw)
 		if !ok {
 			continue // a repeated RunOpen or an empty message: nothing for the caller
 		}
 		r.observe(m)
 		if m.msg.Ends {
+			r.endedClean.Store(m.reason == "complete" || m.reason == "tunnel end")
 			if !r.finish(m.reason, nil, false) {
 				return runMsg{}, r.endResult() // ended by Close or a failure meanwhile
 			}
@@ -445,6 +472,15 @@ func (r *Run) attach(stream nodev1.NodeGateway_RunServer) bool {
 	r.state = runOpen
 	r.stream = stream
 	return true
+}
+
+// reusable reports whether the ended run's stream may carry another run:
+// the run ended at its node's clean terminal message (endedClean), read by
+// recv, and nothing else ended it first (no cancel, no failure).
+func (r *Run) reusable() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.state == runEnded && r.endedClean.Load() && !r.cancelNode && r.endErr == nil
 }
 
 // cancelled reports whether the run ended before the node finished it.

@@ -108,7 +108,9 @@ type Service struct {
 }
 
 // Dispatch admits req through its model's queue, sends it to the selected
-// provider's node and waits for the node to open the run's stream. A body
+// provider's node and waits for the node to open the run's stream (none
+// to wait for when the Dispatch went down one of the node's idle warm
+// streams: the run is open once it is sent; see warm.go). A body
 // of at most 64 KiB (maxInlineBody) goes in the Dispatch message itself, so
 // the node calls the provider without waiting for anything more; a larger
 // one goes down the run stream once it is open, in Body chunks of at most
@@ -299,14 +301,8 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 	s.mu.Unlock()
 	s.emitRun(lifecycle.RunAdmitted, r, "")
 
-	// Arm the timeout before the node can see the dispatch.
-	timer := s.clock.AfterFunc(s.cfg.DispatchTimeout, func() {
-		r.finishIf(func(st runState) bool { return st == runPending }, "dispatch timeout",
-			fmt.Errorf("%w: node %q did not open run %q within %s", ErrDispatchTimeout, cand.NodeID, runID, s.cfg.DispatchTimeout), true)
-	})
-	defer timer.Stop()
 	op, _ := wireOperation(req.Operation) // validateRequest refused any other
-	msg := &nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_Dispatch{Dispatch: &nodev1.Dispatch{
+	d := &nodev1.Dispatch{
 		RunId:         runID,
 		ProviderId:    cand.ProviderID,
 		ServedModel:   cand.Target,
@@ -317,11 +313,24 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		Body:          inlineBody,
 		BodyInline:    inline,
 		OllamaFields:  req.OllamaFields,
-	}}}
-	if !c.enqueue(msg) {
-		r.finish("stale generation", nil, false)
-		r.settle("")
-		return nil, cand, nil, fmt.Errorf("%w: node %q generation %d closed before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
+	}
+	if w := c.takeIdle(); w != nil {
+		// A warm stream of the selected generation: the Dispatch goes down
+		// it, and the run is open once it is sent.
+		r.warm, r.awaitAck = true, true
+		s.dispatchWarm(w, r, d)
+	} else {
+		// Arm the timeout before the node can see the dispatch.
+		timer := s.clock.AfterFunc(s.cfg.DispatchTimeout, func() {
+			r.finishIf(func(st runState) bool { return st == runPending }, "dispatch timeout",
+				fmt.Errorf("%w: node %q did not open run %q within %s", ErrDispatchTimeout, cand.NodeID, runID, s.cfg.DispatchTimeout), true)
+		})
+		defer timer.Stop()
+		if !c.enqueue(&nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_Dispatch{Dispatch: d}}) {
+			r.finish("stale generation", nil, false)
+			r.settle("")
+			return nil, cand, nil, fmt.Errorf("%w: node %q generation %d closed before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
+		}
 	}
 
 	// The attempt's one client-gone watcher: the caller leaving ends the
@@ -621,7 +630,7 @@ func (s *Service) Snapshot() Snapshot {
 	st := s.reg.load()
 	for _, cs := range st.nodes.all() {
 		c := cs.c
-		ns := NodeSnapshot{NodeID: c.nodeID, Label: c.label, Version: c.version, Generation: c.gen, ConnectedAt: c.connectedAt, LastSeen: c.seen(), Draining: cs.draining}
+		ns := NodeSnapshot{NodeID: c.nodeID, Label: c.label, Version: c.version, Generation: c.gen, ConnectedAt: c.connectedAt, LastSeen: c.seen(), Draining: cs.draining, IdleRunStreams: c.idleCount()}
 		for _, p := range cs.providers {
 			ns.Providers = append(ns.Providers, p.id)
 		}

@@ -52,6 +52,7 @@ type Agent struct {
 	providers map[string]*provider                  // by provider id; never written after New
 	order     []*provider                           // the providers in config order; never written after New
 	creds     credentials.TransportCredentials      // plaintext or TLS to the edge; never written after New
+	warm      int                                   // warm Run streams per connection (WarmStreams; tests change it before Run)
 	ready     chan struct{}                         // closed at the first Welcome
 	readyOnce sync.Once
 	running   atomic.Bool
@@ -132,6 +133,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 		logger:     logger.With("component", "node", "node_id", cfg.NodeID),
 		clock:      clock.Real(),
 		jitter:     fullJitter,
+		warm:       WarmStreams,
 		providers:  make(map[string]*provider, len(cfg.Providers)),
 		ready:      make(chan struct{}),
 		genChanged: make(chan struct{}),

@@ -45,6 +45,24 @@
 // end, and no TunnelEnd after it). A Dispatch it cannot run gets DispatchRefused. Capacity is
 // the edge's to enforce; the node runs whatever it is sent.
 //
+// Warm streams (warm.go): after Welcome each connection keeps WarmStreams
+// (2) Run streams open ahead of need, opened with RunOpen{idle, node id,
+// generation} and no run. The edge sends a Dispatch down one instead of on
+// the control stream; the node checks it as a control-stream Dispatch
+// (admit: draining, run id, provider, path, operation, a run id in
+// flight), serves it on that stream as on one of its own, and opens
+// another warm stream in its place; a Dispatch it cannot run is refused on
+// that stream (RunUp.refused). Each run on a warm stream is acknowledged
+// first with RunOpen naming it. After a run's terminal frame the node sends
+// nothing more of it (eventSink drops anything after a terminal event) and
+// keeps the stream open, not half-closed: the edge either ends it or, after
+// a clean end, sends the next run's Dispatch down it, which the node serves
+// the same way (a run that sent no terminal frame half-closes the stream,
+// as on one of its own, so the edge ends it as aborted). A warm stream the edge ends without a
+// Dispatch (its connection ended or drains, the edge refused the stream or
+// stops) is not replaced, so an edge that refuses them is not asked
+// again.
+//
 // # Drain
 //
 // Agent.Drain (`iop node` on SIGTERM or SIGINT) sends Drain{reason} on the
@@ -100,13 +118,22 @@
 //     that Run stream's Recv). The run goroutine is the only sender on its
 //     Run stream: the adapter's sink calls and the terminal frame all happen
 //     on it, in order. Run data never passes through the Connect stream or
-//     any channel shared with other runs.
+//     any channel shared with other runs;
+//   - one goroutine per warm stream (serveWarm), the only caller of its
+//     Recv and Send until a Dispatch arrives; it then becomes that run's
+//     goroutine (runOn, with its reader), and before serving it starts the
+//     warm stream that replaces it (refillWarm; counted in runWG like the
+//     runs); when the edge reuses the stream it serves the next run the
+//     same way, one at a time.
 //
-// conn.mu guards conn.runs (run id -> run): the session goroutine adds runs
-// and looks them up to cancel; each run goroutine removes itself when done
-// and then signals conn.runEnded (one slot, never blocking), on which a
-// draining session goroutine waits for the last run. conn.draining is the
-// session goroutine's alone. Agent.draining is closed once, by Drain, after
+// conn.mu guards conn.runs (run id -> run), conn.draining and conn.warm
+// (the warm streams opening or idle): the session goroutine and warm
+// stream goroutines add runs (admit: the draining check and the add are
+// one step, so a drain that found no run in flight admits none after it),
+// the session goroutine looks them up to cancel; each run goroutine
+// removes itself when done and then signals conn.runEnded (one slot, never
+// blocking), on which a draining session goroutine waits for the last
+// run. conn.draining is written by the session goroutine alone. Agent.draining is closed once, by Drain, after
 // Agent.drainReason is written; Agent.mu guards stopRun (the active Run's
 // cancel, which the drain's grace timer calls) and the drain's timer.
 // A run's provider request is cancelled, exactly through its workCtx, by a

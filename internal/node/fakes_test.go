@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"iop/internal/clock"
 	"iop/internal/wire/nodev1"
@@ -63,11 +65,15 @@ func (c *testClock) waitArmed(t *testing.T, d time.Duration) {
 
 // fakeEdge is a minimal NodeGateway server driven by the test: it hands
 // every Connect stream (after its Hello) and every Run stream (after its
-// RunOpen) to the test.
+// RunOpen) to the test. A warm Run stream (RunOpen.idle) goes on warm,
+// or, when warm is nil (startEdge), is refused as an edge without warm
+// streams refuses it (NotFound: no pending run), which the node does not
+// retry.
 type fakeEdge struct {
 	nodev1.UnimplementedNodeGatewayServer
 	conns chan *edgeConn
 	runs  chan *edgeRun
+	warm  chan *edgeRun
 }
 
 // edgeConn is one Connect stream as the edge sees it. Only the test sends.
@@ -150,8 +156,15 @@ func (e *fakeEdge) Run(s grpc.BidiStreamingServer[nodev1.RunUp, nodev1.RunDown])
 	if err != nil {
 		return err
 	}
+	if m.GetOpen().GetIdle() && e.warm == nil {
+		return status.Error(codes.NotFound, "run is not pending")
+	}
 	r := &edgeRun{open: m.GetOpen(), stream: s, up: make(chan *nodev1.RunUp), end: make(chan error, 1)}
 	ctx := s.Context()
+	runs := e.runs
+	if r.open.GetIdle() {
+		runs = e.warm
+	}
 	halfClosed := make(chan struct{})
 	go func() {
 		defer close(r.up)
@@ -171,7 +184,7 @@ func (e *fakeEdge) Run(s grpc.BidiStreamingServer[nodev1.RunUp, nodev1.RunDown])
 		}
 	}()
 	select {
-	case e.runs <- r:
+	case runs <- r:
 	case <-ctx.Done():
 		return ctx.Err()
 	}

@@ -34,42 +34,15 @@ type bodyResult struct {
 	err  error
 }
 
-// dispatch starts d as a run, or refuses it. Capacity is the edge's to
-// enforce: the node never refuses for load.
+// dispatch starts d, a Dispatch from the control stream, as a run on a
+// Run stream of its own, or refuses it on the control stream. Capacity is
+// the edge's to enforce: the node never refuses for load.
 func (c *conn) dispatch(d *nodev1.Dispatch) {
-	p := c.a.providers[d.ProviderId]
-	switch {
-	case c.draining:
-		c.refuse(d.RunId, ErrDraining)
-		return
-	case d.RunId == "":
-		c.refuse(d.RunId, ErrMissingRunID)
-		return
-	case p == nil:
-		c.refuse(d.RunId, fmt.Errorf("%w %q", ErrUnknownProvider, d.ProviderId))
-		return
-	case d.ExecutionPath != nodev1.ExecutionPath_EXECUTION_PATH_UNSPECIFIED && d.ExecutionPath != p.path:
-		c.refuse(d.RunId, fmt.Errorf("%w: provider %q answers on %v", ErrPathMismatch, d.ProviderId, p.path))
-		return
-	}
-	switch d.Operation {
-	case nodev1.Operation_OPERATION_CHAT, nodev1.Operation_OPERATION_COMPLETION, nodev1.Operation_OPERATION_EMBEDDINGS:
-	default:
-		c.refuse(d.RunId, fmt.Errorf("%w %v", ErrUnsupportedOperation, d.Operation))
-		return
-	}
-	r := &run{id: d.RunId}
-	r.streamCtx, r.stopStream = context.WithCancel(c.ctx)
-	r.workCtx, r.cancelWork = context.WithCancelCause(r.streamCtx)
-	c.mu.Lock()
-	_, dup := c.runs[r.id]
-	if !dup {
-		c.runs[r.id] = r
-	}
-	c.mu.Unlock()
-	if dup {
-		r.stopStream()
-		c.refuse(d.RunId, ErrDuplicateRun)
+	streamCtx, stopStream := context.WithCancel(c.ctx)
+	r, p, err := c.admit(d, streamCtx, stopStream)
+	if err != nil {
+		stopStream()
+		c.refuse(d.RunId, err)
 		return
 	}
 	c.runWG.Add(1)
@@ -79,6 +52,48 @@ func (c *conn) dispatch(d *nodev1.Dispatch) {
 		defer r.stopStream()
 		c.serveRun(r, d, p)
 	}()
+}
+
+// admit validates d, a Dispatch from the control stream or down a warm
+// stream, and registers it as a run of c whose stream lives in streamCtx
+// (stopStream ends it), or says why the node refuses it: ErrDraining
+// after a drain began, ErrMissingRunID, ErrUnknownProvider,
+// ErrPathMismatch, ErrUnsupportedOperation, ErrDuplicateRun for a run id
+// in flight. The drain check and the registration are one step under
+// c.mu, so a drain that finds no run in flight admits none after.
+func (c *conn) admit(d *nodev1.Dispatch, streamCtx context.Context, stopStream context.CancelFunc) (*run, *provider, error) {
+	p := c.a.providers[d.ProviderId]
+	var invalid error
+	switch {
+	case d.RunId == "":
+		invalid = ErrMissingRunID
+	case p == nil:
+		invalid = fmt.Errorf("%w %q", ErrUnknownProvider, d.ProviderId)
+	case d.ExecutionPath != nodev1.ExecutionPath_EXECUTION_PATH_UNSPECIFIED && d.ExecutionPath != p.path:
+		invalid = fmt.Errorf("%w: provider %q answers on %v", ErrPathMismatch, d.ProviderId, p.path)
+	}
+	if invalid == nil {
+		switch d.Operation {
+		case nodev1.Operation_OPERATION_CHAT, nodev1.Operation_OPERATION_COMPLETION, nodev1.Operation_OPERATION_EMBEDDINGS:
+		default:
+			invalid = fmt.Errorf("%w %v", ErrUnsupportedOperation, d.Operation)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.draining:
+		return nil, nil, ErrDraining
+	case invalid != nil:
+		return nil, nil, invalid
+	}
+	if _, dup := c.runs[d.RunId]; dup {
+		return nil, nil, ErrDuplicateRun
+	}
+	r := &run{id: d.RunId, streamCtx: streamCtx, stopStream: stopStream}
+	r.workCtx, r.cancelWork = context.WithCancelCause(streamCtx)
+	c.runs[r.id] = r
+	return r, p, nil
 }
 
 // cancelRun cancels the provider request of runID, if it is in flight.
@@ -123,12 +138,28 @@ func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
 		c.logRun(slog.LevelWarn, r, d, "run stream failed before open", "err", err)
 		return
 	}
+	c.runOn(stream, r, d, p, false)
+}
+
+// runOn serves run r, whose Dispatch is d, on its open stream: it
+// receives the body (or takes it from d when it came inline: the provider
+// is called at once), runs the provider, and sends the answer up, ending
+// with one terminal frame, after which it sends nothing more on the
+// stream. It returns once the edge has ended the stream (or the connection
+// ended). On a warm stream (warm) it does not half-close the stream after
+// the terminal frame: the edge may send the next run's Dispatch down it
+// instead of ending it, which runOn then returns (nil when the stream
+// ended). A run that sent no terminal frame (its adapter ended without
+// one) half-closes the stream, as on a stream of its own, so the edge ends
+// the run as aborted.
+func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, warm bool) (next *nodev1.Dispatch) {
 	bodies := make(chan bodyResult, 1)
 	readerDone := make(chan struct{})
 	go func() { // the only caller of stream.Recv
 		defer close(readerDone)
-		readRunDown(stream, r, d.BodyInline, bodies)
+		next = readRunDown(stream, r, d.BodyInline, bodies)
 	}()
+	events := &eventSink{s: stream}
 
 	var body bodyResult
 	switch {
@@ -146,13 +177,13 @@ func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
 	if body.err == nil && r.workCtx.Err() != nil {
 		body.err = fmt.Errorf("%w: %w", adapter.ErrCancelled, context.Cause(r.workCtx))
 	}
-	err = body.err
+	err := body.err
 	sentLast := false // the adapter's last message ended the run (tunnelSink.ended)
 	if err == nil {
 		req := adapter.Request{Op: d.Operation, Stream: d.Stream, ServedModel: d.ServedModel, Body: body.data, OllamaFields: d.OllamaFields, Headers: d.Headers}
 		switch ad := p.adapter.(type) {
 		case adapter.Normalizer:
-			err = ad.Normalize(r.workCtx, req, eventSink{stream})
+			err = ad.Normalize(r.workCtx, req, events)
 		case adapter.Tunneler:
 			ts := &tunnelSink{s: stream}
 			err = ad.Tunnel(r.workCtx, req, ts)
@@ -165,12 +196,22 @@ func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
 	// every client of the aborted runs sees that one error rather than
 	// some "cancelled".
 	if c.ctx.Err() == nil {
-		if last := terminal(p.path, err); last != nil && !sentLast {
+		// The adapter sent the terminal frame itself: a terminal event,
+		// or a tunnel head with the whole body (End).
+		ended := events.ended || sentLast
+		if last := terminal(p.path, err); last != nil && !ended {
 			if serr := stream.Send(last); serr != nil {
 				c.logRun(slog.LevelDebug, r, d, "cannot send the run's last frame", "err", serr)
+			} else {
+				ended = true
 			}
 		}
-		_ = stream.CloseSend()
+		if !warm || !ended {
+			_ = stream.CloseSend()
+			warm = false
+		}
+	} else {
+		warm = false
 	}
 	switch {
 	case err == nil:
@@ -180,7 +221,20 @@ func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
 	default:
 		c.logRun(slog.LevelWarn, r, d, "run failed", "err", err)
 	}
-	<-readerDone // the edge ends the stream after our last frame
+	if !warm {
+		<-readerDone // the edge ends the stream after our last frame
+		return nil
+	}
+	// The run is over: it is no run in flight (a drain does not wait for
+	// it) while its stream waits idle, until the edge ends the stream or
+	// sends the next Dispatch.
+	c.removeRun(r)
+	c.warmIdle()
+	<-readerDone
+	if next == nil {
+		c.warmGone()
+	}
+	return next
 }
 
 // inlineBody is the body a Dispatch carried inline, or ErrBodyTooLarge
@@ -196,17 +250,20 @@ func inlineBody(data []byte) bodyResult {
 // last (delivered once on bodies; none are expected, and any is ignored,
 // when the body came inline in the Dispatch), and Cancel. When the stream
 // ends, for any reason, the run's work is cancelled: nobody is left to
-// answer.
-func readRunDown(stream runStream, r *run, inline bool, bodies chan<- bodyResult) {
+// answer. On a warm stream the edge sends the next run's Dispatch once
+// this run ended cleanly: readRunDown returns it, reading no further.
+func readRunDown(stream runStream, r *run, inline bool, bodies chan<- bodyResult) *nodev1.Dispatch {
 	var buf []byte
 	delivered := inline
 	for {
 		m, err := stream.Recv()
 		if err != nil {
 			r.cancelWork(fmt.Errorf("%w: %w", ErrRunStreamEnded, err))
-			return
+			return nil
 		}
 		switch x := m.Msg.(type) {
+		case *nodev1.RunDown_Dispatch:
+			return x.Dispatch
 		case *nodev1.RunDown_Body:
 			if delivered {
 				continue
@@ -289,15 +346,31 @@ func terminal(path nodev1.ExecutionPath, err error) *nodev1.RunUp {
 	return &nodev1.RunUp{Msg: &nodev1.RunUp_Events{Events: &nodev1.RunEvents{Events: []*nodev1.RunEvent{ev}}}}
 }
 
-// eventSink sends run events up a run stream, one message per Send. The
-// message (its RunUp, oneof and RunEvents) is pooled: gRPC marshals a
-// message before Send returns and keeps no reference to it (no stats
-// handler or binary log is installed), so it is reused at once.
-type eventSink struct{ s runStream }
+// eventSink sends run events up a run stream, one message per Send,
+// until one carries a terminal event (complete, error, cancelled): it
+// drops whatever comes after, so nothing of a run follows its terminal
+// frame on the wire (a reused warm stream carries the next run after it).
+// It belongs to the run goroutine. The message (its RunUp, oneof and
+// RunEvents) is pooled: gRPC marshals a message before Send returns and
+// keeps no reference to it (no stats handler or binary log is installed),
+// so it is reused at once.
+type eventSink struct {
+	s     runStream
+	ended bool // a terminal event was sent
+}
 
-var _ adapter.EventSink = eventSink{}
+var _ adapter.EventSink = (*eventSink)(nil)
 
-func (s eventSink) Send(events ...*nodev1.RunEvent) error {
+func (s *eventSink) Send(events ...*nodev1.RunEvent) error {
+	if s.ended {
+		return nil
+	}
+	for _, e := range events {
+		switch e.GetType() {
+		case nodev1.RunEvent_TYPE_COMPLETE, nodev1.RunEvent_TYPE_ERROR, nodev1.RunEvent_TYPE_CANCELLED:
+			s.ended = true
+		}
+	}
 	m := eventsMsgPool.Get().(*eventsMsg)
 	m.events.Events = events
 	err := s.s.Send(&m.up)

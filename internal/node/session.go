@@ -31,12 +31,15 @@ type conn struct {
 	runWG  sync.WaitGroup           // one per run goroutine
 	// runEnded has one slot; a run goroutine fills it when it leaves runs.
 	runEnded chan struct{}
-	// draining: the edge was told Drain; dispatches are refused. Read and
-	// written by the session goroutine only.
-	draining bool
 
 	mu   sync.Mutex      // guards the fields below
 	runs map[string]*run // in-flight runs by run id
+	// draining: the edge was told Drain; dispatches are refused. Written
+	// by the session goroutine only.
+	draining bool
+	// warm counts the connection's warm Run streams opening or waiting for
+	// a Dispatch (warm.go).
+	warm int
 }
 
 // session runs one connection: Connect, Hello, Welcome, then heartbeats and
@@ -183,6 +186,7 @@ func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (w
 	defer a.setGeneration(0)
 	a.readyOnce.Do(func() { close(a.ready) })
 	a.logger.Info("connected to edge", "edge", a.cfg.Edge, "generation", c.gen, "heartbeat", interval)
+	c.refillWarm()
 
 	drain := a.draining // nil once the drain began on this connection
 	for {
@@ -194,7 +198,7 @@ func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (w
 				return drained()
 			}
 		case <-c.runEnded:
-			if c.draining && c.inFlight() == 0 {
+			if c.drainDone() {
 				a.logger.Info("drained: every run in flight finished; disconnecting", "generation", c.gen)
 				return drained()
 			}
@@ -238,8 +242,10 @@ func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (w
 // control stream). It reports whether no run is in flight, so the
 // connection may end at once.
 func (c *conn) startDrain() (idle bool) {
+	c.mu.Lock()
 	c.draining = true
-	n := c.inFlight()
+	n := len(c.runs)
+	c.mu.Unlock()
 	c.a.logger.Info("draining: the edge is told, no more dispatches are taken, the runs in flight may finish",
 		"reason", c.a.drainReason, "runs_in_flight", n, "drain_timeout", c.a.cfg.DrainTimeout, "generation", c.gen)
 	m := &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_Drain{Drain: &nodev1.Drain{Reason: c.a.drainReason}}}
@@ -248,6 +254,13 @@ func (c *conn) startDrain() (idle bool) {
 	case <-c.ctx.Done():
 	}
 	return n == 0
+}
+
+// drainDone reports whether a drain began and no run is in flight.
+func (c *conn) drainDone() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.draining && len(c.runs) == 0
 }
 
 // inFlight counts the runs of the connection not yet finished.

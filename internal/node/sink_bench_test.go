@@ -43,7 +43,7 @@ func BenchmarkTunnelSinkData(b *testing.B) {
 }
 
 func BenchmarkEventSinkSend(b *testing.B) {
-	s := eventSink{&marshalStream{}}
+	s := &eventSink{s: &marshalStream{}}
 	ev := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: "one "}
 	b.ReportAllocs()
 	for b.Loop() {

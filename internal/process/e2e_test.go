@@ -284,6 +284,20 @@ func TestEndToEndBothExecutionPaths(t *testing.T) {
 
 // waitIdle waits until the edge holds no lease and no waiter: every slot
 // was given back.
+// waitWarm waits until every node connected to e keeps its
+// node.WarmStreams warm run streams open, idle.
+func waitWarm(t *testing.T, e *Process) {
+	t.Helper()
+	waitFor(t, "the nodes' warm run streams", func() bool {
+		for _, n := range e.Service.Snapshot().Nodes {
+			if n.IdleRunStreams != node.WarmStreams {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 func waitIdle(t *testing.T, e *Process) {
 	t.Helper()
 	// A client may see the end of its answer just before the edge handles

@@ -140,6 +140,9 @@ type NodeSnapshot struct {
 	// Draining: the node said Drain; its providers take no new requests
 	// while its runs in flight finish.
 	Draining bool
+	// IdleRunStreams counts the node's warm Run streams (opened ahead of
+	// need, RunOpen.idle) waiting for a run on this connection.
+	IdleRunStreams int
 }
 
 // ProviderSnapshot is one provider: the scheduler's counters for its

@@ -1145,8 +1145,10 @@ func (x *Drain) GetReason() string {
 	return ""
 }
 
-// Dispatch asks the node to run one request. The node answers by opening a
-// Run stream naming run_id (or with DispatchRefused).
+// Dispatch asks the node to run one request. Sent on the control stream,
+// the node answers by opening a Run stream naming run_id (or with
+// DispatchRefused); sent down a warm Run stream (RunDown.dispatch), it is
+// served on that stream (or refused with RunUp.refused).
 type Dispatch struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
@@ -1399,6 +1401,7 @@ type RunUp struct {
 	//	*RunUp_TunnelData
 	//	*RunUp_TunnelEnd
 	//	*RunUp_TunnelError
+	//	*RunUp_Refused
 	Msg           isRunUp_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1495,6 +1498,15 @@ func (x *RunUp) GetTunnelError() *TunnelError {
 	return nil
 }
 
+func (x *RunUp) GetRefused() *DispatchRefused {
+	if x != nil {
+		if x, ok := x.Msg.(*RunUp_Refused); ok {
+			return x.Refused
+		}
+	}
+	return nil
+}
+
 type isRunUp_Msg interface {
 	isRunUp_Msg()
 }
@@ -1523,6 +1535,12 @@ type RunUp_TunnelError struct {
 	TunnelError *TunnelError `protobuf:"bytes,6,opt,name=tunnel_error,json=tunnelError,proto3,oneof"`
 }
 
+type RunUp_Refused struct {
+	// The node will not run the Dispatch it got on this (warm) stream:
+	// the same refusal as a control-stream DispatchRefused, for its run.
+	Refused *DispatchRefused `protobuf:"bytes,7,opt,name=refused,proto3,oneof"`
+}
+
 func (*RunUp_Open) isRunUp_Msg() {}
 
 func (*RunUp_Events) isRunUp_Msg() {}
@@ -1535,12 +1553,15 @@ func (*RunUp_TunnelEnd) isRunUp_Msg() {}
 
 func (*RunUp_TunnelError) isRunUp_Msg() {}
 
+func (*RunUp_Refused) isRunUp_Msg() {}
+
 type RunDown struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
 	//
 	//	*RunDown_Body
 	//	*RunDown_Cancel
+	//	*RunDown_Dispatch
 	Msg           isRunDown_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1601,6 +1622,15 @@ func (x *RunDown) GetCancel() *Cancel {
 	return nil
 }
 
+func (x *RunDown) GetDispatch() *Dispatch {
+	if x != nil {
+		if x, ok := x.Msg.(*RunDown_Dispatch); ok {
+			return x.Dispatch
+		}
+	}
+	return nil
+}
+
 type isRunDown_Msg interface {
 	isRunDown_Msg()
 }
@@ -1613,16 +1643,33 @@ type RunDown_Cancel struct {
 	Cancel *Cancel `protobuf:"bytes,2,opt,name=cancel,proto3,oneof"`
 }
 
+type RunDown_Dispatch struct {
+	// The run this warm stream carries (its RunOpen had idle set): the
+	// edge sends it as the stream's first message, instead of on the
+	// control stream, and the run is open from then on. The node
+	// validates it as a control-stream Dispatch, and answers a refusal
+	// with RunUp.refused on this stream.
+	Dispatch *Dispatch `protobuf:"bytes,3,opt,name=dispatch,proto3,oneof"`
+}
+
 func (*RunDown_Body) isRunDown_Msg() {}
 
 func (*RunDown_Cancel) isRunDown_Msg() {}
 
+func (*RunDown_Dispatch) isRunDown_Msg() {}
+
 // RunOpen is the first message of a Run stream.
 type RunOpen struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	NodeId        string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	Generation    uint64                 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	RunId      string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	NodeId     string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Generation uint64                 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	// A warm stream: the node opens it ahead of need, with no run yet
+	// (run_id empty), for the edge to send a Dispatch down it (RunDown.
+	// dispatch) instead of on the control stream. node_id and generation
+	// must name the node's current connection; the edge ends the stream
+	// when that connection ends or drains, or the edge stops.
+	Idle          bool `protobuf:"varint,4,opt,name=idle,proto3" json:"idle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1676,6 +1723,13 @@ func (x *RunOpen) GetGeneration() uint64 {
 		return x.Generation
 	}
 	return 0
+}
+
+func (x *RunOpen) GetIdle() bool {
+	if x != nil {
+		return x.Idle
+	}
+	return false
 }
 
 // Body is a chunk of the client's request body; last marks the end.
@@ -2373,7 +2427,7 @@ const file_node_proto_rawDesc = "" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"7\n" +
 	"\x06Cancel\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xdc\x02\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x96\x03\n" +
 	"\x05RunUp\x12*\n" +
 	"\x04open\x18\x01 \x01(\v2\x14.iop.node.v1.RunOpenH\x00R\x04open\x120\n" +
 	"\x06events\x18\x02 \x01(\v2\x16.iop.node.v1.RunEventsH\x00R\x06events\x12:\n" +
@@ -2383,18 +2437,21 @@ const file_node_proto_rawDesc = "" +
 	"tunnelData\x127\n" +
 	"\n" +
 	"tunnel_end\x18\x05 \x01(\v2\x16.iop.node.v1.TunnelEndH\x00R\ttunnelEnd\x12=\n" +
-	"\ftunnel_error\x18\x06 \x01(\v2\x18.iop.node.v1.TunnelErrorH\x00R\vtunnelErrorB\x05\n" +
-	"\x03msg\"h\n" +
+	"\ftunnel_error\x18\x06 \x01(\v2\x18.iop.node.v1.TunnelErrorH\x00R\vtunnelError\x128\n" +
+	"\arefused\x18\a \x01(\v2\x1c.iop.node.v1.DispatchRefusedH\x00R\arefusedB\x05\n" +
+	"\x03msg\"\x9d\x01\n" +
 	"\aRunDown\x12'\n" +
 	"\x04body\x18\x01 \x01(\v2\x11.iop.node.v1.BodyH\x00R\x04body\x12-\n" +
-	"\x06cancel\x18\x02 \x01(\v2\x13.iop.node.v1.CancelH\x00R\x06cancelB\x05\n" +
-	"\x03msg\"Y\n" +
+	"\x06cancel\x18\x02 \x01(\v2\x13.iop.node.v1.CancelH\x00R\x06cancel\x123\n" +
+	"\bdispatch\x18\x03 \x01(\v2\x15.iop.node.v1.DispatchH\x00R\bdispatchB\x05\n" +
+	"\x03msg\"m\n" +
 	"\aRunOpen\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x03 \x01(\x04R\n" +
-	"generation\".\n" +
+	"generation\x12\x12\n" +
+	"\x04idle\x18\x04 \x01(\bR\x04idle\".\n" +
 	"\x04Body\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\bR\x04last\":\n" +
@@ -2538,22 +2595,24 @@ var file_node_proto_depIdxs = []int32{
 	26, // 21: iop.node.v1.RunUp.tunnel_data:type_name -> iop.node.v1.TunnelData
 	27, // 22: iop.node.v1.RunUp.tunnel_end:type_name -> iop.node.v1.TunnelEnd
 	28, // 23: iop.node.v1.RunUp.tunnel_error:type_name -> iop.node.v1.TunnelError
-	20, // 24: iop.node.v1.RunDown.body:type_name -> iop.node.v1.Body
-	16, // 25: iop.node.v1.RunDown.cancel:type_name -> iop.node.v1.Cancel
-	22, // 26: iop.node.v1.RunEvents.events:type_name -> iop.node.v1.RunEvent
-	2,  // 27: iop.node.v1.RunEvent.type:type_name -> iop.node.v1.RunEvent.Type
-	24, // 28: iop.node.v1.RunEvent.embeddings:type_name -> iop.node.v1.Embedding
-	23, // 29: iop.node.v1.RunEvent.tool_calls:type_name -> iop.node.v1.ToolCallDelta
-	30, // 30: iop.node.v1.TunnelHead.headers:type_name -> iop.node.v1.TunnelHead.HeadersEntry
-	3,  // 31: iop.node.v1.NodeGateway.Connect:input_type -> iop.node.v1.NodeMessage
-	17, // 32: iop.node.v1.NodeGateway.Run:input_type -> iop.node.v1.RunUp
-	4,  // 33: iop.node.v1.NodeGateway.Connect:output_type -> iop.node.v1.EdgeMessage
-	18, // 34: iop.node.v1.NodeGateway.Run:output_type -> iop.node.v1.RunDown
-	33, // [33:35] is the sub-list for method output_type
-	31, // [31:33] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	15, // 24: iop.node.v1.RunUp.refused:type_name -> iop.node.v1.DispatchRefused
+	20, // 25: iop.node.v1.RunDown.body:type_name -> iop.node.v1.Body
+	16, // 26: iop.node.v1.RunDown.cancel:type_name -> iop.node.v1.Cancel
+	14, // 27: iop.node.v1.RunDown.dispatch:type_name -> iop.node.v1.Dispatch
+	22, // 28: iop.node.v1.RunEvents.events:type_name -> iop.node.v1.RunEvent
+	2,  // 29: iop.node.v1.RunEvent.type:type_name -> iop.node.v1.RunEvent.Type
+	24, // 30: iop.node.v1.RunEvent.embeddings:type_name -> iop.node.v1.Embedding
+	23, // 31: iop.node.v1.RunEvent.tool_calls:type_name -> iop.node.v1.ToolCallDelta
+	30, // 32: iop.node.v1.TunnelHead.headers:type_name -> iop.node.v1.TunnelHead.HeadersEntry
+	3,  // 33: iop.node.v1.NodeGateway.Connect:input_type -> iop.node.v1.NodeMessage
+	17, // 34: iop.node.v1.NodeGateway.Run:input_type -> iop.node.v1.RunUp
+	4,  // 35: iop.node.v1.NodeGateway.Connect:output_type -> iop.node.v1.EdgeMessage
+	18, // 36: iop.node.v1.NodeGateway.Run:output_type -> iop.node.v1.RunDown
+	35, // [35:37] is the sub-list for method output_type
+	33, // [33:35] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_node_proto_init() }
@@ -2582,10 +2641,12 @@ func file_node_proto_init() {
 		(*RunUp_TunnelData)(nil),
 		(*RunUp_TunnelEnd)(nil),
 		(*RunUp_TunnelError)(nil),
+		(*RunUp_Refused)(nil),
 	}
 	file_node_proto_msgTypes[15].OneofWrappers = []any{
 		(*RunDown_Body)(nil),
 		(*RunDown_Cancel)(nil),
+		(*RunDown_Dispatch)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -44,7 +44,9 @@ type NodeGatewayClient interface {
 	// One per run, opened by the node when it accepts a dispatch. Its first
 	// message is RunOpen naming the run and the generation; request body chunks
 	// flow down (unless the Dispatch carried the body inline), events or
-	// tunnel frames flow up.
+	// tunnel frames flow up. A node also keeps a few warm ones open ahead of
+	// need (RunOpen.idle, no run yet): the edge then sends a Dispatch down
+	// one (RunDown.dispatch) and the run goes on as on any other.
 	Run(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[RunUp, RunDown], error)
 }
 
@@ -92,7 +94,9 @@ type NodeGatewayServer interface {
 	// One per run, opened by the node when it accepts a dispatch. Its first
 	// message is RunOpen naming the run and the generation; request body chunks
 	// flow down (unless the Dispatch carried the body inline), events or
-	// tunnel frames flow up.
+	// tunnel frames flow up. A node also keeps a few warm ones open ahead of
+	// need (RunOpen.idle, no run yet): the edge then sends a Dispatch down
+	// one (RunDown.dispatch) and the run goes on as on any other.
 	Run(grpc.BidiStreamingServer[RunUp, RunDown]) error
 	mustEmbedUnimplementedNodeGatewayServer()
 }
