@@ -40,6 +40,9 @@ func (g *grpcServer) Run(stream nodev1.NodeGateway_RunServer) error {
 	return grpcError(g.s.serveRun(stream))
 }
 
+// edgeFeatures are the Welcome features this edge reads (node.proto).
+var edgeFeatures = []string{nodev1.FeatureTunnelHeadBody}
+
 // received is one result of the control stream's reader goroutine.
 type received struct {
 	msg *nodev1.NodeMessage
@@ -141,7 +144,7 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 	// Published before Welcome: a node that has its Welcome (and may be
 	// sent work) has had its node_connected, with its providers active.
 	s.emitNode(lifecycle.NodeConnected, c, nil)
-	welcome := &nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_Welcome{Welcome: &nodev1.Welcome{Generation: c.gen, HeartbeatIntervalMs: hb.Milliseconds()}}}
+	welcome := &nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_Welcome{Welcome: &nodev1.Welcome{Generation: c.gen, HeartbeatIntervalMs: hb.Milliseconds(), Features: edgeFeatures}}}
 	if err := stream.Send(welcome); err != nil {
 		cause = err
 		return err

@@ -555,6 +555,48 @@ func TestAgentSlowRunDoesNotBlockOthers(t *testing.T) {
 	}
 }
 
+// TestRegression_NodeBehindAnOldEdgeSendsTheAnswerApart: an edge older
+// than TunnelHead's data/end (no tunnel_head_body in its Welcome) ignores
+// those fields, so a node that sent a whole small answer as one head lost
+// the body there (the node was upgraded before its edge). Such an edge
+// gets the head, the body as TunnelData and a TunnelEnd, as before the
+// one-message form; today's edge gets one message.
+func TestRegression_NodeBehindAnOldEdgeSendsTheAnswerApart(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"answer":"small"}`)
+	}))
+	t.Cleanup(up.Close)
+	for _, tc := range []struct {
+		name     string
+		features []string
+		want     int // messages
+	}{
+		{"old edge", nil, 3},
+		{"current edge", []string{nodev1.FeatureTunnelHeadBody}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, addr := startEdge(t)
+			startAgent(t, testConfig(addr, ProviderConfig{ID: "p", Type: "openai", BaseURL: up.URL, Models: []string{"served-model"}}), newTestClock(), nil)
+			c := recv(t, e.conns, "connection")
+			c.welcomeWith(t, 1, hour, tc.features...)
+			m := dispatchMsg("r1", "p", tunnel)
+			m.GetDispatch().Stream = false
+			c.send(t, m)
+			run := recv(t, e.runs, "run")
+			run.sendBody(t, `{"model":"served-model"}`)
+			msgs := run.rest(t)
+			head, body, complete := tunnelAnswer(msgs)
+			if len(msgs) != tc.want || body != `{"answer":"small"}` || !complete {
+				t.Fatalf("%d messages %v, body %q, complete %v; want %d messages with the whole body", len(msgs), msgs, body, complete, tc.want)
+			}
+			if tc.features == nil && (len(head.GetData()) > 0 || head.GetEnd() || head.GetContentLength() != 0) {
+				t.Errorf("head to an old edge carries data/end/content_length: %v", head)
+			}
+		})
+	}
+}
+
 func TestAgentRunTwice(t *testing.T) {
 	e, addr := startEdge(t)
 	a := startAgent(t, testConfig(addr, ProviderConfig{ID: "p", Type: "openai", BaseURL: "http://127.0.0.1:1", Models: []string{"m"}}), newTestClock(), nil)

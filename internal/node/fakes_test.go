@@ -205,9 +205,17 @@ func (c *edgeConn) send(t *testing.T, m *nodev1.EdgeMessage) {
 	}
 }
 
+// welcome welcomes the node as today's edge does, with its features.
 func (c *edgeConn) welcome(t *testing.T, gen uint64, interval time.Duration) {
 	t.Helper()
-	c.send(t, &nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_Welcome{Welcome: &nodev1.Welcome{Generation: gen, HeartbeatIntervalMs: interval.Milliseconds()}}})
+	c.welcomeWith(t, gen, interval, nodev1.FeatureTunnelHeadBody)
+}
+
+// welcomeWith welcomes the node naming only features: none is an edge
+// older than every feature.
+func (c *edgeConn) welcomeWith(t *testing.T, gen uint64, interval time.Duration, features ...string) {
+	t.Helper()
+	c.send(t, &nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_Welcome{Welcome: &nodev1.Welcome{Generation: gen, HeartbeatIntervalMs: interval.Milliseconds(), Features: features}}})
 }
 
 // next returns the next message from the node that is not a heartbeat.

@@ -185,7 +185,7 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 		case adapter.Normalizer:
 			err = ad.Normalize(r.workCtx, req, events)
 		case adapter.Tunneler:
-			ts := &tunnelSink{s: stream}
+			ts := &tunnelSink{s: stream, split: !c.headBody}
 			err = ad.Tunnel(r.workCtx, req, ts)
 			sentLast = ts.ended
 		}
@@ -403,6 +403,11 @@ type tunnelSink struct {
 	// ended is set once a head with the whole body (End) was sent: it was
 	// the run's last frame, so serveRun sends no TunnelEnd after it.
 	ended bool
+	// split: the edge does not read TunnelHead's data, end and
+	// content_length (no nodev1.FeatureTunnelHeadBody in its Welcome): a head's
+	// body goes as a TunnelData after it, and its end as the TunnelEnd
+	// serveRun sends (ended stays false).
+	split bool
 }
 
 var _ adapter.TunnelSink = (*tunnelSink)(nil)
@@ -411,6 +416,15 @@ func (s *tunnelSink) Head(h adapter.TunnelHead) error {
 	headers := make(map[string]string, len(h.Header))
 	for k, vs := range h.Header {
 		headers[k] = strings.Join(vs, ", ")
+	}
+	if s.split {
+		if err := s.s.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: &nodev1.TunnelHead{Status: int32(h.Status), Headers: headers}}}); err != nil {
+			return err
+		}
+		if len(h.Body) == 0 {
+			return nil
+		}
+		return s.Data(h.Body)
 	}
 	head := &nodev1.TunnelHead{Status: int32(h.Status), Headers: headers, Data: h.Body, End: h.End}
 	if !h.End && h.ContentLength > 0 { // 0 on the wire is unknown (node.proto)

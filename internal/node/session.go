@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -28,7 +29,10 @@ type conn struct {
 	cancel context.CancelCauseFunc
 	out    chan *nodev1.NodeMessage // control messages for the writer goroutine
 	gen    uint64                   // written once, after Welcome, before any dispatch
-	runWG  sync.WaitGroup           // one per run goroutine
+	// headBody: the edge reads TunnelHead's data, end and content_length
+	// (Welcome.features has nodev1.FeatureTunnelHeadBody). Written once with gen.
+	headBody bool
+	runWG    sync.WaitGroup // one per run goroutine
 	// runEnded has one slot; a run goroutine fills it when it leaves runs.
 	runEnded chan struct{}
 
@@ -182,6 +186,7 @@ func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (w
 	arm()
 	defer func() { tick.Stop() }()
 	c.gen = w.Generation
+	c.headBody = slices.Contains(w.GetFeatures(), nodev1.FeatureTunnelHeadBody)
 	a.setGeneration(c.gen)
 	defer a.setGeneration(0)
 	a.readyOnce.Do(func() { close(a.ready) })

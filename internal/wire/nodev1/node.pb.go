@@ -861,8 +861,14 @@ type Welcome struct {
 	// Both sides send a heartbeat at this interval; missing 3 in a row fences
 	// the connection.
 	HeartbeatIntervalMs int64 `protobuf:"varint,2,opt,name=heartbeat_interval_ms,json=heartbeatIntervalMs,proto3" json:"heartbeat_interval_ms,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// features names what this edge reads beyond the first version of this
+	// protocol, so a newer node sends it only to edges that understand it.
+	// "tunnel_head_body": TunnelHead's data, end and content_length (an
+	// edge without it ignores them, and would lose the body they carry; the
+	// node then sends the head, the data and the TunnelEnd apart).
+	Features      []string `protobuf:"bytes,3,rep,name=features,proto3" json:"features,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Welcome) Reset() {
@@ -907,6 +913,13 @@ func (x *Welcome) GetHeartbeatIntervalMs() int64 {
 		return x.HeartbeatIntervalMs
 	}
 	return 0
+}
+
+func (x *Welcome) GetFeatures() []string {
+	if x != nil {
+		return x.Features
+	}
+	return nil
 }
 
 // HelloRefused rejects a Hello; the edge closes the stream after it.
@@ -2383,12 +2396,13 @@ const file_node_proto_rawDesc = "" +
 	"\x12quantization_level\x18\b \x01(\tR\x11quantizationLevel\x12!\n" +
 	"\fparent_model\x18\t \x01(\tR\vparentModel\x12%\n" +
 	"\x0econtext_length\x18\n" +
-	" \x01(\x03R\rcontextLength\"]\n" +
+	" \x01(\x03R\rcontextLength\"y\n" +
 	"\aWelcome\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
 	"generation\x122\n" +
-	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\"&\n" +
+	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\x12\x1a\n" +
+	"\bfeatures\x18\x03 \x03(\tR\bfeatures\"&\n" +
 	"\fHelloRefused\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"(\n" +
 	"\tHeartbeat\x12\x1b\n" +
