@@ -65,9 +65,10 @@ postgresql:
 # directly and through edge + node, and the edge's memory with 10,000
 # queued requests; it prints every figure of issue 18 with its target, the
 # scheduler's (waiter bytes, AdmitRelease) read from bin/bench-go.txt.
-# Figures: BENCHMARKS.md.
+# The packages run one at a time (-p 1): two benchmarks sharing the 2
+# cores would each measure the other. Figures: BENCHMARKS.md.
 bench: build
-	$(GO) test -run '^$$' -bench . -benchmem ./internal/scheduler/ ./internal/edge/api/ ./internal/wire/nodev1/ ./internal/node/adapter/ >$(BIN)/bench-go.txt; \
+	$(GO) test -p 1 -run '^$$' -bench . -benchmem ./internal/scheduler/ ./internal/edge/api/ ./internal/wire/nodev1/ ./internal/node/adapter/ >$(BIN)/bench-go.txt; \
 		rc=$$?; cat $(BIN)/bench-go.txt; exit $$rc
 	$(BIN)/iop bench --overhead --profile-dir $(BIN)/bench-profiles --go-bench $(BIN)/bench-go.txt $(BENCH_ARGS)
 
