@@ -2106,7 +2106,9 @@ func (x *Embedding) GetValues() []float32 {
 // node had whole at once (a non-streamed answer of at most 64 KiB), one
 // TunnelHead with data and end: one message, one write on each side. Old
 // nodes send neither field, and the edge handles both forms; an edge that
-// predates them does not read them, so edges are upgraded before nodes.
+// predates them does not read them, so a node uses them only with an edge
+// whose Welcome names the feature "tunnel_head_body" (Welcome.features):
+// edges and nodes may be upgraded in either order.
 type TunnelHead struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Status  int32                  `protobuf:"varint,1,opt,name=status,proto3" json:"status,omitempty"`
