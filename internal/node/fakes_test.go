@@ -330,6 +330,18 @@ func (h *logRecorder) find(level slog.Level, attrSubstr string) bool {
 	return false
 }
 
+// hasMessage reports whether a record with message msg was logged.
+func (h *logRecorder) hasMessage(msg string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range h.records {
+		if r.Message == msg {
+			return true
+		}
+	}
+	return false
+}
+
 // startAgent builds an agent for cfg on clk, with backoff jitter turned off
 // (every wait is its ceiling), and runs it until the test ends.
 func startAgent(t *testing.T, cfg Config, clk clock.Clock, logs slog.Handler) *Agent {

@@ -108,6 +108,30 @@ func (c *conn) cancelRun(runID, reason string) {
 	r.cancelWork(fmt.Errorf("%w: %s", ErrCancelledByEdge, reason))
 }
 
+// finishWarm forgets r, whose terminal frame went up a warm stream the
+// edge has not yet ended or reused, and counts it unacknowledged (c.unread)
+// in the same step, so a drain never sees it neither in flight nor
+// unacknowledged; acknowledged ends that count. Both wake the session
+// goroutine as removeRun does.
+func (c *conn) finishWarm(r *run) {
+	c.mu.Lock()
+	if c.runs[r.id] == r {
+		delete(c.runs, r.id)
+	}
+	c.unread++
+	c.mu.Unlock()
+	c.wakeSession()
+}
+
+// acknowledged ends the count finishWarm started: the edge ended or
+// reused the stream, so it read the run's terminal frame.
+func (c *conn) acknowledged() {
+	c.mu.Lock()
+	c.unread--
+	c.mu.Unlock()
+	c.wakeSession()
+}
+
 // removeRun forgets r and wakes the session goroutine (a drain waits for
 // the last run).
 func (c *conn) removeRun(r *run) {
@@ -116,6 +140,12 @@ func (c *conn) removeRun(r *run) {
 		delete(c.runs, r.id)
 	}
 	c.mu.Unlock()
+	c.wakeSession()
+}
+
+// wakeSession fills runEnded's one slot: the session goroutine checks
+// whether a drain is done.
+func (c *conn) wakeSession() {
 	select {
 	case c.runEnded <- struct{}{}:
 	default:
@@ -225,15 +255,21 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 		<-readerDone // the edge ends the stream after our last frame
 		return nil
 	}
-	// The run is over: it is no run in flight (a drain does not wait for
-	// it) while its stream waits idle, until the edge ends the stream or
-	// sends the next Dispatch.
-	c.removeRun(r)
+	// The run is over at the provider: it is no run in flight while its
+	// stream waits idle, until the edge ends the stream or sends the next
+	// Dispatch. But the terminal frame is only queued: until the edge ends
+	// or reuses the stream it may not have read it, so the run stays
+	// unacknowledged and a drain waits for it (the edge ends a draining
+	// connection's streams once it read their runs' ends). A drain that
+	// closed the connection at once cut answers the provider had finished
+	// (TestRegression_DrainKeepsAnswersFinishedAsItBegan).
+	c.finishWarm(r)
 	c.warmIdle()
 	<-readerDone
 	if next == nil {
 		c.warmGone()
 	}
+	c.acknowledged()
 	return next
 }
 

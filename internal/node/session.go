@@ -44,6 +44,11 @@ type conn struct {
 	// warm counts the connection's warm Run streams opening or waiting for
 	// a Dispatch (warm.go).
 	warm int
+	// unread counts the runs that sent their terminal frame up a warm
+	// stream the edge has not yet ended or reused (finishWarm): no runs in
+	// flight, but their answers may still be on their way, so a drain
+	// waits for them too.
+	unread int
 }
 
 // session runs one connection: Connect, Hello, Welcome, then heartbeats and
@@ -194,17 +199,26 @@ func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (w
 	c.refillWarm()
 
 	drain := a.draining // nil once the drain began on this connection
+	// idleAtDrain: no run was in flight when the drain began (the node
+	// then waits only for the edge to have read the answers of runs that
+	// just finished: c.unread).
+	idleAtDrain := false
 	for {
 		select {
 		case <-drain:
 			drain = nil
-			if c.startDrain() {
+			idleAtDrain = c.startDrain()
+			if c.drainDone() {
 				a.logger.Info("drained: no run in flight; disconnecting", "generation", c.gen)
 				return drained()
 			}
 		case <-c.runEnded:
 			if c.drainDone() {
-				a.logger.Info("drained: every run in flight finished; disconnecting", "generation", c.gen)
+				if idleAtDrain {
+					a.logger.Info("drained: no run in flight; disconnecting", "generation", c.gen)
+				} else {
+					a.logger.Info("drained: every run in flight finished; disconnecting", "generation", c.gen)
+				}
 				return drained()
 			}
 		case m := <-msgs:
@@ -261,11 +275,12 @@ func (c *conn) startDrain() (idle bool) {
 	return n == 0
 }
 
-// drainDone reports whether a drain began and no run is in flight.
+// drainDone reports whether a drain began, no run is in flight, and the
+// edge read the last frame of every run that finished (c.unread).
 func (c *conn) drainDone() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.draining && len(c.runs) == 0
+	return c.draining && len(c.runs) == 0 && c.unread == 0
 }
 
 // inFlight counts the runs of the connection not yet finished.

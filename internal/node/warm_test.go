@@ -234,23 +234,35 @@ func TestAgentCancelsRunOnWarmStream(t *testing.T) {
 
 // TestRegression_IdleWarmStreamIsNoRunInFlight: a run whose terminal
 // frame went up a warm stream is over, though its stream stays open for
-// the edge's next Dispatch: a Drain then finds no run in flight and the
-// node disconnects at once. (iop dev's Ctrl-C logged "every run in flight
-// finished" instead of "no run in flight": the runs stayed in flight until
-// the edge ended their idle streams.)
+// the edge's next Dispatch: a Drain finds no run in flight, and says so.
+// (iop dev's Ctrl-C logged "every run in flight finished" instead of "no
+// run in flight".) But the node disconnects only once the edge ended the
+// stream, which it does for a draining connection after it read the run's
+// end: a node that disconnected at once cut answers whose last frame the
+// edge had not read yet (TestRegression_DrainKeepsAnswersFinishedAsItBegan
+// in internal/process, with a real edge).
 func TestRegression_IdleWarmStreamIsNoRunInFlight(t *testing.T) {
 	e, addr := startWarmEdge(t)
 	ollama, _ := ollamaServer(t)
-	a := startAgent(t, testConfig(addr, ProviderConfig{ID: "ol", Type: "ollama", BaseURL: ollama.URL, Models: []string{"served-model"}}), newTestClock(), nil)
+	logs := &logRecorder{}
+	a := startAgent(t, testConfig(addr, ProviderConfig{ID: "ol", Type: "ollama", BaseURL: ollama.URL, Models: []string{"served-model"}}), newTestClock(), logs)
 	c := connect(t, e, 1, hour)
 	r := recv(t, e.warm, "warm run stream")
 	r.warmDown(t, inlineDispatchMsg("r1", "ol", normalized, `{"messages":[{"role":"user","content":"hello"}]}`))
 	r.warmRun(t, "r1")
-	// The stream stays open (the edge neither ends it nor reuses it); the
-	// drain must not wait for it.
 	a.Drain("test")
+	for m := c.next(t); m.GetDrain() == nil; m = c.next(t) {
+	}
+	select {
+	case <-c.done:
+		t.Fatal("the node disconnected before the edge ended the stream of the run that finished: the edge may not have read its end")
+	default:
+	}
+	r.end <- nil // the edge read the run's end and ends its stream, as for every stream of a draining connection
 	recv(t, c.done, "the control stream to end")
-	r.end <- nil
+	if !logs.hasMessage("drained: no run in flight; disconnecting") {
+		t.Error(`the drain did not log "no run in flight"`)
+	}
 }
 
 // A warm stream the edge ends without a Dispatch (its connection drains or
