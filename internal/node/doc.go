@@ -67,8 +67,10 @@
 //
 // Agent.Drain (`iop node` on SIGTERM or SIGINT) sends Drain{reason} on the
 // control stream, after which every Dispatch is refused (ErrDraining) and
-// the runs in flight go on. When the last one has finished, the agent
-// sends what is still queued, half-closes the control stream, waits (up to
+// the runs in flight go on. When the last one has finished, and the edge
+// has ended or reused the warm stream of every run that finished on one
+// (so it has read each run's last frame: a frame only queued on the
+// stream was lost with the connection), the agent sends what is still queued, half-closes the control stream, waits (up to
 // flushTimeout) for the edge to end it, and Run returns nil without
 // reconnecting. Config.DrainTimeout after Drain, on the agent's clock, the
 // runs still going are aborted as when Run's context ends. An aborted run
@@ -126,8 +128,9 @@
 //     runs); when the edge reuses the stream it serves the next run the
 //     same way, one at a time.
 //
-// conn.mu guards conn.runs (run id -> run), conn.draining and conn.warm
-// (the warm streams opening or idle): the session goroutine and warm
+// conn.mu guards conn.runs (run id -> run), conn.draining, conn.warm
+// (the warm streams opening or idle) and conn.unread (runs finished on a
+// warm stream the edge has not yet ended or reused): the session goroutine and warm
 // stream goroutines add runs (admit: the draining check and the add are
 // one step, so a drain that found no run in flight admits none after it),
 // the session goroutine looks them up to cancel; each run goroutine
