@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"runtime"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -60,7 +59,7 @@ func BenchmarkNetHTTPBlockedRequest(b *testing.B) {
 }
 
 func blockedRequestCost(b *testing.B, frames int) (heap, stack, goroutines float64) {
-	var blocked atomic.Int64
+	blocked := make(chan struct{}, floorRequests) // one value per request blocked in the handler
 	release := make(chan struct{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -71,7 +70,7 @@ func blockedRequestCost(b *testing.B, frames int) (heap, stack, goroutines float
 			return
 		}
 		waitBelow(frames, func() {
-			blocked.Add(1)
+			blocked <- struct{}{}
 			<-release
 		})
 		w.Write([]byte("ok"))
@@ -90,11 +89,13 @@ func blockedRequestCost(b *testing.B, frames int) (heap, stack, goroutines float
 		b.Fatal(err)
 	}
 	defer func() { close(release); cmd.Wait() }()
-	for deadline := time.Now().Add(2 * time.Minute); blocked.Load() < floorRequests; {
-		if time.Now().After(deadline) {
-			b.Fatalf("%d of %d requests blocked after 2 minutes", blocked.Load(), floorRequests)
+	timeout := time.After(2 * time.Minute)
+	for n := 0; n < floorRequests; n++ {
+		select {
+		case <-blocked:
+		case <-timeout:
+			b.Fatalf("%d of %d requests blocked after 2 minutes", n, floorRequests)
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
 	runtime.GC()
 	runtime.GC() // a second cycle: stacks that can shrink have halved once more

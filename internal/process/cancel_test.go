@@ -64,7 +64,7 @@ func startCancelStack(t *testing.T, cfg edge.Config, capacity int, simCfg sim.Co
 
 // waitFor polls cond until it holds, failing the test after a generous
 // bound (a hang, not a speed check).
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	tick := time.NewTicker(2 * time.Millisecond)

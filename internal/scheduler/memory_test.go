@@ -79,13 +79,14 @@ func queuedWaiterBytes(tb testing.TB, n int) float64 {
 // alive, until that P next cleans the heap.
 func settle(heapAlloc uint64) {
 	var m runtime.MemStats
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+	tick := time.NewTicker(time.Millisecond) // no event says the timer heaps are clean: poll, bounded
+	defer tick.Stop()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); <-tick.C {
 		runtime.GC()
 		runtime.ReadMemStats(&m)
 		if m.HeapAlloc < heapAlloc+512<<10 {
 			return
 		}
-		time.Sleep(time.Millisecond)
 	}
 }
 
