@@ -85,6 +85,10 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 	}
 	obs.svc = srv.Service()
 	var undo []func() // on failure, in reverse order
+
+	// The history's sampler reads obs.svc each second.
+	obs.history.Start()
+	undo = append(undo, obs.history.Stop)
 	defer func() {
 		if err != nil {
 			for i := len(undo) - 1; i >= 0; i-- {
@@ -224,6 +228,7 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 		if gerr := <-grpcDone; err == nil {
 			err = gerr
 		}
+		obs.history.Stop()
 		e.done <- err
 	}()
 	return e, nil

@@ -7,8 +7,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"iop/internal/clock"
 	"iop/internal/edge"
 	"iop/internal/edge/api"
+	"iop/internal/edge/history"
 	"iop/internal/edge/lifecycle"
 	"iop/internal/edge/metrics"
 )
@@ -19,7 +21,8 @@ type observability struct {
 	registry *prometheus.Registry
 	hub      *lifecycle.Hub
 	metrics  *metrics.Metrics
-	svc      *edge.Service // set by attach, before the edge serves
+	history  *history.History // per-second aggregates for the dashboard; sampling from Start
+	svc      *edge.Service    // set by attach, before the edge serves
 }
 
 // newObservability creates the registry (with the Go runtime and process
@@ -37,6 +40,7 @@ func newObservability() (*observability, error) {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	o.metrics = m
+	o.history = history.New(clock.Real(), o)
 	return o, nil
 }
 
@@ -48,16 +52,14 @@ func (o *observability) observer() lifecycle.Observer {
 	return lifecycle.Observers{o.metrics, o.hub}
 }
 
-// RequestDone feeds a finished API request to the metrics, and a refused
-// one (by admission or by its key's limits) to the event stream (the
-// dashboard's recent refusals), once each.
+// RequestDone feeds a finished API request to the metrics and the
+// history, and a refused one (by admission or by its key's limits) to the
+// event stream (the dashboard's recent refusals), once each.
 func (o *observability) RequestDone(rec api.RequestRecord) {
 	o.metrics.RequestDone(rec)
+	o.history.RequestDone(rec)
 	if rec.Outcome == api.OutcomeRefused {
-		model, reason := rec.Model, rec.Admission.String()
-		if reason == "" {
-			reason = rec.ErrorCode // a key's limit: concurrency_limit_exceeded, ...
-		}
+		model, reason := rec.Model, history.RefusalReason(rec) // a key's limit: concurrency_limit_exceeded, ...
 		if rec.Admission == "" || rec.Admission == api.AdmissionUnknownModel {
 			model = "" // a client's string, not (yet) a model the edge knows
 		}
@@ -66,11 +68,12 @@ func (o *observability) RequestDone(rec api.RequestRecord) {
 	}
 }
 
-// apiConfig adds the observability hooks to cfg: the request observer and
-// the /metrics handler.
+// apiConfig adds the observability hooks to cfg: the request observer,
+// the /metrics handler, the events stream and the history.
 func (o *observability) apiConfig(cfg api.Config) api.Config {
 	cfg.Observer = o
 	cfg.Metrics = promhttp.HandlerFor(o.registry, promhttp.HandlerOpts{})
 	cfg.Events = o.hub
+	cfg.History = o.history
 	return cfg
 }

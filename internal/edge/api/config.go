@@ -79,6 +79,9 @@ type Config struct {
 	// Ledger, when set, records every finished API request and serves GET
 	// /admin/v1/usage.
 	Ledger Ledger
+	// History, when set, serves GET /admin/v1/history (history.go): the
+	// per-second aggregates the dashboard charts.
+	History History
 	// Responses, when set, keeps the stored responses of the Responses API
 	// (POST /v1/responses with store true; GET, DELETE, input_items and
 	// previous_response_id read them). Nil: nothing is kept, every stored

@@ -38,6 +38,7 @@
 //	GET  /admin/v1/providers   JSON array of provider snapshots
 //	GET  /admin/v1/queues      JSON array of model queues: policy and queued
 //	GET  /admin/v1/usage       the usage ledger's sums (Config.Ledger): ?key=&model=&from=&to=&group_by=
+//	GET  /admin/v1/history     per-second aggregates of the last 15 minutes (Config.History): ?since=UNIX_SECONDS
 //	POST /api/chat             Ollama chat: NDJSON lines ending with a done object, or one object ("stream": false)
 //	POST /api/generate         Ollama generate: the same, with "response" instead of "message"
 //	POST /api/embed            Ollama embeddings: {"model","embeddings":[[...]],"total_duration","load_duration","prompt_eval_count"}

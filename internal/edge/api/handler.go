@@ -57,6 +57,9 @@ func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
 	if h.cfg.Ledger != nil {
 		h.routes["/admin/v1/usage"] = route{http.MethodGet, h.serveUsage}
 	}
+	if h.cfg.History != nil {
+		h.routes["/admin/v1/history"] = route{http.MethodGet, h.serveHistory}
+	}
 	return h
 }
 

@@ -1,0 +1,34 @@
+package api
+
+import (
+	"net/http"
+	"strconv"
+
+	"iop/internal/edge/adminwire"
+)
+
+// History is the edge's short history of per-second aggregates, for GET
+// /admin/v1/history and the dashboard's charts; package edge/history's
+// *History is one.
+type History interface {
+	// Since returns the seconds after since (Unix seconds; 0: all it
+	// keeps) that are over, oldest first.
+	Since(since int64) adminwire.History
+}
+
+// serveHistory serves GET /admin/v1/history?since=UNIX_SECONDS: the
+// seconds after since (all the history keeps without it), as
+// adminwire.History. 400 for a since that is not an integer.
+func (h *handler) serveHistory(w http.ResponseWriter, r *http.Request) {
+	var since int64
+	if s := r.URL.Query().Get("since"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			h.writeError(w, r, &requestError{param: "since", message: "must be Unix seconds (an integer)"}, nil)
+			return
+		}
+		since = n
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	writeJSON(w, http.StatusOK, h.cfg.History.Since(since))
+}
