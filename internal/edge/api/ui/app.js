@@ -1,7 +1,8 @@
 // The iop edge dashboard: reads the admin API once, then applies the
 // lifecycle events of /admin/v1/events as they come, and reads the admin
 // API again when a node connects or is fenced, when the stream reconnects
-// (after a drop), and every 10 s as a safety net.
+// (after a drop), and every 10 s as a safety net. Its charts are
+// charts.js's.
 "use strict";
 
 const state = { nodes: [], providers: new Map(), queues: new Map(), refusals: [] };
@@ -9,8 +10,17 @@ const maxRefusals = 20;
 
 function key(node, provider) { return node + "/" + provider; }
 
+// apiURL is path on this page's origin. Never a URL relative to the
+// page's: opened as http://user:KEY@edge/ui, the page's URL holds those
+// credentials, and fetch refuses any URL that does ("Request cannot be
+// constructed from a URL that includes credentials"). The origin holds
+// none; the browser sends the Basic credentials it answered the edge's
+// challenge for /ui with to the rest of the origin, so the admin routes
+// and the events stream get them too.
+function apiURL(path) { return location.origin + path; }
+
 async function getJSON(path) {
-  const resp = await fetch(path, { cache: "no-store" });
+  const resp = await fetch(apiURL(path), { cache: "no-store" });
   if (!resp.ok) throw new Error(path + ": " + resp.status);
   return resp.json();
 }
@@ -147,7 +157,7 @@ function setConn(cls, text) {
 }
 
 function connect() {
-  const es = new EventSource("/admin/v1/events");
+  const es = new EventSource(apiURL("/admin/v1/events"));
   es.onopen = () => { setConn("live", "live"); load(); };
   es.onmessage = m => apply(JSON.parse(m.data));
   // The edge dropped this page for falling behind; EventSource reconnects
