@@ -21,8 +21,9 @@ type observability struct {
 	registry *prometheus.Registry
 	hub      *lifecycle.Hub
 	metrics  *metrics.Metrics
-	history  *history.History // per-second aggregates for the dashboard; sampling from Start
-	svc      *edge.Service    // set by attach, before the edge serves
+	svc      *edge.Service // set by attach, before the edge serves
+
+	history *history.History // per-second aggregates for the dashboard; sampling from Start
 }
 
 // newObservability creates the registry (with the Go runtime and process
@@ -59,7 +60,7 @@ func (o *observability) RequestDone(rec api.RequestRecord) {
 	o.metrics.RequestDone(rec)
 	o.history.RequestDone(rec)
 	if rec.Outcome == api.OutcomeRefused {
-		model, reason := rec.Model, history.RefusalReason(rec) // a key's limit: concurrency_limit_exceeded, ...
+		model, reason := rec.Model, history.RefusalReason(rec) // its admission, or a key's limit
 		if rec.Admission == "" || rec.Admission == api.AdmissionUnknownModel {
 			model = "" // a client's string, not (yet) a model the edge knows
 		}
