@@ -17,7 +17,10 @@ var uiFiles embed.FS
 // uiRoutes serves the live dashboard: GET /ui (and /ui/) is its page, each
 // other file of ui/ is GET /ui/<name>. The page reads the admin routes and
 // follows GET /admin/v1/events, so it shows data only when the Gateway
-// implements Admin and Config.Events is set.
+// implements Admin and Config.Events is set; its charts (charts.js) read
+// GET /admin/v1/history (Config.History) each second. It builds every URL
+// from its origin, never relative to its own URL, which may hold
+// credentials (http://user:KEY@edge/ui) that fetch refuses.
 func uiRoutes() map[string]route {
 	routes := make(map[string]route)
 	_ = fs.WalkDir(uiFiles, "ui", func(name string, d fs.DirEntry, err error) error {
