@@ -240,12 +240,13 @@ func TestDashboardChartsInBrowser(t *testing.T) {
 		t.Errorf("history: %d output tokens, %d times to first token; want at least %d and %d", tokens, ttftCount, completedN*tokensEach, completedN)
 	}
 
-	// Drawn, not only computed: at each series' highest point the canvas
-	// has the colour of a series with a point there (dots are drawn over
-	// every line).
+	// Drawn, not only computed: around each series' highest point (5×5
+	// pixels) the canvas has the colour of a series with a point there
+	// (dots are drawn over every line; another series' dot may cover part
+	// of this one's, or all of it at the same place).
 	var pixels []struct {
 		Chart, Series string
-		RGBA          [4]int
+		RGBA          [][4]int
 		Colors        []string
 	}
 	raw, err = chromedp.Run(page, chromedp.Evaluate[[]byte](`Object.entries(iopCharts.charts).flatMap(([name, c]) => {
@@ -255,7 +256,9 @@ func TestDashboardChartsInBrowser(t *testing.T) {
 			if (!(top[1] > 0)) return [];
 			const [x, y] = c.px(top[0], top[1]);
 			const near = c.series.filter(o => o.points.some(p => { const [ox, oy] = c.px(p[0], p[1]); return Math.hypot(ox - x, oy - y) < 3; }));
-			return [{chart: name, series: s.name, rgba: [...ctx.getImageData(Math.round(x * dpr), Math.round(y * dpr), 1, 1).data], colors: near.map(o => o.color)}];
+			const d = ctx.getImageData(Math.round(x * dpr) - 2, Math.round(y * dpr) - 2, 5, 5).data, rgba = [];
+			for (let i = 0; i < d.length; i += 4) rgba.push([d[i], d[i + 1], d[i + 2], d[i + 3]]);
+			return [{chart: name, series: s.name, rgba, colors: near.map(o => o.color)}];
 		});
 	})`))
 	if err != nil {
@@ -267,8 +270,10 @@ func TestDashboardChartsInBrowser(t *testing.T) {
 	charted := map[string]bool{}
 	for _, p := range pixels {
 		charted[p.Chart] = true
-		if !slices.ContainsFunc(p.Colors, func(c string) bool { return sameColor(c, p.RGBA) }) {
-			t.Errorf("chart %s, series %s: the canvas has %v at its highest point, none of the colours %v", p.Chart, p.Series, p.RGBA, p.Colors)
+		if !slices.ContainsFunc(p.RGBA, func(px [4]int) bool {
+			return slices.ContainsFunc(p.Colors, func(c string) bool { return sameColor(c, px) })
+		}) {
+			t.Errorf("chart %s, series %s: around its highest point the canvas has %v, none of the colours %v", p.Chart, p.Series, p.RGBA, p.Colors)
 		}
 	}
 	for _, chart := range []string{"requests", "ttft", "tokens", "providers", "refusals"} {
