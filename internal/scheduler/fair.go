@@ -1,0 +1,230 @@
+package scheduler
+
+import (
+	"fmt"
+	"time"
+)
+
+// Priority is a request's priority band (package doc, "Fair order"). The
+// zero value is PriorityStandard.
+type Priority int8
+
+// Priority bands, highest first in the queue.
+const (
+	// PrioritySheddable waits behind every other band, is displaced from a
+	// full queue by a higher arrival, and is refused at once when its
+	// expected queue time passes its queue timeout.
+	PrioritySheddable Priority = -1
+	// PriorityStandard is every request's band unless configured otherwise.
+	PriorityStandard Priority = 0
+	// PriorityCritical waits ahead of every other band.
+	PriorityCritical Priority = 1
+)
+
+// String returns the configuration name: "critical", "standard" or
+// "sheddable".
+func (p Priority) String() string {
+	switch p {
+	case PriorityCritical:
+		return "critical"
+	case PrioritySheddable:
+		return "sheddable"
+	case PriorityStandard:
+		return "standard"
+	}
+	return fmt.Sprintf("priority(%d)", int8(p))
+}
+
+// ParsePriority reads a configuration name (String's); "" is
+// PriorityStandard. Any other name returns an error wrapping ErrInvalid.
+func ParsePriority(s string) (Priority, error) {
+	switch s {
+	case "critical":
+		return PriorityCritical, nil
+	case "standard", "":
+		return PriorityStandard, nil
+	case "sheddable":
+		return PrioritySheddable, nil
+	}
+	return PriorityStandard, fmt.Errorf("%w: priority %q is none of critical, standard, sheddable", ErrInvalid, s)
+}
+
+func (p Priority) valid() bool { return p >= PrioritySheddable && p <= PriorityCritical }
+
+// band is p's place in a heap: 0 for critical, 1 standard, 2 sheddable.
+func (p Priority) band() uint8 { return uint8(PriorityCritical - p) }
+
+// Fairness says how one group orders its waiters (Policy.Fairness).
+type Fairness string
+
+const (
+	// FairnessDefault, in a Config's Default, means FairnessOff; in a
+	// group's policy, the Default's; in UpdatePolicy, unchanged.
+	FairnessDefault Fairness = ""
+	// FairnessOn: weighted fair order between flows, FIFO within a flow.
+	FairnessOn Fairness = "on"
+	// FairnessOff: FIFO within each priority band, as if every waiter were
+	// of one flow; where every group is off, the queue is global FIFO
+	// within each band, exactly as without flows.
+	FairnessOff Fairness = "off"
+)
+
+func (f Fairness) validate() error {
+	switch f {
+	case FairnessDefault, FairnessOn, FairnessOff:
+		return nil
+	}
+	return fmt.Errorf("%w: fairness %q is neither on nor off", ErrInvalid, string(f))
+}
+
+// tagUnit is the virtual-time cost of one request of a flow of weight 1;
+// a flow of weight w pays tagUnit/w. MaxWeight bounds w so that the cost
+// stays ≥ 1.
+const (
+	tagUnit   = 1 << 20
+	MaxWeight = 1 << 16
+)
+
+// DefaultFlow names the flow of requests that carry none.
+const DefaultFlow = ""
+
+// flow is the fair-queueing state of one flow of one group: the virtual
+// finish tag of its latest waiter and its queued waiters by band. It exists
+// only while the flow has a waiter (so the flows of a group are bounded by
+// its queue): a flow that empties is forgotten, and its next waiter starts
+// at the group's virtual time, as a flow that was idle does in start-time
+// fair queueing.
+type flow struct {
+	name   string
+	finish uint64
+	queued [3]int // by band
+	total  int
+}
+
+// fairTagLocked sets w's start tag (w.tag) and advances its flow's finish
+// tag: start = max(group virtual time, flow's finish), finish = start +
+// tagUnit/weight (start-time fair queueing, Goyal, Vin and Cheng 1996). A
+// group with fairness off tags every waiter 0, so its waiters are FIFO by
+// seq within each band. A group that had no waiter first catches up with
+// the largest virtual time of the resources w can use, so it neither jumps
+// ahead of the waiters of other groups there nor falls behind them.
+func (s *Scheduler) fairTagLocked(w *waiter, cands []choice) {
+	g := w.group
+	f := g.flows[w.req.Flow]
+	if f == nil {
+		f = &flow{name: w.req.Flow}
+		g.flows[w.req.Flow] = f
+	}
+	w.flow = f
+	f.queued[w.band]++
+	f.total++
+	if g.policy.Fairness != FairnessOn {
+		return
+	}
+	if g.queued == 0 {
+		for _, c := range cands {
+			g.vtime = max(g.vtime, c.res.vtime)
+		}
+	}
+	weight := uint64(min(max(w.req.Weight, 1), MaxWeight))
+	w.tag = max(g.vtime, f.finish)
+	f.finish = w.tag + tagUnit/weight
+}
+
+// fairGrantedLocked advances the virtual times of w's group and of r, the
+// resource w was granted, to w's start tag.
+func fairGrantedLocked(w *waiter, r *resource) {
+	w.group.vtime = max(w.group.vtime, w.tag)
+	r.vtime = max(r.vtime, w.tag)
+}
+
+// fairUnlinkLocked takes w out of its flow's counts, forgetting a flow left
+// with none, and out of its group's sheddable list.
+func fairUnlinkLocked(w *waiter) {
+	g, f := w.group, w.flow
+	if f != nil {
+		f.queued[w.band]--
+		f.total--
+		if f.total == 0 && g.flows[f.name] == f {
+			delete(g.flows, f.name)
+		}
+		w.flow = nil
+	}
+	if w.req.Priority == PrioritySheddable {
+		if w.prevShed != nil {
+			w.prevShed.nextShed = w.nextShed
+		} else {
+			g.shedHead = w.nextShed
+		}
+		if w.nextShed != nil {
+			w.nextShed.prevShed = w.prevShed
+		} else {
+			g.shedTail = w.prevShed
+		}
+		w.prevShed, w.nextShed = nil, nil
+	}
+}
+
+// linkShedLocked appends a sheddable w to its group's sheddable list.
+func linkShedLocked(w *waiter) {
+	g := w.group
+	w.prevShed = g.shedTail
+	if g.shedTail != nil {
+		g.shedTail.nextShed = w
+	} else {
+		g.shedHead = w
+	}
+	g.shedTail = w
+}
+
+// serviceAlpha is the weight of a new observation in a group's mean
+// service time: an exponentially weighted moving average over roughly the
+// last 8 leases.
+const serviceAlpha = 8
+
+// observeServiceLocked folds d, how long one lease of g was held, into g's
+// mean service time.
+func observeServiceLocked(g *group, d time.Duration) {
+	if d < 0 {
+		d = 0
+	}
+	if g.leases == 0 {
+		g.service = d
+	} else {
+		g.service += (d - g.service) / serviceAlpha
+	}
+	g.leases++
+}
+
+// expectedWaitLocked estimates how long a request of g arriving now would
+// wait for a slot of one of cands: every waiter already in g's queue ahead
+// of it, and itself, served at the group's mean service time by the
+// candidates' total capacity:
+//
+//	(queued + 1) × mean service time / Σ capacity
+//
+// It reports false while g has released no lease yet (nothing observed).
+func expectedWaitLocked(g *group, cands []Candidate, resources map[resourceKey]*resource) (time.Duration, bool) {
+	if g.leases == 0 {
+		return 0, false
+	}
+	capacity := 0
+	for _, c := range cands {
+		if r := resources[resourceKey{c.NodeID, c.ProviderID}]; r != nil {
+			capacity += r.capacity
+		}
+	}
+	if capacity == 0 {
+		return 0, false
+	}
+	return time.Duration(int64(g.queued+1) * int64(g.service) / int64(capacity)), true
+}
+
+// observeLocked folds how long the released l was held into its group's
+// mean service time, if the group exists (it has queued once). Leases a
+// Fence releases are not observed: they say nothing of service times.
+func (s *Scheduler) observeLocked(l *Lease) {
+	if g := s.groups[l.info.Group]; g != nil {
+		observeServiceLocked(g, s.clock.Now().Sub(l.start))
+	}
+}
