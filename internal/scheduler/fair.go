@@ -96,18 +96,22 @@ const DefaultFlow = ""
 // fair queueing.
 type flow struct {
 	name   string
-	finish uint64
-	queued [3]int // by band
+	finish [3]uint64 // by band
+	queued [3]int    // by band
 	total  int
 }
 
 // fairTagLocked sets w's start tag (w.tag) and advances its flow's finish
-// tag: start = max(group virtual time, flow's finish), finish = start +
-// tagUnit/weight (start-time fair queueing, Goyal, Vin and Cheng 1996). A
-// group with fairness off tags every waiter 0, so its waiters are FIFO by
-// seq within each band. A group that had no waiter first catches up with
-// the largest virtual time of the resources w can use, so it neither jumps
-// ahead of the waiters of other groups there nor falls behind them.
+// tag, in w's band: start = max(group virtual time, flow's finish), finish =
+// start + tagUnit/weight (start-time fair queueing, Goyal, Vin and Cheng
+// 1996). Each band of each group is its own fair queue, with its own
+// virtual time, so grants in one band never push back another's. A group
+// with fairness off tags every waiter 0, so its waiters are FIFO by seq
+// within each band. A band of a group that had no waiter first catches up
+// with the largest virtual time, in that band, of the resources w can use:
+// it does not jump ahead of the waiters other groups have there, and it
+// waits behind them no longer than its fair share (on at least the
+// resource whose virtual time it took).
 func (s *Scheduler) fairTagLocked(w *waiter, cands []choice) {
 	g := w.group
 	f := g.flows[w.req.Flow]
@@ -115,35 +119,52 @@ func (s *Scheduler) fairTagLocked(w *waiter, cands []choice) {
 		f = &flow{name: w.req.Flow}
 		g.flows[w.req.Flow] = f
 	}
+	b := w.band
 	w.flow = f
-	f.queued[w.band]++
+	f.queued[b]++
 	f.total++
+	idle := g.bandQueued[b] == 0
+	g.bandQueued[b]++
 	if g.policy.Fairness != FairnessOn {
 		return
 	}
-	if g.queued == 0 {
+	if idle {
 		for _, c := range cands {
-			g.vtime = max(g.vtime, c.res.vtime)
+			g.vtime[b] = max(g.vtime[b], c.res.vtime[b])
 		}
 	}
 	weight := uint64(min(max(w.req.Weight, 1), MaxWeight))
-	w.tag = max(g.vtime, f.finish)
-	f.finish = w.tag + tagUnit/weight
+	w.tag = max(g.vtime[b], f.finish[b])
+	f.finish[b] = w.tag + tagUnit/weight
 }
 
 // fairGrantedLocked advances the virtual times of w's group and of r, the
 // resource w was granted, to w's start tag.
 func fairGrantedLocked(w *waiter, r *resource) {
-	w.group.vtime = max(w.group.vtime, w.tag)
-	r.vtime = max(r.vtime, w.tag)
+	w.group.vtime[w.band] = max(w.group.vtime[w.band], w.tag)
+	r.vtime[w.band] = max(r.vtime[w.band], w.tag)
 }
 
-// fairUnlinkLocked takes w out of its flow's counts, forgetting a flow left
-// with none, and out of its group's sheddable list.
+// fairUnlinkLocked takes w out of its flow's counts and out of its group's
+// sheddable list. A w that leaves without a slot (timeout, cancel, shed,
+// failure) and is its flow's latest in its band gives its cost back, so a
+// flow does not pay for requests it was never served; one that leaves from
+// the middle of its flow leaves a gap its later waiters pay for (bounded by
+// the queue limit). A flow's band left empty forgets its finish tag, and a
+// flow left with no waiter is forgotten.
 func fairUnlinkLocked(w *waiter) {
 	g, f := w.group, w.flow
 	if f != nil {
-		f.queued[w.band]--
+		b := w.band
+		if w.state != granted && g.policy.Fairness == FairnessOn && f.finish[b] > w.tag &&
+			f.finish[b]-w.tag == tagUnit/uint64(min(max(w.req.Weight, 1), MaxWeight)) {
+			f.finish[b] = w.tag
+		}
+		g.bandQueued[b]--
+		f.queued[b]--
+		if f.queued[b] == 0 {
+			f.finish[b] = 0
+		}
 		f.total--
 		if f.total == 0 && g.flows[f.name] == f {
 			delete(g.flows, f.name)

@@ -188,8 +188,9 @@ type resource struct {
 	// first; long ones apart so a release can skip them cheaply when no long
 	// slot is free.
 	short, long waitHeap
-	// vtime is the largest start tag of a fair waiter granted a slot here.
-	vtime uint64
+	// vtime is, by band, the largest start tag of a fair waiter granted a
+	// slot here.
+	vtime [3]uint64
 }
 
 func (r *resource) fits(long bool) bool {
@@ -203,9 +204,11 @@ type group struct {
 	name   string
 	policy Policy
 	queued int
-	// vtime is the group's virtual time: the largest start tag granted in
-	// it (or caught up from its resources', fairTagLocked).
-	vtime uint64
+	// vtime is the group's virtual time by band: the largest start tag
+	// granted in it (or caught up from its resources', fairTagLocked).
+	vtime [3]uint64
+	// bandQueued counts its waiters by band.
+	bandQueued [3]int
 	// flows are the group's flows that have a waiter, by name.
 	flows map[string]*flow
 	// shedHead, shedTail: its sheddable waiters, in enqueue order.
@@ -546,8 +549,8 @@ func (s *Scheduler) grantLocked(w *waiter) bool {
 	if best.res == nil {
 		return false
 	}
+	w.state = granted // before unlinkLocked: a granted waiter keeps its flow's cost
 	s.unlinkLocked(w)
-	w.state = granted
 	fairGrantedLocked(w, best.res)
 	w.ch <- result{lease: s.reserveLocked(best.res, best.Candidate, w.req, ReasonQueued, s.clock.Now().Sub(w.enqueued))}
 	return true
