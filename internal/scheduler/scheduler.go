@@ -309,7 +309,7 @@ func New(cfg Config) (*Scheduler, error) {
 	}
 	return &Scheduler{
 		clock:     clock,
-		defaults:  Policy{MaxQueue: DefaultMaxQueue, QueueTimeout: DefaultQueueTimeout}.overlay(cfg.Default),
+		defaults:  Policy{MaxQueue: DefaultMaxQueue, QueueTimeout: DefaultQueueTimeout, Fairness: FairnessOff}.overlay(cfg.Default),
 		overrides: overrides,
 		resources: make(map[resourceKey]*resource),
 		nodes:     make(map[string]map[string]*resource),
