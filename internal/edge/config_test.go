@@ -47,7 +47,7 @@ func TestLoadConfig(t *testing.T) {
 		t.Errorf("llama3 %+v", m)
 	}
 	sc := cfg.schedulerConfig(nil)
-	if sc.Default != (scheduler.Policy{MaxQueue: 8, QueueTimeout: time.Minute}) ||
+	if sc.Default != (scheduler.Policy{MaxQueue: 8, QueueTimeout: time.Minute, Fairness: scheduler.FairnessOn}) ||
 		sc.Groups["llama3"] != (scheduler.Policy{MaxQueue: 32}) || sc.Groups["embed"] != (scheduler.Policy{QueueTimeout: 5 * time.Second}) {
 		t.Errorf("scheduler config %+v", sc)
 	}
