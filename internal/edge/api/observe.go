@@ -499,5 +499,11 @@ func (h *handler) logRequest(ctx context.Context, rec RequestRecord) {
 	if rec.Key != "" {
 		attrs = append(attrs, slog.String("key", rec.Key))
 	}
+	if rec.Priority != "" {
+		attrs = append(attrs, slog.String("flow", rec.Flow), slog.String("priority", rec.Priority))
+	}
+	if rec.ShedReason != "" {
+		attrs = append(attrs, slog.String("shed_reason", rec.ShedReason))
+	}
 	h.logger.LogAttrs(ctx, level, "request", attrs...)
 }
