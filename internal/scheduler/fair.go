@@ -96,10 +96,15 @@ const DefaultFlow = ""
 // fair queueing.
 type flow struct {
 	name   string
+	weight uint64    // of its latest waiter, 1..MaxWeight
 	finish [3]uint64 // by band
 	queued [3]int    // by band
 	total  int
+	// head, tail: its waiters by band, in enqueue order (waiter.prevFlow).
+	head, tail [3]*waiter
 }
+
+func weightOf(w int) uint64 { return uint64(min(max(w, 1), MaxWeight)) }
 
 // fairTagLocked sets w's start tag (w.tag) and advances its flow's finish
 // tag, in w's band: start = max(group virtual time, flow's finish), finish =
@@ -123,6 +128,14 @@ func (s *Scheduler) fairTagLocked(w *waiter, cands []choice) {
 	w.flow = f
 	f.queued[b]++
 	f.total++
+	f.weight = weightOf(w.req.Weight)
+	w.prevFlow = f.tail[b]
+	if f.tail[b] != nil {
+		f.tail[b].nextFlow = w
+	} else {
+		f.head[b] = w
+	}
+	f.tail[b] = w
 	idle := g.bandQueued[b] == 0
 	g.bandQueued[b]++
 	if g.policy.Fairness != FairnessOn {
@@ -133,9 +146,8 @@ func (s *Scheduler) fairTagLocked(w *waiter, cands []choice) {
 			g.vtime[b] = max(g.vtime[b], c.res.vtime[b])
 		}
 	}
-	weight := uint64(min(max(w.req.Weight, 1), MaxWeight))
 	w.tag = max(g.vtime[b], f.finish[b])
-	f.finish[b] = w.tag + tagUnit/weight
+	f.finish[b] = w.tag + tagUnit/f.weight
 }
 
 // fairGrantedLocked advances the virtual times of w's group and of r, the
@@ -157,9 +169,20 @@ func fairUnlinkLocked(w *waiter) {
 	if f != nil {
 		b := w.band
 		if w.state != granted && g.policy.Fairness == FairnessOn && f.finish[b] > w.tag &&
-			f.finish[b]-w.tag == tagUnit/uint64(min(max(w.req.Weight, 1), MaxWeight)) {
+			f.finish[b]-w.tag == tagUnit/weightOf(w.req.Weight) {
 			f.finish[b] = w.tag
 		}
+		if w.prevFlow != nil {
+			w.prevFlow.nextFlow = w.nextFlow
+		} else {
+			f.head[b] = w.nextFlow
+		}
+		if w.nextFlow != nil {
+			w.nextFlow.prevFlow = w.prevFlow
+		} else {
+			f.tail[b] = w.prevFlow
+		}
+		w.prevFlow, w.nextFlow = nil, nil
 		g.bandQueued[b]--
 		f.queued[b]--
 		if f.queued[b] == 0 {
@@ -248,4 +271,43 @@ func (s *Scheduler) observeLocked(l *Lease) {
 	if g := s.groups[l.info.Group]; g != nil {
 		observeServiceLocked(g, s.clock.Now().Sub(l.start))
 	}
+}
+
+// pushOutLocked makes room in g's full queue for req, a request of a fair
+// group, by longest-queue drop: the flow that holds the most of the queue
+// for its weight (queued/weight, all bands), among those with a waiter of
+// req's band or lower, loses its latest such waiter (of the lowest band)
+// with ErrQueueFull, if that flow would still hold more than req's flow
+// once req is queued (queued_h/w_h > (queued_req+1)/w_req). So a flow that
+// floods a queue cannot keep another's requests out of it. It reports
+// whether it made room. It costs O(flows of g).
+func (s *Scheduler) pushOutLocked(g *group, req Request) bool {
+	qa := uint64(0)
+	if fa := g.flows[req.Flow]; fa != nil {
+		qa = uint64(fa.total)
+	}
+	wa, band := weightOf(req.Weight), int(req.Priority.band())
+	var victim *waiter
+	var vq, vw uint64
+	for _, f := range g.flows {
+		if f.name == req.Flow {
+			continue
+		}
+		var last *waiter
+		for b := 2; b >= band && last == nil; b-- {
+			last = f.tail[b]
+		}
+		if last == nil {
+			continue
+		}
+		if q := uint64(f.total); victim == nil || q*vw > vq*f.weight {
+			victim, vq, vw = last, q, f.weight
+		}
+	}
+	if victim == nil || vq*wa <= (qa+1)*vw {
+		return false
+	}
+	s.failLocked(victim, fmt.Errorf("model %q: %w: flow %q holds the most of the queue; its latest request made room for flow %q's",
+		g.name, ErrQueueFull, victim.flow.name, req.Flow))
+	return true
 }

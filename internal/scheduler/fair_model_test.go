@@ -80,8 +80,11 @@ type fairMachine struct {
 	waiters  []*fWaiter
 	leases   []*fLease
 	lastHeld map[resourceKey]int
-	// displaced: the waiter the current admission may displace (nil: none).
+	// displaced: the waiter the current admission may displace (nil: none);
+	// pushable: those it may push out of a full fair queue (one of them).
 	displaced *fWaiter
+	pushable  []*fWaiter
+	pushed    bool
 	// served in the current step, in grant order.
 	served []*fWaiter
 	// removed: g2 waiters of the step that left without a slot.
@@ -184,6 +187,12 @@ func (m *fairMachine) collect(t *rapid.T) {
 					t.Fatalf("waiter %d timed out at %v before its deadline %v", w.w.seq, m.clk.Now(), w.deadline)
 				}
 				m.withdrawn(w)
+			case errors.Is(r.err, ErrQueueFull):
+				if !slices.Contains(m.pushable, w) || m.pushed {
+					t.Fatalf("waiter %d (%s %s %s) pushed out of the queue; the rule allows only one of %d", w.w.seq, w.group, w.flow, w.prio, len(m.pushable))
+				}
+				m.pushed = true
+				m.withdrawn(w)
 			case errors.Is(r.err, ErrShed) && errors.Is(r.err, ErrDisplaced):
 				if m.displaced != w {
 					allowed := "none"
@@ -210,11 +219,14 @@ func (m *fairMachine) collect(t *rapid.T) {
 // step runs one action's effect on the scheduler, then collects and checks
 // what it did.
 func (m *fairMachine) step(t *rapid.T, act func()) {
-	m.served, m.displaced = m.served[:0], nil
+	m.served, m.displaced, m.pushable, m.pushed = m.served[:0], nil, nil, false
 	act()
 	m.collect(t)
 	if m.displaced != nil {
 		t.Fatalf("the rule sheds waiter %d to make room; it still waits", m.displaced.w.seq)
+	}
+	if len(m.pushable) > 0 && !m.pushed {
+		t.Fatalf("the rule pushes one of %d waiters out of the full queue; none was", len(m.pushable))
 	}
 	pend := m.pending()
 	for _, w := range m.served {
@@ -363,6 +375,9 @@ func (m *fairMachine) admit(t *rapid.T) {
 		if !anyFree && queued >= 4 && prio != PrioritySheddable {
 			m.displaced = lastShed
 		}
+		if !anyFree && queued >= 4 && m.displaced == nil && m.fair {
+			m.pushable = m.pushOut(group, flow, prio)
+		}
 		lease, w, err := m.s.enqueue(Request{Group: group, Flow: flow, Weight: m.weight[flow], Priority: prio, Resolve: m.resolver(group)})
 		switch {
 		case anyFree:
@@ -370,7 +385,7 @@ func (m *fairMachine) admit(t *rapid.T) {
 				t.Fatalf("a provider of %s is free, got %v %v", group, w, err)
 			}
 			m.leases = append(m.leases, &fLease{l: lease, key: lease.res.key})
-		case queued >= 4 && (prio == PrioritySheddable || lastShed == nil):
+		case queued >= 4 && m.displaced == nil && len(m.pushable) == 0:
 			if !errors.Is(err, ErrQueueFull) {
 				t.Fatalf("full queue: got %v %v %v", lease, w, err)
 			}
@@ -510,3 +525,43 @@ func testFairModel(t *testing.T, fair bool) {
 
 func TestFairModel(t *testing.T)     { testFairModel(t, true) }
 func TestFairModelFIFO(t *testing.T) { testFairModel(t, false) }
+
+// pushOut returns the waiters an arrival of flow at priority prio may push
+// out of group's full fair queue (longest-queue drop, pushOutLocked's
+// rule): of the flows other than flow with a waiter of prio or lower, those
+// with the most queued for their weight, if that is more than flow would
+// have with the arrival; of each, its latest waiter of its lowest priority
+// at or below prio.
+func (m *fairMachine) pushOut(group, flow string, prio Priority) []*fWaiter {
+	queued := map[string]int{}
+	for _, w := range m.pending() {
+		if w.group == group {
+			queued[w.flow]++
+		}
+	}
+	latest := map[string]*fWaiter{}
+	for _, w := range m.pending() {
+		if w.group != group || w.flow == flow || w.prio > prio {
+			continue
+		}
+		l := latest[w.flow]
+		if l == nil || w.prio < l.prio || (w.prio == l.prio && w.w.seq > l.w.seq) {
+			latest[w.flow] = w
+		}
+	}
+	var best []*fWaiter
+	bq, bw := 0, 1
+	for f, w := range latest {
+		q, wt := queued[f], m.weight[f]
+		switch {
+		case len(best) == 0 || q*bw > bq*wt:
+			best, bq, bw = []*fWaiter{w}, q, wt
+		case q*bw == bq*wt:
+			best = append(best, w)
+		}
+	}
+	if len(best) == 0 || bq*m.weight[flow] <= (queued[flow]+1)*bw {
+		return nil
+	}
+	return best
+}

@@ -256,8 +256,10 @@ type waiter struct {
 	// stale waiters, in enqueue order.
 	stale                bool
 	prevStale, nextStale *waiter
-	// prevShed, nextShed link its group's sheddable waiters.
+	// prevShed, nextShed link its group's sheddable waiters; prevFlow,
+	// nextFlow its flow's waiters of its band.
 	prevShed, nextShed *waiter
+	prevFlow, nextFlow *waiter
 }
 
 // before reports whether w is ahead of o in queue order: by priority band,
@@ -387,12 +389,15 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	}
 	g := s.groupLocked(req.Group)
 	if g.queued >= g.policy.MaxQueue {
-		if req.Priority == PrioritySheddable || g.shedTail == nil {
+		switch {
+		case req.Priority != PrioritySheddable && g.shedTail != nil:
+			// Make room: the latest sheddable waiter goes (package doc,
+			// "Priorities").
+			s.failLocked(g.shedTail, fmt.Errorf("model %q: %w: %w", g.name, ErrShed, ErrDisplaced))
+		case g.policy.Fairness == FairnessOn && s.pushOutLocked(g, req):
+		default:
 			return nil, nil, fmt.Errorf("model %q: %w (%d waiting)", g.name, ErrQueueFull, g.queued)
 		}
-		// Make room: the latest sheddable waiter goes (package doc,
-		// "Priorities").
-		s.failLocked(g.shedTail, fmt.Errorf("model %q: %w: %w", g.name, ErrShed, ErrDisplaced))
 	}
 	if req.Priority == PrioritySheddable {
 		if wait, ok := expectedWaitLocked(g, cands, s.resources); ok && wait > g.policy.QueueTimeout {
