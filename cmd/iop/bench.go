@@ -27,6 +27,7 @@ type benchFlags struct {
 	goBench    string
 	memoryOnly bool
 	gateway    string
+	fair       fairFlags
 }
 
 func newBenchCommand(_ *string) *cobra.Command {
@@ -57,6 +58,9 @@ prints each figure with its target (issue 18), met or missed and by how much.`,
 			if f.overhead {
 				return runOverhead(cmd, f)
 			}
+			if f.fair.on {
+				return runFair(cmd, f)
+			}
 			return runBench(cmd, f)
 		},
 	}
@@ -82,6 +86,7 @@ prints each figure with its target (issue 18), met or missed and by how much.`,
 	fl.BoolVar(&f.memoryOnly, "memory-only", false, "with --overhead: only the memory phase and the Content-Length check, no load workload")
 	fl.StringVar(&f.gateway, "gateway-binary", "", "with --overhead: run the edge and the node from this iop binary (e.g. another commit's build) under this one's simulators and load")
 	fl.StringVar(&f.goBench, "go-bench", "", "with --overhead: a file of `go test -bench` output whose scheduler figures (waiter bytes, AdmitRelease) are checked against their targets too")
+	f.fair.register(fl)
 	return cmd
 }
 

@@ -54,6 +54,10 @@ func TestValidateRejectsBadKeys(t *testing.T) {
 		"negative rpm":    {{Name: "a", Hash: h1, RequestsPerMinute: -1}},
 		"empty model":     {{Name: "a", Hash: h1, Models: []string{""}}},
 		"name line break": {{Name: "a\r\nX-Evil: 1", Hash: h1}},
+		"negative weight": {{Name: "a", Hash: h1, Weight: -1}},
+		"huge weight":     {{Name: "a", Hash: h1, Weight: MaxWeight + 1}},
+		"bad priority":    {{Name: "a", Hash: h1, Priority: "urgent"}},
+		"bad header max":  {{Name: "a", Hash: h1, PriorityHeader: "yes"}},
 	} {
 		if err := Validate("keys", keys); !errors.Is(err, ErrInvalidKey) {
 			t.Errorf("%s: Validate = %v, want ErrInvalidKey", name, err)
@@ -250,5 +254,41 @@ func TestAllowedModels(t *testing.T) {
 	all := caller(t, Key{}, clk)
 	if !all.Allows("anything") || len(all.Filter([]string{"a", "b"})) != 2 {
 		t.Error("a key without models must allow every model")
+	}
+}
+
+// TestCallerPriority: a key's priority is its own unless its
+// priority_header lets X-Iop-Priority ask, at most for that priority; an
+// unknown name is not ok only where the header counts.
+func TestCallerPriority(t *testing.T) {
+	_, h1 := Generate()
+	_, h2 := Generate()
+	ring, err := NewKeyring("keys", []Key{{Name: "a", Hash: h1, Priority: "sheddable", Weight: 4}, {Name: "b", Hash: h2, PriorityHeader: "standard"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a, b *Caller
+	for _, c := range ring.byHash {
+		if c.Name() == "a" {
+			a = c
+		} else {
+			b = c
+		}
+	}
+	for _, c := range []struct {
+		who    *Caller
+		header string
+		rank   int
+		ok     bool
+	}{
+		{a, "", -1, true}, {a, "critical", -1, true}, {a, "nonsense", -1, true},
+		{b, "", 0, true}, {b, "sheddable", -1, true}, {b, "critical", 0, true}, {b, "nonsense", 0, false},
+	} {
+		if rank, ok := c.who.Priority(c.header); rank != c.rank || ok != c.ok {
+			t.Errorf("%s with %q: %d %v, want %d %v", c.who.Name(), c.header, rank, ok, c.rank, c.ok)
+		}
+	}
+	if a.Weight() != 4 || b.Weight() != 1 {
+		t.Errorf("weights %d %d, want 4 1", a.Weight(), b.Weight())
 	}
 }

@@ -18,6 +18,10 @@ type Caller struct {
 	maxConcurrent int             // 0 = no limit
 	limiter       *rate.Limiter   // nil = no per-minute limit
 	now           func() time.Time
+	weight        int  // ≥ 1
+	priority      int  // PriorityRank of Key.Priority
+	headerMax     bool // Key.PriorityHeader is set
+	priorityMax   int  // its PriorityRank
 
 	mu       sync.Mutex // guards the fields below
 	inFlight int
@@ -25,6 +29,26 @@ type Caller struct {
 
 // Name is the key's configured name.
 func (c *Caller) Name() string { return c.name }
+
+// Weight is the key's flow weight (Key.Weight), ≥ 1.
+func (c *Caller) Weight() int { return c.weight }
+
+// Priority returns the rank (PriorityRank) of a request of the key that
+// asks for header, the X-Iop-Priority value ("" = none): the key's own
+// priority when the header is absent or the key does not allow it (Key.
+// PriorityHeader ""), else the header's, lowered to the key's
+// PriorityHeader. ok is false for a header that names no priority while
+// the key allows the header.
+func (c *Caller) Priority(header string) (rank int, ok bool) {
+	if header == "" || !c.headerMax {
+		return c.priority, true
+	}
+	rank, ok = PriorityRank(header)
+	if !ok {
+		return c.priority, false
+	}
+	return min(rank, c.priorityMax), true
+}
 
 // Allows reports whether the key may request model. An Ollama name "x" and
 // "x:latest" are one model, as the edge's catalog treats them (Ollama API

@@ -33,6 +33,9 @@ const keyBytes = 32
 //     max_concurrent: 4          # requests in flight at once; 0 = no limit
 //     requests_per_minute: 60    # 0 = no limit
 //     models: [llama3, qwen2.5]  # empty = every model
+//     weight: 2                  # the key's share of a busy model; default 1
+//     priority: standard         # critical | standard (default) | sheddable
+//     priority_header: standard  # highest X-Iop-Priority may ask; "" = ignored
 type Key struct {
 	// Name identifies the key in logs, the usage ledger and errors. Required,
 	// unique among the keys of one keyring.
@@ -47,6 +50,37 @@ type Key struct {
 	// Models are the model names (aliases or served names) the key may
 	// request; empty means every model.
 	Models []string `yaml:"models"`
+	// Weight is the key's flow weight, 1 to MaxWeight: where a model's
+	// queue is busy, flows get slots in proportion to their weights
+	// (package scheduler, "Fair order"). 0 means 1.
+	Weight int `yaml:"weight"`
+	// Priority is the band of the key's requests: "critical", "standard"
+	// (the default, also "") or "sheddable".
+	Priority string `yaml:"priority"`
+	// PriorityHeader is the highest priority a request of the key may ask
+	// for with the X-Iop-Priority header (a priority name); a higher ask
+	// is lowered to it. "" means the header is ignored.
+	PriorityHeader string `yaml:"priority_header"`
+}
+
+// MaxWeight is the largest Key.Weight (the scheduler's bound).
+const MaxWeight = 1 << 16
+
+// Priorities are the priority names, highest first.
+var Priorities = []string{"critical", "standard", "sheddable"}
+
+// PriorityRank is a priority name's rank: 1 critical, 0 standard (and ""),
+// -1 sheddable; ok false for any other name.
+func PriorityRank(name string) (rank int, ok bool) {
+	switch name {
+	case "critical":
+		return 1, true
+	case "standard", "":
+		return 0, true
+	case "sheddable":
+		return -1, true
+	}
+	return 0, false
 }
 
 // Generate returns a new random key, KeyPrefix followed by 256 bits of
@@ -115,6 +149,15 @@ func Validate(field string, keys []Key) error {
 		if k.MaxConcurrent < 0 || k.RequestsPerMinute < 0 {
 			return fmt.Errorf("%w: %s (%s): negative limit", ErrInvalidKey, at, k.Name)
 		}
+		if k.Weight < 0 || k.Weight > MaxWeight {
+			return fmt.Errorf("%w: %s (%s): weight %d is outside 0..%d", ErrInvalidKey, at, k.Name, k.Weight, MaxWeight)
+		}
+		if _, ok := PriorityRank(k.Priority); !ok {
+			return fmt.Errorf("%w: %s (%s): priority %q is none of %s", ErrInvalidKey, at, k.Name, k.Priority, strings.Join(Priorities, ", "))
+		}
+		if _, ok := PriorityRank(k.PriorityHeader); !ok {
+			return fmt.Errorf("%w: %s (%s): priority_header %q is none of %s", ErrInvalidKey, at, k.Name, k.PriorityHeader, strings.Join(Priorities, ", "))
+		}
 		for _, m := range k.Models {
 			if m == "" {
 				return fmt.Errorf("%w: %s (%s): empty model name", ErrInvalidKey, at, k.Name)
@@ -142,7 +185,10 @@ func NewKeyring(field string, keys []Key, now func() time.Time) (*Keyring, error
 	k := &Keyring{byHash: make(map[[sha256.Size]byte]*Caller, len(keys))}
 	for _, key := range keys {
 		h, _ := ParseHash(key.Hash)
-		c := &Caller{name: key.Name, hash: h, maxConcurrent: key.MaxConcurrent, now: now}
+		c := &Caller{name: key.Name, hash: h, maxConcurrent: key.MaxConcurrent, now: now,
+			weight: max(key.Weight, 1), headerMax: key.PriorityHeader != ""}
+		c.priority, _ = PriorityRank(key.Priority)
+		c.priorityMax, _ = PriorityRank(key.PriorityHeader)
 		if len(key.Models) > 0 {
 			c.models = make(map[string]bool, len(key.Models))
 			for _, m := range key.Models {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sort"
+	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -153,6 +154,57 @@ type Config struct {
 	// CircuitBreaker takes a provider that keeps failing out of rotation
 	// for a cool-down.
 	CircuitBreaker BreakerConfig `yaml:"circuit_breaker"`
+	// Fairness orders each model's queue between flows (README, "Fair
+	// sharing"): `fairness: off`, or a mapping {mode: on|off, flow: ...}.
+	Fairness FairnessConfig `yaml:"fairness"`
+}
+
+// Fairness modes and flow sources (FairnessConfig).
+const (
+	FairnessOn       = "on"
+	FairnessOff      = "off"
+	FlowKey          = "key"
+	FlowUser         = "user"
+	FlowHeaderPrefix = "header:"
+)
+
+// FairnessConfig is the edge's fair sharing. In YAML, a scalar (`fairness:
+// off`) sets Mode alone; a mapping sets both:
+//
+//	fairness:
+//	  mode: on                 # on (default) | off: FIFO, as before
+//	  flow: header:X-Iop-Flow  # key (default) | user | header:<Name>
+type FairnessConfig struct {
+	// Mode is "on" (the default, also "") or "off". With "off" every
+	// model's queue is FIFO within each priority band, as iop was before
+	// flows; a model's own `fairness` overrides it.
+	Mode string `yaml:"mode"`
+	// Flow says what names a request's flow: "key" (the default, also
+	// ""): its API key's name; "user": the OpenAI body's "user" field, or
+	// the key's name where there is none; "header:<Name>": that header's
+	// value, or the key's name where it is absent. Requests with no key
+	// and no value share one flow.
+	Flow string `yaml:"flow"`
+}
+
+// UnmarshalYAML reads a scalar as Mode, or a mapping.
+func (f *FairnessConfig) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		f.Mode = n.Value
+		return nil
+	}
+	type plain FairnessConfig
+	return n.Decode((*plain)(f))
+}
+
+func fairnessPolicy(mode string) scheduler.Fairness {
+	switch mode {
+	case FairnessOff:
+		return scheduler.FairnessOff
+	case FairnessOn:
+		return scheduler.FairnessOn
+	}
+	return scheduler.FairnessDefault
 }
 
 // BreakerConfig is the circuit breaker of every (node, provider); zero
@@ -189,6 +241,9 @@ type ModelConfig struct {
 	Targets      []string      `yaml:"targets"`
 	MaxQueue     int           `yaml:"max_queue"`
 	QueueTimeout time.Duration `yaml:"queue_timeout"`
+	// Fairness, "on" or "off", overrides the edge's fairness.mode for this
+	// model's queue; "" keeps it.
+	Fairness string `yaml:"fairness"`
 }
 
 // DefaultConfig returns the configuration with every default filled in.
@@ -217,6 +272,12 @@ func (c *Config) SetDefaults() {
 	}
 	if c.Queue.QueueTimeout == 0 {
 		c.Queue.QueueTimeout = DefaultQueueTimeout
+	}
+	if c.Fairness.Mode == "" {
+		c.Fairness.Mode = FairnessOn
+	}
+	if c.Fairness.Flow == "" {
+		c.Fairness.Flow = FlowKey
 	}
 	if c.LongContextTokens == 0 {
 		c.LongContextTokens = DefaultLongContextTokens
@@ -287,6 +348,18 @@ func (c Config) Validate() error {
 	if c.Queue.MaxQueue < 0 {
 		bad("queue.max_queue %d is negative", c.Queue.MaxQueue)
 	}
+	if m := c.Fairness.Mode; m != "" && m != FairnessOn && m != FairnessOff {
+		bad("fairness.mode %q is neither on nor off", m)
+	}
+	switch f := c.Fairness.Flow; {
+	case f == "", f == FlowKey, f == FlowUser:
+	case strings.HasPrefix(f, FlowHeaderPrefix):
+		if name := strings.TrimPrefix(f, FlowHeaderPrefix); name == "" || strings.ContainsAny(name, " :\r\n\t") {
+			bad("fairness.flow %q: header name is empty or not a token", f)
+		}
+	default:
+		bad("fairness.flow %q is none of key, user, header:<Name>", f)
+	}
 	if c.Queue.QueueTimeout < 0 {
 		bad("queue.queue_timeout %s is negative", c.Queue.QueueTimeout)
 	}
@@ -324,6 +397,9 @@ func (c Config) Validate() error {
 		}
 		if m.QueueTimeout < 0 {
 			bad("models.%s.queue_timeout %s is negative", alias, m.QueueTimeout)
+		}
+		if m.Fairness != "" && m.Fairness != FairnessOn && m.Fairness != FairnessOff {
+			bad("models.%s.fairness %q is neither on nor off", alias, m.Fairness)
 		}
 	}
 	for i, t := range c.Tokens {
@@ -409,13 +485,16 @@ func (c Config) LoadKeysFile() (Config, error) {
 // one override per alias that sets a field.
 func (c Config) schedulerConfig(clk scheduler.Clock) scheduler.Config {
 	sc := scheduler.Config{
-		Default: scheduler.Policy{MaxQueue: c.Queue.MaxQueue, QueueTimeout: c.Queue.QueueTimeout},
+		Default: scheduler.Policy{MaxQueue: c.Queue.MaxQueue, QueueTimeout: c.Queue.QueueTimeout, Fairness: fairnessPolicy(c.Fairness.Mode)},
 		Groups:  make(map[string]scheduler.Policy),
 		Clock:   clk,
 	}
+	if sc.Default.Fairness == scheduler.FairnessDefault {
+		sc.Default.Fairness = scheduler.FairnessOn // the default of an edge
+	}
 	for alias, m := range c.Models {
-		if m.MaxQueue != 0 || m.QueueTimeout != 0 {
-			sc.Groups[alias] = scheduler.Policy{MaxQueue: m.MaxQueue, QueueTimeout: m.QueueTimeout}
+		if m.MaxQueue != 0 || m.QueueTimeout != 0 || m.Fairness != "" {
+			sc.Groups[alias] = scheduler.Policy{MaxQueue: m.MaxQueue, QueueTimeout: m.QueueTimeout, Fairness: fairnessPolicy(m.Fairness)}
 		}
 	}
 	return sc

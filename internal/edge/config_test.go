@@ -47,7 +47,7 @@ func TestLoadConfig(t *testing.T) {
 		t.Errorf("llama3 %+v", m)
 	}
 	sc := cfg.schedulerConfig(nil)
-	if sc.Default != (scheduler.Policy{MaxQueue: 8, QueueTimeout: time.Minute}) ||
+	if sc.Default != (scheduler.Policy{MaxQueue: 8, QueueTimeout: time.Minute, Fairness: scheduler.FairnessOn}) ||
 		sc.Groups["llama3"] != (scheduler.Policy{MaxQueue: 32}) || sc.Groups["embed"] != (scheduler.Policy{QueueTimeout: 5 * time.Second}) {
 		t.Errorf("scheduler config %+v", sc)
 	}
@@ -95,6 +95,13 @@ func TestConfigInvalid(t *testing.T) {
 		{"negative max_retries", "max_retries: -1", "max_retries"},
 		{"negative cool-down", "circuit_breaker: {cool_down: -1s}", "cool_down"},
 		{"max cool-down below cool-down", "circuit_breaker: {cool_down: 1m, max_cool_down: 30s}", "max_cool_down"},
+		{"fairness mode", "fairness: maybe", "fairness.mode"},
+		{"fairness mapping mode", "fairness: {mode: fair}", "fairness.mode"},
+		{"fairness flow", "fairness: {flow: ip}", "fairness.flow"},
+		{"fairness flow header", "fairness: {flow: 'header:'}", "fairness.flow"},
+		{"model fairness", "models: {a: {targets: [x], fairness: sometimes}}", "models.a.fairness"},
+		{"key priority", `keys: [{name: a, hash: "sha256:` + strings.Repeat("a", 64) + `", priority: urgent}]`, "priority"},
+		{"key weight", `keys: [{name: a, hash: "sha256:` + strings.Repeat("a", 64) + `", weight: -1}]`, "weight"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -130,5 +137,35 @@ func TestConfigFaultDefaults(t *testing.T) {
 		if cfg.Retries() != tc.retries || cfg.CircuitBreaker != tc.breaker {
 			t.Errorf("%q: retries %d, breaker %+v; want %d, %+v", tc.yaml, cfg.Retries(), cfg.CircuitBreaker, tc.retries, tc.breaker)
 		}
+	}
+}
+
+// TestFairnessConfig: fairness is on, with key flows, by default;
+// `fairness: off` (a scalar) turns it off for every model but one that
+// says on; the mapping form sets the flow source; the scheduler's default
+// and per-model policies follow.
+func TestFairnessConfig(t *testing.T) {
+	def := DefaultConfig()
+	if def.Fairness.Mode != FairnessOn || def.Fairness.Flow != FlowKey {
+		t.Fatalf("default fairness %+v, want on by key", def.Fairness)
+	}
+	if sc := def.schedulerConfig(nil); sc.Default.Fairness != scheduler.FairnessOn {
+		t.Fatalf("default scheduler fairness %q", sc.Default.Fairness)
+	}
+	cfg, err := ParseConfig([]byte("fairness: off\nmodels:\n  chat: {targets: [x], fairness: \"on\"}\n  other: {targets: [y]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := cfg.schedulerConfig(nil)
+	if cfg.Fairness.Mode != FairnessOff || sc.Default.Fairness != scheduler.FairnessOff ||
+		sc.Groups["chat"].Fairness != scheduler.FairnessOn || sc.Groups["other"].Fairness != scheduler.FairnessDefault {
+		t.Fatalf("fairness off with chat on: %+v, scheduler %+v", cfg.Fairness, sc)
+	}
+	cfg, err = ParseConfig([]byte("fairness: {flow: header:X-Tenant}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Fairness.Mode != FairnessOn || cfg.Fairness.Flow != "header:X-Tenant" {
+		t.Fatalf("mapping: %+v", cfg.Fairness)
 	}
 }

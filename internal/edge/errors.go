@@ -48,6 +48,12 @@ func boundaryError(err error) error {
 	if err == nil {
 		return nil
 	}
+	switch {
+	case errors.Is(err, scheduler.ErrDisplaced):
+		return fmt.Errorf("%w: %w: %w", contract.ErrShed, contract.ErrDisplaced, err)
+	case errors.Is(err, scheduler.ErrExpectedWait):
+		return fmt.Errorf("%w: %w: %w", contract.ErrShed, contract.ErrExpectedWait, err)
+	}
 	for _, m := range []struct{ from, to error }{
 		{scheduler.ErrUnknownModel, contract.ErrUnknownModel},
 		{scheduler.ErrProviderUnavailable, contract.ErrProviderUnavailable},

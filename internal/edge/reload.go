@@ -20,7 +20,7 @@ type ReloadResult struct {
 	// Added, Removed and Changed name the aliases (sorted) that are new,
 	// gone, or have other targets or queue overrides.
 	Added, Removed, Changed []string
-	// QueueChanged is set when the default queue policy changed.
+	// QueueChanged is set when the default queue policy (or fairness.mode) changed.
 	QueueChanged bool
 	// Restart names the settings (YAML keys, sorted) that differ from the
 	// running ones but apply only at the next start; they keep their
@@ -59,16 +59,17 @@ func (s *Service) Reload(cfg Config) (ReloadResult, error) {
 	s.cat.setAliases(cfg.Models)
 	applied := old
 	applied.Models, applied.Queue = maps.Clone(cfg.Models), cfg.Queue
+	applied.Fairness.Mode = cfg.Fairness.Mode
 	s.reload.applied = &applied
 	s.reg.notify()
 
-	res := ReloadResult{QueueChanged: old.Queue != cfg.Queue, Restart: restartOnly(old, cfg)}
+	res := ReloadResult{QueueChanged: old.Queue != cfg.Queue || old.Fairness.Mode != cfg.Fairness.Mode, Restart: restartOnly(old, cfg)}
 	for alias, m := range cfg.Models {
 		was, ok := old.Models[alias]
 		switch {
 		case !ok:
 			res.Added = append(res.Added, alias)
-		case !slices.Equal(was.Targets, m.Targets) || was.MaxQueue != m.MaxQueue || was.QueueTimeout != m.QueueTimeout:
+		case !slices.Equal(was.Targets, m.Targets) || was.MaxQueue != m.MaxQueue || was.QueueTimeout != m.QueueTimeout || was.Fairness != m.Fairness:
 			res.Changed = append(res.Changed, alias)
 		}
 	}
@@ -103,6 +104,7 @@ func restartOnly(running, next Config) []string {
 		{"database", running.Database != next.Database || running.LedgerDSN != next.LedgerDSN},
 		{"max_body_bytes", running.MaxBodyBytes != next.MaxBodyBytes},
 		{"write_timeout", running.WriteTimeout != next.WriteTimeout},
+		{"fairness.flow", running.Fairness.Flow != next.Fairness.Flow},
 	} {
 		if f.differs {
 			out = append(out, f.key)

@@ -243,6 +243,9 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		EstimatedInputTokens: req.EstimatedInputTokens,
 		Resolve:              s.resolver(req.Model, needsOf(req), tried),
 		Prefer:               scheduler.ProviderRef{NodeID: req.PreferNodeID, ProviderID: req.PreferProviderID},
+		Flow:                 req.Flow,
+		Weight:               min(max(req.Weight, 0), scheduler.MaxWeight),
+		Priority:             scheduler.Priority(min(max(req.Priority, contract.PrioritySheddable), contract.PriorityCritical)),
 		OnQueued:             func() { s.emitQueued(req.Model) },
 	})
 	if err != nil {
@@ -664,7 +667,12 @@ func (s *Service) Snapshot() Snapshot {
 	listed := make(map[string]bool, len(ss.Groups))
 	for _, g := range ss.Groups {
 		listed[g.Name] = true
-		snap.Queues = append(snap.Queues, QueueSnapshot{Model: g.Name, MaxQueue: g.Policy.MaxQueue, QueueTimeout: g.Policy.QueueTimeout, Queued: g.Queued})
+		q := QueueSnapshot{Model: g.Name, MaxQueue: g.Policy.MaxQueue, QueueTimeout: g.Policy.QueueTimeout, Queued: g.Queued,
+			Fairness: fairnessName(g.Policy.Fairness)}
+		for _, f := range g.Flows {
+			q.Flows = append(q.Flows, contract.FlowQueue{Flow: f.Flow, Priority: f.Priority.String(), Queued: f.Queued})
+		}
+		snap.Queues = append(snap.Queues, q)
 	}
 	// Every configured alias and every model that had a request has a
 	// queue, empty until a request waits in it.
@@ -680,8 +688,16 @@ func (s *Service) Snapshot() Snapshot {
 		}
 		listed[name] = true
 		p := s.sched.Policy(name)
-		snap.Queues = append(snap.Queues, QueueSnapshot{Model: name, MaxQueue: p.MaxQueue, QueueTimeout: p.QueueTimeout})
+		snap.Queues = append(snap.Queues, QueueSnapshot{Model: name, MaxQueue: p.MaxQueue, QueueTimeout: p.QueueTimeout, Fairness: fairnessName(p.Fairness)})
 	}
 	sort.Slice(snap.Queues, func(i, j int) bool { return snap.Queues[i].Model < snap.Queues[j].Model })
 	return snap
+}
+
+// fairnessName is a queue's fairness in snapshots: "on" or "off".
+func fairnessName(f scheduler.Fairness) string {
+	if f == scheduler.FairnessOn {
+		return FairnessOn
+	}
+	return FairnessOff
 }

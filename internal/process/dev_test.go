@@ -146,3 +146,30 @@ func TestDevSimThinking(t *testing.T) {
 		}
 	}
 }
+
+// TestDevQueuesAreFair: iop dev's model queues share their slots fairly
+// between flows by default (issue 19): /admin/v1/queues says fairness on
+// for each, with its flows listed (none queued here).
+func TestDevQueuesAreFair(t *testing.T) {
+	d := startSimDev(t, DevConfig{}, nil)
+	c := &http.Client{Transport: &http.Transport{}}
+	defer c.CloseIdleConnections()
+	resp, err := c.Get("http://" + d.HTTPAddr + "/admin/v1/queues")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var queues []struct {
+		Model  string
+		Policy struct{ Fairness string }
+		Flows  []json.RawMessage
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&queues); err != nil || resp.StatusCode != http.StatusOK || len(queues) == 0 {
+		t.Fatalf("GET /admin/v1/queues: %d %v %v", resp.StatusCode, queues, err)
+	}
+	for _, q := range queues {
+		if q.Policy.Fairness != "on" || q.Flows == nil {
+			t.Errorf("queue %s: fairness %q flows %v, want on and []", q.Model, q.Policy.Fairness, q.Flows)
+		}
+	}
+}

@@ -146,6 +146,7 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 		AdminKeys:    adminKeys,
 		Ledger:       usage,
 		Responses:    responseStore,
+		Flow:         cfg.Fairness.Flow,
 	}), gateway{svc}, logger)
 	var handlers sync.WaitGroup // handlers running, so the ledger closes after the last one
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -56,8 +56,8 @@ func TestStatusCommand(t *testing.T) {
 	}
 	// The alias's queue is listed though nothing waits in it (issue 13,
 	// item 5): queued 0, its policy.
-	if fields := strings.Fields(lineWith(table, "pool")); strings.Join(fields, " ") != "pool 0 16 30s" {
-		t.Errorf("queue row %q, want pool 0 16 30s", fields)
+	if fields := strings.Fields(lineWith(table, "pool")); strings.Join(fields, " ") != "pool 0 16 30s on -" {
+		t.Errorf("queue row %q, want pool 0 16 30s on -", fields)
 	}
 
 	var v status.View

@@ -122,3 +122,56 @@ func BenchmarkHandover(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkHandoverFair is BenchmarkHandover with fairness on and the
+// waiters spread over 100 flows of weights 1 to 4, a tenth of them
+// critical and a tenth sheddable: release + fair handover + enqueue, still
+// O(log waiters).
+func BenchmarkHandoverFair(b *testing.B) {
+	for _, waiters := range []int{10, 10000} {
+		b.Run(fmt.Sprintf("waiters=%d", waiters), func(b *testing.B) {
+			clk := clock.NewFake(time.Unix(0, 0))
+			s, err := New(Config{Default: Policy{MaxQueue: waiters + 1, QueueTimeout: time.Hour, Fairness: FairnessOn}, Clock: clk})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := s.Activate("n", 1, []ResourceSpec{{ProviderID: "p", Capacity: 1}}, nil); err != nil {
+				b.Fatal(err)
+			}
+			w := newWorld()
+			w.set("m", cand("n", 1, "p"))
+			reqs := make([]Request, 100)
+			for i := range reqs {
+				prio := PriorityStandard
+				switch i % 10 {
+				case 0:
+					prio = PriorityCritical
+				case 1:
+					prio = PrioritySheddable
+				}
+				reqs[i] = Request{Group: "m", Resolve: w.resolver("m"), Flow: fmt.Sprintf("flow-%d", i), Weight: 1 + i%4, Priority: prio}
+			}
+			held, err := s.Admit(context.Background(), reqs[0])
+			if err != nil {
+				b.Fatal(err)
+			}
+			r := s.resources[resourceKey{"n", "p"}]
+			for i := range waiters {
+				if _, q, err := s.enqueue(reqs[i%len(reqs)]); err != nil || q == nil {
+					b.Fatal(err)
+				}
+			}
+			next := waiters
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				held.Release("done")
+				held = r.leases.head // the lease the handover reserved
+				if _, q, err := s.enqueue(reqs[next%len(reqs)]); err != nil || q == nil {
+					b.Fatal(err)
+				}
+				next++
+			}
+		})
+	}
+}

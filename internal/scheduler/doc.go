@@ -11,12 +11,49 @@
 // A Lease is the right to one slot. It goes reserved → tracked (run id known)
 // → released exactly once, by whichever comes first: Lease.Release,
 // Scheduler.ReleaseRun (a terminal run event), or Fence (node disconnect).
-// Every release offers the slot to the earliest waiter, in any group, that can
-// use it, so no slot stays idle while a waiter that can use it waits.
+// Every release offers the slot to the first waiter in queue order, in any
+// group, that can use it, so no slot stays idle while a waiter that can use
+// it waits.
+//
+// # Fair order
+//
+// Queue order is by priority band (critical, standard, sheddable), then a
+// waiter's start tag, then enqueue order (seq). Each band of each group
+// whose policy has FairnessOn is a start-time fair queue (Goyal, Vin and
+// Cheng 1996) between flows (Request.Flow, weighted by Request.Weight): a
+// waiter's start tag is max(the band's virtual time, its flow's last
+// finish tag) and its flow's finish tag advances by 1/weight; the band's
+// virtual time is the largest start tag granted in it. So backlogged flows
+// get slots in proportion to their weights (within 1/w_a + 1/w_b of it over
+// any interval, TestFairModel), FIFO within a flow. A band that had no
+// waiter starts at the largest virtual time, in that band, of the
+// resources its waiter can use, so the tags of groups sharing a provider
+// compare: a newly busy group neither jumps ahead of another's waiters
+// there nor waits behind its whole queue. A group with FairnessOff tags
+// every waiter 0: FIFO within each band, and, where every group is off,
+// exactly the global enqueue order of a scheduler without flows. A flow
+// lives while it has a waiter (the flows are bounded by the queue); a
+// waiter that leaves without a slot from its flow's tail gives its cost
+// back.
+//
+// # Priorities and shedding
+//
+// At a full queue (max_queue), an arrival that is not sheddable displaces
+// the group's latest sheddable waiter (ErrShed, ErrDisplaced); else, in a
+// fair group, an arrival of a flow holding less of the queue for its
+// weight than the flow holding the most pushes that flow's latest waiter
+// of the arrival's band or lower out (ErrQueueFull: longest-queue drop);
+// else the arrival is refused (ErrQueueFull). A sheddable arrival that
+// would queue is refused at once (ErrShed, ErrExpectedWait) when its
+// expected wait, (queued + 1) × the group's mean lease time (an
+// exponentially weighted average over about 8 leases released by Release
+// or ReleaseRun) / the total capacity of its candidates, passes the
+// group's queue timeout. Every shed or pushed-out waiter is settled once,
+// under the lock, holding no slot.
 //
 // # Work conservation
 //
-// Each resource keeps the waiters that list it in a heap by enqueue order
+// Each resource keeps the waiters that list it in a heap in queue order
 // (short and long-context apart). A waiter is in resource r's heap only while
 // one of its candidates is live on r: r is not orphan and belongs to the
 // candidate's generation. So when r has a free slot, the top of its heap can
@@ -24,7 +61,9 @@
 // release hands its slot over in O(log W) without passing over anyone. Every
 // path that frees a slot or makes one usable hands it out before it returns:
 // a release and a capacity change pump the resource, an Activate or a Fence
-// re-resolves every waiter and then walks them all in enqueue order. A fresh
+// re-resolves every waiter and then walks them all in queue order (the
+// global list, sorted by queue order when some waiter is tagged or not
+// standard: O(W log W), at those rare events only). A fresh
 // admission takes a free slot only when no queued waiter can use it.
 //
 // # Re-resolution
@@ -65,7 +104,9 @@
 //
 // Admit and Snapshot cost O(candidates) (Snapshot O(resources + groups)). A
 // release costs O(log W) for W waiters listing the released resource, plus
-// O(candidates) for the waiter it hands the slot to. Fence and Activate
+// O(candidates) for the waiter it hands the slot to, fair or not. An
+// arrival at a full fair queue that finds no sheddable waiter costs
+// O(flows of its group) more (the longest-queue drop). Fence and Activate
 // re-resolve every waiter: O(waiters × candidates); they are rare. While S
 // waiters are stale (their resolver failing), an admission, release or
 // capacity change also costs O(S × candidates); with none, nothing.

@@ -3,7 +3,9 @@ package scheduler
 import "errors"
 
 // Admission outcomes. Callers map them to API errors with errors.Is; every
-// error the scheduler returns wraps exactly one of them (or a context error).
+// error the scheduler returns wraps exactly one of them (or a context error),
+// but for ErrShed, which comes with its reason: ErrDisplaced or
+// ErrExpectedWait.
 var (
 	// ErrUnknownModel: the requested model is neither an alias nor a served model.
 	ErrUnknownModel = errors.New("unknown model")
@@ -22,6 +24,15 @@ var (
 	// every one meeting its needs) went away; or its resolver says so at
 	// admission.
 	ErrProviderUnavailable = errors.New("provider unavailable")
+	// ErrShed: a sheddable request was shed: displaced from its group's full
+	// queue by a higher-priority arrival (ErrDisplaced, while it waited), or
+	// refused at arrival because its expected queue time passes its queue
+	// timeout (ErrExpectedWait). Every ErrShed error wraps one of the two.
+	ErrShed = errors.New("shed")
+	// ErrDisplaced: see ErrShed.
+	ErrDisplaced = errors.New("displaced by a higher-priority request")
+	// ErrExpectedWait: see ErrShed.
+	ErrExpectedWait = errors.New("expected queue time passes the queue timeout")
 	// ErrInvalid: a constructor or update got an invalid argument; state is unchanged.
 	ErrInvalid = errors.New("invalid argument")
 	// ErrUnknownResource: no resource exists for the (node, provider) named.

@@ -7,8 +7,9 @@ type waitRef struct {
 	index int // position in the heap, kept by the heap operations
 }
 
-// waitHeap is a binary min-heap of waiters by enqueue sequence: the earliest
-// waiter listing a resource is at the top. Push and remove cost O(log n).
+// waitHeap is a binary min-heap of waiters in queue order (waiter.before:
+// priority band, start tag, enqueue sequence): the first waiter listing a
+// resource is at the top. Push and remove cost O(log n).
 type waitHeap []*waitRef
 
 func (h waitHeap) peek() *waiter {
@@ -39,7 +40,7 @@ func (h *waitHeap) remove(ref *waitRef) {
 	ref.index = -1
 }
 
-func (h waitHeap) less(i, j int) bool { return h[i].w.seq < h[j].w.seq }
+func (h waitHeap) less(i, j int) bool { return h[i].w.before(h[j].w) }
 
 func (h waitHeap) swap(i, j int) {
 	h[i], h[j] = h[j], h[i]

@@ -30,9 +30,10 @@ type DispatchInfo struct {
 // Lease is the right to one slot of one provider resource. It goes
 // reserved → tracked → released, exactly once; see the package doc.
 type Lease struct {
-	s   *Scheduler
-	res *resource
-	id  uint64
+	s     *Scheduler
+	res   *resource
+	id    uint64
+	start time.Time // when it was reserved
 
 	// Guarded by s.mu.
 	prev, next *Lease // in res.leases while unreleased
@@ -80,6 +81,7 @@ func (l *Lease) Release(reason string) bool {
 	if !s.releaseLocked(l, reason) {
 		return false
 	}
+	s.observeLocked(l)
 	s.freedLocked(l.res)
 	return true
 }

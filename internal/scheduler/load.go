@@ -49,7 +49,8 @@ func (s *Scheduler) Policy(group string) Policy {
 // becomes the new default overlaid with its new override (a group whose
 // override was removed goes back to the default), for later admissions.
 // Queued waiters keep their deadlines and in-flight leases are untouched.
-// Zero fields of def take DefaultMaxQueue and DefaultQueueTimeout, zero
+// Zero fields of def take DefaultMaxQueue, DefaultQueueTimeout and
+// FairnessOff, zero
 // fields of an override take def's. It returns an error wrapping ErrInvalid
 // (a negative field, an empty group name), changing nothing.
 func (s *Scheduler) SetPolicies(def Policy, groups map[string]Policy) error {
@@ -61,7 +62,7 @@ func (s *Scheduler) SetPolicies(def Policy, groups map[string]Policy) error {
 	for name, p := range groups {
 		overrides[name] = p
 	}
-	defaults := Policy{MaxQueue: DefaultMaxQueue, QueueTimeout: DefaultQueueTimeout}.overlay(def)
+	defaults := Policy{MaxQueue: DefaultMaxQueue, QueueTimeout: DefaultQueueTimeout, Fairness: FairnessOff}.overlay(def)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.defaults, s.overrides = defaults, overrides

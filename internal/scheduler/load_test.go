@@ -64,7 +64,8 @@ func TestSetPoliciesReplacesDefaultsAndOverrides(t *testing.T) {
 			groups[g.Name] = g.Policy
 		}
 	})
-	if groups["a"] != (Policy{MaxQueue: 2, QueueTimeout: time.Second}) || groups["b"] != (Policy{MaxQueue: 2, QueueTimeout: time.Minute}) {
+	if groups["a"] != (Policy{MaxQueue: 2, QueueTimeout: time.Second, Fairness: FairnessOff}) ||
+		groups["b"] != (Policy{MaxQueue: 2, QueueTimeout: time.Minute, Fairness: FairnessOff}) {
 		t.Fatalf("policies after SetPolicies: %+v", groups)
 	}
 	// The waiter queued under a 10s timeout keeps it (not b's new 1m).

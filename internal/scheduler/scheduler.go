@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -21,6 +22,9 @@ type Policy struct {
 	MaxQueue int
 	// QueueTimeout is how long one request may wait for a slot.
 	QueueTimeout time.Duration
+	// Fairness orders the group's waiters: FairnessOn by weighted fair
+	// queueing between flows, FairnessOff FIFO (package doc, "Fair order").
+	Fairness Fairness
 }
 
 func (p Policy) validate() error {
@@ -30,7 +34,7 @@ func (p Policy) validate() error {
 	if p.QueueTimeout < 0 {
 		return fmt.Errorf("%w: queue_timeout %s is negative", ErrInvalid, p.QueueTimeout)
 	}
-	return nil
+	return p.Fairness.validate()
 }
 
 // overlay returns p with the non-zero fields of o applied.
@@ -41,13 +45,16 @@ func (p Policy) overlay(o Policy) Policy {
 	if o.QueueTimeout > 0 {
 		p.QueueTimeout = o.QueueTimeout
 	}
+	if o.Fairness != FairnessDefault {
+		p.Fairness = o.Fairness
+	}
 	return p
 }
 
 // Config configures a Scheduler.
 type Config struct {
 	// Default is the policy of every group without an override; zero fields
-	// take DefaultMaxQueue and DefaultQueueTimeout.
+	// take DefaultMaxQueue, DefaultQueueTimeout and FairnessOff.
 	Default Policy
 	// Groups holds per-model overrides, by group name; zero fields take Default.
 	Groups map[string]Policy
@@ -133,6 +140,16 @@ type Request struct {
 	// affinity: a session's runs go back to the provider that holds its
 	// prompt cache). Otherwise, and for a queued request, it changes nothing.
 	Prefer ProviderRef
+	// Flow names the request's flow within its group (an API key's name,
+	// say); DefaultFlow ("") is one flow like any other. Where the group's
+	// fairness is on, flows share its slots in proportion to their weights.
+	Flow string
+	// Weight is the flow's weight, 1 to MaxWeight; 0 means 1. The weight of
+	// each request counts for the share that request takes.
+	Weight int
+	// Priority is the request's band: critical waiters go before standard
+	// ones, standard before sheddable, whatever their flow.
+	Priority Priority
 	// OnQueued, if set, is called once, on the caller's goroutine and
 	// without the scheduler's lock, when the request starts waiting in its
 	// group's queue (for observability).
@@ -167,9 +184,13 @@ type resource struct {
 	longInFlight int
 	orphan       bool
 	leases       leaseList // unreleased leases on this resource
-	// Waiters listing this resource, earliest first; long ones apart so a
-	// release can skip them cheaply when no long slot is free.
+	// Waiters listing this resource, first in queue order (waiter.before)
+	// first; long ones apart so a release can skip them cheaply when no long
+	// slot is free.
 	short, long waitHeap
+	// vtime is, by band, the largest start tag of a fair waiter granted a
+	// slot here.
+	vtime [3]uint64
 }
 
 func (r *resource) fits(long bool) bool {
@@ -183,6 +204,18 @@ type group struct {
 	name   string
 	policy Policy
 	queued int
+	// vtime is the group's virtual time by band: the largest start tag
+	// granted in it (or caught up from its resources', fairTagLocked).
+	vtime [3]uint64
+	// bandQueued counts its waiters by band.
+	bandQueued [3]int
+	// flows are the group's flows that have a waiter, by name.
+	flows map[string]*flow
+	// shedHead, shedTail: its sheddable waiters, in enqueue order.
+	shedHead, shedTail *waiter
+	// service is the mean time its leases were held, over leases observed.
+	service time.Duration
+	leases  uint64
 }
 
 type waiterState uint8
@@ -205,6 +238,9 @@ type result struct {
 // always take it.
 type waiter struct {
 	seq      uint64
+	band     uint8  // req.Priority.band()
+	tag      uint64 // start tag (fairTagLocked); 0 where fairness is off
+	flow     *flow
 	req      Request
 	group    *group
 	cands    []choice // live candidates, one heap place per distinct resource (refs)
@@ -220,6 +256,22 @@ type waiter struct {
 	// stale waiters, in enqueue order.
 	stale                bool
 	prevStale, nextStale *waiter
+	// prevShed, nextShed link its group's sheddable waiters; prevFlow,
+	// nextFlow its flow's waiters of its band.
+	prevShed, nextShed *waiter
+	prevFlow, nextFlow *waiter
+}
+
+// before reports whether w is ahead of o in queue order: by priority band,
+// then start tag, then enqueue sequence.
+func (w *waiter) before(o *waiter) bool {
+	if w.band != o.band {
+		return w.band < o.band
+	}
+	if w.tag != o.tag {
+		return w.tag < o.tag
+	}
+	return w.seq < o.seq
 }
 
 // Scheduler is the admission scheduler. Create it with New.
@@ -259,7 +311,7 @@ func New(cfg Config) (*Scheduler, error) {
 	}
 	return &Scheduler{
 		clock:     clock,
-		defaults:  Policy{MaxQueue: DefaultMaxQueue, QueueTimeout: DefaultQueueTimeout}.overlay(cfg.Default),
+		defaults:  Policy{MaxQueue: DefaultMaxQueue, QueueTimeout: DefaultQueueTimeout, Fairness: FairnessOff}.overlay(cfg.Default),
 		overrides: overrides,
 		resources: make(map[resourceKey]*resource),
 		nodes:     make(map[string]map[string]*resource),
@@ -271,7 +323,7 @@ func New(cfg Config) (*Scheduler, error) {
 func (s *Scheduler) groupLocked(name string) *group {
 	g := s.groups[name]
 	if g == nil {
-		g = &group{name: name, policy: s.defaults.overlay(s.overrides[name])}
+		g = &group{name: name, policy: s.defaults.overlay(s.overrides[name]), flows: make(map[string]*flow)}
 		s.groups[name] = g
 	}
 	return g
@@ -313,6 +365,12 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	if req.Resolve == nil {
 		return nil, nil, fmt.Errorf("%w: nil resolver", ErrInvalid)
 	}
+	if !req.Priority.valid() {
+		return nil, nil, fmt.Errorf("%w: priority %d", ErrInvalid, req.Priority)
+	}
+	if req.Weight < 0 || req.Weight > MaxWeight {
+		return nil, nil, fmt.Errorf("%w: weight %d is outside 0..%d", ErrInvalid, req.Weight, MaxWeight)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// Waiters whose resolver failed come first: one that recovered and can
@@ -331,10 +389,25 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	}
 	g := s.groupLocked(req.Group)
 	if g.queued >= g.policy.MaxQueue {
-		return nil, nil, fmt.Errorf("model %q: %w (%d waiting)", g.name, ErrQueueFull, g.queued)
+		switch {
+		case req.Priority != PrioritySheddable && g.shedTail != nil:
+			// Make room: the latest sheddable waiter goes (package doc,
+			// "Priorities").
+			s.failLocked(g.shedTail, fmt.Errorf("model %q: %w: %w", g.name, ErrShed, ErrDisplaced))
+		case g.policy.Fairness == FairnessOn && s.pushOutLocked(g, req):
+		default:
+			return nil, nil, fmt.Errorf("model %q: %w (%d waiting)", g.name, ErrQueueFull, g.queued)
+		}
+	}
+	if req.Priority == PrioritySheddable {
+		if wait, ok := expectedWaitLocked(g, cands, s.resources); ok && wait > g.policy.QueueTimeout {
+			return nil, nil, fmt.Errorf("model %q: %w: %w (about %s, queue timeout %s)", g.name, ErrShed, ErrExpectedWait,
+				wait.Round(time.Millisecond), g.policy.QueueTimeout)
+		}
 	}
 	s.seq++
 	w := &waiter{
+		band:     req.Priority.band(),
 		seq:      s.seq,
 		req:      req,
 		group:    g,
@@ -455,9 +528,10 @@ func (s *Scheduler) reserveLocked(r *resource, c Candidate, req Request, reason 
 	s.leaseSeq++
 	s.active++
 	l := &Lease{
-		s:   s,
-		res: r,
-		id:  s.leaseSeq,
+		s:     s,
+		res:   r,
+		id:    s.leaseSeq,
+		start: s.clock.Now(),
 		info: DispatchInfo{
 			NodeID:               c.NodeID,
 			Generation:           c.Generation,
@@ -480,8 +554,9 @@ func (s *Scheduler) grantLocked(w *waiter) bool {
 	if best.res == nil {
 		return false
 	}
+	w.state = granted // before unlinkLocked: a granted waiter keeps its flow's cost
 	s.unlinkLocked(w)
-	w.state = granted
+	fairGrantedLocked(w, best.res)
 	w.ch <- result{lease: s.reserveLocked(best.res, best.Candidate, w.req, ReasonQueued, s.clock.Now().Sub(w.enqueued))}
 	return true
 }
@@ -492,9 +567,14 @@ func (s *Scheduler) failLocked(w *waiter, err error) {
 	w.ch <- result{err: err}
 }
 
-// linkLocked queues w with candidates cands: in the global list, its group's
+// linkLocked queues w with candidates cands: its start tag and flow, its
+// group's sheddable list if it is sheddable, the global list, its group's
 // count, and the heap of each distinct candidate resource.
 func (s *Scheduler) linkLocked(w *waiter, cands []choice) {
+	s.fairTagLocked(w, cands)
+	if w.req.Priority == PrioritySheddable {
+		linkShedLocked(w)
+	}
 	w.prev = s.tail
 	if s.tail != nil {
 		s.tail.next = w
@@ -543,6 +623,7 @@ func (s *Scheduler) dropRefsLocked(w *waiter) {
 func (s *Scheduler) unlinkLocked(w *waiter) {
 	s.dropRefsLocked(w)
 	s.unstaleLocked(w)
+	fairUnlinkLocked(w)
 	if w.prev != nil {
 		w.prev.next = w.next
 	} else {
@@ -603,9 +684,9 @@ func (s *Scheduler) unstaleLocked(w *waiter) {
 	w.stale, w.prevStale, w.nextStale = false, nil, nil
 }
 
-// pumpResourceLocked hands r's free slots to the earliest waiters that can
-// use them. Every waiter in r's heaps has a live candidate on r (see
-// waiter), so the earliest one that fits can always be granted, on r or on
+// pumpResourceLocked hands r's free slots to the first waiters, in queue
+// order, that can use them. Every waiter in r's heaps has a live candidate
+// on r (see waiter), so the first one that fits can always be granted, on r or on
 // a less loaded candidate of its own; the pump stops only when r is full or
 // no waiter lists it, at O(log W) per grant.
 func (s *Scheduler) pumpResourceLocked(r *resource) {
@@ -615,7 +696,7 @@ func (s *Scheduler) pumpResourceLocked(r *resource) {
 			next = r.short.peek()
 		}
 		if r.fits(true) {
-			if w := r.long.peek(); w != nil && (next == nil || w.seq < next.seq) {
+			if w := r.long.peek(); w != nil && (next == nil || w.before(next)) {
 				next = w
 			}
 		}
@@ -625,14 +706,37 @@ func (s *Scheduler) pumpResourceLocked(r *resource) {
 	}
 }
 
-// pumpAllLocked walks every waiter in enqueue order and grants each one a
-// slot if any of its candidates has one.
+// pumpAllLocked walks every waiter in queue order (waiter.before) and
+// grants each one a slot if any of its candidates has one. Where every
+// waiter is standard and untagged (fairness off), queue order is the
+// global list's enqueue order and nothing is sorted.
 func (s *Scheduler) pumpAllLocked() {
-	for w := s.head; w != nil; {
-		next := w.next
-		s.grantLocked(w)
-		w = next
+	ordered := true
+	for w := s.head; w != nil && w.next != nil; w = w.next {
+		if !w.before(w.next) {
+			ordered = false
+			break
+		}
 	}
+	if ordered {
+		for w := s.head; w != nil; {
+			next := w.next
+			s.grantLocked(w)
+			w = next
+		}
+		return
+	}
+	ws := make([]*waiter, 0, s.waiters)
+	for w := s.head; w != nil; w = w.next {
+		ws = append(ws, w)
+	}
+	slices.SortFunc(ws, func(a, b *waiter) int {
+		if a.before(b) {
+			return -1
+		}
+		return 1
+	})
+	s.grantEachLocked(ws)
 }
 
 // reresolveLocked refreshes every waiter's candidates through its resolver
@@ -783,6 +887,7 @@ func (s *Scheduler) ReleaseRun(runID, reason string) bool {
 	if l == nil || !s.releaseLocked(l, reason) {
 		return false
 	}
+	s.observeLocked(l)
 	s.freedLocked(l.res)
 	return true
 }

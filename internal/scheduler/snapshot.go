@@ -29,6 +29,16 @@ type GroupSnapshot struct {
 	Name   string
 	Policy Policy
 	Queued int
+	// Flows counts the group's waiters by flow and priority, sorted by
+	// flow then priority (highest first); only pairs with a waiter.
+	Flows []FlowSnapshot
+}
+
+// FlowSnapshot is the queue of one flow of one group in one priority band.
+type FlowSnapshot struct {
+	Flow     string
+	Priority Priority
+	Queued   int
 }
 
 // Snapshot is a consistent view of the scheduler, sorted by node then
@@ -41,7 +51,8 @@ type Snapshot struct {
 	Leases  int
 }
 
-// Snapshot returns the current counters. It costs O(resources + groups).
+// Snapshot returns the current counters. It costs O(resources + groups +
+// flows with a waiter).
 func (s *Scheduler) Snapshot() Snapshot {
 	s.mu.Lock()
 	snap := Snapshot{
@@ -69,7 +80,22 @@ func (s *Scheduler) Snapshot() Snapshot {
 		})
 	}
 	for _, g := range s.groups {
-		snap.Groups = append(snap.Groups, GroupSnapshot{Name: g.name, Policy: g.policy, Queued: g.queued})
+		gs := GroupSnapshot{Name: g.name, Policy: g.policy, Queued: g.queued}
+		for _, f := range g.flows {
+			for band, n := range f.queued {
+				if n > 0 {
+					gs.Flows = append(gs.Flows, FlowSnapshot{Flow: f.name, Priority: PriorityCritical - Priority(band), Queued: n})
+				}
+			}
+		}
+		sort.Slice(gs.Flows, func(i, j int) bool {
+			a, b := gs.Flows[i], gs.Flows[j]
+			if a.Flow != b.Flow {
+				return a.Flow < b.Flow
+			}
+			return a.Priority > b.Priority
+		})
+		snap.Groups = append(snap.Groups, gs)
 	}
 	s.mu.Unlock()
 	sort.Slice(snap.Providers, func(i, j int) bool {

@@ -110,9 +110,21 @@ func Render(w io.Writer, v View, now time.Time) error {
 			p.InFlight, p.Capacity, bar(p.InFlight, p.Capacity), p.Queued, health, ProviderState(p), strings.Join(p.Models, ","))
 	}
 	fmt.Fprintf(tw, "\nQUEUES (%d)\n", len(v.Queues))
-	fmt.Fprintln(tw, "MODEL\tQUEUED\tMAX QUEUE\tQUEUE TIMEOUT")
+	fmt.Fprintln(tw, "MODEL\tQUEUED\tMAX QUEUE\tQUEUE TIMEOUT\tFAIRNESS\tFLOWS")
 	for _, q := range v.Queues {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", q.Model, q.Queued, q.Policy.MaxQueue, time.Duration(q.Policy.QueueTimeoutMS)*time.Millisecond)
+		flows := make([]string, 0, len(q.Flows))
+		for _, f := range q.Flows {
+			name := f.Flow
+			if name == "" {
+				name = "(default)"
+			}
+			if f.Priority != "standard" {
+				name += "/" + f.Priority
+			}
+			flows = append(flows, fmt.Sprintf("%s=%d", name, f.Queued))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\n", q.Model, q.Queued, q.Policy.MaxQueue, time.Duration(q.Policy.QueueTimeoutMS)*time.Millisecond,
+			dash(q.Policy.Fairness), dash(strings.Join(flows, ",")))
 	}
 	return tw.Flush()
 }

@@ -44,12 +44,28 @@ type Provider struct {
 }
 
 // Queue is one entry of GET /admin/v1/queues: a model group's policy and
-// its queued requests.
+// its queued requests, in all and by flow and priority.
 type Queue struct {
 	Model  string `json:"model"`
 	Policy struct {
 		MaxQueue       int   `json:"max_queue"`
 		QueueTimeoutMS int64 `json:"queue_timeout_ms"` // milliseconds
+		// Fairness is "on" (weighted fair order between flows) or "off"
+		// (FIFO within each priority band).
+		Fairness string `json:"fairness"`
 	} `json:"policy"`
 	Queued int `json:"queued"`
+	// Flows are the queued requests by flow and priority, sorted by flow
+	// then priority (highest first); only pairs with a queued request,
+	// never null.
+	Flows []QueueFlow `json:"flows"`
+}
+
+// QueueFlow is the queue of one flow (a key's name, or the header or
+// user value the edge's fairness.flow names; "" for requests with none) in
+// one priority band ("critical", "standard" or "sheddable").
+type QueueFlow struct {
+	Flow     string `json:"flow"`
+	Priority string `json:"priority"`
+	Queued   int    `json:"queued"`
 }

@@ -609,10 +609,12 @@ func TestUsageScannerReadsTheTailOfALargeAnswer(t *testing.T) {
 }
 
 // TestUsageAttributionNeverInfluencesScheduling: the request the edge
-// schedules carries no trace of the caller (the seeds' rule: caller
-// identity is no part of pool selection): the same body sent with two
-// different keys reaches the gateway as the same Request, field for field,
-// on every route.
+// schedules carries no trace of the caller but its flow (the seeds' rule:
+// caller identity is no part of pool selection; issue 19: the key names
+// the request's flow, with its weight and priority, which order the
+// model's queue and never choose its candidates): the same body sent with
+// two different keys reaches the gateway as the same Request, field for
+// field but the flow, on every route.
 func TestUsageAttributionNeverInfluencesScheduling(t *testing.T) {
 	f := newKeys(t, auth.Key{})
 	gw := &fakeGateway{models: []string{"m"}, dispatch: okRun}
@@ -635,6 +637,11 @@ func TestUsageAttributionNeverInfluencesScheduling(t *testing.T) {
 	}
 	for i := 0; i < len(reqs); i += 2 {
 		a, b := reqs[i], reqs[i+1]
+		if a.Flow != "alice" || b.Flow != "bob" || a.Weight != 1 || b.Weight != 1 || a.Priority != 0 || b.Priority != 0 {
+			t.Errorf("%s: flows %q (weight %d, priority %d) and %q (%d, %d), want alice and bob (1, standard)",
+				bodies[i/2].path, a.Flow, a.Weight, a.Priority, b.Flow, b.Weight, b.Priority)
+		}
+		a.Flow, b.Flow = "", ""
 		if !reflectDeepEqual(a, b) {
 			t.Errorf("%s: alice's request %+v\ndiffers from bob's %+v", bodies[i/2].path, a, b)
 		}

@@ -2,6 +2,7 @@ package api
 
 import (
 	"errors"
+	"iop/internal/edge/contract"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -48,7 +49,8 @@ func TestAdminRoutes(t *testing.T) {
 			// details, so models and capabilities are [].
 			{NodeID: "gpu-3", ProviderID: "p", Generation: 2, Capacity: 2, InFlight: 1, Load: 0.5, Status: "orphan", Circuit: "open"},
 		},
-		Queues: []AdminQueue{{Model: "chat", MaxQueue: 64, QueueTimeout: 30 * time.Second, Queued: 2}},
+		Queues: []AdminQueue{{Model: "chat", MaxQueue: 64, QueueTimeout: 30 * time.Second, Queued: 2, Fairness: "on",
+			Flows: []contract.FlowQueue{{Flow: "alice", Priority: "critical", Queued: 1}, {Flow: "bob", Priority: "standard", Queued: 1}}}},
 	}
 	tests := []struct {
 		path string
@@ -61,7 +63,8 @@ func TestAdminRoutes(t *testing.T) {
 		{"/admin/v1/providers", snap, `[` +
 			`{"node_id":"gpu-1","provider_id":"ollama-1","type":"ollama","capacity":4,"in_flight":3,"long_capacity":1,"long_in_flight":1,"queued":2,"load_ratio":0.75,"health":"healthy","models":["llama3:8b"],"capabilities":["tools"],"status":"available","circuit":"closed","model_capabilities":{"llama3:8b":["completion","tools"]}},` +
 			`{"node_id":"gpu-3","provider_id":"p","type":"","capacity":2,"in_flight":1,"long_capacity":0,"long_in_flight":0,"queued":0,"load_ratio":0.5,"health":"unhealthy","models":[],"capabilities":[],"status":"orphan","circuit":"open"}]`},
-		{"/admin/v1/queues", snap, `[{"model":"chat","policy":{"max_queue":64,"queue_timeout_ms":30000},"queued":2}]`},
+		{"/admin/v1/queues", snap, `[{"model":"chat","policy":{"max_queue":64,"queue_timeout_ms":30000,"fairness":"on"},"queued":2,` +
+			`"flows":[{"flow":"alice","priority":"critical","queued":1},{"flow":"bob","priority":"standard","queued":1}]}]`},
 		{"/admin/v1/nodes", AdminSnapshot{}, `[]`},
 		{"/admin/v1/providers", AdminSnapshot{}, `[]`},
 		{"/admin/v1/queues", AdminSnapshot{}, `[]`},

@@ -76,6 +76,12 @@ type Config struct {
 	// AdminPrefixes are the path roots of the admin routes; nil means
 	// DefaultAdminPrefixes.
 	AdminPrefixes []string
+	// Flow names what makes a request's flow in its model's queue (README,
+	// "Fair sharing"): FlowKey ("key", also ""), its key's name; FlowUser
+	// ("user"), the OpenAI body's "user" field; FlowHeaderPrefix+Name
+	// ("header:X-Iop-Flow"), that header's value. The latter two fall back
+	// to the key's name where the request has no value.
+	Flow string
 	// Ledger, when set, records every finished API request and serves GET
 	// /admin/v1/usage.
 	Ledger Ledger
@@ -100,6 +106,9 @@ func (c Config) Validate() error {
 	}
 	if c.WriteTimeout < 0 {
 		return fmt.Errorf("%w: write timeout %s is negative", ErrInvalidConfig, c.WriteTimeout)
+	}
+	if c.Flow != "" && c.Flow != FlowKey && c.Flow != FlowUser && flowHeaderOf(c.Flow) == "" {
+		return fmt.Errorf("%w: flow %q is none of key, user, header:<Name>", ErrInvalidConfig, c.Flow)
 	}
 	return nil
 }

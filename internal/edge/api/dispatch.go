@@ -52,6 +52,10 @@ type runRenderer struct {
 func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *Request, render runRenderer) {
 	obs := obsOf(r)
 	obs.request(req)
+	if err := h.assignFlow(r.Context(), r.Header, req, obs); err != nil {
+		render.writeError(w, r, err, req)
+		return
+	}
 	queued := h.cfg.Now()
 	rr := &runResponse{h: h, w: w, r: r, req: req, obs: obs, writeError: render.writeError}
 	var run Run

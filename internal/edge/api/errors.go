@@ -22,6 +22,7 @@ var (
 	ErrNoProvider          = contract.ErrNoProvider          // 503
 	ErrCandidatesRejected  = contract.ErrCandidatesRejected  // 400, the text names the capability
 	ErrQueueFull           = contract.ErrQueueFull           // 429
+	ErrShed                = contract.ErrShed                // 429 with Retry-After
 	ErrQueueTimeout        = contract.ErrQueueTimeout        // 503
 	ErrProviderUnavailable = contract.ErrProviderUnavailable // 503
 	ErrDispatchTimeout     = contract.ErrDispatchTimeout     // 502
@@ -162,6 +163,15 @@ func classify(err error, req *Request) *apiError {
 	case errors.Is(err, ErrCandidatesRejected):
 		return newAPIError(http.StatusBadRequest, "invalid_request_error", "", "unsupported_capability",
 			rejectedMessage(err, req))
+	case errors.Is(err, ErrShed):
+		why := "a higher-priority request took its place in the queue"
+		if errors.Is(err, contract.ErrExpectedWait) {
+			why = "its expected queue time passes the queue timeout"
+		}
+		e := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "", "shed",
+			fmt.Sprintf("Sheddable request for model %q shed: %s; retry later", model, why))
+		e.retryAfter = retryAfterUnavailable
+		return e
 	case errors.Is(err, ErrQueueFull):
 		e := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "", "queue_full",
 			fmt.Sprintf("Too many requests queued for model %q; retry later", model))

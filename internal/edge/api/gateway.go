@@ -18,9 +18,12 @@ type Gateway interface {
 	// the run is dispatched, the admission fails, or ctx ends (then with
 	// ctx's error). A failed admission wraps one of the contract's errors
 	// (aliased in errors.go): ErrUnknownModel,
-	// ErrNoProvider, ErrCandidatesRejected, ErrQueueFull, ErrQueueTimeout,
+	// ErrNoProvider, ErrCandidatesRejected, ErrQueueFull, ErrShed (with
+	// ErrDisplaced or ErrExpectedWait), ErrQueueTimeout,
 	// ErrProviderUnavailable, ErrDispatchTimeout, ErrDispatchRefused,
 	// ErrStaleGeneration or ErrNodeGone; any other error is answered 500.
+	// req's Flow, Weight and Priority are set by the handler (assignFlow)
+	// and order the model's queue.
 	Dispatch(ctx context.Context, req Request) (Run, error)
 	// Models lists the model names (aliases and served names) clients may
 	// request, in the order to show them.

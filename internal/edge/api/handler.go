@@ -25,9 +25,10 @@ func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	h := &handler{
-		cfg:    cfg.withDefaults(),
-		gw:     gw,
-		logger: logger.With("component", "edge-api"),
+		flowHeader: flowHeaderOf(cfg.Flow),
+		cfg:        cfg.withDefaults(),
+		gw:         gw,
+		logger:     logger.With("component", "edge-api"),
 	}
 	h.routes = map[string]route{
 		"/v1/chat/completions": {http.MethodPost, h.chatCompletions},
@@ -69,6 +70,8 @@ type handler struct {
 	gw     Gateway
 	logger *slog.Logger
 	routes map[string]route // exact path -> route
+	// flowHeader is the header naming a request's flow (Config.Flow), or "".
+	flowHeader string
 	// streaming holds the stored Responses API responses being streamed
 	// now (id -> *liveResponse): GET finds them in progress, DELETE
 	// cancels and deletes them.

@@ -179,7 +179,7 @@ func anthropicError(err error, req *Request) (e *apiError, status int, typ strin
 		e = &words
 	}
 	switch {
-	case errors.Is(err, ErrQueueFull), errors.Is(err, ErrQueueTimeout):
+	case errors.Is(err, ErrQueueFull), errors.Is(err, ErrQueueTimeout), errors.Is(err, ErrShed):
 		return e, statusOverloaded, "overloaded_error"
 	case errors.Is(err, ErrNoProvider), errors.Is(err, ErrProviderUnavailable):
 		return e, status, "overloaded_error"

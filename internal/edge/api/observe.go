@@ -36,6 +36,7 @@ const (
 	AdmissionImmediate      = contract.AdmissionImmediate
 	AdmissionQueued         = contract.AdmissionQueued
 	AdmissionQueueFull      = contract.AdmissionQueueFull
+	AdmissionShed           = contract.AdmissionShed
 	AdmissionQueueTimeout   = contract.AdmissionQueueTimeout
 	AdmissionRejected       = contract.AdmissionRejected
 	AdmissionUnavailable    = contract.AdmissionUnavailable
@@ -83,6 +84,14 @@ type RequestRecord struct {
 	Admission contract.Admission
 	// QueueWait is the time spent queued for a slot.
 	QueueWait time.Duration
+	// Flow is the request's flow in its model's queue and Priority its
+	// band ("critical", "standard", "sheddable"); both "" when the request
+	// never reached admission. FlowFromKey says the flow is its key's name
+	// (a configured, bounded set) rather than a client's header or user
+	// value. ShedReason is "displaced" or "expected_wait" when Admission
+	// is shed.
+	Flow, Priority, ShedReason string
+	FlowFromKey                bool
 	// Status is the HTTP status sent; 0 when nothing was (the connection
 	// was aborted first). A stream that failed after it started keeps 200.
 	Status int
@@ -374,6 +383,7 @@ func (o *observation) decide(status int) contract.Outcome {
 		}
 	case o.err != nil && o.decoded && admissionOf(o.err) != "":
 		rec.Admission, rec.Outcome = admissionOf(o.err), OutcomeRefused
+		rec.ShedReason = contract.ShedReason(o.err)
 	case status == 0:
 		rec.Outcome = OutcomeClientGone
 	case status < 300:
@@ -488,6 +498,12 @@ func (h *handler) logRequest(ctx context.Context, rec RequestRecord) {
 	}
 	if rec.Key != "" {
 		attrs = append(attrs, slog.String("key", rec.Key))
+	}
+	if rec.Priority != "" {
+		attrs = append(attrs, slog.String("flow", rec.Flow), slog.String("priority", rec.Priority))
+	}
+	if rec.ShedReason != "" {
+		attrs = append(attrs, slog.String("shed_reason", rec.ShedReason))
 	}
 	h.logger.LogAttrs(ctx, level, "request", attrs...)
 }

@@ -74,7 +74,7 @@ func TestRecordOfANormalizedStream(t *testing.T) {
 	rec := recs.only(t)
 	want := RequestRecord{API: "chat.completions", Model: "m", Stream: true, RunID: "run1", NodeID: "node1", ProviderID: "prov1",
 		ProviderType: "sim", ServedModel: "served-model", Generation: 1, Path: "normalized", Admission: AdmissionQueued,
-		QueueWait: 1500 * time.Millisecond, Status: 200, Outcome: OutcomeCompleted, InputTokens: 7, OutputTokens: 3, TokensKnown: true}
+		QueueWait: 1500 * time.Millisecond, Priority: "standard", FlowFromKey: true, Status: 200, Outcome: OutcomeCompleted, InputTokens: 7, OutputTokens: 3, TokensKnown: true}
 	got := rec
 	if !strings.HasPrefix(got.RequestID, "req_") || len(got.RequestID) != len("req_")+32 {
 		t.Errorf("request id %q, want req_ and 32 hex digits", got.RequestID)

@@ -55,6 +55,7 @@ func (h *handler) execute(ctx context.Context, run *runs.Run, t runTarget, refus
 		EstimatedInputTokens: chat.EstimatedInputTokens,
 		Headers:              map[string]string{}, // a run forwards no client headers
 	}
+	_ = h.assignFlow(ctx, nil, req, obs) // no header: it cannot fail
 	rc := &runRecorder{h: h, ctx: ctx, run: run, obs: obs, req: req}
 	defer func() { h.finish(ctx, obs, rc.status) }()
 	if err := chat.ollama.moveTo(req); err != nil {

@@ -104,7 +104,22 @@ type Request struct {
 	// least loaded one when it is a candidate with a free slot (session
 	// affinity); empty means no preference.
 	PreferNodeID, PreferProviderID string
+	// Flow names the request's flow in its model's queue (its key's name,
+	// or the header or user value fairness.flow names); "" is the flow of
+	// requests with none. Weight is the flow's weight (0 = 1).
+	Flow   string
+	Weight int
+	// Priority is the request's band: PriorityCritical, PriorityStandard
+	// (the zero value) or PrioritySheddable.
+	Priority int
 }
+
+// Priority bands of Request.Priority (auth.PriorityRank's ranks).
+const (
+	PrioritySheddable = -1
+	PriorityStandard  = 0
+	PriorityCritical  = 1
+)
 
 // DispatchInfo describes where a run went. It does not change.
 type DispatchInfo struct {
@@ -182,6 +197,19 @@ type QueueSnapshot struct {
 	MaxQueue     int
 	QueueTimeout time.Duration
 	Queued       int
+	// Fairness is "on" or "off" (the queue's order).
+	Fairness string
+	// Flows counts the queued requests by flow and priority ("critical",
+	// "standard", "sheddable"), sorted by flow then priority, highest
+	// first; only pairs with a queued request.
+	Flows []FlowQueue
+}
+
+// FlowQueue is the queue of one flow in one priority band of a model.
+type FlowQueue struct {
+	Flow     string
+	Priority string
+	Queued   int
 }
 
 // ModelInfo is what the edge knows of one model.

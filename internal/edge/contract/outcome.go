@@ -21,6 +21,14 @@ var (
 	ErrCandidatesRejected = errors.New("candidates rejected")
 	// ErrQueueFull: every candidate is busy and the model's queue is full. 429.
 	ErrQueueFull = errors.New("queue full")
+	// ErrShed: a sheddable request was shed: displaced from its model's
+	// full queue by a higher-priority one, or refused because its expected
+	// queue time passes its queue timeout. 429 with Retry-After.
+	ErrShed = errors.New("shed")
+	// ErrDisplaced and ErrExpectedWait say why a request was shed; an
+	// ErrShed error wraps one of them.
+	ErrDisplaced    = errors.New("displaced by a higher-priority request")
+	ErrExpectedWait = errors.New("expected queue time passes the queue timeout")
 	// ErrQueueTimeout: the request waited the queue timeout without a slot. 503.
 	ErrQueueTimeout = errors.New("queue timeout")
 	// ErrProviderUnavailable: while the request waited, every candidate went
@@ -97,6 +105,7 @@ const (
 	AdmissionImmediate      Admission = "immediate"       // a slot was free
 	AdmissionQueued         Admission = "queued"          // the request waited for a slot
 	AdmissionQueueFull      Admission = "queue_full"      // 429: the model's queue was full
+	AdmissionShed           Admission = "shed"            // 429: a sheddable request shed for a higher one, or for its expected wait
 	AdmissionQueueTimeout   Admission = "queue_timeout"   // 503: no slot within the queue timeout
 	AdmissionRejected       Admission = "rejected"        // 400: no provider has a capability the request needs
 	AdmissionUnavailable    Admission = "unavailable"     // 503: no live provider serves the model
@@ -104,6 +113,21 @@ const (
 	AdmissionDispatchFailed Admission = "dispatch_failed" // 502: admitted, but no node started the run (after the one retry)
 	AdmissionCancelled      Admission = "cancelled"       // the client left while the request was queued or being dispatched
 )
+
+// ShedReason is why a request was shed, for the reason label of
+// iop_flow_sheds_total: "displaced" or "expected_wait"; "" when err is no
+// ErrShed.
+func ShedReason(err error) string {
+	switch {
+	case !errors.Is(err, ErrShed):
+		return ""
+	case errors.Is(err, ErrDisplaced):
+		return "displaced"
+	case errors.Is(err, ErrExpectedWait):
+		return "expected_wait"
+	}
+	return "shed"
+}
 
 // String is the admission's label.
 func (a Admission) String() string { return string(a) }
@@ -114,6 +138,8 @@ func (a Admission) String() string { return string(a) }
 // mapping from dispatch errors to admissions.
 func AdmissionOf(err error) Admission {
 	switch {
+	case errors.Is(err, ErrShed):
+		return AdmissionShed
 	case errors.Is(err, ErrQueueFull):
 		return AdmissionQueueFull
 	case errors.Is(err, ErrQueueTimeout):

@@ -25,6 +25,8 @@
 //	iop_node_connects_total{node}                      counter: node connections accepted
 //	iop_node_fences_total{node,reason}                 counter: node connections fenced
 //	iop_dispatch_retries_total{model,reason}           counter: dispatches admitted again after failing before the run started
+//	iop_flow_admissions_total{model,flow,priority}     counter: requests admitted (immediate or queued), by flow and priority
+//	iop_flow_sheds_total{model,flow,reason}            counter: sheddable requests shed (reason displaced or expected_wait)
 //	iop_nodes_connected                                gauge (scrape time)
 //	iop_provider_in_flight{node,provider}              gauge (scrape time)
 //	iop_provider_capacity{node,provider}               gauge (scrape time); not for an orphan (its node is gone)
@@ -40,6 +42,11 @@
 // model, or cancelled before admission) is counted with model="", so a
 // client cannot grow the label set.
 //
+// A flow label is a key's name (the keys are configured: a bounded set),
+// or, where the edge's fairness.flow takes flows from a client's header or
+// body, one of the first MaxFlowLabels such values seen; later values are
+// counted under flow="other", so clients cannot grow the label set.
+//
 // Node labels do not outlive their node: the label values of a node whose
 // last connection was fenced edge.ForgetAfter ago (by the events' own times,
 // the edge's clock) are deleted at the next node event, so nodes that come
@@ -52,6 +59,8 @@
 // collectors, which are; Metrics.mu, a leaf lock, guards which nodes are
 // gone, and is held by node events while they count and delete label values,
 // so a node's counters are never deleted after its new connection counted.
+// Metrics.flowMu, another leaf lock, guards the set of client-named flow
+// label values.
 // The snapshot collector calls the Snapshotter on the scrape's goroutine.
 package metrics
 
@@ -87,6 +96,11 @@ type Metrics struct {
 	connects     *prometheus.CounterVec
 	fences       *prometheus.CounterVec
 	retries      *prometheus.CounterVec
+	flowAdmits   *prometheus.CounterVec
+	flowSheds    *prometheus.CounterVec
+
+	flowMu    sync.Mutex          // a leaf; guards flowNames
+	flowNames map[string]struct{} // client-named flows with a label value
 
 	mu      sync.Mutex           // guards the fields below
 	nodeGen map[string]uint64    // the latest generation seen, per node with label values
@@ -162,12 +176,20 @@ func New(reg prometheus.Registerer, snap Snapshotter) (*Metrics, error) {
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "iop_dispatch_retries_total", Help: "Dispatches that failed before their run started and were admitted again.",
 		}, []string{"model", "reason"}),
-		nodeGen: make(map[string]uint64),
-		reasons: make(map[string][]string),
-		gone:    make(map[string]time.Time),
+		flowAdmits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "iop_flow_admissions_total", Help: "Requests admitted to a slot (at once or after queueing), by requested model, flow and priority.",
+		}, []string{"model", "flow", "priority"}),
+		flowSheds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "iop_flow_sheds_total", Help: "Sheddable requests shed, by requested model, flow and reason (displaced, expected_wait).",
+		}, []string{"model", "flow", "reason"}),
+		flowNames: make(map[string]struct{}),
+		nodeGen:   make(map[string]uint64),
+		reasons:   make(map[string][]string),
+		gone:      make(map[string]time.Time),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.admissions, m.queueWait, m.ttft, m.duration, m.interToken,
-		m.inputTokens, m.outputTokens, m.runsInFlight, m.connects, m.fences, m.retries, newSnapshotCollector(snap)} {
+		m.inputTokens, m.outputTokens, m.runsInFlight, m.connects, m.fences, m.retries, m.flowAdmits, m.flowSheds,
+		newSnapshotCollector(snap)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -185,6 +207,29 @@ func knownModel(rec api.RequestRecord) string {
 	return rec.Model
 }
 
+// MaxFlowLabels bounds the flow label values taken from clients' headers
+// or bodies (see the package doc).
+const MaxFlowLabels = 100
+
+// flowLabel is rec's flow as a label value: a key's name as it is; a
+// client-named flow as it is while fewer than MaxFlowLabels have been
+// seen, else "other".
+func (m *Metrics) flowLabel(rec api.RequestRecord) string {
+	if rec.FlowFromKey {
+		return rec.Flow
+	}
+	m.flowMu.Lock()
+	defer m.flowMu.Unlock()
+	if _, ok := m.flowNames[rec.Flow]; ok {
+		return rec.Flow
+	}
+	if len(m.flowNames) >= MaxFlowLabels {
+		return "other"
+	}
+	m.flowNames[rec.Flow] = struct{}{}
+	return rec.Flow
+}
+
 // RequestDone counts one finished API request.
 func (m *Metrics) RequestDone(rec api.RequestRecord) {
 	model := knownModel(rec)
@@ -192,6 +237,12 @@ func (m *Metrics) RequestDone(rec api.RequestRecord) {
 	m.duration.WithLabelValues(model, rec.API).Observe(rec.Duration.Seconds())
 	if rec.Admission != "" {
 		m.admissions.WithLabelValues(model, rec.Admission.String()).Inc()
+	}
+	switch rec.Admission {
+	case api.AdmissionImmediate, api.AdmissionQueued:
+		m.flowAdmits.WithLabelValues(model, m.flowLabel(rec), rec.Priority).Inc()
+	case api.AdmissionShed:
+		m.flowSheds.WithLabelValues(model, m.flowLabel(rec), rec.ShedReason).Inc()
 	}
 	if rec.RunID == "" {
 		return

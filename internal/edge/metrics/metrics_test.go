@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"fmt"
 	"sort"
 	"strings"
 	"testing"
@@ -144,5 +145,49 @@ func TestOrphanProviderExportsNoCapacity(t *testing.T) {
 		if v, ok := got[k]; ok {
 			t.Errorf("orphan exports %s = %v", k, v)
 		}
+	}
+}
+
+// TestFlowAdmissionsAndSheds: admitted requests count in
+// iop_flow_admissions_total{model,flow,priority}, shed ones in
+// iop_flow_sheds_total{model,flow,reason}; a key's flow keeps its name
+// however many there are, while past MaxFlowLabels client-named flows
+// count as flow="other".
+func TestFlowAdmissionsAndSheds(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := New(reg, fixedSnapshot{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.RequestDone(api.RequestRecord{Model: "m", Admission: api.AdmissionImmediate, Flow: "alice", FlowFromKey: true, Priority: "critical"})
+	m.RequestDone(api.RequestRecord{Model: "m", Admission: api.AdmissionQueued, Flow: "alice", FlowFromKey: true, Priority: "critical"})
+	m.RequestDone(api.RequestRecord{Model: "m", Admission: api.AdmissionShed, ShedReason: "displaced", Flow: "bob", FlowFromKey: true, Priority: "sheddable"})
+	m.RequestDone(api.RequestRecord{Model: "m", Admission: api.AdmissionQueueFull, Flow: "bob", FlowFromKey: true, Priority: "standard"})
+	for i := range MaxFlowLabels + 5 {
+		m.RequestDone(api.RequestRecord{Model: "m", Admission: api.AdmissionImmediate, Flow: fmt.Sprintf("user-%d", i), Priority: "standard"})
+	}
+	m.RequestDone(api.RequestRecord{Model: "m", Admission: api.AdmissionImmediate, Flow: "user-0", Priority: "standard"})
+	m.RequestDone(api.RequestRecord{Model: "m", Admission: api.AdmissionImmediate, Flow: "carol", FlowFromKey: true, Priority: "standard"})
+	got := series(t, reg)
+	for name, want := range map[string]float64{
+		"iop_flow_admissions_total{flow=alice,model=m,priority=critical}":    2,
+		"iop_flow_sheds_total{flow=bob,model=m,reason=displaced}":            1,
+		"iop_flow_admissions_total{flow=user-0,model=m,priority=standard}":   2,
+		"iop_flow_admissions_total{flow=other,model=m,priority=standard}":    5,
+		"iop_flow_admissions_total{flow=carol,model=m,priority=standard}":    1,
+		"iop_flow_admissions_total{flow=user-104,model=m,priority=standard}": 0,
+	} {
+		if got[name] != want {
+			t.Errorf("%s = %v, want %v", name, got[name], want)
+		}
+	}
+	flows := 0
+	for name := range got {
+		if strings.HasPrefix(name, "iop_flow_admissions_total{") {
+			flows++
+		}
+	}
+	if flows != MaxFlowLabels+3 { // alice, carol, other and the first MaxFlowLabels users
+		t.Errorf("%d flow admission series, want %d", flows, MaxFlowLabels+3)
 	}
 }
