@@ -288,7 +288,7 @@ type Run struct {
 	// (publish); publishFailed says publish gave up. Shared stores only.
 	published     int
 	publishFailed bool
-	changed   chan struct{}   // closed and replaced when events or done change
+	changed       chan struct{} // closed and replaced when events or done change
 }
 
 // Record returns a copy of the run's record.
