@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"runtime/debug"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -69,7 +68,7 @@ type Agent struct {
 	afterRound func(providerID string, changed bool)
 
 	mu         sync.Mutex              // guards the fields below
-	gens       map[string]uint64       // generation of each welcomed connection, by edge address
+	gens       map[*link]uint64        // generation of each welcomed connection, by its link
 	links      map[string]*link        // the links running, by edge address (edges.go)
 	genChanged chan struct{}           // closed and replaced whenever gens changes
 	stopRun    context.CancelCauseFunc // ends the active Run's context; nil outside Run
@@ -148,7 +147,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 		providers:  make(map[string]*provider, len(cfg.Providers)),
 		ready:      make(chan struct{}),
 		genChanged: make(chan struct{}),
-		gens:       make(map[string]uint64),
+		gens:       make(map[*link]uint64),
 		links:      make(map[string]*link),
 		slots:      make(map[string]chan struct{}, len(cfg.Providers)),
 		inFlight:   make(map[*run]struct{}),
@@ -244,28 +243,31 @@ func fullJitter(d time.Duration) time.Duration {
 func (a *Agent) Generation() uint64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	addrs := make([]string, 0, len(a.gens))
-	for k := range a.gens {
-		addrs = append(addrs, k)
+	var first *link
+	for l := range a.gens {
+		if first == nil || l.addr < first.addr {
+			first = l
+		}
 	}
-	if len(addrs) == 0 {
+	if first == nil {
 		return 0
 	}
-	sort.Strings(addrs)
-	return a.gens[addrs[0]]
+	return a.gens[first]
 }
 
 // Ready is closed when the agent is first welcomed by an edge.
 func (a *Agent) Ready() <-chan struct{} { return a.ready }
 
-// setGeneration publishes g as the generation of the connection to edge
-// (0: it ended) and wakes waitGeneration.
-func (a *Agent) setGeneration(edge string, g uint64) {
+// setGeneration publishes g as the generation of l's connection (0: it
+// ended) and wakes waitGeneration. Keyed by link, not address: a link
+// retired and one made again for its address (a name that resolves to it
+// again) may overlap while the first drains.
+func (a *Agent) setGeneration(l *link, g uint64) {
 	a.mu.Lock()
 	if g == 0 {
-		delete(a.gens, edge)
+		delete(a.gens, l)
 	} else {
-		a.gens[edge] = g
+		a.gens[l] = g
 	}
 	close(a.genChanged)
 	a.genChanged = make(chan struct{})

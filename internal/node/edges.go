@@ -317,13 +317,17 @@ func (l *link) dial() (*grpc.ClientConn, error) {
 
 // Generations are the generations of the node's welcomed connections, by
 // edge address (as configured, or ip:port for an address a name of
-// Config.Edges resolved to); empty when none is welcomed.
+// Config.Edges resolved to; while a retired connection to an address
+// still drains beside a new one, the newer generation); empty when none
+// is welcomed.
 func (a *Agent) Generations() map[string]uint64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	out := make(map[string]uint64, len(a.gens))
-	for k, v := range a.gens {
-		out[k] = v
+	for l, g := range a.gens {
+		if g > out[l.addr] {
+			out[l.addr] = g
+		}
 	}
 	return out
 }

@@ -193,8 +193,8 @@ func (a *Agent) session(ctx context.Context, l *link, client nodev1.NodeGatewayC
 	defer func() { tick.Stop() }()
 	c.gen = w.Generation
 	c.headBody = slices.Contains(w.GetFeatures(), nodev1.FeatureTunnelHeadBody)
-	a.setGeneration(l.addr, c.gen)
-	defer a.setGeneration(l.addr, 0)
+	a.setGeneration(l, c.gen)
+	defer a.setGeneration(l, 0)
 	a.readyOnce.Do(func() { close(a.ready) })
 	l.logger.Info("connected to edge", "generation", c.gen, "heartbeat", interval)
 	c.refillWarm()
