@@ -60,7 +60,10 @@ func TestRunsSharedBetweenEdges(t *testing.T) {
 
 	long := submit(t, baseA, `{"model":"m","prompt":"x","background":true}`, http.StatusAccepted)
 	var seen runJSON
-	eventually(t, "the run running, read through B", func() bool { seen = getRun(t, baseB, long.ID); return seen.State == "running" || seen.State == "error" || seen.State == "complete" })
+	eventually(t, "the run running, read through B", func() bool {
+		seen = getRun(t, baseB, long.ID)
+		return seen.State == "running" || seen.State == "error" || seen.State == "complete"
+	})
 	if seen.State != "running" {
 		t.Fatalf("the long run through B: %+v", seen)
 	}
