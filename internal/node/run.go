@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
@@ -34,6 +35,18 @@ type run struct {
 
 	slotMu sync.Mutex    // guards slot
 	slot   chan struct{} // the provider slot r holds (capacity.go); nil when none
+	// over is set just before the run's terminal frame is sent: the
+	// provider is done with it, so a drain that begins now counts it no
+	// run in flight (the edge may have read its end before the run
+	// goroutine forgets it).
+	over atomic.Bool
+}
+
+// lastFrame is called just before r's terminal frame is sent: r is over
+// at the provider, and its slot is free.
+func (r *run) lastFrame() {
+	r.over.Store(true)
+	r.releaseSlot()
 }
 
 // bodyResult is a run's whole request body, or why there is none.
@@ -205,7 +218,7 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 		defer close(readerDone)
 		next = readRunDown(stream, r, d.BodyInline, bodies)
 	}()
-	events := &eventSink{s: stream, last: r.releaseSlot}
+	events := &eventSink{s: stream, last: r.lastFrame}
 
 	var body bodyResult
 	switch {
@@ -231,7 +244,7 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 		case adapter.Normalizer:
 			err = ad.Normalize(r.workCtx, req, events)
 		case adapter.Tunneler:
-			ts := &tunnelSink{s: stream, split: !c.headBody, last: r.releaseSlot}
+			ts := &tunnelSink{s: stream, split: !c.headBody, last: r.lastFrame}
 			err = ad.Tunnel(r.workCtx, req, ts)
 			sentLast = ts.ended
 		}
@@ -246,7 +259,7 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 		// or a tunnel head with the whole body (End).
 		ended := events.ended || sentLast
 		if last := terminal(p.path, err); last != nil && !ended {
-			r.releaseSlot() // before the edge can read the end
+			r.lastFrame() // before the edge can read the end
 			if serr := stream.Send(last); serr != nil {
 				c.logRun(slog.LevelDebug, r, d, "cannot send the run's last frame", "err", serr)
 			} else {

@@ -264,7 +264,12 @@ func (a *Agent) session(ctx context.Context, l *link, client nodev1.NodeGatewayC
 func (c *conn) startDrain() (idle bool) {
 	c.mu.Lock()
 	c.draining = true
-	n := len(c.runs)
+	n := 0
+	for _, r := range c.runs {
+		if !r.over.Load() { // a run sending its last frame is over
+			n++
+		}
+	}
 	c.mu.Unlock()
 	c.a.logger.Info("draining: the edge is told, no more dispatches are taken, the runs in flight may finish",
 		"edge", c.l.addr, "reason", c.l.drainReason, "runs_in_flight", n, "drain_timeout", c.a.cfg.DrainTimeout, "generation", c.gen)
