@@ -24,17 +24,14 @@
 //   - Start runs each run's execution in a goroutine of its own, counted by
 //     Manager.wg; Close cancels the live runs and waits for every one of
 //     them to return (its final record saved).
-//
 //   - Finish schedules the expiry of the run's event log with
 //     Config.Clock's AfterFunc (Manager.timers, one per finished run kept);
 //     the callback takes Manager.mu and drops the run from Manager.live.
 //     With clock.Real it runs in a goroutine of package time's; Close stops
 //     the pending ones.
-//
 //   - save, when the Store fails, waits out its backoff on the calling
 //     goroutine (an execution's, or a caller of Dispatched or Finish) on
 //     a Config.Clock timer; nothing else waits on time.
-//
 //   - With a Shared store, Start also runs publish for each run (counted
 //     by Manager.wg): the only writer of the run's log to the store, it
 //     reads the log as Next does and ends once the log is complete (its
