@@ -34,6 +34,8 @@ func newNodeCommand(logLevel *string) *cobra.Command {
 	fl := cmd.Flags()
 	fl.StringVar(&configPath, "config", "", "YAML config file with the node's providers (flags override it)")
 	fl.StringVar(&cfg.Edge, "edge", "", "edge node endpoint, host:port")
+	fl.StringSliceVar(&cfg.Edges, "edges", nil, "node endpoints of several edges, host:port each (repeatable or comma-separated; a DNS name stands for every address it resolves to)")
+	fl.DurationVar(&cfg.ResolveInterval, "resolve-interval", 0, "how often the DNS names of --edges are looked up again (default 30s)")
 	fl.StringVar(&cfg.NodeID, "node-id", "", "node id (unique per edge)")
 	fl.StringVar(&cfg.Label, "label", "", "human-readable node label")
 	fl.StringVar(&cfg.Token, "token", "", "join token presented to the edge")

@@ -62,6 +62,8 @@ const (
 //	  - {name: ops, hash: "sha256:..."}
 //	keys_file: /etc/iop/keys.yaml              # more keys/admin_keys, same shape
 //	ledger_dsn: postgres://iop@db/iop          # usage ledger in PostgreSQL (default: database)
+//	runs_dsn: postgres://iop@db/iop            # run records and events in PostgreSQL, shared by several edges
+//	name: edge-a                               # this edge among those sharing runs_dsn (default: the host name)
 //	long_context_tokens: 8192
 //	max_body_bytes: 33554432
 //	write_timeout: 60s
@@ -121,6 +123,17 @@ type Config struct {
 	// database (a pgx DSN) instead of the Database file; several edges
 	// may share it.
 	LedgerDSN string `yaml:"ledger_dsn"`
+	// RunsDSN, when set, keeps the run records of the runs API and their
+	// event logs in this PostgreSQL database (a pgx DSN, may be the same
+	// as LedgerDSN) instead of the Database file: several edges sharing it
+	// read, stream and cancel each other's runs (runs.Postgres).
+	RunsDSN string `yaml:"runs_dsn"`
+	// Name names this edge among the edges sharing RunsDSN: its runs are
+	// saved under it, and when it starts it ends as interrupted only the
+	// runs it left unfinished, never another live edge's. It must stay the
+	// same across the edge's restarts and differ between edges; default
+	// the host name.
+	Name string `yaml:"name"`
 	// LongContextTokens is the estimated prompt size, in tokens, from which
 	// a request is long-context and also needs a free long_capacity slot of
 	// its provider; default 8192, negative disables the classification.

@@ -101,7 +101,7 @@ func restartOnly(running, next Config) []string {
 		{"keys", !reflect.DeepEqual(running.Keys, next.Keys) || running.KeysFile != next.KeysFile},
 		{"admin_keys", !reflect.DeepEqual(running.AdminKeys, next.AdminKeys)},
 		{"tls", running.TLSCert != next.TLSCert || running.TLSKey != next.TLSKey || running.ClientCA != next.ClientCA},
-		{"database", running.Database != next.Database || running.LedgerDSN != next.LedgerDSN},
+		{"database", running.Database != next.Database || running.LedgerDSN != next.LedgerDSN || running.RunsDSN != next.RunsDSN || running.Name != next.Name},
 		{"max_body_bytes", running.MaxBodyBytes != next.MaxBodyBytes},
 		{"write_timeout", running.WriteTimeout != next.WriteTimeout},
 		{"fairness.flow", running.Fairness.Flow != next.Fairness.Flow},

@@ -2,10 +2,10 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -56,7 +56,7 @@ type Agent struct {
 	ready     chan struct{}                         // closed at the first Welcome
 	readyOnce sync.Once
 	running   atomic.Bool
-	gen       atomic.Uint64 // current generation, 0 when not connected
+	resolver  *net.Resolver // looks up the names of Config.Edges; nil: net.DefaultResolver
 	// draining is closed by the first Drain, after drainReason is set.
 	draining    chan struct{}
 	drainOnce   sync.Once
@@ -68,9 +68,19 @@ type Agent struct {
 	afterRound func(providerID string, changed bool)
 
 	mu         sync.Mutex              // guards the fields below
-	genChanged chan struct{}           // closed and replaced whenever gen changes
+	gens       map[*link]uint64        // generation of each welcomed connection, by its link
+	links      map[string]*link        // the links running, by edge address (edges.go)
+	genChanged chan struct{}           // closed and replaced whenever gens changes
 	stopRun    context.CancelCauseFunc // ends the active Run's context; nil outside Run
 	drainTimer clock.Timer             // the drain's grace period, once Drain was called
+
+	// slotMu guards inFlight (every run of every connection, capacity.go);
+	// slots (by provider id, a channel of capacity max(capacity,
+	// long_capacity) holding one token per run that holds a slot) is never
+	// replaced after New.
+	slotMu   sync.Mutex
+	inFlight map[*run]struct{}
+	slots    map[string]chan struct{}
 
 	advMu      sync.Mutex             // guards the fields below
 	adverts    map[string]*advertised // by provider id: what the edge is told of each provider
@@ -137,6 +147,10 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 		providers:  make(map[string]*provider, len(cfg.Providers)),
 		ready:      make(chan struct{}),
 		genChanged: make(chan struct{}),
+		gens:       make(map[*link]uint64),
+		links:      make(map[string]*link),
+		slots:      make(map[string]chan struct{}, len(cfg.Providers)),
+		inFlight:   make(map[*run]struct{}),
 		draining:   make(chan struct{}),
 		adverts:    make(map[string]*advertised, len(cfg.Providers)),
 		advChanged: make(chan struct{}),
@@ -156,6 +170,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 			return nil, err
 		}
 		a.providers[pc.ID] = p
+		a.slots[pc.ID] = make(chan struct{}, max(pc.Capacity, pc.LongCapacity))
 		a.order = append(a.order, p)
 		if p.lister != nil {
 			// Unknown until the first discovery round: unhealthy, no models.
@@ -221,17 +236,39 @@ func fullJitter(d time.Duration) time.Duration {
 	return time.Duration(rand.Int64N(int64(d) + 1))
 }
 
-// Generation is the generation of the current connection to the edge, 0
-// when not connected.
-func (a *Agent) Generation() uint64 { return a.gen.Load() }
+// Generation is the generation of the node's connection to the edge, 0
+// when not connected. With several edges (Config.Edges) it is that of the
+// welcomed connection whose edge address sorts first; Generations has
+// every one.
+func (a *Agent) Generation() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var first *link
+	for l := range a.gens {
+		if first == nil || l.addr < first.addr {
+			first = l
+		}
+	}
+	if first == nil {
+		return 0
+	}
+	return a.gens[first]
+}
 
-// Ready is closed when the agent is first welcomed by the edge.
+// Ready is closed when the agent is first welcomed by an edge.
 func (a *Agent) Ready() <-chan struct{} { return a.ready }
 
-// setGeneration publishes g and wakes waitGeneration.
-func (a *Agent) setGeneration(g uint64) {
-	a.gen.Store(g)
+// setGeneration publishes g as the generation of l's connection (0: it
+// ended) and wakes waitGeneration. Keyed by link, not address: a link
+// retired and one made again for its address (a name that resolves to it
+// again) may overlap while the first drains.
+func (a *Agent) setGeneration(l *link, g uint64) {
 	a.mu.Lock()
+	if g == 0 {
+		delete(a.gens, l)
+	} else {
+		a.gens[l] = g
+	}
 	close(a.genChanged)
 	a.genChanged = make(chan struct{})
 	a.mu.Unlock()
@@ -292,14 +329,16 @@ func (a *Agent) abortRun(cause error) {
 // reconnect to start from ReconnectMin again.
 const stableSession = 10 * time.Second
 
-// Run connects to the edge and serves it until ctx ends, reconnecting after
+// Run connects to the edge (to every edge of Config.Edges, one connection
+// each, see edges.go) and serves it until ctx ends, reconnecting after
 // every lost connection with exponential backoff (ReconnectMin doubling up
 // to ReconnectMax, full jitter; reset after a connection that lasted
-// stableSession, so a connection replaced at once keeps backing off). It
-// returns nil when ctx ends (the runs in flight are aborted) or a drain
-// is over (see Drain), after every run and goroutine it started has
-// finished; ErrAlreadyRunning if another Run is active; or an error if the
-// edge address cannot be used at all.
+// stableSession, so a connection replaced at once keeps backing off), each
+// connection on its own. It returns nil when ctx ends (the runs in flight
+// are aborted) or a drain is over on every connection (see Drain), after
+// every run and goroutine it started has finished; ErrAlreadyRunning if
+// another Run is active; or an error if an edge address cannot be used at
+// all.
 //
 // Providers that omit their models are discovered first (one round each,
 // at once, see startDiscovery), then again every discovery interval while
@@ -331,58 +370,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		waitDiscovery()
 	}()
 
-	var cc *grpc.ClientConn
-	defer func() {
-		if cc != nil {
-			cc.Close()
-		}
-	}()
-	attempt := 0
-	for {
-		if a.isDraining() {
-			return nil
-		}
-		if cc == nil {
-			var err error
-			if cc, err = a.dial(); err != nil {
-				return err
-			}
-		}
-		start := a.clock.Now()
-		welcomed, err := a.session(ctx, nodev1.NewNodeGatewayClient(cc))
-		if ctx.Err() != nil || a.isDraining() {
-			return nil
-		}
-		if errors.Is(err, ErrHeartbeatTimeout) || errors.Is(err, ErrWelcomeTimeout) {
-			// The edge went silent: the TCP connection may be dead (a NAT
-			// dropped it) without gRPC knowing yet. Start over on a new one.
-			cc.Close()
-			cc = nil
-		}
-		// Reset the backoff only after a connection that lasted: one replaced
-		// at once (two nodes sharing a node_id) must not reconnect in a
-		// tight loop.
-		if welcomed && a.clock.Now().Sub(start) >= stableSession {
-			attempt = 0
-		}
-		wait := a.backoff(attempt)
-		attempt++
-		switch {
-		case errors.Is(err, ErrHelloRefused):
-			a.logger.Error("edge refused the node", "err", err, "retry_in", wait)
-		case status.Code(err) == codes.FailedPrecondition:
-			a.logger.Error("the edge replaced this connection with a newer one of the same node_id: is another node running with it?", "err", err, "retry_in", wait)
-		default:
-			attrs := []any{"err", err, "retry_in", wait}
-			if hint := handshakeHint(err); hint != "" {
-				attrs = append(attrs, "hint", hint)
-			}
-			a.logger.Warn("connection to edge ended", attrs...)
-		}
-		if !a.sleep(ctx, wait) {
-			return nil
-		}
-	}
+	return a.superviseEdges(ctx)
 }
 
 // handshakeHint says what to check when err, a failed connection's, is
@@ -416,10 +404,9 @@ const (
 	grpcConnWindow   = 4 << 20
 )
 
-// dial makes the gRPC client connection to the edge (it connects lazily,
-// on the first stream).
-func (a *Agent) dial() (*grpc.ClientConn, error) {
-	cc, err := grpc.NewClient(a.cfg.Edge,
+// dialOptions are how every link dials its edge.
+func (a *Agent) dialOptions() []grpc.DialOption {
+	return []grpc.DialOption{
 		grpc.WithTransportCredentials(a.creds),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff: backoff.Config{
@@ -433,11 +420,7 @@ func (a *Agent) dial() (*grpc.ClientConn, error) {
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsgBytes)),
 		grpc.WithStaticStreamWindowSize(grpcStreamWindow),
 		grpc.WithStaticConnWindowSize(grpcConnWindow),
-	)
-	if err != nil {
-		return nil, fmt.Errorf("dial edge %q: %w", a.cfg.Edge, err)
 	}
-	return cc, nil
 }
 
 // backoff is the wait before reconnect attempt+1.
@@ -451,9 +434,9 @@ func (a *Agent) backoff(attempt int) time.Duration {
 	return a.jitter(d)
 }
 
-// sleep waits d on the agent's clock; false if ctx ended or a drain
-// began first.
-func (a *Agent) sleep(ctx context.Context, d time.Duration) bool {
+// sleepOn waits d on the agent's clock; false if ctx ended or draining
+// was closed first.
+func (a *Agent) sleepOn(ctx context.Context, draining <-chan struct{}, d time.Duration) bool {
 	woke := make(chan struct{})
 	t := a.clock.AfterFunc(d, func() { close(woke) })
 	defer t.Stop()
@@ -462,7 +445,7 @@ func (a *Agent) sleep(ctx context.Context, d time.Duration) bool {
 		return true
 	case <-ctx.Done():
 		return false
-	case <-a.draining:
+	case <-draining:
 		return false
 	}
 }

@@ -523,7 +523,7 @@ func TestAgentSlowRunDoesNotBlockOthers(t *testing.T) {
 		}
 	}))
 	t.Cleanup(up.Close)
-	startAgent(t, testConfig(addr, ProviderConfig{ID: "p", Type: "openai", BaseURL: up.URL, Models: []string{"served-model"}, Capacity: 1}), newTestClock(), nil)
+	startAgent(t, testConfig(addr, ProviderConfig{ID: "p", Type: "openai", BaseURL: up.URL, Models: []string{"served-model"}, Capacity: 2}), newTestClock(), nil)
 	c := connect(t, e, 1, hour)
 
 	// Not streamed: the upstream answers plain bytes, which a streamed

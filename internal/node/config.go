@@ -31,6 +31,9 @@ const (
 	// DefaultDiscoveryInterval is how often the models and health of a
 	// provider that omits its models are read again.
 	DefaultDiscoveryInterval = 30 * time.Second
+	// DefaultResolveInterval is how often the DNS names of Config.Edges
+	// are looked up again.
+	DefaultResolveInterval = 30 * time.Second
 )
 
 // Provider types.
@@ -52,7 +55,9 @@ const (
 //
 //	node_id: gpu-box-1
 //	label: "rack 3, 2x A100"
-//	edge: edge.internal:7443
+//	edge: edge.internal:7443            # one edge; or, for several:
+//	# edges: [edge-a.internal:7443, edge-b.internal:7443, edges.internal:7443]
+//	# resolve_interval: 30s              # how often names in edges are looked up again
 //	token: s3cret
 //	tls_ca: /etc/iop/edge-ca.crt        # TLS to the edge, trusting this CA
 //	tls_server_name: edge.internal      # default: the host of edge
@@ -98,8 +103,22 @@ type Config struct {
 	// Label is a free-form description shown in status views.
 	Label string `yaml:"label"`
 	// Edge is host:port of the edge's node endpoint (gRPC; plaintext
-	// unless TLS is configured below). Required.
+	// unless TLS is configured below): one edge, dialed by that name as
+	// gRPC dials it. Edge or Edges is required; with both, Edge is one
+	// more entry of Edges.
 	Edge string `yaml:"edge"`
+	// Edges are the node endpoints of several edges (host:port each); the
+	// node keeps one connection to every edge (edges.go). An entry whose
+	// host is a DNS name stands for every edge the name resolves to: the
+	// node connects to each address (IPv4 ones when the name has any,
+	// else IPv6: a host with both is one edge, not two), verifies TLS
+	// against the name, and looks the name up again every
+	// ResolveInterval.
+	Edges []string `yaml:"edges"`
+	// ResolveInterval is how often the names in Edges are looked up again
+	// (an address that appears gets a connection; one that is gone has its
+	// connection drained, then closed); 0 means 30s.
+	ResolveInterval time.Duration `yaml:"resolve_interval"`
 	// Token authenticates the node to the edge, sent in Hello.
 	Token string `yaml:"token"`
 	// TLS dials the edge over TLS, verifying its certificate against the
@@ -267,6 +286,9 @@ func (c Config) withDefaults() Config {
 	if c.DiscoveryInterval == 0 {
 		c.DiscoveryInterval = DefaultDiscoveryInterval
 	}
+	if c.ResolveInterval == 0 {
+		c.ResolveInterval = DefaultResolveInterval
+	}
 	c.Providers = slices.Clone(c.Providers)
 	defaultProviderIDs(c.Providers)
 	for i := range c.Providers {
@@ -302,7 +324,7 @@ func (c Config) withDefaults() Config {
 }
 
 // Validate reports every problem of c (with defaults applied), joined and
-// wrapped in ErrInvalidConfig: node_id and edge (host:port) set, at least
+// wrapped in ErrInvalidConfig: node_id set, edge or edges set (each host:port, none twice), at least
 // one provider, provider ids unique and non-empty, a known type (and sim
 // protocol), a base_url that parses as http(s) with a host (none for type
 // cli), models non-empty and unique (at least one for type cli; other
@@ -320,10 +342,25 @@ func (c Config) Validate() error {
 	if c.NodeID == "" {
 		bad("node_id is required")
 	}
-	if c.Edge == "" {
-		bad("edge is required")
-	} else if host, port, err := net.SplitHostPort(c.Edge); err != nil || host == "" || port == "" {
-		bad("edge %q: want host:port", c.Edge)
+	if c.Edge == "" && len(c.Edges) == 0 {
+		bad("edge or edges is required")
+	}
+	if c.Edge != "" {
+		if host, port, err := net.SplitHostPort(c.Edge); err != nil || host == "" || port == "" {
+			bad("edge %q: want host:port", c.Edge)
+		}
+	}
+	seenEdge := map[string]bool{c.Edge: c.Edge != ""}
+	for i, e := range c.Edges {
+		if host, port, err := net.SplitHostPort(e); err != nil || host == "" || port == "" {
+			bad("edges[%d] %q: want host:port", i, e)
+		} else if seenEdge[e] {
+			bad("edges[%d] %q: listed twice (one connection per edge)", i, e)
+		}
+		seenEdge[e] = true
+	}
+	if c.ResolveInterval < 0 {
+		bad("resolve_interval %v: must not be negative", c.ResolveInterval)
 	}
 	if c.RuntimeConcurrency < 0 {
 		bad("runtime_concurrency %d: must not be negative", c.RuntimeConcurrency)

@@ -21,7 +21,7 @@ func TestLoadConfigExample(t *testing.T) {
 	want := Config{
 		NodeID: "gpu-box-1", Label: "rack 3, 2x A100", Edge: "edge.internal:7443", Token: "s3cret",
 		RuntimeConcurrency: 4, ReconnectMin: 500 * time.Millisecond, ReconnectMax: time.Minute, DrainTimeout: 45 * time.Second,
-		DiscoveryInterval: 15 * time.Second,
+		DiscoveryInterval: 15 * time.Second, ResolveInterval: DefaultResolveInterval,
 		Providers: []ProviderConfig{
 			{ID: "zero-config", Type: "ollama", BaseURL: "http://127.0.0.1:11435", Capacity: 4, LongCapacity: 4,
 				Timeout: DefaultProviderTimeout, DiscoveryInterval: 15 * time.Second},
@@ -102,14 +102,22 @@ func TestValidate(t *testing.T) {
 	if err := zeroConfig.Validate(); err != nil {
 		t.Fatalf("a provider with type alone: %v", err)
 	}
+	edgesOnly := Config{NodeID: "n", Edges: []string{"edges.internal:7443", "10.0.0.9:7443"}, Providers: []ProviderConfig{{Type: TypeOllama}}}
+	if err := edgesOnly.Validate(); err != nil {
+		t.Fatalf("edges without edge: %v", err)
+	}
 	for _, tc := range []struct {
 		name   string
 		mutate func(*Config)
 		want   string
 	}{
 		{"no node id", func(c *Config) { c.NodeID = "" }, "node_id"},
-		{"no edge", func(c *Config) { c.Edge = "" }, "edge is required"},
+		{"no edge", func(c *Config) { c.Edge = "" }, "edge or edges is required"},
 		{"edge without port", func(c *Config) { c.Edge = "edge.internal" }, "host:port"},
+		{"edges entry without port", func(c *Config) { c.Edges = []string{"edge-a.internal:7443", "edge-b.internal"} }, `edges[1] "edge-b.internal": want host:port`},
+		{"edges entry twice", func(c *Config) { c.Edges = []string{"edge-a.internal:7443", "edge-a.internal:7443"} }, "listed twice"},
+		{"edges entry same as edge", func(c *Config) { c.Edges = []string{c.Edge} }, "listed twice"},
+		{"negative resolve interval", func(c *Config) { c.Edges, c.ResolveInterval = []string{"edges.internal:7443"}, -time.Second }, "resolve_interval -1s"},
 		{"no providers", func(c *Config) { c.Providers = nil }, "at least one provider"},
 		{"duplicate id", func(c *Config) { c.Providers = append(c.Providers, c.Providers[0]) }, "not unique"},
 		{"empty id and type", func(c *Config) { c.Providers[0].ID, c.Providers[0].Type = "", "" }, "id is required"},

@@ -226,7 +226,7 @@ func (a *Agent) startDiscovery(ctx context.Context) (stop func()) {
 			continue
 		}
 		wg.Go(func() {
-			for a.sleep(ctx, p.cfg.DiscoveryInterval) {
+			for a.sleepOn(ctx, a.draining, p.cfg.DiscoveryInterval) {
 				a.round(ctx, p)
 			}
 		})

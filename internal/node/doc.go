@@ -5,7 +5,8 @@
 //
 // # Protocol (iop/internal/wire/node.proto)
 //
-// The agent keeps one Connect stream open: it sends Hello (node id, label,
+// The agent keeps one Connect stream open to each edge (Config.Edge, or
+// every edge of Config.Edges: see "Several edges" below): it sends Hello (node id, label,
 // token, providers with type, served models, capacity, long capacity,
 // capabilities, execution path, healthy, version) and waits for Welcome
 // (generation, heartbeat interval) or HelloRefused. After Welcome it sends a
@@ -15,6 +16,30 @@
 // then waits (exponential backoff from ReconnectMin to ReconnectMax, full
 // jitter, reset after a Welcome) and connects again, getting a new
 // generation.
+//
+// # Several edges
+//
+// With Config.Edges the node keeps one connection (a link, edges.go) per
+// edge: each has its own Hello/Welcome, generation (generations are per
+// (node, edge)), heartbeats, warm streams and reconnect backoff, so one
+// edge lost or restarting leaves the others' connections and runs alone.
+// An entry whose host is a DNS name stands for every address it resolves
+// to (IPv4 ones if it has any, else IPv6), each its own link dialed by
+// address with the name as TLS server name and :authority; the name is
+// looked up again every Config.ResolveInterval (30s): a new address gets a
+// link, one gone has its link drained (Drain{"edge address no longer
+// resolved"}, its runs may finish up to DrainTimeout) and closed; a failed
+// or empty lookup changes nothing. Agent.Drain drains every link.
+//
+// Provider capacity is the node's as well as the edges' (capacity.go):
+// every link's runs share each provider's max(capacity, long_capacity)
+// slots, so however many edges send dispatches, a provider never runs
+// more at once. A Dispatch whose provider is full waits up to slotWait (1s,
+// the agent's clock) for a slot (an edge frees its slot as it reads a
+// run's end or cancels it, a moment before the node's run is over), then
+// is refused (DispatchRefused, ErrProviderBusy). A run's slot is freed just
+// before its terminal frame is sent. Agent.RunsInFlight lists every run of
+// every link.
 //
 // # Discovery
 //
@@ -42,8 +67,8 @@
 // sends the answer up:
 // run events on the normalized path, TunnelHead/TunnelData/TunnelEnd on the
 // tunnel path (a small whole answer as one TunnelHead with its body and
-// end, and no TunnelEnd after it). A Dispatch it cannot run gets DispatchRefused. Capacity is
-// the edge's to enforce; the node runs whatever it is sent.
+// end, and no TunnelEnd after it). A Dispatch it cannot run gets DispatchRefused; one
+// above its provider's capacity on this node, too (see "Several edges").
 //
 // Warm streams (warm.go): after Welcome each connection keeps WarmStreams
 // (2) Run streams open ahead of need, opened with RunOpen{idle, node id,
@@ -82,12 +107,20 @@
 // # Concurrency
 //
 // Agent fields set in New (config, logger, clock, providers and their
-// adapters and listers) are never written again. Run owns the gRPC client
-// connection and calls session once per connection, sequentially; at most
-// one Run is active per Agent. Agent.gen is an atomic written only by the
-// session goroutine; Agent.mu guards genChanged, the channel closed on each
-// generation change (tests wait on it). ready is closed once, at the first
-// Welcome.
+// adapters and listers, the provider slot channels) are never written
+// again. At most one Run is active per Agent. Run starts one goroutine per
+// link (edges.go: it owns the link's gRPC client connection and calls
+// session once per connection, sequentially), one per DNS name of
+// Config.Edges (resolveName: it alone starts and retires that name's
+// links), and waits for them all. Each link has one more goroutine that
+// turns the agent's drain into the link's (or, for a retired link, runs
+// its drain timer). Agent.mu guards gens (the generation of each welcomed
+// connection, written by its session goroutine), links, and genChanged,
+// the channel closed on each generation change (tests wait on it). ready
+// is closed once, at the first Welcome of any link. Agent.slotMu guards
+// inFlight (every run of every link); a run's slot field is guarded by its
+// slotMu, taken by acquireSlot on the run's goroutine and freed once by
+// releaseSlot (its sinks, runOn, or untrack).
 //
 // Discovery: Run starts one goroutine per discovered provider (after a
 // first round run by goroutines it waits for), the only one that runs that

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
@@ -26,6 +27,26 @@ type run struct {
 	stopStream context.CancelFunc
 	workCtx    context.Context // the provider request's; a child of streamCtx
 	cancelWork context.CancelCauseFunc
+	// edge, gen and provider say where the run came from and what runs it
+	// (Agent.RunsInFlight); written once by admit.
+	edge     string
+	gen      uint64
+	provider string
+
+	slotMu sync.Mutex    // guards slot
+	slot   chan struct{} // the provider slot r holds (capacity.go); nil when none
+	// over is set just before the run's terminal frame is sent: the
+	// provider is done with it, so a drain that begins now counts it no
+	// run in flight (the edge may have read its end before the run
+	// goroutine forgets it).
+	over atomic.Bool
+}
+
+// lastFrame is called just before r's terminal frame is sent: r is over
+// at the provider, and its slot is free.
+func (r *run) lastFrame() {
+	r.over.Store(true)
+	r.releaseSlot()
 }
 
 // bodyResult is a run's whole request body, or why there is none.
@@ -35,8 +56,9 @@ type bodyResult struct {
 }
 
 // dispatch starts d, a Dispatch from the control stream, as a run on a
-// Run stream of its own, or refuses it on the control stream. Capacity is
-// the edge's to enforce: the node never refuses for load.
+// Run stream of its own, or refuses it on the control stream (also when
+// its provider stays at capacity on this node for slotWait: the edges
+// together sent it more than it takes, see capacity.go).
 func (c *conn) dispatch(d *nodev1.Dispatch) {
 	streamCtx, stopStream := context.WithCancel(c.ctx)
 	r, p, err := c.admit(d, streamCtx, stopStream)
@@ -50,6 +72,10 @@ func (c *conn) dispatch(d *nodev1.Dispatch) {
 		defer c.runWG.Done()
 		defer c.removeRun(r)
 		defer r.stopStream()
+		if err := c.a.acquireSlot(r); err != nil {
+			c.refuse(r.id, err)
+			return
+		}
 		c.serveRun(r, d, p)
 	}()
 }
@@ -90,9 +116,10 @@ func (c *conn) admit(d *nodev1.Dispatch, streamCtx context.Context, stopStream c
 	if _, dup := c.runs[d.RunId]; dup {
 		return nil, nil, ErrDuplicateRun
 	}
-	r := &run{id: d.RunId, streamCtx: streamCtx, stopStream: stopStream}
+	r := &run{id: d.RunId, streamCtx: streamCtx, stopStream: stopStream, edge: c.l.addr, gen: c.gen, provider: p.cfg.ID}
 	r.workCtx, r.cancelWork = context.WithCancelCause(streamCtx)
 	c.runs[r.id] = r
+	c.a.track(r)
 	return r, p, nil
 }
 
@@ -120,6 +147,7 @@ func (c *conn) finishWarm(r *run) {
 	}
 	c.unread++
 	c.mu.Unlock()
+	c.a.untrack(r)
 	c.wakeSession()
 }
 
@@ -140,6 +168,7 @@ func (c *conn) removeRun(r *run) {
 		delete(c.runs, r.id)
 	}
 	c.mu.Unlock()
+	c.a.untrack(r)
 	c.wakeSession()
 }
 
@@ -189,7 +218,7 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 		defer close(readerDone)
 		next = readRunDown(stream, r, d.BodyInline, bodies)
 	}()
-	events := &eventSink{s: stream}
+	events := &eventSink{s: stream, last: r.lastFrame}
 
 	var body bodyResult
 	switch {
@@ -215,7 +244,7 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 		case adapter.Normalizer:
 			err = ad.Normalize(r.workCtx, req, events)
 		case adapter.Tunneler:
-			ts := &tunnelSink{s: stream, split: !c.headBody}
+			ts := &tunnelSink{s: stream, split: !c.headBody, last: r.lastFrame}
 			err = ad.Tunnel(r.workCtx, req, ts)
 			sentLast = ts.ended
 		}
@@ -230,6 +259,7 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 		// or a tunnel head with the whole body (End).
 		ended := events.ended || sentLast
 		if last := terminal(p.path, err); last != nil && !ended {
+			r.lastFrame() // before the edge can read the end
 			if serr := stream.Send(last); serr != nil {
 				c.logRun(slog.LevelDebug, r, d, "cannot send the run's last frame", "err", serr)
 			} else {
@@ -392,7 +422,8 @@ func terminal(path nodev1.ExecutionPath, err error) *nodev1.RunUp {
 // so it is reused at once.
 type eventSink struct {
 	s     runStream
-	ended bool // a terminal event was sent
+	ended bool   // a terminal event was sent
+	last  func() // called just before the terminal event is sent (frees the provider slot)
 }
 
 var _ adapter.EventSink = (*eventSink)(nil)
@@ -406,6 +437,9 @@ func (s *eventSink) Send(events ...*nodev1.RunEvent) error {
 		case nodev1.RunEvent_TYPE_COMPLETE, nodev1.RunEvent_TYPE_ERROR, nodev1.RunEvent_TYPE_CANCELLED:
 			s.ended = true
 		}
+	}
+	if s.ended && s.last != nil {
+		s.last()
 	}
 	m := eventsMsgPool.Get().(*eventsMsg)
 	m.events.Events = events
@@ -444,6 +478,7 @@ type tunnelSink struct {
 	// body goes as a TunnelData after it, and its end as the TunnelEnd
 	// serveRun sends (ended stays false).
 	split bool
+	last  func() // called just before a head with the whole body is sent (frees the provider slot)
 }
 
 var _ adapter.TunnelSink = (*tunnelSink)(nil)
@@ -467,6 +502,9 @@ func (s *tunnelSink) Head(h adapter.TunnelHead) error {
 		head.ContentLength = h.ContentLength
 	}
 	s.ended = h.End
+	if s.ended && s.last != nil {
+		s.last()
+	}
 	return s.s.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: head}})
 }
 

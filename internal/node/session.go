@@ -24,6 +24,7 @@ const outQueue = 64
 // parent of every run it dispatched, so ending it cancels them all.
 type conn struct {
 	a      *Agent
+	l      *link // the edge this connection is to
 	client nodev1.NodeGatewayClient
 	ctx    context.Context // ends when the connection does
 	cancel context.CancelCauseFunc
@@ -55,9 +56,9 @@ type conn struct {
 // dispatches until the connection ends. It returns whether the edge
 // welcomed the node and why the connection ended, after every goroutine of
 // the connection (reader, writer, runs) has finished.
-func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (welcomed bool, err error) {
+func (a *Agent) session(ctx context.Context, l *link, client nodev1.NodeGatewayClient) (welcomed bool, err error) {
 	cctx, cancel := context.WithCancelCause(ctx)
-	c := &conn{a: a, client: client, ctx: cctx, cancel: cancel,
+	c := &conn{a: a, l: l, client: client, ctx: cctx, cancel: cancel,
 		out: make(chan *nodev1.NodeMessage, outQueue), runEnded: make(chan struct{}, 1), runs: make(map[string]*run)}
 	var wg sync.WaitGroup // reader and writer
 	defer func() {
@@ -164,7 +165,7 @@ func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (w
 	case <-cctx.Done():
 		helloTimer.Stop()
 		return false, context.Cause(cctx) // ErrWelcomeTimeout, or why ctx ended
-	case <-a.draining:
+	case <-l.draining:
 		helloTimer.Stop()
 		return false, ErrDrained // nothing in flight yet
 	}
@@ -192,13 +193,13 @@ func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (w
 	defer func() { tick.Stop() }()
 	c.gen = w.Generation
 	c.headBody = slices.Contains(w.GetFeatures(), nodev1.FeatureTunnelHeadBody)
-	a.setGeneration(c.gen)
-	defer a.setGeneration(0)
+	a.setGeneration(l, c.gen)
+	defer a.setGeneration(l, 0)
 	a.readyOnce.Do(func() { close(a.ready) })
-	a.logger.Info("connected to edge", "edge", a.cfg.Edge, "generation", c.gen, "heartbeat", interval)
+	l.logger.Info("connected to edge", "generation", c.gen, "heartbeat", interval)
 	c.refillWarm()
 
-	drain := a.draining // nil once the drain began on this connection
+	drain := l.draining // nil once the drain began on this connection
 	// idleAtDrain: no run was in flight when the drain began (the node
 	// then waits only for the edge to have read the answers of runs that
 	// just finished: c.unread).
@@ -263,11 +264,16 @@ func (a *Agent) session(ctx context.Context, client nodev1.NodeGatewayClient) (w
 func (c *conn) startDrain() (idle bool) {
 	c.mu.Lock()
 	c.draining = true
-	n := len(c.runs)
+	n := 0
+	for _, r := range c.runs {
+		if !r.over.Load() { // a run sending its last frame is over
+			n++
+		}
+	}
 	c.mu.Unlock()
 	c.a.logger.Info("draining: the edge is told, no more dispatches are taken, the runs in flight may finish",
-		"reason", c.a.drainReason, "runs_in_flight", n, "drain_timeout", c.a.cfg.DrainTimeout, "generation", c.gen)
-	m := &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_Drain{Drain: &nodev1.Drain{Reason: c.a.drainReason}}}
+		"edge", c.l.addr, "reason", c.l.drainReason, "runs_in_flight", n, "drain_timeout", c.a.cfg.DrainTimeout, "generation", c.gen)
+	m := &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_Drain{Drain: &nodev1.Drain{Reason: c.l.drainReason}}}
 	select {
 	case c.out <- m:
 	case <-c.ctx.Done():

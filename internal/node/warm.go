@@ -104,6 +104,11 @@ func (c *conn) serveWarmRun(ctx context.Context, stop context.CancelFunc, stream
 		return nil
 	}
 	defer c.removeRun(r)
+	if err := c.a.acquireSlot(r); err != nil {
+		c.removeRun(r)
+		c.refuseOn(stream, d.RunId, err)
+		return nil
+	}
 	open := &nodev1.RunOpen{RunId: r.id, NodeId: c.a.cfg.NodeID, Generation: c.gen}
 	if err := stream.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_Open{Open: open}}); err != nil {
 		c.logRun(slog.LevelDebug, r, d, "warm run stream failed", "err", err)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -49,7 +50,7 @@ const idleTimeout = 120 * time.Second
 
 // startEdge listens on cfg.Listen and cfg.NodeListen and serves until ctx
 // ends, with run records and the usage ledger in cfg.Database (the ledger
-// in PostgreSQL with cfg.LedgerDSN). It returns once both listeners
+// in PostgreSQL with cfg.LedgerDSN, the run records with cfg.RunsDSN). It returns once both listeners
 // are open. It refuses an open client API (no keys) on a non-loopback
 // address unless cfg.InsecureOpen. When ctx ends it drains the HTTP API
 // (up to cfg.DrainTimeout, or until abort ends), then ends what is still
@@ -99,7 +100,18 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 	if cfg.Database == "" {
 		cfg.Database = ":memory:"
 	}
-	runStore, err := runs.OpenSQLite(cfg.Database)
+	var runStore runs.Store
+	if cfg.RunsDSN != "" {
+		name := cfg.Name
+		if name == "" {
+			if name, err = os.Hostname(); err != nil {
+				return nil, fmt.Errorf("runs_dsn: name unset and no host name: %w", err)
+			}
+		}
+		runStore, err = runs.OpenPostgres(ctx, cfg.RunsDSN, name, logger.With("component", "runs"))
+	} else {
+		runStore, err = runs.OpenSQLite(cfg.Database)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -224,7 +224,7 @@ func (p *Process) startNode(ctx, abort context.Context, cfg Config) error {
 	if err := servePprof(abort, cfg.PprofListen); err != nil {
 		return err
 	}
-	p.logger.Info("node starting", "node_id", ncfg.NodeID, "edge", ncfg.Edge, "providers", len(ncfg.Providers))
+	p.logger.Info("node starting", "node_id", ncfg.NodeID, "edge", ncfg.Edge, "edges", ncfg.Edges, "providers", len(ncfg.Providers))
 	stopDrainOnCtx := context.AfterFunc(ctx, func() { p.Drain("context ended") })
 	go func() {
 		err := agent.Run(abort)

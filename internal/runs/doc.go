@@ -8,6 +8,14 @@
 // dispatched and when it ends; an edge that stops with runs in flight marks
 // them error "edge restarted" when it next opens the store (Store.Interrupt).
 //
+// Several edges may share one store (Shared: Postgres, the edge's
+// runs_dsn): each record carries the name of the edge that holds it (so
+// Interrupt ends only that edge's), the holding edge publishes the run's
+// event log to the store as it grows, every event before the final
+// record, and any edge replays and follows it (Manager.Follow) and asks
+// the holding edge to cancel it (Manager.CancelRemote: the store carries
+// the request by a NOTIFY, with a one-second poll behind it).
+//
 // # Concurrency
 //
 // A Manager and its Runs are safe for concurrent use. Goroutines and
@@ -24,6 +32,13 @@
 //   - save, when the Store fails, waits out its backoff on the calling
 //     goroutine (an execution's, or a caller of Dispatched or Finish) on
 //     a Config.Clock timer; nothing else waits on time.
+//   - With a Shared store, Start also runs publish for each run (counted
+//     by Manager.wg): the only writer of the run's log to the store, it
+//     reads the log as Next does and ends once the log is complete (its
+//     end written); Finish waits for it to have written every event before
+//     it saves the final record. A run's log expiry deletes its shared
+//     copy on a goroutine of its own (dropSharedLog, Manager.wg).
+//     Postgres runs one listener goroutine from OpenPostgres to Close.
 //
 // The package starts no other goroutine. Two mutexes:
 //

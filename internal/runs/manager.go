@@ -48,6 +48,7 @@ type Config struct {
 // through to the Store. Its methods are safe for concurrent use.
 type Manager struct {
 	store     Store
+	shared    Shared // store, when several edges share it (shared.go); else nil
 	retention time.Duration
 	log       *slog.Logger
 	now       func() time.Time
@@ -90,6 +91,16 @@ func NewManager(ctx context.Context, cfg Config) (*Manager, error) {
 	if m.now == nil {
 		m.now = m.clock.Now
 	}
+	if sh, ok := cfg.Store.(Shared); ok {
+		m.shared = sh
+		sh.OnCancel(m.cancelFromStore)
+		if p, ok := sh.(*Postgres); ok {
+			// Logs this edge's previous process left past their retention.
+			if err := p.DeleteEventsFinishedBefore(ctx, m.now().Add(-m.retention)); err != nil {
+				m.log.Warn("dropping expired run events from the shared store failed", "err", err)
+			}
+		}
+	}
 	n, err := m.store.Interrupt(ctx, "edge restarted", m.now())
 	if err != nil {
 		return nil, err
@@ -129,6 +140,10 @@ func (m *Manager) Start(parent context.Context, rec Record, exec func(ctx contex
 	}
 	m.live[rec.ID] = r
 	m.wg.Add(1)
+	if m.shared != nil {
+		m.wg.Add(1)
+		go m.publish(r)
+	}
 	m.mu.Unlock()
 	go func() {
 		defer m.wg.Done()
@@ -249,6 +264,10 @@ func (m *Manager) expireLater(r *Run) {
 			delete(m.live, id)
 		}
 		delete(m.timers, id)
+		if m.shared != nil && !m.closed {
+			m.wg.Add(1)
+			go m.dropSharedLog(id)
+		}
 	})
 }
 
@@ -265,7 +284,11 @@ type Run struct {
 	logCut    bool            // the log reached MaxEventBytes
 	done      bool            // the log is complete and the final record saved
 	finishing bool            // Finish has begun: no more appends
-	changed   chan struct{}   // closed and replaced when events or done change
+	// published is how many bytes of events are in the shared store
+	// (publish); publishFailed says publish gave up. Shared stores only.
+	published     int
+	publishFailed bool
+	changed       chan struct{} // closed and replaced when events or done change
 }
 
 // Record returns a copy of the run's record.
@@ -368,6 +391,11 @@ func (r *Run) Finish(o Outcome) bool {
 	r.finishing = true
 	rec := r.record()
 	r.mu.Unlock()
+	if r.m.shared != nil {
+		// Every event is in the shared store before the final record is:
+		// an edge that reads the record final then finds them all.
+		r.awaitPublished()
+	}
 
 	rec.State = o.State
 	rec.Error, rec.FinishReason, rec.Status = o.Error, o.FinishReason, o.Status

@@ -202,7 +202,21 @@ func (s *SQLite) Save(ctx context.Context, r Record) error {
 
 // Get implements Store.
 func (s *SQLite) Get(ctx context.Context, id string) (Record, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+columns+` FROM runs WHERE id = ?`, id)
+	return getRecord(ctx, s.db, sameQuery, id)
+}
+
+// List implements Store, without the records' Output (a page of long
+// answers would be huge). A Filter.After that names no run is ErrNotFound.
+func (s *SQLite) List(ctx context.Context, f Filter) ([]Record, bool, error) {
+	return listRecords(ctx, s.db, sameQuery, f)
+}
+
+// sameQuery leaves a query's ? placeholders as they are (SQLite's).
+func sameQuery(q string) string { return q }
+
+// getRecord is Get on db, whose placeholders ph writes.
+func getRecord(ctx context.Context, db *sql.DB, ph func(string) string, id string) (Record, error) {
+	rows, err := db.QueryContext(ctx, ph(`SELECT `+columns+` FROM runs WHERE id = ?`), id)
 	if err != nil {
 		return Record{}, err
 	}
@@ -216,9 +230,8 @@ func (s *SQLite) Get(ctx context.Context, id string) (Record, error) {
 	return recs[0], nil
 }
 
-// List implements Store, without the records' Output (a page of long
-// answers would be huge). A Filter.After that names no run is ErrNotFound.
-func (s *SQLite) List(ctx context.Context, f Filter) ([]Record, bool, error) {
+// listRecords is List on db, whose placeholders ph writes.
+func listRecords(ctx context.Context, db *sql.DB, ph func(string) string, f Filter) ([]Record, bool, error) {
 	q := `SELECT ` + listColumns + ` FROM runs WHERE 1=1`
 	var args []any
 	if f.State != "" {
@@ -239,7 +252,7 @@ func (s *SQLite) List(ctx context.Context, f Filter) ([]Record, bool, error) {
 	}
 	if f.After != "" {
 		var created int64
-		err := s.db.QueryRowContext(ctx, `SELECT created_at FROM runs WHERE id = ?`, f.After).Scan(&created)
+		err := db.QueryRowContext(ctx, ph(`SELECT created_at FROM runs WHERE id = ?`), f.After).Scan(&created)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil, false, fmt.Errorf("%w: %q", ErrNotFound, f.After)
 		}
@@ -252,7 +265,7 @@ func (s *SQLite) List(ctx context.Context, f Filter) ([]Record, bool, error) {
 	limit := f.limit()
 	q += ` ORDER BY created_at DESC, id DESC LIMIT ?`
 	args = append(args, limit+1)
-	rows, err := s.db.QueryContext(ctx, q, args...)
+	rows, err := db.QueryContext(ctx, ph(q), args...)
 	if err != nil {
 		return nil, false, err
 	}

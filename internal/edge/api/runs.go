@@ -272,9 +272,25 @@ func (h *handler) getRun(w http.ResponseWriter, r *http.Request, id string) {
 
 // cancelRun serves DELETE /v1/runs/{id}: it cancels a live run, waits for
 // it to end (the node has been told to stop it; its slot is free) and
-// answers its record. A finished run is answered as it is.
+// answers its record. A finished run is answered as it is. With runs
+// shared between edges, a run another edge holds is cancelled there (the
+// store carries the request; runs.Manager.CancelRemote) and answered once
+// it ended.
 func (h *handler) cancelRun(w http.ResponseWriter, r *http.Request, id string) {
 	run := h.cfg.Runs.Live(id)
+	if run == nil && h.cfg.Runs.Shared() {
+		if _, err := h.ownRun(r, id); err != nil {
+			h.writeError(w, r, runError(err), nil)
+			return
+		}
+		rec, err := h.cfg.Runs.CancelRemote(r.Context(), id, "cancelled by DELETE /v1/runs/"+id)
+		if err != nil {
+			h.writeError(w, r, runError(err), nil)
+			return
+		}
+		writeJSON(w, http.StatusOK, renderRecord(rec))
+		return
+	}
 	if run == nil || !ownedBy(r, run.Record()) {
 		h.getRun(w, r, id)
 		return
@@ -292,6 +308,9 @@ func (h *handler) cancelRun(w http.ResponseWriter, r *http.Request, id string) {
 // start, then live ones until it ends. A run whose log has expired (or
 // that a previous edge process ran) is replayed from its record: one chunk
 // with its whole output, a usage chunk and [DONE], or its error event.
+// With runs shared between edges, the log of a run another edge holds is
+// read from the store, from the start, and followed live
+// (runs.Manager.Follow).
 func (h *handler) runEvents(w http.ResponseWriter, r *http.Request, id string) {
 	run := h.cfg.Runs.Live(id)
 	if run == nil || !ownedBy(r, run.Record()) {
@@ -301,6 +320,24 @@ func (h *handler) runEvents(w http.ResponseWriter, r *http.Request, id string) {
 			return
 		}
 		startSSE(w)
+		if h.cfg.Runs.Shared() {
+			rc := http.NewResponseController(w)
+			if err := rc.Flush(); err != nil {
+				return
+			}
+			streamed, err := h.cfg.Runs.Follow(r.Context(), id, func(p []byte) error {
+				if _, err := w.Write(p); err != nil {
+					return err
+				}
+				return rc.Flush()
+			})
+			if streamed || err != nil {
+				return
+			}
+			if rec, err = h.cfg.Runs.Get(r.Context(), id); err != nil {
+				return
+			}
+		}
 		_, _ = w.Write(replayRecord(rec))
 		return
 	}
