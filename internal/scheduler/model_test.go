@@ -358,21 +358,43 @@ func (m *machine) admit(t *rapid.T) {
 	group := rapid.SampledFrom(modelGroupList).Draw(t, "group")
 	long := rapid.Bool().Draw(t, "long")
 	tools := rapid.Bool().Draw(t, "tools")
+	// Half the admissions bring an affinity (prefix-cache-aware routing):
+	// expected cached tokens per provider id, and a load weight.
+	var affinity map[string]int
+	loadTokens := 0
+	if rapid.Bool().Draw(t, "affine") {
+		affinity = map[string]int{}
+		for _, p := range modelProviders {
+			affinity[p] = rapid.SampledFrom([]int{0, 0, 16, 512, 4096}).Draw(t, "affinity "+p)
+		}
+		loadTokens = rapid.SampledFrom([]int{0, 256, 2048}).Draw(t, "load tokens")
+	}
+	req := Request{Group: group, Long: long, Resolve: m.resolver(group, tools), LoadTokens: loadTokens}
+	if affinity != nil {
+		req.Affinity = func(c Candidate) int { return affinity[c.ProviderID] }
+	}
 	// An admission first retries the stale waiters; those it hands a slot
 	// come before this request.
 	m.retryStale()
-	lease, w, err := m.s.enqueue(Request{Group: group, Long: long, Resolve: m.resolver(group, tools)})
+	lease, w, err := m.s.enqueue(req)
 	m.collect(t)
-	// What the reference expects, in the state the earlier waiters left.
+	// What the reference expects, in the state the earlier waiters left:
+	// the free candidate of highest score, ties (and without affinity, all
+	// choices) by refLess.
 	cands, rerr := m.resolve(group, tools)
 	var want *resourceKey
+	var wantScore float64
 	for _, c := range cands {
 		if !m.free(c.key, long) {
 			continue
 		}
-		if want == nil || refLess(m, c.key, *want) {
+		var sc float64
+		if affinity != nil {
+			sc = float64(affinity[c.key.provider]) - float64(loadTokens)*float64(m.held(c.key, false))/float64(m.nodes[c.key.node].capacity[c.key.provider])
+		}
+		if want == nil || sc > wantScore || (sc == wantScore && refLess(m, c.key, *want)) {
 			k := c.key
-			want = &k
+			want, wantScore = &k, sc
 		}
 	}
 	queued := 0

@@ -133,6 +133,24 @@ type Request struct {
 	// affinity: a session's runs go back to the provider that holds its
 	// prompt cache). Otherwise, and for a queued request, it changes nothing.
 	Prefer ProviderRef
+	// Affinity, when set, returns the prompt tokens candidate c is expected
+	// to hold in its prompt cache already (prefix-cache-aware routing; the
+	// edge computes them from its prefix index before Admit, so Affinity
+	// reads immutable data and takes no lock). Among the candidates with a
+	// free slot the one with the highest score
+	//
+	//	Affinity(c) − LoadTokens × in_flight/capacity
+	//
+	// wins, ties by lessLoaded (load, then provider id, then node id); with
+	// Affinity 0 everywhere that is the least loaded one. A busy candidate
+	// is never chosen while another is free, whatever its affinity. Prefer,
+	// when it has a free slot, wins over Affinity. Called under the
+	// scheduler's lock: it must not call the scheduler.
+	Affinity func(Candidate) int
+	// LoadTokens is the weight of load in the score above, in tokens: the
+	// expected cache hit that a full provider (in-flight = capacity) must
+	// offer over an idle one to be chosen; ≥ 0.
+	LoadTokens int
 	// OnQueued, if set, is called once, on the caller's goroutine and
 	// without the scheduler's lock, when the request starts waiting in its
 	// group's queue (for observability).
@@ -322,7 +340,7 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	cands, best := s.scanLocked(cands, req.Long, req.Prefer)
+	cands, best := s.scanLocked(cands, &req)
 	if len(cands) == 0 {
 		return nil, nil, fmt.Errorf("%w %q", ErrNoProvider, req.Group)
 	}
@@ -383,32 +401,63 @@ func live(r *resource, c Candidate) bool {
 }
 
 // scanLocked filters cands in place to the live ones and, in the same pass,
-// picks the best with a free slot: prefer if it is one, else the lowest
-// in-flight/capacity, ties by provider id then node id (best.res is nil if
-// none is free).
-func (s *Scheduler) scanLocked(cands []Candidate, long bool, prefer ProviderRef) (liveCands []Candidate, best choice) {
+// picks the best with a free slot for req: req.Prefer if it is one, else
+// the best by chooser (best.res is nil if none is free).
+func (s *Scheduler) scanLocked(cands []Candidate, req *Request) (liveCands []Candidate, best choice) {
 	liveCands = cands[:0]
 	var preferred choice
+	ch := newChooser(req)
 	for _, c := range cands {
 		r := s.resources[resourceKey{c.NodeID, c.ProviderID}]
 		if !live(r, c) {
 			continue
 		}
 		liveCands = append(liveCands, c)
-		if !r.fits(long) {
+		if !r.fits(req.Long) {
 			continue
 		}
-		if best.res == nil || lessLoaded(r, c, best.res, best.Candidate) {
-			best = choice{c, r}
-		}
-		if c.NodeID == prefer.NodeID && c.ProviderID == prefer.ProviderID {
+		ch.offer(choice{c, r})
+		if c.NodeID == req.Prefer.NodeID && c.ProviderID == req.Prefer.ProviderID {
 			preferred = choice{c, r}
 		}
 	}
 	if preferred.res != nil {
-		best = preferred
+		return liveCands, preferred
 	}
-	return liveCands, best
+	return liveCands, ch.best
+}
+
+// chooser keeps the best of the free choices offered to it: the highest
+// score Affinity − LoadTokens × in_flight/capacity (Request.Affinity), ties
+// by lessLoaded; without Affinity, the least loaded.
+type chooser struct {
+	affinity   func(Candidate) int
+	loadTokens float64
+	best       choice
+	bestScore  float64
+}
+
+func newChooser(req *Request) chooser {
+	return chooser{affinity: req.Affinity, loadTokens: float64(max(req.LoadTokens, 0))}
+}
+
+// score is c's score; exact for equal load ratios (a correctly rounded
+// quotient of the same rational), so ties fall to lessLoaded.
+func (ch *chooser) score(c choice) float64 {
+	return float64(ch.affinity(c.Candidate)) - ch.loadTokens*float64(c.res.inFlight)/float64(c.res.capacity)
+}
+
+func (ch *chooser) offer(c choice) {
+	if ch.affinity == nil {
+		if ch.best.res == nil || lessLoaded(c.res, c.Candidate, ch.best.res, ch.best.Candidate) {
+			ch.best = c
+		}
+		return
+	}
+	sc := ch.score(c)
+	if ch.best.res == nil || sc > ch.bestScore || (sc == ch.bestScore && lessLoaded(c.res, c.Candidate, ch.best.res, ch.best.Candidate)) {
+		ch.best, ch.bestScore = c, sc
+	}
 }
 
 // choicesLocked pairs live candidates with their resources.
@@ -420,19 +469,17 @@ func (s *Scheduler) choicesLocked(cands []Candidate) []choice {
 	return out
 }
 
-// pick returns the choice with a free slot and the lowest load, as
-// scanLocked does (res nil if none).
-func pick(choices []choice, long bool) choice {
-	var best choice
+// pick returns the best choice of req with a free slot, by the same
+// chooser as scanLocked (res nil if none).
+func pick(choices []choice, req *Request) choice {
+	ch := newChooser(req)
 	for _, c := range choices {
-		if !live(c.res, c.Candidate) || !c.res.fits(long) {
+		if !live(c.res, c.Candidate) || !c.res.fits(req.Long) {
 			continue
 		}
-		if best.res == nil || lessLoaded(c.res, c.Candidate, best.res, best.Candidate) {
-			best = c
-		}
+		ch.offer(c)
 	}
-	return best
+	return ch.best
 }
 
 func lessLoaded(a *resource, ac Candidate, b *resource, bc Candidate) bool {
@@ -476,7 +523,7 @@ func (s *Scheduler) reserveLocked(r *resource, c Candidate, req Request, reason 
 
 // grantLocked hands w a slot if one of its candidates has one.
 func (s *Scheduler) grantLocked(w *waiter) bool {
-	best := pick(w.cands, w.req.Long)
+	best := pick(w.cands, &w.req)
 	if best.res == nil {
 		return false
 	}
@@ -685,7 +732,8 @@ func (s *Scheduler) resolveLocked(w *waiter) {
 		}
 		s.markStaleLocked(w)
 	default:
-		if cands, _ = s.scanLocked(cands, w.req.Long, ProviderRef{}); len(cands) == 0 {
+		filter := Request{Long: w.req.Long} // only the live filter: no choice made here
+		if cands, _ = s.scanLocked(cands, &filter); len(cands) == 0 {
 			s.failLocked(w, fmt.Errorf("model %q: %w: every candidate is gone", w.group.name, ErrProviderUnavailable))
 			return
 		}
