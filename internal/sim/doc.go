@@ -98,6 +98,13 @@
 // (Faults.StreamErrorAfter), and requests that are accepted and never
 // answered.
 //
+// Config.PrefixCacheTokens gives the server a prefix (KV) cache as vLLM
+// keeps one: an LRU of 16-token prompt blocks named by chained hashes, so a
+// block hits only when the whole prompt up to its end was seen before, and
+// Config.PrefillTokensPerSecond adds the uncached tokens' prefill to the
+// time to first token. GET /stats reports the hits and misses (Stats), so a
+// test sees what a router did.
+//
 // # Concurrency
 //
 // A Server is safe for concurrent use; net/http calls its handler on one
