@@ -68,6 +68,9 @@ const (
 //	database: /var/lib/iop/edge.db
 //	max_retries: 1
 //	circuit_breaker: {failures: 3, cool_down: 30s, max_cool_down: 5m}
+//	routing: prefix                            # or least_loaded; per alias too (models.<alias>.routing)
+//	prefix_index_blocks: 16384                 # per served model
+//	prefix_load_tokens: 512
 type Config struct {
 	// Listen is the HTTP API address (host:port); default 127.0.0.1:8080.
 	// The edge core does not serve it; the HTTP layer does.
@@ -153,6 +156,34 @@ type Config struct {
 	// CircuitBreaker takes a provider that keeps failing out of rotation
 	// for a cool-down.
 	CircuitBreaker BreakerConfig `yaml:"circuit_breaker"`
+	// Routing is how a provider is chosen among the candidates with a free
+	// slot, for every model group without its own (ModelConfig.Routing):
+	// "prefix" (the default: prefix-cache-aware, the provider expected to
+	// hold the longest prefix of the prompt in its cache, traded against
+	// load; see PrefixLoadTokens) or "least_loaded" (the lowest
+	// in-flight/capacity). Either way a busy provider is never chosen while
+	// another candidate has a free slot, and a session's preferred provider
+	// (Request.PreferProviderID) wins while it has one. Reloadable.
+	Routing Routing `yaml:"routing"`
+	// PrefixIndexBlocks bounds the edge's prefix index of one served model,
+	// in blocks of 64 characters of rendered prompt (about 16 tokens); LRU
+	// beyond it. Default 16384 (about 262,000 tokens of prompt, about 5 MiB
+	// per served model). Read at start.
+	PrefixIndexBlocks int `yaml:"prefix_index_blocks"`
+	// PrefixLoadTokens is the weight of load against the expected cache
+	// hit, in tokens: a free candidate's score is its expected cached
+	// prompt tokens − PrefixLoadTokens × in-flight/capacity, and the
+	// highest wins (scheduler.Request.Affinity). nil means the default,
+	// 512; 0 makes any match win over any load. Reloadable.
+	PrefixLoadTokens *int `yaml:"prefix_load_tokens"`
+}
+
+// prefixLoadTokens returns PrefixLoadTokens, or its default when unset.
+func (c Config) prefixLoadTokens() int {
+	if c.PrefixLoadTokens == nil {
+		return DefaultPrefixLoadTokens
+	}
+	return *c.PrefixLoadTokens
 }
 
 // BreakerConfig is the circuit breaker of every (node, provider); zero
@@ -189,6 +220,9 @@ type ModelConfig struct {
 	Targets      []string      `yaml:"targets"`
 	MaxQueue     int           `yaml:"max_queue"`
 	QueueTimeout time.Duration `yaml:"queue_timeout"`
+	// Routing overrides Config.Routing for this alias: "prefix" or
+	// "least_loaded"; "" means the edge's.
+	Routing Routing `yaml:"routing"`
 }
 
 // DefaultConfig returns the configuration with every default filled in.
@@ -233,6 +267,12 @@ func (c *Config) SetDefaults() {
 	if c.MaxRetries == nil {
 		n := DefaultMaxRetries
 		c.MaxRetries = &n
+	}
+	if c.Routing == "" {
+		c.Routing = RoutingPrefix
+	}
+	if c.PrefixIndexBlocks == 0 {
+		c.PrefixIndexBlocks = DefaultPrefixIndexBlocks
 	}
 	if c.CircuitBreaker.Failures == 0 {
 		c.CircuitBreaker.Failures = DefaultBreakerFailures
@@ -293,6 +333,15 @@ func (c Config) Validate() error {
 	if c.MaxRetries != nil && *c.MaxRetries < 0 {
 		bad("max_retries %d is negative", *c.MaxRetries)
 	}
+	if !c.Routing.valid(false) {
+		bad("routing %q: want %q or %q", c.Routing, RoutingPrefix, RoutingLeastLoaded)
+	}
+	if c.PrefixIndexBlocks < 0 {
+		bad("prefix_index_blocks %d is negative", c.PrefixIndexBlocks)
+	}
+	if c.PrefixLoadTokens != nil && *c.PrefixLoadTokens < 0 {
+		bad("prefix_load_tokens %d is negative", *c.PrefixLoadTokens)
+	}
 	if b := c.CircuitBreaker; b.CoolDown < 0 || b.MaxCoolDown < b.CoolDown {
 		bad("circuit_breaker: cool_down %s must not be negative nor above max_cool_down %s", b.CoolDown, b.MaxCoolDown)
 	}
@@ -324,6 +373,9 @@ func (c Config) Validate() error {
 		}
 		if m.QueueTimeout < 0 {
 			bad("models.%s.queue_timeout %s is negative", alias, m.QueueTimeout)
+		}
+		if !m.Routing.valid(true) {
+			bad("models.%s.routing %q: want %q or %q", alias, m.Routing, RoutingPrefix, RoutingLeastLoaded)
 		}
 	}
 	for i, t := range c.Tokens {

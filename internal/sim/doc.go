@@ -110,7 +110,7 @@
 // A Server is safe for concurrent use; net/http calls its handler on one
 // goroutine per request. Its configuration, clock, logger and routes are set
 // in New and never written again. Server.mu guards the served models, the
-// counters and the record of seen requests; every request handler writes
+// counters, the prefix cache and the record of seen requests; every request handler writes
 // the counters and the record, under the lock, and Stats and Seen copy them
 // out under the lock; AddModel and RemoveModel replace entries of the
 // served models (an entry is never modified), and handlers look them up

@@ -87,6 +87,11 @@ type Metrics struct {
 	connects     *prometheus.CounterVec
 	fences       *prometheus.CounterVec
 	retries      *prometheus.CounterVec
+	// prefixPrompt and prefixPredicted: the prompt tokens of runs routed by
+	// prefix, and those the router expected the chosen provider to hold
+	// (their ratio is the predicted prefix hit ratio).
+	prefixPrompt    *prometheus.CounterVec
+	prefixPredicted *prometheus.CounterVec
 
 	mu      sync.Mutex           // guards the fields below
 	nodeGen map[string]uint64    // the latest generation seen, per node with label values
@@ -162,12 +167,18 @@ func New(reg prometheus.Registerer, snap Snapshotter) (*Metrics, error) {
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "iop_dispatch_retries_total", Help: "Dispatches that failed before their run started and were admitted again.",
 		}, []string{"model", "reason"}),
+		prefixPrompt: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "iop_prefix_prompt_tokens_total", Help: "Prompt tokens (full 16-token blocks of 64 characters) of runs admitted with routing prefix, by requested model.",
+		}, []string{"model"}),
+		prefixPredicted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "iop_prefix_predicted_tokens_total", Help: "Prompt tokens of runs admitted with routing prefix that the router expected the chosen provider to hold in its cache, by requested model; divided by iop_prefix_prompt_tokens_total, the predicted prefix hit ratio.",
+		}, []string{"model"}),
 		nodeGen: make(map[string]uint64),
 		reasons: make(map[string][]string),
 		gone:    make(map[string]time.Time),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.admissions, m.queueWait, m.ttft, m.duration, m.interToken,
-		m.inputTokens, m.outputTokens, m.runsInFlight, m.connects, m.fences, m.retries, newSnapshotCollector(snap)} {
+		m.inputTokens, m.outputTokens, m.runsInFlight, m.connects, m.fences, m.retries, m.prefixPrompt, m.prefixPredicted, newSnapshotCollector(snap)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -219,6 +230,10 @@ func (m *Metrics) Observe(e lifecycle.Event) {
 		m.retries.WithLabelValues(e.Model, e.Reason).Inc()
 	case lifecycle.RunAdmitted:
 		m.runsInFlight.WithLabelValues(e.Model).Inc()
+		if e.PrefixPromptTokens > 0 {
+			m.prefixPrompt.WithLabelValues(e.Model).Add(float64(e.PrefixPromptTokens))
+			m.prefixPredicted.WithLabelValues(e.Model).Add(float64(e.PrefixPredictedTokens))
+		}
 	case lifecycle.RunEnded:
 		m.runsInFlight.WithLabelValues(e.Model).Dec()
 	}
