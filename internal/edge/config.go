@@ -70,7 +70,7 @@ const (
 //	circuit_breaker: {failures: 3, cool_down: 30s, max_cool_down: 5m}
 //	routing: prefix                            # or least_loaded; per alias too (models.<alias>.routing)
 //	prefix_index_blocks: 16384                 # per served model
-//	prefix_load_tokens: 512
+//	prefix_load_slack: 0.5
 type Config struct {
 	// Listen is the HTTP API address (host:port); default 127.0.0.1:8080.
 	// The edge core does not serve it; the HTTP layer does.
@@ -160,7 +160,7 @@ type Config struct {
 	// slot, for every model group without its own (ModelConfig.Routing):
 	// "prefix" (the default: prefix-cache-aware, the provider expected to
 	// hold the longest prefix of the prompt in its cache, traded against
-	// load; see PrefixLoadTokens) or "least_loaded" (the lowest
+	// load; see PrefixLoadSlack) or "least_loaded" (the lowest
 	// in-flight/capacity). Either way a busy provider is never chosen while
 	// another candidate has a free slot, and a session's preferred provider
 	// (Request.PreferProviderID) wins while it has one. Reloadable.
@@ -170,20 +170,23 @@ type Config struct {
 	// beyond it. Default 16384 (about 262,000 tokens of prompt, about 5 MiB
 	// per served model). Read at start.
 	PrefixIndexBlocks int `yaml:"prefix_index_blocks"`
-	// PrefixLoadTokens is the weight of load against the expected cache
-	// hit, in tokens: a free candidate's score is its expected cached
-	// prompt tokens − PrefixLoadTokens × in-flight/capacity, and the
-	// highest wins (scheduler.Request.Affinity). nil means the default,
-	// 512; 0 makes any match win over any load. Reloadable.
-	PrefixLoadTokens *int `yaml:"prefix_load_tokens"`
+	// PrefixLoadSlack bounds what prefix routing trades for a cache hit:
+	// a provider is chosen for the prefix it is expected to hold only
+	// while its load (in-flight/capacity) is at most this much above the
+	// least loaded free candidate's; among those the longest expected hit
+	// wins, ties least-loaded (scheduler.Request.Affinity). nil means the
+	// default, 0.5 (2 requests more on a provider of capacity 4); 0 uses
+	// the prefix only to break ties between equally loaded providers.
+	// Reloadable.
+	PrefixLoadSlack *float64 `yaml:"prefix_load_slack"`
 }
 
-// prefixLoadTokens returns PrefixLoadTokens, or its default when unset.
-func (c Config) prefixLoadTokens() int {
-	if c.PrefixLoadTokens == nil {
-		return DefaultPrefixLoadTokens
+// prefixLoadSlack returns PrefixLoadSlack, or its default when unset.
+func (c Config) prefixLoadSlack() float64 {
+	if c.PrefixLoadSlack == nil {
+		return DefaultPrefixLoadSlack
 	}
-	return *c.PrefixLoadTokens
+	return *c.PrefixLoadSlack
 }
 
 // BreakerConfig is the circuit breaker of every (node, provider); zero
@@ -339,8 +342,8 @@ func (c Config) Validate() error {
 	if c.PrefixIndexBlocks < 0 {
 		bad("prefix_index_blocks %d is negative", c.PrefixIndexBlocks)
 	}
-	if c.PrefixLoadTokens != nil && *c.PrefixLoadTokens < 0 {
-		bad("prefix_load_tokens %d is negative", *c.PrefixLoadTokens)
+	if v := c.PrefixLoadSlack; v != nil && !(*v >= 0 && *v <= 1) {
+		bad("prefix_load_slack %v: want a number in [0, 1]", *v)
 	}
 	if b := c.CircuitBreaker; b.CoolDown < 0 || b.MaxCoolDown < b.CoolDown {
 		bad("circuit_breaker: cool_down %s must not be negative nor above max_cool_down %s", b.CoolDown, b.MaxCoolDown)

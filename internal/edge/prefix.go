@@ -34,8 +34,8 @@ const (
 	// DefaultPrefixIndexBlocks bounds the prefix index of one served model,
 	// in blocks (Config.PrefixIndexBlocks).
 	DefaultPrefixIndexBlocks = 16384
-	// DefaultPrefixLoadTokens is Config.PrefixLoadTokens's default.
-	DefaultPrefixLoadTokens = 512
+	// DefaultPrefixLoadSlack is Config.PrefixLoadSlack's default.
+	DefaultPrefixLoadSlack = 0.5
 )
 
 // prefixBlockChars is the size of one block of a rendered prompt, in bytes:
@@ -333,13 +333,13 @@ func (mi *modelIndex) pushFront(b *prefixBlock) {
 // edge's and each alias's override. Never modified; a Reload swaps in a
 // new one.
 type routingPolicy struct {
-	def        Routing
-	aliases    map[string]Routing
-	loadTokens int
+	def     Routing
+	aliases map[string]Routing
+	slack   float64
 }
 
 func newRoutingPolicy(cfg Config) *routingPolicy {
-	p := &routingPolicy{def: cfg.Routing, aliases: make(map[string]Routing), loadTokens: cfg.prefixLoadTokens()}
+	p := &routingPolicy{def: cfg.Routing, aliases: make(map[string]Routing), slack: cfg.prefixLoadSlack()}
 	if p.def == "" {
 		p.def = RoutingPrefix
 	}
@@ -366,9 +366,9 @@ func (p *routingPolicy) of(model string) Routing {
 // blocks and the expected cached tokens of each provider that holds a
 // prefix of them. The zero value routes least-loaded.
 type prefixRoute struct {
-	blocks     []uint64
-	matched    map[affinityKey]int
-	loadTokens int
+	blocks  []uint64
+	matched map[affinityKey]int
+	slack   float64
 }
 
 // routeOf computes req's prefixRoute when its model routes by prefix.
@@ -384,7 +384,7 @@ func (s *Service) routeOf(req Request) prefixRoute {
 		return prefixRoute{}
 	}
 	targets, _ := s.cat.targets(req.Model)
-	return prefixRoute{blocks: blocks, matched: s.prefix.match(targets, blocks), loadTokens: p.loadTokens}
+	return prefixRoute{blocks: blocks, matched: s.prefix.match(targets, blocks), slack: p.slack}
 }
 
 // affinity is the route's scheduler.Request.Affinity: nil when nothing

@@ -31,7 +31,7 @@ type ReloadResult struct {
 // Reload applies a new configuration to the running edge (DESIGN.md
 // "Policy refresh"): the model aliases (added, removed, new targets) take
 // effect for the next resolution, the routing (routing, each alias's
-// routing, prefix_load_tokens) for the next admission, and the queue policies of every model
+// routing, prefix_load_slack) for the next admission, and the queue policies of every model
 // group (the default and each alias's override) for the next admission;
 // runs in flight and requests already queued are untouched (a queued
 // request keeps its deadline and its candidates). Other settings
@@ -61,7 +61,7 @@ func (s *Service) Reload(cfg Config) (ReloadResult, error) {
 	s.routing.Store(newRoutingPolicy(cfg))
 	applied := old
 	applied.Models, applied.Queue = maps.Clone(cfg.Models), cfg.Queue
-	applied.Routing, applied.PrefixLoadTokens = cfg.Routing, cfg.PrefixLoadTokens
+	applied.Routing, applied.PrefixLoadSlack = cfg.Routing, cfg.PrefixLoadSlack
 	s.reload.applied = &applied
 	s.reg.notify()
 

@@ -251,7 +251,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		Resolve:              s.resolver(req.Model, needsOf(req), tried),
 		Prefer:               scheduler.ProviderRef{NodeID: req.PreferNodeID, ProviderID: req.PreferProviderID},
 		Affinity:             route.affinity(),
-		LoadTokens:           route.loadTokens,
+		AffinitySlack:        route.slack,
 		OnQueued:             func() { s.emitQueued(req.Model) },
 	})
 	if err != nil {

@@ -11,25 +11,28 @@ func affinityOf(tokens map[string]int) func(Candidate) int {
 	return func(c Candidate) int { return tokens[c.ProviderID] }
 }
 
-// TestAffinityScore checks Request.Affinity's score (Request doc): among
-// the candidates with a free slot, the highest Affinity − LoadTokens ×
-// in_flight/capacity wins, ties by load, provider id, node id.
-func TestAffinityScore(t *testing.T) {
+// TestAffinityChoice checks Request.Affinity's rule (Request doc): among
+// the free candidates whose load is within AffinitySlack of the least
+// loaded one's, the highest affinity wins, ties by load, provider id,
+// node id; without a match, the least loaded.
+func TestAffinityChoice(t *testing.T) {
 	tests := []struct {
-		name       string
-		inFlight   map[string]int // of a, b, c (capacity 4 each)
-		affinity   map[string]int
-		loadTokens int
-		want       string
+		name     string
+		inFlight map[string]int // of a, b, c (capacity 4 each)
+		affinity map[string]int
+		slack    float64
+		want     string
 	}{
-		{"no match is least loaded", map[string]int{"a": 2, "b": 1, "c": 3}, map[string]int{}, 1000, "b"},
-		{"no match ties by provider id", map[string]int{}, map[string]int{}, 1000, "a"},
-		{"a match wins over a lighter load", map[string]int{"a": 1, "c": 3}, map[string]int{"c": 2000}, 1000, "c"},
-		{"load outweighs a small match", map[string]int{"c": 3}, map[string]int{"c": 500}, 1000, "a"},
-		{"exactly traded: tie by load", map[string]int{"c": 2}, map[string]int{"c": 500}, 1000, "a"},
-		{"longest match wins at equal load", map[string]int{}, map[string]int{"a": 100, "b": 300, "c": 200}, 1000, "b"},
-		{"load weight 0: any match wins", map[string]int{"b": 3}, map[string]int{"b": 1}, 0, "b"},
-		{"a full provider is never chosen", map[string]int{"c": 4}, map[string]int{"c": 1 << 20}, 0, "a"},
+		{"no match is least loaded", map[string]int{"a": 2, "b": 1, "c": 3}, map[string]int{}, 0.5, "b"},
+		{"no match ties by provider id", map[string]int{}, map[string]int{}, 0.5, "a"},
+		{"a match within the slack wins", map[string]int{"a": 1, "c": 2}, map[string]int{"c": 2000}, 0.5, "c"},
+		{"exactly at the slack still wins", map[string]int{"c": 2}, map[string]int{"c": 10}, 0.5, "c"},
+		{"beyond the slack loses", map[string]int{"c": 3}, map[string]int{"c": 1 << 20}, 0.5, "a"},
+		{"longest match wins at equal load", map[string]int{}, map[string]int{"a": 100, "b": 300, "c": 200}, 0, "b"},
+		{"equal matches: least loaded", map[string]int{"a": 2, "b": 1}, map[string]int{"a": 50, "b": 50, "c": 50}, 1, "c"},
+		{"slack 0: a match only breaks ties", map[string]int{"a": 1, "b": 1}, map[string]int{"a": 9, "b": 5}, 0, "c"},
+		{"slack 0 tie broken by the match", map[string]int{"c": 1}, map[string]int{"b": 5}, 0, "b"},
+		{"a full provider is never chosen", map[string]int{"c": 4}, map[string]int{"c": 1 << 20}, 1, "a"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -43,7 +46,7 @@ func TestAffinityScore(t *testing.T) {
 			}
 			f.world.set("m", cand("n1", 1, "a"), cand("n1", 1, "b"), cand("n1", 1, "c"))
 			r := f.req("m")
-			r.Affinity, r.LoadTokens = affinityOf(tt.affinity), tt.loadTokens
+			r.Affinity, r.AffinitySlack = affinityOf(tt.affinity), tt.slack
 			if got := f.admitNow(r).Candidate().ProviderID; got != tt.want {
 				t.Fatalf("chose %s, want %s", got, tt.want)
 			}
@@ -51,24 +54,24 @@ func TestAffinityScore(t *testing.T) {
 	}
 }
 
-// TestAffinityDifferentCapacities: the load term uses in_flight/capacity,
-// so a match on a large provider at the same ratio as a small one's
-// weighs the same load.
-func TestAffinityDifferentCapacities(t *testing.T) {
+// TestAffinitySlackIsAFractionOfCapacity: the slack compares
+// in_flight/capacity, so 2 of 8 and 1 of 4 are the same load.
+func TestAffinitySlackIsAFractionOfCapacity(t *testing.T) {
 	f := newFixture(t, Config{})
 	f.activate("n1", 1, ResourceSpec{ProviderID: "a", Capacity: 2}, ResourceSpec{ProviderID: "b", Capacity: 8})
-	f.world.set("fill-a", cand("n1", 1, "a"))
 	f.world.set("fill-b", cand("n1", 1, "b"))
-	f.admitNow(f.req("fill-a")) // a: 1/2
 	for range 4 {
-		f.admitNow(f.req("fill-b")) // b: 4/8
+		f.admitNow(f.req("fill-b")) // b: 4/8 = 0.5, a: 0
 	}
 	f.world.set("m", cand("n1", 1, "a"), cand("n1", 1, "b"))
 	r := f.req("m")
-	r.Affinity, r.LoadTokens = affinityOf(map[string]int{"a": 10, "b": 10}), 1000
-	// Equal scores and equal ratios: provider id decides.
+	r.Affinity, r.AffinitySlack = affinityOf(map[string]int{"b": 10}), 0.5
+	if got := f.admitNow(r).Candidate().ProviderID; got != "b" {
+		t.Fatalf("chose %s, want b (4/8 is within 0.5 of 0)", got)
+	}
+	r.AffinitySlack = 0.4 // b: 5/8 now
 	if got := f.admitNow(r).Candidate().ProviderID; got != "a" {
-		t.Fatalf("chose %s, want a", got)
+		t.Fatalf("chose %s, want a (5/8 is beyond 0.4 of 0)", got)
 	}
 }
 
@@ -81,7 +84,7 @@ func TestPreferWinsOverAffinity(t *testing.T) {
 	f.world.set("m", cand("n1", 1, "a"), cand("n1", 1, "b"), cand("n1", 1, "c"))
 	r := f.req("m")
 	r.Prefer = ProviderRef{NodeID: "n1", ProviderID: "a"}
-	r.Affinity, r.LoadTokens = affinityOf(map[string]int{"c": 5000}), 100
+	r.Affinity, r.AffinitySlack = affinityOf(map[string]int{"c": 5000}), 1
 	var got []string
 	for range 3 {
 		got = append(got, f.admitNow(r).Candidate().ProviderID)

@@ -137,20 +137,22 @@ type Request struct {
 	// to hold in its prompt cache already (prefix-cache-aware routing; the
 	// edge computes them from its prefix index before Admit, so Affinity
 	// reads immutable data and takes no lock). Among the candidates with a
-	// free slot the one with the highest score
-	//
-	//	Affinity(c) − LoadTokens × in_flight/capacity
-	//
-	// wins, ties by lessLoaded (load, then provider id, then node id); with
-	// Affinity 0 everywhere that is the least loaded one. A busy candidate
-	// is never chosen while another is free, whatever its affinity. Prefer,
-	// when it has a free slot, wins over Affinity. Called under the
-	// scheduler's lock: it must not call the scheduler.
+	// free slot, those whose load (in_flight/capacity) is at most
+	// AffinitySlack above the least loaded one's are eligible, and the
+	// eligible one with the highest Affinity wins, ties by lessLoaded
+	// (load, then provider id, then node id). With Affinity 0 everywhere
+	// that is the least loaded one. So a busy candidate is never chosen
+	// while another is free, and affinity never makes the loads of free
+	// candidates differ by more than the slack (the balance rule of
+	// SGLang's cache-aware router). Prefer, when it has a free slot, wins
+	// over Affinity. Called under the scheduler's lock: it must not call
+	// the scheduler.
 	Affinity func(Candidate) int
-	// LoadTokens is the weight of load in the score above, in tokens: the
-	// expected cache hit that a full provider (in-flight = capacity) must
-	// offer over an idle one to be chosen; ≥ 0.
-	LoadTokens int
+	// AffinitySlack is the load, as a fraction of capacity (≥ 0), a
+	// candidate may carry above the least loaded free candidate and still
+	// be chosen for its Affinity: 0.5 lets a provider of capacity 4 take a
+	// request for its cache while it runs 2 more than the least loaded.
+	AffinitySlack float64
 	// OnQueued, if set, is called once, on the caller's goroutine and
 	// without the scheduler's lock, when the request starts waiting in its
 	// group's queue (for observability).
@@ -424,40 +426,56 @@ func (s *Scheduler) scanLocked(cands []Candidate, req *Request) (liveCands []Can
 	if preferred.res != nil {
 		return liveCands, preferred
 	}
-	return liveCands, ch.best
+	return liveCands, ch.choice()
 }
 
-// chooser keeps the best of the free choices offered to it: the highest
-// score Affinity − LoadTokens × in_flight/capacity (Request.Affinity), ties
-// by lessLoaded; without Affinity, the least loaded.
+// chooser keeps the best of the free choices offered to it: without
+// Affinity the least loaded (lessLoaded); with it the highest Affinity
+// among those within AffinitySlack of the least loaded load, ties by
+// lessLoaded (Request.Affinity).
 type chooser struct {
-	affinity   func(Candidate) int
-	loadTokens float64
-	best       choice
-	bestScore  float64
+	affinity func(Candidate) int
+	slack    float64
+	best     choice   // the least loaded so far
+	free     []choice // every free choice, when affinity is set
+	buf      [8]choice
 }
 
 func newChooser(req *Request) chooser {
-	return chooser{affinity: req.Affinity, loadTokens: float64(max(req.LoadTokens, 0))}
-}
-
-// score is c's score; exact for equal load ratios (a correctly rounded
-// quotient of the same rational), so ties fall to lessLoaded.
-func (ch *chooser) score(c choice) float64 {
-	return float64(ch.affinity(c.Candidate)) - ch.loadTokens*float64(c.res.inFlight)/float64(c.res.capacity)
+	return chooser{affinity: req.Affinity, slack: max(req.AffinitySlack, 0)}
 }
 
 func (ch *chooser) offer(c choice) {
-	if ch.affinity == nil {
-		if ch.best.res == nil || lessLoaded(c.res, c.Candidate, ch.best.res, ch.best.Candidate) {
-			ch.best = c
+	if ch.best.res == nil || lessLoaded(c.res, c.Candidate, ch.best.res, ch.best.Candidate) {
+		ch.best = c
+	}
+	if ch.affinity != nil {
+		if ch.free == nil {
+			ch.free = ch.buf[:0]
 		}
-		return
+		ch.free = append(ch.free, c)
 	}
-	sc := ch.score(c)
-	if ch.best.res == nil || sc > ch.bestScore || (sc == ch.bestScore && lessLoaded(c.res, c.Candidate, ch.best.res, ch.best.Candidate)) {
-		ch.best, ch.bestScore = c, sc
+}
+
+func loadOf(r *resource) float64 { return float64(r.inFlight) / float64(r.capacity) }
+
+// choice returns the chosen free choice (res nil if none was offered).
+func (ch *chooser) choice() choice {
+	if ch.affinity == nil || ch.best.res == nil {
+		return ch.best
 	}
+	limit := loadOf(ch.best.res) + ch.slack + 1e-9 // equal ratios compare equal, whatever the rounding
+	best, bestAff := ch.best, ch.affinity(ch.best.Candidate)
+	for _, c := range ch.free {
+		if loadOf(c.res) > limit {
+			continue
+		}
+		a := ch.affinity(c.Candidate)
+		if a > bestAff || (a == bestAff && lessLoaded(c.res, c.Candidate, best.res, best.Candidate)) {
+			best, bestAff = c, a
+		}
+	}
+	return best
 }
 
 // choicesLocked pairs live candidates with their resources.
@@ -479,7 +497,7 @@ func pick(choices []choice, req *Request) choice {
 		}
 		ch.offer(c)
 	}
-	return ch.best
+	return ch.choice()
 }
 
 func lessLoaded(a *resource, ac Candidate, b *resource, bc Candidate) bool {

@@ -106,3 +106,21 @@ func TestPrefillTimeAndStats(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefixCacheKeepsTheAnswer: a request's answer is cached after its
+// prompt, so the conversation's next turn (prompt, answer, a new message)
+// hits the answer's full blocks too.
+func TestPrefixCacheKeepsTheAnswer(t *testing.T) {
+	s, err := New(Config{Protocol: ProtocolOpenAI, PrefixCacheTokens: 1000, DefaultMaxTokens: 16}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := request{model: DefaultModel, prompt: words("p", 32), maxTokens: noLimit}
+	s.prefill(first)
+	answer := complete(0, 16, first).text()
+	next := request{model: DefaultModel, prompt: first.prompt + "\n" + answer + "\n" + words("q", 16), maxTokens: noLimit}
+	s.prefill(next)
+	if st := s.Stats(); st.PrefixHitBlocks != 3 || st.PrefixMissBlocks != 2+1 {
+		t.Fatalf("stats %+v: want the next turn to hit the prompt's 2 blocks and the answer's 1", st)
+	}
+}

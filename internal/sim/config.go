@@ -75,8 +75,11 @@ type Config struct {
 	// this many prompt tokens: an LRU of blocks of PrefixBlockTokens tokens
 	// with chained hashes (cache.go). Tokens are the simulator's: the
 	// whitespace-separated words of the prompt as it renders it (message
-	// contents joined by newlines; a completion's prompt). Hits and misses
-	// are counted in Stats (GET /stats) and logged at debug level.
+	// contents joined by newlines; a completion's prompt). A request's
+	// answer is cached after its prompt (an engine keeps the KV of the
+	// tokens it generated), so a conversation's next turn hits it too. Hits
+	// and misses are counted in Stats (GET /stats) and logged at debug
+	// level.
 	PrefixCacheTokens int
 	// PrefillTokensPerSecond, when > 0, adds the prefill of every uncached
 	// prompt token to the time to first token: TTFT + uncached tokens / R.

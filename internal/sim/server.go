@@ -287,8 +287,17 @@ func (s *Server) prefill(req request) time.Duration {
 	if s.cache == nil || req.prompt == "" || req.loadOnly {
 		return 0
 	}
+	// The answer's blocks are cached after the prompt's, as an engine
+	// keeps the KV of the tokens it generated: the next turn of a
+	// conversation, which appends the answer, finds them. (Cached at
+	// admission, before the answer is written: the conversation's next
+	// turn cannot come sooner.)
+	answer := complete(s.cfg.Seed, s.cfg.DefaultMaxTokens, req).text()
 	s.mu.Lock()
 	o := s.cache.admit(req.model, req.prompt)
+	if s.cache.maxBlocks > 0 && answer != "" {
+		s.cache.admit(req.model, req.prompt+" "+answer)
+	}
 	s.stats.PrefixHitBlocks += int64(o.HitBlocks)
 	s.stats.PrefixMissBlocks += int64(o.MissBlocks)
 	s.stats.PrefixHitTokens += int64(o.HitTokens)
