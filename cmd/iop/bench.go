@@ -92,7 +92,7 @@ prints each figure with its target (issue 18), met or missed and by how much.`,
 	fl.IntVar(&f.load.Sessions, "sessions", 0, "with --workload sessions or --prefix-compare: conversations (default 32 with --prefix-compare)")
 	fl.IntVar(&f.load.Turns, "turns", 0, "with --workload sessions or --prefix-compare: turns of each conversation (default 8 with --prefix-compare)")
 	fl.IntVar(&f.load.SharedPrefixTokens, "shared-prefix-tokens", 0, "with --workload sessions or --prefix-compare: words of the system prompt every conversation shares (default 2000 with --prefix-compare)")
-	fl.IntVar(&f.load.TurnTokens, "turn-tokens", 0, "with --workload sessions or --prefix-compare: words of each user message (default 64; 100 with --prefix-compare)")
+	fl.IntVar(&f.load.TurnTokens, "turn-tokens", 0, "with --workload sessions or --prefix-compare: words of each user message (default 64; 200 with --prefix-compare)")
 	fl.BoolVar(&f.prefix, "prefix-compare", false, "run the prefix-routing benchmark (issue 19; Linux): its own 4 caching sims, edge and node, the sessions workload with routing least_loaded then prefix")
 	fl.IntVar(&f.prefixCfg.Providers, "providers", 0, "with --prefix-compare: simulated providers (default 4)")
 	fl.IntVar(&f.prefixCfg.Capacity, "capacity", 0, "with --prefix-compare: capacity of each provider (default 4)")

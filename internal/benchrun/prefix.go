@@ -52,8 +52,8 @@ type PrefixConfig struct {
 func DefaultPrefixConfig() PrefixConfig {
 	return PrefixConfig{
 		Providers: 4, Capacity: 4, CacheTokens: 40_000, PrefillRate: 5000, TokensPerSecond: 400,
-		TTFT: 20 * time.Millisecond, AnswerTokens: 100,
-		Sessions: 32, Turns: 8, SharedPrefixTokens: 2000, TurnTokens: 100, Concurrency: 12,
+		TTFT: 20 * time.Millisecond, AnswerTokens: 200,
+		Sessions: 32, Turns: 8, SharedPrefixTokens: 2000, TurnTokens: 200, Concurrency: 12,
 		Routings: []string{"least_loaded", "prefix"}, SampleEvery: 50 * time.Millisecond,
 	}
 }
