@@ -46,14 +46,15 @@ type PrefixConfig struct {
 }
 
 // DefaultPrefixConfig is the configuration BENCHMARKS.md ("Issue 19")
-// records: 4 providers of capacity 4, a 2,000-token shared system prompt
-// at 5,000 tokens/s of prefill (400 ms uncached), 32 sessions of 8 turns
-// at 12 clients.
+// records: 4 providers of capacity 4 with 100,000 tokens of cache each, a
+// 2,000-token shared system prompt at 5,000 tokens/s of prefill (400 ms
+// uncached), 32 sessions of 8 turns (100-token questions, 300-token
+// answers at 1,000 tokens/s) at 12 clients.
 func DefaultPrefixConfig() PrefixConfig {
 	return PrefixConfig{
-		Providers: 4, Capacity: 4, CacheTokens: 40_000, PrefillRate: 5000, TokensPerSecond: 400,
-		TTFT: 20 * time.Millisecond, AnswerTokens: 200,
-		Sessions: 32, Turns: 8, SharedPrefixTokens: 2000, TurnTokens: 200, Concurrency: 12,
+		Providers: 4, Capacity: 4, CacheTokens: 100_000, PrefillRate: 5000, TokensPerSecond: 1000,
+		TTFT: 20 * time.Millisecond, AnswerTokens: 300,
+		Sessions: 32, Turns: 8, SharedPrefixTokens: 2000, TurnTokens: 100, Concurrency: 12,
 		Routings: []string{"least_loaded", "prefix"}, SampleEvery: 50 * time.Millisecond,
 	}
 }
