@@ -288,6 +288,15 @@ func TestPrefixRoutingIsWorkConserving(t *testing.T) {
 	if w := st.e.Service.Snapshot().Waiters; w != 0 {
 		t.Fatalf("%d waiters", w)
 	}
+	// The router's prediction is on /metrics: every prompt's blocks, and
+	// of them what it expected the chosen provider to hold (the second
+	// turn's first turn at least, on c; none for the blockers).
+	fams := scrape(t, st.e)
+	prompt, ok1 := metricValue(fams, "iop_prefix_prompt_tokens_total", "model=pool")
+	predicted, ok2 := metricValue(fams, "iop_prefix_predicted_tokens_total", "model=pool")
+	if !ok1 || !ok2 || predicted <= 0 || predicted >= prompt {
+		t.Fatalf("iop_prefix_prompt_tokens_total %v (%v), iop_prefix_predicted_tokens_total %v (%v)", prompt, ok1, predicted, ok2)
+	}
 }
 
 // TestPrefixRoutingCapacityUnderConcurrency (issue 19): many
