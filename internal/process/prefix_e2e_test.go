@@ -110,6 +110,7 @@ func (st *prefixStack) block(t *testing.T, model string, messages []chatMessage)
 	for _, id := range prefixProviders {
 		before[id] = st.inFlight(id)
 	}
+	prompted := st.prompted()
 	ctx, cancel := context.WithCancel(context.Background())
 	body, _ := json.Marshal(map[string]any{"model": model, "stream": true, "max_tokens": 1_000_000, "messages": messages})
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+st.e.HTTPAddr+"/v1/chat/completions", strings.NewReader(string(body)))
@@ -123,20 +124,25 @@ func (st *prefixStack) block(t *testing.T, model string, messages []chatMessage)
 		}
 	}()
 	var on string
+	// In flight, and its prompt counted (the simulator counts it just
+	// after it takes the slot), so no later servedBy sees it.
 	waitFor(t, "the blocker in flight", func() bool {
+		now := st.prompted()
 		for _, id := range prefixProviders {
-			if st.inFlight(id) > before[id] {
+			if st.inFlight(id) > before[id] && now[id] > prompted[id] {
 				on = id
 				return true
 			}
 		}
 		return false
 	})
-	return on, func() {
+	stop := func() {
 		cancel()
 		<-done
 		waitFor(t, "the blocker's end on its simulator", func() bool { return st.inFlight(on) == 0 })
 	}
+	t.Cleanup(stop) // also when the test failed before it stopped the blocker
+	return on, stop
 }
 
 type chatMessage struct {
