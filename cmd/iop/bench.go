@@ -28,6 +28,10 @@ type benchFlags struct {
 	memoryOnly bool
 	gateway    string
 	fair       fairFlags
+	prefix     bool
+	prefixCfg  benchrun.PrefixConfig
+	// prefixSlack is --prefix-load-slack; negative means the edge's default.
+	prefixSlack float64
 }
 
 func newBenchCommand(_ *string) *cobra.Command {
@@ -61,6 +65,9 @@ prints each figure with its target (issue 18), met or missed and by how much.`,
 			if f.fair.on {
 				return runFair(cmd, f)
 			}
+			if f.prefix {
+				return runPrefixCompare(cmd, f)
+			}
 			return runBench(cmd, f)
 		},
 	}
@@ -85,6 +92,17 @@ prints each figure with its target (issue 18), met or missed and by how much.`,
 	fl.StringVar(&f.profileDir, "profile-dir", "", "with --overhead: write CPU profiles of the edge and node here")
 	fl.BoolVar(&f.memoryOnly, "memory-only", false, "with --overhead: only the memory phase and the Content-Length check, no load workload")
 	fl.StringVar(&f.gateway, "gateway-binary", "", "with --overhead: run the edge and the node from this iop binary (e.g. another commit's build) under this one's simulators and load")
+	fl.StringVar(&f.load.Workload, "workload", loadgen.WorkloadFixed, "fixed (one message, every request alike) or sessions (conversations growing turn by turn; see --sessions)")
+	fl.IntVar(&f.load.Sessions, "sessions", 0, "with --workload sessions or --prefix-compare: conversations (default 32 with --prefix-compare)")
+	fl.IntVar(&f.load.Turns, "turns", 0, "with --workload sessions or --prefix-compare: turns of each conversation (default 8 with --prefix-compare)")
+	fl.IntVar(&f.load.SharedPrefixTokens, "shared-prefix-tokens", 0, "with --workload sessions or --prefix-compare: words of the system prompt every conversation shares (default 2000 with --prefix-compare)")
+	fl.IntVar(&f.load.TurnTokens, "turn-tokens", 0, "with --workload sessions or --prefix-compare: words of each user message (default 64; 100 with --prefix-compare)")
+	fl.BoolVar(&f.prefix, "prefix-compare", false, "run the prefix-routing benchmark (issue 19; Linux): its own 4 caching sims, edge and node, the sessions workload with routing least_loaded then prefix")
+	fl.IntVar(&f.prefixCfg.Providers, "providers", 0, "with --prefix-compare: simulated providers (default 4)")
+	fl.IntVar(&f.prefixCfg.Capacity, "capacity", 0, "with --prefix-compare: capacity of each provider (default 4)")
+	fl.IntVar(&f.prefixCfg.CacheTokens, "prefix-cache-tokens", 0, "with --prefix-compare: each simulator's prefix cache, in tokens (default 100000)")
+	fl.Float64Var(&f.prefixCfg.PrefillRate, "prefill-tokens-per-second", 0, "with --prefix-compare: the simulators' prefill rate (default 5000)")
+	fl.Float64Var(&f.prefixSlack, "prefix-load-slack", -1, "with --prefix-compare: the edge's prefix_load_slack (default: the edge's default, 0.5)")
 	fl.StringVar(&f.goBench, "go-bench", "", "with --overhead: a file of `go test -bench` output whose scheduler figures (waiter bytes, AdmitRelease) are checked against their targets too")
 	f.fair.register(fl)
 	return cmd
@@ -95,6 +113,9 @@ func runBench(cmd *cobra.Command, f benchFlags) error {
 	cfg.API = loadgen.API(f.api)
 	if cfg.Rate == 0 && cfg.Concurrency == 0 {
 		cfg.Concurrency = 1
+	}
+	if cfg.Workload == loadgen.WorkloadSessions && !cmd.Flags().Changed("duration") {
+		cfg.Duration = 0 // until every session had its turns
 	}
 	if f.apiKey != "" {
 		cfg.Header = http.Header{"Authorization": {"Bearer " + f.apiKey}}
@@ -124,6 +145,36 @@ func runBench(cmd *cobra.Command, f benchFlags) error {
 	if res.OK == 0 {
 		return errors.New("no request succeeded")
 	}
+	return nil
+}
+
+func runPrefixCompare(cmd *cobra.Command, f benchFlags) error {
+	bin, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cfg := f.prefixCfg
+	cfg.Binary = bin
+	cfg.Sessions, cfg.Turns, cfg.SharedPrefixTokens, cfg.TurnTokens = f.load.Sessions, f.load.Turns, f.load.SharedPrefixTokens, f.load.TurnTokens
+	cfg.Concurrency, cfg.AnswerTokens = f.load.Concurrency, f.load.MaxTokens
+	if f.prefixSlack >= 0 {
+		cfg.LoadSlack = &f.prefixSlack
+	}
+	if !f.quiet {
+		cfg.Log = os.Stderr
+	}
+	ctx, stop := signalContext(cmd.Context())
+	defer stop()
+	rep, err := benchrun.PrefixCompare(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if f.jsonOut {
+		enc := json.NewEncoder(cmd.OutOrStdout())
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	rep.WriteText(cmd.OutOrStdout())
 	return nil
 }
 

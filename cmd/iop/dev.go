@@ -40,6 +40,8 @@ func newDevCommand(logLevel *string) *cobra.Command {
 	fl.IntVar(&cfg.SimMaxTokens, "sim-max-tokens", cfg.SimMaxTokens, "longest simulated answer, in tokens (0 = 16)")
 	fl.DurationVar(&cfg.DrainTimeout, "drain-timeout", cfg.DrainTimeout, "on Ctrl-C: how long requests in flight may take before they are ended (a second Ctrl-C stops at once; 0 = 30s)")
 	fl.BoolVar(&cfg.SimThinking, "sim-thinking", cfg.SimThinking, "the simulated models think before they answer (Ollama's message.thinking, OpenAI's reasoning_content)")
+	fl.IntVar(&cfg.SimPrefixCacheTokens, "sim-prefix-cache-tokens", 0, "prefix cache of each simulated provider, in tokens (0 = none; see iop sim --prefix-cache-tokens)")
+	fl.Float64Var(&cfg.SimPrefillTokensPerSecond, "sim-prefill-tokens-per-second", 0, "prefill rate of the simulated providers: uncached prompt tokens add to the time to first token (0 = free)")
 	addHTTPFlags(fl, &cfg.MaxBodyBytes, &cfg.WriteTimeout)
 	fl.StringVar(&cfg.Database, "database", cfg.Database, `SQLite file of run records and the usage ledger (":memory:" = not kept)`)
 	fl.StringVar(&cfg.APIKey, "api-key", "", "require this client API key (Authorization: Bearer KEY or x-api-key)")

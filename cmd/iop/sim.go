@@ -22,7 +22,10 @@ type simFile struct {
 	APIKey           string        `yaml:"api_key"`
 	Thinking         bool          `yaml:"thinking"`
 	ReasoningField   string        `yaml:"reasoning_field"`
-	Faults           struct {
+	// PrefixCacheTokens and PrefillTokensPerSecond: sim.Config's.
+	PrefixCacheTokens      int     `yaml:"prefix_cache_tokens"`
+	PrefillTokensPerSecond float64 `yaml:"prefill_tokens_per_second"`
+	Faults                 struct {
 		ErrorRate   float64 `yaml:"error_rate"`
 		ErrorStatus int     `yaml:"error_status"`
 		DropAfter   int     `yaml:"drop_after"`
@@ -44,16 +47,18 @@ func newSimCommand(logLevel *string) *cobra.Command {
 				return err
 			}
 			s, err := sim.New(sim.Config{
-				Protocol:         sim.Protocol(f.Protocol),
-				Models:           f.Models,
-				TTFT:             f.TTFT,
-				TokensPerSecond:  f.TokensPerSecond,
-				MaxConcurrent:    f.MaxConcurrent,
-				Seed:             f.Seed,
-				DefaultMaxTokens: f.DefaultMaxTokens,
-				APIKey:           f.APIKey,
-				Thinking:         f.Thinking,
-				ReasoningField:   f.ReasoningField,
+				Protocol:               sim.Protocol(f.Protocol),
+				Models:                 f.Models,
+				TTFT:                   f.TTFT,
+				TokensPerSecond:        f.TokensPerSecond,
+				MaxConcurrent:          f.MaxConcurrent,
+				Seed:                   f.Seed,
+				DefaultMaxTokens:       f.DefaultMaxTokens,
+				APIKey:                 f.APIKey,
+				Thinking:               f.Thinking,
+				ReasoningField:         f.ReasoningField,
+				PrefixCacheTokens:      f.PrefixCacheTokens,
+				PrefillTokensPerSecond: f.PrefillTokensPerSecond,
 				Faults: sim.Faults{
 					ErrorRate:        f.Faults.ErrorRate,
 					ErrorStatus:      f.Faults.ErrorStatus,
@@ -84,6 +89,8 @@ func newSimCommand(logLevel *string) *cobra.Command {
 	fl.StringVar(&f.APIKey, "api-key", "", "require this bearer token")
 	fl.BoolVar(&f.Thinking, "thinking", false, "serve thinking models: answers start with reasoning (Ollama: message.thinking, or thinking in /api/generate, unless think is false; OpenAI: see --reasoning-field, unless reasoning_effort is none)")
 	fl.StringVar(&f.ReasoningField, "reasoning-field", "", `the OpenAI answer's reasoning field: reasoning_content (default) or reasoning`)
+	fl.IntVar(&f.PrefixCacheTokens, "prefix-cache-tokens", 0, "keep an LRU prefix cache of this many prompt tokens (blocks of 16 words, chained hashes); hits and misses in GET /stats")
+	fl.Float64Var(&f.PrefillTokensPerSecond, "prefill-tokens-per-second", 0, "add uncached prompt tokens / this rate to the time to first token (0 = prefill is free)")
 	fl.Float64Var(&f.Faults.ErrorRate, "error-rate", 0, "fraction of requests answered with --error-status")
 	fl.IntVar(&f.Faults.ErrorStatus, "error-status", 0, "status of injected errors (default 500)")
 	fl.IntVar(&f.Faults.DropAfter, "drop-after", 0, "drop the connection after this many streamed tokens")

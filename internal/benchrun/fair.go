@@ -311,10 +311,10 @@ func (r FairReport) WriteTable(w io.Writer) {
 		fl := "-\t-\t-\t-\t-"
 		if p.Flood != nil {
 			fl = fmt.Sprintf("%d\t%d\t%d\t%s/%s\t%d", p.Flood.Requests, p.Flood.OK, p.Flood.Outcomes["429"],
-				round(p.FloodWait.P50), round(p.FloodWait.P99), p.FloodSlots)
+				roundFair(p.FloodWait.P50), roundFair(p.FloodWait.P99), p.FloodSlots)
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s/%s\t%s/%s\t%d\t%s\n", p.Name, p.Light.Requests, p.Light.OK, p.Light.Outcomes["429"],
-			round(p.Light.Latency.P50), round(p.Light.Latency.P99), round(p.LightWait.P50), round(p.LightWait.P99), p.LightSlots, fl)
+			roundFair(p.Light.Latency.P50), roundFair(p.Light.Latency.P99), roundFair(p.LightWait.P50), roundFair(p.LightWait.P99), p.LightSlots, fl)
 	}
 	tw.Flush()
 	alone, fair, fifo := r.phase("alone"), r.phase("fair"), r.phase("fifo")
@@ -328,7 +328,7 @@ func (r FairReport) WriteTable(w io.Writer) {
 	}{{"fairness on", fair}, {"fairness off", fifo}} {
 		ratio := float64(t.p.Light.Latency.P99) / float64(max(alone.Light.Latency.P99, 1))
 		fmt.Fprintf(w, "%s: light p99 latency %s = %.2f× alone (%s): target ≤ 2×: %s\n", t.name,
-			round(t.p.Light.Latency.P99), ratio, round(alone.Light.Latency.P99), metOr(ratio <= 2))
+			roundFair(t.p.Light.Latency.P99), ratio, roundFair(alone.Light.Latency.P99), metOr(ratio <= 2))
 		served := float64(t.p.Light.OK) / float64(max(t.p.Light.Requests, 1))
 		fmt.Fprintf(w, "%s: light served %d of %d (%.1f%%), %d slots of %d (%.1f%%); its weighted share is all it asks (%.0f%% of capacity < 50%%): target all served: %s\n",
 			t.name, t.p.Light.OK, t.p.Light.Requests, 100*served, t.p.LightSlots, t.p.LightSlots+t.p.FloodSlots,
@@ -343,8 +343,8 @@ func metOr(ok bool) string {
 	return "missed"
 }
 
-// round shortens d for a table: to 0.1 ms below a second, else to 1 ms.
-func round(d time.Duration) time.Duration {
+// roundFair shortens d for a table: to 0.1 ms below a second, else to 1 ms.
+func roundFair(d time.Duration) time.Duration {
 	if d < time.Second {
 		return d.Round(100 * time.Microsecond)
 	}

@@ -71,6 +71,9 @@ const (
 //	database: /var/lib/iop/edge.db
 //	max_retries: 1
 //	circuit_breaker: {failures: 3, cool_down: 30s, max_cool_down: 5m}
+//	routing: prefix                            # or least_loaded; per alias too (models.<alias>.routing)
+//	prefix_index_blocks: 16384                 # per served model
+//	prefix_load_slack: 0.5
 type Config struct {
 	// Listen is the HTTP API address (host:port); default 127.0.0.1:8080.
 	// The edge core does not serve it; the HTTP layer does.
@@ -170,6 +173,29 @@ type Config struct {
 	// Fairness orders each model's queue between flows (README, "Fair
 	// sharing"): `fairness: off`, or a mapping {mode: on|off, flow: ...}.
 	Fairness FairnessConfig `yaml:"fairness"`
+	// Routing is how a provider is chosen among the candidates with a free
+	// slot, for every model group without its own (ModelConfig.Routing):
+	// "prefix" (the default: prefix-cache-aware, the provider expected to
+	// hold the longest prefix of the prompt in its cache, traded against
+	// load; see PrefixLoadSlack) or "least_loaded" (the lowest
+	// in-flight/capacity). Either way a busy provider is never chosen while
+	// another candidate has a free slot, and a session's preferred provider
+	// (Request.PreferProviderID) wins while it has one. Reloadable.
+	Routing Routing `yaml:"routing"`
+	// PrefixIndexBlocks bounds the edge's prefix index of one served model,
+	// in blocks of 64 characters of rendered prompt (about 16 tokens); LRU
+	// beyond it. Default 16384 (about 262,000 tokens of prompt, about 5 MiB
+	// per served model). Read at start.
+	PrefixIndexBlocks int `yaml:"prefix_index_blocks"`
+	// PrefixLoadSlack bounds what prefix routing trades for a cache hit:
+	// a provider is chosen for the prefix it is expected to hold only
+	// while its load (in-flight/capacity) is at most this much above the
+	// least loaded free candidate's; among those the longest expected hit
+	// wins, ties least-loaded (scheduler.Request.Affinity). nil means the
+	// default, 0.5 (2 requests more on a provider of capacity 4); 0 uses
+	// the prefix only to break ties between equally loaded providers.
+	// Reloadable.
+	PrefixLoadSlack *float64 `yaml:"prefix_load_slack"`
 }
 
 // Fairness modes and flow sources (FairnessConfig).
@@ -220,6 +246,14 @@ func fairnessPolicy(mode string) scheduler.Fairness {
 	return scheduler.FairnessDefault
 }
 
+// prefixLoadSlack returns PrefixLoadSlack, or its default when unset.
+func (c Config) prefixLoadSlack() float64 {
+	if c.PrefixLoadSlack == nil {
+		return DefaultPrefixLoadSlack
+	}
+	return *c.PrefixLoadSlack
+}
+
 // BreakerConfig is the circuit breaker of every (node, provider); zero
 // fields take the defaults (failures 3, cool_down 30s, max_cool_down 5m).
 type BreakerConfig struct {
@@ -257,6 +291,9 @@ type ModelConfig struct {
 	// Fairness, "on" or "off", overrides the edge's fairness.mode for this
 	// model's queue; "" keeps it.
 	Fairness string `yaml:"fairness"`
+	// Routing overrides Config.Routing for this alias: "prefix" or
+	// "least_loaded"; "" means the edge's.
+	Routing Routing `yaml:"routing"`
 }
 
 // DefaultConfig returns the configuration with every default filled in.
@@ -307,6 +344,12 @@ func (c *Config) SetDefaults() {
 	if c.MaxRetries == nil {
 		n := DefaultMaxRetries
 		c.MaxRetries = &n
+	}
+	if c.Routing == "" {
+		c.Routing = RoutingPrefix
+	}
+	if c.PrefixIndexBlocks == 0 {
+		c.PrefixIndexBlocks = DefaultPrefixIndexBlocks
 	}
 	if c.CircuitBreaker.Failures == 0 {
 		c.CircuitBreaker.Failures = DefaultBreakerFailures
@@ -379,6 +422,15 @@ func (c Config) Validate() error {
 	if c.MaxRetries != nil && *c.MaxRetries < 0 {
 		bad("max_retries %d is negative", *c.MaxRetries)
 	}
+	if !c.Routing.valid(false) {
+		bad("routing %q: want %q or %q", c.Routing, RoutingPrefix, RoutingLeastLoaded)
+	}
+	if c.PrefixIndexBlocks < 0 {
+		bad("prefix_index_blocks %d is negative", c.PrefixIndexBlocks)
+	}
+	if v := c.PrefixLoadSlack; v != nil && !(*v >= 0 && *v <= 1) {
+		bad("prefix_load_slack %v: want a number in [0, 1]", *v)
+	}
 	if b := c.CircuitBreaker; b.CoolDown < 0 || b.MaxCoolDown < b.CoolDown {
 		bad("circuit_breaker: cool_down %s must not be negative nor above max_cool_down %s", b.CoolDown, b.MaxCoolDown)
 	}
@@ -413,6 +465,9 @@ func (c Config) Validate() error {
 		}
 		if m.Fairness != "" && m.Fairness != FairnessOn && m.Fairness != FairnessOff {
 			bad("models.%s.fairness %q is neither on nor off", alias, m.Fairness)
+		}
+		if !m.Routing.valid(true) {
+			bad("models.%s.routing %q: want %q or %q", alias, m.Routing, RoutingPrefix, RoutingLeastLoaded)
 		}
 	}
 	for i, t := range c.Tokens {

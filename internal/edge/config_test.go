@@ -102,6 +102,11 @@ func TestConfigInvalid(t *testing.T) {
 		{"model fairness", "models: {a: {targets: [x], fairness: sometimes}}", "models.a.fairness"},
 		{"key priority", `keys: [{name: a, hash: "sha256:` + strings.Repeat("a", 64) + `", priority: urgent}]`, "priority"},
 		{"key weight", `keys: [{name: a, hash: "sha256:` + strings.Repeat("a", 64) + `", weight: -1}]`, "weight"},
+		{"unknown routing", "routing: round_robin", "routing"},
+		{"unknown alias routing", "models: {a: {targets: [x], routing: random}}", "models.a.routing"},
+		{"negative prefix slack", "prefix_load_slack: -0.1", "prefix_load_slack"},
+		{"prefix slack above 1", "prefix_load_slack: 1.5", "prefix_load_slack"},
+		{"negative index bound", "prefix_index_blocks: -1", "prefix_index_blocks"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -113,6 +118,33 @@ func TestConfigInvalid(t *testing.T) {
 	}
 	if _, err := NewServer(Config{DispatchTimeout: -time.Second}, Deps{}); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("NewServer with a bad config = %v, want ErrInvalidConfig", err)
+	}
+}
+
+// TestRoutingConfig (issue 19): routing is prefix unless set, per edge and
+// per alias; prefix_load_slack defaults to 0.5 and keeps an explicit 0.
+func TestRoutingConfig(t *testing.T) {
+	cfg, err := ParseConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Routing != RoutingPrefix || DefaultConfig().Routing != RoutingPrefix || cfg.PrefixIndexBlocks != DefaultPrefixIndexBlocks {
+		t.Fatalf("defaults: routing %q, index %d", cfg.Routing, cfg.PrefixIndexBlocks)
+	}
+	if p := newRoutingPolicy(cfg); p.slack != 0.5 || p.of("any") != RoutingPrefix {
+		t.Fatalf("default policy %+v", p)
+	}
+	cfg, err = ParseConfig([]byte("routing: least_loaded\nprefix_load_slack: 0\nmodels: {a: {targets: [x], routing: prefix}, b: {targets: [y]}}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newRoutingPolicy(cfg)
+	if p.of("a") != RoutingPrefix || p.of("b") != RoutingLeastLoaded || p.of("x") != RoutingLeastLoaded || p.slack != 0 {
+		t.Fatalf("policy %+v", p)
+	}
+	var none *routingPolicy
+	if none.of("a") != RoutingLeastLoaded {
+		t.Fatal("no policy must route least-loaded")
 	}
 }
 

@@ -242,8 +242,11 @@
 // to the clock), and no other lock is taken under it. They are registry.mu and breakers.mu
 // (above), Run.mu, Service.mu (the runs map), Service.statsMu (retry and
 // circuit counters, the requested model names), conn.mu (a connection's
-// outbox, closed flag, last-seen time, idle warm streams) and trust.mu (node id → token
-// bindings). The one exception is reload.mu, which serializes Reload and
+// outbox, closed flag, last-seen time, idle warm streams), trust.mu (node id → token
+// bindings) and prefixIndex.mu (the prefix index of prefix-cache-aware
+// routing: taken by match before Admit and by record after it, never
+// under the scheduler's lock; the Affinity the scheduler calls reads the
+// map match returned, which nothing modifies). The one exception is reload.mu, which serializes Reload and
 // is held while it sets the scheduler's policies and wakes the registry's
 // watchers (registry.notify takes registry.mu); nothing takes reload.mu
 // under another lock. The edge calls the scheduler with no other lock of

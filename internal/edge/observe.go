@@ -43,6 +43,7 @@ func (s *Service) runEvent(typ lifecycle.Type, r *Run, reason string) lifecycle.
 	}
 	if typ == lifecycle.RunAdmitted {
 		e.QueueReason, e.QueueWait = r.info.QueueReason.String(), r.info.QueueWait
+		e.PrefixPromptTokens, e.PrefixPredictedTokens = r.info.PrefixPromptTokens, r.info.PrefixPredictedTokens
 	}
 	// A provider the scheduler forgot (its node gone and its last lease
 	// released) has nothing in flight and no capacity.

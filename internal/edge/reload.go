@@ -30,7 +30,8 @@ type ReloadResult struct {
 
 // Reload applies a new configuration to the running edge (DESIGN.md
 // "Policy refresh"): the model aliases (added, removed, new targets) take
-// effect for the next resolution, and the queue policies of every model
+// effect for the next resolution, the routing (routing, each alias's
+// routing, prefix_load_slack) for the next admission, and the queue policies of every model
 // group (the default and each alias's override) for the next admission;
 // runs in flight and requests already queued are untouched (a queued
 // request keeps its deadline and its candidates). Other settings
@@ -57,9 +58,11 @@ func (s *Service) Reload(cfg Config) (ReloadResult, error) {
 		return ReloadResult{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	s.cat.setAliases(cfg.Models)
+	s.routing.Store(newRoutingPolicy(cfg))
 	applied := old
 	applied.Models, applied.Queue = maps.Clone(cfg.Models), cfg.Queue
 	applied.Fairness.Mode = cfg.Fairness.Mode
+	applied.Routing, applied.PrefixLoadSlack = cfg.Routing, cfg.PrefixLoadSlack
 	s.reload.applied = &applied
 	s.reg.notify()
 
@@ -69,7 +72,7 @@ func (s *Service) Reload(cfg Config) (ReloadResult, error) {
 		switch {
 		case !ok:
 			res.Added = append(res.Added, alias)
-		case !slices.Equal(was.Targets, m.Targets) || was.MaxQueue != m.MaxQueue || was.QueueTimeout != m.QueueTimeout || was.Fairness != m.Fairness:
+		case !slices.Equal(was.Targets, m.Targets) || was.MaxQueue != m.MaxQueue || was.QueueTimeout != m.QueueTimeout || was.Fairness != m.Fairness || was.Routing != m.Routing:
 			res.Changed = append(res.Changed, alias)
 		}
 	}
@@ -97,6 +100,7 @@ func restartOnly(running, next Config) []string {
 		{"listen", running.Listen != next.Listen},
 		{"long_context_tokens", running.LongContextTokens != next.LongContextTokens},
 		{"node_listen", running.NodeListen != next.NodeListen},
+		{"prefix_index_blocks", running.PrefixIndexBlocks != next.PrefixIndexBlocks},
 		{"tokens", !reflect.DeepEqual(running.Tokens, next.Tokens)},
 		{"keys", !reflect.DeepEqual(running.Keys, next.Keys) || running.KeysFile != next.KeysFile},
 		{"admin_keys", !reflect.DeepEqual(running.AdminKeys, next.AdminKeys)},

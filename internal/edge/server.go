@@ -79,7 +79,9 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 		breakers:  newBreakers(cfg.CircuitBreaker, clk, log),
 		retries:   make(map[string]uint64),
 		requested: make(map[string]bool),
+		prefix:    newPrefixIndex(cfg.PrefixIndexBlocks),
 	}
+	svc.routing.Store(newRoutingPolicy(cfg))
 	svc.breakers.onBack = svc.rotationChanged
 	svc.stopping, svc.stopRequests = context.WithCancelCause(context.Background())
 	return &Server{tls: tlsCfg, svc: svc}, nil

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 
 	"iop/internal/edge/contract"
 	"iop/internal/edge/lifecycle"
@@ -93,6 +94,11 @@ type Service struct {
 	// and dispatch.
 	afterAdmit func(scheduler.Candidate)
 	breakers   *breakers
+	// prefix is the prefix index of prefix-cache-aware routing (nil: none,
+	// every model routes least-loaded); routing the routing of each model
+	// group, swapped by Reload (nil: least-loaded).
+	prefix  *prefixIndex
+	routing atomic.Pointer[routingPolicy]
 
 	mu   sync.Mutex      // guards the fields below
 	runs map[string]*Run // pending and open runs, by run id
@@ -237,6 +243,7 @@ var errOutOfRotation = errors.New("provider out of rotation")
 // it when ctx ends; with the run, dispatchOnce returns that watcher's stop,
 // which the caller calls when it is done with the attempt.
 func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCandidate) (*Run, scheduler.Candidate, func(), error) {
+	route := s.routeOf(req) // before Admit: it takes the prefix index's lock
 	lease, err := s.sched.Admit(ctx, scheduler.Request{
 		Group:                req.Model,
 		Long:                 s.cfg.LongContextTokens > 0 && req.EstimatedInputTokens >= s.cfg.LongContextTokens,
@@ -246,12 +253,19 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		Flow:                 req.Flow,
 		Weight:               min(max(req.Weight, 0), scheduler.MaxWeight),
 		Priority:             scheduler.Priority(min(max(req.Priority, contract.PrioritySheddable), contract.PriorityCritical)),
+		Affinity:             route.affinity(),
+		AffinitySlack:        route.slack,
 		OnQueued:             func() { s.emitQueued(req.Model) },
 	})
 	if err != nil {
 		return nil, scheduler.Candidate{}, nil, err
 	}
 	cand := lease.Candidate()
+	if route.blocks != nil {
+		// The chosen provider receives the prompt: the next turn of its
+		// conversation will find its blocks there.
+		s.prefix.record(cand.Target, scheduler.ProviderRef{NodeID: cand.NodeID, ProviderID: cand.ProviderID}, route.blocks)
+	}
 	tk, ok := s.breakers.acquire(providerKey{cand.NodeID, cand.ProviderID})
 	if !ok {
 		lease.Release("circuit open")
@@ -276,15 +290,17 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		lease: lease,
 		model: req.Model,
 		info: DispatchInfo{
-			RunID:        runID,
-			NodeID:       cand.NodeID,
-			ProviderID:   cand.ProviderID,
-			ProviderType: p.typ,
-			ServedModel:  cand.Target,
-			Generation:   cand.Generation,
-			Path:         contractPath(p.path),
-			QueueReason:  contract.Admission(li.QueueReason),
-			QueueWait:    li.Wait,
+			RunID:                 runID,
+			NodeID:                cand.NodeID,
+			ProviderID:            cand.ProviderID,
+			ProviderType:          p.typ,
+			ServedModel:           cand.Target,
+			Generation:            cand.Generation,
+			Path:                  contractPath(p.path),
+			QueueReason:           contract.Admission(li.QueueReason),
+			QueueWait:             li.Wait,
+			PrefixPromptTokens:    len(route.blocks) * prefixBlockTokens,
+			PrefixPredictedTokens: route.predicted(cand),
 		},
 		inline:   inline,
 		opened:   make(chan struct{}),

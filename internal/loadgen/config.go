@@ -73,6 +73,15 @@ type Config struct {
 	// Client sends the requests; nil means NewClient(Concurrency or
 	// MaxInFlight connections).
 	Client *http.Client
+	// Workload is WorkloadFixed ("" too) or WorkloadSessions; sessions run
+	// in closed loop only, and end when every session had its turns (or
+	// at Duration).
+	Workload string
+	// Sessions, Turns, SharedPrefixTokens and TurnTokens shape the sessions
+	// workload (WorkloadSessions): conversations, turns of each, the words
+	// of the system prompt they share and of each user message (default
+	// 64). A word is one token of iop sim (about 1.3 of a real tokenizer).
+	Sessions, Turns, SharedPrefixTokens, TurnTokens int
 }
 
 // ErrInvalidConfig wraps every error of Config.Validate.
@@ -106,8 +115,23 @@ func (c Config) Validate() error {
 	if c.Duration < 0 || c.Timeout < 0 {
 		bad("duration and timeout must not be negative")
 	}
-	if c.Requests == 0 && c.Duration == 0 {
-		bad("set a request count or a duration")
+	switch c.Workload {
+	case "", WorkloadFixed:
+		if c.Requests == 0 && c.Duration == 0 {
+			bad("set a request count or a duration")
+		}
+	case WorkloadSessions:
+		if c.Sessions < 1 || c.Turns < 1 {
+			bad("the sessions workload needs sessions and turns of at least 1")
+		}
+		if c.SharedPrefixTokens < 0 || c.TurnTokens < 0 {
+			bad("shared prefix tokens and turn tokens must not be negative")
+		}
+		if c.Rate > 0 {
+			bad("the sessions workload runs in closed loop: set a concurrency, not a rate")
+		}
+	default:
+		bad("workload %q: want %q or %q", c.Workload, WorkloadFixed, WorkloadSessions)
 	}
 	if len(errs) == 0 {
 		return nil
@@ -124,6 +148,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Timeout == 0 {
 		c.Timeout = DefaultTimeout
+	}
+	if c.TurnTokens == 0 {
+		c.TurnTokens = DefaultTurnTokens
 	}
 	if c.Client == nil {
 		conns := c.Concurrency

@@ -230,7 +230,7 @@ func TestPercentilesNearestRank(t *testing.T) {
 		ds = append(ds, time.Duration(i)*time.Millisecond)
 	}
 	p := percentiles(ds)
-	want := Percentiles{N: 100, P50: 50 * time.Millisecond, P90: 90 * time.Millisecond, P99: 99 * time.Millisecond,
+	want := Percentiles{N: 100, P50: 50 * time.Millisecond, P90: 90 * time.Millisecond, P95: 95 * time.Millisecond, P99: 99 * time.Millisecond,
 		Max: 100 * time.Millisecond, Mean: 50500 * time.Microsecond}
 	if p != want {
 		t.Errorf("percentiles = %+v, want %+v", p, want)

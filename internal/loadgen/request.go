@@ -26,6 +26,9 @@ type requester struct {
 	cfg  Config
 	url  string
 	body []byte
+	// keepText: samples carry the answer's text (the sessions workload
+	// appends it to the conversation).
+	keepText bool
 }
 
 func newRequester(cfg Config) *requester {
@@ -33,7 +36,7 @@ func newRequester(cfg Config) *requester {
 	if cfg.API == APIOllama {
 		path = "/api/chat"
 	}
-	return &requester{cfg: cfg, url: strings.TrimRight(cfg.URL, "/") + path, body: requestBody(cfg)}
+	return &requester{cfg: cfg, url: strings.TrimRight(cfg.URL, "/") + path, body: requestBody(cfg), keepText: cfg.Workload == WorkloadSessions}
 }
 
 // prompt returns an ASCII prompt of exactly n bytes.
@@ -55,6 +58,18 @@ func requestBody(cfg Config) []byte {
 		"messages": []message{{Role: "user", Content: prompt(cfg.PromptChars)}},
 		"stream":   cfg.Stream, // explicit: Ollama streams by default
 	}
+	addOptions(body, cfg)
+	b, err := json.Marshal(body)
+	if err != nil {
+		panic(err) // only strings, bools and ints: cannot fail
+	}
+	return b
+}
+
+// addOptions sets body's stream options and token limit from cfg: for an
+// OpenAI stream stream_options.include_usage, and the API's max tokens
+// field.
+func addOptions(body map[string]any, cfg Config) {
 	if cfg.Stream && cfg.API == APIOpenAI {
 		// The usage chunk gives CompletionTokens, as vLLM's benchmarks ask.
 		body["stream_options"] = map[string]any{"include_usage": true}
@@ -66,28 +81,28 @@ func requestBody(cfg Config) []byte {
 			body["max_tokens"] = cfg.MaxTokens
 		}
 	}
-	b, err := json.Marshal(body)
-	if err != nil {
-		panic(err) // only strings, bools and ints: cannot fail
-	}
-	return b
 }
 
 // do sends one request that was due at start and returns its sample. A
 // request that fails because ctx ended is OutcomeCancelled; one cut by
 // Config.Timeout is OutcomeTransport (no status yet) or OutcomeTruncated.
 func (q *requester) do(ctx context.Context, start time.Time) sample {
+	return q.doBody(ctx, start, q.body)
+}
+
+// doBody is do with a body of its own.
+func (q *requester) doBody(ctx context.Context, start time.Time, body []byte) sample {
 	rctx, cancel := context.WithTimeout(ctx, q.cfg.Timeout)
 	defer cancel()
-	s := q.send(rctx, start)
+	s := q.send(rctx, start, body)
 	if s.outcome != OutcomeOK && ctx.Err() != nil {
 		s.outcome = OutcomeCancelled
 	}
 	return s
 }
 
-func (q *requester) send(ctx context.Context, start time.Time) sample {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, q.url, bytes.NewReader(q.body))
+func (q *requester) send(ctx context.Context, start time.Time, body []byte) sample {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, q.url, bytes.NewReader(body))
 	if err != nil {
 		return sample{outcome: OutcomeTransport, err: err}
 	}
@@ -111,9 +126,9 @@ func (q *requester) send(ctx context.Context, start time.Time) sample {
 	case !q.cfg.Stream:
 		s = q.readWhole(resp.Body)
 	case q.cfg.API == APIOllama:
-		s = readNDJSON(resp.Body, start)
+		s = readNDJSON(resp.Body, start, q.keepText)
 	default:
-		s = readSSE(resp.Body, start)
+		s = readSSE(resp.Body, start, q.keepText)
 	}
 	s.latency = time.Since(start)
 	return s
@@ -134,13 +149,21 @@ func (q *requester) readWhole(body io.Reader) sample {
 		if a.Error != nil {
 			return sample{outcome: OutcomeStreamError, err: fmt.Errorf("%s", a.Error)}
 		}
-		return sample{outcome: OutcomeOK, completionTokens: a.EvalCount}
+		s := sample{outcome: OutcomeOK, completionTokens: a.EvalCount}
+		if q.keepText && a.Message != nil {
+			s.text = a.Message.Content
+		}
+		return s
 	}
 	var a openaiAnswer
 	if err := json.Unmarshal(data, &a); err != nil || len(a.Choices) == 0 || a.Choices[0].Message == nil {
 		return sample{outcome: OutcomeBadBody, err: fmt.Errorf("not a chat.completion: %.200s", data)}
 	}
-	return sample{outcome: OutcomeOK, completionTokens: a.Usage.CompletionTokens}
+	s := sample{outcome: OutcomeOK, completionTokens: a.Usage.CompletionTokens}
+	if q.keepText {
+		s.text = a.Choices[0].Message.Content
+	}
+	return s
 }
 
 // openaiAnswer is the part of a chat.completion (or chunk) loadgen reads.
@@ -201,8 +224,9 @@ var errStreamEnd = errors.New("stream outcome known")
 // non-empty choices[].delta.content or reasoning text is a content chunk
 // (a reasoning model's first token is its reasoning); a chunk with "error"
 // ends the stream as OutcomeStreamError.
-func readSSE(body io.Reader, start time.Time) sample {
+func readSSE(body io.Reader, start time.Time, keepText bool) sample {
 	c := chunkClock{start: start}
+	var text strings.Builder
 	err := sse.ReadAll(body, func(e sse.Event) error {
 		data := bytes.TrimSpace(e.Data)
 		if string(data) == "[DONE]" {
@@ -221,6 +245,9 @@ func readSSE(body io.Reader, start time.Time) sample {
 		for _, ch := range a.Choices {
 			if d := ch.Delta; d != nil && (d.Content != "" || d.ReasoningContent != "" || d.Reasoning != "") {
 				c.chunk()
+				if keepText {
+					text.WriteString(d.Content)
+				}
 				break
 			}
 		}
@@ -234,6 +261,7 @@ func readSSE(body io.Reader, start time.Time) sample {
 	default:
 		c.s.outcome, c.s.err = OutcomeTruncated, fmt.Errorf("stream ended before [DONE]: %w", err)
 	}
+	c.s.text = text.String()
 	return c.s
 }
 
@@ -241,8 +269,9 @@ func readSSE(body io.Reader, start time.Time) sample {
 // one with done true. A line with non-empty message.content or
 // message.thinking is a content chunk; a line with "error" ends the stream
 // as OutcomeStreamError.
-func readNDJSON(body io.Reader, start time.Time) sample {
+func readNDJSON(body io.Reader, start time.Time, keepText bool) sample {
 	c := chunkClock{start: start}
+	var text strings.Builder
 	br := bufio.NewReaderSize(body, 16<<10)
 	for {
 		line, err := readLine(br)
@@ -265,9 +294,13 @@ func readNDJSON(body io.Reader, start time.Time) sample {
 		}
 		if a.Message != nil && (a.Message.Content != "" || a.Message.Thinking != "") {
 			c.chunk()
+			if keepText {
+				text.WriteString(a.Message.Content)
+			}
 		}
 		if a.Done {
 			c.s.outcome, c.s.completionTokens = OutcomeOK, a.EvalCount
+			c.s.text = text.String()
 			return c.s
 		}
 	}

@@ -37,8 +37,8 @@ const (
 // Percentiles summarize a set of durations. In JSON every duration is in
 // microseconds (fields p50_us, ...).
 type Percentiles struct {
-	N                        int
-	P50, P90, P99, Max, Mean time.Duration
+	N                             int
+	P50, P90, P95, P99, Max, Mean time.Duration
 }
 
 // MarshalJSON writes the durations in microseconds.
@@ -48,10 +48,11 @@ func (p Percentiles) MarshalJSON() ([]byte, error) {
 		N    int     `json:"n"`
 		P50  float64 `json:"p50_us"`
 		P90  float64 `json:"p90_us"`
+		P95  float64 `json:"p95_us"`
 		P99  float64 `json:"p99_us"`
 		Max  float64 `json:"max_us"`
 		Mean float64 `json:"mean_us"`
-	}{p.N, us(p.P50), us(p.P90), us(p.P99), us(p.Max), us(p.Mean)})
+	}{p.N, us(p.P50), us(p.P90), us(p.P95), us(p.P99), us(p.Max), us(p.Mean)})
 }
 
 // percentiles sorts ds in place and summarizes it; the q-th percentile is
@@ -70,7 +71,7 @@ func percentiles(ds []time.Duration) Percentiles {
 	for _, d := range ds {
 		sum += d
 	}
-	return Percentiles{N: len(ds), P50: rank(0.50), P90: rank(0.90), P99: rank(0.99), Max: ds[len(ds)-1], Mean: sum / time.Duration(len(ds))}
+	return Percentiles{N: len(ds), P50: rank(0.50), P90: rank(0.90), P95: rank(0.95), P99: rank(0.99), Max: ds[len(ds)-1], Mean: sum / time.Duration(len(ds))}
 }
 
 // Result is what a run measured.
@@ -81,6 +82,11 @@ type Result struct {
 	Stream      bool    `json:"stream"`
 	Concurrency int     `json:"concurrency,omitempty"`
 	Rate        float64 `json:"rate,omitempty"`
+	// Sessions, Turns and SharedPrefixTokens describe a sessions workload
+	// (0 for the fixed one).
+	Sessions           int `json:"sessions,omitempty"`
+	Turns              int `json:"turns,omitempty"`
+	SharedPrefixTokens int `json:"shared_prefix_tokens,omitempty"`
 	// Requests counts the requests that ended, whatever their outcome; OK
 	// those that succeeded (a complete 200 answer).
 	Requests int `json:"requests"`
@@ -121,6 +127,9 @@ func (r Result) WriteText(w io.Writer) {
 	if r.Rate > 0 {
 		mode = fmt.Sprintf("rate %.0f/s", r.Rate)
 	}
+	if r.Sessions > 0 {
+		mode += fmt.Sprintf(", %d sessions of %d turns (shared prefix %d words)", r.Sessions, r.Turns, r.SharedPrefixTokens)
+	}
 	fmt.Fprintf(w, "%s %s model %s, stream %v, %s\n", r.API, r.URL, r.Model, r.Stream, mode)
 	fmt.Fprintf(w, "requests     %d in %.2fs: %.1f/s (ok %.1f/s)", r.Requests, r.Elapsed.Seconds(), r.Throughput, r.OKPerSecond)
 	if r.Dropped > 0 {
@@ -141,7 +150,7 @@ func (r Result) WriteText(w io.Writer) {
 		if p.N == 0 {
 			return
 		}
-		fmt.Fprintf(w, "%-12s p50 %v  p90 %v  p99 %v  max %v  (n %d)\n", name, round(p.P50), round(p.P90), round(p.P99), round(p.Max), p.N)
+		fmt.Fprintf(w, "%-12s p50 %v  p90 %v  p95 %v  p99 %v  max %v  (n %d)\n", name, round(p.P50), round(p.P90), round(p.P95), round(p.P99), round(p.Max), p.N)
 	}
 	line("latency", r.Latency)
 	line("ttft", r.TTFT)
@@ -170,6 +179,7 @@ type sample struct {
 	itl              []time.Duration
 	chunks           int
 	completionTokens int
+	text             string // the answer's content, when the requester keeps it
 }
 
 // recorder collects samples from every request goroutine.
@@ -227,6 +237,9 @@ func (r *recorder) result(cfg Config, elapsed time.Duration, dropped int) Result
 		Requests: r.requests, OK: r.ok, Dropped: dropped, Outcomes: r.outcomes, Elapsed: elapsed,
 		Latency: percentiles(r.latency), TTFT: percentiles(r.ttft), ITL: percentiles(r.itl),
 		Chunks: r.chunks, CompletionTokens: r.tokens, Errors: r.errors,
+	}
+	if cfg.Workload == WorkloadSessions {
+		res.Sessions, res.Turns, res.SharedPrefixTokens = cfg.Sessions, cfg.Turns, cfg.SharedPrefixTokens
 	}
 	if s := elapsed.Seconds(); s > 0 {
 		res.Throughput = float64(r.requests) / s

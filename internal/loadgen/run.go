@@ -73,9 +73,12 @@ func Run(ctx context.Context, cfg Config, progress func(Progress)) (Result, erro
 		}()
 	}
 
-	if cfg.Rate > 0 {
+	switch {
+	case cfg.Workload == WorkloadSessions:
+		g.sessionsLoop(runCtx, done)
+	case cfg.Rate > 0:
 		g.openLoop(runCtx, start, done)
-	} else {
+	default:
 		g.closedLoop(runCtx, done)
 	}
 	elapsed := time.Since(start)

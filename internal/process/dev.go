@@ -38,6 +38,12 @@ type DevConfig struct {
 	// SimThinking makes the simulated models think before they answer,
 	// in each protocol's format (iop sim --thinking).
 	SimThinking bool `yaml:"sim_thinking"`
+	// SimPrefixCacheTokens and SimPrefillTokensPerSecond give each
+	// simulated provider a prefix cache and a prefill rate (iop sim
+	// --prefix-cache-tokens, --prefill-tokens-per-second), to watch prefix
+	// routing at work; 0 means none.
+	SimPrefixCacheTokens      int     `yaml:"sim_prefix_cache_tokens"`
+	SimPrefillTokensPerSecond float64 `yaml:"sim_prefill_tokens_per_second"`
 	// The HTTP API's limits, as in the edge config: the largest request
 	// body (bytes) and the write timeout; 0 means the edge's default.
 	MaxBodyBytes int64         `yaml:"max_body_bytes"`
@@ -173,13 +179,15 @@ func startDev(ctx, abort context.Context, cfg DevConfig, version string, logger 
 			{"sim-openai", devOpenAIModel, sim.ProtocolOpenAI, "/v1"},
 		} {
 			s, err := sim.New(sim.Config{
-				Protocol:         p.protocol,
-				Models:           []string{p.model},
-				TTFT:             cfg.SimTTFT,
-				TokensPerSecond:  cfg.SimTokensPerSecond,
-				MaxConcurrent:    cfg.SimCapacity,
-				DefaultMaxTokens: cfg.SimMaxTokens,
-				Thinking:         cfg.SimThinking,
+				Protocol:               p.protocol,
+				Models:                 []string{p.model},
+				TTFT:                   cfg.SimTTFT,
+				TokensPerSecond:        cfg.SimTokensPerSecond,
+				MaxConcurrent:          cfg.SimCapacity,
+				DefaultMaxTokens:       cfg.SimMaxTokens,
+				Thinking:               cfg.SimThinking,
+				PrefixCacheTokens:      cfg.SimPrefixCacheTokens,
+				PrefillTokensPerSecond: cfg.SimPrefillTokensPerSecond,
 			}, logger.With("provider", p.id))
 			if err != nil {
 				return fail(err)

@@ -4,7 +4,10 @@
 // request-local resolver that returns its live candidates: (node generation,
 // provider, served target) triples already filtered by the request's
 // predicate. Admit reserves one slot of the least loaded candidate resource
-// (lowest in-flight/capacity, ties by provider id then node id), or queues the
+// (lowest in-flight/capacity, ties by provider id then node id; or, with
+// Request.Affinity, the free one expected to hold the longest prefix of the
+// prompt within Request.AffinitySlack of that load; or Request.Prefer when
+// it is free), or queues the
 // request in its group until a slot is handed over, the group's queue timeout
 // passes, the caller's context ends, or no candidate is left.
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/big"
 	"slices"
 	"testing"
 	"time"
@@ -358,22 +359,54 @@ func (m *machine) admit(t *rapid.T) {
 	group := rapid.SampledFrom(modelGroupList).Draw(t, "group")
 	long := rapid.Bool().Draw(t, "long")
 	tools := rapid.Bool().Draw(t, "tools")
+	// Half the admissions bring an affinity (prefix-cache-aware routing):
+	// expected cached tokens per provider id, and a load weight.
+	var affinity map[string]int
+	slack := 0.0
+	if rapid.Bool().Draw(t, "affine") {
+		affinity = map[string]int{}
+		for _, p := range modelProviders {
+			affinity[p] = rapid.SampledFrom([]int{0, 0, 16, 512, 4096}).Draw(t, "affinity "+p)
+		}
+		slack = rapid.SampledFrom([]float64{0, 0.25, 0.5, 1}).Draw(t, "slack")
+	}
+	req := Request{Group: group, Long: long, Resolve: m.resolver(group, tools), AffinitySlack: slack}
+	if affinity != nil {
+		req.Affinity = func(c Candidate) int { return affinity[c.ProviderID] }
+	}
 	// An admission first retries the stale waiters; those it hands a slot
 	// come before this request.
 	m.retryStale()
-	lease, w, err := m.s.enqueue(Request{Group: group, Long: long, Resolve: m.resolver(group, tools)})
+	lease, w, err := m.s.enqueue(req)
 	m.collect(t)
-	// What the reference expects, in the state the earlier waiters left.
+	// What the reference expects, in the state the earlier waiters left:
+	// the least loaded free candidate (refLess); with an affinity, the one
+	// of highest affinity among the free ones whose load is within the
+	// slack of that one's (in exact rational arithmetic), ties by refLess.
 	cands, rerr := m.resolve(group, tools)
 	var want *resourceKey
 	for _, c := range cands {
-		if !m.free(c.key, long) {
-			continue
-		}
-		if want == nil || refLess(m, c.key, *want) {
+		if m.free(c.key, long) && (want == nil || refLess(m, c.key, *want)) {
 			k := c.key
 			want = &k
 		}
+	}
+	if affinity != nil && want != nil {
+		load := func(k resourceKey) *big.Rat {
+			return big.NewRat(int64(m.held(k, false)), int64(m.nodes[k.node].capacity[k.provider]))
+		}
+		limit := new(big.Rat).Add(load(*want), new(big.Rat).SetFloat64(slack))
+		best := *want
+		for _, c := range cands {
+			if !m.free(c.key, long) || load(c.key).Cmp(limit) > 0 {
+				continue
+			}
+			a, b := affinity[c.key.provider], affinity[best.provider]
+			if a > b || (a == b && refLess(m, c.key, best)) {
+				best = c.key
+			}
+		}
+		want = &best
 	}
 	queued := 0
 	for _, w := range m.pending() {

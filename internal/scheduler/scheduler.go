@@ -150,6 +150,26 @@ type Request struct {
 	// Priority is the request's band: critical waiters go before standard
 	// ones, standard before sheddable, whatever their flow.
 	Priority Priority
+	// Affinity, when set, returns the prompt tokens candidate c is expected
+	// to hold in its prompt cache already (prefix-cache-aware routing; the
+	// edge computes them from its prefix index before Admit, so Affinity
+	// reads immutable data and takes no lock). Among the candidates with a
+	// free slot, those whose load (in_flight/capacity) is at most
+	// AffinitySlack above the least loaded one's are eligible, and the
+	// eligible one with the highest Affinity wins, ties by lessLoaded
+	// (load, then provider id, then node id). With Affinity 0 everywhere
+	// that is the least loaded one. So a busy candidate is never chosen
+	// while another is free, and affinity never makes the loads of free
+	// candidates differ by more than the slack (the balance rule of
+	// SGLang's cache-aware router). Prefer, when it has a free slot, wins
+	// over Affinity. Called under the scheduler's lock: it must not call
+	// the scheduler.
+	Affinity func(Candidate) int
+	// AffinitySlack is the load, as a fraction of capacity (≥ 0), a
+	// candidate may carry above the least loaded free candidate and still
+	// be chosen for its Affinity: 0.5 lets a provider of capacity 4 take a
+	// request for its cache while it runs 2 more than the least loaded.
+	AffinitySlack float64
 	// OnQueued, if set, is called once, on the caller's goroutine and
 	// without the scheduler's lock, when the request starts waiting in its
 	// group's queue (for observability).
@@ -380,7 +400,7 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	cands, best := s.scanLocked(cands, req.Long, req.Prefer)
+	cands, best := s.scanLocked(cands, &req)
 	if len(cands) == 0 {
 		return nil, nil, fmt.Errorf("%w %q", ErrNoProvider, req.Group)
 	}
@@ -456,32 +476,79 @@ func live(r *resource, c Candidate) bool {
 }
 
 // scanLocked filters cands in place to the live ones and, in the same pass,
-// picks the best with a free slot: prefer if it is one, else the lowest
-// in-flight/capacity, ties by provider id then node id (best.res is nil if
-// none is free).
-func (s *Scheduler) scanLocked(cands []Candidate, long bool, prefer ProviderRef) (liveCands []Candidate, best choice) {
+// picks the best with a free slot for req: req.Prefer if it is one, else
+// the best by chooser (best.res is nil if none is free).
+func (s *Scheduler) scanLocked(cands []Candidate, req *Request) (liveCands []Candidate, best choice) {
 	liveCands = cands[:0]
 	var preferred choice
+	ch := newChooser(req)
 	for _, c := range cands {
 		r := s.resources[resourceKey{c.NodeID, c.ProviderID}]
 		if !live(r, c) {
 			continue
 		}
 		liveCands = append(liveCands, c)
-		if !r.fits(long) {
+		if !r.fits(req.Long) {
 			continue
 		}
-		if best.res == nil || lessLoaded(r, c, best.res, best.Candidate) {
-			best = choice{c, r}
-		}
-		if c.NodeID == prefer.NodeID && c.ProviderID == prefer.ProviderID {
+		ch.offer(choice{c, r})
+		if c.NodeID == req.Prefer.NodeID && c.ProviderID == req.Prefer.ProviderID {
 			preferred = choice{c, r}
 		}
 	}
 	if preferred.res != nil {
-		best = preferred
+		return liveCands, preferred
 	}
-	return liveCands, best
+	return liveCands, ch.choice()
+}
+
+// chooser keeps the best of the free choices offered to it: without
+// Affinity the least loaded (lessLoaded); with it the highest Affinity
+// among those within AffinitySlack of the least loaded load, ties by
+// lessLoaded (Request.Affinity).
+type chooser struct {
+	affinity func(Candidate) int
+	slack    float64
+	best     choice   // the least loaded so far
+	free     []choice // every free choice, when affinity is set
+	buf      [8]choice
+}
+
+func newChooser(req *Request) chooser {
+	return chooser{affinity: req.Affinity, slack: max(req.AffinitySlack, 0)}
+}
+
+func (ch *chooser) offer(c choice) {
+	if ch.best.res == nil || lessLoaded(c.res, c.Candidate, ch.best.res, ch.best.Candidate) {
+		ch.best = c
+	}
+	if ch.affinity != nil {
+		if ch.free == nil {
+			ch.free = ch.buf[:0]
+		}
+		ch.free = append(ch.free, c)
+	}
+}
+
+func loadOf(r *resource) float64 { return float64(r.inFlight) / float64(r.capacity) }
+
+// choice returns the chosen free choice (res nil if none was offered).
+func (ch *chooser) choice() choice {
+	if ch.affinity == nil || ch.best.res == nil {
+		return ch.best
+	}
+	limit := loadOf(ch.best.res) + ch.slack + 1e-9 // equal ratios compare equal, whatever the rounding
+	best, bestAff := ch.best, ch.affinity(ch.best.Candidate)
+	for _, c := range ch.free {
+		if loadOf(c.res) > limit {
+			continue
+		}
+		a := ch.affinity(c.Candidate)
+		if a > bestAff || (a == bestAff && lessLoaded(c.res, c.Candidate, best.res, best.Candidate)) {
+			best, bestAff = c, a
+		}
+	}
+	return best
 }
 
 // choicesLocked pairs live candidates with their resources.
@@ -493,19 +560,17 @@ func (s *Scheduler) choicesLocked(cands []Candidate) []choice {
 	return out
 }
 
-// pick returns the choice with a free slot and the lowest load, as
-// scanLocked does (res nil if none).
-func pick(choices []choice, long bool) choice {
-	var best choice
+// pick returns the best choice of req with a free slot, by the same
+// chooser as scanLocked (res nil if none).
+func pick(choices []choice, req *Request) choice {
+	ch := newChooser(req)
 	for _, c := range choices {
-		if !live(c.res, c.Candidate) || !c.res.fits(long) {
+		if !live(c.res, c.Candidate) || !c.res.fits(req.Long) {
 			continue
 		}
-		if best.res == nil || lessLoaded(c.res, c.Candidate, best.res, best.Candidate) {
-			best = c
-		}
+		ch.offer(c)
 	}
-	return best
+	return ch.choice()
 }
 
 func lessLoaded(a *resource, ac Candidate, b *resource, bc Candidate) bool {
@@ -550,7 +615,7 @@ func (s *Scheduler) reserveLocked(r *resource, c Candidate, req Request, reason 
 
 // grantLocked hands w a slot if one of its candidates has one.
 func (s *Scheduler) grantLocked(w *waiter) bool {
-	best := pick(w.cands, w.req.Long)
+	best := pick(w.cands, &w.req)
 	if best.res == nil {
 		return false
 	}
@@ -789,7 +854,8 @@ func (s *Scheduler) resolveLocked(w *waiter) {
 		}
 		s.markStaleLocked(w)
 	default:
-		if cands, _ = s.scanLocked(cands, w.req.Long, ProviderRef{}); len(cands) == 0 {
+		filter := Request{Long: w.req.Long} // only the live filter: no choice made here
+		if cands, _ = s.scanLocked(cands, &filter); len(cands) == 0 {
 			s.failLocked(w, fmt.Errorf("model %q: %w: every candidate is gone", w.group.name, ErrProviderUnavailable))
 			return
 		}

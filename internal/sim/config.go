@@ -71,6 +71,21 @@ type Config struct {
 	// that carries its reasoning: "reasoning_content" (vLLM, DeepSeek; the
 	// default) or "reasoning" (Ollama's OpenAI API, OpenRouter).
 	ReasoningField string
+	// PrefixCacheTokens, when > 0, gives the server a prefix (KV) cache of
+	// this many prompt tokens: an LRU of blocks of PrefixBlockTokens tokens
+	// with chained hashes (cache.go). Tokens are the simulator's: the
+	// whitespace-separated words of the prompt as it renders it (message
+	// contents joined by newlines; a completion's prompt). A request's
+	// answer is cached after its prompt (an engine keeps the KV of the
+	// tokens it generated), so a conversation's next turn hits it too. Hits
+	// and misses are counted in Stats (GET /stats) and logged at debug
+	// level.
+	PrefixCacheTokens int
+	// PrefillTokensPerSecond, when > 0, adds the prefill of every uncached
+	// prompt token to the time to first token: TTFT + uncached tokens / R.
+	// Without a cache every prompt token is uncached. 0 means prefill is
+	// free (the TTFT alone).
+	PrefillTokensPerSecond float64
 	// Faults injects failures; the zero value injects none.
 	Faults Faults
 	// Clock paces output and stamps timestamps; nil means clock.Real().
@@ -139,6 +154,12 @@ func (c Config) Validate() error {
 	}
 	if c.TokensPerSecond < 0 || math.IsNaN(c.TokensPerSecond) || math.IsInf(c.TokensPerSecond, 0) {
 		bad("tokens per second %v: must be a finite number >= 0", c.TokensPerSecond)
+	}
+	if c.PrefixCacheTokens < 0 {
+		bad("prefix cache tokens %d: must not be negative", c.PrefixCacheTokens)
+	}
+	if r := c.PrefillTokensPerSecond; r < 0 || math.IsNaN(r) || math.IsInf(r, 0) {
+		bad("prefill tokens per second %v: must be a finite number >= 0", r)
 	}
 	if c.MaxConcurrent < 0 {
 		bad("max concurrent %d: must not be negative", c.MaxConcurrent)

@@ -98,12 +98,19 @@
 // (Faults.StreamErrorAfter), and requests that are accepted and never
 // answered.
 //
+// Config.PrefixCacheTokens gives the server a prefix (KV) cache as vLLM
+// keeps one: an LRU of 16-token prompt blocks named by chained hashes, so a
+// block hits only when the whole prompt up to its end was seen before, and
+// Config.PrefillTokensPerSecond adds the uncached tokens' prefill to the
+// time to first token. GET /stats reports the hits and misses (Stats), so a
+// test sees what a router did.
+//
 // # Concurrency
 //
 // A Server is safe for concurrent use; net/http calls its handler on one
 // goroutine per request. Its configuration, clock, logger and routes are set
 // in New and never written again. Server.mu guards the served models, the
-// counters and the record of seen requests; every request handler writes
+// counters, the prefix cache and the record of seen requests; every request handler writes
 // the counters and the record, under the lock, and Stats and Seen copy them
 // out under the lock; AddModel and RemoveModel replace entries of the
 // served models (an entry is never modified), and handlers look them up

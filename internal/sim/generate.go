@@ -43,7 +43,10 @@ type request struct {
 	base64       bool   // OpenAI embeddings encoding_format "base64"
 	loadOnly     bool   // Ollama: no prompt at all, the request only loads the model
 	seq          uint64 // admission number, set by Server.accept; makes ids unique
-	n            int    // OpenAI "n": choices to answer; 0 means 1
+	// prefill is the time its uncached prompt tokens take (Server.prefill),
+	// set by Server.accept; it adds to Config.TTFT.
+	prefill time.Duration
+	n       int // OpenAI "n": choices to answer; 0 means 1
 	// tools are the function tools the request defines and lastUser the
 	// text of its last message if that is a user message: together they
 	// decide whether the answer is a tool call (see chooseTool).
@@ -174,15 +177,16 @@ func embedAll(seed int64, req request) (vectors [][]float32, promptTokens int) {
 // abortConnection, so no partial answer ever looks complete. With
 // Faults.DropAfter set it does the same after that many tokens.
 func (s *Server) pace(ctx context.Context, c completion, send func(token string) error) {
-	s.paceSteps(ctx, len(c.tokens), func(i int) error { return send(c.tokens[i]) })
+	s.paceSteps(ctx, 0, len(c.tokens), func(i int) error { return send(c.tokens[i]) })
 }
 
 // paceSteps is pace for an answer of steps pieces of output (tokens of
 // several choices, pieces of a tool call), delivered by send(0),
-// send(1), ... in order.
-func (s *Server) paceSteps(ctx context.Context, steps int, send func(step int) error) {
+// send(1), ... in order. The first waits Config.TTFT plus prefill (the
+// request's uncached prompt tokens, Server.prefill).
+func (s *Server) paceSteps(ctx context.Context, prefill time.Duration, steps int, send func(step int) error) {
 	drop := s.cfg.Faults.DropAfter
-	if s.wait(ctx, s.cfg.TTFT) != nil {
+	if s.wait(ctx, s.cfg.TTFT+prefill) != nil {
 		s.cancelled()
 		abortConnection()
 	}

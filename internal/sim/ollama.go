@@ -34,6 +34,7 @@ func (s *Server) ollamaRoutes(mux *http.ServeMux) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "Ollama is running")
 	}))
+	mux.Handle("GET /stats", s.guard(writeOllamaError, s.serveStats))
 	mux.Handle("/", s.guard(writeOllamaError, func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, writeOllamaError, fmt.Errorf("%w: %s %s", errNotFound, r.Method, r.URL.Path))
 	}))
@@ -259,7 +260,7 @@ func (s *Server) ollamaGenerate(chat bool) http.HandlerFunc {
 		// The output, a token per step: the thinking, then the answer.
 		steps := append(thoughts[:len(thoughts):len(thoughts)], c.tokens...)
 		if !req.stream {
-			s.paceSteps(r.Context(), len(steps), func(int) error { markFirst(); return nil })
+			s.paceSteps(r.Context(), req.prefill, len(steps), func(int) error { markFirst(); return nil })
 			resp := withCall(final(c.text()))
 			if chat {
 				resp.Message.Thinking = joinTokens(thoughts)
@@ -275,7 +276,7 @@ func (s *Server) ollamaGenerate(chat bool) http.HandlerFunc {
 		if after := s.cfg.Faults.StreamErrorAfter; after > 0 && after < len(steps) {
 			steps = steps[:after]
 		}
-		s.paceSteps(r.Context(), len(steps), func(i int) error {
+		s.paceSteps(r.Context(), req.prefill, len(steps), func(i int) error {
 			markFirst()
 			var resp ollamaResponse
 			if i < len(thoughts) {

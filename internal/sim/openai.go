@@ -21,6 +21,7 @@ func (s *Server) openaiRoutes(mux *http.ServeMux) {
 		mux.Handle("GET "+prefix+"/models", s.guard(writeOpenAIError, s.openaiModels))
 		mux.Handle("GET "+prefix+"/models/{model...}", s.guard(writeOpenAIError, s.openaiModel))
 	}
+	mux.Handle("GET /stats", s.guard(writeOpenAIError, s.serveStats))
 	mux.Handle("/", s.guard(writeOpenAIError, func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, writeOpenAIError, fmt.Errorf("%w: %s %s", errNotFound, r.Method, r.URL.Path))
 	}))
@@ -376,7 +377,7 @@ func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
 			for _, a := range answers {
 				steps = max(steps, a.steps())
 			}
-			s.paceSteps(r.Context(), steps, func(int) error { return nil })
+			s.paceSteps(r.Context(), req.prefill, steps, func(int) error { return nil })
 			resp := base
 			resp.Object, resp.Usage = object, usage
 			for i, a := range answers {
@@ -451,7 +452,7 @@ func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
 			}
 			return nil
 		}
-		s.paceSteps(r.Context(), len(steps), func(j int) error {
+		s.paceSteps(r.Context(), req.prefill, len(steps), func(j int) error {
 			if err := sendRoles(); err != nil {
 				return err
 			}

@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"crypto/subtle"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -29,24 +30,35 @@ const shutdownGrace = 5 * time.Second
 // Stats are a Server's counters since New.
 type Stats struct {
 	// Requests counts every HTTP request received, on any route.
-	Requests int64
+	Requests int64 `json:"requests"`
 	// InFlight is the number of inference requests admitted and not yet
 	// finished.
-	InFlight int
+	InFlight int `json:"in_flight"`
 	// MaxInFlight is the highest InFlight ever observed.
-	MaxInFlight int
+	MaxInFlight int `json:"max_in_flight"`
 	// Rejected counts requests answered 429 because MaxConcurrent was reached.
-	Rejected int64
+	Rejected int64 `json:"rejected"`
 	// InjectedErrors counts requests answered with Faults.ErrorStatus.
-	InjectedErrors int64
+	InjectedErrors int64 `json:"injected_errors"`
 	// Cancelled counts inference requests whose client went away (closed
 	// the connection or cancelled the request) before the answer was
 	// complete: the server saw the abort and stopped generating.
-	Cancelled int64
+	Cancelled int64 `json:"cancelled"`
+	// PrefixHitBlocks and PrefixMissBlocks count the full prompt blocks
+	// found in and missing from the prefix cache (Config.PrefixCacheTokens),
+	// PrefixHitTokens and PrefixMissTokens the prompt tokens served from it
+	// and prefilled, over every generation request admitted; PrefixCachedBlocks
+	// is the blocks cached now. All 0 without a cache, but the miss tokens
+	// when a prefill rate is set.
+	PrefixHitBlocks    int64 `json:"prefix_hit_blocks"`
+	PrefixMissBlocks   int64 `json:"prefix_miss_blocks"`
+	PrefixHitTokens    int64 `json:"prefix_hit_tokens"`
+	PrefixMissTokens   int64 `json:"prefix_miss_tokens"`
+	PrefixCachedBlocks int   `json:"prefix_cached_blocks"`
 	// LastModel is the model named by the latest request ("" if none).
-	LastModel string
+	LastModel string `json:"last_model"`
 	// LastAuthorization is the Authorization header of the latest request.
-	LastAuthorization string
+	LastAuthorization string `json:"-"`
 }
 
 // SeenRequest is what a Server recorded of one request it received.
@@ -78,6 +90,7 @@ type Server struct {
 	admitted  uint64        // inference requests admitted so far; drives fault choice and ids
 	seen      []SeenRequest // ring of the last maxSeen requests
 	seenStart int           // index of the oldest entry once seen is full
+	cache     *prefixCache  // nil unless Config.PrefixCacheTokens or PrefillTokensPerSecond
 }
 
 // New returns a Server for cfg, with defaults applied to its zero fields.
@@ -95,6 +108,9 @@ func New(cfg Config, logger *slog.Logger) (*Server, error) {
 		cfg:    cfg,
 		clock:  cfg.Clock,
 		logger: logger.With("component", "sim", "protocol", string(cfg.Protocol)),
+	}
+	if cfg.PrefixCacheTokens > 0 || cfg.PrefillTokensPerSecond > 0 {
+		s.cache = newPrefixCache(cfg.PrefixCacheTokens)
 	}
 	for _, name := range cfg.Models {
 		caps, ok := cfg.Capabilities[name]
@@ -252,6 +268,7 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byt
 	}
 	req.seq = n
 	release = s.leave
+	req.prefill = s.prefill(req)
 	if s.shouldFail(n) {
 		release()
 		return request{}, nil, errInjectedFault
@@ -262,6 +279,41 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byt
 		abortConnection()
 	}
 	return req, release, nil
+}
+
+// prefill looks req's prompt up in the prefix cache (if any), counts the
+// outcome and returns the prefill time of its uncached tokens.
+func (s *Server) prefill(req request) time.Duration {
+	if s.cache == nil || req.prompt == "" || req.loadOnly {
+		return 0
+	}
+	// The answer's blocks are cached after the prompt's, as an engine
+	// keeps the KV of the tokens it generated: the next turn of a
+	// conversation, which appends the answer, finds them. (Cached at
+	// admission, before the answer is written: the conversation's next
+	// turn cannot come sooner.)
+	answer := complete(s.cfg.Seed, s.cfg.DefaultMaxTokens, req).text()
+	s.mu.Lock()
+	o := s.cache.admit(req.model, req.prompt)
+	if s.cache.maxBlocks > 0 && answer != "" {
+		s.cache.admit(req.model, req.prompt+" "+answer)
+	}
+	s.stats.PrefixHitBlocks += int64(o.HitBlocks)
+	s.stats.PrefixMissBlocks += int64(o.MissBlocks)
+	s.stats.PrefixHitTokens += int64(o.HitTokens)
+	s.stats.PrefixMissTokens += int64(o.MissTokens)
+	s.stats.PrefixCachedBlocks = s.cache.lru.Len()
+	s.mu.Unlock()
+	d := prefillTime(o.MissTokens, s.cfg.PrefillTokensPerSecond)
+	s.logger.Debug("prefix cache", "model", req.model, "hit_blocks", o.HitBlocks, "miss_blocks", o.MissBlocks,
+		"hit_tokens", o.HitTokens, "miss_tokens", o.MissTokens, "prefill", d)
+	return d
+}
+
+// serveStats answers GET /stats with Stats as JSON.
+func (s *Server) serveStats(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(s.Stats())
 }
 
 // fail answers a request with err in the protocol's error shape.

@@ -133,6 +133,11 @@ type DispatchInfo struct {
 	QueueReason Admission
 	// QueueWait is how long the request waited for a slot.
 	QueueWait time.Duration
+	// PrefixPromptTokens is the prompt's full blocks, in tokens (16 a
+	// block of 64 characters), when the run was routed by prefix (routing:
+	// prefix), else 0; PrefixPredictedTokens the tokens of it the edge
+	// expected the chosen provider to hold in its cache.
+	PrefixPromptTokens, PrefixPredictedTokens int
 }
 
 // Snapshot is one view of the edge's nodes, providers and queues, for the

@@ -85,6 +85,11 @@ type Event struct {
 	// QueueWaitSeconds is QueueWait in seconds, for the JSON form; set by
 	// the Hub.
 	QueueWaitSeconds float64 `json:"queue_wait_seconds,omitempty"`
+	// PrefixPromptTokens and PrefixPredictedTokens (RunAdmitted, routing
+	// prefix only): the prompt's full blocks in tokens, and the tokens of
+	// them the edge expected the chosen provider to hold in its cache.
+	PrefixPromptTokens    int `json:"prefix_prompt_tokens,omitempty"`
+	PrefixPredictedTokens int `json:"prefix_predicted_tokens,omitempty"`
 	// Reason says why a run ended, a node was fenced, a dispatch retried
 	// or a request refused.
 	Reason string `json:"reason,omitempty"`

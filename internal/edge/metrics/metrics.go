@@ -101,6 +101,11 @@ type Metrics struct {
 
 	flowMu    sync.Mutex          // a leaf; guards flowNames
 	flowNames map[string]struct{} // client-named flows with a label value
+	// prefixPrompt and prefixPredicted: the prompt tokens of runs routed by
+	// prefix, and those the router expected the chosen provider to hold
+	// (their ratio is the predicted prefix hit ratio).
+	prefixPrompt    *prometheus.CounterVec
+	prefixPredicted *prometheus.CounterVec
 
 	mu      sync.Mutex           // guards the fields below
 	nodeGen map[string]uint64    // the latest generation seen, per node with label values
@@ -182,6 +187,12 @@ func New(reg prometheus.Registerer, snap Snapshotter) (*Metrics, error) {
 		flowSheds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "iop_flow_sheds_total", Help: "Sheddable requests shed, by requested model, flow and reason (displaced, expected_wait).",
 		}, []string{"model", "flow", "reason"}),
+		prefixPrompt: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "iop_prefix_prompt_tokens_total", Help: "Prompt tokens (full 16-token blocks of 64 characters) of runs admitted with routing prefix, by requested model.",
+		}, []string{"model"}),
+		prefixPredicted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "iop_prefix_predicted_tokens_total", Help: "Prompt tokens of runs admitted with routing prefix that the router expected the chosen provider to hold in its cache, by requested model; divided by iop_prefix_prompt_tokens_total, the predicted prefix hit ratio.",
+		}, []string{"model"}),
 		flowNames: make(map[string]struct{}),
 		nodeGen:   make(map[string]uint64),
 		reasons:   make(map[string][]string),
@@ -189,7 +200,7 @@ func New(reg prometheus.Registerer, snap Snapshotter) (*Metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.admissions, m.queueWait, m.ttft, m.duration, m.interToken,
 		m.inputTokens, m.outputTokens, m.runsInFlight, m.connects, m.fences, m.retries, m.flowAdmits, m.flowSheds,
-		newSnapshotCollector(snap)} {
+		m.prefixPrompt, m.prefixPredicted, newSnapshotCollector(snap)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -270,6 +281,10 @@ func (m *Metrics) Observe(e lifecycle.Event) {
 		m.retries.WithLabelValues(e.Model, e.Reason).Inc()
 	case lifecycle.RunAdmitted:
 		m.runsInFlight.WithLabelValues(e.Model).Inc()
+		if e.PrefixPromptTokens > 0 {
+			m.prefixPrompt.WithLabelValues(e.Model).Add(float64(e.PrefixPromptTokens))
+			m.prefixPredicted.WithLabelValues(e.Model).Add(float64(e.PrefixPredictedTokens))
+		}
 	case lifecycle.RunEnded:
 		m.runsInFlight.WithLabelValues(e.Model).Dec()
 	}
