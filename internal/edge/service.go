@@ -12,9 +12,13 @@ import (
 	"sort"
 	"sync"
 
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"iop/internal/edge/contract"
 	"iop/internal/edge/lifecycle"
 	"iop/internal/scheduler"
+	"iop/internal/tracing"
 	"iop/internal/wire/nodev1"
 )
 
@@ -237,18 +241,32 @@ var errOutOfRotation = errors.New("provider out of rotation")
 // it when ctx ends; with the run, dispatchOnce returns that watcher's stop,
 // which the caller calls when it is done with the attempt.
 func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCandidate) (*Run, scheduler.Candidate, func(), error) {
+	// The request's span, if it is traced (api.Config.Tracer): it gets the
+	// queued, admitted and dispatched events, and its context goes to the
+	// node in the Dispatch. A no-op span otherwise.
+	span := trace.SpanFromContext(ctx)
 	lease, err := s.sched.Admit(ctx, scheduler.Request{
 		Group:                req.Model,
 		Long:                 s.cfg.LongContextTokens > 0 && req.EstimatedInputTokens >= s.cfg.LongContextTokens,
 		EstimatedInputTokens: req.EstimatedInputTokens,
 		Resolve:              s.resolver(req.Model, needsOf(req), tried),
 		Prefer:               scheduler.ProviderRef{NodeID: req.PreferNodeID, ProviderID: req.PreferProviderID},
-		OnQueued:             func() { s.emitQueued(req.Model) },
+		OnQueued: func() {
+			s.emitQueued(req.Model)
+			if span.IsRecording() {
+				span.AddEvent(tracing.EventQueued)
+			}
+		},
 	})
 	if err != nil {
 		return nil, scheduler.Candidate{}, nil, err
 	}
 	cand := lease.Candidate()
+	if span.IsRecording() {
+		li := lease.Info()
+		span.AddEvent(tracing.EventAdmitted, trace.WithAttributes(tracing.QueueReason.String(string(li.QueueReason)),
+			tracing.QueueWait.Float64(li.Wait.Seconds())))
+	}
 	tk, ok := s.breakers.acquire(providerKey{cand.NodeID, cand.ProviderID})
 	if !ok {
 		lease.Release("circuit open")
@@ -314,6 +332,10 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		BodyInline:    inline,
 		OllamaFields:  req.OllamaFields,
 	}
+	if span.SpanContext().IsValid() {
+		d.TraceContext = make(map[string]string, 2)
+		tracing.Propagator.Inject(ctx, propagation.MapCarrier(d.TraceContext))
+	}
 	if w := c.takeIdle(); w != nil {
 		// A warm stream of the selected generation: the Dispatch goes down
 		// it, and the run is open once it is sent.
@@ -360,6 +382,10 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 			}
 			return nil, cand, nil, err
 		}
+	}
+	if span.IsRecording() {
+		span.AddEvent(tracing.EventDispatched, trace.WithAttributes(tracing.RunID.String(runID),
+			tracing.NodeID.String(cand.NodeID), tracing.ProviderID.String(cand.ProviderID)))
 	}
 	return r, cand, stopWatch, nil
 }
