@@ -14,6 +14,7 @@ import (
 
 	"iop/internal/auth"
 	"iop/internal/scheduler"
+	"iop/internal/tracing"
 )
 
 // Defaults applied by Config.SetDefaults to zero fields.
@@ -153,6 +154,11 @@ type Config struct {
 	// CircuitBreaker takes a provider that keeps failing out of rotation
 	// for a cool-down.
 	CircuitBreaker BreakerConfig `yaml:"circuit_breaker"`
+	// Tracing exports OpenTelemetry traces of the API requests (package
+	// tracing; README "Tracing"): off unless an endpoint is set here or in
+	// OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT. A field set here wins over its
+	// environment variable.
+	Tracing tracing.Config `yaml:"tracing"`
 }
 
 // BreakerConfig is the circuit breaker of every (node, provider); zero

@@ -190,6 +190,11 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 		next = readRunDown(stream, r, d.BodyInline, bodies)
 	}()
 	events := &eventSink{s: stream}
+	workCtx := r.workCtx
+	var spans *runSpans
+	if c.a.tracer != nil {
+		workCtx, spans = c.startRunSpan(workCtx, d, p)
+	}
 
 	var body bodyResult
 	switch {
@@ -211,13 +216,20 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 	sentLast := false // the adapter's last message ended the run (tunnelSink.ended)
 	if err == nil {
 		req := adapter.Request{Op: d.Operation, Stream: d.Stream, ServedModel: d.ServedModel, Body: body.data, OllamaFields: d.OllamaFields, Headers: d.Headers}
+		callCtx := workCtx
+		if spans != nil {
+			callCtx = spans.startCall(workCtx, c.a.tracer, d, p)
+		}
 		switch ad := p.adapter.(type) {
 		case adapter.Normalizer:
-			err = ad.Normalize(r.workCtx, req, events)
+			err = ad.Normalize(callCtx, req, events)
 		case adapter.Tunneler:
 			ts := &tunnelSink{s: stream, split: !c.headBody}
-			err = ad.Tunnel(r.workCtx, req, ts)
+			err = ad.Tunnel(callCtx, req, ts)
 			sentLast = ts.ended
+		}
+		if spans != nil {
+			spans.endCall(err)
 		}
 	}
 	// A run aborted with its connection (the node stopping, the edge lost)
@@ -242,6 +254,9 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 		}
 	} else {
 		warm = false
+	}
+	if spans != nil {
+		spans.end(err)
 	}
 	switch {
 	case err == nil:

@@ -17,6 +17,7 @@ import (
 	"iop/internal/responses"
 	"iop/internal/runs"
 	"iop/internal/scheduler"
+	"iop/internal/tracing"
 )
 
 // EdgeDefaults is the configuration `iop edge` starts from: the edge's
@@ -131,6 +132,11 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 		return nil, fmt.Errorf("HTTP API: %w", err)
 	}
 	svc := srv.Service()
+	tr, err := tracing.Start(ctx, cfg.Tracing, nil, "iop-edge")
+	if err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() { shutdownTracing(tr, logger) })
 	stopping := make(chan struct{}) // closed when the edge ends what is still in flight
 	handler := api.New(obs.apiConfig(api.Config{
 		Stopping:     stopping,
@@ -142,6 +148,7 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 		AdminKeys:    adminKeys,
 		Ledger:       usage,
 		Responses:    responseStore,
+		Tracer:       tr.Tracer,
 	}), gateway{svc}, logger)
 	var handlers sync.WaitGroup // handlers running, so the ledger closes after the last one
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -224,6 +231,7 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 		if gerr := <-grpcDone; err == nil {
 			err = gerr
 		}
+		shutdownTracing(tr, logger) // exports the last requests' spans
 		e.done <- err
 	}()
 	return e, nil

@@ -1,0 +1,128 @@
+package node
+
+import (
+	"context"
+	"errors"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"iop/internal/node/adapter"
+	"iop/internal/tracing"
+	"iop/internal/wire/nodev1"
+)
+
+// WithTracer makes the agent trace its runs with t (nil: no tracing, the
+// default): a run span per run, the child of the edge's request span whose
+// context the Dispatch carries (Dispatch.trace_context), and a client span
+// per provider call, its child, whose context the adapters send to the
+// provider as a traceparent header.
+func WithTracer(t trace.Tracer) Option { return func(a *Agent) { a.tracer = t } }
+
+// runSpans are the spans of one traced run. Only the run's goroutine
+// (runOn) touches them.
+type runSpans struct {
+	run, call trace.Span
+}
+
+// pathName is the execution path as the edge's records name it.
+func pathName(p nodev1.ExecutionPath) string {
+	switch p {
+	case nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL:
+		return "tunnel"
+	case nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED:
+		return "normalized"
+	}
+	return ""
+}
+
+// operationName is d's gen_ai.operation.name.
+func operationName(op nodev1.Operation) string {
+	switch op {
+	case nodev1.Operation_OPERATION_CHAT:
+		return tracing.OperationChat
+	case nodev1.Operation_OPERATION_COMPLETION:
+		return tracing.OperationTextCompletion
+	case nodev1.Operation_OPERATION_EMBEDDINGS:
+		return tracing.OperationEmbeddings
+	}
+	return ""
+}
+
+// startRunSpan starts the span of run d on provider p, continuing the trace
+// context d carries, and returns ctx carrying it.
+func (c *conn) startRunSpan(ctx context.Context, d *nodev1.Dispatch, p *provider) (context.Context, *runSpans) {
+	ctx = tracing.Propagator.Extract(ctx, propagation.MapCarrier(d.TraceContext))
+	ctx, span := c.a.tracer.Start(ctx, "run "+d.ServedModel, trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(
+			tracing.RunID.String(d.RunId),
+			tracing.NodeID.String(c.a.cfg.NodeID),
+			tracing.ProviderID.String(d.ProviderId),
+			tracing.Generation.Int64(int64(c.gen)),
+			tracing.ExecutionPath.String(pathName(p.path)),
+			tracing.GenAIRequestModel.String(d.ServedModel),
+			tracing.Stream.Bool(d.Stream),
+		))
+	return ctx, &runSpans{run: span}
+}
+
+// startCall starts the provider call's client span, named by the GenAI
+// conventions "{gen_ai.operation.name} {gen_ai.request.model}", and returns
+// ctx carrying it (the adapters send it on as traceparent).
+func (s *runSpans) startCall(ctx context.Context, tracer trace.Tracer, d *nodev1.Dispatch, p *provider) context.Context {
+	op := operationName(d.Operation)
+	ctx, s.call = tracer.Start(ctx, op+" "+d.ServedModel, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(
+			tracing.GenAIOperationName.String(op),
+			tracing.GenAIRequestModel.String(d.ServedModel),
+			tracing.GenAIProviderName.String(p.cfg.Type),
+			tracing.ProviderID.String(d.ProviderId),
+			tracing.ExecutionPath.String(pathName(p.path)),
+		))
+	return ctx
+}
+
+// errorType names how err ended a provider call (a sentinel's fixed text,
+// never a message that may quote the provider).
+func errorType(err error) string {
+	for _, kind := range []error{adapter.ErrCancelled, adapter.ErrSink, adapter.ErrProviderTimeout,
+		adapter.ErrProviderUnreachable, adapter.ErrProviderStatus, adapter.ErrProviderStream,
+		adapter.ErrProviderReported, adapter.ErrProviderError, adapter.ErrBadRequest} {
+		if errors.Is(err, kind) {
+			return kind.Error()
+		}
+	}
+	return "_OTHER"
+}
+
+// fail marks span failed by err.
+func fail(span trace.Span, err error) {
+	if err == nil {
+		return
+	}
+	et := errorType(err)
+	attrs := []attribute.KeyValue{tracing.ErrorType.String(et)}
+	var ae *adapter.Error
+	if errors.As(err, &ae) && ae.Status != 0 {
+		attrs = append(attrs, tracing.HTTPResponseStatusCode.Int(ae.Status))
+	}
+	span.SetAttributes(attrs...)
+	span.SetStatus(codes.Error, et)
+}
+
+// endCall ends the provider call's span with err, the adapter's result.
+func (s *runSpans) endCall(err error) {
+	if s.call == nil {
+		return
+	}
+	fail(s.call, err)
+	s.call.End()
+}
+
+// end ends the run's span with err, the run's result.
+func (s *runSpans) end(err error) {
+	fail(s.run, err)
+	s.run.End()
+}
