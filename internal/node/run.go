@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
@@ -194,6 +195,7 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 	var spans *runSpans
 	if c.a.tracer != nil {
 		workCtx, spans = c.startRunSpan(workCtx, d, p)
+		events.lastAt = &spans.lastAt
 	}
 
 	var body bodyResult
@@ -225,6 +227,9 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 			err = ad.Normalize(callCtx, req, events)
 		case adapter.Tunneler:
 			ts := &tunnelSink{s: stream, split: !c.headBody}
+			if spans != nil {
+				ts.lastAt = &spans.lastAt
+			}
 			err = ad.Tunnel(callCtx, req, ts)
 			sentLast = ts.ended
 		}
@@ -242,6 +247,9 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 		// or a tunnel head with the whole body (End).
 		ended := events.ended || sentLast
 		if last := terminal(p.path, err); last != nil && !ended {
+			if spans != nil {
+				spans.lastAt = time.Now()
+			}
 			if serr := stream.Send(last); serr != nil {
 				c.logRun(slog.LevelDebug, r, d, "cannot send the run's last frame", "err", serr)
 			} else {
@@ -408,6 +416,9 @@ func terminal(path nodev1.ExecutionPath, err error) *nodev1.RunUp {
 type eventSink struct {
 	s     runStream
 	ended bool // a terminal event was sent
+	// lastAt, when set (a traced run), gets the time the terminal frame
+	// was sent: the run's spans end then, before the edge can end its own.
+	lastAt *time.Time
 }
 
 var _ adapter.EventSink = (*eventSink)(nil)
@@ -421,6 +432,9 @@ func (s *eventSink) Send(events ...*nodev1.RunEvent) error {
 		case nodev1.RunEvent_TYPE_COMPLETE, nodev1.RunEvent_TYPE_ERROR, nodev1.RunEvent_TYPE_CANCELLED:
 			s.ended = true
 		}
+	}
+	if s.ended && s.lastAt != nil {
+		*s.lastAt = time.Now()
 	}
 	m := eventsMsgPool.Get().(*eventsMsg)
 	m.events.Events = events
@@ -459,6 +473,8 @@ type tunnelSink struct {
 	// body goes as a TunnelData after it, and its end as the TunnelEnd
 	// serveRun sends (ended stays false).
 	split bool
+	// lastAt is eventSink's.
+	lastAt *time.Time
 }
 
 var _ adapter.TunnelSink = (*tunnelSink)(nil)
@@ -482,6 +498,9 @@ func (s *tunnelSink) Head(h adapter.TunnelHead) error {
 		head.ContentLength = h.ContentLength
 	}
 	s.ended = h.End
+	if s.ended && s.lastAt != nil {
+		*s.lastAt = time.Now()
+	}
 	return s.s.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: head}})
 }
 

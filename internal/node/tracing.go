@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -25,6 +26,18 @@ func WithTracer(t trace.Tracer) Option { return func(a *Agent) { a.tracer = t } 
 // (runOn) touches them.
 type runSpans struct {
 	run, call trace.Span
+	// lastAt is when the run's terminal frame was sent (zero: not yet, or
+	// never): both spans end no later, so that they end within the edge's
+	// request span, which can end as soon as the edge has that frame.
+	lastAt time.Time
+}
+
+// endOptions ends a span now, or at lastAt if that was earlier.
+func (s *runSpans) endOptions() []trace.SpanEndOption {
+	if s.lastAt.IsZero() {
+		return nil
+	}
+	return []trace.SpanEndOption{trace.WithTimestamp(s.lastAt)}
 }
 
 // pathName is the execution path as the edge's records name it.
@@ -118,11 +131,11 @@ func (s *runSpans) endCall(err error) {
 		return
 	}
 	fail(s.call, err)
-	s.call.End()
+	s.call.End(s.endOptions()...)
 }
 
 // end ends the run's span with err, the run's result.
 func (s *runSpans) end(err error) {
 	fail(s.run, err)
-	s.run.End()
+	s.run.End(s.endOptions()...)
 }
