@@ -1,10 +1,11 @@
 package process
 
-// Tracing tests (issue 21, "Traces"): real `iop sim` (OpenAI protocol:
-// tunnel path; Ollama protocol: normalized path), `iop edge` (tracing by
-// the OTEL_* environment) and `iop node` (tracing by its config file's
-// tracing: section) processes export to a real OTLP receiver of the test,
-// over gRPC and over HTTP (protobuf).
+// Tracing tests (issue 21, "Traces"): real `iop edge` (tracing by the
+// OTEL_* environment) and `iop node` (tracing by its config file's
+// tracing: section) processes, in front of two sims served by the test
+// (OpenAI protocol: tunnel path; Ollama protocol: normalized path; each
+// records the traceparent it gets), export to a real OTLP receiver of the
+// test, over gRPC and over HTTP (protobuf).
 
 import (
 	"bufio"
@@ -15,8 +16,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +25,8 @@ import (
 	"testing"
 
 	tracev1 "go.opentelemetry.io/proto/otlp/trace/v1"
+
+	"iop/internal/sim"
 )
 
 // The canaries: secrets of the client (its prompt, its Authorization
@@ -38,28 +39,30 @@ const (
 	canaryProviderKey = "CANARY-provkey-c0de77"
 )
 
-// traceparentRecorder is a reverse proxy in front of a provider that
-// records the traceparent header of every request it forwards.
+// traceparentRecorder serves an in-process `iop sim` (package sim) on
+// loopback HTTP and records the traceparent header of every request the
+// sim gets.
 type traceparentRecorder struct {
 	mu   sync.Mutex
 	seen []string
 }
 
-func (rec *traceparentRecorder) front(t *testing.T, target string) string {
+// serveSim serves a sim of protocol for model, which wants the provider
+// key canaryProviderKey, and returns its URL.
+func (rec *traceparentRecorder) serveSim(t *testing.T, protocol sim.Protocol, model string) string {
 	t.Helper()
-	u, err := url.Parse(target)
+	s, err := sim.New(sim.Config{Protocol: protocol, Models: []string{model}, TokensPerSecond: 2000, APIKey: canaryProviderKey}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := httputil.NewSingleHostReverseProxy(u)
-	proxy.FlushInterval = -1
+	h := s.Handler()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
 			rec.mu.Lock()
 			rec.seen = append(rec.seen, r.Header.Get("Traceparent"))
 			rec.mu.Unlock()
 		}
-		proxy.ServeHTTP(w, r)
+		h.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
 	return srv.URL
@@ -167,8 +170,8 @@ func TestTracesAcrossEdgeNodeProvider(t *testing.T) {
 func testTraces(t *testing.T, bin, protocol string) {
 	recv, endpoint := startOTLPReceiver(t, protocol)
 	var oaSeen, olSeen traceparentRecorder
-	oaURL := oaSeen.front(t, startSimProcess(t, bin, "openai", "oa-m", 2000))
-	olURL := olSeen.front(t, startSimProcess(t, bin, "ollama", "ol-m", 2000))
+	oaURL := oaSeen.serveSim(t, sim.ProtocolOpenAI, "oa-m")
+	olURL := olSeen.serveSim(t, sim.ProtocolOllama, "ol-m")
 
 	// The edge traces by the environment.
 	httpAddr, nodeAddr := freeAddr(t), freeAddr(t)
@@ -188,7 +191,7 @@ reconnect_max: 200ms
 tracing: {endpoint: %q, protocol: %s}
 providers:
   - {id: oa, type: sim, protocol: openai, base_url: %q, models: [oa-m], capacity: 4, capabilities: [tools], api_key_env: IOP_TRACES_TEST_KEY}
-  - {id: ol, type: sim, protocol: ollama, base_url: %q, models: [ol-m], capacity: 4, capabilities: [tools]}
+  - {id: ol, type: sim, protocol: ollama, base_url: %q, models: [ol-m], capacity: 4, capabilities: [tools], api_key_env: IOP_TRACES_TEST_KEY}
 `, nodeAddr, endpoint, protocol, oaURL+"/v1", olURL)
 	if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
