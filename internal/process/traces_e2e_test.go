@@ -264,7 +264,9 @@ providers:
 	}
 	// The unsampled request reached the provider with its trace context,
 	// and its log line has no trace_id.
-	if seen := oaSeen.all(); !slices.ContainsFunc(seen, func(s string) bool { return strings.HasPrefix(s, "00-"+unsampledTrace+"-") && strings.HasSuffix(s, "-00") }) {
+	if seen := oaSeen.all(); !slices.ContainsFunc(seen, func(s string) bool {
+		return strings.HasPrefix(s, "00-"+unsampledTrace+"-") && strings.HasSuffix(s, "-00")
+	}) {
 		t.Errorf("provider saw traceparents %q, none of the unsampled trace %s", seen, unsampledTrace)
 	}
 	if slices.Contains(requestLogTraceIDs(t, edgeProc.logs.String()), unsampledTrace) {
