@@ -235,7 +235,7 @@ func startDev(ctx, abort context.Context, cfg DevConfig, version string, logger 
 	d.Edge = e
 	stopEdge := func() { cancel(); e.Wait() }
 	// The in-process node traces as a node would, by the environment.
-	ntr, err := tracing.Start(ctx, tracing.Config{}, nil, "iop-node")
+	ntr, err := tracing.Start(ctx, tracing.Config{}, nil, "iop-node", logger)
 	if err != nil {
 		stopEdge()
 		return fail(err)

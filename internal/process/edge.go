@@ -132,7 +132,7 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 		return nil, fmt.Errorf("HTTP API: %w", err)
 	}
 	svc := srv.Service()
-	tr, err := tracing.Start(ctx, cfg.Tracing, nil, "iop-edge")
+	tr, err := tracing.Start(ctx, cfg.Tracing, nil, "iop-edge", logger)
 	if err != nil {
 		return nil, err
 	}

@@ -213,7 +213,7 @@ func (p *Process) startNode(ctx, abort context.Context, cfg Config) error {
 	if ncfg.Version == "" {
 		ncfg.Version = cfg.Version
 	}
-	tr, err := tracing.Start(ctx, ncfg.Tracing, nil, "iop-node")
+	tr, err := tracing.Start(ctx, ncfg.Tracing, nil, "iop-node", p.logger)
 	if err != nil {
 		return err
 	}

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -181,10 +183,12 @@ const ShutdownTimeout = 5 * time.Second
 // defaultService names ("iop-edge", "iop-node"; OTEL_SERVICE_NAME or
 // c.ServiceName replace it): an OTLP exporter (grpc or http/protobuf)
 // behind a batch span processor (OTEL_BSP_* apply), the sampler, and a
-// resource with service.name and OTEL_RESOURCE_ATTRIBUTES. Off (see
-// Config), it returns a Tracing whose Tracer is nil. Errors wrap
-// ErrInvalidConfig, or are the exporter's.
-func Start(ctx context.Context, c Config, env Getenv, defaultService string) (*Tracing, error) {
+// resource with service.name and OTEL_RESOURCE_ATTRIBUTES. The SDK's
+// errors (a failed export) are logged at warn on logger (nil: not at all),
+// through OpenTelemetry's process-wide error handler. Off (see Config), it
+// returns a Tracing whose Tracer is nil. Errors wrap ErrInvalidConfig, or
+// are the exporter's.
+func Start(ctx context.Context, c Config, env Getenv, defaultService string, logger *slog.Logger) (*Tracing, error) {
 	if env == nil {
 		env = os.Getenv
 	}
@@ -201,6 +205,11 @@ func Start(ctx context.Context, c Config, env Getenv, defaultService string) (*T
 		resource.WithAttributes(attribute.String("service.name", s.serviceName)))
 	if err != nil && res == nil {
 		return nil, fmt.Errorf("tracing resource: %w", err)
+	}
+	if logger != nil {
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+			logger.Warn("tracing: the OpenTelemetry SDK failed", "service", s.serviceName, "err", err)
+		}))
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithSampler(sampler), sdktrace.WithResource(res))
 	return &Tracing{Tracer: tp.Tracer("iop"), provider: tp}, nil

@@ -21,7 +21,7 @@ func TestOffByDefault(t *testing.T) {
 		"sdk disabled cfg": {Config{Endpoint: "http://127.0.0.1:4317"}, map[string]string{"OTEL_SDK_DISABLED": "TRUE"}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			tr, err := Start(context.Background(), tc.cfg, envOf(tc.env), "iop-edge")
+			tr, err := Start(context.Background(), tc.cfg, envOf(tc.env), "iop-edge", nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -84,7 +84,7 @@ func TestInvalidConfig(t *testing.T) {
 			if err := tc.cfg.Validate(envOf(tc.env)); !errors.Is(err, ErrInvalidConfig) {
 				t.Errorf("Validate: %v, want ErrInvalidConfig", err)
 			}
-			if _, err := Start(context.Background(), tc.cfg, envOf(tc.env), "iop-edge"); !errors.Is(err, ErrInvalidConfig) {
+			if _, err := Start(context.Background(), tc.cfg, envOf(tc.env), "iop-edge", nil); !errors.Is(err, ErrInvalidConfig) {
 				t.Errorf("Start: %v, want ErrInvalidConfig", err)
 			}
 		})
