@@ -46,6 +46,7 @@ func BenchmarkTracedTunnelStream20(b *testing.B) {
 			req := `{"model":"bench-openai","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))
+			cpu := cpuTime()
 			for b.Loop() {
 				resetBench(gw, cfg.Ledger.(*recordingLedger))
 				w := &discardWriter{header: http.Header{}}
@@ -54,6 +55,7 @@ func BenchmarkTracedTunnelStream20(b *testing.B) {
 					b.Fatalf("relayed %d bytes, want %d", w.n, len(body))
 				}
 			}
+			b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
 		})
 	}
 }
