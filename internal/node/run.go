@@ -195,7 +195,7 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 	var spans *runSpans
 	if c.a.tracer != nil {
 		workCtx, spans = c.startRunSpan(workCtx, d, p)
-		events.lastAt = &spans.lastAt
+		events.spans = spans
 	}
 
 	var body bodyResult
@@ -227,9 +227,7 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 			err = ad.Normalize(callCtx, req, events)
 		case adapter.Tunneler:
 			ts := &tunnelSink{s: stream, split: !c.headBody}
-			if spans != nil {
-				ts.lastAt = &spans.lastAt
-			}
+			ts.spans = spans
 			err = ad.Tunnel(callCtx, req, ts)
 			sentLast = ts.ended
 		}
@@ -416,9 +414,9 @@ func terminal(path nodev1.ExecutionPath, err error) *nodev1.RunUp {
 type eventSink struct {
 	s     runStream
 	ended bool // a terminal event was sent
-	// lastAt, when set (a traced run), gets the time the terminal frame
-	// was sent: the run's spans end then, before the edge can end its own.
-	lastAt *time.Time
+	// spans, when set (a traced run), get the time the terminal frame was
+	// sent (runSpans.lastAt).
+	spans *runSpans
 }
 
 var _ adapter.EventSink = (*eventSink)(nil)
@@ -433,8 +431,8 @@ func (s *eventSink) Send(events ...*nodev1.RunEvent) error {
 			s.ended = true
 		}
 	}
-	if s.ended && s.lastAt != nil {
-		*s.lastAt = time.Now()
+	if s.ended && s.spans != nil {
+		s.spans.lastAt = time.Now()
 	}
 	m := eventsMsgPool.Get().(*eventsMsg)
 	m.events.Events = events
@@ -473,8 +471,9 @@ type tunnelSink struct {
 	// body goes as a TunnelData after it, and its end as the TunnelEnd
 	// serveRun sends (ended stays false).
 	split bool
-	// lastAt is eventSink's.
-	lastAt *time.Time
+	// spans, when set (a traced run), get the answer's status and the
+	// time the terminal frame was sent.
+	spans *runSpans
 }
 
 var _ adapter.TunnelSink = (*tunnelSink)(nil)
@@ -498,8 +497,11 @@ func (s *tunnelSink) Head(h adapter.TunnelHead) error {
 		head.ContentLength = h.ContentLength
 	}
 	s.ended = h.End
-	if s.ended && s.lastAt != nil {
-		*s.lastAt = time.Now()
+	if s.spans != nil {
+		s.spans.status = h.Status
+		if s.ended {
+			s.spans.lastAt = time.Now()
+		}
 	}
 	return s.s.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: head}})
 }

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -30,6 +31,9 @@ type runSpans struct {
 	// never): both spans end no later, so that they end within the edge's
 	// request span, which can end as soon as the edge has that frame.
 	lastAt time.Time
+	// status is a tunneled answer's HTTP status (0: none, or the
+	// normalized path).
+	status int
 }
 
 // endOptions ends a span now, or at lastAt if that was earlier.
@@ -125,17 +129,39 @@ func fail(span trace.Span, err error) {
 	span.SetStatus(codes.Error, et)
 }
 
+// failStatus marks span failed by a relayed error answer: its status is
+// at least min (400 for the provider call, a client span; 500 for the
+// run, as for an HTTP server span), error.type the status.
+func (s *runSpans) failStatus(span trace.Span, min int) {
+	if s.status == 0 {
+		return
+	}
+	span.SetAttributes(tracing.HTTPResponseStatusCode.Int(s.status))
+	if s.status >= min {
+		span.SetAttributes(tracing.ErrorType.String(strconv.Itoa(s.status)))
+		span.SetStatus(codes.Error, "provider answered "+strconv.Itoa(s.status))
+	}
+}
+
 // endCall ends the provider call's span with err, the adapter's result.
 func (s *runSpans) endCall(err error) {
 	if s.call == nil {
 		return
 	}
-	fail(s.call, err)
+	if err != nil {
+		fail(s.call, err)
+	} else {
+		s.failStatus(s.call, 400)
+	}
 	s.call.End(s.endOptions()...)
 }
 
 // end ends the run's span with err, the run's result.
 func (s *runSpans) end(err error) {
-	fail(s.run, err)
+	if err != nil {
+		fail(s.run, err)
+	} else {
+		s.failStatus(s.run, 500)
+	}
 	s.run.End(s.endOptions()...)
 }
