@@ -479,6 +479,9 @@ type tunnelSink struct {
 var _ adapter.TunnelSink = (*tunnelSink)(nil)
 
 func (s *tunnelSink) Head(h adapter.TunnelHead) error {
+	if s.spans != nil {
+		s.spans.status = h.Status
+	}
 	headers := make(map[string]string, len(h.Header))
 	for k, vs := range h.Header {
 		headers[k] = strings.Join(vs, ", ")
@@ -497,11 +500,8 @@ func (s *tunnelSink) Head(h adapter.TunnelHead) error {
 		head.ContentLength = h.ContentLength
 	}
 	s.ended = h.End
-	if s.spans != nil {
-		s.spans.status = h.Status
-		if s.ended {
-			s.spans.lastAt = time.Now()
-		}
+	if s.ended && s.spans != nil {
+		s.spans.lastAt = time.Now()
 	}
 	return s.s.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: head}})
 }
