@@ -25,8 +25,9 @@ import (
 // file. Every field is optional; a field left empty falls back to its
 // standard OpenTelemetry environment variable (named on each field), and
 // a field that is set wins over that variable. Tracing is on when an
-// endpoint is set (here or in the environment) and OTEL_SDK_DISABLED is not
-// "true"; it is off otherwise (the default).
+// endpoint is set (here or in the environment), OTEL_SDK_DISABLED is not
+// "true" and OTEL_TRACES_EXPORTER is not "none"; it is off otherwise (the
+// default).
 type Config struct {
 	// Endpoint is the OTLP receiver's URL, as OTEL_EXPORTER_OTLP_ENDPOINT:
 	// "http://collector:4317" (grpc; "http" means no TLS) or
@@ -78,7 +79,8 @@ type settings struct {
 
 func (c Config) resolve(env Getenv, defaultService string) (settings, error) {
 	s := settings{protocol: ProtocolGRPC, sampler: "parentbased_always_on", ratio: 1, serviceName: defaultService}
-	if strings.EqualFold(strings.TrimSpace(env("OTEL_SDK_DISABLED")), "true") {
+	if strings.EqualFold(strings.TrimSpace(env("OTEL_SDK_DISABLED")), "true") ||
+		strings.TrimSpace(env("OTEL_TRACES_EXPORTER")) == "none" {
 		return s, nil
 	}
 	s.endpoint = c.Endpoint

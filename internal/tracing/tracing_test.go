@@ -19,6 +19,7 @@ func TestOffByDefault(t *testing.T) {
 		"sampler only":     {Config{Sampler: "always_on"}, map[string]string{"OTEL_SERVICE_NAME": "x"}},
 		"sdk disabled env": {Config{}, map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", "OTEL_SDK_DISABLED": "true"}},
 		"sdk disabled cfg": {Config{Endpoint: "http://127.0.0.1:4317"}, map[string]string{"OTEL_SDK_DISABLED": "TRUE"}},
+		"exporter none":    {Config{Endpoint: "http://127.0.0.1:4317"}, map[string]string{"OTEL_TRACES_EXPORTER": "none"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			tr, err := Start(context.Background(), tc.cfg, envOf(tc.env), "iop-edge", nil)
