@@ -15,6 +15,7 @@ import (
 
 	"iop/internal/auth"
 	"iop/internal/scheduler"
+	"iop/internal/tracing"
 )
 
 // Defaults applied by Config.SetDefaults to zero fields.
@@ -196,6 +197,11 @@ type Config struct {
 	// the prefix only to break ties between equally loaded providers.
 	// Reloadable.
 	PrefixLoadSlack *float64 `yaml:"prefix_load_slack"`
+	// Tracing exports OpenTelemetry traces of the API requests (package
+	// tracing; README "Tracing"): off unless an endpoint is set here or in
+	// OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT. A field set here wins over its
+	// environment variable.
+	Tracing tracing.Config `yaml:"tracing"`
 }
 
 // Fairness modes and flow sources (FairnessConfig).

@@ -109,6 +109,7 @@ func restartOnly(running, next Config) []string {
 		{"max_body_bytes", running.MaxBodyBytes != next.MaxBodyBytes},
 		{"write_timeout", running.WriteTimeout != next.WriteTimeout},
 		{"fairness.flow", running.Fairness.Flow != next.Fairness.Flow},
+		{"tracing", !reflect.DeepEqual(running.Tracing, next.Tracing)},
 	} {
 		if f.differs {
 			out = append(out, f.key)

@@ -13,9 +13,13 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"iop/internal/edge/contract"
 	"iop/internal/edge/lifecycle"
 	"iop/internal/scheduler"
+	"iop/internal/tracing"
 	"iop/internal/wire/nodev1"
 )
 
@@ -244,6 +248,10 @@ var errOutOfRotation = errors.New("provider out of rotation")
 // which the caller calls when it is done with the attempt.
 func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCandidate) (*Run, scheduler.Candidate, func(), error) {
 	route := s.routeOf(req) // before Admit: it takes the prefix index's lock
+	// The request's span, if it is traced (api.Config.Tracer): it gets the
+	// queued, admitted and dispatched events, and its context goes to the
+	// node in the Dispatch. A no-op span otherwise.
+	span := trace.SpanFromContext(ctx)
 	lease, err := s.sched.Admit(ctx, scheduler.Request{
 		Group:                req.Model,
 		Long:                 s.cfg.LongContextTokens > 0 && req.EstimatedInputTokens >= s.cfg.LongContextTokens,
@@ -255,7 +263,12 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		Priority:             scheduler.Priority(min(max(req.Priority, contract.PrioritySheddable), contract.PriorityCritical)),
 		Affinity:             route.affinity(),
 		AffinitySlack:        route.slack,
-		OnQueued:             func() { s.emitQueued(req.Model) },
+		OnQueued: func() {
+			s.emitQueued(req.Model)
+			if span.IsRecording() {
+				span.AddEvent(tracing.EventQueued)
+			}
+		},
 	})
 	if err != nil {
 		return nil, scheduler.Candidate{}, nil, err
@@ -265,6 +278,11 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		// The chosen provider receives the prompt: the next turn of its
 		// conversation will find its blocks there.
 		s.prefix.record(cand.Target, scheduler.ProviderRef{NodeID: cand.NodeID, ProviderID: cand.ProviderID}, route.blocks)
+	}
+	if span.IsRecording() {
+		li := lease.Info()
+		span.AddEvent(tracing.EventAdmitted, trace.WithAttributes(tracing.QueueReason.String(string(li.QueueReason)),
+			tracing.QueueWait.Float64(li.Wait.Seconds())))
 	}
 	tk, ok := s.breakers.acquire(providerKey{cand.NodeID, cand.ProviderID})
 	if !ok {
@@ -333,6 +351,10 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		BodyInline:    inline,
 		OllamaFields:  req.OllamaFields,
 	}
+	if span.SpanContext().IsValid() {
+		d.TraceContext = make(map[string]string, 2)
+		tracing.Propagator.Inject(ctx, propagation.MapCarrier(d.TraceContext))
+	}
 	if w := c.takeIdle(); w != nil {
 		// A warm stream of the selected generation: the Dispatch goes down
 		// it, and the run is open once it is sent.
@@ -379,6 +401,10 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 			}
 			return nil, cand, nil, err
 		}
+	}
+	if span.IsRecording() {
+		span.AddEvent(tracing.EventDispatched, trace.WithAttributes(tracing.RunID.String(runID),
+			tracing.NodeID.String(cand.NodeID), tracing.ProviderID.String(cand.ProviderID)))
 	}
 	return r, cand, stopWatch, nil
 }

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
@@ -50,6 +51,7 @@ type Agent struct {
 	clock     clock.Clock                           // heartbeats, liveness, hello timeout, backoff
 	jitter    func(max time.Duration) time.Duration // full jitter: uniform in [0, max]
 	providers map[string]*provider                  // by provider id; never written after New
+	tracer    trace.Tracer                          // WithTracer; nil: runs are not traced
 	order     []*provider                           // the providers in config order; never written after New
 	creds     credentials.TransportCredentials      // plaintext or TLS to the edge; never written after New
 	warm      int                                   // warm Run streams per connection (WarmStreams; tests change it before Run)

@@ -17,6 +17,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"iop/internal/node/adapter"
+	"iop/internal/tracing"
 	"iop/internal/wire/nodev1"
 )
 
@@ -151,6 +152,11 @@ type Config struct {
 	// health of each provider that omits its models (a provider may set its
 	// own); default 30s.
 	DiscoveryInterval time.Duration `yaml:"discovery_interval"`
+	// Tracing exports OpenTelemetry traces of the runs (package tracing;
+	// README "Tracing"): off unless an endpoint is set here or in
+	// OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT. A field set here wins over its
+	// environment variable. The process reads it (node.New does not).
+	Tracing tracing.Config `yaml:"tracing"`
 	// Version is reported in Hello; set by the binary, not by YAML.
 	// Default: the main module's version from the build info, else "dev".
 	Version string `yaml:"-"`

@@ -153,7 +153,8 @@
 //     that Run stream's Recv). The run goroutine is the only sender on its
 //     Run stream: the adapter's sink calls and the terminal frame all happen
 //     on it, in order. Run data never passes through the Connect stream or
-//     any channel shared with other runs;
+//     any channel shared with other runs. A traced run's spans (runSpans,
+//     WithTracer) and the time its terminal frame was sent belong to it too;
 //   - one goroutine per warm stream (serveWarm), the only caller of its
 //     Recv and Send until a Dispatch arrives; it then becomes that run's
 //     goroutine (runOn, with its reader), and before serving it starts the

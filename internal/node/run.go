@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
@@ -219,6 +220,12 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 		next = readRunDown(stream, r, d.BodyInline, bodies)
 	}()
 	events := &eventSink{s: stream, last: r.lastFrame}
+	workCtx := r.workCtx
+	var spans *runSpans
+	if c.a.tracer != nil {
+		workCtx, spans = c.startRunSpan(workCtx, d, p)
+		events.spans = spans
+	}
 
 	var body bodyResult
 	switch {
@@ -240,13 +247,21 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 	sentLast := false // the adapter's last message ended the run (tunnelSink.ended)
 	if err == nil {
 		req := adapter.Request{Op: d.Operation, Stream: d.Stream, ServedModel: d.ServedModel, Body: body.data, OllamaFields: d.OllamaFields, Headers: d.Headers}
+		callCtx := workCtx
+		if spans != nil {
+			callCtx = spans.startCall(workCtx, c.a.tracer, d, p)
+		}
 		switch ad := p.adapter.(type) {
 		case adapter.Normalizer:
-			err = ad.Normalize(r.workCtx, req, events)
+			err = ad.Normalize(callCtx, req, events)
 		case adapter.Tunneler:
 			ts := &tunnelSink{s: stream, split: !c.headBody, last: r.lastFrame}
-			err = ad.Tunnel(r.workCtx, req, ts)
+			ts.spans = spans
+			err = ad.Tunnel(callCtx, req, ts)
 			sentLast = ts.ended
+		}
+		if spans != nil {
+			spans.endCall(err)
 		}
 	}
 	// A run aborted with its connection (the node stopping, the edge lost)
@@ -260,6 +275,9 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 		ended := events.ended || sentLast
 		if last := terminal(p.path, err); last != nil && !ended {
 			r.lastFrame() // before the edge can read the end
+			if spans != nil {
+				spans.lastAt = time.Now()
+			}
 			if serr := stream.Send(last); serr != nil {
 				c.logRun(slog.LevelDebug, r, d, "cannot send the run's last frame", "err", serr)
 			} else {
@@ -272,6 +290,9 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 		}
 	} else {
 		warm = false
+	}
+	if spans != nil {
+		spans.end(err)
 	}
 	switch {
 	case err == nil:
@@ -424,6 +445,9 @@ type eventSink struct {
 	s     runStream
 	ended bool   // a terminal event was sent
 	last  func() // called just before the terminal event is sent (frees the provider slot)
+	// spans, when set (a traced run), get the time the terminal frame was
+	// sent (runSpans.lastAt).
+	spans *runSpans
 }
 
 var _ adapter.EventSink = (*eventSink)(nil)
@@ -440,6 +464,9 @@ func (s *eventSink) Send(events ...*nodev1.RunEvent) error {
 	}
 	if s.ended && s.last != nil {
 		s.last()
+	}
+	if s.ended && s.spans != nil {
+		s.spans.lastAt = time.Now()
 	}
 	m := eventsMsgPool.Get().(*eventsMsg)
 	m.events.Events = events
@@ -479,11 +506,17 @@ type tunnelSink struct {
 	// serveRun sends (ended stays false).
 	split bool
 	last  func() // called just before a head with the whole body is sent (frees the provider slot)
+	// spans, when set (a traced run), get the answer's status and the
+	// time the terminal frame was sent.
+	spans *runSpans
 }
 
 var _ adapter.TunnelSink = (*tunnelSink)(nil)
 
 func (s *tunnelSink) Head(h adapter.TunnelHead) error {
+	if s.spans != nil {
+		s.spans.status = h.Status
+	}
 	headers := make(map[string]string, len(h.Header))
 	for k, vs := range h.Header {
 		headers[k] = strings.Join(vs, ", ")
@@ -504,6 +537,9 @@ func (s *tunnelSink) Head(h adapter.TunnelHead) error {
 	s.ended = h.End
 	if s.ended && s.last != nil {
 		s.last()
+	}
+	if s.ended && s.spans != nil {
+		s.spans.lastAt = time.Now()
 	}
 	return s.s.Send(&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: head}})
 }

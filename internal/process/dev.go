@@ -13,6 +13,7 @@ import (
 	"iop/internal/edge"
 	"iop/internal/node"
 	"iop/internal/sim"
+	"iop/internal/tracing"
 )
 
 // DevConfig configures ModeDev (`iop dev`): an edge and an in-process node
@@ -241,6 +242,13 @@ func startDev(ctx, abort context.Context, cfg DevConfig, version string, logger 
 	}
 	d.Edge = e
 	stopEdge := func() { cancel(); e.Wait() }
+	// The in-process node traces as a node would, by the environment.
+	ntr, err := tracing.Start(ctx, tracing.Config{}, nil, "iop-node", logger)
+	if err != nil {
+		stopEdge()
+		return fail(err)
+	}
+	stops = append(stops, func() { shutdownTracing(ntr, logger) })
 	agent, err = node.New(node.Config{
 		NodeID:            "dev",
 		Label:             "iop dev in-process node",
@@ -248,7 +256,7 @@ func startDev(ctx, abort context.Context, cfg DevConfig, version string, logger 
 		Edge:              e.NodeAddr,
 		Providers:         providers,
 		DiscoveryInterval: cfg.DiscoveryInterval,
-	}, logger)
+	}, logger, node.WithTracer(ntr.Tracer))
 	if err != nil {
 		stopEdge()
 		return fail(err)

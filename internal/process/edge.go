@@ -18,6 +18,7 @@ import (
 	"iop/internal/responses"
 	"iop/internal/runs"
 	"iop/internal/scheduler"
+	"iop/internal/tracing"
 )
 
 // EdgeDefaults is the configuration `iop edge` starts from: the edge's
@@ -147,6 +148,11 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 		return nil, fmt.Errorf("HTTP API: %w", err)
 	}
 	svc := srv.Service()
+	tr, err := tracing.Start(ctx, cfg.Tracing, nil, "iop-edge", logger)
+	if err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() { shutdownTracing(tr, logger) })
 	stopping := make(chan struct{}) // closed when the edge ends what is still in flight
 	handler := api.New(obs.apiConfig(api.Config{
 		Stopping:     stopping,
@@ -159,6 +165,7 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 		Ledger:       usage,
 		Responses:    responseStore,
 		Flow:         cfg.Fairness.Flow,
+		Tracer:       tr.Tracer,
 	}), gateway{svc}, logger)
 	var handlers sync.WaitGroup // handlers running, so the ledger closes after the last one
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -242,6 +249,7 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 			err = gerr
 		}
 		obs.history.Stop()
+		shutdownTracing(tr, logger) // exports the last requests' spans
 		e.done <- err
 	}()
 	return e, nil

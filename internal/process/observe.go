@@ -1,7 +1,9 @@
 package process
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -13,6 +15,7 @@ import (
 	"iop/internal/edge/history"
 	"iop/internal/edge/lifecycle"
 	"iop/internal/edge/metrics"
+	"iop/internal/tracing"
 )
 
 // observability is an edge's metrics registry and lifecycle event hub, and
@@ -73,8 +76,20 @@ func (o *observability) RequestDone(rec api.RequestRecord) {
 // the /metrics handler, the events stream and the history.
 func (o *observability) apiConfig(cfg api.Config) api.Config {
 	cfg.Observer = o
-	cfg.Metrics = promhttp.HandlerFor(o.registry, promhttp.HandlerOpts{})
+	// OpenMetrics when the scraper asks for it: only that format carries
+	// the latency histograms' exemplars (their trace ids).
+	cfg.Metrics = promhttp.HandlerFor(o.registry, promhttp.HandlerOpts{EnableOpenMetrics: true})
 	cfg.Events = o.hub
 	cfg.History = o.history
 	return cfg
+}
+
+// shutdownTracing exports the spans t still buffers, for at most
+// tracing.ShutdownTimeout, and logs a failure.
+func shutdownTracing(t *tracing.Tracing, logger *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), tracing.ShutdownTimeout)
+	defer cancel()
+	if err := t.Shutdown(ctx); err != nil {
+		logger.Warn("tracing: the last spans were not exported", "err", err)
+	}
 }

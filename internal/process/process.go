@@ -12,6 +12,7 @@ import (
 	"iop/internal/edge"
 	"iop/internal/ledger"
 	"iop/internal/node"
+	"iop/internal/tracing"
 )
 
 // Mode is what a Process runs.
@@ -212,8 +213,13 @@ func (p *Process) startNode(ctx, abort context.Context, cfg Config) error {
 	if ncfg.Version == "" {
 		ncfg.Version = cfg.Version
 	}
-	agent, err := node.New(ncfg, p.logger)
+	tr, err := tracing.Start(ctx, ncfg.Tracing, nil, "iop-node", p.logger)
 	if err != nil {
+		return err
+	}
+	agent, err := node.New(ncfg, p.logger, node.WithTracer(tr.Tracer))
+	if err != nil {
+		shutdownTracing(tr, p.logger)
 		return err
 	}
 	p.Agent = agent
@@ -232,6 +238,7 @@ func (p *Process) startNode(ctx, abort context.Context, cfg Config) error {
 			p.logger.Warn("second signal: the runs still in flight were aborted", "node_id", ncfg.NodeID)
 		}
 		p.logger.Info("node stopped", "node_id", ncfg.NodeID, "err", err)
+		shutdownTracing(tr, p.logger) // exports the last runs' spans
 		stopDrainOnCtx()
 		p.finish(err)
 	}()

@@ -230,6 +230,9 @@ func (h *handler) dispatch(ctx context.Context, req *Request) (Run, error) {
 	if err := checkModel(ctx, req.Model); err != nil {
 		return nil, err
 	}
+	if o, _ := ctx.Value(observationKey{}).(*observation); o != nil && o.trace != nil {
+		ctx = o.trace.context(ctx)
+	}
 	return h.gw.Dispatch(ctx, *req)
 }
 

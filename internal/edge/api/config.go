@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"iop/internal/auth"
 	"iop/internal/runs"
 )
@@ -93,6 +95,10 @@ type Config struct {
 	// previous_response_id read them). Nil: nothing is kept, every stored
 	// id is unknown (404), and background responses are refused.
 	Responses ResponseStore
+	// Tracer, when set, traces every API request (tracing.go): a server
+	// span that continues the client's traceparent, whose context goes to
+	// the node with the run. Nil: no tracing, at no cost per request.
+	Tracer trace.Tracer
 }
 
 // Validate reports a configuration New cannot honour, wrapping

@@ -259,5 +259,10 @@
 // goroutine (added before its first save, removed after its last) and
 // read by the GET and DELETE of other requests; a DELETE cancels the
 // streaming request's context and waits on its done channel, closed
-// after that last save.
+// after that last save. A request's span (requestSpan, Config.Tracer set)
+// is part of its observation and written by the same goroutine; the edge
+// service adds its queued, admitted and dispatched events on the request
+// goroutine too (inside Dispatch), and the SDK's spans are safe for
+// concurrent use should a background run's dispatch add to its
+// submitter's span.
 package api

@@ -13,6 +13,7 @@ import (
 	"iop/internal/auth"
 	"iop/internal/edge/contract"
 	"iop/internal/ledger"
+	"iop/internal/tracing"
 )
 
 // Observer is told of every finished API request, once, with its
@@ -118,6 +119,10 @@ type RequestRecord struct {
 	// client asked for stream_options.include_usage).
 	InputTokens, OutputTokens int
 	TokensKnown               bool
+	// TraceID is the request's trace id (32 hex digits) when its trace is
+	// sampled (Config.Tracer); "" otherwise. The log line's trace_id and
+	// the latency histograms' exemplars carry it.
+	TraceID string
 }
 
 // observation collects the RequestRecord of one request. Only the request's
@@ -141,6 +146,10 @@ type observation struct {
 	// clientStream is set when the route recorded the client's own
 	// "stream" (clientStreams): the dispatched request's may differ.
 	clientStream bool
+	// trace is the request's span (tracing.go); nil without Config.Tracer.
+	trace *requestSpan
+	// finishReason is the normalized run's finish reason (finished).
+	finishReason string
 }
 
 type observationKey struct{}
@@ -149,6 +158,9 @@ type observationKey struct{}
 func (h *handler) observe(r *http.Request) (*http.Request, *observation) {
 	o := &observation{now: h.cfg.Now}
 	o.rec.Start = o.now()
+	if h.cfg.Tracer != nil {
+		o.trace = newRequestSpan(h, r)
+	}
 	return r.WithContext(context.WithValue(r.Context(), observationKey{}, o)), o
 }
 
@@ -164,6 +176,9 @@ func obsOf(r *http.Request) *observation {
 func (o *observation) begin(api string) {
 	if o != nil && o.rec.API == "" {
 		o.rec.API, o.rec.RequestID = api, newRequestID()
+		if o.trace != nil {
+			o.trace.begin(api, o.rec.Start)
+		}
 	}
 }
 
@@ -204,6 +219,9 @@ func newRequestID() string {
 func (o *observation) request(req *Request) {
 	if o != nil {
 		o.rec.Model, o.decoded = clip(req.Model), true
+		if o.trace != nil {
+			o.trace.request(req.Operation, o.rec.Model)
+		}
 		if !o.clientStream {
 			o.rec.Stream = req.Stream
 		}
@@ -269,6 +287,9 @@ func (o *observation) ended(reason string) contract.Outcome {
 		return runOutcome(reason)
 	}
 	o.reason = reason
+	if o.trace != nil {
+		o.trace.event(tracing.EventStreamEnd, o.now(), tracing.Reason.String(reason))
+	}
 	return o.decide(0)
 }
 
@@ -280,9 +301,20 @@ func (o *observation) content(n int) {
 	now := o.now()
 	if o.contentEvents == 0 {
 		o.firstToken = now
+		if o.trace != nil {
+			o.trace.event(tracing.EventFirstToken, now)
+		}
 	}
 	o.lastToken = now
 	o.contentEvents += n
+}
+
+// finished records the finish reason of a normalized run ("stop",
+// "length", "tool_calls", ...), for the trace.
+func (o *observation) finished(reason string) {
+	if o != nil {
+		o.finishReason = reason
+	}
 }
 
 // tokens records the run's usage.
@@ -427,9 +459,15 @@ func (o *observation) record(status int) RequestRecord {
 // request's outcome.
 func (h *handler) finish(ctx context.Context, o *observation, status int) {
 	if o.rec.API == "" {
+		if o.trace != nil {
+			o.trace.drop()
+		}
 		return
 	}
 	rec := o.record(status)
+	if o.trace != nil {
+		rec.TraceID = o.trace.end(&rec, o.finishReason)
+	}
 	h.logRequest(ctx, rec)
 	if h.cfg.Observer != nil {
 		h.cfg.Observer.RequestDone(rec)
@@ -504,6 +542,9 @@ func (h *handler) logRequest(ctx context.Context, rec RequestRecord) {
 	}
 	if rec.ShedReason != "" {
 		attrs = append(attrs, slog.String("shed_reason", rec.ShedReason))
+	}
+	if rec.TraceID != "" {
+		attrs = append(attrs, slog.String("trace_id", rec.TraceID))
 	}
 	h.logger.LogAttrs(ctx, level, "request", attrs...)
 }

@@ -419,6 +419,7 @@ func (e *eventReader) handle(events []contract.Event, onDelta func(ev *contract.
 			if finish == "" {
 				finish = "stop"
 			}
+			e.obs.finished(finish)
 			return finish, true, nil
 		case contract.EventFailure:
 			return "", true, failureError(*ev)

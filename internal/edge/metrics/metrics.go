@@ -241,11 +241,25 @@ func (m *Metrics) flowLabel(rec api.RequestRecord) string {
 	return rec.Flow
 }
 
+// observe adds d, in seconds, to the histogram o, with the exemplar
+// {trace_id="<32 hex digits>"} when the request's trace was sampled
+// (traceID not ""), so that a slow bucket leads to a trace. Exemplars are
+// exposed in the OpenMetrics format only.
+func observe(o prometheus.Observer, d time.Duration, traceID string) {
+	if traceID != "" {
+		if eo, ok := o.(prometheus.ExemplarObserver); ok {
+			eo.ObserveWithExemplar(d.Seconds(), prometheus.Labels{"trace_id": traceID})
+			return
+		}
+	}
+	o.Observe(d.Seconds())
+}
+
 // RequestDone counts one finished API request.
 func (m *Metrics) RequestDone(rec api.RequestRecord) {
 	model := knownModel(rec)
 	m.requests.WithLabelValues(model, rec.API, rec.Outcome.String(), strconv.Itoa(rec.Status)).Inc()
-	m.duration.WithLabelValues(model, rec.API).Observe(rec.Duration.Seconds())
+	observe(m.duration.WithLabelValues(model, rec.API), rec.Duration, rec.TraceID)
 	if rec.Admission != "" {
 		m.admissions.WithLabelValues(model, rec.Admission.String()).Inc()
 	}
@@ -258,9 +272,9 @@ func (m *Metrics) RequestDone(rec api.RequestRecord) {
 	if rec.RunID == "" {
 		return
 	}
-	m.queueWait.WithLabelValues(model).Observe(rec.QueueWait.Seconds())
+	observe(m.queueWait.WithLabelValues(model), rec.QueueWait, rec.TraceID)
 	if rec.TimeToFirstToken > 0 {
-		m.ttft.WithLabelValues(model, rec.Path).Observe(rec.TimeToFirstToken.Seconds())
+		observe(m.ttft.WithLabelValues(model, rec.Path), rec.TimeToFirstToken, rec.TraceID)
 	}
 	if rec.InterTokenLatency > 0 {
 		m.interToken.WithLabelValues(model, rec.Path).Observe(rec.InterTokenLatency.Seconds())

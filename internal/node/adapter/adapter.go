@@ -14,6 +14,9 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+
+	"iop/internal/tracing"
 	"iop/internal/translate"
 	"iop/internal/wire/nodev1"
 )
@@ -247,6 +250,9 @@ func (p *httpProvider) post(ctx context.Context, path string, body []byte, heade
 	if p.apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+p.apiKey)
 	}
+	// The provider call's trace context, when the run is traced (a span
+	// in ctx): the provider (vLLM, ...) continues the trace.
+	tracing.Propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	c := &call{p: p, parent: ctx, ctx: rctx, cancel: cancel}
 	resp, err := p.client.Do(req)
 	if err != nil {

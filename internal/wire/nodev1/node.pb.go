@@ -1194,7 +1194,14 @@ type Dispatch struct {
 	// node reads no such fields from body. Edge and node are released
 	// together: a node from before this field reads none (it took them from
 	// the body), and this node reads no "iop_ollama" member in a body.
-	OllamaFields  []byte `protobuf:"bytes,10,opt,name=ollama_fields,json=ollamaFields,proto3" json:"ollama_fields,omitempty"`
+	OllamaFields []byte `protobuf:"bytes,10,opt,name=ollama_fields,json=ollamaFields,proto3" json:"ollama_fields,omitempty"`
+	// The W3C trace context of the request's span at the edge ("traceparent",
+	// and "tracestate" when there is one), so that the node's run span is a
+	// child of it and the provider call sends it on as a traceparent header.
+	// Empty when the edge does not trace. It goes in the Dispatch, not in
+	// gRPC metadata, because a run may go down a warm stream opened before
+	// the request came. A node from before this field ignores it.
+	TraceContext  map[string]string `protobuf:"bytes,14,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1295,6 +1302,13 @@ func (x *Dispatch) GetBodyInline() bool {
 func (x *Dispatch) GetOllamaFields() []byte {
 	if x != nil {
 		return x.OllamaFields
+	}
+	return nil
+}
+
+func (x *Dispatch) GetTraceContext() map[string]string {
+	if x != nil {
+		return x.TraceContext
 	}
 	return nil
 }
@@ -2420,7 +2434,7 @@ const file_node_proto_rawDesc = "" +
 	"\x06models\x18\x06 \x03(\tR\x06models\x12M\n" +
 	"\x12model_capabilities\x18\a \x03(\v2\x1e.iop.node.v1.ModelCapabilitiesR\x11modelCapabilities\"\x1f\n" +
 	"\x05Drain\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xca\x03\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xd9\x04\n" +
 	"\bDispatch\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1f\n" +
 	"\vprovider_id\x18\x02 \x01(\tR\n" +
@@ -2434,8 +2448,12 @@ const file_node_proto_rawDesc = "" +
 	"\vbody_inline\x18\t \x01(\bR\n" +
 	"bodyInline\x12#\n" +
 	"\rollama_fields\x18\n" +
-	" \x01(\fR\follamaFields\x1a:\n" +
+	" \x01(\fR\follamaFields\x12L\n" +
+	"\rtrace_context\x18\x0e \x03(\v2'.iop.node.v1.Dispatch.TraceContextEntryR\ftraceContext\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
+	"\x11TraceContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"@\n" +
 	"\x0fDispatchRefused\x12\x15\n" +
@@ -2552,7 +2570,7 @@ func file_node_proto_rawDescGZIP() []byte {
 }
 
 var file_node_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_node_proto_goTypes = []any{
 	(ExecutionPath)(0),        // 0: iop.node.v1.ExecutionPath
 	(Operation)(0),            // 1: iop.node.v1.Operation
@@ -2584,7 +2602,8 @@ var file_node_proto_goTypes = []any{
 	(*TunnelEnd)(nil),         // 27: iop.node.v1.TunnelEnd
 	(*TunnelError)(nil),       // 28: iop.node.v1.TunnelError
 	nil,                       // 29: iop.node.v1.Dispatch.HeadersEntry
-	nil,                       // 30: iop.node.v1.TunnelHead.HeadersEntry
+	nil,                       // 30: iop.node.v1.Dispatch.TraceContextEntry
+	nil,                       // 31: iop.node.v1.TunnelHead.HeadersEntry
 }
 var file_node_proto_depIdxs = []int32{
 	5,  // 0: iop.node.v1.NodeMessage.hello:type_name -> iop.node.v1.Hello
@@ -2605,30 +2624,31 @@ var file_node_proto_depIdxs = []int32{
 	0,  // 15: iop.node.v1.Dispatch.execution_path:type_name -> iop.node.v1.ExecutionPath
 	1,  // 16: iop.node.v1.Dispatch.operation:type_name -> iop.node.v1.Operation
 	29, // 17: iop.node.v1.Dispatch.headers:type_name -> iop.node.v1.Dispatch.HeadersEntry
-	19, // 18: iop.node.v1.RunUp.open:type_name -> iop.node.v1.RunOpen
-	21, // 19: iop.node.v1.RunUp.events:type_name -> iop.node.v1.RunEvents
-	25, // 20: iop.node.v1.RunUp.tunnel_head:type_name -> iop.node.v1.TunnelHead
-	26, // 21: iop.node.v1.RunUp.tunnel_data:type_name -> iop.node.v1.TunnelData
-	27, // 22: iop.node.v1.RunUp.tunnel_end:type_name -> iop.node.v1.TunnelEnd
-	28, // 23: iop.node.v1.RunUp.tunnel_error:type_name -> iop.node.v1.TunnelError
-	15, // 24: iop.node.v1.RunUp.refused:type_name -> iop.node.v1.DispatchRefused
-	20, // 25: iop.node.v1.RunDown.body:type_name -> iop.node.v1.Body
-	16, // 26: iop.node.v1.RunDown.cancel:type_name -> iop.node.v1.Cancel
-	14, // 27: iop.node.v1.RunDown.dispatch:type_name -> iop.node.v1.Dispatch
-	22, // 28: iop.node.v1.RunEvents.events:type_name -> iop.node.v1.RunEvent
-	2,  // 29: iop.node.v1.RunEvent.type:type_name -> iop.node.v1.RunEvent.Type
-	24, // 30: iop.node.v1.RunEvent.embeddings:type_name -> iop.node.v1.Embedding
-	23, // 31: iop.node.v1.RunEvent.tool_calls:type_name -> iop.node.v1.ToolCallDelta
-	30, // 32: iop.node.v1.TunnelHead.headers:type_name -> iop.node.v1.TunnelHead.HeadersEntry
-	3,  // 33: iop.node.v1.NodeGateway.Connect:input_type -> iop.node.v1.NodeMessage
-	17, // 34: iop.node.v1.NodeGateway.Run:input_type -> iop.node.v1.RunUp
-	4,  // 35: iop.node.v1.NodeGateway.Connect:output_type -> iop.node.v1.EdgeMessage
-	18, // 36: iop.node.v1.NodeGateway.Run:output_type -> iop.node.v1.RunDown
-	35, // [35:37] is the sub-list for method output_type
-	33, // [33:35] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	30, // 18: iop.node.v1.Dispatch.trace_context:type_name -> iop.node.v1.Dispatch.TraceContextEntry
+	19, // 19: iop.node.v1.RunUp.open:type_name -> iop.node.v1.RunOpen
+	21, // 20: iop.node.v1.RunUp.events:type_name -> iop.node.v1.RunEvents
+	25, // 21: iop.node.v1.RunUp.tunnel_head:type_name -> iop.node.v1.TunnelHead
+	26, // 22: iop.node.v1.RunUp.tunnel_data:type_name -> iop.node.v1.TunnelData
+	27, // 23: iop.node.v1.RunUp.tunnel_end:type_name -> iop.node.v1.TunnelEnd
+	28, // 24: iop.node.v1.RunUp.tunnel_error:type_name -> iop.node.v1.TunnelError
+	15, // 25: iop.node.v1.RunUp.refused:type_name -> iop.node.v1.DispatchRefused
+	20, // 26: iop.node.v1.RunDown.body:type_name -> iop.node.v1.Body
+	16, // 27: iop.node.v1.RunDown.cancel:type_name -> iop.node.v1.Cancel
+	14, // 28: iop.node.v1.RunDown.dispatch:type_name -> iop.node.v1.Dispatch
+	22, // 29: iop.node.v1.RunEvents.events:type_name -> iop.node.v1.RunEvent
+	2,  // 30: iop.node.v1.RunEvent.type:type_name -> iop.node.v1.RunEvent.Type
+	24, // 31: iop.node.v1.RunEvent.embeddings:type_name -> iop.node.v1.Embedding
+	23, // 32: iop.node.v1.RunEvent.tool_calls:type_name -> iop.node.v1.ToolCallDelta
+	31, // 33: iop.node.v1.TunnelHead.headers:type_name -> iop.node.v1.TunnelHead.HeadersEntry
+	3,  // 34: iop.node.v1.NodeGateway.Connect:input_type -> iop.node.v1.NodeMessage
+	17, // 35: iop.node.v1.NodeGateway.Run:input_type -> iop.node.v1.RunUp
+	4,  // 36: iop.node.v1.NodeGateway.Connect:output_type -> iop.node.v1.EdgeMessage
+	18, // 37: iop.node.v1.NodeGateway.Run:output_type -> iop.node.v1.RunDown
+	36, // [36:38] is the sub-list for method output_type
+	34, // [34:36] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_node_proto_init() }
@@ -2670,7 +2690,7 @@ func file_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_proto_rawDesc), len(file_node_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
