@@ -88,8 +88,10 @@ proto:
 	PATH=$(BIN):$$PATH protoc -I internal/wire \
 		--go_out=internal/wire --go_opt=paths=source_relative \
 		--go-grpc_out=internal/wire --go-grpc_opt=paths=source_relative \
-		internal/wire/node.proto
-	mkdir -p internal/wire/nodev1 && mv internal/wire/node.pb.go internal/wire/node_grpc.pb.go internal/wire/nodev1/
+		internal/wire/node.proto internal/wire/cluster.proto
+	mkdir -p internal/wire/nodev1 internal/wire/clusterv1
+	mv internal/wire/node.pb.go internal/wire/node_grpc.pb.go internal/wire/nodev1/
+	mv internal/wire/cluster.pb.go internal/wire/cluster_grpc.pb.go internal/wire/clusterv1/
 
 clean:
 	rm -rf $(BIN)
