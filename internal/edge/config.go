@@ -13,6 +13,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"iop/internal/auth"
+	"iop/internal/cluster"
 	"iop/internal/scheduler"
 )
 
@@ -153,6 +154,10 @@ type Config struct {
 	// CircuitBreaker takes a provider that keeps failing out of rotation
 	// for a cool-down.
 	CircuitBreaker BreakerConfig `yaml:"circuit_breaker"`
+	// Cluster, when set, makes this edge one of several that elect one
+	// scheduler leader on etcd (package cluster; cluster.go): nil is a
+	// single edge, its own leader, with no etcd.
+	Cluster *cluster.Config `yaml:"cluster"`
 }
 
 // BreakerConfig is the circuit breaker of every (node, provider); zero
@@ -292,6 +297,11 @@ func (c Config) Validate() error {
 	}
 	if c.MaxRetries != nil && *c.MaxRetries < 0 {
 		bad("max_retries %d is negative", *c.MaxRetries)
+	}
+	if c.Cluster != nil {
+		if err := c.Cluster.Validate(); err != nil {
+			bad("%v", err)
+		}
 	}
 	if b := c.CircuitBreaker; b.CoolDown < 0 || b.MaxCoolDown < b.CoolDown {
 		bad("circuit_breaker: cool_down %s must not be negative nor above max_cool_down %s", b.CoolDown, b.MaxCoolDown)

@@ -93,6 +93,9 @@ type Service struct {
 	// and dispatch.
 	afterAdmit func(scheduler.Candidate)
 	breakers   *breakers
+	// cl is the cluster side (several edges, Config.Cluster); nil for a
+	// single edge, whose admissions never look at it again.
+	cl *clusterMode
 
 	mu   sync.Mutex      // guards the fields below
 	runs map[string]*Run // pending and open runs, by run id
@@ -237,41 +240,71 @@ var errOutOfRotation = errors.New("provider out of rotation")
 // it when ctx ends; with the run, dispatchOnce returns that watcher's stop,
 // which the caller calls when it is done with the attempt.
 func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCandidate) (*Run, scheduler.Candidate, func(), error) {
-	lease, err := s.sched.Admit(ctx, scheduler.Request{
-		Group:                req.Model,
-		Long:                 s.cfg.LongContextTokens > 0 && req.EstimatedInputTokens >= s.cfg.LongContextTokens,
-		EstimatedInputTokens: req.EstimatedInputTokens,
-		Resolve:              s.resolver(req.Model, needsOf(req), tried),
-		Prefer:               scheduler.ProviderRef{NodeID: req.PreferNodeID, ProviderID: req.PreferProviderID},
-		OnQueued:             func() { s.emitQueued(req.Model) },
-	})
-	if err != nil {
-		return nil, scheduler.Candidate{}, nil, err
+	var (
+		lease  *scheduler.Lease
+		remote *remoteLease
+		err    error
+	)
+	if s.cl != nil {
+		// Several edges: the leader admits (nil, nil when this edge leads).
+		remote, err = s.cl.admit(ctx, req, tried)
+		if err != nil {
+			return nil, scheduler.Candidate{}, nil, err
+		}
 	}
-	cand := lease.Candidate()
+	if remote == nil {
+		lease, err = s.sched.Admit(ctx, scheduler.Request{
+			Group:                req.Model,
+			Long:                 s.cfg.LongContextTokens > 0 && req.EstimatedInputTokens >= s.cfg.LongContextTokens,
+			EstimatedInputTokens: req.EstimatedInputTokens,
+			Resolve:              s.resolver(req.Model, needsOf(req), tried),
+			Prefer:               scheduler.ProviderRef{NodeID: req.PreferNodeID, ProviderID: req.PreferProviderID},
+			OnQueued:             func() { s.emitQueued(req.Model) },
+		})
+		if err != nil {
+			return nil, scheduler.Candidate{}, nil, err
+		}
+	}
+	var cand scheduler.Candidate
+	if remote != nil {
+		cand = remote.cand
+	} else {
+		cand = lease.Candidate()
+	}
 	tk, ok := s.breakers.acquire(providerKey{cand.NodeID, cand.ProviderID})
 	if !ok {
-		lease.Release("circuit open")
+		releaseLease(lease, remote, "circuit open")
 		return nil, cand, nil, errOutOfRotation
 	}
 	runID := req.RunID
-	lease.Track(runID)
+	if remote == nil {
+		lease.Track(runID)
+	}
 	if s.afterAdmit != nil {
 		s.afterAdmit(cand)
 	}
 	c, p := s.reg.lookup(cand.NodeID, cand.Generation, cand.ProviderID)
 	if c == nil {
-		lease.Release("stale generation")
+		releaseLease(lease, remote, "stale generation")
 		tk.done(outcomeNeutral)
+		if remote != nil && cand.Generation == 0 {
+			return nil, cand, nil, fmt.Errorf("%w: this edge has no connection to node %q", ErrStaleGeneration, cand.NodeID)
+		}
 		return nil, cand, nil, fmt.Errorf("%w: node %q generation %d was replaced before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
 	}
-	li := lease.Info()
+	var li scheduler.DispatchInfo
+	if remote != nil {
+		li = remote.info
+	} else {
+		li = lease.Info()
+	}
 	inline := len(req.Body) <= maxInlineBody
 	r := &Run{
-		s:     s,
-		conn:  c,
-		lease: lease,
-		model: req.Model,
+		s:      s,
+		conn:   c,
+		lease:  lease,
+		remote: remote,
+		model:  req.Model,
 		info: DispatchInfo{
 			RunID:        runID,
 			NodeID:       cand.NodeID,
@@ -313,6 +346,14 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		Body:          inlineBody,
 		BodyInline:    inline,
 		OllamaFields:  req.OllamaFields,
+	}
+	if s.cl != nil {
+		if remote != nil {
+			d.Epoch, d.LeaseId = remote.key.epoch, remote.key.id
+		} else {
+			d.Epoch, d.LeaseId = s.cl.ready.Load(), lease.ID()
+		}
+		d.Long = li.Long
 	}
 	if w := c.takeIdle(); w != nil {
 		// A warm stream of the selected generation: the Dispatch goes down
@@ -362,6 +403,15 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		}
 	}
 	return r, cand, stopWatch, nil
+}
+
+// releaseLease releases whichever lease an attempt holds.
+func releaseLease(l *scheduler.Lease, remote *remoteLease, reason string) {
+	if remote != nil {
+		remote.Release(reason)
+		return
+	}
+	l.Release(reason)
 }
 
 // needsOf returns the capabilities req needs of the served model: its

@@ -57,6 +57,7 @@ type Agent struct {
 	readyOnce sync.Once
 	running   atomic.Bool
 	gen       atomic.Uint64 // current generation, 0 when not connected
+	inflight  *inFlight     // node-wide runs in flight (several edges: inflight.go)
 	// draining is closed by the first Drain, after drainReason is set.
 	draining    chan struct{}
 	drainOnce   sync.Once
@@ -135,6 +136,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 		jitter:     fullJitter,
 		warm:       WarmStreams,
 		providers:  make(map[string]*provider, len(cfg.Providers)),
+		inflight:   newInFlight(),
 		ready:      make(chan struct{}),
 		genChanged: make(chan struct{}),
 		draining:   make(chan struct{}),

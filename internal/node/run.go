@@ -59,7 +59,7 @@ func (c *conn) dispatch(d *nodev1.Dispatch) {
 // (stopStream ends it), or says why the node refuses it: ErrDraining
 // after a drain began, ErrMissingRunID, ErrUnknownProvider,
 // ErrPathMismatch, ErrUnsupportedOperation, ErrDuplicateRun for a run id
-// in flight. The drain check and the registration are one step under
+// in flight, ErrStaleEpoch for a deposed scheduler leader's (inflight.go). The drain check and the registration are one step under
 // c.mu, so a drain that finds no run in flight admits none after.
 func (c *conn) admit(d *nodev1.Dispatch, streamCtx context.Context, stopStream context.CancelFunc) (*run, *provider, error) {
 	p := c.a.providers[d.ProviderId]
@@ -91,6 +91,9 @@ func (c *conn) admit(d *nodev1.Dispatch, streamCtx context.Context, stopStream c
 		return nil, nil, ErrDuplicateRun
 	}
 	r := &run{id: d.RunId, streamCtx: streamCtx, stopStream: stopStream}
+	if err := c.a.inflight.add(r, d); err != nil {
+		return nil, nil, err
+	}
 	r.workCtx, r.cancelWork = context.WithCancelCause(streamCtx)
 	c.runs[r.id] = r
 	return r, p, nil
@@ -120,6 +123,7 @@ func (c *conn) finishWarm(r *run) {
 	}
 	c.unread++
 	c.mu.Unlock()
+	c.a.inflight.remove(r)
 	c.wakeSession()
 }
 
@@ -140,6 +144,7 @@ func (c *conn) removeRun(r *run) {
 		delete(c.runs, r.id)
 	}
 	c.mu.Unlock()
+	c.a.inflight.remove(r)
 	c.wakeSession()
 }
 
