@@ -107,8 +107,10 @@ type clusterMode struct {
 	// of the named key for a follower (AdmitKey).
 	keyAdmit atomic.Pointer[func(name string) (func(), error)]
 
-	stop chan struct{}
-	wg   sync.WaitGroup
+	stop    chan struct{} // closed by close
+	stopCtx context.Context
+	stopNow context.CancelFunc
+	wg      sync.WaitGroup
 }
 
 type reportOf struct {
@@ -132,6 +134,7 @@ func newClusterMode(s *Service, cfg cluster.Config) (*clusterMode, error) {
 		permits:  make(map[uint64]func()),
 		stop:     make(chan struct{}),
 	}
+	cm.stopCtx, cm.stopNow = context.WithCancel(context.Background())
 	cm.wg.Add(2)
 	go cm.leadLoop()
 	go cm.followLoop()
@@ -146,6 +149,7 @@ func (cm *clusterMode) close() {
 	default:
 	}
 	close(cm.stop)
+	cm.stopNow()
 	_ = cm.el.Close()
 	cm.wg.Wait()
 	cm.mu.Lock()
@@ -705,6 +709,9 @@ func (cm *clusterMode) waitLeader(ctx context.Context, deadline time.Time) (clus
 		case <-ctx.Done():
 			t.Stop()
 			return st, context.Cause(ctx)
+		case <-cm.stop:
+			t.Stop()
+			return st, fmt.Errorf("%w: the cluster side stopped", ErrShuttingDown)
 		case <-ch:
 		case <-t.C:
 		}
@@ -747,6 +754,9 @@ func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCand
 		case <-ctx.Done():
 			t.Stop()
 			return nil, context.Cause(ctx)
+		case <-cm.stop:
+			t.Stop()
+			return nil, fmt.Errorf("%w: the cluster side stopped", ErrShuttingDown)
 		case <-cm.el.Changes():
 		case <-t.C:
 		}
@@ -779,6 +789,7 @@ func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Reques
 	// on the stream as long as its queue says.
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	defer context.AfterFunc(cm.stopCtx, cancel)()
 	stream, err := cli.Admit(cctx, ar, grpc.WaitForReady(false))
 	if err != nil {
 		return nil, true, err
@@ -880,6 +891,9 @@ func (s *Service) AdmitKey(ctx context.Context, name string) (local bool, releas
 		t := time.NewTimer(50 * time.Millisecond)
 		select {
 		case <-ctx.Done():
+		case <-cm.stop:
+			t.Stop()
+			return false, nil, fmt.Errorf("%w: the cluster side stopped", ErrShuttingDown)
 		case <-cm.el.Changes():
 		case <-t.C:
 		}
