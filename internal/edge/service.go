@@ -677,6 +677,12 @@ type QueueSnapshot = contract.QueueSnapshot
 func (s *Service) Snapshot() Snapshot {
 	ss := s.sched.Snapshot()
 	snap := Snapshot{Waiters: ss.Waiters, Leases: ss.Leases}
+	if cs, ok := s.Cluster(); ok {
+		s.mu.Lock()
+		n := len(s.runs)
+		s.mu.Unlock()
+		snap.Cluster = &contract.ClusterSnapshot{Name: cs.Name, LeaderAddr: cs.LeaderAddr, Epoch: cs.Epoch, Leader: cs.Leader, Ready: cs.Ready, HeldLeases: cs.Leases, Runs: n}
+	}
 	st := s.reg.load()
 	for _, cs := range st.nodes.all() {
 		c := cs.c
