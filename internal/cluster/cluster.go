@@ -391,6 +391,20 @@ func (e *Elector) seeLeader(epoch int64, addr string) {
 	e.publishLocked(epoch, addr)
 }
 
+// Campaigners returns the advertise addresses of every edge campaigning
+// now (the leader's included): the values under the election prefix.
+func (e *Elector) Campaigners(ctx context.Context) ([]string, error) {
+	resp, err := e.cli.Get(ctx, e.cfg.Prefix+"/", clientv3.WithPrefix())
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		out = append(out, string(kv.Value))
+	}
+	return out, nil
+}
+
 // Close resigns (if leading), stops campaigning and closes the etcd client.
 func (e *Elector) Close() error {
 	e.cancel()

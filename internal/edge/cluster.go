@@ -94,10 +94,14 @@ type clusterMode struct {
 
 	ready atomic.Int64 // the epoch whose rebuild is done (this edge leads it)
 
-	mu        sync.Mutex // guards the fields below; nothing is called under it
+	// mu guards the fields below. It is taken before Service.mu and the
+	// scheduler's lock (adoptRun), never under them.
+	mu        sync.Mutex
 	held      map[leaseKey]*heldLease
 	byRun     map[string]*heldLease // node + "\x00" + run id
 	sessions  map[string]int        // follower name → open Follow sessions
+	followed  map[string]int64      // follower advertise → the epoch it opened a session to
+	joined    chan struct{}         // closed and replaced when a follower opens a session
 	reports   map[int64]chan reportOf
 	clients   map[string]*grpc.ClientConn // leader address → connection
 	permitSeq uint64
@@ -129,6 +133,8 @@ func newClusterMode(s *Service, cfg cluster.Config) (*clusterMode, error) {
 		held:     make(map[leaseKey]*heldLease),
 		byRun:    make(map[string]*heldLease),
 		sessions: make(map[string]int),
+		followed: make(map[string]int64),
+		joined:   make(chan struct{}),
 		reports:  make(map[int64]chan reportOf),
 		clients:  make(map[string]*grpc.ClientConn),
 		permits:  make(map[uint64]func()),
@@ -215,54 +221,88 @@ func (cm *clusterMode) rebuild(epoch int64) {
 	}
 	timer := time.NewTimer(rebuildWait)
 	defer timer.Stop()
+	// Every other edge campaigning now relays runs too: wait for its
+	// session (which lists them) as well.
+	var others []string
+	gctx, gcancel := context.WithTimeout(context.Background(), rebuildWait)
+	if all, err := cm.el.Campaigners(gctx); err == nil {
+		for _, a := range all {
+			if a != cm.cfg.Advertise {
+				others = append(others, a)
+			}
+		}
+	}
+	gcancel()
 	adopted := 0
-	for len(want) > 0 {
+	for {
+		cm.mu.Lock()
+		joined := cm.joined
+		missing := 0
+		for _, a := range others {
+			if cm.followed[a] != epoch {
+				missing++
+			}
+		}
+		cm.mu.Unlock()
+		if len(want) == 0 && missing == 0 {
+			break
+		}
 		select {
 		case rep := <-ch:
 			if !want[rep.node] {
 				continue
 			}
 			delete(want, rep.node)
-			adopted += cm.adopt(epoch, rep.node, rep.runs)
+			for _, ri := range rep.runs {
+				if cm.adoptRun(epoch, rep.node, ri.GetProviderId(), ri.GetRunId(), ri.GetEpoch(), ri.GetLeaseId(), ri.GetLong(), "") {
+					adopted++
+				}
+			}
+		case <-joined:
 		case <-timer.C:
-			cm.s.log.Warn("cluster rebuild: nodes did not report their runs in time", "edge", cm.name, "epoch", epoch, "nodes", len(want))
-			want = nil
+			cm.s.log.Warn("cluster rebuild: not every node and edge reported its runs in time", "edge", cm.name, "epoch", epoch, "nodes", len(want), "edges", missing)
+			goto done
 		case <-cm.stop:
 			return
 		}
 	}
+done:
 	cm.s.log.Info("cluster rebuild done", "edge", cm.name, "epoch", epoch, "adopted", adopted)
 }
 
-// adopt counts every run in runs of node admitted by another epoch than
-// epoch that is not counted yet. It returns how many it adopted.
-func (cm *clusterMode) adopt(epoch int64, node string, runs []*nodev1.RunInFlight) int {
-	n := 0
-	now := cm.s.clock.Now()
-	for _, ri := range runs {
-		if ri.GetEpoch() == 0 || ri.GetEpoch() >= epoch {
-			continue // outside a cluster, or admitted by this leader: counted
-		}
-		k := leaseKey{ri.GetEpoch(), ri.GetLeaseId()}
-		rk := node + "\x00" + ri.GetRunId()
-		cm.mu.Lock()
-		_, byKey := cm.held[k]
-		_, byRun := cm.byRun[rk]
-		cm.mu.Unlock()
-		if byKey || byRun || cm.s.ownsLocalLease(ri.GetRunId()) {
-			continue
-		}
-		l, err := cm.s.sched.Adopt(node, ri.GetProviderId(), "", "", ri.GetLong(), "")
-		if err != nil {
-			continue
-		}
-		h := &heldLease{key: k, l: l, node: node, runID: ri.GetRunId(), orphan: now}
-		cm.mu.Lock()
-		cm.held[k], cm.byRun[rk] = h, h
-		cm.mu.Unlock()
-		n++
+// adoptRun counts one run in flight admitted at epoch oepoch (lease
+// leaseID) on node's provider, when this leader (of epoch) has not counted
+// it yet: its own epoch's runs and runs outside a cluster (oepoch 0) are
+// counted already; a run is counted once by (node, run id) and by (epoch,
+// lease). owner is the edge that owns its release ("" : the nodes'
+// reports, orphan at once). It reports whether it adopted the run.
+func (cm *clusterMode) adoptRun(epoch int64, node, provider, runID string, oepoch int64, leaseID uint64, long bool, owner string) bool {
+	if oepoch == 0 || oepoch >= epoch {
+		return false
 	}
-	return n
+	k := leaseKey{oepoch, leaseID}
+	rk := node + "\x00" + runID
+	cm.mu.Lock()
+	defer cm.mu.Unlock()
+	if h := cm.held[k]; h != nil {
+		if owner != "" && h.edge == "" {
+			h.edge, h.orphan = owner, time.Time{} // its relaying edge releases it
+		}
+		return false
+	}
+	if cm.byRun[rk] != nil || cm.s.ownsLocalLease(runID) {
+		return false
+	}
+	l, err := cm.s.sched.Adopt(node, provider, "", "", long, "")
+	if err != nil {
+		return false
+	}
+	h := &heldLease{key: k, l: l, edge: owner, node: node, runID: runID}
+	if owner == "" {
+		h.orphan = cm.s.clock.Now()
+	}
+	cm.held[k], cm.byRun[rk] = h, h
+	return true
 }
 
 // ownsLocalLease reports whether runID is a run of this edge holding a
@@ -294,7 +334,9 @@ func (cm *clusterMode) nodeReport(c *conn, epoch int64, runs []*nodev1.RunInFlig
 		return
 	}
 	// A node that connected after the rebuild, or a run its reply missed.
-	cm.adopt(epoch, c.nodeID, runs)
+	for _, ri := range runs {
+		cm.adoptRun(epoch, c.nodeID, ri.GetProviderId(), ri.GetRunId(), ri.GetEpoch(), ri.GetLeaseId(), ri.GetLong(), "")
+	}
 	listed := make(map[string]bool, len(runs))
 	for _, ri := range runs {
 		listed[ri.GetRunId()] = true
@@ -337,7 +379,18 @@ type admissionServer struct {
 // check refuses a call when this edge does not lead a rebuilt epoch, or
 // the caller has seen a higher one (this edge was deposed).
 func (a *admissionServer) check(epoch int64) (int64, *clusterv1.Refused) {
+	return a.checkLeader(epoch, true)
+}
+
+// checkLeader is check; with ready false, a leader still rebuilding
+// passes too (a follower's session is part of the rebuild).
+func (a *admissionServer) checkLeader(epoch int64, ready bool) (int64, *clusterv1.Refused) {
 	mine := a.cm.leadsReady()
+	if !ready {
+		if st := a.cm.el.State(); st.Leader {
+			mine = st.Epoch
+		}
+	}
 	switch {
 	case mine == 0:
 		return 0, &clusterv1.Refused{Code: refusedNotLeader, Message: "this edge is not the ready scheduler leader", Epoch: a.cm.el.State().Epoch}
@@ -461,11 +514,14 @@ func (a *admissionServer) ReleaseKey(_ context.Context, req *clusterv1.ReleaseKe
 // leases are its to release; when the last ends, they become orphan.
 func (a *admissionServer) Follow(req *clusterv1.FollowRequest, stream grpc.ServerStreamingServer[clusterv1.FollowReply]) error {
 	cm := a.cm
-	epoch, ref := a.check(req.GetEpoch())
+	epoch, ref := a.checkLeader(req.GetEpoch(), false)
 	if ref != nil {
 		return fmt.Errorf("%s: %s", ref.GetCode(), ref.GetMessage())
 	}
 	edge := req.GetEdge()
+	for _, hr := range req.GetRuns() {
+		cm.adoptRun(epoch, hr.GetNodeId(), hr.GetProviderId(), hr.GetRunId(), hr.GetEpoch(), hr.GetLeaseId(), hr.GetLong(), edge)
+	}
 	cm.mu.Lock()
 	cm.sessions[edge]++
 	for _, h := range cm.held {
@@ -473,6 +529,11 @@ func (a *admissionServer) Follow(req *clusterv1.FollowRequest, stream grpc.Serve
 			h.orphan = time.Time{}
 		}
 	}
+	if a := req.GetAdvertise(); a != "" {
+		cm.followed[a] = epoch
+	}
+	close(cm.joined)
+	cm.joined = make(chan struct{})
 	cm.mu.Unlock()
 	defer func() {
 		now := cm.s.clock.Now()
@@ -627,7 +688,7 @@ func (cm *clusterMode) followOnce(st cluster.State) {
 		}
 		cancel()
 	}()
-	stream, err := cli.Follow(ctx, &clusterv1.FollowRequest{Epoch: st.Epoch, Edge: cm.name})
+	stream, err := cli.Follow(ctx, &clusterv1.FollowRequest{Epoch: st.Epoch, Edge: cm.name, Advertise: cm.cfg.Advertise, Runs: cm.s.heldRuns()})
 	if err != nil {
 		return
 	}
@@ -639,6 +700,21 @@ func (cm *clusterMode) followOnce(st cluster.State) {
 			return
 		}
 	}
+}
+
+// heldRuns lists the runs this edge relays now that a leader admitted
+// (several edges), for a new leader's rebuild.
+func (s *Service) heldRuns() []*clusterv1.HeldRun {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*clusterv1.HeldRun, 0, len(s.runs))
+	for _, r := range s.runs {
+		if r.epoch == 0 {
+			continue
+		}
+		out = append(out, &clusterv1.HeldRun{NodeId: r.info.NodeID, RunId: r.info.RunID, ProviderId: r.info.ProviderID, Epoch: r.epoch, LeaseId: r.leaseID, Long: r.long})
+	}
+	return out
 }
 
 // remoteLease is a lease the leader holds for one of this follower's runs.

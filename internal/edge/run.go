@@ -41,8 +41,13 @@ type Run struct {
 	// remote, in place of lease, is the leader's lease of a follower's run
 	// (several edges, cluster.go).
 	remote *remoteLease
-	model  string // the requested model name: the run's queue
-	info   DispatchInfo
+	// epoch and leaseID stamp the run's Dispatch (several edges: the
+	// leader's epoch and lease that admitted it; 0 outside a cluster).
+	epoch   int64
+	leaseID uint64
+	long    bool   // its lease is long-context
+	model   string // the requested model name: the run's queue
+	info    DispatchInfo
 	// inline: the body went in the Dispatch message; else body is to be
 	// sent down the run stream.
 	inline bool

@@ -299,12 +299,24 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		li = lease.Info()
 	}
 	inline := len(req.Body) <= maxInlineBody
+	var epoch int64
+	var leaseID uint64
+	if s.cl != nil {
+		if remote != nil {
+			epoch, leaseID = remote.key.epoch, remote.key.id
+		} else {
+			epoch, leaseID = s.cl.ready.Load(), lease.ID()
+		}
+	}
 	r := &Run{
-		s:      s,
-		conn:   c,
-		lease:  lease,
-		remote: remote,
-		model:  req.Model,
+		s:       s,
+		conn:    c,
+		lease:   lease,
+		remote:  remote,
+		epoch:   epoch,
+		leaseID: leaseID,
+		long:    li.Long,
+		model:   req.Model,
 		info: DispatchInfo{
 			RunID:        runID,
 			NodeID:       cand.NodeID,
@@ -348,12 +360,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		OllamaFields:  req.OllamaFields,
 	}
 	if s.cl != nil {
-		if remote != nil {
-			d.Epoch, d.LeaseId = remote.key.epoch, remote.key.id
-		} else {
-			d.Epoch, d.LeaseId = s.cl.ready.Load(), lease.ID()
-		}
-		d.Long = li.Long
+		d.Epoch, d.LeaseId, d.Long = r.epoch, r.leaseID, li.Long
 	}
 	if w := c.takeIdle(); w != nil {
 		// A warm stream of the selected generation: the Dispatch goes down

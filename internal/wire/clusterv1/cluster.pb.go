@@ -841,9 +841,16 @@ func (*ReleaseKeyReply) Descriptor() ([]byte, []int) {
 }
 
 type FollowRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Epoch         int64                  `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Edge          string                 `protobuf:"bytes,2,opt,name=edge,proto3" json:"edge,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Epoch int64                  `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Edge  string                 `protobuf:"bytes,2,opt,name=edge,proto3" json:"edge,omitempty"`
+	// The follower's advertise address (its election value): a new leader
+	// waits, before it admits, for a session of every edge campaigning.
+	Advertise string `protobuf:"bytes,3,opt,name=advertise,proto3" json:"advertise,omitempty"`
+	// Every run the follower relays now, with the epoch and lease that
+	// admitted it: a new leader counts those it has not counted yet (beside
+	// the nodes' reports), each once.
+	Runs          []*HeldRun `protobuf:"bytes,4,rep,name=runs,proto3" json:"runs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -892,6 +899,104 @@ func (x *FollowRequest) GetEdge() string {
 	return ""
 }
 
+func (x *FollowRequest) GetAdvertise() string {
+	if x != nil {
+		return x.Advertise
+	}
+	return ""
+}
+
+func (x *FollowRequest) GetRuns() []*HeldRun {
+	if x != nil {
+		return x.Runs
+	}
+	return nil
+}
+
+type HeldRun struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	RunId         string                 `protobuf:"bytes,2,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	ProviderId    string                 `protobuf:"bytes,3,opt,name=provider_id,json=providerId,proto3" json:"provider_id,omitempty"`
+	Epoch         int64                  `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	LeaseId       uint64                 `protobuf:"varint,5,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	Long          bool                   `protobuf:"varint,6,opt,name=long,proto3" json:"long,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeldRun) Reset() {
+	*x = HeldRun{}
+	mi := &file_cluster_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeldRun) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeldRun) ProtoMessage() {}
+
+func (x *HeldRun) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeldRun.ProtoReflect.Descriptor instead.
+func (*HeldRun) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *HeldRun) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *HeldRun) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *HeldRun) GetProviderId() string {
+	if x != nil {
+		return x.ProviderId
+	}
+	return ""
+}
+
+func (x *HeldRun) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *HeldRun) GetLeaseId() uint64 {
+	if x != nil {
+		return x.LeaseId
+	}
+	return 0
+}
+
+func (x *HeldRun) GetLong() bool {
+	if x != nil {
+		return x.Long
+	}
+	return false
+}
+
 // FollowReply: sent once when the session opens, then as a heartbeat.
 type FollowReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -902,7 +1007,7 @@ type FollowReply struct {
 
 func (x *FollowReply) Reset() {
 	*x = FollowReply{}
-	mi := &file_cluster_proto_msgTypes[13]
+	mi := &file_cluster_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -914,7 +1019,7 @@ func (x *FollowReply) String() string {
 func (*FollowReply) ProtoMessage() {}
 
 func (x *FollowReply) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_proto_msgTypes[13]
+	mi := &file_cluster_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -927,7 +1032,7 @@ func (x *FollowReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FollowReply.ProtoReflect.Descriptor instead.
 func (*FollowReply) Descriptor() ([]byte, []int) {
-	return file_cluster_proto_rawDescGZIP(), []int{13}
+	return file_cluster_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *FollowReply) GetEpoch() int64 {
@@ -996,10 +1101,20 @@ const file_cluster_proto_rawDesc = "" +
 	"\x11ReleaseKeyRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\x12\x1b\n" +
 	"\tpermit_id\x18\x02 \x01(\x04R\bpermitId\"\x11\n" +
-	"\x0fReleaseKeyReply\"9\n" +
+	"\x0fReleaseKeyReply\"\x84\x01\n" +
 	"\rFollowRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\x12\x12\n" +
-	"\x04edge\x18\x02 \x01(\tR\x04edge\"#\n" +
+	"\x04edge\x18\x02 \x01(\tR\x04edge\x12\x1c\n" +
+	"\tadvertise\x18\x03 \x01(\tR\tadvertise\x12+\n" +
+	"\x04runs\x18\x04 \x03(\v2\x17.iop.cluster.v1.HeldRunR\x04runs\"\x9f\x01\n" +
+	"\aHeldRun\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x15\n" +
+	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x1f\n" +
+	"\vprovider_id\x18\x03 \x01(\tR\n" +
+	"providerId\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\x12\x19\n" +
+	"\blease_id\x18\x05 \x01(\x04R\aleaseId\x12\x12\n" +
+	"\x04long\x18\x06 \x01(\bR\x04long\"#\n" +
 	"\vFollowReply\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x03R\x05epoch2\xff\x02\n" +
 	"\tAdmission\x12C\n" +
@@ -1022,7 +1137,7 @@ func file_cluster_proto_rawDescGZIP() []byte {
 	return file_cluster_proto_rawDescData
 }
 
-var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_cluster_proto_goTypes = []any{
 	(*ProviderRef)(nil),       // 0: iop.cluster.v1.ProviderRef
 	(*AdmitRequest)(nil),      // 1: iop.cluster.v1.AdmitRequest
@@ -1037,7 +1152,8 @@ var file_cluster_proto_goTypes = []any{
 	(*ReleaseKeyRequest)(nil), // 10: iop.cluster.v1.ReleaseKeyRequest
 	(*ReleaseKeyReply)(nil),   // 11: iop.cluster.v1.ReleaseKeyReply
 	(*FollowRequest)(nil),     // 12: iop.cluster.v1.FollowRequest
-	(*FollowReply)(nil),       // 13: iop.cluster.v1.FollowReply
+	(*HeldRun)(nil),           // 13: iop.cluster.v1.HeldRun
+	(*FollowReply)(nil),       // 14: iop.cluster.v1.FollowReply
 }
 var file_cluster_proto_depIdxs = []int32{
 	0,  // 0: iop.cluster.v1.AdmitRequest.prefer:type_name -> iop.cluster.v1.ProviderRef
@@ -1046,21 +1162,22 @@ var file_cluster_proto_depIdxs = []int32{
 	4,  // 3: iop.cluster.v1.AdmitReply.granted:type_name -> iop.cluster.v1.Granted
 	5,  // 4: iop.cluster.v1.AdmitReply.refused:type_name -> iop.cluster.v1.Refused
 	5,  // 5: iop.cluster.v1.AdmitKeyReply.refused:type_name -> iop.cluster.v1.Refused
-	1,  // 6: iop.cluster.v1.Admission.Admit:input_type -> iop.cluster.v1.AdmitRequest
-	6,  // 7: iop.cluster.v1.Admission.Release:input_type -> iop.cluster.v1.ReleaseRequest
-	8,  // 8: iop.cluster.v1.Admission.AdmitKey:input_type -> iop.cluster.v1.AdmitKeyRequest
-	10, // 9: iop.cluster.v1.Admission.ReleaseKey:input_type -> iop.cluster.v1.ReleaseKeyRequest
-	12, // 10: iop.cluster.v1.Admission.Follow:input_type -> iop.cluster.v1.FollowRequest
-	2,  // 11: iop.cluster.v1.Admission.Admit:output_type -> iop.cluster.v1.AdmitReply
-	7,  // 12: iop.cluster.v1.Admission.Release:output_type -> iop.cluster.v1.ReleaseReply
-	9,  // 13: iop.cluster.v1.Admission.AdmitKey:output_type -> iop.cluster.v1.AdmitKeyReply
-	11, // 14: iop.cluster.v1.Admission.ReleaseKey:output_type -> iop.cluster.v1.ReleaseKeyReply
-	13, // 15: iop.cluster.v1.Admission.Follow:output_type -> iop.cluster.v1.FollowReply
-	11, // [11:16] is the sub-list for method output_type
-	6,  // [6:11] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	13, // 6: iop.cluster.v1.FollowRequest.runs:type_name -> iop.cluster.v1.HeldRun
+	1,  // 7: iop.cluster.v1.Admission.Admit:input_type -> iop.cluster.v1.AdmitRequest
+	6,  // 8: iop.cluster.v1.Admission.Release:input_type -> iop.cluster.v1.ReleaseRequest
+	8,  // 9: iop.cluster.v1.Admission.AdmitKey:input_type -> iop.cluster.v1.AdmitKeyRequest
+	10, // 10: iop.cluster.v1.Admission.ReleaseKey:input_type -> iop.cluster.v1.ReleaseKeyRequest
+	12, // 11: iop.cluster.v1.Admission.Follow:input_type -> iop.cluster.v1.FollowRequest
+	2,  // 12: iop.cluster.v1.Admission.Admit:output_type -> iop.cluster.v1.AdmitReply
+	7,  // 13: iop.cluster.v1.Admission.Release:output_type -> iop.cluster.v1.ReleaseReply
+	9,  // 14: iop.cluster.v1.Admission.AdmitKey:output_type -> iop.cluster.v1.AdmitKeyReply
+	11, // 15: iop.cluster.v1.Admission.ReleaseKey:output_type -> iop.cluster.v1.ReleaseKeyReply
+	14, // 16: iop.cluster.v1.Admission.Follow:output_type -> iop.cluster.v1.FollowReply
+	12, // [12:17] is the sub-list for method output_type
+	7,  // [7:12] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_cluster_proto_init() }
@@ -1079,7 +1196,7 @@ func file_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cluster_proto_rawDesc), len(file_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
