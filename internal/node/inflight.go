@@ -29,8 +29,13 @@ type inFlight struct {
 func newInFlight() *inFlight { return &inFlight{runs: make(map[*run]*nodev1.RunInFlight)} }
 
 // add records r, dispatched by d, or refuses d: ErrStaleEpoch when its
-// non-zero epoch is below the highest seen (which it raises otherwise).
+// non-zero epoch is below the highest seen (which it raises otherwise). A
+// run outside a cluster (epoch 0) is not recorded: no leader counts it,
+// and a single edge's dispatch costs nothing more.
 func (f *inFlight) add(r *run, d *nodev1.Dispatch) error {
+	if d.GetEpoch() == 0 {
+		return nil
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if e := d.GetEpoch(); e != 0 {
@@ -39,12 +44,16 @@ func (f *inFlight) add(r *run, d *nodev1.Dispatch) error {
 		}
 		f.epoch = e
 	}
+	r.counted = true
 	f.runs[r] = &nodev1.RunInFlight{RunId: d.GetRunId(), ProviderId: d.GetProviderId(), Epoch: d.GetEpoch(), LeaseId: d.GetLeaseId(), Long: d.GetLong()}
 	return nil
 }
 
 // remove forgets r (no-op when absent).
 func (f *inFlight) remove(r *run) {
+	if !r.counted {
+		return
+	}
 	f.mu.Lock()
 	delete(f.runs, r)
 	f.mu.Unlock()

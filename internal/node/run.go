@@ -26,6 +26,9 @@ type run struct {
 	stopStream context.CancelFunc
 	workCtx    context.Context // the provider request's; a child of streamCtx
 	cancelWork context.CancelCauseFunc
+	// counted: in the node-wide set of runs in flight (inflight.go); set
+	// before the run is shared.
+	counted bool
 }
 
 // bodyResult is a run's whole request body, or why there is none.
