@@ -94,8 +94,8 @@ type clusterMode struct {
 
 	ready atomic.Int64 // the epoch whose rebuild is done (this edge leads it)
 
-	// mu guards the fields below. It is taken before Service.mu and the
-	// scheduler's lock (adoptRun), never under them.
+	// mu guards the fields below; a leaf: nothing is called while it is
+	// held (the scheduler, Service.mu and the network are called without).
 	mu        sync.Mutex
 	held      map[leaseKey]*heldLease
 	byRun     map[string]*heldLease // node + "\x00" + run id
@@ -283,14 +283,17 @@ func (cm *clusterMode) adoptRun(epoch int64, node, provider, runID string, oepoc
 	k := leaseKey{oepoch, leaseID}
 	rk := node + "\x00" + runID
 	cm.mu.Lock()
-	defer cm.mu.Unlock()
 	if h := cm.held[k]; h != nil {
 		if owner != "" && h.edge == "" {
 			h.edge, h.orphan = owner, time.Time{} // its relaying edge releases it
 		}
+		cm.mu.Unlock()
 		return false
 	}
-	if cm.byRun[rk] != nil || cm.s.ownsLocalLease(runID) {
+	known := cm.byRun[rk] != nil
+	cm.mu.Unlock()
+	// No lock of the edge is held while it calls the scheduler.
+	if known || cm.s.ownsLocalLease(runID) {
 		return false
 	}
 	l, err := cm.s.sched.Adopt(node, provider, "", "", long, "")
@@ -301,7 +304,15 @@ func (cm *clusterMode) adoptRun(epoch int64, node, provider, runID string, oepoc
 	if owner == "" {
 		h.orphan = cm.s.clock.Now()
 	}
+	cm.mu.Lock()
+	if cm.held[k] != nil || cm.byRun[rk] != nil {
+		// Another report counted it meanwhile: once only.
+		cm.mu.Unlock()
+		l.Release("counted already")
+		return false
+	}
 	cm.held[k], cm.byRun[rk] = h, h
+	cm.mu.Unlock()
 	return true
 }
 

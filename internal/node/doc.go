@@ -82,7 +82,10 @@
 // # Concurrency
 //
 // Agent fields set in New (config, logger, clock, providers and their
-// adapters and listers) are never written again. Run owns the gRPC client
+// adapters and listers) are never written again. Agent.inflight, the
+// node-wide set of a cluster's runs in flight (inflight.go: reported in
+// heartbeats and to a new scheduler leader, and the highest epoch seen),
+// has its own leaf mutex, taken under conn.mu when a dispatch is admitted. Run owns the gRPC client
 // connection and calls session once per connection, sequentially; at most
 // one Run is active per Agent. Agent.gen is an atomic written only by the
 // session goroutine; Agent.mu guards genChanged, the channel closed on each
