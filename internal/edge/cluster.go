@@ -111,6 +111,12 @@ type clusterMode struct {
 	// of the named key for a follower (AdmitKey).
 	keyAdmit atomic.Pointer[func(name string) (func(), error)]
 
+	// The follower's waiting admissions, by arrival (resubmit order).
+	qmu      sync.Mutex
+	qseq     uint64
+	tickets  map[uint64]*admitTicket
+	qchanged chan struct{} // closed and replaced at every change of tickets
+
 	stop    chan struct{} // closed by close
 	stopCtx context.Context
 	stopNow context.CancelFunc
@@ -135,6 +141,8 @@ func newClusterMode(s *Service, cfg cluster.Config) (*clusterMode, error) {
 		sessions: make(map[string]int),
 		followed: make(map[string]int64),
 		joined:   make(chan struct{}),
+		tickets:  make(map[uint64]*admitTicket),
+		qchanged: make(chan struct{}),
 		reports:  make(map[int64]chan reportOf),
 		clients:  make(map[string]*grpc.ClientConn),
 		permits:  make(map[uint64]func()),
@@ -806,30 +814,105 @@ func (cm *clusterMode) waitLeader(ctx context.Context, deadline time.Time) (clus
 	}
 }
 
+// admitTicket is one of the follower's admissions; epoch is that of the leader
+// that queued it (0: not queued yet).
+type admitTicket struct {
+	seq   uint64
+	epoch int64
+}
+
+func (cm *clusterMode) newTicket() *admitTicket {
+	cm.qmu.Lock()
+	defer cm.qmu.Unlock()
+	cm.qseq++
+	tk := &admitTicket{seq: cm.qseq}
+	cm.tickets[tk.seq] = tk
+	return tk
+}
+
+// setTicket records that the leader of epoch queued tk (0: tk is done).
+func (cm *clusterMode) setTicket(tk *admitTicket, epoch int64, done bool) {
+	cm.qmu.Lock()
+	if done {
+		delete(cm.tickets, tk.seq)
+	} else {
+		tk.epoch = epoch
+	}
+	close(cm.qchanged)
+	cm.qchanged = make(chan struct{})
+	cm.qmu.Unlock()
+}
+
+// awaitTurn waits (until deadline) until no earlier admission that an
+// older leader had queued still waits to be submitted to the leader of
+// epoch: so the follower's waiting requests reach a new leader in their
+// original order, and a new request never passes them. In steady state
+// (every queued admission queued at the current epoch) it returns at once.
+func (cm *clusterMode) awaitTurn(ctx context.Context, tk *admitTicket, epoch int64, deadline time.Time) {
+	for {
+		cm.qmu.Lock()
+		ch, blocked := cm.qchanged, false
+		for seq, o := range cm.tickets {
+			if seq < tk.seq && o.epoch != 0 && o.epoch < epoch {
+				blocked = true
+				break
+			}
+		}
+		cm.qmu.Unlock()
+		if !blocked {
+			return
+		}
+		d := time.Until(deadline)
+		if d <= 0 {
+			return
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+		case <-cm.stop:
+		case <-ch:
+		case <-t.C:
+		}
+		t.Stop()
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
 // admit admits req at the leader for this follower's run runID, never to
 // a (node, provider) in tried, and returns the lease with this edge's
 // connection generation of the chosen node (0 when it has none: the
 // caller releases and admits again excluding it). When this edge leads, it
-// returns (nil, nil): admit locally.
-func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCandidate) (*remoteLease, error) {
+// returns its ticket instead: admit locally, and call localDone with it
+// once the scheduler queued or answered the request (so the edge's
+// requests that waited at the old leader enter in their order).
+func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCandidate) (rl *remoteLease, local *admitTicket, err error) {
 	deadline := time.Now().Add(leaderWait)
+	tk := cm.newTicket()
+	defer func() {
+		if local == nil {
+			cm.setTicket(tk, 0, true)
+		}
+	}()
 	for {
 		st, err := cm.waitLeader(ctx, deadline)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
+		cm.awaitTurn(ctx, tk, st.Epoch, deadline)
 		if st.Leader {
-			return nil, nil
+			return nil, tk, nil
 		}
-		rl, retry, err := cm.admitAt(ctx, st, req, tried)
+		rl, retry, err := cm.admitAt(ctx, st, req, tried, tk)
 		if !retry {
-			return rl, err
+			return rl, nil, err
 		}
 		if ctx.Err() != nil {
-			return nil, context.Cause(ctx)
+			return nil, nil, context.Cause(ctx)
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%w: the leader at %s cannot be reached: %v", contract.ErrNoLeader, st.LeaderAddr, err)
+			return nil, nil, fmt.Errorf("%w: the leader at %s cannot be reached: %v", contract.ErrNoLeader, st.LeaderAddr, err)
 		}
 		// The leader was lost while the request waited: a new one gets it,
 		// with a fresh bound.
@@ -840,10 +923,10 @@ func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCand
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, context.Cause(ctx)
+			return nil, nil, context.Cause(ctx)
 		case <-cm.stop:
 			t.Stop()
-			return nil, fmt.Errorf("%w: the cluster side stopped", ErrShuttingDown)
+			return nil, nil, fmt.Errorf("%w: the cluster side stopped", ErrShuttingDown)
 		case <-cm.el.Changes():
 		case <-t.C:
 		}
@@ -853,7 +936,7 @@ func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCand
 
 // admitAt makes one Admit call to the leader of st; retry says the call
 // did not reach a ready leader (it may be tried again).
-func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Request, tried []triedCandidate) (*remoteLease, bool, error) {
+func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Request, tried []triedCandidate, tk *admitTicket) (*remoteLease, bool, error) {
 	cli, err := cm.client(st.LeaderAddr)
 	if err != nil {
 		return nil, true, err
@@ -891,6 +974,7 @@ func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Reques
 		}
 		switch msg := m.GetMsg().(type) {
 		case *clusterv1.AdmitReply_Queued:
+			cm.setTicket(tk, st.Epoch, false)
 			cm.s.emitQueued(req.Model)
 		case *clusterv1.AdmitReply_Refused:
 			switch msg.Refused.GetCode() {
@@ -918,6 +1002,11 @@ func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Reques
 		}
 	}
 }
+
+// localQueued and localDone settle the ticket of an admission this edge
+// makes itself as the leader (admit returned it).
+func (cm *clusterMode) localQueued(tk *admitTicket) { cm.setTicket(tk, cm.el.State().Epoch, false) }
+func (cm *clusterMode) localDone(tk *admitTicket)   { cm.setTicket(tk, 0, true) }
 
 // SetKeyAdmitter gives the leader the way to take a key's request slot
 // for a follower (the HTTP layer's keys, by key name); without it a

@@ -315,3 +315,78 @@ func blockLeader(t *testing.T, e *testEdge) {
 	cm.clients[st.LeaderAddr] = cc
 	cm.mu.Unlock()
 }
+
+// TestClusterFailoverKeepsTheWaitingOrder: a follower's three requests
+// wait at the leader, in order, behind a run holding the one slot. The
+// leader stops; the follower submits them again to the new leader in
+// their original order, so they are served r1, r2, r3 as the slot frees.
+func TestClusterFailoverKeepsTheWaitingOrder(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	es := clusterEdges(t, etcd, 3)
+	running := []bool{true, true, true}
+	li := waitLeader(t, es, running, 0)
+	st, _ := es[li].svc.Cluster()
+	var fol []int
+	for i := range es {
+		if i != li {
+			fol = append(fol, i)
+		}
+	}
+	cn := &clusterNode{runs: map[string]*nodev1.RunInFlight{}}
+	for _, e := range es {
+		cn.conns = append(cn.conns, e.connect(t, hello("n1", prov("p1", nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED, 1, "m"))))
+	}
+	holder, hs, hd := cn.accept(t, fol[1], es[fol[1]].dispatchAsync(context.Background(), chatReq("m")))
+	a := es[fol[0]]
+	var waiting []<-chan dispatched
+	for i := 1; i <= 3; i++ {
+		req := chatReq("m")
+		req.RunID = fmt.Sprintf("r%d", i)
+		waiting = append(waiting, a.dispatchAsync(context.Background(), req))
+		waitFor(t, func() bool { return es[li].svc.Snapshot().Waiters == i })
+	}
+	report := cn.list()
+	stopAnswer := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, i := range fol {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			for {
+				select {
+				case m := <-cn.conns[i].msgs:
+					if rq := m.GetRunsRequest(); rq != nil {
+						_ = cn.conns[i].stream.Send(&nodev1.NodeMessage{Msg: &nodev1.NodeMessage_RunsReport{RunsReport: &nodev1.RunsReport{Epoch: rq.GetEpoch(), Runs: report}}})
+					}
+				case <-cn.conns[i].done:
+					return
+				case <-stopAnswer:
+					return
+				}
+			}
+		}(i)
+	}
+	if err := es[li].stop(); err != nil {
+		t.Fatal(err)
+	}
+	running[li] = false
+	ni := waitLeader(t, es, running, st.Epoch)
+	close(stopAnswer)
+	wg.Wait()
+	waitFor(t, func() bool { return es[ni].svc.Snapshot().Waiters == 3 })
+	// The slot frees: r1, then r2, then r3.
+	cn.complete(t, hs, hd)
+	if _, err := recvAll(holder); !errors.Is(err, io.EOF) {
+		t.Fatalf("holder: %v", err)
+	}
+	for i, res := range waiting {
+		r, rs, d := cn.accept(t, fol[0], res)
+		if want := fmt.Sprintf("r%d", i+1); d.GetRunId() != want {
+			t.Fatalf("served %s, want %s (the original order)", d.GetRunId(), want)
+		}
+		cn.complete(t, rs, d)
+		if _, err := recvAll(r); !errors.Is(err, io.EOF) {
+			t.Fatalf("%s: %v", d.GetRunId(), err)
+		}
+	}
+}

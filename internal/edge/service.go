@@ -245,11 +245,18 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		remote *remoteLease
 		err    error
 	)
+	onQueued := func() { s.emitQueued(req.Model) }
 	if s.cl != nil {
-		// Several edges: the leader admits (nil, nil when this edge leads).
-		remote, err = s.cl.admit(ctx, req, tried)
+		// Several edges: the leader admits (a ticket when this edge leads:
+		// it admits here, in its turn).
+		var tk *admitTicket
+		remote, tk, err = s.cl.admit(ctx, req, tried)
 		if err != nil {
 			return nil, scheduler.Candidate{}, nil, err
+		}
+		if tk != nil {
+			defer s.cl.localDone(tk)
+			onQueued = func() { s.cl.localQueued(tk); s.emitQueued(req.Model) }
 		}
 	}
 	if remote == nil {
@@ -259,7 +266,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 			EstimatedInputTokens: req.EstimatedInputTokens,
 			Resolve:              s.resolver(req.Model, needsOf(req), tried),
 			Prefer:               scheduler.ProviderRef{NodeID: req.PreferNodeID, ProviderID: req.PreferProviderID},
-			OnQueued:             func() { s.emitQueued(req.Model) },
+			OnQueued:             onQueued,
 		})
 		if err != nil {
 			return nil, scheduler.Candidate{}, nil, err
