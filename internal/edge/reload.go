@@ -103,6 +103,7 @@ func restartOnly(running, next Config) []string {
 		{"database", running.Database != next.Database || running.LedgerDSN != next.LedgerDSN},
 		{"max_body_bytes", running.MaxBodyBytes != next.MaxBodyBytes},
 		{"write_timeout", running.WriteTimeout != next.WriteTimeout},
+		{"cluster", !reflect.DeepEqual(running.Cluster, next.Cluster)},
 	} {
 		if f.differs {
 			out = append(out, f.key)
