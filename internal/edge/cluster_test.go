@@ -390,3 +390,34 @@ func TestClusterFailoverKeepsTheWaitingOrder(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterFollowerCancelLeavesTheLeadersQueue: a follower's request
+// queued at the leader leaves the leader's queue when its client leaves,
+// and takes no slot afterwards.
+func TestClusterFollowerCancelLeavesTheLeadersQueue(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	es := clusterEdges(t, etcd, 2)
+	li := waitLeader(t, es, []bool{true, true}, 0)
+	fi := 1 - li
+	cn := &clusterNode{runs: map[string]*nodev1.RunInFlight{}}
+	for _, e := range es {
+		cn.conns = append(cn.conns, e.connect(t, hello("n1", prov("p1", nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED, 1, "m"))))
+	}
+	holder, hs, hd := cn.accept(t, li, es[li].dispatchAsync(context.Background(), chatReq("m")))
+	ctx, cancel := context.WithCancel(context.Background())
+	res := es[fi].dispatchAsync(ctx, chatReq("m"))
+	waitFor(t, func() bool { return es[li].svc.Snapshot().Waiters == 1 })
+	cancel()
+	if got := wait(t, res); !errors.Is(got.err, context.Canceled) {
+		t.Fatalf("cancelled follower request: %v, want context.Canceled", got.err)
+	}
+	waitFor(t, func() bool { return es[li].svc.Snapshot().Waiters == 0 })
+	cn.complete(t, hs, hd)
+	if _, err := recvAll(holder); !errors.Is(err, io.EOF) {
+		t.Fatalf("holder: %v", err)
+	}
+	waitFor(t, func() bool { return leaderInFlight(es[li]) == 0 })
+	if cs, _ := es[li].svc.Cluster(); cs.Leases != 0 {
+		t.Fatalf("leader holds %d leases for followers after the cancel, want 0", cs.Leases)
+	}
+}
