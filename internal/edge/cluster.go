@@ -581,10 +581,10 @@ func (a *admissionServer) Follow(req *clusterv1.FollowRequest, stream grpc.Serve
 		case <-cm.stop:
 			return nil
 		case <-changes:
-			if cm.leadsReady() != epoch {
+			changes = cm.el.Changes()
+			if st := cm.el.State(); !st.Leader || st.Epoch != epoch {
 				return errors.New("no longer the leader of this epoch")
 			}
-			changes = cm.el.Changes()
 		case <-tick.C:
 			if err := stream.Send(&clusterv1.FollowReply{Epoch: epoch}); err != nil {
 				return nil
