@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -1136,9 +1135,4 @@ func (s *Service) Cluster() (ClusterState, bool) {
 	n := len(cm.held)
 	cm.mu.Unlock()
 	return ClusterState{Name: cm.name, Leader: st.Leader, Ready: st.Leader && cm.ready.Load() == st.Epoch, Epoch: st.Epoch, LeaderAddr: st.LeaderAddr, Leases: n}, true
-}
-
-// excludesNode reports whether tried already excludes node's provider.
-func excludesNode(tried []triedCandidate, c scheduler.Candidate) bool {
-	return slices.ContainsFunc(tried, func(t triedCandidate) bool { return t.NodeID == c.NodeID && t.ProviderID == c.ProviderID })
 }
