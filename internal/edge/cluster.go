@@ -11,7 +11,9 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 
 	"iop/internal/cluster"
 	"iop/internal/edge/contract"
@@ -443,6 +445,17 @@ func (a *admissionServer) Admit(req *clusterv1.AdmitRequest, stream grpc.ServerS
 	if err != nil {
 		if stream.Context().Err() != nil {
 			return stream.Context().Err()
+		}
+		// A leader that stops (its own node connections end first) or was
+		// deposed does not answer for the next one: the follower submits
+		// the request again to it.
+		select {
+		case <-s.shutdown:
+			return status.Error(codes.Unavailable, "the scheduler leader is stopping")
+		default:
+		}
+		if st := cm.el.State(); !st.Leader || st.Epoch != epoch {
+			return status.Error(codes.Unavailable, "no longer the scheduler leader")
 		}
 		return stream.Send(&clusterv1.AdmitReply{Msg: &clusterv1.AdmitReply_Refused{Refused: &clusterv1.Refused{Code: admissionCode(err), Message: err.Error(), Epoch: epoch}}})
 	}
@@ -888,6 +901,7 @@ func (cm *clusterMode) awaitTurn(ctx context.Context, tk *admitTicket, epoch int
 // requests that waited at the old leader enter in their order).
 func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCandidate) (rl *remoteLease, local *admitTicket, err error) {
 	deadline := time.Now().Add(leaderWait)
+	var lostFrom int64 // the epoch whose loss restarted the bound
 	tk := cm.newTicket()
 	defer func() {
 		if local == nil {
@@ -910,13 +924,18 @@ func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCand
 		if ctx.Err() != nil {
 			return nil, nil, context.Cause(ctx)
 		}
-		if time.Now().After(deadline) {
-			return nil, nil, fmt.Errorf("%w: the leader at %s cannot be reached: %v", contract.ErrNoLeader, st.LeaderAddr, err)
-		}
-		// The leader was lost while the request waited: a new one gets it,
-		// with a fresh bound.
-		if cm.el.State().Epoch != st.Epoch {
+		cm.qmu.Lock()
+		queued := tk.epoch == st.Epoch
+		cm.qmu.Unlock()
+		switch {
+		case queued && lostFrom != st.Epoch, cm.el.State().Epoch != st.Epoch:
+			lostFrom = st.Epoch
+			// The leader was lost while the request waited at it (or
+			// another was elected): the bound on waiting for a leader
+			// starts now.
 			deadline = time.Now().Add(leaderWait)
+		case time.Now().After(deadline):
+			return nil, nil, fmt.Errorf("%w: the leader at %s cannot be reached: %v", contract.ErrNoLeader, st.LeaderAddr, err)
 		}
 		t := time.NewTimer(50 * time.Millisecond)
 		select {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -373,7 +374,25 @@ func TestClusterFailoverKeepsTheWaitingOrder(t *testing.T) {
 	ni := waitLeader(t, es, running, st.Epoch)
 	close(stopAnswer)
 	wg.Wait()
-	waitFor(t, func() bool { return es[ni].svc.Snapshot().Waiters == 3 })
+	deadline := time.Now().Add(failsafe)
+	for es[ni].svc.Snapshot().Waiters != 3 {
+		if time.Now().After(deadline) {
+			for i, e := range es {
+				cs, _ := e.svc.Cluster()
+				t.Logf("edge %d: %+v waiters %d leases %d", i, cs, e.svc.Snapshot().Waiters, e.svc.Snapshot().Leases)
+			}
+			for i, res := range waiting {
+				select {
+				case got := <-res:
+					t.Logf("r%d ended: %v", i+1, got.err)
+				default:
+					t.Logf("r%d still waiting", i+1)
+				}
+			}
+			t.Fatalf("the new leader (edge %d) has not the 3 requests queued", ni)
+		}
+		runtime.Gosched()
+	}
 	// The slot frees: r1, then r2, then r3.
 	cn.complete(t, hs, hd)
 	if _, err := recvAll(holder); !errors.Is(err, io.EOF) {
