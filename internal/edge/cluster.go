@@ -860,7 +860,10 @@ func (cm *clusterMode) setTicket(tk *admitTicket, epoch int64, done bool) {
 // epoch: so the follower's waiting requests reach a new leader in their
 // original order, and a new request never passes them. In steady state
 // (every queued admission queued at the current epoch) it returns at once.
-func (cm *clusterMode) awaitTurn(ctx context.Context, tk *admitTicket, epoch int64, deadline time.Time) {
+func (cm *clusterMode) awaitTurn(ctx context.Context, tk *admitTicket, epoch int64) {
+	// No deadline of its own: each earlier admission is re-queued, ends,
+	// or fails within its own bound (leaderWait after the loss), so this
+	// wait is bounded by theirs.
 	for {
 		cm.qmu.Lock()
 		ch, blocked := cm.qchanged, false
@@ -874,20 +877,12 @@ func (cm *clusterMode) awaitTurn(ctx context.Context, tk *admitTicket, epoch int
 		if !blocked {
 			return
 		}
-		d := time.Until(deadline)
-		if d <= 0 {
-			return
-		}
-		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():
-		case <-cm.stop:
-		case <-ch:
-		case <-t.C:
-		}
-		t.Stop()
-		if ctx.Err() != nil {
 			return
+		case <-cm.stop:
+			return
+		case <-ch:
 		}
 	}
 }
@@ -913,7 +908,7 @@ func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCand
 		if err != nil {
 			return nil, nil, err
 		}
-		cm.awaitTurn(ctx, tk, st.Epoch, deadline)
+		cm.awaitTurn(ctx, tk, st.Epoch)
 		if st.Leader {
 			return nil, tk, nil
 		}

@@ -85,30 +85,51 @@ func Start(t testing.TB) *Cluster {
 	if bin == "" {
 		testenv.Missing(t, "etcd is not installed (Debian's etcd-server; `make etcd` installs it, or set %s)", BinEnv)
 	}
-	c := &Cluster{t: t, bin: bin, dir: t.TempDir()}
-	var initial []string
-	for i := range c.members {
-		name := fmt.Sprintf("etcd-%d", i+1)
-		m := &member{
-			name:      name,
-			clientURL: "http://" + freeAddr(t),
-			peerURL:   "http://" + freeAddr(t),
-			dataDir:   filepath.Join(c.dir, name),
-			logs:      &bytes.Buffer{},
+	// A free port picked here may be taken by another process before etcd
+	// binds it (the machine is shared): then the cluster starts again on
+	// new ports, a few times.
+	var c *Cluster
+	for attempt := 1; ; attempt++ {
+		c = &Cluster{t: t, bin: bin, dir: t.TempDir()}
+		var initial []string
+		for i := range c.members {
+			name := fmt.Sprintf("etcd-%d", i+1)
+			m := &member{
+				name:      name,
+				clientURL: "http://" + freeAddr(t),
+				peerURL:   "http://" + freeAddr(t),
+				dataDir:   filepath.Join(c.dir, name),
+				logs:      &bytes.Buffer{},
+			}
+			m.logsWriter = &lockedWriter{mu: &m.mu, b: m.logs}
+			c.members[i] = m
+			initial = append(initial, name+"="+m.peerURL)
 		}
-		m.logsWriter = &lockedWriter{mu: &m.mu, b: m.logs}
-		c.members[i] = m
-		initial = append(initial, name+"="+m.peerURL)
+		c.initial = strings.Join(initial, ",")
+		for i := range c.members {
+			c.start(i, "new")
+		}
+		if err := c.waitAll(); err == nil {
+			break
+		} else if attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			c.stopAll()
+			t.Fatal(err)
+		}
+		c.stopAll()
 	}
-	c.initial = strings.Join(initial, ",")
 	t.Cleanup(c.stopAll)
-	for i := range c.members {
-		c.start(i, "new")
-	}
-	for i := range c.members {
-		c.WaitHealthy(i)
-	}
 	return c
+}
+
+// waitAll waits (up to 60 s) until every member is healthy, or returns
+// why not with the log of the member that failed.
+func (c *Cluster) waitAll() error {
+	for i := range c.members {
+		if err := c.healthyErr(i); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func freeAddr(t testing.TB) string {
@@ -184,6 +205,12 @@ func (c *Cluster) Restart(i int) {
 // WaitHealthy waits (up to 60 s) until member i answers /health with
 // {"health":"true"}; it fails the test with the member's log otherwise.
 func (c *Cluster) WaitHealthy(i int) {
+	if err := c.healthyErr(i); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *Cluster) healthyErr(i int) error {
 	m := c.members[i]
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -191,19 +218,19 @@ func (c *Cluster) WaitHealthy(i int) {
 	defer tick.Stop()
 	for {
 		if healthy(ctx, m.clientURL) {
-			return
+			return nil
 		}
 		select {
 		case <-ctx.Done():
 			m.mu.Lock()
 			logs := m.logs.String()
 			m.mu.Unlock()
-			c.t.Fatalf("etcdtest: %s not healthy within 60s; its log:\n%s", m.name, logs)
+			return fmt.Errorf("etcdtest: %s not healthy within 60s; its log:\n%s", m.name, logs)
 		case <-m.doneChan():
 			m.mu.Lock()
 			logs := m.logs.String()
 			m.mu.Unlock()
-			c.t.Fatalf("etcdtest: %s exited; its log:\n%s", m.name, logs)
+			return fmt.Errorf("etcdtest: %s exited; its log:\n%s", m.name, logs)
 		case <-tick.C:
 		}
 	}
