@@ -6,7 +6,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 # The Ollama release the real-server tests run against (internal/ollamatest.Version).
 OLLAMA_VERSION := v0.17.4
 
-.PHONY: all build run test chromium postgresql ollama proto bench clean
+.PHONY: all build run test chromium postgresql etcd ollama proto bench clean
 
 all: build
 
@@ -26,7 +26,7 @@ run:
 # missing. IOP_TEST_STRICT=1 makes a test whose tool is missing fail instead
 # of skip (package internal/testenv), so make test skips nothing;
 # IOP_OLLAMA_BIN tells the real-Ollama tests where the binary is.
-test: test/js/node_modules chromium postgresql ollama
+test: test/js/node_modules chromium postgresql etcd ollama
 	$(GO) vet ./...
 	IOP_OLLAMA_BIN="$$(OLLAMA_VERSION=$(OLLAMA_VERSION) GO=$(GO) test/ollama/build.sh)" IOP_TEST_STRICT=1 \
 		$(GO) test -race -count=1 -timeout 15m ./...
@@ -50,6 +50,14 @@ ollama:
 chromium:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+# Debian's etcd-server package (3.4.x), for the cluster tests' real
+# three-member etcd (internal/testenv/etcdtest runs `etcd` from PATH, or
+# IOP_ETCD_BIN). Quiet; does nothing when the binary is there.
+etcd:
+	@command -v etcd >/dev/null 2>&1 || [ -n "$$IOP_ETCD_BIN" ] || { \
+		echo "installing etcd (Debian's etcd-server package) for the cluster tests" >&2; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; }
 
 # Debian's postgresql package, for the usage ledger's PostgreSQL test (which
 # runs initdb and postgres from /usr/lib/postgresql/*/bin itself). Quiet; does
@@ -80,8 +88,10 @@ proto:
 	PATH=$(BIN):$$PATH protoc -I internal/wire \
 		--go_out=internal/wire --go_opt=paths=source_relative \
 		--go-grpc_out=internal/wire --go-grpc_opt=paths=source_relative \
-		internal/wire/node.proto
-	mkdir -p internal/wire/nodev1 && mv internal/wire/node.pb.go internal/wire/node_grpc.pb.go internal/wire/nodev1/
+		internal/wire/node.proto internal/wire/cluster.proto
+	mkdir -p internal/wire/nodev1 internal/wire/clusterv1
+	mv internal/wire/node.pb.go internal/wire/node_grpc.pb.go internal/wire/nodev1/
+	mv internal/wire/cluster.pb.go internal/wire/cluster_grpc.pb.go internal/wire/clusterv1/
 
 clean:
 	rm -rf $(BIN)

@@ -25,6 +25,13 @@ type LimitError struct {
 	RetryAfter time.Duration
 }
 
+// LimitDetails returns Limit, Max and RetryAfter (for callers that see the
+// error through an interface, such as the scheduler leader's answer to
+// another edge).
+func (e *LimitError) LimitDetails() (limit string, max int, retryAfter time.Duration) {
+	return e.Limit, e.Max, e.RetryAfter
+}
+
 func (e *LimitError) Error() string {
 	return fmt.Sprintf("%s: %s %d", ErrLimited, e.Limit, e.Max)
 }

@@ -171,6 +171,7 @@ func Validate(field string, keys []Key) error {
 // state of each. A nil *Keyring holds no key. Safe for concurrent use.
 type Keyring struct {
 	byHash map[[sha256.Size]byte]*Caller // never written after NewKeyring
+	byName map[string]*Caller            // never written after NewKeyring
 }
 
 // NewKeyring validates keys (Validate) and builds their keyring. now is
@@ -182,7 +183,7 @@ func NewKeyring(field string, keys []Key, now func() time.Time) (*Keyring, error
 	if now == nil {
 		now = time.Now
 	}
-	k := &Keyring{byHash: make(map[[sha256.Size]byte]*Caller, len(keys))}
+	k := &Keyring{byHash: make(map[[sha256.Size]byte]*Caller, len(keys)), byName: make(map[string]*Caller, len(keys))}
 	for _, key := range keys {
 		h, _ := ParseHash(key.Hash)
 		c := &Caller{name: key.Name, hash: h, maxConcurrent: key.MaxConcurrent, now: now,
@@ -201,8 +202,19 @@ func NewKeyring(field string, keys []Key, now func() time.Time) (*Keyring, error
 			c.limiter = rate.NewLimiter(rate.Every(time.Minute/time.Duration(key.RequestsPerMinute)), key.RequestsPerMinute)
 		}
 		k.byHash[h] = c
+		k.byName[key.Name] = c
 	}
 	return k, nil
+}
+
+// ByName returns the caller of the key named name, or nil: the scheduler
+// leader of several edges takes a follower's request slots of a key by its
+// name (its limits are counted once, at the leader).
+func (k *Keyring) ByName(name string) *Caller {
+	if k == nil {
+		return nil
+	}
+	return k.byName[name]
 }
 
 // Len is the number of keys; 0 for a nil keyring.

@@ -14,6 +14,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"iop/internal/auth"
+	"iop/internal/cluster"
 	"iop/internal/scheduler"
 	"iop/internal/tracing"
 )
@@ -202,6 +203,10 @@ type Config struct {
 	// OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT. A field set here wins over its
 	// environment variable.
 	Tracing tracing.Config `yaml:"tracing"`
+	// Cluster, when set, makes this edge one of several that elect one
+	// scheduler leader on etcd (package cluster; cluster.go): nil is a
+	// single edge, its own leader, with no etcd.
+	Cluster *cluster.Config `yaml:"cluster"`
 }
 
 // Fairness modes and flow sources (FairnessConfig).
@@ -436,6 +441,11 @@ func (c Config) Validate() error {
 	}
 	if v := c.PrefixLoadSlack; v != nil && !(*v >= 0 && *v <= 1) {
 		bad("prefix_load_slack %v: want a number in [0, 1]", *v)
+	}
+	if c.Cluster != nil {
+		if err := c.Cluster.Validate(); err != nil {
+			bad("%v", err)
+		}
 	}
 	if b := c.CircuitBreaker; b.CoolDown < 0 || b.MaxCoolDown < b.CoolDown {
 		bad("circuit_breaker: cool_down %s must not be negative nor above max_cool_down %s", b.CoolDown, b.MaxCoolDown)

@@ -36,6 +36,8 @@ var (
 	// ErrShuttingDown: the edge is stopping (Service.Shutdown): the request
 	// was refused or dequeued, or its run ended, before it finished.
 	ErrShuttingDown = contract.ErrShuttingDown
+	// ErrNoLeader: several edges, and no scheduler leader answered in time.
+	ErrNoLeader = contract.ErrNoLeader
 )
 
 // boundaryError wraps an error Service.Dispatch returns with the

@@ -271,6 +271,13 @@ func (s *Service) forgetGone() {
 func (s *Service) handleNodeMessage(c *conn, m *nodev1.NodeMessage) {
 	switch msg := m.GetMsg().(type) {
 	case *nodev1.NodeMessage_Heartbeat:
+		if s.cl != nil && msg.Heartbeat.GetRunsSet() {
+			s.cl.nodeReport(c, 0, msg.Heartbeat.GetRuns(), false)
+		}
+	case *nodev1.NodeMessage_RunsReport:
+		if s.cl != nil {
+			s.cl.nodeReport(c, msg.RunsReport.GetEpoch(), msg.RunsReport.GetRuns(), true)
+		}
 	case *nodev1.NodeMessage_ProviderUpdate:
 		s.updateProvider(c, msg.ProviderUpdate)
 	case *nodev1.NodeMessage_DispatchRefused:

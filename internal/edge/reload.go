@@ -110,6 +110,7 @@ func restartOnly(running, next Config) []string {
 		{"write_timeout", running.WriteTimeout != next.WriteTimeout},
 		{"fairness.flow", running.Fairness.Flow != next.Fairness.Flow},
 		{"tracing", !reflect.DeepEqual(running.Tracing, next.Tracing)},
+		{"cluster", !reflect.DeepEqual(running.Cluster, next.Cluster)},
 	} {
 		if f.differs {
 			out = append(out, f.key)

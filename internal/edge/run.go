@@ -38,8 +38,16 @@ type Run struct {
 	s     *Service
 	conn  *conn
 	lease *scheduler.Lease
-	model string // the requested model name: the run's queue
-	info  DispatchInfo
+	// remote, in place of lease, is the leader's lease of a follower's run
+	// (several edges, cluster.go).
+	remote *remoteLease
+	// epoch and leaseID stamp the run's Dispatch (several edges: the
+	// leader's epoch and lease that admitted it; 0 outside a cluster).
+	epoch   int64
+	leaseID uint64
+	long    bool   // its lease is long-context
+	model   string // the requested model name: the run's queue
+	info    DispatchInfo
 	// inline: the body went in the Dispatch message; else body is to be
 	// sent down the run stream.
 	inline bool
@@ -451,7 +459,7 @@ func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, ca
 	// Released before anyone can see the run ended (r.ended; Recv and
 	// outcome wait for it): whoever observes the end finds the slot free.
 	// The lease is released with no lock held.
-	r.lease.Release(reason)
+	releaseLease(r.lease, r.remote, reason)
 	close(r.ended)
 	r.s.forget(r)
 	if cancelNode {

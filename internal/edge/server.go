@@ -84,6 +84,11 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 	svc.routing.Store(newRoutingPolicy(cfg))
 	svc.breakers.onBack = svc.rotationChanged
 	svc.stopping, svc.stopRequests = context.WithCancelCause(context.Background())
+	if cfg.Cluster != nil {
+		if svc.cl, err = newClusterMode(svc, *cfg.Cluster); err != nil {
+			return nil, fmt.Errorf("%w: cluster: %w", ErrInvalidConfig, err)
+		}
+	}
 	return &Server{tls: tlsCfg, svc: svc}, nil
 }
 
@@ -125,6 +130,22 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	nodev1.RegisterNodeGatewayServer(gs, &grpcServer{s: s.svc})
 	errc := make(chan error, 1)
 	go func() { errc <- gs.Serve(lis) }()
+	if cm := s.svc.cl; cm != nil {
+		// Several edges: this edge's Admission service, for the others
+		// while it leads, on cluster.listen; the election ends with Serve.
+		defer cm.close()
+		clis, err := net.Listen("tcp", cm.cfg.Listen)
+		if err != nil {
+			s.svc.stop()
+			gs.Stop()
+			<-errc
+			return fmt.Errorf("cluster.listen %s: %w", cm.cfg.Listen, err)
+		}
+		actx, cancel := context.WithCancel(ctx)
+		adone := make(chan struct{})
+		go func() { defer close(adone); _ = cm.serveAdmission(actx, clis) }()
+		defer func() { cancel(); <-adone }()
+	}
 	select {
 	case <-ctx.Done():
 		s.svc.stop()

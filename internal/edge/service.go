@@ -103,6 +103,9 @@ type Service struct {
 	// group, swapped by Reload (nil: least-loaded).
 	prefix  *prefixIndex
 	routing atomic.Pointer[routingPolicy]
+	// cl is the cluster side (several edges, Config.Cluster); nil for a
+	// single edge, whose admissions never look at it again.
+	cl *clusterMode
 
 	mu   sync.Mutex      // guards the fields below
 	runs map[string]*Run // pending and open runs, by run id
@@ -252,61 +255,110 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 	// queued, admitted and dispatched events, and its context goes to the
 	// node in the Dispatch. A no-op span otherwise.
 	span := trace.SpanFromContext(ctx)
-	lease, err := s.sched.Admit(ctx, scheduler.Request{
-		Group:                req.Model,
-		Long:                 s.cfg.LongContextTokens > 0 && req.EstimatedInputTokens >= s.cfg.LongContextTokens,
-		EstimatedInputTokens: req.EstimatedInputTokens,
-		Resolve:              s.resolver(req.Model, needsOf(req), tried),
-		Prefer:               scheduler.ProviderRef{NodeID: req.PreferNodeID, ProviderID: req.PreferProviderID},
-		Flow:                 req.Flow,
-		Weight:               min(max(req.Weight, 0), scheduler.MaxWeight),
-		Priority:             scheduler.Priority(min(max(req.Priority, contract.PrioritySheddable), contract.PriorityCritical)),
-		Affinity:             route.affinity(),
-		AffinitySlack:        route.slack,
-		OnQueued: func() {
-			s.emitQueued(req.Model)
-			if span.IsRecording() {
-				span.AddEvent(tracing.EventQueued)
-			}
-		},
-	})
-	if err != nil {
-		return nil, scheduler.Candidate{}, nil, err
+	var (
+		lease  *scheduler.Lease
+		remote *remoteLease
+		err    error
+	)
+	onQueued := func() {
+		s.emitQueued(req.Model)
+		if span.IsRecording() {
+			span.AddEvent(tracing.EventQueued)
+		}
 	}
-	cand := lease.Candidate()
+	if s.cl != nil {
+		// Several edges: the leader admits (a ticket when this edge leads:
+		// it admits here, in its turn).
+		var tk *admitTicket
+		remote, tk, err = s.cl.admit(ctx, req, tried)
+		if err != nil {
+			return nil, scheduler.Candidate{}, nil, err
+		}
+		if tk != nil {
+			defer s.cl.localDone(tk)
+			queued := onQueued
+			onQueued = func() { s.cl.localQueued(tk); queued() }
+		}
+	}
+	if remote == nil {
+		lease, err = s.sched.Admit(ctx, scheduler.Request{
+			Group:                req.Model,
+			Long:                 s.cfg.LongContextTokens > 0 && req.EstimatedInputTokens >= s.cfg.LongContextTokens,
+			EstimatedInputTokens: req.EstimatedInputTokens,
+			Resolve:              s.resolver(req.Model, needsOf(req), tried),
+			Prefer:               scheduler.ProviderRef{NodeID: req.PreferNodeID, ProviderID: req.PreferProviderID},
+			Flow:                 req.Flow,
+			Weight:               min(max(req.Weight, 0), scheduler.MaxWeight),
+			Priority:             scheduler.Priority(min(max(req.Priority, contract.PrioritySheddable), contract.PriorityCritical)),
+			Affinity:             route.affinity(),
+			AffinitySlack:        route.slack,
+			OnQueued:             onQueued,
+		})
+		if err != nil {
+			return nil, scheduler.Candidate{}, nil, err
+		}
+	}
+	var cand scheduler.Candidate
+	if remote != nil {
+		cand = remote.cand
+	} else {
+		cand = lease.Candidate()
+	}
 	if route.blocks != nil {
 		// The chosen provider receives the prompt: the next turn of its
 		// conversation will find its blocks there.
 		s.prefix.record(cand.Target, scheduler.ProviderRef{NodeID: cand.NodeID, ProviderID: cand.ProviderID}, route.blocks)
 	}
-	if span.IsRecording() {
-		li := lease.Info()
-		span.AddEvent(tracing.EventAdmitted, trace.WithAttributes(tracing.QueueReason.String(string(li.QueueReason)),
-			tracing.QueueWait.Float64(li.Wait.Seconds())))
-	}
 	tk, ok := s.breakers.acquire(providerKey{cand.NodeID, cand.ProviderID})
 	if !ok {
-		lease.Release("circuit open")
+		releaseLease(lease, remote, "circuit open")
 		return nil, cand, nil, errOutOfRotation
 	}
 	runID := req.RunID
-	lease.Track(runID)
+	if remote == nil {
+		lease.Track(runID)
+	}
 	if s.afterAdmit != nil {
 		s.afterAdmit(cand)
 	}
 	c, p := s.reg.lookup(cand.NodeID, cand.Generation, cand.ProviderID)
 	if c == nil {
-		lease.Release("stale generation")
+		releaseLease(lease, remote, "stale generation")
 		tk.done(outcomeNeutral)
+		if remote != nil && cand.Generation == 0 {
+			return nil, cand, nil, fmt.Errorf("%w: this edge has no connection to node %q", ErrStaleGeneration, cand.NodeID)
+		}
 		return nil, cand, nil, fmt.Errorf("%w: node %q generation %d was replaced before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
 	}
-	li := lease.Info()
+	var li scheduler.DispatchInfo
+	if remote != nil {
+		li = remote.info
+	} else {
+		li = lease.Info()
+	}
+	if span.IsRecording() {
+		span.AddEvent(tracing.EventAdmitted, trace.WithAttributes(tracing.QueueReason.String(string(li.QueueReason)),
+			tracing.QueueWait.Float64(li.Wait.Seconds())))
+	}
 	inline := len(req.Body) <= maxInlineBody
+	var epoch int64
+	var leaseID uint64
+	if s.cl != nil {
+		if remote != nil {
+			epoch, leaseID = remote.key.epoch, remote.key.id
+		} else {
+			epoch, leaseID = s.cl.ready.Load(), lease.ID()
+		}
+	}
 	r := &Run{
-		s:     s,
-		conn:  c,
-		lease: lease,
-		model: req.Model,
+		s:       s,
+		conn:    c,
+		lease:   lease,
+		remote:  remote,
+		epoch:   epoch,
+		leaseID: leaseID,
+		long:    li.Long,
+		model:   req.Model,
 		info: DispatchInfo{
 			RunID:                 runID,
 			NodeID:                cand.NodeID,
@@ -354,6 +406,9 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 	if span.SpanContext().IsValid() {
 		d.TraceContext = make(map[string]string, 2)
 		tracing.Propagator.Inject(ctx, propagation.MapCarrier(d.TraceContext))
+	}
+	if s.cl != nil {
+		d.Epoch, d.LeaseId, d.Long = r.epoch, r.leaseID, li.Long
 	}
 	if w := c.takeIdle(); w != nil {
 		// A warm stream of the selected generation: the Dispatch goes down
@@ -407,6 +462,15 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 			tracing.NodeID.String(cand.NodeID), tracing.ProviderID.String(cand.ProviderID)))
 	}
 	return r, cand, stopWatch, nil
+}
+
+// releaseLease releases whichever lease an attempt holds.
+func releaseLease(l *scheduler.Lease, remote *remoteLease, reason string) {
+	if remote != nil {
+		remote.Release(reason)
+		return
+	}
+	l.Release(reason)
 }
 
 // needsOf returns the capabilities req needs of the served model: its
@@ -672,6 +736,12 @@ type QueueSnapshot = contract.QueueSnapshot
 func (s *Service) Snapshot() Snapshot {
 	ss := s.sched.Snapshot()
 	snap := Snapshot{Waiters: ss.Waiters, Leases: ss.Leases}
+	if cs, ok := s.Cluster(); ok {
+		s.mu.Lock()
+		n := len(s.runs)
+		s.mu.Unlock()
+		snap.Cluster = &contract.ClusterSnapshot{Name: cs.Name, LeaderAddr: cs.LeaderAddr, Epoch: cs.Epoch, Leader: cs.Leader, Ready: cs.Ready, HeldLeases: cs.Leases, Runs: n}
+	}
 	st := s.reg.load()
 	for _, cs := range st.nodes.all() {
 		c := cs.c

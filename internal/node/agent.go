@@ -59,6 +59,8 @@ type Agent struct {
 	readyOnce sync.Once
 	running   atomic.Bool
 	resolver  *net.Resolver // looks up the names of Config.Edges; nil: net.DefaultResolver
+	gen       atomic.Uint64 // current generation, 0 when not connected
+	inflight  *inFlight     // node-wide runs in flight (several edges: inflight.go)
 	// draining is closed by the first Drain, after drainReason is set.
 	draining    chan struct{}
 	drainOnce   sync.Once
@@ -147,6 +149,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 		jitter:     fullJitter,
 		warm:       WarmStreams,
 		providers:  make(map[string]*provider, len(cfg.Providers)),
+		inflight:   newInFlight(),
 		ready:      make(chan struct{}),
 		genChanged: make(chan struct{}),
 		gens:       make(map[*link]uint64),

@@ -120,7 +120,10 @@
 // is closed once, at the first Welcome of any link. Agent.slotMu guards
 // inFlight (every run of every link); a run's slot field is guarded by its
 // slotMu, taken by acquireSlot on the run's goroutine and freed once by
-// releaseSlot (its sinks, runOn, or untrack).
+// releaseSlot (its sinks, runOn, or untrack). Agent.inflight, the
+// node-wide set of a cluster's runs in flight (inflight.go: reported in
+// heartbeats and to a new scheduler leader, and the highest epoch seen),
+// has its own leaf mutex, taken under conn.mu when a dispatch is admitted.
 //
 // Discovery: Run starts one goroutine per discovered provider (after a
 // first round run by goroutines it waits for), the only one that runs that

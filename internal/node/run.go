@@ -41,6 +41,9 @@ type run struct {
 	// run in flight (the edge may have read its end before the run
 	// goroutine forgets it).
 	over atomic.Bool
+	// counted: in the node-wide set of a cluster's runs in flight
+	// (inflight.go); set before the run is shared.
+	counted bool
 }
 
 // lastFrame is called just before r's terminal frame is sent: r is over
@@ -86,7 +89,7 @@ func (c *conn) dispatch(d *nodev1.Dispatch) {
 // (stopStream ends it), or says why the node refuses it: ErrDraining
 // after a drain began, ErrMissingRunID, ErrUnknownProvider,
 // ErrPathMismatch, ErrUnsupportedOperation, ErrDuplicateRun for a run id
-// in flight. The drain check and the registration are one step under
+// in flight, ErrStaleEpoch for a deposed scheduler leader's (inflight.go). The drain check and the registration are one step under
 // c.mu, so a drain that finds no run in flight admits none after.
 func (c *conn) admit(d *nodev1.Dispatch, streamCtx context.Context, stopStream context.CancelFunc) (*run, *provider, error) {
 	p := c.a.providers[d.ProviderId]
@@ -118,6 +121,9 @@ func (c *conn) admit(d *nodev1.Dispatch, streamCtx context.Context, stopStream c
 		return nil, nil, ErrDuplicateRun
 	}
 	r := &run{id: d.RunId, streamCtx: streamCtx, stopStream: stopStream, edge: c.l.addr, gen: c.gen, provider: p.cfg.ID}
+	if err := c.a.inflight.add(r, d); err != nil {
+		return nil, nil, err
+	}
 	r.workCtx, r.cancelWork = context.WithCancelCause(streamCtx)
 	c.runs[r.id] = r
 	c.a.track(r)
@@ -149,6 +155,7 @@ func (c *conn) finishWarm(r *run) {
 	c.unread++
 	c.mu.Unlock()
 	c.a.untrack(r)
+	c.a.inflight.remove(r)
 	c.wakeSession()
 }
 
@@ -170,6 +177,7 @@ func (c *conn) removeRun(r *run) {
 	}
 	c.mu.Unlock()
 	c.a.untrack(r)
+	c.a.inflight.remove(r)
 	c.wakeSession()
 }
 

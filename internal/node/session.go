@@ -242,7 +242,7 @@ func (a *Agent) session(ctx context.Context, l *link, client nodev1.NodeGatewayC
 				return true, fmt.Errorf("%w: silent for %v", ErrHeartbeatTimeout, now.Sub(lastHeard))
 			}
 			select {
-			case c.out <- &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_Heartbeat{Heartbeat: &nodev1.Heartbeat{UnixNano: now.UnixNano()}}}:
+			case c.out <- &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_Heartbeat{Heartbeat: &nodev1.Heartbeat{UnixNano: now.UnixNano(), Runs: a.inflight.list(), RunsSet: true}}}:
 			default: // the writer is stuck; the edge's silence will end us
 			}
 			arm()
@@ -305,6 +305,15 @@ func (c *conn) handle(m *nodev1.EdgeMessage) {
 		c.dispatch(x.Dispatch)
 	case *nodev1.EdgeMessage_Cancel:
 		c.cancelRun(x.Cancel.RunId, x.Cancel.Reason)
+	case *nodev1.EdgeMessage_RunsRequest:
+		// A new scheduler leader: from now on its epoch fences the old
+		// one's dispatches; it counts the runs in flight before admitting.
+		c.a.inflight.raise(x.RunsRequest.GetEpoch())
+		m := &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_RunsReport{RunsReport: &nodev1.RunsReport{Epoch: x.RunsRequest.GetEpoch(), Runs: c.a.inflight.list()}}}
+		select {
+		case c.out <- m:
+		case <-c.ctx.Done():
+		}
 	default:
 		c.a.logger.Warn("ignoring unexpected message from edge", "type", fmt.Sprintf("%T", m.Msg), "generation", c.gen)
 	}

@@ -166,6 +166,7 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 		Responses:    responseStore,
 		Flow:         cfg.Fairness.Flow,
 		Tracer:       tr.Tracer,
+		KeyAdmit:     clusterKeyAdmit(cfg, svc, keys),
 	}), gateway{svc}, logger)
 	var handlers sync.WaitGroup // handlers running, so the ledger closes after the last one
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -302,3 +303,32 @@ const shutdownFinish = 5 * time.Second
 
 // Wait blocks until the edge has stopped and returns why.
 func (e *edgeRun) Wait() error { return <-e.done }
+
+// clusterKeyAdmit makes a key's limits global with several edges
+// (cfg.Cluster): the scheduler leader counts every edge's requests of a
+// key (edge.Service.AdmitKey), taking them from its own keyring by name.
+// nil for a single edge: each request takes its slot from its key here.
+func clusterKeyAdmit(cfg edge.Config, svc *edge.Service, keys *auth.Keyring) func(context.Context, *auth.Caller) (func(), bool, error) {
+	if cfg.Cluster == nil {
+		return nil
+	}
+	svc.SetKeyAdmitter(func(name string) (func(), error) {
+		c := keys.ByName(name)
+		if c == nil {
+			return nil, fmt.Errorf("unknown key %q at the scheduler leader (every edge must have the same keys)", name)
+		}
+		p, err := c.Admit()
+		if err != nil {
+			return nil, err
+		}
+		return p.Release, nil
+	})
+	return func(ctx context.Context, c *auth.Caller) (func(), bool, error) {
+		local, release, err := svc.AdmitKey(ctx, c.Name())
+		var kl *edge.KeyLimitError
+		if errors.As(err, &kl) {
+			return nil, false, &auth.LimitError{Limit: kl.Limit, Max: kl.Max, RetryAfter: kl.RetryAfter}
+		}
+		return release, local, err
+	}
+}

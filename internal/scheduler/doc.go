@@ -13,7 +13,10 @@
 //
 // A Lease is the right to one slot. It goes reserved → tracked (run id known)
 // → released exactly once, by whichever comes first: Lease.Release,
-// Scheduler.ReleaseRun (a terminal run event), or Fence (node disconnect).
+// Scheduler.ReleaseRun (a terminal run event), or Fence (node disconnect;
+// not for a lease kept on fence, Lease.KeepOnFence: several edges, the run
+// of another edge's connection). Adopt counts a run already in flight that
+// an earlier scheduler admitted (a new cluster leader's rebuild).
 // Every release offers the slot to the first waiter in queue order, in any
 // group, that can use it, so no slot stays idle while a waiter that can use
 // it waits.

@@ -38,6 +38,7 @@ type Lease struct {
 	// Guarded by s.mu.
 	prev, next *Lease // in res.leases while unreleased
 	state      leaseState
+	keep       bool // KeepOnFence: a Fence leaves it
 	info       DispatchInfo
 	reason     string
 }

@@ -1031,7 +1031,7 @@ func longOr(long, capacity int) int {
 }
 
 // Fence settles a node connection that ended: every lease of the node with
-// generation ≤ gen is released and every resource of the node owned by a
+// generation ≤ gen is released (but those kept on fence, Lease.KeepOnFence) and every resource of the node owned by a
 // generation ≤ gen is marked orphan; gen 0 fences the whole node. Waiters
 // then re-resolve their candidates, free slots are handed out, and the
 // node's drained orphan resources are forgotten. A fence that matches
@@ -1043,7 +1043,7 @@ func (s *Scheduler) Fence(nodeID string, gen uint64) {
 	for _, r := range s.nodes[nodeID] {
 		for l := r.leases.head; l != nil; {
 			next := l.next
-			if gen == 0 || l.info.Generation <= gen {
+			if !l.keep && (gen == 0 || l.info.Generation <= gen) {
 				changed = s.releaseLocked(l, "node fenced") || changed
 			}
 			l = next

@@ -9,6 +9,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"iop/internal/auth"
@@ -132,7 +133,7 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request
 	if r.Method != http.MethodPost || !dispatches {
 		return r.WithContext(ctx), release, true
 	}
-	permit, err := caller.Admit()
+	permit, err := h.admitKey(ctx, caller)
 	if err != nil {
 		h.logger.Debug("key over its limit", "key", caller.Name(), "path", clip(r.URL.Path), "err", err)
 		obsOf(r).begin(op)
@@ -146,10 +147,46 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request
 	}, true
 }
 
+// admitKey takes one request slot of caller: at the scheduler leader when
+// Config.KeyAdmit says so (several edges), else from the caller itself.
+func (h *handler) admitKey(ctx context.Context, caller *auth.Caller) (releaser, error) {
+	if h.cfg.KeyAdmit != nil {
+		release, local, err := h.cfg.KeyAdmit(ctx, caller)
+		if err != nil {
+			return nil, err
+		}
+		if !local {
+			return &remotePermit{release: release}, nil
+		}
+	}
+	p, err := caller.Admit()
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// releaser gives a request slot back, once however often it is called.
+type releaser interface{ Release() }
+
+// remotePermit is a request slot the scheduler leader holds.
+type remotePermit struct {
+	once    sync.Once
+	release func()
+}
+
+func (p *remotePermit) Release() {
+	p.once.Do(func() {
+		if p.release != nil {
+			p.release()
+		}
+	})
+}
+
 // heldPermit is the request slot a request took; kept is set (on the
 // request goroutine) when a run outliving the request took it over.
 type heldPermit struct {
-	permit *auth.Permit
+	permit releaser
 	kept   bool
 }
 

@@ -40,6 +40,22 @@ func adminRoutes(adm Admin) map[string]route {
 		"/admin/v1/nodes":     {http.MethodGet, serve(adminNodes)},
 		"/admin/v1/providers": {http.MethodGet, serve(adminProviders)},
 		"/admin/v1/queues":    {http.MethodGet, serve(adminQueues)},
+		"/admin/v1/cluster":   {http.MethodGet, serve(adminCluster)},
+	}
+}
+
+// adminCluster is GET /admin/v1/cluster: the edge's view of its cluster
+// (several edges), {"cluster": false} for a single edge. "leases" counts
+// the unreleased leases of this edge's scheduler (the leader's: every
+// edge's), "runs" the runs this edge relays now.
+func adminCluster(s AdminSnapshot) any {
+	c := s.Cluster
+	if c == nil {
+		return map[string]any{"cluster": false, "leases": s.Leases}
+	}
+	return map[string]any{
+		"cluster": true, "name": c.Name, "leader": c.Leader, "ready": c.Ready, "epoch": c.Epoch,
+		"leader_addr": c.LeaderAddr, "held_leases": c.HeldLeases, "leases": s.Leases, "runs": c.Runs, "waiters": s.Waiters,
 	}
 }
 

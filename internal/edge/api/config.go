@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"time"
@@ -72,6 +73,12 @@ type Config struct {
 	// /healthz, /readyz and the admin routes needs one of them
 	// (access.go). Nil or empty: the client API is open.
 	Keys *auth.Keyring
+	// KeyAdmit, when set (several edges), takes a key's request slot
+	// where its limits are counted: local true says here (the caller's own
+	// Admit), else release gives back the slot it took elsewhere (the
+	// scheduler leader). Its errors answer the request as Admit's do
+	// (*auth.LimitError 429, contract.ErrNoLeader 503).
+	KeyAdmit func(ctx context.Context, caller *auth.Caller) (release func(), local bool, err error)
 	// AdminKeys are the admin API keys the routes under AdminPrefixes
 	// need whenever Keys or AdminKeys hold a key.
 	AdminKeys *auth.Keyring

@@ -30,6 +30,7 @@ var (
 	ErrStaleGeneration     = contract.ErrStaleGeneration     // 502
 	ErrNodeGone            = contract.ErrNodeGone            // 502
 	ErrShuttingDown        = contract.ErrShuttingDown        // 503 with Retry-After; a started stream's error event
+	ErrNoLeader            = contract.ErrNoLeader            // 503 with Retry-After (several edges, no leader reachable)
 
 	// ErrInvalidConfig is returned (wrapped) by Config.Validate.
 	ErrInvalidConfig = errors.New("invalid api config")
@@ -186,6 +187,11 @@ func classify(err error, req *Request) *apiError {
 		e := newAPIError(http.StatusServiceUnavailable, "server_error", "", "edge_shutting_down",
 			"The gateway is shutting down; retry")
 		e.retryAfter = retryAfterUnavailable
+		return e
+	case errors.Is(err, ErrNoLeader):
+		e := newAPIError(http.StatusServiceUnavailable, "server_error", "", "no_leader",
+			"No scheduler leader is reachable from this gateway edge; retry")
+		e.retryAfter = retryAfterQueueFull
 		return e
 	case errors.Is(err, ErrNoProvider), errors.Is(err, ErrProviderUnavailable):
 		e := newAPIError(http.StatusServiceUnavailable, "server_error", "", "provider_unavailable",

@@ -148,6 +148,26 @@ type Snapshot struct {
 	Queues    []QueueSnapshot
 	// Waiters counts queued requests; Leases unreleased leases.
 	Waiters, Leases int
+	// Cluster is the edge's view of its cluster (several edges); nil for
+	// a single edge.
+	Cluster *ClusterSnapshot
+}
+
+// ClusterSnapshot is an edge's view of its cluster (several edges, one
+// elected scheduler leader).
+type ClusterSnapshot struct {
+	// Name is this edge's cluster name; LeaderAddr the leader's advertise
+	// address; Epoch the leader's epoch (0: no leader known).
+	Name, LeaderAddr string
+	Epoch            int64
+	// Leader: this edge leads; Ready: and has rebuilt its leases from the
+	// nodes' reports (it admits).
+	Leader, Ready bool
+	// HeldLeases: leases the leader's scheduler holds for other edges'
+	// runs and adopted runs of older epochs (0 on a follower).
+	HeldLeases int
+	// Runs: runs this edge relays now (dispatched, not ended).
+	Runs int
 }
 
 // NodeSnapshot is one connected node.

@@ -52,6 +52,10 @@ var (
 	// Retry-After (another edge, or this one restarted, may serve it); a
 	// stream that had started ends with this error event.
 	ErrShuttingDown = errors.New("edge shutting down")
+	// ErrNoLeader: several edges (cluster), and no scheduler leader could
+	// be reached within a bound (none elected yet, or this edge is cut off
+	// from it). 503 with Retry-After.
+	ErrNoLeader = errors.New("no scheduler leader")
 )
 
 // Outcome is how one API request ended, decided once when it ended. The
@@ -146,7 +150,7 @@ func AdmissionOf(err error) Admission {
 		return AdmissionQueueTimeout
 	case errors.Is(err, ErrCandidatesRejected):
 		return AdmissionRejected
-	case errors.Is(err, ErrNoProvider), errors.Is(err, ErrProviderUnavailable), errors.Is(err, ErrShuttingDown):
+	case errors.Is(err, ErrNoProvider), errors.Is(err, ErrProviderUnavailable), errors.Is(err, ErrShuttingDown), errors.Is(err, ErrNoLeader):
 		return AdmissionUnavailable
 	case errors.Is(err, ErrUnknownModel):
 		return AdmissionUnknownModel

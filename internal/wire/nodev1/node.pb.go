@@ -196,7 +196,7 @@ func (x RunEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RunEvent_Type.Descriptor instead.
 func (RunEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{19, 0}
+	return file_node_proto_rawDescGZIP(), []int{22, 0}
 }
 
 type NodeMessage struct {
@@ -208,6 +208,7 @@ type NodeMessage struct {
 	//	*NodeMessage_ProviderUpdate
 	//	*NodeMessage_DispatchRefused
 	//	*NodeMessage_Drain
+	//	*NodeMessage_RunsReport
 	Msg           isNodeMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -295,6 +296,15 @@ func (x *NodeMessage) GetDrain() *Drain {
 	return nil
 }
 
+func (x *NodeMessage) GetRunsReport() *RunsReport {
+	if x != nil {
+		if x, ok := x.Msg.(*NodeMessage_RunsReport); ok {
+			return x.RunsReport
+		}
+	}
+	return nil
+}
+
 type isNodeMessage_Msg interface {
 	isNodeMessage_Msg()
 }
@@ -319,6 +329,11 @@ type NodeMessage_Drain struct {
 	Drain *Drain `protobuf:"bytes,5,opt,name=drain,proto3,oneof"`
 }
 
+type NodeMessage_RunsReport struct {
+	// The node's answer to EdgeMessage.runs_request.
+	RunsReport *RunsReport `protobuf:"bytes,6,opt,name=runs_report,json=runsReport,proto3,oneof"`
+}
+
 func (*NodeMessage_Hello) isNodeMessage_Msg() {}
 
 func (*NodeMessage_Heartbeat) isNodeMessage_Msg() {}
@@ -329,6 +344,8 @@ func (*NodeMessage_DispatchRefused) isNodeMessage_Msg() {}
 
 func (*NodeMessage_Drain) isNodeMessage_Msg() {}
 
+func (*NodeMessage_RunsReport) isNodeMessage_Msg() {}
+
 type EdgeMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -338,6 +355,7 @@ type EdgeMessage struct {
 	//	*EdgeMessage_Dispatch
 	//	*EdgeMessage_Cancel
 	//	*EdgeMessage_HelloRefused
+	//	*EdgeMessage_RunsRequest
 	Msg           isEdgeMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -425,6 +443,15 @@ func (x *EdgeMessage) GetHelloRefused() *HelloRefused {
 	return nil
 }
 
+func (x *EdgeMessage) GetRunsRequest() *RunsRequest {
+	if x != nil {
+		if x, ok := x.Msg.(*EdgeMessage_RunsRequest); ok {
+			return x.RunsRequest
+		}
+	}
+	return nil
+}
+
 type isEdgeMessage_Msg interface {
 	isEdgeMessage_Msg()
 }
@@ -449,6 +476,12 @@ type EdgeMessage_HelloRefused struct {
 	HelloRefused *HelloRefused `protobuf:"bytes,5,opt,name=hello_refused,json=helloRefused,proto3,oneof"`
 }
 
+type EdgeMessage_RunsRequest struct {
+	// A newly elected scheduler leader asks for the node's runs in flight
+	// before it admits anything (several edges; package cluster).
+	RunsRequest *RunsRequest `protobuf:"bytes,6,opt,name=runs_request,json=runsRequest,proto3,oneof"`
+}
+
 func (*EdgeMessage_Welcome) isEdgeMessage_Msg() {}
 
 func (*EdgeMessage_Heartbeat) isEdgeMessage_Msg() {}
@@ -458,6 +491,8 @@ func (*EdgeMessage_Dispatch) isEdgeMessage_Msg() {}
 func (*EdgeMessage_Cancel) isEdgeMessage_Msg() {}
 
 func (*EdgeMessage_HelloRefused) isEdgeMessage_Msg() {}
+
+func (*EdgeMessage_RunsRequest) isEdgeMessage_Msg() {}
 
 // Hello is the first message of a Connect stream.
 type Hello struct {
@@ -968,8 +1003,14 @@ func (x *HelloRefused) GetReason() string {
 }
 
 type Heartbeat struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	UnixNano      int64                  `protobuf:"varint,1,opt,name=unix_nano,json=unixNano,proto3" json:"unix_nano,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	UnixNano int64                  `protobuf:"varint,1,opt,name=unix_nano,json=unixNano,proto3" json:"unix_nano,omitempty"`
+	// Sent by a node: every run it has in flight, node-wide (over every edge
+	// connection), with the epoch and lease that admitted it; runs_set says
+	// the list is there (a node from before this field sends neither). An
+	// edge sends neither.
+	Runs          []*RunInFlight `protobuf:"bytes,2,rep,name=runs,proto3" json:"runs,omitempty"`
+	RunsSet       bool           `protobuf:"varint,3,opt,name=runs_set,json=runsSet,proto3" json:"runs_set,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1011,6 +1052,200 @@ func (x *Heartbeat) GetUnixNano() int64 {
 	return 0
 }
 
+func (x *Heartbeat) GetRuns() []*RunInFlight {
+	if x != nil {
+		return x.Runs
+	}
+	return nil
+}
+
+func (x *Heartbeat) GetRunsSet() bool {
+	if x != nil {
+		return x.RunsSet
+	}
+	return false
+}
+
+// RunInFlight is one run a node has in flight: the scheduler leader's
+// epoch and lease id that admitted it (0 and 0 for an edge outside a
+// cluster), and the provider it runs on.
+type RunInFlight struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	ProviderId    string                 `protobuf:"bytes,2,opt,name=provider_id,json=providerId,proto3" json:"provider_id,omitempty"`
+	Epoch         int64                  `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	LeaseId       uint64                 `protobuf:"varint,4,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	Long          bool                   `protobuf:"varint,5,opt,name=long,proto3" json:"long,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunInFlight) Reset() {
+	*x = RunInFlight{}
+	mi := &file_node_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunInFlight) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunInFlight) ProtoMessage() {}
+
+func (x *RunInFlight) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunInFlight.ProtoReflect.Descriptor instead.
+func (*RunInFlight) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RunInFlight) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *RunInFlight) GetProviderId() string {
+	if x != nil {
+		return x.ProviderId
+	}
+	return ""
+}
+
+func (x *RunInFlight) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *RunInFlight) GetLeaseId() uint64 {
+	if x != nil {
+		return x.LeaseId
+	}
+	return 0
+}
+
+func (x *RunInFlight) GetLong() bool {
+	if x != nil {
+		return x.Long
+	}
+	return false
+}
+
+// RunsRequest asks the node for its runs in flight (RunsReport), from the
+// leader of this epoch; the node also refuses from then on any Dispatch
+// of a lower, non-zero epoch.
+type RunsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Epoch         int64                  `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunsRequest) Reset() {
+	*x = RunsRequest{}
+	mi := &file_node_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunsRequest) ProtoMessage() {}
+
+func (x *RunsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunsRequest.ProtoReflect.Descriptor instead.
+func (*RunsRequest) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *RunsRequest) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+// RunsReport answers RunsRequest of this epoch: every run the node has
+// in flight, node-wide.
+type RunsReport struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Epoch         int64                  `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Runs          []*RunInFlight         `protobuf:"bytes,2,rep,name=runs,proto3" json:"runs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunsReport) Reset() {
+	*x = RunsReport{}
+	mi := &file_node_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunsReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunsReport) ProtoMessage() {}
+
+func (x *RunsReport) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunsReport.ProtoReflect.Descriptor instead.
+func (*RunsReport) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RunsReport) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *RunsReport) GetRuns() []*RunInFlight {
+	if x != nil {
+		return x.Runs
+	}
+	return nil
+}
+
 // ProviderUpdate changes the health, capacity or served models of one
 // provider. The node sends one whenever discovery (re-reading the model
 // server's model list and health on an interval) finds a change.
@@ -1033,7 +1268,7 @@ type ProviderUpdate struct {
 
 func (x *ProviderUpdate) Reset() {
 	*x = ProviderUpdate{}
-	mi := &file_node_proto_msgTypes[9]
+	mi := &file_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1045,7 +1280,7 @@ func (x *ProviderUpdate) String() string {
 func (*ProviderUpdate) ProtoMessage() {}
 
 func (x *ProviderUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[9]
+	mi := &file_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1058,7 +1293,7 @@ func (x *ProviderUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderUpdate.ProtoReflect.Descriptor instead.
 func (*ProviderUpdate) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{9}
+	return file_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ProviderUpdate) GetProviderId() string {
@@ -1123,7 +1358,7 @@ type Drain struct {
 
 func (x *Drain) Reset() {
 	*x = Drain{}
-	mi := &file_node_proto_msgTypes[10]
+	mi := &file_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1135,7 +1370,7 @@ func (x *Drain) String() string {
 func (*Drain) ProtoMessage() {}
 
 func (x *Drain) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[10]
+	mi := &file_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1148,7 +1383,7 @@ func (x *Drain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drain.ProtoReflect.Descriptor instead.
 func (*Drain) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{10}
+	return file_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Drain) GetReason() string {
@@ -1201,14 +1436,24 @@ type Dispatch struct {
 	// Empty when the edge does not trace. It goes in the Dispatch, not in
 	// gRPC metadata, because a run may go down a warm stream opened before
 	// the request came. A node from before this field ignores it.
-	TraceContext  map[string]string `protobuf:"bytes,14,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	TraceContext map[string]string `protobuf:"bytes,14,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Several edges (package cluster): the epoch of the scheduler leader
+	// that admitted the run and its lease id; 0 outside a cluster. A node
+	// refuses a Dispatch whose non-zero epoch is lower than the highest it
+	// has seen (a deposed leader's), and reports both with the run
+	// (RunInFlight) until it ends.
+	Epoch   int64  `protobuf:"varint,11,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	LeaseId uint64 `protobuf:"varint,12,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// Set when the lease is long-context (the leader counts it so on
+	// rebuild).
+	Long          bool `protobuf:"varint,13,opt,name=long,proto3" json:"long,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Dispatch) Reset() {
 	*x = Dispatch{}
-	mi := &file_node_proto_msgTypes[11]
+	mi := &file_node_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1220,7 +1465,7 @@ func (x *Dispatch) String() string {
 func (*Dispatch) ProtoMessage() {}
 
 func (x *Dispatch) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[11]
+	mi := &file_node_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1233,7 +1478,7 @@ func (x *Dispatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Dispatch.ProtoReflect.Descriptor instead.
 func (*Dispatch) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{11}
+	return file_node_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Dispatch) GetRunId() string {
@@ -1313,6 +1558,27 @@ func (x *Dispatch) GetTraceContext() map[string]string {
 	return nil
 }
 
+func (x *Dispatch) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *Dispatch) GetLeaseId() uint64 {
+	if x != nil {
+		return x.LeaseId
+	}
+	return 0
+}
+
+func (x *Dispatch) GetLong() bool {
+	if x != nil {
+		return x.Long
+	}
+	return false
+}
+
 type DispatchRefused struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
@@ -1323,7 +1589,7 @@ type DispatchRefused struct {
 
 func (x *DispatchRefused) Reset() {
 	*x = DispatchRefused{}
-	mi := &file_node_proto_msgTypes[12]
+	mi := &file_node_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1335,7 +1601,7 @@ func (x *DispatchRefused) String() string {
 func (*DispatchRefused) ProtoMessage() {}
 
 func (x *DispatchRefused) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[12]
+	mi := &file_node_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1348,7 +1614,7 @@ func (x *DispatchRefused) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DispatchRefused.ProtoReflect.Descriptor instead.
 func (*DispatchRefused) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{12}
+	return file_node_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DispatchRefused) GetRunId() string {
@@ -1376,7 +1642,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_node_proto_msgTypes[13]
+	mi := &file_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1388,7 +1654,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[13]
+	mi := &file_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1401,7 +1667,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{13}
+	return file_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Cancel) GetRunId() string {
@@ -1436,7 +1702,7 @@ type RunUp struct {
 
 func (x *RunUp) Reset() {
 	*x = RunUp{}
-	mi := &file_node_proto_msgTypes[14]
+	mi := &file_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1448,7 +1714,7 @@ func (x *RunUp) String() string {
 func (*RunUp) ProtoMessage() {}
 
 func (x *RunUp) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[14]
+	mi := &file_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1461,7 +1727,7 @@ func (x *RunUp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunUp.ProtoReflect.Descriptor instead.
 func (*RunUp) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{14}
+	return file_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RunUp) GetMsg() isRunUp_Msg {
@@ -1596,7 +1862,7 @@ type RunDown struct {
 
 func (x *RunDown) Reset() {
 	*x = RunDown{}
-	mi := &file_node_proto_msgTypes[15]
+	mi := &file_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1608,7 +1874,7 @@ func (x *RunDown) String() string {
 func (*RunDown) ProtoMessage() {}
 
 func (x *RunDown) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[15]
+	mi := &file_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1621,7 +1887,7 @@ func (x *RunDown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunDown.ProtoReflect.Descriptor instead.
 func (*RunDown) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{15}
+	return file_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RunDown) GetMsg() isRunDown_Msg {
@@ -1703,7 +1969,7 @@ type RunOpen struct {
 
 func (x *RunOpen) Reset() {
 	*x = RunOpen{}
-	mi := &file_node_proto_msgTypes[16]
+	mi := &file_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1715,7 +1981,7 @@ func (x *RunOpen) String() string {
 func (*RunOpen) ProtoMessage() {}
 
 func (x *RunOpen) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[16]
+	mi := &file_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1728,7 +1994,7 @@ func (x *RunOpen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunOpen.ProtoReflect.Descriptor instead.
 func (*RunOpen) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{16}
+	return file_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RunOpen) GetRunId() string {
@@ -1770,7 +2036,7 @@ type Body struct {
 
 func (x *Body) Reset() {
 	*x = Body{}
-	mi := &file_node_proto_msgTypes[17]
+	mi := &file_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1782,7 +2048,7 @@ func (x *Body) String() string {
 func (*Body) ProtoMessage() {}
 
 func (x *Body) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[17]
+	mi := &file_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1795,7 +2061,7 @@ func (x *Body) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Body.ProtoReflect.Descriptor instead.
 func (*Body) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{17}
+	return file_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Body) GetData() []byte {
@@ -1822,7 +2088,7 @@ type RunEvents struct {
 
 func (x *RunEvents) Reset() {
 	*x = RunEvents{}
-	mi := &file_node_proto_msgTypes[18]
+	mi := &file_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1834,7 +2100,7 @@ func (x *RunEvents) String() string {
 func (*RunEvents) ProtoMessage() {}
 
 func (x *RunEvents) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[18]
+	mi := &file_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1847,7 +2113,7 @@ func (x *RunEvents) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvents.ProtoReflect.Descriptor instead.
 func (*RunEvents) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{18}
+	return file_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RunEvents) GetEvents() []*RunEvent {
@@ -1889,7 +2155,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_node_proto_msgTypes[19]
+	mi := &file_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1901,7 +2167,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[19]
+	mi := &file_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1914,7 +2180,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{19}
+	return file_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RunEvent) GetType() RunEvent_Type {
@@ -2014,7 +2280,7 @@ type ToolCallDelta struct {
 
 func (x *ToolCallDelta) Reset() {
 	*x = ToolCallDelta{}
-	mi := &file_node_proto_msgTypes[20]
+	mi := &file_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2026,7 +2292,7 @@ func (x *ToolCallDelta) String() string {
 func (*ToolCallDelta) ProtoMessage() {}
 
 func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[20]
+	mi := &file_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2039,7 +2305,7 @@ func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallDelta.ProtoReflect.Descriptor instead.
 func (*ToolCallDelta) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{20}
+	return file_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ToolCallDelta) GetIndex() int32 {
@@ -2079,7 +2345,7 @@ type Embedding struct {
 
 func (x *Embedding) Reset() {
 	*x = Embedding{}
-	mi := &file_node_proto_msgTypes[21]
+	mi := &file_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2091,7 +2357,7 @@ func (x *Embedding) String() string {
 func (*Embedding) ProtoMessage() {}
 
 func (x *Embedding) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[21]
+	mi := &file_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2104,7 +2370,7 @@ func (x *Embedding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Embedding.ProtoReflect.Descriptor instead.
 func (*Embedding) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{21}
+	return file_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Embedding) GetValues() []float32 {
@@ -2148,7 +2414,7 @@ type TunnelHead struct {
 
 func (x *TunnelHead) Reset() {
 	*x = TunnelHead{}
-	mi := &file_node_proto_msgTypes[22]
+	mi := &file_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2160,7 +2426,7 @@ func (x *TunnelHead) String() string {
 func (*TunnelHead) ProtoMessage() {}
 
 func (x *TunnelHead) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[22]
+	mi := &file_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2173,7 +2439,7 @@ func (x *TunnelHead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelHead.ProtoReflect.Descriptor instead.
 func (*TunnelHead) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{22}
+	return file_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *TunnelHead) GetStatus() int32 {
@@ -2221,7 +2487,7 @@ type TunnelData struct {
 
 func (x *TunnelData) Reset() {
 	*x = TunnelData{}
-	mi := &file_node_proto_msgTypes[23]
+	mi := &file_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2233,7 +2499,7 @@ func (x *TunnelData) String() string {
 func (*TunnelData) ProtoMessage() {}
 
 func (x *TunnelData) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[23]
+	mi := &file_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2246,7 +2512,7 @@ func (x *TunnelData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelData.ProtoReflect.Descriptor instead.
 func (*TunnelData) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{23}
+	return file_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *TunnelData) GetData() []byte {
@@ -2270,7 +2536,7 @@ type TunnelEnd struct {
 
 func (x *TunnelEnd) Reset() {
 	*x = TunnelEnd{}
-	mi := &file_node_proto_msgTypes[24]
+	mi := &file_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2282,7 +2548,7 @@ func (x *TunnelEnd) String() string {
 func (*TunnelEnd) ProtoMessage() {}
 
 func (x *TunnelEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[24]
+	mi := &file_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2295,7 +2561,7 @@ func (x *TunnelEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelEnd.ProtoReflect.Descriptor instead.
 func (*TunnelEnd) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{24}
+	return file_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *TunnelEnd) GetProviderError() string {
@@ -2316,7 +2582,7 @@ type TunnelError struct {
 
 func (x *TunnelError) Reset() {
 	*x = TunnelError{}
-	mi := &file_node_proto_msgTypes[25]
+	mi := &file_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2328,7 +2594,7 @@ func (x *TunnelError) String() string {
 func (*TunnelError) ProtoMessage() {}
 
 func (x *TunnelError) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[25]
+	mi := &file_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2341,7 +2607,7 @@ func (x *TunnelError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelError.ProtoReflect.Descriptor instead.
 func (*TunnelError) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{25}
+	return file_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *TunnelError) GetMessage() string {
@@ -2363,20 +2629,23 @@ var File_node_proto protoreflect.FileDescriptor
 const file_node_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"node.proto\x12\viop.node.v1\"\xb7\x02\n" +
+	"node.proto\x12\viop.node.v1\"\xf3\x02\n" +
 	"\vNodeMessage\x12*\n" +
 	"\x05hello\x18\x01 \x01(\v2\x12.iop.node.v1.HelloH\x00R\x05hello\x126\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x16.iop.node.v1.HeartbeatH\x00R\theartbeat\x12F\n" +
 	"\x0fprovider_update\x18\x03 \x01(\v2\x1b.iop.node.v1.ProviderUpdateH\x00R\x0eproviderUpdate\x12I\n" +
 	"\x10dispatch_refused\x18\x04 \x01(\v2\x1c.iop.node.v1.DispatchRefusedH\x00R\x0fdispatchRefused\x12*\n" +
-	"\x05drain\x18\x05 \x01(\v2\x12.iop.node.v1.DrainH\x00R\x05drainB\x05\n" +
-	"\x03msg\"\xa4\x02\n" +
+	"\x05drain\x18\x05 \x01(\v2\x12.iop.node.v1.DrainH\x00R\x05drain\x12:\n" +
+	"\vruns_report\x18\x06 \x01(\v2\x17.iop.node.v1.RunsReportH\x00R\n" +
+	"runsReportB\x05\n" +
+	"\x03msg\"\xe3\x02\n" +
 	"\vEdgeMessage\x120\n" +
 	"\awelcome\x18\x01 \x01(\v2\x14.iop.node.v1.WelcomeH\x00R\awelcome\x126\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x16.iop.node.v1.HeartbeatH\x00R\theartbeat\x123\n" +
 	"\bdispatch\x18\x03 \x01(\v2\x15.iop.node.v1.DispatchH\x00R\bdispatch\x12-\n" +
 	"\x06cancel\x18\x04 \x01(\v2\x13.iop.node.v1.CancelH\x00R\x06cancel\x12@\n" +
-	"\rhello_refused\x18\x05 \x01(\v2\x19.iop.node.v1.HelloRefusedH\x00R\fhelloRefusedB\x05\n" +
+	"\rhello_refused\x18\x05 \x01(\v2\x19.iop.node.v1.HelloRefusedH\x00R\fhelloRefused\x12=\n" +
+	"\fruns_request\x18\x06 \x01(\v2\x18.iop.node.v1.RunsRequestH\x00R\vrunsRequestB\x05\n" +
 	"\x03msg\"\xe8\x01\n" +
 	"\x05Hello\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
@@ -2420,9 +2689,24 @@ const file_node_proto_rawDesc = "" +
 	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\x12\x1a\n" +
 	"\bfeatures\x18\x03 \x03(\tR\bfeatures\"&\n" +
 	"\fHelloRefused\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason\"(\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"q\n" +
 	"\tHeartbeat\x12\x1b\n" +
-	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano\"\x92\x02\n" +
+	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano\x12,\n" +
+	"\x04runs\x18\x02 \x03(\v2\x18.iop.node.v1.RunInFlightR\x04runs\x12\x19\n" +
+	"\bruns_set\x18\x03 \x01(\bR\arunsSet\"\x8a\x01\n" +
+	"\vRunInFlight\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1f\n" +
+	"\vprovider_id\x18\x02 \x01(\tR\n" +
+	"providerId\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\x12\x19\n" +
+	"\blease_id\x18\x04 \x01(\x04R\aleaseId\x12\x12\n" +
+	"\x04long\x18\x05 \x01(\bR\x04long\"#\n" +
+	"\vRunsRequest\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\"P\n" +
+	"\n" +
+	"RunsReport\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\x12,\n" +
+	"\x04runs\x18\x02 \x03(\v2\x18.iop.node.v1.RunInFlightR\x04runs\"\x92\x02\n" +
 	"\x0eProviderUpdate\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
 	"providerId\x12\x18\n" +
@@ -2434,7 +2718,7 @@ const file_node_proto_rawDesc = "" +
 	"\x06models\x18\x06 \x03(\tR\x06models\x12M\n" +
 	"\x12model_capabilities\x18\a \x03(\v2\x1e.iop.node.v1.ModelCapabilitiesR\x11modelCapabilities\"\x1f\n" +
 	"\x05Drain\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xd9\x04\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"\x9e\x05\n" +
 	"\bDispatch\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1f\n" +
 	"\vprovider_id\x18\x02 \x01(\tR\n" +
@@ -2449,7 +2733,10 @@ const file_node_proto_rawDesc = "" +
 	"bodyInline\x12#\n" +
 	"\rollama_fields\x18\n" +
 	" \x01(\fR\follamaFields\x12L\n" +
-	"\rtrace_context\x18\x0e \x03(\v2'.iop.node.v1.Dispatch.TraceContextEntryR\ftraceContext\x1a:\n" +
+	"\rtrace_context\x18\x0e \x03(\v2'.iop.node.v1.Dispatch.TraceContextEntryR\ftraceContext\x12\x14\n" +
+	"\x05epoch\x18\v \x01(\x03R\x05epoch\x12\x19\n" +
+	"\blease_id\x18\f \x01(\x04R\aleaseId\x12\x12\n" +
+	"\x04long\x18\r \x01(\bR\x04long\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
@@ -2570,7 +2857,7 @@ func file_node_proto_rawDescGZIP() []byte {
 }
 
 var file_node_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_node_proto_goTypes = []any{
 	(ExecutionPath)(0),        // 0: iop.node.v1.ExecutionPath
 	(Operation)(0),            // 1: iop.node.v1.Operation
@@ -2584,71 +2871,78 @@ var file_node_proto_goTypes = []any{
 	(*Welcome)(nil),           // 9: iop.node.v1.Welcome
 	(*HelloRefused)(nil),      // 10: iop.node.v1.HelloRefused
 	(*Heartbeat)(nil),         // 11: iop.node.v1.Heartbeat
-	(*ProviderUpdate)(nil),    // 12: iop.node.v1.ProviderUpdate
-	(*Drain)(nil),             // 13: iop.node.v1.Drain
-	(*Dispatch)(nil),          // 14: iop.node.v1.Dispatch
-	(*DispatchRefused)(nil),   // 15: iop.node.v1.DispatchRefused
-	(*Cancel)(nil),            // 16: iop.node.v1.Cancel
-	(*RunUp)(nil),             // 17: iop.node.v1.RunUp
-	(*RunDown)(nil),           // 18: iop.node.v1.RunDown
-	(*RunOpen)(nil),           // 19: iop.node.v1.RunOpen
-	(*Body)(nil),              // 20: iop.node.v1.Body
-	(*RunEvents)(nil),         // 21: iop.node.v1.RunEvents
-	(*RunEvent)(nil),          // 22: iop.node.v1.RunEvent
-	(*ToolCallDelta)(nil),     // 23: iop.node.v1.ToolCallDelta
-	(*Embedding)(nil),         // 24: iop.node.v1.Embedding
-	(*TunnelHead)(nil),        // 25: iop.node.v1.TunnelHead
-	(*TunnelData)(nil),        // 26: iop.node.v1.TunnelData
-	(*TunnelEnd)(nil),         // 27: iop.node.v1.TunnelEnd
-	(*TunnelError)(nil),       // 28: iop.node.v1.TunnelError
-	nil,                       // 29: iop.node.v1.Dispatch.HeadersEntry
-	nil,                       // 30: iop.node.v1.Dispatch.TraceContextEntry
-	nil,                       // 31: iop.node.v1.TunnelHead.HeadersEntry
+	(*RunInFlight)(nil),       // 12: iop.node.v1.RunInFlight
+	(*RunsRequest)(nil),       // 13: iop.node.v1.RunsRequest
+	(*RunsReport)(nil),        // 14: iop.node.v1.RunsReport
+	(*ProviderUpdate)(nil),    // 15: iop.node.v1.ProviderUpdate
+	(*Drain)(nil),             // 16: iop.node.v1.Drain
+	(*Dispatch)(nil),          // 17: iop.node.v1.Dispatch
+	(*DispatchRefused)(nil),   // 18: iop.node.v1.DispatchRefused
+	(*Cancel)(nil),            // 19: iop.node.v1.Cancel
+	(*RunUp)(nil),             // 20: iop.node.v1.RunUp
+	(*RunDown)(nil),           // 21: iop.node.v1.RunDown
+	(*RunOpen)(nil),           // 22: iop.node.v1.RunOpen
+	(*Body)(nil),              // 23: iop.node.v1.Body
+	(*RunEvents)(nil),         // 24: iop.node.v1.RunEvents
+	(*RunEvent)(nil),          // 25: iop.node.v1.RunEvent
+	(*ToolCallDelta)(nil),     // 26: iop.node.v1.ToolCallDelta
+	(*Embedding)(nil),         // 27: iop.node.v1.Embedding
+	(*TunnelHead)(nil),        // 28: iop.node.v1.TunnelHead
+	(*TunnelData)(nil),        // 29: iop.node.v1.TunnelData
+	(*TunnelEnd)(nil),         // 30: iop.node.v1.TunnelEnd
+	(*TunnelError)(nil),       // 31: iop.node.v1.TunnelError
+	nil,                       // 32: iop.node.v1.Dispatch.HeadersEntry
+	nil,                       // 33: iop.node.v1.Dispatch.TraceContextEntry
+	nil,                       // 34: iop.node.v1.TunnelHead.HeadersEntry
 }
 var file_node_proto_depIdxs = []int32{
 	5,  // 0: iop.node.v1.NodeMessage.hello:type_name -> iop.node.v1.Hello
 	11, // 1: iop.node.v1.NodeMessage.heartbeat:type_name -> iop.node.v1.Heartbeat
-	12, // 2: iop.node.v1.NodeMessage.provider_update:type_name -> iop.node.v1.ProviderUpdate
-	15, // 3: iop.node.v1.NodeMessage.dispatch_refused:type_name -> iop.node.v1.DispatchRefused
-	13, // 4: iop.node.v1.NodeMessage.drain:type_name -> iop.node.v1.Drain
-	9,  // 5: iop.node.v1.EdgeMessage.welcome:type_name -> iop.node.v1.Welcome
-	11, // 6: iop.node.v1.EdgeMessage.heartbeat:type_name -> iop.node.v1.Heartbeat
-	14, // 7: iop.node.v1.EdgeMessage.dispatch:type_name -> iop.node.v1.Dispatch
-	16, // 8: iop.node.v1.EdgeMessage.cancel:type_name -> iop.node.v1.Cancel
-	10, // 9: iop.node.v1.EdgeMessage.hello_refused:type_name -> iop.node.v1.HelloRefused
-	6,  // 10: iop.node.v1.Hello.providers:type_name -> iop.node.v1.Provider
-	0,  // 11: iop.node.v1.Provider.execution_path:type_name -> iop.node.v1.ExecutionPath
-	7,  // 12: iop.node.v1.Provider.model_capabilities:type_name -> iop.node.v1.ModelCapabilities
-	8,  // 13: iop.node.v1.ModelCapabilities.details:type_name -> iop.node.v1.ModelDetails
-	7,  // 14: iop.node.v1.ProviderUpdate.model_capabilities:type_name -> iop.node.v1.ModelCapabilities
-	0,  // 15: iop.node.v1.Dispatch.execution_path:type_name -> iop.node.v1.ExecutionPath
-	1,  // 16: iop.node.v1.Dispatch.operation:type_name -> iop.node.v1.Operation
-	29, // 17: iop.node.v1.Dispatch.headers:type_name -> iop.node.v1.Dispatch.HeadersEntry
-	30, // 18: iop.node.v1.Dispatch.trace_context:type_name -> iop.node.v1.Dispatch.TraceContextEntry
-	19, // 19: iop.node.v1.RunUp.open:type_name -> iop.node.v1.RunOpen
-	21, // 20: iop.node.v1.RunUp.events:type_name -> iop.node.v1.RunEvents
-	25, // 21: iop.node.v1.RunUp.tunnel_head:type_name -> iop.node.v1.TunnelHead
-	26, // 22: iop.node.v1.RunUp.tunnel_data:type_name -> iop.node.v1.TunnelData
-	27, // 23: iop.node.v1.RunUp.tunnel_end:type_name -> iop.node.v1.TunnelEnd
-	28, // 24: iop.node.v1.RunUp.tunnel_error:type_name -> iop.node.v1.TunnelError
-	15, // 25: iop.node.v1.RunUp.refused:type_name -> iop.node.v1.DispatchRefused
-	20, // 26: iop.node.v1.RunDown.body:type_name -> iop.node.v1.Body
-	16, // 27: iop.node.v1.RunDown.cancel:type_name -> iop.node.v1.Cancel
-	14, // 28: iop.node.v1.RunDown.dispatch:type_name -> iop.node.v1.Dispatch
-	22, // 29: iop.node.v1.RunEvents.events:type_name -> iop.node.v1.RunEvent
-	2,  // 30: iop.node.v1.RunEvent.type:type_name -> iop.node.v1.RunEvent.Type
-	24, // 31: iop.node.v1.RunEvent.embeddings:type_name -> iop.node.v1.Embedding
-	23, // 32: iop.node.v1.RunEvent.tool_calls:type_name -> iop.node.v1.ToolCallDelta
-	31, // 33: iop.node.v1.TunnelHead.headers:type_name -> iop.node.v1.TunnelHead.HeadersEntry
-	3,  // 34: iop.node.v1.NodeGateway.Connect:input_type -> iop.node.v1.NodeMessage
-	17, // 35: iop.node.v1.NodeGateway.Run:input_type -> iop.node.v1.RunUp
-	4,  // 36: iop.node.v1.NodeGateway.Connect:output_type -> iop.node.v1.EdgeMessage
-	18, // 37: iop.node.v1.NodeGateway.Run:output_type -> iop.node.v1.RunDown
-	36, // [36:38] is the sub-list for method output_type
-	34, // [34:36] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	15, // 2: iop.node.v1.NodeMessage.provider_update:type_name -> iop.node.v1.ProviderUpdate
+	18, // 3: iop.node.v1.NodeMessage.dispatch_refused:type_name -> iop.node.v1.DispatchRefused
+	16, // 4: iop.node.v1.NodeMessage.drain:type_name -> iop.node.v1.Drain
+	14, // 5: iop.node.v1.NodeMessage.runs_report:type_name -> iop.node.v1.RunsReport
+	9,  // 6: iop.node.v1.EdgeMessage.welcome:type_name -> iop.node.v1.Welcome
+	11, // 7: iop.node.v1.EdgeMessage.heartbeat:type_name -> iop.node.v1.Heartbeat
+	17, // 8: iop.node.v1.EdgeMessage.dispatch:type_name -> iop.node.v1.Dispatch
+	19, // 9: iop.node.v1.EdgeMessage.cancel:type_name -> iop.node.v1.Cancel
+	10, // 10: iop.node.v1.EdgeMessage.hello_refused:type_name -> iop.node.v1.HelloRefused
+	13, // 11: iop.node.v1.EdgeMessage.runs_request:type_name -> iop.node.v1.RunsRequest
+	6,  // 12: iop.node.v1.Hello.providers:type_name -> iop.node.v1.Provider
+	0,  // 13: iop.node.v1.Provider.execution_path:type_name -> iop.node.v1.ExecutionPath
+	7,  // 14: iop.node.v1.Provider.model_capabilities:type_name -> iop.node.v1.ModelCapabilities
+	8,  // 15: iop.node.v1.ModelCapabilities.details:type_name -> iop.node.v1.ModelDetails
+	12, // 16: iop.node.v1.Heartbeat.runs:type_name -> iop.node.v1.RunInFlight
+	12, // 17: iop.node.v1.RunsReport.runs:type_name -> iop.node.v1.RunInFlight
+	7,  // 18: iop.node.v1.ProviderUpdate.model_capabilities:type_name -> iop.node.v1.ModelCapabilities
+	0,  // 19: iop.node.v1.Dispatch.execution_path:type_name -> iop.node.v1.ExecutionPath
+	1,  // 20: iop.node.v1.Dispatch.operation:type_name -> iop.node.v1.Operation
+	32, // 21: iop.node.v1.Dispatch.headers:type_name -> iop.node.v1.Dispatch.HeadersEntry
+	33, // 22: iop.node.v1.Dispatch.trace_context:type_name -> iop.node.v1.Dispatch.TraceContextEntry
+	22, // 23: iop.node.v1.RunUp.open:type_name -> iop.node.v1.RunOpen
+	24, // 24: iop.node.v1.RunUp.events:type_name -> iop.node.v1.RunEvents
+	28, // 25: iop.node.v1.RunUp.tunnel_head:type_name -> iop.node.v1.TunnelHead
+	29, // 26: iop.node.v1.RunUp.tunnel_data:type_name -> iop.node.v1.TunnelData
+	30, // 27: iop.node.v1.RunUp.tunnel_end:type_name -> iop.node.v1.TunnelEnd
+	31, // 28: iop.node.v1.RunUp.tunnel_error:type_name -> iop.node.v1.TunnelError
+	18, // 29: iop.node.v1.RunUp.refused:type_name -> iop.node.v1.DispatchRefused
+	23, // 30: iop.node.v1.RunDown.body:type_name -> iop.node.v1.Body
+	19, // 31: iop.node.v1.RunDown.cancel:type_name -> iop.node.v1.Cancel
+	17, // 32: iop.node.v1.RunDown.dispatch:type_name -> iop.node.v1.Dispatch
+	25, // 33: iop.node.v1.RunEvents.events:type_name -> iop.node.v1.RunEvent
+	2,  // 34: iop.node.v1.RunEvent.type:type_name -> iop.node.v1.RunEvent.Type
+	27, // 35: iop.node.v1.RunEvent.embeddings:type_name -> iop.node.v1.Embedding
+	26, // 36: iop.node.v1.RunEvent.tool_calls:type_name -> iop.node.v1.ToolCallDelta
+	34, // 37: iop.node.v1.TunnelHead.headers:type_name -> iop.node.v1.TunnelHead.HeadersEntry
+	3,  // 38: iop.node.v1.NodeGateway.Connect:input_type -> iop.node.v1.NodeMessage
+	20, // 39: iop.node.v1.NodeGateway.Run:input_type -> iop.node.v1.RunUp
+	4,  // 40: iop.node.v1.NodeGateway.Connect:output_type -> iop.node.v1.EdgeMessage
+	21, // 41: iop.node.v1.NodeGateway.Run:output_type -> iop.node.v1.RunDown
+	40, // [40:42] is the sub-list for method output_type
+	38, // [38:40] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_node_proto_init() }
@@ -2662,6 +2956,7 @@ func file_node_proto_init() {
 		(*NodeMessage_ProviderUpdate)(nil),
 		(*NodeMessage_DispatchRefused)(nil),
 		(*NodeMessage_Drain)(nil),
+		(*NodeMessage_RunsReport)(nil),
 	}
 	file_node_proto_msgTypes[1].OneofWrappers = []any{
 		(*EdgeMessage_Welcome)(nil),
@@ -2669,8 +2964,9 @@ func file_node_proto_init() {
 		(*EdgeMessage_Dispatch)(nil),
 		(*EdgeMessage_Cancel)(nil),
 		(*EdgeMessage_HelloRefused)(nil),
+		(*EdgeMessage_RunsRequest)(nil),
 	}
-	file_node_proto_msgTypes[14].OneofWrappers = []any{
+	file_node_proto_msgTypes[17].OneofWrappers = []any{
 		(*RunUp_Open)(nil),
 		(*RunUp_Events)(nil),
 		(*RunUp_TunnelHead)(nil),
@@ -2679,7 +2975,7 @@ func file_node_proto_init() {
 		(*RunUp_TunnelError)(nil),
 		(*RunUp_Refused)(nil),
 	}
-	file_node_proto_msgTypes[15].OneofWrappers = []any{
+	file_node_proto_msgTypes[18].OneofWrappers = []any{
 		(*RunDown_Body)(nil),
 		(*RunDown_Cancel)(nil),
 		(*RunDown_Dispatch)(nil),
@@ -2690,7 +2986,7 @@ func file_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_proto_rawDesc), len(file_node_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   29,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

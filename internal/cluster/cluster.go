@@ -1,0 +1,413 @@
+// Package cluster elects one scheduler leader among several edges on etcd.
+//
+// Edges given a cluster configuration (Config) campaign for leadership with
+// go.etcd.io/etcd/client/v3/concurrency: each holds a Session on an etcd
+// lease of SessionTTL, and Election.Campaign puts the edge's advertise
+// address (the gRPC address of its admission service) under the election
+// prefix. The edge whose key has the lowest create revision is the leader,
+// and that revision is its epoch: a fencing token that only grows, beside
+// node generations. Every edge observes the election (Election.Observe), so
+// a follower always knows the current leader's address and epoch.
+//
+// When the leader's session expires (its process died, or it lost etcd for
+// SessionTTL) or it resigns, the key goes and the next campaigner is
+// elected with a higher epoch. An edge whose session ended steps down at
+// once (State.Leader false), opens a new session and campaigns again: a
+// deposed leader that comes back finds a higher epoch and follows.
+//
+// # Concurrency
+//
+// An Elector runs two goroutines (campaign, observe) until Close. State is
+// published through an atomic pointer: State() takes no lock and never
+// blocks; Changes is closed and replaced at every change of State.
+package cluster
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.uber.org/zap"
+)
+
+// DefaultSessionTTL is a session's lease TTL when Config.SessionTTL is 0.
+const DefaultSessionTTL = 5 * time.Second
+
+// DefaultPrefix is the election's key prefix when Config.Prefix is "".
+const DefaultPrefix = "/iop/scheduler/leader"
+
+// Config is an edge's `cluster:` section.
+//
+//	cluster:
+//	  etcd: [https://etcd-1:2379, https://etcd-2:2379, https://etcd-3:2379]
+//	  name: edge-1                 # unique per edge
+//	  advertise: 10.0.0.11:7071    # where other edges reach this edge's admission service
+//	  listen: 0.0.0.0:7071         # admission service listener; default: advertise
+//	  session_ttl: 5s
+//	  etcd_ca: /etc/iop/etcd-ca.pem
+//	  etcd_cert: /etc/iop/etcd-client.pem
+//	  etcd_key: /etc/iop/etcd-client-key.pem
+//	  etcd_username: iop
+//	  etcd_password: secret
+type Config struct {
+	// Etcd are the etcd client endpoints (URLs); at least one.
+	Etcd []string `yaml:"etcd"`
+	// Name names this edge in the cluster (logs, the leader's view of its
+	// followers); unique per edge, required.
+	Name string `yaml:"name"`
+	// Advertise is the host:port other edges dial for this edge's
+	// admission service (gRPC) when it leads; required.
+	Advertise string `yaml:"advertise"`
+	// Listen is the admission service's listen address; default Advertise.
+	Listen string `yaml:"listen"`
+	// SessionTTL is the etcd lease TTL of this edge's session: a leader
+	// that dies is replaced within about this long; default 5s, at least 1s.
+	SessionTTL time.Duration `yaml:"session_ttl"`
+	// Prefix is the election's etcd key prefix; default
+	// /iop/scheduler/leader. Edges of one cluster share it.
+	Prefix string `yaml:"prefix"`
+	// EtcdCA, EtcdCert and EtcdKey are PEM files for TLS to etcd: the CA
+	// etcd's certificates chain to, and this edge's client certificate and
+	// key (both or neither). Any set, with https:// endpoints, means TLS.
+	EtcdCA   string `yaml:"etcd_ca"`
+	EtcdCert string `yaml:"etcd_cert"`
+	EtcdKey  string `yaml:"etcd_key"`
+	// EtcdUsername and EtcdPassword authenticate to etcd (etcd's auth);
+	// both empty: none.
+	EtcdUsername string `yaml:"etcd_username"`
+	EtcdPassword string `yaml:"etcd_password"`
+}
+
+// SetDefaults fills the zero fields with their defaults.
+func (c *Config) SetDefaults() {
+	if c.SessionTTL == 0 {
+		c.SessionTTL = DefaultSessionTTL
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if c.Listen == "" {
+		c.Listen = c.Advertise
+	}
+}
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	switch {
+	case len(c.Etcd) == 0:
+		return errors.New("cluster.etcd: at least one endpoint")
+	case c.Name == "":
+		return errors.New("cluster.name is required")
+	case c.Advertise == "":
+		return errors.New("cluster.advertise is required")
+	case c.SessionTTL != 0 && c.SessionTTL < time.Second:
+		return fmt.Errorf("cluster.session_ttl %s: at least 1s", c.SessionTTL)
+	case (c.EtcdCert == "") != (c.EtcdKey == ""):
+		return errors.New("cluster.etcd_cert and cluster.etcd_key go together")
+	case (c.EtcdUsername == "") != (c.EtcdPassword == ""):
+		return errors.New("cluster.etcd_username and cluster.etcd_password go together")
+	}
+	return nil
+}
+
+// clientConfig is the etcd client configuration of c.
+func (c Config) clientConfig() (clientv3.Config, error) {
+	cc := clientv3.Config{
+		Endpoints:            c.Etcd,
+		DialTimeout:          5 * time.Second,
+		DialKeepAliveTime:    2 * time.Second,
+		DialKeepAliveTimeout: 2 * time.Second,
+		Username:             c.EtcdUsername,
+		Password:             c.EtcdPassword,
+		Logger:               zap.NewNop(),
+	}
+	if c.EtcdCA != "" || c.EtcdCert != "" {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12}
+		if c.EtcdCA != "" {
+			pem, err := os.ReadFile(c.EtcdCA)
+			if err != nil {
+				return cc, fmt.Errorf("cluster.etcd_ca: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return cc, fmt.Errorf("cluster.etcd_ca %s: no certificate", c.EtcdCA)
+			}
+			tc.RootCAs = pool
+		}
+		if c.EtcdCert != "" {
+			cert, err := tls.LoadX509KeyPair(c.EtcdCert, c.EtcdKey)
+			if err != nil {
+				return cc, fmt.Errorf("cluster.etcd_cert/etcd_key: %w", err)
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+		cc.TLS = tc
+	}
+	return cc, nil
+}
+
+// State is what an edge knows of the election at one instant.
+type State struct {
+	// Leader: this edge leads, at Epoch.
+	Leader bool
+	// Epoch is the current leader's election revision (0: no leader known).
+	Epoch int64
+	// LeaderAddr is the current leader's advertise address ("" if none).
+	LeaderAddr string
+}
+
+// Elector campaigns for one edge and follows the election. Create it with
+// Start; Close ends it (resigning if it leads).
+type Elector struct {
+	cfg    Config
+	log    *slog.Logger
+	cli    *clientv3.Client
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	state atomic.Pointer[State]
+	mu    sync.Mutex    // guards changed and the writes of state
+	ch    chan struct{} // closed at the next change
+	own   int64         // epoch of this edge's current leadership (0: none); guarded by mu
+	seen  int64         // highest epoch observed; guarded by mu
+}
+
+// Start connects to etcd and begins campaigning. It returns at once; the
+// first leader shows in State when elected.
+func Start(cfg Config, log *slog.Logger) (*Elector, error) {
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cc, err := cfg.clientConfig()
+	if err != nil {
+		return nil, err
+	}
+	cli, err := clientv3.New(cc)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: etcd client: %w", err)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	e := &Elector{cfg: cfg, log: log, cli: cli, ch: make(chan struct{})}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.state.Store(&State{})
+	e.wg.Add(2)
+	go e.campaignLoop()
+	go e.observeLoop()
+	return e, nil
+}
+
+// State is the current state; it never blocks.
+func (e *Elector) State() State { return *e.state.Load() }
+
+// Changes is closed at the next change of State.
+func (e *Elector) Changes() <-chan struct{} {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.ch
+}
+
+// Name is this edge's cluster name.
+func (e *Elector) Name() string { return e.cfg.Name }
+
+// WaitLeader waits until some leader is known (any edge), or ctx ends.
+func (e *Elector) WaitLeader(ctx context.Context) (State, error) {
+	for {
+		ch := e.Changes()
+		if st := e.State(); st.Epoch != 0 {
+			return st, nil
+		}
+		select {
+		case <-ctx.Done():
+			return State{}, ctx.Err()
+		case <-ch:
+		}
+	}
+}
+
+// publish recomputes the state from own and the observed leader.
+func (e *Elector) publishLocked(epoch int64, addr string) {
+	st := State{Epoch: epoch, LeaderAddr: addr}
+	st.Leader = e.own != 0 && e.own == epoch
+	if old := e.state.Load(); *old == st {
+		return
+	}
+	e.state.Store(&st)
+	close(e.ch)
+	e.ch = make(chan struct{})
+	e.log.Info("cluster election", "edge", e.cfg.Name, "leader", st.Leader, "epoch", st.Epoch, "leader_addr", st.LeaderAddr)
+}
+
+func (e *Elector) campaignLoop() {
+	defer e.wg.Done()
+	backoff := 100 * time.Millisecond
+	for e.ctx.Err() == nil {
+		if err := e.campaignOnce(); err != nil && e.ctx.Err() == nil {
+			e.log.Warn("cluster campaign", "edge", e.cfg.Name, "error", err)
+			select {
+			case <-e.ctx.Done():
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+	}
+}
+
+// campaignOnce opens a session, campaigns until elected, then holds the
+// leadership until the session ends or Close.
+func (e *Elector) campaignOnce() error {
+	ttl := int(e.cfg.SessionTTL / time.Second)
+	sess, err := concurrency.NewSession(e.cli, concurrency.WithTTL(ttl), concurrency.WithContext(e.ctx))
+	if err != nil {
+		return err
+	}
+	defer sess.Close() // revokes the lease: the next campaigner is elected at once
+	el := concurrency.NewElection(sess, e.cfg.Prefix)
+	cctx, ccancel := context.WithCancel(e.ctx)
+	go func() {
+		select {
+		case <-sess.Done():
+			ccancel()
+		case <-cctx.Done():
+		}
+	}()
+	defer ccancel()
+	if err := el.Campaign(cctx, e.cfg.Advertise); err != nil {
+		return err
+	}
+	epoch := el.Rev()
+	e.mu.Lock()
+	e.own = epoch
+	if epoch >= e.seen {
+		e.seen = epoch
+		e.publishLocked(epoch, e.cfg.Advertise)
+	} else {
+		e.own = 0 // a newer leader was seen first: never lead an old epoch
+	}
+	e.mu.Unlock()
+	select {
+	case <-sess.Done():
+		e.log.Warn("cluster session lost: stepping down", "edge", e.cfg.Name, "epoch", epoch)
+	case <-e.ctx.Done():
+		rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = el.Resign(rctx)
+		rcancel()
+	}
+	e.mu.Lock()
+	e.own = 0
+	st := e.State()
+	if st.Leader {
+		// Until the observer sees the next leader, none is known.
+		e.publishLocked(0, "")
+	}
+	e.mu.Unlock()
+	return nil
+}
+
+func (e *Elector) observeLoop() {
+	defer e.wg.Done()
+	for e.ctx.Err() == nil {
+		if err := e.observeOnce(); err != nil && e.ctx.Err() == nil {
+			e.log.Warn("cluster observe", "edge", e.cfg.Name, "error", err)
+			select {
+			case <-e.ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// observeOnce publishes the current leader (the election key with the
+// lowest create revision), then waits until it is deleted (publishing "no
+// leader" unless this edge leads) or a first one is put.
+func (e *Elector) observeOnce() error {
+	resp, err := e.cli.Get(e.ctx, e.cfg.Prefix+"/", clientv3.WithFirstCreate()...)
+	if err != nil {
+		return err
+	}
+	octx, cancel := context.WithCancel(e.ctx)
+	defer cancel()
+	if len(resp.Kvs) == 0 {
+		e.seeLeader(0, "")
+		wch := e.cli.Watch(octx, e.cfg.Prefix+"/", clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+		for wr := range wch {
+			if err := wr.Err(); err != nil {
+				return err
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypePut {
+					return nil // read again: the first-created key leads
+				}
+			}
+		}
+		return errors.New("watch closed")
+	}
+	kv := resp.Kvs[0]
+	e.seeLeader(kv.CreateRevision, string(kv.Value))
+	wch := e.cli.Watch(octx, string(kv.Key), clientv3.WithRev(resp.Header.Revision+1))
+	for wr := range wch {
+		if err := wr.Err(); err != nil {
+			return err
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == clientv3.EventTypeDelete {
+				e.seeLeader(0, "")
+				return nil
+			}
+		}
+	}
+	return errors.New("watch closed")
+}
+
+// seeLeader publishes an observed leader (epoch 0: none), never going back
+// to an older epoch; while this edge leads, its own leadership stands.
+func (e *Elector) seeLeader(epoch int64, addr string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if epoch == 0 {
+		if e.own == 0 {
+			e.publishLocked(0, "")
+		}
+		return
+	}
+	if epoch < e.seen {
+		return
+	}
+	e.seen = epoch
+	e.publishLocked(epoch, addr)
+}
+
+// Campaigners returns the advertise addresses of every edge campaigning
+// now (the leader's included): the values under the election prefix.
+func (e *Elector) Campaigners(ctx context.Context) ([]string, error) {
+	resp, err := e.cli.Get(ctx, e.cfg.Prefix+"/", clientv3.WithPrefix())
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		out = append(out, string(kv.Value))
+	}
+	return out, nil
+}
+
+// Close resigns (if leading), stops campaigning and closes the etcd client.
+func (e *Elector) Close() error {
+	e.cancel()
+	e.wg.Wait()
+	return e.cli.Close()
+}

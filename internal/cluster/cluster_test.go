@@ -1,0 +1,154 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"iop/internal/testenv/etcdtest"
+)
+
+// waitState polls (every 20 ms, up to 30 s) until cond holds over the
+// states of es.
+func waitState(t *testing.T, what string, es []*Elector, cond func([]State) bool) []State {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		sts := make([]State, len(es))
+		for i, e := range es {
+			sts[i] = e.State()
+		}
+		if cond(sts) {
+			return sts
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 30s; states %+v", what, sts)
+		}
+		select {
+		case <-es[0].Changes():
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// oneLeader: exactly one elector leads and every elector names it at the
+// same epoch.
+func oneLeader(sts []State) bool {
+	leaders := 0
+	for _, s := range sts {
+		if s.Leader {
+			leaders++
+		}
+		if s.Epoch == 0 || s.Epoch != sts[0].Epoch || s.LeaderAddr != sts[0].LeaderAddr {
+			return false
+		}
+	}
+	return leaders == 1
+}
+
+func leaderOf(sts []State) int {
+	for i, s := range sts {
+		if s.Leader {
+			return i
+		}
+	}
+	return -1
+}
+
+func start(t *testing.T, endpoints []string, n int) []*Elector {
+	t.Helper()
+	var es []*Elector
+	for i := range n {
+		e, err := Start(Config{Etcd: endpoints, Name: fmt.Sprintf("edge-%d", i+1), Advertise: fmt.Sprintf("127.0.0.1:%d", 17000+i), SessionTTL: 2 * time.Second}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		es = append(es, e)
+	}
+	t.Cleanup(func() {
+		for _, e := range es {
+			_ = e.Close()
+		}
+	})
+	return es
+}
+
+// TestElection: three edges elect exactly one leader, which every edge
+// names at one epoch; when the leader stops another is elected at a
+// higher epoch; with one etcd member killed the election goes on; an edge
+// whose session was lost (its lease revoked, as when it expires) steps
+// down at once and follows the next leader, at a higher epoch.
+func TestElection(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	es := start(t, etcd.Endpoints(), 3)
+	sts := waitState(t, "one leader", es, oneLeader)
+	first, epoch := leaderOf(sts), sts[0].Epoch
+	if sts[0].LeaderAddr != es[first].cfg.Advertise {
+		t.Fatalf("leader address %q, want the leader's advertise %q", sts[0].LeaderAddr, es[first].cfg.Advertise)
+	}
+
+	// The leader stops: another is elected, at a higher epoch.
+	rest := append(append([]*Elector{}, es[:first]...), es[first+1:]...)
+	if err := es[first].Close(); err != nil {
+		t.Fatal(err)
+	}
+	sts = waitState(t, "a new leader after the first stopped", rest, func(s []State) bool { return oneLeader(s) && s[0].Epoch > epoch })
+	epoch = sts[0].Epoch
+
+	// One etcd member down: the cluster keeps going.
+	etcd.Kill(0)
+	second := rest[leaderOf(sts)]
+	cli, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints()[1:], DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, DefaultPrefix+"/", clientv3.WithFirstCreate()...)
+	if err != nil || len(resp.Kvs) == 0 {
+		t.Fatalf("leader key: %v %v", resp, err)
+	}
+	// The leader's session is lost (its lease revoked): it steps down, and
+	// the other is elected at a higher epoch; the old one follows it.
+	if _, err := cli.Revoke(ctx, clientv3.LeaseID(resp.Kvs[0].Lease)); err != nil {
+		t.Fatal(err)
+	}
+	sts = waitState(t, "a new leader after the session loss", rest, func(s []State) bool {
+		return oneLeader(s) && s[0].Epoch > epoch && !s[leaderIndex(rest, second)].Leader
+	})
+	if sts[0].Epoch <= epoch {
+		t.Fatalf("epoch %d after failover, want > %d", sts[0].Epoch, epoch)
+	}
+	etcd.Restart(0)
+}
+
+func leaderIndex(es []*Elector, e *Elector) int {
+	for i := range es {
+		if es[i] == e {
+			return i
+		}
+	}
+	return -1
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, c := range []Config{
+		{},
+		{Etcd: []string{"http://x:2379"}},
+		{Etcd: []string{"http://x:2379"}, Name: "e"},
+		{Etcd: []string{"http://x:2379"}, Name: "e", Advertise: "h:1", SessionTTL: time.Millisecond},
+		{Etcd: []string{"http://x:2379"}, Name: "e", Advertise: "h:1", EtcdCert: "c"},
+		{Etcd: []string{"http://x:2379"}, Name: "e", Advertise: "h:1", EtcdUsername: "u"},
+	} {
+		if c.Validate() == nil {
+			t.Errorf("%+v: valid, want an error", c)
+		}
+	}
+	if err := (Config{Etcd: []string{"http://x:2379"}, Name: "e", Advertise: "h:1"}).Validate(); err != nil {
+		t.Error(err)
+	}
+}

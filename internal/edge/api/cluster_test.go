@@ -1,0 +1,27 @@
+package api
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// TestNoLeaderIs503WithRetryAfter: several edges, and no scheduler leader
+// reachable in time (a follower cut off from it): the client gets 503
+// with Retry-After and the code no_leader, on the OpenAI and Ollama
+// routes alike, never a hang or a 5xx without Retry-After.
+func TestNoLeaderIs503WithRetryAfter(t *testing.T) {
+	for _, route := range []struct{ path, body string }{
+		{"/v1/chat/completions", simpleChat},
+		{"/api/chat", `{"model":"m","messages":[{"role":"user","content":"hello"}]}`},
+	} {
+		env := newEnv(t, Config{}, failWith(fmt.Errorf("%w: none elected within 5s", ErrNoLeader)))
+		resp := env.post(t, route.path, "application/json", route.body)
+		if resp.status != 503 || resp.header.Get("Retry-After") == "" {
+			t.Errorf("%s: %d Retry-After %q, want 503 with Retry-After", route.path, resp.status, resp.header.Get("Retry-After"))
+		}
+		if !strings.Contains(string(resp.body), "leader") {
+			t.Errorf("%s: body %s does not say no leader is reachable", route.path, resp.body)
+		}
+	}
+}

@@ -1,0 +1,1152 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+
+	"iop/internal/cluster"
+	"iop/internal/edge/contract"
+	"iop/internal/scheduler"
+	"iop/internal/wire/clusterv1"
+	"iop/internal/wire/nodev1"
+)
+
+// Several edges, one elected scheduler (Config.Cluster; package cluster).
+//
+// Every edge serves clients and relays their runs over its own node
+// connections; the elected leader alone admits. The leader's own requests
+// admit in its scheduler as a single edge's do. A follower's go to the
+// leader's Admission service (clusterAdmit): the leader runs the same
+// resolver on its own registry, with the follower's needs and excluded
+// (node, provider) pairs, and answers with a lease stamped with its epoch;
+// the follower dispatches over its own connection to the chosen node (one
+// it lacks: it releases and admits again excluding that node, as for a
+// stale generation).
+//
+// Who releases a lease (the leader's scheduler counts them all):
+//   - a leader's own lease: its run, as on a single edge (a fence of its
+//     connection ends the run and the lease);
+//   - a follower's lease: the follower, by lease id, when its run ends
+//     (Release, idempotent; retried until it reaches the leader of that
+//     epoch or the epoch changes). The leader's fence of its OWN connection
+//     to that node never releases it (scheduler.Lease.KeepOnFence): the run
+//     goes on over the follower's connection;
+//   - when the follower's admission session (Follow) ends, its leases
+//     become orphan: the leader releases each once a node heartbeat that
+//     lists the node's runs in flight (node-wide) no longer lists its run,
+//     at least one heartbeat interval after it became orphan;
+//   - a new leader adopts every run the nodes report in flight from older
+//     epochs (scheduler.Adopt), before it admits anything, and releases each
+//     at the follower's Release of its (epoch, lease id) or when the node's
+//     reports no longer list the run. A run is adopted once, by (node, run
+//     id), whatever the number of edges the node reports it to.
+//
+// While no leader is known (or the leader cannot be reached, or is
+// rebuilding), a follower's request waits at most leaderWait, then fails
+// with contract.ErrNoLeader (503 with Retry-After).
+
+// leaderWait bounds how long a request waits for a reachable, ready leader.
+const leaderWait = 5 * time.Second
+
+// rebuildWait bounds how long a new leader waits for the nodes' reports of
+// their runs in flight before it admits.
+const rebuildWait = 3 * time.Second
+
+// Refused codes of the Admission service (clusterv1.Refused.code).
+const (
+	refusedNotLeader = "not_leader"
+	refusedStale     = "stale_epoch"
+	refusedLimited   = "limited"
+)
+
+type leaseKey struct {
+	epoch int64
+	id    uint64
+}
+
+// heldLease is a lease the leader's scheduler holds for another edge's run
+// (or an adopted run of an older epoch).
+type heldLease struct {
+	key    leaseKey
+	l      *scheduler.Lease
+	edge   string // the follower that owns its release; "" adopted
+	node   string
+	runID  string
+	orphan time.Time // non-zero: released by the nodes' reports
+}
+
+// clusterMode is an edge's cluster side; nil without Config.Cluster.
+type clusterMode struct {
+	s    *Service
+	cfg  cluster.Config
+	el   *cluster.Elector
+	name string
+
+	ready atomic.Int64 // the epoch whose rebuild is done (this edge leads it)
+
+	// mu guards the fields below; a leaf: nothing is called while it is
+	// held (the scheduler, Service.mu and the network are called without).
+	mu        sync.Mutex
+	held      map[leaseKey]*heldLease
+	byRun     map[string]*heldLease // node + "\x00" + run id
+	sessions  map[string]int        // follower name → open Follow sessions
+	followed  map[string]int64      // follower advertise → the epoch it opened a session to
+	joined    chan struct{}         // closed and replaced when a follower opens a session
+	reports   map[int64]chan reportOf
+	clients   map[string]*grpc.ClientConn // leader address → connection
+	permitSeq uint64
+	permits   map[uint64]func()
+
+	// keyAdmit, when set (the HTTP layer's keys), takes one request slot
+	// of the named key for a follower (AdmitKey).
+	keyAdmit atomic.Pointer[func(name string) (func(), error)]
+
+	// The follower's waiting admissions, by arrival (resubmit order).
+	qmu      sync.Mutex
+	qseq     uint64
+	tickets  map[uint64]*admitTicket
+	qchanged chan struct{} // closed and replaced at every change of tickets
+
+	stop    chan struct{} // closed by close
+	stopCtx context.Context
+	stopNow context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+type reportOf struct {
+	node string
+	runs []*nodev1.RunInFlight
+}
+
+func newClusterMode(s *Service, cfg cluster.Config) (*clusterMode, error) {
+	el, err := cluster.Start(cfg, s.log)
+	if err != nil {
+		return nil, err
+	}
+	cfg.SetDefaults()
+	cm := &clusterMode{
+		s: s, cfg: cfg, el: el, name: cfg.Name,
+		held:     make(map[leaseKey]*heldLease),
+		byRun:    make(map[string]*heldLease),
+		sessions: make(map[string]int),
+		followed: make(map[string]int64),
+		joined:   make(chan struct{}),
+		tickets:  make(map[uint64]*admitTicket),
+		qchanged: make(chan struct{}),
+		reports:  make(map[int64]chan reportOf),
+		clients:  make(map[string]*grpc.ClientConn),
+		permits:  make(map[uint64]func()),
+		stop:     make(chan struct{}),
+	}
+	cm.stopCtx, cm.stopNow = context.WithCancel(context.Background())
+	cm.wg.Add(2)
+	go cm.leadLoop()
+	go cm.followLoop()
+	return cm, nil
+}
+
+// close stops the election (resigning when leading) and the loops.
+func (cm *clusterMode) close() {
+	select {
+	case <-cm.stop:
+		return
+	default:
+	}
+	close(cm.stop)
+	cm.stopNow()
+	_ = cm.el.Close()
+	cm.wg.Wait()
+	cm.mu.Lock()
+	for _, cc := range cm.clients {
+		_ = cc.Close()
+	}
+	cm.clients = map[string]*grpc.ClientConn{}
+	cm.mu.Unlock()
+}
+
+// leadsReady returns the epoch this edge leads and has rebuilt (0: it does
+// not lead, or is still rebuilding).
+func (cm *clusterMode) leadsReady() int64 {
+	st := cm.el.State()
+	if st.Leader && cm.ready.Load() == st.Epoch {
+		return st.Epoch
+	}
+	return 0
+}
+
+// leadLoop rebuilds the lease table each time this edge is elected.
+func (cm *clusterMode) leadLoop() {
+	defer cm.wg.Done()
+	var led int64
+	for {
+		ch := cm.el.Changes()
+		st := cm.el.State()
+		if st.Leader && st.Epoch != led {
+			led = st.Epoch
+			cm.rebuild(st.Epoch)
+			cm.ready.Store(st.Epoch)
+			cm.s.log.Info("cluster leader ready", "edge", cm.name, "epoch", st.Epoch)
+			cm.s.reg.notify()
+		} else if !st.Leader {
+			led = 0
+			cm.ready.Store(0)
+		}
+		select {
+		case <-cm.stop:
+			return
+		case <-ch:
+		}
+	}
+}
+
+// rebuild asks every connected node for its runs in flight and adopts each
+// run of an older epoch not yet counted, before this leader admits.
+func (cm *clusterMode) rebuild(epoch int64) {
+	ch := make(chan reportOf, 64)
+	cm.mu.Lock()
+	cm.reports[epoch] = ch
+	cm.mu.Unlock()
+	defer func() {
+		cm.mu.Lock()
+		delete(cm.reports, epoch)
+		cm.mu.Unlock()
+	}()
+	want := map[string]bool{}
+	for node, cs := range cm.s.reg.load().nodes.all() {
+		if cs.c.enqueue(&nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_RunsRequest{RunsRequest: &nodev1.RunsRequest{Epoch: epoch}}}) {
+			want[node] = true
+		}
+	}
+	timer := time.NewTimer(rebuildWait)
+	defer timer.Stop()
+	// Every other edge campaigning now relays runs too: wait for its
+	// session (which lists them) as well.
+	var others []string
+	gctx, gcancel := context.WithTimeout(context.Background(), rebuildWait)
+	if all, err := cm.el.Campaigners(gctx); err == nil {
+		for _, a := range all {
+			if a != cm.cfg.Advertise {
+				others = append(others, a)
+			}
+		}
+	}
+	gcancel()
+	adopted := 0
+	for {
+		cm.mu.Lock()
+		joined := cm.joined
+		missing := 0
+		for _, a := range others {
+			if cm.followed[a] != epoch {
+				missing++
+			}
+		}
+		cm.mu.Unlock()
+		if len(want) == 0 && missing == 0 {
+			break
+		}
+		select {
+		case rep := <-ch:
+			if !want[rep.node] {
+				continue
+			}
+			delete(want, rep.node)
+			for _, ri := range rep.runs {
+				if cm.adoptRun(epoch, rep.node, ri.GetProviderId(), ri.GetRunId(), ri.GetEpoch(), ri.GetLeaseId(), ri.GetLong(), "") {
+					adopted++
+				}
+			}
+		case <-joined:
+		case <-timer.C:
+			cm.s.log.Warn("cluster rebuild: not every node and edge reported its runs in time", "edge", cm.name, "epoch", epoch, "nodes", len(want), "edges", missing)
+			goto done
+		case <-cm.stop:
+			return
+		}
+	}
+done:
+	cm.s.log.Info("cluster rebuild done", "edge", cm.name, "epoch", epoch, "adopted", adopted)
+}
+
+// adoptRun counts one run in flight admitted at epoch oepoch (lease
+// leaseID) on node's provider, when this leader (of epoch) has not counted
+// it yet: its own epoch's runs and runs outside a cluster (oepoch 0) are
+// counted already; a run is counted once by (node, run id) and by (epoch,
+// lease). owner is the edge that owns its release ("" : the nodes'
+// reports, orphan at once). It reports whether it adopted the run.
+func (cm *clusterMode) adoptRun(epoch int64, node, provider, runID string, oepoch int64, leaseID uint64, long bool, owner string) bool {
+	if oepoch == 0 || oepoch >= epoch {
+		return false
+	}
+	k := leaseKey{oepoch, leaseID}
+	rk := node + "\x00" + runID
+	cm.mu.Lock()
+	if h := cm.held[k]; h != nil {
+		if owner != "" && h.edge == "" {
+			h.edge, h.orphan = owner, time.Time{} // its relaying edge releases it
+		}
+		cm.mu.Unlock()
+		return false
+	}
+	known := cm.byRun[rk] != nil
+	cm.mu.Unlock()
+	// No lock of the edge is held while it calls the scheduler.
+	if known || cm.s.ownsLocalLease(runID) {
+		return false
+	}
+	l, err := cm.s.sched.Adopt(node, provider, "", "", long, "")
+	if err != nil {
+		return false
+	}
+	h := &heldLease{key: k, l: l, edge: owner, node: node, runID: runID}
+	if owner == "" {
+		h.orphan = cm.s.clock.Now()
+	}
+	cm.mu.Lock()
+	if cm.held[k] != nil || cm.byRun[rk] != nil {
+		// Another report counted it meanwhile: once only.
+		cm.mu.Unlock()
+		l.Release("counted already")
+		return false
+	}
+	cm.held[k], cm.byRun[rk] = h, h
+	cm.mu.Unlock()
+	return true
+}
+
+// ownsLocalLease reports whether runID is a run of this edge holding a
+// lease of its own scheduler (counted there already).
+func (s *Service) ownsLocalLease(runID string) bool {
+	r := s.run(runID)
+	return r != nil && r.lease != nil
+}
+
+// nodeReport handles a node's report of its runs in flight: the answer to
+// a rebuild's RunsRequest, or a heartbeat's list. At the ready leader, a
+// heartbeat's runs of older epochs not counted yet are adopted, and orphan
+// leases on that node whose run the report no longer lists are released.
+func (cm *clusterMode) nodeReport(c *conn, epoch int64, runs []*nodev1.RunInFlight, isAnswer bool) {
+	if isAnswer {
+		cm.mu.Lock()
+		ch := cm.reports[epoch]
+		cm.mu.Unlock()
+		if ch != nil {
+			select {
+			case ch <- reportOf{node: c.nodeID, runs: runs}:
+			default:
+			}
+		}
+		return
+	}
+	epoch = cm.leadsReady()
+	if epoch == 0 {
+		return
+	}
+	// A node that connected after the rebuild, or a run its reply missed.
+	for _, ri := range runs {
+		cm.adoptRun(epoch, c.nodeID, ri.GetProviderId(), ri.GetRunId(), ri.GetEpoch(), ri.GetLeaseId(), ri.GetLong(), "")
+	}
+	listed := make(map[string]bool, len(runs))
+	for _, ri := range runs {
+		listed[ri.GetRunId()] = true
+	}
+	before := cm.s.clock.Now().Add(-cm.s.cfg.HeartbeatInterval)
+	var gone []*heldLease
+	cm.mu.Lock()
+	for _, h := range cm.held {
+		if h.node == c.nodeID && !h.orphan.IsZero() && h.orphan.Before(before) && !listed[h.runID] {
+			gone = append(gone, h)
+		}
+	}
+	cm.mu.Unlock()
+	for _, h := range gone {
+		cm.dropHeld(h, "run no longer in flight on its node")
+	}
+}
+
+// dropHeld forgets and releases h (once).
+func (cm *clusterMode) dropHeld(h *heldLease, reason string) bool {
+	cm.mu.Lock()
+	if cm.held[h.key] != h {
+		cm.mu.Unlock()
+		return false
+	}
+	delete(cm.held, h.key)
+	delete(cm.byRun, h.node+"\x00"+h.runID)
+	cm.mu.Unlock()
+	return h.l.Release(reason)
+}
+
+// ---- the leader's Admission service ----
+
+// admissionServer serves clusterv1.Admission for the other edges.
+type admissionServer struct {
+	clusterv1.UnimplementedAdmissionServer
+	cm *clusterMode
+}
+
+// check refuses a call when this edge does not lead a rebuilt epoch, or
+// the caller has seen a higher one (this edge was deposed).
+func (a *admissionServer) check(epoch int64) (int64, *clusterv1.Refused) {
+	return a.checkLeader(epoch, true)
+}
+
+// checkLeader is check; with ready false, a leader still rebuilding
+// passes too (a follower's session is part of the rebuild).
+func (a *admissionServer) checkLeader(epoch int64, ready bool) (int64, *clusterv1.Refused) {
+	mine := a.cm.leadsReady()
+	if !ready {
+		if st := a.cm.el.State(); st.Leader {
+			mine = st.Epoch
+		}
+	}
+	switch {
+	case mine == 0:
+		return 0, &clusterv1.Refused{Code: refusedNotLeader, Message: "this edge is not the ready scheduler leader", Epoch: a.cm.el.State().Epoch}
+	case epoch > mine:
+		return 0, &clusterv1.Refused{Code: refusedStale, Message: fmt.Sprintf("epoch %d is older than %d", mine, epoch), Epoch: mine}
+	}
+	return mine, nil
+}
+
+func (a *admissionServer) Admit(req *clusterv1.AdmitRequest, stream grpc.ServerStreamingServer[clusterv1.AdmitReply]) error {
+	cm, s := a.cm, a.cm.s
+	epoch, ref := a.check(req.GetEpoch())
+	if ref != nil {
+		return stream.Send(&clusterv1.AdmitReply{Msg: &clusterv1.AdmitReply_Refused{Refused: ref}})
+	}
+	tried := make([]triedCandidate, 0, len(req.GetExcluded()))
+	for _, x := range req.GetExcluded() {
+		tried = append(tried, tried1(scheduler.Candidate{NodeID: x.GetNodeId(), ProviderID: x.GetProviderId()}, false))
+	}
+	model := req.GetModel()
+	long := s.cfg.LongContextTokens > 0 && int(req.GetEstimatedInputTokens()) >= s.cfg.LongContextTokens
+	lease, err := s.sched.Admit(stream.Context(), scheduler.Request{
+		Group:                model,
+		Long:                 long,
+		EstimatedInputTokens: int(req.GetEstimatedInputTokens()),
+		Resolve:              s.resolver(model, req.GetNeeds(), tried),
+		Prefer:               scheduler.ProviderRef{NodeID: req.GetPrefer().GetNodeId(), ProviderID: req.GetPrefer().GetProviderId()},
+		OnQueued: func() {
+			_ = stream.Send(&clusterv1.AdmitReply{Msg: &clusterv1.AdmitReply_Queued{Queued: &clusterv1.Queued{}}})
+		},
+	})
+	if err != nil {
+		if stream.Context().Err() != nil {
+			return stream.Context().Err()
+		}
+		// A leader that stops (its own node connections end first) or was
+		// deposed does not answer for the next one: the follower submits
+		// the request again to it.
+		select {
+		case <-s.shutdown:
+			return status.Error(codes.Unavailable, "the scheduler leader is stopping")
+		default:
+		}
+		if st := cm.el.State(); !st.Leader || st.Epoch != epoch {
+			return status.Error(codes.Unavailable, "no longer the scheduler leader")
+		}
+		return stream.Send(&clusterv1.AdmitReply{Msg: &clusterv1.AdmitReply_Refused{Refused: &clusterv1.Refused{Code: admissionCode(err), Message: err.Error(), Epoch: epoch}}})
+	}
+	lease.KeepOnFence()
+	lease.Track(req.GetRunId())
+	li := lease.Info()
+	h := &heldLease{key: leaseKey{epoch, lease.ID()}, l: lease, edge: req.GetEdge(), node: li.NodeID, runID: req.GetRunId()}
+	cm.mu.Lock()
+	if cm.sessions[h.edge] == 0 {
+		h.orphan = s.clock.Now()
+	}
+	cm.held[h.key] = h
+	cm.byRun[h.node+"\x00"+h.runID] = h
+	cm.mu.Unlock()
+	err = stream.Send(&clusterv1.AdmitReply{Msg: &clusterv1.AdmitReply_Granted{Granted: &clusterv1.Granted{
+		Epoch: epoch, LeaseId: lease.ID(), NodeId: li.NodeID, ProviderId: li.ProviderID, Target: li.Target,
+		Long: li.Long, QueueReason: string(li.QueueReason), WaitNs: int64(li.Wait),
+	}}})
+	if err != nil {
+		cm.dropHeld(h, "follower gone")
+	}
+	return err
+}
+
+func (a *admissionServer) Release(_ context.Context, req *clusterv1.ReleaseRequest) (*clusterv1.ReleaseReply, error) {
+	cm := a.cm
+	if cm.leadsReady() == 0 {
+		return &clusterv1.ReleaseReply{}, errNotLeaderRPC
+	}
+	cm.mu.Lock()
+	h := cm.held[leaseKey{req.GetEpoch(), req.GetLeaseId()}]
+	cm.mu.Unlock()
+	if h == nil {
+		return &clusterv1.ReleaseReply{}, nil
+	}
+	return &clusterv1.ReleaseReply{Released: cm.dropHeld(h, req.GetReason())}, nil
+}
+
+var errNotLeaderRPC = errors.New("not the scheduler leader")
+
+func (a *admissionServer) AdmitKey(_ context.Context, req *clusterv1.AdmitKeyRequest) (*clusterv1.AdmitKeyReply, error) {
+	cm := a.cm
+	epoch, ref := a.check(req.GetEpoch())
+	if ref != nil {
+		return &clusterv1.AdmitKeyReply{Refused: ref}, nil
+	}
+	f := cm.keyAdmit.Load()
+	if f == nil {
+		return &clusterv1.AdmitKeyReply{Refused: &clusterv1.Refused{Code: refusedNotLeader, Message: "the leader knows no keys", Epoch: epoch}}, nil
+	}
+	release, err := (*f)(req.GetKey())
+	if err != nil {
+		r := &clusterv1.Refused{Code: refusedLimited, Message: err.Error(), Epoch: epoch}
+		var le interface {
+			LimitDetails() (string, int, time.Duration)
+		}
+		if errors.As(err, &le) {
+			r.Limit, r.Max, r.RetryAfterNs = limitFields(le.LimitDetails())
+		}
+		return &clusterv1.AdmitKeyReply{Refused: r}, nil
+	}
+	cm.mu.Lock()
+	cm.permitSeq++
+	id := cm.permitSeq
+	cm.permits[id] = release
+	cm.mu.Unlock()
+	return &clusterv1.AdmitKeyReply{PermitId: id}, nil
+}
+
+func limitFields(limit string, max int, after time.Duration) (string, int32, int64) {
+	return limit, int32(max), int64(after)
+}
+
+func (a *admissionServer) ReleaseKey(_ context.Context, req *clusterv1.ReleaseKeyRequest) (*clusterv1.ReleaseKeyReply, error) {
+	cm := a.cm
+	cm.mu.Lock()
+	release := cm.permits[req.GetPermitId()]
+	delete(cm.permits, req.GetPermitId())
+	cm.mu.Unlock()
+	if release != nil {
+		release()
+	}
+	return &clusterv1.ReleaseKeyReply{}, nil
+}
+
+// Follow is a follower's admission session: while one is open, its
+// leases are its to release; when the last ends, they become orphan.
+func (a *admissionServer) Follow(req *clusterv1.FollowRequest, stream grpc.ServerStreamingServer[clusterv1.FollowReply]) error {
+	cm := a.cm
+	epoch, ref := a.checkLeader(req.GetEpoch(), false)
+	if ref != nil {
+		return fmt.Errorf("%s: %s", ref.GetCode(), ref.GetMessage())
+	}
+	edge := req.GetEdge()
+	for _, hr := range req.GetRuns() {
+		cm.adoptRun(epoch, hr.GetNodeId(), hr.GetProviderId(), hr.GetRunId(), hr.GetEpoch(), hr.GetLeaseId(), hr.GetLong(), edge)
+	}
+	cm.mu.Lock()
+	cm.sessions[edge]++
+	for _, h := range cm.held {
+		if h.edge == edge {
+			h.orphan = time.Time{}
+		}
+	}
+	if a := req.GetAdvertise(); a != "" {
+		cm.followed[a] = epoch
+	}
+	close(cm.joined)
+	cm.joined = make(chan struct{})
+	cm.mu.Unlock()
+	defer func() {
+		now := cm.s.clock.Now()
+		cm.mu.Lock()
+		cm.sessions[edge]--
+		if cm.sessions[edge] == 0 {
+			delete(cm.sessions, edge)
+			for _, h := range cm.held {
+				if h.edge == edge {
+					h.orphan = now
+				}
+			}
+		}
+		cm.mu.Unlock()
+	}()
+	if err := stream.Send(&clusterv1.FollowReply{Epoch: epoch}); err != nil {
+		return err
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	changes := cm.el.Changes()
+	for {
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-cm.stop:
+			return nil
+		case <-changes:
+			changes = cm.el.Changes()
+			if st := cm.el.State(); !st.Leader || st.Epoch != epoch {
+				return errors.New("no longer the leader of this epoch")
+			}
+		case <-tick.C:
+			if err := stream.Send(&clusterv1.FollowReply{Epoch: epoch}); err != nil {
+				return nil
+			}
+		}
+	}
+}
+
+// admissionCode is err's Refused code.
+func admissionCode(err error) string {
+	switch {
+	case errors.Is(err, scheduler.ErrUnknownModel):
+		return "unknown_model"
+	case errors.Is(err, scheduler.ErrCandidatesRejected):
+		return "candidates_rejected"
+	case errors.Is(err, scheduler.ErrQueueFull):
+		return "queue_full"
+	case errors.Is(err, scheduler.ErrQueueTimeout):
+		return "queue_timeout"
+	case errors.Is(err, scheduler.ErrProviderUnavailable):
+		return "provider_unavailable"
+	case errors.Is(err, scheduler.ErrNoProvider):
+		return "no_provider"
+	}
+	return "invalid"
+}
+
+// refusedError is the error a follower returns for r.
+func refusedError(r *clusterv1.Refused) error {
+	var base error
+	switch r.GetCode() {
+	case "unknown_model":
+		base = scheduler.ErrUnknownModel
+	case "candidates_rejected":
+		base = scheduler.ErrCandidatesRejected
+	case "queue_full":
+		base = scheduler.ErrQueueFull
+	case "queue_timeout":
+		base = scheduler.ErrQueueTimeout
+	case "provider_unavailable":
+		base = scheduler.ErrProviderUnavailable
+	case "no_provider":
+		base = scheduler.ErrNoProvider
+	default:
+		base = contract.ErrNoLeader
+	}
+	// The leader's text already names its cause ("queue full: ...").
+	return fmt.Errorf("%w (leader: %s)", base, r.GetMessage())
+}
+
+// serveAdmission serves the Admission service on lis until ctx ends.
+func (cm *clusterMode) serveAdmission(ctx context.Context, lis net.Listener) error {
+	gs := grpc.NewServer(
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Second, Timeout: 2 * time.Second}),
+	)
+	clusterv1.RegisterAdmissionServer(gs, &admissionServer{cm: cm})
+	errc := make(chan error, 1)
+	go func() { errc <- gs.Serve(lis) }()
+	select {
+	case <-ctx.Done():
+		gs.Stop()
+		<-errc
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+// ---- the follower side ----
+
+// client returns the Admission client of the leader at addr.
+func (cm *clusterMode) client(addr string) (clusterv1.AdmissionClient, error) {
+	cm.mu.Lock()
+	defer cm.mu.Unlock()
+	if cc := cm.clients[addr]; cc != nil {
+		return clusterv1.NewAdmissionClient(cc), nil
+	}
+	cc, err := grpc.NewClient(addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 2 * time.Second, Timeout: 2 * time.Second, PermitWithoutStream: true}),
+	)
+	if err != nil {
+		return nil, err
+	}
+	cm.clients[addr] = cc
+	return clusterv1.NewAdmissionClient(cc), nil
+}
+
+// followLoop keeps this edge's admission session (Follow) open to the
+// current leader while it follows.
+func (cm *clusterMode) followLoop() {
+	defer cm.wg.Done()
+	for {
+		ch := cm.el.Changes()
+		st := cm.el.State()
+		if !st.Leader && st.LeaderAddr != "" {
+			cm.followOnce(st)
+		}
+		select {
+		case <-cm.stop:
+			return
+		case <-ch:
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (cm *clusterMode) followOnce(st cluster.State) {
+	cli, err := cm.client(st.LeaderAddr)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-cm.stop:
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
+	stream, err := cli.Follow(ctx, &clusterv1.FollowRequest{Epoch: st.Epoch, Edge: cm.name, Advertise: cm.cfg.Advertise, Runs: cm.s.heldRuns()})
+	if err != nil {
+		return
+	}
+	for {
+		if _, err := stream.Recv(); err != nil {
+			return
+		}
+		if now := cm.el.State(); now.Epoch != st.Epoch {
+			return
+		}
+	}
+}
+
+// heldRuns lists the runs this edge relays now that a leader admitted
+// (several edges), for a new leader's rebuild.
+func (s *Service) heldRuns() []*clusterv1.HeldRun {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*clusterv1.HeldRun, 0, len(s.runs))
+	for _, r := range s.runs {
+		if r.epoch == 0 {
+			continue
+		}
+		out = append(out, &clusterv1.HeldRun{NodeId: r.info.NodeID, RunId: r.info.RunID, ProviderId: r.info.ProviderID, Epoch: r.epoch, LeaseId: r.leaseID, Long: r.long})
+	}
+	return out
+}
+
+// remoteLease is a lease the leader holds for one of this follower's runs.
+type remoteLease struct {
+	cm    *clusterMode
+	key   leaseKey
+	cand  scheduler.Candidate // Generation: this edge's connection to the node
+	info  scheduler.DispatchInfo
+	freed atomic.Bool
+}
+
+// Release gives the lease back at the leader, once; it returns at once
+// (the call goes on in the background, retried until the leader of the
+// lease's epoch took it, or the epoch changed: a new leader counts only
+// runs still in flight).
+func (rl *remoteLease) Release(reason string) bool {
+	if rl.freed.Swap(true) {
+		return false
+	}
+	cm := rl.cm
+	cm.wg.Add(1)
+	go func() {
+		defer cm.wg.Done()
+		backoff := 50 * time.Millisecond
+		for {
+			st := cm.el.State()
+			if st.Epoch != 0 {
+				if st.Leader && st.Epoch == rl.key.epoch {
+					// Elected meanwhile: release it here.
+					(&admissionServer{cm: cm}).Release(context.Background(), &clusterv1.ReleaseRequest{Epoch: rl.key.epoch, LeaseId: rl.key.id, Reason: reason, Edge: cm.name}) //nolint:errcheck
+					return
+				}
+				if cli, err := cm.client(st.LeaderAddr); err == nil {
+					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+					_, err = cli.Release(ctx, &clusterv1.ReleaseRequest{Epoch: rl.key.epoch, LeaseId: rl.key.id, Reason: reason, Edge: cm.name})
+					cancel()
+					if err == nil {
+						return
+					}
+				}
+			}
+			select {
+			case <-cm.stop:
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, time.Second)
+		}
+	}()
+	return true
+}
+
+// waitLeader waits (until deadline) for a leader this edge can call: it
+// returns the state, or ErrNoLeader.
+func (cm *clusterMode) waitLeader(ctx context.Context, deadline time.Time) (cluster.State, error) {
+	for {
+		ch := cm.el.Changes()
+		st := cm.el.State()
+		if st.Epoch != 0 && (!st.Leader || cm.ready.Load() == st.Epoch) {
+			return st, nil
+		}
+		d := time.Until(deadline)
+		if d <= 0 {
+			return st, fmt.Errorf("%w: none elected within %s", contract.ErrNoLeader, leaderWait)
+		}
+		t := time.NewTimer(min(d, 100*time.Millisecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return st, context.Cause(ctx)
+		case <-cm.stop:
+			t.Stop()
+			return st, fmt.Errorf("%w: the cluster side stopped", ErrShuttingDown)
+		case <-ch:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// admitTicket is one of the follower's admissions; epoch is that of the leader
+// that queued it (0: not queued yet).
+type admitTicket struct {
+	seq   uint64
+	epoch int64
+}
+
+func (cm *clusterMode) newTicket() *admitTicket {
+	cm.qmu.Lock()
+	defer cm.qmu.Unlock()
+	cm.qseq++
+	tk := &admitTicket{seq: cm.qseq}
+	cm.tickets[tk.seq] = tk
+	return tk
+}
+
+// setTicket records that the leader of epoch queued tk (0: tk is done).
+func (cm *clusterMode) setTicket(tk *admitTicket, epoch int64, done bool) {
+	cm.qmu.Lock()
+	if done {
+		delete(cm.tickets, tk.seq)
+	} else {
+		tk.epoch = epoch
+	}
+	close(cm.qchanged)
+	cm.qchanged = make(chan struct{})
+	cm.qmu.Unlock()
+}
+
+// awaitTurn waits (until deadline) until no earlier admission that an
+// older leader had queued still waits to be submitted to the leader of
+// epoch: so the follower's waiting requests reach a new leader in their
+// original order, and a new request never passes them. In steady state
+// (every queued admission queued at the current epoch) it returns at once.
+func (cm *clusterMode) awaitTurn(ctx context.Context, tk *admitTicket, epoch int64) {
+	// No deadline of its own: each earlier admission is re-queued, ends,
+	// or fails within its own bound (leaderWait after the loss), so this
+	// wait is bounded by theirs.
+	for {
+		cm.qmu.Lock()
+		ch, blocked := cm.qchanged, false
+		for seq, o := range cm.tickets {
+			if seq < tk.seq && o.epoch != 0 && o.epoch < epoch {
+				blocked = true
+				break
+			}
+		}
+		cm.qmu.Unlock()
+		if !blocked {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-cm.stop:
+			return
+		case <-ch:
+		}
+	}
+}
+
+// admit admits req at the leader for this follower's run runID, never to
+// a (node, provider) in tried, and returns the lease with this edge's
+// connection generation of the chosen node (0 when it has none: the
+// caller releases and admits again excluding it). When this edge leads, it
+// returns its ticket instead: admit locally, and call localDone with it
+// once the scheduler queued or answered the request (so the edge's
+// requests that waited at the old leader enter in their order).
+func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCandidate) (rl *remoteLease, local *admitTicket, err error) {
+	deadline := time.Now().Add(leaderWait)
+	var lostFrom int64 // the epoch whose loss restarted the bound
+	tk := cm.newTicket()
+	defer func() {
+		if local == nil {
+			cm.setTicket(tk, 0, true)
+		}
+	}()
+	for {
+		st, err := cm.waitLeader(ctx, deadline)
+		if err != nil {
+			return nil, nil, err
+		}
+		cm.awaitTurn(ctx, tk, st.Epoch)
+		if st.Leader {
+			return nil, tk, nil
+		}
+		rl, retry, err := cm.admitAt(ctx, st, req, tried, tk)
+		if !retry {
+			return rl, nil, err
+		}
+		if ctx.Err() != nil {
+			return nil, nil, context.Cause(ctx)
+		}
+		cm.qmu.Lock()
+		queued := tk.epoch == st.Epoch
+		cm.qmu.Unlock()
+		switch {
+		case queued && lostFrom != st.Epoch, cm.el.State().Epoch != st.Epoch:
+			lostFrom = st.Epoch
+			// The leader was lost while the request waited at it (or
+			// another was elected): the bound on waiting for a leader
+			// starts now.
+			deadline = time.Now().Add(leaderWait)
+		case time.Now().After(deadline):
+			return nil, nil, fmt.Errorf("%w: the leader at %s cannot be reached: %v", contract.ErrNoLeader, st.LeaderAddr, err)
+		}
+		t := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, nil, context.Cause(ctx)
+		case <-cm.stop:
+			t.Stop()
+			return nil, nil, fmt.Errorf("%w: the cluster side stopped", ErrShuttingDown)
+		case <-cm.el.Changes():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// admitAt makes one Admit call to the leader of st; retry says the call
+// did not reach a ready leader (it may be tried again).
+func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Request, tried []triedCandidate, tk *admitTicket) (*remoteLease, bool, error) {
+	cli, err := cm.client(st.LeaderAddr)
+	if err != nil {
+		return nil, true, err
+	}
+	ar := &clusterv1.AdmitRequest{
+		Epoch:                st.Epoch,
+		Edge:                 cm.name,
+		Model:                req.Model,
+		Needs:                needsOf(req),
+		EstimatedInputTokens: int32(req.EstimatedInputTokens),
+		RunId:                req.RunID,
+	}
+	if req.PreferNodeID != "" || req.PreferProviderID != "" {
+		ar.Prefer = &clusterv1.ProviderRef{NodeId: req.PreferNodeID, ProviderId: req.PreferProviderID}
+	}
+	for _, t := range tried {
+		ar.Excluded = append(ar.Excluded, &clusterv1.ProviderRef{NodeId: t.NodeID, ProviderId: t.ProviderID})
+	}
+	// The leader must be connected at once; a queued request then waits
+	// on the stream as long as its queue says.
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(cm.stopCtx, cancel)()
+	stream, err := cli.Admit(cctx, ar, grpc.WaitForReady(false))
+	if err != nil {
+		return nil, true, err
+	}
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, false, context.Cause(ctx)
+			}
+			return nil, true, err
+		}
+		switch msg := m.GetMsg().(type) {
+		case *clusterv1.AdmitReply_Queued:
+			cm.setTicket(tk, st.Epoch, false)
+			cm.s.emitQueued(req.Model)
+		case *clusterv1.AdmitReply_Refused:
+			switch msg.Refused.GetCode() {
+			case refusedNotLeader, refusedStale:
+				return nil, true, refusedError(msg.Refused)
+			}
+			return nil, false, refusedError(msg.Refused)
+		case *clusterv1.AdmitReply_Granted:
+			g := msg.Granted
+			rl := &remoteLease{cm: cm, key: leaseKey{g.GetEpoch(), g.GetLeaseId()}}
+			rl.cand = scheduler.Candidate{NodeID: g.GetNodeId(), ProviderID: g.GetProviderId(), Target: g.GetTarget()}
+			if c := cm.s.reg.current(g.GetNodeId()); c != nil {
+				rl.cand.Generation = c.gen
+			}
+			rl.info = scheduler.DispatchInfo{
+				RunID: req.RunID, NodeID: g.GetNodeId(), Generation: rl.cand.Generation, ProviderID: g.GetProviderId(),
+				Target: g.GetTarget(), Group: req.Model, Long: g.GetLong(), EstimatedInputTokens: req.EstimatedInputTokens,
+				QueueReason: scheduler.QueueReason(g.GetQueueReason()), Wait: time.Duration(g.GetWaitNs()),
+			}
+			if ctx.Err() != nil {
+				rl.Release("client gone")
+				return nil, false, context.Cause(ctx)
+			}
+			return rl, false, nil
+		}
+	}
+}
+
+// localQueued and localDone settle the ticket of an admission this edge
+// makes itself as the leader (admit returned it).
+func (cm *clusterMode) localQueued(tk *admitTicket) { cm.setTicket(tk, cm.el.State().Epoch, false) }
+func (cm *clusterMode) localDone(tk *admitTicket)   { cm.setTicket(tk, 0, true) }
+
+// SetKeyAdmitter gives the leader the way to take a key's request slot
+// for a follower (the HTTP layer's keys, by key name); without it a
+// follower's AdmitKey is refused. Safe to call at any time.
+func (s *Service) SetKeyAdmitter(f func(name string) (release func(), err error)) {
+	if s.cl != nil {
+		s.cl.keyAdmit.Store(&f)
+	}
+}
+
+// AdmitKey takes one request slot of the named key at the scheduler
+// leader (several edges: a key's limits are counted once, at the leader).
+// local says this edge leads or has no cluster: the caller takes the slot
+// itself. Else the slot is the leader's and release gives it back.
+// Errors: the key's limit error from the leader (an error whose
+// LimitDetails say which), contract.ErrNoLeader when no leader answers in
+// time.
+func (s *Service) AdmitKey(ctx context.Context, name string) (local bool, release func(), err error) {
+	cm := s.cl
+	if cm == nil {
+		return true, nil, nil
+	}
+	deadline := time.Now().Add(leaderWait)
+	for {
+		st, err := cm.waitLeader(ctx, deadline)
+		if err != nil {
+			return false, nil, err
+		}
+		if st.Leader {
+			return true, nil, nil
+		}
+		cli, err := cm.client(st.LeaderAddr)
+		if err == nil {
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			var rep *clusterv1.AdmitKeyReply
+			rep, err = cli.AdmitKey(cctx, &clusterv1.AdmitKeyRequest{Epoch: st.Epoch, Edge: cm.name, Key: name})
+			cancel()
+			if err == nil {
+				if r := rep.GetRefused(); r != nil {
+					if r.GetCode() == refusedLimited {
+						return false, nil, &KeyLimitError{Limit: r.GetLimit(), Max: int(r.GetMax()), RetryAfter: time.Duration(r.GetRetryAfterNs()), msg: r.GetMessage()}
+					}
+				} else {
+					id, addr := rep.GetPermitId(), st.LeaderAddr
+					var once sync.Once
+					return false, func() {
+						once.Do(func() { cm.releaseKey(addr, st.Epoch, id) })
+					}, nil
+				}
+			}
+		}
+		if ctx.Err() != nil {
+			return false, nil, context.Cause(ctx)
+		}
+		if time.Now().After(deadline) {
+			return false, nil, fmt.Errorf("%w: the leader at %s cannot be reached", contract.ErrNoLeader, st.LeaderAddr)
+		}
+		t := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+		case <-cm.stop:
+			t.Stop()
+			return false, nil, fmt.Errorf("%w: the cluster side stopped", ErrShuttingDown)
+		case <-cm.el.Changes():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// releaseKey gives a key's slot back at the leader that granted it, in the
+// background (a few tries: a leader that is gone took the count with it).
+func (cm *clusterMode) releaseKey(addr string, epoch int64, id uint64) {
+	cm.wg.Add(1)
+	go func() {
+		defer cm.wg.Done()
+		for range 5 {
+			cli, err := cm.client(addr)
+			if err == nil {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				_, err = cli.ReleaseKey(ctx, &clusterv1.ReleaseKeyRequest{Epoch: epoch, PermitId: id})
+				cancel()
+				if err == nil {
+					return
+				}
+			}
+			select {
+			case <-cm.stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+}
+
+// KeyLimitError is a key over one of its limits, as the leader said.
+type KeyLimitError struct {
+	Limit      string // "max_concurrent" or "requests_per_minute"
+	Max        int
+	RetryAfter time.Duration
+	msg        string
+}
+
+func (e *KeyLimitError) Error() string { return e.msg }
+
+// ClusterState is what an edge knows of its cluster (for the admin
+// snapshot): zero without Config.Cluster.
+type ClusterState struct {
+	Name       string `json:"name"`
+	Leader     bool   `json:"leader"`
+	Ready      bool   `json:"ready"`
+	Epoch      int64  `json:"epoch"`
+	LeaderAddr string `json:"leader_addr"`
+	// Leases are the leases this leader holds for other edges' runs
+	// (and adopted runs of older epochs).
+	Leases int `json:"leases"`
+}
+
+// Cluster returns the edge's cluster state; ok is false without a cluster.
+func (s *Service) Cluster() (ClusterState, bool) {
+	cm := s.cl
+	if cm == nil {
+		return ClusterState{}, false
+	}
+	st := cm.el.State()
+	cm.mu.Lock()
+	n := len(cm.held)
+	cm.mu.Unlock()
+	return ClusterState{Name: cm.name, Leader: st.Leader, Ready: st.Leader && cm.ready.Load() == st.Epoch, Epoch: st.Epoch, LeaderAddr: st.LeaderAddr, Leases: n}, true
+}
