@@ -59,7 +59,6 @@ type Agent struct {
 	readyOnce sync.Once
 	running   atomic.Bool
 	resolver  *net.Resolver // looks up the names of Config.Edges; nil: net.DefaultResolver
-	gen       atomic.Uint64 // current generation, 0 when not connected
 	inflight  *inFlight     // node-wide runs in flight (several edges: inflight.go)
 	// draining is closed by the first Drain, after drainReason is set.
 	draining    chan struct{}
