@@ -432,12 +432,18 @@ func (a *admissionServer) Admit(req *clusterv1.AdmitRequest, stream grpc.ServerS
 	}
 	model := req.GetModel()
 	long := s.cfg.LongContextTokens > 0 && int(req.GetEstimatedInputTokens()) >= s.cfg.LongContextTokens
+	route := s.routeOfBlocks(model, req.GetPromptBlocks()) // before Admit: it takes the prefix index's lock
 	lease, err := s.sched.Admit(stream.Context(), scheduler.Request{
 		Group:                model,
 		Long:                 long,
 		EstimatedInputTokens: int(req.GetEstimatedInputTokens()),
 		Resolve:              s.resolver(model, req.GetNeeds(), tried),
 		Prefer:               scheduler.ProviderRef{NodeID: req.GetPrefer().GetNodeId(), ProviderID: req.GetPrefer().GetProviderId()},
+		Flow:                 req.GetFlow(),
+		Weight:               min(max(int(req.GetWeight()), 0), scheduler.MaxWeight),
+		Priority:             scheduler.Priority(min(max(int(req.GetPriority()), contract.PrioritySheddable), contract.PriorityCritical)),
+		Affinity:             route.affinity(),
+		AffinitySlack:        route.slack,
 		OnQueued: func() {
 			_ = stream.Send(&clusterv1.AdmitReply{Msg: &clusterv1.AdmitReply_Queued{Queued: &clusterv1.Queued{}}})
 		},
@@ -461,6 +467,10 @@ func (a *admissionServer) Admit(req *clusterv1.AdmitRequest, stream grpc.ServerS
 	}
 	lease.KeepOnFence()
 	lease.Track(req.GetRunId())
+	if route.blocks != nil {
+		cand := lease.Candidate()
+		s.prefix.record(cand.Target, scheduler.ProviderRef{NodeID: cand.NodeID, ProviderID: cand.ProviderID}, route.blocks)
+	}
 	li := lease.Info()
 	h := &heldLease{key: leaseKey{epoch, lease.ID()}, l: lease, edge: req.GetEdge(), node: li.NodeID, runID: req.GetRunId()}
 	cm.mu.Lock()
@@ -888,13 +898,15 @@ func (cm *clusterMode) awaitTurn(ctx context.Context, tk *admitTicket, epoch int
 }
 
 // admit admits req at the leader for this follower's run runID, never to
-// a (node, provider) in tried, and returns the lease with this edge's
+// a (node, provider) in tried, with its flow, weight and priority and its
+// prompt's blocks (prefix-cache-aware routing at the leader; nil when the
+// model does not route by prefix), and returns the lease with this edge's
 // connection generation of the chosen node (0 when it has none: the
 // caller releases and admits again excluding it). When this edge leads, it
 // returns its ticket instead: admit locally, and call localDone with it
 // once the scheduler queued or answered the request (so the edge's
 // requests that waited at the old leader enter in their order).
-func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCandidate) (rl *remoteLease, local *admitTicket, err error) {
+func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCandidate, blocks []uint64) (rl *remoteLease, local *admitTicket, err error) {
 	deadline := time.Now().Add(leaderWait)
 	var lostFrom int64 // the epoch whose loss restarted the bound
 	tk := cm.newTicket()
@@ -912,7 +924,7 @@ func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCand
 		if st.Leader {
 			return nil, tk, nil
 		}
-		rl, retry, err := cm.admitAt(ctx, st, req, tried, tk)
+		rl, retry, err := cm.admitAt(ctx, st, req, tried, blocks, tk)
 		if !retry {
 			return rl, nil, err
 		}
@@ -949,7 +961,7 @@ func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCand
 
 // admitAt makes one Admit call to the leader of st; retry says the call
 // did not reach a ready leader (it may be tried again).
-func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Request, tried []triedCandidate, tk *admitTicket) (*remoteLease, bool, error) {
+func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Request, tried []triedCandidate, blocks []uint64, tk *admitTicket) (*remoteLease, bool, error) {
 	cli, err := cm.client(st.LeaderAddr)
 	if err != nil {
 		return nil, true, err
@@ -961,6 +973,10 @@ func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Reques
 		Needs:                needsOf(req),
 		EstimatedInputTokens: int32(req.EstimatedInputTokens),
 		RunId:                req.RunID,
+		Flow:                 req.Flow,
+		Weight:               int32(req.Weight),
+		Priority:             int32(req.Priority),
+		PromptBlocks:         blocks,
 	}
 	if req.PreferNodeID != "" || req.PreferProviderID != "" {
 		ar.Prefer = &clusterv1.ProviderRef{NodeId: req.PreferNodeID, ProviderId: req.PreferProviderID}

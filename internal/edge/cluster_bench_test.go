@@ -134,7 +134,7 @@ func BenchmarkClusterAdmit(b *testing.B) {
 		run(b, func(i int) func() {
 			r := req
 			r.RunID = fmt.Sprint("bench-follower-", i)
-			rl, _, err := follower.cl.admit(context.Background(), r, nil)
+			rl, _, err := follower.cl.admit(context.Background(), r, nil, nil)
 			if err != nil || rl == nil {
 				b.Fatalf("follower admit: %v (lease %v)", err, rl)
 			}

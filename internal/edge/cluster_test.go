@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"iop/internal/cluster"
+	"iop/internal/edge/contract"
 	"iop/internal/testenv/etcdtest"
 	"iop/internal/wire/nodev1"
 )
@@ -439,4 +440,58 @@ func TestClusterFollowerCancelLeavesTheLeadersQueue(t *testing.T) {
 	if cs, _ := es[li].svc.Cluster(); cs.Leases != 0 {
 		t.Fatalf("leader holds %d leases for followers after the cancel, want 0", cs.Leases)
 	}
+}
+
+// TestClusterFollowerKeepsFlowAndPriority: a follower's requests reach the
+// leader's scheduler with their priority (and flow), so the leader's fair
+// order and priority bands hold for every edge's clients alike. With the
+// one slot taken, a sheddable request and then a critical one queue at the
+// leader through a follower; when the slot frees, the critical one is
+// granted first although it came second (before this, the follower sent
+// neither, and both queued as standard, FIFO).
+func TestClusterFollowerKeepsFlowAndPriority(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	es := clusterEdges(t, etcd, 2)
+	li := waitLeader(t, es, []bool{true, true}, 0)
+	fi := 1 - li
+	leader, follower := es[li], es[fi]
+	cn := &clusterNode{runs: map[string]*nodev1.RunInFlight{}}
+	for _, e := range es {
+		cn.conns = append(cn.conns, e.connect(t, hello("n1", prov("p1", nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED, 1, "m"))))
+	}
+	r1, rs1, d1 := cn.accept(t, li, leader.dispatchAsync(context.Background(), chatReq("m")))
+
+	queued := func(n int) func() bool {
+		return func() bool {
+			p, ok := providerOf(leader.svc.Snapshot(), "n1", "p1")
+			return ok && p.Queued == n
+		}
+	}
+	shed := chatReq("m")
+	shed.Flow, shed.Priority = "batch", contract.PrioritySheddable
+	shedCh := follower.dispatchAsync(context.Background(), shed)
+	waitFor(t, queued(1)) // the sheddable request waits at the leader
+	crit := chatReq("m")
+	crit.Flow, crit.Priority = "ops", contract.PriorityCritical
+	critCh := follower.dispatchAsync(context.Background(), crit)
+	waitFor(t, queued(2)) // and the critical one behind it
+
+	cn.complete(t, rs1, d1)
+	if _, err := recvAll(r1); !errors.Is(err, io.EOF) {
+		t.Fatalf("run 1: %v", err)
+	}
+	r2, rs2, d2 := cn.accept(t, fi, critCh)
+	if d2.GetEpoch() == 0 || d2.GetLeaseId() == 0 {
+		t.Fatalf("the critical request's Dispatch has epoch %d lease %d: not admitted at the leader", d2.GetEpoch(), d2.GetLeaseId())
+	}
+	select {
+	case got := <-shedCh:
+		t.Fatalf("the sheddable request was admitted while the critical one held the only slot: %+v", got)
+	default:
+	}
+	cn.complete(t, rs2, d2)
+	if _, err := recvAll(r2); !errors.Is(err, io.EOF) {
+		t.Fatalf("run 2: %v", err)
+	}
+	cn.accept(t, fi, shedCh)
 }

@@ -387,6 +387,18 @@ func (s *Service) routeOf(req Request) prefixRoute {
 	return prefixRoute{blocks: blocks, matched: s.prefix.match(targets, blocks), slack: p.slack}
 }
 
+// routeOfBlocks is routeOf for blocks a cluster follower computed: the
+// leader matches them against its own index, which so learns the prompts
+// of every edge. Like routeOf, it runs before Admit.
+func (s *Service) routeOfBlocks(model string, blocks []uint64) prefixRoute {
+	p := s.routing.Load()
+	if s.prefix == nil || len(blocks) == 0 || p.of(model) != RoutingPrefix {
+		return prefixRoute{}
+	}
+	targets, _ := s.cat.targets(model)
+	return prefixRoute{blocks: blocks, matched: s.prefix.match(targets, blocks), slack: p.slack}
+}
+
 // affinity is the route's scheduler.Request.Affinity: nil when nothing
 // matched (the scheduler then chooses the least loaded). It reads only the
 // route's own map.

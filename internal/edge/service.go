@@ -270,7 +270,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		// Several edges: the leader admits (a ticket when this edge leads:
 		// it admits here, in its turn).
 		var tk *admitTicket
-		remote, tk, err = s.cl.admit(ctx, req, tried)
+		remote, tk, err = s.cl.admit(ctx, req, tried, route.blocks)
 		if err != nil {
 			return nil, scheduler.Candidate{}, nil, err
 		}

@@ -110,7 +110,19 @@ type AdmitRequest struct {
 	// went to, or the follower has no connection to.
 	Excluded []*ProviderRef `protobuf:"bytes,7,rep,name=excluded,proto3" json:"excluded,omitempty"`
 	// The run id the lease is tracked under.
-	RunId         string `protobuf:"bytes,8,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	RunId string `protobuf:"bytes,8,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Fair sharing (scheduler.Request): the request's flow, its weight
+	// (1 to scheduler.MaxWeight; 0 means 1) and priority band
+	// (contract.Priority*: -1 sheddable, 0 standard, 1 critical), as the
+	// follower's keys and fairness settings gave them.
+	Flow     string `protobuf:"bytes,9,opt,name=flow,proto3" json:"flow,omitempty"`
+	Weight   int32  `protobuf:"varint,10,opt,name=weight,proto3" json:"weight,omitempty"`
+	Priority int32  `protobuf:"varint,11,opt,name=priority,proto3" json:"priority,omitempty"`
+	// Prefix-cache-aware routing: the chained hashes of the prompt's blocks
+	// (edge/prefix.go), sent when the follower routes the model by prefix;
+	// the leader matches them against its prefix index, which so learns
+	// every edge's prompts.
+	PromptBlocks  []uint64 `protobuf:"varint,12,rep,packed,name=prompt_blocks,json=promptBlocks,proto3" json:"prompt_blocks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -199,6 +211,34 @@ func (x *AdmitRequest) GetRunId() string {
 		return x.RunId
 	}
 	return ""
+}
+
+func (x *AdmitRequest) GetFlow() string {
+	if x != nil {
+		return x.Flow
+	}
+	return ""
+}
+
+func (x *AdmitRequest) GetWeight() int32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *AdmitRequest) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *AdmitRequest) GetPromptBlocks() []uint64 {
+	if x != nil {
+		return x.PromptBlocks
+	}
+	return nil
 }
 
 type AdmitReply struct {
@@ -1050,7 +1090,7 @@ const file_cluster_proto_rawDesc = "" +
 	"\vProviderRef\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
 	"\vprovider_id\x18\x02 \x01(\tR\n" +
-	"providerId\"\x9f\x02\n" +
+	"providerId\"\x8c\x03\n" +
 	"\fAdmitRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\x12\x12\n" +
 	"\x04edge\x18\x02 \x01(\tR\x04edge\x12\x14\n" +
@@ -1059,7 +1099,12 @@ const file_cluster_proto_rawDesc = "" +
 	"\x16estimated_input_tokens\x18\x05 \x01(\x05R\x14estimatedInputTokens\x123\n" +
 	"\x06prefer\x18\x06 \x01(\v2\x1b.iop.cluster.v1.ProviderRefR\x06prefer\x127\n" +
 	"\bexcluded\x18\a \x03(\v2\x1b.iop.cluster.v1.ProviderRefR\bexcluded\x12\x15\n" +
-	"\x06run_id\x18\b \x01(\tR\x05runId\"\xaf\x01\n" +
+	"\x06run_id\x18\b \x01(\tR\x05runId\x12\x12\n" +
+	"\x04flow\x18\t \x01(\tR\x04flow\x12\x16\n" +
+	"\x06weight\x18\n" +
+	" \x01(\x05R\x06weight\x12\x1a\n" +
+	"\bpriority\x18\v \x01(\x05R\bpriority\x12#\n" +
+	"\rprompt_blocks\x18\f \x03(\x04R\fpromptBlocks\"\xaf\x01\n" +
 	"\n" +
 	"AdmitReply\x120\n" +
 	"\x06queued\x18\x01 \x01(\v2\x16.iop.cluster.v1.QueuedH\x00R\x06queued\x123\n" +
