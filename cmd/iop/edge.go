@@ -71,7 +71,7 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 	fl.StringVar(&cfg.KeysFile, "keys-file", cfg.KeysFile, "YAML file of client keys and admin_keys (hashes; see iop keys create)")
 	fl.StringVar(&cfg.LedgerDSN, "ledger-dsn", cfg.LedgerDSN, "PostgreSQL DSN of the usage ledger (default: the --database file)")
 	fl.StringVar(&cfg.RunsDSN, "runs-dsn", cfg.RunsDSN, "PostgreSQL DSN of the run records and their events, shared by several edges (default: the --database file)")
-	fl.StringVar(&cfg.Name, "name", cfg.Name, "this edge's name among the edges sharing --runs-dsn (default: the host name)")
+	fl.StringVar(&cfg.Name, "name", cfg.Name, "this edge's name among the edges sharing --runs-dsn (default: cluster.name, else the host name)")
 	fl.BoolVar(&cfg.InsecureOpen, "insecure-open", cfg.InsecureOpen, "serve the client API without keys on a non-loopback address")
 	addHTTPFlags(fl, &cfg.MaxBodyBytes, &cfg.WriteTimeout)
 	fl.Var(optionalInt{&cfg.MaxRetries}, "max-retries", "times a request whose provider failed before the first byte (unreachable, 502, 503, 429) goes to another provider (0 = never)")

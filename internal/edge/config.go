@@ -137,7 +137,8 @@ type Config struct {
 	// saved under it, and when it starts it ends as interrupted only the
 	// runs it left unfinished, never another live edge's. It must stay the
 	// same across the edge's restarts and differ between edges; default
-	// the host name.
+	// cluster.name when the edge has a cluster section, else the host
+	// name.
 	Name string `yaml:"name"`
 	// LongContextTokens is the estimated prompt size, in tokens, from which
 	// a request is long-context and also needs a free long_capacity slot of

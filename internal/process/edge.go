@@ -104,6 +104,9 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 	var runStore runs.Store
 	if cfg.RunsDSN != "" {
 		name := cfg.Name
+		if name == "" && cfg.Cluster != nil {
+			name = cfg.Cluster.Name // one name per edge, for the records as for the election
+		}
 		if name == "" {
 			if name, err = os.Hostname(); err != nil {
 				return nil, fmt.Errorf("runs_dsn: name unset and no host name: %w", err)
