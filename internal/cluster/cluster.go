@@ -409,9 +409,29 @@ func (e *Elector) Campaigners(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
-// Close resigns (if leading), stops campaigning and closes the etcd client.
+// closeResignWait bounds how long Close lets the campaign resign before it
+// closes the etcd client: etcd's Campaign resigns on the client's own
+// context, which only closing the client ends when etcd is unreachable.
+const closeResignWait = 2 * time.Second
+
+// Close resigns (if leading, and etcd answers within closeResignWait),
+// stops campaigning and closes the etcd client. It returns within about
+// closeResignWait even when etcd is unreachable
+// (TestRegression_CloseWithoutEtcdReturns: a follower's SIGTERM hung).
 func (e *Elector) Close() error {
 	e.cancel()
-	e.wg.Wait()
-	return e.cli.Close()
+	done := make(chan struct{})
+	go func() {
+		e.wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(closeResignWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+	err := e.cli.Close()
+	<-done
+	return err
 }

@@ -152,3 +152,29 @@ func TestConfigValidate(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestRegression_CloseWithoutEtcdReturns: a follower edge stopping while
+// etcd is unreachable hung in Close for good (its campaign goroutine
+// resigned on the etcd client's context, and Close waited for it before
+// closing that client): SIGTERM printed "edge shutting down" and the
+// process stayed. With every member killed, Close returns.
+func TestRegression_CloseWithoutEtcdReturns(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	es := start(t, etcd.Endpoints(), 2)
+	waitState(t, "one leader", es, oneLeader)
+	for i := range 3 {
+		etcd.Kill(i)
+	}
+	closed := make(chan error, 2)
+	for _, e := range es {
+		go func() { closed <- e.Close() }()
+	}
+	deadline := time.After(30 * time.Second) // a failsafe, far above closeResignWait
+	for range es {
+		select {
+		case <-closed:
+		case <-deadline:
+			t.Fatal("Close did not return with etcd unreachable")
+		}
+	}
+}
