@@ -12,6 +12,8 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver (PostgreSQL)
 	_ "modernc.org/sqlite"             // registers the "sqlite" database/sql driver (pure Go, no cgo)
+
+	"iop/internal/pgschema"
 )
 
 // SQL is a Store in an SQL database: SQLite or PostgreSQL, which differ
@@ -86,6 +88,12 @@ func OpenPostgres(ctx context.Context, dsn string) (*SQL, error) {
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		// Not err's text alone: it names the host, never the password.
+		return nil, fmt.Errorf("usage ledger (postgres): %w", err)
+	}
+	// The tables first, under the schema lock (edges starting at once take
+	// turns); open's own CREATE ... IF NOT EXISTS then find them.
+	if err := pgschema.Create(ctx, db, schema); err != nil {
+		db.Close()
 		return nil, fmt.Errorf("usage ledger (postgres): %w", err)
 	}
 	return open(db, "postgres", "postgres")

@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver (PostgreSQL)
+
+	"iop/internal/pgschema"
 )
 
 // Shared is a Store that several edges share: besides the records it
@@ -152,11 +154,9 @@ func OpenPostgres(ctx context.Context, dsn, edge string, logger *slog.Logger) (*
 		db.Close()
 		return nil, fmt.Errorf("run store (postgres): %w", err)
 	}
-	for _, stmt := range pgSchema {
-		if _, err := db.ExecContext(ctx, stmt); err != nil {
-			db.Close()
-			return nil, fmt.Errorf("run store (postgres): %w", err)
-		}
+	if err := pgschema.Create(ctx, db, pgSchema); err != nil { // edges starting at once take turns
+		db.Close()
+		return nil, fmt.Errorf("run store (postgres): %w", err)
 	}
 	lctx, stop := context.WithCancel(context.Background())
 	s := &Postgres{db: db, dsn: dsn, edge: edge, log: logger, watchers: map[string]map[chan struct{}]struct{}{}, stop: stop, done: make(chan struct{})}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/ledger"
 	"iop/internal/testenv"
 )
 
@@ -234,5 +235,42 @@ func TestSharedFollowOfARunWithoutLog(t *testing.T) {
 	}
 	if _, err := m.Follow(ctx, "run_nope", func([]byte) error { return nil }); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Follow of an unknown run: %v, want ErrNotFound", err)
+	}
+}
+
+// TestRegression_EdgesStartingAtOnceCreateTheTables: three edges started
+// at the same moment on a fresh database (a deploy tool's way): one
+// crashed with "duplicate key value violates unique constraint
+// pg_type_typname_nsp_index" (SQLSTATE 23505), its CREATE TABLE IF NOT
+// EXISTS racing another's. The schema is created under an advisory lock,
+// so every store opens; the ledger's tables in the same database too.
+func TestRegression_EdgesStartingAtOnceCreateTheTables(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	const edges = 6
+	start := make(chan struct{})
+	errs := make(chan error, 2*edges)
+	for i := range edges {
+		go func() {
+			<-start
+			s, err := OpenPostgres(context.Background(), dsn, fmt.Sprintf("edge-%d", i), nil)
+			if err == nil {
+				s.Close()
+			}
+			errs <- err
+		}()
+		go func() {
+			<-start
+			l, err := ledger.OpenPostgres(context.Background(), dsn)
+			if err == nil {
+				l.Close()
+			}
+			errs <- err
+		}()
+	}
+	close(start)
+	for range 2 * edges {
+		if err := <-errs; err != nil {
+			t.Errorf("a store of an edge starting at once: %v", err)
+		}
 	}
 }
