@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -209,13 +210,26 @@ func Start(ctx context.Context, c Config, env Getenv, defaultService string, log
 		return nil, fmt.Errorf("tracing resource: %w", err)
 	}
 	if logger != nil {
-		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-			logger.Warn("tracing: the OpenTelemetry SDK failed", "service", s.serviceName, "err", err)
-		}))
+		// The SDK's error handler is one per process (iop dev traces its
+		// edge and its node in one): the first logger takes it, and its
+		// lines name no service, which they could not tell apart.
+		errorHandlerOnce.Do(func() {
+			otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+				logger.Warn("tracing: the OpenTelemetry SDK failed (is the endpoint's protocol the one set? OTEL_EXPORTER_OTLP_PROTOCOL: grpc or http/protobuf)", "err", err)
+			}))
+		})
+		endpoint := s.endpoint
+		if endpoint == "" {
+			endpoint = firstOf(env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), env("OTEL_EXPORTER_OTLP_ENDPOINT"))
+		}
+		logger.Info("tracing on", "service", s.serviceName, "endpoint", endpoint, "protocol", s.protocol, "sampler", s.sampler, "ratio", s.ratio)
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithSampler(sampler), sdktrace.WithResource(res))
 	return &Tracing{Tracer: tp.Tracer("iop"), provider: tp}, nil
 }
+
+// errorHandlerOnce sets OpenTelemetry's process-wide error handler once.
+var errorHandlerOnce sync.Once
 
 func newExporter(ctx context.Context, c Config, s settings) (sdktrace.SpanExporter, error) {
 	if s.protocol == ProtocolHTTP {
