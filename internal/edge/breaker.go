@@ -32,8 +32,7 @@ const (
 	// of 500 or above, or 429; unreachable; a timeout; an error object in
 	// its 2xx), or its answer, once begun, ended in such a failure (an
 	// error event or object, a broken stream), or its node did not open or
-	// refused the dispatch (not when it drains, nor when the provider is
-	// at capacity on it: errNodeBusy).
+	// refused the dispatch.
 	outcomeFailed
 )
 

@@ -191,10 +191,9 @@ func notServed(res attemptResult, st dispatchState) action {
 		!errors.Is(err, scheduler.ErrProviderUnavailable) {
 		return action{kind: actFinish, err: err}
 	}
-	// A node that went away, drains or has the provider at capacity leaves
-	// the model without a provider (503); other failures are reported as
-	// they were.
-	if errors.Is(st.failedErr, ErrNodeGone) || errors.Is(st.failedErr, ErrStaleGeneration) || errors.Is(st.failedErr, errNodeDraining) || errors.Is(st.failedErr, errNodeBusy) {
+	// A node that went away or drains leaves the model without a provider
+	// (503); other failures are reported as they were.
+	if errors.Is(st.failedErr, ErrNodeGone) || errors.Is(st.failedErr, ErrStaleGeneration) || errors.Is(st.failedErr, errNodeDraining) {
 		return action{kind: actFinish, err: fmt.Errorf("%w: %w", scheduler.ErrProviderUnavailable, st.failedErr)}
 	}
 	return action{kind: actFinish, err: st.failedErr}

@@ -864,35 +864,3 @@ func TestRegression_LongContextRequestsRespectLongCapacity(t *testing.T) {
 		t.Fatalf("queued long request: %v", r.err)
 	}
 }
-
-// Regression (one node on several edges, issue 20): a node whose provider
-// is at capacity there (the runs of edges that do not count together)
-// refuses a Dispatch with nodev1.RefusedProviderBusy. Each such refusal
-// counted as a failure of the provider: three in a row opened its circuit
-// on that edge, which then answered 503 for a healthy provider for the
-// cool-down, and each refused client got 502 "the node failed". A busy
-// refusal is load: the client gets 503 provider_unavailable (Retry-After),
-// the circuit stays closed, and the provider takes the next request.
-func TestRegression_NodeBusyRefusalIsNoProviderFailure(t *testing.T) {
-	e := startEdge(t, testConfig()) // circuit_breaker.failures: 3
-	n := e.connect(t, hello("n1", prov("p1", normalized, 1, "m1")))
-	for i := range DefaultBreakerFailures + 2 {
-		res := e.dispatchAsync(context.Background(), chatReq("m1"))
-		d := n.nextDispatch(t)
-		reason := nodev1.RefusedProviderBusy + `: provider "p1" runs 1`
-		n.send(t, &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_DispatchRefused{DispatchRefused: &nodev1.DispatchRefused{RunId: d.GetRunId(), Reason: reason}}})
-		r := wait(t, res)
-		if !errors.Is(r.err, scheduler.ErrProviderUnavailable) || !strings.Contains(r.err.Error(), "provider at capacity") {
-			t.Fatalf("refusal %d: Dispatch = %v, want ErrProviderUnavailable naming the node's capacity", i+1, r.err)
-		}
-		for _, p := range e.svc.Snapshot().Providers {
-			if p.Circuit != CircuitClosed {
-				t.Fatalf("after %d busy refusals: circuit of %s/%s %s, want closed", i+1, p.NodeID, p.ProviderID, p.Circuit)
-			}
-		}
-	}
-	if snap := e.svc.Snapshot(); snap.Leases != 0 || e.inFlight("n1", "p1") != 0 {
-		t.Fatalf("leases %d, in flight %d, want 0", snap.Leases, e.inFlight("n1", "p1"))
-	}
-	e.startRun(t, n, chatReq("m1")) // still in rotation
-}

@@ -91,11 +91,6 @@ var (
 	// errNodeDraining: the node said Drain; it refuses dispatches and
 	// closes its connection when its runs are done.
 	errNodeDraining = errors.New("node is draining")
-	// errNodeBusy: the node refused the dispatch because the provider
-	// runs its capacity there already (nodev1.RefusedProviderBusy: a node
-	// on several edges that do not count together): load, not a failure
-	// of the provider.
-	errNodeBusy = errors.New("provider at capacity on its node")
 )
 
 // grpcError maps an outcome of a gRPC handler to the status the node sees.

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"iop/internal/edge/lifecycle"
@@ -296,16 +295,11 @@ func (s *Service) handleNodeMessage(c *conn, m *nodev1.NodeMessage) {
 // refusal is the error of a run whose Dispatch c's node refused for
 // reason: ErrDispatchRefused, also wrapping errNodeDraining when the node
 // said Drain (it was sent before the Drain arrived: no failure of its
-// provider; Dispatch admits the request again elsewhere), or errNodeBusy
-// when the reason says the provider is at capacity on the node
-// (nodev1.RefusedProviderBusy: load, no failure of its provider either).
+// provider; Dispatch admits the request again elsewhere).
 func (s *Service) refusal(c *conn, reason string) error {
 	err := fmt.Errorf("%w: node %q: %s", ErrDispatchRefused, c.nodeID, reason)
-	switch {
-	case s.reg.isDraining(c):
+	if s.reg.isDraining(c) {
 		err = fmt.Errorf("%w: %w", errNodeDraining, err)
-	case strings.HasPrefix(reason, nodev1.RefusedProviderBusy):
-		err = fmt.Errorf("%w: %w", errNodeBusy, err)
 	}
 	return err
 }

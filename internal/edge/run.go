@@ -445,7 +445,7 @@ func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, ca
 			o = outcomeFailed
 		}
 	}
-	if (errors.Is(endErr, ErrDispatchTimeout) || errors.Is(endErr, ErrDispatchRefused)) && !errors.Is(endErr, errNodeDraining) && !errors.Is(endErr, errNodeBusy) {
+	if (errors.Is(endErr, ErrDispatchTimeout) || errors.Is(endErr, ErrDispatchRefused)) && !errors.Is(endErr, errNodeDraining) {
 		o = outcomeFailed
 	}
 	// The breaker hears the outcome before the slot is free: when it opens

@@ -7,8 +7,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"iop/internal/wire/nodev1"
 )
 
 // Node-wide capacity: the runs of every connection (every edge) share
@@ -18,9 +16,7 @@ import (
 
 // ErrProviderBusy: the Dispatch's provider already runs its capacity on
 // this node (the edges together sent more than it takes).
-// Its text begins the refusal's reason (nodev1.RefusedProviderBusy), by
-// which the edge tells load from a failure of the provider.
-var ErrProviderBusy = errors.New(nodev1.RefusedProviderBusy)
+var ErrProviderBusy = errors.New("provider at capacity on this node")
 
 // slotWait is how long a Dispatch whose provider is full waits for a
 // slot before it is refused with ErrProviderBusy. An edge that counts

@@ -37,9 +37,7 @@
 // more at once. A Dispatch whose provider is full waits up to slotWait (1s,
 // the agent's clock) for a slot (an edge frees its slot as it reads a
 // run's end or cancels it, a moment before the node's run is over), then
-// is refused (DispatchRefused, ErrProviderBusy, its reason beginning with
-// nodev1.RefusedProviderBusy: the edge takes it as load, answers 503 and
-// does not count it against the provider's circuit). A run's slot is freed just
+// is refused (DispatchRefused, ErrProviderBusy). A run's slot is freed just
 // before its terminal frame is sent. Agent.RunsInFlight lists every run of
 // every link.
 //
