@@ -39,8 +39,12 @@ import (
 	"go.uber.org/zap"
 )
 
-// DefaultSessionTTL is a session's lease TTL when Config.SessionTTL is 0.
-const DefaultSessionTTL = 5 * time.Second
+// DefaultSessionTTL is a session's lease TTL when Config.SessionTTL is 0:
+// a leader that dies is replaced about this long after (its lease must
+// expire; the client renews it every TTL/3), so 3 s keeps a failover
+// within issue 20's 5 s with the rebuild, while an etcd pause shorter
+// than about 2 s does not depose the leader.
+const DefaultSessionTTL = 3 * time.Second
 
 // DefaultPrefix is the election's key prefix when Config.Prefix is "".
 const DefaultPrefix = "/iop/scheduler/leader"

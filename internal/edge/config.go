@@ -271,7 +271,8 @@ func (c Config) prefixLoadSlack() float64 {
 type BreakerConfig struct {
 	// Failures is how many failures of a provider in a row (an error
 	// status of 500 or above or 429 before the first byte, unreachable, a
-	// timeout, a dispatch its node did not open or refused) open its
+	// timeout, a dispatch its node did not open or refused, but for a
+	// drain or a busy provider: DispatchRefused.busy) open its
 	// circuit. Negative disables the breaker.
 	Failures int `yaml:"failures"`
 	// CoolDown is how long an open circuit keeps its provider out of

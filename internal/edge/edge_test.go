@@ -864,3 +864,33 @@ func TestRegression_LongContextRequestsRespectLongCapacity(t *testing.T) {
 		t.Fatalf("queued long request: %v", r.err)
 	}
 }
+
+// TestRegression_BusyRefusalIsNoProviderFailure: a node on several edges
+// refuses a Dispatch whose provider already runs its capacity there
+// (DispatchRefused.busy, the other edges' runs). A break-it run of three
+// edges without a cluster saw each refusal counted as a provider failure:
+// healthy providers' circuits opened and 35 of 40 requests got 503
+// provider_unavailable, the others 502. A busy refusal is ErrProviderBusy
+// (503 provider_busy with Retry-After at the API) and leaves the circuit
+// closed, however many come.
+func TestRegression_BusyRefusalIsNoProviderFailure(t *testing.T) {
+	cfg := testConfig()
+	zero := 0
+	cfg.MaxRetries = &zero
+	e := startEdge(t, cfg)
+	n := e.connect(t, hello("n1", prov("p1", normalized, 1, "m1")))
+	for i := range 5 { // above the breaker's 3 failures in a row
+		res := e.dispatchAsync(context.Background(), chatReq("m1"))
+		d := n.nextDispatch(t)
+		n.send(t, &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_DispatchRefused{DispatchRefused: &nodev1.DispatchRefused{RunId: d.GetRunId(), Reason: "provider at capacity on this node", Busy: true}}})
+		r := wait(t, res)
+		if !errors.Is(r.err, ErrProviderBusy) || !errors.Is(r.err, ErrDispatchRefused) {
+			t.Fatalf("refusal %d: Dispatch = %v, want ErrProviderBusy", i, r.err)
+		}
+	}
+	p, ok := providerOf(e.svc.Snapshot(), "n1", "p1")
+	if !ok || p.Circuit != "closed" || p.Status != "available" || p.InFlight != 0 {
+		t.Fatalf("provider after 5 busy refusals: %+v, want available, circuit closed, nothing in flight", p)
+	}
+	e.startRun(t, n, chatReq("m1"))
+}

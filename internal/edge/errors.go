@@ -33,6 +33,9 @@ var (
 	ErrDispatchTimeout = contract.ErrDispatchTimeout
 	// ErrDispatchRefused: the node answered the dispatch with DispatchRefused.
 	ErrDispatchRefused = contract.ErrDispatchRefused
+	// ErrProviderBusy, beside ErrDispatchRefused: the node refused because
+	// its provider already runs its capacity there (DispatchRefused.busy).
+	ErrProviderBusy = contract.ErrProviderBusy
 	// ErrShuttingDown: the edge is stopping (Service.Shutdown): the request
 	// was refused or dequeued, or its run ended, before it finished.
 	ErrShuttingDown = contract.ErrShuttingDown

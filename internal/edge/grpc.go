@@ -283,7 +283,7 @@ func (s *Service) handleNodeMessage(c *conn, m *nodev1.NodeMessage) {
 	case *nodev1.NodeMessage_DispatchRefused:
 		id := msg.DispatchRefused.GetRunId()
 		if r := s.run(id); r != nil && r.conn == c {
-			r.finishIf(func(st runState) bool { return st == runPending }, "dispatch refused", s.refusal(c, msg.DispatchRefused.GetReason()), false)
+			r.finishIf(func(st runState) bool { return st == runPending }, "dispatch refused", s.refusal(c, msg.DispatchRefused), false)
 		}
 	case *nodev1.NodeMessage_Drain:
 		s.drainConn(c, msg.Drain.GetReason())
@@ -292,12 +292,17 @@ func (s *Service) handleNodeMessage(c *conn, m *nodev1.NodeMessage) {
 	}
 }
 
-// refusal is the error of a run whose Dispatch c's node refused for
-// reason: ErrDispatchRefused, also wrapping errNodeDraining when the node
-// said Drain (it was sent before the Drain arrived: no failure of its
-// provider; Dispatch admits the request again elsewhere).
-func (s *Service) refusal(c *conn, reason string) error {
-	err := fmt.Errorf("%w: node %q: %s", ErrDispatchRefused, c.nodeID, reason)
+// refusal is the error of a run whose Dispatch c's node refused (ref):
+// ErrDispatchRefused, also wrapping errNodeDraining when the node said
+// Drain (it was sent before the Drain arrived: no failure of its
+// provider; Dispatch admits the request again elsewhere), and
+// contract.ErrProviderBusy when the node said its provider was busy
+// (neither is a failure of the provider).
+func (s *Service) refusal(c *conn, ref *nodev1.DispatchRefused) error {
+	err := fmt.Errorf("%w: node %q: %s", ErrDispatchRefused, c.nodeID, ref.GetReason())
+	if ref.GetBusy() {
+		err = fmt.Errorf("%w: %w", ErrProviderBusy, err)
+	}
 	if s.reg.isDraining(c) {
 		err = fmt.Errorf("%w: %w", errNodeDraining, err)
 	}

@@ -143,7 +143,7 @@ func (r *Run) recv() (runMsg, error) {
 			if ref := raw.GetRefused(); ref != nil && ref.GetRunId() == r.info.RunID {
 				// The node refused the Dispatch it got on its warm stream, as
 				// it would have on the control stream (handleNodeMessage).
-				r.finish("dispatch refused", r.s.refusal(r.conn, ref.GetReason()), false)
+				r.finish("dispatch refused", r.s.refusal(r.conn, ref), false)
 				return runMsg{}, r.endResult()
 			}
 			if open := raw.GetOpen(); open != nil && open.GetRunId() == r.info.RunID {
@@ -445,7 +445,7 @@ func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, ca
 			o = outcomeFailed
 		}
 	}
-	if (errors.Is(endErr, ErrDispatchTimeout) || errors.Is(endErr, ErrDispatchRefused)) && !errors.Is(endErr, errNodeDraining) {
+	if (errors.Is(endErr, ErrDispatchTimeout) || errors.Is(endErr, ErrDispatchRefused)) && !errors.Is(endErr, errNodeDraining) && !errors.Is(endErr, ErrProviderBusy) {
 		o = outcomeFailed
 	}
 	// The breaker hears the outcome before the slot is free: when it opens

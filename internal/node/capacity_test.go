@@ -60,8 +60,8 @@ func TestProviderCapacityIsNodeWide(t *testing.T) {
 	for refused == nil {
 		refused = c.next(t).GetDispatchRefused()
 	}
-	if refused.RunId != "r2" || !strings.Contains(refused.Reason, ErrProviderBusy.Error()) {
-		t.Fatalf("refusal %v, want r2 refused with %q", refused, ErrProviderBusy)
+	if refused.RunId != "r2" || !strings.Contains(refused.Reason, ErrProviderBusy.Error()) || !refused.GetBusy() {
+		t.Fatalf("refusal %v, want r2 refused busy with %q", refused, ErrProviderBusy)
 	}
 
 	c.send(t, plain("r3"))

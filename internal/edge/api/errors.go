@@ -198,6 +198,11 @@ func classify(err error, req *Request) *apiError {
 			fmt.Sprintf("No provider for model %q is available; retry later", model))
 		e.retryAfter = retryAfterUnavailable
 		return e
+	case errors.Is(err, contract.ErrProviderBusy):
+		e := newAPIError(http.StatusServiceUnavailable, "server_error", "", "provider_busy",
+			fmt.Sprintf("Every provider of model %q that was tried is busy with other requests; retry", model))
+		e.retryAfter = retryAfterQueueFull
+		return e
 	case errors.Is(err, ErrDispatchTimeout), errors.Is(err, ErrDispatchRefused),
 		errors.Is(err, ErrStaleGeneration), errors.Is(err, ErrNodeGone):
 		return newAPIError(http.StatusBadGateway, "upstream_error", "", "upstream_unavailable",

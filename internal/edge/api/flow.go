@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	"iop/internal/auth"
 	"iop/internal/edge/contract"
@@ -55,15 +56,29 @@ func (h *handler) assignFlow(ctx context.Context, header http.Header, req *Reque
 		v = bodyUser(req.Body)
 	}
 	if v != "" {
-		if len(v) > maxFlowBytes {
-			v = v[:maxFlowBytes]
-		}
-		req.Flow, fromKey = v, false
+		req.Flow, fromKey = flowName(v), false
 	}
 	if obs != nil {
 		obs.rec.Flow, obs.rec.Priority, obs.rec.FlowFromKey = req.Flow, priorityName(req.Priority), fromKey
 	}
 	return nil
+}
+
+// flowName is a client-given flow value as a flow name: valid UTF-8 (each
+// invalid byte sequence replaced by U+FFFD) and at most maxFlowBytes, cut
+// at a character boundary. The name is a Prometheus label value and a log
+// field, and client_golang panics on a label that is not UTF-8
+// (TestRegression_FlowNameCutInsideACharacter).
+func flowName(v string) string {
+	v = strings.ToValidUTF8(v, "\uFFFD")
+	if len(v) <= maxFlowBytes {
+		return v
+	}
+	cut := maxFlowBytes
+	for cut > 0 && !utf8.RuneStart(v[cut]) {
+		cut--
+	}
+	return v[:cut]
 }
 
 // bodyUser is the OpenAI body's "user" field (chat, completions,

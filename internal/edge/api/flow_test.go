@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"iop/internal/auth"
 	"iop/internal/edge/contract"
@@ -56,6 +57,9 @@ func TestFlowWeightAndPriorityOfARequest(t *testing.T) {
 		{"flow header cut", "header:X-Iop-Flow", "plain", simpleChat, map[string]string{"X-Iop-Flow": long}, 200, long[:64], 1, contract.PriorityStandard},
 		{"user flow", "user", "plain", `{"model":"m","user":"end-user-1","messages":[{"role":"user","content":"hi"}]}`, nil, 200, "end-user-1", 1, contract.PriorityStandard},
 		{"user flow absent", "user", "plain", simpleChat, nil, 200, "plain", 1, contract.PriorityStandard},
+		{"flow header not UTF-8", "header:X-Iop-Flow", "plain", simpleChat, map[string]string{"X-Iop-Flow": "a\xffb"}, 200, "a\uFFFDb", 1, contract.PriorityStandard},
+		{"flow header cut inside a character", "header:X-Iop-Flow", "plain", simpleChat, map[string]string{"X-Iop-Flow": "a" + strings.Repeat("ü", 40)}, 200, "a" + strings.Repeat("ü", 31), 1, contract.PriorityStandard},
+		{"user flow cut inside a character", "user", "plain", `{"model":"m","user":"a` + strings.Repeat("ü", 40) + `","messages":[{"role":"user","content":"hi"}]}`, nil, 200, "a" + strings.Repeat("ü", 31), 1, contract.PriorityStandard},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			env := newEnv(t, Config{Keys: ring, Flow: c.flowSource}, okRun)
@@ -82,6 +86,24 @@ func TestFlowWeightAndPriorityOfARequest(t *testing.T) {
 				t.Fatalf("flow %q weight %d priority %d, want %q %d %d", r.Flow, r.Weight, r.Priority, c.flow, c.weight, c.priority)
 			}
 		})
+	}
+}
+
+// TestRegression_FlowNameCutInsideACharacter: a client-given flow (a
+// header's value, the body's "user") becomes a Prometheus label and a log
+// field, so it must be valid UTF-8: cutting "a" + 40 × "ü" at 64 bytes split
+// the 32nd "ü" and client_golang's label check panicked in the request's
+// bookkeeping (no ledger row, the connection cut). flowName cuts at a
+// character boundary and replaces invalid bytes.
+func TestRegression_FlowNameCutInsideACharacter(t *testing.T) {
+	for _, v := range []string{"a" + strings.Repeat("ü", 40), "\xff", strings.Repeat("\xc3", 100), strings.Repeat("€", 30), "plain"} {
+		got := flowName(v)
+		if !utf8.ValidString(got) || len(got) > maxFlowBytes || got == "" {
+			t.Fatalf("flowName(%q) = %q (%d bytes, valid %v)", v, got, len(got), utf8.ValidString(got))
+		}
+		if utf8.ValidString(v) && !strings.HasPrefix(v, got) {
+			t.Fatalf("flowName(%q) = %q: not a prefix of the valid value", v, got)
+		}
 	}
 }
 

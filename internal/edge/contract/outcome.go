@@ -41,6 +41,11 @@ var (
 	// ErrDispatchRefused: the node answered the dispatch with
 	// DispatchRefused. 502.
 	ErrDispatchRefused = errors.New("dispatch refused")
+	// ErrProviderBusy, beside ErrDispatchRefused: the node refused because
+	// its provider already runs its capacity there (DispatchRefused.busy:
+	// another edge's runs). The provider is healthy: 503 provider_busy with
+	// Retry-After, not a circuit-breaker failure.
+	ErrProviderBusy = errors.New("provider busy")
 	// ErrStaleGeneration: the node reconnected between admission and
 	// dispatch (twice in a row). 502.
 	ErrStaleGeneration = errors.New("stale generation")

@@ -347,6 +347,9 @@ func (h *History) Since(since int64) adminwire.History {
 	defer h.mu.Unlock()
 	out := adminwire.History{Object: "history", IntervalSeconds: 1, WindowSeconds: Window, Since: since, Through: h.through,
 		Outcomes: slices.Clone(outcomes[:]), Reasons: slices.Clone(reasons[:]), Data: []adminwire.Second{}}
+	if since >= h.through {
+		return out // nothing after it yet (and since+1 would overflow at MaxInt64)
+	}
 	from := max(since+1, h.through-Window+1, h.start)
 	for sec := from; sec <= h.through; sec++ {
 		second, ok := h.second(sec)

@@ -209,6 +209,11 @@ func TestSinceListsOnlyNewerSeconds(t *testing.T) {
 	if got := h.Since(-5); len(got.Data) != 11 {
 		t.Errorf("since -5: %d seconds, want 11", len(got.Data))
 	}
+	// TestRegression: ?since=9223372036854775807 listed the whole window
+	// (since+1 overflowed to the smallest int64).
+	if got := h.Since(math.MaxInt64); len(got.Data) != 0 {
+		t.Errorf("since MaxInt64: %d seconds, want none", len(got.Data))
+	}
 }
 
 // TestRequestInSealedSecondCountsInNext: a request whose second was sealed

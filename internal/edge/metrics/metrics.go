@@ -69,6 +69,7 @@ import (
 	"strconv"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -226,6 +227,12 @@ const MaxFlowLabels = 100
 // client-named flow as it is while fewer than MaxFlowLabels have been
 // seen, else "other".
 func (m *Metrics) flowLabel(rec api.RequestRecord) string {
+	if !utf8.ValidString(rec.Flow) {
+		// A label must be UTF-8 (client_golang panics otherwise); the API
+		// layer gives valid names, this keeps a stray one from taking the
+		// request's bookkeeping down.
+		return "other"
+	}
 	if rec.FlowFromKey {
 		return rec.Flow
 	}

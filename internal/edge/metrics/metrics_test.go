@@ -168,12 +168,13 @@ func TestFlowAdmissionsAndSheds(t *testing.T) {
 	}
 	m.RequestDone(api.RequestRecord{Model: "m", Admission: api.AdmissionImmediate, Flow: "user-0", Priority: "standard"})
 	m.RequestDone(api.RequestRecord{Model: "m", Admission: api.AdmissionImmediate, Flow: "carol", FlowFromKey: true, Priority: "standard"})
+	m.RequestDone(api.RequestRecord{Model: "m", Admission: api.AdmissionImmediate, Flow: "bad\xc3", Priority: "standard"}) // no panic: counted as other
 	got := series(t, reg)
 	for name, want := range map[string]float64{
 		"iop_flow_admissions_total{flow=alice,model=m,priority=critical}":    2,
 		"iop_flow_sheds_total{flow=bob,model=m,reason=displaced}":            1,
 		"iop_flow_admissions_total{flow=user-0,model=m,priority=standard}":   2,
-		"iop_flow_admissions_total{flow=other,model=m,priority=standard}":    5,
+		"iop_flow_admissions_total{flow=other,model=m,priority=standard}":    6,
 		"iop_flow_admissions_total{flow=carol,model=m,priority=standard}":    1,
 		"iop_flow_admissions_total{flow=user-104,model=m,priority=standard}": 0,
 	} {

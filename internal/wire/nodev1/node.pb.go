@@ -1580,9 +1580,16 @@ func (x *Dispatch) GetLong() bool {
 }
 
 type DispatchRefused struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	RunId  string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	Reason string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// busy: refused because the provider already runs its capacity on this
+	// node (runs of other edges the edge could not count: several edges
+	// without a cluster, or a slot the edge freed a moment before the node
+	// did). The provider is healthy: the edge admits the request elsewhere or
+	// answers 503 provider_busy with Retry-After, and its circuit breaker
+	// does not count it. An older node never sets it.
+	Busy          bool `protobuf:"varint,3,opt,name=busy,proto3" json:"busy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1629,6 +1636,13 @@ func (x *DispatchRefused) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *DispatchRefused) GetBusy() bool {
+	if x != nil {
+		return x.Busy
+	}
+	return false
 }
 
 // Cancel asks the node to stop a run.
@@ -2742,10 +2756,11 @@ const file_node_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
 	"\x11TraceContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"@\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"T\n" +
 	"\x0fDispatchRefused\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"7\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x12\n" +
+	"\x04busy\x18\x03 \x01(\bR\x04busy\"7\n" +
 	"\x06Cancel\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x96\x03\n" +
