@@ -51,6 +51,17 @@ type clusterEdge struct {
 
 func newClusterRig(t *testing.T) *clusterRig {
 	t.Helper()
+	rig := newClusterEdges(t)
+	for _, e := range rig.edges {
+		rig.startNode(e)
+	}
+	return rig
+}
+
+// newClusterEdges is the rig's etcd, model servers and three edges, with
+// no node yet.
+func newClusterEdges(t *testing.T) *clusterRig {
+	t.Helper()
 	rig := &clusterRig{t: t, etcd: etcdtest.Start(t), bin: buildIOP(t)}
 	// About 130 ms per answer: long enough to overlap, short enough for
 	// many rounds.
@@ -63,9 +74,6 @@ func newClusterRig(t *testing.T) *clusterRig {
 	rig.hashes = h
 	for i := range 3 {
 		rig.edges = append(rig.edges, rig.startEdge(i, nil))
-	}
-	for _, e := range rig.edges {
-		rig.startNode(e)
 	}
 	return rig
 }
@@ -120,7 +128,13 @@ providers:
 		t.Fatal(err)
 	}
 	e.node = startProcess(t, "node of "+e.name, rig.bin, "node", "--config", path, "--log-level", "info")
-	eventually(t, "node n1 on "+e.name, func() bool {
+	rig.waitNodeOn(e)
+}
+
+// waitNodeOn waits until e lists both providers of node n1 available.
+func (rig *clusterRig) waitNodeOn(e *clusterEdge) {
+	rig.t.Helper()
+	eventually(rig.t, "node n1 on "+e.name, func() bool {
 		var ps []struct {
 			NodeID string `json:"node_id"`
 			Status string `json:"status"`

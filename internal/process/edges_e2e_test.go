@@ -149,8 +149,10 @@ func TestNodeOnSeveralEdges(t *testing.T) {
 // TestNodeCapacityHoldsAcrossEdges: three edges that do not count
 // together each send the node up to its provider's capacity (2); the
 // provider never runs more than 2 at once (the sim's max_in_flight), and
-// every client is answered: completed, or refused with an error status
-// (the node refuses what stays above capacity), never a hang.
+// every client is answered: completed, or refused with 503 and
+// Retry-After (the node refuses what stays above capacity: load, not a
+// failure of the provider), never a hang, and no edge took the provider
+// out of rotation for it.
 func TestNodeCapacityHoldsAcrossEdges(t *testing.T) {
 	s, url := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 200})
 	var edges []*Process
@@ -166,17 +168,24 @@ func TestNodeCapacityHoldsAcrossEdges(t *testing.T) {
 	}
 	const perEdge = 6
 	type answer struct {
-		status int
-		body   []byte
-		err    error
+		status     int
+		retryAfter string
+		body       []byte
+		err        error
 	}
 	answers := make(chan answer, perEdge*len(edges))
 	var wg sync.WaitGroup
 	for _, e := range edges {
 		for range perEdge {
 			wg.Go(func() {
-				status, body, err := postChat(e, 20)
-				answers <- answer{status, body, err}
+				resp, err := http.Post("http://"+e.HTTPAddr+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("alias", false, 20)))
+				if err != nil {
+					answers <- answer{err: err}
+					return
+				}
+				body, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				answers <- answer{resp.StatusCode, resp.Header.Get("Retry-After"), body, err}
 			})
 		}
 	}
@@ -189,8 +198,8 @@ func TestNodeCapacityHoldsAcrossEdges(t *testing.T) {
 			t.Errorf("client: %v", r.err)
 		case r.status == http.StatusOK:
 			ok++
-		case r.status < 500:
-			t.Errorf("client: %d %s, want 200 or a 5xx refusal", r.status, r.body)
+		case r.status != http.StatusServiceUnavailable || r.retryAfter == "":
+			t.Errorf("client: %d (Retry-After %q) %s, want 200 or 503 with Retry-After", r.status, r.retryAfter, r.body)
 		}
 	}
 	if ok == 0 {
@@ -199,8 +208,11 @@ func TestNodeCapacityHoldsAcrossEdges(t *testing.T) {
 	if st := s.Stats(); st.MaxInFlight > 2 {
 		t.Errorf("the provider ran %d at once, capacity 2", st.MaxInFlight)
 	}
-	for _, e := range edges {
+	for i, e := range edges {
 		waitIdle(t, e)
+		if n := e.Service.Stats().CircuitOpened; n != 0 {
+			t.Errorf("edge %d opened the provider's circuit %d times for the node's capacity refusals", i+1, n)
+		}
 	}
 	eventually(t, "no run in flight on the node", func() bool { return len(a.RunsInFlight()) == 0 })
 }
@@ -406,4 +418,75 @@ func TestNodeResolvesEdgesName(t *testing.T) {
 		t.Errorf("chat through the edge whose address came back: %d %v %s", status, err, body)
 	}
 	eventually(t, "three welcomed connections again", func() bool { return len(a.Generations()) == 3 })
+}
+
+// Regression (one node on several edges; the fix is DispatchRefused.busy,
+// commit 27f8753, its unit tests TestRegression_BusyRefusalIsNoProviderFailure
+// and TestProviderBusyIs503WithRetryAfter in package edge; this is the same
+// with real processes' pieces): three edges that do not count together send
+// the node more long answers (about 3 s each) than its provider takes (2),
+// so the node refuses those that wait 1 s for a slot. Each refusal counted
+// as a failure of the provider at its edge: three in a row opened the
+// provider's circuit there (CircuitOpened 1, the healthy provider out of
+// rotation for 30 s), and refused clients got 502 "The node serving this
+// request failed". A refusal for capacity is load: 503 with Retry-After,
+// and every circuit stays closed.
+func TestRegression_NodeCapacityRefusalsKeepCircuitsClosed(t *testing.T) {
+	s, url := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 20})
+	var edges []*Process
+	var addrs []string
+	for range 3 {
+		e, _ := startEdgeAt(t, "127.0.0.1:0")
+		edges = append(edges, e)
+		addrs = append(addrs, e.NodeAddr)
+	}
+	startSeveralEdgesNode(t, node.Config{Edges: addrs}, url, nil)
+	for _, e := range edges {
+		welcomedBy(t, e)
+	}
+	var mu sync.Mutex
+	ok, refused := 0, 0
+	var wg sync.WaitGroup
+	for _, e := range edges {
+		for range 6 {
+			wg.Go(func() {
+				resp, err := http.Post("http://"+e.HTTPAddr+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("alias", false, 60)))
+				if err != nil {
+					t.Errorf("client: %v", err)
+					return
+				}
+				body, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err == nil && resp.StatusCode == http.StatusOK:
+					ok++
+				case resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "":
+					refused++
+				default:
+					t.Errorf("client: %d (Retry-After %q) %s (read: %v), want 200 or 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"), body, err)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	t.Logf("completed %d, refused %d; peak in flight %d", ok, refused, s.Stats().MaxInFlight)
+	if ok == 0 || refused < 3 {
+		t.Fatalf("completed %d, refused %d: want some of each (at least 3 refusals, as many as open a circuit)", ok, refused)
+	}
+	if got := s.Stats().MaxInFlight; got > 2 {
+		t.Errorf("the provider ran %d at once, capacity 2", got)
+	}
+	for i, e := range edges {
+		waitIdle(t, e)
+		if n := e.Service.Stats().CircuitOpened; n != 0 {
+			t.Errorf("edge %d opened the provider's circuit %d times for the node's capacity refusals", i+1, n)
+		}
+		for _, p := range e.Service.Snapshot().Providers {
+			if p.Circuit != edge.CircuitClosed {
+				t.Errorf("edge %d: provider %s circuit %s, want closed", i+1, p.ProviderID, p.Circuit)
+			}
+		}
+	}
 }
