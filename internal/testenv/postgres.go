@@ -18,7 +18,7 @@ import (
 // directory. PostgreSQL refuses to run as root, so as root the cluster
 // belongs to the postgres user (Debian's package creates it) and every
 // command runs through runuser. Missing binaries end the test through
-// Missing. (The usage ledger's tests have their own copy of this.)
+// Missing. The run store and the usage ledger tests use it.
 func Postgres(t testing.TB) string {
 	t.Helper()
 	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
