@@ -420,6 +420,13 @@ func (a *admissionServer) checkLeader(epoch int64, ready bool) (int64, *clusterv
 	return mine, nil
 }
 
+// Admit admits a follower's request in this leader's scheduler (the same
+// resolver, flow, priority and prefix affinity as a local request): it
+// sends Queued when the request waits, then Granted (epoch, lease id,
+// node, provider, served model) or Refused (the scheduler's error as a
+// code). It ends with codes.Unavailable when this edge stops or is
+// deposed meanwhile, so the follower submits the request to the next
+// leader; the follower cancelling the stream withdraws the waiter.
 func (a *admissionServer) Admit(req *clusterv1.AdmitRequest, stream grpc.ServerStreamingServer[clusterv1.AdmitReply]) error {
 	cm, s := a.cm, a.cm.s
 	epoch, ref := a.check(req.GetEpoch())
@@ -490,6 +497,9 @@ func (a *admissionServer) Admit(req *clusterv1.AdmitRequest, stream grpc.ServerS
 	return err
 }
 
+// Release gives back the lease (epoch, lease id) a follower held, once:
+// an unknown or already released lease is a no-op (the reply's Released
+// false). errNotLeaderRPC when this edge is not the ready leader.
 func (a *admissionServer) Release(_ context.Context, req *clusterv1.ReleaseRequest) (*clusterv1.ReleaseReply, error) {
 	cm := a.cm
 	if cm.leadsReady() == 0 {
@@ -506,6 +516,9 @@ func (a *admissionServer) Release(_ context.Context, req *clusterv1.ReleaseReque
 
 var errNotLeaderRPC = errors.New("not the scheduler leader")
 
+// AdmitKey takes one request slot of the named key (max_concurrent and
+// requests_per_minute, counted here for every edge): a permit id, or
+// Refused with the limit, its maximum and Retry-After.
 func (a *admissionServer) AdmitKey(_ context.Context, req *clusterv1.AdmitKeyRequest) (*clusterv1.AdmitKeyReply, error) {
 	cm := a.cm
 	epoch, ref := a.check(req.GetEpoch())
@@ -539,6 +552,8 @@ func limitFields(limit string, max int, after time.Duration) (string, int32, int
 	return limit, int32(max), int64(after)
 }
 
+// ReleaseKey gives back a permit of AdmitKey, once; an unknown id is a
+// no-op.
 func (a *admissionServer) ReleaseKey(_ context.Context, req *clusterv1.ReleaseKeyRequest) (*clusterv1.ReleaseKeyReply, error) {
 	cm := a.cm
 	cm.mu.Lock()
