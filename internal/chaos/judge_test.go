@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
@@ -119,6 +120,7 @@ func judge(t *testing.T, r *rig, mon *monitor, outs []outcome, loadStart, began,
 
 	// The clients' view.
 	var ok, clean, excused int
+	codes := map[string]int{} // clean 429/503 by error code
 	var limStarts []time.Time
 	var oks []time.Time
 	firstOK := map[string]time.Time{}
@@ -133,6 +135,7 @@ func judge(t *testing.T, r *rig, mon *monitor, outs []outcome, loadStart, began,
 			ok++
 		case (o.status == http.StatusServiceUnavailable || o.status == http.StatusTooManyRequests) && o.retry:
 			clean++
+			codes[fmt.Sprintf("%d %s", o.status, errorCode(o.body))]++
 		default:
 			f.wrong++
 			example("wrong answer: %s %s sent %s: %d after %s: %.200s", o.key, o.edge, o.sent.Format("15:04:05.000"), o.status, o.header.Sub(o.sent).Round(time.Millisecond), o.body)
@@ -180,9 +183,29 @@ func judge(t *testing.T, r *rig, mon *monitor, outs []outcome, loadStart, began,
 		prev = at
 	}
 	f.gap = max(f.gap, end.Sub(prev))
-	f.counts = fmt.Sprintf("%d requests: %d results (key lim: %d), %d clean 429/503, %d to a killed or frozen edge; fault began %s after the load, reference %s after it began",
-		len(outs), ok, len(limStarts), clean, excused, began.Sub(loadStart).Round(time.Millisecond), ref.Sub(began).Round(time.Millisecond))
+	f.counts = fmt.Sprintf("%d requests: %d results (key lim: %d), %d clean 429/503 %v, %d to a killed or frozen edge; fault began %s after the load, reference %s after it began",
+		len(outs), ok, len(limStarts), clean, codes, excused, began.Sub(loadStart).Round(time.Millisecond), ref.Sub(began).Round(time.Millisecond))
 	return f
+}
+
+// errorCode is the code (else the type) of an OpenAI error body, "?" if none.
+func errorCode(body string) string {
+	var e struct {
+		Error struct {
+			Type string `json:"type"`
+			Code any    `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal([]byte(body), &e) != nil {
+		return "?"
+	}
+	if c, ok := e.Error.Code.(string); ok && c != "" {
+		return c
+	}
+	if e.Error.Type != "" {
+		return e.Error.Type
+	}
+	return "?"
 }
 
 // outsEnd is when the last request ended.
