@@ -138,6 +138,10 @@ func judge(t *testing.T, r *rig, mon *monitor, outs []outcome, loadStart, began,
 			example("unanswered: %s %s sent %s: status %d after %s: %s", o.key, o.edge, o.sent.Format("15:04:05.000"), o.status, o.end.Sub(o.sent).Round(time.Millisecond), o.err)
 		case o.status == http.StatusOK && o.complete:
 			ok++
+		case o.status == http.StatusTooManyRequests && o.key == "big" && strings.HasSuffix(errorCode(o.body), "limit_exceeded"):
+			// Key big has no limit: a key-limit refusal is wrong.
+			f.wrong++
+			example("wrong answer: key big (no limits) refused by %s: %.200s", o.edge, o.body)
 		case (o.status == http.StatusServiceUnavailable || o.status == http.StatusTooManyRequests) && o.retry:
 			clean++
 			code := errorCode(o.body)
