@@ -296,12 +296,17 @@ func (s *Service) handleNodeMessage(c *conn, m *nodev1.NodeMessage) {
 // ErrDispatchRefused, also wrapping errNodeDraining when the node said
 // Drain (it was sent before the Drain arrived: no failure of its
 // provider; Dispatch admits the request again elsewhere), and
-// contract.ErrProviderBusy when the node said its provider was busy
-// (neither is a failure of the provider).
+// contract.ErrProviderBusy when the node said its provider was busy, and
+// errStaleEpoch when it refused a deposed leader's epoch (which this edge
+// learns: sawEpoch). None is a failure of the provider.
 func (s *Service) refusal(c *conn, ref *nodev1.DispatchRefused) error {
 	err := fmt.Errorf("%w: node %q: %s", ErrDispatchRefused, c.nodeID, ref.GetReason())
 	if ref.GetBusy() {
 		err = fmt.Errorf("%w: %w", ErrProviderBusy, err)
+	}
+	if e := ref.GetStaleEpoch(); e != 0 {
+		err = fmt.Errorf("%w: %w", errStaleEpoch, err)
+		s.cl.sawEpoch(e)
 	}
 	if s.reg.isDraining(c) {
 		err = fmt.Errorf("%w: %w", errNodeDraining, err)
