@@ -140,6 +140,7 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 	}
 	t := s.clock.AfterFunc(hb, tick)
 	defer func() { t.Stop() }()
+	lastTick := s.clock.Now()
 
 	// Published before Welcome: a node that has its Welcome (and may be
 	// sent work) has had its node_connected, with its providers active.
@@ -170,7 +171,12 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 			}
 		case <-ticks:
 			now := s.clock.Now()
-			if silent := now.Sub(c.seen()); silent >= 3*hb {
+			// A tick two intervals late means this edge itself stalled
+			// (a frozen process): the node's heartbeats may wait unread
+			// in the stream, so the silence is judged at the next tick.
+			late := now.Sub(lastTick) >= 2*hb
+			lastTick = now
+			if silent := now.Sub(c.seen()); silent >= 3*hb && !late {
 				cause = fmt.Errorf("%w: node silent for %s", errHeartbeatMissed, silent)
 				return cause
 			}
