@@ -134,10 +134,9 @@ type clusterMode struct {
 	mu        sync.Mutex
 	term      *leadTerm // the leadership held now (nil: none)
 	lives     map[int64]*leaderLife
-	held      map[leaseKey]*heldLease
-	byRun     map[string]*heldLease // node + "\x00" + run id
-	followed  map[string]int64      // follower advertise → the epoch it opened a session to
-	joined    chan struct{}         // closed and replaced when a follower opens a session
+	leases    leaseTable
+	followed  map[string]int64 // follower advertise → the epoch it opened a session to
+	joined    chan struct{}    // closed and replaced when a follower opens a session
 	reports   map[int64]chan reportOf
 	clients   map[string]*grpc.ClientConn // leader address → connection
 	permitSeq uint64
@@ -172,8 +171,7 @@ func newClusterMode(s *Service, cfg cluster.Config) (*clusterMode, error) {
 	cfg.SetDefaults()
 	cm := &clusterMode{
 		s: s, cfg: cfg, el: el, name: cfg.Name,
-		held:     make(map[leaseKey]*heldLease),
-		byRun:    make(map[string]*heldLease),
+		leases:   newLeaseTable(),
 		lives:    make(map[int64]*leaderLife),
 		followed: make(map[string]int64),
 		joined:   make(chan struct{}),
@@ -273,12 +271,7 @@ func (cm *clusterMode) endTerm(reason string) {
 	cm.mu.Lock()
 	t := cm.term
 	cm.term = nil
-	hs := make([]*heldLease, 0, len(cm.held))
-	for _, h := range cm.held {
-		hs = append(hs, h)
-	}
-	clear(cm.held)
-	clear(cm.byRun)
+	hs := cm.leases.drain()
 	cm.mu.Unlock()
 	if t == nil {
 		return
@@ -295,12 +288,10 @@ func (cm *clusterMode) endTerm(reason string) {
 func (cm *clusterMode) hold(t *leadTerm, h *heldLease) bool {
 	cm.mu.Lock()
 	defer cm.mu.Unlock()
-	if cm.term != t || t.ctx.Err() != nil || cm.held[h.key] != nil || cm.byRun[h.node+"\x00"+h.runID] != nil {
+	if cm.term != t || t.ctx.Err() != nil {
 		return false
 	}
-	cm.held[h.key] = h
-	cm.byRun[h.node+"\x00"+h.runID] = h
-	return true
+	return cm.leases.add(h)
 }
 
 // term returns the leadership of epoch this edge holds (ready or not), or nil.
@@ -397,16 +388,15 @@ func (cm *clusterMode) adoptRun(epoch int64, node, provider, runID string, oepoc
 		return false
 	}
 	k := leaseKey{oepoch, leaseID}
-	rk := node + "\x00" + runID
 	cm.mu.Lock()
-	if h := cm.held[k]; h != nil {
+	if h := cm.leases.get(k); h != nil {
 		if owner != "" && h.edge == "" {
 			h.edge = owner
 		}
 		cm.mu.Unlock()
 		return false
 	}
-	known := cm.byRun[rk] != nil
+	known := cm.leases.knowsRun(node, runID)
 	cm.mu.Unlock()
 	// No lock of the edge is held while it calls the scheduler.
 	if known || cm.s.ownsLocalLease(runID) {
@@ -478,13 +468,8 @@ func (cm *clusterMode) reconcile(epoch int64, node string, runs []*nodev1.RunInF
 		listed[ri.GetRunId()] = true
 	}
 	before := cm.s.clock.Now().Add(-reconcileGrace)
-	var gone []*heldLease
 	cm.mu.Lock()
-	for _, h := range cm.held {
-		if h.node == node && h.since.Before(before) && !listed[h.runID] {
-			gone = append(gone, h)
-		}
-	}
+	gone := cm.leases.stale(node, listed, before)
 	cm.mu.Unlock()
 	for _, h := range gone {
 		if cm.dropHeld(h, "run no longer in flight on its node") {
@@ -496,13 +481,11 @@ func (cm *clusterMode) reconcile(epoch int64, node string, runs []*nodev1.RunInF
 // dropHeld forgets and releases h (once).
 func (cm *clusterMode) dropHeld(h *heldLease, reason string) bool {
 	cm.mu.Lock()
-	if cm.held[h.key] != h {
-		cm.mu.Unlock()
+	removed := cm.leases.remove(h)
+	cm.mu.Unlock()
+	if !removed {
 		return false
 	}
-	delete(cm.held, h.key)
-	delete(cm.byRun, h.node+"\x00"+h.runID)
-	cm.mu.Unlock()
 	return h.l.Release(reason)
 }
 
@@ -640,7 +623,7 @@ func (a *admissionServer) Release(_ context.Context, req *clusterv1.ReleaseReque
 		return &clusterv1.ReleaseReply{}, errNotLeaderRPC
 	}
 	cm.mu.Lock()
-	h := cm.held[leaseKey{req.GetEpoch(), req.GetLeaseId()}]
+	h := cm.leases.get(leaseKey{req.GetEpoch(), req.GetLeaseId()})
 	cm.mu.Unlock()
 	if h == nil {
 		return &clusterv1.ReleaseReply{}, nil
@@ -1528,7 +1511,7 @@ func (s *Service) Cluster() (ClusterState, bool) {
 	}
 	st := cm.el.State()
 	cm.mu.Lock()
-	n := len(cm.held)
+	n := cm.leases.len()
 	cm.mu.Unlock()
 	return ClusterState{Name: cm.name, Leader: st.Leader, Ready: st.Leader && cm.ready.Load() == st.Epoch, Epoch: st.Epoch, LeaderAddr: st.LeaderAddr, Leases: n}, true
 }
