@@ -265,10 +265,6 @@ func (e *Elector) renewed(sent time.Time) {
 func (e *Elector) Depose(epoch int64, addr string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if epoch <= e.seen && (e.own == 0 || epoch <= e.own) {
-		return
-	}
-	e.seen = max(e.seen, epoch)
 	if e.own != 0 && e.own < epoch {
 		e.log.Warn("cluster: a newer leader exists: stepping down", "edge", e.cfg.Name, "epoch", e.own, "newer", epoch)
 		e.own = 0
@@ -276,11 +272,11 @@ func (e *Elector) Depose(epoch int64, addr string) {
 			e.depose()
 		}
 	}
-	if st := e.state.Load(); st.Epoch == epoch && st.LeaderAddr != "" && addr == "" {
-		return
+	// The observer's reads of etcd stay the judge (seen is not raised):
+	// the epoch named here only stands until it reads the leader.
+	if st := e.state.Load(); epoch > st.Epoch || (epoch == st.Epoch && st.LeaderAddr == "" && addr != "") {
+		e.publishLocked(epoch, addr)
 	}
-	// Without addr, the address comes with the observer's next read.
-	e.publishLocked(epoch, addr)
 }
 
 // Changes is closed at the next change of State.
