@@ -1210,11 +1210,11 @@ func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCand
 		}
 		cm.awaitTurn(ctx, tk, st.Epoch)
 		var g grant
-		var retry bool
+		var retry, queued bool
 		if st.Leader {
 			g, retry, err = cm.admitHere(ctx, st.Epoch, req, tried, route, onQueued, tk)
 		} else {
-			g, retry, err = cm.admitAt(ctx, st, req, tried, route.blocks, onQueued, tk, deadline)
+			g, retry, queued, err = cm.admitAt(ctx, st, req, tried, route.blocks, onQueued, tk, deadline)
 		}
 		if !retry {
 			return g, err
@@ -1222,10 +1222,7 @@ func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCand
 		if ctx.Err() != nil {
 			return nil, context.Cause(ctx)
 		}
-		cm.qmu.Lock()
-		queued := tk.epoch == st.Epoch
-		cm.qmu.Unlock()
-		if queued && !st.Leader {
+		if queued {
 			// It waited at that leader, which is lost: the bound on
 			// waiting for the next runs from its last answer.
 			if h := cm.lastHeard(st.Epoch); !h.IsZero() {
@@ -1292,17 +1289,18 @@ func (cm *clusterMode) admitHere(ctx context.Context, epoch int64, req Request, 
 }
 
 // admitAt makes one Admit call to the leader of st; retry says the call
-// did not reach a ready leader (it may be tried again). The call ends
-// when the leader is judged dead or superseded (leaderCtx), and when no
-// first answer came by deadline.
-func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Request, tried []triedCandidate, blocks []uint64, onQueued func(), tk *admitTicket, deadline time.Time) (grant, bool, error) {
+// did not reach a ready leader (it may be tried again), queued that the
+// leader queued the request in this call. The call ends when the leader
+// is judged dead or superseded (leaderCtx), and when no first answer came
+// by deadline.
+func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Request, tried []triedCandidate, blocks []uint64, onQueued func(), tk *admitTicket, deadline time.Time) (g grant, retry, queued bool, err error) {
 	lctx, dead := cm.leaderCtx(st.Epoch)
 	if dead {
-		return nil, true, errLeaderSilent
+		return nil, true, false, errLeaderSilent
 	}
 	cli, err := cm.client(st.LeaderAddr)
 	if err != nil {
-		return nil, true, err
+		return nil, true, false, err
 	}
 	ar := &clusterv1.AdmitRequest{
 		Epoch:                st.Epoch,
@@ -1333,23 +1331,25 @@ func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Reques
 	defer firstBy.Stop()
 	stream, err := cli.Admit(cctx, ar, grpc.WaitForReady(false))
 	if err != nil {
-		return nil, true, err
+		return nil, true, false, err
 	}
 	for {
 		m, err := stream.Recv()
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil, false, context.Cause(ctx)
+				return nil, false, queued, context.Cause(ctx)
 			}
 			if lctx.Err() != nil {
-				return nil, true, errLeaderSilent
+				return nil, true, queued, errLeaderSilent
 			}
-			return nil, true, err
+			return nil, true, queued, err
 		}
 		firstBy.Stop()
-		cm.heard(st.Epoch)
 		switch msg := m.GetMsg().(type) {
 		case *clusterv1.AdmitReply_Queued:
+			// A leader that queues leads: alive (a refusal says nothing).
+			cm.heard(st.Epoch)
+			queued = true
 			cm.setTicket(tk, st.Epoch, false)
 			onQueued()
 		case *clusterv1.AdmitReply_Refused:
@@ -1358,9 +1358,9 @@ func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Reques
 				if r := msg.Refused; r.GetEpoch() > st.Epoch {
 					cm.el.Depose(r.GetEpoch(), r.GetLeader())
 				}
-				return nil, true, refusedError(msg.Refused)
+				return nil, true, queued, refusedError(msg.Refused)
 			}
-			return nil, false, refusedError(msg.Refused)
+			return nil, false, queued, refusedError(msg.Refused)
 		case *clusterv1.AdmitReply_Granted:
 			g := msg.Granted
 			rl := &remoteLease{cm: cm, key: leaseKey{g.GetEpoch(), g.GetLeaseId()}}
@@ -1375,9 +1375,9 @@ func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Reques
 			}
 			if ctx.Err() != nil {
 				rl.Release("client gone")
-				return nil, false, context.Cause(ctx)
+				return nil, false, queued, context.Cause(ctx)
 			}
-			return rl, false, nil
+			return rl, false, queued, nil
 		}
 	}
 }

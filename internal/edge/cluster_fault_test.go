@@ -57,7 +57,14 @@ func TestRegression_StaleEpochRefusalIsNoProviderFailure(t *testing.T) {
 // leader's and the follower's index, and the node's connections by edge.
 func clusterPair(t *testing.T) (es []*testEdge, li, fi int, cn *clusterNode) {
 	t.Helper()
-	etcd := etcdtest.Start(t)
+	es, li, fi, cn, _ = clusterPairOn(t)
+	return es, li, fi, cn
+}
+
+// clusterPairOn is clusterPair, also returning its etcd cluster.
+func clusterPairOn(t *testing.T) (es []*testEdge, li, fi int, cn *clusterNode, etcd *etcdtest.Cluster) {
+	t.Helper()
+	etcd = etcdtest.Start(t)
 	es = clusterEdges(t, etcd, 2)
 	li = waitLeader(t, es, []bool{true, true}, 0)
 	fi = 1 - li
@@ -65,7 +72,35 @@ func clusterPair(t *testing.T) (es []*testEdge, li, fi int, cn *clusterNode) {
 	for _, e := range es {
 		cn.conns = append(cn.conns, e.connect(t, hello("n1", prov("p1", normalized, 1, "m"))))
 	}
-	return es, li, fi, cn
+	return es, li, fi, cn, etcd
+}
+
+// TestRegression_QuorumLossAnswersNoLeader: a follower's request waits at
+// the leader when etcd loses its quorum. The leader steps down once its
+// last renewal is a session TTL old and refuses the waiter (not_leader);
+// the follower, whose view of the election cannot move without etcd,
+// keeps finding the deposed edge, which keeps refusing. A fault run saw
+// no_leader come up to 8.5 s after such a request arrived; the first
+// version of the bound counted each refusal as a sign of a live leader
+// and never answered. The request gets ErrNoLeader, within leaderWait of
+// the last answer of the leader it waited at.
+func TestRegression_QuorumLossAnswersNoLeader(t *testing.T) {
+	es, li, fi, cn, etcd := clusterPairOn(t)
+	leader, fol := es[li], es[fi]
+	cn.accept(t, li, leader.dispatchAsync(context.Background(), chatReq("m")))
+	queued := fol.dispatchAsync(context.Background(), chatReq("m"))
+	waitCond(t, "the follower's request to wait at the leader", func() bool { return leader.svc.Snapshot().Waiters == 1 })
+	etcd.Kill(0)
+	etcd.Kill(1)
+	defer etcd.Restart(1)
+	defer etcd.Restart(0)
+	got := wait(t, queued)
+	if !errors.Is(got.err, ErrNoLeader) {
+		t.Fatalf("request waiting at the leader when etcd lost its quorum: %v, want ErrNoLeader", got.err)
+	}
+	if cs, _ := leader.svc.Cluster(); cs.Leader || cs.Leases != 0 {
+		t.Fatalf("the leader without etcd: %+v, want stepped down with no lease of other edges", cs)
+	}
 }
 
 // heartbeat sends the node's heartbeat listing runs to edge i.
