@@ -3,6 +3,9 @@
 // (package edge/api) calls. The admission decisions are the scheduler's
 // (package scheduler); this package feeds it live candidates and node
 // lifecycle, and carries admitted requests to nodes and their answers back.
+// Service admits through one admission (admission.go): localAdmission on a
+// single edge, clusterMode (cluster.go) for several; a run holds the grant
+// either returns.
 //
 // What the HTTP API asks and gets back is package edge/contract's: Request,
 // DispatchInfo, Snapshot, ModelInfo, the dispatch errors and Outcome. This
