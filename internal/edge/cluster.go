@@ -11,7 +11,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
@@ -88,10 +87,11 @@ type heldLease struct {
 
 // clusterMode is an edge's cluster side; nil without Config.Cluster.
 type clusterMode struct {
-	s    *Service
-	cfg  cluster.Config
-	el   *cluster.Elector
-	name string
+	s     *Service
+	cfg   cluster.Config
+	el    *cluster.Elector
+	name  string
+	peers *peerAuth // identity, token and TLS between edges (cluster_auth.go)
 
 	ready atomic.Int64 // the epoch whose rebuild is done (this edge leads it)
 
@@ -130,13 +130,17 @@ type reportOf struct {
 }
 
 func newClusterMode(s *Service, cfg cluster.Config) (*clusterMode, error) {
+	peers, err := newPeerAuth(cfg, s.log)
+	if err != nil {
+		return nil, err
+	}
 	el, err := cluster.Start(cfg, s.log)
 	if err != nil {
 		return nil, err
 	}
 	cfg.SetDefaults()
 	cm := &clusterMode{
-		s: s, cfg: cfg, el: el, name: cfg.Name,
+		s: s, cfg: cfg, el: el, name: cfg.Name, peers: peers,
 		held:     make(map[leaseKey]*heldLease),
 		byRun:    make(map[string]*heldLease),
 		sessions: make(map[string]int),
@@ -674,10 +678,10 @@ func refusedError(r *clusterv1.Refused) error {
 
 // serveAdmission serves the Admission service on lis until ctx ends.
 func (cm *clusterMode) serveAdmission(ctx context.Context, lis net.Listener) error {
-	gs := grpc.NewServer(
+	gs := grpc.NewServer(append([]grpc.ServerOption{
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Second, Timeout: 2 * time.Second}),
-	)
+	}, cm.peers.serverOptions()...)...)
 	clusterv1.RegisterAdmissionServer(gs, &admissionServer{cm: cm})
 	errc := make(chan error, 1)
 	go func() { errc <- gs.Serve(lis) }()
@@ -700,10 +704,9 @@ func (cm *clusterMode) client(addr string) (clusterv1.AdmissionClient, error) {
 	if cc := cm.clients[addr]; cc != nil {
 		return clusterv1.NewAdmissionClient(cc), nil
 	}
-	cc, err := grpc.NewClient(addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	cc, err := grpc.NewClient(addr, append(cm.peers.dialOptions(),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 2 * time.Second, Timeout: 2 * time.Second, PermitWithoutStream: true}),
-	)
+	)...)
 	if err != nil {
 		return nil, err
 	}

@@ -101,6 +101,7 @@ cluster:
   name: %s
   advertise: %s
   session_ttl: 2s
+  id: e2e
 `, e.httpAddr, e.nodeList, rig.hashes[0], rig.hashes[1], rig.hashes[2], strings.Join(rig.etcd.Endpoints(), ", "), e.name, e.advertise)
 		if err := os.WriteFile(e.cfgPath, []byte(yaml), 0o600); err != nil {
 			t.Fatal(err)

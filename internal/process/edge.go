@@ -280,6 +280,15 @@ func checkOpenAPI(cfg edge.Config, keys int, logger *slog.Logger) error {
 	if cfg.TLSCert == "" && !isLoopback(cfg.NodeListen) {
 		logger.Warn("node endpoint is plaintext gRPC: node tokens travel in the clear (set tls_cert and tls_key)", "node_listen", cfg.NodeListen)
 	}
+	if c := cfg.Cluster; c != nil && !c.TLS() {
+		listen := c.Listen
+		if listen == "" {
+			listen = c.Advertise
+		}
+		if !isLoopback(listen) {
+			logger.Warn("admission between edges is plaintext gRPC: the cluster token and every admission travel in the clear (set cluster.tls_cert, tls_key and tls_ca)", "cluster_listen", listen)
+		}
+	}
 	return nil
 }
 
