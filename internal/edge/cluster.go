@@ -93,7 +93,8 @@ type clusterMode struct {
 	name  string
 	peers *peerAuth // identity, token and TLS between edges (cluster_auth.go)
 
-	ready atomic.Int64 // the epoch whose rebuild is done (this edge leads it)
+	ready   atomic.Int64 // the epoch whose rebuild is done (this edge leads it)
+	session atomic.Int64 // the epoch of this follower's open admission session (0: none)
 
 	// mu guards the fields below; a leaf: nothing is called while it is
 	// held (the scheduler, Service.mu and the network are called without).
@@ -751,10 +752,12 @@ func (cm *clusterMode) followOnce(st cluster.State) {
 	if err != nil {
 		return
 	}
+	defer cm.session.Store(0)
 	for {
 		if _, err := stream.Recv(); err != nil {
 			return
 		}
+		cm.session.Store(st.Epoch)
 		if now := cm.el.State(); now.Epoch != st.Epoch {
 			return
 		}

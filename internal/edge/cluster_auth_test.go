@@ -280,3 +280,33 @@ func TestClusterTLSAndTokenBetweenEdges(t *testing.T) {
 		t.Fatalf("leader in flight %d after the refused edges, want 1", got)
 	}
 }
+
+// TestClusterReadyNeedsALeader: /readyz's Service.Ready is false without a
+// node connection, and with several edges also while no leader admits for
+// the edge (etcd unreachable: no election); with a leader and a node it
+// is true on the leader and on a follower once its session is open.
+func TestClusterReadyNeedsALeader(t *testing.T) {
+	cfg := testConfig()
+	cfg.Cluster = &cluster.Config{Etcd: []string{"http://" + freeAddr(t)}, Name: "lonely", Advertise: freeAddr(t), SessionTTL: time.Second, ID: "x"}
+	lonely := startEdge(t, cfg)
+	lonely.connect(t, hello("n1", prov("p1", nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED, 2, "m")))
+	if lonely.svc.Ready() {
+		t.Fatal("ready with a node but no etcd (no leader)")
+	}
+
+	etcd := etcdtest.Start(t)
+	es := clusterEdges(t, etcd, 2)
+	li := waitLeader(t, es, []bool{true, true}, 0)
+	for i, e := range es {
+		if e.svc.Ready() {
+			t.Fatalf("edge %d ready without a node", i)
+		}
+	}
+	for _, e := range es {
+		e.connect(t, hello("n1", prov("p1", nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED, 2, "m")))
+	}
+	waitFor(t, func() bool { return es[li].svc.Ready() && es[1-li].svc.Ready() })
+	if lonely.svc.Ready() {
+		t.Fatal("the edge without etcd became ready")
+	}
+}
