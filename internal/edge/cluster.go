@@ -83,6 +83,9 @@ type heldLease struct {
 	node   string
 	runID  string
 	orphan time.Time // non-zero: released by the nodes' reports
+
+	keyTaken   bool   // adoptKey took (or is taking) its key's slot
+	keyRelease func() // gives that slot back (cluster_keys.go)
 }
 
 // clusterMode is an edge's cluster side; nil without Config.Cluster.
@@ -92,6 +95,7 @@ type clusterMode struct {
 	el    *cluster.Elector
 	name  string
 	peers *peerAuth // identity, token and TLS between edges (cluster_auth.go)
+	keys  clusterKeys
 
 	ready   atomic.Int64 // the epoch whose rebuild is done (this edge leads it)
 	session atomic.Int64 // the epoch of this follower's open admission session (0: none)
@@ -199,6 +203,7 @@ func (cm *clusterMode) leadLoop() {
 		st := cm.el.State()
 		if st.Leader && st.Epoch != led {
 			led = st.Epoch
+			cm.electedKeys()
 			cm.rebuild(st.Epoch)
 			cm.ready.Store(st.Epoch)
 			cm.s.log.Info("cluster leader ready", "edge", cm.name, "epoch", st.Epoch)
@@ -271,6 +276,7 @@ func (cm *clusterMode) rebuild(epoch int64) {
 				if cm.adoptRun(epoch, rep.node, ri.GetProviderId(), ri.GetRunId(), ri.GetEpoch(), ri.GetLeaseId(), ri.GetLong(), "") {
 					adopted++
 				}
+				cm.adoptKey(epoch, rep.node, ri)
 			}
 		case <-joined:
 		case <-timer.C:
@@ -361,6 +367,7 @@ func (cm *clusterMode) nodeReport(c *conn, epoch int64, runs []*nodev1.RunInFlig
 	// A node that connected after the rebuild, or a run its reply missed.
 	for _, ri := range runs {
 		cm.adoptRun(epoch, c.nodeID, ri.GetProviderId(), ri.GetRunId(), ri.GetEpoch(), ri.GetLeaseId(), ri.GetLong(), "")
+		cm.adoptKey(epoch, c.nodeID, ri)
 	}
 	listed := make(map[string]bool, len(runs))
 	for _, ri := range runs {
@@ -389,7 +396,12 @@ func (cm *clusterMode) dropHeld(h *heldLease, reason string) bool {
 	}
 	delete(cm.held, h.key)
 	delete(cm.byRun, h.node+"\x00"+h.runID)
+	keyRelease := h.keyRelease
+	h.keyRelease = nil
 	cm.mu.Unlock()
+	if keyRelease != nil {
+		keyRelease()
+	}
 	return h.l.Release(reason)
 }
 
@@ -723,6 +735,7 @@ func (cm *clusterMode) followLoop() {
 		ch := cm.el.Changes()
 		st := cm.el.State()
 		if !st.Leader && st.LeaderAddr != "" {
+			cm.keys.sawLeader.Store(st.LeaderAddr != cm.cfg.Advertise || cm.keys.sawLeader.Load())
 			cm.followOnce(st)
 		}
 		select {

@@ -212,7 +212,7 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 			grace = edge.DefaultDrainTimeout
 		}
 		// From now on /readyz is 503 and every new request is answered 503
-		// with Retry-After (stopLameDuck long, with the listener still
+		// with Retry-After (for stopLameDuck, with the listener still
 		// open, so a request already on its way on a kept-alive
 		// connection gets that answer rather than a closed connection).
 		draining.Store(true)
@@ -330,7 +330,7 @@ func isLoopback(addr string) bool {
 // balancer's health check (/readyz, 503 from the first instant) takes the
 // edge out of rotation meanwhile, and a request racing the stop gets an
 // answer.
-const stopLameDuck = 500 * time.Millisecond
+const stopLameDuck = time.Second
 
 // refuseStopping answers a request that arrives while the edge stops:
 // 503 edge_shutting_down with Retry-After, closing the connection.
@@ -371,6 +371,13 @@ func clusterKeyAdmit(cfg edge.Config, svc *edge.Service, keys *auth.Keyring) fun
 		}
 		return p.Release, nil
 	})
+	svc.SetKeyLeader(func(name string) func() {
+		c := keys.ByName(name)
+		if c == nil {
+			return func() {}
+		}
+		return c.Adopt().Release
+	}, keys.ExhaustRates)
 	return func(ctx context.Context, c *auth.Caller) (func(), bool, error) {
 		local, release, err := svc.AdmitKey(ctx, c.Name())
 		var kl *edge.KeyLimitError

@@ -18,7 +18,8 @@ import (
 
 // TestRegression_SIGTERMDuringBurstAnswersEveryRequest: a real `iop edge`
 // process with a real node, serving eight clients that send request after
-// request on kept-alive connections, gets SIGTERM. /readyz answers 200
+// request on kept-alive connections (and wait Retry-After after a 503),
+// gets SIGTERM. /readyz answers 200
 // before and 503 once the edge stops (before it exits); every request the
 // clients sent gets an HTTP answer — a complete 200, or 503 with
 // Retry-After — or is refused at connect (the listener is closed): none
@@ -95,6 +96,9 @@ providers:
 					ok.Add(1)
 				case resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "":
 					refused.Add(1)
+					// As a client or load balancer does: not again before
+					// Retry-After.
+					time.Sleep(time.Second)
 				default:
 					mu.Lock()
 					bad = append(bad, fmt.Sprintf("%d %s", resp.StatusCode, b))
