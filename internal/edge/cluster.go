@@ -396,12 +396,8 @@ func (cm *clusterMode) dropHeld(h *heldLease, reason string) bool {
 	}
 	delete(cm.held, h.key)
 	delete(cm.byRun, h.node+"\x00"+h.runID)
-	keyRelease := h.keyRelease
-	h.keyRelease = nil
 	cm.mu.Unlock()
-	if keyRelease != nil {
-		keyRelease()
-	}
+	cm.releaseKeySlot(h)
 	return h.l.Release(reason)
 }
 

@@ -40,8 +40,8 @@ func (s *Service) SetKeyLeader(adopt func(name string) (release func()), newEpoc
 	}
 }
 
-// runKey is the name of the client API key ctx carries ("" : none).
-func runKey(ctx context.Context) string {
+// requestKey is the name of the client API key ctx carries ("" : none).
+func requestKey(ctx context.Context) string {
 	if c := auth.FromContext(ctx); c != nil {
 		return c.Name()
 	}
@@ -83,5 +83,17 @@ func (cm *clusterMode) adoptKey(epoch int64, node string, ri *nodev1.RunInFlight
 	cm.mu.Unlock()
 	if release != nil {
 		release() // dropped meanwhile
+	}
+}
+
+// releaseKeySlot gives back the key slot adoptKey took for h, once: every
+// path that releases a held lease calls it, with cm.mu not held.
+func (cm *clusterMode) releaseKeySlot(h *heldLease) {
+	cm.mu.Lock()
+	release := h.keyRelease
+	h.keyRelease = nil
+	cm.mu.Unlock()
+	if release != nil {
+		release()
 	}
 }
