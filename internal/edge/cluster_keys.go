@@ -67,7 +67,7 @@ func (cm *clusterMode) adoptKey(epoch int64, node string, ri *nodev1.RunInFlight
 		return
 	}
 	cm.mu.Lock()
-	h := cm.byRun[node+"\x00"+ri.GetRunId()]
+	h := cm.leases.byRun[runKey(node, ri.GetRunId())]
 	if h == nil || h.keyTaken || h.key.epoch >= epoch {
 		cm.mu.Unlock()
 		return
@@ -76,7 +76,7 @@ func (cm *clusterMode) adoptKey(epoch int64, node string, ri *nodev1.RunInFlight
 	cm.mu.Unlock()
 	release := (*f)(name)
 	cm.mu.Lock()
-	if cm.held[h.key] == h {
+	if cm.leases.get(h.key) == h {
 		h.keyRelease = release
 		release = nil
 	}

@@ -27,7 +27,7 @@ func (s *Service) Ready() bool {
 func (cm *clusterMode) serving() bool {
 	st := cm.el.State()
 	if st.Leader {
-		return cm.ready.Load() == st.Epoch
+		return cm.leadsReady() == st.Epoch
 	}
 	return st.Epoch != 0 && cm.session.Load() == st.Epoch
 }
