@@ -13,7 +13,7 @@ import (
 // One dispatch loop. Service.Dispatch runs attempts (Service.attempt: one
 // admission, one dispatch, and with read-ahead the run's first messages)
 // until the pure function next decides the request is finished. The rules
-// next encodes (DESIGN.md, the README's "When a provider fails before any
+// next encodes (DESIGN.md, docs/scheduling.md, "When a provider fails before any
 // byte ..."):
 //
 //   - A dispatch that never reached a provider (stale generation, dispatch
