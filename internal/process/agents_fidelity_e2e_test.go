@@ -225,12 +225,14 @@ func checkForcedToolChoice(t *testing.T, rig *agentRig) {
 // a model only Ollama providers serve, so structured output through tools
 // (LangChain's withStructuredOutput, the AI SDK's generateObject) failed.
 // Against the Ollama-protocol simulator and, on the tunnel path, the
-// OpenAI-protocol one.
+// OpenAI-protocol one; then the Anthropic SDK and the AI SDK's Anthropic
+// provider (test/js/agents_anthropic.mjs).
 func TestRegression_ForcedToolChoiceOnOllama(t *testing.T) {
 	_, ollamaURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"tools-n"}, Seed: 7})
 	_, openaiURL := startSim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"tools-v1"}, Seed: 7})
 	rig := startAgentRig(t, ollamaURL, "tools-n", openaiURL, "tools-v1")
 	checkForcedToolChoice(t, rig)
+	runJSTest(t, "agents_anthropic.mjs", "IOP_BASE_URL=http://"+rig.e.HTTPAddr, "IOP_TOOL_MODEL=tools-n")
 	waitIdle(t, rig.e)
 }
 
@@ -244,6 +246,7 @@ func TestRealOllama_ForcedToolChoice(t *testing.T) {
 	s.CreateModel(t, "tools-v1", ollamatest.Tools)
 	rig := startAgentRig(t, s.URL, "tools-n", s.URL, "tools-v1")
 	checkForcedToolChoice(t, rig)
+	runJSTest(t, "agents_anthropic.mjs", "IOP_BASE_URL=http://"+rig.e.HTTPAddr, "IOP_TOOL_MODEL=tools-n")
 	waitIdle(t, rig.e)
 }
 
