@@ -66,6 +66,12 @@ func (o *Ollama) Close() { o.p.Close() }
 //	embeddings:       STARTED, DELTA{embeddings} (one or more, vectors in input
 //	                  order), then USAGE{prompt_tokens} + COMPLETE{"stop"}
 //
+// A chat's forced tool call (tool_choice "required", a named function)
+// reaches Ollama as a format and comes back as that call (readStream;
+// translate.ToOllamaChatRequest). A think level the translation made of a
+// reasoning effort goes as the model takes it: a level, or true for a
+// model that refused a level before (thinkFor).
+//
 // The fields of req.OllamaFields (translate.ParseOllamaFields; not an
 // object: 400 naming translate.ExtensionKey) are set on the Ollama request
 // with their JSON values unchanged, where the translation does not set the
