@@ -86,7 +86,7 @@ func wantArgs(t *testing.T, name, args string) {
 func checkForcedToolChoice(t *testing.T, rig *agentRig) {
 	model := rig.native
 	t.Run("chat named function", func(t *testing.T) {
-		status, data := rig.post(t, "/v1/chat/completions", fmt.Sprintf(`{"model":%q,"max_tokens":60,"tools":%s,
+		status, data := rig.post(t, "/v1/chat/completions", fmt.Sprintf(`{"model":%q,"max_tokens":200,"tools":%s,
 			"tool_choice":{"type":"function","function":{"name":"get_time"}},"messages":[{"role":"user","content":"what time is it?"}]}`, model, agentTools))
 		var a struct {
 			Choices []struct {
@@ -108,7 +108,7 @@ func checkForcedToolChoice(t *testing.T, rig *agentRig) {
 		}
 	})
 	t.Run("chat required", func(t *testing.T) {
-		status, data := rig.post(t, "/v1/chat/completions", fmt.Sprintf(`{"model":%q,"max_tokens":60,"tools":%s,"tool_choice":"required",
+		status, data := rig.post(t, "/v1/chat/completions", fmt.Sprintf(`{"model":%q,"max_tokens":200,"tools":%s,"tool_choice":"required",
 			"messages":[{"role":"user","content":"weather or time?"}]}`, model, agentTools))
 		var a struct {
 			Choices []struct {
@@ -128,7 +128,7 @@ func checkForcedToolChoice(t *testing.T, rig *agentRig) {
 		wantArgs(t, fn.Name, fn.Arguments)
 	})
 	t.Run("responses named function", func(t *testing.T) {
-		status, data := rig.post(t, "/v1/responses", fmt.Sprintf(`{"model":%q,"max_output_tokens":60,"tools":%s,
+		status, data := rig.post(t, "/v1/responses", fmt.Sprintf(`{"model":%q,"max_output_tokens":200,"tools":%s,
 			"tool_choice":{"type":"function","name":"get_weather"},"input":"weather?"}`, model, agentResponsesTools))
 		var r struct {
 			Output []struct{ Type, Name, Arguments string } `json:"output"`
@@ -145,7 +145,7 @@ func checkForcedToolChoice(t *testing.T, rig *agentRig) {
 	for _, stream := range []bool{false, true} {
 		t.Run(fmt.Sprintf("messages tool and any, stream=%v", stream), func(t *testing.T) {
 			for choice, name := range map[string]string{`{"type":"tool","name":"get_time"}`: "get_time", `{"type":"any"}`: ""} {
-				status, data := rig.post(t, "/v1/messages", fmt.Sprintf(`{"model":%q,"max_tokens":60,"stream":%v,"tools":%s,"tool_choice":%s,
+				status, data := rig.post(t, "/v1/messages", fmt.Sprintf(`{"model":%q,"max_tokens":200,"stream":%v,"tools":%s,"tool_choice":%s,
 					"messages":[{"role":"user","content":"time?"}]}`, model, stream, agentMessagesTools, choice))
 				if status != 200 {
 					t.Fatalf("%s: %d %s", choice, status, data)
@@ -211,7 +211,7 @@ func checkForcedToolChoice(t *testing.T, rig *agentRig) {
 	})
 	if rig.tunnelProxy != nil {
 		t.Run("tunnel path passes tool_choice through", func(t *testing.T) {
-			status, data := rig.post(t, "/v1/chat/completions", fmt.Sprintf(`{"model":%q,"max_tokens":60,"tools":%s,"tool_choice":"required",
+			status, data := rig.post(t, "/v1/chat/completions", fmt.Sprintf(`{"model":%q,"max_tokens":200,"tools":%s,"tool_choice":"required",
 				"messages":[{"role":"user","content":"use get_time"}]}`, rig.v1, agentTools))
 			if status != 200 || sentField(t, rig.tunnelProxy, "tool_choice") != `"required"` {
 				t.Fatalf("%d %s; the provider got %s", status, data, rig.tunnelProxy.last(t).Body)

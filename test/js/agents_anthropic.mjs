@@ -44,11 +44,11 @@ function check(name, fn) {
 }
 
 check('messages.create, tool_choice tool', async () => {
-  checkCall(await client.messages.create({ model, max_tokens: 60, tools, tool_choice: { type: 'tool', name: 'get_time' }, messages }), 'get_time')
+  checkCall(await client.messages.create({ model, max_tokens: 200, tools, tool_choice: { type: 'tool', name: 'get_time' }, messages }), 'get_time')
 })
 
 check('messages.stream, tool_choice any', async () => {
-  checkCall(await client.messages.stream({ model, max_tokens: 60, tools, tool_choice: { type: 'any' }, messages }).finalMessage())
+  checkCall(await client.messages.stream({ model, max_tokens: 200, tools, tool_choice: { type: 'any' }, messages }).finalMessage())
 })
 
 check('messages.create, tool_choice none', async () => {
@@ -62,7 +62,7 @@ check('@ai-sdk/anthropic generateObject (jsonTool)', async () => {
     model: anthropic(model),
     schema: z.object({ zone: z.enum(['UTC', 'CET']) }),
     prompt: 'which zone?',
-    maxOutputTokens: 60,
+    maxOutputTokens: 200,
     maxRetries: 0,
     providerOptions: { anthropic: { structuredOutputMode: 'jsonTool' } },
   })

@@ -222,14 +222,17 @@ func (o *Ollama) statusError(c *call) error {
 // rather than sent, and becomes that call (forced.Call) at the end, as
 // one DELTA tool call; text that is no call of the request's tools is a
 // failure of kind ErrProviderStream, unless the answer was cut at its
-// length limit (then it is sent as text, finish_reason "length").
+// length limit (then it is sent as text, finish_reason "length"). A whole
+// call (its arguments JSON) finishes "tool_calls" even at the length
+// limit: the grammar lets a model pad the call with whitespace.
 func (o *Ollama) readStream(c *call, sink EventSink, forced *translate.ForcedCall) error {
 	br := bufio.NewReaderSize(c.resp.Body, 64<<10)
 	var (
-		events   []*nodev1.RunEvent
-		calls    int32           // tool calls so far
-		started  bool            // STARTED was sent
-		callText strings.Builder // a forced call's text so far
+		events    []*nodev1.RunEvent
+		calls     int32           // tool calls so far
+		started   bool            // STARTED was sent
+		callText  strings.Builder // a forced call's text so far
+		wholeCall bool            // the forced call's text was a whole call
 	)
 	// send sends the events gathered so far, after STARTED the first
 	// time; a failure that follows them still reaches the client after
@@ -302,6 +305,10 @@ func (o *Ollama) readStream(c *call, sink EventSink, forced *translate.ForcedCal
 						events = append(events, &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, ToolCalls: []*nodev1.ToolCallDelta{
 							{Index: 0, Id: newToolCallID(), Name: name, Arguments: args}}})
 						calls++
+						// A whole call is the answer even when the model
+						// spent its last tokens on the whitespace the
+						// format's grammar allows.
+						wholeCall = json.Valid([]byte(args))
 					case l.DoneReason == "length":
 						// Cut before it named its function: the text
 						// as it came, with finish_reason "length".
@@ -317,7 +324,7 @@ func (o *Ollama) readStream(c *call, sink EventSink, forced *translate.ForcedCal
 				}
 				finish := "stop"
 				switch {
-				case l.DoneReason == "length":
+				case l.DoneReason == "length" && !wholeCall:
 					finish = "length"
 				case calls > 0:
 					finish = "tool_calls"
