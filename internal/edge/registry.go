@@ -88,9 +88,9 @@ const NeedThinking = "thinking"
 const NeedChoices = "choices"
 
 // NeedToolChoice and NeedRemoteImages are, like NeedChoices, needs only a
-// tunnel-path provider meets, since the request reaches it as sent: a
-// tool_choice of "required" or parallel_tool_calls false (Ollama cannot
-// force a tool call nor keep a model to one), and an image given by an
+// tunnel-path provider meets, since the request reaches it as sent:
+// parallel_tool_calls false without a forced tool call (Ollama cannot keep
+// a model to one call; a forced call it serves as one), and an image given by an
 // http(s) URL (iop fetches nothing for an Ollama provider).
 const (
 	NeedToolChoice   = "tool_choice"

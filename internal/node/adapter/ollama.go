@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 
 	"iop/internal/translate"
 	"iop/internal/wire/nodev1"
@@ -28,6 +29,11 @@ const maxFloatsPerDelta = 256 << 10
 type Ollama struct {
 	p           *httpProvider
 	deltaFloats int // most embedding values in one DELTA; maxFloatsPerDelta
+
+	mu sync.Mutex // guards the fields below
+	// boolThink holds the served models that refused a think level (see
+	// thinkFor); they get think true for a reasoning effort.
+	boolThink map[string]bool
 }
 
 var _ Normalizer = (*Ollama)(nil)
@@ -60,6 +66,12 @@ func (o *Ollama) Close() { o.p.Close() }
 //	embeddings:       STARTED, DELTA{embeddings} (one or more, vectors in input
 //	                  order), then USAGE{prompt_tokens} + COMPLETE{"stop"}
 //
+// A chat's forced tool call (tool_choice "required", a named function)
+// reaches Ollama as a format and comes back as that call (readStream;
+// translate.ToOllamaChatRequest). A think level the translation made of a
+// reasoning effort goes as the model takes it: a level, or true for a
+// model that refused a level before (thinkFor).
+//
 // The fields of req.OllamaFields (translate.ParseOllamaFields; not an
 // object: 400 naming translate.ExtensionKey) are set on the Ollama request
 // with their JSON values unchanged, where the translation does not set the
@@ -73,6 +85,7 @@ func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) err
 		path   string
 		body   []byte
 		inputs int
+		forced *translate.ForcedCall // the answer's text is this tool call
 		err    error
 	)
 	// Ollama-only fields the client sent (keep_alive, think, num_ctx, ...);
@@ -81,7 +94,9 @@ func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) err
 	switch req.Op {
 	case nodev1.Operation_OPERATION_CHAT:
 		path = "/api/chat"
-		body, err = translate.ToOllamaChat(req.Body, req.ServedModel, fields)
+		var chat translate.OllamaChat
+		chat, err = translate.ToOllamaChatRequest(req.Body, req.ServedModel, fields)
+		body, forced = chat.Body, chat.Forced
 	case nodev1.Operation_OPERATION_COMPLETION:
 		path = "/api/generate"
 		body, err = translate.ToOllamaGenerate(req.Body, req.ServedModel, fields)
@@ -97,9 +112,21 @@ func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) err
 	if fieldsErr != nil {
 		return fieldBadRequest(translate.ExtensionKey, "%v", fieldsErr)
 	}
+	// A think level the translation made of a reasoning effort (not one
+	// the client set in Ollama's own terms) goes as Ollama's model takes
+	// it (thinkFor).
+	effortLevel := req.Op != nodev1.Operation_OPERATION_EMBEDDINGS && !fields.Has("think")
+	if effortLevel && o.takesBoolThink(req.ServedModel) {
+		body, _ = translate.ThinkAsBool(body)
+	}
 	c, err := o.p.post(ctx, path, body, http.Header{"Accept": {"application/x-ndjson, application/json"}})
 	if err != nil {
 		return err
+	}
+	if c.resp.StatusCode == http.StatusBadRequest && effortLevel {
+		if c, err = o.thinkFor(ctx, c, path, body, req.ServedModel); err != nil {
+			return err
+		}
 	}
 	defer c.close()
 	if c.resp.StatusCode < 200 || c.resp.StatusCode > 299 {
@@ -112,7 +139,41 @@ func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) err
 	if req.Op == nodev1.Operation_OPERATION_EMBEDDINGS {
 		return o.readEmbeddings(c, inputs, sink)
 	}
-	return o.readStream(c, sink)
+	return o.readStream(c, sink, forced)
+}
+
+// thinkFor handles c, a 400 to body: when it is Ollama's refusal of a
+// think level (translate.IsThinkLevelRefusal: the model takes booleans
+// only, as every model but gpt-oss does in Ollama v0.17.4), the model is
+// remembered and body is sent once more with think true
+// (translate.ThinkAsBool), and that call is returned; any other 400 is
+// returned as its error. Later requests for the model send true at once
+// (takesBoolThink), so each model costs one refused request per adapter.
+func (o *Ollama) thinkFor(ctx context.Context, c *call, path string, body []byte, model string) (*call, error) {
+	err := o.statusError(c)
+	c.close()
+	var e *Error
+	if !errors.As(err, &e) || !translate.IsThinkLevelRefusal(e.Message) {
+		return nil, err
+	}
+	retry, ok := translate.ThinkAsBool(body)
+	if !ok {
+		return nil, err
+	}
+	o.mu.Lock()
+	if o.boolThink == nil {
+		o.boolThink = make(map[string]bool)
+	}
+	o.boolThink[model] = true
+	o.mu.Unlock()
+	return o.p.post(ctx, path, retry, http.Header{"Accept": {"application/x-ndjson, application/json"}})
+}
+
+// takesBoolThink reports whether model refused a think level before.
+func (o *Ollama) takesBoolThink(model string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.boolThink[model]
 }
 
 // startedEvent is the STARTED event that opens a normalized answer.
@@ -156,13 +217,22 @@ func (o *Ollama) statusError(c *call) error {
 // become DELTA tool_calls numbered from 0 in order of arrival, with
 // Ollama's id or a new "call_..." one, and make the finish reason
 // "tool_calls" unless the answer was cut at its length limit (as Ollama's
-// own OpenAI layer does).
-func (o *Ollama) readStream(c *call, sink EventSink) error {
+// own OpenAI layer does). With forced set, the request forced a tool
+// call (translate.ToOllamaChatRequest): the answer's text is gathered
+// rather than sent, and becomes that call (forced.Call) at the end, as
+// one DELTA tool call; text that is no call of the request's tools is a
+// failure of kind ErrProviderStream, unless the answer was cut at its
+// length limit (then it is sent as text, finish_reason "length"). A whole
+// call (its arguments JSON) finishes "tool_calls" even at the length
+// limit: the grammar lets a model pad the call with whitespace.
+func (o *Ollama) readStream(c *call, sink EventSink, forced *translate.ForcedCall) error {
 	br := bufio.NewReaderSize(c.resp.Body, 64<<10)
 	var (
-		events  []*nodev1.RunEvent
-		calls   int32 // tool calls so far
-		started bool  // STARTED was sent
+		events    []*nodev1.RunEvent
+		calls     int32           // tool calls so far
+		started   bool            // STARTED was sent
+		callText  strings.Builder // a forced call's text so far
+		wholeCall bool            // the forced call's text was a whole call
 	)
 	// send sends the events gathered so far, after STARTED the first
 	// time; a failure that follows them still reaches the client after
@@ -209,6 +279,10 @@ func (o *Ollama) readStream(c *call, sink EventSink) error {
 			if l.Err != "" {
 				return streamErr(ErrProviderError, truncate(o.p.redact(l.Err), maxFallbackMessage))
 			}
+			if forced != nil && l.Text != "" {
+				callText.WriteString(l.Text)
+				l.Text = ""
+			}
 			if l.Text != "" || l.Thinking != "" || len(l.ToolCalls) > 0 {
 				delta := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: l.Text, Thinking: l.Thinking}
 				for _, tc := range l.ToolCalls {
@@ -224,6 +298,25 @@ func (o *Ollama) readStream(c *call, sink EventSink) error {
 				events = append(events, delta)
 			}
 			if l.Done {
+				if forced != nil && calls == 0 {
+					name, args, err := forced.Call(callText.String())
+					switch {
+					case err == nil:
+						events = append(events, &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, ToolCalls: []*nodev1.ToolCallDelta{
+							{Index: 0, Id: newToolCallID(), Name: name, Arguments: args}}})
+						calls++
+						// A whole call is the answer even when the model
+						// spent its last tokens on the whitespace the
+						// format's grammar allows.
+						wholeCall = json.Valid([]byte(args))
+					case l.DoneReason == "length":
+						// Cut before it named its function: the text
+						// as it came, with finish_reason "length".
+						events = append(events, &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: callText.String()})
+					default:
+						return streamErr(ErrProviderStream, truncate(o.p.redact(err.Error()), maxFallbackMessage))
+					}
+				}
 				if !started && len(events) == 0 {
 					// An answer with no content still starts.
 					events = append(events, startedEvent())
@@ -231,7 +324,7 @@ func (o *Ollama) readStream(c *call, sink EventSink) error {
 				}
 				finish := "stop"
 				switch {
-				case l.DoneReason == "length":
+				case l.DoneReason == "length" && !wholeCall:
 					finish = "length"
 				case calls > 0:
 					finish = "tool_calls"
