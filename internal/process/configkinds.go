@@ -261,6 +261,14 @@ file. Examples of whole files are in [A real deployment](deployment.md) and
 example, with the YAML language server: ` + "`# yaml-language-server: $schema=edge.schema.json`" + `
 as a file's first line).
 
+Check the example files of [docs/examples](examples), and write the JSON
+Schema of an edge file (a test runs this block):
+
+` + "```sh runnable" + `
+iop check docs/examples/edge.yaml docs/examples/node.yaml docs/examples/dev.yaml
+iop config schema edge > edge.schema.json
+` + "```" + `
+
 Durations are written with a unit: ` + "`30s`, `1m30s`, `500ms`" + `. A key left out, or
 given no value, takes its default. A path ` + "`models.*.targets`" + ` is the key
 ` + "`targets`" + ` of each entry of ` + "`models`" + `; ` + "`providers[].capacity`" + ` is the key ` + "`capacity`" + ` of each
