@@ -10,8 +10,15 @@ OLLAMA_VERSION := v0.17.4
 
 all: build
 
+# The version, commit and build date iop version prints (and a node reports
+# to the edge): git describe, else the Go toolchain's own record.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo 0.1.0-dev)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+DATE ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.date=$(DATE)
+
 build:
-	$(GO) build -o $(BIN)/iop ./cmd/iop
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/iop ./cmd/iop
 
 # Runs the main job: an edge with an in-process node (local Ollama if present, else the simulator).
 # Pass flags with ARGS, e.g. make run ARGS="--listen 127.0.0.1:9090 --sim".
