@@ -6,7 +6,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 # The Ollama release the real-server tests run against (internal/ollamatest.Version).
 OLLAMA_VERSION := v0.17.4
 
-.PHONY: all build run test chromium postgresql etcd ollama proto bench clean
+.PHONY: all build run test chromium postgresql etcd systemd ollama proto bench clean
 
 all: build
 
@@ -33,7 +33,7 @@ run:
 # missing. IOP_TEST_STRICT=1 makes a test whose tool is missing fail instead
 # of skip (package internal/testenv), so make test skips nothing;
 # IOP_OLLAMA_BIN tells the real-Ollama tests where the binary is.
-test: test/js/node_modules chromium postgresql etcd ollama
+test: test/js/node_modules chromium postgresql etcd systemd ollama
 	$(GO) vet ./...
 	IOP_OLLAMA_BIN="$$(OLLAMA_VERSION=$(OLLAMA_VERSION) GO=$(GO) test/ollama/build.sh)" IOP_TEST_STRICT=1 \
 		$(GO) test -race -count=1 -timeout 15m ./...
@@ -65,6 +65,14 @@ etcd:
 	@command -v etcd >/dev/null 2>&1 || [ -n "$$IOP_ETCD_BIN" ] || { \
 		echo "installing etcd (Debian's etcd-server package) for the cluster tests" >&2; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; }
+
+# Debian's systemd package, for systemd-analyze verify of the units in
+# deploy/systemd (package deploy's test). Quiet; does nothing when the
+# command is there.
+systemd:
+	@command -v systemd-analyze >/dev/null 2>&1 || { \
+		echo "installing systemd-analyze (Debian's systemd package) for the unit files' test" >&2; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null; }
 
 # Debian's postgresql package, for the usage ledger's PostgreSQL test (which
 # runs initdb and postgres from /usr/lib/postgresql/*/bin itself). Quiet; does
