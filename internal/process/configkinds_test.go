@@ -2,6 +2,7 @@ package process
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -9,7 +10,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/spf13/pflag"
+	"gopkg.in/yaml.v3"
 
 	"iop/internal/configschema"
 	"iop/internal/node"
@@ -213,6 +216,72 @@ func TestConfigExamplesCheck(t *testing.T) {
 		}
 		if ps := CheckConfig(k, data); len(ps) > 0 {
 			t.Errorf("%s", &configschema.Problems{File: f, List: ps})
+		}
+	}
+}
+
+// TestConfigJSONSchemaMatchesCheck: the JSON Schema of iop config schema,
+// compiled by a JSON Schema validator (draft 2020-12), accepts the example
+// files and the files iop check accepts, and refuses a misspelled key and
+// a duration without its unit, as iop check does.
+func TestConfigJSONSchemaMatchesCheck(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		kind, file string
+		ok         bool
+	}{
+		{KindEdge, "../../docs/examples/edge.yaml", true},
+		{KindNode, "../../docs/examples/node.yaml", true},
+		{KindDev, "../../docs/examples/dev.yaml", true},
+		{KindEdge, "fairness: off\ntokens: [plain, {token: t, nodes: [a]}]\nqueue: {queue_timeout: 1m30s}\n", true},
+		{KindEdge, "queue:\n  queue_timeout: 30\n", false},
+		{KindNode, "node_id: n\nedge: e:1\nproviders: [{type: ollama, capcity: 2}]\n", false},
+		{KindDev, "sim_capacity: lots\n", false},
+	}
+	for _, c := range cases {
+		k, err := ConfigKind(c.kind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := k.JSONSchema()
+		if err != nil {
+			t.Fatal(err)
+		}
+		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		comp := jsonschema.NewCompiler()
+		if err := comp.AddResource("iop-"+c.kind+".json", doc); err != nil {
+			t.Fatal(err)
+		}
+		sch, err := comp.Compile("iop-" + c.kind + ".json")
+		if err != nil {
+			t.Fatalf("%s schema does not compile: %v", c.kind, err)
+		}
+		data := []byte(c.file)
+		if strings.HasSuffix(c.file, ".yaml") {
+			if data, err = os.ReadFile(c.file); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// YAML to JSON values, as an editor's YAML language server does.
+		var v any
+		if err := yaml.Unmarshal(data, &v); err != nil {
+			t.Fatal(err)
+		}
+		js, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(js))
+		if err != nil {
+			t.Fatal(err)
+		}
+		verr := sch.Validate(inst)
+		checkOK := len(CheckConfig(k, data)) == 0 || strings.HasSuffix(c.file, ".yaml")
+		if (verr == nil) != c.ok || (c.ok && !checkOK) {
+			t.Errorf("%s %q: JSON Schema says %v, want ok=%v", c.kind, c.file, verr, c.ok)
 		}
 	}
 }
