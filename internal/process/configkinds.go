@@ -40,6 +40,11 @@ func nodeDefaults() node.Config {
 	}
 }
 
+// configDocsMissing are the "pkg.Type.key" of config struct fields that
+// configDocs lacks (TestConfigDocsCoverEveryKey demands none). A missing
+// doc never stops a command: its key is still checked, with an empty text.
+var configDocsMissing []string
+
 var configKinds = sync.OnceValues(func() ([]configschema.Kind, error) {
 	specs := []struct {
 		name, command, intro string
@@ -56,9 +61,7 @@ var configKinds = sync.OnceValues(func() ([]configschema.Kind, error) {
 		if err != nil {
 			return nil, err
 		}
-		if len(missing) > 0 {
-			return nil, fmt.Errorf("config docs lack %s", strings.Join(missing, ", "))
-		}
+		configDocsMissing = append(configDocsMissing, missing...)
 		kinds = append(kinds, configschema.Kind{Name: s.name, Command: s.command, Intro: s.intro, Root: root, Defaults: s.defaults, Reloads: s.reloads})
 	}
 	return kinds, nil
@@ -219,7 +222,9 @@ func checkLoad(path string, data []byte, v any) error {
 	}
 	kinds, err := configKinds()
 	if err != nil {
-		return err
+		// A struct the schema cannot map (TestConfigDocsCoverEveryKey
+		// fails on it) leaves the file to yaml.v3's own checks.
+		return nil
 	}
 	for _, k := range kinds {
 		if reflect.TypeOf(k.Defaults) == t {
