@@ -16,7 +16,7 @@ import (
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
-var version = "0.1.0-dev"
+var version = devVersion
 
 func main() {
 	if err := newRootCommand().Execute(); err != nil {
@@ -36,7 +36,7 @@ func newRootCommand() *cobra.Command {
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.PersistentFlags().String("log-format", "text", "log format: text (key=value) or json (one object a line)")
 	root.AddCommand(newEdgeCommand(&logLevel), newNodeCommand(&logLevel), newDevCommand(&logLevel), newSimCommand(&logLevel), newBenchCommand(&logLevel), newStatusCommand(), newKeysCommand())
-	root.AddCommand(newSoakCommand(&logLevel))
+	root.AddCommand(newSoakCommand(&logLevel), newCheckCommand(), newConfigCommand(), newVersionCommand())
 	return root
 }
 
