@@ -141,8 +141,8 @@ func TestOllamaEmbedErrors(t *testing.T) {
 	}{
 		{"/api/embed", `{"model":"plain:1b","input":"x"}`, 400, "embeddings"},
 		{"/api/embeddings", `{"model":"plain:1b","prompt":"x"}`, 400, "embeddings"},
-		{"/api/embed", `{"model":"nope","input":"x"}`, 404, `model "nope" not found, try pulling it first`},
-		{"/api/embed", `{"model":"nope"}`, 404, `model "nope" not found, try pulling it first`},
+		{"/api/embed", `{"model":"nope","input":"x"}`, 404, `model 'nope' not found`},
+		{"/api/embed", `{"model":"nope"}`, 404, `model 'nope' not found`},
 		{"/api/embed", `{"input":"x"}`, 400, "model"},
 		{"/api/embed", `{"model":"llama3","input":7}`, 400, "input"},
 		{"/api/embed", `{"model":"llama3","input":["a",""]}`, 400, "input[1]"},

@@ -209,8 +209,8 @@ func (o *Ollama) readStream(c *call, sink EventSink) error {
 			if l.Err != "" {
 				return streamErr(ErrProviderError, truncate(o.p.redact(l.Err), maxFallbackMessage))
 			}
-			if l.Text != "" || l.Thinking != "" || len(l.ToolCalls) > 0 {
-				delta := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: l.Text, Thinking: l.Thinking}
+			if l.Text != "" || l.Thinking != "" || len(l.ToolCalls) > 0 || len(l.Logprobs) > 0 {
+				delta := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: l.Text, Thinking: l.Thinking, Logprobs: l.Logprobs}
 				for _, tc := range l.ToolCalls {
 					id := tc.ID
 					if id == "" {
