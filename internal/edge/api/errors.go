@@ -38,14 +38,14 @@ var (
 
 // Outcomes this package finds itself.
 var (
-	errNotFound          = errors.New("unknown url")
-	errMethodNotAllowed  = errors.New("method not allowed")
-	errBodyTooLarge      = errors.New("request body too large")
-	errBodyTimeout       = errors.New("the request body did not arrive in time")
-	errUnsupportedMedia  = errors.New("unsupported content type")
+	errNotFound         = errors.New("unknown url")
+	errMethodNotAllowed = errors.New("method not allowed")
+	errBodyTooLarge     = errors.New("request body too large")
+	errBodyTimeout      = errors.New("the request body did not arrive in time")
+	errUnsupportedMedia = errors.New("unsupported content type")
 	// errModelManagement is an Ollama route that manages a model server's
 	// models (copy, delete, create, push, blobs): 403, with why.
-	errModelManagement = errors.New("model management refused")
+	errModelManagement   = errors.New("model management refused")
 	errUpstreamEnded     = errors.New("upstream ended the response without completing it")
 	errUpstreamProtocol  = errors.New("unexpected message from upstream")
 	errUnknownPath       = errors.New("unknown execution path")

@@ -41,9 +41,9 @@ type ollamaRender struct {
 	// carries it with the answer's text as its "context".
 	conversation []translate.Turn
 
-	text, thinking strings.Builder // the whole answer, when not streaming
+	text, thinking strings.Builder           // the whole answer, when not streaming
 	logprobs       []translate.OllamaLogprob // the whole answer's, when not streaming
-	answer         strings.Builder // the whole text, for the context
+	answer         strings.Builder           // the whole text, for the context
 }
 
 var _ ollamaRun = (*ollamaRender)(nil)
