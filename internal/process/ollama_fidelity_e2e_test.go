@@ -375,3 +375,38 @@ func boolText(b bool) string {
 	}
 	return "false"
 }
+
+// TestRegression_OllamaLegacyEmbeddingsRaw: the older /api/embeddings
+// answered normalized vectors, where Ollama answers the model's raw one
+// (every component differed by one factor). Through an Ollama provider it
+// is now the provider's own /api/embeddings answer, and /api/embed stays
+// normalized.
+func TestRegression_OllamaLegacyEmbeddingsRaw(t *testing.T) {
+	rig := startOllamaRig(t)
+	body := `{"model":"` + rigOllamaModel + `","prompt":"why is the sky blue"}`
+	resp, err := rig.client.Post(rig.ollamaProxy.URL+"/api/embeddings", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	_, through := rig.do(t, http.MethodPost, "/api/embeddings", body)
+	if !bytes.Equal(bytes.TrimSpace(direct), bytes.TrimSpace(through)) {
+		t.Errorf("/api/embeddings through iop %s, directly %s", through, direct)
+	}
+	if sent := rig.ollamaProxy.last(t); bytes.Contains(sent.Body, []byte("iop_")) {
+		t.Errorf("the provider got %s", sent.Body)
+	}
+	_, data := rig.do(t, http.MethodPost, "/api/embed", `{"model":"`+rigOllamaModel+`","input":"why is the sky blue"}`)
+	var e struct{ Embeddings [][]float64 }
+	if err := json.Unmarshal(data, &e); err != nil || len(e.Embeddings) != 1 {
+		t.Fatalf("/api/embed: %s", data)
+	}
+	norm := 0.0
+	for _, v := range e.Embeddings[0] {
+		norm += v * v
+	}
+	if norm < 0.999 || norm > 1.001 {
+		t.Errorf("/api/embed vector of squared norm %f, want 1", norm)
+	}
+}

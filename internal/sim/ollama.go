@@ -415,8 +415,10 @@ func (in ollamaEmbedRequest) toRequest(inputs []string) (request, error) {
 // ollamaEmbed returns the handler of POST /api/embed, answering
 // {"model","embeddings":[[float,...],...],"total_duration","load_duration",
 // "prompt_eval_count"}, or with legacy set, of POST /api/embeddings,
-// answering {"embedding":[float,...]}. Vectors are L2-normalized, 8
-// components unless the request sets "dimensions".
+// answering {"embedding":[float,...]}. Vectors of /api/embed are
+// L2-normalized, 8 components unless the request sets "dimensions"; the
+// legacy answer is the model's raw vector, as Ollama's /api/embeddings
+// does not normalize it: the same direction, of norm rawEmbeddingNorm.
 func (s *Server) ollamaEmbed(legacy bool) http.HandlerFunc {
 	parse := parseOllamaEmbed
 	if legacy {
@@ -435,7 +437,11 @@ func (s *Server) ollamaEmbed(legacy bool) http.HandlerFunc {
 		}
 		vectors, promptTokens := embedAll(s.cfg.Seed, req)
 		if legacy {
-			writeJSON(w, http.StatusOK, map[string]any{"embedding": vectors[0]})
+			raw := make([]float32, len(vectors[0]))
+			for i, v := range vectors[0] {
+				raw[i] = v * rawEmbeddingNorm
+			}
+			writeJSON(w, http.StatusOK, map[string]any{"embedding": raw})
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]any{
@@ -447,6 +453,10 @@ func (s *Server) ollamaEmbed(legacy bool) http.HandlerFunc {
 		})
 	}
 }
+
+// rawEmbeddingNorm is the L2 norm of the simulator's raw (not normalized)
+// embedding vectors, which /api/embeddings answers.
+const rawEmbeddingNorm = 7.25
 
 // ollamaModelDetails is the "details" object of a listed model.
 type ollamaModelDetails struct {

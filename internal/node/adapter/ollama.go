@@ -86,6 +86,12 @@ func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) err
 		path = "/api/generate"
 		body, err = translate.ToOllamaGenerate(req.Body, req.ServedModel, fields)
 	case nodev1.Operation_OPERATION_EMBEDDINGS:
+		if fields.TakeLegacyEmbeddings() {
+			// The raw vector, as Ollama answers /api/embeddings.
+			path, inputs = "/api/embeddings", 1
+			body, err = translate.ToOllamaEmbeddings(req.Body, req.ServedModel, fields)
+			break
+		}
 		path = "/api/embed"
 		body, inputs, err = translate.ToOllamaEmbed(req.Body, req.ServedModel, fields)
 	default:
@@ -303,11 +309,15 @@ func (o *Ollama) readEmbeddings(c *call, inputs int, sink EventSink) error {
 	}
 	var out struct {
 		Embeddings      [][]float32     `json:"embeddings"`
+		Embedding       []float32       `json:"embedding"` // /api/embeddings
 		PromptEvalCount float64         `json:"prompt_eval_count"`
 		Error           json.RawMessage `json:"error"`
 	}
 	if err := json.Unmarshal(data, &out); err != nil {
 		return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: "provider sent a malformed embeddings answer"}
+	}
+	if out.Embeddings == nil && out.Embedding != nil {
+		out.Embeddings = [][]float32{out.Embedding}
 	}
 	if msg := errorText(out.Error); msg != "" {
 		return &Error{Kind: ErrProviderError, Status: http.StatusBadGateway, Message: truncate(o.p.redact(msg), maxFallbackMessage)}
