@@ -158,18 +158,19 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 	undo = append(undo, func() { shutdownTracing(tr, logger) })
 	stopping := make(chan struct{}) // closed when the edge ends what is still in flight
 	handler := api.New(obs.apiConfig(api.Config{
-		Stopping:     stopping,
-		MaxBodyBytes: cfg.MaxBodyBytes,
-		WriteTimeout: cfg.WriteTimeout,
-		Ready:        func() bool { return len(svc.Snapshot().Nodes) > 0 },
-		Runs:         runManager,
-		Keys:         keys,
-		AdminKeys:    adminKeys,
-		Ledger:       usage,
-		Responses:    responseStore,
-		Flow:         cfg.Fairness.Flow,
-		Tracer:       tr.Tracer,
-		KeyAdmit:     clusterKeyAdmit(cfg, svc, keys),
+		Stopping:       stopping,
+		MaxBodyBytes:   cfg.MaxBodyBytes,
+		MaxAnswerBytes: cfg.MaxAnswerBytes,
+		WriteTimeout:   cfg.WriteTimeout,
+		Ready:          func() bool { return len(svc.Snapshot().Nodes) > 0 },
+		Runs:           runManager,
+		Keys:           keys,
+		AdminKeys:      adminKeys,
+		Ledger:         usage,
+		Responses:      responseStore,
+		Flow:           cfg.Fairness.Flow,
+		Tracer:         tr.Tracer,
+		KeyAdmit:       clusterKeyAdmit(cfg, svc, keys),
 	}), gateway{svc}, logger)
 	var handlers sync.WaitGroup // handlers running, so the ledger closes after the last one
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -410,3 +410,73 @@ func TestRegression_OllamaLegacyEmbeddingsRaw(t *testing.T) {
 		t.Errorf("/api/embed vector of squared norm %f, want 1", norm)
 	}
 }
+
+// startBigAnswerServer is a model server of both protocols whose answers
+// are large: an Ollama /api/generate stream whose final line carries a
+// "context" of contextIDs token ids (over 1 MiB), and an OpenAI
+// /v1/embeddings answer of one vector of dims components (over 16 MiB).
+func startBigAnswerServer(t *testing.T, contextIDs, dims int) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		switch r.URL.Path {
+		case "/api/generate", "/api/chat":
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			io.WriteString(w, `{"model":"big:latest","response":"hello","done":false}`+"\n")
+			var b strings.Builder
+			b.WriteString(`{"model":"big:latest","response":"","done":true,"done_reason":"stop","prompt_eval_count":3,"eval_count":1,"context":[`)
+			for i := range contextIDs {
+				if i > 0 {
+					b.WriteByte(',')
+				}
+				b.WriteString("151643")
+			}
+			b.WriteString("]}\n")
+			io.WriteString(w, b.String())
+		case "/v1/embeddings":
+			w.Header().Set("Content-Type", "application/json")
+			var b strings.Builder
+			b.WriteString(`{"object":"list","model":"bigemb","usage":{"prompt_tokens":1,"total_tokens":1},"data":[{"object":"embedding","index":0,"embedding":[`)
+			for i := range dims {
+				if i > 0 {
+					b.WriteByte(',')
+				}
+				b.WriteString("0.12345678901234567") // 20 bytes a component
+			}
+			b.WriteString("]}]}")
+			io.WriteString(w, b.String())
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"models":[],"object":"list","data":[]}`)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// TestRegression_BigAnswersWithinTheAnswerLimit: an Ollama stream line
+// over 1 MiB (a final /api/generate line with every token id of a long
+// conversation) failed the whole answer with 502, and an /api/embed
+// answer over 16 MiB was 502 where /v1/embeddings relayed the same
+// vectors. Both limits are now the documented answer limit (256 MiB by
+// default, the same on the node and the edge).
+func TestRegression_BigAnswersWithinTheAnswerLimit(t *testing.T) {
+	const dims = 900_000 // about 18 MB of JSON
+	url := startBigAnswerServer(t, 400_000, dims)
+	rig := startOllamaRig(t,
+		node.ProviderConfig{ID: "big-ollama", Type: node.TypeOllama, BaseURL: url, Models: []string{"big:latest"}, Capacity: 1},
+		node.ProviderConfig{ID: "big-openai", Type: "vllm", BaseURL: url + "/v1", Models: []string{"bigemb"}, Capacity: 1, Capabilities: []string{"embeddings"}},
+	)
+	for _, stream := range []bool{true, false} {
+		resp, data := rig.do(t, http.MethodPost, "/api/generate", `{"model":"big:latest","prompt":"hi","raw":true,"stream":`+boolText(stream)+`}`)
+		objs := decodeLogprobObjects(t, data)
+		if resp.StatusCode != http.StatusOK || len(objs) == 0 || !objs[len(objs)-1].Done || objs[len(objs)-1].Error != "" {
+			t.Errorf("/api/generate stream=%v: %d %.300s", stream, resp.StatusCode, data)
+		}
+	}
+	resp, data := rig.do(t, http.MethodPost, "/api/embed", `{"model":"bigemb","input":"hi"}`)
+	var e struct{ Embeddings [][]float32 }
+	if err := json.Unmarshal(data, &e); err != nil || resp.StatusCode != http.StatusOK || len(e.Embeddings) != 1 || len(e.Embeddings[0]) != dims {
+		t.Errorf("/api/embed (%d bytes): %d %.300s", len(data), resp.StatusCode, data)
+	}
+}

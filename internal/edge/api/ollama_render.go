@@ -11,10 +11,6 @@ import (
 	"iop/internal/translate"
 )
 
-// maxTunnelAnswer bounds a whole (not streamed) answer or error body read
-// from a tunnel to translate it, in bytes.
-const maxTunnelAnswer = 16 << 20
-
 // ollamaRender renders a run as an Ollama /api/chat or /api/generate
 // answer. Streamed (the client's "stream" absent or true): NDJSON
 // (application/x-ndjson), one object per delta of text or thinking
@@ -130,7 +126,7 @@ func (o *ollamaRender) tunnel() string {
 // any other 2xx answer, the body is returned whole. Errors: an
 // *upstreamError with the provider's status and message for an error
 // status or a tunnel failure, one of status 502 for a body over
-// maxTunnelAnswer bytes, onSSE's error through streamError,
+// Config.MaxAnswerBytes, onSSE's error through streamError,
 // errUpstreamProtocol or errUpstreamEnded for a run that breaks the
 // tunnel's message order, and recv's errors.
 func (rr *runResponse) tunnelAnswer(onSSE func(data []byte) error) (sse bool, body []byte, err error) {
@@ -175,7 +171,7 @@ func (rr *runResponse) tunnelAnswer(onSSE func(data []byte) error) (sse bool, bo
 				}
 				continue
 			}
-			if len(body)+len(data) > maxTunnelAnswer {
+			if int64(len(body)+len(data)) > rr.h.cfg.MaxAnswerBytes {
 				return false, nil, &upstreamError{status: http.StatusBadGateway, message: "the provider's answer is too large"}
 			}
 			body = append(body, data...)

@@ -16,8 +16,15 @@ import (
 	"iop/internal/wire/nodev1"
 )
 
+// MaxAnswerBytes is the most of a provider's answer a normalized-path
+// adapter holds at once, in bytes: one Ollama stream line (a final line
+// carries every token id of a long conversation in "context"), one whole
+// embeddings answer. A larger one fails the run (502). The edge's
+// max_answer_bytes has the same default.
+const MaxAnswerBytes = 256 << 20 // 256 MiB
+
 // maxEmbedBytes caps an Ollama /api/embed answer.
-const maxEmbedBytes = 256 << 20
+const maxEmbedBytes = MaxAnswerBytes
 
 // maxFloatsPerDelta bounds one embeddings DELTA (4 bytes per value on the
 // wire), so a large batch travels as several messages of about 1 MiB.
@@ -28,6 +35,7 @@ const maxFloatsPerDelta = 256 << 10
 type Ollama struct {
 	p           *httpProvider
 	deltaFloats int // most embedding values in one DELTA; maxFloatsPerDelta
+	maxLine     int // most bytes of one stream line; maxLineBytes
 }
 
 var _ Normalizer = (*Ollama)(nil)
@@ -39,7 +47,7 @@ func NewOllama(cfg Config) (*Ollama, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Ollama{p: p, deltaFloats: maxFloatsPerDelta}, nil
+	return &Ollama{p: p, deltaFloats: maxFloatsPerDelta, maxLine: maxLineBytes}, nil
 }
 
 // Path is EXECUTION_PATH_NORMALIZED.
@@ -203,9 +211,9 @@ func (o *Ollama) readStream(c *call, sink EventSink) error {
 		return &Error{Kind: kind, Status: http.StatusBadGateway, Message: msg}
 	}
 	for {
-		line, rerr := readNDJSONLine(br)
+		line, rerr := readNDJSONLine(br, o.maxLine)
 		if rerr == errLineTooLong {
-			return streamErr(ErrProviderStream, "provider sent a stream line over 1 MiB")
+			return streamErr(ErrProviderStream, fmt.Sprintf("provider sent a stream line over %d bytes", o.maxLine))
 		}
 		if len(bytes.TrimSpace(line)) > 0 {
 			l, err := parseLine(line)
@@ -271,21 +279,24 @@ var errLineTooLong = errors.New("ndjson line too long")
 
 // readNDJSONLine returns the next line of br, its newline included, or the
 // last bytes before the end of the stream with the read error (io.EOF at a
-// clean end). A line over maxLineBytes is errLineTooLong.
-func readNDJSONLine(br *bufio.Reader) ([]byte, error) {
+// clean end). A line over maxLine bytes is errLineTooLong.
+func readNDJSONLine(br *bufio.Reader, maxLine int) ([]byte, error) {
 	line, err := br.ReadSlice('\n')
 	if err != bufio.ErrBufferFull {
+		if len(line) > maxLine+1 { // +1: the newline
+			return nil, errLineTooLong
+		}
 		return line, err
 	}
 	long := append([]byte(nil), line...)
 	for err == bufio.ErrBufferFull {
-		if len(long) > maxLineBytes {
+		if len(long) > maxLine {
 			return nil, errLineTooLong
 		}
 		line, err = br.ReadSlice('\n')
 		long = append(long, line...)
 	}
-	if len(long) > maxLineBytes+1 { // +1: the newline
+	if len(long) > maxLine+1 { // +1: the newline
 		return nil, errLineTooLong
 	}
 	return long, err

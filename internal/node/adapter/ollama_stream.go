@@ -11,7 +11,7 @@ import (
 )
 
 // maxLineBytes caps one line of an Ollama NDJSON stream.
-const maxLineBytes = 1 << 20
+const maxLineBytes = MaxAnswerBytes
 
 // ollamaLine is one line of an Ollama /api/chat or /api/generate stream
 // (Ollama API doc, "Generate a chat completion", streaming response).
