@@ -1,7 +1,11 @@
 package process
 
 import (
+	"bytes"
+	"encoding/json"
+	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -64,4 +68,82 @@ func TestRealOllama_Logprobs(t *testing.T) {
 	if status != http.StatusBadRequest || !strings.Contains(string(data), "logprobs") {
 		t.Errorf("logprobs on the tunnel path: %d %s, want 400", status, data)
 	}
+}
+
+// TestRealOllama_FieldByField sends the same requests to the real Ollama
+// and through iop (the native provider) and compares every field of the
+// answers, but durations and created_at (and /api/generate's context,
+// iop's own encoding: see the README's "The Ollama API compared with
+// Ollama"). Deterministic answers (temperature 0, a seed) must match
+// exactly.
+func TestRealOllama_FieldByField(t *testing.T) {
+	rig := startRealRig(t)
+	ignored := []string{"created_at", "total_duration", "load_duration", "prompt_eval_duration", "eval_duration", "context"}
+	opts := `"options":{"temperature":0,"seed":7,"num_predict":8}`
+	for _, tc := range []struct{ method, path, body string }{
+		{http.MethodGet, "/api/version", ""},
+		{http.MethodPost, "/api/chat", `{"model":"tiny","messages":[{"role":"user","content":"hello there"}],"stream":false,` + opts + `}`},
+		{http.MethodPost, "/api/chat", `{"model":"tiny","messages":[{"role":"user","content":"hello there"}],` + opts + `}`},
+		{http.MethodPost, "/api/generate", `{"model":"tiny","prompt":"why is the sky blue","stream":false,` + opts + `}`},
+		{http.MethodPost, "/api/generate", `{"model":"tiny","prompt":"why is the sky blue","raw":true,` + opts + `}`},
+		{http.MethodPost, "/api/generate", `{"model":"tiny","prompt":"why","stream":false,"logprobs":true,"top_logprobs":2,` + opts + `}`},
+		{http.MethodPost, "/api/chat", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"logprobs":true,` + opts + `}`},
+		{http.MethodPost, "/api/generate", `{"model":"tiny","prompt":"hi","raw":true,"system":"x"}`},
+		{http.MethodPost, "/api/chat", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`},
+	} {
+		direct := fetchJSONLines(t, rig.client, tc.method, rig.s.URL+tc.path, tc.body)
+		through := fetchJSONLines(t, rig.client, tc.method, "http://"+rig.e.HTTPAddr+tc.path, tc.body)
+		if direct.status != through.status {
+			t.Errorf("%s %s: status %d directly, %d through iop", tc.path, tc.body, direct.status, through.status)
+		}
+		if len(direct.objs) != len(through.objs) {
+			t.Errorf("%s %s: %d objects directly, %d through iop", tc.path, tc.body, len(direct.objs), len(through.objs))
+			continue
+		}
+		for i := range direct.objs {
+			for _, k := range ignored {
+				delete(direct.objs[i], k)
+				delete(through.objs[i], k)
+			}
+			if !reflect.DeepEqual(direct.objs[i], through.objs[i]) {
+				d, _ := json.Marshal(direct.objs[i])
+				g, _ := json.Marshal(through.objs[i])
+				t.Errorf("%s %s: object %d differs:\n direct %s\n iop    %s", tc.path, tc.body, i, d, g)
+			}
+		}
+	}
+}
+
+// ollamaAnswer is an answer's status and its JSON objects (one, or an NDJSON
+// stream's lines).
+type ollamaAnswer struct {
+	status int
+	objs   []map[string]any
+}
+
+func fetchJSONLines(t *testing.T, c *http.Client, method, url, body string) ollamaAnswer {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := ollamaAnswer{status: resp.StatusCode}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	for dec.More() {
+		var m map[string]any
+		if err := dec.Decode(&m); err != nil {
+			t.Fatalf("%s %s: not JSON: %v: %q", method, url, err, data)
+		}
+		out.objs = append(out.objs, m)
+	}
+	return out
 }

@@ -349,6 +349,12 @@ func FromOllamaGenerate(body []byte) (Request, error) {
 			t.dropped = append(t.dropped, "system")
 		}
 		prompt := in.Prompt
+		if in.Raw {
+			// An Ollama provider must not apply the model's template
+			// either: the completions body has no word for it.
+			t.ext["raw"] = json.RawMessage("true")
+			t.extension = append(t.extension, "raw")
+		}
 		if f, ok := top["format"]; ok && !isNull(f) {
 			// Ollama's /api/generate takes format as it is.
 			t.ext["format"] = f
