@@ -2,12 +2,16 @@ package process
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"reflect"
 	"strings"
 	"testing"
+
+	"iop/internal/node"
+	"iop/internal/ollamatest"
 )
 
 // TestRealOllama_Logprobs ports the assertions of Ollama's own integration
@@ -78,6 +82,14 @@ func TestRealOllama_Logprobs(t *testing.T) {
 // exactly.
 func TestRealOllama_FieldByField(t *testing.T) {
 	rig := startRealRig(t)
+	// An embedding model on a provider of its own, with capability
+	// embeddings.
+	rig.s.CreateModel(t, "emb", ollamatest.Embedding)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	startNode(t, ctx, node.Config{NodeID: "gpu-emb", Edge: rig.e.NodeAddr, Providers: []node.ProviderConfig{
+		{ID: "emb", Type: node.TypeOllama, BaseURL: rig.s.URL, Models: []string{"emb"}, Capacity: 1, Capabilities: []string{"embeddings"}},
+	}})
 	ignored := []string{"created_at", "total_duration", "load_duration", "prompt_eval_duration", "eval_duration", "context"}
 	opts := `"options":{"temperature":0,"seed":7,"num_predict":8}`
 	for _, tc := range []struct{ method, path, body string }{
@@ -89,6 +101,8 @@ func TestRealOllama_FieldByField(t *testing.T) {
 		{http.MethodPost, "/api/generate", `{"model":"tiny","prompt":"why","stream":false,"logprobs":true,"top_logprobs":2,` + opts + `}`},
 		{http.MethodPost, "/api/chat", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"logprobs":true,` + opts + `}`},
 		{http.MethodPost, "/api/generate", `{"model":"tiny","prompt":"hi","raw":true,"system":"x"}`},
+		{http.MethodPost, "/api/embed", `{"model":"emb","input":["first input","second input here"]}`},
+		{http.MethodPost, "/api/embeddings", `{"model":"emb","prompt":"first input"}`},
 		{http.MethodPost, "/api/chat", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`},
 	} {
 		direct := fetchJSONLines(t, rig.client, tc.method, rig.s.URL+tc.path, tc.body)

@@ -437,9 +437,10 @@ func (s *Server) ollamaEmbed(legacy bool) http.HandlerFunc {
 		}
 		vectors, promptTokens := embedAll(s.cfg.Seed, req)
 		if legacy {
-			raw := make([]float32, len(vectors[0]))
+			// float64, as Ollama writes /api/embeddings vectors.
+			raw := make([]float64, len(vectors[0]))
 			for i, v := range vectors[0] {
-				raw[i] = v * rawEmbeddingNorm
+				raw[i] = float64(v * rawEmbeddingNorm)
 			}
 			writeJSON(w, http.StatusOK, map[string]any{"embedding": raw})
 			return

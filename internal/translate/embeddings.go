@@ -194,7 +194,10 @@ func NewOllamaEmbedResponse(model string, vectors [][]float32, promptTokens int,
 // OllamaEmbeddingResponse is the answer of the older POST /api/embeddings:
 // the prompt's vector ([] for a load).
 type OllamaEmbeddingResponse struct {
-	Embedding []float32 `json:"embedding"`
+	// Embedding is written as float64, as Ollama writes it (its
+	// api.EmbeddingResponse): each float32 value widened, so a client
+	// reads the same numbers as from Ollama.
+	Embedding []float64 `json:"embedding"`
 }
 
 // DecodeOpenAIEmbeddings decodes an OpenAI embeddings answer (OpenAI API
