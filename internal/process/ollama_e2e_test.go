@@ -403,7 +403,7 @@ func TestOllamaErrorsAreOllamaShaped(t *testing.T) {
 		want               string // in the error text
 	}{
 		{http.MethodPost, "/api/chat", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`, 404, `model 'nope' not found`},
-		{http.MethodPost, "/api/generate", `{"model":"nope","prompt":"hi"}`, 404, `model "nope" not found`},
+		{http.MethodPost, "/api/generate", `{"model":"nope","prompt":"hi"}`, 404, `model 'nope' not found`},
 		{http.MethodPost, "/api/chat", `{"model":"llama3","messages":[{"role":"user","content":"hi"}]`, 400, "not valid JSON"},
 		{http.MethodPost, "/api/chat", `{"messages":[{"role":"user","content":"hi"}]}`, 400, "model"},
 		{http.MethodPost, "/api/chat", `{"model":"llama3","messages":[{"role":"user","content":7}]}`, 400, "messages[0].content"},
@@ -414,7 +414,7 @@ func TestOllamaErrorsAreOllamaShaped(t *testing.T) {
 		{http.MethodPost, "/api/chat", `{"model":"qwen2:7b","messages":[{"role":"user","content":"hi","images":["iVBORw0KGgo="]}]}`, 400, "vision"},
 		{http.MethodGet, "/api/chat", ``, 405, "method not allowed"},
 		{http.MethodPost, "/api/nothing", `{}`, 404, "unknown url"},
-		{http.MethodPost, "/api/show", `{"model":"nope"}`, 404, `model "nope" not found`},
+		{http.MethodPost, "/api/show", `{"model":"nope"}`, 404, `model 'nope' not found`},
 	} {
 		resp, data := rig.do(t, c.method, c.path, c.body)
 		if resp.StatusCode != c.status || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
