@@ -73,7 +73,7 @@ func (c *catalog) resolve(model string, needs []string) (out []candidate, missin
 				continue
 			}
 			caps, own := s.p.capsOf(t)
-			if m := lacks(s.p.path, caps, own, needs); m != "" {
+			if m := lacks(s.p.path, s.p.typ, caps, own, needs); m != "" {
 				rejected = append(rejected, rejection{s.p, m})
 				continue
 			}

@@ -147,6 +147,12 @@ type Config struct {
 	// MaxBodyBytes caps a client request body, in bytes (413 above it);
 	// default 32 MiB. Served by the HTTP layer.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// MaxAnswerBytes caps a provider answer the edge reads whole to
+	// translate it for another API (a non-streamed tunnel answer for an
+	// Ollama or Anthropic client), in bytes (502 above it); default
+	// 256 MiB, the bound a node puts on an answer it reads whole. Served by
+	// the HTTP layer.
+	MaxAnswerBytes int64 `yaml:"max_answer_bytes"`
 	// WriteTimeout bounds one write to a client: a client that stays
 	// connected but reads nothing for this long has its run cancelled and
 	// its slot released; default 60s. Served by the HTTP layer.
@@ -404,6 +410,9 @@ func (c Config) Validate() error {
 	}
 	if c.DispatchTimeout <= 0 {
 		bad("dispatch_timeout %s must be positive", c.DispatchTimeout)
+	}
+	if c.MaxAnswerBytes < 0 {
+		bad("max_answer_bytes %d must not be negative", c.MaxAnswerBytes)
 	}
 	if c.MaxBodyBytes <= 0 {
 		bad("max_body_bytes %d must be positive", c.MaxBodyBytes)

@@ -481,6 +481,9 @@ func (s *Service) resolver(model string, needs []string, tried []triedCandidate)
 			// Ollama's own words for it, which Ollama clients show.
 			return nil, fmt.Errorf("%w: %q does not support thinking (no provider of it has capability \"thinking\")",
 				scheduler.ErrCandidatesRejected, model)
+		case missing == NeedOllamaLogprobs:
+			return nil, fmt.Errorf("%w: no provider for model %q returns logprobs: only Ollama providers do (an OpenAI-compatible or command provider has none in Ollama's shape)",
+				scheduler.ErrCandidatesRejected, model)
 		case missing == NeedLogprobs:
 			return nil, fmt.Errorf("%w: no provider for model %q returns logprobs: only OpenAI-compatible providers do (the translation to Ollama's API has none)",
 				scheduler.ErrCandidatesRejected, model)

@@ -160,18 +160,19 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 	stopping := make(chan struct{}) // closed when the edge ends what is still in flight
 	var draining atomic.Bool        // set the moment the edge is told to stop
 	handler := api.New(obs.apiConfig(api.Config{
-		Stopping:     stopping,
-		MaxBodyBytes: cfg.MaxBodyBytes,
-		WriteTimeout: cfg.WriteTimeout,
-		Ready:        func() bool { return !draining.Load() && svc.Ready() },
-		Runs:         runManager,
-		Keys:         keys,
-		AdminKeys:    adminKeys,
-		Ledger:       usage,
-		Responses:    responseStore,
-		Flow:         cfg.Fairness.Flow,
-		Tracer:       tr.Tracer,
-		KeyAdmit:     clusterKeyAdmit(cfg, svc, keys),
+		Stopping:       stopping,
+		MaxBodyBytes:   cfg.MaxBodyBytes,
+		MaxAnswerBytes: cfg.MaxAnswerBytes,
+		WriteTimeout:   cfg.WriteTimeout,
+		Ready:          func() bool { return !draining.Load() && svc.Ready() },
+		Runs:           runManager,
+		Keys:           keys,
+		AdminKeys:      adminKeys,
+		Ledger:         usage,
+		Responses:      responseStore,
+		Flow:           cfg.Fairness.Flow,
+		Tracer:         tr.Tracer,
+		KeyAdmit:       clusterKeyAdmit(cfg, svc, keys),
 	}), gateway{svc}, logger)
 	var handlers sync.WaitGroup // handlers running, so the ledger closes after the last one
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -57,6 +57,11 @@ const (
 	// or top_logprobs, a completion's logprobs): the translation to
 	// Ollama's API returns none, so only tunnel-path providers have it.
 	needLogprobs = "logprobs"
+	// needOllamaLogprobs is an Ollama client's request for log
+	// probabilities (/api/chat's or /api/generate's logprobs true or
+	// top_logprobs above 0): only a provider that speaks Ollama's API
+	// returns them (the node relays them as they come).
+	needOllamaLogprobs = "ollama_logprobs"
 )
 
 // maxStopSequences is how many "stop" strings a request may give (OpenAI's

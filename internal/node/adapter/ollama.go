@@ -17,8 +17,15 @@ import (
 	"iop/internal/wire/nodev1"
 )
 
+// MaxAnswerBytes is the most of a provider's answer a normalized-path
+// adapter holds at once, in bytes: one Ollama stream line (a final line
+// carries every token id of a long conversation in "context"), one whole
+// embeddings answer. A larger one fails the run (502). The edge's
+// max_answer_bytes has the same default.
+const MaxAnswerBytes = 256 << 20 // 256 MiB
+
 // maxEmbedBytes caps an Ollama /api/embed answer.
-const maxEmbedBytes = 256 << 20
+const maxEmbedBytes = MaxAnswerBytes
 
 // maxFloatsPerDelta bounds one embeddings DELTA (4 bytes per value on the
 // wire), so a large batch travels as several messages of about 1 MiB.
@@ -29,6 +36,7 @@ const maxFloatsPerDelta = 256 << 10
 type Ollama struct {
 	p           *httpProvider
 	deltaFloats int // most embedding values in one DELTA; maxFloatsPerDelta
+	maxLine     int // most bytes of one stream line; maxLineBytes
 
 	mu sync.Mutex // guards the fields below
 	// boolThink holds the served models that refused a think level (see
@@ -45,7 +53,7 @@ func NewOllama(cfg Config) (*Ollama, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Ollama{p: p, deltaFloats: maxFloatsPerDelta}, nil
+	return &Ollama{p: p, deltaFloats: maxFloatsPerDelta, maxLine: maxLineBytes}, nil
 }
 
 // Path is EXECUTION_PATH_NORMALIZED.
@@ -101,6 +109,12 @@ func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) err
 		path = "/api/generate"
 		body, err = translate.ToOllamaGenerate(req.Body, req.ServedModel, fields)
 	case nodev1.Operation_OPERATION_EMBEDDINGS:
+		if fields.TakeLegacyEmbeddings() {
+			// The raw vector, as Ollama answers /api/embeddings.
+			path, inputs = "/api/embeddings", 1
+			body, err = translate.ToOllamaEmbeddings(req.Body, req.ServedModel, fields)
+			break
+		}
 		path = "/api/embed"
 		body, inputs, err = translate.ToOllamaEmbed(req.Body, req.ServedModel, fields)
 	default:
@@ -267,9 +281,9 @@ func (o *Ollama) readStream(c *call, sink EventSink, forced *translate.ForcedCal
 		return &Error{Kind: kind, Status: http.StatusBadGateway, Message: msg}
 	}
 	for {
-		line, rerr := readNDJSONLine(br)
+		line, rerr := readNDJSONLine(br, o.maxLine)
 		if rerr == errLineTooLong {
-			return streamErr(ErrProviderStream, "provider sent a stream line over 1 MiB")
+			return streamErr(ErrProviderStream, fmt.Sprintf("provider sent a stream line over %d bytes", o.maxLine))
 		}
 		if len(bytes.TrimSpace(line)) > 0 {
 			l, err := parseLine(line)
@@ -283,8 +297,8 @@ func (o *Ollama) readStream(c *call, sink EventSink, forced *translate.ForcedCal
 				callText.WriteString(l.Text)
 				l.Text = ""
 			}
-			if l.Text != "" || l.Thinking != "" || len(l.ToolCalls) > 0 {
-				delta := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: l.Text, Thinking: l.Thinking}
+			if l.Text != "" || l.Thinking != "" || len(l.ToolCalls) > 0 || len(l.Logprobs) > 0 {
+				delta := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: l.Text, Thinking: l.Thinking, Logprobs: l.Logprobs}
 				for _, tc := range l.ToolCalls {
 					id := tc.ID
 					if id == "" {
@@ -358,21 +372,24 @@ var errLineTooLong = errors.New("ndjson line too long")
 
 // readNDJSONLine returns the next line of br, its newline included, or the
 // last bytes before the end of the stream with the read error (io.EOF at a
-// clean end). A line over maxLineBytes is errLineTooLong.
-func readNDJSONLine(br *bufio.Reader) ([]byte, error) {
+// clean end). A line over maxLine bytes is errLineTooLong.
+func readNDJSONLine(br *bufio.Reader, maxLine int) ([]byte, error) {
 	line, err := br.ReadSlice('\n')
 	if err != bufio.ErrBufferFull {
+		if len(line) > maxLine+1 { // +1: the newline
+			return nil, errLineTooLong
+		}
 		return line, err
 	}
 	long := append([]byte(nil), line...)
 	for err == bufio.ErrBufferFull {
-		if len(long) > maxLineBytes {
+		if len(long) > maxLine {
 			return nil, errLineTooLong
 		}
 		line, err = br.ReadSlice('\n')
 		long = append(long, line...)
 	}
-	if len(long) > maxLineBytes+1 { // +1: the newline
+	if len(long) > maxLine+1 { // +1: the newline
 		return nil, errLineTooLong
 	}
 	return long, err
@@ -396,11 +413,15 @@ func (o *Ollama) readEmbeddings(c *call, inputs int, sink EventSink) error {
 	}
 	var out struct {
 		Embeddings      [][]float32     `json:"embeddings"`
+		Embedding       []float32       `json:"embedding"` // /api/embeddings
 		PromptEvalCount float64         `json:"prompt_eval_count"`
 		Error           json.RawMessage `json:"error"`
 	}
 	if err := json.Unmarshal(data, &out); err != nil {
 		return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: "provider sent a malformed embeddings answer"}
+	}
+	if out.Embeddings == nil && out.Embedding != nil {
+		out.Embeddings = [][]float32{out.Embedding}
 	}
 	if msg := errorText(out.Error); msg != "" {
 		return &Error{Kind: ErrProviderError, Status: http.StatusBadGateway, Message: truncate(o.p.redact(msg), maxFallbackMessage)}
