@@ -95,7 +95,7 @@ func (a *Agent) providerMessage(p *provider, v advert) *nodev1.Provider {
 // helloNow returns the Hello to send on a new connection, describing every
 // provider as advertised now, the advert versions it describes, and a
 // channel closed at the next change of an advert.
-func (a *Agent) helloNow() (*nodev1.Hello, map[string]uint64, <-chan struct{}) {
+func (a *Agent) helloNow() (*nodev1.Hello, map[string]sentAdvert, <-chan struct{}) {
 	a.advMu.Lock()
 	defer a.advMu.Unlock()
 	h := &nodev1.Hello{
@@ -106,37 +106,48 @@ func (a *Agent) helloNow() (*nodev1.Hello, map[string]uint64, <-chan struct{}) {
 		Version:            a.cfg.Version,
 		Instance:           a.instance,
 	}
-	sent := make(map[string]uint64, len(a.order))
+	sent := make(map[string]sentAdvert, len(a.order))
 	for _, p := range a.order {
 		adv := a.adverts[p.cfg.ID]
 		h.Providers = append(h.Providers, a.providerMessage(p, adv.advert))
-		sent[p.cfg.ID] = adv.version
+		sent[p.cfg.ID] = sentAdvert{adv.version, adv.capacity, adv.longCapacity}
 	}
 	return h, sent, a.advChanged
 }
 
+// sentAdvert is what one connection told its edge of a provider: the
+// advert's version and capacities.
+type sentAdvert struct {
+	version                uint64
+	capacity, longCapacity int
+}
+
 // updatesSince returns a ProviderUpdate for every provider whose advert
 // changed since the versions in sent (which it brings up to date), in
-// config order, and a channel closed at the next change.
-func (a *Agent) updatesSince(sent map[string]uint64) ([]*nodev1.ProviderUpdate, <-chan struct{}) {
+// config order, and a channel closed at the next change. An update
+// carries capacities only when they differ from those sent (0 = unchanged).
+func (a *Agent) updatesSince(sent map[string]sentAdvert) ([]*nodev1.ProviderUpdate, <-chan struct{}) {
 	a.advMu.Lock()
 	defer a.advMu.Unlock()
 	var out []*nodev1.ProviderUpdate
 	for _, p := range a.order {
 		adv := a.adverts[p.cfg.ID]
-		if adv.version == sent[p.cfg.ID] {
+		was := sent[p.cfg.ID]
+		if adv.version == was.version {
 			continue
 		}
-		sent[p.cfg.ID] = adv.version
-		out = append(out, &nodev1.ProviderUpdate{
+		sent[p.cfg.ID] = sentAdvert{adv.version, adv.capacity, adv.longCapacity}
+		u := &nodev1.ProviderUpdate{
 			ProviderId:        p.cfg.ID,
-			Capacity:          int32(adv.capacity),
-			LongCapacity:      int32(adv.longCapacity),
 			Healthy:           adv.healthy,
 			ModelsSet:         true,
 			Models:            adv.models,
 			ModelCapabilities: adv.entries,
-		})
+		}
+		if adv.capacity != was.capacity || adv.longCapacity != was.longCapacity {
+			u.Capacity, u.LongCapacity = int32(adv.capacity), int32(adv.longCapacity)
+		}
+		out = append(out, u)
 	}
 	return out, a.advChanged
 }
