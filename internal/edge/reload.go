@@ -82,7 +82,7 @@ func (s *Service) Reload(cfg Config) (ReloadResult, error) {
 		switch {
 		case !ok:
 			res.Added = append(res.Added, alias)
-		case !slices.Equal(was.Targets, m.Targets) || was.MaxQueue != m.MaxQueue || was.QueueTimeout != m.QueueTimeout || was.Fairness != m.Fairness || was.Routing != m.Routing:
+		case !slices.Equal(was.Targets, m.Targets) || was.MaxQueue != m.MaxQueue || was.QueueTimeout != m.QueueTimeout || was.ReconnectGrace != m.ReconnectGrace || was.Fairness != m.Fairness || was.Routing != m.Routing:
 			res.Changed = append(res.Changed, alias)
 		}
 	}
