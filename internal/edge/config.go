@@ -299,6 +299,16 @@ type QueueConfig struct {
 	ReconnectGrace time.Duration `yaml:"reconnect_grace"`
 }
 
+// maxReconnectGrace is the longest reconnect grace of c (its default and
+// every model's), 0 when none is positive.
+func (c Config) maxReconnectGrace() time.Duration {
+	g := max(c.Queue.ReconnectGrace, 0)
+	for _, m := range c.Models {
+		g = max(g, m.ReconnectGrace)
+	}
+	return g
+}
+
 // DefaultReconnectGrace is queue.reconnect_grace's default: a node's
 // restart of a few seconds keeps its queued requests.
 const DefaultReconnectGrace = 5 * time.Second

@@ -413,6 +413,9 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	s.grantEachLocked(s.retryStaleLocked())
 	cands, err := req.Resolve()
 	if err != nil {
+		if errors.Is(err, ErrProviderAway) {
+			return s.enqueueAwayLocked(req, err)
+		}
 		return nil, nil, err
 	}
 	cands, best := s.scanLocked(cands, &req)
@@ -451,6 +454,33 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	}
 	s.linkLocked(w, s.choicesLocked(cands))
 	w.timer = s.clock.AfterFunc(g.policy.QueueTimeout, func() { s.expire(w) })
+	return nil, w, nil
+}
+
+// enqueueAwayLocked queues req, whose providers are away (err wraps
+// ErrProviderAway), without a candidate for its group's reconnect grace
+// (loseLocked); without a grace it returns err, with a full queue
+// ErrQueueFull.
+func (s *Scheduler) enqueueAwayLocked(req Request, err error) (*Lease, *waiter, error) {
+	g := s.groupLocked(req.Group)
+	if g.policy.ReconnectGrace <= 0 {
+		return nil, nil, err
+	}
+	if g.queued >= g.policy.MaxQueue {
+		return nil, nil, fmt.Errorf("model %q: %w (%d waiting)", g.name, ErrQueueFull, g.queued)
+	}
+	s.seq++
+	w := &waiter{
+		band:     req.Priority.band(),
+		seq:      s.seq,
+		req:      req,
+		group:    g,
+		ch:       make(chan result, 1),
+		enqueued: s.clock.Now(),
+	}
+	s.linkLocked(w, nil)
+	w.timer = s.clock.AfterFunc(g.policy.QueueTimeout, func() { s.expire(w) })
+	s.loseLocked(w, fmt.Errorf("model %q: %w: %v", g.name, ErrProviderUnavailable, err))
 	return nil, w, nil
 }
 
