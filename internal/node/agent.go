@@ -396,6 +396,9 @@ func handshakeHint(err error) string {
 	if msg := status.Convert(err).Message(); strings.Contains(msg, "x509: certificate is valid for") || strings.Contains(msg, "doesn't contain any IP SANs") {
 		return "the edge's certificate does not name the address dialed: set tls_server_name to a name it has (or dial that name)"
 	}
+	if strings.Contains(msg, "looked like an HTTP/1.1 header") {
+		return "this is an HTTP/1.1 server, such as the edge's HTTP API port: point the node at the edge's node endpoint (node_listen), not its listen address"
+	}
 	for _, mark := range []string{"server preface", "does not look like a TLS handshake", "authentication handshake failed"} {
 		if strings.Contains(msg, mark) {
 			return "check that node and edge agree on TLS: a node sets tls_ca when the edge's node endpoint has tls_cert, none when it has none, and tls_cert/tls_key when the edge sets client_ca"
