@@ -129,6 +129,33 @@ func (c *Caller) Admit() (*Permit, error) {
 	return &Permit{st: st}, nil
 }
 
+// Adopt takes a concurrency slot for a request already running (a new
+// scheduler leader counting the runs it adopts), even above
+// max_concurrent: the key's next requests wait until it is under again.
+// It takes nothing from the per-minute allowance.
+func (c *Caller) Adopt() *Permit {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.inFlight++
+	return &Permit{c: c}
+}
+
+// ExhaustRate empties the key's per-minute allowance at once, so it
+// refills from zero at its steady rate (RequestsPerMinute per minute):
+// a new scheduler leader, which cannot know how much of the allowance
+// the old one gave out, assumes all of it. A no-op without a limit.
+func (c *Caller) ExhaustRate() {
+	if c.limiter == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now()
+	if n := int(c.limiter.TokensAt(now)); n > 0 {
+		c.limiter.AllowN(now, n)
+	}
+}
+
 // InFlight is how many of the key's requests hold a permit.
 func (c *Caller) InFlight() int {
 	c.st.mu.Lock()

@@ -252,6 +252,17 @@ func (k *Keyring) ByName(name string) *Caller {
 	return k.table.Load().byName[name]
 }
 
+// ExhaustRates empties every key's per-minute allowance
+// (Caller.ExhaustRate).
+func (k *Keyring) ExhaustRates() {
+	if k == nil {
+		return
+	}
+	for _, c := range k.byName {
+		c.ExhaustRate()
+	}
+}
+
 // Len is the number of keys; 0 for a nil keyring.
 func (k *Keyring) Len() int {
 	if k == nil {

@@ -249,7 +249,9 @@
 // publishes its state through an atomic pointer), Run.mu, Service.mu (the runs map), Service.statsMu (retry and
 // circuit counters, the requested model names), conn.mu (a connection's
 // outbox, closed flag, last-seen time, idle warm streams), trust.mu (node id → token
-// bindings) and prefixIndex.mu (the prefix index of prefix-cache-aware
+// bindings), peerAuth.mu (cluster_auth.go: when each refused peer was last
+// logged; the key slots a leader adopts are taken and given back with
+// clusterMode.mu released, cluster_keys.go) and prefixIndex.mu (the prefix index of prefix-cache-aware
 // routing: taken by match before Admit and by record after it, never
 // under the scheduler's lock; the Affinity the scheduler calls reads the
 // map match returned, which nothing modifies). The one exception is reload.mu, which serializes Reload and

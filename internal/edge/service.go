@@ -357,6 +357,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 	}
 	if r.epoch != 0 {
 		d.Epoch, d.LeaseId, d.Long = r.epoch, r.leaseID, li.Long
+		d.Key = requestKey(ctx)
 	}
 	if w := c.takeIdle(); w != nil {
 		// A warm stream of the selected generation: the Dispatch goes down

@@ -1070,12 +1070,14 @@ func (x *Heartbeat) GetRunsSet() bool {
 // epoch and lease id that admitted it (0 and 0 for an edge outside a
 // cluster), and the provider it runs on.
 type RunInFlight struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RunId         string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	ProviderId    string                 `protobuf:"bytes,2,opt,name=provider_id,json=providerId,proto3" json:"provider_id,omitempty"`
-	Epoch         int64                  `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	LeaseId       uint64                 `protobuf:"varint,4,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
-	Long          bool                   `protobuf:"varint,5,opt,name=long,proto3" json:"long,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	RunId      string                 `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	ProviderId string                 `protobuf:"bytes,2,opt,name=provider_id,json=providerId,proto3" json:"provider_id,omitempty"`
+	Epoch      int64                  `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	LeaseId    uint64                 `protobuf:"varint,4,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	Long       bool                   `protobuf:"varint,5,opt,name=long,proto3" json:"long,omitempty"`
+	// The Dispatch's key (the client API key the run counts against).
+	Key           string `protobuf:"bytes,6,opt,name=key,proto3" json:"key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1143,6 +1145,13 @@ func (x *RunInFlight) GetLong() bool {
 		return x.Long
 	}
 	return false
+}
+
+func (x *RunInFlight) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
 }
 
 // RunsRequest asks the node for its runs in flight (RunsReport), from the
@@ -1446,7 +1455,12 @@ type Dispatch struct {
 	LeaseId uint64 `protobuf:"varint,12,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	// Set when the lease is long-context (the leader counts it so on
 	// rebuild).
-	Long          bool `protobuf:"varint,13,opt,name=long,proto3" json:"long,omitempty"`
+	Long bool `protobuf:"varint,13,opt,name=long,proto3" json:"long,omitempty"`
+	// Several edges: the name of the client API key the run counts against
+	// ("" : none), which the node reports with the run (RunInFlight.key) so
+	// that a new leader counts the key's max_concurrent from the runs it
+	// adopts. A node from before this field reports none.
+	Key           string `protobuf:"bytes,15,opt,name=key,proto3" json:"key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1577,6 +1591,13 @@ func (x *Dispatch) GetLong() bool {
 		return x.Long
 	}
 	return false
+}
+
+func (x *Dispatch) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
 }
 
 type DispatchRefused struct {
@@ -2720,14 +2741,15 @@ const file_node_proto_rawDesc = "" +
 	"\tHeartbeat\x12\x1b\n" +
 	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano\x12,\n" +
 	"\x04runs\x18\x02 \x03(\v2\x18.iop.node.v1.RunInFlightR\x04runs\x12\x19\n" +
-	"\bruns_set\x18\x03 \x01(\bR\arunsSet\"\x8a\x01\n" +
+	"\bruns_set\x18\x03 \x01(\bR\arunsSet\"\x9c\x01\n" +
 	"\vRunInFlight\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1f\n" +
 	"\vprovider_id\x18\x02 \x01(\tR\n" +
 	"providerId\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\x12\x19\n" +
 	"\blease_id\x18\x04 \x01(\x04R\aleaseId\x12\x12\n" +
-	"\x04long\x18\x05 \x01(\bR\x04long\"#\n" +
+	"\x04long\x18\x05 \x01(\bR\x04long\x12\x10\n" +
+	"\x03key\x18\x06 \x01(\tR\x03key\"#\n" +
 	"\vRunsRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\"P\n" +
 	"\n" +
@@ -2745,7 +2767,7 @@ const file_node_proto_rawDesc = "" +
 	"\x06models\x18\x06 \x03(\tR\x06models\x12M\n" +
 	"\x12model_capabilities\x18\a \x03(\v2\x1e.iop.node.v1.ModelCapabilitiesR\x11modelCapabilities\"\x1f\n" +
 	"\x05Drain\x12\x16\n" +
-	"\x06reason\x18\x01 \x01(\tR\x06reason\"\x9e\x05\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xb0\x05\n" +
 	"\bDispatch\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1f\n" +
 	"\vprovider_id\x18\x02 \x01(\tR\n" +
@@ -2763,7 +2785,8 @@ const file_node_proto_rawDesc = "" +
 	"\rtrace_context\x18\x0e \x03(\v2'.iop.node.v1.Dispatch.TraceContextEntryR\ftraceContext\x12\x14\n" +
 	"\x05epoch\x18\v \x01(\x03R\x05epoch\x12\x19\n" +
 	"\blease_id\x18\f \x01(\x04R\aleaseId\x12\x12\n" +
-	"\x04long\x18\r \x01(\bR\x04long\x1a:\n" +
+	"\x04long\x18\r \x01(\bR\x04long\x12\x10\n" +
+	"\x03key\x18\x0f \x01(\tR\x03key\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
