@@ -134,10 +134,11 @@ func (c *Caller) Admit() (*Permit, error) {
 // max_concurrent: the key's next requests wait until it is under again.
 // It takes nothing from the per-minute allowance.
 func (c *Caller) Adopt() *Permit {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.inFlight++
-	return &Permit{c: c}
+	st := c.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.inFlight++
+	return &Permit{st: st}
 }
 
 // ExhaustRate empties the key's per-minute allowance at once, so it
@@ -145,14 +146,15 @@ func (c *Caller) Adopt() *Permit {
 // a new scheduler leader, which cannot know how much of the allowance
 // the old one gave out, assumes all of it. A no-op without a limit.
 func (c *Caller) ExhaustRate() {
-	if c.limiter == nil {
+	st := c.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.limiter == nil {
 		return
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	now := c.now()
-	if n := int(c.limiter.TokensAt(now)); n > 0 {
-		c.limiter.AllowN(now, n)
+	if n := int(st.limiter.TokensAt(now)); n > 0 {
+		st.limiter.AllowN(now, n)
 	}
 }
 

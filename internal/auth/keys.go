@@ -258,7 +258,7 @@ func (k *Keyring) ExhaustRates() {
 	if k == nil {
 		return
 	}
-	for _, c := range k.byName {
+	for _, c := range k.table.Load().byName {
 		c.ExhaustRate()
 	}
 }
