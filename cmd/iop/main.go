@@ -53,6 +53,15 @@ func signalContext(parent context.Context) (context.Context, context.CancelFunc)
 	return ctx, stop
 }
 
+// hangup returns a channel that gets every SIGHUP of the process, for
+// the rest of its life: every iop process reloads (or logs that it has
+// nothing to reload) on SIGHUP, and none exits on it.
+func hangup() <-chan os.Signal {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	return hup
+}
+
 // setUp makes the command's logger at level and loads its config file (if
 // any) into cfg, under the flags the user set.
 func setUp(cmd *cobra.Command, level, configPath string, cfg any) (*slog.Logger, error) {
