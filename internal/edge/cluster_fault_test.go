@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"iop/internal/testenv/etcdtest"
 	"iop/internal/wire/clusterv1"
@@ -322,7 +321,8 @@ func routeThroughProxy(t *testing.T, e *testEdge) *stallProxy {
 	t.Helper()
 	st, _ := e.svc.Cluster()
 	px := newStallProxy(t, st.LeaderAddr)
-	cc, err := grpc.NewClient(px.lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// The edge's own dial options: its deployment id and token go on every call.
+	cc, err := grpc.NewClient(px.lis.Addr().String(), e.svc.cl.peers.dialOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}
