@@ -2,6 +2,7 @@ package process
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"iop/internal/auth"
+	"iop/internal/edge"
 )
 
 // TestRegression_HalfWrittenConfigNeverOpensAPI runs `iop edge --config
@@ -102,6 +104,30 @@ func TestRegression_HalfWrittenConfigNeverOpensAPI(t *testing.T) {
 	for _, k := range []string{"keys_removed", "admin_keys_removed"} {
 		if v := l[k]; v != nil && fmt.Sprint(v) != "[]" {
 			t.Errorf("reload line %v", l)
+		}
+	}
+}
+
+// TestRegression_ReloadEmptyingKeysNeedsInsecureOpen: a config with no
+// client keys or no admin keys is refused while the running one has some,
+// unless it sets insecure_open.
+func TestRegression_ReloadEmptyingKeysNeedsInsecureOpen(t *testing.T) {
+	key := []auth.Key{{Name: "a"}}
+	for _, c := range []struct {
+		name                  string
+		running, runningAdmin int
+		cfg                   edge.Config
+		refused               bool
+	}{
+		{"client keys emptied", 1, 0, edge.Config{}, true},
+		{"admin keys emptied", 0, 1, edge.Config{Keys: key}, true},
+		{"both emptied, insecure_open", 1, 1, edge.Config{InsecureOpen: true}, false},
+		{"none running", 0, 0, edge.Config{}, false},
+		{"keys kept", 1, 1, edge.Config{Keys: key, AdminKeys: key}, false},
+	} {
+		err := checkKeysKept(c.running, c.runningAdmin, c.cfg)
+		if got := errors.Is(err, ErrKeysEmptied); got != c.refused {
+			t.Errorf("%s: %v, want refused %v", c.name, err, c.refused)
 		}
 	}
 }
