@@ -95,7 +95,6 @@ func watchConfig(ctx context.Context, path string, reload func(trigger string), 
 // edge's own part (edge.Service.Reload) and the HTTP API's keyrings.
 type edgeReloader struct {
 	e      *edgeRun
-	listen string // the running HTTP API address, for the open-API check
 	logger *slog.Logger
 }
 
@@ -126,9 +125,10 @@ func diffKeys(old, next []auth.Key) keysChange {
 	return c
 }
 
-// apply reads cfg's keys file, checks every keyring and the open-API rule
-// first, then applies the edge's part and swaps the keyrings; a cfg refused
-// anywhere changes nothing. It logs what changed and what needs a restart.
+// apply reads cfg's keys file, checks every keyring and that no keyring
+// is emptied (checkKeysKept) first, then applies the edge's part and
+// swaps the keyrings; a cfg refused anywhere changes nothing. It logs
+// what changed and what needs a restart.
 func (r *edgeReloader) apply(cfg edge.Config, trigger string) error {
 	cfg, err := cfg.LoadKeysFile()
 	if err != nil {
