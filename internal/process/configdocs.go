@@ -52,7 +52,7 @@ var configDocs = configschema.Docs{
 	"auth.Key.priority":                {Text: "`critical`, `standard` or `sheddable`: the key's requests' priority band in the queues.", Default: "standard", Reload: true, Example: "sheddable"},
 	"auth.Key.priority_header":         {Text: "The highest priority the key's requests may ask for with the `X-Iop-Priority` header; empty: the header is ignored.", Reload: true, Example: "critical"},
 	"edge.Config.keys_file":            {Text: "A YAML file with more `keys` and `admin_keys`, same shape; read at start.", Reload: true, Example: "/etc/iop/keys.yaml"},
-	"edge.Config.insecure_open":        {Text: "Serve the client API without keys on a non-loopback address.", Example: "true"},
+	"edge.Config.insecure_open":        {Text: "Serve the client API without keys on a non-loopback address; lets a reload remove every key or admin key.", Example: "true"},
 	"edge.Config.ledger_dsn":           {Text: "PostgreSQL DSN of the usage ledger, which several edges may share.", Default: "the database file", Example: "postgres://iop:SECRET@db:5432/iop?sslmode=verify-full"},
 	"edge.Config.runs_dsn":             {Text: "PostgreSQL DSN of the run records and their events, shared by several edges (runs API).", Default: "the database file", Example: "postgres://iop:SECRET@db:5432/iop?sslmode=verify-full"},
 	"edge.Config.name":                 {Text: "This edge's name among the edges sharing runs_dsn: the same across its restarts, different between edges.", Default: "cluster.name, else the host name", Example: "edge-a"},

@@ -291,5 +291,9 @@ edge, aliases, queue policies (with ` + "`reconnect_grace`" + `), API keys and t
 limits, admin keys and node join tokens apply to the next request; requests
 already queued or running keep theirs; a removed key gets 401 at once. A
 file that does not parse or validate is refused with an error line naming
-the problem, and the running config stays.
+the problem, and the running config stays. A reload that would leave the
+edge with no client ` + "`keys`" + ` (or no ` + "`admin_keys`" + `) while the running config has
+some is refused the same way, unless the new file sets
+` + "`insecure_open: true`" + `: a file read while half written never opens the API.
+The file is read once it has stayed unchanged for 1 s; ` + "`SIGHUP`" + ` reads it at once.
 `
