@@ -100,4 +100,3 @@ func (h *handler) listAnthropicModels(w http.ResponseWriter, r *http.Request, na
 		LastID  *string                `json:"last_id"`
 	}{data, more, first, last})
 }
-
