@@ -432,12 +432,15 @@ func (h *handler) listModels(w http.ResponseWriter, r *http.Request) {
 // chat and Messages routes take (resolveModel: also the same name with or
 // without ":latest", Ollama's rule), with the id asked for, in OpenAI's
 // shape, or Anthropic's (anthropicModel) to a request that names an
-// anthropic-version, whose errors are Anthropic's too; else 404 (403 for
-// a model the key may not use).
+// anthropic-version, whose errors are Anthropic's too; else 404 (also
+// for a model the key may not use, which the listing leaves out).
 func (h *handler) getModel(w http.ResponseWriter, r *http.Request) {
 	id := strings.TrimPrefix(r.URL.Path, modelsPrefix)
 	anthropic := r.Header.Get(anthropicVersionHeader) != ""
 	if _, err := h.resolveModel(r, id); err != nil {
+		if errors.Is(err, ErrModelNotAllowed) {
+			err = ErrUnknownModel // as the listing, which leaves it out
+		}
 		if anthropic {
 			h.writeAnthropicError(w, r, err, &Request{Model: id})
 		} else {
