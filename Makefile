@@ -6,7 +6,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 # The Ollama release the real-server tests run against (internal/ollamatest.Version).
 OLLAMA_VERSION := v0.17.4
 
-.PHONY: all build run test chromium postgresql etcd ollama proto bench clean
+.PHONY: all build run test chromium postgresql etcd ollama proto bench chaos clean
 
 all: build
 
@@ -79,6 +79,22 @@ bench: build
 	$(GO) test -p 1 -run '^$$' -bench . -benchmem ./internal/scheduler/ ./internal/edge/api/ ./internal/wire/nodev1/ ./internal/node/adapter/ >$(BIN)/bench-go.txt; \
 		rc=$$?; cat $(BIN)/bench-go.txt; exit $$rc
 	$(BIN)/iop bench --overhead --profile-dir $(BIN)/bench-profiles --go-bench $(BIN)/bench-go.txt $(BENCH_ARGS)
+
+# The chaos suite (not part of make test; about 30 minutes): per run a
+# fresh three-member etcd, three edges with `cluster:` on one PostgreSQL,
+# two nodes and three iop sims, 36 streaming clients, and one fault:
+# SIGKILL or SIGSTOP of the leader, lost etcd quorum, a follower's stalled
+# link to the leader, a restarted follower or node, another deployment on
+# the same etcd (package internal/chaos). Checks the invariants after
+# every run and writes the table of worst figures to bin/chaos-table.md.
+# One scenario: make chaos SCENARIO=kill RUNS=5 (SCENARIO takes a
+# comma-separated list; RUNS defaults to 5).
+SCENARIO ?=
+RUNS ?= 5
+chaos: build etcd postgresql
+	IOP_CHAOS=1 IOP_CHAOS_BIN=$(BIN)/iop IOP_CHAOS_SCENARIO=$(SCENARIO) IOP_CHAOS_RUNS=$(RUNS) IOP_TEST_STRICT=1 \
+		$(GO) test -race -count=1 -timeout 120m -v -run '^TestChaos$$' ./internal/chaos/ >$(BIN)/chaos.log 2>&1; \
+		rc=$$?; grep -E '^ *(--- |chaos_test.go|\||Chaos suite|Scenarios:|ok|FAIL|PASS)' $(BIN)/chaos.log; exit $$rc
 
 # Regenerates the protocol's Go code with pinned plugin versions (protoc from Debian's protobuf-compiler).
 proto:

@@ -25,6 +25,7 @@ type simFile struct {
 	// PrefixCacheTokens and PrefillTokensPerSecond: sim.Config's.
 	PrefixCacheTokens      int     `yaml:"prefix_cache_tokens"`
 	PrefillTokensPerSecond float64 `yaml:"prefill_tokens_per_second"`
+	CountRepeats           bool    `yaml:"count_repeats"`
 	Faults                 struct {
 		ErrorRate   float64 `yaml:"error_rate"`
 		ErrorStatus int     `yaml:"error_status"`
@@ -59,6 +60,7 @@ func newSimCommand(logLevel *string) *cobra.Command {
 				ReasoningField:         f.ReasoningField,
 				PrefixCacheTokens:      f.PrefixCacheTokens,
 				PrefillTokensPerSecond: f.PrefillTokensPerSecond,
+				CountRepeats:           f.CountRepeats,
 				Faults: sim.Faults{
 					ErrorRate:        f.Faults.ErrorRate,
 					ErrorStatus:      f.Faults.ErrorStatus,
@@ -91,6 +93,7 @@ func newSimCommand(logLevel *string) *cobra.Command {
 	fl.StringVar(&f.ReasoningField, "reasoning-field", "", `the OpenAI answer's reasoning field: reasoning_content (default) or reasoning`)
 	fl.IntVar(&f.PrefixCacheTokens, "prefix-cache-tokens", 0, "keep an LRU prefix cache of this many prompt tokens (blocks of 16 words, chained hashes); hits and misses in GET /stats")
 	fl.Float64Var(&f.PrefillTokensPerSecond, "prefill-tokens-per-second", 0, "add uncached prompt tokens / this rate to the time to first token (0 = prefill is free)")
+	fl.BoolVar(&f.CountRepeats, "count-repeats", false, "count admitted requests whose prompt an earlier one had (repeated in GET /stats; admitted counts them all)")
 	fl.Float64Var(&f.Faults.ErrorRate, "error-rate", 0, "fraction of requests answered with --error-status")
 	fl.IntVar(&f.Faults.ErrorStatus, "error-status", 0, "status of injected errors (default 500)")
 	fl.IntVar(&f.Faults.DropAfter, "drop-after", 0, "drop the connection after this many streamed tokens")

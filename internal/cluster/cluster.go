@@ -11,13 +11,18 @@
 //
 // When the leader's session expires (its process died, or it lost etcd for
 // SessionTTL) or it resigns, the key goes and the next campaigner is
-// elected with a higher epoch. An edge whose session ended steps down at
-// once (State.Leader false), opens a new session and campaigns again: a
-// deposed leader that comes back finds a higher epoch and follows.
+// elected with a higher epoch. An edge steps down at once (State.Leader
+// false), opens a new session and campaigns again when its session ends,
+// when its last granted renewal is a TTL old (Leads is 0 from that
+// instant: a leader frozen past its TTL grants nothing when it wakes), or
+// when it learns of a higher epoch (the observer, or Depose: a node's
+// refusal, a peer): a deposed leader that comes back follows.
 //
 // # Concurrency
 //
-// An Elector runs two goroutines (campaign, observe) until Close. State is
+// An Elector runs two goroutines (campaign, observe) until Close, and a
+// renewal loop while a session stands. The session's validity (the last
+// granted renewal) is an atomic; Leads and State take no lock. State is
 // published through an atomic pointer: State() takes no lock and never
 // blocks; Changes is closed and replaced at every change of State.
 package cluster
@@ -179,11 +184,20 @@ type Elector struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	state atomic.Pointer[State]
-	mu    sync.Mutex    // guards changed and the writes of state
-	ch    chan struct{} // closed at the next change
-	own   int64         // epoch of this edge's current leadership (0: none); guarded by mu
-	seen  int64         // highest epoch observed; guarded by mu
+	// base is the origin of validUntil (its monotonic reading).
+	base time.Time
+	// validUntil (ns since base) is when this edge's session lease may
+	// have expired at etcd: the send time of its last granted renewal plus
+	// the TTL. Past it, the edge no longer leads (Leads), whatever etcd
+	// says later: a frozen leader that wakes grants nothing.
+	validUntil atomic.Int64
+
+	state  atomic.Pointer[State]
+	mu     sync.Mutex    // guards changed and the writes of state
+	ch     chan struct{} // closed at the next change
+	own    int64         // epoch of this edge's current leadership (0: none); guarded by mu
+	seen   int64         // highest epoch observed; guarded by mu
+	depose func()        // ends the current leadership's hold (nil: none); guarded by mu
 }
 
 // Start connects to etcd and begins campaigning. It returns at once; the
@@ -204,7 +218,7 @@ func Start(cfg Config, log *slog.Logger) (*Elector, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	e := &Elector{cfg: cfg, log: log, cli: cli, ch: make(chan struct{})}
+	e := &Elector{cfg: cfg, log: log, cli: cli, ch: make(chan struct{}), base: time.Now()}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.state.Store(&State{})
 	e.wg.Add(2)
@@ -215,6 +229,55 @@ func Start(cfg Config, log *slog.Logger) (*Elector, error) {
 
 // State is the current state; it never blocks.
 func (e *Elector) State() State { return *e.state.Load() }
+
+// Leads returns the epoch this edge leads now, or 0: State says it leads
+// and its session lease cannot have expired at etcd yet (its last renewal
+// was granted less than the TTL ago). It never blocks; a leader frozen
+// past its TTL stops leading here the instant it wakes, before the etcd
+// client notices.
+func (e *Elector) Leads() int64 {
+	st := e.state.Load()
+	if !st.Leader || !e.valid() {
+		return 0
+	}
+	return st.Epoch
+}
+
+func (e *Elector) valid() bool {
+	return int64(time.Since(e.base)) < e.validUntil.Load()
+}
+
+// renewed records a renewal of the session lease sent at sent.
+func (e *Elector) renewed(sent time.Time) {
+	until := int64(sent.Sub(e.base) + e.cfg.SessionTTL)
+	for {
+		old := e.validUntil.Load()
+		if until <= old || e.validUntil.CompareAndSwap(old, until) {
+			return
+		}
+	}
+}
+
+// Depose tells the elector that a leader of epoch exists, at addr when
+// known (a node refused this edge's older epoch, or a peer named it):
+// when this edge leads an older epoch it steps down at once, and
+// campaigns again on a new session. It never blocks.
+func (e *Elector) Depose(epoch int64, addr string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.own != 0 && e.own < epoch {
+		e.log.Warn("cluster: a newer leader exists: stepping down", "edge", e.cfg.Name, "epoch", e.own, "newer", epoch)
+		e.own = 0
+		if e.depose != nil {
+			e.depose()
+		}
+	}
+	// The observer's reads of etcd stay the judge (seen is not raised):
+	// the epoch named here only stands until it reads the leader.
+	if st := e.state.Load(); epoch > st.Epoch || (epoch == st.Epoch && st.LeaderAddr == "" && addr != "") {
+		e.publishLocked(epoch, addr)
+	}
+}
 
 // Changes is closed at the next change of State.
 func (e *Elector) Changes() <-chan struct{} {
@@ -275,11 +338,14 @@ func (e *Elector) campaignLoop() {
 // leadership until the session ends or Close.
 func (e *Elector) campaignOnce() error {
 	ttl := int(e.cfg.SessionTTL / time.Second)
+	granted := time.Now()
 	sess, err := concurrency.NewSession(e.cli, concurrency.WithTTL(ttl), concurrency.WithContext(e.ctx))
 	if err != nil {
 		return err
 	}
 	defer sess.Close() // revokes the lease: the next campaigner is elected at once
+	e.validUntil.Store(0)
+	e.renewed(granted)
 	el := concurrency.NewElection(sess, e.cfg.Prefix)
 	cctx, ccancel := context.WithCancel(e.ctx)
 	go func() {
@@ -290,29 +356,50 @@ func (e *Elector) campaignOnce() error {
 		}
 	}()
 	defer ccancel()
+	go e.renewLoop(cctx, sess.Lease())
 	if err := el.Campaign(cctx, e.cfg.Advertise); err != nil {
 		return err
 	}
 	epoch := el.Rev()
+	hold, deposed := context.WithCancel(cctx)
+	defer deposed()
 	e.mu.Lock()
 	e.own = epoch
-	if epoch >= e.seen {
+	if epoch >= e.seen && e.valid() {
 		e.seen = epoch
+		e.depose = deposed
 		e.publishLocked(epoch, e.cfg.Advertise)
 	} else {
 		e.own = 0 // a newer leader was seen first: never lead an old epoch
+		deposed()
 	}
 	e.mu.Unlock()
-	select {
-	case <-sess.Done():
-		e.log.Warn("cluster session lost: stepping down", "edge", e.cfg.Name, "epoch", epoch)
-	case <-e.ctx.Done():
-		rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = el.Resign(rctx)
-		rcancel()
+	lapse := time.NewTimer(e.untilLapse())
+	defer lapse.Stop()
+	for held := true; held; {
+		select {
+		case <-sess.Done():
+			e.log.Warn("cluster session lost: stepping down", "edge", e.cfg.Name, "epoch", epoch)
+			held = false
+		case <-lapse.C:
+			if e.valid() {
+				lapse.Reset(e.untilLapse())
+				continue
+			}
+			e.log.Warn("cluster session not renewed within its TTL: stepping down", "edge", e.cfg.Name, "epoch", epoch)
+			held = false
+		case <-hold.Done():
+			held = false
+			if e.ctx.Err() != nil {
+				rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
+				_ = el.Resign(rctx)
+				rcancel()
+			}
+		}
 	}
 	e.mu.Lock()
 	e.own = 0
+	e.depose = nil
 	st := e.State()
 	if st.Leader {
 		// Until the observer sees the next leader, none is known.
@@ -320,6 +407,36 @@ func (e *Elector) campaignOnce() error {
 	}
 	e.mu.Unlock()
 	return nil
+}
+
+// untilLapse is the time left before the session lease may have expired
+// (at least 1 ms, for a timer).
+func (e *Elector) untilLapse() time.Duration {
+	return max(time.Duration(e.validUntil.Load()-int64(time.Since(e.base))), time.Millisecond)
+}
+
+// renewLoop renews the session lease every third of its TTL, each call
+// bounded by that third, and records each granted renewal (renewed), until
+// ctx ends. The session's own keep-alive renews it too; this loop only
+// learns when a renewal was granted, which the session does not tell.
+func (e *Elector) renewLoop(ctx context.Context, lease clientv3.LeaseID) {
+	every := e.cfg.SessionTTL / 3
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		sent := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, every)
+		resp, err := e.cli.KeepAliveOnce(rctx, lease)
+		cancel()
+		if err == nil && resp.TTL > 0 {
+			e.renewed(sent)
+		}
+	}
 }
 
 func (e *Elector) observeLoop() {
@@ -392,6 +509,14 @@ func (e *Elector) seeLeader(epoch int64, addr string) {
 		return
 	}
 	e.seen = epoch
+	if e.own != 0 && e.own < epoch {
+		// Deposed while its session stood (it froze, or lost etcd).
+		e.log.Warn("cluster: a newer leader was elected: stepping down", "edge", e.cfg.Name, "epoch", e.own, "newer", epoch)
+		e.own = 0
+		if e.depose != nil {
+			e.depose()
+		}
+	}
 	e.publishLocked(epoch, addr)
 }
 

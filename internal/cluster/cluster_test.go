@@ -178,3 +178,34 @@ func TestRegression_CloseWithoutEtcdReturns(t *testing.T) {
 		}
 	}
 }
+
+// TestDeposeStepsDownAtOnce: a leader told of a higher epoch (a node's
+// refusal, a peer) stops leading before Depose returns (Leads is 0), gives
+// up its session and campaigns again; the election goes on at a higher
+// epoch with one leader. Depose of an epoch not above this edge's is a
+// no-op.
+func TestDeposeStepsDownAtOnce(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	es := start(t, etcd.Endpoints(), 2)
+	sts := waitState(t, "one leader", es, oneLeader)
+	li, epoch := leaderOf(sts), sts[0].Epoch
+	l := es[li]
+	if got := l.Leads(); got != epoch {
+		t.Fatalf("Leads = %d, want %d", got, epoch)
+	}
+	l.Depose(epoch, "")
+	if got := l.Leads(); got != epoch {
+		t.Fatalf("after Depose of its own epoch: Leads = %d, want %d", got, epoch)
+	}
+	l.Depose(epoch+100, "")
+	if got := l.Leads(); got != 0 {
+		t.Fatalf("after Depose of a higher epoch: Leads = %d, want 0", got)
+	}
+	if st := l.State(); st.Leader {
+		t.Fatalf("after Depose: state %+v, want not leading", st)
+	}
+	// Its session revoked, the election goes on at a higher epoch.
+	waitState(t, "a leader above the deposed epoch", es, func(s []State) bool {
+		return oneLeader(s) && s[0].Epoch > epoch
+	})
+}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
+	"iop/internal/clock"
 	"iop/internal/cluster"
 	"iop/internal/edge/contract"
 	"iop/internal/scheduler"
@@ -34,23 +35,34 @@ import (
 // it lacks: it releases and admits again excluding that node, as for a
 // stale generation).
 //
-// Who releases a lease (the leader's scheduler counts them all):
+// Who releases a lease (the leader's scheduler counts them all), each
+// exactly once, whichever comes first:
 //   - a leader's own lease: its run, as on a single edge (a fence of its
 //     connection ends the run and the lease);
 //   - a follower's lease: the follower, by lease id, when its run ends
-//     (Release, idempotent; retried until it reaches the leader of that
-//     epoch or the epoch changes). The leader's fence of its OWN connection
-//     to that node never releases it (scheduler.Lease.KeepOnFence): the run
-//     goes on over the follower's connection;
-//   - when the follower's admission session (Follow) ends, its leases
-//     become orphan: the leader releases each once a node heartbeat that
-//     lists the node's runs in flight (node-wide) no longer lists its run,
-//     at least one heartbeat interval after it became orphan;
+//     (Release, idempotent; retried until a ready leader takes it). The
+//     leader's fence of its OWN connection to that node never releases it
+//     (scheduler.Lease.KeepOnFence): the run goes on over the follower's
+//     connection;
+//   - the nodes, which are the truth: every heartbeat of a node reconciles
+//     the leader's leases on it (reconcile): one held for another edge's
+//     run, or adopted, that the node does not list is released once it is
+//     reconcileGrace old;
+//   - the end of the leadership (endTerm): a deposed leader refuses its
+//     waiting admissions (not_leader) and drops every lease it held for
+//     other edges' runs;
 //   - a new leader adopts every run the nodes report in flight from older
 //     epochs (scheduler.Adopt), before it admits anything, and releases each
 //     at the follower's Release of its (epoch, lease id) or when the node's
 //     reports no longer list the run. A run is adopted once, by (node, run
 //     id), whatever the number of edges the node reports it to.
+//
+// A leader leads while the elector says so and its session lease cannot
+// have expired (cluster.Elector.Leads): a leader frozen past its session
+// TTL grants nothing when it wakes. A follower judges its leader dead
+// when it is silent on the Follow session for followDeadAfter: its Admit
+// calls to it are cancelled and its requests wait for the next leader,
+// in their order (awaitTurn).
 //
 // While no leader is known (or the leader cannot be reached, or is
 // rebuilding), a follower's request waits at most leaderWait, then fails
@@ -78,12 +90,34 @@ type leaseKey struct {
 // heldLease is a lease the leader's scheduler holds for another edge's run
 // (or an adopted run of an older epoch).
 type heldLease struct {
-	key    leaseKey
-	l      *scheduler.Lease
-	edge   string // the follower that owns its release; "" adopted
-	node   string
-	runID  string
-	orphan time.Time // non-zero: released by the nodes' reports
+	key   leaseKey
+	l     *scheduler.Lease
+	edge  string // the follower that owns its release; "" adopted
+	node  string
+	runID string
+	// since is when it was granted or adopted: from since +
+	// reconcileGrace, a node report that does not list its run releases it.
+	since time.Time
+}
+
+// leadTerm is one leadership of this edge (one epoch): ctx ends the
+// instant the edge stops leading it, which withdraws every admission
+// waiting in its scheduler.
+type leadTerm struct {
+	epoch  int64
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// leaderLife is what a follower knows of one leader (one epoch) it calls:
+// ctx ends when it is judged dead (silent on the Follow session for
+// followDeadAfter) or superseded by a newer epoch, which cancels every
+// Admit call to it; heard is when it last answered.
+type leaderLife struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	heard  time.Time
+	dead   bool
 }
 
 // clusterMode is an edge's cluster side; nil without Config.Cluster.
@@ -98,11 +132,11 @@ type clusterMode struct {
 	// mu guards the fields below; a leaf: nothing is called while it is
 	// held (the scheduler, Service.mu and the network are called without).
 	mu        sync.Mutex
-	held      map[leaseKey]*heldLease
-	byRun     map[string]*heldLease // node + "\x00" + run id
-	sessions  map[string]int        // follower name → open Follow sessions
-	followed  map[string]int64      // follower advertise → the epoch it opened a session to
-	joined    chan struct{}         // closed and replaced when a follower opens a session
+	term      *leadTerm // the leadership held now (nil: none)
+	lives     map[int64]*leaderLife
+	leases    leaseTable
+	followed  map[string]int64 // follower advertise → the epoch it opened a session to
+	joined    chan struct{}    // closed and replaced when a follower opens a session
 	reports   map[int64]chan reportOf
 	clients   map[string]*grpc.ClientConn // leader address → connection
 	permitSeq uint64
@@ -137,9 +171,8 @@ func newClusterMode(s *Service, cfg cluster.Config) (*clusterMode, error) {
 	cfg.SetDefaults()
 	cm := &clusterMode{
 		s: s, cfg: cfg, el: el, name: cfg.Name,
-		held:     make(map[leaseKey]*heldLease),
-		byRun:    make(map[string]*heldLease),
-		sessions: make(map[string]int),
+		leases:   newLeaseTable(),
+		lives:    make(map[int64]*leaderLife),
 		followed: make(map[string]int64),
 		joined:   make(chan struct{}),
 		tickets:  make(map[uint64]*admitTicket),
@@ -176,31 +209,49 @@ func (cm *clusterMode) close() {
 }
 
 // leadsReady returns the epoch this edge leads and has rebuilt (0: it does
-// not lead, or is still rebuilding).
+// not lead, its session may have lapsed, or it is still rebuilding).
 func (cm *clusterMode) leadsReady() int64 {
-	st := cm.el.State()
-	if st.Leader && cm.ready.Load() == st.Epoch {
-		return st.Epoch
+	if e := cm.el.Leads(); e != 0 && cm.ready.Load() == e {
+		return e
 	}
 	return 0
 }
 
-// leadLoop rebuilds the lease table each time this edge is elected.
+// readyTerm is the leadership this edge holds and has rebuilt, or nil.
+func (cm *clusterMode) readyTerm() *leadTerm {
+	e := cm.leadsReady()
+	cm.mu.Lock()
+	defer cm.mu.Unlock()
+	if t := cm.term; t != nil && t.epoch == e && e != 0 {
+		return t
+	}
+	return nil
+}
+
+// leadLoop starts a term and rebuilds the lease table each time this edge
+// is elected, and ends the term the instant it stops leading.
 func (cm *clusterMode) leadLoop() {
 	defer cm.wg.Done()
+	defer cm.endTerm("the cluster side stopped")
 	var led int64
 	for {
 		ch := cm.el.Changes()
 		st := cm.el.State()
 		if st.Leader && st.Epoch != led {
+			cm.endTerm("a newer epoch")
 			led = st.Epoch
+			ctx, cancel := context.WithCancel(cm.stopCtx)
+			cm.mu.Lock()
+			cm.term = &leadTerm{epoch: led, ctx: ctx, cancel: cancel}
+			cm.mu.Unlock()
 			cm.rebuild(st.Epoch)
 			cm.ready.Store(st.Epoch)
 			cm.s.log.Info("cluster leader ready", "edge", cm.name, "epoch", st.Epoch)
 			cm.s.reg.notify()
-		} else if !st.Leader {
+		} else if !st.Leader && led != 0 {
 			led = 0
 			cm.ready.Store(0)
+			cm.endTerm("deposed")
 		}
 		select {
 		case <-cm.stop:
@@ -208,6 +259,49 @@ func (cm *clusterMode) leadLoop() {
 		case <-ch:
 		}
 	}
+}
+
+// endTerm ends this edge's leadership: every admission waiting in its
+// scheduler for another edge is refused (not_leader: the follower submits
+// it to the next leader), and every lease held for another edge's run, or
+// adopted, is released, once: the next leader counts those runs from the
+// nodes' reports, and none of them stays here as a phantom should this
+// edge lead again. Its own runs keep their leases.
+func (cm *clusterMode) endTerm(reason string) {
+	cm.mu.Lock()
+	t := cm.term
+	cm.term = nil
+	hs := cm.leases.drain()
+	cm.mu.Unlock()
+	if t == nil {
+		return
+	}
+	t.cancel()
+	for _, h := range hs {
+		h.l.Release(reason)
+	}
+	cm.s.log.Warn("cluster leadership ended: leases of other edges dropped", "edge", cm.name, "epoch", t.epoch, "reason", reason, "leases", len(hs))
+}
+
+// hold records h, a lease of term t for another edge's run (or adopted),
+// unless t ended meanwhile: then the caller releases it.
+func (cm *clusterMode) hold(t *leadTerm, h *heldLease) bool {
+	cm.mu.Lock()
+	defer cm.mu.Unlock()
+	if cm.term != t || t.ctx.Err() != nil {
+		return false
+	}
+	return cm.leases.add(h)
+}
+
+// term returns the leadership of epoch this edge holds (ready or not), or nil.
+func (cm *clusterMode) termOf(epoch int64) *leadTerm {
+	cm.mu.Lock()
+	defer cm.mu.Unlock()
+	if t := cm.term; t != nil && t.epoch == epoch {
+		return t
+	}
+	return nil
 }
 
 // rebuild asks every connected node for its runs in flight and adopts each
@@ -283,23 +377,26 @@ done:
 // leaseID) on node's provider, when this leader (of epoch) has not counted
 // it yet: its own epoch's runs and runs outside a cluster (oepoch 0) are
 // counted already; a run is counted once by (node, run id) and by (epoch,
-// lease). owner is the edge that owns its release ("" : the nodes'
-// reports, orphan at once). It reports whether it adopted the run.
+// lease). owner is the edge that relays it ("": known from the nodes'
+// reports only). It reports whether it adopted the run.
 func (cm *clusterMode) adoptRun(epoch int64, node, provider, runID string, oepoch int64, leaseID uint64, long bool, owner string) bool {
 	if oepoch == 0 || oepoch >= epoch {
 		return false
 	}
+	t := cm.termOf(epoch)
+	if t == nil {
+		return false
+	}
 	k := leaseKey{oepoch, leaseID}
-	rk := node + "\x00" + runID
 	cm.mu.Lock()
-	if h := cm.held[k]; h != nil {
+	if h := cm.leases.get(k); h != nil {
 		if owner != "" && h.edge == "" {
-			h.edge, h.orphan = owner, time.Time{} // its relaying edge releases it
+			h.edge = owner
 		}
 		cm.mu.Unlock()
 		return false
 	}
-	known := cm.byRun[rk] != nil
+	known := cm.leases.knowsRun(node, runID)
 	cm.mu.Unlock()
 	// No lock of the edge is held while it calls the scheduler.
 	if known || cm.s.ownsLocalLease(runID) {
@@ -309,19 +406,12 @@ func (cm *clusterMode) adoptRun(epoch int64, node, provider, runID string, oepoc
 	if err != nil {
 		return false
 	}
-	h := &heldLease{key: k, l: l, edge: owner, node: node, runID: runID}
-	if owner == "" {
-		h.orphan = cm.s.clock.Now()
-	}
-	cm.mu.Lock()
-	if cm.held[k] != nil || cm.byRun[rk] != nil {
-		// Another report counted it meanwhile: once only.
-		cm.mu.Unlock()
+	h := &heldLease{key: k, l: l, edge: owner, node: node, runID: runID, since: cm.s.clock.Now()}
+	if !cm.hold(t, h) {
+		// Counted by another report meanwhile, or the term ended: once only.
 		l.Release("counted already")
 		return false
 	}
-	cm.held[k], cm.byRun[rk] = h, h
-	cm.mu.Unlock()
 	return true
 }
 
@@ -329,13 +419,24 @@ func (cm *clusterMode) adoptRun(epoch int64, node, provider, runID string, oepoc
 // lease of its own scheduler (counted there already).
 func (s *Service) ownsLocalLease(runID string) bool {
 	r := s.run(runID)
-	return r != nil && r.lease != nil
+	return r != nil && r.grant.local()
 }
+
+// reconcileGrace is how long a lease granted for another edge's run (or
+// adopted) may go unlisted by its node's reports before they release it:
+// the time for the follower's Dispatch to reach the node (a reserved lease
+// not yet dispatched is in no report).
+const reconcileGrace = 2 * time.Second
 
 // nodeReport handles a node's report of its runs in flight: the answer to
 // a rebuild's RunsRequest, or a heartbeat's list. At the ready leader, a
-// heartbeat's runs of older epochs not counted yet are adopted, and orphan
-// leases on that node whose run the report no longer lists are released.
+// heartbeat reconciles the lease table with the node, which is the truth:
+// its runs of older epochs not counted yet are adopted, and every lease
+// held on that node for another edge's run (or adopted) whose run the
+// report does not list is released once it is reconcileGrace old,
+// whether or not its edge still holds a session: a run that ended
+// without its Release reaching this leader leaves no phantom lease. A
+// late Release of the same lease is a no-op (dropHeld: exactly once).
 func (cm *clusterMode) nodeReport(c *conn, epoch int64, runs []*nodev1.RunInFlight, isAnswer bool) {
 	if isAnswer {
 		cm.mu.Lock()
@@ -353,38 +454,38 @@ func (cm *clusterMode) nodeReport(c *conn, epoch int64, runs []*nodev1.RunInFlig
 	if epoch == 0 {
 		return
 	}
+	cm.reconcile(epoch, c.nodeID, runs)
+}
+
+// reconcile is nodeReport's work at the leader of epoch for node's runs.
+func (cm *clusterMode) reconcile(epoch int64, node string, runs []*nodev1.RunInFlight) {
 	// A node that connected after the rebuild, or a run its reply missed.
 	for _, ri := range runs {
-		cm.adoptRun(epoch, c.nodeID, ri.GetProviderId(), ri.GetRunId(), ri.GetEpoch(), ri.GetLeaseId(), ri.GetLong(), "")
+		cm.adoptRun(epoch, node, ri.GetProviderId(), ri.GetRunId(), ri.GetEpoch(), ri.GetLeaseId(), ri.GetLong(), "")
 	}
 	listed := make(map[string]bool, len(runs))
 	for _, ri := range runs {
 		listed[ri.GetRunId()] = true
 	}
-	before := cm.s.clock.Now().Add(-cm.s.cfg.HeartbeatInterval)
-	var gone []*heldLease
+	before := cm.s.clock.Now().Add(-reconcileGrace)
 	cm.mu.Lock()
-	for _, h := range cm.held {
-		if h.node == c.nodeID && !h.orphan.IsZero() && h.orphan.Before(before) && !listed[h.runID] {
-			gone = append(gone, h)
-		}
-	}
+	gone := cm.leases.stale(node, listed, before)
 	cm.mu.Unlock()
 	for _, h := range gone {
-		cm.dropHeld(h, "run no longer in flight on its node")
+		if cm.dropHeld(h, "run no longer in flight on its node") {
+			cm.s.log.Info("cluster: released a lease no node runs", "edge", cm.name, "node", h.node, "run", h.runID, "epoch", h.key.epoch, "lease", h.key.id, "owner", h.edge)
+		}
 	}
 }
 
 // dropHeld forgets and releases h (once).
 func (cm *clusterMode) dropHeld(h *heldLease, reason string) bool {
 	cm.mu.Lock()
-	if cm.held[h.key] != h {
-		cm.mu.Unlock()
+	removed := cm.leases.remove(h)
+	cm.mu.Unlock()
+	if !removed {
 		return false
 	}
-	delete(cm.held, h.key)
-	delete(cm.byRun, h.node+"\x00"+h.runID)
-	cm.mu.Unlock()
 	return h.l.Release(reason)
 }
 
@@ -397,42 +498,57 @@ type admissionServer struct {
 }
 
 // check refuses a call when this edge does not lead a rebuilt epoch, or
-// the caller has seen a higher one (this edge was deposed).
-func (a *admissionServer) check(epoch int64) (int64, *clusterv1.Refused) {
+// the caller has seen a higher one (this edge was deposed: it steps down).
+func (a *admissionServer) check(epoch int64) (*leadTerm, *clusterv1.Refused) {
 	return a.checkLeader(epoch, true)
 }
 
 // checkLeader is check; with ready false, a leader still rebuilding
 // passes too (a follower's session is part of the rebuild).
-func (a *admissionServer) checkLeader(epoch int64, ready bool) (int64, *clusterv1.Refused) {
-	mine := a.cm.leadsReady()
-	if !ready {
-		if st := a.cm.el.State(); st.Leader {
-			mine = st.Epoch
-		}
+func (a *admissionServer) checkLeader(epoch int64, ready bool) (*leadTerm, *clusterv1.Refused) {
+	cm := a.cm
+	var t *leadTerm
+	if ready {
+		t = cm.readyTerm()
+	} else if e := cm.el.Leads(); e != 0 {
+		t = cm.termOf(e)
 	}
 	switch {
-	case mine == 0:
-		return 0, &clusterv1.Refused{Code: refusedNotLeader, Message: "this edge is not the ready scheduler leader", Epoch: a.cm.el.State().Epoch}
-	case epoch > mine:
-		return 0, &clusterv1.Refused{Code: refusedStale, Message: fmt.Sprintf("epoch %d is older than %d", mine, epoch), Epoch: mine}
+	case t != nil && epoch > t.epoch:
+		cm.el.Depose(epoch, "")
+		return nil, &clusterv1.Refused{Code: refusedStale, Message: fmt.Sprintf("epoch %d is older than %d", t.epoch, epoch), Epoch: t.epoch}
+	case t == nil:
+		return nil, cm.notLeader()
 	}
-	return mine, nil
+	return t, nil
+}
+
+// notLeader is the refusal of a call to an edge that does not lead (a
+// ready epoch): it names the current leader when this edge knows it.
+func (cm *clusterMode) notLeader() *clusterv1.Refused {
+	r := &clusterv1.Refused{Code: refusedNotLeader, Message: "this edge is not the ready scheduler leader"}
+	if st := cm.el.State(); !st.Leader {
+		r.Epoch, r.Leader = st.Epoch, st.LeaderAddr
+	}
+	return r
 }
 
 // Admit admits a follower's request in this leader's scheduler (the same
 // resolver, flow, priority and prefix affinity as a local request): it
 // sends Queued when the request waits, then Granted (epoch, lease id,
 // node, provider, served model) or Refused (the scheduler's error as a
-// code). It ends with codes.Unavailable when this edge stops or is
-// deposed meanwhile, so the follower submits the request to the next
-// leader; the follower cancelling the stream withdraws the waiter.
+// code). When this edge stops leading meanwhile it answers Refused
+// not_leader at once (naming the new leader when known), and never
+// grants: the follower submits the request to the next leader. It ends
+// with codes.Unavailable when this edge stops; the follower cancelling
+// the stream withdraws the waiter.
 func (a *admissionServer) Admit(req *clusterv1.AdmitRequest, stream grpc.ServerStreamingServer[clusterv1.AdmitReply]) error {
 	cm, s := a.cm, a.cm.s
-	epoch, ref := a.check(req.GetEpoch())
+	t, ref := a.check(req.GetEpoch())
 	if ref != nil {
 		return stream.Send(&clusterv1.AdmitReply{Msg: &clusterv1.AdmitReply_Refused{Refused: ref}})
 	}
+	epoch := t.epoch
 	tried := make([]triedCandidate, 0, len(req.GetExcluded()))
 	for _, x := range req.GetExcluded() {
 		tried = append(tried, tried1(scheduler.Candidate{NodeID: x.GetNodeId(), ProviderID: x.GetProviderId()}, false))
@@ -440,7 +556,10 @@ func (a *admissionServer) Admit(req *clusterv1.AdmitRequest, stream grpc.ServerS
 	model := req.GetModel()
 	long := s.cfg.LongContextTokens > 0 && int(req.GetEstimatedInputTokens()) >= s.cfg.LongContextTokens
 	route := s.routeOfBlocks(model, req.GetPromptBlocks()) // before Admit: it takes the prefix index's lock
-	lease, err := s.sched.Admit(stream.Context(), scheduler.Request{
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	defer context.AfterFunc(t.ctx, cancel)()
+	lease, err := s.sched.Admit(ctx, scheduler.Request{
 		Group:                model,
 		Long:                 long,
 		EstimatedInputTokens: int(req.GetEstimatedInputTokens()),
@@ -459,16 +578,16 @@ func (a *admissionServer) Admit(req *clusterv1.AdmitRequest, stream grpc.ServerS
 		if stream.Context().Err() != nil {
 			return stream.Context().Err()
 		}
-		// A leader that stops (its own node connections end first) or was
-		// deposed does not answer for the next one: the follower submits
-		// the request again to it.
+		// A leader that stops (its own node connections end first) does
+		// not answer for the next one: the follower submits the request
+		// again to it.
 		select {
 		case <-s.shutdown:
 			return status.Error(codes.Unavailable, "the scheduler leader is stopping")
 		default:
 		}
-		if st := cm.el.State(); !st.Leader || st.Epoch != epoch {
-			return status.Error(codes.Unavailable, "no longer the scheduler leader")
+		if t.ctx.Err() != nil || cm.el.Leads() != epoch {
+			return stream.Send(&clusterv1.AdmitReply{Msg: &clusterv1.AdmitReply_Refused{Refused: cm.notLeader()}})
 		}
 		return stream.Send(&clusterv1.AdmitReply{Msg: &clusterv1.AdmitReply_Refused{Refused: &clusterv1.Refused{Code: admissionCode(err), Message: err.Error(), Epoch: epoch}}})
 	}
@@ -479,14 +598,12 @@ func (a *admissionServer) Admit(req *clusterv1.AdmitRequest, stream grpc.ServerS
 		s.prefix.record(cand.Target, scheduler.ProviderRef{NodeID: cand.NodeID, ProviderID: cand.ProviderID}, route.blocks)
 	}
 	li := lease.Info()
-	h := &heldLease{key: leaseKey{epoch, lease.ID()}, l: lease, edge: req.GetEdge(), node: li.NodeID, runID: req.GetRunId()}
-	cm.mu.Lock()
-	if cm.sessions[h.edge] == 0 {
-		h.orphan = s.clock.Now()
+	h := &heldLease{key: leaseKey{epoch, lease.ID()}, l: lease, edge: req.GetEdge(), node: li.NodeID, runID: req.GetRunId(), since: s.clock.Now()}
+	if cm.el.Leads() != epoch || !cm.hold(t, h) {
+		// Deposed between the grant and now: never a grant of an old epoch.
+		lease.Release("deposed")
+		return stream.Send(&clusterv1.AdmitReply{Msg: &clusterv1.AdmitReply_Refused{Refused: cm.notLeader()}})
 	}
-	cm.held[h.key] = h
-	cm.byRun[h.node+"\x00"+h.runID] = h
-	cm.mu.Unlock()
 	err = stream.Send(&clusterv1.AdmitReply{Msg: &clusterv1.AdmitReply_Granted{Granted: &clusterv1.Granted{
 		Epoch: epoch, LeaseId: lease.ID(), NodeId: li.NodeID, ProviderId: li.ProviderID, Target: li.Target,
 		Long: li.Long, QueueReason: string(li.QueueReason), WaitNs: int64(li.Wait),
@@ -502,11 +619,11 @@ func (a *admissionServer) Admit(req *clusterv1.AdmitRequest, stream grpc.ServerS
 // false). errNotLeaderRPC when this edge is not the ready leader.
 func (a *admissionServer) Release(_ context.Context, req *clusterv1.ReleaseRequest) (*clusterv1.ReleaseReply, error) {
 	cm := a.cm
-	if cm.leadsReady() == 0 {
+	if cm.readyTerm() == nil {
 		return &clusterv1.ReleaseReply{}, errNotLeaderRPC
 	}
 	cm.mu.Lock()
-	h := cm.held[leaseKey{req.GetEpoch(), req.GetLeaseId()}]
+	h := cm.leases.get(leaseKey{req.GetEpoch(), req.GetLeaseId()})
 	cm.mu.Unlock()
 	if h == nil {
 		return &clusterv1.ReleaseReply{}, nil
@@ -521,10 +638,11 @@ var errNotLeaderRPC = errors.New("not the scheduler leader")
 // Refused with the limit, its maximum and Retry-After.
 func (a *admissionServer) AdmitKey(_ context.Context, req *clusterv1.AdmitKeyRequest) (*clusterv1.AdmitKeyReply, error) {
 	cm := a.cm
-	epoch, ref := a.check(req.GetEpoch())
+	t, ref := a.check(req.GetEpoch())
 	if ref != nil {
 		return &clusterv1.AdmitKeyReply{Refused: ref}, nil
 	}
+	epoch := t.epoch
 	f := cm.keyAdmit.Load()
 	if f == nil {
 		return &clusterv1.AdmitKeyReply{Refused: &clusterv1.Refused{Code: refusedNotLeader, Message: "the leader knows no keys", Epoch: epoch}}, nil
@@ -566,68 +684,62 @@ func (a *admissionServer) ReleaseKey(_ context.Context, req *clusterv1.ReleaseKe
 	return &clusterv1.ReleaseKeyReply{}, nil
 }
 
-// Follow is a follower's admission session: while one is open, its
-// leases are its to release; when the last ends, they become orphan.
+// Follow is a follower's admission session: the runs it relays (adopted
+// when this leader has not counted them) and its presence for a new
+// leader's rebuild; this leader answers at once and then every
+// followBeat, so the follower knows within its session TTL when this
+// leader is dead or frozen. It ends when this edge stops leading the
+// epoch.
 func (a *admissionServer) Follow(req *clusterv1.FollowRequest, stream grpc.ServerStreamingServer[clusterv1.FollowReply]) error {
 	cm := a.cm
-	epoch, ref := a.checkLeader(req.GetEpoch(), false)
+	t, ref := a.checkLeader(req.GetEpoch(), false)
 	if ref != nil {
 		return fmt.Errorf("%s: %s", ref.GetCode(), ref.GetMessage())
 	}
+	epoch := t.epoch
 	edge := req.GetEdge()
 	for _, hr := range req.GetRuns() {
 		cm.adoptRun(epoch, hr.GetNodeId(), hr.GetProviderId(), hr.GetRunId(), hr.GetEpoch(), hr.GetLeaseId(), hr.GetLong(), edge)
 	}
 	cm.mu.Lock()
-	cm.sessions[edge]++
-	for _, h := range cm.held {
-		if h.edge == edge {
-			h.orphan = time.Time{}
-		}
-	}
 	if a := req.GetAdvertise(); a != "" {
 		cm.followed[a] = epoch
 	}
 	close(cm.joined)
 	cm.joined = make(chan struct{})
 	cm.mu.Unlock()
-	defer func() {
-		now := cm.s.clock.Now()
-		cm.mu.Lock()
-		cm.sessions[edge]--
-		if cm.sessions[edge] == 0 {
-			delete(cm.sessions, edge)
-			for _, h := range cm.held {
-				if h.edge == edge {
-					h.orphan = now
-				}
-			}
-		}
-		cm.mu.Unlock()
-	}()
 	if err := stream.Send(&clusterv1.FollowReply{Epoch: epoch}); err != nil {
 		return err
 	}
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	changes := cm.el.Changes()
 	for {
+		beat, stopBeat := clockAfter(cm.s.clock, cm.followBeat())
 		select {
 		case <-stream.Context().Done():
+			stopBeat()
 			return nil
-		case <-cm.stop:
-			return nil
-		case <-changes:
-			changes = cm.el.Changes()
-			if st := cm.el.State(); !st.Leader || st.Epoch != epoch {
-				return errors.New("no longer the leader of this epoch")
+		case <-t.ctx.Done():
+			stopBeat()
+			return status.Error(codes.Unavailable, "no longer the leader of this epoch")
+		case <-beat:
+			if cm.el.Leads() != epoch {
+				return status.Error(codes.Unavailable, "no longer the leader of this epoch")
 			}
-		case <-tick.C:
 			if err := stream.Send(&clusterv1.FollowReply{Epoch: epoch}); err != nil {
 				return nil
 			}
 		}
 	}
+}
+
+// followBeat is how often a leader answers on a Follow session: a third
+// of its session TTL, at most a second.
+func (cm *clusterMode) followBeat() time.Duration { return min(time.Second, cm.cfg.SessionTTL/3) }
+
+// followDeadAfter is how long a follower waits for its leader's answer on
+// the Follow session before it judges the leader dead or frozen: the
+// session TTL (etcd elects the next leader about as soon), at least 1.5 s.
+func (cm *clusterMode) followDeadAfter() time.Duration {
+	return max(cm.cfg.SessionTTL, 1500*time.Millisecond)
 }
 
 // admissionCode is err's Refused code.
@@ -712,12 +824,13 @@ func (cm *clusterMode) client(addr string) (clusterv1.AdmissionClient, error) {
 }
 
 // followLoop keeps this edge's admission session (Follow) open to the
-// current leader while it follows.
+// current leader while it follows, and forgets the leaders older than it.
 func (cm *clusterMode) followLoop() {
 	defer cm.wg.Done()
 	for {
 		ch := cm.el.Changes()
 		st := cm.el.State()
+		cm.supersede(st.Epoch)
 		if !st.Leader && st.LeaderAddr != "" {
 			cm.followOnce(st)
 		}
@@ -730,32 +843,175 @@ func (cm *clusterMode) followLoop() {
 	}
 }
 
+// followOnce holds one Follow session to the leader of st until it ends,
+// the election changes, or the leader stays silent for followDeadAfter:
+// then it judges that leader dead (judgeDead), which cancels every Admit
+// call to it. Any answer of the leader revives it.
 func (cm *clusterMode) followOnce(st cluster.State) {
 	cli, err := cm.client(st.LeaderAddr)
 	if err != nil {
 		return
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(cm.stopCtx)
 	defer cancel()
-	go func() {
-		select {
-		case <-cm.stop:
-		case <-ctx.Done():
-		}
-		cancel()
-	}()
 	stream, err := cli.Follow(ctx, &clusterv1.FollowRequest{Epoch: st.Epoch, Edge: cm.name, Advertise: cm.cfg.Advertise, Runs: cm.s.heldRuns()})
 	if err != nil {
 		return
 	}
+	replies := make(chan struct{}, 1)
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		for {
+			if _, err := stream.Recv(); err != nil {
+				return
+			}
+			select {
+			case replies <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	defer func() { cancel(); <-ended }()
 	for {
-		if _, err := stream.Recv(); err != nil {
+		changes := cm.el.Changes()
+		if cm.el.State().Epoch != st.Epoch {
 			return
 		}
-		if now := cm.el.State(); now.Epoch != st.Epoch {
+		silent, stopSilent := clockAfter(cm.s.clock, cm.followDeadAfter())
+		select {
+		case <-replies:
+			stopSilent()
+			cm.heard(st.Epoch)
+		case <-silent:
+			cm.judgeDead(st.Epoch, st.LeaderAddr)
+			return
+		case <-ended:
+			stopSilent()
+			return
+		case <-changes:
+			stopSilent()
+		case <-cm.stop:
+			stopSilent()
 			return
 		}
 	}
+}
+
+// clockAfter returns a channel closed after d on clk, and the stop of its
+// timer.
+func clockAfter(clk clock.Clock, d time.Duration) (<-chan struct{}, func() bool) {
+	ch := make(chan struct{})
+	t := clk.AfterFunc(d, func() { close(ch) })
+	return ch, t.Stop
+}
+
+// lifeLocked is the follower's view of the leader of epoch (made on first
+// use, heard now). cm.mu is held.
+func (cm *clusterMode) lifeLocked(epoch int64) *leaderLife {
+	l := cm.lives[epoch]
+	if l == nil {
+		ctx, cancel := context.WithCancel(cm.stopCtx)
+		l = &leaderLife{ctx: ctx, cancel: cancel, heard: cm.s.clock.Now()}
+		cm.lives[epoch] = l
+	}
+	return l
+}
+
+// leaderCtx returns a context that ends when the leader of epoch is judged
+// dead or superseded, and whether it is judged dead now.
+func (cm *clusterMode) leaderCtx(epoch int64) (context.Context, bool) {
+	cm.mu.Lock()
+	defer cm.mu.Unlock()
+	l := cm.lifeLocked(epoch)
+	return l.ctx, l.dead
+}
+
+// isDead reports whether the leader of epoch is judged dead.
+func (cm *clusterMode) isDead(epoch int64) bool {
+	cm.mu.Lock()
+	defer cm.mu.Unlock()
+	l := cm.lives[epoch]
+	return l != nil && l.dead
+}
+
+// lastHeard is when the leader of epoch last answered (or was first
+// called); zero when never called.
+func (cm *clusterMode) lastHeard(epoch int64) time.Time {
+	cm.mu.Lock()
+	defer cm.mu.Unlock()
+	if l := cm.lives[epoch]; l != nil {
+		return l.heard
+	}
+	return time.Time{}
+}
+
+// heard records an answer of the leader of epoch: alive (again).
+func (cm *clusterMode) heard(epoch int64) {
+	cm.mu.Lock()
+	l := cm.lifeLocked(epoch)
+	l.heard = cm.s.clock.Now()
+	revived := l.dead
+	if revived {
+		l.dead = false
+		l.ctx, l.cancel = context.WithCancel(cm.stopCtx)
+	}
+	cm.mu.Unlock()
+	if revived {
+		cm.s.log.Info("cluster leader answers again", "edge", cm.name, "epoch", epoch)
+		cm.notifyWaiters()
+	}
+}
+
+// judgeDead marks the leader of epoch dead: every Admit call to it is
+// cancelled and its requests wait for the next leader (waitLeader).
+func (cm *clusterMode) judgeDead(epoch int64, addr string) {
+	cm.mu.Lock()
+	l := cm.lifeLocked(epoch)
+	was := l.dead
+	l.dead = true
+	cancel := l.cancel
+	cm.mu.Unlock()
+	cancel()
+	if !was {
+		cm.s.log.Warn("cluster leader silent: judged dead; its admissions wait for the next leader", "edge", cm.name, "epoch", epoch, "leader_addr", addr, "silent_for", cm.followDeadAfter())
+		cm.notifyWaiters()
+	}
+}
+
+// supersede forgets every leader older than epoch, cancelling the Admit
+// calls still open to them.
+func (cm *clusterMode) supersede(epoch int64) {
+	cm.mu.Lock()
+	var cancels []context.CancelFunc
+	for e, l := range cm.lives {
+		if e < epoch {
+			cancels = append(cancels, l.cancel)
+			delete(cm.lives, e)
+		}
+	}
+	cm.mu.Unlock()
+	for _, c := range cancels {
+		c()
+	}
+}
+
+// notifyWaiters wakes the admissions waiting for a leader (waitLeader).
+func (cm *clusterMode) notifyWaiters() {
+	cm.qmu.Lock()
+	close(cm.qchanged)
+	cm.qchanged = make(chan struct{})
+	cm.qmu.Unlock()
+}
+
+// sawEpoch handles a node's refusal naming epoch as the highest it has
+// seen: this edge learns that a leader of epoch exists (stepping down if
+// it leads an older one). A no-op without a cluster.
+func (cm *clusterMode) sawEpoch(epoch int64) {
+	if cm == nil {
+		return
+	}
+	cm.el.Depose(epoch, "")
 }
 
 // heldRuns lists the runs this edge relays now that a leader admitted
@@ -778,14 +1034,23 @@ type remoteLease struct {
 	cm    *clusterMode
 	key   leaseKey
 	cand  scheduler.Candidate // Generation: this edge's connection to the node
-	info  scheduler.DispatchInfo
+	inf   scheduler.DispatchInfo
 	freed atomic.Bool
 }
 
+func (rl *remoteLease) candidate() scheduler.Candidate { return rl.cand }
+func (rl *remoteLease) info() scheduler.DispatchInfo   { return rl.inf }
+func (rl *remoteLease) track(string)                   {} // the leader tracked it at the grant
+func (rl *remoteLease) release(reason string) bool     { return rl.Release(reason) }
+func (rl *remoteLease) stamp() (int64, uint64)         { return rl.key.epoch, rl.key.id }
+func (rl *remoteLease) local() bool                    { return false }
+
 // Release gives the lease back at the leader, once; it returns at once
-// (the call goes on in the background, retried until the leader of the
-// lease's epoch took it, or the epoch changed: a new leader counts only
-// runs still in flight).
+// (the call goes on in the background, retried until a ready leader took
+// it: the one of its epoch releases it, a newer one releases it if it
+// adopted the run and ignores it otherwise). The nodes' reports release it
+// at the leader anyway once its run is gone (reconcile); whichever comes
+// first frees the slot, the other is a no-op.
 func (rl *remoteLease) Release(reason string) bool {
 	if rl.freed.Swap(true) {
 		return false
@@ -797,14 +1062,16 @@ func (rl *remoteLease) Release(reason string) bool {
 		backoff := 50 * time.Millisecond
 		for {
 			st := cm.el.State()
-			if st.Epoch != 0 {
-				if st.Leader && st.Epoch == rl.key.epoch {
-					// Elected meanwhile: release it here.
-					(&admissionServer{cm: cm}).Release(context.Background(), &clusterv1.ReleaseRequest{Epoch: rl.key.epoch, LeaseId: rl.key.id, Reason: reason, Edge: cm.name}) //nolint:errcheck
-					return
-				}
+			switch {
+			case st.Epoch == 0 || (st.Leader && cm.el.Leads() == 0):
+			case st.Leader:
+				// Elected meanwhile: release it here (a no-op when it led
+				// no term that counted it).
+				(&admissionServer{cm: cm}).Release(context.Background(), &clusterv1.ReleaseRequest{Epoch: rl.key.epoch, LeaseId: rl.key.id, Reason: reason, Edge: cm.name}) //nolint:errcheck
+				return
+			case st.LeaderAddr != "":
 				if cli, err := cm.client(st.LeaderAddr); err == nil {
-					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+					ctx, cancel := context.WithTimeout(cm.stopCtx, 2*time.Second)
 					_, err = cli.Release(ctx, &clusterv1.ReleaseRequest{Epoch: rl.key.epoch, LeaseId: rl.key.id, Reason: reason, Edge: cm.name})
 					cancel()
 					if err == nil {
@@ -823,18 +1090,25 @@ func (rl *remoteLease) Release(reason string) bool {
 	return true
 }
 
-// waitLeader waits (until deadline) for a leader this edge can call: it
-// returns the state, or ErrNoLeader.
+// waitLeader waits (until deadline) for a leader this edge can call: a
+// ready term of its own, or another edge's address whose leader is not
+// judged dead. It returns the state, or ErrNoLeader.
 func (cm *clusterMode) waitLeader(ctx context.Context, deadline time.Time) (cluster.State, error) {
 	for {
 		ch := cm.el.Changes()
+		cm.qmu.Lock()
+		woken := cm.qchanged
+		cm.qmu.Unlock()
 		st := cm.el.State()
-		if st.Epoch != 0 && (!st.Leader || cm.ready.Load() == st.Epoch) {
+		switch {
+		case st.Leader && cm.leadsReady() == st.Epoch:
+			return st, nil
+		case !st.Leader && st.Epoch != 0 && st.LeaderAddr != "" && !cm.isDead(st.Epoch):
 			return st, nil
 		}
 		d := time.Until(deadline)
 		if d <= 0 {
-			return st, fmt.Errorf("%w: none elected within %s", contract.ErrNoLeader, leaderWait)
+			return st, fmt.Errorf("%w: none reachable within %s", contract.ErrNoLeader, leaderWait)
 		}
 		t := time.NewTimer(min(d, 100*time.Millisecond))
 		select {
@@ -845,6 +1119,7 @@ func (cm *clusterMode) waitLeader(ctx context.Context, deadline time.Time) (clus
 			t.Stop()
 			return st, fmt.Errorf("%w: the cluster side stopped", ErrShuttingDown)
 		case <-ch:
+		case <-woken:
 		case <-t.C:
 		}
 		t.Stop()
@@ -880,11 +1155,11 @@ func (cm *clusterMode) setTicket(tk *admitTicket, epoch int64, done bool) {
 	cm.qmu.Unlock()
 }
 
-// awaitTurn waits (until deadline) until no earlier admission that an
-// older leader had queued still waits to be submitted to the leader of
-// epoch: so the follower's waiting requests reach a new leader in their
-// original order, and a new request never passes them. In steady state
-// (every queued admission queued at the current epoch) it returns at once.
+// awaitTurn waits until no earlier admission that an older leader had
+// queued still waits to be submitted to the leader of epoch: so the
+// follower's waiting requests reach a new leader in their original order,
+// and a new request never passes them. In steady state (every queued
+// admission queued at the current epoch) it returns at once.
 func (cm *clusterMode) awaitTurn(ctx context.Context, tk *admitTicket, epoch int64) {
 	// No deadline of its own: each earlier admission is re-queued, ends,
 	// or fails within its own bound (leaderWait after the loss), so this
@@ -912,61 +1187,59 @@ func (cm *clusterMode) awaitTurn(ctx context.Context, tk *admitTicket, epoch int
 	}
 }
 
-// admit admits req at the leader for this follower's run runID, never to
-// a (node, provider) in tried, with its flow, weight and priority and its
-// prompt's blocks (prefix-cache-aware routing at the leader; nil when the
-// model does not route by prefix), and returns the lease with this edge's
-// connection generation of the chosen node (0 when it has none: the
-// caller releases and admits again excluding it). When this edge leads, it
-// returns its ticket instead: admit locally, and call localDone with it
-// once the scheduler queued or answered the request (so the edge's
-// requests that waited at the old leader enter in their order).
-func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCandidate, blocks []uint64) (rl *remoteLease, local *admitTicket, err error) {
+// admit admits req at the leader (clusterMode is the admission of several
+// edges): in this edge's own scheduler while it leads a ready term (the
+// waiter is withdrawn the instant the term ends, and the request goes on
+// to the next leader), else at the leader's Admission service, with its
+// flow, weight, priority and prompt blocks. A follower's grant names this
+// edge's connection generation of the chosen node (0 when it has none:
+// the caller releases and admits again excluding it).
+//
+// Bounds: a request that finds no leader it can call, or no answer from
+// one, fails with contract.ErrNoLeader leaderWait after the later of its
+// arrival and the last answer of the leader it was waiting at; requests
+// that waited at a lost leader are submitted to the next in their order.
+func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCandidate, route prefixRoute, onQueued func()) (grant, error) {
 	deadline := time.Now().Add(leaderWait)
-	var lostFrom int64 // the epoch whose loss restarted the bound
 	tk := cm.newTicket()
-	defer func() {
-		if local == nil {
-			cm.setTicket(tk, 0, true)
-		}
-	}()
+	defer cm.setTicket(tk, 0, true)
 	for {
 		st, err := cm.waitLeader(ctx, deadline)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		cm.awaitTurn(ctx, tk, st.Epoch)
+		var g grant
+		var retry, queued bool
 		if st.Leader {
-			return nil, tk, nil
+			g, retry, err = cm.admitHere(ctx, st.Epoch, req, tried, route, onQueued, tk)
+		} else {
+			g, retry, queued, err = cm.admitAt(ctx, st, req, tried, route.blocks, onQueued, tk, deadline)
 		}
-		rl, retry, err := cm.admitAt(ctx, st, req, tried, blocks, tk)
 		if !retry {
-			return rl, nil, err
+			return g, err
 		}
 		if ctx.Err() != nil {
-			return nil, nil, context.Cause(ctx)
+			return nil, context.Cause(ctx)
 		}
-		cm.qmu.Lock()
-		queued := tk.epoch == st.Epoch
-		cm.qmu.Unlock()
-		switch {
-		case queued && lostFrom != st.Epoch, cm.el.State().Epoch != st.Epoch:
-			lostFrom = st.Epoch
-			// The leader was lost while the request waited at it (or
-			// another was elected): the bound on waiting for a leader
-			// starts now.
-			deadline = time.Now().Add(leaderWait)
-		case time.Now().After(deadline):
-			return nil, nil, fmt.Errorf("%w: the leader at %s cannot be reached: %v", contract.ErrNoLeader, st.LeaderAddr, err)
+		if queued {
+			// It waited at that leader, which is lost: the bound on
+			// waiting for the next runs from its last answer.
+			if h := cm.lastHeard(st.Epoch); !h.IsZero() {
+				deadline = maxTime(deadline, time.Now().Add(leaderWait-cm.s.clock.Now().Sub(h)))
+			}
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%w: the leader at %s cannot be reached: %v", contract.ErrNoLeader, st.LeaderAddr, err)
 		}
 		t := time.NewTimer(50 * time.Millisecond)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, nil, context.Cause(ctx)
+			return nil, context.Cause(ctx)
 		case <-cm.stop:
 			t.Stop()
-			return nil, nil, fmt.Errorf("%w: the cluster side stopped", ErrShuttingDown)
+			return nil, fmt.Errorf("%w: the cluster side stopped", ErrShuttingDown)
 		case <-cm.el.Changes():
 		case <-t.C:
 		}
@@ -974,12 +1247,60 @@ func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCand
 	}
 }
 
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// admitHere admits req in this edge's own scheduler under its ready term
+// of epoch; retry says the term ended first (the request goes on to the
+// next leader).
+func (cm *clusterMode) admitHere(ctx context.Context, epoch int64, req Request, tried []triedCandidate, route prefixRoute, onQueued func(), tk *admitTicket) (grant, bool, error) {
+	t := cm.readyTerm()
+	if t == nil || t.epoch != epoch {
+		return nil, true, errors.New("not the ready leader")
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(t.ctx, cancel)()
+	l, err := cm.s.admitLocal(lctx, req, tried, route, func() {
+		cm.setTicket(tk, epoch, false)
+		onQueued()
+	})
+	if t.ctx.Err() != nil && ctx.Err() == nil {
+		if l != nil {
+			l.Release("deposed")
+		}
+		return nil, true, errors.New("deposed while the request waited")
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	return localGrant{l: l, epoch: epoch}, false, nil
+}
+
 // admitAt makes one Admit call to the leader of st; retry says the call
-// did not reach a ready leader (it may be tried again).
-func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Request, tried []triedCandidate, blocks []uint64, tk *admitTicket) (*remoteLease, bool, error) {
+// did not reach a ready leader (it may be tried again), queued that the
+// leader queued the request in this call. The call ends when the leader
+// is judged dead or superseded (leaderCtx), and when no first answer came
+// by deadline.
+func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Request, tried []triedCandidate, blocks []uint64, onQueued func(), tk *admitTicket, deadline time.Time) (g grant, retry, queued bool, err error) {
+	lctx, dead := cm.leaderCtx(st.Epoch)
+	if dead {
+		return nil, true, false, errLeaderSilent
+	}
 	cli, err := cm.client(st.LeaderAddr)
 	if err != nil {
-		return nil, true, err
+		return nil, true, false, err
 	}
 	ar := &clusterv1.AdmitRequest{
 		Epoch:                st.Epoch,
@@ -999,33 +1320,47 @@ func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Reques
 	for _, t := range tried {
 		ar.Excluded = append(ar.Excluded, &clusterv1.ProviderRef{NodeId: t.NodeID, ProviderId: t.ProviderID})
 	}
-	// The leader must be connected at once; a queued request then waits
-	// on the stream as long as its queue says.
+	// The leader must be connected at once and answer by deadline (Queued
+	// when the request waits); a queued request then waits on the stream
+	// as long as its queue says, or until the leader is judged dead.
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(cm.stopCtx, cancel)()
+	defer context.AfterFunc(lctx, cancel)()
+	firstBy := time.AfterFunc(time.Until(deadline), cancel)
+	defer firstBy.Stop()
 	stream, err := cli.Admit(cctx, ar, grpc.WaitForReady(false))
 	if err != nil {
-		return nil, true, err
+		return nil, true, false, err
 	}
 	for {
 		m, err := stream.Recv()
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil, false, context.Cause(ctx)
+				return nil, false, queued, context.Cause(ctx)
 			}
-			return nil, true, err
+			if lctx.Err() != nil {
+				return nil, true, queued, errLeaderSilent
+			}
+			return nil, true, queued, err
 		}
+		firstBy.Stop()
 		switch msg := m.GetMsg().(type) {
 		case *clusterv1.AdmitReply_Queued:
+			// A leader that queues leads: alive (a refusal says nothing).
+			cm.heard(st.Epoch)
+			queued = true
 			cm.setTicket(tk, st.Epoch, false)
-			cm.s.emitQueued(req.Model)
+			onQueued()
 		case *clusterv1.AdmitReply_Refused:
 			switch msg.Refused.GetCode() {
 			case refusedNotLeader, refusedStale:
-				return nil, true, refusedError(msg.Refused)
+				if r := msg.Refused; r.GetEpoch() > st.Epoch {
+					cm.el.Depose(r.GetEpoch(), r.GetLeader())
+				}
+				return nil, true, queued, refusedError(msg.Refused)
 			}
-			return nil, false, refusedError(msg.Refused)
+			return nil, false, queued, refusedError(msg.Refused)
 		case *clusterv1.AdmitReply_Granted:
 			g := msg.Granted
 			rl := &remoteLease{cm: cm, key: leaseKey{g.GetEpoch(), g.GetLeaseId()}}
@@ -1033,24 +1368,23 @@ func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Reques
 			if c := cm.s.reg.current(g.GetNodeId()); c != nil {
 				rl.cand.Generation = c.gen
 			}
-			rl.info = scheduler.DispatchInfo{
+			rl.inf = scheduler.DispatchInfo{
 				RunID: req.RunID, NodeID: g.GetNodeId(), Generation: rl.cand.Generation, ProviderID: g.GetProviderId(),
 				Target: g.GetTarget(), Group: req.Model, Long: g.GetLong(), EstimatedInputTokens: req.EstimatedInputTokens,
 				QueueReason: scheduler.QueueReason(g.GetQueueReason()), Wait: time.Duration(g.GetWaitNs()),
 			}
 			if ctx.Err() != nil {
 				rl.Release("client gone")
-				return nil, false, context.Cause(ctx)
+				return nil, false, queued, context.Cause(ctx)
 			}
-			return rl, false, nil
+			return rl, false, queued, nil
 		}
 	}
 }
 
-// localQueued and localDone settle the ticket of an admission this edge
-// makes itself as the leader (admit returned it).
-func (cm *clusterMode) localQueued(tk *admitTicket) { cm.setTicket(tk, cm.el.State().Epoch, false) }
-func (cm *clusterMode) localDone(tk *admitTicket)   { cm.setTicket(tk, 0, true) }
+// errLeaderSilent: the leader called was judged dead (silent on the
+// Follow session), superseded, or did not answer in time.
+var errLeaderSilent = errors.New("the leader is silent")
 
 // SetKeyAdmitter gives the leader the way to take a key's request slot
 // for a follower (the HTTP layer's keys, by key name); without it a
@@ -1084,7 +1418,7 @@ func (s *Service) AdmitKey(ctx context.Context, name string) (local bool, releas
 		}
 		cli, err := cm.client(st.LeaderAddr)
 		if err == nil {
-			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			cctx, cancel := context.WithDeadline(ctx, minTime(deadline, time.Now().Add(2*time.Second)))
 			var rep *clusterv1.AdmitKeyReply
 			rep, err = cli.AdmitKey(cctx, &clusterv1.AdmitKeyRequest{Epoch: st.Epoch, Edge: cm.name, Key: name})
 			cancel()
@@ -1177,7 +1511,7 @@ func (s *Service) Cluster() (ClusterState, bool) {
 	}
 	st := cm.el.State()
 	cm.mu.Lock()
-	n := len(cm.held)
+	n := cm.leases.len()
 	cm.mu.Unlock()
 	return ClusterState{Name: cm.name, Leader: st.Leader, Ready: st.Leader && cm.ready.Load() == st.Epoch, Epoch: st.Epoch, LeaderAddr: st.LeaderAddr, Leases: n}, true
 }

@@ -134,11 +134,11 @@ func BenchmarkClusterAdmit(b *testing.B) {
 		run(b, func(i int) func() {
 			r := req
 			r.RunID = fmt.Sprint("bench-follower-", i)
-			rl, _, err := follower.cl.admit(context.Background(), r, nil, nil)
+			rl, err := follower.cl.admit(context.Background(), r, nil, prefixRoute{}, func() {})
 			if err != nil || rl == nil {
 				b.Fatalf("follower admit: %v (lease %v)", err, rl)
 			}
-			return func() { rl.Release("done") }
+			return func() { rl.release("done") }
 		})
 	})
 }

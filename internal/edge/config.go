@@ -173,7 +173,7 @@ type Config struct {
 	// CircuitBreaker takes a provider that keeps failing out of rotation
 	// for a cool-down.
 	CircuitBreaker BreakerConfig `yaml:"circuit_breaker"`
-	// Fairness orders each model's queue between flows (README, "Fair
+	// Fairness orders each model's queue between flows (docs/scheduling.md, "Fair
 	// sharing"): `fairness: off`, or a mapping {mode: on|off, flow: ...}.
 	Fairness FairnessConfig `yaml:"fairness"`
 	// Routing is how a provider is chosen among the candidates with a free
@@ -200,7 +200,7 @@ type Config struct {
 	// Reloadable.
 	PrefixLoadSlack *float64 `yaml:"prefix_load_slack"`
 	// Tracing exports OpenTelemetry traces of the API requests (package
-	// tracing; README "Tracing"): off unless an endpoint is set here or in
+	// tracing; docs/observability.md, "Tracing"): off unless an endpoint is set here or in
 	// OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT. A field set here wins over its
 	// environment variable.
 	Tracing tracing.Config `yaml:"tracing"`

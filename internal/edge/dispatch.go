@@ -13,7 +13,7 @@ import (
 // One dispatch loop. Service.Dispatch runs attempts (Service.attempt: one
 // admission, one dispatch, and with read-ahead the run's first messages)
 // until the pure function next decides the request is finished. The rules
-// next encodes (DESIGN.md, the README's "When a provider fails before any
+// next encodes (DESIGN.md, docs/scheduling.md, "When a provider fails before any
 // byte ..."):
 //
 //   - A dispatch that never reached a provider (stale generation, dispatch
@@ -30,6 +30,9 @@ import (
 //   - When admitting again finds no other candidate, the client gets the
 //     failed attempt as it came (its run, or for a node that went away or
 //     drains ErrProviderUnavailable), never a rejection.
+//   - A node's refusal of a deposed scheduler leader's epoch (several
+//     edges) is no attempt either: the request is admitted again at the
+//     current leader, the candidate kept, at most maxStaleEpoch times.
 //   - A client that leaves ends it: no further attempt.
 
 // resultKind is what one attempt came to.
@@ -77,6 +80,9 @@ type dispatchState struct {
 	retries    int    // admissions again after a provider failed before the first byte
 	readmitted bool   // a dispatch that never reached a provider was admitted again
 	outOfRot   int    // admissions whose provider left rotation before dispatch
+	// staleEpochs counts dispatches a node refused for a deposed leader's
+	// epoch (admitted again at the current leader, the candidate kept).
+	staleEpochs int
 	// failedRun (ended) or failedErr is the last failed attempt, the answer
 	// when no other candidate serves the request.
 	failedRun *Run
@@ -99,7 +105,15 @@ const (
 	// request again under the same run id, without that provider when
 	// exclude is set.
 	actAgain
+	// actResubmit: a node refused the dispatch for a deposed leader's
+	// epoch; admit the request again (a new run id) at the current leader,
+	// the candidate kept.
+	actResubmit
 )
+
+// maxStaleEpoch is how many times one request is admitted again after a
+// node refused a deposed leader's epoch (each failover deposes one).
+const maxStaleEpoch = 3
 
 // action is next's decision.
 type action struct {
@@ -127,6 +141,12 @@ func next(res attemptResult, st dispatchState) (action, dispatchState) {
 		st.outOfRot++
 		return action{kind: actAgain, exclude: st.outOfRot >= maxOutOfRotation}, st
 	case resNotDispatched:
+		if errors.Is(res.err, errStaleEpoch) && st.staleEpochs < maxStaleEpoch {
+			// Admitted by a deposed leader: no attempt, the candidate is
+			// as good as before; the current leader admits it again.
+			st.staleEpochs++
+			return action{kind: actResubmit}, st
+		}
 		if !st.readmitted {
 			st.readmitted = true
 			if st.failedRun == nil {
@@ -274,6 +294,8 @@ func (s *Service) dispatchLoop(ctx context.Context, req Request, attempts *[]*Ru
 			s.log.Info("dispatch failed before the run opened; trying another provider", "run", req.RunID, "model", req.Model, "node", cand.NodeID, "provider", cand.ProviderID, "err", res.err)
 			s.emit(lifecycle.Event{Type: lifecycle.DispatchRetried, Model: req.Model, NodeID: cand.NodeID, Generation: cand.Generation, ProviderID: cand.ProviderID, Reason: dispatchFailure(res.err)})
 			tried = append(tried, tried1(cand, true))
+		case actResubmit:
+			s.log.Info("a node refused a deposed leader's epoch; admitting the request again at the current leader", "run", req.RunID, "model", req.Model, "node", cand.NodeID, "provider", cand.ProviderID, "err", res.err)
 		case actRetry:
 			s.countRetry(res.reason)
 			s.emit(lifecycle.Event{Type: lifecycle.DispatchRetried, Model: req.Model, NodeID: cand.NodeID, Generation: cand.Generation, ProviderID: cand.ProviderID, Reason: res.reason})

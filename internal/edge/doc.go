@@ -3,6 +3,9 @@
 // (package edge/api) calls. The admission decisions are the scheduler's
 // (package scheduler); this package feeds it live candidates and node
 // lifecycle, and carries admitted requests to nodes and their answers back.
+// Service admits through one admission (admission.go): localAdmission on a
+// single edge, clusterMode (cluster.go) for several; a run holds the grant
+// either returns.
 //
 // What the HTTP API asks and gets back is package edge/contract's: Request,
 // DispatchInfo, Snapshot, ModelInfo, the dispatch errors and Outcome. This
@@ -240,8 +243,9 @@
 //
 // So every edge lock is a leaf: no call goes out while one is held (but
 // to the clock), and no other lock is taken under it. They are registry.mu and breakers.mu
-// (above), clusterMode.mu (several edges, cluster.go: the leader's held
-// leases, follower sessions, key permits, admission clients; the election
+// (above), clusterMode.mu (several edges, cluster.go: the leader's term and
+// held leases, the follower's view of its leaders, key permits, admission
+// clients; the election
 // publishes its state through an atomic pointer), Run.mu, Service.mu (the runs map), Service.statsMu (retry and
 // circuit counters, the requested model names), conn.mu (a connection's
 // outbox, closed flag, last-seen time, idle warm streams), trust.mu (node id → token

@@ -36,6 +36,11 @@ var (
 	// ErrProviderBusy, beside ErrDispatchRefused: the node refused because
 	// its provider already runs its capacity there (DispatchRefused.busy).
 	ErrProviderBusy = contract.ErrProviderBusy
+	// errStaleEpoch, beside ErrDispatchRefused: the node refused a
+	// Dispatch admitted by a deposed scheduler leader (several edges;
+	// DispatchRefused.stale_epoch). No failure of the provider: the request
+	// is admitted again at the current leader.
+	errStaleEpoch = errors.New("stale epoch")
 	// ErrShuttingDown: the edge is stopping (Service.Shutdown): the request
 	// was refused or dequeued, or its run ended, before it finished.
 	ErrShuttingDown = contract.ErrShuttingDown

@@ -140,6 +140,7 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 	}
 	t := s.clock.AfterFunc(hb, tick)
 	defer func() { t.Stop() }()
+	lastTick := s.clock.Now()
 
 	// Published before Welcome: a node that has its Welcome (and may be
 	// sent work) has had its node_connected, with its providers active.
@@ -170,7 +171,12 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 			}
 		case <-ticks:
 			now := s.clock.Now()
-			if silent := now.Sub(c.seen()); silent >= 3*hb {
+			// A tick two intervals late means this edge itself stalled
+			// (a frozen process): the node's heartbeats may wait unread
+			// in the stream, so the silence is judged at the next tick.
+			late := now.Sub(lastTick) >= 2*hb
+			lastTick = now
+			if silent := now.Sub(c.seen()); silent >= 3*hb && !late {
 				cause = fmt.Errorf("%w: node silent for %s", errHeartbeatMissed, silent)
 				return cause
 			}
@@ -296,12 +302,17 @@ func (s *Service) handleNodeMessage(c *conn, m *nodev1.NodeMessage) {
 // ErrDispatchRefused, also wrapping errNodeDraining when the node said
 // Drain (it was sent before the Drain arrived: no failure of its
 // provider; Dispatch admits the request again elsewhere), and
-// contract.ErrProviderBusy when the node said its provider was busy
-// (neither is a failure of the provider).
+// contract.ErrProviderBusy when the node said its provider was busy, and
+// errStaleEpoch when it refused a deposed leader's epoch (which this edge
+// learns: sawEpoch). None is a failure of the provider.
 func (s *Service) refusal(c *conn, ref *nodev1.DispatchRefused) error {
 	err := fmt.Errorf("%w: node %q: %s", ErrDispatchRefused, c.nodeID, ref.GetReason())
 	if ref.GetBusy() {
 		err = fmt.Errorf("%w: %w", ErrProviderBusy, err)
+	}
+	if e := ref.GetStaleEpoch(); e != 0 {
+		err = fmt.Errorf("%w: %w", errStaleEpoch, err)
+		s.cl.sawEpoch(e)
 	}
 	if s.reg.isDraining(c) {
 		err = fmt.Errorf("%w: %w", errNodeDraining, err)

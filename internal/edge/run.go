@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 
 	"iop/internal/edge/contract"
-	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
 )
 
@@ -35,12 +34,11 @@ const (
 // ended it only reports the outcome), as with an http.Response body: the
 // run's RunEnded event is published then, carrying the caller's outcome.
 type Run struct {
-	s     *Service
-	conn  *conn
-	lease *scheduler.Lease
-	// remote, in place of lease, is the leader's lease of a follower's run
-	// (several edges, cluster.go).
-	remote *remoteLease
+	s    *Service
+	conn *conn
+	// grant is the run's admitted slot: a lease of this edge's scheduler,
+	// or the leader's lease of a follower's run (several edges).
+	grant grant
 	// epoch and leaseID stamp the run's Dispatch (several edges: the
 	// leader's epoch and lease that admitted it; 0 outside a cluster).
 	epoch   int64
@@ -430,7 +428,8 @@ func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, ca
 
 	// A run that ends before its provider said anything tells nothing of
 	// it, unless its node never opened or refused it.
-	// A refusal by a draining node says nothing of its provider either.
+	// A refusal by a draining node, of a busy provider or of a deposed
+	// leader's epoch says nothing of its provider either.
 	// One whose provider answered and that ended without a terminal
 	// message (its client left, its node was lost) did well as far as it
 	// went (observe reports the others), unless the HTTP API found its
@@ -445,7 +444,7 @@ func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, ca
 			o = outcomeFailed
 		}
 	}
-	if (errors.Is(endErr, ErrDispatchTimeout) || errors.Is(endErr, ErrDispatchRefused)) && !errors.Is(endErr, errNodeDraining) && !errors.Is(endErr, ErrProviderBusy) {
+	if (errors.Is(endErr, ErrDispatchTimeout) || errors.Is(endErr, ErrDispatchRefused)) && !errors.Is(endErr, errNodeDraining) && !errors.Is(endErr, ErrProviderBusy) && !errors.Is(endErr, errStaleEpoch) {
 		o = outcomeFailed
 	}
 	// The breaker hears the outcome before the slot is free: when it opens
@@ -459,7 +458,7 @@ func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, ca
 	// Released before anyone can see the run ended (r.ended; Recv and
 	// outcome wait for it): whoever observes the end finds the slot free.
 	// The lease is released with no lock held.
-	releaseLease(r.lease, r.remote, reason)
+	r.grant.release(reason)
 	close(r.ended)
 	r.s.forget(r)
 	if cancelNode {

@@ -84,10 +84,12 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 	svc.routing.Store(newRoutingPolicy(cfg))
 	svc.breakers.onBack = svc.rotationChanged
 	svc.stopping, svc.stopRequests = context.WithCancelCause(context.Background())
+	svc.adm = localAdmission{s: svc}
 	if cfg.Cluster != nil {
 		if svc.cl, err = newClusterMode(svc, *cfg.Cluster); err != nil {
 			return nil, fmt.Errorf("%w: cluster: %w", ErrInvalidConfig, err)
 		}
+		svc.adm = svc.cl
 	}
 	return &Server{tls: tlsCfg, svc: svc}, nil
 }

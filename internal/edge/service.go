@@ -103,8 +103,10 @@ type Service struct {
 	// group, swapped by Reload (nil: least-loaded).
 	prefix  *prefixIndex
 	routing atomic.Pointer[routingPolicy]
+	// adm admits requests: localAdmission, or cl for several edges.
+	adm admission
 	// cl is the cluster side (several edges, Config.Cluster); nil for a
-	// single edge, whose admissions never look at it again.
+	// single edge, whose admissions never look at it.
 	cl *clusterMode
 
 	mu   sync.Mutex      // guards the fields below
@@ -255,55 +257,17 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 	// queued, admitted and dispatched events, and its context goes to the
 	// node in the Dispatch. A no-op span otherwise.
 	span := trace.SpanFromContext(ctx)
-	var (
-		lease  *scheduler.Lease
-		remote *remoteLease
-		err    error
-	)
 	onQueued := func() {
 		s.emitQueued(req.Model)
 		if span.IsRecording() {
 			span.AddEvent(tracing.EventQueued)
 		}
 	}
-	if s.cl != nil {
-		// Several edges: the leader admits (a ticket when this edge leads:
-		// it admits here, in its turn).
-		var tk *admitTicket
-		remote, tk, err = s.cl.admit(ctx, req, tried, route.blocks)
-		if err != nil {
-			return nil, scheduler.Candidate{}, nil, err
-		}
-		if tk != nil {
-			defer s.cl.localDone(tk)
-			queued := onQueued
-			onQueued = func() { s.cl.localQueued(tk); queued() }
-		}
+	g, err := s.adm.admit(ctx, req, tried, route, onQueued)
+	if err != nil {
+		return nil, scheduler.Candidate{}, nil, err
 	}
-	if remote == nil {
-		lease, err = s.sched.Admit(ctx, scheduler.Request{
-			Group:                req.Model,
-			Long:                 s.cfg.LongContextTokens > 0 && req.EstimatedInputTokens >= s.cfg.LongContextTokens,
-			EstimatedInputTokens: req.EstimatedInputTokens,
-			Resolve:              s.resolver(req.Model, needsOf(req), tried),
-			Prefer:               scheduler.ProviderRef{NodeID: req.PreferNodeID, ProviderID: req.PreferProviderID},
-			Flow:                 req.Flow,
-			Weight:               min(max(req.Weight, 0), scheduler.MaxWeight),
-			Priority:             scheduler.Priority(min(max(req.Priority, contract.PrioritySheddable), contract.PriorityCritical)),
-			Affinity:             route.affinity(),
-			AffinitySlack:        route.slack,
-			OnQueued:             onQueued,
-		})
-		if err != nil {
-			return nil, scheduler.Candidate{}, nil, err
-		}
-	}
-	var cand scheduler.Candidate
-	if remote != nil {
-		cand = remote.cand
-	} else {
-		cand = lease.Candidate()
-	}
+	cand := g.candidate()
 	if route.blocks != nil {
 		// The chosen provider receives the prompt: the next turn of its
 		// conversation will find its blocks there.
@@ -311,50 +275,34 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 	}
 	tk, ok := s.breakers.acquire(providerKey{cand.NodeID, cand.ProviderID})
 	if !ok {
-		releaseLease(lease, remote, "circuit open")
+		g.release("circuit open")
 		return nil, cand, nil, errOutOfRotation
 	}
 	runID := req.RunID
-	if remote == nil {
-		lease.Track(runID)
-	}
+	g.track(runID)
 	if s.afterAdmit != nil {
 		s.afterAdmit(cand)
 	}
 	c, p := s.reg.lookup(cand.NodeID, cand.Generation, cand.ProviderID)
 	if c == nil {
-		releaseLease(lease, remote, "stale generation")
+		g.release("stale generation")
 		tk.done(outcomeNeutral)
-		if remote != nil && cand.Generation == 0 {
+		if !g.local() && cand.Generation == 0 {
 			return nil, cand, nil, fmt.Errorf("%w: this edge has no connection to node %q", ErrStaleGeneration, cand.NodeID)
 		}
 		return nil, cand, nil, fmt.Errorf("%w: node %q generation %d was replaced before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
 	}
-	var li scheduler.DispatchInfo
-	if remote != nil {
-		li = remote.info
-	} else {
-		li = lease.Info()
-	}
+	li := g.info()
 	if span.IsRecording() {
 		span.AddEvent(tracing.EventAdmitted, trace.WithAttributes(tracing.QueueReason.String(string(li.QueueReason)),
 			tracing.QueueWait.Float64(li.Wait.Seconds())))
 	}
 	inline := len(req.Body) <= maxInlineBody
-	var epoch int64
-	var leaseID uint64
-	if s.cl != nil {
-		if remote != nil {
-			epoch, leaseID = remote.key.epoch, remote.key.id
-		} else {
-			epoch, leaseID = s.cl.ready.Load(), lease.ID()
-		}
-	}
+	epoch, leaseID := g.stamp()
 	r := &Run{
 		s:       s,
 		conn:    c,
-		lease:   lease,
-		remote:  remote,
+		grant:   g,
 		epoch:   epoch,
 		leaseID: leaseID,
 		long:    li.Long,
@@ -407,7 +355,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		d.TraceContext = make(map[string]string, 2)
 		tracing.Propagator.Inject(ctx, propagation.MapCarrier(d.TraceContext))
 	}
-	if s.cl != nil {
+	if r.epoch != 0 {
 		d.Epoch, d.LeaseId, d.Long = r.epoch, r.leaseID, li.Long
 	}
 	if w := c.takeIdle(); w != nil {
@@ -462,15 +410,6 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 			tracing.NodeID.String(cand.NodeID), tracing.ProviderID.String(cand.ProviderID)))
 	}
 	return r, cand, stopWatch, nil
-}
-
-// releaseLease releases whichever lease an attempt holds.
-func releaseLease(l *scheduler.Lease, remote *remoteLease, reason string) {
-	if remote != nil {
-		remote.Release(reason)
-		return
-	}
-	l.Release(reason)
 }
 
 // needsOf returns the capabilities req needs of the served model: its

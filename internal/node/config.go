@@ -153,7 +153,7 @@ type Config struct {
 	// own); default 30s.
 	DiscoveryInterval time.Duration `yaml:"discovery_interval"`
 	// Tracing exports OpenTelemetry traces of the runs (package tracing;
-	// README "Tracing"): off unless an endpoint is set here or in
+	// docs/observability.md, "Tracing"): off unless an endpoint is set here or in
 	// OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT. A field set here wins over its
 	// environment variable. The process reads it (node.New does not).
 	Tracing tracing.Config `yaml:"tracing"`

@@ -12,6 +12,27 @@ import (
 // than one this node has heard from (several edges: a deposed leader's).
 var ErrStaleEpoch = errors.New("stale epoch")
 
+// staleEpochError is ErrStaleEpoch for a Dispatch of epoch when this node
+// has seen seen.
+type staleEpochError struct{ epoch, seen int64 }
+
+func (e *staleEpochError) Error() string {
+	return fmt.Sprintf("%v: dispatch of epoch %d, the leader's is %d", ErrStaleEpoch, e.epoch, e.seen)
+}
+
+func (e *staleEpochError) Unwrap() error { return ErrStaleEpoch }
+
+// staleEpochOf is the epoch a refusal for err names in
+// DispatchRefused.stale_epoch: the highest seen when err is a stale epoch,
+// else 0.
+func staleEpochOf(err error) int64 {
+	var se *staleEpochError
+	if errors.As(err, &se) {
+		return se.seen
+	}
+	return 0
+}
+
 // inFlight is the node-wide set of runs in flight, over every edge
 // connection, with the epoch and lease that admitted each (several edges,
 // package cluster): the node reports it in every heartbeat and in answer to
@@ -40,7 +61,7 @@ func (f *inFlight) add(r *run, d *nodev1.Dispatch) error {
 	defer f.mu.Unlock()
 	if e := d.GetEpoch(); e != 0 {
 		if e < f.epoch {
-			return fmt.Errorf("%w: dispatch of epoch %d, the leader's is %d", ErrStaleEpoch, e, f.epoch)
+			return &staleEpochError{epoch: e, seen: f.epoch}
 		}
 		f.epoch = e
 	}

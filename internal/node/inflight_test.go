@@ -22,8 +22,8 @@ func TestInFlightFencesOlderEpochs(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.raise(7)
-	if err := f.add(b, &nodev1.Dispatch{RunId: "b", ProviderId: "p", Epoch: 5, LeaseId: 2}); !errors.Is(err, ErrStaleEpoch) {
-		t.Fatalf("dispatch of epoch 5 after epoch 7's RunsRequest: %v, want ErrStaleEpoch", err)
+	if err := f.add(b, &nodev1.Dispatch{RunId: "b", ProviderId: "p", Epoch: 5, LeaseId: 2}); !errors.Is(err, ErrStaleEpoch) || staleEpochOf(err) != 7 {
+		t.Fatalf("dispatch of epoch 5 after epoch 7's RunsRequest: %v (stale_epoch %d), want ErrStaleEpoch naming 7", err, staleEpochOf(err))
 	}
 	if err := f.add(c, &nodev1.Dispatch{RunId: "c", ProviderId: "p", Epoch: 7, LeaseId: 1}); err != nil {
 		t.Fatal(err)

@@ -323,7 +323,7 @@ func (c *conn) handle(m *nodev1.EdgeMessage) {
 func (c *conn) refuse(runID string, reason error) {
 	c.a.logger.Warn("refusing dispatch", "run_id", runID, "reason", reason, "generation", c.gen)
 	m := &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_DispatchRefused{
-		DispatchRefused: &nodev1.DispatchRefused{RunId: runID, Reason: reason.Error(), Busy: errors.Is(reason, ErrProviderBusy)}}}
+		DispatchRefused: &nodev1.DispatchRefused{RunId: runID, Reason: reason.Error(), Busy: errors.Is(reason, ErrProviderBusy), StaleEpoch: staleEpochOf(reason)}}}
 	select {
 	case c.out <- m:
 	case <-c.ctx.Done():

@@ -86,6 +86,12 @@ type Config struct {
 	// Without a cache every prompt token is uncached. 0 means prefill is
 	// free (the TTFT alone).
 	PrefillTokensPerSecond float64
+	// CountRepeats makes the server remember the prompt of every admitted
+	// inference request and count, in Stats.Repeated, each one whose prompt
+	// an earlier admitted request had: a client that makes every prompt
+	// unique (a request id in it) sees any request that ran twice. The
+	// memory grows with the requests admitted; meant for test runs.
+	CountRepeats bool
 	// Faults injects failures; the zero value injects none.
 	Faults Faults
 	// Clock paces output and stamps timestamps; nil means clock.Real().

@@ -36,6 +36,11 @@ type Stats struct {
 	InFlight int `json:"in_flight"`
 	// MaxInFlight is the highest InFlight ever observed.
 	MaxInFlight int `json:"max_in_flight"`
+	// Admitted counts inference requests admitted (given an in-flight slot).
+	Admitted int64 `json:"admitted"`
+	// Repeated counts admitted requests whose prompt an earlier admitted
+	// request had; only with Config.CountRepeats, else 0.
+	Repeated int64 `json:"repeated"`
 	// Rejected counts requests answered 429 because MaxConcurrent was reached.
 	Rejected int64 `json:"rejected"`
 	// InjectedErrors counts requests answered with Faults.ErrorStatus.
@@ -87,10 +92,11 @@ type Server struct {
 	models    []model    // served now, in listing order
 	created   int        // models added by AddModel so far
 	stats     Stats
-	admitted  uint64        // inference requests admitted so far; drives fault choice and ids
-	seen      []SeenRequest // ring of the last maxSeen requests
-	seenStart int           // index of the oldest entry once seen is full
-	cache     *prefixCache  // nil unless Config.PrefixCacheTokens or PrefillTokensPerSecond
+	admitted  uint64              // inference requests admitted so far; drives fault choice and ids
+	seen      []SeenRequest       // ring of the last maxSeen requests
+	seenStart int                 // index of the oldest entry once seen is full
+	cache     *prefixCache        // nil unless Config.PrefixCacheTokens or PrefillTokensPerSecond
+	prompts   map[string]struct{} // admitted prompts; nil unless Config.CountRepeats
 }
 
 // New returns a Server for cfg, with defaults applied to its zero fields.
@@ -111,6 +117,9 @@ func New(cfg Config, logger *slog.Logger) (*Server, error) {
 	}
 	if cfg.PrefixCacheTokens > 0 || cfg.PrefillTokensPerSecond > 0 {
 		s.cache = newPrefixCache(cfg.PrefixCacheTokens)
+	}
+	if cfg.CountRepeats {
+		s.prompts = make(map[string]struct{})
 	}
 	for _, name := range cfg.Models {
 		caps, ok := cfg.Capabilities[name]
@@ -262,7 +271,7 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byt
 		return request{}, nil, fmt.Errorf("%w: %q", errUnknownModel, req.model)
 	}
 
-	n, err := s.enter()
+	n, err := s.enter(req.prompt)
 	if err != nil {
 		return request{}, nil, err
 	}
@@ -353,22 +362,29 @@ func (s *Server) authorize(r *http.Request) error {
 
 // enter takes an in-flight slot, or fails with errOverCapacity. It returns
 // the request's admission number (1 for the first admitted request).
-func (s *Server) enter() (uint64, error) {
-	n, err := s.takeSlot()
+func (s *Server) enter(prompt string) (uint64, error) {
+	n, err := s.takeSlot(prompt)
 	if err == nil && s.trace != nil {
 		s.trace("admitted")
 	}
 	return n, err
 }
 
-func (s *Server) takeSlot() (uint64, error) {
+func (s *Server) takeSlot(prompt string) (uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cfg.MaxConcurrent > 0 && s.stats.InFlight >= s.cfg.MaxConcurrent {
 		s.stats.Rejected++
 		return 0, errOverCapacity
 	}
+	if s.prompts != nil {
+		if _, ok := s.prompts[prompt]; ok {
+			s.stats.Repeated++
+		}
+		s.prompts[prompt] = struct{}{}
+	}
 	s.admitted++
+	s.stats.Admitted++
 	s.stats.InFlight++
 	s.stats.MaxInFlight = max(s.stats.MaxInFlight, s.stats.InFlight)
 	return s.admitted, nil

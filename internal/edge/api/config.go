@@ -85,7 +85,7 @@ type Config struct {
 	// AdminPrefixes are the path roots of the admin routes; nil means
 	// DefaultAdminPrefixes.
 	AdminPrefixes []string
-	// Flow names what makes a request's flow in its model's queue (README,
+	// Flow names what makes a request's flow in its model's queue (docs/scheduling.md,
 	// "Fair sharing"): FlowKey ("key", also ""), its key's name; FlowUser
 	// ("user"), the OpenAI body's "user" field; FlowHeaderPrefix+Name
 	// ("header:X-Iop-Flow"), that header's value. The latter two fall back

@@ -11,7 +11,7 @@ import (
 	"iop/internal/edge/contract"
 )
 
-// PriorityHeader asks for a request's priority band (README, "Fair
+// PriorityHeader asks for a request's priority band (docs/scheduling.md, "Fair
 // sharing"), where its key's priority_header allows it.
 const PriorityHeader = "X-Iop-Priority"
 

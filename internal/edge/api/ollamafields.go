@@ -8,7 +8,7 @@ import (
 )
 
 // ollamaMember is an OpenAI client's translate.ExtensionKey member: the
-// Ollama-only fields it sends (README, "Ollama API"), as decoded with the
+// Ollama-only fields it sends (docs/apis.md, "Endpoints"), as decoded with the
 // rest of its body.
 type ollamaMember struct {
 	present bool            // the body has the member (null included)

@@ -488,9 +488,12 @@ type Refused struct {
 	Epoch   int64                  `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// For limited: which limit ("max_concurrent", "requests_per_minute"),
 	// its maximum and when to retry.
-	Limit         string `protobuf:"bytes,4,opt,name=limit,proto3" json:"limit,omitempty"`
-	Max           int32  `protobuf:"varint,5,opt,name=max,proto3" json:"max,omitempty"`
-	RetryAfterNs  int64  `protobuf:"varint,6,opt,name=retry_after_ns,json=retryAfterNs,proto3" json:"retry_after_ns,omitempty"`
+	Limit        string `protobuf:"bytes,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	Max          int32  `protobuf:"varint,5,opt,name=max,proto3" json:"max,omitempty"`
+	RetryAfterNs int64  `protobuf:"varint,6,opt,name=retry_after_ns,json=retryAfterNs,proto3" json:"retry_after_ns,omitempty"`
+	// For not_leader: the current leader's advertise address when this edge
+	// knows it ("" otherwise); epoch is then its epoch.
+	Leader        string `protobuf:"bytes,7,opt,name=leader,proto3" json:"leader,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -565,6 +568,13 @@ func (x *Refused) GetRetryAfterNs() int64 {
 		return x.RetryAfterNs
 	}
 	return 0
+}
+
+func (x *Refused) GetLeader() string {
+	if x != nil {
+		return x.Leader
+	}
+	return ""
 }
 
 type ReleaseRequest struct {
@@ -1037,7 +1047,10 @@ func (x *HeldRun) GetLong() bool {
 	return false
 }
 
-// FollowReply: sent once when the session opens, then as a heartbeat.
+// FollowReply: sent once when the session opens, then as a heartbeat
+// every third of the leader's session TTL (at most every second). A
+// follower that hears nothing for its session TTL judges the leader dead
+// or frozen: it cancels its Admit calls to it and waits for the next.
 type FollowReply struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Epoch         int64                  `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
@@ -1121,14 +1134,15 @@ const file_cluster_proto_rawDesc = "" +
 	"\x06target\x18\x05 \x01(\tR\x06target\x12\x12\n" +
 	"\x04long\x18\x06 \x01(\bR\x04long\x12!\n" +
 	"\fqueue_reason\x18\a \x01(\tR\vqueueReason\x12\x17\n" +
-	"\await_ns\x18\b \x01(\x03R\x06waitNs\"\x9b\x01\n" +
+	"\await_ns\x18\b \x01(\x03R\x06waitNs\"\xb3\x01\n" +
 	"\aRefused\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\x12\x14\n" +
 	"\x05limit\x18\x04 \x01(\tR\x05limit\x12\x10\n" +
 	"\x03max\x18\x05 \x01(\x05R\x03max\x12$\n" +
-	"\x0eretry_after_ns\x18\x06 \x01(\x03R\fretryAfterNs\"m\n" +
+	"\x0eretry_after_ns\x18\x06 \x01(\x03R\fretryAfterNs\x12\x16\n" +
+	"\x06leader\x18\a \x01(\tR\x06leader\"m\n" +
 	"\x0eReleaseRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\x04R\aleaseId\x12\x16\n" +

@@ -1589,7 +1589,13 @@ type DispatchRefused struct {
 	// did). The provider is healthy: the edge admits the request elsewhere or
 	// answers 503 provider_busy with Retry-After, and its circuit breaker
 	// does not count it. An older node never sets it.
-	Busy          bool `protobuf:"varint,3,opt,name=busy,proto3" json:"busy,omitempty"`
+	Busy bool `protobuf:"varint,3,opt,name=busy,proto3" json:"busy,omitempty"`
+	// stale_epoch: refused because the Dispatch names an older scheduler
+	// leader's epoch than this node has seen (several edges); the highest
+	// epoch it has seen, else 0. No failure of the provider: the edge admits
+	// the request again at the current leader and its circuit breaker does
+	// not count it.
+	StaleEpoch    int64 `protobuf:"varint,4,opt,name=stale_epoch,json=staleEpoch,proto3" json:"stale_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1643,6 +1649,13 @@ func (x *DispatchRefused) GetBusy() bool {
 		return x.Busy
 	}
 	return false
+}
+
+func (x *DispatchRefused) GetStaleEpoch() int64 {
+	if x != nil {
+		return x.StaleEpoch
+	}
+	return 0
 }
 
 // Cancel asks the node to stop a run.
@@ -2756,11 +2769,13 @@ const file_node_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
 	"\x11TraceContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"T\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"u\n" +
 	"\x0fDispatchRefused\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x12\n" +
-	"\x04busy\x18\x03 \x01(\bR\x04busy\"7\n" +
+	"\x04busy\x18\x03 \x01(\bR\x04busy\x12\x1f\n" +
+	"\vstale_epoch\x18\x04 \x01(\x03R\n" +
+	"staleEpoch\"7\n" +
 	"\x06Cancel\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x96\x03\n" +

@@ -1,0 +1,90 @@
+package edge
+
+import (
+	"context"
+
+	"iop/internal/edge/contract"
+	"iop/internal/scheduler"
+)
+
+// admission is how an edge admits a request: localAdmission (a single
+// edge: its own scheduler) or clusterMode (several edges: the elected
+// leader's scheduler, this edge's own when it leads). Service.dispatchOnce
+// sees only this interface and the grant it returns.
+type admission interface {
+	// admit admits req, never to a candidate tried excludes, with the
+	// prefix route computed before it; onQueued runs when the request
+	// waits. Errors: the scheduler's (ErrQueueFull, ErrQueueTimeout, ...),
+	// contract.ErrNoLeader, ErrShuttingDown, the context's cause.
+	admit(ctx context.Context, req Request, tried []triedCandidate, route prefixRoute, onQueued func()) (grant, error)
+}
+
+// grant is one admitted slot, released exactly once (release reports
+// whether this call released it).
+type grant interface {
+	candidate() scheduler.Candidate
+	info() scheduler.DispatchInfo
+	// track names the run the slot is used for (the scheduler's lease
+	// tracks it; a leader's lease of a follower's run is tracked there).
+	track(runID string)
+	release(reason string) bool
+	// stamp is the epoch and lease id the run's Dispatch carries (several
+	// edges); 0, 0 outside a cluster.
+	stamp() (epoch int64, leaseID uint64)
+	// local reports whether this edge's own scheduler counts the slot.
+	local() bool
+}
+
+var (
+	_ admission = localAdmission{}
+	_ admission = (*clusterMode)(nil)
+	_ grant     = localGrant{}
+	_ grant     = (*remoteLease)(nil)
+)
+
+// localAdmission admits in the edge's own scheduler (a single edge).
+type localAdmission struct{ s *Service }
+
+func (a localAdmission) admit(ctx context.Context, req Request, tried []triedCandidate, route prefixRoute, onQueued func()) (grant, error) {
+	l, err := a.s.admitLocal(ctx, req, tried, route, onQueued)
+	if err != nil {
+		return nil, err
+	}
+	return localGrant{l: l}, nil
+}
+
+// admitLocal admits req in this edge's scheduler.
+func (s *Service) admitLocal(ctx context.Context, req Request, tried []triedCandidate, route prefixRoute, onQueued func()) (*scheduler.Lease, error) {
+	return s.sched.Admit(ctx, scheduler.Request{
+		Group:                req.Model,
+		Long:                 s.cfg.LongContextTokens > 0 && req.EstimatedInputTokens >= s.cfg.LongContextTokens,
+		EstimatedInputTokens: req.EstimatedInputTokens,
+		Resolve:              s.resolver(req.Model, needsOf(req), tried),
+		Prefer:               scheduler.ProviderRef{NodeID: req.PreferNodeID, ProviderID: req.PreferProviderID},
+		Flow:                 req.Flow,
+		Weight:               min(max(req.Weight, 0), scheduler.MaxWeight),
+		Priority:             scheduler.Priority(min(max(req.Priority, contract.PrioritySheddable), contract.PriorityCritical)),
+		Affinity:             route.affinity(),
+		AffinitySlack:        route.slack,
+		OnQueued:             onQueued,
+	})
+}
+
+// localGrant is a lease of this edge's scheduler; epoch is the leader's
+// epoch that admitted it when this edge leads a cluster (0: a single edge).
+type localGrant struct {
+	l     *scheduler.Lease
+	epoch int64
+}
+
+func (g localGrant) candidate() scheduler.Candidate { return g.l.Candidate() }
+func (g localGrant) info() scheduler.DispatchInfo   { return g.l.Info() }
+func (g localGrant) track(runID string)             { g.l.Track(runID) }
+func (g localGrant) release(reason string) bool     { return g.l.Release(reason) }
+func (g localGrant) local() bool                    { return true }
+func (g localGrant) stamp() (int64, uint64) {
+	if g.epoch == 0 {
+		return 0, 0
+	}
+	return g.epoch, g.l.ID()
+}
