@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -78,7 +77,7 @@ func (v *specValidator) check(what, schema string, doc []byte) {
 	for _, e := range errs {
 		fmt.Fprintf(&b, "\n  %s", e.Message)
 		for _, se := range e.SchemaValidationErrors {
-			fmt.Fprintf(&b, "\n    %s: %s", se.Location, se.Reason)
+			fmt.Fprintf(&b, "\n    %s: %s", se.FieldPath, se.Reason)
 		}
 	}
 	v.t.Errorf("%s does not validate as %s: %s%s", what, schema, clipDoc(doc), b.String())
@@ -91,9 +90,9 @@ func clipDoc(doc []byte) string {
 	return string(doc)
 }
 
-// sseData returns the data of each event of an SSE body but "[DONE]",
+// sseEvents returns the data of each event of an SSE body but "[DONE]",
 // with its event name ("" when none).
-func sseData(t *testing.T, body []byte) (names []string, data [][]byte) {
+func sseEvents(t *testing.T, body []byte) (names []string, data [][]byte) {
 	t.Helper()
 	sc := bufio.NewScanner(bytes.NewReader(body))
 	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
@@ -160,7 +159,7 @@ func TestOpenAPIAnswersValidate(t *testing.T) {
 			for name, body := range chats {
 				v.check("chat "+name, "CreateChatCompletionResponse", post("/v1/chat/completions", body))
 				stream := strings.Replace(body, "{", `{"stream":true,"stream_options":{"include_usage":true},`, 1)
-				_, events := sseData(t, post("/v1/chat/completions", stream))
+				_, events := sseEvents(t, post("/v1/chat/completions", stream))
 				if len(events) == 0 {
 					t.Errorf("chat %s: no events", name)
 				}
@@ -175,7 +174,7 @@ func TestOpenAPIAnswersValidate(t *testing.T) {
 			for name, body := range responses {
 				v.check("response "+name, "Response", post("/v1/responses", body))
 				stream := strings.Replace(body, "{", `{"stream":true,`, 1)
-				names, events := sseData(t, post("/v1/responses", stream))
+				names, events := sseEvents(t, post("/v1/responses", stream))
 				if len(events) == 0 {
 					t.Errorf("responses %s: no events", name)
 				}
