@@ -81,7 +81,7 @@ type ResponsesEcho struct {
 	Text              json.RawMessage   `json:"text"`        // default {"format":{"type":"text"}}
 	Reasoning         json.RawMessage   `json:"reasoning"`   // {"effort","summary"}
 	Metadata          map[string]string `json:"metadata"`
-	User              *string           `json:"user"`
+	User              *string           `json:"user,omitempty"` // a string, left out when absent
 	Truncation        string            `json:"truncation"`
 }
 
