@@ -72,7 +72,7 @@ type responseObject struct {
 	PreviousResponseID *string                  `json:"previous_response_id"`
 	ServiceTier        string                   `json:"service_tier"`
 	Store              bool                     `json:"store"`
-	Usage              *responseUsage           `json:"usage"`
+	Usage              *responseUsage           `json:"usage,omitempty"` // left out until known: OpenAI's document has no null usage
 	translate.ResponsesEcho
 }
 
