@@ -261,6 +261,7 @@ keys:
 admin_keys:
   - {name: ops, hash: %q}
 cluster:
+  id: chaos
   etcd: [%s]
   name: %s
   advertise: %s
@@ -303,6 +304,7 @@ keys:
 models:
   other-model: {targets: [other]}
 cluster:
+  id: foreign
   etcd: [%s]
   name: %s-foreign
   advertise: %s

@@ -29,8 +29,10 @@ package cluster
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -67,6 +69,11 @@ const DefaultPrefix = "/iop/scheduler/leader"
 //	  etcd_key: /etc/iop/etcd-client-key.pem
 //	  etcd_username: iop
 //	  etcd_password: secret
+//	  id: prod-eu                  # this deployment; or derived from token
+//	  token: long-shared-secret    # every edge-to-edge call carries it
+//	  tls_cert: /etc/iop/edge-a.crt  # TLS between edges (this edge's certificate)
+//	  tls_key: /etc/iop/edge-a.key
+//	  tls_ca: /etc/iop/edges-ca.crt  # the CA of the edges' certificates: mutual TLS
 type Config struct {
 	// Etcd are the etcd client endpoints (URLs); at least one.
 	Etcd []string `yaml:"etcd"`
@@ -82,7 +89,8 @@ type Config struct {
 	// that dies is replaced within about this long; default 5s, at least 1s.
 	SessionTTL time.Duration `yaml:"session_ttl"`
 	// Prefix is the election's etcd key prefix; default
-	// /iop/scheduler/leader. Edges of one cluster share it.
+	// /iop/scheduler/leader. Edges of one cluster share it; the election's
+	// keys are under Prefix + "/" + Identity().
 	Prefix string `yaml:"prefix"`
 	// EtcdCA, EtcdCert and EtcdKey are PEM files for TLS to etcd: the CA
 	// etcd's certificates chain to, and this edge's client certificate and
@@ -94,7 +102,55 @@ type Config struct {
 	// both empty: none.
 	EtcdUsername string `yaml:"etcd_username"`
 	EtcdPassword string `yaml:"etcd_password"`
+	// ID names the deployment the edge belongs to: it is part of the
+	// election's key prefix (so edges of another deployment on the same
+	// etcd never share this election) and every call between edges
+	// carries it (an edge of another deployment is refused). 1 to 64 of
+	// A-Z a-z 0-9 . _ -. Default: derived from Token (DeriveID); one of ID
+	// and Token is required.
+	ID string `yaml:"id"`
+	// Token is the secret the edges of the deployment share: every call
+	// between edges carries it and a wrong one is refused. Empty: calls
+	// are not authenticated by token (TLS with TLSCA may still be).
+	Token string `yaml:"token"`
+	// TLSCert and TLSKey are PEM files of this edge's certificate and key:
+	// its admission service serves TLS, and it presents them to the
+	// leader it calls. Both or neither; neither means plaintext gRPC
+	// between edges.
+	TLSCert string `yaml:"tls_cert"`
+	TLSKey  string `yaml:"tls_key"`
+	// TLSCA is a PEM file of the CA(s) the edges' certificates chain to:
+	// a follower verifies the leader's certificate against it, and the
+	// leader requires the caller's (mutual TLS). Empty: the system's
+	// roots verify the leader, and callers need no certificate.
+	TLSCA string `yaml:"tls_ca"`
+	// TLSServerName is the name the leader's certificate must carry;
+	// default the host of the leader's advertise address.
+	TLSServerName string `yaml:"tls_server_name"`
 }
+
+// DeriveID is the deployment id derived from a shared token: "t-" and
+// the first 16 hex digits of SHA-256("iop cluster id\x00" + token).
+// Deployments with different tokens get different ids, and the id says
+// nothing usable about the token.
+func DeriveID(token string) string {
+	sum := sha256.Sum256([]byte("iop cluster id\x00" + token))
+	return "t-" + hex.EncodeToString(sum[:8])
+}
+
+// Identity is the deployment id: ID, else DeriveID(Token).
+func (c Config) Identity() string {
+	if c.ID != "" {
+		return c.ID
+	}
+	return DeriveID(c.Token)
+}
+
+// electionPrefix is the election's key prefix: Prefix + "/" + Identity.
+func (c Config) electionPrefix() string { return c.Prefix + "/" + c.Identity() }
+
+// TLS reports whether the edges talk TLS (TLSCert is set).
+func (c Config) TLS() bool { return c.TLSCert != "" }
 
 // SetDefaults fills the zero fields with their defaults.
 func (c *Config) SetDefaults() {
@@ -124,8 +180,30 @@ func (c Config) Validate() error {
 		return errors.New("cluster.etcd_cert and cluster.etcd_key go together")
 	case (c.EtcdUsername == "") != (c.EtcdPassword == ""):
 		return errors.New("cluster.etcd_username and cluster.etcd_password go together")
+	case c.ID == "" && c.Token == "":
+		return errors.New("cluster.id is required (the deployment's name; or set cluster.token and the id is derived from it): " +
+			"edges of different deployments on one etcd must never share an election")
+	case c.ID != "" && !validID(c.ID):
+		return fmt.Errorf("cluster.id %q: 1 to 64 of A-Z a-z 0-9 . _ -", c.ID)
+	case (c.TLSCert == "") != (c.TLSKey == ""):
+		return errors.New("cluster.tls_cert and cluster.tls_key go together")
+	case c.TLSCA != "" && c.TLSCert == "":
+		return errors.New("cluster.tls_ca needs cluster.tls_cert and cluster.tls_key (TLS between edges)")
 	}
 	return nil
+}
+
+func validID(id string) bool {
+	if len(id) > 64 {
+		return false
+	}
+	for _, r := range id {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-'
+		if !ok {
+			return false
+		}
+	}
+	return id != ""
 }
 
 // clientConfig is the etcd client configuration of c.
@@ -346,7 +424,7 @@ func (e *Elector) campaignOnce() error {
 	defer sess.Close() // revokes the lease: the next campaigner is elected at once
 	e.validUntil.Store(0)
 	e.renewed(granted)
-	el := concurrency.NewElection(sess, e.cfg.Prefix)
+	el := concurrency.NewElection(sess, e.cfg.electionPrefix())
 	cctx, ccancel := context.WithCancel(e.ctx)
 	go func() {
 		select {
@@ -456,7 +534,7 @@ func (e *Elector) observeLoop() {
 // lowest create revision), then waits until it is deleted (publishing "no
 // leader" unless this edge leads) or a first one is put.
 func (e *Elector) observeOnce() error {
-	resp, err := e.cli.Get(e.ctx, e.cfg.Prefix+"/", clientv3.WithFirstCreate()...)
+	resp, err := e.cli.Get(e.ctx, e.cfg.electionPrefix()+"/", clientv3.WithFirstCreate()...)
 	if err != nil {
 		return err
 	}
@@ -464,7 +542,7 @@ func (e *Elector) observeOnce() error {
 	defer cancel()
 	if len(resp.Kvs) == 0 {
 		e.seeLeader(0, "")
-		wch := e.cli.Watch(octx, e.cfg.Prefix+"/", clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+		wch := e.cli.Watch(octx, e.cfg.electionPrefix()+"/", clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 		for wr := range wch {
 			if err := wr.Err(); err != nil {
 				return err
@@ -523,7 +601,7 @@ func (e *Elector) seeLeader(epoch int64, addr string) {
 // Campaigners returns the advertise addresses of every edge campaigning
 // now (the leader's included): the values under the election prefix.
 func (e *Elector) Campaigners(ctx context.Context) ([]string, error) {
-	resp, err := e.cli.Get(ctx, e.cfg.Prefix+"/", clientv3.WithPrefix())
+	resp, err := e.cli.Get(ctx, e.cfg.electionPrefix()+"/", clientv3.WithPrefix())
 	if err != nil {
 		return nil, err
 	}

@@ -62,7 +62,7 @@ func start(t *testing.T, endpoints []string, n int) []*Elector {
 	t.Helper()
 	var es []*Elector
 	for i := range n {
-		e, err := Start(Config{Etcd: endpoints, Name: fmt.Sprintf("edge-%d", i+1), Advertise: fmt.Sprintf("127.0.0.1:%d", 17000+i), SessionTTL: 2 * time.Second}, nil)
+		e, err := Start(Config{Etcd: endpoints, Name: fmt.Sprintf("edge-%d", i+1), Advertise: fmt.Sprintf("127.0.0.1:%d", 17000+i), SessionTTL: 2 * time.Second, ID: "test"}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,7 +108,7 @@ func TestElection(t *testing.T) {
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	resp, err := cli.Get(ctx, DefaultPrefix+"/", clientv3.WithFirstCreate()...)
+	resp, err := cli.Get(ctx, DefaultPrefix+"/test/", clientv3.WithFirstCreate()...)
 	if err != nil || len(resp.Kvs) == 0 {
 		t.Fatalf("leader key: %v %v", resp, err)
 	}
@@ -142,14 +142,24 @@ func TestConfigValidate(t *testing.T) {
 		{Etcd: []string{"http://x:2379"}, Name: "e"},
 		{Etcd: []string{"http://x:2379"}, Name: "e", Advertise: "h:1", SessionTTL: time.Millisecond},
 		{Etcd: []string{"http://x:2379"}, Name: "e", Advertise: "h:1", EtcdCert: "c"},
-		{Etcd: []string{"http://x:2379"}, Name: "e", Advertise: "h:1", EtcdUsername: "u"},
+		{Etcd: []string{"http://x:2379"}, Name: "e", Advertise: "h:1", EtcdUsername: "u", ID: "prod"},
+		{Etcd: []string{"http://x:2379"}, Name: "e", Advertise: "h:1"}, // no id, no token
+		{Etcd: []string{"http://x:2379"}, Name: "e", Advertise: "h:1", ID: "a/b"},
+		{Etcd: []string{"http://x:2379"}, Name: "e", Advertise: "h:1", ID: "prod", TLSCert: "c"},
+		{Etcd: []string{"http://x:2379"}, Name: "e", Advertise: "h:1", ID: "prod", TLSCA: "ca"},
 	} {
 		if c.Validate() == nil {
 			t.Errorf("%+v: valid, want an error", c)
 		}
 	}
-	if err := (Config{Etcd: []string{"http://x:2379"}, Name: "e", Advertise: "h:1"}).Validate(); err != nil {
-		t.Error(err)
+	for _, c := range []Config{
+		{Etcd: []string{"http://x:2379"}, Name: "e", Advertise: "h:1", ID: "prod"},
+		{Etcd: []string{"http://x:2379"}, Name: "e", Advertise: "h:1", Token: "secret"},
+		{Etcd: []string{"http://x:2379"}, Name: "e", Advertise: "h:1", ID: "prod", TLSCert: "c", TLSKey: "k", TLSCA: "ca"},
+	} {
+		if err := c.Validate(); err != nil {
+			t.Errorf("%+v: %v", c, err)
+		}
 	}
 }
 

@@ -11,7 +11,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
@@ -98,6 +97,9 @@ type heldLease struct {
 	// since is when it was granted or adopted: from since +
 	// reconcileGrace, a node report that does not list its run releases it.
 	since time.Time
+
+	keyTaken   bool   // adoptKey took (or is taking) its key's slot
+	keyRelease func() // gives that slot back (cluster_keys.go)
 }
 
 // leadTerm is one leadership of this edge (one epoch): ctx ends the
@@ -122,12 +124,15 @@ type leaderLife struct {
 
 // clusterMode is an edge's cluster side; nil without Config.Cluster.
 type clusterMode struct {
-	s    *Service
-	cfg  cluster.Config
-	el   *cluster.Elector
-	name string
+	s     *Service
+	cfg   cluster.Config
+	el    *cluster.Elector
+	name  string
+	peers *peerAuth // identity, token and TLS between edges (cluster_auth.go)
+	keys  clusterKeys
 
-	ready atomic.Int64 // the epoch whose rebuild is done (this edge leads it)
+	ready   atomic.Int64 // the epoch whose rebuild is done (this edge leads it)
+	session atomic.Int64 // the epoch of this follower's open admission session (0: none)
 
 	// mu guards the fields below; a leaf: nothing is called while it is
 	// held (the scheduler, Service.mu and the network are called without).
@@ -164,13 +169,17 @@ type reportOf struct {
 }
 
 func newClusterMode(s *Service, cfg cluster.Config) (*clusterMode, error) {
+	peers, err := newPeerAuth(cfg, s.log)
+	if err != nil {
+		return nil, err
+	}
 	el, err := cluster.Start(cfg, s.log)
 	if err != nil {
 		return nil, err
 	}
 	cfg.SetDefaults()
 	cm := &clusterMode{
-		s: s, cfg: cfg, el: el, name: cfg.Name,
+		s: s, cfg: cfg, el: el, name: cfg.Name, peers: peers,
 		leases:   newLeaseTable(),
 		lives:    make(map[int64]*leaderLife),
 		followed: make(map[string]int64),
@@ -240,6 +249,7 @@ func (cm *clusterMode) leadLoop() {
 		if st.Leader && st.Epoch != led {
 			cm.endTerm("a newer epoch")
 			led = st.Epoch
+			cm.electedKeys()
 			ctx, cancel := context.WithCancel(cm.stopCtx)
 			cm.mu.Lock()
 			cm.term = &leadTerm{epoch: led, ctx: ctx, cancel: cancel}
@@ -278,6 +288,7 @@ func (cm *clusterMode) endTerm(reason string) {
 	}
 	t.cancel()
 	for _, h := range hs {
+		cm.releaseKeySlot(h)
 		h.l.Release(reason)
 	}
 	cm.s.log.Warn("cluster leadership ended: leases of other edges dropped", "edge", cm.name, "epoch", t.epoch, "reason", reason, "leases", len(hs))
@@ -360,6 +371,7 @@ func (cm *clusterMode) rebuild(epoch int64) {
 				if cm.adoptRun(epoch, rep.node, ri.GetProviderId(), ri.GetRunId(), ri.GetEpoch(), ri.GetLeaseId(), ri.GetLong(), "") {
 					adopted++
 				}
+				cm.adoptKey(epoch, rep.node, ri)
 			}
 		case <-joined:
 		case <-timer.C:
@@ -462,6 +474,7 @@ func (cm *clusterMode) reconcile(epoch int64, node string, runs []*nodev1.RunInF
 	// A node that connected after the rebuild, or a run its reply missed.
 	for _, ri := range runs {
 		cm.adoptRun(epoch, node, ri.GetProviderId(), ri.GetRunId(), ri.GetEpoch(), ri.GetLeaseId(), ri.GetLong(), "")
+		cm.adoptKey(epoch, node, ri)
 	}
 	listed := make(map[string]bool, len(runs))
 	for _, ri := range runs {
@@ -486,6 +499,7 @@ func (cm *clusterMode) dropHeld(h *heldLease, reason string) bool {
 	if !removed {
 		return false
 	}
+	cm.releaseKeySlot(h)
 	return h.l.Release(reason)
 }
 
@@ -786,10 +800,10 @@ func refusedError(r *clusterv1.Refused) error {
 
 // serveAdmission serves the Admission service on lis until ctx ends.
 func (cm *clusterMode) serveAdmission(ctx context.Context, lis net.Listener) error {
-	gs := grpc.NewServer(
+	gs := grpc.NewServer(append([]grpc.ServerOption{
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Second, Timeout: 2 * time.Second}),
-	)
+	}, cm.peers.serverOptions()...)...)
 	clusterv1.RegisterAdmissionServer(gs, &admissionServer{cm: cm})
 	errc := make(chan error, 1)
 	go func() { errc <- gs.Serve(lis) }()
@@ -812,10 +826,9 @@ func (cm *clusterMode) client(addr string) (clusterv1.AdmissionClient, error) {
 	if cc := cm.clients[addr]; cc != nil {
 		return clusterv1.NewAdmissionClient(cc), nil
 	}
-	cc, err := grpc.NewClient(addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	cc, err := grpc.NewClient(addr, append(cm.peers.dialOptions(),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 2 * time.Second, Timeout: 2 * time.Second, PermitWithoutStream: true}),
-	)
+	)...)
 	if err != nil {
 		return nil, err
 	}
@@ -832,6 +845,7 @@ func (cm *clusterMode) followLoop() {
 		st := cm.el.State()
 		cm.supersede(st.Epoch)
 		if !st.Leader && st.LeaderAddr != "" {
+			cm.keys.sawLeader.Store(st.LeaderAddr != cm.cfg.Advertise || cm.keys.sawLeader.Load())
 			cm.followOnce(st)
 		}
 		select {
@@ -858,6 +872,7 @@ func (cm *clusterMode) followOnce(st cluster.State) {
 	if err != nil {
 		return
 	}
+	defer cm.session.Store(0)
 	replies := make(chan struct{}, 1)
 	ended := make(chan struct{})
 	go func() {
@@ -883,6 +898,7 @@ func (cm *clusterMode) followOnce(st cluster.State) {
 		case <-replies:
 			stopSilent()
 			cm.heard(st.Epoch)
+			cm.session.Store(st.Epoch)
 		case <-silent:
 			cm.judgeDead(st.Epoch, st.LeaderAddr)
 			return

@@ -23,7 +23,7 @@ func benchEdge(b *testing.B, etcd *etcdtest.Cluster, name string) *Service {
 	b.Helper()
 	cfg := testConfig()
 	cfg.HeartbeatInterval = time.Hour
-	cfg.Cluster = &cluster.Config{Etcd: etcd.Endpoints(), Name: name, Advertise: benchAddr(b), SessionTTL: 2 * time.Second}
+	cfg.Cluster = &cluster.Config{Etcd: etcd.Endpoints(), Name: name, Advertise: benchAddr(b), SessionTTL: 2 * time.Second, ID: "bench"}
 	srv, err := NewServer(cfg, Deps{})
 	if err != nil {
 		b.Fatal(err)

@@ -28,7 +28,7 @@ func clusterEdges(t *testing.T, etcd *etcdtest.Cluster, n int) []*testEdge {
 	var es []*testEdge
 	for i := range n {
 		cfg := testConfig()
-		cfg.Cluster = &cluster.Config{Etcd: etcd.Endpoints(), Name: fmt.Sprintf("edge-%d", i+1), Advertise: freeAddr(t), SessionTTL: time.Second}
+		cfg.Cluster = &cluster.Config{Etcd: etcd.Endpoints(), Name: fmt.Sprintf("edge-%d", i+1), Advertise: freeAddr(t), SessionTTL: time.Second, ID: "test"}
 		es = append(es, startEdge(t, cfg))
 	}
 	return es

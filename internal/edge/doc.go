@@ -67,8 +67,8 @@
 // name is unknown (scheduler.ErrUnknownModel); a known one without a live
 // provider has none (scheduler.ErrNoProvider). The request's capability
 // needs filter the candidates inside the resolver; NeedChoices, a request
-// for several choices, NeedToolChoice (tool_choice "required",
-// parallel_tool_calls false), NeedRemoteImages (an image by URL),
+// for several choices, NeedToolChoice (parallel_tool_calls
+// false without a forced tool call), NeedRemoteImages (an image by URL),
 // NeedPromptBatch (several completions prompts) and NeedTokenInput (token
 // ids as a prompt or embeddings input) are met by tunnel-path providers
 // only. When they
@@ -249,7 +249,9 @@
 // publishes its state through an atomic pointer), Run.mu, Service.mu (the runs map), Service.statsMu (retry and
 // circuit counters, the requested model names), conn.mu (a connection's
 // outbox, closed flag, last-seen time, idle warm streams), trust.mu (node id → token
-// bindings) and prefixIndex.mu (the prefix index of prefix-cache-aware
+// bindings), peerAuth.mu (cluster_auth.go: when each refused peer was last
+// logged; the key slots a leader adopts are taken and given back with
+// clusterMode.mu released, cluster_keys.go) and prefixIndex.mu (the prefix index of prefix-cache-aware
 // routing: taken by match before Admit and by record after it, never
 // under the scheduler's lock; the Affinity the scheduler calls reads the
 // map match returned, which nothing modifies). The one exception is reload.mu, which serializes Reload and

@@ -66,7 +66,7 @@ func (f *inFlight) add(r *run, d *nodev1.Dispatch) error {
 		f.epoch = e
 	}
 	r.counted = true
-	f.runs[r] = &nodev1.RunInFlight{RunId: d.GetRunId(), ProviderId: d.GetProviderId(), Epoch: d.GetEpoch(), LeaseId: d.GetLeaseId(), Long: d.GetLong()}
+	f.runs[r] = &nodev1.RunInFlight{RunId: d.GetRunId(), ProviderId: d.GetProviderId(), Epoch: d.GetEpoch(), LeaseId: d.GetLeaseId(), Long: d.GetLong(), Key: d.GetKey()}
 	return nil
 }
 

@@ -32,9 +32,11 @@ type clusterRig struct {
 	etcd       *etcdtest.Cluster
 	sim1, sim2 *sim.Server
 	url1, url2 string
+	url3       string // model slow: long answers (max_tokens sets their length)
 	big, small string // client keys: small has max_concurrent 2
+	rpm        string // client key with requests_per_minute 3
 	admin      string
-	hashes     [3]string
+	hashes     [4]string
 	edges      []*clusterEdge
 }
 
@@ -67,10 +69,12 @@ func newClusterEdges(t *testing.T) *clusterRig {
 	// many rounds.
 	rig.sim1, rig.url1 = startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TTFT: 50 * time.Millisecond, TokensPerSecond: 100, DefaultMaxTokens: 8})
 	rig.sim2, rig.url2 = startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"k"}, TTFT: 50 * time.Millisecond, TokensPerSecond: 100, DefaultMaxTokens: 8})
-	var h [3]string
+	_, rig.url3 = startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"slow"}, TokensPerSecond: 100, DefaultMaxTokens: 100_000})
+	var h [4]string
 	rig.big, h[0] = auth.Generate()
 	rig.small, h[1] = auth.Generate()
 	rig.admin, h[2] = auth.Generate()
+	rig.rpm, h[3] = auth.Generate()
 	rig.hashes = h
 	for i := range 3 {
 		rig.edges = append(rig.edges, rig.startEdge(i, nil))
@@ -94,6 +98,7 @@ queue: {max_queue: 512, queue_timeout: 30s}
 keys:
   - {name: big, hash: %q}
   - {name: small, hash: %q, max_concurrent: 2}
+  - {name: rpm, hash: %q, requests_per_minute: 3}
 admin_keys:
   - {name: ops, hash: %q}
 cluster:
@@ -101,7 +106,8 @@ cluster:
   name: %s
   advertise: %s
   session_ttl: 2s
-`, e.httpAddr, e.nodeList, rig.hashes[0], rig.hashes[1], rig.hashes[2], strings.Join(rig.etcd.Endpoints(), ", "), e.name, e.advertise)
+  id: e2e
+`, e.httpAddr, e.nodeList, rig.hashes[0], rig.hashes[1], rig.hashes[3], rig.hashes[2], strings.Join(rig.etcd.Endpoints(), ", "), e.name, e.advertise)
 		if err := os.WriteFile(e.cfgPath, []byte(yaml), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -123,7 +129,8 @@ reconnect_max: 200ms
 providers:
   - {id: p1, type: ollama, base_url: %q, models: [m], capacity: 2}
   - {id: p2, type: ollama, base_url: %q, models: [k], capacity: 8}
-`, e.nodeAddr, rig.url1, rig.url2)
+  - {id: p3, type: ollama, base_url: %q, models: [slow], capacity: 8}
+`, e.nodeAddr, rig.url1, rig.url2, rig.url3)
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +155,7 @@ func (rig *clusterRig) waitNodeOn(e *clusterEdge) {
 				n++
 			}
 		}
-		return n == 2
+		return n == 3
 	})
 }
 

@@ -31,7 +31,8 @@ reconnect_max: 200ms
 providers:
   - {id: p1, type: ollama, base_url: %q, models: [m], capacity: 2}
   - {id: p2, type: ollama, base_url: %q, models: [k], capacity: 8}
-`, strings.Join(addrs, ", "), rig.url1, rig.url2)
+  - {id: p3, type: ollama, base_url: %q, models: [slow], capacity: 8}
+`, strings.Join(addrs, ", "), rig.url1, rig.url2, rig.url3)
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}

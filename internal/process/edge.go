@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"iop/internal/auth"
@@ -33,11 +34,17 @@ func EdgeDefaults() edge.Config {
 
 // edgeRun is a running edge: its node endpoint and HTTP API.
 type edgeRun struct {
-	Service  *edge.Service
-	Ledger   *ledger.Ledger
-	HTTPAddr string // host:port the HTTP API listens on
-	NodeAddr string // host:port the node endpoint listens on
-	done     chan error
+	Service *edge.Service
+	Ledger  *ledger.Ledger
+	// Keys and AdminKeys are the HTTP API's keyrings; a reload swaps
+	// their keys (edgeReloader).
+	Keys, AdminKeys *auth.Keyring
+
+	keysMu           sync.Mutex // serializes reloads; guards the fields below
+	keyCfg, adminCfg []auth.Key // the keys the keyrings were last given
+	HTTPAddr         string     // host:port the HTTP API listens on
+	NodeAddr         string     // host:port the node endpoint listens on
+	done             chan error
 }
 
 // maxHeaderBytes caps a client request's header block; a larger one is
@@ -157,24 +164,30 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 	}
 	undo = append(undo, func() { shutdownTracing(tr, logger) })
 	stopping := make(chan struct{}) // closed when the edge ends what is still in flight
+	var draining atomic.Bool        // set the moment the edge is told to stop
 	handler := api.New(obs.apiConfig(api.Config{
-		Stopping:     stopping,
-		MaxBodyBytes: cfg.MaxBodyBytes,
-		WriteTimeout: cfg.WriteTimeout,
-		Ready:        func() bool { return len(svc.Snapshot().Nodes) > 0 },
-		Runs:         runManager,
-		Keys:         keys,
-		AdminKeys:    adminKeys,
-		Ledger:       usage,
-		Responses:    responseStore,
-		Flow:         cfg.Fairness.Flow,
-		Tracer:       tr.Tracer,
-		KeyAdmit:     clusterKeyAdmit(cfg, svc, keys),
+		Stopping:       stopping,
+		MaxBodyBytes:   cfg.MaxBodyBytes,
+		MaxAnswerBytes: cfg.MaxAnswerBytes,
+		WriteTimeout:   cfg.WriteTimeout,
+		Ready:          func() bool { return !draining.Load() && svc.Ready() },
+		Runs:           runManager,
+		Keys:           keys,
+		AdminKeys:      adminKeys,
+		Ledger:         usage,
+		Responses:      responseStore,
+		Flow:           cfg.Fairness.Flow,
+		Tracer:         tr.Tracer,
+		KeyAdmit:       clusterKeyAdmit(cfg, svc, keys),
 	}), gateway{svc}, logger)
 	var handlers sync.WaitGroup // handlers running, so the ledger closes after the last one
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		handlers.Add(1)
 		defer handlers.Done()
+		if draining.Load() && r.Method != http.MethodGet && r.Method != http.MethodHead {
+			refuseStopping(w)
+			return
+		}
 		handler.ServeHTTP(w, r)
 	})
 	// IdleTimeout closes a keep-alive connection idle that long between
@@ -184,7 +197,7 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 	httpSrv := &http.Server{Handler: counted, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout, MaxHeaderBytes: maxHeaderBytes,
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
 	httpSrv.RegisterOnShutdown(obs.hub.Close) // ends the events streams, which would hold up the drain
-	e := &edgeRun{Service: svc, Ledger: usage, HTTPAddr: httpLis.Addr().String(), NodeAddr: nodeLis.Addr().String(), done: make(chan error, 1)}
+	e := &edgeRun{Service: svc, Ledger: usage, Keys: keys, AdminKeys: adminKeys, keyCfg: cfg.Keys, adminCfg: cfg.AdminKeys, HTTPAddr: httpLis.Addr().String(), NodeAddr: nodeLis.Addr().String(), done: make(chan error, 1)}
 	// The node endpoint outlives ctx until the HTTP API has drained, so the
 	// requests in flight at shutdown can finish.
 	grpcCtx, stopGRPC := context.WithCancel(context.Background())
@@ -205,10 +218,21 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 		if grace <= 0 {
 			grace = edge.DefaultDrainTimeout
 		}
+		// From now on /readyz is 503 and every new request is answered 503
+		// with Retry-After (for stopLameDuck, with the listener still
+		// open, so a request already on its way on a kept-alive
+		// connection gets that answer rather than a closed connection).
+		draining.Store(true)
 		logger.Info("edge shutting down: draining requests in flight; a second signal stops it at once", "drain_timeout", grace)
 		drainCtx, cancel := context.WithTimeout(context.Background(), grace)
 		defer cancel()
 		defer context.AfterFunc(abort, cancel)()
+		lame := time.NewTimer(min(stopLameDuck, grace))
+		select {
+		case <-lame.C:
+		case <-drainCtx.Done():
+			lame.Stop()
+		}
 		derr := httpSrv.Shutdown(drainCtx)
 		if derr == nil {
 			// Background runs (the runs API) have the rest of the grace
@@ -280,6 +304,15 @@ func checkOpenAPI(cfg edge.Config, keys int, logger *slog.Logger) error {
 	if cfg.TLSCert == "" && !isLoopback(cfg.NodeListen) {
 		logger.Warn("node endpoint is plaintext gRPC: node tokens travel in the clear (set tls_cert and tls_key)", "node_listen", cfg.NodeListen)
 	}
+	if c := cfg.Cluster; c != nil && !c.TLS() {
+		listen := c.Listen
+		if listen == "" {
+			listen = c.Advertise
+		}
+		if !isLoopback(listen) {
+			logger.Warn("admission between edges is plaintext gRPC: the cluster token and every admission travel in the clear (set cluster.tls_cert, tls_key and tls_ca)", "cluster_listen", listen)
+		}
+	}
 	return nil
 }
 
@@ -296,6 +329,25 @@ func isLoopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// stopLameDuck is how long a stopping edge keeps its HTTP listener and
+// idle connections open, answering every new request 503 with
+// Retry-After and "Connection: close", before it closes them: the load
+// balancer's health check (/readyz, 503 from the first instant) takes the
+// edge out of rotation meanwhile, and a request racing the stop gets an
+// answer.
+const stopLameDuck = time.Second
+
+// refuseStopping answers a request that arrives while the edge stops:
+// 503 edge_shutting_down with Retry-After, closing the connection.
+func refuseStopping(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Retry-After", "1")
+	h.Set("Connection", "close")
+	w.WriteHeader(http.StatusServiceUnavailable)
+	_, _ = w.Write([]byte(`{"error":{"message":"the edge is stopping: retry on another edge","type":"server_error","param":null,"code":"edge_shutting_down"}}` + "\n"))
 }
 
 // shutdownFinish bounds how long a stopping edge, past its drain timeout,
@@ -326,6 +378,13 @@ func clusterKeyAdmit(cfg edge.Config, svc *edge.Service, keys *auth.Keyring) fun
 		}
 		return p.Release, nil
 	})
+	svc.SetKeyLeader(func(name string) func() {
+		c := keys.ByName(name)
+		if c == nil {
+			return func() {}
+		}
+		return c.Adopt().Release
+	}, keys.ExhaustRates)
 	return func(ctx context.Context, c *auth.Caller) (func(), bool, error) {
 		local, release, err := svc.AdmitKey(ctx, c.Name())
 		var kl *edge.KeyLimitError
