@@ -46,7 +46,7 @@
 //     wg.Add after the closed check in Start before the wg.Wait of Close
 //     and of Drain (both set closed first).
 //   - Run.mu guards the run's record, output, event log, its done and
-//     finishing flags, and the changed channel, which wake closes and
+//     finishing flags, its attached value, and the changed channel, which wake closes and
 //     replaces under it; Wait and Next take the channel under Run.mu and
 //     wait on it without the lock.
 //

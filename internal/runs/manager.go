@@ -289,6 +289,23 @@ type Run struct {
 	published     int
 	publishFailed bool
 	changed       chan struct{} // closed and replaced when events or done change
+	attached      any           // Attach's value
+}
+
+// Attach keeps v with the run for as long as the run is Live (while it
+// runs, then for its event log's retention): a caller's own record of the
+// run, such as the Responses API event stream of a background response.
+func (r *Run) Attach(v any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.attached = v
+}
+
+// Attached returns the value given to Attach, nil for none.
+func (r *Run) Attached() any {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.attached
 }
 
 // Record returns a copy of the run's record.

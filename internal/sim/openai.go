@@ -229,6 +229,15 @@ type openaiMessage struct {
 	ToolCalls        []openaiToolCall `json:"tool_calls,omitempty"`
 }
 
+// openaiFullMessage is a non-streamed answer's "message": content null
+// when the message only calls tools, and refusal null, as OpenAI answers
+// (its OpenAPI document requires both).
+type openaiFullMessage struct {
+	openaiMessage
+	Content *string `json:"content"`
+	Refusal *string `json:"refusal"`
+}
+
 // openaiToolCall is one entry of a message's or delta's "tool_calls". A
 // streamed call's first delta carries Index, ID, Type and the name with
 // empty arguments; later deltas carry Index and the next piece of
@@ -246,12 +255,12 @@ type openaiToolCall struct {
 // openaiChoice is one entry of "choices". Chat answers carry Message or
 // Delta, text completions Text.
 type openaiChoice struct {
-	Index        int            `json:"index"`
-	Message      *openaiMessage `json:"message,omitempty"`
-	Delta        *openaiMessage `json:"delta,omitempty"`
-	Text         *string        `json:"text,omitempty"`
-	Logprobs     *struct{}      `json:"logprobs"`      // always null
-	FinishReason *string        `json:"finish_reason"` // null until the last chunk
+	Index        int                `json:"index"`
+	Message      *openaiFullMessage `json:"message,omitempty"`
+	Delta        *openaiMessage     `json:"delta,omitempty"`
+	Text         *string            `json:"text,omitempty"`
+	Logprobs     *struct{}          `json:"logprobs"`      // always null
+	FinishReason *string            `json:"finish_reason"` // null until the last chunk
 }
 
 // openaiCompletion is a chat.completion, chat.completion.chunk or
@@ -389,12 +398,12 @@ func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
 				case a.call != nil:
 					tc := openaiToolCall{ID: a.id, Type: "function"}
 					tc.Function.Name, tc.Function.Arguments = a.call.name, a.call.arguments
-					choice.Message = &openaiMessage{Role: "assistant", ToolCalls: []openaiToolCall{tc}}
+					choice.Message = &openaiFullMessage{openaiMessage: openaiMessage{Role: "assistant", ToolCalls: []openaiToolCall{tc}}}
 				default:
-					choice.Message = &openaiMessage{Role: "assistant", Content: &text}
+					choice.Message = &openaiFullMessage{openaiMessage: openaiMessage{Role: "assistant"}, Content: &text}
 				}
 				if chat && len(a.thoughts) > 0 {
-					s.reasoningMessage(choice.Message, joinTokens(a.thoughts))
+					s.reasoningMessage(&choice.Message.openaiMessage, joinTokens(a.thoughts))
 				}
 				resp.Choices = append(resp.Choices, choice)
 			}

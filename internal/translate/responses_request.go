@@ -82,7 +82,7 @@ type ResponsesEcho struct {
 	Text              json.RawMessage   `json:"text"`        // default {"format":{"type":"text"}}
 	Reasoning         json.RawMessage   `json:"reasoning"`   // {"effort","summary"}
 	Metadata          map[string]string `json:"metadata"`
-	User              *string           `json:"user"`
+	User              *string           `json:"user,omitempty"` // a string, left out when absent
 	Truncation        string            `json:"truncation"`
 }
 
@@ -602,7 +602,7 @@ func decodeResponsesTools(raw json.RawMessage) (chat json.RawMessage, names []st
 		}
 		out = append(out, chatTool{Type: "function", Function: function{t.Name, t.Description, t.Parameters, t.Strict}})
 		names = append(names, t.Name)
-		echo = append(echo, compactJSON(r))
+		echo = append(echo, echoFunctionTool(r))
 	}
 	if len(out) == 0 {
 		return nil, nil, []json.RawMessage{}, nil
@@ -613,6 +613,29 @@ func decodeResponsesTools(raw json.RawMessage) (chat json.RawMessage, names []st
 
 // compactJSON is raw without insignificant space (raw itself if it cannot
 // be compacted).
+// echoFunctionTool is a function tool as the response object repeats it:
+// as sent, with the members OpenAI's FunctionTool always has (OpenAPI
+// document, components.schemas.FunctionTool: name, parameters, strict,
+// type) null when the request left them out. strict is not made true:
+// iop constrains no answer to the schema by itself, the provider gets
+// strict as the client sent it.
+func echoFunctionTool(raw json.RawMessage) json.RawMessage {
+	var members map[string]json.RawMessage
+	if json.Unmarshal(raw, &members) != nil {
+		return compactJSON(raw)
+	}
+	for _, m := range []string{"parameters", "strict"} {
+		if _, ok := members[m]; !ok {
+			members[m] = json.RawMessage("null")
+		}
+	}
+	out, err := json.Marshal(members)
+	if err != nil {
+		return compactJSON(raw)
+	}
+	return out
+}
+
 func compactJSON(raw json.RawMessage) json.RawMessage {
 	var b bytes.Buffer
 	if json.Compact(&b, raw) != nil {

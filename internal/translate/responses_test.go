@@ -130,7 +130,7 @@ func TestResponsesEcho(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, _ := json.Marshal(rq.Echo)
-	want := `{"instructions":null,"max_output_tokens":null,"parallel_tool_calls":true,"temperature":null,"top_p":null,"tools":[],"tool_choice":"auto","text":{"format":{"type":"text"}},"reasoning":{"effort":null,"summary":null},"metadata":{},"user":null,"truncation":"disabled"}`
+	want := `{"instructions":null,"max_output_tokens":null,"parallel_tool_calls":true,"temperature":null,"top_p":null,"tools":[],"tool_choice":"auto","text":{"format":{"type":"text"}},"reasoning":{"effort":null,"summary":null},"metadata":{},"truncation":"disabled"}`
 	if string(got) != want {
 		t.Errorf("echo\n got %s\nwant %s", got, want)
 	}

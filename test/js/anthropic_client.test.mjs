@@ -175,3 +175,29 @@ for (const { path, model } of thinkers) {
     checkText(msg, model);
   });
 }
+
+test('models.list and models.retrieve in Anthropic\'s shape, with request ids', async () => {
+  const page = await client.models.list({ limit: 1 });
+  assert.equal(page.data.length, 1);
+  assert.equal(page.data[0].type, 'model');
+  assert.ok(!Number.isNaN(Date.parse(page.data[0].created_at)));
+  const all = [];
+  for await (const m of client.models.list({ limit: 1 })) all.push(m.id);
+  for (const { model } of models) assert.ok(all.includes(model), `${model} in ${all}`);
+  const one = await client.models.retrieve(models[0].model);
+  assert.equal(one.id, models[0].model);
+  assert.equal(one.display_name, models[0].model);
+  const { response } = await client.models.list().withResponse();
+  assert.match(response.headers.get('request-id'), /^req_[0-9a-f]{32}$/);
+});
+
+for (const { path, model } of models) {
+  test(`${path}: count_tokens and a request id`, async () => {
+    const count = await client.messages.countTokens({ model, messages: hello });
+    assert.ok(count.input_tokens > 0);
+    const msg = await client.messages.create({ model, max_tokens: 8, messages: hello });
+    assert.match(msg._request_id, /^req_[0-9a-f]{32}$/);
+    await assert.rejects(client.messages.countTokens({ model: 'no-such-model', messages: hello }),
+      (err) => err.status === 404 && /^req_[0-9a-f]{32}$/.test(err.requestID));
+  });
+}

@@ -230,6 +230,27 @@ func checkModel(ctx context.Context, model string) error {
 	return nil
 }
 
+// resolveModel is the one resolution of a client's model name for the
+// routes that answer of a model without dispatching it (count_tokens,
+// GET /v1/models/{model}): it takes what Dispatch takes. It returns the
+// name as the model listings show it: name itself, or its other spelling
+// ("x" and "x:latest" are one model, knownModel); a name the Gateway
+// knows (modelKnower: an alias, or a served name no node serves right
+// now) is itself. Errors: ErrModelNotAllowed (403) for a model the
+// request's key may not use, ErrUnknownModel (404) for any other name.
+func (h *handler) resolveModel(r *http.Request, name string) (string, error) {
+	if err := checkModel(r.Context(), name); err != nil {
+		return "", err
+	}
+	if listed, ok := knownModel(h.models(r), name); ok {
+		return listed, nil
+	}
+	if k, ok := h.gw.(modelKnower); ok && k.Known(name) {
+		return name, nil
+	}
+	return "", ErrUnknownModel
+}
+
 // models is Gateway.Models narrowed to what the request's key may use.
 func (h *handler) models(r *http.Request) []string {
 	names := h.gw.Models()

@@ -244,9 +244,9 @@ func TestChatStreamWireFormat(t *testing.T) {
 		t.Errorf("Content-Type %q, Cache-Control %q", ct, cc)
 	}
 	const head = `"id":"chatcmpl-run1","object":"chat.completion.chunk","created":1700000000,"model":"m"`
-	want := "data: {" + head + `,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}` + "\n\n" +
-		"data: {" + head + `,"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}` + "\n\n" +
-		"data: {" + head + `,"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\n" +
+	want := "data: {" + head + `,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}` + "\n\n" +
+		"data: {" + head + `,"choices":[{"index":0,"delta":{"content":"Hi"},"logprobs":null,"finish_reason":null}]}` + "\n\n" +
+		"data: {" + head + `,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]}` + "\n\n" +
 		"data: {" + head + `,"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}` + "\n\n" +
 		"data: [DONE]\n\n"
 	if resp.body != want {

@@ -129,6 +129,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// each request with a fresh one (e.g. for a 100 Continue).
 	tw.extend()
 	r, obs := h.observe(r)
+	tw.Header().Set(requestIDHeader(r), obs.rec.RequestID)
 	defer func() { h.finish(r.Context(), obs, tw.status) }()
 	if r, release, ok := h.admit(tw, r); ok {
 		defer release()
@@ -140,6 +141,24 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	body.linger(tw, r)
 }
+
+// requestIDHeader is the answer header that carries the request's id
+// (RequestRecord.RequestID), under the name the client's API documents:
+// "Request-Id" on Anthropic's routes and to a request that names an
+// anthropic-version (GET /v1/models from Anthropic's SDK), which its SDK
+// reads as the request id; "X-Request-Id" everywhere else, as OpenAI
+// sends it (its SDKs' _request_id). Every answer carries it, errors
+// included; a tunnel answer's own header of that name is not relayed.
+func requestIDHeader(r *http.Request) string {
+	if isAnthropicPath(r.URL.Path) || r.Header.Get(anthropicVersionHeader) != "" {
+		return "Request-Id"
+	}
+	return "X-Request-Id"
+}
+
+// anthropicVersionHeader is the header every request of Anthropic's SDKs
+// carries (Anthropic API reference, "Versions").
+const anthropicVersionHeader = "Anthropic-Version"
 
 // Bounds of ServeHTTP's lingering read after an early answer.
 const (
@@ -423,9 +442,15 @@ func (h *handler) model(id string) modelObject {
 	return modelObject{ID: id, Object: "model", Created: h.cfg.Now().Unix(), OwnedBy: "iop"}
 }
 
-// listModels serves GET /v1/models: {"object":"list","data":[model...]}.
+// listModels serves GET /v1/models: {"object":"list","data":[model...]};
+// to a request that names an anthropic-version, Anthropic's list instead
+// (listAnthropicModels).
 func (h *handler) listModels(w http.ResponseWriter, r *http.Request) {
 	names := h.models(r)
+	if r.Header.Get(anthropicVersionHeader) != "" {
+		h.listAnthropicModels(w, r, names)
+		return
+	}
 	data := make([]modelObject, 0, len(names))
 	for _, name := range names {
 		data = append(data, h.model(name))
@@ -436,14 +461,28 @@ func (h *handler) listModels(w http.ResponseWriter, r *http.Request) {
 	}{"list", data})
 }
 
-// getModel serves GET /v1/models/{model}: the model object of a name
-// /v1/models lists, or of the same name with or without ":latest" (Ollama's
-// rule, as chat and /api/show apply it: "x" and "x:latest" are one
-// model), with the id asked for; else 404.
+// getModel serves GET /v1/models/{model}: the model object of a name the
+// chat and Messages routes take (resolveModel: also the same name with or
+// without ":latest", Ollama's rule), with the id asked for, in OpenAI's
+// shape, or Anthropic's (anthropicModel) to a request that names an
+// anthropic-version, whose errors are Anthropic's too; else 404 (also
+// for a model the key may not use, which the listing leaves out).
 func (h *handler) getModel(w http.ResponseWriter, r *http.Request) {
 	id := strings.TrimPrefix(r.URL.Path, modelsPrefix)
-	if _, ok := knownModel(h.models(r), id); !ok {
-		h.writeError(w, r, ErrUnknownModel, &Request{Model: id})
+	anthropic := r.Header.Get(anthropicVersionHeader) != ""
+	if _, err := h.resolveModel(r, id); err != nil {
+		if errors.Is(err, ErrModelNotAllowed) {
+			err = ErrUnknownModel // as the listing, which leaves it out
+		}
+		if anthropic {
+			h.writeAnthropicError(w, r, err, &Request{Model: id})
+		} else {
+			h.writeError(w, r, err, &Request{Model: id})
+		}
+		return
+	}
+	if anthropic {
+		writeJSON(w, http.StatusOK, h.anthropicModel(id))
 		return
 	}
 	writeJSON(w, http.StatusOK, h.model(id))

@@ -3,7 +3,6 @@ package api
 import (
 	"errors"
 	"net/http"
-	"slices"
 	"strings"
 
 	"iop/internal/edge/contract"
@@ -128,8 +127,8 @@ func anthropicDispatch(r *http.Request, tr translate.AnthropicRequest) Request {
 // N the estimate the edge admits a Messages request with (its
 // EstimatedInputTokens: characters / 4, the long-context threshold's
 // measure), for a body checked as a create is (without max_tokens), and
-// a model the key may use (403) and the edge serves (404). Nothing is
-// dispatched.
+// a model the key may use (403) and that POST /v1/messages would take
+// (resolveModel; else 404). Nothing is dispatched.
 func (h *handler) countTokens(w http.ResponseWriter, r *http.Request) {
 	body, err := h.readBody(r)
 	if err != nil {
@@ -142,12 +141,8 @@ func (h *handler) countTokens(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req := &Request{Model: tr.Model}
-	if err := checkModel(r.Context(), tr.Model); err != nil {
+	if _, err := h.resolveModel(r, tr.Model); err != nil {
 		h.writeAnthropicError(w, r, err, req)
-		return
-	}
-	if !slices.Contains(h.gw.Models(), tr.Model) {
-		h.writeAnthropicError(w, r, ErrUnknownModel, req)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]int{"input_tokens": tr.EstimatedInputTokens})

@@ -65,8 +65,15 @@ type RequestRecord struct {
 	// API names the route's operation: "chat.completions".
 	API string
 	// RequestID names the request: "req_" and 32 hex digits, new for each
-	// API request (the log line's request_id, the usage ledger's).
+	// request the edge serves (the answer's X-Request-Id, or Request-Id
+	// on the Anthropic routes; the log line's request_id, the usage
+	// ledger's, the trace's iop.request_id). A client's own X-Request-Id
+	// never replaces it (ClientRequestID).
 	RequestID string
+	// ClientRequestID is the X-Request-Id header the client sent, clipped
+	// to 256 bytes; "" for none. It is relayed to the provider as it is and
+	// logged (client_request_id), and names nothing else.
+	ClientRequestID string
 	// Key is the name of the request's API key; "" on an open API.
 	Key string
 	// Model is the model name the request asked for (clipped to 256
@@ -158,6 +165,7 @@ type observationKey struct{}
 func (h *handler) observe(r *http.Request) (*http.Request, *observation) {
 	o := &observation{now: h.cfg.Now}
 	o.rec.Start = o.now()
+	o.rec.RequestID, o.rec.ClientRequestID = newRequestID(), clip(r.Header.Get("X-Request-Id"))
 	if h.cfg.Tracer != nil {
 		o.trace = newRequestSpan(h, r)
 	}
@@ -171,11 +179,11 @@ func obsOf(r *http.Request) *observation {
 }
 
 // begin marks the request as an API request of the named operation: only
-// those get a RequestRecord (and a request id). An operation already set
-// stays (the runs API names its runs' chat requests "runs").
+// those get a RequestRecord. An operation already set stays (the runs API
+// names its runs' chat requests "runs").
 func (o *observation) begin(api string) {
 	if o != nil && o.rec.API == "" {
-		o.rec.API, o.rec.RequestID = api, newRequestID()
+		o.rec.API = api
 		if o.trace != nil {
 			o.trace.begin(api, o.rec.Start)
 		}
@@ -536,6 +544,9 @@ func (h *handler) logRequest(ctx context.Context, rec RequestRecord) {
 	}
 	if rec.Key != "" {
 		attrs = append(attrs, slog.String("key", rec.Key))
+	}
+	if rec.ClientRequestID != "" {
+		attrs = append(attrs, slog.String("client_request_id", rec.ClientRequestID))
 	}
 	if rec.Priority != "" {
 		attrs = append(attrs, slog.String("flow", rec.Flow), slog.String("priority", rec.Priority))

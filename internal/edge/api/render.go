@@ -28,6 +28,10 @@ var hopHeaders = map[string]bool{
 	"Content-Length":      true,
 }
 
+// ownHeaders are response headers the edge sets itself on every answer
+// (requestIDHeader): a provider's of the same name is not relayed.
+var ownHeaders = map[string]bool{"X-Request-Id": true, "Request-Id": true}
+
 // tunnel relays a tunnel-path run: the head event becomes the status and
 // headers (as received, minus hopHeaders; flushed at once for an event
 // stream, else with the first data), each data event is read once by
@@ -74,7 +78,7 @@ func (rr *runResponse) tunnel() string {
 			header := rr.w.Header()
 			for name, value := range ev.Headers {
 				name = http.CanonicalHeaderKey(name)
-				if !hopHeaders[name] {
+				if !hopHeaders[name] && !ownHeaders[name] {
 					header.Set(name, value)
 				}
 			}
@@ -306,9 +310,12 @@ type chatCompletion struct {
 	Usage   usage        `json:"usage"`
 }
 
+// chatChoice is one choice of a chat.completion. Logprobs is always
+// null: no provider's log probabilities reach it.
 type chatChoice struct {
 	Index        int         `json:"index"`
 	Message      chatMessage `json:"message"`
+	Logprobs     *struct{}   `json:"logprobs"`
 	FinishReason string      `json:"finish_reason"`
 }
 
@@ -327,6 +334,7 @@ type chatChoice struct {
 type chatMessage struct {
 	Role             string     `json:"role"`
 	Content          *string    `json:"content"`
+	Refusal          *string    `json:"refusal"` // always null
 	ReasoningContent string     `json:"reasoning_content,omitempty"`
 	ToolCalls        []toolCall `json:"tool_calls,omitempty"`
 }
@@ -361,6 +369,7 @@ type chatChunk struct {
 type chunkChoice struct {
 	Index        int        `json:"index"`
 	Delta        chunkDelta `json:"delta"`
+	Logprobs     *struct{}  `json:"logprobs"` // always null
 	FinishReason *string    `json:"finish_reason"`
 }
 

@@ -72,7 +72,7 @@ type responseObject struct {
 	PreviousResponseID *string                  `json:"previous_response_id"`
 	ServiceTier        string                   `json:"service_tier"`
 	Store              bool                     `json:"store"`
-	Usage              *responseUsage           `json:"usage"`
+	Usage              *responseUsage           `json:"usage,omitempty"` // left out until known: OpenAI's document has no null usage
 	translate.ResponsesEcho
 }
 
@@ -90,7 +90,8 @@ type incompleteDetails struct {
 type responseUsage struct {
 	InputTokens        int `json:"input_tokens"`
 	InputTokensDetails struct {
-		CachedTokens int `json:"cached_tokens"`
+		CachedTokens     int `json:"cached_tokens"`
+		CacheWriteTokens int `json:"cache_write_tokens"`
 	} `json:"input_tokens_details"`
 	OutputTokens        int `json:"output_tokens"`
 	OutputTokensDetails struct {
@@ -222,17 +223,11 @@ func (h *handler) orphaned(ctx context.Context, rec responses.Record) responses.
 }
 
 // getResponse serves GET /v1/responses/{id}: the stored response object
-// (of a background response, its state now). 404 for an id the key has
-// none of.
+// (of a background response, its state now); with stream=true its event
+// stream (streamResponse). 404 for an id the key has none of.
 func (h *handler) getResponse(w http.ResponseWriter, r *http.Request, id string) {
 	if v := r.URL.Query().Get("stream"); v != "" && v != "false" {
-		// OpenAI's retrieve can resume a background response's event
-		// stream (stream=true, starting_after); iop keeps no event log
-		// of a response, so it says so instead of answering JSON that a
-		// client reading events would take for an empty stream (a new
-		// user's report: responses.retrieve(id, {stream: true}) yielded
-		// no events).
-		h.writeError(w, r, &requestError{param: "stream", message: "streaming a stored response is not supported: retrieve it without stream, or poll until it is no longer queued or in_progress"}, nil)
+		h.streamResponse(w, r, id)
 		return
 	}
 	rec, err := h.storedResponse(r.Context(), id)
@@ -438,11 +433,6 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	owner := keyName(ctx)
 	store := rq.Store && h.cfg.Responses != nil
-	if rq.Background && rq.Stream {
-		// A background response is read by GET (polling), not streamed.
-		h.writeError(w, r, &requestError{param: "stream", message: "streaming a background response is not supported: create it with background true and stream false, then GET /v1/responses/{id}"}, nil)
-		return
-	}
 	if rq.Background && (h.cfg.Runs == nil || h.cfg.Responses == nil) {
 		h.writeError(w, r, &requestError{param: "background", message: "background responses are not served by this edge (it keeps no run records)"}, nil)
 		return
@@ -517,7 +507,10 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 		resp.PreviousResponseID = &rq.PreviousResponseID
 	}
 	rec := responses.Record{ID: resp.ID, Owner: owner, CreatedAt: start, Previous: rq.PreviousResponseID, Input: storedItems(input)}
-	o := &responsesRender{resp: resp, stream: rq.Stream && !rq.Background, noThinking: rq.NoThinking}
+	o := &responsesRender{resp: resp, stream: rq.Stream || rq.Background, noThinking: rq.NoThinking}
+	if rq.Background {
+		o.events = newResponseEventLog()
+	}
 	if store {
 		o.save = func(ctx context.Context, resp *responseObject) error {
 			doc, err := json.Marshal(resp)
@@ -529,7 +522,7 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if rq.Background {
-		h.responsesBackground(w, r, &req, o)
+		h.responsesBackground(w, r, &req, o, rq.Stream)
 		return
 	}
 	if store && o.stream {
@@ -638,10 +631,13 @@ func storedItems(items []translate.ResponseItem) []responses.Item {
 // on the run's goroutine, rendered into no connection (backgroundWriter) and
 // kept in the store as it goes: "queued" at once, "in_progress" once
 // dispatched, then its final object (completed, incomplete, failed, or
-// "cancelled" when POST /cancel or DELETE ended it). The answer is at
-// once the queued object. The run keeps its key's request slot until it
-// ends.
-func (h *handler) responsesBackground(w http.ResponseWriter, r *http.Request, req *Request, o *responsesRender) {
+// "cancelled" when POST /cancel or DELETE ended it). Its events go to its
+// event log (responseEventLog, attached to the run). The answer is at once
+// the queued object, or with stream the event stream, followed on the
+// request goroutine (followResponse) until its end or the client leaves;
+// the response runs on either way. The run keeps its key's request slot
+// until it ends.
+func (h *handler) responsesBackground(w http.ResponseWriter, r *http.Request, req *Request, o *responsesRender, stream bool) {
 	resp := o.resp
 	resp.Status = "queued"
 	ctx := r.Context()
@@ -649,6 +645,10 @@ func (h *handler) responsesBackground(w http.ResponseWriter, r *http.Request, re
 		h.writeError(w, r, err, nil)
 		return
 	}
+	o.b.NewID, o.b.Emit = newItemID, o.emit
+	snap := *resp
+	_ = o.b.Event("response.created", map[string]any{"response": &snap})
+	_ = o.b.Event("response.queued", map[string]any{"response": &snap})
 	obs := obsOf(r)
 	obs.request(req)
 	requestID := obs.requestID()
@@ -656,7 +656,7 @@ func (h *handler) responsesBackground(w http.ResponseWriter, r *http.Request, re
 	release := keepPermit(ctx)
 	started := make(chan struct{})
 	rec := runs.Record{ID: resp.ID, Model: req.Model, Background: true, KeyName: owner, Metadata: resp.Metadata}
-	_, err := h.cfg.Runs.Start(ctx, rec, func(ctx context.Context, run *runs.Run) {
+	run, err := h.cfg.Runs.Start(ctx, rec, func(ctx context.Context, run *runs.Run) {
 		defer release()
 		<-started // the create's answer is written first
 		h.runBackground(ctx, run, requestID, req, o)
@@ -666,7 +666,13 @@ func (h *handler) responsesBackground(w http.ResponseWriter, r *http.Request, re
 		h.writeError(w, r, err, nil)
 		return
 	}
+	run.Attach(o.events)
 	obs.handOff()
+	if stream {
+		close(started)
+		h.followResponse(w, r, o.events, -1)
+		return
+	}
 	doc, _ := json.Marshal(resp)
 	writeRawJSON(w, http.StatusOK, doc)
 	close(started)
@@ -752,6 +758,7 @@ func (h *handler) runBackground(ctx context.Context, run *runs.Run, requestID st
 		outcome.State, outcome.Error = runs.StateError, e.Message
 		_ = o.store(ctx)
 	}
+	o.endEvents()
 }
 
 // backgroundWriter is the http.ResponseWriter of a background response: it

@@ -60,9 +60,34 @@ type responsesRender struct {
 	// reasoning_tokens (tunnel path); 0 when it reported none, and on the
 	// normalized path, whose run events carry no such count.
 	reasoningTokens int
+	// reasoningChars counts the bytes of reasoning put in the output's
+	// reasoning items, for the estimate of reasoningTokensOf.
+	reasoningChars int
+
+	// events is a background response's event log: its events go
+	// there, not to a connection (emit); nil for the others.
+	events *responseEventLog
 
 	b      translate.ResponseBuilder
 	opened bool // the stream's response.created was written
+}
+
+// finalEvents are the events that end a Responses stream.
+var finalEvents = map[string]bool{"response.completed": true, "response.incomplete": true, "response.failed": true}
+
+// endEvents ends a background response's event log once its run is over,
+// if its rendering wrote no final event: response.failed for a response
+// that failed before its answer began, an "error" event (code
+// response_cancelled) for a cancelled one.
+func (o *responsesRender) endEvents() {
+	if o.events == nil || o.events.ended() {
+		return
+	}
+	if o.resp.Status == "failed" {
+		_ = o.b.Event("response.failed", map[string]any{"response": o.resp})
+		return
+	}
+	_ = o.b.Event("error", map[string]any{"code": "response_cancelled", "message": "The response was cancelled.", "param": nil})
 }
 
 // begin sets the run o renders, once it was dispatched.
@@ -86,6 +111,10 @@ func (o *responsesRender) inProgress(info DispatchInfo) {
 		if err := o.save(o.r.Context(), o.resp); err != nil {
 			o.h.logger.Warn("saving a background response failed", "response_id", o.resp.ID, "err", err)
 		}
+	}
+	if o.events != nil {
+		snap := *o.resp
+		_ = o.b.Event("response.in_progress", map[string]any{"response": &snap})
 	}
 }
 
@@ -136,6 +165,13 @@ func (o *responsesRender) open() error {
 	if !o.stream || o.opened {
 		return nil
 	}
+	if o.events != nil {
+		// A background response: response.created went to its log when
+		// it was created, response.in_progress when it was dispatched.
+		o.opened = true
+		o.startStream()
+		return nil
+	}
 	if o.save != nil && !o.created {
 		if err := o.saveNow(o.r.Context()); err != nil {
 			return err
@@ -161,6 +197,10 @@ func (o *responsesRender) emit(ev translate.ResponseEvent) error {
 	buf = append(buf, "\ndata: "...)
 	buf = append(buf, ev.Data...)
 	buf = append(buf, "\n\n"...)
+	if o.events != nil {
+		o.events.add(buf, finalEvents[ev.Type] || ev.Type == "error")
+		return nil
+	}
 	if err := o.write(buf); err != nil {
 		return &errWrite{err}
 	}
@@ -177,6 +217,7 @@ func (o *responsesRender) thinking(s string) error {
 	if o.log != nil {
 		o.log.thinking(s)
 	}
+	o.reasoningChars += len(s)
 	return o.b.Thinking(s)
 }
 
@@ -275,6 +316,23 @@ func (o *responsesRender) tunnel() string {
 	return o.finish(ans.Finish, in, out)
 }
 
+// reasoningTokensOf is the usage's output_tokens_details.reasoning_tokens
+// of an answer of out output tokens: the provider's count when it gave
+// one (an OpenAI-compatible provider's completion_tokens_details), else,
+// when the output has a reasoning item, an estimate: its reasoning's
+// bytes / 4 rounded up (the measure of every estimate of the edge), at
+// most out when out is known; 0 without reasoning.
+func (o *responsesRender) reasoningTokensOf(out int) int {
+	if o.reasoningTokens > 0 || o.reasoningChars == 0 {
+		return o.reasoningTokens
+	}
+	n := (o.reasoningChars + 3) / 4
+	if out > 0 {
+		n = min(n, out)
+	}
+	return n
+}
+
 // finish ends a complete answer: its items done, the response completed
 // (or incomplete) with its usage, stored, then written: the final event,
 // or the one object. It returns the rendering's reason.
@@ -288,7 +346,7 @@ func (o *responsesRender) finish(finishReason string, in, out int) string {
 		return o.failed(err)
 	}
 	o.resp.Status, o.resp.Output, o.resp.Usage = status, o.b.Output(), newResponseUsage(in, out)
-	o.resp.Usage.OutputTokensDetails.ReasoningTokens = o.reasoningTokens
+	o.resp.Usage.OutputTokensDetails.ReasoningTokens = o.reasoningTokensOf(out)
 	if reason != "" {
 		o.resp.IncompleteDetails = &incompleteDetails{Reason: reason}
 	}

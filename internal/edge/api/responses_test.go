@@ -395,7 +395,6 @@ func TestResponses_BadInput(t *testing.T) {
 		{`{"model":"m","input":"hi","temperature":"hot"}`, "temperature", ""},
 		{`{"model":"m","input":"hi","conversation":"conv_1"}`, "conversation", ""},
 		{`{"model":"m","input":"hi","background":true,"store":false}`, "background", ""},
-		{`{"model":"m","input":"hi","background":true,"stream":true}`, "stream", ""},
 		{`{"model":"m","input":"hi","previous_response_id":"resp_nope"}`, "previous_response_id", "not found"},
 		{`{"model":"m","input":[{"type":"item_reference","id":"msg_nope"}]}`, "input[0].id", "not found"},
 	} {
@@ -871,8 +870,9 @@ func TestResponses_OrphanedBackground(t *testing.T) {
 // TestRegression_RetrieveWithStreamIsRefused: GET /v1/responses/{id}?stream=true
 // (the openai client's responses.retrieve(id, {stream: true}), which resumes
 // a response's event stream) was answered with the JSON object, and the
-// client read it as a stream without events. iop keeps no event log of a
-// response: 400 naming stream; stream=false is a plain retrieve.
+// client read it as a stream without events. iop keeps the events of a
+// background response only: for another, 400 naming stream; stream=false
+// is a plain retrieve.
 func TestRegression_RetrieveWithStreamIsRefused(t *testing.T) {
 	env := newEnv(t, Config{Responses: newResponseStore(t)}, okRun)
 	id := createResponse(t, env, `{"model":"m","input":"hi"}`, nil)["id"].(string)

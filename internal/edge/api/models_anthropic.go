@@ -1,0 +1,102 @@
+package api
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// anthropicModelObject is one model of Anthropic's Models API (Anthropic
+// API reference, "Models"): type "model", the id, a display name (iop
+// has none but the id) and created_at, an RFC 3339 time.
+type anthropicModelObject struct {
+	Type        string `json:"type"`
+	ID          string `json:"id"`
+	DisplayName string `json:"display_name"`
+	CreatedAt   string `json:"created_at"`
+}
+
+// anthropicModel is id as Anthropic's Models API shows a model; its
+// created_at is the time of the answer, as OpenAI's created is (iop keeps
+// no release date of a model).
+func (h *handler) anthropicModel(id string) anthropicModelObject {
+	return anthropicModelObject{Type: "model", ID: id, DisplayName: id,
+		CreatedAt: h.cfg.Now().UTC().Format(time.RFC3339)}
+}
+
+// Paging of Anthropic's list of models ("List Models": limit 1 to 1000,
+// default 20).
+const (
+	defaultAnthropicModelsLimit = 20
+	maxAnthropicModelsLimit     = 1000
+)
+
+// listAnthropicModels answers GET /v1/models in Anthropic's shape:
+// {"data":[model...],"has_more","first_id","last_id"} (first_id and
+// last_id null for an empty page), the names in the listing's order,
+// paged by limit (1 to 1000, default 20), after_id and before_id (a name
+// of the list; exclusive; with before_id, the page is the limit names
+// just before it). 400, in Anthropic's error shape, for a bad parameter
+// or an id the list does not hold.
+func (h *handler) listAnthropicModels(w http.ResponseWriter, r *http.Request, names []string) {
+	q := r.URL.Query()
+	limit := defaultAnthropicModelsLimit
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > maxAnthropicModelsLimit {
+			h.writeAnthropicError(w, r, &requestError{param: "limit", message: fmt.Sprintf("must be an integer in [1, %d]", maxAnthropicModelsLimit)}, nil)
+			return
+		}
+		limit = n
+	}
+	index := func(param string) (int, bool) {
+		v := q.Get(param)
+		if v == "" {
+			return -1, true
+		}
+		i := slices.Index(names, v)
+		if i < 0 {
+			h.writeAnthropicError(w, r, &requestError{param: param, message: fmt.Sprintf("no model of this list has the id %q", clip(v))}, nil)
+		}
+		return i, i >= 0
+	}
+	after, ok := index("after_id")
+	if !ok {
+		return
+	}
+	before, ok := index("before_id")
+	if !ok {
+		return
+	}
+	start, end := after+1, len(names)
+	if before >= 0 {
+		end = before
+	}
+	end = max(end, start)
+	more := false
+	if before >= 0 && after < 0 {
+		// The names just before before_id.
+		if end-start > limit {
+			start, more = end-limit, true
+		}
+	} else if end-start > limit {
+		end, more = start+limit, true
+	}
+	page := names[start:end]
+	data := make([]anthropicModelObject, 0, len(page))
+	for _, name := range page {
+		data = append(data, h.anthropicModel(name))
+	}
+	var first, last *string
+	if len(page) > 0 {
+		first, last = &page[0], &page[len(page)-1]
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Data    []anthropicModelObject `json:"data"`
+		HasMore bool                   `json:"has_more"`
+		FirstID *string                `json:"first_id"`
+		LastID  *string                `json:"last_id"`
+	}{data, more, first, last})
+}
