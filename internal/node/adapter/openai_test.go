@@ -187,7 +187,7 @@ func TestOpenAITunnelFailures(t *testing.T) {
 				w.(http.Flusher).Flush()
 				<-r.Context().Done()
 			},
-			timeout: 20 * time.Millisecond,
+			timeout: 500 * time.Millisecond, // room for the head to arrive first on a loaded machine
 			kind:    ErrProviderTimeout, status: 504, head: true,
 		},
 		{
