@@ -6,12 +6,19 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
 # The Ollama release the real-server tests run against (internal/ollamatest.Version).
 OLLAMA_VERSION := v0.17.4
 
-.PHONY: all build run test chromium postgresql etcd ollama proto bench chaos clean
+.PHONY: all build run test chromium postgresql etcd systemd ollama proto bench chaos clean
 
 all: build
 
+# The version, commit and build date iop version prints (and a node reports
+# to the edge): git describe, else the Go toolchain's own record.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo 0.1.0-dev)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
+DATE ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+LDFLAGS := -X main.version=$(VERSION) -X main.commit=$(COMMIT) -X main.date=$(DATE)
+
 build:
-	$(GO) build -o $(BIN)/iop ./cmd/iop
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/iop ./cmd/iop
 
 # Runs the main job: an edge with an in-process node (local Ollama if present, else the simulator).
 # Pass flags with ARGS, e.g. make run ARGS="--listen 127.0.0.1:9090 --sim".
@@ -26,7 +33,7 @@ run:
 # missing. IOP_TEST_STRICT=1 makes a test whose tool is missing fail instead
 # of skip (package internal/testenv), so make test skips nothing;
 # IOP_OLLAMA_BIN tells the real-Ollama tests where the binary is.
-test: test/js/node_modules chromium postgresql etcd ollama
+test: test/js/node_modules chromium postgresql etcd systemd ollama
 	$(GO) vet ./...
 	IOP_OLLAMA_BIN="$$(OLLAMA_VERSION=$(OLLAMA_VERSION) GO=$(GO) test/ollama/build.sh)" IOP_TEST_STRICT=1 \
 		$(GO) test -race -count=1 -timeout 15m ./...
@@ -58,6 +65,14 @@ etcd:
 	@command -v etcd >/dev/null 2>&1 || [ -n "$$IOP_ETCD_BIN" ] || { \
 		echo "installing etcd (Debian's etcd-server package) for the cluster tests" >&2; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; }
+
+# Debian's systemd package, for systemd-analyze verify of the units in
+# deploy/systemd (package deploy's test). Quiet; does nothing when the
+# command is there.
+systemd:
+	@command -v systemd-analyze >/dev/null 2>&1 || { \
+		echo "installing systemd-analyze (Debian's systemd package) for the unit files' test" >&2; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null; }
 
 # Debian's postgresql package, for the usage ledger's PostgreSQL test (which
 # runs initdb and postgres from /usr/lib/postgresql/*/bin itself). Quiet; does

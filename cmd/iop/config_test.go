@@ -2,7 +2,9 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,5 +97,44 @@ func TestBadInput_MaxBodyBytesConfig(t *testing.T) {
 	cfg := edge.DefaultConfig()
 	if err := loadConfig(&cobra.Command{Use: "x"}, path, &cfg); err != nil || cfg.MaxBodyBytes != 12345 {
 		t.Fatalf("max_body_bytes from YAML: %d, %v", cfg.MaxBodyBytes, err)
+	}
+}
+
+// iop version prints the version, commit and date set with -ldflags, as
+// make build sets them.
+func TestVersionCommandPrintsLdflags(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "iop")
+	ld := "-X main.version=1.2.3 -X main.commit=0123abc -X main.date=2026-12-06T05:00:00Z"
+	if out, err := exec.Command("go", "build", "-ldflags", ld, "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "version").CombinedOutput()
+	if err != nil {
+		t.Fatalf("iop version: %v\n%s", err, out)
+	}
+	want := "iop 1.2.3\ncommit 0123abc\nbuilt 2026-12-06T05:00:00Z\n"
+	if !strings.HasPrefix(string(out), want) || !strings.Contains(string(out), "go1.") {
+		t.Fatalf("iop version printed\n%s\nwant it to start with\n%s", out, want)
+	}
+}
+
+// Without -ldflags, iop version falls back to the toolchain's record and
+// never prints an empty field.
+func TestVersionCommandWithoutLdflags(t *testing.T) {
+	var b strings.Builder
+	cmd := newVersionCommand()
+	cmd.SetOut(&b)
+	cmd.SetArgs(nil)
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 4 || !strings.HasPrefix(lines[0], "iop ") || !strings.HasPrefix(lines[1], "commit ") || !strings.HasPrefix(lines[2], "built ") {
+		t.Fatalf("iop version printed %q", b.String())
+	}
+	for _, l := range lines {
+		if strings.HasSuffix(l, " ") {
+			t.Errorf("empty field: %q", l)
+		}
 	}
 }

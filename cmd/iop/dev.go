@@ -20,8 +20,15 @@ func newDevCommand(logLevel *string) *cobra.Command {
 			}
 			ctx, stop := signalContext(cmd.Context())
 			defer stop()
-			p, err := process.Start(ctx, process.Config{Mode: process.ModeDev, Dev: cfg, Version: version},
-				process.Deps{Logger: logger, Stdout: cmd.OutOrStdout()})
+			pc := process.Config{Mode: process.ModeDev, Dev: cfg, Version: version}
+			if configPath != "" {
+				// SIGHUP reads the file again under the flags the user set.
+				pc.ReloadDev = func() (process.DevConfig, error) {
+					err := process.LoadConfig(cmd.Flags(), configPath, &cfg, func() { cfg = process.DevDefaults() })
+					return cfg, err
+				}
+			}
+			p, err := process.Start(ctx, pc, process.Deps{Logger: logger, Stdout: cmd.OutOrStdout(), Hangup: hangup()})
 			if err != nil {
 				return err
 			}

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -31,7 +28,7 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 				cfg.Tokens = append(cfg.Tokens, edge.NodeToken{Token: t})
 			}
 			pc := process.Config{Mode: process.ModeEdge, Edge: cfg, PprofListen: pprofListen}
-			deps := process.Deps{Logger: logger}
+			deps := process.Deps{Logger: logger, Hangup: hangup()}
 			if configPath != "" {
 				// The flags stay bound to cfg: each reload resets it, reads
 				// the file and applies the flags the user set again.
@@ -40,10 +37,6 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 					err := process.LoadConfig(cmd.Flags(), configPath, &cfg, func() { cfg = process.EdgeDefaults() })
 					return cfg, err
 				}
-				hup := make(chan os.Signal, 1)
-				signal.Notify(hup, syscall.SIGHUP)
-				defer signal.Stop(hup)
-				deps.Hangup = hup
 			}
 			ctx, stop := signalContext(cmd.Context())
 			defer stop()

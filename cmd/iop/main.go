@@ -16,7 +16,7 @@ import (
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
-var version = "0.1.0-dev"
+var version = devVersion
 
 func main() {
 	if err := newRootCommand().Execute(); err != nil {
@@ -36,7 +36,7 @@ func newRootCommand() *cobra.Command {
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.PersistentFlags().String("log-format", "text", "log format: text (key=value) or json (one object a line)")
 	root.AddCommand(newEdgeCommand(&logLevel), newNodeCommand(&logLevel), newDevCommand(&logLevel), newSimCommand(&logLevel), newBenchCommand(&logLevel), newStatusCommand(), newKeysCommand())
-	root.AddCommand(newSoakCommand(&logLevel))
+	root.AddCommand(newSoakCommand(&logLevel), newCheckCommand(), newConfigCommand(), newVersionCommand())
 	return root
 }
 
@@ -51,6 +51,15 @@ func signalContext(parent context.Context) (context.Context, context.CancelFunc)
 	ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
 	context.AfterFunc(ctx, stop)
 	return ctx, stop
+}
+
+// hangup returns a channel that gets every SIGHUP of the process, for
+// the rest of its life: every iop process reloads (or logs that it has
+// nothing to reload) on SIGHUP, and none exits on it.
+func hangup() <-chan os.Signal {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	return hup
 }
 
 // setUp makes the command's logger at level and loads its config file (if

@@ -19,8 +19,15 @@ func newNodeCommand(logLevel *string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			p, err := process.Start(cmd.Context(), process.Config{Mode: process.ModeNode, Node: cfg, Version: version, PprofListen: pprofListen},
-				process.Deps{Logger: logger})
+			pc := process.Config{Mode: process.ModeNode, Node: cfg, Version: version, PprofListen: pprofListen}
+			if configPath != "" {
+				// SIGHUP reads the file again under the flags the user set.
+				pc.ReloadNode = func() (node.Config, error) {
+					err := process.LoadConfig(cmd.Flags(), configPath, &cfg, func() { cfg = node.Config{DrainTimeout: node.DefaultDrainTimeout} })
+					return cfg, err
+				}
+			}
+			p, err := process.Start(cmd.Context(), pc, process.Deps{Logger: logger, Hangup: hangup()})
 			if err != nil {
 				return err
 			}

@@ -74,6 +74,17 @@ func newSimCommand(logLevel *string) *cobra.Command {
 			}
 			ctx, stop := signalContext(cmd.Context())
 			defer stop()
+			hup := hangup()
+			go func() {
+				for {
+					select {
+					case <-hup:
+						logger.Info("SIGHUP: iop sim reads no config again; restart it to change its settings", "component", "config")
+					case <-ctx.Done():
+						return
+					}
+				}
+			}()
 			fmt.Fprintf(cmd.OutOrStdout(), "iop sim (%s) listening on http://%s\n", f.Protocol, f.Listen)
 			return s.ListenAndServe(ctx, f.Listen)
 		},

@@ -268,7 +268,7 @@ func TestCallerPriority(t *testing.T) {
 		t.Fatal(err)
 	}
 	var a, b *Caller
-	for _, c := range ring.byHash {
+	for _, c := range ring.table.Load().byHash {
 		if c.Name() == "a" {
 			a = c
 		} else {
@@ -290,5 +290,73 @@ func TestCallerPriority(t *testing.T) {
 	}
 	if a.Weight() != 4 || b.Weight() != 1 {
 		t.Errorf("weights %d %d, want 4 1", a.Weight(), b.Weight())
+	}
+}
+
+// TestReplaceKeys: Replace applies at once to Authenticate (a removed key
+// is refused, an added one accepted), keeps a renamed-in-place key's
+// requests in flight counted against its new max_concurrent, and a
+// released permit of the old configuration gives its slot back to the
+// new one.
+func TestReplaceKeys(t *testing.T) {
+	clk := &fakeNow{t: time.Unix(1000, 0)}
+	sa, ha := Generate()
+	sb, hb := Generate()
+	ring, err := NewKeyring("keys", []Key{{Name: "a", Hash: ha, MaxConcurrent: 2}}, clk.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p1, err := ring.Authenticate(sa).Admit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ring.Authenticate(sb) != nil {
+		t.Fatal("key b accepted before it was added")
+	}
+	if err := ring.Replace([]Key{{Name: "a", Hash: ha, MaxConcurrent: 1}, {Name: "b", Hash: hb}}); err != nil {
+		t.Fatal(err)
+	}
+	a := ring.Authenticate(sa)
+	if a == nil || ring.Authenticate(sb) == nil {
+		t.Fatal("a key is refused after Replace")
+	}
+	if _, err := a.Admit(); !errors.Is(err, ErrLimited) {
+		t.Fatalf("a at its new max_concurrent 1 with one request in flight: %v, want limited", err)
+	}
+	p1.Release()
+	p2, err := a.Admit()
+	if err != nil {
+		t.Fatalf("a after its old permit was released: %v", err)
+	}
+	p2.Release()
+	if err := ring.Replace([]Key{{Name: "b", Hash: hb}}); err != nil {
+		t.Fatal(err)
+	}
+	if ring.Authenticate(sa) != nil {
+		t.Fatal("removed key a still accepted")
+	}
+	if err := ring.Replace([]Key{{Name: "b", Hash: "nonsense"}}); !errors.Is(err, ErrInvalidKey) {
+		t.Fatalf("invalid Replace: %v", err)
+	}
+	if ring.Authenticate(sb) == nil {
+		t.Fatal("an invalid Replace changed the keys")
+	}
+}
+
+// TestKeyExpiresAt: a key is accepted before its expires_at and refused
+// from that instant on.
+func TestKeyExpiresAt(t *testing.T) {
+	clk := &fakeNow{t: time.Unix(1000, 0)}
+	s, h := Generate()
+	ring, err := NewKeyring("keys", []Key{{Name: "old", Hash: h, ExpiresAt: time.Unix(1060, 0)}}, clk.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ring.Authenticate(s) == nil {
+		t.Fatal("refused before expires_at")
+	}
+	clk.add(60 * time.Second)
+	if ring.Authenticate(s) != nil {
+		t.Fatal("accepted at expires_at")
 	}
 }

@@ -16,15 +16,38 @@ type Caller struct {
 	hash          [sha256.Size]byte
 	models        map[string]bool // nil = every model
 	maxConcurrent int             // 0 = no limit
-	limiter       *rate.Limiter   // nil = no per-minute limit
 	now           func() time.Time
-	weight        int  // ≥ 1
-	priority      int  // PriorityRank of Key.Priority
-	headerMax     bool // Key.PriorityHeader is set
-	priorityMax   int  // its PriorityRank
+	expiresAt     time.Time // zero = never
+	weight        int       // ≥ 1
+	priority      int       // PriorityRank of Key.Priority
+	headerMax     bool      // Key.PriorityHeader is set
+	priorityMax   int       // its PriorityRank
+	st            *keyState // shared by the Callers of one key name across Replace
+}
 
+// keyState is a key's live limit state, kept across Keyring.Replace for
+// as long as the key keeps its name.
+type keyState struct {
 	mu       sync.Mutex // guards the fields below
 	inFlight int
+	rpm      int           // the limiter's requests_per_minute; 0 = none
+	limiter  *rate.Limiter // nil = no per-minute limit
+}
+
+// setRate sets the per-minute limit, keeping the bucket when rpm is
+// unchanged.
+func (s *keyState) setRate(rpm int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if rpm == s.rpm {
+		return
+	}
+	s.rpm, s.limiter = rpm, nil
+	if rpm > 0 {
+		// Refilled evenly over the minute, up to a burst of the whole
+		// minute's allowance.
+		s.limiter = rate.NewLimiter(rate.Every(time.Minute/time.Duration(rpm)), rpm)
+	}
 }
 
 // Name is the key's configured name.
@@ -87,22 +110,23 @@ func (c *Caller) Filter(models []string) []string {
 // takes nothing: a request refused for concurrency spends none of the
 // minute's allowance. Release the returned permit when the request ends.
 func (c *Caller) Admit() (*Permit, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.maxConcurrent > 0 && c.inFlight >= c.maxConcurrent {
+	st := c.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if c.maxConcurrent > 0 && st.inFlight >= c.maxConcurrent {
 		// A slot frees when any of the key's requests ends; retry soon.
 		return nil, &LimitError{Limit: "max_concurrent", Max: c.maxConcurrent, RetryAfter: time.Second}
 	}
-	if c.limiter != nil {
+	if st.limiter != nil {
 		now := c.now()
-		r := c.limiter.ReserveN(now, 1)
+		r := st.limiter.ReserveN(now, 1)
 		if d := r.DelayFrom(now); d > 0 {
 			r.CancelAt(now)
-			return nil, &LimitError{Limit: "requests_per_minute", Max: c.limiter.Burst(), RetryAfter: d}
+			return nil, &LimitError{Limit: "requests_per_minute", Max: st.limiter.Burst(), RetryAfter: d}
 		}
 	}
-	c.inFlight++
-	return &Permit{c: c}, nil
+	st.inFlight++
+	return &Permit{st: st}, nil
 }
 
 // Adopt takes a concurrency slot for a request already running (a new
@@ -110,10 +134,11 @@ func (c *Caller) Admit() (*Permit, error) {
 // max_concurrent: the key's next requests wait until it is under again.
 // It takes nothing from the per-minute allowance.
 func (c *Caller) Adopt() *Permit {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.inFlight++
-	return &Permit{c: c}
+	st := c.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.inFlight++
+	return &Permit{st: st}
 }
 
 // ExhaustRate empties the key's per-minute allowance at once, so it
@@ -121,28 +146,29 @@ func (c *Caller) Adopt() *Permit {
 // a new scheduler leader, which cannot know how much of the allowance
 // the old one gave out, assumes all of it. A no-op without a limit.
 func (c *Caller) ExhaustRate() {
-	if c.limiter == nil {
+	st := c.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.limiter == nil {
 		return
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	now := c.now()
-	if n := int(c.limiter.TokensAt(now)); n > 0 {
-		c.limiter.AllowN(now, n)
+	if n := int(st.limiter.TokensAt(now)); n > 0 {
+		st.limiter.AllowN(now, n)
 	}
 }
 
 // InFlight is how many of the key's requests hold a permit.
 func (c *Caller) InFlight() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.inFlight
+	c.st.mu.Lock()
+	defer c.st.mu.Unlock()
+	return c.st.inFlight
 }
 
 // Permit is one admitted request of a key. Release gives its concurrency
 // slot back, exactly once however often it is called.
 type Permit struct {
-	c    *Caller
+	st   *keyState
 	once sync.Once
 }
 
@@ -152,9 +178,9 @@ func (p *Permit) Release() {
 		return
 	}
 	p.once.Do(func() {
-		p.c.mu.Lock()
-		p.c.inFlight--
-		p.c.mu.Unlock()
+		p.st.mu.Lock()
+		p.st.inFlight--
+		p.st.mu.Unlock()
 	})
 }
 

@@ -9,8 +9,11 @@
 //
 // # Concurrency
 //
-// A Keyring is immutable after NewKeyring. Each Caller guards its
-// in-flight count with its own mutex (Caller.mu), under which Admit checks
+// A Keyring's keys are one immutable table behind an atomic pointer;
+// Replace builds a new table and swaps it, so Authenticate never locks.
+// A key's live state (keyState: in-flight count, per-minute bucket) is
+// shared by the Callers of its name across Replace; its mutex (keyState.mu)
+// is held while Admit checks
 // both limits and takes both, so two concurrent requests can never both
 // take a key's last slot. rate.Limiter is safe for concurrent use; it is
 // only called under Caller.mu so a refused request can give its token back

@@ -9,9 +9,8 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
-
-	"golang.org/x/time/rate"
 )
 
 // HashPrefix starts every stored key hash: "sha256:" and 64 lowercase hex
@@ -36,6 +35,7 @@ const keyBytes = 32
 //     weight: 2                  # the key's share of a busy model; default 1
 //     priority: standard         # critical | standard (default) | sheddable
 //     priority_header: standard  # highest X-Iop-Priority may ask; "" = ignored
+//     expires_at: 2026-12-31T00:00:00Z  # refused from then on; unset = never
 type Key struct {
 	// Name identifies the key in logs, the usage ledger and errors. Required,
 	// unique among the keys of one keyring.
@@ -61,6 +61,10 @@ type Key struct {
 	// for with the X-Iop-Priority header (a priority name); a higher ask
 	// is lowered to it. "" means the header is ignored.
 	PriorityHeader string `yaml:"priority_header"`
+	// ExpiresAt, when set, is the instant (RFC 3339 in YAML) from which
+	// the key is refused with 401, as if removed: the overlap window of a
+	// rotation lists the old key with expires_at beside the new one.
+	ExpiresAt time.Time `yaml:"expires_at"`
 }
 
 // MaxWeight is the largest Key.Weight (the scheduler's bound).
@@ -168,25 +172,50 @@ func Validate(field string, keys []Key) error {
 }
 
 // Keyring holds the keys one class of routes accepts and the live limit
-// state of each. A nil *Keyring holds no key. Safe for concurrent use.
+// state of each. Replace swaps its keys while requests run. A nil *Keyring
+// holds no key. Safe for concurrent use.
 type Keyring struct {
-	byHash map[[sha256.Size]byte]*Caller // never written after NewKeyring
-	byName map[string]*Caller            // never written after NewKeyring
+	field string
+	now   func() time.Time
+	table atomic.Pointer[keyTable] // swapped whole by Replace
 }
 
-// NewKeyring validates keys (Validate) and builds their keyring. now is
-// the clock of the per-minute limits; nil means time.Now.
+// keyTable is one configuration's keys; never written once stored.
+type keyTable struct {
+	byHash map[[sha256.Size]byte]*Caller
+	byName map[string]*Caller
+}
+
+// NewKeyring validates keys (Validate) and builds their keyring; field
+// names them in errors ("keys", "admin_keys"). now is the clock of the
+// per-minute limits and of expires_at; nil means time.Now.
 func NewKeyring(field string, keys []Key, now func() time.Time) (*Keyring, error) {
-	if err := Validate(field, keys); err != nil {
-		return nil, err
-	}
 	if now == nil {
 		now = time.Now
 	}
-	k := &Keyring{byHash: make(map[[sha256.Size]byte]*Caller, len(keys)), byName: make(map[string]*Caller, len(keys))}
+	k := &Keyring{field: field, now: now}
+	if err := k.Replace(keys); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+// Replace makes keys the keyring's keys, at once for every later
+// Authenticate: a key left out is refused from now on, a new one accepted,
+// a changed one has its new limits. The requests already admitted keep
+// their permits. A key that keeps its name keeps its live state: its
+// requests in flight count against its (new) max_concurrent, and its
+// per-minute bucket stays unless requests_per_minute changed. An invalid
+// keys (Validate) changes nothing and returns the error.
+func (k *Keyring) Replace(keys []Key) error {
+	if err := Validate(k.field, keys); err != nil {
+		return err
+	}
+	old := k.table.Load()
+	t := &keyTable{byHash: make(map[[sha256.Size]byte]*Caller, len(keys)), byName: make(map[string]*Caller, len(keys))}
 	for _, key := range keys {
 		h, _ := ParseHash(key.Hash)
-		c := &Caller{name: key.Name, hash: h, maxConcurrent: key.MaxConcurrent, now: now,
+		c := &Caller{name: key.Name, hash: h, maxConcurrent: key.MaxConcurrent, now: k.now, expiresAt: key.ExpiresAt,
 			weight: max(key.Weight, 1), headerMax: key.PriorityHeader != ""}
 		c.priority, _ = PriorityRank(key.Priority)
 		c.priorityMax, _ = PriorityRank(key.PriorityHeader)
@@ -196,15 +225,21 @@ func NewKeyring(field string, keys []Key, now func() time.Time) (*Keyring, error
 				c.models[m] = true
 			}
 		}
-		if key.RequestsPerMinute > 0 {
-			// Refilled evenly over the minute, up to a burst of the whole
-			// minute's allowance.
-			c.limiter = rate.NewLimiter(rate.Every(time.Minute/time.Duration(key.RequestsPerMinute)), key.RequestsPerMinute)
+		var was *Caller
+		if old != nil {
+			was = old.byName[key.Name]
 		}
-		k.byHash[h] = c
-		k.byName[key.Name] = c
+		if was != nil {
+			c.st = was.st
+		} else {
+			c.st = &keyState{}
+		}
+		c.st.setRate(key.RequestsPerMinute)
+		t.byHash[h] = c
+		t.byName[key.Name] = c
 	}
-	return k, nil
+	k.table.Store(t)
+	return nil
 }
 
 // ByName returns the caller of the key named name, or nil: the scheduler
@@ -214,7 +249,7 @@ func (k *Keyring) ByName(name string) *Caller {
 	if k == nil {
 		return nil
 	}
-	return k.byName[name]
+	return k.table.Load().byName[name]
 }
 
 // ExhaustRates empties every key's per-minute allowance
@@ -223,7 +258,7 @@ func (k *Keyring) ExhaustRates() {
 	if k == nil {
 		return
 	}
-	for _, c := range k.byName {
+	for _, c := range k.table.Load().byName {
 		c.ExhaustRate()
 	}
 }
@@ -233,10 +268,11 @@ func (k *Keyring) Len() int {
 	if k == nil {
 		return 0
 	}
-	return len(k.byHash)
+	return len(k.table.Load().byHash)
 }
 
-// Authenticate returns the caller whose key is secret, or nil. The
+// Authenticate returns the caller whose key is secret, or nil (also for a
+// key past its expires_at). The
 // secret's SHA-256 is looked up in a map (a lookup by a hash of a
 // high-entropy secret reveals nothing useful through timing), then compared
 // in constant time (crypto/subtle) with the stored hash.
@@ -245,8 +281,11 @@ func (k *Keyring) Authenticate(secret string) *Caller {
 		return nil
 	}
 	sum := sha256.Sum256([]byte(secret))
-	c := k.byHash[sum]
+	c := k.table.Load().byHash[sum]
 	if c == nil || subtle.ConstantTimeCompare(c.hash[:], sum[:]) != 1 {
+		return nil
+	}
+	if !c.expiresAt.IsZero() && !k.now().Before(c.expiresAt) {
 		return nil
 	}
 	return c

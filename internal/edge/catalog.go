@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sort"
 	"sync/atomic"
+	"time"
 
 	"iop/internal/edge/contract"
 	"iop/internal/scheduler"
@@ -23,6 +24,10 @@ type catalog struct {
 	// a config reload swaps in a new one.
 	aliases atomic.Pointer[map[string][]string]
 	reg     *registry
+	// awayFor is the longest reconnect grace of the config (ns): a model
+	// whose providers' node drains, or went less than that ago, has its
+	// providers away (scheduler.ErrProviderAway) rather than none.
+	awayFor atomic.Int64
 }
 
 func newCatalog(models map[string]ModelConfig, reg *registry) *catalog {
@@ -73,7 +78,7 @@ func (c *catalog) resolve(model string, needs []string) (out []candidate, missin
 				continue
 			}
 			caps, own := s.p.capsOf(t)
-			if m := lacks(s.p.path, caps, own, needs); m != "" {
+			if m := lacks(s.p.path, s.p.typ, caps, own, needs); m != "" {
 				rejected = append(rejected, rejection{s.p, m})
 				continue
 			}
@@ -85,6 +90,9 @@ func (c *catalog) resolve(model string, needs []string) (out []candidate, missin
 		}
 	}
 	if len(out) == 0 && len(rejected) == 0 {
+		if c.away(st, targets) {
+			return nil, "", fmt.Errorf("%w %q: %w", scheduler.ErrNoProvider, model, scheduler.ErrProviderAway)
+		}
 		return nil, "", fmt.Errorf("%w %q: no live healthy provider serves it", scheduler.ErrNoProvider, model)
 	}
 	for _, r := range rejected {
@@ -100,6 +108,36 @@ func (c *catalog) resolve(model string, needs []string) (out []candidate, missin
 		return out[i].ProviderID < out[j].ProviderID
 	})
 	return out, missing, nil
+}
+
+// away reports whether a provider that serves one of targets is away for
+// now: its node's current connection drains, or its node went less than
+// awayFor ago.
+func (c *catalog) away(st *regState, targets []string) bool {
+	grace := time.Duration(c.awayFor.Load())
+	if grace <= 0 {
+		return false
+	}
+	for _, t := range targets {
+		list, _ := st.served.get(t)
+		for _, s := range list {
+			if s.cs.draining {
+				return true
+			}
+		}
+	}
+	now := c.reg.now()
+	for _, g := range st.gone.all() {
+		if now.Sub(g.at) >= grace {
+			continue
+		}
+		for _, p := range g.cs.providers {
+			if slices.ContainsFunc(targets, p.serves) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // targets returns the served names model resolves to: an alias's targets,

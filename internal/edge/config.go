@@ -147,6 +147,12 @@ type Config struct {
 	// MaxBodyBytes caps a client request body, in bytes (413 above it);
 	// default 32 MiB. Served by the HTTP layer.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// MaxAnswerBytes caps a provider answer the edge reads whole to
+	// translate it for another API (a non-streamed tunnel answer for an
+	// Ollama or Anthropic client), in bytes (502 above it); default
+	// 256 MiB, the bound a node puts on an answer it reads whole. Served by
+	// the HTTP layer.
+	MaxAnswerBytes int64 `yaml:"max_answer_bytes"`
 	// WriteTimeout bounds one write to a client: a client that stays
 	// connected but reads nothing for this long has its run cancelled and
 	// its slot released; default 60s. Served by the HTTP layer.
@@ -291,7 +297,27 @@ type QueueConfig struct {
 	MaxQueue int `yaml:"max_queue"`
 	// QueueTimeout is how long one request may wait for a slot.
 	QueueTimeout time.Duration `yaml:"queue_timeout"`
+	// ReconnectGrace is how long a queued request whose every provider
+	// went away (its node disconnected, or drains for a restart) stays
+	// queued for one to come back before it is answered 503; default
+	// DefaultReconnectGrace (5s), never beyond the queue timeout; negative
+	// means none (503 at once).
+	ReconnectGrace time.Duration `yaml:"reconnect_grace"`
 }
+
+// maxReconnectGrace is the longest reconnect grace of c (its default and
+// every model's), 0 when none is positive.
+func (c Config) maxReconnectGrace() time.Duration {
+	g := max(c.Queue.ReconnectGrace, 0)
+	for _, m := range c.Models {
+		g = max(g, m.ReconnectGrace)
+	}
+	return g
+}
+
+// DefaultReconnectGrace is queue.reconnect_grace's default: a node's
+// restart of a few seconds keeps its queued requests.
+const DefaultReconnectGrace = 5 * time.Second
 
 // ModelConfig is one alias: its served targets and its queue overrides
 // (zero = the queue defaults).
@@ -301,6 +327,9 @@ type ModelConfig struct {
 	Targets      []string      `yaml:"targets"`
 	MaxQueue     int           `yaml:"max_queue"`
 	QueueTimeout time.Duration `yaml:"queue_timeout"`
+	// ReconnectGrace overrides queue.reconnect_grace for this model; 0
+	// keeps it.
+	ReconnectGrace time.Duration `yaml:"reconnect_grace"`
 	// Fairness, "on" or "off", overrides the edge's fairness.mode for this
 	// model's queue; "" keeps it.
 	Fairness string `yaml:"fairness"`
@@ -335,6 +364,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.Queue.QueueTimeout == 0 {
 		c.Queue.QueueTimeout = DefaultQueueTimeout
+	}
+	if c.Queue.ReconnectGrace == 0 {
+		c.Queue.ReconnectGrace = DefaultReconnectGrace
 	}
 	if c.Fairness.Mode == "" {
 		c.Fairness.Mode = FairnessOn
@@ -404,6 +436,9 @@ func (c Config) Validate() error {
 	}
 	if c.DispatchTimeout <= 0 {
 		bad("dispatch_timeout %s must be positive", c.DispatchTimeout)
+	}
+	if c.MaxAnswerBytes < 0 {
+		bad("max_answer_bytes %d must not be negative", c.MaxAnswerBytes)
 	}
 	if c.MaxBodyBytes <= 0 {
 		bad("max_body_bytes %d must be positive", c.MaxBodyBytes)
@@ -571,7 +606,7 @@ func (c Config) LoadKeysFile() (Config, error) {
 // one override per alias that sets a field.
 func (c Config) schedulerConfig(clk scheduler.Clock) scheduler.Config {
 	sc := scheduler.Config{
-		Default: scheduler.Policy{MaxQueue: c.Queue.MaxQueue, QueueTimeout: c.Queue.QueueTimeout, Fairness: fairnessPolicy(c.Fairness.Mode)},
+		Default: scheduler.Policy{MaxQueue: c.Queue.MaxQueue, QueueTimeout: c.Queue.QueueTimeout, Fairness: fairnessPolicy(c.Fairness.Mode), ReconnectGrace: c.Queue.ReconnectGrace},
 		Groups:  make(map[string]scheduler.Policy),
 		Clock:   clk,
 	}
@@ -579,8 +614,8 @@ func (c Config) schedulerConfig(clk scheduler.Clock) scheduler.Config {
 		sc.Default.Fairness = scheduler.FairnessOn // the default of an edge
 	}
 	for alias, m := range c.Models {
-		if m.MaxQueue != 0 || m.QueueTimeout != 0 || m.Fairness != "" {
-			sc.Groups[alias] = scheduler.Policy{MaxQueue: m.MaxQueue, QueueTimeout: m.QueueTimeout, Fairness: fairnessPolicy(m.Fairness)}
+		if m.MaxQueue != 0 || m.QueueTimeout != 0 || m.Fairness != "" || m.ReconnectGrace != 0 {
+			sc.Groups[alias] = scheduler.Policy{MaxQueue: m.MaxQueue, QueueTimeout: m.QueueTimeout, Fairness: fairnessPolicy(m.Fairness), ReconnectGrace: m.ReconnectGrace}
 		}
 	}
 	return sc

@@ -47,7 +47,7 @@ func TestLoadConfig(t *testing.T) {
 		t.Errorf("llama3 %+v", m)
 	}
 	sc := cfg.schedulerConfig(nil)
-	if sc.Default != (scheduler.Policy{MaxQueue: 8, QueueTimeout: time.Minute, Fairness: scheduler.FairnessOn}) ||
+	if sc.Default != (scheduler.Policy{MaxQueue: 8, QueueTimeout: time.Minute, Fairness: scheduler.FairnessOn, ReconnectGrace: DefaultReconnectGrace}) ||
 		sc.Groups["llama3"] != (scheduler.Policy{MaxQueue: 32}) || sc.Groups["embed"] != (scheduler.Policy{QueueTimeout: 5 * time.Second}) {
 		t.Errorf("scheduler config %+v", sc)
 	}
@@ -64,7 +64,7 @@ func TestConfigDefaults(t *testing.T) {
 	want := Config{
 		Listen: "127.0.0.1:8080", NodeListen: "127.0.0.1:7070",
 		HeartbeatInterval: 5 * time.Second, DispatchTimeout: 10 * time.Second,
-		Queue: QueueConfig{MaxQueue: 16, QueueTimeout: 30 * time.Second},
+		Queue: QueueConfig{MaxQueue: 16, QueueTimeout: 30 * time.Second, ReconnectGrace: 5 * time.Second},
 	}
 	if cfg.Listen != want.Listen || cfg.NodeListen != want.NodeListen || cfg.HeartbeatInterval != want.HeartbeatInterval ||
 		cfg.DispatchTimeout != want.DispatchTimeout || cfg.Queue != want.Queue {

@@ -122,7 +122,7 @@ func decodeMessage(m *nodev1.RunUp) contract.Message {
 func decodeRunEvent(e *nodev1.RunEvent) (contract.Event, bool) {
 	switch e.GetType() {
 	case nodev1.RunEvent_TYPE_DELTA:
-		if e.GetText() == "" && e.GetThinking() == "" && len(e.GetToolCalls()) == 0 && len(e.GetEmbeddings()) == 0 {
+		if e.GetText() == "" && e.GetThinking() == "" && len(e.GetToolCalls()) == 0 && len(e.GetEmbeddings()) == 0 && len(e.GetLogprobs()) == 0 {
 			return contract.Event{}, false
 		}
 		ev := contract.Event{Kind: contract.EventDelta, Text: e.GetText(), Thinking: e.GetThinking()}
@@ -131,6 +131,9 @@ func decodeRunEvent(e *nodev1.RunEvent) (contract.Event, bool) {
 			for i, tc := range tcs {
 				ev.ToolCalls[i] = contract.ToolCallPart{Index: int(tc.GetIndex()), ID: tc.GetId(), Name: tc.GetName(), Arguments: tc.GetArguments()}
 			}
+		}
+		if lps := e.GetLogprobs(); len(lps) > 0 {
+			ev.Logprobs = decodeLogprobs(lps)
 		}
 		if vecs := e.GetEmbeddings(); len(vecs) > 0 {
 			ev.Embeddings = make([][]float32, len(vecs))
@@ -151,4 +154,16 @@ func decodeRunEvent(e *nodev1.RunEvent) (contract.Event, bool) {
 	default:
 		return contract.Event{}, false
 	}
+}
+
+// decodeLogprobs is a delta's log probabilities as the contract's.
+func decodeLogprobs(lps []*nodev1.TokenLogprob) []contract.TokenLogprob {
+	out := make([]contract.TokenLogprob, len(lps))
+	for i, lp := range lps {
+		out[i] = contract.TokenLogprob{Token: lp.GetToken(), Logprob: lp.GetLogprob(), Bytes: lp.GetBytes()}
+		if top := lp.GetTopLogprobs(); len(top) > 0 {
+			out[i].TopLogprobs = decodeLogprobs(top)
+		}
+	}
+	return out
 }

@@ -67,8 +67,8 @@
 // name is unknown (scheduler.ErrUnknownModel); a known one without a live
 // provider has none (scheduler.ErrNoProvider). The request's capability
 // needs filter the candidates inside the resolver; NeedChoices, a request
-// for several choices, NeedToolChoice (tool_choice "required",
-// parallel_tool_calls false), NeedRemoteImages (an image by URL),
+// for several choices, NeedToolChoice (parallel_tool_calls
+// false without a forced tool call), NeedRemoteImages (an image by URL),
 // NeedPromptBatch (several completions prompts) and NeedTokenInput (token
 // ids as a prompt or embeddings input) are met by tunnel-path providers
 // only. When they

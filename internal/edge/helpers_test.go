@@ -91,7 +91,9 @@ func testConfig() Config {
 		MaxRetries:        new(int),
 		HeartbeatInterval: testHeartbeat,
 		DispatchTimeout:   testDispatchTimeout,
-		Queue:             QueueConfig{QueueTimeout: testQueueTimeout},
+		// No reconnect grace: a request whose providers went away fails at
+		// once (the grace has its own tests, which set it).
+		Queue: QueueConfig{QueueTimeout: testQueueTimeout, ReconnectGrace: -1},
 		Models: map[string]ModelConfig{
 			"chat": {Targets: []string{"m-big", "m-small"}},
 		},

@@ -63,7 +63,7 @@ func (p *provider) capsOf(m string) (caps map[string]bool, own bool) {
 // meets reports whether p's served model m has every capability of needs.
 func (p *provider) meets(m string, needs []string) bool {
 	caps, own := p.capsOf(m)
-	return lacks(p.path, caps, own, needs) == ""
+	return lacks(p.path, p.typ, caps, own, needs) == ""
 }
 
 // NeedCompletion is the need of a chat or completion request: a model that
@@ -88,9 +88,9 @@ const NeedThinking = "thinking"
 const NeedChoices = "choices"
 
 // NeedToolChoice and NeedRemoteImages are, like NeedChoices, needs only a
-// tunnel-path provider meets, since the request reaches it as sent: a
-// tool_choice of "required" or parallel_tool_calls false (Ollama cannot
-// force a tool call nor keep a model to one), and an image given by an
+// tunnel-path provider meets, since the request reaches it as sent:
+// parallel_tool_calls false without a forced tool call (Ollama cannot keep
+// a model to one call; a forced call it serves as one), and an image given by an
 // http(s) URL (iop fetches nothing for an Ollama provider).
 const (
 	NeedToolChoice   = "tool_choice"
@@ -116,6 +116,13 @@ const (
 // logprobs dropped by an Ollama provider).
 const NeedLogprobs = "logprobs"
 
+// NeedOllamaLogprobs is the need of an Ollama client's request for log
+// probabilities (logprobs true or top_logprobs above 0): only a provider
+// speaking Ollama's API (type ollama, or sim on the normalized path) has
+// it, since the node relays Ollama's logprobs as they come; no provider
+// declares it.
+const NeedOllamaLogprobs = "ollama_logprobs"
+
 // serves reports whether p serves the model name m.
 func (p *provider) serves(m string) bool {
 	_, ok := slices.BinarySearch(p.models, m)
@@ -125,12 +132,14 @@ func (p *provider) serves(m string) bool {
 // lacks returns the first capability of needs that a served model with
 // capabilities caps (own: the model's own, else its provider's) on a
 // provider answering on path does not have, or "".
-func lacks(path nodev1.ExecutionPath, caps map[string]bool, own bool, needs []string) string {
+func lacks(path nodev1.ExecutionPath, typ string, caps map[string]bool, own bool, needs []string) string {
 	for _, n := range needs {
 		has := caps[n]
 		switch n {
 		case NeedChoices, NeedToolChoice, NeedRemoteImages, NeedPromptBatch, NeedTokenInput, NeedLogprobs:
 			has = path == nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL
+		case NeedOllamaLogprobs:
+			has = path == nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED && (typ == "ollama" || typ == "sim")
 		case NeedCompletion, NeedThinking:
 			has = has || !own
 		}

@@ -22,6 +22,9 @@ type ReloadResult struct {
 	Added, Removed, Changed []string
 	// QueueChanged is set when the default queue policy (or fairness.mode) changed.
 	QueueChanged bool
+	// TokensAdded and TokensRemoved count the node join tokens (by hash)
+	// the reload added and removed.
+	TokensAdded, TokensRemoved int
 	// Restart names the settings (YAML keys, sorted) that differ from the
 	// running ones but apply only at the next start; they keep their
 	// running values.
@@ -34,10 +37,13 @@ type ReloadResult struct {
 // routing, prefix_load_slack) for the next admission, and the queue policies of every model
 // group (the default and each alias's override) for the next admission;
 // runs in flight and requests already queued are untouched (a queued
-// request keeps its deadline and its candidates). Other settings
-// (listen, node_listen, heartbeat_interval, dispatch_timeout, tokens,
-// long_context_tokens) need a restart; Reload reports those that differ and
-// keeps their running values.
+// request keeps its deadline and its candidates). The node join tokens
+// apply to the next Hello (nodes already connected stay; an id bound to a
+// removed token is freed). The client and admin keys are the HTTP API's
+// (its caller swaps its keyrings); Reload neither applies nor reports them.
+// Other settings (listen, node_listen, heartbeat_interval,
+// dispatch_timeout, long_context_tokens, ...) need a restart; Reload
+// reports those that differ and keeps their running values.
 //
 // cfg's zero fields take their defaults. An invalid cfg changes nothing and
 // returns an error wrapping ErrInvalidConfig that names every problem.
@@ -58,21 +64,26 @@ func (s *Service) Reload(cfg Config) (ReloadResult, error) {
 		return ReloadResult{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	s.cat.setAliases(cfg.Models)
+	s.cat.awayFor.Store(int64(cfg.maxReconnectGrace()))
 	s.routing.Store(newRoutingPolicy(cfg))
+	tokensAdded, tokensRemoved := s.trust.setTokens(cfg.Tokens)
 	applied := old
 	applied.Models, applied.Queue = maps.Clone(cfg.Models), cfg.Queue
+	applied.Tokens = slices.Clone(cfg.Tokens)
+	applied.Keys, applied.AdminKeys, applied.KeysFile = cfg.Keys, cfg.AdminKeys, cfg.KeysFile
 	applied.Fairness.Mode = cfg.Fairness.Mode
 	applied.Routing, applied.PrefixLoadSlack = cfg.Routing, cfg.PrefixLoadSlack
 	s.reload.applied = &applied
 	s.reg.notify()
 
-	res := ReloadResult{QueueChanged: old.Queue != cfg.Queue || old.Fairness.Mode != cfg.Fairness.Mode, Restart: restartOnly(old, cfg)}
+	res := ReloadResult{QueueChanged: old.Queue != cfg.Queue || old.Fairness.Mode != cfg.Fairness.Mode, Restart: restartOnly(old, cfg),
+		TokensAdded: tokensAdded, TokensRemoved: tokensRemoved}
 	for alias, m := range cfg.Models {
 		was, ok := old.Models[alias]
 		switch {
 		case !ok:
 			res.Added = append(res.Added, alias)
-		case !slices.Equal(was.Targets, m.Targets) || was.MaxQueue != m.MaxQueue || was.QueueTimeout != m.QueueTimeout || was.Fairness != m.Fairness || was.Routing != m.Routing:
+		case !slices.Equal(was.Targets, m.Targets) || was.MaxQueue != m.MaxQueue || was.QueueTimeout != m.QueueTimeout || was.ReconnectGrace != m.ReconnectGrace || was.Fairness != m.Fairness || was.Routing != m.Routing:
 			res.Changed = append(res.Changed, alias)
 		}
 	}
@@ -101,12 +112,10 @@ func restartOnly(running, next Config) []string {
 		{"long_context_tokens", running.LongContextTokens != next.LongContextTokens},
 		{"node_listen", running.NodeListen != next.NodeListen},
 		{"prefix_index_blocks", running.PrefixIndexBlocks != next.PrefixIndexBlocks},
-		{"tokens", !reflect.DeepEqual(running.Tokens, next.Tokens)},
-		{"keys", !reflect.DeepEqual(running.Keys, next.Keys) || running.KeysFile != next.KeysFile},
-		{"admin_keys", !reflect.DeepEqual(running.AdminKeys, next.AdminKeys)},
 		{"tls", running.TLSCert != next.TLSCert || running.TLSKey != next.TLSKey || running.ClientCA != next.ClientCA},
 		{"database", running.Database != next.Database || running.LedgerDSN != next.LedgerDSN || running.RunsDSN != next.RunsDSN || running.Name != next.Name},
 		{"max_body_bytes", running.MaxBodyBytes != next.MaxBodyBytes},
+		{"max_answer_bytes", running.MaxAnswerBytes != next.MaxAnswerBytes},
 		{"write_timeout", running.WriteTimeout != next.WriteTimeout},
 		{"fairness.flow", running.Fairness.Flow != next.Fairness.Flow},
 		{"tracing", !reflect.DeepEqual(running.Tracing, next.Tracing)},

@@ -82,6 +82,7 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 		prefix:    newPrefixIndex(cfg.PrefixIndexBlocks),
 	}
 	svc.routing.Store(newRoutingPolicy(cfg))
+	svc.cat.awayFor.Store(int64(cfg.maxReconnectGrace()))
 	svc.breakers.onBack = svc.rotationChanged
 	svc.stopping, svc.stopRequests = context.WithCancelCause(context.Background())
 	svc.adm = localAdmission{s: svc}

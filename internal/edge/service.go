@@ -469,7 +469,7 @@ func (s *Service) resolver(model string, needs []string, tried []triedCandidate)
 			return nil, fmt.Errorf("%w: no provider for model %q answers several choices (n above 1): only OpenAI-compatible providers do",
 				scheduler.ErrCandidatesRejected, model)
 		case missing == NeedToolChoice:
-			return nil, fmt.Errorf("%w: no provider for model %q honours tool_choice \"required\" or parallel_tool_calls false: only OpenAI-compatible providers do (Ollama cannot force a tool call nor keep a model to one)",
+			return nil, fmt.Errorf("%w: no provider for model %q honours parallel_tool_calls false: only OpenAI-compatible providers do (Ollama cannot keep a model to one tool call unless tool_choice forces one)",
 				scheduler.ErrCandidatesRejected, model)
 		case missing == NeedPromptBatch:
 			return nil, fmt.Errorf("%w: no provider for model %q answers a batch of prompts (a prompt array): only OpenAI-compatible providers do (Ollama takes one prompt per request); send one request per prompt",
@@ -480,6 +480,9 @@ func (s *Service) resolver(model string, needs []string, tried []triedCandidate)
 		case missing == NeedThinking:
 			// Ollama's own words for it, which Ollama clients show.
 			return nil, fmt.Errorf("%w: %q does not support thinking (no provider of it has capability \"thinking\")",
+				scheduler.ErrCandidatesRejected, model)
+		case missing == NeedOllamaLogprobs:
+			return nil, fmt.Errorf("%w: no provider for model %q returns logprobs: only Ollama providers do (an OpenAI-compatible or command provider has none in Ollama's shape)",
 				scheduler.ErrCandidatesRejected, model)
 		case missing == NeedLogprobs:
 			return nil, fmt.Errorf("%w: no provider for model %q returns logprobs: only OpenAI-compatible providers do (the translation to Ollama's API has none)",

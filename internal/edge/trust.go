@@ -80,12 +80,13 @@ func (t NodeToken) validate() error {
 // the edge's lifetime, so a node presenting another (even valid) token can
 // never take over its id and its traffic. The bindings are kept in memory:
 // an edge restart forgets them, and the first node to connect after it
-// binds its id again.
+// binds its id again. A reload (setTokens) replaces the tokens for the
+// next Hello, and frees the ids bound to a token no longer configured;
+// nodes already connected stay connected.
 type trust struct {
-	tokens []trustedToken // never written after newTrust
-
-	mu    sync.Mutex // guards bound; a leaf lock
-	bound map[string][sha256.Size]byte
+	mu     sync.Mutex // guards the fields below; a leaf lock
+	tokens []trustedToken
+	bound  map[string][sha256.Size]byte
 }
 
 type trustedToken struct {
@@ -95,6 +96,15 @@ type trustedToken struct {
 
 func newTrust(tokens []NodeToken) *trust {
 	tr := &trust{bound: make(map[string][sha256.Size]byte)}
+	tr.setTokens(tokens)
+	return tr
+}
+
+// setTokens makes tokens the accepted ones and unbinds every node id bound
+// to a token that is no longer among them (none when tokens is empty: an
+// open edge), so its node may join with a new token. It reports how many tokens were added and removed (by hash).
+func (tr *trust) setTokens(tokens []NodeToken) (added, removed int) {
+	var next []trustedToken
 	for _, t := range tokens {
 		tt := trustedToken{hash: sha256.Sum256([]byte(t.Token))}
 		if t.Hash != "" {
@@ -106,9 +116,35 @@ func newTrust(tokens []NodeToken) *trust {
 				tt.nodes[n] = true
 			}
 		}
-		tr.tokens = append(tr.tokens, tt)
+		next = append(next, tt)
 	}
-	return tr
+	kept := make(map[[sha256.Size]byte]bool, len(next))
+	for _, t := range next {
+		kept[t.hash] = true
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	was := make(map[[sha256.Size]byte]bool, len(tr.tokens))
+	for _, t := range tr.tokens {
+		was[t.hash] = true
+	}
+	for h := range kept {
+		if !was[h] {
+			added++
+		}
+	}
+	for h := range was {
+		if !kept[h] {
+			removed++
+		}
+	}
+	tr.tokens = next
+	for node, h := range tr.bound {
+		if len(next) > 0 && !kept[h] { // an open edge keeps every binding
+			delete(tr.bound, node)
+		}
+	}
+	return added, removed
 }
 
 // check reports whether node may join with token: errBadToken for a token
@@ -116,6 +152,8 @@ func newTrust(tokens []NodeToken) *trust {
 // not present. Every configured token is compared, in constant time, so
 // the time taken says nothing about which one nearly matched.
 func (tr *trust) check(node, token string) error {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
 	if len(tr.tokens) == 0 {
 		return nil
 	}
@@ -136,16 +174,25 @@ func (tr *trust) check(node, token string) error {
 }
 
 // bind binds node to token's hash on its first accepted Hello and reports
-// errNodeBound when node is already bound to another token.
+// errNodeBound when node is already bound to another token, unless that
+// token names node in its nodes (an explicit grant: how a node moves to a
+// rotated token while the old one is still listed). It reports
+// errBadToken when a reload removed token since check.
 func (tr *trust) bind(node, token string) error {
 	sum := sha256.Sum256([]byte(token))
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	if held, ok := tr.bound[node]; ok {
-		if subtle.ConstantTimeCompare(held[:], sum[:]) != 1 {
-			return fmt.Errorf("%w: node %q", errNodeBound, node)
+	var match *trustedToken
+	for i := range tr.tokens {
+		if tr.tokens[i].hash == sum {
+			match = &tr.tokens[i]
 		}
-		return nil
+	}
+	if len(tr.tokens) > 0 && match == nil {
+		return errBadToken
+	}
+	if held, ok := tr.bound[node]; ok && subtle.ConstantTimeCompare(held[:], sum[:]) != 1 && (match == nil || !match.nodes[node]) {
+		return fmt.Errorf("%w: node %q", errNodeBound, node)
 	}
 	tr.bound[node] = sum
 	return nil

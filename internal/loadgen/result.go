@@ -6,6 +6,7 @@ import (
 	"io"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -125,7 +126,7 @@ type Result struct {
 func (r Result) WriteText(w io.Writer) {
 	mode := fmt.Sprintf("concurrency %d", r.Concurrency)
 	if r.Rate > 0 {
-		mode = fmt.Sprintf("rate %.0f/s", r.Rate)
+		mode = fmt.Sprintf("rate %s/s", strconv.FormatFloat(r.Rate, 'f', -1, 64))
 	}
 	if r.Sessions > 0 {
 		mode += fmt.Sprintf(", %d sessions of %d turns (shared prefix %d words)", r.Sessions, r.Turns, r.SharedPrefixTokens)

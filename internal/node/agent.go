@@ -48,14 +48,14 @@ type Agent struct {
 	cfg       Config
 	instance  string // Hello.instance: drawn once by New, the same on every connection
 	logger    *slog.Logger
-	clock     clock.Clock                           // heartbeats, liveness, hello timeout, backoff
-	jitter    func(max time.Duration) time.Duration // full jitter: uniform in [0, max]
-	providers map[string]*provider                  // by provider id; never written after New
-	tracer    trace.Tracer                          // WithTracer; nil: runs are not traced
-	order     []*provider                           // the providers in config order; never written after New
-	creds     credentials.TransportCredentials      // plaintext or TLS to the edge; never written after New
-	warm      int                                   // warm Run streams per connection (WarmStreams; tests change it before Run)
-	ready     chan struct{}                         // closed at the first Welcome
+	clock     clock.Clock                                      // heartbeats, liveness, hello timeout, backoff
+	jitter    func(max time.Duration) time.Duration            // full jitter: uniform in [0, max]
+	providers map[string]*provider                             // by provider id; never written after New
+	tracer    trace.Tracer                                     // WithTracer; nil: runs are not traced
+	order     []*provider                                      // the providers in config order; never written after New
+	creds     atomic.Pointer[credentials.TransportCredentials] // plaintext or TLS to the edge; Reload swaps it for the next dial
+	warm      int                                              // warm Run streams per connection (WarmStreams; tests change it before Run)
+	ready     chan struct{}                                    // closed at the first Welcome
 	readyOnce sync.Once
 	running   atomic.Bool
 	resolver  *net.Resolver // looks up the names of Config.Edges; nil: net.DefaultResolver
@@ -70,6 +70,8 @@ type Agent struct {
 	// changed the provider's advert.
 	afterRound func(providerID string, changed bool)
 
+	reloadMu sync.Mutex // serializes Reload
+
 	mu         sync.Mutex              // guards the fields below
 	gens       map[*link]uint64        // generation of each welcomed connection, by its link
 	links      map[string]*link        // the links running, by edge address (edges.go)
@@ -78,12 +80,11 @@ type Agent struct {
 	drainTimer clock.Timer             // the drain's grace period, once Drain was called
 
 	// slotMu guards inFlight (every run of every connection, capacity.go);
-	// slots (by provider id, a channel of capacity max(capacity,
-	// long_capacity) holding one token per run that holds a slot) is never
-	// replaced after New.
+	// slots (by provider id, a pool of max(capacity, long_capacity) slots,
+	// one held per run) is never written after New (Reload resizes a pool).
 	slotMu   sync.Mutex
 	inFlight map[*run]struct{}
-	slots    map[string]chan struct{}
+	slots    map[string]*slotPool
 
 	advMu      sync.Mutex             // guards the fields below
 	adverts    map[string]*advertised // by provider id: what the edge is told of each provider
@@ -100,6 +101,9 @@ type provider struct {
 	// discovery goroutine (one round at a time).
 	lister *lister
 	rounds int // discovery rounds run
+	// interval is the discovery interval (Reload changes it; read before
+	// each wait).
+	interval atomic.Int64
 }
 
 // Option changes how New builds an Agent.
@@ -153,7 +157,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 		genChanged: make(chan struct{}),
 		gens:       make(map[*link]uint64),
 		links:      make(map[string]*link),
-		slots:      make(map[string]chan struct{}, len(cfg.Providers)),
+		slots:      make(map[string]*slotPool, len(cfg.Providers)),
 		inFlight:   make(map[*run]struct{}),
 		draining:   make(chan struct{}),
 		adverts:    make(map[string]*advertised, len(cfg.Providers)),
@@ -166,7 +170,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.creds = creds
+	a.creds.Store(&creds)
 	for _, pc := range cfg.Providers {
 		p, err := newProvider(pc)
 		if err != nil {
@@ -174,11 +178,11 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 			return nil, err
 		}
 		a.providers[pc.ID] = p
-		a.slots[pc.ID] = make(chan struct{}, max(pc.Capacity, pc.LongCapacity))
+		a.slots[pc.ID] = newSlotPool(max(pc.Capacity, pc.LongCapacity))
 		a.order = append(a.order, p)
 		if p.lister != nil {
 			// Unknown until the first discovery round: unhealthy, no models.
-			a.adverts[pc.ID] = &advertised{advert: advert{models: []string{}}}
+			a.adverts[pc.ID] = &advertised{advert: advert{capacity: pc.Capacity, longCapacity: pc.LongCapacity, models: []string{}}}
 		} else {
 			a.adverts[pc.ID] = &advertised{advert: configuredAdvert(pc)}
 		}
@@ -195,6 +199,7 @@ func newProvider(pc ProviderConfig) (*provider, error) {
 		}
 	}
 	p := &provider{cfg: pc, path: pc.path()}
+	p.interval.Store(int64(pc.DiscoveryInterval))
 	if pc.discovers() {
 		p.lister = newLister(pc, ac.APIKey)
 	}
@@ -391,6 +396,9 @@ func handshakeHint(err error) string {
 	if msg := status.Convert(err).Message(); strings.Contains(msg, "x509: certificate is valid for") || strings.Contains(msg, "doesn't contain any IP SANs") {
 		return "the edge's certificate does not name the address dialed: set tls_server_name to a name it has (or dial that name)"
 	}
+	if strings.Contains(msg, "looked like an HTTP/1.1 header") {
+		return "this is an HTTP/1.1 server, such as the edge's HTTP API port: point the node at the edge's node endpoint (node_listen), not its listen address"
+	}
 	for _, mark := range []string{"server preface", "does not look like a TLS handshake", "authentication handshake failed"} {
 		if strings.Contains(msg, mark) {
 			return "check that node and edge agree on TLS: a node sets tls_ca when the edge's node endpoint has tls_cert, none when it has none, and tls_cert/tls_key when the edge sets client_ca"
@@ -411,7 +419,7 @@ const (
 // dialOptions are how every link dials its edge.
 func (a *Agent) dialOptions() []grpc.DialOption {
 	return []grpc.DialOption{
-		grpc.WithTransportCredentials(a.creds),
+		grpc.WithTransportCredentials(*a.creds.Load()),
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff: backoff.Config{
 				BaseDelay:  a.cfg.ReconnectMin,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -73,36 +74,93 @@ func (a *Agent) untrack(r *run) {
 	a.slotMu.Unlock()
 }
 
+// slotPool is one provider's node-wide slots: at most limit runs hold one
+// at once. Reload changes limit; a pool over a lowered limit admits
+// nothing until enough holders released theirs.
+type slotPool struct {
+	mu    sync.Mutex // guards the fields below
+	held  int
+	limit int           // max(capacity, long_capacity), ≥ 1
+	freed chan struct{} // closed and replaced when a slot frees or limit grows
+}
+
+func newSlotPool(limit int) *slotPool {
+	return &slotPool{limit: max(limit, 1), freed: make(chan struct{})}
+}
+
+// tryTake takes a slot if one is free; else it returns a channel closed
+// when one may have freed.
+func (s *slotPool) tryTake() (ok bool, freed <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held < s.limit {
+		s.held++
+		return true, nil
+	}
+	return false, s.freed
+}
+
+// release gives one slot back.
+func (s *slotPool) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.held--
+	s.wakeLocked()
+}
+
+// setLimit changes the pool's size.
+func (s *slotPool) setLimit(limit int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.limit = max(limit, 1)
+	s.wakeLocked()
+}
+
+// size is the pool's limit.
+func (s *slotPool) size() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.limit
+}
+
+func (s *slotPool) wakeLocked() {
+	close(s.freed)
+	s.freed = make(chan struct{})
+}
+
 // acquireSlot takes one of r's provider's slots for r, waiting up to
 // slotWait (agent's clock) for one to free; ErrProviderBusy when none
 // did, or why r's work ended first (a Cancel, its stream or connection
 // ending).
 func (a *Agent) acquireSlot(r *run) error {
-	slots := a.slots[r.provider]
-	select {
-	case slots <- struct{}{}:
-		r.holdSlot(slots)
+	pool := a.slots[r.provider]
+	ok, freed := pool.tryTake()
+	if ok {
+		r.holdSlot(pool)
 		return nil
-	default:
 	}
 	timeout := make(chan struct{})
 	t := a.clock.AfterFunc(slotWait, func() { close(timeout) })
 	defer t.Stop()
-	select {
-	case slots <- struct{}{}:
-		r.holdSlot(slots)
-		return nil
-	case <-timeout:
-		return fmt.Errorf("%w: provider %q runs %d", ErrProviderBusy, r.provider, cap(slots))
-	case <-r.workCtx.Done():
-		return context.Cause(r.workCtx)
+	for {
+		select {
+		case <-freed:
+			if ok, freed = pool.tryTake(); ok {
+				r.holdSlot(pool)
+				return nil
+			}
+		case <-timeout:
+			return fmt.Errorf("%w: provider %q runs %d", ErrProviderBusy, r.provider, pool.size())
+		case <-r.workCtx.Done():
+			return context.Cause(r.workCtx)
+		}
 	}
 }
 
-// holdSlot records that r holds a slot of slots.
-func (r *run) holdSlot(slots chan struct{}) {
+// holdSlot records that r holds a slot of pool.
+func (r *run) holdSlot(pool *slotPool) {
 	r.slotMu.Lock()
-	r.slot = slots
+	r.slot = pool
 	r.slotMu.Unlock()
 }
 
@@ -115,6 +173,6 @@ func (r *run) releaseSlot() {
 	r.slot = nil
 	r.slotMu.Unlock()
 	if s != nil {
-		<-s
+		s.release()
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -14,13 +15,16 @@ import (
 // its served models, with what it knows of each. A published advert is
 // never modified (a change publishes a new one).
 type advert struct {
-	healthy bool
-	models  []string                    // served model names, sorted
-	entries []*nodev1.ModelCapabilities // per-model capabilities and details, sorted by model; nil when none
+	// capacity and longCapacity are the provider's configured ones (Reload
+	// changes them; a discovery round never does).
+	capacity, longCapacity int
+	healthy                bool
+	models                 []string                    // served model names, sorted
+	entries                []*nodev1.ModelCapabilities // per-model capabilities and details, sorted by model; nil when none
 }
 
 func (v advert) equal(w advert) bool {
-	return v.healthy == w.healthy && slices.Equal(v.models, w.models) &&
+	return v.capacity == w.capacity && v.longCapacity == w.longCapacity && v.healthy == w.healthy && slices.Equal(v.models, w.models) &&
 		slices.EqualFunc(v.entries, w.entries, func(a, b *nodev1.ModelCapabilities) bool { return proto.Equal(a, b) })
 }
 
@@ -34,7 +38,7 @@ type advertised struct {
 // configuredAdvert is the advert of a provider with configured models: it
 // serves them and is healthy, for good.
 func configuredAdvert(pc ProviderConfig) advert {
-	return advert{healthy: true, models: slices.Clone(pc.Models)}
+	return advert{capacity: pc.Capacity, longCapacity: pc.LongCapacity, healthy: true, models: slices.Clone(pc.Models)}
 }
 
 // discoveredAdvert is the advert of a provider whose server listed models
@@ -45,7 +49,7 @@ func configuredAdvert(pc ProviderConfig) advert {
 // provider's capabilities and "completion": a model of the provider's
 // capabilities is taken to generate text, as the edge takes it).
 func discoveredAdvert(pc ProviderConfig, models []DiscoveredModel) advert {
-	v := advert{healthy: len(models) > 0, models: []string{}}
+	v := advert{capacity: pc.Capacity, longCapacity: pc.LongCapacity, healthy: len(models) > 0, models: []string{}}
 	base := pc.capabilities()
 	for _, m := range models {
 		v.models = append(v.models, m.Name)
@@ -79,8 +83,8 @@ func (a *Agent) providerMessage(p *provider, v advert) *nodev1.Provider {
 		Id:                p.cfg.ID,
 		Type:              p.cfg.Type,
 		Models:            v.models,
-		Capacity:          int32(p.cfg.Capacity),
-		LongCapacity:      int32(p.cfg.LongCapacity),
+		Capacity:          int32(v.capacity),
+		LongCapacity:      int32(v.longCapacity),
 		Capabilities:      p.cfg.capabilities(),
 		ExecutionPath:     p.path,
 		Healthy:           v.healthy,
@@ -91,7 +95,7 @@ func (a *Agent) providerMessage(p *provider, v advert) *nodev1.Provider {
 // helloNow returns the Hello to send on a new connection, describing every
 // provider as advertised now, the advert versions it describes, and a
 // channel closed at the next change of an advert.
-func (a *Agent) helloNow() (*nodev1.Hello, map[string]uint64, <-chan struct{}) {
+func (a *Agent) helloNow() (*nodev1.Hello, map[string]sentAdvert, <-chan struct{}) {
 	a.advMu.Lock()
 	defer a.advMu.Unlock()
 	h := &nodev1.Hello{
@@ -102,45 +106,76 @@ func (a *Agent) helloNow() (*nodev1.Hello, map[string]uint64, <-chan struct{}) {
 		Version:            a.cfg.Version,
 		Instance:           a.instance,
 	}
-	sent := make(map[string]uint64, len(a.order))
+	sent := make(map[string]sentAdvert, len(a.order))
 	for _, p := range a.order {
 		adv := a.adverts[p.cfg.ID]
 		h.Providers = append(h.Providers, a.providerMessage(p, adv.advert))
-		sent[p.cfg.ID] = adv.version
+		sent[p.cfg.ID] = sentAdvert{adv.version, adv.capacity, adv.longCapacity}
 	}
 	return h, sent, a.advChanged
 }
 
+// sentAdvert is what one connection told its edge of a provider: the
+// advert's version and capacities.
+type sentAdvert struct {
+	version                uint64
+	capacity, longCapacity int
+}
+
 // updatesSince returns a ProviderUpdate for every provider whose advert
 // changed since the versions in sent (which it brings up to date), in
-// config order, and a channel closed at the next change.
-func (a *Agent) updatesSince(sent map[string]uint64) ([]*nodev1.ProviderUpdate, <-chan struct{}) {
+// config order, and a channel closed at the next change. An update
+// carries capacities only when they differ from those sent (0 = unchanged).
+func (a *Agent) updatesSince(sent map[string]sentAdvert) ([]*nodev1.ProviderUpdate, <-chan struct{}) {
 	a.advMu.Lock()
 	defer a.advMu.Unlock()
 	var out []*nodev1.ProviderUpdate
 	for _, p := range a.order {
 		adv := a.adverts[p.cfg.ID]
-		if adv.version == sent[p.cfg.ID] {
+		was := sent[p.cfg.ID]
+		if adv.version == was.version {
 			continue
 		}
-		sent[p.cfg.ID] = adv.version
-		out = append(out, &nodev1.ProviderUpdate{
+		sent[p.cfg.ID] = sentAdvert{adv.version, adv.capacity, adv.longCapacity}
+		u := &nodev1.ProviderUpdate{
 			ProviderId:        p.cfg.ID,
 			Healthy:           adv.healthy,
 			ModelsSet:         true,
 			Models:            adv.models,
 			ModelCapabilities: adv.entries,
-		})
+		}
+		if adv.capacity != was.capacity || adv.longCapacity != was.longCapacity {
+			u.Capacity, u.LongCapacity = int32(adv.capacity), int32(adv.longCapacity)
+		}
+		out = append(out, u)
 	}
 	return out, a.advChanged
 }
 
 // publish makes v p's advert if it differs from the current one, waking
 // every connection to send it; it returns the advert it replaced and
-// whether it did.
+// whether it did. v's capacities are ignored: the current ones stay
+// (setCapacity changes them).
 func (a *Agent) publish(id string, v advert) (old advert, changed bool) {
 	a.advMu.Lock()
 	defer a.advMu.Unlock()
+	cur := a.adverts[id]
+	v.capacity, v.longCapacity = cur.capacity, cur.longCapacity
+	return a.publishLocked(id, v)
+}
+
+// setCapacity publishes p's new capacities, keeping the rest of its
+// advert; it reports whether they changed.
+func (a *Agent) setCapacity(id string, capacity, longCapacity int) bool {
+	a.advMu.Lock()
+	defer a.advMu.Unlock()
+	v := a.adverts[id].advert
+	v.capacity, v.longCapacity = capacity, longCapacity
+	_, changed := a.publishLocked(id, v)
+	return changed
+}
+
+func (a *Agent) publishLocked(id string, v advert) (old advert, changed bool) {
 	cur := a.adverts[id]
 	if cur.equal(v) {
 		return cur.advert, false
@@ -226,7 +261,7 @@ func (a *Agent) startDiscovery(ctx context.Context) (stop func()) {
 			continue
 		}
 		wg.Go(func() {
-			for a.sleepOn(ctx, a.draining, p.cfg.DiscoveryInterval) {
+			for a.sleepOn(ctx, a.draining, time.Duration(p.interval.Load())) {
 				a.round(ctx, p)
 			}
 		})

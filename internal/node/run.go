@@ -34,8 +34,8 @@ type run struct {
 	gen      uint64
 	provider string
 
-	slotMu sync.Mutex    // guards slot
-	slot   chan struct{} // the provider slot r holds (capacity.go); nil when none
+	slotMu sync.Mutex // guards slot
+	slot   *slotPool  // the provider pool r holds a slot of (capacity.go); nil when none
 	// over is set just before the run's terminal frame is sent: the
 	// provider is done with it, so a drain that begins now counts it no
 	// run in flight (the edge may have read its end before the run

@@ -331,8 +331,7 @@ func TestBadInput_ContentType(t *testing.T) {
 
 // TestBadInput_Model: a missing or empty model is a 400 naming "model" (as
 // OpenAI answers: "you must provide a model parameter"); an unknown one is
-// 404 model_not_found (Ollama: `model "x" not found, try pulling it
-// first`).
+// 404 model_not_found (Ollama: `model 'x' not found`).
 func TestBadInput_Model(t *testing.T) {
 	rig := startBadRig(t, 0)
 	for _, rt := range badRoutes {
@@ -351,7 +350,7 @@ func TestBadInput_Model(t *testing.T) {
 			rig.checkCases(t, rt, cases)
 			if rt.ollama {
 				resp, body := rig.send(t, rt.path, "", with(`"no-such-model"`))
-				if !strings.Contains(string(body), `model \"no-such-model\" not found, try pulling it first`) {
+				if !strings.Contains(string(body), `model 'no-such-model' not found`) {
 					t.Errorf("Ollama unknown model: %d %s", resp.StatusCode, body)
 				}
 			}

@@ -1,7 +1,10 @@
 package process
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/spf13/pflag"
@@ -55,15 +58,20 @@ func LoadConfig(fs *pflag.FlagSet, path string, v any, reset func()) error {
 }
 
 // loadYAML decodes the YAML file at path into v, rejecting unknown fields.
+// A file that does not fit v's schema (ConfigKinds) is refused with every
+// problem in config words, each with its line: `FILE:3:16:
+// queue.queue_timeout: "30" is not a duration; write "30s"`.
 func loadYAML(path string, v any) error {
-	f, err := os.Open(path)
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	dec := yaml.NewDecoder(f)
+	if err := checkLoad(path, data, v); err != nil {
+		return err
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(v); err != nil {
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	return nil

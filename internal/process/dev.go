@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"reflect"
 	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"iop/internal/auth"
@@ -84,6 +87,65 @@ type devStack struct {
 	Edge  *edgeRun
 	Agent *node.Agent
 	done  chan error
+
+	logger  *slog.Logger
+	mu      sync.Mutex  // serializes reload; guards the fields below
+	cfg     DevConfig   // as running
+	nodeCfg node.Config // the in-process node's, as running
+}
+
+// reload applies next, iop dev's configuration read again: its api_key
+// (the client and admin key, at once) and discovery_interval (the
+// in-process node's); every other changed setting is logged as applying
+// at the next start. A next that is refused changes nothing.
+func (d *devStack) reload(next DevConfig, trigger string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var keys []auth.Key
+	if next.APIKey != "" {
+		keys = []auth.Key{{Name: "dev", Hash: auth.Hash(next.APIKey)}}
+	} else if !isLoopback(d.cfg.Listen) && !next.InsecureOpen {
+		return fmt.Errorf("the new config has no api_key: it would open the HTTP API on %s to anyone (set insecure_open to mean it)", d.cfg.Listen)
+	}
+	nodeCfg := d.nodeCfg
+	nodeCfg.DiscoveryInterval = next.DiscoveryInterval
+	res, err := d.Agent.Reload(nodeCfg)
+	if err != nil {
+		return err
+	}
+	if err := d.Edge.Keys.Replace(keys); err != nil {
+		return err
+	}
+	if err := d.Edge.AdminKeys.Replace(keys); err != nil {
+		return err
+	}
+	was, is := d.cfg, next
+	was.APIKey, was.DiscoveryInterval, was.InsecureOpen = "", 0, false
+	is.APIKey, is.DiscoveryInterval, is.InsecureOpen = "", 0, false
+	restart := changedFields(was, is)
+	keyChanged := d.cfg.APIKey != next.APIKey
+	d.cfg.APIKey, d.cfg.DiscoveryInterval, d.cfg.InsecureOpen = next.APIKey, next.DiscoveryInterval, next.InsecureOpen
+	d.nodeCfg = nodeCfg
+	log := d.logger.With("component", "config")
+	log.Info("config reloaded", "trigger", trigger, "api_key_changed", keyChanged, "applied", res.Applied)
+	if len(restart) > 0 {
+		log.Warn("config settings changed that apply only after a restart; they keep their running values", "settings", restart)
+	}
+	return nil
+}
+
+// changedFields names the YAML keys of the fields that differ between a
+// and b, two values of one struct type.
+func changedFields(a, b any) []string {
+	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
+	var out []string
+	for i := range va.NumField() {
+		if !reflect.DeepEqual(va.Field(i).Interface(), vb.Field(i).Interface()) {
+			name, _, _ := strings.Cut(va.Type().Field(i).Tag.Get("yaml"), ",")
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // printBanner tells a person where iop dev listens and what to try.
@@ -126,7 +188,7 @@ func startDev(ctx, abort context.Context, cfg DevConfig, version string, logger 
 		return nil, fmt.Errorf("--max-body-bytes %d and --write-timeout %s must not be negative", cfg.MaxBodyBytes, cfg.WriteTimeout)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	d := &devStack{done: make(chan error, 1)}
+	d := &devStack{done: make(chan error, 1), logger: logger, cfg: cfg}
 	var stops []func()
 	fail := func(err error) (*devStack, error) {
 		cancel()
@@ -249,14 +311,15 @@ func startDev(ctx, abort context.Context, cfg DevConfig, version string, logger 
 		return fail(err)
 	}
 	stops = append(stops, func() { shutdownTracing(ntr, logger) })
-	agent, err = node.New(node.Config{
+	d.nodeCfg = node.Config{
 		NodeID:            "dev",
 		Label:             "iop dev in-process node",
 		Version:           version,
 		Edge:              e.NodeAddr,
 		Providers:         providers,
 		DiscoveryInterval: cfg.DiscoveryInterval,
-	}, logger, node.WithTracer(ntr.Tracer))
+	}
+	agent, err = node.New(d.nodeCfg, logger, node.WithTracer(ntr.Tracer))
 	if err != nil {
 		stopEdge()
 		return fail(err)

@@ -34,11 +34,17 @@ func EdgeDefaults() edge.Config {
 
 // edgeRun is a running edge: its node endpoint and HTTP API.
 type edgeRun struct {
-	Service  *edge.Service
-	Ledger   *ledger.Ledger
-	HTTPAddr string // host:port the HTTP API listens on
-	NodeAddr string // host:port the node endpoint listens on
-	done     chan error
+	Service *edge.Service
+	Ledger  *ledger.Ledger
+	// Keys and AdminKeys are the HTTP API's keyrings; a reload swaps
+	// their keys (edgeReloader).
+	Keys, AdminKeys *auth.Keyring
+
+	keysMu           sync.Mutex // serializes reloads; guards the fields below
+	keyCfg, adminCfg []auth.Key // the keys the keyrings were last given
+	HTTPAddr         string     // host:port the HTTP API listens on
+	NodeAddr         string     // host:port the node endpoint listens on
+	done             chan error
 }
 
 // maxHeaderBytes caps a client request's header block; a larger one is
@@ -160,18 +166,19 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 	stopping := make(chan struct{}) // closed when the edge ends what is still in flight
 	var draining atomic.Bool        // set the moment the edge is told to stop
 	handler := api.New(obs.apiConfig(api.Config{
-		Stopping:     stopping,
-		MaxBodyBytes: cfg.MaxBodyBytes,
-		WriteTimeout: cfg.WriteTimeout,
-		Ready:        func() bool { return !draining.Load() && svc.Ready() },
-		Runs:         runManager,
-		Keys:         keys,
-		AdminKeys:    adminKeys,
-		Ledger:       usage,
-		Responses:    responseStore,
-		Flow:         cfg.Fairness.Flow,
-		Tracer:       tr.Tracer,
-		KeyAdmit:     clusterKeyAdmit(cfg, svc, keys),
+		Stopping:       stopping,
+		MaxBodyBytes:   cfg.MaxBodyBytes,
+		MaxAnswerBytes: cfg.MaxAnswerBytes,
+		WriteTimeout:   cfg.WriteTimeout,
+		Ready:          func() bool { return !draining.Load() && svc.Ready() },
+		Runs:           runManager,
+		Keys:           keys,
+		AdminKeys:      adminKeys,
+		Ledger:         usage,
+		Responses:      responseStore,
+		Flow:           cfg.Fairness.Flow,
+		Tracer:         tr.Tracer,
+		KeyAdmit:       clusterKeyAdmit(cfg, svc, keys),
 	}), gateway{svc}, logger)
 	var handlers sync.WaitGroup // handlers running, so the ledger closes after the last one
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -190,7 +197,7 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 	httpSrv := &http.Server{Handler: counted, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout, MaxHeaderBytes: maxHeaderBytes,
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
 	httpSrv.RegisterOnShutdown(obs.hub.Close) // ends the events streams, which would hold up the drain
-	e := &edgeRun{Service: svc, Ledger: usage, HTTPAddr: httpLis.Addr().String(), NodeAddr: nodeLis.Addr().String(), done: make(chan error, 1)}
+	e := &edgeRun{Service: svc, Ledger: usage, Keys: keys, AdminKeys: adminKeys, keyCfg: cfg.Keys, adminCfg: cfg.AdminKeys, HTTPAddr: httpLis.Addr().String(), NodeAddr: nodeLis.Addr().String(), done: make(chan error, 1)}
 	// The node endpoint outlives ctx until the HTTP API has drained, so the
 	// requests in flight at shutdown can finish.
 	grpcCtx, stopGRPC := context.WithCancel(context.Background())

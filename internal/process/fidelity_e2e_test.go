@@ -37,7 +37,9 @@ const (
 
 func startThinkingRig(t *testing.T, field string) *thinkingRig {
 	t.Helper()
-	_, ollamaURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{thinkOllamaModel}, Seed: 5, Thinking: true})
+	// ThinkLevels: the model takes Ollama's think levels, as gpt-oss does
+	// (TestRegression_ReasoningEffortOnABooleanThinker has one that does not).
+	_, ollamaURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{thinkOllamaModel}, Seed: 5, Thinking: true, ThinkLevels: true})
 	_, openaiURL := startSim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{thinkOpenAIModel}, Seed: 5, Thinking: true, ReasoningField: field})
 	_, plainURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{plainOllamaModel}, Seed: 5})
 	rig := &thinkingRig{ollamaRig: &ollamaRig{
@@ -290,7 +292,8 @@ func TestRegression_ThinkOnAModelThatCannotThink(t *testing.T) {
 // TestToolChoiceEndToEnd: tool_choice and parallel_tool_calls through an
 // OpenAI client, to an Ollama provider and to an OpenAI-compatible one.
 // The simulators call the first of the request's tools the last user
-// message names.
+// message names; a forced call reaches the Ollama one as a format (the
+// simulator writes the first anyOf branch's value).
 func TestToolChoiceEndToEnd(t *testing.T) {
 	rig := startThinkingRig(t, sim.ReasoningContent)
 	const tools = `"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}},` +
@@ -350,38 +353,43 @@ func TestToolChoiceEndToEnd(t *testing.T) {
 				}
 				return
 			}
-			var sent []struct {
-				Function struct{ Name string } `json:"function"`
-			}
-			if err := json.Unmarshal([]byte(sentField(t, target.proxy, "tools")), &sent); err != nil || len(sent) != 1 || sent[0].Function.Name != "get_time" {
-				t.Fatalf("the Ollama provider got tools %s", sentField(t, target.proxy, "tools"))
+			if sentField(t, target.proxy, "tools") != "" || sentField(t, target.proxy, "format") != `{"type":"object","properties":{"zone":{"type":"string"}}}` {
+				t.Fatalf("the Ollama provider got %s, want no tools and get_time's parameters as the format", target.proxy.last(t).Body)
 			}
 		})
-		for _, choice := range []string{`,"tool_choice":"required"`, `,"parallel_tool_calls":false`} {
-			t.Run(target.model+"/"+choice, func(t *testing.T) {
-				before := target.proxy.count()
-				resp, data := rig.do(t, http.MethodPost, "/v1/chat/completions", ask(target.model, choice))
-				if target.proxy == rig.openaiProx {
-					if resp.StatusCode != 200 || called(t, data) == "" || !strings.Contains(string(target.proxy.last(t).Body), strings.TrimPrefix(choice, ",")) {
-						t.Fatalf("%d %s: the provider got %s", resp.StatusCode, data, target.proxy.last(t).Body)
-					}
-					return
+		t.Run(target.model+"/required calls a tool", func(t *testing.T) {
+			body := strings.Replace(ask(target.model, `,"tool_choice":"required"`), `"max_tokens":3`, `"max_tokens":60`, 1)
+			resp, data := rig.do(t, http.MethodPost, "/v1/chat/completions", body)
+			if resp.StatusCode != 200 || called(t, data) != "get_weather" || !strings.Contains(string(data), `"finish_reason":"tool_calls"`) {
+				t.Fatalf("%d %s", resp.StatusCode, data)
+			}
+			if target.proxy == rig.openaiProx && !strings.Contains(string(target.proxy.last(t).Body), `"tool_choice":"required"`) {
+				t.Fatalf("the provider got %s", target.proxy.last(t).Body)
+			}
+		})
+		t.Run(target.model+"/parallel_tool_calls false", func(t *testing.T) {
+			before := target.proxy.count()
+			resp, data := rig.do(t, http.MethodPost, "/v1/chat/completions", ask(target.model, `,"parallel_tool_calls":false`))
+			if target.proxy == rig.openaiProx {
+				if resp.StatusCode != 200 || called(t, data) == "" || !strings.Contains(string(target.proxy.last(t).Body), `"parallel_tool_calls":false`) {
+					t.Fatalf("%d %s: the provider got %s", resp.StatusCode, data, target.proxy.last(t).Body)
 				}
-				var e struct {
-					Error struct{ Message, Code string } `json:"error"`
-				}
-				_ = json.Unmarshal(data, &e)
-				if resp.StatusCode != 400 || e.Error.Code != "unsupported_capability" || !strings.Contains(e.Error.Message, `tool_choice "required" or parallel_tool_calls false`) {
-					t.Fatalf("%d %s, want 400 saying why", resp.StatusCode, data)
-				}
-				if target.proxy.count() != before {
-					t.Fatal("the refused request reached the Ollama provider")
-				}
-			})
-		}
+				return
+			}
+			var e struct {
+				Error struct{ Message, Code string } `json:"error"`
+			}
+			_ = json.Unmarshal(data, &e)
+			if resp.StatusCode != 400 || e.Error.Code != "unsupported_capability" || !strings.Contains(e.Error.Message, `parallel_tool_calls false`) {
+				t.Fatalf("%d %s, want 400 saying why", resp.StatusCode, data)
+			}
+			if target.proxy.count() != before {
+				t.Fatal("the refused request reached the Ollama provider")
+			}
+		})
 	}
-	t.Run("a mixed alias sends required to the OpenAI-compatible provider", func(t *testing.T) {
-		resp, data := rig.do(t, http.MethodPost, "/v1/chat/completions", ask("mixed", `,"tool_choice":"required"`))
+	t.Run("a mixed alias sends parallel_tool_calls false to the OpenAI-compatible provider", func(t *testing.T) {
+		resp, data := rig.do(t, http.MethodPost, "/v1/chat/completions", ask("mixed", `,"parallel_tool_calls":false`))
 		var a struct{ Model string }
 		if err := json.Unmarshal(data, &a); err != nil || resp.StatusCode != 200 || a.Model != thinkOpenAIModel {
 			t.Fatalf("%d %s", resp.StatusCode, data)

@@ -342,7 +342,7 @@ func TestOllamaTagsListWhatChatAccepts(t *testing.T) {
 	// Nothing else is: not another tag, not a served name's prefix.
 	for _, name := range []string{"nope", "llama3:8b", "qwen2", "qwen2:latest", "both:7b", "LLAMA3"} {
 		status, data := chat(name)
-		if status != http.StatusNotFound || decodeObject(t, data).Error != fmt.Sprintf("model %q not found, try pulling it first", name) {
+		if status != http.StatusNotFound || decodeObject(t, data).Error != fmt.Sprintf("model '%s' not found", name) {
 			t.Fatalf("/api/chat with unlisted model %q: %d %s", name, status, data)
 		}
 	}
@@ -402,8 +402,8 @@ func TestOllamaErrorsAreOllamaShaped(t *testing.T) {
 		status             int
 		want               string // in the error text
 	}{
-		{http.MethodPost, "/api/chat", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`, 404, `model "nope" not found, try pulling it first`},
-		{http.MethodPost, "/api/generate", `{"model":"nope","prompt":"hi"}`, 404, `model "nope" not found`},
+		{http.MethodPost, "/api/chat", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`, 404, `model 'nope' not found`},
+		{http.MethodPost, "/api/generate", `{"model":"nope","prompt":"hi"}`, 404, `model 'nope' not found`},
 		{http.MethodPost, "/api/chat", `{"model":"llama3","messages":[{"role":"user","content":"hi"}]`, 400, "not valid JSON"},
 		{http.MethodPost, "/api/chat", `{"messages":[{"role":"user","content":"hi"}]}`, 400, "model"},
 		{http.MethodPost, "/api/chat", `{"model":"llama3","messages":[{"role":"user","content":7}]}`, 400, "messages[0].content"},
@@ -414,7 +414,7 @@ func TestOllamaErrorsAreOllamaShaped(t *testing.T) {
 		{http.MethodPost, "/api/chat", `{"model":"qwen2:7b","messages":[{"role":"user","content":"hi","images":["iVBORw0KGgo="]}]}`, 400, "vision"},
 		{http.MethodGet, "/api/chat", ``, 405, "method not allowed"},
 		{http.MethodPost, "/api/nothing", `{}`, 404, "unknown url"},
-		{http.MethodPost, "/api/show", `{"model":"nope"}`, 404, `model "nope" not found`},
+		{http.MethodPost, "/api/show", `{"model":"nope"}`, 404, `model 'nope' not found`},
 	} {
 		resp, data := rig.do(t, c.method, c.path, c.body)
 		if resp.StatusCode != c.status || !strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
@@ -648,7 +648,7 @@ func TestRegression_LoadOfAModelWhoseNodeIsGoneIsUnavailable(t *testing.T) {
 			t.Errorf("%s load of m, its node gone: %d Retry-After %q %s, want 503 with Retry-After", path, st, retry, body)
 		}
 	}
-	if st, _, body := post("/api/generate", `{"model":"never"}`); st != http.StatusNotFound || !strings.Contains(body, "try pulling it first") {
+	if st, _, body := post("/api/generate", `{"model":"never"}`); st != http.StatusNotFound || !strings.Contains(body, "model 'never' not found") {
 		t.Errorf("load of a model never served: %d %s, want 404", st, body)
 	}
 }

@@ -97,14 +97,26 @@ func TestOllamaEmbedBothProviderProtocols(t *testing.T) {
 				t.Fatalf("dimensions 4: %s", data)
 			}
 
-			// The older API: one prompt, one vector, nothing else.
+			// The older API: one prompt, one vector, nothing else; an
+			// Ollama provider's raw vector (the sim's is the normalized
+			// one times 7.25), an OpenAI-compatible one's as it gives it.
 			resp, data = rig.do(t, http.MethodPost, "/api/embeddings", fmt.Sprintf(`{"model":%q,"prompt":"first text","keep_alive":300}`, p.model))
 			var legacy struct {
 				Embedding []float32 `json:"embedding"`
 			}
 			decodeStrict(t, data, &legacy)
-			if resp.StatusCode != http.StatusOK || !reflect.DeepEqual(legacy.Embedding, batch[0]) {
-				t.Fatalf("/api/embeddings: %d %s, want the vector %v", resp.StatusCode, data, batch[0])
+			want := batch[0]
+			if p.name == "ollama" {
+				want = make([]float32, len(batch[0]))
+				for i, v := range batch[0] {
+					want[i] = v * 7.25
+				}
+				if sent := p.proxy.last(t); sent.Path != "/api/embeddings" || !strings.Contains(string(sent.Body), `"prompt":"first text"`) {
+					t.Fatalf("the Ollama provider got %s %s", sent.Path, sent.Body)
+				}
+			}
+			if resp.StatusCode != http.StatusOK || !reflect.DeepEqual(legacy.Embedding, want) {
+				t.Fatalf("/api/embeddings: %d %s, want the vector %v", resp.StatusCode, data, want)
 			}
 
 			// Nothing to embed: a load, answered without the provider.
@@ -141,8 +153,8 @@ func TestOllamaEmbedErrors(t *testing.T) {
 	}{
 		{"/api/embed", `{"model":"plain:1b","input":"x"}`, 400, "embeddings"},
 		{"/api/embeddings", `{"model":"plain:1b","prompt":"x"}`, 400, "embeddings"},
-		{"/api/embed", `{"model":"nope","input":"x"}`, 404, `model "nope" not found, try pulling it first`},
-		{"/api/embed", `{"model":"nope"}`, 404, `model "nope" not found, try pulling it first`},
+		{"/api/embed", `{"model":"nope","input":"x"}`, 404, `model 'nope' not found`},
+		{"/api/embed", `{"model":"nope"}`, 404, `model 'nope' not found`},
 		{"/api/embed", `{"input":"x"}`, 400, "model"},
 		{"/api/embed", `{"model":"llama3","input":7}`, 400, "input"},
 		{"/api/embed", `{"model":"llama3","input":["a",""]}`, 400, "input[1]"},

@@ -52,6 +52,14 @@ type Config struct {
 	// the running one stays.
 	Reload     func() (edge.Config, error)
 	ConfigFile string
+	// ReloadNode (ModeNode) and ReloadDev (ModeDev), when set, read the
+	// configuration again at each value from Deps.Hangup: the node applies
+	// its providers' capacities, discovery intervals and TLS files
+	// (node.Agent.Reload); iop dev its api_key and discovery_interval. What
+	// needs a restart is logged; a configuration that cannot be read or is
+	// invalid is refused with an error log line, and the running one stays.
+	ReloadNode func() (node.Config, error)
+	ReloadDev  func() (DevConfig, error)
 	// PprofListen, when set (ModeEdge, ModeNode), serves Go's profiler
 	// (/debug/pprof/) on this address until the process stops (ModeEdge:
 	// until it starts draining). Keep it on loopback: it is unauthenticated.
@@ -66,8 +74,10 @@ type Deps struct {
 	// Stdout, when set, gets ModeDev's banner (where it listens and what to
 	// try) once the process is ready.
 	Stdout io.Writer
-	// Hangup reloads the configuration (Config.Reload) at each value; iop
-	// edge passes SIGHUP. Nil: only a changed file reloads.
+	// Hangup reloads the configuration (Config.Reload, ReloadNode,
+	// ReloadDev) at each value; every iop process passes SIGHUP. Without a
+	// reload function each value is logged as having nothing to reload.
+	// Nil: only a changed file reloads (ModeEdge).
 	Hangup <-chan os.Signal
 }
 
@@ -120,7 +130,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*Process, error) {
 	case ModeEdge:
 		err = p.startEdge(runCtx, abortCtx, cfg, deps)
 	case ModeNode:
-		err = p.startNode(ctx, abortCtx, cfg)
+		err = p.startNode(ctx, abortCtx, cfg, deps)
 	case ModeDev:
 		err = p.startDev(runCtx, abortCtx, cfg, deps)
 	default:
@@ -193,13 +203,11 @@ func (p *Process) startEdge(ctx, abort context.Context, cfg Config, deps Deps) e
 		return err
 	}
 	p.HTTPAddr, p.NodeAddr, p.Service, p.Ledger = e.HTTPAddr, e.NodeAddr, e.Service, e.Ledger
-	var watched <-chan struct{}
-	if cfg.Reload != nil {
-		watched, err = watchEdgeConfig(ctx, cfg.ConfigFile, cfg.Reload, e.Service, p.logger, deps.Hangup)
-		if err != nil {
-			p.stop() // stops the edge
-			return errors.Join(err, e.Wait())
-		}
+	r := &edgeReloader{e: e, listen: cfg.Edge.Listen, logger: p.logger}
+	watched, err := watchConfig(ctx, cfg.ConfigFile, reloadFunc(cfg.Reload, r.apply, p.logger), p.logger, deps.Hangup)
+	if err != nil {
+		p.stop() // stops the edge
+		return errors.Join(err, e.Wait())
 	}
 	p.logger.Info("edge ready", "http", "http://"+e.HTTPAddr, "node_endpoint", e.NodeAddr)
 	go func() { p.finish(e.Wait(), watched) }()
@@ -208,7 +216,7 @@ func (p *Process) startEdge(ctx, abort context.Context, cfg Config, deps Deps) e
 
 // startNode starts ModeNode: the agent runs until its drain is over or
 // abort ends; ctx ending drains it.
-func (p *Process) startNode(ctx, abort context.Context, cfg Config) error {
+func (p *Process) startNode(ctx, abort context.Context, cfg Config, deps Deps) error {
 	ncfg := cfg.Node
 	if ncfg.Version == "" {
 		ncfg.Version = cfg.Version
@@ -230,9 +238,20 @@ func (p *Process) startNode(ctx, abort context.Context, cfg Config) error {
 	if err := servePprof(abort, cfg.PprofListen); err != nil {
 		return err
 	}
+	apply := func(c node.Config, trigger string) error {
+		if c.Version == "" {
+			c.Version = ncfg.Version
+		}
+		return reloadNode(agent, c, trigger, p.logger)
+	}
+	watched, err := watchConfig(abort, "", reloadFunc(cfg.ReloadNode, apply, p.logger), p.logger, deps.Hangup)
+	if err != nil {
+		return err
+	}
 	p.logger.Info("node starting", "node_id", ncfg.NodeID, "edge", ncfg.Edge, "edges", ncfg.Edges, "providers", len(ncfg.Providers))
 	stopDrainOnCtx := context.AfterFunc(ctx, func() { p.Drain("context ended") })
 	go func() {
+		defer func() { <-watched }()
 		err := agent.Run(abort)
 		if abort.Err() != nil {
 			p.logger.Warn("second signal: the runs still in flight were aborted", "node_id", ncfg.NodeID)
@@ -253,10 +272,15 @@ func (p *Process) startDev(ctx, abort context.Context, cfg Config, deps Deps) er
 	}
 	p.HTTPAddr, p.NodeAddr, p.Service, p.Ledger = d.Edge.HTTPAddr, d.Edge.NodeAddr, d.Edge.Service, d.Edge.Ledger
 	p.Agent, p.Dev = d.Agent, &d.DevInfo
+	watched, err := watchConfig(ctx, "", reloadFunc(cfg.ReloadDev, d.reload, p.logger), p.logger, deps.Hangup)
+	if err != nil {
+		p.stop()
+		return errors.Join(err, d.Wait())
+	}
 	if deps.Stdout != nil {
 		printBanner(deps.Stdout, d)
 	}
-	go func() { p.finish(d.Wait()) }()
+	go func() { p.finish(d.Wait(), watched) }()
 	return nil
 }
 

@@ -6,11 +6,15 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
 
+	"iop/internal/auth"
 	"iop/internal/edge"
+	"iop/internal/node"
 )
 
 // reloadSettle is how long the config file must stay unchanged after an
@@ -18,49 +22,44 @@ import (
 // write, rename), and reading between them would see a partial file.
 const reloadSettle = 100 * time.Millisecond
 
-// watchEdgeConfig reloads the edge's configuration at each value from hup
-// (SIGHUP, for iop edge; nil: never) and whenever
-// the file at path changes (it watches the file's directory, so a file
-// replaced by rename, as editors and Kubernetes ConfigMaps do, is seen too),
-// until ctx ends. load reads the new configuration (the file under the
-// command's flags); svc.Reload applies it. A configuration that cannot be
-// read or is invalid is refused with an error log line naming the problem,
-// and the running one stays. It returns once the watch is set up, and a
+// watchConfig calls reload at each value from hup (SIGHUP; nil: never),
+// with the trigger "SIGHUP", and, when path is set, whenever the file at
+// path changes, with "file changed" (it watches the file's directory, so a
+// file replaced by rename, as editors and Kubernetes ConfigMaps do, is seen
+// too), until ctx ends. A nil reload logs, at each SIGHUP, that there is
+// no config file to read again. It returns once the watch is set up, and a
 // channel closed when it has stopped.
-func watchEdgeConfig(ctx context.Context, path string, load func() (edge.Config, error), svc *edge.Service, logger *slog.Logger, hup <-chan os.Signal) (<-chan struct{}, error) {
-	watcher, err := fsnotify.NewWatcher()
-	if err != nil {
-		return nil, fmt.Errorf("watching %s: %w", path, err)
-	}
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		watcher.Close()
-		return nil, err
-	}
-	if err := watcher.Add(filepath.Dir(abs)); err != nil {
-		watcher.Close()
-		return nil, fmt.Errorf("watching %s: %w", path, err)
-	}
-	log := logger.With("component", "config", "path", path)
-	reload := func(trigger string) {
-		cfg, err := load()
-		if err == nil {
-			var res edge.ReloadResult
-			if res, err = svc.Reload(cfg); err == nil {
-				log.Info("config reloaded", "trigger", trigger, "added", res.Added, "removed", res.Removed,
-					"changed", res.Changed, "queue_changed", res.QueueChanged)
-				if len(res.Restart) > 0 {
-					log.Warn("config settings changed that apply only after a restart; they keep their running values", "settings", res.Restart)
-				}
-				return
-			}
+func watchConfig(ctx context.Context, path string, reload func(trigger string), logger *slog.Logger, hup <-chan os.Signal) (<-chan struct{}, error) {
+	var events <-chan fsnotify.Event
+	var errs <-chan error
+	var abs string
+	var watcher *fsnotify.Watcher
+	if path != "" && reload != nil {
+		var err error
+		if watcher, err = fsnotify.NewWatcher(); err != nil {
+			return nil, fmt.Errorf("watching %s: %w", path, err)
 		}
-		log.Error("config reload refused; the running config stays", "trigger", trigger, "err", err)
+		if abs, err = filepath.Abs(path); err != nil {
+			watcher.Close()
+			return nil, err
+		}
+		if err := watcher.Add(filepath.Dir(abs)); err != nil {
+			watcher.Close()
+			return nil, fmt.Errorf("watching %s: %w", path, err)
+		}
+		events, errs = watcher.Events, watcher.Errors
+	}
+	if reload == nil {
+		reload = func(trigger string) {
+			logger.Info("nothing to reload: started without --config; the process keeps running", "component", "config", "trigger", trigger)
+		}
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		defer watcher.Close()
+		if watcher != nil {
+			defer watcher.Close()
+		}
 		settle := time.NewTimer(reloadSettle)
 		settle.Stop()
 		defer settle.Stop()
@@ -70,7 +69,7 @@ func watchEdgeConfig(ctx context.Context, path string, load func() (edge.Config,
 				return
 			case <-hup:
 				reload("SIGHUP")
-			case ev, ok := <-watcher.Events:
+			case ev, ok := <-events:
 				if !ok {
 					return
 				}
@@ -80,13 +79,125 @@ func watchEdgeConfig(ctx context.Context, path string, load func() (edge.Config,
 				}
 			case <-settle.C:
 				reload("file changed")
-			case err, ok := <-watcher.Errors:
+			case err, ok := <-errs:
 				if !ok {
 					return
 				}
-				log.Warn("watching the config file failed", "err", err)
+				logger.Warn("watching the config file failed", "component", "config", "path", path, "err", err)
 			}
 		}
 	}()
 	return done, nil
+}
+
+// edgeReloader applies a configuration read again to a running edge: the
+// edge's own part (edge.Service.Reload) and the HTTP API's keyrings.
+type edgeReloader struct {
+	e      *edgeRun
+	listen string // the running HTTP API address, for the open-API check
+	logger *slog.Logger
+}
+
+// keysChange names the keys (of one keyring) a reload added, removed and
+// changed.
+type keysChange struct{ added, removed, changed []string }
+
+func diffKeys(old, next []auth.Key) keysChange {
+	var c keysChange
+	byName := make(map[string]auth.Key, len(old))
+	for _, k := range old {
+		byName[k.Name] = k
+	}
+	for _, k := range next {
+		was, ok := byName[k.Name]
+		switch {
+		case !ok:
+			c.added = append(c.added, k.Name)
+		case !reflect.DeepEqual(was, k):
+			c.changed = append(c.changed, k.Name)
+		}
+		delete(byName, k.Name)
+	}
+	for name := range byName {
+		c.removed = append(c.removed, name)
+	}
+	slices.Sort(c.removed)
+	return c
+}
+
+// apply reads cfg's keys file, checks every keyring and the open-API rule
+// first, then applies the edge's part and swaps the keyrings; a cfg refused
+// anywhere changes nothing. It logs what changed and what needs a restart.
+func (r *edgeReloader) apply(cfg edge.Config, trigger string) error {
+	cfg, err := cfg.LoadKeysFile()
+	if err != nil {
+		return err
+	}
+	if err := auth.Validate("keys", cfg.Keys); err != nil {
+		return err
+	}
+	if err := auth.Validate("admin_keys", cfg.AdminKeys); err != nil {
+		return err
+	}
+	if len(cfg.Keys) == 0 && r.e.Keys.Len() > 0 && !isLoopback(r.listen) && !cfg.InsecureOpen {
+		return fmt.Errorf("the new config has no API keys: it would open the HTTP API on %s to anyone (set insecure_open to mean it)", r.listen)
+	}
+	r.e.keysMu.Lock()
+	defer r.e.keysMu.Unlock()
+	res, err := r.e.Service.Reload(cfg)
+	if err != nil {
+		return err
+	}
+	keys, admin := diffKeys(r.e.keyCfg, cfg.Keys), diffKeys(r.e.adminCfg, cfg.AdminKeys)
+	// Validated above: Replace cannot fail now.
+	if err := r.e.Keys.Replace(cfg.Keys); err != nil {
+		return err
+	}
+	if err := r.e.AdminKeys.Replace(cfg.AdminKeys); err != nil {
+		return err
+	}
+	r.e.keyCfg, r.e.adminCfg = cfg.Keys, cfg.AdminKeys
+	log := r.logger.With("component", "config")
+	log.Info("config reloaded", "trigger", trigger, "added", res.Added, "removed", res.Removed,
+		"changed", res.Changed, "queue_changed", res.QueueChanged,
+		"keys_added", keys.added, "keys_removed", keys.removed, "keys_changed", keys.changed,
+		"admin_keys_added", admin.added, "admin_keys_removed", admin.removed, "admin_keys_changed", admin.changed,
+		"tokens_added", res.TokensAdded, "tokens_removed", res.TokensRemoved)
+	if len(res.Restart) > 0 {
+		log.Warn("config settings changed that apply only after a restart; they keep their running values", "settings", res.Restart)
+	}
+	return nil
+}
+
+// nodeReloader applies a configuration read again to a running node.
+func reloadNode(agent *node.Agent, cfg node.Config, trigger string, logger *slog.Logger) error {
+	res, err := agent.Reload(cfg)
+	if err != nil {
+		return err
+	}
+	log := logger.With("component", "config")
+	log.Info("config reloaded", "trigger", trigger, "applied", res.Applied)
+	if len(res.Restart) > 0 {
+		log.Warn("config settings changed that apply only after a restart; they keep their running values", "settings", res.Restart)
+	}
+	return nil
+}
+
+// reloadFunc makes the reload callback of watchConfig from load (the file
+// read again under the flags) and apply; nil when load is nil. A
+// configuration that cannot be read or is refused is logged, and the
+// running one stays.
+func reloadFunc[C any](load func() (C, error), apply func(C, string) error, logger *slog.Logger) func(string) {
+	if load == nil {
+		return nil
+	}
+	return func(trigger string) {
+		cfg, err := load()
+		if err == nil {
+			if err = apply(cfg, trigger); err == nil {
+				return
+			}
+		}
+		logger.Error("config reload refused; the running config stays", "component", "config", "trigger", trigger, "err", err)
+	}
 }

@@ -77,7 +77,7 @@
 // Activate and a Fence that changed something call every waiter's resolver
 // again, in enqueue order:
 //   - candidates: the waiter lists the live ones; none live fails it with
-//     ErrProviderUnavailable;
+//     ErrProviderUnavailable (after the reconnect grace, below);
 //   - ErrUnknownModel, ErrNoProvider, ErrCandidatesRejected,
 //     ErrProviderUnavailable: the providers that could serve it went away (it
 //     had a live candidate meeting its predicate when it was queued), so it
@@ -90,6 +90,12 @@
 //     release and capacity change, and are then offered free slots, so one
 //     whose resolver recovered is served before any later request. A stale
 //     waiter that never recovers waits until its queue timeout.
+//
+// A waiter whose every candidate went away fails at once only without a
+// reconnect grace (Policy.ReconnectGrace). With one it stays queued, with
+// no candidate and stale, until a re-resolution finds a candidate (a node
+// back after its restart) or its grace (the injected clock) or queue
+// timeout ends, whichever first.
 //
 // # Bounded state
 //

@@ -11,6 +11,11 @@ var (
 	ErrUnknownModel = errors.New("unknown model")
 	// ErrNoProvider: the model is known but no live provider serves it.
 	ErrNoProvider = errors.New("no provider for model")
+	// ErrProviderAway: beside ErrNoProvider, a resolver's word that the
+	// providers that serve the model are away for now (their node drains
+	// or just went): with a reconnect grace the request is queued, without
+	// a candidate, for one to come back (Policy.ReconnectGrace).
+	ErrProviderAway = errors.New("its providers are away for now (draining or reconnecting)")
 	// ErrCandidatesRejected: providers exist but the request-local predicate
 	// rejected every one (e.g. none has a capability the request needs).
 	// Only at admission: a queued request whose resolver says so later fails

@@ -101,6 +101,10 @@ type mWaiter struct {
 	stale bool    // its last resolution failed
 	// expect, when set, is the error it must have failed with by now.
 	expect error
+	// lostUntil, when set, is the end of its reconnect grace: it lost
+	// every candidate and fails with ErrProviderUnavailable then, unless a
+	// re-resolution finds one first.
+	lostUntil time.Time
 }
 
 type machine struct {
@@ -119,7 +123,8 @@ type machine struct {
 
 func newMachine(t *rapid.T) *machine {
 	clk := clock.NewFake(time.Unix(0, 0))
-	s, err := New(Config{Default: Policy{MaxQueue: 3, QueueTimeout: 10 * time.Second}, Clock: clk})
+	grace := rapid.SampledFrom([]time.Duration{0, 3 * time.Second, 7 * time.Second}).Draw(t, "reconnectGrace")
+	s, err := New(Config{Default: Policy{MaxQueue: 3, QueueTimeout: 10 * time.Second, ReconnectGrace: grace}, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +135,7 @@ func newMachine(t *rapid.T) *machine {
 	}
 	m.policy = map[string]Policy{}
 	for g := range modelGroups {
-		m.policy[g] = Policy{MaxQueue: 3, QueueTimeout: 10 * time.Second}
+		m.policy[g] = Policy{MaxQueue: 3, QueueTimeout: 10 * time.Second, ReconnectGrace: grace}
 	}
 	return m
 }
@@ -207,10 +212,24 @@ func (m *machine) reresolve(w *mWaiter) {
 		w.cands = slices.DeleteFunc(w.cands, func(c mCand) bool { return !m.liveCand(c) })
 		w.stale = true
 	case err != nil:
-		w.expect = ErrProviderUnavailable
+		grace := m.policy[w.group].ReconnectGrace
+		if grace <= 0 {
+			w.expect = ErrProviderUnavailable
+			return
+		}
+		// Queued without a candidate, stale, until its grace ends.
+		w.cands, w.stale = nil, true
+		if w.lostUntil.IsZero() {
+			w.lostUntil = m.clk.Now().Add(grace)
+		}
 	default:
-		w.cands, w.stale = cands, false
+		w.cands, w.stale, w.lostUntil = cands, false, time.Time{}
 	}
+}
+
+// graceOver reports whether w's reconnect grace has ended.
+func (m *machine) graceOver(w *mWaiter) bool {
+	return !w.lostUntil.IsZero() && !m.clk.Now().Before(w.lostUntil)
 }
 
 // reresolveAll is what an Activate or a Fence that changed something does.
@@ -302,7 +321,7 @@ func (m *machine) collect(t *rapid.T) {
 					t.Fatalf("waiter %d timed out; the reference expects %v", w.w.seq, w.expect)
 				}
 			case errors.Is(r.err, ErrProviderUnavailable):
-				if !errors.Is(w.expect, ErrProviderUnavailable) {
+				if !errors.Is(w.expect, ErrProviderUnavailable) && !m.graceOver(w) {
 					t.Fatalf("waiter %d failed with %v; the reference expects %v (candidates %v)", w.w.seq, r.err, w.expect, w.cands)
 				}
 				if errors.Is(r.err, ErrCandidatesRejected) {
@@ -773,6 +792,9 @@ func (m *machine) check(t *rapid.T) {
 		}
 		if !m.clk.Now().Before(w.deadline) {
 			t.Fatalf("waiter %d still queued past its deadline", w.w.seq)
+		}
+		if m.graceOver(w) {
+			t.Fatalf("waiter %d still queued past its reconnect grace (%v)", w.w.seq, w.lostUntil)
 		}
 	}
 	if snap.Leases != len(m.live()) {

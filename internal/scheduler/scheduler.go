@@ -25,6 +25,13 @@ type Policy struct {
 	// Fairness orders the group's waiters: FairnessOn by weighted fair
 	// queueing between flows, FairnessOff FIFO (package doc, "Fair order").
 	Fairness Fairness
+	// ReconnectGrace is how long a queued request whose every candidate
+	// went away (its node disconnected or drains) stays queued, with no
+	// candidate, for one to come back (a rolling restart) before it fails
+	// with ErrProviderUnavailable; never beyond its queue timeout, which
+	// keeps running. 0 takes the default's; negative means none (fail at
+	// once).
+	ReconnectGrace time.Duration
 }
 
 func (p Policy) validate() error {
@@ -47,6 +54,9 @@ func (p Policy) overlay(o Policy) Policy {
 	}
 	if o.Fairness != FairnessDefault {
 		p.Fairness = o.Fairness
+	}
+	if o.ReconnectGrace != 0 {
+		p.ReconnectGrace = o.ReconnectGrace
 	}
 	return p
 }
@@ -269,6 +279,11 @@ type waiter struct {
 	ch       chan result // one slot; exactly one send, by the settling lock holder
 	timer    Timer
 	enqueued time.Time
+	// lost is the grace timer (Policy.ReconnectGrace) of a waiter whose
+	// every candidate went away, nil otherwise; lostEpoch tells a stale
+	// timer from the current one.
+	lost      Timer
+	lostEpoch uint64
 	// prev, next link the global list of waiters in enqueue order.
 	prev, next *waiter
 	// stale: its resolver failed at its last re-resolution, so its
@@ -398,6 +413,9 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	s.grantEachLocked(s.retryStaleLocked())
 	cands, err := req.Resolve()
 	if err != nil {
+		if errors.Is(err, ErrProviderAway) {
+			return s.enqueueAwayLocked(req, err)
+		}
 		return nil, nil, err
 	}
 	cands, best := s.scanLocked(cands, &req)
@@ -436,6 +454,33 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	}
 	s.linkLocked(w, s.choicesLocked(cands))
 	w.timer = s.clock.AfterFunc(g.policy.QueueTimeout, func() { s.expire(w) })
+	return nil, w, nil
+}
+
+// enqueueAwayLocked queues req, whose providers are away (err wraps
+// ErrProviderAway), without a candidate for its group's reconnect grace
+// (loseLocked); without a grace it returns err, with a full queue
+// ErrQueueFull.
+func (s *Scheduler) enqueueAwayLocked(req Request, err error) (*Lease, *waiter, error) {
+	g := s.groupLocked(req.Group)
+	if g.policy.ReconnectGrace <= 0 {
+		return nil, nil, err
+	}
+	if g.queued >= g.policy.MaxQueue {
+		return nil, nil, fmt.Errorf("model %q: %w (%d waiting)", g.name, ErrQueueFull, g.queued)
+	}
+	s.seq++
+	w := &waiter{
+		band:     req.Priority.band(),
+		seq:      s.seq,
+		req:      req,
+		group:    g,
+		ch:       make(chan result, 1),
+		enqueued: s.clock.Now(),
+	}
+	s.linkLocked(w, nil)
+	w.timer = s.clock.AfterFunc(g.policy.QueueTimeout, func() { s.expire(w) })
+	s.loseLocked(w, fmt.Errorf("model %q: %w: %v", g.name, ErrProviderUnavailable, err))
 	return nil, w, nil
 }
 
@@ -705,6 +750,45 @@ func (s *Scheduler) unlinkLocked(w *waiter) {
 	if w.timer != nil {
 		w.timer.Stop()
 	}
+	s.foundLocked(w)
+}
+
+// loseLocked settles a waiting w whose every candidate went away (err
+// says why): with a reconnect grace it stays queued, with no candidate
+// and stale (re-resolved at every event that could grant it), until its
+// grace ends (then err) or a re-resolution finds a candidate; without
+// one it fails with err at once.
+func (s *Scheduler) loseLocked(w *waiter, err error) {
+	grace := w.group.policy.ReconnectGrace
+	if grace <= 0 {
+		s.failLocked(w, err)
+		return
+	}
+	if len(w.cands) > 0 {
+		s.setCandidatesLocked(w, nil)
+	}
+	s.markStaleLocked(w)
+	if w.lost != nil {
+		return // the grace already runs
+	}
+	w.lostEpoch++
+	epoch := w.lostEpoch
+	w.lost = s.clock.AfterFunc(grace, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if w.state == waiting && w.lost != nil && w.lostEpoch == epoch {
+			s.failLocked(w, fmt.Errorf("%w (no candidate came back within reconnect_grace %s)", err, grace))
+		}
+	})
+}
+
+// foundLocked ends w's reconnect grace, if it runs.
+func (s *Scheduler) foundLocked(w *waiter) {
+	if w.lost != nil {
+		w.lost.Stop()
+		w.lost = nil
+		w.lostEpoch++
+	}
 }
 
 func (r *resource) heap(long bool) *waitHeap {
@@ -838,10 +922,10 @@ func (s *Scheduler) resolveLocked(w *waiter) {
 	cands, err := w.req.Resolve()
 	switch {
 	case errors.Is(err, ErrProviderUnavailable):
-		s.failLocked(w, fmt.Errorf("model %q: %w", w.group.name, err))
+		s.loseLocked(w, fmt.Errorf("model %q: %w", w.group.name, err))
 	case errors.Is(err, ErrUnknownModel), errors.Is(err, ErrNoProvider), errors.Is(err, ErrCandidatesRejected):
 		// %v: the cause is text; the outcome is unavailable alone.
-		s.failLocked(w, fmt.Errorf("model %q: %w: %v", w.group.name, ErrProviderUnavailable, err))
+		s.loseLocked(w, fmt.Errorf("model %q: %w: %v", w.group.name, ErrProviderUnavailable, err))
 	case err != nil:
 		kept := w.cands[:0]
 		for _, c := range w.cands {
@@ -856,11 +940,12 @@ func (s *Scheduler) resolveLocked(w *waiter) {
 	default:
 		filter := Request{Long: w.req.Long} // only the live filter: no choice made here
 		if cands, _ = s.scanLocked(cands, &filter); len(cands) == 0 {
-			s.failLocked(w, fmt.Errorf("model %q: %w: every candidate is gone", w.group.name, ErrProviderUnavailable))
+			s.loseLocked(w, fmt.Errorf("model %q: %w: every candidate is gone", w.group.name, ErrProviderUnavailable))
 			return
 		}
 		s.setCandidatesLocked(w, s.choicesLocked(cands))
 		s.unstaleLocked(w)
+		s.foundLocked(w)
 	}
 }
 

@@ -67,6 +67,13 @@ type Config struct {
 	// (see thinking.go). Without it, a model cannot think, and an Ollama
 	// request asking it to is answered 400, as Ollama answers.
 	Thinking bool
+	// ThinkLevels makes a thinking model take Ollama's think levels
+	// ("low", "medium", "high"), as Ollama takes them from a model it
+	// parses with its harmony parser (gpt-oss). Without it an Ollama
+	// request's think level is answered 400 "think value %q is not
+	// supported for this model", as Ollama answers for every other model
+	// (v0.17.4, server/routes.go).
+	ThinkLevels bool
 	// ReasoningField is the field of an OpenAI answer's message or delta
 	// that carries its reasoning: "reasoning_content" (vLLM, DeepSeek; the
 	// default) or "reasoning" (Ollama's OpenAI API, OpenRouter).

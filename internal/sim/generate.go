@@ -64,6 +64,11 @@ type request struct {
 	// format is the JSON the request asks for (structured output): a
 	// JSON schema, jsonAny, or nil for text (openaiFormat, ollamaFormat).
 	format json.RawMessage
+	// logprobs and topLogprobs are an Ollama request's "logprobs" and
+	// "top_logprobs": the answer then carries each token's log
+	// probability (simLogprobs).
+	logprobs    bool
+	topLogprobs int
 }
 
 // choices is the number of choices to answer, at least 1.

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"net/http"
 	"slices"
@@ -87,6 +88,9 @@ type ollamaGenerateRequest struct {
 	Raw      bool            `json:"raw"`
 	// Format asks for JSON: "json" or a JSON schema (structured output).
 	Format json.RawMessage `json:"format"`
+	// Logprobs and TopLogprobs ask for the tokens' log probabilities.
+	Logprobs    bool `json:"logprobs"`
+	TopLogprobs int  `json:"top_logprobs"`
 }
 
 // parseOllamaChat parses a POST /api/chat body.
@@ -130,9 +134,17 @@ func (in ollamaGenerateRequest) toRequest(prompt string, loadOnly bool) (request
 		think:     in.Think,
 		raw:       in.Raw,
 		format:    ollamaFormat(in.Format),
+		// Ollama returns logprobs for top_logprobs above 0 even without
+		// logprobs.
+		logprobs:    in.Logprobs || in.TopLogprobs > 0,
+		topLogprobs: in.TopLogprobs,
 	}
 	if in.Model == "" {
 		return req, fmt.Errorf("%w: model is required", errInvalidRequest)
+	}
+	if in.TopLogprobs < 0 || in.TopLogprobs > 20 {
+		// Ollama's own text and status (GenerateHandler, ChatHandler).
+		return req, fmt.Errorf("%w: top_logprobs must be between 0 and 20", errInvalidRequest)
 	}
 	if n := in.Options.NumPredict; n != nil && *n >= 0 {
 		req.maxTokens = *n
@@ -158,6 +170,51 @@ type ollamaResponse struct {
 	PromptEvalDuration int64          `json:"prompt_eval_duration,omitempty"`
 	EvalCount          int            `json:"eval_count,omitempty"`
 	EvalDuration       int64          `json:"eval_duration,omitempty"`
+	Logprobs           []simLogprob   `json:"logprobs,omitempty"`
+}
+
+// simLogprob is one token's log probability in Ollama's shape (api.Logprob;
+// an alternative, api.TokenLogprob, has no top_logprobs).
+type simLogprob struct {
+	Token       string       `json:"token"`
+	Logprob     float64      `json:"logprob"`
+	Bytes       []int        `json:"bytes,omitempty"`
+	TopLogprobs []simLogprob `json:"top_logprobs,omitempty"`
+}
+
+// simLogprobs returns the log probability of each of tokens, as Ollama
+// answers logprobs: a value ≤ 0 derived from the token and its position,
+// the token's bytes, and, for top > 0, top alternatives most likely first,
+// the token itself the first of them.
+func simLogprobs(tokens []string, top int) []simLogprob {
+	out := make([]simLogprob, len(tokens))
+	for i, tok := range tokens {
+		h := fnv.New32a()
+		fmt.Fprintf(h, "%d:%s", i, tok)
+		lp := -float64(h.Sum32()%1000) / 1000
+		out[i] = simLogprob{Token: tok, Logprob: lp, Bytes: tokenBytes(tok)}
+		for j := range top {
+			alt := simLogprob{Token: tok, Logprob: lp, Bytes: tokenBytes(tok)}
+			if j > 0 {
+				alt.Token = fmt.Sprintf(" alt%d", j)
+				alt.Logprob, alt.Bytes = lp-float64(j), tokenBytes(alt.Token)
+			}
+			out[i].TopLogprobs = append(out[i].TopLogprobs, alt)
+		}
+	}
+	return out
+}
+
+// tokenBytes is tok's bytes as Ollama writes them: integers.
+func tokenBytes(tok string) []int {
+	if tok == "" {
+		return nil
+	}
+	b := make([]int, len(tok))
+	for i := range len(tok) {
+		b[i] = int(tok[i])
+	}
+	return b
 }
 
 // ollamaGenerate returns the handler of POST /api/chat (chat) or
@@ -259,9 +316,14 @@ func (s *Server) ollamaGenerate(chat bool) http.HandlerFunc {
 
 		// The output, a token per step: the thinking, then the answer.
 		steps := append(thoughts[:len(thoughts):len(thoughts)], c.tokens...)
+		var logprobs []simLogprob
+		if req.logprobs {
+			logprobs = simLogprobs(steps, req.topLogprobs)
+		}
 		if !req.stream {
 			s.paceSteps(r.Context(), req.prefill, len(steps), func(int) error { markFirst(); return nil })
 			resp := withCall(final(c.text()))
+			resp.Logprobs = logprobs
 			if chat {
 				resp.Message.Thinking = joinTokens(thoughts)
 			} else {
@@ -283,6 +345,9 @@ func (s *Server) ollamaGenerate(chat bool) http.HandlerFunc {
 				resp = thinkingFrame(steps[i])
 			} else {
 				resp = withCall(frame(steps[i]))
+			}
+			if logprobs != nil {
+				resp.Logprobs = logprobs[i : i+1]
 			}
 			if err := enc.Encode(resp); err != nil {
 				return err
@@ -350,8 +415,10 @@ func (in ollamaEmbedRequest) toRequest(inputs []string) (request, error) {
 // ollamaEmbed returns the handler of POST /api/embed, answering
 // {"model","embeddings":[[float,...],...],"total_duration","load_duration",
 // "prompt_eval_count"}, or with legacy set, of POST /api/embeddings,
-// answering {"embedding":[float,...]}. Vectors are L2-normalized, 8
-// components unless the request sets "dimensions".
+// answering {"embedding":[float,...]}. Vectors of /api/embed are
+// L2-normalized, 8 components unless the request sets "dimensions"; the
+// legacy answer is the model's raw vector, as Ollama's /api/embeddings
+// does not normalize it: the same direction, of norm rawEmbeddingNorm.
 func (s *Server) ollamaEmbed(legacy bool) http.HandlerFunc {
 	parse := parseOllamaEmbed
 	if legacy {
@@ -370,7 +437,12 @@ func (s *Server) ollamaEmbed(legacy bool) http.HandlerFunc {
 		}
 		vectors, promptTokens := embedAll(s.cfg.Seed, req)
 		if legacy {
-			writeJSON(w, http.StatusOK, map[string]any{"embedding": vectors[0]})
+			// float64, as Ollama writes /api/embeddings vectors.
+			raw := make([]float64, len(vectors[0]))
+			for i, v := range vectors[0] {
+				raw[i] = float64(v * rawEmbeddingNorm)
+			}
+			writeJSON(w, http.StatusOK, map[string]any{"embedding": raw})
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]any{
@@ -382,6 +454,10 @@ func (s *Server) ollamaEmbed(legacy bool) http.HandlerFunc {
 		})
 	}
 }
+
+// rawEmbeddingNorm is the L2 norm of the simulator's raw (not normalized)
+// embedding vectors, which /api/embeddings answers.
+const rawEmbeddingNorm = 7.25
 
 // ollamaModelDetails is the "details" object of a listed model.
 type ollamaModelDetails struct {

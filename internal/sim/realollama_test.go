@@ -119,9 +119,10 @@ func kinds(objs []answerObject) string {
 // after the thinking; the simulator's go on to text, whose lines are
 // compared where the real model writes text too (think false).
 //
-// Not compared, as the simulator differs on purpose: it takes think levels
-// for a thinking model, as gpt-oss does (Ollama refuses them for others,
-// this one included), and its token limit bounds the text only.
+// A think level is refused by the real thinking model, which is not
+// gpt-oss, and by the simulator without Config.ThinkLevels, word for word.
+// Not compared, as the simulator differs on purpose: its token limit
+// bounds the text only.
 func TestThinkingFormatMatchesRealOllama(t *testing.T) {
 	real := ollamatest.Start(t)
 	real.CreateModel(t, "tiny-thinking", ollamatest.Thinking)
@@ -187,6 +188,19 @@ func TestThinkingFormatMatchesRealOllama(t *testing.T) {
 		} {
 			rs, _, rerr := readAnswer(t, real.Client, real.URL, c.path, c.body)
 			ss, _, serr := readAnswer(t, client, plain, c.path, c.body)
+			if rs != http.StatusBadRequest || ss != rs || serr != rerr {
+				t.Errorf("%s %s: real %d %q, simulator %d %q", c.path, c.body, rs, rerr, ss, serr)
+			}
+		}
+	})
+
+	t.Run("refusals of a think level by a thinking model", func(t *testing.T) {
+		for _, c := range []struct{ path, body string }{
+			{"/api/chat", `{"model":"tiny-thinking","think":"low","messages":[{"role":"user","content":"hi"}]}`},
+			{"/api/generate", `{"model":"tiny-thinking","think":"high","prompt":"hi"}`},
+		} {
+			rs, _, rerr := readAnswer(t, real.Client, real.URL, c.path, c.body)
+			ss, _, serr := readAnswer(t, client, thinker, c.path, c.body)
 			if rs != http.StatusBadRequest || ss != rs || serr != rerr {
 				t.Errorf("%s %s: real %d %q, simulator %d %q", c.path, c.body, rs, rerr, ss, serr)
 			}

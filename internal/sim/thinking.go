@@ -35,12 +35,12 @@ func (e *thinkingError) Unwrap() error { return errInvalidRequest }
 // request starts with, following Ollama's server (v0.17.4, server/routes.go,
 // ChatHandler and GenerateHandler): "think" is true, false, "low",
 // "medium" or "high" (api.ThinkValue); a thinking model (Config.Thinking)
-// thinks unless think is false (an unset think is true for it), and takes
-// the levels, as gpt-oss does; a model that cannot think refuses think
-// true ("%q does not support thinking") and a level (chat checks the
-// capability first; generate checks the level first: "think value %q is
-// not supported for this model"). A raw generate prompt (no template)
-// has no thinking.
+// thinks unless think is false (an unset think is true for it); a model
+// that cannot think refuses think true ("%q does not support thinking");
+// a level is taken only with Config.ThinkLevels (gpt-oss's harmony
+// parser) and refused otherwise ("think value %q is not supported for
+// this model"; chat checks the capability first, generate the level
+// first). A raw generate prompt (no template) has no thinking.
 func (s *Server) ollamaThinking(req request, chat bool) (int, error) {
 	if len(req.think) == 0 || string(req.think) == "null" {
 		if s.cfg.Thinking && !req.raw {
@@ -56,14 +56,18 @@ func (s *Server) ollamaThinking(req request, chat bool) (int, error) {
 		}
 		on = true
 	}
+	levelRefused := level != "" && !s.cfg.ThinkLevels
+	if levelRefused && !chat {
+		return 0, &thinkingError{fmt.Sprintf("think value %q is not supported for this model", level)}
+	}
 	if !s.cfg.Thinking {
-		switch {
-		case level != "" && !chat:
-			return 0, &thinkingError{fmt.Sprintf("think value %q is not supported for this model", level)}
-		case on:
+		if on {
 			return 0, &thinkingError{fmt.Sprintf("%q does not support thinking", req.model)}
 		}
 		return 0, nil
+	}
+	if levelRefused {
+		return 0, &thinkingError{fmt.Sprintf("think value %q is not supported for this model", level)}
 	}
 	switch {
 	case !on || req.raw:

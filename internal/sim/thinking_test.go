@@ -61,7 +61,7 @@ func ollamaAnswer(t *testing.T, url, path, body string) (int, []ollamaThought) {
 // reasoning is there; eval_count counts it. As Ollama (v0.17.4) does, an
 // unset think thinks, false does not, a level sets how long.
 func TestOllamaThinkingFormat(t *testing.T) {
-	_, url, _ := startSim(t, Config{Protocol: ProtocolOllama, Thinking: true, Seed: 3})
+	_, url, _ := startSim(t, Config{Protocol: ProtocolOllama, Thinking: true, ThinkLevels: true, Seed: 3})
 	for _, c := range []struct {
 		name, path, body string
 		thinks           int
@@ -120,7 +120,8 @@ func TestOllamaThinkingFormat(t *testing.T) {
 // server does (v0.17.4, server/routes.go): think true is "does not support
 // thinking", a level too in a chat (the capability is checked first) and
 // "think value ... is not supported" in a generate (the level is checked
-// first); false is fine; an unknown value is refused by any model.
+// first); false is fine; an unknown value is refused by any model; a
+// thinking model without Config.ThinkLevels refuses a level.
 func TestOllamaThinkRefusals(t *testing.T) {
 	_, plain, _ := startSim(t, Config{Protocol: ProtocolOllama})
 	_, thinker, _ := startSim(t, Config{Protocol: ProtocolOllama, Thinking: true})
@@ -135,6 +136,10 @@ func TestOllamaThinkRefusals(t *testing.T) {
 		{plain, "/api/generate", `{"model":"sim-model","think":true,"prompt":"hi"}`, 400, `"sim-model" does not support thinking`},
 		{plain, "/api/chat", `{"model":"sim-model","think":false,"stream":false,"messages":[{"role":"user","content":"hi"}]}`, 200, ""},
 		{thinker, "/api/chat", `{"model":"sim-model","think":"max","messages":[{"role":"user","content":"hi"}]}`, 400, `invalid think value: "max"`},
+		// A thinking model that is not gpt-oss (Config.ThinkLevels) takes no level.
+		{thinker, "/api/chat", `{"model":"sim-model","think":"low","messages":[{"role":"user","content":"hi"}]}`, 400, `think value "low" is not supported for this model`},
+		{thinker, "/api/generate", `{"model":"sim-model","think":"high","prompt":"hi"}`, 400, `think value "high" is not supported for this model`},
+		{thinker, "/api/chat", `{"model":"sim-model","think":true,"stream":false,"messages":[{"role":"user","content":"hi"}]}`, 200, ""},
 		{plain, "/api/chat", `{"model":"nope","think":true,"messages":[{"role":"user","content":"hi"}]}`, 404, "model not found"},
 	} {
 		status, lines := ollamaAnswer(t, c.url, c.path, c.body)

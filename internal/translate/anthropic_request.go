@@ -50,8 +50,8 @@ type AnthropicRequest struct {
 	// Tools is set when the request defines tools.
 	Tools bool
 	// ToolChoiceAny is set for tool_choice {"type": "any"}: the answer must
-	// call a tool, which only a provider honouring OpenAI's tool_choice
-	// "required" can keep to.
+	// call a tool (OpenAI's tool_choice "required", which every provider
+	// serves: an Ollama one through a format, see ToOllamaChatRequest).
 	ToolChoiceAny bool
 	// OneToolCall is tool_choice.disable_parallel_tool_use: the answer
 	// keeps the model's first tool call only (the edge enforces it, so

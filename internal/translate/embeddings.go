@@ -89,7 +89,54 @@ func FromOllamaEmbeddings(body []byte) (Request, error) {
 	if in.Prompt != "" {
 		out.Input = []string{in.Prompt}
 	}
+	top[LegacyEmbeddingsKey] = json.RawMessage("true")
 	return embeddingsRequest(top, in.Model, embeddingsKnown, out)
+}
+
+// LegacyEmbeddingsKey is the OllamaFields member FromOllamaEmbeddings
+// sets (true): the request came to Ollama's older /api/embeddings, whose
+// answer is the model's raw vector where /api/embed normalizes it, so an
+// Ollama provider is asked on /api/embeddings too (ToOllamaEmbeddings).
+// It is never sent to a provider.
+const LegacyEmbeddingsKey = "iop_legacy_embeddings"
+
+// TakeLegacyEmbeddings reports whether f has LegacyEmbeddingsKey true,
+// and removes it from f.
+func (f *OllamaFields) TakeLegacyEmbeddings() bool {
+	if f == nil {
+		return false
+	}
+	raw, ok := f.top[LegacyEmbeddingsKey]
+	delete(f.top, LegacyEmbeddingsKey)
+	return ok && string(raw) == "true"
+}
+
+// ollamaEmbeddingsRequest is the body of Ollama's POST /api/embeddings.
+type ollamaEmbeddingsRequest struct {
+	Model  string `json:"model"`
+	Prompt string `json:"prompt"`
+}
+
+// ToOllamaEmbeddings translates an OpenAI embeddings body of one input
+// into an Ollama /api/embeddings body for model ({"model","prompt"}, and
+// fields as ToOllamaEmbed sets them). Errors are ToOllamaEmbed's, and more
+// than one input.
+func ToOllamaEmbeddings(body []byte, model string, fields *OllamaFields) ([]byte, error) {
+	var in struct {
+		Input json.RawMessage `json:"input"`
+	}
+	if err := json.Unmarshal(body, &in); err != nil {
+		return nil, fieldErr("", "request body is not a valid embeddings object")
+	}
+	inputs, err := stringOrStrings(in.Input, "input")
+	if err != nil {
+		return nil, err
+	}
+	if len(inputs) != 1 {
+		return nil, fieldErr("input", "/api/embeddings takes exactly one prompt")
+	}
+	req := ollamaEmbeddingsRequest{Model: model, Prompt: inputs[0]}
+	return fields.encode(&req, func(name string) bool { return name == "model" || name == "prompt" }, nil, nil)
 }
 
 // embeddingsRequest finishes an embeddings translation: every top-level
@@ -147,7 +194,10 @@ func NewOllamaEmbedResponse(model string, vectors [][]float32, promptTokens int,
 // OllamaEmbeddingResponse is the answer of the older POST /api/embeddings:
 // the prompt's vector ([] for a load).
 type OllamaEmbeddingResponse struct {
-	Embedding []float32 `json:"embedding"`
+	// Embedding is written as float64, as Ollama writes it (its
+	// api.EmbeddingResponse): each float32 value widened, so a client
+	// reads the same numbers as from Ollama.
+	Embedding []float64 `json:"embedding"`
 }
 
 // DecodeOpenAIEmbeddings decodes an OpenAI embeddings answer (OpenAI API

@@ -37,7 +37,7 @@ func TestFromOllamaEmbed(t *testing.T) {
 		})
 	}
 	req, err := FromOllamaEmbeddings([]byte(`{"model":"e","prompt":"legacy","keep_alive":300}`))
-	if want := `{"model":"e","input":["legacy"],"encoding_format":"float","iop_ollama":{"keep_alive":300}}`; err != nil || !translatedAs(t, req, want) {
+	if want := `{"model":"e","input":["legacy"],"encoding_format":"float","iop_ollama":{"iop_legacy_embeddings":true,"keep_alive":300}}`; err != nil || !translatedAs(t, req, want) {
 		t.Fatalf("legacy: %s, %v; want %s", req.Body, err, want)
 	}
 	// Nothing to embed: Ollama only loads (or unloads) the model.

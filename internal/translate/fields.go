@@ -64,6 +64,10 @@ func ParseOllamaFields(raw []byte) (*OllamaFields, error) {
 	return f, nil
 }
 
+// Has reports whether f has the top-level field name (null counts: the
+// field is set to null); f may be nil.
+func (f *OllamaFields) Has(name string) bool { return f.has(name) }
+
 // has reports whether f has the top-level field name (null counts: the
 // field is set to null).
 func (f *OllamaFields) has(name string) bool {

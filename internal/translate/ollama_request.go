@@ -81,6 +81,10 @@ type Request struct {
 	// OpenAI-compatible provider may still send (the canonical body asks
 	// for no reasoning_effort then; see FromOllamaChat).
 	NoThinking bool
+	// Logprobs is set when the client asked for log probabilities
+	// ("logprobs" true or "top_logprobs" above 0): only a provider that
+	// speaks Ollama's API returns them in Ollama's shape.
+	Logprobs bool
 	// Thinking is set when the client asked for thinking: "think" true or
 	// a level. The request then needs a model that can think (Ollama
 	// refuses think for one that cannot: "does not support thinking").
@@ -271,7 +275,8 @@ func FromOllamaChat(body []byte) (Request, error) {
 // chat body: an optional system message, then one user message with the
 // prompt and images. A raw request (no template) or one with a suffix
 // (fill in the middle) becomes a completions body: prompt and suffix, and
-// no system (dropped; Ollama's raw mode ignores it too); "format" is sent
+// no system (dropped for a suffix request; refused for a raw one, as
+// Ollama refuses it); "format" is sent
 // both as response_format and, for Ollama providers, in OllamaFields.
 // Options, keep_alive,
 // think and unknown fields go as in FromOllamaChat (a completions body
@@ -287,8 +292,9 @@ func FromOllamaChat(body []byte) (Request, error) {
 // Errors are *FieldError, as for FromOllamaChat, and also: a non-empty
 // "context" that is not one iop gave (the token ids of another server,
 // which iop, with no tokenizer, cannot read back: dropping it would answer
-// without the conversation), a context on a raw request (as Ollama: "raw
-// mode does not support template, system, or context") or one with a
+// without the conversation), a context, system or template on a raw
+// request with a prompt (Ollama's "raw mode does not support template,
+// system, or context", no field named) or a context on one with a
 // suffix, and images on a raw or suffix request (a completions prompt
 // cannot carry them).
 func FromOllamaGenerate(body []byte) (Request, error) {
@@ -330,6 +336,11 @@ func FromOllamaGenerate(body []byte) (Request, error) {
 		req.LoadOnly = true
 		return req, nil
 	}
+	if in.Raw && (in.System != "" || in.Template != "") {
+		// Ollama's own text (server/routes.go, GenerateHandler), which
+		// it checks after a load-only request is answered.
+		return Request{}, fieldErr("", "raw mode does not support template, system, or context")
+	}
 	if in.Raw || in.Suffix != "" {
 		if len(in.Images) > 0 {
 			return Request{}, fieldErr("images", "images cannot be sent with a raw or suffix prompt")
@@ -338,6 +349,12 @@ func FromOllamaGenerate(body []byte) (Request, error) {
 			t.dropped = append(t.dropped, "system")
 		}
 		prompt := in.Prompt
+		if in.Raw {
+			// An Ollama provider must not apply the model's template
+			// either: the completions body has no word for it.
+			t.ext["raw"] = json.RawMessage("true")
+			t.extension = append(t.extension, "raw")
+		}
 		if f, ok := top["format"]; ok && !isNull(f) {
 			// Ollama's /api/generate takes format as it is.
 			t.ext["format"] = f
@@ -411,7 +428,37 @@ func (t *translation) common(model string, known []string) (Request, *canonicalC
 	if err := t.options(out); err != nil {
 		return Request{}, nil, err
 	}
+	if err := logprobs(t.top, &req); err != nil {
+		return Request{}, nil, err
+	}
 	return req, out, nil
+}
+
+// maxTopLogprobs is the most top_logprobs Ollama returns per token.
+const maxTopLogprobs = 20
+
+// logprobs reads chat's and generate's "logprobs" (a boolean) and
+// "top_logprobs" (an integer from 0 to 20; Ollama's own bounds and text),
+// which stay in OllamaFields unchanged, and sets req.Logprobs when either
+// asks for log probabilities (Ollama returns them for top_logprobs above 0
+// even without logprobs).
+func logprobs(top map[string]json.RawMessage, req *Request) error {
+	var on bool
+	if err := decodeField(top, "logprobs", &on); err != nil {
+		return err
+	}
+	var n float64
+	if err := decodeField(top, "top_logprobs", &n); err != nil {
+		return err
+	}
+	if n != math.Trunc(n) {
+		return fieldErr("top_logprobs", "expected an integer")
+	}
+	if n < 0 || n > maxTopLogprobs {
+		return fieldErr("", "top_logprobs must be between 0 and 20")
+	}
+	req.Logprobs = on || n > 0
+	return nil
 }
 
 // required checks the model and sets aside every top-level field not in

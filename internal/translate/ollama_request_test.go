@@ -356,7 +356,7 @@ func TestOllamaThinkTranslation(t *testing.T) {
 		t.Errorf("generate: %s %v", req.Body, err)
 	}
 	req, err = FromOllamaGenerate([]byte(`{"model":"m","prompt":"x","raw":true,"think":true}`))
-	if err != nil || req.Operation != Completion || effort(req.Body) != "" || string(req.OllamaFields) != `{"think":true}` {
+	if err != nil || req.Operation != Completion || effort(req.Body) != "" || string(req.OllamaFields) != `{"raw":true,"think":true}` {
 		t.Errorf("raw generate: a completions body carries think for Ollama only: %s %v", req.Body, err)
 	}
 	for _, in := range []string{

@@ -33,6 +33,18 @@ type OllamaResponse struct {
 	PromptEvalDuration int64 `json:"prompt_eval_duration,omitempty"`
 	EvalCount          int   `json:"eval_count,omitempty"`
 	EvalDuration       int64 `json:"eval_duration,omitempty"`
+	// Logprobs are the log probabilities of this object's tokens (all of
+	// them in a whole answer), when asked for.
+	Logprobs []OllamaLogprob `json:"logprobs,omitempty"`
+}
+
+// OllamaLogprob is one token's log probability in Ollama's shape
+// (api.Logprob and api.TokenLogprob): bytes as an array of integers.
+type OllamaLogprob struct {
+	Token       string          `json:"token"`
+	Logprob     float64         `json:"logprob"`
+	Bytes       []int           `json:"bytes,omitempty"`
+	TopLogprobs []OllamaLogprob `json:"top_logprobs,omitempty"`
 }
 
 // OllamaMessage is the assistant message of a chat answer.

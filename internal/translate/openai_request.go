@@ -199,7 +199,9 @@ type ollamaChatRequest struct {
 //	.reasoning
 //	tool message              tool_name: its "name", else the function of
 //	                          the call its tool_call_id answers
-//	tools, tool_choice        tools, as tool_choice allows (toolsFor)
+//	tools, tool_choice        tools, as tool_choice allows (toolsFor); a
+//	                          forced call: format and a system message
+//	                          instead (forced_tool.go; ToOllamaChatRequest)
 //	max_completion_tokens,    options.num_predict
 //	max_tokens
 //	temperature, top_p, stop, options of the same names
@@ -221,37 +223,56 @@ type ollamaChatRequest struct {
 // arguments that are not JSON, an unknown response_format type, a
 // reasoning effort of another value, and the settings Ollama cannot honour
 // and whose loss would change the answer: "n" above 1 (Ollama answers one
-// choice per request), tool_choice "required" (Ollama cannot force a tool
-// call), parallel_tool_calls false (nor keep a model to one call), and
-// logprobs true or top_logprobs (the translation returns none).
+// choice per request), parallel_tool_calls false without a forced call
+// (Ollama cannot keep a model to one call), and logprobs true or
+// top_logprobs (the translation returns none). A request that forces a
+// call loses that to ToOllamaChat: use ToOllamaChatRequest.
 func ToOllamaChat(body []byte, model string, fields *OllamaFields) ([]byte, error) {
+	chat, err := ToOllamaChatRequest(body, model, fields)
+	return chat.Body, err
+}
+
+// OllamaChat is an Ollama /api/chat body (ToOllamaChatRequest) and how its
+// answer is to be read.
+type OllamaChat struct {
+	Body []byte
+	// Forced is set when the request forced a tool call: the answer's
+	// text is that call (ForcedCall.Call), not text for the client.
+	Forced *ForcedCall
+}
+
+// ToOllamaChatRequest is ToOllamaChat, also saying how to read the answer:
+// a request whose tool_choice forces a call gets no tools but a format
+// admitting only the call (forced_tool.go), and OllamaChat.Forced.
+func ToOllamaChatRequest(body []byte, model string, fields *OllamaFields) (OllamaChat, error) {
 	var in openAIChatRequest
 	if err := json.Unmarshal(body, &in); err != nil {
-		return nil, fieldErr("", "request body is not a valid chat completions object")
+		return OllamaChat{}, fieldErr("", "request body is not a valid chat completions object")
 	}
 	if len(in.Messages) == 0 {
-		return nil, fieldErr("messages", "at least one message is required")
+		return OllamaChat{}, fieldErr("messages", "at least one message is required")
 	}
 	switch {
 	case in.Logprobs != nil && *in.Logprobs:
-		return nil, fieldErr("logprobs", "not supported by this provider")
+		return OllamaChat{}, fieldErr("logprobs", "not supported by this provider")
 	case !isNull(in.TopLogprobs):
-		return nil, fieldErr("top_logprobs", "not supported by this provider")
+		return OllamaChat{}, fieldErr("top_logprobs", "not supported by this provider")
 	}
 	if err := oneChoice(in.N); err != nil {
-		return nil, err
+		return OllamaChat{}, err
 	}
 	opts, err := in.options()
 	if err != nil {
-		return nil, err
+		return OllamaChat{}, err
 	}
 	out := ollamaChatRequest{Model: model, Stream: true, Options: opts}
-	if out.Tools, err = toolsFor(in.Tools, in.ToolChoice, in.ParallelToolCalls); err != nil {
-		return nil, err
+	forced := false
+	if out.Tools, forced, err = toolsFor(in.Tools, in.ToolChoice, in.ParallelToolCalls); err != nil {
+		return OllamaChat{}, err
 	}
 	if !fields.has("think") {
 		if out.Think, err = in.think(); err != nil {
-			return nil, err
+			return OllamaChat{}, err
 		}
 	}
 	if rf := in.ResponseFormat; rf != nil {
@@ -261,11 +282,11 @@ func ToOllamaChat(body []byte, model string, fields *OllamaFields) ([]byte, erro
 			out.Format = json.RawMessage(`"json"`)
 		case "json_schema":
 			if rf.JSONSchema == nil || isNull(rf.JSONSchema.Schema) {
-				return nil, fieldErr("response_format", "json_schema needs a schema")
+				return OllamaChat{}, fieldErr("response_format", "json_schema needs a schema")
 			}
 			out.Format = rf.JSONSchema.Schema
 		default:
-			return nil, fieldErr("response_format", "unsupported type %q", rf.Type)
+			return OllamaChat{}, fieldErr("response_format", "unsupported type %q", rf.Type)
 		}
 	}
 	toolNames := make(map[string]string) // tool call id -> function name
@@ -273,19 +294,19 @@ func ToOllamaChat(body []byte, model string, fields *OllamaFields) ([]byte, erro
 		om := ollamaMessage{Role: m.Role, Thinking: reasoningText(m.ReasoningContent, m.Reasoning)}
 		switch m.Role {
 		case "":
-			return nil, fieldErr(fmt.Sprintf("messages[%d]", i), "role is required")
+			return OllamaChat{}, fieldErr(fmt.Sprintf("messages[%d]", i), "role is required")
 		case "developer":
 			om.Role = "system"
 		}
 		if om.Content, om.Images, err = messageContent(m.Content, i); err != nil {
-			return nil, err
+			return OllamaChat{}, err
 		}
 		for _, tc := range m.ToolCalls {
 			args := json.RawMessage(tc.Function.Arguments)
 			if strings.TrimSpace(tc.Function.Arguments) == "" {
 				args = json.RawMessage(`{}`)
 			} else if !json.Valid(args) {
-				return nil, fieldErr(fmt.Sprintf("messages[%d]", i), "tool call arguments are not JSON")
+				return OllamaChat{}, fieldErr(fmt.Sprintf("messages[%d]", i), "tool call arguments are not JSON")
 			}
 			om.ToolCalls = append(om.ToolCalls, OllamaToolCall{Function: OllamaFunctionCall{Name: tc.Function.Name, Arguments: args}})
 			if tc.ID != "" {
@@ -300,7 +321,14 @@ func ToOllamaChat(body []byte, model string, fields *OllamaFields) ([]byte, erro
 		}
 		out.Messages = append(out.Messages, om)
 	}
-	return fields.encode(&out, out.has, &out.Options, &out.Messages)
+	chat := OllamaChat{}
+	if forced {
+		if chat.Forced, err = forceCall(&out, out.Tools); err != nil {
+			return OllamaChat{}, err
+		}
+	}
+	chat.Body, err = fields.encode(&out, out.has, &out.Options, &out.Messages)
+	return chat, err
 }
 
 // has reports whether r's encoding has the top-level member name.
@@ -335,41 +363,54 @@ func reasoningText(content, reasoning json.RawMessage) string {
 
 // toolsFor is the "tools" an Ollama provider gets for an OpenAI request's
 // tools, tool_choice and parallel_tool_calls (OpenAI API reference, "Create
-// chat completion"), as near as Ollama, which has no tool_choice, can
-// honour them:
+// chat completion"), and whether the answer must be a call of one of them
+// (forced; Ollama has no tool_choice, so ToOllamaChatRequest constrains
+// the answer to the call instead, forced_tool.go):
 //
 //	tool_choice absent, "auto"       the tools as sent
 //	"none"                           no tools: the model cannot call one
-//	{"type":"function",              only that function's tool: the model
-//	 "function":{"name":N}}          can call no other
-//	{"type":"allowed_tools",         only those tools
-//	 "allowed_tools":{"mode":"auto",
+//	"required"                       the tools, forced
+//	{"type":"function",              only that function's tool, forced
+//	 "function":{"name":N}}
+//	{"type":"allowed_tools",         only those tools; forced when the
+//	 "allowed_tools":{"mode":M,      mode is "required"
 //	 "tools":[...]}}
 //
-// Refused (*FieldError), as Ollama cannot honour them and answering anyway
-// would change the answer's meaning: "required" and allowed tools of mode
-// "required" (Ollama cannot force a call), another tool_choice, a named
-// function that is not among the tools, and parallel_tool_calls false
-// (Ollama cannot keep a model to one call per turn). An OpenAI-compatible
-// provider gets all of these as sent.
-func toolsFor(tools, choice json.RawMessage, parallel *bool) (json.RawMessage, error) {
-	if parallel != nil && !*parallel && !isNull(tools) {
-		return nil, fieldErr("parallel_tool_calls", "false cannot be honoured by this provider (Ollama may answer with several tool calls in one turn); leave it out, or use a model an OpenAI-compatible provider serves")
+// Refused (*FieldError): another tool_choice, a named function that is not
+// among the tools, "required" without tools, and parallel_tool_calls false
+// without a forced call (Ollama cannot keep a model to one call per turn;
+// a forced answer is one call). An OpenAI-compatible provider gets all of
+// these as sent.
+func toolsFor(tools, choice json.RawMessage, parallel *bool) (json.RawMessage, bool, error) {
+	kept, forced, err := choiceTools(tools, choice)
+	if err != nil {
+		return nil, false, err
 	}
+	if parallel != nil && !*parallel && !forced && len(kept) > 0 {
+		return nil, false, fieldErr("parallel_tool_calls", "false cannot be honoured by this provider (Ollama may answer with several tool calls in one turn); leave it out, or use a model an OpenAI-compatible provider serves")
+	}
+	if forced && len(kept) == 0 {
+		return nil, false, fieldErr("tool_choice", "forces a tool call, but the request has no function tools")
+	}
+	return kept, forced, nil
+}
+
+// choiceTools is toolsFor without parallel_tool_calls.
+func choiceTools(tools, choice json.RawMessage) (json.RawMessage, bool, error) {
 	if isNull(choice) {
-		return nonNullRaw(tools), nil
+		return nonNullRaw(tools), false, nil
 	}
 	var mode string
 	if json.Unmarshal(choice, &mode) == nil {
 		switch mode {
 		case "auto":
-			return nonNullRaw(tools), nil
+			return nonNullRaw(tools), false, nil
 		case "none":
-			return nil, nil
+			return nil, false, nil
 		case "required":
-			return nil, fieldErr("tool_choice", `"required" cannot be honoured by this provider (Ollama cannot force a tool call); send "auto", or use a model an OpenAI-compatible provider serves`)
+			return nonNullRaw(tools), true, nil
 		}
-		return nil, fieldErr("tool_choice", `must be "none", "auto", "required" or an object naming a function, got %q`, clip(mode))
+		return nil, false, fieldErr("tool_choice", `must be "none", "auto", "required" or an object naming a function, got %q`, clip(mode))
 	}
 	var obj struct {
 		Type     string `json:"type"`
@@ -387,19 +428,20 @@ func toolsFor(tools, choice json.RawMessage, parallel *bool) (json.RawMessage, e
 		} `json:"allowed_tools"`
 	}
 	if err := json.Unmarshal(choice, &obj); err != nil {
-		return nil, fieldErr("tool_choice", `must be "none", "auto", "required" or an object naming a function`)
+		return nil, false, fieldErr("tool_choice", `must be "none", "auto", "required" or an object naming a function`)
 	}
 	var names []string
+	forced := false
 	switch {
 	case obj.Type == "function" && obj.Function != nil && obj.Function.Name != "":
-		names = []string{obj.Function.Name}
+		names, forced = []string{obj.Function.Name}, true
 	case obj.Type == "allowed_tools" && obj.AllowedTools != nil:
 		switch obj.AllowedTools.Mode {
 		case "", "auto":
 		case "required":
-			return nil, fieldErr("tool_choice.allowed_tools.mode", `"required" cannot be honoured by this provider (Ollama cannot force a tool call); send "auto", or use a model an OpenAI-compatible provider serves`)
+			forced = true
 		default:
-			return nil, fieldErr("tool_choice.allowed_tools.mode", `must be "auto" or "required", got %q`, clip(obj.AllowedTools.Mode))
+			return nil, false, fieldErr("tool_choice.allowed_tools.mode", `must be "auto" or "required", got %q`, clip(obj.AllowedTools.Mode))
 		}
 		for _, t := range obj.AllowedTools.Tools {
 			if t.Function != nil && t.Function.Name != "" {
@@ -407,9 +449,10 @@ func toolsFor(tools, choice json.RawMessage, parallel *bool) (json.RawMessage, e
 			}
 		}
 	default:
-		return nil, fieldErr("tool_choice", "a tool_choice of type %q is not supported by this provider; name a function: {\"type\":\"function\",\"function\":{\"name\":...}}", clip(obj.Type))
+		return nil, false, fieldErr("tool_choice", "a tool_choice of type %q is not supported by this provider; name a function: {\"type\":\"function\",\"function\":{\"name\":...}}", clip(obj.Type))
 	}
-	return onlyTools(tools, names)
+	kept, err := onlyTools(tools, names)
+	return kept, forced, err
 }
 
 // onlyTools returns the function tools of tools named in names, in their
@@ -438,6 +481,9 @@ func onlyTools(tools json.RawMessage, names []string) (json.RawMessage, error) {
 		if !found[n] {
 			return nil, fieldErr("tool_choice", "names the function %q, which is not among the request's tools", clip(n))
 		}
+	}
+	if len(kept) == 0 {
+		return nil, nil
 	}
 	return json.Marshal(kept)
 }

@@ -3,6 +3,7 @@ package translate
 import (
 	"bytes"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -92,8 +93,6 @@ func TestToOllamaChatReasoningRolesAndTools(t *testing.T) {
 			`{"model":"m","stream":true,` + user + `,"tools":[` + toolF + `,` + toolG + `]}`},
 		{"tool_choice none sends no tools", `{` + user + `,"tools":[` + toolF + `,` + toolG + `],"tool_choice":"none"}`,
 			`{"model":"m","stream":true,` + user + `}`},
-		{"a named function sends only its tool", `{` + user + `,"tools":[` + toolF + `,` + toolG + `],"tool_choice":{"type":"function","function":{"name":"g"}}}`,
-			`{"model":"m","stream":true,` + user + `,"tools":[` + toolG + `]}`},
 		{"allowed tools in mode auto", `{` + user + `,"tools":[` + toolF + `,` + toolG + `],"tool_choice":{"type":"allowed_tools","allowed_tools":{"mode":"auto","tools":[{"type":"function","function":{"name":"f"}}]}}}`,
 			`{"model":"m","stream":true,` + user + `,"tools":[` + toolF + `]}`},
 	} {
@@ -150,8 +149,8 @@ func TestToOllamaRefusals(t *testing.T) {
 		{"n", chat, `{"n":2,"messages":[{"role":"user","content":"x"}]}`, "n"},
 		{"remote image", chat, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}]}`, "messages[0].content[0].image_url"},
 		{"file URL image", chat, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":"file:///etc/passwd"}]}]}`, "messages[0].content[0].image_url"},
-		{"tool_choice required", chat, `{"messages":[{"role":"user","content":"x"}],"tools":[` + toolF + `],"tool_choice":"required"}`, "tool_choice"},
-		{"allowed tools required", chat, `{"messages":[{"role":"user","content":"x"}],"tools":[` + toolF + `],"tool_choice":{"type":"allowed_tools","allowed_tools":{"mode":"required","tools":[` + toolF + `]}}}`, "tool_choice.allowed_tools.mode"},
+		{"tool_choice required without tools", chat, `{"messages":[{"role":"user","content":"x"}],"tool_choice":"required"}`, "tool_choice"},
+		{"allowed tools of another mode", chat, `{"messages":[{"role":"user","content":"x"}],"tools":[` + toolF + `],"tool_choice":{"type":"allowed_tools","allowed_tools":{"mode":"some","tools":[` + toolF + `]}}}`, "tool_choice.allowed_tools.mode"},
 		{"tool_choice unknown string", chat, `{"messages":[{"role":"user","content":"x"}],"tools":[` + toolF + `],"tool_choice":"any"}`, "tool_choice"},
 		{"tool_choice custom", chat, `{"messages":[{"role":"user","content":"x"}],"tools":[` + toolF + `],"tool_choice":{"type":"custom","custom":{"name":"f"}}}`, "tool_choice"},
 		{"tool_choice names a missing function", chat, `{"messages":[{"role":"user","content":"x"}],"tools":[` + toolF + `],"tool_choice":{"type":"function","function":{"name":"g"}}}`, "tool_choice"},
@@ -199,21 +198,23 @@ func TestRegression_ToolChoiceNoneStillCallsATool(t *testing.T) {
 
 // TestRegression_NamedFunctionGetsAnotherOne: a named function used to
 // reach an Ollama provider with every tool, and the model called another
-// one. The provider now gets that tool alone.
+// one. The provider now gets no tools but the named one's parameters as
+// the format its answer must follow.
 func TestRegression_NamedFunctionGetsAnotherOne(t *testing.T) {
-	got, err := ToOllamaChat([]byte(`{"messages":[{"role":"user","content":"use f"}],"tools":[`+toolF+`,`+toolG+`],
+	got, err := ToOllamaChatRequest([]byte(`{"messages":[{"role":"user","content":"use f"}],"tools":[`+toolF+`,`+toolG+`],
 		"tool_choice":{"type":"function","function":{"name":"g"}}}`), "m", nil)
-	if want := `{"model":"m","stream":true,"messages":[{"role":"user","content":"use f"}],"tools":[` + toolG + `]}`; err != nil || !jsonEqual(t, got, want) {
-		t.Fatalf("%s %v, want only g", got, err)
+	if err != nil || got.Forced == nil || !slices.Equal(got.Forced.Names, []string{"g"}) ||
+		bytes.Contains(got.Body, []byte(`"tools"`)) || !bytes.Contains(got.Body, []byte(`"format":{"type":"object"}`)) {
+		t.Fatalf("%s %+v %v, want g forced through format", got.Body, got.Forced, err)
 	}
 }
 
-// TestRegression_ToolChoiceRequiredSilentlyDropped: "required" and
-// parallel_tool_calls false were dropped on the way to Ollama, which
-// cannot honour them; the translation refuses them, naming the field.
+// TestRegression_ToolChoiceRequiredSilentlyDropped: parallel_tool_calls
+// false was dropped on the way to Ollama, which cannot honour it without a
+// forced call; the translation refuses it, naming the field. ("required"
+// is served: TestRegression_ForcedToolChoiceOnOllama.)
 func TestRegression_ToolChoiceRequiredSilentlyDropped(t *testing.T) {
 	for field, body := range map[string]string{
-		"tool_choice":         `{"messages":[{"role":"user","content":"x"}],"tools":[` + toolF + `],"tool_choice":"required"}`,
 		"parallel_tool_calls": `{"messages":[{"role":"user","content":"x"}],"tools":[` + toolF + `],"parallel_tool_calls":false}`,
 	} {
 		var fe *FieldError

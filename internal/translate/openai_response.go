@@ -176,6 +176,12 @@ func (s *OpenAIStream) Feed(p []byte, onDelta func(Delta) error) error {
 	return s.sse.Feed(p, func(e sse.Event) error { return s.event(e.Data, onDelta) })
 }
 
+// Usage is the usage the stream reported so far (the last "usage" member
+// of its events), nil before any. A server that counts the prompt before
+// it answers (vLLM's continuous usage stats) reports it with the first
+// event.
+func (s *OpenAIStream) Usage() *Usage { return s.answer.Usage }
+
 // End ends the stream (the body is complete) and returns the answer
 // without its text and reasoning (the caller collected those from
 // onDelta). A last event not ended by a blank line is discarded, as the

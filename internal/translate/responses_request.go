@@ -46,10 +46,10 @@ type ResponsesRequest struct {
 	User string
 
 	// NeedsTools: "tools" has at least one function. NeedsToolChoice:
-	// tool_choice "required" (or allowed_tools of mode "required"), or
-	// parallel_tool_calls false with tools, which only an
-	// OpenAI-compatible provider keeps to. Thinks: reasoning.effort is
-	// set and not "none".
+	// parallel_tool_calls false with tools and no forced call, which only
+	// an OpenAI-compatible provider keeps to (an Ollama provider serves a
+	// forced call as one call). Thinks: reasoning.effort is set and not
+	// "none".
 	NeedsTools, NeedsToolChoice, Thinks bool
 	// NoThinking: reasoning.effort is "none", so the answer shows no
 	// reasoning even if the provider sends some (as Request.NoThinking of
@@ -63,6 +63,7 @@ type ResponsesRequest struct {
 	// chat settings, in the chat completions API's shape.
 	tools           json.RawMessage
 	toolChoice      json.RawMessage
+	forcesCall      bool // tool_choice forces a call: "required", a function, allowed tools "required"
 	responseFormat  json.RawMessage
 	reasoningEffort string
 }
@@ -198,7 +199,7 @@ func DecodeResponsesRequest(body []byte) (ResponsesRequest, error) {
 	if err := req.decodeToolChoice(top["tool_choice"], toolNames); err != nil {
 		return ResponsesRequest{}, err
 	}
-	if req.ParallelToolCalls != nil && !*req.ParallelToolCalls && req.NeedsTools {
+	if req.ParallelToolCalls != nil && !*req.ParallelToolCalls && req.NeedsTools && !req.forcesCall {
 		req.NeedsToolChoice = true
 	}
 	if err := req.decodeText(top["text"]); err != nil {
@@ -634,7 +635,7 @@ func (req *ResponsesRequest) decodeToolChoice(raw json.RawMessage, names []strin
 			if len(names) == 0 {
 				return fieldErr("tool_choice", `"required" needs tools`)
 			}
-			req.NeedsToolChoice = true
+			req.forcesCall = true
 		default:
 			return fieldErr("tool_choice", `must be "none", "auto", "required" or an object, got %q`, clip(mode))
 		}
@@ -666,11 +667,12 @@ func (req *ResponsesRequest) decodeToolChoice(raw json.RawMessage, names []strin
 			return fieldErr("tool_choice.name", "names the function %q, which is not among the request's tools", clip(obj.Name))
 		}
 		req.toolChoice, _ = json.Marshal(named{"function", fn{obj.Name}})
+		req.forcesCall = true
 	case "allowed_tools":
 		switch obj.Mode {
 		case "auto":
 		case "required":
-			req.NeedsToolChoice = true
+			req.forcesCall = true
 		default:
 			return fieldErr("tool_choice.mode", `must be "auto" or "required", got %q`, clip(obj.Mode))
 		}

@@ -18,6 +18,11 @@ const DefaultMaxBodyBytes int64 = 32 << 20 // 32 MiB
 // DefaultBodyReadTimeout is Config.BodyReadTimeout when it is 0.
 const DefaultBodyReadTimeout = 60 * time.Second
 
+// DefaultMaxAnswerBytes is Config.MaxAnswerBytes when it is 0: the same
+// bound a node puts on a provider answer it reads whole (an Ollama stream
+// line, an embeddings answer; adapter.MaxAnswerBytes).
+const DefaultMaxAnswerBytes int64 = 256 << 20 // 256 MiB
+
 // DefaultWriteTimeout is Config.WriteTimeout when it is 0.
 const DefaultWriteTimeout = 60 * time.Second
 
@@ -27,6 +32,13 @@ type Config struct {
 	// MaxBodyBytes caps a request body, in bytes; a larger body is answered
 	// 413. 0 means DefaultMaxBodyBytes (32 MiB); negative is invalid.
 	MaxBodyBytes int64
+	// MaxAnswerBytes caps a provider answer the edge reads whole to
+	// translate it (a tunnel-path provider's non-streamed answer rendered
+	// for an Ollama or Anthropic client, or its error body), in bytes; a
+	// larger one fails the request with 502. An answer relayed as it comes
+	// (OpenAI routes on the tunnel path) has no cap. 0 means
+	// DefaultMaxAnswerBytes (256 MiB); negative is invalid.
+	MaxAnswerBytes int64
 	// WriteTimeout bounds each write to a client: a write (or flush) that
 	// makes no progress for this long fails, and the run it belongs to is
 	// cancelled, so a client that stays connected but stops reading cannot
@@ -111,6 +123,9 @@ type Config struct {
 // Validate reports a configuration New cannot honour, wrapping
 // ErrInvalidConfig.
 func (c Config) Validate() error {
+	if c.MaxAnswerBytes < 0 {
+		return fmt.Errorf("%w: max answer bytes %d is negative", ErrInvalidConfig, c.MaxAnswerBytes)
+	}
 	if c.MaxBodyBytes < 0 {
 		return fmt.Errorf("%w: max body bytes %d is negative", ErrInvalidConfig, c.MaxBodyBytes)
 	}
@@ -130,6 +145,9 @@ func (c Config) Validate() error {
 func (c Config) withDefaults() Config {
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxAnswerBytes <= 0 {
+		c.MaxAnswerBytes = DefaultMaxAnswerBytes
 	}
 	if c.BodyReadTimeout <= 0 {
 		c.BodyReadTimeout = DefaultBodyReadTimeout

@@ -24,10 +24,10 @@ const (
 	// and command-line providers answer one choice per request.
 	needChoices = "choices"
 	// needToolChoice is a request whose tool use only an OpenAI-compatible
-	// provider can keep to: tool_choice "required" (or allowed tools of
-	// mode "required"), or parallel_tool_calls false. Like needChoices, no
-	// provider declares it: tunnel-path providers have it (the request
-	// reaches them as sent); Ollama has no such settings.
+	// provider can keep to: parallel_tool_calls false without a forced
+	// call (an Ollama provider serves a forced call, as one call, through
+	// a format). Like needChoices, no provider declares it: tunnel-path
+	// providers have it (the request reaches them as sent).
 	needToolChoice = "tool_choice"
 	// needRemoteImages is a request with an image given by an http(s)
 	// URL: only a provider that fetches it itself (an OpenAI-compatible
@@ -57,6 +57,11 @@ const (
 	// or top_logprobs, a completion's logprobs): the translation to
 	// Ollama's API returns none, so only tunnel-path providers have it.
 	needLogprobs = "logprobs"
+	// needOllamaLogprobs is an Ollama client's request for log
+	// probabilities (/api/chat's or /api/generate's logprobs true or
+	// top_logprobs above 0): only a provider that speaks Ollama's API
+	// returns them (the node relays them as they come).
+	needOllamaLogprobs = "ollama_logprobs"
 )
 
 // maxStopSequences is how many "stop" strings a request may give (OpenAI's
@@ -119,8 +124,8 @@ const (
 // may be a string, an array of content parts of type "text" or "image_url",
 // or null; an "image_url" part makes the request need "vision" (and
 // "remote_images" when its URL is http or https), a non-empty "tools" (or
-// legacy "functions") array makes it need "tools", tool_choice "required"
-// or parallel_tool_calls false with tools "tool_choice", and "n" above 1
+// legacy "functions") array makes it need "tools", parallel_tool_calls
+// false with tools and no forced call "tool_choice", and "n" above 1
 // "choices".
 //
 // Checked values:
@@ -505,24 +510,31 @@ func checkTools(tools, functions []jsonValue) error {
 // toolChoiceOf checks "tool_choice" and "parallel_tool_calls" (OpenAI
 // API reference, "Create chat completion") against the request's tools,
 // and reports whether they constrain the tool use beyond what Ollama can
-// honour: tool_choice "required" (or allowed tools of mode "required"),
-// or parallel_tool_calls false (needToolChoice).
+// honour (needToolChoice): parallel_tool_calls false with tools, unless
+// tool_choice forces a call ("required", a named function, allowed tools
+// of mode "required"), whose answer from an Ollama provider is one call.
 func toolChoiceOf(top *jsonValue, tools []jsonValue) (constrained bool, err error) {
 	parallel := top.get("parallel_tool_calls")
 	if err := checkType(parallel, "parallel_tool_calls", wantBool); err != nil {
 		return false, err
 	}
-	constrained = parallel.kind() == 'f' && len(tools) > 0
+	forced, err := forcedChoiceOf(top, tools)
+	return parallel.kind() == 'f' && len(tools) > 0 && !forced, err
+}
+
+// forcedChoiceOf checks "tool_choice" against the request's tools and
+// reports whether it forces a tool call.
+func forcedChoiceOf(top *jsonValue, tools []jsonValue) (forced bool, err error) {
 	tc := top.get("tool_choice")
 	if tc.absent() {
-		return constrained, nil
+		return false, nil
 	}
 	const choices = `"none", "auto", "required" or an object naming a function`
 	switch tc.kind() {
 	case '"':
 		switch mode := tc.text(); mode {
 		case "none", "auto":
-			return constrained, nil
+			return false, nil
 		case "required":
 			if len(tools) == 0 {
 				return false, &requestError{param: "tool_choice", message: `"required" needs tools; the request has none`}
@@ -558,6 +570,7 @@ func toolChoiceOf(top *jsonValue, tools []jsonValue) (constrained bool, err erro
 			return false, &requestError{param: "tool_choice.function.name",
 				message: fmt.Sprintf("names the function %s, which is not among the request's tools", strconv.Quote(clip(name)))}
 		}
+		forced = true
 	case "allowed_tools":
 		allowed := tc.get("allowed_tools")
 		if err := checkType(allowed, "tool_choice.allowed_tools", wantObject); err != nil {
@@ -571,10 +584,10 @@ func toolChoiceOf(top *jsonValue, tools []jsonValue) (constrained bool, err erro
 			if len(tools) == 0 {
 				return false, &requestError{param: "tool_choice.allowed_tools.mode", message: `"required" needs tools; the request has none`}
 			}
-			constrained = true
+			forced = true
 		}
 	}
-	return constrained, nil
+	return forced, nil
 }
 
 // toolNamesOf are the function names of a request's tools, each read as

@@ -38,11 +38,14 @@ var (
 
 // Outcomes this package finds itself.
 var (
-	errNotFound          = errors.New("unknown url")
-	errMethodNotAllowed  = errors.New("method not allowed")
-	errBodyTooLarge      = errors.New("request body too large")
-	errBodyTimeout       = errors.New("the request body did not arrive in time")
-	errUnsupportedMedia  = errors.New("unsupported content type")
+	errNotFound         = errors.New("unknown url")
+	errMethodNotAllowed = errors.New("method not allowed")
+	errBodyTooLarge     = errors.New("request body too large")
+	errBodyTimeout      = errors.New("the request body did not arrive in time")
+	errUnsupportedMedia = errors.New("unsupported content type")
+	// errModelManagement is an Ollama route that manages a model server's
+	// models (copy, delete, create, push, blobs): 403, with why.
+	errModelManagement   = errors.New("model management refused")
 	errUpstreamEnded     = errors.New("upstream ended the response without completing it")
 	errUpstreamProtocol  = errors.New("unexpected message from upstream")
 	errUnknownPath       = errors.New("unknown execution path")
@@ -155,6 +158,10 @@ func classify(err error, req *Request) *apiError {
 		return newAPIError(http.StatusRequestTimeout, "invalid_request_error", "", "request_timeout", err.Error())
 	case errors.Is(err, errBodyTooLarge):
 		return newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "", "request_too_large", err.Error())
+	case errors.As(err, new(*encodingError)):
+		return newAPIError(http.StatusUnsupportedMediaType, "invalid_request_error", "", "unsupported_content_encoding", err.Error())
+	case errors.Is(err, errModelManagement):
+		return newAPIError(http.StatusForbidden, "invalid_request_error", "", "model_management_refused", err.Error())
 	case errors.Is(err, errUnsupportedMedia):
 		return newAPIError(http.StatusUnsupportedMediaType, "invalid_request_error", "", "unsupported_media_type",
 			"Content-Type must be application/json")

@@ -274,9 +274,10 @@ func TestTunnelReasoningBytesUnchanged(t *testing.T) {
 }
 
 // TestToolChoiceNeeds: tool_choice and parallel_tool_calls are checked,
-// and the settings only OpenAI-compatible providers honour make the
-// request need them (so it never silently reaches an Ollama provider);
-// remote images need one too.
+// and the settings only OpenAI-compatible providers honour
+// (parallel_tool_calls false without a forced call) make the request need
+// them (so it never silently reaches an Ollama provider); a forced call
+// does not (an Ollama provider serves it); remote images need one too.
 func TestToolChoiceNeeds(t *testing.T) {
 	const tools = `"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"g"}}]`
 	user := `"messages":[{"role":"user","content":"hi"}]`
@@ -288,9 +289,10 @@ func TestToolChoiceNeeds(t *testing.T) {
 		{tools + `,"tool_choice":"auto","parallel_tool_calls":true`, []string{"tools"}},
 		{tools + `,"tool_choice":"none"`, []string{"tools"}},
 		{tools + `,"tool_choice":{"type":"function","function":{"name":"g"}}`, []string{"tools"}},
-		{tools + `,"tool_choice":"required"`, []string{"tools", "tool_choice"}},
+		{tools + `,"tool_choice":"required"`, []string{"tools"}},
+		{tools + `,"tool_choice":"required","parallel_tool_calls":false`, []string{"tools"}},
 		{tools + `,"parallel_tool_calls":false`, []string{"tools", "tool_choice"}},
-		{tools + `,"tool_choice":{"type":"allowed_tools","allowed_tools":{"mode":"required","tools":[]}}`, []string{"tools", "tool_choice"}},
+		{tools + `,"tool_choice":{"type":"allowed_tools","allowed_tools":{"mode":"required","tools":[]}}`, []string{"tools"}},
 		{`"parallel_tool_calls":false`, nil},
 		{`"tool_choice":"none"`, nil},
 	} {
@@ -334,11 +336,11 @@ func TestToolChoiceNeeds(t *testing.T) {
 // request's tool choice or remote image answers 400 with the gateway's
 // reason, not a silent drop.
 func TestRejectedNeedsSayWhy(t *testing.T) {
-	env := newEnv(t, Config{}, failWith(wrapRejected(`no provider for model "m" honours tool_choice "required" or parallel_tool_calls false: only OpenAI-compatible providers do`)))
+	env := newEnv(t, Config{}, failWith(wrapRejected(`no provider for model "m" honours parallel_tool_calls false: only OpenAI-compatible providers do`)))
 	resp := env.post(t, "/v1/chat/completions", "application/json",
-		`{"model":"m","tool_choice":"required","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"hi"}]}`)
+		`{"model":"m","parallel_tool_calls":false,"tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"hi"}]}`)
 	msg, _, _, code := openAIError(t, resp.body)
-	if resp.status != 400 || !strings.Contains(msg, `tool_choice "required"`) || str(code) != "unsupported_capability" {
+	if resp.status != 400 || !strings.Contains(msg, `parallel_tool_calls false`) || str(code) != "unsupported_capability" {
 		t.Fatalf("%d %s", resp.status, resp.body)
 	}
 	if req := env.gw.requests()[0]; !slices.Equal(req.Needs, []string{"tools", "tool_choice"}) {

@@ -168,6 +168,15 @@ type requestBody struct {
 	lift func()
 	// header is the answer's header, for a Connection: close.
 	header http.Header
+	// encErr is the *encodingError of a body in a coding the edge does not
+	// decode: every Read fails with it.
+	encErr error
+}
+
+// readCloser reads from one reader and closes another.
+type readCloser struct {
+	io.Reader
+	io.Closer
 }
 
 // newRequestBody caps r's body at limit bytes. A Content-Length over the
@@ -175,8 +184,26 @@ type requestBody struct {
 // client waiting for a 100 Continue is never asked for the body), and
 // marks the answer Connection: close, as net/http does for a body over a
 // MaxBytesReader's limit.
+//
+// A body with a Content-Encoding (bodyCoding: gzip, deflate) is decoded as
+// it is read, and the limit counts the decoded bytes (a small compressed
+// body that decodes to more is 413, without decoding more than the limit)
+// as well as the bytes received; the header is then removed, so that
+// nothing after reads the decoded body as encoded. A coding the edge does
+// not decode fails every Read with an *encodingError (415).
 func newRequestBody(w http.ResponseWriter, r *http.Request, limit int64) *requestBody {
-	b := &requestBody{orig: r.Body, capped: http.MaxBytesReader(w, r.Body, limit), limit: limit, header: w.Header()}
+	b := &requestBody{orig: r.Body, limit: limit, header: w.Header()}
+	src := r.Body
+	codings, err := bodyCoding(r.Header)
+	switch {
+	case err != nil:
+		b.encErr = err
+	case len(codings) > 0:
+		raw := http.MaxBytesReader(w, r.Body, limit)
+		src = readCloser{&decodedBody{raw: rawReader{raw}, codings: codings}, raw}
+		r.Header.Del("Content-Encoding")
+	}
+	b.capped = http.MaxBytesReader(w, src, limit)
 	if r.ContentLength > limit {
 		b.tooLarge = true
 		w.Header().Set("Connection", "close")
@@ -187,6 +214,9 @@ func newRequestBody(w http.ResponseWriter, r *http.Request, limit int64) *reques
 func (b *requestBody) Read(p []byte) (int, error) {
 	if b.tooLarge {
 		return 0, &http.MaxBytesError{Limit: b.limit}
+	}
+	if b.encErr != nil {
+		return 0, b.encErr
 	}
 	b.read = true
 	n, err := b.capped.Read(p)
@@ -251,6 +281,9 @@ func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 	}
 	if !ok && strings.HasPrefix(r.URL.Path, responsesPrefix) {
 		rt, ok = route{"", h.responsesRoute}, true
+	}
+	if !ok && strings.HasPrefix(r.URL.Path, ollamaBlobsPrefix) {
+		rt, ok = route{"", h.ollamaManage}, true
 	}
 	writeError := h.errorWriterFor(r.URL.Path)
 	if !ok {

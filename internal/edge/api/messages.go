@@ -38,7 +38,7 @@ func (h *handler) errorWriterFor(path string) func(w http.ResponseWriter, r *htt
 // anthropicMessages serves POST /v1/messages: the body is translated
 // (translate.FromAnthropicMessages) into a canonical OpenAI chat request,
 // dispatched as a chat (its needs from the translation: tools, vision,
-// remote images, thinking, and tool_choice for tool_choice "any"), and the
+// remote images, thinking), and the
 // run rendered as a Messages API answer (messagesRender): one message
 // object, or with "stream": true Anthropic's event stream, which starts
 // after messagesPingInterval of quiet while the request waits for its
@@ -115,7 +115,7 @@ func anthropicDispatch(r *http.Request, tr translate.AnthropicRequest) Request {
 	for _, n := range []struct {
 		on   bool
 		need string
-	}{{tr.Tools, needTools}, {tr.ToolChoiceAny, needToolChoice}, {tr.Vision, needVision},
+	}{{tr.Tools, needTools}, {tr.Vision, needVision},
 		{tr.RemoteImages, needRemoteImages}, {tr.Thinking, needThinking}} {
 		if n.on {
 			req.Needs = append(req.Needs, n.need)

@@ -152,16 +152,26 @@ func (m *messagesRender) normalized() (reason string) {
 // come, each tool-call part as an input_json_delta), a 2xx JSON body
 // once complete (translate.DecodeOpenAIAnswer), an error status as an
 // error answer with that status and the provider's message.
+//
+// message_start's usage.input_tokens is the provider's prompt count when
+// its stream reported one before the first part (providerInput), else the
+// edge's estimate (the request's EstimatedInputTokens), as on the
+// normalized path, where Ollama counts the prompt only in its last line;
+// message_delta's usage carries the provider's count either way, as
+// Anthropic's streams may revise usage there.
 func (m *messagesRender) tunnel() (reason string) {
 	defer func() { reason = m.end(reason) }()
+	var stream translate.OpenAIStream
 	onDelta := func(d translate.Delta) error {
 		m.obs.content(1)
+		m.providerInput(stream.Usage())
 		return m.part(d.Thinking, d.Text, nil)
 	}
-	stream := translate.OpenAIStream{ToolDelta: func(index int, id, name, args string) error {
+	stream.ToolDelta = func(index int, id, name, args string) error {
 		m.obs.content(1)
+		m.providerInput(stream.Usage())
 		return m.part("", "", []contract.ToolCallPart{{Index: index, ID: id, Name: name, Arguments: args}})
-	}}
+	}
 	sse, body, err := m.tunnelAnswer(func(data []byte) error { return stream.Feed(data, onDelta) })
 	if err != nil {
 		return m.failed(err)
@@ -189,6 +199,14 @@ func (m *messagesRender) tunnel() (reason string) {
 		m.obs.tokens(ans.Usage.PromptTokens, ans.Usage.CompletionTokens)
 	}
 	return m.finish(ans.Finish, ans.Usage)
+}
+
+// providerInput makes the provider's prompt count, when u has one, the
+// input_tokens of message_start, if it was not sent yet.
+func (m *messagesRender) providerInput(u *translate.Usage) {
+	if !m.started && u != nil && u.PromptTokens > 0 {
+		m.ans.InputTokens = u.PromptTokens
+	}
 }
 
 // finish ends a complete answer: streamed, the last block's end,

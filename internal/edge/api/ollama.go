@@ -42,7 +42,29 @@ func (h *handler) ollamaRoutes() map[string]route {
 		"/api/show":       {http.MethodPost, h.ollamaShow},
 		"/api/pull":       {http.MethodPost, h.ollamaPull},
 		"/api/version":    {http.MethodGet, h.ollamaVersion},
+		"/api/copy":       {"", h.ollamaManage},
+		"/api/delete":     {"", h.ollamaManage},
+		"/api/create":     {"", h.ollamaManage},
+		"/api/push":       {"", h.ollamaManage},
 	}
+}
+
+// ollamaBlobsPrefix is the path of Ollama's blob routes (HEAD and POST
+// /api/blobs/sha256:<hex>), which only /api/create uses.
+const ollamaBlobsPrefix = "/api/blobs/"
+
+// ollamaManage answers the Ollama routes that manage a model server's own
+// models (/api/copy, /api/delete, /api/create, /api/push, /api/blobs/...)
+// with 403 and an Ollama error body saying why, whatever the method and
+// key: iop is a gateway, and the model servers behind its nodes manage
+// their own models (one name may be served by several of them, so no one
+// copy or delete would be right). 403, not 404 (which clients read as "no
+// such model") nor 5xx (which they may retry, and which counts as the
+// gateway's failure). /api/pull is answered apart (ollamaPull): clients
+// pull before they use a model.
+func (h *handler) ollamaManage(w http.ResponseWriter, r *http.Request) {
+	h.writeOllamaError(w, r, fmt.Errorf("%w: iop is a gateway and does not create, copy, delete or push models: "+
+		"the model servers behind its nodes manage their own models (run ollama on those hosts to change them)", errModelManagement), nil)
 }
 
 // isOllamaPath reports whether path belongs to the Ollama API, whose errors
@@ -72,7 +94,7 @@ func (h *handler) ollamaVersion(w http.ResponseWriter, r *http.Request) {
 // Any Content-Type is accepted, as Ollama does (its documented curl
 // examples send curl's default, application/x-www-form-urlencoded).
 // Statuses: 400 a body that cannot be translated or fails the chat checks,
-// 404 unknown model (`model "x" not found, try pulling it first`), 413 body
+// 404 unknown model (`model 'x' not found`), 413 body
 // over Config.MaxBodyBytes, then whatever classify maps a dispatch or
 // upstream failure to; every error body is {"error":"..."}.
 func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
@@ -108,6 +130,9 @@ func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bo
 	case translate.Completion:
 		req.Operation = contract.OperationCompletion
 		req.EstimatedInputTokens = tr.EstimatedInputTokens
+	}
+	if tr.Logprobs {
+		req.Needs = append(req.Needs, needOllamaLogprobs)
 	}
 	if tr.Thinking && !slices.Contains(req.Needs, needThinking) {
 		req.Needs = append(req.Needs, needThinking)
@@ -247,10 +272,18 @@ func (h *handler) ollamaLoad(w http.ResponseWriter, r *http.Request, req *Reques
 }
 
 // readAllBody reads a request body (ServeHTTP caps it at
-// Config.MaxBodyBytes). Errors: errBodyTooLarge, or a *requestError.
+// Config.MaxBodyBytes, decoded, and decodes its Content-Encoding).
+// Errors: errBodyTooLarge, errBodyTimeout, an *encodingError, or a
+// *requestError (also for a body not valid in its coding).
 func readAllBody(r *http.Request) ([]byte, error) {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
+		if encErr, ok := errors.AsType[*encodingError](err); ok {
+			return nil, encErr
+		}
+		if errors.Is(err, errBodyEncoding) {
+			return nil, &requestError{message: errBodyEncoding.Error()}
+		}
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
 			return nil, errBodyTooLarge
@@ -270,8 +303,9 @@ type ollamaErrorBody struct {
 }
 
 // ollamaError maps err as classify does and gives the message Ollama
-// clients expect: an unknown model is `model "x" not found, try pulling it
-// first` (Ollama's own text, which clients match on).
+// clients expect: an unknown model is `model 'x' not found` (the text of
+// Ollama's chat, generate, embed and show handlers for a name it does not
+// have, which clients match on).
 func ollamaError(err error, req *Request) (*apiError, string) {
 	e := classify(err, req)
 	if errors.Is(err, ErrUnknownModel) {
@@ -279,7 +313,7 @@ func ollamaError(err error, req *Request) (*apiError, string) {
 		if req != nil {
 			model = clip(req.Model)
 		}
-		return e, fmt.Sprintf("model %q not found, try pulling it first", model)
+		return e, fmt.Sprintf("model '%s' not found", model)
 	}
 	return e, e.Message
 }

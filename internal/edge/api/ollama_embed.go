@@ -132,9 +132,11 @@ func (e *ollamaEmbedRender) answer(vectors [][]float32, promptTokens int) any {
 	if !e.legacy {
 		return translate.NewOllamaEmbedResponse(e.model, vectors, promptTokens, e.timings)
 	}
-	vec := []float32{}
+	vec := []float64{}
 	if len(vectors) > 0 {
-		vec = vectors[0]
+		for _, v := range vectors[0] {
+			vec = append(vec, float64(v))
+		}
 	}
 	return translate.OllamaEmbeddingResponse{Embedding: vec}
 }

@@ -11,10 +11,6 @@ import (
 	"iop/internal/translate"
 )
 
-// maxTunnelAnswer bounds a whole (not streamed) answer or error body read
-// from a tunnel to translate it, in bytes.
-const maxTunnelAnswer = 16 << 20
-
 // ollamaRender renders a run as an Ollama /api/chat or /api/generate
 // answer. Streamed (the client's "stream" absent or true): NDJSON
 // (application/x-ndjson), one object per delta of text or thinking
@@ -41,8 +37,9 @@ type ollamaRender struct {
 	// carries it with the answer's text as its "context".
 	conversation []translate.Turn
 
-	text, thinking strings.Builder // the whole answer, when not streaming
-	answer         strings.Builder // the whole text, for the context
+	text, thinking strings.Builder           // the whole answer, when not streaming
+	logprobs       []translate.OllamaLogprob // the whole answer's, when not streaming
+	answer         strings.Builder           // the whole text, for the context
 }
 
 var _ ollamaRun = (*ollamaRender)(nil)
@@ -77,8 +74,8 @@ func (o *ollamaRender) normalized() string {
 			}
 			c.Arguments += tc.Arguments
 		}
-		if ev.Text != "" || ev.Thinking != "" {
-			return o.onDelta(translate.Delta{Text: ev.Text, Thinking: ev.Thinking})
+		if ev.Text != "" || ev.Thinking != "" || len(ev.Logprobs) > 0 {
+			return o.onDelta(translate.Delta{Text: ev.Text, Thinking: ev.Thinking}, ollamaLogprobs(ev.Logprobs))
 		}
 		return nil
 	})
@@ -105,7 +102,7 @@ func (o *ollamaRender) tunnel() string {
 		if d.Text == "" && d.Thinking == "" {
 			return nil
 		}
-		return o.onDelta(d)
+		return o.onDelta(d, nil)
 	}
 	var stream translate.OpenAIStream
 	sse, body, err := o.tunnelAnswer(func(data []byte) error { return stream.Feed(data, onDelta) })
@@ -129,7 +126,7 @@ func (o *ollamaRender) tunnel() string {
 // any other 2xx answer, the body is returned whole. Errors: an
 // *upstreamError with the provider's status and message for an error
 // status or a tunnel failure, one of status 502 for a body over
-// maxTunnelAnswer bytes, onSSE's error through streamError,
+// Config.MaxAnswerBytes, onSSE's error through streamError,
 // errUpstreamProtocol or errUpstreamEnded for a run that breaks the
 // tunnel's message order, and recv's errors.
 func (rr *runResponse) tunnelAnswer(onSSE func(data []byte) error) (sse bool, body []byte, err error) {
@@ -174,7 +171,7 @@ func (rr *runResponse) tunnelAnswer(onSSE func(data []byte) error) (sse bool, bo
 				}
 				continue
 			}
-			if len(body)+len(data) > maxTunnelAnswer {
+			if int64(len(body)+len(data)) > rr.h.cfg.MaxAnswerBytes {
 				return false, nil, &upstreamError{status: http.StatusBadGateway, message: "the provider's answer is too large"}
 			}
 			body = append(body, data...)
@@ -214,8 +211,10 @@ func streamError(err error) error {
 // written as one line at once (the status line first, once); else it is
 // kept for the final object. Its arrival is the first token's, if none
 // came before (thinking included: it is what a thinking model produces
-// first). A write failure is an *errWrite.
-func (o *ollamaRender) onDelta(d translate.Delta) error {
+// first). logprobs are the delta's tokens' log probabilities, on its line
+// (streamed) or gathered for the final object. A write failure is an
+// *errWrite.
+func (o *ollamaRender) onDelta(d translate.Delta, logprobs []translate.OllamaLogprob) error {
 	now := o.h.cfg.Now()
 	if o.timings.FirstToken.IsZero() {
 		o.timings.FirstToken = now
@@ -226,11 +225,13 @@ func (o *ollamaRender) onDelta(d translate.Delta) error {
 	if !o.stream {
 		o.text.WriteString(d.Text)
 		o.thinking.WriteString(d.Thinking)
+		o.logprobs = append(o.logprobs, logprobs...)
 		return nil
 	}
 	o.startStream()
 	line := translate.NewOllamaResponse(o.chat, o.model, now, d.Text)
 	line.SetThinking(d.Thinking)
+	line.Logprobs = logprobs
 	if err := o.writeLine(line); err != nil {
 		return &errWrite{err}
 	}
@@ -285,6 +286,7 @@ func (o *ollamaRender) finish(ans translate.Answer) string {
 			return reasonClientGone
 		}
 		final.SetThinking(o.thinking.String())
+		final.Logprobs = o.logprobs
 		if len(calls) > 0 {
 			final.Message.ToolCalls = calls
 		}
@@ -323,4 +325,23 @@ func (o *ollamaRender) failed(err error) string {
 		return reasonWriteFailed
 	}
 	return reasonUpstreamError
+}
+
+// ollamaLogprobs is a delta's log probabilities in Ollama's shape (nil for
+// none).
+func ollamaLogprobs(lps []contract.TokenLogprob) []translate.OllamaLogprob {
+	if len(lps) == 0 {
+		return nil
+	}
+	out := make([]translate.OllamaLogprob, len(lps))
+	for i, lp := range lps {
+		out[i] = translate.OllamaLogprob{Token: lp.Token, Logprob: lp.Logprob, TopLogprobs: ollamaLogprobs(lp.TopLogprobs)}
+		if len(lp.Bytes) > 0 {
+			out[i].Bytes = make([]int, len(lp.Bytes))
+			for j, b := range lp.Bytes {
+				out[i].Bytes[j] = int(b)
+			}
+		}
+	}
+	return out
 }

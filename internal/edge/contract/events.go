@@ -79,6 +79,10 @@ type Event struct {
 	ToolCalls []ToolCallPart
 	// Embeddings are embedding vectors (EventDelta), in input order.
 	Embeddings [][]float32
+	// Logprobs are the log probabilities of the tokens of this delta, in
+	// order (EventDelta), when the request asked for them and the
+	// provider gave them.
+	Logprobs []TokenLogprob
 	// PromptTokens and CompletionTokens are the run's usage (EventUsage).
 	PromptTokens, CompletionTokens int
 	// FinishReason is why a normalized answer ended ("stop", "length",
@@ -126,4 +130,17 @@ type ToolCallPart struct {
 	Index     int
 	ID, Name  string
 	Arguments string
+}
+
+// TokenLogprob is the log probability of one generated token, with the
+// most likely alternatives at its position when asked for (Ollama's
+// api.Logprob; OpenAI's logprobs.content[]).
+type TokenLogprob struct {
+	Token   string
+	Logprob float64
+	// Bytes are the token's bytes, nil when the provider gave none.
+	Bytes []byte
+	// TopLogprobs are the alternatives, most likely first; nil for an
+	// alternative itself.
+	TopLogprobs []TokenLogprob
 }

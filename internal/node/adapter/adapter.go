@@ -187,8 +187,8 @@ func newHTTPProvider(cfg Config) (*httpProvider, error) {
 		ExpectContinueTimeout: time.Second,
 		// The tunnel relays few headers; refuse a provider's oversized ones.
 		MaxResponseHeaderBytes: 1 << 20,
-		// Ask for identity encoding so a tunnel relays exactly the bytes
-		// the provider produced, and SSE is never held back by a decoder.
+		// No transparent gzip: post asks for identity itself, and decodes
+		// (decodeBody) what a provider compresses anyway, on both paths.
 		DisableCompression: true,
 	}
 	base := strings.TrimRight(cfg.BaseURL, "/")
@@ -247,6 +247,9 @@ func (p *httpProvider) post(ctx context.Context, path string, body []byte, heade
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "iop-node")
+	// Without Accept-Encoding a server may use any coding (RFC 9110
+	// section 12.5.3): ask for the bytes as they are.
+	req.Header.Set("Accept-Encoding", "identity")
 	if p.apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+p.apiKey)
 	}
@@ -260,6 +263,11 @@ func (p *httpProvider) post(ctx context.Context, path string, body []byte, heade
 		return nil, c.failure(err, false)
 	}
 	c.resp = resp
+	if coding := decodeBody(resp); coding != "" {
+		c.close()
+		return nil, &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway,
+			Message: fmt.Sprintf("provider answered in Content-Encoding %q although asked for identity", truncate(coding, 32))}
+	}
 	return c, nil
 }
 

@@ -62,7 +62,9 @@
 // Adapters are safe for concurrent use; each call runs entirely on the
 // caller's goroutine and shares only the provider's [net/http.Client], whose
 // Transport pools connections (MaxIdleConnsPerHost ≥ the provider's
-// capacity). An adapter starts no goroutines of its own, except CLI, whose
+// capacity), and, in Ollama, the set of models that refused a think level
+// (guarded by its mu; written after such a refusal, read before each
+// request). An adapter starts no goroutines of its own, except CLI, whose
 // Normalize starts up to four per call and ends them before it returns; the Transport's
 // connection goroutines end when Close drops idle connections. Sinks are
 // called from the calling goroutine only, one call at a time, in order.

@@ -11,13 +11,21 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 
 	"iop/internal/translate"
 	"iop/internal/wire/nodev1"
 )
 
+// MaxAnswerBytes is the most of a provider's answer a normalized-path
+// adapter holds at once, in bytes: one Ollama stream line (a final line
+// carries every token id of a long conversation in "context"), one whole
+// embeddings answer. A larger one fails the run (502). The edge's
+// max_answer_bytes has the same default.
+const MaxAnswerBytes = 256 << 20 // 256 MiB
+
 // maxEmbedBytes caps an Ollama /api/embed answer.
-const maxEmbedBytes = 256 << 20
+const maxEmbedBytes = MaxAnswerBytes
 
 // maxFloatsPerDelta bounds one embeddings DELTA (4 bytes per value on the
 // wire), so a large batch travels as several messages of about 1 MiB.
@@ -28,6 +36,12 @@ const maxFloatsPerDelta = 256 << 10
 type Ollama struct {
 	p           *httpProvider
 	deltaFloats int // most embedding values in one DELTA; maxFloatsPerDelta
+	maxLine     int // most bytes of one stream line; maxLineBytes
+
+	mu sync.Mutex // guards the fields below
+	// boolThink holds the served models that refused a think level (see
+	// thinkFor); they get think true for a reasoning effort.
+	boolThink map[string]bool
 }
 
 var _ Normalizer = (*Ollama)(nil)
@@ -39,7 +53,7 @@ func NewOllama(cfg Config) (*Ollama, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Ollama{p: p, deltaFloats: maxFloatsPerDelta}, nil
+	return &Ollama{p: p, deltaFloats: maxFloatsPerDelta, maxLine: maxLineBytes}, nil
 }
 
 // Path is EXECUTION_PATH_NORMALIZED.
@@ -60,6 +74,12 @@ func (o *Ollama) Close() { o.p.Close() }
 //	embeddings:       STARTED, DELTA{embeddings} (one or more, vectors in input
 //	                  order), then USAGE{prompt_tokens} + COMPLETE{"stop"}
 //
+// A chat's forced tool call (tool_choice "required", a named function)
+// reaches Ollama as a format and comes back as that call (readStream;
+// translate.ToOllamaChatRequest). A think level the translation made of a
+// reasoning effort goes as the model takes it: a level, or true for a
+// model that refused a level before (thinkFor).
+//
 // The fields of req.OllamaFields (translate.ParseOllamaFields; not an
 // object: 400 naming translate.ExtensionKey) are set on the Ollama request
 // with their JSON values unchanged, where the translation does not set the
@@ -73,6 +93,7 @@ func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) err
 		path   string
 		body   []byte
 		inputs int
+		forced *translate.ForcedCall // the answer's text is this tool call
 		err    error
 	)
 	// Ollama-only fields the client sent (keep_alive, think, num_ctx, ...);
@@ -81,11 +102,19 @@ func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) err
 	switch req.Op {
 	case nodev1.Operation_OPERATION_CHAT:
 		path = "/api/chat"
-		body, err = translate.ToOllamaChat(req.Body, req.ServedModel, fields)
+		var chat translate.OllamaChat
+		chat, err = translate.ToOllamaChatRequest(req.Body, req.ServedModel, fields)
+		body, forced = chat.Body, chat.Forced
 	case nodev1.Operation_OPERATION_COMPLETION:
 		path = "/api/generate"
 		body, err = translate.ToOllamaGenerate(req.Body, req.ServedModel, fields)
 	case nodev1.Operation_OPERATION_EMBEDDINGS:
+		if fields.TakeLegacyEmbeddings() {
+			// The raw vector, as Ollama answers /api/embeddings.
+			path, inputs = "/api/embeddings", 1
+			body, err = translate.ToOllamaEmbeddings(req.Body, req.ServedModel, fields)
+			break
+		}
 		path = "/api/embed"
 		body, inputs, err = translate.ToOllamaEmbed(req.Body, req.ServedModel, fields)
 	default:
@@ -97,9 +126,21 @@ func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) err
 	if fieldsErr != nil {
 		return fieldBadRequest(translate.ExtensionKey, "%v", fieldsErr)
 	}
+	// A think level the translation made of a reasoning effort (not one
+	// the client set in Ollama's own terms) goes as Ollama's model takes
+	// it (thinkFor).
+	effortLevel := req.Op != nodev1.Operation_OPERATION_EMBEDDINGS && !fields.Has("think")
+	if effortLevel && o.takesBoolThink(req.ServedModel) {
+		body, _ = translate.ThinkAsBool(body)
+	}
 	c, err := o.p.post(ctx, path, body, http.Header{"Accept": {"application/x-ndjson, application/json"}})
 	if err != nil {
 		return err
+	}
+	if c.resp.StatusCode == http.StatusBadRequest && effortLevel {
+		if c, err = o.thinkFor(ctx, c, path, body, req.ServedModel); err != nil {
+			return err
+		}
 	}
 	defer c.close()
 	if c.resp.StatusCode < 200 || c.resp.StatusCode > 299 {
@@ -112,7 +153,41 @@ func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) err
 	if req.Op == nodev1.Operation_OPERATION_EMBEDDINGS {
 		return o.readEmbeddings(c, inputs, sink)
 	}
-	return o.readStream(c, sink)
+	return o.readStream(c, sink, forced)
+}
+
+// thinkFor handles c, a 400 to body: when it is Ollama's refusal of a
+// think level (translate.IsThinkLevelRefusal: the model takes booleans
+// only, as every model but gpt-oss does in Ollama v0.17.4), the model is
+// remembered and body is sent once more with think true
+// (translate.ThinkAsBool), and that call is returned; any other 400 is
+// returned as its error. Later requests for the model send true at once
+// (takesBoolThink), so each model costs one refused request per adapter.
+func (o *Ollama) thinkFor(ctx context.Context, c *call, path string, body []byte, model string) (*call, error) {
+	err := o.statusError(c)
+	c.close()
+	var e *Error
+	if !errors.As(err, &e) || !translate.IsThinkLevelRefusal(e.Message) {
+		return nil, err
+	}
+	retry, ok := translate.ThinkAsBool(body)
+	if !ok {
+		return nil, err
+	}
+	o.mu.Lock()
+	if o.boolThink == nil {
+		o.boolThink = make(map[string]bool)
+	}
+	o.boolThink[model] = true
+	o.mu.Unlock()
+	return o.p.post(ctx, path, retry, http.Header{"Accept": {"application/x-ndjson, application/json"}})
+}
+
+// takesBoolThink reports whether model refused a think level before.
+func (o *Ollama) takesBoolThink(model string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.boolThink[model]
 }
 
 // startedEvent is the STARTED event that opens a normalized answer.
@@ -156,13 +231,22 @@ func (o *Ollama) statusError(c *call) error {
 // become DELTA tool_calls numbered from 0 in order of arrival, with
 // Ollama's id or a new "call_..." one, and make the finish reason
 // "tool_calls" unless the answer was cut at its length limit (as Ollama's
-// own OpenAI layer does).
-func (o *Ollama) readStream(c *call, sink EventSink) error {
+// own OpenAI layer does). With forced set, the request forced a tool
+// call (translate.ToOllamaChatRequest): the answer's text is gathered
+// rather than sent, and becomes that call (forced.Call) at the end, as
+// one DELTA tool call; text that is no call of the request's tools is a
+// failure of kind ErrProviderStream, unless the answer was cut at its
+// length limit (then it is sent as text, finish_reason "length"). A whole
+// call (its arguments JSON) finishes "tool_calls" even at the length
+// limit: the grammar lets a model pad the call with whitespace.
+func (o *Ollama) readStream(c *call, sink EventSink, forced *translate.ForcedCall) error {
 	br := bufio.NewReaderSize(c.resp.Body, 64<<10)
 	var (
-		events  []*nodev1.RunEvent
-		calls   int32 // tool calls so far
-		started bool  // STARTED was sent
+		events    []*nodev1.RunEvent
+		calls     int32           // tool calls so far
+		started   bool            // STARTED was sent
+		callText  strings.Builder // a forced call's text so far
+		wholeCall bool            // the forced call's text was a whole call
 	)
 	// send sends the events gathered so far, after STARTED the first
 	// time; a failure that follows them still reaches the client after
@@ -197,9 +281,9 @@ func (o *Ollama) readStream(c *call, sink EventSink) error {
 		return &Error{Kind: kind, Status: http.StatusBadGateway, Message: msg}
 	}
 	for {
-		line, rerr := readNDJSONLine(br)
+		line, rerr := readNDJSONLine(br, o.maxLine)
 		if rerr == errLineTooLong {
-			return streamErr(ErrProviderStream, "provider sent a stream line over 1 MiB")
+			return streamErr(ErrProviderStream, fmt.Sprintf("provider sent a stream line over %d bytes", o.maxLine))
 		}
 		if len(bytes.TrimSpace(line)) > 0 {
 			l, err := parseLine(line)
@@ -209,8 +293,12 @@ func (o *Ollama) readStream(c *call, sink EventSink) error {
 			if l.Err != "" {
 				return streamErr(ErrProviderError, truncate(o.p.redact(l.Err), maxFallbackMessage))
 			}
-			if l.Text != "" || l.Thinking != "" || len(l.ToolCalls) > 0 {
-				delta := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: l.Text, Thinking: l.Thinking}
+			if forced != nil && l.Text != "" {
+				callText.WriteString(l.Text)
+				l.Text = ""
+			}
+			if l.Text != "" || l.Thinking != "" || len(l.ToolCalls) > 0 || len(l.Logprobs) > 0 {
+				delta := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: l.Text, Thinking: l.Thinking, Logprobs: l.Logprobs}
 				for _, tc := range l.ToolCalls {
 					id := tc.ID
 					if id == "" {
@@ -224,6 +312,25 @@ func (o *Ollama) readStream(c *call, sink EventSink) error {
 				events = append(events, delta)
 			}
 			if l.Done {
+				if forced != nil && calls == 0 {
+					name, args, err := forced.Call(callText.String())
+					switch {
+					case err == nil:
+						events = append(events, &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, ToolCalls: []*nodev1.ToolCallDelta{
+							{Index: 0, Id: newToolCallID(), Name: name, Arguments: args}}})
+						calls++
+						// A whole call is the answer even when the model
+						// spent its last tokens on the whitespace the
+						// format's grammar allows.
+						wholeCall = json.Valid([]byte(args))
+					case l.DoneReason == "length":
+						// Cut before it named its function: the text
+						// as it came, with finish_reason "length".
+						events = append(events, &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: callText.String()})
+					default:
+						return streamErr(ErrProviderStream, truncate(o.p.redact(err.Error()), maxFallbackMessage))
+					}
+				}
 				if !started && len(events) == 0 {
 					// An answer with no content still starts.
 					events = append(events, startedEvent())
@@ -231,7 +338,7 @@ func (o *Ollama) readStream(c *call, sink EventSink) error {
 				}
 				finish := "stop"
 				switch {
-				case l.DoneReason == "length":
+				case l.DoneReason == "length" && !wholeCall:
 					finish = "length"
 				case calls > 0:
 					finish = "tool_calls"
@@ -265,21 +372,24 @@ var errLineTooLong = errors.New("ndjson line too long")
 
 // readNDJSONLine returns the next line of br, its newline included, or the
 // last bytes before the end of the stream with the read error (io.EOF at a
-// clean end). A line over maxLineBytes is errLineTooLong.
-func readNDJSONLine(br *bufio.Reader) ([]byte, error) {
+// clean end). A line over maxLine bytes is errLineTooLong.
+func readNDJSONLine(br *bufio.Reader, maxLine int) ([]byte, error) {
 	line, err := br.ReadSlice('\n')
 	if err != bufio.ErrBufferFull {
+		if len(line) > maxLine+1 { // +1: the newline
+			return nil, errLineTooLong
+		}
 		return line, err
 	}
 	long := append([]byte(nil), line...)
 	for err == bufio.ErrBufferFull {
-		if len(long) > maxLineBytes {
+		if len(long) > maxLine {
 			return nil, errLineTooLong
 		}
 		line, err = br.ReadSlice('\n')
 		long = append(long, line...)
 	}
-	if len(long) > maxLineBytes+1 { // +1: the newline
+	if len(long) > maxLine+1 { // +1: the newline
 		return nil, errLineTooLong
 	}
 	return long, err
@@ -303,11 +413,15 @@ func (o *Ollama) readEmbeddings(c *call, inputs int, sink EventSink) error {
 	}
 	var out struct {
 		Embeddings      [][]float32     `json:"embeddings"`
+		Embedding       []float32       `json:"embedding"` // /api/embeddings
 		PromptEvalCount float64         `json:"prompt_eval_count"`
 		Error           json.RawMessage `json:"error"`
 	}
 	if err := json.Unmarshal(data, &out); err != nil {
 		return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: "provider sent a malformed embeddings answer"}
+	}
+	if out.Embeddings == nil && out.Embedding != nil {
+		out.Embeddings = [][]float32{out.Embedding}
 	}
 	if msg := errorText(out.Error); msg != "" {
 		return &Error{Kind: ErrProviderError, Status: http.StatusBadGateway, Message: truncate(o.p.redact(msg), maxFallbackMessage)}

@@ -7,10 +7,11 @@ import (
 	"math"
 
 	"iop/internal/translate"
+	"iop/internal/wire/nodev1"
 )
 
 // maxLineBytes caps one line of an Ollama NDJSON stream.
-const maxLineBytes = 1 << 20
+const maxLineBytes = MaxAnswerBytes
 
 // ollamaLine is one line of an Ollama /api/chat or /api/generate stream
 // (Ollama API doc, "Generate a chat completion", streaming response).
@@ -34,6 +35,38 @@ type ollamaLine struct {
 	// ToolCalls are message.tool_calls: Ollama sends each call whole, in
 	// one line.
 	ToolCalls []ollamaLineToolCall
+	// Logprobs are the line's "logprobs" (asked for with logprobs or
+	// top_logprobs), nil when it has none.
+	Logprobs []*nodev1.TokenLogprob
+}
+
+// ollamaLogprob is one entry of a line's "logprobs" (Ollama's api.Logprob)
+// or of its "top_logprobs" (api.TokenLogprob).
+type ollamaLogprob struct {
+	Token       string          `json:"token"`
+	Logprob     float64         `json:"logprob"`
+	Bytes       []int           `json:"bytes"`
+	TopLogprobs []ollamaLogprob `json:"top_logprobs"`
+}
+
+// wireLogprobs is lps as the protocol's; a byte outside 0..255 is cut to
+// its low 8 bits (Ollama sends bytes).
+func wireLogprobs(lps []ollamaLogprob) []*nodev1.TokenLogprob {
+	if len(lps) == 0 {
+		return nil
+	}
+	out := make([]*nodev1.TokenLogprob, len(lps))
+	for i, lp := range lps {
+		w := &nodev1.TokenLogprob{Token: lp.Token, Logprob: lp.Logprob, TopLogprobs: wireLogprobs(lp.TopLogprobs)}
+		if len(lp.Bytes) > 0 {
+			w.Bytes = make([]byte, len(lp.Bytes))
+			for j, b := range lp.Bytes {
+				w.Bytes[j] = byte(b)
+			}
+		}
+		out[i] = w
+	}
+	return out
 }
 
 // ollamaLineToolCall is one tool call of a chat stream line.
@@ -75,6 +108,7 @@ func parseLine(line []byte) (ollamaLine, error) {
 		PromptEvalCount float64         `json:"prompt_eval_count"`
 		EvalCount       float64         `json:"eval_count"`
 		Error           json.RawMessage `json:"error"`
+		Logprobs        []ollamaLogprob `json:"logprobs"`
 	}
 	line = bytes.TrimSpace(line)
 	if len(line) == 0 || line[0] != '{' {
@@ -91,6 +125,7 @@ func parseLine(line []byte) (ollamaLine, error) {
 		PromptTokens:     clampCount(raw.PromptEvalCount),
 		CompletionTokens: clampCount(raw.EvalCount),
 		Err:              errorText(raw.Error),
+		Logprobs:         wireLogprobs(raw.Logprobs),
 	}
 	if raw.Message != nil && raw.Message.Content != "" {
 		l.Text = raw.Message.Content

@@ -269,6 +269,9 @@ func TestOllamaEmbeddingsSplitIntoBoundedDeltas(t *testing.T) {
 	}
 }
 
+// testMaxLine is the stream line limit TestOllamaErrors sets.
+const testMaxLine = 4096
+
 func TestOllamaErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -369,9 +372,9 @@ func TestOllamaErrors(t *testing.T) {
 			kind:    ErrProviderStream, status: 502, message: "provider sent a malformed stream line",
 		},
 		{
-			name:    "line over 1 MiB",
-			handler: ollamaLines(`{"response":"` + strings.Repeat("x", maxLineBytes) + `"}`),
-			kind:    ErrProviderStream, status: 502, message: "provider sent a stream line over 1 MiB",
+			name:    "line over the limit",
+			handler: ollamaLines(`{"response":"` + strings.Repeat("x", testMaxLine) + `"}`),
+			kind:    ErrProviderStream, status: 502, message: "provider sent a stream line over 4096 bytes",
 		},
 		{
 			name:    "200 that ends before any line",
@@ -382,6 +385,7 @@ func TestOllamaErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			up := newUpstream(t, tc.handler)
 			o := newOllama(t, Config{BaseURL: up.URL})
+			o.maxLine = testMaxLine
 			rec := &eventRec{}
 			err := o.Normalize(context.Background(), chatReq(`{"messages":[{"role":"user","content":"x"}]}`), rec)
 			e := asError(t, err)

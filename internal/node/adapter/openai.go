@@ -40,8 +40,8 @@ const maxFallbackMessage = 1 << 10
 // Openai-Project, Openai-Org-Id, ...), hop-by-hop headers and
 // Content-Length (they describe the provider's connection, not the edge's;
 // the body's length goes as TunnelHead.ContentLength when it is known),
-// and any header a client has no use for. Content-Encoding stays, so a body
-// a provider compressed anyway still decodes.
+// and any header a client has no use for. Content-Encoding stays (a gzip
+// or deflate body is decoded and loses it first: decodeBody).
 var (
 	relayedHeaders = map[string]bool{
 		"Content-Type": true, "Content-Encoding": true, "Cache-Control": true, "Retry-After": true,

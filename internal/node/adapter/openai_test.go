@@ -63,7 +63,7 @@ func TestOpenAITunnelRequest(t *testing.T) {
 				"Content-Type":    "application/json",
 				"Accept":          "text/event-stream",
 				"Openai-Beta":     "assistants=v2",
-				"Accept-Encoding": "",
+				"Accept-Encoding": "identity",
 			} {
 				if got := header.Get(k); got != v {
 					t.Errorf("header %s = %q, want %q", k, got, v)

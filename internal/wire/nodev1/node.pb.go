@@ -2197,8 +2197,12 @@ type RunEvent struct {
 	// OpenAI's error objects do ("messages[1].content"), or is empty.
 	InvalidRequest bool   `protobuf:"varint,11,opt,name=invalid_request,json=invalidRequest,proto3" json:"invalid_request,omitempty"`
 	Param          string `protobuf:"bytes,12,opt,name=param,proto3" json:"param,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// delta: the log probabilities of the tokens generated in this delta,
+	// in order, when the request asked for them and the provider gave them
+	// (Ollama's logprobs). Additive: an edge from before it ignores it.
+	Logprobs      []*TokenLogprob `protobuf:"bytes,13,rep,name=logprobs,proto3" json:"logprobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunEvent) Reset() {
@@ -2315,6 +2319,84 @@ func (x *RunEvent) GetParam() string {
 	return ""
 }
 
+func (x *RunEvent) GetLogprobs() []*TokenLogprob {
+	if x != nil {
+		return x.Logprobs
+	}
+	return nil
+}
+
+// TokenLogprob is the log probability of one generated token (Ollama's
+// api.Logprob and api.TokenLogprob), with the most likely alternatives
+// at its position when they were asked for (top_logprobs).
+type TokenLogprob struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Logprob       float64                `protobuf:"fixed64,2,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	Bytes         []byte                 `protobuf:"bytes,3,opt,name=bytes,proto3" json:"bytes,omitempty"` // the token's bytes; empty when the provider gave none
+	TopLogprobs   []*TokenLogprob        `protobuf:"bytes,4,rep,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenLogprob) Reset() {
+	*x = TokenLogprob{}
+	mi := &file_node_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenLogprob) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenLogprob) ProtoMessage() {}
+
+func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
+func (*TokenLogprob) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *TokenLogprob) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *TokenLogprob) GetLogprob() float64 {
+	if x != nil {
+		return x.Logprob
+	}
+	return 0
+}
+
+func (x *TokenLogprob) GetBytes() []byte {
+	if x != nil {
+		return x.Bytes
+	}
+	return nil
+}
+
+func (x *TokenLogprob) GetTopLogprobs() []*TokenLogprob {
+	if x != nil {
+		return x.TopLogprobs
+	}
+	return nil
+}
+
 // ToolCallDelta is one function tool call, or a part of one.
 type ToolCallDelta struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2328,7 +2410,7 @@ type ToolCallDelta struct {
 
 func (x *ToolCallDelta) Reset() {
 	*x = ToolCallDelta{}
-	mi := &file_node_proto_msgTypes[23]
+	mi := &file_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2340,7 +2422,7 @@ func (x *ToolCallDelta) String() string {
 func (*ToolCallDelta) ProtoMessage() {}
 
 func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[23]
+	mi := &file_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2353,7 +2435,7 @@ func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallDelta.ProtoReflect.Descriptor instead.
 func (*ToolCallDelta) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{23}
+	return file_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ToolCallDelta) GetIndex() int32 {
@@ -2393,7 +2475,7 @@ type Embedding struct {
 
 func (x *Embedding) Reset() {
 	*x = Embedding{}
-	mi := &file_node_proto_msgTypes[24]
+	mi := &file_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2405,7 +2487,7 @@ func (x *Embedding) String() string {
 func (*Embedding) ProtoMessage() {}
 
 func (x *Embedding) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[24]
+	mi := &file_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2418,7 +2500,7 @@ func (x *Embedding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Embedding.ProtoReflect.Descriptor instead.
 func (*Embedding) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{24}
+	return file_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Embedding) GetValues() []float32 {
@@ -2462,7 +2544,7 @@ type TunnelHead struct {
 
 func (x *TunnelHead) Reset() {
 	*x = TunnelHead{}
-	mi := &file_node_proto_msgTypes[25]
+	mi := &file_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2474,7 +2556,7 @@ func (x *TunnelHead) String() string {
 func (*TunnelHead) ProtoMessage() {}
 
 func (x *TunnelHead) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[25]
+	mi := &file_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2487,7 +2569,7 @@ func (x *TunnelHead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelHead.ProtoReflect.Descriptor instead.
 func (*TunnelHead) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{25}
+	return file_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *TunnelHead) GetStatus() int32 {
@@ -2535,7 +2617,7 @@ type TunnelData struct {
 
 func (x *TunnelData) Reset() {
 	*x = TunnelData{}
-	mi := &file_node_proto_msgTypes[26]
+	mi := &file_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2547,7 +2629,7 @@ func (x *TunnelData) String() string {
 func (*TunnelData) ProtoMessage() {}
 
 func (x *TunnelData) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[26]
+	mi := &file_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2560,7 +2642,7 @@ func (x *TunnelData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelData.ProtoReflect.Descriptor instead.
 func (*TunnelData) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{26}
+	return file_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *TunnelData) GetData() []byte {
@@ -2584,7 +2666,7 @@ type TunnelEnd struct {
 
 func (x *TunnelEnd) Reset() {
 	*x = TunnelEnd{}
-	mi := &file_node_proto_msgTypes[27]
+	mi := &file_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2596,7 +2678,7 @@ func (x *TunnelEnd) String() string {
 func (*TunnelEnd) ProtoMessage() {}
 
 func (x *TunnelEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[27]
+	mi := &file_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2609,7 +2691,7 @@ func (x *TunnelEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelEnd.ProtoReflect.Descriptor instead.
 func (*TunnelEnd) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{27}
+	return file_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *TunnelEnd) GetProviderError() string {
@@ -2630,7 +2712,7 @@ type TunnelError struct {
 
 func (x *TunnelError) Reset() {
 	*x = TunnelError{}
-	mi := &file_node_proto_msgTypes[28]
+	mi := &file_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2642,7 +2724,7 @@ func (x *TunnelError) String() string {
 func (*TunnelError) ProtoMessage() {}
 
 func (x *TunnelError) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[28]
+	mi := &file_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2655,7 +2737,7 @@ func (x *TunnelError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelError.ProtoReflect.Descriptor instead.
 func (*TunnelError) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{28}
+	return file_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *TunnelError) GetMessage() string {
@@ -2830,7 +2912,7 @@ const file_node_proto_rawDesc = "" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\bR\x04last\":\n" +
 	"\tRunEvents\x12-\n" +
-	"\x06events\x18\x01 \x03(\v2\x15.iop.node.v1.RunEventR\x06events\"\xc9\x04\n" +
+	"\x06events\x18\x01 \x03(\v2\x15.iop.node.v1.RunEventR\x06events\"\x80\x05\n" +
 	"\bRunEvent\x12.\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1a.iop.node.v1.RunEvent.TypeR\x04type\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12#\n" +
@@ -2847,7 +2929,8 @@ const file_node_proto_rawDesc = "" +
 	"\bthinking\x18\n" +
 	" \x01(\tR\bthinking\x12'\n" +
 	"\x0finvalid_request\x18\v \x01(\bR\x0einvalidRequest\x12\x14\n" +
-	"\x05param\x18\f \x01(\tR\x05param\"\x85\x01\n" +
+	"\x05param\x18\f \x01(\tR\x05param\x125\n" +
+	"\blogprobs\x18\r \x03(\v2\x19.iop.node.v1.TokenLogprobR\blogprobs\"\x85\x01\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fTYPE_STARTED\x10\x01\x12\x0e\n" +
@@ -2858,7 +2941,12 @@ const file_node_proto_rawDesc = "" +
 	"\rTYPE_COMPLETE\x10\x04\x12\x0e\n" +
 	"\n" +
 	"TYPE_ERROR\x10\x05\x12\x12\n" +
-	"\x0eTYPE_CANCELLED\x10\x06\"g\n" +
+	"\x0eTYPE_CANCELLED\x10\x06\"\x92\x01\n" +
+	"\fTokenLogprob\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x12\x18\n" +
+	"\alogprob\x18\x02 \x01(\x01R\alogprob\x12\x14\n" +
+	"\x05bytes\x18\x03 \x01(\fR\x05bytes\x12<\n" +
+	"\ftop_logprobs\x18\x04 \x03(\v2\x19.iop.node.v1.TokenLogprobR\vtopLogprobs\"g\n" +
 	"\rToolCallDelta\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x12\n" +
@@ -2910,7 +2998,7 @@ func file_node_proto_rawDescGZIP() []byte {
 }
 
 var file_node_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_node_proto_goTypes = []any{
 	(ExecutionPath)(0),        // 0: iop.node.v1.ExecutionPath
 	(Operation)(0),            // 1: iop.node.v1.Operation
@@ -2938,15 +3026,16 @@ var file_node_proto_goTypes = []any{
 	(*Body)(nil),              // 23: iop.node.v1.Body
 	(*RunEvents)(nil),         // 24: iop.node.v1.RunEvents
 	(*RunEvent)(nil),          // 25: iop.node.v1.RunEvent
-	(*ToolCallDelta)(nil),     // 26: iop.node.v1.ToolCallDelta
-	(*Embedding)(nil),         // 27: iop.node.v1.Embedding
-	(*TunnelHead)(nil),        // 28: iop.node.v1.TunnelHead
-	(*TunnelData)(nil),        // 29: iop.node.v1.TunnelData
-	(*TunnelEnd)(nil),         // 30: iop.node.v1.TunnelEnd
-	(*TunnelError)(nil),       // 31: iop.node.v1.TunnelError
-	nil,                       // 32: iop.node.v1.Dispatch.HeadersEntry
-	nil,                       // 33: iop.node.v1.Dispatch.TraceContextEntry
-	nil,                       // 34: iop.node.v1.TunnelHead.HeadersEntry
+	(*TokenLogprob)(nil),      // 26: iop.node.v1.TokenLogprob
+	(*ToolCallDelta)(nil),     // 27: iop.node.v1.ToolCallDelta
+	(*Embedding)(nil),         // 28: iop.node.v1.Embedding
+	(*TunnelHead)(nil),        // 29: iop.node.v1.TunnelHead
+	(*TunnelData)(nil),        // 30: iop.node.v1.TunnelData
+	(*TunnelEnd)(nil),         // 31: iop.node.v1.TunnelEnd
+	(*TunnelError)(nil),       // 32: iop.node.v1.TunnelError
+	nil,                       // 33: iop.node.v1.Dispatch.HeadersEntry
+	nil,                       // 34: iop.node.v1.Dispatch.TraceContextEntry
+	nil,                       // 35: iop.node.v1.TunnelHead.HeadersEntry
 }
 var file_node_proto_depIdxs = []int32{
 	5,  // 0: iop.node.v1.NodeMessage.hello:type_name -> iop.node.v1.Hello
@@ -2970,32 +3059,34 @@ var file_node_proto_depIdxs = []int32{
 	7,  // 18: iop.node.v1.ProviderUpdate.model_capabilities:type_name -> iop.node.v1.ModelCapabilities
 	0,  // 19: iop.node.v1.Dispatch.execution_path:type_name -> iop.node.v1.ExecutionPath
 	1,  // 20: iop.node.v1.Dispatch.operation:type_name -> iop.node.v1.Operation
-	32, // 21: iop.node.v1.Dispatch.headers:type_name -> iop.node.v1.Dispatch.HeadersEntry
-	33, // 22: iop.node.v1.Dispatch.trace_context:type_name -> iop.node.v1.Dispatch.TraceContextEntry
+	33, // 21: iop.node.v1.Dispatch.headers:type_name -> iop.node.v1.Dispatch.HeadersEntry
+	34, // 22: iop.node.v1.Dispatch.trace_context:type_name -> iop.node.v1.Dispatch.TraceContextEntry
 	22, // 23: iop.node.v1.RunUp.open:type_name -> iop.node.v1.RunOpen
 	24, // 24: iop.node.v1.RunUp.events:type_name -> iop.node.v1.RunEvents
-	28, // 25: iop.node.v1.RunUp.tunnel_head:type_name -> iop.node.v1.TunnelHead
-	29, // 26: iop.node.v1.RunUp.tunnel_data:type_name -> iop.node.v1.TunnelData
-	30, // 27: iop.node.v1.RunUp.tunnel_end:type_name -> iop.node.v1.TunnelEnd
-	31, // 28: iop.node.v1.RunUp.tunnel_error:type_name -> iop.node.v1.TunnelError
+	29, // 25: iop.node.v1.RunUp.tunnel_head:type_name -> iop.node.v1.TunnelHead
+	30, // 26: iop.node.v1.RunUp.tunnel_data:type_name -> iop.node.v1.TunnelData
+	31, // 27: iop.node.v1.RunUp.tunnel_end:type_name -> iop.node.v1.TunnelEnd
+	32, // 28: iop.node.v1.RunUp.tunnel_error:type_name -> iop.node.v1.TunnelError
 	18, // 29: iop.node.v1.RunUp.refused:type_name -> iop.node.v1.DispatchRefused
 	23, // 30: iop.node.v1.RunDown.body:type_name -> iop.node.v1.Body
 	19, // 31: iop.node.v1.RunDown.cancel:type_name -> iop.node.v1.Cancel
 	17, // 32: iop.node.v1.RunDown.dispatch:type_name -> iop.node.v1.Dispatch
 	25, // 33: iop.node.v1.RunEvents.events:type_name -> iop.node.v1.RunEvent
 	2,  // 34: iop.node.v1.RunEvent.type:type_name -> iop.node.v1.RunEvent.Type
-	27, // 35: iop.node.v1.RunEvent.embeddings:type_name -> iop.node.v1.Embedding
-	26, // 36: iop.node.v1.RunEvent.tool_calls:type_name -> iop.node.v1.ToolCallDelta
-	34, // 37: iop.node.v1.TunnelHead.headers:type_name -> iop.node.v1.TunnelHead.HeadersEntry
-	3,  // 38: iop.node.v1.NodeGateway.Connect:input_type -> iop.node.v1.NodeMessage
-	20, // 39: iop.node.v1.NodeGateway.Run:input_type -> iop.node.v1.RunUp
-	4,  // 40: iop.node.v1.NodeGateway.Connect:output_type -> iop.node.v1.EdgeMessage
-	21, // 41: iop.node.v1.NodeGateway.Run:output_type -> iop.node.v1.RunDown
-	40, // [40:42] is the sub-list for method output_type
-	38, // [38:40] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	28, // 35: iop.node.v1.RunEvent.embeddings:type_name -> iop.node.v1.Embedding
+	27, // 36: iop.node.v1.RunEvent.tool_calls:type_name -> iop.node.v1.ToolCallDelta
+	26, // 37: iop.node.v1.RunEvent.logprobs:type_name -> iop.node.v1.TokenLogprob
+	26, // 38: iop.node.v1.TokenLogprob.top_logprobs:type_name -> iop.node.v1.TokenLogprob
+	35, // 39: iop.node.v1.TunnelHead.headers:type_name -> iop.node.v1.TunnelHead.HeadersEntry
+	3,  // 40: iop.node.v1.NodeGateway.Connect:input_type -> iop.node.v1.NodeMessage
+	20, // 41: iop.node.v1.NodeGateway.Run:input_type -> iop.node.v1.RunUp
+	4,  // 42: iop.node.v1.NodeGateway.Connect:output_type -> iop.node.v1.EdgeMessage
+	21, // 43: iop.node.v1.NodeGateway.Run:output_type -> iop.node.v1.RunDown
+	42, // [42:44] is the sub-list for method output_type
+	40, // [40:42] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_node_proto_init() }
@@ -3039,7 +3130,7 @@ func file_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_proto_rawDesc), len(file_node_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   32,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

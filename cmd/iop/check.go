@@ -1,0 +1,105 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"iop/internal/configschema"
+	"iop/internal/process"
+)
+
+func newCheckCommand() *cobra.Command {
+	var kind string
+	cmd := &cobra.Command{
+		Use:   "check FILE...",
+		Short: "Check config files (edge, node or dev) and say what is wrong in config words, with lines",
+		Long: "Check config files and print each problem as FILE:LINE:COLUMN: message.\n" +
+			"The kind of each file is --kind, else guessed from its name (edge.yaml, node.yaml, dev.yaml), else from its keys.\n" +
+			"Exits 1 when a file has a problem.",
+		Args:          cobra.MinimumNArgs(1),
+		SilenceUsage:  true,
+		SilenceErrors: true, // the problems are printed; the exit status says the rest
+		RunE: func(cmd *cobra.Command, files []string) error {
+			bad := 0
+			for _, path := range files {
+				data, err := os.ReadFile(path)
+				if err != nil {
+					fmt.Fprintln(cmd.ErrOrStderr(), err)
+					bad++
+					continue
+				}
+				name := kind
+				if name == "" {
+					name = process.GuessConfigKind(path, data)
+				}
+				k, err := process.ConfigKind(name)
+				if err != nil {
+					return err
+				}
+				if ps := process.CheckConfig(k, data); len(ps) > 0 {
+					fmt.Fprintln(cmd.ErrOrStderr(), (&configschema.Problems{File: path, List: ps}).Error())
+					bad++
+					continue
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: ok (%s config)\n", path, k.Name)
+			}
+			if bad > 0 {
+				return errProblems
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&kind, "kind", "", "edge, node or dev (default: from the file's name, else its keys)")
+	return cmd
+}
+
+// errProblems ends a command whose problems it has already printed.
+var errProblems = errors.New("problems found")
+
+func newConfigCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "config",
+		Short: "The config files' reference and JSON Schemas",
+	}
+	schema := &cobra.Command{
+		Use:       "schema edge|node|dev",
+		Short:     "Print the JSON Schema of a config file, for editors",
+		Args:      cobra.ExactArgs(1),
+		ValidArgs: []string{process.KindEdge, process.KindNode, process.KindDev},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			k, err := process.ConfigKind(args[0])
+			if err != nil {
+				return err
+			}
+			b, err := k.JSONSchema()
+			if err != nil {
+				return err
+			}
+			_, err = cmd.OutOrStdout().Write(b)
+			return err
+		},
+	}
+	var out string
+	doc := &cobra.Command{
+		Use:   "doc",
+		Short: "Print the configuration reference (docs/config.md) in markdown",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			b, err := process.ConfigReference()
+			if err != nil {
+				return err
+			}
+			if out != "" {
+				return os.WriteFile(out, b, 0o644)
+			}
+			_, err = cmd.OutOrStdout().Write(b)
+			return err
+		},
+	}
+	doc.Flags().StringVarP(&out, "output", "o", "", "write it to this file instead of stdout")
+	cmd.AddCommand(schema, doc)
+	return cmd
+}

@@ -1,0 +1,292 @@
+package process
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strings"
+	"sync"
+
+	"gopkg.in/yaml.v3"
+
+	"iop/internal/configschema"
+	"iop/internal/edge"
+	"iop/internal/node"
+)
+
+//go:generate go run ../../cmd/iop config doc -o ../../docs/config.md
+
+// Config file kinds.
+const (
+	KindEdge = "edge"
+	KindNode = "node"
+	KindDev  = "dev"
+)
+
+// nodeDefaults is what `iop node` starts from before its file: the
+// node-wide defaults (node.Config.Validate fills the same).
+func nodeDefaults() node.Config {
+	return node.Config{
+		ResolveInterval:    node.DefaultResolveInterval,
+		RuntimeConcurrency: 1,
+		ReconnectMin:       node.DefaultReconnectMin,
+		ReconnectMax:       node.DefaultReconnectMax,
+		DrainTimeout:       node.DefaultDrainTimeout,
+		DiscoveryInterval:  node.DefaultDiscoveryInterval,
+	}
+}
+
+// configDocsMissing are the "pkg.Type.key" of config struct fields that
+// configDocs lacks (TestConfigDocsCoverEveryKey demands none). A missing
+// doc never stops a command: its key is still checked, with an empty text.
+var configDocsMissing []string
+
+var configKinds = sync.OnceValues(func() ([]configschema.Kind, error) {
+	specs := []struct {
+		name, command, intro string
+		defaults             any
+		reloads              bool
+	}{
+		{KindEdge, "iop edge --config edge.yaml", "The edge applies the keys marked *yes* on SIGHUP and whenever the file changes, to the next request; the others keep their running values until a restart, and the edge logs which.", EdgeDefaults(), true},
+		{KindNode, "iop node --config node.yaml", "A node reads its file once, at start.", nodeDefaults(), false},
+		{KindDev, "iop dev --config dev.yaml", "`iop dev` reads its file once, at start; each key is also a flag (`sim_capacity` is `--sim-capacity`).", DevDefaults(), false},
+	}
+	var kinds []configschema.Kind
+	for _, s := range specs {
+		root, missing, err := configschema.Build(reflect.TypeOf(s.defaults), configDocs)
+		if err != nil {
+			return nil, err
+		}
+		configDocsMissing = append(configDocsMissing, missing...)
+		kinds = append(kinds, configschema.Kind{Name: s.name, Command: s.command, Intro: s.intro, Root: root, Defaults: s.defaults, Reloads: s.reloads})
+	}
+	return kinds, nil
+})
+
+// ConfigKinds returns the schemas of the edge, node and dev config files,
+// built from edge.Config, node.Config and DevConfig and their docs.
+func ConfigKinds() ([]configschema.Kind, error) { return configKinds() }
+
+// ConfigKind returns the kind named name ("edge", "node", "dev").
+func ConfigKind(name string) (configschema.Kind, error) {
+	kinds, err := configKinds()
+	if err != nil {
+		return configschema.Kind{}, err
+	}
+	for _, k := range kinds {
+		if k.Name == name {
+			return k, nil
+		}
+	}
+	return configschema.Kind{}, fmt.Errorf("no config kind %q: want edge, node or dev", name)
+}
+
+// GuessConfigKind names the kind of the file at path from its name
+// (edge.yaml, gpu-node.yaml, dev.yaml), else from its keys (node_id or
+// providers: node; sim or ollama_url: dev), else "edge".
+func GuessConfigKind(path string, data []byte) string {
+	base := strings.ToLower(filepath.Base(path))
+	for _, k := range []string{KindEdge, KindNode, KindDev} {
+		if strings.Contains(base, k) {
+			return k
+		}
+	}
+	var top map[string]any
+	_ = yaml.Unmarshal(data, &top)
+	for _, k := range []string{"node_id", "providers", "edges", "edge"} {
+		if _, ok := top[k]; ok {
+			return KindNode
+		}
+	}
+	for _, k := range []string{"sim", "ollama_url", "api_key"} {
+		if _, ok := top[k]; ok {
+			return KindDev
+		}
+	}
+	return KindEdge
+}
+
+// CheckConfig returns the problems of a config file of kind k: first what
+// does not fit the schema (unknown keys, wrong types; with lines), then,
+// when it fits, what the kind's Validate finds (ranges, required keys),
+// placed at the line of the key it names when it names one.
+func CheckConfig(k configschema.Kind, data []byte) []configschema.Problem {
+	if ps := configschema.Check(data, k.Root); len(ps) > 0 {
+		return ps
+	}
+	var err error
+	switch k.Name {
+	case KindEdge:
+		cfg := EdgeDefaults()
+		if err = decodeYAMLStrict(data, &cfg); err == nil {
+			cfg.SetDefaults()
+			err = cfg.Validate()
+		}
+	case KindNode:
+		cfg := node.Config{}
+		if err = decodeYAMLStrict(data, &cfg); err == nil {
+			err = cfg.Validate()
+		}
+	case KindDev:
+		cfg := DevDefaults()
+		err = decodeYAMLStrict(data, &cfg)
+	}
+	var out []configschema.Problem
+	for _, msg := range errorLines(err) {
+		line, col := lineOfPath(data, msg)
+		out = append(out, configschema.Problem{Line: line, Column: col, Message: msg})
+	}
+	return out
+}
+
+func decodeYAMLStrict(data []byte, v any) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	return nil
+}
+
+// errorLines splits a joined error into its messages, without the
+// sentinel prefixes ("invalid edge config: ") that say nothing to a
+// reader of the file.
+func errorLines(err error) []string {
+	if err == nil {
+		return nil
+	}
+	var out []string
+	for _, l := range strings.Split(err.Error(), "\n") {
+		for _, p := range []string{edge.ErrInvalidConfig.Error() + ": ", node.ErrInvalidConfig.Error() + ": "} {
+			l = strings.TrimPrefix(l, p)
+		}
+		if l = strings.TrimSpace(l); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+var leadingPath = regexp.MustCompile(`^([a-z_]+(\[\d+\])?(\.[A-Za-z0-9_:./-]+?)*)[ :]`)
+
+// lineOfPath finds the line and column of the key a Validate message
+// starts with ("models.chat: no targets", "providers[1] (vllm): ..."),
+// or 0, 0.
+func lineOfPath(data []byte, msg string) (int, int) {
+	m := leadingPath.FindStringSubmatch(msg)
+	if m == nil {
+		return 0, 0
+	}
+	var doc yaml.Node
+	if yaml.Unmarshal(data, &doc) != nil || len(doc.Content) == 0 {
+		return 0, 0
+	}
+	n := doc.Content[0]
+	line, col := 0, 0
+	for _, part := range strings.Split(m[1], ".") {
+		name, idx := part, -1
+		if i := strings.IndexByte(part, '['); i >= 0 {
+			name = part[:i]
+			fmt.Sscanf(part[i:], "[%d]", &idx)
+		}
+		found := false
+		for i := 0; n.Kind == yaml.MappingNode && i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == name {
+				line, col = n.Content[i].Line, n.Content[i].Column
+				n, found = n.Content[i+1], true
+				break
+			}
+		}
+		if !found {
+			break
+		}
+		if idx >= 0 && n.Kind == yaml.SequenceNode && idx < len(n.Content) {
+			n = n.Content[idx]
+			line, col = n.Line, n.Column
+		}
+	}
+	return line, col
+}
+
+// checkLoad is what the commands run on their config file before decoding
+// it: its schema problems, as one error that names the file and, for each
+// problem, its line and column.
+func checkLoad(path string, data []byte, v any) error {
+	t := reflect.TypeOf(v)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	kinds, err := configKinds()
+	if err != nil {
+		// A struct the schema cannot map (TestConfigDocsCoverEveryKey
+		// fails on it) leaves the file to yaml.v3's own checks.
+		return nil
+	}
+	for _, k := range kinds {
+		if reflect.TypeOf(k.Defaults) == t {
+			if ps := configschema.Check(data, k.Root); len(ps) > 0 {
+				return &configschema.Problems{File: path, List: ps}
+			}
+			return nil
+		}
+	}
+	return nil // a type without a schema (iop sim's flags): decoded as is
+}
+
+// ConfigReference is docs/config.md: the reference of every key of every
+// kind, generated from the schemas.
+func ConfigReference() ([]byte, error) {
+	kinds, err := configKinds()
+	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	b.WriteString(referenceHead)
+	for _, k := range kinds {
+		fmt.Fprintf(&b, "\n## %s.yaml: `%s`\n\n%s\n\n", k.Name, k.Command, k.Intro)
+		k.Table(&b)
+	}
+	b.WriteString(referenceTail)
+	return b.Bytes(), nil
+}
+
+const referenceHead = `# Configuration reference
+
+<!-- Generated by ` + "`go generate ./internal/process`" + ` (` + "`iop config doc`" + `) from the Go config
+structs and internal/process/configdocs.go; edit those, not this file. -->
+
+` + "`iop edge`, `iop node` and `iop dev`" + ` take ` + "`--config FILE`" + ` (YAML); flags override the
+file. Examples of whole files are in [A real deployment](deployment.md) and
+[Several edges](several-edges.md); ` + "`iop check FILE`" + ` checks one, and
+` + "`iop config schema edge|node|dev`" + ` prints a JSON Schema for editors (for
+example, with the YAML language server: ` + "`# yaml-language-server: $schema=edge.schema.json`" + `
+as a file's first line).
+
+Check the example files of [docs/examples](examples), and write the JSON
+Schema of an edge file (a test runs this block):
+
+` + "```sh runnable" + `
+iop check docs/examples/edge.yaml docs/examples/node.yaml docs/examples/dev.yaml
+iop config schema edge > edge.schema.json
+` + "```" + `
+
+Durations are written with a unit: ` + "`30s`, `1m30s`, `500ms`" + `. A key left out, or
+given no value, takes its default. A path ` + "`models.*.targets`" + ` is the key
+` + "`targets`" + ` of each entry of ` + "`models`" + `; ` + "`providers[].capacity`" + ` is the key ` + "`capacity`" + ` of each
+item of the list ` + "`providers`" + `.
+`
+
+const referenceTail = `
+## Reload
+
+The edge re-reads its ` + "`--config`" + ` file on ` + "`SIGHUP`" + ` and whenever the file
+changes: aliases and queue policies (` + "`queue`" + `, each alias's ` + "`max_queue`" + ` and
+` + "`queue_timeout`" + `) apply to the next request; requests already queued or
+running keep theirs. Other settings need a restart (the edge logs which). A
+file that does not parse or validate is refused with an error line naming
+the problem, and the running config stays.
+`

@@ -1,0 +1,70 @@
+package process
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+
+	"iop/internal/configschema"
+	"iop/internal/edge"
+)
+
+// silentOnReload are the edge keys that a reload neither applies nor
+// names among the settings that need a restart (edge.Service.Reload):
+// the reference says restart, which is true, but the edge's log does not.
+var silentOnReload = []string{"insecure_open", "drain_timeout", "max_retries", "circuit_breaker"}
+
+// TestConfigReferenceReloadColumn: the reference's reload column says what
+// a running edge does. Each top-level key and section key of the edge file
+// is set to its example and the running edge reloads: a key marked yes is
+// not among the settings the edge says need a restart; a key marked
+// restart is (but silentOnReload).
+func TestConfigReferenceReloadColumn(t *testing.T) {
+	t.Parallel()
+	k, err := ConfigKind(KindEdge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := edge.NewServer(edge.DefaultConfig(), edge.Deps{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := srv.Service()
+	k.Root.Walk(func(n *configschema.Node) {
+		if n.Type == configschema.Section || strings.ContainsAny(n.Path, "[*") || strings.HasPrefix(n.Path, "cluster.") {
+			return
+		}
+		parts := strings.Split(n.Path, ".")
+		var b strings.Builder
+		for i, p := range parts[:len(parts)-1] {
+			b.WriteString(strings.Repeat("  ", i) + p + ":\n")
+		}
+		b.WriteString(strings.Repeat("  ", len(parts)-1) + k.Example(n) + "\n")
+		cfg := edge.DefaultConfig()
+		if err := yaml.Unmarshal([]byte(b.String()), &cfg); err != nil {
+			t.Errorf("%s: %v", n.Path, err)
+			return
+		}
+		switch n.Path {
+		case "tls_cert", "tls_key", "client_ca":
+			cfg.TLSCert, cfg.TLSKey = "/etc/iop/edge.crt", "/etc/iop/edge.key"
+		}
+		res, err := svc.Reload(cfg)
+		if err != nil {
+			t.Errorf("%s: reload of its example refused: %v", n.Path, err)
+			return
+		}
+		reported := len(res.Restart) > 0
+		switch {
+		case k.Reload(n) == "yes" && reported:
+			t.Errorf("%s: the reference says it reloads; the edge says it needs a restart (%v)", n.Path, res.Restart)
+		case k.Reload(n) == "restart" && !reported && !slices.Contains(silentOnReload, parts[0]):
+			t.Errorf("%s: the reference says restart; the edge applied it on a reload (or did not say)", n.Path)
+		}
+		if _, err := svc.Reload(edge.DefaultConfig()); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -1,0 +1,79 @@
+package translate
+
+import (
+	"encoding/json"
+	"slices"
+	"testing"
+)
+
+// TestRegression_ForcedToolChoiceOnOllama: tool_choice "required" was
+// refused and a named function ignored on the way to Ollama, which has no
+// tool_choice. Each forced form now reaches Ollama as a format that admits
+// only the call, without tools, and the answer's text reads back as it.
+func TestRegression_ForcedToolChoiceOnOllama(t *testing.T) {
+	const (
+		weather = `{"type":"function","function":{"name":"weather","description":"the weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}`
+		clock   = `{"type":"function","function":{"name":"clock"}}`
+		user    = `"messages":[{"role":"user","content":"Paris?"}]`
+	)
+	for _, tc := range []struct {
+		name, body string
+		names      []string
+		format     string
+	}{
+		{"a named function", `{` + user + `,"tools":[` + weather + `,` + clock + `],"tool_choice":{"type":"function","function":{"name":"weather"}}}`,
+			[]string{"weather"}, `{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}`},
+		{"required with one tool", `{` + user + `,"tools":[` + clock + `],"tool_choice":"required","parallel_tool_calls":false}`,
+			[]string{"clock"}, `{"type":"object"}`},
+		{"required with several", `{` + user + `,"tools":[` + weather + `,` + clock + `],"tool_choice":"required"}`,
+			[]string{"weather", "clock"}, `{"anyOf":[{"type":"object","properties":{"name":{"const":"weather"},"arguments":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}},"required":["name","arguments"]},{"type":"object","properties":{"name":{"const":"clock"},"arguments":{"type":"object"}},"required":["name","arguments"]}]}`},
+		{"allowed tools required", `{` + user + `,"tools":[` + weather + `,` + clock + `],"tool_choice":{"type":"allowed_tools","allowed_tools":{"mode":"required","tools":[{"type":"function","function":{"name":"clock"}}]}}}`,
+			[]string{"clock"}, `{"type":"object"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ToOllamaChatRequest([]byte(tc.body), "m", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var body struct {
+				Tools    json.RawMessage `json:"tools"`
+				Format   json.RawMessage `json:"format"`
+				Messages []ollamaMessage `json:"messages"`
+			}
+			if err := json.Unmarshal(got.Body, &body); err != nil {
+				t.Fatal(err)
+			}
+			if got.Forced == nil || !slices.Equal(got.Forced.Names, tc.names) {
+				t.Fatalf("forced %+v, want %q", got.Forced, tc.names)
+			}
+			if body.Tools != nil || !jsonEqual(t, body.Format, tc.format) {
+				t.Fatalf("tools %s format %s, want no tools and format %s", body.Tools, body.Format, tc.format)
+			}
+			if last := body.Messages[len(body.Messages)-1]; len(body.Messages) != 2 || last.Role != "system" {
+				t.Fatalf("messages %+v, want the conversation and a system message naming the tools", body.Messages)
+			}
+		})
+	}
+}
+
+func TestForcedCallReadsTheAnswer(t *testing.T) {
+	one := &ForcedCall{Names: []string{"weather"}}
+	if n, a, err := one.Call(` {"city":"Paris"} `); n != "weather" || a != `{"city":"Paris"}` || err != nil {
+		t.Fatalf("one: %q %q %v", n, a, err)
+	}
+	if n, a, err := one.Call(""); n != "weather" || a != "{}" || err != nil {
+		t.Fatalf("empty: %q %q %v", n, a, err)
+	}
+	several := &ForcedCall{Names: []string{"weather", "clock"}}
+	if n, a, err := several.Call(`{"name":"clock","arguments":{"tz": "UTC"}}`); n != "clock" || a != `{"tz":"UTC"}` || err != nil {
+		t.Fatalf("several: %q %q %v", n, a, err)
+	}
+	if n, a, err := several.Call(`{"name":"clock"}`); n != "clock" || a != "{}" || err != nil {
+		t.Fatalf("no arguments: %q %q %v", n, a, err)
+	}
+	for _, bad := range []string{`{"name":"other","arguments":{}}`, `not json`, `{"arguments":{}}`} {
+		if _, _, err := several.Call(bad); err == nil {
+			t.Fatalf("%s: no error", bad)
+		}
+	}
+}
