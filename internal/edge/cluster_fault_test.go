@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"iop/internal/testenv/etcdtest"
 	"iop/internal/wire/clusterv1"
@@ -322,11 +321,13 @@ func routeThroughProxy(t *testing.T, e *testEdge) *stallProxy {
 	t.Helper()
 	st, _ := e.svc.Cluster()
 	px := newStallProxy(t, st.LeaderAddr)
-	cc, err := grpc.NewClient(px.lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cm := e.svc.cl
+	// The edge's own dial options: its calls carry the cluster's identity
+	// (and token), which the leader checks on every call.
+	cc, err := grpc.NewClient(px.lis.Addr().String(), cm.peers.dialOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cm := e.svc.cl
 	cm.mu.Lock()
 	old := cm.clients[st.LeaderAddr]
 	cm.clients[st.LeaderAddr] = cc
