@@ -19,7 +19,13 @@ func newCheckCommand() *cobra.Command {
 		Long: "Check config files and print each problem as FILE:LINE:COLUMN: message.\n" +
 			"The kind of each file is --kind, else guessed from its name (edge.yaml, node.yaml, dev.yaml), else from its keys.\n" +
 			"Exits 1 when a file has a problem.",
-		Args:          cobra.MinimumNArgs(1),
+		Args: func(cmd *cobra.Command, files []string) error {
+			if len(files) == 0 {
+				fmt.Fprintln(cmd.ErrOrStderr(), "iop check: name the config files to check, e.g. iop check edge.yaml node.yaml")
+				return errProblems
+			}
+			return nil
+		},
 		SilenceUsage:  true,
 		SilenceErrors: true, // the problems are printed; the exit status says the rest
 		RunE: func(cmd *cobra.Command, files []string) error {
@@ -53,6 +59,10 @@ func newCheckCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&kind, "kind", "", "edge, node or dev (default: from the file's name, else its keys)")
+	cmd.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		fmt.Fprintf(cmd.ErrOrStderr(), "iop check: %v; the files are arguments, e.g. iop check edge.yaml (flags: --kind edge|node|dev)\n", err)
+		return errProblems
+	})
 	return cmd
 }
 

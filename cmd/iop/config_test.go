@@ -138,3 +138,22 @@ func TestVersionCommandWithoutLdflags(t *testing.T) {
 		}
 	}
 }
+
+// TestRegression_CheckMisusedSaysHow: `iop check` with no file, and `iop
+// check --config edge.yaml` (the flag every other command takes), exited 1
+// and printed nothing.
+func TestRegression_CheckMisusedSaysHow(t *testing.T) {
+	for _, args := range [][]string{{"check"}, {"check", "--config", "edge.yaml"}} {
+		root := newRootCommand()
+		var out strings.Builder
+		root.SetOut(&out)
+		root.SetErr(&out)
+		root.SetArgs(args)
+		if err := root.Execute(); err == nil {
+			t.Errorf("iop %s: no error", strings.Join(args, " "))
+		}
+		if !strings.Contains(out.String(), "iop check edge.yaml") {
+			t.Errorf("iop %s printed %q, not how to call it", strings.Join(args, " "), out.String())
+		}
+	}
+}

@@ -37,7 +37,7 @@ func newKeysCommand() *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "API key %q (shown only now; the edge keeps only its hash):\n\n  %s\n\n", key.Name, secret)
-			fmt.Fprintf(out, "Add this line under %s: in the edge config or its keys_file, then restart the edge:\n\n  %s\n", section, keyLine(key))
+			fmt.Fprintf(out, "Add this line under %s: in the edge config or its keys_file, then reload the edge (SIGHUP):\n\n  %s\n", section, keyLine(key))
 			return nil
 		},
 	}

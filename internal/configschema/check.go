@@ -305,6 +305,10 @@ func (c *checker) scalar(y *yaml.Node, s *Node, path string) {
 		if _, err := time.ParseDuration(v); err != nil {
 			c.add(y, "%s%q is not a duration; write a number and a unit, such as \"30s\", \"1m30s\" or \"500ms\"", label(path), v)
 		}
+	case Time:
+		if _, err := time.Parse(time.RFC3339Nano, v); err != nil {
+			c.add(y, "%s%q is not an RFC 3339 time; write it as \"2026-12-31T00:00:00Z\"", label(path), v)
+		}
 	case Int:
 		if y.Tag == "!!int" {
 			return
@@ -355,6 +359,8 @@ func article(s *Node) string {
 		return "true or false"
 	case Duration:
 		return "a duration such as \"30s\""
+	case Time:
+		return "an RFC 3339 time such as \"2026-12-31T00:00:00Z\""
 	}
 	return "a string"
 }

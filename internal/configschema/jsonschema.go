@@ -35,6 +35,9 @@ func (k Kind) schema(n *Node) map[string]any {
 	case Duration:
 		s["type"] = "string"
 		s["pattern"] = durationPattern
+	case Time:
+		s["type"] = "string"
+		s["format"] = "date-time"
 	case List:
 		s["type"] = "array"
 		s["items"] = k.schema(n.Elem)
@@ -83,7 +86,7 @@ func jsonDefault(n *Node, d string) any {
 		if v, err := strconv.ParseBool(d); err == nil {
 			return v
 		}
-	case String, Duration:
+	case String, Duration, Time:
 		return d
 	}
 	return nil

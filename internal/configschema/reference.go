@@ -66,6 +66,8 @@ func FormatValue(x any) string {
 	switch v := x.(type) {
 	case time.Duration:
 		return FormatDuration(v)
+	case time.Time:
+		return v.Format(time.RFC3339)
 	case []string:
 		return "[" + strings.Join(v, ", ") + "]"
 	}

@@ -21,6 +21,7 @@ const (
 	Int
 	Float
 	Duration
+	Time    // an RFC 3339 instant
 	List    // a YAML sequence of Elem
 	Map     // a YAML mapping of names to Elem
 	Section // a YAML mapping of the Fields
@@ -62,6 +63,7 @@ type Node struct {
 
 var (
 	durationType    = reflect.TypeOf(time.Duration(0))
+	timeType        = reflect.TypeOf(time.Time{})
 	unmarshalerType = reflect.TypeOf((*yaml.Unmarshaler)(nil)).Elem()
 )
 
@@ -94,6 +96,8 @@ func (b *builder) node(t reflect.Type, key, path string) (*Node, error) {
 	switch {
 	case t == durationType:
 		n.Type = Duration
+	case t == timeType:
+		n.Type = Time
 	case t.Kind() == reflect.String:
 		n.Type = String
 	case t.Kind() == reflect.Bool:
@@ -205,6 +209,8 @@ func (n *Node) TypeName() string {
 		return "number"
 	case Duration:
 		return "duration"
+	case Time:
+		return "time (RFC 3339)"
 	case List:
 		return "list of " + plural(n.Elem)
 	case Map:
@@ -226,6 +232,8 @@ func plural(n *Node) string {
 		return "numbers"
 	case Duration:
 		return "durations"
+	case Time:
+		return "times (RFC 3339)"
 	case List, Map:
 		return n.TypeName() + "s"
 	case Section:

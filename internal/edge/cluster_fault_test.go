@@ -321,13 +321,12 @@ func routeThroughProxy(t *testing.T, e *testEdge) *stallProxy {
 	t.Helper()
 	st, _ := e.svc.Cluster()
 	px := newStallProxy(t, st.LeaderAddr)
-	cm := e.svc.cl
-	// The edge's own dial options: its calls carry the cluster's identity
-	// (and token), which the leader checks on every call.
-	cc, err := grpc.NewClient(px.lis.Addr().String(), cm.peers.dialOptions()...)
+	// The edge's own dial options: its deployment id and token go on every call.
+	cc, err := grpc.NewClient(px.lis.Addr().String(), e.svc.cl.peers.dialOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}
+	cm := e.svc.cl
 	cm.mu.Lock()
 	old := cm.clients[st.LeaderAddr]
 	cm.clients[st.LeaderAddr] = cc

@@ -120,7 +120,7 @@ func TestNeedChoicesOnlyTunnelProviders(t *testing.T) {
 // once, saying why, with nothing reserved.
 func TestTunnelOnlyNeeds(t *testing.T) {
 	for need, why := range map[string]string{
-		NeedToolChoice:   `honours tool_choice "required" or parallel_tool_calls false`,
+		NeedToolChoice:   `honours parallel_tool_calls false`,
 		NeedRemoteImages: "send the image inline as a base64 data URL",
 		NeedPromptBatch:  "send one request per prompt",
 		NeedTokenInput:   "takes token ids as input",

@@ -52,8 +52,8 @@ var configKinds = sync.OnceValues(func() ([]configschema.Kind, error) {
 		reloads              bool
 	}{
 		{KindEdge, "iop edge --config edge.yaml", "The edge applies the keys marked *yes* on SIGHUP and whenever the file changes, to the next request; the others keep their running values until a restart, and the edge logs which.", EdgeDefaults(), true},
-		{KindNode, "iop node --config node.yaml", "A node reads its file once, at start.", nodeDefaults(), false},
-		{KindDev, "iop dev --config dev.yaml", "`iop dev` reads its file once, at start; each key is also a flag (`sim_capacity` is `--sim-capacity`).", DevDefaults(), false},
+		{KindNode, "iop node --config node.yaml", "On SIGHUP a node reads its file again and applies the keys marked *yes* (providers' capacities and discovery intervals, the TLS files from the next connection); the others keep their running values until a restart, and the node logs which.", nodeDefaults(), true},
+		{KindDev, "iop dev --config dev.yaml", "On SIGHUP `iop dev` reads its file again and applies the keys marked *yes*; the others keep their running values until a restart, and it logs which. Each key is also a flag (`sim_capacity` is `--sim-capacity`).", DevDefaults(), true},
 	}
 	var kinds []configschema.Kind
 	for _, s := range specs {
@@ -283,10 +283,17 @@ item of the list ` + "`providers`" + `.
 const referenceTail = `
 ## Reload
 
-The edge re-reads its ` + "`--config`" + ` file on ` + "`SIGHUP`" + ` and whenever the file
-changes: aliases and queue policies (` + "`queue`" + `, each alias's ` + "`max_queue`" + ` and
-` + "`queue_timeout`" + `) apply to the next request; requests already queued or
-running keep theirs. Other settings need a restart (the edge logs which). A
+Every iop process handles ` + "`SIGHUP`" + ` the same way: it reads its file again,
+applies the keys marked *yes* above, logs what it applied and what needs a
+restart, and never exits on it. The edge also re-reads its ` + "`--config`" + ` file
+whenever the file changes, and its ` + "`keys_file`" + ` on ` + "`SIGHUP`" + ` only. On the
+edge, aliases, queue policies (with ` + "`reconnect_grace`" + `), API keys and their
+limits, admin keys and node join tokens apply to the next request; requests
+already queued or running keep theirs; a removed key gets 401 at once. A
 file that does not parse or validate is refused with an error line naming
-the problem, and the running config stays.
+the problem, and the running config stays. A reload that would leave the
+edge with no client ` + "`keys`" + ` (or no ` + "`admin_keys`" + `) while the running config has
+some is refused the same way, unless the new file sets
+` + "`insecure_open: true`" + `: a file read while half written never opens the API.
+The file is read once it has stayed unchanged for 1 s; ` + "`SIGHUP`" + ` reads it at once.
 `

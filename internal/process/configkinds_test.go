@@ -3,6 +3,7 @@ package process
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -286,5 +287,43 @@ func TestConfigJSONSchemaMatchesCheck(t *testing.T) {
 		if (verr == nil) != c.ok || (c.ok && !checkOK) {
 			t.Errorf("%s %q: JSON Schema says %v, want ok=%v", c.kind, c.file, verr, c.ok)
 		}
+	}
+}
+
+// TestRegression_KeyExpiresAtInTheEdgeConfig: `expires_at` on a key in the
+// edge's own file (not its keys_file) was refused by iop check and by a
+// reload: `keys[0].expires_at: want a section of keys (), not
+// "2026-12-06T06:57:22Z"` (a time.Time was taken for a section).
+func TestRegression_KeyExpiresAtInTheEdgeConfig(t *testing.T) {
+	t.Parallel()
+	k, err := ConfigKind(KindEdge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hash := `"sha256:` + strings.Repeat("a", 64) + `"`
+	for _, c := range []struct {
+		file string
+		want []string
+	}{
+		{"keys:\n  - {name: bob, hash: " + hash + ", expires_at: \"2026-12-06T06:57:22Z\"}\n", nil},
+		{"keys:\n  - {name: bob, hash: " + hash + ", expires_at: 2026-12-06T06:57:22Z}\n", nil},
+		{"admin_keys:\n  - name: ops\n    hash: " + hash + "\n    expires_at: 2026-12-31T00:00:00+01:00\n", nil},
+		{"keys:\n  - {name: bob, hash: " + hash + ", expires_at: tomorrow}\n",
+			[]string{`2:` + fmt.Sprint(len("  - {name: bob, hash: "+hash+", expires_at: ")+1) + `: keys[0].expires_at: "tomorrow" is not an RFC 3339 time; write it as "2026-12-31T00:00:00Z"`}},
+	} {
+		var got []string
+		for _, p := range CheckConfig(k, []byte(c.file)) {
+			got = append(got, p.String())
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("problems of\n%s\n got %q\nwant %q", c.file, got, c.want)
+		}
+	}
+	s, err := k.JSONSchema()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(s), `"date-time"`) {
+		t.Errorf("the JSON Schema gives expires_at no date-time format")
 	}
 }

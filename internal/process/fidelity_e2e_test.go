@@ -299,7 +299,7 @@ func TestToolChoiceEndToEnd(t *testing.T) {
 	const tools = `"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}},` +
 		`{"type":"function","function":{"name":"get_time","parameters":{"type":"object","properties":{"zone":{"type":"string"}}}}}]`
 	ask := func(model, choice string) string {
-		return fmt.Sprintf(`{"model":%q,"reasoning_effort":"none","max_tokens":3,%s%s,"messages":[{"role":"user","content":"use get_weather or get_time"}]}`, model, tools, choice)
+		return fmt.Sprintf(`{"model":%q,"reasoning_effort":"none","max_tokens":64,%s%s,"messages":[{"role":"user","content":"use get_weather or get_time"}]}`, model, tools, choice)
 	}
 	called := func(t *testing.T, data []byte) string {
 		t.Helper()

@@ -203,7 +203,7 @@ func (p *Process) startEdge(ctx, abort context.Context, cfg Config, deps Deps) e
 		return err
 	}
 	p.HTTPAddr, p.NodeAddr, p.Service, p.Ledger = e.HTTPAddr, e.NodeAddr, e.Service, e.Ledger
-	r := &edgeReloader{e: e, listen: cfg.Edge.Listen, logger: p.logger}
+	r := &edgeReloader{e: e, logger: p.logger}
 	watched, err := watchConfig(ctx, cfg.ConfigFile, reloadFunc(cfg.Reload, r.apply, p.logger), p.logger, deps.Hangup)
 	if err != nil {
 		p.stop() // stops the edge

@@ -19,8 +19,9 @@ import (
 
 // reloadSettle is how long the config file must stay unchanged after an
 // event before it is read: an editor's save is several events (truncate,
-// write, rename), and reading between them would see a partial file.
-const reloadSettle = 100 * time.Millisecond
+// write, rename), and a file written in parts is partial until the last.
+// SIGHUP reads the file at once.
+const reloadSettle = time.Second
 
 // watchConfig calls reload at each value from hup (SIGHUP; nil: never),
 // with the trigger "SIGHUP", and, when path is set, whenever the file at
@@ -94,7 +95,6 @@ func watchConfig(ctx context.Context, path string, reload func(trigger string), 
 // edge's own part (edge.Service.Reload) and the HTTP API's keyrings.
 type edgeReloader struct {
 	e      *edgeRun
-	listen string // the running HTTP API address, for the open-API check
 	logger *slog.Logger
 }
 
@@ -125,9 +125,10 @@ func diffKeys(old, next []auth.Key) keysChange {
 	return c
 }
 
-// apply reads cfg's keys file, checks every keyring and the open-API rule
-// first, then applies the edge's part and swaps the keyrings; a cfg refused
-// anywhere changes nothing. It logs what changed and what needs a restart.
+// apply reads cfg's keys file, checks every keyring and that no keyring
+// is emptied (checkKeysKept) first, then applies the edge's part and
+// swaps the keyrings; a cfg refused anywhere changes nothing. It logs
+// what changed and what needs a restart.
 func (r *edgeReloader) apply(cfg edge.Config, trigger string) error {
 	cfg, err := cfg.LoadKeysFile()
 	if err != nil {
@@ -139,8 +140,8 @@ func (r *edgeReloader) apply(cfg edge.Config, trigger string) error {
 	if err := auth.Validate("admin_keys", cfg.AdminKeys); err != nil {
 		return err
 	}
-	if len(cfg.Keys) == 0 && r.e.Keys.Len() > 0 && !isLoopback(r.listen) && !cfg.InsecureOpen {
-		return fmt.Errorf("the new config has no API keys: it would open the HTTP API on %s to anyone (set insecure_open to mean it)", r.listen)
+	if err := checkKeysKept(r.e.Keys.Len(), r.e.AdminKeys.Len(), cfg); err != nil {
+		return err
 	}
 	r.e.keysMu.Lock()
 	defer r.e.keysMu.Unlock()
@@ -165,6 +166,23 @@ func (r *edgeReloader) apply(cfg edge.Config, trigger string) error {
 		"tokens_added", res.TokensAdded, "tokens_removed", res.TokensRemoved)
 	if len(res.Restart) > 0 {
 		log.Warn("config settings changed that apply only after a restart; they keep their running values", "settings", res.Restart)
+	}
+	return nil
+}
+
+// checkKeysKept refuses, with ErrKeysEmptied, a cfg that has no client
+// keys while running has some (running: the running client keyring's
+// length), or no admin keys while runningAdmin > 0, unless cfg sets
+// insecure_open: a file read while half written must not open the API.
+func checkKeysKept(running, runningAdmin int, cfg edge.Config) error {
+	if cfg.InsecureOpen {
+		return nil
+	}
+	if len(cfg.Keys) == 0 && running > 0 {
+		return fmt.Errorf("%w: the new config has no keys, the running one has %d (set insecure_open: true to mean it)", ErrKeysEmptied, running)
+	}
+	if len(cfg.AdminKeys) == 0 && runningAdmin > 0 {
+		return fmt.Errorf("%w: the new config has no admin_keys, the running one has %d (set insecure_open: true to mean it)", ErrKeysEmptied, runningAdmin)
 	}
 	return nil
 }

@@ -77,10 +77,16 @@ type forcedTool struct {
 // that admits only the call, and the system message that asks for it.
 func forceCall(out *ollamaChatRequest, tools json.RawMessage) (*ForcedCall, error) {
 	var defs []struct {
+		Type     string     `json:"type"`
 		Function forcedTool `json:"function"`
 	}
 	if err := json.Unmarshal(tools, &defs); err != nil || len(defs) == 0 {
 		return nil, fieldErr("tool_choice", "forces a tool call, but the request has no function tools")
+	}
+	for _, d := range defs {
+		if d.Type != "function" && d.Type != "" {
+			return nil, fieldErr("tool_choice", "forces a tool call, but the tools include a tool of type %q, which this provider cannot be forced to call (only function tools can be); name a function, or leave that tool out", clip(d.Type))
+		}
 	}
 	fs := make([]forcedTool, len(defs))
 	forced := &ForcedCall{}

@@ -2,7 +2,9 @@ package translate
 
 import (
 	"encoding/json"
+	"errors"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -74,6 +76,48 @@ func TestForcedCallReadsTheAnswer(t *testing.T) {
 	for _, bad := range []string{`{"name":"other","arguments":{}}`, `not json`, `{"arguments":{}}`} {
 		if _, _, err := several.Call(bad); err == nil {
 			t.Fatalf("%s: no error", bad)
+		}
+	}
+}
+
+// TestRegression_ForcedCustomToolOnOllama: tool_choice "required" with a
+// custom tool among the tools reached Ollama as a forced call of a tool
+// with no name, and the answer came back as a nameless call with
+// arguments "{}". Only function tools can be forced on Ollama: such a
+// request is refused as {"type":"custom"} is.
+func TestRegression_ForcedCustomToolOnOllama(t *testing.T) {
+	const (
+		custom = `{"type":"custom","custom":{"name":"c"}}`
+		fn     = `{"type":"function","function":{"name":"a"}}`
+		user   = `"messages":[{"role":"user","content":"hi"}]`
+	)
+	for _, tools := range []string{custom, fn + `,` + custom, custom + `,` + fn} {
+		body := `{` + user + `,"tools":[` + tools + `],"tool_choice":"required"}`
+		got, err := ToOllamaChatRequest([]byte(body), "m", nil)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != "tool_choice" || !strings.Contains(fe.Message, `"custom"`) {
+			t.Fatalf("%s: forced %+v, error %v; want a *FieldError naming tool_choice and the custom tool", body, got.Forced, err)
+		}
+	}
+	// A function tool forced by name beside a custom one is served.
+	body := `{` + user + `,"tools":[` + fn + `,` + custom + `],"tool_choice":{"type":"function","function":{"name":"a"}}}`
+	got, err := ToOllamaChatRequest([]byte(body), "m", nil)
+	if err != nil || got.Forced == nil || !slices.Equal(got.Forced.Names, []string{"a"}) {
+		t.Fatalf("named function beside a custom tool: forced %+v, error %v", got.Forced, err)
+	}
+}
+
+// TestRegression_AllowedToolsRequiredEmpty: allowed tools of mode
+// "required" with an empty list were refused with "the request has no
+// function tools" though the request had some; the error now names the
+// empty allowed list.
+func TestRegression_AllowedToolsRequiredEmpty(t *testing.T) {
+	for _, list := range []string{`[]`, `[{"type":"custom","custom":{"name":"c"}}]`} {
+		body := `{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"a"}}],"tool_choice":{"type":"allowed_tools","allowed_tools":{"mode":"required","tools":` + list + `}}}`
+		_, err := ToOllamaChatRequest([]byte(body), "m", nil)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != "tool_choice.allowed_tools.tools" || strings.Contains(fe.Message, "no function tools") {
+			t.Fatalf("allowed tools %s: error %v; want a *FieldError naming tool_choice.allowed_tools.tools", list, err)
 		}
 	}
 }

@@ -377,7 +377,8 @@ func reasoningText(content, reasoning json.RawMessage) string {
 //	 "tools":[...]}}
 //
 // Refused (*FieldError): another tool_choice, a named function that is not
-// among the tools, "required" without tools, and parallel_tool_calls false
+// among the tools, "required" without tools, allowed tools of mode
+// "required" listing no function, and parallel_tool_calls false
 // without a forced call (Ollama cannot keep a model to one call per turn;
 // a forced answer is one call). An OpenAI-compatible provider gets all of
 // these as sent.
@@ -447,6 +448,9 @@ func choiceTools(tools, choice json.RawMessage) (json.RawMessage, bool, error) {
 			if t.Function != nil && t.Function.Name != "" {
 				names = append(names, t.Function.Name)
 			}
+		}
+		if forced && len(names) == 0 {
+			return nil, false, fieldErr("tool_choice.allowed_tools.tools", "lists no function tool, so mode \"required\" has no call to force; list at least one of the request's function tools")
 		}
 	default:
 		return nil, false, fieldErr("tool_choice", "a tool_choice of type %q is not supported by this provider; name a function: {\"type\":\"function\",\"function\":{\"name\":...}}", clip(obj.Type))

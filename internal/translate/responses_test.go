@@ -102,8 +102,13 @@ func TestResponsesToChat(t *testing.T) {
 func TestResponsesNeeds(t *testing.T) {
 	rq, chat, _ := chatOf(t, `{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"abcd"},{"type":"input_image","image_url":"https://x/y.png"}]}],
 		"tools":[{"type":"function","name":"f"}],"tool_choice":"required","reasoning":{"effort":"high"}}`)
-	if !rq.NeedsTools || !rq.NeedsToolChoice || !rq.Thinks || !chat.Vision || !chat.RemoteImages {
+	// A forced call ("required") is served by every provider kind: it needs
+	// no OpenAI-compatible one.
+	if !rq.NeedsTools || rq.NeedsToolChoice || !rq.Thinks || !chat.Vision || !chat.RemoteImages {
 		t.Errorf("needs %+v %+v", rq, chat)
+	}
+	if rq, _, _ := chatOf(t, `{"model":"m","input":"x","tools":[{"type":"function","name":"f"}],"parallel_tool_calls":false}`); !rq.NeedsToolChoice {
+		t.Errorf("parallel_tool_calls false without a forced call does not need an OpenAI-compatible provider: %+v", rq)
 	}
 	if want := 4 + len(`[{"type":"function","function":{"name":"f"}}]`); chat.Chars != want {
 		t.Errorf("chars %d, want %d", chat.Chars, want)

@@ -314,18 +314,21 @@ func (o *Ollama) readStream(c *call, sink EventSink, forced *translate.ForcedCal
 			if l.Done {
 				if forced != nil && calls == 0 {
 					name, args, err := forced.Call(callText.String())
+					whole := err == nil && json.Valid([]byte(args))
 					switch {
-					case err == nil:
+					case whole || (err == nil && l.DoneReason != "length"):
 						events = append(events, &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, ToolCalls: []*nodev1.ToolCallDelta{
 							{Index: 0, Id: newToolCallID(), Name: name, Arguments: args}}})
 						calls++
 						// A whole call is the answer even when the model
 						// spent its last tokens on the whitespace the
 						// format's grammar allows.
-						wholeCall = json.Valid([]byte(args))
+						wholeCall = whole
 					case l.DoneReason == "length":
-						// Cut before it named its function: the text
-						// as it came, with finish_reason "length".
+						// Cut by the token limit before the call was
+						// whole (its function unnamed, or its arguments
+						// not yet JSON): the text as it came, with
+						// finish_reason "length".
 						events = append(events, &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: callText.String()})
 					default:
 						return streamErr(ErrProviderStream, truncate(o.p.redact(err.Error()), maxFallbackMessage))

@@ -208,3 +208,52 @@ func TestOpenAITunnelPaths(t *testing.T) {
 		}
 	}
 }
+
+// TestRegression_ForcedCallCutByTokenLimit: a forced call of one tool
+// whose answer the client's max_tokens cut mid-arguments came back as a
+// tool call with arguments that are not JSON (`{"c":"bl`), which the
+// Messages API turned into a 502 "malformed answer". An answer cut before
+// the call is whole is the text as it came with finish_reason "length";
+// a whole call cut only in its trailing whitespace stays the call.
+func TestRegression_ForcedCallCutByTokenLimit(t *testing.T) {
+	const one = `{"model":"x","max_tokens":2,"messages":[{"role":"user","content":"weather?"}],
+		"tools":[{"type":"function","function":{"name":"get_w","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}],
+		"tool_choice":"required"}`
+	for _, tc := range []struct {
+		name, body string
+		parts      []string
+		wantCall   string // the call's arguments; "" for text
+		wantFinish string
+	}{
+		{"cut arguments", one, []string{`{\"c`, `\":\"bl`}, "", "length"},
+		{"whole call at the limit", one, []string{`{\"city\":\"Paris\"}`, `\n`}, `{"city":"Paris"}`, "tool_calls"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var lines []string
+			for _, p := range tc.parts {
+				lines = append(lines, `{"model":"m","message":{"role":"assistant","content":"`+p+`"},"done":false}`)
+			}
+			lines = append(lines, `{"model":"m","message":{"role":"assistant","content":""},"done":true,"done_reason":"length","prompt_eval_count":3,"eval_count":2}`)
+			up := newUpstream(t, ollamaLines(lines...))
+			o := newOllama(t, Config{BaseURL: up.URL})
+			rec := &eventRec{}
+			if err := o.Normalize(context.Background(), chatReq(tc.body), rec); err != nil {
+				t.Fatalf("Normalize: %v; want no error", err)
+			}
+			var calls []*nodev1.ToolCallDelta
+			for _, e := range rec.events {
+				calls = append(calls, e.ToolCalls...)
+			}
+			if tc.wantCall == "" {
+				if len(calls) != 0 || rec.text() != `{"c":"bl` {
+					t.Fatalf("calls %v text %q; want no call and the text as it came", calls, rec.text())
+				}
+			} else if len(calls) != 1 || calls[0].Name != "get_w" || strings.TrimSpace(calls[0].Arguments) != tc.wantCall {
+				t.Fatalf("calls %v; want one get_w call with %s", calls, tc.wantCall)
+			}
+			if c := rec.last(tComplete); c == nil || c.FinishReason != tc.wantFinish {
+				t.Fatalf("complete %v; want finish_reason %q", c, tc.wantFinish)
+			}
+		})
+	}
+}
