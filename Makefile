@@ -108,7 +108,7 @@ SCENARIO ?=
 RUNS ?= 5
 chaos: build etcd postgresql
 	IOP_CHAOS=1 IOP_CHAOS_BIN=$(BIN)/iop IOP_CHAOS_SCENARIO=$(SCENARIO) IOP_CHAOS_RUNS=$(RUNS) IOP_TEST_STRICT=1 \
-		$(GO) test -race -count=1 -timeout 120m -v -run '^TestChaos$$' ./internal/chaos/ >$(BIN)/chaos.log 2>&1; \
+		$(GO) test -race -count=1 -timeout 120m -v -run '^(TestProxyModes|TestChaos)$$' ./internal/chaos/ >$(BIN)/chaos.log 2>&1; \
 		rc=$$?; grep -E '^ *(--- |chaos_test.go|\||Chaos suite|Scenarios:|ok|FAIL|PASS)' $(BIN)/chaos.log; exit $$rc
 
 # Regenerates the protocol's Go code with pinned plugin versions (protoc from Debian's protobuf-compiler).
