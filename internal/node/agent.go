@@ -69,6 +69,10 @@ type Agent struct {
 	// every discovery round, on its goroutine, with whether the round
 	// changed the provider's advert.
 	afterRound func(providerID string, changed bool)
+	// noResidency, when set (tests only, before Run), reads no provider's
+	// /api/ps: tests of other things whose fake servers answer only what
+	// they test.
+	noResidency bool
 
 	reloadMu sync.Mutex // serializes Reload
 
@@ -86,8 +90,8 @@ type Agent struct {
 	inFlight map[*run]struct{}
 	slots    map[string]*slotPool
 
-	advMu      sync.Mutex             // guards the fields below
-	adverts    map[string]*advertised // by provider id: what the edge is told of each provider
+	advMu   sync.Mutex             // guards the fields below
+	adverts map[string]*advertised // by provider id: what the edge is told of each provider
 	// residency holds, by provider id, the models an Ollama provider's
 	// server holds loaded, as last read (residency.go); none before the
 	// first reading.

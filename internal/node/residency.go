@@ -60,7 +60,7 @@ func (a *Agent) kickResidency(id string) {
 func (a *Agent) startResidency(ctx context.Context) (stop func()) {
 	var wg sync.WaitGroup
 	for _, p := range a.order {
-		if p.meta == nil {
+		if p.meta == nil || a.noResidency {
 			continue
 		}
 		wg.Go(func() { a.watchResidency(ctx, p) })

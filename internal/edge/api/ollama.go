@@ -596,7 +596,7 @@ func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 	}
 	req := &Request{Model: name}
 	if strings.TrimSpace(name) == "" {
-		h.writeOllamaError(w, r, &requestError{param: "model", message: "model is required"}, nil)
+		h.writeOllamaError(w, r, &requestError{message: "model is required"}, nil) // Ollama's text
 		return
 	}
 	info := ModelInfo{Name: name, Targets: []string{name}}

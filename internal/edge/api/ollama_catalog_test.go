@@ -265,3 +265,15 @@ func TestOllamaShowPassesOllamasAnswerThrough(t *testing.T) {
 		t.Errorf("unknown model: %d %s", status, body)
 	}
 }
+
+// TestRegression_OllamaShowWithoutModelIsOllamasText: /api/show without a
+// model is 400 with Ollama's own text, "model is required" (iop said
+// "model: model is required").
+func TestRegression_OllamaShowWithoutModelIsOllamasText(t *testing.T) {
+	env := newCatalogEnv(t)
+	for _, body := range []string{`{}`, `{"model":""}`} {
+		if status, _, got := env.ollamaPost(t, "/api/show", body); status != 400 || strings.TrimSpace(got) != `{"error":"model is required"}` {
+			t.Errorf("%s: %d %s", body, status, got)
+		}
+	}
+}
