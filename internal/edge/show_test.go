@@ -119,4 +119,3 @@ func TestLoadedListsWhatProvidersHold(t *testing.T) {
 		t.Fatalf("loaded %q, want %q", got, want)
 	}
 }
-

@@ -2,6 +2,7 @@ package node
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -59,7 +60,7 @@ func psOf(names ...string) string {
 	var models []map[string]any
 	for _, n := range names {
 		models = append(models, map[string]any{"name": n, "model": n, "size": 100, "size_vram": 60, "digest": "d-" + n,
-			"details": map[string]any{"parent_model": "/root/.ollama/models/blobs/sha256-1", "format": "gguf", "family": "llama"},
+			"details":    map[string]any{"parent_model": "/root/.ollama/models/blobs/sha256-1", "format": "gguf", "family": "llama"},
 			"expires_at": "2026-01-01T00:05:00Z", "context_length": 4096})
 	}
 	b, _ := json.Marshal(map[string]any{"models": models})
@@ -86,8 +87,9 @@ func TestResidencyIsReportedWhenItChanges(t *testing.T) {
 	clk := newTestClock()
 	cfg := testConfig(addr, ProviderConfig{ID: "ol", Type: TypeOllama, BaseURL: s.url, Models: []string{"a", "b"}})
 	cfg.DiscoveryInterval = interval
-	startAgentWith(t, cfg, clk, nil, func(a *Agent) { a.noResidency = false })
+	a := startAgentWith(t, cfg, clk, nil, func(a *Agent) { a.noResidency = false })
 	c := connect(t, e, 1, hour)
+	waitGeneration(t, a, 1) // the Welcome is taken before the clock moves
 	first := c.rawHello.GetProviders()[0].GetLoaded()
 	if !c.rawHello.GetProviders()[0].GetLoadedSet() {
 		u := recv(t, c.loaded, "first residency update")
@@ -108,7 +110,7 @@ func TestResidencyIsReportedWhenItChanges(t *testing.T) {
 	s.set(psOf("a:latest", "b:latest"))
 	clk.waitArmed(t, interval)
 	clk.Advance(interval)
-	u := recv(t, c.loaded, "residency update")
+	u := recvOr(t, c.loaded, func() string { return fmt.Sprintf("residency update (%d readings)", s.reads.Load()) })
 	if loadedNames(u.GetLoaded()) != "a:latest,b:latest" || u.GetModelsSet() || !u.GetHealthy() || u.GetLoaded()[0].GetLoadedSince() != since {
 		t.Fatalf("update %v", u)
 	}
@@ -130,6 +132,7 @@ func TestResidencyAfterRunsAtMostOncePerGap(t *testing.T) {
 	cfg.DiscoveryInterval = time.Hour
 	a := startAgentWith(t, cfg, clk, nil, func(a *Agent) { a.noResidency = false })
 	connect(t, e, 1, hour)
+	waitGeneration(t, a, 1) // the Welcome is taken before the clock moves
 	waitUntil(t, "the first reading", func() bool { return s.reads.Load() == 1 })
 	clk.waitArmed(t, time.Hour) // the loop waits for the interval or a kick
 	a.kickResidency("ol")
@@ -165,5 +168,17 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// recvOr is recv with a description made when it fails.
+func recvOr[T any](t *testing.T, ch <-chan T, what func() string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(failsafe):
+		t.Fatalf("timed out waiting for %s", what())
+		panic("unreachable")
 	}
 }
