@@ -195,6 +195,7 @@ func scrubShow(body []byte, model string) ([]byte, error) {
 		out.Write(value)
 	}
 	out.WriteByte('}')
+	out.Write(body[len(bytes.TrimRight(body, " \t\r\n")):]) // a final newline, as written
 	return out.Bytes(), nil
 }
 

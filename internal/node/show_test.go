@@ -22,8 +22,8 @@ func TestScrubShow(t *testing.T) {
 		{"a model name stays",
 			`{"modelfile":"FROM llama3.2:latest\n","details":{"parent_model":"llama3.2:latest"}}`,
 			`{"modelfile":"FROM llama3.2:latest\n","details":{"parent_model":"llama3.2:latest"}}`},
-		{"spacing between members", "{ \"a\" : [1, 2] ,\n \"details\" : { \"parent_model\" : \"/x/y\" } }",
-			`{"a":[1, 2],"details":{"parent_model":""}}`},
+		{"spacing between members", "{ \"a\" : [1, 2] ,\n \"details\" : { \"parent_model\" : \"/x/y\" } }\n",
+			`{"a":[1, 2],"details":{"parent_model":""}}` + "\n"},
 	} {
 		got, err := scrubShow([]byte(tc.in), "tiny:latest")
 		if err != nil || string(got) != tc.want {
