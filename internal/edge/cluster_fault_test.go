@@ -326,11 +326,11 @@ func routeThroughProxy(t *testing.T, e *testEdge) *stallProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cm := e.svc.cl
-	cm.mu.Lock()
-	old := cm.clients[st.LeaderAddr]
-	cm.clients[st.LeaderAddr] = cc
-	cm.mu.Unlock()
+	gp := e.svc.cl.net.(*grpcPeers)
+	gp.mu.Lock()
+	old := gp.clients[st.LeaderAddr]
+	gp.clients[st.LeaderAddr] = cc
+	gp.mu.Unlock()
 	if old != nil {
 		_ = old.Close() // ends the Follow session; followLoop opens the next through the proxy
 	}

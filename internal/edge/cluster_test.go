@@ -29,9 +29,34 @@ func clusterEdges(t *testing.T, etcd *etcdtest.Cluster, n int) []*testEdge {
 	for i := range n {
 		cfg := testConfig()
 		cfg.Cluster = &cluster.Config{Etcd: etcd.Endpoints(), Name: fmt.Sprintf("edge-%d", i+1), Advertise: freeAddr(t), SessionTTL: time.Second, ID: "test"}
-		es = append(es, startEdge(t, cfg))
+		e := startEdge(t, cfg)
+		paceClock(t, e.clk)
+		es = append(es, e)
 	}
 	return es
+}
+
+// paceClock moves clk with the wall clock until the test ends: the
+// election runs on etcd's time, and the cluster side's waits (leaderWait,
+// rebuildWait, its pauses) on the edge's clock must keep up with it. A
+// test may still Advance clk further.
+func paceClock(t *testing.T, clk *testClock) {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				clk.Advance(10 * time.Millisecond)
+			}
+		}
+	}()
+	t.Cleanup(func() { close(done); <-stopped })
 }
 
 func freeAddr(t *testing.T) string {
@@ -309,13 +334,13 @@ func blockLeader(t *testing.T, e *testEdge) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cm := e.svc.cl
-	cm.mu.Lock()
-	if old := cm.clients[st.LeaderAddr]; old != nil {
+	gp := e.svc.cl.net.(*grpcPeers)
+	gp.mu.Lock()
+	if old := gp.clients[st.LeaderAddr]; old != nil {
 		_ = old.Close()
 	}
-	cm.clients[st.LeaderAddr] = cc
-	cm.mu.Unlock()
+	gp.clients[st.LeaderAddr] = cc
+	gp.mu.Unlock()
 }
 
 // TestClusterFailoverKeepsTheWaitingOrder: a follower's three requests
