@@ -46,7 +46,7 @@ import (
 //   - the nodes, which are the truth: every heartbeat of a node reconciles
 //     the leader's leases on it (reconcile): one held for another edge's
 //     run, or adopted, that the node does not list is released once it is
-//     reconcileGrace old;
+//     unlistedGrace old;
 //   - the end of the leadership (endTerm): a deposed leader refuses its
 //     waiting admissions (not_leader) and drops every lease it held for
 //     other edges' runs;
@@ -463,18 +463,25 @@ func (s *Service) ownsLocalLease(runID string) bool {
 	return r != nil && r.grant.local()
 }
 
-// reconcileGrace is how long a lease granted for another edge's run (or
-// adopted) may go unlisted by its node's reports before they release it:
-// the time for the follower's Dispatch to reach the node (a reserved lease
-// not yet dispatched is in no report).
+// reconcileGrace is the time for a follower's Dispatch to reach the node
+// once the follower has its grant (a reserved lease not yet dispatched is
+// in no report); unlistedGrace adds the time the grant may take to arrive.
 const reconcileGrace = 2 * time.Second
+
+// unlistedGrace is how long a lease granted for another edge's run (or
+// adopted) may go unlisted by its node's reports before they release it:
+// followDeadAfter, for a follower uses a grant only while its leader is
+// not judged dead (a grant held up in a stalled link longer than that is
+// dropped, never dispatched), plus reconcileGrace. Shorter, and a grant
+// that arrived late would run on a slot the leader gave away.
+func (cm *clusterMode) unlistedGrace() time.Duration { return cm.followDeadAfter() + reconcileGrace }
 
 // nodeReport handles a node's report of its runs in flight: the answer to
 // a rebuild's RunsRequest, or a heartbeat's list. At the ready leader, a
 // heartbeat reconciles the lease table with the node, which is the truth:
 // its runs of older epochs not counted yet are adopted, and every lease
 // held on that node for another edge's run (or adopted) whose run the
-// report does not list is released once it is reconcileGrace old,
+// report does not list is released once it is unlistedGrace old,
 // whether or not its edge still holds a session: a run that ended
 // without its Release reaching this leader leaves no phantom lease. A
 // late Release of the same lease is a no-op (dropHeld: exactly once).
@@ -509,7 +516,7 @@ func (cm *clusterMode) reconcile(epoch int64, node string, runs []*nodev1.RunInF
 	for _, ri := range runs {
 		listed[ri.GetRunId()] = true
 	}
-	before := cm.clk.Now().Add(-reconcileGrace)
+	before := cm.clk.Now().Add(-cm.unlistedGrace())
 	cm.mu.Lock()
 	gone := cm.leases.stale(node, listed, before)
 	cm.mu.Unlock()
@@ -1457,6 +1464,12 @@ func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Reques
 			return nil, false, queued, refusedError(msg.Refused)
 		case *clusterv1.AdmitReply_Granted:
 			g := msg.Granted
+			if lctx.Err() != nil {
+				// Judged dead before the grant was read: the leader may
+				// have released it already (unlistedGrace). Never used.
+				(&remoteLease{cm: cm, key: leaseKey{g.GetEpoch(), g.GetLeaseId()}}).Release("leader judged dead")
+				return nil, true, queued, errLeaderSilent
+			}
 			rl := &remoteLease{cm: cm, key: leaseKey{g.GetEpoch(), g.GetLeaseId()}}
 			rl.cand = scheduler.Candidate{NodeID: g.GetNodeId(), ProviderID: g.GetProviderId(), Target: g.GetTarget()}
 			if c := cm.s.reg.current(g.GetNodeId()); c != nil {

@@ -147,7 +147,7 @@ func TestRegression_NodeReportReleasesPhantomLease(t *testing.T) {
 	if cs, _ := leader.svc.Cluster(); cs.Leases != 1 {
 		t.Fatalf("leader after a heartbeat within the grace: leases %d, want 1", cs.Leases)
 	}
-	leader.clk.Advance(reconcileGrace + time.Millisecond)
+	leader.clk.Advance(leader.svc.cl.unlistedGrace() + time.Millisecond)
 	cn.heartbeat(t, li)
 	waitCond(t, "the node's report to release the phantom lease", func() bool {
 		cs, _ := leader.svc.Cluster()

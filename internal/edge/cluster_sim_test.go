@@ -47,7 +47,7 @@ import (
 // one seed.
 
 const (
-	simTTL       = time.Second
+	simTTL       = cluster.DefaultSessionTTL
 	simHeartbeat = time.Second
 	simQueue     = 5 * time.Second
 	simTick      = 50 * time.Millisecond
@@ -56,6 +56,11 @@ const (
 	// submitted again to the next, whose queue timeout starts anew; the
 	// wait for a leader is bounded by leaderWait.
 	simAnswerBound = 2*simQueue + leaderWait + 2*simTTL
+	// simStallBound: no request at a running edge waits while a provider
+	// has a free slot for longer than a new leader takes (the session TTL,
+	// then its rebuild) plus the time a lease of a run that ended on a
+	// frozen edge takes to be released (a heartbeat, unlistedGrace).
+	simStallBound = simTTL + rebuildWait + simHeartbeat + reconcileGrace + simTTL + time.Second
 )
 
 func TestClusterProtocolSim(t *testing.T) {
@@ -108,8 +113,8 @@ type simWorld struct {
 	cut   map[[2]int]bool // edge → edge: calls fail, streams break
 	delay map[[2]int]time.Duration
 
-	reqs  []*simReq
-	nreq  int
+	reqs []*simReq
+	nreq int
 	errs     []string
 	firstErr int // len(trace) at the first of errs
 	trace    []string
@@ -875,6 +880,8 @@ type simReq struct {
 	frozen0 time.Duration // e.frozenFor() at start
 
 	mu       sync.Mutex
+	freeWait time.Duration // waited while some provider had a free slot
+	stalled  bool          // reported
 	answered bool
 	err      error
 	at       time.Time
@@ -984,6 +991,7 @@ func simSchedule(w *simWorld, ctx context.Context) {
 			w.completeOne()
 		}
 		w.tick()
+		w.checkStall()
 		w.checkAnswers()
 	}
 	if fault != nil {
@@ -991,7 +999,7 @@ func simSchedule(w *simWorld, ctx context.Context) {
 		fault.heal()
 	}
 	// Quiet: every run completes; the leases must follow.
-	for range int((2*time.Second + simHeartbeat + reconcileGrace + 4*simTTL + rebuildWait) / simTick) {
+	for range int((2*time.Second + simHeartbeat + reconcileGrace + max(simTTL, 1500*time.Millisecond) + 4*simTTL + rebuildWait) / simTick) {
 		w.completeOne()
 		w.tick()
 		w.checkAnswers()
@@ -1050,7 +1058,7 @@ func (w *simWorld) leaderIndex() int {
 }
 
 func (w *simWorld) newFault() *simFault {
-	d := time.Duration(1000+w.rng.IntN(11000)) * time.Millisecond
+	d := time.Duration(1000+w.rng.IntN(19000)) * time.Millisecond
 	until := w.clk.Now().Add(d)
 	pick := func() int {
 		if li := w.leaderIndex(); li >= 0 && w.rng.IntN(3) > 0 {
@@ -1184,6 +1192,38 @@ func (w *simWorld) checkAnswers() {
 	w.reqs = kept
 }
 
+// checkStall: admission goes on beside a fault. A request that waits at
+// a running edge while some provider has a free slot (by its node's
+// count) for simStallBound in all is stalled.
+func (w *simWorld) checkStall() {
+	free := false
+	for _, n := range w.nodes {
+		busy := map[string]int{}
+		for _, r := range n.runs {
+			busy[r.provider]++
+		}
+		for p, c := range n.caps {
+			if busy[p] < c {
+				free = true
+			}
+		}
+	}
+	if !free {
+		return
+	}
+	for _, r := range w.reqs {
+		r.mu.Lock()
+		if !r.answered && !r.e.frozen {
+			r.freeWait += simTick
+			if r.freeWait > simStallBound && !r.stalled {
+				r.stalled = true
+				w.failf("admission stalled: request %s at %s waited %s beside a free slot (bound %s)", r.id, r.e.name, r.freeWait, simStallBound)
+			}
+		}
+		r.mu.Unlock()
+	}
+}
+
 // runClusterSim builds the world for seed, runs schedule in it, and
 // returns the invariants it broke.
 func runClusterSim(t *testing.T, seed uint64, schedule func(*simWorld, context.Context)) error {
@@ -1290,4 +1330,58 @@ func joinLines(ls []string) string {
 		out += "\n  " + l
 	}
 	return out
+}
+
+// TestRegression_ClusterStalledGrantRunsOverCapacity: a follower's
+// request waits at the leader, which grants it while the link between
+// them stalls. The leader's nodes did not list the run for reconcileGrace
+// (2 s), so it released the lease and gave the slot to its own next
+// request; the stall ended before the follower judged the leader dead
+// (followDeadAfter: the session TTL, 3 s by default), and the follower
+// dispatched the late grant: its provider ran 3 of capacity 2. The stall
+// ends the instant the leader gives the lease up, at each of several
+// offsets from the leader's Follow heartbeats.
+func TestRegression_ClusterStalledGrantRunsOverCapacity(t *testing.T) {
+	for k := range 10 {
+		t.Run(fmt.Sprintf("offset=%dms", k*int(simTick/time.Millisecond)), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				err := runClusterSim(t, 1, func(w *simWorld, ctx context.Context) {
+					li := w.leaderIndex()
+					fi := (li + 1) % len(w.edges)
+					l, f := w.edges[li], w.edges[fi]
+					for range 5 { // every slot of n1/p1 (2) and n2/p2 (3)
+						w.newRequest(ctx, l)
+					}
+					for range 10 {
+						w.tick()
+					}
+					w.newRequest(ctx, f) // waits at the leader
+					for range 10 + k {
+						w.tick()
+					}
+					w.setLink(w.stall, li, fi, true)
+					w.completeOne() // the grant waits in the stalled link
+					w.tick()
+					w.newRequest(ctx, l) // waits for the slot the leader might give away
+					for range int(10 * time.Second / simTick) {
+						w.tick()
+						if cs, _ := l.svc.Cluster(); cs.Leases == 0 {
+							break
+						}
+					}
+					w.setLink(w.stall, li, fi, false)
+					for range int(2 * time.Second / simTick) {
+						w.tick()
+					}
+					for range 8 {
+						w.completeOne()
+						w.tick()
+					}
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+			})
+		})
+	}
 }
