@@ -113,8 +113,8 @@ type simWorld struct {
 	cut   map[[2]int]bool // edge → edge: calls fail, streams break
 	delay map[[2]int]time.Duration
 
-	reqs []*simReq
-	nreq int
+	reqs     []*simReq
+	nreq     int
 	errs     []string
 	firstErr int // len(trace) at the first of errs
 	trace    []string
