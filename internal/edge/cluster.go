@@ -1109,11 +1109,8 @@ func (cm *clusterMode) notifyWaiters() {
 
 // sawEpoch handles a node's refusal naming epoch as the highest it has
 // seen: this edge learns that a leader of epoch exists (stepping down if
-// it leads an older one). A no-op without a cluster.
+// it leads an older one).
 func (cm *clusterMode) sawEpoch(epoch int64) {
-	if cm == nil {
-		return
-	}
 	cm.el.Depose(epoch, "")
 }
 
@@ -1495,11 +1492,14 @@ var errLeaderSilent = errors.New("the leader is silent")
 
 // SetKeyAdmitter gives the leader the way to take a key's request slot
 // for a follower (the HTTP layer's keys, by key name); without it a
-// follower's AdmitKey is refused. Safe to call at any time.
+// follower's AdmitKey is refused. Safe to call at any time; a no-op
+// without a cluster.
 func (s *Service) SetKeyAdmitter(f func(name string) (release func(), err error)) {
-	if s.cl != nil {
-		s.cl.keyAdmit.Store(&f)
-	}
+	s.adm.setKeyAdmitter(f)
+}
+
+func (cm *clusterMode) setKeyAdmitter(f func(name string) (release func(), err error)) {
+	cm.keyAdmit.Store(&f)
 }
 
 // AdmitKey takes one request slot of the named key at the scheduler
@@ -1510,10 +1510,11 @@ func (s *Service) SetKeyAdmitter(f func(name string) (release func(), err error)
 // LimitDetails say which), contract.ErrNoLeader when no leader answers in
 // time.
 func (s *Service) AdmitKey(ctx context.Context, name string) (local bool, release func(), err error) {
-	cm := s.cl
-	if cm == nil {
-		return true, nil, nil
-	}
+	return s.adm.admitKey(ctx, name)
+}
+
+// admitKey is Service.AdmitKey of several edges.
+func (cm *clusterMode) admitKey(ctx context.Context, name string) (local bool, release func(), err error) {
 	deadline := cm.clk.Now().Add(leaderWait)
 	for {
 		st, err := cm.waitLeader(ctx, deadline)
@@ -1613,11 +1614,9 @@ type ClusterState struct {
 }
 
 // Cluster returns the edge's cluster state; ok is false without a cluster.
-func (s *Service) Cluster() (ClusterState, bool) {
-	cm := s.cl
-	if cm == nil {
-		return ClusterState{}, false
-	}
+func (s *Service) Cluster() (ClusterState, bool) { return s.adm.clusterState() }
+
+func (cm *clusterMode) clusterState() (ClusterState, bool) {
 	st := cm.el.State()
 	cm.mu.Lock()
 	n := cm.leases.len()
