@@ -39,9 +39,14 @@ import (
 //
 // Invariants: no provider runs above its capacity and no run or lease
 // runs twice (checked by the nodes, which are the truth); every request
-// is answered within simAnswerBound of its edge's own time; after the
-// faults end and the runs complete, no edge's scheduler holds a lease
-// (no phantom), and every edge admits again.
+// is answered within simAnswerBound of its edge's own time, and none
+// waits at a running edge beside a free slot for simStallBound; after
+// the faults end and the runs complete, no edge's scheduler holds a
+// lease (no phantom), and every edge admits again.
+//
+// Goroutines still interleave as they will within a step (two requests
+// racing for one slot), so a seed fixes the schedule, not every
+// outcome; a thawed edge's timers fire before its backlog arrives.
 //
 // IOP_SIM_SEEDS sets the number of seeds (default 4); IOP_SIM_SEED runs
 // one seed.
