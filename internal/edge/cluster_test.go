@@ -29,15 +29,13 @@ func clusterEdges(t *testing.T, etcd *etcdtest.Cluster, n int) []*testEdge {
 	for i := range n {
 		cfg := testConfig()
 		cfg.Cluster = &cluster.Config{Etcd: etcd.Endpoints(), Name: fmt.Sprintf("edge-%d", i+1), Advertise: freeAddr(t), SessionTTL: time.Second, ID: "test"}
-		e := startEdge(t, cfg)
-		paceClock(t, e.clk)
-		es = append(es, e)
+		es = append(es, startEdge(t, cfg))
 	}
 	return es
 }
 
-// paceClock moves clk with the wall clock until the test ends: the
-// election runs on etcd's time, and the cluster side's waits (leaderWait,
+// paceClock moves clk with the wall clock until the test ends (startEdge
+// calls it for an edge of a cluster): the election runs on etcd's time, and the cluster side's waits (leaderWait,
 // rebuildWait, its pauses) on the edge's clock must keep up with it. A
 // test may still Advance clk further.
 func paceClock(t *testing.T, clk *testClock) {
