@@ -264,6 +264,8 @@ func TestRealOllama_FieldByFieldModels(t *testing.T) {
 
 	direct := fetchJSONLines(t, client, http.MethodGet, s.URL+"/api/tags", "")
 	through := fetchJSONLines(t, client, http.MethodGet, iop+"/api/tags", "")
+	byName(direct.objs[0])
+	byName(through.objs[0])
 	diffObjects(t, "/api/tags", direct.objs[0], through.objs[0])
 
 	// Load both models (through iop), then wait for the node's reading.
@@ -279,6 +281,8 @@ func TestRealOllama_FieldByFieldModels(t *testing.T) {
 	psEqual := func() bool {
 		d := fetchJSONLines(t, client, http.MethodGet, s.URL+"/api/ps", "").objs[0]
 		g := fetchJSONLines(t, client, http.MethodGet, iop+"/api/ps", "").objs[0]
+		byName(d)
+		byName(g)
 		last = [2]map[string]any{d, g}
 		models, _ := g["models"].([]any)
 		for _, m := range models {
@@ -300,6 +304,16 @@ func TestRealOllama_FieldByFieldModels(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// byName sorts a listing's "models" by name. Ollama lists the models
+// modified (/api/tags) or expiring (/api/ps) in one second in its map's
+// order, which changes from call to call.
+func byName(listing map[string]any) {
+	models, _ := listing["models"].([]any)
+	slices.SortStableFunc(models, func(x, y any) int {
+		return strings.Compare(fmt.Sprint(x.(map[string]any)["name"]), fmt.Sprint(y.(map[string]any)["name"]))
+	})
 }
 
 // fromPath matches a modelfile's FROM line that names a file.

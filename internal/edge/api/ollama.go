@@ -430,7 +430,8 @@ func (h *handler) newOllamaModel(name string) ollamaModel {
 // ollamaTags serves GET /api/tags: {"models":[...]}, one entry per name of
 // Gateway.Models (the names /v1/models lists), each named with its tag as
 // Ollama names them (ollamaName: "demo" is listed as "demo:latest", in
-// "name" and "model"), all of them names /api/chat accepts. Each entry has
+// "name" and "model"), all of them names /api/chat accepts, the most
+// recently modified first (by the second, then by name). Each entry has
 // the size, digest, modified_at and details its model server said
 // (newOllamaModel); modified_at is now when unknown.
 func (h *handler) ollamaTags(w http.ResponseWriter, r *http.Request) {
@@ -446,6 +447,13 @@ func (h *handler) ollamaTags(w http.ResponseWriter, r *http.Request) {
 		}
 		models = append(models, m)
 	}
+	// As Ollama's ListHandler sorts: the most recently modified first, by
+	// the second (within one, Ollama's order is its map's; here by name).
+	seconds := func(m ollamaModel) int64 {
+		at, _ := time.Parse(time.RFC3339Nano, m.ModifiedAt)
+		return at.Unix()
+	}
+	slices.SortStableFunc(models, func(a, b ollamaModel) int { return cmp.Compare(seconds(b), seconds(a)) })
 	writeOllamaJSON(w, http.StatusOK, map[string]any{"models": models})
 }
 
