@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"iop/internal/edge/contract"
+	"iop/internal/modelname"
 	"iop/internal/scheduler"
 )
 
@@ -71,22 +71,27 @@ func (c *catalog) resolve(model string, needs []string) (out []candidate, missin
 	}
 	taken := make(map[*provider]bool)
 	var rejected []rejection // in the order met
-	for _, t := range targets {
-		list, _ := st.served.get(t)
-		for _, s := range list {
-			if taken[s.p] || !s.p.healthy || s.cs.draining {
+	for _, target := range targets {
+		for _, t := range spellings(target) {
+			if t == "" {
 				continue
 			}
-			caps, own := s.p.capsOf(t)
-			if m := lacks(s.p.path, s.p.typ, caps, own, needs); m != "" {
-				rejected = append(rejected, rejection{s.p, m})
-				continue
+			list, _ := st.served.get(t)
+			for _, s := range list {
+				if taken[s.p] || !s.p.healthy || s.cs.draining {
+					continue
+				}
+				caps, own := s.p.capsOf(t)
+				if m := lacks(s.p.path, s.p.typ, caps, own, needs); m != "" {
+					rejected = append(rejected, rejection{s.p, m})
+					continue
+				}
+				taken[s.p] = true
+				out = append(out, candidate{
+					Candidate: scheduler.Candidate{NodeID: s.cs.c.nodeID, Generation: s.cs.c.gen, ProviderID: s.p.id, Target: t},
+					prov:      s.p,
+				})
 			}
-			taken[s.p] = true
-			out = append(out, candidate{
-				Candidate: scheduler.Candidate{NodeID: s.cs.c.nodeID, Generation: s.cs.c.gen, ProviderID: s.p.id, Target: t},
-				prov:      s.p,
-			})
 		}
 	}
 	if len(out) == 0 && len(rejected) == 0 {
@@ -118,11 +123,13 @@ func (c *catalog) away(st *regState, targets []string) bool {
 	if grace <= 0 {
 		return false
 	}
-	for _, t := range targets {
-		list, _ := st.served.get(t)
-		for _, s := range list {
-			if s.cs.draining {
-				return true
+	for _, target := range targets {
+		for _, t := range spellings(target) {
+			list, _ := st.served.get(t)
+			for _, s := range list {
+				if s.cs.draining {
+					return true
+				}
 			}
 		}
 	}
@@ -132,7 +139,7 @@ func (c *catalog) away(st *regState, targets []string) bool {
 			continue
 		}
 		for _, p := range g.cs.providers {
-			if slices.ContainsFunc(targets, p.serves) {
+			if slices.ContainsFunc(targets, func(t string) bool { _, ok := p.servedName(t); return ok }) {
 				return true
 			}
 		}
@@ -160,16 +167,21 @@ func (c *catalog) targets(model string) (targets []string, alias bool) {
 func (c *catalog) couldMeet(model string, needs []string) bool {
 	targets, _ := c.targets(model)
 	st := c.reg.load()
-	for _, t := range targets {
-		list, _ := st.served.get(t)
-		for _, s := range list {
-			if s.p.meets(t, needs) {
-				return true
+	for _, target := range targets {
+		for _, t := range spellings(target) {
+			list, _ := st.served.get(t)
+			for _, s := range list {
+				if s.p.meets(t, needs) {
+					return true
+				}
 			}
 		}
 	}
 	return st.goneProviders(func(p *provider) bool {
-		return slices.ContainsFunc(targets, func(t string) bool { return p.serves(t) && p.meets(t, needs) })
+		return slices.ContainsFunc(targets, func(target string) bool {
+			t, ok := p.servedName(target)
+			return ok && p.meets(t, needs)
+		})
 	})
 }
 
@@ -184,7 +196,7 @@ func (c *catalog) name(model string) string {
 	if _, ok := aliases[model]; ok {
 		return model
 	}
-	alt := contract.TagAlternative(model)
+	alt := modelname.Alternative(model)
 	st := c.reg.load()
 	if st.known(model) || alt == "" {
 		return model

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"iop/internal/edge/contract"
+	"iop/internal/modelname"
 	"iop/internal/translate"
 )
 
@@ -387,7 +388,7 @@ func detailsOf(d contract.ModelDetails) ollamaModelDetails {
 func representative(info ModelInfo) (rep ModelProvider, same []ModelProvider, ok bool) {
 	for _, t := range info.Targets {
 		for _, p := range info.Providers {
-			if p.Target == t {
+			if modelname.Same(p.Target, t) {
 				same = append(same, p)
 			}
 		}
