@@ -4,9 +4,12 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"iop/internal/clock"
+	"iop/internal/edge/contract"
 	"iop/internal/modelname"
 	"iop/internal/scheduler"
 )
@@ -55,7 +58,8 @@ func (c *catalog) setAliases(models map[string]ModelConfig) {
 // out for lacking it (in target order) lacked first, "" when none was left
 // out. It returns an error wrapping scheduler.ErrUnknownModel when model is
 // neither an alias nor a known served name (served now, or less than
-// ForgetAfter ago), and scheduler.ErrNoProvider when no live healthy
+// ForgetAfter ago), or an alias every target of which is unmatched (see
+// unmatched; also wrapping a *contract.UnmatchedAliasError that names them), and scheduler.ErrNoProvider when no live healthy
 // provider of a node that is not draining serves it (whatever its
 // capabilities). It reads the registry's published state and takes no
 // lock, so it may run under the scheduler's lock.
@@ -95,6 +99,11 @@ func (c *catalog) resolve(model string, needs []string) (out []candidate, missin
 		}
 	}
 	if len(out) == 0 && len(rejected) == 0 {
+		if alias {
+			if un := unmatched(st, targets); len(un) == len(targets) {
+				return nil, "", fmt.Errorf("%w: %w", scheduler.ErrUnknownModel, &contract.UnmatchedAliasError{Alias: model, Targets: slices.Clone(targets)})
+			}
+		}
 		if c.away(st, targets) {
 			return nil, "", fmt.Errorf("%w %q: %w", scheduler.ErrNoProvider, model, scheduler.ErrProviderAway)
 		}
@@ -113,6 +122,40 @@ func (c *catalog) resolve(model string, needs []string) (out []candidate, missin
 		return out[i].ProviderID < out[j].ProviderID
 	})
 	return out, missing, nil
+}
+
+// unmatched returns the targets, in order, that name no model a node
+// serves or served less than ForgetAfter ago (under the name rule: "x"
+// matches a served "x:latest"). It returns nil while the edge knows no
+// node at all (none connected, none remembered): before the first node
+// connects, nothing is unmatched yet. It reads st and takes no lock.
+func unmatched(st *regState, targets []string) []string {
+	if st.nodes.len() == 0 && st.gone.len() == 0 {
+		return nil
+	}
+	var out []string
+	for _, t := range targets {
+		if !st.known(t) && !st.known(modelname.Alternative(t)) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// unmatchedAliases returns the configured aliases with their unmatched
+// targets (see unmatched), those with none left out.
+func (c *catalog) unmatchedAliases() map[string][]string {
+	st := c.reg.load()
+	var out map[string][]string
+	for alias, targets := range *c.aliases.Load() {
+		if un := unmatched(st, targets); len(un) > 0 {
+			if out == nil {
+				out = make(map[string][]string)
+			}
+			out[alias] = un
+		}
+	}
+	return out
 }
 
 // away reports whether a provider that serves one of targets is away for
@@ -240,4 +283,64 @@ func (c *catalog) models() []string {
 	}
 	sort.Strings(names)
 	return slices.Compact(names)
+}
+
+// aliasCheckDelay is how long after it starts serving the edge gives its
+// nodes to connect before it checks the aliases' targets against what they
+// serve (checkAliasesAtStart).
+const aliasCheckDelay = 10 * time.Second
+
+// checkAliasesAtStart logs, aliasCheckDelay after the edge starts serving,
+// the aliases with targets no node serves (warnUnmatched); while no node
+// has connected yet, it looks again every aliasCheckDelay. The timer runs
+// on the edge's clock; stop cancels it.
+func (s *Service) checkAliasesAtStart() (stop func()) {
+	var mu sync.Mutex // guards the fields below; a leaf lock
+	var timer clock.Timer
+	stopped := false
+	var arm func()
+	arm = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			return
+		}
+		timer = s.clock.AfterFunc(aliasCheckDelay, func() {
+			if st := s.reg.load(); st.nodes.len() == 0 && st.gone.len() == 0 {
+				arm()
+				return
+			}
+			s.warnUnmatched()
+		})
+	}
+	arm()
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		if timer != nil {
+			timer.Stop()
+		}
+	}
+}
+
+// warnUnmatched logs one warning per configured alias that has targets no
+// node serves or served lately (catalog.unmatchedAliases), naming them;
+// nothing while no node has connected. Called at a reload and once the
+// nodes had time to connect after the start.
+func (s *Service) warnUnmatched() {
+	un := s.cat.unmatchedAliases()
+	aliases := make([]string, 0, len(un))
+	for a := range un {
+		aliases = append(aliases, a)
+	}
+	sort.Strings(aliases)
+	all := *s.cat.aliases.Load()
+	for _, a := range aliases {
+		msg := "alias targets match no model any node serves; check their spelling"
+		if len(un[a]) == len(all[a]) {
+			msg = "alias matches no model any node serves: its requests get 404; check its targets' spelling"
+		}
+		s.log.Warn(msg, "alias", a, "unmatched", un[a], "targets", all[a])
+	}
 }

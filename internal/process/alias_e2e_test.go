@@ -2,16 +2,21 @@ package process
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"iop/internal/edge"
+	"iop/internal/edge/adminwire"
 	"iop/internal/node"
 	"iop/internal/sim"
+	"iop/internal/status"
 )
 
 // TestRegression_AliasTargetWithoutTag: an alias target written without a
@@ -80,5 +85,92 @@ func TestRegression_AliasTargetWithoutTag(t *testing.T) {
 	nTiny, nOther := chats(tiny, "tiny:latest"), chats(other, "other")
 	if nTiny == 0 || nOther == 0 || nTiny+nOther != requests {
 		t.Fatalf("tiny:latest got %d chats, other %d; want the %d requests shared by both", nTiny, nOther, requests)
+	}
+}
+
+// TestAliasUnmatchedTargetsEndToEnd: with a real edge and node, an alias
+// whose only target no node serves (a typo) is answered 404 with the
+// reason, in each API's error shape (OpenAI, Anthropic, Ollama), not 503;
+// GET /admin/v1/queues lists every alias's targets and unmatched targets,
+// and iop status warns of them.
+func TestAliasUnmatchedTargetsEndToEnd(t *testing.T) {
+	t.Parallel()
+	_, url := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"tiny:latest"}})
+	ctx, cancel := context.WithCancel(context.Background())
+	e := startTestEdge(t, ctx, map[string]edge.ModelConfig{
+		"coder": {Targets: []string{"tiny", "other"}},
+		"typo":  {Targets: []string{"tinyy"}},
+	})
+	stopOnCleanup(t, cancel, e)
+	startNode(t, ctx, node.Config{NodeID: "n1", Edge: e.NodeAddr, DiscoveryInterval: discoveryInterval,
+		Providers: []node.ProviderConfig{{ID: "a", Type: node.TypeOllama, BaseURL: url}}})
+	waitSnapshot(t, e, func(s edge.Snapshot) bool {
+		return len(s.Providers) == 1 && s.Providers[0].Healthy
+	})
+	c := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(c.CloseIdleConnections)
+	base := "http://" + e.HTTPAddr
+	const reason = "alias typo: no configured target is served by any node: tinyy"
+	for _, tc := range []struct {
+		path, body string
+		message    func([]byte) (string, error)
+		want       string
+	}{
+		{"/v1/chat/completions", `{"model":"typo","messages":[{"role":"user","content":"hi"}]}`, func(b []byte) (string, error) {
+			var v struct {
+				Error struct{ Message, Type, Code string }
+			}
+			err := json.Unmarshal(b, &v)
+			return v.Error.Type + " " + v.Error.Code + " " + v.Error.Message, err
+		}, "invalid_request_error model_not_found " + reason},
+		{"/v1/messages", `{"model":"typo","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`, func(b []byte) (string, error) {
+			var v struct {
+				Type  string
+				Error struct{ Type, Message string }
+			}
+			err := json.Unmarshal(b, &v)
+			return v.Type + " " + v.Error.Type + " " + v.Error.Message, err
+		}, "error not_found_error " + reason},
+		{"/api/chat", `{"model":"typo","messages":[{"role":"user","content":"hi"}]}`, func(b []byte) (string, error) {
+			var v struct{ Error string }
+			err := json.Unmarshal(b, &v)
+			return v.Error, err
+		}, "model 'typo' not found: " + reason},
+	} {
+		status, body := postTo(t, c, base+tc.path, tc.body)
+		got, err := tc.message(body)
+		if status != http.StatusNotFound || err != nil || got != tc.want {
+			t.Errorf("%s: %d %s\n got %q\nwant %q", tc.path, status, body, got, tc.want)
+		}
+	}
+	// coder is served through its matched target.
+	if status, body := postTo(t, c, base+"/v1/chat/completions", `{"model":"coder","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`); status != http.StatusOK {
+		t.Fatalf("coder: %d %s", status, body)
+	}
+
+	var queues []adminwire.Queue
+	getJSON(t, e, "/admin/v1/queues", &queues)
+	got := map[string]string{}
+	for _, q := range queues {
+		got[q.Model] = fmt.Sprint(q.Targets, q.UnmatchedTargets)
+	}
+	if want := map[string]string{"coder": "[tiny other] [other]", "typo": "[tinyy] [tinyy]"}; !maps.Equal(got, want) {
+		t.Fatalf("queues %v, want %v", got, want)
+	}
+	v, err := status.Fetch(context.Background(), c, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := status.Render(&out, v, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"WARNING: alias coder: its target other matches no model any node serves",
+		"WARNING: alias typo: its target tinyy matches no model any node serves (every target: its requests get 404)",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("iop status lacks %q:\n%s", want, out.String())
+		}
 	}
 }

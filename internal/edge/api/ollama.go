@@ -314,6 +314,10 @@ func ollamaError(err error, req *Request) (*apiError, string) {
 		if req != nil {
 			model = clip(req.Model)
 		}
+		if ua, ok := errors.AsType[*contract.UnmatchedAliasError](err); ok {
+			// Ollama's words first, which clients match on, then why.
+			return e, fmt.Sprintf("model '%s' not found: %s", model, clip(ua.Error()))
+		}
 		return e, fmt.Sprintf("model '%s' not found", model)
 	}
 	return e, e.Message

@@ -227,6 +227,15 @@ type QueueSnapshot struct {
 	// "standard", "sheddable"), sorted by flow then priority, highest
 	// first; only pairs with a queued request.
 	Flows []FlowQueue
+	// Targets, for a configured alias, are its targets in config order;
+	// nil for a served model name's queue.
+	Targets []string
+	// UnmatchedTargets, for a configured alias, are its targets that no
+	// node serves or served lately (a misspelt name, a model no node has),
+	// in config order; nil when every target matches, or before any node
+	// connected. When it holds every target, a request for the alias is
+	// answered 404 (UnmatchedAliasError).
+	UnmatchedTargets []string
 }
 
 // FlowQueue is the queue of one flow in one priority band of a model.
