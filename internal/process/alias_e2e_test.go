@@ -3,6 +3,7 @@ package process
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/auth"
 	"iop/internal/edge"
 	"iop/internal/edge/adminwire"
 	"iop/internal/node"
@@ -172,5 +174,72 @@ func TestAliasUnmatchedTargetsEndToEnd(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("iop status lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// bearer sends key as "Authorization: Bearer key".
+type bearer string
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+string(b))
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// TestCheckNodeAgainstEdge: iop check --edge compares a node config with a
+// real edge's aliases, read from its admin API with an admin key: the
+// models the node would advertise (one discovered from its simulated
+// Ollama, one configured), which alias targets it serves ("tiny" as
+// "tiny:latest"), which only the edge's other nodes serve, which none does
+// (a warning), and its models no alias targets. Without the admin key the
+// edge refuses, and the error says to give one.
+func TestCheckNodeAgainstEdge(t *testing.T) {
+	t.Parallel()
+	_, tinyURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"tiny:latest", "embed:latest"}})
+	_, otherURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"other"}})
+	admin, adminHash := auth.Generate()
+	cfg := edge.DefaultConfig()
+	cfg.AdminKeys = []auth.Key{{Name: "ops", Hash: adminHash}}
+	cfg.Models = edge.Aliases{
+		"chat":  {Targets: []string{"m1"}},
+		"coder": {Targets: []string{"tiny", "other"}},
+		"typo":  {Targets: []string{"tinyy"}},
+	}
+	e := startEdgeWith(t, cfg, quietLogger())
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	startNode(t, ctx, node.Config{NodeID: "elsewhere", Edge: e.NodeAddr,
+		Providers: []node.ProviderConfig{{ID: "o", Type: node.TypeOllama, BaseURL: otherURL, Models: []string{"other"}}}})
+
+	file := []byte(fmt.Sprintf("node_id: gpu-1\nedge: %s\nproviders:\n  - type: ollama\n    base_url: %s\n  - id: b\n    type: ollama\n    base_url: %s\n    models: [m1]\n",
+		e.NodeAddr, tinyURL, tinyURL))
+	k, err := ConfigKind(KindNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ps := CheckConfig(k, file); len(ps) > 0 {
+		t.Fatalf("the node config has problems: %v", ps)
+	}
+	base := "http://" + e.HTTPAddr
+	client := &http.Client{Transport: bearer(admin)}
+	lines, warnings, err := CheckNodeAgainstEdge(context.Background(), client, base, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"provider ollama advertises embed:latest, tiny:latest",
+		"provider b advertises m1",
+		"alias chat: m1 by provider b",
+		"alias coder: tiny by provider ollama (as tiny:latest); other by other nodes only",
+		"warning: alias typo: tinyy by no node (neither this one nor any of the edge's: a typo?)",
+		"model embed:latest (provider ollama): no alias targets it; clients may request it by its name",
+	}
+	if !slices.Equal(lines, want) || warnings != 1 {
+		t.Fatalf("%d warnings, lines:\n%s\nwant:\n%s", warnings, strings.Join(lines, "\n"), strings.Join(want, "\n"))
+	}
+
+	_, _, err = CheckNodeAgainstEdge(context.Background(), http.DefaultClient, base, file)
+	if !errors.Is(err, ErrEdgeAdmin) || !strings.Contains(err.Error(), "give an admin key") {
+		t.Fatalf("without the admin key: %v", err)
 	}
 }
