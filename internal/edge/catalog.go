@@ -59,9 +59,9 @@ func (c *catalog) setAliases(models map[string]ModelConfig) {
 // out. It returns an error wrapping scheduler.ErrUnknownModel when model is
 // neither an alias nor a known served name (served now, or less than
 // ForgetAfter ago), or an alias every target of which is unmatched (see
-// unmatched; also wrapping a *contract.UnmatchedAliasError that names them), and scheduler.ErrNoProvider when no live healthy
-// provider of a node that is not draining serves it (whatever its
-// capabilities). It reads the registry's published state and takes no
+// unmatched; the error also wraps a *contract.UnmatchedAliasError naming
+// them), and scheduler.ErrNoProvider when no live healthy provider of a
+// node that is not draining serves it (whatever its capabilities). It reads the registry's published state and takes no
 // lock, so it may run under the scheduler's lock.
 func (c *catalog) resolve(model string, needs []string) (out []candidate, missing string, err error) {
 	targets, alias := c.targets(model)
