@@ -81,22 +81,6 @@ func (s *Service) Loaded() []LoadedModel {
 	return out
 }
 
-// servedName returns p's served model name that the server's name for a
-// model means: the name itself, else its other spelling ("x" for
-// "x:latest", contract.TagAlternative); ok is false when p serves
-// neither.
-func (p *provider) servedName(name string) (string, bool) {
-	if _, ok := slices.BinarySearch(p.models, name); ok {
-		return name, true
-	}
-	if alt := contract.TagAlternative(name); alt != "" {
-		if _, ok := slices.BinarySearch(p.models, alt); ok {
-			return alt, true
-		}
-	}
-	return "", false
-}
-
 // reportedModel is the LoadedModel of lm, a model the node read loaded,
 // served as served.
 func reportedModel(served string, lm *nodev1.LoadedModel) LoadedModel {
