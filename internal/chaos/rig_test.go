@@ -19,6 +19,7 @@ import (
 
 	"iop/internal/auth"
 	"iop/internal/edge/adminwire"
+	"iop/internal/testenv"
 	"iop/internal/testenv/etcdtest"
 )
 
@@ -103,14 +104,12 @@ func (p *proc) kill() {
 	<-p.exited
 }
 
+// freeAddr is an address for a child process to listen on, also when it
+// restarts (testenv.ProcessAddr: no other process's connection takes it
+// meanwhile).
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return testenv.ProcessAddr(t)
 }
 
 // waitUntil polls cond every 50 ms until it holds or within passes.
