@@ -130,6 +130,7 @@ type clusterMode struct {
 	name  string
 	peers *peerAuth // identity, token and TLS between edges (cluster_auth.go)
 	keys  clusterKeys
+	born  time.Time // when this edge started (its nodes connect from then on)
 
 	ready   atomic.Int64 // the epoch whose rebuild is done (this edge leads it)
 	session atomic.Int64 // the epoch of this follower's open admission session (0: none)
@@ -179,7 +180,7 @@ func newClusterMode(s *Service, cfg cluster.Config) (*clusterMode, error) {
 	}
 	cfg.SetDefaults()
 	cm := &clusterMode{
-		s: s, cfg: cfg, el: el, name: cfg.Name, peers: peers,
+		s: s, cfg: cfg, el: el, name: cfg.Name, peers: peers, born: s.clock.Now(),
 		leases:   newLeaseTable(),
 		lives:    make(map[int64]*leaderLife),
 		followed: make(map[string]int64),

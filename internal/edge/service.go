@@ -288,7 +288,8 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		g.release("stale generation")
 		tk.done(outcomeNeutral)
 		if !g.local() && cand.Generation == 0 {
-			return nil, cand, nil, fmt.Errorf("%w: this edge has no connection to node %q", ErrStaleGeneration, cand.NodeID)
+			s.cl.awaitNode(ctx, cand.NodeID)
+			return nil, cand, nil, fmt.Errorf("%w: %w: node %q", ErrStaleGeneration, errNoConnection, cand.NodeID)
 		}
 		return nil, cand, nil, fmt.Errorf("%w: node %q generation %d was replaced before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
 	}
