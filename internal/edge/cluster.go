@@ -1216,8 +1216,11 @@ func (cm *clusterMode) awaitTurn(ctx context.Context, tk *admitTicket, epoch int
 // one, fails with contract.ErrNoLeader leaderWait after the later of its
 // arrival and the last answer of the leader it was waiting at; requests
 // that waited at a lost leader are submitted to the next in their order.
+// Its arrival is its first wait for a leader: the request's
+// contract.LeaderBound, shared with its key's admission (AdmitKey) and
+// every admission of the request again.
 func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCandidate, route prefixRoute, onQueued func()) (grant, error) {
-	deadline := time.Now().Add(leaderWait)
+	deadline := contract.LeaderBoundOf(ctx).Deadline(time.Now(), leaderWait)
 	tk := cm.newTicket()
 	defer cm.setTicket(tk, 0, true)
 	for {
@@ -1344,7 +1347,15 @@ func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Reques
 	defer cancel()
 	defer context.AfterFunc(cm.stopCtx, cancel)()
 	defer context.AfterFunc(lctx, cancel)()
-	firstBy := time.AfterFunc(time.Until(deadline), cancel)
+	// A request whose bound passed before this call (its body took that
+	// long to arrive, it waited for a node, an earlier admission of it
+	// waited) gives the leader it hears followDeadAfter to answer: it
+	// would be judged dead by then.
+	first := time.Until(deadline)
+	if first <= 0 {
+		first = cm.followDeadAfter()
+	}
+	firstBy := time.AfterFunc(first, cancel)
 	defer firstBy.Stop()
 	stream, err := cli.Admit(cctx, ar, grpc.WaitForReady(false))
 	if err != nil {
@@ -1418,13 +1429,14 @@ func (s *Service) SetKeyAdmitter(f func(name string) (release func(), err error)
 // itself. Else the slot is the leader's and release gives it back.
 // Errors: the key's limit error from the leader (an error whose
 // LimitDetails say which), contract.ErrNoLeader when no leader answers in
-// time.
+// time: leaderWait from the first wait of the request's
+// contract.LeaderBound (which its admission shares).
 func (s *Service) AdmitKey(ctx context.Context, name string) (local bool, release func(), err error) {
 	cm := s.cl
 	if cm == nil {
 		return true, nil, nil
 	}
-	deadline := time.Now().Add(leaderWait)
+	deadline := contract.LeaderBoundOf(ctx).Deadline(time.Now(), leaderWait)
 	for {
 		st, err := cm.waitLeader(ctx, deadline)
 		if err != nil {

@@ -171,6 +171,11 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (out *Run, outErr e
 	if s.stopping.Err() != nil {
 		return nil, fmt.Errorf("%w: no new requests", ErrShuttingDown)
 	}
+	if s.cl != nil && contract.LeaderBoundOf(ctx) == nil {
+		// Every admission of the request (again after a failed dispatch)
+		// waits for a leader within one bound.
+		ctx = contract.WithLeaderBound(ctx)
+	}
 	// A Shutdown while the request waits or is dispatched ends it with
 	// ErrShuttingDown, not as a client that went away.
 	callerCtx := ctx
