@@ -145,7 +145,7 @@ func TestRegression_OtherDeploymentNeverServesFollowers(t *testing.T) {
 	}
 
 	// A call of alpha's follower to beta's admission service is refused.
-	cli, err := alpha[fi].svc.cl.client(bcfg.Cluster.Advertise)
+	cli, err := alpha[fi].svc.cl.client(beta.svc.cl.cfg.Advertise)
 	if err != nil {
 		t.Fatal(err)
 	}
