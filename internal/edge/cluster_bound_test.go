@@ -25,7 +25,7 @@ func TestRegression_OneLeaderBoundPerRequest(t *testing.T) {
 	leader, fol := es[li], es[fi]
 	spent := func() context.Context {
 		ctx := contract.WithLeaderBound(context.Background())
-		contract.LeaderBoundOf(ctx).Deadline(time.Now().Add(-leaderWait), leaderWait)
+		contract.LeaderBoundOf(ctx).Deadline(fol.clk.Now().Add(-leaderWait), leaderWait)
 		return ctx
 	}
 

@@ -3,7 +3,20 @@ package edge
 import (
 	"context"
 	"time"
+
+	"iop/internal/edge/contract"
 )
+
+// bound returns ctx carrying a contract.LeaderBound: every admission of
+// the request (again after a failed dispatch) waits for a leader within
+// one bound, shared with its key's admission when the HTTP API attached
+// it first.
+func (cm *clusterMode) bound(ctx context.Context) context.Context {
+	if contract.LeaderBoundOf(ctx) != nil {
+		return ctx
+	}
+	return contract.WithLeaderBound(ctx)
+}
 
 // awaitNode waits until node has a connection to this edge, while it may
 // still come: this edge started, or its last connection of node ended,

@@ -171,11 +171,7 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (out *Run, outErr e
 	if s.stopping.Err() != nil {
 		return nil, fmt.Errorf("%w: no new requests", ErrShuttingDown)
 	}
-	if s.cl != nil && contract.LeaderBoundOf(ctx) == nil {
-		// Every admission of the request (again after a failed dispatch)
-		// waits for a leader within one bound.
-		ctx = contract.WithLeaderBound(ctx)
-	}
+	ctx = s.adm.bound(ctx)
 	// A Shutdown while the request waits or is dispatched ends it with
 	// ErrShuttingDown, not as a client that went away.
 	callerCtx := ctx
@@ -293,7 +289,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		g.release("stale generation")
 		tk.done(outcomeNeutral)
 		if !g.local() && cand.Generation == 0 {
-			s.cl.awaitNode(ctx, cand.NodeID)
+			s.adm.awaitNode(ctx, cand.NodeID)
 			return nil, cand, nil, fmt.Errorf("%w: %w: node %q", ErrStaleGeneration, errNoConnection, cand.NodeID)
 		}
 		return nil, cand, nil, fmt.Errorf("%w: node %q generation %d was replaced before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
