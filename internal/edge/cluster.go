@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -812,6 +813,24 @@ func admissionCode(err error) string {
 	return "invalid"
 }
 
+// withUnmatched adds to a leader's unknown-model refusal of model, when
+// this edge's catalog also finds model an alias every target of which is
+// unmatched (same config, same nodes), the *contract.UnmatchedAliasError
+// naming them, which the refusal's code alone cannot carry.
+func (cm *clusterMode) withUnmatched(err error, model string) error {
+	if !errors.Is(err, scheduler.ErrUnknownModel) {
+		return err
+	}
+	targets, alias := cm.s.cat.targets(model)
+	if !alias {
+		return err
+	}
+	if un := unmatched(cm.s.reg.load(), targets); len(un) == len(targets) {
+		return fmt.Errorf("%w: %w", err, &contract.UnmatchedAliasError{Alias: model, Targets: slices.Clone(targets)})
+	}
+	return err
+}
+
 // refusedError is the error a follower returns for r.
 func refusedError(r *clusterv1.Refused) error {
 	var base error
@@ -1470,7 +1489,7 @@ func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Reques
 				}
 				return nil, true, queued, refusedError(msg.Refused)
 			}
-			return nil, false, queued, refusedError(msg.Refused)
+			return nil, false, queued, cm.withUnmatched(refusedError(msg.Refused), req.Model)
 		case *clusterv1.AdmitReply_Granted:
 			g := msg.Granted
 			if lctx.Err() != nil {

@@ -65,7 +65,16 @@
 // A requested model name is a configured alias, resolving to its targets,
 // or a served model name a current connection serves or one served less
 // than ForgetAfter ago, resolving to itself. Its candidates are the
-// healthy providers of current connections serving a target. Any other
+// healthy providers of current connections serving a target. Names are
+// compared by one rule, package modelname's (Ollama's: "x" is
+// "x:latest"): a target "x" is served by a provider listing "x:latest" and
+// the other way round, and the dispatch names the model as the provider
+// lists it. An alias none of whose targets a node serves or served lately
+// (a typo), once some node connected, is unknown too, with the reason
+// (contract.UnmatchedAliasError: 404 naming the targets), not unavailable;
+// its queue in Snapshot lists them (QueueSnapshot.UnmatchedTargets), and
+// the edge logs a warning per alias with unmatched targets at each reload
+// and aliasCheckDelay after it starts serving (catalog.go). Any other
 // name is unknown (scheduler.ErrUnknownModel); a known one without a live
 // provider has none (scheduler.ErrNoProvider). The request's capability
 // needs filter the candidates inside the resolver; NeedChoices, a request
