@@ -45,6 +45,10 @@ const (
 	// resOutOfRotation: admitted to a provider whose circuit opened (or
 	// whose half-open trial was taken) before the dispatch.
 	resOutOfRotation
+	// resNoConnection: a follower was granted a node it has no
+	// connection to; connected says whether the node has one now
+	// (clusterMode.awaitNode waited for it while it could still come).
+	resNoConnection
 	// resNotDispatched: the dispatch never reached a provider
 	// (dispatchRetryable: stale generation, dispatch timeout, refused, node
 	// gone or draining before the run opened); err says why.
@@ -71,6 +75,8 @@ type attemptResult struct {
 	// ctxErr is the caller's context's error when the attempt returned
 	// (nil while the caller waits).
 	ctxErr error
+	// connected: resNoConnection, the node is connected to this edge now.
+	connected bool
 }
 
 // dispatchState is what the dispatch loop remembers between attempts.
@@ -80,6 +86,7 @@ type dispatchState struct {
 	retries    int    // admissions again after a provider failed before the first byte
 	readmitted bool   // a dispatch that never reached a provider was admitted again
 	outOfRot   int    // admissions whose provider left rotation before dispatch
+	noConn     int    // follower grants of a node with no connection to this edge
 	// staleEpochs counts dispatches a node refused for a deposed leader's
 	// epoch (admitted again at the current leader, the candidate kept).
 	staleEpochs int
@@ -109,6 +116,10 @@ const (
 	// epoch; admit the request again (a new run id) at the current leader,
 	// the candidate kept.
 	actResubmit
+	// actRejoin: a follower was granted a node it had no connection to;
+	// admit the request again (a new run id), without that provider when
+	// exclude is set. Not an attempt.
+	actRejoin
 )
 
 // maxStaleEpoch is how many times one request is admitted again after a
@@ -118,7 +129,7 @@ const maxStaleEpoch = 3
 // action is next's decision.
 type action struct {
 	kind    actionKind
-	exclude bool  // actAgain: leave the provider out from now on
+	exclude bool  // actAgain, actRejoin: leave the provider out from now on
 	run     *Run  // actFinish: the run handed to the caller
 	err     error // actFinish: or the error returned
 	// drop, when set, is ended and settled as "client gone" before
@@ -140,6 +151,12 @@ func next(res attemptResult, st dispatchState) (action, dispatchState) {
 		// ends.
 		st.outOfRot++
 		return action{kind: actAgain, exclude: st.outOfRot >= maxOutOfRotation}, st
+	case resNoConnection:
+		// The node was (re)connecting to this edge: once it is here, the
+		// leader may grant it again; one that did not come in its grace
+		// (or after maxOutOfRotation such grants) is left out.
+		st.noConn++
+		return action{kind: actRejoin, exclude: !res.connected || st.noConn >= maxOutOfRotation}, st
 	case resNotDispatched:
 		if errors.Is(res.err, errStaleEpoch) && st.staleEpochs < maxStaleEpoch {
 			// Admitted by a deposed leader: no attempt, the candidate is
@@ -230,6 +247,8 @@ func (s *Service) attempt(ctx context.Context, req Request, tried []triedCandida
 	switch {
 	case errors.Is(err, errOutOfRotation):
 		return attemptResult{kind: resOutOfRotation, cand: cand, err: err, ctxErr: ctx.Err()}
+	case errors.Is(err, errNoConnection):
+		return attemptResult{kind: resNoConnection, cand: cand, err: err, ctxErr: ctx.Err(), connected: s.reg.current(cand.NodeID) != nil}
 	case err != nil && dispatchRetryable(err):
 		return attemptResult{kind: resNotDispatched, cand: cand, err: err, ctxErr: ctx.Err()}
 	case err != nil:
@@ -294,6 +313,11 @@ func (s *Service) dispatchLoop(ctx context.Context, req Request, attempts *[]*Ru
 			s.log.Info("dispatch failed before the run opened; trying another provider", "run", req.RunID, "model", req.Model, "node", cand.NodeID, "provider", cand.ProviderID, "err", res.err)
 			s.emit(lifecycle.Event{Type: lifecycle.DispatchRetried, Model: req.Model, NodeID: cand.NodeID, Generation: cand.Generation, ProviderID: cand.ProviderID, Reason: dispatchFailure(res.err)})
 			tried = append(tried, tried1(cand, true))
+		case actRejoin:
+			s.log.Info("the leader chose a node not connected to this edge; admitting the request again", "run", req.RunID, "model", req.Model, "node", cand.NodeID, "provider", cand.ProviderID, "exclude", act.exclude)
+			if act.exclude {
+				tried = append(tried, tried1(cand, false))
+			}
 		case actResubmit:
 			s.log.Info("a node refused a deposed leader's epoch; admitting the request again at the current leader", "run", req.RunID, "model", req.Model, "node", cand.NodeID, "provider", cand.ProviderID, "err", res.err)
 		case actRetry:

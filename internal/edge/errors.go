@@ -99,6 +99,9 @@ var (
 	// errNodeDraining: the node said Drain; it refuses dispatches and
 	// closes its connection when its runs are done.
 	errNodeDraining = errors.New("node is draining")
+	// errNoConnection: the leader granted a follower a node that has no
+	// connection to the follower (yet).
+	errNoConnection = errors.New("this edge has no connection to the node")
 )
 
 // grpcError maps an outcome of a gRPC handler to the status the node sees.

@@ -171,6 +171,7 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (out *Run, outErr e
 	if s.stopping.Err() != nil {
 		return nil, fmt.Errorf("%w: no new requests", ErrShuttingDown)
 	}
+	ctx = s.adm.bound(ctx)
 	// A Shutdown while the request waits or is dispatched ends it with
 	// ErrShuttingDown, not as a client that went away.
 	callerCtx := ctx
@@ -288,7 +289,8 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		g.release("stale generation")
 		tk.done(outcomeNeutral)
 		if !g.local() && cand.Generation == 0 {
-			return nil, cand, nil, fmt.Errorf("%w: this edge has no connection to node %q", ErrStaleGeneration, cand.NodeID)
+			s.adm.awaitNode(ctx, cand.NodeID)
+			return nil, cand, nil, fmt.Errorf("%w: %w: node %q", ErrStaleGeneration, errNoConnection, cand.NodeID)
 		}
 		return nil, cand, nil, fmt.Errorf("%w: node %q generation %d was replaced before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
 	}
