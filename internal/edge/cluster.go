@@ -1517,6 +1517,10 @@ type ClusterState struct {
 	// Leases are the leases this leader holds for other edges' runs
 	// (and adopted runs of older epochs).
 	Leases int `json:"leases"`
+	// NameInUseBy is the advertise address of another edge of the
+	// cluster that has this edge's cluster.name (a mistake: give each
+	// edge its own); omitted when none.
+	NameInUseBy string `json:"name_in_use_by,omitempty"`
 }
 
 // Cluster returns the edge's cluster state; ok is false without a cluster.
@@ -1529,5 +1533,5 @@ func (s *Service) Cluster() (ClusterState, bool) {
 	cm.mu.Lock()
 	n := cm.leases.len()
 	cm.mu.Unlock()
-	return ClusterState{Name: cm.name, Leader: st.Leader, Ready: st.Leader && cm.ready.Load() == st.Epoch, Epoch: st.Epoch, LeaderAddr: st.LeaderAddr, Leases: n}, true
+	return ClusterState{Name: cm.name, Leader: st.Leader, Ready: st.Leader && cm.ready.Load() == st.Epoch, Epoch: st.Epoch, LeaderAddr: st.LeaderAddr, Leases: n, NameInUseBy: cm.el.NameInUseBy()}, true
 }

@@ -749,7 +749,7 @@ func (s *Service) Snapshot() Snapshot {
 		s.mu.Lock()
 		n := len(s.runs)
 		s.mu.Unlock()
-		snap.Cluster = &contract.ClusterSnapshot{Name: cs.Name, LeaderAddr: cs.LeaderAddr, Epoch: cs.Epoch, Leader: cs.Leader, Ready: cs.Ready, HeldLeases: cs.Leases, Runs: n}
+		snap.Cluster = &contract.ClusterSnapshot{Name: cs.Name, LeaderAddr: cs.LeaderAddr, Epoch: cs.Epoch, Leader: cs.Leader, Ready: cs.Ready, HeldLeases: cs.Leases, Runs: n, NameInUseBy: cs.NameInUseBy}
 	}
 	st := s.reg.load()
 	for _, cs := range st.nodes.all() {
