@@ -3,11 +3,12 @@ package auth
 import (
 	"context"
 	"crypto/sha256"
-	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"iop/internal/modelname"
 )
 
 // Caller is one authenticated key and its live limit state.
@@ -74,8 +75,8 @@ func (c *Caller) Priority(header string) (rank int, ok bool) {
 }
 
 // Allows reports whether the key may request model. An Ollama name "x" and
-// "x:latest" are one model, as the edge's catalog treats them (Ollama API
-// doc, "Model names": a missing tag means latest).
+// "x:latest" are one model (package modelname's rule, the edge's
+// everywhere).
 func (c *Caller) Allows(model string) bool {
 	if c.models == nil {
 		return true
@@ -83,11 +84,8 @@ func (c *Caller) Allows(model string) bool {
 	if c.models[model] {
 		return true
 	}
-	if base, ok := strings.CutSuffix(model, ":latest"); ok && base != "" {
-		return c.models[base]
-	}
-	untagged := !strings.Contains(model[strings.LastIndex(model, "/")+1:], ":")
-	return untagged && model != "" && c.models[model+":latest"]
+	alt := modelname.Alternative(model)
+	return alt != "" && c.models[alt]
 }
 
 // Filter returns the names of models the key may request, in order.

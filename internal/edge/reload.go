@@ -65,6 +65,7 @@ func (s *Service) Reload(cfg Config) (ReloadResult, error) {
 		return ReloadResult{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	s.cat.setAliases(cfg.Models)
+	s.warnUnmatched()
 	s.cat.awayFor.Store(int64(cfg.maxReconnectGrace()))
 	s.routing.Store(newRoutingPolicy(cfg))
 	tokensAdded, tokensRemoved := s.trust.setTokens(cfg.Tokens)

@@ -131,6 +131,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	}
 	gs := grpc.NewServer(opts...)
 	nodev1.RegisterNodeGatewayServer(gs, &grpcServer{s: s.svc})
+	defer s.svc.checkAliasesAtStart()()
 	errc := make(chan error, 1)
 	go func() { errc <- gs.Serve(lis) }()
 	if cm := s.svc.cl; cm != nil {

@@ -787,6 +787,11 @@ func (s *Service) Snapshot() Snapshot {
 	sort.Slice(snap.Nodes, func(i, j int) bool { return snap.Nodes[i].NodeID < snap.Nodes[j].NodeID })
 	listed := make(map[string]bool, len(ss.Groups))
 	for _, g := range ss.Groups {
+		if g.Queued == 0 && !s.cat.known(g.Name) {
+			// A removed alias, or a name forgotten since: listed while
+			// requests still wait in it, gone when it is empty.
+			continue
+		}
 		listed[g.Name] = true
 		q := QueueSnapshot{Model: g.Name, MaxQueue: g.Policy.MaxQueue, QueueTimeout: g.Policy.QueueTimeout, Queued: g.Queued,
 			Fairness: fairnessName(g.Policy.Fairness)}
@@ -812,6 +817,14 @@ func (s *Service) Snapshot() Snapshot {
 		snap.Queues = append(snap.Queues, QueueSnapshot{Model: name, MaxQueue: p.MaxQueue, QueueTimeout: p.QueueTimeout, Fairness: fairnessName(p.Fairness)})
 	}
 	sort.Slice(snap.Queues, func(i, j int) bool { return snap.Queues[i].Model < snap.Queues[j].Model })
+	aliases := *s.cat.aliases.Load()
+	un := s.cat.unmatchedAliases()
+	for i := range snap.Queues {
+		q := &snap.Queues[i]
+		if targets, ok := aliases[q.Model]; ok {
+			q.Targets, q.UnmatchedTargets = slices.Clone(targets), un[q.Model]
+		}
+	}
 	return snap
 }
 

@@ -108,7 +108,8 @@ func adminProviders(s AdminSnapshot) any {
 func adminQueues(s AdminSnapshot) any {
 	out := make([]adminQueueJSON, 0, len(s.Queues))
 	for _, q := range s.Queues {
-		j := adminQueueJSON{Model: q.Model, Queued: q.Queued, Flows: make([]adminwire.QueueFlow, 0, len(q.Flows))}
+		j := adminQueueJSON{Model: q.Model, Queued: q.Queued, Flows: make([]adminwire.QueueFlow, 0, len(q.Flows)),
+			Targets: q.Targets, UnmatchedTargets: q.UnmatchedTargets}
 		j.Policy.MaxQueue, j.Policy.QueueTimeoutMS, j.Policy.Fairness = q.MaxQueue, q.QueueTimeout.Milliseconds(), q.Fairness
 		for _, f := range q.Flows {
 			j.Flows = append(j.Flows, adminwire.QueueFlow{Flow: f.Flow, Priority: f.Priority, Queued: f.Queued})
