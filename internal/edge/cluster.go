@@ -133,6 +133,9 @@ type elector interface {
 	Depose(epoch int64, addr string)
 	Changes() <-chan struct{}
 	Campaigners(ctx context.Context) ([]string, error)
+	// NameInUseBy is the advertise address of another edge with this
+	// edge's cluster name ("": none).
+	NameInUseBy() string
 	Close() error
 }
 
