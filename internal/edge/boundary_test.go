@@ -9,6 +9,7 @@ import (
 
 	"iop/internal/edge/contract"
 	"iop/internal/scheduler"
+	"iop/internal/wire/nodev1"
 )
 
 // TestDispatchErrorsAreTheContracts: the edge wraps its scheduler's
@@ -19,11 +20,19 @@ import (
 // ("unknown model"), they are not said again before it.
 func TestDispatchErrorsAreTheContracts(t *testing.T) {
 	cfg := testConfig()
-	cfg.Models["orphan"] = ModelConfig{Targets: []string{"nobody-serves-this"}}
+	cfg.Models["orphan"] = ModelConfig{Targets: []string{"sick-model"}}
 	e := startEdge(t, cfg)
 	p := prov("p1", normalized, 1, "m-small")
 	p.Capabilities = []string{"stream"}
 	e.connect(t, hello("n1", p))
+	// orphan's only target is served, by an unhealthy provider: no
+	// provider (an alias whose targets nobody serves is an unknown model).
+	sick := e.connect(t, hello("n2", prov("p2", normalized, 1, "sick-model")))
+	sick.send(t, &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_ProviderUpdate{ProviderUpdate: &nodev1.ProviderUpdate{ProviderId: "p2", Healthy: false}}})
+	e.waitUntil(t, "p2 unhealthy", func(s Snapshot) bool {
+		p, ok := providerOf(s, "n2", "p2")
+		return ok && !p.Healthy
+	})
 	vision := chatReq("chat")
 	vision.Needs = []string{"vision"}
 	for _, tc := range []struct {
