@@ -133,6 +133,9 @@ type elector interface {
 	Depose(epoch int64, addr string)
 	Changes() <-chan struct{}
 	Campaigners(ctx context.Context) ([]string, error)
+	// NameInUseBy is the advertise address of another edge with this
+	// edge's cluster name ("": none).
+	NameInUseBy() string
 	Close() error
 }
 
@@ -1643,6 +1646,10 @@ type ClusterState struct {
 	// Leases are the leases this leader holds for other edges' runs
 	// (and adopted runs of older epochs).
 	Leases int `json:"leases"`
+	// NameInUseBy is the advertise address of another edge of the
+	// cluster that has this edge's cluster.name (a mistake: give each
+	// edge its own); omitted when none.
+	NameInUseBy string `json:"name_in_use_by,omitempty"`
 }
 
 // Cluster returns the edge's cluster state; ok is false without a cluster.
@@ -1653,5 +1660,5 @@ func (cm *clusterMode) clusterState() (ClusterState, bool) {
 	cm.mu.Lock()
 	n := cm.leases.len()
 	cm.mu.Unlock()
-	return ClusterState{Name: cm.name, Leader: st.Leader, Ready: st.Leader && cm.ready.Load() == st.Epoch, Epoch: st.Epoch, LeaderAddr: st.LeaderAddr, Leases: n}, true
+	return ClusterState{Name: cm.name, Leader: st.Leader, Ready: st.Leader && cm.ready.Load() == st.Epoch, Epoch: st.Epoch, LeaderAddr: st.LeaderAddr, Leases: n, NameInUseBy: cm.el.NameInUseBy()}, true
 }

@@ -23,7 +23,12 @@ import (
 //   - A provider that failed before the first byte in a way another may not
 //     (unreachable, 502, 503, 429, its node lost before the run's first
 //     message) gives the request to a provider not tried yet, at most
-//     max_retries times; after that the failed attempt is the answer.
+//     max_retries times; after that the failed attempt is the answer. For
+//     a node lost, only that node connection (generation) is left out.
+//   - A request whose attempt failed because its node connection was lost
+//     (connLost), with no other candidate, waits for the node to come back
+//     within reconnect_grace, as a queued request does (the resolver says
+//     its providers are away), even before the edge fenced the connection.
 //   - A provider that left rotation between admission and dispatch is no
 //     attempt: the request is admitted again under the same run id; after
 //     maxOutOfRotation such races that provider is left out.
@@ -242,8 +247,8 @@ func notServed(res attemptResult, st dispatchState) action {
 // is dropped once this one is dispatched. One client-gone watcher covers
 // the attempt from the run's creation to its return: the caller's context
 // ending ends the run ("client gone").
-func (s *Service) attempt(ctx context.Context, req Request, tried []triedCandidate, readAhead bool, superseded *Run) attemptResult {
-	run, cand, stopWatch, err := s.dispatchOnce(ctx, req, tried)
+func (s *Service) attempt(ctx context.Context, req Request, tried []triedCandidate, waited *queueTime, readAhead bool, superseded *Run) attemptResult {
+	run, cand, stopWatch, err := s.dispatchOnce(ctx, req, tried, waited)
 	switch {
 	case errors.Is(err, errOutOfRotation):
 		return attemptResult{kind: resOutOfRotation, cand: cand, err: err, ctxErr: ctx.Err()}
@@ -290,8 +295,9 @@ func (s *Service) dispatchLoop(ctx context.Context, req Request, attempts *[]*Ru
 	baseID := req.RunID
 	st := dispatchState{model: req.Model, maxRetries: s.cfg.Retries()}
 	var tried []triedCandidate
+	var waited queueTime
 	for n := 0; ; {
-		res := s.attempt(ctx, req, tried, st.maxRetries > 0, st.failedRun)
+		res := s.attempt(ctx, req, tried, &waited, st.maxRetries > 0, st.failedRun)
 		if res.run != nil {
 			*attempts = append(*attempts, res.run)
 		}
@@ -310,9 +316,13 @@ func (s *Service) dispatchLoop(ctx context.Context, req Request, attempts *[]*Ru
 			}
 			continue // not an attempt: the same run id
 		case actReadmit:
-			s.log.Info("dispatch failed before the run opened; trying another provider", "run", req.RunID, "model", req.Model, "node", cand.NodeID, "provider", cand.ProviderID, "err", res.err)
+			msg, t := "dispatch failed before the run opened; admitting the request again without that node connection", tried1(cand, true)
+			if connLost(res.err) {
+				msg, t = "node connection lost before the run opened; admitting the request again (it waits for the node within reconnect_grace if no other provider serves it)", triedLost(cand)
+			}
+			s.log.Info(msg, "run", req.RunID, "model", req.Model, "node", cand.NodeID, "generation", cand.Generation, "provider", cand.ProviderID, "err", res.err)
 			s.emit(lifecycle.Event{Type: lifecycle.DispatchRetried, Model: req.Model, NodeID: cand.NodeID, Generation: cand.Generation, ProviderID: cand.ProviderID, Reason: dispatchFailure(res.err)})
-			tried = append(tried, tried1(cand, true))
+			tried = append(tried, t)
 		case actRejoin:
 			s.log.Info("the leader chose a node not connected to this edge; admitting the request again", "run", req.RunID, "model", req.Model, "node", cand.NodeID, "provider", cand.ProviderID, "exclude", act.exclude)
 			if act.exclude {
@@ -323,9 +333,15 @@ func (s *Service) dispatchLoop(ctx context.Context, req Request, attempts *[]*Ru
 		case actRetry:
 			s.countRetry(res.reason)
 			s.emit(lifecycle.Event{Type: lifecycle.DispatchRetried, Model: req.Model, NodeID: cand.NodeID, Generation: cand.Generation, ProviderID: cand.ProviderID, Reason: res.reason})
-			s.log.Warn("provider failed before the first byte; admitting the request again", "run", req.RunID, "model", req.Model,
-				"node", cand.NodeID, "provider", cand.ProviderID, "reason", res.reason, "retry", st.retries, "max_retries", st.maxRetries)
-			tried = append(tried, tried1(cand, false))
+			msg, t := "provider failed before the first byte; admitting the request again without it", tried1(cand, false)
+			if connLost(res.err) {
+				// The node, not its provider, went away: the provider may
+				// serve it again on the node's next connection.
+				msg, t = "node connection lost before the first byte; admitting the request again (it waits for the node within reconnect_grace if no other provider serves it)", triedLost(cand)
+			}
+			s.log.Warn(msg, "run", req.RunID, "model", req.Model, "node", cand.NodeID, "generation", cand.Generation,
+				"provider", cand.ProviderID, "reason", res.reason, "retry", st.retries, "max_retries", st.maxRetries)
+			tried = append(tried, t)
 		}
 		n++
 		req.RunID = retryRunID(baseID, n)
