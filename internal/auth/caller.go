@@ -54,6 +54,14 @@ func (s *keyState) setRate(rpm int) {
 // Name is the key's configured name.
 func (c *Caller) Name() string { return c.name }
 
+// Limited reports whether the key has a limit to count (max_concurrent or
+// requests_per_minute); without one, Admit never refuses it.
+func (c *Caller) Limited() bool {
+	c.st.mu.Lock()
+	defer c.st.mu.Unlock()
+	return c.maxConcurrent > 0 || c.st.limiter != nil
+}
+
 // Weight is the key's flow weight (Key.Weight), ≥ 1.
 func (c *Caller) Weight() int { return c.weight }
 

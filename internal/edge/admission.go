@@ -34,6 +34,12 @@ type admission interface {
 	// Service.SetKeyLeader.
 	setKeyAdmitter(f func(name string) (release func(), err error))
 	setKeyLeader(adopt func(name string) (release func()), newEpoch func())
+	// bound returns ctx carrying a contract.LeaderBound for the request's
+	// waits for a leader (ctx itself when it has one or there is none).
+	bound(ctx context.Context) context.Context
+	// awaitNode waits, while node may still connect to this edge, until
+	// it does (clusterMode.awaitNode); it reports whether it did.
+	awaitNode(ctx context.Context, node string) bool
 }
 
 // grant is one admitted slot, released exactly once (release reports
@@ -79,6 +85,8 @@ func (localAdmission) serving() bool                                          { 
 func (localAdmission) clusterState() (ClusterState, bool)                     { return ClusterState{}, false }
 func (localAdmission) setKeyAdmitter(func(string) (func(), error))            {}
 func (localAdmission) setKeyLeader(func(string) func(), func())               {}
+func (localAdmission) bound(ctx context.Context) context.Context              { return ctx }
+func (localAdmission) awaitNode(context.Context, string) bool                 { return false }
 
 // admitLocal admits req in this edge's scheduler.
 func (s *Service) admitLocal(ctx context.Context, req Request, tried []triedCandidate, route prefixRoute, onQueued func()) (*scheduler.Lease, error) {

@@ -133,6 +133,9 @@ type elector interface {
 	Depose(epoch int64, addr string)
 	Changes() <-chan struct{}
 	Campaigners(ctx context.Context) ([]string, error)
+	// NameInUseBy is the advertise address of another edge with this
+	// edge's cluster name ("": none).
+	NameInUseBy() string
 	Close() error
 }
 
@@ -160,6 +163,7 @@ type clusterMode struct {
 	name  string
 	peers *peerAuth // identity, token and TLS between edges (cluster_auth.go); nil on a simulated network
 	keys  clusterKeys
+	born  time.Time // when this edge started (its nodes connect from then on)
 
 	ready   atomic.Int64 // the epoch whose rebuild is done (this edge leads it)
 	session atomic.Int64 // the epoch of this follower's open admission session (0: none)
@@ -214,7 +218,7 @@ func newClusterMode(s *Service, cfg cluster.Config) (*clusterMode, error) {
 func startClusterMode(s *Service, cfg cluster.Config, el elector, pn peerNet, peers *peerAuth) *clusterMode {
 	cfg.SetDefaults()
 	cm := &clusterMode{
-		s: s, cfg: cfg, el: el, net: pn, clk: s.clock, name: cfg.Name, peers: peers,
+		s: s, cfg: cfg, el: el, net: pn, clk: s.clock, name: cfg.Name, peers: peers, born: s.clock.Now(),
 		leases:   newLeaseTable(),
 		lives:    make(map[int64]*leaderLife),
 		followed: make(map[string]int64),
@@ -1323,8 +1327,11 @@ func (cm *clusterMode) awaitTurn(ctx context.Context, tk *admitTicket, epoch int
 // one, fails with contract.ErrNoLeader leaderWait after the later of its
 // arrival and the last answer of the leader it was waiting at; requests
 // that waited at a lost leader are submitted to the next in their order.
+// Its arrival is its first wait for a leader: the request's
+// contract.LeaderBound, shared with its key's admission (AdmitKey) and
+// every admission of the request again.
 func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCandidate, route prefixRoute, onQueued func()) (grant, error) {
-	deadline := cm.clk.Now().Add(leaderWait)
+	deadline := contract.LeaderBoundOf(ctx).Deadline(cm.clk.Now(), leaderWait)
 	tk := cm.newTicket()
 	defer cm.setTicket(tk, 0, true)
 	for {
@@ -1444,7 +1451,15 @@ func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Reques
 	defer cancel()
 	defer context.AfterFunc(cm.stopCtx, cancel)()
 	defer context.AfterFunc(lctx, cancel)()
-	firstBy := cm.clk.AfterFunc(deadline.Sub(cm.clk.Now()), cancel)
+	// A request whose bound passed before this call (its body took that
+	// long to arrive, it waited for a node, an earlier admission of it
+	// waited) gives the leader it hears followDeadAfter to answer: it
+	// would be judged dead by then.
+	first := deadline.Sub(cm.clk.Now())
+	if first <= 0 {
+		first = cm.followDeadAfter()
+	}
+	firstBy := cm.clk.AfterFunc(first, cancel)
 	defer firstBy.Stop()
 	stream, err := cli.Admit(cctx, ar, grpc.WaitForReady(false))
 	if err != nil {
@@ -1527,14 +1542,15 @@ func (cm *clusterMode) setKeyAdmitter(f func(name string) (release func(), err e
 // itself. Else the slot is the leader's and release gives it back.
 // Errors: the key's limit error from the leader (an error whose
 // LimitDetails say which), contract.ErrNoLeader when no leader answers in
-// time.
+// time: leaderWait from the first wait of the request's
+// contract.LeaderBound (which its admission shares).
 func (s *Service) AdmitKey(ctx context.Context, name string) (local bool, release func(), err error) {
 	return s.adm.admitKey(ctx, name)
 }
 
 // admitKey is Service.AdmitKey of several edges.
 func (cm *clusterMode) admitKey(ctx context.Context, name string) (local bool, release func(), err error) {
-	deadline := cm.clk.Now().Add(leaderWait)
+	deadline := contract.LeaderBoundOf(ctx).Deadline(cm.clk.Now(), leaderWait)
 	for {
 		st, err := cm.waitLeader(ctx, deadline)
 		if err != nil {
@@ -1630,6 +1646,10 @@ type ClusterState struct {
 	// Leases are the leases this leader holds for other edges' runs
 	// (and adopted runs of older epochs).
 	Leases int `json:"leases"`
+	// NameInUseBy is the advertise address of another edge of the
+	// cluster that has this edge's cluster.name (a mistake: give each
+	// edge its own); omitted when none.
+	NameInUseBy string `json:"name_in_use_by,omitempty"`
 }
 
 // Cluster returns the edge's cluster state; ok is false without a cluster.
@@ -1640,5 +1660,5 @@ func (cm *clusterMode) clusterState() (ClusterState, bool) {
 	cm.mu.Lock()
 	n := cm.leases.len()
 	cm.mu.Unlock()
-	return ClusterState{Name: cm.name, Leader: st.Leader, Ready: st.Leader && cm.ready.Load() == st.Epoch, Epoch: st.Epoch, LeaderAddr: st.LeaderAddr, Leases: n}, true
+	return ClusterState{Name: cm.name, Leader: st.Leader, Ready: st.Leader && cm.ready.Load() == st.Epoch, Epoch: st.Epoch, LeaderAddr: st.LeaderAddr, Leases: n, NameInUseBy: cm.el.NameInUseBy()}, true
 }

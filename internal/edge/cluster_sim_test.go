@@ -494,6 +494,9 @@ type simElector struct {
 
 var _ elector = (*simElector)(nil)
 
+// NameInUseBy: the simulated cluster gives each edge its own name.
+func (el *simElector) NameInUseBy() string { return "" }
+
 func (el *simElector) State() cluster.State {
 	el.mu.Lock()
 	defer el.mu.Unlock()

@@ -28,7 +28,7 @@ func clusterEdges(t *testing.T, etcd *etcdtest.Cluster, n int) []*testEdge {
 	var es []*testEdge
 	for i := range n {
 		cfg := testConfig()
-		cfg.Cluster = &cluster.Config{Etcd: etcd.Endpoints(), Name: fmt.Sprintf("edge-%d", i+1), Advertise: freeAddr(t), SessionTTL: time.Second, ID: "test"}
+		cfg.Cluster = &cluster.Config{Etcd: etcd.Endpoints(), Name: fmt.Sprintf("edge-%d", i+1), SessionTTL: time.Second, ID: "test"}
 		es = append(es, startEdge(t, cfg))
 	}
 	return es
@@ -57,12 +57,23 @@ func paceClock(t *testing.T, clk *testClock) {
 	t.Cleanup(func() { close(done); <-stopped })
 }
 
-func freeAddr(t *testing.T) string {
+// clusterListener is a loopback listener on a port of the kernel's
+// choosing, for an edge's Admission service (Deps.ClusterListener); the
+// edge closes it.
+func clusterListener(t testing.TB) net.Listener {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	return l
+}
+
+// closedAddr is a loopback address nothing listens on: a port of the
+// kernel's choosing, closed again (a call to it is refused).
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	l := clusterListener(t)
 	defer l.Close()
 	return l.Addr().String()
 }
@@ -328,7 +339,7 @@ func TestClusterNoLeaderIs503(t *testing.T) {
 func blockLeader(t *testing.T, e *testEdge) {
 	t.Helper()
 	st, _ := e.svc.Cluster()
-	cc, err := grpc.NewClient(freeAddr(t), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(closedAddr(t), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}

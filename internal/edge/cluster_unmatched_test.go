@@ -23,7 +23,7 @@ func TestClusterFollowerNamesUnmatchedTargets(t *testing.T) {
 	for i := range 2 {
 		cfg := testConfig()
 		cfg.Models["typo"] = ModelConfig{Targets: []string{"m-bgi"}}
-		cfg.Cluster = &cluster.Config{Etcd: etcd.Endpoints(), Name: fmt.Sprintf("edge-%d", i+1), Advertise: freeAddr(t), SessionTTL: time.Second, ID: "test"}
+		cfg.Cluster = &cluster.Config{Etcd: etcd.Endpoints(), Name: fmt.Sprintf("edge-%d", i+1), SessionTTL: time.Second, ID: "test"}
 		es = append(es, startEdge(t, cfg))
 	}
 	li := waitLeader(t, es, []bool{true, true}, 0)

@@ -198,7 +198,10 @@
 // again that finds no other candidate (none left, or none left with its
 // needs: its capable provider went away) gets the failed attempt's outcome:
 // the provider's answer, or for a lost node ErrProviderUnavailable, never a
-// rejection.
+// rejection. An attempt whose node connection was lost (connLost) leaves
+// out that generation only; when it was the last candidate, the request
+// waits for the node within reconnect_grace (the resolver says its
+// providers are away), even before the edge has fenced the connection.
 //
 // Dispatch is one loop (dispatch.go): each attempt (Service.attempt: one
 // admission, one dispatch, and with MaxRetries above 0 the read-ahead)

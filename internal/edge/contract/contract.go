@@ -167,6 +167,9 @@ type ClusterSnapshot struct {
 	HeldLeases int
 	// Runs: runs this edge relays now (dispatched, not ended).
 	Runs int
+	// NameInUseBy is the advertise address of another edge with this
+	// edge's cluster name ("": none).
+	NameInUseBy string
 }
 
 // NodeSnapshot is one connected node.
