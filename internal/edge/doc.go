@@ -262,7 +262,8 @@
 // grpcPeers.mu guards the admission clients; the election
 // publishes its state through an atomic pointer), Run.mu, Service.mu (the runs map), Service.statsMu (retry and
 // circuit counters, the requested model names), conn.mu (a connection's
-// outbox, closed flag, last-seen time, idle warm streams), trust.mu (node id → token
+// outbox, closed flag, last-seen time, idle warm streams, ShowRequests
+// awaiting their ShowAnswer parts: show.go, failed when it closes), trust.mu (node id → token
 // bindings), peerAuth.mu (cluster_auth.go: when each refused peer was last
 // logged; the key slots a leader adopts are taken and given back with
 // clusterMode.mu released, cluster_keys.go) and prefixIndex.mu (the prefix index of prefix-cache-aware

@@ -306,6 +306,8 @@ func (s *Service) handleNodeMessage(c *conn, m *nodev1.NodeMessage) {
 		}
 	case *nodev1.NodeMessage_Drain:
 		s.drainConn(c, msg.Drain.GetReason())
+	case *nodev1.NodeMessage_ShowAnswer:
+		c.showPart(msg.ShowAnswer)
 	default:
 		s.log.Warn("unexpected control message", "node", c.nodeID, "generation", c.gen, "type", fmt.Sprintf("%T", msg))
 	}

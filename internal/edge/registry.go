@@ -41,6 +41,19 @@ type provider struct {
 	// (Provider.model_capabilities): their own capabilities and details.
 	// A served model without an entry has the provider's capabilities.
 	model map[string]*servedModel
+	// loaded are the models its server holds loaded, as its node last read
+	// them (Provider.loaded), sorted by name; loadedSet is false while its
+	// node reads none (an OpenAI-compatible provider: it serves its models
+	// always). Never modified.
+	loaded    []*nodev1.LoadedModel
+	loadedSet bool
+}
+
+// ollamaAPI reports whether p's server speaks Ollama's API (an ollama
+// provider, or a simulator in its Ollama mode), so that its node can ask
+// it for /api/show.
+func (p *provider) ollamaAPI() bool {
+	return p.path == nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED && (p.typ == "ollama" || p.typ == "sim")
 }
 
 // servedModel is what a node said of one served model of a provider. It is
@@ -198,6 +211,10 @@ type conn struct {
 	outbox   []*nodev1.EdgeMessage
 	closed   bool
 	lastSeen time.Time
+	// shows are the ShowRequests sent and not yet answered, by request id
+	// (show.go); nextShow is the last id given.
+	shows    map[uint64]*showWait
+	nextShow uint64
 	// idle lists the node's warm Run streams waiting for a run (warm.go);
 	// noIdle is set once the connection drains or closes: it lists none
 	// from then on.
@@ -306,6 +323,8 @@ func parseHello(h *nodev1.Hello, now time.Time) (*conn, error) {
 			capacity:     capacity,
 			longCapacity: int(hp.GetLongCapacity()),
 			model:        model,
+			loaded:       hp.GetLoaded(),
+			loadedSet:    hp.GetLoadedSet(),
 		}
 		p.capSet = setOf(p.caps)
 		ids[id] = true
@@ -404,6 +423,7 @@ func (c *conn) close() {
 	c.mu.Lock()
 	c.closed = true
 	c.outbox = nil
+	c.failShowsLocked()
 	c.mu.Unlock()
 	c.endIdle()
 }
@@ -737,7 +757,7 @@ func (r *registry) describe(node string, gen uint64, providerID string, targets 
 		if !found {
 			continue
 		}
-		mp.Target = t
+		mp.Target, mp.OllamaAPI = t, p.ollamaAPI()
 		if sm := p.model[t]; sm != nil {
 			mp.Capabilities, mp.Details = slices.Clone(sm.caps), modelDetails(sm.details)
 		} else {
@@ -796,6 +816,9 @@ type providerChange struct {
 	// modelsChanged: the served models, or what the node said of them
 	// (capabilities, details), changed.
 	modelsChanged bool
+	// loadedChanged: the models the provider holds loaded changed (no
+	// concern of the scheduler).
+	loadedChanged bool
 }
 
 // update applies u to the provider of c it names, if c is current. ok is
@@ -855,8 +878,12 @@ func (r *registry) update(c *conn, u *nodev1.ProviderUpdate) (ch providerChange,
 		next.longCapacity = n
 		ch.capacityChanged = true
 	}
+	if u.GetLoadedSet() && (!p.loadedSet || !slices.EqualFunc(u.GetLoaded(), p.loaded, func(a, b *nodev1.LoadedModel) bool { return proto.Equal(a, b) })) {
+		next.loaded, next.loadedSet = u.GetLoaded(), true
+		ch.loadedChanged = true
+	}
 	ch.capacity, ch.longCapacity = next.capacity, next.longCapacity
-	if !ch.healthChanged && !ch.capacityChanged && !ch.modelsChanged {
+	if !ch.healthChanged && !ch.capacityChanged && !ch.modelsChanged && !ch.loadedChanged {
 		return ch, true
 	}
 	ncs := cs.withProvider(&next)

@@ -69,6 +69,10 @@ type Agent struct {
 	// every discovery round, on its goroutine, with whether the round
 	// changed the provider's advert.
 	afterRound func(providerID string, changed bool)
+	// noResidency, when set (tests only, before Run), reads no provider's
+	// /api/ps: tests of other things whose fake servers answer only what
+	// they test.
+	noResidency bool
 
 	reloadMu sync.Mutex // serializes Reload
 
@@ -86,9 +90,13 @@ type Agent struct {
 	inFlight map[*run]struct{}
 	slots    map[string]*slotPool
 
-	advMu      sync.Mutex             // guards the fields below
-	adverts    map[string]*advertised // by provider id: what the edge is told of each provider
-	advChanged chan struct{}          // closed and replaced at every change of an advert
+	advMu   sync.Mutex             // guards the fields below
+	adverts map[string]*advertised // by provider id: what the edge is told of each provider
+	// residency holds, by provider id, the models an Ollama provider's
+	// server holds loaded, as last read (residency.go); none before the
+	// first reading.
+	residency  map[string]*resident
+	advChanged chan struct{} // closed and replaced at every change of an advert or of residency
 }
 
 // provider is one configured model server and its adapter.
@@ -104,6 +112,11 @@ type provider struct {
 	// interval is the discovery interval (Reload changes it; read before
 	// each wait).
 	interval atomic.Int64
+	// meta asks an Ollama provider's server for /api/show and /api/ps (nil
+	// for other providers); kick (one slot) asks its residency goroutine
+	// for a reading of /api/ps.
+	meta *ollamaMeta
+	kick chan struct{}
 }
 
 // Option changes how New builds an Agent.
@@ -161,6 +174,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 		inFlight:   make(map[*run]struct{}),
 		draining:   make(chan struct{}),
 		adverts:    make(map[string]*advertised, len(cfg.Providers)),
+		residency:  make(map[string]*resident, len(cfg.Providers)),
 		advChanged: make(chan struct{}),
 	}
 	for _, o := range opts {
@@ -203,6 +217,9 @@ func newProvider(pc ProviderConfig) (*provider, error) {
 	if pc.discovers() {
 		p.lister = newLister(pc, ac.APIKey)
 	}
+	if pc.Type != TypeCLI && p.path == nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED {
+		p.meta, p.kick = newOllamaMeta(pc, ac.APIKey), make(chan struct{}, 1)
+	}
 	var err error
 	if pc.Type == TypeCLI {
 		p.adapter, err = adapter.NewCLI(adapter.CLIConfig{
@@ -225,6 +242,9 @@ func (a *Agent) closeAdapters() {
 		p.adapter.Close()
 		if p.lister != nil {
 			p.lister.close()
+		}
+		if p.meta != nil {
+			p.meta.close()
 		}
 	}
 }
@@ -374,9 +394,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	}()
 	dctx, stopDiscovery := context.WithCancel(ctx)
 	waitDiscovery := a.startDiscovery(dctx)
+	waitResidency := a.startResidency(dctx)
 	defer func() {
 		stopDiscovery()
 		waitDiscovery()
+		waitResidency()
 	}()
 
 	return a.superviseEdges(ctx)

@@ -109,23 +109,29 @@ func (a *Agent) helloNow() (*nodev1.Hello, map[string]sentAdvert, <-chan struct{
 	sent := make(map[string]sentAdvert, len(a.order))
 	for _, p := range a.order {
 		adv := a.adverts[p.cfg.ID]
-		h.Providers = append(h.Providers, a.providerMessage(p, adv.advert))
-		sent[p.cfg.ID] = sentAdvert{adv.version, adv.capacity, adv.longCapacity}
+		pm := a.providerMessage(p, adv.advert)
+		loaded, lv, set := a.loadedOfLocked(p.cfg.ID)
+		pm.LoadedSet, pm.Loaded = set, loaded
+		h.Providers = append(h.Providers, pm)
+		sent[p.cfg.ID] = sentAdvert{adv.version, adv.capacity, adv.longCapacity, lv}
 	}
 	return h, sent, a.advChanged
 }
 
 // sentAdvert is what one connection told its edge of a provider: the
-// advert's version and capacities.
+// advert's version and capacities, and the version of its residency.
 type sentAdvert struct {
 	version                uint64
 	capacity, longCapacity int
+	loadedVersion          uint64
 }
 
 // updatesSince returns a ProviderUpdate for every provider whose advert
-// changed since the versions in sent (which it brings up to date), in
-// config order, and a channel closed at the next change. An update
-// carries capacities only when they differ from those sent (0 = unchanged).
+// or residency changed since the versions in sent (which it brings up to
+// date), in config order, and a channel closed at the next change. An
+// update carries the served models only when the advert changed
+// (models_set), the loaded models only when they changed (loaded_set),
+// and capacities only when they differ from those sent (0 = unchanged).
 func (a *Agent) updatesSince(sent map[string]sentAdvert) ([]*nodev1.ProviderUpdate, <-chan struct{}) {
 	a.advMu.Lock()
 	defer a.advMu.Unlock()
@@ -133,16 +139,17 @@ func (a *Agent) updatesSince(sent map[string]sentAdvert) ([]*nodev1.ProviderUpda
 	for _, p := range a.order {
 		adv := a.adverts[p.cfg.ID]
 		was := sent[p.cfg.ID]
-		if adv.version == was.version {
+		loaded, lv, set := a.loadedOfLocked(p.cfg.ID)
+		if adv.version == was.version && lv == was.loadedVersion {
 			continue
 		}
-		sent[p.cfg.ID] = sentAdvert{adv.version, adv.capacity, adv.longCapacity}
-		u := &nodev1.ProviderUpdate{
-			ProviderId:        p.cfg.ID,
-			Healthy:           adv.healthy,
-			ModelsSet:         true,
-			Models:            adv.models,
-			ModelCapabilities: adv.entries,
+		sent[p.cfg.ID] = sentAdvert{adv.version, adv.capacity, adv.longCapacity, lv}
+		u := &nodev1.ProviderUpdate{ProviderId: p.cfg.ID, Healthy: adv.healthy}
+		if adv.version != was.version {
+			u.ModelsSet, u.Models, u.ModelCapabilities = true, adv.models, adv.entries
+		}
+		if set && lv != was.loadedVersion {
+			u.LoadedSet, u.Loaded = true, loaded
 		}
 		if adv.capacity != was.capacity || adv.longCapacity != was.longCapacity {
 			u.Capacity, u.LongCapacity = int32(adv.capacity), int32(adv.longCapacity)

@@ -138,6 +138,20 @@
 // so no change between the snapshot and the loop is missed and none is
 // sent twice on one connection.
 //
+// Residency (residency.go): Run starts one goroutine per Ollama provider,
+// the only one that reads its /api/ps (at once, every discovery interval,
+// and after a run on it ends: kickResidency fills its one-slot kick, at
+// most one reading per residencyGap). It publishes under advMu into
+// Agent.residency (versioned, replaced, never modified) and closes
+// advChanged like an advert; sessions send the loaded models alone
+// (ProviderUpdate.loaded_set) when only they changed.
+//
+// /api/show (show.go): the session goroutine hands each ShowRequest to a
+// goroutine of its own (conn.auxWG; at most maxShows at once, the
+// conn.shows tokens), which calls the server and queues the ShowAnswer
+// parts on the control stream's queue; the session waits for them when
+// it ends.
+//
 // Each connection (conn) has:
 //   - the session goroutine (the one that called session): it alone arms
 //     the heartbeat timer (one at a time, re-armed after each tick) and

@@ -1,6 +1,8 @@
 package node
 
 import (
+	"google.golang.org/protobuf/proto"
+
 	"context"
 	"io"
 	"log/slog"
@@ -78,11 +80,18 @@ type fakeEdge struct {
 
 // edgeConn is one Connect stream as the edge sees it. Only the test sends.
 type edgeConn struct {
-	hello  *nodev1.Hello
-	stream grpc.BidiStreamingServer[nodev1.NodeMessage, nodev1.EdgeMessage]
-	in     chan *nodev1.NodeMessage // every message after Hello
-	end    chan error               // the handler returns what is sent here
-	done   chan struct{}            // closed when the stream ended
+	// hello is the Hello without what it says of residency (Provider.loaded
+	// and loaded_set: their first reading races the Hello); rawHello is
+	// the Hello as sent.
+	hello, rawHello *nodev1.Hello
+	stream          grpc.BidiStreamingServer[nodev1.NodeMessage, nodev1.EdgeMessage]
+	// in has every message after Hello but residency updates (a
+	// ProviderUpdate that carries loaded models and nothing else), which
+	// go to loaded: tests of other things need not expect them.
+	in     chan *nodev1.NodeMessage
+	loaded chan *nodev1.ProviderUpdate
+	end    chan error    // the handler returns what is sent here
+	done   chan struct{} // closed when the stream ended
 }
 
 // edgeRun is one Run stream as the edge sees it. Only the test sends.
@@ -116,7 +125,12 @@ func (e *fakeEdge) Connect(s grpc.BidiStreamingServer[nodev1.NodeMessage, nodev1
 	if err != nil {
 		return err
 	}
-	c := &edgeConn{hello: m.GetHello(), stream: s, in: make(chan *nodev1.NodeMessage, 256), end: make(chan error, 1), done: make(chan struct{})}
+	hello := proto.Clone(m.GetHello()).(*nodev1.Hello)
+	for _, p := range hello.GetProviders() {
+		p.Loaded, p.LoadedSet = nil, false
+	}
+	c := &edgeConn{hello: hello, rawHello: m.GetHello(), stream: s, in: make(chan *nodev1.NodeMessage, 256),
+		loaded: make(chan *nodev1.ProviderUpdate, 256), end: make(chan error, 1), done: make(chan struct{})}
 	defer close(c.done)
 	ctx := s.Context()
 	halfClosed := make(chan struct{})
@@ -129,8 +143,16 @@ func (e *fakeEdge) Connect(s grpc.BidiStreamingServer[nodev1.NodeMessage, nodev1
 				}
 				return
 			}
+			in := c.in
+			if u := m.GetProviderUpdate(); u != nil && u.GetLoadedSet() && !u.GetModelsSet() && u.GetCapacity() == 0 && u.GetLongCapacity() == 0 {
+				select {
+				case c.loaded <- u:
+				default: // a test that reads none
+				}
+				continue
+			}
 			select {
-			case c.in <- m:
+			case in <- m:
 			case <-ctx.Done():
 				return
 			}
@@ -350,7 +372,8 @@ func startAgent(t *testing.T, cfg Config, clk clock.Clock, logs slog.Handler) *A
 }
 
 // startAgentWith is startAgent that lets setup change the agent before it
-// runs.
+// runs. The agent reads no provider's /api/ps (noResidency) unless setup
+// says otherwise.
 func startAgentWith(t *testing.T, cfg Config, clk clock.Clock, logs slog.Handler, setup func(*Agent)) *Agent {
 	t.Helper()
 	if logs == nil {
@@ -361,6 +384,7 @@ func startAgentWith(t *testing.T, cfg Config, clk clock.Clock, logs slog.Handler
 		t.Fatal(err)
 	}
 	a.jitter = func(d time.Duration) time.Duration { return d }
+	a.noResidency = true
 	if setup != nil {
 		setup(a)
 	}

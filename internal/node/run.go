@@ -156,6 +156,7 @@ func (c *conn) finishWarm(r *run) {
 	c.mu.Unlock()
 	c.a.untrack(r)
 	c.a.inflight.remove(r)
+	c.a.kickResidency(r.provider)
 	c.wakeSession()
 }
 
@@ -178,6 +179,7 @@ func (c *conn) removeRun(r *run) {
 	c.mu.Unlock()
 	c.a.untrack(r)
 	c.a.inflight.remove(r)
+	c.a.kickResidency(r.provider)
 	c.wakeSession()
 }
 

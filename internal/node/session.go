@@ -34,6 +34,9 @@ type conn struct {
 	// (Welcome.features has nodev1.FeatureTunnelHeadBody). Written once with gen.
 	headBody bool
 	runWG    sync.WaitGroup // one per run goroutine
+	auxWG    sync.WaitGroup // one per goroutine serving a ShowRequest
+	// shows holds a token per ShowRequest being served (at most maxShows).
+	shows chan struct{}
 	// runEnded has one slot; a run goroutine fills it when it leaves runs.
 	runEnded chan struct{}
 
@@ -59,11 +62,13 @@ type conn struct {
 func (a *Agent) session(ctx context.Context, l *link, client nodev1.NodeGatewayClient) (welcomed bool, err error) {
 	cctx, cancel := context.WithCancelCause(ctx)
 	c := &conn{a: a, l: l, client: client, ctx: cctx, cancel: cancel,
-		out: make(chan *nodev1.NodeMessage, outQueue), runEnded: make(chan struct{}, 1), runs: make(map[string]*run)}
+		out: make(chan *nodev1.NodeMessage, outQueue), runEnded: make(chan struct{}, 1), runs: make(map[string]*run),
+		shows: make(chan struct{}, maxShows)}
 	var wg sync.WaitGroup // reader and writer
 	defer func() {
 		cancel(err) // ends the stream and every run of this connection
 		c.runWG.Wait()
+		c.auxWG.Wait()
 		wg.Wait()
 	}()
 
@@ -305,6 +310,8 @@ func (c *conn) handle(m *nodev1.EdgeMessage) {
 		c.dispatch(x.Dispatch)
 	case *nodev1.EdgeMessage_Cancel:
 		c.cancelRun(x.Cancel.RunId, x.Cancel.Reason)
+	case *nodev1.EdgeMessage_ShowRequest:
+		c.serveShow(x.ShowRequest)
 	case *nodev1.EdgeMessage_RunsRequest:
 		// A new scheduler leader: from now on its epoch fences the old
 		// one's dispatches; it counts the runs in flight before admitting.

@@ -4,12 +4,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"reflect"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"iop/internal/edge"
 	"iop/internal/node"
 	"iop/internal/ollamatest"
 )
@@ -160,4 +166,194 @@ func fetchJSONLines(t *testing.T, c *http.Client, method, url, body string) olla
 		out.objs = append(out.objs, m)
 	}
 	return out
+}
+
+// modelFieldDifferences are the differences TestRealOllama_FieldByFieldModels
+// allows between a real Ollama's /api/show, /api/ps and /api/tags and
+// iop's in front of it: each is listed, with its reason, under
+// "Differences that remain" in docs/apis.md, which must name it by the
+// text here (the test checks).
+var modelFieldDifferences = []string{
+	// /api/show: the host's paths are removed.
+	"`/api/show` `modelfile`: a `FROM` line's file path",
+	"`/api/show` `details.parent_model`",
+	// /api/ps: iop's own fields beside Ollama's.
+	"`/api/ps` `node_id`, `provider_id`, `source`, `loaded_since`, `in_flight`",
+}
+
+// TestRealOllama_FieldByFieldModels extends TestRealOllama_FieldByField to
+// the model routes: it asks a real Ollama and iop in front of it (an edge,
+// and a node discovering that Ollama's models) for /api/show (short,
+// verbose, an embedding model, an unknown model, none), /api/tags and,
+// once a model of each kind is loaded, /api/ps, and compares every field.
+// The answers are equal but for modelFieldDifferences, which the direct
+// answer is adjusted by (the FROM path becomes the model's name, a
+// parent_model path "") or which only iop's answer has.
+func TestRealOllama_FieldByFieldModels(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/apis.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range modelFieldDifferences {
+		if !strings.Contains(string(doc), "- "+d) {
+			t.Errorf("docs/apis.md does not list the difference %q", d)
+		}
+	}
+	s := ollamatest.Start(t)
+	s.CreateModel(t, "tiny", ollamatest.Plain)
+	s.CreateModel(t, "emb", ollamatest.Embedding)
+	ctx, cancel := context.WithCancel(context.Background())
+	e := startTestEdge(t, ctx, map[string]edge.ModelConfig{})
+	stopOnCleanup(t, cancel, e)
+	startNode(t, ctx, node.Config{NodeID: "gpu-1", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
+		{ID: "ollama", Type: node.TypeOllama, BaseURL: s.URL, Capacity: 2},
+	}})
+	transport := &http.Transport{}
+	t.Cleanup(transport.CloseIdleConnections)
+	client := &http.Client{Transport: transport}
+	iop := "http://" + e.HTTPAddr
+	waitFor(t, "iop lists the Ollama's models", func() bool {
+		a := fetchJSONLines(t, client, http.MethodGet, iop+"/api/tags", "")
+		return len(a.objs) == 1 && len(a.objs[0]["models"].([]any)) == 2
+	})
+
+	for _, body := range []string{`{"model":"tiny"}`, `{"model":"tiny:latest","verbose":true}`, `{"name":"emb"}`, `{"model":"nope"}`, `{}`} {
+		direct := fetchJSONLines(t, client, http.MethodPost, s.URL+"/api/show", body)
+		through := fetchJSONLines(t, client, http.MethodPost, iop+"/api/show", body)
+		if direct.status != through.status || len(direct.objs) != 1 || len(through.objs) != 1 {
+			t.Errorf("/api/show %s: %d %v directly, %d %v through iop", body, direct.status, direct.objs, through.status, through.objs)
+			continue
+		}
+		if direct.status != http.StatusOK {
+			continue // the error texts are compared below
+		}
+		d := direct.objs[0]
+		if mf, ok := d["modelfile"].(string); ok {
+			name := "tiny"
+			if strings.Contains(body, "emb") {
+				name = "emb"
+			}
+			d["modelfile"] = fromPath.ReplaceAllString(mf, "FROM "+name+":latest")
+		}
+		if det, ok := d["details"].(map[string]any); ok && strings.HasPrefix(fmt.Sprint(det["parent_model"]), "/") {
+			det["parent_model"] = ""
+		}
+		if strings.Contains(fmt.Sprint(through.objs[0]), s.Addr) || strings.Contains(fmt.Sprint(through.objs[0]), "/blobs/") {
+			t.Errorf("/api/show %s through iop shows a path of the Ollama host: %v", body, through.objs[0])
+		}
+		// Ollama writes PARAMETER lines in map order: one answer's order
+		// is not the next one's, directly or not.
+		for _, o := range []map[string]any{d, through.objs[0]} {
+			for _, k := range []string{"modelfile", "parameters"} {
+				if v, ok := o[k].(string); ok {
+					lines := strings.Split(v, "\n")
+					slices.Sort(lines)
+					o[k] = strings.Join(lines, "\n")
+				}
+			}
+		}
+		diffObjects(t, "/api/show "+body, d, through.objs[0])
+	}
+	for _, body := range []string{`{"model":"nope"}`, `{}`} {
+		direct := fetchJSONLines(t, client, http.MethodPost, s.URL+"/api/show", body)
+		through := fetchJSONLines(t, client, http.MethodPost, iop+"/api/show", body)
+		if !reflect.DeepEqual(direct, through) {
+			t.Errorf("/api/show %s: %+v directly, %+v through iop", body, direct, through)
+		}
+	}
+
+	direct := fetchJSONLines(t, client, http.MethodGet, s.URL+"/api/tags", "")
+	through := fetchJSONLines(t, client, http.MethodGet, iop+"/api/tags", "")
+	byName(direct.objs[0])
+	byName(through.objs[0])
+	diffObjects(t, "/api/tags", direct.objs[0], through.objs[0])
+
+	// Load both models (through iop), then wait for the node's reading.
+	for _, tc := range [][2]string{
+		{"/api/generate", `{"model":"tiny","prompt":"hi","stream":false,"options":{"num_predict":2}}`},
+		{"/api/embed", `{"model":"emb","input":"hi"}`},
+	} {
+		if status, data := postTo(t, client, iop+tc[0], tc[1]); status != http.StatusOK {
+			t.Fatalf("%s: %d %s", tc[0], status, data)
+		}
+	}
+	var last [2]map[string]any
+	psEqual := func() bool {
+		d := fetchJSONLines(t, client, http.MethodGet, s.URL+"/api/ps", "").objs[0]
+		g := fetchJSONLines(t, client, http.MethodGet, iop+"/api/ps", "").objs[0]
+		byName(d)
+		byName(g)
+		last = [2]map[string]any{d, g}
+		models, _ := g["models"].([]any)
+		for _, m := range models {
+			m := m.(map[string]any)
+			if m["node_id"] != "gpu-1" || m["provider_id"] != "ollama" || m["source"] != "reported" || m["loaded_since"] == nil {
+				return false
+			}
+			for _, k := range []string{"node_id", "provider_id", "source", "loaded_since", "in_flight"} {
+				delete(m, k)
+			}
+		}
+		return len(d["models"].([]any)) == 2 && reflect.DeepEqual(d, g)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !psEqual() {
+		if time.Now().After(deadline) {
+			diffObjects(t, "/api/ps", last[0], last[1])
+			t.Fatalf("/api/ps through iop never matched the Ollama's")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// byName sorts a listing's "models" by name. Ollama lists the models
+// modified (/api/tags) or expiring (/api/ps) in one second in its map's
+// order, which changes from call to call.
+func byName(listing map[string]any) {
+	models, _ := listing["models"].([]any)
+	slices.SortStableFunc(models, func(x, y any) int {
+		return strings.Compare(fmt.Sprint(x.(map[string]any)["name"]), fmt.Sprint(y.(map[string]any)["name"]))
+	})
+}
+
+// fromPath matches a modelfile's FROM line that names a file.
+var fromPath = regexp.MustCompile(`(?m)^FROM /\S+$`)
+
+// diffObjects reports every field in which got differs from want, by its
+// JSON path.
+func diffObjects(t *testing.T, what string, want, got any) {
+	t.Helper()
+	var walk func(path string, w, g any)
+	walk = func(path string, w, g any) {
+		switch wv := w.(type) {
+		case map[string]any:
+			gv, ok := g.(map[string]any)
+			if !ok {
+				t.Errorf("%s %s: %v directly, %v through iop", what, path, w, g)
+				return
+			}
+			for k := range wv {
+				walk(path+"."+k, wv[k], gv[k])
+			}
+			for k := range gv {
+				if _, ok := wv[k]; !ok {
+					t.Errorf("%s %s.%s: only through iop (%v)", what, path, k, gv[k])
+				}
+			}
+		case []any:
+			gv, ok := g.([]any)
+			if !ok || len(gv) != len(wv) {
+				t.Errorf("%s %s: %v directly, %v through iop", what, path, w, g)
+				return
+			}
+			for i := range wv {
+				walk(fmt.Sprintf("%s[%d]", path, i), wv[i], gv[i])
+			}
+		default:
+			if !reflect.DeepEqual(w, g) {
+				t.Errorf("%s %s: %v directly, %v through iop", what, path, w, g)
+			}
+		}
+	}
+	walk("", want, got)
 }

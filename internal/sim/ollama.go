@@ -3,6 +3,7 @@ package sim
 import (
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -459,8 +460,10 @@ func (s *Server) ollamaEmbed(legacy bool) http.HandlerFunc {
 // embedding vectors, which /api/embeddings answers.
 const rawEmbeddingNorm = 7.25
 
-// ollamaModelDetails is the "details" object of a listed model.
+// ollamaModelDetails is the "details" object of a listed model (as in
+// Ollama's /api/tags, /api/ps and /api/show).
 type ollamaModelDetails struct {
+	ParentModel       string   `json:"parent_model"`
 	Format            string   `json:"format"`
 	Family            string   `json:"family"`
 	Families          []string `json:"families"`
@@ -530,8 +533,9 @@ const simContextLength = 4096
 
 // ollamaShow answers POST /api/show {"model"} (or legacy {"name"}) with the
 // model's details, its architecture and context length in model_info (as
-// "general.architecture" and "<architecture>.context_length") and its
-// capabilities (Config.Capabilities, AddModel).
+// "general.architecture" and "<architecture>.context_length"), one
+// made-up tensor and its capabilities (Config.Capabilities, AddModel);
+// Ollama's 400 "model is required" and 404 "model 'x' not found".
 func (s *Server) ollamaShow(w http.ResponseWriter, r *http.Request) {
 	var in struct {
 		Model string `json:"model"`
@@ -548,9 +552,13 @@ func (s *Server) ollamaShow(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := cmp.Or(in.Model, in.Name)
+	if name == "" {
+		writeOllamaError(w, r, http.StatusBadRequest, errors.New("model is required")) // Ollama's text
+		return
+	}
 	m, ok := s.lookup(name)
 	if !ok {
-		s.fail(w, r, writeOllamaError, fmt.Errorf("%w: %q", errUnknownModel, name))
+		writeOllamaError(w, r, http.StatusNotFound, fmt.Errorf("model '%s' not found", name)) // Ollama's text
 		return
 	}
 	entry := ollamaModelEntry(m)
@@ -558,18 +566,12 @@ func (s *Server) ollamaShow(w http.ResponseWriter, r *http.Request) {
 		"modelfile":    "",
 		"parameters":   "",
 		"template":     "{{ .Prompt }}",
-		"details":      ollamaShowDetails{ParentModel: "", ollamaModelDetails: entry.Details},
+		"details":      entry.Details,
 		"model_info":   map[string]any{"general.architecture": "sim", "sim.context_length": simContextLength},
+		"tensors":      []map[string]any{{"name": "token_embd.weight", "type": "Q4_K", "shape": []int{2048, 32000}}},
 		"capabilities": s.showCapabilities(m.capabilities),
 		"modified_at":  entry.ModifiedAt,
 	})
-}
-
-// ollamaShowDetails is /api/show's "details": a listed model's details
-// and the model it was created from.
-type ollamaShowDetails struct {
-	ParentModel string `json:"parent_model"`
-	ollamaModelDetails
 }
 
 // showCapabilities are what /api/show lists of a model with caps: caps,

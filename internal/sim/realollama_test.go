@@ -222,3 +222,69 @@ func TestThinkingFormatMatchesRealOllama(t *testing.T) {
 		}
 	})
 }
+
+// TestModelRoutesMatchRealOllama checks the simulator's /api/tags,
+// /api/ps and /api/show against a real Ollama (v0.17.4) serving a tiny
+// model, loaded: each answer has the real one's shape (every member, with
+// its type; the details object's too), and an unknown model and a body
+// without one get the real error texts. Values differ by nature (sizes,
+// digests, the model's own model_info); the simulator lists every model
+// as loaded.
+func TestModelRoutesMatchRealOllama(t *testing.T) {
+	real := ollamatest.Start(t)
+	real.CreateModel(t, "tiny", ollamatest.Plain)
+	_, sim, _ := startSim(t, Config{Protocol: ProtocolOllama, Models: []string{"tiny"}})
+	client := newClient(t)
+	get := func(base, method, path, body string) (int, map[string]any) {
+		t.Helper()
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		return resp.StatusCode, out
+	}
+	if status, _ := get(real.URL, http.MethodPost, "/api/generate", `{"model":"tiny","prompt":"hi","stream":false,"options":{"num_predict":1}}`); status != 200 {
+		t.Fatalf("loading the real model: %d", status)
+	}
+	first := func(o map[string]any) any {
+		if models, ok := o["models"].([]any); ok && len(models) > 0 {
+			return models[0]
+		}
+		return nil
+	}
+	for _, c := range []struct{ name, method, path, body string }{
+		{"tags", http.MethodGet, "/api/tags", ""},
+		{"ps", http.MethodGet, "/api/ps", ""},
+	} {
+		_, r := get(real.URL, c.method, c.path, c.body)
+		_, s := get(sim, c.method, c.path, c.body)
+		if rs, ss := skeleton(first(r)), skeleton(first(s)); rs != ss {
+			t.Errorf("%s entry:\n real %s\n sim  %s", c.name, rs, ss)
+		}
+	}
+	_, r := get(real.URL, http.MethodPost, "/api/show", `{"model":"tiny"}`)
+	_, s := get(sim, http.MethodPost, "/api/show", `{"model":"tiny"}`)
+	for _, k := range []string{"model_info", "tensors"} { // their members are the model's own
+		for _, o := range []map[string]any{r, s} {
+			if _, ok := o[k]; ok {
+				o[k] = fmt.Sprintf("%T", o[k])
+			}
+		}
+	}
+	if rs, ss := skeleton(r), skeleton(s); rs != ss {
+		t.Errorf("show:\n real %s\n sim  %s", rs, ss)
+	}
+	for _, body := range []string{`{"model":"nope"}`, `{}`} {
+		rstatus, r := get(real.URL, http.MethodPost, "/api/show", body)
+		sstatus, s := get(sim, http.MethodPost, "/api/show", body)
+		if rstatus != sstatus || r["error"] != s["error"] {
+			t.Errorf("show %s: real %d %v, sim %d %v", body, rstatus, r, sstatus, s)
+		}
+	}
+}

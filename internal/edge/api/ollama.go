@@ -2,12 +2,15 @@ package api
 
 import (
 	"bytes"
+	"cmp"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"slices"
@@ -346,8 +349,8 @@ func writeOllamaJSON(w http.ResponseWriter, status int, v any) {
 	writeJSONAs(w, status, ollamaJSONContentType, v)
 }
 
-// ollamaModel is one entry of GET /api/tags and GET /api/ps (Ollama API
-// doc, "List Local Models", "List Running Models"). Its size, digest,
+// ollamaModel is one entry of GET /api/tags (Ollama API doc, "List Local
+// Models"). Its size, digest,
 // modified_at and details are what the serving model server said of the
 // model (ModelProvider.Details; see representative); a model whose node
 // said nothing has size 0, the SHA-256 of its name as digest (stable, so
@@ -355,17 +358,10 @@ func writeOllamaJSON(w http.ResponseWriter, status int, v any) {
 type ollamaModel struct {
 	Name       string             `json:"name"`
 	Model      string             `json:"model"`
-	ModifiedAt string             `json:"modified_at,omitempty"` // tags only
+	ModifiedAt string             `json:"modified_at,omitempty"`
 	Size       int64              `json:"size"`
 	Digest     string             `json:"digest"`
 	Details    ollamaModelDetails `json:"details"`
-	ExpiresAt  string             `json:"expires_at,omitempty"` // ps only
-	SizeVRAM   int64              `json:"size_vram,omitempty"`  // ps only
-	// ContextLength is the model's context length in tokens (ps only), 0
-	// when unknown.
-	ContextLength int64 `json:"context_length,omitempty"`
-	// InFlight is iop's own field on /api/ps: the model's runs in flight.
-	InFlight int `json:"in_flight,omitempty"`
 }
 
 type ollamaModelDetails struct {
@@ -429,7 +425,7 @@ func (h *handler) newOllamaModel(name string) ollamaModel {
 		return m
 	}
 	d := *rep.Details
-	m.Size, m.ModifiedAt, m.Details, m.ContextLength = d.Size, d.ModifiedAt, detailsOf(d), d.ContextLength
+	m.Size, m.ModifiedAt, m.Details = d.Size, d.ModifiedAt, detailsOf(d)
 	if d.Digest != "" {
 		m.Digest = d.Digest
 	}
@@ -439,7 +435,8 @@ func (h *handler) newOllamaModel(name string) ollamaModel {
 // ollamaTags serves GET /api/tags: {"models":[...]}, one entry per name of
 // Gateway.Models (the names /v1/models lists), each named with its tag as
 // Ollama names them (ollamaName: "demo" is listed as "demo:latest", in
-// "name" and "model"), all of them names /api/chat accepts. Each entry has
+// "name" and "model"), all of them names /api/chat accepts, the most
+// recently modified first (by the second, then by name). Each entry has
 // the size, digest, modified_at and details its model server said
 // (newOllamaModel); modified_at is now when unknown.
 func (h *handler) ollamaTags(w http.ResponseWriter, r *http.Request) {
@@ -453,41 +450,102 @@ func (h *handler) ollamaTags(w http.ResponseWriter, r *http.Request) {
 		if m.ModifiedAt == "" {
 			m.ModifiedAt = now
 		}
-		m.ContextLength = 0 // /api/ps only
 		models = append(models, m)
 	}
+	// As Ollama's ListHandler sorts: the most recently modified first, by
+	// the second (within one, Ollama's order is its map's; here by name).
+	seconds := func(m ollamaModel) int64 {
+		at, _ := time.Parse(time.RFC3339Nano, m.ModifiedAt)
+		return at.Unix()
+	}
+	slices.SortStableFunc(models, func(a, b ollamaModel) int { return cmp.Compare(seconds(b), seconds(a)) })
 	writeOllamaJSON(w, http.StatusOK, map[string]any{"models": models})
 }
 
-// ollamaPS serves GET /api/ps: {"models":[...]}, one entry per served model
-// with runs in flight (ModelCatalog.RunsInFlight), sorted by name, named
-// as /api/tags names them (ollamaName), each with
-// its count in "in_flight", expires_at set to now (iop does not keep
-// models loaded; the provider does), and the size (on disk: iop does not
-// know the memory a model takes, so size_vram is left out), digest,
-// details and context length its model server said.
+// ollamaPSModel is one entry of GET /api/ps: Ollama's fields
+// (api.ProcessModelResponse, in its order, none left out), then iop's own.
+type ollamaPSModel struct {
+	Name          string             `json:"name"`
+	Model         string             `json:"model"`
+	Size          int64              `json:"size"`
+	Digest        string             `json:"digest"`
+	Details       ollamaModelDetails `json:"details"`
+	ExpiresAt     string             `json:"expires_at"`
+	SizeVRAM      int64              `json:"size_vram"`
+	ContextLength int64              `json:"context_length"`
+	// iop's own: the node and provider that hold the model, where the
+	// entry comes from (contract.LoadedModel.Source: "reported",
+	// "always", "in_flight"), since when the node saw it loaded
+	// ("reported" only) and the runs of it in flight on that provider.
+	NodeID      string `json:"node_id"`
+	ProviderID  string `json:"provider_id"`
+	Source      string `json:"source"`
+	LoadedSince string `json:"loaded_since,omitempty"`
+	InFlight    int    `json:"in_flight"`
+}
+
+// ollamaForever is how far ahead /api/ps puts the expiry of a model held
+// for good (an OpenAI-compatible provider's), as Ollama does for a model
+// loaded with a negative keep_alive: the largest duration.
+const ollamaForever = time.Duration(math.MaxInt64)
+
+// ollamaPS serves GET /api/ps: {"models":[...]}, what the providers hold
+// loaded (ModelCatalog.Loaded), one entry per provider and model that the
+// request's key may use, longest expiry first (as Ollama sorts), then by
+// name, node and provider. An entry an Ollama reported is its own /api/ps
+// entry (name, model, size, size_vram, digest, details, expires_at,
+// context_length); an OpenAI-compatible provider's models are always
+// loaded (expires_at the far future, sizes 0 or the size on disk its node
+// said); a model with runs in flight that its provider has not reported
+// yet is listed with expires_at now and the details its node said. iop's
+// fields say where each is (ollamaPSModel).
 func (h *handler) ollamaPS(w http.ResponseWriter, r *http.Request) {
-	models := []ollamaModel{}
-	if cat, ok := h.gw.(ModelCatalog); ok {
-		counts := cat.RunsInFlight()
-		names := make([]string, 0, len(counts))
-		for name, n := range counts {
-			if n > 0 && allowed(r, name) {
-				names = append(names, name)
-			}
-		}
-		slices.Sort(names)
-		now := h.cfg.Now().UTC().Format(time.RFC3339Nano)
-		for _, name := range names {
-			m := h.newOllamaModel(name)
-			m.Name = ollamaName(names, name)
-			m.Model = m.Name
-			m.ModifiedAt = "" // /api/tags only
-			m.ExpiresAt, m.InFlight = now, counts[name]
-			models = append(models, m)
-		}
+	models := []ollamaPSModel{}
+	cat, ok := h.gw.(ModelCatalog)
+	if !ok {
+		writeOllamaJSON(w, http.StatusOK, map[string]any{"models": models})
+		return
 	}
-	writeOllamaJSON(w, http.StatusOK, map[string]any{"models": models})
+	names := h.models(r)
+	now := h.cfg.Now().UTC()
+	expiry := make(map[int]time.Time)
+	for _, lm := range cat.Loaded() {
+		if !allowed(r, lm.Served) {
+			continue
+		}
+		m := ollamaPSModel{Name: lm.Name, Model: lm.Model, Size: lm.Size, Digest: lm.Digest, Details: detailsOf(lm.Details),
+			ExpiresAt: lm.ExpiresAt, SizeVRAM: lm.SizeVRAM, ContextLength: lm.ContextLength,
+			NodeID: lm.NodeID, ProviderID: lm.ProviderID, Source: lm.Source, LoadedSince: lm.LoadedSince, InFlight: lm.InFlight}
+		if lm.Source != contract.LoadedReported {
+			m.Name = ollamaName(names, lm.Served)
+			m.Model = m.Name
+			if m.Digest == "" {
+				sum := sha256.Sum256([]byte(lm.Served))
+				m.Digest = hex.EncodeToString(sum[:])
+			}
+			at := now
+			if lm.Source == contract.LoadedAlways {
+				at = now.Add(ollamaForever)
+			}
+			m.ExpiresAt = at.Format(time.RFC3339Nano)
+		}
+		at, _ := time.Parse(time.RFC3339Nano, m.ExpiresAt)
+		expiry[len(models)] = at
+		models = append(models, m)
+	}
+	order := make([]int, len(models))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		return cmp.Or(expiry[b].Compare(expiry[a]), cmp.Compare(models[a].Name, models[b].Name),
+			cmp.Compare(models[a].NodeID, models[b].NodeID), cmp.Compare(models[a].ProviderID, models[b].ProviderID))
+	})
+	sorted := make([]ollamaPSModel, len(models))
+	for i, j := range order {
+		sorted[i] = models[j]
+	}
+	writeOllamaJSON(w, http.StatusOK, map[string]any{"models": sorted})
 }
 
 // ollamaShowProvider is one provider in /api/show's model_info.
@@ -509,16 +567,27 @@ var ollamaCapabilities = map[string]string{
 	"thinking": "thinking", "insert": "insert",
 }
 
-// ollamaShow serves POST /api/show {"model"} (or the older {"name"}): what
-// the catalog knows of the model, in Ollama's shape (Ollama API doc, "Show
-// Model Information"): empty modelfile, parameters and template; the
-// details, modified_at and context length ("<family>.context_length" in
-// model_info, beside "general.architecture") that the model server of its
-// representative provider said (an alias shows its first target's); as
-// capabilities, in Ollama's words, those of that target on every provider
-// serving it ("completion" alone when none serves it); model_info also
-// holds "iop.name", "iop.alias", "iop.targets" and "iop.providers". 400 for
-// a body without a model, 404 for an unknown model.
+// ollamaShow serves POST /api/show {"model"} (or the older {"name"};
+// "verbose" as Ollama takes it). For a model whose representative
+// providers (see representative: an alias shows its first target's)
+// include one whose server speaks Ollama's API, the answer is that
+// server's own (ModelShower: template, parameters, modelfile, tensors,
+// details, model_info, capabilities, modified_at, license, ...), fetched
+// through its node on demand, with paths of its host removed (the
+// modelfile's FROM line names the served model; a parent_model that is a
+// file path is ""); the first such provider, by node then provider, that
+// answers 200 within the bound, trying at most two.
+//
+// Otherwise (a model of OpenAI-compatible or CLI providers, or no Ollama
+// answered) it is iop's own view in Ollama's shape: empty modelfile,
+// parameters and template; the details, modified_at and context length
+// ("<family>.context_length" in model_info, beside
+// "general.architecture") that the model server of its representative
+// provider said; as capabilities, in Ollama's words, those of that target
+// on every provider serving it ("completion" alone when none serves it);
+// model_info also holds "iop.name", "iop.alias", "iop.targets" and
+// "iop.providers". 400 for a body without a model, 404 (`model 'x' not
+// found`, Ollama's text) for an unknown model.
 func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 	body, err := readAllBody(r)
 	if err != nil {
@@ -526,8 +595,9 @@ func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var in struct {
-		Model string `json:"model"`
-		Name  string `json:"name"`
+		Model   string `json:"model"`
+		Name    string `json:"name"`
+		Verbose bool   `json:"verbose"`
 	}
 	if err := json.Unmarshal(body, &in); err != nil {
 		h.writeOllamaError(w, r, &requestError{message: "the request body must be a JSON object with a string model"}, nil)
@@ -539,7 +609,7 @@ func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 	}
 	req := &Request{Model: name}
 	if strings.TrimSpace(name) == "" {
-		h.writeOllamaError(w, r, &requestError{param: "model", message: "model is required"}, nil)
+		h.writeOllamaError(w, r, &requestError{message: "model is required"}, nil) // Ollama's text
 		return
 	}
 	info := ModelInfo{Name: name, Targets: []string{name}}
@@ -560,6 +630,9 @@ func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 	for _, p := range info.Providers {
 		providers = append(providers, ollamaShowProvider{NodeID: p.NodeID, ProviderID: p.ProviderID, Type: p.Type,
 			Capabilities: nonNil(p.Capabilities), Healthy: p.Healthy, Capacity: p.Capacity, InFlight: p.InFlight})
+	}
+	if _, same, ok := representative(info); ok && h.showFromOllama(w, r, same, in.Verbose) {
+		return
 	}
 	caps := []string{}
 	var d contract.ModelDetails // zero: the node said nothing
@@ -601,6 +674,54 @@ func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 		"capabilities": caps,
 		"modified_at":  modifiedAt,
 	})
+}
+
+// maxShowTries is how many Ollama providers /api/show asks before it
+// answers with iop's own view.
+const maxShowTries = 2
+
+// showFromOllama answers /api/show with what the Ollama server of one of
+// providers (those serving the model's representative target, sorted by
+// node then provider; healthy ones first) says of its target, when the
+// gateway is a ModelShower and one of the first maxShowTries of them
+// answers 200; it reports whether it answered. A failure is logged, and
+// the caller answers instead.
+func (h *handler) showFromOllama(w http.ResponseWriter, r *http.Request, providers []ModelProvider, verbose bool) bool {
+	shower, ok := h.gw.(ModelShower)
+	if !ok {
+		return false
+	}
+	var ollamas []ModelProvider
+	for _, p := range providers {
+		if p.OllamaAPI {
+			ollamas = append(ollamas, p)
+		}
+	}
+	slices.SortStableFunc(ollamas, func(a, b ModelProvider) int {
+		if a.Healthy == b.Healthy {
+			return 0
+		}
+		if a.Healthy {
+			return -1
+		}
+		return 1
+	})
+	for _, p := range ollamas[:min(len(ollamas), maxShowTries)] {
+		status, body, err := shower.Show(r.Context(), p.NodeID, p.ProviderID, p.Target, verbose)
+		if err == nil && status == http.StatusOK {
+			w.Header().Set("Content-Type", ollamaJSONContentType)
+			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write(body)
+			return true
+		}
+		if errors.Is(err, context.Canceled) {
+			return false
+		}
+		h.logger.Warn("/api/show: the provider's Ollama gave no answer; trying the next, else answering iop's own view",
+			"node", p.NodeID, "provider", p.ProviderID, "model", clip(p.Target), "status", status, "err", err)
+	}
+	return false
 }
 
 // ollamaProgress is one object of /api/pull's answer (Ollama's

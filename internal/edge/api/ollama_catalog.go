@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"slices"
 	"strings"
 
@@ -10,16 +11,32 @@ import (
 
 // ModelCatalog is what POST /api/show and GET /api/ps need beyond
 // Gateway.Models. A Gateway may implement it; without it /api/show answers
-// from Gateway.Models alone and /api/ps lists no model.
+// from Gateway.Models alone and /api/ps lists no model. The edge's
+// *edge.Service implements it.
 type ModelCatalog interface {
 	// ModelInfo describes the model clients call name (an alias or a served
 	// name; "x" and "x:latest" are one model, as in Dispatch). ok is false
 	// when no alias or served name matches.
 	ModelInfo(name string) (info ModelInfo, ok bool)
-	// RunsInFlight counts the runs dispatched and not yet ended, by served
-	// model name. The edge's *edge.Service implements ModelCatalog.
-	RunsInFlight() map[string]int
+	// Loaded lists the models the providers hold loaded, one entry per
+	// provider and served model (contract.LoadedModel says where each
+	// comes from).
+	Loaded() []LoadedModel
 }
+
+// ModelShower is what POST /api/show needs to answer with the serving
+// Ollama's own description of a model. A Gateway may implement it (the
+// edge's *edge.Service does); without it /api/show is iop's own answer.
+type ModelShower interface {
+	// Show returns what the Ollama server of provider providerID of node
+	// nodeID says of its served model (POST /api/show): the server's HTTP
+	// status and JSON body, with paths of the provider's host removed.
+	// An error means no answer came (node gone, not an Ollama, timeout).
+	Show(ctx context.Context, nodeID, providerID, model string, verbose bool) (status int, body []byte, err error)
+}
+
+// LoadedModel is one model one provider holds loaded (contract.LoadedModel).
+type LoadedModel = contract.LoadedModel
 
 // ModelInfo is what the edge knows of one model (contract.ModelInfo).
 type ModelInfo = contract.ModelInfo

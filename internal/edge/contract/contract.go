@@ -280,6 +280,10 @@ type ModelProvider struct {
 	// Details are what the provider's model server says of Target, nil
 	// when its node said nothing. Not to be modified.
 	Details *ModelDetails
+	// OllamaAPI: the provider's server speaks Ollama's API (an ollama
+	// provider, or the simulator in its Ollama mode), so its node can ask
+	// it for /api/show (Service.Show).
+	OllamaAPI bool
 }
 
 // ModelDetails is what a model server says of one model, as Ollama's
@@ -296,3 +300,39 @@ type ModelDetails struct {
 	ParentModel       string
 	ContextLength     int64 // tokens; 0 = not said
 }
+
+// LoadedModel is one model one provider holds loaded (its residency), for
+// Ollama's GET /api/ps and the scheduler's later use.
+type LoadedModel struct {
+	NodeID, ProviderID, Type string
+	// Served is the provider's served model name the loaded model is (the
+	// name clients request it by).
+	Served string
+	// Name and Model are the model server's names for it ("tiny:latest").
+	Name, Model    string
+	Size, SizeVRAM int64 // bytes of memory it takes, of which in GPU memory
+	Digest         string
+	Details        ModelDetails
+	// ExpiresAt is when the server unloads it if idle (RFC 3339, as the
+	// server said it); "" when Always.
+	ExpiresAt     string
+	ContextLength int64 // tokens it was loaded with; 0 = not said
+	// LoadedSince is when the node first saw it loaded (RFC 3339); "" when
+	// not Reported.
+	LoadedSince string
+	// Source says where the entry comes from: "reported" (the server's own
+	// listing, Ollama's /api/ps, read by the node), "always" (an
+	// OpenAI-compatible server serves its models always: every served
+	// model), or "in_flight" (a run of it is in flight on a provider whose
+	// node has not reported it loaded yet: it is loading or loaded).
+	Source string
+	// InFlight counts the runs of Served in flight on the provider.
+	InFlight int
+}
+
+// Sources of a LoadedModel.
+const (
+	LoadedReported = "reported"
+	LoadedAlways   = "always"
+	LoadedInFlight = "in_flight"
+)

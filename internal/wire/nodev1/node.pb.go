@@ -196,7 +196,7 @@ func (x RunEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RunEvent_Type.Descriptor instead.
 func (RunEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{22, 0}
+	return file_node_proto_rawDescGZIP(), []int{25, 0}
 }
 
 type NodeMessage struct {
@@ -209,6 +209,7 @@ type NodeMessage struct {
 	//	*NodeMessage_DispatchRefused
 	//	*NodeMessage_Drain
 	//	*NodeMessage_RunsReport
+	//	*NodeMessage_ShowAnswer
 	Msg           isNodeMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -305,6 +306,15 @@ func (x *NodeMessage) GetRunsReport() *RunsReport {
 	return nil
 }
 
+func (x *NodeMessage) GetShowAnswer() *ShowAnswer {
+	if x != nil {
+		if x, ok := x.Msg.(*NodeMessage_ShowAnswer); ok {
+			return x.ShowAnswer
+		}
+	}
+	return nil
+}
+
 type isNodeMessage_Msg interface {
 	isNodeMessage_Msg()
 }
@@ -334,6 +344,11 @@ type NodeMessage_RunsReport struct {
 	RunsReport *RunsReport `protobuf:"bytes,6,opt,name=runs_report,json=runsReport,proto3,oneof"`
 }
 
+type NodeMessage_ShowAnswer struct {
+	// A part of the node's answer to EdgeMessage.show_request.
+	ShowAnswer *ShowAnswer `protobuf:"bytes,7,opt,name=show_answer,json=showAnswer,proto3,oneof"`
+}
+
 func (*NodeMessage_Hello) isNodeMessage_Msg() {}
 
 func (*NodeMessage_Heartbeat) isNodeMessage_Msg() {}
@@ -346,6 +361,8 @@ func (*NodeMessage_Drain) isNodeMessage_Msg() {}
 
 func (*NodeMessage_RunsReport) isNodeMessage_Msg() {}
 
+func (*NodeMessage_ShowAnswer) isNodeMessage_Msg() {}
+
 type EdgeMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -356,6 +373,7 @@ type EdgeMessage struct {
 	//	*EdgeMessage_Cancel
 	//	*EdgeMessage_HelloRefused
 	//	*EdgeMessage_RunsRequest
+	//	*EdgeMessage_ShowRequest
 	Msg           isEdgeMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -452,6 +470,15 @@ func (x *EdgeMessage) GetRunsRequest() *RunsRequest {
 	return nil
 }
 
+func (x *EdgeMessage) GetShowRequest() *ShowRequest {
+	if x != nil {
+		if x, ok := x.Msg.(*EdgeMessage_ShowRequest); ok {
+			return x.ShowRequest
+		}
+	}
+	return nil
+}
+
 type isEdgeMessage_Msg interface {
 	isEdgeMessage_Msg()
 }
@@ -482,6 +509,12 @@ type EdgeMessage_RunsRequest struct {
 	RunsRequest *RunsRequest `protobuf:"bytes,6,opt,name=runs_request,json=runsRequest,proto3,oneof"`
 }
 
+type EdgeMessage_ShowRequest struct {
+	// Asks the node for what a provider's model server says of one model
+	// (Ollama's POST /api/show), for the edge's /api/show.
+	ShowRequest *ShowRequest `protobuf:"bytes,7,opt,name=show_request,json=showRequest,proto3,oneof"`
+}
+
 func (*EdgeMessage_Welcome) isEdgeMessage_Msg() {}
 
 func (*EdgeMessage_Heartbeat) isEdgeMessage_Msg() {}
@@ -493,6 +526,8 @@ func (*EdgeMessage_Cancel) isEdgeMessage_Msg() {}
 func (*EdgeMessage_HelloRefused) isEdgeMessage_Msg() {}
 
 func (*EdgeMessage_RunsRequest) isEdgeMessage_Msg() {}
+
+func (*EdgeMessage_ShowRequest) isEdgeMessage_Msg() {}
 
 // Hello is the first message of a Connect stream.
 type Hello struct {
@@ -609,8 +644,15 @@ type Provider struct {
 	// model (Ollama's /api/show "capabilities"). A model listed here has
 	// exactly these capabilities; a model not listed has `capabilities`.
 	ModelCapabilities []*ModelCapabilities `protobuf:"bytes,9,rep,name=model_capabilities,json=modelCapabilities,proto3" json:"model_capabilities,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The models the provider's server holds loaded now (residency), as the
+	// node last read them; loaded_set says the node reads them (an Ollama
+	// provider: its /api/ps). Unset for a provider whose node reads none (an
+	// OpenAI-compatible server serves its models always) and from a node
+	// from before these fields.
+	LoadedSet     bool           `protobuf:"varint,10,opt,name=loaded_set,json=loadedSet,proto3" json:"loaded_set,omitempty"`
+	Loaded        []*LoadedModel `protobuf:"bytes,11,rep,name=loaded,proto3" json:"loaded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Provider) Reset() {
@@ -706,6 +748,132 @@ func (x *Provider) GetModelCapabilities() []*ModelCapabilities {
 	return nil
 }
 
+func (x *Provider) GetLoadedSet() bool {
+	if x != nil {
+		return x.LoadedSet
+	}
+	return false
+}
+
+func (x *Provider) GetLoaded() []*LoadedModel {
+	if x != nil {
+		return x.Loaded
+	}
+	return nil
+}
+
+// LoadedModel is one model a provider's server holds loaded (Ollama's
+// GET /api/ps entry, api.ProcessModelResponse of github.com/ollama/ollama).
+type LoadedModel struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"` // as the server lists it, e.g. "llama3.2:latest"
+	Model         string                 `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	Size          int64                  `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`                         // bytes of memory the loaded model takes
+	SizeVram      int64                  `protobuf:"varint,4,opt,name=size_vram,json=sizeVram,proto3" json:"size_vram,omitempty"` // bytes of it in GPU memory
+	Digest        string                 `protobuf:"bytes,5,opt,name=digest,proto3" json:"digest,omitempty"`
+	Details       *ModelDetails          `protobuf:"bytes,6,opt,name=details,proto3" json:"details,omitempty"`
+	ExpiresAt     string                 `protobuf:"bytes,7,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`              // RFC 3339, as the server said it: when it unloads the model if idle
+	ContextLength int64                  `protobuf:"varint,8,opt,name=context_length,json=contextLength,proto3" json:"context_length,omitempty"` // tokens the model was loaded with; 0 = not said
+	// When the node first saw the model loaded (RFC 3339, the node's clock),
+	// kept while it stays loaded.
+	LoadedSince   string `protobuf:"bytes,9,opt,name=loaded_since,json=loadedSince,proto3" json:"loaded_since,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoadedModel) Reset() {
+	*x = LoadedModel{}
+	mi := &file_node_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadedModel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadedModel) ProtoMessage() {}
+
+func (x *LoadedModel) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadedModel.ProtoReflect.Descriptor instead.
+func (*LoadedModel) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *LoadedModel) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *LoadedModel) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *LoadedModel) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *LoadedModel) GetSizeVram() int64 {
+	if x != nil {
+		return x.SizeVram
+	}
+	return 0
+}
+
+func (x *LoadedModel) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *LoadedModel) GetDetails() *ModelDetails {
+	if x != nil {
+		return x.Details
+	}
+	return nil
+}
+
+func (x *LoadedModel) GetExpiresAt() string {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return ""
+}
+
+func (x *LoadedModel) GetContextLength() int64 {
+	if x != nil {
+		return x.ContextLength
+	}
+	return 0
+}
+
+func (x *LoadedModel) GetLoadedSince() string {
+	if x != nil {
+		return x.LoadedSince
+	}
+	return ""
+}
+
 // ModelCapabilities are the capabilities of one served model of a provider,
 // and what its model server says of it.
 type ModelCapabilities struct {
@@ -722,7 +890,7 @@ type ModelCapabilities struct {
 
 func (x *ModelCapabilities) Reset() {
 	*x = ModelCapabilities{}
-	mi := &file_node_proto_msgTypes[4]
+	mi := &file_node_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -734,7 +902,7 @@ func (x *ModelCapabilities) String() string {
 func (*ModelCapabilities) ProtoMessage() {}
 
 func (x *ModelCapabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[4]
+	mi := &file_node_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -747,7 +915,7 @@ func (x *ModelCapabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelCapabilities.ProtoReflect.Descriptor instead.
 func (*ModelCapabilities) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{4}
+	return file_node_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ModelCapabilities) GetModel() string {
@@ -791,7 +959,7 @@ type ModelDetails struct {
 
 func (x *ModelDetails) Reset() {
 	*x = ModelDetails{}
-	mi := &file_node_proto_msgTypes[5]
+	mi := &file_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -803,7 +971,7 @@ func (x *ModelDetails) String() string {
 func (*ModelDetails) ProtoMessage() {}
 
 func (x *ModelDetails) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[5]
+	mi := &file_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -816,7 +984,7 @@ func (x *ModelDetails) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelDetails.ProtoReflect.Descriptor instead.
 func (*ModelDetails) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{5}
+	return file_node_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ModelDetails) GetSize() int64 {
@@ -908,7 +1076,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_node_proto_msgTypes[6]
+	mi := &file_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -920,7 +1088,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[6]
+	mi := &file_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -933,7 +1101,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{6}
+	return file_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Welcome) GetGeneration() uint64 {
@@ -967,7 +1135,7 @@ type HelloRefused struct {
 
 func (x *HelloRefused) Reset() {
 	*x = HelloRefused{}
-	mi := &file_node_proto_msgTypes[7]
+	mi := &file_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -979,7 +1147,7 @@ func (x *HelloRefused) String() string {
 func (*HelloRefused) ProtoMessage() {}
 
 func (x *HelloRefused) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[7]
+	mi := &file_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -992,7 +1160,7 @@ func (x *HelloRefused) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloRefused.ProtoReflect.Descriptor instead.
 func (*HelloRefused) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{7}
+	return file_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *HelloRefused) GetReason() string {
@@ -1017,7 +1185,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_node_proto_msgTypes[8]
+	mi := &file_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1029,7 +1197,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[8]
+	mi := &file_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1042,7 +1210,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{8}
+	return file_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Heartbeat) GetUnixNano() int64 {
@@ -1084,7 +1252,7 @@ type RunInFlight struct {
 
 func (x *RunInFlight) Reset() {
 	*x = RunInFlight{}
-	mi := &file_node_proto_msgTypes[9]
+	mi := &file_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1096,7 +1264,7 @@ func (x *RunInFlight) String() string {
 func (*RunInFlight) ProtoMessage() {}
 
 func (x *RunInFlight) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[9]
+	mi := &file_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1109,7 +1277,7 @@ func (x *RunInFlight) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunInFlight.ProtoReflect.Descriptor instead.
 func (*RunInFlight) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{9}
+	return file_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RunInFlight) GetRunId() string {
@@ -1166,7 +1334,7 @@ type RunsRequest struct {
 
 func (x *RunsRequest) Reset() {
 	*x = RunsRequest{}
-	mi := &file_node_proto_msgTypes[10]
+	mi := &file_node_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1178,7 +1346,7 @@ func (x *RunsRequest) String() string {
 func (*RunsRequest) ProtoMessage() {}
 
 func (x *RunsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[10]
+	mi := &file_node_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1191,7 +1359,7 @@ func (x *RunsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunsRequest.ProtoReflect.Descriptor instead.
 func (*RunsRequest) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{10}
+	return file_node_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RunsRequest) GetEpoch() int64 {
@@ -1213,7 +1381,7 @@ type RunsReport struct {
 
 func (x *RunsReport) Reset() {
 	*x = RunsReport{}
-	mi := &file_node_proto_msgTypes[11]
+	mi := &file_node_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1225,7 +1393,7 @@ func (x *RunsReport) String() string {
 func (*RunsReport) ProtoMessage() {}
 
 func (x *RunsReport) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[11]
+	mi := &file_node_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1238,7 +1406,7 @@ func (x *RunsReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunsReport.ProtoReflect.Descriptor instead.
 func (*RunsReport) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{11}
+	return file_node_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RunsReport) GetEpoch() int64 {
@@ -1271,13 +1439,19 @@ type ProviderUpdate struct {
 	ModelsSet         bool                 `protobuf:"varint,5,opt,name=models_set,json=modelsSet,proto3" json:"models_set,omitempty"`
 	Models            []string             `protobuf:"bytes,6,rep,name=models,proto3" json:"models,omitempty"`
 	ModelCapabilities []*ModelCapabilities `protobuf:"bytes,7,rep,name=model_capabilities,json=modelCapabilities,proto3" json:"model_capabilities,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// When loaded_set is true, loaded replaces the models the provider holds
+	// loaded (Provider.loaded); when false it is ignored and they are
+	// unchanged. A node sends it when a reading of its server's loaded
+	// models (Ollama's /api/ps) differs from the last one sent.
+	LoadedSet     bool           `protobuf:"varint,8,opt,name=loaded_set,json=loadedSet,proto3" json:"loaded_set,omitempty"`
+	Loaded        []*LoadedModel `protobuf:"bytes,9,rep,name=loaded,proto3" json:"loaded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ProviderUpdate) Reset() {
 	*x = ProviderUpdate{}
-	mi := &file_node_proto_msgTypes[12]
+	mi := &file_node_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1289,7 +1463,7 @@ func (x *ProviderUpdate) String() string {
 func (*ProviderUpdate) ProtoMessage() {}
 
 func (x *ProviderUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[12]
+	mi := &file_node_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1302,7 +1476,7 @@ func (x *ProviderUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderUpdate.ProtoReflect.Descriptor instead.
 func (*ProviderUpdate) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{12}
+	return file_node_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ProviderUpdate) GetProviderId() string {
@@ -1354,6 +1528,175 @@ func (x *ProviderUpdate) GetModelCapabilities() []*ModelCapabilities {
 	return nil
 }
 
+func (x *ProviderUpdate) GetLoadedSet() bool {
+	if x != nil {
+		return x.LoadedSet
+	}
+	return false
+}
+
+func (x *ProviderUpdate) GetLoaded() []*LoadedModel {
+	if x != nil {
+		return x.Loaded
+	}
+	return nil
+}
+
+// ShowRequest asks the node what the model server of provider_id says of
+// its served model (Ollama's POST /api/show {"model","verbose"}). The node
+// answers with one or more ShowAnswer messages of the same request_id, the
+// last one marked, within its own bound (10 s); an edge that stops waiting
+// ignores them.
+type ShowRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     uint64                 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"` // unique per edge connection
+	ProviderId    string                 `protobuf:"bytes,2,opt,name=provider_id,json=providerId,proto3" json:"provider_id,omitempty"`
+	Model         string                 `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"` // a served model name of the provider
+	Verbose       bool                   `protobuf:"varint,4,opt,name=verbose,proto3" json:"verbose,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShowRequest) Reset() {
+	*x = ShowRequest{}
+	mi := &file_node_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShowRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShowRequest) ProtoMessage() {}
+
+func (x *ShowRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShowRequest.ProtoReflect.Descriptor instead.
+func (*ShowRequest) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ShowRequest) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *ShowRequest) GetProviderId() string {
+	if x != nil {
+		return x.ProviderId
+	}
+	return ""
+}
+
+func (x *ShowRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *ShowRequest) GetVerbose() bool {
+	if x != nil {
+		return x.Verbose
+	}
+	return false
+}
+
+// ShowAnswer is a part of the answer to ShowRequest request_id. status is
+// the model server's HTTP status (0: the node could not ask it, and error
+// says why); data is a part of its JSON answer, in order (the parts
+// joined are the body, with paths of the provider's host removed: see the
+// node's show.go); the node sends parts of at most 1 MiB so heartbeats
+// pass between them, at most 64 MiB in all. last marks the final part.
+type ShowAnswer struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     uint64                 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Status        int32                  `protobuf:"varint,2,opt,name=status,proto3" json:"status,omitempty"`
+	Data          []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	Last          bool                   `protobuf:"varint,4,opt,name=last,proto3" json:"last,omitempty"`
+	Error         string                 `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShowAnswer) Reset() {
+	*x = ShowAnswer{}
+	mi := &file_node_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShowAnswer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShowAnswer) ProtoMessage() {}
+
+func (x *ShowAnswer) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShowAnswer.ProtoReflect.Descriptor instead.
+func (*ShowAnswer) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ShowAnswer) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *ShowAnswer) GetStatus() int32 {
+	if x != nil {
+		return x.Status
+	}
+	return 0
+}
+
+func (x *ShowAnswer) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ShowAnswer) GetLast() bool {
+	if x != nil {
+		return x.Last
+	}
+	return false
+}
+
+func (x *ShowAnswer) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 // Drain tells the edge that the node takes no more dispatches (it is
 // shutting down): the edge takes the node's providers out of rotation and
 // sends new work elsewhere, while the runs in flight go on to their end.
@@ -1367,7 +1710,7 @@ type Drain struct {
 
 func (x *Drain) Reset() {
 	*x = Drain{}
-	mi := &file_node_proto_msgTypes[13]
+	mi := &file_node_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1379,7 +1722,7 @@ func (x *Drain) String() string {
 func (*Drain) ProtoMessage() {}
 
 func (x *Drain) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[13]
+	mi := &file_node_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1392,7 +1735,7 @@ func (x *Drain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drain.ProtoReflect.Descriptor instead.
 func (*Drain) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{13}
+	return file_node_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Drain) GetReason() string {
@@ -1467,7 +1810,7 @@ type Dispatch struct {
 
 func (x *Dispatch) Reset() {
 	*x = Dispatch{}
-	mi := &file_node_proto_msgTypes[14]
+	mi := &file_node_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1479,7 +1822,7 @@ func (x *Dispatch) String() string {
 func (*Dispatch) ProtoMessage() {}
 
 func (x *Dispatch) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[14]
+	mi := &file_node_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1492,7 +1835,7 @@ func (x *Dispatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Dispatch.ProtoReflect.Descriptor instead.
 func (*Dispatch) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{14}
+	return file_node_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Dispatch) GetRunId() string {
@@ -1623,7 +1966,7 @@ type DispatchRefused struct {
 
 func (x *DispatchRefused) Reset() {
 	*x = DispatchRefused{}
-	mi := &file_node_proto_msgTypes[15]
+	mi := &file_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1635,7 +1978,7 @@ func (x *DispatchRefused) String() string {
 func (*DispatchRefused) ProtoMessage() {}
 
 func (x *DispatchRefused) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[15]
+	mi := &file_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1648,7 +1991,7 @@ func (x *DispatchRefused) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DispatchRefused.ProtoReflect.Descriptor instead.
 func (*DispatchRefused) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{15}
+	return file_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DispatchRefused) GetRunId() string {
@@ -1690,7 +2033,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_node_proto_msgTypes[16]
+	mi := &file_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1702,7 +2045,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[16]
+	mi := &file_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1715,7 +2058,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{16}
+	return file_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Cancel) GetRunId() string {
@@ -1750,7 +2093,7 @@ type RunUp struct {
 
 func (x *RunUp) Reset() {
 	*x = RunUp{}
-	mi := &file_node_proto_msgTypes[17]
+	mi := &file_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1762,7 +2105,7 @@ func (x *RunUp) String() string {
 func (*RunUp) ProtoMessage() {}
 
 func (x *RunUp) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[17]
+	mi := &file_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1775,7 +2118,7 @@ func (x *RunUp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunUp.ProtoReflect.Descriptor instead.
 func (*RunUp) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{17}
+	return file_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RunUp) GetMsg() isRunUp_Msg {
@@ -1910,7 +2253,7 @@ type RunDown struct {
 
 func (x *RunDown) Reset() {
 	*x = RunDown{}
-	mi := &file_node_proto_msgTypes[18]
+	mi := &file_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1922,7 +2265,7 @@ func (x *RunDown) String() string {
 func (*RunDown) ProtoMessage() {}
 
 func (x *RunDown) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[18]
+	mi := &file_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1935,7 +2278,7 @@ func (x *RunDown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunDown.ProtoReflect.Descriptor instead.
 func (*RunDown) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{18}
+	return file_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RunDown) GetMsg() isRunDown_Msg {
@@ -2017,7 +2360,7 @@ type RunOpen struct {
 
 func (x *RunOpen) Reset() {
 	*x = RunOpen{}
-	mi := &file_node_proto_msgTypes[19]
+	mi := &file_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2029,7 +2372,7 @@ func (x *RunOpen) String() string {
 func (*RunOpen) ProtoMessage() {}
 
 func (x *RunOpen) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[19]
+	mi := &file_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2042,7 +2385,7 @@ func (x *RunOpen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunOpen.ProtoReflect.Descriptor instead.
 func (*RunOpen) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{19}
+	return file_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RunOpen) GetRunId() string {
@@ -2084,7 +2427,7 @@ type Body struct {
 
 func (x *Body) Reset() {
 	*x = Body{}
-	mi := &file_node_proto_msgTypes[20]
+	mi := &file_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2096,7 +2439,7 @@ func (x *Body) String() string {
 func (*Body) ProtoMessage() {}
 
 func (x *Body) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[20]
+	mi := &file_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2109,7 +2452,7 @@ func (x *Body) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Body.ProtoReflect.Descriptor instead.
 func (*Body) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{20}
+	return file_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Body) GetData() []byte {
@@ -2136,7 +2479,7 @@ type RunEvents struct {
 
 func (x *RunEvents) Reset() {
 	*x = RunEvents{}
-	mi := &file_node_proto_msgTypes[21]
+	mi := &file_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2148,7 +2491,7 @@ func (x *RunEvents) String() string {
 func (*RunEvents) ProtoMessage() {}
 
 func (x *RunEvents) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[21]
+	mi := &file_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2161,7 +2504,7 @@ func (x *RunEvents) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvents.ProtoReflect.Descriptor instead.
 func (*RunEvents) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{21}
+	return file_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RunEvents) GetEvents() []*RunEvent {
@@ -2207,7 +2550,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_node_proto_msgTypes[22]
+	mi := &file_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2219,7 +2562,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[22]
+	mi := &file_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2232,7 +2575,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{22}
+	return file_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RunEvent) GetType() RunEvent_Type {
@@ -2341,7 +2684,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_node_proto_msgTypes[23]
+	mi := &file_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2353,7 +2696,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[23]
+	mi := &file_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2366,7 +2709,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{23}
+	return file_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *TokenLogprob) GetToken() string {
@@ -2410,7 +2753,7 @@ type ToolCallDelta struct {
 
 func (x *ToolCallDelta) Reset() {
 	*x = ToolCallDelta{}
-	mi := &file_node_proto_msgTypes[24]
+	mi := &file_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2422,7 +2765,7 @@ func (x *ToolCallDelta) String() string {
 func (*ToolCallDelta) ProtoMessage() {}
 
 func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[24]
+	mi := &file_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2435,7 +2778,7 @@ func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallDelta.ProtoReflect.Descriptor instead.
 func (*ToolCallDelta) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{24}
+	return file_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ToolCallDelta) GetIndex() int32 {
@@ -2475,7 +2818,7 @@ type Embedding struct {
 
 func (x *Embedding) Reset() {
 	*x = Embedding{}
-	mi := &file_node_proto_msgTypes[25]
+	mi := &file_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2487,7 +2830,7 @@ func (x *Embedding) String() string {
 func (*Embedding) ProtoMessage() {}
 
 func (x *Embedding) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[25]
+	mi := &file_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2500,7 +2843,7 @@ func (x *Embedding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Embedding.ProtoReflect.Descriptor instead.
 func (*Embedding) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{25}
+	return file_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Embedding) GetValues() []float32 {
@@ -2544,7 +2887,7 @@ type TunnelHead struct {
 
 func (x *TunnelHead) Reset() {
 	*x = TunnelHead{}
-	mi := &file_node_proto_msgTypes[26]
+	mi := &file_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2556,7 +2899,7 @@ func (x *TunnelHead) String() string {
 func (*TunnelHead) ProtoMessage() {}
 
 func (x *TunnelHead) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[26]
+	mi := &file_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2569,7 +2912,7 @@ func (x *TunnelHead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelHead.ProtoReflect.Descriptor instead.
 func (*TunnelHead) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{26}
+	return file_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *TunnelHead) GetStatus() int32 {
@@ -2617,7 +2960,7 @@ type TunnelData struct {
 
 func (x *TunnelData) Reset() {
 	*x = TunnelData{}
-	mi := &file_node_proto_msgTypes[27]
+	mi := &file_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2629,7 +2972,7 @@ func (x *TunnelData) String() string {
 func (*TunnelData) ProtoMessage() {}
 
 func (x *TunnelData) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[27]
+	mi := &file_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2642,7 +2985,7 @@ func (x *TunnelData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelData.ProtoReflect.Descriptor instead.
 func (*TunnelData) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{27}
+	return file_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *TunnelData) GetData() []byte {
@@ -2666,7 +3009,7 @@ type TunnelEnd struct {
 
 func (x *TunnelEnd) Reset() {
 	*x = TunnelEnd{}
-	mi := &file_node_proto_msgTypes[28]
+	mi := &file_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2678,7 +3021,7 @@ func (x *TunnelEnd) String() string {
 func (*TunnelEnd) ProtoMessage() {}
 
 func (x *TunnelEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[28]
+	mi := &file_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2691,7 +3034,7 @@ func (x *TunnelEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelEnd.ProtoReflect.Descriptor instead.
 func (*TunnelEnd) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{28}
+	return file_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *TunnelEnd) GetProviderError() string {
@@ -2712,7 +3055,7 @@ type TunnelError struct {
 
 func (x *TunnelError) Reset() {
 	*x = TunnelError{}
-	mi := &file_node_proto_msgTypes[29]
+	mi := &file_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2724,7 +3067,7 @@ func (x *TunnelError) String() string {
 func (*TunnelError) ProtoMessage() {}
 
 func (x *TunnelError) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[29]
+	mi := &file_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2737,7 +3080,7 @@ func (x *TunnelError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelError.ProtoReflect.Descriptor instead.
 func (*TunnelError) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{29}
+	return file_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *TunnelError) GetMessage() string {
@@ -2759,7 +3102,7 @@ var File_node_proto protoreflect.FileDescriptor
 const file_node_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"node.proto\x12\viop.node.v1\"\xf3\x02\n" +
+	"node.proto\x12\viop.node.v1\"\xaf\x03\n" +
 	"\vNodeMessage\x12*\n" +
 	"\x05hello\x18\x01 \x01(\v2\x12.iop.node.v1.HelloH\x00R\x05hello\x126\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x16.iop.node.v1.HeartbeatH\x00R\theartbeat\x12F\n" +
@@ -2767,15 +3110,18 @@ const file_node_proto_rawDesc = "" +
 	"\x10dispatch_refused\x18\x04 \x01(\v2\x1c.iop.node.v1.DispatchRefusedH\x00R\x0fdispatchRefused\x12*\n" +
 	"\x05drain\x18\x05 \x01(\v2\x12.iop.node.v1.DrainH\x00R\x05drain\x12:\n" +
 	"\vruns_report\x18\x06 \x01(\v2\x17.iop.node.v1.RunsReportH\x00R\n" +
-	"runsReportB\x05\n" +
-	"\x03msg\"\xe3\x02\n" +
+	"runsReport\x12:\n" +
+	"\vshow_answer\x18\a \x01(\v2\x17.iop.node.v1.ShowAnswerH\x00R\n" +
+	"showAnswerB\x05\n" +
+	"\x03msg\"\xa2\x03\n" +
 	"\vEdgeMessage\x120\n" +
 	"\awelcome\x18\x01 \x01(\v2\x14.iop.node.v1.WelcomeH\x00R\awelcome\x126\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x16.iop.node.v1.HeartbeatH\x00R\theartbeat\x123\n" +
 	"\bdispatch\x18\x03 \x01(\v2\x15.iop.node.v1.DispatchH\x00R\bdispatch\x12-\n" +
 	"\x06cancel\x18\x04 \x01(\v2\x13.iop.node.v1.CancelH\x00R\x06cancel\x12@\n" +
 	"\rhello_refused\x18\x05 \x01(\v2\x19.iop.node.v1.HelloRefusedH\x00R\fhelloRefused\x12=\n" +
-	"\fruns_request\x18\x06 \x01(\v2\x18.iop.node.v1.RunsRequestH\x00R\vrunsRequestB\x05\n" +
+	"\fruns_request\x18\x06 \x01(\v2\x18.iop.node.v1.RunsRequestH\x00R\vrunsRequest\x12=\n" +
+	"\fshow_request\x18\a \x01(\v2\x18.iop.node.v1.ShowRequestH\x00R\vshowRequestB\x05\n" +
 	"\x03msg\"\xe8\x01\n" +
 	"\x05Hello\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
@@ -2784,7 +3130,7 @@ const file_node_proto_rawDesc = "" +
 	"\tproviders\x18\x04 \x03(\v2\x15.iop.node.v1.ProviderR\tproviders\x12/\n" +
 	"\x13runtime_concurrency\x18\x05 \x01(\x05R\x12runtimeConcurrency\x12\x18\n" +
 	"\aversion\x18\x06 \x01(\tR\aversion\x12\x1a\n" +
-	"\binstance\x18\a \x01(\tR\binstance\"\xd7\x02\n" +
+	"\binstance\x18\a \x01(\tR\binstance\"\xa8\x03\n" +
 	"\bProvider\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x16\n" +
@@ -2794,7 +3140,22 @@ const file_node_proto_rawDesc = "" +
 	"\fcapabilities\x18\x06 \x03(\tR\fcapabilities\x12A\n" +
 	"\x0eexecution_path\x18\a \x01(\x0e2\x1a.iop.node.v1.ExecutionPathR\rexecutionPath\x12\x18\n" +
 	"\ahealthy\x18\b \x01(\bR\ahealthy\x12M\n" +
-	"\x12model_capabilities\x18\t \x03(\v2\x1e.iop.node.v1.ModelCapabilitiesR\x11modelCapabilities\"\x82\x01\n" +
+	"\x12model_capabilities\x18\t \x03(\v2\x1e.iop.node.v1.ModelCapabilitiesR\x11modelCapabilities\x12\x1d\n" +
+	"\n" +
+	"loaded_set\x18\n" +
+	" \x01(\bR\tloadedSet\x120\n" +
+	"\x06loaded\x18\v \x03(\v2\x18.iop.node.v1.LoadedModelR\x06loaded\"\x9e\x02\n" +
+	"\vLoadedModel\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x1b\n" +
+	"\tsize_vram\x18\x04 \x01(\x03R\bsizeVram\x12\x16\n" +
+	"\x06digest\x18\x05 \x01(\tR\x06digest\x123\n" +
+	"\adetails\x18\x06 \x01(\v2\x19.iop.node.v1.ModelDetailsR\adetails\x12\x1d\n" +
+	"\n" +
+	"expires_at\x18\a \x01(\tR\texpiresAt\x12%\n" +
+	"\x0econtext_length\x18\b \x01(\x03R\rcontextLength\x12!\n" +
+	"\floaded_since\x18\t \x01(\tR\vloadedSince\"\x82\x01\n" +
 	"\x11ModelCapabilities\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\"\n" +
 	"\fcapabilities\x18\x02 \x03(\tR\fcapabilities\x123\n" +
@@ -2837,7 +3198,7 @@ const file_node_proto_rawDesc = "" +
 	"\n" +
 	"RunsReport\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\x12,\n" +
-	"\x04runs\x18\x02 \x03(\v2\x18.iop.node.v1.RunInFlightR\x04runs\"\x92\x02\n" +
+	"\x04runs\x18\x02 \x03(\v2\x18.iop.node.v1.RunInFlightR\x04runs\"\xe3\x02\n" +
 	"\x0eProviderUpdate\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
 	"providerId\x12\x18\n" +
@@ -2847,7 +3208,25 @@ const file_node_proto_rawDesc = "" +
 	"\n" +
 	"models_set\x18\x05 \x01(\bR\tmodelsSet\x12\x16\n" +
 	"\x06models\x18\x06 \x03(\tR\x06models\x12M\n" +
-	"\x12model_capabilities\x18\a \x03(\v2\x1e.iop.node.v1.ModelCapabilitiesR\x11modelCapabilities\"\x1f\n" +
+	"\x12model_capabilities\x18\a \x03(\v2\x1e.iop.node.v1.ModelCapabilitiesR\x11modelCapabilities\x12\x1d\n" +
+	"\n" +
+	"loaded_set\x18\b \x01(\bR\tloadedSet\x120\n" +
+	"\x06loaded\x18\t \x03(\v2\x18.iop.node.v1.LoadedModelR\x06loaded\"}\n" +
+	"\vShowRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x1f\n" +
+	"\vprovider_id\x18\x02 \x01(\tR\n" +
+	"providerId\x12\x14\n" +
+	"\x05model\x18\x03 \x01(\tR\x05model\x12\x18\n" +
+	"\averbose\x18\x04 \x01(\bR\averbose\"\x81\x01\n" +
+	"\n" +
+	"ShowAnswer\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x16\n" +
+	"\x06status\x18\x02 \x01(\x05R\x06status\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12\x12\n" +
+	"\x04last\x18\x04 \x01(\bR\x04last\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\"\x1f\n" +
 	"\x05Drain\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xb0\x05\n" +
 	"\bDispatch\x12\x15\n" +
@@ -2998,7 +3377,7 @@ func file_node_proto_rawDescGZIP() []byte {
 }
 
 var file_node_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_node_proto_goTypes = []any{
 	(ExecutionPath)(0),        // 0: iop.node.v1.ExecutionPath
 	(Operation)(0),            // 1: iop.node.v1.Operation
@@ -3007,86 +3386,94 @@ var file_node_proto_goTypes = []any{
 	(*EdgeMessage)(nil),       // 4: iop.node.v1.EdgeMessage
 	(*Hello)(nil),             // 5: iop.node.v1.Hello
 	(*Provider)(nil),          // 6: iop.node.v1.Provider
-	(*ModelCapabilities)(nil), // 7: iop.node.v1.ModelCapabilities
-	(*ModelDetails)(nil),      // 8: iop.node.v1.ModelDetails
-	(*Welcome)(nil),           // 9: iop.node.v1.Welcome
-	(*HelloRefused)(nil),      // 10: iop.node.v1.HelloRefused
-	(*Heartbeat)(nil),         // 11: iop.node.v1.Heartbeat
-	(*RunInFlight)(nil),       // 12: iop.node.v1.RunInFlight
-	(*RunsRequest)(nil),       // 13: iop.node.v1.RunsRequest
-	(*RunsReport)(nil),        // 14: iop.node.v1.RunsReport
-	(*ProviderUpdate)(nil),    // 15: iop.node.v1.ProviderUpdate
-	(*Drain)(nil),             // 16: iop.node.v1.Drain
-	(*Dispatch)(nil),          // 17: iop.node.v1.Dispatch
-	(*DispatchRefused)(nil),   // 18: iop.node.v1.DispatchRefused
-	(*Cancel)(nil),            // 19: iop.node.v1.Cancel
-	(*RunUp)(nil),             // 20: iop.node.v1.RunUp
-	(*RunDown)(nil),           // 21: iop.node.v1.RunDown
-	(*RunOpen)(nil),           // 22: iop.node.v1.RunOpen
-	(*Body)(nil),              // 23: iop.node.v1.Body
-	(*RunEvents)(nil),         // 24: iop.node.v1.RunEvents
-	(*RunEvent)(nil),          // 25: iop.node.v1.RunEvent
-	(*TokenLogprob)(nil),      // 26: iop.node.v1.TokenLogprob
-	(*ToolCallDelta)(nil),     // 27: iop.node.v1.ToolCallDelta
-	(*Embedding)(nil),         // 28: iop.node.v1.Embedding
-	(*TunnelHead)(nil),        // 29: iop.node.v1.TunnelHead
-	(*TunnelData)(nil),        // 30: iop.node.v1.TunnelData
-	(*TunnelEnd)(nil),         // 31: iop.node.v1.TunnelEnd
-	(*TunnelError)(nil),       // 32: iop.node.v1.TunnelError
-	nil,                       // 33: iop.node.v1.Dispatch.HeadersEntry
-	nil,                       // 34: iop.node.v1.Dispatch.TraceContextEntry
-	nil,                       // 35: iop.node.v1.TunnelHead.HeadersEntry
+	(*LoadedModel)(nil),       // 7: iop.node.v1.LoadedModel
+	(*ModelCapabilities)(nil), // 8: iop.node.v1.ModelCapabilities
+	(*ModelDetails)(nil),      // 9: iop.node.v1.ModelDetails
+	(*Welcome)(nil),           // 10: iop.node.v1.Welcome
+	(*HelloRefused)(nil),      // 11: iop.node.v1.HelloRefused
+	(*Heartbeat)(nil),         // 12: iop.node.v1.Heartbeat
+	(*RunInFlight)(nil),       // 13: iop.node.v1.RunInFlight
+	(*RunsRequest)(nil),       // 14: iop.node.v1.RunsRequest
+	(*RunsReport)(nil),        // 15: iop.node.v1.RunsReport
+	(*ProviderUpdate)(nil),    // 16: iop.node.v1.ProviderUpdate
+	(*ShowRequest)(nil),       // 17: iop.node.v1.ShowRequest
+	(*ShowAnswer)(nil),        // 18: iop.node.v1.ShowAnswer
+	(*Drain)(nil),             // 19: iop.node.v1.Drain
+	(*Dispatch)(nil),          // 20: iop.node.v1.Dispatch
+	(*DispatchRefused)(nil),   // 21: iop.node.v1.DispatchRefused
+	(*Cancel)(nil),            // 22: iop.node.v1.Cancel
+	(*RunUp)(nil),             // 23: iop.node.v1.RunUp
+	(*RunDown)(nil),           // 24: iop.node.v1.RunDown
+	(*RunOpen)(nil),           // 25: iop.node.v1.RunOpen
+	(*Body)(nil),              // 26: iop.node.v1.Body
+	(*RunEvents)(nil),         // 27: iop.node.v1.RunEvents
+	(*RunEvent)(nil),          // 28: iop.node.v1.RunEvent
+	(*TokenLogprob)(nil),      // 29: iop.node.v1.TokenLogprob
+	(*ToolCallDelta)(nil),     // 30: iop.node.v1.ToolCallDelta
+	(*Embedding)(nil),         // 31: iop.node.v1.Embedding
+	(*TunnelHead)(nil),        // 32: iop.node.v1.TunnelHead
+	(*TunnelData)(nil),        // 33: iop.node.v1.TunnelData
+	(*TunnelEnd)(nil),         // 34: iop.node.v1.TunnelEnd
+	(*TunnelError)(nil),       // 35: iop.node.v1.TunnelError
+	nil,                       // 36: iop.node.v1.Dispatch.HeadersEntry
+	nil,                       // 37: iop.node.v1.Dispatch.TraceContextEntry
+	nil,                       // 38: iop.node.v1.TunnelHead.HeadersEntry
 }
 var file_node_proto_depIdxs = []int32{
 	5,  // 0: iop.node.v1.NodeMessage.hello:type_name -> iop.node.v1.Hello
-	11, // 1: iop.node.v1.NodeMessage.heartbeat:type_name -> iop.node.v1.Heartbeat
-	15, // 2: iop.node.v1.NodeMessage.provider_update:type_name -> iop.node.v1.ProviderUpdate
-	18, // 3: iop.node.v1.NodeMessage.dispatch_refused:type_name -> iop.node.v1.DispatchRefused
-	16, // 4: iop.node.v1.NodeMessage.drain:type_name -> iop.node.v1.Drain
-	14, // 5: iop.node.v1.NodeMessage.runs_report:type_name -> iop.node.v1.RunsReport
-	9,  // 6: iop.node.v1.EdgeMessage.welcome:type_name -> iop.node.v1.Welcome
-	11, // 7: iop.node.v1.EdgeMessage.heartbeat:type_name -> iop.node.v1.Heartbeat
-	17, // 8: iop.node.v1.EdgeMessage.dispatch:type_name -> iop.node.v1.Dispatch
-	19, // 9: iop.node.v1.EdgeMessage.cancel:type_name -> iop.node.v1.Cancel
-	10, // 10: iop.node.v1.EdgeMessage.hello_refused:type_name -> iop.node.v1.HelloRefused
-	13, // 11: iop.node.v1.EdgeMessage.runs_request:type_name -> iop.node.v1.RunsRequest
-	6,  // 12: iop.node.v1.Hello.providers:type_name -> iop.node.v1.Provider
-	0,  // 13: iop.node.v1.Provider.execution_path:type_name -> iop.node.v1.ExecutionPath
-	7,  // 14: iop.node.v1.Provider.model_capabilities:type_name -> iop.node.v1.ModelCapabilities
-	8,  // 15: iop.node.v1.ModelCapabilities.details:type_name -> iop.node.v1.ModelDetails
-	12, // 16: iop.node.v1.Heartbeat.runs:type_name -> iop.node.v1.RunInFlight
-	12, // 17: iop.node.v1.RunsReport.runs:type_name -> iop.node.v1.RunInFlight
-	7,  // 18: iop.node.v1.ProviderUpdate.model_capabilities:type_name -> iop.node.v1.ModelCapabilities
-	0,  // 19: iop.node.v1.Dispatch.execution_path:type_name -> iop.node.v1.ExecutionPath
-	1,  // 20: iop.node.v1.Dispatch.operation:type_name -> iop.node.v1.Operation
-	33, // 21: iop.node.v1.Dispatch.headers:type_name -> iop.node.v1.Dispatch.HeadersEntry
-	34, // 22: iop.node.v1.Dispatch.trace_context:type_name -> iop.node.v1.Dispatch.TraceContextEntry
-	22, // 23: iop.node.v1.RunUp.open:type_name -> iop.node.v1.RunOpen
-	24, // 24: iop.node.v1.RunUp.events:type_name -> iop.node.v1.RunEvents
-	29, // 25: iop.node.v1.RunUp.tunnel_head:type_name -> iop.node.v1.TunnelHead
-	30, // 26: iop.node.v1.RunUp.tunnel_data:type_name -> iop.node.v1.TunnelData
-	31, // 27: iop.node.v1.RunUp.tunnel_end:type_name -> iop.node.v1.TunnelEnd
-	32, // 28: iop.node.v1.RunUp.tunnel_error:type_name -> iop.node.v1.TunnelError
-	18, // 29: iop.node.v1.RunUp.refused:type_name -> iop.node.v1.DispatchRefused
-	23, // 30: iop.node.v1.RunDown.body:type_name -> iop.node.v1.Body
-	19, // 31: iop.node.v1.RunDown.cancel:type_name -> iop.node.v1.Cancel
-	17, // 32: iop.node.v1.RunDown.dispatch:type_name -> iop.node.v1.Dispatch
-	25, // 33: iop.node.v1.RunEvents.events:type_name -> iop.node.v1.RunEvent
-	2,  // 34: iop.node.v1.RunEvent.type:type_name -> iop.node.v1.RunEvent.Type
-	28, // 35: iop.node.v1.RunEvent.embeddings:type_name -> iop.node.v1.Embedding
-	27, // 36: iop.node.v1.RunEvent.tool_calls:type_name -> iop.node.v1.ToolCallDelta
-	26, // 37: iop.node.v1.RunEvent.logprobs:type_name -> iop.node.v1.TokenLogprob
-	26, // 38: iop.node.v1.TokenLogprob.top_logprobs:type_name -> iop.node.v1.TokenLogprob
-	35, // 39: iop.node.v1.TunnelHead.headers:type_name -> iop.node.v1.TunnelHead.HeadersEntry
-	3,  // 40: iop.node.v1.NodeGateway.Connect:input_type -> iop.node.v1.NodeMessage
-	20, // 41: iop.node.v1.NodeGateway.Run:input_type -> iop.node.v1.RunUp
-	4,  // 42: iop.node.v1.NodeGateway.Connect:output_type -> iop.node.v1.EdgeMessage
-	21, // 43: iop.node.v1.NodeGateway.Run:output_type -> iop.node.v1.RunDown
-	42, // [42:44] is the sub-list for method output_type
-	40, // [40:42] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	12, // 1: iop.node.v1.NodeMessage.heartbeat:type_name -> iop.node.v1.Heartbeat
+	16, // 2: iop.node.v1.NodeMessage.provider_update:type_name -> iop.node.v1.ProviderUpdate
+	21, // 3: iop.node.v1.NodeMessage.dispatch_refused:type_name -> iop.node.v1.DispatchRefused
+	19, // 4: iop.node.v1.NodeMessage.drain:type_name -> iop.node.v1.Drain
+	15, // 5: iop.node.v1.NodeMessage.runs_report:type_name -> iop.node.v1.RunsReport
+	18, // 6: iop.node.v1.NodeMessage.show_answer:type_name -> iop.node.v1.ShowAnswer
+	10, // 7: iop.node.v1.EdgeMessage.welcome:type_name -> iop.node.v1.Welcome
+	12, // 8: iop.node.v1.EdgeMessage.heartbeat:type_name -> iop.node.v1.Heartbeat
+	20, // 9: iop.node.v1.EdgeMessage.dispatch:type_name -> iop.node.v1.Dispatch
+	22, // 10: iop.node.v1.EdgeMessage.cancel:type_name -> iop.node.v1.Cancel
+	11, // 11: iop.node.v1.EdgeMessage.hello_refused:type_name -> iop.node.v1.HelloRefused
+	14, // 12: iop.node.v1.EdgeMessage.runs_request:type_name -> iop.node.v1.RunsRequest
+	17, // 13: iop.node.v1.EdgeMessage.show_request:type_name -> iop.node.v1.ShowRequest
+	6,  // 14: iop.node.v1.Hello.providers:type_name -> iop.node.v1.Provider
+	0,  // 15: iop.node.v1.Provider.execution_path:type_name -> iop.node.v1.ExecutionPath
+	8,  // 16: iop.node.v1.Provider.model_capabilities:type_name -> iop.node.v1.ModelCapabilities
+	7,  // 17: iop.node.v1.Provider.loaded:type_name -> iop.node.v1.LoadedModel
+	9,  // 18: iop.node.v1.LoadedModel.details:type_name -> iop.node.v1.ModelDetails
+	9,  // 19: iop.node.v1.ModelCapabilities.details:type_name -> iop.node.v1.ModelDetails
+	13, // 20: iop.node.v1.Heartbeat.runs:type_name -> iop.node.v1.RunInFlight
+	13, // 21: iop.node.v1.RunsReport.runs:type_name -> iop.node.v1.RunInFlight
+	8,  // 22: iop.node.v1.ProviderUpdate.model_capabilities:type_name -> iop.node.v1.ModelCapabilities
+	7,  // 23: iop.node.v1.ProviderUpdate.loaded:type_name -> iop.node.v1.LoadedModel
+	0,  // 24: iop.node.v1.Dispatch.execution_path:type_name -> iop.node.v1.ExecutionPath
+	1,  // 25: iop.node.v1.Dispatch.operation:type_name -> iop.node.v1.Operation
+	36, // 26: iop.node.v1.Dispatch.headers:type_name -> iop.node.v1.Dispatch.HeadersEntry
+	37, // 27: iop.node.v1.Dispatch.trace_context:type_name -> iop.node.v1.Dispatch.TraceContextEntry
+	25, // 28: iop.node.v1.RunUp.open:type_name -> iop.node.v1.RunOpen
+	27, // 29: iop.node.v1.RunUp.events:type_name -> iop.node.v1.RunEvents
+	32, // 30: iop.node.v1.RunUp.tunnel_head:type_name -> iop.node.v1.TunnelHead
+	33, // 31: iop.node.v1.RunUp.tunnel_data:type_name -> iop.node.v1.TunnelData
+	34, // 32: iop.node.v1.RunUp.tunnel_end:type_name -> iop.node.v1.TunnelEnd
+	35, // 33: iop.node.v1.RunUp.tunnel_error:type_name -> iop.node.v1.TunnelError
+	21, // 34: iop.node.v1.RunUp.refused:type_name -> iop.node.v1.DispatchRefused
+	26, // 35: iop.node.v1.RunDown.body:type_name -> iop.node.v1.Body
+	22, // 36: iop.node.v1.RunDown.cancel:type_name -> iop.node.v1.Cancel
+	20, // 37: iop.node.v1.RunDown.dispatch:type_name -> iop.node.v1.Dispatch
+	28, // 38: iop.node.v1.RunEvents.events:type_name -> iop.node.v1.RunEvent
+	2,  // 39: iop.node.v1.RunEvent.type:type_name -> iop.node.v1.RunEvent.Type
+	31, // 40: iop.node.v1.RunEvent.embeddings:type_name -> iop.node.v1.Embedding
+	30, // 41: iop.node.v1.RunEvent.tool_calls:type_name -> iop.node.v1.ToolCallDelta
+	29, // 42: iop.node.v1.RunEvent.logprobs:type_name -> iop.node.v1.TokenLogprob
+	29, // 43: iop.node.v1.TokenLogprob.top_logprobs:type_name -> iop.node.v1.TokenLogprob
+	38, // 44: iop.node.v1.TunnelHead.headers:type_name -> iop.node.v1.TunnelHead.HeadersEntry
+	3,  // 45: iop.node.v1.NodeGateway.Connect:input_type -> iop.node.v1.NodeMessage
+	23, // 46: iop.node.v1.NodeGateway.Run:input_type -> iop.node.v1.RunUp
+	4,  // 47: iop.node.v1.NodeGateway.Connect:output_type -> iop.node.v1.EdgeMessage
+	24, // 48: iop.node.v1.NodeGateway.Run:output_type -> iop.node.v1.RunDown
+	47, // [47:49] is the sub-list for method output_type
+	45, // [45:47] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_node_proto_init() }
@@ -3101,6 +3488,7 @@ func file_node_proto_init() {
 		(*NodeMessage_DispatchRefused)(nil),
 		(*NodeMessage_Drain)(nil),
 		(*NodeMessage_RunsReport)(nil),
+		(*NodeMessage_ShowAnswer)(nil),
 	}
 	file_node_proto_msgTypes[1].OneofWrappers = []any{
 		(*EdgeMessage_Welcome)(nil),
@@ -3109,8 +3497,9 @@ func file_node_proto_init() {
 		(*EdgeMessage_Cancel)(nil),
 		(*EdgeMessage_HelloRefused)(nil),
 		(*EdgeMessage_RunsRequest)(nil),
+		(*EdgeMessage_ShowRequest)(nil),
 	}
-	file_node_proto_msgTypes[17].OneofWrappers = []any{
+	file_node_proto_msgTypes[20].OneofWrappers = []any{
 		(*RunUp_Open)(nil),
 		(*RunUp_Events)(nil),
 		(*RunUp_TunnelHead)(nil),
@@ -3119,7 +3508,7 @@ func file_node_proto_init() {
 		(*RunUp_TunnelError)(nil),
 		(*RunUp_Refused)(nil),
 	}
-	file_node_proto_msgTypes[18].OneofWrappers = []any{
+	file_node_proto_msgTypes[21].OneofWrappers = []any{
 		(*RunDown_Body)(nil),
 		(*RunDown_Cancel)(nil),
 		(*RunDown_Dispatch)(nil),
@@ -3130,7 +3519,7 @@ func file_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_proto_rawDesc), len(file_node_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   33,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
