@@ -207,9 +207,10 @@ func TestChart(t *testing.T) {
 	}
 }
 
-// TestChartRefusesMissingSecrets: the chart's values alone name no client
-// key and no join token; helm refuses to render and says what to set.
-func TestChartRefusesMissingSecrets(t *testing.T) {
+// TestChartRefusesBadValues: the chart's values alone name no client key
+// and no join token, and values.schema.json refuses a misspelt or
+// mistyped value; helm refuses to render and says what to set.
+func TestChartRefusesBadValues(t *testing.T) {
 	t.Parallel()
 	h := helm(t)
 	for _, tc := range []struct {
@@ -219,7 +220,10 @@ func TestChartRefusesMissingSecrets(t *testing.T) {
 		{nil, "set secrets.keys"},
 		{[]string{"edge.insecureOpen=true"}, "set secrets.nodeToken"},
 		{[]string{"secrets.existingSecret=x", "cluster.enabled=true"}, "cluster.enabled needs cluster.etcd"},
-		{[]string{"secrets.existingSecret=x", "nodes.kind=StatefulSet"}, `nodes.kind is "StatefulSet"`},
+		{[]string{"secrets.existingSecret=x", "nodes.kind=StatefulSet"}, "at '/nodes/kind': value must be one of 'Deployment', 'DaemonSet'"},
+		{[]string{"secrets.existingSecret=x", "nodes.knd=DaemonSet"}, "at '/nodes': additional properties 'knd' not allowed"},
+		{[]string{"secrets.existingSecret=x", "cluster.replicas=1"}, "at '/cluster/replicas': minimum"},
+		{[]string{"secrets.keys[0].name=a", "secrets.keys[0].hash=md5:0", "secrets.nodeToken=t"}, "at '/secrets/keys/0/hash'"},
 	} {
 		args := []string{"template", release, chartDir}
 		for _, s := range tc.set {
@@ -413,7 +417,7 @@ func checkPod(t *testing.T, c chart, w workload, secrets map[string]*corev1.Secr
 		case v.Secret != nil:
 			s, ok := secrets[v.Secret.SecretName]
 			if !ok {
-				if v.Secret.SecretName != "iop-credentials" {
+				if strings.HasPrefix(v.Secret.SecretName, c.prefix) {
 					t.Errorf("%s %s: volume %s: no Secret %s rendered", w.kind, w.name, v.Name, v.Secret.SecretName)
 				}
 				continue
@@ -550,6 +554,7 @@ func checkCluster(t *testing.T, c chart) {
 			"id":          "prod",
 			"token":       "secret-cluster-token-c0de",
 			"session_ttl": "3s",
+			"tls_cert":    "/etc/iop/tls/tls.crt",
 			"etcd":        []any{"http://etcd-0.etcd:2379", "http://etcd-1.etcd:2379", "http://etcd-2.etcd:2379"},
 		}
 		for k, v := range want {
@@ -560,6 +565,9 @@ func checkCluster(t *testing.T, c chart) {
 		if m, _ := cfg["models"].(map[string]any); m["chat"] == nil {
 			t.Errorf("%s: the models of edge.config are missing: %v", name, cfg)
 		}
+	}
+	if !slices.ContainsFunc(ct.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "tls" && m.MountPath == "/etc/iop/tls" }) {
+		t.Errorf("edge mounts %v, want edge.extraVolumeMounts' /etc/iop/tls", ct.VolumeMounts)
 	}
 	if !slices.ContainsFunc(s.Spec.Template.Spec.Containers[0].Ports, func(p corev1.ContainerPort) bool { return p.Name == "cluster" && p.ContainerPort == 7071 }) {
 		t.Error("the edges do not expose their admission service")

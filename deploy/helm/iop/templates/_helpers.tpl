@@ -44,7 +44,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- printf "%s.%s.svc.%s:%d" (include "iop.edgeHeadless" .) .Release.Namespace .Values.clusterDomain (int .Values.edge.service.nodePort) -}}
 {{- end -}}
 
-{{/* Fails the render on values that cannot make a working deployment. */}}
+{{/* Fails the render on values that cannot make a working deployment (values.schema.json refuses unknown keys and wrong types). */}}
 {{- define "iop.validate" -}}
 {{- $s := .Values.secrets -}}
 {{- if not $s.existingSecret -}}
@@ -65,12 +65,6 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- if and (not .Values.cluster.id) (not .Values.cluster.token) -}}
 {{- fail "iop: cluster.enabled needs cluster.id (this deployment's name on etcd) or cluster.token" -}}
 {{- end -}}
-{{- if lt (int .Values.cluster.replicas) 2 -}}
-{{- fail "iop: cluster.replicas must be 2 or more (one edge needs no cluster)" -}}
-{{- end -}}
-{{- end -}}
-{{- if not (has .Values.nodes.kind (list "Deployment" "DaemonSet")) -}}
-{{- fail (printf "iop: nodes.kind is %q; write Deployment or DaemonSet" .Values.nodes.kind) -}}
 {{- end -}}
 {{- end -}}
 
