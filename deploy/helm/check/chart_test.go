@@ -566,6 +566,9 @@ func checkCluster(t *testing.T, c chart) {
 			t.Errorf("%s: the models of edge.config are missing: %v", name, cfg)
 		}
 	}
+	if node := c.get(t, "ConfigMap", c.prefix+"-node-config").Object.(*corev1.ConfigMap).Data["node.yaml"]; !strings.Contains(node, "resolve_interval: 5s") {
+		t.Errorf("node.yaml does not look the edges up again soon (a restarted edge is ready only once a node finds it):\n%s", node)
+	}
 	if !slices.ContainsFunc(ct.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "tls" && m.MountPath == "/etc/iop/tls" }) {
 		t.Errorf("edge mounts %v, want edge.extraVolumeMounts' /etc/iop/tls", ct.VolumeMounts)
 	}
