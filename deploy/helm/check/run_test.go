@@ -5,11 +5,11 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,17 +18,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 )
-
-// freePort returns a loopback port the system chose.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // syncBuffer is a process's output, written by exec's copier and read by
 // the test.
@@ -49,33 +38,58 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// proc is a process a test started.
+type proc struct {
+	name   string
+	out    *syncBuffer
+	exited chan struct{}
+}
+
 // start runs a process until the test ends (SIGTERM, then wait) and
-// prints its output when the test fails. The channel closes when the
-// process exits.
-func start(t *testing.T, name, dir string, bin string, args ...string) <-chan struct{} {
+// prints its output when the test fails.
+func start(t *testing.T, name, dir string, bin string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
-	out := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
+	p := &proc{name: name, out: &syncBuffer{}, exited: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
+	go func() { _ = cmd.Wait(); close(p.exited) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-exited:
+		case <-p.exited:
 		case <-time.After(30 * time.Second):
 			_ = cmd.Process.Kill()
-			<-exited
+			<-p.exited
 		}
 		if t.Failed() {
-			t.Logf("--- %s %s\n%s", name, strings.Join(args, " "), out.String())
+			t.Logf("--- %s %s\n%s", name, strings.Join(args, " "), p.out.String())
 		}
 	})
-	return exited
+	return p
+}
+
+// waitFor waits up to 60 s for a line of the process's output that re
+// matches, and returns re's submatches; the process exiting first fails
+// the test.
+func (p *proc) waitFor(t *testing.T, re *regexp.Regexp) []string {
+	t.Helper()
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if m := re.FindStringSubmatch(p.out.String()); m != nil {
+			return m
+		}
+		select {
+		case <-p.exited:
+			t.Fatalf("%s exited before it printed %s", p.name, re)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s printed no %s in 60 s", p.name, re)
+		}
+	}
 }
 
 // pod lays out one workload's pod as its container would see it, under
@@ -159,15 +173,15 @@ func pod(t *testing.T, c chart, w workload, root, podName, nodeName string) (arg
 // (the join token from the Secret) and files (config from the
 // ConfigMaps, keys.yaml from the Secret) laid out at their mount paths
 // under a temporary root, the node driving an iop sim. Only the network
-// differs: loopback ports the system chose, given as flags after the
-// chart's. The edge's readiness and liveness probes answer 200, and a
+// differs: loopback ports the system chose (:0), given as flags after
+// the chart's. The edge's readiness and liveness probes answer 200, and a
 // client with the key of the values gets a chat answer; without it, 401.
 func TestChartRuns(t *testing.T) {
 	t.Parallel()
 	h, bin := helm(t), iop(t)
 	dir := t.TempDir()
-	simPort, httpPort, nodePort := freePort(t), freePort(t), freePort(t)
-	start(t, "sim", dir, bin, "sim", "--protocol", "ollama", "--listen", fmt.Sprintf("127.0.0.1:%d", simPort), "--model", "tiny")
+	sim := start(t, "sim", dir, bin, "sim", "--protocol", "ollama", "--listen", "127.0.0.1:0", "--model", "tiny")
+	simURL := "http://" + sim.waitFor(t, regexp.MustCompile(`msg=serving .*addr=(\S+)`))[1]
 
 	const key = "iop-chart-test-client-key"
 	values := fmt.Sprintf(`secrets:
@@ -177,9 +191,9 @@ edge:
   config:
     models: {chat: {targets: [tiny]}}
 nodes:
-  providers: [{type: sim, protocol: ollama, base_url: "http://127.0.0.1:%d", capacity: 2}]
+  providers: [{type: sim, protocol: ollama, base_url: "%s", capacity: 2}]
   config: {discovery_interval: 1s}
-`, sha256.Sum256([]byte(key)), simPort)
+`, sha256.Sum256([]byte(key)), simURL)
 	vf := filepath.Join(dir, "values.yaml")
 	if err := os.WriteFile(vf, []byte(values), 0o644); err != nil {
 		t.Fatal(err)
@@ -193,12 +207,12 @@ nodes:
 	edge, node := findWorkload(t, ws, "edge"), findWorkload(t, ws, "node")
 
 	edgeArgs, edgeDir := pod(t, c, edge, filepath.Join(dir, "edge"), "prod-iop-edge-6d4cf56db-x7k2p", "k8s-1")
-	edgeExited := start(t, "edge", edgeDir, bin, append(edgeArgs,
-		fmt.Sprintf("--listen=127.0.0.1:%d", httpPort), fmt.Sprintf("--node-listen=127.0.0.1:%d", nodePort))...)
+	e := start(t, "edge", edgeDir, bin, append(edgeArgs, "--listen=127.0.0.1:0", "--node-listen=127.0.0.1:0")...)
+	addrs := e.waitFor(t, regexp.MustCompile(`msg="edge ready" http=(\S+) node_endpoint=(\S+)`))
+	base, nodeEndpoint := addrs[1], addrs[2]
 	nodeArgs, nodeDir := pod(t, c, node, filepath.Join(dir, "node"), "prod-iop-node-7b9f8c6d5-q2w4e", "k8s-1")
-	start(t, "node", nodeDir, bin, append(nodeArgs, fmt.Sprintf("--edge=127.0.0.1:%d", nodePort))...)
+	start(t, "node", nodeDir, bin, append(nodeArgs, "--edge="+nodeEndpoint)...)
 
-	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 	ct := edge.pod.Spec.Containers[0]
 	get := func(path string) int {
 		resp, err := http.Get(base + path)
@@ -211,7 +225,7 @@ nodes:
 	ready := ct.ReadinessProbe.HTTPGet.Path
 	for deadline := time.Now().Add(90 * time.Second); get(ready) != http.StatusOK; time.Sleep(200 * time.Millisecond) {
 		select {
-		case <-edgeExited:
+		case <-e.exited:
 			t.Fatal("the edge exited")
 		default:
 		}
@@ -241,7 +255,13 @@ nodes:
 		body, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(body)
 	}
-	if code, body := chat(key); code != http.StatusOK || !strings.Contains(body, `"content"`) {
+	// Ready means a node is connected; its provider's models may come a
+	// moment later (discovery): until then the answer is 503, retry later.
+	code, body := chat(key)
+	for deadline := time.Now().Add(60 * time.Second); code == http.StatusServiceUnavailable && time.Now().Before(deadline); code, body = chat(key) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code != http.StatusOK || !strings.Contains(body, `"content"`) {
 		t.Errorf("chat with the key: %d %s", code, body)
 	}
 	if code, body := chat(""); code != http.StatusUnauthorized {
