@@ -3,22 +3,28 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"iop/internal/configschema"
 	"iop/internal/process"
+	"iop/internal/status"
 )
 
 func newCheckCommand() *cobra.Command {
-	var kind string
+	var kind, edgeURL, apiKey string
 	cmd := &cobra.Command{
-		Use:   "check FILE...",
+		Use:   "check [--edge URL] FILE...",
 		Short: "Check config files (edge, node or dev) and say what is wrong in config words, with lines",
 		Long: "Check config files and print each problem as FILE:LINE:COLUMN: message.\n" +
 			"The kind of each file is --kind, else guessed from its name (edge.yaml, node.yaml, dev.yaml), else from its keys.\n" +
-			"Exits 1 when a file has a problem.",
+			"With --edge, each valid node config is also compared with that edge's aliases (from its admin API):\n" +
+			"the models the node would advertise (read from each server that discovers them), which alias targets\n" +
+			"they serve, and the targets neither the node nor any node of the edge serves (\"x\" is \"x:latest\").\n" +
+			"Exits 1 when a file has a problem, the edge cannot be read, or a comparison warns.",
 		Args: func(cmd *cobra.Command, files []string) error {
 			if len(files) == 0 {
 				fmt.Fprintln(cmd.ErrOrStderr(), "iop check: name the config files to check, e.g. iop check edge.yaml node.yaml")
@@ -51,6 +57,25 @@ func newCheckCommand() *cobra.Command {
 					continue
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: ok (%s config)\n", path, k.Name)
+				if edgeURL == "" || k.Name != process.KindNode {
+					continue
+				}
+				if apiKey == "" {
+					apiKey = os.Getenv("IOP_ADMIN_KEY")
+				}
+				client := &http.Client{Timeout: 30 * time.Second, Transport: bearerTransport{key: apiKey}}
+				lines, warnings, err := process.CheckNodeAgainstEdge(cmd.Context(), client, status.BaseURL(edgeURL), data)
+				if err != nil {
+					fmt.Fprintf(cmd.ErrOrStderr(), "%s: %v\n", path, err)
+					bad++
+					continue
+				}
+				for _, l := range lines {
+					fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", path, l)
+				}
+				if warnings > 0 {
+					bad++
+				}
 			}
 			if bad > 0 {
 				return errProblems
@@ -59,8 +84,10 @@ func newCheckCommand() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&kind, "kind", "", "edge, node or dev (default: from the file's name, else its keys)")
+	cmd.Flags().StringVar(&edgeURL, "edge", "", "compare each node config with this edge's aliases (its HTTP API: URL or host:port)")
+	cmd.Flags().StringVar(&apiKey, "api-key", "", "an admin key of the --edge (default $IOP_ADMIN_KEY), needed when the edge has keys")
 	cmd.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
-		fmt.Fprintf(cmd.ErrOrStderr(), "iop check: %v; the files are arguments, e.g. iop check edge.yaml (flags: --kind edge|node|dev)\n", err)
+		fmt.Fprintf(cmd.ErrOrStderr(), "iop check: %v; the files are arguments, e.g. iop check edge.yaml (flags: --kind edge|node|dev, --edge URL, --api-key KEY)\n", err)
 		return errProblems
 	})
 	return cmd

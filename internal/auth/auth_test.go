@@ -360,3 +360,30 @@ func TestKeyExpiresAt(t *testing.T) {
 		t.Fatal("accepted at expires_at")
 	}
 }
+
+// TestCallerLimited: a key is Limited when it has max_concurrent or
+// requests_per_minute, and stays so across a Replace that changes them.
+func TestCallerLimited(t *testing.T) {
+	_, h1 := Generate()
+	_, h2 := Generate()
+	_, h3 := Generate()
+	kr, err := NewKeyring("keys", []Key{
+		{Name: "free", Hash: h1},
+		{Name: "conc", Hash: h2, MaxConcurrent: 2},
+		{Name: "rate", Hash: h3, RequestsPerMinute: 60},
+	}, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]bool{"free": false, "conc": true, "rate": true} {
+		if got := kr.ByName(name).Limited(); got != want {
+			t.Errorf("%s: Limited() = %v, want %v", name, got, want)
+		}
+	}
+	if err := kr.Replace([]Key{{Name: "free", Hash: h1, RequestsPerMinute: 5}, {Name: "rate", Hash: h3}}); err != nil {
+		t.Fatal(err)
+	}
+	if !kr.ByName("free").Limited() || kr.ByName("rate").Limited() {
+		t.Errorf("after Replace: free Limited %v (want true), rate Limited %v (want false)", kr.ByName("free").Limited(), kr.ByName("rate").Limited())
+	}
+}

@@ -3,11 +3,12 @@ package auth
 import (
 	"context"
 	"crypto/sha256"
-	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"iop/internal/modelname"
 )
 
 // Caller is one authenticated key and its live limit state.
@@ -53,6 +54,14 @@ func (s *keyState) setRate(rpm int) {
 // Name is the key's configured name.
 func (c *Caller) Name() string { return c.name }
 
+// Limited reports whether the key has a limit to count (max_concurrent or
+// requests_per_minute); without one, Admit never refuses it.
+func (c *Caller) Limited() bool {
+	c.st.mu.Lock()
+	defer c.st.mu.Unlock()
+	return c.maxConcurrent > 0 || c.st.limiter != nil
+}
+
 // Weight is the key's flow weight (Key.Weight), ≥ 1.
 func (c *Caller) Weight() int { return c.weight }
 
@@ -74,8 +83,8 @@ func (c *Caller) Priority(header string) (rank int, ok bool) {
 }
 
 // Allows reports whether the key may request model. An Ollama name "x" and
-// "x:latest" are one model, as the edge's catalog treats them (Ollama API
-// doc, "Model names": a missing tag means latest).
+// "x:latest" are one model (package modelname's rule, the edge's
+// everywhere).
 func (c *Caller) Allows(model string) bool {
 	if c.models == nil {
 		return true
@@ -83,11 +92,8 @@ func (c *Caller) Allows(model string) bool {
 	if c.models[model] {
 		return true
 	}
-	if base, ok := strings.CutSuffix(model, ":latest"); ok && base != "" {
-		return c.models[base]
-	}
-	untagged := !strings.Contains(model[strings.LastIndex(model, "/")+1:], ":")
-	return untagged && model != "" && c.models[model+":latest"]
+	alt := modelname.Alternative(model)
+	return alt != "" && c.models[alt]
 }
 
 // Filter returns the names of models the key may request, in order.

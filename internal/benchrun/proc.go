@@ -81,10 +81,14 @@ func tail(path string, n int) string {
 }
 
 // cpuTime returns the CPU time (user + system, all threads) the process
+// used so far (CPUTime).
+func (p *process) cpuTime() (time.Duration, error) { return CPUTime(p.cmd.Process.Pid) }
+
+// CPUTime returns the CPU time (user + system, all threads) process pid
 // used so far, from /proc/PID/stat (proc(5), fields 14 and 15), with a
-// resolution of 10 ms.
-func (p *process) cpuTime() (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+// resolution of 10 ms. Linux only.
+func CPUTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
 	}

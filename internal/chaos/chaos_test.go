@@ -52,6 +52,10 @@ type scenario struct {
 	// election timeouts). A 503 no_leader is bounded from the later of its
 	// request and that instant.
 	answersFor time.Duration
+	// providersStay: every node keeps its connection to every edge that
+	// serves, or makes a new one to an edge that starts: a 503
+	// provider_unavailable is a wrong answer.
+	providersStay bool
 }
 
 var scenarios = []scenario{
@@ -62,7 +66,7 @@ var scenarios = []scenario{
 	{name: "stop20", what: "SIGSTOP of the leader 20 s", fault: freezeLeader(20 * time.Second), gapWithin: resumeWithin},
 	{name: "quorum", what: "etcd quorum lost 8 s (2 of 3 members killed)", fault: loseQuorum, answersFor: etcdQuorumNoticed + sessionTTL},
 	{name: "cut", what: "a follower's link to the leader stalled 8 s", fault: stallFollower},
-	{name: "restart-follower", what: "a follower restarted (SIGTERM, start)", fault: restartFollower},
+	{name: "restart-follower", what: "a follower restarted (SIGTERM, start)", fault: restartFollower, providersStay: true},
 	{name: "restart-node", what: "a node restarted (SIGTERM, start)", fault: restartNode},
 	{name: "second-deployment", what: "another deployment's edge on the same etcd", foreignFirst: true, fault: func(*testing.T, *rig) time.Time { return time.Now() }},
 }
@@ -259,7 +263,7 @@ func runOnce(t *testing.T, bin, dsn, tag string, sc scenario) (figures, bool) {
 	time.Sleep(time.Until(ref.Add(recovery)))
 	outs := ld.halt()
 	mon.halt()
-	f := judge(t, r, mon, outs, loadStart, began, began.Add(sc.answersFor), ref)
+	f := judge(t, r, mon, outs, loadStart, began, began.Add(sc.answersFor), ref, sc.providersStay)
 	f.gapWithin = sc.gapWithin
 	ok := f.pass()
 	t.Logf("%s %s: %s", sc.name, tag, f)

@@ -66,8 +66,9 @@ func dur(d time.Duration) string {
 
 // judge computes a run's figures once its load has stopped. lostAt is
 // the last instant the leader could answer the followers (the fault's
-// start, or later: scenario.answersFor).
-func judge(t *testing.T, r *rig, mon *monitor, outs []outcome, loadStart, began, lostAt, ref time.Time) figures {
+// start, or later: scenario.answersFor); with providersStay a 503
+// provider_unavailable is a wrong answer (scenario.providersStay).
+func judge(t *testing.T, r *rig, mon *monitor, outs []outcome, loadStart, began, lostAt, ref time.Time, providersStay bool) figures {
 	var f figures
 	example := func(format string, args ...any) {
 		if len(f.examples) < 8 {
@@ -107,8 +108,19 @@ func judge(t *testing.T, r *rig, mon *monitor, outs []outcome, loadStart, began,
 		example("key lim (max_concurrent %d) ran %d at once at sim c", limMaxConcurrent, stats["c"].MaxInFlight)
 	}
 
-	// Leases once the nodes run nothing: one heartbeat, then a grace.
-	time.Sleep(heartbeatInterval + 2*time.Second)
+	// Leases once the nodes run nothing: gone within one heartbeat and a
+	// grace (the check below says which are left when they are not).
+	waitUntil(heartbeatInterval+2*time.Second, func() bool {
+		for _, e := range r.edges {
+			if e.killed.Load() {
+				continue
+			}
+			if v, err := r.view(e); err != nil || v.Leases > 0 || v.HeldLeases > 0 {
+				return false
+			}
+		}
+		return true
+	})
 	for _, e := range r.edges {
 		if e.killed.Load() {
 			continue
@@ -153,6 +165,9 @@ func judge(t *testing.T, r *rig, mon *monitor, outs []outcome, loadStart, began,
 			// Key big has no limit: a key-limit refusal is wrong.
 			f.wrong++
 			example("wrong answer: key big (no limits) refused by %s: %.200s", o.edge, o.body)
+		case o.status == http.StatusServiceUnavailable && providersStay && errorCode(o.body) == "provider_unavailable":
+			f.wrong++
+			example("wrong answer: %s %s sent %s: 503 provider_unavailable though every provider stayed: %.200s", o.key, o.edge, o.sent.Format("15:04:05.000"), o.body)
 		case (o.status == http.StatusServiceUnavailable || o.status == http.StatusTooManyRequests) && o.retry:
 			clean++
 			code := errorCode(o.body)

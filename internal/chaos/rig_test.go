@@ -17,8 +17,13 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
 	"iop/internal/auth"
+	"iop/internal/cluster"
 	"iop/internal/edge/adminwire"
+	"iop/internal/testenv"
 	"iop/internal/testenv/etcdtest"
 )
 
@@ -103,14 +108,12 @@ func (p *proc) kill() {
 	<-p.exited
 }
 
+// freeAddr is an address for a child process to listen on, also when it
+// restarts (testenv.ProcessAddr: no other process's connection takes it
+// meanwhile).
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return testenv.ProcessAddr(t)
 }
 
 // waitUntil polls cond every 50 ms until it holds or within passes.
@@ -314,8 +317,37 @@ cluster:
 		t.Fatal(err)
 	}
 	r.foreign = startProc(t, "foreign edge", r.bin, "edge", "--config", path, "--log-level", "info")
-	// It campaigns first: wait until its key is in the election.
-	time.Sleep(2 * time.Second)
+	// It campaigns first: wait until its key is in its election.
+	if !r.campaigning(cluster.DefaultPrefix + "/foreign/") {
+		t.Fatalf("the foreign edge has no key under %s/foreign/ within %s:\n%s", cluster.DefaultPrefix, startWithin, r.foreign.logs.String())
+	}
+}
+
+// campaigning waits (up to startWithin) until an edge's key is under
+// prefix in etcd: it campaigns in that election.
+func (r *rig) campaigning(prefix string) bool {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: r.etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		r.t.Fatalf("etcd client: %v", err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), startWithin)
+	defer cancel()
+	// Watch from now, then look: a key put in between is seen by one of
+	// the two.
+	wch := cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+	<-wch // created
+	if resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly()); err == nil && resp.Count > 0 {
+		return true
+	}
+	for wr := range wch {
+		for _, ev := range wr.Events {
+			if ev.Type == clientv3.EventTypePut {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // startNode starts (or restarts) node id: n1 drives sim a, n2 sims b and c;

@@ -270,6 +270,10 @@ type Elector struct {
 	// says later: a frozen leader that wakes grants nothing.
 	validUntil atomic.Int64
 
+	// nameInUseBy is the advertise address of another edge that had
+	// claimed cfg.Name when this edge's session began ("": none).
+	nameInUseBy atomic.Pointer[string]
+
 	state  atomic.Pointer[State]
 	mu     sync.Mutex    // guards changed and the writes of state
 	ch     chan struct{} // closed at the next change
@@ -424,6 +428,7 @@ func (e *Elector) campaignOnce() error {
 	defer sess.Close() // revokes the lease: the next campaigner is elected at once
 	e.validUntil.Store(0)
 	e.renewed(granted)
+	e.claimName(sess.Lease())
 	el := concurrency.NewElection(sess, e.cfg.electionPrefix())
 	cctx, ccancel := context.WithCancel(e.ctx)
 	go func() {
@@ -596,6 +601,55 @@ func (e *Elector) seeLeader(epoch int64, addr string) {
 		}
 	}
 	e.publishLocked(epoch, addr)
+}
+
+// nameKey is where an edge claims its Name for the life of its session:
+// beside the election's prefix, after a character no ID holds, so that no
+// deployment's election lists it.
+func (c Config) nameKey() string { return c.electionPrefix() + "!names/" + c.Name }
+
+// claimName claims the edge's Name, bound to its session's lease. When
+// another edge (another advertise address) holds it, it warns and
+// NameInUseBy says who: two edges with one name mix up in the logs and in
+// the leader's view of its followers. Its own claim of an earlier session
+// (a restart within the session TTL) it takes over. etcd errors only
+// warn: the election goes on.
+func (e *Elector) claimName(lease clientv3.LeaseID) {
+	ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
+	defer cancel()
+	key, own := e.cfg.nameKey(), e.cfg.Advertise
+	resp, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, own, clientv3.WithLease(lease))).Else(clientv3.OpGet(key)).Commit()
+	if err != nil {
+		e.log.Warn("cluster name claim failed", "edge", e.cfg.Name, "error", err)
+		return
+	}
+	other := ""
+	if !resp.Succeeded {
+		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
+			other = string(kvs[0].Value)
+		}
+		if other == own {
+			other = ""
+			if _, err := e.cli.Put(ctx, key, own, clientv3.WithLease(lease)); err != nil {
+				e.log.Warn("cluster name claim failed", "edge", e.cfg.Name, "error", err)
+			}
+		}
+	}
+	e.nameInUseBy.Store(&other)
+	if other != "" {
+		e.log.Warn("another edge of this cluster has this edge's cluster.name: give each edge its own name",
+			"name", e.cfg.Name, "advertise", own, "other_advertise", other)
+	}
+}
+
+// NameInUseBy is the advertise address of another edge that held this
+// edge's Name when its session began ("": none, or not known yet).
+func (e *Elector) NameInUseBy() string {
+	if p := e.nameInUseBy.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // Campaigners returns the advertise addresses of every edge campaigning

@@ -1,8 +1,12 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -218,4 +222,61 @@ func TestDeposeStepsDownAtOnce(t *testing.T) {
 	waitState(t, "a leader above the deposed epoch", es, func(s []State) bool {
 		return oneLeader(s) && s[0].Epoch > epoch
 	})
+}
+
+// TestRegression_DuplicateNameWarns: two edges of one cluster given the
+// same cluster.name ran without a word, their logs and the leader's view
+// of its followers mixed up. The second to start warns, naming the
+// first's advertise address (NameInUseBy, shown in /admin/v1/cluster);
+// the first, and an edge with its own name, do not.
+func TestRegression_DuplicateNameWarns(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	var logs [3]syncLog
+	var es []*Elector
+	for i, c := range []struct{ name, addr string }{{"edge-a", "127.0.0.1:17100"}, {"edge-a", "127.0.0.1:17101"}, {"edge-b", "127.0.0.1:17102"}} {
+		e, err := Start(Config{Etcd: etcd.Endpoints(), Name: c.name, Advertise: c.addr, SessionTTL: 2 * time.Second, ID: "test"},
+			slog.New(slog.NewJSONHandler(&logs[i], nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.Close() })
+		es = append(es, e)
+		if i == 0 {
+			waitState(t, "the first edge's session", es, func(s []State) bool { return s[0].Epoch != 0 })
+		}
+	}
+	waitState(t, "one leader", es, oneLeader)
+	deadline := time.Now().Add(30 * time.Second)
+	for es[1].NameInUseBy() == "" && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := es[1].NameInUseBy(); got != "127.0.0.1:17100" {
+		t.Fatalf("second edge-a: NameInUseBy %q, want the first's 127.0.0.1:17100", got)
+	}
+	if !strings.Contains(logs[1].String(), "another edge of this cluster has this edge's cluster.name") {
+		t.Errorf("second edge-a logged no warning:\n%s", logs[1].String())
+	}
+	for _, i := range []int{0, 2} {
+		if got := es[i].NameInUseBy(); got != "" || strings.Contains(logs[i].String(), "cluster.name") {
+			t.Errorf("edge %d: NameInUseBy %q, log:\n%s", i, got, logs[i].String())
+		}
+	}
+}
+
+// syncLog is a log buffer safe for a logger and a test at once.
+type syncLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncLog) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncLog) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -4,10 +4,13 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"iop/internal/clock"
 	"iop/internal/edge/contract"
+	"iop/internal/modelname"
 	"iop/internal/scheduler"
 )
 
@@ -55,9 +58,10 @@ func (c *catalog) setAliases(models map[string]ModelConfig) {
 // out for lacking it (in target order) lacked first, "" when none was left
 // out. It returns an error wrapping scheduler.ErrUnknownModel when model is
 // neither an alias nor a known served name (served now, or less than
-// ForgetAfter ago), and scheduler.ErrNoProvider when no live healthy
-// provider of a node that is not draining serves it (whatever its
-// capabilities). It reads the registry's published state and takes no
+// ForgetAfter ago), or an alias every target of which is unmatched (see
+// unmatched; the error also wraps a *contract.UnmatchedAliasError naming
+// them), and scheduler.ErrNoProvider when no live healthy provider of a
+// node that is not draining serves it (whatever its capabilities). It reads the registry's published state and takes no
 // lock, so it may run under the scheduler's lock.
 func (c *catalog) resolve(model string, needs []string) (out []candidate, missing string, err error) {
 	targets, alias := c.targets(model)
@@ -71,25 +75,35 @@ func (c *catalog) resolve(model string, needs []string) (out []candidate, missin
 	}
 	taken := make(map[*provider]bool)
 	var rejected []rejection // in the order met
-	for _, t := range targets {
-		list, _ := st.served.get(t)
-		for _, s := range list {
-			if taken[s.p] || !s.p.healthy || s.cs.draining {
+	for _, target := range targets {
+		for _, t := range spellings(target) {
+			if t == "" {
 				continue
 			}
-			caps, own := s.p.capsOf(t)
-			if m := lacks(s.p.path, s.p.typ, caps, own, needs); m != "" {
-				rejected = append(rejected, rejection{s.p, m})
-				continue
+			list, _ := st.served.get(t)
+			for _, s := range list {
+				if taken[s.p] || !s.p.healthy || s.cs.draining {
+					continue
+				}
+				caps, own := s.p.capsOf(t)
+				if m := lacks(s.p.path, s.p.typ, caps, own, needs); m != "" {
+					rejected = append(rejected, rejection{s.p, m})
+					continue
+				}
+				taken[s.p] = true
+				out = append(out, candidate{
+					Candidate: scheduler.Candidate{NodeID: s.cs.c.nodeID, Generation: s.cs.c.gen, ProviderID: s.p.id, Target: t},
+					prov:      s.p,
+				})
 			}
-			taken[s.p] = true
-			out = append(out, candidate{
-				Candidate: scheduler.Candidate{NodeID: s.cs.c.nodeID, Generation: s.cs.c.gen, ProviderID: s.p.id, Target: t},
-				prov:      s.p,
-			})
 		}
 	}
 	if len(out) == 0 && len(rejected) == 0 {
+		if alias {
+			if un := unmatched(st, targets); len(un) == len(targets) {
+				return nil, "", fmt.Errorf("%w: %w", scheduler.ErrUnknownModel, &contract.UnmatchedAliasError{Alias: model, Targets: slices.Clone(targets)})
+			}
+		}
 		if c.away(st, targets) {
 			return nil, "", fmt.Errorf("%w %q: %w", scheduler.ErrNoProvider, model, scheduler.ErrProviderAway)
 		}
@@ -110,6 +124,40 @@ func (c *catalog) resolve(model string, needs []string) (out []candidate, missin
 	return out, missing, nil
 }
 
+// unmatched returns the targets, in order, that name no model a node
+// serves or served less than ForgetAfter ago (under the name rule: "x"
+// matches a served "x:latest"). It returns nil while the edge knows no
+// node at all (none connected, none remembered): before the first node
+// connects, nothing is unmatched yet. It reads st and takes no lock.
+func unmatched(st *regState, targets []string) []string {
+	if st.nodes.len() == 0 && st.gone.len() == 0 {
+		return nil
+	}
+	var out []string
+	for _, t := range targets {
+		if !st.known(t) && !st.known(modelname.Alternative(t)) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// unmatchedAliases returns the configured aliases with their unmatched
+// targets (see unmatched), those with none left out.
+func (c *catalog) unmatchedAliases() map[string][]string {
+	st := c.reg.load()
+	var out map[string][]string
+	for alias, targets := range *c.aliases.Load() {
+		if un := unmatched(st, targets); len(un) > 0 {
+			if out == nil {
+				out = make(map[string][]string)
+			}
+			out[alias] = un
+		}
+	}
+	return out
+}
+
 // away reports whether a provider that serves one of targets is away for
 // now: its node's current connection drains, or its node went less than
 // awayFor ago.
@@ -118,11 +166,13 @@ func (c *catalog) away(st *regState, targets []string) bool {
 	if grace <= 0 {
 		return false
 	}
-	for _, t := range targets {
-		list, _ := st.served.get(t)
-		for _, s := range list {
-			if s.cs.draining {
-				return true
+	for _, target := range targets {
+		for _, t := range spellings(target) {
+			list, _ := st.served.get(t)
+			for _, s := range list {
+				if s.cs.draining {
+					return true
+				}
 			}
 		}
 	}
@@ -132,7 +182,7 @@ func (c *catalog) away(st *regState, targets []string) bool {
 			continue
 		}
 		for _, p := range g.cs.providers {
-			if slices.ContainsFunc(targets, p.serves) {
+			if slices.ContainsFunc(targets, func(t string) bool { _, ok := p.servedName(t); return ok }) {
 				return true
 			}
 		}
@@ -160,16 +210,21 @@ func (c *catalog) targets(model string) (targets []string, alias bool) {
 func (c *catalog) couldMeet(model string, needs []string) bool {
 	targets, _ := c.targets(model)
 	st := c.reg.load()
-	for _, t := range targets {
-		list, _ := st.served.get(t)
-		for _, s := range list {
-			if s.p.meets(t, needs) {
-				return true
+	for _, target := range targets {
+		for _, t := range spellings(target) {
+			list, _ := st.served.get(t)
+			for _, s := range list {
+				if s.p.meets(t, needs) {
+					return true
+				}
 			}
 		}
 	}
 	return st.goneProviders(func(p *provider) bool {
-		return slices.ContainsFunc(targets, func(t string) bool { return p.serves(t) && p.meets(t, needs) })
+		return slices.ContainsFunc(targets, func(target string) bool {
+			t, ok := p.servedName(target)
+			return ok && p.meets(t, needs)
+		})
 	})
 }
 
@@ -184,7 +239,7 @@ func (c *catalog) name(model string) string {
 	if _, ok := aliases[model]; ok {
 		return model
 	}
-	alt := contract.TagAlternative(model)
+	alt := modelname.Alternative(model)
 	st := c.reg.load()
 	if st.known(model) || alt == "" {
 		return model
@@ -228,4 +283,64 @@ func (c *catalog) models() []string {
 	}
 	sort.Strings(names)
 	return slices.Compact(names)
+}
+
+// aliasCheckDelay is how long after it starts serving the edge gives its
+// nodes to connect before it checks the aliases' targets against what they
+// serve (checkAliasesAtStart).
+const aliasCheckDelay = 10 * time.Second
+
+// checkAliasesAtStart logs, aliasCheckDelay after the edge starts serving,
+// the aliases with targets no node serves (warnUnmatched); while no node
+// has connected yet, it looks again every aliasCheckDelay. The timer runs
+// on the edge's clock; stop cancels it.
+func (s *Service) checkAliasesAtStart() (stop func()) {
+	var mu sync.Mutex // guards the fields below; a leaf lock
+	var timer clock.Timer
+	stopped := false
+	var arm func()
+	arm = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			return
+		}
+		timer = s.clock.AfterFunc(aliasCheckDelay, func() {
+			if st := s.reg.load(); st.nodes.len() == 0 && st.gone.len() == 0 {
+				arm()
+				return
+			}
+			s.warnUnmatched()
+		})
+	}
+	arm()
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		if timer != nil {
+			timer.Stop()
+		}
+	}
+}
+
+// warnUnmatched logs one warning per configured alias that has targets no
+// node serves or served lately (catalog.unmatchedAliases), naming them;
+// nothing while no node has connected. Called at a reload and once the
+// nodes had time to connect after the start.
+func (s *Service) warnUnmatched() {
+	un := s.cat.unmatchedAliases()
+	aliases := make([]string, 0, len(un))
+	for a := range un {
+		aliases = append(aliases, a)
+	}
+	sort.Strings(aliases)
+	all := *s.cat.aliases.Load()
+	for _, a := range aliases {
+		msg := "alias targets match no model any node serves; check their spelling"
+		if len(un[a]) == len(all[a]) {
+			msg = "alias matches no model any node serves: its requests get 404; check its targets' spelling"
+		}
+		s.log.Warn(msg, "alias", a, "unmatched", un[a], "targets", all[a])
+	}
 }

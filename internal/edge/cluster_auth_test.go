@@ -54,9 +54,12 @@ func startTextLogEdge(t *testing.T, cfg Config) (*testEdge, *logBuf) {
 	t.Helper()
 	lb := &logBuf{}
 	clk := newTestClock()
-	srv, err := NewServer(cfg, Deps{Clock: clk, Logger: slog.New(slog.NewTextHandler(lb, nil))})
+	srv, err := NewServer(cfg, withClusterListener(t, &cfg, Deps{Clock: clk, Logger: slog.New(slog.NewTextHandler(lb, nil))}))
 	if err != nil {
 		t.Fatalf("NewServer: %v", err)
+	}
+	if cfg.Cluster != nil {
+		paceClock(t, clk)
 	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -80,7 +83,7 @@ func startTextLogEdge(t *testing.T, cfg Config) (*testEdge, *logBuf) {
 }
 
 func clusterCfg(etcd *etcdtest.Cluster, id, name string, t *testing.T) *cluster.Config {
-	return &cluster.Config{Etcd: etcd.Endpoints(), Name: name, Advertise: freeAddr(t), SessionTTL: time.Second, ID: id}
+	return &cluster.Config{Etcd: etcd.Endpoints(), Name: name, SessionTTL: time.Second, ID: id}
 }
 
 // waitLog waits until lb has every one of marks.
@@ -145,7 +148,7 @@ func TestRegression_OtherDeploymentNeverServesFollowers(t *testing.T) {
 	}
 
 	// A call of alpha's follower to beta's admission service is refused.
-	cli, err := alpha[fi].svc.cl.client(bcfg.Cluster.Advertise)
+	cli, err := alpha[fi].svc.cl.client(beta.svc.cl.cfg.Advertise)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +290,7 @@ func TestClusterTLSAndTokenBetweenEdges(t *testing.T) {
 // is true on the leader and on a follower once its session is open.
 func TestClusterReadyNeedsALeader(t *testing.T) {
 	cfg := testConfig()
-	cfg.Cluster = &cluster.Config{Etcd: []string{"http://" + freeAddr(t)}, Name: "lonely", Advertise: freeAddr(t), SessionTTL: time.Second, ID: "x"}
+	cfg.Cluster = &cluster.Config{Etcd: []string{"http://" + closedAddr(t)}, Name: "lonely", SessionTTL: time.Second, ID: "x"}
 	lonely := startEdge(t, cfg)
 	lonely.connect(t, hello("n1", prov("p1", nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED, 2, "m")))
 	if lonely.svc.Ready() {

@@ -23,8 +23,9 @@ func benchEdge(b *testing.B, etcd *etcdtest.Cluster, name string) *Service {
 	b.Helper()
 	cfg := testConfig()
 	cfg.HeartbeatInterval = time.Hour
-	cfg.Cluster = &cluster.Config{Etcd: etcd.Endpoints(), Name: name, Advertise: benchAddr(b), SessionTTL: 2 * time.Second, ID: "bench"}
-	srv, err := NewServer(cfg, Deps{})
+	clis := clusterListener(b)
+	cfg.Cluster = &cluster.Config{Etcd: etcd.Endpoints(), Name: name, Advertise: clis.Addr().String(), SessionTTL: 2 * time.Second, ID: "bench"}
+	srv, err := NewServer(cfg, Deps{ClusterListener: clis})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -60,15 +61,6 @@ func benchEdge(b *testing.B, etcd *etcdtest.Cluster, name string) *Service {
 		}
 	}()
 	return srv.Service()
-}
-
-func benchAddr(b *testing.B) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // BenchmarkClusterAdmit measures one admission and its release, one at a

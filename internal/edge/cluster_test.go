@@ -28,18 +28,52 @@ func clusterEdges(t *testing.T, etcd *etcdtest.Cluster, n int) []*testEdge {
 	var es []*testEdge
 	for i := range n {
 		cfg := testConfig()
-		cfg.Cluster = &cluster.Config{Etcd: etcd.Endpoints(), Name: fmt.Sprintf("edge-%d", i+1), Advertise: freeAddr(t), SessionTTL: time.Second, ID: "test"}
+		cfg.Cluster = &cluster.Config{Etcd: etcd.Endpoints(), Name: fmt.Sprintf("edge-%d", i+1), SessionTTL: time.Second, ID: "test"}
 		es = append(es, startEdge(t, cfg))
 	}
 	return es
 }
 
-func freeAddr(t *testing.T) string {
+// paceClock moves clk with the wall clock until the test ends (startEdge
+// calls it for an edge of a cluster): the election runs on etcd's time, and the cluster side's waits (leaderWait,
+// rebuildWait, its pauses) on the edge's clock must keep up with it. A
+// test may still Advance clk further.
+func paceClock(t *testing.T, clk *testClock) {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				clk.Advance(10 * time.Millisecond)
+			}
+		}
+	}()
+	t.Cleanup(func() { close(done); <-stopped })
+}
+
+// clusterListener is a loopback listener on a port of the kernel's
+// choosing, for an edge's Admission service (Deps.ClusterListener); the
+// edge closes it.
+func clusterListener(t testing.TB) net.Listener {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	return l
+}
+
+// closedAddr is a loopback address nothing listens on: a port of the
+// kernel's choosing, closed again (a call to it is refused).
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	l := clusterListener(t)
 	defer l.Close()
 	return l.Addr().String()
 }
@@ -305,17 +339,17 @@ func TestClusterNoLeaderIs503(t *testing.T) {
 func blockLeader(t *testing.T, e *testEdge) {
 	t.Helper()
 	st, _ := e.svc.Cluster()
-	cc, err := grpc.NewClient(freeAddr(t), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(closedAddr(t), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cm := e.svc.cl
-	cm.mu.Lock()
-	if old := cm.clients[st.LeaderAddr]; old != nil {
+	gp := e.svc.cl.net.(*grpcPeers)
+	gp.mu.Lock()
+	if old := gp.clients[st.LeaderAddr]; old != nil {
 		_ = old.Close()
 	}
-	cm.clients[st.LeaderAddr] = cc
-	cm.mu.Unlock()
+	gp.clients[st.LeaderAddr] = cc
+	gp.mu.Unlock()
 }
 
 // TestClusterFailoverKeepsTheWaitingOrder: a follower's three requests

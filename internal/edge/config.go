@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"reflect"
 	"sort"
 	"strings"
 	"time"
@@ -95,7 +96,7 @@ type Config struct {
 	// Models maps an alias clients may request to the served model names
 	// that can answer it, with per-model queue overrides. A served model
 	// name needs no entry to be requested.
-	Models map[string]ModelConfig `yaml:"models"`
+	Models Aliases `yaml:"models"`
 	// Tokens are the node join tokens accepted in Hello, each optionally
 	// limited to some node ids; empty accepts any token. Whatever the
 	// tokens, a node id stays bound to the token it first joined with
@@ -318,6 +319,69 @@ func (c Config) maxReconnectGrace() time.Duration {
 // DefaultReconnectGrace is queue.reconnect_grace's default: a node's
 // restart of a few seconds keeps its queued requests.
 const DefaultReconnectGrace = 5 * time.Second
+
+// Aliases maps each alias to its ModelConfig (Config.Models).
+type Aliases map[string]ModelConfig
+
+// UnmarshalYAML reads a mapping of aliases in time linear in their number
+// (yaml.v3 compares a mapping's keys pairwise, which is quadratic). A
+// repeated alias, an unknown key of an alias or a value of the wrong shape
+// is a *yaml.TypeError naming its line, as yaml.v3's strict decoding says
+// them.
+func (a *Aliases) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		*a = nil
+		return nil
+	}
+	if n.Kind != yaml.MappingNode {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: cannot unmarshal %s into the models mapping", n.Line, n.ShortTag())}}
+	}
+	out := make(Aliases, len(n.Content)/2)
+	at := make(map[string]int, len(n.Content)/2)
+	var bad []string
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if line, ok := at[k.Value]; ok {
+			bad = append(bad, fmt.Sprintf("line %d: mapping key %q already defined at line %d", k.Line, k.Value, line))
+			continue
+		}
+		at[k.Value] = k.Line
+		if v.Kind == yaml.MappingNode {
+			for j := 0; j+1 < len(v.Content); j += 2 {
+				if f := v.Content[j]; !modelConfigKeys[f.Value] {
+					bad = append(bad, fmt.Sprintf("line %d: field %s not found in type edge.ModelConfig", f.Line, f.Value))
+				}
+			}
+		}
+		var m ModelConfig
+		if err := v.Decode(&m); err != nil {
+			var te *yaml.TypeError
+			if !errors.As(err, &te) {
+				return err
+			}
+			bad = append(bad, te.Errors...)
+			continue
+		}
+		out[k.Value] = m
+	}
+	if len(bad) > 0 {
+		return &yaml.TypeError{Errors: bad}
+	}
+	*a = out
+	return nil
+}
+
+// modelConfigKeys are ModelConfig's yaml keys.
+var modelConfigKeys = func() map[string]bool {
+	keys := make(map[string]bool)
+	t := reflect.TypeOf(ModelConfig{})
+	for i := range t.NumField() {
+		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ","); name != "" && name != "-" {
+			keys[name] = true
+		}
+	}
+	return keys
+}()
 
 // ModelConfig is one alias: its served targets and its queue overrides
 // (zero = the queue defaults).

@@ -107,6 +107,10 @@ func TestConfigInvalid(t *testing.T) {
 		{"negative prefix slack", "prefix_load_slack: -0.1", "prefix_load_slack"},
 		{"prefix slack above 1", "prefix_load_slack: 1.5", "prefix_load_slack"},
 		{"negative index bound", "prefix_index_blocks: -1", "prefix_index_blocks"},
+		{"unknown alias key", "models:\n  a:\n    targets: [x]\n    max_qeue: 2\n", "line 4: field max_qeue not found in type edge.ModelConfig"},
+		{"repeated alias", "models:\n  a: {targets: [x]}\n  a: {targets: [y]}\n", `line 3: mapping key "a" already defined at line 2`},
+		{"alias target not a list", "models: {a: {targets: x}}", "cannot unmarshal"},
+		{"models not a mapping", "models: [a, b]", "models mapping"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

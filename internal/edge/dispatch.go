@@ -23,7 +23,12 @@ import (
 //   - A provider that failed before the first byte in a way another may not
 //     (unreachable, 502, 503, 429, its node lost before the run's first
 //     message) gives the request to a provider not tried yet, at most
-//     max_retries times; after that the failed attempt is the answer.
+//     max_retries times; after that the failed attempt is the answer. For
+//     a node lost, only that node connection (generation) is left out.
+//   - A request whose attempt failed because its node connection was lost
+//     (connLost), with no other candidate, waits for the node to come back
+//     within reconnect_grace, as a queued request does (the resolver says
+//     its providers are away), even before the edge fenced the connection.
 //   - A provider that left rotation between admission and dispatch is no
 //     attempt: the request is admitted again under the same run id; after
 //     maxOutOfRotation such races that provider is left out.
@@ -45,6 +50,10 @@ const (
 	// resOutOfRotation: admitted to a provider whose circuit opened (or
 	// whose half-open trial was taken) before the dispatch.
 	resOutOfRotation
+	// resNoConnection: a follower was granted a node it has no
+	// connection to; connected says whether the node has one now
+	// (clusterMode.awaitNode waited for it while it could still come).
+	resNoConnection
 	// resNotDispatched: the dispatch never reached a provider
 	// (dispatchRetryable: stale generation, dispatch timeout, refused, node
 	// gone or draining before the run opened); err says why.
@@ -71,6 +80,8 @@ type attemptResult struct {
 	// ctxErr is the caller's context's error when the attempt returned
 	// (nil while the caller waits).
 	ctxErr error
+	// connected: resNoConnection, the node is connected to this edge now.
+	connected bool
 }
 
 // dispatchState is what the dispatch loop remembers between attempts.
@@ -80,6 +91,7 @@ type dispatchState struct {
 	retries    int    // admissions again after a provider failed before the first byte
 	readmitted bool   // a dispatch that never reached a provider was admitted again
 	outOfRot   int    // admissions whose provider left rotation before dispatch
+	noConn     int    // follower grants of a node with no connection to this edge
 	// staleEpochs counts dispatches a node refused for a deposed leader's
 	// epoch (admitted again at the current leader, the candidate kept).
 	staleEpochs int
@@ -109,6 +121,10 @@ const (
 	// epoch; admit the request again (a new run id) at the current leader,
 	// the candidate kept.
 	actResubmit
+	// actRejoin: a follower was granted a node it had no connection to;
+	// admit the request again (a new run id), without that provider when
+	// exclude is set. Not an attempt.
+	actRejoin
 )
 
 // maxStaleEpoch is how many times one request is admitted again after a
@@ -118,7 +134,7 @@ const maxStaleEpoch = 3
 // action is next's decision.
 type action struct {
 	kind    actionKind
-	exclude bool  // actAgain: leave the provider out from now on
+	exclude bool  // actAgain, actRejoin: leave the provider out from now on
 	run     *Run  // actFinish: the run handed to the caller
 	err     error // actFinish: or the error returned
 	// drop, when set, is ended and settled as "client gone" before
@@ -140,6 +156,12 @@ func next(res attemptResult, st dispatchState) (action, dispatchState) {
 		// ends.
 		st.outOfRot++
 		return action{kind: actAgain, exclude: st.outOfRot >= maxOutOfRotation}, st
+	case resNoConnection:
+		// The node was (re)connecting to this edge: once it is here, the
+		// leader may grant it again; one that did not come in its grace
+		// (or after maxOutOfRotation such grants) is left out.
+		st.noConn++
+		return action{kind: actRejoin, exclude: !res.connected || st.noConn >= maxOutOfRotation}, st
 	case resNotDispatched:
 		if errors.Is(res.err, errStaleEpoch) && st.staleEpochs < maxStaleEpoch {
 			// Admitted by a deposed leader: no attempt, the candidate is
@@ -225,11 +247,13 @@ func notServed(res attemptResult, st dispatchState) action {
 // is dropped once this one is dispatched. One client-gone watcher covers
 // the attempt from the run's creation to its return: the caller's context
 // ending ends the run ("client gone").
-func (s *Service) attempt(ctx context.Context, req Request, tried []triedCandidate, readAhead bool, superseded *Run) attemptResult {
-	run, cand, stopWatch, err := s.dispatchOnce(ctx, req, tried)
+func (s *Service) attempt(ctx context.Context, req Request, tried []triedCandidate, waited *queueTime, readAhead bool, superseded *Run) attemptResult {
+	run, cand, stopWatch, err := s.dispatchOnce(ctx, req, tried, waited)
 	switch {
 	case errors.Is(err, errOutOfRotation):
 		return attemptResult{kind: resOutOfRotation, cand: cand, err: err, ctxErr: ctx.Err()}
+	case errors.Is(err, errNoConnection):
+		return attemptResult{kind: resNoConnection, cand: cand, err: err, ctxErr: ctx.Err(), connected: s.reg.current(cand.NodeID) != nil}
 	case err != nil && dispatchRetryable(err):
 		return attemptResult{kind: resNotDispatched, cand: cand, err: err, ctxErr: ctx.Err()}
 	case err != nil:
@@ -271,8 +295,9 @@ func (s *Service) dispatchLoop(ctx context.Context, req Request, attempts *[]*Ru
 	baseID := req.RunID
 	st := dispatchState{model: req.Model, maxRetries: s.cfg.Retries()}
 	var tried []triedCandidate
+	var waited queueTime
 	for n := 0; ; {
-		res := s.attempt(ctx, req, tried, st.maxRetries > 0, st.failedRun)
+		res := s.attempt(ctx, req, tried, &waited, st.maxRetries > 0, st.failedRun)
 		if res.run != nil {
 			*attempts = append(*attempts, res.run)
 		}
@@ -291,17 +316,32 @@ func (s *Service) dispatchLoop(ctx context.Context, req Request, attempts *[]*Ru
 			}
 			continue // not an attempt: the same run id
 		case actReadmit:
-			s.log.Info("dispatch failed before the run opened; trying another provider", "run", req.RunID, "model", req.Model, "node", cand.NodeID, "provider", cand.ProviderID, "err", res.err)
+			msg, t := "dispatch failed before the run opened; admitting the request again without that node connection", tried1(cand, true)
+			if connLost(res.err) {
+				msg, t = "node connection lost before the run opened; admitting the request again (it waits for the node within reconnect_grace if no other provider serves it)", triedLost(cand)
+			}
+			s.log.Info(msg, "run", req.RunID, "model", req.Model, "node", cand.NodeID, "generation", cand.Generation, "provider", cand.ProviderID, "err", res.err)
 			s.emit(lifecycle.Event{Type: lifecycle.DispatchRetried, Model: req.Model, NodeID: cand.NodeID, Generation: cand.Generation, ProviderID: cand.ProviderID, Reason: dispatchFailure(res.err)})
-			tried = append(tried, tried1(cand, true))
+			tried = append(tried, t)
+		case actRejoin:
+			s.log.Info("the leader chose a node not connected to this edge; admitting the request again", "run", req.RunID, "model", req.Model, "node", cand.NodeID, "provider", cand.ProviderID, "exclude", act.exclude)
+			if act.exclude {
+				tried = append(tried, tried1(cand, false))
+			}
 		case actResubmit:
 			s.log.Info("a node refused a deposed leader's epoch; admitting the request again at the current leader", "run", req.RunID, "model", req.Model, "node", cand.NodeID, "provider", cand.ProviderID, "err", res.err)
 		case actRetry:
 			s.countRetry(res.reason)
 			s.emit(lifecycle.Event{Type: lifecycle.DispatchRetried, Model: req.Model, NodeID: cand.NodeID, Generation: cand.Generation, ProviderID: cand.ProviderID, Reason: res.reason})
-			s.log.Warn("provider failed before the first byte; admitting the request again", "run", req.RunID, "model", req.Model,
-				"node", cand.NodeID, "provider", cand.ProviderID, "reason", res.reason, "retry", st.retries, "max_retries", st.maxRetries)
-			tried = append(tried, tried1(cand, false))
+			msg, t := "provider failed before the first byte; admitting the request again without it", tried1(cand, false)
+			if connLost(res.err) {
+				// The node, not its provider, went away: the provider may
+				// serve it again on the node's next connection.
+				msg, t = "node connection lost before the first byte; admitting the request again (it waits for the node within reconnect_grace if no other provider serves it)", triedLost(cand)
+			}
+			s.log.Warn(msg, "run", req.RunID, "model", req.Model, "node", cand.NodeID, "generation", cand.Generation,
+				"provider", cand.ProviderID, "reason", res.reason, "retry", st.retries, "max_retries", st.maxRetries)
+			tried = append(tried, t)
 		}
 		n++
 		req.RunID = retryRunID(baseID, n)

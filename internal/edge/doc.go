@@ -5,7 +5,9 @@
 // lifecycle, and carries admitted requests to nodes and their answers back.
 // Service admits through one admission (admission.go): localAdmission on a
 // single edge, clusterMode (cluster.go) for several; a run holds the grant
-// either returns.
+// either returns. clusterMode reaches the election through an elector and
+// the other edges through a peerNet (etcd and gRPC in production; a
+// simulated election and network in TestClusterProtocolSim).
 //
 // What the HTTP API asks and gets back is package edge/contract's: Request,
 // DispatchInfo, Snapshot, ModelInfo, the dispatch errors and Outcome. This
@@ -63,7 +65,16 @@
 // A requested model name is a configured alias, resolving to its targets,
 // or a served model name a current connection serves or one served less
 // than ForgetAfter ago, resolving to itself. Its candidates are the
-// healthy providers of current connections serving a target. Any other
+// healthy providers of current connections serving a target. Names are
+// compared by one rule, package modelname's (Ollama's: "x" is
+// "x:latest"): a target "x" is served by a provider listing "x:latest" and
+// the other way round, and the dispatch names the model as the provider
+// lists it. An alias none of whose targets a node serves or served lately
+// (a typo), once some node connected, is unknown too, with the reason
+// (contract.UnmatchedAliasError: 404 naming the targets), not unavailable;
+// its queue in Snapshot lists them (QueueSnapshot.UnmatchedTargets), and
+// the edge logs a warning per alias with unmatched targets at each reload
+// and aliasCheckDelay after it starts serving (catalog.go). Any other
 // name is unknown (scheduler.ErrUnknownModel); a known one without a live
 // provider has none (scheduler.ErrNoProvider). The request's capability
 // needs filter the candidates inside the resolver; NeedChoices, a request
@@ -187,7 +198,10 @@
 // again that finds no other candidate (none left, or none left with its
 // needs: its capable provider went away) gets the failed attempt's outcome:
 // the provider's answer, or for a lost node ErrProviderUnavailable, never a
-// rejection.
+// rejection. An attempt whose node connection was lost (connLost) leaves
+// out that generation only; when it was the last candidate, the request
+// waits for the node within reconnect_grace (the resolver says its
+// providers are away), even before the edge has fenced the connection.
 //
 // Dispatch is one loop (dispatch.go): each attempt (Service.attempt: one
 // admission, one dispatch, and with MaxRetries above 0 the read-ahead)
@@ -244,8 +258,8 @@
 // So every edge lock is a leaf: no call goes out while one is held (but
 // to the clock), and no other lock is taken under it. They are registry.mu and breakers.mu
 // (above), clusterMode.mu (several edges, cluster.go: the leader's term and
-// held leases, the follower's view of its leaders, key permits, admission
-// clients; the election
+// held leases, the follower's view of its leaders, key permits;
+// grpcPeers.mu guards the admission clients; the election
 // publishes its state through an atomic pointer), Run.mu, Service.mu (the runs map), Service.statsMu (retry and
 // circuit counters, the requested model names), conn.mu (a connection's
 // outbox, closed flag, last-seen time, idle warm streams), trust.mu (node id → token
@@ -285,8 +299,9 @@
 // one value on its assigned channel. A dispatch that took it is its one
 // sender until then (the Dispatch), and hands the run over on assigned;
 // from then on the handler is the sole sender, as on any run stream.
-// Timers (heartbeats, hello and dispatch timeouts) run on the injected
-// clock; their callbacks only signal a channel or end a pending run (which
+// Timers (heartbeats, hello and dispatch timeouts, and every wait of the
+// cluster side: leaderWait, rebuildWait, the follower's silence bound, its
+// pauses and Release retries) run on the injected clock; their callbacks only signal a channel or end a pending run (which
 // may open its provider's circuit, see above). Each Dispatch attempt has one
 // client-gone watcher (watchClient, a context.AfterFunc on the caller's
 // context) from the run's creation until the attempt returns: it ends the

@@ -3,7 +3,8 @@ package edge
 import (
 	"context"
 	"errors"
-	"fmt"
+	"slices"
+	"strings"
 
 	"iop/internal/edge/contract"
 	"iop/internal/scheduler"
@@ -60,9 +61,9 @@ func boundaryError(err error) error {
 	}
 	switch {
 	case errors.Is(err, scheduler.ErrDisplaced):
-		return fmt.Errorf("%w: %w: %w", contract.ErrShed, contract.ErrDisplaced, err)
+		return &contractError{is: []error{contract.ErrShed, contract.ErrDisplaced}, err: err}
 	case errors.Is(err, scheduler.ErrExpectedWait):
-		return fmt.Errorf("%w: %w: %w", contract.ErrShed, contract.ErrExpectedWait, err)
+		return &contractError{is: []error{contract.ErrShed, contract.ErrExpectedWait}, err: err}
 	}
 	for _, m := range []struct{ from, to error }{
 		{scheduler.ErrUnknownModel, contract.ErrUnknownModel},
@@ -73,11 +74,37 @@ func boundaryError(err error) error {
 		{scheduler.ErrNoProvider, contract.ErrNoProvider},
 	} {
 		if errors.Is(err, m.from) {
-			return fmt.Errorf("%w: %w", m.to, err)
+			return &contractError{is: []error{m.to}, err: err}
 		}
 	}
 	return err
 }
+
+// contractError is a scheduler error err that is also the contract's
+// errors is (errors.Is finds both). Its text is the contract's words,
+// then err's, but only the words err does not say already: most of the
+// scheduler's sentinels say what the contract's do, and a prefix would
+// say it twice ("queue full: model "m": queue full").
+type contractError struct {
+	is  []error
+	err error
+}
+
+func (e *contractError) Error() string {
+	text := e.err.Error()
+	var prefix []string
+	for _, is := range e.is {
+		if !strings.Contains(text, is.Error()) {
+			prefix = append(prefix, is.Error())
+		}
+	}
+	if len(prefix) == 0 {
+		return text
+	}
+	return strings.Join(prefix, ": ") + ": " + text
+}
+
+func (e *contractError) Unwrap() []error { return append(slices.Clip(e.is), e.err) }
 
 // Outcomes the gRPC handlers find themselves; grpcError maps them to codes.
 var (
@@ -92,6 +119,8 @@ var (
 	errOutboxFull      = errors.New("control stream backlog full")
 	errActivate        = errors.New("activating providers failed")
 	errShutdown        = errors.New("edge shutting down")
+	errConnClosed      = errors.New("the node closed its connection")
+	errConnLost        = errors.New("node connection lost")
 	errRunOpenMissing  = errors.New("first run stream message is not RunOpen")
 	errRunNotPending   = errors.New("run is not pending")
 	errRunStale        = errors.New("run was dispatched on another node connection")
@@ -99,6 +128,9 @@ var (
 	// errNodeDraining: the node said Drain; it refuses dispatches and
 	// closes its connection when its runs are done.
 	errNodeDraining = errors.New("node is draining")
+	// errNoConnection: the leader granted a follower a node that has no
+	// connection to the follower (yet).
+	errNoConnection = errors.New("this edge has no connection to the node")
 )
 
 // grpcError maps an outcome of a gRPC handler to the status the node sees.

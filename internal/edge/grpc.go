@@ -157,7 +157,7 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 		select {
 		case r := <-in:
 			if r.err != nil {
-				cause = r.err
+				cause = s.connEnded(r.err)
 				return r.err
 			}
 			c.touch(s.clock.Now())
@@ -192,8 +192,8 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 			cause = errOutboxFull
 			return cause
 		case <-ctx.Done():
-			cause = ctx.Err()
-			return cause
+			cause = s.connEnded(ctx.Err())
+			return ctx.Err()
 		case <-s.shutdown:
 			cause = errShutdown
 			return cause
@@ -229,6 +229,21 @@ func (s *Service) accept(h *nodev1.Hello) (*conn, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// connEnded is the cause of a connection whose stream ended with err (or
+// whose context ended): the edge stopping, the node closing it (io.EOF),
+// or the connection lost (a node killed, a network cut).
+func (s *Service) connEnded(err error) error {
+	select {
+	case <-s.shutdown:
+		return errShutdown
+	default:
+	}
+	if errors.Is(err, io.EOF) {
+		return errConnClosed
+	}
+	return fmt.Errorf("%w: %w", errConnLost, err)
 }
 
 // closeConn settles a connection that ended: it leaves the registry, its
@@ -277,13 +292,11 @@ func (s *Service) forgetGone() {
 func (s *Service) handleNodeMessage(c *conn, m *nodev1.NodeMessage) {
 	switch msg := m.GetMsg().(type) {
 	case *nodev1.NodeMessage_Heartbeat:
-		if s.cl != nil && msg.Heartbeat.GetRunsSet() {
-			s.cl.nodeReport(c, 0, msg.Heartbeat.GetRuns(), false)
+		if msg.Heartbeat.GetRunsSet() {
+			s.adm.nodeReport(c, 0, msg.Heartbeat.GetRuns(), false)
 		}
 	case *nodev1.NodeMessage_RunsReport:
-		if s.cl != nil {
-			s.cl.nodeReport(c, msg.RunsReport.GetEpoch(), msg.RunsReport.GetRuns(), true)
-		}
+		s.adm.nodeReport(c, msg.RunsReport.GetEpoch(), msg.RunsReport.GetRuns(), true)
 	case *nodev1.NodeMessage_ProviderUpdate:
 		s.updateProvider(c, msg.ProviderUpdate)
 	case *nodev1.NodeMessage_DispatchRefused:
@@ -312,7 +325,7 @@ func (s *Service) refusal(c *conn, ref *nodev1.DispatchRefused) error {
 	}
 	if e := ref.GetStaleEpoch(); e != 0 {
 		err = fmt.Errorf("%w: %w", errStaleEpoch, err)
-		s.cl.sawEpoch(e)
+		s.adm.sawEpoch(e)
 	}
 	if s.reg.isDraining(c) {
 		err = fmt.Errorf("%w: %w", errNodeDraining, err)

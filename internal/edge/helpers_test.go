@@ -100,13 +100,31 @@ func testConfig() Config {
 	}
 }
 
+// withClusterListener hands deps a listener for the Admission service of
+// an edge of several (cfg.Cluster without Advertise) and advertises its
+// address: a port freed for the edge to bind could be taken meanwhile.
+func withClusterListener(t *testing.T, cfg *Config, deps Deps) Deps {
+	t.Helper()
+	if cfg.Cluster != nil && cfg.Cluster.Advertise == "" {
+		deps.ClusterListener = clusterListener(t)
+		c := *cfg.Cluster
+		c.Advertise = deps.ClusterListener.Addr().String()
+		cfg.Cluster = &c
+	}
+	return deps
+}
+
 // startEdge serves cfg on 127.0.0.1:0 with a fake clock and dials it.
 func startEdge(t *testing.T, cfg Config) *testEdge {
 	t.Helper()
 	clk := newTestClock()
-	srv, err := NewServer(cfg, Deps{Clock: clk})
+	deps := withClusterListener(t, &cfg, Deps{Clock: clk})
+	srv, err := NewServer(cfg, deps)
 	if err != nil {
 		t.Fatalf("NewServer: %v", err)
+	}
+	if cfg.Cluster != nil {
+		paceClock(t, clk)
 	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

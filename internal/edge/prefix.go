@@ -8,6 +8,8 @@ import (
 
 	"iop/internal/edge/contract"
 	"iop/internal/scheduler"
+
+	"iop/internal/modelname"
 )
 
 // Routing names how the edge chooses a provider among the candidates with a
@@ -174,7 +176,9 @@ func newPrefixIndex(maxBlocks int) *prefixIndex {
 	return &prefixIndex{maxBlocks: maxBlocks, models: make(map[string]*modelIndex)}
 }
 
-// affinityKey names one candidate's cache: a provider and a served model.
+// affinityKey names one candidate's cache: a provider and a served model
+// (its modelname.Key: the index keys every model by it, so "x" and
+// "x:latest" share one index).
 type affinityKey struct {
 	scheduler.ProviderRef
 	target string
@@ -192,7 +196,8 @@ func (x *prefixIndex) match(targets []string, blocks []uint64) map[affinityKey]i
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	var out map[affinityKey]int
-	for _, target := range targets {
+	for _, t := range targets {
+		target := modelname.Key(t)
 		mi := x.models[target]
 		if mi == nil {
 			continue
@@ -251,6 +256,7 @@ func (x *prefixIndex) record(target string, ref scheduler.ProviderRef, blocks []
 	if len(blocks) == 0 || x.maxBlocks <= 0 {
 		return
 	}
+	target = modelname.Key(target)
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	mi := x.models[target]
@@ -408,11 +414,11 @@ func (r prefixRoute) affinity() func(scheduler.Candidate) int {
 	}
 	m := r.matched
 	return func(c scheduler.Candidate) int {
-		return m[affinityKey{scheduler.ProviderRef{NodeID: c.NodeID, ProviderID: c.ProviderID}, c.Target}]
+		return m[affinityKey{scheduler.ProviderRef{NodeID: c.NodeID, ProviderID: c.ProviderID}, modelname.Key(c.Target)}]
 	}
 }
 
 // predicted is the tokens the route expected candidate c to hold.
 func (r prefixRoute) predicted(c scheduler.Candidate) int {
-	return r.matched[affinityKey{scheduler.ProviderRef{NodeID: c.NodeID, ProviderID: c.ProviderID}, c.Target}]
+	return r.matched[affinityKey{scheduler.ProviderRef{NodeID: c.NodeID, ProviderID: c.ProviderID}, modelname.Key(c.Target)}]
 }

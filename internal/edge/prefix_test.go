@@ -86,9 +86,9 @@ func TestPrefixIndexMatch(t *testing.T) {
 	x.record("other", ref("d"), long)
 	got := x.match([]string{"t"}, long)
 	want := map[affinityKey]int{
-		{ref("a"), "t"}: 3 * prefixBlockTokens,
-		{ref("b"), "t"}: 5 * prefixBlockTokens,
-		{ref("c"), "t"}: 1 * prefixBlockTokens,
+		{ref("a"), "t:latest"}: 3 * prefixBlockTokens,
+		{ref("b"), "t:latest"}: 5 * prefixBlockTokens,
+		{ref("c"), "t:latest"}: 1 * prefixBlockTokens,
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("match %v, want %v", got, want)
@@ -96,8 +96,17 @@ func TestPrefixIndexMatch(t *testing.T) {
 	if got := x.match([]string{"t"}, []uint64{7, 1, 2}); got != nil {
 		t.Fatalf("a prompt whose first block nobody holds matched %v", got)
 	}
-	if got := x.match([]string{"t", "other"}, long); got[affinityKey{ref("d"), "other"}] != 5*prefixBlockTokens {
+	if got := x.match([]string{"t", "other"}, long); got[affinityKey{ref("d"), "other:latest"}] != 5*prefixBlockTokens {
 		t.Fatalf("alias with two targets: %v", got)
+	}
+	// One model under the name rule: "t:latest" recorded, "t" matched.
+	x.record("u:latest", ref("e"), long)
+	if got := x.match([]string{"u"}, long); got[affinityKey{ref("e"), "u:latest"}] != 5*prefixBlockTokens {
+		t.Fatalf("u:latest recorded, u matched: %v", got)
+	}
+	r := prefixRoute{matched: x.match([]string{"u"}, long)}
+	if got := r.affinity()(scheduler.Candidate{NodeID: "n", ProviderID: "e", Target: "u:latest"}); got != 5*prefixBlockTokens {
+		t.Fatalf("the candidate serving u:latest has affinity %d", got)
 	}
 }
 
@@ -118,7 +127,7 @@ func TestPrefixIndexBounded(t *testing.T) {
 			t.Fatalf("after %d prompts the index holds %d blocks, bound 64", i+1, n)
 		}
 	}
-	mi := x.models["t"]
+	mi := x.models["t:latest"]
 	if b := mi.blocks[1]; b == nil || len(b.holders) != prefixHolders {
 		t.Fatalf("shared block: %+v", b)
 	}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"iop/internal/edge/contract"
+	"iop/internal/modelname"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
 )
@@ -123,11 +124,29 @@ const NeedLogprobs = "logprobs"
 // declares it.
 const NeedOllamaLogprobs = "ollama_logprobs"
 
-// serves reports whether p serves the model name m.
+// serves reports whether p serves the model name m exactly.
 func (p *provider) serves(m string) bool {
 	_, ok := slices.BinarySearch(p.models, m)
 	return ok
 }
+
+// servedName returns p's own spelling of the model m names under the name
+// rule (package modelname: "x" and "x:latest" are one model), and whether p
+// serves it; m itself when p serves that spelling.
+func (p *provider) servedName(m string) (string, bool) {
+	if p.serves(m) {
+		return m, true
+	}
+	if alt := modelname.Alternative(m); alt != "" && p.serves(alt) {
+		return alt, true
+	}
+	return "", false
+}
+
+// spellings are m and its other spelling under the name rule
+// (modelname.Alternative), "" when it has none: the keys under which the
+// served-name index holds the providers serving m.
+func spellings(m string) [2]string { return [2]string{m, modelname.Alternative(m)} }
 
 // lacks returns the first capability of needs that a served model with
 // capabilities caps (own: the model's own, else its provider's) on a
@@ -704,7 +723,8 @@ func (r *registry) lookup(node string, gen uint64, providerID string) (*conn, *p
 }
 
 // describe returns, for the provider providerID of node's connection of
-// generation gen, the first of targets it serves, that model's
+// generation gen, the first of targets it serves (under the name rule, as
+// the provider spells it), that model's
 // capabilities (see ModelProvider.Capabilities) and details; ok is false
 // when that connection is not current or the provider serves none of them.
 func (r *registry) describe(node string, gen uint64, providerID string, targets []string) (mp ModelProvider, ok bool) {
@@ -712,8 +732,9 @@ func (r *registry) describe(node string, gen uint64, providerID string, targets 
 	if p == nil {
 		return mp, false
 	}
-	for _, t := range targets {
-		if _, found := slices.BinarySearch(p.models, t); !found {
+	for _, target := range targets {
+		t, found := p.servedName(target)
+		if !found {
 			continue
 		}
 		mp.Target = t

@@ -42,8 +42,9 @@ type ReloadResult struct {
 // removed token is freed). The client and admin keys are the HTTP API's
 // (its caller swaps its keyrings); Reload neither applies nor reports them.
 // Other settings (listen, node_listen, heartbeat_interval,
-// dispatch_timeout, long_context_tokens, ...) need a restart; Reload
-// reports those that differ and keeps their running values.
+// dispatch_timeout, long_context_tokens, insecure_open, drain_timeout,
+// max_retries, circuit_breaker, ...) need a restart; Reload reports those
+// that differ, by YAML key (restartOnly), and keeps their running values.
 //
 // cfg's zero fields take their defaults. An invalid cfg changes nothing and
 // returns an error wrapping ErrInvalidConfig that names every problem.
@@ -64,6 +65,7 @@ func (s *Service) Reload(cfg Config) (ReloadResult, error) {
 		return ReloadResult{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	s.cat.setAliases(cfg.Models)
+	s.warnUnmatched()
 	s.cat.awayFor.Store(int64(cfg.maxReconnectGrace()))
 	s.routing.Store(newRoutingPolicy(cfg))
 	tokensAdded, tokensRemoved := s.trust.setTokens(cfg.Tokens)
@@ -120,10 +122,15 @@ func restartOnly(running, next Config) []string {
 		{"fairness.flow", running.Fairness.Flow != next.Fairness.Flow},
 		{"tracing", !reflect.DeepEqual(running.Tracing, next.Tracing)},
 		{"cluster", !reflect.DeepEqual(running.Cluster, next.Cluster)},
+		{"insecure_open", running.InsecureOpen != next.InsecureOpen},
+		{"drain_timeout", running.DrainTimeout != next.DrainTimeout},
+		{"max_retries", running.Retries() != next.Retries()},
+		{"circuit_breaker", running.CircuitBreaker != next.CircuitBreaker},
 	} {
 		if f.differs {
 			out = append(out, f.key)
 		}
 	}
+	sort.Strings(out)
 	return out
 }

@@ -29,13 +29,18 @@ type Deps struct {
 	// Observer is told of node and run lifecycle events (package events);
 	// nil means none.
 	Observer lifecycle.Observer
+	// ClusterListener, with Config.Cluster, is the listener of this edge's
+	// Admission service (Serve serves on it and closes it); nil means
+	// Serve listens on cluster.listen.
+	ClusterListener net.Listener
 }
 
 // Server is the edge core: node registry, catalog, scheduler and the gRPC
 // NodeGateway endpoint nodes connect to. Create it with NewServer.
 type Server struct {
-	svc *Service
-	tls *tls.Config // nil: plaintext
+	svc  *Service
+	tls  *tls.Config  // nil: plaintext
+	clis net.Listener // Deps.ClusterListener
 }
 
 // NewServer wires the edge core for cfg (zero fields take their defaults).
@@ -92,7 +97,7 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 		}
 		svc.adm = svc.cl
 	}
-	return &Server{tls: tlsCfg, svc: svc}, nil
+	return &Server{tls: tlsCfg, svc: svc, clis: deps.ClusterListener}, nil
 }
 
 // Service returns the dispatch surface the HTTP API uses.
@@ -131,13 +136,17 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	}
 	gs := grpc.NewServer(opts...)
 	nodev1.RegisterNodeGatewayServer(gs, &grpcServer{s: s.svc})
+	defer s.svc.checkAliasesAtStart()()
 	errc := make(chan error, 1)
 	go func() { errc <- gs.Serve(lis) }()
 	if cm := s.svc.cl; cm != nil {
 		// Several edges: this edge's Admission service, for the others
 		// while it leads, on cluster.listen; the election ends with Serve.
 		defer cm.close()
-		clis, err := net.Listen("tcp", cm.cfg.Listen)
+		clis, err := s.clis, error(nil)
+		if clis == nil {
+			clis, err = net.Listen("tcp", cm.cfg.Listen)
+		}
 		if err != nil {
 			s.svc.stop()
 			gs.Stop()

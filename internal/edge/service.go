@@ -12,6 +12,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -171,6 +172,7 @@ func (s *Service) Dispatch(ctx context.Context, req Request) (out *Run, outErr e
 	if s.stopping.Err() != nil {
 		return nil, fmt.Errorf("%w: no new requests", ErrShuttingDown)
 	}
+	ctx = s.adm.bound(ctx)
 	// A Shutdown while the request waits or is dispatched ends it with
 	// ErrShuttingDown, not as a client that went away.
 	callerCtx := ctx
@@ -218,13 +220,32 @@ func retryRunID(id string, attempt int) string {
 
 // triedCandidate is a candidate an attempt of a request went to; exact excludes only
 // its generation (the node replaced it: the new one is a fine candidate),
-// else the provider is excluded whatever its node's generation.
+// else the provider is excluded whatever its node's generation. lost
+// (exact too) says the attempt failed because that generation's
+// connection was lost (connLost): while it is the only candidate left,
+// the request waits for the node to come back (the resolver answers
+// scheduler.ErrProviderAway) instead of failing.
 type triedCandidate struct {
 	scheduler.Candidate
 	exact bool
+	lost  bool
 }
 
-func tried1(c scheduler.Candidate, exact bool) triedCandidate { return triedCandidate{c, exact} }
+func tried1(c scheduler.Candidate, exact bool) triedCandidate {
+	return triedCandidate{Candidate: c, exact: exact}
+}
+
+// triedLost is c, tried by an attempt whose node connection was lost.
+func triedLost(c scheduler.Candidate) triedCandidate {
+	return triedCandidate{Candidate: c, exact: true, lost: true}
+}
+
+// connLost reports whether an attempt failed because its node connection
+// (that generation) ended, not because of its provider: the node is gone,
+// or its generation was gone or replaced before the dispatch.
+func connLost(err error) bool {
+	return errors.Is(err, ErrNodeGone) || errors.Is(err, ErrStaleGeneration)
+}
 
 func (t triedCandidate) excludes(c scheduler.Candidate) bool {
 	return c.NodeID == t.NodeID && c.ProviderID == t.ProviderID && (!t.exact || c.Generation == t.Generation)
@@ -246,12 +267,36 @@ const maxOutOfRotation = 3
 // half-open trial was taken, between the resolver and the dispatch.
 var errOutOfRotation = errors.New("provider out of rotation")
 
+// queueTime is the time a request waited for a slot, summed over its
+// admissions (a request admitted again after a failed dispatch waits
+// again), and whether any of them queued.
+type queueTime struct {
+	wait   time.Duration
+	queued bool
+}
+
+// add counts one admission's wait.
+func (q *queueTime) add(li scheduler.DispatchInfo) {
+	q.wait += li.Wait
+	q.queued = q.queued || li.QueueReason == scheduler.ReasonQueued
+}
+
+// reason is the admission reason of the request's run: queued when any
+// of its admissions queued.
+func (q *queueTime) reason() contract.Admission {
+	if q.queued {
+		return contract.AdmissionQueued
+	}
+	return contract.AdmissionImmediate
+}
+
 // dispatchOnce admits req (never to a candidate tried excludes) and
 // dispatches it; it returns the run, or the candidate it tried and why it
-// failed. From the run's creation, the attempt's client-gone watcher ends
+// failed. The admission's wait is added to waited, and the run's
+// DispatchInfo reports waited whole. From the run's creation, the attempt's client-gone watcher ends
 // it when ctx ends; with the run, dispatchOnce returns that watcher's stop,
 // which the caller calls when it is done with the attempt.
-func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCandidate) (*Run, scheduler.Candidate, func(), error) {
+func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCandidate, waited *queueTime) (*Run, scheduler.Candidate, func(), error) {
 	route := s.routeOf(req) // before Admit: it takes the prefix index's lock
 	// The request's span, if it is traced (api.Config.Tracer): it gets the
 	// queued, admitted and dispatched events, and its context goes to the
@@ -268,6 +313,8 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		return nil, scheduler.Candidate{}, nil, err
 	}
 	cand := g.candidate()
+	li := g.info()
+	waited.add(li)
 	if route.blocks != nil {
 		// The chosen provider receives the prompt: the next turn of its
 		// conversation will find its blocks there.
@@ -288,11 +335,11 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		g.release("stale generation")
 		tk.done(outcomeNeutral)
 		if !g.local() && cand.Generation == 0 {
-			return nil, cand, nil, fmt.Errorf("%w: this edge has no connection to node %q", ErrStaleGeneration, cand.NodeID)
+			s.adm.awaitNode(ctx, cand.NodeID)
+			return nil, cand, nil, fmt.Errorf("%w: %w: node %q", ErrStaleGeneration, errNoConnection, cand.NodeID)
 		}
-		return nil, cand, nil, fmt.Errorf("%w: node %q generation %d was replaced before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
+		return nil, cand, nil, fmt.Errorf("%w: %s", ErrStaleGeneration, s.staleReason(cand))
 	}
-	li := g.info()
 	if span.IsRecording() {
 		span.AddEvent(tracing.EventAdmitted, trace.WithAttributes(tracing.QueueReason.String(string(li.QueueReason)),
 			tracing.QueueWait.Float64(li.Wait.Seconds())))
@@ -315,8 +362,8 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 			ServedModel:           cand.Target,
 			Generation:            cand.Generation,
 			Path:                  contractPath(p.path),
-			QueueReason:           contract.Admission(li.QueueReason),
-			QueueWait:             li.Wait,
+			QueueReason:           waited.reason(),
+			QueueWait:             waited.wait,
 			PrefixPromptTokens:    len(route.blocks) * prefixBlockTokens,
 			PrefixPredictedTokens: route.predicted(cand),
 		},
@@ -413,6 +460,21 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 	return r, cand, stopWatch, nil
 }
 
+// staleReason says why cand's generation has no connection to dispatch
+// on: its node's connection ended (the node is gone), another generation
+// replaced it, or that generation no longer has the provider.
+func (s *Service) staleReason(cand scheduler.Candidate) string {
+	cur := s.reg.current(cand.NodeID)
+	switch {
+	case cur == nil:
+		return fmt.Sprintf("the connection of node %q generation %d ended before dispatch", cand.NodeID, cand.Generation)
+	case cur.gen != cand.Generation:
+		return fmt.Sprintf("node %q generation %d was replaced by generation %d before dispatch", cand.NodeID, cand.Generation, cur.gen)
+	default:
+		return fmt.Sprintf("provider %q left node %q generation %d before dispatch", cand.ProviderID, cand.NodeID, cand.Generation)
+	}
+}
+
 // needsOf returns the capabilities req needs of the served model: its
 // Needs, and NeedCompletion for a chat or completion request.
 func needsOf(req Request) []string {
@@ -443,10 +505,11 @@ func (s *Service) resolver(model string, needs []string, tried []triedCandidate)
 			return nil, err
 		}
 		out := make([]scheduler.Candidate, 0, len(cands))
-		excluded, open := false, false
+		excluded, lost, open := false, false, false
 		for _, c := range cands {
-			if slices.ContainsFunc(tried, func(t triedCandidate) bool { return t.excludes(c.Candidate) }) {
+			if i := slices.IndexFunc(tried, func(t triedCandidate) bool { return t.excludes(c.Candidate) }); i >= 0 {
 				excluded = true
+				lost = lost || tried[i].lost
 				continue
 			}
 			if !s.breakers.inRotation(providerKey{c.NodeID, c.ProviderID}) {
@@ -458,6 +521,11 @@ func (s *Service) resolver(model string, needs []string, tried []triedCandidate)
 		switch {
 		case len(out) > 0:
 			return out, nil
+		case lost && s.cat.awayFor.Load() > 0:
+			// Its node's connection was lost under an earlier attempt,
+			// and the edge may not have fenced it yet: the provider is
+			// away, as after the fence, and comes back with the node.
+			return nil, fmt.Errorf("%w %q: %w", scheduler.ErrNoProvider, model, scheduler.ErrProviderAway)
 		case open:
 			return nil, fmt.Errorf("%w %q: every provider that could serve it is out of rotation (circuit open)", scheduler.ErrNoProvider, model)
 		case missing == "" && excluded:
@@ -683,7 +751,7 @@ func (s *Service) Snapshot() Snapshot {
 		s.mu.Lock()
 		n := len(s.runs)
 		s.mu.Unlock()
-		snap.Cluster = &contract.ClusterSnapshot{Name: cs.Name, LeaderAddr: cs.LeaderAddr, Epoch: cs.Epoch, Leader: cs.Leader, Ready: cs.Ready, HeldLeases: cs.Leases, Runs: n}
+		snap.Cluster = &contract.ClusterSnapshot{Name: cs.Name, LeaderAddr: cs.LeaderAddr, Epoch: cs.Epoch, Leader: cs.Leader, Ready: cs.Ready, HeldLeases: cs.Leases, Runs: n, NameInUseBy: cs.NameInUseBy}
 	}
 	st := s.reg.load()
 	for _, cs := range st.nodes.all() {
@@ -721,6 +789,11 @@ func (s *Service) Snapshot() Snapshot {
 	sort.Slice(snap.Nodes, func(i, j int) bool { return snap.Nodes[i].NodeID < snap.Nodes[j].NodeID })
 	listed := make(map[string]bool, len(ss.Groups))
 	for _, g := range ss.Groups {
+		if g.Queued == 0 && !s.cat.known(g.Name) {
+			// A removed alias, or a name forgotten since: listed while
+			// requests still wait in it, gone when it is empty.
+			continue
+		}
 		listed[g.Name] = true
 		q := QueueSnapshot{Model: g.Name, MaxQueue: g.Policy.MaxQueue, QueueTimeout: g.Policy.QueueTimeout, Queued: g.Queued,
 			Fairness: fairnessName(g.Policy.Fairness)}
@@ -746,6 +819,14 @@ func (s *Service) Snapshot() Snapshot {
 		snap.Queues = append(snap.Queues, QueueSnapshot{Model: name, MaxQueue: p.MaxQueue, QueueTimeout: p.QueueTimeout, Fairness: fairnessName(p.Fairness)})
 	}
 	sort.Slice(snap.Queues, func(i, j int) bool { return snap.Queues[i].Model < snap.Queues[j].Model })
+	aliases := *s.cat.aliases.Load()
+	un := s.cat.unmatchedAliases()
+	for i := range snap.Queues {
+		q := &snap.Queues[i]
+		if targets, ok := aliases[q.Model]; ok {
+			q.Targets, q.UnmatchedTargets = slices.Clone(targets), un[q.Model]
+		}
+	}
 	return snap
 }
 

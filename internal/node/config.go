@@ -279,6 +279,10 @@ func defaultProviderIDs(ps []ProviderConfig) {
 	}
 }
 
+// WithDefaults returns c with every documented default filled in (provider
+// ids from their types, intervals, ...), as the agent runs it.
+func (c Config) WithDefaults() Config { return c.withDefaults() }
+
 func (c Config) withDefaults() Config {
 	if c.ReconnectMin == 0 {
 		c.ReconnectMin = DefaultReconnectMin

@@ -136,8 +136,12 @@ func CheckConfig(k configschema.Kind, data []byte) []configschema.Problem {
 		err = decodeYAMLStrict(data, &cfg)
 	}
 	var out []configschema.Problem
+	var doc yaml.Node
+	if len(errorLines(err)) > 0 {
+		_ = yaml.Unmarshal(data, &doc)
+	}
 	for _, msg := range errorLines(err) {
-		line, col := lineOfPath(data, msg)
+		line, col := lineOfPath(&doc, msg)
 		out = append(out, configschema.Problem{Line: line, Column: col, Message: msg})
 	}
 	return out
@@ -174,15 +178,11 @@ func errorLines(err error) []string {
 var leadingPath = regexp.MustCompile(`^([a-z_]+(\[\d+\])?(\.[A-Za-z0-9_:./-]+?)*)[ :]`)
 
 // lineOfPath finds the line and column of the key a Validate message
-// starts with ("models.chat: no targets", "providers[1] (vllm): ..."),
-// or 0, 0.
-func lineOfPath(data []byte, msg string) (int, int) {
+// starts with ("models.chat: no targets", "providers[1] (vllm): ...") in
+// the parsed file doc, or 0, 0.
+func lineOfPath(doc *yaml.Node, msg string) (int, int) {
 	m := leadingPath.FindStringSubmatch(msg)
-	if m == nil {
-		return 0, 0
-	}
-	var doc yaml.Node
-	if yaml.Unmarshal(data, &doc) != nil || len(doc.Content) == 0 {
+	if m == nil || len(doc.Content) == 0 {
 		return 0, 0
 	}
 	n := doc.Content[0]

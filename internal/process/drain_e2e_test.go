@@ -32,7 +32,7 @@ import (
 const e2eDeadline = 60 * time.Second
 
 // eventually polls cond until it holds, failing after e2eDeadline.
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(e2eDeadline)
 	tick := time.NewTicker(10 * time.Millisecond)
@@ -56,7 +56,7 @@ var iopBinary struct {
 
 // buildIOP builds the iop command (package iop/cmd/iop) once per test
 // binary and returns the path of the executable.
-func buildIOP(t *testing.T) string {
+func buildIOP(t testing.TB) string {
 	t.Helper()
 	iopBinary.once.Do(func() {
 		iopBinary.dir, iopBinary.err = os.MkdirTemp("", "iop-test-")
@@ -82,7 +82,7 @@ type process struct {
 	err    error
 }
 
-func startProcess(t *testing.T, name, bin string, args ...string) *process {
+func startProcess(t testing.TB, name, bin string, args ...string) *process {
 	t.Helper()
 	p := &process{name: name, cmd: exec.Command(bin, args...), logs: &lockedBuffer{}, exited: make(chan struct{})}
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs

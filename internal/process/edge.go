@@ -361,8 +361,9 @@ func (e *edgeRun) Wait() error { return <-e.done }
 
 // clusterKeyAdmit makes a key's limits global with several edges
 // (cfg.Cluster): the scheduler leader counts every edge's requests of a
-// key (edge.Service.AdmitKey), taking them from its own keyring by name.
-// nil for a single edge: each request takes its slot from its key here.
+// key (edge.Service.AdmitKey), taking them from its own keyring by name;
+// a key without limits is counted by each edge alone (no call to the
+// leader). nil for a single edge: each request takes its slot from its key here.
 func clusterKeyAdmit(cfg edge.Config, svc *edge.Service, keys *auth.Keyring) func(context.Context, *auth.Caller) (func(), bool, error) {
 	if cfg.Cluster == nil {
 		return nil
@@ -386,6 +387,11 @@ func clusterKeyAdmit(cfg edge.Config, svc *edge.Service, keys *auth.Keyring) fun
 		return c.Adopt().Release
 	}, keys.ExhaustRates)
 	return func(ctx context.Context, c *auth.Caller) (func(), bool, error) {
+		if !c.Limited() {
+			// Nothing to count across edges: the slot is taken here, with
+			// no AdmitKey round trip before the request's admission.
+			return nil, true, nil
+		}
 		local, release, err := svc.AdmitKey(ctx, c.Name())
 		var kl *edge.KeyLimitError
 		if errors.As(err, &kl) {

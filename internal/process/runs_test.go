@@ -438,7 +438,7 @@ func TestRunsOutliveTheEdgeProcess(t *testing.T) {
 }
 
 // freeAddr returns a loopback address with a port free at the time.
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

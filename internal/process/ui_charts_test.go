@@ -13,10 +13,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -348,4 +352,91 @@ func TestRegression_UIWithCredentialsInURL(t *testing.T) {
 	waitJS("the providers (GET /admin/v1/providers)", `document.querySelector('[data-provider="dev/sim-ollama"]') !== null`)
 	waitJS("the live events stream", `document.querySelector('#conn.live') !== null`)
 	waitJS("the history (GET /admin/v1/history)", `window.iopCharts && iopCharts.through > 0 && iopCharts.charts.providers.series.length > 0`)
+}
+
+// TestRegression_DashboardAxisSpansTheRealWindow: the charts' time axis
+// showed 1970 before the first history arrived (a time axis ending at
+// second 0), and always spanned 15 minutes, so a young edge's data was
+// squeezed into the chart's last pixels. The page is served through a
+// proxy that holds GET /admin/v1/history back at first: the charts draw
+// no axis while they wait. Once the history flows, the axis ends at the
+// history's through and starts at the edge's start (at least 10 s back),
+// with every tick inside it, and the edge's first second is at the plot's
+// left edge.
+func TestRegression_DashboardAxisSpansTheRealWindow(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	e := startTestEdge(t, ctx, nil)
+	stopOnCleanup(t, cancel, e)
+	edgeURL, err := url.Parse("http://" + e.HTTPAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var open atomic.Bool
+	proxy := httputil.NewSingleHostReverseProxy(edgeURL)
+	proxy.FlushInterval = -1 // the events stream
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/admin/v1/history" && !open.Load() {
+			http.Error(w, "held back by the test", http.StatusServiceUnavailable)
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+
+	page, waitJS := browserPage(t, 90*time.Second)
+	if err := chromedp.Do(page, chromedp.Navigate(srv.URL+"/ui")); err != nil {
+		t.Fatal(err)
+	}
+	waitJS("the charts waiting, with no axis", `window.iopCharts && iopCharts.charts.requests && iopCharts.charts.requests.axis === null && iopCharts.through === 0`)
+	if _, err := chromedp.Run(page, chromedp.Evaluate[bool](`window.dispatchEvent(new Event("resize")), true`)); err != nil {
+		t.Fatal(err)
+	}
+	waitJS("no axis after a redraw either", `Object.values(iopCharts.charts).every(c => c.axis === null)`)
+
+	open.Store(true)
+	hist := getHistory(t, "http://"+e.HTTPAddr, 0)
+	if hist.Start <= 0 || hist.Through < hist.Start-1 {
+		t.Fatalf("history start %d through %d", hist.Start, hist.Through)
+	}
+	// Wait until the edge has more than the axis' 10 s minimum.
+	waitJS("an axis of more than 10 s", fmt.Sprintf(`iopCharts.through > %d`, hist.Start+11))
+	var got struct {
+		Through int64 `json:"through"`
+		Axes    []struct {
+			T0    int64 `json:"t0"`
+			T1    int64 `json:"t1"`
+			Ticks []struct {
+				T     int64  `json:"t"`
+				Label string `json:"label"`
+			} `json:"ticks"`
+			Left float64 `json:"left"` // px of the edge's first second
+		} `json:"axes"`
+	}
+	raw, err := chromedp.Run(page, chromedp.Evaluate[[]byte](fmt.Sprintf(`({through: iopCharts.through,
+		axes: Object.values(iopCharts.charts).map(c => ({...c.axis, left: c.px(%d, 0)[0]}))})`, hist.Start)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Axes) != 5 {
+		t.Fatalf("%d charts with an axis, want 5", len(got.Axes))
+	}
+	for i, a := range got.Axes {
+		if a.T1 != got.Through || a.T0 != hist.Start {
+			t.Errorf("chart %d: axis [%d, %d], want [%d (the edge's start), %d (through)]", i, a.T0, a.T1, hist.Start, got.Through)
+		}
+		if len(a.Ticks) < 2 {
+			t.Errorf("chart %d: ticks %v", i, a.Ticks)
+		}
+		for _, tk := range a.Ticks {
+			if tk.T < a.T0 || tk.T > a.T1 || tk.Label == "" {
+				t.Errorf("chart %d: tick %+v outside [%d, %d]", i, tk, a.T0, a.T1)
+			}
+		}
+		if a.Left > 48.5 { // the plot's left margin
+			t.Errorf("chart %d: the edge's first second is at x %.1f, not at the plot's left edge (48)", i, a.Left)
+		}
+	}
 }

@@ -217,3 +217,38 @@ func providerSnapshot(s edge.Snapshot, node, id string) (edge.ProviderSnapshot, 
 	}
 	return edge.ProviderSnapshot{}, false
 }
+
+// TestDashboardShowsUnmatchedTargets opens /ui of a real edge with a node
+// in headless Chromium: an alias with a target no node serves shows it
+// beside its queue; an alias whose targets all match shows nothing.
+func TestDashboardShowsUnmatchedTargets(t *testing.T) {
+	chrome := chromiumPath(t)
+	_, url := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"tiny:latest"}})
+	ctx, cancel := context.WithCancel(context.Background())
+	e := startTestEdge(t, ctx, map[string]edge.ModelConfig{
+		"coder": {Targets: []string{"tiny", "tinyy"}},
+		"fine":  {Targets: []string{"tiny"}},
+	})
+	stopOnCleanup(t, cancel, e)
+	startNode(t, ctx, node.Config{NodeID: "n1", Edge: e.NodeAddr, DiscoveryInterval: discoveryInterval,
+		Providers: []node.ProviderConfig{{ID: "a", Type: node.TypeOllama, BaseURL: url}}})
+	waitSnapshot(t, e, func(s edge.Snapshot) bool { return len(s.Providers) == 1 && s.Providers[0].Healthy })
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.Flag("disable-dev-shm-usage", true))
+	allocCtx, stopAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer stopAlloc()
+	browser, stopBrowser := chromedp.NewContext(allocCtx)
+	defer stopBrowser()
+	page, stopPage := context.WithTimeout(browser, 90*time.Second)
+	defer stopPage()
+	if err := chromedp.Do(page, chromedp.Navigate("http://"+e.HTTPAddr+"/ui")); err != nil {
+		t.Fatal(err)
+	}
+	const shown = `(document.querySelector('[data-queue="coder"] .unmatched') || {}).textContent === "unmatched: tinyy" &&
+		document.querySelector('[data-queue="fine"]') !== null && document.querySelector('[data-queue="fine"] .unmatched') === null`
+	if _, err := chromedp.Run(page, chromedp.Poll[bool](shown, chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+		text, _ := chromedp.Run(page, chromedp.Evaluate[string]("document.body.innerText"))
+		t.Fatalf("the page never showed coder's unmatched target: %v\npage text:\n%s", err, text)
+	}
+}

@@ -126,7 +126,32 @@ func Render(w io.Writer, v View, now time.Time) error {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\n", q.Model, q.Queued, q.Policy.MaxQueue, time.Duration(q.Policy.QueueTimeoutMS)*time.Millisecond,
 			dash(q.Policy.Fairness), dash(strings.Join(flows, ",")))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return renderUnmatched(w, v.Queues)
+}
+
+// renderUnmatched writes, when some alias has targets no node serves, a
+// warning per alias naming them (adminwire.Queue.UnmatchedTargets).
+func renderUnmatched(w io.Writer, queues []Queue) error {
+	for _, q := range queues {
+		if len(q.UnmatchedTargets) == 0 {
+			continue
+		}
+		what := "its targets " + strings.Join(q.UnmatchedTargets, ", ") + " match"
+		if len(q.UnmatchedTargets) == 1 {
+			what = "its target " + q.UnmatchedTargets[0] + " matches"
+		}
+		what += " no model any node serves"
+		if len(q.UnmatchedTargets) == len(q.Targets) {
+			what += " (every target: its requests get 404)"
+		}
+		if _, err := fmt.Fprintf(w, "\nWARNING: alias %s: %s; check the spelling in the edge's models\n", q.Model, what); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Provider statuses and circuit states of the admin API (adminwire.Provider).

@@ -5,8 +5,9 @@
 // `make test` installs every such tool first and sets IOP_TEST_STRICT=1,
 // so there a missing tool fails the test: make test skips nothing. A plain
 // `go test ./...` on a machine without the tools skips those tests with a
-// message that says what is missing and how to get it. Only tests import
-// this package.
+// message that says what is missing and how to get it. It also gives
+// tests addresses for child processes to listen on (ProcessAddr). Only
+// tests import this package.
 package testenv
 
 import (

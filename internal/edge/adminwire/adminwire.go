@@ -59,6 +59,15 @@ type Queue struct {
 	// then priority (highest first); only pairs with a queued request,
 	// never null.
 	Flows []QueueFlow `json:"flows"`
+	// Targets, for a configured alias, are the served model names it
+	// resolves to, in config order; absent for a served name's queue.
+	Targets []string `json:"targets,omitempty"`
+	// UnmatchedTargets, for a configured alias, are its targets that no
+	// node serves or served lately ("x" matches a served "x:latest"), in
+	// config order; absent when every target matches or no node has
+	// connected yet. When it lists every target, requests for the alias
+	// are answered 404.
+	UnmatchedTargets []string `json:"unmatched_targets,omitempty"`
 }
 
 // QueueFlow is the queue of one flow (a key's name, or the header or

@@ -17,6 +17,10 @@ type History struct {
 	// (Since, Through] that the window still holds.
 	Since   int64 `json:"since"`
 	Through int64 `json:"through"`
+	// Start is the first second the edge recorded (Unix seconds: the
+	// second it started); the window holds nothing before it, so a chart
+	// of a young edge spans (Start, Through], not the whole window.
+	Start int64 `json:"start"`
 	// Outcomes and Reasons name every key Requests and Refusals may
 	// hold, in a stable order (a chart's legend order).
 	Outcomes []string `json:"outcomes"`

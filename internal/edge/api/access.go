@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"iop/internal/auth"
+	"iop/internal/edge/contract"
 	"iop/internal/ledger"
 )
 
@@ -133,6 +134,9 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request
 	if r.Method != http.MethodPost || !dispatches {
 		return r.WithContext(ctx), release, true
 	}
+	// The key's admission and the request's share one bound on waiting
+	// for a scheduler leader (several edges).
+	ctx = contract.WithLeaderBound(ctx)
 	permit, err := h.admitKey(ctx, caller)
 	if err != nil {
 		h.logger.Debug("key over its limit", "key", caller.Name(), "path", clip(r.URL.Path), "err", err)

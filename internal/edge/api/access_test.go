@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -650,5 +651,40 @@ func TestUsageAttributionNeverInfluencesScheduling(t *testing.T) {
 				t.Errorf("the key reached the dispatched request: %v", a.Headers)
 			}
 		}
+	}
+}
+
+// TestRegression_NoLeaderRequestLineHasNoEmptyModel: a request refused at
+// the door because no scheduler leader could count its key's limits (503
+// no_leader, several edges) was logged with model "": its body, which
+// names the model, is never read. Its request line names no model.
+func TestRegression_NoLeaderRequestLineHasNoEmptyModel(t *testing.T) {
+	f := newKeys(t, auth.Key{})
+	var logs syncBuffer
+	logger := slog.New(slog.NewJSONHandler(&logs, nil))
+	cfg := Config{Keys: f.keys, AdminKeys: f.admin,
+		KeyAdmit: func(context.Context, *auth.Caller) (func(), bool, error) { return nil, false, ErrNoLeader }}
+	env := newEnvLogging(t, cfg, logger, okRun)
+	resp := env.send(t, http.MethodPost, "/v1/chat/completions", simpleChat, map[string]string{"Authorization": "Bearer " + f.alice})
+	if resp.status != http.StatusServiceUnavailable {
+		t.Fatalf("status %d, want 503", resp.status)
+	}
+	env.waitHandlers()
+	found := false
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if m["msg"] != "request" {
+			continue
+		}
+		found = true
+		if model, ok := m["model"]; ok {
+			t.Errorf("request line names model %q: %s", model, line)
+		}
+	}
+	if !found {
+		t.Fatalf("no request line in\n%s", logs.String())
 	}
 }

@@ -45,7 +45,9 @@ func adminRoutes(adm Admin) map[string]route {
 }
 
 // adminCluster is GET /admin/v1/cluster: the edge's view of its cluster
-// (several edges), {"cluster": false} for a single edge. "leases" counts
+// (several edges), {"cluster": false} for a single edge; "name_in_use_by"
+// (only when so) names the advertise address of another edge with this
+// edge's cluster name. "leases" counts
 // the unreleased leases of this edge's scheduler (the leader's: every
 // edge's), "runs" the runs this edge relays now.
 func adminCluster(s AdminSnapshot) any {
@@ -53,10 +55,15 @@ func adminCluster(s AdminSnapshot) any {
 	if c == nil {
 		return map[string]any{"cluster": false, "leases": s.Leases}
 	}
-	return map[string]any{
+	out := map[string]any{
 		"cluster": true, "name": c.Name, "leader": c.Leader, "ready": c.Ready, "epoch": c.Epoch,
 		"leader_addr": c.LeaderAddr, "held_leases": c.HeldLeases, "leases": s.Leases, "runs": c.Runs, "waiters": s.Waiters,
 	}
+	if c.NameInUseBy != "" {
+		// Another edge of the cluster has this edge's name.
+		out["name_in_use_by"] = c.NameInUseBy
+	}
+	return out
 }
 
 // The wire shapes of the admin routes. Times are RFC 3339 and slices are
@@ -101,7 +108,8 @@ func adminProviders(s AdminSnapshot) any {
 func adminQueues(s AdminSnapshot) any {
 	out := make([]adminQueueJSON, 0, len(s.Queues))
 	for _, q := range s.Queues {
-		j := adminQueueJSON{Model: q.Model, Queued: q.Queued, Flows: make([]adminwire.QueueFlow, 0, len(q.Flows))}
+		j := adminQueueJSON{Model: q.Model, Queued: q.Queued, Flows: make([]adminwire.QueueFlow, 0, len(q.Flows)),
+			Targets: q.Targets, UnmatchedTargets: q.UnmatchedTargets}
 		j.Policy.MaxQueue, j.Policy.QueueTimeoutMS, j.Policy.Fairness = q.MaxQueue, q.QueueTimeout.Milliseconds(), q.Fairness
 		for _, f := range q.Flows {
 			j.Flows = append(j.Flows, adminwire.QueueFlow{Flow: f.Flow, Priority: f.Priority, Queued: f.Queued})

@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"net/http"
 	"time"
@@ -67,9 +66,10 @@ func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *Requ
 		run, err = h.dispatch(r.Context(), req)
 	}
 	if err != nil {
-		if errors.Is(err, ErrQueueTimeout) {
-			// It waited its whole queue timeout: say so (a break-it report
-			// saw queue_wait=0s on such refusals).
+		if waitedBeforeRefusal(err) {
+			// It may have waited in its queue before the refusal (its
+			// whole queue timeout, or held for its providers' reconnect
+			// grace): the record says how long.
 			obs.queueWaited(h.cfg.Now().Sub(queued))
 		}
 		if !rr.started {
@@ -156,4 +156,18 @@ func (h *handler) logRunEnded(ctx context.Context, info DispatchInfo, req *Reque
 	h.logger.Debug("run ended", "run_id", info.RunID, "model", clip(req.Model), "node_id", info.NodeID,
 		"provider_id", info.ProviderID, "path", pathLogNames[info.Path], "operation", operationLogNames[req.Operation],
 		"reason", reason, "queue_wait", info.QueueWait, "aborted", aborted)
+}
+
+// waitedBeforeRefusal reports whether a failed dispatch may have waited in
+// its model's queue first: a queue timeout, a request held for providers
+// that did not come back (or whose edge stopped, or lost its leader), a
+// waiter displaced by a higher priority, or a dispatch that failed after
+// its admission. A full queue, an unknown model and a rejection refuse at
+// once.
+func waitedBeforeRefusal(err error) bool {
+	switch admissionOf(err) {
+	case AdmissionQueueTimeout, AdmissionUnavailable, AdmissionShed, AdmissionDispatchFailed:
+		return true
+	}
+	return false
 }

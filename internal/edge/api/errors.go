@@ -166,8 +166,12 @@ func classify(err error, req *Request) *apiError {
 		return newAPIError(http.StatusUnsupportedMediaType, "invalid_request_error", "", "unsupported_media_type",
 			"Content-Type must be application/json")
 	case errors.Is(err, ErrUnknownModel):
-		return newAPIError(http.StatusNotFound, "invalid_request_error", "model", "model_not_found",
-			fmt.Sprintf("The model %q does not exist", model))
+		msg := fmt.Sprintf("The model %q does not exist", model)
+		if ua, ok := errors.AsType[*contract.UnmatchedAliasError](err); ok {
+			// A configured alias whose targets no node serves: say which.
+			msg = clip(ua.Error())
+		}
+		return newAPIError(http.StatusNotFound, "invalid_request_error", "model", "model_not_found", msg)
 	case errors.Is(err, ErrCandidatesRejected):
 		return newAPIError(http.StatusBadRequest, "invalid_request_error", "", "unsupported_capability",
 			rejectedMessage(err, req))

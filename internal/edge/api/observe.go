@@ -514,8 +514,14 @@ func (h *handler) logRequest(ctx context.Context, rec RequestRecord) {
 	var buf [24]slog.Attr
 	attrs := append(buf[:0],
 		slog.String("api", rec.API),
-		slog.String("request_id", rec.RequestID),
-		slog.String("model", rec.Model),
+		slog.String("request_id", rec.RequestID))
+	if rec.Model != "" {
+		// None when the request ended before its body was read (a key
+		// refused at the door: over its limits, or no scheduler leader to
+		// count them): the line says no model rather than an empty one.
+		attrs = append(attrs, slog.String("model", rec.Model))
+	}
+	attrs = append(attrs,
 		slog.Int("status", rec.Status),
 		slog.String("outcome", rec.Outcome.String()),
 		slog.Duration("duration", rec.Duration),

@@ -366,3 +366,28 @@ func TestRegression_QueueTimeoutRecordsItsWait(t *testing.T) {
 		t.Fatalf("record queue wait %s admission %q, want 3s queue_timeout", rec.QueueWait, rec.Admission)
 	}
 }
+
+// TestRegression_HeldRequestRecordsItsWait: a request held for its
+// providers' reconnect grace that then fails unavailable (503) was
+// recorded with queue_wait=0s. Its record has the time it waited.
+func TestRegression_HeldRequestRecordsItsWait(t *testing.T) {
+	var (
+		mu  sync.Mutex
+		now = time.Unix(1700000000, 0)
+	)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	recs := &records{}
+	env := newEnv(t, Config{Observer: recs, Now: clock}, func(context.Context, Request) (Run, error) {
+		mu.Lock()
+		now = now.Add(5 * time.Second) // the reconnect grace
+		mu.Unlock()
+		return nil, fmt.Errorf("%w: no candidate came back within reconnect_grace 5s", ErrProviderUnavailable)
+	})
+	if resp := env.post(t, "/v1/chat/completions", "application/json", simpleChat); resp.status != 503 {
+		t.Fatalf("status %d, want 503", resp.status)
+	}
+	env.waitHandlers()
+	if rec := recs.only(t); rec.QueueWait != 5*time.Second || rec.Admission != AdmissionUnavailable {
+		t.Fatalf("record queue wait %s admission %q, want 5s unavailable", rec.QueueWait, rec.Admission)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"iop/internal/edge/contract"
+	"iop/internal/modelname"
 	"iop/internal/translate"
 )
 
@@ -313,6 +314,10 @@ func ollamaError(err error, req *Request) (*apiError, string) {
 		if req != nil {
 			model = clip(req.Model)
 		}
+		if ua, ok := errors.AsType[*contract.UnmatchedAliasError](err); ok {
+			// Ollama's words first, which clients match on, then why.
+			return e, fmt.Sprintf("model '%s' not found: %s", model, clip(ua.Error()))
+		}
 		return e, fmt.Sprintf("model '%s' not found", model)
 	}
 	return e, e.Message
@@ -387,7 +392,7 @@ func detailsOf(d contract.ModelDetails) ollamaModelDetails {
 func representative(info ModelInfo) (rep ModelProvider, same []ModelProvider, ok bool) {
 	for _, t := range info.Targets {
 		for _, p := range info.Providers {
-			if p.Target == t {
+			if modelname.Same(p.Target, t) {
 				same = append(same, p)
 			}
 		}

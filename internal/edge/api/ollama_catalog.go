@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"iop/internal/edge/contract"
+	"iop/internal/modelname"
 )
 
 // ModelCatalog is what POST /api/show and GET /api/ps need beyond
@@ -26,18 +27,10 @@ type ModelInfo = contract.ModelInfo
 // ModelProvider is one provider of a model (contract.ModelProvider).
 type ModelProvider = contract.ModelProvider
 
-// latestTag is the tag Ollama gives a model name without one
-// (contract.LatestTag).
-const latestTag = contract.LatestTag
-
-// tagAlternative returns the other spelling of an Ollama model name
-// (contract.TagAlternative: "x" and "x:latest" are one model).
-func tagAlternative(name string) string { return contract.TagAlternative(name) }
-
 // knownModel returns the name in names that the Ollama model name means:
-// name itself, else its tagAlternative; ok is false when neither is there.
+// name itself, else its other spelling (modelname.Alternative); ok is false when neither is there.
 func knownModel(names []string, name string) (string, bool) {
-	alt := tagAlternative(name)
+	alt := modelname.Alternative(name)
 	found := ""
 	for _, n := range names {
 		if n == name {
@@ -56,8 +49,8 @@ func knownModel(names []string, name string) (string, bool) {
 // it; a name without a tag gets ":latest", unless that name is itself in
 // names (then the two are two models, and each keeps its own name).
 func ollamaName(names []string, name string) string {
-	alt := tagAlternative(name)
-	if alt == "" || strings.HasSuffix(name, latestTag) || slices.Contains(names, alt) {
+	alt := modelname.Alternative(name)
+	if alt == "" || strings.HasSuffix(name, modelname.LatestTag) || slices.Contains(names, alt) {
 		return name
 	}
 	return alt

@@ -171,22 +171,6 @@ func TestOllamaLoadAnswersForTaggedNames(t *testing.T) {
 	}
 }
 
-func TestTagAlternative(t *testing.T) {
-	for name, want := range map[string]string{
-		"llama3":               "llama3:latest",
-		"llama3:latest":        "llama3",
-		"llama3:8b":            "",
-		"ns/model":             "ns/model:latest",
-		"host:5000/ns/model":   "host:5000/ns/model:latest",
-		"host:5000/ns/model:q": "",
-		":latest":              "",
-	} {
-		if got := tagAlternative(name); got != want {
-			t.Errorf("tagAlternative(%q) = %q, want %q", name, got, want)
-		}
-	}
-}
-
 // contextJSON is the JSON of the "context" iop gives for a conversation.
 func contextJSON(turns ...translate.Turn) string {
 	b, _ := json.Marshal(translate.EncodeContext(turns))

@@ -1,7 +1,6 @@
 package contract
 
 import (
-	"strings"
 	"time"
 )
 
@@ -168,6 +167,9 @@ type ClusterSnapshot struct {
 	HeldLeases int
 	// Runs: runs this edge relays now (dispatched, not ended).
 	Runs int
+	// NameInUseBy is the advertise address of another edge with this
+	// edge's cluster name ("": none).
+	NameInUseBy string
 }
 
 // NodeSnapshot is one connected node.
@@ -228,6 +230,15 @@ type QueueSnapshot struct {
 	// "standard", "sheddable"), sorted by flow then priority, highest
 	// first; only pairs with a queued request.
 	Flows []FlowQueue
+	// Targets, for a configured alias, are its targets in config order;
+	// nil for a served model name's queue.
+	Targets []string
+	// UnmatchedTargets, for a configured alias, are its targets that no
+	// node serves or served lately (a misspelt name, a model no node has),
+	// in config order; nil when every target matches, or before any node
+	// connected. When it holds every target, a request for the alias is
+	// answered 404 (UnmatchedAliasError).
+	UnmatchedTargets []string
 }
 
 // FlowQueue is the queue of one flow in one priority band of a model.
@@ -240,7 +251,7 @@ type FlowQueue struct {
 // ModelInfo is what the edge knows of one model.
 type ModelInfo struct {
 	// Name is the catalog's name for the requested one ("x" and
-	// "x:latest" are one model, see TagAlternative).
+	// "x:latest" are one model, package modelname).
 	Name string
 	// Alias is set when Name is a configured alias; Targets are then its
 	// served model names, else Targets is [Name].
@@ -284,22 +295,4 @@ type ModelDetails struct {
 	QuantizationLevel string // e.g. "Q4_K_M"
 	ParentModel       string
 	ContextLength     int64 // tokens; 0 = not said
-}
-
-// LatestTag is the tag Ollama gives a model name without one (Ollama API
-// doc, "Model names": the tag "will default to latest").
-const LatestTag = ":latest"
-
-// TagAlternative returns the other spelling of an Ollama model name: "x"
-// for "x:latest" and "x:latest" for "x" (a name with no tag: no ':' after
-// its last '/'); "" for a name with another tag. The edge's catalog and
-// the Ollama routes both name one model by either spelling with it.
-func TagAlternative(name string) string {
-	if base, ok := strings.CutSuffix(name, LatestTag); ok && base != "" {
-		return base
-	}
-	if strings.Contains(name[strings.LastIndex(name, "/")+1:], ":") {
-		return ""
-	}
-	return name + LatestTag
 }

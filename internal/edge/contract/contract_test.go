@@ -36,27 +36,6 @@ func TestPathString(t *testing.T) {
 	}
 }
 
-// TestTagAlternative: Ollama's rule, a name without a tag is name:latest
-// (Ollama API doc, "Model names"); a name with another tag has no other
-// spelling; a tag is what follows ':' in the last path element.
-func TestTagAlternative(t *testing.T) {
-	for name, want := range map[string]string{
-		"qwen3":              "qwen3:latest",
-		"qwen3:latest":       "qwen3",
-		"qwen3:8b":           "",
-		"ns/qwen3":           "ns/qwen3:latest",
-		"host:5000/ns/qwen3": "host:5000/ns/qwen3:latest",
-		"host:5000/ns/q:1b":  "",
-		":latest":            "",
-		"":                   ":latest",
-		"a/b:latest":         "a/b",
-	} {
-		if got := TagAlternative(name); got != want {
-			t.Errorf("TagAlternative(%q) = %q, want %q", name, got, want)
-		}
-	}
-}
-
 // TestAdmissionStrings: the admission strings are the metrics' reason
 // label (iop_admissions_total), the log line's queue_reason and the events
 // stream's refusal reason; they are these bytes, and an Outcome's and an

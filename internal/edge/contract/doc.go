@@ -18,7 +18,8 @@
 //
 // # Concurrency
 //
-// Values only: no goroutines, no locks. A Request's Body and slices belong
+// Values only: no goroutines, no locks (a LeaderBound is fixed once, by
+// compare-and-swap). A Request's Body and slices belong
 // to the caller of Dispatch until it returns; snapshots' slices are the
 // caller's.
 package contract

@@ -3,7 +3,26 @@ package contract
 import (
 	"context"
 	"errors"
+	"strings"
 )
+
+// UnmatchedAliasError is the unknown-model outcome (it wraps
+// ErrUnknownModel: 404) of a configured alias none of whose targets any node
+// serves, or served less than the edge remembers (a misspelt target, a
+// model no node has): a config mistake, not an outage. Alias is the alias,
+// Targets its targets, in config order.
+type UnmatchedAliasError struct {
+	Alias   string
+	Targets []string
+}
+
+// Error is "alias X: no configured target is served by any node: a, b".
+func (e *UnmatchedAliasError) Error() string {
+	return "alias " + e.Alias + ": no configured target is served by any node: " + strings.Join(e.Targets, ", ")
+}
+
+// Unwrap makes it match ErrUnknownModel.
+func (e *UnmatchedAliasError) Unwrap() error { return ErrUnknownModel }
 
 // Errors a dispatch fails with: Gateway.Dispatch returns one of them
 // wrapped (with the edge's or the scheduler's details after it), and a

@@ -345,7 +345,7 @@ func (h *History) recordLocked(sec int64, providers []contract.ProviderSnapshot)
 func (h *History) Since(since int64) adminwire.History {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	out := adminwire.History{Object: "history", IntervalSeconds: 1, WindowSeconds: Window, Since: since, Through: h.through,
+	out := adminwire.History{Object: "history", IntervalSeconds: 1, WindowSeconds: Window, Since: since, Through: h.through, Start: h.start,
 		Outcomes: slices.Clone(outcomes[:]), Reasons: slices.Clone(reasons[:]), Data: []adminwire.Second{}}
 	if since >= h.through {
 		return out // nothing after it yet (and since+1 would overflow at MaxInt64)

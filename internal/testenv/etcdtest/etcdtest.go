@@ -12,7 +12,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -132,14 +131,11 @@ func (c *Cluster) waitAll() error {
 	return nil
 }
 
+// freeAddr is an address for a member to listen on, also when it
+// restarts (testenv.ProcessAddr).
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("etcdtest: free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().String()
+	return testenv.ProcessAddr(t)
 }
 
 func (c *Cluster) start(i int, state string) {

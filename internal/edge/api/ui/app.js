@@ -140,7 +140,10 @@ function render() {
   const queues = document.querySelector("#queues tbody");
   document.getElementById("queues-empty").hidden = state.queues.size > 0;
   queues.replaceChildren(...[...state.queues.values()].map(q => el("tr", { "data-queue": q.model },
-    el("td", {}, q.model), el("td", { class: "queued" + (q.queued > 0 ? " nonzero" : "") }, q.queued),
+    el("td", {}, q.model, ...(q.unmatched_targets && q.unmatched_targets.length ? [" ",
+      el("span", { class: "unmatched", title: "no node serves these targets; check their spelling in the edge's models" },
+        "unmatched: ", q.unmatched_targets.join(", "))] : [])),
+    el("td", { class: "queued" + (q.queued > 0 ? " nonzero" : "") }, q.queued),
     el("td", {}, q.policy ? q.policy.max_queue : "–"),
     el("td", {}, q.policy ? (q.policy.queue_timeout_ms / 1000) + "s" : "–"))));
 

@@ -2,12 +2,15 @@
 // this file alone (no library): it reads /admin/v1/history once, then
 // each second only the seconds after the last one it has (?since=), and
 // redraws. What each chart drew is in window.iopCharts (its series, as
-// [time, value] points, and px(time, value), the point's place on its
-// canvas), for people and tests to check against the hist.
+// [time, value] points, px(time, value), the point's place on its canvas,
+// and its time axis: t0, t1 and the ticks), for people and tests to check
+// against the hist. The time axis spans the seconds the edge has: from its
+// start (or 15 minutes back) to the last second that is over, at least
+// minSpan seconds; before the first history arrives, no axis is drawn.
 "use strict";
 
-const windowSeconds = 900;
-const hist = { through: 0, outcomes: [], reasons: [], seconds: new Map() };
+const windowSeconds = 900, minSpan = 10;
+const hist = { start: 0, through: 0, outcomes: [], reasons: [], seconds: new Map() };
 
 const outcomeColors = {
   completed: "#3fb950", refused: "#d29922", upstream_error: "#f85149", client_gone: "#8a96a3",
@@ -54,8 +57,24 @@ function niceStep(max, n) {
   return [1, 2, 5, 10].map(m => m * mag).find(s => s >= raw);
 }
 
-function clockTime(t) {
-  return new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", hour12: false });
+// clockTime is t's clock time, with its seconds when withSeconds.
+function clockTime(t, withSeconds) {
+  return new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit",
+    second: withSeconds ? "2-digit" : undefined, hour12: false });
+}
+
+// timeAxis is the x axis of the charts: [t0, t1], the last second that
+// is over and the first one shown (the edge's start, at most
+// windowSeconds back, at least minSpan back), and about 5 ticks on round
+// clock times; null before the first history.
+function timeAxis() {
+  if (!hist.through) return null;
+  const t1 = hist.through;
+  const t0 = Math.min(t1 - minSpan, Math.max(hist.start, t1 - windowSeconds + 1));
+  const step = [1, 2, 5, 10, 15, 30, 60, 120, 180, 300].find(s => s >= (t1 - t0) / 5) || 300;
+  const ticks = [];
+  for (let t = t1 - (t1 % step); t >= t0; t -= step) ticks.push({ t, label: clockTime(t, step < 60) });
+  return { t0, t1, ticks };
 }
 
 function drawChart(name) {
@@ -73,15 +92,26 @@ function drawChart(name) {
   ctx.fillStyle = bg;
   ctx.fillRect(0, 0, w, h);
 
+  const axis = timeAxis();
+  if (!axis) {
+    ctx.fillStyle = dim;
+    ctx.font = "12px system-ui, sans-serif";
+    ctx.textAlign = "center";
+    ctx.textBaseline = "middle";
+    ctx.fillText("waiting for the edge's history", w / 2, h / 2);
+    window.iopCharts.charts[name] = { unit: def.unit, series: [], axis: null };
+    document.getElementById("legend-" + name).replaceChildren(el("span", { class: "meta" }, "nothing yet"));
+    return;
+  }
   const left = 48, right = 10, top = 18, bottom = 22;
-  const t1 = hist.through, t0 = t1 - windowSeconds + 1;
+  const { t0, t1 } = axis;
   let max = 0;
   for (const s of series) for (const [, v] of s.points) max = Math.max(max, v);
   const step = niceStep(max > 0 ? max : 1, 4);
   const ymax = Math.max(step, Math.ceil((max > 0 ? max : 1) / step) * step);
   const px = (t, v) => [left + (w - left - right) * (t - t0) / (t1 - t0), top + (h - top - bottom) * (1 - v / ymax)];
 
-  // Axes: y ticks with the unit, x ticks every 3 minutes (clock time).
+  // Axes: y ticks with the unit, x ticks on round clock times.
   ctx.font = "11px system-ui, sans-serif";
   ctx.lineWidth = 1;
   ctx.fillStyle = dim;
@@ -97,9 +127,9 @@ function drawChart(name) {
   ctx.textBaseline = "top";
   ctx.fillText(def.unit, 4, 2);
   ctx.textAlign = "center";
-  for (let t = t1 - (t1 % 180); t >= t0; t -= 180) {
-    const [x] = px(t, 0);
-    ctx.fillText(clockTime(t), x, h - bottom + 6);
+  for (const { t, label } of axis.ticks) {
+    const [x] = px(t, 0), half = ctx.measureText(label).width / 2;
+    ctx.fillText(label, Math.min(Math.max(x, half + 2), w - half - 2), h - bottom + 6); // whole, inside the canvas
   }
 
   // Lines join points one second apart; then every point gets a dot, on
@@ -125,7 +155,7 @@ function drawChart(name) {
       ctx.beginPath(); ctx.arc(x, y, 2, 0, 2 * Math.PI); ctx.fill();
     }
   }
-  window.iopCharts.charts[name] = { unit: def.unit, series: drawn, px };
+  window.iopCharts.charts[name] = { unit: def.unit, series: drawn, px, axis };
 
   const legend = document.getElementById("legend-" + name);
   legend.replaceChildren(...drawn.map(s => el("span", { class: "key" + (s.dash ? " dash" : "") },
@@ -145,6 +175,7 @@ async function loadHistory() {
   try {
     const since = hist.through ? "?since=" + hist.through : "";
     const h = await getJSON("/admin/v1/history" + since);
+    hist.start = h.start;
     hist.outcomes = h.outcomes;
     hist.reasons = h.reasons;
     for (const s of h.data) hist.seconds.set(s.time, s);
@@ -160,6 +191,7 @@ async function loadHistory() {
   }
 }
 
+drawCharts(); // "waiting" until the first history
 loadHistory();
 setInterval(loadHistory, 1000);
 window.addEventListener("resize", drawCharts);
