@@ -91,7 +91,7 @@ var configDocs = configschema.Docs{
 	"cluster.Config.session_ttl":     {Text: "etcd lease of this edge's session: a dead leader is replaced within about this long.", Default: configschema.FormatDuration(cluster.DefaultSessionTTL), Example: "2s"},
 	"cluster.Config.prefix":          {Text: "The election's etcd key prefix, shared by the edges of one cluster.", Default: cluster.DefaultPrefix, Example: "/iop/prod/leader"},
 	"cluster.Config.id":              {Text: "The deployment's identity: part of the election key and checked on every call between edges, so an edge of another deployment on the same etcd never joins. Letters, digits, . _ -; one of id and token is required.", Default: "derived from token", Example: "prod-eu"},
-	"cluster.Config.token":           {Text: "Secret shared by the edges of one deployment, sent on every call between edges; a call with another token is refused.", Example: "${IOP_CLUSTER_TOKEN}"},
+	"cluster.Config.token":           {Text: "Secret shared by the edges of one deployment, sent on every call between edges; a call with another token is refused. Written in the file as is (no environment expansion); keep the file private.", Example: "9c1e4f0d2b7a4e5f8a3c6d1b0e2f4a7c"},
 	"cluster.Config.tls_cert":        {Text: "PEM certificate of this edge: its admission service serves TLS and it presents this certificate to the leader (with tls_key).", Example: "/etc/iop/edge-a.crt"},
 	"cluster.Config.tls_key":         {Text: "PEM key of tls_cert.", Example: "/etc/iop/edge-a.key"},
 	"cluster.Config.tls_ca":          {Text: "PEM CA(s) the edges' certificates chain to; set, the leader requires the caller's certificate (mutual TLS).", Default: "the system's roots", Example: "/etc/iop/edges-ca.crt"},
