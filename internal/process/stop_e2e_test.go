@@ -16,17 +16,16 @@ import (
 )
 
 // stopPath is one execution path of the stop tests: the model that takes
-// it.
-type stopPath struct{ name, model string }
+// it and the URL of its simulator.
+type stopPath struct{ name, model, simURL string }
 
 // startStopStack is an edge with one node driving an Ollama-protocol
 // simulator (normalized path, model "stop-ollama") and an OpenAI-protocol
 // one as vLLM (tunnel path, "stop-openai"), each answering 16 tokens.
 func startStopStack(t *testing.T) (*Process, []stopPath) {
 	t.Helper()
-	ollamaSim, ollamaURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"stop-ollama"}})
+	_, ollamaURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"stop-ollama"}})
 	_, openaiURL := startSim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"stop-openai"}})
-	_ = ollamaSim
 	ctx, cancel := context.WithCancel(context.Background())
 	e := startTestEdge(t, ctx, map[string]edge.ModelConfig{})
 	stopOnCleanup(t, cancel, e)
@@ -38,7 +37,7 @@ func startStopStack(t *testing.T) (*Process, []stopPath) {
 			{ID: "vllm-1", Type: "vllm", BaseURL: openaiURL + "/v1", Models: []string{"stop-openai"}, Capacity: 2},
 		},
 	})
-	return e, []stopPath{{"normalized", "stop-ollama"}, {"tunnel", "stop-openai"}}
+	return e, []stopPath{{"normalized", "stop-ollama", ollamaURL}, {"tunnel", "stop-openai", openaiURL}}
 }
 
 // stopFor is a stop sequence inside text that spans two of its words (the
@@ -190,6 +189,33 @@ func TestRegression_StopSequenceReported(t *testing.T) {
 				if text != before || finish != "stop" {
 					t.Errorf("chat stream %v: text %q finish %q; want %q, stop", stream, text, finish, before)
 				}
+			}
+			// iop's Ollama API: the text before the stop, done_reason stop.
+			ollamaBody := fmt.Sprintf(`{"model":%q,"stream":false,"messages":[{"role":"user","content":%q}],"options":{"stop":[%q]}}`, p.model, prompt, stop)
+			if text, reason := ollamaChatAnswer(t, c, base+"/api/chat", ollamaBody); text != before || reason != "stop" {
+				t.Errorf("/api/chat: %q %q, want %q, stop", text, reason, before)
+			}
+			// The simulator itself, as Ollama v0.17.4 (TestRealOllama_StopSequence)
+			// and vLLM answer: the text before the stop, "stop", and
+			// vLLM's stop_reason naming it.
+			if p.name == "normalized" {
+				if text, reason := ollamaChatAnswer(t, c, p.simURL+"/api/chat", ollamaBody); text != before || reason != "stop" {
+					t.Errorf("sim /api/chat: %q %q, want %q, stop", text, reason, before)
+				}
+				return
+			}
+			status, out := postTo(t, c, p.simURL+"/v1/chat/completions",
+				fmt.Sprintf(`{"model":%q,"stop":%q,"messages":[{"role":"user","content":%q}]}`, p.model, stop, prompt))
+			var ans struct {
+				Choices []struct {
+					Message      struct{ Content string } `json:"message"`
+					FinishReason string                   `json:"finish_reason"`
+					StopReason   *string                  `json:"stop_reason"`
+				} `json:"choices"`
+			}
+			if err := json.Unmarshal(out, &ans); status != 200 || err != nil || len(ans.Choices) != 1 ||
+				ans.Choices[0].Message.Content != before || ans.Choices[0].FinishReason != "stop" || deref(ans.Choices[0].StopReason) != deref(&stop) {
+				t.Errorf("sim chat: %d %s, want %q, stop, stop_reason %q", status, out, before, stop)
 			}
 		})
 	}
