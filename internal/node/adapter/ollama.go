@@ -255,7 +255,8 @@ func (o *Ollama) statusError(c *call) error {
 // the request to Ollama is then aborted (Normalize closes it), so the
 // USAGE sent has the pieces of the answer streamed so far as
 // completion_tokens (Ollama streams one token a line) and no
-// prompt_tokens (Ollama counts the prompt in its last line only).
+// prompt_tokens (Ollama counts the prompt in its last line only), unless
+// the match was in that last line.
 func (o *Ollama) readStream(c *call, sink EventSink, forced *translate.ForcedCall, stop *stopMatcher) error {
 	br := bufio.NewReaderSize(c.resp.Body, 64<<10)
 	var (
@@ -331,8 +332,11 @@ func (o *Ollama) readStream(c *call, sink EventSink, forced *translate.ForcedCal
 					events = append(events, startedEvent())
 					started = true
 				}
-				events = append(events,
-					&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_USAGE, CompletionTokens: pieces},
+				usage := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_USAGE, CompletionTokens: pieces}
+				if l.Done { // Ollama's own counts came with the match
+					usage.PromptTokens, usage.CompletionTokens = l.PromptTokens, l.CompletionTokens
+				}
+				events = append(events, usage,
 					&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_COMPLETE, FinishReason: "stop", StopSequence: matched})
 				return send()
 			}

@@ -603,3 +603,32 @@ func TestOllamaStopSequence(t *testing.T) {
 		t.Fatal("the request to Ollama was not aborted")
 	}
 }
+
+// TestOllamaStopSequenceInLastLine: a stop sequence completed by Ollama's
+// last line (its own end) still ends the answer as a stop sequence, with
+// Ollama's own counts; text held back as a possible start of a stop
+// sequence that never completes is sent at the end.
+func TestOllamaStopSequenceInLastLine(t *testing.T) {
+	for _, tc := range []struct {
+		last, text, seq string
+		prompt          int32
+	}{
+		{`{"message":{"role":"assistant","content":"D!"},"done":true,"done_reason":"length","prompt_eval_count":7,"eval_count":3}`, "Hello ", "END", 7},
+		{`{"message":{"role":"assistant","content":"!"},"done":true,"done_reason":"stop","prompt_eval_count":7,"eval_count":3}`, "Hello EN!", "", 7},
+	} {
+		up := newUpstream(t, ollamaLines(
+			`{"message":{"role":"assistant","content":"Hel"},"done":false}`,
+			`{"message":{"role":"assistant","content":"lo EN"},"done":false}`,
+			tc.last))
+		o := newOllama(t, Config{BaseURL: up.URL})
+		rec := &eventRec{}
+		body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stop":"END"}`
+		if err := o.Normalize(context.Background(), chatReq(body), rec); err != nil {
+			t.Fatalf("Normalize: %v", err)
+		}
+		c, u := rec.last(tComplete), rec.last(tUsage)
+		if rec.text() != tc.text || c == nil || c.StopSequence != tc.seq || u == nil || u.PromptTokens != tc.prompt || u.CompletionTokens != 3 {
+			t.Errorf("last line %s: text %q, complete %v, usage %v; want %q, stop sequence %q, usage %d/3", tc.last, rec.text(), c, u, tc.text, tc.seq, tc.prompt)
+		}
+	}
+}
