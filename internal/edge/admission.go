@@ -5,18 +5,35 @@ import (
 
 	"iop/internal/edge/contract"
 	"iop/internal/scheduler"
+	"iop/internal/wire/nodev1"
 )
 
 // admission is how an edge admits a request: localAdmission (a single
 // edge: its own scheduler) or clusterMode (several edges: the elected
-// leader's scheduler, this edge's own when it leads). Service.dispatchOnce
-// sees only this interface and the grant it returns.
+// leader's scheduler, this edge's own when it leads). Service sees only
+// this interface and the grant it returns; the methods below admit are
+// what only several edges do (no-ops on a single edge).
 type admission interface {
 	// admit admits req, never to a candidate tried excludes, with the
 	// prefix route computed before it; onQueued runs when the request
 	// waits. Errors: the scheduler's (ErrQueueFull, ErrQueueTimeout, ...),
 	// contract.ErrNoLeader, ErrShuttingDown, the context's cause.
 	admit(ctx context.Context, req Request, tried []triedCandidate, route prefixRoute, onQueued func()) (grant, error)
+	// admitKey is Service.AdmitKey.
+	admitKey(ctx context.Context, name string) (local bool, release func(), err error)
+	// nodeReport takes c's node's report of its runs in flight: a
+	// heartbeat's list, or (isAnswer) the answer to a RunsRequest of epoch.
+	nodeReport(c *conn, epoch int64, runs []*nodev1.RunInFlight, isAnswer bool)
+	// sawEpoch takes a node's refusal naming epoch as the highest it saw.
+	sawEpoch(epoch int64)
+	// serving reports whether admission can answer now (Service.Ready).
+	serving() bool
+	// clusterState is Service.Cluster.
+	clusterState() (ClusterState, bool)
+	// setKeyAdmitter and setKeyLeader are Service.SetKeyAdmitter and
+	// Service.SetKeyLeader.
+	setKeyAdmitter(f func(name string) (release func(), err error))
+	setKeyLeader(adopt func(name string) (release func()), newEpoch func())
 }
 
 // grant is one admitted slot, released exactly once (release reports
@@ -52,6 +69,16 @@ func (a localAdmission) admit(ctx context.Context, req Request, tried []triedCan
 	}
 	return localGrant{l: l}, nil
 }
+
+// A single edge takes its keys' slots itself, counts its own runs, and
+// has no election.
+func (localAdmission) admitKey(context.Context, string) (bool, func(), error) { return true, nil, nil }
+func (localAdmission) nodeReport(*conn, int64, []*nodev1.RunInFlight, bool)   {}
+func (localAdmission) sawEpoch(int64)                                         {}
+func (localAdmission) serving() bool                                          { return true }
+func (localAdmission) clusterState() (ClusterState, bool)                     { return ClusterState{}, false }
+func (localAdmission) setKeyAdmitter(func(string) (func(), error))            {}
+func (localAdmission) setKeyLeader(func(string) func(), func())               {}
 
 // admitLocal admits req in this edge's scheduler.
 func (s *Service) admitLocal(ctx context.Context, req Request, tried []triedCandidate, route prefixRoute, onQueued func()) (*scheduler.Lease, error) {

@@ -46,7 +46,7 @@ import (
 //   - the nodes, which are the truth: every heartbeat of a node reconciles
 //     the leader's leases on it (reconcile): one held for another edge's
 //     run, or adopted, that the node does not list is released once it is
-//     reconcileGrace old;
+//     unlistedGrace old;
 //   - the end of the leadership (endTerm): a deposed leader refuses its
 //     waiting admissions (not_leader) and drops every lease it held for
 //     other edges' runs;
@@ -122,13 +122,42 @@ type leaderLife struct {
 	dead   bool
 }
 
+// elector is the election as the cluster side sees it: *cluster.Elector
+// on etcd, or a test's simulated election. Its changes are events
+// (Changes is closed at each); Leads is the only reading that depends on
+// time (a lapsed session leads no more).
+type elector interface {
+	State() cluster.State
+	Leads() int64
+	Depose(epoch int64, addr string)
+	Changes() <-chan struct{}
+	Campaigners(ctx context.Context) ([]string, error)
+	Close() error
+}
+
+// peerNet is how a follower reaches the leader's Admission service by its
+// advertise address: gRPC between edges (grpcPeers), or a test's
+// simulated network.
+type peerNet interface {
+	client(addr string) (clusterv1.AdmissionClient, error)
+	// close ends every connection it made.
+	close()
+}
+
+var (
+	_ elector = (*cluster.Elector)(nil)
+	_ peerNet = (*grpcPeers)(nil)
+)
+
 // clusterMode is an edge's cluster side; nil without Config.Cluster.
 type clusterMode struct {
 	s     *Service
 	cfg   cluster.Config
-	el    *cluster.Elector
+	el    elector
+	net   peerNet
+	clk   clock.Clock // every wait and timer of the cluster side
 	name  string
-	peers *peerAuth // identity, token and TLS between edges (cluster_auth.go)
+	peers *peerAuth // identity, token and TLS between edges (cluster_auth.go); nil on a simulated network
 	keys  clusterKeys
 
 	ready   atomic.Int64 // the epoch whose rebuild is done (this edge leads it)
@@ -143,7 +172,6 @@ type clusterMode struct {
 	followed  map[string]int64 // follower advertise → the epoch it opened a session to
 	joined    chan struct{}    // closed and replaced when a follower opens a session
 	reports   map[int64]chan reportOf
-	clients   map[string]*grpc.ClientConn // leader address → connection
 	permitSeq uint64
 	permits   map[uint64]func()
 
@@ -177,9 +205,15 @@ func newClusterMode(s *Service, cfg cluster.Config) (*clusterMode, error) {
 	if err != nil {
 		return nil, err
 	}
+	return startClusterMode(s, cfg, el, newGRPCPeers(peers), peers), nil
+}
+
+// startClusterMode starts the cluster side of s on the election el and
+// the network pn, with s's clock.
+func startClusterMode(s *Service, cfg cluster.Config, el elector, pn peerNet, peers *peerAuth) *clusterMode {
 	cfg.SetDefaults()
 	cm := &clusterMode{
-		s: s, cfg: cfg, el: el, name: cfg.Name, peers: peers,
+		s: s, cfg: cfg, el: el, net: pn, clk: s.clock, name: cfg.Name, peers: peers,
 		leases:   newLeaseTable(),
 		lives:    make(map[int64]*leaderLife),
 		followed: make(map[string]int64),
@@ -187,7 +221,6 @@ func newClusterMode(s *Service, cfg cluster.Config) (*clusterMode, error) {
 		tickets:  make(map[uint64]*admitTicket),
 		qchanged: make(chan struct{}),
 		reports:  make(map[int64]chan reportOf),
-		clients:  make(map[string]*grpc.ClientConn),
 		permits:  make(map[uint64]func()),
 		stop:     make(chan struct{}),
 	}
@@ -195,7 +228,7 @@ func newClusterMode(s *Service, cfg cluster.Config) (*clusterMode, error) {
 	cm.wg.Add(2)
 	go cm.leadLoop()
 	go cm.followLoop()
-	return cm, nil
+	return cm
 }
 
 // close stops the election (resigning when leading) and the loops.
@@ -209,12 +242,7 @@ func (cm *clusterMode) close() {
 	cm.stopNow()
 	_ = cm.el.Close()
 	cm.wg.Wait()
-	cm.mu.Lock()
-	for _, cc := range cm.clients {
-		_ = cc.Close()
-	}
-	cm.clients = map[string]*grpc.ClientConn{}
-	cm.mu.Unlock()
+	cm.net.close()
 }
 
 // leadsReady returns the epoch this edge leads and has rebuilt (0: it does
@@ -258,6 +286,7 @@ func (cm *clusterMode) leadLoop() {
 			cm.ready.Store(st.Epoch)
 			cm.s.log.Info("cluster leader ready", "edge", cm.name, "epoch", st.Epoch)
 			cm.s.reg.notify()
+			cm.notifyWaiters()
 		} else if !st.Leader && led != 0 {
 			led = 0
 			cm.ready.Store(0)
@@ -333,12 +362,12 @@ func (cm *clusterMode) rebuild(epoch int64) {
 			want[node] = true
 		}
 	}
-	timer := time.NewTimer(rebuildWait)
-	defer timer.Stop()
+	timeout, stopTimeout := cm.after(rebuildWait)
+	defer stopTimeout()
 	// Every other edge campaigning now relays runs too: wait for its
 	// session (which lists them) as well.
 	var others []string
-	gctx, gcancel := context.WithTimeout(context.Background(), rebuildWait)
+	gctx, gcancel := cm.withTimeout(cm.stopCtx, rebuildWait)
 	if all, err := cm.el.Campaigners(gctx); err == nil {
 		for _, a := range all {
 			if a != cm.cfg.Advertise {
@@ -374,7 +403,7 @@ func (cm *clusterMode) rebuild(epoch int64) {
 				cm.adoptKey(epoch, rep.node, ri)
 			}
 		case <-joined:
-		case <-timer.C:
+		case <-timeout:
 			cm.s.log.Warn("cluster rebuild: not every node and edge reported its runs in time", "edge", cm.name, "epoch", epoch, "nodes", len(want), "edges", missing)
 			goto done
 		case <-cm.stop:
@@ -418,7 +447,7 @@ func (cm *clusterMode) adoptRun(epoch int64, node, provider, runID string, oepoc
 	if err != nil {
 		return false
 	}
-	h := &heldLease{key: k, l: l, edge: owner, node: node, runID: runID, since: cm.s.clock.Now()}
+	h := &heldLease{key: k, l: l, edge: owner, node: node, runID: runID, since: cm.clk.Now()}
 	if !cm.hold(t, h) {
 		// Counted by another report meanwhile, or the term ended: once only.
 		l.Release("counted already")
@@ -434,18 +463,25 @@ func (s *Service) ownsLocalLease(runID string) bool {
 	return r != nil && r.grant.local()
 }
 
-// reconcileGrace is how long a lease granted for another edge's run (or
-// adopted) may go unlisted by its node's reports before they release it:
-// the time for the follower's Dispatch to reach the node (a reserved lease
-// not yet dispatched is in no report).
+// reconcileGrace is the time for a follower's Dispatch to reach the node
+// once the follower has its grant (a reserved lease not yet dispatched is
+// in no report); unlistedGrace adds the time the grant may take to arrive.
 const reconcileGrace = 2 * time.Second
+
+// unlistedGrace is how long a lease granted for another edge's run (or
+// adopted) may go unlisted by its node's reports before they release it:
+// followDeadAfter, for a follower uses a grant only while its leader is
+// not judged dead (a grant held up in a stalled link longer than that is
+// dropped, never dispatched), plus reconcileGrace. Shorter, and a grant
+// that arrived late would run on a slot the leader gave away.
+func (cm *clusterMode) unlistedGrace() time.Duration { return cm.followDeadAfter() + reconcileGrace }
 
 // nodeReport handles a node's report of its runs in flight: the answer to
 // a rebuild's RunsRequest, or a heartbeat's list. At the ready leader, a
 // heartbeat reconciles the lease table with the node, which is the truth:
 // its runs of older epochs not counted yet are adopted, and every lease
 // held on that node for another edge's run (or adopted) whose run the
-// report does not list is released once it is reconcileGrace old,
+// report does not list is released once it is unlistedGrace old,
 // whether or not its edge still holds a session: a run that ended
 // without its Release reaching this leader leaves no phantom lease. A
 // late Release of the same lease is a no-op (dropHeld: exactly once).
@@ -480,7 +516,7 @@ func (cm *clusterMode) reconcile(epoch int64, node string, runs []*nodev1.RunInF
 	for _, ri := range runs {
 		listed[ri.GetRunId()] = true
 	}
-	before := cm.s.clock.Now().Add(-reconcileGrace)
+	before := cm.clk.Now().Add(-cm.unlistedGrace())
 	cm.mu.Lock()
 	gone := cm.leases.stale(node, listed, before)
 	cm.mu.Unlock()
@@ -612,7 +648,7 @@ func (a *admissionServer) Admit(req *clusterv1.AdmitRequest, stream grpc.ServerS
 		s.prefix.record(cand.Target, scheduler.ProviderRef{NodeID: cand.NodeID, ProviderID: cand.ProviderID}, route.blocks)
 	}
 	li := lease.Info()
-	h := &heldLease{key: leaseKey{epoch, lease.ID()}, l: lease, edge: req.GetEdge(), node: li.NodeID, runID: req.GetRunId(), since: s.clock.Now()}
+	h := &heldLease{key: leaseKey{epoch, lease.ID()}, l: lease, edge: req.GetEdge(), node: li.NodeID, runID: req.GetRunId(), since: cm.clk.Now()}
 	if cm.el.Leads() != epoch || !cm.hold(t, h) {
 		// Deposed between the grant and now: never a grant of an old epoch.
 		lease.Release("deposed")
@@ -726,7 +762,7 @@ func (a *admissionServer) Follow(req *clusterv1.FollowRequest, stream grpc.Serve
 		return err
 	}
 	for {
-		beat, stopBeat := clockAfter(cm.s.clock, cm.followBeat())
+		beat, stopBeat := cm.after(cm.followBeat())
 		select {
 		case <-stream.Context().Done():
 			stopBeat()
@@ -821,19 +857,45 @@ func (cm *clusterMode) serveAdmission(ctx context.Context, lis net.Listener) err
 
 // client returns the Admission client of the leader at addr.
 func (cm *clusterMode) client(addr string) (clusterv1.AdmissionClient, error) {
-	cm.mu.Lock()
-	defer cm.mu.Unlock()
-	if cc := cm.clients[addr]; cc != nil {
+	return cm.net.client(addr)
+}
+
+// grpcPeers is the gRPC network between edges: one client connection per
+// leader address, with the cluster's identity, token and TLS.
+type grpcPeers struct {
+	peers *peerAuth
+
+	mu      sync.Mutex                  // guards clients
+	clients map[string]*grpc.ClientConn // leader address → connection
+}
+
+func newGRPCPeers(peers *peerAuth) *grpcPeers {
+	return &grpcPeers{peers: peers, clients: make(map[string]*grpc.ClientConn)}
+}
+
+func (g *grpcPeers) client(addr string) (clusterv1.AdmissionClient, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if cc := g.clients[addr]; cc != nil {
 		return clusterv1.NewAdmissionClient(cc), nil
 	}
-	cc, err := grpc.NewClient(addr, append(cm.peers.dialOptions(),
+	cc, err := grpc.NewClient(addr, append(g.peers.dialOptions(),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 2 * time.Second, Timeout: 2 * time.Second, PermitWithoutStream: true}),
 	)...)
 	if err != nil {
 		return nil, err
 	}
-	cm.clients[addr] = cc
+	g.clients[addr] = cc
 	return clusterv1.NewAdmissionClient(cc), nil
+}
+
+func (g *grpcPeers) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, cc := range g.clients {
+		_ = cc.Close()
+	}
+	clear(g.clients)
 }
 
 // followLoop keeps this edge's admission session (Follow) open to the
@@ -848,11 +910,17 @@ func (cm *clusterMode) followLoop() {
 			cm.keys.sawLeader.Store(st.LeaderAddr != cm.cfg.Advertise || cm.keys.sawLeader.Load())
 			cm.followOnce(st)
 		}
+		poll, stopPoll := cm.after(200 * time.Millisecond)
+		select {
+		case <-cm.stop:
+		case <-ch:
+		case <-poll:
+		}
+		stopPoll()
 		select {
 		case <-cm.stop:
 			return
-		case <-ch:
-		case <-time.After(200 * time.Millisecond):
+		default:
 		}
 	}
 }
@@ -893,7 +961,7 @@ func (cm *clusterMode) followOnce(st cluster.State) {
 		if cm.el.State().Epoch != st.Epoch {
 			return
 		}
-		silent, stopSilent := clockAfter(cm.s.clock, cm.followDeadAfter())
+		silent, stopSilent := cm.after(cm.followDeadAfter())
 		select {
 		case <-replies:
 			stopSilent()
@@ -922,13 +990,32 @@ func clockAfter(clk clock.Clock, d time.Duration) (<-chan struct{}, func() bool)
 	return ch, t.Stop
 }
 
+// after is clockAfter on the cluster clock.
+func (cm *clusterMode) after(d time.Duration) (<-chan struct{}, func() bool) {
+	return clockAfter(cm.clk, d)
+}
+
+// errClusterTimeout is the cause of a context of withTimeout that timed out.
+var errClusterTimeout = fmt.Errorf("cluster call: %w", context.DeadlineExceeded)
+
+// withTimeout is context.WithTimeout on the cluster clock (cause
+// errClusterTimeout).
+func (cm *clusterMode) withTimeout(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	t := cm.clk.AfterFunc(d, func() { cancel(errClusterTimeout) })
+	return ctx, func() {
+		t.Stop()
+		cancel(context.Canceled)
+	}
+}
+
 // lifeLocked is the follower's view of the leader of epoch (made on first
 // use, heard now). cm.mu is held.
 func (cm *clusterMode) lifeLocked(epoch int64) *leaderLife {
 	l := cm.lives[epoch]
 	if l == nil {
 		ctx, cancel := context.WithCancel(cm.stopCtx)
-		l = &leaderLife{ctx: ctx, cancel: cancel, heard: cm.s.clock.Now()}
+		l = &leaderLife{ctx: ctx, cancel: cancel, heard: cm.clk.Now()}
 		cm.lives[epoch] = l
 	}
 	return l
@@ -966,7 +1053,7 @@ func (cm *clusterMode) lastHeard(epoch int64) time.Time {
 func (cm *clusterMode) heard(epoch int64) {
 	cm.mu.Lock()
 	l := cm.lifeLocked(epoch)
-	l.heard = cm.s.clock.Now()
+	l.heard = cm.clk.Now()
 	revived := l.dead
 	if revived {
 		l.dead = false
@@ -1022,11 +1109,8 @@ func (cm *clusterMode) notifyWaiters() {
 
 // sawEpoch handles a node's refusal naming epoch as the highest it has
 // seen: this edge learns that a leader of epoch exists (stepping down if
-// it leads an older one). A no-op without a cluster.
+// it leads an older one).
 func (cm *clusterMode) sawEpoch(epoch int64) {
-	if cm == nil {
-		return
-	}
 	cm.el.Depose(epoch, "")
 }
 
@@ -1087,7 +1171,7 @@ func (rl *remoteLease) Release(reason string) bool {
 				return
 			case st.LeaderAddr != "":
 				if cli, err := cm.client(st.LeaderAddr); err == nil {
-					ctx, cancel := context.WithTimeout(cm.stopCtx, 2*time.Second)
+					ctx, cancel := cm.withTimeout(cm.stopCtx, 2*time.Second)
 					_, err = cli.Release(ctx, &clusterv1.ReleaseRequest{Epoch: rl.key.epoch, LeaseId: rl.key.id, Reason: reason, Edge: cm.name})
 					cancel()
 					if err == nil {
@@ -1095,10 +1179,12 @@ func (rl *remoteLease) Release(reason string) bool {
 					}
 				}
 			}
+			wait, stopWait := cm.after(backoff)
 			select {
 			case <-cm.stop:
+				stopWait()
 				return
-			case <-time.After(backoff):
+			case <-wait:
 			}
 			backoff = min(2*backoff, time.Second)
 		}
@@ -1122,23 +1208,26 @@ func (cm *clusterMode) waitLeader(ctx context.Context, deadline time.Time) (clus
 		case !st.Leader && st.Epoch != 0 && st.LeaderAddr != "" && !cm.isDead(st.Epoch):
 			return st, nil
 		}
-		d := time.Until(deadline)
+		d := deadline.Sub(cm.clk.Now())
 		if d <= 0 {
 			return st, fmt.Errorf("%w: none reachable within %s", contract.ErrNoLeader, leaderWait)
 		}
-		t := time.NewTimer(min(d, 100*time.Millisecond))
+		// The election's changes and the follower's own (a leader judged
+		// dead or alive again, a term ready) are events; the poll catches
+		// what is not (a session lease renewed again).
+		timeout, stop := cm.after(min(d, 100*time.Millisecond))
 		select {
 		case <-ctx.Done():
-			t.Stop()
+			stop()
 			return st, context.Cause(ctx)
 		case <-cm.stop:
-			t.Stop()
+			stop()
 			return st, fmt.Errorf("%w: the cluster side stopped", ErrShuttingDown)
 		case <-ch:
 		case <-woken:
-		case <-t.C:
+		case <-timeout:
 		}
-		t.Stop()
+		stop()
 	}
 }
 
@@ -1216,7 +1305,7 @@ func (cm *clusterMode) awaitTurn(ctx context.Context, tk *admitTicket, epoch int
 // arrival and the last answer of the leader it was waiting at; requests
 // that waited at a lost leader are submitted to the next in their order.
 func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCandidate, route prefixRoute, onQueued func()) (grant, error) {
-	deadline := time.Now().Add(leaderWait)
+	deadline := cm.clk.Now().Add(leaderWait)
 	tk := cm.newTicket()
 	defer cm.setTicket(tk, 0, true)
 	for {
@@ -1242,32 +1331,25 @@ func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCand
 			// It waited at that leader, which is lost: the bound on
 			// waiting for the next runs from its last answer.
 			if h := cm.lastHeard(st.Epoch); !h.IsZero() {
-				deadline = maxTime(deadline, time.Now().Add(leaderWait-cm.s.clock.Now().Sub(h)))
+				deadline = maxTime(deadline, h.Add(leaderWait))
 			}
 		}
-		if time.Now().After(deadline) {
+		if cm.clk.Now().After(deadline) {
 			return nil, fmt.Errorf("%w: the leader at %s cannot be reached: %v", contract.ErrNoLeader, st.LeaderAddr, err)
 		}
-		t := time.NewTimer(50 * time.Millisecond)
+		pause, stop := cm.after(50 * time.Millisecond)
 		select {
 		case <-ctx.Done():
-			t.Stop()
+			stop()
 			return nil, context.Cause(ctx)
 		case <-cm.stop:
-			t.Stop()
+			stop()
 			return nil, fmt.Errorf("%w: the cluster side stopped", ErrShuttingDown)
 		case <-cm.el.Changes():
-		case <-t.C:
+		case <-pause:
 		}
-		t.Stop()
+		stop()
 	}
-}
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
 }
 
 func maxTime(a, b time.Time) time.Time {
@@ -1343,7 +1425,7 @@ func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Reques
 	defer cancel()
 	defer context.AfterFunc(cm.stopCtx, cancel)()
 	defer context.AfterFunc(lctx, cancel)()
-	firstBy := time.AfterFunc(time.Until(deadline), cancel)
+	firstBy := cm.clk.AfterFunc(deadline.Sub(cm.clk.Now()), cancel)
 	defer firstBy.Stop()
 	stream, err := cli.Admit(cctx, ar, grpc.WaitForReady(false))
 	if err != nil {
@@ -1379,6 +1461,12 @@ func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Reques
 			return nil, false, queued, refusedError(msg.Refused)
 		case *clusterv1.AdmitReply_Granted:
 			g := msg.Granted
+			if lctx.Err() != nil {
+				// Judged dead before the grant was read: the leader may
+				// have released it already (unlistedGrace). Never used.
+				(&remoteLease{cm: cm, key: leaseKey{g.GetEpoch(), g.GetLeaseId()}}).Release("leader judged dead")
+				return nil, true, queued, errLeaderSilent
+			}
 			rl := &remoteLease{cm: cm, key: leaseKey{g.GetEpoch(), g.GetLeaseId()}}
 			rl.cand = scheduler.Candidate{NodeID: g.GetNodeId(), ProviderID: g.GetProviderId(), Target: g.GetTarget()}
 			if c := cm.s.reg.current(g.GetNodeId()); c != nil {
@@ -1404,11 +1492,14 @@ var errLeaderSilent = errors.New("the leader is silent")
 
 // SetKeyAdmitter gives the leader the way to take a key's request slot
 // for a follower (the HTTP layer's keys, by key name); without it a
-// follower's AdmitKey is refused. Safe to call at any time.
+// follower's AdmitKey is refused. Safe to call at any time; a no-op
+// without a cluster.
 func (s *Service) SetKeyAdmitter(f func(name string) (release func(), err error)) {
-	if s.cl != nil {
-		s.cl.keyAdmit.Store(&f)
-	}
+	s.adm.setKeyAdmitter(f)
+}
+
+func (cm *clusterMode) setKeyAdmitter(f func(name string) (release func(), err error)) {
+	cm.keyAdmit.Store(&f)
 }
 
 // AdmitKey takes one request slot of the named key at the scheduler
@@ -1419,11 +1510,12 @@ func (s *Service) SetKeyAdmitter(f func(name string) (release func(), err error)
 // LimitDetails say which), contract.ErrNoLeader when no leader answers in
 // time.
 func (s *Service) AdmitKey(ctx context.Context, name string) (local bool, release func(), err error) {
-	cm := s.cl
-	if cm == nil {
-		return true, nil, nil
-	}
-	deadline := time.Now().Add(leaderWait)
+	return s.adm.admitKey(ctx, name)
+}
+
+// admitKey is Service.AdmitKey of several edges.
+func (cm *clusterMode) admitKey(ctx context.Context, name string) (local bool, release func(), err error) {
+	deadline := cm.clk.Now().Add(leaderWait)
 	for {
 		st, err := cm.waitLeader(ctx, deadline)
 		if err != nil {
@@ -1434,7 +1526,7 @@ func (s *Service) AdmitKey(ctx context.Context, name string) (local bool, releas
 		}
 		cli, err := cm.client(st.LeaderAddr)
 		if err == nil {
-			cctx, cancel := context.WithDeadline(ctx, minTime(deadline, time.Now().Add(2*time.Second)))
+			cctx, cancel := cm.withTimeout(ctx, min(deadline.Sub(cm.clk.Now()), 2*time.Second))
 			var rep *clusterv1.AdmitKeyReply
 			rep, err = cli.AdmitKey(cctx, &clusterv1.AdmitKeyRequest{Epoch: st.Epoch, Edge: cm.name, Key: name})
 			cancel()
@@ -1455,19 +1547,19 @@ func (s *Service) AdmitKey(ctx context.Context, name string) (local bool, releas
 		if ctx.Err() != nil {
 			return false, nil, context.Cause(ctx)
 		}
-		if time.Now().After(deadline) {
+		if cm.clk.Now().After(deadline) {
 			return false, nil, fmt.Errorf("%w: the leader at %s cannot be reached", contract.ErrNoLeader, st.LeaderAddr)
 		}
-		t := time.NewTimer(50 * time.Millisecond)
+		pause, stop := cm.after(50 * time.Millisecond)
 		select {
 		case <-ctx.Done():
 		case <-cm.stop:
-			t.Stop()
+			stop()
 			return false, nil, fmt.Errorf("%w: the cluster side stopped", ErrShuttingDown)
 		case <-cm.el.Changes():
-		case <-t.C:
+		case <-pause:
 		}
-		t.Stop()
+		stop()
 	}
 }
 
@@ -1480,17 +1572,19 @@ func (cm *clusterMode) releaseKey(addr string, epoch int64, id uint64) {
 		for range 5 {
 			cli, err := cm.client(addr)
 			if err == nil {
-				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				ctx, cancel := cm.withTimeout(cm.stopCtx, 2*time.Second)
 				_, err = cli.ReleaseKey(ctx, &clusterv1.ReleaseKeyRequest{Epoch: epoch, PermitId: id})
 				cancel()
 				if err == nil {
 					return
 				}
 			}
+			pause, stop := cm.after(200 * time.Millisecond)
 			select {
 			case <-cm.stop:
+				stop()
 				return
-			case <-time.After(200 * time.Millisecond):
+			case <-pause:
 			}
 		}
 	}()
@@ -1520,11 +1614,9 @@ type ClusterState struct {
 }
 
 // Cluster returns the edge's cluster state; ok is false without a cluster.
-func (s *Service) Cluster() (ClusterState, bool) {
-	cm := s.cl
-	if cm == nil {
-		return ClusterState{}, false
-	}
+func (s *Service) Cluster() (ClusterState, bool) { return s.adm.clusterState() }
+
+func (cm *clusterMode) clusterState() (ClusterState, bool) {
 	st := cm.el.State()
 	cm.mu.Lock()
 	n := cm.leases.len()

@@ -58,6 +58,9 @@ func startTextLogEdge(t *testing.T, cfg Config) (*testEdge, *logBuf) {
 	if err != nil {
 		t.Fatalf("NewServer: %v", err)
 	}
+	if cfg.Cluster != nil {
+		paceClock(t, clk)
+	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

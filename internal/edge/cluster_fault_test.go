@@ -147,7 +147,7 @@ func TestRegression_NodeReportReleasesPhantomLease(t *testing.T) {
 	if cs, _ := leader.svc.Cluster(); cs.Leases != 1 {
 		t.Fatalf("leader after a heartbeat within the grace: leases %d, want 1", cs.Leases)
 	}
-	leader.clk.Advance(reconcileGrace + time.Millisecond)
+	leader.clk.Advance(leader.svc.cl.unlistedGrace() + time.Millisecond)
 	cn.heartbeat(t, li)
 	waitCond(t, "the node's report to release the phantom lease", func() bool {
 		cs, _ := leader.svc.Cluster()
@@ -326,11 +326,11 @@ func routeThroughProxy(t *testing.T, e *testEdge) *stallProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cm := e.svc.cl
-	cm.mu.Lock()
-	old := cm.clients[st.LeaderAddr]
-	cm.clients[st.LeaderAddr] = cc
-	cm.mu.Unlock()
+	gp := e.svc.cl.net.(*grpcPeers)
+	gp.mu.Lock()
+	old := gp.clients[st.LeaderAddr]
+	gp.clients[st.LeaderAddr] = cc
+	gp.mu.Unlock()
 	if old != nil {
 		_ = old.Close() // ends the Follow session; followLoop opens the next through the proxy
 	}

@@ -34,10 +34,12 @@ type clusterKeys struct {
 // elected (newEpoch). Safe to call at any time; a no-op without a
 // cluster.
 func (s *Service) SetKeyLeader(adopt func(name string) (release func()), newEpoch func()) {
-	if s.cl != nil {
-		s.cl.keys.adopt.Store(&adopt)
-		s.cl.keys.newEpoch.Store(&newEpoch)
-	}
+	s.adm.setKeyLeader(adopt, newEpoch)
+}
+
+func (cm *clusterMode) setKeyLeader(adopt func(name string) (release func()), newEpoch func()) {
+	cm.keys.adopt.Store(&adopt)
+	cm.keys.newEpoch.Store(&newEpoch)
 }
 
 // requestKey is the name of the client API key ctx carries ("" : none).

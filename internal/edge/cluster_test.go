@@ -34,6 +34,29 @@ func clusterEdges(t *testing.T, etcd *etcdtest.Cluster, n int) []*testEdge {
 	return es
 }
 
+// paceClock moves clk with the wall clock until the test ends (startEdge
+// calls it for an edge of a cluster): the election runs on etcd's time, and the cluster side's waits (leaderWait,
+// rebuildWait, its pauses) on the edge's clock must keep up with it. A
+// test may still Advance clk further.
+func paceClock(t *testing.T, clk *testClock) {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				clk.Advance(10 * time.Millisecond)
+			}
+		}
+	}()
+	t.Cleanup(func() { close(done); <-stopped })
+}
+
 func freeAddr(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -309,13 +332,13 @@ func blockLeader(t *testing.T, e *testEdge) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cm := e.svc.cl
-	cm.mu.Lock()
-	if old := cm.clients[st.LeaderAddr]; old != nil {
+	gp := e.svc.cl.net.(*grpcPeers)
+	gp.mu.Lock()
+	if old := gp.clients[st.LeaderAddr]; old != nil {
 		_ = old.Close()
 	}
-	cm.clients[st.LeaderAddr] = cc
-	cm.mu.Unlock()
+	gp.clients[st.LeaderAddr] = cc
+	gp.mu.Unlock()
 }
 
 // TestClusterFailoverKeepsTheWaitingOrder: a follower's three requests

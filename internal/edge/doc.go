@@ -5,7 +5,9 @@
 // lifecycle, and carries admitted requests to nodes and their answers back.
 // Service admits through one admission (admission.go): localAdmission on a
 // single edge, clusterMode (cluster.go) for several; a run holds the grant
-// either returns.
+// either returns. clusterMode reaches the election through an elector and
+// the other edges through a peerNet (etcd and gRPC in production; a
+// simulated election and network in TestClusterProtocolSim).
 //
 // What the HTTP API asks and gets back is package edge/contract's: Request,
 // DispatchInfo, Snapshot, ModelInfo, the dispatch errors and Outcome. This
@@ -244,8 +246,8 @@
 // So every edge lock is a leaf: no call goes out while one is held (but
 // to the clock), and no other lock is taken under it. They are registry.mu and breakers.mu
 // (above), clusterMode.mu (several edges, cluster.go: the leader's term and
-// held leases, the follower's view of its leaders, key permits, admission
-// clients; the election
+// held leases, the follower's view of its leaders, key permits;
+// grpcPeers.mu guards the admission clients; the election
 // publishes its state through an atomic pointer), Run.mu, Service.mu (the runs map), Service.statsMu (retry and
 // circuit counters, the requested model names), conn.mu (a connection's
 // outbox, closed flag, last-seen time, idle warm streams), trust.mu (node id → token
@@ -285,8 +287,9 @@
 // one value on its assigned channel. A dispatch that took it is its one
 // sender until then (the Dispatch), and hands the run over on assigned;
 // from then on the handler is the sole sender, as on any run stream.
-// Timers (heartbeats, hello and dispatch timeouts) run on the injected
-// clock; their callbacks only signal a channel or end a pending run (which
+// Timers (heartbeats, hello and dispatch timeouts, and every wait of the
+// cluster side: leaderWait, rebuildWait, the follower's silence bound, its
+// pauses and Release retries) run on the injected clock; their callbacks only signal a channel or end a pending run (which
 // may open its provider's circuit, see above). Each Dispatch attempt has one
 // client-gone watcher (watchClient, a context.AfterFunc on the caller's
 // context) from the run's creation until the attempt returns: it ends the

@@ -277,13 +277,11 @@ func (s *Service) forgetGone() {
 func (s *Service) handleNodeMessage(c *conn, m *nodev1.NodeMessage) {
 	switch msg := m.GetMsg().(type) {
 	case *nodev1.NodeMessage_Heartbeat:
-		if s.cl != nil && msg.Heartbeat.GetRunsSet() {
-			s.cl.nodeReport(c, 0, msg.Heartbeat.GetRuns(), false)
+		if msg.Heartbeat.GetRunsSet() {
+			s.adm.nodeReport(c, 0, msg.Heartbeat.GetRuns(), false)
 		}
 	case *nodev1.NodeMessage_RunsReport:
-		if s.cl != nil {
-			s.cl.nodeReport(c, msg.RunsReport.GetEpoch(), msg.RunsReport.GetRuns(), true)
-		}
+		s.adm.nodeReport(c, msg.RunsReport.GetEpoch(), msg.RunsReport.GetRuns(), true)
 	case *nodev1.NodeMessage_ProviderUpdate:
 		s.updateProvider(c, msg.ProviderUpdate)
 	case *nodev1.NodeMessage_DispatchRefused:
@@ -312,7 +310,7 @@ func (s *Service) refusal(c *conn, ref *nodev1.DispatchRefused) error {
 	}
 	if e := ref.GetStaleEpoch(); e != 0 {
 		err = fmt.Errorf("%w: %w", errStaleEpoch, err)
-		s.cl.sawEpoch(e)
+		s.adm.sawEpoch(e)
 	}
 	if s.reg.isDraining(c) {
 		err = fmt.Errorf("%w: %w", errNodeDraining, err)

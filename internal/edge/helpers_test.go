@@ -108,6 +108,9 @@ func startEdge(t *testing.T, cfg Config) *testEdge {
 	if err != nil {
 		t.Fatalf("NewServer: %v", err)
 	}
+	if cfg.Cluster != nil {
+		paceClock(t, clk)
+	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -19,7 +19,7 @@ func (s *Service) Ready() bool {
 		return false
 	default:
 	}
-	return s.cl == nil || s.cl.serving()
+	return s.adm.serving()
 }
 
 // serving reports whether a leader admits for this edge now: its own,
