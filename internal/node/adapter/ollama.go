@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"iop/internal/translate"
 	"iop/internal/wire/nodev1"
@@ -165,6 +166,44 @@ func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) err
 	return o.readStream(c, sink, forced, newStopMatcher(stops))
 }
 
+// stopDrainLines and stopDrainTime bound what drainAfterStop reads after
+// a stop sequence matched: about stopDrainLines tokens, generated but not
+// sent, for at most stopDrainTime. A longer rest is cut off by closing the
+// request.
+const (
+	stopDrainLines = 64
+	stopDrainTime  = 2 * time.Second
+)
+
+// drainAfterStop reads and discards the rest of Ollama's stream after a
+// stop sequence matched in last (the request's stop sequences were not
+// sent to Ollama, so it goes on generating), within stopDrainLines lines
+// and stopDrainTime. It returns the done line when it came within them,
+// else last. A request cancelled mid-answer is what Ollama v0.17.4 may
+// leave its next request unanswered after (seen once in 50 cancels on a
+// loaded machine), so a short rest is read out rather than cut.
+func (o *Ollama) drainAfterStop(c *call, br *bufio.Reader, last ollamaLine) ollamaLine {
+	cut := time.AfterFunc(stopDrainTime, func() { c.resp.Body.Close() })
+	defer cut.Stop()
+	for range stopDrainLines {
+		line, err := readNDJSONLine(br, o.maxLine)
+		if err != nil && len(line) == 0 {
+			return last
+		}
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		l, perr := parseLine(line)
+		if perr != nil || l.Err != "" {
+			return last
+		}
+		if l.Done {
+			return l
+		}
+	}
+	return last
+}
+
 // thinkFor handles c, a 400 to body: when it is Ollama's refusal of a
 // think level (translate.IsThinkLevelRefusal: the model takes booleans
 // only, as every model but gpt-oss does in Ollama v0.17.4), the model is
@@ -251,12 +290,14 @@ func (o *Ollama) statusError(c *call) error {
 //
 // Text passes through stop (the request's stop sequences, which Ollama
 // was not sent): the first one found in the text ends the answer there,
-// as Ollama would have ended it, with COMPLETE{"stop", stop_sequence};
-// the request to Ollama is then aborted (Normalize closes it), so the
-// USAGE sent has the pieces of the answer streamed so far as
-// completion_tokens (Ollama streams one token a line) and no
-// prompt_tokens (Ollama counts the prompt in its last line only), unless
-// the match was in that last line.
+// as Ollama would have ended it, with COMPLETE{"stop", stop_sequence}.
+// The text up to the stop is sent at once; the rest Ollama generates is
+// read and dropped (drainAfterStop), so the USAGE sent has Ollama's own
+// counts (completion_tokens counts the dropped tokens too: they were
+// generated). When the rest is longer than stopDrainLines the request is
+// closed (Normalize closes it), and USAGE has the pieces of the answer
+// streamed so far as completion_tokens (Ollama streams one token a line)
+// and no prompt_tokens (Ollama counts the prompt in its last line only).
 func (o *Ollama) readStream(c *call, sink EventSink, forced *translate.ForcedCall, stop *stopMatcher) error {
 	br := bufio.NewReaderSize(c.resp.Body, 64<<10)
 	var (
@@ -333,7 +374,17 @@ func (o *Ollama) readStream(c *call, sink EventSink, forced *translate.ForcedCal
 					started = true
 				}
 				usage := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_USAGE, CompletionTokens: pieces}
-				if l.Done { // Ollama's own counts came with the match
+				if !l.Done {
+					// The text up to the stop goes out now; then Ollama
+					// is read to its end (drainAfterStop), for its own
+					// counts and because a request cancelled mid-answer
+					// can leave Ollama unanswering the next one.
+					if err := send(); err != nil {
+						return err
+					}
+					l = o.drainAfterStop(c, br, l)
+				}
+				if l.Done { // Ollama's own counts
 					usage.PromptTokens, usage.CompletionTokens = l.PromptTokens, l.CompletionTokens
 				}
 				events = append(events, usage,

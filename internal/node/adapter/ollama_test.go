@@ -604,6 +604,34 @@ func TestOllamaStopSequence(t *testing.T) {
 	}
 }
 
+// TestRegression_StopSequenceReadsOllamaToItsEnd: after a stop sequence
+// matched, the rest of Ollama's answer is read out, not cancelled (Ollama
+// v0.17.4 left the request after a cancel unanswered once in 50), and the
+// usage is Ollama's own; the client's text still ends at the stop.
+func TestRegression_StopSequenceReadsOllamaToItsEnd(t *testing.T) {
+	up := newUpstream(t, ollamaLines(
+		`{"message":{"role":"assistant","content":"Hel"},"done":false}`,
+		`{"message":{"role":"assistant","content":"lo E"},"done":false}`,
+		`{"message":{"role":"assistant","content":"ND more"},"done":false}`,
+		`{"message":{"role":"assistant","content":" and more"},"done":false}`,
+		`{"message":{"role":"assistant","content":""},"done":true,"done_reason":"stop","prompt_eval_count":9,"eval_count":4}`))
+	o := newOllama(t, Config{BaseURL: up.URL})
+	rec := &eventRec{}
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stop":["END"]}`
+	if err := o.Normalize(context.Background(), chatReq(body), rec); err != nil {
+		t.Fatalf("Normalize: %v", err)
+	}
+	if rec.text() != "Hello " {
+		t.Errorf("text %q, want %q", rec.text(), "Hello ")
+	}
+	if c := rec.last(tComplete); c == nil || c.FinishReason != "stop" || c.StopSequence != "END" {
+		t.Errorf("complete %v, want stop, END", c)
+	}
+	if u := rec.last(tUsage); u == nil || u.PromptTokens != 9 || u.CompletionTokens != 4 {
+		t.Errorf("usage %v, want Ollama's own 9/4", u)
+	}
+}
+
 // TestOllamaStopSequenceInLastLine: a stop sequence completed by Ollama's
 // last line (its own end) still ends the answer as a stop sequence, with
 // Ollama's own counts; text held back as a possible start of a stop
