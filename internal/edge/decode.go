@@ -145,7 +145,7 @@ func decodeRunEvent(e *nodev1.RunEvent) (contract.Event, bool) {
 	case nodev1.RunEvent_TYPE_USAGE:
 		return contract.Event{Kind: contract.EventUsage, PromptTokens: int(e.GetPromptTokens()), CompletionTokens: int(e.GetCompletionTokens())}, true
 	case nodev1.RunEvent_TYPE_COMPLETE:
-		return contract.Event{Kind: contract.EventEnd, FinishReason: e.GetFinishReason()}, true
+		return contract.Event{Kind: contract.EventEnd, FinishReason: e.GetFinishReason(), StopSequence: e.GetStopSequence()}, true
 	case nodev1.RunEvent_TYPE_ERROR:
 		return contract.Event{Kind: contract.EventFailure, Status: int(e.GetStatus()), Message: e.GetError(),
 			InvalidRequest: e.GetInvalidRequest(), Param: e.GetParam()}, true

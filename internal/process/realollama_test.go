@@ -411,10 +411,23 @@ func TestRealOllama_RepeatLimit(t *testing.T) {
 // TestRealOllama_Responses: OpenAI's Responses API through iop to a real
 // Ollama on both execution paths (the rig's native and /v1 providers): the
 // official `openai` client's responses.create and responses.stream answer
-// (test/js/real_responses.mjs), and previous_response_id continues a
-// conversation begun on one path on the other.
+// (test/js/real_responses.mjs), previous_response_id continues a
+// conversation begun on one path on the other, text.format json_schema
+// gets JSON of the schema, and a thinking model (on a second node) answers
+// reasoning.effort with a reasoning item and its reasoning_tokens.
 func TestRealOllama_Responses(t *testing.T) {
 	rig := startRealRig(t)
+	rig.s.CreateModel(t, "think-r", ollamatest.Thinking)
+	rig.s.CreateModel(t, "think-r-v1", ollamatest.Thinking)
+	startNode(t, t.Context(), node.Config{
+		NodeID: "gpu-2",
+		Edge:   rig.e.NodeAddr,
+		Providers: []node.ProviderConfig{
+			{ID: "native-think", Type: node.TypeOllama, BaseURL: rig.s.URL, Models: []string{"think-r"}, Capacity: 2},
+			{ID: "v1-think", Type: node.TypeOpenAI, BaseURL: rig.s.URL + "/v1", Models: []string{"think-r-v1"}, Capacity: 2},
+		},
+	})
 	models, _ := json.Marshal([]map[string]string{{"path": "normalized", "model": "tiny"}, {"path": "tunnel", "model": "tiny-v1"}})
-	runJSTest(t, "real_responses.mjs", "IOP_BASE_URL=http://"+rig.e.HTTPAddr+"/v1", "IOP_MODELS="+string(models))
+	thinkers, _ := json.Marshal([]map[string]string{{"path": "normalized", "model": "think-r"}, {"path": "tunnel", "model": "think-r-v1"}})
+	runJSTest(t, "real_responses.mjs", "IOP_BASE_URL=http://"+rig.e.HTTPAddr+"/v1", "IOP_MODELS="+string(models), "IOP_THINK_MODELS="+string(thinkers))
 }

@@ -47,7 +47,11 @@
 // separated words. Every answer has Config.DefaultMaxTokens tokens unless the
 // request's limit (max_tokens, max_completion_tokens, options.num_predict)
 // is lower, in which case it is cut there and the finish reason is "length".
-// Sampling parameters and formats are accepted and ignored. OpenAI's "n"
+// Stop sequences (OpenAI "stop", Ollama "options.stop") end the answer before
+// the first one its text contains, as Ollama v0.17.4 and vLLM do: the stop
+// sequence is not sent, the finish reason is "stop", and an OpenAI choice's
+// last chunk carries vLLM's "stop_reason" with the matched sequence (left
+// out when none matched). Other sampling parameters are accepted and ignored. OpenAI's "n"
 // (1-128) answers that many choices, each its own text, interleaved
 // token by token when streamed.
 //

@@ -69,6 +69,10 @@ type request struct {
 	// probability (simLogprobs).
 	logprobs    bool
 	topLogprobs int
+	// stop are the request's stop sequences (OpenAI "stop", Ollama
+	// "options.stop"): the answer ends before the first one its text
+	// contains (applyStop).
+	stop []string
 }
 
 // choices is the number of choices to answer, at least 1.
@@ -79,6 +83,9 @@ type completion struct {
 	tokens       []string // each a word with a leading space
 	promptTokens int
 	finishReason string // finishStop or finishLength
+	// stopSequence is the stop sequence that ended the answer, if one
+	// did (applyStop).
+	stopSequence string
 }
 
 func (c completion) text() string { return strings.Join(c.tokens, "") }
@@ -122,7 +129,7 @@ func completeFrom(rng *rand.Rand, defaultTokens int, req request) completion {
 		if req.maxTokens != noLimit && req.maxTokens < len(tokens) {
 			tokens, reason = tokens[:req.maxTokens], finishLength
 		}
-		return completion{tokens: tokens, promptTokens: countWords(req.prompt), finishReason: reason}
+		return applyStop(completion{tokens: tokens, promptTokens: countWords(req.prompt), finishReason: reason}, req.stop)
 	}
 	n, reason := defaultTokens, finishStop
 	if req.maxTokens != noLimit && req.maxTokens < n {
@@ -132,7 +139,43 @@ func completeFrom(rng *rand.Rand, defaultTokens int, req request) completion {
 	for i := range tokens {
 		tokens[i] = " " + vocabulary[rng.IntN(len(vocabulary))]
 	}
-	return completion{tokens: tokens, promptTokens: countWords(req.prompt), finishReason: reason}
+	return applyStop(completion{tokens: tokens, promptTokens: countWords(req.prompt), finishReason: reason}, req.stop)
+}
+
+// applyStop ends c at the first of stops its text contains, the one
+// that ends first as generation goes (of two that end at one byte, the
+// longer), as Ollama v0.17.4 and vLLM stop at the first completed: the
+// text before it stays, the stop sequence and everything after it go,
+// the finish reason is "stop" and c.stopSequence names it. Empty stop
+// sequences match nothing.
+func applyStop(c completion, stops []string) completion {
+	text := c.text()
+	at, end, matched := -1, -1, ""
+	for _, s := range stops {
+		i := strings.Index(text, s)
+		if s == "" || i < 0 {
+			continue
+		}
+		if e := i + len(s); end < 0 || e < end || e == end && i < at {
+			at, end, matched = i, e, s
+		}
+	}
+	if at < 0 {
+		return c
+	}
+	kept, pos := []string{}, 0
+	for _, t := range c.tokens {
+		if pos+len(t) > at {
+			if pos < at {
+				kept = append(kept, t[:at-pos])
+			}
+			break
+		}
+		kept = append(kept, t)
+		pos += len(t)
+	}
+	c.tokens, c.finishReason, c.stopSequence = kept, finishStop, matched
+	return c
 }
 
 // embedDims is the default length of an embedding vector.

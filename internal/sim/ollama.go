@@ -73,6 +73,8 @@ type ollamaToolCall struct {
 type ollamaOptions struct {
 	// NumPredict limits the tokens generated; < 0 means no limit.
 	NumPredict *int `json:"num_predict"`
+	// Stop are the stop sequences (applyStop).
+	Stop []string `json:"stop"`
 }
 
 // ollamaGenerateRequest is the body of POST /api/chat (Messages) and
@@ -150,6 +152,7 @@ func (in ollamaGenerateRequest) toRequest(prompt string, loadOnly bool) (request
 	if n := in.Options.NumPredict; n != nil && *n >= 0 {
 		req.maxTokens = *n
 	}
+	req.stop = in.Options.Stop
 	return req, nil
 }
 

@@ -114,7 +114,9 @@ type openaiGenerateRequest struct {
 	ToolChoice          toolChoice            `json:"tool_choice"`
 	ResponseFormat      *openaiResponseFormat `json:"response_format"`
 	ReasoningEffort     *string               `json:"reasoning_effort"`
-	Reasoning           *struct {
+	// Stop is "stop": a string or an array of strings (applyStop).
+	Stop      json.RawMessage `json:"stop"`
+	Reasoning *struct {
 		Effort  *string `json:"effort"`
 		Enabled *bool   `json:"enabled"`
 	} `json:"reasoning"`
@@ -175,6 +177,14 @@ func (in openaiGenerateRequest) toRequest(prompt string) (request, error) {
 	}
 	if in.Model == "" {
 		return req, fmt.Errorf("%w: model is required", errInvalidRequest)
+	}
+	if len(in.Stop) > 0 && string(in.Stop) != "null" {
+		var one string
+		if json.Unmarshal(in.Stop, &one) == nil {
+			req.stop = []string{one}
+		} else if json.Unmarshal(in.Stop, &req.stop) != nil {
+			return req, fmt.Errorf("%w: stop must be a string or an array of strings", errInvalidRequest)
+		}
 	}
 	req.effort = in.ReasoningEffort
 	if rs := in.Reasoning; rs != nil {
@@ -261,6 +271,9 @@ type openaiChoice struct {
 	Text         *string            `json:"text,omitempty"`
 	Logprobs     *struct{}          `json:"logprobs"`      // always null
 	FinishReason *string            `json:"finish_reason"` // null until the last chunk
+	// StopReason is vLLM's stop_reason: the stop sequence that ended the
+	// choice, on its last chunk (left out when none did).
+	StopReason *string `json:"stop_reason,omitempty"`
 }
 
 // openaiCompletion is a chat.completion, chat.completion.chunk or
@@ -282,6 +295,16 @@ type openaiAnswer struct {
 	thoughts []string
 	call     *toolCall
 	id       string // the tool call's id
+}
+
+// stopReason is the choice's vLLM stop_reason: its stop sequence, or nil
+// when none ended it (a tool call ends no stop sequence).
+func (a openaiAnswer) stopReason() *string {
+	if a.stopSequence == "" || a.call != nil {
+		return nil
+	}
+	s := a.stopSequence
+	return &s
 }
 
 // steps is the number of streamed chunks of output the choice has: one per
@@ -391,7 +414,7 @@ func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
 			resp.Object, resp.Usage = object, usage
 			for i, a := range answers {
 				text := a.text()
-				choice := openaiChoice{Index: i, FinishReason: &answers[i].finishReason}
+				choice := openaiChoice{Index: i, FinishReason: &answers[i].finishReason, StopReason: answers[i].stopReason()}
 				switch {
 				case !chat:
 					choice.Text = &text
@@ -502,7 +525,7 @@ func (s *Server) openaiGenerate(chat bool) http.HandlerFunc {
 			return
 		}
 		for i := range answers {
-			last := openaiChoice{Index: i, FinishReason: &answers[i].finishReason}
+			last := openaiChoice{Index: i, FinishReason: &answers[i].finishReason, StopReason: answers[i].stopReason()}
 			if chat {
 				last.Delta = &openaiMessage{}
 			} else {

@@ -96,9 +96,10 @@ func checkToolInput(b AnthropicBlock) error {
 // AnthropicStopReason maps an OpenAI finish reason to a Messages API
 // stop_reason: "length" is max_tokens, "tool_calls" (or an answer with a
 // tool call, as Ollama ends one with "stop") tool_use, "content_filter"
-// refusal, anything else end_turn. The provider does not say which stop
-// sequence ended an answer, so stop_sequence is never reported.
-func AnthropicStopReason(finish string, toolUse bool) string {
+// refusal, "stop" with a matched stop sequence (stopSequence, as the node
+// or an OpenAI-compatible provider's stop_reason said) stop_sequence,
+// anything else end_turn.
+func AnthropicStopReason(finish string, toolUse bool, stopSequence string) string {
 	switch {
 	case toolUse || finish == "tool_calls" || finish == "function_call":
 		return "tool_use"
@@ -106,6 +107,8 @@ func AnthropicStopReason(finish string, toolUse bool) string {
 		return "max_tokens"
 	case finish == "content_filter":
 		return "refusal"
+	case finish == "stop" && stopSequence != "":
+		return "stop_sequence"
 	}
 	return "end_turn"
 }
@@ -132,6 +135,11 @@ type AnthropicAnswer struct {
 	OneToolCall bool
 	// Write, when set, receives each streamed event.
 	Write func(event []byte) error
+	// StopSequence, set before Finish, is the request's stop sequence
+	// that ended the answer ("" when none did or it is not known): with
+	// finish "stop" it is the message's stop_sequence, and stop_reason is
+	// "stop_sequence".
+	StopSequence string
 
 	blocks   []AnthropicBlock
 	open     int         // index of the open block; -1 when none
@@ -271,7 +279,12 @@ func (a *AnthropicAnswer) Finish(finish string, usage *Usage) error {
 			}
 		}
 	}
-	reason := AnthropicStopReason(finish, toolUse)
+	reason := AnthropicStopReason(finish, toolUse, a.StopSequence)
+	var stopSeq *string
+	if reason == "stop_sequence" {
+		seq := a.StopSequence
+		stopSeq = &seq
+	}
 	u := AnthropicUsage{InputTokens: a.InputTokens}
 	if usage != nil {
 		u.OutputTokens = usage.CompletionTokens
@@ -280,7 +293,7 @@ func (a *AnthropicAnswer) Finish(finish string, usage *Usage) error {
 		}
 	}
 	a.message.Content = append([]AnthropicBlock{}, a.blocks...)
-	a.message.StopReason, a.message.Usage = &reason, u
+	a.message.StopReason, a.message.StopSequence, a.message.Usage = &reason, stopSeq, u
 	if err := a.emit("message_delta", struct {
 		Type  string `json:"type"`
 		Delta struct {
@@ -291,7 +304,7 @@ func (a *AnthropicAnswer) Finish(finish string, usage *Usage) error {
 	}{Type: "message_delta", Delta: struct {
 		StopReason   string  `json:"stop_reason"`
 		StopSequence *string `json:"stop_sequence"`
-	}{StopReason: reason}, Usage: u}); err != nil {
+	}{StopReason: reason, StopSequence: stopSeq}, Usage: u}); err != nil {
 		return err
 	}
 	return a.emit("message_stop", map[string]string{"type": "message_stop"})

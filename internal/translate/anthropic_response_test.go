@@ -228,13 +228,15 @@ func TestAnthropicStopReason(t *testing.T) {
 	for _, tc := range []struct {
 		finish string
 		tool   bool
+		seq    string
 		want   string
 	}{
-		{"stop", false, "end_turn"}, {"", false, "end_turn"}, {"length", false, "max_tokens"},
-		{"tool_calls", false, "tool_use"}, {"stop", true, "tool_use"}, {"content_filter", false, "refusal"},
+		{"stop", false, "", "end_turn"}, {"", false, "", "end_turn"}, {"length", false, "", "max_tokens"},
+		{"tool_calls", false, "", "tool_use"}, {"stop", true, "", "tool_use"}, {"content_filter", false, "", "refusal"},
+		{"stop", false, "END", "stop_sequence"}, {"length", false, "END", "max_tokens"}, {"stop", true, "END", "tool_use"},
 	} {
-		if got := AnthropicStopReason(tc.finish, tc.tool); got != tc.want {
-			t.Errorf("AnthropicStopReason(%q, %v) = %q, want %q", tc.finish, tc.tool, got, tc.want)
+		if got := AnthropicStopReason(tc.finish, tc.tool, tc.seq); got != tc.want {
+			t.Errorf("AnthropicStopReason(%q, %v, %q) = %q, want %q", tc.finish, tc.tool, tc.seq, got, tc.want)
 		}
 	}
 }

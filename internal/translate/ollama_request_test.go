@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -402,5 +403,35 @@ func TestOllamaFieldsMergeMessages(t *testing.T) {
 	out, err = ToOllamaChat([]byte(`{"messages":[{"role":"assistant","content":"","reasoning_content":"mine"}]}`), "m", fields)
 	if err != nil || !jsonEqual(t, out, `{"model":"m","stream":true,"messages":[{"role":"assistant","content":"","thinking":"mine"}]}`) {
 		t.Fatalf("%s %v", out, err)
+	}
+}
+
+// TestTakeOllamaStop: options.stop leaves the Ollama body (the other
+// options stay, an emptied options object goes) and comes back in order;
+// a body without it is unchanged; a wrong type or more than 4 is a
+// FieldError naming options.stop.
+func TestTakeOllamaStop(t *testing.T) {
+	for _, tc := range []struct {
+		in, out string
+		stop    []string
+		errs    bool
+	}{
+		{`{"model":"m","options":{"stop":["a","b"],"temperature":0}}`, `{"model":"m","options":{"temperature":0}}`, []string{"a", "b"}, false},
+		{`{"model":"m","options":{"stop":"a"}}`, `{"model":"m"}`, []string{"a"}, false},
+		{`{"model":"m","messages":[{"content":"\"stop\""}]}`, `{"model":"m","messages":[{"content":"\"stop\""}]}`, nil, false},
+		{`{"model":"m","options":{"stop":1}}`, ``, nil, true},
+		{`{"model":"m","options":{"stop":["a","b","c","d","e"]}}`, ``, nil, true},
+	} {
+		out, stop, err := TakeOllamaStop([]byte(tc.in))
+		var fe *FieldError
+		if tc.errs {
+			if !errors.As(err, &fe) || fe.Field != "options.stop" {
+				t.Errorf("%s: %v, want a FieldError naming options.stop", tc.in, err)
+			}
+			continue
+		}
+		if err != nil || string(out) != tc.out || !slices.Equal(stop, tc.stop) {
+			t.Errorf("%s: %s %q %v, want %s %q", tc.in, out, stop, err, tc.out, tc.stop)
+		}
 	}
 }

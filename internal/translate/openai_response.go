@@ -67,6 +67,11 @@ type Answer struct {
 	// Finish is choices[0].finish_reason: "stop", "length", "tool_calls",
 	// "content_filter", ...; "" if none was sent.
 	Finish string
+	// StopSequence is the stop sequence that ended the answer, when the
+	// provider said which (vLLM's choices[0].stop_reason, when a string:
+	// the matched stop string; an integer, a stop token id, or null is
+	// none); "" otherwise.
+	StopSequence string
 	// Usage is nil when the provider reported none.
 	Usage *Usage
 }
@@ -94,6 +99,9 @@ type openAIObject struct {
 		Message *openAIContent `json:"message"` // chat.completion
 		// FinishReason is null until the choice's last chunk.
 		FinishReason *string `json:"finish_reason"`
+		// StopReason is vLLM's: the matched stop string, a stop token id
+		// or null (stopSequence).
+		StopReason json.RawMessage `json:"stop_reason"`
 	} `json:"choices"`
 	Usage *struct {
 		PromptTokens            int `json:"prompt_tokens"`
@@ -256,6 +264,7 @@ func (s *OpenAIStream) event(data []byte, onDelta func(Delta) error) error {
 		}
 		if c.FinishReason != nil && *c.FinishReason != "" {
 			s.answer.Finish = *c.FinishReason
+			s.answer.StopSequence = stopSequence(c.StopReason)
 		}
 	}
 	return nil
@@ -318,8 +327,20 @@ func DecodeOpenAIAnswer(body []byte) (Answer, error) {
 	}
 	if c.FinishReason != nil {
 		a.Finish = *c.FinishReason
+		a.StopSequence = stopSequence(c.StopReason)
 	}
 	return a, nil
+}
+
+// stopSequence is a choice's stop_reason as a stop sequence: the string
+// when it is a non-empty JSON string, else "" (absent, null, or a stop
+// token id).
+func stopSequence(raw json.RawMessage) string {
+	var s string
+	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+		return ""
+	}
+	return s
 }
 
 // DecodeOpenAIError returns the message of an OpenAI error body

@@ -57,6 +57,10 @@ type ResponseItem struct {
 	Output json.RawMessage
 	// Summary is a reasoning item's summary_text parts.
 	Summary []ResponsePart
+	// EncryptedContent is a reasoning item's "encrypted_content": an
+	// opaque token of its reasoning, written when the request's include
+	// asks for it (ResponseBuilder.Seal) and read back from input.
+	EncryptedContent string
 }
 
 // ResponsePart is one content part of a ResponseItem.
@@ -113,12 +117,13 @@ func (it ResponseItem) MarshalJSON() ([]byte, error) {
 		}{it.Type, it.ID, it.Status, it.CallID, out})
 	case ItemReasoning:
 		return json.Marshal(struct {
-			Type    string         `json:"type"`
-			ID      string         `json:"id,omitempty"`
-			Status  string         `json:"status,omitempty"`
-			Summary []ResponsePart `json:"summary"`
-			Content []ResponsePart `json:"content,omitempty"`
-		}{it.Type, it.ID, it.Status, parts(it.Summary), it.Content})
+			Type             string         `json:"type"`
+			ID               string         `json:"id,omitempty"`
+			Status           string         `json:"status,omitempty"`
+			Summary          []ResponsePart `json:"summary"`
+			Content          []ResponsePart `json:"content,omitempty"`
+			EncryptedContent string         `json:"encrypted_content,omitempty"`
+		}{it.Type, it.ID, it.Status, parts(it.Summary), it.Content, it.EncryptedContent})
 	case ItemReference:
 		return json.Marshal(struct {
 			Type string `json:"type"`

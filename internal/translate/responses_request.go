@@ -51,6 +51,9 @@ type ResponsesRequest struct {
 	// forced call as one call). Thinks: reasoning.effort is set and not
 	// "none".
 	NeedsTools, NeedsToolChoice, Thinks bool
+	// EncryptedReasoning: "include" lists "reasoning.encrypted_content",
+	// so the output's reasoning items carry their encrypted_content.
+	EncryptedReasoning bool
 	// NoThinking: reasoning.effort is "none", so the answer shows no
 	// reasoning even if the provider sends some (as Request.NoThinking of
 	// an Ollama translation).
@@ -208,6 +211,13 @@ func DecodeResponsesRequest(body []byte) (ResponsesRequest, error) {
 	if err := req.decodeReasoning(top["reasoning"]); err != nil {
 		return ResponsesRequest{}, err
 	}
+	if raw := top["include"]; !isNull(raw) {
+		var include []string
+		if firstByte(raw) != '[' || json.Unmarshal(raw, &include) != nil {
+			return ResponsesRequest{}, fieldErr("include", "must be an array of strings")
+		}
+		req.EncryptedReasoning = slices.Contains(include, "reasoning.encrypted_content")
+	}
 	if err := decodeField(top, "metadata", &req.Echo.Metadata); err != nil {
 		return ResponsesRequest{}, err
 	}
@@ -333,6 +343,7 @@ func decodeItem(raw json.RawMessage, param string) (ResponseItem, error) {
 		Arguments *string         `json:"arguments"`
 		Output    json.RawMessage `json:"output"`
 		Summary   json.RawMessage `json:"summary"`
+		Encrypted json.RawMessage `json:"encrypted_content"`
 	}
 	if err := json.Unmarshal(raw, &in); err != nil {
 		return ResponseItem{}, typeError(err, param)
@@ -385,6 +396,9 @@ func decodeItem(raw json.RawMessage, param string) (ResponseItem, error) {
 		}
 		if it.Content, err = decodeReasoningParts(in.Content, param+".content", PartReasoningText); err != nil {
 			return ResponseItem{}, err
+		}
+		if !isNull(in.Encrypted) && json.Unmarshal(in.Encrypted, &it.EncryptedContent) != nil {
+			return ResponseItem{}, fieldErr(param+".encrypted_content", "must be a string")
 		}
 	case ItemReference:
 		if in.ID == "" {

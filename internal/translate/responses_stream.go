@@ -40,6 +40,10 @@ type ResponseBuilder struct {
 	NewID func(prefix string) string
 	// Emit receives each event; nil builds the items only.
 	Emit func(ResponseEvent) error
+	// Seal, when set, makes a reasoning item's encrypted_content of its
+	// reasoning text as the item is done (include
+	// "reasoning.encrypted_content").
+	Seal func(reasoning string) string
 
 	seq   int
 	items []*builtItem
@@ -231,6 +235,9 @@ func (b *ResponseBuilder) closeReasoning(status string) error {
 	it.done = true
 	part := ResponsePart{Type: PartSummaryText, Text: it.text.String()}
 	it.item.Summary = []ResponsePart{part}
+	if b.Seal != nil {
+		it.item.EncryptedContent = b.Seal(part.Text)
+	}
 	_ = status // a reasoning item has no status in OpenAI's output
 	if err := b.Event("response.reasoning_summary_text.done", map[string]any{"item_id": it.item.ID, "output_index": i,
 		"summary_index": 0, "text": part.Text}); err != nil {

@@ -26,6 +26,7 @@ import assert from 'node:assert/strict';
 import { generateText, streamText, generateObject, embed, embedMany, tool, stepCountIs } from 'ai';
 import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
 import { createOllama } from 'ollama-ai-provider-v2';
+import { createOpenAI } from '@ai-sdk/openai';
 import { ChatOpenAI, OpenAIEmbeddings } from '@langchain/openai';
 import { ChatOllama, OllamaEmbeddings } from '@langchain/ollama';
 import { AIMessage, HumanMessage, ToolMessage } from '@langchain/core/messages';
@@ -43,6 +44,9 @@ assert.ok(baseURL && host && models.length >= 2 && thinkers.length >= 2, 'IOP_BA
 const apiKey = 'client-key';
 const openaiCompatible = createOpenAICompatible({ name: 'iop', baseURL, apiKey, includeUsage: true, supportsStructuredOutputs: true });
 const ollamaProvider = createOllama({ baseURL: `${host}/api` });
+// OpenAI's own provider: Responses (openaiProvider(m)) and chat
+// (openaiProvider.chat(m)).
+const openaiProvider = createOpenAI({ baseURL, apiKey });
 
 // The two AI SDK providers, each with its way of setting a token limit
 // and of asking a model to think (the OpenAI-compatible provider has none:
@@ -73,6 +77,30 @@ function checkLimited(text, finish, limit) {
   assert.equal(typeof text, 'string');
   assert.equal(finish, 'length');
   if (!real) assert.equal(words(text), limit);
+}
+
+// Structured output and reasoning effort through OpenAI's own AI SDK
+// provider: generateObject sends Responses text.format json_schema (and
+// chat response_format json_schema); reasoningEffort sends Responses
+// reasoning.effort.
+if (!real) {
+  for (const { path, model } of models) {
+    for (const [api, m] of [['responses', () => openaiProvider(model)], ['chat', () => openaiProvider.chat(model)]]) {
+      test(`ai-sdk openai ${api} ${path}: generateObject (structured output)`, async () => {
+        const r = await generateObject({ model: m(), schema: weatherSchema, prompt: 'the weather in Paris, as JSON' });
+        assert.equal(typeof r.object.city, 'string');
+        assert.equal(r.object.days, 42);
+      });
+    }
+  }
+}
+for (const { path, model } of thinkers) {
+  test(`ai-sdk openai responses ${path}: reasoning with effort`, async () => {
+    const r = await generateText({ model: openaiProvider(model), prompt: 'think first', maxOutputTokens: 3,
+      providerOptions: { openai: { reasoningEffort: 'low', reasoningSummary: 'auto' } } });
+    assert.ok(r.reasoningText && r.reasoningText.length > 0, `reasoning: ${JSON.stringify(r.reasoning)}`);
+    assert.ok(r.usage.reasoningTokens > 0, `usage ${JSON.stringify(r.usage)}`);
+  });
 }
 
 for (const p of aiProviders) {

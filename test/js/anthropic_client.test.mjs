@@ -50,7 +50,36 @@ function checkToolUse(msg) {
   return use;
 }
 
+// stopFor is a stop sequence spanning the 4th and 5th words of text (so
+// it crosses a streamed delta's boundary) and the text before it.
+function stopFor(text) {
+  const words = text.trim().split(/\s+/);
+  assert.ok(words.length >= 6, `answer too short for a stop sequence: ${text}`);
+  const stop = `${words[3].slice(-2)} ${words[4].slice(0, 2)}`;
+  return { stop, before: text.slice(0, text.indexOf(stop)) };
+}
+
 for (const { path, model } of models) {
+  test(`${path}: stop_sequences end the answer and are reported`, async () => {
+    const story = [{ role: 'user', content: `a story about ${path}` }];
+    const full = await client.messages.create({ model, max_tokens: 64, messages: story });
+    assert.equal(full.stop_reason, 'end_turn');
+    assert.equal(full.stop_sequence, null);
+    const { stop, before } = stopFor(full.content[0].text);
+    const params = { model, max_tokens: 64, messages: story, stop_sequences: ['never-said', stop] };
+    const msg = await client.messages.create(params);
+    assert.equal(msg.stop_reason, 'stop_sequence');
+    assert.equal(msg.stop_sequence, stop);
+    assert.equal(msg.content.map((b) => b.text).join(''), before);
+    const stream = client.messages.stream(params);
+    let text = '';
+    stream.on('text', (delta) => { text += delta; });
+    const streamed = await stream.finalMessage();
+    assert.equal(streamed.stop_reason, 'stop_sequence');
+    assert.equal(streamed.stop_sequence, stop);
+    assert.equal(text, before);
+  });
+
   test(`${path}: messages.create`, async () => {
     const msg = await client.messages.create({ model, max_tokens: 64, system: 'You are terse.', messages: hello });
     checkText(msg, model);

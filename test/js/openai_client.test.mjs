@@ -32,6 +32,30 @@ function checkArguments(text) {
 }
 
 for (const { path, model } of models) {
+  test(`${path}: chat stop ends the answer before the stop sequence`, async () => {
+    const messages = [{ role: 'user', content: `a story about ${path}` }];
+    const full = await client.chat.completions.create({ model, messages });
+    const text = full.choices[0].message.content;
+    const words = text.trim().split(/\s+/);
+    assert.ok(words.length >= 6, text);
+    const stop = `${words[3].slice(-2)} ${words[4].slice(0, 2)}`;
+    const before = text.slice(0, text.indexOf(stop));
+    const resp = await client.chat.completions.create({ model, messages, stop: ['never-said', stop] });
+    assert.equal(resp.choices[0].finish_reason, 'stop');
+    assert.equal(resp.choices[0].message.content, before);
+    const stream = await client.chat.completions.create({ model, messages, stop, stream: true });
+    let streamed = '';
+    let finish = null;
+    for await (const chunk of stream) {
+      for (const c of chunk.choices) {
+        streamed += c.delta.content ?? '';
+        finish = c.finish_reason ?? finish;
+      }
+    }
+    assert.equal(finish, 'stop');
+    assert.equal(streamed, before);
+  });
+
   test(`${path}: chat`, async () => {
     const resp = await client.chat.completions.create({
       model, max_tokens: 5, messages: [{ role: 'user', content: 'say something deterministic' }],

@@ -62,6 +62,29 @@ for (const model of chatModels) {
   })
 }
 
+// A stop sequence from the middle of the greedy answer ends it there; the
+// native provider (normalized path, the first chat model) says which one
+// (the node matches them), Ollama's /v1 (tunnel path) cuts the text but
+// does not say why.
+chatModels.forEach((model, i) => {
+  check(`${model}: stop_sequences`, async () => {
+    const params = { model, max_tokens: 24, messages, temperature: 0 }
+    const full = (await client.messages.create(params)).content[0].text
+    const at = Math.floor(full.length / 2)
+    const stop = full.slice(at, at + 3)
+    const before = full.slice(0, full.indexOf(stop))
+    const native = i === 0
+    for (const msg of [
+      await client.messages.create({ ...params, stop_sequences: ['never-said', stop] }),
+      await client.messages.stream({ ...params, stop_sequences: ['never-said', stop] }).finalMessage(),
+    ]) {
+      assert.equal(msg.content.map((b) => b.text).join(''), before)
+      assert.equal(msg.stop_reason, native ? 'stop_sequence' : 'end_turn')
+      assert.equal(msg.stop_sequence, native ? stop : null)
+    }
+  })
+})
+
 for (const model of toolModels) {
   check(`${model}: a tool round trip reaches Ollama`, async () => {
     const tools = [{ name: 'get_weather', description: 'weather', input_schema: { type: 'object', properties: { city: { type: 'string' } } } }]

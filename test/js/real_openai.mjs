@@ -98,6 +98,13 @@ for (const model of chatModels) {
     assert.equal(usage?.completion_tokens, 5)
     assert.equal(text, greedy, 'the same greedy request gives the same text streamed or not')
   })
+  check(`${model} chat stop`, async () => {
+    const at = Math.floor(greedy.length / 2)
+    const stop = greedy.slice(at, at + 2)
+    const r = await client.chat.completions.create({ model, max_tokens: 5, messages, temperature: 0, seed: 1, stop })
+    assert.equal(r.choices[0].finish_reason, 'stop')
+    assert.equal(r.choices[0].message.content, greedy.slice(0, greedy.indexOf(stop)))
+  })
   check(`${model} chat with no max_tokens`, async () => {
     const r = await client.chat.completions.create({ model, messages })
     assert.equal(r.choices[0].finish_reason, 'length')

@@ -15,6 +15,7 @@ import OpenAI from 'openai'
 
 const client = new OpenAI({ baseURL: process.env.IOP_BASE_URL, apiKey: 'unused', maxRetries: 0 })
 const models = JSON.parse(process.env.IOP_MODELS ?? '[]')
+const thinkers = JSON.parse(process.env.IOP_THINK_MODELS ?? '[]')
 assert.ok(models.length >= 2, 'IOP_MODELS must list a model per execution path')
 
 const checks = []
@@ -48,6 +49,31 @@ for (const { path, model } of models) {
     assert.ok(types.includes('response.output_text.done'))
     assert.equal(final.output_text, text)
     assert.equal(final.usage.output_tokens, 3)
+  })
+}
+
+for (const { path, model } of models) {
+  check(`${path}: structured output with text.format json_schema`, async () => {
+    const schema = { type: 'object', properties: { ok: { type: 'boolean' } }, required: ['ok'], additionalProperties: false }
+    const resp = await client.responses.create({
+      model, input: 'answer as JSON', max_output_tokens: 32, temperature: 0,
+      text: { format: { type: 'json_schema', name: 'answer', schema, strict: true } },
+    })
+    assert.equal(resp.text.format.type, 'json_schema')
+    assert.equal(typeof JSON.parse(resp.output_text).ok, 'boolean', resp.output_text)
+  })
+}
+
+// Only the native provider: Ollama's /v1 refuses a level for a model that
+// takes booleans (400 think value "low" is not supported for this model),
+// and the tunnel path sends reasoning.effort as the client gave it.
+for (const { path, model } of thinkers.filter((m) => m.path === 'normalized')) {
+  check(`${path}: reasoning.effort gives a reasoning item and reasoning_tokens`, async () => {
+    const resp = await client.responses.create({ model, input: 'think first', reasoning: { effort: 'low' }, max_output_tokens: 8 })
+    const reasoning = resp.output.filter((it) => it.type === 'reasoning')
+    assert.equal(reasoning.length, 1, JSON.stringify(resp.output))
+    assert.ok(resp.usage.output_tokens_details.reasoning_tokens > 0, JSON.stringify(resp.usage))
+    assert.ok(resp.usage.output_tokens_details.reasoning_tokens <= resp.usage.output_tokens, JSON.stringify(resp.usage))
   })
 }
 

@@ -29,6 +29,7 @@ func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
 		cfg:        cfg.withDefaults(),
 		gw:         gw,
 		logger:     logger.With("component", "edge-api"),
+		seal:       newReasoningSeal(),
 	}
 	h.routes = map[string]route{
 		"/v1/chat/completions": {http.MethodPost, h.chatCompletions},
@@ -76,6 +77,8 @@ type handler struct {
 	// now (id -> *liveResponse): GET finds them in progress, DELETE
 	// cancels and deletes them.
 	streaming sync.Map
+	// seal makes and opens Responses reasoning items' encrypted_content.
+	seal *reasoningSeal
 }
 
 // route is the one method a path accepts (GET also accepts HEAD) and its

@@ -143,6 +143,7 @@ func (m *messagesRender) normalized() (reason string) {
 	if err != nil {
 		return m.failed(err)
 	}
+	m.ans.StopSequence = er.stopSequence
 	return m.finish(finish, &translate.Usage{PromptTokens: er.usage.PromptTokens, CompletionTokens: er.usage.CompletionTokens})
 }
 
@@ -198,6 +199,7 @@ func (m *messagesRender) tunnel() (reason string) {
 	if ans.Usage != nil {
 		m.obs.tokens(ans.Usage.PromptTokens, ans.Usage.CompletionTokens)
 	}
+	m.ans.StopSequence = ans.StopSequence
 	return m.finish(ans.Finish, ans.Usage)
 }
 

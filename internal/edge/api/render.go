@@ -282,6 +282,9 @@ func isEventStream(contentType string) bool {
 type eventReader struct {
 	*runResponse
 	usage usage
+	// stopSequence is the request's stop sequence that ended the answer,
+	// once the end event said one did.
+	stopSequence string
 }
 
 // chatRender renders a normalized-path run as an OpenAI chat completion.
@@ -428,6 +431,7 @@ func (e *eventReader) handle(events []contract.Event, onDelta func(ev *contract.
 			if finish == "" {
 				finish = "stop"
 			}
+			e.stopSequence = ev.StopSequence
 			e.obs.finished(finish)
 			return finish, true, nil
 		case contract.EventFailure:

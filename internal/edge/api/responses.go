@@ -429,6 +429,10 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, fieldError(err), nil)
 		return
 	}
+	if err := h.openReasoning(rq.Input); err != nil {
+		h.writeError(w, r, err, nil)
+		return
+	}
 	obs.clientStreams(rq.Stream)
 	ctx := r.Context()
 	owner := keyName(ctx)
@@ -508,6 +512,9 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 	}
 	rec := responses.Record{ID: resp.ID, Owner: owner, CreatedAt: start, Previous: rq.PreviousResponseID, Input: storedItems(input)}
 	o := &responsesRender{resp: resp, stream: rq.Stream || rq.Background, noThinking: rq.NoThinking}
+	if rq.EncryptedReasoning {
+		o.b.Seal = h.seal.seal
+	}
 	if rq.Background {
 		o.events = newResponseEventLog()
 	}
@@ -790,3 +797,24 @@ func (d *backgroundWriter) Write(p []byte) (int, error) {
 // responsesStoreTimeout bounds saving a response whose request context
 // has ended.
 const responsesStoreTimeout = 10 * time.Second
+
+// openReasoning turns the encrypted_content of input's reasoning items
+// back into their reasoning text (a reasoning_text part, unless the item
+// has content of its own). A token this edge did not make, or one
+// altered, is a 400 naming input[i].encrypted_content.
+func (h *handler) openReasoning(input []translate.ResponseItem) error {
+	for i := range input {
+		it := &input[i]
+		if it.Type != translate.ItemReasoning || it.EncryptedContent == "" {
+			continue
+		}
+		text, err := h.seal.open(it.EncryptedContent)
+		if err != nil {
+			return &requestError{param: fmt.Sprintf("input[%d].encrypted_content", i), message: err.Error()}
+		}
+		if len(it.Content) == 0 {
+			it.Content = []translate.ResponsePart{{Type: translate.PartReasoningText, Text: text}}
+		}
+	}
+	return nil
+}

@@ -88,6 +88,10 @@ type Event struct {
 	// FinishReason is why a normalized answer ended ("stop", "length",
 	// "tool_calls"; "" when not said) (EventEnd).
 	FinishReason string
+	// StopSequence is the request's stop sequence that ended a normalized
+	// answer, when one did and the node knew it (EventEnd; FinishReason
+	// "stop").
+	StopSequence string
 	// ProviderError is the error a tunnel answer carried inside its 2xx
 	// stream (EventEnd), already safe to log.
 	ProviderError string

@@ -168,7 +168,7 @@ func readOllamaStream(t *testing.T, o *Ollama, payload []byte, sizes []int) stre
 		}
 		return nil
 	})
-	if err := o.readStream(c, sink, nil); err != nil {
+	if err := o.readStream(c, sink, nil, newStopMatcher(nil)); err != nil {
 		e, ok := errors.AsType[*Error](err)
 		if !ok {
 			t.Fatalf("%q: error %T %v, want an *Error", payload, err, err)

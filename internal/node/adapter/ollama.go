@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"iop/internal/translate"
 	"iop/internal/wire/nodev1"
@@ -126,6 +127,15 @@ func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) err
 	if fieldsErr != nil {
 		return fieldBadRequest(translate.ExtensionKey, "%v", fieldsErr)
 	}
+	// The node matches the stop sequences itself (stopMatcher), so that
+	// it knows which one ended an answer; a forced call's format keeps
+	// Ollama's own.
+	var stops []string
+	if req.Op != nodev1.Operation_OPERATION_EMBEDDINGS && forced == nil {
+		if body, stops, err = translate.TakeOllamaStop(body); err != nil {
+			return translateFailed(err)
+		}
+	}
 	// A think level the translation made of a reasoning effort (not one
 	// the client set in Ollama's own terms) goes as Ollama's model takes
 	// it (thinkFor).
@@ -153,7 +163,45 @@ func (o *Ollama) Normalize(ctx context.Context, req Request, sink EventSink) err
 	if req.Op == nodev1.Operation_OPERATION_EMBEDDINGS {
 		return o.readEmbeddings(c, inputs, sink)
 	}
-	return o.readStream(c, sink, forced)
+	return o.readStream(c, sink, forced, newStopMatcher(stops))
+}
+
+// stopDrainLines and stopDrainTime bound what drainAfterStop reads after
+// a stop sequence matched: about stopDrainLines tokens, generated but not
+// sent, for at most stopDrainTime. A longer rest is cut off by closing the
+// request.
+const (
+	stopDrainLines = 64
+	stopDrainTime  = 2 * time.Second
+)
+
+// drainAfterStop reads and discards the rest of Ollama's stream after a
+// stop sequence matched in last (the request's stop sequences were not
+// sent to Ollama, so it goes on generating), within stopDrainLines lines
+// and stopDrainTime. It returns the done line when it came within them,
+// else last. A request cancelled mid-answer is what Ollama v0.17.4 may
+// leave its next request unanswered after (seen once in 50 cancels on a
+// loaded machine), so a short rest is read out rather than cut.
+func (o *Ollama) drainAfterStop(c *call, br *bufio.Reader, last ollamaLine) ollamaLine {
+	cut := time.AfterFunc(stopDrainTime, func() { c.resp.Body.Close() })
+	defer cut.Stop()
+	for range stopDrainLines {
+		line, err := readNDJSONLine(br, o.maxLine)
+		if err != nil && len(line) == 0 {
+			return last
+		}
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		l, perr := parseLine(line)
+		if perr != nil || l.Err != "" {
+			return last
+		}
+		if l.Done {
+			return l
+		}
+	}
+	return last
 }
 
 // thinkFor handles c, a 400 to body: when it is Ollama's refusal of a
@@ -239,7 +287,18 @@ func (o *Ollama) statusError(c *call) error {
 // length limit (then it is sent as text, finish_reason "length"). A whole
 // call (its arguments JSON) finishes "tool_calls" even at the length
 // limit: the grammar lets a model pad the call with whitespace.
-func (o *Ollama) readStream(c *call, sink EventSink, forced *translate.ForcedCall) error {
+//
+// Text passes through stop (the request's stop sequences, which Ollama
+// was not sent): the first one found in the text ends the answer there,
+// as Ollama would have ended it, with COMPLETE{"stop", stop_sequence}.
+// The text up to the stop is sent at once; the rest Ollama generates is
+// read and dropped (drainAfterStop), so the USAGE sent has Ollama's own
+// counts (completion_tokens counts the dropped tokens too: they were
+// generated). When the rest is longer than stopDrainLines the request is
+// closed (Normalize closes it), and USAGE has the pieces of the answer
+// streamed so far as completion_tokens (Ollama streams one token a line)
+// and no prompt_tokens (Ollama counts the prompt in its last line only).
+func (o *Ollama) readStream(c *call, sink EventSink, forced *translate.ForcedCall, stop *stopMatcher) error {
 	br := bufio.NewReaderSize(c.resp.Body, 64<<10)
 	var (
 		events    []*nodev1.RunEvent
@@ -247,6 +306,7 @@ func (o *Ollama) readStream(c *call, sink EventSink, forced *translate.ForcedCal
 		started   bool            // STARTED was sent
 		callText  strings.Builder // a forced call's text so far
 		wholeCall bool            // the forced call's text was a whole call
+		pieces    int32           // lines with text or thinking so far
 	)
 	// send sends the events gathered so far, after STARTED the first
 	// time; a failure that follows them still reaches the client after
@@ -296,6 +356,40 @@ func (o *Ollama) readStream(c *call, sink EventSink, forced *translate.ForcedCal
 			if forced != nil && l.Text != "" {
 				callText.WriteString(l.Text)
 				l.Text = ""
+			}
+			if l.Text != "" || l.Thinking != "" {
+				pieces++
+			}
+			var matched string
+			l.Text, matched = stop.feed(l.Text)
+			if l.Done && matched == "" {
+				l.Text += stop.flush()
+			}
+			if matched != "" {
+				if l.Text != "" || l.Thinking != "" || len(l.Logprobs) > 0 {
+					events = append(events, &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: l.Text, Thinking: l.Thinking, Logprobs: l.Logprobs})
+				}
+				if !started && len(events) == 0 {
+					events = append(events, startedEvent())
+					started = true
+				}
+				usage := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_USAGE, CompletionTokens: pieces}
+				if !l.Done {
+					// The text up to the stop goes out now; then Ollama
+					// is read to its end (drainAfterStop), for its own
+					// counts and because a request cancelled mid-answer
+					// can leave Ollama unanswering the next one.
+					if err := send(); err != nil {
+						return err
+					}
+					l = o.drainAfterStop(c, br, l)
+				}
+				if l.Done { // Ollama's own counts
+					usage.PromptTokens, usage.CompletionTokens = l.PromptTokens, l.CompletionTokens
+				}
+				events = append(events, usage,
+					&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_COMPLETE, FinishReason: "stop", StopSequence: matched})
+				return send()
 			}
 			if l.Text != "" || l.Thinking != "" || len(l.ToolCalls) > 0 || len(l.Logprobs) > 0 {
 				delta := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: l.Text, Thinking: l.Thinking, Logprobs: l.Logprobs}

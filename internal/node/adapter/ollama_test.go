@@ -83,7 +83,7 @@ func TestOllamaChatTranslatesRequest(t *testing.T) {
 			{"role":"user","content":"what is\nthis?","images":["iVBORw0KGgo=","/9j/4AAQ"]},
 			{"role":"assistant","content":"","tool_calls":[{"function":{"name":"get_weather","arguments":{"city":"Paris"}}}]},
 			{"role":"tool","content":"sunny","tool_name":"get_weather"}],
-		"options":{"num_predict":40,"temperature":0,"top_p":0.9,"stop":["\n\n"],"seed":7,"frequency_penalty":0.5,"presence_penalty":0.25},
+		"options":{"num_predict":40,"temperature":0,"top_p":0.9,"seed":7,"frequency_penalty":0.5,"presence_penalty":0.25},
 		"format":"json",
 		"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}]}`)
 
@@ -557,6 +557,106 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		}
 		if _, err := NewOpenAI(cfg); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("NewOpenAI(%+v) = %v, want ErrInvalidConfig", cfg, err)
+		}
+	}
+}
+
+// TestOllamaStopSequence: the request's stop sequences are not sent to
+// Ollama; the node finds the first one in the text, across lines, sends
+// the text before it only, ends the run COMPLETE{"stop", stop_sequence}
+// with the pieces streamed as completion tokens, and aborts the request
+// to Ollama, which would go on generating.
+func TestOllamaStopSequence(t *testing.T) {
+	aborted := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		flushLines(w,
+			`{"message":{"role":"assistant","content":"Hel"},"done":false}`,
+			`{"message":{"role":"assistant","content":"lo E"},"done":false}`,
+			`{"message":{"role":"assistant","content":"ND more"},"done":false}`)
+		select { // a model that never ends by itself
+		case <-r.Context().Done():
+			close(aborted)
+		case <-time.After(30 * time.Second):
+		}
+	})
+	o := newOllama(t, Config{BaseURL: up.URL})
+	rec := &eventRec{}
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stop":["never","END"],"temperature":0}`
+	if err := o.Normalize(context.Background(), chatReq(body), rec); err != nil {
+		t.Fatalf("Normalize: %v", err)
+	}
+	_, _, sent := up.request()
+	jsonEqual(t, sent, `{"model":"llama3.2:3b","stream":true,"messages":[{"role":"user","content":"hi"}],"options":{"temperature":0}}`)
+	if rec.text() != "Hello " {
+		t.Errorf("text %q, want %q", rec.text(), "Hello ")
+	}
+	if c := rec.last(tComplete); c == nil || c.FinishReason != "stop" || c.StopSequence != "END" {
+		t.Errorf("complete %v, want stop, END", c)
+	}
+	if u := rec.last(tUsage); u == nil || u.CompletionTokens != 3 || u.PromptTokens != 0 {
+		t.Errorf("usage %v, want 3 completion tokens", u)
+	}
+	select {
+	case <-aborted:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the request to Ollama was not aborted")
+	}
+}
+
+// TestRegression_StopSequenceReadsOllamaToItsEnd: after a stop sequence
+// matched, the rest of Ollama's answer is read out, not cancelled (Ollama
+// v0.17.4 left the request after a cancel unanswered once in 50), and the
+// usage is Ollama's own; the client's text still ends at the stop.
+func TestRegression_StopSequenceReadsOllamaToItsEnd(t *testing.T) {
+	up := newUpstream(t, ollamaLines(
+		`{"message":{"role":"assistant","content":"Hel"},"done":false}`,
+		`{"message":{"role":"assistant","content":"lo E"},"done":false}`,
+		`{"message":{"role":"assistant","content":"ND more"},"done":false}`,
+		`{"message":{"role":"assistant","content":" and more"},"done":false}`,
+		`{"message":{"role":"assistant","content":""},"done":true,"done_reason":"stop","prompt_eval_count":9,"eval_count":4}`))
+	o := newOllama(t, Config{BaseURL: up.URL})
+	rec := &eventRec{}
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stop":["END"]}`
+	if err := o.Normalize(context.Background(), chatReq(body), rec); err != nil {
+		t.Fatalf("Normalize: %v", err)
+	}
+	if rec.text() != "Hello " {
+		t.Errorf("text %q, want %q", rec.text(), "Hello ")
+	}
+	if c := rec.last(tComplete); c == nil || c.FinishReason != "stop" || c.StopSequence != "END" {
+		t.Errorf("complete %v, want stop, END", c)
+	}
+	if u := rec.last(tUsage); u == nil || u.PromptTokens != 9 || u.CompletionTokens != 4 {
+		t.Errorf("usage %v, want Ollama's own 9/4", u)
+	}
+}
+
+// TestOllamaStopSequenceInLastLine: a stop sequence completed by Ollama's
+// last line (its own end) still ends the answer as a stop sequence, with
+// Ollama's own counts; text held back as a possible start of a stop
+// sequence that never completes is sent at the end.
+func TestOllamaStopSequenceInLastLine(t *testing.T) {
+	for _, tc := range []struct {
+		last, text, seq string
+		prompt          int32
+	}{
+		{`{"message":{"role":"assistant","content":"D!"},"done":true,"done_reason":"length","prompt_eval_count":7,"eval_count":3}`, "Hello ", "END", 7},
+		{`{"message":{"role":"assistant","content":"!"},"done":true,"done_reason":"stop","prompt_eval_count":7,"eval_count":3}`, "Hello EN!", "", 7},
+	} {
+		up := newUpstream(t, ollamaLines(
+			`{"message":{"role":"assistant","content":"Hel"},"done":false}`,
+			`{"message":{"role":"assistant","content":"lo EN"},"done":false}`,
+			tc.last))
+		o := newOllama(t, Config{BaseURL: up.URL})
+		rec := &eventRec{}
+		body := `{"model":"m","messages":[{"role":"user","content":"hi"}],"stop":"END"}`
+		if err := o.Normalize(context.Background(), chatReq(body), rec); err != nil {
+			t.Fatalf("Normalize: %v", err)
+		}
+		c, u := rec.last(tComplete), rec.last(tUsage)
+		if rec.text() != tc.text || c == nil || c.StopSequence != tc.seq || u == nil || u.PromptTokens != tc.prompt || u.CompletionTokens != 3 {
+			t.Errorf("last line %s: text %q, complete %v, usage %v; want %q, stop sequence %q, usage %d/3", tc.last, rec.text(), c, u, tc.text, tc.seq, tc.prompt)
 		}
 	}
 }

@@ -2543,7 +2543,12 @@ type RunEvent struct {
 	// delta: the log probabilities of the tokens generated in this delta,
 	// in order, when the request asked for them and the provider gave them
 	// (Ollama's logprobs). Additive: an edge from before it ignores it.
-	Logprobs      []*TokenLogprob `protobuf:"bytes,13,rep,name=logprobs,proto3" json:"logprobs,omitempty"`
+	Logprobs []*TokenLogprob `protobuf:"bytes,13,rep,name=logprobs,proto3" json:"logprobs,omitempty"`
+	// complete: the request's stop sequence that ended the answer, as it
+	// was given, when one did (finish_reason "stop"); empty when the model
+	// ended it itself or the provider did not say. Additive: an edge from
+	// before it ignores it.
+	StopSequence  string `protobuf:"bytes,14,opt,name=stop_sequence,json=stopSequence,proto3" json:"stop_sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2667,6 +2672,13 @@ func (x *RunEvent) GetLogprobs() []*TokenLogprob {
 		return x.Logprobs
 	}
 	return nil
+}
+
+func (x *RunEvent) GetStopSequence() string {
+	if x != nil {
+		return x.StopSequence
+	}
+	return ""
 }
 
 // TokenLogprob is the log probability of one generated token (Ollama's
@@ -3291,7 +3303,7 @@ const file_node_proto_rawDesc = "" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\bR\x04last\":\n" +
 	"\tRunEvents\x12-\n" +
-	"\x06events\x18\x01 \x03(\v2\x15.iop.node.v1.RunEventR\x06events\"\x80\x05\n" +
+	"\x06events\x18\x01 \x03(\v2\x15.iop.node.v1.RunEventR\x06events\"\xa5\x05\n" +
 	"\bRunEvent\x12.\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1a.iop.node.v1.RunEvent.TypeR\x04type\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12#\n" +
@@ -3309,7 +3321,8 @@ const file_node_proto_rawDesc = "" +
 	" \x01(\tR\bthinking\x12'\n" +
 	"\x0finvalid_request\x18\v \x01(\bR\x0einvalidRequest\x12\x14\n" +
 	"\x05param\x18\f \x01(\tR\x05param\x125\n" +
-	"\blogprobs\x18\r \x03(\v2\x19.iop.node.v1.TokenLogprobR\blogprobs\"\x85\x01\n" +
+	"\blogprobs\x18\r \x03(\v2\x19.iop.node.v1.TokenLogprobR\blogprobs\x12#\n" +
+	"\rstop_sequence\x18\x0e \x01(\tR\fstopSequence\"\x85\x01\n" +
 	"\x04Type\x12\x14\n" +
 	"\x10TYPE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fTYPE_STARTED\x10\x01\x12\x0e\n" +
