@@ -166,19 +166,20 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 	stopping := make(chan struct{}) // closed when the edge ends what is still in flight
 	var draining atomic.Bool        // set the moment the edge is told to stop
 	handler := api.New(obs.apiConfig(api.Config{
-		Stopping:       stopping,
-		MaxBodyBytes:   cfg.MaxBodyBytes,
-		MaxAnswerBytes: cfg.MaxAnswerBytes,
-		WriteTimeout:   cfg.WriteTimeout,
-		Ready:          func() bool { return !draining.Load() && svc.Ready() },
-		Runs:           runManager,
-		Keys:           keys,
-		AdminKeys:      adminKeys,
-		Ledger:         usage,
-		Responses:      responseStore,
-		Flow:           cfg.Fairness.Flow,
-		Tracer:         tr.Tracer,
-		KeyAdmit:       clusterKeyAdmit(cfg, svc, keys),
+		Stopping:        stopping,
+		MaxBodyBytes:    cfg.MaxBodyBytes,
+		MaxAnswerBytes:  cfg.MaxAnswerBytes,
+		WriteTimeout:    cfg.WriteTimeout,
+		Ready:           func() bool { return !draining.Load() && svc.Ready() },
+		Runs:            runManager,
+		Keys:            keys,
+		AdminKeys:       adminKeys,
+		Ledger:          usage,
+		Responses:       responseStore,
+		Flow:            cfg.Fairness.Flow,
+		Tracer:          tr.Tracer,
+		KeyAdmit:        clusterKeyAdmit(cfg, svc, keys),
+		ReasoningSecret: reasoningSecret(cfg),
 	}), gateway{svc}, logger)
 	var handlers sync.WaitGroup // handlers running, so the ledger closes after the last one
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -399,4 +400,14 @@ func clusterKeyAdmit(cfg edge.Config, svc *edge.Service, keys *auth.Keyring) fun
 		}
 		return release, local, err
 	}
+}
+
+// reasoningSecret is what the edge seals Responses reasoning items under
+// (api.Config.ReasoningSecret): the cluster's token, shared by every edge
+// of the deployment, or none (a key made at start).
+func reasoningSecret(cfg edge.Config) []byte {
+	if cfg.Cluster == nil || cfg.Cluster.Token == "" {
+		return nil
+	}
+	return []byte(cfg.Cluster.Token)
 }

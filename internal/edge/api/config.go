@@ -29,6 +29,12 @@ const DefaultWriteTimeout = 60 * time.Second
 // Config configures the HTTP API. The zero value is valid and means the
 // documented defaults.
 type Config struct {
+	// ReasoningSecret is the secret the encrypted_content of Responses
+	// reasoning items is sealed under (AES-256-GCM, its key derived with
+	// HKDF-SHA256): edges given the same secret open each other's tokens,
+	// across restarts. Empty: a random key made at start, so a token opens
+	// only on the edge that made it, until it restarts.
+	ReasoningSecret []byte
 	// MaxBodyBytes caps a request body, in bytes; a larger body is answered
 	// 413. 0 means DefaultMaxBodyBytes (32 MiB); negative is invalid.
 	MaxBodyBytes int64

@@ -29,7 +29,7 @@ func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
 		cfg:        cfg.withDefaults(),
 		gw:         gw,
 		logger:     logger.With("component", "edge-api"),
-		seal:       newReasoningSeal(),
+		seal:       newReasoningSeal(cfg.ReasoningSecret),
 	}
 	h.routes = map[string]route{
 		"/v1/chat/completions": {http.MethodPost, h.chatCompletions},
