@@ -29,8 +29,12 @@ const shutdownGrace = 5 * time.Second
 
 // Stats are a Server's counters since New.
 type Stats struct {
-	// Requests counts every HTTP request received, on any route.
+	// Requests counts every HTTP request received, on any route but GET
+	// /api/ps (PSReadings); Server.Seen lists the same requests.
 	Requests int64 `json:"requests"`
+	// PSReadings counts GET /api/ps requests: what a node reads to report
+	// the models loaded (residency), apart from the requests it relays.
+	PSReadings int64 `json:"ps_readings"`
 	// InFlight is the number of inference requests admitted and not yet
 	// finished.
 	InFlight int `json:"in_flight"`
@@ -233,7 +237,13 @@ type errorWriter func(w http.ResponseWriter, r *http.Request, status int, err er
 // (listings, health, show): it records the request and checks the API key.
 func (s *Server) guard(writeErr errorWriter, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.record(r, "")
+		if r.URL.Path == "/api/ps" {
+			s.mu.Lock()
+			s.stats.PSReadings++
+			s.mu.Unlock()
+		} else {
+			s.record(r, "")
+		}
 		if err := s.authorize(r); err != nil {
 			s.fail(w, r, writeErr, err)
 			return
