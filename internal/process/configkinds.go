@@ -53,7 +53,7 @@ var configKinds = sync.OnceValues(func() ([]configschema.Kind, error) {
 	}{
 		{KindEdge, "iop edge --config edge.yaml", "The edge applies the keys marked *yes* on SIGHUP and whenever the file changes, to the next request; the others keep their running values until a restart, and the edge logs which.", EdgeDefaults(), true},
 		{KindNode, "iop node --config node.yaml", "On SIGHUP a node reads its file again and applies the keys marked *yes* (providers' capacities and discovery intervals, the TLS files from the next connection); the others keep their running values until a restart, and the node logs which.", nodeDefaults(), true},
-		{KindDev, "iop dev --config dev.yaml", "On SIGHUP `iop dev` reads its file again and applies the keys marked *yes*; the others keep their running values until a restart, and it logs which. Each key is also a flag (`sim_capacity` is `--sim-capacity`).", DevDefaults(), true},
+		{KindDev, "iop dev --config dev.yaml", "On SIGHUP `iop dev` reads its file again and applies the keys marked *yes*; the others keep their running values until a restart, and it logs which. Most keys are also flags (`sim_capacity` is `--sim-capacity`, `ollama_url` is `--ollama`); `iop dev --help` lists them.", DevDefaults(), true},
 	}
 	var kinds []configschema.Kind
 	for _, s := range specs {
