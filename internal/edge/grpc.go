@@ -269,7 +269,9 @@ func (s *Service) closeConn(c *conn, cause error) {
 // registry's memory of them (and of the model names left unserved as long),
 // their circuit breakers, and the requested model names no longer known
 // (so their queues are no longer listed). It runs at every connect and
-// disconnect; it costs O(forgotten + requested names).
+// disconnect; it costs O(forgotten + requested names). It takes
+// registry.mu, then breakers.mu, then Service.statsMu, one after the
+// other, never one under another.
 func (s *Service) forgetGone() {
 	for _, node := range s.reg.forget() {
 		s.breakers.forgetNode(node)
@@ -339,7 +341,9 @@ func (s *Service) refusal(c *conn, ref *nodev1.DispatchRefused) error {
 // providers are no candidates from now on (the catalog skips them), queued
 // requests re-resolve their candidates (those left with none fail with
 // scheduler.ErrProviderUnavailable), and its runs in flight go on to their
-// end. The node closes the connection when they are done.
+// end. The node closes the connection when they are done. A dispatch it
+// refuses after Drain (sent before the Drain arrived) is admitted again
+// elsewhere and counts nothing against its provider's circuit (refusal).
 func (s *Service) drainConn(c *conn, reason string) {
 	if !s.reg.drain(c) {
 		return

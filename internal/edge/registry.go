@@ -248,6 +248,14 @@ func (cs *connState) withProvider(p *provider) *connState {
 // parseHello validates a Hello (DESIGN.md "Words": provider) and builds the
 // connection it describes, not yet registered. Errors wrap errHelloInvalid
 // and name the offending field; the text is sent to the node.
+//
+// Rules: a non-empty node_id; at least one provider; provider ids
+// non-empty and unique; a healthy provider serves at least one model (an
+// unhealthy one may come with none: its node discovers them later); no
+// empty model name; model_capabilities entries named, one per model at
+// most; capacity and long_capacity ≥ 0; a known execution path. A
+// capacity of 0 is the Hello's runtime_concurrency, else 1; a
+// long_capacity of 0 is the capacity (scheduler.ResourceSpec).
 func parseHello(h *nodev1.Hello, now time.Time) (*conn, error) {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{errHelloInvalid}, args...)...)

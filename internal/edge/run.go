@@ -409,6 +409,14 @@ func (r *Run) settle(outcome string) {
 // reports whether this call ended it. It releases the lease, forgets the
 // run, and, with cancelNode, sends Cancel on the control stream; the Run
 // handler sends the run stream's Cancel.
+//
+// It is the one place a run ends, whichever comes first: Recv seeing a
+// terminal message or a stream error, Cancel or Close, the dispatch
+// timeout, a refusal (DispatchRefused, RunUp.refused), the caller's
+// context while dispatching, the end of its connection or Run stream, the
+// edge stopping. Run.mu decides the winner; then, with no lock held, the
+// breaker hears the outcome, the lease is released and Run.ended closes,
+// so whoever waits for the end finds the slot free.
 func (r *Run) finish(reason string, endErr error, cancelNode bool) bool {
 	return r.finishIf(func(runState) bool { return true }, reason, endErr, cancelNode)
 }
@@ -435,8 +443,8 @@ func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, ca
 	// went (observe reports the others), unless the HTTP API found its
 	// answer broken: the translated routes (Ollama, Responses, Messages)
 	// stop reading a tunnel at the provider's error object, before the
-	// TunnelEnd that would say so (a new user's report: their failures
-	// never opened an OpenAI-compatible provider's circuit).
+	// TunnelEnd that would say so, and such failures must still count
+	// against an OpenAI-compatible provider's circuit.
 	o := outcomeNeutral
 	if r.answered.Load() {
 		o = outcomeOK
