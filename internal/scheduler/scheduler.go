@@ -23,7 +23,7 @@ type Policy struct {
 	// QueueTimeout is how long one request may wait for a slot.
 	QueueTimeout time.Duration
 	// Fairness orders the group's waiters: FairnessOn by weighted fair
-	// queueing between flows, FairnessOff FIFO (package doc, "Fair order").
+	// queueing between flows (fairTagLocked), FairnessOff FIFO.
 	Fairness Fairness
 	// ReconnectGrace is how long a queued request whose every candidate
 	// went away (its node disconnected or drains) stays queued, with no
@@ -135,7 +135,7 @@ type Request struct {
 	// Resolve returns the request's live candidates, already filtered by its
 	// request-local predicate, in a slice the scheduler may keep and
 	// modify. It is called under the scheduler's lock at admission and at
-	// every re-resolution (package doc, "Re-resolution"), so it must not call
+	// every re-resolution (resolveLocked), so it must not call
 	// the scheduler. It returns an error wrapping ErrUnknownModel,
 	// ErrNoProvider, ErrCandidatesRejected or ErrProviderUnavailable when
 	// that is the case: at admission the error is Admit's; at re-resolution
@@ -355,6 +355,9 @@ func New(cfg Config) (*Scheduler, error) {
 	}, nil
 }
 
+// groupLocked returns the group of name, creating it with its policy. A
+// group stays once created, with its policy and queue counter: one per
+// model name that has queued.
 func (s *Scheduler) groupLocked(name string) *group {
 	g := s.groups[name]
 	if g == nil {
@@ -372,7 +375,7 @@ func (s *Scheduler) groupLocked(name string) *group {
 // resolver), ErrInvalid (empty group or nil resolver), the resolver's own
 // error, or the context's error. A slot handed over in the same instant as
 // a timeout or cancel is released, never lost. Before it considers req,
-// Admit re-resolves the stale waiters (package doc, "Re-resolution").
+// Admit re-resolves the stale waiters (retryStaleLocked).
 func (s *Scheduler) Admit(ctx context.Context, req Request) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -392,7 +395,18 @@ func (s *Scheduler) Admit(ctx context.Context, req Request) (*Lease, error) {
 	}
 }
 
-// enqueue admits req at once (lease), queues it (waiter) or fails.
+// enqueue admits req at once (lease), queues it (waiter) or fails. A free
+// slot goes to req only when no queued waiter can use it (the pumps hand
+// out every slot a waiter can use before they return).
+//
+// At a full queue (MaxQueue): a request that is not sheddable displaces
+// the group's latest sheddable waiter (ErrShed, ErrDisplaced); else, in a
+// fair group, pushOutLocked may push out the latest waiter of the flow
+// holding the most of the queue for its weight (ErrQueueFull); else req
+// is refused (ErrQueueFull). A sheddable req that would queue is refused
+// at once (ErrShed, ErrExpectedWait) when its expected wait
+// (expectedWaitLocked) passes the group's queue timeout. Every shed or
+// pushed-out waiter is settled once, under the lock, holding no slot.
 func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	if req.Group == "" {
 		return nil, nil, fmt.Errorf("%w: empty model name", ErrInvalid)
@@ -429,8 +443,7 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	if g.queued >= g.policy.MaxQueue {
 		switch {
 		case req.Priority != PrioritySheddable && g.shedTail != nil:
-			// Make room: the latest sheddable waiter goes (package doc,
-			// "Priorities").
+			// Make room: the latest sheddable waiter goes.
 			s.failLocked(g.shedTail, fmt.Errorf("model %q: %w: %w", g.name, ErrShed, ErrDisplaced))
 		case g.policy.Fairness == FairnessOn && s.pushOutLocked(g, req):
 		default:
@@ -858,7 +871,8 @@ func (s *Scheduler) pumpResourceLocked(r *resource) {
 // pumpAllLocked walks every waiter in queue order (waiter.before) and
 // grants each one a slot if any of its candidates has one. Where every
 // waiter is standard and untagged (fairness off), queue order is the
-// global list's enqueue order and nothing is sorted.
+// global list's enqueue order and nothing is sorted; else the list is
+// sorted, O(W log W), at those rare events only (Activate, Fence).
 func (s *Scheduler) pumpAllLocked() {
 	ordered := true
 	for w := s.head; w != nil && w.next != nil; w = w.next {
@@ -993,7 +1007,10 @@ func (s *Scheduler) freedLocked(r *resource) {
 // dropIfDrainedLocked forgets r if it is an orphan with no lease and no
 // waiter listing it: its node connection ended, or the node's newer
 // connection no longer has the provider, and nothing refers to it any more.
-// A node left without resources is forgotten too.
+// A node left without resources is forgotten too, generation included:
+// after that, only Activate's ownership check tells a late activation of
+// an old generation. It runs at the fence, at the Activate that orphans
+// r, and at the release of r's last lease.
 func (s *Scheduler) dropIfDrainedLocked(r *resource) {
 	if !r.orphan || r.leases.head != nil || len(r.short) != 0 || len(r.long) != 0 || s.resources[r.key] != r {
 		return
