@@ -113,8 +113,11 @@ func rngFor(seed int64, text string) *rand.Rand {
 	return rand.New(rand.NewPCG(uint64(seed), h.Sum64()))
 }
 
-// complete generates the answer to req: defaultTokens words, cut to
-// req.maxTokens (finish reason "length") when that is lower.
+// complete generates the answer to req: defaultTokens words, each with a
+// leading space, drawn from vocabulary by a PRNG seeded with (seed, the
+// prompt), cut to req.maxTokens (max_tokens, max_completion_tokens,
+// options.num_predict; finish reason "length") when that is lower. Other
+// sampling parameters are accepted and ignored.
 func complete(seed int64, defaultTokens int, req request) completion {
 	return completeFrom(rngFor(seed, req.prompt), defaultTokens, req)
 }
@@ -259,7 +262,7 @@ func (s *Server) paceSteps(ctx context.Context, prefill time.Duration, steps int
 // completeChoice is complete for choice i of a request answering several
 // (OpenAI "n"): choice 0 is complete's answer, later ones are drawn from a
 // PRNG seeded with the prompt and the index, so each choice differs and all
-// are deterministic.
+// are deterministic. Streamed, the choices are interleaved token by token.
 func completeChoice(seed int64, defaultTokens int, req request, i int) completion {
 	key := req.prompt
 	if i > 0 {
