@@ -56,7 +56,7 @@ directly against the simulator and through edge + node (non-streamed at 1
 and 32 clients, streamed with 20 chunks per answer at 1 and 8 clients, on the
 tunnel and the normalized path), whether a non-streamed answer keeps its
 Content-Length, and the edge's memory with --waiters queued requests; it
-prints each figure with its target (issue 18), met or missed and by how much.`,
+prints each figure with its target, met or missed and by how much.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.overhead {
@@ -97,7 +97,7 @@ prints each figure with its target (issue 18), met or missed and by how much.`,
 	fl.IntVar(&f.load.Turns, "turns", 0, "with --workload sessions or --prefix-compare: turns of each conversation (default 8 with --prefix-compare)")
 	fl.IntVar(&f.load.SharedPrefixTokens, "shared-prefix-tokens", 0, "with --workload sessions or --prefix-compare: words of the system prompt every conversation shares (default 2000 with --prefix-compare)")
 	fl.IntVar(&f.load.TurnTokens, "turn-tokens", 0, "with --workload sessions or --prefix-compare: words of each user message (default 64; 100 with --prefix-compare)")
-	fl.BoolVar(&f.prefix, "prefix-compare", false, "run the prefix-routing benchmark (issue 19; Linux): its own 4 caching sims, edge and node, the sessions workload with routing least_loaded then prefix")
+	fl.BoolVar(&f.prefix, "prefix-compare", false, "run the prefix-routing benchmark (Linux): its own 4 caching sims, edge and node, the sessions workload with routing least_loaded then prefix")
 	fl.IntVar(&f.prefixCfg.Providers, "providers", 0, "with --prefix-compare: simulated providers (default 4)")
 	fl.IntVar(&f.prefixCfg.Capacity, "capacity", 0, "with --prefix-compare: capacity of each provider (default 4)")
 	fl.IntVar(&f.prefixCfg.CacheTokens, "prefix-cache-tokens", 0, "with --prefix-compare: each simulator's prefix cache, in tokens (default 100000)")
