@@ -118,7 +118,7 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 				"node", c.nodeID, "old_generation", old.gen, "new_generation", c.gen, "old_silent_for", silent)
 		} else if old.instance != "" && c.instance != "" && old.instance != c.instance {
 			// Another process took the id over from one that went silent:
-			// no reconnect of the same node (a new user read it as one).
+			// no reconnect of the same node, and the log says so.
 			s.log.Warn("node_id taken over by another node process: the previous one went silent", "node", c.nodeID,
 				"old_generation", old.gen, "new_generation", c.gen, "old_silent_for", silent)
 		} else {
@@ -214,7 +214,7 @@ func (s *Service) accept(h *nodev1.Hello) (*conn, error) {
 	}
 	// Another process with this node_id while its connection is live: two
 	// nodes given one node_id replaced each other's connection forever,
-	// cutting each other's runs (a break-it report). The newcomer is
+	// cutting each other's runs. The newcomer is
 	// refused (it retries with its backoff) and the live one keeps serving;
 	// once that one has been silent two heartbeat intervals (a connection
 	// the network lost), the newcomer gets in. The same instance, or none,

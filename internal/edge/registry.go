@@ -126,8 +126,7 @@ const (
 // meets: a request for log probabilities (chat's logprobs true or
 // top_logprobs, a completion's logprobs). The translation to Ollama's API
 // returns none, so the request goes to an OpenAI-compatible provider or is
-// refused; it is never answered without them (a new user saw chat's
-// logprobs dropped by an Ollama provider).
+// refused; it is never answered without them.
 const NeedLogprobs = "logprobs"
 
 // NeedOllamaLogprobs is the need of an Ollama client's request for log

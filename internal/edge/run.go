@@ -357,9 +357,9 @@ func (r *Run) Cancel(reason string) {
 // before a terminal message told the edge so. If no message of the run
 // decided its circuit breaker's outcome yet, the run counts as the
 // provider's failure (finish), as a terminal failure message would (the
-// translated routes stop reading a tunnel at the provider's error object;
-// a new user's report: their failures never opened an OpenAI-compatible
-// provider's circuit, and reset its failure count).
+// translated routes stop reading a tunnel at the provider's error object,
+// and such failures must open an OpenAI-compatible provider's circuit,
+// not reset its failure count).
 func (r *Run) Fail(reason string) {
 	r.brokenAnswer.Store(true)
 	r.Cancel(reason)

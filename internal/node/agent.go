@@ -408,8 +408,8 @@ func (a *Agent) Run(ctx context.Context) error {
 // the mark of a TLS mismatch between node and edge, else "". gRPC reports a
 // plaintext node at a TLS endpoint as "error reading server preface: EOF"
 // (the edge drops the connection and logs nothing), and a TLS node at a
-// plaintext one as "first record does not look like a TLS handshake"; a
-// new user met the first with no clue to its cause.
+// plaintext one as "first record does not look like a TLS handshake";
+// neither names its cause.
 func handshakeHint(err error) string {
 	if status.Code(err) != codes.Unavailable {
 		return ""
