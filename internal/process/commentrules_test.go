@@ -23,6 +23,14 @@ const maxDocGoLines = 100
 // a new user's report. History belongs in commit messages.
 var historyInComment = regexp.MustCompile(`(?i)\bissues? #?\d+|\bbreak-it\b|\b(a|the) tester('s)?\b|\bnew user's\b|\ba new user (saw|met|read|found|reported)\b|\bfound by a new user\b`)
 
+// mayCiteHistory is a cheap test before historyInComment: whether comment
+// holds one of the words the expression looks for (from their second
+// letter, so either case of the first one matches).
+func mayCiteHistory(comment string) bool {
+	return strings.Contains(comment, "ssue") || strings.Contains(comment, "reak-it") ||
+		strings.Contains(comment, "ester") || strings.Contains(comment, "ew user")
+}
+
 // commentRuleExceptions are the paths (slash-separated, from the root)
 // not yet held to the rules: code being rewritten on other branches.
 var commentRuleExceptions = []*regexp.Regexp{
@@ -109,7 +117,7 @@ func TestCommentsStateRulesNotHistory(t *testing.T) {
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for n := 1; sc.Scan(); n++ {
 			_, comment, ok := strings.Cut(sc.Text(), "//")
-			if ok && historyInComment.MatchString(comment) {
+			if ok && mayCiteHistory(comment) && historyInComment.MatchString(comment) {
 				t.Errorf("%s:%d: a comment cites history (%q): state the rule; history goes in the commit message", f, n, historyInComment.FindString(comment))
 			}
 		}
