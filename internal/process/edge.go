@@ -192,7 +192,7 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 		handler.ServeHTTP(w, r)
 	})
 	// IdleTimeout closes a keep-alive connection idle that long between
-	// requests, so idle connections do not stay open for good;
+	// requests (a break-it report: idle connections stayed open for good);
 	// a request's body has api.Config.BodyReadTimeout, its headers
 	// ReadHeaderTimeout.
 	httpSrv := &http.Server{Handler: counted, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout, MaxHeaderBytes: maxHeaderBytes,
