@@ -99,7 +99,7 @@ postgresql:
 # (go test -bench, output kept in bin/bench-go.txt), then the overhead
 # benchmark: iop sim, edge and node as separate processes, the same load
 # directly and through edge + node, and the edge's memory with 10,000
-# queued requests; it prints every figure of issue 18 with its target, the
+# queued requests; it prints every figure with its target, the
 # scheduler's (waiter bytes, AdmitRelease) read from bin/bench-go.txt.
 # The packages run one at a time (-p 1): two benchmarks sharing the 2
 # cores would each measure the other. Figures: BENCHMARKS.md.
