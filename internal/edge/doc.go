@@ -50,8 +50,8 @@
 //     the requested model names.
 //   - Run.mu guards one run's state; conn.mu one connection's outbox,
 //     closed flag, last-seen time, idle warm streams and pending shows.
-//   - trust.mu, peerAuth.mu, clusterMode.mu, grpcPeers.mu, prefixIndex.mu:
-//     their own maps (see each type).
+//   - trust.mu, peerAuth.mu, clusterMode.mu and qmu, grpcPeers.mu,
+//     prefixIndex.mu: their own maps (see each type).
 //   - reload.mu serializes Reload, the one lock held across calls (the
 //     scheduler's policies, registry.notify); none is taken under it.
 //
