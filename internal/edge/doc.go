@@ -7,7 +7,7 @@
 //
 // # What lives where
 //
-//   - server.go: NewServer wires Config and Deps; Serve, Shutdown.
+//   - server.go: NewServer wires Config and Deps; Server.Serve serves nodes.
 //   - grpc.go: the Connect and Run handlers; accept checks a Hello,
 //     closeConn fences a connection, forgetGone drops old state.
 //   - registry.go: connections, generations, providers (parseHello,
