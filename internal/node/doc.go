@@ -40,15 +40,15 @@
 // Agent fields set in New (config, logger, clock, providers, adapters,
 // listers, slot pools) are never written again. At most one Run is active.
 //
-// Locks, each a leaf unless said:
+// Locks, each a leaf but conn.mu:
 //
 //   - Agent.mu: gens, links, genChanged, stopRun and the drain timer.
 //   - Agent.slotMu: inFlight (every run of every link); run.slotMu: its slot.
 //   - Agent.advMu: adverts and residency (replaced, never modified) and
 //     advChanged, closed and replaced at every change.
 //   - conn.mu: runs, draining, warm and unread; admit's drain check and
-//     registration are one step under it.
-//   - Agent.inflight's mutex, taken under conn.mu when a run is admitted.
+//     registration are one step under it. Agent.inflight's mutex (a leaf)
+//     is the one lock taken under it, when a run is admitted.
 //
 // Goroutines:
 //
