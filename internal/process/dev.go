@@ -278,6 +278,11 @@ func (d *devProcess) Open(ctx context.Context) error {
 // short and aborts the node's runs instead of draining them.
 func (d *devProcess) Shutdown(ctx context.Context) error { return d.steps.close(ctx) }
 
+func (d *devProcess) export(p *Process) {
+	p.HTTPAddr, p.NodeAddr, p.Service, p.Ledger = d.Edge.HTTPAddr, d.Edge.NodeAddr, d.Edge.Service, d.Edge.Ledger
+	p.Agent, p.Dev = d.Agent, &d.DevInfo
+}
+
 // until blocks until ctx ends or one of the edge's servers fails.
 func (d *devProcess) until(ctx context.Context) error { return d.Edge.until(ctx) }
 

@@ -342,6 +342,11 @@ func (e *edgeProcess) serve(context.Context) error {
 	return nil
 }
 
+func (e *edgeProcess) export(p *Process) {
+	p.HTTPAddr, p.NodeAddr, p.Service, p.Ledger = e.HTTPAddr, e.NodeAddr, e.Service, e.Ledger
+	e.logger.Info("edge ready", "http", "http://"+e.HTTPAddr, "node_endpoint", e.NodeAddr)
+}
+
 // until blocks until ctx ends or a server fails (its error stays for
 // Shutdown).
 func (e *edgeProcess) until(ctx context.Context) error {

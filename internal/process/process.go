@@ -127,6 +127,8 @@ type processType interface {
 	// Shutdown closes the opened steps in reverse; ctx ending cuts its
 	// waits short (Abort).
 	Shutdown(ctx context.Context) error
+	// export sets the exported fields of p from the opened process.
+	export(p *Process)
 }
 
 var (
@@ -185,17 +187,7 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*Process, error) {
 		abort()
 		return nil, err
 	}
-	switch x := proc.(type) {
-	case *edgeProcess:
-		p.HTTPAddr, p.NodeAddr, p.Service, p.Ledger = x.HTTPAddr, x.NodeAddr, x.Service, x.Ledger
-		logger.Info("edge ready", "http", "http://"+x.HTTPAddr, "node_endpoint", x.NodeAddr)
-	case *agentProcess:
-		p.Agent = x.agent
-	case *devProcess:
-		e := x.Edge
-		p.HTTPAddr, p.NodeAddr, p.Service, p.Ledger = e.HTTPAddr, e.NodeAddr, e.Service, e.Ledger
-		p.Agent, p.Dev = x.Agent, &x.DevInfo
-	}
+	proc.export(p)
 	go func() {
 		err := proc.until(runCtx)
 		if serr := proc.Shutdown(abortCtx); err == nil {
@@ -290,6 +282,8 @@ func (n *agentProcess) Open(ctx context.Context) error {
 // Run to end (after its drain, or at once when ctx ends), stops the
 // reload watch and the profiler, and exports the last runs' spans.
 func (n *agentProcess) Shutdown(ctx context.Context) error { return n.steps.close(ctx) }
+
+func (n *agentProcess) export(p *Process) { p.Agent = n.agent }
 
 // until waits for the agent's Run to return and returns its error.
 func (n *agentProcess) until(context.Context) error {
