@@ -37,7 +37,6 @@ var commentRuleExceptions = []*regexp.Regexp{
 	regexp.MustCompile(`^internal/edge/api/`),
 	regexp.MustCompile(`^internal/e2e/`),
 	regexp.MustCompile(`^internal/process/.*_test\.go$`),
-	regexp.MustCompile(`^internal/process/edge\.go$`),
 }
 
 // excepted reports whether path (from the root) is not yet held to the rules.
