@@ -22,6 +22,8 @@
 //   - residency.go: the models an Ollama provider holds loaded (/api/ps).
 //   - show.go: the edge's /api/show requests, served by the node.
 //   - inflight.go: a cluster's runs in flight and the highest epoch seen.
+//   - kinds.go: providerKinds, one entry per provider type (protocol,
+//     defaults, validation, adapter constructor).
 //   - config.go, reload.go, tls.go, tracing.go: configuration and wiring.
 //
 // # Invariants
