@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"iop/internal/edge/contract"
+	"iop/internal/sse"
 )
 
 // The reasons a run's rendering ends for (the rendering's reason): they
@@ -117,6 +118,8 @@ type runResponse struct {
 	// request slot to it: the renderer gives it back (answerFinished)
 	// once that work is done, or the handler does when it returns.
 	keepSlot bool
+	// eventWriter writes the body's events (events), once it has one.
+	eventWriter *sse.Writer
 }
 
 // recv is Run.Recv with its failures turned into outcomes: io.EOF before a

@@ -263,7 +263,7 @@ func (t *textRender) stream() string {
 			return t.writeFailed(err)
 		}
 	}
-	if err := t.write([]byte("data: [DONE]\n\n")); err != nil {
+	if err := t.events().Done(); err != nil {
 		return t.writeFailed(err)
 	}
 	return reasonCompleted

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"iop/internal/edge/lifecycle"
+	"iop/internal/sse"
 )
 
 // Events is what GET /admin/v1/events needs: a subscription to the edge's
@@ -62,7 +63,7 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 		case e, ok := <-sub.Events():
 			if !ok {
 				if sub.Dropped() {
-					writeFlush(w, rc, []byte("event: dropped\ndata: {\"reason\":\"slow subscriber\"}\n\n"))
+					writeFlush(w, rc, sse.AppendEvent(nil, "dropped", []byte(`{"reason":"slow subscriber"}`)))
 				}
 				return
 			}
@@ -103,9 +104,7 @@ func appendEvent(buf []byte, e lifecycle.Event) ([]byte, error) {
 	if err != nil {
 		return buf, err
 	}
-	buf = append(buf, "data: "...)
-	buf = append(buf, b...)
-	return append(buf, "\n\n"...), nil
+	return sse.AppendEvent(buf, "", b), nil
 }
 
 // writeFlush writes p and flushes it, reporting success.

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"encoding/json"
 	"errors"
 	"mime"
 	"net/http"
@@ -9,6 +8,7 @@ import (
 	"strings"
 
 	"iop/internal/edge/contract"
+	"iop/internal/sse"
 )
 
 // hopHeaders are response headers of the provider's connection, not of its
@@ -260,17 +260,27 @@ func (rr *runResponse) writeFailed(err error) string {
 	return reasonWriteFailed
 }
 
-// writeEvent writes v as one SSE event, `data: <json>\n\n`, and flushes it.
-func (rr *runResponse) writeEvent(v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
+// writeEvent writes v as one SSE event, `data: <json>\n\n`, and flushes it
+// (unless a hold is on).
+func (rr *runResponse) writeEvent(v any) error { return rr.events().JSON("", v) }
+
+// events is the SSE writer of the response's body, whose writes go
+// through write (and its hold).
+func (rr *runResponse) events() *sse.Writer {
+	if rr.eventWriter == nil {
+		rr.eventWriter = sse.NewWriter(writeFunc(rr.write))
 	}
-	buf := make([]byte, 0, len(b)+8)
-	buf = append(buf, "data: "...)
-	buf = append(buf, b...)
-	buf = append(buf, "\n\n"...)
-	return rr.write(buf)
+	return rr.eventWriter
+}
+
+// writeFunc is a write that reports only its error as an io.Writer.
+type writeFunc func(p []byte) error
+
+func (f writeFunc) Write(p []byte) (int, error) {
+	if err := f(p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 func isEventStream(contentType string) bool {
@@ -589,7 +599,7 @@ func (c *chatRender) finishStream(finish string) (err error) {
 			return err
 		}
 	}
-	return c.write([]byte("data: [DONE]\n\n"))
+	return c.events().Done()
 }
 
 // writeChunk writes one chunk with a single choice; a write failure is an

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 
 	"iop/internal/runs"
+	"iop/internal/sse"
 )
 
 // responseRunLog records a background response's answer in its run, as
@@ -32,7 +33,7 @@ func (l *responseRunLog) dispatched(info DispatchInfo) {
 
 func (l *responseRunLog) append(v any, text string) {
 	b, _ := json.Marshal(v)
-	l.run.Append(append(append([]byte("data: "), b...), "\n\n"...), text)
+	l.run.Append(sse.AppendEvent(nil, "", b), text)
 }
 
 func (l *responseRunLog) chunk(delta chunkDelta, finish *string, text string) {
@@ -63,7 +64,7 @@ func (l *responseRunLog) complete(finish string, u usage) {
 	l.chunk(chunkDelta{}, &finish, "")
 	l.append(chatChunk{ID: l.id, Object: "chat.completion.chunk", Created: l.created, Model: l.model,
 		Choices: []chunkChoice{}, Usage: &u}, "")
-	l.run.Append([]byte("data: [DONE]\n\n"), "")
+	l.run.Append(sse.AppendDone(nil), "")
 }
 
 // fail ends the log with an error event.

@@ -11,6 +11,7 @@ import (
 
 	"iop/internal/edge/contract"
 	"iop/internal/runs"
+	"iop/internal/sse"
 )
 
 // runChatPath is the path a run's chat request is logged under: a run is
@@ -256,20 +257,10 @@ func (rc *runRecorder) failStarted(run Run, err error) string {
 }
 
 // append adds one event whose data is payload, carrying text, to the
-// run's log: `data: <payload>\n\n`, one data line per line of payload (an
-// event's data holds an LF where the provider's event had two data
-// lines), so that a reader of the log gets payload back whole.
+// run's log (sse.AppendEvent: one data line per line of payload, so that
+// a reader of the log gets payload back whole).
 func (rc *runRecorder) append(payload []byte, text string) {
-	event := make([]byte, 0, len(payload)+8)
-	for {
-		line, rest, more := bytes.Cut(payload, []byte("\n"))
-		event = append(append(append(event, "data: "...), line...), '\n')
-		if !more {
-			break
-		}
-		payload = rest
-	}
-	rc.run.Append(append(event, '\n'), text)
+	rc.run.Append(sse.AppendEvent(make([]byte, 0, len(payload)+8), "", payload), text)
 }
 
 // normalized records a normalized-path run as the chat route streams it
@@ -358,7 +349,7 @@ func (rc *runRecorder) normalized(run Run, id string, created int64, model strin
 		rc.append(b, "")
 		rc.promptTokens, rc.completionTokens = usage.PromptTokens, usage.CompletionTokens
 	}
-	rc.run.Append([]byte("data: [DONE]\n\n"), "")
+	rc.run.Append(sse.AppendDone(nil), "")
 	return reasonCompleted
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"iop/internal/runs"
+	"iop/internal/sse"
 )
 
 // The runs API (served when Config.Runs is set):
@@ -377,7 +378,7 @@ func replayRecord(rec runs.Record) []byte {
 	var out []byte
 	event := func(v any) {
 		b, _ := json.Marshal(v)
-		out = append(append(append(out, "data: "...), b...), "\n\n"...)
+		out = sse.AppendEvent(out, "", b)
 	}
 	base := map[string]any{"id": "chatcmpl-" + rec.ID, "object": "chat.completion.chunk", "created": rec.CreatedAt.Unix(), "model": rec.Model}
 	if rec.Output != "" || rec.State == runs.StateComplete {
@@ -394,7 +395,7 @@ func replayRecord(rec runs.Record) []byte {
 		usage["choices"] = []any{}
 		usage["usage"] = map[string]int{"prompt_tokens": rec.PromptTokens, "completion_tokens": rec.CompletionTokens, "total_tokens": rec.PromptTokens + rec.CompletionTokens}
 		event(usage)
-		return append(out, "data: [DONE]\n\n"...)
+		return sse.AppendDone(out)
 	}
 	msg := rec.Error
 	if msg == "" {
