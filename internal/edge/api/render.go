@@ -511,47 +511,23 @@ func (c *chatRender) json() string {
 // malformed index from a node cannot make the edge allocate without bound.
 const maxToolCalls = 1024
 
-// stream writes the answer as SSE chat.completion.chunk events: a first
-// chunk with the assistant role, one chunk per delta's reasoning
-// (delta.reasoning_content), one per delta's text and one per delta's
-// tool-call parts (delta.tool_calls with index, and id, type and name on a
-// call's first part; each flushed at once, so a stream that is only
-// reasoning so far sends it as it comes), a
-// final chunk with the finish reason, a usage chunk (choices []) when the
+// stream writes the answer as SSE chat.completion.chunk events
+// (chunkRenderer; each delta's chunks flushed at once, so a stream that is
+// only reasoning so far sends it as it comes), a usage chunk when the
 // request asked for include_usage, and `data: [DONE]`. The status line is
 // sent with the first delta or the completion, so a run that fails before
 // either gets an error answer with its own status; a run that fails later
 // ends with an error event and no [DONE]. It returns the rendering's reason.
 func (c *chatRender) stream() string {
-	finish, err := c.next(func(ev *contract.Event) error {
-		if err := c.startStream(); err != nil {
-			return err
-		}
-		if s := ev.Thinking; s != "" {
-			if err := c.writeChunk(chunkDelta{ReasoningContent: &s}, nil); err != nil {
-				return err
+	chunks := chunkRenderer{id: c.id, created: c.created, model: c.model,
+		sink: func(data []byte, _ string) error {
+			c.startStream()
+			if err := c.events().Event("", data); err != nil {
+				return &errWrite{err}
 			}
-		}
-		if s := ev.Text; s != "" {
-			if err := c.writeChunk(chunkDelta{Content: &s}, nil); err != nil {
-				return err
-			}
-		}
-		if len(ev.ToolCalls) == 0 {
 			return nil
-		}
-		parts := make([]toolCall, 0, len(ev.ToolCalls))
-		for _, part := range ev.ToolCalls {
-			index := part.Index
-			tc := toolCall{Index: &index, ID: part.ID,
-				Function: toolCallFunction{Name: part.Name, Arguments: part.Arguments}}
-			if tc.ID != "" {
-				tc.Type = "function"
-			}
-			parts = append(parts, tc)
-		}
-		return c.writeChunk(chunkDelta{ToolCalls: parts}, nil)
-	})
+		}}
+	finish, err := c.next(chunks.delta)
 	var werr *errWrite
 	switch {
 	case errors.As(err, &werr):
@@ -561,61 +537,29 @@ func (c *chatRender) stream() string {
 	case err != nil:
 		return c.failStarted(err, true)
 	}
-	if err := c.finishStream(finish); err != nil {
+	if err := c.finishStream(&chunks, finish); err != nil {
 		return c.writeFailed(err)
 	}
 	return reasonCompleted
 }
 
-// startStream sends the status line, headers and role chunk, once.
-func (c *chatRender) startStream() error {
-	if c.started {
-		return nil
-	}
-	c.runResponse.startStream()
-	empty := ""
-	return c.writeChunk(chunkDelta{Role: "assistant", Content: &empty}, nil)
-}
-
 // finishStream writes the final chunk, the usage chunk if asked for, and
-// [DONE].
-func (c *chatRender) finishStream(finish string) (err error) {
+// [DONE], in one flush.
+func (c *chatRender) finishStream(chunks *chunkRenderer, finish string) (err error) {
 	c.hold = true
 	defer func() {
 		if rerr := c.release(); err == nil {
 			err = rerr
 		}
 	}()
-	if err := c.startStream(); err != nil {
-		return err
-	}
-	if err := c.writeChunk(chunkDelta{}, &finish); err != nil {
-		return err
-	}
+	var u *usage
 	if c.includeUsage {
-		u := c.usage
-		if err := c.writeEvent(chatChunk{ID: c.id, Object: "chat.completion.chunk", Created: c.created,
-			Model: c.model, Choices: []chunkChoice{}, Usage: &u}); err != nil {
-			return err
-		}
+		u = &c.usage
+	}
+	if err := chunks.end(finish, u); err != nil {
+		return err
 	}
 	return c.events().Done()
-}
-
-// writeChunk writes one chunk with a single choice; a write failure is an
-// *errWrite.
-func (c *chatRender) writeChunk(delta chunkDelta, finish *string) error {
-	err := c.writeEvent(chatChunk{
-		ID:      c.id,
-		Object:  "chat.completion.chunk",
-		Created: c.created,
-		Model:   c.model,
-		Choices: []chunkChoice{{Delta: delta, FinishReason: finish}},
-	})
-	if err != nil {
-		return &errWrite{err}
-	}
-	return nil
 }
 
 // startStream sends the SSE status line and headers, once.

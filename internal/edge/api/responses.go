@@ -695,7 +695,7 @@ func (h *handler) runBackground(ctx context.Context, run *runs.Run, requestID st
 	hr := (&http.Request{Method: http.MethodPost, URL: &url.URL{Path: responsesPath}, Header: http.Header{}}).WithContext(ctx)
 	req.RunID = run.Record().ID
 	o.background = true
-	o.log = &responseRunLog{run: run, id: o.resp.ID, created: o.resp.CreatedAt, model: req.Model}
+	o.log = newResponseRunLog(run, o.resp.ID, o.resp.CreatedAt, req.Model)
 	func() {
 		defer func() {
 			// A rendering cut short aborts its (here absent) connection.

@@ -272,20 +272,13 @@ func (rc *runRecorder) append(payload []byte, text string) {
 // chunks' (model: the name the run asked for). It returns the recording's
 // reason.
 func (rc *runRecorder) normalized(run Run, id string, created int64, model string, includeUsage bool) string {
-	chunk := func(delta chunkDelta, finish *string, text string) {
-		b, _ := json.Marshal(chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: model,
-			Choices: []chunkChoice{{Delta: delta, FinishReason: finish}}})
-		rc.append(b, text)
-	}
-	start := func() {
-		if rc.started {
-			return
-		}
-		rc.status, rc.started, rc.sse = http.StatusOK, true, true
-		empty := ""
-		chunk(chunkDelta{Role: "assistant", Content: &empty}, nil, "")
-	}
-	var usage usage
+	chunks := chunkRenderer{id: id, created: created, model: model,
+		sink: func(data []byte, text string) error {
+			rc.status, rc.started, rc.sse = http.StatusOK, true, true
+			rc.append(data, text)
+			return nil
+		}}
+	var used usage
 	finish, err := func() (string, error) {
 		for {
 			msg, err := rc.recv(run)
@@ -300,29 +293,12 @@ func (rc *runRecorder) normalized(run Run, id string, created int64, model strin
 				switch ev.Kind {
 				case contract.EventDelta: // the edge leaves out deltas without content
 					rc.obs.content(1)
-					start()
-					if s := ev.Thinking; s != "" {
-						chunk(chunkDelta{ReasoningContent: &s}, nil, "")
-					}
-					if s := ev.Text; s != "" {
-						chunk(chunkDelta{Content: &s}, nil, s)
-					}
-					if len(ev.ToolCalls) > 0 {
-						parts := make([]toolCall, 0, len(ev.ToolCalls))
-						for _, part := range ev.ToolCalls {
-							index := part.Index
-							tc := toolCall{Index: &index, ID: part.ID,
-								Function: toolCallFunction{Name: part.Name, Arguments: part.Arguments}}
-							if tc.ID != "" {
-								tc.Type = "function"
-							}
-							parts = append(parts, tc)
-						}
-						chunk(chunkDelta{ToolCalls: parts}, nil, "")
+					if err := chunks.delta(ev); err != nil {
+						return "", err
 					}
 				case contract.EventUsage:
-					usage = usageOf(ev)
-					rc.obs.tokens(usage.PromptTokens, usage.CompletionTokens)
+					used = usageOf(ev)
+					rc.obs.tokens(used.PromptTokens, used.CompletionTokens)
 				case contract.EventEnd:
 					if ev.FinishReason == "" {
 						return "stop", nil
@@ -340,15 +316,13 @@ func (rc *runRecorder) normalized(run Run, id string, created int64, model strin
 	case err != nil:
 		return rc.failStarted(run, err)
 	}
-	start()
-	chunk(chunkDelta{}, &finish, "")
 	rc.finishReason = finish
+	var u *usage
 	if includeUsage {
-		b, _ := json.Marshal(chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: model,
-			Choices: []chunkChoice{}, Usage: &usage})
-		rc.append(b, "")
-		rc.promptTokens, rc.completionTokens = usage.PromptTokens, usage.CompletionTokens
+		u = &used
+		rc.promptTokens, rc.completionTokens = used.PromptTokens, used.CompletionTokens
 	}
+	_ = chunks.end(finish, u) // the sink does not fail
 	rc.run.Append(sse.AppendDone(nil), "")
 	return reasonCompleted
 }
