@@ -109,6 +109,7 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 		cfg.Database = ":memory:"
 	}
 	var runStore runs.Store
+	runsCfg := runs.Config{Logger: logger.With("component", "runs")}
 	if cfg.RunsDSN != "" {
 		name := cfg.Name
 		if name == "" && cfg.Cluster != nil {
@@ -119,14 +120,18 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 				return nil, fmt.Errorf("runs_dsn: name unset and no host name: %w", err)
 			}
 		}
-		runStore, err = runs.OpenPostgres(ctx, cfg.RunsDSN, name, logger.With("component", "runs"))
+		var shared *runs.Postgres
+		shared, err = runs.OpenPostgres(ctx, cfg.RunsDSN, name, logger.With("component", "runs"))
+		runStore, runsCfg.Shared = shared, shared
 	} else {
-		runStore, err = runs.OpenSQLite(cfg.Database)
+		var own *runs.SQLite
+		own, err = runs.OpenSQLite(cfg.Database)
+		runStore, runsCfg.Store = own, own
 	}
 	if err != nil {
 		return nil, err
 	}
-	runManager, err := runs.NewManager(ctx, runs.Config{Store: runStore, Logger: logger.With("component", "runs")})
+	runManager, err := runs.NewManager(ctx, runsCfg)
 	if err != nil {
 		runStore.Close()
 		return nil, err
