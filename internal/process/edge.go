@@ -185,7 +185,11 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 		Tracer:          tr.Tracer,
 		KeyAdmit:        clusterKeyAdmit(cfg, svc, keys),
 		ReasoningSecret: reasoningSecret(cfg),
-	}), gateway{svc}, logger)
+		Admin:           svc,
+		Catalog:         svc,
+		Shower:          svc,
+		Known:           svc.Known,
+	}), svc, logger)
 	var handlers sync.WaitGroup // handlers running, so the ledger closes after the last one
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		handlers.Add(1)

@@ -239,7 +239,7 @@ func checkModel(ctx context.Context, model string) error {
 // GET /v1/models/{model}): it takes what Dispatch takes. It returns the
 // name as the model listings show it: name itself, or its other spelling
 // ("x" and "x:latest" are one model, knownModel); a name the Gateway
-// knows (modelKnower: an alias, or a served name no node serves right
+// knows (Config.Known: an alias, or a served name no node serves right
 // now) is itself. Errors: ErrModelNotAllowed (403) for a model the
 // request's key may not use, ErrUnknownModel (404) for any other name.
 func (h *handler) resolveModel(r *http.Request, name string) (string, error) {
@@ -249,7 +249,7 @@ func (h *handler) resolveModel(r *http.Request, name string) (string, error) {
 	if listed, ok := knownModel(h.models(r), name); ok {
 		return listed, nil
 	}
-	if k, ok := h.gw.(modelKnower); ok && k.Known(name) {
+	if h.cfg.Known != nil && h.cfg.Known(name) {
 		return name, nil
 	}
 	return "", ErrUnknownModel

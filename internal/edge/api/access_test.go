@@ -225,13 +225,13 @@ func TestWrongOrMissingKeys(t *testing.T) {
 
 // newEnvWithGateway is newEnv with an explicit Gateway wrapping fake (for
 // optional interfaces such as Admin).
-func newEnvWithGateway(t *testing.T, cfg Config, gw Gateway, fake *fakeGateway) *testEnv {
+func newEnvWithGateway(t *testing.T, cfg Config, gw Gateway[Run], fake *fakeGateway) *testEnv {
 	t.Helper()
 	if cfg.Now == nil {
 		cfg.Now = func() time.Time { return time.Unix(1700000000, 0) }
 	}
 	env := &testEnv{t: t, gw: fake}
-	h := New(cfg, gw, nil)
+	h := New(withFeatures(cfg, gw), gw, nil)
 	env.srv = newServer(env, h)
 	return env
 }

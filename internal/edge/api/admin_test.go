@@ -25,7 +25,8 @@ func (g adminGateway) Snapshot() AdminSnapshot { return g.snap }
 func newAdminEnv(t *testing.T, snap AdminSnapshot) *testEnv {
 	t.Helper()
 	env := &testEnv{t: t, gw: &fakeGateway{dispatch: failWith(errors.New("unused"))}}
-	env.srv = httptest.NewServer(New(Config{}, adminGateway{env.gw, snap}, nil))
+	gw := adminGateway{env.gw, snap}
+	env.srv = httptest.NewServer(New(Config{Admin: gw}, gw, nil))
 	t.Cleanup(env.srv.Close)
 	return env
 }

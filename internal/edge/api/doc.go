@@ -44,8 +44,8 @@
 //	POST /api/embed            Ollama embeddings: {"model","embeddings":[[...]],"total_duration","load_duration","prompt_eval_count"}
 //	POST /api/embeddings       Ollama's older embeddings API: {"embedding":[...]}
 //	GET  /api/tags             {"models":[...]}: the names of /v1/models with their tag ("demo:latest"), with what their model server said of them
-//	GET  /api/ps               {"models":[...]}: what the providers hold loaded (Gateway implementing ModelCatalog)
-//	POST /api/show             the serving Ollama's own answer (Gateway implementing ModelShower), else iop's view in Ollama's shape
+//	GET  /api/ps               {"models":[...]}: what the providers hold loaded (Config.Catalog)
+//	POST /api/show             the serving Ollama's own answer (Config.Shower), else iop's view in Ollama's shape
 //	POST /api/pull             Ollama's progress stream for a model iop serves (nothing is downloaded), Ollama's error for another
 //	GET  /api/version          {"version":"0.17.4"}, the Ollama API version followed
 //	GET  /                     "Ollama is running" (clients probe it)

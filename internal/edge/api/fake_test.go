@@ -27,7 +27,26 @@ type fakeGateway struct {
 	runs []*fakeRun
 }
 
-var _ Gateway = (*fakeGateway)(nil)
+var _ Gateway[Run] = (*fakeGateway)(nil)
+
+// withFeatures sets the optional features of cfg that gw implements and
+// cfg leaves nil: the wiring a composition root writes by hand, for the
+// tests' gateways.
+func withFeatures(cfg Config, gw Gateway[Run]) Config {
+	if a, ok := gw.(Admin); ok && cfg.Admin == nil {
+		cfg.Admin = a
+	}
+	if c, ok := gw.(ModelCatalog); ok && cfg.Catalog == nil {
+		cfg.Catalog = c
+	}
+	if s, ok := gw.(ModelShower); ok && cfg.Shower == nil {
+		cfg.Shower = s
+	}
+	if k, ok := gw.(interface{ Known(string) bool }); ok && cfg.Known == nil {
+		cfg.Known = k.Known
+	}
+	return cfg
+}
 
 func (g *fakeGateway) Dispatch(ctx context.Context, req Request) (Run, error) {
 	g.mu.Lock()

@@ -16,18 +16,18 @@ import (
 )
 
 // New returns the edge's OpenAI- and Ollama-compatible HTTP handler (routes
-// in the package doc), serving requests by calling gw, and the admin routes
-// when gw also implements Admin. A negative
+// in the package doc), serving requests by calling gw, with the optional
+// features cfg sets (Admin, Catalog, Shower, Known, Runs, ...). A negative
 // cfg.MaxBodyBytes is treated as 0 (the default); call cfg.Validate first
 // to reject it instead. logger may be nil (then nothing is logged).
-func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
+func New[R Run](cfg Config, gw Gateway[R], logger *slog.Logger) http.Handler {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	h := &handler{
 		flowHeader: flowHeaderOf(cfg.Flow),
 		cfg:        cfg.withDefaults(),
-		gw:         gw,
+		gw:         widened[R]{gw},
 		logger:     logger.With("component", "edge-api"),
 		seal:       newReasoningSeal(cfg.ReasoningSecret),
 	}
@@ -43,8 +43,8 @@ func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
 		"/readyz":              {http.MethodGet, h.readyz},
 	}
 	maps.Copy(h.routes, h.ollamaRoutes())
-	if adm, ok := gw.(Admin); ok {
-		maps.Copy(h.routes, adminRoutes(adm))
+	if h.cfg.Admin != nil {
+		maps.Copy(h.routes, adminRoutes(h.cfg.Admin))
 	}
 	if h.cfg.Runs != nil {
 		h.routes[runsPath] = route{"", h.runsRoute}
@@ -68,7 +68,7 @@ func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
 // handler serves every route. All fields are set in New and only read after.
 type handler struct {
 	cfg    Config
-	gw     Gateway
+	gw     Gateway[Run]
 	logger *slog.Logger
 	routes map[string]route // exact path -> route
 	// flowHeader is the header naming a request's flow (Config.Flow), or "".

@@ -251,18 +251,13 @@ func (h *handler) ollamaRequest(w http.ResponseWriter, r *http.Request, from fun
 	return tr, req, start, true
 }
 
-// modelKnower is what a Gateway may also say of a model name (the edge's
-// Service does): whether Dispatch would resolve it rather than refuse it as
-// unknown, also while no node serves it.
-type modelKnower interface{ Known(model string) bool }
-
 // ollamaLoad answers a request with nothing to generate or embed (Ollama's
 // "load", or with keep_alive 0 "unload") with answer, a single object even
 // when streaming, for a model the edge knows; else 404.
 func (h *handler) ollamaLoad(w http.ResponseWriter, r *http.Request, req *Request, answer any) {
 	if _, ok := knownModel(h.models(r), req.Model); !ok {
 		err := ErrUnknownModel
-		if k, ok := h.gw.(modelKnower); ok && k.Known(req.Model) && checkModel(r.Context(), req.Model) == nil {
+		if h.cfg.Known != nil && h.cfg.Known(req.Model) && checkModel(r.Context(), req.Model) == nil {
 			// Served before, and no node serves it now: unavailable, as a
 			// request that generates is answered (503), not "pull it" (a
 			// new user's report).
@@ -408,12 +403,12 @@ func representative(info ModelInfo) (rep ModelProvider, same []ModelProvider, ok
 
 // newOllamaModel returns the listing entry of name: what the
 // representative provider's server said of it, when the gateway is a
-// ModelCatalog and a node said something.
+// Config.Catalog is set and a node said something.
 func (h *handler) newOllamaModel(name string) ollamaModel {
 	sum := sha256.Sum256([]byte(name))
 	m := ollamaModel{Name: name, Model: name, Digest: hex.EncodeToString(sum[:])}
-	cat, ok := h.gw.(ModelCatalog)
-	if !ok {
+	cat := h.cfg.Catalog
+	if cat == nil {
 		return m
 	}
 	info, ok := cat.ModelInfo(name)
@@ -501,8 +496,8 @@ const ollamaForever = time.Duration(math.MaxInt64)
 // fields say where each is (ollamaPSModel).
 func (h *handler) ollamaPS(w http.ResponseWriter, r *http.Request) {
 	models := []ollamaPSModel{}
-	cat, ok := h.gw.(ModelCatalog)
-	if !ok {
+	cat := h.cfg.Catalog
+	if cat == nil {
 		writeOllamaJSON(w, http.StatusOK, map[string]any{"models": models})
 		return
 	}
@@ -617,7 +612,8 @@ func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 		h.writeOllamaError(w, r, ErrUnknownModel, req)
 		return
 	}
-	if cat, ok := h.gw.(ModelCatalog); ok {
+	if cat := h.cfg.Catalog; cat != nil {
+		var ok bool
 		if info, ok = cat.ModelInfo(name); !ok {
 			h.writeOllamaError(w, r, ErrUnknownModel, req)
 			return
@@ -683,12 +679,12 @@ const maxShowTries = 2
 // showFromOllama answers /api/show with what the Ollama server of one of
 // providers (those serving the model's representative target, sorted by
 // node then provider; healthy ones first) says of its target, when the
-// gateway is a ModelShower and one of the first maxShowTries of them
+// Config.Shower is set and one of the first maxShowTries of them
 // answers 200; it reports whether it answered. A failure is logged, and
 // the caller answers instead.
 func (h *handler) showFromOllama(w http.ResponseWriter, r *http.Request, providers []ModelProvider, verbose bool) bool {
-	shower, ok := h.gw.(ModelShower)
-	if !ok {
+	shower := h.cfg.Shower
+	if shower == nil {
 		return false
 	}
 	var ollamas []ModelProvider

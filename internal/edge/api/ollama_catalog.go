@@ -10,7 +10,7 @@ import (
 )
 
 // ModelCatalog is what POST /api/show and GET /api/ps need beyond
-// Gateway.Models. A Gateway may implement it; without it /api/show answers
+// Gateway.Models (Config.Catalog); without it /api/show answers
 // from Gateway.Models alone and /api/ps lists no model. The edge's
 // *edge.Service implements it.
 type ModelCatalog interface {
@@ -25,7 +25,7 @@ type ModelCatalog interface {
 }
 
 // ModelShower is what POST /api/show needs to answer with the serving
-// Ollama's own description of a model. A Gateway may implement it (the
+// Ollama's own description of a model (Config.Shower; the
 // edge's *edge.Service does); without it /api/show is iop's own answer.
 type ModelShower interface {
 	// Show returns what the Ollama server of provider providerID of node
