@@ -15,6 +15,7 @@ import (
 	"iop/internal/auth"
 	"iop/internal/edge"
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/admin"
 	"iop/internal/ledger"
 	"iop/internal/responses"
 	"iop/internal/runs"
@@ -185,10 +186,10 @@ func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger,
 		Tracer:          tr.Tracer,
 		KeyAdmit:        clusterKeyAdmit(cfg, svc, keys),
 		ReasoningSecret: reasoningSecret(cfg),
-		Admin:           svc,
 		Catalog:         svc,
 		Shower:          svc,
 		Known:           svc.Known,
+		Routes:          admin.Routes(obs.adminConfig(admin.Config{Snapshots: svc, Usage: usage, Logger: logger})),
 	}), svc, logger)
 	var handlers sync.WaitGroup // handlers running, so the ledger closes after the last one
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -74,9 +74,6 @@ type Config struct {
 	// Now stamps "created" fields (Unix seconds) and times requests; nil
 	// means time.Now.
 	Now func() time.Time
-	// Admin, when set, serves GET /admin/v1/nodes, /providers and /queues
-	// from its snapshots (admin.go). Nil: those paths are 404.
-	Admin Admin
 	// Catalog, when set, describes the models for POST /api/show and the
 	// tags' details, and lists the loaded ones for GET /api/ps
 	// (ollama_catalog.go). Nil: /api/show answers from Gateway.Models
@@ -98,11 +95,11 @@ type Config struct {
 	Observer Observer
 	// Metrics, if set, serves GET /metrics (the Prometheus exposition).
 	Metrics http.Handler
-	// Events, if set, serves GET /admin/v1/events (events.go).
-	Events Events
-	// EventsKeepAlive is how often an idle events stream gets a comment
-	// line; 0 means DefaultEventsKeepAlive (15s).
-	EventsKeepAlive time.Duration
+	// Routes are the routes of the API packages (package admin's, ...),
+	// by exact path, served beside the frame's own; nil: none. They
+	// share the frame's body limits, keys and admission, observation and
+	// error shapes (WriteError).
+	Routes map[string]Route
 	// Keys are the client API keys; with at least one, every route but
 	// /healthz, /readyz and the admin routes needs one of them
 	// (access.go). Nil or empty: the client API is open.
@@ -125,12 +122,8 @@ type Config struct {
 	// ("header:X-Iop-Flow"), that header's value. The latter two fall back
 	// to the key's name where the request has no value.
 	Flow string
-	// Ledger, when set, records every finished API request and serves GET
-	// /admin/v1/usage.
+	// Ledger, when set, records every finished API request.
 	Ledger Ledger
-	// History, when set, serves GET /admin/v1/history (history.go): the
-	// per-second aggregates the dashboard charts.
-	History History
 	// Responses, when set, keeps the stored responses of the Responses API
 	// (POST /v1/responses with store true; GET, DELETE, input_items and
 	// previous_response_id read them). Nil: nothing is kept, every stored
@@ -182,9 +175,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
-	}
-	if c.EventsKeepAlive <= 0 {
-		c.EventsKeepAlive = DefaultEventsKeepAlive
 	}
 	if c.AdminPrefixes == nil {
 		c.AdminPrefixes = DefaultAdminPrefixes

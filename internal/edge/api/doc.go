@@ -34,11 +34,6 @@
 //	GET  /v1/models/{model}    one model object, or 404 model_not_found
 //	POST /v1/messages          Anthropic's Messages API: a message object, or its event stream (messages.go)
 //	POST /v1/messages/count_tokens  {"input_tokens": the edge's estimate}
-//	GET  /admin/v1/nodes       JSON array of connected nodes (only when the Gateway implements Admin, else 404)
-//	GET  /admin/v1/providers   JSON array of provider snapshots
-//	GET  /admin/v1/queues      JSON array of model queues: policy and queued
-//	GET  /admin/v1/usage       the usage ledger's sums (Config.Ledger): ?key=&model=&from=&to=&group_by=
-//	GET  /admin/v1/history     per-second aggregates of the last 15 minutes (Config.History): ?since=UNIX_SECONDS
 //	POST /api/chat             Ollama chat: NDJSON lines ending with a done object, or one object ("stream": false)
 //	POST /api/generate         Ollama generate: the same, with "response" instead of "message"
 //	POST /api/embed            Ollama embeddings: {"model","embeddings":[[...]],"total_duration","load_duration","prompt_eval_count"}
@@ -49,11 +44,10 @@
 //	POST /api/pull             Ollama's progress stream for a model iop serves (nothing is downloaded), Ollama's error for another
 //	GET  /api/version          {"version":"0.17.4"}, the Ollama API version followed
 //	GET  /                     "Ollama is running" (clients probe it)
-//	GET  /admin/v1/events      SSE of node and run lifecycle events (only when Config.Events is set; events.go)
 //	GET  /metrics              the Prometheus exposition (only when Config.Metrics is set)
-//	GET  /ui                   the live dashboard, embedded HTML/JS/CSS (with Config.Events; ui.go)
 //	GET  /healthz              200 "ok" while the process serves HTTP
 //	GET  /readyz               200 "ready" when Config.Ready reports true, else 503
+//	Config.Routes              the routes of the API packages: /admin/v1/... and /ui (package admin)
 //
 // Any other path is answered 404 and a known path with another method 405,
 // both in the OpenAI error shape {"error":{"message","type","param","code"}},

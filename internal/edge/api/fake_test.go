@@ -33,9 +33,6 @@ var _ Gateway[Run] = (*fakeGateway)(nil)
 // cfg leaves nil: the wiring a composition root writes by hand, for the
 // tests' gateways.
 func withFeatures(cfg Config, gw Gateway[Run]) Config {
-	if a, ok := gw.(Admin); ok && cfg.Admin == nil {
-		cfg.Admin = a
-	}
 	if c, ok := gw.(ModelCatalog); ok && cfg.Catalog == nil {
 		cfg.Catalog = c
 	}

@@ -7,7 +7,8 @@ import (
 )
 
 // TestOptionalFeaturesOff: every optional feature of Config left nil
-// answers as documented: its routes are 404 unknown_url, /api/ps lists no
+// answers as documented: its routes (and package admin's, not
+// registered) are 404 unknown_url, /api/ps lists no
 // model, /api/show is iop's own view, and a model only Known would know
 // is unknown (404) where Known makes it unavailable (503).
 func TestOptionalFeaturesOff(t *testing.T) {

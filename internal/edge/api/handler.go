@@ -31,7 +31,7 @@ func New[R Run](cfg Config, gw Gateway[R], logger *slog.Logger) http.Handler {
 		logger:     logger.With("component", "edge-api"),
 		seal:       newReasoningSeal(cfg.ReasoningSecret),
 	}
-	h.routes = map[string]route{
+	h.routes = map[string]Route{
 		"/v1/chat/completions": {http.MethodPost, h.chatCompletions},
 		"/v1/completions":      {http.MethodPost, h.completions},
 		"/v1/embeddings":       {http.MethodPost, h.embeddings},
@@ -43,25 +43,13 @@ func New[R Run](cfg Config, gw Gateway[R], logger *slog.Logger) http.Handler {
 		"/readyz":              {http.MethodGet, h.readyz},
 	}
 	maps.Copy(h.routes, h.ollamaRoutes())
-	if h.cfg.Admin != nil {
-		maps.Copy(h.routes, adminRoutes(h.cfg.Admin))
-	}
 	if h.cfg.Runs != nil {
-		h.routes[runsPath] = route{"", h.runsRoute}
+		h.routes[runsPath] = Route{"", h.runsRoute}
 	}
 	if h.cfg.Metrics != nil {
-		h.routes["/metrics"] = route{http.MethodGet, h.cfg.Metrics.ServeHTTP}
+		h.routes["/metrics"] = Route{http.MethodGet, h.cfg.Metrics.ServeHTTP}
 	}
-	if h.cfg.Events != nil {
-		h.routes["/admin/v1/events"] = route{http.MethodGet, h.events}
-		maps.Copy(h.routes, uiRoutes())
-	}
-	if h.cfg.Ledger != nil {
-		h.routes["/admin/v1/usage"] = route{http.MethodGet, h.serveUsage}
-	}
-	if h.cfg.History != nil {
-		h.routes["/admin/v1/history"] = route{http.MethodGet, h.serveHistory}
-	}
+	maps.Copy(h.routes, cfg.Routes)
 	return h
 }
 
@@ -70,7 +58,7 @@ type handler struct {
 	cfg    Config
 	gw     Gateway[Run]
 	logger *slog.Logger
-	routes map[string]route // exact path -> route
+	routes map[string]Route // exact path -> route
 	// flowHeader is the header naming a request's flow (Config.Flow), or "".
 	flowHeader string
 	// streaming holds the stored Responses API responses being streamed
@@ -81,11 +69,11 @@ type handler struct {
 	seal *reasoningSeal
 }
 
-// route is the one method a path accepts (GET also accepts HEAD) and its
-// handler; with method "", the handler checks the method itself.
-type route struct {
-	method string
-	serve  http.HandlerFunc
+// Route is the one method a path accepts (GET also accepts HEAD) and its
+// handler; with Method "", the handler checks the method itself.
+type Route struct {
+	Method string
+	Serve  http.HandlerFunc
 }
 
 const modelsPrefix = "/v1/models/"
@@ -296,28 +284,28 @@ func (b *requestBody) linger(w *trackingWriter, r *http.Request) {
 func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 	rt, ok := h.routes[r.URL.Path]
 	if !ok && strings.HasPrefix(r.URL.Path, modelsPrefix) {
-		rt, ok = route{http.MethodGet, h.getModel}, true
+		rt, ok = Route{http.MethodGet, h.getModel}, true
 	}
 	if !ok && h.cfg.Runs != nil && strings.HasPrefix(r.URL.Path, runsPrefix) {
-		rt, ok = route{"", h.runRoute}, true
+		rt, ok = Route{"", h.runRoute}, true
 	}
 	if !ok && strings.HasPrefix(r.URL.Path, responsesPrefix) {
-		rt, ok = route{"", h.responsesRoute}, true
+		rt, ok = Route{"", h.responsesRoute}, true
 	}
 	if !ok && strings.HasPrefix(r.URL.Path, ollamaBlobsPrefix) {
-		rt, ok = route{"", h.ollamaManage}, true
+		rt, ok = Route{"", h.ollamaManage}, true
 	}
 	writeError := h.errorWriterFor(r.URL.Path)
 	if !ok {
 		writeError(w, r, errNotFound, nil)
 		return
 	}
-	if rt.method != "" && r.Method != rt.method && (rt.method != http.MethodGet || r.Method != http.MethodHead) {
-		w.Header().Set("Allow", rt.method)
+	if rt.Method != "" && r.Method != rt.Method && (rt.Method != http.MethodGet || r.Method != http.MethodHead) {
+		w.Header().Set("Allow", rt.Method)
 		writeError(w, r, errMethodNotAllowed, nil)
 		return
 	}
-	rt.serve(w, r)
+	rt.Serve(w, r)
 }
 
 // trackingWriter records whether a handler wrote anything: a status line,
@@ -501,6 +489,26 @@ func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeText(w, http.StatusOK, "ready")
+}
+
+// WriteJSON answers with v as JSON (writeJSON), for the routes of the API
+// packages.
+func WriteJSON(w http.ResponseWriter, status int, v any) { writeJSON(w, status, v) }
+
+// WriteError answers r, a request the frame is serving, with the status
+// and OpenAI error body classify maps err to (writeError): an
+// InvalidParam error is 400 invalid_request_error naming its parameter,
+// an error of no known kind 500 without its text. For the routes of the
+// API packages.
+func WriteError(w http.ResponseWriter, r *http.Request, err error) {
+	frameOf(r).writeError(w, r, err, nil)
+}
+
+// InvalidParam is the error of a request whose parameter param is
+// invalid: WriteError answers it 400 invalid_request_error with message,
+// naming param.
+func InvalidParam(param, message string) error {
+	return &requestError{param: param, message: message}
 }
 
 // writeJSON answers with v as JSON (and a newline) and its Content-Length,

@@ -34,8 +34,8 @@ const (
 )
 
 // ollamaRoutes are the Ollama API routes (Ollama API doc, docs/api.md).
-func (h *handler) ollamaRoutes() map[string]route {
-	return map[string]route{
+func (h *handler) ollamaRoutes() map[string]Route {
+	return map[string]Route{
 		"/":               {http.MethodGet, h.ollamaRoot},
 		"/api/chat":       {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, true) }},
 		"/api/generate":   {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, false) }},
@@ -830,4 +830,12 @@ func writeNDJSON(w http.ResponseWriter, values ...any) {
 		}
 	}
 	_ = http.NewResponseController(w).Flush()
+}
+
+// nonNil returns s, or an empty slice for nil, so that it encodes as [].
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }

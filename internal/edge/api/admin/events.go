@@ -1,4 +1,4 @@
-package api
+package admin
 
 import (
 	"encoding/json"
@@ -41,8 +41,8 @@ const (
 // reconnects by itself (after the `retry: 1000` ms the stream announces)
 // and should then re-read the state. The stream also ends when the edge
 // shuts down.
-func (h *handler) events(w http.ResponseWriter, r *http.Request) {
-	sub := h.cfg.Events.Subscribe(eventsBuffer)
+func (s *server) events(w http.ResponseWriter, r *http.Request) {
+	sub := s.cfg.Events.Subscribe(eventsBuffer)
 	defer sub.Close()
 	rc := http.NewResponseController(w)
 	// A server-wide write deadline is for answers, not for a stream that
@@ -56,7 +56,7 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 	if !writeFlush(w, rc, []byte("retry: 1000\n: iop lifecycle events\n\n")) {
 		return
 	}
-	keepAlive := time.NewTicker(h.cfg.EventsKeepAlive)
+	keepAlive := time.NewTicker(s.cfg.EventsKeepAlive)
 	defer keepAlive.Stop()
 	for {
 		select {
@@ -82,7 +82,7 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 			if err != nil {
-				h.logger.Warn("encoding an event failed", "err", err)
+				s.logger.Warn("encoding an event failed", "err", err)
 				return
 			}
 			if !writeFlush(w, rc, buf) {
