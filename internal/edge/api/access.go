@@ -284,7 +284,7 @@ func keyName(ctx context.Context) string {
 // request's key may not use (ErrModelNotAllowed, before anything is
 // queued), then dispatches. serveRun and ollamaGenerate call it; the runs
 // API reaches it through serveRun.
-func (h *handler) dispatch(ctx context.Context, req *Request) (Run, error) {
+func (h *handler) dispatch(ctx context.Context, req *contract.Request) (Run, error) {
 	if err := checkModel(ctx, req.Model); err != nil {
 		return nil, err
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"iop/internal/auth"
+	"iop/internal/edge/contract"
 	"iop/internal/ledger"
 	"iop/internal/runs"
 )
@@ -91,7 +92,7 @@ func newRunsManager(t *testing.T) *runs.Manager {
 	return m
 }
 
-func okRun(context.Context, Request) (Run, error) {
+func okRun(context.Context, contract.Request) (Run, error) {
 	return scriptedRun(normalized, events(started(), delta("hi"), usageEvent(3, 1), complete("stop"))), nil
 }
 
@@ -326,9 +327,9 @@ func TestModelsAllowedPerKey(t *testing.T) {
 
 // blockingRuns returns a dispatch func whose runs stay open until release
 // is closed, and a channel that receives once per dispatch.
-func blockingRuns(release <-chan struct{}) (func(context.Context, Request) (Run, error), <-chan struct{}) {
+func blockingRuns(release <-chan struct{}) (func(context.Context, contract.Request) (Run, error), <-chan struct{}) {
 	dispatched := make(chan struct{}, 64)
-	return func(ctx context.Context, req Request) (Run, error) {
+	return func(ctx context.Context, req contract.Request) (Run, error) {
 		r := liveRun(normalized, 4)
 		go func() {
 			<-release
@@ -461,7 +462,7 @@ func TestLedgerRecordsEveryFinishedRun(t *testing.T) {
 			return scriptedRun(normalized, events(started(), errorEvent(500, "boom")))
 		},
 	}
-	gw := &fakeGateway{models: []string{"m"}, dispatch: func(ctx context.Context, req Request) (Run, error) {
+	gw := &fakeGateway{models: []string{"m"}, dispatch: func(ctx context.Context, req contract.Request) (Run, error) {
 		var sel string
 		_ = json.Unmarshal(req.Body, &struct {
 			User *string `json:"user"`

@@ -114,7 +114,7 @@ func TestAnswerFinishedBeforeItsLastByte(t *testing.T) {
 			f := newKeys(t, auth.Key{MaxConcurrent: 1})
 			alice := f.keys.Authenticate(f.alice)
 			var run *fakeRun
-			gw := &fakeGateway{models: []string{"m"}, dispatch: func(context.Context, Request) (Run, error) {
+			gw := &fakeGateway{models: []string{"m"}, dispatch: func(context.Context, contract.Request) (Run, error) {
 				if tc.dispatchErr != nil {
 					return nil, tc.dispatchErr
 				}

@@ -46,7 +46,7 @@ func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err, nil)
 		return
 	}
-	req := Request{
+	req := contract.Request{
 		Model:                chat.Model,
 		Operation:            contract.OperationChat,
 		Stream:               chat.Stream,
@@ -59,7 +59,7 @@ func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err, nil)
 		return
 	}
-	h.serveRun(w, r, &req, func(rr *runResponse, info DispatchInfo) string {
+	h.serveRun(w, r, &req, func(rr *runResponse, info contract.DispatchInfo) string {
 		cr := &chatRender{eventReader: eventReader{runResponse: rr}, id: "chatcmpl-" + info.RunID,
 			created: h.cfg.Now().Unix(), model: chat.Model, includeUsage: chat.IncludeUsage}
 		if chat.Stream {
@@ -96,11 +96,11 @@ type runResponse struct {
 	w   http.ResponseWriter
 	r   *http.Request
 	run Run
-	req *Request
+	req *contract.Request
 	obs *observation // may be nil
 	// writeError writes an error answer in the route's shape (OpenAI's
 	// writeError, or writeOllamaError).
-	writeError func(w http.ResponseWriter, r *http.Request, err error, req *Request)
+	writeError func(w http.ResponseWriter, r *http.Request, err error, req *contract.Request)
 	// started is set once the status line was written; from then on a
 	// failure can only end the body.
 	started bool

@@ -152,7 +152,7 @@ func (h *handler) completions(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err, nil)
 		return
 	}
-	req := Request{
+	req := contract.Request{
 		Model:                cr.Model,
 		Operation:            contract.OperationCompletion,
 		Stream:               cr.Stream,
@@ -165,7 +165,7 @@ func (h *handler) completions(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err, nil)
 		return
 	}
-	h.serveRun(w, r, &req, func(rr *runResponse, info DispatchInfo) string {
+	h.serveRun(w, r, &req, func(rr *runResponse, info contract.DispatchInfo) string {
 		tr := &textRender{eventReader: eventReader{runResponse: rr}, id: "cmpl-" + info.RunID,
 			created: h.cfg.Now().Unix(), model: cr.Model, includeUsage: cr.IncludeUsage}
 		if cr.Stream {

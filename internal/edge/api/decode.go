@@ -14,7 +14,7 @@ import (
 	"iop/internal/translate"
 )
 
-// Capabilities a request can need of its provider (Request.Needs).
+// Capabilities a request can need of its provider (contract.Request.Needs).
 const (
 	needTools  = "tools"
 	needVision = "vision"

@@ -98,7 +98,7 @@
 //
 // # Execution paths
 //
-// A run's DispatchInfo.Path says how its answer travels back. Run.Recv
+// A run's contract.DispatchInfo.Path says how its answer travels back. Run.Recv
 // hands on each of the node's messages as the edge decoded it, once, into
 // the contract's typed events (contract.Message; whether it ends the run
 // is the edge's decision, Message.Ends): this package never reads the wire

@@ -42,7 +42,7 @@ func TestStreamFlushesOncePerMessage(t *testing.T) {
 	w := &flushRecorder{ResponseRecorder: httptest.NewRecorder()}
 	h := &handler{cfg: Config{}.withDefaults(), logger: slog.New(slog.DiscardHandler)}
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-	rr := &runResponse{h: h, w: w, r: r, run: run, req: &Request{Model: "m"}}
+	rr := &runResponse{h: h, w: w, r: r, run: run, req: &contract.Request{Model: "m"}}
 	cr := &chatRender{eventReader: eventReader{runResponse: rr}, id: "chatcmpl-x", model: "m"}
 	if reason := cr.stream(); reason != reasonCompleted {
 		t.Fatalf("stream ended %q", reason)
@@ -114,7 +114,7 @@ func TestRegression_SlowBodyIsAnsweredRequestTimeout(t *testing.T) {
 	// real clock, so this waits real time; a cancelled request context
 	// ends the wait at once and fails the test.
 	var held atomic.Bool
-	env := newEnv(t, Config{BodyReadTimeout: timeout}, func(ctx context.Context, _ Request) (Run, error) {
+	env := newEnv(t, Config{BodyReadTimeout: timeout}, func(ctx context.Context, _ contract.Request) (Run, error) {
 		if held.Load() {
 			select {
 			case <-ctx.Done():

@@ -24,7 +24,7 @@ type Gateway[R Run] interface {
 	// ErrStaleGeneration or ErrNodeGone; any other error is answered 500.
 	// req's Flow, Weight and Priority are set by the handler (assignFlow)
 	// and order the model's queue.
-	Dispatch(ctx context.Context, req Request) (R, error)
+	Dispatch(ctx context.Context, req contract.Request) (R, error)
 	// Models lists the model names (aliases and served names) clients may
 	// request, in the order to show them.
 	Models() []string
@@ -33,7 +33,7 @@ type Gateway[R Run] interface {
 // Run is one dispatched request, from dispatch to release.
 type Run interface {
 	// Info describes where the run was dispatched. It does not change.
-	Info() DispatchInfo
+	Info() contract.DispatchInfo
 	// Recv blocks for the next message from the node, decoded by the edge
 	// into typed events (contract.Message): a normalized run's deltas,
 	// usage, end or failure; a tunnel run's head, data, end or failure.
@@ -62,18 +62,11 @@ type Run interface {
 	Close(outcome contract.Outcome)
 }
 
-// Request is one client request as the edge service dispatches it: the
-// contract's (contract.Request), used as it is on both sides.
-type Request = contract.Request
-
-// DispatchInfo describes where a run went (contract.DispatchInfo).
-type DispatchInfo = contract.DispatchInfo
-
 // widened is a Gateway of any run type as the Gateway[Run] the handler
 // calls.
 type widened[R Run] struct{ gw Gateway[R] }
 
-func (w widened[R]) Dispatch(ctx context.Context, req Request) (Run, error) {
+func (w widened[R]) Dispatch(ctx context.Context, req contract.Request) (Run, error) {
 	run, err := w.gw.Dispatch(ctx, req)
 	if err != nil {
 		return nil, err // never a Run holding a nil R

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"iop/internal/edge/contract"
 )
 
 // New returns the edge's OpenAI- and Ollama-compatible HTTP handler (routes
@@ -380,7 +382,7 @@ func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 // classify maps err to, unless the client has gone away: then it writes
 // nothing, logs at debug, and ServeHTTP aborts the connection. It must be
 // called before anything else was written to w.
-func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error, req *Request) {
+func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error, req *contract.Request) {
 	if clientGone(r) && !errors.Is(err, errBodyTimeout) { // a body read past its deadline cancels the context; the client is there
 		h.logger.Debug("client gone before the answer", "path", clip(r.URL.Path), "err", errorText(err, req))
 		obsOf(r).failed(err, nil, true)
@@ -399,13 +401,13 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error, 
 
 // logError logs one error answer: server-side failures at warn, client
 // mistakes and back-pressure at debug. Client text in it is clipped.
-func (h *handler) logError(r *http.Request, e *apiError, err error, req *Request) {
+func (h *handler) logError(r *http.Request, e *apiError, err error, req *contract.Request) {
 	h.logFailure(r.Context(), r.URL.Path, e, err, req)
 }
 
 // logFailure is logError for the request of ctx on path (a run of the
 // runs API has no *http.Request of its own).
-func (h *handler) logFailure(ctx context.Context, path string, e *apiError, err error, req *Request) {
+func (h *handler) logFailure(ctx context.Context, path string, e *apiError, err error, req *contract.Request) {
 	level := slog.LevelDebug
 	if e.status >= 500 {
 		level = slog.LevelWarn
@@ -466,9 +468,9 @@ func (h *handler) getModel(w http.ResponseWriter, r *http.Request) {
 			err = ErrUnknownModel // as the listing, which leaves it out
 		}
 		if anthropic {
-			h.writeAnthropicError(w, r, err, &Request{Model: id})
+			h.writeAnthropicError(w, r, err, &contract.Request{Model: id})
 		} else {
-			h.writeError(w, r, err, &Request{Model: id})
+			h.writeError(w, r, err, &contract.Request{Model: id})
 		}
 		return
 	}

@@ -234,7 +234,7 @@ func newRequestID() string {
 }
 
 // request records the decoded request.
-func (o *observation) request(req *Request) {
+func (o *observation) request(req *contract.Request) {
 	if o != nil {
 		o.rec.Model, o.decoded = clip(req.Model), true
 		if o.trace != nil {
@@ -264,7 +264,7 @@ func (o *observation) queueWaited(d time.Duration) {
 }
 
 // dispatched records where the run went.
-func (o *observation) dispatched(info DispatchInfo) {
+func (o *observation) dispatched(info contract.DispatchInfo) {
 	if o == nil {
 		return
 	}

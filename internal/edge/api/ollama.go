@@ -207,17 +207,17 @@ type ollamaRun interface {
 // serveOllamaRun dispatches req and renders its run with o (serveRunWith,
 // with Ollama-shaped errors). extension lists the Ollama-only fields the
 // request carries, which a tunnel-path provider does not get (logged).
-func (h *handler) serveOllamaRun(w http.ResponseWriter, r *http.Request, req *Request, extension []string, o ollamaRun) {
+func (h *handler) serveOllamaRun(w http.ResponseWriter, r *http.Request, req *contract.Request, extension []string, o ollamaRun) {
 	h.serveRunWith(w, r, req, runRenderer{
 		writeError: h.writeOllamaError,
-		tunnel: func(rr *runResponse, info DispatchInfo) string {
+		tunnel: func(rr *runResponse, info contract.DispatchInfo) string {
 			if len(extension) > 0 {
 				h.logger.Debug("dropping Ollama-only fields for an OpenAI-compatible provider", "run_id", info.RunID, "fields", extension)
 			}
 			o.begin(rr)
 			return o.tunnel()
 		},
-		normalized: func(rr *runResponse, _ DispatchInfo) string {
+		normalized: func(rr *runResponse, _ contract.DispatchInfo) string {
 			o.begin(rr)
 			return o.normalized()
 		},
@@ -230,7 +230,7 @@ func (h *handler) serveOllamaRun(w http.ResponseWriter, r *http.Request, req *Re
 // and when the request arrived; on failure it has answered with the Ollama
 // error (400 naming the field, 413) and ok is false.
 func (h *handler) ollamaRequest(w http.ResponseWriter, r *http.Request, from func([]byte) (translate.Request, error)) (
-	tr translate.Request, req Request, start time.Time, ok bool) {
+	tr translate.Request, req contract.Request, start time.Time, ok bool) {
 	start = h.cfg.Now()
 	body, err := readAllBody(r)
 	if err == nil {
@@ -242,9 +242,9 @@ func (h *handler) ollamaRequest(w http.ResponseWriter, r *http.Request, from fun
 			err = &requestError{param: fe.Field, message: fe.Message}
 		}
 		h.writeOllamaError(w, r, err, nil)
-		return translate.Request{}, Request{}, start, false
+		return translate.Request{}, contract.Request{}, start, false
 	}
-	req = Request{Model: tr.Model, Body: tr.Body, OllamaFields: tr.OllamaFields, Headers: map[string]string{}}
+	req = contract.Request{Model: tr.Model, Body: tr.Body, OllamaFields: tr.OllamaFields, Headers: map[string]string{}}
 	if id := r.Header.Get("X-Request-Id"); id != "" {
 		req.Headers["X-Request-Id"] = id
 	}
@@ -254,7 +254,7 @@ func (h *handler) ollamaRequest(w http.ResponseWriter, r *http.Request, from fun
 // ollamaLoad answers a request with nothing to generate or embed (Ollama's
 // "load", or with keep_alive 0 "unload") with answer, a single object even
 // when streaming, for a model the edge knows; else 404.
-func (h *handler) ollamaLoad(w http.ResponseWriter, r *http.Request, req *Request, answer any) {
+func (h *handler) ollamaLoad(w http.ResponseWriter, r *http.Request, req *contract.Request, answer any) {
 	if _, ok := knownModel(h.models(r), req.Model); !ok {
 		err := ErrUnknownModel
 		if h.cfg.Known != nil && h.cfg.Known(req.Model) && checkModel(r.Context(), req.Model) == nil {
@@ -305,7 +305,7 @@ type ollamaErrorBody struct {
 // clients expect: an unknown model is `model 'x' not found` (the text of
 // Ollama's chat, generate, embed and show handlers for a name it does not
 // have, which clients match on).
-func ollamaError(err error, req *Request) (*apiError, string) {
+func ollamaError(err error, req *contract.Request) (*apiError, string) {
 	e := classify(err, req)
 	if errors.Is(err, ErrUnknownModel) {
 		model := ""
@@ -323,7 +323,7 @@ func ollamaError(err error, req *Request) (*apiError, string) {
 
 // writeOllamaError is writeError with an Ollama error body,
 // {"error":"<message>"}.
-func (h *handler) writeOllamaError(w http.ResponseWriter, r *http.Request, err error, req *Request) {
+func (h *handler) writeOllamaError(w http.ResponseWriter, r *http.Request, err error, req *contract.Request) {
 	if clientGone(r) && !errors.Is(err, errBodyTimeout) {
 		h.logger.Debug("client gone before the answer", "path", clip(r.URL.Path), "err", errorText(err, req))
 		obsOf(r).failed(err, nil, true)
@@ -347,7 +347,7 @@ func writeOllamaJSON(w http.ResponseWriter, status int, v any) {
 // ollamaModel is one entry of GET /api/tags (Ollama API doc, "List Local
 // Models"). Its size, digest,
 // modified_at and details are what the serving model server said of the
-// model (ModelProvider.Details; see representative); a model whose node
+// model (contract.ModelProvider.Details; see representative); a model whose node
 // said nothing has size 0, the SHA-256 of its name as digest (stable, so
 // clients can tell models apart) and empty details.
 type ollamaModel struct {
@@ -380,7 +380,7 @@ func detailsOf(d contract.ModelDetails) ollamaModelDetails {
 // that some live provider serves (an alias shows its first target's), and
 // among them the first, by node then provider, whose node gave details (or
 // the first). ok is false when no provider serves a target.
-func representative(info ModelInfo) (rep ModelProvider, same []ModelProvider, ok bool) {
+func representative(info contract.ModelInfo) (rep contract.ModelProvider, same []contract.ModelProvider, ok bool) {
 	for _, t := range info.Targets {
 		for _, p := range info.Providers {
 			if modelname.Same(p.Target, t) {
@@ -392,10 +392,10 @@ func representative(info ModelInfo) (rep ModelProvider, same []ModelProvider, ok
 		}
 	}
 	if len(same) == 0 {
-		return ModelProvider{}, nil, false
+		return contract.ModelProvider{}, nil, false
 	}
 	rep = same[0]
-	if i := slices.IndexFunc(same, func(p ModelProvider) bool { return p.Details != nil }); i >= 0 {
+	if i := slices.IndexFunc(same, func(p contract.ModelProvider) bool { return p.Details != nil }); i >= 0 {
 		rep = same[i]
 	}
 	return rep, same, true
@@ -602,12 +602,12 @@ func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 	if name == "" {
 		name = in.Name
 	}
-	req := &Request{Model: name}
+	req := &contract.Request{Model: name}
 	if strings.TrimSpace(name) == "" {
 		h.writeOllamaError(w, r, &requestError{message: "model is required"}, nil) // Ollama's text
 		return
 	}
-	info := ModelInfo{Name: name, Targets: []string{name}}
+	info := contract.ModelInfo{Name: name, Targets: []string{name}}
 	if !allowed(r, name) {
 		h.writeOllamaError(w, r, ErrUnknownModel, req)
 		return
@@ -682,18 +682,18 @@ const maxShowTries = 2
 // Config.Shower is set and one of the first maxShowTries of them
 // answers 200; it reports whether it answered. A failure is logged, and
 // the caller answers instead.
-func (h *handler) showFromOllama(w http.ResponseWriter, r *http.Request, providers []ModelProvider, verbose bool) bool {
+func (h *handler) showFromOllama(w http.ResponseWriter, r *http.Request, providers []contract.ModelProvider, verbose bool) bool {
 	shower := h.cfg.Shower
 	if shower == nil {
 		return false
 	}
-	var ollamas []ModelProvider
+	var ollamas []contract.ModelProvider
 	for _, p := range providers {
 		if p.OllamaAPI {
 			ollamas = append(ollamas, p)
 		}
 	}
-	slices.SortStableFunc(ollamas, func(a, b ModelProvider) int {
+	slices.SortStableFunc(ollamas, func(a, b contract.ModelProvider) int {
 		if a.Healthy == b.Healthy {
 			return 0
 		}

@@ -17,11 +17,11 @@ type ModelCatalog interface {
 	// ModelInfo describes the model clients call name (an alias or a served
 	// name; "x" and "x:latest" are one model, as in Dispatch). ok is false
 	// when no alias or served name matches.
-	ModelInfo(name string) (info ModelInfo, ok bool)
+	ModelInfo(name string) (info contract.ModelInfo, ok bool)
 	// Loaded lists the models the providers hold loaded, one entry per
 	// provider and served model (contract.LoadedModel says where each
 	// comes from).
-	Loaded() []LoadedModel
+	Loaded() []contract.LoadedModel
 }
 
 // ModelShower is what POST /api/show needs to answer with the serving
@@ -34,15 +34,6 @@ type ModelShower interface {
 	// An error means no answer came (node gone, not an Ollama, timeout).
 	Show(ctx context.Context, nodeID, providerID, model string, verbose bool) (status int, body []byte, err error)
 }
-
-// LoadedModel is one model one provider holds loaded (contract.LoadedModel).
-type LoadedModel = contract.LoadedModel
-
-// ModelInfo is what the edge knows of one model (contract.ModelInfo).
-type ModelInfo = contract.ModelInfo
-
-// ModelProvider is one provider of a model (contract.ModelProvider).
-type ModelProvider = contract.ModelProvider
 
 // knownModel returns the name in names that the Ollama model name means:
 // name itself, else its other spelling (modelname.Alternative); ok is false when neither is there.

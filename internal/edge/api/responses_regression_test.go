@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"iop/internal/auth"
+	"iop/internal/edge/contract"
 	"iop/internal/responses"
 	"iop/internal/sse"
 	"iop/internal/translate"
@@ -303,7 +304,7 @@ func TestRegression_ReasoningTokensPassedOn(t *testing.T) {
 		want float64
 	}{{withDetails, 6}, {without, 0}} {
 		for _, stream := range []bool{false, true} {
-			env := newEnv(t, Config{}, func(context.Context, Request) (Run, error) { return splitTunnel(tc.body, 16), nil })
+			env := newEnv(t, Config{}, func(context.Context, contract.Request) (Run, error) { return splitTunnel(tc.body, 16), nil })
 			resp := env.post(t, "/v1/responses", "application/json", fmt.Sprintf(`{"model":"m","input":"x","stream":%v}`, stream))
 			var obj map[string]any
 			if stream {
@@ -351,12 +352,12 @@ func TestRegression_ResponsesErrorsInTheClientsWords(t *testing.T) {
 // JSON string, which the Ollama translation takes.
 func TestRegression_StoredCallWithBrokenArgumentsContinuesOnOllama(t *testing.T) {
 	n := 0
-	env := newEnv(t, Config{Responses: newResponseStore(t)}, func(context.Context, Request) (Run, error) {
+	env := newEnv(t, Config{Responses: newResponseStore(t)}, func(context.Context, contract.Request) (Run, error) {
 		if n++; n == 1 {
 			return scriptedRun(normalized, events(started(), toolDelta(0, "call_a", "get_weather", `{"city": Paris`)),
 				events(usageEvent(3, 2), complete("tool_calls"))), nil
 		}
-		return okRun(context.Background(), Request{})
+		return okRun(context.Background(), contract.Request{})
 	})
 	first := createResponse(t, env, `{"model":"m","input":"weather?","tools":[`+weatherTool+`]}`, nil)
 	createResponse(t, env, fmt.Sprintf(`{"model":"m","previous_response_id":%q,"tools":[`+weatherTool+`],

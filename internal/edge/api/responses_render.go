@@ -103,7 +103,7 @@ func (o *responsesRender) begin(rr *runResponse) {
 
 // inProgress saves a background response as "in_progress" once it was
 // dispatched.
-func (o *responsesRender) inProgress(info DispatchInfo) {
+func (o *responsesRender) inProgress(info contract.DispatchInfo) {
 	if o.log != nil {
 		o.log.dispatched(info)
 	}

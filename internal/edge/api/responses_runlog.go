@@ -33,7 +33,7 @@ func newResponseRunLog(run *runs.Run, id string, created int64, model string) *r
 }
 
 // dispatched records where the run went.
-func (l *responseRunLog) dispatched(info DispatchInfo) {
+func (l *responseRunLog) dispatched(info contract.DispatchInfo) {
 	l.run.Dispatched(runs.Record{
 		NodeID: info.NodeID, ProviderID: info.ProviderID, ServedModel: info.ServedModel,
 		Path: info.Path.String(), QueueReason: info.QueueReason.String(), QueueWait: info.QueueWait,

@@ -47,7 +47,7 @@ func (h *handler) execute(ctx context.Context, run *runs.Run, t runTarget, refus
 	obs.rec.Start = obs.now()
 	obs.rec.API, obs.rec.RequestID, obs.rec.Key = "runs", t.requestID, keyName(ctx)
 	chat := t.sub.chat
-	req := &Request{
+	req := &contract.Request{
 		Model:                chat.Model,
 		Operation:            contract.OperationChat,
 		Stream:               chat.Stream,
@@ -81,7 +81,7 @@ type runRecorder struct {
 	ctx context.Context // the run's: it ends when the run is cancelled
 	run *runs.Run
 	obs *observation
-	req *Request
+	req *contract.Request
 
 	// status is the answer's status once it has one: the head's (tunnel),
 	// 200 once a normalized stream started, or an error answer's.

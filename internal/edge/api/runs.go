@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"iop/internal/edge/contract"
 	"iop/internal/runs"
 	"iop/internal/sse"
 )
@@ -209,9 +210,9 @@ func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
 		Metadata:   sub.metadata,
 		KeyName:    keyName(r.Context()),
 	}
-	obs.request(&Request{Model: rec.Model})
+	obs.request(&contract.Request{Model: rec.Model})
 	if err := checkModel(r.Context(), rec.Model); err != nil {
-		h.writeError(w, r, err, &Request{Model: rec.Model})
+		h.writeError(w, r, err, &contract.Request{Model: rec.Model})
 		return
 	}
 	nodeID, providerID := h.cfg.Runs.Affinity(sub.sessionID)
@@ -255,7 +256,7 @@ func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
 		// It never reached a provider (an unknown model, a full queue, ...):
 		// answered as the chat route answers it; the record stays listed.
 		w.Header().Set("Location", runsPrefix+rec.ID)
-		h.writeError(w, r, dispatchErr, &Request{Model: sub.chat.Model, Needs: sub.chat.Needs})
+		h.writeError(w, r, dispatchErr, &contract.Request{Model: sub.chat.Model, Needs: sub.chat.Needs})
 		return
 	}
 	writeJSON(w, http.StatusOK, renderRecord(final))

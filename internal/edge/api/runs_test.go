@@ -144,7 +144,7 @@ func TestRunEventsAreTheChatStream(t *testing.T) {
 		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			env := newEnv(t, Config{Runs: newRunsManager(t)}, func(context.Context, Request) (Run, error) {
+			env := newEnv(t, Config{Runs: newRunsManager(t)}, func(context.Context, contract.Request) (Run, error) {
 				return scriptedRun(tc.path, tc.msgs()...), nil
 			})
 			resp, err := http.Post(env.srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(
