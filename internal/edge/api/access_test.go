@@ -560,7 +560,7 @@ func TestUsageScannerReadsTheTailOfALargeAnswer(t *testing.T) {
 
 // TestUsageAttributionNeverInfluencesScheduling: the request the edge
 // schedules carries no trace of the caller but its flow (the seeds' rule:
-// caller identity is no part of pool selection; issue 19: the key names
+// caller identity is no part of pool selection; the key names
 // the request's flow, with its weight and priority, which order the
 // model's queue and never choose its candidates): the same body sent with
 // two different keys reaches the gateway as the same Request, field for

@@ -41,7 +41,7 @@ func (w *writeWatch) writes() []int {
 	return append([]int(nil), w.inFlight...)
 }
 
-// TestAnswerFinishedBeforeItsLastByte (issue 13, item 4): on every route
+// TestAnswerFinishedBeforeItsLastByte: on every route
 // and execution path, streamed and not, and for an error answer before or
 // after the status line, the key's request slot is given back before the
 // write that ends the answer, and not before the run ended: writes of a

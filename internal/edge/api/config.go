@@ -56,8 +56,7 @@ type Config struct {
 	// BodyReadTimeout bounds reading a request's body: a body not read to
 	// its end this long after its headers is answered 408 and its
 	// connection closed, so a client that sends a few bytes of a body and
-	// then nothing does not hold a connection and a goroutine for ever (a
-	// break-it report: 3,000 such clients held 3,000 connections). The
+	// then nothing does not hold a connection and a goroutine for ever. The
 	// deadline is lifted once the body is in, so an answer of any length
 	// is not affected. 0 means DefaultBodyReadTimeout (60 s); negative is
 	// invalid.

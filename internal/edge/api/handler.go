@@ -345,8 +345,8 @@ func (w *trackingWriter) Write(p []byte) (int, error) {
 	// that keeps reading, however slowly, makes progress within every
 	// deadline, so only one that stops (takes longer than the timeout to
 	// take writePiece bytes) is cut. One deadline for a whole large write
-	// cut a slow reader that was still reading (a break-it report: 2 KB/s,
-	// a 10 s timeout).
+	// would cut a slow reader that is still reading (2 KB/s against a 10 s
+	// timeout).
 	written := 0
 	for {
 		piece := p[written:min(len(p), written+writePiece)]

@@ -168,7 +168,7 @@ func anthropicError(err error, req *contract.Request) (e *apiError, status int, 
 	status = e.status
 	if errors.Is(err, ErrCandidatesRejected) {
 		// The edge words the tool_choice need in the chat API's terms;
-		// a Messages client sent tool_choice "any" (a new user's report).
+		// a Messages client sent tool_choice "any".
 		words := *e
 		words.Message = strings.ReplaceAll(e.Message, `tool_choice "required" or parallel_tool_calls false`, `tool_choice "any"`)
 		e = &words

@@ -344,7 +344,7 @@ func TestRegression_OllamaRecordSaysTheClientsStream(t *testing.T) {
 
 // TestRegression_QueueTimeoutRecordsItsWait: a request refused because its
 // queue timeout passed was logged and recorded with queue_wait=0s after
-// waiting seconds (a break-it report). Its record has the time it waited.
+// waiting seconds. Its record has the time it waited.
 func TestRegression_QueueTimeoutRecordsItsWait(t *testing.T) {
 	var (
 		mu  sync.Mutex

@@ -259,8 +259,7 @@ func (h *handler) ollamaLoad(w http.ResponseWriter, r *http.Request, req *contra
 		err := ErrUnknownModel
 		if h.cfg.Known != nil && h.cfg.Known(req.Model) && checkModel(r.Context(), req.Model) == nil {
 			// Served before, and no node serves it now: unavailable, as a
-			// request that generates is answered (503), not "pull it" (a
-			// new user's report).
+			// request that generates is answered (503), not "pull it".
 			err = ErrProviderUnavailable
 		}
 		h.writeOllamaError(w, r, err, req)

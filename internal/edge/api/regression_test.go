@@ -21,7 +21,7 @@ import (
 )
 
 // Regression tests for bugs reported against POST /v1/chat/completions,
-// each with the tester's input.
+// each with the input that broke it.
 
 // badChat is one request the API must answer 400 before dispatching.
 type badChat struct {

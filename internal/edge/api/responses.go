@@ -455,7 +455,7 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 		}
 		if prev.Status == "queued" || prev.Status == "in_progress" {
 			// Its answer is not there yet: a conversation continued from
-			// it would miss it (a tester's report).
+			// it would miss it.
 			h.writeError(w, r, &requestError{param: "previous_response_id",
 				message: fmt.Sprintf("Previous response with id '%s' is still %s: wait until it is no longer queued or in_progress.", clip(rq.PreviousResponseID), prev.Status)}, nil)
 			return

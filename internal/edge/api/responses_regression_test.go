@@ -34,7 +34,7 @@ func (s *saveHook) Save(ctx context.Context, rec responses.Record) error {
 }
 
 // TestRegression_FailedSaveFailsTheRequest: a response whose save fails
-// (the tester's: a save that timed out waiting for the store's one
+// (here: a save that timed out waiting for the store's one
 // connection) is not answered as a success "store": true that GET then
 // does not know: not streamed, a 500 error answer; streamed, the stream
 // ends with response.failed carrying the error, never response.completed.
@@ -80,7 +80,7 @@ func TestRegression_FailedSaveFailsTheRequest(t *testing.T) {
 
 // TestRegression_SlotHeldWhileSaving: a key limited to one request at a
 // time (max_concurrent 1) has its slot until its response is stored; the
-// tester's second request was admitted while the first was still saving.
+// a second request must not be admitted while the first is still saving.
 func TestRegression_SlotHeldWhileSaving(t *testing.T) {
 	f := newKeys(t, auth.Key{MaxConcurrent: 1})
 	entered, proceed := make(chan struct{}), make(chan struct{})

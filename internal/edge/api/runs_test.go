@@ -14,7 +14,7 @@ import (
 	"iop/internal/wire/nodev1"
 )
 
-// TestRegression_RunRecordsTunnelEventsWhole (issue 16): a run on the
+// TestRegression_RunRecordsTunnelEventsWhole: a run on the
 // tunnel path records the provider's OpenAI stream event by event, by the
 // SSE rules (WHATWG HTML; package sse), whatever its valid framing: CRLF
 // line ends, a comment line, an event whose data comes in two `data:`

@@ -265,7 +265,7 @@ func TestTunnelStreamParsedOnce(t *testing.T) {
 	}
 }
 
-// TestRegression_TunnelUsageReadOnceForAll (issue 16): the metrics, the
+// TestRegression_TunnelUsageReadOnceForAll: the metrics, the
 // ledger and the runs API read a tunnel stream's usage from the same one
 // reading of each event. When the runs recorder decoded each chunk again
 // for itself, a usage chunk whose choices it could not decode (an index
