@@ -17,6 +17,7 @@ func newAdminEnv(t *testing.T, snap contract.Snapshot) *testEnv {
 }
 
 func TestAdminRoutes(t *testing.T) {
+	t.Parallel()
 	connected := time.Date(2025, 3, 1, 12, 0, 0, 0, time.FixedZone("CET", 3600))
 	seen := time.Date(2025, 3, 1, 11, 5, 30, 250e6, time.UTC)
 	snap := contract.Snapshot{
@@ -77,6 +78,7 @@ func TestAdminRoutes(t *testing.T) {
 }
 
 func TestAdminRoutesMethodAndAbsence(t *testing.T) {
+	t.Parallel()
 	withAdmin := newAdminEnv(t, contract.Snapshot{})
 	// Without Config.Snapshots the state routes are not served.
 	without := newEnv(t, api.Config{}, Config{})

@@ -34,6 +34,7 @@ func readEvents(t *testing.T, sc *sse.Scanner, n int) []lifecycle.Event {
 }
 
 func TestEventsStream(t *testing.T) {
+	t.Parallel()
 	hub := lifecycle.NewHub(nil)
 	env := newEnv(t, api.Config{}, Config{Events: hub})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -74,6 +75,7 @@ func TestEventsStream(t *testing.T) {
 }
 
 func TestEventsStreamRawShape(t *testing.T) {
+	t.Parallel()
 	hub := lifecycle.NewHub(func() time.Time { return time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC) })
 	h := api.New(api.Config{Routes: Routes(Config{Events: hub})}, noGateway{}, nil)
 	w := newBlockingWriter()

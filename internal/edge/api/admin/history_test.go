@@ -30,6 +30,7 @@ func (f *fakeHistory) Since(since int64) adminwire.History {
 // name, as a browser sends it), passes ?since= on as Unix seconds and
 // refuses one that is not an integer.
 func TestHistoryRoute(t *testing.T) {
+	t.Parallel()
 	f := newKeys(t)
 	hist := &fakeHistory{}
 	env := newEnv(t, api.Config{Keys: f.keys, AdminKeys: f.admin}, Config{History: hist})

@@ -11,6 +11,7 @@ import (
 )
 
 func TestUsageRoute(t *testing.T) {
+	t.Parallel()
 	store, err := ledger.OpenSQLite(":memory:")
 	if err != nil {
 		t.Fatal(err)
