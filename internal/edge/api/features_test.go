@@ -7,18 +7,15 @@ import (
 )
 
 // TestOptionalFeaturesOff: every optional feature of Config left nil
-// answers as documented: its routes (and package admin's, not
-// registered) are 404 unknown_url, /api/ps lists no
-// model, /api/show is iop's own view, and a model only Known would know
+// answers as documented: its routes, and those of packages not
+// registered in Config.Routes, are 404 unknown_url; /api/ps lists no
+// model; /api/show is iop's own view; and a model only Known would know
 // is unknown (404) where Known makes it unavailable (503).
 func TestOptionalFeaturesOff(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, Config{}, okRun)
 	for _, path := range []string{
-		"/admin/v1/nodes", "/admin/v1/providers", "/admin/v1/queues", // Admin
-		"/admin/v1/events", "/ui", // Events
-		"/admin/v1/usage",            // Ledger
-		"/admin/v1/history",          // History
+		"/admin/v1/nodes", "/admin/v1/events", "/ui", "/admin/v1/usage", // Routes (package admin)
 		"/metrics",                   // Metrics
 		"/v1/runs", "/v1/runs/run_x", // Runs
 	} {
