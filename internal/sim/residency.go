@@ -50,8 +50,14 @@ func (s *Server) load(ctx context.Context, model string) (waited time.Duration, 
 		return 0, func() {}, nil
 	}
 	start := s.clock.Now()
+	var own *resident // the load this request started: its use is taken
 	s.mu.Lock()
 	for {
+		if own != nil {
+			own.lastUsed = s.clock.Now()
+			s.mu.Unlock()
+			return s.clock.Now().Sub(start), func() { s.unuse(own) }, nil
+		}
 		i := slices.IndexFunc(s.resident, func(m *resident) bool { return m.name == model })
 		if i >= 0 && !s.resident[i].loading {
 			m := s.resident[i]
@@ -81,7 +87,10 @@ func (s *Server) load(ctx context.Context, model string) (waited time.Duration, 
 			s.notifyResidentLocked()
 			continue
 		default:
-			m := &resident{name: model, ready: make(chan struct{}), loading: true}
+			// The use is taken now: the model cannot be evicted between
+			// its load's end and this request's first step.
+			m := &resident{name: model, ready: make(chan struct{}), loading: true, inUse: 1}
+			own = m
 			s.resident = append(s.resident, m)
 			s.stats.Loads++
 			d := s.cfg.loadTimeOf(model)
@@ -103,6 +112,10 @@ func (s *Server) load(ctx context.Context, model string) (waited time.Duration, 
 		select {
 		case <-wait:
 		case <-ctx.Done():
+			if own != nil {
+				<-own.ready // give the use back once the load is done
+				s.unuse(own)
+			}
 			return 0, nil, ctx.Err()
 		}
 		s.mu.Lock()

@@ -85,3 +85,27 @@ func TestResidencyBusyModelIsNotEvicted(t *testing.T) {
 		})
 	}
 }
+
+// TestRegression_SimLoadEvictedBeforeUse: with two models alternating on
+// a server holding one, a model just loaded was evicted by a waiter of
+// the other before the request that loaded it could use it, so models
+// were loaded again and again (43 loads for 11 requests in the
+// residency benchmark). Each request loads its model at most once.
+func TestRegression_SimLoadEvictedBeforeUse(t *testing.T) {
+	s, url, _ := startSim(t, Config{Protocol: ProtocolOllama, Models: []string{"x", "y"}, MaxLoadedModels: 1,
+		LoadTime: 5 * time.Millisecond, TTFT: 5 * time.Millisecond})
+	c := newClient(t)
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Go(func() {
+			m := []string{"x", "y"}[i%2]
+			body := map[string]any{"model": m, "stream": false, "messages": []any{map[string]any{"role": "user", "content": "hi"}}}
+			resp := mustPost(t, c, url+"/api/chat", body)
+			resp.Body.Close()
+		})
+	}
+	wg.Wait()
+	if st := s.Stats(); st.Loads > st.Admitted {
+		t.Fatalf("%d loads for %d requests: a load was evicted before its request used it", st.Loads, st.Admitted)
+	}
+}
