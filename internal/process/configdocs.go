@@ -133,6 +133,7 @@ var configDocs = configschema.Docs{
 	"node.ProviderConfig.base_url":           {Text: "The server's root: Ollama's address, or an OpenAI-compatible API root that `/chat/completions` is added to.", Default: node.DefaultOllamaURL + " for ollama", Example: "http://127.0.0.1:8000/v1"},
 	"node.ProviderConfig.models":             {Text: "The served model names; omitted (but for cli), the node discovers them from the server and follows its changes.", Example: "[meta-llama/Llama-3.1-8B-Instruct]"},
 	"node.ProviderConfig.capacity":           {Text: "The most requests the provider runs at once.", Default: "runtime_concurrency", Reload: true, Example: "2"},
+	"node.ProviderConfig.max_loaded_models":  {Text: "How many models its server holds loaded at once (Ollama's OLLAMA_MAX_LOADED_MODELS), so the edge predicts which load evicts which model; 0: learned from the server's /api/ps.", Default: "0", Example: "2"},
 	"node.ProviderConfig.long_capacity":      {Text: "The most long-context requests it runs at once.", Default: "capacity", Reload: true, Example: "1"},
 	"node.ProviderConfig.capabilities":       {Text: "`tools`, `vision`, `embeddings`, ...: what its models can do, overriding what a discovered server says.", Example: "[tools]"},
 	"node.ProviderConfig.discovery_interval": {Text: "The node's discovery_interval for this provider.", Default: "discovery_interval", Reload: true, Example: "10s"},
