@@ -26,6 +26,7 @@ func (f *residencyFlags) register(fl *pflag.FlagSet) {
 	fl.DurationVar(&f.cfg.Service, "residency-service", 0, "with --residency: a request's time on a loaded model (default 250ms)")
 	fl.Float64Var(&f.cfg.Rate, "residency-rate", 0, "with --residency: arrivals per second (default 2)")
 	fl.DurationVar(&f.cfg.MaxExtraWait, "residency-max-extra-wait", 0, "with --residency: the edge's residency.max_extra_wait (default 10s)")
+	fl.DurationVar(&f.cfg.Warmup, "residency-warmup", 0, "with --residency: the start of the trace left out of the steady-state latency (default 10s)")
 	fl.Uint64Var(&f.cfg.Seed, "residency-seed", 0, "with --residency: the trace's seed (default 1)")
 }
 
