@@ -433,3 +433,15 @@ func (s *Scheduler) loadedLocked(l *Lease) {
 		s.pumpResourceLocked(l.res)
 	}
 }
+
+// tracksAnyLocked reports whether one of cands is a provider whose
+// residency is read: otherwise every one holds every model and the
+// residency rules change nothing.
+func (s *Scheduler) tracksAnyLocked(cands []Candidate) bool {
+	for _, c := range cands {
+		if r := s.resources[resourceKey{c.NodeID, c.ProviderID}]; r != nil && r.held != nil {
+			return true
+		}
+	}
+	return false
+}

@@ -442,7 +442,7 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 		return nil, nil, fmt.Errorf("%w %q", ErrNoProvider, req.Group)
 	}
 	waitHot := false
-	if s.residency != nil {
+	if s.residency != nil && s.tracksAnyLocked(cands) {
 		best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, true)
 	}
 	if best.res != nil {
@@ -691,7 +691,7 @@ func (s *Scheduler) reserveLocked(r *resource, c Candidate, req Request, reason 
 // grantLocked hands w a slot if one of its candidates has one.
 func (s *Scheduler) grantLocked(w *waiter) bool {
 	var best choice
-	if s.residency != nil {
+	if s.residency != nil && slices.ContainsFunc(w.cands, func(c choice) bool { return c.res.held != nil }) {
 		best, _ = s.pickResidentLocked(w.cands, &w.req, false)
 	} else {
 		best = pick(w.cands, &w.req)
