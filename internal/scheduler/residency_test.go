@@ -296,3 +296,34 @@ func TestResidencyReadings(t *testing.T) {
 		t.Fatal("SetLoaded of an unknown provider: no error")
 	}
 }
+
+// TestRegression_ResidencyWaitWithAFullQueue: a request that would wait
+// for a busy provider holding its model, while another provider could
+// load it now, was refused with ErrQueueFull when its group's queue was
+// full; it takes the free slot (a load) instead.
+func TestRegression_ResidencyWaitWithAFullQueue(t *testing.T) {
+	cfg := residencyConfig()
+	cfg.Default.MaxQueue = 1
+	f := newFixture(t, cfg)
+	f.activate("n1", 1, ResourceSpec{ProviderID: "a", Capacity: 1}, ResourceSpec{ProviderID: "b", Capacity: 2})
+	f.setLoaded("a", 1, "x")
+	f.setLoaded("b", 1)
+	f.setModel("x", "a", "b")
+	busy := f.admitNow(f.req("x"))
+	waiting := f.admitAsync(context.Background(), f.req("x")) // waits for a, the queue is full
+	if f.waiters() != 1 {
+		t.Fatal("the second request did not wait for a")
+	}
+	l := f.admitNow(f.req("x"))
+	if l.Candidate().ProviderID != "b" || !l.Info().Load {
+		t.Fatalf("third: %+v, want a load on b", l.Info())
+	}
+	// b now holds x: the waiter takes its other slot at once.
+	w := leaseOf(t, waiting)
+	if w.Candidate().ProviderID != "b" || w.Info().Load {
+		t.Fatalf("waiter: %+v, want b without a load", w.Info())
+	}
+	for _, x := range []*Lease{busy, l, w} {
+		x.Release("done")
+	}
+}

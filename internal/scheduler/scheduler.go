@@ -444,6 +444,10 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	waitHot := false
 	if s.residency != nil && s.tracksAnyLocked(cands) {
 		best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, true)
+		if g := s.groups[req.Group]; waitHot && g != nil && g.queued >= g.policy.MaxQueue {
+			// No room to wait for a holder: load it where a slot is free.
+			best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, false)
+		}
 	}
 	if best.res != nil {
 		l := s.reserveLocked(best.res, best.Candidate, req, ReasonImmediate, 0)
