@@ -20,6 +20,9 @@
 //     node message once; Run.finish ends a run once.
 //   - warm.go: Run streams a node opens ahead of need (warmStream).
 //   - breaker.go: a circuit breaker per (node, provider).
+//   - residency.go: the models providers hold loaded, to the scheduler
+//     (syncResidency: SetLoaded) and to the API (Loaded); a cold run's
+//     delay to its first answer is its load cost (ObserveLoad).
 //   - admission.go, cluster*.go: localAdmission on one edge, clusterMode
 //     (etcd election, peer edges) for several (docs/several-edges.md).
 //   - errors.go: sentinel errors; boundaryError maps the scheduler's errors

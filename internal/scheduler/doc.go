@@ -18,6 +18,8 @@
 //   - fair.go: priority bands, start-time fair queueing between flows
 //     (fairTagLocked), shedding (pushOutLocked, expectedWaitLocked).
 //   - heap.go: the per-resource waiter heaps in queue order.
+//   - residency.go: model residency, a load as a cost (ResidencyPolicy,
+//     SetLoaded, ObserveLoad; pickResidentLocked, nextResidentLocked).
 //   - cluster.go: Adopt and KeepOnFence, for a cluster leader's rebuild.
 //   - load.go, snapshot.go: read-only views (Load, Policy, Snapshot).
 //   - clock.go: Clock, RealClock; errors.go: the sentinel errors.
@@ -40,22 +42,34 @@
 //   - Counters are kept incrementally; nothing scans every lease or waiter
 //     on the hot path.
 //
+// # Residency
+//
+// With Config.Residency (or SetResidencyPolicy) a load is a cost. A
+// provider holds what SetLoaded last read plus the loads its grants
+// started since (touchLocked); one never read holds every model.
+//
+//   - A free candidate holding its target wins (pickResidentLocked).
+//   - A request may wait for a busy holder, at most the shorter of the
+//     load time and MaxExtraWait (waitHotLocked).
+//   - A load goes where it evicts nothing idle (evictionCostLocked).
+//   - A freed slot goes to the first waiter needing no load there, or
+//     overdue, before an earlier one needing a swap (nextResidentLocked).
+//   - No slot stays idle while a waiter that could use it without a load
+//     waits.
+//
 // # Queue order
 //
-// By priority band (critical, standard, sheddable), then the waiter's
-// start tag (fair groups, fairTagLocked; 0 otherwise), then enqueue order
-// (waiter.before). With fairness off everywhere this is the global enqueue
-// order.
+// By priority band, then start tag (fairTagLocked; 0 unless fair), then
+// enqueue order (waiter.before): with fairness off, the enqueue order.
 //
 // # Cost
 //
-//   - Admit: O(candidates). Snapshot: O(resources + groups).
-//   - A release: O(log W) for W waiters listing the resource, plus
-//     O(candidates) for the waiter that gets the slot.
-//   - An arrival at a full fair queue: O(flows of its group) more.
-//   - Fence and Activate re-resolve every waiter: O(waiters × candidates).
-//   - While S waiters are stale, each admission, release or capacity
-//     change costs O(S × candidates) more; with none, nothing.
+// Admit: O(candidates). Snapshot: O(resources + groups). A release:
+// O(log W) for W waiters listing the resource, plus O(candidates) for the
+// waiter that gets it (O(W) under a residency policy). A full fair queue:
+// O(flows) more. Fence and Activate: O(waiters × candidates). S stale
+// waiters add O(S × candidates) to each admission, release and capacity
+// change.
 //
 // # Concurrency
 //

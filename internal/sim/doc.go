@@ -34,6 +34,8 @@
 //   - thinking.go: reasoning tokens (ollamaThinking, openaiThinking).
 //   - format.go: answers to a request for JSON (structuredAnswer).
 //   - cache.go: a vLLM-like prefix (KV) cache (prefixCache).
+//   - residency.go: models load on demand, as Ollama's do
+//     (Config.MaxLoadedModels, LoadTime; LRU eviction of an idle one).
 //   - ollama.go, openai.go: the two protocols' handlers and shapes.
 //
 // # Invariants
@@ -50,8 +52,9 @@
 // goroutine per request. Configuration, clock, logger and routes are set
 // in New and never written again.
 //
-// Server.mu guards the served models, the counters, the prefix cache and
-// the record of seen requests. Handlers write the counters and the record
+// Server.mu guards the served models, the counters, the prefix cache, the
+// loaded models and the record of seen requests; a load ends in a clock
+// callback that takes it. Handlers write the counters and the record
 // under it; Stats and Seen copy them out under it. AddModel and
 // RemoveModel replace model entries, never modify one. No lock is held
 // while a handler waits on the clock or writes to the network.
