@@ -40,10 +40,15 @@ else
 fi
 
 # bifrost: the gateway is transports/bifrost-http (its own module, with cgo
-# for SQLite); it embeds transports/bifrost-http/ui.
+# for SQLite); it embeds transports/bifrost-http/ui. Its go.mod requires
+# core, framework and plugins at released versions that need not match the
+# snapshot's transports: a go.work over the snapshot's own modules builds
+# them together, as Bifrost's `make build LOCAL=1` (setup-workspace) does.
 DIR="$CACHE/bifrost-$BIFROST_COMMIT"
 if [ -x "$DIR/bin/bifrost-http" ] || { [ -f "$DIR/transports/go.mod" ] && say "building Bifrost $BIFROST_COMMIT (several minutes: SQLite and many modules)" &&
 	mkdir -p "$DIR/transports/bifrost-http/ui" && touch "$DIR/transports/bifrost-http/ui/.tmp" &&
+	(cd "$DIR" && rm -f go.work go.work.sum && "$GO" work init ./core ./framework ./transports &&
+		for p in plugins/*/; do if [ -f "$p/go.mod" ]; then "$GO" work use "./$p"; fi; done) &&
 	(cd "$DIR/transports" && CGO_ENABLED=1 "$GO" build -trimpath -o ../bin/bifrost-http.tmp ./bifrost-http && mv ../bin/bifrost-http.tmp ../bin/bifrost-http) >&2; }; then
 	flags+=(--bifrost "$DIR/bin/bifrost-http")
 else
