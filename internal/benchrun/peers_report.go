@@ -155,7 +155,7 @@ func (r PeersReport) WriteTable(w io.Writer) {
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", name, strings.Join(cells, " | "), ratio, verdict)
 	}
-	intf := func(v float64) string { return fmt.Sprintf("%s", thousands(int64(v+0.5))) }
+	intf := func(v float64) string { return thousands(int64(v + 0.5)) }
 	for _, wl := range c.Workloads {
 		row("req/s, "+wl.Name, func(g string) float64 { return r.Throughput(g, wl.Name) }, intf, true, peersThroughputTarget)
 		row("CPU µs/request, "+wl.Name, func(g string) float64 { return r.CPUPerRequest(g, wl.Name) }, intf, false, peersCPUTarget)
