@@ -29,6 +29,7 @@ type benchFlags struct {
 	gateway    string
 	fair       fairFlags
 	peers      peersFlags
+	residency  residencyFlags
 	prefix     bool
 	prefixCfg  benchrun.PrefixConfig
 	// prefixSlack is --prefix-load-slack; negative means the edge's default.
@@ -68,6 +69,9 @@ prints each figure with its target (issue 18), met or missed and by how much.`,
 			}
 			if f.peers.on {
 				return runPeers(cmd, f)
+			}
+			if f.residency.on {
+				return runResidency(cmd, f)
 			}
 			if f.prefix {
 				return runPrefixCompare(cmd, f)
@@ -110,6 +114,7 @@ prints each figure with its target (issue 18), met or missed and by how much.`,
 	fl.StringVar(&f.goBench, "go-bench", "", "with --overhead: a file of `go test -bench` output whose scheduler figures (waiter bytes, AdmitRelease) are checked against their targets too")
 	f.fair.register(fl)
 	f.peers.register(fl)
+	f.residency.register(fl)
 	return cmd
 }
 

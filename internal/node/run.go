@@ -33,6 +33,7 @@ type run struct {
 	edge     string
 	gen      uint64
 	provider string
+	model    string // the served model it asks the provider for
 
 	slotMu sync.Mutex // guards slot
 	slot   *slotPool  // the provider pool r holds a slot of (capacity.go); nil when none
@@ -120,7 +121,7 @@ func (c *conn) admit(d *nodev1.Dispatch, streamCtx context.Context, stopStream c
 	if _, dup := c.runs[d.RunId]; dup {
 		return nil, nil, ErrDuplicateRun
 	}
-	r := &run{id: d.RunId, streamCtx: streamCtx, stopStream: stopStream, edge: c.l.addr, gen: c.gen, provider: p.cfg.ID}
+	r := &run{id: d.RunId, streamCtx: streamCtx, stopStream: stopStream, edge: c.l.addr, gen: c.gen, provider: p.cfg.ID, model: d.ServedModel}
 	if err := c.a.inflight.add(r, d); err != nil {
 		return nil, nil, err
 	}
@@ -156,7 +157,7 @@ func (c *conn) finishWarm(r *run) {
 	c.mu.Unlock()
 	c.a.untrack(r)
 	c.a.inflight.remove(r)
-	c.a.kickResidency(r.provider)
+	c.a.kickResidencyAfter(r.provider, r.model)
 	c.wakeSession()
 }
 
@@ -179,7 +180,7 @@ func (c *conn) removeRun(r *run) {
 	c.mu.Unlock()
 	c.a.untrack(r)
 	c.a.inflight.remove(r)
-	c.a.kickResidency(r.provider)
+	c.a.kickResidencyAfter(r.provider, r.model)
 	c.wakeSession()
 }
 
@@ -269,6 +270,9 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 			ts.spans = spans
 			err = ad.Tunnel(callCtx, req, ts)
 			sentLast = ts.ended
+		default:
+			err = fmt.Errorf("%w: provider %q of type %q has a %T", ErrNoAdapter, p.cfg.ID, p.cfg.Type, p.adapter)
+			c.logRun(slog.LevelError, r, d, "cannot run the request", "err", err)
 		}
 		if spans != nil {
 			spans.endCall(err)
@@ -424,6 +428,8 @@ func terminal(path nodev1.ExecutionPath, err error) *nodev1.RunUp {
 		return &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelEnd{TunnelEnd: &nodev1.TunnelEnd{ProviderError: provErr}}}
 	case errors.Is(err, adapter.ErrCancelled):
 		msg, cancelled = "run cancelled", true
+	case errors.Is(err, ErrNoAdapter):
+		msg, code = err.Error(), http.StatusBadGateway
 	case errors.As(err, &aerr):
 		msg, code = aerr.Message, int32(aerr.Status)
 		if !tunnel && errors.Is(err, adapter.ErrBadRequest) && aerr.Status == http.StatusBadRequest {
