@@ -28,6 +28,7 @@ type benchFlags struct {
 	memoryOnly bool
 	gateway    string
 	fair       fairFlags
+	peers      peersFlags
 	residency  residencyFlags
 	prefix     bool
 	prefixCfg  benchrun.PrefixConfig
@@ -65,6 +66,9 @@ prints each figure with its target, met or missed and by how much.`,
 			}
 			if f.fair.on {
 				return runFair(cmd, f)
+			}
+			if f.peers.on {
+				return runPeers(cmd, f)
 			}
 			if f.residency.on {
 				return runResidency(cmd, f)
@@ -109,6 +113,7 @@ prints each figure with its target, met or missed and by how much.`,
 	fl.Float64Var(&f.prefixSlack, "prefix-load-slack", -1, "with --prefix-compare: the edge's prefix_load_slack (default: the edge's default, 0.5)")
 	fl.StringVar(&f.goBench, "go-bench", "", "with --overhead: a file of `go test -bench` output whose scheduler figures (waiter bytes, AdmitRelease) are checked against their targets too")
 	f.fair.register(fl)
+	f.peers.register(fl)
 	f.residency.register(fl)
 	return cmd
 }

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/keepalive"
 
 	"iop/internal/edge/lifecycle"
@@ -134,6 +135,8 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		grpc.WaitForHandlers(true),
 		grpc.StaticStreamWindowSize(grpcStreamWindow),
 		grpc.StaticConnWindowSize(grpcConnWindow),
+		experimental.BufferPool(nodev1.BufferPool),
+		grpc.ForceServerCodecV2(nodev1.Codec),
 	}
 	if s.tls != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.tls)))

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/status"
 
 	"iop/internal/clock"
@@ -446,9 +447,10 @@ func (a *Agent) dialOptions() []grpc.DialOption {
 			},
 			MinConnectTimeout: 20 * time.Second,
 		}),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsgBytes)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsgBytes), grpc.ForceCodecV2(nodev1.Codec)),
 		grpc.WithStaticStreamWindowSize(grpcStreamWindow),
 		grpc.WithStaticConnWindowSize(grpcConnWindow),
+		experimental.WithBufferPool(nodev1.BufferPool),
 	}
 }
 
