@@ -68,7 +68,19 @@ var prefixSeed = maphash.MakeSeed()
 // appends messages, starts with the same blocks. A completion's prompt is
 // its string, or the raw JSON of a token or batch prompt. Embeddings and
 // bodies that do not parse have no blocks (nil).
+//
+// It reads body in place, once (scanPromptBlocks), and decodes it only
+// when a key is spelled in a way only encoding/json settles.
 func promptBlocks(op contract.Operation, body []byte) []uint64 {
+	if blocks, ok := scanPromptBlocks(op, body); ok {
+		return blocks
+	}
+	return decodePromptBlocks(op, body)
+}
+
+// decodePromptBlocks is promptBlocks by decoding body with encoding/json:
+// the definition scanPromptBlocks keeps to, and its fallback.
+func decodePromptBlocks(op contract.Operation, body []byte) []uint64 {
 	var text []byte
 	switch op {
 	case contract.OperationChat:

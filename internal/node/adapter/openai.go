@@ -14,6 +14,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
+	"iop/internal/jsonscan"
 	"iop/internal/wire/nodev1"
 )
 
@@ -348,12 +349,12 @@ const maxPeek = errorBodyLimit
 // with a message, or a string; errorText), and no "choices" or "data" (an
 // answer's). It is "" for anything else.
 //
-// An answer is told without decoding it (scanObject, no allocation): only a
+// An answer is told without decoding it (jsonscan.Object, no allocation): only a
 // body that is a JSON object without "choices" or "data" is decoded.
 func errorObjectText(body []byte) string {
 	answer := false
-	_, _, ok := scanObject(body, func(key []byte, keyFlags int, _, _ int) {
-		if !answer && (isKey(key, keyFlags, "choices") || isKey(key, keyFlags, "data")) {
+	_, _, ok := jsonscan.Object(body, func(key []byte, keyFlags int, _, _ int) {
+		if !answer && (jsonscan.KeyIs(key, keyFlags, "choices") || jsonscan.KeyIs(key, keyFlags, "data")) {
 			answer = true
 		}
 	})
