@@ -389,12 +389,16 @@ type prefixRoute struct {
 	slack   float64
 }
 
-// routeOf computes req's prefixRoute when its model routes by prefix.
-// It takes the index's lock, so it runs before Admit, never under the
+// routeOf computes req's prefixRoute when its model routes by prefix and
+// more than one provider serves it (catalog.choosable): with one, there
+// is nothing to choose, and the body is not read (nor its blocks recorded:
+// when a second provider comes, the first one's cache is unknown to the
+// index, and requests go to the least loaded until it learns them). It
+// takes the index's lock, so it runs before Admit, never under the
 // scheduler's lock.
 func (s *Service) routeOf(req Request) prefixRoute {
 	p := s.routing.Load()
-	if s.prefix == nil || p.of(req.Model) != RoutingPrefix {
+	if s.prefix == nil || p.of(req.Model) != RoutingPrefix || !s.cat.choosable(req.Model) {
 		return prefixRoute{}
 	}
 	blocks := promptBlocks(req.Operation, req.Body)

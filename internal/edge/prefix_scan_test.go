@@ -13,6 +13,7 @@ import (
 	"pgregory.net/rapid"
 
 	"iop/internal/edge/contract"
+	"iop/internal/wire/nodev1"
 )
 
 // samePromptBlocks fails t unless promptBlocks (the scan, or its
@@ -262,5 +263,22 @@ func TestPromptBlocksScanEqualsDecodeOnCorpus(t *testing.T) {
 	}
 	if files < 10 {
 		t.Fatalf("only %d corpus files read", files)
+	}
+}
+
+// TestPrefixRouteOnlyWhenThereIsAChoice: with one provider serving the
+// model, routing by prefix does not read the body (no blocks: nothing to
+// choose between); with a second one, it does.
+func TestPrefixRouteOnlyWhenThereIsAChoice(t *testing.T) {
+	t.Parallel()
+	e := startEdge(t, testConfig())
+	req := Request{Model: "m", Operation: contract.OperationChat, Body: agentBody(t)}
+	e.connect(t, hello("n1", prov("p", nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL, 1, "m")))
+	if r := e.svc.routeOf(req); r.blocks != nil {
+		t.Fatalf("one provider: %d blocks computed", len(r.blocks))
+	}
+	e.connect(t, hello("n2", prov("p", nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL, 1, "m:latest")))
+	if r := e.svc.routeOf(req); len(r.blocks) < 1000 {
+		t.Fatalf("two providers: %d blocks", len(r.blocks))
 	}
 }
