@@ -170,7 +170,7 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 		return badRequest("operation %v is not supported", req.Op)
 	}
 	// req.OllamaFields mean nothing to an OpenAI-compatible server.
-	body, err := rewriteModel(req.Body, req.ServedModel)
+	body, err := rewriteModelParts(req.Body, req.ServedModel)
 	if err != nil {
 		return badRequest("%v", err)
 	}
@@ -181,7 +181,7 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 			header.Set(k, v)
 		}
 	}
-	c, err := o.p.post(ctx, path, body, header)
+	c, err := o.p.postParts(ctx, path, body, header)
 	if err != nil {
 		return err
 	}

@@ -432,3 +432,41 @@ func TestOpenAITunnelWholeAnswerInOneHead(t *testing.T) {
 		})
 	}
 }
+
+// TestOpenAITunnelSplicedBodyHasItsLength: a body whose model is
+// rewritten goes to the provider in parts, without being joined, and
+// still with its Content-Length (not chunked), whether the model was
+// replaced or inserted; the provider reads it whole.
+func TestOpenAITunnelSplicedBodyHasItsLength(t *testing.T) {
+	t.Parallel()
+	for _, body := range []string{
+		`{"model":"alias","messages":[{"role":"user","content":"hi"}]}`,
+		`{"messages":[{"role":"user","content":"hi"}],"model":"a","model":"b"}`,
+		`{"messages":[{"role":"user","content":"hi"}]}`,
+	} {
+		type seen struct {
+			length int64
+			te     []string
+			body   []byte
+		}
+		got := make(chan seen, 1)
+		up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+			got <- seen{r.ContentLength, r.TransferEncoding, nil} // newUpstream read the body
+			io.WriteString(w, `{}`)
+		})
+		o := newOpenAI(t, Config{BaseURL: up.URL + "/v1"})
+		req := Request{Op: nodev1.Operation_OPERATION_CHAT, ServedModel: "served", Body: []byte(body)}
+		if err := o.Tunnel(context.Background(), req, &tunnelRec{}); err != nil {
+			t.Fatal(err)
+		}
+		want, err := rewriteModel([]byte(body), "served")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := <-got
+		_, _, s.body = up.request()
+		if string(s.body) != string(want) || s.length != int64(len(want)) || len(s.te) != 0 {
+			t.Fatalf("body %s: provider read %q, Content-Length %d, Transfer-Encoding %v; want %q, %d", body, s.body, s.length, s.te, want, len(want))
+		}
+	}
+}

@@ -1,8 +1,10 @@
 package adapter
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"net"
 	"unicode/utf8"
 
 	"iop/internal/jsonscan"
@@ -21,44 +23,51 @@ var errNotObject = errors.New("request body is not a JSON object")
 // (fuzzed by FuzzRewriteModel); it must be exactly one JSON object, as
 // json.Valid tells it (FuzzScanObject), else the error is errNotObject.
 //
-// It reads body once (jsonscan.Object: a validity check that records the spans
-// of the top-level "model" values, no allocation) and, when the model
-// changes, builds the result in one allocation from those spans: only the
-// "model" values' bytes differ.
+// It is rewriteModelParts joined.
 func rewriteModel(body []byte, model string) ([]byte, error) {
+	parts, err := rewriteModelParts(body, model)
+	if err != nil {
+		return nil, err
+	}
+	if len(parts) == 1 {
+		return parts[0], nil
+	}
+	return bytes.Join(parts, nil), nil
+}
+
+// rewriteModelParts is rewriteModel's result as the parts to send one
+// after the other: body's own bytes between the "model" values, and the
+// new value between them; only body itself when nothing changes. It reads
+// body once (jsonscan.Object: a validity check that records the spans of
+// the top-level "model" values, no allocation) and copies none of it, so
+// a 100 KiB body whose model is an alias goes to its provider without
+// being copied.
+func rewriteModelParts(body []byte, model string) (net.Buffers, error) {
 	var s objectScan
 	if !s.scan(body, model) {
 		return nil, errNotObject
 	}
 	if s.n > 0 && s.same {
-		return body, nil
+		return net.Buffers{body}, nil
 	}
-	var qbuf [64]byte
-	quoted := appendQuoted(qbuf[:0], model)
+	quoted := appendQuoted(nil, model)
 	if s.n == 0 {
-		out := make([]byte, 0, len(body)+len(`"model":,`)+len(quoted))
-		out = append(out, body[:s.open]...)
-		out = append(out, `"model":`...)
-		out = append(out, quoted...)
+		member := make([]byte, 0, len(`"model":,`)+len(quoted))
+		member = append(member, `"model":`...)
+		member = append(member, quoted...)
 		if s.members > 0 {
-			out = append(out, ',')
+			member = append(member, ',')
 		}
-		return append(out, body[s.open:]...), nil
+		return net.Buffers{body[:s.open], member, body[s.open:]}, nil
 	}
-	size := len(body)
-	for i := range s.n {
-		sp := s.span(i)
-		size += len(quoted) - (sp.end - sp.start)
-	}
-	out := make([]byte, 0, size)
+	parts := make(net.Buffers, 0, 2*s.n+1)
 	prev := 0
 	for i := range s.n {
 		sp := s.span(i)
-		out = append(out, body[prev:sp.start]...)
-		out = append(out, quoted...)
+		parts = append(parts, body[prev:sp.start], quoted)
 		prev = sp.end
 	}
-	return append(out, body[prev:]...), nil
+	return append(parts, body[prev:]), nil
 }
 
 // modelAlready reports whether body is one JSON object with at least one
