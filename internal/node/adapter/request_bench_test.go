@@ -68,6 +68,19 @@ func BenchmarkNormalizeRequest(b *testing.B) {
 	}
 }
 
+// BenchmarkNormalizeRequestAgent is BenchmarkNormalizeRequest for an
+// agent's 95 KiB request of an OpenAI client (agentBody).
+func BenchmarkNormalizeRequestAgent(b *testing.B) {
+	body := agentBody(b, "alias")
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := translate.ToOllamaChat(body, "served", nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkTunnelRequest measures what the OpenAI tunnel does to a body
 // before posting it, per request: the model rewrite, for a body whose model
 // already is the served one and for one whose model is an alias.
