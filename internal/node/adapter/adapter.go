@@ -237,25 +237,28 @@ type call struct {
 // post sends body to p.baseURL+path. On success the caller owns c and must
 // call c.close. On failure the error is an *Error or wraps ErrCancelled.
 func (p *httpProvider) post(ctx context.Context, path string, body []byte, header http.Header) (*call, error) {
-	return p.postParts(ctx, path, net.Buffers{body}, header)
+	return p.postReader(ctx, path, bytes.NewReader(body), nil, header)
 }
 
 // postParts is post of the body made of parts, sent one after the other
 // without being joined (rewriteModelParts).
 func (p *httpProvider) postParts(ctx context.Context, path string, parts net.Buffers, header http.Header) (*call, error) {
-	rctx, cancel := context.WithTimeoutCause(ctx, p.timeout, ErrProviderTimeout)
-	var rd io.Reader
 	if len(parts) == 1 {
-		rd = bytes.NewReader(parts[0])
-	} else {
-		rd = partsReader(parts)
+		return p.post(ctx, path, parts[0], header)
 	}
+	return p.postReader(ctx, path, partsReader(parts), parts, header)
+}
+
+// postReader is post of the body rd reads: a bytes.Reader, or parts'
+// partsReader.
+func (p *httpProvider) postReader(ctx context.Context, path string, rd io.Reader, parts net.Buffers, header http.Header) (*call, error) {
+	rctx, cancel := context.WithTimeoutCause(ctx, p.timeout, ErrProviderTimeout)
 	req, err := http.NewRequestWithContext(rctx, http.MethodPost, p.baseURL+path, rd)
 	if err != nil {
 		cancel()
 		return nil, &Error{Kind: ErrBadRequest, Status: http.StatusBadRequest, Message: "cannot build provider request"}
 	}
-	if len(parts) != 1 {
+	if parts != nil {
 		// What NewRequest sets for a bytes.Reader: the length, and a
 		// fresh reader for a retry on a new connection.
 		for _, b := range parts {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -170,7 +171,16 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 		return badRequest("operation %v is not supported", req.Op)
 	}
 	// req.OllamaFields mean nothing to an OpenAI-compatible server.
-	body, err := rewriteModelParts(req.Body, req.ServedModel)
+	var (
+		body  []byte
+		parts net.Buffers
+		err   error
+	)
+	if len(req.Body) >= spliceMinBytes {
+		parts, err = rewriteModelParts(req.Body, req.ServedModel)
+	} else {
+		body, err = rewriteModel(req.Body, req.ServedModel)
+	}
 	if err != nil {
 		return badRequest("%v", err)
 	}
@@ -181,7 +191,12 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 			header.Set(k, v)
 		}
 	}
-	c, err := o.p.postParts(ctx, path, body, header)
+	var c *call
+	if parts != nil {
+		c, err = o.p.postParts(ctx, path, parts, header)
+	} else {
+		c, err = o.p.post(ctx, path, body, header)
+	}
 	if err != nil {
 		return err
 	}

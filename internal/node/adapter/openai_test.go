@@ -439,10 +439,12 @@ func TestOpenAITunnelWholeAnswerInOneHead(t *testing.T) {
 // replaced or inserted; the provider reads it whole.
 func TestOpenAITunnelSplicedBodyHasItsLength(t *testing.T) {
 	t.Parallel()
+	long := strings.Repeat("x", spliceMinBytes)
 	for _, body := range []string{
-		`{"model":"alias","messages":[{"role":"user","content":"hi"}]}`,
-		`{"messages":[{"role":"user","content":"hi"}],"model":"a","model":"b"}`,
-		`{"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"alias","messages":[{"role":"user","content":"` + long + `"}]}`,
+		`{"messages":[{"role":"user","content":"` + long + `"}],"model":"a","model":"b"}`,
+		`{"messages":[{"role":"user","content":"` + long + `"}]}`,
+		`{"model":"alias","messages":[{"role":"user","content":"hi"}]}`, // small: copied
 	} {
 		type seen struct {
 			length int64
@@ -466,7 +468,7 @@ func TestOpenAITunnelSplicedBodyHasItsLength(t *testing.T) {
 		s := <-got
 		_, _, s.body = up.request()
 		if string(s.body) != string(want) || s.length != int64(len(want)) || len(s.te) != 0 {
-			t.Fatalf("body %s: provider read %q, Content-Length %d, Transfer-Encoding %v; want %q, %d", body, s.body, s.length, s.te, want, len(want))
+			t.Fatalf("body %.80s: provider read %.80q, Content-Length %d, Transfer-Encoding %v; want %q, %d", body, s.body, s.length, s.te, want, len(want))
 		}
 	}
 }

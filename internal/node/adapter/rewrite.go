@@ -1,7 +1,6 @@
 package adapter
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"net"
@@ -23,17 +22,51 @@ var errNotObject = errors.New("request body is not a JSON object")
 // (fuzzed by FuzzRewriteModel); it must be exactly one JSON object, as
 // json.Valid tells it (FuzzScanObject), else the error is errNotObject.
 //
-// It is rewriteModelParts joined.
+// It reads body once (jsonscan.Object: a validity check that records the
+// spans of the top-level "model" values, no allocation) and, when the
+// model changes, builds the result in one allocation from those spans:
+// only the "model" values' bytes differ. rewriteModelParts does the same
+// without copying body.
 func rewriteModel(body []byte, model string) ([]byte, error) {
-	parts, err := rewriteModelParts(body, model)
-	if err != nil {
-		return nil, err
+	var s objectScan
+	if !s.scan(body, model) {
+		return nil, errNotObject
 	}
-	if len(parts) == 1 {
-		return parts[0], nil
+	if s.n > 0 && s.same {
+		return body, nil
 	}
-	return bytes.Join(parts, nil), nil
+	var qbuf [64]byte
+	quoted := appendQuoted(qbuf[:0], model)
+	if s.n == 0 {
+		out := make([]byte, 0, len(body)+len(`"model":,`)+len(quoted))
+		out = append(out, body[:s.open]...)
+		out = append(out, `"model":`...)
+		out = append(out, quoted...)
+		if s.members > 0 {
+			out = append(out, ',')
+		}
+		return append(out, body[s.open:]...), nil
+	}
+	size := len(body)
+	for i := range s.n {
+		sp := s.span(i)
+		size += len(quoted) - (sp.end - sp.start)
+	}
+	out := make([]byte, 0, size)
+	prev := 0
+	for i := range s.n {
+		sp := s.span(i)
+		out = append(out, body[prev:sp.start]...)
+		out = append(out, quoted...)
+		prev = sp.end
+	}
+	return append(out, body[prev:]...), nil
 }
+
+// spliceMinBytes is the body size from which the tunnel sends a rewritten
+// body in parts (rewriteModelParts) rather than copied (rewriteModel): below
+// it, one copy costs less than the parts' own allocations.
+const spliceMinBytes = 16 << 10
 
 // rewriteModelParts is rewriteModel's result as the parts to send one
 // after the other: body's own bytes between the "model" values, and the
