@@ -217,10 +217,22 @@ func decodesTo(quoted []byte, flags int, name string) bool {
 // surrogate pair without its other half and every byte that is not valid
 // UTF-8 as U+FFFD. The pieces are quoted's own bytes where it has no
 // escape, so a long string goes to emit without being copied; emit must
-// not keep them.
+// neither keep nor modify them. It allocates only for a \u escape of a
+// non-ASCII rune (once a call).
 func Decode(quoted []byte, emit func([]byte)) {
 	s := quoted[1 : len(quoted)-1]
-	var buf [utf8.UTFMax]byte
+	var runes []byte // a \u escape's non-ASCII rune, allocated when there is one
+	emitRune := func(r rune) {
+		if r < utf8.RuneSelf {
+			emit(ascii[r : r+1])
+			return
+		}
+		if runes == nil {
+			runes = make([]byte, 0, utf8.UTFMax)
+		}
+		runes = utf8.AppendRune(runes[:0], r)
+		emit(runes)
+	}
 	for len(s) > 0 {
 		// The bytes up to the next escape, whole when valid UTF-8.
 		i := bytes.IndexByte(s, '\\')
@@ -260,27 +272,37 @@ func Decode(quoted []byte, emit func([]byte)) {
 					r2 = hex4(s[2:6])
 				}
 				if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
-					emit(utf8.AppendRune(buf[:0], dec))
+					emitRune(dec)
 					s = s[6:]
 					continue
 				}
 				r = utf8.RuneError
 			}
-			emit(utf8.AppendRune(buf[:0], r))
+			emitRune(r)
 			continue
 		default: // '"', '\\', '/'
 			c = s[1]
 		}
-		buf[0] = c
-		emit(buf[:1])
+		emit(ascii[c : c+1])
 		s = s[2:]
 	}
 }
 
+// ascii holds each ASCII byte, for Decode to hand on an escaped one
+// without allocating.
+var ascii = func() (t [utf8.RuneSelf]byte) {
+	for i := range t {
+		t[i] = byte(i)
+	}
+	return t
+}()
+
+// replacement is U+FFFD in UTF-8.
+var replacement = []byte(string(utf8.RuneError))
+
 // emitInvalid is Decode of a run without escapes that is not valid UTF-8:
 // its valid runs as they are, each invalid byte as U+FFFD.
 func emitInvalid(seg []byte, emit func([]byte)) {
-	var buf [utf8.UTFMax]byte
 	start := 0
 	for i := 0; i < len(seg); {
 		r, size := utf8.DecodeRune(seg[i:])
@@ -288,7 +310,7 @@ func emitInvalid(seg []byte, emit func([]byte)) {
 			if start < i {
 				emit(seg[start:i])
 			}
-			emit(utf8.AppendRune(buf[:0], utf8.RuneError))
+			emit(replacement)
 			i++
 			start = i
 			continue
