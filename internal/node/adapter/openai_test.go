@@ -2,11 +2,14 @@ package adapter
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -470,5 +473,124 @@ func TestOpenAITunnelSplicedBodyHasItsLength(t *testing.T) {
 		if string(s.body) != string(want) || s.length != int64(len(want)) || len(s.te) != 0 {
 			t.Fatalf("body %.80s: provider read %.80q, Content-Length %d, Transfer-Encoding %v; want %q, %d", body, s.body, s.length, s.te, want, len(want))
 		}
+	}
+}
+
+// TestRegression_ReasoningEffortOnOllamasOpenAIAPI: Ollama's
+// OpenAI-compatible API turns reasoning_effort into a think level and
+// refuses it from a model that takes booleans (400 think value "low" is
+// not supported for this model). The tunnel sends the request once more
+// without the effort, and later requests for that model go without it at
+// once; another 400 is relayed as it came.
+func TestRegression_ReasoningEffortOnOllamasOpenAIAPI(t *testing.T) {
+	const refusal = `{"error":{"message":"think value \"low\" is not supported for this model","type":"invalid_request_error","param":null}}`
+	var (
+		mu     sync.Mutex
+		bodies []string
+	)
+	var up *upstream
+	up = newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _, b := up.request()
+		mu.Lock()
+		bodies = append(bodies, string(b))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case strings.Contains(string(b), `"bad-model"`):
+			w.WriteHeader(400)
+			io.WriteString(w, `{"error":{"message":"model is required","type":"invalid_request_error","param":null}}`)
+		case strings.Contains(string(b), "reasoning_effort"):
+			w.WriteHeader(400)
+			io.WriteString(w, refusal)
+		default:
+			io.WriteString(w, `{"choices":[]}`)
+		}
+	})
+	o := newOpenAI(t, Config{BaseURL: up.URL})
+	body := `{"model":"x","reasoning_effort":"low","messages":[{"role":"user","content":"hi"}]}`
+	for i := range 2 {
+		rec := &tunnelRec{}
+		if err := o.Tunnel(context.Background(), Request{Op: nodev1.Operation_OPERATION_CHAT, ServedModel: "qwen3", Body: []byte(body)}, rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec.status != 200 || rec.body() != `{"choices":[]}` {
+			t.Errorf("request %d: got %d %q", i, rec.status, rec.body())
+		}
+	}
+	mu.Lock()
+	got := slices.Clone(bodies)
+	mu.Unlock()
+	if len(got) != 3 || !strings.Contains(got[0], "reasoning_effort") || strings.Contains(got[1], "reasoning_effort") || strings.Contains(got[2], "reasoning_effort") {
+		t.Errorf("sent %q: want the effort once, then the request without it twice", got)
+	}
+	rec := &tunnelRec{}
+	if err := o.Tunnel(context.Background(), Request{Op: nodev1.Operation_OPERATION_CHAT, ServedModel: "bad-model", Body: []byte(body)}, rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.status != 400 || !strings.Contains(rec.body(), "model is required") {
+		t.Errorf("another 400: got %d %q", rec.status, rec.body())
+	}
+	// An Ollama client's own think level (in the Dispatch's Ollama
+	// fields) gets Ollama's refusal, as Ollama itself answers it, even for
+	// a model that refused an effort before.
+	for _, model := range []string{"qwen3", "fresh"} {
+		rec = &tunnelRec{}
+		req := Request{Op: nodev1.Operation_OPERATION_CHAT, ServedModel: model, Body: []byte(body), OllamaFields: []byte(`{"think":"low"}`)}
+		if err := o.Tunnel(context.Background(), req, rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec.status != 400 || !strings.Contains(rec.body(), `think value \"low\" is not supported`) {
+			t.Errorf("%s, the client's own think level: got %d %q, want Ollama's 400", model, rec.status, rec.body())
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n := len(bodies); n != 6 {
+		t.Errorf("%d requests upstream, want 6: the client's own levels go once each", n)
+	}
+}
+
+// TestOpenAITunnelSplicedBodyRetriedWithoutEffort: a large body sent in
+// parts whose reasoning_effort the provider refuses is sent again whole,
+// its model rewritten and without the effort.
+func TestOpenAITunnelSplicedBodyRetriedWithoutEffort(t *testing.T) {
+	t.Parallel()
+	var (
+		mu     sync.Mutex
+		bodies []string
+	)
+	var up *upstream
+	up = newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _, b := up.request()
+		mu.Lock()
+		bodies = append(bodies, string(b))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		if strings.Contains(string(b), "reasoning_effort") {
+			w.WriteHeader(400)
+			io.WriteString(w, `{"error":{"message":"think value \"low\" is not supported for this model","type":"invalid_request_error","param":null}}`)
+			return
+		}
+		io.WriteString(w, `{"choices":[]}`)
+	})
+	o := newOpenAI(t, Config{BaseURL: up.URL})
+	long := strings.Repeat("x", spliceMinBytes)
+	body := `{"model":"alias","reasoning_effort":"low","messages":[{"role":"user","content":"` + long + `"}]}`
+	rec := &tunnelRec{}
+	if err := o.Tunnel(context.Background(), Request{Op: nodev1.Operation_OPERATION_CHAT, ServedModel: "qwen3", Body: []byte(body)}, rec); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if rec.status != 200 || len(bodies) != 2 {
+		t.Fatalf("status %d after %d requests, want 200 after 2", rec.status, len(bodies))
+	}
+	var second struct {
+		Model    string          `json:"model"`
+		Effort   *string         `json:"reasoning_effort"`
+		Messages json.RawMessage `json:"messages"`
+	}
+	if err := json.Unmarshal([]byte(bodies[1]), &second); err != nil || second.Model != "qwen3" || second.Effort != nil || !strings.Contains(string(second.Messages), long) {
+		t.Fatalf("retried body: model %q, effort %v, %d bytes of messages (%v)", second.Model, second.Effort, len(second.Messages), err)
 	}
 }
