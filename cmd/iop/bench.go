@@ -28,6 +28,7 @@ type benchFlags struct {
 	memoryOnly bool
 	gateway    string
 	fair       fairFlags
+	residency  residencyFlags
 	prefix     bool
 	prefixCfg  benchrun.PrefixConfig
 	// prefixSlack is --prefix-load-slack; negative means the edge's default.
@@ -64,6 +65,9 @@ prints each figure with its target (issue 18), met or missed and by how much.`,
 			}
 			if f.fair.on {
 				return runFair(cmd, f)
+			}
+			if f.residency.on {
+				return runResidency(cmd, f)
 			}
 			if f.prefix {
 				return runPrefixCompare(cmd, f)
@@ -105,6 +109,7 @@ prints each figure with its target (issue 18), met or missed and by how much.`,
 	fl.Float64Var(&f.prefixSlack, "prefix-load-slack", -1, "with --prefix-compare: the edge's prefix_load_slack (default: the edge's default, 0.5)")
 	fl.StringVar(&f.goBench, "go-bench", "", "with --overhead: a file of `go test -bench` output whose scheduler figures (waiter bytes, AdmitRelease) are checked against their targets too")
 	f.fair.register(fl)
+	f.residency.register(fl)
 	return cmd
 }
 

@@ -114,6 +114,13 @@
 // negative capacity, an empty model name, a healthy provider with no model)
 // changes nothing.
 //
+// Residency (residency.go): the models a provider's node read loaded
+// (Provider.loaded, ProviderUpdate.loaded_set), mapped to served names,
+// and its max_loaded_models go to the scheduler (SetLoaded) at the Hello
+// and at each update that changes them; a run the scheduler granted with
+// a load reports its delay to its first answer (ObserveLoad). The
+// scheduler's residency policy is Config.Residency (reloadable).
+//
 // # Runs
 //
 // Service.Dispatch admits a request, sends Dispatch on the selected

@@ -105,9 +105,13 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 	// Activate before the old connection is fenced and before Welcome, so a
 	// request that the replaced connection loses is admitted again onto this
 	// one at once. Dispatches wait in the outbox until after Welcome.
-	if err := s.sched.Activate(c.nodeID, c.gen, s.reg.specs(c), func() bool { return s.reg.isCurrent(c) }); err != nil {
+	specs := s.reg.specs(c)
+	if err := s.sched.Activate(c.nodeID, c.gen, specs, func() bool { return s.reg.isCurrent(c) }); err != nil {
 		cause = fmt.Errorf("%w: %w", errActivate, err)
 		return cause
+	}
+	for _, spec := range specs {
+		s.syncResidency(c, spec.ProviderID)
 	}
 	if old != nil {
 		// A replaced connection that was still heartbeating usually means
@@ -380,6 +384,9 @@ func (s *Service) updateProvider(c *conn, u *nodev1.ProviderUpdate) {
 		if err := s.sched.Activate(c.nodeID, c.gen, s.reg.specs(c), func() bool { return s.reg.isCurrent(c) }); err != nil {
 			s.log.Warn("re-activation failed", "node", c.nodeID, "err", err)
 		}
+	}
+	if ch.loadedChanged || ch.modelsChanged {
+		s.syncResidency(c, u.GetProviderId())
 	}
 	s.reg.notify()
 }

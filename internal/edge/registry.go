@@ -47,6 +47,9 @@ type provider struct {
 	// always). Never modified.
 	loaded    []*nodev1.LoadedModel
 	loadedSet bool
+	// maxLoaded is how many models its server holds at once, as its node
+	// was configured (0: unknown).
+	maxLoaded int
 }
 
 // ollamaAPI reports whether p's server speaks Ollama's API (an ollama
@@ -325,6 +328,7 @@ func parseHello(h *nodev1.Hello, now time.Time) (*conn, error) {
 			model:        model,
 			loaded:       hp.GetLoaded(),
 			loadedSet:    hp.GetLoadedSet(),
+			maxLoaded:    int(max(hp.GetMaxLoadedModels(), 0)),
 		}
 		p.capSet = setOf(p.caps)
 		ids[id] = true

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
@@ -45,7 +46,12 @@ type Run struct {
 	leaseID uint64
 	long    bool   // its lease is long-context
 	model   string // the requested model name: the run's queue
-	info    DispatchInfo
+	// load is set when the scheduler expected the provider to load the
+	// model for it (scheduler.DispatchInfo.Load); dispatched is when it
+	// was admitted: the delay to its first answer is the load's cost.
+	load       bool
+	dispatched time.Time
+	info       DispatchInfo
 	// inline: the body went in the Dispatch message; else body is to be
 	// sent down the run stream.
 	inline bool
@@ -225,6 +231,9 @@ func (r *Run) observe(m runMsg) {
 				r.s.circuitOpened(providerKey{r.info.NodeID, r.info.ProviderID})
 			}
 			return
+		}
+		if r.load {
+			r.s.sched.ObserveLoad(r.info.NodeID, r.info.ProviderID, r.info.ServedModel, r.s.clock.Now().Sub(r.dispatched))
 		}
 		r.answered.Store(true)
 	}

@@ -357,6 +357,9 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		leaseID: leaseID,
 		long:    li.Long,
 		model:   req.Model,
+
+		load:       li.Load,
+		dispatched: s.clock.Now(),
 		info: DispatchInfo{
 			RunID:                 runID,
 			NodeID:                cand.NodeID,

@@ -140,8 +140,9 @@
 //
 // Residency (residency.go): Run starts one goroutine per Ollama provider,
 // the only one that reads its /api/ps (at once, every discovery interval,
-// and after a run on it ends: kickResidency fills its one-slot kick, at
-// most one reading per residencyGap). It publishes under advMu into
+// and after a run on it ends for a model the last reading did not show
+// loaded: kickResidencyAfter fills its one-slot kick, at most one reading
+// per residencyGap). It publishes under advMu into
 // Agent.residency (versioned, replaced, never modified) and closes
 // advChanged like an advert; sessions send the loaded models alone
 // (ProviderUpdate.loaded_set) when only they changed.

@@ -72,6 +72,29 @@
 // standard: O(W log W), at those rare events only). A fresh
 // admission takes a free slot only when no queued waiter can use it.
 //
+// # Residency
+//
+// With Config.Residency (or SetResidencyPolicy) a load is a cost. The
+// scheduler believes a provider holds what SetLoaded last read (its node's
+// /api/ps) plus the loads its grants started since (a cold grant evicts
+// the least recently used model beyond the limit: configured, else the
+// most read loaded at once). A provider never read holds every model.
+//   - Among free candidates, one holding its target wins (Prefer and the
+//     chooser decide among those); DispatchInfo.Load marks a cold grant.
+//   - With none free, a request waits for a busy holder whose queue takes
+//     less than a load, for at most min(load time, MaxExtraWait); then it
+//     takes any free slot.
+//   - A load goes where it evicts nothing, else where the LRU model has no
+//     run in flight and no waiter listing the provider asks for it.
+//   - A release hands its slot to the first waiter, in queue order, that
+//     needs no load there or has waited MaxExtraWait, before an earlier one
+//     that needs a swap (batch by model, an elevator with a deadline); with
+//     neither, to the first waiter as always. So no slot stays idle while a
+//     waiter that could use it without a load waits.
+//
+// Capacity, leases and queue admission are untouched. A release under the
+// policy costs O(waiters listing the resource) to find that waiter.
+//
 // # Re-resolution
 //
 // Activate and a Fence that changed something call every waiter's resolver

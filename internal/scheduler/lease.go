@@ -25,6 +25,9 @@ type DispatchInfo struct {
 	QueueReason          QueueReason
 	// Wait is the time spent queued (0 for ReasonImmediate).
 	Wait time.Duration
+	// Load says the provider was not known to hold Target: the run starts
+	// with a model load (package doc, "Residency").
+	Load bool
 }
 
 // Lease is the right to one slot of one provider resource. It goes

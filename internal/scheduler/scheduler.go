@@ -70,6 +70,9 @@ type Config struct {
 	Groups map[string]Policy
 	// Clock drives queue timeouts; nil means RealClock.
 	Clock Clock
+	// Residency, when set, turns residency-aware routing on (package doc,
+	// "Residency"); nil leaves it off.
+	Residency *ResidencyPolicy
 }
 
 // Validate reports a negative queue size or timeout, or an empty group name,
@@ -85,6 +88,9 @@ func (c Config) Validate() error {
 		if err := p.validate(); err != nil {
 			return fmt.Errorf("model %q: %w", name, err)
 		}
+	}
+	if c.Residency != nil {
+		return c.Residency.validate()
 	}
 	return nil
 }
@@ -221,6 +227,8 @@ type resource struct {
 	// vtime is, by band, the largest start tag of a fair waiter granted a
 	// slot here.
 	vtime [3]uint64
+	// held is what it holds loaded; nil: every model (residency unread).
+	held *holding
 }
 
 func (r *resource) fits(long bool) bool {
@@ -279,6 +287,9 @@ type waiter struct {
 	ch       chan result // one slot; exactly one send, by the settling lock holder
 	timer    Timer
 	enqueued time.Time
+	// hotWait is the timer of a waiter that waits for a provider holding
+	// its model rather than load it on a free one (residency); nil if none.
+	hotWait Timer
 	// lost is the grace timer (Policy.ReconnectGrace) of a waiter whose
 	// every candidate went away, nil otherwise; lostEpoch tells a stale
 	// timer from the current one.
@@ -329,6 +340,8 @@ type Scheduler struct {
 
 	// staleHead, staleTail: the stale waiters, earliest first (waiter.stale).
 	staleHead, staleTail *waiter
+	// residency is the residency policy; nil: off.
+	residency *ResidencyPolicy
 }
 
 // New returns a Scheduler, or an error wrapping ErrInvalid for a bad Config.
@@ -344,7 +357,13 @@ func New(cfg Config) (*Scheduler, error) {
 	for name, p := range cfg.Groups {
 		overrides[name] = p
 	}
+	var residency *ResidencyPolicy
+	if cfg.Residency != nil {
+		p := cfg.Residency.withDefaults()
+		residency = &p
+	}
 	return &Scheduler{
+		residency: residency,
 		clock:     clock,
 		defaults:  Policy{MaxQueue: DefaultMaxQueue, QueueTimeout: DefaultQueueTimeout, Fairness: FairnessOff}.overlay(cfg.Default),
 		overrides: overrides,
@@ -422,8 +441,18 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	if len(cands) == 0 {
 		return nil, nil, fmt.Errorf("%w %q", ErrNoProvider, req.Group)
 	}
+	waitHot := false
+	if s.residency != nil && s.tracksAnyLocked(cands) {
+		best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, true)
+		if g := s.groups[req.Group]; waitHot && g != nil && g.queued >= g.policy.MaxQueue {
+			// No room to wait for a holder: load it where a slot is free.
+			best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, false)
+		}
+	}
 	if best.res != nil {
-		return s.reserveLocked(best.res, best.Candidate, req, ReasonImmediate, 0), nil, nil
+		l := s.reserveLocked(best.res, best.Candidate, req, ReasonImmediate, 0)
+		s.loadedLocked(l)
+		return l, nil, nil
 	}
 	g := s.groupLocked(req.Group)
 	if g.queued >= g.policy.MaxQueue {
@@ -454,6 +483,9 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	}
 	s.linkLocked(w, s.choicesLocked(cands))
 	w.timer = s.clock.AfterFunc(g.policy.QueueTimeout, func() { s.expire(w) })
+	if waitHot {
+		s.waitHotLocked(w)
+	}
 	return nil, w, nil
 }
 
@@ -636,6 +668,7 @@ func (s *Scheduler) reserveLocked(r *resource, c Candidate, req Request, reason 
 		r.longInFlight++
 	}
 	s.leaseSeq++
+	load := s.touchLocked(r, c.Target)
 	s.active++
 	l := &Lease{
 		s:     s,
@@ -652,6 +685,7 @@ func (s *Scheduler) reserveLocked(r *resource, c Candidate, req Request, reason 
 			EstimatedInputTokens: req.EstimatedInputTokens,
 			QueueReason:          reason,
 			Wait:                 wait,
+			Load:                 load,
 		},
 	}
 	r.leases.push(l)
@@ -660,14 +694,21 @@ func (s *Scheduler) reserveLocked(r *resource, c Candidate, req Request, reason 
 
 // grantLocked hands w a slot if one of its candidates has one.
 func (s *Scheduler) grantLocked(w *waiter) bool {
-	best := pick(w.cands, &w.req)
+	var best choice
+	if s.residency != nil && slices.ContainsFunc(w.cands, func(c choice) bool { return c.res.held != nil }) {
+		best, _ = s.pickResidentLocked(w.cands, &w.req, false)
+	} else {
+		best = pick(w.cands, &w.req)
+	}
 	if best.res == nil {
 		return false
 	}
 	w.state = granted // before unlinkLocked: a granted waiter keeps its flow's cost
 	s.unlinkLocked(w)
 	fairGrantedLocked(w, best.res)
-	w.ch <- result{lease: s.reserveLocked(best.res, best.Candidate, w.req, ReasonQueued, s.clock.Now().Sub(w.enqueued))}
+	l := s.reserveLocked(best.res, best.Candidate, w.req, ReasonQueued, s.clock.Now().Sub(w.enqueued))
+	w.ch <- result{lease: l}
+	s.loadedLocked(l)
 	return true
 }
 
@@ -749,6 +790,9 @@ func (s *Scheduler) unlinkLocked(w *waiter) {
 	w.group.queued--
 	if w.timer != nil {
 		w.timer.Stop()
+	}
+	if w.hotWait != nil {
+		w.hotWait.Stop()
 	}
 	s.foundLocked(w)
 }
@@ -849,6 +893,7 @@ func (s *Scheduler) pumpResourceLocked(r *resource) {
 				next = w
 			}
 		}
+		next = s.nextResidentLocked(r, next)
 		if next == nil || !s.grantLocked(next) {
 			return
 		}

@@ -109,12 +109,20 @@
 // time to first token. GET /stats reports the hits and misses (Stats), so a
 // test sees what a router did.
 //
+// Config.MaxLoadedModels and Config.LoadTime make models load on demand, as
+// Ollama does with OLLAMA_MAX_LOADED_MODELS: a request for a model not
+// loaded waits its load time (load_duration in Ollama's answers), evicting
+// the least recently used idle model at the limit (or waiting for one to be
+// idle); /api/ps lists the loaded models and GET /stats counts loads and
+// evictions (residency.go).
+//
 // # Concurrency
 //
 // A Server is safe for concurrent use; net/http calls its handler on one
 // goroutine per request. Its configuration, clock, logger and routes are set
 // in New and never written again. Server.mu guards the served models, the
-// counters, the prefix cache and the record of seen requests; every request handler writes
+// counters, the prefix cache, the loaded models and the record of seen
+// requests; a load ends in a clock callback that takes it; every request handler writes
 // the counters and the record, under the lock, and Stats and Seen copy them
 // out under the lock; AddModel and RemoveModel replace entries of the
 // served models (an entry is never modified), and handlers look them up

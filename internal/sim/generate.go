@@ -46,7 +46,10 @@ type request struct {
 	// prefill is the time its uncached prompt tokens take (Server.prefill),
 	// set by Server.accept; it adds to Config.TTFT.
 	prefill time.Duration
-	n       int // OpenAI "n": choices to answer; 0 means 1
+	// load is how long it waited for its model to load (residency), set
+	// by Server.accept: Ollama's load_duration.
+	load time.Duration
+	n    int // OpenAI "n": choices to answer; 0 means 1
 	// tools are the function tools the request defines and lastUser the
 	// text of its last message if that is a user message: together they
 	// decide whether the answer is a tool call (see chooseTool).
