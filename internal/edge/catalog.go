@@ -200,6 +200,32 @@ func (c *catalog) targets(model string) (targets []string, alias bool) {
 	return targets, alias
 }
 
+// choosable reports whether more than one provider of a current
+// connection serves one of model's targets (healthy or not, whatever its
+// capabilities): whether routing has anything to choose between. It reads
+// the registry's published state and takes no lock.
+func (c *catalog) choosable(model string) bool {
+	targets, _ := c.targets(model)
+	st := c.reg.load()
+	var first *provider
+	for _, target := range targets {
+		for _, t := range spellings(target) {
+			if t == "" {
+				continue
+			}
+			list, _ := st.served.get(t)
+			for _, s := range list {
+				if first == nil {
+					first = s.p
+				} else if s.p != first {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
 // couldMeet reports whether some provider the edge knows has every
 // capability in needs and serves one of model's targets: a provider of a
 // current connection, healthy or not, in rotation or not, or of a gone

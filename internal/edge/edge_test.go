@@ -242,8 +242,9 @@ func TestBodyInlineOrChunked(t *testing.T) {
 		{0, nil},
 		{10, nil},
 		{64 << 10, nil},
-		{64<<10 + 1, []int{65536, 1}},
-		{150000, []int{65536, 65536, 150000 - 2*65536}},
+		{64<<10 + 1, []int{64<<10 + 1}},
+		{150000, []int{150000}},
+		{2<<20 + 5, []int{1 << 20, 1 << 20, 5}},
 	} {
 		body := bytes.Repeat([]byte("x"), tc.size)
 		req := chatReq("m1")

@@ -68,7 +68,19 @@ var prefixSeed = maphash.MakeSeed()
 // appends messages, starts with the same blocks. A completion's prompt is
 // its string, or the raw JSON of a token or batch prompt. Embeddings and
 // bodies that do not parse have no blocks (nil).
+//
+// It reads body in place, once (scanPromptBlocks), and decodes it only
+// when a key is spelled in a way only encoding/json settles.
 func promptBlocks(op contract.Operation, body []byte) []uint64 {
+	if blocks, ok := scanPromptBlocks(op, body); ok {
+		return blocks
+	}
+	return decodePromptBlocks(op, body)
+}
+
+// decodePromptBlocks is promptBlocks by decoding body with encoding/json:
+// the definition scanPromptBlocks keeps to, and its fallback.
+func decodePromptBlocks(op contract.Operation, body []byte) []uint64 {
 	var text []byte
 	switch op {
 	case contract.OperationChat:
@@ -381,12 +393,16 @@ type prefixRoute struct {
 	slack   float64
 }
 
-// routeOf computes req's prefixRoute when its model routes by prefix.
-// It takes the index's lock, so it runs before Admit, never under the
+// routeOf computes req's prefixRoute when its model routes by prefix and
+// more than one provider serves it (catalog.choosable): with one, there
+// is nothing to choose, and the body is not read (nor its blocks recorded:
+// when a second provider comes, the first one's cache is unknown to the
+// index, and requests go to the least loaded until it learns them). It
+// takes the index's lock, so it runs before Admit, never under the
 // scheduler's lock.
 func (s *Service) routeOf(req Request) prefixRoute {
 	p := s.routing.Load()
-	if s.prefix == nil || p.of(req.Model) != RoutingPrefix {
+	if s.prefix == nil || p.of(req.Model) != RoutingPrefix || !s.cat.choosable(req.Model) {
 		return prefixRoute{}
 	}
 	blocks := promptBlocks(req.Operation, req.Body)

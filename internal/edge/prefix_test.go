@@ -3,6 +3,7 @@ package edge
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -145,5 +146,32 @@ func BenchmarkPromptBlocks(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		x.match([]string{"m"}, promptBlocks(contract.OperationChat, body))
+	}
+}
+
+// agentBody is an agent's chat request of about 95 KiB
+// (testdata/agent_100k.json): 20 tool definitions, a 6,000-character
+// system prompt, and 25 rounds of a user turn, an assistant tool call, a
+// tool result of source code (tabs, newlines, quotes) and an answer; text
+// with non-ASCII runes.
+func agentBody(tb testing.TB) []byte {
+	tb.Helper()
+	body, err := os.ReadFile("testdata/agent_100k.json")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return body
+}
+
+// BenchmarkPromptBlocksAgent measures the prompt blocks of an agent's
+// 95 KiB chat request (agentBody), per request.
+func BenchmarkPromptBlocksAgent(b *testing.B) {
+	body := agentBody(b)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if promptBlocks(contract.OperationChat, body) == nil {
+			b.Fatal("no blocks")
+		}
 	}
 }

@@ -24,8 +24,11 @@ import (
 	"iop/internal/wire/nodev1"
 )
 
-// maxBodyChunk is the largest Body message sent down a Run stream, in bytes.
-const maxBodyChunk = 64 << 10
+// maxBodyChunk is the largest Body message sent down a Run stream, in
+// bytes: an agent's request of a few hundred KiB goes in one message, which
+// the node takes as it is, without joining chunks; a larger body is split
+// so that no message nears gRPC's default limit of 4 MiB.
+const maxBodyChunk = 1 << 20
 
 // maxInlineBody is the largest request body carried in the Dispatch message
 // itself (Dispatch.body_inline), in bytes. A body this small costs the

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -353,8 +354,13 @@ func inlineBody(data []byte) bodyResult {
 // ends, for any reason, the run's work is cancelled: nobody is left to
 // answer. On a warm stream the edge sends the next run's Dispatch once
 // this run ended cleanly: readRunDown returns it, reading no further.
+//
+// The body is not copied when it came in one Body message (the codec
+// unmarshalled it into a slice of its own); chunks are joined once, at the
+// last one, into a slice of the body's size.
 func readRunDown(stream runStream, r *run, inline bool, bodies chan<- bodyResult) *nodev1.Dispatch {
-	var buf []byte
+	var chunks [][]byte
+	size := 0
 	delivered := inline
 	for {
 		m, err := stream.Recv()
@@ -369,15 +375,21 @@ func readRunDown(stream runStream, r *run, inline bool, bodies chan<- bodyResult
 			if delivered {
 				continue
 			}
-			if len(buf)+len(x.Body.Data) > MaxBodyBytes {
-				delivered, buf = true, nil
+			if size+len(x.Body.Data) > MaxBodyBytes {
+				delivered, chunks = true, nil
 				bodies <- bodyResult{err: &adapter.Error{Kind: adapter.ErrBadRequest, Status: http.StatusRequestEntityTooLarge, Message: ErrBodyTooLarge.Error()}}
 				continue
 			}
-			buf = append(buf, x.Body.Data...)
+			chunks = append(chunks, x.Body.Data)
+			size += len(x.Body.Data)
 			if x.Body.Last {
 				delivered = true
-				bodies <- bodyResult{data: buf}
+				data := chunks[0]
+				if len(chunks) > 1 {
+					data = bytes.Join(chunks, nil)
+				}
+				chunks = nil
+				bodies <- bodyResult{data: data}
 			}
 		case *nodev1.RunDown_Cancel:
 			r.cancelWork(fmt.Errorf("%w: %s", ErrCancelledByEdge, x.Cancel.Reason))

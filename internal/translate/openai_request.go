@@ -1,12 +1,15 @@
 package translate
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
 	"strings"
+
+	"iop/internal/jsonscan"
 )
 
 // This file translates canonical OpenAI request bodies (OpenAI API
@@ -507,8 +510,7 @@ func messageContent(raw json.RawMessage, i int) (string, []string, error) {
 	if isNull(raw) {
 		return "", nil, nil
 	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err == nil {
+	if s, ok := rawString(raw); ok {
 		return s, nil, nil
 	}
 	var parts []openAIPart
@@ -532,6 +534,23 @@ func messageContent(raw json.RawMessage, i int) (string, []string, error) {
 		}
 	}
 	return strings.Join(texts, "\n"), images, nil
+}
+
+// rawString is the value of raw when it is one JSON string, decoded as
+// encoding/json decodes it, in one pass and without reflection
+// (jsonscan); ok is false for any other value.
+func rawString(raw json.RawMessage) (string, bool) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || raw[0] != '"' {
+		return "", false
+	}
+	if end, _ := jsonscan.String(raw, 0); end != len(raw) {
+		return "", false
+	}
+	var b strings.Builder
+	b.Grow(len(raw) - 2)
+	jsonscan.Decode(raw, func(p []byte) { b.Write(p) })
+	return b.String(), true
 }
 
 // imageData returns the base64 payload of an image_url part, which is

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -236,11 +237,37 @@ type call struct {
 // post sends body to p.baseURL+path. On success the caller owns c and must
 // call c.close. On failure the error is an *Error or wraps ErrCancelled.
 func (p *httpProvider) post(ctx context.Context, path string, body []byte, header http.Header) (*call, error) {
+	return p.postReader(ctx, path, bytes.NewReader(body), nil, header)
+}
+
+// postParts is post of the body made of parts, sent one after the other
+// without being joined (rewriteModelParts).
+func (p *httpProvider) postParts(ctx context.Context, path string, parts net.Buffers, header http.Header) (*call, error) {
+	if len(parts) == 1 {
+		return p.post(ctx, path, parts[0], header)
+	}
+	return p.postReader(ctx, path, partsReader(parts), parts, header)
+}
+
+// postReader is post of the body rd reads: a bytes.Reader, or parts'
+// partsReader.
+func (p *httpProvider) postReader(ctx context.Context, path string, rd io.Reader, parts net.Buffers, header http.Header) (*call, error) {
 	rctx, cancel := context.WithTimeoutCause(ctx, p.timeout, ErrProviderTimeout)
-	req, err := http.NewRequestWithContext(rctx, http.MethodPost, p.baseURL+path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, p.baseURL+path, rd)
 	if err != nil {
 		cancel()
 		return nil, &Error{Kind: ErrBadRequest, Status: http.StatusBadRequest, Message: "cannot build provider request"}
+	}
+	if parts != nil {
+		// What NewRequest sets for a bytes.Reader: the length, and a
+		// fresh reader for a retry on a new connection.
+		for _, b := range parts {
+			req.ContentLength += int64(len(b))
+		}
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(partsReader(parts)), nil }
+		if req.ContentLength == 0 {
+			req.Body, req.GetBody = http.NoBody, nil
+		}
 	}
 	for k, vs := range header {
 		req.Header[k] = vs
@@ -346,4 +373,11 @@ func translateFailed(err error) *Error {
 func isNull(raw json.RawMessage) bool {
 	raw = bytes.TrimSpace(raw)
 	return len(raw) == 0 || string(raw) == "null"
+}
+
+// partsReader returns a reader of parts that leaves parts as they are
+// (net.Buffers' own Read consumes its slice).
+func partsReader(parts net.Buffers) *net.Buffers {
+	b := slices.Clone(parts)
+	return &b
 }

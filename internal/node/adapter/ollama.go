@@ -299,7 +299,12 @@ func (o *Ollama) statusError(c *call) error {
 // streamed so far as completion_tokens (Ollama streams one token a line)
 // and no prompt_tokens (Ollama counts the prompt in its last line only).
 func (o *Ollama) readStream(c *call, sink EventSink, forced *translate.ForcedCall, stop *stopMatcher) error {
-	br := bufio.NewReaderSize(c.resp.Body, 64<<10)
+	br := lineReaders.Get().(*bufio.Reader)
+	br.Reset(c.resp.Body)
+	defer func() {
+		br.Reset(nil)
+		lineReaders.Put(br)
+	}()
 	var (
 		events    []*nodev1.RunEvent
 		calls     int32           // tool calls so far
@@ -463,6 +468,12 @@ func (o *Ollama) readStream(c *call, sink EventSink, forced *translate.ForcedCal
 		return streamErr(ErrProviderStream, "provider closed stream before done")
 	}
 }
+
+// lineReaders holds the 64 KiB readers of Ollama streams between requests
+// (a new one for each request was most of the normalized path's
+// allocation). readStream returns its reader when it returns: nothing read
+// from it outlives that, as parsing a line copies what it keeps.
+var lineReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<<10) }}
 
 // errLineTooLong is readNDJSONLine's error for a line over maxLineBytes.
 var errLineTooLong = errors.New("ndjson line too long")

@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"unicode/utf8"
 
+	"iop/internal/jsonscan"
 	"iop/internal/translate"
 	"iop/internal/wire/nodev1"
 )
@@ -179,7 +181,30 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 	// whose refusal goes back to it as it came (no thinkLevelRetry).
 	fields, _ := translate.ParseOllamaFields(req.OllamaFields)
 	effortRetry := req.Op == nodev1.Operation_OPERATION_CHAT && !fields.Has("think")
-	body, err := rewriteModel(req.Body, req.ServedModel)
+	// A large body whose model changes goes in parts, not copied
+	// (rewriteModelParts); joined turns it into one slice for the rare
+	// paths that rewrite it again.
+	var (
+		body  []byte
+		parts net.Buffers
+		err   error
+	)
+	if len(req.Body) >= spliceMinBytes {
+		parts, err = rewriteModelParts(req.Body, req.ServedModel)
+	} else {
+		body, err = rewriteModel(req.Body, req.ServedModel)
+	}
+	joined := func() []byte {
+		switch len(parts) {
+		case 0:
+		case 1:
+			body = parts[0]
+		default:
+			body = bytes.Join(parts, nil)
+		}
+		parts = nil
+		return body
+	}
 	if err != nil {
 		return badRequest("%v", err)
 	}
@@ -191,14 +216,19 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 		}
 	}
 	if effortRetry && o.refusesEffort(req.ServedModel) {
-		body, _ = translate.DropReasoningEffort(body)
+		body, _ = translate.DropReasoningEffort(joined())
 	}
-	c, err := o.p.post(ctx, path, body, header)
+	var c *call
+	if parts != nil {
+		c, err = o.p.postParts(ctx, path, parts, header)
+	} else {
+		c, err = o.p.post(ctx, path, body, header)
+	}
 	if err != nil {
 		return err
 	}
 	if effortRetry && c.resp.StatusCode == http.StatusBadRequest {
-		if c, err = o.thinkLevelRetry(ctx, c, path, body, header, req.ServedModel); err != nil {
+		if c, err = o.thinkLevelRetry(ctx, c, path, joined(), header, req.ServedModel); err != nil {
 			return err
 		}
 	}
@@ -366,12 +396,12 @@ const maxPeek = errorBodyLimit
 // with a message, or a string; errorText), and no "choices" or "data" (an
 // answer's). It is "" for anything else.
 //
-// An answer is told without decoding it (scanObject, no allocation): only a
+// An answer is told without decoding it (jsonscan.Object, no allocation): only a
 // body that is a JSON object without "choices" or "data" is decoded.
 func errorObjectText(body []byte) string {
 	answer := false
-	_, _, ok := scanObject(body, func(key []byte, keyFlags int, _, _ int) {
-		if !answer && (isKey(key, keyFlags, "choices") || isKey(key, keyFlags, "data")) {
+	_, _, ok := jsonscan.Object(body, func(key []byte, keyFlags int, _, _ int) {
+		if !answer && (jsonscan.KeyIs(key, keyFlags, "choices") || jsonscan.KeyIs(key, keyFlags, "data")) {
 			answer = true
 		}
 	})

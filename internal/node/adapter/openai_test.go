@@ -2,6 +2,7 @@ package adapter
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -435,6 +436,46 @@ func TestOpenAITunnelWholeAnswerInOneHead(t *testing.T) {
 	}
 }
 
+// TestOpenAITunnelSplicedBodyHasItsLength: a body whose model is
+// rewritten goes to the provider in parts, without being joined, and
+// still with its Content-Length (not chunked), whether the model was
+// replaced or inserted; the provider reads it whole.
+func TestOpenAITunnelSplicedBodyHasItsLength(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("x", spliceMinBytes)
+	for _, body := range []string{
+		`{"model":"alias","messages":[{"role":"user","content":"` + long + `"}]}`,
+		`{"messages":[{"role":"user","content":"` + long + `"}],"model":"a","model":"b"}`,
+		`{"messages":[{"role":"user","content":"` + long + `"}]}`,
+		`{"model":"alias","messages":[{"role":"user","content":"hi"}]}`, // small: copied
+	} {
+		type seen struct {
+			length int64
+			te     []string
+			body   []byte
+		}
+		got := make(chan seen, 1)
+		up := newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+			got <- seen{r.ContentLength, r.TransferEncoding, nil} // newUpstream read the body
+			io.WriteString(w, `{}`)
+		})
+		o := newOpenAI(t, Config{BaseURL: up.URL + "/v1"})
+		req := Request{Op: nodev1.Operation_OPERATION_CHAT, ServedModel: "served", Body: []byte(body)}
+		if err := o.Tunnel(context.Background(), req, &tunnelRec{}); err != nil {
+			t.Fatal(err)
+		}
+		want, err := rewriteModel([]byte(body), "served")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := <-got
+		_, _, s.body = up.request()
+		if string(s.body) != string(want) || s.length != int64(len(want)) || len(s.te) != 0 {
+			t.Fatalf("body %.80s: provider read %.80q, Content-Length %d, Transfer-Encoding %v; want %q, %d", body, s.body, s.length, s.te, want, len(want))
+		}
+	}
+}
+
 // TestRegression_ReasoningEffortOnOllamasOpenAIAPI: Ollama's
 // OpenAI-compatible API turns reasoning_effort into a think level and
 // refuses it from a model that takes booleans (400 think value "low" is
@@ -506,5 +547,50 @@ func TestRegression_ReasoningEffortOnOllamasOpenAIAPI(t *testing.T) {
 	defer mu.Unlock()
 	if n := len(bodies); n != 6 {
 		t.Errorf("%d requests upstream, want 6: the client's own levels go once each", n)
+	}
+}
+
+// TestOpenAITunnelSplicedBodyRetriedWithoutEffort: a large body sent in
+// parts whose reasoning_effort the provider refuses is sent again whole,
+// its model rewritten and without the effort.
+func TestOpenAITunnelSplicedBodyRetriedWithoutEffort(t *testing.T) {
+	t.Parallel()
+	var (
+		mu     sync.Mutex
+		bodies []string
+	)
+	var up *upstream
+	up = newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _, b := up.request()
+		mu.Lock()
+		bodies = append(bodies, string(b))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		if strings.Contains(string(b), "reasoning_effort") {
+			w.WriteHeader(400)
+			io.WriteString(w, `{"error":{"message":"think value \"low\" is not supported for this model","type":"invalid_request_error","param":null}}`)
+			return
+		}
+		io.WriteString(w, `{"choices":[]}`)
+	})
+	o := newOpenAI(t, Config{BaseURL: up.URL})
+	long := strings.Repeat("x", spliceMinBytes)
+	body := `{"model":"alias","reasoning_effort":"low","messages":[{"role":"user","content":"` + long + `"}]}`
+	rec := &tunnelRec{}
+	if err := o.Tunnel(context.Background(), Request{Op: nodev1.Operation_OPERATION_CHAT, ServedModel: "qwen3", Body: []byte(body)}, rec); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if rec.status != 200 || len(bodies) != 2 {
+		t.Fatalf("status %d after %d requests, want 200 after 2", rec.status, len(bodies))
+	}
+	var second struct {
+		Model    string          `json:"model"`
+		Effort   *string         `json:"reasoning_effort"`
+		Messages json.RawMessage `json:"messages"`
+	}
+	if err := json.Unmarshal([]byte(bodies[1]), &second); err != nil || second.Model != "qwen3" || second.Effort != nil || !strings.Contains(string(second.Messages), long) {
+		t.Fatalf("retried body: model %q, effort %v, %d bytes of messages (%v)", second.Model, second.Effort, len(second.Messages), err)
 	}
 }

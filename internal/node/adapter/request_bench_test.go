@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 
@@ -63,6 +64,19 @@ func BenchmarkNormalizeRequest(b *testing.B) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// BenchmarkNormalizeRequestAgent is BenchmarkNormalizeRequest for an
+// agent's 95 KiB request of an OpenAI client (agentBody).
+func BenchmarkNormalizeRequestAgent(b *testing.B) {
+	body := agentBody(b, "alias")
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := translate.ToOllamaChat(body, "served", nil); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
@@ -133,5 +147,56 @@ func BenchmarkOpenAITunnel(b *testing.B) {
 		if err := o.Tunnel(ctx, req, discardTunnel{}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// agentBody is an agent's chat request of about 95 KiB, for model (the
+// edge's testdata/agent_100k.json, its model replaced).
+func agentBody(b *testing.B, model string) []byte {
+	body, err := os.ReadFile("../../edge/testdata/agent_100k.json")
+	if err != nil {
+		b.Fatal(err)
+	}
+	body, err = rewriteModel(body, model)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return body
+}
+
+// BenchmarkOpenAITunnelAgent is BenchmarkOpenAITunnel for an agent's
+// 95 KiB request, whose model already is the served one (same_model) or is
+// an alias the node rewrites (alias): what the node does to a large body
+// on its way to the provider, the provider's read of it included.
+func BenchmarkOpenAITunnelAgent(b *testing.B) {
+	answer := []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1764547200,"model":"served",` +
+		`"choices":[{"index":0,"message":{"role":"assistant","content":"one two three"},` +
+		`"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}}`)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(answer)
+	}))
+	defer srv.Close()
+	o, err := NewOpenAI(Config{BaseURL: srv.URL + "/v1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer o.Close()
+	for _, model := range []string{"served", "alias"} {
+		name := "same_model"
+		if model != "served" {
+			name = "alias"
+		}
+		req := Request{Op: nodev1.Operation_OPERATION_CHAT, ServedModel: "served", Body: agentBody(b, model)}
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(req.Body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := o.Tunnel(context.Background(), req, discardTunnel{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -3,7 +3,10 @@ package adapter
 import (
 	"encoding/json"
 	"errors"
+	"net"
 	"unicode/utf8"
+
+	"iop/internal/jsonscan"
 )
 
 // errNotObject is returned by rewriteModel for a body that is not one JSON
@@ -19,10 +22,11 @@ var errNotObject = errors.New("request body is not a JSON object")
 // (fuzzed by FuzzRewriteModel); it must be exactly one JSON object, as
 // json.Valid tells it (FuzzScanObject), else the error is errNotObject.
 //
-// It reads body once (scanObject: a validity check that records the spans
-// of the top-level "model" values, no allocation) and, when the model
-// changes, builds the result in one allocation from those spans: only the
-// "model" values' bytes differ.
+// It reads body once (jsonscan.Object: a validity check that records the
+// spans of the top-level "model" values, no allocation) and, when the
+// model changes, builds the result in one allocation from those spans:
+// only the "model" values' bytes differ. rewriteModelParts does the same
+// without copying body.
 func rewriteModel(body []byte, model string) ([]byte, error) {
 	var s objectScan
 	if !s.scan(body, model) {
@@ -57,6 +61,46 @@ func rewriteModel(body []byte, model string) ([]byte, error) {
 		prev = sp.end
 	}
 	return append(out, body[prev:]...), nil
+}
+
+// spliceMinBytes is the body size from which the tunnel sends a rewritten
+// body in parts (rewriteModelParts) rather than copied (rewriteModel): below
+// it, one copy costs less than the parts' own allocations.
+const spliceMinBytes = 16 << 10
+
+// rewriteModelParts is rewriteModel's result as the parts to send one
+// after the other: body's own bytes between the "model" values, and the
+// new value between them; only body itself when nothing changes. It reads
+// body once (jsonscan.Object: a validity check that records the spans of
+// the top-level "model" values, no allocation) and copies none of it, so
+// a 100 KiB body whose model is an alias goes to its provider without
+// being copied.
+func rewriteModelParts(body []byte, model string) (net.Buffers, error) {
+	var s objectScan
+	if !s.scan(body, model) {
+		return nil, errNotObject
+	}
+	if s.n > 0 && s.same {
+		return net.Buffers{body}, nil
+	}
+	quoted := appendQuoted(nil, model)
+	if s.n == 0 {
+		member := make([]byte, 0, len(`"model":,`)+len(quoted))
+		member = append(member, `"model":`...)
+		member = append(member, quoted...)
+		if s.members > 0 {
+			member = append(member, ',')
+		}
+		return net.Buffers{body[:s.open], member, body[s.open:]}, nil
+	}
+	parts := make(net.Buffers, 0, 2*s.n+1)
+	prev := 0
+	for i := range s.n {
+		sp := s.span(i)
+		parts = append(parts, body[prev:sp.start], quoted)
+		prev = sp.end
+	}
+	return append(parts, body[prev:]), nil
 }
 
 // modelAlready reports whether body is one JSON object with at least one
@@ -115,297 +159,20 @@ func (s *objectScan) add(sp span) {
 	s.n++
 }
 
-// maxDepth is how deep arrays and objects may nest, as encoding/json's
-// scanner allows (its maxNestingDepth): json.Valid rejects a deeper body.
-const maxDepth = 10000
-
-// scan reports whether body is one JSON object (scanObject) and records
+// scan reports whether body is one JSON object (jsonscan.Object) and records
 // in s its top-level "model" members (a key that decodes to "model",
 // however escaped) and whether each value decodes to the string model.
 func (s *objectScan) scan(body []byte, model string) bool {
 	*s = objectScan{same: true}
-	open, members, ok := scanObject(body, func(key []byte, keyFlags int, vstart, vend int) {
-		if !isKey(key, keyFlags, "model") {
+	open, members, ok := jsonscan.Object(body, func(key []byte, keyFlags int, vstart, vend int) {
+		if !jsonscan.KeyIs(key, keyFlags, "model") {
 			return
 		}
 		s.add(span{vstart, vend})
-		if s.same && !stringValueIs(body[vstart:vend], model) {
+		if s.same && !jsonscan.StringIs(body[vstart:vend], model) {
 			s.same = false
 		}
 	})
 	s.open, s.members = open, members
 	return ok
-}
-
-// scanObject reports whether body is one JSON object: what json.Valid
-// accepts, with a '{' as its first byte past white space (FuzzScanObject).
-// It calls member for each top-level member, in order, with its key
-// (quotes included, and scanString's flags for it) and the span of its
-// value in body; open is the index just after the object's '{', members
-// how many it has. It does not allocate (member does not escape). A key or
-// value with an escape, or with bytes that are not valid UTF-8, is for
-// member to decode (isKey, stringValueIs).
-func scanObject(body []byte, member func(key []byte, keyFlags int, vstart, vend int)) (open, members int, ok bool) {
-	i := skipSpace(body, 0)
-	if i >= len(body) || body[i] != '{' {
-		return 0, 0, false
-	}
-	open = i + 1
-	i = skipSpace(body, i+1)
-	if i < len(body) && body[i] == '}' {
-		return open, 0, skipSpace(body, i+1) == len(body)
-	}
-	for {
-		if i >= len(body) || body[i] != '"' {
-			return open, members, false
-		}
-		kend, kflags := scanString(body, i)
-		if kend < 0 {
-			return open, members, false
-		}
-		key := body[i:kend]
-		i = skipSpace(body, kend)
-		if i >= len(body) || body[i] != ':' {
-			return open, members, false
-		}
-		vstart := skipSpace(body, i+1)
-		vend := scanValue(body, vstart, 1)
-		if vend < 0 {
-			return open, members, false
-		}
-		members++
-		member(key, kflags, vstart, vend)
-		i = skipSpace(body, vend)
-		if i >= len(body) {
-			return open, members, false
-		}
-		switch body[i] {
-		case ',':
-			i = skipSpace(body, i+1)
-		case '}':
-			return open, members, skipSpace(body, i+1) == len(body)
-		default:
-			return open, members, false
-		}
-	}
-}
-
-// String flags scanString reports.
-const (
-	strEscaped = 1 << iota // has a backslash escape
-	strHigh                // has a byte ≥ 0x80 (maybe not valid UTF-8)
-)
-
-// scanString returns the index just past the JSON string that opens at
-// body[start] ('"'), and whether it has escapes or non-ASCII bytes; -1 if it
-// is not a valid string (an unknown escape, a short \u, a control byte, no
-// closing quote). Bytes ≥ 0x80 are not checked: json.Valid does not check
-// UTF-8 either.
-func scanString(body []byte, start int) (end int, flags int) {
-	for i := start + 1; i < len(body); i++ {
-		c := body[i]
-		switch {
-		case c == '"':
-			return i + 1, flags
-		case c == '\\':
-			flags |= strEscaped
-			i++
-			if i >= len(body) {
-				return -1, flags
-			}
-			switch body[i] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-			case 'u':
-				if i+4 >= len(body) {
-					return -1, flags
-				}
-				for _, h := range body[i+1 : i+5] {
-					if !isHex(h) {
-						return -1, flags
-					}
-				}
-				i += 4
-			default:
-				return -1, flags
-			}
-		case c < 0x20:
-			return -1, flags
-		case c >= utf8.RuneSelf:
-			flags |= strHigh
-		}
-	}
-	return -1, flags
-}
-
-func isHex(c byte) bool {
-	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
-}
-
-// isKey reports whether the JSON string quoted (quotes included, as
-// scanString found it, with its flags) decodes to name.
-func isKey(quoted []byte, flags int, name string) bool {
-	if flags == 0 {
-		return string(quoted[1:len(quoted)-1]) == name
-	}
-	return decodesTo(quoted, flags, name)
-}
-
-// stringValueIs reports whether the JSON value v decodes to the string
-// name.
-func stringValueIs(v []byte, name string) bool {
-	if len(v) == 0 || v[0] != '"' {
-		return false
-	}
-	_, flags := scanString(v, 0)
-	return isKey(v, flags, name)
-}
-
-// decodesTo decodes the valid JSON string quoted and compares it with
-// name: the slow path for escapes and non-ASCII bytes (encoding/json
-// replaces invalid UTF-8 with U+FFFD, so raw bytes may differ from what
-// they decode to).
-func decodesTo(quoted []byte, flags int, name string) bool {
-	if flags == strHigh && utf8.Valid(quoted) {
-		return string(quoted[1:len(quoted)-1]) == name
-	}
-	var s string
-	return json.Unmarshal(quoted, &s) == nil && s == name
-}
-
-// scanValue returns the index just past the JSON value that starts at
-// body[i] (white space before it already skipped), nested depth deep (the
-// top-level object is 1); -1 if there is no valid value there.
-func scanValue(body []byte, i, depth int) int {
-	if i >= len(body) {
-		return -1
-	}
-	switch c := body[i]; {
-	case c == '"':
-		end, _ := scanString(body, i)
-		return end
-	case c == '{':
-		if depth++; depth > maxDepth {
-			return -1
-		}
-		i = skipSpace(body, i+1)
-		if i < len(body) && body[i] == '}' {
-			return i + 1
-		}
-		for {
-			if i >= len(body) || body[i] != '"' {
-				return -1
-			}
-			if i, _ = scanString(body, i); i < 0 {
-				return -1
-			}
-			if i = skipSpace(body, i); i >= len(body) || body[i] != ':' {
-				return -1
-			}
-			if i = scanValue(body, skipSpace(body, i+1), depth); i < 0 {
-				return -1
-			}
-			if i = skipSpace(body, i); i >= len(body) {
-				return -1
-			}
-			switch body[i] {
-			case ',':
-				i = skipSpace(body, i+1)
-			case '}':
-				return i + 1
-			default:
-				return -1
-			}
-		}
-	case c == '[':
-		if depth++; depth > maxDepth {
-			return -1
-		}
-		i = skipSpace(body, i+1)
-		if i < len(body) && body[i] == ']' {
-			return i + 1
-		}
-		for {
-			if i = scanValue(body, i, depth); i < 0 {
-				return -1
-			}
-			if i = skipSpace(body, i); i >= len(body) {
-				return -1
-			}
-			switch body[i] {
-			case ',':
-				i = skipSpace(body, i+1)
-			case ']':
-				return i + 1
-			default:
-				return -1
-			}
-		}
-	case c == '-' || '0' <= c && c <= '9':
-		return scanNumber(body, i)
-	case c == 't':
-		return literal(body, i, "true")
-	case c == 'f':
-		return literal(body, i, "false")
-	case c == 'n':
-		return literal(body, i, "null")
-	}
-	return -1
-}
-
-func literal(body []byte, i int, word string) int {
-	if len(body)-i < len(word) || string(body[i:i+len(word)]) != word {
-		return -1
-	}
-	return i + len(word)
-}
-
-// scanNumber returns the index just past the JSON number at body[i]
-// (-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?), -1 if there is none.
-func scanNumber(body []byte, i int) int {
-	if body[i] == '-' {
-		i++
-	}
-	switch {
-	case i >= len(body):
-		return -1
-	case body[i] == '0':
-		i++
-	case '1' <= body[i] && body[i] <= '9':
-		i = digits(body, i)
-	default:
-		return -1
-	}
-	if i < len(body) && body[i] == '.' {
-		j := digits(body, i+1)
-		if j == i+1 {
-			return -1
-		}
-		i = j
-	}
-	if i < len(body) && (body[i] == 'e' || body[i] == 'E') {
-		i++
-		if i < len(body) && (body[i] == '+' || body[i] == '-') {
-			i++
-		}
-		j := digits(body, i)
-		if j == i {
-			return -1
-		}
-		i = j
-	}
-	return i
-}
-
-func digits(body []byte, i int) int {
-	for i < len(body) && '0' <= body[i] && body[i] <= '9' {
-		i++
-	}
-	return i
-}
-
-func skipSpace(body []byte, i int) int {
-	for i < len(body) && (body[i] == ' ' || body[i] == '\t' || body[i] == '\r' || body[i] == '\n') {
-		i++
-	}
-	return i
 }

@@ -56,6 +56,10 @@ func FuzzRewriteModel(f *testing.F) {
 	f.Add([]byte(`{}`), "m")
 	f.Fuzz(func(t *testing.T, body []byte, model string) {
 		out, err := rewriteModel(body, model)
+		parts, perr := rewriteModelParts(body, model)
+		if (err == nil) != (perr == nil) || !bytes.Equal(bytes.Join(parts, nil), out) {
+			t.Fatalf("rewriteModelParts(%q) = %q, %v; rewriteModel %q, %v", body, parts, perr, out, err)
+		}
 		if err != nil {
 			return
 		}
