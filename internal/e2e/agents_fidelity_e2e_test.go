@@ -230,6 +230,7 @@ func checkForcedToolChoice(t *testing.T, rig *agentRig) {
 // OpenAI-protocol one; then the Anthropic SDK and the AI SDK's Anthropic
 // provider (test/js/agents_anthropic.mjs).
 func TestRegression_ForcedToolChoiceOnOllama(t *testing.T) {
+	t.Parallel()
 	_, ollamaURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"tools-n"}, Seed: 7})
 	_, openaiURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"tools-v1"}, Seed: 7})
 	rig := startAgentRig(t, ollamaURL, "tools-n", openaiURL, "tools-v1")
@@ -243,6 +244,7 @@ func TestRegression_ForcedToolChoiceOnOllama(t *testing.T) {
 // on its /v1 (whose tool_choice handling is Ollama's own: only the pass
 // through is checked there).
 func TestRealOllama_ForcedToolChoice(t *testing.T) {
+	t.Parallel()
 	s := ollamatest.Start(t)
 	s.CreateModel(t, "tools-n", ollamatest.Tools)
 	s.CreateModel(t, "tools-v1", ollamatest.Tools)
@@ -291,6 +293,7 @@ func checkEffortOnABooleanThinker(t *testing.T, rig *agentRig) {
 // \"low\" is not supported for this model") for every thinking model but
 // gpt-oss. Against the simulator, which refuses levels as Ollama does.
 func TestRegression_ReasoningEffortOnABooleanThinker(t *testing.T) {
+	t.Parallel()
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"think-n"}, Seed: 7, Thinking: true})
 	rig := startAgentRig(t, url, "think-n", "", "")
 	checkEffortOnABooleanThinker(t, rig)
@@ -301,6 +304,7 @@ func TestRegression_ReasoningEffortOnABooleanThinker(t *testing.T) {
 // TestRegression_ReasoningEffortOnABooleanThinker against a real Ollama
 // (v0.17.4) serving a tiny thinking model (not gpt-oss).
 func TestRealOllama_ReasoningEffort(t *testing.T) {
+	t.Parallel()
 	s := ollamatest.Start(t)
 	s.CreateModel(t, "think-n", ollamatest.Thinking)
 	rig := startAgentRig(t, s.URL, "think-n", "", "")

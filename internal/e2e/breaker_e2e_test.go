@@ -26,6 +26,7 @@ import (
 // circuit, and the next request is refused 503 without reaching the
 // provider.
 func TestRegression_TranslatedRoutesOpenTheCircuit(t *testing.T) {
+	t.Parallel()
 	both := []bool{true, false}
 	routes := []struct {
 		name, path, body string

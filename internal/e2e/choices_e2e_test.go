@@ -17,6 +17,7 @@ import (
 // although the Ollama provider wins ties; to a model only Ollama serves it
 // is answered 400 naming n at once, without reaching the provider.
 func TestRegression_NAboveOneReachesOnlyOpenAICompatibleProviders(t *testing.T) {
+	t.Parallel()
 	rig := startOllamaRig(t)
 	requests := func() int {
 		rig.ollamaProxy.mu.Lock()
@@ -77,6 +78,7 @@ func TestRegression_NAboveOneReachesOnlyOpenAICompatibleProviders(t *testing.T) 
 // answered 400 at once, saying why, and the provider sees nothing. Never
 // the wrong provider's 400.
 func TestRegression_BatchPromptReachesOnlyProvidersThatTakeIt(t *testing.T) {
+	t.Parallel()
 	rig := startOllamaRig(t)
 	requests := func() int {
 		rig.ollamaProxy.mu.Lock()
@@ -189,6 +191,7 @@ func batchAnswer(t *testing.T, data []byte, stream bool) (model string, items in
 // one; on a model only an Ollama provider serves it is refused 400 saying
 // why, and the Ollama provider sees none of them.
 func TestRegression_LogprobsReachOnlyProvidersThatReturnThem(t *testing.T) {
+	t.Parallel()
 	rig := startOllamaRig(t)
 	requests := func() int {
 		rig.ollamaProxy.mu.Lock()

@@ -75,6 +75,7 @@ func chatParams(model, prompt string) openai.ChatCompletionNewParams {
 }
 
 func TestEndToEndCLIProvider(t *testing.T) {
+	t.Parallel()
 	e := startCLINode(t)
 	client := newClient(e)
 
@@ -133,6 +134,7 @@ func TestEndToEndCLIProvider(t *testing.T) {
 // whole process group, gives the slot back, and leaves a concurrent run on
 // the same provider intact.
 func TestEndToEndCLICancellation(t *testing.T) {
+	t.Parallel()
 	e := startCLINode(t)
 	client := newClient(e)
 

@@ -22,6 +22,7 @@ import (
 // Retry-After), p1 never runs above capacity, and afterwards no edge holds
 // a lease, run or waiter (/admin/v1/cluster): no phantom lease.
 func TestRegression_ClusterLeaderFrozen(t *testing.T) {
+	t.Parallel()
 	rig := newClusterEdges(t)
 	rig.startNodeOnEvery()
 	var li int

@@ -39,6 +39,7 @@ func (rig *clusterRig) keyAsk(e *clusterEdge, key string, maxTokens int) (int, s
 // the second key's allowance empty: it gets no more than a single leader
 // would have refilled since its burst (one per 20 s).
 func TestRegression_KeyLimitsSurviveFailover(t *testing.T) {
+	t.Parallel()
 	rig := newClusterEdges(t)
 	rig.startNodeOnEvery()
 	var li int

@@ -16,6 +16,7 @@ import (
 // gives. A context of another server (a real Ollama's token ids) is 400
 // naming "context"; a raw answer has none, as in Ollama.
 func TestGenerateContextContinuesTheConversation(t *testing.T) {
+	t.Parallel()
 	rig := startOllamaRig(t)
 	type final struct {
 		Response string `json:"response"`

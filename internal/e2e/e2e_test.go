@@ -249,6 +249,7 @@ func waitIdle(t *testing.T, e *process.Process) {
 }
 
 func TestCapacityNeverExceededUnderConcurrency(t *testing.T) {
+	t.Parallel()
 	const nodes, capacity, clients, perClient = 3, 2, 20, 3
 	ctx, cancel := context.WithCancel(context.Background())
 	e := harness.Edge(t, ctx, harness.EdgeConfig(map[string]edge.ModelConfig{"pool": {Targets: []string{"m"}, MaxQueue: clients}}))
@@ -335,6 +336,7 @@ func errorsAs(err error, target any) bool { return errors.As(err, target) }
 // provider and checks that the admin routes report what the edge's own
 // snapshot (the scheduler's counters) says.
 func TestAdminAPIMatchesScheduler(t *testing.T) {
+	t.Parallel()
 	// One token a second after the first: a stream stays open until closed.
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 1, DefaultMaxTokens: 1000})
 	ctx, cancel := context.WithCancel(context.Background())

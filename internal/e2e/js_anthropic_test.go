@@ -10,5 +10,6 @@ import (
 // and a node with an Ollama and an OpenAI-compatible simulator (one per
 // execution path), and a thinking one of each for the thinking checks.
 func TestAnthropicJavaScriptClient(t *testing.T) {
+	t.Parallel()
 	runJSClientSuite(t, "anthropic_*.mjs", []string{"tools"}, "", 2*time.Minute)
 }

@@ -12,5 +12,6 @@ import (
 // OpenAI-compatible simulator (one per execution path), and a thinking one
 // of each for the reasoning summaries.
 func TestResponsesJavaScriptClients(t *testing.T) {
+	t.Parallel()
 	runJSClientSuite(t, "responses_*.mjs", []string{"tools", "vision"}, "/v1", 3*time.Minute)
 }

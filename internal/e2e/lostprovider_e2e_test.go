@@ -130,6 +130,7 @@ func wantUnavailable(t *testing.T, what string, a httpAnswer) {
 // Retry-After, never 400; so does a fresh tools request while the node may
 // come back; a plain request still gets its answer.
 func TestLostToolsProviderIsUnavailableE2E(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "iop")
 	if out, err := exec.Command("go", "build", "-o", bin, "iop/cmd/iop").CombinedOutput(); err != nil {

@@ -20,6 +20,7 @@ import (
 // not: the provider sees the abort, the slot (capacity 1) is freed, and the
 // next Messages request on that provider is answered whole.
 func TestMessagesClientGoneCancelsRun(t *testing.T) {
+	t.Parallel()
 	e, paths := startCancelStack(t, edge.DefaultConfig(), 1, sim.Config{TokensPerSecond: 100})
 	url := "http://" + e.HTTPAddr + "/v1/messages"
 	body := func(model string, maxTokens int, stream bool) string {

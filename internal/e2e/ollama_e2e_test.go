@@ -231,6 +231,7 @@ func checkFinal(t *testing.T, o ollamaObject, model, doneReason string, evalCoun
 }
 
 func TestOllamaAPIBothProviderProtocols(t *testing.T) {
+	t.Parallel()
 	rig := startOllamaRig(t)
 	providers := []struct {
 		name, model string // the provider's protocol, the model name a client uses
@@ -313,6 +314,7 @@ func TestOllamaAPIBothProviderProtocols(t *testing.T) {
 }
 
 func TestOllamaTagsListWhatChatAccepts(t *testing.T) {
+	t.Parallel()
 	rig := startOllamaRig(t)
 	_, data := rig.do(t, http.MethodGet, "/api/tags", "")
 	var tags struct {
@@ -357,6 +359,7 @@ func TestOllamaTagsListWhatChatAccepts(t *testing.T) {
 }
 
 func TestOllamaOnlyFieldsReachOllamaProvidersUnchanged(t *testing.T) {
+	t.Parallel()
 	rig := startOllamaRig(t)
 	for _, keepAlive := range []string{`"24h"`, `300`, `-1`} {
 		for _, p := range []struct {
@@ -403,6 +406,7 @@ func TestOllamaOnlyFieldsReachOllamaProvidersUnchanged(t *testing.T) {
 }
 
 func TestOllamaErrorsAreOllamaShaped(t *testing.T) {
+	t.Parallel()
 	rig := startOllamaRig(t)
 	for _, c := range []struct {
 		method, path, body string
@@ -439,6 +443,7 @@ func TestOllamaErrorsAreOllamaShaped(t *testing.T) {
 }
 
 func TestOllamaProbesVersionShowAndLoad(t *testing.T) {
+	t.Parallel()
 	rig := startOllamaRig(t)
 	for _, method := range []string{http.MethodGet, http.MethodHead} {
 		resp, data := rig.do(t, method, "/", "")
@@ -498,6 +503,7 @@ func TestOllamaProbesVersionShowAndLoad(t *testing.T) {
 // flight of the model it holds (in_flight), reported loaded by its server
 // or not.
 func TestOllamaPSListsRunsInFlight(t *testing.T) {
+	t.Parallel()
 	_, hangURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"slow:1b"}, Faults: sim.Faults{Hang: true}})
 	rig := startOllamaRig(t, node.ProviderConfig{ID: "slow-1", Type: node.TypeOllama, BaseURL: hangURL, Models: []string{"slow:1b"}, Capacity: 2})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -563,6 +569,7 @@ func startRawProvider(t *testing.T, writes ...string) string {
 }
 
 func TestOllamaClientOverFragmentedOpenAIStream(t *testing.T) {
+	t.Parallel()
 	// "héllo wörld": é and ö split between writes; lines split; CRLF and
 	// bare CR line ends; "data:" without a space; two events in one write;
 	// a comment; a usage chunk with "choices": [].
@@ -595,6 +602,7 @@ func TestOllamaClientOverFragmentedOpenAIStream(t *testing.T) {
 }
 
 func TestRegression_OllamaErrorInside200StreamFailsTheRun(t *testing.T) {
+	t.Parallel()
 	// A provider that starts a 200 stream and then reports an error in it
 	// must not look like a clean answer to an Ollama client.
 	raw := startRawProvider(t,
@@ -618,6 +626,7 @@ func TestRegression_OllamaErrorInside200StreamFailsTheRun(t *testing.T) {
 }
 
 func TestOllamaClientGetsToolCallsFromOpenAIProvider(t *testing.T) {
+	t.Parallel()
 	// Tool-call deltas split over chunks (index, id, partial arguments)
 	// become one Ollama tool call with an arguments object.
 	raw := startRawProvider(t,
@@ -650,6 +659,7 @@ func TestOllamaClientGetsToolCallsFromOpenAIProvider(t *testing.T) {
 // a request that generates answered 503 (a new user's report). It answers
 // 503 with Retry-After too; a model never served is still 404.
 func TestRegression_LoadOfAModelWhoseNodeIsGoneIsUnavailable(t *testing.T) {
+	t.Parallel()
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}})
 	e := startEdgeWith(t, edge.DefaultConfig(), harness.Logger(t, "edge"))
 	nodeCtx, stopNode := context.WithCancel(context.Background())

@@ -124,6 +124,7 @@ func sseEvents(t *testing.T, body []byte) (names []string, data [][]byte) {
 // /v1/embeddings and /v1/models validates against OpenAI's published
 // OpenAPI document, on both execution paths.
 func TestOpenAPIAnswersValidate(t *testing.T) {
+	t.Parallel()
 	env := startEndpointEnv(t)
 	v := newSpecValidator(t)
 	post := func(t *testing.T, path, body string) []byte {

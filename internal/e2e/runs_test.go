@@ -164,6 +164,7 @@ func waitRun(t *testing.T, base, id string, state string) runJSON {
 // synchronous runs, replay for a late reader and a live one, cancellation
 // by DELETE and by a leaving submitter, listing, and bad input.
 func TestRunsAPI(t *testing.T) {
+	t.Parallel()
 	e, paths := startCancelStack(t, edge.DefaultConfig(), 2, sim.Config{TokensPerSecond: 200})
 	base := "http://" + e.HTTPAddr
 	for _, p := range paths {
@@ -318,6 +319,7 @@ func TestRunsAPI(t *testing.T) {
 // its previous run when that one has a free slot, even where the least
 // loaded rule would choose another.
 func TestRunsSessionAffinity(t *testing.T) {
+	t.Parallel()
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 200, DefaultMaxTokens: 1_000_000})
 	ctx, cancel := context.WithCancel(context.Background())
 	e := harness.Edge(t, ctx, harness.EdgeConfig(nil))
@@ -362,6 +364,7 @@ func TestRunsSessionAffinity(t *testing.T) {
 // which marks them error "edge restarted" and still lists the finished
 // ones with their output.
 func TestRunsOutliveTheEdgeProcess(t *testing.T) {
+	t.Parallel()
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}, TokensPerSecond: 200, DefaultMaxTokens: 1_000_000})
 	db := filepath.Join(t.TempDir(), "runs.db")
 
@@ -468,6 +471,7 @@ func startEdgeProcess(t *testing.T, bin, httpAddr, nodeAddr, db string) *exec.Cm
 // (another key gets 404, as for a run that does not exist). Before, any key
 // could read any run's output.
 func TestRegression_RunsOfOneKeyHiddenFromAnother(t *testing.T) {
+	t.Parallel()
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}})
 	alice, aliceHash := auth.Generate()
 	bob, bobHash := auth.Generate()
@@ -523,6 +527,7 @@ func TestRegression_RunsOfOneKeyHiddenFromAnother(t *testing.T) {
 // memory; only `iop edge` defaults to iop.db. Before, every test edge
 // shared cmd/iop/iop.db, and two test processes at once failed on its lock.
 func TestRegression_ZeroConfigKeepsNothingOnDisk(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	t.Chdir(dir)
 	ctx, cancel := context.WithCancel(context.Background())

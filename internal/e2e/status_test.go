@@ -25,6 +25,7 @@ const clearScreen = "\x1b[H\x1b[2J"
 // stream on a capacity-2 provider: the table, --json (equal to the edge's
 // snapshot) and --watch (refreshes until stopped).
 func TestStatusCommand(t *testing.T) {
+	t.Parallel()
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 50, DefaultMaxTokens: 1000})
 	ctx, cancel := context.WithCancel(context.Background())
 	e := harness.Edge(t, ctx, harness.EdgeConfig(map[string]edge.ModelConfig{"pool": {Targets: []string{"m"}}}))

@@ -145,6 +145,7 @@ func getHistory(t *testing.T, base string, since int64) adminwire.History {
 // totals are those of the load, and each series' colour is on the canvas
 // at its highest point.
 func TestDashboardChartsInBrowser(t *testing.T) {
+	t.Parallel()
 	_, simURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"chart-m"},
 		TTFT: 30 * time.Millisecond, TokensPerSecond: 200, DefaultMaxTokens: 100_000})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -327,6 +328,7 @@ func sameColor(hex string, rgba [4]int) bool {
 // cannot be constructed from a URL that includes credentials"), so it
 // showed nothing but that error.
 func TestRegression_UIWithCredentialsInURL(t *testing.T) {
+	t.Parallel()
 	const key = "admin-secret-key"
 	ctx, cancel := context.WithCancel(context.Background())
 	d, err := process.Start(ctx, process.Config{Mode: process.ModeDev, Dev: process.DevConfig{Listen: "127.0.0.1:0", NodeListen: "127.0.0.1:0", ForceSim: true,
@@ -366,6 +368,7 @@ func TestRegression_UIWithCredentialsInURL(t *testing.T) {
 // with every tick inside it, and the edge's first second is at the plot's
 // left edge.
 func TestRegression_DashboardAxisSpansTheRealWindow(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	e := harness.Edge(t, ctx, harness.EdgeConfig(nil))
 	t.Cleanup(cancel)

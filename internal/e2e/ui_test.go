@@ -59,6 +59,7 @@ func artifactDir(t *testing.T) string {
 // provider's in-flight count rise and fall live (from the events stream),
 // sees a refusal listed, and saves a screenshot.
 func TestDashboardInBrowser(t *testing.T) {
+	t.Parallel()
 	chrome := chromiumPath(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	d, err := process.Start(ctx, process.Config{Mode: process.ModeDev, Dev: process.DevConfig{Listen: "127.0.0.1:0", NodeListen: "127.0.0.1:0", ForceSim: true,
@@ -224,6 +225,7 @@ func providerSnapshot(s edge.Snapshot, node, id string) (edge.ProviderSnapshot, 
 // in headless Chromium: an alias with a target no node serves shows it
 // beside its queue; an alias whose targets all match shows nothing.
 func TestDashboardShowsUnmatchedTargets(t *testing.T) {
+	t.Parallel()
 	chrome := chromiumPath(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"tiny:latest"}})
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,4 +1,4 @@
-package process
+package e2e
 
 import (
 	"bytes"
@@ -8,58 +8,65 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/e2e/harness"
 	"iop/internal/edge"
 	"iop/internal/node"
+	"iop/internal/process"
 	"iop/internal/sim"
+	"iop/internal/testenv"
 )
 
-// waitDone waits, bounded by e2eDeadline, until p has stopped and returns
-// Wait's error.
-func waitDone(t *testing.T, p *Process) error {
+// stoppedCh returns a channel closed once p has stopped (p.Wait returned).
+func stoppedCh(p *process.Process) <-chan struct{} {
+	ch := make(chan struct{})
+	go func() {
+		_ = p.Wait()
+		close(ch)
+	}()
+	return ch
+}
+
+// waitDone waits, bounded by testenv.WaitDeadline, until p has stopped and
+// returns Wait's error.
+func waitDone(t *testing.T, p *process.Process) error {
 	t.Helper()
 	select {
-	case <-p.done:
+	case <-stoppedCh(p):
 		return p.Wait()
-	case <-time.After(e2eDeadline):
+	case <-time.After(testenv.WaitDeadline):
 		t.Fatalf("the %s process did not stop", p.Mode)
 		return nil
 	}
 }
 
-// stopped reports whether p has stopped already.
-func stopped(p *Process) bool {
+// stopped reports whether p has stopped already (given a moment for the
+// watcher goroutine to see it).
+func stopped(p *process.Process) bool {
 	select {
-	case <-p.done:
+	case <-stoppedCh(p):
 		return true
-	default:
+	case <-time.After(10 * time.Millisecond):
 		return false
-	}
-}
-
-// TestStartUnknownMode: Start refuses a mode it does not know, naming it.
-func TestStartUnknownMode(t *testing.T) {
-	if _, err := Start(context.Background(), Config{Mode: "proxy"}, Deps{}); err == nil || !strings.Contains(err.Error(), `"proxy"`) {
-		t.Fatalf("mode proxy: %v, want an error naming it", err)
 	}
 }
 
 // startNodeMode starts ModeNode for one Ollama-protocol sim provider
 // "p" serving "m" at url, and waits until it is connected.
-func startNodeMode(t *testing.T, e *Process, url string, drainTimeout time.Duration, logger *slog.Logger) *Process {
+func startNodeMode(t *testing.T, e *process.Process, url string, drainTimeout time.Duration, logger *slog.Logger) *process.Process {
 	t.Helper()
-	n, err := Start(context.Background(), Config{Mode: ModeNode, Version: "9.9", Node: node.Config{
+	n, err := process.Start(context.Background(), process.Config{Mode: process.ModeNode, Version: "9.9", Node: node.Config{
 		NodeID: "n1", Edge: e.NodeAddr, DrainTimeout: drainTimeout,
 		Providers: []node.ProviderConfig{{ID: "p", Type: node.TypeSim, Protocol: string(sim.ProtocolOllama), BaseURL: url, Models: []string{"m"}, Capacity: 2}},
-	}}, Deps{Logger: logger})
+	}}, process.Deps{Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Abort(); _ = n.Wait() })
 	select {
 	case <-n.Agent.Ready():
-	case <-n.done:
+	case <-stoppedCh(n):
 		t.Fatalf("node stopped before connecting: %v", n.Wait())
-	case <-time.After(e2eDeadline):
+	case <-time.After(testenv.WaitDeadline):
 		t.Fatal("node did not connect")
 	}
 	return n
@@ -70,18 +77,19 @@ func startNodeMode(t *testing.T, e *Process, url string, drainTimeout time.Durat
 // whole, then the node closes its connection (the edge fences it as
 // drained) and Wait returns nil.
 func TestNodeModeDrainLetsRunsFinish(t *testing.T) {
-	_, url := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 20, DefaultMaxTokens: 1000})
+	t.Parallel()
+	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 20, DefaultMaxTokens: 1000})
 	ctx, cancel := context.WithCancel(context.Background())
 	edgeLogs := &logRecorder{}
 	cfg := edge.DefaultConfig()
 	cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", ":memory:"
 	cfg.Models = map[string]edge.ModelConfig{"alias": {Targets: []string{"m"}}}
-	e, err := Start(ctx, Config{Mode: ModeEdge, Edge: cfg}, Deps{Logger: slog.New(edgeLogs)})
+	e, err := process.Start(ctx, process.Config{Mode: process.ModeEdge, Edge: cfg}, process.Deps{Logger: slog.New(edgeLogs)})
 	if err != nil {
 		cancel()
 		t.Fatal(err)
 	}
-	stopOnCleanup(t, cancel, e)
+	t.Cleanup(cancel)
 	nodeLogs := &logRecorder{}
 	n := startNodeMode(t, e, url, time.Minute, slog.New(nodeLogs))
 
@@ -110,10 +118,11 @@ func TestNodeModeDrainLetsRunsFinish(t *testing.T) {
 // timeout: the client's stream ends with an error event, and the node
 // says it aborted.
 func TestNodeModeAbortEndsRunsAtOnce(t *testing.T) {
-	_, url := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 20, DefaultMaxTokens: 100_000})
+	t.Parallel()
+	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 20, DefaultMaxTokens: 100_000})
 	ctx, cancel := context.WithCancel(context.Background())
-	e := startTestEdge(t, ctx, map[string]edge.ModelConfig{"alias": {Targets: []string{"m"}}})
-	stopOnCleanup(t, cancel, e)
+	e := harness.Edge(t, ctx, harness.EdgeConfig(map[string]edge.ModelConfig{"alias": {Targets: []string{"m"}}}))
+	t.Cleanup(cancel)
 	nodeLogs := &logRecorder{}
 	n := startNodeMode(t, e, url, time.Hour, slog.New(nodeLogs))
 
@@ -135,19 +144,20 @@ func TestNodeModeAbortEndsRunsAtOnce(t *testing.T) {
 // with the answer the drain timeout would give (an error event, never a
 // cut connection) and the edge stops, Wait nil.
 func TestEdgeModeAbortCutsTheDrainShort(t *testing.T) {
-	_, url := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 20, DefaultMaxTokens: 100_000})
+	t.Parallel()
+	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 20, DefaultMaxTokens: 100_000})
 	logs := &logRecorder{}
 	cfg := edge.DefaultConfig()
 	cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", ":memory:"
 	cfg.DrainTimeout = time.Hour
 	cfg.Models = map[string]edge.ModelConfig{"alias": {Targets: []string{"m"}}}
-	e, err := Start(context.Background(), Config{Mode: ModeEdge, Edge: cfg}, Deps{Logger: slog.New(logs)})
+	e, err := process.Start(context.Background(), process.Config{Mode: process.ModeEdge, Edge: cfg}, process.Deps{Logger: slog.New(logs)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Abort(); _ = e.Wait() })
 	nodeCtx, stopNode := context.WithCancel(context.Background())
-	startNode(t, nodeCtx, node.Config{NodeID: "n1", Edge: e.NodeAddr,
+	harness.Node(t, nodeCtx, node.Config{NodeID: "n1", Edge: e.NodeAddr,
 		Providers: []node.ProviderConfig{{ID: "p", Type: node.TypeOllama, BaseURL: url, Models: []string{"m"}, Capacity: 1}}})
 	t.Cleanup(stopNode)
 

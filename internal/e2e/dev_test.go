@@ -1,50 +1,28 @@
-package process
+package e2e
 
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
 
+	"iop/internal/e2e/harness"
+	"iop/internal/process"
 	"iop/internal/sim"
+	"iop/internal/testenv"
 )
-
-// startSimDev starts iop dev with the simulator (ForceSim, SimCapacity 2
-// unless cfg says otherwise) on loopback ports chosen by the system, its
-// banner written to stdout (may be nil); at cleanup it stops it and checks
-// it exited cleanly.
-func startSimDev(t *testing.T, cfg DevConfig, stdout io.Writer) *Process {
-	t.Helper()
-	cfg.Listen, cfg.NodeListen, cfg.ForceSim = "127.0.0.1:0", "127.0.0.1:0", true
-	if cfg.SimCapacity == 0 {
-		cfg.SimCapacity = 2
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	d, err := Start(ctx, Config{Mode: ModeDev, Dev: cfg}, Deps{Logger: quietLogger(), Stdout: stdout})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		if err := d.Wait(); err != nil {
-			t.Errorf("iop dev: %v", err)
-		}
-	})
-	return d
-}
 
 // TestDevDemoAnswersEmbeddings: the simulated providers of `iop dev`
 // declare capability embeddings, so the alias demo answers embedding
 // requests (on whichever of its providers is least loaded).
 func TestDevDemoAnswersEmbeddings(t *testing.T) {
-	d := startSimDev(t, DevConfig{}, nil)
+	t.Parallel()
+	d := harness.Dev(t, process.DevConfig{}, nil)
 	c := &http.Client{Transport: &http.Transport{}}
 	defer c.CloseIdleConnections()
-	for _, model := range append([]string{devAlias}, d.Dev.Models...) {
+	for _, model := range append([]string{"demo"}, d.Dev.Models...) {
 		status, body := postTo(t, c, "http://"+d.HTTPAddr+"/v1/embeddings", `{"model":"`+model+`","input":["a","b c"]}`)
 		var got struct {
 			Data []struct {
@@ -65,11 +43,12 @@ func TestDevDemoAnswersEmbeddings(t *testing.T) {
 // tools model and an embeddings request to the embedding model; a model
 // pulled while iop dev runs is listed without a restart.
 func TestRegression_DevOllamaAdmitsToolsAndEmbeddings(t *testing.T) {
-	s, ollamaURL := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"nomic-embed-text:latest", "qwen3:latest"},
+	t.Parallel()
+	s, ollamaURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"nomic-embed-text:latest", "qwen3:latest"},
 		Capabilities: map[string][]string{"qwen3:latest": {"completion", "tools", "thinking"}, "nomic-embed-text:latest": {"embedding"}}})
 	ctx, cancel := context.WithCancel(context.Background())
-	d, err := Start(ctx, Config{Mode: ModeDev, Dev: DevConfig{Listen: "127.0.0.1:0", NodeListen: "127.0.0.1:0", OllamaURL: ollamaURL,
-		DiscoveryInterval: discoveryInterval, SimCapacity: 1}}, Deps{Logger: quietLogger()})
+	d, err := process.Start(ctx, process.Config{Mode: process.ModeDev, Dev: process.DevConfig{Listen: "127.0.0.1:0", NodeListen: "127.0.0.1:0", OllamaURL: ollamaURL,
+		DiscoveryInterval: discoveryInterval, SimCapacity: 1}}, process.Deps{Logger: harness.Logger(t, "edge")})
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -100,7 +79,7 @@ func TestRegression_DevOllamaAdmitsToolsAndEmbeddings(t *testing.T) {
 	}
 
 	s.AddModel("llama3.2:latest", "completion", "tools")
-	waitFor(t, "the pulled model is listed", func() bool {
+	testenv.Eventually(t, "the pulled model is listed", func() bool {
 		var models struct {
 			Data []struct {
 				ID string `json:"id"`
@@ -120,11 +99,12 @@ func TestRegression_DevOllamaAdmitsToolsAndEmbeddings(t *testing.T) {
 // message.thinking, an OpenAI client reasoning_content, before the answer
 // (a new user could not try thinking against iop dev).
 func TestDevSimThinking(t *testing.T) {
-	d := startSimDev(t, DevConfig{SimThinking: true}, nil)
+	t.Parallel()
+	d := harness.Dev(t, process.DevConfig{SimThinking: true}, nil)
 	c := &http.Client{Transport: &http.Transport{}}
 	defer c.CloseIdleConnections()
 	base := "http://" + d.HTTPAddr
-	for _, model := range []string{devOllamaModel, devOpenAIModel} {
+	for _, model := range []string{"sim-ollama", "sim-openai"} {
 		status, body := postTo(t, c, base+"/api/chat", `{"model":"`+model+`","stream":false,"think":true,"messages":[{"role":"user","content":"hi"}]}`)
 		var got struct {
 			Message struct{ Content, Thinking string } `json:"message"`
@@ -151,7 +131,8 @@ func TestDevSimThinking(t *testing.T) {
 // between flows by default (issue 19): /admin/v1/queues says fairness on
 // for each, with its flows listed (none queued here).
 func TestDevQueuesAreFair(t *testing.T) {
-	d := startSimDev(t, DevConfig{}, nil)
+	t.Parallel()
+	d := harness.Dev(t, process.DevConfig{}, nil)
 	c := &http.Client{Transport: &http.Transport{}}
 	defer c.CloseIdleConnections()
 	resp, err := c.Get("http://" + d.HTTPAddr + "/admin/v1/queues")

@@ -1,4 +1,4 @@
-package process
+package e2e
 
 import (
 	"bufio"
@@ -13,9 +13,12 @@ import (
 
 	_ "modernc.org/sqlite"
 
+	"iop/internal/e2e/harness"
 	"iop/internal/edge"
 	"iop/internal/node"
+	"iop/internal/process"
 	"iop/internal/sim"
+	"iop/internal/testenv"
 )
 
 // TestRegression_EdgeStopEndsRequestsWithAnAnswer: an edge stopped while a
@@ -29,23 +32,24 @@ import (
 // client_gone, and the ledger dropped them ("usage entry after the ledger
 // closed").
 func TestRegression_EdgeStopEndsRequestsWithAnAnswer(t *testing.T) {
-	_, url := startSim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"slow"}, TokensPerSecond: 20, DefaultMaxTokens: 1_000_000})
+	t.Parallel()
+	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"slow"}, TokensPerSecond: 20, DefaultMaxTokens: 1_000_000})
 	db := filepath.Join(t.TempDir(), "edge.db")
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	cfg := edge.DefaultConfig()
 	cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", db
 	cfg.DrainTimeout = 300 * time.Millisecond
-	e, err := Start(ctx, Config{Mode: ModeEdge, Edge: cfg}, Deps{Logger: quietLogger()})
+	e, err := process.Start(ctx, process.Config{Mode: process.ModeEdge, Edge: cfg}, process.Deps{Logger: harness.Logger(t, "edge")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	nodeCtx, stopNode := context.WithCancel(context.Background())
 	defer stopNode()
-	startNode(t, nodeCtx, node.Config{NodeID: "gpu-1", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
+	harness.Node(t, nodeCtx, node.Config{NodeID: "gpu-1", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
 		{ID: "v", Type: "vllm", BaseURL: url + "/v1", Models: []string{"slow"}, Capacity: 1}}})
 	base := "http://" + e.HTTPAddr
-	waitFor(t, "the node serves slow", func() bool {
+	testenv.Eventually(t, "the node serves slow", func() bool {
 		return len(e.Service.Snapshot().Providers) == 1
 	})
 
@@ -69,7 +73,7 @@ func TestRegression_EdgeStopEndsRequestsWithAnAnswer(t *testing.T) {
 		}
 		queued <- r
 	}()
-	waitFor(t, "the second request queued", func() bool { return e.Service.Snapshot().Waiters == 1 })
+	testenv.Eventually(t, "the second request queued", func() bool { return e.Service.Snapshot().Waiters == 1 })
 
 	stop() // SIGTERM
 	var last string
@@ -127,22 +131,23 @@ func TestRegression_EdgeStopEndsRequestsWithAnAnswer(t *testing.T) {
 // left (a new user's report). It runs to its end within the drain, is
 // recorded complete with its whole output, and the edge then stops.
 func TestRegression_EdgeStopDrainsBackgroundRuns(t *testing.T) {
-	_, url := startSim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"slow"}, TokensPerSecond: 20})
+	t.Parallel()
+	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"slow"}, TokensPerSecond: 20})
 	db := filepath.Join(t.TempDir(), "edge.db")
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	cfg := edge.DefaultConfig()
 	cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", db
 	cfg.DrainTimeout = time.Minute // far more than the run needs
-	e, err := Start(ctx, Config{Mode: ModeEdge, Edge: cfg}, Deps{Logger: quietLogger()})
+	e, err := process.Start(ctx, process.Config{Mode: process.ModeEdge, Edge: cfg}, process.Deps{Logger: harness.Logger(t, "edge")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	nodeCtx, stopNode := context.WithCancel(context.Background())
 	defer stopNode()
-	startNode(t, nodeCtx, node.Config{NodeID: "gpu-1", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
+	harness.Node(t, nodeCtx, node.Config{NodeID: "gpu-1", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
 		{ID: "v", Type: "vllm", BaseURL: url + "/v1", Models: []string{"slow"}, Capacity: 1}}})
-	waitFor(t, "the node serves slow", func() bool { return len(e.Service.Snapshot().Providers) == 1 })
+	testenv.Eventually(t, "the node serves slow", func() bool { return len(e.Service.Snapshot().Providers) == 1 })
 
 	resp, err := http.Post("http://"+e.HTTPAddr+"/v1/runs", "application/json",
 		strings.NewReader(`{"model":"slow","prompt":"count","background":true,"max_tokens":20}`))
@@ -155,7 +160,7 @@ func TestRegression_EdgeStopDrainsBackgroundRuns(t *testing.T) {
 	if run.ID == "" {
 		t.Fatalf("no run id (%d)", resp.StatusCode)
 	}
-	waitFor(t, "the run is in flight", func() bool { return len(e.Service.RunsInFlight()) == 1 })
+	testenv.Eventually(t, "the run is in flight", func() bool { return len(e.Service.RunsInFlight()) == 1 })
 
 	stop() // SIGTERM
 	if err := e.Wait(); err != nil {
