@@ -49,6 +49,10 @@ func removeBinary() {
 	}
 }
 
+// waitDelay is how long Wait waits for a command's output pipes to close
+// after it exited.
+const waitDelay = 5 * time.Second
+
 // Command is a child process of the test: the iop command (StartCommand)
 // or another program (StartProgram). Its stdout and stderr are kept
 // (iop logs to stderr); both are printed if the test fails. It is killed
@@ -88,6 +92,10 @@ func StartCmd(t testing.TB, ctx context.Context, name string, cmd *exec.Cmd) *Co
 	t.Helper()
 	c := &Command{Name: name, Cmd: cmd, Out: &Buffer{}, Log: &Buffer{}, exited: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = c.Out, c.Log
+	// A child of the command (a CLI provider's program, a shell's) may
+	// hold its output pipes open after it exited: Wait then returns
+	// waitDelay after the exit, not when that child ends.
+	cmd.WaitDelay = waitDelay
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}

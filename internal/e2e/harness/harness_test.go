@@ -88,7 +88,7 @@ func TestCommandGetsSIGTERMWhenItsContextEnds(t *testing.T) {
 
 func TestCommandWaitLog(t *testing.T) {
 	t.Parallel()
-	c := StartProgram(t, nil, "sh", "/bin/sh", "-c", `echo '{"msg":"starting"}' >&2; echo '{"msg":"ready","port":7}' >&2; sleep 600`)
+	c := StartProgram(t, nil, "sh", "/bin/sh", "-c", `echo '{"msg":"starting"}' >&2; echo '{"msg":"ready","port":7}' >&2; exec sleep 600`)
 	if l := c.WaitLog(t, "ready"); l["port"] != float64(7) {
 		t.Fatalf("line %v", l)
 	}
