@@ -1,6 +1,6 @@
 package e2e
 
-// End-to-end tests of issue 13, item 4: a client that has read its whole
+// End-to-end tests: a client that has read its whole
 // answer may send its next request at once and never meets its own key's
 // max_concurrent limit. A real edge (HTTP on loopback TCP, its node
 // endpoint over gRPC), a real node agent and `iop sim` backends of both

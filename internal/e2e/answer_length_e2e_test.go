@@ -1,6 +1,6 @@
 package e2e
 
-// End-to-end tests of issue 18's framing of a non-streamed tunnel answer:
+// End-to-end tests of the framing of a non-streamed tunnel answer:
 // a small answer travels from the node as one message and reaches the
 // client with its Content-Length (RFC 9110 section 8.6), a large one still
 // arrives whole, a body cut short of its declared length never looks

@@ -1,6 +1,6 @@
 package e2e
 
-// The bad-input suite (issue 6, "Bad input"): every kind of malformed
+// The bad-input suite: every kind of malformed
 // request, sent to every route that takes a body (the OpenAI routes, the
 // Ollama routes and POST /v1/runs) of a real edge with a real node and `iop
 // sim` backends on both execution paths. Each one must get a 4xx with a

@@ -18,8 +18,7 @@ import (
 // StreamErrorAfter, as vLLM reports a failed generation) is taken out of
 // rotation after the breaker's failures by requests of every route, not
 // only /v1/chat/completions: the Responses, Messages and Ollama routes'
-// failures never opened its circuit and even reset its failure count (a
-// new user's and a tester's reports). Each route on its own provider,
+// failures must open its circuit and never reset its failure count. Each route on its own provider,
 // streamed and not (the translated routes ask the provider for a stream
 // either way; a non-streamed chat request gets the simulator's whole,
 // unbroken answer, so chat is streamed only): three failures open the

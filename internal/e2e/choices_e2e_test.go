@@ -69,7 +69,7 @@ func TestRegression_NAboveOneReachesOnlyOpenAICompatibleProviders(t *testing.T) 
 	waitIdle(t, rig.e)
 }
 
-// Batches (issue 15): a completions request with several prompts, and a
+// Batches: a completions request with several prompts, and a
 // prompt or an embeddings input of token ids, can only be taken by an
 // OpenAI-compatible provider (Ollama's /api/generate takes one prompt
 // string, its /api/embed text only). Through the alias of an Ollama and
@@ -184,8 +184,8 @@ func batchAnswer(t *testing.T, data []byte, stream bool) (model string, items in
 }
 
 // TestRegression_LogprobsReachOnlyProvidersThatReturnThem: a chat request
-// with logprobs true was answered by an Ollama provider without them (a new
-// user's report; the README promised a 400 naming the field). A request
+// with logprobs true was answered by an Ollama provider without them (the
+// README promises a 400 naming the field). A request
 // for log probabilities (chat's logprobs or top_logprobs, a completion's
 // logprobs) on an alias that mixes providers goes to the OpenAI-compatible
 // one; on a model only an Ollama provider serves it is refused 400 saying

@@ -9,7 +9,7 @@ import (
 )
 
 // A non-raw /api/generate answer carries "context" on its final object, as
-// Ollama's does (issue 15), on both execution paths, streamed or not. iop
+// Ollama's does, on both execution paths, streamed or not. iop
 // has no tokenizer, so it is iop's encoding of the conversation; sent
 // back with the next prompt, the provider gets the earlier prompt and
 // answer as history before the new prompt, the memory Ollama's context

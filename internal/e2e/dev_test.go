@@ -128,7 +128,7 @@ func TestDevSimThinking(t *testing.T) {
 }
 
 // TestDevQueuesAreFair: iop dev's model queues share their slots fairly
-// between flows by default (issue 19): /admin/v1/queues says fairness on
+// between flows by default: /admin/v1/queues says fairness on
 // for each, with its flows listed (none queued here).
 func TestDevQueuesAreFair(t *testing.T) {
 	t.Parallel()

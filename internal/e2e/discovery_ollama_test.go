@@ -84,11 +84,10 @@ func TestDiscoveryEndToEndOllama(t *testing.T) {
 	runDiscoveryEndToEnd(t, ollamaDiscoveredServer(t))
 }
 
-// TestRegression_DevRealOllamaAdmitsTools: the issue's report, as a new
-// user meets it: iop dev in front of a real Ollama refused a chat request
-// with tools 400 ("no provider for model demo has capability tools"),
-// because its node advertised only "stream". Now demo's tools request is
-// admitted and answered by the tools model, and its embeddings request by
+// TestRegression_DevRealOllamaAdmitsTools: iop dev in front of a real
+// Ollama refused a chat request with tools 400 ("no provider for model
+// demo has capability tools"), because its node advertised only "stream".
+// Demo's tools request is admitted and answered by the tools model, and its embeddings request by
 // the embedding model.
 func TestRegression_DevRealOllamaAdmitsTools(t *testing.T) {
 	t.Parallel()
@@ -116,8 +115,7 @@ func TestRegression_DevRealOllamaAdmitsTools(t *testing.T) {
 // TestRegression_ModelListsShowNoPathOfTheOllamaHost: /api/tags through
 // iop dev in front of a real Ollama showed a model's parent_model as the
 // path of its blob on the Ollama host ("/.../models/blobs/sha256-..."),
-// taken from /api/show, where Ollama's own /api/tags says "" (a new user's
-// report). No model list or description iop serves carries a path of the
+// taken from /api/show, where Ollama's own /api/tags says "". No model list or description iop serves carries a path of the
 // host.
 func TestRegression_ModelListsShowNoPathOfTheOllamaHost(t *testing.T) {
 	t.Parallel()

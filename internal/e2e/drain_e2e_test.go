@@ -1,6 +1,6 @@
 package e2e
 
-// Drain tests (issue 13, "a node drains"): every component a real process
+// Drain tests (a node drains): every component a real process
 // built from this package — two `iop sim` (an OpenAI- and an Ollama-
 // protocol one), `iop edge`, `iop node` — and a node signalled while its
 // streams are under way, on both execution paths and both client APIs.

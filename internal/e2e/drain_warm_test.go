@@ -23,8 +23,8 @@ import (
 // each run's last frame was queued on its stream, before the edge had read
 // it; the edge fenced the connection and those clients got "upstream ended
 // the response without completing it" (502, or an error event in place of
-// the stream's end) for answers the provider had finished (a break-it
-// report and a new user's node restart: 1 to 5 of every 16 streams). The
+// the stream's end) for answers the provider had finished (1 to 5 of
+// every 16 streams). The
 // README says a draining node's runs in flight finish: every answer here
 // must arrive whole. The runs go down warm streams (a first round leaves
 // the connection with enough reused ones), the node is draining at the

@@ -23,7 +23,7 @@ import (
 	"iop/internal/testenv"
 )
 
-// Nodes on several edges (issue 20): one node, several real edges (each
+// Nodes on several edges: one node, several real edges (each
 // an in-process edge on real TCP), real gRPC, an iop sim backend whose
 // own max_in_flight judges the capacity.
 

@@ -1,6 +1,6 @@
 package e2e
 
-// Fault tests (issue 6, "Faults"): real edge, real node agents over gRPC,
+// Fault tests: real edge, real node agents over gRPC,
 // `iop sim` backends with fault injection, raw HTTP servers standing in for
 // misbehaving providers, and a child `iop node` process that is stopped and
 // killed.

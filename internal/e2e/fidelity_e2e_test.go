@@ -1,6 +1,6 @@
 package e2e
 
-// End-to-end tests of protocol fidelity (issue 15) through a real edge and
+// End-to-end tests of protocol fidelity through a real edge and
 // node over gRPC and `iop sim` providers: thinking on both execution paths
 // and both client APIs, tool choice, the developer role and remote images.
 

@@ -333,7 +333,7 @@ func TestOllamaTagsListWhatChatAccepts(t *testing.T) {
 			t.Fatalf("entry %+v", m)
 		}
 	}
-	// Names with their tag, as Ollama lists them (issue 15).
+	// Names with their tag, as Ollama lists them.
 	if want := []string{"both:latest", rigOllamaModel, rigOpenAIModel}; !slices.Equal(names, want) {
 		t.Fatalf("tags %v, want %v", names, want)
 	}
@@ -656,7 +656,7 @@ func TestOllamaClientGetsToolCallsFromOpenAIProvider(t *testing.T) {
 // TestRegression_LoadOfAModelWhoseNodeIsGoneIsUnavailable: Ollama's load
 // request (/api/generate or /api/chat with nothing to generate) for a model
 // whose only node had just gone answered 404 "try pulling it first", while
-// a request that generates answered 503 (a new user's report). It answers
+// a request that generates answered 503. It answers
 // 503 with Retry-After too; a model never served is still 404.
 func TestRegression_LoadOfAModelWhoseNodeIsGoneIsUnavailable(t *testing.T) {
 	t.Parallel()

@@ -217,7 +217,7 @@ func (st *prefixStack) send(t *testing.T, path string, body any) {
 	}
 }
 
-// TestPrefixRoutingSecondTurnGoesToItsProvider (issue 19): a
+// TestPrefixRoutingSecondTurnGoesToItsProvider: a
 // conversation's first turn lands on c, the only free provider (a and b
 // hold blockers with unrelated prompts, placed least-loaded: no prefix
 // matches them). Once everything is idle again, its second turn goes back
@@ -269,7 +269,7 @@ func TestPrefixRoutingSecondTurnGoesToItsProvider(t *testing.T) {
 	}
 }
 
-// TestPrefixRoutingIsWorkConserving (issue 19): when the provider holding
+// TestPrefixRoutingIsWorkConserving: when the provider holding
 // a conversation's prefix is full, its next turn goes at once to a free
 // provider (the least loaded one: a), never waiting for the busy one.
 func TestPrefixRoutingIsWorkConserving(t *testing.T) {
@@ -310,7 +310,7 @@ func TestPrefixRoutingIsWorkConserving(t *testing.T) {
 	}
 }
 
-// TestPrefixRoutingCapacityUnderConcurrency (issue 19): many
+// TestPrefixRoutingCapacityUnderConcurrency: many
 // conversations sharing a system prompt, each growing over turns, sent at
 // once through prefix routing: every request is answered, no simulator
 // ever sees more than its capacity or answers 429, and the caches hit.

@@ -25,8 +25,8 @@ import (
 // before and 503 once the edge stops (before it exits); every request the
 // clients sent gets an HTTP answer — a complete 200, or 503 with
 // Retry-After — or is refused at connect (the listener is closed): none
-// has its connection closed with no answer (a tester saw that for a
-// request arriving at the instant of SIGTERM). /readyz is 503 until the
+// has its connection closed with no answer, not even a request arriving
+// at the instant of SIGTERM. /readyz is 503 until the
 // node connected.
 func TestRegression_SIGTERMDuringBurstAnswersEveryRequest(t *testing.T) {
 	t.Parallel()

@@ -61,8 +61,7 @@ func TestRealOllama_Dev(t *testing.T) {
 	// (modified_at has one-second steps), so demo is tiny. (Otherwise demo
 	// may be the embedding model, the thinking one, whose answer is all
 	// thinking and no text (its template never ends the thinking), or the one whose slot the
-	// abort checks may leave taken: iop dev does not read capabilities yet,
-	// issue 14.)
+	// abort checks may leave taken: iop dev does not read capabilities.)
 	s.CreateModel(t, "tiny-embed", ollamatest.Embedding)
 	s.CreateModel(t, "tiny-think", ollamatest.Thinking)
 	s.CreateModel(t, "tiny-abort", ollamatest.Plain) // only for the clients' abort checks (ollama/ollama#17131)

@@ -1,6 +1,6 @@
 package e2e
 
-// End-to-end test of issue 13, item 6: every finished request has one
+// End-to-end test: every finished request has one
 // outcome, the same in its log line, the metrics, the usage ledger, the
 // events stream and the runs API record; refusals by a key's limits are
 // requests too.

@@ -609,7 +609,7 @@ func TestNeverAnOpenProxy(t *testing.T) {
 		}
 	}
 	// A pull of a served model is answered by the edge itself (Ollama's
-	// progress stream, issue 15): it reaches no provider either.
+	// progress stream): it reaches no provider either.
 	send("POST", "/api/pull", `{"model":"m","name":"m"}`)
 	if n := len(up.requests()) - before; n != 0 {
 		t.Errorf("%d provider requests from paths the API does not serve", n)

@@ -26,11 +26,8 @@ import (
 // it ends both with an answer that says it stopped, and records both. The
 // stream gets an SSE error event with code edge_shutting_down and no
 // [DONE]; the queued request gets 503 edge_shutting_down with Retry-After;
-// each is in the usage ledger once, with the outcome edge_stopped. Before
-// (a new user's report), the stream was cut without an error event, the
-// queued request got an empty reply after the grace, both were recorded as
-// client_gone, and the ledger dropped them ("usage entry after the ledger
-// closed").
+// each is in the usage ledger once, with the outcome edge_stopped (not
+// client_gone, and not dropped as "usage entry after the ledger closed").
 func TestRegression_EdgeStopEndsRequestsWithAnAnswer(t *testing.T) {
 	t.Parallel()
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"slow"}, TokensPerSecond: 20, DefaultMaxTokens: 1_000_000})
@@ -128,7 +125,7 @@ func TestRegression_EdgeStopEndsRequestsWithAnAnswer(t *testing.T) {
 // TestRegression_EdgeStopDrainsBackgroundRuns: a background run (the runs
 // API) in flight when the edge is told to stop was ended at once, as
 // stopped with the edge, though the drain timeout had most of its time
-// left (a new user's report). It runs to its end within the drain, is
+// left. It runs to its end within the drain, is
 // recorded complete with its whole output, and the edge then stops.
 func TestRegression_EdgeStopDrainsBackgroundRuns(t *testing.T) {
 	t.Parallel()

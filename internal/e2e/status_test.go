@@ -57,8 +57,7 @@ func TestStatusCommand(t *testing.T) {
 	if line := lineWith(table, "ollama"); !strings.HasPrefix(line, "gpu-1") || !strings.Contains(line, " p ") || !strings.HasSuffix(line, " m") {
 		t.Errorf("provider row %q", line)
 	}
-	// The alias's queue is listed though nothing waits in it (issue 13,
-	// item 5): queued 0, its policy.
+	// The alias's queue is listed though nothing waits in it: queued 0, its policy.
 	if fields := strings.Fields(lineWith(table, "pool")); strings.Join(fields, " ") != "pool 0 16 30s on -" {
 		t.Errorf("queue row %q, want pool 0 16 30s on -", fields)
 	}

@@ -1,6 +1,6 @@
 package e2e
 
-// Tracing tests (issue 21, "Traces"): real `iop edge` (tracing by the
+// Tracing tests: real `iop edge` (tracing by the
 // OTEL_* environment) and `iop node` (tracing by its config file's
 // tracing: section) processes, in front of two sims served by the test
 // (OpenAI protocol: tunnel path; Ollama protocol: normalized path; each

@@ -54,8 +54,7 @@ func artifactDir(t *testing.T) string {
 
 // TestDashboardInBrowser opens /ui of `iop dev` in headless Chromium, checks
 // that it shows the node and both providers, the queue of the demo alias
-// from the start and of a served model from its first request (issue 13,
-// item 5), drives load and sees the
+// from the start and of a served model from its first request, drives load and sees the
 // provider's in-flight count rise and fall live (from the events stream),
 // sees a refusal listed, and saves a screenshot.
 func TestDashboardInBrowser(t *testing.T) {
