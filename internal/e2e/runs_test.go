@@ -527,7 +527,7 @@ func TestRegression_RunsOfOneKeyHiddenFromAnother(t *testing.T) {
 // memory; only `iop edge` defaults to iop.db. Before, every test edge
 // shared cmd/iop/iop.db, and two test processes at once failed on its lock.
 func TestRegression_ZeroConfigKeepsNothingOnDisk(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it changes the working directory (t.Chdir).
 	dir := t.TempDir()
 	t.Chdir(dir)
 	ctx, cancel := context.WithCancel(context.Background())
