@@ -435,3 +435,42 @@ func TestTakeOllamaStop(t *testing.T) {
 		}
 	}
 }
+
+// TestOllamaClientThinkGoesInOllamaFields: an Ollama client's think
+// level goes as the chat body's reasoning_effort and also as the "think"
+// of OllamaFields, by which an adapter tells it from an effort an OpenAI
+// client sent (it relays the provider's refusal of the former and may
+// retry the latter without it); true and false are no effort.
+func TestOllamaClientThinkGoesInOllamaFields(t *testing.T) {
+	for _, c := range []struct{ think, effort, field string }{
+		{`"high"`, `"high"`, `"high"`},
+		{`"low"`, `"low"`, `"low"`},
+		{`true`, ``, `true`},
+		{`false`, ``, `false`},
+	} {
+		for _, from := range []func([]byte) (Request, error){FromOllamaChat, FromOllamaGenerate} {
+			body := `{"model":"m","think":` + c.think + `,"prompt":"hi","messages":[{"role":"user","content":"hi"}]}`
+			req, err := from([]byte(body))
+			if err != nil {
+				t.Fatalf("think %s: %v", c.think, err)
+			}
+			var top struct {
+				Effort json.RawMessage `json:"reasoning_effort"`
+			}
+			if err := json.Unmarshal(req.Body, &top); err != nil {
+				t.Fatal(err)
+			}
+			fields, err := ParseOllamaFields(req.OllamaFields)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var field string
+			if fields.Has("think") {
+				field = string(fields.top["think"])
+			}
+			if string(top.Effort) != c.effort || field != c.field {
+				t.Errorf("think %s: reasoning_effort %s, OllamaFields think %q; want %s and %q", c.think, top.Effort, field, c.effort, c.field)
+			}
+		}
+	}
+}

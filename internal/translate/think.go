@@ -35,3 +35,28 @@ func ThinkAsBool(body []byte) ([]byte, bool) {
 func IsThinkLevelRefusal(msg string) bool {
 	return strings.HasPrefix(msg, "think value ") && strings.HasSuffix(msg, " is not supported for this model")
 }
+
+// DropReasoningEffort returns body, an OpenAI chat completions request,
+// without its "reasoning_effort" and "reasoning" fields, and whether it
+// had either; without them, body comes back unchanged. Ollama's
+// OpenAI-compatible API turns both into a think level, which it refuses
+// from a model that takes booleans only (IsThinkLevelRefusal); without
+// them such a model thinks as it does by default.
+func DropReasoningEffort(body []byte) ([]byte, bool) {
+	var top map[string]json.RawMessage
+	if json.Unmarshal(body, &top) != nil {
+		return body, false
+	}
+	_, effort := top["reasoning_effort"]
+	_, reasoning := top["reasoning"]
+	if !effort && !reasoning {
+		return body, false
+	}
+	delete(top, "reasoning_effort")
+	delete(top, "reasoning")
+	out, err := json.Marshal(top)
+	if err != nil {
+		return body, false
+	}
+	return out, true
+}

@@ -64,10 +64,11 @@ for (const { path, model } of models) {
   })
 }
 
-// Only the native provider: Ollama's /v1 refuses a level for a model that
-// takes booleans (400 think value "low" is not supported for this model),
-// and the tunnel path sends reasoning.effort as the client gave it.
-for (const { path, model } of thinkers.filter((m) => m.path === 'normalized')) {
+// Both paths: Ollama refuses a level from a model that takes booleans
+// (400 think value "low" is not supported for this model); the native
+// provider sends think true instead, the tunnel the request without the
+// effort.
+for (const { path, model } of thinkers) {
   check(`${path}: reasoning.effort gives a reasoning item and reasoning_tokens`, async () => {
     const resp = await client.responses.create({ model, input: 'think first', reasoning: { effort: 'low' }, max_output_tokens: 8 })
     const reasoning = resp.output.filter((it) => it.type === 'reasoning')

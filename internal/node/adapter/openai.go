@@ -14,6 +14,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
+	"iop/internal/translate"
 	"iop/internal/wire/nodev1"
 )
 
@@ -71,6 +72,11 @@ var notForwarded = map[string]bool{
 // safe for concurrent use.
 type OpenAI struct {
 	p *httpProvider
+
+	mu sync.Mutex
+	// noEffort holds the served models that refused a reasoning effort
+	// as a think level (thinkLevelRetry); their requests go without one.
+	noEffort map[string]bool
 }
 
 var _ Tunneler = (*OpenAI)(nil)
@@ -168,7 +174,11 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 	default:
 		return badRequest("operation %v is not supported", req.Op)
 	}
-	// req.OllamaFields mean nothing to an OpenAI-compatible server.
+	// req.OllamaFields mean nothing to an OpenAI-compatible server, but
+	// for their "think": a level an Ollama client set in its own terms,
+	// whose refusal goes back to it as it came (no thinkLevelRetry).
+	fields, _ := translate.ParseOllamaFields(req.OllamaFields)
+	effortRetry := req.Op == nodev1.Operation_OPERATION_CHAT && !fields.Has("think")
 	body, err := rewriteModel(req.Body, req.ServedModel)
 	if err != nil {
 		return badRequest("%v", err)
@@ -180,9 +190,17 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 			header.Set(k, v)
 		}
 	}
+	if effortRetry && o.refusesEffort(req.ServedModel) {
+		body, _ = translate.DropReasoningEffort(body)
+	}
 	c, err := o.p.post(ctx, path, body, header)
 	if err != nil {
 		return err
+	}
+	if effortRetry && c.resp.StatusCode == http.StatusBadRequest {
+		if c, err = o.thinkLevelRetry(ctx, c, path, body, header, req.ServedModel); err != nil {
+			return err
+		}
 	}
 	defer c.close()
 	switch status := c.resp.StatusCode; {
@@ -443,6 +461,54 @@ type openAIError struct {
 	Type    string  `json:"type"`
 	Param   *string `json:"param"`
 	Code    *string `json:"code"`
+}
+
+// thinkLevelRetry handles c, a 400 to a chat body: when it is Ollama's
+// refusal of a reasoning effort as a think level (its OpenAI-compatible
+// API maps reasoning_effort to one, which models other than gpt-oss
+// refuse in Ollama v0.17.4: translate.IsThinkLevelRefusal), the model is
+// remembered and body goes once more without the effort
+// (translate.DropReasoningEffort), and that call is returned. Any other
+// 400 is returned unread, to be relayed as it is. Later requests for the
+// model go without the effort at once (refusesEffort). Tunnel calls it
+// only for an effort an OpenAI client sent: a "think" in the Dispatch's
+// Ollama fields is an Ollama client's own level, whose refusal goes back
+// as Ollama gives it.
+func (o *OpenAI) thinkLevelRetry(ctx context.Context, c *call, path string, body []byte, header http.Header, model string) (*call, error) {
+	data, err := io.ReadAll(io.LimitReader(c.resp.Body, errorBodyLimit))
+	if err != nil && c.parent.Err() != nil {
+		c.close()
+		return nil, c.failure(err, true)
+	}
+	c.resp.Body.Close()
+	c.resp.Body = io.NopCloser(bytes.NewReader(data))
+	var answer struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(data, &answer) != nil || !translate.IsThinkLevelRefusal(answer.Error.Message) {
+		return c, nil
+	}
+	retry, ok := translate.DropReasoningEffort(body)
+	if !ok {
+		return c, nil
+	}
+	c.close()
+	o.mu.Lock()
+	if o.noEffort == nil {
+		o.noEffort = make(map[string]bool)
+	}
+	o.noEffort[model] = true
+	o.mu.Unlock()
+	return o.p.post(ctx, path, retry, header)
+}
+
+// refusesEffort reports whether model refused a reasoning effort before.
+func (o *OpenAI) refusesEffort(model string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.noEffort[model]
 }
 
 // relayError relays a 4xx or 5xx answer as one OpenAI error object (see

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -430,5 +432,79 @@ func TestOpenAITunnelWholeAnswerInOneHead(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRegression_ReasoningEffortOnOllamasOpenAIAPI: Ollama's
+// OpenAI-compatible API turns reasoning_effort into a think level and
+// refuses it from a model that takes booleans (400 think value "low" is
+// not supported for this model). The tunnel sends the request once more
+// without the effort, and later requests for that model go without it at
+// once; another 400 is relayed as it came.
+func TestRegression_ReasoningEffortOnOllamasOpenAIAPI(t *testing.T) {
+	const refusal = `{"error":{"message":"think value \"low\" is not supported for this model","type":"invalid_request_error","param":null}}`
+	var (
+		mu     sync.Mutex
+		bodies []string
+	)
+	var up *upstream
+	up = newUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _, b := up.request()
+		mu.Lock()
+		bodies = append(bodies, string(b))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case strings.Contains(string(b), `"bad-model"`):
+			w.WriteHeader(400)
+			io.WriteString(w, `{"error":{"message":"model is required","type":"invalid_request_error","param":null}}`)
+		case strings.Contains(string(b), "reasoning_effort"):
+			w.WriteHeader(400)
+			io.WriteString(w, refusal)
+		default:
+			io.WriteString(w, `{"choices":[]}`)
+		}
+	})
+	o := newOpenAI(t, Config{BaseURL: up.URL})
+	body := `{"model":"x","reasoning_effort":"low","messages":[{"role":"user","content":"hi"}]}`
+	for i := range 2 {
+		rec := &tunnelRec{}
+		if err := o.Tunnel(context.Background(), Request{Op: nodev1.Operation_OPERATION_CHAT, ServedModel: "qwen3", Body: []byte(body)}, rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec.status != 200 || rec.body() != `{"choices":[]}` {
+			t.Errorf("request %d: got %d %q", i, rec.status, rec.body())
+		}
+	}
+	mu.Lock()
+	got := slices.Clone(bodies)
+	mu.Unlock()
+	if len(got) != 3 || !strings.Contains(got[0], "reasoning_effort") || strings.Contains(got[1], "reasoning_effort") || strings.Contains(got[2], "reasoning_effort") {
+		t.Errorf("sent %q: want the effort once, then the request without it twice", got)
+	}
+	rec := &tunnelRec{}
+	if err := o.Tunnel(context.Background(), Request{Op: nodev1.Operation_OPERATION_CHAT, ServedModel: "bad-model", Body: []byte(body)}, rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.status != 400 || !strings.Contains(rec.body(), "model is required") {
+		t.Errorf("another 400: got %d %q", rec.status, rec.body())
+	}
+	// An Ollama client's own think level (in the Dispatch's Ollama
+	// fields) gets Ollama's refusal, as Ollama itself answers it, even for
+	// a model that refused an effort before.
+	for _, model := range []string{"qwen3", "fresh"} {
+		rec = &tunnelRec{}
+		req := Request{Op: nodev1.Operation_OPERATION_CHAT, ServedModel: model, Body: []byte(body), OllamaFields: []byte(`{"think":"low"}`)}
+		if err := o.Tunnel(context.Background(), req, rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec.status != 400 || !strings.Contains(rec.body(), `think value \"low\" is not supported`) {
+			t.Errorf("%s, the client's own think level: got %d %q, want Ollama's 400", model, rec.status, rec.body())
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n := len(bodies); n != 6 {
+		t.Errorf("%d requests upstream, want 6: the client's own levels go once each", n)
 	}
 }
