@@ -217,20 +217,15 @@ func newProvider(pc ProviderConfig) (*provider, error) {
 	if pc.discovers() {
 		p.lister = newLister(pc, ac.APIKey)
 	}
-	if pc.Type != TypeCLI && p.path == nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED {
+	if pc.protocol() == protocolOllama {
 		p.meta, p.kick = newOllamaMeta(pc, ac.APIKey), make(chan struct{}, 1)
 	}
-	var err error
-	if pc.Type == TypeCLI {
-		p.adapter, err = adapter.NewCLI(adapter.CLIConfig{
-			Command: pc.Command, PromptVia: pc.PromptVia, Env: pc.Env, Dir: pc.Dir,
-			Timeout: pc.Timeout, KillGrace: pc.KillGrace, MaxProcs: max(pc.Capacity, pc.LongCapacity),
-		})
-	} else if p.path == nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED {
-		p.adapter, err = adapter.NewOllama(ac)
-	} else {
-		p.adapter, err = adapter.NewOpenAI(ac)
+	k, ok := kindOf(pc.Type)
+	if !ok {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, unknownKind(fmt.Sprintf("provider %q", pc.ID), pc.Type))
 	}
+	var err error
+	p.adapter, err = k.newAdapter(pc, k.protocol(pc), ac)
 	if err != nil {
 		return nil, fmt.Errorf("%w: provider %q: %w", ErrInvalidConfig, pc.ID, err)
 	}

@@ -7,7 +7,6 @@ import (
 	"io"
 	"maps"
 	"net"
-	"net/url"
 	"os"
 	"regexp"
 	"slices"
@@ -18,7 +17,6 @@ import (
 
 	"iop/internal/node/adapter"
 	"iop/internal/tracing"
-	"iop/internal/wire/nodev1"
 )
 
 // Defaults applied to zero fields of Config and ProviderConfig.
@@ -37,7 +35,7 @@ const (
 	DefaultResolveInterval = 30 * time.Second
 )
 
-// Provider types.
+// Provider types; providerKinds (kinds.go) says what each one is.
 const (
 	TypeOllama = "ollama" // Ollama's native API, normalized path
 	TypeOpenAI = "openai" // any OpenAI-compatible server, tunnel path
@@ -303,19 +301,8 @@ func (c Config) withDefaults() Config {
 	defaultProviderIDs(c.Providers)
 	for i := range c.Providers {
 		p := &c.Providers[i]
-		if p.Type == TypeSim && p.Protocol == "" {
-			p.Protocol = TypeOllama
-		}
-		if p.BaseURL == "" && p.Type == TypeOllama {
-			p.BaseURL = DefaultOllamaURL
-		}
-		if p.Type == TypeCLI {
-			if p.PromptVia == "" {
-				p.PromptVia = PromptViaStdin
-			}
-			if p.KillGrace == 0 {
-				p.KillGrace = DefaultKillGrace
-			}
+		if k, ok := kindOf(p.Type); ok && k.defaults != nil {
+			k.defaults(p)
 		}
 		if p.Capacity == 0 {
 			p.Capacity = max(c.RuntimeConcurrency, 1)
@@ -401,30 +388,10 @@ func (c Config) Validate() error {
 			name = fmt.Sprintf("provider %q", p.ID)
 		}
 		ids[p.ID] = true
-		switch p.Type {
-		case TypeOllama, TypeOpenAI, TypeVLLM:
-			if p.Protocol != "" {
-				bad("%s: protocol is only for type sim", name)
-			}
-		case TypeSim:
-			if p.Protocol != TypeOllama && p.Protocol != TypeOpenAI {
-				bad("%s: protocol %q: want ollama or openai", name, p.Protocol)
-			}
-		case TypeCLI:
-			errs = append(errs, p.validateCLI(name)...)
-		default:
-			bad("%s: type %q: want ollama, openai, vllm, sim or cli", name, p.Type)
-		}
-		if p.Type != TypeCLI {
-			if len(p.Command) > 0 || p.PromptVia != "" || len(p.Env) > 0 || p.Dir != "" || p.KillGrace != 0 {
-				bad("%s: command, prompt_via, env, dir and kill_grace are only for type cli", name)
-			}
-			if u, err := url.Parse(p.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				bad("%s: base_url %q: want an http(s) URL with a host", name, p.BaseURL)
-			}
-		}
-		if len(p.Models) == 0 && p.Type == TypeCLI {
-			bad("%s: at least one model is required for type cli (it has no model list to discover)", name)
+		if k, ok := kindOf(p.Type); ok {
+			errs = append(errs, k.validate(p, name)...)
+		} else {
+			errs = append(errs, unknownKind(name, p.Type))
 		}
 		if p.DiscoveryInterval < 0 {
 			bad("%s: discovery_interval %v: must not be negative", name, p.DiscoveryInterval)
@@ -511,18 +478,6 @@ func (p ProviderConfig) validateCLI(name string) []error {
 	}
 	return errs
 }
-
-// path is the execution path p answers on.
-func (p ProviderConfig) path() nodev1.ExecutionPath {
-	if p.Type == TypeOllama || p.Type == TypeCLI || (p.Type == TypeSim && p.Protocol == TypeOllama) {
-		return nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED
-	}
-	return nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL
-}
-
-// discovers reports whether the agent discovers p's models (and health):
-// it omits them and has a server to ask.
-func (p ProviderConfig) discovers() bool { return p.Type != TypeCLI && len(p.Models) == 0 }
 
 // capabilities is "stream" followed by p.Capabilities, without repeats.
 func (p ProviderConfig) capabilities() []string {

@@ -56,4 +56,7 @@ var (
 	ErrRunStreamEnded = errors.New("run stream ended")
 	// ErrBodyTooLarge: the request body exceeded MaxBodyBytes.
 	ErrBodyTooLarge = errors.New("request body too large")
+	// ErrNoAdapter: the provider's adapter answers on neither execution
+	// path (a provider kind without a working adapter constructor).
+	ErrNoAdapter = errors.New("node has no adapter for the provider")
 )

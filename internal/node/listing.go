@@ -74,7 +74,7 @@ type ollamaShown struct {
 
 func newLister(pc ProviderConfig, apiKey string) *lister {
 	return &lister{
-		ollama:  pc.path() == nodev1.ExecutionPath_EXECUTION_PATH_NORMALIZED,
+		ollama:  pc.protocol() == protocolOllama,
 		baseURL: strings.TrimSuffix(pc.BaseURL, "/"),
 		apiKey:  apiKey,
 		client:  &http.Client{Transport: &http.Transport{Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 2}},
@@ -96,8 +96,11 @@ func (l *lister) close() { l.client.CloseIdleConnections() }
 // capabilities. pc.Type cli has nothing to discover (an error).
 func Discover(ctx context.Context, pc ProviderConfig) ([]DiscoveredModel, error) {
 	pc = Config{Providers: []ProviderConfig{pc}}.withDefaults().Providers[0]
-	if pc.Type == TypeCLI {
-		return nil, fmt.Errorf("%w: provider %q: type cli lists no models", ErrInvalidConfig, pc.ID)
+	if _, ok := kindOf(pc.Type); !ok {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, unknownKind(fmt.Sprintf("provider %q", pc.ID), pc.Type))
+	}
+	if pc.protocol() == protocolNone {
+		return nil, fmt.Errorf("%w: provider %q: type %s lists no models", ErrInvalidConfig, pc.ID, pc.Type)
 	}
 	key := ""
 	if pc.APIKeyEnv != "" {

@@ -269,6 +269,9 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 			ts.spans = spans
 			err = ad.Tunnel(callCtx, req, ts)
 			sentLast = ts.ended
+		default:
+			err = fmt.Errorf("%w: provider %q of type %q has a %T", ErrNoAdapter, p.cfg.ID, p.cfg.Type, p.adapter)
+			c.logRun(slog.LevelError, r, d, "cannot run the request", "err", err)
 		}
 		if spans != nil {
 			spans.endCall(err)
@@ -424,6 +427,8 @@ func terminal(path nodev1.ExecutionPath, err error) *nodev1.RunUp {
 		return &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelEnd{TunnelEnd: &nodev1.TunnelEnd{ProviderError: provErr}}}
 	case errors.Is(err, adapter.ErrCancelled):
 		msg, cancelled = "run cancelled", true
+	case errors.Is(err, ErrNoAdapter):
+		msg, code = err.Error(), http.StatusBadGateway
 	case errors.As(err, &aerr):
 		msg, code = aerr.Message, int32(aerr.Status)
 		if !tunnel && errors.Is(err, adapter.ErrBadRequest) && aerr.Status == http.StatusBadRequest {

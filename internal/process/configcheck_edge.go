@@ -56,7 +56,7 @@ func CheckNodeAgainstEdge(ctx context.Context, client *http.Client, base string,
 	var provs []advertised
 	for _, pc := range cfg.Providers {
 		a := advertised{id: pc.ID, models: slices.Clone(pc.Models)}
-		if len(pc.Models) == 0 && pc.Type != node.TypeCLI {
+		if pc.Discovers() {
 			found, err := node.Discover(ctx, pc)
 			a.err = err
 			for _, m := range found {

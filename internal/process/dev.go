@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -81,12 +82,27 @@ type DevInfo struct {
 	APIKey  string        // the client key required, "" for none
 }
 
-// devStack is a running `iop dev`.
-type devStack struct {
+// devProcess is `iop dev` (ModeDev): the simulated providers (unless a
+// local Ollama answers and ForceSim is off), an edge, and an in-process
+// node reporting version. Its resources are the steps Open lists; Shutdown
+// closes them in reverse.
+type devProcess struct {
 	DevInfo
-	Edge  *edgeRun
-	Agent *node.Agent
-	done  chan error
+	version string
+	hook    func(phase, name string) error
+	hangup  <-chan os.Signal
+	load    func() (DevConfig, error) // Config.ReloadDev; nil: nothing to read again
+	stdout  io.Writer                 // the banner's; nil: none
+
+	// Set by the open steps, in order; read-only once Open has returned.
+	Edge      *edgeProcess
+	Agent     *node.Agent
+	providers []node.ProviderConfig // the in-process node's
+	ntr       *tracing.Tracing
+	agentDone chan error // one value when Agent.Run has returned, put back by the ready step
+	stopAgent context.CancelFunc
+	stopWatch func()
+	steps     steps
 
 	logger  *slog.Logger
 	mu      sync.Mutex  // serializes reload; guards the fields below
@@ -98,7 +114,7 @@ type devStack struct {
 // (the client and admin key, at once) and discovery_interval (the
 // in-process node's); every other changed setting is logged as applying
 // at the next start. A next that is refused changes nothing.
-func (d *devStack) reload(next DevConfig, trigger string) error {
+func (d *devProcess) reload(next DevConfig, trigger string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var keys []auth.Key
@@ -149,7 +165,7 @@ func changedFields(a, b any) []string {
 }
 
 // printBanner tells a person where iop dev listens and what to try.
-func printBanner(out io.Writer, d *devStack) {
+func printBanner(out io.Writer, d *devProcess) {
 	base := "http://" + d.Edge.HTTPAddr
 	authHeader := ""
 	if d.APIKey != "" {
@@ -175,34 +191,20 @@ func printBanner(out io.Writer, d *devStack) {
 	fmt.Fprintln(out)
 }
 
-// startDev starts the edge, the simulated providers (unless a local Ollama
-// answers and ForceSim is off) and the in-process node (reporting version),
-// and returns once the node is connected. When ctx ends the edge drains
-// (startEdge), then the node drains; when abort ends the edge's waits are
-// cut short (startEdge) and the node's runs are aborted instead of drained.
-func startDev(ctx, abort context.Context, cfg DevConfig, version string, logger *slog.Logger) (*devStack, error) {
+// Open checks the configuration, looks for a local Ollama and opens the
+// steps: the in-process node's tracing, the simulators (if used), the
+// edge (coreSteps) with the in-process node opened after its node
+// endpoint, the wait for that node to connect, and the reload watch; then
+// it prints the banner. ctx is the run context. Errors: an invalid
+// configuration, a step that failed, a node that does not connect within
+// 30s; the steps opened before are closed again.
+func (d *devProcess) Open(ctx context.Context) error {
+	cfg := d.cfg
 	if cfg.SimCapacity < 1 {
-		return nil, fmt.Errorf("--sim-capacity %d: must be at least 1", cfg.SimCapacity)
+		return fmt.Errorf("--sim-capacity %d: must be at least 1", cfg.SimCapacity)
 	}
 	if cfg.MaxBodyBytes < 0 || cfg.WriteTimeout < 0 {
-		return nil, fmt.Errorf("--max-body-bytes %d and --write-timeout %s must not be negative", cfg.MaxBodyBytes, cfg.WriteTimeout)
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	d := &devStack{done: make(chan error, 1), logger: logger, cfg: cfg}
-	var stops []func()
-	fail := func(err error) (*devStack, error) {
-		cancel()
-		for _, stop := range stops {
-			stop()
-		}
-		return nil, err
-	}
-
-	var providers []node.ProviderConfig
-	var ollamaModels []string
-	ollama := node.ProviderConfig{ID: "ollama", Type: node.TypeOllama, BaseURL: cfg.OllamaURL, Capacity: 1}
-	if !cfg.ForceSim && cfg.OllamaURL != "" {
-		ollamaModels = probeOllama(ctx, ollama)
+		return fmt.Errorf("--max-body-bytes %d and --write-timeout %s must not be negative", cfg.MaxBodyBytes, cfg.WriteTimeout)
 	}
 	edgeCfg := edge.DefaultConfig()
 	edgeCfg.Listen, edgeCfg.NodeListen = cfg.Listen, cfg.NodeListen
@@ -221,136 +223,183 @@ func startDev(ctx, abort context.Context, cfg DevConfig, version string, logger 
 		edgeCfg.AdminKeys = []auth.Key{{Name: "dev", Hash: auth.Hash(cfg.APIKey)}}
 		d.APIKey = cfg.APIKey
 	}
+	list := []step{{name: "node tracing", open: d.openNodeTracing, close: d.closeNodeTracing}}
+	var ollamaModels []string
+	ollama := node.ProviderConfig{ID: "ollama", Type: node.TypeOllama, BaseURL: cfg.OllamaURL, Capacity: 1}
+	if !cfg.ForceSim && cfg.OllamaURL != "" {
+		ollamaModels = probeOllama(ctx, ollama)
+	}
 	if len(ollamaModels) > 0 {
 		// No models: the node discovers them, with their capabilities, and
 		// follows the ones pulled or removed while it runs (the alias keeps
 		// the ones found now).
-		providers = append(providers, ollama)
+		d.providers = append(d.providers, ollama)
 		edgeCfg.Models = map[string]edge.ModelConfig{devAlias: {Targets: ollamaModels}}
 		d.Models = ollamaModels
 		d.Model, d.Summary = devAlias, fmt.Sprintf("local Ollama at %s (%d models, behind alias %q)", cfg.OllamaURL, len(ollamaModels), devAlias)
 	} else {
 		if !cfg.ForceSim && cfg.OllamaURL != "" {
-			logger.Info("no Ollama with models answers here: serving the built-in simulator", "ollama_url", cfg.OllamaURL)
+			d.logger.Info("no Ollama with models answers here: serving the built-in simulator", "ollama_url", cfg.OllamaURL)
 		}
-		for _, p := range []struct {
-			id, model string
-			protocol  sim.Protocol
-			path      string
-		}{
+		for _, p := range []devSim{
 			{"sim-ollama", devOllamaModel, sim.ProtocolOllama, ""},
 			{"sim-openai", devOpenAIModel, sim.ProtocolOpenAI, "/v1"},
 		} {
-			s, err := sim.New(sim.Config{
-				Protocol:               p.protocol,
-				Models:                 []string{p.model},
-				TTFT:                   cfg.SimTTFT,
-				TokensPerSecond:        cfg.SimTokensPerSecond,
-				MaxConcurrent:          cfg.SimCapacity,
-				DefaultMaxTokens:       cfg.SimMaxTokens,
-				Thinking:               cfg.SimThinking,
-				PrefixCacheTokens:      cfg.SimPrefixCacheTokens,
-				PrefillTokensPerSecond: cfg.SimPrefillTokensPerSecond,
-			}, logger.With("provider", p.id))
-			if err != nil {
-				return fail(err)
-			}
-			url, stop, err := s.Start("127.0.0.1:0")
-			if err != nil {
-				return fail(err)
-			}
-			stops = append(stops, stop)
-			d.Sims = append(d.Sims, s)
-			// The simulator takes tools and images, answers embedding requests
-			// and can call tools, so a client can be tried against iop dev.
-			providers = append(providers, node.ProviderConfig{
-				ID: p.id, Type: node.TypeSim, Protocol: string(p.protocol), BaseURL: url + p.path,
-				Models: []string{p.model}, Capacity: cfg.SimCapacity, Capabilities: []string{"tools", "vision", "embeddings"},
-			})
+			var stop func()
+			list = append(list, step{name: "sim " + p.id,
+				open:  func(context.Context) (err error) { stop, err = d.startSim(p); return err },
+				close: func(context.Context) error { stop(); return nil }})
 			d.Models = append(d.Models, p.model)
 		}
 		edgeCfg.Models = map[string]edge.ModelConfig{devAlias: {Targets: []string{devOllamaModel, devOpenAIModel}}}
 		d.Model, d.Summary = devAlias, fmt.Sprintf("simulator (alias %q → %s [normalized path], %s [tunnel path])", devAlias, devOllamaModel, devOpenAIModel)
 	}
+	d.Edge = &edgeProcess{cfg: edgeCfg, logger: d.logger}
+	list = append(list, d.Edge.coreSteps(step{name: "in-process node", open: d.startAgent, close: d.drainAgent})...)
+	list = append(list,
+		step{name: "node ready", open: d.awaitAgent},
+		step{name: "reload watcher", open: d.openWatch, close: d.closeWatch},
+	)
+	if err := d.steps.open(ctx, list); err != nil {
+		return err
+	}
+	if d.stdout != nil {
+		printBanner(d.stdout, d)
+	}
+	return nil
+}
 
-	// The in-process node outlives ctx until the edge has drained its
-	// requests (they need it), then drains as `iop node` does (it tells
-	// the edge, and the runs still going, background ones the edge is
-	// ending, may finish up to its drain timeout) before the edge's node
-	// endpoint stops.
-	agentCtx, stopAgent := context.WithCancel(context.Background())
-	agentDone := make(chan error, 1)
-	agentStarted := make(chan struct{})
-	var agent *node.Agent // set before agentStarted is closed
-	var agentErr error    // set by afterDrain, read after the edge stopped
-	afterDrain := func() {
-		defer stopAgent()
-		select {
-		case <-agentStarted:
-			agent.Drain("iop dev stopping")
-			select {
-			case agentErr = <-agentDone:
-			case <-abort.Done():
-				stopAgent()
-				agentErr = <-agentDone
-			}
-		default:
-		}
-	}
-	e, err := startEdge(ctx, abort, edgeCfg, logger, afterDrain)
+// Shutdown closes what Open opened, in reverse: the reload watch; the
+// edge's drain (coreSteps), in which the in-process node drains as `iop
+// node` does (it tells the edge, and the runs still going, background
+// ones the edge is ending, may finish up to its drain timeout) after the
+// edge's requests ended and before its node endpoint stops; then the
+// simulators and the node's tracing. ctx ending cuts the edge's waits
+// short and aborts the node's runs instead of draining them.
+func (d *devProcess) Shutdown(ctx context.Context) error { return d.steps.close(ctx) }
+
+func (d *devProcess) export(p *Process) {
+	p.HTTPAddr, p.NodeAddr, p.Service, p.Ledger = d.Edge.HTTPAddr, d.Edge.NodeAddr, d.Edge.Service, d.Edge.Ledger
+	p.Agent, p.Dev = d.Agent, &d.DevInfo
+}
+
+// until blocks until ctx ends or one of the edge's servers fails.
+func (d *devProcess) until(ctx context.Context) error { return d.Edge.until(ctx) }
+
+// devSim is one simulated provider of iop dev.
+type devSim struct {
+	id, model string
+	protocol  sim.Protocol
+	path      string
+}
+
+// startSim starts the simulator of p, adds it to the in-process node's
+// providers and returns its stop.
+func (d *devProcess) startSim(p devSim) (stop func(), err error) {
+	cfg := d.cfg
+	s, err := sim.New(sim.Config{
+		Protocol:               p.protocol,
+		Models:                 []string{p.model},
+		TTFT:                   cfg.SimTTFT,
+		TokensPerSecond:        cfg.SimTokensPerSecond,
+		MaxConcurrent:          cfg.SimCapacity,
+		DefaultMaxTokens:       cfg.SimMaxTokens,
+		Thinking:               cfg.SimThinking,
+		PrefixCacheTokens:      cfg.SimPrefixCacheTokens,
+		PrefillTokensPerSecond: cfg.SimPrefillTokensPerSecond,
+	}, d.logger.With("provider", p.id))
 	if err != nil {
-		stopAgent()
-		return fail(err)
+		return nil, err
 	}
-	d.Edge = e
-	stopEdge := func() { cancel(); e.Wait() }
-	// The in-process node traces as a node would, by the environment.
-	ntr, err := tracing.Start(ctx, tracing.Config{}, nil, "iop-node", logger)
+	url, stop, err := s.Start("127.0.0.1:0")
 	if err != nil {
-		stopEdge()
-		return fail(err)
+		return nil, err
 	}
-	stops = append(stops, func() { shutdownTracing(ntr, logger) })
+	d.Sims = append(d.Sims, s)
+	// The simulator takes tools and images, answers embedding requests
+	// and can call tools, so a client can be tried against iop dev.
+	d.providers = append(d.providers, node.ProviderConfig{
+		ID: p.id, Type: node.TypeSim, Protocol: string(p.protocol), BaseURL: url + p.path,
+		Models: []string{p.model}, Capacity: cfg.SimCapacity, Capabilities: []string{"tools", "vision", "embeddings"},
+	})
+	return stop, nil
+}
+
+// openNodeTracing starts the in-process node's tracing: as a node's, by
+// the environment.
+func (d *devProcess) openNodeTracing(ctx context.Context) (err error) {
+	d.ntr, err = tracing.Start(ctx, tracing.Config{}, nil, "iop-node", d.logger)
+	return err
+}
+
+// closeNodeTracing exports the in-process node's last spans.
+func (d *devProcess) closeNodeTracing(context.Context) error {
+	shutdownTracing(d.ntr, d.logger)
+	return nil
+}
+
+// startAgent makes the in-process node and runs it; it dials the edge's
+// node endpoint, which is open (it serves from the serve step on). The
+// node outlives the run context until its step is closed.
+func (d *devProcess) startAgent(context.Context) error {
 	d.nodeCfg = node.Config{
 		NodeID:            "dev",
 		Label:             "iop dev in-process node",
-		Version:           version,
-		Edge:              e.NodeAddr,
-		Providers:         providers,
-		DiscoveryInterval: cfg.DiscoveryInterval,
+		Version:           d.version,
+		Edge:              d.Edge.NodeAddr,
+		Providers:         d.providers,
+		DiscoveryInterval: d.cfg.DiscoveryInterval,
 	}
-	agent, err = node.New(d.nodeCfg, logger, node.WithTracer(ntr.Tracer))
+	agent, err := node.New(d.nodeCfg, d.logger, node.WithTracer(d.ntr.Tracer))
 	if err != nil {
-		stopEdge()
-		return fail(err)
+		return err
 	}
 	d.Agent = agent
-	close(agentStarted)
-	go func() { agentDone <- agent.Run(agentCtx) }()
-	select {
-	case <-agent.Ready():
-	case err := <-agentDone:
-		agentDone <- err // for afterDrain
-		stopEdge()
-		return fail(fmt.Errorf("in-process node stopped: %w", err))
-	case <-time.After(30 * time.Second):
-		stopEdge()
-		return fail(errors.New("in-process node did not connect within 30s"))
-	}
-	go func() {
-		<-ctx.Done()
-		cancel()
-		eerr := e.Wait()
-		for _, stop := range stops {
-			stop()
-		}
-		d.done <- errors.Join(eerr, agentErr)
-	}()
-	return d, nil
+	agentCtx, stopAgent := context.WithCancel(context.Background())
+	d.stopAgent = stopAgent
+	d.agentDone = make(chan error, 1)
+	go func() { d.agentDone <- agent.Run(agentCtx) }()
+	return nil
 }
 
-// Wait blocks until the stack has stopped.
-func (d *devStack) Wait() error { return <-d.done }
+// drainAgent drains the in-process node and waits for its Run; ctx ending
+// aborts its runs instead. Its error is Run's.
+func (d *devProcess) drainAgent(ctx context.Context) error {
+	defer d.stopAgent()
+	d.Agent.Drain("iop dev stopping")
+	select {
+	case err := <-d.agentDone:
+		return err
+	case <-ctx.Done():
+		d.stopAgent()
+		return <-d.agentDone
+	}
+}
+
+// awaitAgent waits, up to 30s, for the in-process node to connect.
+func (d *devProcess) awaitAgent(context.Context) error {
+	select {
+	case <-d.Agent.Ready():
+		return nil
+	case err := <-d.agentDone:
+		d.agentDone <- err // for drainAgent
+		return fmt.Errorf("in-process node stopped: %w", err)
+	case <-time.After(30 * time.Second):
+		return errors.New("in-process node did not connect within 30s")
+	}
+}
+
+// openWatch reloads the configuration (reload) at each SIGHUP, until
+// Shutdown.
+func (d *devProcess) openWatch(context.Context) (err error) {
+	d.stopWatch, err = watchConfig("", reloadFunc(d.load, d.reload, d.logger), d.logger, d.hangup)
+	return err
+}
+
+func (d *devProcess) closeWatch(context.Context) error {
+	d.stopWatch()
+	return nil
+}
 
 // probeTimeout bounds the look for a local Ollama (its model list and what
 // it says of each model).

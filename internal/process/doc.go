@@ -12,6 +12,10 @@
 //
 // # What it holds
 //
+//   - The process types (edgeProcess, agentProcess, devProcess): each opens
+//     its resources in named steps (steps.go) and its Shutdown closes them
+//     in reverse, so its step list is its drain order; a failed step closes
+//     the ones opened before it.
 //   - The process lifecycle and drain order (Start, Drain, Abort, Wait). An
 //     edge drains its HTTP API up to its drain timeout, then ends what is
 //     still going with an answer that says so (503, or a stream's error
@@ -38,18 +42,14 @@
 // Start runs on the caller's goroutine and returns once the process serves.
 // It then leaves these goroutines running, all ended by the time Wait
 // returns except the last two of this list, which end just after it:
-//   - ModeEdge and ModeDev: the gRPC server and the HTTP server, and a
-//     supervisor that waits for the run context to end (ctx, Drain or
-//     Abort) or a server to fail, then runs the drain order above. ModeDev
-//     adds its node's Agent.Run and a goroutine that waits for the edge and
-//     stops the simulators.
+//   - ModeEdge and ModeDev: the gRPC server and the HTTP server; ModeDev
+//     adds its node's Agent.Run and the simulators.
 //   - ModeNode: Agent.Run.
-//   - With Config.Reload: the watch loop (file events, Deps.Hangup, a settle
-//     timer), ended with the run context.
-//   - One goroutine that waits for the above and closes Wait's channel
-//     (in ModeNode, Agent.Run's).
-//   - With Config.PprofListen: the profiler's server, closed with the run
-//     context (ModeEdge) or when the process stops (ModeNode).
+//   - The watch loop (file events, Deps.Hangup, a settle timer), and with
+//     Config.PprofListen the profiler's server; both end with Shutdown.
+//   - One supervisor that waits for the process to end (the run context
+//     ended by ctx, Drain or Abort, or a server failed; in ModeNode,
+//     Agent.Run returned), runs Shutdown, and closes Wait's channel.
 //   - HandleSignals adds one that reads the signals until the process
 //     stops.
 //

@@ -32,19 +32,48 @@ func EdgeDefaults() edge.Config {
 	return cfg
 }
 
-// edgeRun is a running edge: its node endpoint and HTTP API.
-type edgeRun struct {
+// edgeProcess is an edge (ModeEdge, and the edge of ModeDev): its node
+// endpoint and HTTP API. Its resources are the steps of coreSteps, opened
+// in that order; Shutdown closes them in reverse.
+type edgeProcess struct {
+	cfg    edge.Config
+	logger *slog.Logger
+	// ModeEdge only: the profiler's address and the reload watch.
+	pprofListen string
+	reload      func(trigger string) // nil: nothing to read again
+	configFile  string
+	hangup      <-chan os.Signal
+
+	// Set by the open steps, in order; read-only once Open has returned.
 	Service *edge.Service
 	Ledger  *ledger.Ledger
 	// Keys and AdminKeys are the HTTP API's keyrings; a reload swaps
 	// their keys (edgeReloader).
 	Keys, AdminKeys *auth.Keyring
+	HTTPAddr        string // host:port the HTTP API listens on
+	NodeAddr        string // host:port the node endpoint listens on
+
+	obs           *observability
+	srv           *edge.Server
+	tr            *tracing.Tracing
+	nodeLis       net.Listener
+	usage         *ledger.Ledger
+	responseStore *responses.SQLite
+	runManager    *runs.Manager
+	httpLis       net.Listener
+	httpSrv       *http.Server
+	stopGRPC      context.CancelFunc
+	grpcDone      chan error    // nil until the serve step; then one value, put back by until
+	httpDone      chan error    // likewise
+	stopping      chan struct{} // closed when the edge ends what is still in flight
+	draining      atomic.Bool   // set the moment the edge is told to stop
+	handlers      sync.WaitGroup
+	stopPprof     func()
+	stopWatch     func()
+	steps         steps
 
 	keysMu           sync.Mutex // serializes reloads; guards the fields below
 	keyCfg, adminCfg []auth.Key // the keys the keyrings were last given
-	HTTPAddr         string     // host:port the HTTP API listens on
-	NodeAddr         string     // host:port the node endpoint listens on
-	done             chan error
 }
 
 // maxHeaderBytes caps a client request's header block; a larger one is
@@ -56,232 +85,359 @@ const maxHeaderBytes = 64 << 10
 // is 75 s).
 const idleTimeout = 120 * time.Second
 
-// startEdge listens on cfg.Listen and cfg.NodeListen and serves until ctx
-// ends, with run records and the usage ledger in cfg.Database (the ledger
-// in PostgreSQL with cfg.LedgerDSN, the run records with cfg.RunsDSN). It returns once both listeners
-// are open. It refuses an open client API (no keys) on a non-loopback
-// address unless cfg.InsecureOpen. When ctx ends it drains the HTTP API
-// (up to cfg.DrainTimeout, or until abort ends), then ends what is still
+// Open opens the edge's steps (coreSteps, then ModeEdge's profiler and
+// reload watch) and returns once both listeners serve. ctx is the run
+// context: the stores and tracing are opened under it. Errors: a step
+// that failed (keys, configuration, store, listener, watch); the steps
+// opened before it are closed again.
+func (e *edgeProcess) Open(ctx context.Context) error {
+	return e.steps.open(ctx, append(e.coreSteps(),
+		step{name: "profiler", open: e.openPprof, close: e.closePprof},
+		step{name: "reload watcher", open: e.openWatch, close: e.closeWatch},
+	))
+}
+
+// Shutdown closes what Open opened, in reverse: it stops the reload watch
+// and the profiler, then the edge (drain, see coreSteps). ctx ending cuts
+// the drain short (Process.Abort). The errors are a server's failure or a
+// store's that could not be flushed.
+func (e *edgeProcess) Shutdown(ctx context.Context) error { return e.steps.close(ctx) }
+
+// coreSteps are an edge's resources in open order; closing them in
+// reverse is its drain order. ModeDev's in-process node (inProcess) is
+// opened right after the node endpoint, so it drains after the HTTP API
+// (its requests need it) and the stores, and before the node endpoint
+// stops. Closing the serve step drains the HTTP API (up to
+// cfg.DrainTimeout, or until Shutdown's context ends), ends what is still
 // going with an answer that says so (edge.Service.Shutdown: 503, or a
 // stream's error event; outcome edge_stopped), waits up to shutdownFinish
-// for those answers (abort does not cut this: they are the answers), ends
-// the background runs (runs.Manager.Close), flushes the ledger once every
-// handler has returned, calls afterDrain (if set; iop dev stops its
-// in-process node there), then stops the node endpoint.
-func startEdge(ctx, abort context.Context, cfg edge.Config, logger *slog.Logger, afterDrain func()) (_ *edgeRun, err error) {
-	cfg, err = cfg.LoadKeysFile()
+// for those answers (Abort does not cut this: they are the answers) and
+// for every handler; then the background runs end, the response store
+// and ledger flush, and the node endpoint stops.
+func (e *edgeProcess) coreSteps(inProcess ...step) []step {
+	list := []step{
+		{name: "keys", open: e.openKeys},
+		{name: "edge server", open: e.openServer},
+		{name: "tracing", open: e.openTracing, close: e.closeTracing},
+		{name: "history", open: e.startHistory, close: e.stopHistory},
+		{name: "node endpoint", open: e.listenNodes, close: e.stopNodeEndpoint},
+	}
+	list = append(list, inProcess...)
+	return append(list,
+		step{name: "ledger", open: e.openLedger, close: e.closeLedger},
+		step{name: "responses", open: e.openResponses, close: e.closeResponses},
+		step{name: "runs", open: e.openRuns, close: e.closeRuns},
+		step{name: "http listener", open: e.listenHTTP, close: e.closeHTTPListener},
+		step{name: "serve", open: e.serve, close: e.drain},
+	)
+}
+
+// openKeys reads the keys file and makes the keyrings. It refuses an
+// open client API (no keys) on a non-loopback address unless
+// cfg.InsecureOpen.
+func (e *edgeProcess) openKeys(context.Context) error {
+	cfg, err := e.cfg.LoadKeysFile()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	keys, err := auth.NewKeyring("keys", cfg.Keys, nil)
-	if err != nil {
-		return nil, err
+	e.cfg = cfg
+	if e.Keys, err = auth.NewKeyring("keys", cfg.Keys, nil); err != nil {
+		return err
 	}
-	adminKeys, err := auth.NewKeyring("admin_keys", cfg.AdminKeys, nil)
-	if err != nil {
-		return nil, err
+	if e.AdminKeys, err = auth.NewKeyring("admin_keys", cfg.AdminKeys, nil); err != nil {
+		return err
 	}
-	if err := checkOpenAPI(cfg, keys.Len(), logger); err != nil {
-		return nil, err
-	}
+	e.keyCfg, e.adminCfg = cfg.Keys, cfg.AdminKeys
+	return checkOpenAPI(cfg, e.Keys.Len(), e.logger)
+}
+
+// openServer makes the metrics, event hub and history, and the edge
+// (scheduler and node endpoint's gRPC service; nothing runs yet).
+func (e *edgeProcess) openServer(context.Context) error {
 	obs, err := newObservability()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	srv, err := edge.NewServer(cfg, edge.Deps{Logger: logger, Clock: scheduler.RealClock(), Observer: obs.observer()})
+	srv, err := edge.NewServer(e.cfg, edge.Deps{Logger: e.logger, Clock: scheduler.RealClock(), Observer: obs.observer()})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	obs.svc = srv.Service()
-	var undo []func() // on failure, in reverse order
+	e.obs, e.srv, e.Service = obs, srv, srv.Service()
+	obs.svc = e.Service
+	return nil
+}
 
-	// The history's sampler reads obs.svc each second.
-	obs.history.Start()
-	undo = append(undo, obs.history.Stop)
-	defer func() {
-		if err != nil {
-			for i := len(undo) - 1; i >= 0; i-- {
-				undo[i]()
-			}
-		}
-	}()
-	if cfg.Database == "" {
-		cfg.Database = ":memory:"
+func (e *edgeProcess) openTracing(ctx context.Context) (err error) {
+	e.tr, err = tracing.Start(ctx, e.cfg.Tracing, nil, "iop-edge", e.logger)
+	return err
+}
+
+// closeTracing exports the last requests' spans.
+func (e *edgeProcess) closeTracing(context.Context) error {
+	shutdownTracing(e.tr, e.logger)
+	return nil
+}
+
+// startHistory starts the dashboard's sampler; it reads the service each
+// second.
+func (e *edgeProcess) startHistory(context.Context) error {
+	e.obs.history.Start()
+	return nil
+}
+
+func (e *edgeProcess) stopHistory(context.Context) error {
+	e.obs.history.Stop()
+	return nil
+}
+
+func (e *edgeProcess) listenNodes(context.Context) (err error) {
+	if e.nodeLis, err = net.Listen("tcp", e.cfg.NodeListen); err != nil {
+		return fmt.Errorf("node endpoint: %w", err)
 	}
-	var runStore runs.Store
-	if cfg.RunsDSN != "" {
-		name := cfg.Name
-		if name == "" && cfg.Cluster != nil {
-			name = cfg.Cluster.Name // one name per edge, for the records as for the election
+	e.NodeAddr = e.nodeLis.Addr().String()
+	return nil
+}
+
+// stopNodeEndpoint stops the gRPC server (its error is the edge's), or
+// closes its listener if it never served.
+func (e *edgeProcess) stopNodeEndpoint(context.Context) error {
+	if e.grpcDone == nil {
+		e.nodeLis.Close()
+		return nil
+	}
+	e.stopGRPC()
+	return <-e.grpcDone
+}
+
+// openLedger opens the usage ledger: in PostgreSQL with cfg.LedgerDSN,
+// else in cfg.Database (":memory:" when unset).
+func (e *edgeProcess) openLedger(ctx context.Context) error {
+	if e.cfg.Database == "" {
+		e.cfg.Database = ":memory:"
+	}
+	var store ledger.Store
+	var err error
+	if e.cfg.LedgerDSN != "" {
+		store, err = ledger.OpenPostgres(ctx, e.cfg.LedgerDSN)
+	} else {
+		store, err = ledger.OpenSQLite(e.cfg.Database)
+	}
+	if err != nil {
+		return err
+	}
+	e.usage = ledger.New(store, e.logger)
+	e.Ledger = e.usage
+	return nil
+}
+
+// closeLedger flushes the ledger; every handler has returned by then.
+func (e *edgeProcess) closeLedger(context.Context) error { return e.usage.Close() }
+
+func (e *edgeProcess) openResponses(context.Context) (err error) {
+	e.responseStore, err = responses.OpenSQLite(e.cfg.Database)
+	return err
+}
+
+// closeResponses closes the response store, after the background runs,
+// which save their responses.
+func (e *edgeProcess) closeResponses(context.Context) error {
+	e.responseStore.Close()
+	return nil
+}
+
+// openRuns opens the run records (in PostgreSQL with cfg.RunsDSN, under
+// the edge's name; else in cfg.Database) and the runs API's manager.
+func (e *edgeProcess) openRuns(ctx context.Context) error {
+	var store runs.Store
+	var err error
+	if e.cfg.RunsDSN != "" {
+		name := e.cfg.Name
+		if name == "" && e.cfg.Cluster != nil {
+			name = e.cfg.Cluster.Name // one name per edge, for the records as for the election
 		}
 		if name == "" {
 			if name, err = os.Hostname(); err != nil {
-				return nil, fmt.Errorf("runs_dsn: name unset and no host name: %w", err)
+				return fmt.Errorf("runs_dsn: name unset and no host name: %w", err)
 			}
 		}
-		runStore, err = runs.OpenPostgres(ctx, cfg.RunsDSN, name, logger.With("component", "runs"))
+		store, err = runs.OpenPostgres(ctx, e.cfg.RunsDSN, name, e.logger.With("component", "runs"))
 	} else {
-		runStore, err = runs.OpenSQLite(cfg.Database)
+		store, err = runs.OpenSQLite(e.cfg.Database)
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
-	runManager, err := runs.NewManager(ctx, runs.Config{Store: runStore, Logger: logger.With("component", "runs")})
-	if err != nil {
-		runStore.Close()
-		return nil, err
+	if e.runManager, err = runs.NewManager(ctx, runs.Config{Store: store, Logger: e.logger.With("component", "runs")}); err != nil {
+		store.Close()
+		return err
 	}
-	undo = append(undo, func() { runManager.Close() })
-	responseStore, err := responses.OpenSQLite(cfg.Database)
-	if err != nil {
-		return nil, err
+	return nil
+}
+
+// closeRuns ends the background runs still going (recorded as stopped
+// with the edge), while their nodes can still be told to stop them.
+func (e *edgeProcess) closeRuns(context.Context) error { return e.runManager.Close() }
+
+func (e *edgeProcess) listenHTTP(context.Context) (err error) {
+	if e.httpLis, err = net.Listen("tcp", e.cfg.Listen); err != nil {
+		return fmt.Errorf("HTTP API: %w", err)
 	}
-	undo = append(undo, func() { responseStore.Close() })
-	var ledgerStore ledger.Store
-	if cfg.LedgerDSN != "" {
-		ledgerStore, err = ledger.OpenPostgres(ctx, cfg.LedgerDSN)
-	} else {
-		ledgerStore, err = ledger.OpenSQLite(cfg.Database)
+	e.HTTPAddr = e.httpLis.Addr().String()
+	return nil
+}
+
+// closeHTTPListener closes the HTTP listener if it never served (the
+// HTTP server closed it otherwise).
+func (e *edgeProcess) closeHTTPListener(context.Context) error {
+	if e.httpDone == nil {
+		e.httpLis.Close()
 	}
-	if err != nil {
-		return nil, err
-	}
-	usage := ledger.New(ledgerStore, logger)
-	undo = append(undo, func() { usage.Close() })
-	nodeLis, err := net.Listen("tcp", cfg.NodeListen)
-	if err != nil {
-		return nil, fmt.Errorf("node endpoint: %w", err)
-	}
-	undo = append(undo, func() { nodeLis.Close() })
-	httpLis, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return nil, fmt.Errorf("HTTP API: %w", err)
-	}
-	svc := srv.Service()
-	tr, err := tracing.Start(ctx, cfg.Tracing, nil, "iop-edge", logger)
-	if err != nil {
-		return nil, err
-	}
-	undo = append(undo, func() { shutdownTracing(tr, logger) })
-	stopping := make(chan struct{}) // closed when the edge ends what is still in flight
-	var draining atomic.Bool        // set the moment the edge is told to stop
-	handler := api.New(obs.apiConfig(api.Config{
-		Stopping:        stopping,
-		MaxBodyBytes:    cfg.MaxBodyBytes,
-		MaxAnswerBytes:  cfg.MaxAnswerBytes,
-		WriteTimeout:    cfg.WriteTimeout,
-		Ready:           func() bool { return !draining.Load() && svc.Ready() },
-		Runs:            runManager,
-		Keys:            keys,
-		AdminKeys:       adminKeys,
-		Ledger:          usage,
-		Responses:       responseStore,
-		Flow:            cfg.Fairness.Flow,
-		Tracer:          tr.Tracer,
-		KeyAdmit:        clusterKeyAdmit(cfg, svc, keys),
-		ReasoningSecret: reasoningSecret(cfg),
-	}), gateway{svc}, logger)
-	var handlers sync.WaitGroup // handlers running, so the ledger closes after the last one
+	return nil
+}
+
+// serve builds the HTTP API over the opened stores and starts the gRPC
+// and HTTP servers on their listeners.
+func (e *edgeProcess) serve(context.Context) error {
+	svc := e.Service
+	e.stopping = make(chan struct{})
+	handler := api.New(e.obs.apiConfig(api.Config{
+		Stopping:        e.stopping,
+		MaxBodyBytes:    e.cfg.MaxBodyBytes,
+		MaxAnswerBytes:  e.cfg.MaxAnswerBytes,
+		WriteTimeout:    e.cfg.WriteTimeout,
+		Ready:           func() bool { return !e.draining.Load() && svc.Ready() },
+		Runs:            e.runManager,
+		Keys:            e.Keys,
+		AdminKeys:       e.AdminKeys,
+		Ledger:          e.usage,
+		Responses:       e.responseStore,
+		Flow:            e.cfg.Fairness.Flow,
+		Tracer:          e.tr.Tracer,
+		KeyAdmit:        clusterKeyAdmit(e.cfg, svc, e.Keys),
+		ReasoningSecret: reasoningSecret(e.cfg),
+	}), gateway{svc}, e.logger)
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		handlers.Add(1)
-		defer handlers.Done()
-		if draining.Load() && r.Method != http.MethodGet && r.Method != http.MethodHead {
+		e.handlers.Add(1)
+		defer e.handlers.Done()
+		if e.draining.Load() && r.Method != http.MethodGet && r.Method != http.MethodHead {
 			refuseStopping(w)
 			return
 		}
 		handler.ServeHTTP(w, r)
 	})
 	// IdleTimeout closes a keep-alive connection idle that long between
-	// requests (a break-it report: idle connections stayed open for good);
-	// a request's body has api.Config.BodyReadTimeout, its headers
-	// ReadHeaderTimeout.
-	httpSrv := &http.Server{Handler: counted, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout, MaxHeaderBytes: maxHeaderBytes,
-		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelDebug)}
-	httpSrv.RegisterOnShutdown(obs.hub.Close) // ends the events streams, which would hold up the drain
-	e := &edgeRun{Service: svc, Ledger: usage, Keys: keys, AdminKeys: adminKeys, keyCfg: cfg.Keys, adminCfg: cfg.AdminKeys, HTTPAddr: httpLis.Addr().String(), NodeAddr: nodeLis.Addr().String(), done: make(chan error, 1)}
-	// The node endpoint outlives ctx until the HTTP API has drained, so the
-	// requests in flight at shutdown can finish.
+	// requests; a request's body has api.Config.BodyReadTimeout, its
+	// headers ReadHeaderTimeout.
+	e.httpSrv = &http.Server{Handler: counted, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout, MaxHeaderBytes: maxHeaderBytes,
+		ErrorLog: slog.NewLogLogger(e.logger.Handler(), slog.LevelDebug)}
+	e.httpSrv.RegisterOnShutdown(e.obs.hub.Close) // ends the events streams, which would hold up the drain
+	// The node endpoint outlives the run context until the HTTP API has
+	// drained, so the requests in flight at shutdown can finish.
 	grpcCtx, stopGRPC := context.WithCancel(context.Background())
-	grpcDone := make(chan error, 1)
-	go func() { grpcDone <- srv.Serve(grpcCtx, nodeLis) }()
-	httpDone := make(chan error, 1)
-	go func() { httpDone <- httpSrv.Serve(httpLis) }()
-	go func() {
-		var err error
-		select {
-		case <-ctx.Done():
-		case err = <-httpDone:
-			httpDone <- err
-		case err = <-grpcDone:
-			grpcDone <- err
+	e.stopGRPC = stopGRPC
+	e.grpcDone = make(chan error, 1)
+	go func() { e.grpcDone <- e.srv.Serve(grpcCtx, e.nodeLis) }()
+	e.httpDone = make(chan error, 1)
+	go func() { e.httpDone <- e.httpSrv.Serve(e.httpLis) }()
+	return nil
+}
+
+func (e *edgeProcess) export(p *Process) {
+	p.HTTPAddr, p.NodeAddr, p.Service, p.Ledger = e.HTTPAddr, e.NodeAddr, e.Service, e.Ledger
+	e.logger.Info("edge ready", "http", "http://"+e.HTTPAddr, "node_endpoint", e.NodeAddr)
+}
+
+// until blocks until ctx ends or a server fails (its error stays for
+// Shutdown).
+func (e *edgeProcess) until(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+	case err := <-e.httpDone:
+		e.httpDone <- err
+	case err := <-e.grpcDone:
+		e.grpcDone <- err
+	}
+	return nil
+}
+
+// drain stops the HTTP API (the serve step's close): /readyz is 503 and
+// every new request is answered 503 with Retry-After at once; after
+// stopLameDuck the listener closes and the requests in flight, then the
+// background runs, have the rest of cfg.DrainTimeout (cut short when
+// abort ends); what is still going then ends with an answer that says so.
+// It returns once every handler has returned, with the HTTP server's
+// failure if it had one.
+func (e *edgeProcess) drain(abort context.Context) error {
+	grace := e.cfg.DrainTimeout
+	if grace <= 0 {
+		grace = edge.DefaultDrainTimeout
+	}
+	// For stopLameDuck the listener stays open, so a request already on
+	// its way on a kept-alive connection gets that answer rather than a
+	// closed connection.
+	e.draining.Store(true)
+	e.logger.Info("edge shutting down: draining requests in flight; a second signal stops it at once", "drain_timeout", grace)
+	drainCtx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	defer context.AfterFunc(abort, cancel)()
+	lame := time.NewTimer(min(stopLameDuck, grace))
+	select {
+	case <-lame.C:
+	case <-drainCtx.Done():
+		lame.Stop()
+	}
+	derr := e.httpSrv.Shutdown(drainCtx)
+	if derr == nil {
+		// Background runs (the runs API) have the rest of the grace
+		// too; the edge still dispatches and relays them meanwhile.
+		derr = e.runManager.Drain(drainCtx)
+	}
+	// What is still going now (requests past the grace, queued ones,
+	// background runs) ends with an answer that says the edge stopped
+	// (503, or a stream's error event), recorded as edge_stopped: never a
+	// cut connection.
+	if derr != nil {
+		e.logger.Warn("drain timeout over: ending the requests still in flight", "drain_timeout", grace)
+	}
+	close(e.stopping)
+	e.Service.Shutdown()
+	if derr != nil {
+		finishCtx, cancelFinish := context.WithTimeout(context.Background(), shutdownFinish)
+		if e.httpSrv.Shutdown(finishCtx) != nil {
+			e.logger.Warn("requests still writing after the edge ended them were cut", "after", shutdownFinish)
+			e.httpSrv.Close()
 		}
-		grace := cfg.DrainTimeout
-		if grace <= 0 {
-			grace = edge.DefaultDrainTimeout
-		}
-		// From now on /readyz is 503 and every new request is answered 503
-		// with Retry-After (for stopLameDuck, with the listener still
-		// open, so a request already on its way on a kept-alive
-		// connection gets that answer rather than a closed connection).
-		draining.Store(true)
-		logger.Info("edge shutting down: draining requests in flight; a second signal stops it at once", "drain_timeout", grace)
-		drainCtx, cancel := context.WithTimeout(context.Background(), grace)
-		defer cancel()
-		defer context.AfterFunc(abort, cancel)()
-		lame := time.NewTimer(min(stopLameDuck, grace))
-		select {
-		case <-lame.C:
-		case <-drainCtx.Done():
-			lame.Stop()
-		}
-		derr := httpSrv.Shutdown(drainCtx)
-		if derr == nil {
-			// Background runs (the runs API) have the rest of the grace
-			// too; the edge still dispatches and relays them meanwhile.
-			derr = runManager.Drain(drainCtx)
-		}
-		// What is still going now (requests past the grace, queued ones,
-		// background runs) ends with an answer that says the edge stopped
-		// (503, or a stream's error event), recorded as edge_stopped:
-		// never a cut connection.
-		if derr != nil {
-			logger.Warn("drain timeout over: ending the requests still in flight", "drain_timeout", grace)
-		}
-		close(stopping)
-		svc.Shutdown()
-		if derr != nil {
-			finishCtx, cancelFinish := context.WithTimeout(context.Background(), shutdownFinish)
-			if httpSrv.Shutdown(finishCtx) != nil {
-				logger.Warn("requests still writing after the edge ended them were cut", "after", shutdownFinish)
-				httpSrv.Close()
-			}
-			cancelFinish()
-		}
-		if herr := <-httpDone; !errors.Is(herr, http.ErrServerClosed) && err == nil {
-			err = herr
-		}
-		handlers.Wait() // Close does not wait for its handlers; their records go to the ledger first
-		// Background runs still going end now (recorded as stopped with the
-		// edge), while their nodes can still be told to stop them.
-		if rerr := runManager.Close(); rerr != nil && err == nil {
-			err = rerr
-		}
-		responseStore.Close() // after the background runs, which save their responses
-		if lerr := usage.Close(); lerr != nil && err == nil {
-			err = lerr
-		}
-		if afterDrain != nil {
-			afterDrain()
-		}
-		stopGRPC()
-		if gerr := <-grpcDone; err == nil {
-			err = gerr
-		}
-		obs.history.Stop()
-		shutdownTracing(tr, logger) // exports the last requests' spans
-		e.done <- err
-	}()
-	return e, nil
+		cancelFinish()
+	}
+	var err error
+	if herr := <-e.httpDone; !errors.Is(herr, http.ErrServerClosed) {
+		err = herr
+	}
+	e.handlers.Wait() // Close does not wait for its handlers; their records go to the ledger first
+	return err
+}
+
+// openPprof serves the profiler at pprofListen (if set) until Shutdown.
+func (e *edgeProcess) openPprof(context.Context) (err error) {
+	e.stopPprof, err = servePprof(e.pprofListen)
+	return err
+}
+
+func (e *edgeProcess) closePprof(context.Context) error {
+	e.stopPprof()
+	return nil
+}
+
+// openWatch reloads the configuration at each SIGHUP and change of the
+// config file, until Shutdown.
+func (e *edgeProcess) openWatch(context.Context) (err error) {
+	e.stopWatch, err = watchConfig(e.configFile, e.reload, e.logger, e.hangup)
+	return err
+}
+
+func (e *edgeProcess) closeWatch(context.Context) error {
+	e.stopWatch()
+	return nil
 }
 
 // checkOpenAPI refuses a client API without keys on an address other
@@ -356,9 +512,6 @@ func refuseStopping(w http.ResponseWriter) {
 // that stopped reading holds its handler; after this its connection is
 // closed).
 const shutdownFinish = 5 * time.Second
-
-// Wait blocks until the edge has stopped and returns why.
-func (e *edgeRun) Wait() error { return <-e.done }
 
 // clusterKeyAdmit makes a key's limits global with several edges
 // (cfg.Cluster): the scheduler leader counts every edge's requests of a

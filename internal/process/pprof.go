@@ -1,7 +1,6 @@
 package process
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -11,15 +10,16 @@ import (
 
 // servePprof serves Go's profiler (net/http/pprof: /debug/pprof/profile,
 // /debug/pprof/heap, ...) on its own listener at addr until ctx ends, for
-// `--pprof-listen`. It does nothing when addr is "". Errors: the listen
+// `--pprof-listen`, until stop is called (stop returns once the server
+// has ended). It serves nothing when addr is "". Errors: the listen
 // failure. Keep addr on loopback: the profiler is unauthenticated.
-func servePprof(ctx context.Context, addr string) error {
+func servePprof(addr string) (stop func(), err error) {
 	if addr == "" {
-		return nil
+		return func() {}, nil
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("pprof listener: %w", err)
+		return nil, fmt.Errorf("pprof listener: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -28,7 +28,13 @@ func servePprof(ctx context.Context, addr string) error {
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	context.AfterFunc(ctx, func() { _ = srv.Close() })
-	return nil
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln)
+	}()
+	return func() {
+		_ = srv.Close()
+		<-done
+	}, nil
 }

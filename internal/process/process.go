@@ -2,7 +2,6 @@ package process
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -79,6 +78,13 @@ type Deps struct {
 	// reload function each value is logged as having nothing to reload.
 	// Nil: only a changed file reloads (ModeEdge).
 	Hangup <-chan os.Signal
+	// Steps, when set, is called before each open step of the process
+	// with ("open", name) and before each close step with ("close",
+	// name), in the order they run (Shutdown's is the open order
+	// reversed). An error it returns for an open step fails that step:
+	// Start closes the steps opened before it and returns the error.
+	// Tests use it to watch and break the order.
+	Steps func(phase, name string) error
 }
 
 // Process is a running edge, node or dev stack, made by Start. Its
@@ -107,6 +113,30 @@ type Process struct {
 	err       error
 }
 
+// processType is one kind of process: edgeProcess, agentProcess or
+// devProcess. Each opens its resources in named steps and closes them in
+// reverse (steps).
+type processType interface {
+	// Open opens the steps in order; ctx is the run context. On an error
+	// the steps opened are closed again.
+	Open(ctx context.Context) error
+	// until blocks until the process should stop (ctx, the run context,
+	// ended, a server failed, a node's Run returned) and returns the
+	// failure, if any.
+	until(ctx context.Context) error
+	// Shutdown closes the opened steps in reverse; ctx ending cuts its
+	// waits short (Abort).
+	Shutdown(ctx context.Context) error
+	// export sets the exported fields of p from the opened process.
+	export(p *Process)
+}
+
+var (
+	_ processType = (*edgeProcess)(nil)
+	_ processType = (*agentProcess)(nil)
+	_ processType = (*devProcess)(nil)
+)
+
 // Start starts cfg.Mode and returns once it serves: ModeEdge once both
 // listeners are open (and the reload watch is set up), ModeDev once its
 // in-process node is connected, ModeNode once its agent runs (it dials the
@@ -125,22 +155,46 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*Process, error) {
 	runCtx, stop := context.WithCancel(ctx)
 	abortCtx, abort := context.WithCancel(context.Background())
 	p := &Process{Mode: cfg.Mode, logger: logger, stop: stop, abort: abort, done: make(chan struct{})}
-	var err error
+	var proc processType
 	switch cfg.Mode {
 	case ModeEdge:
-		err = p.startEdge(runCtx, abortCtx, cfg, deps)
+		e := &edgeProcess{cfg: cfg.Edge, logger: logger, pprofListen: cfg.PprofListen, configFile: cfg.ConfigFile, hangup: deps.Hangup}
+		r := &edgeReloader{e: e, logger: logger}
+		e.reload = reloadFunc(cfg.Reload, r.apply, logger)
+		e.steps.hook = deps.Steps
+		proc = e
 	case ModeNode:
-		err = p.startNode(ctx, abortCtx, cfg, deps)
+		ncfg := cfg.Node
+		if ncfg.Version == "" {
+			ncfg.Version = cfg.Version
+		}
+		n := &agentProcess{cfg: ncfg, load: cfg.ReloadNode, pprofListen: cfg.PprofListen, hangup: deps.Hangup,
+			logger: logger, parent: ctx, abort: abortCtx, drain: p.Drain}
+		n.steps.hook = deps.Steps
+		p.onDrain = n.drainAgent
+		proc = n
 	case ModeDev:
-		err = p.startDev(runCtx, abortCtx, cfg, deps)
+		d := &devProcess{cfg: cfg.Dev, version: cfg.Version, load: cfg.ReloadDev, stdout: deps.Stdout, hangup: deps.Hangup, logger: logger}
+		d.steps.hook = deps.Steps
+		proc = d
 	default:
-		err = fmt.Errorf("process: unknown mode %q (want edge, node or dev)", cfg.Mode)
+		stop()
+		abort()
+		return nil, fmt.Errorf("process: unknown mode %q (want edge, node or dev)", cfg.Mode)
 	}
-	if err != nil {
+	if err := proc.Open(runCtx); err != nil {
 		stop()
 		abort()
 		return nil, err
 	}
+	proc.export(p)
+	go func() {
+		err := proc.until(runCtx)
+		if serr := proc.Shutdown(abortCtx); err == nil {
+			err = serr
+		}
+		p.finish(err)
+	}()
 	return p, nil
 }
 
@@ -179,108 +233,137 @@ func (p *Process) Wait() error {
 	return p.err
 }
 
-// finish records err as the process's result, after waiting for each of
-// also (closed when a helper goroutine ended), and releases the contexts.
-func (p *Process) finish(err error, also ...<-chan struct{}) {
+// finish records err as the process's result and releases the contexts.
+func (p *Process) finish(err error) {
 	p.stop()
-	for _, c := range also {
-		if c != nil {
-			<-c
-		}
-	}
 	p.abort()
 	p.err = err
 	close(p.done)
 }
 
-// startEdge starts ModeEdge: the profiler, the edge, the reload watch.
-func (p *Process) startEdge(ctx, abort context.Context, cfg Config, deps Deps) error {
-	if err := servePprof(ctx, cfg.PprofListen); err != nil {
-		return err
-	}
-	e, err := startEdge(ctx, abort, cfg.Edge, p.logger, nil)
-	if err != nil {
-		return err
-	}
-	p.HTTPAddr, p.NodeAddr, p.Service, p.Ledger = e.HTTPAddr, e.NodeAddr, e.Service, e.Ledger
-	r := &edgeReloader{e: e, logger: p.logger}
-	watched, err := watchConfig(ctx, cfg.ConfigFile, reloadFunc(cfg.Reload, r.apply, p.logger), p.logger, deps.Hangup)
-	if err != nil {
-		p.stop() // stops the edge
-		return errors.Join(err, e.Wait())
-	}
-	p.logger.Info("edge ready", "http", "http://"+e.HTTPAddr, "node_endpoint", e.NodeAddr)
-	go func() { p.finish(e.Wait(), watched) }()
+// agentProcess is a node (ModeNode): its agent runs until its drain is
+// over or the abort context ends; the parent context ending drains it.
+// Its resources are the steps Open lists; Shutdown closes them in
+// reverse.
+type agentProcess struct {
+	cfg         node.Config
+	load        func() (node.Config, error) // Config.ReloadNode; nil: nothing to read again
+	pprofListen string
+	hangup      <-chan os.Signal
+	logger      *slog.Logger
+	parent      context.Context // Start's: its end drains the node
+	abort       context.Context // Abort's: its end stops Run at once
+	drain       func(reason string)
+
+	// Set by the open steps, in order; read-only once Open has returned.
+	tr             *tracing.Tracing
+	agent          *node.Agent
+	stopPprof      func()
+	stopWatch      func()
+	stopDrainOnCtx func() bool
+	runDone        chan struct{} // closed when Run has returned; runErr is then set
+	runErr         error
+	steps          steps
+}
+
+// Open opens the node's steps: tracing, the agent, the profiler, the
+// reload watch, and the agent's Run.
+func (n *agentProcess) Open(ctx context.Context) error {
+	return n.steps.open(ctx, []step{
+		{name: "tracing", open: n.openTracing, close: n.closeTracing},
+		{name: "agent", open: n.openAgent},
+		{name: "profiler", open: n.openPprof, close: n.closePprof},
+		{name: "reload watcher", open: n.openWatch, close: n.closeWatch},
+		{name: "run", open: n.startRun, close: n.endRun},
+	})
+}
+
+// Shutdown closes what Open opened, in reverse: it waits for the agent's
+// Run to end (after its drain, or at once when ctx ends), stops the
+// reload watch and the profiler, and exports the last runs' spans.
+func (n *agentProcess) Shutdown(ctx context.Context) error { return n.steps.close(ctx) }
+
+func (n *agentProcess) export(p *Process) { p.Agent = n.agent }
+
+// until waits for the agent's Run to return and returns its error.
+func (n *agentProcess) until(context.Context) error {
+	<-n.runDone
+	return n.runErr
+}
+
+// drainAgent is the node's Process.Drain: it logs and drains the agent.
+func (n *agentProcess) drainAgent(reason string) {
+	n.logger.Info("node stopping: draining; a second signal stops it at once", "signal", reason, "drain_timeout", n.cfg.DrainTimeout)
+	n.agent.Drain(reason)
+}
+
+func (n *agentProcess) openTracing(context.Context) (err error) {
+	n.tr, err = tracing.Start(n.parent, n.cfg.Tracing, nil, "iop-node", n.logger)
+	return err
+}
+
+// closeTracing exports the last runs' spans.
+func (n *agentProcess) closeTracing(context.Context) error {
+	shutdownTracing(n.tr, n.logger)
 	return nil
 }
 
-// startNode starts ModeNode: the agent runs until its drain is over or
-// abort ends; ctx ending drains it.
-func (p *Process) startNode(ctx, abort context.Context, cfg Config, deps Deps) error {
-	ncfg := cfg.Node
-	if ncfg.Version == "" {
-		ncfg.Version = cfg.Version
-	}
-	tr, err := tracing.Start(ctx, ncfg.Tracing, nil, "iop-node", p.logger)
-	if err != nil {
-		return err
-	}
-	agent, err := node.New(ncfg, p.logger, node.WithTracer(tr.Tracer))
-	if err != nil {
-		shutdownTracing(tr, p.logger)
-		return err
-	}
-	p.Agent = agent
-	p.onDrain = func(reason string) {
-		p.logger.Info("node stopping: draining; a second signal stops it at once", "signal", reason, "drain_timeout", ncfg.DrainTimeout)
-		agent.Drain(reason)
-	}
-	if err := servePprof(abort, cfg.PprofListen); err != nil {
-		return err
-	}
+func (n *agentProcess) openAgent(context.Context) (err error) {
+	n.agent, err = node.New(n.cfg, n.logger, node.WithTracer(n.tr.Tracer))
+	return err
+}
+
+// openPprof serves the profiler at pprofListen (if set) until Shutdown.
+func (n *agentProcess) openPprof(context.Context) (err error) {
+	n.stopPprof, err = servePprof(n.pprofListen)
+	return err
+}
+
+func (n *agentProcess) closePprof(context.Context) error {
+	n.stopPprof()
+	return nil
+}
+
+// openWatch reloads the node's configuration at each SIGHUP, until
+// Shutdown: capacities, discovery intervals, TLS files (reloadNode).
+func (n *agentProcess) openWatch(context.Context) (err error) {
 	apply := func(c node.Config, trigger string) error {
 		if c.Version == "" {
-			c.Version = ncfg.Version
+			c.Version = n.cfg.Version
 		}
-		return reloadNode(agent, c, trigger, p.logger)
+		return reloadNode(n.agent, c, trigger, n.logger)
 	}
-	watched, err := watchConfig(abort, "", reloadFunc(cfg.ReloadNode, apply, p.logger), p.logger, deps.Hangup)
-	if err != nil {
-		return err
-	}
-	p.logger.Info("node starting", "node_id", ncfg.NodeID, "edge", ncfg.Edge, "edges", ncfg.Edges, "providers", len(ncfg.Providers))
-	stopDrainOnCtx := context.AfterFunc(ctx, func() { p.Drain("context ended") })
+	n.stopWatch, err = watchConfig("", reloadFunc(n.load, apply, n.logger), n.logger, n.hangup)
+	return err
+}
+
+func (n *agentProcess) closeWatch(context.Context) error {
+	n.stopWatch()
+	return nil
+}
+
+// startRun runs the agent until its drain is over or the abort context
+// ends; the parent context ending drains it.
+func (n *agentProcess) startRun(context.Context) error {
+	n.logger.Info("node starting", "node_id", n.cfg.NodeID, "edge", n.cfg.Edge, "edges", n.cfg.Edges, "providers", len(n.cfg.Providers))
+	n.stopDrainOnCtx = context.AfterFunc(n.parent, func() { n.drain("context ended") })
+	n.runDone = make(chan struct{})
 	go func() {
-		defer func() { <-watched }()
-		err := agent.Run(abort)
-		if abort.Err() != nil {
-			p.logger.Warn("second signal: the runs still in flight were aborted", "node_id", ncfg.NodeID)
-		}
-		p.logger.Info("node stopped", "node_id", ncfg.NodeID, "err", err)
-		shutdownTracing(tr, p.logger) // exports the last runs' spans
-		stopDrainOnCtx()
-		p.finish(err)
+		defer close(n.runDone)
+		n.runErr = n.agent.Run(n.abort)
 	}()
 	return nil
 }
 
-// startDev starts ModeDev and prints its banner to deps.Stdout.
-func (p *Process) startDev(ctx, abort context.Context, cfg Config, deps Deps) error {
-	d, err := startDev(ctx, abort, cfg.Dev, cfg.Version, p.logger)
-	if err != nil {
-		return err
+// endRun waits for the agent's Run to return (the abort context ending
+// stops it at once) and logs how it ended.
+func (n *agentProcess) endRun(context.Context) error {
+	<-n.runDone // Run's context is the abort context
+	if n.abort.Err() != nil {
+		n.logger.Warn("second signal: the runs still in flight were aborted", "node_id", n.cfg.NodeID)
 	}
-	p.HTTPAddr, p.NodeAddr, p.Service, p.Ledger = d.Edge.HTTPAddr, d.Edge.NodeAddr, d.Edge.Service, d.Edge.Ledger
-	p.Agent, p.Dev = d.Agent, &d.DevInfo
-	watched, err := watchConfig(ctx, "", reloadFunc(cfg.ReloadDev, d.reload, p.logger), p.logger, deps.Hangup)
-	if err != nil {
-		p.stop()
-		return errors.Join(err, d.Wait())
-	}
-	if deps.Stdout != nil {
-		printBanner(deps.Stdout, d)
-	}
-	go func() { p.finish(d.Wait(), watched) }()
+	n.logger.Info("node stopped", "node_id", n.cfg.NodeID, "err", n.runErr)
+	n.stopDrainOnCtx()
 	return nil
 }
 

@@ -27,16 +27,15 @@ const reloadSettle = time.Second
 // with the trigger "SIGHUP", and, when path is set, whenever the file at
 // path changes, with "file changed" (it watches the file's directory, so a
 // file replaced by rename, as editors and Kubernetes ConfigMaps do, is seen
-// too), until ctx ends. A nil reload logs, at each SIGHUP, that there is
-// no config file to read again. It returns once the watch is set up, and a
-// channel closed when it has stopped.
-func watchConfig(ctx context.Context, path string, reload func(trigger string), logger *slog.Logger, hup <-chan os.Signal) (<-chan struct{}, error) {
+// too), until stop is called. A nil reload logs, at each SIGHUP, that there
+// is no config file to read again. It returns once the watch is set up;
+// stop ends it and returns once it has ended.
+func watchConfig(path string, reload func(trigger string), logger *slog.Logger, hup <-chan os.Signal) (stop func(), err error) {
 	var events <-chan fsnotify.Event
 	var errs <-chan error
 	var abs string
 	var watcher *fsnotify.Watcher
 	if path != "" && reload != nil {
-		var err error
 		if watcher, err = fsnotify.NewWatcher(); err != nil {
 			return nil, fmt.Errorf("watching %s: %w", path, err)
 		}
@@ -55,6 +54,7 @@ func watchConfig(ctx context.Context, path string, reload func(trigger string), 
 			logger.Info("nothing to reload: started without --config; the process keeps running", "component", "config", "trigger", trigger)
 		}
 	}
+	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -88,13 +88,13 @@ func watchConfig(ctx context.Context, path string, reload func(trigger string), 
 			}
 		}
 	}()
-	return done, nil
+	return func() { cancel(); <-done }, nil
 }
 
 // edgeReloader applies a configuration read again to a running edge: the
 // edge's own part (edge.Service.Reload) and the HTTP API's keyrings.
 type edgeReloader struct {
-	e      *edgeRun
+	e      *edgeProcess
 	logger *slog.Logger
 }
 

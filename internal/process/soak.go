@@ -119,7 +119,7 @@ func soakRun(ctx context.Context, cfg SoakConfig, logger, quiet *slog.Logger, re
 	ecfg := edge.DefaultConfig()
 	ecfg.Listen, ecfg.NodeListen, ecfg.Database = "127.0.0.1:0", "127.0.0.1:0", ":memory:"
 	ecfg.Models = map[string]edge.ModelConfig{soakModel: {Targets: []string{"m"}, MaxQueue: cfg.MaxQueue, QueueTimeout: cfg.QueueTimeout}}
-	e, err := startEdge(edgeCtx, context.Background(), ecfg, logger, nil)
+	e, err := Start(edgeCtx, Config{Mode: ModeEdge, Edge: ecfg}, Deps{Logger: logger})
 	if err != nil {
 		stopEdge()
 		return err
