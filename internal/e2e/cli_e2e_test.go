@@ -134,7 +134,8 @@ func TestEndToEndCLIProvider(t *testing.T) {
 // whole process group, gives the slot back, and leaves a concurrent run on
 // the same provider intact.
 func TestEndToEndCLICancellation(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it checks that the test process has no zombie child,
+	// and the children of parallel tests come and go meanwhile.
 	e := startCLINode(t)
 	client := newClient(e)
 
