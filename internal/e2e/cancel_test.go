@@ -204,6 +204,10 @@ func TestSlowReaderLosesItsSlot(t *testing.T) {
 	t.Parallel()
 	cfg := edge.DefaultConfig()
 	cfg.WriteTimeout = 300 * time.Millisecond
+	// The next request waits for the stalled run's slot: on two cores
+	// shared with other test binaries, freeing it took longer than the
+	// default 30s queue timeout.
+	cfg.Queue.QueueTimeout = testenv.WaitDeadline
 	// Unlimited token rate: the answer fills every buffer on the way.
 	e, paths := startCancelStack(t, cfg, 1, sim.Config{})
 	client := newClient(e)
