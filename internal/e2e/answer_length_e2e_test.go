@@ -61,7 +61,7 @@ func startLengthRig(t *testing.T, breakerFailures int) *lengthRig {
 		t.Fatal(err)
 	}
 	rig.e = e
-	t.Cleanup(cancel)
+	harness.StopAtCleanup(t, cancel, e)
 	harness.Node(t, ctx, node.Config{
 		NodeID: "gpu-1",
 		Edge:   e.NodeAddr,

@@ -75,7 +75,7 @@ func startBadRig(t *testing.T, maxBody int64) *badRig {
 		t.Fatal(err)
 	}
 	rig.e, rig.base = e, "http://"+e.HTTPAddr
-	t.Cleanup(cancel)
+	harness.StopAtCleanup(t, cancel, e)
 	caps := []string{"vision", "embeddings"}
 	harness.Node(t, ctx, node.Config{
 		NodeID: "gpu-1",

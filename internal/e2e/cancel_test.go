@@ -50,7 +50,7 @@ func startCancelStack(t *testing.T, cfg edge.Config, capacity int, simCfg sim.Co
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(cancel)
+	harness.StopAtCleanup(t, cancel, e)
 	harness.Node(t, ctx, node.Config{
 		NodeID: "gpu-1",
 		Edge:   e.NodeAddr,

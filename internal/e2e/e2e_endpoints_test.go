@@ -75,7 +75,7 @@ func startEndpointEnv(t *testing.T) *endpointEnv {
 		t.Fatal(err)
 	}
 	env.e = e
-	t.Cleanup(cancel)
+	harness.StopAtCleanup(t, cancel, e)
 	caps := []string{"tools", "embeddings"}
 	harness.Node(t, ctx, node.Config{
 		NodeID: "gpu-1",
@@ -555,7 +555,7 @@ func TestEndToEndStreamFraming(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(cancel)
+	harness.StopAtCleanup(t, cancel, e)
 	ollamaSim, ollamaURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"ollama-twin"}, Seed: 5})
 	harness.Node(t, ctx, node.Config{NodeID: "n1", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
 		{ID: "twin", Type: "openai", BaseURL: behindURL + "/v1", Models: []string{"twin"}, Capacity: 1, Capabilities: []string{"tools"}},

@@ -100,7 +100,7 @@ func startErrorsRig(t *testing.T, breakerFailures int) *errorsRig {
 		t.Fatal(err)
 	}
 	rig.e = e
-	t.Cleanup(cancel)
+	harness.StopAtCleanup(t, cancel, e)
 	caps := []string{"tools", "vision"}
 	harness.Node(t, ctx, node.Config{
 		NodeID: "gpu-1",

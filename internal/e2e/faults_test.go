@@ -52,7 +52,7 @@ func startFaultEdge(t *testing.T, cfg edge.Config) (*process.Process, context.Co
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(cancel)
+	harness.StopAtCleanup(t, cancel, e)
 	return e, ctx
 }
 

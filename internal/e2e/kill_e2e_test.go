@@ -42,7 +42,7 @@ func newKillRig(t *testing.T) *killRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(cancel)
+	harness.StopAtCleanup(t, cancel, e)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("edge log:\n%s", log.String())

@@ -43,7 +43,7 @@ func startPrefixStack(t *testing.T, protocol sim.Protocol, capacity int) *prefix
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(cancel)
+	harness.StopAtCleanup(t, cancel, e)
 	st := &prefixStack{e: e, sims: map[string]*sim.Server{}}
 	var provs []node.ProviderConfig
 	for _, id := range prefixProviders {

@@ -89,7 +89,7 @@ func TestNodeModeDrainLetsRunsFinish(t *testing.T) {
 		cancel()
 		t.Fatal(err)
 	}
-	t.Cleanup(cancel)
+	harness.StopAtCleanup(t, cancel, e)
 	nodeLogs := &logRecorder{}
 	n := startNodeMode(t, e, url, time.Minute, slog.New(nodeLogs))
 

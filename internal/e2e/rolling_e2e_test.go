@@ -33,7 +33,7 @@ func TestRollingRestartKeepsQueuedClients(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(cancel)
+	harness.StopAtCleanup(t, cancel, e)
 	path := filepath.Join(t.TempDir(), "node.yaml")
 	writeAtomically(t, path, fmt.Sprintf("node_id: n1\nedge: %s\nproviders:\n  - {id: p1, type: ollama, base_url: %q, models: [m], capacity: 2}\n", e.NodeAddr, simURL))
 	startNodeCmd := func() *harness.Command {

@@ -29,7 +29,7 @@ func startSharedRunsEdge(t *testing.T, dsn, name string) *process.Process {
 		cancel()
 		t.Fatal(err)
 	}
-	t.Cleanup(cancel)
+	harness.StopAtCleanup(t, cancel, e)
 	return e
 }
 

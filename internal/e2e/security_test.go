@@ -124,7 +124,7 @@ func startEdgeWith(t *testing.T, cfg edge.Config, logger *slog.Logger) *process.
 		cancel()
 		t.Fatal(err)
 	}
-	t.Cleanup(cancel)
+	harness.StopAtCleanup(t, cancel, e)
 	return e
 }
 

@@ -132,6 +132,19 @@ func start(t testing.TB, ctx context.Context, name string, cfg process.Config, s
 	return p
 }
 
+// StopAtCleanup ends p's context with cancel at the end of the test and
+// waits for p to stop, failing t if it stopped with an error: for a
+// process a test started with process.Start itself. Cleanups registered
+// after it (the nodes') run first.
+func StopAtCleanup(t testing.TB, cancel context.CancelFunc, p *process.Process) {
+	t.Cleanup(func() {
+		cancel()
+		if err := p.Wait(); err != nil {
+			t.Errorf("%s: %v", p.Mode, err)
+		}
+	})
+}
+
 // Node runs a node agent for cfg (its log kept by Logger) until ctx ends
 // or the test does, and returns it once it is connected to an edge. At
 // cleanup it stops it and fails t if Run returned an error.
