@@ -9,7 +9,7 @@ OLLAMA_VERSION := v0.17.4
 HELM_VERSION := v4.3.2
 HELM := $(HOME)/.cache/iop/helm-$(HELM_VERSION)/helm
 
-.PHONY: all build run test chromium postgresql etcd systemd helm ollama proto bench chaos clean
+.PHONY: all build run test chromium postgresql etcd systemd helm ollama proto bench bench-peers chaos clean
 
 all: build
 
@@ -99,7 +99,7 @@ postgresql:
 # (go test -bench, output kept in bin/bench-go.txt), then the overhead
 # benchmark: iop sim, edge and node as separate processes, the same load
 # directly and through edge + node, and the edge's memory with 10,000
-# queued requests; it prints every figure of issue 18 with its target, the
+# queued requests; it prints every figure with its target, the
 # scheduler's (waiter bytes, AdmitRelease) read from bin/bench-go.txt.
 # The packages run one at a time (-p 1): two benchmarks sharing the 2
 # cores would each measure the other. Figures: BENCHMARKS.md.
@@ -107,6 +107,21 @@ bench: build
 	$(GO) test -p 1 -run '^$$' -bench . -benchmem ./internal/scheduler/ ./internal/edge/api/ ./internal/wire/nodev1/ ./internal/node/adapter/ >$(BIN)/bench-go.txt; \
 		rc=$$?; cat $(BIN)/bench-go.txt; exit $$rc
 	$(BIN)/iop bench --overhead --profile-dir $(BIN)/bench-profiles --go-bench $(BIN)/bench-go.txt $(BENCH_ARGS)
+
+# The side-by-side table of issue 35 (not part of make test; about 20
+# minutes with the defaults): iop (edge + node as separate processes, on
+# the tunnel and the normalized path), Olla and Bifrost in front of one
+# zero-latency iop sim, non-streamed at 1 and 32 clients, streamed at 8,
+# a 100 KB request at 8, three alternating rounds of 15 s; it prints the
+# means, iop's ratio to the best peer and the load average. It fetches
+# nothing: test/peers/build.sh builds each peer from its snapshot at the
+# pinned commit under ~/.cache/iop/peers/<name>-<commit>/ (its header says
+# how to put a snapshot there) and a missing peer is left out. Shorter:
+# make bench-peers PEERS_ARGS="--rounds 1 -d 5s". Figures: BENCHMARKS.md.
+OLLA_COMMIT := 200c24f6f2758da6f45411fbd61a89c14a4ec239
+BIFROST_COMMIT := 5978108db0fd9a50a3349d10bb6aa311502c05e2
+bench-peers: build
+	$(BIN)/iop bench --peers $$(OLLA_COMMIT=$(OLLA_COMMIT) BIFROST_COMMIT=$(BIFROST_COMMIT) GO=$(GO) test/peers/build.sh) $(PEERS_ARGS)
 
 # The chaos suite (not part of make test; about 30 minutes): per run a
 # fresh three-member etcd, three edges with `cluster:` on one PostgreSQL,

@@ -28,6 +28,8 @@ type benchFlags struct {
 	memoryOnly bool
 	gateway    string
 	fair       fairFlags
+	peers      peersFlags
+	residency  residencyFlags
 	prefix     bool
 	prefixCfg  benchrun.PrefixConfig
 	// prefixSlack is --prefix-load-slack; negative means the edge's default.
@@ -56,7 +58,7 @@ directly against the simulator and through edge + node (non-streamed at 1
 and 32 clients, streamed with 20 chunks per answer at 1 and 8 clients, on the
 tunnel and the normalized path), whether a non-streamed answer keeps its
 Content-Length, and the edge's memory with --waiters queued requests; it
-prints each figure with its target (issue 18), met or missed and by how much.`,
+prints each figure with its target, met or missed and by how much.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if f.overhead {
@@ -64,6 +66,12 @@ prints each figure with its target (issue 18), met or missed and by how much.`,
 			}
 			if f.fair.on {
 				return runFair(cmd, f)
+			}
+			if f.peers.on {
+				return runPeers(cmd, f)
+			}
+			if f.residency.on {
+				return runResidency(cmd, f)
 			}
 			if f.prefix {
 				return runPrefixCompare(cmd, f)
@@ -97,7 +105,7 @@ prints each figure with its target (issue 18), met or missed and by how much.`,
 	fl.IntVar(&f.load.Turns, "turns", 0, "with --workload sessions or --prefix-compare: turns of each conversation (default 8 with --prefix-compare)")
 	fl.IntVar(&f.load.SharedPrefixTokens, "shared-prefix-tokens", 0, "with --workload sessions or --prefix-compare: words of the system prompt every conversation shares (default 2000 with --prefix-compare)")
 	fl.IntVar(&f.load.TurnTokens, "turn-tokens", 0, "with --workload sessions or --prefix-compare: words of each user message (default 64; 100 with --prefix-compare)")
-	fl.BoolVar(&f.prefix, "prefix-compare", false, "run the prefix-routing benchmark (issue 19; Linux): its own 4 caching sims, edge and node, the sessions workload with routing least_loaded then prefix")
+	fl.BoolVar(&f.prefix, "prefix-compare", false, "run the prefix-routing benchmark (Linux): its own 4 caching sims, edge and node, the sessions workload with routing least_loaded then prefix")
 	fl.IntVar(&f.prefixCfg.Providers, "providers", 0, "with --prefix-compare: simulated providers (default 4)")
 	fl.IntVar(&f.prefixCfg.Capacity, "capacity", 0, "with --prefix-compare: capacity of each provider (default 4)")
 	fl.IntVar(&f.prefixCfg.CacheTokens, "prefix-cache-tokens", 0, "with --prefix-compare: each simulator's prefix cache, in tokens (default 100000)")
@@ -105,6 +113,8 @@ prints each figure with its target (issue 18), met or missed and by how much.`,
 	fl.Float64Var(&f.prefixSlack, "prefix-load-slack", -1, "with --prefix-compare: the edge's prefix_load_slack (default: the edge's default, 0.5)")
 	fl.StringVar(&f.goBench, "go-bench", "", "with --overhead: a file of `go test -bench` output whose scheduler figures (waiter bytes, AdmitRelease) are checked against their targets too")
 	f.fair.register(fl)
+	f.peers.register(fl)
+	f.residency.register(fl)
 	return cmd
 }
 

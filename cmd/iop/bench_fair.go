@@ -17,7 +17,7 @@ type fairFlags struct {
 }
 
 func (f *fairFlags) register(fl *pflag.FlagSet) {
-	fl.BoolVar(&f.on, "fair", false, "run the fair-sharing benchmark (issue 19; starts its own sim, edge and node): a flood key at --fair-flood × capacity beside a light key at --fair-light ×, alone, with fairness on and with fairness: off")
+	fl.BoolVar(&f.on, "fair", false, "run the fair-sharing benchmark (starts its own sim, edge and node): a flood key at --fair-flood × capacity beside a light key at --fair-light ×, alone, with fairness on and with fairness: off")
 	fl.IntVar(&f.cfg.Capacity, "fair-capacity", 2, "with --fair: the provider's capacity")
 	fl.DurationVar(&f.cfg.TTFT, "fair-service", 0, "with --fair: the simulator's time to first token, which is the service time (default 100ms)")
 	fl.Float64Var(&f.cfg.Flood, "fair-flood", 10, "with --fair: the flood key's rate, a multiple of capacity")

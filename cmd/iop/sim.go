@@ -26,7 +26,11 @@ type simFile struct {
 	PrefixCacheTokens      int     `yaml:"prefix_cache_tokens"`
 	PrefillTokensPerSecond float64 `yaml:"prefill_tokens_per_second"`
 	CountRepeats           bool    `yaml:"count_repeats"`
-	Faults                 struct {
+	// MaxLoadedModels, LoadTime and LoadTimes (per model): sim.Config's.
+	MaxLoadedModels int                      `yaml:"max_loaded_models"`
+	LoadTime        time.Duration            `yaml:"load_time"`
+	LoadTimes       map[string]time.Duration `yaml:"load_times"`
+	Faults          struct {
 		ErrorRate   float64 `yaml:"error_rate"`
 		ErrorStatus int     `yaml:"error_status"`
 		DropAfter   int     `yaml:"drop_after"`
@@ -61,6 +65,9 @@ func newSimCommand(logLevel *string) *cobra.Command {
 				PrefixCacheTokens:      f.PrefixCacheTokens,
 				PrefillTokensPerSecond: f.PrefillTokensPerSecond,
 				CountRepeats:           f.CountRepeats,
+				MaxLoadedModels:        f.MaxLoadedModels,
+				LoadTime:               f.LoadTime,
+				LoadTimes:              f.LoadTimes,
 				Faults: sim.Faults{
 					ErrorRate:        f.Faults.ErrorRate,
 					ErrorStatus:      f.Faults.ErrorStatus,
@@ -105,6 +112,8 @@ func newSimCommand(logLevel *string) *cobra.Command {
 	fl.IntVar(&f.PrefixCacheTokens, "prefix-cache-tokens", 0, "keep an LRU prefix cache of this many prompt tokens (blocks of 16 words, chained hashes); hits and misses in GET /stats")
 	fl.Float64Var(&f.PrefillTokensPerSecond, "prefill-tokens-per-second", 0, "add uncached prompt tokens / this rate to the time to first token (0 = prefill is free)")
 	fl.BoolVar(&f.CountRepeats, "count-repeats", false, "count admitted requests whose prompt an earlier one had (repeated in GET /stats; admitted counts them all)")
+	fl.IntVar(&f.MaxLoadedModels, "max-loaded-models", 0, "hold at most this many models loaded (LRU eviction of an idle one; 0 = no limit); with it or --load-time models start unloaded, load on demand and /api/ps lists the loaded ones; loads and evictions in GET /stats")
+	fl.DurationVar(&f.LoadTime, "load-time", 0, "how long loading a model takes (per model: load_times in --config); reported as load_duration in Ollama answers")
 	fl.Float64Var(&f.Faults.ErrorRate, "error-rate", 0, "fraction of requests answered with --error-status")
 	fl.IntVar(&f.Faults.ErrorStatus, "error-status", 0, "status of injected errors (default 500)")
 	fl.IntVar(&f.Faults.DropAfter, "drop-after", 0, "drop the connection after this many streamed tokens")

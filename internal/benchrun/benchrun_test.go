@@ -39,7 +39,7 @@ func TestProcReadersOnOwnProcess(t *testing.T) {
 	}
 }
 
-// WriteTable checks each target of issue 18 against the right figure: the
+// WriteTable checks each overhead target against the right figure: the
 // right cell, edge + node CPU together, the baseline's throughput doubled,
 // the go test -bench figures, the Content-Length check.
 func TestReportTargets(t *testing.T) {

@@ -17,7 +17,7 @@ import (
 	"iop/internal/loadgen"
 )
 
-// FairConfig is the fair-sharing benchmark (issue 19): one key floods a
+// FairConfig is the fair-sharing benchmark: one key floods a
 // model at Flood × its capacity while a second key sends at Light × it.
 // Zero fields take the defaults in brackets.
 type FairConfig struct {
@@ -295,7 +295,7 @@ func (r FairReport) phase(name string) *FairPhase {
 	return nil
 }
 
-// WriteTable writes the phases and the issue's two targets, each met or
+// WriteTable writes the phases and the benchmark's two targets, each met or
 // missed: the light key's p99 time at the gateway (queue wait + service,
 // its latency) within 2× of what it is alone, and its share of slots at
 // least its weighted share (with weights 1:1, min(its demand, half the

@@ -25,7 +25,7 @@ const (
 	DefaultWaiters  = 10000
 	// DefaultTokens is the simulators' answer length in tokens: a streamed
 	// answer is that many content chunks, the "20-chunk streamed request"
-	// of issue 18 (non-streamed answers are the same 20 tokens in one body).
+	// of the targets (non-streamed answers are the same 20 tokens in one body).
 	DefaultTokens = 20
 )
 
@@ -55,10 +55,10 @@ type Config struct {
 	// established, caches and heaps grown); default 1 s.
 	Warmup time.Duration
 	// Concurrencies are the closed-loop concurrencies of the non-streamed
-	// workloads; default 1 and 32 (issue 18's "1 client" and "32 clients").
+	// workloads; default 1 and 32 (the targets' "1 client" and "32 clients").
 	Concurrencies []int
 	// StreamConcurrencies are those of the streamed workloads; default 1
-	// (added time to first token with 1 client) and 8 (issue 18's "streamed
+	// (added time to first token with 1 client) and 8 (the targets' "streamed
 	// (20 chunks), 8 clients").
 	StreamConcurrencies []int
 	// Tokens is the length of every simulator answer in tokens (chunks,
@@ -79,7 +79,7 @@ type Config struct {
 	MemoryOnly bool
 	// GoBenchOutput, if set, is a file of `go test -bench` output (make
 	// bench writes the scheduler's there) whose figures the report checks
-	// against the issue's targets: the scheduler's waiter bytes and
+	// against its targets: the scheduler's waiter bytes and
 	// AdmitRelease. Overhead fails if it cannot be read.
 	GoBenchOutput string
 	// Log receives a line per step; nil discards them.

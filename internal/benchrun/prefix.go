@@ -15,7 +15,7 @@ import (
 	"iop/internal/loadgen"
 )
 
-// PrefixConfig is the prefix-routing benchmark of issue 19 (iop bench
+// PrefixConfig is the prefix-routing benchmark (iop bench
 // --prefix-compare): Providers simulators with a prefix cache behind one
 // edge and one node, the sessions workload run once per routing (each on
 // fresh simulators, caches cold), the figures side by side. Zero fields
@@ -45,8 +45,8 @@ type PrefixConfig struct {
 	Log io.Writer
 }
 
-// DefaultPrefixConfig is the configuration BENCHMARKS.md ("Issue 19")
-// records: 4 providers of capacity 4 with 100,000 tokens of cache each, a
+// DefaultPrefixConfig is the configuration BENCHMARKS.md (prefix-cache-aware
+// routing) records: 4 providers of capacity 4 with 100,000 tokens of cache each, a
 // 2,000-token shared system prompt at 5,000 tokens/s of prefill (400 ms
 // uncached), 32 sessions of 8 turns (100-token questions, 300-token
 // answers at 1,000 tokens/s) at 12 clients.
@@ -328,7 +328,7 @@ func sampleInFlight(ctx context.Context, edgeURL string, cfg PrefixConfig, run *
 	}
 }
 
-// WriteText writes the runs side by side and the issue's targets.
+// WriteText writes the runs side by side and the benchmark's targets.
 func (r PrefixReport) WriteText(w io.Writer) {
 	c := r.Config
 	fmt.Fprintf(w, "prefix routing benchmark: %d providers × capacity %d, cache %d tokens each, prefill %.0f tokens/s, ttft %v, decode %.0f tokens/s, answers %d tokens\n",

@@ -29,12 +29,22 @@ type process struct {
 
 // startProcess runs binary with args, its output going to dir/name.log.
 func startProcess(dir, name, binary string, args ...string) (*process, error) {
+	return startProcessIn(dir, name, binary, "", nil, args...)
+}
+
+// startProcessIn is startProcess in working directory wd ("" = this
+// process's) with env added to this process's environment.
+func startProcessIn(dir, name, binary, wd string, env []string, args ...string) (*process, error) {
 	logPath := filepath.Join(dir, name+".log")
 	f, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(binary, args...)
+	cmd.Dir = wd
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		f.Close()

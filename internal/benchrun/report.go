@@ -7,8 +7,8 @@ import (
 	"time"
 )
 
-// Targets of issue 18 ("Faster than the gateways people would pick
-// instead"), on this 2-core machine with the simulator at zero latency.
+// The overhead targets (BENCHMARKS.md), on a 2-core machine with the
+// simulator at zero latency.
 const (
 	targetCPULo        = 200 * time.Microsecond // edge + node per request, c=1, non-streamed
 	targetCPUHi        = 150 * time.Microsecond // edge + node per request, c=32, non-streamed
@@ -27,17 +27,17 @@ const (
 	targetConcStream = 8  // "streamed (20 chunks), 8 clients"
 )
 
-// Earlier targets (the benchmarks issue) that issue 18 did not replace.
+// The earlier targets the overhead targets did not replace.
 const (
 	targetRatio  = 0.5       // of the direct figure, c=32, non-streamed
 	targetChunks = 50000.0   // chunks/s through edge + node, c=32, streamed
 	targetRSS    = 100 << 20 // bytes of edge RSS with 10,000 queued
 )
 
-// Baseline is "today's make bench figure" of issue 18: requests/s through
-// edge + node, non-streamed, 32 clients, measured at main 605d215 (`bin/iop
-// bench --overhead`, load average about 2; 16-token answers). Throughput
-// targets are targetSpeedup times these.
+// Baseline is the make bench figure the throughput targets multiply:
+// requests/s through edge + node, non-streamed, 32 clients, measured at
+// main 605d215 (`bin/iop bench --overhead`, load average about 2; 16-token
+// answers). Throughput targets are targetSpeedup times these.
 var Baseline = struct {
 	Commit                   string
 	TunnelRPS, NormalizedRPS float64
@@ -50,7 +50,7 @@ func baselineRPS(path string) float64 {
 	return Baseline.TunnelRPS
 }
 
-// WriteTable writes the report as a table, then each target of issue 18
+// WriteTable writes the report as a table, then each overhead target
 // with the figure it is checked against, met or missed and by how much.
 func (r Report) WriteTable(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -78,10 +78,10 @@ func (r Report) WriteTable(w io.Writer) {
 		fmt.Fprintf(w, "\nnon-streamed tunnel answer: Content-Length direct %s, through %s (body %d bytes)\n",
 			contentLength(c.Direct), contentLength(c.Through), c.ThroughBody)
 	}
-	fmt.Fprintln(w, "\ntargets (issue 18):")
+	fmt.Fprintln(w, "\ntargets:")
 	writeTargets(w, r.targets())
 	if old := r.earlierTargets(); len(old) > 0 {
-		fmt.Fprintln(w, "\nearlier targets (the benchmarks issue) still standing:")
+		fmt.Fprintln(w, "\nearlier targets still standing:")
 		writeTargets(w, old)
 	}
 	for _, f := range r.Profiles {
@@ -125,12 +125,12 @@ type Target struct {
 	Met    bool   `json:"met"`
 	// By says how far under or over the bound the figure is.
 	By string `json:"by,omitempty"`
-	// Earlier marks a target of the benchmarks issue that issue 18 left
+	// Earlier marks an earlier target the overhead targets left
 	// standing.
 	Earlier bool `json:"earlier,omitempty"`
 }
 
-// Targets returns every target of issue 18 the report has a figure for,
+// Targets returns every overhead target the report has a figure for,
 // then the earlier ones still standing.
 func (r Report) Targets() []Target {
 	var out []Target
@@ -179,7 +179,7 @@ func (r Report) find(path string, stream bool, conc int) (Cell, bool) {
 	return Cell{}, false
 }
 
-// targets checks every target of issue 18 that the report has a figure
+// targets checks every overhead target that the report has a figure
 // for, on each execution path measured.
 func (r Report) targets() []target {
 	var out []target
@@ -237,9 +237,9 @@ func (r Report) targets() []target {
 	return out
 }
 
-// earlierTargets checks the benchmarks issue's targets that issue 18 left
-// standing (its latency, throughput, TTFT and per-request memory bounds
-// were replaced by issue 18's).
+// earlierTargets checks the earlier targets still standing: the
+// throughput ratio, chunks/s and edge RSS (their latency, throughput, TTFT
+// and per-request memory bounds were replaced by the overhead targets).
 func (r Report) earlierTargets() []target {
 	var out []target
 	for _, path := range []string{"tunnel", "normalized"} {

@@ -49,7 +49,7 @@ import (
 // DefaultSessionTTL is a session's lease TTL when Config.SessionTTL is 0:
 // a leader that dies is replaced about this long after (its lease must
 // expire; the client renews it every TTL/3), so 3 s keeps a failover
-// within issue 20's 5 s with the rebuild, while an etcd pause shorter
+// within 5 s with the rebuild (docs/several-edges.md), while an etcd pause shorter
 // than about 2 s does not depose the leader.
 const DefaultSessionTTL = 3 * time.Second
 

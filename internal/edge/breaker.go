@@ -51,6 +51,12 @@ type providerKey struct{ node, provider string }
 // generations: a node that reconnects does not make a broken model server
 // work. The circuits of a node gone longer than ForgetAfter are forgotten
 // with it (forgetNode), so nodes that come and go leave none behind.
+//
+// Each change of rotation (a circuit opens, its cool-down ends on the
+// edge's clock, a trial ends without failing) re-activates the node's
+// resources in the scheduler, so queued requests re-resolve: a half-open
+// provider's trial slot goes to the earliest waiter that can use it. A
+// circuit is published (out) before that re-resolution, so it sees it.
 type breakers struct {
 	cfg   BreakerConfig // Failures < 0: every method admits everything
 	clock scheduler.Clock

@@ -61,7 +61,7 @@ func (cm *clusterMode) electedKeys() {
 
 // adoptKey takes ri's key slot for the lease this leader (of epoch) holds
 // for ri's run on node, when that lease was adopted from an older epoch
-// and has none yet.
+// and has none yet. The key's slot is taken with cm.mu released.
 func (cm *clusterMode) adoptKey(epoch int64, node string, ri *nodev1.RunInFlight) {
 	name := ri.GetKey()
 	f := cm.keys.adopt.Load()

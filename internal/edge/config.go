@@ -183,6 +183,13 @@ type Config struct {
 	// Fairness orders each model's queue between flows (docs/scheduling.md, "Fair
 	// sharing"): `fairness: off`, or a mapping {mode: on|off, flow: ...}.
 	Fairness FairnessConfig `yaml:"fairness"`
+	// Residency makes the scheduler treat a model load as a cost
+	// (scheduler package doc, "Residency"; docs/scheduling.md): a provider
+	// holding the model wins, requests wait for a load in progress, and a
+	// provider serves the waiters of a model it holds before switching,
+	// each passed over for at most max_extra_wait. `residency: off`, or a
+	// mapping {mode, max_extra_wait, load_time}. Reloadable.
+	Residency ResidencyConfig `yaml:"residency"`
 	// Routing is how a provider is chosen among the candidates with a free
 	// slot, for every model group without its own (ModelConfig.Routing):
 	// "prefix" (the default: prefix-cache-aware, the provider expected to
@@ -253,6 +260,50 @@ func (f *FairnessConfig) UnmarshalYAML(n *yaml.Node) error {
 	}
 	type plain FairnessConfig
 	return n.Decode((*plain)(f))
+}
+
+// Residency modes (ResidencyConfig).
+const (
+	ResidencyOn  = "on"
+	ResidencyOff = "off"
+)
+
+// ResidencyConfig is the edge's residency-aware routing. In YAML, a
+// scalar (`residency: off`) sets Mode alone.
+//
+//	residency:
+//	  mode: on             # on (default) | off: least loaded, FIFO
+//	  max_extra_wait: 10s  # how long one request may be passed over
+//	  load_time: 5s        # a load's cost until one is measured
+type ResidencyConfig struct {
+	// Mode is "on" (the default, also "") or "off".
+	Mode string `yaml:"mode"`
+	// MaxExtraWait bounds how long one request may be passed over by
+	// requests for a model its provider holds, or wait for a provider
+	// holding its model; default scheduler.DefaultMaxExtraWait (10s).
+	MaxExtraWait time.Duration `yaml:"max_extra_wait"`
+	// LoadTime is a model load's expected cost where none was measured
+	// yet (a cold run's delay to its first output); default
+	// scheduler.DefaultLoadTime (5s).
+	LoadTime time.Duration `yaml:"load_time"`
+}
+
+// UnmarshalYAML reads a scalar as Mode, or a mapping.
+func (r *ResidencyConfig) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		r.Mode = n.Value
+		return nil
+	}
+	type plain ResidencyConfig
+	return n.Decode((*plain)(r))
+}
+
+// policy is the scheduler's residency policy: nil when off.
+func (r ResidencyConfig) policy() *scheduler.ResidencyPolicy {
+	if r.Mode == ResidencyOff {
+		return nil
+	}
+	return &scheduler.ResidencyPolicy{MaxExtraWait: r.MaxExtraWait, LoadTime: r.LoadTime}
 }
 
 func fairnessPolicy(mode string) scheduler.Fairness {
@@ -519,6 +570,12 @@ func (c Config) Validate() error {
 	if m := c.Fairness.Mode; m != "" && m != FairnessOn && m != FairnessOff {
 		bad("fairness.mode %q is neither on nor off", m)
 	}
+	if m := c.Residency.Mode; m != "" && m != ResidencyOn && m != ResidencyOff {
+		bad("residency.mode %q is neither on nor off", m)
+	}
+	if c.Residency.MaxExtraWait < 0 || c.Residency.LoadTime < 0 {
+		bad("residency.max_extra_wait %s and load_time %s must not be negative", c.Residency.MaxExtraWait, c.Residency.LoadTime)
+	}
 	switch f := c.Fairness.Flow; {
 	case f == "", f == FlowKey, f == FlowUser:
 	case strings.HasPrefix(f, FlowHeaderPrefix):
@@ -670,9 +727,10 @@ func (c Config) LoadKeysFile() (Config, error) {
 // one override per alias that sets a field.
 func (c Config) schedulerConfig(clk scheduler.Clock) scheduler.Config {
 	sc := scheduler.Config{
-		Default: scheduler.Policy{MaxQueue: c.Queue.MaxQueue, QueueTimeout: c.Queue.QueueTimeout, Fairness: fairnessPolicy(c.Fairness.Mode), ReconnectGrace: c.Queue.ReconnectGrace},
-		Groups:  make(map[string]scheduler.Policy),
-		Clock:   clk,
+		Default:   scheduler.Policy{MaxQueue: c.Queue.MaxQueue, QueueTimeout: c.Queue.QueueTimeout, Fairness: fairnessPolicy(c.Fairness.Mode), ReconnectGrace: c.Queue.ReconnectGrace},
+		Groups:    make(map[string]scheduler.Policy),
+		Clock:     clk,
+		Residency: c.Residency.policy(),
 	}
 	if sc.Default.Fairness == scheduler.FairnessDefault {
 		sc.Default.Fairness = scheduler.FairnessOn // the default of an edge

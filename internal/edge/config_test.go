@@ -125,7 +125,7 @@ func TestConfigInvalid(t *testing.T) {
 	}
 }
 
-// TestRoutingConfig (issue 19): routing is prefix unless set, per edge and
+// TestRoutingConfig: routing is prefix unless set, per edge and
 // per alias; prefix_load_slack defaults to 0.5 and keeps an explicit 0.
 func TestRoutingConfig(t *testing.T) {
 	cfg, err := ParseConfig(nil)

@@ -173,8 +173,8 @@ func TestCapabilitiesArePerServedModel(t *testing.T) {
 		modelCaps("tooly", "stream", "completion", "tools", "thinking"),
 	}
 	n := e.connect(t, hello("n1", p))
-	// The admin snapshot shows each model's own capabilities (a new user
-	// saw a discovered provider as capabilities ["stream"] alone).
+	// The admin snapshot shows each model's own capabilities, not a
+	// discovered provider's ["stream"] alone.
 	ps, _ := providerOf(e.svc.Snapshot(), "n1", "p1")
 	if got := ps.ModelCapabilities["tooly"]; !slices.Equal(got, []string{"completion", "stream", "thinking", "tools"}) ||
 		len(ps.ModelCapabilities) != 3 || ps.ModelCapabilities["legacy"] != nil {
@@ -307,8 +307,8 @@ func (n *fakeNode) conn(t *testing.T) *conn {
 // by two nodes, only one of whose servers says the model can think (its
 // /api/show lists "thinking"). A request that asks for thinking goes to
 // that one, though the other wins the tie by node id; before, it went to
-// the other and got Ollama's 400 "does not support thinking" every time
-// (found by a new user's deployment). A model whose capabilities are its
+// the other and got Ollama's 400 "does not support thinking" every time.
+// A model whose capabilities are its
 // provider's (configured, not said by the server) is assumed to think. No
 // live provider whose model thinks: 400 naming the capability.
 func TestRegression_ThinkingRequestGoesToAModelThatThinks(t *testing.T) {

@@ -867,10 +867,10 @@ func TestRegression_LongContextRequestsRespectLongCapacity(t *testing.T) {
 
 // TestRegression_BusyRefusalIsNoProviderFailure: a node on several edges
 // refuses a Dispatch whose provider already runs its capacity there
-// (DispatchRefused.busy, the other edges' runs). A break-it run of three
-// edges without a cluster saw each refusal counted as a provider failure:
-// healthy providers' circuits opened and 35 of 40 requests got 503
-// provider_unavailable, the others 502. A busy refusal is ErrProviderBusy
+// (DispatchRefused.busy, the other edges' runs). Counted as a provider
+// failure, such refusals on three edges without a cluster opened healthy
+// providers' circuits: 35 of 40 requests got 503 provider_unavailable, the
+// others 502. A busy refusal is ErrProviderBusy
 // (503 provider_busy with Retry-After at the API) and leaves the circuit
 // closed, however many come.
 func TestRegression_BusyRefusalIsNoProviderFailure(t *testing.T) {

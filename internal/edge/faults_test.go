@@ -733,8 +733,8 @@ func cancelThenAccept(t *testing.T, n *fakeNode) (*nodev1.Dispatch, runStream) {
 }
 
 // A provider failure that ends an answer after it began counts for the
-// circuit breaker too (issue 15: a provider's error object is a provider
-// failure on every path): an error event after the first delta, a tunnel
+// circuit breaker too (a provider's error object is a provider failure on
+// every path): an error event after the first delta, a tunnel
 // stream that carried the provider's error event (TunnelEnd
 // provider_error), a tunnel that broke after its head. Two in a row open
 // the circuit (breakerConfig). A cancel or a client error after the
@@ -787,9 +787,8 @@ func TestLateProviderFailureCountsForTheBreaker(t *testing.T) {
 // API's translated routes (Ollama, Responses, Messages) stop reading a
 // tunnel at the provider's error object and Close the run with
 // OutcomeUpstreamError before the TunnelEnd that carries provider_error
-// arrives; those failures never opened the circuit (a new user's report:
-// ten broken Responses streams in a row, the circuit still closed). Two in
-// a row open it now; a run its client left (OutcomeClientGone) after the
+// arrives; such failures must still count (ten broken Responses streams
+// in a row left the circuit closed). Two in a row open it; a run its client left (OutcomeClientGone) after the
 // answer began still counts as the provider's success.
 func TestRegression_BrokenAnswerClosedEarlyCountsForTheBreaker(t *testing.T) {
 	sseHead := &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: &nodev1.TunnelHead{Status: 200, Headers: map[string]string{"Content-Type": "text/event-stream"}}}}

@@ -105,9 +105,13 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 	// Activate before the old connection is fenced and before Welcome, so a
 	// request that the replaced connection loses is admitted again onto this
 	// one at once. Dispatches wait in the outbox until after Welcome.
-	if err := s.sched.Activate(c.nodeID, c.gen, s.reg.specs(c), func() bool { return s.reg.isCurrent(c) }); err != nil {
+	specs := s.reg.specs(c)
+	if err := s.sched.Activate(c.nodeID, c.gen, specs, func() bool { return s.reg.isCurrent(c) }); err != nil {
 		cause = fmt.Errorf("%w: %w", errActivate, err)
 		return cause
+	}
+	for _, spec := range specs {
+		s.syncResidency(c, spec.ProviderID)
 	}
 	if old != nil {
 		// A replaced connection that was still heartbeating usually means
@@ -118,7 +122,7 @@ func (s *Service) serveConn(stream nodev1.NodeGateway_ConnectServer) error {
 				"node", c.nodeID, "old_generation", old.gen, "new_generation", c.gen, "old_silent_for", silent)
 		} else if old.instance != "" && c.instance != "" && old.instance != c.instance {
 			// Another process took the id over from one that went silent:
-			// no reconnect of the same node (a new user read it as one).
+			// no reconnect of the same node, and the log says so.
 			s.log.Warn("node_id taken over by another node process: the previous one went silent", "node", c.nodeID,
 				"old_generation", old.gen, "new_generation", c.gen, "old_silent_for", silent)
 		} else {
@@ -214,7 +218,7 @@ func (s *Service) accept(h *nodev1.Hello) (*conn, error) {
 	}
 	// Another process with this node_id while its connection is live: two
 	// nodes given one node_id replaced each other's connection forever,
-	// cutting each other's runs (a break-it report). The newcomer is
+	// cutting each other's runs. The newcomer is
 	// refused (it retries with its backoff) and the live one keeps serving;
 	// once that one has been silent two heartbeat intervals (a connection
 	// the network lost), the newcomer gets in. The same instance, or none,
@@ -269,7 +273,9 @@ func (s *Service) closeConn(c *conn, cause error) {
 // registry's memory of them (and of the model names left unserved as long),
 // their circuit breakers, and the requested model names no longer known
 // (so their queues are no longer listed). It runs at every connect and
-// disconnect; it costs O(forgotten + requested names).
+// disconnect; it costs O(forgotten + requested names). It takes
+// registry.mu, then breakers.mu, then Service.statsMu, one after the
+// other, never one under another.
 func (s *Service) forgetGone() {
 	for _, node := range s.reg.forget() {
 		s.breakers.forgetNode(node)
@@ -339,7 +345,9 @@ func (s *Service) refusal(c *conn, ref *nodev1.DispatchRefused) error {
 // providers are no candidates from now on (the catalog skips them), queued
 // requests re-resolve their candidates (those left with none fail with
 // scheduler.ErrProviderUnavailable), and its runs in flight go on to their
-// end. The node closes the connection when they are done.
+// end. The node closes the connection when they are done. A dispatch it
+// refuses after Drain (sent before the Drain arrived) is admitted again
+// elsewhere and counts nothing against its provider's circuit (refusal).
 func (s *Service) drainConn(c *conn, reason string) {
 	if !s.reg.drain(c) {
 		return
@@ -380,6 +388,9 @@ func (s *Service) updateProvider(c *conn, u *nodev1.ProviderUpdate) {
 		if err := s.sched.Activate(c.nodeID, c.gen, s.reg.specs(c), func() bool { return s.reg.isCurrent(c) }); err != nil {
 			s.log.Warn("re-activation failed", "node", c.nodeID, "err", err)
 		}
+	}
+	if ch.loadedChanged || ch.modelsChanged {
+		s.syncResidency(c, u.GetProviderId())
 	}
 	s.reg.notify()
 }

@@ -38,10 +38,9 @@ func within(t *testing.T, what string, f func()) {
 // resolved, admitted, dispatched, answered and ended, nor the snapshots
 // and model lists from being read: the resolvers the scheduler calls
 // under its lock, and every other reader, read the registry's published
-// state and take no lock (package doc, "Concurrency"; issue 16, "no
-// callback under a lock"). Before, the resolver took registry.mu for
-// reading under the scheduler's lock, so the request waited for the
-// writer, and every other admission for the scheduler's lock behind it.
+// state and take no lock (package doc, "Concurrency"). A resolver that
+// took registry.mu under the scheduler's lock would make the request wait
+// for the writer, and every other admission for the scheduler's lock.
 func TestAdmissionDoesNotWaitForARegistryWriter(t *testing.T) {
 	e := startEdge(t, testConfig())
 	n := e.connect(t, hello("n1", prov("p", normalized, 2, "m-big")))
@@ -88,8 +87,7 @@ func TestAdmissionDoesNotWaitForARegistryWriter(t *testing.T) {
 // runs under its own lock completes: the resolver at admission, the
 // re-resolution of a queued request and the ownership check at Activate,
 // and the hand-over of a released slot to that request. So no edge lock
-// nests inside the scheduler's (package doc, "Concurrency"). Before, the
-// resolver took registry.mu and breakers.mu under the scheduler's lock.
+// nests inside the scheduler's (package doc, "Concurrency").
 func TestSchedulerCallbacksTakeNoEdgeLock(t *testing.T) {
 	e := startEdge(t, testConfig())
 	e.connect(t, hello("n1", prov("p", normalized, 1, "m-big")))
@@ -150,9 +148,8 @@ func TestSchedulerCallbacksTakeNoEdgeLock(t *testing.T) {
 // while requests are resolved, queued and admitted to the model it
 // serves with another provider. Nothing deadlocks, the race detector
 // finds nothing, and no request whose admission ran wholly while the
-// circuit was open goes to that provider (package doc, "Retries and
-// circuit breakers": an open circuit takes its provider out of the
-// resolver's candidates).
+// circuit was open goes to that provider (breakers: an open circuit
+// takes its provider out of the resolver's candidates).
 func TestBreakerOpeningWhileResolvingNeitherDeadlocksNorRaces(t *testing.T) {
 	const coolDown = 11 * time.Second // no other timer of the test config has it
 	cfg := testConfig()

@@ -225,8 +225,8 @@ func endsOf(rec *recorder, id string) []lifecycle.Event {
 }
 
 // TestRunEndedCarriesTheCallersOutcome: a run's end is published once,
-// when its caller closes it with the outcome of the request it served
-// (issue 13, item 6): not when Cancel or a terminal message ends it and
+// when its caller closes it with the outcome of the request it served:
+// not when Cancel or a terminal message ends it and
 // frees its slot, and never twice.
 func TestRunEndedCarriesTheCallersOutcome(t *testing.T) {
 	rec := &recorder{}

@@ -154,7 +154,11 @@ func chainHashes(text []byte) []uint64 {
 type prefixIndex struct {
 	maxBlocks int
 
-	mu     sync.Mutex // guards the fields below
+	// mu guards the fields below; a leaf lock, taken by match before
+	// Admit and by record after it, never under the scheduler's lock (the
+	// Affinity the scheduler calls reads the map match returned, which
+	// nothing modifies).
+	mu     sync.Mutex
 	models map[string]*modelIndex
 }
 

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// TestQueuesListedFromTheFirstRequest (issue 13, item 5): the snapshot's
+// TestQueuesListedFromTheFirstRequest: the snapshot's
 // queues are every configured alias, with its policy, before any request,
 // and every model a request asked for, from that request on, with queued 0
 // while none waits; a name no one serves is not listed.

@@ -47,6 +47,9 @@ type provider struct {
 	// always). Never modified.
 	loaded    []*nodev1.LoadedModel
 	loadedSet bool
+	// maxLoaded is how many models its server holds at once, as its node
+	// was configured (0: unknown).
+	maxLoaded int
 }
 
 // ollamaAPI reports whether p's server speaks Ollama's API (an ollama
@@ -126,8 +129,7 @@ const (
 // meets: a request for log probabilities (chat's logprobs true or
 // top_logprobs, a completion's logprobs). The translation to Ollama's API
 // returns none, so the request goes to an OpenAI-compatible provider or is
-// refused; it is never answered without them (a new user saw chat's
-// logprobs dropped by an Ollama provider).
+// refused; it is never answered without them.
 const NeedLogprobs = "logprobs"
 
 // NeedOllamaLogprobs is the need of an Ollama client's request for log
@@ -248,6 +250,14 @@ func (cs *connState) withProvider(p *provider) *connState {
 // parseHello validates a Hello (DESIGN.md "Words": provider) and builds the
 // connection it describes, not yet registered. Errors wrap errHelloInvalid
 // and name the offending field; the text is sent to the node.
+//
+// Rules: a non-empty node_id; at least one provider; provider ids
+// non-empty and unique; a healthy provider serves at least one model (an
+// unhealthy one may come with none: its node discovers them later); no
+// empty model name; model_capabilities entries named, one per model at
+// most; capacity and long_capacity ≥ 0; a known execution path. A
+// capacity of 0 is the Hello's runtime_concurrency, else 1; a
+// long_capacity of 0 is the capacity (scheduler.ResourceSpec).
 func parseHello(h *nodev1.Hello, now time.Time) (*conn, error) {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{errHelloInvalid}, args...)...)
@@ -325,6 +335,7 @@ func parseHello(h *nodev1.Hello, now time.Time) (*conn, error) {
 			model:        model,
 			loaded:       hp.GetLoaded(),
 			loadedSet:    hp.GetLoadedSet(),
+			maxLoaded:    int(max(hp.GetMaxLoadedModels(), 0)),
 		}
 		p.capSet = setOf(p.caps)
 		ids[id] = true

@@ -64,6 +64,9 @@ func (s *Service) Reload(cfg Config) (ReloadResult, error) {
 	if err := s.sched.SetPolicies(sc.Default, sc.Groups); err != nil {
 		return ReloadResult{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	if err := s.sched.SetResidencyPolicy(sc.Residency); err != nil {
+		return ReloadResult{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	s.cat.setAliases(cfg.Models)
 	s.warnUnmatched()
 	s.cat.awayFor.Store(int64(cfg.maxReconnectGrace()))
@@ -75,6 +78,7 @@ func (s *Service) Reload(cfg Config) (ReloadResult, error) {
 	applied.Keys, applied.AdminKeys, applied.KeysFile = cfg.Keys, cfg.AdminKeys, cfg.KeysFile
 	applied.Fairness.Mode = cfg.Fairness.Mode
 	applied.Routing, applied.PrefixLoadSlack = cfg.Routing, cfg.PrefixLoadSlack
+	applied.Residency = cfg.Residency
 	s.reload.applied = &applied
 	s.reg.notify()
 

@@ -82,7 +82,7 @@ func TestReloadAppliesAliasesAndPolicies(t *testing.T) {
 	}
 }
 
-// TestReloadRemovingAModelWithRunsInFlight (issue 6): a reload that drops
+// TestReloadRemovingAModelWithRunsInFlight: a reload that drops
 // an alias while runs of it are in flight lets them finish and release
 // their slots; new requests for it are unknown (404); another model's run
 // and counters are untouched.

@@ -94,3 +94,24 @@ func reportedModel(served string, lm *nodev1.LoadedModel) LoadedModel {
 		LoadedSince: lm.GetLoadedSince(), Source: contract.LoadedReported,
 	}
 }
+
+// syncResidency tells the scheduler what provider providerID of c holds
+// loaded (its served names), when c's node reads it: after the Hello's
+// activation and on each ProviderUpdate that changed it, with the limit
+// its node was configured with (0: learned from the readings,
+// scheduler.SetLoaded).
+func (s *Service) syncResidency(c *conn, providerID string) {
+	_, p := s.reg.lookup(c.nodeID, c.gen, providerID)
+	if p == nil || !p.loadedSet {
+		return
+	}
+	served := make([]string, 0, len(p.loaded))
+	for _, lm := range p.loaded {
+		if name, ok := p.servedName(lm.GetName()); ok {
+			served = append(served, name)
+		}
+	}
+	if err := s.sched.SetLoaded(c.nodeID, providerID, served, p.maxLoaded); err != nil {
+		s.log.Debug("residency not applied", "node", c.nodeID, "provider", providerID, "err", err)
+	}
+}

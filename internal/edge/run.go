@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
@@ -45,7 +46,12 @@ type Run struct {
 	leaseID uint64
 	long    bool   // its lease is long-context
 	model   string // the requested model name: the run's queue
-	info    DispatchInfo
+	// load is set when the scheduler expected the provider to load the
+	// model for it (scheduler.DispatchInfo.Load); dispatched is when it
+	// was admitted: the delay to its first answer is the load's cost.
+	load       bool
+	dispatched time.Time
+	info       DispatchInfo
 	// inline: the body went in the Dispatch message; else body is to be
 	// sent down the run stream.
 	inline bool
@@ -226,6 +232,9 @@ func (r *Run) observe(m runMsg) {
 			}
 			return
 		}
+		if r.load {
+			r.s.sched.ObserveLoad(r.info.NodeID, r.info.ProviderID, r.info.ServedModel, r.s.clock.Now().Sub(r.dispatched))
+		}
 		r.answered.Store(true)
 	}
 	if !r.answered.Load() {
@@ -357,9 +366,9 @@ func (r *Run) Cancel(reason string) {
 // before a terminal message told the edge so. If no message of the run
 // decided its circuit breaker's outcome yet, the run counts as the
 // provider's failure (finish), as a terminal failure message would (the
-// translated routes stop reading a tunnel at the provider's error object;
-// a new user's report: their failures never opened an OpenAI-compatible
-// provider's circuit, and reset its failure count).
+// translated routes stop reading a tunnel at the provider's error object,
+// and such failures must open an OpenAI-compatible provider's circuit,
+// not reset its failure count).
 func (r *Run) Fail(reason string) {
 	r.brokenAnswer.Store(true)
 	r.Cancel(reason)
@@ -409,6 +418,14 @@ func (r *Run) settle(outcome string) {
 // reports whether this call ended it. It releases the lease, forgets the
 // run, and, with cancelNode, sends Cancel on the control stream; the Run
 // handler sends the run stream's Cancel.
+//
+// It is the one place a run ends, whichever comes first: Recv seeing a
+// terminal message or a stream error, Cancel or Close, the dispatch
+// timeout, a refusal (DispatchRefused, RunUp.refused), the caller's
+// context while dispatching, the end of its connection or Run stream, the
+// edge stopping. Run.mu decides the winner; then, with no lock held, the
+// breaker hears the outcome, the lease is released and Run.ended closes,
+// so whoever waits for the end finds the slot free.
 func (r *Run) finish(reason string, endErr error, cancelNode bool) bool {
 	return r.finishIf(func(runState) bool { return true }, reason, endErr, cancelNode)
 }
@@ -435,8 +452,8 @@ func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, ca
 	// went (observe reports the others), unless the HTTP API found its
 	// answer broken: the translated routes (Ollama, Responses, Messages)
 	// stop reading a tunnel at the provider's error object, before the
-	// TunnelEnd that would say so (a new user's report: their failures
-	// never opened an OpenAI-compatible provider's circuit).
+	// TunnelEnd that would say so, and such failures must still count
+	// against an OpenAI-compatible provider's circuit.
 	o := outcomeNeutral
 	if r.answered.Load() {
 		o = outcomeOK

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/keepalive"
 
 	"iop/internal/edge/lifecycle"
@@ -26,8 +27,12 @@ type Deps struct {
 	// Clock drives heartbeats, dispatch timeouts and queue timeouts; nil
 	// means real time.
 	Clock scheduler.Clock
-	// Observer is told of node and run lifecycle events (package events);
-	// nil means none.
+	// Observer is told of node and run lifecycle events (package
+	// lifecycle); nil means none. It is called with no edge lock held, on
+	// the goroutine where the event happened. A run's RunEnded is
+	// published once, after its caller closed it with the request's
+	// outcome (Run.Close); an attempt Dispatch drops is published without
+	// an outcome.
 	Observer lifecycle.Observer
 	// ClusterListener, with Config.Cluster, is the listener of this edge's
 	// Admission service (Serve serves on it and closes it); nil means
@@ -130,6 +135,8 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		grpc.WaitForHandlers(true),
 		grpc.StaticStreamWindowSize(grpcStreamWindow),
 		grpc.StaticConnWindowSize(grpcConnWindow),
+		experimental.BufferPool(nodev1.BufferPool),
+		grpc.ForceServerCodecV2(nodev1.Codec),
 	}
 	if s.tls != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.tls)))

@@ -354,6 +354,9 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 		leaseID: leaseID,
 		long:    li.Long,
 		model:   req.Model,
+
+		load:       li.Load,
+		dispatched: s.clock.Now(),
 		info: DispatchInfo{
 			RunID:                 runID,
 			NodeID:                cand.NodeID,
@@ -743,7 +746,10 @@ type ProviderSnapshot = contract.ProviderSnapshot
 type QueueSnapshot = contract.QueueSnapshot
 
 // Snapshot returns the current nodes, providers and queues, sorted by node
-// then provider, and by model.
+// then provider, and by model. It lists a queue for every model group the
+// scheduler holds, every configured alias and every known model name a
+// request asked for (Service.requested), each with its policy and queued
+// count.
 func (s *Service) Snapshot() Snapshot {
 	ss := s.sched.Snapshot()
 	snap := Snapshot{Waiters: ss.Waiters, Leases: ss.Leases}

@@ -12,7 +12,7 @@ import (
 // that left: HTTP 503), refuses later requests with it, and leaves no lease
 // or waiter. Before, a stopping edge cut such requests' connections (a
 // stream without an error event, an empty reply) and recorded them as
-// client_gone (found by a new user).
+// client_gone.
 func TestShutdownEndsRequestsCleanly(t *testing.T) {
 	e := startEdge(t, testConfig())
 	n := e.connect(t, hello("n1", prov("p1", normalized, 1, "m1")))

@@ -134,8 +134,8 @@ tokens:
 
 // TestRegression_TwoNodesWithOneNodeIDDoNotReplaceEachOther: two running
 // node processes given one node_id replaced each other's connection over
-// and over, each replacement cutting the other's runs (a break-it report:
-// 18 of 24 requests failed). While the first process's connection is live,
+// and over, each replacement cutting the other's runs (18 of 24 requests
+// failed). While the first process's connection is live,
 // a Hello of the same node_id from another instance is refused (AlreadyExists,
 // saying why) and the first keeps its generation and its run; the same
 // instance reconnecting replaces its connection as before; once the first

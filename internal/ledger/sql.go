@@ -64,7 +64,7 @@ const columnsPerRow = 14
 // private in-memory database for ":memory:". WAL journaling and a busy
 // timeout let it share the file with the run store's connection.
 func OpenSQLite(path string) (*SQL, error) {
-	dsn := "file:" + url.PathEscape(path) + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)"
+	dsn := "file:" + url.PathEscape(path) + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=cache_size(-256)"
 	if path == ":memory:" {
 		dsn = "file::memory:"
 	}

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/status"
 
 	"iop/internal/clock"
@@ -403,8 +404,8 @@ func (a *Agent) Run(ctx context.Context) error {
 // the mark of a TLS mismatch between node and edge, else "". gRPC reports a
 // plaintext node at a TLS endpoint as "error reading server preface: EOF"
 // (the edge drops the connection and logs nothing), and a TLS node at a
-// plaintext one as "first record does not look like a TLS handshake"; a
-// new user met the first with no clue to its cause.
+// plaintext one as "first record does not look like a TLS handshake";
+// neither names its cause.
 func handshakeHint(err error) string {
 	if status.Code(err) != codes.Unavailable {
 		return ""
@@ -446,9 +447,10 @@ func (a *Agent) dialOptions() []grpc.DialOption {
 			},
 			MinConnectTimeout: 20 * time.Second,
 		}),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsgBytes)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvMsgBytes), grpc.ForceCodecV2(nodev1.Codec)),
 		grpc.WithStaticStreamWindowSize(grpcStreamWindow),
 		grpc.WithStaticConnWindowSize(grpcConnWindow),
+		experimental.WithBufferPool(nodev1.BufferPool),
 	}
 }
 

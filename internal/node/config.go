@@ -191,6 +191,11 @@ type ProviderConfig struct {
 	// LongCapacity is the most concurrent long-context requests; 0 means
 	// Capacity.
 	LongCapacity int `yaml:"long_capacity"`
+	// MaxLoadedModels is how many models the provider's server holds
+	// loaded at once (Ollama's OLLAMA_MAX_LOADED_MODELS), told to the edge
+	// so its scheduler predicts evictions; 0 means unknown (the edge learns
+	// it from the server's /api/ps readings).
+	MaxLoadedModels int `yaml:"max_loaded_models"`
 	// Capabilities are advertised in addition to "stream", which every
 	// provider has: cancel, tools, vision, embeddings, background, ... For
 	// a provider whose models are discovered, each model has the
@@ -407,6 +412,9 @@ func (c Config) Validate() error {
 		}
 		if p.Capacity < 0 || p.LongCapacity < 0 {
 			bad("%s: capacity %d, long_capacity %d: must not be negative", name, p.Capacity, p.LongCapacity)
+		}
+		if p.MaxLoadedModels < 0 {
+			bad("%s: max_loaded_models %d: must not be negative", name, p.MaxLoadedModels)
 		}
 		if p.Timeout < 0 {
 			bad("%s: timeout %v: must not be negative", name, p.Timeout)

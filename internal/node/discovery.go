@@ -89,6 +89,7 @@ func (a *Agent) providerMessage(p *provider, v advert) *nodev1.Provider {
 		ExecutionPath:     p.path,
 		Healthy:           v.healthy,
 		ModelCapabilities: v.entries,
+		MaxLoadedModels:   int32(p.cfg.MaxLoadedModels),
 	}
 }
 

@@ -54,6 +54,9 @@ var (
 	ErrCancelledByEdge = errors.New("cancelled by edge")
 	// ErrRunStreamEnded: the run's stream ended or broke before the run did.
 	ErrRunStreamEnded = errors.New("run stream ended")
+	// ErrRunEnded: the run is over; its work context ends with it (on a
+	// warm stream, which outlives the run).
+	ErrRunEnded = errors.New("run ended")
 	// ErrBodyTooLarge: the request body exceeded MaxBodyBytes.
 	ErrBodyTooLarge = errors.New("request body too large")
 	// ErrNoAdapter: the provider's adapter answers on neither execution

@@ -293,7 +293,7 @@ func (l *lister) call(ctx context.Context, method, path string, body []byte, out
 // path, "/root/.ollama/models/blobs/sha256-...") rather than a model name:
 // absolute, or with a Windows drive or separator. Such a path is not passed
 // on: it would show the host's file layout to every client, and Ollama's
-// own /api/tags says "" there (a new user's report).
+// own /api/tags says "" there.
 func isFilePath(s string) bool {
 	return strings.HasPrefix(s, "/") || strings.Contains(s, `\`) || len(s) > 1 && s[1] == ':'
 }

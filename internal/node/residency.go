@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"iop/internal/modelname"
 	"iop/internal/wire/nodev1"
 )
 
@@ -50,6 +51,23 @@ func (a *Agent) kickResidency(id string) {
 		case p.kick <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// kickResidencyAfter asks for a reading of provider id's /api/ps after a
+// run for model ended, when the last reading did not show model loaded
+// (the run loaded it, and may have evicted another): a run of a loaded
+// model changes nothing the edge needs at once, and the discovery
+// interval's reading catches a model its server unloaded when idle.
+func (a *Agent) kickResidencyAfter(id, model string) {
+	a.advMu.Lock()
+	r := a.residency[id]
+	loaded := r != nil && slices.ContainsFunc(r.loaded, func(m *nodev1.LoadedModel) bool {
+		return modelname.Same(m.GetName(), model)
+	})
+	a.advMu.Unlock()
+	if !loaded {
+		a.kickResidency(id)
 	}
 }
 

@@ -177,3 +177,32 @@ func recvOr[T any](t *testing.T, ch <-chan T, what func() string) T {
 		panic("unreachable")
 	}
 }
+
+// TestResidencyKickOnlyAfterAColdRun: the end of a run asks for a reading
+// only when the last reading did not show its model loaded (under either
+// spelling of its name), or there was none.
+func TestResidencyKickOnlyAfterAColdRun(t *testing.T) {
+	p := &provider{kick: make(chan struct{}, 1)}
+	a := &Agent{providers: map[string]*provider{"ol": p}, residency: map[string]*resident{}}
+	kicked := func() bool {
+		select {
+		case <-p.kick:
+			return true
+		default:
+			return false
+		}
+	}
+	a.kickResidencyAfter("ol", "a")
+	if !kicked() {
+		t.Fatal("no reading yet: the end of a run did not ask for one")
+	}
+	a.residency["ol"] = &resident{loaded: []*nodev1.LoadedModel{{Name: "a:latest"}}, version: 1}
+	a.kickResidencyAfter("ol", "a")
+	if kicked() {
+		t.Fatal("a run of a loaded model asked for a reading")
+	}
+	a.kickResidencyAfter("ol", "b")
+	if !kicked() {
+		t.Fatal("a run of a model not loaded did not ask for a reading")
+	}
+}

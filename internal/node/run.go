@@ -33,6 +33,7 @@ type run struct {
 	edge     string
 	gen      uint64
 	provider string
+	model    string // the served model it asks the provider for
 
 	slotMu sync.Mutex // guards slot
 	slot   *slotPool  // the provider pool r holds a slot of (capacity.go); nil when none
@@ -120,7 +121,7 @@ func (c *conn) admit(d *nodev1.Dispatch, streamCtx context.Context, stopStream c
 	if _, dup := c.runs[d.RunId]; dup {
 		return nil, nil, ErrDuplicateRun
 	}
-	r := &run{id: d.RunId, streamCtx: streamCtx, stopStream: stopStream, edge: c.l.addr, gen: c.gen, provider: p.cfg.ID}
+	r := &run{id: d.RunId, streamCtx: streamCtx, stopStream: stopStream, edge: c.l.addr, gen: c.gen, provider: p.cfg.ID, model: d.ServedModel}
 	if err := c.a.inflight.add(r, d); err != nil {
 		return nil, nil, err
 	}
@@ -156,7 +157,7 @@ func (c *conn) finishWarm(r *run) {
 	c.mu.Unlock()
 	c.a.untrack(r)
 	c.a.inflight.remove(r)
-	c.a.kickResidency(r.provider)
+	c.a.kickResidencyAfter(r.provider, r.model)
 	c.wakeSession()
 }
 
@@ -179,7 +180,7 @@ func (c *conn) removeRun(r *run) {
 	c.mu.Unlock()
 	c.a.untrack(r)
 	c.a.inflight.remove(r)
-	c.a.kickResidency(r.provider)
+	c.a.kickResidencyAfter(r.provider, r.model)
 	c.wakeSession()
 }
 

@@ -105,6 +105,10 @@ func (c *conn) serveWarmRun(ctx context.Context, stop context.CancelFunc, stream
 		return nil
 	}
 	defer c.removeRun(r)
+	// The stream outlives the run: the run's work context, a child of
+	// the stream's, ends with the run, or the stream's context keeps it
+	// (and its children) for as long as the edge reuses the stream.
+	defer r.cancelWork(ErrRunEnded)
 	if err := c.a.acquireSlot(r); err != nil {
 		c.removeRun(r)
 		c.refuseOn(stream, d.RunId, err)

@@ -1,6 +1,8 @@
 package node
 
 import (
+	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -290,5 +292,43 @@ func TestAgentDoesNotReopenRefusedWarmStreams(t *testing.T) {
 	case w := <-e.warm:
 		t.Fatalf("a warm stream was opened again: %v", w.open)
 	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+// A warm stream serves run after run; each run's work context is a child
+// of the stream's, so one left uncancelled at the run's end stays in the
+// stream's context (with its children and channel) until the stream ends:
+// a node whose warm streams the edge kept reusing grew by every run it
+// served. The live heap after 800 more runs on one warm stream stays
+// within a bound far below that growth (about 470 B a run).
+func TestRegression_WarmStreamKeepsNoEndedRun(t *testing.T) {
+	e, addr := startWarmEdge(t)
+	ollama, _ := ollamaServer(t)
+	startAgent(t, testConfig(addr, ProviderConfig{ID: "ol", Type: "ollama", BaseURL: ollama.URL, Models: []string{"served-model"}}), newTestClock(), nil)
+	connect(t, e, 1, hour)
+	r := recv(t, e.warm, "warm run stream")
+	n := 0
+	serve := func(runs int) {
+		for range runs {
+			n++
+			id := fmt.Sprintf("r%d", n)
+			r.warmDown(t, inlineDispatchMsg(id, "ol", normalized, `{"messages":[{"role":"user","content":"hello"}]}`))
+			r.warmRun(t, id)
+		}
+	}
+	liveHeap := func() uint64 {
+		var m runtime.MemStats
+		runtime.GC()
+		runtime.GC() // a second cycle frees what the first one's finalizers released
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	serve(100) // connections, pools and buffers grown
+	before := liveHeap()
+	const more = 800
+	serve(more)
+	after := liveHeap()
+	if grown := int64(after) - int64(before); grown > 128<<10 {
+		t.Fatalf("live heap grew %d bytes (%d a run) over %d runs on one warm stream", grown, grown/more, more)
 	}
 }

@@ -4,8 +4,7 @@
 // not safe against a concurrent one, and the second gets "duplicate key
 // value violates unique constraint pg_type_typname_nsp_index" (SQLSTATE
 // 23505; PostgreSQL's own documentation of IF NOT EXISTS makes no promise
-// under concurrency). A new user's three edges started at once crashed one
-// of them so.
+// under concurrency): an edge started beside others would crash on it.
 package pgschema
 
 import (

@@ -15,6 +15,7 @@ import (
 	"iop/internal/auth"
 	"iop/internal/edge"
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/admin"
 	"iop/internal/ledger"
 	"iop/internal/responses"
 	"iop/internal/runs"
@@ -250,6 +251,7 @@ func (e *edgeProcess) closeResponses(context.Context) error {
 func (e *edgeProcess) openRuns(ctx context.Context) error {
 	var store runs.Store
 	var err error
+	runsCfg := runs.Config{Logger: e.logger.With("component", "runs")}
 	if e.cfg.RunsDSN != "" {
 		name := e.cfg.Name
 		if name == "" && e.cfg.Cluster != nil {
@@ -260,14 +262,18 @@ func (e *edgeProcess) openRuns(ctx context.Context) error {
 				return fmt.Errorf("runs_dsn: name unset and no host name: %w", err)
 			}
 		}
-		store, err = runs.OpenPostgres(ctx, e.cfg.RunsDSN, name, e.logger.With("component", "runs"))
+		var shared *runs.Postgres
+		shared, err = runs.OpenPostgres(ctx, e.cfg.RunsDSN, name, e.logger.With("component", "runs"))
+		store, runsCfg.Shared = shared, shared
 	} else {
-		store, err = runs.OpenSQLite(e.cfg.Database)
+		var own *runs.SQLite
+		own, err = runs.OpenSQLite(e.cfg.Database)
+		store, runsCfg.Store = own, own
 	}
 	if err != nil {
 		return err
 	}
-	if e.runManager, err = runs.NewManager(ctx, runs.Config{Store: store, Logger: e.logger.With("component", "runs")}); err != nil {
+	if e.runManager, err = runs.NewManager(ctx, runsCfg); err != nil {
 		store.Close()
 		return err
 	}
@@ -315,7 +321,11 @@ func (e *edgeProcess) serve(context.Context) error {
 		Tracer:          e.tr.Tracer,
 		KeyAdmit:        clusterKeyAdmit(e.cfg, svc, e.Keys),
 		ReasoningSecret: reasoningSecret(e.cfg),
-	}), gateway{svc}, e.logger)
+		Catalog:         svc,
+		Shower:          svc,
+		Known:           svc.Known,
+		Routes:          admin.Routes(e.obs.adminConfig(admin.Config{Snapshots: svc, Usage: e.usage, Logger: e.logger})),
+	}), svc, e.logger)
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		e.handlers.Add(1)
 		defer e.handlers.Done()

@@ -12,6 +12,7 @@ import (
 	"iop/internal/clock"
 	"iop/internal/edge"
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/admin"
 	"iop/internal/edge/history"
 	"iop/internal/edge/lifecycle"
 	"iop/internal/edge/metrics"
@@ -72,13 +73,19 @@ func (o *observability) RequestDone(rec api.RequestRecord) {
 	}
 }
 
-// apiConfig adds the observability hooks to cfg: the request observer,
-// the /metrics handler, the events stream and the history.
+// apiConfig adds the observability hooks to cfg: the request observer
+// and the /metrics handler.
 func (o *observability) apiConfig(cfg api.Config) api.Config {
 	cfg.Observer = o
 	// OpenMetrics when the scraper asks for it: only that format carries
 	// the latency histograms' exemplars (their trace ids).
 	cfg.Metrics = promhttp.HandlerFor(o.registry, promhttp.HandlerOpts{EnableOpenMetrics: true})
+	return cfg
+}
+
+// adminConfig adds the observability routes' sources to cfg: the events
+// stream and the history.
+func (o *observability) adminConfig(cfg admin.Config) admin.Config {
 	cfg.Events = o.hub
 	cfg.History = o.history
 	return cfg

@@ -24,7 +24,7 @@ func bigRecord(id string, n int) Record {
 	return rec
 }
 
-// TestRegression_TinySaveAmongBigSavesIsStored: the tester's input, five
+// TestRegression_TinySaveAmongBigSavesIsStored: the input that broke it, five
 // concurrent big saves (here 500 items of 1 KiB each) and a tiny unrelated
 // one, in a database file: every save succeeds (no deadline but the
 // test's) and the tiny response is there afterwards, while reads go on
@@ -136,8 +136,8 @@ func ids(items []Item) []string {
 }
 
 // TestRegression_ChainStoresEachItemOnce: each previous_response_id hop
-// re-stored the whole earlier conversation (the tester's: 25,000 items
-// re-written per hop, the database 11 MB → 114 MB after a few tiny
+// re-stored the whole earlier conversation (25,000 items re-written per
+// hop, the database 11 MB → 114 MB after a few tiny
 // follow-ups). N hops of one input and one output item store 2N item
 // rows, and the last one's conversation is all of them in order.
 func TestRegression_ChainStoresEachItemOnce(t *testing.T) {

@@ -29,8 +29,13 @@ const maxSessions = 100_000
 
 // Config configures a Manager.
 type Config struct {
-	// Store persists records. Required.
+	// Store persists records of this edge alone (SQLite). Exactly one of
+	// Store and Shared is set.
 	Store Store
+	// Shared persists records and event logs that several edges share
+	// (Postgres): runs are then read, streamed and cancelled through any
+	// of them (shared.go). Exactly one of Store and Shared is set.
+	Shared Shared
 	// Retention is how long a finished run's event log is kept in memory
 	// (its record stays in the Store); 0 means DefaultRetention.
 	Retention time.Duration
@@ -64,13 +69,20 @@ type Manager struct {
 
 // NewManager returns a Manager over cfg.Store. It ends the records left
 // unfinished by a previous edge process as error "edge restarted"
-// (Store.Interrupt). Errors: cfg.Store is nil, or the store fails.
+// (Store.Interrupt). Errors: neither or both of cfg.Store and cfg.Shared
+// are set, or the store fails.
 func NewManager(ctx context.Context, cfg Config) (*Manager, error) {
-	if cfg.Store == nil {
+	store := cfg.Store
+	switch {
+	case cfg.Store == nil && cfg.Shared == nil:
 		return nil, errors.New("runs: nil store")
+	case cfg.Store != nil && cfg.Shared != nil:
+		return nil, errors.New("runs: both a store and a shared store")
+	case cfg.Shared != nil:
+		store = cfg.Shared
 	}
 	m := &Manager{
-		store:     cfg.Store,
+		store:     store,
 		retention: cfg.Retention,
 		log:       cfg.Logger,
 		now:       cfg.Now,
@@ -91,14 +103,12 @@ func NewManager(ctx context.Context, cfg Config) (*Manager, error) {
 	if m.now == nil {
 		m.now = m.clock.Now
 	}
-	if sh, ok := cfg.Store.(Shared); ok {
+	if sh := cfg.Shared; sh != nil {
 		m.shared = sh
 		sh.OnCancel(m.cancelFromStore)
-		if p, ok := sh.(*Postgres); ok {
-			// Logs this edge's previous process left past their retention.
-			if err := p.DeleteEventsFinishedBefore(ctx, m.now().Add(-m.retention)); err != nil {
-				m.log.Warn("dropping expired run events from the shared store failed", "err", err)
-			}
+		// Logs this edge's previous process left past their retention.
+		if err := sh.DeleteEventsFinishedBefore(ctx, m.now().Add(-m.retention)); err != nil {
+			m.log.Warn("dropping expired run events from the shared store failed", "err", err)
 		}
 	}
 	n, err := m.store.Interrupt(ctx, "edge restarted", m.now())

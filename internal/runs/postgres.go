@@ -46,6 +46,9 @@ type Shared interface {
 	OnCancel(func(id, reason string))
 	// DeleteEvents drops run id's log (its record stays).
 	DeleteEvents(ctx context.Context, id string) error
+	// DeleteEventsFinishedBefore drops the logs of this edge's runs that
+	// finished before t (their records stay).
+	DeleteEventsFinishedBefore(ctx context.Context, t time.Time) error
 }
 
 // Event is one entry of a run's shared log.

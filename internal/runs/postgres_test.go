@@ -113,7 +113,7 @@ func TestRegression_PostgresInterruptSparesOtherEdges(t *testing.T) {
 		}
 	}
 	a.Close()
-	m, err := NewManager(ctx, Config{Store: openPostgres(t, dsn, "edge-a")})
+	m, err := NewManager(ctx, Config{Shared: openPostgres(t, dsn, "edge-a")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,12 +133,12 @@ func TestRegression_PostgresInterruptSparesOtherEdges(t *testing.T) {
 func TestSharedRunFollowedAndCancelledFromAnotherEdge(t *testing.T) {
 	dsn := testenv.Postgres(t)
 	ctx := context.Background()
-	ma, err := NewManager(ctx, Config{Store: openPostgres(t, dsn, "edge-a")})
+	ma, err := NewManager(ctx, Config{Shared: openPostgres(t, dsn, "edge-a")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ma.Close()
-	mb, err := NewManager(ctx, Config{Store: openPostgres(t, dsn, "edge-b")})
+	mb, err := NewManager(ctx, Config{Shared: openPostgres(t, dsn, "edge-b")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +222,7 @@ func TestSharedFollowOfARunWithoutLog(t *testing.T) {
 	dsn := testenv.Postgres(t)
 	ctx := context.Background()
 	s := openPostgres(t, dsn, "edge-a")
-	m, err := NewManager(ctx, Config{Store: s})
+	m, err := NewManager(ctx, Config{Shared: s})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -101,6 +101,6 @@ func (f Filter) limit() int {
 }
 
 // OutcomeEdgeStopped is the Outcome of a run an edge process stopped before
-// it ended, the outcome of the same name of the edge's contract (contract.OutcomeEdgeStopped).
-// A new user saw such runs with no outcome at all.
+// it ended, the outcome of the same name of the edge's contract
+// (contract.OutcomeEdgeStopped), so no such run is left with no outcome.
 const OutcomeEdgeStopped = "edge_stopped"

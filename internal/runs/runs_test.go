@@ -374,3 +374,28 @@ func TestRegression_OutputIsCapped(t *testing.T) {
 		t.Fatalf("stored: %d bytes, truncated %v, %v", len(stored.Output), stored.OutputTruncated, err)
 	}
 }
+
+// TestNewManagerNeedsOneStore: a Manager persists through exactly one of
+// Config.Store (this edge's) and Config.Shared (several edges').
+func TestNewManagerNeedsOneStore(t *testing.T) {
+	t.Parallel()
+	if _, err := NewManager(context.Background(), Config{}); err == nil {
+		t.Error("no store: no error")
+	}
+	s := openFile(t, ":memory:")
+	defer s.Close()
+	if _, err := NewManager(context.Background(), Config{Store: s, Shared: sharedStub{s}}); err == nil {
+		t.Error("both a store and a shared store: no error")
+	}
+}
+
+// sharedStub is a Shared that is only ever passed, never used.
+type sharedStub struct{ *SQLite }
+
+func (sharedStub) AppendEvents(context.Context, string, int64, []byte, bool) error { return nil }
+func (sharedStub) Events(context.Context, string, int64, int) ([]Event, error)     { return nil, nil }
+func (sharedStub) RequestCancel(context.Context, string, string) (bool, error)     { return false, nil }
+func (sharedStub) Watch(string) (<-chan struct{}, func())                          { return nil, func() {} }
+func (sharedStub) OnCancel(func(id, reason string))                                {}
+func (sharedStub) DeleteEvents(context.Context, string) error                      { return nil }
+func (sharedStub) DeleteEventsFinishedBefore(context.Context, time.Time) error     { return nil }

@@ -92,7 +92,7 @@ func OpenSQLite(path string) (*SQLite, error) {
 		if lock, err = lockFile(path + ".lock"); err != nil {
 			return nil, fmt.Errorf("run store %s: %w", path, err)
 		}
-		dsn = "file:" + url.PathEscape(path) + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)"
+		dsn = "file:" + url.PathEscape(path) + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=cache_size(-256)"
 	}
 	fail := func(err error) (*SQLite, error) {
 		if lock != nil {

@@ -1,144 +1,89 @@
 // Package scheduler admits requests to provider slots: the heart of iop.
+// It is pure logic driven by calls and an injected Clock: no network, no
+// goroutines of its own. The semantics are DESIGN.md's ("The scheduler");
+// docs/scheduling.md says them for operators.
 //
 // A request names a model group (the requested model name) and brings a
-// request-local resolver that returns its live candidates: (node generation,
-// provider, served target) triples already filtered by the request's
-// predicate. Admit reserves one slot of the least loaded candidate resource
-// (lowest in-flight/capacity, ties by provider id then node id; or, with
-// Request.Affinity, the free one expected to hold the longest prefix of the
-// prompt within Request.AffinitySlack of that load; or Request.Prefer when
-// it is free), or queues the
-// request in its group until a slot is handed over, the group's queue timeout
-// passes, the caller's context ends, or no candidate is left.
+// resolver returning its live candidates: (node generation, provider,
+// served target), already filtered by the request's predicate. Admit
+// reserves a slot of the best free candidate (pick: least loaded, or by
+// Request.Affinity or Request.Prefer) or queues the request in its group.
+// A Lease is the right to one slot: reserved → tracked → released, once.
 //
-// A Lease is the right to one slot. It goes reserved → tracked (run id known)
-// → released exactly once, by whichever comes first: Lease.Release,
-// Scheduler.ReleaseRun (a terminal run event), or Fence (node disconnect;
-// not for a lease kept on fence, Lease.KeepOnFence: several edges, the run
-// of another edge's connection). Adopt counts a run already in flight that
-// an earlier scheduler admitted (a new cluster leader's rebuild).
-// Every release offers the slot to the first waiter in queue order, in any
-// group, that can use it, so no slot stays idle while a waiter that can use
-// it waits.
+// # What lives where
 //
-// # Fair order
+//   - scheduler.go: Scheduler, Admit (enqueue), release, Activate, Fence,
+//     SetCapacity, UpdatePolicy; the pumps and the re-resolution.
+//   - lease.go: Lease (Track, Release) and DispatchInfo.
+//   - fair.go: priority bands, start-time fair queueing between flows
+//     (fairTagLocked), shedding (pushOutLocked, expectedWaitLocked).
+//   - heap.go: the per-resource waiter heaps in queue order.
+//   - residency.go: model residency, a load as a cost (ResidencyPolicy,
+//     SetLoaded, ObserveLoad; pickResidentLocked, nextResidentLocked).
+//   - cluster.go: Adopt and KeepOnFence, for a cluster leader's rebuild.
+//   - load.go, snapshot.go: read-only views (Load, Policy, Snapshot).
+//   - clock.go: Clock, RealClock; errors.go: the sentinel errors.
 //
-// Queue order is by priority band (critical, standard, sheddable), then a
-// waiter's start tag, then enqueue order (seq). Each band of each group
-// whose policy has FairnessOn is a start-time fair queue (Goyal, Vin and
-// Cheng 1996) between flows (Request.Flow, weighted by Request.Weight): a
-// waiter's start tag is max(the band's virtual time, its flow's last
-// finish tag) and its flow's finish tag advances by 1/weight; the band's
-// virtual time is the largest start tag granted in it. So backlogged flows
-// get slots in proportion to their weights (within 1/w_a + 1/w_b of it over
-// any interval, TestFairModel), FIFO within a flow. A band that had no
-// waiter starts at the largest virtual time, in that band, of the
-// resources its waiter can use, so the tags of groups sharing a provider
-// compare: a newly busy group neither jumps ahead of another's waiters
-// there nor waits behind its whole queue. A group with FairnessOff tags
-// every waiter 0: FIFO within each band, and, where every group is off,
-// exactly the global enqueue order of a scheduler without flows. A flow
-// lives while it has a waiter (the flows are bounded by the queue); a
-// waiter that leaves without a slot from its flow's tail gives its cost
-// back.
+// # Invariants
 //
-// # Priorities and shedding
+//   - No admission exceeds a resource's capacity (long ones too); one
+//     over capacity (lowered, or Adopt) admits nothing until under it.
+//   - A lease is released exactly once; releasing it again is a no-op.
+//   - Work conservation: no slot stays free while a waiter that can use it
+//     waits (every path that frees or adds a slot pumps before returning).
+//   - A waiter is in resource r's heap only while a candidate is live on r.
+//   - A slot handed over in the instant of a timeout or cancel is released.
+//   - A waiter whose providers went away fails ErrProviderUnavailable,
+//     never ErrCandidatesRejected (resolveLocked).
+//   - A stale waiter (its resolver failing) is re-resolved before any
+//     later request is considered (retryStaleLocked).
+//   - An orphan resource with no lease and no waiter is forgotten
+//     (dropIfDrainedLocked); a group stays once created (groupLocked).
+//   - Counters are kept incrementally; nothing scans every lease or waiter
+//     on the hot path.
 //
-// At a full queue (max_queue), an arrival that is not sheddable displaces
-// the group's latest sheddable waiter (ErrShed, ErrDisplaced); else, in a
-// fair group, an arrival of a flow holding less of the queue for its
-// weight than the flow holding the most pushes that flow's latest waiter
-// of the arrival's band or lower out (ErrQueueFull: longest-queue drop);
-// else the arrival is refused (ErrQueueFull). A sheddable arrival that
-// would queue is refused at once (ErrShed, ErrExpectedWait) when its
-// expected wait, (queued + 1) × the group's mean lease time (an
-// exponentially weighted average over about 8 leases released by Release
-// or ReleaseRun) / the total capacity of its candidates, passes the
-// group's queue timeout. Every shed or pushed-out waiter is settled once,
-// under the lock, holding no slot.
+// # Residency
 //
-// # Work conservation
+// With Config.Residency (or SetResidencyPolicy) a load is a cost. A
+// provider holds what SetLoaded last read plus the loads its grants
+// started since (touchLocked); one never read holds every model.
 //
-// Each resource keeps the waiters that list it in a heap in queue order
-// (short and long-context apart). A waiter is in resource r's heap only while
-// one of its candidates is live on r: r is not orphan and belongs to the
-// candidate's generation. So when r has a free slot, the top of its heap can
-// always take it (on r, or on a less loaded candidate of its own), and a
-// release hands its slot over in O(log W) without passing over anyone. Every
-// path that frees a slot or makes one usable hands it out before it returns:
-// a release and a capacity change pump the resource, an Activate or a Fence
-// re-resolves every waiter and then walks them all in queue order (the
-// global list, sorted by queue order when some waiter is tagged or not
-// standard: O(W log W), at those rare events only). A fresh
-// admission takes a free slot only when no queued waiter can use it.
+//   - A free candidate holding its target wins (pickResidentLocked).
+//   - A request may wait for a busy holder, at most the shorter of the
+//     load time and MaxExtraWait (waitHotLocked).
+//   - A load goes where it evicts nothing idle (evictionCostLocked).
+//   - A freed slot goes to the first waiter needing no load there, or
+//     overdue, before an earlier one needing a swap (nextResidentLocked).
+//   - No slot stays idle while a waiter that could use it without a load
+//     waits.
 //
-// # Re-resolution
+// # Queue order
 //
-// Activate and a Fence that changed something call every waiter's resolver
-// again, in enqueue order:
-//   - candidates: the waiter lists the live ones; none live fails it with
-//     ErrProviderUnavailable (after the reconnect grace, below);
-//   - ErrUnknownModel, ErrNoProvider, ErrCandidatesRejected,
-//     ErrProviderUnavailable: the providers that could serve it went away (it
-//     had a live candidate meeting its predicate when it was queued), so it
-//     fails with ErrProviderUnavailable, never with ErrCandidatesRejected,
-//     which is kept for a request no provider can take when it arrives;
-//   - any other error (a fault of the resolver): the waiter stays queued with
-//     those of its candidates that are still live, possibly none, and is
-//     "stale". Stale waiters are re-resolved, in enqueue order, at every
-//     later admission (before the new request is considered), effective
-//     release and capacity change, and are then offered free slots, so one
-//     whose resolver recovered is served before any later request. A stale
-//     waiter that never recovers waits until its queue timeout.
-//
-// A waiter whose every candidate went away fails at once only without a
-// reconnect grace (Policy.ReconnectGrace). With one it stays queued, with
-// no candidate and stale, until a re-resolution finds a candidate (a node
-// back after its restart) or its grace (the injected clock) or queue
-// timeout ends, whichever first.
-//
-// # Bounded state
-//
-// A resource that is orphan (its connection fenced, or dropped from the
-// node's newer Hello), has no lease and is listed by no waiter is forgotten:
-// at the fence, at the Activate that orphans it, or at its last lease's
-// release. A node without resources is forgotten with them, generation
-// included (after that, only Activate's ownership check tells a late
-// activation of an old generation). Groups stay once created, with their
-// policy and queue counter: one per model name that has queued.
-//
-// The semantics are those of DESIGN.md ("The scheduler") and of the earlier
-// system's queue manager (shared/seeds 000 and 001); the shape is new: one
-// Lease type instead of "node:provider" slot keys, per-resource waiter heaps
-// instead of scans, counters kept incrementally.
+// By priority band, then start tag (fairTagLocked; 0 unless fair), then
+// enqueue order (waiter.before): with fairness off, the enqueue order.
 //
 // # Cost
 //
-// Admit and Snapshot cost O(candidates) (Snapshot O(resources + groups)). A
-// release costs O(log W) for W waiters listing the released resource, plus
-// O(candidates) for the waiter it hands the slot to, fair or not. An
-// arrival at a full fair queue that finds no sheddable waiter costs
-// O(flows of its group) more (the longest-queue drop). Fence and Activate
-// re-resolve every waiter: O(waiters × candidates); they are rare. While S
-// waiters are stale (their resolver failing), an admission, release or
-// capacity change also costs O(S × candidates); with none, nothing.
+// Admit: O(candidates). Snapshot: O(resources + groups). A release:
+// O(log W) for W waiters listing the resource, plus O(candidates) for the
+// waiter that gets it (O(W) under a residency policy). A full fair queue:
+// O(flows) more. Fence and Activate: O(waiters × candidates). S stale
+// waiters add O(S × candidates) to each admission, release and capacity
+// change.
 //
 // # Concurrency
 //
-// One mutex, Scheduler.mu, guards all state: resources, groups, waiters and
-// leases. Every exported method takes it; nothing runs under it but the
-// scheduler's own bookkeeping and the resolvers and ownership callbacks
-// supplied by the caller, which must not call back into the scheduler and
-// should not block: a lock one takes would nest under the scheduler's, so
-// it must be a leaf the caller never holds while calling the scheduler.
-// The edge's take none: they read state it publishes immutably (package
-// edge, "Concurrency").
+// One mutex, Scheduler.mu, guards all state: resources, groups, waiters
+// and leases. Every exported method takes it. Under it run only the
+// scheduler's own bookkeeping and the caller's resolvers and ownership
+// callbacks. Those must not call the scheduler and should not block; a
+// lock they take nests under Scheduler.mu, so it must be a leaf the caller
+// never holds while calling the scheduler.
 //
 // Admit blocks in its caller's goroutine, outside the lock, on a one-slot
-// channel. The lock holder that settles a waiter (grant, timeout, failure)
-// sends exactly one result on it and marks the waiter settled; an Admit whose
-// context ends first removes the waiter under the lock, or, if it was settled
-// in the same instant, takes the result and releases a granted lease, so a
-// slot is never lost. Queue timeouts are timers of the injected Clock whose
-// callbacks take the lock; the scheduler starts no goroutines of its own.
+// channel. Whoever settles a waiter (grant, timeout, failure) does it under
+// the lock, sends exactly one result and marks it settled. An Admit whose
+// context ends first removes its waiter (abandon), or takes a result
+// settled in the same instant and releases a granted lease. Queue timeouts
+// are timers of the injected Clock; their callbacks take the lock.
 package scheduler

@@ -5,8 +5,8 @@ import (
 	"time"
 )
 
-// Priority is a request's priority band (package doc, "Fair order"). The
-// zero value is PriorityStandard.
+// Priority is a request's priority band: the queue orders waiters by band
+// first (waiter.before). The zero value is PriorityStandard.
 type Priority int8
 
 // Priority bands, highest first in the queue.
@@ -116,7 +116,9 @@ func weightOf(w int) uint64 { return uint64(min(max(w, 1), MaxWeight)) }
 // with the largest virtual time, in that band, of the resources w can use:
 // it does not jump ahead of the waiters other groups have there, and it
 // waits behind them no longer than its fair share (on at least the
-// resource whose virtual time it took).
+// resource whose virtual time it took). So backlogged flows get slots in
+// proportion to their weights, within 1/w_a + 1/w_b of it over any
+// interval (TestFairModel), and FIFO within a flow.
 func (s *Scheduler) fairTagLocked(w *waiter, cands []choice) {
 	g := w.group
 	f := g.flows[w.req.Flow]

@@ -18,7 +18,7 @@ import (
 // and reconnects (a node's newer generation, which re-resolves every
 // waiter and hands slots out in queue order) on one node whose providers
 // the groups share: g0 uses pa, g1 pa and pb, g2 only pc. After every step
-// it checks, from the rules (package doc, "Fair order" and "Priorities"):
+// it checks, from the rules (fairTagLocked, enqueue, pushOutLocked):
 //
 //   - no provider above its capacity (but draining after a cut), and the
 //     snapshot's in-flight, waiter, lease and per-flow counts;

@@ -25,10 +25,17 @@ type DispatchInfo struct {
 	QueueReason          QueueReason
 	// Wait is the time spent queued (0 for ReasonImmediate).
 	Wait time.Duration
+	// Load says the provider was not known to hold Target: the run starts
+	// with a model load (package doc, "Residency").
+	Load bool
 }
 
 // Lease is the right to one slot of one provider resource. It goes
-// reserved → tracked → released, exactly once; see the package doc.
+// reserved → tracked (Track: run id known) → released, exactly once, by
+// whichever comes first: Release, Scheduler.ReleaseRun (a terminal run
+// event) or Fence of its node generation (unless KeepOnFence). Every
+// release offers the slot to the first waiter in queue order, in any
+// group, that can use it.
 type Lease struct {
 	s     *Scheduler
 	res   *resource

@@ -7,8 +7,8 @@ import (
 	"time"
 )
 
-// targetWaiterBytes is issue 18's bound on the scheduler's own memory per
-// queued request: "≤ 1 KB of it in the scheduler's waiter".
+// targetWaiterBytes is the bound on the scheduler's own memory per queued
+// request (BENCHMARKS.md, memory per queued request): ≤ 1 KB in its waiter.
 const targetWaiterBytes = 1000
 
 // queuedWaiterBytes queues n requests on a full provider of a scheduler
@@ -90,7 +90,7 @@ func settle(heapAlloc uint64) {
 	}
 }
 
-// TestQueuedWaiterMemory holds the scheduler to issue 18's bound of 1 KB
+// TestQueuedWaiterMemory holds the scheduler to its bound of 1 KB
 // of its own per queued request, at 10,000 queued.
 func TestQueuedWaiterMemory(t *testing.T) {
 	if per := queuedWaiterBytes(t, 10000); per > targetWaiterBytes {

@@ -46,7 +46,7 @@ import (
 //     predicted failure has happened.
 //
 // The reference re-resolves waiters when the scheduler's contract says it
-// does (package doc, "Re-resolution"): every waiter at an Activate or a
+// does (resolveLocked, retryStaleLocked): every waiter at an Activate or a
 // Fence that changed something; waiters whose resolver failed at their last
 // resolution ("stale" ones) also at every admission, effective release and
 // capacity change. A resolver that fails leaves a waiter queued with the

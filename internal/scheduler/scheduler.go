@@ -23,7 +23,7 @@ type Policy struct {
 	// QueueTimeout is how long one request may wait for a slot.
 	QueueTimeout time.Duration
 	// Fairness orders the group's waiters: FairnessOn by weighted fair
-	// queueing between flows, FairnessOff FIFO (package doc, "Fair order").
+	// queueing between flows (fairTagLocked), FairnessOff FIFO.
 	Fairness Fairness
 	// ReconnectGrace is how long a queued request whose every candidate
 	// went away (its node disconnected or drains) stays queued, with no
@@ -70,6 +70,9 @@ type Config struct {
 	Groups map[string]Policy
 	// Clock drives queue timeouts; nil means RealClock.
 	Clock Clock
+	// Residency, when set, turns residency-aware routing on (package doc,
+	// "Residency"); nil leaves it off.
+	Residency *ResidencyPolicy
 }
 
 // Validate reports a negative queue size or timeout, or an empty group name,
@@ -85,6 +88,9 @@ func (c Config) Validate() error {
 		if err := p.validate(); err != nil {
 			return fmt.Errorf("model %q: %w", name, err)
 		}
+	}
+	if c.Residency != nil {
+		return c.Residency.validate()
 	}
 	return nil
 }
@@ -135,7 +141,7 @@ type Request struct {
 	// Resolve returns the request's live candidates, already filtered by its
 	// request-local predicate, in a slice the scheduler may keep and
 	// modify. It is called under the scheduler's lock at admission and at
-	// every re-resolution (package doc, "Re-resolution"), so it must not call
+	// every re-resolution (resolveLocked), so it must not call
 	// the scheduler. It returns an error wrapping ErrUnknownModel,
 	// ErrNoProvider, ErrCandidatesRejected or ErrProviderUnavailable when
 	// that is the case: at admission the error is Admit's; at re-resolution
@@ -221,6 +227,8 @@ type resource struct {
 	// vtime is, by band, the largest start tag of a fair waiter granted a
 	// slot here.
 	vtime [3]uint64
+	// held is what it holds loaded; nil: every model (residency unread).
+	held *holding
 }
 
 func (r *resource) fits(long bool) bool {
@@ -279,6 +287,9 @@ type waiter struct {
 	ch       chan result // one slot; exactly one send, by the settling lock holder
 	timer    Timer
 	enqueued time.Time
+	// hotWait is the timer of a waiter that waits for a provider holding
+	// its model rather than load it on a free one (residency); nil if none.
+	hotWait Timer
 	// lost is the grace timer (Policy.ReconnectGrace) of a waiter whose
 	// every candidate went away, nil otherwise; lostEpoch tells a stale
 	// timer from the current one.
@@ -329,6 +340,8 @@ type Scheduler struct {
 
 	// staleHead, staleTail: the stale waiters, earliest first (waiter.stale).
 	staleHead, staleTail *waiter
+	// residency is the residency policy; nil: off.
+	residency *ResidencyPolicy
 }
 
 // New returns a Scheduler, or an error wrapping ErrInvalid for a bad Config.
@@ -344,7 +357,13 @@ func New(cfg Config) (*Scheduler, error) {
 	for name, p := range cfg.Groups {
 		overrides[name] = p
 	}
+	var residency *ResidencyPolicy
+	if cfg.Residency != nil {
+		p := cfg.Residency.withDefaults()
+		residency = &p
+	}
 	return &Scheduler{
+		residency: residency,
 		clock:     clock,
 		defaults:  Policy{MaxQueue: DefaultMaxQueue, QueueTimeout: DefaultQueueTimeout, Fairness: FairnessOff}.overlay(cfg.Default),
 		overrides: overrides,
@@ -355,6 +374,9 @@ func New(cfg Config) (*Scheduler, error) {
 	}, nil
 }
 
+// groupLocked returns the group of name, creating it with its policy. A
+// group stays once created, with its policy and queue counter: one per
+// model name that has queued.
 func (s *Scheduler) groupLocked(name string) *group {
 	g := s.groups[name]
 	if g == nil {
@@ -372,7 +394,7 @@ func (s *Scheduler) groupLocked(name string) *group {
 // resolver), ErrInvalid (empty group or nil resolver), the resolver's own
 // error, or the context's error. A slot handed over in the same instant as
 // a timeout or cancel is released, never lost. Before it considers req,
-// Admit re-resolves the stale waiters (package doc, "Re-resolution").
+// Admit re-resolves the stale waiters (retryStaleLocked).
 func (s *Scheduler) Admit(ctx context.Context, req Request) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -392,7 +414,18 @@ func (s *Scheduler) Admit(ctx context.Context, req Request) (*Lease, error) {
 	}
 }
 
-// enqueue admits req at once (lease), queues it (waiter) or fails.
+// enqueue admits req at once (lease), queues it (waiter) or fails. A free
+// slot goes to req only when no queued waiter can use it (the pumps hand
+// out every slot a waiter can use before they return).
+//
+// At a full queue (MaxQueue): a request that is not sheddable displaces
+// the group's latest sheddable waiter (ErrShed, ErrDisplaced); else, in a
+// fair group, pushOutLocked may push out the latest waiter of the flow
+// holding the most of the queue for its weight (ErrQueueFull); else req
+// is refused (ErrQueueFull). A sheddable req that would queue is refused
+// at once (ErrShed, ErrExpectedWait) when its expected wait
+// (expectedWaitLocked) passes the group's queue timeout. Every shed or
+// pushed-out waiter is settled once, under the lock, holding no slot.
 func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	if req.Group == "" {
 		return nil, nil, fmt.Errorf("%w: empty model name", ErrInvalid)
@@ -422,15 +455,24 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	if len(cands) == 0 {
 		return nil, nil, fmt.Errorf("%w %q", ErrNoProvider, req.Group)
 	}
+	waitHot := false
+	if s.residency != nil && s.tracksAnyLocked(cands) {
+		best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, true)
+		if g := s.groups[req.Group]; waitHot && g != nil && g.queued >= g.policy.MaxQueue {
+			// No room to wait for a holder: load it where a slot is free.
+			best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, false)
+		}
+	}
 	if best.res != nil {
-		return s.reserveLocked(best.res, best.Candidate, req, ReasonImmediate, 0), nil, nil
+		l := s.reserveLocked(best.res, best.Candidate, req, ReasonImmediate, 0)
+		s.loadedLocked(l)
+		return l, nil, nil
 	}
 	g := s.groupLocked(req.Group)
 	if g.queued >= g.policy.MaxQueue {
 		switch {
 		case req.Priority != PrioritySheddable && g.shedTail != nil:
-			// Make room: the latest sheddable waiter goes (package doc,
-			// "Priorities").
+			// Make room: the latest sheddable waiter goes.
 			s.failLocked(g.shedTail, fmt.Errorf("model %q: %w: %w", g.name, ErrShed, ErrDisplaced))
 		case g.policy.Fairness == FairnessOn && s.pushOutLocked(g, req):
 		default:
@@ -454,6 +496,9 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	}
 	s.linkLocked(w, s.choicesLocked(cands))
 	w.timer = s.clock.AfterFunc(g.policy.QueueTimeout, func() { s.expire(w) })
+	if waitHot {
+		s.waitHotLocked(w)
+	}
 	return nil, w, nil
 }
 
@@ -636,6 +681,7 @@ func (s *Scheduler) reserveLocked(r *resource, c Candidate, req Request, reason 
 		r.longInFlight++
 	}
 	s.leaseSeq++
+	load := s.touchLocked(r, c.Target)
 	s.active++
 	l := &Lease{
 		s:     s,
@@ -652,6 +698,7 @@ func (s *Scheduler) reserveLocked(r *resource, c Candidate, req Request, reason 
 			EstimatedInputTokens: req.EstimatedInputTokens,
 			QueueReason:          reason,
 			Wait:                 wait,
+			Load:                 load,
 		},
 	}
 	r.leases.push(l)
@@ -660,14 +707,21 @@ func (s *Scheduler) reserveLocked(r *resource, c Candidate, req Request, reason 
 
 // grantLocked hands w a slot if one of its candidates has one.
 func (s *Scheduler) grantLocked(w *waiter) bool {
-	best := pick(w.cands, &w.req)
+	var best choice
+	if s.residency != nil && slices.ContainsFunc(w.cands, func(c choice) bool { return c.res.held != nil }) {
+		best, _ = s.pickResidentLocked(w.cands, &w.req, false)
+	} else {
+		best = pick(w.cands, &w.req)
+	}
 	if best.res == nil {
 		return false
 	}
 	w.state = granted // before unlinkLocked: a granted waiter keeps its flow's cost
 	s.unlinkLocked(w)
 	fairGrantedLocked(w, best.res)
-	w.ch <- result{lease: s.reserveLocked(best.res, best.Candidate, w.req, ReasonQueued, s.clock.Now().Sub(w.enqueued))}
+	l := s.reserveLocked(best.res, best.Candidate, w.req, ReasonQueued, s.clock.Now().Sub(w.enqueued))
+	w.ch <- result{lease: l}
+	s.loadedLocked(l)
 	return true
 }
 
@@ -749,6 +803,9 @@ func (s *Scheduler) unlinkLocked(w *waiter) {
 	w.group.queued--
 	if w.timer != nil {
 		w.timer.Stop()
+	}
+	if w.hotWait != nil {
+		w.hotWait.Stop()
 	}
 	s.foundLocked(w)
 }
@@ -849,6 +906,7 @@ func (s *Scheduler) pumpResourceLocked(r *resource) {
 				next = w
 			}
 		}
+		next = s.nextResidentLocked(r, next)
 		if next == nil || !s.grantLocked(next) {
 			return
 		}
@@ -858,7 +916,8 @@ func (s *Scheduler) pumpResourceLocked(r *resource) {
 // pumpAllLocked walks every waiter in queue order (waiter.before) and
 // grants each one a slot if any of its candidates has one. Where every
 // waiter is standard and untagged (fairness off), queue order is the
-// global list's enqueue order and nothing is sorted.
+// global list's enqueue order and nothing is sorted; else the list is
+// sorted, O(W log W), at those rare events only (Activate, Fence).
 func (s *Scheduler) pumpAllLocked() {
 	ordered := true
 	for w := s.head; w != nil && w.next != nil; w = w.next {
@@ -993,7 +1052,10 @@ func (s *Scheduler) freedLocked(r *resource) {
 // dropIfDrainedLocked forgets r if it is an orphan with no lease and no
 // waiter listing it: its node connection ended, or the node's newer
 // connection no longer has the provider, and nothing refers to it any more.
-// A node left without resources is forgotten too.
+// A node left without resources is forgotten too, generation included:
+// after that, only Activate's ownership check tells a late activation of
+// an old generation. It runs at the fence, at the Activate that orphans
+// r, and at the release of r's last lease.
 func (s *Scheduler) dropIfDrainedLocked(r *resource) {
 	if !r.orphan || r.leases.head != nil || len(r.short) != 0 || len(r.long) != 0 || s.resources[r.key] != r {
 		return

@@ -99,6 +99,18 @@ type Config struct {
 	// unique (a request id in it) sees any request that ran twice. The
 	// memory grows with the requests admitted; meant for test runs.
 	CountRepeats bool
+	// MaxLoadedModels, when > 0, is how many models the server holds
+	// loaded at once (Ollama's OLLAMA_MAX_LOADED_MODELS): a request for
+	// another model evicts the least recently used idle one, or waits for
+	// one to be idle. Set it, LoadTime or LoadTimes, and models start
+	// unloaded and load on demand; otherwise every served model is always
+	// loaded. Loads and evictions are counted in Stats (GET /stats).
+	MaxLoadedModels int
+	// LoadTime is how long loading a model takes (on Clock); LoadTimes
+	// overrides it per model. A request that waited for a load reports the
+	// wait as load_duration in Ollama's answers.
+	LoadTime  time.Duration
+	LoadTimes map[string]time.Duration
 	// Faults injects failures; the zero value injects none.
 	Faults Faults
 	// Clock paces output and stamps timestamps; nil means clock.Real().
@@ -176,6 +188,17 @@ func (c Config) Validate() error {
 	}
 	if c.MaxConcurrent < 0 {
 		bad("max concurrent %d: must not be negative", c.MaxConcurrent)
+	}
+	if c.MaxLoadedModels < 0 {
+		bad("max loaded models %d: must not be negative", c.MaxLoadedModels)
+	}
+	if c.LoadTime < 0 {
+		bad("load time %v: must not be negative", c.LoadTime)
+	}
+	for m, d := range c.LoadTimes {
+		if d < 0 || m == "" {
+			bad("load time of %q %v: want a model name and a duration >= 0", m, d)
+		}
 	}
 	if c.DefaultMaxTokens < 0 {
 		bad("default max tokens %d: must not be negative", c.DefaultMaxTokens)

@@ -46,7 +46,10 @@ type request struct {
 	// prefill is the time its uncached prompt tokens take (Server.prefill),
 	// set by Server.accept; it adds to Config.TTFT.
 	prefill time.Duration
-	n       int // OpenAI "n": choices to answer; 0 means 1
+	// load is how long it waited for its model to load (residency), set
+	// by Server.accept: Ollama's load_duration.
+	load time.Duration
+	n    int // OpenAI "n": choices to answer; 0 means 1
 	// tools are the function tools the request defines and lastUser the
 	// text of its last message if that is a user message: together they
 	// decide whether the answer is a tool call (see chooseTool).
@@ -113,8 +116,11 @@ func rngFor(seed int64, text string) *rand.Rand {
 	return rand.New(rand.NewPCG(uint64(seed), h.Sum64()))
 }
 
-// complete generates the answer to req: defaultTokens words, cut to
-// req.maxTokens (finish reason "length") when that is lower.
+// complete generates the answer to req: defaultTokens words, each with a
+// leading space, drawn from vocabulary by a PRNG seeded with (seed, the
+// prompt), cut to req.maxTokens (max_tokens, max_completion_tokens,
+// options.num_predict; finish reason "length") when that is lower. Other
+// sampling parameters are accepted and ignored.
 func complete(seed int64, defaultTokens int, req request) completion {
 	return completeFrom(rngFor(seed, req.prompt), defaultTokens, req)
 }
@@ -259,7 +265,7 @@ func (s *Server) paceSteps(ctx context.Context, prefill time.Duration, steps int
 // completeChoice is complete for choice i of a request answering several
 // (OpenAI "n"): choice 0 is complete's answer, later ones are drawn from a
 // PRNG seeded with the prompt and the index, so each choice differs and all
-// are deterministic.
+// are deterministic. Streamed, the choices are interleaved token by token.
 func completeChoice(seed int64, defaultTokens int, req request, i int) completion {
 	key := req.prompt
 	if i > 0 {

@@ -294,8 +294,8 @@ func (s *Server) ollamaGenerate(chat bool) http.HandlerFunc {
 			resp.Done, resp.DoneReason = true, c.finishReason
 			// Durations are floored at 1ns so clients computing tokens per
 			// second from them never divide by zero.
-			resp.TotalDuration = max(int64(end.Sub(start)), 1)
-			resp.LoadDuration = 1
+			resp.TotalDuration = max(int64(end.Sub(start)+req.load), 1)
+			resp.LoadDuration = max(int64(req.load), 1)
 			resp.PromptEvalCount, resp.PromptEvalDuration = c.promptTokens, max(int64(firstToken.Sub(start)), 1)
 			resp.EvalCount, resp.EvalDuration = len(c.tokens)+len(thoughts), max(int64(end.Sub(firstToken)), 1)
 			if call != nil {
@@ -452,8 +452,8 @@ func (s *Server) ollamaEmbed(legacy bool) http.HandlerFunc {
 		writeJSON(w, http.StatusOK, map[string]any{
 			"model":             req.model,
 			"embeddings":        vectors,
-			"total_duration":    max(int64(s.clock.Now().Sub(start)), 1),
-			"load_duration":     1,
+			"total_duration":    max(int64(s.clock.Now().Sub(start)+req.load), 1),
+			"load_duration":     max(int64(req.load), 1),
 			"prompt_eval_count": promptTokens,
 		})
 	}
@@ -515,16 +515,17 @@ func (s *Server) ollamaTags(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"models": models})
 }
 
-// ollamaPS answers GET /api/ps: every served model, shown as loaded in
-// VRAM for another 5 minutes.
+// ollamaPS answers GET /api/ps: the models loaded in VRAM (every served
+// model without residency, Config.MaxLoadedModels), each expiring 5
+// minutes after its last use, the latest expiry first.
 func (s *Server) ollamaPS(w http.ResponseWriter, _ *http.Request) {
-	served := s.servedModels()
-	models := make([]ollamaModel, len(served))
-	for i, m := range served {
-		models[i] = ollamaModelEntry(m)
+	loaded := s.loadedModels()
+	models := make([]ollamaModel, len(loaded))
+	for i, m := range loaded {
+		models[i] = ollamaModelEntry(m.model)
 		models[i].ModifiedAt = ""
 		models[i].SizeVRAM = models[i].Size
-		models[i].ExpiresAt = s.clock.Now().Add(5 * time.Minute).UTC().Format(time.RFC3339Nano)
+		models[i].ExpiresAt = m.expires.UTC().Format(time.RFC3339Nano)
 		models[i].ContextLength = simContextLength
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"models": models})

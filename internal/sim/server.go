@@ -64,6 +64,10 @@ type Stats struct {
 	PrefixHitTokens    int64 `json:"prefix_hit_tokens"`
 	PrefixMissTokens   int64 `json:"prefix_miss_tokens"`
 	PrefixCachedBlocks int   `json:"prefix_cached_blocks"`
+	// Loads and Evictions count the models loaded and evicted
+	// (Config.MaxLoadedModels, LoadTime); 0 without residency.
+	Loads     int64 `json:"loads"`
+	Evictions int64 `json:"evictions"`
 	// LastModel is the model named by the latest request ("" if none).
 	LastModel string `json:"last_model"`
 	// LastAuthorization is the Authorization header of the latest request.
@@ -101,6 +105,11 @@ type Server struct {
 	seenStart int                 // index of the oldest entry once seen is full
 	cache     *prefixCache        // nil unless Config.PrefixCacheTokens or PrefillTokensPerSecond
 	prompts   map[string]struct{} // admitted prompts; nil unless Config.CountRepeats
+	// resident are the models loaded or loading, with residency
+	// (residency.go); residentChanged is closed and replaced when one
+	// loads, is evicted or a request on one ends.
+	resident        []*resident
+	residentChanged chan struct{}
 }
 
 // New returns a Server for cfg, with defaults applied to its zero fields.
@@ -118,6 +127,8 @@ func New(cfg Config, logger *slog.Logger) (*Server, error) {
 		cfg:    cfg,
 		clock:  cfg.Clock,
 		logger: logger.With("component", "sim", "protocol", string(cfg.Protocol)),
+
+		residentChanged: make(chan struct{}),
 	}
 	if cfg.PrefixCacheTokens > 0 || cfg.PrefillTokensPerSecond > 0 {
 		s.cache = newPrefixCache(cfg.PrefixCacheTokens)
@@ -286,7 +297,13 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byt
 		return request{}, nil, err
 	}
 	req.seq = n
-	release = s.leave
+	waited, unuse, err := s.load(r.Context(), req.model)
+	if err != nil {
+		s.leave()
+		return request{}, nil, err
+	}
+	req.load = waited
+	release = func() { unuse(); s.leave() }
 	req.prefill = s.prefill(req)
 	if s.shouldFail(n) {
 		release()

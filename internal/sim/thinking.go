@@ -112,7 +112,9 @@ func (s *Server) openaiThinking(req request) (int, error) {
 
 // thinkingTokens is the reasoning of an answer: n words drawn, like its
 // text, from the vocabulary by a PRNG seeded with (seed, prompt, key), so
-// it is deterministic and differs from the text.
+// it is deterministic and differs from the text. Reasoning tokens come
+// before the text, count in eval_count and completion_tokens and are paced
+// like the others; a request's token limit applies to the text only.
 func thinkingTokens(seed int64, prompt, key string, n int) []string {
 	if n == 0 {
 		return nil

@@ -23,7 +23,11 @@ type simTool struct {
 const argumentPieceRunes = 4
 
 // toolCall is the simulator's answer to a request that triggers a tool
-// call (see chooseTool).
+// call (see chooseTool). OpenAI answers carry it in message.tool_calls
+// with finish_reason "tool_calls"; streamed, the first delta has index,
+// id, type and name, and later deltas add the argument pieces. Ollama
+// answers carry the whole call in one message.tool_calls (arguments an
+// object, no id) with done_reason "stop".
 type toolCall struct {
 	name      string
 	arguments string   // JSON object text

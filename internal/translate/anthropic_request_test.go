@@ -243,7 +243,7 @@ func FuzzFromAnthropicMessages(f *testing.F) {
 	})
 }
 
-// TestRegression_AnthropicValidationAsTheReference: what a tester found
+// TestRegression_AnthropicValidationAsTheReference: what iop
 // accepted, or refused naming the wrong field, that Anthropic's
 // reference refuses: an image media_type other than image/jpeg, png, gif
 // or webp (or none); temperature or top_p outside [0, 1]; max_tokens

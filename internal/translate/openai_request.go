@@ -560,8 +560,8 @@ func imageData(raw json.RawMessage) (string, error) {
 	}
 	// Ollama decodes images as standard base64 (encoding/json's []byte) and
 	// refuses anything else 400; checked here, as the Ollama API's own
-	// route does, so the client learns which image (a break-it report: a
-	// data URL of "!!!" was answered 200 without the image).
+	// route does, so the client learns which image (a data URL of "!!!"
+	// must not be answered 200 without the image).
 	if _, err := io.Copy(io.Discard, base64.NewDecoder(base64.StdEncoding, strings.NewReader(payload))); err != nil {
 		return "", fmt.Errorf("image data is not valid base64: %v", err)
 	}

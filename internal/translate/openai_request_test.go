@@ -157,7 +157,7 @@ func TestToOllamaRefusals(t *testing.T) {
 		{"parallel_tool_calls false", chat, `{"messages":[{"role":"user","content":"x"}],"tools":[` + toolF + `],"parallel_tool_calls":false}`, "parallel_tool_calls"},
 		{"reasoning_effort unknown", chat, `{"messages":[{"role":"user","content":"x"}],"reasoning_effort":"max"}`, "reasoning_effort"},
 		{"reasoning.effort unknown", chat, `{"messages":[{"role":"user","content":"x"}],"reasoning":{"effort":"max"}}`, "reasoning.effort"},
-		// A break-it report: invalid base64 was answered 200 without the image.
+		// Invalid base64 must not be answered 200 without the image.
 		{"image data not base64", chat, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,!!!"}}]}]}`, "messages[0].content[0].image_url"},
 		{"image data cut short", chat, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo"}}]}]}`, "messages[0].content[0].image_url"},
 		{"chat logprobs", chat, `{"messages":[{"role":"user","content":"x"}],"logprobs":true}`, "logprobs"},

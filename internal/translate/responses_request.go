@@ -306,8 +306,7 @@ func decodeInput(raw json.RawMessage) ([]ResponseItem, error) {
 }
 
 // checkClientItem checks what the chat translation would otherwise refuse
-// in its own words (messages[i]..., a new user's report), in the
-// client's: a function_call's arguments that are not JSON text, an
+// in its own words (messages[i]...), in the client's: a function_call's arguments that are not JSON text, an
 // input_image's data: URL that is not valid base64. Only for the
 // client's input: stored items (a provider's own calls among them) are
 // read as they were kept.

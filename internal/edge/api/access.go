@@ -7,7 +7,6 @@ import (
 	"math"
 	"net/http"
 	"path"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -36,13 +35,10 @@ var dispatchPaths = map[string]string{
 }
 
 // Ledger is what the API needs of the usage ledger (package ledger): a
-// place to record each finished run, and its sums for GET /admin/v1/usage.
+// place to record each finished run.
 type Ledger interface {
 	// Record keeps one entry; it may block briefly, never on the database.
 	Record(e ledger.Entry)
-	// Aggregate sums entries; an unknown group_by wraps
-	// ledger.ErrInvalidQuery.
-	Aggregate(ctx context.Context, q ledger.Query) ([]ledger.Group, error)
 }
 
 // Access refusals, mapped by classify: 401 (with WWW-Authenticate: Bearer)
@@ -239,7 +235,7 @@ func checkModel(ctx context.Context, model string) error {
 // GET /v1/models/{model}): it takes what Dispatch takes. It returns the
 // name as the model listings show it: name itself, or its other spelling
 // ("x" and "x:latest" are one model, knownModel); a name the Gateway
-// knows (modelKnower: an alias, or a served name no node serves right
+// knows (Config.Known: an alias, or a served name no node serves right
 // now) is itself. Errors: ErrModelNotAllowed (403) for a model the
 // request's key may not use, ErrUnknownModel (404) for any other name.
 func (h *handler) resolveModel(r *http.Request, name string) (string, error) {
@@ -249,7 +245,7 @@ func (h *handler) resolveModel(r *http.Request, name string) (string, error) {
 	if listed, ok := knownModel(h.models(r), name); ok {
 		return listed, nil
 	}
-	if k, ok := h.gw.(modelKnower); ok && k.Known(name) {
+	if h.cfg.Known != nil && h.cfg.Known(name) {
 		return name, nil
 	}
 	return "", ErrUnknownModel
@@ -288,7 +284,7 @@ func keyName(ctx context.Context) string {
 // request's key may not use (ErrModelNotAllowed, before anything is
 // queued), then dispatches. serveRun and ollamaGenerate call it; the runs
 // API reaches it through serveRun.
-func (h *handler) dispatch(ctx context.Context, req *Request) (Run, error) {
+func (h *handler) dispatch(ctx context.Context, req *contract.Request) (Run, error) {
 	if err := checkModel(ctx, req.Model); err != nil {
 		return nil, err
 	}
@@ -296,74 +292,4 @@ func (h *handler) dispatch(ctx context.Context, req *Request) (Run, error) {
 		ctx = o.trace.context(ctx)
 	}
 	return h.gw.Dispatch(ctx, *req)
-}
-
-// serveUsage serves GET /admin/v1/usage?key=&model=&from=&to=&group_by=:
-// the ledger's sums, {"object":"list","group_by","data":[{"group",
-// "requests","completed","prompt_tokens","completion_tokens",
-// "total_tokens","duration_ms"}]}. from and to are RFC 3339 times, dates
-// (YYYY-MM-DD, UTC midnight) or Unix seconds; from is inclusive, to
-// exclusive. group_by is key, model, provider (node/provider), node, day
-// or empty (one total). 400 for a bad parameter.
-func (h *handler) serveUsage(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	query := ledger.Query{Key: q.Get("key"), Model: q.Get("model"), GroupBy: q.Get("group_by")}
-	for _, p := range []struct {
-		name string
-		dst  *time.Time
-	}{{"from", &query.From}, {"to", &query.To}} {
-		if s := q.Get(p.name); s != "" {
-			t, ok := parseTime(s)
-			if !ok {
-				h.writeError(w, r, &requestError{param: p.name, message: "must be an RFC 3339 time, a date (YYYY-MM-DD) or Unix seconds"}, nil)
-				return
-			}
-			*p.dst = t
-		}
-	}
-	groups := []string{ledger.GroupNone, ledger.GroupKey, ledger.GroupModel, ledger.GroupProvider, ledger.GroupNode, ledger.GroupDay}
-	if !slices.Contains(groups, query.GroupBy) {
-		h.writeError(w, r, &requestError{param: "group_by", message: "must be one of key, model, provider, node, day"}, nil)
-		return
-	}
-	sums, err := h.cfg.Ledger.Aggregate(r.Context(), query)
-	if err != nil {
-		h.logger.Error("reading the usage ledger failed", "err", err)
-		h.writeError(w, r, err, nil)
-		return
-	}
-	type groupJSON struct {
-		Group            string `json:"group"`
-		Requests         int64  `json:"requests"`
-		Completed        int64  `json:"completed"`
-		PromptTokens     int64  `json:"prompt_tokens"`
-		CompletionTokens int64  `json:"completion_tokens"`
-		TotalTokens      int64  `json:"total_tokens"`
-		DurationMs       int64  `json:"duration_ms"`
-	}
-	out := struct {
-		Object  string      `json:"object"`
-		GroupBy string      `json:"group_by"`
-		Data    []groupJSON `json:"data"`
-	}{Object: "list", GroupBy: query.GroupBy, Data: make([]groupJSON, 0, len(sums))}
-	for _, g := range sums {
-		out.Data = append(out.Data, groupJSON{g.Group, g.Requests, g.Completed, g.PromptTokens, g.CompletionTokens,
-			g.PromptTokens + g.CompletionTokens, g.Duration.Milliseconds()})
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
-// parseTime reads an RFC 3339 time, a date (UTC) or Unix seconds.
-func parseTime(s string) (time.Time, bool) {
-	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
-		return t, true
-	}
-	if t, err := time.Parse(time.DateOnly, s); err == nil {
-		return t, true
-	}
-	var sec int64
-	if _, err := fmt.Sscanf(s, "%d", &sec); err == nil && fmt.Sprint(sec) == s {
-		return time.Unix(sec, 0), true
-	}
-	return time.Time{}, false
 }

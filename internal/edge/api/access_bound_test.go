@@ -17,7 +17,7 @@ func TestKeyAdmitAndDispatchShareTheLeaderBound(t *testing.T) {
 	f := newKeys(t, auth.Key{MaxConcurrent: 4})
 	var mu sync.Mutex
 	var atKey, atDispatch *contract.LeaderBound
-	gw := &fakeGateway{models: []string{"m"}, dispatch: func(ctx context.Context, req Request) (Run, error) {
+	gw := &fakeGateway{models: []string{"m"}, dispatch: func(ctx context.Context, req contract.Request) (Run, error) {
 		mu.Lock()
 		atDispatch = contract.LeaderBoundOf(ctx)
 		mu.Unlock()

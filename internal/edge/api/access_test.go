@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"iop/internal/auth"
+	"iop/internal/edge/contract"
 	"iop/internal/ledger"
 	"iop/internal/runs"
 )
@@ -66,10 +67,15 @@ var reflectDeepEqual = reflect.DeepEqual
 
 func bearer(key string) map[string]string { return map[string]string{"Authorization": "Bearer " + key} }
 
-// emptyAdmin serves the admin routes with an empty snapshot.
-type emptyAdmin struct{ *fakeGateway }
-
-func (emptyAdmin) Snapshot() AdminSnapshot { return AdminSnapshot{} }
+// stubAdminRoutes stand for package admin's routes, which the frame
+// guards by their prefix: each answers [].
+func stubAdminRoutes() map[string]Route {
+	routes := map[string]Route{}
+	for _, p := range []string{"/admin/v1/nodes", "/admin/v1/providers", "/admin/v1/queues"} {
+		routes[p] = Route{http.MethodGet, func(w http.ResponseWriter, r *http.Request) { WriteJSON(w, http.StatusOK, []any{}) }}
+	}
+	return routes
+}
 
 // newRunsManager is a runs manager over an in-memory store.
 func newRunsManager(t *testing.T) *runs.Manager {
@@ -86,7 +92,7 @@ func newRunsManager(t *testing.T) *runs.Manager {
 	return m
 }
 
-func okRun(context.Context, Request) (Run, error) {
+func okRun(context.Context, contract.Request) (Run, error) {
 	return scriptedRun(normalized, events(started(), delta("hi"), usageEvent(3, 1), complete("stop"))), nil
 }
 
@@ -98,9 +104,8 @@ func okRun(context.Context, Request) (Run, error) {
 // model API get 403.
 func TestWrongOrMissingKeys(t *testing.T) {
 	f := newKeys(t, auth.Key{})
-	cfg := Config{Keys: f.keys, AdminKeys: f.admin, Runs: newRunsManager(t)}
-	env := &testEnv{t: t, gw: &fakeGateway{models: []string{"m"}, dispatch: okRun}}
-	env = newEnvWithGateway(t, cfg, emptyAdmin{env.gw}, env.gw)
+	cfg := Config{Keys: f.keys, AdminKeys: f.admin, Runs: newRunsManager(t), Routes: stubAdminRoutes()}
+	env := newEnv(t, cfg, okRun)
 	const wrong = "iop-wrong-key-0123456789-do-not-echo"
 	routes := []struct {
 		method, path, body string
@@ -224,14 +229,14 @@ func TestWrongOrMissingKeys(t *testing.T) {
 }
 
 // newEnvWithGateway is newEnv with an explicit Gateway wrapping fake (for
-// optional interfaces such as Admin).
-func newEnvWithGateway(t *testing.T, cfg Config, gw Gateway, fake *fakeGateway) *testEnv {
+// optional interfaces such as ModelCatalog).
+func newEnvWithGateway(t *testing.T, cfg Config, gw Gateway[Run], fake *fakeGateway) *testEnv {
 	t.Helper()
 	if cfg.Now == nil {
 		cfg.Now = func() time.Time { return time.Unix(1700000000, 0) }
 	}
 	env := &testEnv{t: t, gw: fake}
-	h := New(cfg, gw, nil)
+	h := New(withFeatures(cfg, gw), gw, nil)
 	env.srv = newServer(env, h)
 	return env
 }
@@ -243,7 +248,7 @@ func TestOpenAPINeedsNoKey(t *testing.T) {
 	}
 	// Admin keys alone guard the admin API but leave the model API open.
 	f := newKeys(t, auth.Key{})
-	env2 := newEnvWithGateway(t, Config{AdminKeys: f.admin}, emptyAdmin{&fakeGateway{dispatch: okRun}}, &fakeGateway{dispatch: okRun})
+	env2 := newEnv(t, Config{AdminKeys: f.admin, Routes: stubAdminRoutes()}, okRun)
 	if resp := env2.get(t, "/v1/models"); resp.status != 200 {
 		t.Errorf("model API with only admin keys: %d", resp.status)
 	}
@@ -322,9 +327,9 @@ func TestModelsAllowedPerKey(t *testing.T) {
 
 // blockingRuns returns a dispatch func whose runs stay open until release
 // is closed, and a channel that receives once per dispatch.
-func blockingRuns(release <-chan struct{}) (func(context.Context, Request) (Run, error), <-chan struct{}) {
+func blockingRuns(release <-chan struct{}) (func(context.Context, contract.Request) (Run, error), <-chan struct{}) {
 	dispatched := make(chan struct{}, 64)
-	return func(ctx context.Context, req Request) (Run, error) {
+	return func(ctx context.Context, req contract.Request) (Run, error) {
 		r := liveRun(normalized, 4)
 		go func() {
 			<-release
@@ -457,7 +462,7 @@ func TestLedgerRecordsEveryFinishedRun(t *testing.T) {
 			return scriptedRun(normalized, events(started(), errorEvent(500, "boom")))
 		},
 	}
-	gw := &fakeGateway{models: []string{"m"}, dispatch: func(ctx context.Context, req Request) (Run, error) {
+	gw := &fakeGateway{models: []string{"m"}, dispatch: func(ctx context.Context, req contract.Request) (Run, error) {
 		var sel string
 		_ = json.Unmarshal(req.Body, &struct {
 			User *string `json:"user"`
@@ -508,62 +513,6 @@ func TestLedgerRecordsEveryFinishedRun(t *testing.T) {
 	}
 }
 
-func TestUsageRoute(t *testing.T) {
-	store, err := ledger.OpenSQLite(":memory:")
-	if err != nil {
-		t.Fatal(err)
-	}
-	led := ledger.New(store, nil)
-	t.Cleanup(func() { led.Close() })
-	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	led.Record(ledger.Entry{Time: at, Key: "alice", Model: "m", NodeID: "n", ProviderID: "p", PromptTokens: 1, CompletionTokens: 2, Duration: time.Second, Outcome: "completed"})
-	led.Record(ledger.Entry{Time: at.Add(48 * time.Hour), Key: "bob", Model: "m", PromptTokens: 10, Outcome: "queue_full"})
-	led.Flush()
-	f := newKeys(t, auth.Key{})
-	gw := &fakeGateway{models: []string{"m"}}
-	env := newEnvWithGateway(t, Config{Keys: f.keys, AdminKeys: f.admin, Ledger: led}, emptyAdmin{gw}, gw)
-	get := func(q string) rawResponse { return env.send(t, "GET", "/admin/v1/usage"+q, "", bearer(f.adminKey)) }
-	resp := get("?group_by=key")
-	want := `{"object":"list","group_by":"key","data":[{"group":"alice","requests":1,"completed":1,"prompt_tokens":1,"completion_tokens":2,"total_tokens":3,"duration_ms":1000},{"group":"bob","requests":1,"completed":0,"prompt_tokens":10,"completion_tokens":0,"total_tokens":10,"duration_ms":0}]}`
-	if resp.status != 200 || strings.TrimSpace(resp.body) != want {
-		t.Errorf("group_by=key: %d\n%s\nwant\n%s", resp.status, resp.body, want)
-	}
-	for q, wantGroups := range map[string]string{
-		"?group_by=day":                                 "2026-03-01,2026-03-03",
-		"?group_by=provider&key=alice":                  "n/p",
-		"?from=2026-03-02&group_by=key":                 "bob",
-		"?to=2026-03-01T13:00:00Z&group_by=key":         "alice",
-		"?from=1772323200&to=1772409600&group_by=model": "m", // 2026-03-01, Unix seconds
-		"?model=other&group_by=key":                     "",
-	} {
-		resp := get(q)
-		var body struct {
-			Data []struct {
-				Group string `json:"group"`
-			} `json:"data"`
-		}
-		if resp.status != 200 || json.Unmarshal([]byte(resp.body), &body) != nil {
-			t.Errorf("%s: %d %s", q, resp.status, resp.body)
-			continue
-		}
-		var groups []string
-		for _, d := range body.Data {
-			groups = append(groups, d.Group)
-		}
-		if strings.Join(groups, ",") != wantGroups {
-			t.Errorf("%s: groups %v, want %s", q, groups, wantGroups)
-		}
-	}
-	for _, q := range []string{"?group_by=user", "?from=yesterday", "?to=1e9"} {
-		if resp := get(q); resp.status != 400 {
-			t.Errorf("%s: %d, want 400", q, resp.status)
-		}
-	}
-	if resp := env.send(t, "GET", "/admin/v1/usage", "", bearer(f.alice)); resp.status != 403 {
-		t.Errorf("usage with a client key: %d", resp.status)
-	}
-}
-
 // newServer serves h for env as newEnvLogging does: its cleanup waits for
 // every handler, then checks each run was closed exactly once.
 func newServer(env *testEnv, h http.Handler) *httptest.Server {
@@ -611,7 +560,7 @@ func TestUsageScannerReadsTheTailOfALargeAnswer(t *testing.T) {
 
 // TestUsageAttributionNeverInfluencesScheduling: the request the edge
 // schedules carries no trace of the caller but its flow (the seeds' rule:
-// caller identity is no part of pool selection; issue 19: the key names
+// caller identity is no part of pool selection; the key names
 // the request's flow, with its weight and priority, which order the
 // model's queue and never choose its candidates): the same body sent with
 // two different keys reaches the gateway as the same Request, field for

@@ -32,7 +32,7 @@ func nodeAnswer() []*contract.Message {
 // relay, the tunnel relay alone (runResponse.tunnel with its observation).
 func BenchmarkTunnelAnswer(b *testing.B) {
 	msgs := nodeAnswer()
-	gw := &fakeGateway{models: []string{"bench-openai"}, dispatch: func(context.Context, Request) (Run, error) {
+	gw := &fakeGateway{models: []string{"bench-openai"}, dispatch: func(context.Context, contract.Request) (Run, error) {
 		return &listRun{msgs: msgs}, nil
 	}}
 	logger := slog.New(slog.DiscardHandler)

@@ -41,7 +41,7 @@ func (w *writeWatch) writes() []int {
 	return append([]int(nil), w.inFlight...)
 }
 
-// TestAnswerFinishedBeforeItsLastByte (issue 13, item 4): on every route
+// TestAnswerFinishedBeforeItsLastByte: on every route
 // and execution path, streamed and not, and for an error answer before or
 // after the status line, the key's request slot is given back before the
 // write that ends the answer, and not before the run ended: writes of a
@@ -114,7 +114,7 @@ func TestAnswerFinishedBeforeItsLastByte(t *testing.T) {
 			f := newKeys(t, auth.Key{MaxConcurrent: 1})
 			alice := f.keys.Authenticate(f.alice)
 			var run *fakeRun
-			gw := &fakeGateway{models: []string{"m"}, dispatch: func(context.Context, Request) (Run, error) {
+			gw := &fakeGateway{models: []string{"m"}, dispatch: func(context.Context, contract.Request) (Run, error) {
 				if tc.dispatchErr != nil {
 					return nil, tc.dispatchErr
 				}

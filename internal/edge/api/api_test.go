@@ -629,7 +629,7 @@ func TestChatUpstreamErrorsBeforeFirstByte(t *testing.T) {
 			if tt.recvErr != nil {
 				run = &failingRun{fakeRun: fr, err: tt.recvErr}
 			}
-			env := newEnv(t, Config{}, func(context.Context, Request) (Run, error) { return run, nil })
+			env := newEnv(t, Config{}, func(context.Context, contract.Request) (Run, error) { return run, nil })
 			body := fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":"x"}]}`, tt.stream)
 			resp := env.post(t, "/v1/chat/completions", "application/json", body)
 			if resp.status != tt.wantStatus {
@@ -691,7 +691,7 @@ func TestChatErrorAfterStreamStarted(t *testing.T) {
 			if tt.recvErr != nil {
 				run = &failingRun{fakeRun: fr, err: tt.recvErr}
 			}
-			env := newEnv(t, Config{}, func(context.Context, Request) (Run, error) { return run, nil })
+			env := newEnv(t, Config{}, func(context.Context, contract.Request) (Run, error) { return run, nil })
 			resp := env.post(t, "/v1/chat/completions", "",
 				`{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`)
 			if resp.status != http.StatusOK {
@@ -763,7 +763,7 @@ func TestChatClientDisconnect(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			run := liveRun(tt.path, 0)
 			dispatched := make(chan struct{})
-			env := newEnv(t, Config{}, func(context.Context, Request) (Run, error) {
+			env := newEnv(t, Config{}, func(context.Context, contract.Request) (Run, error) {
 				close(dispatched)
 				return run, nil
 			})
@@ -826,7 +826,7 @@ func TestChatClientDisconnect(t *testing.T) {
 // no run is created.
 func TestChatClientLeavesWhileQueued(t *testing.T) {
 	queued := make(chan struct{})
-	env := newEnv(t, Config{}, func(ctx context.Context, _ Request) (Run, error) {
+	env := newEnv(t, Config{}, func(ctx context.Context, _ contract.Request) (Run, error) {
 		close(queued)
 		<-ctx.Done()
 		return nil, fmt.Errorf("%w: %w", ErrQueueTimeout, ctx.Err())

@@ -13,7 +13,7 @@ import (
 // error object inside its 200 stream, before the TunnelEnd whose
 // provider_error would tell the edge's circuit breaker; they ended the run
 // with Cancel, which counted as the provider's success and reset its
-// failure count (a tester's report: ten broken Responses and Messages
+// failure count (ten broken Responses and Messages
 // requests in a row, the circuit still closed). They end it with Fail now,
 // streamed or not; a clean answer still ends with Cancel alone.
 func TestRegression_BrokenTunnelAnswerFailsTheRun(t *testing.T) {

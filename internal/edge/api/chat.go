@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"iop/internal/edge/contract"
+	"iop/internal/sse"
 )
 
 // The reasons a run's rendering ends for (the rendering's reason): they
@@ -45,7 +46,7 @@ func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err, nil)
 		return
 	}
-	req := Request{
+	req := contract.Request{
 		Model:                chat.Model,
 		Operation:            contract.OperationChat,
 		Stream:               chat.Stream,
@@ -58,7 +59,7 @@ func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err, nil)
 		return
 	}
-	h.serveRun(w, r, &req, func(rr *runResponse, info DispatchInfo) string {
+	h.serveRun(w, r, &req, func(rr *runResponse, info contract.DispatchInfo) string {
 		cr := &chatRender{eventReader: eventReader{runResponse: rr}, id: "chatcmpl-" + info.RunID,
 			created: h.cfg.Now().Unix(), model: chat.Model, includeUsage: chat.IncludeUsage}
 		if chat.Stream {
@@ -95,11 +96,11 @@ type runResponse struct {
 	w   http.ResponseWriter
 	r   *http.Request
 	run Run
-	req *Request
+	req *contract.Request
 	obs *observation // may be nil
 	// writeError writes an error answer in the route's shape (OpenAI's
 	// writeError, or writeOllamaError).
-	writeError func(w http.ResponseWriter, r *http.Request, err error, req *Request)
+	writeError func(w http.ResponseWriter, r *http.Request, err error, req *contract.Request)
 	// started is set once the status line was written; from then on a
 	// failure can only end the body.
 	started bool
@@ -117,6 +118,8 @@ type runResponse struct {
 	// request slot to it: the renderer gives it back (answerFinished)
 	// once that work is done, or the handler does when it returns.
 	keepSlot bool
+	// eventWriter writes the body's events (events), once it has one.
+	eventWriter *sse.Writer
 }
 
 // recv is Run.Recv with its failures turned into outcomes: io.EOF before a

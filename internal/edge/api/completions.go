@@ -152,7 +152,7 @@ func (h *handler) completions(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err, nil)
 		return
 	}
-	req := Request{
+	req := contract.Request{
 		Model:                cr.Model,
 		Operation:            contract.OperationCompletion,
 		Stream:               cr.Stream,
@@ -165,7 +165,7 @@ func (h *handler) completions(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err, nil)
 		return
 	}
-	h.serveRun(w, r, &req, func(rr *runResponse, info DispatchInfo) string {
+	h.serveRun(w, r, &req, func(rr *runResponse, info contract.DispatchInfo) string {
 		tr := &textRender{eventReader: eventReader{runResponse: rr}, id: "cmpl-" + info.RunID,
 			created: h.cfg.Now().Unix(), model: cr.Model, includeUsage: cr.IncludeUsage}
 		if cr.Stream {
@@ -263,7 +263,7 @@ func (t *textRender) stream() string {
 			return t.writeFailed(err)
 		}
 	}
-	if err := t.write([]byte("data: [DONE]\n\n")); err != nil {
+	if err := t.events().Done(); err != nil {
 		return t.writeFailed(err)
 	}
 	return reasonCompleted

@@ -56,8 +56,7 @@ type Config struct {
 	// BodyReadTimeout bounds reading a request's body: a body not read to
 	// its end this long after its headers is answered 408 and its
 	// connection closed, so a client that sends a few bytes of a body and
-	// then nothing does not hold a connection and a goroutine for ever (a
-	// break-it report: 3,000 such clients held 3,000 connections). The
+	// then nothing does not hold a connection and a goroutine for ever. The
 	// deadline is lifted once the body is in, so an answer of any length
 	// is not affected. 0 means DefaultBodyReadTimeout (60 s); negative is
 	// invalid.
@@ -74,6 +73,19 @@ type Config struct {
 	// Now stamps "created" fields (Unix seconds) and times requests; nil
 	// means time.Now.
 	Now func() time.Time
+	// Catalog, when set, describes the models for POST /api/show and the
+	// tags' details, and lists the loaded ones for GET /api/ps
+	// (ollama_catalog.go). Nil: /api/show answers from Gateway.Models
+	// alone and /api/ps lists no model.
+	Catalog ModelCatalog
+	// Shower, when set, asks a model's serving Ollama for POST /api/show's
+	// answer. Nil: /api/show is iop's own answer.
+	Shower ModelShower
+	// Known, when set, reports whether Dispatch would resolve a model name
+	// rather than refuse it as unknown, also while no node serves it (and
+	// the listing leaves it out). Nil: only listed names are known, so a
+	// name no node serves now is 404 rather than 503 where that differs.
+	Known func(model string) bool
 	// Runs, when set, serves the runs API (/v1/runs, see runs.go) with
 	// this manager of run records.
 	Runs *runs.Manager
@@ -82,11 +94,11 @@ type Config struct {
 	Observer Observer
 	// Metrics, if set, serves GET /metrics (the Prometheus exposition).
 	Metrics http.Handler
-	// Events, if set, serves GET /admin/v1/events (events.go).
-	Events Events
-	// EventsKeepAlive is how often an idle events stream gets a comment
-	// line; 0 means DefaultEventsKeepAlive (15s).
-	EventsKeepAlive time.Duration
+	// Routes are the routes of the API packages (package admin's, ...),
+	// by exact path, served beside the frame's own; nil: none. They
+	// share the frame's body limits, keys and admission, observation and
+	// error shapes (WriteError).
+	Routes map[string]Route
 	// Keys are the client API keys; with at least one, every route but
 	// /healthz, /readyz and the admin routes needs one of them
 	// (access.go). Nil or empty: the client API is open.
@@ -109,12 +121,8 @@ type Config struct {
 	// ("header:X-Iop-Flow"), that header's value. The latter two fall back
 	// to the key's name where the request has no value.
 	Flow string
-	// Ledger, when set, records every finished API request and serves GET
-	// /admin/v1/usage.
+	// Ledger, when set, records every finished API request.
 	Ledger Ledger
-	// History, when set, serves GET /admin/v1/history (history.go): the
-	// per-second aggregates the dashboard charts.
-	History History
 	// Responses, when set, keeps the stored responses of the Responses API
 	// (POST /v1/responses with store true; GET, DELETE, input_items and
 	// previous_response_id read them). Nil: nothing is kept, every stored
@@ -166,9 +174,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
-	}
-	if c.EventsKeepAlive <= 0 {
-		c.EventsKeepAlive = DefaultEventsKeepAlive
 	}
 	if c.AdminPrefixes == nil {
 		c.AdminPrefixes = DefaultAdminPrefixes

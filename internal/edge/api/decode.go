@@ -14,7 +14,7 @@ import (
 	"iop/internal/translate"
 )
 
-// Capabilities a request can need of its provider (Request.Needs).
+// Capabilities a request can need of its provider (contract.Request.Needs).
 const (
 	needTools  = "tools"
 	needVision = "vision"
@@ -451,8 +451,8 @@ func decodeTools(tools, functions []json.RawMessage) error {
 // "custom" with a "custom" object; each function (and custom tool) a
 // non-empty string "name", a "description" string if any, "parameters" a
 // JSON Schema object if any, "strict" a boolean if any. OpenAI refuses
-// the others 400, and iop did not: a malformed tool reached a provider
-// that dropped it or failed (a break-it report). A name's characters are
+// the others 400, and so does iop: a malformed tool would reach a
+// provider that drops it or fails. A name's characters are
 // left to the provider (OpenAI allows [a-zA-Z0-9_-], Ollama any). Errors
 // are *requestError naming the field, e.g. "tools[0].function.name".
 func checkTools(tools, functions []jsonValue) error {

@@ -11,6 +11,7 @@ import (
 )
 
 func TestDecodeChatRequest(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name      string
 		body      string
@@ -261,10 +262,11 @@ func acceptedFieldsOK(top map[string]json.RawMessage) error {
 }
 
 // TestRegression_MalformedToolsAreRefused: chat requests with malformed
-// tools were accepted (200) on both paths, where OpenAI answers 400 (a
-// break-it report). Each is refused 400 naming the field; well-formed
+// tools were accepted (200) on both paths, where OpenAI answers 400.
+// Each is refused 400 naming the field; well-formed
 // function and custom tools, and legacy functions, pass.
 func TestRegression_MalformedToolsAreRefused(t *testing.T) {
+	t.Parallel()
 	msgs := `"messages":[{"role":"user","content":"x"}]`
 	for tools, param := range map[string]string{
 		`"tools":[{}]`:                  "tools[0].type",

@@ -17,11 +17,11 @@ import (
 // (observation.ended), also when the client goes away first; a response
 // cut short after its status line aborts the connection
 // (http.ErrAbortHandler) after that Close.
-func (h *handler) serveRun(w http.ResponseWriter, r *http.Request, req *Request,
-	normalized func(rr *runResponse, info DispatchInfo) string) {
+func (h *handler) serveRun(w http.ResponseWriter, r *http.Request, req *contract.Request,
+	normalized func(rr *runResponse, info contract.DispatchInfo) string) {
 	h.serveRunWith(w, r, req, runRenderer{
 		writeError: h.writeError,
-		tunnel:     func(rr *runResponse, _ DispatchInfo) string { return rr.tunnel() },
+		tunnel:     func(rr *runResponse, _ contract.DispatchInfo) string { return rr.tunnel() },
 		normalized: normalized,
 	})
 }
@@ -30,8 +30,8 @@ func (h *handler) serveRun(w http.ResponseWriter, r *http.Request, req *Request,
 // how each execution path's run becomes its response (each returns the
 // rendering's reason).
 type runRenderer struct {
-	writeError         func(w http.ResponseWriter, r *http.Request, err error, req *Request)
-	tunnel, normalized func(rr *runResponse, info DispatchInfo) string
+	writeError         func(w http.ResponseWriter, r *http.Request, err error, req *contract.Request)
+	tunnel, normalized func(rr *runResponse, info contract.DispatchInfo) string
 	// quiet, when set, is called on the request goroutine each
 	// quietInterval that Dispatch blocks (the request queued, or the
 	// edge reading ahead to the provider's first message, which may come
@@ -48,7 +48,7 @@ type runRenderer struct {
 // serveRunWith is serveRun with the route's own error shape and tunnel
 // rendering (the Ollama routes translate a tunnel's answer rather than
 // relay it).
-func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *Request, render runRenderer) {
+func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *contract.Request, render runRenderer) {
 	obs := obsOf(r)
 	obs.request(req)
 	if err := h.assignFlow(r.Context(), r.Header, req, obs); err != nil {
@@ -149,7 +149,7 @@ var (
 		contract.OperationEmbeddings: "OPERATION_EMBEDDINGS"}
 )
 
-func (h *handler) logRunEnded(ctx context.Context, info DispatchInfo, req *Request, reason string, aborted bool) {
+func (h *handler) logRunEnded(ctx context.Context, info contract.DispatchInfo, req *contract.Request, reason string, aborted bool) {
 	if !h.logger.Enabled(ctx, slog.LevelDebug) {
 		return
 	}

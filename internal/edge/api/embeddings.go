@@ -12,7 +12,7 @@ import (
 )
 
 // needEmbeddings is the capability an embeddings request needs of its
-// provider (Request.Needs).
+// provider (contract.Request.Needs).
 const needEmbeddings = "embeddings"
 
 // maxDimensions bounds "dimensions", the requested vector length.
@@ -110,7 +110,7 @@ func (h *handler) embeddings(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err, nil)
 		return
 	}
-	req := Request{
+	req := contract.Request{
 		Model:                er.Model,
 		Operation:            contract.OperationEmbeddings,
 		Body:                 body,
@@ -122,7 +122,7 @@ func (h *handler) embeddings(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err, nil)
 		return
 	}
-	h.serveRun(w, r, &req, func(rr *runResponse, info DispatchInfo) string {
+	h.serveRun(w, r, &req, func(rr *runResponse, info contract.DispatchInfo) string {
 		return (&embeddingsRender{eventReader: eventReader{runResponse: rr}, req: er}).json()
 	})
 }

@@ -113,7 +113,7 @@ const (
 // Messages never carry text from errors of unknown origin (they could hold
 // provider addresses); upstream messages come from the node, which strips
 // secrets.
-func classify(err error, req *Request) *apiError {
+func classify(err error, req *contract.Request) *apiError {
 	model := ""
 	if req != nil {
 		model = clip(req.Model)
@@ -267,7 +267,7 @@ func newAPIError(status int, typ, param, code, message string) *apiError {
 // rejectedMessage is the message of a 400 for ErrCandidatesRejected: the
 // gateway's text (which names the missing capability) without the sentinel's
 // own prefix, and the request's needs when that text names none of them.
-func rejectedMessage(err error, req *Request) string {
+func rejectedMessage(err error, req *contract.Request) string {
 	msg := errorText(err, req)
 	for strings.HasPrefix(msg, ErrCandidatesRejected.Error()+": ") {
 		msg = strings.TrimPrefix(msg, ErrCandidatesRejected.Error()+": ")
@@ -334,7 +334,7 @@ func clipTo(s string, limit int) string {
 // errorText is err's text for a log line or a message: the request's model
 // name, wherever the text quotes it, clipped; the whole text clipped to
 // maxErrorTextBytes.
-func errorText(err error, req *Request) string {
+func errorText(err error, req *contract.Request) string {
 	text := err.Error()
 	if req != nil {
 		if short := clip(req.Model); short != req.Model {

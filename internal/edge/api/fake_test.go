@@ -20,16 +20,32 @@ import (
 // records every request and every run it handed out.
 type fakeGateway struct {
 	models   []string
-	dispatch func(ctx context.Context, req Request) (Run, error)
+	dispatch func(ctx context.Context, req contract.Request) (Run, error)
 
 	mu   sync.Mutex // guards the fields below
-	reqs []Request
+	reqs []contract.Request
 	runs []*fakeRun
 }
 
-var _ Gateway = (*fakeGateway)(nil)
+var _ Gateway[Run] = (*fakeGateway)(nil)
 
-func (g *fakeGateway) Dispatch(ctx context.Context, req Request) (Run, error) {
+// withFeatures sets the optional features of cfg that gw implements and
+// cfg leaves nil: the wiring a composition root writes by hand, for the
+// tests' gateways.
+func withFeatures(cfg Config, gw Gateway[Run]) Config {
+	if c, ok := gw.(ModelCatalog); ok && cfg.Catalog == nil {
+		cfg.Catalog = c
+	}
+	if s, ok := gw.(ModelShower); ok && cfg.Shower == nil {
+		cfg.Shower = s
+	}
+	if k, ok := gw.(interface{ Known(string) bool }); ok && cfg.Known == nil {
+		cfg.Known = k.Known
+	}
+	return cfg
+}
+
+func (g *fakeGateway) Dispatch(ctx context.Context, req contract.Request) (Run, error) {
 	g.mu.Lock()
 	g.reqs = append(g.reqs, req)
 	g.mu.Unlock()
@@ -47,10 +63,10 @@ func (g *fakeGateway) Dispatch(ctx context.Context, req Request) (Run, error) {
 
 func (g *fakeGateway) Models() []string { return g.models }
 
-func (g *fakeGateway) requests() []Request {
+func (g *fakeGateway) requests() []contract.Request {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return append([]Request(nil), g.reqs...)
+	return append([]contract.Request(nil), g.reqs...)
 }
 
 func (g *fakeGateway) allRuns() []*fakeRun {
@@ -67,7 +83,7 @@ var errRunClosed = errors.New("run closed")
 // Cancel or Close makes a blocked Recv return errRunClosed. It counts
 // Close calls and keeps their outcomes, and the Cancel reasons.
 type fakeRun struct {
-	info   DispatchInfo
+	info   contract.DispatchInfo
 	up     chan *nodev1.RunUp
 	closed chan struct{}
 	once   sync.Once
@@ -93,7 +109,7 @@ func scriptedRun(path contract.Path, msgs ...*nodev1.RunUp) *fakeRun {
 // liveRun returns a run whose messages the test sends on r.up.
 func liveRun(path contract.Path, buffer int) *fakeRun {
 	return &fakeRun{
-		info: DispatchInfo{
+		info: contract.DispatchInfo{
 			RunID: "run1", NodeID: "node1", ProviderID: "prov1", ProviderType: "sim",
 			ServedModel: "served-model", Generation: 1, Path: path,
 		},
@@ -102,7 +118,7 @@ func liveRun(path contract.Path, buffer int) *fakeRun {
 	}
 }
 
-func (r *fakeRun) Info() DispatchInfo { return r.info }
+func (r *fakeRun) Info() contract.DispatchInfo { return r.info }
 
 // base lets fakeGateway find the fakeRun inside a wrapping test run.
 func (r *fakeRun) base() *fakeRun { return r }
@@ -169,13 +185,13 @@ func (r *fakeRun) closeCalls() (int, []contract.Outcome) {
 }
 
 // runWith makes a dispatch func that hands out run.
-func runWith(run *fakeRun) func(context.Context, Request) (Run, error) {
-	return func(context.Context, Request) (Run, error) { return run, nil }
+func runWith(run *fakeRun) func(context.Context, contract.Request) (Run, error) {
+	return func(context.Context, contract.Request) (Run, error) { return run, nil }
 }
 
 // failWith makes a dispatch func that fails with err.
-func failWith(err error) func(context.Context, Request) (Run, error) {
-	return func(context.Context, Request) (Run, error) { return nil, err }
+func failWith(err error) func(context.Context, contract.Request) (Run, error) {
+	return func(context.Context, contract.Request) (Run, error) { return nil, err }
 }
 
 // testEnv is an httptest server running New over a fakeGateway. Its cleanup
@@ -189,13 +205,13 @@ type testEnv struct {
 }
 
 // newEnv starts a server; dispatch scripts the gateway.
-func newEnv(t *testing.T, cfg Config, dispatch func(context.Context, Request) (Run, error)) *testEnv {
+func newEnv(t *testing.T, cfg Config, dispatch func(context.Context, contract.Request) (Run, error)) *testEnv {
 	t.Helper()
 	return newEnvLogging(t, cfg, nil, dispatch)
 }
 
 // newEnvLogging is newEnv with the handler logging to logger.
-func newEnvLogging(t *testing.T, cfg Config, logger *slog.Logger, dispatch func(context.Context, Request) (Run, error)) *testEnv {
+func newEnvLogging(t *testing.T, cfg Config, logger *slog.Logger, dispatch func(context.Context, contract.Request) (Run, error)) *testEnv {
 	t.Helper()
 	if cfg.Now == nil {
 		cfg.Now = func() time.Time { return time.Unix(1700000000, 0) }

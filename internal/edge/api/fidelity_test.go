@@ -14,7 +14,7 @@ import (
 	"iop/internal/wire/nodev1"
 )
 
-// Protocol fidelity (issue 15): thinking on every path and client API,
+// Protocol fidelity: thinking on every path and client API,
 // tool choice, roles and images, through the handler and the fake gateway.
 
 func thinkingDelta(thinking string) *nodev1.RunEvent {

@@ -37,7 +37,7 @@ var errBadPriority = &requestError{param: PriorityHeader, message: "must be one 
 // source names them. header is nil for a run of the runs API (no client
 // headers): its flow is its key's. It returns errBadPriority (400) for a
 // priority header the key allows that names no priority.
-func (h *handler) assignFlow(ctx context.Context, header http.Header, req *Request, obs *observation) error {
+func (h *handler) assignFlow(ctx context.Context, header http.Header, req *contract.Request, obs *observation) error {
 	req.Weight, req.Priority = 1, contract.PriorityStandard
 	if c := auth.FromContext(ctx); c != nil {
 		rank, ok := c.Priority(header.Get(PriorityHeader))

@@ -42,7 +42,7 @@ func TestStreamFlushesOncePerMessage(t *testing.T) {
 	w := &flushRecorder{ResponseRecorder: httptest.NewRecorder()}
 	h := &handler{cfg: Config{}.withDefaults(), logger: slog.New(slog.DiscardHandler)}
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-	rr := &runResponse{h: h, w: w, r: r, run: run, req: &Request{Model: "m"}}
+	rr := &runResponse{h: h, w: w, r: r, run: run, req: &contract.Request{Model: "m"}}
 	cr := &chatRender{eventReader: eventReader{runResponse: rr}, id: "chatcmpl-x", model: "m"}
 	if reason := cr.stream(); reason != reasonCompleted {
 		t.Fatalf("stream ended %q", reason)
@@ -80,8 +80,8 @@ func (d *deadlineWriter) Write(p []byte) (int, error) {
 }
 
 // TestRegression_SlowReaderGetsADeadlinePerPiece: one write deadline for a
-// whole large write cut a client that was still reading, slowly (a
-// break-it report: 2 KB/s against a 10 s write_timeout). A large write goes
+// whole large write cut a client that was still reading, slowly (2 KB/s
+// against a 10 s write_timeout). A large write goes
 // out in pieces of at most 16 KiB, each after a fresh deadline, and whole.
 func TestRegression_SlowReaderGetsADeadlinePerPiece(t *testing.T) {
 	d := &deadlineWriter{ResponseRecorder: *httptest.NewRecorder()}
@@ -101,7 +101,7 @@ func TestRegression_SlowReaderGetsADeadlinePerPiece(t *testing.T) {
 
 // TestRegression_SlowBodyIsAnsweredRequestTimeout: a client that sent its
 // headers and a few bytes of a body and then nothing held its connection
-// and a goroutine for as long as it liked (a break-it report: 3,000 such
+// and a goroutine for as long as it liked (3,000 such
 // clients, none answered after 60 s). A body not in within
 // BodyReadTimeout is answered 408 and the connection closed; a body that
 // is in lifts the deadline, so a request answered long after it (a
@@ -114,7 +114,7 @@ func TestRegression_SlowBodyIsAnsweredRequestTimeout(t *testing.T) {
 	// real clock, so this waits real time; a cancelled request context
 	// ends the wait at once and fails the test.
 	var held atomic.Bool
-	env := newEnv(t, Config{BodyReadTimeout: timeout}, func(ctx context.Context, _ Request) (Run, error) {
+	env := newEnv(t, Config{BodyReadTimeout: timeout}, func(ctx context.Context, _ contract.Request) (Run, error) {
 		if held.Load() {
 			select {
 			case <-ctx.Done():

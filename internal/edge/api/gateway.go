@@ -9,10 +9,10 @@ import (
 // Gateway is what the HTTP API needs of the edge service: dispatch one
 // request to a provider, and list the model names clients may ask for.
 // Its types are the contract's (package edge/contract), which the edge's
-// *edge.Service uses too; only Dispatch's result type (Run) needs a
-// wrapper. A Gateway may also implement Admin (admin.go) to serve the
-// /admin/v1 routes, and ModelCatalog (ollama_catalog.go).
-type Gateway interface {
+// *edge.Service uses too; R is its run type (*edge.Run there). The
+// service's optional features are Config's fields (Admin, Catalog,
+// Shower, Known), each off when nil.
+type Gateway[R Run] interface {
 	// Dispatch admits req through its model's queue and sends it to exactly
 	// one provider. It blocks while the request is queued and returns when
 	// the run is dispatched, the admission fails, or ctx ends (then with
@@ -24,7 +24,7 @@ type Gateway interface {
 	// ErrStaleGeneration or ErrNodeGone; any other error is answered 500.
 	// req's Flow, Weight and Priority are set by the handler (assignFlow)
 	// and order the model's queue.
-	Dispatch(ctx context.Context, req Request) (Run, error)
+	Dispatch(ctx context.Context, req contract.Request) (R, error)
 	// Models lists the model names (aliases and served names) clients may
 	// request, in the order to show them.
 	Models() []string
@@ -33,7 +33,7 @@ type Gateway interface {
 // Run is one dispatched request, from dispatch to release.
 type Run interface {
 	// Info describes where the run was dispatched. It does not change.
-	Info() DispatchInfo
+	Info() contract.DispatchInfo
 	// Recv blocks for the next message from the node, decoded by the edge
 	// into typed events (contract.Message): a normalized run's deltas,
 	// usage, end or failure; a tunnel run's head, data, end or failure.
@@ -62,9 +62,16 @@ type Run interface {
 	Close(outcome contract.Outcome)
 }
 
-// Request is one client request as the edge service dispatches it: the
-// contract's (contract.Request), used as it is on both sides.
-type Request = contract.Request
+// widened is a Gateway of any run type as the Gateway[Run] the handler
+// calls.
+type widened[R Run] struct{ gw Gateway[R] }
 
-// DispatchInfo describes where a run went (contract.DispatchInfo).
-type DispatchInfo = contract.DispatchInfo
+func (w widened[R]) Dispatch(ctx context.Context, req contract.Request) (Run, error) {
+	run, err := w.gw.Dispatch(ctx, req)
+	if err != nil {
+		return nil, err // never a Run holding a nil R
+	}
+	return run, nil
+}
+
+func (w widened[R]) Models() []string { return w.gw.Models() }

@@ -13,25 +13,27 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"iop/internal/edge/contract"
 )
 
 // New returns the edge's OpenAI- and Ollama-compatible HTTP handler (routes
-// in the package doc), serving requests by calling gw, and the admin routes
-// when gw also implements Admin. A negative
+// in the package doc), serving requests by calling gw, with the optional
+// features cfg sets (Admin, Catalog, Shower, Known, Runs, ...). A negative
 // cfg.MaxBodyBytes is treated as 0 (the default); call cfg.Validate first
 // to reject it instead. logger may be nil (then nothing is logged).
-func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
+func New[R Run](cfg Config, gw Gateway[R], logger *slog.Logger) http.Handler {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	h := &handler{
 		flowHeader: flowHeaderOf(cfg.Flow),
 		cfg:        cfg.withDefaults(),
-		gw:         gw,
+		gw:         widened[R]{gw},
 		logger:     logger.With("component", "edge-api"),
 		seal:       newReasoningSeal(cfg.ReasoningSecret),
 	}
-	h.routes = map[string]route{
+	h.routes = map[string]Route{
 		"/v1/chat/completions": {http.MethodPost, h.chatCompletions},
 		"/v1/completions":      {http.MethodPost, h.completions},
 		"/v1/embeddings":       {http.MethodPost, h.embeddings},
@@ -43,34 +45,22 @@ func New(cfg Config, gw Gateway, logger *slog.Logger) http.Handler {
 		"/readyz":              {http.MethodGet, h.readyz},
 	}
 	maps.Copy(h.routes, h.ollamaRoutes())
-	if adm, ok := gw.(Admin); ok {
-		maps.Copy(h.routes, adminRoutes(adm))
-	}
 	if h.cfg.Runs != nil {
-		h.routes[runsPath] = route{"", h.runsRoute}
+		h.routes[runsPath] = Route{"", h.runsRoute}
 	}
 	if h.cfg.Metrics != nil {
-		h.routes["/metrics"] = route{http.MethodGet, h.cfg.Metrics.ServeHTTP}
+		h.routes["/metrics"] = Route{http.MethodGet, h.cfg.Metrics.ServeHTTP}
 	}
-	if h.cfg.Events != nil {
-		h.routes["/admin/v1/events"] = route{http.MethodGet, h.events}
-		maps.Copy(h.routes, uiRoutes())
-	}
-	if h.cfg.Ledger != nil {
-		h.routes["/admin/v1/usage"] = route{http.MethodGet, h.serveUsage}
-	}
-	if h.cfg.History != nil {
-		h.routes["/admin/v1/history"] = route{http.MethodGet, h.serveHistory}
-	}
+	maps.Copy(h.routes, cfg.Routes)
 	return h
 }
 
 // handler serves every route. All fields are set in New and only read after.
 type handler struct {
 	cfg    Config
-	gw     Gateway
+	gw     Gateway[Run]
 	logger *slog.Logger
-	routes map[string]route // exact path -> route
+	routes map[string]Route // exact path -> route
 	// flowHeader is the header naming a request's flow (Config.Flow), or "".
 	flowHeader string
 	// streaming holds the stored Responses API responses being streamed
@@ -81,11 +71,11 @@ type handler struct {
 	seal *reasoningSeal
 }
 
-// route is the one method a path accepts (GET also accepts HEAD) and its
-// handler; with method "", the handler checks the method itself.
-type route struct {
-	method string
-	serve  http.HandlerFunc
+// Route is the one method a path accepts (GET also accepts HEAD) and its
+// handler; with Method "", the handler checks the method itself.
+type Route struct {
+	Method string
+	Serve  http.HandlerFunc
 }
 
 const modelsPrefix = "/v1/models/"
@@ -296,28 +286,28 @@ func (b *requestBody) linger(w *trackingWriter, r *http.Request) {
 func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 	rt, ok := h.routes[r.URL.Path]
 	if !ok && strings.HasPrefix(r.URL.Path, modelsPrefix) {
-		rt, ok = route{http.MethodGet, h.getModel}, true
+		rt, ok = Route{http.MethodGet, h.getModel}, true
 	}
 	if !ok && h.cfg.Runs != nil && strings.HasPrefix(r.URL.Path, runsPrefix) {
-		rt, ok = route{"", h.runRoute}, true
+		rt, ok = Route{"", h.runRoute}, true
 	}
 	if !ok && strings.HasPrefix(r.URL.Path, responsesPrefix) {
-		rt, ok = route{"", h.responsesRoute}, true
+		rt, ok = Route{"", h.responsesRoute}, true
 	}
 	if !ok && strings.HasPrefix(r.URL.Path, ollamaBlobsPrefix) {
-		rt, ok = route{"", h.ollamaManage}, true
+		rt, ok = Route{"", h.ollamaManage}, true
 	}
 	writeError := h.errorWriterFor(r.URL.Path)
 	if !ok {
 		writeError(w, r, errNotFound, nil)
 		return
 	}
-	if rt.method != "" && r.Method != rt.method && (rt.method != http.MethodGet || r.Method != http.MethodHead) {
-		w.Header().Set("Allow", rt.method)
+	if rt.Method != "" && r.Method != rt.Method && (rt.Method != http.MethodGet || r.Method != http.MethodHead) {
+		w.Header().Set("Allow", rt.Method)
 		writeError(w, r, errMethodNotAllowed, nil)
 		return
 	}
-	rt.serve(w, r)
+	rt.Serve(w, r)
 }
 
 // trackingWriter records whether a handler wrote anything: a status line,
@@ -355,8 +345,8 @@ func (w *trackingWriter) Write(p []byte) (int, error) {
 	// that keeps reading, however slowly, makes progress within every
 	// deadline, so only one that stops (takes longer than the timeout to
 	// take writePiece bytes) is cut. One deadline for a whole large write
-	// cut a slow reader that was still reading (a break-it report: 2 KB/s,
-	// a 10 s timeout).
+	// would cut a slow reader that is still reading (2 KB/s against a 10 s
+	// timeout).
 	written := 0
 	for {
 		piece := p[written:min(len(p), written+writePiece)]
@@ -392,7 +382,7 @@ func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 // classify maps err to, unless the client has gone away: then it writes
 // nothing, logs at debug, and ServeHTTP aborts the connection. It must be
 // called before anything else was written to w.
-func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error, req *Request) {
+func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error, req *contract.Request) {
 	if clientGone(r) && !errors.Is(err, errBodyTimeout) { // a body read past its deadline cancels the context; the client is there
 		h.logger.Debug("client gone before the answer", "path", clip(r.URL.Path), "err", errorText(err, req))
 		obsOf(r).failed(err, nil, true)
@@ -411,13 +401,13 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error, 
 
 // logError logs one error answer: server-side failures at warn, client
 // mistakes and back-pressure at debug. Client text in it is clipped.
-func (h *handler) logError(r *http.Request, e *apiError, err error, req *Request) {
+func (h *handler) logError(r *http.Request, e *apiError, err error, req *contract.Request) {
 	h.logFailure(r.Context(), r.URL.Path, e, err, req)
 }
 
 // logFailure is logError for the request of ctx on path (a run of the
 // runs API has no *http.Request of its own).
-func (h *handler) logFailure(ctx context.Context, path string, e *apiError, err error, req *Request) {
+func (h *handler) logFailure(ctx context.Context, path string, e *apiError, err error, req *contract.Request) {
 	level := slog.LevelDebug
 	if e.status >= 500 {
 		level = slog.LevelWarn
@@ -478,9 +468,9 @@ func (h *handler) getModel(w http.ResponseWriter, r *http.Request) {
 			err = ErrUnknownModel // as the listing, which leaves it out
 		}
 		if anthropic {
-			h.writeAnthropicError(w, r, err, &Request{Model: id})
+			h.writeAnthropicError(w, r, err, &contract.Request{Model: id})
 		} else {
-			h.writeError(w, r, err, &Request{Model: id})
+			h.writeError(w, r, err, &contract.Request{Model: id})
 		}
 		return
 	}
@@ -501,6 +491,26 @@ func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeText(w, http.StatusOK, "ready")
+}
+
+// WriteJSON answers with v as JSON (writeJSON), for the routes of the API
+// packages.
+func WriteJSON(w http.ResponseWriter, status int, v any) { writeJSON(w, status, v) }
+
+// WriteError answers r, a request the frame is serving, with the status
+// and OpenAI error body classify maps err to (writeError): an
+// InvalidParam error is 400 invalid_request_error naming its parameter,
+// an error of no known kind 500 without its text. For the routes of the
+// API packages.
+func WriteError(w http.ResponseWriter, r *http.Request, err error) {
+	frameOf(r).writeError(w, r, err, nil)
+}
+
+// InvalidParam is the error of a request whose parameter param is
+// invalid: WriteError answers it 400 invalid_request_error with message,
+// naming param.
+func InvalidParam(param, message string) error {
+	return &requestError{param: param, message: message}
 }
 
 // writeJSON answers with v as JSON (and a newline) and its Content-Length,

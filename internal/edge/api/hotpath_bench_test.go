@@ -82,8 +82,8 @@ type generatedRun struct {
 	n, i        int
 }
 
-func (r *generatedRun) Info() DispatchInfo {
-	return DispatchInfo{RunID: "run_0123456789abcdef", NodeID: "n", ProviderID: "p", Path: r.path}
+func (r *generatedRun) Info() contract.DispatchInfo {
+	return contract.DispatchInfo{RunID: "run_0123456789abcdef", NodeID: "n", ProviderID: "p", Path: r.path}
 }
 func (r *generatedRun) Close(contract.Outcome) {}
 func (r *generatedRun) Cancel(string)          {}
@@ -106,7 +106,7 @@ func benchResponse(run Run) (*runResponse, *discardWriter) {
 	h := &handler{cfg: Config{}.withDefaults(), logger: slog.New(slog.DiscardHandler)}
 	w := &discardWriter{header: http.Header{}}
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-	return &runResponse{h: h, w: w, r: r, run: run, req: &Request{Model: "bench-openai"}, writeError: h.writeError}, w
+	return &runResponse{h: h, w: w, r: r, run: run, req: &contract.Request{Model: "bench-openai"}, writeError: h.writeError}, w
 }
 
 // sseChunk is a typical chat.completion.chunk event of one token, as vLLM

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"iop/internal/edge/contract"
 )
 
 // A bare Ollama name ("tiny-tools" for the served "tiny-tools:latest")
@@ -44,9 +46,9 @@ func TestRegression_CountTokensResolvesModelAsMessages(t *testing.T) {
 func TestRegression_RequestIDOnEveryAnswer(t *testing.T) {
 	t.Parallel()
 	sse := "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: [DONE]\n\n"
-	scripts := map[string]func(context.Context, Request) (Run, error){
+	scripts := map[string]func(context.Context, contract.Request) (Run, error){
 		"normalized": okRun,
-		"tunnel": func(context.Context, Request) (Run, error) {
+		"tunnel": func(context.Context, contract.Request) (Run, error) {
 			return scriptedRun(tunnel, tunnelHead(200, map[string]string{"content-type": "text/event-stream", "x-request-id": "provider-id"}),
 				tunnelData(sse), tunnelEnd()), nil
 		},
@@ -57,7 +59,7 @@ func TestRegression_RequestIDOnEveryAnswer(t *testing.T) {
 			t.Parallel()
 			recs, led := &records{}, &recordingLedger{}
 			mu := &syncBuffer{}
-			env := newEnvLogging(t, Config{Observer: recs, Ledger: led}, slog.New(slog.NewJSONHandler(mu, nil)), func(ctx context.Context, req Request) (Run, error) {
+			env := newEnvLogging(t, Config{Observer: recs, Ledger: led}, slog.New(slog.NewJSONHandler(mu, nil)), func(ctx context.Context, req contract.Request) (Run, error) {
 				if req.Model == "nope" {
 					return nil, ErrUnknownModel
 				}

@@ -7,6 +7,7 @@ import (
 )
 
 func TestDecodeTextInput(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		raw      string
 		nonEmpty bool
@@ -99,6 +100,7 @@ func FuzzDecodeCompletionRequest(f *testing.F) {
 
 // n or best_of above 1 needs "choices" (tunnel-path providers only).
 func TestCompletionNeedsChoices(t *testing.T) {
+	t.Parallel()
 	for body, want := range map[string][]string{
 		`{"model":"m","prompt":"x"}`:                   nil,
 		`{"model":"m","prompt":"x","n":1,"best_of":1}`: nil,
@@ -119,6 +121,7 @@ func TestCompletionNeedsChoices(t *testing.T) {
 // embeds text); one prompt string, one token-free input, or a one-item
 // array of strings needs neither.
 func TestBatchAndTokenNeeds(t *testing.T) {
+	t.Parallel()
 	for body, want := range map[string][]string{
 		`{"model":"m","prompt":"x"}`:             nil,
 		`{"model":"m","prompt":["x"]}`:           nil,

@@ -164,7 +164,7 @@ func FuzzStripMembers(f *testing.F) {
 }
 
 // TestRoutesParseBodyOnce: each OpenAI route parses the client's bytes
-// once (issue 16): its checks, needs, estimated input tokens and the
+// once: its checks, needs, estimated input tokens and the
 // iop_ollama member's removal all come from that one parse.
 func TestRoutesParseBodyOnce(t *testing.T) {
 	for _, c := range []struct {
@@ -278,7 +278,7 @@ func FuzzOllamaNeedsAsCanonical(f *testing.F) {
 
 // TestOllamaRoutesDecodeBodyOnce: /api/chat, /api/generate and /api/embed
 // decode the client's body once (in the translation) and do not parse
-// the canonical body they generated (issue 16).
+// the canonical body they generated.
 func TestOllamaRoutesDecodeBodyOnce(t *testing.T) {
 	for _, c := range []struct {
 		path, body string

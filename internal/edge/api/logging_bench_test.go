@@ -15,9 +15,9 @@ import (
 // is not written, so the cost is what is built for it anyway.
 func BenchmarkRunEndedLog(b *testing.B) {
 	h := &handler{logger: slog.New(slog.NewJSONHandler(io.Discard, nil)).With("component", "edge-api")}
-	info := DispatchInfo{RunID: "run_0123456789abcdef0123456789abcdef", NodeID: "node-1", ProviderID: "sim-openai",
+	info := contract.DispatchInfo{RunID: "run_0123456789abcdef0123456789abcdef", NodeID: "node-1", ProviderID: "sim-openai",
 		Path: contract.PathTunnel, QueueWait: time.Millisecond}
-	req := &Request{Model: "bench-model", Operation: contract.OperationChat}
+	req := &contract.Request{Model: "bench-model", Operation: contract.OperationChat}
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {

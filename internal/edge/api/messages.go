@@ -24,7 +24,7 @@ func isAnthropicPath(path string) bool {
 
 // errorWriterFor is the error writer of path's API: Anthropic's, Ollama's
 // or OpenAI's shape.
-func (h *handler) errorWriterFor(path string) func(w http.ResponseWriter, r *http.Request, err error, req *Request) {
+func (h *handler) errorWriterFor(path string) func(w http.ResponseWriter, r *http.Request, err error, req *contract.Request) {
 	switch {
 	case isAnthropicPath(path):
 		return h.writeAnthropicError
@@ -68,10 +68,10 @@ func (h *handler) anthropicMessages(w http.ResponseWriter, r *http.Request) {
 			}
 			rend := runRenderer{
 				writeError: h.writeAnthropicError,
-				tunnel: func(rr *runResponse, info DispatchInfo) string {
+				tunnel: func(rr *runResponse, info contract.DispatchInfo) string {
 					return render(rr).dispatched(info).tunnel()
 				},
-				normalized: func(rr *runResponse, info DispatchInfo) string {
+				normalized: func(rr *runResponse, info contract.DispatchInfo) string {
 					return render(rr).dispatched(info).normalized()
 				},
 			}
@@ -100,8 +100,8 @@ func anthropicRequestError(err error) error {
 }
 
 // anthropicDispatch is the Request of a translated Messages request.
-func anthropicDispatch(r *http.Request, tr translate.AnthropicRequest) Request {
-	req := Request{Model: tr.Model, Operation: contract.OperationChat, Stream: true, Body: tr.Body,
+func anthropicDispatch(r *http.Request, tr translate.AnthropicRequest) contract.Request {
+	req := contract.Request{Model: tr.Model, Operation: contract.OperationChat, Stream: true, Body: tr.Body,
 		OllamaFields: tr.OllamaFields, EstimatedInputTokens: tr.EstimatedInputTokens, Headers: map[string]string{}}
 	if id := r.Header.Get("X-Request-Id"); id != "" {
 		req.Headers["X-Request-Id"] = id
@@ -140,7 +140,7 @@ func (h *handler) countTokens(w http.ResponseWriter, r *http.Request) {
 		h.writeAnthropicError(w, r, anthropicRequestError(err), nil)
 		return
 	}
-	req := &Request{Model: tr.Model}
+	req := &contract.Request{Model: tr.Model}
 	if _, err := h.resolveModel(r, tr.Model); err != nil {
 		h.writeAnthropicError(w, r, err, req)
 		return
@@ -163,12 +163,12 @@ const statusOverloaded = 529
 // of the model rather than load, with type overloaded_error, as Ollama's
 // Messages API types a 503. Other statuses keep classify's, with type
 // invalid_request_error below 500 and api_error from 500.
-func anthropicError(err error, req *Request) (e *apiError, status int, typ string) {
+func anthropicError(err error, req *contract.Request) (e *apiError, status int, typ string) {
 	e = classify(err, req)
 	status = e.status
 	if errors.Is(err, ErrCandidatesRejected) {
 		// The edge words the tool_choice need in the chat API's terms;
-		// a Messages client sent tool_choice "any" (a new user's report).
+		// a Messages client sent tool_choice "any".
 		words := *e
 		words.Message = strings.ReplaceAll(e.Message, `tool_choice "required" or parallel_tool_calls false`, `tool_choice "any"`)
 		e = &words
@@ -201,7 +201,7 @@ func anthropicError(err error, req *Request) (e *apiError, status int, typ strin
 
 // writeAnthropicError is writeError with Anthropic's status and error
 // body, {"type":"error","error":{"type","message"}} (anthropicError).
-func (h *handler) writeAnthropicError(w http.ResponseWriter, r *http.Request, err error, req *Request) {
+func (h *handler) writeAnthropicError(w http.ResponseWriter, r *http.Request, err error, req *contract.Request) {
 	if clientGone(r) && !errors.Is(err, errBodyTimeout) {
 		h.logger.Debug("client gone before the answer", "path", clip(r.URL.Path), "err", errorText(err, req))
 		obsOf(r).failed(err, nil, true)

@@ -21,8 +21,8 @@ const messagesPingInterval = 10 * time.Second
 // request is queued and, with retries on, until the provider's first
 // message, which a provider that sends its status line with its first
 // token (the simulator, many servers reading a long prompt) sends only
-// then: without this a streamed Messages answer stayed silent that long
-// (a tester's report). It waits for dispatch to return in every case: a
+// then: without this a streamed Messages answer would stay silent that
+// long. It waits for dispatch to return in every case: a
 // client gone ends Dispatch's context, so it returns promptly.
 func dispatchQuiet(dispatch func() (Run, error), interval time.Duration, quiet func() error) (Run, error) {
 	type result struct {

@@ -111,8 +111,8 @@ func TestMessagesQuietStreamPings(t *testing.T) {
 	rec := httptest.NewRecorder()
 	h := &handler{cfg: Config{}.withDefaults(), logger: slog.New(slog.DiscardHandler)}
 	r := httptest.NewRequest("POST", messagesPath, nil)
-	rr := &runResponse{h: h, w: rec, r: r, run: liveRun(normalized, 0), req: &Request{Model: "m"}}
-	m := newMessagesRender(rr, translate.AnthropicRequest{Model: "m", Stream: true}).dispatched(DispatchInfo{RunID: "r1"})
+	rr := &runResponse{h: h, w: rec, r: r, run: liveRun(normalized, 0), req: &contract.Request{Model: "m"}}
+	m := newMessagesRender(rr, translate.AnthropicRequest{Model: "m", Stream: true}).dispatched(contract.DispatchInfo{RunID: "r1"})
 	defer m.pings.stop()
 	for range 3 {
 		if err := m.quiet(); err != nil {
@@ -221,7 +221,7 @@ func TestRegression_MessagesPingBeforeTheFirstToken(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
 					first, rest := firstMessages(path)
 					var runID string
-					gw := &fakeGateway{models: []string{"m"}, dispatch: func(ctx context.Context, req Request) (Run, error) {
+					gw := &fakeGateway{models: []string{"m"}, dispatch: func(ctx context.Context, req contract.Request) (Run, error) {
 						runID = req.RunID
 						run := liveRun(path, len(first)+len(rest))
 						run.info.RunID = req.RunID // as the edge names it
@@ -289,7 +289,7 @@ func TestRegression_MessagesDispatchFailsAfterPings(t *testing.T) {
 		t.Run(wait.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				recs := &records{}
-				gw := &fakeGateway{models: []string{"m"}, dispatch: func(ctx context.Context, req Request) (Run, error) {
+				gw := &fakeGateway{models: []string{"m"}, dispatch: func(ctx context.Context, req contract.Request) (Run, error) {
 					time.Sleep(wait)
 					return nil, fmt.Errorf("%w: m waited %v", ErrQueueTimeout, wait)
 				}}

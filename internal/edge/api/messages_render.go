@@ -31,7 +31,7 @@ type messagesRender struct {
 // newMessagesRender is the renderer of rr's answer to the request tr,
 // made before rr has a run when the stream may start while the request
 // waits (quiet): its message id is then "msg_" and the run id the request
-// was dispatched with (Request.RunID), until dispatched names the run.
+// was dispatched with (contract.Request.RunID), until dispatched names the run.
 func newMessagesRender(rr *runResponse, tr translate.AnthropicRequest) *messagesRender {
 	m := &messagesRender{runResponse: rr, stream: tr.Stream, thinking: tr.Thinking}
 	m.ans = translate.AnthropicAnswer{ID: "msg_" + rr.req.RunID, Model: tr.Model,
@@ -51,7 +51,7 @@ func newMessagesRender(rr *runResponse, tr translate.AnthropicRequest) *messages
 // message_start was sent already (a retried run's id differs from the
 // request's by its "-retry" suffix), and a stream's run pings while it is
 // quiet (pingRun).
-func (m *messagesRender) dispatched(info DispatchInfo) *messagesRender {
+func (m *messagesRender) dispatched(info contract.DispatchInfo) *messagesRender {
 	if !m.started {
 		m.ans.ID = "msg_" + info.RunID
 	}

@@ -409,7 +409,7 @@ func TestMessagesAuth(t *testing.T) {
 	f := newKeys(t, auth.Key{Models: []string{"m"}, MaxConcurrent: 1})
 	block := make(chan struct{})
 	dispatched := make(chan struct{}, 4)
-	env := newEnv(t, Config{Keys: f.keys, AdminKeys: f.admin}, func(ctx context.Context, req Request) (Run, error) {
+	env := newEnv(t, Config{Keys: f.keys, AdminKeys: f.admin}, func(ctx context.Context, req contract.Request) (Run, error) {
 		dispatched <- struct{}{}
 		if strings.Contains(string(req.Body), "hold") {
 			<-block

@@ -12,6 +12,7 @@ import (
 // "coder:latest" the alias "coder"; another tag, or an unknown name, is
 // 404.
 func TestRegression_GetModelAppliesTheLatestRule(t *testing.T) {
+	t.Parallel()
 	env := newCatalogEnv(t) // models coder, embed:latest, legacy, qwen3:latest
 	for id, want := range map[string]int{
 		"qwen3:latest": 200, "qwen3": 200, "coder": 200, "coder:latest": 200, "embed": 200,
@@ -35,6 +36,7 @@ func TestRegression_GetModelAppliesTheLatestRule(t *testing.T) {
 // same name with ":latest" that are two models (an alias "x" and a served
 // "x:latest") both keep their own names.
 func TestRegression_TagsListNamesWithTheirTag(t *testing.T) {
+	t.Parallel()
 	env := newEnv(t, Config{}, failWith(ErrUnknownModel))
 	env.gw.models = []string{"demo", "llama3:8b", "meta-llama/Llama-3.1-8B-Instruct", "x", "x:latest"}
 	resp := env.get(t, "/api/tags")
@@ -67,6 +69,7 @@ func TestRegression_TagsListNamesWithTheirTag(t *testing.T) {
 // stream false); for a model iop does not serve, Ollama's error for a
 // model its registry does not have. Nothing is dispatched.
 func TestOllamaPull(t *testing.T) {
+	t.Parallel()
 	env := newCatalogEnv(t) // qwen3:latest has a digest and a size
 	lines := func(body string) []map[string]any {
 		var out []map[string]any

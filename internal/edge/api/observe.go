@@ -135,6 +135,7 @@ type RequestRecord struct {
 // observation collects the RequestRecord of one request. Only the request's
 // goroutine touches it (for a run of the runs API, the run's goroutine).
 type observation struct {
+	h       *handler // the frame serving the request (frameOf); nil for a run's
 	rec     RequestRecord
 	err     error // the failure answered, if any
 	decoded bool  // the request was decoded (request was called)
@@ -163,13 +164,22 @@ type observationKey struct{}
 
 // observe starts the observation of r and returns r carrying it.
 func (h *handler) observe(r *http.Request) (*http.Request, *observation) {
-	o := &observation{now: h.cfg.Now}
+	o := &observation{h: h, now: h.cfg.Now}
 	o.rec.Start = o.now()
 	o.rec.RequestID, o.rec.ClientRequestID = newRequestID(), clip(r.Header.Get("X-Request-Id"))
 	if h.cfg.Tracer != nil {
 		o.trace = newRequestSpan(h, r)
 	}
 	return r.WithContext(context.WithValue(r.Context(), observationKey{}, o)), o
+}
+
+// frameOf returns the frame serving r; outside one (a test calling a
+// route directly), a frame that logs nothing.
+func frameOf(r *http.Request) *handler {
+	if o := obsOf(r); o != nil && o.h != nil {
+		return o.h
+	}
+	return &handler{logger: slog.New(slog.DiscardHandler)}
 }
 
 // obsOf returns r's observation; nil (whose methods do nothing) if none.
@@ -224,7 +234,7 @@ func newRequestID() string {
 }
 
 // request records the decoded request.
-func (o *observation) request(req *Request) {
+func (o *observation) request(req *contract.Request) {
 	if o != nil {
 		o.rec.Model, o.decoded = clip(req.Model), true
 		if o.trace != nil {
@@ -254,7 +264,7 @@ func (o *observation) queueWaited(d time.Duration) {
 }
 
 // dispatched records where the run went.
-func (o *observation) dispatched(info DispatchInfo) {
+func (o *observation) dispatched(info contract.DispatchInfo) {
 	if o == nil {
 		return
 	}

@@ -180,7 +180,7 @@ func TestRecordOfAnUpstreamFailureAndAClientThatLeft(t *testing.T) {
 
 	recs = &records{}
 	queued := make(chan struct{})
-	env = newEnv(t, Config{Observer: recs}, func(ctx context.Context, _ Request) (Run, error) {
+	env = newEnv(t, Config{Observer: recs}, func(ctx context.Context, _ contract.Request) (Run, error) {
 		close(queued)
 		<-ctx.Done()
 		return nil, ctx.Err()
@@ -344,7 +344,7 @@ func TestRegression_OllamaRecordSaysTheClientsStream(t *testing.T) {
 
 // TestRegression_QueueTimeoutRecordsItsWait: a request refused because its
 // queue timeout passed was logged and recorded with queue_wait=0s after
-// waiting seconds (a break-it report). Its record has the time it waited.
+// waiting seconds. Its record has the time it waited.
 func TestRegression_QueueTimeoutRecordsItsWait(t *testing.T) {
 	var (
 		mu  sync.Mutex
@@ -352,7 +352,7 @@ func TestRegression_QueueTimeoutRecordsItsWait(t *testing.T) {
 	)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	recs := &records{}
-	env := newEnv(t, Config{Observer: recs, Now: clock}, func(context.Context, Request) (Run, error) {
+	env := newEnv(t, Config{Observer: recs, Now: clock}, func(context.Context, contract.Request) (Run, error) {
 		mu.Lock()
 		now = now.Add(3 * time.Second) // the queue timeout
 		mu.Unlock()
@@ -377,7 +377,7 @@ func TestRegression_HeldRequestRecordsItsWait(t *testing.T) {
 	)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	recs := &records{}
-	env := newEnv(t, Config{Observer: recs, Now: clock}, func(context.Context, Request) (Run, error) {
+	env := newEnv(t, Config{Observer: recs, Now: clock}, func(context.Context, contract.Request) (Run, error) {
 		mu.Lock()
 		now = now.Add(5 * time.Second) // the reconnect grace
 		mu.Unlock()

@@ -34,8 +34,8 @@ const (
 )
 
 // ollamaRoutes are the Ollama API routes (Ollama API doc, docs/api.md).
-func (h *handler) ollamaRoutes() map[string]route {
-	return map[string]route{
+func (h *handler) ollamaRoutes() map[string]Route {
+	return map[string]Route{
 		"/":               {http.MethodGet, h.ollamaRoot},
 		"/api/chat":       {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, true) }},
 		"/api/generate":   {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, false) }},
@@ -207,17 +207,17 @@ type ollamaRun interface {
 // serveOllamaRun dispatches req and renders its run with o (serveRunWith,
 // with Ollama-shaped errors). extension lists the Ollama-only fields the
 // request carries, which a tunnel-path provider does not get (logged).
-func (h *handler) serveOllamaRun(w http.ResponseWriter, r *http.Request, req *Request, extension []string, o ollamaRun) {
+func (h *handler) serveOllamaRun(w http.ResponseWriter, r *http.Request, req *contract.Request, extension []string, o ollamaRun) {
 	h.serveRunWith(w, r, req, runRenderer{
 		writeError: h.writeOllamaError,
-		tunnel: func(rr *runResponse, info DispatchInfo) string {
+		tunnel: func(rr *runResponse, info contract.DispatchInfo) string {
 			if len(extension) > 0 {
 				h.logger.Debug("dropping Ollama-only fields for an OpenAI-compatible provider", "run_id", info.RunID, "fields", extension)
 			}
 			o.begin(rr)
 			return o.tunnel()
 		},
-		normalized: func(rr *runResponse, _ DispatchInfo) string {
+		normalized: func(rr *runResponse, _ contract.DispatchInfo) string {
 			o.begin(rr)
 			return o.normalized()
 		},
@@ -230,7 +230,7 @@ func (h *handler) serveOllamaRun(w http.ResponseWriter, r *http.Request, req *Re
 // and when the request arrived; on failure it has answered with the Ollama
 // error (400 naming the field, 413) and ok is false.
 func (h *handler) ollamaRequest(w http.ResponseWriter, r *http.Request, from func([]byte) (translate.Request, error)) (
-	tr translate.Request, req Request, start time.Time, ok bool) {
+	tr translate.Request, req contract.Request, start time.Time, ok bool) {
 	start = h.cfg.Now()
 	body, err := readAllBody(r)
 	if err == nil {
@@ -242,30 +242,24 @@ func (h *handler) ollamaRequest(w http.ResponseWriter, r *http.Request, from fun
 			err = &requestError{param: fe.Field, message: fe.Message}
 		}
 		h.writeOllamaError(w, r, err, nil)
-		return translate.Request{}, Request{}, start, false
+		return translate.Request{}, contract.Request{}, start, false
 	}
-	req = Request{Model: tr.Model, Body: tr.Body, OllamaFields: tr.OllamaFields, Headers: map[string]string{}}
+	req = contract.Request{Model: tr.Model, Body: tr.Body, OllamaFields: tr.OllamaFields, Headers: map[string]string{}}
 	if id := r.Header.Get("X-Request-Id"); id != "" {
 		req.Headers["X-Request-Id"] = id
 	}
 	return tr, req, start, true
 }
 
-// modelKnower is what a Gateway may also say of a model name (the edge's
-// Service does): whether Dispatch would resolve it rather than refuse it as
-// unknown, also while no node serves it.
-type modelKnower interface{ Known(model string) bool }
-
 // ollamaLoad answers a request with nothing to generate or embed (Ollama's
 // "load", or with keep_alive 0 "unload") with answer, a single object even
 // when streaming, for a model the edge knows; else 404.
-func (h *handler) ollamaLoad(w http.ResponseWriter, r *http.Request, req *Request, answer any) {
+func (h *handler) ollamaLoad(w http.ResponseWriter, r *http.Request, req *contract.Request, answer any) {
 	if _, ok := knownModel(h.models(r), req.Model); !ok {
 		err := ErrUnknownModel
-		if k, ok := h.gw.(modelKnower); ok && k.Known(req.Model) && checkModel(r.Context(), req.Model) == nil {
+		if h.cfg.Known != nil && h.cfg.Known(req.Model) && checkModel(r.Context(), req.Model) == nil {
 			// Served before, and no node serves it now: unavailable, as a
-			// request that generates is answered (503), not "pull it" (a
-			// new user's report).
+			// request that generates is answered (503), not "pull it".
 			err = ErrProviderUnavailable
 		}
 		h.writeOllamaError(w, r, err, req)
@@ -310,7 +304,7 @@ type ollamaErrorBody struct {
 // clients expect: an unknown model is `model 'x' not found` (the text of
 // Ollama's chat, generate, embed and show handlers for a name it does not
 // have, which clients match on).
-func ollamaError(err error, req *Request) (*apiError, string) {
+func ollamaError(err error, req *contract.Request) (*apiError, string) {
 	e := classify(err, req)
 	if errors.Is(err, ErrUnknownModel) {
 		model := ""
@@ -328,7 +322,7 @@ func ollamaError(err error, req *Request) (*apiError, string) {
 
 // writeOllamaError is writeError with an Ollama error body,
 // {"error":"<message>"}.
-func (h *handler) writeOllamaError(w http.ResponseWriter, r *http.Request, err error, req *Request) {
+func (h *handler) writeOllamaError(w http.ResponseWriter, r *http.Request, err error, req *contract.Request) {
 	if clientGone(r) && !errors.Is(err, errBodyTimeout) {
 		h.logger.Debug("client gone before the answer", "path", clip(r.URL.Path), "err", errorText(err, req))
 		obsOf(r).failed(err, nil, true)
@@ -352,7 +346,7 @@ func writeOllamaJSON(w http.ResponseWriter, status int, v any) {
 // ollamaModel is one entry of GET /api/tags (Ollama API doc, "List Local
 // Models"). Its size, digest,
 // modified_at and details are what the serving model server said of the
-// model (ModelProvider.Details; see representative); a model whose node
+// model (contract.ModelProvider.Details; see representative); a model whose node
 // said nothing has size 0, the SHA-256 of its name as digest (stable, so
 // clients can tell models apart) and empty details.
 type ollamaModel struct {
@@ -385,7 +379,7 @@ func detailsOf(d contract.ModelDetails) ollamaModelDetails {
 // that some live provider serves (an alias shows its first target's), and
 // among them the first, by node then provider, whose node gave details (or
 // the first). ok is false when no provider serves a target.
-func representative(info ModelInfo) (rep ModelProvider, same []ModelProvider, ok bool) {
+func representative(info contract.ModelInfo) (rep contract.ModelProvider, same []contract.ModelProvider, ok bool) {
 	for _, t := range info.Targets {
 		for _, p := range info.Providers {
 			if modelname.Same(p.Target, t) {
@@ -397,10 +391,10 @@ func representative(info ModelInfo) (rep ModelProvider, same []ModelProvider, ok
 		}
 	}
 	if len(same) == 0 {
-		return ModelProvider{}, nil, false
+		return contract.ModelProvider{}, nil, false
 	}
 	rep = same[0]
-	if i := slices.IndexFunc(same, func(p ModelProvider) bool { return p.Details != nil }); i >= 0 {
+	if i := slices.IndexFunc(same, func(p contract.ModelProvider) bool { return p.Details != nil }); i >= 0 {
 		rep = same[i]
 	}
 	return rep, same, true
@@ -408,12 +402,12 @@ func representative(info ModelInfo) (rep ModelProvider, same []ModelProvider, ok
 
 // newOllamaModel returns the listing entry of name: what the
 // representative provider's server said of it, when the gateway is a
-// ModelCatalog and a node said something.
+// Config.Catalog is set and a node said something.
 func (h *handler) newOllamaModel(name string) ollamaModel {
 	sum := sha256.Sum256([]byte(name))
 	m := ollamaModel{Name: name, Model: name, Digest: hex.EncodeToString(sum[:])}
-	cat, ok := h.gw.(ModelCatalog)
-	if !ok {
+	cat := h.cfg.Catalog
+	if cat == nil {
 		return m
 	}
 	info, ok := cat.ModelInfo(name)
@@ -501,8 +495,8 @@ const ollamaForever = time.Duration(math.MaxInt64)
 // fields say where each is (ollamaPSModel).
 func (h *handler) ollamaPS(w http.ResponseWriter, r *http.Request) {
 	models := []ollamaPSModel{}
-	cat, ok := h.gw.(ModelCatalog)
-	if !ok {
+	cat := h.cfg.Catalog
+	if cat == nil {
 		writeOllamaJSON(w, http.StatusOK, map[string]any{"models": models})
 		return
 	}
@@ -607,17 +601,18 @@ func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 	if name == "" {
 		name = in.Name
 	}
-	req := &Request{Model: name}
+	req := &contract.Request{Model: name}
 	if strings.TrimSpace(name) == "" {
 		h.writeOllamaError(w, r, &requestError{message: "model is required"}, nil) // Ollama's text
 		return
 	}
-	info := ModelInfo{Name: name, Targets: []string{name}}
+	info := contract.ModelInfo{Name: name, Targets: []string{name}}
 	if !allowed(r, name) {
 		h.writeOllamaError(w, r, ErrUnknownModel, req)
 		return
 	}
-	if cat, ok := h.gw.(ModelCatalog); ok {
+	if cat := h.cfg.Catalog; cat != nil {
+		var ok bool
 		if info, ok = cat.ModelInfo(name); !ok {
 			h.writeOllamaError(w, r, ErrUnknownModel, req)
 			return
@@ -683,21 +678,21 @@ const maxShowTries = 2
 // showFromOllama answers /api/show with what the Ollama server of one of
 // providers (those serving the model's representative target, sorted by
 // node then provider; healthy ones first) says of its target, when the
-// gateway is a ModelShower and one of the first maxShowTries of them
+// Config.Shower is set and one of the first maxShowTries of them
 // answers 200; it reports whether it answered. A failure is logged, and
 // the caller answers instead.
-func (h *handler) showFromOllama(w http.ResponseWriter, r *http.Request, providers []ModelProvider, verbose bool) bool {
-	shower, ok := h.gw.(ModelShower)
-	if !ok {
+func (h *handler) showFromOllama(w http.ResponseWriter, r *http.Request, providers []contract.ModelProvider, verbose bool) bool {
+	shower := h.cfg.Shower
+	if shower == nil {
 		return false
 	}
-	var ollamas []ModelProvider
+	var ollamas []contract.ModelProvider
 	for _, p := range providers {
 		if p.OllamaAPI {
 			ollamas = append(ollamas, p)
 		}
 	}
-	slices.SortStableFunc(ollamas, func(a, b ModelProvider) int {
+	slices.SortStableFunc(ollamas, func(a, b contract.ModelProvider) int {
 		if a.Healthy == b.Healthy {
 			return 0
 		}
@@ -834,4 +829,12 @@ func writeNDJSON(w http.ResponseWriter, values ...any) {
 		}
 	}
 	_ = http.NewResponseController(w).Flush()
+}
+
+// nonNil returns s, or an empty slice for nil, so that it encodes as [].
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }

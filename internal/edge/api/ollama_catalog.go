@@ -10,22 +10,22 @@ import (
 )
 
 // ModelCatalog is what POST /api/show and GET /api/ps need beyond
-// Gateway.Models. A Gateway may implement it; without it /api/show answers
+// Gateway.Models (Config.Catalog); without it /api/show answers
 // from Gateway.Models alone and /api/ps lists no model. The edge's
 // *edge.Service implements it.
 type ModelCatalog interface {
 	// ModelInfo describes the model clients call name (an alias or a served
 	// name; "x" and "x:latest" are one model, as in Dispatch). ok is false
 	// when no alias or served name matches.
-	ModelInfo(name string) (info ModelInfo, ok bool)
+	ModelInfo(name string) (info contract.ModelInfo, ok bool)
 	// Loaded lists the models the providers hold loaded, one entry per
 	// provider and served model (contract.LoadedModel says where each
 	// comes from).
-	Loaded() []LoadedModel
+	Loaded() []contract.LoadedModel
 }
 
 // ModelShower is what POST /api/show needs to answer with the serving
-// Ollama's own description of a model. A Gateway may implement it (the
+// Ollama's own description of a model (Config.Shower; the
 // edge's *edge.Service does); without it /api/show is iop's own answer.
 type ModelShower interface {
 	// Show returns what the Ollama server of provider providerID of node
@@ -34,15 +34,6 @@ type ModelShower interface {
 	// An error means no answer came (node gone, not an Ollama, timeout).
 	Show(ctx context.Context, nodeID, providerID, model string, verbose bool) (status int, body []byte, err error)
 }
-
-// LoadedModel is one model one provider holds loaded (contract.LoadedModel).
-type LoadedModel = contract.LoadedModel
-
-// ModelInfo is what the edge knows of one model (contract.ModelInfo).
-type ModelInfo = contract.ModelInfo
-
-// ModelProvider is one provider of a model (contract.ModelProvider).
-type ModelProvider = contract.ModelProvider
 
 // knownModel returns the name in names that the Ollama model name means:
 // name itself, else its other spelling (modelname.Alternative); ok is false when neither is there.

@@ -21,20 +21,20 @@ import (
 // from fixed infos and run counts.
 type catalogGateway struct {
 	*fakeGateway
-	infos  map[string]ModelInfo
-	loaded []LoadedModel
+	infos  map[string]contract.ModelInfo
+	loaded []contract.LoadedModel
 }
 
 var _ ModelCatalog = catalogGateway{}
 
-func (g catalogGateway) ModelInfo(name string) (ModelInfo, bool) {
+func (g catalogGateway) ModelInfo(name string) (contract.ModelInfo, bool) {
 	if n, ok := knownModel(slices.Collect(maps.Keys(g.infos)), name); ok {
 		return g.infos[n], true
 	}
-	return ModelInfo{}, false
+	return contract.ModelInfo{}, false
 }
 
-func (g catalogGateway) Loaded() []LoadedModel { return g.loaded }
+func (g catalogGateway) Loaded() []contract.LoadedModel { return g.loaded }
 
 // qwen3Details is what an Ollama server says of a qwen3 model, as its node
 // passes it on.
@@ -44,22 +44,22 @@ var qwen3Details = &contract.ModelDetails{Size: 5225376047, Digest: "500a1f067a9
 
 // catalogInfos are the models of newCatalogEnv. Their Ollama providers
 // (OllamaAPI) are n1/ollama and n2/p (a simulator in its Ollama mode).
-func catalogInfos() map[string]ModelInfo {
-	qwen := ModelProvider{NodeID: "n1", ProviderID: "ollama", Type: "ollama", Target: "qwen3:latest", Healthy: true, Capacity: 1,
+func catalogInfos() map[string]contract.ModelInfo {
+	qwen := contract.ModelProvider{NodeID: "n1", ProviderID: "ollama", Type: "ollama", Target: "qwen3:latest", Healthy: true, Capacity: 1,
 		Capabilities: []string{"completion", "stream", "thinking", "tools"}, Details: qwen3Details, OllamaAPI: true}
 	// A second provider of the same model, whose node said nothing of it.
-	qwenToo := ModelProvider{NodeID: "n0", ProviderID: "vllm", Type: "vllm", Target: "qwen3:latest", Healthy: true, Capacity: 4,
+	qwenToo := contract.ModelProvider{NodeID: "n0", ProviderID: "vllm", Type: "vllm", Target: "qwen3:latest", Healthy: true, Capacity: 4,
 		Capabilities: []string{"completion", "stream", "vision"}}
-	embed := ModelProvider{NodeID: "n1", ProviderID: "ollama", Type: "ollama", Target: "embed:latest", Healthy: true, Capacity: 1,
+	embed := contract.ModelProvider{NodeID: "n1", ProviderID: "ollama", Type: "ollama", Target: "embed:latest", Healthy: true, Capacity: 1,
 		Capabilities: []string{"embeddings", "stream"}, Details: &contract.ModelDetails{Size: 45, Digest: "e", Format: "gguf", Family: "bert"},
 		OllamaAPI: true}
-	return map[string]ModelInfo{
-		"qwen3:latest": {Name: "qwen3:latest", Targets: []string{"qwen3:latest"}, Providers: []ModelProvider{qwenToo, qwen}},
-		"embed:latest": {Name: "embed:latest", Targets: []string{"embed:latest"}, Providers: []ModelProvider{embed}},
+	return map[string]contract.ModelInfo{
+		"qwen3:latest": {Name: "qwen3:latest", Targets: []string{"qwen3:latest"}, Providers: []contract.ModelProvider{qwenToo, qwen}},
+		"embed:latest": {Name: "embed:latest", Targets: []string{"embed:latest"}, Providers: []contract.ModelProvider{embed}},
 		// An alias: its first target with a provider is qwen3.
 		"coder": {Name: "coder", Alias: true, Targets: []string{"nowhere", "qwen3:latest", "embed:latest"},
-			Providers: []ModelProvider{qwenToo, qwen, embed}},
-		"legacy": {Name: "legacy", Targets: []string{"legacy"}, Providers: []ModelProvider{{NodeID: "n2", ProviderID: "p", Type: "sim",
+			Providers: []contract.ModelProvider{qwenToo, qwen, embed}},
+		"legacy": {Name: "legacy", Targets: []string{"legacy"}, Providers: []contract.ModelProvider{{NodeID: "n2", ProviderID: "p", Type: "sim",
 			Target: "legacy", Capabilities: []string{"completion", "embeddings", "stream"}, OllamaAPI: true}}},
 	}
 }
@@ -69,7 +69,7 @@ func newCatalogEnv(t *testing.T) *testEnv {
 	fake := &fakeGateway{models: []string{"coder", "embed:latest", "legacy", "qwen3:latest"}, dispatch: okRun}
 	gw := catalogGateway{fakeGateway: fake,
 		infos: catalogInfos(),
-		loaded: []LoadedModel{
+		loaded: []contract.LoadedModel{
 			{NodeID: "n1", ProviderID: "ollama", Type: "ollama", Served: "qwen3:latest", Name: "qwen3:latest", Model: "qwen3:latest",
 				Size: qwen3Details.Size, Digest: qwen3Details.Digest, Details: *qwen3Details, ContextLength: 40960,
 				Source: contract.LoadedInFlight, InFlight: 2},

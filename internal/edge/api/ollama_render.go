@@ -152,7 +152,7 @@ func (rr *runResponse) tunnelAnswer(onSSE func(data []byte) error) (sse bool, bo
 					sse = onSSE != nil && status < 300 && isEventStream(value)
 				case "Retry-After":
 					// The provider's, for the Ollama client as an OpenAI
-					// client gets it (a break-it report: lost on /api/chat).
+					// client gets it.
 					if _, err := strconv.Atoi(value); err == nil {
 						retryAfter = value
 					} else if _, err := http.ParseTime(value); err == nil {

@@ -179,7 +179,7 @@ func contextJSON(turns ...translate.Turn) string {
 
 // TestRegression_OllamaClientGetsTheProvidersRetryAfter: a tunnel-path
 // provider's 429 kept its Retry-After for an OpenAI client (the head is
-// relayed) but lost it on /api/chat (a break-it report). An Ollama client
+// relayed) but lost it on /api/chat. An Ollama client
 // gets the provider's Retry-After too, when it is one (seconds or an HTTP
 // date); anything else is not passed on.
 func TestRegression_OllamaClientGetsTheProvidersRetryAfter(t *testing.T) {

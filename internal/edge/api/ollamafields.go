@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 
+	"iop/internal/edge/contract"
 	"iop/internal/translate"
 )
 
@@ -35,7 +36,7 @@ func ollamaMemberOf(top *jsonValue) ollamaMember {
 // OllamaFields, which only an Ollama provider gets; a body without the
 // member is left as it is. A value that is not an object is the node's to
 // refuse (400 naming the member), as only an Ollama provider reads it.
-func (m ollamaMember) moveTo(req *Request) error {
+func (m ollamaMember) moveTo(req *contract.Request) error {
 	if !m.present {
 		return nil
 	}

@@ -11,6 +11,7 @@ import (
 // OllamaFields, its JSON unchanged, on each OpenAI route; null is no
 // fields; a body without the member is dispatched as it came.
 func TestOpenAIClientOllamaFieldsTravelApartFromTheBody(t *testing.T) {
+	t.Parallel()
 	chat := `"messages":[{"role":"user","content":"hi"}]`
 	for _, c := range []struct {
 		name, path, body, wantBody, wantFields string
@@ -49,6 +50,7 @@ func TestOpenAIClientOllamaFieldsTravelApartFromTheBody(t *testing.T) {
 // cannot put settings past the translation with it), and its body's
 // fields go as OllamaFields, the canonical body never carrying the member.
 func TestOllamaClientCannotSendIopOllama(t *testing.T) {
+	t.Parallel()
 	env := newEnv(t, Config{}, failWith(ErrQueueFull))
 	env.ollamaPost(t, "/api/chat", `{"model":"m","keep_alive":"5m","iop_ollama":{"options":{"num_ctx":1},"think":true},"messages":[{"role":"user","content":"hi"}]}`)
 	reqs := env.gw.requests()

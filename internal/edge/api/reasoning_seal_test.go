@@ -10,6 +10,7 @@ import (
 // one edge after a restart); another secret, no secret, or an altered
 // token is errForeignReasoning.
 func TestReasoningSealSharedSecret(t *testing.T) {
+	t.Parallel()
 	const text = "first add 2 and 2"
 	a, b := newReasoningSeal([]byte("cluster-token")), newReasoningSeal([]byte("cluster-token"))
 	token := a.seal(text)

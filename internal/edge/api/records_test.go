@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"iop/internal/auth"
+	"iop/internal/edge/contract"
 )
 
 // holdAtRunEnd is a slog handler that, at the handler's debug line "run
@@ -80,7 +81,7 @@ func TestRegression_ClientClosingAfterItsAnswerIsNotClientGone(t *testing.T) {
 			run := tc.run()
 			hold := holdAtRunEnd{ctxs: make(chan context.Context, 1)}
 			env := newEnvLogging(t, Config{Keys: f.keys, Ledger: led, Observer: recs}, slog.New(hold),
-				func(ctx context.Context, _ Request) (Run, error) {
+				func(ctx context.Context, _ contract.Request) (Run, error) {
 					hold.ctxs <- ctx
 					return run, nil
 				})
@@ -130,7 +131,7 @@ func TestKeyRefusalsAreRecordedOnce(t *testing.T) {
 	}
 	held := liveRun(normalized, 1)
 	dispatched := make(chan struct{}, 1)
-	gw := &fakeGateway{models: []string{"m", "other"}, dispatch: func(context.Context, Request) (Run, error) {
+	gw := &fakeGateway{models: []string{"m", "other"}, dispatch: func(context.Context, contract.Request) (Run, error) {
 		dispatched <- struct{}{}
 		return held, nil
 	}}

@@ -21,7 +21,7 @@ import (
 )
 
 // Regression tests for bugs reported against POST /v1/chat/completions,
-// each with the tester's input.
+// each with the input that broke it.
 
 // badChat is one request the API must answer 400 before dispatching.
 type badChat struct {
@@ -186,7 +186,7 @@ func TestRegression_LongModelNameClipped(t *testing.T) {
 			var logs syncBuffer
 			logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 			// As the real gateway reports it: the model quoted in the error.
-			env := newEnvLogging(t, Config{}, logger, func(_ context.Context, req Request) (Run, error) {
+			env := newEnvLogging(t, Config{}, logger, func(_ context.Context, req contract.Request) (Run, error) {
 				return nil, fmt.Errorf("%w: unknown model %q", ErrUnknownModel, req.Model)
 			})
 			resp := env.post(t, "/v1/chat/completions", "application/json",
@@ -362,7 +362,7 @@ func TestRegression_HalfCloseGetsNoEmpty200(t *testing.T) {
 
 	t.Run("while queued", func(t *testing.T) {
 		queued := make(chan struct{})
-		env := newEnv(t, Config{}, func(ctx context.Context, _ Request) (Run, error) {
+		env := newEnv(t, Config{}, func(ctx context.Context, _ contract.Request) (Run, error) {
 			close(queued)
 			<-ctx.Done()
 			return nil, fmt.Errorf("%w: %w", ErrQueueTimeout, ctx.Err())
@@ -385,7 +385,7 @@ func TestRegression_HalfCloseGetsNoEmpty200(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			run := liveRun(tt.path, 0)
 			dispatched := make(chan struct{})
-			env := newEnv(t, Config{}, func(context.Context, Request) (Run, error) {
+			env := newEnv(t, Config{}, func(context.Context, contract.Request) (Run, error) {
 				close(dispatched)
 				return run, nil
 			})

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"encoding/json"
 	"errors"
 	"mime"
 	"net/http"
@@ -9,6 +8,7 @@ import (
 	"strings"
 
 	"iop/internal/edge/contract"
+	"iop/internal/sse"
 )
 
 // hopHeaders are response headers of the provider's connection, not of its
@@ -260,17 +260,27 @@ func (rr *runResponse) writeFailed(err error) string {
 	return reasonWriteFailed
 }
 
-// writeEvent writes v as one SSE event, `data: <json>\n\n`, and flushes it.
-func (rr *runResponse) writeEvent(v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
+// writeEvent writes v as one SSE event, `data: <json>\n\n`, and flushes it
+// (unless a hold is on).
+func (rr *runResponse) writeEvent(v any) error { return rr.events().JSON("", v) }
+
+// events is the SSE writer of the response's body, whose writes go
+// through write (and its hold).
+func (rr *runResponse) events() *sse.Writer {
+	if rr.eventWriter == nil {
+		rr.eventWriter = sse.NewWriter(writeFunc(rr.write))
 	}
-	buf := make([]byte, 0, len(b)+8)
-	buf = append(buf, "data: "...)
-	buf = append(buf, b...)
-	buf = append(buf, "\n\n"...)
-	return rr.write(buf)
+	return rr.eventWriter
+}
+
+// writeFunc is a write that reports only its error as an io.Writer.
+type writeFunc func(p []byte) error
+
+func (f writeFunc) Write(p []byte) (int, error) {
+	if err := f(p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 func isEventStream(contentType string) bool {
@@ -501,47 +511,23 @@ func (c *chatRender) json() string {
 // malformed index from a node cannot make the edge allocate without bound.
 const maxToolCalls = 1024
 
-// stream writes the answer as SSE chat.completion.chunk events: a first
-// chunk with the assistant role, one chunk per delta's reasoning
-// (delta.reasoning_content), one per delta's text and one per delta's
-// tool-call parts (delta.tool_calls with index, and id, type and name on a
-// call's first part; each flushed at once, so a stream that is only
-// reasoning so far sends it as it comes), a
-// final chunk with the finish reason, a usage chunk (choices []) when the
+// stream writes the answer as SSE chat.completion.chunk events
+// (chunkRenderer; each delta's chunks flushed at once, so a stream that is
+// only reasoning so far sends it as it comes), a usage chunk when the
 // request asked for include_usage, and `data: [DONE]`. The status line is
 // sent with the first delta or the completion, so a run that fails before
 // either gets an error answer with its own status; a run that fails later
 // ends with an error event and no [DONE]. It returns the rendering's reason.
 func (c *chatRender) stream() string {
-	finish, err := c.next(func(ev *contract.Event) error {
-		if err := c.startStream(); err != nil {
-			return err
-		}
-		if s := ev.Thinking; s != "" {
-			if err := c.writeChunk(chunkDelta{ReasoningContent: &s}, nil); err != nil {
-				return err
+	chunks := chunkRenderer{id: c.id, created: c.created, model: c.model,
+		sink: func(data []byte, _ string) error {
+			c.startStream()
+			if err := c.events().Event("", data); err != nil {
+				return &errWrite{err}
 			}
-		}
-		if s := ev.Text; s != "" {
-			if err := c.writeChunk(chunkDelta{Content: &s}, nil); err != nil {
-				return err
-			}
-		}
-		if len(ev.ToolCalls) == 0 {
 			return nil
-		}
-		parts := make([]toolCall, 0, len(ev.ToolCalls))
-		for _, part := range ev.ToolCalls {
-			index := part.Index
-			tc := toolCall{Index: &index, ID: part.ID,
-				Function: toolCallFunction{Name: part.Name, Arguments: part.Arguments}}
-			if tc.ID != "" {
-				tc.Type = "function"
-			}
-			parts = append(parts, tc)
-		}
-		return c.writeChunk(chunkDelta{ToolCalls: parts}, nil)
-	})
+		}}
+	finish, err := c.next(chunks.delta)
 	var werr *errWrite
 	switch {
 	case errors.As(err, &werr):
@@ -551,61 +537,29 @@ func (c *chatRender) stream() string {
 	case err != nil:
 		return c.failStarted(err, true)
 	}
-	if err := c.finishStream(finish); err != nil {
+	if err := c.finishStream(&chunks, finish); err != nil {
 		return c.writeFailed(err)
 	}
 	return reasonCompleted
 }
 
-// startStream sends the status line, headers and role chunk, once.
-func (c *chatRender) startStream() error {
-	if c.started {
-		return nil
-	}
-	c.runResponse.startStream()
-	empty := ""
-	return c.writeChunk(chunkDelta{Role: "assistant", Content: &empty}, nil)
-}
-
 // finishStream writes the final chunk, the usage chunk if asked for, and
-// [DONE].
-func (c *chatRender) finishStream(finish string) (err error) {
+// [DONE], in one flush.
+func (c *chatRender) finishStream(chunks *chunkRenderer, finish string) (err error) {
 	c.hold = true
 	defer func() {
 		if rerr := c.release(); err == nil {
 			err = rerr
 		}
 	}()
-	if err := c.startStream(); err != nil {
-		return err
-	}
-	if err := c.writeChunk(chunkDelta{}, &finish); err != nil {
-		return err
-	}
+	var u *usage
 	if c.includeUsage {
-		u := c.usage
-		if err := c.writeEvent(chatChunk{ID: c.id, Object: "chat.completion.chunk", Created: c.created,
-			Model: c.model, Choices: []chunkChoice{}, Usage: &u}); err != nil {
-			return err
-		}
+		u = &c.usage
 	}
-	return c.write([]byte("data: [DONE]\n\n"))
-}
-
-// writeChunk writes one chunk with a single choice; a write failure is an
-// *errWrite.
-func (c *chatRender) writeChunk(delta chunkDelta, finish *string) error {
-	err := c.writeEvent(chatChunk{
-		ID:      c.id,
-		Object:  "chat.completion.chunk",
-		Created: c.created,
-		Model:   c.model,
-		Choices: []chunkChoice{{Delta: delta, FinishReason: finish}},
-	})
-	if err != nil {
-		return &errWrite{err}
+	if err := chunks.end(finish, u); err != nil {
+		return err
 	}
-	return nil
+	return c.events().Done()
 }
 
 // startStream sends the SSE status line and headers, once.

@@ -455,7 +455,7 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 		}
 		if prev.Status == "queued" || prev.Status == "in_progress" {
 			// Its answer is not there yet: a conversation continued from
-			// it would miss it (a tester's report).
+			// it would miss it.
 			h.writeError(w, r, &requestError{param: "previous_response_id",
 				message: fmt.Sprintf("Previous response with id '%s' is still %s: wait until it is no longer queued or in_progress.", clip(rq.PreviousResponseID), prev.Status)}, nil)
 			return
@@ -493,7 +493,7 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, fieldError(err), nil)
 		return
 	}
-	req := Request{
+	req := contract.Request{
 		Model:                rq.Model,
 		Operation:            contract.OperationChat,
 		Stream:               true, // the canonical body always streams
@@ -554,8 +554,8 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 	}
 	h.serveRunWith(w, r, &req, runRenderer{
 		writeError: h.writeError,
-		tunnel:     func(rr *runResponse, _ DispatchInfo) string { o.begin(rr); return o.tunnel() },
-		normalized: func(rr *runResponse, _ DispatchInfo) string { o.begin(rr); return o.normalized() },
+		tunnel:     func(rr *runResponse, _ contract.DispatchInfo) string { o.begin(rr); return o.tunnel() },
+		normalized: func(rr *runResponse, _ contract.DispatchInfo) string { o.begin(rr); return o.normalized() },
 	})
 }
 
@@ -644,7 +644,7 @@ func storedItems(items []translate.ResponseItem) []responses.Item {
 // request goroutine (followResponse) until its end or the client leaves;
 // the response runs on either way. The run keeps its key's request slot
 // until it ends.
-func (h *handler) responsesBackground(w http.ResponseWriter, r *http.Request, req *Request, o *responsesRender, stream bool) {
+func (h *handler) responsesBackground(w http.ResponseWriter, r *http.Request, req *contract.Request, o *responsesRender, stream bool) {
 	resp := o.resp
 	resp.Status = "queued"
 	ctx := r.Context()
@@ -686,7 +686,7 @@ func (h *handler) responsesBackground(w http.ResponseWriter, r *http.Request, re
 }
 
 // runBackground is the execution of a background response's run.
-func (h *handler) runBackground(ctx context.Context, run *runs.Run, requestID string, req *Request, o *responsesRender) {
+func (h *handler) runBackground(ctx context.Context, run *runs.Run, requestID string, req *contract.Request, o *responsesRender) {
 	obs := &observation{now: h.cfg.Now}
 	obs.rec.Start = obs.now()
 	obs.rec.API, obs.rec.RequestID, obs.rec.Key = "responses", requestID, keyName(ctx)
@@ -695,7 +695,7 @@ func (h *handler) runBackground(ctx context.Context, run *runs.Run, requestID st
 	hr := (&http.Request{Method: http.MethodPost, URL: &url.URL{Path: responsesPath}, Header: http.Header{}}).WithContext(ctx)
 	req.RunID = run.Record().ID
 	o.background = true
-	o.log = &responseRunLog{run: run, id: o.resp.ID, created: o.resp.CreatedAt, model: req.Model}
+	o.log = newResponseRunLog(run, o.resp.ID, o.resp.CreatedAt, req.Model)
 	func() {
 		defer func() {
 			// A rendering cut short aborts its (here absent) connection.
@@ -705,12 +705,12 @@ func (h *handler) runBackground(ctx context.Context, run *runs.Run, requestID st
 		}()
 		h.serveRunWith(dw, hr, req, runRenderer{
 			writeError: h.writeError,
-			tunnel: func(rr *runResponse, info DispatchInfo) string {
+			tunnel: func(rr *runResponse, info contract.DispatchInfo) string {
 				o.begin(rr)
 				o.inProgress(info)
 				return o.tunnel()
 			},
-			normalized: func(rr *runResponse, info DispatchInfo) string {
+			normalized: func(rr *runResponse, info contract.DispatchInfo) string {
 				o.begin(rr)
 				o.inProgress(info)
 				return o.normalized()

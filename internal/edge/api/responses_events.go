@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"iop/internal/runs"
+	"iop/internal/sse"
 )
 
 // responseEventLog is the Responses API event stream of a background
@@ -47,7 +48,7 @@ func (l *responseEventLog) add(ev []byte, final bool) {
 	}
 	if l.size+len(ev) > runs.MaxEventBytes {
 		seq := len(l.events)
-		l.events = append(l.events, fmt.Appendf(nil, "event: error\ndata: {\"type\":\"error\",\"code\":\"events_truncated\",\"message\":\"the response's events exceed the edge's limit; the rest is not kept: retrieve the response without stream once it is done\",\"param\":null,\"sequence_number\":%d}\n\n", seq))
+		l.events = append(l.events, sse.AppendEvent(nil, "error", fmt.Appendf(nil, `{"type":"error","code":"events_truncated","message":"the response's events exceed the edge's limit; the rest is not kept: retrieve the response without stream once it is done","param":null,"sequence_number":%d}`, seq)))
 		final = true
 	} else {
 		l.events = append(l.events, ev)

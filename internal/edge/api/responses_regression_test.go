@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"iop/internal/auth"
+	"iop/internal/edge/contract"
 	"iop/internal/responses"
 	"iop/internal/sse"
 	"iop/internal/translate"
@@ -33,7 +34,7 @@ func (s *saveHook) Save(ctx context.Context, rec responses.Record) error {
 }
 
 // TestRegression_FailedSaveFailsTheRequest: a response whose save fails
-// (the tester's: a save that timed out waiting for the store's one
+// (here: a save that timed out waiting for the store's one
 // connection) is not answered as a success "store": true that GET then
 // does not know: not streamed, a 500 error answer; streamed, the stream
 // ends with response.failed carrying the error, never response.completed.
@@ -79,7 +80,7 @@ func TestRegression_FailedSaveFailsTheRequest(t *testing.T) {
 
 // TestRegression_SlotHeldWhileSaving: a key limited to one request at a
 // time (max_concurrent 1) has its slot until its response is stored; the
-// tester's second request was admitted while the first was still saving.
+// a second request must not be admitted while the first is still saving.
 func TestRegression_SlotHeldWhileSaving(t *testing.T) {
 	f := newKeys(t, auth.Key{MaxConcurrent: 1})
 	entered, proceed := make(chan struct{}), make(chan struct{})
@@ -303,7 +304,7 @@ func TestRegression_ReasoningTokensPassedOn(t *testing.T) {
 		want float64
 	}{{withDetails, 6}, {without, 0}} {
 		for _, stream := range []bool{false, true} {
-			env := newEnv(t, Config{}, func(context.Context, Request) (Run, error) { return splitTunnel(tc.body, 16), nil })
+			env := newEnv(t, Config{}, func(context.Context, contract.Request) (Run, error) { return splitTunnel(tc.body, 16), nil })
 			resp := env.post(t, "/v1/responses", "application/json", fmt.Sprintf(`{"model":"m","input":"x","stream":%v}`, stream))
 			var obj map[string]any
 			if stream {
@@ -351,12 +352,12 @@ func TestRegression_ResponsesErrorsInTheClientsWords(t *testing.T) {
 // JSON string, which the Ollama translation takes.
 func TestRegression_StoredCallWithBrokenArgumentsContinuesOnOllama(t *testing.T) {
 	n := 0
-	env := newEnv(t, Config{Responses: newResponseStore(t)}, func(context.Context, Request) (Run, error) {
+	env := newEnv(t, Config{Responses: newResponseStore(t)}, func(context.Context, contract.Request) (Run, error) {
 		if n++; n == 1 {
 			return scriptedRun(normalized, events(started(), toolDelta(0, "call_a", "get_weather", `{"city": Paris`)),
 				events(usageEvent(3, 2), complete("tool_calls"))), nil
 		}
-		return okRun(context.Background(), Request{})
+		return okRun(context.Background(), contract.Request{})
 	})
 	first := createResponse(t, env, `{"model":"m","input":"weather?","tools":[`+weatherTool+`]}`, nil)
 	createResponse(t, env, fmt.Sprintf(`{"model":"m","previous_response_id":%q,"tools":[`+weatherTool+`],

@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"iop/internal/edge/contract"
+	"iop/internal/sse"
 	"iop/internal/translate"
 )
 
@@ -102,7 +103,7 @@ func (o *responsesRender) begin(rr *runResponse) {
 
 // inProgress saves a background response as "in_progress" once it was
 // dispatched.
-func (o *responsesRender) inProgress(info DispatchInfo) {
+func (o *responsesRender) inProgress(info contract.DispatchInfo) {
 	if o.log != nil {
 		o.log.dispatched(info)
 	}
@@ -191,12 +192,8 @@ func (o *responsesRender) open() error {
 // emit writes one event (the builder's Emit). A write failure is an
 // *errWrite.
 func (o *responsesRender) emit(ev translate.ResponseEvent) error {
-	buf := make([]byte, 0, len(ev.Type)+len(ev.Data)+16)
-	buf = append(buf, "event: "...)
-	buf = append(buf, ev.Type...)
-	buf = append(buf, "\ndata: "...)
-	buf = append(buf, ev.Data...)
-	buf = append(buf, "\n\n"...)
+	// A fresh buffer: the event log keeps it.
+	buf := sse.AppendEvent(make([]byte, 0, len(ev.Type)+len(ev.Data)+16), ev.Type, ev.Data)
 	if o.events != nil {
 		o.events.add(buf, finalEvents[ev.Type] || ev.Type == "error")
 		return nil

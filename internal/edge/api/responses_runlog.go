@@ -3,7 +3,9 @@ package api
 import (
 	"encoding/json"
 
+	"iop/internal/edge/contract"
 	"iop/internal/runs"
+	"iop/internal/sse"
 )
 
 // responseRunLog records a background response's answer in its run, as
@@ -15,58 +17,48 @@ import (
 // with the finish reason, a usage chunk and `data: [DONE]`, or by one
 // error event. Only the run's goroutine uses it.
 type responseRunLog struct {
-	run     *runs.Run
-	id      string
-	created int64
-	model   string
-	started bool
+	run    *runs.Run
+	chunks chunkRenderer
+}
+
+// newResponseRunLog returns the log of run, whose chunks carry id, created
+// (Unix seconds) and model.
+func newResponseRunLog(run *runs.Run, id string, created int64, model string) *responseRunLog {
+	l := &responseRunLog{run: run}
+	l.chunks = chunkRenderer{id: id, created: created, model: model, sink: func(data []byte, text string) error {
+		l.run.Append(sse.AppendEvent(nil, "", data), text)
+		return nil
+	}}
+	return l
 }
 
 // dispatched records where the run went.
-func (l *responseRunLog) dispatched(info DispatchInfo) {
+func (l *responseRunLog) dispatched(info contract.DispatchInfo) {
 	l.run.Dispatched(runs.Record{
 		NodeID: info.NodeID, ProviderID: info.ProviderID, ServedModel: info.ServedModel,
 		Path: info.Path.String(), QueueReason: info.QueueReason.String(), QueueWait: info.QueueWait,
 	})
 }
 
-func (l *responseRunLog) append(v any, text string) {
-	b, _ := json.Marshal(v)
-	l.run.Append(append(append([]byte("data: "), b...), "\n\n"...), text)
-}
+// The sink does not fail: the errors below are chunkRenderer's own (none
+// for these values).
 
-func (l *responseRunLog) chunk(delta chunkDelta, finish *string, text string) {
-	if !l.started {
-		l.started = true
-		empty := ""
-		l.append(chatChunk{ID: l.id, Object: "chat.completion.chunk", Created: l.created, Model: l.model,
-			Choices: []chunkChoice{{Delta: chunkDelta{Role: "assistant", Content: &empty}}}}, "")
-	}
-	l.append(chatChunk{ID: l.id, Object: "chat.completion.chunk", Created: l.created, Model: l.model,
-		Choices: []chunkChoice{{Delta: delta, FinishReason: finish}}}, text)
-}
+func (l *responseRunLog) thinking(s string) { _ = l.chunks.delta(&contract.Event{Thinking: s}) }
 
-func (l *responseRunLog) thinking(s string) { l.chunk(chunkDelta{ReasoningContent: &s}, nil, "") }
-
-func (l *responseRunLog) text(s string) { l.chunk(chunkDelta{Content: &s}, nil, s) }
+func (l *responseRunLog) text(s string) { _ = l.chunks.delta(&contract.Event{Text: s}) }
 
 func (l *responseRunLog) toolCall(index int, id, name, args string) {
-	tc := toolCall{Index: &index, ID: id, Function: toolCallFunction{Name: name, Arguments: args}}
-	if id != "" {
-		tc.Type = "function"
-	}
-	l.chunk(chunkDelta{ToolCalls: []toolCall{tc}}, nil, "")
+	_ = l.chunks.delta(&contract.Event{ToolCalls: []contract.ToolCallPart{{Index: index, ID: id, Name: name, Arguments: args}}})
 }
 
 // complete ends the log of a complete answer.
 func (l *responseRunLog) complete(finish string, u usage) {
-	l.chunk(chunkDelta{}, &finish, "")
-	l.append(chatChunk{ID: l.id, Object: "chat.completion.chunk", Created: l.created, Model: l.model,
-		Choices: []chunkChoice{}, Usage: &u}, "")
-	l.run.Append([]byte("data: [DONE]\n\n"), "")
+	_ = l.chunks.end(finish, &u)
+	l.run.Append(sse.AppendDone(nil), "")
 }
 
 // fail ends the log with an error event.
 func (l *responseRunLog) fail(message, code string) {
-	l.append(errorBody{Error: newAPIError(0, "server_error", "", code, message)}, "")
+	b, _ := json.Marshal(errorBody{Error: newAPIError(0, "server_error", "", code, message)})
+	l.run.Append(sse.AppendEvent(nil, "", b), "")
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"iop/internal/auth"
+	"iop/internal/edge/contract"
 	"iop/internal/responses"
 	"iop/internal/runs"
 	"iop/internal/sse"
@@ -468,7 +469,7 @@ func createResponse(t *testing.T, env *testEnv, body string, header map[string]s
 }
 
 // chatMessages is the messages of a dispatched canonical chat body.
-func chatMessages(t *testing.T, req Request) []map[string]any {
+func chatMessages(t *testing.T, req contract.Request) []map[string]any {
 	t.Helper()
 	var body struct {
 		Messages []map[string]any `json:"messages"`
@@ -486,7 +487,7 @@ func chatMessages(t *testing.T, req Request) []map[string]any {
 // instructions are not carried over.
 func TestResponses_PreviousResponseAcrossPaths(t *testing.T) {
 	n := 0
-	dispatch := func(context.Context, Request) (Run, error) {
+	dispatch := func(context.Context, contract.Request) (Run, error) {
 		n++
 		if n == 1 {
 			return scriptedRun(normalized, events(started(), delta("Let me check."),

@@ -11,6 +11,7 @@ import (
 
 	"iop/internal/edge/contract"
 	"iop/internal/runs"
+	"iop/internal/sse"
 )
 
 // runChatPath is the path a run's chat request is logged under: a run is
@@ -46,7 +47,7 @@ func (h *handler) execute(ctx context.Context, run *runs.Run, t runTarget, refus
 	obs.rec.Start = obs.now()
 	obs.rec.API, obs.rec.RequestID, obs.rec.Key = "runs", t.requestID, keyName(ctx)
 	chat := t.sub.chat
-	req := &Request{
+	req := &contract.Request{
 		Model:                chat.Model,
 		Operation:            contract.OperationChat,
 		Stream:               chat.Stream,
@@ -80,7 +81,7 @@ type runRecorder struct {
 	ctx context.Context // the run's: it ends when the run is cancelled
 	run *runs.Run
 	obs *observation
-	req *Request
+	req *contract.Request
 
 	// status is the answer's status once it has one: the head's (tunnel),
 	// 200 once a normalized stream started, or an error answer's.
@@ -256,20 +257,10 @@ func (rc *runRecorder) failStarted(run Run, err error) string {
 }
 
 // append adds one event whose data is payload, carrying text, to the
-// run's log: `data: <payload>\n\n`, one data line per line of payload (an
-// event's data holds an LF where the provider's event had two data
-// lines), so that a reader of the log gets payload back whole.
+// run's log (sse.AppendEvent: one data line per line of payload, so that
+// a reader of the log gets payload back whole).
 func (rc *runRecorder) append(payload []byte, text string) {
-	event := make([]byte, 0, len(payload)+8)
-	for {
-		line, rest, more := bytes.Cut(payload, []byte("\n"))
-		event = append(append(append(event, "data: "...), line...), '\n')
-		if !more {
-			break
-		}
-		payload = rest
-	}
-	rc.run.Append(append(event, '\n'), text)
+	rc.run.Append(sse.AppendEvent(make([]byte, 0, len(payload)+8), "", payload), text)
 }
 
 // normalized records a normalized-path run as the chat route streams it
@@ -281,20 +272,13 @@ func (rc *runRecorder) append(payload []byte, text string) {
 // chunks' (model: the name the run asked for). It returns the recording's
 // reason.
 func (rc *runRecorder) normalized(run Run, id string, created int64, model string, includeUsage bool) string {
-	chunk := func(delta chunkDelta, finish *string, text string) {
-		b, _ := json.Marshal(chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: model,
-			Choices: []chunkChoice{{Delta: delta, FinishReason: finish}}})
-		rc.append(b, text)
-	}
-	start := func() {
-		if rc.started {
-			return
-		}
-		rc.status, rc.started, rc.sse = http.StatusOK, true, true
-		empty := ""
-		chunk(chunkDelta{Role: "assistant", Content: &empty}, nil, "")
-	}
-	var usage usage
+	chunks := chunkRenderer{id: id, created: created, model: model,
+		sink: func(data []byte, text string) error {
+			rc.status, rc.started, rc.sse = http.StatusOK, true, true
+			rc.append(data, text)
+			return nil
+		}}
+	var used usage
 	finish, err := func() (string, error) {
 		for {
 			msg, err := rc.recv(run)
@@ -309,29 +293,12 @@ func (rc *runRecorder) normalized(run Run, id string, created int64, model strin
 				switch ev.Kind {
 				case contract.EventDelta: // the edge leaves out deltas without content
 					rc.obs.content(1)
-					start()
-					if s := ev.Thinking; s != "" {
-						chunk(chunkDelta{ReasoningContent: &s}, nil, "")
-					}
-					if s := ev.Text; s != "" {
-						chunk(chunkDelta{Content: &s}, nil, s)
-					}
-					if len(ev.ToolCalls) > 0 {
-						parts := make([]toolCall, 0, len(ev.ToolCalls))
-						for _, part := range ev.ToolCalls {
-							index := part.Index
-							tc := toolCall{Index: &index, ID: part.ID,
-								Function: toolCallFunction{Name: part.Name, Arguments: part.Arguments}}
-							if tc.ID != "" {
-								tc.Type = "function"
-							}
-							parts = append(parts, tc)
-						}
-						chunk(chunkDelta{ToolCalls: parts}, nil, "")
+					if err := chunks.delta(ev); err != nil {
+						return "", err
 					}
 				case contract.EventUsage:
-					usage = usageOf(ev)
-					rc.obs.tokens(usage.PromptTokens, usage.CompletionTokens)
+					used = usageOf(ev)
+					rc.obs.tokens(used.PromptTokens, used.CompletionTokens)
 				case contract.EventEnd:
 					if ev.FinishReason == "" {
 						return "stop", nil
@@ -349,16 +316,14 @@ func (rc *runRecorder) normalized(run Run, id string, created int64, model strin
 	case err != nil:
 		return rc.failStarted(run, err)
 	}
-	start()
-	chunk(chunkDelta{}, &finish, "")
 	rc.finishReason = finish
+	var u *usage
 	if includeUsage {
-		b, _ := json.Marshal(chatChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: model,
-			Choices: []chunkChoice{}, Usage: &usage})
-		rc.append(b, "")
-		rc.promptTokens, rc.completionTokens = usage.PromptTokens, usage.CompletionTokens
+		u = &used
+		rc.promptTokens, rc.completionTokens = used.PromptTokens, used.CompletionTokens
 	}
-	rc.run.Append([]byte("data: [DONE]\n\n"), "")
+	_ = chunks.end(finish, u) // the sink does not fail
+	rc.run.Append(sse.AppendDone(nil), "")
 	return reasonCompleted
 }
 

@@ -13,7 +13,9 @@ import (
 	"strings"
 	"time"
 
+	"iop/internal/edge/contract"
 	"iop/internal/runs"
+	"iop/internal/sse"
 )
 
 // The runs API (served when Config.Runs is set):
@@ -208,9 +210,9 @@ func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
 		Metadata:   sub.metadata,
 		KeyName:    keyName(r.Context()),
 	}
-	obs.request(&Request{Model: rec.Model})
+	obs.request(&contract.Request{Model: rec.Model})
 	if err := checkModel(r.Context(), rec.Model); err != nil {
-		h.writeError(w, r, err, &Request{Model: rec.Model})
+		h.writeError(w, r, err, &contract.Request{Model: rec.Model})
 		return
 	}
 	nodeID, providerID := h.cfg.Runs.Affinity(sub.sessionID)
@@ -254,7 +256,7 @@ func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
 		// It never reached a provider (an unknown model, a full queue, ...):
 		// answered as the chat route answers it; the record stays listed.
 		w.Header().Set("Location", runsPrefix+rec.ID)
-		h.writeError(w, r, dispatchErr, &Request{Model: sub.chat.Model, Needs: sub.chat.Needs})
+		h.writeError(w, r, dispatchErr, &contract.Request{Model: sub.chat.Model, Needs: sub.chat.Needs})
 		return
 	}
 	writeJSON(w, http.StatusOK, renderRecord(final))
@@ -377,7 +379,7 @@ func replayRecord(rec runs.Record) []byte {
 	var out []byte
 	event := func(v any) {
 		b, _ := json.Marshal(v)
-		out = append(append(append(out, "data: "...), b...), "\n\n"...)
+		out = sse.AppendEvent(out, "", b)
 	}
 	base := map[string]any{"id": "chatcmpl-" + rec.ID, "object": "chat.completion.chunk", "created": rec.CreatedAt.Unix(), "model": rec.Model}
 	if rec.Output != "" || rec.State == runs.StateComplete {
@@ -394,7 +396,7 @@ func replayRecord(rec runs.Record) []byte {
 		usage["choices"] = []any{}
 		usage["usage"] = map[string]int{"prompt_tokens": rec.PromptTokens, "completion_tokens": rec.CompletionTokens, "total_tokens": rec.PromptTokens + rec.CompletionTokens}
 		event(usage)
-		return append(out, "data: [DONE]\n\n"...)
+		return sse.AppendDone(out)
 	}
 	msg := rec.Error
 	if msg == "" {

@@ -14,7 +14,7 @@ import (
 	"iop/internal/wire/nodev1"
 )
 
-// TestRegression_RunRecordsTunnelEventsWhole (issue 16): a run on the
+// TestRegression_RunRecordsTunnelEventsWhole: a run on the
 // tunnel path records the provider's OpenAI stream event by event, by the
 // SSE rules (WHATWG HTML; package sse), whatever its valid framing: CRLF
 // line ends, a comment line, an event whose data comes in two `data:`
@@ -144,7 +144,7 @@ func TestRunEventsAreTheChatStream(t *testing.T) {
 		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			env := newEnv(t, Config{Runs: newRunsManager(t)}, func(context.Context, Request) (Run, error) {
+			env := newEnv(t, Config{Runs: newRunsManager(t)}, func(context.Context, contract.Request) (Run, error) {
 				return scriptedRun(tc.path, tc.msgs()...), nil
 			})
 			resp, err := http.Post(env.srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(

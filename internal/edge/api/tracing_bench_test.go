@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"iop/internal/edge/contract"
 )
 
 // discardSpans is a span processor that drops every span: the cost of
@@ -27,7 +29,7 @@ func (discardSpans) ForceFlush(context.Context) error                { return ni
 // exporter's) and unsampled (the SDK with a never sampler).
 func BenchmarkTracedTunnelStream20(b *testing.B) {
 	msgs, body := tunnelStream20()
-	gw := &fakeGateway{models: []string{"bench-openai"}, dispatch: func(context.Context, Request) (Run, error) {
+	gw := &fakeGateway{models: []string{"bench-openai"}, dispatch: func(context.Context, contract.Request) (Run, error) {
 		return &listRun{msgs: msgs}, nil
 	}}
 	logger := slog.New(slog.DiscardHandler)

@@ -16,6 +16,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+
+	"iop/internal/edge/contract"
 )
 
 const (
@@ -32,7 +34,7 @@ type tracedEnv struct {
 	logs  bytes.Buffer
 }
 
-func newTracedEnv(t *testing.T, sampler sdktrace.Sampler, dispatch func(context.Context, Request) (Run, error)) *tracedEnv {
+func newTracedEnv(t *testing.T, sampler sdktrace.Sampler, dispatch func(context.Context, contract.Request) (Run, error)) *tracedEnv {
 	t.Helper()
 	te := &tracedEnv{spans: tracetest.NewSpanRecorder()}
 	cfg := Config{Now: time.Now}
@@ -88,7 +90,7 @@ func attrsOf(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
 func TestTraceCompletedRequest(t *testing.T) {
 	var dispatchCtx trace.SpanContext
 	run := scriptedRun(normalized, events(started(), delta("Hello")), events(usageEvent(5, 2), complete("length")))
-	te := newTracedEnv(t, sdktrace.ParentBased(sdktrace.AlwaysSample()), func(ctx context.Context, _ Request) (Run, error) {
+	te := newTracedEnv(t, sdktrace.ParentBased(sdktrace.AlwaysSample()), func(ctx context.Context, _ contract.Request) (Run, error) {
 		dispatchCtx = trace.SpanContextFromContext(ctx)
 		return run, nil
 	})
@@ -186,7 +188,7 @@ func TestTraceIDOnlyWhenSampled(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var dispatchCtx trace.SpanContext
 			run := scriptedRun(normalized, events(started(), delta("Hello")), events(complete("stop")))
-			te := newTracedEnv(t, tc.sampler, func(ctx context.Context, _ Request) (Run, error) {
+			te := newTracedEnv(t, tc.sampler, func(ctx context.Context, _ contract.Request) (Run, error) {
 				dispatchCtx = trace.SpanContextFromContext(ctx)
 				return run, nil
 			})

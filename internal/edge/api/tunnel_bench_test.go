@@ -23,8 +23,8 @@ type listRun struct {
 	i    int
 }
 
-func (r *listRun) Info() DispatchInfo {
-	return DispatchInfo{RunID: "run_0123456789abcdef", NodeID: "n", ProviderID: "p", Path: contract.PathTunnel}
+func (r *listRun) Info() contract.DispatchInfo {
+	return contract.DispatchInfo{RunID: "run_0123456789abcdef", NodeID: "n", ProviderID: "p", Path: contract.PathTunnel}
 }
 func (r *listRun) Close(contract.Outcome) {}
 func (r *listRun) Cancel(string)          {}
@@ -71,7 +71,7 @@ func tunnelStream20() (msgs []*contract.Message, body string) {
 // same stream (an in-memory runs store).
 func BenchmarkTunnelStream20(b *testing.B) {
 	msgs, body := tunnelStream20()
-	gw := &fakeGateway{models: []string{"bench-openai"}, dispatch: func(context.Context, Request) (Run, error) {
+	gw := &fakeGateway{models: []string{"bench-openai"}, dispatch: func(context.Context, contract.Request) (Run, error) {
 		return &listRun{msgs: msgs}, nil
 	}}
 	logger := slog.New(slog.DiscardHandler)

@@ -176,7 +176,7 @@ func TestTunnelStreamObserversAgree(t *testing.T) {
 		for how, chunks := range map[string][]string{"awkward": awkwardCuts(tc.stream), "bytewise": strings.Split(tc.stream, "")} {
 			t.Run(tc.name+"/"+how, func(t *testing.T) {
 				recs, led := &records{}, &recordingLedger{}
-				env := newEnv(t, Config{Observer: recs, Ledger: led, Runs: newRunsManager(t)}, func(context.Context, Request) (Run, error) {
+				env := newEnv(t, Config{Observer: recs, Ledger: led, Runs: newRunsManager(t)}, func(context.Context, contract.Request) (Run, error) {
 					return tunnelRun(chunks, tc.last), nil
 				})
 				chat := env.post(t, "/v1/chat/completions", "application/json", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"x"}]}`)
@@ -242,7 +242,7 @@ func TestTunnelStreamParsedOnce(t *testing.T) {
 	stream := awkwardStream("data: [DONE]\r\n\r\n")
 	for how, chunks := range map[string][]string{"awkward": awkwardCuts(stream), "bytewise": strings.Split(stream, ""), "whole": {stream}} {
 		t.Run(how, func(t *testing.T) {
-			env := newEnv(t, Config{Observer: &records{}, Ledger: &recordingLedger{}, Runs: newRunsManager(t)}, func(context.Context, Request) (Run, error) {
+			env := newEnv(t, Config{Observer: &records{}, Ledger: &recordingLedger{}, Runs: newRunsManager(t)}, func(context.Context, contract.Request) (Run, error) {
 				return tunnelRun(chunks, tunnelEnd()), nil
 			})
 			before := tunnelBytesRead.Load()
@@ -265,7 +265,7 @@ func TestTunnelStreamParsedOnce(t *testing.T) {
 	}
 }
 
-// TestRegression_TunnelUsageReadOnceForAll (issue 16): the metrics, the
+// TestRegression_TunnelUsageReadOnceForAll: the metrics, the
 // ledger and the runs API read a tunnel stream's usage from the same one
 // reading of each event. When the runs recorder decoded each chunk again
 // for itself, a usage chunk whose choices it could not decode (an index
@@ -276,7 +276,7 @@ func TestRegression_TunnelUsageReadOnceForAll(t *testing.T) {
 		`data: {"choices":[{"index":"0","delta":{}}],"usage":{"prompt_tokens":5,"completion_tokens":1}}` + "\n\n" +
 		"data: [DONE]\n\n"
 	recs, led := &records{}, &recordingLedger{}
-	env := newEnv(t, Config{Observer: recs, Ledger: led, Runs: newRunsManager(t)}, func(context.Context, Request) (Run, error) {
+	env := newEnv(t, Config{Observer: recs, Ledger: led, Runs: newRunsManager(t)}, func(context.Context, contract.Request) (Run, error) {
 		return tunnelRun([]string{stream}, tunnelEnd()), nil
 	})
 	run := submitRun(t, env)

@@ -11,8 +11,8 @@ import (
 	"iop/internal/sse"
 )
 
-// oldFinalHold is finalHold as it was before its stream had one reader
-// (issue 16): it scanned the relayed bytes for the lines that end a stream
+// oldFinalHold is finalHold as it was before its stream had one reader:
+// it scanned the relayed bytes for the lines that end a stream
 // itself, while the observation and the runs recorder each ran an
 // sse.Reader of their own (the observation's over every byte, the runs
 // recorder's over the bytes released). It is the reference the one

@@ -15,6 +15,7 @@ func scan(sse bool, chunks ...string) (in, out int, ok bool, content int) {
 }
 
 func TestUsageScanner(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name    string
 		sse     bool
@@ -58,6 +59,7 @@ func TestUsageScanner(t *testing.T) {
 // A line or body over the bound is skipped, not kept, and scanning goes on
 // with the next line.
 func TestUsageScannerBound(t *testing.T) {
+	t.Parallel()
 	long := "data: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1},\"pad\":\"" + strings.Repeat("x", maxUsageScanBytes) + "\"}\n\n"
 	in, out, ok, _ := scan(true, long[:100], long[100:], "data: {\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":6}}\n\n")
 	if !ok || in != 5 || out != 6 {

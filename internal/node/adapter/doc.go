@@ -1,40 +1,32 @@
 // Package adapter drives the model servers a node runs next to. An adapter
-// takes one dispatched request (the client's OpenAI-shaped JSON body plus the
-// served model name) and answers it over one of the two execution paths:
+// takes one dispatched request (the client's OpenAI-shaped JSON body plus
+// the served model name) and answers it over one of the two execution
+// paths:
 //
-//   - normalized ([Normalizer]): the provider speaks its own protocol and the
-//     adapter turns the answer into run events (started, delta, usage,
-//     complete). [Ollama] translates chat completions to POST /api/chat,
-//     completions to POST /api/generate and embeddings to POST /api/embed,
-//     always streams from Ollama, and reads its NDJSON line by line. The
-//     Dispatch's ollama_fields (Request.OllamaFields: Ollama-only fields
-//     the client sent, keep_alive, think, num_ctx, ...) are set on the
-//     Ollama request with their JSON values unchanged; the body is
-//     decoded once. A
-//     thinking model's message.thinking becomes the deltas' thinking.
-//     STARTED goes with the answer's first line, so a 2xx whose first
-//     line (or whole embed answer) is an error object fails with
-//     [ErrProviderError] before anything was sent.
-//   - tunnel ([Tunneler]): the provider is OpenAI-compatible (OpenAI, vLLM,
-//     llama.cpp server, ...). [OpenAI] posts the body, with only its
-//     top-level "model" rewritten to the served model (a body that needs
-//     no change goes byte for byte as it came), to
-//     {base_url}/chat/completions, /completions or /embeddings and relays a
-//     2xx answer's status and body bytes unchanged, chunk by chunk as they
-//     arrive (SSE passes through untouched), with an allowlist of its
-//     headers, once the answer is known not to be an error object: an SSE
-//     answer's head waits for its first event, any other answer's for its
-//     end or its first 64 KiB. A 2xx that is an error object (the whole
-//     JSON body, or the stream's first event) relays nothing and fails
-//     with [ErrProviderError] (502, the provider's message). An SSE answer
-//     is watched for a later error event inside the 2xx stream (relayed
-//     unchanged, reported as [ErrProviderReported]) and for its closing
-//     `data: [DONE]` (without it the stream was cut short:
-//     [ErrProviderStream]).
-//     An error answer (4xx, 5xx) is relayed as one OpenAI error
-//     object with the provider's status, scrubbed of its URL and key (a
-//     plain-text or HTML body keeps its text, or an HTML page's title); a
-//     redirect is a 502.
+//   - normalized ([Normalizer]): the provider speaks its own protocol and
+//     the adapter turns the answer into run events (started, delta, usage,
+//     complete). [Ollama.Normalize] translates to Ollama's API and reads
+//     its NDJSON; [CLI.Normalize] runs a command and streams its stdout.
+//   - tunnel ([Tunneler]): the provider is OpenAI-compatible (OpenAI,
+//     vLLM, llama.cpp server, ...). [OpenAI.Tunnel] posts the body with
+//     only "model" rewritten and relays a 2xx answer's bytes unchanged,
+//     once it is known not to be an error object.
+//
+// # What lives where
+//
+//   - adapter.go, errors.go: the interfaces, Request, the sinks, Error.
+//   - ollama.go, ollama_stream.go, stop.go: Ollama (the normalized path).
+//   - openai.go, openai_sse.go, rewrite.go, bodytext.go: OpenAI (the
+//     tunnel), its header allowlist and error objects.
+//   - cli.go, cli_prompt.go: CLI (a local command as a provider).
+//   - redact_stream.go: the provider's key never reaches a client.
+//
+// # Invariants
+//
+//   - Nothing relayed or reported holds the provider's URL or API key.
+//   - A 2xx that is an error object is a failure before the first byte.
+//   - A Normalizer's last event on success is COMPLETE.
+//   - Sinks are called from the calling goroutine, one call at a time.
 //
 // # Outcomes
 //

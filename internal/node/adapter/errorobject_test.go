@@ -11,8 +11,8 @@ import (
 	"iop/internal/wire/nodev1"
 )
 
-// A 2xx answer that is an error object (issue 15: "an error on every path
-// and every status, 200 included") is a failure before the first byte on
+// A 2xx answer that is an error object (an error on every path and every
+// status, 200 included) is a failure before the first byte on
 // the tunnel: nothing is relayed, and the call fails with
 // ErrProviderError, status 502 and the provider's message, scrubbed of
 // its address and key. So is a stream whose first event is an error
@@ -97,7 +97,7 @@ func TestTunnelErrorObjectIn2xx(t *testing.T) {
 // TestRegression_StreamAnsweredWithoutAnEventStreamIsAnError: a streamed
 // request whose provider answered 200 with an HTML error page (a proxy's
 // "502 Bad Gateway") or a JSON object cut short was relayed to the client
-// as it was and recorded completed (a break-it report). A 2xx answer to a
+// as it was and recorded completed. A 2xx answer to a
 // streamed request that is not an event stream is a provider failure
 // before its first byte (502, nothing relayed, retried elsewhere), naming
 // the content type and, for text, what it said. An event stream without

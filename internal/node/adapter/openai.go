@@ -222,7 +222,7 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 	// A streamed request answered 2xx with anything but an event stream
 	// (an HTML error page of a proxy, a truncated JSON object) is no
 	// answer the client can read: a provider failure before its first
-	// byte, not a stream relayed as completed (a break-it report).
+	// byte, not a stream relayed as completed.
 	notAStream := req.Stream && watch == nil
 	scrub := newStreamRedactor(o.p.apiKey)
 	// The body's length as relayed is known before its end when the

@@ -173,8 +173,8 @@ func TestTunnelRegression_RedirectRelayed(t *testing.T) {
 }
 
 // The provider's nginx error page reached the client as HTML. Its message
-// (the page's title) is kept, as issue 15 asks of a plain-text or HTML
-// error body; its markup and the proxy's signature are not.
+// (the page's title) is kept, as for any plain-text or HTML error
+// body; its markup and the proxy's signature are not.
 func TestTunnelRegression_HTMLErrorPageRelayed(t *testing.T) {
 	runTunnelCase(t, tunnelCase{
 		answer: answerWith(http.StatusBadGateway, http.Header{

@@ -8,8 +8,7 @@ import (
 // TestRegression_TunnelRelaysEchoedProviderKey: a provider that echoed its
 // API key inside a 200 SSE stream (`data: {"error":{"message":"key
 // Bearer sk-... was revoked"}}`) had it relayed to the client byte for
-// byte (found by cmd/iop TestProviderKeyNeverEchoed). The relayed body now
-// has it replaced, wherever chunk boundaries fall.
+// byte. The relayed body must have it replaced, wherever chunk boundaries fall.
 func TestRegression_TunnelRelaysEchoedProviderKey(t *testing.T) {
 	const key = "sk-test-PROVIDER-SECRET-9f3a71c2"
 	body := "data: {\"choices\":[{\"delta\":{\"content\":\"sk-test ok\"}}]}\n\n" +

@@ -87,7 +87,7 @@ func FuzzRewriteModel(f *testing.F) {
 // TestRewriteModelUnchangedBodyNotDecoded: a body whose model already is
 // the served name goes to the provider as it came, the same bytes, and is
 // not decoded to tell (no allocation, where encoding/json's decoder
-// allocates for every member; issue 16).
+// allocates for every member).
 func TestRewriteModelUnchangedBodyNotDecoded(t *testing.T) {
 	body := []byte(`{"messages":[{"role":"user","content":"say \"model\": hi","model":"other"}],"model":"served",` +
 		`"tools":[{"type":"function","function":{"name":"model"}}],"stream":true}`)

@@ -649,10 +649,14 @@ type Provider struct {
 	// provider: its /api/ps). Unset for a provider whose node reads none (an
 	// OpenAI-compatible server serves its models always) and from a node
 	// from before these fields.
-	LoadedSet     bool           `protobuf:"varint,10,opt,name=loaded_set,json=loadedSet,proto3" json:"loaded_set,omitempty"`
-	Loaded        []*LoadedModel `protobuf:"bytes,11,rep,name=loaded,proto3" json:"loaded,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LoadedSet bool           `protobuf:"varint,10,opt,name=loaded_set,json=loadedSet,proto3" json:"loaded_set,omitempty"`
+	Loaded    []*LoadedModel `protobuf:"bytes,11,rep,name=loaded,proto3" json:"loaded,omitempty"`
+	// How many models the provider's server holds loaded at once, as
+	// configured on the node (max_loaded_models); 0 = not configured: the
+	// edge learns it from the readings of loaded.
+	MaxLoadedModels int32 `protobuf:"varint,12,opt,name=max_loaded_models,json=maxLoadedModels,proto3" json:"max_loaded_models,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Provider) Reset() {
@@ -760,6 +764,13 @@ func (x *Provider) GetLoaded() []*LoadedModel {
 		return x.Loaded
 	}
 	return nil
+}
+
+func (x *Provider) GetMaxLoadedModels() int32 {
+	if x != nil {
+		return x.MaxLoadedModels
+	}
+	return 0
 }
 
 // LoadedModel is one model a provider's server holds loaded (Ollama's
@@ -3142,7 +3153,7 @@ const file_node_proto_rawDesc = "" +
 	"\tproviders\x18\x04 \x03(\v2\x15.iop.node.v1.ProviderR\tproviders\x12/\n" +
 	"\x13runtime_concurrency\x18\x05 \x01(\x05R\x12runtimeConcurrency\x12\x18\n" +
 	"\aversion\x18\x06 \x01(\tR\aversion\x12\x1a\n" +
-	"\binstance\x18\a \x01(\tR\binstance\"\xa8\x03\n" +
+	"\binstance\x18\a \x01(\tR\binstance\"\xd4\x03\n" +
 	"\bProvider\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x16\n" +
@@ -3156,7 +3167,8 @@ const file_node_proto_rawDesc = "" +
 	"\n" +
 	"loaded_set\x18\n" +
 	" \x01(\bR\tloadedSet\x120\n" +
-	"\x06loaded\x18\v \x03(\v2\x18.iop.node.v1.LoadedModelR\x06loaded\"\x9e\x02\n" +
+	"\x06loaded\x18\v \x03(\v2\x18.iop.node.v1.LoadedModelR\x06loaded\x12*\n" +
+	"\x11max_loaded_models\x18\f \x01(\x05R\x0fmaxLoadedModels\"\x9e\x02\n" +
 	"\vLoadedModel\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x12\n" +

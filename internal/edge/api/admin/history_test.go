@@ -1,4 +1,4 @@
-package api
+package admin
 
 import (
 	"encoding/base64"
@@ -6,8 +6,8 @@ import (
 	"sync"
 	"testing"
 
-	"iop/internal/auth"
 	"iop/internal/edge/adminwire"
+	"iop/internal/edge/api"
 )
 
 // fakeHistory answers Since with one second at since+1 and records the
@@ -30,10 +30,10 @@ func (f *fakeHistory) Since(since int64) adminwire.History {
 // name, as a browser sends it), passes ?since= on as Unix seconds and
 // refuses one that is not an integer.
 func TestHistoryRoute(t *testing.T) {
-	f := newKeys(t, auth.Key{})
+	t.Parallel()
+	f := newKeys(t)
 	hist := &fakeHistory{}
-	gw := &fakeGateway{}
-	env := newEnvWithGateway(t, Config{Keys: f.keys, AdminKeys: f.admin, History: hist}, emptyAdmin{gw}, gw)
+	env := newEnv(t, api.Config{Keys: f.keys, AdminKeys: f.admin}, Config{History: hist})
 	basic := func(user, password string) map[string]string {
 		return map[string]string{"Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+password))}
 	}
@@ -48,21 +48,21 @@ func TestHistoryRoute(t *testing.T) {
 		"basic, any user name": {basic("whoever", f.adminKey), 200},
 		"basic, no user name":  {basic("", f.adminKey), 200},
 	} {
-		if resp := env.send(t, "GET", "/admin/v1/history?since=1800000000", "", c.header); resp.status != c.status {
+		if resp := env.send(t, "GET", "/admin/v1/history?since=1800000000", c.header); resp.status != c.status {
 			t.Errorf("%s: %d %s, want %d", name, resp.status, resp.body, c.status)
 		}
 	}
-	resp := env.send(t, "GET", "/admin/v1/history?since=1800000000", "", bearer(f.adminKey))
+	resp := env.send(t, "GET", "/admin/v1/history?since=1800000000", bearer(f.adminKey))
 	var got adminwire.History
 	if err := json.Unmarshal([]byte(resp.body), &got); err != nil || got.Through != 1800000001 || len(got.Data) != 1 ||
 		got.Data[0].Requests["completed"] != 2 || resp.header.Get("Cache-Control") != "no-store" {
 		t.Errorf("history: %v %+v (Cache-Control %q)", err, got, resp.header.Get("Cache-Control"))
 	}
-	if resp := env.send(t, "GET", "/admin/v1/history", "", bearer(f.adminKey)); resp.status != 200 {
+	if resp := env.send(t, "GET", "/admin/v1/history", bearer(f.adminKey)); resp.status != 200 {
 		t.Errorf("no since: %d", resp.status)
 	}
 	for _, q := range []string{"?since=yesterday", "?since=1.5", "?since=1e9"} {
-		if resp := env.send(t, "GET", "/admin/v1/history"+q, "", bearer(f.adminKey)); resp.status != 400 {
+		if resp := env.send(t, "GET", "/admin/v1/history"+q, bearer(f.adminKey)); resp.status != 400 {
 			t.Errorf("%s: %d, want 400", q, resp.status)
 		}
 	}

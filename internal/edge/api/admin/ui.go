@@ -1,4 +1,4 @@
-package api
+package admin
 
 import (
 	"embed"
@@ -6,6 +6,8 @@ import (
 	"mime"
 	"net/http"
 	"path"
+
+	"iop/internal/edge/api"
 )
 
 // uiFiles are the dashboard's static files, embedded in the binary: no CDN,
@@ -16,13 +18,13 @@ var uiFiles embed.FS
 
 // uiRoutes serves the live dashboard: GET /ui (and /ui/) is its page, each
 // other file of ui/ is GET /ui/<name>. The page reads the admin routes and
-// follows GET /admin/v1/events, so it shows data only when the Gateway
-// implements Admin and Config.Events is set; its charts (charts.js) read
-// GET /admin/v1/history (Config.History) each second. It builds every URL
+// follows GET /admin/v1/events, so it shows data only when Config.Snapshots
+// and Config.Events are set; its charts (charts.js) read GET
+// /admin/v1/history (Config.History) each second. It builds every URL
 // from its origin, never relative to its own URL, which may hold
 // credentials (http://user:KEY@edge/ui) that fetch refuses.
-func uiRoutes() map[string]route {
-	routes := make(map[string]route)
+func uiRoutes() map[string]api.Route {
+	routes := make(map[string]api.Route)
 	_ = fs.WalkDir(uiFiles, "ui", func(name string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
@@ -42,10 +44,10 @@ func uiRoutes() map[string]route {
 				_, _ = w.Write(data)
 			}
 		}
-		routes["/"+name] = route{http.MethodGet, serve}
+		routes["/"+name] = api.Route{Method: http.MethodGet, Serve: serve}
 		if path.Base(name) == "index.html" {
-			routes["/ui"] = route{http.MethodGet, serve}
-			routes["/ui/"] = route{http.MethodGet, serve}
+			routes["/ui"] = api.Route{Method: http.MethodGet, Serve: serve}
+			routes["/ui/"] = api.Route{Method: http.MethodGet, Serve: serve}
 		}
 		return nil
 	})

@@ -1,47 +1,34 @@
-package api
+package admin
 
 import (
-	"errors"
-	"iop/internal/edge/contract"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"iop/internal/edge/api"
+	"iop/internal/edge/contract"
 )
 
-// adminGateway is a fakeGateway that also implements Admin with a fixed
-// snapshot.
-type adminGateway struct {
-	*fakeGateway
-	snap AdminSnapshot
-}
-
-var _ Admin = adminGateway{}
-
-func (g adminGateway) Snapshot() AdminSnapshot { return g.snap }
-
-// newAdminEnv starts a server over a gateway that implements Admin.
-func newAdminEnv(t *testing.T, snap AdminSnapshot) *testEnv {
+// newAdminEnv serves the state routes over snap.
+func newAdminEnv(t *testing.T, snap contract.Snapshot) *testEnv {
 	t.Helper()
-	env := &testEnv{t: t, gw: &fakeGateway{dispatch: failWith(errors.New("unused"))}}
-	env.srv = httptest.NewServer(New(Config{}, adminGateway{env.gw, snap}, nil))
-	t.Cleanup(env.srv.Close)
-	return env
+	return newEnv(t, api.Config{}, Config{Snapshots: snapshot(snap)})
 }
 
 func TestAdminRoutes(t *testing.T) {
+	t.Parallel()
 	connected := time.Date(2025, 3, 1, 12, 0, 0, 0, time.FixedZone("CET", 3600))
 	seen := time.Date(2025, 3, 1, 11, 5, 30, 250e6, time.UTC)
-	snap := AdminSnapshot{
-		Nodes: []AdminNode{
+	snap := contract.Snapshot{
+		Nodes: []contract.NodeSnapshot{
 			{NodeID: "gpu-1", Label: "rack a", Version: "0.3.0", Generation: 4, ConnectedAt: connected, LastSeen: seen, Providers: []string{"ollama-1", "vllm-1"}},
 			{NodeID: "gpu-2", Generation: 1, ConnectedAt: connected, LastSeen: seen, Draining: true}, // no providers: []
 		},
-		Providers: []AdminProvider{
+		Providers: []contract.ProviderSnapshot{
 			{
 				NodeID: "gpu-1", ProviderID: "ollama-1", Type: "ollama", Generation: 4,
-				Models: []string{"llama3:8b"}, Capabilities: []string{"tools"}, Path: normalized, Healthy: true,
+				Models: []string{"llama3:8b"}, Capabilities: []string{"tools"}, Path: contract.PathNormalized, Healthy: true,
 				Capacity: 4, LongCapacity: 1, InFlight: 3, LongInFlight: 1, Queued: 2, Load: 0.75, Status: "available",
 				Circuit: "closed", ModelCapabilities: map[string][]string{"llama3:8b": {"completion", "tools"}},
 			},
@@ -49,12 +36,12 @@ func TestAdminRoutes(t *testing.T) {
 			// details, so models and capabilities are [].
 			{NodeID: "gpu-3", ProviderID: "p", Generation: 2, Capacity: 2, InFlight: 1, Load: 0.5, Status: "orphan", Circuit: "open"},
 		},
-		Queues: []AdminQueue{{Model: "chat", MaxQueue: 64, QueueTimeout: 30 * time.Second, Queued: 2, Fairness: "on",
+		Queues: []contract.QueueSnapshot{{Model: "chat", MaxQueue: 64, QueueTimeout: 30 * time.Second, Queued: 2, Fairness: "on",
 			Flows: []contract.FlowQueue{{Flow: "alice", Priority: "critical", Queued: 1}, {Flow: "bob", Priority: "standard", Queued: 1}}}},
 	}
 	tests := []struct {
 		path string
-		snap AdminSnapshot
+		snap contract.Snapshot
 		want string
 	}{
 		{"/admin/v1/nodes", snap, `[` +
@@ -65,9 +52,9 @@ func TestAdminRoutes(t *testing.T) {
 			`{"node_id":"gpu-3","provider_id":"p","type":"","capacity":2,"in_flight":1,"long_capacity":0,"long_in_flight":0,"queued":0,"load_ratio":0.5,"health":"unhealthy","models":[],"capabilities":[],"status":"orphan","circuit":"open"}]`},
 		{"/admin/v1/queues", snap, `[{"model":"chat","policy":{"max_queue":64,"queue_timeout_ms":30000,"fairness":"on"},"queued":2,` +
 			`"flows":[{"flow":"alice","priority":"critical","queued":1},{"flow":"bob","priority":"standard","queued":1}]}]`},
-		{"/admin/v1/nodes", AdminSnapshot{}, `[]`},
-		{"/admin/v1/providers", AdminSnapshot{}, `[]`},
-		{"/admin/v1/queues", AdminSnapshot{}, `[]`},
+		{"/admin/v1/nodes", contract.Snapshot{}, `[]`},
+		{"/admin/v1/providers", contract.Snapshot{}, `[]`},
+		{"/admin/v1/queues", contract.Snapshot{}, `[]`},
 	}
 	for _, tt := range tests {
 		name := tt.path
@@ -91,9 +78,10 @@ func TestAdminRoutes(t *testing.T) {
 }
 
 func TestAdminRoutesMethodAndAbsence(t *testing.T) {
-	withAdmin := newAdminEnv(t, AdminSnapshot{})
-	// A Gateway that does not implement Admin has no admin routes.
-	without := newEnv(t, Config{}, failWith(errors.New("unused")))
+	t.Parallel()
+	withAdmin := newAdminEnv(t, contract.Snapshot{})
+	// Without Config.Snapshots the state routes are not served.
+	without := newEnv(t, api.Config{}, Config{})
 
 	tests := []struct {
 		name, method, path string
@@ -105,20 +93,18 @@ func TestAdminRoutesMethodAndAbsence(t *testing.T) {
 		{"providers by POST", "POST", "/admin/v1/providers", withAdmin, 405, "method_not_allowed", "GET"},
 		{"nodes by DELETE", "DELETE", "/admin/v1/nodes", withAdmin, 405, "method_not_allowed", "GET"},
 		{"unknown admin path", "GET", "/admin/v1/events", withAdmin, 404, "unknown_url", ""},
-		{"nodes without Admin", "GET", "/admin/v1/nodes", without, 404, "unknown_url", ""},
-		{"providers without Admin", "GET", "/admin/v1/providers", without, 404, "unknown_url", ""},
-		{"queues without Admin", "GET", "/admin/v1/queues", without, 404, "unknown_url", ""},
+		{"nodes without Snapshots", "GET", "/admin/v1/nodes", without, 404, "unknown_url", ""},
+		{"providers without Snapshots", "GET", "/admin/v1/providers", without, 404, "unknown_url", ""},
+		{"queues without Snapshots", "GET", "/admin/v1/queues", without, 404, "unknown_url", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			req, _ := http.NewRequest(tt.method, tt.env.srv.URL+tt.path, nil)
-			resp := tt.env.do(t, req)
+			resp := tt.env.send(t, tt.method, tt.path, nil)
 			if resp.status != tt.wantStatus {
 				t.Fatalf("status = %d, want %d (%s)", resp.status, tt.wantStatus, resp.body)
 			}
-			_, _, _, code := openAIError(t, resp.body)
-			if str(code) != tt.wantCode {
-				t.Errorf("code = %s, want %s", str(code), tt.wantCode)
+			if code := errorCode(t, resp.body); code != tt.wantCode {
+				t.Errorf("code = %s, want %s", code, tt.wantCode)
 			}
 			if got := resp.header.Get("Allow"); got != tt.wantAllow {
 				t.Errorf("Allow = %q, want %q", got, tt.wantAllow)

@@ -1,4 +1,4 @@
-package api
+package admin
 
 import (
 	"encoding/json"
@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"iop/internal/edge/lifecycle"
+	"iop/internal/sse"
 )
 
 // Events is what GET /admin/v1/events needs: a subscription to the edge's
@@ -40,8 +41,8 @@ const (
 // reconnects by itself (after the `retry: 1000` ms the stream announces)
 // and should then re-read the state. The stream also ends when the edge
 // shuts down.
-func (h *handler) events(w http.ResponseWriter, r *http.Request) {
-	sub := h.cfg.Events.Subscribe(eventsBuffer)
+func (s *server) events(w http.ResponseWriter, r *http.Request) {
+	sub := s.cfg.Events.Subscribe(eventsBuffer)
 	defer sub.Close()
 	rc := http.NewResponseController(w)
 	// A server-wide write deadline is for answers, not for a stream that
@@ -55,14 +56,14 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 	if !writeFlush(w, rc, []byte("retry: 1000\n: iop lifecycle events\n\n")) {
 		return
 	}
-	keepAlive := time.NewTicker(h.cfg.EventsKeepAlive)
+	keepAlive := time.NewTicker(s.cfg.EventsKeepAlive)
 	defer keepAlive.Stop()
 	for {
 		select {
 		case e, ok := <-sub.Events():
 			if !ok {
 				if sub.Dropped() {
-					writeFlush(w, rc, []byte("event: dropped\ndata: {\"reason\":\"slow subscriber\"}\n\n"))
+					writeFlush(w, rc, sse.AppendEvent(nil, "dropped", []byte(`{"reason":"slow subscriber"}`)))
 				}
 				return
 			}
@@ -81,7 +82,7 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 			if err != nil {
-				h.logger.Warn("encoding an event failed", "err", err)
+				s.logger.Warn("encoding an event failed", "err", err)
 				return
 			}
 			if !writeFlush(w, rc, buf) {
@@ -103,9 +104,7 @@ func appendEvent(buf []byte, e lifecycle.Event) ([]byte, error) {
 	if err != nil {
 		return buf, err
 	}
-	buf = append(buf, "data: "...)
-	buf = append(buf, b...)
-	return append(buf, "\n\n"...), nil
+	return sse.AppendEvent(buf, "", b), nil
 }
 
 // writeFlush writes p and flushes it, reporting success.

@@ -1,46 +1,34 @@
-package api
+package admin
 
 import (
 	"net/http"
 
 	"iop/internal/edge/adminwire"
+	"iop/internal/edge/api"
 	"iop/internal/edge/contract"
 )
 
-// Admin is what the admin routes need of the edge: one view of its nodes,
-// providers and queues. A Gateway that also implements Admin gets the
-// /admin/v1 routes; for any other Gateway they answer 404. The edge's
-// *edge.Service implements it.
-type Admin interface {
+// Snapshots is what the state routes need of the edge: one view of its
+// nodes, providers and queues. The edge's *edge.Service is one.
+type Snapshots interface {
 	// Snapshot returns the current nodes, providers and queues. The
 	// slices are the caller's.
-	Snapshot() AdminSnapshot
+	Snapshot() contract.Snapshot
 }
 
-// AdminSnapshot is one view of the edge (contract.Snapshot).
-type AdminSnapshot = contract.Snapshot
-
-// AdminNode, AdminProvider and AdminQueue are one connected node, one
-// provider and one model group's queue of an AdminSnapshot.
-type (
-	AdminNode     = contract.NodeSnapshot
-	AdminProvider = contract.ProviderSnapshot
-	AdminQueue    = contract.QueueSnapshot
-)
-
-// adminRoutes returns the admin routes, each answering a JSON array built
-// from one AdminSnapshot.
-func adminRoutes(adm Admin) map[string]route {
-	serve := func(render func(AdminSnapshot) any) http.HandlerFunc {
+// stateRoutes returns GET /admin/v1/nodes, /providers, /queues and
+// /cluster, each answering JSON built from one snapshot.
+func stateRoutes(snaps Snapshots) map[string]api.Route {
+	serve := func(render func(contract.Snapshot) any) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
-			writeJSON(w, http.StatusOK, render(adm.Snapshot()))
+			api.WriteJSON(w, http.StatusOK, render(snaps.Snapshot()))
 		}
 	}
-	return map[string]route{
-		"/admin/v1/nodes":     {http.MethodGet, serve(adminNodes)},
-		"/admin/v1/providers": {http.MethodGet, serve(adminProviders)},
-		"/admin/v1/queues":    {http.MethodGet, serve(adminQueues)},
-		"/admin/v1/cluster":   {http.MethodGet, serve(adminCluster)},
+	return map[string]api.Route{
+		"/admin/v1/nodes":     {Method: http.MethodGet, Serve: serve(adminNodes)},
+		"/admin/v1/providers": {Method: http.MethodGet, Serve: serve(adminProviders)},
+		"/admin/v1/queues":    {Method: http.MethodGet, Serve: serve(adminQueues)},
+		"/admin/v1/cluster":   {Method: http.MethodGet, Serve: serve(adminCluster)},
 	}
 }
 
@@ -50,7 +38,7 @@ func adminRoutes(adm Admin) map[string]route {
 // edge's cluster name. "leases" counts
 // the unreleased leases of this edge's scheduler (the leader's: every
 // edge's), "runs" the runs this edge relays now.
-func adminCluster(s AdminSnapshot) any {
+func adminCluster(s contract.Snapshot) any {
 	c := s.Cluster
 	if c == nil {
 		return map[string]any{"cluster": false, "leases": s.Leases}
@@ -69,16 +57,10 @@ func adminCluster(s AdminSnapshot) any {
 // The wire shapes of the admin routes. Times are RFC 3339 and slices are
 // never null.
 
-type (
-	adminNodeJSON     = adminwire.Node
-	adminProviderJSON = adminwire.Provider
-	adminQueueJSON    = adminwire.Queue
-)
-
-func adminNodes(s AdminSnapshot) any {
-	out := make([]adminNodeJSON, 0, len(s.Nodes))
+func adminNodes(s contract.Snapshot) any {
+	out := make([]adminwire.Node, 0, len(s.Nodes))
 	for _, n := range s.Nodes {
-		out = append(out, adminNodeJSON{
+		out = append(out, adminwire.Node{
 			ID: n.NodeID, Label: n.Label, Generation: n.Generation,
 			ConnectedSince: n.ConnectedAt.UTC(), LastHeartbeat: n.LastSeen.UTC(),
 			Version: n.Version, Providers: nonNil(n.Providers), Draining: n.Draining,
@@ -87,14 +69,14 @@ func adminNodes(s AdminSnapshot) any {
 	return out
 }
 
-func adminProviders(s AdminSnapshot) any {
-	out := make([]adminProviderJSON, 0, len(s.Providers))
+func adminProviders(s contract.Snapshot) any {
+	out := make([]adminwire.Provider, 0, len(s.Providers))
 	for _, p := range s.Providers {
 		health := "unhealthy"
 		if p.Healthy {
 			health = "healthy"
 		}
-		out = append(out, adminProviderJSON{
+		out = append(out, adminwire.Provider{
 			NodeID: p.NodeID, ProviderID: p.ProviderID, Type: p.Type,
 			Capacity: p.Capacity, InFlight: p.InFlight, LongCapacity: p.LongCapacity, LongInFlight: p.LongInFlight,
 			Queued: p.Queued, LoadRatio: p.Load, Health: health,
@@ -105,10 +87,10 @@ func adminProviders(s AdminSnapshot) any {
 	return out
 }
 
-func adminQueues(s AdminSnapshot) any {
-	out := make([]adminQueueJSON, 0, len(s.Queues))
+func adminQueues(s contract.Snapshot) any {
+	out := make([]adminwire.Queue, 0, len(s.Queues))
 	for _, q := range s.Queues {
-		j := adminQueueJSON{Model: q.Model, Queued: q.Queued, Flows: make([]adminwire.QueueFlow, 0, len(q.Flows)),
+		j := adminwire.Queue{Model: q.Model, Queued: q.Queued, Flows: make([]adminwire.QueueFlow, 0, len(q.Flows)),
 			Targets: q.Targets, UnmatchedTargets: q.UnmatchedTargets}
 		j.Policy.MaxQueue, j.Policy.QueueTimeoutMS, j.Policy.Fairness = q.MaxQueue, q.QueueTimeout.Milliseconds(), q.Fairness
 		for _, f := range q.Flows {

@@ -1,4 +1,4 @@
-package api
+package admin
 
 import (
 	"bufio"
@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/edge/api"
 	"iop/internal/edge/lifecycle"
 	"iop/internal/sse"
 )
@@ -33,8 +34,9 @@ func readEvents(t *testing.T, sc *sse.Scanner, n int) []lifecycle.Event {
 }
 
 func TestEventsStream(t *testing.T) {
+	t.Parallel()
 	hub := lifecycle.NewHub(nil)
-	env := newEnv(t, Config{Events: hub}, failWith(ErrNoProvider))
+	env := newEnv(t, api.Config{}, Config{Events: hub})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, env.srv.URL+"/admin/v1/events", nil)
@@ -73,8 +75,9 @@ func TestEventsStream(t *testing.T) {
 }
 
 func TestEventsStreamRawShape(t *testing.T) {
+	t.Parallel()
 	hub := lifecycle.NewHub(func() time.Time { return time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC) })
-	h := New(Config{Events: hub}, &fakeGateway{}, nil)
+	h := api.New(api.Config{Routes: Routes(Config{Events: hub})}, noGateway{}, nil)
 	w := newBlockingWriter()
 	r := httptest.NewRequest(http.MethodGet, "/admin/v1/events", nil)
 	done := make(chan struct{})

@@ -1,10 +1,11 @@
-package api
+package admin
 
 import (
 	"net/http"
 	"strconv"
 
 	"iop/internal/edge/adminwire"
+	"iop/internal/edge/api"
 )
 
 // History is the edge's short history of per-second aggregates, for GET
@@ -19,16 +20,16 @@ type History interface {
 // serveHistory serves GET /admin/v1/history?since=UNIX_SECONDS: the
 // seconds after since (all the history keeps without it), as
 // adminwire.History. 400 for a since that is not an integer.
-func (h *handler) serveHistory(w http.ResponseWriter, r *http.Request) {
+func (s *server) history(w http.ResponseWriter, r *http.Request) {
 	var since int64
-	if s := r.URL.Query().Get("since"); s != "" {
-		n, err := strconv.ParseInt(s, 10, 64)
+	if q := r.URL.Query().Get("since"); q != "" {
+		n, err := strconv.ParseInt(q, 10, 64)
 		if err != nil {
-			h.writeError(w, r, &requestError{param: "since", message: "must be Unix seconds (an integer)"}, nil)
+			api.WriteError(w, r, api.InvalidParam("since", "must be Unix seconds (an integer)"))
 			return
 		}
 		since = n
 	}
 	w.Header().Set("Cache-Control", "no-store")
-	writeJSON(w, http.StatusOK, h.cfg.History.Since(since))
+	api.WriteJSON(w, http.StatusOK, s.cfg.History.Since(since))
 }

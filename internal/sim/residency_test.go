@@ -1,0 +1,111 @@
+package sim
+
+import (
+	"encoding/json"
+	"net/http"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestResidency: with MaxLoadedModels 1 every alternation loads its model
+// (LoadTime, or the model's LoadTimes), evicting the other; a loaded model
+// answers without a load; Ollama's answers report the wait as
+// load_duration; /api/ps lists the loaded model alone; /stats counts
+// loads and evictions.
+func TestResidency(t *testing.T) {
+	_, url, _ := startSim(t, Config{Protocol: ProtocolOllama, Models: []string{"x", "y"}, MaxLoadedModels: 1,
+		LoadTime: 2 * time.Second, LoadTimes: map[string]time.Duration{"y": 3 * time.Second}, Clock: newFakeClock(false)})
+	c := newClient(t)
+	var loads []time.Duration
+	for _, m := range []string{"x", "x", "y", "x"} {
+		var got struct {
+			Done          bool  `json:"done"`
+			LoadDuration  int64 `json:"load_duration"`
+			TotalDuration int64 `json:"total_duration"`
+		}
+		body := map[string]any{"model": m, "stream": false, "messages": []any{map[string]any{"role": "user", "content": "hi"}}}
+		if err := json.NewDecoder(mustPost(t, c, url+"/api/chat", body).Body).Decode(&got); err != nil || !got.Done {
+			t.Fatalf("%s: %+v %v", m, got, err)
+		}
+		if got.TotalDuration < got.LoadDuration {
+			t.Fatalf("%s: total_duration %d below load_duration %d", m, got.TotalDuration, got.LoadDuration)
+		}
+		loads = append(loads, time.Duration(got.LoadDuration))
+	}
+	if want := []time.Duration{2 * time.Second, 1, 3 * time.Second, 2 * time.Second}; !slices.Equal(loads, want) {
+		t.Fatalf("load_duration %v, want %v", loads, want)
+	}
+	var ps struct {
+		Models []struct {
+			Name string `json:"name"`
+		} `json:"models"`
+	}
+	getJSON(t, c, url+"/api/ps", &ps)
+	if len(ps.Models) != 1 || ps.Models[0].Name != "x" {
+		t.Fatalf("/api/ps %+v, want x alone", ps)
+	}
+	var st Stats
+	getJSON(t, c, url+"/stats", &st)
+	if st.Loads != 3 || st.Evictions != 2 {
+		t.Fatalf("stats: %d loads, %d evictions; want 3 and 2", st.Loads, st.Evictions)
+	}
+}
+
+// TestResidencyBusyModelIsNotEvicted: requests for two models at once on a
+// server holding one: the second waits for the first to end before its
+// load evicts it, and both are answered.
+func TestResidencyBusyModelIsNotEvicted(t *testing.T) {
+	for _, p := range []Protocol{ProtocolOllama, ProtocolOpenAI} {
+		t.Run(string(p), func(t *testing.T) {
+			s, url, _ := startSim(t, Config{Protocol: p, Models: []string{"x", "y"}, MaxLoadedModels: 1,
+				LoadTime: 10 * time.Millisecond, TTFT: 50 * time.Millisecond})
+			c := newClient(t)
+			path := "/api/chat"
+			if p == ProtocolOpenAI {
+				path = "/v1/chat/completions"
+			}
+			var wg sync.WaitGroup
+			for _, m := range []string{"x", "y", "x", "y"} {
+				wg.Go(func() {
+					body := map[string]any{"model": m, "stream": false, "messages": []any{map[string]any{"role": "user", "content": "hi"}}}
+					resp := mustPost(t, c, url+path, body)
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusOK {
+						t.Errorf("%s: status %d", m, resp.StatusCode)
+					}
+				})
+			}
+			wg.Wait()
+			st := s.Stats()
+			if st.Loads < 2 || st.Evictions != st.Loads-1 {
+				t.Fatalf("stats: %d loads, %d evictions; want at least 2, one fewer evictions", st.Loads, st.Evictions)
+			}
+		})
+	}
+}
+
+// TestRegression_SimLoadEvictedBeforeUse: with two models alternating on
+// a server holding one, a model just loaded was evicted by a waiter of
+// the other before the request that loaded it could use it, so models
+// were loaded again and again (43 loads for 11 requests in the
+// residency benchmark). Each request loads its model at most once.
+func TestRegression_SimLoadEvictedBeforeUse(t *testing.T) {
+	s, url, _ := startSim(t, Config{Protocol: ProtocolOllama, Models: []string{"x", "y"}, MaxLoadedModels: 1,
+		LoadTime: 5 * time.Millisecond, TTFT: 5 * time.Millisecond})
+	c := newClient(t)
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Go(func() {
+			m := []string{"x", "y"}[i%2]
+			body := map[string]any{"model": m, "stream": false, "messages": []any{map[string]any{"role": "user", "content": "hi"}}}
+			resp := mustPost(t, c, url+"/api/chat", body)
+			resp.Body.Close()
+		})
+	}
+	wg.Wait()
+	if st := s.Stats(); st.Loads > st.Admitted {
+		t.Fatalf("%d loads for %d requests: a load was evicted before its request used it", st.Loads, st.Admitted)
+	}
+}
