@@ -1,4 +1,4 @@
-package process
+package e2e
 
 import (
 	"context"
@@ -7,9 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/e2e/harness"
 	"iop/internal/edge"
 	"iop/internal/node"
+	"iop/internal/process"
 	"iop/internal/sim"
+	"iop/internal/testenv"
 )
 
 // TestResidencyE2E: an edge, a node and two simulated Ollamas that hold
@@ -29,21 +32,21 @@ func TestResidencyE2E(t *testing.T) {
 		cfg.Database = ":memory:"
 		cfg.Routing = edge.RoutingLeastLoaded
 		cfg.Residency = edge.ResidencyConfig{Mode: mode}
-		e, err := Start(ctx, Config{Mode: ModeEdge, Edge: cfg}, Deps{Logger: quietLogger()})
+		e, err := process.Start(ctx, process.Config{Mode: process.ModeEdge, Edge: cfg}, process.Deps{Logger: harness.Logger(t, "edge")})
 		if err != nil {
 			t.Fatal(err)
 		}
-		stopOnCleanup(t, cancel, e)
+		harness.StopAtCleanup(t, cancel, e)
 		var sims []*sim.Server
 		var provs []node.ProviderConfig
 		for _, id := range []string{"a", "b"} {
-			s, url := startSim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"x", "y"}, MaxLoadedModels: 1,
+			s, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"x", "y"}, MaxLoadedModels: 1,
 				LoadTime: 100 * time.Millisecond, DefaultMaxTokens: 2})
 			sims = append(sims, s)
 			provs = append(provs, node.ProviderConfig{ID: id, Type: node.TypeOllama, BaseURL: url, Models: []string{"x", "y"}, Capacity: 1})
 		}
-		startNode(t, ctx, node.Config{NodeID: "node-1", Edge: e.NodeAddr, Providers: provs})
-		waitFor(t, "2 providers available", func() bool { return len(e.Service.Snapshot().Providers) == 2 })
+		harness.Node(t, ctx, node.Config{NodeID: "node-1", Edge: e.NodeAddr, Providers: provs})
+		testenv.Eventually(t, "2 providers available", func() bool { return len(e.Service.Snapshot().Providers) == 2 })
 		c := &http.Client{}
 		t.Cleanup(c.CloseIdleConnections)
 		for i := range requests {
@@ -53,7 +56,7 @@ func TestResidencyE2E(t *testing.T) {
 			if status != http.StatusOK {
 				t.Fatalf("%s: request %d: %d %s", mode, i, status, body)
 			}
-			waitFor(t, "the node reports "+model+" loaded", func() bool {
+			testenv.Eventually(t, "the node reports "+model+" loaded", func() bool {
 				for _, m := range e.Service.Loaded() {
 					if m.Served == model && m.Source == "reported" {
 						return true
