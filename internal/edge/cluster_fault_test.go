@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"iop/internal/testenv"
 	"iop/internal/testenv/etcdtest"
 	"iop/internal/wire/clusterv1"
 	"iop/internal/wire/nodev1"
@@ -111,13 +112,7 @@ func (cn *clusterNode) heartbeat(t *testing.T, i int) {
 // waitCond waits until cond holds, polling.
 func waitCond(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(failsafe)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Eventually(t, what, cond)
 }
 
 // TestRegression_NodeReportReleasesPhantomLease: a follower's run ends on

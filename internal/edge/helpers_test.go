@@ -3,7 +3,6 @@ package edge
 import (
 	"context"
 	"net"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 
 	"iop/internal/clock"
 	"iop/internal/edge/contract"
+	"iop/internal/testenv"
 	"iop/internal/wire/nodev1"
 )
 
@@ -516,11 +516,5 @@ func first(m contract.Message) contract.Event {
 // waitFor polls cond until it holds, failing after the failsafe.
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(failsafe)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached")
-		}
-		runtime.Gosched()
-	}
+	testenv.Eventually(t, "the condition", cond)
 }

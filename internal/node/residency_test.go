@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/testenv"
 	"iop/internal/wire/nodev1"
 )
 
@@ -162,13 +163,7 @@ func TestResidencyAfterRunsAtMostOncePerGap(t *testing.T) {
 // waitUntil polls cond until it holds, failing after failsafe.
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(failsafe)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Eventually(t, what, cond)
 }
 
 // recvOr is recv with a description made when it fails.

@@ -6,8 +6,8 @@
 // so there a missing tool fails the test: make test skips nothing. A plain
 // `go test ./...` on a machine without the tools skips those tests with a
 // message that says what is missing and how to get it. It also gives
-// tests addresses for child processes to listen on (ProcessAddr). Only
-// tests import this package.
+// tests addresses for child processes to listen on (ProcessAddr) and the
+// one wait on a condition (Eventually). Only tests import this package.
 package testenv
 
 import (

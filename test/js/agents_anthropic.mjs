@@ -4,7 +4,7 @@
 // provider (`@ai-sdk/anthropic`, generateObject in its jsonTool mode, a
 // forced call of a "json" tool). Driven by the Go tests
 // TestRegression_ForcedToolChoiceOnOllama (the simulator) and
-// TestRealOllama_ForcedToolChoice (internal/process), which set:
+// TestRealOllama_ForcedToolChoice (internal/e2e), which set:
 //   IOP_BASE_URL    the edge's base URL, http://127.0.0.1:PORT
 //   IOP_TOOL_MODEL  a model with tools that an Ollama provider serves
 // The tools' parameters are enums, so a model of random weights writes a

@@ -1,7 +1,7 @@
 // The official `@anthropic-ai/sdk` client against a running iop edge's
 // Messages API (/v1/messages), unchanged, on both execution paths:
 // messages.create and messages.stream, a tool round trip, thinking, errors
-// and count_tokens. Run by TestAnthropicJavaScriptClient (internal/process),
+// and count_tokens. Run by TestAnthropicJavaScriptClient (internal/e2e),
 // which starts the edge, a node and `iop sim` providers and sets:
 //
 //   IOP_BASE_URL  the edge's base URL, "http://127.0.0.1:PORT" (the SDK adds /v1/messages)

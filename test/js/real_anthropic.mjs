@@ -1,7 +1,7 @@
 // The official `@anthropic-ai/sdk` client, unchanged, against an iop edge
 // whose node drives a real Ollama (its tiny random-weight test models) on
 // both execution paths. Driven by the Go test TestRealOllama_Messages
-// (internal/process), which sets:
+// (internal/e2e), which sets:
 //   IOP_BASE_URL      the edge's base URL, http://127.0.0.1:PORT
 //   IOP_CHAT_MODELS   JSON array of plain chat models, one per path
 //   IOP_TOOL_MODELS   JSON array of models with tools, one per path

@@ -1,7 +1,7 @@
 // The official `openai` JavaScript client's Responses API against an iop
 // edge whose node drives a real Ollama (its tiny random-weight test models)
 // on both execution paths. Driven by the Go test TestRealOllama_Responses
-// (internal/process), which sets:
+// (internal/e2e), which sets:
 //   IOP_BASE_URL  the edge's OpenAI base URL, http://127.0.0.1:PORT/v1
 //   IOP_MODELS    JSON [{"path": "normalized"|"tunnel", "model": NAME}, ...]
 // The model's text is random, so the checks are the API's rules: the

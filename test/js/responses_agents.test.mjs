@@ -4,7 +4,7 @@
 // tool, and the AI SDK's default OpenAI provider (@ai-sdk/openai,
 // openai(id), which calls /v1/responses) with generateText, streamText and
 // a tool round trip. Run by TestResponsesJavaScriptClients
-// (internal/process), which sets IOP_BASE_URL and IOP_MODELS (see
+// (internal/e2e), which sets IOP_BASE_URL and IOP_MODELS (see
 // responses_openai.test.mjs).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';

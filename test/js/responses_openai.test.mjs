@@ -1,7 +1,7 @@
 // The official `openai` JavaScript client's Responses API (responses.create,
 // responses.stream, retrieve, inputItems, delete) against a running iop
 // edge, on both execution paths. Run by TestResponsesJavaScriptClients
-// (internal/process), which starts the edge, a node and `iop sim` providers
+// (internal/e2e), which starts the edge, a node and `iop sim` providers
 // and sets:
 //
 //   IOP_BASE_URL  the edge's OpenAI base URL, "http://127.0.0.1:PORT/v1"

@@ -16,6 +16,7 @@ import (
 	"iop/internal/clock"
 	"iop/internal/edge"
 	"iop/internal/edge/lifecycle"
+	"iop/internal/testenv"
 	"iop/internal/wire/nodev1"
 )
 
@@ -192,14 +193,5 @@ func connected(s edge.Snapshot, node string) bool {
 // a passing test).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-tick.C:
-		case <-deadline:
-			t.Fatalf("timed out waiting until %s", what)
-		}
-	}
+	testenv.Eventually(t, what, cond)
 }

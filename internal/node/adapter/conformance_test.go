@@ -16,6 +16,7 @@ import (
 
 	"iop/internal/node/adapter"
 	"iop/internal/sim"
+	"iop/internal/testenv"
 	"iop/internal/wire/nodev1"
 )
 
@@ -436,15 +437,7 @@ const hangGuard = 30 * time.Second
 // waitFor polls cond until it holds; it fails the test after hangGuard.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	deadline := time.Now().Add(hangGuard)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s", what)
-		}
-		<-tick.C
-	}
+	testenv.Eventually(t, what, cond)
 }
 
 // ---- drivers ----

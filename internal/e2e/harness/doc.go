@@ -1,0 +1,35 @@
+// Package harness starts the parts of an iop deployment for end-to-end
+// tests and stops them when the test ends. Only tests import it.
+//
+// # What lives here
+//
+//   - In-process parts: Sim (an `iop sim` server), Edge and Dev (a
+//     process.Process from process.Start on loopback ports the system
+//     picks), Node (a node.Agent dialing an edge).
+//   - Child processes: IOP builds cmd/iop once per test binary; Start runs
+//     it as a Command with its output kept.
+//   - Logs: Logger gives a component a logger whose lines are printed only
+//     if the test fails.
+//   - Waiting: testenv.Eventually (package internal/testenv) polls a
+//     condition with one generous deadline; waits here use it.
+//   - Main wraps TestMain: goleak, and removing the built binary.
+//
+// A real etcd is etcdtest.Start (internal/testenv/etcdtest), a real
+// Ollama ollamatest.Start (internal/ollamatest), PostgreSQL
+// testenv.Postgres.
+//
+// # Rules
+//
+//   - Every part listens on 127.0.0.1 with a port the system picks, so
+//     tests that each start their own parts can run in parallel.
+//   - Every part is stopped by a t.Cleanup registered when it starts;
+//     cleanups run last-started first, so nodes stop before their edge.
+//   - A part's logs reach the test output only when the test failed.
+//
+// # Concurrency
+//
+// Every function is safe for parallel tests. The one shared state is the
+// built binary (IOP: built once, under a sync.Once). A Command's output
+// buffer is written by the child's pipes and read by the test under its
+// own lock.
+package harness
