@@ -48,7 +48,7 @@ type PeerWorkload struct {
 	PromptChars int `json:"prompt_chars"`
 }
 
-// PeerWorkloads are issue 35's workloads: non-streamed at 1 and 32
+// PeerWorkloads are the side-by-side workloads: non-streamed at 1 and 32
 // clients, streamed (20 chunks an answer) at 8, and an agent's 100 KB
 // request at 8.
 var PeerWorkloads = []PeerWorkload{

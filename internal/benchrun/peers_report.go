@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Issue 35's targets against the best peer of each row.
+// The targets against the best peer of each row.
 const (
 	peersThroughputTarget = 1.2 // iop's req/s ≥ 1.2 × the best peer's
 	peersCPUTarget        = 0.8 // iop's CPU a request ≤ 0.8 × the best peer's
@@ -94,7 +94,7 @@ var peerColumns = []struct{ gateway, heading string }{
 	{GatewayIOPNormalized, "iop, normalized path (Ollama provider)"},
 }
 
-// WriteTable writes issue 35's table as Markdown: per workload req/s and
+// WriteTable writes the side-by-side table as Markdown: per workload req/s and
 // CPU µs a request, the added p50 at one client, the resident memory after
 // a round, each for Olla, Bifrost, iop (tunnel path) and iop on the
 // normalized path, and iop's ratio to the best peer with the target met or

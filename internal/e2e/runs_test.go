@@ -253,7 +253,7 @@ func TestRunsAPI(t *testing.T) {
 		if page.Object != "list" || len(page.Data) != 4 || !page.HasMore || page.LastID != page.Data[3].ID {
 			t.Fatalf("first page %+v", page)
 		}
-		// Lists leave the output out (README; a new user found "output":"").
+		// Lists leave the output out (README), rather than "output":"".
 		var raw struct{ Data []map[string]json.RawMessage }
 		getJSON(t, e, "/v1/runs?state=complete&limit=4", &raw)
 		for _, r := range raw.Data {

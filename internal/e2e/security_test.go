@@ -293,8 +293,8 @@ func TestDevAPIKey(t *testing.T) {
 	if !strings.Contains(banner.String(), "Authorization: Bearer dev-secret-key") {
 		t.Errorf("banner without the key header:\n%s", banner.String())
 	}
-	// The status command it suggests works as printed (a new user's got
-	// 401: it had no key).
+	// The status command it suggests works as printed: it carries the key,
+	// without which it gets 401.
 	if !strings.Contains(banner.String(), "iop status --edge http://"+d.HTTPAddr+" --api-key dev-secret-key") {
 		t.Errorf("banner's status command without the key:\n%s", banner.String())
 	}

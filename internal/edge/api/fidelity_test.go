@@ -368,9 +368,9 @@ func TestOllamaRequestsNeedNoTunnelOnlySettings(t *testing.T) {
 
 // TestThinkingNeeds: a request that asks the model to think needs a model
 // that can (needThinking), from either API; one that does not ask, or asks
-// for no thinking, needs nothing more. A regression test of a new user's
-// report: a think request went to a model whose server said it cannot
-// think, and got Ollama's 400 every time.
+// for no thinking, needs nothing more: a think request never goes to a
+// model whose server said it cannot think (where it would get Ollama's
+// 400 every time).
 func TestThinkingNeeds(t *testing.T) {
 	user := `"messages":[{"role":"user","content":"hi"}]`
 	for fields, want := range map[string][]string{

@@ -321,7 +321,7 @@ func TestRegression_TunnelClientLeavingAfterDoneIsCompleted(t *testing.T) {
 // TestRegression_OllamaRecordSaysTheClientsStream: an Ollama request's
 // record (its log line) says the client's own "stream" flag (Ollama
 // streams unless "stream": false), not the canonical body's, which always
-// streams: a new user's "stream": false requests were logged stream=true.
+// streams: a "stream": false request is logged stream=false.
 func TestRegression_OllamaRecordSaysTheClientsStream(t *testing.T) {
 	for body, want := range map[string]bool{
 		`{"model":"m","stream":false,"messages":[{"role":"user","content":"hi"}]}`: false,

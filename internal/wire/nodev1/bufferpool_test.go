@@ -44,7 +44,7 @@ func TestCodecMatchesProtoCodec(t *testing.T) {
 
 // gRPC's default buffer pool has no tier between 32 KiB and 1 MiB: each
 // 100 KB request body sent down the node link took a zeroed 1 MiB buffer,
-// and the edge's pool kept about ten of them (heap profiles of issue 35's
+// and the edge's pool kept about ten of them (heap profiles of the peers
 // benchmark: 10 MiB of the edge's 13 MiB live heap). Codec takes a buffer
 // at most twice the message's size.
 func TestRegression_LargeMessageTakesNoMebibyteBuffer(t *testing.T) {
