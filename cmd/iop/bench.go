@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"time"
@@ -159,19 +160,16 @@ func runBench(cmd *cobra.Command, f benchFlags) error {
 }
 
 func runPrefixCompare(cmd *cobra.Command, f benchFlags) error {
-	bin, err := os.Executable()
+	own, err := ownRunOf(cmd, f)
 	if err != nil {
 		return err
 	}
 	cfg := f.prefixCfg
-	cfg.Binary = bin
+	cfg.Binary, cfg.Log = own.binary, own.log
 	cfg.Sessions, cfg.Turns, cfg.SharedPrefixTokens, cfg.TurnTokens = f.load.Sessions, f.load.Turns, f.load.SharedPrefixTokens, f.load.TurnTokens
 	cfg.Concurrency, cfg.AnswerTokens = f.load.Concurrency, f.load.MaxTokens
 	if f.prefixSlack >= 0 {
 		cfg.LoadSlack = &f.prefixSlack
-	}
-	if !f.quiet {
-		cfg.Log = os.Stderr
 	}
 	ctx, stop := signalContext(cmd.Context())
 	defer stop()
@@ -179,27 +177,15 @@ func runPrefixCompare(cmd *cobra.Command, f benchFlags) error {
 	if err != nil {
 		return err
 	}
-	if f.jsonOut {
-		enc := json.NewEncoder(cmd.OutOrStdout())
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
-	}
-	rep.WriteText(cmd.OutOrStdout())
-	return nil
+	return writeReport(cmd, f, rep, rep.WriteText)
 }
 
 func runOverhead(cmd *cobra.Command, f benchFlags) error {
-	bin, err := os.Executable()
+	own, err := ownRunOf(cmd, f)
 	if err != nil {
 		return err
 	}
-	cfg := benchrun.Config{Binary: bin, Waiters: f.waiters, ProfileDir: f.profileDir, GoBenchOutput: f.goBench, MemoryOnly: f.memoryOnly, GatewayBinary: f.gateway, Log: os.Stderr}
-	if cmd.Flags().Changed("duration") {
-		cfg.Duration = f.load.Duration
-	}
-	if f.quiet {
-		cfg.Log = nil
-	}
+	cfg := benchrun.Config{Binary: own.binary, Duration: own.duration, Waiters: f.waiters, ProfileDir: f.profileDir, GoBenchOutput: f.goBench, MemoryOnly: f.memoryOnly, GatewayBinary: f.gateway, Log: own.log}
 	if cfg.ProfileDir != "" {
 		if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
 			return err
@@ -211,14 +197,45 @@ func runOverhead(cmd *cobra.Command, f benchFlags) error {
 	if err != nil {
 		return err
 	}
+	return writeReport(cmd, f, struct {
+		benchrun.Report
+		Targets []benchrun.Target `json:"targets"`
+	}{rep, rep.Targets()}, rep.WriteTable)
+}
+
+// ownRun is what a benchmark that starts its own sims, edges and nodes
+// takes from the command line: this executable, which it runs as each of
+// them; --duration when it was given (0: the benchmark's own default);
+// where its progress goes (nil with --quiet).
+type ownRun struct {
+	binary   string
+	duration time.Duration
+	log      io.Writer
+}
+
+func ownRunOf(cmd *cobra.Command, f benchFlags) (ownRun, error) {
+	bin, err := os.Executable()
+	if err != nil {
+		return ownRun{}, err
+	}
+	own := ownRun{binary: bin}
+	if cmd.Flags().Changed("duration") {
+		own.duration = f.load.Duration
+	}
+	if !f.quiet {
+		own.log = os.Stderr
+	}
+	return own, nil
+}
+
+// writeReport writes rep to the command's output: indented JSON with
+// --json, else as table writes it.
+func writeReport(cmd *cobra.Command, f benchFlags, rep any, table func(io.Writer)) error {
 	if f.jsonOut {
 		enc := json.NewEncoder(cmd.OutOrStdout())
 		enc.SetIndent("", "  ")
-		return enc.Encode(struct {
-			benchrun.Report
-			Targets []benchrun.Target `json:"targets"`
-		}{rep, rep.Targets()})
+		return enc.Encode(rep)
 	}
-	rep.WriteTable(cmd.OutOrStdout())
+	table(cmd.OutOrStdout())
 	return nil
 }

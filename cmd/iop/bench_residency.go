@@ -1,9 +1,6 @@
 package main
 
 import (
-	"encoding/json"
-	"os"
-
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -31,17 +28,14 @@ func (f *residencyFlags) register(fl *pflag.FlagSet) {
 }
 
 func runResidency(cmd *cobra.Command, f benchFlags) error {
-	bin, err := os.Executable()
+	own, err := ownRunOf(cmd, f)
 	if err != nil {
 		return err
 	}
 	cfg := f.residency.cfg
-	cfg.Binary = bin
-	if cmd.Flags().Changed("duration") {
-		cfg.Duration = f.load.Duration
-	}
-	if !f.quiet {
-		cfg.Log = os.Stderr
+	cfg.Binary, cfg.Log = own.binary, own.log
+	if own.duration != 0 {
+		cfg.Duration = own.duration
 	}
 	ctx, stop := signalContext(cmd.Context())
 	defer stop()
@@ -49,11 +43,5 @@ func runResidency(cmd *cobra.Command, f benchFlags) error {
 	if err != nil {
 		return err
 	}
-	if f.jsonOut {
-		enc := json.NewEncoder(cmd.OutOrStdout())
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
-	}
-	rep.WriteTable(cmd.OutOrStdout())
-	return nil
+	return writeReport(cmd, f, rep, rep.WriteTable)
 }
