@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -126,6 +127,9 @@ func CheckConfig(k configschema.Kind, data []byte) []configschema.Problem {
 			cfg.SetDefaults()
 			err = cfg.Validate()
 		}
+		if err == nil && len(cfg.Keys) == 0 && cfg.KeysFile == "" {
+			err = checkOpenAPI(cfg, 0, slog.New(slog.DiscardHandler))
+		}
 	case KindNode:
 		cfg := node.Config{}
 		if err = decodeYAMLStrict(data, &cfg); err == nil {
@@ -134,6 +138,9 @@ func CheckConfig(k configschema.Kind, data []byte) []configschema.Problem {
 	case KindDev:
 		cfg := DevDefaults()
 		err = decodeYAMLStrict(data, &cfg)
+		if err == nil && cfg.APIKey == "" && !isLoopback(cfg.Listen) && !cfg.InsecureOpen {
+			err = fmt.Errorf("no api_key: iop dev would refuse to serve the HTTP API on %s to anyone who can reach it. Set api_key, listen on a loopback address, or set insecure_open: true", cfg.Listen)
+		}
 	}
 	var out []configschema.Problem
 	var doc yaml.Node

@@ -327,3 +327,35 @@ func TestRegression_KeyExpiresAtInTheEdgeConfig(t *testing.T) {
 		t.Errorf("the JSON Schema gives expires_at no date-time format")
 	}
 }
+
+// TestRegression_CheckRefusesAnOpenAPIOffLoopback: iop check passed an
+// edge or dev file that the process then refused to start with (a client
+// API without keys on a non-loopback address); it says the same now.
+func TestRegression_CheckRefusesAnOpenAPIOffLoopback(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name, kind, file string
+		want             []string
+	}{
+		{"an open API off loopback", KindEdge, "listen: 0.0.0.0:8080\n",
+			[]string{`refusing to serve the HTTP API on 0.0.0.0:8080 without API keys: anyone who can reach it could use your models. Add client keys (iop keys create NAME; keys: or keys_file: in the config), listen on a loopback address, or start with --insecure-open`}},
+		{"an open API off loopback, meant", KindEdge, "listen: 0.0.0.0:8080\ninsecure_open: true\n", nil},
+		{"an API off loopback with a keys file", KindEdge, "listen: 0.0.0.0:8080\nkeys_file: keys.yaml\n", nil},
+		{"dev: an open API off loopback", KindDev, "listen: 0.0.0.0:8080\n",
+			[]string{`no api_key: iop dev would refuse to serve the HTTP API on 0.0.0.0:8080 to anyone who can reach it. Set api_key, listen on a loopback address, or set insecure_open: true`}},
+		{"dev: an API off loopback with a key", KindDev, "listen: 0.0.0.0:8080\napi_key: k\n", nil},
+	}
+	for _, c := range cases {
+		k, err := ConfigKind(c.kind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, p := range CheckConfig(k, []byte(c.file)) {
+			got = append(got, p.String())
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%s: problems of\n%s\n got %q\nwant %q", c.name, c.file, got, c.want)
+		}
+	}
+}
