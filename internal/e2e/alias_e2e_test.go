@@ -17,6 +17,7 @@ import (
 	"iop/internal/e2e/harness"
 	"iop/internal/edge"
 	"iop/internal/edge/adminwire"
+	"iop/internal/edge/contract"
 	"iop/internal/node"
 	"iop/internal/process"
 	"iop/internal/sim"
@@ -43,7 +44,7 @@ func TestRegression_AliasTargetWithoutTag(t *testing.T) {
 		{ID: "a", Type: node.TypeOllama, BaseURL: tinyURL, Capacity: 1},
 		{ID: "b", Type: node.TypeOllama, BaseURL: otherURL, Models: []string{"other"}, Capacity: 1},
 	}})
-	waitSnapshot(t, e, func(s edge.Snapshot) bool {
+	waitSnapshot(t, e, func(s contract.Snapshot) bool {
 		for _, p := range s.Providers {
 			if p.ProviderID == "a" && p.Healthy && slices.Contains(p.Models, "tiny:latest") {
 				return true
@@ -108,7 +109,7 @@ func TestAliasUnmatchedTargetsEndToEnd(t *testing.T) {
 	t.Cleanup(cancel)
 	harness.Node(t, ctx, node.Config{NodeID: "n1", Edge: e.NodeAddr, DiscoveryInterval: discoveryInterval,
 		Providers: []node.ProviderConfig{{ID: "a", Type: node.TypeOllama, BaseURL: url}}})
-	waitSnapshot(t, e, func(s edge.Snapshot) bool {
+	waitSnapshot(t, e, func(s contract.Snapshot) bool {
 		return len(s.Providers) == 1 && s.Providers[0].Healthy
 	})
 	c := &http.Client{Transport: &http.Transport{}}

@@ -8,6 +8,7 @@ import (
 
 	"iop/internal/e2e/harness"
 	"iop/internal/edge"
+	"iop/internal/edge/contract"
 	"iop/internal/node"
 	"iop/internal/process"
 	"iop/internal/sim"
@@ -52,7 +53,7 @@ func TestRegression_TranslatedRoutesOpenTheCircuit(t *testing.T) {
 		}
 	}
 	harness.Node(t, context.WithoutCancel(ctx), node.Config{NodeID: "gpu-1", Edge: e.NodeAddr, Providers: providers})
-	waitSnapshot(t, e, func(s edge.Snapshot) bool { return len(s.Providers) == len(providers) })
+	waitSnapshot(t, e, func(s contract.Snapshot) bool { return len(s.Providers) == len(providers) })
 	for _, rt := range routes {
 		for _, stream := range rt.streams {
 			model := fmt.Sprintf("%s-%v", rt.name, stream)

@@ -29,6 +29,7 @@ import (
 
 	"iop/internal/e2e/harness"
 	"iop/internal/edge"
+	"iop/internal/edge/contract"
 	"iop/internal/node"
 	"iop/internal/process"
 	"iop/internal/testenv"
@@ -176,7 +177,7 @@ func TestEndToEndCLICancellation(t *testing.T) {
 			waitFile(t, pidFile)
 			waitGone(t, readPIDs(t, pidFile)...)
 			// The cancelled run's slot is back; the concurrent one holds its own.
-			waitSnapshot(t, e, func(s edge.Snapshot) bool { return s.Leases == 1 && inFlight(s, "cli-2") == 1 })
+			waitSnapshot(t, e, func(s contract.Snapshot) bool { return s.Leases == 1 && inFlight(s, "cli-2") == 1 })
 			concurrent.finish(t)
 			waitIdle(t, e)
 			checkAdminInFlightZero(t, e)
@@ -195,12 +196,12 @@ func TestEndToEndCLICancellation(t *testing.T) {
 			_, err := client.Chat.Completions.New(ctx, chatParams("cli1", "hold:"+pidFile))
 			done <- err
 		}()
-		waitSnapshot(t, e, func(s edge.Snapshot) bool { return s.Waiters == 1 })
+		waitSnapshot(t, e, func(s contract.Snapshot) bool { return s.Waiters == 1 })
 		cancel()
 		if err := <-done; !errors.Is(err, context.Canceled) {
 			t.Fatalf("err %v, want context.Canceled", err)
 		}
-		waitSnapshot(t, e, func(s edge.Snapshot) bool { return s.Waiters == 0 })
+		waitSnapshot(t, e, func(s contract.Snapshot) bool { return s.Waiters == 0 })
 		holder.finish(t)
 		// A request after it is served after anything still queued: if the
 		// cancelled one had been kept and dispatched, its command would
@@ -277,7 +278,7 @@ func (r *fifoRun) finish(t *testing.T) {
 	}
 }
 
-func inFlight(s edge.Snapshot, provider string) int {
+func inFlight(s contract.Snapshot, provider string) int {
 	for _, p := range s.Providers {
 		if p.ProviderID == provider {
 			return p.InFlight

@@ -73,7 +73,7 @@ func BenchmarkDispatchRoundTrip(b *testing.B) {
 	svc := srv.Service()
 	body := []byte(`{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`)
 	one := func() error {
-		r, err := svc.Dispatch(context.Background(), edge.Request{Model: "m", Operation: contract.OperationChat, Body: body})
+		r, err := svc.Dispatch(context.Background(), contract.Request{Model: "m", Operation: contract.OperationChat, Body: body})
 		if err != nil {
 			return err
 		}

@@ -23,6 +23,7 @@ import (
 
 	"iop/internal/e2e/harness"
 	"iop/internal/edge"
+	"iop/internal/edge/contract"
 	"iop/internal/node"
 	"iop/internal/process"
 	"iop/internal/sim"
@@ -380,7 +381,7 @@ func TestAdminAPIMatchesScheduler(t *testing.T) {
 			t.Errorf("queued request: %v, want context.Canceled", err)
 		}
 	}()
-	snap := waitSnapshot(t, e, func(s edge.Snapshot) bool { return s.Waiters == 1 })
+	snap := waitSnapshot(t, e, func(s contract.Snapshot) bool { return s.Waiters == 1 })
 
 	var providers []struct {
 		NodeID       string   `json:"node_id"`
@@ -456,7 +457,7 @@ func TestAdminAPIMatchesScheduler(t *testing.T) {
 }
 
 // waitSnapshot polls the edge's snapshot, bounded, until ok accepts it.
-func waitSnapshot(t *testing.T, e *process.Process, ok func(edge.Snapshot) bool) edge.Snapshot {
+func waitSnapshot(t *testing.T, e *process.Process, ok func(contract.Snapshot) bool) contract.Snapshot {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	tick := time.NewTicker(5 * time.Millisecond)

@@ -30,6 +30,7 @@ import (
 	"iop/internal/clock"
 	"iop/internal/e2e/harness"
 	"iop/internal/edge"
+	"iop/internal/edge/contract"
 	"iop/internal/node"
 	"iop/internal/process"
 	"iop/internal/sim"
@@ -646,7 +647,7 @@ func result(t *testing.T, done <-chan streamResult) streamResult {
 }
 
 // nodeGeneration is the generation of node's connection, 0 if it has none.
-func nodeGeneration(s edge.Snapshot, nodeID string) uint64 {
+func nodeGeneration(s contract.Snapshot, nodeID string) uint64 {
 	for _, n := range s.Nodes {
 		if n.NodeID == nodeID {
 			return n.Generation
@@ -700,7 +701,7 @@ providers:
 		t.Fatal(err)
 	}
 	victim := harness.StartProgram(t, nil, "iop node", bin, "node", "--log-level", "warn", "--config", configPath)
-	gen1 := nodeGeneration(waitSnapshot(t, e, func(s edge.Snapshot) bool { return nodeGeneration(s, "victim") != 0 }), "victim")
+	gen1 := nodeGeneration(waitSnapshot(t, e, func(s contract.Snapshot) bool { return nodeGeneration(s, "victim") != 0 }), "victim")
 
 	// A stream under way, a run waiting for its first byte (ties go to
 	// a-silent), a run holding a-queue and one queued behind it.
@@ -711,11 +712,11 @@ providers:
 	_, holderDone := startRequest(e, "/v1/chat/completions", chatBody("q-m", false, 4))
 	testenv.Eventually(t, "a-queue holds the run", func() bool { return queueSim.Stats().InFlight == 1 })
 	_, queuedDone := startRequest(e, "/v1/chat/completions", chatBody("q-m", false, 4))
-	waitSnapshot(t, e, func(s edge.Snapshot) bool { return s.Waiters == 1 })
+	waitSnapshot(t, e, func(s contract.Snapshot) bool { return s.Waiters == 1 })
 	okBefore := okSim.Stats().Requests
 
 	victim.Signal(t, syscall.SIGSTOP)
-	waitSnapshot(t, e, func(s edge.Snapshot) bool { return nodeGeneration(s, "victim") == 0 })
+	waitSnapshot(t, e, func(s contract.Snapshot) bool { return nodeGeneration(s, "victim") == 0 })
 
 	r := result(t, streamDone)
 	if r.err != nil || r.status != http.StatusOK {
@@ -735,7 +736,7 @@ providers:
 	waitIdle(t, e)
 
 	victim.Signal(t, syscall.SIGCONT)
-	gen2 := nodeGeneration(waitSnapshot(t, e, func(s edge.Snapshot) bool { return nodeGeneration(s, "victim") > gen1 }), "victim")
+	gen2 := nodeGeneration(waitSnapshot(t, e, func(s contract.Snapshot) bool { return nodeGeneration(s, "victim") > gen1 }), "victim")
 	if status, _, body := post(t, e, "/v1/chat/completions", chatBody("stream-m", false, 3)); status != http.StatusOK {
 		t.Fatalf("after the node came back: %d %s", status, body)
 	}
@@ -749,11 +750,11 @@ providers:
 		t.Fatalf("stream: %d %v", r.status, r.err)
 	}
 	checkStreamFailed(t, r.body)
-	waitSnapshot(t, e, func(s edge.Snapshot) bool { return nodeGeneration(s, "victim") == 0 })
+	waitSnapshot(t, e, func(s contract.Snapshot) bool { return nodeGeneration(s, "victim") == 0 })
 	waitIdle(t, e)
 
 	harness.StartProgram(t, nil, "iop node", bin, "node", "--log-level", "warn", "--config", configPath)
-	waitSnapshot(t, e, func(s edge.Snapshot) bool { return nodeGeneration(s, "victim") > gen2 })
+	waitSnapshot(t, e, func(s contract.Snapshot) bool { return nodeGeneration(s, "victim") > gen2 })
 	if status, _, body := post(t, e, "/v1/chat/completions", chatBody("stream-m", false, 3)); status != http.StatusOK {
 		t.Fatalf("after the node was started again: %d %s", status, body)
 	}
@@ -859,7 +860,7 @@ func TestFaultEdgeRestartNodesReconnectWithJitter(t *testing.T) {
 			return a.Generation() != 0
 		})
 	}
-	snap := waitSnapshot(t, e, func(s edge.Snapshot) bool { return len(s.Nodes) == nodes })
+	snap := waitSnapshot(t, e, func(s contract.Snapshot) bool { return len(s.Nodes) == nodes })
 	for _, p := range snap.Providers {
 		if p.Status != "available" {
 			t.Fatalf("provider %+v after the restart", p)

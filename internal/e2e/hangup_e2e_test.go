@@ -12,6 +12,7 @@ import (
 
 	"iop/internal/e2e/harness"
 	"iop/internal/edge"
+	"iop/internal/edge/contract"
 	"iop/internal/sim"
 	"iop/internal/testenv"
 )
@@ -56,7 +57,7 @@ func TestSIGHUPReloadsNodeWhileStreaming(t *testing.T) {
 	}
 	writeAtomically(t, path, nodeYAML(2))
 	nodeCmd := harness.StartCommand(t, ctx, "node", "--config", path, "--log-format", "json")
-	capacity := func(s edge.Snapshot) int {
+	capacity := func(s contract.Snapshot) int {
 		for _, p := range s.Providers {
 			if p.ProviderID == "p1" {
 				return p.Capacity
@@ -64,7 +65,7 @@ func TestSIGHUPReloadsNodeWhileStreaming(t *testing.T) {
 		}
 		return 0
 	}
-	waitSnapshot(t, e, func(s edge.Snapshot) bool { return capacity(s) == 2 })
+	waitSnapshot(t, e, func(s contract.Snapshot) bool { return capacity(s) == 2 })
 
 	client := newClient(e)
 	streams := make(chan error, 2)
@@ -106,7 +107,7 @@ func TestSIGHUPReloadsNodeWhileStreaming(t *testing.T) {
 	if applied := fmt.Sprint(reloaded["applied"]); !strings.Contains(applied, `provider "p1" capacity 4`) || reloaded["trigger"] != "SIGHUP" {
 		t.Errorf("reload line %v", reloaded)
 	}
-	waitSnapshot(t, e, func(s edge.Snapshot) bool { return capacity(s) == 4 })
+	waitSnapshot(t, e, func(s contract.Snapshot) bool { return capacity(s) == 4 })
 	for range 2 {
 		if err := <-streams; err != nil {
 			t.Errorf("a stream across the SIGHUP: %v", err)

@@ -6,6 +6,7 @@ import (
 
 	"iop/internal/e2e/harness"
 	"iop/internal/edge"
+	"iop/internal/edge/contract"
 	"iop/internal/node"
 	"iop/internal/sim"
 )
@@ -32,7 +33,7 @@ func TestMetricsOrphanProviderHasNoCapacity(t *testing.T) {
 	}
 
 	stopGone()
-	waitSnapshot(t, e, func(s edge.Snapshot) bool { return nodeGeneration(s, "goes") == 0 })
+	waitSnapshot(t, e, func(s contract.Snapshot) bool { return nodeGeneration(s, "goes") == 0 })
 	fams = scrape(t, e)
 	for _, name := range []string{"iop_provider_capacity", "iop_provider_long_capacity"} {
 		if v, ok := metricValue(fams, name, "node=goes,provider=p"); ok {

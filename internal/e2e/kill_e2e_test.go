@@ -14,6 +14,7 @@ import (
 
 	"iop/internal/e2e/harness"
 	"iop/internal/edge"
+	"iop/internal/edge/contract"
 	"iop/internal/process"
 	"iop/internal/sim"
 	"iop/internal/testenv"
@@ -57,7 +58,7 @@ func newKillRig(t *testing.T) *killRig {
 func (k *killRig) node(t *testing.T) *harness.Command {
 	t.Helper()
 	c := harness.StartCommand(t, k.ctx, "node", "--config", k.path, "--log-format", "json")
-	waitSnapshot(t, k.e, func(s edge.Snapshot) bool {
+	waitSnapshot(t, k.e, func(s contract.Snapshot) bool {
 		return len(s.Providers) == 1 && s.Providers[0].Status == "available"
 	})
 	return c
@@ -110,18 +111,18 @@ func TestRegression_KilledNodeKeepsEveryQueuedClient(t *testing.T) {
 	node := k.node(t)
 	for round := range 3 {
 		running := k.stream(40) // 2 s at 20 tokens/s: cut by the kill
-		waitSnapshot(t, k.e, func(s edge.Snapshot) bool { return len(s.Providers) == 1 && s.Providers[0].InFlight == 1 })
+		waitSnapshot(t, k.e, func(s contract.Snapshot) bool { return len(s.Providers) == 1 && s.Providers[0].InFlight == 1 })
 		var queued []<-chan error
 		for range 8 {
 			queued = append(queued, k.stream(2))
 		}
-		waitSnapshot(t, k.e, func(s edge.Snapshot) bool { return s.Waiters == 8 })
+		waitSnapshot(t, k.e, func(s contract.Snapshot) bool { return s.Waiters == 8 })
 
 		if err := node.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
 		<-node.Done()
-		waitSnapshot(t, k.e, func(s edge.Snapshot) bool { return len(s.Nodes) == 0 })
+		waitSnapshot(t, k.e, func(s contract.Snapshot) bool { return len(s.Nodes) == 0 })
 		node = k.node(t)
 		for i, ch := range queued {
 			select {

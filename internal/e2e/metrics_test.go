@@ -16,6 +16,7 @@ import (
 
 	"iop/internal/e2e/harness"
 	"iop/internal/edge"
+	"iop/internal/edge/contract"
 	"iop/internal/node"
 	"iop/internal/process"
 	"iop/internal/sim"
@@ -164,7 +165,7 @@ func TestMetricsAfterAScriptedWorkload(t *testing.T) {
 		_, err := client.Chat.Completions.New(bg, params("slow", 2))
 		waited <- err
 	}()
-	waitSnapshot(t, e, func(s edge.Snapshot) bool { return s.Waiters == 1 })
+	waitSnapshot(t, e, func(s contract.Snapshot) bool { return s.Waiters == 1 })
 	_, err := client.Chat.Completions.New(bg, params("slow", 2))
 	var apiErr *openai.Error
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusTooManyRequests {

@@ -12,6 +12,7 @@ import (
 
 	"iop/internal/e2e/harness"
 	"iop/internal/edge"
+	"iop/internal/edge/contract"
 	"iop/internal/process"
 	"iop/internal/sim"
 )
@@ -40,7 +41,7 @@ func TestRollingRestartKeepsQueuedClients(t *testing.T) {
 		return harness.StartCommand(t, ctx, "node", "--config", path, "--log-format", "json", "--drain-timeout", "20s")
 	}
 	first := startNodeCmd()
-	waitSnapshot(t, e, func(s edge.Snapshot) bool { return len(s.Providers) == 1 && s.Providers[0].Status == "available" })
+	waitSnapshot(t, e, func(s contract.Snapshot) bool { return len(s.Providers) == 1 && s.Providers[0].Status == "available" })
 
 	client := newClient(e)
 	answers := make(chan error, 21)
@@ -68,7 +69,7 @@ func TestRollingRestartKeepsQueuedClients(t *testing.T) {
 	for range 20 {
 		ask()
 	}
-	waitSnapshot(t, e, func(s edge.Snapshot) bool { return s.Waiters >= 15 })
+	waitSnapshot(t, e, func(s contract.Snapshot) bool { return s.Waiters >= 15 })
 
 	if err := first.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -81,9 +82,9 @@ func TestRollingRestartKeepsQueuedClients(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("node did not stop after SIGTERM:\n%s", first.Log.String())
 	}
-	waitSnapshot(t, e, func(s edge.Snapshot) bool { return len(s.Nodes) == 0 })
+	waitSnapshot(t, e, func(s contract.Snapshot) bool { return len(s.Nodes) == 0 })
 	ask() // no node serves m now: held for the grace, not refused
-	waitSnapshot(t, e, func(s edge.Snapshot) bool { return s.Waiters >= 1 })
+	waitSnapshot(t, e, func(s contract.Snapshot) bool { return s.Waiters >= 1 })
 
 	startNodeCmd()
 	for i := range 21 {

@@ -16,6 +16,7 @@ import (
 
 	"iop/internal/e2e/harness"
 	"iop/internal/edge"
+	"iop/internal/edge/contract"
 	"iop/internal/node"
 	"iop/internal/sim"
 	"iop/internal/testenv"
@@ -124,7 +125,7 @@ func TestStormAdmitsCapacityPlusQueue(t *testing.T) {
 			answered <- i
 		})
 	}
-	waitSnapshot(t, e, func(s edge.Snapshot) bool {
+	waitSnapshot(t, e, func(s contract.Snapshot) bool {
 		return s.Leases == capacity && s.Waiters == maxQueue
 	})
 	start := make(chan struct{})

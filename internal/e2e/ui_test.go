@@ -21,6 +21,7 @@ import (
 
 	"iop/internal/e2e/harness"
 	"iop/internal/edge"
+	"iop/internal/edge/contract"
 	"iop/internal/node"
 	"iop/internal/process"
 	"iop/internal/sim"
@@ -211,13 +212,13 @@ func TestDashboardInBrowser(t *testing.T) {
 }
 
 // providerSnapshot is node's provider id in s.
-func providerSnapshot(s edge.Snapshot, node, id string) (edge.ProviderSnapshot, bool) {
+func providerSnapshot(s contract.Snapshot, node, id string) (contract.ProviderSnapshot, bool) {
 	for _, p := range s.Providers {
 		if p.NodeID == node && p.ProviderID == id {
 			return p, true
 		}
 	}
-	return edge.ProviderSnapshot{}, false
+	return contract.ProviderSnapshot{}, false
 }
 
 // TestDashboardShowsUnmatchedTargets opens /ui of a real edge with a node
@@ -235,7 +236,7 @@ func TestDashboardShowsUnmatchedTargets(t *testing.T) {
 	t.Cleanup(cancel)
 	harness.Node(t, ctx, node.Config{NodeID: "n1", Edge: e.NodeAddr, DiscoveryInterval: discoveryInterval,
 		Providers: []node.ProviderConfig{{ID: "a", Type: node.TypeOllama, BaseURL: url}}})
-	waitSnapshot(t, e, func(s edge.Snapshot) bool { return len(s.Providers) == 1 && s.Providers[0].Healthy })
+	waitSnapshot(t, e, func(s contract.Snapshot) bool { return len(s.Providers) == 1 && s.Providers[0].Healthy })
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.Flag("disable-dev-shm-usage", true))

@@ -18,7 +18,7 @@ type admission interface {
 	// prefix route computed before it; onQueued runs when the request
 	// waits. Errors: the scheduler's (ErrQueueFull, ErrQueueTimeout, ...),
 	// contract.ErrNoLeader, ErrShuttingDown, the context's cause.
-	admit(ctx context.Context, req Request, tried []triedCandidate, route prefixRoute, onQueued func()) (grant, error)
+	admit(ctx context.Context, req contract.Request, tried []triedCandidate, route prefixRoute, onQueued func()) (grant, error)
 	// admitKey is Service.AdmitKey.
 	admitKey(ctx context.Context, name string) (local bool, release func(), err error)
 	// nodeReport takes c's node's report of its runs in flight: a
@@ -68,7 +68,7 @@ var (
 // localAdmission admits in the edge's own scheduler (a single edge).
 type localAdmission struct{ s *Service }
 
-func (a localAdmission) admit(ctx context.Context, req Request, tried []triedCandidate, route prefixRoute, onQueued func()) (grant, error) {
+func (a localAdmission) admit(ctx context.Context, req contract.Request, tried []triedCandidate, route prefixRoute, onQueued func()) (grant, error) {
 	l, err := a.s.admitLocal(ctx, req, tried, route, onQueued)
 	if err != nil {
 		return nil, err
@@ -89,7 +89,7 @@ func (localAdmission) bound(ctx context.Context) context.Context              { 
 func (localAdmission) awaitNode(context.Context, string) bool                 { return false }
 
 // admitLocal admits req in this edge's scheduler.
-func (s *Service) admitLocal(ctx context.Context, req Request, tried []triedCandidate, route prefixRoute, onQueued func()) (*scheduler.Lease, error) {
+func (s *Service) admitLocal(ctx context.Context, req contract.Request, tried []triedCandidate, route prefixRoute, onQueued func()) (*scheduler.Lease, error) {
 	return s.sched.Admit(ctx, scheduler.Request{
 		Group:                req.Model,
 		Long:                 s.cfg.LongContextTokens > 0 && req.EstimatedInputTokens >= s.cfg.LongContextTokens,

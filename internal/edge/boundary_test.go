@@ -29,7 +29,7 @@ func TestDispatchErrorsAreTheContracts(t *testing.T) {
 	// provider (an alias whose targets nobody serves is an unknown model).
 	sick := e.connect(t, hello("n2", prov("p2", normalized, 1, "sick-model")))
 	sick.send(t, &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_ProviderUpdate{ProviderUpdate: &nodev1.ProviderUpdate{ProviderId: "p2", Healthy: false}}})
-	e.waitUntil(t, "p2 unhealthy", func(s Snapshot) bool {
+	e.waitUntil(t, "p2 unhealthy", func(s contract.Snapshot) bool {
 		p, ok := providerOf(s, "n2", "p2")
 		return ok && !p.Healthy
 	})
@@ -37,7 +37,7 @@ func TestDispatchErrorsAreTheContracts(t *testing.T) {
 	vision.Needs = []string{"vision"}
 	for _, tc := range []struct {
 		name            string
-		req             Request
+		req             contract.Request
 		contract, sched error
 	}{
 		{"unknown model", chatReq("nope"), contract.ErrUnknownModel, scheduler.ErrUnknownModel},

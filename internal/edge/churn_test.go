@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/edge/contract"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
 )
@@ -52,7 +53,7 @@ func (e *testEdge) forgetTrigger(t *testing.T, stays *fakeNode) *fakeNode {
 	t.Helper()
 	e.clk.Advance(ForgetAfter)
 	stays.cancel()
-	e.waitUntil(t, "stays gone", func(s Snapshot) bool { return len(s.Nodes) == 0 })
+	e.waitUntil(t, "stays gone", func(s contract.Snapshot) bool { return len(s.Nodes) == 0 })
 	return e.connect(t, hello("stays", prov("p", normalized, 1, "m-stays")))
 }
 
@@ -157,7 +158,7 @@ func TestChurnOfRealNodeConnections(t *testing.T) {
 		if err := n.waitClosed(t); err == nil {
 			t.Fatalf("node %s: stream ended without error", id)
 		}
-		e.waitUntil(t, id+" gone", func(s Snapshot) bool {
+		e.waitUntil(t, id+" gone", func(s contract.Snapshot) bool {
 			_, ok := providerOf(s, id, "p")
 			return !ok
 		})

@@ -1330,7 +1330,7 @@ func (cm *clusterMode) awaitTurn(ctx context.Context, tk *admitTicket, epoch int
 // Its arrival is its first wait for a leader: the request's
 // contract.LeaderBound, shared with its key's admission (AdmitKey) and
 // every admission of the request again.
-func (cm *clusterMode) admit(ctx context.Context, req Request, tried []triedCandidate, route prefixRoute, onQueued func()) (grant, error) {
+func (cm *clusterMode) admit(ctx context.Context, req contract.Request, tried []triedCandidate, route prefixRoute, onQueued func()) (grant, error) {
 	deadline := contract.LeaderBoundOf(ctx).Deadline(cm.clk.Now(), leaderWait)
 	tk := cm.newTicket()
 	defer cm.setTicket(tk, 0, true)
@@ -1388,7 +1388,7 @@ func maxTime(a, b time.Time) time.Time {
 // admitHere admits req in this edge's own scheduler under its ready term
 // of epoch; retry says the term ended first (the request goes on to the
 // next leader).
-func (cm *clusterMode) admitHere(ctx context.Context, epoch int64, req Request, tried []triedCandidate, route prefixRoute, onQueued func(), tk *admitTicket) (grant, bool, error) {
+func (cm *clusterMode) admitHere(ctx context.Context, epoch int64, req contract.Request, tried []triedCandidate, route prefixRoute, onQueued func(), tk *admitTicket) (grant, bool, error) {
 	t := cm.readyTerm()
 	if t == nil || t.epoch != epoch {
 		return nil, true, errors.New("not the ready leader")
@@ -1417,7 +1417,7 @@ func (cm *clusterMode) admitHere(ctx context.Context, epoch int64, req Request, 
 // leader queued the request in this call. The call ends when the leader
 // is judged dead or superseded (leaderCtx), and when no first answer came
 // by deadline.
-func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req Request, tried []triedCandidate, blocks []uint64, onQueued func(), tk *admitTicket, deadline time.Time) (g grant, retry, queued bool, err error) {
+func (cm *clusterMode) admitAt(ctx context.Context, st cluster.State, req contract.Request, tried []triedCandidate, blocks []uint64, onQueued func(), tk *admitTicket, deadline time.Time) (g grant, retry, queued bool, err error) {
 	lctx, dead := cm.leaderCtx(st.Epoch)
 	if dead {
 		return nil, true, false, errLeaderSilent

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"iop/internal/cluster"
+	"iop/internal/edge/contract"
 	"iop/internal/scheduler"
 	"iop/internal/testenv/etcdtest"
 	"iop/internal/wire/nodev1"
@@ -96,7 +97,7 @@ func BenchmarkClusterAdmit(b *testing.B) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	req := Request{Model: "m", RunID: "bench"}
+	req := contract.Request{Model: "m", RunID: "bench"}
 	run := func(b *testing.B, admit func(i int) func()) {
 		times := make([]time.Duration, 0, b.N)
 		b.ResetTimer()

@@ -20,6 +20,7 @@ import (
 
 	"iop/internal/clock"
 	"iop/internal/cluster"
+	"iop/internal/edge/contract"
 	"iop/internal/wire/clusterv1"
 	"iop/internal/wire/nodev1"
 )
@@ -909,7 +910,7 @@ func (r *simReq) answer(w *simWorld, err error) {
 // admit again).
 func (w *simWorld) request(ctx context.Context, e *simEdge, r *simReq) {
 	for attempt := 0; ; attempt++ {
-		g, err := e.cm.admit(ctx, Request{Model: "m", RunID: r.id}, nil, prefixRoute{}, func() {})
+		g, err := e.cm.admit(ctx, contract.Request{Model: "m", RunID: r.id}, nil, prefixRoute{}, func() {})
 		if err != nil {
 			r.answer(w, err)
 			return
@@ -924,7 +925,7 @@ func (w *simWorld) request(ctx context.Context, e *simEdge, r *simReq) {
 		g.track(r.id)
 		inf := g.info()
 		e.svc.mu.Lock()
-		e.svc.runs[r.id] = &Run{grant: g, epoch: epoch, leaseID: lease, info: DispatchInfo{RunID: r.id, NodeID: cand.NodeID, ProviderID: cand.ProviderID, ServedModel: inf.Target}}
+		e.svc.runs[r.id] = &Run{grant: g, epoch: epoch, leaseID: lease, info: contract.DispatchInfo{RunID: r.id, NodeID: cand.NodeID, ProviderID: cand.ProviderID, ServedModel: inf.Target}}
 		e.svc.mu.Unlock()
 		done := make(chan struct{})
 		refused := make(chan int64, 1)

@@ -32,11 +32,11 @@ func setModels(provider string, models []string, caps ...*nodev1.ModelCapabiliti
 	return providerUpdate(&nodev1.ProviderUpdate{ProviderId: provider, Healthy: true, ModelsSet: true, Models: models, ModelCapabilities: caps})
 }
 
-func embedReq(model string) Request {
-	return Request{Model: model, Operation: contract.OperationEmbeddings, Body: []byte(`{"model":"` + model + `","input":"x"}`), Needs: []string{"embeddings"}}
+func embedReq(model string) contract.Request {
+	return contract.Request{Model: model, Operation: contract.OperationEmbeddings, Body: []byte(`{"model":"` + model + `","input":"x"}`), Needs: []string{"embeddings"}}
 }
 
-func toolsReq(model string) Request {
+func toolsReq(model string) contract.Request {
 	r := chatReq(model)
 	r.Needs = []string{"tools"}
 	return r
@@ -46,7 +46,7 @@ func toolsReq(model string) Request {
 // gone).
 func (e *testEdge) waitModels(t *testing.T, want, gone []string) {
 	t.Helper()
-	e.waitUntil(t, "models listed", func(Snapshot) bool {
+	e.waitUntil(t, "models listed", func(contract.Snapshot) bool {
 		models := e.svc.Models()
 		for _, m := range want {
 			if !slices.Contains(models, m) {
@@ -87,7 +87,7 @@ func TestProviderUpdateReplacesServedModels(t *testing.T) {
 
 	// Health only: the served models stay.
 	n.send(t, providerUpdate(&nodev1.ProviderUpdate{ProviderId: "p1", Healthy: true, Capacity: 3}))
-	e.waitUntil(t, "capacity 3", func(s Snapshot) bool { p, _ := providerOf(s, "n1", "p1"); return p.Capacity == 3 })
+	e.waitUntil(t, "capacity 3", func(s contract.Snapshot) bool { p, _ := providerOf(s, "n1", "p1"); return p.Capacity == 3 })
 	if got := e.svc.Models(); !slices.Contains(got, "new") {
 		t.Fatalf("models %v after an update without models_set", got)
 	}
@@ -131,7 +131,7 @@ func TestUnhealthyUpdateTakesProviderOutOfRotation(t *testing.T) {
 	e.clk.waitArmed(t, testQueueTimeout, 1)
 
 	n.send(t, providerUpdate(&nodev1.ProviderUpdate{ProviderId: "a", Healthy: false}))
-	e.waitUntil(t, "a unhealthy", func(s Snapshot) bool { p, _ := providerOf(s, "n1", "a"); return !p.Healthy })
+	e.waitUntil(t, "a unhealthy", func(s contract.Snapshot) bool { p, _ := providerOf(s, "n1", "a"); return !p.Healthy })
 	if snap := e.svc.Snapshot(); snap.Waiters != 1 {
 		t.Fatalf("waiter gone while b still serves m: %d waiters", snap.Waiters)
 	}
@@ -149,7 +149,7 @@ func TestUnhealthyUpdateTakesProviderOutOfRotation(t *testing.T) {
 	// Back in rotation, with a second slot (its first still holds a run
 	// that went on while it was unhealthy).
 	n.send(t, providerUpdate(&nodev1.ProviderUpdate{ProviderId: "b", Healthy: true, Capacity: 2}))
-	e.waitUntil(t, "b healthy", func(s Snapshot) bool { p, _ := providerOf(s, "n1", "b"); return p.Healthy })
+	e.waitUntil(t, "b healthy", func(s contract.Snapshot) bool { p, _ := providerOf(s, "n1", "b"); return p.Healthy })
 	_, _, d := e.startRun(t, n, chatReq("m"))
 	if d.GetProviderId() != "b" {
 		t.Fatalf("dispatched to %s, want b (a is unhealthy)", d.GetProviderId())
@@ -182,7 +182,7 @@ func TestCapabilitiesArePerServedModel(t *testing.T) {
 	}
 
 	for _, c := range []struct {
-		req     Request
+		req     contract.Request
 		target  string // "" = refused
 		missing string
 	}{

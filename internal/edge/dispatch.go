@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 
+	"iop/internal/edge/contract"
 	"iop/internal/edge/lifecycle"
 	"iop/internal/scheduler"
 )
@@ -247,7 +248,7 @@ func notServed(res attemptResult, st dispatchState) action {
 // is dropped once this one is dispatched. One client-gone watcher covers
 // the attempt from the run's creation to its return: the caller's context
 // ending ends the run ("client gone").
-func (s *Service) attempt(ctx context.Context, req Request, tried []triedCandidate, waited *queueTime, readAhead bool, superseded *Run) attemptResult {
+func (s *Service) attempt(ctx context.Context, req contract.Request, tried []triedCandidate, waited *queueTime, readAhead bool, superseded *Run) attemptResult {
 	run, cand, stopWatch, err := s.dispatchOnce(ctx, req, tried, waited)
 	switch {
 	case errors.Is(err, errOutOfRotation):
@@ -291,7 +292,7 @@ func (s *Service) attempt(ctx context.Context, req Request, tried []triedCandida
 // dispatchLoop runs attempts of req until next finishes it (see the rules
 // above) and returns what it decided. Every attempt is appended to
 // *attempts, so that Dispatch settles those it does not hand out.
-func (s *Service) dispatchLoop(ctx context.Context, req Request, attempts *[]*Run) (*Run, error) {
+func (s *Service) dispatchLoop(ctx context.Context, req contract.Request, attempts *[]*Run) (*Run, error) {
 	baseID := req.RunID
 	st := dispatchState{model: req.Model, maxRetries: s.cfg.Retries()}
 	var tried []triedCandidate

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"iop/internal/edge/contract"
 	"iop/internal/edge/lifecycle"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
@@ -30,7 +31,7 @@ func TestNodeDrain(t *testing.T) {
 	e := startObservedEdge(t, cfg, rec)
 	a := e.connect(t, hello("a-drain", prov("a", normalized, 2, "m1")))
 	z := e.connect(t, hello("z-other", prov("z", normalized, 2, "m1")))
-	preferA := func() Request {
+	preferA := func() contract.Request {
 		req := chatReq("m1")
 		req.PreferNodeID, req.PreferProviderID = "a-drain", "a"
 		return req
@@ -45,7 +46,7 @@ func TestNodeDrain(t *testing.T) {
 		t.Fatalf("the refused request ran on %s", run.Info().NodeID)
 	}
 
-	snap := e.waitUntil(t, "a draining", func(s Snapshot) bool {
+	snap := e.waitUntil(t, "a draining", func(s contract.Snapshot) bool {
 		p, _ := providerOf(s, "a-drain", "a")
 		return p.Status == StatusDraining
 	})
@@ -83,7 +84,7 @@ func TestNodeDrain(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.waitClosed(t)
-	e.waitUntil(t, "a gone", func(s Snapshot) bool { return len(s.Nodes) == 1 })
+	e.waitUntil(t, "a gone", func(s contract.Snapshot) bool { return len(s.Nodes) == 1 })
 	var types []lifecycle.Type
 	fenceReason := ""
 	for _, ev := range rec.all() {

@@ -144,7 +144,7 @@ func TestDispatchNormalized(t *testing.T) {
 		t.Errorf("dispatch %v", d)
 	}
 	info := run.Info()
-	want := DispatchInfo{RunID: d.GetRunId(), NodeID: "n1", ProviderID: "p1", ProviderType: "sim", ServedModel: "m-small",
+	want := contract.DispatchInfo{RunID: d.GetRunId(), NodeID: "n1", ProviderID: "p1", ProviderType: "sim", ServedModel: "m-small",
 		Generation: n.gen, Path: contract.PathNormalized, QueueReason: "immediate"}
 	if info != want {
 		t.Errorf("Info() = %+v, want %+v", info, want)
@@ -304,7 +304,7 @@ func TestNodeDisconnectMidRun(t *testing.T) {
 	if err := wait(t, recvd); !errors.Is(err, ErrNodeGone) {
 		t.Fatalf("Recv = %v, want ErrNodeGone", err)
 	}
-	snap := e.waitUntil(t, "node gone", func(s Snapshot) bool { return len(s.Nodes) == 0 })
+	snap := e.waitUntil(t, "node gone", func(s contract.Snapshot) bool { return len(s.Nodes) == 0 })
 	// Its lease released and no request waiting for it, the orphan
 	// provider is forgotten.
 	if p, ok := providerOf(snap, "n1", "p1"); ok || snap.Leases != 0 {
@@ -568,18 +568,18 @@ func TestResolveErrors(t *testing.T) {
 	e.connect(t, hello("n1", p))
 	tests := []struct {
 		name string
-		req  func() Request
+		req  func() contract.Request
 		want error
 		text string
 	}{
-		{"unknown model", func() Request { return chatReq("nope") }, scheduler.ErrUnknownModel, `"nope"`},
-		{"missing capability", func() Request {
+		{"unknown model", func() contract.Request { return chatReq("nope") }, scheduler.ErrUnknownModel, `"nope"`},
+		{"missing capability", func() contract.Request {
 			r := chatReq("chat")
 			r.Needs = []string{"tools", "vision"}
 			return r
 		}, scheduler.ErrCandidatesRejected, `capability "vision"`},
-		{"empty model", func() Request { return chatReq("") }, ErrInvalidRequest, "empty model"},
-		{"no operation", func() Request {
+		{"empty model", func() contract.Request { return chatReq("") }, ErrInvalidRequest, "empty model"},
+		{"no operation", func() contract.Request {
 			r := chatReq("chat")
 			r.Operation = contract.OperationUnspecified
 			return r
@@ -617,7 +617,7 @@ func TestModels(t *testing.T) {
 		t.Fatalf("Models() = %v, want %v", got, want)
 	}
 	n.cancel()
-	e.waitUntil(t, "node gone", func(s Snapshot) bool { return len(s.Nodes) == 0 })
+	e.waitUntil(t, "node gone", func(s contract.Snapshot) bool { return len(s.Nodes) == 0 })
 	if got, want := e.svc.Models(), []string{"chat"}; !equal(got, want) {
 		t.Fatalf("Models() after disconnect = %v, want %v", got, want)
 	}
@@ -766,7 +766,7 @@ func TestHeartbeats(t *testing.T) {
 		// The node speaks every interval (here a capacity update the test
 		// can see applied), so it stays connected.
 		n.send(t, &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_ProviderUpdate{ProviderUpdate: &nodev1.ProviderUpdate{ProviderId: "p1", Healthy: true, Capacity: int32(i + 1)}}})
-		e.waitUntil(t, "capacity applied", func(s Snapshot) bool {
+		e.waitUntil(t, "capacity applied", func(s contract.Snapshot) bool {
 			p, _ := providerOf(s, "n1", "p1")
 			return p.Capacity == i+1
 		})
@@ -785,7 +785,7 @@ func TestHeartbeats(t *testing.T) {
 	if err := n.waitClosed(t); status.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("connection ended with %v, want DeadlineExceeded", err)
 	}
-	snap := e.waitUntil(t, "fenced", func(s Snapshot) bool { return len(s.Nodes) == 0 })
+	snap := e.waitUntil(t, "fenced", func(s contract.Snapshot) bool { return len(s.Nodes) == 0 })
 	if p, ok := providerOf(snap, "n1", "p1"); ok {
 		t.Fatalf("provider %+v, want the fenced, drained provider gone", p)
 	}
@@ -810,12 +810,12 @@ func TestProviderHealth(t *testing.T) {
 	e := startEdge(t, testConfig())
 	n := e.connect(t, hello("n1", prov("p1", normalized, 1, "m1")))
 	n.send(t, &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_ProviderUpdate{ProviderUpdate: &nodev1.ProviderUpdate{ProviderId: "p1", Healthy: false}}})
-	e.waitUntil(t, "unhealthy", func(s Snapshot) bool { p, _ := providerOf(s, "n1", "p1"); return !p.Healthy })
+	e.waitUntil(t, "unhealthy", func(s contract.Snapshot) bool { p, _ := providerOf(s, "n1", "p1"); return !p.Healthy })
 	if _, err := e.svc.Dispatch(context.Background(), chatReq("m1")); !errors.Is(err, scheduler.ErrNoProvider) {
 		t.Fatalf("Dispatch to an unhealthy provider = %v, want ErrNoProvider", err)
 	}
 	n.send(t, &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_ProviderUpdate{ProviderUpdate: &nodev1.ProviderUpdate{ProviderId: "p1", Healthy: true, LongCapacity: 1}}})
-	snap := e.waitUntil(t, "healthy", func(s Snapshot) bool { p, _ := providerOf(s, "n1", "p1"); return p.Healthy })
+	snap := e.waitUntil(t, "healthy", func(s contract.Snapshot) bool { p, _ := providerOf(s, "n1", "p1"); return p.Healthy })
 	p, _ := providerOf(snap, "n1", "p1")
 	if p.Type != "sim" || p.Path != contract.PathNormalized || !equal(p.Models, []string{"m1"}) || !equal(p.Capabilities, []string{"cancel", "stream"}) || p.Status != "available" {
 		t.Errorf("provider snapshot %+v", p)

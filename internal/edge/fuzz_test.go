@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
 
@@ -125,6 +126,6 @@ func FuzzNodeProtocol(f *testing.F) {
 			t.Fatal("the run's Recv never ended")
 		}
 		run.Close("fuzz input done")
-		e.waitUntil(t, "every lease released", func(s Snapshot) bool { return s.Leases == 0 && s.Waiters == 0 })
+		e.waitUntil(t, "every lease released", func(s contract.Snapshot) bool { return s.Leases == 0 && s.Waiters == 0 })
 	})
 }

@@ -157,7 +157,7 @@ func startEdge(t *testing.T, cfg Config) *testEdge {
 
 // waitUntil waits until cond holds for the service's snapshot, re-checking
 // at every registry change.
-func (e *testEdge) waitUntil(t *testing.T, what string, cond func(Snapshot) bool) Snapshot {
+func (e *testEdge) waitUntil(t *testing.T, what string, cond func(contract.Snapshot) bool) contract.Snapshot {
 	t.Helper()
 	deadline := time.After(failsafe)
 	for {
@@ -174,13 +174,13 @@ func (e *testEdge) waitUntil(t *testing.T, what string, cond func(Snapshot) bool
 	}
 }
 
-func providerOf(snap Snapshot, node, id string) (ProviderSnapshot, bool) {
+func providerOf(snap contract.Snapshot, node, id string) (contract.ProviderSnapshot, bool) {
 	for _, p := range snap.Providers {
 		if p.NodeID == node && p.ProviderID == id {
 			return p, true
 		}
 	}
-	return ProviderSnapshot{}, false
+	return contract.ProviderSnapshot{}, false
 }
 
 // inFlight returns the in-flight count of (node, provider), -1 if unknown.
@@ -244,7 +244,7 @@ func (e *testEdge) connect(t *testing.T, h *nodev1.Hello) *fakeNode {
 	}
 	n.gen = w.GetGeneration()
 	go n.read()
-	e.waitUntil(t, "node "+n.id+" activated", func(s Snapshot) bool {
+	e.waitUntil(t, "node "+n.id+" activated", func(s contract.Snapshot) bool {
 		for _, hp := range h.GetProviders() {
 			p, ok := providerOf(s, n.id, hp.GetId())
 			if !ok || p.Generation != n.gen || p.Status != "available" {
@@ -435,7 +435,7 @@ type dispatched struct {
 }
 
 // dispatchAsync runs Dispatch on its own goroutine.
-func (e *testEdge) dispatchAsync(ctx context.Context, req Request) <-chan dispatched {
+func (e *testEdge) dispatchAsync(ctx context.Context, req contract.Request) <-chan dispatched {
 	ch := make(chan dispatched, 1)
 	go func() {
 		r, err := e.svc.Dispatch(ctx, req)
@@ -458,7 +458,7 @@ func wait[T any](t *testing.T, ch <-chan T) T {
 
 // startRun dispatches req, lets node open the run and read its body, and
 // returns the run, its stream and the Dispatch message.
-func (e *testEdge) startRun(t *testing.T, n *fakeNode, req Request) (*Run, runStream, *nodev1.Dispatch) {
+func (e *testEdge) startRun(t *testing.T, n *fakeNode, req contract.Request) (*Run, runStream, *nodev1.Dispatch) {
 	t.Helper()
 	return n.acceptRun(t, e.dispatchAsync(context.Background(), req))
 }
@@ -479,8 +479,8 @@ func (n *fakeNode) acceptRun(t *testing.T, res <-chan dispatched) (*Run, runStre
 	return got.run, rs, d
 }
 
-func chatReq(model string) Request {
-	return Request{Model: model, Operation: contract.OperationChat, Stream: true, Body: []byte(`{"model":"` + model + `"}`)}
+func chatReq(model string) contract.Request {
+	return contract.Request{Model: model, Operation: contract.OperationChat, Stream: true, Body: []byte(`{"model":"` + model + `"}`)}
 }
 
 // recvAll reads the run until an error, returning the messages and the error.

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/edge/contract"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
 )
@@ -37,7 +38,7 @@ func TestRegression_NodeLostBeforeFirstByteWaitsForIt(t *testing.T) {
 	}
 	waitHeld(t, e, res)
 	old.cancel() // then the control stream: the edge fences generation 1
-	e.waitUntil(t, "n1 fenced", func(s Snapshot) bool { return len(s.Nodes) == 0 })
+	e.waitUntil(t, "n1 fenced", func(s contract.Snapshot) bool { return len(s.Nodes) == 0 })
 
 	fresh := e.connect(t, h)
 	_, rs2 := acceptRun(t, fresh)
@@ -67,7 +68,7 @@ func TestNodeLostBeforeFirstByteFailsAfterGrace(t *testing.T) {
 	}
 	waitHeld(t, e, res)
 	n.cancel()
-	e.waitUntil(t, "n1 fenced", func(s Snapshot) bool { return len(s.Nodes) == 0 })
+	e.waitUntil(t, "n1 fenced", func(s contract.Snapshot) bool { return len(s.Nodes) == 0 })
 	e.clk.Advance(5 * time.Second)
 	r := wait(t, res)
 	if !errors.Is(r.err, scheduler.ErrProviderUnavailable) {

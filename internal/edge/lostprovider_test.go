@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"iop/internal/edge/contract"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
 )
@@ -101,7 +102,7 @@ func TestRegression_UnhealthyToolsProviderIsUnavailable(t *testing.T) {
 	e.connect(t, hello("n1", prov("plain", normalized, 1, "m")))
 	n := e.connect(t, hello("n2", toolsProv("tools", 1, "m")))
 	n.send(t, &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_ProviderUpdate{ProviderUpdate: &nodev1.ProviderUpdate{ProviderId: "tools", Healthy: false}}})
-	e.waitUntil(t, "tools unhealthy", func(s Snapshot) bool {
+	e.waitUntil(t, "tools unhealthy", func(s contract.Snapshot) bool {
 		p, ok := providerOf(s, "n2", "tools")
 		return ok && !p.Healthy
 	})

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"iop/internal/edge/contract"
 	"iop/internal/edge/lifecycle"
 	"iop/internal/wire/nodev1"
 )
@@ -102,7 +103,7 @@ func TestObserverSeesNodeAndRunLifecycle(t *testing.T) {
 	}
 	second.run.Close("client gone")
 	n.cancel()
-	e.waitUntil(t, "node gone", func(s Snapshot) bool { return len(s.Nodes) == 0 })
+	e.waitUntil(t, "node gone", func(s contract.Snapshot) bool { return len(s.Nodes) == 0 })
 	waitFor(t, func() bool { return len(rec.all()) == 9 })
 
 	// The first run's end and the second's admission race (the release
@@ -197,7 +198,7 @@ func TestRunEndedByFenceReportsLoad(t *testing.T) {
 		t.Fatal("run did not end")
 	}
 	run.Close("node_gone") // its end is published when its caller closes it
-	e.waitUntil(t, "provider forgotten", func(s Snapshot) bool { _, ok := providerOf(s, "n1", "p1"); return !ok })
+	e.waitUntil(t, "provider forgotten", func(s contract.Snapshot) bool { _, ok := providerOf(s, "n1", "p1"); return !ok })
 	var ended *lifecycle.Event
 	waitFor(t, func() bool {
 		for _, ev := range rec.all() {
@@ -240,7 +241,7 @@ func TestRunEndedCarriesTheCallersOutcome(t *testing.T) {
 	if c := n.nextCancel(t); c.GetRunId() != run.Info().RunID {
 		t.Fatalf("cancel %+v, want run %s's", c, run.Info().RunID)
 	}
-	e.waitUntil(t, "slot freed", func(s Snapshot) bool { return s.Leases == 0 })
+	e.waitUntil(t, "slot freed", func(s contract.Snapshot) bool { return s.Leases == 0 })
 	if evs := endsOf(rec, run.Info().RunID); len(evs) != 0 {
 		t.Fatalf("run_ended before Close: %+v", evs)
 	}

@@ -400,7 +400,7 @@ type prefixRoute struct {
 // index, and requests go to the least loaded until it learns them). It
 // takes the index's lock, so it runs before Admit, never under the
 // scheduler's lock.
-func (s *Service) routeOf(req Request) prefixRoute {
+func (s *Service) routeOf(req contract.Request) prefixRoute {
 	p := s.routing.Load()
 	if s.prefix == nil || p.of(req.Model) != RoutingPrefix || !s.cat.choosable(req.Model) {
 		return prefixRoute{}

@@ -275,7 +275,7 @@ func TestPromptBlocksScanEqualsDecodeOnCorpus(t *testing.T) {
 func TestPrefixRouteOnlyWhenThereIsAChoice(t *testing.T) {
 	t.Parallel()
 	e := startEdge(t, testConfig())
-	req := Request{Model: "m", Operation: contract.OperationChat, Body: agentBody(t)}
+	req := contract.Request{Model: "m", Operation: contract.OperationChat, Body: agentBody(t)}
 	e.connect(t, hello("n1", prov("p", nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL, 1, "m")))
 	if r := e.svc.routeOf(req); r.blocks != nil {
 		t.Fatalf("one provider: %d blocks computed", len(r.blocks))

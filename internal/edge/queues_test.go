@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"iop/internal/edge/contract"
 )
 
 // TestQueuesListedFromTheFirstRequest: the snapshot's
@@ -38,11 +40,11 @@ func TestQueuesListedFromTheFirstRequest(t *testing.T) {
 }
 
 // queueOf is model's queue in snap (zero if it has none).
-func queueOf(snap Snapshot, model string) QueueSnapshot {
+func queueOf(snap contract.Snapshot, model string) contract.QueueSnapshot {
 	for _, q := range snap.Queues {
 		if q.Model == model {
 			return q
 		}
 	}
-	return QueueSnapshot{}
+	return contract.QueueSnapshot{}
 }

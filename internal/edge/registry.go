@@ -758,7 +758,7 @@ func (r *registry) lookup(node string, gen uint64, providerID string) (*conn, *p
 // the provider spells it), that model's
 // capabilities (see ModelProvider.Capabilities) and details; ok is false
 // when that connection is not current or the provider serves none of them.
-func (r *registry) describe(node string, gen uint64, providerID string, targets []string) (mp ModelProvider, ok bool) {
+func (r *registry) describe(node string, gen uint64, providerID string, targets []string) (mp contract.ModelProvider, ok bool) {
 	_, p := r.lookup(node, gen, providerID)
 	if p == nil {
 		return mp, false

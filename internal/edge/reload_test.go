@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/edge/contract"
 	"iop/internal/scheduler"
 	"iop/internal/wire/nodev1"
 )
@@ -123,7 +124,7 @@ func TestReloadRemovingAModelWithRunsInFlight(t *testing.T) {
 	if !errors.Is(err, io.EOF) || len(msgs) != 1 || first(msgs[0]).Text != "still here" {
 		t.Fatalf("the run in flight: %v %v", msgs, err)
 	}
-	e.waitUntil(t, "the removed alias's slot is free", func(s Snapshot) bool {
+	e.waitUntil(t, "the removed alias's slot is free", func(s contract.Snapshot) bool {
 		p, _ := providerOf(s, "n1", "small")
 		return p.InFlight == 0
 	})

@@ -8,10 +8,6 @@ import (
 	"iop/internal/wire/nodev1"
 )
 
-// LoadedModel is one model one provider holds loaded (see
-// contract.LoadedModel).
-type LoadedModel = contract.LoadedModel
-
 // Loaded lists the models the providers of the current node connections
 // hold loaded, sorted by node, provider, then served name: for a provider
 // whose node reads its server's loaded models (an Ollama: /api/ps on the
@@ -23,7 +19,7 @@ type LoadedModel = contract.LoadedModel
 // loaded, and the node's next reading will say). Each carries its runs in
 // flight on that provider. It reads the registry's published state and
 // the runs under the service's lock; it costs O(providers' models + runs).
-func (s *Service) Loaded() []LoadedModel {
+func (s *Service) Loaded() []contract.LoadedModel {
 	type key struct{ node, provider, served string }
 	inFlight := make(map[key]int)
 	s.mu.Lock()
@@ -32,11 +28,11 @@ func (s *Service) Loaded() []LoadedModel {
 	}
 	s.mu.Unlock()
 
-	var out []LoadedModel
+	var out []contract.LoadedModel
 	listed := make(map[key]bool)
 	for node, cs := range s.reg.load().nodes.all() {
 		for _, p := range cs.providers {
-			add := func(m LoadedModel) {
+			add := func(m contract.LoadedModel) {
 				k := key{node, p.id, m.Served}
 				m.NodeID, m.ProviderID, m.Type, m.InFlight = node, p.id, p.typ, inFlight[k]
 				listed[k] = true
@@ -62,20 +58,20 @@ func (s *Service) Loaded() []LoadedModel {
 			case p.path == nodev1.ExecutionPath_EXECUTION_PATH_TUNNEL:
 				for _, m := range p.models {
 					d := details(m)
-					add(LoadedModel{Served: m, Name: m, Model: m, Size: d.Size, Digest: d.Digest, Details: d,
+					add(contract.LoadedModel{Served: m, Name: m, Model: m, Size: d.Size, Digest: d.Digest, Details: d,
 						ContextLength: d.ContextLength, Source: contract.LoadedAlways})
 				}
 			}
 			for _, m := range p.models {
 				if k := (key{node, p.id, m}); inFlight[k] > 0 && !listed[k] {
 					d := details(m)
-					add(LoadedModel{Served: m, Name: m, Model: m, Size: d.Size, Digest: d.Digest, Details: d,
+					add(contract.LoadedModel{Served: m, Name: m, Model: m, Size: d.Size, Digest: d.Digest, Details: d,
 						ContextLength: d.ContextLength, Source: contract.LoadedInFlight})
 				}
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b LoadedModel) int {
+	slices.SortFunc(out, func(a, b contract.LoadedModel) int {
 		return cmp.Or(cmp.Compare(a.NodeID, b.NodeID), cmp.Compare(a.ProviderID, b.ProviderID), cmp.Compare(a.Served, b.Served))
 	})
 	return out
@@ -83,12 +79,12 @@ func (s *Service) Loaded() []LoadedModel {
 
 // reportedModel is the LoadedModel of lm, a model the node read loaded,
 // served as served.
-func reportedModel(served string, lm *nodev1.LoadedModel) LoadedModel {
+func reportedModel(served string, lm *nodev1.LoadedModel) contract.LoadedModel {
 	d := contract.ModelDetails{}
 	if md := modelDetails(lm.GetDetails()); md != nil {
 		d = *md
 	}
-	return LoadedModel{
+	return contract.LoadedModel{
 		Served: served, Name: lm.GetName(), Model: lm.GetModel(), Size: lm.GetSize(), SizeVRAM: lm.GetSizeVram(),
 		Digest: lm.GetDigest(), Details: d, ExpiresAt: lm.GetExpiresAt(), ContextLength: lm.GetContextLength(),
 		LoadedSince: lm.GetLoadedSince(), Source: contract.LoadedReported,

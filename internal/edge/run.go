@@ -13,9 +13,6 @@ import (
 	"iop/internal/wire/nodev1"
 )
 
-// DispatchInfo describes where a run went (see contract.DispatchInfo).
-type DispatchInfo = contract.DispatchInfo
-
 type runState uint8
 
 const (
@@ -51,7 +48,7 @@ type Run struct {
 	// was admitted: the delay to its first answer is the load's cost.
 	load       bool
 	dispatched time.Time
-	info       DispatchInfo
+	info       contract.DispatchInfo
 	// inline: the body went in the Dispatch message; else body is to be
 	// sent down the run stream.
 	inline bool
@@ -103,7 +100,7 @@ type Run struct {
 }
 
 // Info returns where the run was dispatched.
-func (r *Run) Info() DispatchInfo { return r.info }
+func (r *Run) Info() contract.DispatchInfo { return r.info }
 
 // Recv returns the next message the node sent on this run, decoded
 // (contract.Message): a normalized run's events; a tunnel run's head,

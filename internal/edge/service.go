@@ -38,12 +38,9 @@ const maxBodyChunk = 1 << 20
 // stream in Body chunks, under that stream's own flow control.
 const maxInlineBody = 64 << 10
 
-// Request is one client request to dispatch (see contract.Request).
-type Request = contract.Request
-
 // validateRequest refuses a request without a model or with an unknown
 // operation (ErrInvalidRequest).
-func validateRequest(r Request) error {
+func validateRequest(r contract.Request) error {
 	if r.Model == "" {
 		return fmt.Errorf("%w: empty model", ErrInvalidRequest)
 	}
@@ -167,7 +164,7 @@ type Service struct {
 // (once, the request is admitted again); ErrNodeGone; ctx's error when ctx
 // ends first (the run is cancelled on the node). On every error the lease,
 // if one was taken, is released.
-func (s *Service) Dispatch(ctx context.Context, req Request) (out *Run, outErr error) {
+func (s *Service) Dispatch(ctx context.Context, req contract.Request) (out *Run, outErr error) {
 	defer func() { outErr = boundaryError(outErr) }() // last: after every other defer
 	if err := validateRequest(req); err != nil {
 		return nil, err
@@ -299,7 +296,7 @@ func (q *queueTime) reason() contract.Admission {
 // DispatchInfo reports waited whole. From the run's creation, the attempt's client-gone watcher ends
 // it when ctx ends; with the run, dispatchOnce returns that watcher's stop,
 // which the caller calls when it is done with the attempt.
-func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCandidate, waited *queueTime) (*Run, scheduler.Candidate, func(), error) {
+func (s *Service) dispatchOnce(ctx context.Context, req contract.Request, tried []triedCandidate, waited *queueTime) (*Run, scheduler.Candidate, func(), error) {
 	route := s.routeOf(req) // before Admit: it takes the prefix index's lock
 	// The request's span, if it is traced (api.Config.Tracer): it gets the
 	// queued, admitted and dispatched events, and its context goes to the
@@ -360,7 +357,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req Request, tried []triedCa
 
 		load:       li.Load,
 		dispatched: s.clock.Now(),
-		info: DispatchInfo{
+		info: contract.DispatchInfo{
 			RunID:                 runID,
 			NodeID:                cand.NodeID,
 			ProviderID:            cand.ProviderID,
@@ -483,7 +480,7 @@ func (s *Service) staleReason(cand scheduler.Candidate) string {
 
 // needsOf returns the capabilities req needs of the served model: its
 // Needs, and NeedCompletion for a chat or completion request.
-func needsOf(req Request) []string {
+func needsOf(req contract.Request) []string {
 	switch req.Operation {
 	case contract.OperationChat, contract.OperationCompletion:
 		if !slices.Contains(req.Needs, NeedCompletion) {
@@ -653,23 +650,16 @@ func (s *Service) Models() []string { return s.cat.models() }
 // advertised (also while no node serves it now, until it is forgotten).
 func (s *Service) Known(name string) bool { return s.cat.known(s.cat.name(name)) }
 
-// ModelInfo is what the edge knows of one model (see contract.ModelInfo).
-type ModelInfo = contract.ModelInfo
-
-// ModelProvider is one provider of a model, with its scheduler counters
-// (see contract.ModelProvider).
-type ModelProvider = contract.ModelProvider
-
 // ModelInfo describes the model a client calls name, resolved as Dispatch
 // resolves it ("x" and "x:latest" are one model). ok is false when name is
 // neither an alias nor a model a connected node serves. It takes a Snapshot.
-func (s *Service) ModelInfo(name string) (ModelInfo, bool) {
+func (s *Service) ModelInfo(name string) (contract.ModelInfo, bool) {
 	name = s.cat.name(name)
-	info := ModelInfo{Name: name, Targets: []string{name}}
+	info := contract.ModelInfo{Name: name, Targets: []string{name}}
 	if targets, ok := (*s.cat.aliases.Load())[name]; ok {
 		info.Alias, info.Targets = true, slices.Clone(targets)
 	} else if !slices.Contains(s.cat.models(), name) {
-		return ModelInfo{}, false
+		return contract.ModelInfo{}, false
 	}
 	for _, p := range s.Snapshot().Providers {
 		if p.Status != "available" {
@@ -735,27 +725,14 @@ func newRunID() string {
 // beside the scheduler's scheduler.StatusAvailable and StatusOrphan.
 const StatusDraining = "draining"
 
-// Snapshot is a view of nodes, providers and queues, for admin endpoints
-// (see contract.Snapshot).
-type Snapshot = contract.Snapshot
-
-// NodeSnapshot is one connected node (see contract.NodeSnapshot).
-type NodeSnapshot = contract.NodeSnapshot
-
-// ProviderSnapshot is one provider (see contract.ProviderSnapshot).
-type ProviderSnapshot = contract.ProviderSnapshot
-
-// QueueSnapshot is one model group's queue (see contract.QueueSnapshot).
-type QueueSnapshot = contract.QueueSnapshot
-
 // Snapshot returns the current nodes, providers and queues, sorted by node
 // then provider, and by model. It lists a queue for every model group the
 // scheduler holds, every configured alias and every known model name a
 // request asked for (Service.requested), each with its policy and queued
 // count.
-func (s *Service) Snapshot() Snapshot {
+func (s *Service) Snapshot() contract.Snapshot {
 	ss := s.sched.Snapshot()
-	snap := Snapshot{Waiters: ss.Waiters, Leases: ss.Leases}
+	snap := contract.Snapshot{Waiters: ss.Waiters, Leases: ss.Leases}
 	if cs, ok := s.Cluster(); ok {
 		s.mu.Lock()
 		n := len(s.runs)
@@ -765,14 +742,14 @@ func (s *Service) Snapshot() Snapshot {
 	st := s.reg.load()
 	for _, cs := range st.nodes.all() {
 		c := cs.c
-		ns := NodeSnapshot{NodeID: c.nodeID, Label: c.label, Version: c.version, Generation: c.gen, ConnectedAt: c.connectedAt, LastSeen: c.seen(), Draining: cs.draining, IdleRunStreams: c.idleCount()}
+		ns := contract.NodeSnapshot{NodeID: c.nodeID, Label: c.label, Version: c.version, Generation: c.gen, ConnectedAt: c.connectedAt, LastSeen: c.seen(), Draining: cs.draining, IdleRunStreams: c.idleCount()}
 		for _, p := range cs.providers {
 			ns.Providers = append(ns.Providers, p.id)
 		}
 		snap.Nodes = append(snap.Nodes, ns)
 	}
 	for _, sp := range ss.Providers {
-		ps := ProviderSnapshot{
+		ps := contract.ProviderSnapshot{
 			NodeID: sp.NodeID, ProviderID: sp.ProviderID, Generation: sp.Generation,
 			Capacity: sp.Capacity, LongCapacity: sp.LongCapacity, InFlight: sp.InFlight, LongInFlight: sp.LongInFlight,
 			Queued: sp.Queued, Load: sp.Load, Status: sp.Status,
@@ -804,7 +781,7 @@ func (s *Service) Snapshot() Snapshot {
 			continue
 		}
 		listed[g.Name] = true
-		q := QueueSnapshot{Model: g.Name, MaxQueue: g.Policy.MaxQueue, QueueTimeout: g.Policy.QueueTimeout, Queued: g.Queued,
+		q := contract.QueueSnapshot{Model: g.Name, MaxQueue: g.Policy.MaxQueue, QueueTimeout: g.Policy.QueueTimeout, Queued: g.Queued,
 			Fairness: fairnessName(g.Policy.Fairness)}
 		for _, f := range g.Flows {
 			q.Flows = append(q.Flows, contract.FlowQueue{Flow: f.Flow, Priority: f.Priority.String(), Queued: f.Queued})
@@ -825,7 +802,7 @@ func (s *Service) Snapshot() Snapshot {
 		}
 		listed[name] = true
 		p := s.sched.Policy(name)
-		snap.Queues = append(snap.Queues, QueueSnapshot{Model: name, MaxQueue: p.MaxQueue, QueueTimeout: p.QueueTimeout, Fairness: fairnessName(p.Fairness)})
+		snap.Queues = append(snap.Queues, contract.QueueSnapshot{Model: name, MaxQueue: p.MaxQueue, QueueTimeout: p.QueueTimeout, Fairness: fairnessName(p.Fairness)})
 	}
 	sort.Slice(snap.Queues, func(i, j int) bool { return snap.Queues[i].Model < snap.Queues[j].Model })
 	aliases := *s.cat.aliases.Load()

@@ -8,6 +8,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
 
@@ -18,7 +19,7 @@ import (
 func TestDispatchTracesTheRequestSpan(t *testing.T) {
 	e := startEdge(t, testConfig())
 	n := e.connect(t, hello("n1", prov("p1", tunnel, 1, "m-big")))
-	e.waitUntil(t, "p1 registered", func(s Snapshot) bool { return len(s.Providers) == 1 })
+	e.waitUntil(t, "p1 registered", func(s contract.Snapshot) bool { return len(s.Providers) == 1 })
 
 	// Untraced: the one slot is taken, with no trace context.
 	first, _, d0 := e.startRun(t, n, chatReq("chat"))

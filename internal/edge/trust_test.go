@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"iop/internal/auth"
+	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
 
@@ -79,7 +80,7 @@ func TestNodeIDTakeoverNeedsTheSameToken(t *testing.T) {
 	}
 	second.cancel()
 	second.waitClosed(t)
-	e.waitUntil(t, "n1 gone", func(s Snapshot) bool { return len(s.Nodes) == 0 })
+	e.waitUntil(t, "n1 gone", func(s contract.Snapshot) bool { return len(s.Nodes) == 0 })
 	refused(t, e, helloWith("n1", "token-b"), "bound to another token")
 	// Token b is fine for another node id.
 	e.connect(t, helloWith("n2", "token-b"))

@@ -80,7 +80,7 @@ func TestAliasUnmatchedTargets(t *testing.T) {
 	// The node goes: its models are remembered, so chat is unavailable
 	// (503), not unknown; typo is still unknown.
 	n.cancel()
-	e.waitUntil(t, "node gone", func(s Snapshot) bool { return len(s.Nodes) == 0 })
+	e.waitUntil(t, "node gone", func(s contract.Snapshot) bool { return len(s.Nodes) == 0 })
 	if _, err := e.svc.Dispatch(context.Background(), chatReq("chat")); !errors.Is(err, scheduler.ErrNoProvider) || errors.As(err, &ua) {
 		t.Fatalf("chat with its node gone: %v, want ErrNoProvider", err)
 	}

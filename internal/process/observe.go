@@ -13,6 +13,7 @@ import (
 	"iop/internal/edge"
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/admin"
+	"iop/internal/edge/contract"
 	"iop/internal/edge/history"
 	"iop/internal/edge/lifecycle"
 	"iop/internal/edge/metrics"
@@ -50,7 +51,7 @@ func newObservability() (*observability, error) {
 }
 
 // Snapshot is the edge's snapshot, for the scrape-time gauges.
-func (o *observability) Snapshot() edge.Snapshot { return o.svc.Snapshot() }
+func (o *observability) Snapshot() contract.Snapshot { return o.svc.Snapshot() }
 
 // observer is what the edge service reports lifecycle events to.
 func (o *observability) observer() lifecycle.Observer {
@@ -63,9 +64,9 @@ func (o *observability) observer() lifecycle.Observer {
 func (o *observability) RequestDone(rec api.RequestRecord) {
 	o.metrics.RequestDone(rec)
 	o.history.RequestDone(rec)
-	if rec.Outcome == api.OutcomeRefused {
+	if rec.Outcome == contract.OutcomeRefused {
 		model, reason := rec.Model, history.RefusalReason(rec) // its admission, or a key's limit
-		if rec.Admission == "" || rec.Admission == api.AdmissionUnknownModel {
+		if rec.Admission == "" || rec.Admission == contract.AdmissionUnknownModel {
 			model = "" // a client's string, not (yet) a model the edge knows
 		}
 		o.hub.Publish(lifecycle.Event{Type: lifecycle.RequestRefused, RequestID: rec.RequestID, Model: model,

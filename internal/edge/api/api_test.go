@@ -815,8 +815,8 @@ func TestChatClientDisconnect(t *testing.T) {
 			}
 			env.waitHandlers()
 			n, reasons := run.closeCalls()
-			if n != 1 || reasons[0] != OutcomeClientGone {
-				t.Errorf("Close called %d times with %q, want once with %q", n, reasons, OutcomeClientGone)
+			if n != 1 || reasons[0] != contract.OutcomeClientGone {
+				t.Errorf("Close called %d times with %q, want once with %q", n, reasons, contract.OutcomeClientGone)
 			}
 		})
 	}

@@ -166,7 +166,7 @@ func (h *handler) logRunEnded(ctx context.Context, info contract.DispatchInfo, r
 // once.
 func waitedBeforeRefusal(err error) bool {
 	switch admissionOf(err) {
-	case AdmissionQueueTimeout, AdmissionUnavailable, AdmissionShed, AdmissionDispatchFailed:
+	case contract.AdmissionQueueTimeout, contract.AdmissionUnavailable, contract.AdmissionShed, contract.AdmissionDispatchFailed:
 		return true
 	}
 	return false

@@ -300,7 +300,7 @@ func TestRegression_MessagesDispatchFailsAfterPings(t *testing.T) {
 				h.ServeHTTP(w, r)
 				_, all := w.before(0)
 				rec := recs.only(t)
-				if rec.Outcome != OutcomeRefused || rec.ErrorCode != "queue_timeout" {
+				if rec.Outcome != contract.OutcomeRefused || rec.ErrorCode != "queue_timeout" {
 					t.Errorf("record %+v", rec)
 				}
 				if wait < messagesPingInterval {

@@ -578,7 +578,7 @@ func TestMessagesRecords(t *testing.T) {
 		env.waitHandlers()
 		rec := recs.only(t)
 		if rec.API != "anthropic.messages" || rec.Model != "m" || !rec.Stream || rec.RunID != "run1" || rec.Status != 200 ||
-			rec.Outcome != OutcomeCompleted || rec.InputTokens != 5 || rec.OutputTokens != 1 || !rec.TokensKnown || rec.TimeToFirstToken <= 0 {
+			rec.Outcome != contract.OutcomeCompleted || rec.InputTokens != 5 || rec.OutputTokens != 1 || !rec.TokensKnown || rec.TimeToFirstToken <= 0 {
 			t.Errorf("%v: record %+v", tc.path, rec)
 		}
 	}
@@ -586,7 +586,7 @@ func TestMessagesRecords(t *testing.T) {
 	env := newEnv(t, Config{Observer: recs}, failWith(fmt.Errorf("%w: m", ErrQueueFull)))
 	env.post(t, messagesPath, "application/json", messagesBody+`}`)
 	env.waitHandlers()
-	if rec := recs.only(t); rec.API != "anthropic.messages" || rec.Status != 529 || rec.Outcome != OutcomeRefused || rec.ErrorCode != "queue_full" {
+	if rec := recs.only(t); rec.API != "anthropic.messages" || rec.Status != 529 || rec.Outcome != contract.OutcomeRefused || rec.ErrorCode != "queue_full" {
 		t.Errorf("refusal record %+v", rec)
 	}
 }

@@ -31,34 +31,6 @@ type ObserverFunc func(RequestRecord)
 // RequestDone calls f(rec).
 func (f ObserverFunc) RequestDone(rec RequestRecord) { f(rec) }
 
-// Admission outcomes of a RequestRecord: the contract's (contract.Admission,
-// whose comments say each).
-const (
-	AdmissionImmediate      = contract.AdmissionImmediate
-	AdmissionQueued         = contract.AdmissionQueued
-	AdmissionQueueFull      = contract.AdmissionQueueFull
-	AdmissionShed           = contract.AdmissionShed
-	AdmissionQueueTimeout   = contract.AdmissionQueueTimeout
-	AdmissionRejected       = contract.AdmissionRejected
-	AdmissionUnavailable    = contract.AdmissionUnavailable
-	AdmissionUnknownModel   = contract.AdmissionUnknownModel
-	AdmissionDispatchFailed = contract.AdmissionDispatchFailed
-	AdmissionCancelled      = contract.AdmissionCancelled
-)
-
-// Outcomes of a RequestRecord: how the request ended (contract.Outcome,
-// whose comments say each).
-const (
-	OutcomeCompleted      = contract.OutcomeCompleted
-	OutcomeInvalidRequest = contract.OutcomeInvalidRequest
-	OutcomeRefused        = contract.OutcomeRefused
-	OutcomeUpstreamError  = contract.OutcomeUpstreamError
-	OutcomeClientGone     = contract.OutcomeClientGone
-	OutcomeWriteFailed    = contract.OutcomeWriteFailed
-	OutcomeError          = contract.OutcomeError
-	OutcomeEdgeStopped    = contract.OutcomeEdgeStopped
-)
-
 // RequestRecord describes one finished API request. Durations are
 // time.Duration (nanoseconds); zero means "did not happen" or "not known".
 type RequestRecord struct {
@@ -271,9 +243,9 @@ func (o *observation) dispatched(info contract.DispatchInfo) {
 	o.sent = true
 	o.rec.RunID, o.rec.NodeID, o.rec.ProviderID, o.rec.ProviderType = info.RunID, info.NodeID, info.ProviderID, info.ProviderType
 	o.rec.ServedModel, o.rec.Generation, o.rec.QueueWait = info.ServedModel, info.Generation, info.QueueWait
-	o.rec.Admission = AdmissionImmediate
-	if info.QueueReason == AdmissionQueued {
-		o.rec.Admission = AdmissionQueued
+	o.rec.Admission = contract.AdmissionImmediate
+	if info.QueueReason == contract.AdmissionQueued {
+		o.rec.Admission = contract.AdmissionQueued
 	}
 	o.rec.Path = info.Path.String()
 }
@@ -377,19 +349,19 @@ func admissionOf(err error) contract.Admission { return contract.AdmissionOf(err
 func runOutcome(reason string) contract.Outcome {
 	switch reason {
 	case reasonCompleted:
-		return OutcomeCompleted
+		return contract.OutcomeCompleted
 	case reasonClientGone:
-		return OutcomeClientGone
+		return contract.OutcomeClientGone
 	case reasonWriteFailed:
-		return OutcomeWriteFailed
+		return contract.OutcomeWriteFailed
 	case reasonUpstreamError:
-		return OutcomeUpstreamError
+		return contract.OutcomeUpstreamError
 	case reasonEdgeStopped:
-		return OutcomeEdgeStopped
+		return contract.OutcomeEdgeStopped
 	case reasonInvalidRequest:
-		return OutcomeInvalidRequest
+		return contract.OutcomeInvalidRequest
 	default:
-		return OutcomeError
+		return contract.OutcomeError
 	}
 }
 
@@ -419,29 +391,29 @@ func (o *observation) decide(status int) contract.Outcome {
 	switch {
 	case o.sent:
 		rec.Outcome = runOutcome(o.reason)
-	case o.err != nil && (o.gone || admissionOf(o.err) == AdmissionCancelled):
-		rec.Outcome = OutcomeClientGone
+	case o.err != nil && (o.gone || admissionOf(o.err) == contract.AdmissionCancelled):
+		rec.Outcome = contract.OutcomeClientGone
 		if o.decoded {
-			rec.Admission = AdmissionCancelled
+			rec.Admission = contract.AdmissionCancelled
 		}
 	case o.err != nil && keyRefusal(o.err):
-		rec.Outcome = OutcomeRefused
+		rec.Outcome = contract.OutcomeRefused
 	case o.err != nil && errors.Is(o.err, ErrShuttingDown):
-		rec.Outcome = OutcomeEdgeStopped
+		rec.Outcome = contract.OutcomeEdgeStopped
 		if o.decoded {
 			rec.Admission = admissionOf(o.err)
 		}
 	case o.err != nil && o.decoded && admissionOf(o.err) != "":
-		rec.Admission, rec.Outcome = admissionOf(o.err), OutcomeRefused
+		rec.Admission, rec.Outcome = admissionOf(o.err), contract.OutcomeRefused
 		rec.ShedReason = contract.ShedReason(o.err)
 	case status == 0:
-		rec.Outcome = OutcomeClientGone
+		rec.Outcome = contract.OutcomeClientGone
 	case status < 300:
-		rec.Outcome = OutcomeCompleted // answered without a run: an Ollama "load"
+		rec.Outcome = contract.OutcomeCompleted // answered without a run: an Ollama "load"
 	case status >= 500:
-		rec.Outcome = OutcomeError
+		rec.Outcome = contract.OutcomeError
 	default:
-		rec.Outcome = OutcomeInvalidRequest
+		rec.Outcome = contract.OutcomeInvalidRequest
 	}
 	return rec.Outcome
 }
@@ -513,7 +485,7 @@ func ledgerEntry(rec RequestRecord) ledger.Entry {
 // body, so no credential can appear in it.
 func (h *handler) logRequest(ctx context.Context, rec RequestRecord) {
 	level := slog.LevelInfo
-	if rec.Status >= 500 || rec.Outcome == OutcomeUpstreamError || rec.Outcome == OutcomeError {
+	if rec.Status >= 500 || rec.Outcome == contract.OutcomeUpstreamError || rec.Outcome == contract.OutcomeError {
 		level = slog.LevelWarn
 	}
 	// Built only when the line is written, in an array that holds every

@@ -73,8 +73,8 @@ func TestRecordOfANormalizedStream(t *testing.T) {
 	env.waitHandlers()
 	rec := recs.only(t)
 	want := RequestRecord{API: "chat.completions", Model: "m", Stream: true, RunID: "run1", NodeID: "node1", ProviderID: "prov1",
-		ProviderType: "sim", ServedModel: "served-model", Generation: 1, Path: "normalized", Admission: AdmissionQueued,
-		QueueWait: 1500 * time.Millisecond, Priority: "standard", FlowFromKey: true, Status: 200, Outcome: OutcomeCompleted, InputTokens: 7, OutputTokens: 3, TokensKnown: true}
+		ProviderType: "sim", ServedModel: "served-model", Generation: 1, Path: "normalized", Admission: contract.AdmissionQueued,
+		QueueWait: 1500 * time.Millisecond, Priority: "standard", FlowFromKey: true, Status: 200, Outcome: contract.OutcomeCompleted, InputTokens: 7, OutputTokens: 3, TokensKnown: true}
 	got := rec
 	if !strings.HasPrefix(got.RequestID, "req_") || len(got.RequestID) != len("req_")+32 {
 		t.Errorf("request id %q, want req_ and 32 hex digits", got.RequestID)
@@ -109,7 +109,7 @@ func TestRecordOfATunnelStreamParsesUsage(t *testing.T) {
 	}
 	env.waitHandlers()
 	rec := recs.only(t)
-	if !rec.TokensKnown || rec.InputTokens != 11 || rec.OutputTokens != 2 || rec.Path != "tunnel" || rec.Outcome != OutcomeCompleted || rec.Admission != AdmissionImmediate {
+	if !rec.TokensKnown || rec.InputTokens != 11 || rec.OutputTokens != 2 || rec.Path != "tunnel" || rec.Outcome != contract.OutcomeCompleted || rec.Admission != contract.AdmissionImmediate {
 		t.Fatalf("record %+v", rec)
 	}
 }
@@ -136,13 +136,13 @@ func TestRecordOfRefusalsAndInvalidRequests(t *testing.T) {
 		outcome   contract.Outcome
 		code      string
 	}{
-		{"queue full", fmt.Errorf("%w: 16 waiting", ErrQueueFull), simpleChat, 429, AdmissionQueueFull, OutcomeRefused, "queue_full"},
-		{"queue timeout", ErrQueueTimeout, simpleChat, 503, AdmissionQueueTimeout, OutcomeRefused, "queue_timeout"},
-		{"rejected", fmt.Errorf("%w: tools", ErrCandidatesRejected), simpleChat, 400, AdmissionRejected, OutcomeRefused, "unsupported_capability"},
-		{"no provider", ErrNoProvider, simpleChat, 503, AdmissionUnavailable, OutcomeRefused, "provider_unavailable"},
-		{"unknown model", ErrUnknownModel, simpleChat, 404, AdmissionUnknownModel, OutcomeRefused, "model_not_found"},
-		{"dispatch failed", ErrDispatchTimeout, simpleChat, 502, AdmissionDispatchFailed, OutcomeRefused, "upstream_unavailable"},
-		{"bad body", nil, `{"model":`, 400, "", OutcomeInvalidRequest, "invalid_request"},
+		{"queue full", fmt.Errorf("%w: 16 waiting", ErrQueueFull), simpleChat, 429, contract.AdmissionQueueFull, contract.OutcomeRefused, "queue_full"},
+		{"queue timeout", ErrQueueTimeout, simpleChat, 503, contract.AdmissionQueueTimeout, contract.OutcomeRefused, "queue_timeout"},
+		{"rejected", fmt.Errorf("%w: tools", ErrCandidatesRejected), simpleChat, 400, contract.AdmissionRejected, contract.OutcomeRefused, "unsupported_capability"},
+		{"no provider", ErrNoProvider, simpleChat, 503, contract.AdmissionUnavailable, contract.OutcomeRefused, "provider_unavailable"},
+		{"unknown model", ErrUnknownModel, simpleChat, 404, contract.AdmissionUnknownModel, contract.OutcomeRefused, "model_not_found"},
+		{"dispatch failed", ErrDispatchTimeout, simpleChat, 502, contract.AdmissionDispatchFailed, contract.OutcomeRefused, "upstream_unavailable"},
+		{"bad body", nil, `{"model":`, 400, "", contract.OutcomeInvalidRequest, "invalid_request"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -174,7 +174,7 @@ func TestRecordOfAnUpstreamFailureAndAClientThatLeft(t *testing.T) {
 	env := newEnv(t, Config{Observer: recs}, runWith(scriptedRun(normalized, events(errorEvent(502, "boom")))))
 	env.post(t, "/v1/chat/completions", "application/json", simpleChat)
 	env.waitHandlers()
-	if rec := recs.only(t); rec.Status != 502 || rec.Outcome != OutcomeUpstreamError || rec.RunID != "run1" || rec.ErrorCode != "upstream_error" {
+	if rec := recs.only(t); rec.Status != 502 || rec.Outcome != contract.OutcomeUpstreamError || rec.RunID != "run1" || rec.ErrorCode != "upstream_error" {
 		t.Fatalf("record %+v", rec)
 	}
 
@@ -195,7 +195,7 @@ func TestRecordOfAnUpstreamFailureAndAClientThatLeft(t *testing.T) {
 		resp.Body.Close()
 	}
 	env.waitHandlers()
-	if rec := recs.only(t); rec.Status != 0 || rec.Outcome != OutcomeClientGone || rec.Admission != AdmissionCancelled {
+	if rec := recs.only(t); rec.Status != 0 || rec.Outcome != contract.OutcomeClientGone || rec.Admission != contract.AdmissionCancelled {
 		t.Fatalf("record %+v", rec)
 	}
 }
@@ -310,11 +310,11 @@ func TestRegression_TunnelClientLeavingAfterDoneIsCompleted(t *testing.T) {
 	cancel() // the client leaves as soon as it has the whole answer
 	resp.Body.Close()
 	env.waitHandlers()
-	if rec := recs.only(t); rec.Outcome != OutcomeCompleted || rec.Status != 200 {
+	if rec := recs.only(t); rec.Outcome != contract.OutcomeCompleted || rec.Status != 200 {
 		t.Fatalf("record %+v", rec)
 	}
-	if n, outcomes := run.closeCalls(); n != 1 || outcomes[0] != OutcomeCompleted {
-		t.Fatalf("Close called %d times with %q, want once with %q", n, outcomes, OutcomeCompleted)
+	if n, outcomes := run.closeCalls(); n != 1 || outcomes[0] != contract.OutcomeCompleted {
+		t.Fatalf("Close called %d times with %q, want once with %q", n, outcomes, contract.OutcomeCompleted)
 	}
 }
 
@@ -362,7 +362,7 @@ func TestRegression_QueueTimeoutRecordsItsWait(t *testing.T) {
 		t.Fatalf("status %d, want 503", resp.status)
 	}
 	env.waitHandlers()
-	if rec := recs.only(t); rec.QueueWait != 3*time.Second || rec.Admission != AdmissionQueueTimeout {
+	if rec := recs.only(t); rec.QueueWait != 3*time.Second || rec.Admission != contract.AdmissionQueueTimeout {
 		t.Fatalf("record queue wait %s admission %q, want 3s queue_timeout", rec.QueueWait, rec.Admission)
 	}
 }
@@ -387,7 +387,7 @@ func TestRegression_HeldRequestRecordsItsWait(t *testing.T) {
 		t.Fatalf("status %d, want 503", resp.status)
 	}
 	env.waitHandlers()
-	if rec := recs.only(t); rec.QueueWait != 5*time.Second || rec.Admission != AdmissionUnavailable {
+	if rec := recs.only(t); rec.QueueWait != 5*time.Second || rec.Admission != contract.AdmissionUnavailable {
 		t.Fatalf("record queue wait %s admission %q, want 5s unavailable", rec.QueueWait, rec.Admission)
 	}
 }

@@ -106,7 +106,7 @@ func TestRegression_ClientClosingAfterItsAnswerIsNotClientGone(t *testing.T) {
 				t.Fatalf("%d ledger entries, want 1: %+v", len(entries), entries)
 			}
 			n, outcomes := run.closeCalls()
-			if rec.Outcome != OutcomeCompleted || entries[0].Outcome != string(OutcomeCompleted) || n != 1 || outcomes[0] != OutcomeCompleted {
+			if rec.Outcome != contract.OutcomeCompleted || entries[0].Outcome != string(contract.OutcomeCompleted) || n != 1 || outcomes[0] != contract.OutcomeCompleted {
 				t.Errorf("outcomes: log %q, ledger %q, run closed %d times with %q; want completed everywhere",
 					rec.Outcome, entries[0].Outcome, n, outcomes)
 			}
@@ -205,9 +205,9 @@ func TestKeyRefusalsAreRecordedOnce(t *testing.T) {
 	byID := map[string]RequestRecord{}
 	for _, rec := range got {
 		w := want{rec.API, rec.ErrorCode, rec.Status}
-		outcome := OutcomeRefused
+		outcome := contract.OutcomeRefused
 		if w.code == "" {
-			outcome = OutcomeCompleted
+			outcome = contract.OutcomeCompleted
 		}
 		if count[w] == 0 || rec.Outcome != outcome || rec.Key == "" {
 			t.Errorf("record %+v: not one of the requests sent, or outcome %q", rec, outcome)
@@ -234,7 +234,7 @@ func TestRegression_OllamaLoadIsCompleted(t *testing.T) {
 		t.Fatalf("load: %d %s", resp.status, resp.body)
 	}
 	env.waitHandlers()
-	if rec, entries := recs.only(t), led.all(); rec.Outcome != OutcomeCompleted || len(entries) != 1 || entries[0].Outcome != string(OutcomeCompleted) {
+	if rec, entries := recs.only(t), led.all(); rec.Outcome != contract.OutcomeCompleted || len(entries) != 1 || entries[0].Outcome != string(contract.OutcomeCompleted) {
 		t.Fatalf("record %+v, ledger %+v; want completed", rec, entries)
 	}
 }

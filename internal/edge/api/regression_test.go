@@ -394,8 +394,8 @@ func TestRegression_HalfCloseGetsNoEmpty200(t *testing.T) {
 				t.Errorf("got %q, want the connection closed with nothing written", got)
 			}
 			env.waitHandlers()
-			if n, reasons := run.closeCalls(); n != 1 || reasons[0] != OutcomeClientGone {
-				t.Errorf("Close called %d times with %q, want once with %q", n, reasons, OutcomeClientGone)
+			if n, reasons := run.closeCalls(); n != 1 || reasons[0] != contract.OutcomeClientGone {
+				t.Errorf("Close called %d times with %q, want once with %q", n, reasons, contract.OutcomeClientGone)
 			}
 		})
 	}
@@ -430,8 +430,8 @@ func TestRegression_HalfCloseGetsNoEmpty200(t *testing.T) {
 				t.Errorf("a response cut short by the client ended cleanly:\n%q", got)
 			}
 			env.waitHandlers()
-			if n, reasons := run.closeCalls(); n != 1 || reasons[0] != OutcomeClientGone {
-				t.Errorf("Close called %d times with %q, want once with %q", n, reasons, OutcomeClientGone)
+			if n, reasons := run.closeCalls(); n != 1 || reasons[0] != contract.OutcomeClientGone {
+				t.Errorf("Close called %d times with %q, want once with %q", n, reasons, contract.OutcomeClientGone)
 			}
 		})
 	}

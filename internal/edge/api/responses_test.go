@@ -816,8 +816,8 @@ func TestResponses_ClientGoesAway(t *testing.T) {
 				t.Fatal("the run was not closed after the client left")
 			}
 			env.waitHandlers()
-			if n, reasons := run.closeCalls(); n != 1 || reasons[0] != OutcomeClientGone {
-				t.Errorf("Close called %d times with %q, want once with %q", n, reasons, OutcomeClientGone)
+			if n, reasons := run.closeCalls(); n != 1 || reasons[0] != contract.OutcomeClientGone {
+				t.Errorf("Close called %d times with %q, want once with %q", n, reasons, contract.OutcomeClientGone)
 			}
 			if rec, err := store.Get(context.Background(), "", id); err != nil || rec.Status != "cancelled" {
 				t.Errorf("a response its client left: %q %v, want it stored cancelled", rec.Status, err)

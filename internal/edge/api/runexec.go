@@ -472,9 +472,9 @@ func (rc *runRecorder) outcome(requestOutcome contract.Outcome) runs.Outcome {
 	o := runs.Outcome{Status: rc.status, FinishReason: rc.finishReason, PromptTokens: rc.promptTokens,
 		CompletionTokens: rc.completionTokens, Outcome: requestOutcome.String()}
 	switch {
-	case requestOutcome == OutcomeCompleted:
+	case requestOutcome == contract.OutcomeCompleted:
 		o.State = runs.StateComplete
-	case errors.Is(context.Cause(ctx), runs.ErrStopping) || requestOutcome == OutcomeEdgeStopped:
+	case errors.Is(context.Cause(ctx), runs.ErrStopping) || requestOutcome == contract.OutcomeEdgeStopped:
 		o.State, o.Error = runs.StateError, runs.ErrStopping.Error()
 		rc.appendError(o.Error, "edge_stopped")
 	case ctx.Err() != nil:

@@ -139,7 +139,7 @@ func (rs *requestSpan) end(rec *RequestRecord, finish string) string {
 	if finish != "" {
 		attrs = append(attrs, tracing.GenAIResponseFinishReasons.StringSlice([]string{finish}))
 	}
-	if rec.Outcome != OutcomeCompleted {
+	if rec.Outcome != contract.OutcomeCompleted {
 		errType := rec.ErrorCode
 		if errType == "" {
 			errType = rec.Outcome.String()

@@ -166,12 +166,12 @@ func TestTunnelStreamObserversAgree(t *testing.T) {
 		runError string // "" for none; "edge" for the edge's error event the chat client got
 		relayed  bool   // the chat client gets the stream whole
 	}{
-		{"completed", awkwardStream("data: [DONE]\r\n\r\n"), tunnelEnd(), OutcomeCompleted, "complete", "", true},
+		{"completed", awkwardStream("data: [DONE]\r\n\r\n"), tunnelEnd(), contract.OutcomeCompleted, "complete", "", true},
 		{"error event mid-stream", awkwardStream(errorEvent),
 			&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelEnd{TunnelEnd: &nodev1.TunnelEnd{ProviderError: "boom"}}},
-			OutcomeUpstreamError, "error", "boom", true},
+			contract.OutcomeUpstreamError, "error", "boom", true},
 		{"tunnel failing after an error event", awkwardStream(errorEvent), tunnelError(502, "connection reset"),
-			OutcomeUpstreamError, "error", "edge", false},
+			contract.OutcomeUpstreamError, "error", "edge", false},
 	} {
 		for how, chunks := range map[string][]string{"awkward": awkwardCuts(tc.stream), "bytewise": strings.Split(tc.stream, "")} {
 			t.Run(tc.name+"/"+how, func(t *testing.T) {

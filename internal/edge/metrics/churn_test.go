@@ -15,6 +15,7 @@ import (
 
 	"iop/internal/clock"
 	"iop/internal/edge"
+	"iop/internal/edge/contract"
 	"iop/internal/edge/lifecycle"
 	"iop/internal/testenv"
 	"iop/internal/wire/nodev1"
@@ -93,7 +94,7 @@ func TestMetricsOfRealNodeChurn(t *testing.T) {
 	clk := clock.NewFake(time.Unix(1_000_000, 0))
 	reg := prometheus.NewRegistry()
 	var svc *edge.Service
-	m, err := New(reg, snapshotFunc(func() edge.Snapshot { return svc.Snapshot() }))
+	m, err := New(reg, snapshotFunc(func() contract.Snapshot { return svc.Snapshot() }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,11 +177,11 @@ func TestMetricsOfRealNodeChurn(t *testing.T) {
 	t.Logf("series of nodes and providers: %d before, %d after %d nodes came and went", before, after, nodes)
 }
 
-type snapshotFunc func() edge.Snapshot
+type snapshotFunc func() contract.Snapshot
 
-func (f snapshotFunc) Snapshot() edge.Snapshot { return f() }
+func (f snapshotFunc) Snapshot() contract.Snapshot { return f() }
 
-func connected(s edge.Snapshot, node string) bool {
+func connected(s contract.Snapshot, node string) bool {
 	for _, n := range s.Nodes {
 		if n.NodeID == node {
 			return true

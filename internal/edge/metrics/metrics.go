@@ -75,12 +75,13 @@ import (
 
 	"iop/internal/edge"
 	"iop/internal/edge/api"
+	"iop/internal/edge/contract"
 	"iop/internal/edge/lifecycle"
 )
 
 // Snapshotter is where scrape-time gauges come from; *edge.Service is one.
 type Snapshotter interface {
-	Snapshot() edge.Snapshot
+	Snapshot() contract.Snapshot
 }
 
 // Metrics holds the edge's collectors. Create it with New.
@@ -213,7 +214,7 @@ func New(reg prometheus.Registerer, snap Snapshotter) (*Metrics, error) {
 // knew it (see the package doc).
 func knownModel(rec api.RequestRecord) string {
 	switch rec.Admission {
-	case "", api.AdmissionUnknownModel, api.AdmissionCancelled:
+	case "", contract.AdmissionUnknownModel, contract.AdmissionCancelled:
 		return ""
 	}
 	return rec.Model
@@ -271,9 +272,9 @@ func (m *Metrics) RequestDone(rec api.RequestRecord) {
 		m.admissions.WithLabelValues(model, rec.Admission.String()).Inc()
 	}
 	switch rec.Admission {
-	case api.AdmissionImmediate, api.AdmissionQueued:
+	case contract.AdmissionImmediate, contract.AdmissionQueued:
 		m.flowAdmits.WithLabelValues(model, m.flowLabel(rec), rec.Priority).Inc()
-	case api.AdmissionShed:
+	case contract.AdmissionShed:
 		m.flowSheds.WithLabelValues(model, m.flowLabel(rec), rec.ShedReason).Inc()
 	}
 	if rec.RunID == "" {

@@ -11,12 +11,13 @@ import (
 
 	"iop/internal/edge"
 	"iop/internal/edge/api"
+	"iop/internal/edge/contract"
 	"iop/internal/edge/lifecycle"
 )
 
-type fixedSnapshot edge.Snapshot
+type fixedSnapshot contract.Snapshot
 
-func (s fixedSnapshot) Snapshot() edge.Snapshot { return edge.Snapshot(s) }
+func (s fixedSnapshot) Snapshot() contract.Snapshot { return contract.Snapshot(s) }
 
 // series gathers reg into "name{k=v,...} value" lines, histograms as their
 // sample count.
@@ -44,12 +45,12 @@ func series(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 func TestMetricsFromRecordsEventsAndSnapshot(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	snap := fixedSnapshot{
-		Nodes: []edge.NodeSnapshot{{NodeID: "n1"}},
-		Providers: []edge.ProviderSnapshot{
+		Nodes: []contract.NodeSnapshot{{NodeID: "n1"}},
+		Providers: []contract.ProviderSnapshot{
 			{NodeID: "n1", ProviderID: "p", Capacity: 4, InFlight: 3, Queued: 2, Healthy: true, Status: "available", Circuit: edge.CircuitClosed},
 			{NodeID: "n1", ProviderID: "q", Capacity: 1, Healthy: true, Status: "available", Circuit: edge.CircuitOpen},
 		},
-		Queues: []edge.QueueSnapshot{{Model: "m", MaxQueue: 16, Queued: 2}},
+		Queues: []contract.QueueSnapshot{{Model: "m", MaxQueue: 16, Queued: 2}},
 	}
 	m, err := New(reg, snap)
 	if err != nil {
@@ -58,12 +59,12 @@ func TestMetricsFromRecordsEventsAndSnapshot(t *testing.T) {
 	if _, err := New(reg, snap); err == nil {
 		t.Fatal("registering twice on one registry succeeded")
 	}
-	m.RequestDone(api.RequestRecord{API: "chat.completions", Model: "m", RunID: "r", Path: "tunnel", Admission: api.AdmissionQueued,
-		QueueWait: time.Second, Status: 200, Outcome: api.OutcomeCompleted, Duration: 3 * time.Second,
+	m.RequestDone(api.RequestRecord{API: "chat.completions", Model: "m", RunID: "r", Path: "tunnel", Admission: contract.AdmissionQueued,
+		QueueWait: time.Second, Status: 200, Outcome: contract.OutcomeCompleted, Duration: 3 * time.Second,
 		TimeToFirstToken: time.Second, InterTokenLatency: 10 * time.Millisecond, InputTokens: 7, OutputTokens: 9, TokensKnown: true})
 	// A client's unknown model name never becomes a label.
-	m.RequestDone(api.RequestRecord{API: "chat.completions", Model: "attacker-chosen", Admission: api.AdmissionUnknownModel, Status: 404, Outcome: api.OutcomeRefused})
-	m.RequestDone(api.RequestRecord{API: "chat.completions", Model: "also-chosen", Status: 400, Outcome: api.OutcomeInvalidRequest})
+	m.RequestDone(api.RequestRecord{API: "chat.completions", Model: "attacker-chosen", Admission: contract.AdmissionUnknownModel, Status: 404, Outcome: contract.OutcomeRefused})
+	m.RequestDone(api.RequestRecord{API: "chat.completions", Model: "also-chosen", Status: 400, Outcome: contract.OutcomeInvalidRequest})
 	m.Observe(lifecycle.Event{Type: lifecycle.NodeConnected, NodeID: "n1"})
 	m.Observe(lifecycle.Event{Type: lifecycle.NodeFenced, NodeID: "n1", Reason: "heartbeats missed"})
 	m.Observe(lifecycle.Event{Type: lifecycle.DispatchRetried, Model: "m", Reason: "stale generation"})
@@ -118,7 +119,7 @@ func TestMetricsFromRecordsEventsAndSnapshot(t *testing.T) {
 // capacity.
 func TestOrphanProviderExportsNoCapacity(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	snap := fixedSnapshot{Providers: []edge.ProviderSnapshot{
+	snap := fixedSnapshot{Providers: []contract.ProviderSnapshot{
 		{NodeID: "live", ProviderID: "p", Capacity: 4, LongCapacity: 2, Healthy: true, Status: "available", Circuit: edge.CircuitClosed},
 		{NodeID: "gone", ProviderID: "p", Capacity: 8, LongCapacity: 8, Status: "orphan", Circuit: edge.CircuitClosed},
 		{NodeID: "leaving", ProviderID: "p", Capacity: 2, LongCapacity: 2, Healthy: true, Status: edge.StatusDraining, Circuit: edge.CircuitClosed},
@@ -159,16 +160,16 @@ func TestFlowAdmissionsAndSheds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.RequestDone(api.RequestRecord{Model: "m", Admission: api.AdmissionImmediate, Flow: "alice", FlowFromKey: true, Priority: "critical"})
-	m.RequestDone(api.RequestRecord{Model: "m", Admission: api.AdmissionQueued, Flow: "alice", FlowFromKey: true, Priority: "critical"})
-	m.RequestDone(api.RequestRecord{Model: "m", Admission: api.AdmissionShed, ShedReason: "displaced", Flow: "bob", FlowFromKey: true, Priority: "sheddable"})
-	m.RequestDone(api.RequestRecord{Model: "m", Admission: api.AdmissionQueueFull, Flow: "bob", FlowFromKey: true, Priority: "standard"})
+	m.RequestDone(api.RequestRecord{Model: "m", Admission: contract.AdmissionImmediate, Flow: "alice", FlowFromKey: true, Priority: "critical"})
+	m.RequestDone(api.RequestRecord{Model: "m", Admission: contract.AdmissionQueued, Flow: "alice", FlowFromKey: true, Priority: "critical"})
+	m.RequestDone(api.RequestRecord{Model: "m", Admission: contract.AdmissionShed, ShedReason: "displaced", Flow: "bob", FlowFromKey: true, Priority: "sheddable"})
+	m.RequestDone(api.RequestRecord{Model: "m", Admission: contract.AdmissionQueueFull, Flow: "bob", FlowFromKey: true, Priority: "standard"})
 	for i := range MaxFlowLabels + 5 {
-		m.RequestDone(api.RequestRecord{Model: "m", Admission: api.AdmissionImmediate, Flow: fmt.Sprintf("user-%d", i), Priority: "standard"})
+		m.RequestDone(api.RequestRecord{Model: "m", Admission: contract.AdmissionImmediate, Flow: fmt.Sprintf("user-%d", i), Priority: "standard"})
 	}
-	m.RequestDone(api.RequestRecord{Model: "m", Admission: api.AdmissionImmediate, Flow: "user-0", Priority: "standard"})
-	m.RequestDone(api.RequestRecord{Model: "m", Admission: api.AdmissionImmediate, Flow: "carol", FlowFromKey: true, Priority: "standard"})
-	m.RequestDone(api.RequestRecord{Model: "m", Admission: api.AdmissionImmediate, Flow: "bad\xc3", Priority: "standard"}) // no panic: counted as other
+	m.RequestDone(api.RequestRecord{Model: "m", Admission: contract.AdmissionImmediate, Flow: "user-0", Priority: "standard"})
+	m.RequestDone(api.RequestRecord{Model: "m", Admission: contract.AdmissionImmediate, Flow: "carol", FlowFromKey: true, Priority: "standard"})
+	m.RequestDone(api.RequestRecord{Model: "m", Admission: contract.AdmissionImmediate, Flow: "bad\xc3", Priority: "standard"}) // no panic: counted as other
 	got := series(t, reg)
 	for name, want := range map[string]float64{
 		"iop_flow_admissions_total{flow=alice,model=m,priority=critical}":    2,
