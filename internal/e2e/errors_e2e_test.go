@@ -91,6 +91,10 @@ func startErrorsRig(t *testing.T, breakerFailures int) *errorsRig {
 	cfg := edge.DefaultConfig()
 	cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", rig.db
 	cfg.CircuitBreaker.Failures = breakerFailures
+	// The failing fakes must be tried first (they sort first and win
+	// ties): no provider may win by holding its model, as the simulators
+	// report theirs held (/api/ps) and the fakes report nothing.
+	cfg.Residency.Mode = edge.ResidencyOff
 	cfg.Models = map[string]edge.ModelConfig{
 		"retry-ollama": {Targets: []string{"ollama-model", "good-ollama"}},
 		"retry-openai": {Targets: []string{"openai-model", "good-openai"}},
