@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -155,5 +156,25 @@ func TestRegression_CheckMisusedSaysHow(t *testing.T) {
 		if !strings.Contains(out.String(), "iop check edge.yaml") {
 			t.Errorf("iop %s printed %q, not how to call it", strings.Join(args, " "), out.String())
 		}
+	}
+}
+
+// TestRegression_StatusWithoutAnEdgeSaysHow: `iop status` with no edge on
+// the default address printed only "connection refused".
+func TestRegression_StatusWithoutAnEdgeSaysHow(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	root := newRootCommand()
+	var out strings.Builder
+	root.SetOut(&out)
+	root.SetErr(&out)
+	root.SetArgs([]string{"status", "--edge", addr})
+	err = root.Execute()
+	if err == nil || !strings.Contains(err.Error(), "--edge URL") || !strings.Contains(err.Error(), "connection refused") {
+		t.Errorf("iop status with no edge: %v, want what to do and the cause", err)
 	}
 }

@@ -2,9 +2,11 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -53,7 +55,11 @@ func newStatusCommand() *cobra.Command {
 				return status.Render(out, v, time.Now())
 			}
 			if !watch {
-				return show()
+				err := show()
+				if errors.Is(err, syscall.ECONNREFUSED) {
+					return fmt.Errorf("no edge answers at %s: start one, or name yours with --edge URL: %w", base, err)
+				}
+				return err
 			}
 			tick := time.NewTicker(interval)
 			defer tick.Stop()
