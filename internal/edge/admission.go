@@ -98,7 +98,7 @@ func (s *Service) admitLocal(ctx context.Context, req contract.Request, tried []
 		Prefer:               scheduler.ProviderRef{NodeID: req.PreferNodeID, ProviderID: req.PreferProviderID},
 		Flow:                 req.Flow,
 		Weight:               min(max(req.Weight, 0), scheduler.MaxWeight),
-		Priority:             scheduler.Priority(min(max(req.Priority, contract.PrioritySheddable), contract.PriorityCritical)),
+		Priority:             scheduler.Priority(min(max(req.Priority, contract.PriorityBatch), contract.PriorityCritical)),
 		Affinity:             route.affinity(),
 		AffinitySlack:        route.slack,
 		OnQueued:             onQueued,

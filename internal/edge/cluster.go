@@ -622,7 +622,7 @@ func (a *admissionServer) Admit(req *clusterv1.AdmitRequest, stream grpc.ServerS
 		Prefer:               scheduler.ProviderRef{NodeID: req.GetPrefer().GetNodeId(), ProviderID: req.GetPrefer().GetProviderId()},
 		Flow:                 req.GetFlow(),
 		Weight:               min(max(int(req.GetWeight()), 0), scheduler.MaxWeight),
-		Priority:             scheduler.Priority(min(max(int(req.GetPriority()), contract.PrioritySheddable), contract.PriorityCritical)),
+		Priority:             scheduler.Priority(min(max(int(req.GetPriority()), contract.PriorityBatch), contract.PriorityCritical)),
 		Affinity:             route.affinity(),
 		AffinitySlack:        route.slack,
 		OnQueued: func() {

@@ -355,6 +355,23 @@ type QueueConfig struct {
 	// DefaultReconnectGrace (5s), never beyond the queue timeout; negative
 	// means none (503 at once).
 	ReconnectGrace time.Duration `yaml:"reconnect_grace"`
+	// Batch is the batch band's policy (every model's): the queue of the
+	// batch runner's requests, below every interactive band.
+	Batch BatchQueueConfig `yaml:"batch"`
+}
+
+// BatchQueueConfig is the batch band's policy (scheduler.BatchPolicy);
+// zero fields take the defaults.
+type BatchQueueConfig struct {
+	// Headroom is how many slots of each provider a batch request leaves
+	// free for interactive ones (at most capacity − 1); default 1,
+	// negative none.
+	Headroom int `yaml:"headroom"`
+	// MaxQueue is the most batch requests that may wait in one model's
+	// queue, apart from max_queue; default 4096.
+	MaxQueue int `yaml:"max_queue"`
+	// QueueTimeout is how long one batch request may wait; default 24h.
+	QueueTimeout time.Duration `yaml:"queue_timeout"`
 }
 
 // maxReconnectGrace is the longest reconnect grace of c (its default and
@@ -588,6 +605,9 @@ func (c Config) Validate() error {
 	if c.Queue.QueueTimeout < 0 {
 		bad("queue.queue_timeout %s is negative", c.Queue.QueueTimeout)
 	}
+	if c.Queue.Batch.MaxQueue < 0 || c.Queue.Batch.QueueTimeout < 0 {
+		bad("queue.batch: max_queue %d or queue_timeout %s is negative", c.Queue.Batch.MaxQueue, c.Queue.Batch.QueueTimeout)
+	}
 	if c.MaxRetries != nil && *c.MaxRetries < 0 {
 		bad("max_retries %d is negative", *c.MaxRetries)
 	}
@@ -731,6 +751,7 @@ func (c Config) schedulerConfig(clk scheduler.Clock) scheduler.Config {
 		Groups:    make(map[string]scheduler.Policy),
 		Clock:     clk,
 		Residency: c.Residency.policy(),
+		Batch:     scheduler.BatchPolicy{Headroom: c.Queue.Batch.Headroom, MaxQueue: c.Queue.Batch.MaxQueue, QueueTimeout: c.Queue.Batch.QueueTimeout},
 	}
 	if sc.Default.Fairness == scheduler.FairnessDefault {
 		sc.Default.Fairness = scheduler.FairnessOn // the default of an edge

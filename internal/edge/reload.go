@@ -64,6 +64,9 @@ func (s *Service) Reload(cfg Config) (ReloadResult, error) {
 	if err := s.sched.SetPolicies(sc.Default, sc.Groups); err != nil {
 		return ReloadResult{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	if err := s.sched.SetBatchPolicy(sc.Batch); err != nil {
+		return ReloadResult{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	if err := s.sched.SetResidencyPolicy(sc.Residency); err != nil {
 		return ReloadResult{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}

@@ -11,6 +11,12 @@ type Priority int8
 
 // Priority bands, highest first in the queue.
 const (
+	// PriorityBatch waits behind every interactive band (every other one)
+	// and takes a slot only where no interactive waiter could use it and
+	// its provider keeps the batch headroom free after it (BatchPolicy);
+	// FIFO within the band, never displaced by an interactive arrival. Its
+	// queue bound and timeout are the BatchPolicy's, not the group's.
+	PriorityBatch Priority = -2
 	// PrioritySheddable waits behind every other band, is displaced from a
 	// full queue by a higher arrival, and is refused at once when its
 	// expected queue time passes its queue timeout.
@@ -22,9 +28,11 @@ const (
 )
 
 // String returns the configuration name: "critical", "standard" or
-// "sheddable".
+// "sheddable"; "batch" for PriorityBatch, which no configuration names.
 func (p Priority) String() string {
 	switch p {
+	case PriorityBatch:
+		return "batch"
 	case PriorityCritical:
 		return "critical"
 	case PrioritySheddable:
@@ -35,8 +43,9 @@ func (p Priority) String() string {
 	return fmt.Sprintf("priority(%d)", int8(p))
 }
 
-// ParsePriority reads a configuration name (String's); "" is
-// PriorityStandard. Any other name returns an error wrapping ErrInvalid.
+// ParsePriority reads a configuration name (String's, but "batch": only
+// the batch runner asks for PriorityBatch); "" is PriorityStandard. Any
+// other name returns an error wrapping ErrInvalid.
 func ParsePriority(s string) (Priority, error) {
 	switch s {
 	case "critical":
@@ -49,10 +58,16 @@ func ParsePriority(s string) (Priority, error) {
 	return PriorityStandard, fmt.Errorf("%w: priority %q is none of critical, standard, sheddable", ErrInvalid, s)
 }
 
-func (p Priority) valid() bool { return p >= PrioritySheddable && p <= PriorityCritical }
+func (p Priority) valid() bool { return p >= PriorityBatch && p <= PriorityCritical }
 
-// band is p's place in a heap: 0 for critical, 1 standard, 2 sheddable.
+// band is p's place in a heap: 0 for critical, 1 standard, 2 sheddable,
+// batchBand for batch. The fair-queueing state (flow, group and resource
+// vtimes) is kept for the three interactive bands only: the batch band is
+// FIFO.
 func (p Priority) band() uint8 { return uint8(PriorityCritical - p) }
+
+// batchBand is PriorityBatch's band.
+const batchBand = uint8(PriorityCritical - PriorityBatch)
 
 // Fairness says how one group orders its waiters (Policy.Fairness).
 type Fairness string
@@ -121,6 +136,10 @@ func weightOf(w int) uint64 { return uint64(min(max(w, 1), MaxWeight)) }
 // interval (TestFairModel), and FIFO within a flow.
 func (s *Scheduler) fairTagLocked(w *waiter, cands []choice) {
 	g := w.group
+	if w.band == batchBand {
+		g.batchQueued++ // FIFO: no flow, tag 0
+		return
+	}
 	f := g.flows[w.req.Flow]
 	if f == nil {
 		f = &flow{name: w.req.Flow}
@@ -168,6 +187,10 @@ func fairGrantedLocked(w *waiter, r *resource) {
 // flow left with no waiter is forgotten.
 func fairUnlinkLocked(w *waiter) {
 	g, f := w.group, w.flow
+	if w.band == batchBand {
+		g.batchQueued--
+		return
+	}
 	if f != nil {
 		b := w.band
 		if w.state != granted && g.policy.Fairness == FairnessOn && f.finish[b] > w.tag &&
@@ -263,7 +286,7 @@ func expectedWaitLocked(g *group, cands []Candidate, resources map[resourceKey]*
 	if capacity == 0 {
 		return 0, false
 	}
-	return time.Duration(int64(g.queued+1) * int64(g.service) / int64(capacity)), true
+	return time.Duration(int64(g.interactive()+1) * int64(g.service) / int64(capacity)), true
 }
 
 // observeLocked folds how long the released l was held into its group's

@@ -280,6 +280,9 @@ func (s *Scheduler) nextResidentLocked(r *resource, top *waiter) *waiter {
 	scan := func(hp waitHeap) {
 		for _, ref := range hp {
 			w := ref.w
+			if w.band == batchBand && (top.band != batchBand || !s.batchRoomLocked(r, w.req.Long)) {
+				continue // never ahead of an interactive waiter, nor into the headroom
+			}
 			if (best == nil || w.before(best)) && (w.hotOn(r) || s.overdueLocked(w)) {
 				best = w
 			}
@@ -312,7 +315,7 @@ func (s *Scheduler) pickResidentLocked(choices []choice, req *Request, wait bool
 			continue
 		}
 		holds := c.res.holds(c.Target)
-		if !c.res.fits(req.Long) {
+		if !s.fitsLocked(c.res, req) {
 			if holds {
 				busyHot = append(busyHot, c)
 			}

@@ -73,6 +73,9 @@ type Config struct {
 	// Residency, when set, turns residency-aware routing on (package doc,
 	// "Residency"); nil leaves it off.
 	Residency *ResidencyPolicy
+	// Batch is the policy of the batch band (PriorityBatch); zero fields
+	// take the defaults.
+	Batch BatchPolicy
 }
 
 // Validate reports a negative queue size or timeout, or an empty group name,
@@ -88,6 +91,9 @@ func (c Config) Validate() error {
 		if err := p.validate(); err != nil {
 			return fmt.Errorf("model %q: %w", name, err)
 		}
+	}
+	if err := c.Batch.validate(); err != nil {
+		return err
 	}
 	if c.Residency != nil {
 		return c.Residency.validate()
@@ -164,7 +170,9 @@ type Request struct {
 	// each request counts for the share that request takes.
 	Weight int
 	// Priority is the request's band: critical waiters go before standard
-	// ones, standard before sheddable, whatever their flow.
+	// ones, standard before sheddable, sheddable before batch, whatever
+	// their flow. A batch request takes a slot only under the rules of
+	// PriorityBatch (batchRoomLocked).
 	Priority Priority
 	// Affinity, when set, returns the prompt tokens candidate c is expected
 	// to hold in its prompt cache already (prefix-cache-aware routing; the
@@ -251,10 +259,16 @@ type group struct {
 	flows map[string]*flow
 	// shedHead, shedTail: its sheddable waiters, in enqueue order.
 	shedHead, shedTail *waiter
+	// batchQueued counts its batch waiters (of queued).
+	batchQueued int
 	// service is the mean time its leases were held, over leases observed.
 	service time.Duration
 	leases  uint64
 }
+
+// interactive is how many of g's waiters are of an interactive band: those
+// its MaxQueue bounds.
+func (g *group) interactive() int { return g.queued - g.batchQueued }
 
 type waiterState uint8
 
@@ -342,6 +356,8 @@ type Scheduler struct {
 	staleHead, staleTail *waiter
 	// residency is the residency policy; nil: off.
 	residency *ResidencyPolicy
+	// batch is the batch band's policy, defaults applied.
+	batch BatchPolicy
 }
 
 // New returns a Scheduler, or an error wrapping ErrInvalid for a bad Config.
@@ -363,6 +379,7 @@ func New(cfg Config) (*Scheduler, error) {
 		residency = &p
 	}
 	return &Scheduler{
+		batch:     cfg.Batch.withDefaults(),
 		residency: residency,
 		clock:     clock,
 		defaults:  Policy{MaxQueue: DefaultMaxQueue, QueueTimeout: DefaultQueueTimeout, Fairness: FairnessOff}.overlay(cfg.Default),
@@ -458,7 +475,7 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	waitHot := false
 	if s.residency != nil && s.tracksAnyLocked(cands) {
 		best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, true)
-		if g := s.groups[req.Group]; waitHot && g != nil && g.queued >= g.policy.MaxQueue {
+		if g := s.groups[req.Group]; waitHot && g != nil && s.fullLocked(g, req.Priority) {
 			// No room to wait for a holder: load it where a slot is free.
 			best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, false)
 		}
@@ -469,14 +486,17 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 		return l, nil, nil
 	}
 	g := s.groupLocked(req.Group)
-	if g.queued >= g.policy.MaxQueue {
+	if req.Priority == PriorityBatch && s.fullLocked(g, req.Priority) {
+		return nil, nil, fmt.Errorf("model %q: %w (%d batch requests waiting)", g.name, ErrQueueFull, g.batchQueued)
+	}
+	if req.Priority != PriorityBatch && s.fullLocked(g, req.Priority) {
 		switch {
 		case req.Priority != PrioritySheddable && g.shedTail != nil:
 			// Make room: the latest sheddable waiter goes.
 			s.failLocked(g.shedTail, fmt.Errorf("model %q: %w: %w", g.name, ErrShed, ErrDisplaced))
 		case g.policy.Fairness == FairnessOn && s.pushOutLocked(g, req):
 		default:
-			return nil, nil, fmt.Errorf("model %q: %w (%d waiting)", g.name, ErrQueueFull, g.queued)
+			return nil, nil, fmt.Errorf("model %q: %w (%d waiting)", g.name, ErrQueueFull, g.interactive())
 		}
 	}
 	if req.Priority == PrioritySheddable {
@@ -495,7 +515,7 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 		enqueued: s.clock.Now(),
 	}
 	s.linkLocked(w, s.choicesLocked(cands))
-	w.timer = s.clock.AfterFunc(g.policy.QueueTimeout, func() { s.expire(w) })
+	w.timer = s.clock.AfterFunc(s.queueTimeoutLocked(g, req.Priority), func() { s.expire(w) })
 	if waitHot {
 		s.waitHotLocked(w)
 	}
@@ -511,7 +531,7 @@ func (s *Scheduler) enqueueAwayLocked(req Request, err error) (*Lease, *waiter, 
 	if g.policy.ReconnectGrace <= 0 {
 		return nil, nil, err
 	}
-	if g.queued >= g.policy.MaxQueue {
+	if s.fullLocked(g, req.Priority) {
 		return nil, nil, fmt.Errorf("model %q: %w (%d waiting)", g.name, ErrQueueFull, g.queued)
 	}
 	s.seq++
@@ -524,7 +544,7 @@ func (s *Scheduler) enqueueAwayLocked(req Request, err error) (*Lease, *waiter, 
 		enqueued: s.clock.Now(),
 	}
 	s.linkLocked(w, nil)
-	w.timer = s.clock.AfterFunc(g.policy.QueueTimeout, func() { s.expire(w) })
+	w.timer = s.clock.AfterFunc(s.queueTimeoutLocked(g, req.Priority), func() { s.expire(w) })
 	s.loseLocked(w, fmt.Errorf("model %q: %w: %v", g.name, ErrProviderUnavailable, err))
 	return nil, w, nil
 }
@@ -550,7 +570,7 @@ func (s *Scheduler) expire(w *waiter) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if w.state == waiting {
-		s.failLocked(w, fmt.Errorf("model %q: %w after %s", w.group.name, ErrQueueTimeout, w.group.policy.QueueTimeout))
+		s.failLocked(w, fmt.Errorf("model %q: %w after %s", w.group.name, ErrQueueTimeout, s.queueTimeoutLocked(w.group, w.req.Priority)))
 	}
 }
 
@@ -578,7 +598,7 @@ func (s *Scheduler) scanLocked(cands []Candidate, req *Request) (liveCands []Can
 			continue
 		}
 		liveCands = append(liveCands, c)
-		if !r.fits(req.Long) {
+		if !s.fitsLocked(r, req) {
 			continue
 		}
 		ch.offer(choice{c, r})
@@ -650,12 +670,12 @@ func (s *Scheduler) choicesLocked(cands []Candidate) []choice {
 	return out
 }
 
-// pick returns the best choice of req with a free slot, by the same
+// pickLocked returns the best choice of req with a free slot, by the same
 // chooser as scanLocked (res nil if none).
-func pick(choices []choice, req *Request) choice {
+func (s *Scheduler) pickLocked(choices []choice, req *Request) choice {
 	ch := newChooser(req)
 	for _, c := range choices {
-		if !live(c.res, c.Candidate) || !c.res.fits(req.Long) {
+		if !live(c.res, c.Candidate) || !s.fitsLocked(c.res, req) {
 			continue
 		}
 		ch.offer(c)
@@ -711,7 +731,7 @@ func (s *Scheduler) grantLocked(w *waiter) bool {
 	if s.residency != nil && slices.ContainsFunc(w.cands, func(c choice) bool { return c.res.held != nil }) {
 		best, _ = s.pickResidentLocked(w.cands, &w.req, false)
 	} else {
-		best = pick(w.cands, &w.req)
+		best = s.pickLocked(w.cands, &w.req)
 	}
 	if best.res == nil {
 		return false
@@ -1029,10 +1049,23 @@ func (s *Scheduler) retryStaleLocked() []*waiter {
 }
 
 // grantEachLocked hands each waiting w of ws, in order, a free slot of one
-// of its candidates, if one has one.
+// of its candidates, if one has one: the interactive ones first, then the
+// batch ones, so no batch waiter takes a slot an interactive one of ws
+// could use.
 func (s *Scheduler) grantEachLocked(ws []*waiter) {
+	batch := false
 	for _, w := range ws {
-		if w.state == waiting {
+		if w.band == batchBand {
+			batch = true
+		} else if w.state == waiting {
+			s.grantLocked(w)
+		}
+	}
+	if !batch {
+		return
+	}
+	for _, w := range ws {
+		if w.band == batchBand && w.state == waiting {
 			s.grantLocked(w)
 		}
 	}

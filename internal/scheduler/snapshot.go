@@ -28,7 +28,8 @@ type ProviderSnapshot struct {
 type GroupSnapshot struct {
 	Name   string
 	Policy Policy
-	Queued int
+	// Queued counts its waiters, Batch those of them of the batch band.
+	Queued, Batch int
 	// Flows counts the group's waiters by flow and priority, sorted by
 	// flow then priority (highest first); only pairs with a waiter.
 	Flows []FlowSnapshot
@@ -80,7 +81,7 @@ func (s *Scheduler) Snapshot() Snapshot {
 		})
 	}
 	for _, g := range s.groups {
-		gs := GroupSnapshot{Name: g.name, Policy: g.policy, Queued: g.queued}
+		gs := GroupSnapshot{Name: g.name, Policy: g.policy, Queued: g.queued, Batch: g.batchQueued}
 		for _, f := range g.flows {
 			for band, n := range f.queued {
 				if n > 0 {

@@ -109,12 +109,14 @@ type Request struct {
 	Flow   string
 	Weight int
 	// Priority is the request's band: PriorityCritical, PriorityStandard
-	// (the zero value) or PrioritySheddable.
+	// (the zero value) or PrioritySheddable; PriorityBatch is set only by
+	// the batch runner (no HTTP header or key maps to it).
 	Priority int
 }
 
 // Priority bands of Request.Priority (auth.PriorityRank's ranks).
 const (
+	PriorityBatch     = -2
 	PrioritySheddable = -1
 	PriorityStandard  = 0
 	PriorityCritical  = 1

@@ -1,0 +1,132 @@
+package scheduler
+
+import (
+	"fmt"
+	"time"
+)
+
+// Batch band defaults (BatchPolicy).
+const (
+	DefaultBatchHeadroom     = 1
+	DefaultBatchMaxQueue     = 4096
+	DefaultBatchQueueTimeout = 24 * time.Hour
+)
+
+// BatchPolicy is the policy of the batch band (PriorityBatch), one for
+// every group. A zero field takes its default.
+type BatchPolicy struct {
+	// Headroom is how many slots of each provider a batch request leaves
+	// free for interactive ones: it takes a slot only if, after it, the
+	// provider still has Headroom free slots. At most capacity − 1 counts,
+	// so a provider of capacity ≤ Headroom still runs one batch request
+	// at a time when nothing else runs. Default DefaultBatchHeadroom (1);
+	// negative means none (every free slot).
+	Headroom int
+	// MaxQueue is the most batch requests that may wait in one group at
+	// once, apart from the group's MaxQueue (which bounds its interactive
+	// waiters only); default DefaultBatchMaxQueue.
+	MaxQueue int
+	// QueueTimeout is how long one batch request may wait for a slot;
+	// default DefaultBatchQueueTimeout (24h).
+	QueueTimeout time.Duration
+}
+
+func (p BatchPolicy) validate() error {
+	if p.MaxQueue < 0 {
+		return fmt.Errorf("%w: batch max_queue %d is negative", ErrInvalid, p.MaxQueue)
+	}
+	if p.QueueTimeout < 0 {
+		return fmt.Errorf("%w: batch queue_timeout %s is negative", ErrInvalid, p.QueueTimeout)
+	}
+	return nil
+}
+
+func (p BatchPolicy) withDefaults() BatchPolicy {
+	switch {
+	case p.Headroom == 0:
+		p.Headroom = DefaultBatchHeadroom
+	case p.Headroom < 0:
+		p.Headroom = 0
+	}
+	if p.MaxQueue == 0 {
+		p.MaxQueue = DefaultBatchMaxQueue
+	}
+	if p.QueueTimeout == 0 {
+		p.QueueTimeout = DefaultBatchQueueTimeout
+	}
+	return p
+}
+
+// SetBatchPolicy replaces the batch band's policy (zero fields: the
+// defaults). Queued batch requests keep their deadlines; a smaller
+// headroom hands out the slots it frees at once. It returns an error
+// wrapping ErrInvalid for a negative MaxQueue or QueueTimeout, changing
+// nothing.
+func (s *Scheduler) SetBatchPolicy(p BatchPolicy) error {
+	if err := p.validate(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.batch = p.withDefaults()
+	s.pumpAllLocked()
+	return nil
+}
+
+// BatchPolicy returns the batch band's policy, defaults applied.
+func (s *Scheduler) BatchPolicy() BatchPolicy {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.batch
+}
+
+// headroomLocked is how many of r's slots a batch request leaves free:
+// the policy's headroom, at most r's capacity − 1.
+func (s *Scheduler) headroomLocked(r *resource) int {
+	return max(min(s.batch.Headroom, r.capacity-1), 0)
+}
+
+// fitsLocked reports whether req may take one of r's slots now: r has a
+// free slot (r.fits), and for a batch request batchRoomLocked.
+func (s *Scheduler) fitsLocked(r *resource, req *Request) bool {
+	if req.Priority == PriorityBatch {
+		return s.batchRoomLocked(r, req.Long)
+	}
+	return r.fits(req.Long)
+}
+
+// batchRoomLocked reports whether a batch request (long or not) may take
+// one of r's slots: r has one, keeps its headroom (headroomLocked) free
+// after it, and no interactive waiter that could use that slot lists r
+// (such as one waiting for a provider holding its model, waitHotLocked).
+// O(1): the first waiter of each of r's heaps is of the highest band.
+func (s *Scheduler) batchRoomLocked(r *resource, long bool) bool {
+	if !r.fits(long) || r.inFlight+1+s.headroomLocked(r) > r.capacity {
+		return false
+	}
+	if w := r.short.peek(); w != nil && w.band != batchBand {
+		return false
+	}
+	if w := r.long.peek(); w != nil && w.band != batchBand && r.fits(true) {
+		return false
+	}
+	return true
+}
+
+// fullLocked reports whether g's queue of a request of priority p is
+// full: its batch waiters against the batch MaxQueue, its interactive
+// ones against the group's.
+func (s *Scheduler) fullLocked(g *group, p Priority) bool {
+	if p == PriorityBatch {
+		return g.batchQueued >= s.batch.MaxQueue
+	}
+	return g.interactive() >= g.policy.MaxQueue
+}
+
+// queueTimeoutLocked is how long a request of g of priority p may wait.
+func (s *Scheduler) queueTimeoutLocked(g *group, p Priority) time.Duration {
+	if p == PriorityBatch {
+		return s.batch.QueueTimeout
+	}
+	return g.policy.QueueTimeout
+}
