@@ -96,21 +96,15 @@ func (s *Scheduler) fitsLocked(r *resource, req *Request) bool {
 }
 
 // batchRoomLocked reports whether a batch request (long or not) may take
-// one of r's slots: r has one, keeps its headroom (headroomLocked) free
-// after it, and no interactive waiter that could use that slot lists r
-// (such as one waiting for a provider holding its model, waitHotLocked).
-// O(1): the first waiter of each of r's heaps is of the highest band.
+// one of r's slots: r has one and keeps its headroom (headroomLocked) free
+// after it. No interactive waiter could use that slot: the pumps hand
+// every free slot to the interactive waiters that can use it first (queue
+// order), and nextResidentLocked never passes one for a batch waiter. An
+// interactive waiter that chose to wait for a provider holding its model
+// (waitHotLocked) rather than load it on r does not hold r back: the
+// headroom keeps a slot of r free for it.
 func (s *Scheduler) batchRoomLocked(r *resource, long bool) bool {
-	if !r.fits(long) || r.inFlight+1+s.headroomLocked(r) > r.capacity {
-		return false
-	}
-	if w := r.short.peek(); w != nil && w.band != batchBand {
-		return false
-	}
-	if w := r.long.peek(); w != nil && w.band != batchBand && r.fits(true) {
-		return false
-	}
-	return true
+	return r.fits(long) && r.inFlight+1+s.headroomLocked(r) <= r.capacity
 }
 
 // fullLocked reports whether g's queue of a request of priority p is

@@ -17,6 +17,8 @@
 //   - lease.go: Lease (Track, Release) and DispatchInfo.
 //   - fair.go: priority bands, start-time fair queueing between flows
 //     (fairTagLocked), shedding (pushOutLocked, expectedWaitLocked).
+//   - batch.go: the batch band's policy and room (BatchPolicy,
+//     batchRoomLocked): headroom, its own queue bound and timeout.
 //   - heap.go: the per-resource waiter heaps in queue order.
 //   - residency.go: model residency, a load as a cost (ResidencyPolicy,
 //     SetLoaded, ObserveLoad; pickResidentLocked, nextResidentLocked).
@@ -61,6 +63,16 @@
 //
 // By priority band, then start tag (fairTagLocked; 0 unless fair), then
 // enqueue order (waiter.before): with fairness off, the enqueue order.
+//
+// # Batch band
+//
+// PriorityBatch waits behind every interactive band, FIFO, with no flow.
+//
+//   - A batch waiter takes a slot only if no interactive waiter can use it
+//     (queue order; grantEachLocked; nextResidentLocked never passes one).
+//   - It leaves min(headroom, capacity−1) slots of its provider free.
+//   - It is never displaced nor pushed out, and not counted in MaxQueue.
+//   - Work conservation holds with "a slot it can use": beyond headroom.
 //
 // # Cost
 //

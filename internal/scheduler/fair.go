@@ -173,7 +173,11 @@ func (s *Scheduler) fairTagLocked(w *waiter, cands []choice) {
 
 // fairGrantedLocked advances the virtual times of w's group and of r, the
 // resource w was granted, to w's start tag.
+// The batch band keeps no virtual time.
 func fairGrantedLocked(w *waiter, r *resource) {
+	if w.band == batchBand {
+		return
+	}
 	w.group.vtime[w.band] = max(w.group.vtime[w.band], w.tag)
 	r.vtime[w.band] = max(r.vtime[w.band], w.tag)
 }

@@ -1,0 +1,367 @@
+package scheduler
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+// enq admits r without blocking: its lease, or its waiter.
+func (f *fixture) enq(r Request) (*Lease, *waiter) {
+	f.t.Helper()
+	l, w, err := f.s.enqueue(r)
+	if err != nil {
+		f.t.Fatalf("enqueue %s (%s): %v", r.Group, r.Priority, err)
+	}
+	return l, w
+}
+
+func (f *fixture) preq(group string, p Priority) Request {
+	r := f.req(group)
+	r.Priority = p
+	return r
+}
+
+// outcome is w's result if it is settled, else the zero result.
+func outcome(w *waiter) result {
+	select {
+	case r := <-w.ch:
+		w.ch <- r
+		return r
+	default:
+		return result{}
+	}
+}
+
+func leaseOrFail(t *testing.T, what string, l *Lease) *Lease {
+	t.Helper()
+	if l == nil {
+		t.Fatalf("%s queued, want a slot at once", what)
+	}
+	return l
+}
+
+// newBatchFixture: one node n1 with providers of caps, group "m" on all of
+// them, the batch policy bp.
+func newBatchFixture(t *testing.T, bp BatchPolicy, caps map[string]int) *fixture {
+	t.Helper()
+	f := newFixture(t, Config{Batch: bp})
+	var specs []ResourceSpec
+	var cs []Candidate
+	for _, p := range []string{"a", "b", "c"} {
+		if c, ok := caps[p]; ok {
+			specs = append(specs, ResourceSpec{ProviderID: p, Capacity: c})
+			cs = append(cs, cand("n1", 1, p))
+		}
+	}
+	f.activate("n1", 1, specs...)
+	f.world.set("m", cs...)
+	return f
+}
+
+// TestBatchWaitsBehindEveryInteractiveBand: freed slots go to critical,
+// standard and sheddable waiters before a batch waiter queued first.
+func TestBatchWaitsBehindEveryInteractiveBand(t *testing.T) {
+	f := newBatchFixture(t, BatchPolicy{Headroom: -1}, map[string]int{"a": 1})
+	held, _ := f.enq(f.preq("m", PriorityStandard))
+	_, batch := f.enq(f.preq("m", PriorityBatch))
+	_, shed := f.enq(f.preq("m", PrioritySheddable))
+	_, std := f.enq(f.preq("m", PriorityStandard))
+	_, crit := f.enq(f.preq("m", PriorityCritical))
+	for _, w := range []*waiter{crit, std, shed, batch} {
+		held.Release("done")
+		r := outcome(w)
+		if r.lease == nil {
+			t.Fatalf("the freed slot did not go to the %s waiter", w.req.Priority)
+		}
+		held = r.lease
+	}
+	held.Release("done")
+}
+
+// TestBatchKeepsHeadroom: with headroom 1 on capacity 4, batch requests
+// take 3 slots; the 4th stays free for an interactive arrival, which takes
+// it at once; a slot a batch request frees while the interactive one runs
+// stays free (taking it would leave no headroom).
+func TestBatchKeepsHeadroom(t *testing.T) {
+	f := newBatchFixture(t, BatchPolicy{Headroom: 1}, map[string]int{"a": 4})
+	var batch []*Lease
+	for range 3 {
+		l, _ := f.enq(f.preq("m", PriorityBatch))
+		batch = append(batch, leaseOrFail(t, "batch request", l))
+	}
+	_, queued := f.enq(f.preq("m", PriorityBatch))
+	if queued == nil {
+		t.Fatal("a 4th batch request took the headroom slot")
+	}
+	l, _ := f.enq(f.preq("m", PriorityStandard))
+	interactive := leaseOrFail(t, "interactive request", l)
+	batch[0].Release("done")
+	if outcome(queued).lease != nil {
+		t.Fatal("a batch waiter took the slot that keeps the headroom")
+	}
+	interactive.Release("done")
+	r := outcome(queued)
+	if r.lease == nil {
+		t.Fatal("the batch waiter did not get the slot beyond the headroom")
+	}
+	for _, l := range append(batch[1:], r.lease) {
+		l.Release("done")
+	}
+}
+
+// TestBatchHeadroomAtSmallCapacity: headroom counts at most capacity − 1,
+// so a provider of capacity ≤ headroom still runs one batch request.
+func TestBatchHeadroomAtSmallCapacity(t *testing.T) {
+	for _, c := range []struct {
+		capacity, headroom, want int
+	}{{1, 1, 1}, {1, 5, 1}, {2, 3, 1}, {3, 1, 2}, {3, -1, 3}, {4, 2, 2}} {
+		f := newBatchFixture(t, BatchPolicy{Headroom: c.headroom}, map[string]int{"a": c.capacity})
+		var got []*Lease
+		var w *waiter
+		for w == nil {
+			var l *Lease
+			if l, w = f.enq(f.preq("m", PriorityBatch)); l != nil {
+				got = append(got, l)
+			}
+		}
+		if len(got) != c.want {
+			t.Errorf("capacity %d, headroom %d: %d batch requests ran, want %d", c.capacity, c.headroom, len(got), c.want)
+		}
+		for _, l := range got {
+			l.Release("done")
+		}
+		if r := outcome(w); r.lease == nil {
+			t.Fatalf("capacity %d: the batch waiter got no slot once every one was free", c.capacity)
+		} else {
+			r.lease.Release("done")
+		}
+	}
+}
+
+// TestBatchWorkConservingWithoutInteractive: with no interactive load,
+// batch requests fill every provider up to its headroom, and each release
+// hands the slot to the next batch waiter at once.
+func TestBatchWorkConservingWithoutInteractive(t *testing.T) {
+	f := newBatchFixture(t, BatchPolicy{}, map[string]int{"a": 4, "b": 2})
+	var running []*Lease
+	var waiting []*waiter
+	for range 8 {
+		l, w := f.enq(f.preq("m", PriorityBatch))
+		if l != nil {
+			running = append(running, l)
+		} else {
+			waiting = append(waiting, w)
+		}
+	}
+	if len(running) != 4 { // 3 on a, 1 on b
+		t.Fatalf("%d batch requests running, want 4 (capacity 6, headroom 1 each)", len(running))
+	}
+	for i, w := range waiting {
+		running[i].Release("done")
+		r := outcome(w)
+		if r.lease == nil {
+			t.Fatalf("batch waiter %d did not get the slot released", i)
+		}
+		running = append(running, r.lease)
+	}
+	for _, l := range running[len(waiting):] {
+		l.Release("done")
+	}
+}
+
+// TestBatchFIFOWithinModel: batch waiters of one model get slots in the
+// order they came.
+func TestBatchFIFOWithinModel(t *testing.T) {
+	f := newBatchFixture(t, BatchPolicy{Headroom: -1}, map[string]int{"a": 1, "b": 1})
+	l1, _ := f.enq(f.preq("m", PriorityBatch))
+	l2, _ := f.enq(f.preq("m", PriorityBatch))
+	var ws []*waiter
+	for range 4 {
+		_, w := f.enq(f.preq("m", PriorityBatch))
+		ws = append(ws, w)
+	}
+	held := []*Lease{l1, l2}
+	for i, w := range ws {
+		held[0].Release("done")
+		held = held[1:]
+		for _, later := range ws[i+1:] {
+			if outcome(later).lease != nil {
+				t.Fatalf("a later batch waiter got the slot before waiter %d", i)
+			}
+		}
+		r := outcome(w)
+		if r.lease == nil {
+			t.Fatalf("batch waiter %d: no slot", i)
+		}
+		held = append(held, r.lease)
+	}
+	for _, l := range held {
+		l.Release("done")
+	}
+}
+
+// TestBatchNeverDisplaced: batch waiters do not count against the group's
+// max_queue and no interactive arrival at a full queue displaces or pushes
+// one out; the batch band has its own bound.
+func TestBatchNeverDisplaced(t *testing.T) {
+	f := newFixture(t, Config{Default: Policy{MaxQueue: 1, Fairness: FairnessOn}, Batch: BatchPolicy{MaxQueue: 2}})
+	f.activate("n1", 1, ResourceSpec{ProviderID: "a", Capacity: 1})
+	f.world.set("m", cand("n1", 1, "a"))
+	held, _ := f.enq(f.preq("m", PriorityStandard))
+	r := f.preq("m", PriorityBatch)
+	r.Flow = "flood"
+	_, b1 := f.enq(r)
+	_, b2 := f.enq(r)
+	if _, _, err := f.s.enqueue(r); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("a 3rd batch request: %v, want ErrQueueFull (batch max_queue 2)", err)
+	}
+	_, crit := f.enq(f.preq("m", PriorityCritical)) // the group's one interactive place
+	if _, _, err := f.s.enqueue(f.preq("m", PriorityCritical)); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("a 2nd critical request: %v, want ErrQueueFull", err)
+	}
+	for _, w := range []*waiter{b1, b2} {
+		if r := outcome(w); r.lease != nil || r.err != nil {
+			t.Fatalf("a batch waiter was settled by interactive arrivals: %v", r.err)
+		}
+	}
+	held.Release("done")
+	if outcome(crit).lease == nil {
+		t.Fatal("the critical waiter did not get the slot")
+	}
+	outcome(crit).lease.Release("done")
+	if outcome(b1).lease == nil {
+		t.Fatal("the first batch waiter did not get the slot")
+	}
+	outcome(b1).lease.Release("done")
+	outcome(b2).lease.Release("done")
+}
+
+// TestBatchQueueTimeout: a batch request waits past the group's queue
+// timeout, up to the batch band's.
+func TestBatchQueueTimeout(t *testing.T) {
+	f := newFixture(t, Config{Default: Policy{QueueTimeout: time.Second}, Batch: BatchPolicy{QueueTimeout: time.Hour}})
+	f.activate("n1", 1, ResourceSpec{ProviderID: "a", Capacity: 1})
+	f.world.set("m", cand("n1", 1, "a"))
+	held, _ := f.enq(f.preq("m", PriorityStandard))
+	_, std := f.enq(f.preq("m", PriorityStandard))
+	_, batch := f.enq(f.preq("m", PriorityBatch))
+	f.clk.Advance(time.Second)
+	if !errors.Is(outcome(std).err, ErrQueueTimeout) {
+		t.Fatalf("standard waiter: %v, want ErrQueueTimeout", outcome(std).err)
+	}
+	f.clk.Advance(time.Hour - time.Second - time.Millisecond)
+	if r := outcome(batch); r.err != nil || r.lease != nil {
+		t.Fatalf("batch waiter settled before its timeout: %v", r.err)
+	}
+	f.clk.Advance(time.Millisecond)
+	if !errors.Is(outcome(batch).err, ErrQueueTimeout) {
+		t.Fatalf("batch waiter: %v, want ErrQueueTimeout", outcome(batch).err)
+	}
+	held.Release("done")
+}
+
+// TestBatchHeadroomChangeHandsOutSlots: lowering the headroom (reload)
+// hands the slots it frees to batch waiters at once.
+func TestBatchHeadroomChangeHandsOutSlots(t *testing.T) {
+	f := newBatchFixture(t, BatchPolicy{Headroom: 2}, map[string]int{"a": 3})
+	l, _ := f.enq(f.preq("m", PriorityBatch))
+	_, w := f.enq(f.preq("m", PriorityBatch))
+	if w == nil {
+		t.Fatal("a 2nd batch request took the headroom")
+	}
+	if err := f.s.SetBatchPolicy(BatchPolicy{Headroom: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if outcome(w).lease == nil {
+		t.Fatal("the batch waiter did not get the slot a lower headroom frees")
+	}
+	l.Release("done")
+	outcome(w).lease.Release("done")
+	if err := f.s.SetBatchPolicy(BatchPolicy{QueueTimeout: -1}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("negative queue timeout: %v, want ErrInvalid", err)
+	}
+}
+
+// TestBatchNotPassedAheadForResidency: under a residency policy a freed
+// slot may go to a later waiter whose model its provider holds, but never
+// to a batch one while an earlier interactive waiter can use it.
+func TestBatchNotPassedAheadForResidency(t *testing.T) {
+	cfg := residencyConfig()
+	cfg.Batch = BatchPolicy{Headroom: -1}
+	f := newFixture(t, cfg)
+	f.activate("n1", 1, ResourceSpec{ProviderID: "a", Capacity: 1})
+	f.setLoaded("a", 1, "x")
+	f.setModel("x", "a")
+	f.setModel("y", "a")
+	first, _ := f.enq(f.preq("x", PriorityStandard))
+	_, cold := f.enq(f.preq("y", PriorityStandard))
+	_, hot := f.enq(f.preq("x", PriorityBatch))
+	first.Release("done")
+	if outcome(hot).lease != nil {
+		t.Fatal("the batch waiter for the held model passed the interactive waiter")
+	}
+	r := outcome(cold)
+	if r.lease == nil {
+		t.Fatal("the interactive waiter did not get the slot")
+	}
+	r.lease.Release("done")
+	outcome(hot).lease.Release("done")
+}
+
+// TestBatchStaleWaitersYield: waiters whose resolver failed are granted,
+// once it recovers, interactive first: a batch waiter queued earlier does
+// not take the one slot both can use (grantEachLocked).
+func TestBatchStaleWaitersYield(t *testing.T) {
+	f := newFixture(t, Config{Batch: BatchPolicy{Headroom: -1}})
+	f.activate("n1", 1, ResourceSpec{ProviderID: "a", Capacity: 1})
+	f.world.set("m", cand("n1", 1, "a"))
+	f.world.set("other", cand("n1", 1, "a"))
+	held, _ := f.enq(f.preq("m", PriorityStandard))
+	_, batch := f.enq(f.preq("m", PriorityBatch))
+	_, std := f.enq(f.preq("m", PriorityStandard))
+	f.world.fail("m", errTransient)
+	f.activate("n1", 1, ResourceSpec{ProviderID: "a", Capacity: 1}, ResourceSpec{ProviderID: "b", Capacity: 1})
+	if outcome(batch).lease != nil || outcome(std).lease != nil {
+		t.Fatal("a stale waiter was granted b, which it does not list")
+	}
+	f.world.fail("m", nil)
+	f.world.set("m", cand("n1", 1, "a"), cand("n1", 1, "b"))
+	if l, w := f.enq(f.preq("other", PriorityStandard)); l != nil || w == nil {
+		t.Fatal("the other request took a slot")
+	}
+	if outcome(std).lease == nil || outcome(batch).lease != nil {
+		t.Fatalf("b went to the batch waiter (%v) before the standard one (%v)", outcome(batch).lease != nil, outcome(std).lease != nil)
+	}
+	outcome(std).lease.Release("done")
+	if outcome(batch).lease == nil {
+		t.Fatal("the batch waiter did not get b once free")
+	}
+	outcome(batch).lease.Release("done")
+	held.Release("done")
+	f.clk.Advance(time.Hour)
+}
+
+// TestBatchSnapshotAndPriorityName: the snapshot counts batch waiters of a
+// group; PriorityBatch is "batch" and valid; no configuration name parses
+// to it.
+func TestBatchSnapshotAndPriorityName(t *testing.T) {
+	f := newBatchFixture(t, BatchPolicy{Headroom: -1}, map[string]int{"a": 1})
+	held, _ := f.enq(f.preq("m", PriorityStandard))
+	_, w := f.enq(f.preq("m", PriorityBatch))
+	_, s := f.enq(f.preq("m", PriorityStandard))
+	for _, g := range f.s.Snapshot().Groups {
+		if g.Name == "m" && (g.Queued != 2 || g.Batch != 1) {
+			t.Fatalf("group m: %d queued, %d batch; want 2, 1", g.Queued, g.Batch)
+		}
+	}
+	if PriorityBatch.String() != "batch" || !PriorityBatch.valid() || Priority(-3).valid() {
+		t.Fatal("PriorityBatch: name or validity")
+	}
+	if _, err := ParsePriority("batch"); !errors.Is(err, ErrInvalid) {
+		t.Fatalf(`ParsePriority("batch"): %v, want ErrInvalid`, err)
+	}
+	held.Release("done")
+	outcome(s).lease.Release("done")
+	outcome(w).lease.Release("done")
+}
