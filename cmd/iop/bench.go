@@ -29,6 +29,7 @@ type benchFlags struct {
 	memoryOnly bool
 	gateway    string
 	fair       fairFlags
+	batch      batchFlags
 	peers      peersFlags
 	residency  residencyFlags
 	prefix     bool
@@ -67,6 +68,9 @@ prints each figure with its target, met or missed and by how much.`,
 			}
 			if f.fair.on {
 				return runFair(cmd, f)
+			}
+			if f.batch.on {
+				return runBatch(cmd, f)
 			}
 			if f.peers.on {
 				return runPeers(cmd, f)
@@ -114,6 +118,7 @@ prints each figure with its target, met or missed and by how much.`,
 	fl.Float64Var(&f.prefixSlack, "prefix-load-slack", -1, "with --prefix-compare: the edge's prefix_load_slack (default: the edge's default, 0.5)")
 	fl.StringVar(&f.goBench, "go-bench", "", "with --overhead: a `file` of go test -bench output whose scheduler figures (waiter bytes, AdmitRelease) are checked against their targets too")
 	f.fair.register(fl)
+	f.batch.register(fl)
 	f.peers.register(fl)
 	f.residency.register(fl)
 	return cmd

@@ -752,7 +752,7 @@ func (s *Service) Snapshot() contract.Snapshot {
 		ps := contract.ProviderSnapshot{
 			NodeID: sp.NodeID, ProviderID: sp.ProviderID, Generation: sp.Generation,
 			Capacity: sp.Capacity, LongCapacity: sp.LongCapacity, InFlight: sp.InFlight, LongInFlight: sp.LongInFlight,
-			Queued: sp.Queued, Load: sp.Load, Status: sp.Status,
+			BatchInFlight: sp.BatchInFlight, Queued: sp.Queued, Load: sp.Load, Status: sp.Status,
 			Circuit: s.breakers.state(providerKey{sp.NodeID, sp.ProviderID}),
 		}
 		if cs := st.current(sp.NodeID); cs != nil && cs.c.gen == sp.Generation {

@@ -142,6 +142,13 @@ func (m *batchMachine) inFlight(p string) int {
 	return m.s.resources[resourceKey{"n", p}].inFlight
 }
 
+// batchInFlight is the scheduler's count of batch leases on p.
+func (m *batchMachine) batchInFlight(p string) int {
+	m.s.mu.Lock()
+	defer m.s.mu.Unlock()
+	return m.s.resources[resourceKey{"n", p}].batchInFlight
+}
+
 func (m *batchMachine) admit(t *rapid.T, prio Priority) {
 	group := rapid.SampledFrom(batchGroupList).Draw(t, "group")
 	req := Request{Group: group, Priority: prio, Flow: "f", Resolve: m.resolver(group)}
@@ -310,6 +317,15 @@ func (m *batchMachine) check(t *rapid.T) {
 			t.Fatalf("%s: %d in flight, capacity %d (was %d)", p, held, c, m.lastHeld[p])
 		}
 		m.lastHeld[p] = held
+		batchLeases := 0
+		for _, bl := range m.leases {
+			if bl.batch && bl.provider == p {
+				batchLeases++
+			}
+		}
+		if got := m.batchInFlight(p); got != batchLeases {
+			t.Fatalf("%s: batch in flight %d, want %d", p, got, batchLeases)
+		}
 		if m.granted[p] && held+m.room(p) > c {
 			t.Fatalf("%s handed a batch request a slot: %d in flight, capacity %d, headroom %d not kept", p, held, c, m.room(p))
 		}
@@ -358,7 +374,7 @@ func (m *batchMachine) drain(t *rapid.T) {
 		t.Fatalf("after drain: %d waiters, %d leases", snap.Waiters, snap.Leases)
 	}
 	for _, p := range snap.Providers {
-		if p.InFlight != 0 || p.Queued != 0 {
+		if p.InFlight != 0 || p.Queued != 0 || p.BatchInFlight != 0 {
 			t.Fatalf("after drain: %s: %d in flight, %d queued", p.ProviderID, p.InFlight, p.Queued)
 		}
 	}

@@ -46,6 +46,7 @@ type Lease struct {
 	prev, next *Lease // in res.leases while unreleased
 	state      leaseState
 	keep       bool // KeepOnFence: a Fence leaves it
+	batch      bool // of a batch request: counted in res.batchInFlight
 	info       DispatchInfo
 	reason     string
 }

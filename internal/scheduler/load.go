@@ -19,16 +19,17 @@ func (s *Scheduler) Load(nodeID, providerID, group string) (p ProviderSnapshot, 
 		status = StatusOrphan
 	}
 	return ProviderSnapshot{
-		NodeID:       r.key.node,
-		ProviderID:   r.key.provider,
-		Generation:   r.generation,
-		Capacity:     r.capacity,
-		LongCapacity: r.longCapacity,
-		InFlight:     r.inFlight,
-		LongInFlight: r.longInFlight,
-		Queued:       len(r.short) + len(r.long),
-		Load:         float64(r.inFlight) / float64(r.capacity),
-		Status:       status,
+		NodeID:        r.key.node,
+		ProviderID:    r.key.provider,
+		Generation:    r.generation,
+		Capacity:      r.capacity,
+		LongCapacity:  r.longCapacity,
+		InFlight:      r.inFlight,
+		LongInFlight:  r.longInFlight,
+		BatchInFlight: r.batchInFlight,
+		Queued:        len(r.short) + len(r.long),
+		Load:          float64(r.inFlight) / float64(r.capacity),
+		Status:        status,
 	}, groupQueued, true
 }
 

@@ -226,8 +226,10 @@ type resource struct {
 	longCapacity int
 	inFlight     int
 	longInFlight int
-	orphan       bool
-	leases       leaseList // unreleased leases on this resource
+	// batchInFlight counts its leases of batch requests (of inFlight).
+	batchInFlight int
+	orphan        bool
+	leases        leaseList // unreleased leases on this resource
 	// Waiters listing this resource, first in queue order (waiter.before)
 	// first; long ones apart so a release can skip them cheaply when no long
 	// slot is free.
@@ -700,6 +702,9 @@ func (s *Scheduler) reserveLocked(r *resource, c Candidate, req Request, reason 
 	if req.Long {
 		r.longInFlight++
 	}
+	if req.Priority == PriorityBatch {
+		r.batchInFlight++
+	}
 	s.leaseSeq++
 	load := s.touchLocked(r, c.Target)
 	s.active++
@@ -721,6 +726,7 @@ func (s *Scheduler) reserveLocked(r *resource, c Candidate, req Request, reason 
 			Load:                 load,
 		},
 	}
+	l.batch = req.Priority == PriorityBatch
 	r.leases.push(l)
 	return l
 }
@@ -1118,6 +1124,9 @@ func (s *Scheduler) releaseLocked(l *Lease, reason string) bool {
 	r.inFlight--
 	if l.info.Long {
 		r.longInFlight--
+	}
+	if l.batch {
+		r.batchInFlight--
 	}
 	s.active--
 	return true

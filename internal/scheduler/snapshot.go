@@ -17,6 +17,8 @@ type ProviderSnapshot struct {
 	LongCapacity int
 	InFlight     int
 	LongInFlight int
+	// BatchInFlight counts the leases of batch requests (of InFlight).
+	BatchInFlight int
 	// Queued counts the waiters that list this provider among their candidates.
 	Queued int
 	// Load is InFlight/Capacity.
@@ -68,16 +70,17 @@ func (s *Scheduler) Snapshot() Snapshot {
 			status = StatusOrphan
 		}
 		snap.Providers = append(snap.Providers, ProviderSnapshot{
-			NodeID:       r.key.node,
-			ProviderID:   r.key.provider,
-			Generation:   r.generation,
-			Capacity:     r.capacity,
-			LongCapacity: r.longCapacity,
-			InFlight:     r.inFlight,
-			LongInFlight: r.longInFlight,
-			Queued:       len(r.short) + len(r.long),
-			Load:         float64(r.inFlight) / float64(r.capacity),
-			Status:       status,
+			NodeID:        r.key.node,
+			ProviderID:    r.key.provider,
+			Generation:    r.generation,
+			Capacity:      r.capacity,
+			LongCapacity:  r.longCapacity,
+			InFlight:      r.inFlight,
+			LongInFlight:  r.longInFlight,
+			BatchInFlight: r.batchInFlight,
+			Queued:        len(r.short) + len(r.long),
+			Load:          float64(r.inFlight) / float64(r.capacity),
+			Status:        status,
 		})
 	}
 	for _, g := range s.groups {

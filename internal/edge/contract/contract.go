@@ -201,6 +201,9 @@ type ProviderSnapshot struct {
 	Healthy                  bool
 	Capacity, LongCapacity   int
 	InFlight, LongInFlight   int
+	// BatchInFlight counts its requests in flight of the batch priority
+	// (of InFlight).
+	BatchInFlight int
 	// Queued counts waiters that list this provider.
 	Queued int
 	// Load is InFlight / Capacity.

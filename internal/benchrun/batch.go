@@ -1,0 +1,423 @@
+package benchrun
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"iop/internal/edge"
+	"iop/internal/edge/contract"
+	"iop/internal/loadgen"
+	iopprocess "iop/internal/process"
+)
+
+// BatchConfig is the batch-band benchmark (`iop bench --batch`): an
+// interactive load at Load × the fleet's capacity on simulators, alone
+// and beside a batch of Lines requests at the batch priority submitted at
+// once. Zero fields take the defaults in brackets.
+type BatchConfig struct {
+	// Binary is the iop executable the simulators and the node run from
+	// (the edge runs in this process: the batch driver calls its dispatch).
+	Binary string
+	// Providers is the number of simulators, one provider each [2];
+	// Capacity each provider's capacity [8].
+	Providers, Capacity int
+	// TTFT is the simulators' time to first token [200ms], which with
+	// 4-token answers at unlimited rate is the service time S: the fleet
+	// serves Providers × Capacity / S requests a second.
+	TTFT time.Duration
+	// Load is the interactive rate as a fraction of that capacity [0.6].
+	Load float64
+	// Lines is the batch's size [10000]; the lines not done when the
+	// interactive window ends are cancelled.
+	Lines int
+	// Headroom is the edge's queue.batch.headroom [0: the edge's default,
+	// 1]; negative: none.
+	Headroom int
+	// Duration is each phase's interactive window [40s].
+	Duration time.Duration
+	// Driver submits the batch; nil: InProcessBatch on the edge's
+	// dispatch.
+	Driver func(svc *edge.Service, edgeURL string) BatchDriver
+	// Log gets progress lines; nil means none.
+	Log io.Writer
+}
+
+// BatchDriver runs one batch of lines at the batch priority. Today
+// InProcessBatch calls the edge's dispatch; a driver that submits through
+// POST /v1/files and POST /v1/batches fits the same interface.
+type BatchDriver interface {
+	// Run submits lines chat requests for model at once and returns when
+	// each one ended (done is called once per line, with nil when it
+	// completed) or ctx ended (the lines not done are cancelled).
+	Run(ctx context.Context, model string, lines int, done func(error))
+}
+
+// BatchPhase is one phase's figures, over its interactive window.
+type BatchPhase struct {
+	// Name is "interactive" (the interactive load alone) or "batch" (with
+	// the batch running).
+	Name string `json:"name"`
+	// Interactive is the interactive load's result, as its client saw it.
+	Interactive loadgen.Result `json:"interactive"`
+	// BatchDone and BatchFailed count the batch lines that ended in the
+	// window, completed or not.
+	BatchDone   int `json:"batch_done"`
+	BatchFailed int `json:"batch_failed"`
+	// InFlight and BatchInFlight are the slots held, all and by batch
+	// lines, averaged over the window (the edge's provider snapshots,
+	// every 50 ms).
+	InFlight      float64 `json:"in_flight"`
+	BatchInFlight float64 `json:"batch_in_flight"`
+}
+
+// BatchReport is the benchmark's result.
+type BatchReport struct {
+	Config BatchConfig  `json:"-"`
+	Phases []BatchPhase `json:"phases"`
+}
+
+const batchModel = "bench-batch"
+
+func (c *BatchConfig) defaults() {
+	if c.Providers == 0 {
+		c.Providers = 2
+	}
+	if c.Capacity == 0 {
+		c.Capacity = 8
+	}
+	if c.TTFT == 0 {
+		c.TTFT = 200 * time.Millisecond
+	}
+	if c.Load == 0 {
+		c.Load = 0.6
+	}
+	if c.Lines == 0 {
+		c.Lines = 10000
+	}
+	if c.Duration == 0 {
+		c.Duration = 40 * time.Second
+	}
+	if c.Log == nil {
+		c.Log = io.Discard
+	}
+	if c.Driver == nil {
+		c.Driver = func(svc *edge.Service, _ string) BatchDriver { return &InProcessBatch{Service: svc} }
+	}
+}
+
+// Batch runs the batch-band benchmark: it starts cfg.Providers iop sim
+// processes, an edge in this process and an iop node process, runs the
+// interactive open-loop load (loadgen) alone, then again with the batch
+// submitted just before it, and stops them. Errors: a process that fails
+// to start or exits, a setup step that times out, ctx's end.
+func Batch(ctx context.Context, cfg BatchConfig) (BatchReport, error) {
+	cfg.defaults()
+	rep := BatchReport{Config: cfg}
+	dir, err := os.MkdirTemp("", "iop-bench-batch-")
+	if err != nil {
+		return rep, err
+	}
+	var procs []*process
+	defer func() {
+		for i := len(procs) - 1; i >= 0; i-- {
+			procs[i].stop()
+		}
+	}()
+	var provs []string
+	for i := range cfg.Providers {
+		addr, err := freeAddr()
+		if err != nil {
+			return rep, err
+		}
+		p, err := startProcess(dir, fmt.Sprintf("sim%d", i), cfg.Binary, "sim", "--protocol", "openai", "--listen", addr,
+			"--model", batchModel, "--ttft", cfg.TTFT.String(), "--default-max-tokens", "4", "--log-level", "warn")
+		if err != nil {
+			return rep, err
+		}
+		procs = append(procs, p)
+		provs = append(provs, fmt.Sprintf(`  - {id: sim%d, type: sim, protocol: openai, base_url: "http://%s/v1", models: [%s], capacity: %d}`,
+			i, addr, batchModel, cfg.Capacity))
+	}
+
+	ecfg := edge.DefaultConfig()
+	ecfg.Listen, ecfg.NodeListen, ecfg.Database = "127.0.0.1:0", "127.0.0.1:0", ":memory:"
+	ecfg.Queue.MaxQueue = 1024
+	ecfg.Queue.QueueTimeout = 30 * time.Second
+	ecfg.Queue.Batch = edge.BatchQueueConfig{Headroom: cfg.Headroom, MaxQueue: cfg.Lines}
+	edgeLog, err := os.Create(filepath.Join(dir, "edge.log"))
+	if err != nil {
+		return rep, err
+	}
+	defer edgeLog.Close()
+	ectx, stopEdge := context.WithCancel(context.WithoutCancel(ctx))
+	e, err := iopprocess.Start(ectx, iopprocess.Config{Mode: iopprocess.ModeEdge, Edge: ecfg},
+		iopprocess.Deps{Logger: slog.New(slog.NewTextHandler(edgeLog, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		stopEdge()
+		return rep, fmt.Errorf("edge: %w", err)
+	}
+	defer func() {
+		stopEdge()
+		_ = e.Wait()
+	}()
+	nodeFile := filepath.Join(dir, "node.yaml")
+	nodeCfg := fmt.Sprintf("node_id: bench\nedge: %s\nproviders:\n%s\n", e.NodeAddr, strings.Join(provs, "\n"))
+	if err := os.WriteFile(nodeFile, []byte(nodeCfg), 0o600); err != nil {
+		return rep, err
+	}
+	p, err := startProcess(dir, "node", cfg.Binary, "node", "--config", nodeFile, "--log-level", "warn")
+	if err != nil {
+		return rep, err
+	}
+	procs = append(procs, p)
+	svc := e.Service
+	if err := waitFor(ctx, 30*time.Second, procs, func() error {
+		ready := 0
+		for _, p := range svc.Snapshot().Providers {
+			if p.Capacity == cfg.Capacity {
+				ready++
+			}
+		}
+		if ready < cfg.Providers {
+			return fmt.Errorf("%d of %d providers connected", ready, cfg.Providers)
+		}
+		return nil
+	}); err != nil {
+		return rep, fmt.Errorf("%w (logs in %s)", err, dir)
+	}
+	url := "http://" + e.HTTPAddr
+	fmt.Fprintf(cfg.Log, "batch: %d sims (capacity %d each), edge %s and node up; logs in %s\n", cfg.Providers, cfg.Capacity, url, dir)
+
+	for _, name := range []string{"interactive", "batch"} {
+		var driver BatchDriver
+		if name == "batch" {
+			driver = cfg.Driver(svc, url)
+		}
+		ph, err := batchPhase(ctx, cfg, svc, url, name, driver)
+		if err != nil {
+			return rep, fmt.Errorf("phase %s: %w (logs in %s)", name, err, dir)
+		}
+		rep.Phases = append(rep.Phases, ph)
+		for _, p := range procs {
+			if err := p.exited(); err != nil {
+				return rep, err
+			}
+		}
+	}
+	os.RemoveAll(dir)
+	return rep, nil
+}
+
+// batchPhase runs one phase: with a driver, the batch first, until its
+// lines fill the room the headroom leaves (or 5 s), then the interactive
+// load for cfg.Duration while it samples the slots held; then it cancels
+// the batch and waits for every slot to be free again.
+func batchPhase(ctx context.Context, cfg BatchConfig, svc *edge.Service, url, name string, driver BatchDriver) (BatchPhase, error) {
+	out := BatchPhase{Name: name}
+	capacity := cfg.Providers * cfg.Capacity
+	var windowOpen atomic.Bool
+	var done, failed atomic.Int64
+	bctx, stopBatch := context.WithCancel(ctx)
+	defer stopBatch()
+	var wg sync.WaitGroup
+	if driver != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			driver.Run(bctx, batchModel, cfg.Lines, func(err error) {
+				if !windowOpen.Load() {
+					return
+				}
+				if err != nil && bctx.Err() == nil {
+					failed.Add(1)
+				} else if err == nil {
+					done.Add(1)
+				}
+			})
+		}()
+		headroom := cfg.Headroom
+		if headroom == 0 {
+			headroom = 1
+		}
+		want := capacity - cfg.Providers*max(min(headroom, cfg.Capacity-1), 0)
+		for deadline := time.Now().Add(5 * time.Second); batchSlots(svc) < want && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
+		fmt.Fprintf(cfg.Log, "phase %s: %d batch lines running\n", name, batchSlots(svc))
+	}
+	rate := cfg.Load * float64(capacity) / cfg.TTFT.Seconds()
+	fmt.Fprintf(cfg.Log, "phase %s: interactive load %.1f req/s for %s\n", name, rate, cfg.Duration)
+	sampleDone := make(chan struct{})
+	var samples int
+	var inFlight, batchInFlight float64
+	stopSampling := make(chan struct{})
+	go func() {
+		defer close(sampleDone)
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopSampling:
+				return
+			case <-tick.C:
+			}
+			snap := svc.Snapshot()
+			samples++
+			for _, p := range snap.Providers {
+				inFlight += float64(p.InFlight)
+				batchInFlight += float64(p.BatchInFlight)
+			}
+		}
+	}()
+	windowOpen.Store(true)
+	res, err := loadgen.Run(ctx, loadgen.Config{URL: url, API: loadgen.APIOpenAI, Model: batchModel, PromptChars: loadgen.DefaultPromptChars,
+		Rate: rate, Duration: cfg.Duration, Timeout: time.Minute, MaxInFlight: loadgen.DefaultMaxInFlight}, nil)
+	windowOpen.Store(false)
+	close(stopSampling)
+	<-sampleDone
+	stopBatch()
+	wg.Wait()
+	if err != nil {
+		return out, err
+	}
+	out.Interactive = res
+	out.BatchDone, out.BatchFailed = int(done.Load()), int(failed.Load())
+	if samples > 0 {
+		out.InFlight, out.BatchInFlight = inFlight/float64(samples), batchInFlight/float64(samples)
+	}
+	// Every slot free again before the next phase.
+	for deadline := time.Now().Add(30 * time.Second); svc.Snapshot().Leases > 0; {
+		if time.Now().After(deadline) {
+			return out, errors.New("slots still held 30s after the phase")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return out, nil
+}
+
+// batchSlots is how many slots batch requests hold now.
+func batchSlots(svc *edge.Service) int {
+	n := 0
+	for _, p := range svc.Snapshot().Providers {
+		n += p.BatchInFlight
+	}
+	return n
+}
+
+// InProcessBatch runs batch lines through the edge's own dispatch
+// (edge.Service.Dispatch) at contract.PriorityBatch: the scheduler path
+// the batch runner takes, without the HTTP batch API.
+type InProcessBatch struct {
+	Service *edge.Service
+}
+
+var _ BatchDriver = (*InProcessBatch)(nil)
+
+// Run submits lines requests at once, one goroutine each.
+func (d *InProcessBatch) Run(ctx context.Context, model string, lines int, done func(error)) {
+	var wg sync.WaitGroup
+	for i := range lines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			done(d.line(ctx, model, i))
+		}()
+	}
+	wg.Wait()
+}
+
+// line runs batch line i to its end: nil when the provider answered 2xx.
+func (d *InProcessBatch) line(ctx context.Context, model string, i int) error {
+	body := fmt.Appendf(nil, `{"model":%q,"messages":[{"role":"user","content":"batch line %d"}]}`, model, i)
+	run, err := d.Service.Dispatch(ctx, contract.Request{Model: model, Operation: contract.OperationChat, Body: body,
+		Priority: contract.PriorityBatch, Flow: "batch", Weight: 1, EstimatedInputTokens: 4})
+	if err != nil {
+		return err
+	}
+	status := 0
+	for {
+		m, err := run.Recv()
+		if err != nil {
+			run.Close(contract.OutcomeError)
+			return err
+		}
+		if m.Tunnel && m.Part.Kind == contract.EventHead {
+			status = m.Part.Status
+		}
+		if m.Tunnel && m.Part.Kind == contract.EventFailure {
+			run.Close(contract.OutcomeUpstreamError)
+			return fmt.Errorf("line %d: %s", i, m.Part.Message)
+		}
+		if m.Ends {
+			break
+		}
+	}
+	if status/100 != 2 {
+		run.Close(contract.OutcomeUpstreamError)
+		return fmt.Errorf("line %d: status %d", i, status)
+	}
+	run.Close(contract.OutcomeCompleted)
+	return nil
+}
+
+// phase returns the phase named name, or nil.
+func (r BatchReport) phase(name string) *BatchPhase {
+	for i := range r.Phases {
+		if r.Phases[i].Name == name {
+			return &r.Phases[i]
+		}
+	}
+	return nil
+}
+
+// WriteTable writes the phases and the two targets, each met or missed:
+// the interactive p99 latency with the batch within 1.1× of without it,
+// and the batch using ≥ 85% of the slots the interactive load leaves idle
+// (capacity − its mean in-flight, in the batch phase). It also gives the
+// batch's use of the idle slots beyond the headroom, which is all the band
+// may take by design.
+func (r BatchReport) WriteTable(w io.Writer) {
+	c := r.Config
+	capacity := c.Providers * c.Capacity
+	headroom := c.Headroom
+	if headroom == 0 {
+		headroom = 1
+	}
+	headroom = max(min(headroom, c.Capacity-1), 0)
+	fmt.Fprintf(w, "batch band: %d providers × capacity %d, service %s (%.0f req/s); interactive %.0f%% (%.1f req/s); batch %d lines; headroom %d per provider; %s a phase\n\n",
+		c.Providers, c.Capacity, c.TTFT, float64(capacity)/c.TTFT.Seconds(), c.Load*100, c.Load*float64(capacity)/c.TTFT.Seconds(), c.Lines, headroom, c.Duration)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PHASE\tSENT\tOK\tNOT OK\tLATENCY p50/p99\tIN FLIGHT\tBATCH IN FLIGHT\tBATCH LINES DONE\tBATCH FAILED\tBATCH LINES/s")
+	for _, p := range r.Phases {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s/%s\t%.2f\t%.2f\t%d\t%d\t%.1f\n", p.Name, p.Interactive.Requests, p.Interactive.OK,
+			p.Interactive.Requests-p.Interactive.OK, roundFair(p.Interactive.Latency.P50), roundFair(p.Interactive.Latency.P99),
+			p.InFlight, p.BatchInFlight, p.BatchDone, p.BatchFailed, float64(p.BatchDone)/c.Duration.Seconds())
+	}
+	tw.Flush()
+	alone, with := r.phase("interactive"), r.phase("batch")
+	if alone == nil || with == nil {
+		return
+	}
+	fmt.Fprintln(w)
+	ratio := float64(with.Interactive.Latency.P99) / float64(max(alone.Interactive.Latency.P99, 1))
+	fmt.Fprintf(w, "interactive p99 with the batch %s = %.2f× without (%s): target ≤ 1.1×: %s\n",
+		roundFair(with.Interactive.Latency.P99), ratio, roundFair(alone.Interactive.Latency.P99), metOr(ratio <= 1.1))
+	interactive := with.InFlight - with.BatchInFlight
+	idle := float64(capacity) - interactive
+	use := with.BatchInFlight / max(idle, 1e-9)
+	fmt.Fprintf(w, "batch held %.2f slots of the %.2f the interactive load left idle (%d − %.2f): %.0f%%: target ≥ 85%%: %s\n",
+		with.BatchInFlight, idle, capacity, interactive, 100*use, metOr(use >= 0.85))
+	usable := idle - float64(c.Providers*headroom)
+	fmt.Fprintf(w, "of the idle slots beyond the headroom (%.2f − %d × %d = %.2f), the batch held %.0f%%\n",
+		idle, c.Providers, headroom, usable, 100*with.BatchInFlight/max(usable, 1e-9))
+}
