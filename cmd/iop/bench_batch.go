@@ -18,7 +18,9 @@ func (f *batchFlags) register(fl *pflag.FlagSet) {
 	fl.IntVar(&f.cfg.Lines, "batch-lines", 0, "with --batch: lines of the batch, submitted at once (default 10000); those not done when the interactive window ends are cancelled")
 	fl.IntVar(&f.cfg.Providers, "batch-providers", 0, "with --batch: simulators, one provider each (default 2)")
 	fl.IntVar(&f.cfg.Capacity, "batch-capacity", 0, "with --batch: each provider's capacity (default 8)")
-	fl.DurationVar(&f.cfg.TTFT, "batch-service", 0, "with --batch: the simulators' time to first token, which is the service time (default 200ms)")
+	fl.DurationVar(&f.cfg.TTFT, "batch-ttft", 0, "with --batch: the simulators' time to first token (default 1s)")
+	fl.Float64Var(&f.cfg.TokensPerSecond, "batch-tokens-per-second", 0, "with --batch: the simulators' token rate (default 20); interactive answers are 4 tokens")
+	fl.IntVar(&f.cfg.BatchMaxTokens, "batch-max-tokens", 0, "with --batch: batch line i asks for 1 + i mod this many tokens (default 40)")
 	fl.Float64Var(&f.cfg.Load, "batch-load", 0, "with --batch: the interactive rate, a fraction of the fleet's capacity (default 0.6)")
 	fl.IntVar(&f.cfg.Headroom, "batch-headroom", 0, "with --batch: the edge's queue.batch.headroom (default 1; negative: none)")
 }

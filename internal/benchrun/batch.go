@@ -31,10 +31,16 @@ type BatchConfig struct {
 	// Providers is the number of simulators, one provider each [2];
 	// Capacity each provider's capacity [8].
 	Providers, Capacity int
-	// TTFT is the simulators' time to first token [200ms], which with
-	// 4-token answers at unlimited rate is the service time S: the fleet
-	// serves Providers × Capacity / S requests a second.
-	TTFT time.Duration
+	// TTFT is the simulators' time to first token [1s] and TokensPerSecond
+	// their token rate after it [20]: an interactive request's 4-token
+	// answer takes S = TTFT + 3/TokensPerSecond, and the fleet serves
+	// Providers × Capacity / S interactive requests a second. Batch line i
+	// asks for 1 + i mod BatchMaxTokens tokens [40], so batch lines take
+	// TTFT to TTFT + (BatchMaxTokens−1)/TokensPerSecond, as varied
+	// generations do, and do not end in step.
+	TTFT            time.Duration
+	TokensPerSecond float64
+	BatchMaxTokens  int
 	// Load is the interactive rate as a fraction of that capacity [0.6].
 	Load float64
 	// Lines is the batch's size [10000]; the lines not done when the
@@ -43,7 +49,7 @@ type BatchConfig struct {
 	// Headroom is the edge's queue.batch.headroom [0: the edge's default,
 	// 1]; negative: none.
 	Headroom int
-	// Duration is each phase's interactive window [40s].
+	// Duration is each phase's interactive window [60s].
 	Duration time.Duration
 	// Driver submits the batch; nil: InProcessBatch on the edge's
 	// dispatch.
@@ -59,7 +65,8 @@ type BatchDriver interface {
 	// Run submits lines chat requests for model at once and returns when
 	// each one ended (done is called once per line, with nil when it
 	// completed) or ctx ended (the lines not done are cancelled).
-	Run(ctx context.Context, model string, lines int, done func(error))
+	// Line i asks for 1 + i mod maxTokens tokens.
+	Run(ctx context.Context, model string, lines, maxTokens int, done func(error))
 }
 
 // BatchPhase is one phase's figures, over its interactive window.
@@ -67,8 +74,10 @@ type BatchPhase struct {
 	// Name is "interactive" (the interactive load alone) or "batch" (with
 	// the batch running).
 	Name string `json:"name"`
-	// Interactive is the interactive load's result, as its client saw it.
-	Interactive loadgen.Result `json:"interactive"`
+	// Interactive is the interactive load's result, as its client saw it;
+	// Wait its requests' queue waits, as the edge logged them.
+	Interactive loadgen.Result      `json:"interactive"`
+	Wait        loadgen.Percentiles `json:"wait"`
 	// BatchDone and BatchFailed count the batch lines that ended in the
 	// window, completed or not.
 	BatchDone   int `json:"batch_done"`
@@ -96,7 +105,13 @@ func (c *BatchConfig) defaults() {
 		c.Capacity = 8
 	}
 	if c.TTFT == 0 {
-		c.TTFT = 200 * time.Millisecond
+		c.TTFT = time.Second
+	}
+	if c.TokensPerSecond == 0 {
+		c.TokensPerSecond = 20
+	}
+	if c.BatchMaxTokens == 0 {
+		c.BatchMaxTokens = 40
 	}
 	if c.Load == 0 {
 		c.Load = 0.6
@@ -105,7 +120,7 @@ func (c *BatchConfig) defaults() {
 		c.Lines = 10000
 	}
 	if c.Duration == 0 {
-		c.Duration = 40 * time.Second
+		c.Duration = 60 * time.Second
 	}
 	if c.Log == nil {
 		c.Log = io.Discard
@@ -140,7 +155,8 @@ func Batch(ctx context.Context, cfg BatchConfig) (BatchReport, error) {
 			return rep, err
 		}
 		p, err := startProcess(dir, fmt.Sprintf("sim%d", i), cfg.Binary, "sim", "--protocol", "openai", "--listen", addr,
-			"--model", batchModel, "--ttft", cfg.TTFT.String(), "--default-max-tokens", "4", "--log-level", "warn")
+			"--model", batchModel, "--ttft", cfg.TTFT.String(), "--tokens-per-second", fmt.Sprint(cfg.TokensPerSecond),
+			"--default-max-tokens", "4", "--log-level", "warn")
 		if err != nil {
 			return rep, err
 		}
@@ -161,7 +177,7 @@ func Batch(ctx context.Context, cfg BatchConfig) (BatchReport, error) {
 	defer edgeLog.Close()
 	ectx, stopEdge := context.WithCancel(context.WithoutCancel(ctx))
 	e, err := iopprocess.Start(ectx, iopprocess.Config{Mode: iopprocess.ModeEdge, Edge: ecfg},
-		iopprocess.Deps{Logger: slog.New(slog.NewTextHandler(edgeLog, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		iopprocess.Deps{Logger: slog.New(slog.NewJSONHandler(edgeLog, &slog.HandlerOptions{Level: slog.LevelInfo}))})
 	if err != nil {
 		stopEdge()
 		return rep, fmt.Errorf("edge: %w", err)
@@ -196,6 +212,17 @@ func Batch(ctx context.Context, cfg BatchConfig) (BatchReport, error) {
 		return rep, fmt.Errorf("%w (logs in %s)", err, dir)
 	}
 	url := "http://" + e.HTTPAddr
+	// One request through the HTTP API end to end before the phases.
+	if err := waitFor(ctx, 30*time.Second, procs, func() error {
+		res, err := loadgen.Run(ctx, loadgen.Config{URL: url, API: loadgen.APIOpenAI, Model: batchModel, PromptChars: 16,
+			Concurrency: 1, Requests: 1, Timeout: 10 * time.Second}, nil)
+		if err == nil && res.OK != 1 {
+			err = fmt.Errorf("warm-up request: %v", res.Outcomes)
+		}
+		return err
+	}); err != nil {
+		return rep, fmt.Errorf("%w (logs in %s)", err, dir)
+	}
 	fmt.Fprintf(cfg.Log, "batch: %d sims (capacity %d each), edge %s and node up; logs in %s\n", cfg.Providers, cfg.Capacity, url, dir)
 
 	for _, name := range []string{"interactive", "batch"} {
@@ -203,10 +230,19 @@ func Batch(ctx context.Context, cfg BatchConfig) (BatchReport, error) {
 		if name == "batch" {
 			driver = cfg.Driver(svc, url)
 		}
+		before, err := queueWaits(edgeLog.Name())
+		if err != nil {
+			return rep, err
+		}
 		ph, err := batchPhase(ctx, cfg, svc, url, name, driver)
 		if err != nil {
 			return rep, fmt.Errorf("phase %s: %w (logs in %s)", name, err, dir)
 		}
+		after, err := queueWaits(edgeLog.Name())
+		if err != nil {
+			return rep, err
+		}
+		ph.Wait = percentilesOf(after[""][len(before[""]):])
 		rep.Phases = append(rep.Phases, ph)
 		for _, p := range procs {
 			if err := p.exited(); err != nil {
@@ -234,7 +270,7 @@ func batchPhase(ctx context.Context, cfg BatchConfig, svc *edge.Service, url, na
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			driver.Run(bctx, batchModel, cfg.Lines, func(err error) {
+			driver.Run(bctx, batchModel, cfg.Lines, cfg.BatchMaxTokens, func(err error) {
 				if !windowOpen.Load() {
 					return
 				}
@@ -255,7 +291,7 @@ func batchPhase(ctx context.Context, cfg BatchConfig, svc *edge.Service, url, na
 		}
 		fmt.Fprintf(cfg.Log, "phase %s: %d batch lines running\n", name, batchSlots(svc))
 	}
-	rate := cfg.Load * float64(capacity) / cfg.TTFT.Seconds()
+	rate := cfg.Load * float64(capacity) / cfg.service().Seconds()
 	fmt.Fprintf(cfg.Log, "phase %s: interactive load %.1f req/s for %s\n", name, rate, cfg.Duration)
 	sampleDone := make(chan struct{})
 	var samples int
@@ -324,21 +360,21 @@ type InProcessBatch struct {
 var _ BatchDriver = (*InProcessBatch)(nil)
 
 // Run submits lines requests at once, one goroutine each.
-func (d *InProcessBatch) Run(ctx context.Context, model string, lines int, done func(error)) {
+func (d *InProcessBatch) Run(ctx context.Context, model string, lines, maxTokens int, done func(error)) {
 	var wg sync.WaitGroup
 	for i := range lines {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			done(d.line(ctx, model, i))
+			done(d.line(ctx, model, i, 1+i%maxTokens))
 		}()
 	}
 	wg.Wait()
 }
 
 // line runs batch line i to its end: nil when the provider answered 2xx.
-func (d *InProcessBatch) line(ctx context.Context, model string, i int) error {
-	body := fmt.Appendf(nil, `{"model":%q,"messages":[{"role":"user","content":"batch line %d"}]}`, model, i)
+func (d *InProcessBatch) line(ctx context.Context, model string, i, tokens int) error {
+	body := fmt.Appendf(nil, `{"model":%q,"messages":[{"role":"user","content":"batch line %d"}],"max_tokens":%d}`, model, i, tokens)
 	run, err := d.Service.Dispatch(ctx, contract.Request{Model: model, Operation: contract.OperationChat, Body: body,
 		Priority: contract.PriorityBatch, Flow: "batch", Weight: 1, EstimatedInputTokens: 4})
 	if err != nil {
@@ -370,6 +406,12 @@ func (d *InProcessBatch) line(ctx context.Context, model string, i int) error {
 	return nil
 }
 
+// service is an interactive request's service time: the time to first
+// token and 3 more tokens.
+func (c BatchConfig) service() time.Duration {
+	return c.TTFT + time.Duration(3/c.TokensPerSecond*float64(time.Second))
+}
+
 // phase returns the phase named name, or nil.
 func (r BatchReport) phase(name string) *BatchPhase {
 	for i := range r.Phases {
@@ -394,13 +436,15 @@ func (r BatchReport) WriteTable(w io.Writer) {
 		headroom = 1
 	}
 	headroom = max(min(headroom, c.Capacity-1), 0)
-	fmt.Fprintf(w, "batch band: %d providers × capacity %d, service %s (%.0f req/s); interactive %.0f%% (%.1f req/s); batch %d lines; headroom %d per provider; %s a phase\n\n",
-		c.Providers, c.Capacity, c.TTFT, float64(capacity)/c.TTFT.Seconds(), c.Load*100, c.Load*float64(capacity)/c.TTFT.Seconds(), c.Lines, headroom, c.Duration)
+	fmt.Fprintf(w, "batch band: %d providers × capacity %d, interactive service %s (%.0f req/s); interactive %.0f%% (%.1f req/s); batch %d lines of %s to %s; headroom %d per provider; %s a phase\n\n",
+		c.Providers, c.Capacity, c.service().Round(time.Millisecond), float64(capacity)/c.service().Seconds(), c.Load*100, c.Load*float64(capacity)/c.service().Seconds(),
+		c.Lines, c.TTFT, c.TTFT+time.Duration(float64(c.BatchMaxTokens-1)/c.TokensPerSecond*float64(time.Second)), headroom, c.Duration)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PHASE\tSENT\tOK\tNOT OK\tLATENCY p50/p99\tIN FLIGHT\tBATCH IN FLIGHT\tBATCH LINES DONE\tBATCH FAILED\tBATCH LINES/s")
+	fmt.Fprintln(tw, "PHASE\tSENT\tOK\tNOT OK\tLATENCY p50/p99\tWAIT p50/p99\tIN FLIGHT\tBATCH IN FLIGHT\tBATCH LINES DONE\tBATCH FAILED\tBATCH LINES/s")
 	for _, p := range r.Phases {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s/%s\t%.2f\t%.2f\t%d\t%d\t%.1f\n", p.Name, p.Interactive.Requests, p.Interactive.OK,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s/%s\t%s/%s\t%.2f\t%.2f\t%d\t%d\t%.1f\n", p.Name, p.Interactive.Requests, p.Interactive.OK,
 			p.Interactive.Requests-p.Interactive.OK, roundFair(p.Interactive.Latency.P50), roundFair(p.Interactive.Latency.P99),
+			roundFair(p.Wait.P50), roundFair(p.Wait.P99),
 			p.InFlight, p.BatchInFlight, p.BatchDone, p.BatchFailed, float64(p.BatchDone)/c.Duration.Seconds())
 	}
 	tw.Flush()
@@ -417,7 +461,13 @@ func (r BatchReport) WriteTable(w io.Writer) {
 	use := with.BatchInFlight / max(idle, 1e-9)
 	fmt.Fprintf(w, "batch held %.2f slots of the %.2f the interactive load left idle (%d − %.2f): %.0f%%: target ≥ 85%%: %s\n",
 		with.BatchInFlight, idle, capacity, interactive, 100*use, metOr(use >= 0.85))
-	usable := idle - float64(c.Providers*headroom)
-	fmt.Fprintf(w, "of the idle slots beyond the headroom (%.2f − %d × %d = %.2f), the batch held %.0f%%\n",
-		idle, c.Providers, headroom, usable, 100*with.BatchInFlight/max(usable, 1e-9))
+	if usable := idle - float64(c.Providers*headroom); usable > 0 {
+		fmt.Fprintf(w, "of the idle slots beyond the headroom (%.2f − %d × %d = %.2f), the batch held %.0f%%\n",
+			idle, c.Providers, headroom, usable, 100*with.BatchInFlight/usable)
+	}
+	for _, p := range r.Phases {
+		if p.Interactive.OK != p.Interactive.Requests {
+			fmt.Fprintf(w, "phase %s: interactive outcomes %v\n", p.Name, p.Interactive.Outcomes)
+		}
+	}
 }
