@@ -52,7 +52,7 @@ func TestConfigCheckMessages(t *testing.T) {
 		{"scalar for a list", KindEdge, "models:\n  chat:\n    targets: tiny\n",
 			[]string{`3:14: models.chat.targets: want a list, such as [a, b], not "tiny"`}},
 		{"list for a section", KindEdge, "queue: [1, 2]\n",
-			[]string{`1:8: queue: want a section of keys (max_queue, queue_timeout, reconnect_grace), not a list`}},
+			[]string{`1:8: queue: want a section of keys (max_queue, queue_timeout, reconnect_grace, batch), not a list`}},
 		{"repeated key", KindEdge, "listen: a:1\nlisten: b:2\n",
 			[]string{`2:1: key "listen" is repeated (first at line 1)`}},
 		{"token's misspelled key", KindEdge, "tokens:\n  - plain\n  - {token: x, node: [a]}\n",

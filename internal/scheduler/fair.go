@@ -172,8 +172,7 @@ func (s *Scheduler) fairTagLocked(w *waiter, cands []choice) {
 }
 
 // fairGrantedLocked advances the virtual times of w's group and of r, the
-// resource w was granted, to w's start tag.
-// The batch band keeps no virtual time.
+// resource w was granted, to w's start tag; the batch band keeps none.
 func fairGrantedLocked(w *waiter, r *resource) {
 	if w.band == batchBand {
 		return

@@ -445,6 +445,10 @@ func (s *Scheduler) Admit(ctx context.Context, req Request) (*Lease, error) {
 // at once (ErrShed, ErrExpectedWait) when its expected wait
 // (expectedWaitLocked) passes the group's queue timeout. Every shed or
 // pushed-out waiter is settled once, under the lock, holding no slot.
+//
+// A batch req (PriorityBatch) counts against the BatchPolicy's MaxQueue
+// only (ErrQueueFull at once), displaces nobody and is displaced by
+// nobody; its queue timeout is the BatchPolicy's.
 func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	if req.Group == "" {
 		return nil, nil, fmt.Errorf("%w: empty model name", ErrInvalid)
@@ -919,8 +923,9 @@ func (s *Scheduler) unstaleLocked(w *waiter) {
 // pumpResourceLocked hands r's free slots to the first waiters, in queue
 // order, that can use them. Every waiter in r's heaps has a live candidate
 // on r (see waiter), so the first one that fits can always be granted, on r or on
-// a less loaded candidate of its own; the pump stops only when r is full or
-// no waiter lists it, at O(log W) per grant.
+// a less loaded candidate of its own; the pump stops only when r is full,
+// no waiter lists it, or the first is a batch waiter r has no batch room
+// for (every later one is of the batch band too), at O(log W) per grant.
 func (s *Scheduler) pumpResourceLocked(r *resource) {
 	for {
 		var next *waiter
