@@ -10,7 +10,8 @@
 //   - config.go: Server (cmd, env, url, health_url, ttl, start_timeout),
 //     Config, the ${PORT} and ${MODEL} placeholders, validation.
 //   - manager.go: Manager: acquire and release of a server per run, LRU
-//     swap at MaxLoaded, TTL, Close, Tunnel.
+//     swap at MaxLoaded, TTL, Load and Unload (preload, admin), Close,
+//     Tunnel.
 //   - child.go: one server process: start, health polls, output to the
 //     log, stop (SIGTERM, SIGKILL after KillGrace), exit.
 //   - procattr_*.go: the process group, and Pdeathsig on Linux.

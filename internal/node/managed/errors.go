@@ -17,6 +17,8 @@ var (
 	// ErrExited: the server's process exited on its own (while starting,
 	// or while runs were in flight).
 	ErrExited = errors.New("model server exited")
+	// ErrBusy: Unload of a model whose server has runs in flight.
+	ErrBusy = errors.New("model server has runs in flight")
 	// ErrStopped: the server was stopped while starting (Close, or another
 	// model needed its place).
 	ErrStopped = errors.New("model server stopped")

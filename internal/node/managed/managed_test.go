@@ -430,3 +430,36 @@ func TestKilledNodeLeavesNoServer(t *testing.T) {
 	_ = cmd.Wait()
 	waitFor(t, "the server of a killed node to die", func() bool { return !alive(pid) })
 }
+
+func TestLoadAndUnload(t *testing.T) {
+	t.Parallel()
+	m, logs := newManager(t, Config{Servers: map[string]Server{"m1": simServer()}})
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	if err := m.Load(ctx, "m1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := loadedModels(m); len(got) != 1 || got[0] != "m1" {
+		t.Fatalf("loaded %v after Load", got)
+	}
+	if err := m.Load(ctx, "nope"); !errors.Is(err, ErrUnknownModel) {
+		t.Fatalf("Load of an unknown model: %v", err)
+	}
+	// A run in flight keeps it.
+	c, err := m.acquire(ctx, "m1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Unload("m1"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("Unload with a run in flight: %v, want ErrBusy", err)
+	}
+	m.release(c)
+	if err := m.Unload("m1"); err != nil {
+		t.Fatal(err)
+	}
+	pid := logs.pids(t, "m1")[0]
+	if len(m.Loaded()) != 0 {
+		t.Fatalf("loaded %v after Unload", m.Loaded())
+	}
+	waitFor(t, "the unloaded server to exit", func() bool { return !alive(pid) })
+}

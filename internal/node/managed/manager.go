@@ -256,6 +256,37 @@ func (m *Manager) Close() {
 	m.wg.Wait()
 }
 
+// Load starts the server of model, as a run would, and returns once it
+// is healthy (nil), its start failed, or ctx ended; it counts no run, so
+// the server's TTL starts at once. For a preload (keep_loaded, an admin
+// load).
+func (m *Manager) Load(ctx context.Context, model string) error {
+	c, err := m.acquire(ctx, model)
+	if err != nil {
+		return err
+	}
+	m.release(c)
+	return nil
+}
+
+// Unload stops the server of model unless runs are in flight on it
+// (ErrBusy); a model without a server changes nothing. It returns at once;
+// the server leaves Loaded at once and exits within KillGrace.
+func (m *Manager) Unload(model string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.children[model]
+	switch {
+	case c == nil || c.state == stateStopping:
+		return nil
+	case c.inFlight > 0:
+		return fmt.Errorf("%w: %d runs of %q in flight", ErrBusy, c.inFlight, model)
+	}
+	m.logger.Info("stopping a model server: unloaded", "model", model)
+	m.stopLocked(c)
+	return nil
+}
+
 // crashWait bounds how long a run whose relay broke waits to learn whether
 // the server exited, to say so.
 const crashWait = time.Second
