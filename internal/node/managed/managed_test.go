@@ -137,7 +137,16 @@ func (s *sink) Data(p []byte) error {
 	return nil
 }
 
+// chat is a streamed chat request for model, answered in at most 4 tokens
+// (a server's --default-max-tokens lowers it).
 func chat(model string) adapter.Request {
+	return adapter.Request{Op: nodev1.Operation_OPERATION_CHAT, Stream: true, ServedModel: model,
+		Body: []byte(`{"model":"` + model + `","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"hello"}]}`)}
+}
+
+// longChat is chat without the token limit: as long as the server's
+// --default-max-tokens.
+func longChat(model string) adapter.Request {
 	return adapter.Request{Op: nodev1.Operation_OPERATION_CHAT, Stream: true, ServedModel: model,
 		Body: []byte(`{"model":"` + model + `","stream":true,"messages":[{"role":"user","content":"hello"}]}`)}
 }
@@ -324,7 +333,7 @@ func TestSwapWaitsForTheRunInFlight(t *testing.T) {
 	var once sync.Once
 	sa := &sink{onData: func() { once.Do(func() { close(first) }) }}
 	aDone := make(chan error, 1)
-	go func() { aDone <- m.Tunnel(ctx, chat("a"), sa) }()
+	go func() { aDone <- m.Tunnel(ctx, longChat("a"), sa) }()
 	<-first
 	bDone := make(chan error, 1)
 	go func() { bDone <- m.Tunnel(ctx, chat("b"), &sink{}) }()
@@ -353,7 +362,7 @@ func TestCrashMidStreamFailsTheRunAndRestarts(t *testing.T) {
 			_ = syscall.Kill(logs.pids(t, "m1")[0], syscall.SIGKILL)
 		})
 	}}
-	err := m.Tunnel(ctx, chat("m1"), s)
+	err := m.Tunnel(ctx, longChat("m1"), s)
 	var aerr *adapter.Error
 	if !errors.As(err, &aerr) || aerr.Status != http.StatusBadGateway || !strings.Contains(aerr.Message, "exited") {
 		t.Fatalf("run whose server was killed: %v, want a 502 saying the server exited", err)
