@@ -3,6 +3,7 @@ package scheduler
 import (
 	"container/heap"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -12,7 +13,8 @@ import (
 
 // batchSim is a discrete-event simulation of the batch band on the real
 // scheduler under a fake clock: interactive requests arrive on a fixed
-// schedule at load × the fleet's capacity (each held for service), a
+// schedule (or, with poisson, at exponential gaps of the same mean, from
+// a fixed seed) at load × the fleet's capacity (each held for service), a
 // batch keeps lines queued (line i held for 1 s + (i mod 40) × 50 ms),
 // and every grant is held for its service time, then released. No CPU,
 // no network: what it measures is the band's rule alone.
@@ -21,6 +23,7 @@ type batchSim struct {
 	load                          float64
 	service                       time.Duration
 	length                        time.Duration
+	poisson                       bool
 }
 
 type simEvent struct {
@@ -131,6 +134,13 @@ func (c batchSim) run(tb testing.TB, batch bool) simResult {
 		return n
 	}
 	gap := time.Duration(float64(c.service) / (c.load * float64(c.providers*c.capacity)))
+	rng := rand.New(rand.NewPCG(1, 2))
+	nextGap := func() time.Duration {
+		if c.poisson {
+			return time.Duration(rng.ExpFloat64() * float64(gap))
+		}
+		return gap
+	}
 	next := time.Duration(0)
 	last := time.Duration(0)
 	for next < c.length {
@@ -154,7 +164,7 @@ func (c batchSim) run(tb testing.TB, batch bool) simResult {
 			e.lease.Release("done")
 		} else {
 			submit(PriorityStandard)
-			next += gap
+			next += nextGap()
 		}
 		if batch {
 			for queuedBatch() < 8 {
@@ -179,9 +189,18 @@ func BenchmarkBatchBandSimulated(b *testing.B) {
 		{providers: 2, capacity: 32, headroom: 2},
 		{providers: 2, capacity: 32, headroom: 4},
 		{providers: 2, capacity: 32, headroom: 8},
+		{providers: 2, capacity: 8, headroom: 1, poisson: true},
+		{providers: 2, capacity: 8, headroom: 2, poisson: true},
+		{providers: 2, capacity: 32, headroom: 2, poisson: true},
+		{providers: 2, capacity: 32, headroom: 4, poisson: true},
+		{providers: 2, capacity: 32, headroom: 8, poisson: true},
 	} {
 		c.load, c.service, c.length = 0.6, 1150*time.Millisecond, 10*time.Minute
-		b.Run(fmt.Sprintf("capacity=%dx%d/headroom=%d", c.providers, c.capacity, c.headroom), func(b *testing.B) {
+		arrivals := "fixed"
+		if c.poisson {
+			arrivals = "poisson"
+		}
+		b.Run(fmt.Sprintf("%s/capacity=%dx%d/headroom=%d", arrivals, c.providers, c.capacity, c.headroom), func(b *testing.B) {
 			var alone, with simResult
 			for range b.N {
 				alone, with = c.run(b, false), c.run(b, true)
@@ -189,6 +208,7 @@ func BenchmarkBatchBandSimulated(b *testing.B) {
 			capacity := float64(c.providers * c.capacity)
 			idle := capacity - (with.busy-with.batchBusy)/with.elapsed
 			b.ReportMetric(float64(p99(alone.waits).Milliseconds()), "alone-p99-wait-ms")
+			b.ReportMetric(100*waited(alone.waits), "alone-waited-%")
 			b.ReportMetric(float64(p99(with.waits).Milliseconds()), "batch-p99-wait-ms")
 			b.ReportMetric(100*waited(with.waits), "batch-waited-%")
 			b.ReportMetric(100*(with.batchBusy/with.elapsed)/idle, "batch-use-of-idle-%")
