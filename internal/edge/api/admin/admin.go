@@ -79,7 +79,7 @@ func adminProviders(s contract.Snapshot) any {
 		out = append(out, adminwire.Provider{
 			NodeID: p.NodeID, ProviderID: p.ProviderID, Type: p.Type,
 			Capacity: p.Capacity, InFlight: p.InFlight, LongCapacity: p.LongCapacity, LongInFlight: p.LongInFlight,
-			Queued: p.Queued, LoadRatio: p.Load, Health: health,
+			BatchInFlight: p.BatchInFlight, Queued: p.Queued, LoadRatio: p.Load, Health: health,
 			Models: nonNil(p.Models), Capabilities: nonNil(p.Capabilities), Status: p.Status,
 			Circuit: p.Circuit, ModelCapabilities: p.ModelCapabilities,
 		})
