@@ -23,27 +23,27 @@ type Node struct {
 // Provider is one entry of GET /admin/v1/providers: the scheduler's
 // counters for it and what its node said of it.
 type Provider struct {
-	NodeID       string `json:"node_id"`
-	ProviderID   string `json:"provider_id"`
-	Type         string `json:"type"`
-	Capacity     int    `json:"capacity"`
-	InFlight     int    `json:"in_flight"`
-	LongCapacity int    `json:"long_capacity"`
-	LongInFlight int    `json:"long_in_flight"`
-	// BatchInFlight counts its requests of the batch priority in flight
-	// (of in_flight); left out when 0.
-	BatchInFlight int      `json:"batch_in_flight,omitempty"`
-	Queued        int      `json:"queued"`
-	LoadRatio     float64  `json:"load_ratio"` // in_flight / capacity; capacity ≥ 1
-	Health        string   `json:"health"`     // "healthy" or "unhealthy"
-	Models        []string `json:"models"`
-	Capabilities  []string `json:"capabilities"`
-	Status        string   `json:"status"`  // "available", "draining" (its node drains) or "orphan" (its node is gone)
-	Circuit       string   `json:"circuit"` // "closed", "open" (out of rotation) or "half_open"
+	NodeID       string   `json:"node_id"`
+	ProviderID   string   `json:"provider_id"`
+	Type         string   `json:"type"`
+	Capacity     int      `json:"capacity"`
+	InFlight     int      `json:"in_flight"`
+	LongCapacity int      `json:"long_capacity"`
+	LongInFlight int      `json:"long_in_flight"`
+	Queued       int      `json:"queued"`
+	LoadRatio    float64  `json:"load_ratio"` // in_flight / capacity; capacity ≥ 1
+	Health       string   `json:"health"`     // "healthy" or "unhealthy"
+	Models       []string `json:"models"`
+	Capabilities []string `json:"capabilities"`
+	Status       string   `json:"status"`  // "available", "draining" (its node drains) or "orphan" (its node is gone)
+	Circuit      string   `json:"circuit"` // "closed", "open" (out of rotation) or "half_open"
 	// ModelCapabilities are the capabilities of each served model whose
 	// server said its own (Ollama's /api/show: a discovered provider's
 	// models), by model name; a model not listed has Capabilities.
 	ModelCapabilities map[string][]string `json:"model_capabilities,omitempty"`
+	// BatchInFlight counts its requests of the batch priority in flight
+	// (of in_flight); left out when 0.
+	BatchInFlight int `json:"batch_in_flight,omitempty"`
 }
 
 // Queue is one entry of GET /admin/v1/queues: a model group's policy and
