@@ -254,15 +254,16 @@ func Batch(ctx context.Context, cfg BatchConfig) (BatchReport, error) {
 	return rep, nil
 }
 
-// batchPhase runs one phase: with a driver, the batch first, until its
-// lines fill the room the headroom leaves (or 5 s), then the interactive
+// batchPhase runs one phase: with a driver, the batch first, until every
+// line is submitted and they fill the room the headroom leaves (at most
+// 2 min), then the interactive
 // load for cfg.Duration while it samples the slots held; then it cancels
 // the batch and waits for every slot to be free again.
 func batchPhase(ctx context.Context, cfg BatchConfig, svc *edge.Service, url, name string, driver BatchDriver) (BatchPhase, error) {
 	out := BatchPhase{Name: name}
 	capacity := cfg.Providers * cfg.Capacity
 	var windowOpen atomic.Bool
-	var done, failed atomic.Int64
+	var done, failed, ended atomic.Int64
 	bctx, stopBatch := context.WithCancel(ctx)
 	defer stopBatch()
 	var wg sync.WaitGroup
@@ -271,6 +272,7 @@ func batchPhase(ctx context.Context, cfg BatchConfig, svc *edge.Service, url, na
 		go func() {
 			defer wg.Done()
 			driver.Run(bctx, batchModel, cfg.Lines, cfg.BatchMaxTokens, func(err error) {
+				ended.Add(1)
 				if !windowOpen.Load() {
 					return
 				}
@@ -286,8 +288,18 @@ func batchPhase(ctx context.Context, cfg BatchConfig, svc *edge.Service, url, na
 			headroom = 1
 		}
 		want := capacity - cfg.Providers*max(min(headroom, cfg.Capacity-1), 0)
-		for deadline := time.Now().Add(5 * time.Second); batchSlots(svc) < want && time.Now().Before(deadline); {
-			time.Sleep(10 * time.Millisecond)
+		// Every line submitted (queued, running or ended) and the room
+		// filled before the window opens: the submission itself is not
+		// what the window measures.
+		for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			snap := svc.Snapshot()
+			running := 0
+			for _, p := range snap.Providers {
+				running += p.BatchInFlight
+			}
+			if running >= want && snap.Waiters+running+int(ended.Load()) >= cfg.Lines {
+				break
+			}
 		}
 		fmt.Fprintf(cfg.Log, "phase %s: %d batch lines running\n", name, batchSlots(svc))
 	}
