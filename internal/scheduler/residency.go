@@ -208,31 +208,59 @@ func (s *Scheduler) touchLocked(r *resource, model string) bool {
 }
 
 // trimLocked drops r's least recently used models beyond its limit,
-// preferring those with no lease in flight (victimLocked); the newest is
+// preferring those with no lease in flight and not kept (victimLocked); the newest is
 // never dropped.
 func (s *Scheduler) trimLocked(r *resource) {
 	h := r.held
 	limit := h.limit()
 	for limit > 0 && len(h.models) > limit {
-		victim, _ := victimLocked(r, h.models[:len(h.models)-1])
+		victim, _ := s.victimLocked(r, h.models[:len(h.models)-1])
 		h.models = slices.Delete(h.models, victim, victim+1)
 		h.evictions++
 	}
 }
 
 // victimLocked returns the index in models of the one a load on r evicts:
-// the least recently used with no lease in flight on r, else the least
+// the least recently used with no lease in flight on r and not kept
+// (SetKept), else the least recently used idle kept one, else the least
 // recently used; busy says it has a lease in flight. It costs
 // O(len(models) × leases on r).
-func victimLocked(r *resource, models []heldModel) (victim int, busy bool) {
+func (s *Scheduler) victimLocked(r *resource, models []heldModel) (victim int, busy bool) {
 	victim, busy = -1, true
+	rank := func(b, kept bool) int {
+		switch {
+		case b:
+			return 2
+		case kept:
+			return 1
+		}
+		return 0
+	}
+	best := 3
 	for i, m := range models {
 		b := r.runsModel(m.name)
-		if victim < 0 || (busy && !b) || (b == busy && m.used < models[victim].used) {
-			victim, busy = i, b
+		k := rank(b, s.kept[m.name])
+		if victim < 0 || k < best || (k == best && m.used < models[victim].used) {
+			victim, busy, best = i, b, k
 		}
 	}
 	return victim, busy
+}
+
+// SetKept names the served models kept loaded ahead of demand
+// (models.<alias>.keep_loaded): a load evicts one only when every model
+// it could evict instead has runs in flight or is kept too, and a load
+// that would evict one ranks as if a waiter asked for it
+// (evictionCostLocked), so it goes elsewhere when it can. It replaces the
+// earlier set.
+func (s *Scheduler) SetKept(models []string) {
+	kept := make(map[string]bool, len(models))
+	for _, m := range models {
+		kept[m] = true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.kept = kept
 }
 
 // runsModel reports whether a lease in flight on r serves model.
@@ -249,7 +277,7 @@ func (r *resource) runsModel(model string) bool {
 const (
 	evictNothing = iota // r has room, or its limit is unknown
 	evictIdle           // the victim has no run in flight and no waiter
-	evictWanted         // a waiter listing r asks for the victim
+	evictWanted         // a waiter listing r asks for the victim, or it is kept
 	evictBusy           // the victim has runs in flight: the swap waits for them
 )
 
@@ -264,11 +292,14 @@ func (s *Scheduler) evictionCostLocked(r *resource) int {
 	if limit == 0 || len(h.models) < limit {
 		return evictNothing
 	}
-	i, busy := victimLocked(r, h.models)
+	i, busy := s.victimLocked(r, h.models)
 	if busy {
 		return evictBusy
 	}
 	victim := h.models[i]
+	if s.kept[victim.name] {
+		return evictWanted
+	}
 	for _, hp := range []waitHeap{r.short, r.long} {
 		for _, ref := range hp {
 			for _, c := range ref.w.cands {

@@ -394,3 +394,33 @@ func TestResidencySwapWaitIsBounded(t *testing.T) {
 	x.Release("done")
 	l.Release("done")
 }
+
+// TestResidencyKeptEvictedLast: a kept model (SetKept) is not evicted
+// while another idle one can be, and a load goes where it evicts no kept
+// model; when every slot holds a kept model it is evicted all the same.
+func TestResidencyKeptEvictedLast(t *testing.T) {
+	f := newFixture(t, residencyConfig())
+	f.activate("n1", 1, ResourceSpec{ProviderID: "a", Capacity: 2}, ResourceSpec{ProviderID: "b", Capacity: 2})
+	f.s.SetKept([]string{"k"})
+	f.setLoaded("a", 2, "k", "x") // k least recently used
+	f.setLoaded("b", 1, "k")
+	f.setModel("y", "a")
+	l := f.admitNow(f.req("y"))
+	if got := f.held("a"); !slices.Equal(got, []string{"k", "y"}) {
+		t.Fatalf("a holds %v, want [k y]: x evicted, not the kept k", got)
+	}
+	l.Release("done")
+	f.setLoaded("a", 1, "z")
+	f.setModel("w", "a", "b")
+	l = f.admitNow(f.req("w"))
+	if got := l.Candidate().ProviderID; got != "a" {
+		t.Fatalf("w loaded on %s, want a (b would evict the kept k)", got)
+	}
+	l.Release("done")
+	f.setModel("v", "b")
+	l = f.admitNow(f.req("v"))
+	if got := f.held("b"); !slices.Equal(got, []string{"v"}) {
+		t.Fatalf("b holds %v, want [v]: the only slot is needed", got)
+	}
+	l.Release("done")
+}

@@ -345,6 +345,9 @@ type Scheduler struct {
 	staleHead, staleTail *waiter
 	// residency is the residency policy; nil: off.
 	residency *ResidencyPolicy
+	// kept are the served models kept loaded (SetKept): a load evicts
+	// them last.
+	kept map[string]bool
 }
 
 // New returns a Scheduler, or an error wrapping ErrInvalid for a bad Config.
