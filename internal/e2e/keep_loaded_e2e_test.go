@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+
 	"iop/internal/e2e/harness"
 	"iop/internal/edge"
 	"iop/internal/node"
@@ -117,5 +119,44 @@ func TestKeepLoadedE2E(t *testing.T) {
 	status, body = postTo(t, c, base+"/admin/v1/providers/node-1/a/load", `{"model":"z"}`)
 	if status != http.StatusNotFound {
 		t.Fatalf("admin load of an unserved model: %d %s", status, body)
+	}
+}
+
+// TestDashboardShowsResidency opens /ui in headless Chromium with a kept
+// model loaded on a simulated Ollama: the provider's card lists it as
+// loaded, kept, with how long since.
+func TestDashboardShowsResidency(t *testing.T) {
+	t.Parallel()
+	chrome := chromiumPath(t)
+	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"x", "y"}, MaxLoadedModels: 1, LoadTime: time.Millisecond})
+	ctx := t.Context()
+	e := harness.Edge(t, ctx, harness.EdgeConfig(map[string]edge.ModelConfig{"kept": {Targets: []string{"x"}, KeepLoaded: 1}}))
+	harness.Node(t, ctx, node.Config{NodeID: "n1", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
+		{ID: "a", Type: node.TypeOllama, BaseURL: url, Models: []string{"x", "y"}, MaxLoadedModels: 1}}})
+	testenv.Eventually(t, "x loaded", func() bool {
+		for _, m := range e.Service.Loaded() {
+			if m.Served == "x" && m.Source == "reported" {
+				return true
+			}
+		}
+		return false
+	})
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.Flag("disable-dev-shm-usage", true))
+	allocCtx, stopAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer stopAlloc()
+	browser, stopBrowser := chromedp.NewContext(allocCtx)
+	defer stopBrowser()
+	page, stopPage := context.WithTimeout(browser, 90*time.Second)
+	defer stopPage()
+	if err := chromedp.Do(page, chromedp.Navigate("http://"+e.HTTPAddr+"/ui")); err != nil {
+		t.Fatal(err)
+	}
+	const shown = `(() => { const l = document.querySelector('[data-provider="n1/a"] .loaded');
+		return l !== null && l.querySelector('b[data-model="x"]') !== null && l.textContent.includes("kept") && l.textContent.includes("ago"); })()`
+	if _, err := chromedp.Run(page, chromedp.Poll[bool](shown, chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+		text, _ := chromedp.Run(page, chromedp.Evaluate[string]("document.body.innerText"))
+		t.Fatalf("the page never showed x loaded and kept on n1/a: %v\npage text:\n%s", err, text)
 	}
 }

@@ -75,6 +75,32 @@ func (s *Service) setKept(models Aliases) {
 	s.reg.notify()
 }
 
+// residentOf lists the served models p holds loaded as its node last
+// read them, each marked kept when an alias with keep_loaded names it;
+// nil when its node reads none. An empty list when it holds none.
+func (s *Service) residentOf(p *provider) []contract.ResidentModel {
+	if !p.loadedSet {
+		return nil
+	}
+	s.keep.mu.Lock()
+	kept := make(map[string]bool)
+	for _, ka := range s.keep.aliases {
+		for _, t := range ka.targets {
+			kept[t] = true
+		}
+	}
+	s.keep.mu.Unlock()
+	out := []contract.ResidentModel{}
+	for _, lm := range p.loaded {
+		served, ok := p.servedName(lm.GetName())
+		if !ok {
+			continue
+		}
+		out = append(out, contract.ResidentModel{Model: served, Since: lm.GetLoadedSince(), Kept: kept[served]})
+	}
+	return out
+}
+
 // KeepModel asks node nodeID, on its current connection, to have the
 // model server of its provider providerID load model (a served name of
 // it, under the name rule) and keep it loaded, or with unload to unload

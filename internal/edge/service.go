@@ -770,6 +770,7 @@ func (s *Service) Snapshot() contract.Snapshot {
 				if cs.draining && ps.Status == scheduler.StatusAvailable {
 					ps.Status = StatusDraining
 				}
+				ps.Loaded = s.residentOf(p)
 			}
 		}
 		snap.Providers = append(snap.Providers, ps)
