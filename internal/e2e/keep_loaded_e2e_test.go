@@ -45,6 +45,7 @@ func TestKeepLoadedE2E(t *testing.T) {
 		NodeID      string `json:"node_id"`
 		ProviderID  string `json:"provider_id"`
 		LoadedSince string `json:"loaded_since"`
+		Kept        bool   `json:"kept"`
 	}
 	ps := func() []psModel {
 		t.Helper()
@@ -63,7 +64,7 @@ func TestKeepLoadedE2E(t *testing.T) {
 	}
 	listsX := func() bool {
 		for _, m := range ps() {
-			if m.Name == "x" && m.NodeID == "node-1" && m.ProviderID == "a" && m.LoadedSince != "" {
+			if m.Name == "x" && m.NodeID == "node-1" && m.ProviderID == "a" && m.LoadedSince != "" && m.Kept {
 				return true
 			}
 		}

@@ -82,14 +82,7 @@ func (s *Service) residentOf(p *provider) []contract.ResidentModel {
 	if !p.loadedSet {
 		return nil
 	}
-	s.keep.mu.Lock()
-	kept := make(map[string]bool)
-	for _, ka := range s.keep.aliases {
-		for _, t := range ka.targets {
-			kept[t] = true
-		}
-	}
-	s.keep.mu.Unlock()
+	kept := s.keptTargets()
 	out := []contract.ResidentModel{}
 	for _, lm := range p.loaded {
 		served, ok := p.servedName(lm.GetName())
@@ -99,6 +92,19 @@ func (s *Service) residentOf(p *provider) []contract.ResidentModel {
 		out = append(out, contract.ResidentModel{Model: served, Since: lm.GetLoadedSince(), Kept: kept[served]})
 	}
 	return out
+}
+
+// keptTargets returns the targets of the aliases with keep_loaded.
+func (s *Service) keptTargets() map[string]bool {
+	s.keep.mu.Lock()
+	defer s.keep.mu.Unlock()
+	kept := make(map[string]bool)
+	for _, ka := range s.keep.aliases {
+		for _, t := range ka.targets {
+			kept[t] = true
+		}
+	}
+	return kept
 }
 
 // KeepModel asks node nodeID, on its current connection, to have the

@@ -341,6 +341,8 @@ type LoadedModel struct {
 	Source string
 	// InFlight counts the runs of Served in flight on the provider.
 	InFlight int
+	// Kept: an alias with keep_loaded names Served.
+	Kept bool
 }
 
 // Sources of a LoadedModel.
