@@ -14,6 +14,7 @@ import (
 	"iop/internal/e2e/harness"
 	"iop/internal/edge"
 	"iop/internal/node"
+	"iop/internal/node/managed"
 	"iop/internal/sim"
 	"iop/internal/testenv"
 )
@@ -160,4 +161,39 @@ func TestDashboardShowsResidency(t *testing.T) {
 		text, _ := chromedp.Run(page, chromedp.Evaluate[string]("document.body.innerText"))
 		t.Fatalf("the page never showed x loaded and kept on n1/a: %v\npage text:\n%s", err, text)
 	}
+}
+
+// TestKeepLoadedManagedE2E: keep_loaded on a managed provider (its
+// servers `iop sim` processes the node starts): the edge has the node
+// start the kept model's server before any request, /api/ps lists it
+// kept, and an admin unload stops that server.
+func TestKeepLoadedManagedE2E(t *testing.T) {
+	t.Parallel()
+	bin := harness.IOP(t)
+	ctx := t.Context()
+	e := harness.Edge(t, ctx, harness.EdgeConfig(map[string]edge.ModelConfig{"a": {Targets: []string{"model-a"}, KeepLoaded: 1}}))
+	server := managed.Server{
+		Cmd:       []string{bin, "sim", "--protocol", "openai", "--listen", "127.0.0.1:${PORT}", "--model", "${MODEL}"},
+		HealthURL: "http://127.0.0.1:${PORT}/v1/models",
+		TTL:       time.Hour,
+	}
+	harness.Node(t, ctx, node.Config{NodeID: "gpu", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
+		{ID: "mg", Type: node.TypeManaged, Capacity: 2, MaxLoadedModels: 1,
+			Servers: map[string]managed.Server{"model-a": server, "model-b": server}}}})
+	kept := func() bool {
+		for _, m := range e.Service.Loaded() {
+			if m.Served == "model-a" && m.ProviderID == "mg" && m.Source == "reported" && m.Kept {
+				return true
+			}
+		}
+		return false
+	}
+	testenv.Eventually(t, "the kept model's server started before any request", kept)
+	c := &http.Client{}
+	t.Cleanup(c.CloseIdleConnections)
+	status, body := postTo(t, c, "http://"+e.HTTPAddr+"/admin/v1/providers/gpu/mg/unload", `{"model":"model-a"}`)
+	if status != http.StatusOK {
+		t.Fatalf("admin unload: %d %s", status, body)
+	}
+	testenv.Eventually(t, "the unloaded model's server gone from /api/ps", func() bool { return !kept() })
 }

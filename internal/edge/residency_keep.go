@@ -116,8 +116,9 @@ func (s *Service) keptTargets() map[string]bool {
 // loading that model on that provider again, until a KeepModel loads it
 // there. Errors: contract.ErrUnknownProvider (the node is not connected,
 // has no such provider, or it does not serve model);
-// contract.ErrResidencyConflict (its server holds its models always, or
-// refused, or the node did not answer within 6 min); ctx's error;
+// contract.ErrResidencyConflict (its server holds its models always: its
+// node reads none and it is no Ollama; or refused, or the node did not
+// answer within 6 min); ctx's error;
 // ErrShuttingDown.
 func (s *Service) KeepModel(ctx context.Context, nodeID, providerID, model string, unload bool) error {
 	c := s.reg.current(nodeID)
@@ -132,8 +133,8 @@ func (s *Service) KeepModel(ctx context.Context, nodeID, providerID, model strin
 	if !ok {
 		return fmt.Errorf("%w: provider %q of node %q does not serve %q", contract.ErrUnknownProvider, providerID, nodeID, model)
 	}
-	if !p.ollamaAPI() {
-		return fmt.Errorf("%w: provider %q of node %q is not an Ollama: its server holds its models always",
+	if !p.ollamaAPI() && !p.loadedSet {
+		return fmt.Errorf("%w: provider %q of node %q holds its models always",
 			contract.ErrResidencyConflict, providerID, nodeID)
 	}
 	k := keepKey{nodeID, providerID, served}
@@ -258,9 +259,10 @@ func (s *Service) keepLoaded(ctx context.Context) {
 
 // keepPass counts, for each alias with keep_loaded N, the providers that
 // hold one of its targets (as their nodes last read: an Ollama's
-// /api/ps; a provider whose server holds its models always counts when
-// healthy) or are loading one for the keeper; below N, it asks the nodes
-// of the others to load it, on providers with room (fewer models loaded
+// /api/ps, a managed provider's servers; a provider whose server holds
+// its models always counts when healthy) or are loading one for the
+// keeper; below N, it asks the nodes of the others to load it, on
+// providers with room (fewer models loaded
 // than their node's max_loaded_models, or no limit known), fewest loaded
 // first, then by node and provider id. It never evicts: a model that
 // demand evicted is loaded again once its provider has room. It skips
@@ -297,7 +299,8 @@ func (s *Service) keepPass(ctx context.Context) {
 				}
 				k := keepKey{node, p.id, served}
 				switch {
-				case !p.ollamaAPI() || !p.loadedSet:
+				case !p.loadedSet:
+					// Not read yet (an Ollama), or held always.
 					if p.healthy && !p.ollamaAPI() {
 						held++
 					}

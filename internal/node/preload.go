@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"iop/internal/node/managed"
 	"iop/internal/wire/nodev1"
 )
 
@@ -57,9 +58,12 @@ func (e *keepRefused) Error() string {
 
 // serveResidency answers a ResidencyRequest from the edge on its own
 // goroutine (conn.auxWG): the provider's server loads or unloads the
-// model (ollamaMeta.keep), then the provider's loaded models are read
-// again (kickResidency), and one ResidencyAnswer says how it went. A
-// provider that is unknown or not an Ollama is refused at once.
+// model (an Ollama: ollamaMeta.keep; a managed provider: its server
+// started or stopped, managed.Manager.Load and Unload), then the
+// provider's loaded models are read again (kickResidency; a managed
+// provider reports its own), and one ResidencyAnswer says how it went. A
+// provider that is unknown, or whose server holds its models always, is
+// refused at once.
 func (c *conn) serveResidency(req *nodev1.ResidencyRequest) {
 	answer := func(err error) {
 		a := &nodev1.ResidencyAnswer{RequestId: req.GetRequestId()}
@@ -72,25 +76,49 @@ func (c *conn) serveResidency(req *nodev1.ResidencyRequest) {
 		}
 	}
 	p := c.a.providers[req.GetProviderId()]
-	switch {
-	case p == nil:
+	if p == nil {
 		answer(fmt.Errorf("%w %q", ErrUnknownProvider, req.GetProviderId()))
 		return
-	case p.meta == nil:
-		answer(fmt.Errorf("provider %q is not an Ollama: its server holds its models always", req.GetProviderId()))
+	}
+	m, isManaged := p.adapter.(*managed.Manager)
+	if p.meta == nil && !isManaged {
+		answer(fmt.Errorf("provider %q holds its models always", req.GetProviderId()))
 		return
 	}
 	c.auxWG.Go(func() {
-		err := p.meta.keep(c.ctx, req.GetModel(), req.GetUnload())
+		var err error
+		switch {
+		case isManaged && req.GetUnload():
+			err = m.Unload(req.GetModel())
+		case isManaged:
+			ctx, cancel := context.WithTimeout(c.ctx, keepTimeout)
+			err = m.Load(ctx, req.GetModel())
+			cancel()
+		default:
+			err = p.meta.keep(c.ctx, req.GetModel(), req.GetUnload())
+		}
 		if err != nil {
 			c.a.logger.Warn("load or unload for the edge failed", "provider", p.cfg.ID, "model", req.GetModel(),
 				"unload", req.GetUnload(), "err", err)
-			if _, refused := errors.AsType[*keepRefused](err); !refused {
-				// A transport error names the server's address: not for the edge.
-				err = errors.New("the provider's model server did not answer")
-			}
+			err = keepError(err)
 		}
 		c.a.kickResidency(p.cfg.ID)
 		answer(err)
 	})
+}
+
+// keepError is what the edge is told of a failed load or unload: a
+// server's refusal or a managed server's state as it is; anything else
+// (a transport error names the server's address, a start failure its
+// command) in general words.
+func keepError(err error) error {
+	if _, refused := errors.AsType[*keepRefused](err); refused {
+		return err
+	}
+	for _, known := range []error{managed.ErrBusy, managed.ErrUnknownModel, managed.ErrStartFailed, managed.ErrStartTimeout, managed.ErrExited} {
+		if errors.Is(err, known) {
+			return known
+		}
+	}
+	return errors.New("the provider's model server did not answer")
 }
