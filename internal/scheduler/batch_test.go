@@ -365,3 +365,32 @@ func TestBatchSnapshotAndPriorityName(t *testing.T) {
 	outcome(s).lease.Release("done")
 	outcome(w).lease.Release("done")
 }
+
+// TestBatchNeverForcesABusySwap: under a residency policy a batch waiter
+// is never overdue, so however long it waits it does not take a load that
+// evicts a model with runs in flight; it loads its model once that model's
+// runs end.
+func TestBatchNeverForcesABusySwap(t *testing.T) {
+	cfg := residencyConfig()
+	cfg.Batch = BatchPolicy{Headroom: -1}
+	f := newFixture(t, cfg)
+	f.activate("n1", 1, ResourceSpec{ProviderID: "a", Capacity: 2})
+	f.setLoaded("a", 1, "x")
+	f.setModel("x", "a")
+	f.setModel("y", "a")
+	busy, _ := f.enq(f.preq("x", PriorityStandard))
+	_, w := f.enq(f.preq("y", PriorityBatch))
+	if w == nil {
+		t.Fatal("the batch request evicted x while x runs")
+	}
+	f.clk.Advance(time.Hour)
+	if r := outcome(w); r.lease != nil || r.err != nil {
+		t.Fatalf("the batch waiter became overdue: %+v", r)
+	}
+	busy.Release("done")
+	r := outcome(w)
+	if r.lease == nil || !r.lease.Info().Load {
+		t.Fatalf("the batch waiter did not load y once x was idle: %+v", r)
+	}
+	r.lease.Release("done")
+}

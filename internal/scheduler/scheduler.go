@@ -306,6 +306,9 @@ type waiter struct {
 	// hotWait is the timer of a waiter that waits for a provider holding
 	// its model rather than load it on a free one (residency); nil if none.
 	hotWait Timer
+	// swapWait offers a waiter a slot again once it has waited
+	// MaxExtraWait (residency: waitSwapLocked); nil if none.
+	swapWait Timer
 	// lost is the grace timer (Policy.ReconnectGrace) of a waiter whose
 	// every candidate went away, nil otherwise; lostEpoch tells a stale
 	// timer from the current one.
@@ -360,6 +363,9 @@ type Scheduler struct {
 	residency *ResidencyPolicy
 	// batch is the batch band's policy, defaults applied.
 	batch BatchPolicy
+	// kept are the served models kept loaded (SetKept): a load evicts
+	// them last.
+	kept map[string]bool
 }
 
 // New returns a Scheduler, or an error wrapping ErrInvalid for a bad Config.
@@ -480,10 +486,10 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	}
 	waitHot := false
 	if s.residency != nil && s.tracksAnyLocked(cands) {
-		best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, true)
+		best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, true, false)
 		if g := s.groups[req.Group]; waitHot && g != nil && s.fullLocked(g, req.Priority) {
 			// No room to wait for a holder: load it where a slot is free.
-			best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, false)
+			best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, false, false)
 		}
 	}
 	if best.res != nil {
@@ -524,6 +530,9 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	w.timer = s.clock.AfterFunc(s.queueTimeoutLocked(g, req.Priority), func() { s.expire(w) })
 	if waitHot {
 		s.waitHotLocked(w)
+	}
+	if s.residency != nil && w.band != batchBand { // a batch waiter is never overdue
+		s.waitSwapLocked(w)
 	}
 	return nil, w, nil
 }
@@ -739,7 +748,7 @@ func (s *Scheduler) reserveLocked(r *resource, c Candidate, req Request, reason 
 func (s *Scheduler) grantLocked(w *waiter) bool {
 	var best choice
 	if s.residency != nil && slices.ContainsFunc(w.cands, func(c choice) bool { return c.res.held != nil }) {
-		best, _ = s.pickResidentLocked(w.cands, &w.req, false)
+		best, _ = s.pickResidentLocked(w.cands, &w.req, false, s.overdueLocked(w))
 	} else {
 		best = s.pickLocked(w.cands, &w.req)
 	}
@@ -836,6 +845,9 @@ func (s *Scheduler) unlinkLocked(w *waiter) {
 	}
 	if w.hotWait != nil {
 		w.hotWait.Stop()
+	}
+	if w.swapWait != nil {
+		w.swapWait.Stop()
 	}
 	s.foundLocked(w)
 }

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"iop/internal/edge/adminwire"
 )
 
 func TestBaseURL(t *testing.T) {
@@ -133,4 +135,35 @@ func cell(t *testing.T, table, col, rowPrefix string) string {
 	}
 	t.Fatalf("no column %q with a row %q in\n%s", col, rowPrefix, table)
 	return ""
+}
+
+// TestRenderResidency: a LOADED section lists what each provider whose
+// node reads it holds loaded, since when, and whether keep_loaded keeps
+// it; a provider holding none says "-"; without any such provider there
+// is no section.
+func TestRenderResidency(t *testing.T) {
+	now := time.Date(2025, 1, 1, 0, 10, 0, 0, time.UTC)
+	v := View{Providers: []Provider{
+		{NodeID: "n1", ProviderID: "a", ReadsLoaded: true, Loaded: []adminwire.Loaded{
+			{Model: "x", Since: now.Add(-3 * time.Minute).Format(time.RFC3339Nano), Kept: true}, {Model: "y"}}},
+		{NodeID: "n1", ProviderID: "b", ReadsLoaded: true},
+		{NodeID: "n2", ProviderID: "c"},
+	}}
+	var buf bytes.Buffer
+	if err := Render(&buf, v, now); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, want := range []string{"LOADED", "n1    a         x      3m0s ago  yes", "n1    a         y      -         no", "n1    b         -      -         -"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("render lacks %q:\n%s", want, out)
+		}
+	}
+	buf.Reset()
+	if err := Render(&buf, View{Providers: v.Providers[2:]}, now); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(buf.String(), "LOADED") {
+		t.Errorf("a LOADED section without residency:\n%s", buf.String())
+	}
 }

@@ -41,9 +41,25 @@ type Provider struct {
 	// server said its own (Ollama's /api/show: a discovered provider's
 	// models), by model name; a model not listed has Capabilities.
 	ModelCapabilities map[string][]string `json:"model_capabilities,omitempty"`
+	// Loaded are the served models its server holds loaded, as its node
+	// last read them (an Ollama's /api/ps); absent when its node reads
+	// none (a server that holds its models always).
+	Loaded []Loaded `json:"loaded,omitempty"`
+	// ReadsLoaded says its node reads what its server holds loaded: then
+	// an absent Loaded means none.
+	ReadsLoaded bool `json:"reads_loaded"`
 	// BatchInFlight counts its requests of the batch priority in flight
 	// (of in_flight); left out when 0.
 	BatchInFlight int `json:"batch_in_flight,omitempty"`
+}
+
+// Loaded is one served model a provider holds loaded.
+type Loaded struct {
+	Model string `json:"model"`
+	// Since is when its node first saw it loaded (RFC 3339), "" unknown.
+	Since string `json:"since,omitempty"`
+	// Kept: an alias with keep_loaded names it.
+	Kept bool `json:"kept,omitempty"`
 }
 
 // Queue is one entry of GET /admin/v1/queues: a model group's policy and

@@ -27,6 +27,9 @@ type Config struct {
 	Usage Usage
 	// History serves GET /admin/v1/history (history.go).
 	History History
+	// Residency serves POST /admin/v1/providers/{node}/{provider}/load
+	// and /unload (residency.go).
+	Residency Residency
 	// Logger may be nil (then nothing is logged).
 	Logger *slog.Logger
 }
@@ -71,6 +74,9 @@ func Routes(cfg Config) map[string]api.Route {
 	}
 	if cfg.History != nil {
 		routes["/admin/v1/history"] = api.Route{Method: http.MethodGet, Serve: s.history}
+	}
+	if cfg.Residency != nil {
+		maps.Copy(routes, residencyRoutes(cfg.Residency))
 	}
 	return routes
 }
