@@ -171,7 +171,9 @@ func testTeamsDaysAndGPUTime(t *testing.T, s Store) {
 			"[ann 2 17 2.003s] [ben 1 2 2.5s]"},
 		{"one team by UTC day", with(func(q *Query) { q.Team, q.TeamOf, q.GroupBy = "red", teamOf, GroupDay }),
 			"[2026-06-10 2 3 4.5s] [2026-06-11 1 16 3ms]"},
-		{"one team by Berlin day", with(func(q *Query) { q.Team, q.TeamOf, q.GroupBy, q.Location = "red", teamOf, GroupDay, zone("Europe/Berlin") }),
+		{"one team by Berlin day", with(func(q *Query) {
+			q.Team, q.TeamOf, q.GroupBy, q.Location = "red", teamOf, GroupDay, zone("Europe/Berlin")
+		}),
 			"[2026-06-11 2 3 4.5s] [2026-06-12 1 16 3ms]"},
 		{"a team no key is in", with(func(q *Query) { q.Team, q.TeamOf = "green", teamOf }), "[ 0 0 0s]"},
 		{"a team no key is in, by key", with(func(q *Query) { q.Team, q.TeamOf, q.GroupBy = "green", teamOf, GroupKey }), ""},
