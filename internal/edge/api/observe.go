@@ -85,6 +85,9 @@ type RequestRecord struct {
 	// the end of the response.
 	Start    time.Time
 	Duration time.Duration
+	// SlotTime is from the request's first dispatch to the end of the
+	// response: how long it held a provider slot; 0 when not dispatched.
+	SlotTime time.Duration
 	// TimeToFirstToken is from Start to the first generated text reaching
 	// the edge (a non-empty delta; on the tunnel path an SSE event carrying
 	// content); 0 when none did or it cannot be seen (a tunnel JSON body).
@@ -130,6 +133,8 @@ type observation struct {
 	trace *requestSpan
 	// finishReason is the normalized run's finish reason (finished).
 	finishReason string
+	// dispatchedAt is when the request was first dispatched (dispatched).
+	dispatchedAt time.Time
 }
 
 type observationKey struct{}
@@ -241,6 +246,9 @@ func (o *observation) dispatched(info contract.DispatchInfo) {
 		return
 	}
 	o.sent = true
+	if o.dispatchedAt.IsZero() {
+		o.dispatchedAt = o.now()
+	}
 	o.rec.RunID, o.rec.NodeID, o.rec.ProviderID, o.rec.ProviderType = info.RunID, info.NodeID, info.ProviderID, info.ProviderType
 	o.rec.ServedModel, o.rec.Generation, o.rec.QueueWait = info.ServedModel, info.Generation, info.QueueWait
 	o.rec.Admission = contract.AdmissionImmediate
@@ -424,7 +432,11 @@ func (o *observation) record(status int) RequestRecord {
 	o.decide(status)
 	rec := o.rec
 	rec.Status = status
-	rec.Duration = o.now().Sub(rec.Start)
+	end := o.now()
+	rec.Duration = end.Sub(rec.Start)
+	if !o.dispatchedAt.IsZero() {
+		rec.SlotTime = end.Sub(o.dispatchedAt)
+	}
 	if o.usage != nil {
 		if in, out, ok := o.usage.end(); ok {
 			rec.InputTokens, rec.OutputTokens, rec.TokensKnown = in, out, true
@@ -472,7 +484,7 @@ func ledgerEntry(rec RequestRecord) ledger.Entry {
 	e := ledger.Entry{
 		Time: rec.Start, RequestID: rec.RequestID, Key: rec.Key, Model: rec.Model,
 		RunID: rec.RunID, NodeID: rec.NodeID, ProviderID: rec.ProviderID, ServedModel: rec.ServedModel,
-		Duration: rec.Duration, Outcome: rec.Outcome.String(), ErrorCode: rec.ErrorCode,
+		Duration: rec.Duration, SlotTime: rec.SlotTime, Outcome: rec.Outcome.String(), ErrorCode: rec.ErrorCode,
 	}
 	if rec.TokensKnown {
 		e.PromptTokens, e.CompletionTokens = int64(rec.InputTokens), int64(rec.OutputTokens)
