@@ -85,8 +85,9 @@ type RequestRecord struct {
 	// the end of the response.
 	Start    time.Time
 	Duration time.Duration
-	// SlotTime is from the request's first dispatch to the end of the
-	// response: how long it held a provider slot; 0 when not dispatched.
+	// SlotTime is from when the request's lease was granted (its first
+	// dispatch's start plus its queue wait) to the end of the response:
+	// how long it held a provider slot; 0 when not dispatched.
 	SlotTime time.Duration
 	// TimeToFirstToken is from Start to the first generated text reaching
 	// the edge (a non-empty delta; on the tunnel path an SSE event carrying
@@ -133,8 +134,10 @@ type observation struct {
 	trace *requestSpan
 	// finishReason is the normalized run's finish reason (finished).
 	finishReason string
-	// dispatchedAt is when the request was first dispatched (dispatched).
-	dispatchedAt time.Time
+	// dispatchStart is when the request's first dispatch began
+	// (dispatching); slotFrom when its lease was granted: dispatchStart
+	// plus its queue wait, set by dispatched.
+	dispatchStart, slotFrom time.Time
 }
 
 type observationKey struct{}
@@ -240,14 +243,25 @@ func (o *observation) queueWaited(d time.Duration) {
 	}
 }
 
+// dispatching records that the request's dispatch (admission, then the
+// send) began at at; its slot time counts from at plus its queue wait.
+func (o *observation) dispatching(at time.Time) {
+	if o != nil && o.dispatchStart.IsZero() {
+		o.dispatchStart = at
+	}
+}
+
 // dispatched records where the run went.
 func (o *observation) dispatched(info contract.DispatchInfo) {
 	if o == nil {
 		return
 	}
 	o.sent = true
-	if o.dispatchedAt.IsZero() {
-		o.dispatchedAt = o.now()
+	if o.slotFrom.IsZero() {
+		o.slotFrom = o.now()
+		if !o.dispatchStart.IsZero() {
+			o.slotFrom = o.dispatchStart.Add(info.QueueWait)
+		}
 	}
 	o.rec.RunID, o.rec.NodeID, o.rec.ProviderID, o.rec.ProviderType = info.RunID, info.NodeID, info.ProviderID, info.ProviderType
 	o.rec.ServedModel, o.rec.Generation, o.rec.QueueWait = info.ServedModel, info.Generation, info.QueueWait
@@ -434,8 +448,8 @@ func (o *observation) record(status int) RequestRecord {
 	rec.Status = status
 	end := o.now()
 	rec.Duration = end.Sub(rec.Start)
-	if !o.dispatchedAt.IsZero() {
-		rec.SlotTime = end.Sub(o.dispatchedAt)
+	if !o.slotFrom.IsZero() {
+		rec.SlotTime = max(0, end.Sub(o.slotFrom))
 	}
 	if o.usage != nil {
 		if in, out, ok := o.usage.end(); ok {
