@@ -160,7 +160,9 @@ func TestDashboardUsagePanelInBrowser(t *testing.T) {
 		}
 		proxy.ServeHTTP(w, r)
 	}))
-	t.Cleanup(srv.Close)
+	// The page's events stream through the proxy lasts while the browser
+	// does: cut it, or Close waits for it.
+	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
 	if err := chromedp.Do(page, chromedp.Navigate("http://ops:"+admin+"@"+strings.TrimPrefix(srv.URL, "http://")+"/ui")); err != nil {
 		t.Fatal(err)
 	}
