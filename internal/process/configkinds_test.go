@@ -379,7 +379,7 @@ func TestRegression_CheckPlacesProviderProblemsOnTheirLines(t *testing.T) {
 		got = append(got, p.String())
 	}
 	want := []string{
-		`9:5: provider "p\"1": type "tgi": want ollama, openai, vllm, sim or cli`,
+		`9:5: provider "p\"1": type "tgi": want ollama, openai, vllm, sim, cli or managed`,
 		`11:5: provider "p\"1": capacity -1, long_capacity -1: must not be negative`,
 		`16:5: provider "p1": timeout -1s: must not be negative`,
 	}
