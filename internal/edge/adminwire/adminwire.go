@@ -1,7 +1,7 @@
 // Package adminwire holds the JSON shapes of the edge's admin API
-// (GET /admin/v1/nodes, /providers, /queues), shared by the edge that
+// (GET /admin/v1/nodes, /providers, /queues, /usage), shared by the edge that
 // writes them (internal/edge/api) and the clients that read them
-// (iop status). Times are RFC 3339; slices are never null.
+// (iop status, iop usage). Times are RFC 3339; slices are never null.
 package adminwire
 
 import "time"
