@@ -1,6 +1,7 @@
 // Package status reads an edge's admin API (GET /admin/v1/nodes,
 // /providers, /queues) into one View and renders it as text tables for
-// `iop status`. It holds no state and starts no goroutine.
+// `iop status`, and reads GET /admin/v1/usage into a table for `iop
+// usage` (usage.go). It holds no state and starts no goroutine.
 package status
 
 import (

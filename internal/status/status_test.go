@@ -167,3 +167,31 @@ func TestRenderResidency(t *testing.T) {
 		t.Errorf("a LOADED section without residency:\n%s", buf.String())
 	}
 }
+
+// TestRenderUsage: a row per group, "(none)" for an empty group value, the
+// zone of the days in the header, a TOTAL row only for several groups.
+func TestRenderUsage(t *testing.T) {
+	var buf bytes.Buffer
+	u := Usage{GroupBy: "day", TZ: "Europe/Berlin", Data: []UsageGroup{
+		{Group: "2026-06-01", Requests: 2, Completed: 1, PromptTokens: 3, CompletionTokens: 4, TotalTokens: 7, GPUSeconds: 1.25},
+		{Group: "2026-06-02", Requests: 1, Completed: 1, TotalTokens: 1, GPUSeconds: 0.5},
+	}}
+	if err := RenderUsage(&buf, u); err != nil {
+		t.Fatal(err)
+	}
+	want := `DAY (Europe/Berlin)  REQUESTS  COMPLETED  PROMPT TOKENS  COMPLETION TOKENS  TOTAL TOKENS  GPU-SECONDS
+2026-06-01           2         1          3              4                  7             1.2
+2026-06-02           1         1          0              0                  1             0.5
+TOTAL                3         2          3              4                  8             1.8
+`
+	if buf.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", buf.String(), want)
+	}
+	buf.Reset()
+	if err := RenderUsage(&buf, Usage{GroupBy: "team", Data: []UsageGroup{{Group: "", Requests: 4}}}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(buf.String(), "TEAM") || !strings.Contains(buf.String(), "(none)  4") || strings.Contains(buf.String(), "\nTOTAL") {
+		t.Errorf("one group of keys in no team:\n%s", buf.String())
+	}
+}

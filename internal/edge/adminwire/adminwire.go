@@ -1,7 +1,7 @@
 // Package adminwire holds the JSON shapes of the edge's admin API
-// (GET /admin/v1/nodes, /providers, /queues), shared by the edge that
+// (GET /admin/v1/nodes, /providers, /queues, /usage), shared by the edge that
 // writes them (internal/edge/api) and the clients that read them
-// (iop status). Times are RFC 3339; slices are never null.
+// (iop status, iop usage). Times are RFC 3339; slices are never null.
 package adminwire
 
 import "time"
@@ -46,8 +46,8 @@ type Provider struct {
 	// none (a server that holds its models always).
 	Loaded []Loaded `json:"loaded,omitempty"`
 	// ReadsLoaded says its node reads what its server holds loaded: then
-	// an absent Loaded means none.
-	ReadsLoaded bool `json:"reads_loaded"`
+	// an absent Loaded means none. Absent when false.
+	ReadsLoaded bool `json:"reads_loaded,omitempty"`
 	// BatchInFlight counts its requests of the batch priority in flight
 	// (of in_flight); left out when 0.
 	BatchInFlight int `json:"batch_in_flight,omitempty"`

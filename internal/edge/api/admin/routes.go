@@ -25,6 +25,10 @@ type Config struct {
 	EventsKeepAlive time.Duration
 	// Usage serves GET /admin/v1/usage (usage.go).
 	Usage Usage
+	// TeamOf names the team of a key ("" for none), for the usage
+	// route's team= and group_by=team; read at each query. nil: no key
+	// is in a team.
+	TeamOf func(key string) string
 	// History serves GET /admin/v1/history (history.go).
 	History History
 	// Residency serves POST /admin/v1/providers/{node}/{provider}/load
