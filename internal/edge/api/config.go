@@ -99,6 +99,10 @@ type Config struct {
 	// share the frame's body limits, keys and admission, observation and
 	// error shapes (WriteError).
 	Routes map[string]Route
+	// PrefixRoutes are routes of the API packages by path prefix (each
+	// ends in "/"), for paths no exact route takes: the longest prefix
+	// wins. Nil: none.
+	PrefixRoutes map[string]Route
 	// Keys are the client API keys; with at least one, every route but
 	// /healthz, /readyz and the admin routes needs one of them
 	// (access.go). Nil or empty: the client API is open.

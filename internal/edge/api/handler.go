@@ -297,6 +297,9 @@ func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 	if !ok && strings.HasPrefix(r.URL.Path, ollamaBlobsPrefix) {
 		rt, ok = Route{"", h.ollamaManage}, true
 	}
+	if !ok {
+		rt, ok = h.prefixRoute(r.URL.Path)
+	}
 	writeError := h.errorWriterFor(r.URL.Path)
 	if !ok {
 		writeError(w, r, errNotFound, nil)

@@ -115,6 +115,7 @@ type Request struct {
 
 // Priority bands of Request.Priority (auth.PriorityRank's ranks).
 const (
+	PriorityBatch     = -2
 	PrioritySheddable = -1
 	PriorityStandard  = 0
 	PriorityCritical  = 1
