@@ -30,7 +30,8 @@ const maxLineBytes = 16 << 20
 // moves it to cancelling under mu.
 type job struct {
 	s                                  *Service
-	id, owner, kind, endpoint, inputID string // the batch's, immutable
+	id, owner, kind, endpoint, inputID string    // the batch's, immutable
+	resumed                            time.Time // when Start resumed it; zero for a new batch
 
 	mu        sync.Mutex // guards the fields below
 	b         Batch
@@ -281,6 +282,9 @@ func (j *job) work(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if !j.waitReady(ctx) {
+		return nil
+	}
 	next := make(chan Line)
 	var wg sync.WaitGroup
 	for range min(j.s.cfg.Concurrency, len(pending)) {
@@ -318,7 +322,7 @@ func (j *job) runLine(ctx context.Context, l Line) {
 			if err != nil {
 				return
 			}
-			if (resp.Status != 429 && resp.Status != 503) || attempt >= s.cfg.MaxAttempts {
+			if !j.retryable(resp.Status) || attempt >= s.cfg.MaxAttempts {
 				break
 			}
 			t := time.NewTimer(delay)
@@ -349,6 +353,35 @@ func (j *job) runLine(ctx context.Context, l Line) {
 	if err != nil {
 		s.logger.Error("batch line result not saved", "batch", j.id, "line", l.No, "err", err)
 	}
+}
+
+// waitReady waits until the edge is ready (Config.Ready), polling every
+// RetryDelay; false when ctx ended first.
+func (j *job) waitReady(ctx context.Context) bool {
+	for j.s.cfg.Ready != nil && !j.s.cfg.Ready() {
+		t := time.NewTimer(j.s.cfg.RetryDelay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+	}
+	return true
+}
+
+// retryable reports whether a line answered status is tried again: a
+// refusal for load (429, 503), or, in a batch resumed by Start, an
+// unknown model (404) within StartGrace of it, when the model's node may
+// not have reconnected yet.
+func (j *job) retryable(status int) bool {
+	switch status {
+	case 429, 503:
+		return true
+	case 404:
+		return !j.resumed.IsZero() && j.s.cfg.Now().Sub(j.resumed) < j.s.cfg.StartGrace
+	}
+	return false
 }
 
 // streams reports whether a request body asks for a stream.

@@ -20,6 +20,7 @@ const (
 	DefaultConcurrency            = 4
 	DefaultCompletionWindow       = 24 * time.Hour
 	DefaultMaxAttempts            = 8
+	DefaultStartGrace             = 15 * time.Second
 	// MaxLines bounds the requests of one batch (OpenAI's limit).
 	MaxLines = 50_000
 )
@@ -59,6 +60,13 @@ type Config struct {
 	// RetryDelay is the first wait before a retry, doubled each time up
 	// to 16 times it (1 s).
 	RetryDelay time.Duration
+	// Ready, if set, reports whether the edge can serve now (a node is
+	// connected); a batch's lines wait for it, checked every RetryDelay.
+	Ready func() bool
+	// StartGrace is how long after Start an unknown model (404) is taken
+	// for a node not yet reconnected and retried as a 503 is
+	// (DefaultStartGrace).
+	StartGrace time.Duration
 	// Now stamps records; nil means time.Now.
 	Now    func() time.Time
 	Logger *slog.Logger
@@ -72,13 +80,14 @@ type Service struct {
 	store  Store
 	logger *slog.Logger
 
-	mu     sync.Mutex // guards the fields below
-	exec   Executor
-	ctx    context.Context // ends at Close
-	jobs   map[string]*job // running batches by id
-	closed bool
-	wg     sync.WaitGroup
-	stop   context.CancelFunc
+	mu      sync.Mutex // guards the fields below
+	exec    Executor
+	started time.Time       // when Start ran
+	ctx     context.Context // ends at Close
+	jobs    map[string]*job // running batches by id
+	closed  bool
+	wg      sync.WaitGroup
+	stop    context.CancelFunc
 }
 
 // New returns a Service over cfg.Store; Start starts its runner.
@@ -107,6 +116,9 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.StartGrace <= 0 {
+		cfg.StartGrace = DefaultStartGrace
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -129,7 +141,7 @@ func (s *Service) Start(ctx context.Context, exec Executor) error {
 	s.ctx, s.stop = context.WithCancel(context.Background())
 	for _, b := range active {
 		s.logger.Info("resuming batch", "batch", b.ID, "status", b.Status, "done", b.Completed+b.Failed, "total", b.Total)
-		s.startLocked(b)
+		s.startLocked(b, s.cfg.Now())
 	}
 	return nil
 }
@@ -356,7 +368,7 @@ func (s *Service) create(ctx context.Context, b Batch, lines []Line) error {
 	if s.closed {
 		return nil // resumed by the next Start
 	}
-	s.startLocked(b)
+	s.startLocked(b, time.Time{})
 	return nil
 }
 
@@ -394,12 +406,14 @@ func (s *Service) Cancel(ctx context.Context, owner, kind, id string) (Batch, er
 	return j.cancel(ctx)
 }
 
-// startLocked starts b's job unless one runs.
-func (s *Service) startLocked(b Batch) {
+// startLocked starts b's job unless one runs; resumed is when Start
+// resumed it (zero for a new batch).
+func (s *Service) startLocked(b Batch, resumed time.Time) {
 	if _, ok := s.jobs[b.ID]; ok {
 		return
 	}
 	j := newJob(s, b)
+	j.resumed = resumed
 	s.jobs[b.ID] = j
 	s.wg.Add(1)
 	go func() {

@@ -49,7 +49,7 @@ func (e *edgeProcess) openBatches(context.Context) error {
 		maxFile = batch.DefaultMaxFileBytes
 	}
 	b.svc, err = batch.New(batch.Config{Store: b.store, Dir: dir, MaxFileBytes: maxFile,
-		Logger: e.logger, Progress: func(kind, state string) { lines.WithLabelValues(kind, state).Inc() }})
+		Ready: e.Service.Ready, Logger: e.logger, Progress: func(kind, state string) { lines.WithLabelValues(kind, state).Inc() }})
 	if err != nil {
 		b.close()
 		return err
