@@ -8,6 +8,8 @@ import (
 	"io"
 	"mime/multipart"
 	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -460,4 +462,34 @@ func TestMessageBatchEndToEnd(t *testing.T) {
 	if data := list["data"].([]any); len(data) != 1 || list["first_id"] != id {
 		t.Fatalf("list: %v", list)
 	}
+}
+
+// TestBatchJavaScriptClients runs test/js/batch_*.mjs, the official
+// `openai` (files, batches) and `@anthropic-ai/sdk` (messages.batches)
+// clients unchanged, against a real edge and node with an Ollama and an
+// OpenAI-compatible simulator (one per execution path) and a slow one.
+func TestBatchJavaScriptClients(t *testing.T) {
+	t.Parallel()
+	nodeBin, files := requireJS(t, "batch_*.mjs")
+	_, ollamaURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{normalizedModel}, Seed: 11})
+	_, openaiURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{tunnelModel}, Seed: 11})
+	_, slowURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"slow"}, TokensPerSecond: 20, Seed: 11})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	e := harness.Edge(t, ctx, harness.EdgeConfig(nil))
+	harness.Node(t, ctx, node.Config{NodeID: "gpu-1", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
+		{ID: "ollama", Type: node.TypeOllama, BaseURL: ollamaURL, Models: []string{normalizedModel}, Capacity: 4},
+		{ID: "vllm", Type: "vllm", BaseURL: openaiURL + "/v1", Models: []string{tunnelModel}, Capacity: 4},
+		{ID: "slow", Type: node.TypeOllama, BaseURL: slowURL, Models: []string{"slow"}, Capacity: 1},
+	}})
+	models, _ := json.Marshal([]map[string]string{{"path": "normalized", "model": normalizedModel}, {"path": "tunnel", "model": tunnelModel}})
+	runCtx, stop := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer stop()
+	cmd := exec.CommandContext(runCtx, nodeBin, append([]string{"--test", "--test-reporter=spec"}, files...)...)
+	cmd.Env = append(os.Environ(), "IOP_BASE_URL=http://"+e.HTTPAddr, "IOP_MODELS="+string(models), "IOP_SLOW=slow", "NO_COLOR=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("node --test %v: %v\n%s", files, err, out)
+	}
+	t.Logf("%s", out)
 }
