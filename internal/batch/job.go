@@ -175,11 +175,46 @@ type inputLine struct {
 	RawBody  json.RawMessage `json:"body"`
 }
 
-// validate reads the input file line by line (never whole), and either
-// stores its lines and moves the batch to in_progress (true) or fails it
-// with the errors found, each naming its line (false).
+// validate reads the input file line by line (never whole), storing its
+// lines a chunk at a time, and either moves the batch to in_progress
+// (true) or fails it with the errors found, each naming its line (false;
+// lines stored by then stay inert).
 func (j *job) validate(ctx context.Context) (bool, error) {
-	var errs []LineError
+	_, rc, err := j.s.Content(ctx, j.owner, j.inputID)
+	if err != nil {
+		return false, err
+	}
+	defer rc.Close()
+	total := 0
+	errs, err := parseInput(rc, j.endpoint, func(lines []Line) error {
+		total += len(lines)
+		return j.s.store.AddLines(ctx, j.id, lines)
+	})
+	if err != nil {
+		return false, err
+	}
+	if len(errs) > 0 {
+		j.fail(errs)
+		return false, nil
+	}
+	ok, err := j.save(func(b *Batch) { b.Status, b.InProgressAt, b.Total = StatusInProgress, j.s.cfg.Now(), total })
+	if err == nil && !ok {
+		return true, nil // cancelling: its finalization still runs
+	}
+	return ok, err
+}
+
+// linesPerChunk is how many lines parseInput hands over at once.
+const linesPerChunk = 1000
+
+// parseInput reads an OpenAI batch input file from r as a stream: one
+// JSON object {custom_id, method "POST", url endpoint, body {...}} a
+// line, custom_ids unique, at most MaxLines. It hands the good lines to
+// emit a chunk at a time (none once an error was found) and returns the
+// errors found, each naming its 1-based line (at most
+// maxValidationErrors; "empty_file" for a file of no request). err is
+// r's or emit's failure.
+func parseInput(r io.Reader, endpoint string, emit func([]Line) error) (errs []LineError, err error) {
 	addErr := func(line int, code, param, format string, args ...any) {
 		if len(errs) >= maxValidationErrors {
 			return
@@ -193,86 +228,67 @@ func (j *job) validate(ctx context.Context) (bool, error) {
 		}
 		errs = append(errs, e)
 	}
-	var lines []Line
+	var chunk []Line
+	flush := func() error {
+		if len(chunk) == 0 || len(errs) > 0 {
+			chunk = chunk[:0]
+			return nil
+		}
+		err := emit(chunk)
+		chunk = nil
+		return err
+	}
 	seen := map[string]bool{}
-	err := j.scanInput(ctx, func(no int, raw []byte) error {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), maxLineBytes)
+	no := 0
+	for sc.Scan() {
+		no++
+		raw := sc.Bytes()
 		if len(bytes.TrimSpace(raw)) == 0 {
-			return nil // a blank line (a trailing newline) is no request
+			continue // a blank line (a trailing newline) is no request
 		}
 		var in inputLine
 		if err := json.Unmarshal(raw, &in); err != nil {
 			addErr(no, "invalid_json_line", "", "This line is not parseable as valid JSON.")
-			return nil
+			continue
 		}
 		switch {
 		case in.CustomID == nil || *in.CustomID == "":
 			addErr(no, "missing_required_parameter", "custom_id", "Missing required parameter: 'custom_id'.")
 		case in.Method == nil || *in.Method != "POST":
 			addErr(no, "invalid_value", "method", "The method must be POST.")
-		case in.URL == nil || *in.URL != j.endpoint:
-			addErr(no, "mismatched_endpoint", "url", "The url must be the batch's endpoint %s.", j.endpoint)
+		case in.URL == nil || *in.URL != endpoint:
+			addErr(no, "mismatched_endpoint", "url", "The url must be the batch's endpoint %s.", endpoint)
 		case len(in.RawBody) == 0 || in.RawBody[0] != '{':
 			addErr(no, "missing_required_parameter", "body", "Missing required parameter: 'body' (an object).")
 		case seen[*in.CustomID]:
 			addErr(no, "duplicate_custom_id", "custom_id", "The custom_id %q is used by an earlier line.", *in.CustomID)
-		case len(lines) >= MaxLines:
+		case len(seen) >= MaxLines:
 			addErr(no, "too_many_requests", "", "A batch holds at most %d requests.", MaxLines)
 		default:
 			seen[*in.CustomID] = true
-			lines = append(lines, Line{No: no, CustomID: *in.CustomID, Body: in.RawBody})
-		}
-		return nil
-	})
-	if err != nil {
-		if tl, ok := errors.AsType[*lineTooLong](err); ok {
-			addErr(tl.no, "invalid_json_line", "", "This line is longer than %d bytes.", maxLineBytes)
-		} else {
-			return false, err
+			chunk = append(chunk, Line{No: no, CustomID: *in.CustomID, Body: bytes.Clone(in.RawBody)})
+			if len(chunk) >= linesPerChunk {
+				if err := flush(); err != nil {
+					return nil, err
+				}
+			}
 		}
 	}
-	if len(errs) == 0 && len(lines) == 0 {
+	switch {
+	case errors.Is(sc.Err(), bufio.ErrTooLong):
+		addErr(no+1, "invalid_json_line", "", "This line is longer than %d bytes.", maxLineBytes)
+	case sc.Err() != nil:
+		return nil, sc.Err()
+	}
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	if len(errs) == 0 && len(seen) == 0 {
 		addErr(0, "empty_file", "", "The input file holds no request.")
 	}
-	if len(errs) > 0 {
-		j.fail(errs)
-		return false, nil
-	}
-	if err := j.s.store.AddLines(ctx, j.id, lines); err != nil {
-		return false, err
-	}
-	ok, err := j.save(func(b *Batch) { b.Status, b.InProgressAt, b.Total = StatusInProgress, j.s.cfg.Now(), len(lines) })
-	if err == nil && !ok {
-		return true, nil // cancelling: its finalization still runs
-	}
-	return ok, err
-}
-
-// lineTooLong is an input line over maxLineBytes; no is its number.
-type lineTooLong struct{ no int }
-
-func (e *lineTooLong) Error() string { return fmt.Sprintf("line %d is too long", e.no) }
-
-// scanInput calls fn for each line of the batch's input file (1-based
-// numbers), reading it as a stream.
-func (j *job) scanInput(ctx context.Context, fn func(no int, line []byte) error) error {
-	_, rc, err := j.s.Content(ctx, j.owner, j.inputID)
-	if err != nil {
-		return err
-	}
-	defer rc.Close()
-	sc := bufio.NewScanner(rc)
-	sc.Buffer(make([]byte, 64<<10), maxLineBytes)
-	no := 0
-	for sc.Scan() {
-		no++
-		if err := fn(no, sc.Bytes()); err != nil {
-			return err
-		}
-	}
-	if errors.Is(sc.Err(), bufio.ErrTooLong) {
-		return &lineTooLong{no: no + 1}
-	}
-	return sc.Err()
+	return errs, nil
 }
 
 // work runs the batch's pending lines, Concurrency at a time, until all
