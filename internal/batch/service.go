@@ -424,3 +424,9 @@ func (s *Service) startLocked(b Batch, resumed time.Time) {
 		s.mu.Unlock()
 	}()
 }
+
+// Active lists every batch still being worked on, of every owner, with
+// its stored counts (for the admin API's progress view).
+func (s *Service) Active(ctx context.Context) ([]Batch, error) {
+	return s.store.ActiveBatches(ctx)
+}

@@ -21,6 +21,7 @@ import (
 	"iop/internal/edge"
 	"iop/internal/node"
 	"iop/internal/sim"
+	"iop/internal/status"
 	"iop/internal/testenv"
 )
 
@@ -225,6 +226,11 @@ func TestBatchRunsEveryLineOnce(t *testing.T) {
 	if bad := errs["bad"]; len(errs) != 1 || bad["response"].(map[string]any)["status_code"] != float64(404) {
 		t.Fatalf("error file: %v", errs)
 	}
+	if status, metrics := c.do(http.MethodGet, "/metrics", "", nil); status != http.StatusOK ||
+		!strings.Contains(string(metrics), `iop_batch_lines_total{api="openai",state="done"} 12`) ||
+		!strings.Contains(string(metrics), `iop_batch_lines_total{api="openai",state="failed"} 1`) {
+		t.Fatalf("metrics: %d\n%s", status, metrics)
+	}
 	list := c.object(http.MethodGet, "/v1/batches?limit=1", "")
 	if data := list["data"].([]any); len(data) != 1 || data[0].(map[string]any)["id"] != id || list["object"] != "list" {
 		t.Fatalf("batches list: %v", list)
@@ -327,6 +333,15 @@ func TestBatchCancel(t *testing.T) {
 	c := batchRig(t, harness.EdgeConfig(nil))
 	id := c.createBatch(c.uploadFile(chatLines("s", "slow", 30, 20)), "/v1/chat/completions")
 	c.waitBatch(id, "in_progress")
+	// iop status shows its progress.
+	v, err := status.Fetch(context.Background(), http.DefaultClient, c.base)
+	if err != nil || len(v.Batches) != 1 || v.Batches[0].ID != id || v.Batches[0].Total != 30 || v.Batches[0].API != "openai" {
+		t.Fatalf("status: %+v %v", v.Batches, err)
+	}
+	var table strings.Builder
+	if err := status.Render(&table, v, time.Now()); err != nil || !strings.Contains(table.String(), "BATCHES (1)") || !strings.Contains(table.String(), id) {
+		t.Fatalf("status table: %v\n%s", err, table.String())
+	}
 	b := c.object(http.MethodPost, "/v1/batches/"+id+"/cancel", "")
 	if b["status"] != "cancelling" || b["cancelling_at"] == nil {
 		t.Fatalf("cancel: %v", b)

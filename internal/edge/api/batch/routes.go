@@ -41,6 +41,7 @@ func Routes(svc *batch.Service, logger *slog.Logger) (exact, prefix map[string]a
 		filesPath:    {Method: "", Serve: s.files},
 		batchesPath:  {Method: "", Serve: s.batches},
 		messagesPath: {Method: "", Serve: s.messageBatches},
+		adminPath:    {Method: http.MethodGet, Serve: s.progress},
 	}
 	prefix = map[string]api.Route{
 		filesPath + "/":    {Method: "", Serve: s.file},
