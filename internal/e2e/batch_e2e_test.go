@@ -20,6 +20,7 @@ import (
 	"iop/internal/e2e/harness"
 	"iop/internal/edge"
 	"iop/internal/node"
+	"iop/internal/ollamatest"
 	"iop/internal/sim"
 	"iop/internal/status"
 	"iop/internal/testenv"
@@ -507,4 +508,32 @@ func TestBatchJavaScriptClients(t *testing.T) {
 		t.Fatalf("node --test %v: %v\n%s", files, err, out)
 	}
 	t.Logf("%s", out)
+}
+
+// TestRealOllama_Batch: a batch of chat completions and a message batch
+// run on a real Ollama (internal/ollamatest) through a real edge and
+// node, every custom_id answered once.
+func TestRealOllama_Batch(t *testing.T) {
+	t.Parallel()
+	s := ollamatest.Start(t)
+	s.CreateModel(t, "tiny", ollamatest.Plain)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	e := harness.Edge(t, ctx, harness.EdgeConfig(nil))
+	harness.Node(t, ctx, node.Config{NodeID: "gpu-1", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
+		{ID: "ollama", Type: node.TypeOllama, BaseURL: s.URL, Models: []string{"tiny"}, Capacity: 2}}})
+	c := batchAPI{t: t, base: "http://" + e.HTTPAddr}
+	b := c.waitBatch(c.createBatch(c.uploadFile(chatLines("o", "tiny", 4, 4)), "/v1/chat/completions"), "completed", "failed")
+	out := c.resultLines(b["output_file_id"].(string))
+	if _, done, _ := counts(b); done != 4 || len(out) != 4 {
+		t.Fatalf("batch %v, %d output lines", b, len(out))
+	}
+	m := c.object(http.MethodPost, "/v1/messages/batches", `{"requests":[{"custom_id":"a","params":{"model":"tiny","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}}]}`)
+	testenv.EventuallyWithin(t, 2*time.Minute, "the message batch to end", func() bool {
+		m = c.object(http.MethodGet, "/v1/messages/batches/"+m["id"].(string), "")
+		return m["processing_status"] == "ended"
+	})
+	if m["request_counts"].(map[string]any)["succeeded"] != float64(1) {
+		t.Fatalf("message batch: %v", m)
+	}
 }
