@@ -310,9 +310,8 @@ func (e *edgeProcess) closeHTTPListener(context.Context) error {
 func (e *edgeProcess) serve(ctx context.Context) error {
 	svc := e.Service
 	e.stopping = make(chan struct{})
-	routes := admin.Routes(e.obs.adminConfig(admin.Config{Snapshots: svc, Usage: e.usage, Logger: e.logger}))
-	batchRoutes, batchPrefixes := batchapi.Routes(e.batches.svc, e.logger)
-	maps.Copy(routes, batchRoutes)
+	routes := admin.Routes(e.obs.adminConfig(admin.Config{Snapshots: svc, Usage: e.usage, Residency: svc, Logger: e.logger}))
+	maps.Copy(routes, batchapi.Routes(e.batches.svc, e.logger))
 	handler := api.New(e.obs.apiConfig(api.Config{
 		Stopping:        e.stopping,
 		MaxBodyBytes:    e.cfg.MaxBodyBytes,
@@ -332,7 +331,6 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 		Shower:          svc,
 		Known:           svc.Known,
 		Routes:          routes,
-		PrefixRoutes:    batchPrefixes,
 	}), svc, e.logger)
 	if err := e.startBatches(ctx, handler); err != nil {
 		return err

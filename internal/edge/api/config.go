@@ -95,14 +95,11 @@ type Config struct {
 	// Metrics, if set, serves GET /metrics (the Prometheus exposition).
 	Metrics http.Handler
 	// Routes are the routes of the API packages (package admin's, ...),
-	// by exact path, served beside the frame's own; nil: none. They
+	// by exact path (a path ending in "/" also serves the paths under it
+	// that no other route serves), served beside the frame's own; nil: none. They
 	// share the frame's body limits, keys and admission, observation and
 	// error shapes (WriteError).
 	Routes map[string]Route
-	// PrefixRoutes are routes of the API packages by path prefix (each
-	// ends in "/"), for paths no exact route takes: the longest prefix
-	// wins. Nil: none.
-	PrefixRoutes map[string]Route
 	// Keys are the client API keys; with at least one, every route but
 	// /healthz, /readyz and the admin routes needs one of them
 	// (access.go). Nil or empty: the client API is open.

@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"strings"
 
 	"iop/internal/auth"
 )
@@ -31,16 +30,4 @@ func WithInternalCaller(ctx context.Context, caller *auth.Caller, priority int) 
 func internalOf(ctx context.Context) *internalCall {
 	ic, _ := ctx.Value(internalCallKey{}).(*internalCall)
 	return ic
-}
-
-// prefixRoute is the Config.PrefixRoutes route with the longest prefix
-// of p.
-func (h *handler) prefixRoute(p string) (Route, bool) {
-	best, found := "", false
-	for prefix := range h.cfg.PrefixRoutes {
-		if strings.HasPrefix(p, prefix) && len(prefix) > len(best) {
-			best, found = prefix, true
-		}
-	}
-	return h.cfg.PrefixRoutes[best], found
 }

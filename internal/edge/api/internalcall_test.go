@@ -41,27 +41,3 @@ func TestInternalCallerRunsAsTheKeyAtItsPriority(t *testing.T) {
 		t.Fatalf("dispatched %+v", reqs)
 	}
 }
-
-// TestPrefixRoutesServePathsUnderThem: a Config.PrefixRoutes route serves
-// the paths under its prefix that no exact route takes, the longest
-// prefix first; the prefix's own path without its slash is not under it.
-func TestPrefixRoutesServePathsUnderThem(t *testing.T) {
-	route := func(name string) Route {
-		return Route{Method: http.MethodGet, Serve: func(w http.ResponseWriter, r *http.Request) { WriteJSON(w, http.StatusOK, name) }}
-	}
-	h := New(Config{
-		Routes:       map[string]Route{"/v1/x/exact": route("exact")},
-		PrefixRoutes: map[string]Route{"/v1/x/": route("x"), "/v1/x/y/": route("y")},
-	}, &fakeGateway{models: []string{"m"}, dispatch: okRun}, nil)
-	for path, want := range map[string]string{"/v1/x/a": `"x"`, "/v1/x/y/b": `"y"`, "/v1/x/exact": `"exact"`, "/v1/x": "404"} {
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, path, nil))
-		got := strings.TrimSpace(w.Body.String())
-		if w.Code == http.StatusNotFound {
-			got = "404"
-		}
-		if got != want {
-			t.Errorf("%s: %d %s, want %s", path, w.Code, got, want)
-		}
-	}
-}

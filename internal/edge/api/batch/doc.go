@@ -1,7 +1,7 @@
 // Package batch serves the batch APIs on the edge's HTTP frame (package
 // edge/api): OpenAI's Files (/v1/files) and Batch (/v1/batches) APIs and
 // Anthropic's Message Batches (/v1/messages/batches). Routes returns the
-// exact and prefix routes for api.Config.Routes and PrefixRoutes.
+// routes for api.Config.Routes (those ending in "/" serve paths under an id).
 //
 // Files and batches belong to the key that made them (its name; "" on an
 // open API): another key gets 404, as for one that does not exist.

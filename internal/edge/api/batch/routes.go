@@ -30,25 +30,22 @@ type server struct {
 }
 
 // Routes returns the routes of the files, batches and message batches
-// APIs over svc: exact ones for api.Config.Routes and the ones under an
-// id for api.Config.PrefixRoutes. logger may be nil.
-func Routes(svc *batch.Service, logger *slog.Logger) (exact, prefix map[string]api.Route) {
+// APIs over svc, for api.Config.Routes: the ones ending in "/" serve the
+// paths under an id. logger may be nil.
+func Routes(svc *batch.Service, logger *slog.Logger) map[string]api.Route {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &server{svc: svc, logger: logger.With("component", "edge-batch")}
-	exact = map[string]api.Route{
-		filesPath:    {Method: "", Serve: s.files},
-		batchesPath:  {Method: "", Serve: s.batches},
-		messagesPath: {Method: "", Serve: s.messageBatches},
-		adminPath:    {Method: http.MethodGet, Serve: s.progress},
-	}
-	prefix = map[string]api.Route{
+	return map[string]api.Route{
+		filesPath:          {Method: "", Serve: s.files},
+		batchesPath:        {Method: "", Serve: s.batches},
+		messagesPath:       {Method: "", Serve: s.messageBatches},
+		adminPath:          {Method: http.MethodGet, Serve: s.progress},
 		filesPath + "/":    {Method: "", Serve: s.file},
 		batchesPath + "/":  {Method: "", Serve: s.batch},
 		messagesPath + "/": {Method: "", Serve: s.messageBatch},
 	}
-	return exact, prefix
 }
 
 // owner is the name of the request's key, "" on an open API.
