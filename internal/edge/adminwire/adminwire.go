@@ -46,8 +46,8 @@ type Provider struct {
 	// none (a server that holds its models always).
 	Loaded []Loaded `json:"loaded,omitempty"`
 	// ReadsLoaded says its node reads what its server holds loaded: then
-	// an absent Loaded means none.
-	ReadsLoaded bool `json:"reads_loaded"`
+	// an absent Loaded means none. Absent when false.
+	ReadsLoaded bool `json:"reads_loaded,omitempty"`
 }
 
 // Loaded is one served model a provider holds loaded.
