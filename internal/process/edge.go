@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"iop/internal/edge"
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/admin"
+	batchapi "iop/internal/edge/api/batch"
 	"iop/internal/ledger"
 	"iop/internal/responses"
 	"iop/internal/runs"
@@ -61,6 +63,7 @@ type edgeProcess struct {
 	usage         *ledger.Ledger
 	responseStore *responses.SQLite
 	runManager    *runs.Manager
+	batches       *edgeBatches
 	httpLis       net.Listener
 	httpSrv       *http.Server
 	stopGRPC      context.CancelFunc
@@ -128,6 +131,7 @@ func (e *edgeProcess) coreSteps(inProcess ...step) []step {
 		step{name: "ledger", open: e.openLedger, close: e.closeLedger},
 		step{name: "responses", open: e.openResponses, close: e.closeResponses},
 		step{name: "runs", open: e.openRuns, close: e.closeRuns},
+		step{name: "batches", open: e.openBatches, close: e.closeBatches},
 		step{name: "http listener", open: e.listenHTTP, close: e.closeHTTPListener},
 		step{name: "serve", open: e.serve, close: e.drain},
 	)
@@ -303,9 +307,11 @@ func (e *edgeProcess) closeHTTPListener(context.Context) error {
 
 // serve builds the HTTP API over the opened stores and starts the gRPC
 // and HTTP servers on their listeners.
-func (e *edgeProcess) serve(context.Context) error {
+func (e *edgeProcess) serve(ctx context.Context) error {
 	svc := e.Service
 	e.stopping = make(chan struct{})
+	routes := admin.Routes(e.obs.adminConfig(admin.Config{Snapshots: svc, Usage: e.usage, Residency: svc, Logger: e.logger}))
+	maps.Copy(routes, batchapi.Routes(e.batches.svc, e.logger))
 	handler := api.New(e.obs.apiConfig(api.Config{
 		Stopping:        e.stopping,
 		MaxBodyBytes:    e.cfg.MaxBodyBytes,
@@ -324,8 +330,11 @@ func (e *edgeProcess) serve(context.Context) error {
 		Catalog:         svc,
 		Shower:          svc,
 		Known:           svc.Known,
-		Routes:          admin.Routes(e.obs.adminConfig(admin.Config{Snapshots: svc, Usage: e.usage, Residency: svc, Logger: e.logger})),
+		Routes:          routes,
 	}), svc, e.logger)
+	if err := e.startBatches(ctx, handler); err != nil {
+		return err
+	}
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		e.handlers.Add(1)
 		defer e.handlers.Done()
@@ -386,6 +395,7 @@ func (e *edgeProcess) drain(abort context.Context) error {
 	// its way on a kept-alive connection gets that answer rather than a
 	// closed connection.
 	e.draining.Store(true)
+	e.batches.stopRunner() // its lines in flight stay pending: the next start runs them
 	e.logger.Info("edge shutting down: draining requests in flight; a second signal stops it at once", "drain_timeout", grace)
 	drainCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()

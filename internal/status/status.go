@@ -1,5 +1,5 @@
 // Package status reads an edge's admin API (GET /admin/v1/nodes,
-// /providers, /queues) into one View and renders it as text tables for
+// /providers, /queues, /batches) into one View and renders it as text tables for
 // `iop status`, and reads GET /admin/v1/usage into a table for `iop
 // usage` (usage.go). It holds no state and starts no goroutine.
 package status
@@ -7,6 +7,7 @@ package status
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -23,6 +24,22 @@ type View struct {
 	Nodes     []Node     `json:"nodes"`
 	Providers []Provider `json:"providers"`
 	Queues    []Queue    `json:"queues"`
+	// Batches are the batches in progress (GET /admin/v1/batches); nil
+	// from an edge without the batch API.
+	Batches []Batch `json:"batches,omitempty"`
+}
+
+// Batch is one batch in progress (package edge/api/batch's Progress).
+type Batch struct {
+	ID             string  `json:"id"`
+	Owner          string  `json:"owner"`
+	API            string  `json:"api"`
+	Status         string  `json:"status"`
+	Total          int     `json:"total"`
+	Done           int     `json:"done"`
+	Failed         int     `json:"failed"`
+	LinesPerSecond float64 `json:"lines_per_second"`
+	ETASeconds     float64 `json:"eta_seconds"`
 }
 
 // The admin API's entries (package adminwire).
@@ -54,6 +71,9 @@ func Fetch(ctx context.Context, client *http.Client, base string) (View, error) 
 			return View{}, err
 		}
 	}
+	if err := getJSON(ctx, client, base+"/admin/v1/batches", &v.Batches); err != nil && !errors.Is(err, errNotFound) {
+		return View{}, err
+	}
 	return v, nil
 }
 
@@ -69,6 +89,8 @@ func getJSON(ctx context.Context, client *http.Client, url string, into any) err
 	defer resp.Body.Close()
 	switch resp.StatusCode {
 	case http.StatusOK:
+	case http.StatusNotFound:
+		return fmt.Errorf("GET %s: %w", url, errNotFound)
 	case http.StatusUnauthorized, http.StatusForbidden:
 		return fmt.Errorf("GET %s: %s (the edge has API keys: give an admin key with --api-key or $IOP_ADMIN_KEY)", url, resp.Status)
 	default:
@@ -79,6 +101,9 @@ func getJSON(ctx context.Context, client *http.Client, url string, into any) err
 	}
 	return nil
 }
+
+// errNotFound is a route the edge does not serve (404).
+var errNotFound = errors.New("not found")
 
 // barWidth is the width of a load bar, in characters.
 const barWidth = 10
@@ -127,6 +152,18 @@ func Render(w io.Writer, v View, now time.Time) error {
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\n", q.Model, q.Queued, q.Policy.MaxQueue, time.Duration(q.Policy.QueueTimeoutMS)*time.Millisecond,
 			dash(q.Policy.Fairness), dash(strings.Join(flows, ",")))
+	}
+	if len(v.Batches) > 0 {
+		fmt.Fprintf(tw, "\nBATCHES (%d)\n", len(v.Batches))
+		fmt.Fprintln(tw, "BATCH\tAPI\tOWNER\tSTATUS\tDONE\tFAILED\tTOTAL\tRATE\tETA")
+		for _, b := range v.Batches {
+			rate, eta := "-", "-"
+			if b.LinesPerSecond > 0 {
+				rate = fmt.Sprintf("%.1f/s", b.LinesPerSecond)
+				eta = (time.Duration(b.ETASeconds) * time.Second).String()
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", b.ID, b.API, dash(b.Owner), b.Status, b.Done, b.Failed, b.Total, rate, eta)
+		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -115,6 +115,9 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request
 		return r, release, true
 	}
 	caller := h.cfg.Keys.Authenticate(secret)
+	if ic := internalOf(r.Context()); ic != nil && ic.caller != nil {
+		caller = ic.caller
+	}
 	switch {
 	case caller != nil:
 	case secret == "":

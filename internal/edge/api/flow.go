@@ -46,6 +46,9 @@ func (h *handler) assignFlow(ctx context.Context, header http.Header, req *contr
 		}
 		req.Flow, req.Weight, req.Priority = c.Name(), c.Weight(), rank
 	}
+	if ic := internalOf(ctx); ic != nil {
+		req.Priority = ic.priority
+	}
 	fromKey := true
 	var v string
 	switch {
@@ -104,6 +107,8 @@ func priorityName(rank int) string {
 		return "critical"
 	case contract.PrioritySheddable:
 		return "sheddable"
+	case contract.PriorityBatch:
+		return "batch"
 	}
 	return "standard"
 }

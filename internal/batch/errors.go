@@ -1,0 +1,19 @@
+package batch
+
+import "errors"
+
+// Errors of the batch service; the HTTP layer maps each to one status
+// (package edge/api/batch, writeError).
+var (
+	// ErrNotFound is a file or batch id the owner has none of (404).
+	ErrNotFound = errors.New("not found")
+	// ErrInvalid is a request the service refuses as malformed (400).
+	ErrInvalid = errors.New("invalid request")
+	// ErrTooLarge is an uploaded file over Config.MaxFileBytes (413).
+	ErrTooLarge = errors.New("file too large")
+	// ErrState is an operation the batch's status does not allow, such
+	// as cancelling a completed batch (409).
+	ErrState = errors.New("not allowed in this status")
+	// ErrClosed is a call after Close (503).
+	ErrClosed = errors.New("batch service closed")
+)

@@ -1,0 +1,562 @@
+package batch
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+)
+
+// Causes that end a batch's work early.
+var (
+	errCancelled = errors.New("batch cancelled")
+	errExpired   = errors.New("batch expired")
+)
+
+// maxValidationErrors bounds the errors a failed validation keeps.
+const maxValidationErrors = 100
+
+// maxLineBytes bounds one line of an input file.
+const maxLineBytes = 16 << 20
+
+// job runs one batch: validation, its lines, finalization. Its goroutine
+// (run) is the sole writer of the batch's status but for Cancel, which
+// moves it to cancelling under mu.
+type job struct {
+	s                                  *Service
+	id, owner, kind, endpoint, inputID string    // the batch's, immutable
+	resumed                            time.Time // when Start resumed it; zero for a new batch
+
+	mu        sync.Mutex // guards the fields below
+	b         Batch
+	cancelRun context.CancelCauseFunc // ends the lines in flight; nil before run
+}
+
+func newJob(s *Service, b Batch) *job {
+	return &job{s: s, id: b.ID, owner: b.Owner, kind: b.Kind, endpoint: b.Endpoint, inputID: b.InputFileID, b: b}
+}
+
+// snapshot is the batch with its stored counts.
+func (j *job) snapshot(ctx context.Context) (Batch, error) {
+	j.mu.Lock()
+	b := j.b
+	j.mu.Unlock()
+	stored, err := j.s.store.GetBatch(ctx, j.owner, j.id)
+	if err != nil {
+		return Batch{}, err
+	}
+	b.Total, b.Completed, b.Failed = stored.Total, stored.Completed, stored.Failed
+	return b, nil
+}
+
+// cancel moves the batch to cancelling and ends its lines in flight.
+func (j *job) cancel(ctx context.Context) (Batch, error) {
+	j.mu.Lock()
+	switch j.b.Status {
+	case StatusCancelling:
+		j.mu.Unlock()
+		return j.snapshot(ctx)
+	case StatusValidating, StatusInProgress:
+	default:
+		st := j.b.Status
+		j.mu.Unlock()
+		return Batch{}, fmt.Errorf("%w: batch %s is %s", ErrState, j.id, st)
+	}
+	prev := j.b
+	j.b.Status, j.b.CancellingAt = StatusCancelling, j.s.cfg.Now()
+	if err := j.s.store.UpdateBatch(ctx, j.b); err != nil {
+		j.b = prev
+		j.mu.Unlock()
+		return Batch{}, err
+	}
+	if j.cancelRun != nil {
+		j.cancelRun(errCancelled)
+	}
+	j.mu.Unlock()
+	return j.snapshot(ctx)
+}
+
+// run takes the batch from its stored status to its end, unless parent
+// ends first (the service closes): then the batch stays as it is, to be
+// resumed.
+func (j *job) run(parent context.Context) {
+	ctx, cancel := context.WithCancelCause(parent)
+	defer cancel(nil)
+	j.mu.Lock()
+	j.cancelRun = cancel
+	if j.b.Status == StatusCancelling {
+		cancel(errCancelled)
+	}
+	expires := j.b.ExpiresAt
+	j.mu.Unlock()
+	expiry := time.AfterFunc(time.Until(expires), func() { cancel(errExpired) })
+	defer expiry.Stop()
+	log := j.s.logger.With("batch", j.id)
+
+	if j.status() == StatusValidating {
+		// Validation is bounded by the file's size and runs to its end
+		// even when the batch is cancelled meanwhile.
+		ok, err := j.validate(context.WithoutCancel(ctx))
+		if err != nil {
+			if parent.Err() == nil {
+				log.Error("batch validation failed", "err", err)
+				j.fail([]LineError{{Code: "internal_error", Message: "The input file could not be read."}})
+			}
+			return
+		}
+		if !ok {
+			return
+		}
+	}
+	if st := j.status(); st == StatusInProgress {
+		if err := j.work(ctx); err != nil && parent.Err() == nil {
+			log.Error("batch lines could not be read", "err", err)
+		}
+	}
+	if parent.Err() != nil {
+		return // the service closed: resumed by the next Start
+	}
+	final := StatusCompleted
+	switch context.Cause(ctx) {
+	case errExpired:
+		final = StatusExpired
+	case errCancelled:
+		final = StatusCancelled
+	}
+	if err := j.finalize(parent, final); err != nil && parent.Err() == nil {
+		log.Error("batch finalization failed", "err", err)
+	}
+}
+
+func (j *job) status() string {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.b.Status
+}
+
+// save applies change to the batch and stores it, unless the batch is
+// cancelling and change would leave that (then it reports false).
+func (j *job) save(change func(b *Batch)) (bool, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	next := j.b
+	change(&next)
+	if j.b.Status == StatusCancelling && next.Status != StatusCancelled {
+		return false, nil
+	}
+	if err := j.s.store.UpdateBatch(context.Background(), next); err != nil {
+		return false, err
+	}
+	j.b = next
+	return true, nil
+}
+
+// fail ends the batch as failed with errs.
+func (j *job) fail(errs []LineError) {
+	_, err := j.save(func(b *Batch) {
+		b.Status, b.FailedAt, b.Errors = StatusFailed, j.s.cfg.Now(), errs
+	})
+	if err != nil {
+		j.s.logger.Error("batch status not saved", "batch", j.id, "err", err)
+	}
+}
+
+// inputLine is one line of an OpenAI batch input file.
+type inputLine struct {
+	CustomID *string         `json:"custom_id"`
+	Method   *string         `json:"method"`
+	URL      *string         `json:"url"`
+	RawBody  json.RawMessage `json:"body"`
+}
+
+// validate reads the input file line by line (never whole), storing its
+// lines a chunk at a time, and either moves the batch to in_progress
+// (true) or fails it with the errors found, each naming its line (false;
+// lines stored by then stay inert).
+func (j *job) validate(ctx context.Context) (bool, error) {
+	_, rc, err := j.s.Content(ctx, j.owner, j.inputID)
+	if err != nil {
+		return false, err
+	}
+	defer rc.Close()
+	total := 0
+	errs, err := parseInput(rc, j.endpoint, func(lines []Line) error {
+		total += len(lines)
+		return j.s.store.AddLines(ctx, j.id, lines)
+	})
+	if err != nil {
+		return false, err
+	}
+	if len(errs) > 0 {
+		j.fail(errs)
+		return false, nil
+	}
+	ok, err := j.save(func(b *Batch) { b.Status, b.InProgressAt, b.Total = StatusInProgress, j.s.cfg.Now(), total })
+	if err == nil && !ok {
+		return true, nil // cancelling: its finalization still runs
+	}
+	return ok, err
+}
+
+// linesPerChunk is how many lines parseInput hands over at once.
+const linesPerChunk = 1000
+
+// parseInput reads an OpenAI batch input file from r as a stream: one
+// JSON object {custom_id, method "POST", url endpoint, body {...}} a
+// line, custom_ids unique, at most MaxLines. It hands the good lines to
+// emit a chunk at a time (none once an error was found) and returns the
+// errors found, each naming its 1-based line (at most
+// maxValidationErrors; "empty_file" for a file of no request). err is
+// r's or emit's failure.
+func parseInput(r io.Reader, endpoint string, emit func([]Line) error) (errs []LineError, err error) {
+	addErr := func(line int, code, param, format string, args ...any) {
+		if len(errs) >= maxValidationErrors {
+			return
+		}
+		e := LineError{Code: code, Message: fmt.Sprintf(format, args...)}
+		if line > 0 {
+			e.Line = &line
+		}
+		if param != "" {
+			e.Param = &param
+		}
+		errs = append(errs, e)
+	}
+	var chunk []Line
+	flush := func() error {
+		if len(chunk) == 0 || len(errs) > 0 {
+			chunk = chunk[:0]
+			return nil
+		}
+		err := emit(chunk)
+		chunk = nil
+		return err
+	}
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), maxLineBytes)
+	no := 0
+	for sc.Scan() {
+		no++
+		raw := sc.Bytes()
+		if len(bytes.TrimSpace(raw)) == 0 {
+			continue // a blank line (a trailing newline) is no request
+		}
+		var in inputLine
+		if err := json.Unmarshal(raw, &in); err != nil {
+			addErr(no, "invalid_json_line", "", "This line is not parseable as valid JSON.")
+			continue
+		}
+		switch {
+		case in.CustomID == nil || *in.CustomID == "":
+			addErr(no, "missing_required_parameter", "custom_id", "Missing required parameter: 'custom_id'.")
+		case in.Method == nil || *in.Method != "POST":
+			addErr(no, "invalid_value", "method", "The method must be POST.")
+		case in.URL == nil || *in.URL != endpoint:
+			addErr(no, "mismatched_endpoint", "url", "The url must be the batch's endpoint %s.", endpoint)
+		case len(in.RawBody) == 0 || in.RawBody[0] != '{':
+			addErr(no, "missing_required_parameter", "body", "Missing required parameter: 'body' (an object).")
+		case seen[*in.CustomID]:
+			addErr(no, "duplicate_custom_id", "custom_id", "The custom_id %q is used by an earlier line.", *in.CustomID)
+		case len(seen) >= MaxLines:
+			addErr(no, "too_many_requests", "", "A batch holds at most %d requests.", MaxLines)
+		default:
+			seen[*in.CustomID] = true
+			chunk = append(chunk, Line{No: no, CustomID: *in.CustomID, Body: bytes.Clone(in.RawBody)})
+			if len(chunk) >= linesPerChunk {
+				if err := flush(); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	switch {
+	case errors.Is(sc.Err(), bufio.ErrTooLong):
+		addErr(no+1, "invalid_json_line", "", "This line is longer than %d bytes.", maxLineBytes)
+	case sc.Err() != nil:
+		return nil, sc.Err()
+	}
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	if len(errs) == 0 && len(seen) == 0 {
+		addErr(0, "empty_file", "", "The input file holds no request.")
+	}
+	return errs, nil
+}
+
+// work runs the batch's pending lines, Concurrency at a time, until all
+// have results or ctx ends.
+func (j *job) work(ctx context.Context) error {
+	pending, err := j.s.store.PendingLines(ctx, j.id)
+	if err != nil {
+		return err
+	}
+	if !j.waitReady(ctx) {
+		return nil
+	}
+	next := make(chan Line)
+	var wg sync.WaitGroup
+	for range min(j.s.cfg.Concurrency, len(pending)) {
+		wg.Go(func() {
+			for l := range next {
+				j.runLine(ctx, l)
+			}
+		})
+	}
+	defer wg.Wait()
+	defer close(next)
+	for _, l := range pending {
+		select {
+		case next <- l:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	return nil
+}
+
+// runLine executes one line, retrying refusals (429, 503) up to
+// MaxAttempts, and records its result once; a line whose execution ctx
+// ended stays pending.
+func (j *job) runLine(ctx context.Context, l Line) {
+	s := j.s
+	var resp Response
+	if streams(l.Body) {
+		resp = Response{Status: 400, Body: streamRefusal(j.kind)}
+	} else {
+		delay := s.cfg.RetryDelay
+		for attempt := 1; ; attempt++ {
+			var err error
+			resp, err = s.exec.Execute(ctx, j.owner, j.endpoint, l.Body)
+			if err != nil {
+				return
+			}
+			if !j.retryable(resp.Status) || attempt >= s.cfg.MaxAttempts {
+				break
+			}
+			t := time.NewTimer(delay)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			delay = min(2*delay, 16*s.cfg.RetryDelay)
+		}
+	}
+	if ctx.Err() != nil {
+		return // cancelled or expired meanwhile: the answer may be cut short
+	}
+	state := LineDone
+	if resp.Status < 200 || resp.Status > 299 {
+		state = LineFailed
+	}
+	result, err := resultLine(j.kind, l.CustomID, resp)
+	if err == nil {
+		var ok bool
+		ok, err = s.store.FinishLine(context.Background(), j.id, l.No, state, result)
+		if ok && s.cfg.Progress != nil {
+			s.cfg.Progress(j.kind, state)
+		}
+	}
+	if err != nil {
+		s.logger.Error("batch line result not saved", "batch", j.id, "line", l.No, "err", err)
+	}
+}
+
+// waitReady waits until the edge is ready (Config.Ready), polling every
+// RetryDelay; false when ctx ended first.
+func (j *job) waitReady(ctx context.Context) bool {
+	for j.s.cfg.Ready != nil && !j.s.cfg.Ready() {
+		t := time.NewTimer(j.s.cfg.RetryDelay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+	}
+	return true
+}
+
+// retryable reports whether a line answered status is tried again: a
+// refusal for load (429, 503), or, in a batch resumed by Start, an
+// unknown model (404) within StartGrace of it, when the model's node may
+// not have reconnected yet.
+func (j *job) retryable(status int) bool {
+	switch status {
+	case 429, 503:
+		return true
+	case 404:
+		return !j.resumed.IsZero() && j.s.cfg.Now().Sub(j.resumed) < j.s.cfg.StartGrace
+	}
+	return false
+}
+
+// streams reports whether a request body asks for a stream.
+func streams(body []byte) bool {
+	var b struct {
+		Stream bool `json:"stream"`
+	}
+	return json.Unmarshal(body, &b) == nil && b.Stream
+}
+
+func streamRefusal(kind string) []byte {
+	if kind == KindAnthropic {
+		return []byte(`{"type":"error","error":{"type":"invalid_request_error","message":"stream: a batch request cannot stream"}}`)
+	}
+	return []byte(`{"error":{"message":"stream: a batch request cannot stream","type":"invalid_request_error","param":"stream","code":null}}`)
+}
+
+// jsonOrString is body as JSON, or as a JSON string when it is not JSON.
+func jsonOrString(body []byte) json.RawMessage {
+	if json.Valid(body) {
+		return body
+	}
+	s, _ := json.Marshal(string(body))
+	return s
+}
+
+// resultLine is the result of one line as its API shapes it: OpenAI's
+// {id, custom_id, response:{status_code, request_id, body}, error};
+// Anthropic's {custom_id, result:{type succeeded|errored, message|error}}.
+func resultLine(kind, customID string, resp Response) ([]byte, error) {
+	if kind == KindAnthropic {
+		result := map[string]any{"type": "succeeded", "message": jsonOrString(resp.Body)}
+		if resp.Status < 200 || resp.Status > 299 {
+			result = map[string]any{"type": "errored", "error": jsonOrString(resp.Body)}
+		}
+		return json.Marshal(map[string]any{"custom_id": customID, "result": result})
+	}
+	return json.Marshal(map[string]any{
+		"id": newID("batch_req_"), "custom_id": customID,
+		"response": map[string]any{"status_code": resp.Status, "request_id": resp.RequestID, "body": jsonOrString(resp.Body)},
+		"error":    nil,
+	})
+}
+
+// unrunLine is the result of a line that never ran: OpenAI's error-file
+// line for an expired batch, Anthropic's canceled or expired result.
+func unrunLine(kind, customID, final string) []byte {
+	var out []byte
+	if kind == KindAnthropic {
+		typ := "canceled"
+		if final == StatusExpired {
+			typ = "expired"
+		}
+		out, _ = json.Marshal(map[string]any{"custom_id": customID, "result": map[string]string{"type": typ}})
+		return out
+	}
+	out, _ = json.Marshal(map[string]any{
+		"id": newID("batch_req_"), "custom_id": customID, "response": nil,
+		"error": map[string]string{"code": "batch_expired", "message": "This request could not be executed before the completion window expired."},
+	})
+	return out
+}
+
+// finalize writes the batch's result files from its stored lines and
+// ends it as final (completed, expired or cancelled; a cancelling batch
+// always ends cancelled).
+func (j *job) finalize(ctx context.Context, final string) error {
+	if ok, err := j.save(func(b *Batch) { b.Status, b.FinalizingAt = StatusFinalizing, j.s.cfg.Now() }); err != nil {
+		return err
+	} else if !ok {
+		final = StatusCancelled
+	}
+	j.mu.Lock()
+	b := j.b
+	j.mu.Unlock()
+	var files []File
+	var unrun int
+	write := func(name string, keep func(l Line) []byte) (string, error) {
+		f := File{ID: newID("file-"), Owner: b.Owner, Purpose: "batch_output", Filename: b.ID + "_" + name + ".jsonl", CreatedAt: j.s.cfg.Now()}
+		lines := 0
+		n, err := j.s.writeFileWith(f.ID, func(w io.Writer) error {
+			return j.s.store.Results(ctx, b.ID, func(l Line) error {
+				if out := keep(l); out != nil {
+					lines++
+					if _, err := w.Write(append(out, '\n')); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		})
+		if err != nil || lines == 0 {
+			os.Remove(j.s.path(f.ID))
+			return "", err
+		}
+		f.Bytes = n
+		files = append(files, f)
+		return f.ID, j.s.store.CreateFile(ctx, f)
+	}
+	var err error
+	if b.Kind == KindAnthropic {
+		b.ResultsFileID, err = write("results", func(l Line) []byte {
+			if l.State == LinePending {
+				unrun++
+				return unrunLine(b.Kind, l.CustomID, final)
+			}
+			return l.Result
+		})
+	} else {
+		if b.OutputFileID, err = write("output", func(l Line) []byte {
+			if l.State == LineDone {
+				return l.Result
+			}
+			return nil
+		}); err == nil {
+			b.ErrorFileID, err = write("error", func(l Line) []byte {
+				switch {
+				case l.State == LineFailed:
+					return l.Result
+				case l.State == LinePending && final == StatusExpired:
+					return unrunLine(b.Kind, l.CustomID, final)
+				}
+				return nil
+			})
+		}
+	}
+	if err != nil {
+		return err
+	}
+	now := j.s.cfg.Now()
+	_, err = j.save(func(nb *Batch) {
+		nb.Status, nb.OutputFileID, nb.ErrorFileID, nb.ResultsFileID = final, b.OutputFileID, b.ErrorFileID, b.ResultsFileID
+		switch final {
+		case StatusCompleted:
+			nb.CompletedAt = now
+		case StatusExpired:
+			nb.ExpiredAt, nb.ExpiredCount = now, unrun
+		case StatusCancelled:
+			nb.CancelledAt, nb.Canceled = now, unrun
+		}
+	})
+	return err
+}
+
+// writeFileWith writes file id with fn, through a temporary name.
+func (s *Service) writeFileWith(id string, fn func(w io.Writer) error) (int64, error) {
+	pr, pw := io.Pipe()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		bw := bufio.NewWriterSize(pw, 64<<10)
+		err := fn(bw)
+		if err == nil {
+			err = bw.Flush()
+		}
+		pw.CloseWithError(err)
+	}()
+	n, err := s.writeFile(id, pr)
+	pr.CloseWithError(io.ErrClosedPipe) // unblocks fn if the write failed
+	<-done
+	return n, err
+}

@@ -1,0 +1,432 @@
+package batch
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// Defaults of Config's zero fields.
+const (
+	DefaultMaxFileBytes     int64 = 200 << 20 // 200 MiB, OpenAI's batch input limit
+	DefaultConcurrency            = 4
+	DefaultCompletionWindow       = 24 * time.Hour
+	DefaultMaxAttempts            = 8
+	DefaultStartGrace             = 15 * time.Second
+	// MaxLines bounds the requests of one batch (OpenAI's limit).
+	MaxLines = 50_000
+)
+
+// Executor runs one request of a batch as an API request of the edge:
+// a POST of body to path, as the key named owner ("" for an open API), at
+// the batch priority. A non-nil error means it did not run to an answer
+// (ctx ended): the line stays pending.
+type Executor interface {
+	Execute(ctx context.Context, owner, path string, body []byte) (Response, error)
+}
+
+// Response is one request's answer: its status, request id and body.
+type Response struct {
+	Status    int
+	RequestID string
+	Body      []byte
+}
+
+// Config configures a Service. Zero fields take the documented defaults.
+type Config struct {
+	// Store keeps files, batches and lines; required.
+	Store Store
+	// Dir holds the files' bytes, one file per id; required.
+	Dir string
+	// MaxFileBytes bounds an uploaded file, in bytes (DefaultMaxFileBytes).
+	MaxFileBytes int64
+	// Concurrency is the lines of one batch in flight at once
+	// (DefaultConcurrency).
+	Concurrency int
+	// CompletionWindow is how long the window "24h" gives a batch; tests
+	// shorten it (DefaultCompletionWindow).
+	CompletionWindow time.Duration
+	// MaxAttempts bounds the tries of a line refused with 429 or 503
+	// (DefaultMaxAttempts); the last refusal is its result.
+	MaxAttempts int
+	// RetryDelay is the first wait before a retry, doubled each time up
+	// to 16 times it (1 s).
+	RetryDelay time.Duration
+	// Ready, if set, reports whether the edge can serve now (a node is
+	// connected); a batch's lines wait for it, checked every RetryDelay.
+	Ready func() bool
+	// StartGrace is how long after Start an unknown model (404) is taken
+	// for a node not yet reconnected and retried as a 503 is
+	// (DefaultStartGrace).
+	StartGrace time.Duration
+	// Now stamps records; nil means time.Now.
+	Now    func() time.Time
+	Logger *slog.Logger
+	// Progress, if set, is told of each finished line (metrics).
+	Progress func(kind, state string)
+}
+
+// Service keeps files and batches and runs the batches.
+type Service struct {
+	cfg    Config
+	store  Store
+	logger *slog.Logger
+
+	mu      sync.Mutex // guards the fields below
+	exec    Executor
+	started time.Time       // when Start ran
+	ctx     context.Context // ends at Close
+	jobs    map[string]*job // running batches by id
+	closed  bool
+	wg      sync.WaitGroup
+	stop    context.CancelFunc
+}
+
+// New returns a Service over cfg.Store; Start starts its runner.
+func New(cfg Config) (*Service, error) {
+	if cfg.Store == nil || cfg.Dir == "" {
+		return nil, fmt.Errorf("%w: batch service needs a store and a directory", ErrInvalid)
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("batch files: %w", err)
+	}
+	if cfg.MaxFileBytes <= 0 {
+		cfg.MaxFileBytes = DefaultMaxFileBytes
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = DefaultConcurrency
+	}
+	if cfg.CompletionWindow <= 0 {
+		cfg.CompletionWindow = DefaultCompletionWindow
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = DefaultMaxAttempts
+	}
+	if cfg.RetryDelay <= 0 {
+		cfg.RetryDelay = time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.StartGrace <= 0 {
+		cfg.StartGrace = DefaultStartGrace
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Service{cfg: cfg, store: cfg.Store, logger: cfg.Logger.With("component", "batch"), jobs: map[string]*job{}}, nil
+}
+
+// MaxFileBytes is the upload limit in force.
+func (s *Service) MaxFileBytes() int64 { return s.cfg.MaxFileBytes }
+
+// Start starts the runner with exec and resumes every batch a previous
+// process left active: lines without a result run (again).
+func (s *Service) Start(ctx context.Context, exec Executor) error {
+	active, err := s.store.ActiveBatches(ctx)
+	if err != nil {
+		return fmt.Errorf("batch store: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.exec = exec
+	s.ctx, s.stop = context.WithCancel(context.Background())
+	for _, b := range active {
+		s.logger.Info("resuming batch", "batch", b.ID, "status", b.Status, "done", b.Completed+b.Failed, "total", b.Total)
+		s.startLocked(b, s.cfg.Now())
+	}
+	return nil
+}
+
+// Close stops every running batch without changing its status (a later
+// Start resumes it) and waits for the runner.
+func (s *Service) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	stop := s.stop
+	s.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+	s.wg.Wait()
+	return nil
+}
+
+// newID is prefix and 24 random hex digits.
+func newID(prefix string) string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// path is where file id's bytes live.
+func (s *Service) path(id string) string { return filepath.Join(s.cfg.Dir, filepath.Base(id)) }
+
+// UploadFile streams r (at most MaxFileBytes) to a new file of owner
+// with purpose and filename: Stage, then Commit.
+func (s *Service) UploadFile(ctx context.Context, owner, purpose, filename string, r io.Reader) (File, error) {
+	u, err := s.Stage(owner, filename, r)
+	if err != nil {
+		return File{}, err
+	}
+	return u.Commit(ctx, purpose)
+}
+
+// Upload is a file's bytes in storage, not yet a file: a multipart form
+// may name the purpose after the file.
+type Upload struct {
+	s *Service
+	f File
+}
+
+// Stage streams r (at most MaxFileBytes) to storage. Errors: ErrTooLarge,
+// or r's or the storage's.
+func (s *Service) Stage(owner, filename string, r io.Reader) (*Upload, error) {
+	f := File{ID: newID("file-"), Owner: owner, Filename: filename, CreatedAt: s.cfg.Now()}
+	n, err := s.writeFile(f.ID, io.LimitReader(r, s.cfg.MaxFileBytes+1))
+	if err == nil && n > s.cfg.MaxFileBytes {
+		err = fmt.Errorf("%w: over %d bytes", ErrTooLarge, s.cfg.MaxFileBytes)
+	}
+	if err != nil {
+		os.Remove(s.path(f.ID))
+		return nil, err
+	}
+	f.Bytes = n
+	return &Upload{s: s, f: f}, nil
+}
+
+// Commit records the upload as a file of purpose; only "batch" is kept
+// (ErrInvalid otherwise, and the bytes are removed).
+func (u *Upload) Commit(ctx context.Context, purpose string) (File, error) {
+	if purpose != "batch" {
+		u.Discard()
+		return File{}, fmt.Errorf("%w: purpose: %q is not kept here; upload batch input files (purpose \"batch\")", ErrInvalid, purpose)
+	}
+	u.f.Purpose = purpose
+	if err := u.s.store.CreateFile(ctx, u.f); err != nil {
+		u.Discard()
+		return File{}, err
+	}
+	return u.f, nil
+}
+
+// Discard removes the upload's bytes.
+func (u *Upload) Discard() { os.Remove(u.s.path(u.f.ID)) }
+
+// writeFile copies r to file id through a temporary name, synced, so a
+// crash never leaves a partial file under an id.
+func (s *Service) writeFile(id string, r io.Reader) (int64, error) {
+	tmp, err := os.CreateTemp(s.cfg.Dir, ".upload-*")
+	if err != nil {
+		return 0, err
+	}
+	n, err := io.Copy(tmp, r)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), s.path(id))
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+	}
+	return n, err
+}
+
+// File returns owner's file id (ErrNotFound).
+func (s *Service) File(ctx context.Context, owner, id string) (File, error) {
+	return s.store.GetFile(ctx, owner, id)
+}
+
+// Files lists owner's files, newest first (see Store.ListFiles).
+func (s *Service) Files(ctx context.Context, owner, purpose, after string, limit int) ([]File, bool, error) {
+	return s.store.ListFiles(ctx, owner, purpose, after, limit)
+}
+
+// Content opens the bytes of owner's file id.
+func (s *Service) Content(ctx context.Context, owner, id string) (File, io.ReadCloser, error) {
+	f, err := s.store.GetFile(ctx, owner, id)
+	if err != nil {
+		return File{}, nil, err
+	}
+	rc, err := os.Open(s.path(id))
+	if errors.Is(err, os.ErrNotExist) {
+		return File{}, nil, fmt.Errorf("%w: file %s has no content", ErrNotFound, id)
+	}
+	return f, rc, err
+}
+
+// DeleteFile deletes owner's file id and its bytes.
+func (s *Service) DeleteFile(ctx context.Context, owner, id string) error {
+	if err := s.store.DeleteFile(ctx, owner, id); err != nil {
+		return err
+	}
+	if err := os.Remove(s.path(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		s.logger.Warn("file bytes left behind", "file", id, "err", err)
+	}
+	return nil
+}
+
+// Endpoints a batch may name (OpenAI's Batch API).
+var Endpoints = map[string]bool{
+	"/v1/chat/completions": true, "/v1/completions": true, "/v1/embeddings": true, "/v1/responses": true,
+}
+
+// CreateRequest is POST /v1/batches's body.
+type CreateRequest struct {
+	InputFileID      string            `json:"input_file_id"`
+	Endpoint         string            `json:"endpoint"`
+	CompletionWindow string            `json:"completion_window"`
+	Metadata         map[string]string `json:"metadata"`
+}
+
+// CreateBatch creates owner's batch of the file req names; it starts
+// validating at once. Errors: ErrInvalid, ErrNotFound (the input file).
+func (s *Service) CreateBatch(ctx context.Context, owner string, req CreateRequest) (Batch, error) {
+	switch {
+	case !Endpoints[req.Endpoint]:
+		return Batch{}, fmt.Errorf("%w: endpoint: must be one of /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses", ErrInvalid)
+	case req.CompletionWindow != "24h":
+		return Batch{}, fmt.Errorf("%w: completion_window: must be 24h", ErrInvalid)
+	case len(req.Metadata) > 16:
+		return Batch{}, fmt.Errorf("%w: metadata: at most 16 pairs", ErrInvalid)
+	}
+	f, err := s.store.GetFile(ctx, owner, req.InputFileID)
+	if err != nil {
+		return Batch{}, err
+	}
+	if f.Purpose != "batch" {
+		return Batch{}, fmt.Errorf("%w: input_file_id: file %s has purpose %s, not batch", ErrInvalid, f.ID, f.Purpose)
+	}
+	now := s.cfg.Now()
+	b := Batch{ID: newID("batch_"), Owner: owner, Kind: KindOpenAI, Endpoint: req.Endpoint, InputFileID: f.ID,
+		CompletionWindow: req.CompletionWindow, Metadata: req.Metadata, Status: StatusValidating,
+		CreatedAt: now, ExpiresAt: now.Add(s.cfg.CompletionWindow)}
+	return b, s.create(ctx, b, nil)
+}
+
+// MessageRequest is one request of an Anthropic message batch.
+type MessageRequest struct {
+	CustomID string `json:"custom_id"`
+	Params   []byte `json:"-"`
+}
+
+// CreateMessageBatch creates owner's Anthropic message batch of reqs
+// (each run as POST /v1/messages with its params). Errors: ErrInvalid.
+func (s *Service) CreateMessageBatch(ctx context.Context, owner string, reqs []MessageRequest) (Batch, error) {
+	if len(reqs) == 0 || len(reqs) > MaxLines*2 {
+		return Batch{}, fmt.Errorf("%w: requests: between 1 and %d requests", ErrInvalid, MaxLines*2)
+	}
+	lines := make([]Line, len(reqs))
+	seen := make(map[string]bool, len(reqs))
+	for i, r := range reqs {
+		if r.CustomID == "" || len(r.CustomID) > 64 {
+			return Batch{}, fmt.Errorf("%w: requests.%d.custom_id: between 1 and 64 characters", ErrInvalid, i)
+		}
+		if seen[r.CustomID] {
+			return Batch{}, fmt.Errorf("%w: requests.%d.custom_id: %q is used twice", ErrInvalid, i, r.CustomID)
+		}
+		seen[r.CustomID] = true
+		lines[i] = Line{No: i + 1, CustomID: r.CustomID, Body: r.Params}
+	}
+	now := s.cfg.Now()
+	b := Batch{ID: newID("msgbatch_"), Owner: owner, Kind: KindAnthropic, Endpoint: "/v1/messages",
+		CompletionWindow: "24h", Status: StatusInProgress, CreatedAt: now, InProgressAt: now,
+		ExpiresAt: now.Add(s.cfg.CompletionWindow), Total: len(lines)}
+	return b, s.create(ctx, b, lines)
+}
+
+// create stores b (and lines, when given) and starts its job.
+func (s *Service) create(ctx context.Context, b Batch, lines []Line) error {
+	s.mu.Lock()
+	closed := s.closed || s.ctx == nil
+	s.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	if err := s.store.CreateBatch(ctx, b); err != nil {
+		return err
+	}
+	if lines != nil {
+		if err := s.store.AddLines(ctx, b.ID, lines); err != nil {
+			return err
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil // resumed by the next Start
+	}
+	s.startLocked(b, time.Time{})
+	return nil
+}
+
+// Batch returns owner's batch id of kind (ErrNotFound).
+func (s *Service) Batch(ctx context.Context, owner, kind, id string) (Batch, error) {
+	b, err := s.store.GetBatch(ctx, owner, id)
+	if err == nil && b.Kind != kind {
+		return Batch{}, fmt.Errorf("%w: no batch %s", ErrNotFound, id)
+	}
+	return b, err
+}
+
+// Batches lists owner's batches of kind, newest first.
+func (s *Service) Batches(ctx context.Context, owner, kind, after string, limit int) ([]Batch, bool, error) {
+	return s.store.ListBatches(ctx, owner, kind, after, limit)
+}
+
+// Cancel asks owner's batch id to stop: it goes to cancelling at once,
+// and to cancelled once its lines in flight have ended. Cancelling a
+// batch already cancelling is no change; one that ended is ErrState.
+func (s *Service) Cancel(ctx context.Context, owner, kind, id string) (Batch, error) {
+	b, err := s.Batch(ctx, owner, kind, id)
+	if err != nil {
+		return Batch{}, err
+	}
+	s.mu.Lock()
+	j := s.jobs[id]
+	s.mu.Unlock()
+	if j == nil {
+		if b.Status == StatusCancelling {
+			return b, nil
+		}
+		return Batch{}, fmt.Errorf("%w: batch %s is %s", ErrState, id, b.Status)
+	}
+	return j.cancel(ctx)
+}
+
+// startLocked starts b's job unless one runs; resumed is when Start
+// resumed it (zero for a new batch).
+func (s *Service) startLocked(b Batch, resumed time.Time) {
+	if _, ok := s.jobs[b.ID]; ok {
+		return
+	}
+	j := newJob(s, b)
+	j.resumed = resumed
+	s.jobs[b.ID] = j
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		j.run(s.ctx)
+		s.mu.Lock()
+		delete(s.jobs, b.ID)
+		s.mu.Unlock()
+	}()
+}
+
+// Active lists every batch still being worked on, of every owner, with
+// its stored counts (for the admin API's progress view).
+func (s *Service) Active(ctx context.Context) ([]Batch, error) {
+	return s.store.ActiveBatches(ctx)
+}

@@ -1,0 +1,60 @@
+package batch
+
+import (
+	"net/http"
+	"time"
+
+	"iop/internal/batch"
+	"iop/internal/edge/api"
+)
+
+// adminPath lists the batches in progress; under /admin, so the frame
+// guards it with the admin keys.
+const adminPath = "/admin/v1/batches"
+
+// Progress is one batch in progress as GET /admin/v1/batches lists it
+// (and `iop status` shows it).
+type Progress struct {
+	ID     string `json:"id"`
+	Owner  string `json:"owner"`
+	API    string `json:"api"` // openai or anthropic
+	Status string `json:"status"`
+	Total  int    `json:"total"`
+	Done   int    `json:"done"`
+	Failed int    `json:"failed"`
+	// CreatedAt is Unix seconds.
+	CreatedAt int64 `json:"created_at"`
+	// LinesPerSecond is the lines finished per second since the batch
+	// started running; ETASeconds the time the rest take at that rate
+	// (0 when unknown).
+	LinesPerSecond float64 `json:"lines_per_second"`
+	ETASeconds     float64 `json:"eta_seconds"`
+}
+
+// progressOf is b's progress at now.
+func progressOf(b batch.Batch, now time.Time) Progress {
+	p := Progress{ID: b.ID, Owner: b.Owner, API: b.Kind, Status: b.Status, Total: b.Total,
+		Done: b.Completed, Failed: b.Failed, CreatedAt: b.CreatedAt.Unix()}
+	finished := b.Completed + b.Failed
+	if secs := now.Sub(b.InProgressAt).Seconds(); !b.InProgressAt.IsZero() && secs > 0 && finished > 0 {
+		p.LinesPerSecond = float64(finished) / secs
+		p.ETASeconds = float64(b.Total-finished) / p.LinesPerSecond
+	}
+	return p
+}
+
+// progress serves GET /admin/v1/batches: the batches in progress, oldest
+// first.
+func (s *server) progress(w http.ResponseWriter, r *http.Request) {
+	active, err := s.svc.Active(r.Context())
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	now := time.Now()
+	out := make([]Progress, len(active))
+	for i, b := range active {
+		out[i] = progressOf(b, now)
+	}
+	api.WriteJSON(w, http.StatusOK, out)
+}

@@ -1,0 +1,84 @@
+package process
+
+import (
+	"context"
+	"net/http"
+	"os"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"iop/internal/batch"
+	batchapi "iop/internal/edge/api/batch"
+)
+
+// edgeBatches is the edge's files and batches: their store, service and
+// the counter of finished lines.
+type edgeBatches struct {
+	store  *batch.SQLite
+	svc    *batch.Service
+	tmpDir string // removed at close; "" when the files live beside the database
+}
+
+// openBatches opens the batch tables in cfg.Database and the files'
+// directory beside it (cfg.Database + ".files"; a temporary one for an
+// in-memory database). The runner starts with the HTTP API (serve).
+func (e *edgeProcess) openBatches(context.Context) error {
+	b := &edgeBatches{}
+	var err error
+	if b.store, err = batch.OpenSQLite(e.cfg.Database); err != nil {
+		return err
+	}
+	dir := e.cfg.Database + ".files"
+	if e.cfg.Database == ":memory:" || e.cfg.Database == "" {
+		if dir, err = os.MkdirTemp("", "iop-batch-files-"); err != nil {
+			b.store.Close()
+			return err
+		}
+		b.tmpDir = dir
+	}
+	lines := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "iop_batch_lines_total",
+		Help: "Batch lines finished, by API (openai, anthropic) and state (done, failed).",
+	}, []string{"api", "state"})
+	if err := e.obs.registry.Register(lines); err != nil {
+		b.close()
+		return err
+	}
+	maxFile := e.cfg.MaxBodyBytes // an upload is a request body: the edge's body limit bounds it
+	if maxFile <= 0 {
+		maxFile = batch.DefaultMaxFileBytes
+	}
+	b.svc, err = batch.New(batch.Config{Store: b.store, Dir: dir, MaxFileBytes: maxFile,
+		Ready: e.Service.Ready, Logger: e.logger, Progress: func(kind, state string) { lines.WithLabelValues(kind, state).Inc() }})
+	if err != nil {
+		b.close()
+		return err
+	}
+	e.batches = b
+	return nil
+}
+
+// start starts the runner, executing lines through handler.
+func (e *edgeProcess) startBatches(ctx context.Context, handler http.Handler) error {
+	return e.batches.svc.Start(ctx, &batchapi.Executor{Handler: handler, Keys: e.Keys})
+}
+
+// stopRunner stops the batch runner (idempotent): lines in flight stay
+// pending and run again after a restart.
+func (b *edgeBatches) stopRunner() {
+	if b != nil && b.svc != nil {
+		b.svc.Close()
+	}
+}
+
+func (b *edgeBatches) close() error {
+	b.stopRunner()
+	err := b.store.Close()
+	if b.tmpDir != "" {
+		os.RemoveAll(b.tmpDir)
+	}
+	return err
+}
+
+// closeBatches stops the runner and closes the store.
+func (e *edgeProcess) closeBatches(context.Context) error { return e.batches.close() }
