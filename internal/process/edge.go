@@ -17,6 +17,7 @@ import (
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/admin"
 	"iop/internal/ledger"
+	"iop/internal/quota"
 	"iop/internal/responses"
 	"iop/internal/runs"
 	"iop/internal/scheduler"
@@ -51,8 +52,11 @@ type edgeProcess struct {
 	// Keys and AdminKeys are the HTTP API's keyrings; a reload swaps
 	// their keys (edgeReloader).
 	Keys, AdminKeys *auth.Keyring
-	HTTPAddr        string // host:port the HTTP API listens on
-	NodeAddr        string // host:port the node endpoint listens on
+	// Quota holds the keys' and teams' quota windows; a reload
+	// reconfigures it (edgeReloader).
+	Quota    *quota.Ledger
+	HTTPAddr string // host:port the HTTP API listens on
+	NodeAddr string // host:port the node endpoint listens on
 
 	obs           *observability
 	srv           *edge.Server
@@ -149,7 +153,16 @@ func (e *edgeProcess) openKeys(context.Context) error {
 		return err
 	}
 	e.keyCfg, e.adminCfg = cfg.Keys, cfg.AdminKeys
+	e.Quota = quota.New(quota.Config{Logger: e.logger.With("component", "quota")})
+	configureQuota(e.Quota, cfg)
 	return checkOpenAPI(cfg, e.Keys.Len(), e.logger)
+}
+
+// configureQuota gives q the quotas of cfg's keys and teams and its
+// prices.
+func configureQuota(q *quota.Ledger, cfg edge.Config) {
+	keys, teams := auth.QuotaScopes(cfg.Keys, cfg.Teams)
+	q.Configure(keys, teams, cfg.Prices)
 }
 
 // openServer makes the metrics, event hub and history, and the edge
@@ -163,6 +176,7 @@ func (e *edgeProcess) openServer(context.Context) error {
 	if err != nil {
 		return err
 	}
+	obs.registry.MustRegister(quota.NewCollector(e.Quota))
 	e.obs, e.srv, e.Service = obs, srv, srv.Service()
 	obs.svc = e.Service
 	return nil
@@ -316,6 +330,7 @@ func (e *edgeProcess) serve(context.Context) error {
 		Keys:            e.Keys,
 		AdminKeys:       e.AdminKeys,
 		Ledger:          e.usage,
+		Quota:           e.Quota,
 		Responses:       e.responseStore,
 		Flow:            e.cfg.Fairness.Flow,
 		Tracer:          e.tr.Tracer,

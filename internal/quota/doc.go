@@ -12,6 +12,8 @@
 // Invariants, one line each:
 //   - For every window of a key and of its team: settled + reserved ≤ limit,
 //     as long as no settlement exceeds its reservation (Stats.Overruns).
+//   - GPU windows hold only what admission can know: a request is admitted
+//     while its window has room and charged its slot time when it settles.
 //   - A settlement counts for at least its window's length, at most one
 //     granule (length/60) more; so what a provider produced in any window
 //     is at most settled + reserved there.

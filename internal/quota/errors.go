@@ -27,6 +27,8 @@ type Refusal struct {
 	// ResetAt is when the window is expected to hold the ask (see
 	// Ledger.Reserve); zero when it never can (Never).
 	ResetAt time.Time
+	// RetryAfter is ResetAt less the instant of the refusal; 0 with Never.
+	RetryAfter time.Duration
 	// Never is set when the ask is larger than the limit itself.
 	Never bool
 }

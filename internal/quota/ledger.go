@@ -310,6 +310,7 @@ func (s *scope) refusalLocked(w int, ask vec, now time.Time) *Refusal {
 		return ref
 	}
 	ref.ResetAt = s.fitsAtLocked(w, asked, now)
+	ref.RetryAfter = ref.ResetAt.Sub(now)
 	return ref
 }
 
@@ -446,7 +447,9 @@ func (l *Ledger) Restore(key string, at time.Time, used Usage) {
 // window from now. Only the first Settle or Cancel counts; a later one is
 // a no-op, counted in Stats.DoubleSettles. Usage above the reservation
 // is counted as it is (windows may then be over their limits until it
-// expires) and in Stats.Overruns. Safe on nil.
+// expires) and, but for slot time, in Stats.Overruns: a request's slot
+// time is not known before it runs, so a GPU window is checked at
+// admission and charged the actual slot time here. Safe on nil.
 func (r *Reservation) Settle(used Usage) { r.settle(used, 1) }
 
 // Cancel ends the reservation of a request that never ran (refused
@@ -468,7 +471,7 @@ func (r *Reservation) settle(used Usage, requests int64) {
 	l.outstanding--
 	v := l.vecLocked(used, requests)
 	for i := range v {
-		if v[i] > r.v[i] {
+		if i != resGPU && v[i] > r.v[i] { // slot time is known only at the end
 			l.overruns++
 			break
 		}

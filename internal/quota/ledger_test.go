@@ -30,7 +30,7 @@ func newLedger(t *testing.T, key Scope, team *Scope, prices map[string]Price) (*
 
 func TestReserveRefusesWithTheWindowAndWhenItFits(t *testing.T) {
 	t.Parallel()
-	l, clk := newLedger(t, Scope{Bounds: Limits{TokensPerMinute: 1000}.Bounds(0)}, nil, nil)
+	l, clk := newLedger(t, Scope{Bounds: Limits{TokensPerMinute: 1000}.Bounds()}, nil, nil)
 	r1, err := l.Reserve("k", Usage{InputTokens: 100, OutputTokens: 500})
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +47,7 @@ func TestReserveRefusesWithTheWindowAndWhenItFits(t *testing.T) {
 		t.Fatalf("err %v, want a *Refusal", err)
 	}
 	want := Refusal{Scope: "key", Name: "k", Window: "tokens_per_minute", Limit: 1000, Asked: 200, Used: 900,
-		ResetAt: time.Date(2026, 3, 1, 12, 1, 11, 0, time.UTC)} // the 400 leave at 12:00:10 + 1s granule + 1m
+		ResetAt: time.Date(2026, 3, 1, 12, 1, 11, 0, time.UTC), RetryAfter: 61 * time.Second} // the 400 leave at 12:00:10 + 1s granule + 1m
 	if *ref != want {
 		t.Fatalf("refusal %+v\nwant    %+v", *ref, want)
 	}
@@ -68,8 +68,8 @@ func TestReserveRefusesWithTheWindowAndWhenItFits(t *testing.T) {
 
 func TestReserveUpToClampsToTheRoomOfKeyAndTeam(t *testing.T) {
 	t.Parallel()
-	team := Scope{Bounds: Limits{TokensPerDay: 700}.Bounds(0)}
-	l, _ := newLedger(t, Scope{Bounds: Limits{TokensPerMinute: 1000}.Bounds(0)}, &team, nil)
+	team := Scope{Bounds: Limits{TokensPerDay: 700}.Bounds()}
+	l, _ := newLedger(t, Scope{Bounds: Limits{TokensPerMinute: 1000}.Bounds()}, &team, nil)
 	r, err := l.ReserveUpTo("k", Usage{InputTokens: 200, OutputTokens: 4096}, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +92,7 @@ func TestBudgetCountsPricesAndAnUnknownPriceNeverBlocks(t *testing.T) {
 	clk := clock.NewFake(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 	l := New(Config{Clock: clk, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	// 0.5 currency a day; 2 per million input tokens, 8 per million output.
-	l.Configure(map[string]Scope{"k": {Bounds: Limits{BudgetPerDay: 0.5}.Bounds(0)}}, nil,
+	l.Configure(map[string]Scope{"k": {Bounds: Limits{BudgetPerDay: 0.5}.Bounds()}}, nil,
 		map[string]Price{"big": {Input: 2, Output: 8}})
 	r, err := l.Reserve("k", Usage{Model: "big", InputTokens: 10_000, OutputTokens: 50_000}) // 0.02 + 0.4
 	if err != nil {
@@ -116,7 +116,7 @@ func TestBudgetCountsPricesAndAnUnknownPriceNeverBlocks(t *testing.T) {
 
 func TestGPUSecondsWeightAndStatus(t *testing.T) {
 	t.Parallel()
-	l, clk := newLedger(t, Scope{Bounds: Limits{GPUSecondsPerDay: 100}.Bounds(0)}, nil, nil)
+	l, clk := newLedger(t, Scope{Bounds: Limits{GPUSecondsPerDay: 100}.Bounds()}, nil, nil)
 	r, err := l.Reserve("k", Usage{SlotTime: 30 * time.Second, CostWeight: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -137,10 +137,10 @@ func TestGPUSecondsWeightAndStatus(t *testing.T) {
 
 func TestConfigureKeepsUsageByName(t *testing.T) {
 	t.Parallel()
-	l, _ := newLedger(t, Scope{Bounds: Limits{RequestsPerDay: 2}.Bounds(0)}, nil, nil)
+	l, _ := newLedger(t, Scope{Bounds: Limits{RequestsPerDay: 2}.Bounds()}, nil, nil)
 	r, _ := l.Reserve("k", Usage{})
 	r.Settle(Usage{})
-	l.Configure(map[string]Scope{"k": {Bounds: Limits{RequestsPerDay: 3}.Bounds(0)}}, nil, nil)
+	l.Configure(map[string]Scope{"k": {Bounds: Limits{RequestsPerDay: 3}.Bounds()}}, nil, nil)
 	if st := l.Status("k"); len(st) != 1 || st[0].Used != 1 || st[0].Limit != 3 {
 		t.Fatalf("after Configure: %+v", st)
 	}
@@ -151,7 +151,7 @@ func TestConfigureKeepsUsageByName(t *testing.T) {
 
 func TestCollectorExportsRemaining(t *testing.T) {
 	t.Parallel()
-	l, _ := newLedger(t, Scope{Bounds: Limits{TokensPerMinute: 1000}.Bounds(0)}, nil, nil)
+	l, _ := newLedger(t, Scope{Bounds: Limits{TokensPerMinute: 1000}.Bounds()}, nil, nil)
 	if _, err := l.Reserve("k", Usage{InputTokens: 300}); err != nil {
 		t.Fatal(err)
 	}

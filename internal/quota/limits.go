@@ -50,22 +50,26 @@ func (b Bounds) Any() bool { return b != Bounds{} }
 //	tokens_per_minute: 10000   # counted as tokens_counted says
 //	tokens_per_day: 2000000
 //	tokens_counted: total      # total (default) | input | output
+//	requests_per_minute: 60    # a sliding window (a key's own requests_per_minute is a token bucket)
 //	requests_per_day: 5000
 //	gpu_seconds_per_day: 3600  # slot-held seconds × the provider's cost_weight
 //	gpu_seconds_per_month: 36000
 //	budget_per_day: 5          # currency of the prices table
 //	budget_per_month: 100
-//	uncapped: clamp            # a request without max_tokens: clamp (default) | refuse
+//	uncapped: clamp            # a key's request without max_tokens: clamp (default) | refuse
+//	default_max_tokens: 1024   # a key's cap for a request without one; 0 = what fits
 type Limits struct {
-	TokensPerMinute    int64   `yaml:"tokens_per_minute,omitempty" json:"tokens_per_minute,omitempty"`
-	TokensPerDay       int64   `yaml:"tokens_per_day,omitempty" json:"tokens_per_day,omitempty"`
-	TokensCounted      string  `yaml:"tokens_counted,omitempty" json:"tokens_counted,omitempty"`
-	RequestsPerDay     int64   `yaml:"requests_per_day,omitempty" json:"requests_per_day,omitempty"`
-	GPUSecondsPerDay   float64 `yaml:"gpu_seconds_per_day,omitempty" json:"gpu_seconds_per_day,omitempty"`
-	GPUSecondsPerMonth float64 `yaml:"gpu_seconds_per_month,omitempty" json:"gpu_seconds_per_month,omitempty"`
-	BudgetPerDay       float64 `yaml:"budget_per_day,omitempty" json:"budget_per_day,omitempty"`
-	BudgetPerMonth     float64 `yaml:"budget_per_month,omitempty" json:"budget_per_month,omitempty"`
-	Uncapped           string  `yaml:"uncapped,omitempty" json:"uncapped,omitempty"`
+	TokensPerMinute    int64   `yaml:"tokens_per_minute" json:"tokens_per_minute,omitempty"`
+	TokensPerDay       int64   `yaml:"tokens_per_day" json:"tokens_per_day,omitempty"`
+	TokensCounted      string  `yaml:"tokens_counted" json:"tokens_counted,omitempty"`
+	RequestsPerMinute  int64   `yaml:"requests_per_minute" json:"requests_per_minute,omitempty"`
+	RequestsPerDay     int64   `yaml:"requests_per_day" json:"requests_per_day,omitempty"`
+	GPUSecondsPerDay   float64 `yaml:"gpu_seconds_per_day" json:"gpu_seconds_per_day,omitempty"`
+	GPUSecondsPerMonth float64 `yaml:"gpu_seconds_per_month" json:"gpu_seconds_per_month,omitempty"`
+	BudgetPerDay       float64 `yaml:"budget_per_day" json:"budget_per_day,omitempty"`
+	BudgetPerMonth     float64 `yaml:"budget_per_month" json:"budget_per_month,omitempty"`
+	Uncapped           string  `yaml:"uncapped" json:"uncapped,omitempty"`
+	DefaultMaxTokens   int64   `yaml:"default_max_tokens" json:"default_max_tokens,omitempty"`
 }
 
 // Token kinds of Limits.TokensCounted.
@@ -83,14 +87,15 @@ const (
 
 // Validate reports the first problem of l: a negative or non-finite
 // limit, an unknown tokens_counted or uncapped. Errors wrap
-// ErrInvalidLimits.
+// ErrInvalidLimits. A team's limits are checked by ValidateTeam.
 func (l Limits) Validate() error {
 	for _, f := range []struct {
 		name string
 		v    float64
 	}{
 		{"tokens_per_minute", float64(l.TokensPerMinute)}, {"tokens_per_day", float64(l.TokensPerDay)},
-		{"requests_per_day", float64(l.RequestsPerDay)},
+		{"requests_per_minute", float64(l.RequestsPerMinute)}, {"requests_per_day", float64(l.RequestsPerDay)},
+		{"default_max_tokens", float64(l.DefaultMaxTokens)},
 		{"gpu_seconds_per_day", l.GPUSecondsPerDay}, {"gpu_seconds_per_month", l.GPUSecondsPerMonth},
 		{"budget_per_day", l.BudgetPerDay}, {"budget_per_month", l.BudgetPerMonth},
 	} {
@@ -111,18 +116,17 @@ func (l Limits) Validate() error {
 	return nil
 }
 
-// Bounds converts l to Bounds, with requestsPerMinute (a team's; a key's
-// is its token bucket in package auth, not a window here).
-func (l Limits) Bounds(requestsPerMinute int64) Bounds {
+// Bounds converts l to Bounds.
+func (l Limits) Bounds() Bounds {
 	return Bounds{
-		l.TokensPerMinute, l.TokensPerDay, requestsPerMinute, l.RequestsPerDay,
+		l.TokensPerMinute, l.TokensPerDay, l.RequestsPerMinute, l.RequestsPerDay,
 		int64(math.Ceil(l.GPUSecondsPerDay * 1000)), int64(math.Ceil(l.GPUSecondsPerMonth * 1000)),
 		int64(math.Ceil(l.BudgetPerDay * 1e6)), int64(math.Ceil(l.BudgetPerMonth * 1e6)),
 	}
 }
 
 // Any reports whether l limits anything.
-func (l Limits) Any() bool { return l.Bounds(0).Any() }
+func (l Limits) Any() bool { return l.Bounds().Any() }
 
 // Price is one model's price, in currency per million tokens (so also
 // currency micro-units per token).
@@ -139,4 +143,13 @@ func (p Price) Validate() error {
 		}
 	}
 	return nil
+}
+
+// ValidateTeam is Validate for a team's limits: uncapped and
+// default_max_tokens belong to a key.
+func (l Limits) ValidateTeam() error {
+	if l.Uncapped != "" || l.DefaultMaxTokens != 0 {
+		return fmt.Errorf("%w: uncapped and default_max_tokens are a key's, not a team's", ErrInvalidLimits)
+	}
+	return l.Validate()
 }

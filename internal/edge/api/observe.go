@@ -13,6 +13,7 @@ import (
 	"iop/internal/auth"
 	"iop/internal/edge/contract"
 	"iop/internal/ledger"
+	"iop/internal/quota"
 	"iop/internal/tracing"
 )
 
@@ -130,6 +131,18 @@ type observation struct {
 	trace *requestSpan
 	// finishReason is the normalized run's finish reason (finished).
 	finishReason string
+	// quota is the request's quota reservation (quota.go), settled by
+	// finish; nil for none.
+	quota *quota.Reservation
+}
+
+// cancelQuota cancels the request's quota reservation, if any: it will
+// not run.
+func (o *observation) cancelQuota() {
+	if o != nil && o.quota != nil {
+		o.quota.Cancel()
+		o.quota = nil
+	}
 }
 
 type observationKey struct{}
@@ -449,12 +462,18 @@ func (o *observation) record(status int) RequestRecord {
 // request's outcome.
 func (h *handler) finish(ctx context.Context, o *observation, status int) {
 	if o.rec.API == "" {
+		if o.quota != nil {
+			settleQuota(o.quota, o.record(status), o.sent)
+		}
 		if o.trace != nil {
 			o.trace.drop()
 		}
 		return
 	}
 	rec := o.record(status)
+	if o.quota != nil {
+		settleQuota(o.quota, rec, o.sent)
+	}
 	if o.trace != nil {
 		rec.TraceID = o.trace.end(&rec, o.finishReason)
 	}
