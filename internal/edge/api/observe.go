@@ -379,10 +379,11 @@ func runOutcome(reason string) contract.Outcome {
 }
 
 // keyRefusal reports whether err is a refusal by the request's key: over
-// one of its limits (*auth.LimitError) or a model it may not use.
+// one of its limits (*auth.LimitError) or quotas (*quota.Refusal), or a
+// model it may not use.
 func keyRefusal(err error) bool {
 	var limit *auth.LimitError
-	return errors.As(err, &limit) || errors.Is(err, ErrModelNotAllowed)
+	return errors.As(err, &limit) || errors.Is(err, ErrModelNotAllowed) || errors.Is(err, quota.ErrOverQuota)
 }
 
 // decide decides the request's outcome, once: later calls return the

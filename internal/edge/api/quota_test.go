@@ -154,3 +154,25 @@ func TestQuotaAnthropicHeaders(t *testing.T) {
 		t.Fatalf("requests reset %q (%v)", h.Get("Anthropic-Ratelimit-Requests-Reset"), err)
 	}
 }
+
+// TestQuotaRefusalIsRecordedRefused: a request refused by its key's
+// quota is recorded (log, ledger) with the outcome refused, as a request
+// over its key's requests_per_minute is.
+func TestQuotaRefusalIsRecordedRefused(t *testing.T) {
+	t.Parallel()
+	f := newKeys(t, auth.Key{Quota: quota.Limits{TokensPerMinute: 10}})
+	l := quota.New(quota.Config{})
+	keys, teams := auth.QuotaScopes([]auth.Key{{Name: "alice", Quota: quota.Limits{TokensPerMinute: 10}}}, nil)
+	l.Configure(keys, teams, nil)
+	led := &recordingLedger{}
+	gw := &fakeGateway{models: []string{"m"}, dispatch: okRun}
+	env := newEnvWithGateway(t, Config{Keys: f.keys, Quota: l, Ledger: led}, gw, gw)
+	if resp := env.send(t, "POST", "/v1/chat/completions", simpleChat, bearer(f.alice)); resp.status != 429 {
+		t.Fatalf("%d %s", resp.status, resp.body)
+	}
+	led.mu.Lock()
+	defer led.mu.Unlock()
+	if len(led.entries) != 1 || led.entries[0].Outcome != "refused" || led.entries[0].ErrorCode != "quota_exceeded" {
+		t.Fatalf("ledger %+v", led.entries)
+	}
+}
