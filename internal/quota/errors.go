@@ -11,6 +11,8 @@ var (
 	ErrOverQuota = errors.New("over quota")
 	// ErrInvalidLimits: a configured limit or price that cannot be used.
 	ErrInvalidLimits = errors.New("invalid quota")
+	// ErrUnknownScope: no key or team of that name has a quota entry.
+	ErrUnknownScope = errors.New("no such key or team")
 )
 
 // Refusal is a reservation refused because one window of the key or of

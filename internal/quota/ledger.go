@@ -1,7 +1,9 @@
 package quota
 
 import (
+	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"sort"
 	"sync"
@@ -571,4 +573,112 @@ func (s *scope) statusLocked(now time.Time, out []WindowStatus) []WindowStatus {
 		out = append(out, WindowStatus{Scope: s.id.kind, Name: s.id.name, Window: Windows[w], Limit: s.bounds[w], Used: s.usedLocked(w), ResetAt: reset})
 	}
 	return out
+}
+
+// ScopeStatus is one key's or team's quota configuration and its windows
+// now.
+type ScopeStatus struct {
+	Scope, Name string // "key" or "team", and its name
+	Team        string // a key's team, "" for none or for a team
+	// Limits are its windows' limits (uncapped and default_max_tokens,
+	// a key's admission settings, are not the ledger's and stay empty).
+	Limits Limits
+	// Windows are its limited windows (WindowStatus).
+	Windows []WindowStatus
+}
+
+// Scopes kinds.
+const (
+	ScopeKey  = "key"
+	ScopeTeam = "team"
+)
+
+// Describe returns the configured key or team (scope ScopeKey or
+// ScopeTeam) named name; ok false if there is none.
+func (l *Ledger) Describe(scope, name string) (_ ScopeStatus, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.describeLocked(scopeID{scope, name})
+}
+
+// DescribeAll returns every configured key and team, keys first, each
+// ordered by name.
+func (l *Ledger) DescribeAll() []ScopeStatus {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []ScopeStatus
+	for _, kind := range []string{ScopeKey, ScopeTeam} {
+		m := l.keys
+		if kind == ScopeTeam {
+			m = l.teams
+		}
+		names := make([]string, 0, len(m))
+		for n := range m {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			if st, ok := l.describeLocked(scopeID{kind, n}); ok {
+				out = append(out, st)
+			}
+		}
+	}
+	return out
+}
+
+func (l *Ledger) describeLocked(id scopeID) (ScopeStatus, bool) {
+	var cfg Scope
+	var ok bool
+	switch id.kind {
+	case ScopeKey:
+		cfg, ok = l.keys[id.name]
+	case ScopeTeam:
+		cfg, ok = l.teams[id.name]
+	}
+	if !ok {
+		return ScopeStatus{}, false
+	}
+	st := l.state[id]
+	return ScopeStatus{Scope: id.kind, Name: id.name, Team: cfg.Team, Limits: st.bounds.limits(st.tokens),
+		Windows: st.statusLocked(l.clk.Now(), nil)}, true
+}
+
+// limits converts b back to Limits.
+func (b Bounds) limits(tokens string) Limits {
+	return Limits{TokensPerMinute: b[0], TokensPerDay: b[1], TokensCounted: tokens, RequestsPerMinute: b[2], RequestsPerDay: b[3],
+		GPUSecondsPerDay: float64(b[4]) / 1000, GPUSecondsPerMonth: float64(b[5]) / 1000,
+		BudgetPerDay: float64(b[6]) / 1e6, BudgetPerMonth: float64(b[7]) / 1e6}
+}
+
+// SetLimits replaces the windows' limits of the configured key or team
+// named name, until the next Configure (a reload of the keys): the
+// admin API's change of a quota. Errors: ErrUnknownScope, or lim's
+// (Limits.ValidateTeam, which also refuses a key's admission settings).
+func (l *Ledger) SetLimits(scope, name string, lim Limits) error {
+	if err := lim.ValidateTeam(); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := l.keys
+	if scope == ScopeTeam {
+		m = l.teams
+	} else if scope != ScopeKey {
+		m = nil
+	}
+	cfg, ok := m[name]
+	if !ok {
+		return fmt.Errorf("%w: %s %q", ErrUnknownScope, scope, name)
+	}
+	cfg.Bounds, cfg.TokensCounted = lim.Bounds(), lim.TokensCounted
+	m = maps.Clone(m) // Configure's maps are the caller's
+	m[name] = cfg
+	if scope == ScopeTeam {
+		l.teams = m
+	} else {
+		l.keys = m
+	}
+	st := l.state[scopeID{scope, name}]
+	st.bounds, st.tokens = cfg.Bounds, cfg.TokensCounted
+	return nil
 }

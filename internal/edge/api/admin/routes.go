@@ -27,6 +27,8 @@ type Config struct {
 	Usage Usage
 	// History serves GET /admin/v1/history (history.go).
 	History History
+	// Quotas serves GET and PUT /admin/v1/quotas (quotas.go).
+	Quotas Quotas
 	// Logger may be nil (then nothing is logged).
 	Logger *slog.Logger
 }
@@ -71,6 +73,9 @@ func Routes(cfg Config) map[string]api.Route {
 	}
 	if cfg.History != nil {
 		routes["/admin/v1/history"] = api.Route{Method: http.MethodGet, Serve: s.history}
+	}
+	if cfg.Quotas != nil {
+		routes["/admin/v1/quotas"] = api.Route{Serve: s.quotas}
 	}
 	return routes
 }
