@@ -234,4 +234,3 @@ type statusError struct {
 }
 
 func (e *statusError) Error() string { return strconv.Itoa(e.status) + ": " + e.body }
-

@@ -106,7 +106,7 @@ type Server struct {
 	models    []model    // served now, in listing order
 	created   int        // models added by AddModel so far
 	stats     Stats
-	tokenSecs map[int64]int64 // output tokens per Unix second, the last minute's
+	tokenSecs map[int64]int64     // output tokens per Unix second, the last minute's
 	admitted  uint64              // inference requests admitted so far; drives fault choice and ids
 	seen      []SeenRequest       // ring of the last maxSeen requests
 	seenStart int                 // index of the oldest entry once seen is full
