@@ -187,13 +187,15 @@ type errReader struct{ err error }
 func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 
 // settleQuota settles a request's reservation from its record: cancelled
-// when it was never dispatched (sent false: Dispatch returned no run);
+// when it was never dispatched and its answer is a failure or none (sent
+// false: Dispatch returned no run to this request; status 0 or ≥ 400);
 // else its reported usage, or, when no
-// usage was reported (a tunnel stream without include_usage, a run that
-// goes on in the background), what it reserved; its slot time is its
+// usage was reported (a tunnel stream without include_usage, a run of
+// the runs API or a background response, dispatched by a request of its
+// own), what it reserved; its slot time is its
 // time from the end of its queue wait to the end of the answer.
 func settleQuota(res *quota.Reservation, rec RequestRecord, sent bool) {
-	if !sent {
+	if !sent && (rec.Status == 0 || rec.Status >= 400) {
 		res.Cancel()
 		return
 	}
