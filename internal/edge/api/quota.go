@@ -164,8 +164,9 @@ func (h *handler) reserveQuota(w http.ResponseWriter, r *http.Request, caller *a
 	if err != nil {
 		return nil, err
 	}
-	if !capped {
-		n := res.Ask().OutputTokens
+	if n := res.Ask().OutputTokens; !capped && n < uncappedAsk {
+		// (A quota none of whose windows counts answer tokens leaves
+		// the request uncapped.)
 		if body, err = setCap(r.URL.Path, body, n); err != nil {
 			res.Cancel()
 			return nil, err

@@ -124,6 +124,12 @@ func TestQuotaClampsOrRefusesAnUncappedRequest(t *testing.T) {
 		t.Fatalf("default_max_tokens: %d %q", resp.status, resp.header.Get(clampedHeader))
 	}
 
+	env4, f4, _, _ := newQuotaEnv(t, quota.Limits{RequestsPerDay: 10, TokensPerMinute: 5000, TokensCounted: quota.CountInput})
+	if resp := env4.send(t, "POST", "/v1/chat/completions", simpleChat, bearer(f4.alice)); resp.status != 200 ||
+		resp.header.Get(clampedHeader) != "" || string(env4.gw.requests()[0].Body) != simpleChat {
+		t.Fatalf("no window counts answer tokens: %d %q, sent %s", resp.status, resp.header.Get(clampedHeader), env4.gw.requests()[0].Body)
+	}
+
 	env3, f3, _, l3 := newQuotaEnv(t, quota.Limits{TokensPerMinute: 1000, Uncapped: quota.UncappedRefuse})
 	resp = env3.send(t, "POST", "/v1/chat/completions", simpleChat, bearer(f3.alice))
 	if msg, _, param, _ := openAIError(t, resp.body); resp.status != 400 || str(param) != "max_tokens" {
