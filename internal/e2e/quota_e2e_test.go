@@ -192,13 +192,15 @@ func TestQuotaHoldsAtTheSimulator(t *testing.T) {
 // TestQuotaSDKsBackOff: the official openai and @anthropic-ai/sdk
 // clients (test/js/quota_backoff.mjs), refused with 429 while a slow
 // request holds most of the key's tokens_per_minute, wait the
-// Retry-After and succeed once it settled.
+// Retry-After and succeed once it settled. The slow request takes 15 s,
+// long enough for node to start under load; the clients retry each
+// second (Retry-After 1: only a running request holds the quota).
 func TestQuotaSDKsBackOff(t *testing.T) {
 	t.Parallel()
 	nodeBin, files := requireJS(t, "quota_backoff.mjs")
 	rig := startQuotaRig(t, quota.Limits{TokensPerMinute: 3000},
 		sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"fast"}, DefaultMaxTokens: 8, Seed: 5},
-		sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"slow"}, DefaultMaxTokens: 5, TTFT: 4 * time.Second, Seed: 5})
+		sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"slow"}, DefaultMaxTokens: 5, TTFT: 15 * time.Second, Seed: 5})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	hog := make(chan error, 1)

@@ -49,8 +49,8 @@ function checkBackedOff(seen, prefix) {
 test('openai and @anthropic-ai/sdk back off on a quota 429 and succeed', async () => {
   const o = recorder();
   const a = recorder();
-  const openai = new OpenAI({ baseURL: `${base}/v1`, apiKey, maxRetries: 8, fetch: o.fetch });
-  const anthropic = new Anthropic({ baseURL: base, apiKey, maxRetries: 8, fetch: a.fetch });
+  const openai = new OpenAI({ baseURL: `${base}/v1`, apiKey, maxRetries: 40, fetch: o.fetch });
+  const anthropic = new Anthropic({ baseURL: base, apiKey, maxRetries: 40, fetch: a.fetch });
   const ask = [{ role: 'user', content: 'hello' }];
   const [res, msg] = await Promise.all([
     openai.chat.completions.create({ model, max_tokens: 200, messages: ask }),
