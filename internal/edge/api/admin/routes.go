@@ -25,10 +25,17 @@ type Config struct {
 	EventsKeepAlive time.Duration
 	// Usage serves GET /admin/v1/usage (usage.go).
 	Usage Usage
+	// TeamOf names the team of a key ("" for none), for the usage
+	// route's team= and group_by=team; read at each query. nil: no key
+	// is in a team.
+	TeamOf func(key string) string
 	// History serves GET /admin/v1/history (history.go).
 	History History
 	// Quotas serves GET and PUT /admin/v1/quotas (quotas.go).
 	Quotas Quotas
+	// Residency serves POST /admin/v1/providers/{node}/{provider}/load
+	// and /unload (residency.go).
+	Residency Residency
 	// Logger may be nil (then nothing is logged).
 	Logger *slog.Logger
 }
@@ -76,6 +83,9 @@ func Routes(cfg Config) map[string]api.Route {
 	}
 	if cfg.Quotas != nil {
 		routes["/admin/v1/quotas"] = api.Route{Serve: s.quotas}
+	}
+	if cfg.Residency != nil {
+		maps.Copy(routes, residencyRoutes(cfg.Residency))
 	}
 	return routes
 }
