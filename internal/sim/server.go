@@ -69,13 +69,13 @@ type Stats struct {
 	// request (keep_alive 0); 0 without residency.
 	Loads     int64 `json:"loads"`
 	Evictions int64 `json:"evictions"`
+	Unloads   int64 `json:"unloads"`
 	// OutputTokens counts the answer tokens delivered (pieces of output:
 	// tokens, or pieces of a tool call), over every inference request.
 	OutputTokens int64 `json:"output_tokens"`
 	// MaxTokensPerMinute is the most OutputTokens delivered in any 60
 	// whole seconds of the server's clock.
 	MaxTokensPerMinute int64 `json:"max_tokens_per_minute"`
-	Unloads            int64 `json:"unloads"`
 	// LastModel is the model named by the latest request ("" if none).
 	LastModel string `json:"last_model"`
 	// LastAuthorization is the Authorization header of the latest request.
