@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"iop/internal/quota"
 )
 
 func TestGeneratedKeyAuthenticatesByItsHashOnly(t *testing.T) {
@@ -385,5 +387,43 @@ func TestCallerLimited(t *testing.T) {
 	}
 	if !kr.ByName("free").Limited() || kr.ByName("rate").Limited() {
 		t.Errorf("after Replace: free Limited %v (want true), rate Limited %v (want false)", kr.ByName("free").Limited(), kr.ByName("rate").Limited())
+	}
+}
+
+func TestValidateQuotas(t *testing.T) {
+	t.Parallel()
+	_, h := Generate()
+	team := Team{Name: "research", Quota: quota.Limits{TokensPerDay: 1000}}
+	good := []Key{{Name: "a", Hash: h, Team: "research", Quota: quota.Limits{TokensPerMinute: 100, Uncapped: quota.UncappedRefuse}}}
+	if err := Validate("keys", good); err != nil {
+		t.Fatal(err)
+	}
+	if err := ValidateQuotas(good, []Team{team}, map[string]quota.Price{"m": {Input: 1, Output: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]struct {
+		keys   []Key
+		teams  []Team
+		prices map[string]quota.Price
+	}{
+		"unknown team":       {keys: good},
+		"team without name":  {keys: nil, teams: []Team{{}}},
+		"team repeated":      {keys: good, teams: []Team{team, team}},
+		"team uncapped":      {teams: []Team{{Name: "x", Quota: quota.Limits{Uncapped: "clamp"}}}},
+		"team negative":      {teams: []Team{{Name: "x", Quota: quota.Limits{TokensPerDay: -1}}}},
+		"negative price":     {prices: map[string]quota.Price{"m": {Input: -1}}},
+		"team counted wrong": {teams: []Team{{Name: "x", Quota: quota.Limits{TokensCounted: "both"}}}},
+	} {
+		if err := ValidateQuotas(c.keys, c.teams, c.prices); !errors.Is(err, ErrInvalidKey) {
+			t.Errorf("%s: %v, want ErrInvalidKey", name, err)
+		}
+	}
+	bad := []Key{{Name: "a", Hash: h, Quota: quota.Limits{Uncapped: "sometimes"}}}
+	if err := Validate("keys", bad); !errors.Is(err, ErrInvalidKey) || !errors.Is(err, quota.ErrInvalidLimits) {
+		t.Errorf("a key's bad uncapped: %v", err)
+	}
+	keys, teams := QuotaScopes(good, []Team{team})
+	if keys["a"].Team != "research" || keys["a"].Bounds[0] != 100 || teams["research"].Bounds[1] != 1000 {
+		t.Errorf("scopes %+v %+v", keys, teams)
 	}
 }

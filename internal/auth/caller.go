@@ -9,6 +9,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"iop/internal/modelname"
+	"iop/internal/quota"
 )
 
 // Caller is one authenticated key and its live limit state.
@@ -23,6 +24,8 @@ type Caller struct {
 	priority      int       // PriorityRank of Key.Priority
 	headerMax     bool      // Key.PriorityHeader is set
 	priorityMax   int       // its PriorityRank
+	team          string    // Key.Team
+	quota         quota.Limits
 	st            *keyState // shared by the Callers of one key name across Replace
 }
 
@@ -60,6 +63,27 @@ func (c *Caller) Limited() bool {
 	c.st.mu.Lock()
 	defer c.st.mu.Unlock()
 	return c.maxConcurrent > 0 || c.st.limiter != nil
+}
+
+// Team is the key's team (Key.Team), "" for none.
+func (c *Caller) Team() string { return c.team }
+
+// Quota is the key's own quota configuration (Key.Quota).
+func (c *Caller) Quota() quota.Limits { return c.quota }
+
+// RateStatus is the key's per-minute allowance now: its
+// requests_per_minute (0 = none), how many requests it may start at once,
+// and how long until the allowance is whole again.
+func (c *Caller) RateStatus() (limit, remaining int, full time.Duration) {
+	st := c.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.limiter == nil {
+		return 0, 0, 0
+	}
+	tokens := st.limiter.TokensAt(c.now())
+	missing := float64(st.limiter.Burst()) - tokens
+	return st.limiter.Burst(), max(0, int(tokens)), time.Duration(missing * float64(time.Minute) / float64(st.rpm))
 }
 
 // Weight is the key's flow weight (Key.Weight), ≥ 1.

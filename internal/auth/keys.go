@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"iop/internal/quota"
 )
 
 // HashPrefix starts every stored key hash: "sha256:" and 64 lowercase hex
@@ -36,6 +38,8 @@ const keyBytes = 32
 //     priority: standard         # critical | standard (default) | sheddable
 //     priority_header: standard  # highest X-Iop-Priority may ask; "" = ignored
 //     expires_at: 2026-12-31T00:00:00Z  # refused from then on; unset = never
+//     team: research             # its team (Team.Name); "" = none
+//     quota: {tokens_per_minute: 10000, uncapped: clamp}  # quota.Limits
 type Key struct {
 	// Name identifies the key in logs, the usage ledger and errors. Required,
 	// unique among the keys of one keyring.
@@ -65,6 +69,70 @@ type Key struct {
 	// the key is refused with 401, as if removed: the overlap window of a
 	// rotation lists the old key with expires_at beside the new one.
 	ExpiresAt time.Time `yaml:"expires_at"`
+	// Team names the key's team (a Team of the same configuration); the
+	// team's quota bounds the sum of its keys' usage. "" = none.
+	Team string `yaml:"team"`
+	// Quota are the key's own quota windows (package quota); zero = none.
+	Quota quota.Limits `yaml:"quota"`
+}
+
+// Team is a named group of keys whose quota bounds the sum of their
+// usage. In YAML, at the top of a keys file:
+//
+//	teams:
+//	  - name: research
+//	    quota: {tokens_per_day: 2000000, gpu_seconds_per_month: 36000}
+type Team struct {
+	// Name identifies the team (Key.Team); required, unique.
+	Name string `yaml:"name"`
+	// Quota are the team's windows (quota.Limits; uncapped and
+	// default_max_tokens are a key's only).
+	Quota quota.Limits `yaml:"quota"`
+}
+
+// ValidateQuotas reports the first problem of the quota configuration:
+// a team without a name or named twice, a team's or a key's invalid
+// limits, a key naming a team that does not exist, an invalid price.
+// Errors wrap ErrInvalidKey.
+func ValidateQuotas(keys []Key, teams []Team, prices map[string]quota.Price) error {
+	names := make(map[string]bool, len(teams))
+	for i, t := range teams {
+		at := fmt.Sprintf("teams[%d]", i)
+		if t.Name == "" || strings.ContainsAny(t.Name, "\r\n") {
+			return fmt.Errorf("%w: %s: empty name or a line break in it", ErrInvalidKey, at)
+		}
+		if names[t.Name] {
+			return fmt.Errorf("%w: %s: name %q repeated", ErrInvalidKey, at, t.Name)
+		}
+		names[t.Name] = true
+		if err := t.Quota.ValidateTeam(); err != nil {
+			return fmt.Errorf("%w: %s (%s): %w", ErrInvalidKey, at, t.Name, err)
+		}
+	}
+	for i, k := range keys {
+		if k.Team != "" && !names[k.Team] {
+			return fmt.Errorf("%w: keys[%d] (%s): team %q is not among teams", ErrInvalidKey, i, k.Name, k.Team)
+		}
+	}
+	for model, p := range prices {
+		if err := p.Validate(); err != nil {
+			return fmt.Errorf("%w: prices[%s]: %w", ErrInvalidKey, model, err)
+		}
+	}
+	return nil
+}
+
+// QuotaScopes converts keys and teams to the scopes of a quota.Ledger
+// (quota.Ledger.Configure), by name.
+func QuotaScopes(keys []Key, teams []Team) (byKey, byTeam map[string]quota.Scope) {
+	byKey, byTeam = make(map[string]quota.Scope, len(keys)), make(map[string]quota.Scope, len(teams))
+	for _, k := range keys {
+		byKey[k.Name] = quota.Scope{Team: k.Team, Bounds: k.Quota.Bounds(), TokensCounted: k.Quota.TokensCounted}
+	}
+	for _, t := range teams {
+		byTeam[t.Name] = quota.Scope{Bounds: t.Quota.Bounds(), TokensCounted: t.Quota.TokensCounted}
+	}
+	return byKey, byTeam
 }
 
 // MaxWeight is the largest Key.Weight (the scheduler's bound).
@@ -126,7 +194,9 @@ func ParseHash(s string) ([sha256.Size]byte, error) {
 
 // Validate reports the first problem of keys, naming them by field (for
 // example "keys[2]"): an empty or repeated name, a malformed or repeated
-// hash, a negative limit, an empty model name. Errors wrap ErrInvalidKey.
+// hash, a negative limit, an empty model name, invalid quota limits.
+// Errors wrap ErrInvalidKey. ValidateQuotas checks the teams the keys
+// name.
 func Validate(field string, keys []Key) error {
 	names := make(map[string]bool, len(keys))
 	hashes := make(map[[sha256.Size]byte]bool, len(keys))
@@ -166,6 +236,9 @@ func Validate(field string, keys []Key) error {
 			if m == "" {
 				return fmt.Errorf("%w: %s (%s): empty model name", ErrInvalidKey, at, k.Name)
 			}
+		}
+		if err := k.Quota.Validate(); err != nil {
+			return fmt.Errorf("%w: %s (%s): %w", ErrInvalidKey, at, k.Name, err)
 		}
 	}
 	return nil
@@ -216,7 +289,7 @@ func (k *Keyring) Replace(keys []Key) error {
 	for _, key := range keys {
 		h, _ := ParseHash(key.Hash)
 		c := &Caller{name: key.Name, hash: h, maxConcurrent: key.MaxConcurrent, now: k.now, expiresAt: key.ExpiresAt,
-			weight: max(key.Weight, 1), headerMax: key.PriorityHeader != ""}
+			weight: max(key.Weight, 1), headerMax: key.PriorityHeader != "", team: key.Team, quota: key.Quota}
 		c.priority, _ = PriorityRank(key.Priority)
 		c.priorityMax, _ = PriorityRank(key.PriorityHeader)
 		if len(key.Models) > 0 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"reflect"
@@ -16,6 +17,7 @@ import (
 
 	"iop/internal/auth"
 	"iop/internal/cluster"
+	"iop/internal/quota"
 	"iop/internal/scheduler"
 	"iop/internal/tracing"
 )
@@ -119,8 +121,16 @@ type Config struct {
 	// AdminKeys are the keys of the admin routes (/admin, /metrics, /ui,
 	// /debug). Served by the HTTP layer.
 	AdminKeys []auth.Key `yaml:"admin_keys"`
-	// KeysFile is a YAML file with more keys and admin_keys, in the same
-	// shape as here (LoadKeysFile); read once at start.
+	// Teams are the teams keys may belong to (Key.Team), each with a
+	// quota that bounds the sum of its keys' usage (package quota).
+	// Served by the HTTP layer.
+	Teams []auth.Team `yaml:"teams"`
+	// Prices maps a requested model name to its price per million input
+	// and output tokens, for the quota budget windows; a model without a
+	// price costs nothing (its tokens still count).
+	Prices map[string]quota.Price `yaml:"prices"`
+	// KeysFile is a YAML file with more keys, admin_keys, teams and prices,
+	// in the same shape as here (LoadKeysFile); read once at start.
 	KeysFile string `yaml:"keys_file"`
 	// InsecureOpen allows an open client API (no keys) on a non-loopback
 	// listen address.
@@ -688,6 +698,9 @@ func (c Config) Validate() error {
 	if err := auth.Validate("admin_keys", c.AdminKeys); err != nil {
 		bad("%v", err)
 	}
+	if err := auth.ValidateQuotas(c.Keys, c.Teams, c.Prices); err != nil {
+		bad("%v", err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -720,12 +733,15 @@ func ParseConfig(data []byte) (Config, error) {
 
 // KeysFile is the shape of a keys file (Config.KeysFile).
 type KeysFile struct {
-	Keys      []auth.Key `yaml:"keys"`
-	AdminKeys []auth.Key `yaml:"admin_keys"`
+	Keys      []auth.Key             `yaml:"keys"`
+	AdminKeys []auth.Key             `yaml:"admin_keys"`
+	Teams     []auth.Team            `yaml:"teams"`
+	Prices    map[string]quota.Price `yaml:"prices"`
 }
 
-// LoadKeysFile reads c.KeysFile (if set) and returns c with its keys and
-// admin keys appended, validated together. Errors wrap ErrInvalidConfig,
+// LoadKeysFile reads c.KeysFile (if set) and returns c with its keys,
+// admin keys and teams appended and its prices added (the file's win),
+// validated together. Errors wrap ErrInvalidConfig,
 // or are the file's read error.
 func (c Config) LoadKeysFile() (Config, error) {
 	if c.KeysFile == "" {
@@ -743,6 +759,15 @@ func (c Config) LoadKeysFile() (Config, error) {
 	}
 	c.Keys = append(append([]auth.Key(nil), c.Keys...), kf.Keys...)
 	c.AdminKeys = append(append([]auth.Key(nil), c.AdminKeys...), kf.AdminKeys...)
+	c.Teams = append(append([]auth.Team(nil), c.Teams...), kf.Teams...)
+	if len(kf.Prices) > 0 {
+		prices := maps.Clone(c.Prices)
+		if prices == nil {
+			prices = make(map[string]quota.Price, len(kf.Prices))
+		}
+		maps.Copy(prices, kf.Prices)
+		c.Prices = prices
+	}
 	c.KeysFile = ""
 	if err := c.Validate(); err != nil {
 		return c, err

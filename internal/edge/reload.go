@@ -80,6 +80,7 @@ func (s *Service) Reload(cfg Config) (ReloadResult, error) {
 	applied.Models, applied.Queue = maps.Clone(cfg.Models), cfg.Queue
 	applied.Tokens = slices.Clone(cfg.Tokens)
 	applied.Keys, applied.AdminKeys, applied.KeysFile = cfg.Keys, cfg.AdminKeys, cfg.KeysFile
+	applied.Teams, applied.Prices = cfg.Teams, cfg.Prices
 	applied.Fairness.Mode = cfg.Fairness.Mode
 	applied.Routing, applied.PrefixLoadSlack = cfg.Routing, cfg.PrefixLoadSlack
 	applied.Residency = cfg.Residency

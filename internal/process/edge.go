@@ -19,6 +19,7 @@ import (
 	"iop/internal/edge/api/admin"
 	batchapi "iop/internal/edge/api/batch"
 	"iop/internal/ledger"
+	"iop/internal/quota"
 	"iop/internal/responses"
 	"iop/internal/runs"
 	"iop/internal/scheduler"
@@ -53,8 +54,11 @@ type edgeProcess struct {
 	// Keys and AdminKeys are the HTTP API's keyrings; a reload swaps
 	// their keys (edgeReloader).
 	Keys, AdminKeys *auth.Keyring
-	HTTPAddr        string // host:port the HTTP API listens on
-	NodeAddr        string // host:port the node endpoint listens on
+	// Quota holds the keys' and teams' quota windows; a reload
+	// reconfigures it (edgeReloader).
+	Quota    *quota.Ledger
+	HTTPAddr string // host:port the HTTP API listens on
+	NodeAddr string // host:port the node endpoint listens on
 
 	obs           *observability
 	srv           *edge.Server
@@ -153,7 +157,16 @@ func (e *edgeProcess) openKeys(context.Context) error {
 		return err
 	}
 	e.keyCfg, e.adminCfg = cfg.Keys, cfg.AdminKeys
+	e.Quota = quota.New(quota.Config{Logger: e.logger.With("component", "quota")})
+	configureQuota(e.Quota, cfg)
 	return checkOpenAPI(cfg, e.Keys.Len(), e.logger)
+}
+
+// configureQuota gives q the quotas of cfg's keys and teams and its
+// prices.
+func configureQuota(q *quota.Ledger, cfg edge.Config) {
+	keys, teams := auth.QuotaScopes(cfg.Keys, cfg.Teams)
+	q.Configure(keys, teams, cfg.Prices)
 }
 
 // openServer makes the metrics, event hub and history, and the edge
@@ -167,6 +180,7 @@ func (e *edgeProcess) openServer(context.Context) error {
 	if err != nil {
 		return err
 	}
+	obs.registry.MustRegister(quota.NewCollector(e.Quota))
 	e.obs, e.srv, e.Service = obs, srv, srv.Service()
 	obs.svc = e.Service
 	return nil
@@ -305,12 +319,22 @@ func (e *edgeProcess) closeHTTPListener(context.Context) error {
 	return nil
 }
 
+// teamOf is the team of the client key named key as the keys are now
+// (after any reload), "" for a key in no team or no longer configured.
+func (e *edgeProcess) teamOf(key string) string {
+	if c := e.Keys.ByName(key); c != nil {
+		return c.Team()
+	}
+	return ""
+}
+
 // serve builds the HTTP API over the opened stores and starts the gRPC
 // and HTTP servers on their listeners.
 func (e *edgeProcess) serve(ctx context.Context) error {
 	svc := e.Service
 	e.stopping = make(chan struct{})
-	routes := admin.Routes(e.obs.adminConfig(admin.Config{Snapshots: svc, Usage: e.usage, Residency: svc, Logger: e.logger}))
+	routes := admin.Routes(e.obs.adminConfig(admin.Config{Snapshots: svc, Usage: e.usage, Residency: svc, Quotas: e.Quota,
+		TeamOf: e.teamOf, Logger: e.logger}))
 	maps.Copy(routes, batchapi.Routes(e.batches.svc, e.logger))
 	handler := api.New(e.obs.apiConfig(api.Config{
 		Stopping:        e.stopping,
@@ -322,6 +346,7 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 		Keys:            e.Keys,
 		AdminKeys:       e.AdminKeys,
 		Ledger:          e.usage,
+		Quota:           e.Quota,
 		Responses:       e.responseStore,
 		Flow:            e.cfg.Fairness.Flow,
 		Tracer:          e.tr.Tracer,

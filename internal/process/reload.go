@@ -180,6 +180,9 @@ func (r *edgeReloader) apply(cfg edge.Config, trigger string) error {
 	if err := auth.Validate("admin_keys", cfg.AdminKeys); err != nil {
 		return err
 	}
+	if err := auth.ValidateQuotas(cfg.Keys, cfg.Teams, cfg.Prices); err != nil {
+		return err
+	}
 	if err := checkKeysKept(r.e.Keys.Len(), r.e.AdminKeys.Len(), cfg); err != nil {
 		return err
 	}
@@ -198,6 +201,7 @@ func (r *edgeReloader) apply(cfg edge.Config, trigger string) error {
 		return err
 	}
 	r.e.keyCfg, r.e.adminCfg = cfg.Keys, cfg.AdminKeys
+	configureQuota(r.e.Quota, cfg)
 	log := r.logger.With("component", "config")
 	log.Info("config reloaded", "trigger", trigger, "added", res.Added, "removed", res.Removed,
 		"changed", res.Changed, "queue_changed", res.QueueChanged,

@@ -257,6 +257,7 @@ func (s *Server) paceSteps(ctx context.Context, prefill time.Duration, steps int
 			s.cancelled()
 			abortConnection()
 		}
+		s.countToken()
 	}
 	if drop > 0 {
 		abortConnection()

@@ -70,6 +70,12 @@ type Stats struct {
 	Loads     int64 `json:"loads"`
 	Evictions int64 `json:"evictions"`
 	Unloads   int64 `json:"unloads"`
+	// OutputTokens counts the answer tokens delivered (pieces of output:
+	// tokens, or pieces of a tool call), over every inference request.
+	OutputTokens int64 `json:"output_tokens"`
+	// MaxTokensPerMinute is the most OutputTokens delivered in any 60
+	// whole seconds of the server's clock.
+	MaxTokensPerMinute int64 `json:"max_tokens_per_minute"`
 	// LastModel is the model named by the latest request ("" if none).
 	LastModel string `json:"last_model"`
 	// LastAuthorization is the Authorization header of the latest request.
@@ -102,6 +108,7 @@ type Server struct {
 	models    []model    // served now, in listing order
 	created   int        // models added by AddModel so far
 	stats     Stats
+	tokenSecs map[int64]int64     // output tokens per Unix second, the last minute's
 	admitted  uint64              // inference requests admitted so far; drives fault choice and ids
 	seen      []SeenRequest       // ring of the last maxSeen requests
 	seenStart int                 // index of the oldest entry once seen is full
@@ -350,6 +357,29 @@ func (s *Server) prefill(req request) time.Duration {
 	s.logger.Debug("prefix cache", "model", req.model, "hit_blocks", o.HitBlocks, "miss_blocks", o.MissBlocks,
 		"hit_tokens", o.HitTokens, "miss_tokens", o.MissTokens, "prefill", d)
 	return d
+}
+
+// countToken counts one output token delivered now (Stats.OutputTokens,
+// Stats.MaxTokensPerMinute).
+func (s *Server) countToken() {
+	sec := s.clock.Now().Unix()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tokenSecs == nil {
+		s.tokenSecs = make(map[int64]int64)
+	}
+	s.stats.OutputTokens++
+	s.tokenSecs[sec]++
+	var minute int64
+	for at, n := range s.tokenSecs {
+		switch {
+		case at <= sec-60:
+			delete(s.tokenSecs, at)
+		case at <= sec:
+			minute += n
+		}
+	}
+	s.stats.MaxTokensPerMinute = max(s.stats.MaxTokensPerMinute, minute)
 }
 
 // serveStats answers GET /stats with Stats as JSON.

@@ -131,17 +131,32 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request
 	obsOf(r).key(caller.Name())
 	op, dispatches := dispatchPaths[r.URL.Path]
 	if r.Method != http.MethodPost || !dispatches {
+		h.rateLimitHeaders(w.Header(), r.URL.Path, caller)
 		return r.WithContext(ctx), release, true
 	}
+	// The quota first (quota.go): a reservation refused later is
+	// cancelled, counting nothing, while a request slot taken spends the
+	// minute's allowance.
+	reserved, err := h.reserveQuota(w, r.WithContext(ctx), caller)
+	if err != nil {
+		h.logger.Debug("key over its quota", "key", caller.Name(), "path", clip(r.URL.Path), "err", err)
+		obsOf(r).begin(op)
+		h.rateLimitHeaders(w.Header(), r.URL.Path, caller)
+		return refuse(err)
+	}
+	r = reserved
 	// The key's admission and the request's share one bound on waiting
 	// for a scheduler leader (several edges).
-	ctx = contract.WithLeaderBound(ctx)
+	ctx = contract.WithLeaderBound(r.Context())
 	permit, err := h.admitKey(ctx, caller)
 	if err != nil {
 		h.logger.Debug("key over its limit", "key", caller.Name(), "path", clip(r.URL.Path), "err", err)
 		obsOf(r).begin(op)
+		obsOf(r).cancelQuota()
+		h.rateLimitHeaders(w.Header(), r.URL.Path, caller)
 		return refuse(err)
 	}
+	h.rateLimitHeaders(w.Header(), r.URL.Path, caller)
 	held := &heldPermit{permit: permit}
 	return r.WithContext(context.WithValue(ctx, permitKey{}, held)), func() {
 		if !held.kept {

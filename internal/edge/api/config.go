@@ -124,6 +124,10 @@ type Config struct {
 	Flow string
 	// Ledger, when set, records every finished API request.
 	Ledger Ledger
+	// Quota, when set, holds the quotas of keys and teams: a request of a
+	// key with one reserves its worst case before it is queued and settles
+	// when it is finished (quota.go).
+	Quota Quota
 	// Responses, when set, keeps the stored responses of the Responses API
 	// (POST /v1/responses with store true; GET, DELETE, input_items and
 	// previous_response_id read them). Nil: nothing is kept, every stored

@@ -9,6 +9,7 @@
 //
 //	handler.go        New, ServeHTTP: routing, body caps and lingering, write deadlines, abort on nothing written
 //	access.go         keys, admin prefixes, a key's request slot (admit, answerFinished), model access
+//	quota.go          a key's quota: reservation before queueing, clamp, settlement, rate-limit headers
 //	errors.go         classify: the one mapping of every failure to a status and an OpenAI error body
 //	observe.go        one RequestRecord per API request; outcome decided once (observation.decide)
 //	dispatch.go       serveRun/serveRunWith: dispatch, then render by execution path

@@ -11,6 +11,7 @@ import (
 
 	"iop/internal/auth"
 	"iop/internal/edge/contract"
+	"iop/internal/quota"
 )
 
 // Dispatch outcomes a Gateway reports, by wrapping one of them (for example
@@ -122,6 +123,7 @@ func classify(err error, req *contract.Request) *apiError {
 		reqErr   *requestError
 		upErr    *upstreamError
 		limitErr *auth.LimitError
+		quotaErr *quota.Refusal
 	)
 	switch {
 	case errors.Is(err, errMissingKey):
@@ -144,6 +146,8 @@ func classify(err error, req *contract.Request) *apiError {
 			"This API key is over its limit of "+what+"; retry later")
 		e.retryAfter = retryAfterSeconds(limitErr.RetryAfter)
 		return e
+	case errors.As(err, &quotaErr):
+		return quotaError(quotaErr)
 	case errors.As(err, &reqErr):
 		return newAPIError(http.StatusBadRequest, "invalid_request_error", reqErr.param, "invalid_request", reqErr.Error())
 	case errors.Is(err, errNotFound):

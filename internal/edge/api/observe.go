@@ -13,6 +13,7 @@ import (
 	"iop/internal/auth"
 	"iop/internal/edge/contract"
 	"iop/internal/ledger"
+	"iop/internal/quota"
 	"iop/internal/tracing"
 )
 
@@ -138,6 +139,18 @@ type observation struct {
 	// (dispatching); slotFrom when its lease was granted: dispatchStart
 	// plus its queue wait, set by dispatched.
 	dispatchStart, slotFrom time.Time
+	// quota is the request's quota reservation (quota.go), settled by
+	// finish; nil for none.
+	quota *quota.Reservation
+}
+
+// cancelQuota cancels the request's quota reservation, if any: it will
+// not run.
+func (o *observation) cancelQuota() {
+	if o != nil && o.quota != nil {
+		o.quota.Cancel()
+		o.quota = nil
+	}
 }
 
 type observationKey struct{}
@@ -388,10 +401,11 @@ func runOutcome(reason string) contract.Outcome {
 }
 
 // keyRefusal reports whether err is a refusal by the request's key: over
-// one of its limits (*auth.LimitError) or a model it may not use.
+// one of its limits (*auth.LimitError) or quotas (*quota.Refusal), or a
+// model it may not use.
 func keyRefusal(err error) bool {
 	var limit *auth.LimitError
-	return errors.As(err, &limit) || errors.Is(err, ErrModelNotAllowed)
+	return errors.As(err, &limit) || errors.Is(err, ErrModelNotAllowed) || errors.Is(err, quota.ErrOverQuota)
 }
 
 // decide decides the request's outcome, once: later calls return the
@@ -475,12 +489,18 @@ func (o *observation) record(status int) RequestRecord {
 // request's outcome.
 func (h *handler) finish(ctx context.Context, o *observation, status int) {
 	if o.rec.API == "" {
+		if o.quota != nil {
+			settleQuota(o.quota, o.record(status), o.sent)
+		}
 		if o.trace != nil {
 			o.trace.drop()
 		}
 		return
 	}
 	rec := o.record(status)
+	if o.quota != nil {
+		settleQuota(o.quota, rec, o.sent)
+	}
 	if o.trace != nil {
 		rec.TraceID = o.trace.end(&rec, o.finishReason)
 	}

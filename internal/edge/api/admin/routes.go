@@ -31,6 +31,8 @@ type Config struct {
 	TeamOf func(key string) string
 	// History serves GET /admin/v1/history (history.go).
 	History History
+	// Quotas serves GET and PUT /admin/v1/quotas (quotas.go).
+	Quotas Quotas
 	// Residency serves POST /admin/v1/providers/{node}/{provider}/load
 	// and /unload (residency.go).
 	Residency Residency
@@ -78,6 +80,9 @@ func Routes(cfg Config) map[string]api.Route {
 	}
 	if cfg.History != nil {
 		routes["/admin/v1/history"] = api.Route{Method: http.MethodGet, Serve: s.history}
+	}
+	if cfg.Quotas != nil {
+		routes["/admin/v1/quotas"] = api.Route{Serve: s.quotas}
 	}
 	if cfg.Residency != nil {
 		maps.Copy(routes, residencyRoutes(cfg.Residency))

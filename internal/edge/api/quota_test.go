@@ -1,0 +1,248 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/internal/auth"
+	"iop/internal/clock"
+	"iop/internal/quota"
+)
+
+// newQuotaEnv serves alice (with lim as her quota) and bob (none) over a
+// quota ledger on a fake clock.
+func newQuotaEnv(t *testing.T, lim quota.Limits) (*testEnv, keyFixture, *clock.Fake, *quota.Ledger) {
+	t.Helper()
+	f := newKeys(t, auth.Key{Quota: lim})
+	clk := clock.NewFake(time.Unix(1700000000, 0))
+	l := quota.New(quota.Config{Clock: clk})
+	keys, teams := auth.QuotaScopes([]auth.Key{{Name: "alice", Quota: lim}, {Name: "bob"}}, nil)
+	l.Configure(keys, teams, nil)
+	gw := &fakeGateway{models: []string{"m"}, dispatch: okRun}
+	env := newEnvWithGateway(t, Config{Keys: f.keys, Quota: l, Now: clk.Now}, gw, gw)
+	return env, f, clk, l
+}
+
+// TestQuotaRefusesBeforeDispatch: a key's request reserves its body's
+// bytes plus its max_tokens; the run settles to its reported usage (3 +
+// 1 tokens); a request the window cannot hold then gets 429
+// quota_exceeded naming the window, with a Retry-After of the seconds
+// until the settled tokens leave the window, and is never dispatched;
+// every answer carries x-ratelimit-*-tokens.
+func TestQuotaRefusesBeforeDispatch(t *testing.T) {
+	t.Parallel()
+	body := `{"model":"m","max_tokens":500,"messages":[{"role":"user","content":"hello"}]}`
+	ask := int64(len(body) + 500)
+	env, f, clk, l := newQuotaEnv(t, quota.Limits{TokensPerMinute: ask + 3})
+	resp := env.send(t, "POST", "/v1/chat/completions", body, bearer(f.alice))
+	if resp.status != 200 {
+		t.Fatalf("first request: %d %s", resp.status, resp.body)
+	}
+	if got := resp.header.Get("X-Ratelimit-Remaining-Tokens"); got != "3" {
+		t.Errorf("x-ratelimit-remaining-tokens %q after reserving %d of %d, want 3", got, ask, ask+3)
+	}
+	if got := resp.header.Get("X-Ratelimit-Limit-Tokens"); got != strconv.FormatInt(ask+3, 10) {
+		t.Errorf("x-ratelimit-limit-tokens %q", got)
+	}
+	if st := l.Stats(); st.Outstanding != 0 {
+		t.Fatalf("stats after the answer: %+v", st)
+	}
+	clk.Advance(10 * time.Second)
+	resp = env.send(t, "POST", "/v1/chat/completions", body, bearer(f.alice))
+	if resp.status != 429 {
+		t.Fatalf("second request: %d %s, want 429 (4 settled + %d > %d)", resp.status, resp.body, ask, ask+3)
+	}
+	// The 4 tokens were settled at 1700000000 s: they leave the window
+	// at the end of their 1 s granule plus a minute, 51 s from now.
+	if ra := resp.header.Get("Retry-After"); ra != "51" {
+		t.Errorf("Retry-After %q, want 51", ra)
+	}
+	msg, typ, _, code := openAIError(t, resp.body)
+	if typ != "rate_limit_error" || str(code) != "quota_exceeded" || !strings.Contains(msg, "tokens_per_minute") ||
+		!strings.Contains(msg, "limit "+strconv.FormatInt(ask+3, 10)+" tokens") || !strings.Contains(msg, "asks "+strconv.FormatInt(ask, 10)) {
+		t.Errorf("error %s %s: %s", typ, str(code), msg)
+	}
+	if got := resp.header.Get("X-Ratelimit-Remaining-Tokens"); got != strconv.FormatInt(ask-1, 10) {
+		t.Errorf("x-ratelimit-remaining-tokens on the 429: %q, want %d", got, ask-1)
+	}
+	if got := resp.header.Get("X-Ratelimit-Reset-Tokens"); got != "51s" {
+		t.Errorf("x-ratelimit-reset-tokens %q, want 51s", got)
+	}
+	// An Ollama request asking as much (a 3-digit num_predict).
+	ollama := `{"model":"m","prompt":"x","stream":false,"options":{"num_predict":%d}}`
+	ollama = fmt.Sprintf(ollama, ask-int64(len(ollama)-1))
+	if resp := env.send(t, "POST", "/api/generate", ollama, bearer(f.alice)); resp.status != 429 ||
+		!strings.HasPrefix(resp.body, `{"error":"Quota tokens_per_minute`) || resp.header.Get("Retry-After") != "51" {
+		t.Errorf("Ollama route: %d %s", resp.status, resp.body)
+	}
+	if resp := env.send(t, "POST", "/v1/chat/completions", body, bearer(f.bob)); resp.status != 200 ||
+		resp.header.Get("X-Ratelimit-Limit-Tokens") != "" {
+		t.Errorf("bob, without a quota: %d, headers %v", resp.status, resp.header)
+	}
+	if n := len(env.gw.requests()); n != 2 {
+		t.Fatalf("%d dispatches, want 2 (alice's first, bob's)", n)
+	}
+	clk.Advance(51 * time.Second)
+	if resp := env.send(t, "POST", "/v1/chat/completions", body, bearer(f.alice)); resp.status != 200 {
+		t.Fatalf("after Retry-After: %d %s", resp.status, resp.body)
+	}
+	if st := l.Stats(); st.Outstanding != 0 || st.DoubleSettles != 0 || st.Overruns != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestQuotaClampsOrRefusesAnUncappedRequest: a request with no cap on its
+// answer gets max_tokens set to what the window holds (uncapped: clamp,
+// the default; said in X-Iop-Max-Tokens-Clamped), or default_max_tokens
+// when that fits; with uncapped: refuse it is answered 400.
+func TestQuotaClampsOrRefusesAnUncappedRequest(t *testing.T) {
+	t.Parallel()
+	env, f, _, _ := newQuotaEnv(t, quota.Limits{TokensPerMinute: 1000})
+	resp := env.send(t, "POST", "/v1/chat/completions", simpleChat, bearer(f.alice))
+	want := 1000 - len(simpleChat)
+	if resp.status != 200 || resp.header.Get(clampedHeader) != strconv.Itoa(want) {
+		t.Fatalf("%d %s, %s %q, want %d", resp.status, resp.body, clampedHeader, resp.header.Get(clampedHeader), want)
+	}
+	var sent struct {
+		MaxTokens int `json:"max_tokens"`
+	}
+	if err := json.Unmarshal(env.gw.requests()[0].Body, &sent); err != nil || sent.MaxTokens != want {
+		t.Fatalf("dispatched max_tokens %d (%v), want %d", sent.MaxTokens, err, want)
+	}
+	ollama := `{"model":"m","prompt":"x","stream":false}`
+	resp = env.send(t, "POST", "/api/generate", ollama, bearer(f.alice))
+	if resp.status != 200 || resp.header.Get(clampedHeader) == "" {
+		t.Fatalf("Ollama: %d %s", resp.status, resp.body)
+	}
+
+	env2, f2, _, _ := newQuotaEnv(t, quota.Limits{TokensPerMinute: 1000, DefaultMaxTokens: 64})
+	if resp := env2.send(t, "POST", "/v1/chat/completions", simpleChat, bearer(f2.alice)); resp.header.Get(clampedHeader) != "64" {
+		t.Fatalf("default_max_tokens: %d %q", resp.status, resp.header.Get(clampedHeader))
+	}
+
+	env4, f4, _, _ := newQuotaEnv(t, quota.Limits{RequestsPerDay: 10, TokensPerMinute: 5000, TokensCounted: quota.CountInput})
+	if resp := env4.send(t, "POST", "/v1/chat/completions", simpleChat, bearer(f4.alice)); resp.status != 200 ||
+		resp.header.Get(clampedHeader) != "" || string(env4.gw.requests()[0].Body) != simpleChat {
+		t.Fatalf("no window counts answer tokens: %d %q, sent %s", resp.status, resp.header.Get(clampedHeader), env4.gw.requests()[0].Body)
+	}
+
+	env3, f3, _, l3 := newQuotaEnv(t, quota.Limits{TokensPerMinute: 1000, Uncapped: quota.UncappedRefuse})
+	resp = env3.send(t, "POST", "/v1/chat/completions", simpleChat, bearer(f3.alice))
+	if msg, _, param, _ := openAIError(t, resp.body); resp.status != 400 || str(param) != "max_tokens" {
+		t.Fatalf("uncapped: refuse: %d %s %s", resp.status, msg, str(param))
+	}
+	if n := len(env3.gw.requests()); n != 0 || l3.Stats().Outstanding != 0 {
+		t.Fatalf("%d dispatched, stats %+v", n, l3.Stats())
+	}
+}
+
+// TestQuotaAnthropicHeaders: /v1/messages answers carry
+// anthropic-ratelimit-* with RFC 3339 resets, requests from the key's
+// requests_per_minute.
+func TestQuotaAnthropicHeaders(t *testing.T) {
+	t.Parallel()
+	env, f, clk, _ := newQuotaEnv(t, quota.Limits{TokensPerDay: 5000, RequestsPerMinute: 10})
+	body := `{"model":"m","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`
+	resp := env.send(t, "POST", "/v1/messages", body, map[string]string{"X-Api-Key": f.alice, "Anthropic-Version": "2023-06-01"})
+	if resp.status != 200 {
+		t.Fatalf("%d %s", resp.status, resp.body)
+	}
+	h := resp.header
+	if h.Get("Anthropic-Ratelimit-Tokens-Limit") != "5000" || h.Get("Anthropic-Ratelimit-Requests-Limit") != "10" ||
+		h.Get("Anthropic-Ratelimit-Requests-Remaining") != "9" || h.Get("X-Ratelimit-Limit-Tokens") != "" {
+		t.Fatalf("headers %v", h)
+	}
+	if reset, err := time.Parse(time.RFC3339, h.Get("Anthropic-Ratelimit-Requests-Reset")); err != nil || reset.Before(clk.Now()) {
+		t.Fatalf("requests reset %q (%v)", h.Get("Anthropic-Ratelimit-Requests-Reset"), err)
+	}
+}
+
+// TestQuotaRefusalIsRecordedRefused: a request refused by its key's
+// quota is recorded (log, ledger) with the outcome refused, as a request
+// over its key's requests_per_minute is.
+func TestQuotaRefusalIsRecordedRefused(t *testing.T) {
+	t.Parallel()
+	f := newKeys(t, auth.Key{Quota: quota.Limits{TokensPerMinute: 10}})
+	l := quota.New(quota.Config{})
+	keys, teams := auth.QuotaScopes([]auth.Key{{Name: "alice", Quota: quota.Limits{TokensPerMinute: 10}}}, nil)
+	l.Configure(keys, teams, nil)
+	led := &recordingLedger{}
+	gw := &fakeGateway{models: []string{"m"}, dispatch: okRun}
+	env := newEnvWithGateway(t, Config{Keys: f.keys, Quota: l, Ledger: led}, gw, gw)
+	if resp := env.send(t, "POST", "/v1/chat/completions", simpleChat, bearer(f.alice)); resp.status != 429 {
+		t.Fatalf("%d %s", resp.status, resp.body)
+	}
+	led.mu.Lock()
+	defer led.mu.Unlock()
+	if len(led.entries) != 1 || led.entries[0].Outcome != "refused" || led.entries[0].ErrorCode != "quota_exceeded" {
+		t.Fatalf("ledger %+v", led.entries)
+	}
+}
+
+// TestRegression_QuotaOfARunsAPIRunIsKept: a run of the runs API is
+// dispatched by a request of its own, not the POST that submitted it;
+// the POST's reservation must be settled (to what it reserved), not
+// cancelled as if nothing had run, or runs would bypass the quota.
+func TestRegression_QuotaOfARunsAPIRunIsKept(t *testing.T) {
+	t.Parallel()
+	lim := quota.Limits{TokensPerMinute: 1000}
+	f := newKeys(t, auth.Key{Quota: lim})
+	l := quota.New(quota.Config{})
+	keys, teams := auth.QuotaScopes([]auth.Key{{Name: "alice", Quota: lim}}, nil)
+	l.Configure(keys, teams, nil)
+	gw := &fakeGateway{models: []string{"m"}, dispatch: okRun}
+	env := newEnvWithGateway(t, Config{Keys: f.keys, Quota: l, Runs: newRunsManager(t)}, gw, gw)
+	body := `{"model":"m","prompt":"x","max_tokens":300}`
+	if resp := env.send(t, "POST", "/v1/runs", body, bearer(f.alice)); resp.status/100 != 2 {
+		t.Fatalf("%d %s", resp.status, resp.body)
+	}
+	st := l.Status("alice")
+	if len(st) != 1 || st[0].Used != int64(len(body)+300) {
+		t.Fatalf("after a run: %+v, want %d used", st, len(body)+300)
+	}
+}
+
+// FuzzQuotaAsk: for any body, quotaAsk never panics and never asks fewer
+// prompt tokens than the body has bytes; for an uncapped object, setCap
+// writes a cap that quotaAsk then reads back, on every route's field.
+func FuzzQuotaAsk(f *testing.F) {
+	for _, seed := range []string{
+		simpleChat,
+		`{"model":"m","max_tokens":800,"max_completion_tokens":300}`,
+		`{"model":"m","prompt":"x","options":{"num_predict":-1,"temperature":0}}`,
+		`{"model":"m","options":null}`,
+		`{"model":"m","max_output_tokens":12.5}`,
+		`{"max_tokens":"800"}`,
+		`[1,2]`,
+		``,
+	} {
+		f.Add(seed)
+	}
+	paths := []string{"/v1/chat/completions", "/api/generate", responsesPath, messagesPath, "/v1/embeddings"}
+	f.Fuzz(func(t *testing.T, body string) {
+		for _, path := range paths {
+			ask, capped, err := quotaAsk(path, []byte(body))
+			if err != nil {
+				continue
+			}
+			if ask.InputTokens != int64(len(body)) || ask.OutputTokens < 0 {
+				t.Fatalf("%s %q: ask %+v", path, body, ask)
+			}
+			if capped {
+				continue
+			}
+			out, err := setCap(path, []byte(body), 77)
+			if err != nil {
+				continue // not an object (e.g. null) or options not one
+			}
+			again, capped, err := quotaAsk(path, out)
+			if err != nil || !capped || again.OutputTokens != 77 {
+				t.Fatalf("%s %q: after setCap %s: %+v capped %v err %v", path, body, out, again, capped, err)
+			}
+		}
+	})
+}
