@@ -41,7 +41,8 @@ func TestUsageCommand(t *testing.T) {
 	bob, bobHash := auth.Generate()
 	admin, adminHash := auth.Generate()
 	cfg := harness.EdgeConfig(nil)
-	cfg.Keys = []auth.Key{{Name: "alice", Hash: aliceHash}, {Name: "bob", Hash: bobHash}}
+	cfg.Keys = []auth.Key{{Name: "alice", Hash: aliceHash, Team: "red"}, {Name: "bob", Hash: bobHash}}
+	cfg.Teams = []auth.Team{{Name: "red"}}
 	cfg.AdminKeys = []auth.Key{{Name: "ops", Hash: adminHash}}
 	ctx, cancel := context.WithCancel(context.Background())
 	e := harness.Edge(t, ctx, cfg)
@@ -92,6 +93,22 @@ func TestUsageCommand(t *testing.T) {
 		if !regexp.MustCompile(want).MatchString(out) {
 			t.Errorf("iop usage --group-by key lacks %s:\n%s", want, out)
 		}
+	}
+
+	// By team, from the edge's keys: alice is red's, bob in none.
+	out, err = runIOP("usage", "--edge", base, "--api-key", admin, "--group-by", "team")
+	if err != nil {
+		t.Fatalf("iop usage --group-by team: %v\n%s", err, out)
+	}
+	for _, want := range []string{`(?m)^TEAM\s+REQUESTS`, `(?m)^red\s+3\s+3\s`, `(?m)^\(none\)\s+2\s+1\s`} {
+		if !regexp.MustCompile(want).MatchString(out) {
+			t.Errorf("iop usage --group-by team lacks %s:\n%s", want, out)
+		}
+	}
+	out, err = runIOP("usage", "--edge", base, "--api-key", admin, "--team", "red", "--group-by", "none", "--json")
+	var red status.Usage
+	if err != nil || json.Unmarshal([]byte(out), &red) != nil || len(red.Data) != 1 || red.Data[0].Requests != 3 {
+		t.Errorf("iop usage --team red: %v\n%s", err, out)
 	}
 
 	// As JSON, by day in Tokyo, one key: today's date there, with
