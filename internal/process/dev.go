@@ -21,8 +21,9 @@ import (
 )
 
 // DevConfig configures ModeDev (`iop dev`): an edge and an in-process node
-// in one process, reaching each other over the same gRPC path a remote node
-// uses. Its YAML shape (`iop dev --config`) uses the field names below.
+// in one process, reaching each other in memory (package memlink: the
+// connection, generations and runs of a remote node, without gRPC). Its
+// YAML shape (`iop dev --config`) uses the field names below.
 type DevConfig struct {
 	Listen     string `yaml:"listen"`      // HTTP API address
 	NodeListen string `yaml:"node_listen"` // node endpoint address; default an ephemeral loopback port
@@ -279,7 +280,7 @@ func (d *devProcess) Open(ctx context.Context) error {
 func (d *devProcess) Shutdown(ctx context.Context) error { return d.steps.close(ctx) }
 
 func (d *devProcess) export(p *Process) {
-	p.HTTPAddr, p.NodeAddr, p.Service, p.Ledger = d.Edge.HTTPAddr, d.Edge.NodeAddr, d.Edge.Service, d.Edge.Ledger
+	p.HTTPAddr, p.NodeAddr, p.Service, p.Ledger, p.NodeLink = d.Edge.HTTPAddr, d.Edge.NodeAddr, d.Edge.Service, d.Edge.Ledger, d.Edge.Link
 	p.Agent, p.Dev = d.Agent, &d.DevInfo
 }
 
@@ -338,19 +339,18 @@ func (d *devProcess) closeNodeTracing(context.Context) error {
 	return nil
 }
 
-// startAgent makes the in-process node and runs it; it dials the edge's
-// node endpoint, which is open (it serves from the serve step on). The
-// node outlives the run context until its step is closed.
+// startAgent makes the in-process node and runs it; it connects to the
+// edge through its in-memory link (edgeProcess.Link). The node outlives
+// the run context until its step is closed.
 func (d *devProcess) startAgent(context.Context) error {
 	d.nodeCfg = node.Config{
 		NodeID:            "dev",
 		Label:             "iop dev in-process node",
 		Version:           d.version,
-		Edge:              d.Edge.NodeAddr,
 		Providers:         d.providers,
 		DiscoveryInterval: d.cfg.DiscoveryInterval,
 	}
-	agent, err := node.New(d.nodeCfg, d.logger, node.WithTracer(d.ntr.Tracer))
+	agent, err := node.New(d.nodeCfg, d.logger, node.WithTracer(d.ntr.Tracer), node.WithGateway(d.Edge.Link))
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 	"iop/internal/runs"
 	"iop/internal/scheduler"
 	"iop/internal/tracing"
+	"iop/internal/wire/memlink"
 )
 
 // EdgeDefaults is the configuration `iop edge` starts from: the edge's
@@ -53,6 +54,9 @@ type edgeProcess struct {
 	Keys, AdminKeys *auth.Keyring
 	HTTPAddr        string // host:port the HTTP API listens on
 	NodeAddr        string // host:port the node endpoint listens on
+	// Link is the in-memory node link to this edge (package memlink): a
+	// node in this process connects through it, without gRPC.
+	Link *memlink.Link
 
 	obs           *observability
 	srv           *edge.Server
@@ -164,6 +168,7 @@ func (e *edgeProcess) openServer(context.Context) error {
 		return err
 	}
 	e.obs, e.srv, e.Service = obs, srv, srv.Service()
+	e.Link = memlink.New(srv.NodeGateway())
 	obs.svc = e.Service
 	return nil
 }
@@ -200,8 +205,10 @@ func (e *edgeProcess) listenNodes(context.Context) (err error) {
 }
 
 // stopNodeEndpoint stops the gRPC server (its error is the edge's), or
-// closes its listener if it never served.
+// closes its listener if it never served; then it waits for the handlers
+// of the in-memory link (Link), which the server's end ended.
 func (e *edgeProcess) stopNodeEndpoint(context.Context) error {
+	defer e.Link.Close()
 	if e.grpcDone == nil {
 		e.nodeLis.Close()
 		return nil
@@ -353,7 +360,7 @@ func (e *edgeProcess) serve(context.Context) error {
 }
 
 func (e *edgeProcess) export(p *Process) {
-	p.HTTPAddr, p.NodeAddr, p.Service, p.Ledger = e.HTTPAddr, e.NodeAddr, e.Service, e.Ledger
+	p.HTTPAddr, p.NodeAddr, p.Service, p.Ledger, p.NodeLink = e.HTTPAddr, e.NodeAddr, e.Service, e.Ledger, e.Link
 	e.logger.Info("edge ready", "http", "http://"+e.HTTPAddr, "node_endpoint", e.NodeAddr)
 }
 

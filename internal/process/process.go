@@ -12,6 +12,7 @@ import (
 	"iop/internal/ledger"
 	"iop/internal/node"
 	"iop/internal/tracing"
+	"iop/internal/wire/nodev1"
 )
 
 // Mode is what a Process runs.
@@ -99,6 +100,10 @@ type Process struct {
 	// (ModeEdge, ModeDev).
 	Service *edge.Service
 	Ledger  *ledger.Ledger
+	// NodeLink reaches the edge in memory (ModeEdge, ModeDev): a node
+	// made with node.WithGateway(NodeLink) is a node in the edge's own
+	// process.
+	NodeLink nodev1.NodeGatewayClient
 	// Agent is the node (ModeNode) or the in-process node (ModeDev).
 	Agent *node.Agent
 	// Dev says what a ModeDev process serves; nil in the other modes.
