@@ -36,6 +36,9 @@ var ErrClosed = status.Error(codes.Unavailable, "in-process edge link closed")
 // Create it with New; Close waits for every handler it started.
 type Link struct {
 	srv nodev1.NodeGatewayServer
+	// ctx is the parent of every handler's context; Close ends it.
+	ctx  context.Context
+	stop context.CancelFunc
 
 	wg     sync.WaitGroup // one per handler goroutine
 	mu     sync.Mutex     // guards closed
@@ -45,15 +48,19 @@ type Link struct {
 var _ nodev1.NodeGatewayClient = (*Link)(nil)
 
 // New returns a Link whose streams srv serves.
-func New(srv nodev1.NodeGatewayServer) *Link { return &Link{srv: srv} }
+func New(srv nodev1.NodeGatewayServer) *Link {
+	ctx, stop := context.WithCancel(context.Background())
+	return &Link{srv: srv, ctx: ctx, stop: stop}
+}
 
-// Close refuses new streams (ErrClosed) and waits until every handler the
-// Link started has returned. Handlers return when their stream's client
-// context ends or the server ends them; Close does not end them itself.
+// Close refuses new streams (ErrClosed), ends every stream (its handler's
+// context ends, as grpc.Server.Stop ends a server's streams) and waits
+// until every handler the Link started has returned.
 func (l *Link) Close() {
 	l.mu.Lock()
 	l.closed = true
 	l.mu.Unlock()
+	l.stop()
 	l.wg.Wait()
 }
 
@@ -93,9 +100,10 @@ func open[Up, Down any](l *Link, ctx context.Context, up func(*Up) *Up, handler 
 		copyUp:    up,
 	}
 	// The handler's context is not the client's (no value crosses, as
-	// none crosses a network), but it ends when the client's does, and
-	// when the handler returns, as a gRPC server stream's does.
-	p.srvCtx, p.cancel = context.WithCancel(context.Background())
+	// none crosses a network), but it ends when the client's does, when
+	// the handler returns and when the Link closes, as a gRPC server
+	// stream's does.
+	p.srvCtx, p.cancel = context.WithCancel(l.ctx)
 	stop := context.AfterFunc(ctx, p.cancel)
 	go func() {
 		defer l.wg.Done()
