@@ -109,10 +109,7 @@ func open[Up, Down any](l *Link, ctx context.Context, up func(*Up) *Up, handler 
 		defer l.wg.Done()
 		err := handler(&serverStream[Up, Down]{p})
 		stop()
-		if err != nil {
-			err = status.Convert(err).Err()
-		}
-		p.err = err
+		p.err = statusOf(err)
 		p.cancel()
 		close(p.done)
 	}()
@@ -177,6 +174,9 @@ func (c *clientStream[Up, Down]) Send(m *Up) error {
 // client's context ends first, that context's status.
 func (c *clientStream[Up, Down]) Recv() (*Down, error) {
 	p := c.p
+	if err := p.clientCtx.Err(); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
 	select {
 	case m := <-p.down:
 		return m, nil
@@ -186,11 +186,11 @@ func (c *clientStream[Up, Down]) Recv() (*Down, error) {
 			return m, nil
 		default:
 		}
-		if p.err != nil {
-			return nil, p.err
-		}
 		if err := p.clientCtx.Err(); err != nil {
 			return nil, status.FromContextError(err).Err()
+		}
+		if p.err != nil {
+			return nil, p.err
 		}
 		return nil, io.EOF
 	case <-p.clientCtx.Done():
@@ -234,6 +234,9 @@ var _ grpc.BidiStreamingServer[nodev1.RunUp, nodev1.RunDown] = (*serverStream[no
 // client's context ended.
 func (s *serverStream[Up, Down]) Send(m *Down) error {
 	p := s.p
+	if err := p.srvCtx.Err(); err != nil {
+		return status.FromContextError(err).Err()
+	}
 	select {
 	case p.down <- m:
 		return nil
@@ -279,6 +282,19 @@ func (s *serverStream[Up, Down]) SendMsg(m any) error {
 
 func (s *serverStream[Up, Down]) RecvMsg(m any) error {
 	return status.Error(codes.Unimplemented, "memlink: RecvMsg: use Recv")
+}
+
+// statusOf is the status a handler's error err ends its stream with, as
+// gRPC's server makes it: err's own status, a context error's code, else
+// Unknown; nil for nil.
+func statusOf(err error) error {
+	if err == nil {
+		return nil
+	}
+	if s, ok := status.FromError(err); ok {
+		return s.Err()
+	}
+	return status.FromContextError(err).Err()
 }
 
 // cloneNodeMessage copies a control message of the node: it may reuse it.
