@@ -339,6 +339,10 @@ func (c Config) withDefaults() Config {
 // checked when the agent is built (node.New).
 func (c Config) Validate() error { return c.validate(false) }
 
+// ValidateLocal is Validate for a node in the edge's own process
+// (WithGateway): it takes no edge or edges.
+func (c Config) ValidateLocal() error { return c.validate(true) }
+
 // validate is Validate for a node whose edge is in its own process
 // (inProcess, WithGateway): it then takes no edge or edges.
 func (c Config) validate(inProcess bool) error {

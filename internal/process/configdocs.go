@@ -146,6 +146,8 @@ var configDocs = configschema.Docs{
 	"node.ProviderConfig.kill_grace":         {Text: "For type cli: time between SIGTERM and SIGKILL on cancel.", Default: configschema.FormatDuration(node.DefaultKillGrace), Example: "10s"},
 
 	// iop dev --config
+	"process.EdgeFile.providers":                      {Text: "Model servers the edge serves itself, on its own host (an Ollama beside it): a node in the edge's process drives them, as `iop node` would, and hands runs to the edge in memory (no gRPC, the body never copied). Same keys as a node's providers. Remote nodes still connect on node_listen.", Example: "[{type: ollama, base_url: http://127.0.0.1:11434, capacity: 2}]"},
+	"process.EdgeFile.local_node_id":                  {Text: "The node id of the edge's own providers: what /admin/nodes, iop status and the metrics call that node. Give each edge of several its own.", Example: "gpu-host-1"},
 	"process.DevConfig.listen":                        {Text: "Address of the HTTP API.", Example: "127.0.0.1:9090"},
 	"process.DevConfig.node_listen":                   {Text: "Address of the node endpoint; remote nodes may join the dev edge there (port 0: any free port).", Example: "127.0.0.1:7070"},
 	"process.DevConfig.sim":                           {Text: "Serve the simulator even when a local Ollama answers.", Example: "true"},

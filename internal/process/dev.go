@@ -2,7 +2,6 @@ package process
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -100,8 +99,7 @@ type devProcess struct {
 	Agent     *node.Agent
 	providers []node.ProviderConfig // the in-process node's
 	ntr       *tracing.Tracing
-	agentDone chan error // one value when Agent.Run has returned, put back by the ready step
-	stopAgent context.CancelFunc
+	local     *localNode
 	stopWatch func()
 	steps     steps
 
@@ -350,44 +348,20 @@ func (d *devProcess) startAgent(context.Context) error {
 		Providers:         d.providers,
 		DiscoveryInterval: d.cfg.DiscoveryInterval,
 	}
-	agent, err := node.New(d.nodeCfg, d.logger, node.WithTracer(d.ntr.Tracer), node.WithGateway(d.Edge.Link))
-	if err != nil {
+	d.local = &localNode{cfg: d.nodeCfg, opts: []node.Option{node.WithTracer(d.ntr.Tracer)}, logger: d.logger, reason: "iop dev stopping"}
+	if err := d.local.start(d.Edge.Link); err != nil {
 		return err
 	}
-	d.Agent = agent
-	agentCtx, stopAgent := context.WithCancel(context.Background())
-	d.stopAgent = stopAgent
-	d.agentDone = make(chan error, 1)
-	go func() { d.agentDone <- agent.Run(agentCtx) }()
+	d.Agent = d.local.Agent
 	return nil
 }
 
-// drainAgent drains the in-process node and waits for its Run; ctx ending
-// aborts its runs instead. Its error is Run's.
-func (d *devProcess) drainAgent(ctx context.Context) error {
-	defer d.stopAgent()
-	d.Agent.Drain("iop dev stopping")
-	select {
-	case err := <-d.agentDone:
-		return err
-	case <-ctx.Done():
-		d.stopAgent()
-		return <-d.agentDone
-	}
-}
+// drainAgent drains the in-process node and waits for its Run
+// (localNode.drain).
+func (d *devProcess) drainAgent(ctx context.Context) error { return d.local.drain(ctx) }
 
-// awaitAgent waits, up to 30s, for the in-process node to connect.
-func (d *devProcess) awaitAgent(context.Context) error {
-	select {
-	case <-d.Agent.Ready():
-		return nil
-	case err := <-d.agentDone:
-		d.agentDone <- err // for drainAgent
-		return fmt.Errorf("in-process node stopped: %w", err)
-	case <-time.After(30 * time.Second):
-		return errors.New("in-process node did not connect within 30s")
-	}
-}
+// awaitAgent waits for the in-process node to connect (localNode.await).
+func (d *devProcess) awaitAgent(ctx context.Context) error { return d.local.await(ctx) }
 
 // openWatch reloads the configuration (reload) at each SIGHUP, until
 // Shutdown.

@@ -95,7 +95,7 @@ func stepsEdgeConfig(t *testing.T, listen, nodeListen, pprof string) Config {
 		t.Fatal(err)
 	}
 	return Config{Mode: ModeEdge, Edge: cfg, PprofListen: pprof, ConfigFile: file,
-		Reload: func() (edge.Config, error) { return cfg, nil }}
+		Reload: func() (EdgeFile, error) { return EdgeFile{Config: cfg}, nil }}
 }
 
 func stepsDevConfig(listen, nodeListen string) Config {
