@@ -41,7 +41,11 @@ func TestGuaranteesOnTheInMemoryLink(t *testing.T) {
 		{"EdgeStopEndsRequestsWithAnAnswer", TestRegression_EdgeStopEndsRequestsWithAnAnswer},
 		{"StormAdmitsCapacityPlusQueue", TestStormAdmitsCapacityPlusQueue},
 	} {
-		t.Run(tc.name, tc.test)
+		// One test at a time, as each runs on its own: t.Run returns
+		// once the inner test and its parallel subtests are done (three
+		// of them at once, each streaming unlimited answers under the
+		// race detector, took 4 GB and stalled the process).
+		t.Run(tc.name, func(t *testing.T) { t.Run(harness.LinkMemory, tc.test) })
 	}
 }
 
