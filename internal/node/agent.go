@@ -199,11 +199,12 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 	}
 	a.creds.Store(&creds)
 	for _, pc := range cfg.Providers {
-		p, err := newProvider(pc)
+		p, err := newProvider(pc, adapterDeps{logger: a.logger, clock: a.clock})
 		if err != nil {
 			a.closeAdapters()
 			return nil, err
 		}
+		a.reportManaged(p)
 		a.providers[pc.ID] = p
 		a.slots[pc.ID] = newSlotPool(max(pc.Capacity, pc.LongCapacity))
 		a.order = append(a.order, p)
@@ -217,7 +218,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 	return a, nil
 }
 
-func newProvider(pc ProviderConfig) (*provider, error) {
+func newProvider(pc ProviderConfig, deps adapterDeps) (*provider, error) {
 	ac := adapter.Config{BaseURL: pc.BaseURL, Timeout: pc.Timeout, MaxConns: max(pc.Capacity, pc.LongCapacity)}
 	if pc.APIKeyEnv != "" {
 		ac.APIKey = os.Getenv(pc.APIKeyEnv)
@@ -238,7 +239,7 @@ func newProvider(pc ProviderConfig) (*provider, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, unknownKind(fmt.Sprintf("provider %q", pc.ID), pc.Type))
 	}
 	var err error
-	p.adapter, err = k.newAdapter(pc, k.protocol(pc), ac)
+	p.adapter, err = k.newAdapter(pc, k.protocol(pc), ac, deps)
 	if err != nil {
 		return nil, fmt.Errorf("%w: provider %q: %w", ErrInvalidConfig, pc.ID, err)
 	}

@@ -16,6 +16,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"iop/internal/node/adapter"
+	"iop/internal/node/managed"
 	"iop/internal/tracing"
 )
 
@@ -37,11 +38,12 @@ const (
 
 // Provider types; providerKinds (kinds.go) says what each one is.
 const (
-	TypeOllama = "ollama" // Ollama's native API, normalized path
-	TypeOpenAI = "openai" // any OpenAI-compatible server, tunnel path
-	TypeVLLM   = "vllm"   // vLLM's OpenAI-compatible server, tunnel path
-	TypeSim    = "sim"    // an `iop sim` server; path by ProviderConfig.Protocol
-	TypeCLI    = "cli"    // a local command-line program, normalized path
+	TypeOllama  = "ollama"  // Ollama's native API, normalized path
+	TypeOpenAI  = "openai"  // any OpenAI-compatible server, tunnel path
+	TypeVLLM    = "vllm"    // vLLM's OpenAI-compatible server, tunnel path
+	TypeSim     = "sim"     // an `iop sim` server; path by ProviderConfig.Protocol
+	TypeCLI     = "cli"     // a local command-line program, normalized path
+	TypeManaged = "managed" // OpenAI-compatible servers the node starts per model, tunnel path
 )
 
 // How a cli provider passes the prompt to its command (ProviderConfig.PromptVia).
@@ -96,6 +98,13 @@ const (
 //	    capacity: 2
 //	    timeout: 2m
 //	    kill_grace: 5s
+//	  - id: llama                       # servers started on demand, one per model
+//	    type: managed
+//	    max_loaded_models: 1
+//	    servers:
+//	      qwen2.5-7b:
+//	        cmd: [llama-server, -m, /models/qwen2.5-7b.gguf, --port, "${PORT}", --alias, "${MODEL}"]
+//	        ttl: 10m
 type Config struct {
 	// NodeID names the node to the edge. Required.
 	NodeID string `yaml:"node_id"`
@@ -166,7 +175,7 @@ type ProviderConfig struct {
 	// "openai", ...), or the type and its position among the providers
 	// without an id of that type ("ollama-2", ...) when that is taken.
 	ID string `yaml:"id"`
-	// Type is ollama, openai, vllm, sim or cli. Required.
+	// Type is ollama, openai, vllm, sim, cli or managed. Required.
 	Type string `yaml:"type"`
 	// Protocol, for type sim only, is the simulator's wire protocol:
 	// "ollama" (default; normalized path) or "openai" (tunnel path).
@@ -231,9 +240,18 @@ type ProviderConfig struct {
 	Env map[string]string `yaml:"env"`
 	// Dir is the command's working directory; empty means the node's.
 	Dir string `yaml:"dir"`
-	// KillGrace is how long a cancelled command's process group has
-	// between SIGTERM and SIGKILL; 0 means 5s.
+	// KillGrace is how long a cancelled command's process group (type
+	// managed: a stopped model server's) has between SIGTERM and SIGKILL;
+	// 0 means 5s (type managed: 10s).
 	KillGrace time.Duration `yaml:"kill_grace"`
+
+	// Servers, for type managed only, are the model servers the node
+	// starts itself, by served model name (package managed: the command
+	// line, environment, url, health_url, ttl and start_timeout of each).
+	// The provider's models are their names; MaxLoadedModels (default 1) is
+	// how many run at once; a run for another model stops the least
+	// recently used idle one.
+	Servers map[string]managed.Server `yaml:"servers"`
 }
 
 // LoadConfig reads a YAML config from path, rejects unknown fields, applies
@@ -408,6 +426,9 @@ func (c Config) validate(inProcess bool) error {
 			errs = append(errs, k.validate(p, name)...)
 		} else {
 			errs = append(errs, unknownKind(name, p.Type))
+		}
+		if len(p.Servers) > 0 && p.Type != TypeManaged {
+			bad("%s: servers is only for type managed", name)
 		}
 		if p.DiscoveryInterval < 0 {
 			bad("%s: discovery_interval %v: must not be negative", name, p.DiscoveryInterval)

@@ -2,10 +2,15 @@ package node
 
 import (
 	"fmt"
+	"log/slog"
+	"maps"
 	"net/url"
+	"slices"
 	"strings"
 
+	"iop/internal/clock"
 	"iop/internal/node/adapter"
+	"iop/internal/node/managed"
 	nodev1 "iop/internal/wire/nodev1"
 )
 
@@ -30,7 +35,14 @@ type providerKind struct {
 	validate func(pc ProviderConfig, name string) []error
 	// newAdapter makes pc's adapter, speaking protocol (protocol's
 	// result), from ac (address, key, timeout, connections).
-	newAdapter func(pc ProviderConfig, protocol string, ac adapter.Config) (adapter.Adapter, error)
+	newAdapter func(pc ProviderConfig, protocol string, ac adapter.Config, deps adapterDeps) (adapter.Adapter, error)
+}
+
+// adapterDeps are the agent's own parts an adapter may use: its logger and
+// clock (a managed provider logs its servers' output and times their TTLs).
+type adapterDeps struct {
+	logger *slog.Logger
+	clock  clock.Clock
 }
 
 // providerKinds are the provider types, in the order error messages name
@@ -41,6 +53,7 @@ var providerKinds = []providerKind{
 	{name: TypeVLLM, protocol: fixedProtocol(protocolOpenAI), validate: validateServer, newAdapter: serverAdapter},
 	{name: TypeSim, protocol: simProtocol, defaults: defaultSimProtocol, validate: validateSim, newAdapter: serverAdapter},
 	{name: TypeCLI, protocol: fixedProtocol(protocolNone), defaults: defaultCLI, validate: validateCLIKind, newAdapter: cliAdapter},
+	{name: TypeManaged, protocol: fixedProtocol(protocolOpenAI), defaults: defaultManaged, validate: validateManaged, newAdapter: managedAdapter},
 }
 
 // kindOf returns the provider kind of type t; false for an unknown type.
@@ -53,7 +66,7 @@ func kindOf(t string) (providerKind, bool) {
 	return providerKind{}, false
 }
 
-// kindNames is "ollama, openai, vllm, sim or cli": the known types.
+// kindNames is "ollama, openai, vllm, sim, cli or managed": the known types.
 func kindNames() string {
 	names := make([]string, len(providerKinds))
 	for i, k := range providerKinds {
@@ -138,7 +151,7 @@ func validateCLIKind(pc ProviderConfig, name string) []error {
 
 // serverAdapter is the adapter of pc's server protocol: Ollama's
 // (normalized path) or the OpenAI-compatible relay (tunnel path).
-func serverAdapter(_ ProviderConfig, protocol string, ac adapter.Config) (adapter.Adapter, error) {
+func serverAdapter(_ ProviderConfig, protocol string, ac adapter.Config, _ adapterDeps) (adapter.Adapter, error) {
 	if protocol == protocolOllama {
 		return adapter.NewOllama(ac)
 	}
@@ -146,7 +159,7 @@ func serverAdapter(_ ProviderConfig, protocol string, ac adapter.Config) (adapte
 }
 
 // cliAdapter runs pc's command, one process a request.
-func cliAdapter(pc ProviderConfig, _ string, _ adapter.Config) (adapter.Adapter, error) {
+func cliAdapter(pc ProviderConfig, _ string, _ adapter.Config, _ adapterDeps) (adapter.Adapter, error) {
 	return adapter.NewCLI(adapter.CLIConfig{
 		Command: pc.Command, PromptVia: pc.PromptVia, Env: pc.Env, Dir: pc.Dir,
 		Timeout: pc.Timeout, KillGrace: pc.KillGrace, MaxProcs: max(pc.Capacity, pc.LongCapacity),
@@ -180,3 +193,60 @@ func (p ProviderConfig) discovers() bool {
 // Discovers reports whether a node discovers the models of p (with its
 // defaults filled in): it omits them and its type has a server to ask.
 func (p ProviderConfig) Discovers() bool { return p.discovers() }
+
+// defaultManaged fills a managed provider's defaults: its models are the
+// keys of its servers (sorted), max_loaded_models 1, kill_grace 10s, and
+// each server's url, health_url and start_timeout.
+func defaultManaged(pc *ProviderConfig) {
+	if len(pc.Models) == 0 {
+		pc.Models = slices.Sorted(maps.Keys(pc.Servers))
+	}
+	if pc.MaxLoadedModels == 0 {
+		pc.MaxLoadedModels = managed.DefaultMaxLoaded
+	}
+	if pc.KillGrace == 0 {
+		pc.KillGrace = managed.DefaultKillGrace
+	}
+	servers := make(map[string]managed.Server, len(pc.Servers))
+	for m, s := range pc.Servers {
+		servers[m] = s.WithDefaults()
+	}
+	pc.Servers = servers
+}
+
+// validateManaged checks a managed provider: at least one server, each
+// with a command and urls that reach it (managed.Server.Problems), models
+// left to be the servers' names, and none of the fields of a provider the
+// node does not start.
+func validateManaged(pc ProviderConfig, name string) []error {
+	var errs []error
+	if pc.Protocol != "" || pc.BaseURL != "" || len(pc.Command) > 0 || pc.PromptVia != "" || len(pc.Env) > 0 || pc.Dir != "" {
+		errs = append(errs, fmt.Errorf("%s: protocol, base_url, command, prompt_via, env and dir are not used by type managed: each model's server has its cmd, env and url under servers", name))
+	}
+	if len(pc.Servers) == 0 {
+		errs = append(errs, fmt.Errorf("%s: servers is required for type managed: the command line of each model's server", name))
+	}
+	if keys := slices.Sorted(maps.Keys(pc.Servers)); !slices.Equal(slices.Sorted(slices.Values(pc.Models)), keys) {
+		errs = append(errs, fmt.Errorf("%s: models %v: for type managed the models are the names under servers %v; leave models out", name, pc.Models, keys))
+	}
+	for _, m := range slices.Sorted(maps.Keys(pc.Servers)) {
+		if m == "" {
+			errs = append(errs, fmt.Errorf("%s: servers: a model name is empty", name))
+		}
+		for _, p := range pc.Servers[m].WithDefaults().Problems(m) {
+			errs = append(errs, fmt.Errorf("%s: servers[%q]: %s", name, m, p))
+		}
+	}
+	if pc.KillGrace < 0 {
+		errs = append(errs, fmt.Errorf("%s: kill_grace %v: must not be negative", name, pc.KillGrace))
+	}
+	return errs
+}
+
+// managedAdapter runs pc's model servers (package managed).
+func managedAdapter(pc ProviderConfig, _ string, ac adapter.Config, deps adapterDeps) (adapter.Adapter, error) {
+	return managed.New(managed.Config{
+		Servers: pc.Servers, MaxLoaded: pc.MaxLoadedModels, KillGrace: pc.KillGrace,
+		APIKey: ac.APIKey, Timeout: ac.Timeout, MaxConns: ac.MaxConns,
+	}, managed.Deps{Logger: deps.logger.With("provider", pc.ID), Clock: deps.clock})
+}

@@ -3,12 +3,15 @@ package node
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"iop/internal/clock"
 	"iop/internal/node/adapter"
+	"iop/internal/node/managed"
 	nodev1 "iop/internal/wire/nodev1"
 )
 
@@ -69,7 +72,7 @@ func TestRegression_UnknownProviderKindAtDispatch(t *testing.T) {
 // where the agent is made (New) and by Discover, naming the type and the
 // known ones.
 func TestUnknownProviderKindAtConfigLoad(t *testing.T) {
-	const want = `type "tgi": want ollama, openai, vllm, sim or cli`
+	const want = `type "tgi": want ollama, openai, vllm, sim, cli or managed`
 	path := filepath.Join(t.TempDir(), "node.yaml")
 	if err := os.WriteFile(path, []byte("node_id: n\nedge: 127.0.0.1:7000\nproviders:\n  - type: tgi\n    base_url: http://127.0.0.1:1\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -103,6 +106,7 @@ func TestProviderKinds(t *testing.T) {
 		{ProviderConfig{Type: TypeSim, BaseURL: "http://h"}, normalized, true},
 		{ProviderConfig{Type: TypeSim, Protocol: "openai", BaseURL: "http://h/v1"}, tunnel, true},
 		{ProviderConfig{Type: TypeCLI, Command: []string{"cat"}, Models: []string{"m"}}, normalized, false},
+		{ProviderConfig{Type: TypeManaged, Servers: map[string]managed.Server{"m": {Cmd: []string{"llama-server", "--port", "${PORT}"}}}}, tunnel, false},
 	} {
 		name := tc.pc.Type + "/" + tc.pc.Protocol
 		cfg := Config{NodeID: "n", Edge: "127.0.0.1:7000", Providers: []ProviderConfig{tc.pc}}.withDefaults()
@@ -114,7 +118,7 @@ func TestProviderKinds(t *testing.T) {
 		if pc.path() != tc.path || pc.discovers() != tc.discovers {
 			t.Errorf("%s: path %v discovers %v, want %v %v", name, pc.path(), pc.discovers(), tc.path, tc.discovers)
 		}
-		p, err := newProvider(pc)
+		p, err := newProvider(pc, adapterDeps{logger: slog.New(slog.DiscardHandler), clock: clock.Real()})
 		if err != nil {
 			t.Errorf("%s: %v", name, err)
 			continue

@@ -7,6 +7,7 @@ import (
 	"iop/internal/configschema"
 	"iop/internal/edge"
 	"iop/internal/node"
+	"iop/internal/node/managed"
 )
 
 // configDocs documents every key of the edge, node and dev config files,
@@ -128,12 +129,12 @@ var configDocs = configschema.Docs{
 	"node.Config.tracing":             {Text: "OpenTelemetry traces of the node's runs; as the edge's tracing."},
 
 	"node.ProviderConfig.id":                 {Text: "The provider's id, unique within the node.", Default: "its type (`ollama`), or the type and a number (`ollama-2`)", Example: "vllm"},
-	"node.ProviderConfig.type":               {Text: "`ollama`, `openai`, `vllm` (same as openai), `sim` (an `iop sim` server) or `cli` (a local command); required.", Example: "ollama"},
+	"node.ProviderConfig.type":               {Text: "`ollama`, `openai`, `vllm` (same as openai), `sim` (an `iop sim` server), `cli` (a local command) or `managed` (servers the node starts per model); required.", Example: "ollama"},
 	"node.ProviderConfig.protocol":           {Text: "For type sim: the simulator's protocol, `ollama` or `openai` (`iop sim --protocol` defaults to openai: say it on both sides).", Default: "ollama", Example: "openai"},
 	"node.ProviderConfig.base_url":           {Text: "The server's root: Ollama's address, or an OpenAI-compatible API root that `/chat/completions` is added to.", Default: node.DefaultOllamaURL + " for ollama", Example: "http://127.0.0.1:8000/v1"},
 	"node.ProviderConfig.models":             {Text: "The served model names; omitted (but for cli), the node discovers them from the server and follows its changes.", Example: "[meta-llama/Llama-3.1-8B-Instruct]"},
 	"node.ProviderConfig.capacity":           {Text: "The most requests the provider runs at once.", Default: "runtime_concurrency", Reload: true, Example: "2"},
-	"node.ProviderConfig.max_loaded_models":  {Text: "How many models its server holds loaded at once (Ollama's OLLAMA_MAX_LOADED_MODELS), so the edge predicts which load evicts which model; 0: learned from the server's /api/ps.", Default: "0", Example: "2"},
+	"node.ProviderConfig.max_loaded_models":  {Text: "How many models its server holds loaded at once (Ollama's OLLAMA_MAX_LOADED_MODELS), so the edge predicts which load evicts which model; 0: learned from the server's /api/ps. For type managed: how many of its servers run at once (default 1).", Default: "0", Example: "2"},
 	"node.ProviderConfig.long_capacity":      {Text: "The most long-context requests it runs at once.", Default: "capacity", Reload: true, Example: "1"},
 	"node.ProviderConfig.capabilities":       {Text: "`tools`, `vision`, `embeddings`, ...: what its models can do, overriding what a discovered server says.", Example: "[tools]"},
 	"node.ProviderConfig.discovery_interval": {Text: "The node's discovery_interval for this provider.", Default: "discovery_interval", Reload: true, Example: "10s"},
@@ -143,7 +144,16 @@ var configDocs = configschema.Docs{
 	"node.ProviderConfig.prompt_via":         {Text: "For type cli: `stdin` or `arg` (then command holds `{{prompt}}`).", Default: "stdin", Example: "arg"},
 	"node.ProviderConfig.env":                {Text: "For type cli: added to the command's environment (which otherwise holds PATH, HOME, USER, LOGNAME, SHELL, TMPDIR, TZ, LANG, LC_*).", Example: "{LLM_USER_PATH: /srv/llm}"},
 	"node.ProviderConfig.dir":                {Text: "For type cli: the command's working directory.", Default: "the node's", Example: "/srv/llm"},
-	"node.ProviderConfig.kill_grace":         {Text: "For type cli: time between SIGTERM and SIGKILL on cancel.", Default: configschema.FormatDuration(node.DefaultKillGrace), Example: "10s"},
+	"node.ProviderConfig.kill_grace":         {Text: "For type cli: time between SIGTERM and SIGKILL on cancel; for type managed: on a model server's stop.", Default: configschema.FormatDuration(node.DefaultKillGrace) + " (managed: " + configschema.FormatDuration(managed.DefaultKillGrace) + ")", Example: "10s"},
+	"node.ProviderConfig.servers":            {Text: "For type managed: the model servers the node starts on demand, by served model name (the provider's models); `max_loaded_models` of them run at once (default 1), the least recently used idle one is stopped for another.", Example: `{qwen: {cmd: [llama-server, -m, /models/qwen.gguf, --port, "${PORT}"]}}`},
+
+	// node.yaml, providers[].servers.<model> (type managed)
+	"managed.Server.cmd":           {Text: "The server's executable and arguments; `${PORT}` (a free port the node picks at each start) and `${MODEL}` (the model's name) replaced; no shell; required.", Example: `[vllm, serve, Qwen/Qwen2.5-7B-Instruct, --port, "${PORT}", --served-model-name, "${MODEL}"]`},
+	"managed.Server.env":           {Text: "Added to the node's environment for the server; values may hold `${PORT}` and `${MODEL}`.", Example: `{CUDA_VISIBLE_DEVICES: "0"}`},
+	"managed.Server.url":           {Text: "The server's OpenAI API root (`/chat/completions` is added); uses `${PORT}` when cmd or env does.", Default: managed.DefaultURL, Example: "http://127.0.0.1:${PORT}/v1"},
+	"managed.Server.health_url":    {Text: "Answers 200 once the server is ready; a run waits for it.", Default: managed.DefaultHealthURL, Example: "http://127.0.0.1:${PORT}/v1/models"},
+	"managed.Server.ttl":           {Text: "Stop the server after this long with no run in flight; 0: keep it until another model needs its place.", Default: "0", Example: "10m"},
+	"managed.Server.start_timeout": {Text: "From the start to the health URL's first 200; past it the server is stopped and the waiting runs fail (504).", Default: configschema.FormatDuration(managed.DefaultStartTimeout), Example: "5m"},
 
 	// iop dev --config
 	"process.EdgeFile.providers":                      {Text: "Model servers the edge serves itself, on its own host (an Ollama beside it): a node in the edge's process drives them, as `iop node` would, and hands runs to the edge in memory (no gRPC, the body never copied). Same keys as a node's providers. Remote nodes still connect on node_listen.", Example: "[{type: ollama, base_url: http://127.0.0.1:11434, capacity: 2}]"},

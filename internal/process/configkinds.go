@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -195,10 +196,20 @@ func errorLines(err error) []string {
 
 var leadingPath = regexp.MustCompile(`^([a-z_]+(\[\d+\])?(\.[A-Za-z0-9_:./-]+?)*)[ :]`)
 
+// leadingProvider matches a node Validate message about a provider by
+// id: `provider "p1": type "tgi": ...`, `provider "p1": capacity -1, ...`.
+var leadingProvider = regexp.MustCompile(`^provider ("(?:[^"\\]|\\.)*"): ([a-z_]+)?`)
+
 // lineOfPath finds the line and column of the key a Validate message
-// starts with ("models.chat: no targets", "providers[1] (vllm): ...") in
-// the parsed file doc, or 0, 0.
+// starts with ("models.chat: no targets", "providers[1] (vllm): ...",
+// `provider "p1": type ...`: the first provider of that id, at the key
+// named after it when the entry has it) in the parsed file doc, or 0, 0.
 func lineOfPath(doc *yaml.Node, msg string) (int, int) {
+	if m := leadingProvider.FindStringSubmatch(msg); m != nil && len(doc.Content) > 0 {
+		if id, err := strconv.Unquote(m[1]); err == nil {
+			return lineOfProvider(doc.Content[0], id, m[2])
+		}
+	}
 	m := leadingPath.FindStringSubmatch(msg)
 	if m == nil || len(doc.Content) == 0 {
 		return 0, 0
@@ -315,3 +326,35 @@ some is refused the same way, unless the new file sets
 ` + "`insecure_open: true`" + `: a file read while half written never opens the API.
 The file is read once it has stayed unchanged for 1 s; ` + "`SIGHUP`" + ` reads it at once.
 `
+
+// lineOfProvider is the line and column of key in the first entry of the
+// mapping root's providers list whose id is id, or of the entry when it
+// has no such key; 0, 0 when there is no such entry.
+func lineOfProvider(root *yaml.Node, id, key string) (int, int) {
+	providers := mappingValue(root, "providers")
+	if providers == nil || providers.Kind != yaml.SequenceNode {
+		return 0, 0
+	}
+	for _, item := range providers.Content {
+		if v := mappingValue(item, "id"); v == nil || v.Value != id {
+			continue
+		}
+		for i := 0; key != "" && i+1 < len(item.Content); i += 2 {
+			if item.Content[i].Value == key {
+				return item.Content[i].Line, item.Content[i].Column
+			}
+		}
+		return item.Line, item.Column
+	}
+	return 0, 0
+}
+
+// mappingValue is the value of key in the mapping node n, or nil.
+func mappingValue(n *yaml.Node, key string) *yaml.Node {
+	for i := 0; n.Kind == yaml.MappingNode && i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}

@@ -363,3 +363,31 @@ func TestRegression_CheckRefusesAnOpenAPIOffLoopback(t *testing.T) {
 		}
 	}
 }
+
+// TestRegression_CheckPlacesProviderProblemsOnTheirLines: a node file's
+// problems about a provider named by id (`provider "p1": type "tgi": ...`)
+// came without a line; they now point at the key they name, or at the
+// provider's entry.
+func TestRegression_CheckPlacesProviderProblemsOnTheirLines(t *testing.T) {
+	t.Parallel()
+	k, err := ConfigKind(KindNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := "node_id: n1\nedge: 127.0.0.1:7001\nproviders:\n" +
+		"  - id: a\n    type: ollama\n    base_url: http://127.0.0.1:11434\n    capacity: 1\n" +
+		"  - id: \"p\\\"1\"\n    type: tgi\n    base_url: http://x\n    capacity: -1\n" +
+		"  - id: p1\n    type: ollama\n    base_url: http://127.0.0.1:11434\n    capacity: 1\n    timeout: -1s\n"
+	var got []string
+	for _, p := range CheckConfig(k, []byte(file)) {
+		got = append(got, p.String())
+	}
+	want := []string{
+		`9:5: provider "p\"1": type "tgi": want ollama, openai, vllm, sim, cli or managed`,
+		`11:5: provider "p\"1": capacity -1, long_capacity -1: must not be negative`,
+		`16:5: provider "p1": timeout -1s: must not be negative`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("problems\n got %q\nwant %q", got, want)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"iop/internal/auth"
+	"iop/internal/clock"
 	"iop/internal/edge"
 	"iop/internal/node"
 )
@@ -21,7 +22,8 @@ import (
 // reloadSettle is how long the config file must stay unchanged after an
 // event before it is read: an editor's save is several events (truncate,
 // write, rename), and a file written in parts is partial until the last.
-// SIGHUP reads the file at once.
+// SIGHUP reads the file at once, and a change still settling is read with
+// it (no second reload when the settling would have ended).
 const reloadSettle = time.Second
 
 // watchConfig calls reload at each value from hup (SIGHUP; nil: never),
@@ -32,15 +34,14 @@ const reloadSettle = time.Second
 // is no config file to read again. It returns once the watch is set up;
 // stop ends it and returns once it has ended.
 func watchConfig(path string, reload func(trigger string), logger *slog.Logger, hup <-chan os.Signal) (stop func(), err error) {
-	var events <-chan fsnotify.Event
-	var errs <-chan error
-	var abs string
+	w := configWatch{clock: clock.Real(), hup: hup, reload: reload, logger: logger, path: path}
 	var watcher *fsnotify.Watcher
 	if path != "" && reload != nil {
 		if watcher, err = fsnotify.NewWatcher(); err != nil {
 			return nil, fmt.Errorf("watching %s: %w", path, err)
 		}
-		if abs, err = filepath.Abs(path); err != nil {
+		abs, err := filepath.Abs(path)
+		if err != nil {
 			watcher.Close()
 			return nil, err
 		}
@@ -48,10 +49,10 @@ func watchConfig(path string, reload func(trigger string), logger *slog.Logger, 
 			watcher.Close()
 			return nil, fmt.Errorf("watching %s: %w", path, err)
 		}
-		events, errs = watcher.Events, watcher.Errors
+		w.events, w.errs, w.name = watcher.Events, watcher.Errors, filepath.Base(abs)
 	}
 	if reload == nil {
-		reload = func(trigger string) {
+		w.reload = func(trigger string) {
 			logger.Info("nothing to reload: started without --config; the process keeps running", "component", "config", "trigger", trigger)
 		}
 	}
@@ -62,34 +63,73 @@ func watchConfig(path string, reload func(trigger string), logger *slog.Logger, 
 		if watcher != nil {
 			defer watcher.Close()
 		}
-		settle := time.NewTimer(reloadSettle)
-		settle.Stop()
-		defer settle.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-hup:
-				reload("SIGHUP")
-			case ev, ok := <-events:
-				if !ok {
-					return
-				}
-				// "..data" is the symlink a Kubernetes ConfigMap swaps.
-				if name := filepath.Base(ev.Name); name == filepath.Base(abs) || name == "..data" {
-					settle.Reset(reloadSettle)
-				}
-			case <-settle.C:
-				reload("file changed")
-			case err, ok := <-errs:
-				if !ok {
-					return
-				}
-				logger.Warn("watching the config file failed", "component", "config", "path", path, "err", err)
-			}
-		}
+		w.run(ctx)
 	}()
 	return func() { cancel(); <-done }, nil
+}
+
+// configWatch is watchConfig's loop: the signals and file events it
+// reads, and the settle timer between a file event and the reload.
+type configWatch struct {
+	clock  clock.Clock
+	hup    <-chan os.Signal
+	events <-chan fsnotify.Event // nil: no file watched
+	errs   <-chan error
+	name   string // the watched file's base name
+	path   string // as configured, for logs
+	reload func(trigger string)
+	logger *slog.Logger
+}
+
+// run reads until ctx ends or the watcher's channels close. The settle
+// timer's callback sends its generation on fired; a generation that is not
+// the latest (a timer stopped or replaced after it fired) is ignored.
+func (w *configWatch) run(ctx context.Context) {
+	fired := make(chan uint64, 1)
+	var settle clock.Timer
+	var gen uint64
+	stopSettle := func() {
+		if settle != nil {
+			settle.Stop()
+			settle = nil
+		}
+		gen++
+	}
+	defer stopSettle()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.hup:
+			stopSettle()
+			w.reload("SIGHUP")
+		case ev, ok := <-w.events:
+			if !ok {
+				return
+			}
+			// "..data" is the symlink a Kubernetes ConfigMap swaps.
+			if name := filepath.Base(ev.Name); name == w.name || name == "..data" {
+				stopSettle()
+				g := gen
+				settle = w.clock.AfterFunc(reloadSettle, func() {
+					select {
+					case fired <- g:
+					case <-ctx.Done():
+					}
+				})
+			}
+		case g := <-fired:
+			if g == gen && settle != nil {
+				settle = nil
+				w.reload("file changed")
+			}
+		case err, ok := <-w.errs:
+			if !ok {
+				return
+			}
+			w.logger.Warn("watching the config file failed", "component", "config", "path", w.path, "err", err)
+		}
+	}
 }
 
 // edgeReloader applies a configuration read again to a running edge: the

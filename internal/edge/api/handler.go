@@ -416,6 +416,37 @@ func (h *handler) logFailure(ctx context.Context, path string, e *apiError, err 
 		"path", clip(path), "status", e.status, "code", deref(e.Code), "err", errorText(err, req))
 }
 
+// logStarted logs a failure that ended an answer after its status line
+// was sent: status is the status the client got (the access log's and
+// the record's), error_status the one classify maps err to had nothing
+// been sent yet.
+func (rr *runResponse) logStarted(e *apiError, err error) {
+	level := slog.LevelDebug
+	if e.status >= 500 {
+		level = slog.LevelWarn
+	}
+	rr.h.logger.Log(rr.r.Context(), level, "answer failed after it began",
+		"path", clip(rr.r.URL.Path), "status", sentStatus(rr.w), "error_status", e.status,
+		"code", deref(e.Code), "err", errorText(err, rr.req))
+}
+
+// sentStatus is the status already written to w: the trackingWriter's
+// under any wrapping that unwraps to it, else 200 (what a started answer
+// sends unless it said otherwise).
+func sentStatus(w http.ResponseWriter) int {
+	for w != nil {
+		if tw, ok := w.(*trackingWriter); ok && tw.status != 0 {
+			return tw.status
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			break
+		}
+		w = u.Unwrap()
+	}
+	return http.StatusOK
+}
+
 func deref(s *string) string {
 	if s == nil {
 		return ""

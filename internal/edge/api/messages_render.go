@@ -240,7 +240,7 @@ func (m *messagesRender) failed(err error) string {
 	}
 	m.answerFailed(err)
 	e, _, typ := anthropicError(err, m.req)
-	m.h.logError(m.r, e, err, m.req)
+	m.logStarted(e, err)
 	m.obs.errorCode(e.Code)
 	if werr := m.write(translate.AnthropicEvent("error", translate.NewAnthropicError(typ, e.Message))); werr != nil {
 		m.abort = true

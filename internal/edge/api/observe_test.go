@@ -391,3 +391,35 @@ func TestRegression_HeldRequestRecordsItsWait(t *testing.T) {
 		t.Fatalf("record queue wait %s admission %q, want 5s unavailable", rec.QueueWait, rec.Admission)
 	}
 }
+
+// A stream that began with 200 and then failed logged "request failed"
+// with status=502 while the request's line said 200: the failure line now
+// says the status the client got, and the mapped one apart.
+func TestRegression_FailureAfterTheStreamBeganLogsTheSentStatus(t *testing.T) {
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	logger := slog.New(slog.NewJSONHandler(&lockedWriter{w: &buf, mu: &mu}, nil))
+	run := scriptedRun(normalized, events(delta("hi")), events(errorEvent(502, "boom")))
+	env := newEnvLogging(t, Config{}, logger, runWith(run))
+	resp := env.post(t, "/v1/chat/completions", "application/json", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	if resp.status != 200 {
+		t.Fatal(resp.status)
+	}
+	env.waitHandlers()
+	mu.Lock()
+	defer mu.Unlock()
+	if strings.Contains(buf.String(), `"msg":"request failed"`) {
+		t.Fatalf("a started answer logged as a failed request: %s", buf.String())
+	}
+	var line string
+	for _, l := range strings.Split(buf.String(), "\n") {
+		if strings.Contains(l, `"msg":"answer failed after it began"`) {
+			line = l
+		}
+	}
+	for _, want := range []string{`"level":"WARN"`, `"status":200`, `"error_status":502`, `"path":"/v1/chat/completions"`} {
+		if !strings.Contains(line, want) {
+			t.Errorf("failure line lacks %s: %q", want, line)
+		}
+	}
+}

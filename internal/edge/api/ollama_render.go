@@ -318,7 +318,7 @@ func (o *ollamaRender) failed(err error) string {
 	}
 	o.answerFailed(err)
 	e, msg := ollamaError(err, o.req)
-	o.h.logError(o.r, e, err, o.req)
+	o.logStarted(e, err)
 	o.obs.errorCode(e.Code)
 	if werr := o.writeLine(ollamaErrorBody{Error: msg}); werr != nil {
 		o.abort = true

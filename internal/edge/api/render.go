@@ -236,7 +236,7 @@ func (rr *runResponse) failStarted(err error, sse bool) string {
 	}
 	rr.answerFailed(err)
 	e := classify(err, rr.req)
-	rr.h.logError(rr.r, e, err, rr.req)
+	rr.logStarted(e, err)
 	rr.obs.errorCode(e.Code)
 	if !sse {
 		rr.abort = true

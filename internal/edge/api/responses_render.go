@@ -378,7 +378,7 @@ func (o *responsesRender) failed(err error) string {
 	}
 	o.answerFailed(err)
 	e := classify(err, o.req)
-	o.h.logError(o.r, e, err, o.req)
+	o.logStarted(e, err)
 	o.obs.errorCode(e.Code)
 	code := "server_error"
 	if e.status < 500 && e.Code != nil {
@@ -406,7 +406,7 @@ func (o *responsesRender) notStored(err error) string {
 		o.abort = true
 		return reasonClientGone
 	}
-	o.h.logError(o.r, classify(err, o.req), err, o.req)
+	o.logStarted(classify(err, o.req), err)
 	o.resp.Status, o.resp.Usage = "failed", nil
 	o.resp.Error = &responseError{Code: "server_error", Message: msgNotStored}
 	if werr := o.b.Event("response.failed", map[string]any{"response": o.resp}); werr != nil {

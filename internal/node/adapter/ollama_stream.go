@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"strconv"
 
+	"iop/internal/jsonscan"
 	"iop/internal/translate"
 	"iop/internal/wire/nodev1"
 )
@@ -88,7 +90,176 @@ var errMalformedLine = errors.New("malformed ndjson line")
 // parseLine decodes one NDJSON line (outside input; fuzzed by
 // FuzzParseOllamaLine). Unknown fields are ignored; an "error" that is not a
 // string is rendered as its JSON text, or its "message" field if it has one.
+// The lines a stream is made of (text, thinking, the final counters) are
+// read in place by scanLine; any other line is decoded by decodeLine, with
+// the same result (FuzzScanLineEqualsDecode).
 func parseLine(line []byte) (ollamaLine, error) {
+	if l, ok := scanLine(line); ok {
+		return l, nil
+	}
+	return decodeLine(line)
+}
+
+// Members of an Ollama stream line scanLine reads, as bits of a set.
+const (
+	lineMessage = 1 << iota
+	lineResponse
+	lineThinking
+	lineDone
+	lineDoneReason
+	linePromptEvalCount
+	lineEvalCount
+	lineContent // of message
+	lineMessageThinking
+)
+
+// lineKeys are the members scanLine reads at the top level; decodeLine
+// reads these and "error", "logprobs" (which scanLine leaves to it).
+var lineKeys = []struct {
+	name string
+	bit  int
+}{
+	{"message", lineMessage}, {"response", lineResponse}, {"thinking", lineThinking}, {"done", lineDone},
+	{"done_reason", lineDoneReason}, {"prompt_eval_count", linePromptEvalCount}, {"eval_count", lineEvalCount},
+}
+
+// messageKeys are the members of "message" scanLine reads.
+var messageKeys = []struct {
+	name string
+	bit  int
+}{{"content", lineContent}, {"thinking", lineMessageThinking}}
+
+// scanLine reads line as decodeLine would, without decoding it into Go
+// values, when it is a plain stream line: one valid object whose keys are
+// unescaped, each member decodeLine reads appears once with a value of its
+// type (no null), and there is no "error", "logprobs" or "tool_calls" —
+// then ok. Any other line is decodeLine's (ok false): encoding/json
+// matches keys case-insensitively and merges duplicates, which scanLine
+// does not repeat.
+func scanLine(line []byte) (l ollamaLine, ok bool) {
+	seen, plain := 0, true
+	var message [2]int // the span of "message"'s value
+	member := func(key []byte, flags, vstart, vend int) {
+		if !plain {
+			return
+		}
+		bit, known := lineKey(key, flags, lineKeys[:])
+		if !known {
+			plain = false
+			return
+		}
+		if bit == 0 {
+			return
+		}
+		if seen&bit != 0 {
+			plain = false
+			return
+		}
+		seen |= bit
+		v := line[vstart:vend]
+		switch bit {
+		case lineMessage:
+			plain = v[0] == '{'
+			message = [2]int{vstart, vend}
+		case lineResponse:
+			l.Text, plain = lineString(v)
+		case lineThinking:
+			l.Thinking, plain = lineString(v)
+		case lineDoneReason:
+			l.DoneReason, plain = lineString(v)
+		case lineDone:
+			l.Done, plain = string(v) == "true", string(v) == "true" || string(v) == "false"
+		case linePromptEvalCount, lineEvalCount:
+			f, err := strconv.ParseFloat(string(v), 64)
+			if plain = err == nil && (v[0] == '-' || v[0] >= '0' && v[0] <= '9'); plain {
+				if bit == linePromptEvalCount {
+					l.PromptTokens = clampCount(f)
+				} else {
+					l.CompletionTokens = clampCount(f)
+				}
+			}
+		}
+	}
+	if _, _, valid := jsonscan.Object(line, member); !valid || !plain {
+		return ollamaLine{}, false
+	}
+	if seen&lineMessage == 0 {
+		return l, true
+	}
+	var content, thinking string
+	inner := func(key []byte, flags, vstart, vend int) {
+		if !plain {
+			return
+		}
+		bit, known := lineKey(key, flags, messageKeys[:])
+		if !known || seen&bit != 0 {
+			plain = false
+			return
+		}
+		seen |= bit
+		switch bit {
+		case lineContent:
+			content, plain = lineString(line[vstart:vend])
+		case lineMessageThinking:
+			thinking, plain = lineString(line[vstart:vend])
+		}
+	}
+	if end, _ := jsonscan.Members(line, message[0], 2, inner); end != message[1] || !plain {
+		return ollamaLine{}, false
+	}
+	if content != "" {
+		l.Text = content
+	}
+	if thinking != "" {
+		l.Thinking = thinking
+	}
+	return l, true
+}
+
+// lineKey is the bit of key among keys (0 for a key that is none of
+// them nor any line member decodeLine reads), known false for a key
+// scanLine leaves to decodeLine: escaped or non-ASCII, another case of a
+// member's name (encoding/json would take it), "error", "logprobs" or
+// "tool_calls".
+func lineKey(key []byte, flags int, keys []struct {
+	name string
+	bit  int
+}) (bit int, known bool) {
+	if flags != 0 {
+		return 0, false
+	}
+	name := key[1 : len(key)-1]
+	for _, k := range keys {
+		if string(name) == k.name {
+			return k.bit, true
+		}
+	}
+	for _, other := range [...]string{"error", "logprobs", "tool_calls", "message", "response", "thinking", "done",
+		"done_reason", "prompt_eval_count", "eval_count", "content"} {
+		if bytes.EqualFold(name, []byte(other)) {
+			return 0, false
+		}
+	}
+	return 0, true
+}
+
+// lineString is the JSON string v decoded as encoding/json decodes it; ok
+// false when v is not a string.
+func lineString(v []byte) (string, bool) {
+	if v[0] != '"' {
+		return "", false
+	}
+	if len(v) == 2 {
+		return "", true
+	}
+	if _, flags := jsonscan.String(v, 0); flags == 0 {
+		return string(v[1 : len(v)-1]), true
+	}
+	return string(jsonscan.AppendString(nil, v)), true
+}
+
+// decodeLine is parseLine by encoding/json.
+func decodeLine(line []byte) (ollamaLine, error) {
 	var raw struct {
 		Message *struct {
 			Content   string `json:"content"`

@@ -80,3 +80,74 @@ func FuzzParseOllamaLine(f *testing.F) {
 		}
 	})
 }
+
+// scanLineSeeds are stream lines as Ollama and iop sim write them, and the
+// near misses scanLine must leave to decodeLine.
+var scanLineSeeds = []string{
+	`{"model":"m","created_at":"2026-01-01T00:00:00.123456789Z","message":{"role":"assistant","content":" token"},"done":false}`,
+	`{"model":"m","created_at":"2026-01-01T00:00:00Z","message":{"role":"assistant","content":"","thinking":"hmm \"q\" \u00e9\ud83d\ude00"},"done":false}`,
+	`{"model":"m","created_at":"x","message":{"role":"assistant","content":""},"done":true,"done_reason":"stop","total_duration":1234567,"load_duration":1,"prompt_eval_count":17,"prompt_eval_duration":2345,"eval_count":16,"eval_duration":345678}`,
+	`{"model":"m","created_at":"x","response":"tok","thinking":"t","done":false}`,
+	`{"model":"m","response":"","done":true,"done_reason":"length","prompt_eval_count":1e3,"eval_count":-4}`,
+	`{"model":"m","response":"a","message":{"content":"b"},"done":false}`,
+	`{"model":"m","message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":{"a":1}}}]},"done":false}`,
+	`{"error":"model not found"}`,
+	`{"error":{"message":"boom"}}`,
+	`{"message":{"Content":"case"},"done":false}`,
+	`{"Message":{"content":"case"},"done":false}`,
+	`{"message":{"content":"a"},"message":{"thinking":"b"}}`,
+	`{"response":"a","response":"b"}`,
+	`{"done":"true"}`,
+	`{"done":null,"response":null}`,
+	`{"message":null}`,
+	`{"prompt_eval_count":"17"}`,
+	`{"prompt_eval_count":1e999}`,
+	`{"eval_count":3000000000}`,
+	`{"d\u006fne":true}`,
+	"{\"response\":\"\xff\xfe bad utf-8\"}",
+	`{"response":"x"} trailing`,
+	` {"response":"x"}` + "\v",
+	`{"response":"x","logprobs":[{"token":"x","logprob":-0.5}]}`,
+	`[1,2]`,
+	`{}`,
+}
+
+// TestScanLineEqualsDecodeOnSeeds: each seed parses the same by parseLine
+// (scanLine first) as by decodeLine alone, and the plain stream lines are
+// the ones scanLine reads itself.
+func TestScanLineEqualsDecodeOnSeeds(t *testing.T) {
+	scanned := 0
+	for _, s := range scanLineSeeds {
+		checkScanLine(t, []byte(s))
+		if _, ok := scanLine([]byte(s)); ok {
+			scanned++
+		}
+	}
+	if _, ok := scanLine([]byte(scanLineSeeds[0])); !ok {
+		t.Error("a token line was left to decodeLine")
+	}
+	if _, ok := scanLine([]byte(scanLineSeeds[2])); !ok {
+		t.Error("the final line was left to decodeLine")
+	}
+	if scanned == len(scanLineSeeds) {
+		t.Error("scanLine read every seed, near misses too")
+	}
+}
+
+// FuzzScanLineEqualsDecode: whatever line scanLine reads, it reads as
+// decodeLine does.
+func FuzzScanLineEqualsDecode(f *testing.F) {
+	for _, s := range scanLineSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, line []byte) { checkScanLine(t, line) })
+}
+
+func checkScanLine(t *testing.T, line []byte) {
+	t.Helper()
+	got, gerr := parseLine(line)
+	want, werr := decodeLine(line)
+	if (gerr == nil) != (werr == nil) || !reflect.DeepEqual(got, want) {
+		t.Fatalf("line %q: parseLine %+v, %v; decodeLine %+v, %v", line, got, gerr, want, werr)
+	}
+}
