@@ -9,7 +9,9 @@
 // # What crosses, and how
 //
 //   - Down (edge to node): EdgeMessage, RunDown by pointer, never copied;
-//     a request body reaches the node as the edge holds it.
+//     a request body reaches the node as the edge holds it. So the edge
+//     changes no message it sent, and the HTTP API neither reuses nor
+//     changes a body it dispatched (each request's body is its own).
 //   - Up (node to edge): NodeMessage, RunUp copied on Send (the node reuses
 //     its messages and its data buffers once Send returns).
 //   - No metadata and no context values cross; cancellation does.
