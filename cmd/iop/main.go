@@ -35,7 +35,7 @@ func newRootCommand() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	root.PersistentFlags().String("log-format", "text", "log format: text (key=value) or json (one object a line)")
-	root.AddCommand(newEdgeCommand(&logLevel), newNodeCommand(&logLevel), newDevCommand(&logLevel), newSimCommand(&logLevel), newBenchCommand(&logLevel), newStatusCommand(), newKeysCommand())
+	root.AddCommand(newEdgeCommand(&logLevel), newNodeCommand(&logLevel), newDevCommand(&logLevel), newSimCommand(&logLevel), newBenchCommand(&logLevel), newStatusCommand(), newUsageCommand(), newKeysCommand())
 	root.AddCommand(newSoakCommand(&logLevel), newCheckCommand(), newConfigCommand(), newVersionCommand())
 	return root
 }

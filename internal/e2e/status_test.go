@@ -23,10 +23,12 @@ const clearScreen = "\x1b[H\x1b[2J"
 
 // TestStatusCommand runs `iop status` against a real edge holding one
 // stream on a capacity-2 provider: the table, --json (equal to the edge's
-// snapshot) and --watch (refreshes until stopped).
+// snapshot) and --watch (refreshes until stopped). The stream lasts 500 s
+// (1000 tokens at 2 a second), held until the test closes it: at 50 a
+// second it ended before iop status read it on a loaded machine.
 func TestStatusCommand(t *testing.T) {
 	t.Parallel()
-	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 50, DefaultMaxTokens: 1000})
+	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 2, DefaultMaxTokens: 1000})
 	ctx, cancel := context.WithCancel(context.Background())
 	e := harness.Edge(t, ctx, harness.EdgeConfig(map[string]edge.ModelConfig{"pool": {Targets: []string{"m"}}}))
 	t.Cleanup(cancel)

@@ -451,6 +451,10 @@ type ModelConfig struct {
 	// Routing overrides Config.Routing for this alias: "prefix" or
 	// "least_loaded"; "" means the edge's.
 	Routing Routing `yaml:"routing"`
+	// KeepLoaded is on how many providers to keep one of Targets loaded
+	// ahead of demand (an Ollama's; one whose server holds its models
+	// always counts as holding them); 0: none.
+	KeepLoaded int `yaml:"keep_loaded"`
 }
 
 // DefaultConfig returns the configuration with every default filled in.
@@ -642,6 +646,9 @@ func (c Config) Validate() error {
 		}
 		if !m.Routing.valid(true) {
 			bad("models.%s.routing %q: want %q or %q", alias, m.Routing, RoutingPrefix, RoutingLeastLoaded)
+		}
+		if m.KeepLoaded < 0 {
+			bad("models.%s.keep_loaded %d is negative", alias, m.KeepLoaded)
 		}
 	}
 	for i, t := range c.Tokens {

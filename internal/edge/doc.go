@@ -55,8 +55,11 @@
 //     closed flag, last-seen time, idle warm streams and pending shows.
 //   - trust.mu, peerAuth.mu, clusterMode.mu and qmu, grpcPeers.mu,
 //     prefixIndex.mu: their own maps (see each type).
+//   - keepState.mu guards keep_loaded's aliases and its pending, failed
+//     and unloaded loads; conn.mu also the pending ResidencyRequests.
 //   - reload.mu serializes Reload, the one lock held across calls (the
-//     scheduler's policies, registry.notify); none is taken under it.
+//     scheduler's policies, registry.notify); only keepState.mu is taken
+//     under it (setKept).
 //
 // The scheduler calls the resolvers and ownership checks under its own
 // lock (Service.resolver, catalog.resolve, breakers.inRotation,
@@ -76,4 +79,7 @@
 //   - Timers run on the injected clock; their callbacks only signal a
 //     channel or end a pending run.
 //   - Each Dispatch attempt has one client-gone watcher (watchClient).
+//   - One keeper goroutine per Serve (keepLoaded) makes keep_loaded's
+//     passes; one goroutine per load it asks for (keepState.wg), which
+//     Serve waits for before it returns.
 package edge

@@ -314,6 +314,8 @@ func (s *Service) handleNodeMessage(c *conn, m *nodev1.NodeMessage) {
 		s.drainConn(c, msg.Drain.GetReason())
 	case *nodev1.NodeMessage_ShowAnswer:
 		c.showPart(msg.ShowAnswer)
+	case *nodev1.NodeMessage_ResidencyAnswer:
+		c.keepAnswer(msg.ResidencyAnswer)
 	default:
 		s.log.Warn("unexpected control message", "node", c.nodeID, "generation", c.gen, "type", fmt.Sprintf("%T", msg))
 	}

@@ -217,6 +217,10 @@ type conn struct {
 	// (show.go); nextShow is the last id given.
 	shows    map[uint64]*showWait
 	nextShow uint64
+	// keeps are the ResidencyRequests sent and not yet answered, by
+	// request id (residency_keep.go); nextKeep is the last id given.
+	keeps    map[uint64]chan error
+	nextKeep uint64
 	// idle lists the node's warm Run streams waiting for a run (warm.go);
 	// noIdle is set once the connection drains or closes: it lists none
 	// from then on.
@@ -435,6 +439,7 @@ func (c *conn) close() {
 	c.closed = true
 	c.outbox = nil
 	c.failShowsLocked()
+	c.failKeepsLocked()
 	c.mu.Unlock()
 	c.endIdle()
 }

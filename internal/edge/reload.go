@@ -68,6 +68,7 @@ func (s *Service) Reload(cfg Config) (ReloadResult, error) {
 		return ReloadResult{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	s.cat.setAliases(cfg.Models)
+	s.setKept(cfg.Models)
 	s.warnUnmatched()
 	s.cat.awayFor.Store(int64(cfg.maxReconnectGrace()))
 	s.routing.Store(newRoutingPolicy(cfg))
@@ -89,7 +90,7 @@ func (s *Service) Reload(cfg Config) (ReloadResult, error) {
 		switch {
 		case !ok:
 			res.Added = append(res.Added, alias)
-		case !slices.Equal(was.Targets, m.Targets) || was.MaxQueue != m.MaxQueue || was.QueueTimeout != m.QueueTimeout || was.ReconnectGrace != m.ReconnectGrace || was.Fairness != m.Fairness || was.Routing != m.Routing:
+		case !slices.Equal(was.Targets, m.Targets) || was.MaxQueue != m.MaxQueue || was.QueueTimeout != m.QueueTimeout || was.ReconnectGrace != m.ReconnectGrace || was.Fairness != m.Fairness || was.Routing != m.Routing || was.KeepLoaded != m.KeepLoaded:
 			res.Changed = append(res.Changed, alias)
 		}
 	}

@@ -17,7 +17,7 @@ import (
 // server serves its models always); and, on any provider, a served model
 // with runs in flight not listed so (Source "in_flight": it is loading or
 // loaded, and the node's next reading will say). Each carries its runs in
-// flight on that provider. It reads the registry's published state and
+// flight on that provider, and whether keep_loaded keeps it. It reads the registry's published state and
 // the runs under the service's lock; it costs O(providers' models + runs).
 func (s *Service) Loaded() []contract.LoadedModel {
 	type key struct{ node, provider, served string }
@@ -30,11 +30,12 @@ func (s *Service) Loaded() []contract.LoadedModel {
 
 	var out []contract.LoadedModel
 	listed := make(map[key]bool)
+	kept := s.keptTargets()
 	for node, cs := range s.reg.load().nodes.all() {
 		for _, p := range cs.providers {
 			add := func(m contract.LoadedModel) {
 				k := key{node, p.id, m.Served}
-				m.NodeID, m.ProviderID, m.Type, m.InFlight = node, p.id, p.typ, inFlight[k]
+				m.NodeID, m.ProviderID, m.Type, m.InFlight, m.Kept = node, p.id, p.typ, inFlight[k], kept[m.Served]
 				listed[k] = true
 				out = append(out, m)
 			}

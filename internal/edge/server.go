@@ -92,6 +92,7 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 		prefix:    newPrefixIndex(cfg.PrefixIndexBlocks),
 	}
 	svc.routing.Store(newRoutingPolicy(cfg))
+	svc.setKept(cfg.Models)
 	svc.cat.awayFor.Store(int64(cfg.maxReconnectGrace()))
 	svc.breakers.onBack = svc.rotationChanged
 	svc.stopping, svc.stopRequests = context.WithCancelCause(context.Background())
@@ -152,6 +153,10 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	defer s.svc.checkAliasesAtStart()()
 	errc := make(chan error, 1)
 	go func() { errc <- gs.Serve(lis) }()
+	kctx, stopKeep := context.WithCancel(ctx)
+	kdone := make(chan struct{})
+	go func() { defer close(kdone); s.svc.keepLoaded(kctx) }()
+	defer func() { stopKeep(); <-kdone }()
 	if cm := s.svc.cl; cm != nil {
 		// Several edges: this edge's Admission service, for the others
 		// while it leads, on cluster.listen; the election ends with Serve.

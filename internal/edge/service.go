@@ -109,6 +109,8 @@ type Service struct {
 	// cl is the cluster side (several edges, Config.Cluster); nil for a
 	// single edge, whose admissions never look at it.
 	cl *clusterMode
+	// keep is keep_loaded's and the admin loads' state (residency_keep.go).
+	keep keepState
 
 	mu   sync.Mutex      // guards the fields below
 	runs map[string]*Run // pending and open runs, by run id
@@ -768,6 +770,7 @@ func (s *Service) Snapshot() contract.Snapshot {
 				if cs.draining && ps.Status == scheduler.StatusAvailable {
 					ps.Status = StatusDraining
 				}
+				ps.Loaded = s.residentOf(p)
 			}
 		}
 		snap.Providers = append(snap.Providers, ps)

@@ -1,10 +1,12 @@
 // Package ledger is the edge's usage ledger: one Entry per finished API
 // request (request id, key name, model, run, node, provider, prompt and
-// completion tokens, duration, outcome and error code, the outcome being
+// completion tokens, duration, slot time and GPU-time, outcome and error
+// code, the outcome being
 // the one its log line and metrics say), kept in an SQL Store — the
 // edge's SQLite run database by default (table usage_ledger), or
 // PostgreSQL through a DSN when several edges share one ledger — and
-// summed by key, model, provider, node or day (Aggregate, served as GET
+// summed by key, model, provider, node, day (in any time zone) or team
+// (from a key→team map given at query time; Aggregate, served as GET
 // /admin/v1/usage). A table made by an earlier version gains the columns
 // it lacks when it is opened.
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"sync"
 	"time"
 )
@@ -29,6 +30,12 @@ type Entry struct {
 	PromptTokens, CompletionTokens int64
 	// Duration is from Time to the end of the answer.
 	Duration time.Duration
+	// SlotTime is how long the request held its provider slot: from its
+	// dispatch to the end of the answer; 0 when it was not dispatched.
+	SlotTime time.Duration
+	// CostWeight is the provider's cost weight, what one second of its
+	// slot counts as in GPU-time; 0 when not known, which counts as 1.
+	CostWeight float64
 	// Outcome is the request's outcome, the same its log line, metrics
 	// and lifecycle events say: "completed", "client_gone",
 	// "upstream_error", "write_failed", "refused" (by admission or by the
@@ -38,6 +45,15 @@ type Entry struct {
 	// ("queue_full", "model_not_found", "concurrency_limit_exceeded",
 	// ...); "" for one that did not.
 	ErrorCode string
+}
+
+// GPUTime is e's slot time weighted by its cost weight (1 when not
+// known), rounded to the nanosecond.
+func (e Entry) GPUTime() time.Duration {
+	if e.CostWeight <= 0 {
+		return e.SlotTime
+	}
+	return time.Duration(math.Round(float64(e.SlotTime) * e.CostWeight))
 }
 
 // OutcomeCompleted is the outcome of a request whose whole answer was
@@ -51,16 +67,27 @@ const (
 	GroupModel    = "model"
 	GroupProvider = "provider" // node_id/provider_id
 	GroupNode     = "node"
-	GroupDay      = "day" // the UTC date of Entry.Time, YYYY-MM-DD
+	GroupDay      = "day"  // the date of Entry.Time in Query.Location (UTC by default), YYYY-MM-DD
+	GroupTeam     = "team" // Query.TeamOf of the entry's key; "" for a key in no team
 )
 
 // Query selects and groups entries. Zero fields select everything.
 type Query struct {
 	Key, Model string
+	// Team selects the entries of the keys TeamOf puts in that team.
+	Team string
+	// TeamOf names the team of a key ("" for none) when the query runs:
+	// a team's usage is that of the keys in it now, so a key that moves
+	// takes its history along. nil: no key is in a team.
+	TeamOf func(key string) string
 	// From (inclusive) and To (exclusive) bound Entry.Time.
 	From, To time.Time
 	// GroupBy is one of the Group constants.
 	GroupBy string
+	// Location is the time zone whose dates GroupDay names; nil is UTC.
+	// Exact for every zone whose offsets are whole quarter hours (every
+	// zone since 1972).
+	Location *time.Location
 }
 
 // Group is the sum of the entries of one group value.
@@ -75,6 +102,9 @@ type Group struct {
 	PromptTokens, CompletionTokens int64
 	// Duration is the sum of the entries' durations.
 	Duration time.Duration
+	// GPUTime is the sum of the entries' slot times, each weighted by its
+	// provider's cost weight (1 when not known).
+	GPUTime time.Duration
 }
 
 // Store persists entries: SQLite (OpenSQLite) or PostgreSQL (OpenPostgres).

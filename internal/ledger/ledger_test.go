@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -115,6 +116,95 @@ func testStore(t *testing.T, s Store) {
 	if err != nil || got[0].Requests != total || got[0].CompletionTokens != want {
 		t.Errorf("after batches of reused statements: %+v (%v), want %d requests and %d completion tokens", got, err, total, want)
 	}
+	testTeamsDaysAndGPUTime(t, s)
+}
+
+// testTeamsDaysAndGPUTime is the conformance suite's part for teams (from
+// a key→team map at query time), dates in a time zone and GPU-time, on
+// entries of its own days (June 2026).
+func testTeamsDaysAndGPUTime(t *testing.T, s Store) {
+	ctx := context.Background()
+	at := func(v string) time.Time {
+		tm, err := time.Parse(time.RFC3339, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tm
+	}
+	entries := []Entry{
+		{Time: at("2026-06-10T22:30:00Z"), Key: "ann", PromptTokens: 1, SlotTime: 2 * time.Second},
+		{Time: at("2026-06-10T23:45:00Z"), Key: "ben", PromptTokens: 2, SlotTime: time.Second, CostWeight: 2.5},
+		{Time: at("2026-06-11T00:10:00Z"), Key: "cat", PromptTokens: 4, SlotTime: 4 * time.Second, CostWeight: 0.5},
+		{Time: at("2026-06-11T05:00:00Z"), Key: "dan", PromptTokens: 8, Outcome: "refused"},
+		{Time: at("2026-06-11T22:00:00Z"), Key: "ann", PromptTokens: 16, SlotTime: time.Millisecond, CostWeight: 3},
+		// Either side of midnight in Kathmandu (UTC+5:45).
+		{Time: at("2026-06-11T18:14:59Z"), Key: "eve", PromptTokens: 32},
+		{Time: at("2026-06-11T18:15:00Z"), Key: "eve", PromptTokens: 64},
+	}
+	for i := range entries {
+		entries[i].Model = "june"
+	}
+	if err := s.Insert(ctx, entries); err != nil {
+		t.Fatal(err)
+	}
+	teams := map[string]string{"ann": "red", "ben": "red", "cat": "blue"}
+	teamOf := func(key string) string { return teams[key] }
+	zone := func(name string) *time.Location {
+		loc, err := time.LoadLocation(name)
+		if err != nil {
+			t.Skipf("no time zone data for %s: %v", name, err)
+		}
+		return loc
+	}
+	june := Query{From: at("2026-06-10T00:00:00Z"), To: at("2026-06-13T00:00:00Z")}
+	with := func(f func(*Query)) Query { q := june; f(&q); return q }
+	// Each group as "name requests prompt_tokens gpu_time".
+	for _, tc := range []struct {
+		name string
+		q    Query
+		want string
+	}{
+		{"by team", with(func(q *Query) { q.GroupBy, q.TeamOf = GroupTeam, teamOf }),
+			"[ 3 104 0s] [blue 1 4 2s] [red 3 19 4.503s]"},
+		{"one team", with(func(q *Query) { q.Team, q.TeamOf = "red", teamOf }), "[ 3 19 4.503s]"},
+		{"one team by key", with(func(q *Query) { q.Team, q.TeamOf, q.GroupBy = "red", teamOf, GroupKey }),
+			"[ann 2 17 2.003s] [ben 1 2 2.5s]"},
+		{"one team by UTC day", with(func(q *Query) { q.Team, q.TeamOf, q.GroupBy = "red", teamOf, GroupDay }),
+			"[2026-06-10 2 3 4.5s] [2026-06-11 1 16 3ms]"},
+		{"one team by Berlin day", with(func(q *Query) {
+			q.Team, q.TeamOf, q.GroupBy, q.Location = "red", teamOf, GroupDay, zone("Europe/Berlin")
+		}),
+			"[2026-06-11 2 3 4.5s] [2026-06-12 1 16 3ms]"},
+		{"a team no key is in", with(func(q *Query) { q.Team, q.TeamOf = "green", teamOf }), "[ 0 0 0s]"},
+		{"a team no key is in, by key", with(func(q *Query) { q.Team, q.TeamOf, q.GroupBy = "green", teamOf, GroupKey }), ""},
+		{"a team without TeamOf", with(func(q *Query) { q.Team = "red" }), "[ 0 0 0s]"},
+		{"by team without TeamOf", with(func(q *Query) { q.GroupBy = GroupTeam }), "[ 7 127 6.503s]"},
+		{"by team, one key", with(func(q *Query) { q.Key, q.TeamOf, q.GroupBy = "cat", teamOf, GroupTeam }), "[blue 1 4 2s]"},
+		{"by UTC day", with(func(q *Query) { q.GroupBy = GroupDay }), "[2026-06-10 2 3 4.5s] [2026-06-11 5 124 2.003s]"},
+		{"by UTC day, named", with(func(q *Query) { q.GroupBy, q.Location = GroupDay, time.UTC }), "[2026-06-10 2 3 4.5s] [2026-06-11 5 124 2.003s]"},
+		{"by Berlin day", with(func(q *Query) { q.GroupBy, q.Location = GroupDay, zone("Europe/Berlin") }),
+			"[2026-06-11 6 111 6.5s] [2026-06-12 1 16 3ms]"},
+		{"by Kathmandu day", with(func(q *Query) { q.GroupBy, q.Location = GroupDay, zone("Asia/Kathmandu") }),
+			"[2026-06-11 5 47 6.5s] [2026-06-12 2 80 3ms]"},
+		{"by New York day", with(func(q *Query) { q.GroupBy, q.Location = GroupDay, zone("America/New_York") }),
+			"[2026-06-10 3 7 6.5s] [2026-06-11 4 120 3ms]"},
+		{"GPU-time by key", with(func(q *Query) { q.GroupBy = GroupKey }),
+			"[ann 2 17 2.003s] [ben 1 2 2.5s] [cat 1 4 2s] [dan 1 8 0s] [eve 2 96 0s]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := s.Aggregate(ctx, tc.q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var parts []string
+			for _, g := range got {
+				parts = append(parts, fmt.Sprintf("[%s %d %d %s]", g.Group, g.Requests, g.PromptTokens, g.GPUTime))
+			}
+			if s := strings.Join(parts, " "); s != tc.want {
+				t.Errorf("Aggregate(%s)\n got %s\nwant %s", tc.name, s, tc.want)
+			}
+		})
+	}
 }
 
 func TestSQLiteStore(t *testing.T) {
@@ -145,8 +235,8 @@ const oldSchema = `CREATE TABLE usage_ledger (
 	completion_tokens BIGINT NOT NULL, duration_ns BIGINT NOT NULL, outcome TEXT NOT NULL)`
 
 // TestSQLiteMigratesAnOldTable: a ledger table an earlier version made
-// gets the request_id and error_code columns; its rows stay, with both
-// empty.
+// gets the request_id, error_code, slot_ns, cost_weight and gpu_ns
+// columns; its rows stay, with them empty.
 func TestSQLiteMigratesAnOldTable(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "iop.db")
 	db, err := sql.Open("sqlite", "file:"+path)
@@ -173,6 +263,8 @@ func TestSQLiteMigratesAnOldTable(t *testing.T) {
 	if err := s.db.QueryRow(`SELECT request_id, error_code FROM usage_ledger WHERE key_name = 'old'`).Scan(&id, &code); err != nil || id != "" || code != "" {
 		t.Fatalf("the old row: %q %q %v", id, code, err)
 	}
+	// The slot time, cost weight and GPU-time columns work too.
+	testTeamsDaysAndGPUTime(t, s)
 	// Opening it again changes nothing.
 	s2, err := OpenSQLite(path)
 	if err != nil {

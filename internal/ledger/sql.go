@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,7 +44,10 @@ var schema = []string{`CREATE TABLE IF NOT EXISTS usage_ledger (
 	duration_ns       BIGINT NOT NULL,
 	outcome           TEXT   NOT NULL,
 	request_id        TEXT   NOT NULL DEFAULT '',
-	error_code        TEXT   NOT NULL DEFAULT ''
+	error_code        TEXT   NOT NULL DEFAULT '',
+	slot_ns           BIGINT NOT NULL DEFAULT 0,
+	cost_weight       DOUBLE PRECISION NOT NULL DEFAULT 0,
+	gpu_ns            BIGINT NOT NULL DEFAULT 0
 )`,
 	`CREATE INDEX IF NOT EXISTS usage_ledger_at ON usage_ledger (at_ns)`,
 	`CREATE INDEX IF NOT EXISTS usage_ledger_key ON usage_ledger (key_name, at_ns)`,
@@ -54,10 +58,13 @@ var schema = []string{`CREATE TABLE IF NOT EXISTS usage_ledger (
 var addedColumns = []struct{ name, def string }{
 	{"request_id", "TEXT NOT NULL DEFAULT ''"},
 	{"error_code", "TEXT NOT NULL DEFAULT ''"},
+	{"slot_ns", "BIGINT NOT NULL DEFAULT 0"},
+	{"cost_weight", "DOUBLE PRECISION NOT NULL DEFAULT 0"},
+	{"gpu_ns", "BIGINT NOT NULL DEFAULT 0"},
 }
 
 // columnsPerRow is the number of columns Insert writes per entry.
-const columnsPerRow = 14
+const columnsPerRow = 17
 
 // OpenSQLite opens (creating if needed) the ledger table in the SQLite
 // database at path, the edge's run database (its own table there), or a
@@ -173,7 +180,7 @@ func (s *SQL) param(n int) string {
 }
 
 // rowsPerInsert is the most rows one INSERT statement carries
-// (columnsPerRow parameters each: 896, far below SQLite's 32,766 and
+// (columnsPerRow parameters each: 1,088, far below SQLite's 32,766 and
 // PostgreSQL's 65,535).
 const rowsPerInsert = 64
 
@@ -222,7 +229,8 @@ func (s *SQL) Insert(ctx context.Context, entries []Entry) error {
 		for _, e := range entries[:n] {
 			args = append(args, e.Time.UnixNano(), e.Time.UTC().Format(time.DateOnly), e.Key, e.Model,
 				e.RunID, e.NodeID, e.ProviderID, e.ServedModel, e.PromptTokens, e.CompletionTokens,
-				int64(e.Duration), e.Outcome, e.RequestID, e.ErrorCode)
+				int64(e.Duration), e.Outcome, e.RequestID, e.ErrorCode,
+				int64(e.SlotTime), e.CostWeight, int64(e.GPUTime()))
 		}
 		if _, err := stmt.ExecContext(ctx, args...); err != nil {
 			return err
@@ -252,7 +260,8 @@ func (s *SQL) insertStmt(ctx context.Context, rows int) (*sql.Stmt, error) {
 func (s *SQL) insertSQL(rows int) string {
 	var b strings.Builder
 	b.WriteString(`INSERT INTO usage_ledger (at_ns, day, key_name, model, run_id, node_id,
-		provider_id, served_model, prompt_tokens, completion_tokens, duration_ns, outcome, request_id, error_code) VALUES `)
+		provider_id, served_model, prompt_tokens, completion_tokens, duration_ns, outcome, request_id, error_code,
+		slot_ns, cost_weight, gpu_ns) VALUES `)
 	for r := range rows {
 		if r > 0 {
 			b.WriteString(", ")
@@ -269,7 +278,8 @@ func (s *SQL) insertSQL(rows int) string {
 	return b.String()
 }
 
-// groupColumns maps a GroupBy to the expression grouped on.
+// groupColumns maps a GroupBy to the expression grouped on. GroupTeam
+// and GroupDay in a zone other than UTC are grouped in Go (Aggregate).
 var groupColumns = map[string]string{
 	GroupKey:      "key_name",
 	GroupModel:    "model",
@@ -278,15 +288,113 @@ var groupColumns = map[string]string{
 	GroupDay:      "day",
 }
 
-// Aggregate implements Store.
+// dayBucket is the span of the rows summed together for GroupDay in a zone
+// other than UTC: a quarter hour, so each bucket lies within one local
+// date of any zone whose offsets are whole quarter hours.
+const dayBucket = 15 * time.Minute
+
+// bucketExpr is the quarter hour of a row, as the number of quarter hours
+// since 1970 (integer division in both dialects).
+var bucketExpr = "CAST(at_ns / " + strconv.FormatInt(int64(dayBucket), 10) + " AS TEXT)"
+
+// Aggregate implements Store. The database sums; what it cannot group
+// by (a team, a local date) it returns finer — by key, by quarter hour
+// — and Go merges those sums into the query's groups.
 func (s *SQL) Aggregate(ctx context.Context, q Query) ([]Group, error) {
-	group := "''"
-	if q.GroupBy != GroupNone {
+	col := "''"
+	if q.GroupBy != GroupNone && q.GroupBy != GroupTeam {
 		var ok bool
-		if group, ok = groupColumns[q.GroupBy]; !ok {
+		if col, ok = groupColumns[q.GroupBy]; !ok {
 			return nil, fmt.Errorf("%w: group_by %q", ErrInvalidQuery, q.GroupBy)
 		}
 	}
+	local := q.GroupBy == GroupDay && q.Location != nil && q.Location.String() != time.UTC.String()
+	if local {
+		col = bucketExpr
+	}
+	teams := q.GroupBy == GroupTeam || q.Team != ""
+	keyCol := "''"
+	if teams {
+		keyCol = "key_name"
+	}
+	rows, err := s.sums(ctx, q, keyCol, col)
+	if err != nil {
+		return nil, err
+	}
+	if !teams && !local {
+		out := make([]Group, len(rows))
+		for i, r := range rows {
+			out[i] = r.sum
+		}
+		return out, nil
+	}
+	teamOf := q.TeamOf
+	if teamOf == nil {
+		teamOf = func(string) string { return "" }
+	}
+	merged := map[string]*Group{}
+	for _, r := range rows {
+		name := r.sum.Group
+		if teams {
+			team := teamOf(r.key)
+			if q.Team != "" && team != q.Team {
+				continue
+			}
+			if q.GroupBy == GroupTeam {
+				name = team
+			}
+		}
+		if local {
+			name = localDay(r.sum.Group, q.Location)
+		}
+		m := merged[name]
+		if m == nil {
+			m = &Group{Group: name}
+			merged[name] = m
+		}
+		m.add(r.sum)
+	}
+	if q.GroupBy == GroupNone && len(merged) == 0 {
+		merged[""] = &Group{}
+	}
+	out := make([]Group, 0, len(merged))
+	for _, g := range merged {
+		out = append(out, *g)
+	}
+	slices.SortFunc(out, func(a, b Group) int { return strings.Compare(a.Group, b.Group) })
+	return out, nil
+}
+
+// keyedGroup is a row of sums: a Group and the key it is of ("" when
+// not grouped by key).
+type keyedGroup struct {
+	key string
+	sum Group
+}
+
+// add adds g's sums to m's.
+func (m *Group) add(g Group) {
+	m.Requests += g.Requests
+	m.Completed += g.Completed
+	m.PromptTokens += g.PromptTokens
+	m.CompletionTokens += g.CompletionTokens
+	m.Duration += g.Duration
+	m.GPUTime += g.GPUTime
+}
+
+// localDay is the date in loc of the quarter hour bucket names
+// (bucketExpr's value).
+func localDay(bucket string, loc *time.Location) string {
+	n, err := strconv.ParseInt(bucket, 10, 64)
+	if err != nil {
+		return bucket
+	}
+	return time.Unix(0, n*int64(dayBucket)).In(loc).Format(time.DateOnly)
+}
+
+// sums selects the sums of the entries q selects, grouped by keyCol and
+// col (each a column expression, or an empty SQL string for none).
+func (s *SQL) sums(ctx context.Context, q Query, keyCol, col string) ([]keyedGroup, error) {
 	var (
 		where []string
 		args  []any
@@ -307,33 +415,42 @@ func (s *SQL) Aggregate(ctx context.Context, q Query) ([]Group, error) {
 	if !q.To.IsZero() {
 		cond("at_ns < %s", q.To.UnixNano())
 	}
-	query := `SELECT ` + group + ` AS g, COUNT(*),
+	query := `SELECT ` + keyCol + ` AS k, ` + col + ` AS g, COUNT(*),
 		CAST(COALESCE(SUM(CASE WHEN outcome = 'completed' THEN 1 ELSE 0 END), 0) AS BIGINT),
 		CAST(COALESCE(SUM(prompt_tokens), 0) AS BIGINT),
 		CAST(COALESCE(SUM(completion_tokens), 0) AS BIGINT),
-		CAST(COALESCE(SUM(duration_ns), 0) AS BIGINT)
+		CAST(COALESCE(SUM(duration_ns), 0) AS BIGINT),
+		CAST(COALESCE(SUM(gpu_ns), 0) AS BIGINT)
 		FROM usage_ledger`
 	if len(where) > 0 {
 		query += ` WHERE ` + strings.Join(where, " AND ")
 	}
-	if q.GroupBy != GroupNone {
-		query += ` GROUP BY ` + group + ` ORDER BY g`
+	var by []string
+	for _, c := range []string{keyCol, col} {
+		if c != "''" {
+			by = append(by, c)
+		}
+	}
+	if len(by) > 0 {
+		// Ordered by the group, then the key: without a team or a local
+		// date this is the answer's order.
+		query += ` GROUP BY ` + strings.Join(by, ", ") + ` ORDER BY g, k`
 	}
 	rows, err := s.db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	out := []Group{}
+	out := []keyedGroup{}
 	for rows.Next() {
 		var (
-			g   Group
-			dur int64
+			g        keyedGroup
+			dur, gpu int64
 		)
-		if err := rows.Scan(&g.Group, &g.Requests, &g.Completed, &g.PromptTokens, &g.CompletionTokens, &dur); err != nil {
+		if err := rows.Scan(&g.key, &g.sum.Group, &g.sum.Requests, &g.sum.Completed, &g.sum.PromptTokens, &g.sum.CompletionTokens, &dur, &gpu); err != nil {
 			return nil, err
 		}
-		g.Duration = time.Duration(dur)
+		g.sum.Duration, g.sum.GPUTime = time.Duration(dur), time.Duration(gpu)
 		out = append(out, g)
 	}
 	return out, rows.Err()

@@ -67,6 +67,8 @@
 //   - Per warm stream: serveWarm, sole user of the stream until a Dispatch
 //     arrives; then it is that run's goroutine.
 //   - Per ShowRequest: one goroutine (conn.auxWG, at most maxShows).
+//   - Per ResidencyRequest: one goroutine (conn.auxWG; the edge asks for
+//     one per provider at a time).
 //   - Clock callbacks never block: a non-blocking send, a cancel, a close.
 //
 // A run's provider request is cancelled through its workCtx: a Cancel on

@@ -34,7 +34,7 @@ type conn struct {
 	// (Welcome.features has nodev1.FeatureTunnelHeadBody). Written once with gen.
 	headBody bool
 	runWG    sync.WaitGroup // one per run goroutine
-	auxWG    sync.WaitGroup // one per goroutine serving a ShowRequest
+	auxWG    sync.WaitGroup // one per goroutine serving a ShowRequest or ResidencyRequest
 	// shows holds a token per ShowRequest being served (at most maxShows).
 	shows chan struct{}
 	// runEnded has one slot; a run goroutine fills it when it leaves runs.
@@ -312,6 +312,8 @@ func (c *conn) handle(m *nodev1.EdgeMessage) {
 		c.cancelRun(x.Cancel.RunId, x.Cancel.Reason)
 	case *nodev1.EdgeMessage_ShowRequest:
 		c.serveShow(x.ShowRequest)
+	case *nodev1.EdgeMessage_ResidencyRequest:
+		c.serveResidency(x.ResidencyRequest)
 	case *nodev1.EdgeMessage_RunsRequest:
 		// A new scheduler leader: from now on its epoch fences the old
 		// one's dispatches; it counts the runs in flight before admitting.

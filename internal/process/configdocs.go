@@ -33,6 +33,7 @@ var configDocs = configschema.Docs{
 	"edge.ModelConfig.reconnect_grace":    {Text: "The alias's own reconnect_grace.", Default: "queue.reconnect_grace", Reload: true, Example: "20s"},
 	"edge.ModelConfig.fairness":           {Text: "`on` or `off`: fair sharing between flows for this model's queue.", Default: "fairness.mode", Reload: true, Example: "off"},
 	"edge.ModelConfig.routing":            {Text: "`prefix` or `least_loaded` for this alias.", Default: "routing", Reload: true, Example: "least_loaded"},
+	"edge.ModelConfig.keep_loaded":        {Text: "On how many providers to keep one of the targets loaded ahead of demand: the edge asks the nodes of Ollama or managed providers with room (fewer models loaded than max_loaded_models) to load it (keep_alive -1), again after a node restart or once a provider that lost it has room; the scheduler evicts a kept model last. A provider whose server holds its models always counts. An admin unload on a provider stops it there until an admin load.", Default: "0 (none)", Reload: true, Example: "1"},
 	"edge.Config.tokens":                  {Text: "Node join tokens: a token any node may present, or a section limiting it to some node ids. None: any node may join. A node id stays bound to the token it first joined with while that token is configured.", Reload: true, Example: "[shared-join-token, {token: gpu-token, nodes: [gpu-1]}]"},
 	"edge.NodeToken":                      {Scalar: "token"},
 	"edge.NodeToken.token":                {Text: "The secret a node presents.", Reload: true, Example: "change-me-node-token"},

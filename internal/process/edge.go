@@ -377,7 +377,7 @@ func (e *edgeProcess) serve(context.Context) error {
 		Catalog:         svc,
 		Shower:          svc,
 		Known:           svc.Known,
-		Routes:          admin.Routes(e.obs.adminConfig(admin.Config{Snapshots: svc, Usage: e.usage, Logger: e.logger})),
+		Routes:          admin.Routes(e.obs.adminConfig(admin.Config{Snapshots: svc, Usage: e.usage, Residency: svc, Logger: e.logger})),
 	}), svc, e.logger)
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		e.handlers.Add(1)

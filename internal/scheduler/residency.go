@@ -208,22 +208,59 @@ func (s *Scheduler) touchLocked(r *resource, model string) bool {
 }
 
 // trimLocked drops r's least recently used models beyond its limit,
-// preferring those with no lease in flight; the newest is never dropped.
+// preferring those with no lease in flight and not kept (victimLocked); the newest is
+// never dropped.
 func (s *Scheduler) trimLocked(r *resource) {
 	h := r.held
 	limit := h.limit()
 	for limit > 0 && len(h.models) > limit {
-		victim := -1
-		busy := true
-		for i, m := range h.models[:len(h.models)-1] {
-			b := r.runsModel(m.name)
-			if victim < 0 || (busy && !b) || (b == busy && m.used < h.models[victim].used) {
-				victim, busy = i, b
-			}
-		}
+		victim, _ := s.victimLocked(r, h.models[:len(h.models)-1])
 		h.models = slices.Delete(h.models, victim, victim+1)
 		h.evictions++
 	}
+}
+
+// victimLocked returns the index in models of the one a load on r evicts:
+// the least recently used with no lease in flight on r and not kept
+// (SetKept), else the least recently used idle kept one, else the least
+// recently used; busy says it has a lease in flight. It costs
+// O(len(models) × leases on r).
+func (s *Scheduler) victimLocked(r *resource, models []heldModel) (victim int, busy bool) {
+	victim, busy = -1, true
+	rank := func(b, kept bool) int {
+		switch {
+		case b:
+			return 2
+		case kept:
+			return 1
+		}
+		return 0
+	}
+	best := 3
+	for i, m := range models {
+		b := r.runsModel(m.name)
+		k := rank(b, s.kept[m.name])
+		if victim < 0 || k < best || (k == best && m.used < models[victim].used) {
+			victim, busy, best = i, b, k
+		}
+	}
+	return victim, busy
+}
+
+// SetKept names the served models kept loaded ahead of demand
+// (models.<alias>.keep_loaded): a load evicts one only when every model
+// it could evict instead has runs in flight or is kept too, and a load
+// that would evict one ranks as if a waiter asked for it
+// (evictionCostLocked), so it goes elsewhere when it can. It replaces the
+// earlier set.
+func (s *Scheduler) SetKept(models []string) {
+	kept := make(map[string]bool, len(models))
+	for _, m := range models {
+		kept[m] = true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.kept = kept
 }
 
 // runsModel reports whether a lease in flight on r serves model.
@@ -236,35 +273,43 @@ func (r *resource) runsModel(model string) bool {
 	return false
 }
 
-// evictionCostLocked ranks loading model on r, which does not hold it: 0
-// when r has room (or its limit is unknown), 1 when the model to evict
-// (the least recently used) has no lease in flight and no waiter listing
-// r asks for it, 2 otherwise.
+// Eviction costs (evictionCostLocked), cheapest first.
+const (
+	evictNothing = iota // r has room, or its limit is unknown
+	evictIdle           // the victim has no run in flight and no waiter
+	evictWanted         // a waiter listing r asks for the victim, or it is kept
+	evictBusy           // the victim has runs in flight: the swap waits for them
+)
+
+// evictionCostLocked ranks loading a model on r, which does not hold it,
+// by what the load evicts (victimLocked): evictNothing, evictIdle,
+// evictWanted or evictBusy. A swap waits for the runs of the model it
+// evicts: pickResidentLocked takes an evictBusy load only for a request
+// that waited MaxExtraWait.
 func (s *Scheduler) evictionCostLocked(r *resource) int {
 	h := r.held
 	limit := h.limit()
 	if limit == 0 || len(h.models) < limit {
-		return 0
+		return evictNothing
 	}
-	victim := h.models[0]
-	for _, m := range h.models[1:] {
-		if m.used < victim.used {
-			victim = m
-		}
+	i, busy := s.victimLocked(r, h.models)
+	if busy {
+		return evictBusy
 	}
-	if r.runsModel(victim.name) {
-		return 2
+	victim := h.models[i]
+	if s.kept[victim.name] {
+		return evictWanted
 	}
 	for _, hp := range []waitHeap{r.short, r.long} {
 		for _, ref := range hp {
 			for _, c := range ref.w.cands {
 				if c.res == r && c.Target == victim.name {
-					return 2
+					return evictWanted
 				}
 			}
 		}
 	}
-	return 1
+	return evictIdle
 }
 
 // nextResidentLocked returns the waiter r's free slot goes to under a
@@ -301,8 +346,10 @@ func (s *Scheduler) nextResidentLocked(r *resource, top *waiter) *waiter {
 // free one for req: the best (by the chooser, Prefer first) of those that
 // hold their target; else, when wait is set and a busy candidate holds its
 // target with an expected wait shorter than the load, none (res nil,
-// waitHot true); else the best of the cheapest loads (evictionCostLocked).
-func (s *Scheduler) pickResidentLocked(choices []choice, req *Request, wait bool) (best choice, waitHot bool) {
+// waitHot true); else the best of the cheapest loads (evictionCostLocked),
+// leaving out those that wait for the runs of the model they evict
+// (evictBusy) unless overdue is set.
+func (s *Scheduler) pickResidentLocked(choices []choice, req *Request, wait, overdue bool) (best choice, waitHot bool) {
 	hot := newChooser(req)
 	var preferred choice
 	var free []choice
@@ -350,9 +397,12 @@ func (s *Scheduler) pickResidentLocked(choices []choice, req *Request, wait bool
 		}
 	}
 	cold := newChooser(req)
-	bestCost := 3
+	bestCost := evictBusy + 1
 	for _, c := range free {
 		cost := s.evictionCostLocked(c.res)
+		if cost == evictBusy && !overdue {
+			continue
+		}
 		if cost < bestCost {
 			bestCost, cold = cost, newChooser(req)
 		}
@@ -374,6 +424,21 @@ func (s *Scheduler) waitHotLocked(w *waiter) {
 	w.hotWait = s.clock.AfterFunc(d, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		if w.state == waiting {
+			s.grantLocked(w)
+		}
+	})
+}
+
+// waitSwapLocked bounds the wait of w, queued under a residency policy:
+// once w has waited MaxExtraWait it is offered a slot again, and may then
+// take a load that evicts a model with runs in flight (evictBusy) or pass
+// waiters of models a provider holds (nextResidentLocked).
+func (s *Scheduler) waitSwapLocked(w *waiter) {
+	w.swapWait = s.clock.AfterFunc(s.residency.MaxExtraWait, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		w.swapWait = nil
 		if w.state == waiting {
 			s.grantLocked(w)
 		}

@@ -17,7 +17,8 @@ import (
 // nothing held beyond a configured limit, no request that needs no load
 // waiting while a provider holding its model has a free slot, and a
 // request left waiting beside a free provider only within its bounded
-// wait for one that holds its model.
+// wait for one that holds its model, or, where its load would evict a
+// model with runs in flight, for those runs within MaxExtraWait.
 type rMachine struct {
 	clk     *clock.Fake
 	s       *Scheduler
@@ -193,9 +194,19 @@ func (m *rMachine) check(t *rapid.T) {
 			if c.res.holds(c.Target) {
 				t.Fatalf("waiter %d (%s) waits while %s, holding it, is free", w.seq, w.group.name, c.ProviderID)
 			}
-			// Beside a free provider only while waiting for a holder.
-			if w.hotWait == nil || now.Sub(w.enqueued) >= bound {
-				t.Fatalf("waiter %d (%s) waits %v while %s is free", w.seq, w.group.name, now.Sub(w.enqueued), c.ProviderID)
+			// Beside a free provider only while waiting for a holder, or,
+			// when a load there would evict a model with runs in flight,
+			// for those runs: a swap waits for the runs of the model it
+			// evicts, up to MaxExtraWait.
+			waited := now.Sub(w.enqueued)
+			if m.s.evictionCostLocked(c.res) == evictBusy {
+				if w.swapWait == nil || waited >= m.pol.MaxExtraWait {
+					t.Fatalf("waiter %d (%s) waits %v for the runs %s evicts", w.seq, w.group.name, waited, c.ProviderID)
+				}
+				continue
+			}
+			if w.hotWait == nil || waited >= bound {
+				t.Fatalf("waiter %d (%s) waits %v while %s is free", w.seq, w.group.name, waited, c.ProviderID)
 			}
 		}
 	}

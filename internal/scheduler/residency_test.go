@@ -327,3 +327,100 @@ func TestRegression_ResidencyWaitWithAFullQueue(t *testing.T) {
 		x.Release("done")
 	}
 }
+
+// TestRegression_ResidencySwapWaitsForTheRunsItEvicts: on one provider of
+// capacity 3 holding one model at a time, clients alternating x and y
+// every 50 ms made 3 loads where 2 suffice: a request for y took a free
+// slot and evicted x while x still ran, so the next x loaded it again. A
+// swap now waits for the runs of the model it evicts: x requests arriving
+// meanwhile run on the loaded x, then y loads once for both y waiters.
+func TestRegression_ResidencySwapWaitsForTheRunsItEvicts(t *testing.T) {
+	f := newFixture(t, residencyConfig())
+	f.activate("n1", 1, ResourceSpec{ProviderID: "a", Capacity: 3})
+	f.setLoaded("a", 1)
+	f.setModel("x", "a")
+	f.setModel("y", "a")
+	x1 := f.admitNow(f.req("x")) // loads x
+	f.clk.Advance(50 * time.Millisecond)
+	y1 := f.admitAsync(context.Background(), f.req("y"))
+	f.clk.Advance(50 * time.Millisecond)
+	x2 := f.admitNow(f.req("x")) // x is loaded: no load
+	f.clk.Advance(50 * time.Millisecond)
+	y2 := f.admitAsync(context.Background(), f.req("y"))
+	if f.waiters() != 2 {
+		t.Fatalf("%d waiters, want both y requests waiting for the x runs", f.waiters())
+	}
+	if x2.Info().Load {
+		t.Fatal("x2 loaded x again")
+	}
+	f.clk.Advance(50 * time.Millisecond)
+	x1.Release("done")
+	if f.waiters() != 2 {
+		t.Fatal("a y request loaded y while x2 still runs")
+	}
+	f.clk.Advance(50 * time.Millisecond)
+	x2.Release("done")
+	l1, l2 := leaseOf(t, y1), leaseOf(t, y2)
+	if !l1.Info().Load || l2.Info().Load {
+		t.Fatalf("y1 load %v, y2 load %v: want one load for both", l1.Info().Load, l2.Info().Load)
+	}
+	l1.Release("done")
+	l2.Release("done")
+	if r, _ := f.s.Residency("n1", "a"); r.Loads != 2 || r.Evictions != 1 {
+		t.Fatalf("a: %d loads and %d evictions, want 2 and 1", r.Loads, r.Evictions)
+	}
+}
+
+// TestResidencySwapWaitIsBounded: a request whose load waits for the runs
+// of the model it evicts waits at most MaxExtraWait; then it loads its
+// model, and the server finishes the runs before it swaps.
+func TestResidencySwapWaitIsBounded(t *testing.T) {
+	f := newFixture(t, residencyConfig())
+	f.activate("n1", 1, ResourceSpec{ProviderID: "a", Capacity: 2})
+	f.setLoaded("a", 1, "x")
+	f.setModel("x", "a")
+	f.setModel("y", "a")
+	x := f.admitNow(f.req("x"))
+	y := f.admitAsync(context.Background(), f.req("y"))
+	f.clk.Advance(9 * time.Second)
+	if f.waiters() != 1 {
+		t.Fatal("y did not wait for the x run")
+	}
+	f.clk.Advance(time.Second)
+	l := leaseOf(t, y)
+	if !l.Info().Load {
+		t.Fatal("y after MaxExtraWait: no load")
+	}
+	x.Release("done")
+	l.Release("done")
+}
+
+// TestResidencyKeptEvictedLast: a kept model (SetKept) is not evicted
+// while another idle one can be, and a load goes where it evicts no kept
+// model; when every slot holds a kept model it is evicted all the same.
+func TestResidencyKeptEvictedLast(t *testing.T) {
+	f := newFixture(t, residencyConfig())
+	f.activate("n1", 1, ResourceSpec{ProviderID: "a", Capacity: 2}, ResourceSpec{ProviderID: "b", Capacity: 2})
+	f.s.SetKept([]string{"k"})
+	f.setLoaded("a", 2, "k", "x") // k least recently used
+	f.setLoaded("b", 1, "k")
+	f.setModel("y", "a")
+	l := f.admitNow(f.req("y"))
+	if got := f.held("a"); !slices.Equal(got, []string{"k", "y"}) {
+		t.Fatalf("a holds %v, want [k y]: x evicted, not the kept k", got)
+	}
+	l.Release("done")
+	f.setLoaded("a", 1, "z")
+	f.setModel("w", "a", "b")
+	l = f.admitNow(f.req("w"))
+	if got := l.Candidate().ProviderID; got != "a" {
+		t.Fatalf("w loaded on %s, want a (b would evict the kept k)", got)
+	}
+	l.Release("done")
+	f.setModel("v", "b")
+	l = f.admitNow(f.req("v"))
+	if got := f.held("b"); !slices.Equal(got, []string{"v"}) {
+		t.Fatalf("b holds %v, want [v]: the only slot is needed", got)
+	}
+	l.Release("done")
+}

@@ -290,6 +290,9 @@ type waiter struct {
 	// hotWait is the timer of a waiter that waits for a provider holding
 	// its model rather than load it on a free one (residency); nil if none.
 	hotWait Timer
+	// swapWait offers a waiter a slot again once it has waited
+	// MaxExtraWait (residency: waitSwapLocked); nil if none.
+	swapWait Timer
 	// lost is the grace timer (Policy.ReconnectGrace) of a waiter whose
 	// every candidate went away, nil otherwise; lostEpoch tells a stale
 	// timer from the current one.
@@ -342,6 +345,9 @@ type Scheduler struct {
 	staleHead, staleTail *waiter
 	// residency is the residency policy; nil: off.
 	residency *ResidencyPolicy
+	// kept are the served models kept loaded (SetKept): a load evicts
+	// them last.
+	kept map[string]bool
 }
 
 // New returns a Scheduler, or an error wrapping ErrInvalid for a bad Config.
@@ -457,10 +463,10 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	}
 	waitHot := false
 	if s.residency != nil && s.tracksAnyLocked(cands) {
-		best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, true)
+		best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, true, false)
 		if g := s.groups[req.Group]; waitHot && g != nil && g.queued >= g.policy.MaxQueue {
 			// No room to wait for a holder: load it where a slot is free.
-			best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, false)
+			best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, false, false)
 		}
 	}
 	if best.res != nil {
@@ -498,6 +504,9 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	w.timer = s.clock.AfterFunc(g.policy.QueueTimeout, func() { s.expire(w) })
 	if waitHot {
 		s.waitHotLocked(w)
+	}
+	if s.residency != nil {
+		s.waitSwapLocked(w)
 	}
 	return nil, w, nil
 }
@@ -709,7 +718,7 @@ func (s *Scheduler) reserveLocked(r *resource, c Candidate, req Request, reason 
 func (s *Scheduler) grantLocked(w *waiter) bool {
 	var best choice
 	if s.residency != nil && slices.ContainsFunc(w.cands, func(c choice) bool { return c.res.held != nil }) {
-		best, _ = s.pickResidentLocked(w.cands, &w.req, false)
+		best, _ = s.pickResidentLocked(w.cands, &w.req, false, s.overdueLocked(w))
 	} else {
 		best = pick(w.cands, &w.req)
 	}
@@ -806,6 +815,9 @@ func (s *Scheduler) unlinkLocked(w *waiter) {
 	}
 	if w.hotWait != nil {
 		w.hotWait.Stop()
+	}
+	if w.swapWait != nil {
+		w.swapWait.Stop()
 	}
 	s.foundLocked(w)
 }

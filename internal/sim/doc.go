@@ -35,7 +35,8 @@
 //   - format.go: answers to a request for JSON (structuredAnswer).
 //   - cache.go: a vLLM-like prefix (KV) cache (prefixCache).
 //   - residency.go: models load on demand, as Ollama's do
-//     (Config.MaxLoadedModels, LoadTime; LRU eviction of an idle one).
+//     (Config.MaxLoadedModels, LoadTime; LRU eviction of an idle one;
+//     unload on a prompt-less request with keep_alive 0).
 //   - ollama.go, openai.go: the two protocols' handlers and shapes.
 //
 // # Invariants

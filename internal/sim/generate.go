@@ -42,6 +42,7 @@ type request struct {
 	includeUsage bool   // OpenAI stream_options.include_usage
 	base64       bool   // OpenAI embeddings encoding_format "base64"
 	loadOnly     bool   // Ollama: no prompt at all, the request only loads the model
+	unload       bool   // Ollama: loadOnly with keep_alive 0: the request unloads it
 	seq          uint64 // admission number, set by Server.accept; makes ids unique
 	// prefill is the time its uncached prompt tokens take (Server.prefill),
 	// set by Server.accept; it adds to Config.TTFT.

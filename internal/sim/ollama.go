@@ -94,6 +94,26 @@ type ollamaGenerateRequest struct {
 	// Logprobs and TopLogprobs ask for the tokens' log probabilities.
 	Logprobs    bool `json:"logprobs"`
 	TopLogprobs int  `json:"top_logprobs"`
+	// KeepAlive 0 ("0", "0s") with no prompt unloads the model.
+	KeepAlive json.RawMessage `json:"keep_alive"`
+}
+
+// keepAliveZero reports whether keep_alive says 0: 0, "0", or a duration
+// of 0 ("0s", "0m").
+func keepAliveZero(v json.RawMessage) bool {
+	var n float64
+	if json.Unmarshal(v, &n) == nil {
+		return n == 0 && len(v) > 0
+	}
+	var str string
+	if json.Unmarshal(v, &str) != nil {
+		return false
+	}
+	if str == "0" {
+		return true
+	}
+	d, err := time.ParseDuration(str)
+	return err == nil && d == 0
 }
 
 // parseOllamaChat parses a POST /api/chat body.
@@ -134,6 +154,7 @@ func (in ollamaGenerateRequest) toRequest(prompt string, loadOnly bool) (request
 		maxTokens: noLimit,
 		stream:    in.Stream == nil || *in.Stream,
 		loadOnly:  loadOnly,
+		unload:    loadOnly && keepAliveZero(in.KeepAlive),
 		think:     in.Think,
 		raw:       in.Raw,
 		format:    ollamaFormat(in.Format),
@@ -270,6 +291,9 @@ func (s *Server) ollamaGenerate(chat bool) http.HandlerFunc {
 		if req.loadOnly {
 			resp := frame("")
 			resp.Done, resp.DoneReason = true, "load"
+			if req.unload {
+				resp.DoneReason = "unload"
+			}
 			writeJSON(w, http.StatusOK, resp)
 			return
 		}

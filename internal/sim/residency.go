@@ -122,6 +122,43 @@ func (s *Server) load(ctx context.Context, model string) (waited time.Duration, 
 	}
 }
 
+// unload unloads model, as Ollama does for a request with no prompt and
+// keep_alive 0: once no request runs on it (or its load is done) it is
+// dropped, counted in Stats.Unloads. A model not loaded is no error. It
+// returns as load does, holding nothing; or ctx's error.
+func (s *Server) unload(ctx context.Context, model string) (waited time.Duration, done func(), err error) {
+	if !s.cfg.simulatesResidency() {
+		return 0, func() {}, nil
+	}
+	s.mu.Lock()
+	for {
+		i := slices.IndexFunc(s.resident, func(m *resident) bool { return m.name == model })
+		if i < 0 {
+			s.mu.Unlock()
+			return 0, func() {}, nil
+		}
+		if m := s.resident[i]; m.inUse == 0 && !m.loading {
+			s.logger.Debug("unloading model", "model", model)
+			s.resident = slices.Delete(s.resident, i, i+1)
+			s.stats.Unloads++
+			s.notifyResidentLocked()
+			s.mu.Unlock()
+			return 0, func() {}, nil
+		}
+		wait := s.residentChanged
+		if m := s.resident[i]; m.loading {
+			wait = m.ready
+		}
+		s.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return 0, nil, ctx.Err()
+		}
+		s.mu.Lock()
+	}
+}
+
 // unuse ends one request's use of m.
 func (s *Server) unuse(m *resident) {
 	s.mu.Lock()

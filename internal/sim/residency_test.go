@@ -109,3 +109,48 @@ func TestRegression_SimLoadEvictedBeforeUse(t *testing.T) {
 		t.Fatalf("%d loads for %d requests: a load was evicted before its request used it", st.Loads, st.Admitted)
 	}
 }
+
+// TestResidencyPreloadAndUnload: POST /api/generate with a model and no
+// prompt loads it (done_reason "load"; keep_alive -1 changes nothing
+// here), and with keep_alive 0 unloads it (done_reason "unload"), as
+// Ollama does: /api/ps lists it, then not; /stats counts one load and one
+// unload.
+func TestResidencyPreloadAndUnload(t *testing.T) {
+	_, url, _ := startSim(t, Config{Protocol: ProtocolOllama, Models: []string{"x", "y"}, MaxLoadedModels: 1,
+		LoadTime: time.Millisecond})
+	c := newClient(t)
+	generate := func(keepAlive any, want string) {
+		t.Helper()
+		var got struct {
+			Done       bool   `json:"done"`
+			DoneReason string `json:"done_reason"`
+		}
+		body := map[string]any{"model": "x", "stream": false, "keep_alive": keepAlive}
+		if err := json.NewDecoder(mustPost(t, c, url+"/api/generate", body).Body).Decode(&got); err != nil || !got.Done || got.DoneReason != want {
+			t.Fatalf("keep_alive %v: %+v %v, want done_reason %q", keepAlive, got, err, want)
+		}
+	}
+	loaded := func() int {
+		var ps struct {
+			Models []struct {
+				Name string `json:"name"`
+			} `json:"models"`
+		}
+		getJSON(t, c, url+"/api/ps", &ps)
+		return len(ps.Models)
+	}
+	generate(-1, "load")
+	if n := loaded(); n != 1 {
+		t.Fatalf("/api/ps lists %d models after a load, want 1", n)
+	}
+	generate("0s", "unload")
+	if n := loaded(); n != 0 {
+		t.Fatalf("/api/ps lists %d models after an unload, want 0", n)
+	}
+	generate(0, "unload") // not loaded: no error
+	var st Stats
+	getJSON(t, c, url+"/stats", &st)
+	if st.Loads != 1 || st.Unloads != 1 || st.Evictions != 0 {
+		t.Fatalf("stats: %d loads, %d unloads, %d evictions; want 1, 1, 0", st.Loads, st.Unloads, st.Evictions)
+	}
+}

@@ -65,9 +65,11 @@ type Stats struct {
 	PrefixMissTokens   int64 `json:"prefix_miss_tokens"`
 	PrefixCachedBlocks int   `json:"prefix_cached_blocks"`
 	// Loads and Evictions count the models loaded and evicted
-	// (Config.MaxLoadedModels, LoadTime); 0 without residency.
+	// (Config.MaxLoadedModels, LoadTime), Unloads those unloaded on
+	// request (keep_alive 0); 0 without residency.
 	Loads     int64 `json:"loads"`
 	Evictions int64 `json:"evictions"`
+	Unloads   int64 `json:"unloads"`
 	// LastModel is the model named by the latest request ("" if none).
 	LastModel string `json:"last_model"`
 	// LastAuthorization is the Authorization header of the latest request.
@@ -297,7 +299,11 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byt
 		return request{}, nil, err
 	}
 	req.seq = n
-	waited, unuse, err := s.load(r.Context(), req.model)
+	load := s.load
+	if req.unload {
+		load = s.unload
+	}
+	waited, unuse, err := load(r.Context(), req.model)
 	if err != nil {
 		s.leave()
 		return request{}, nil, err

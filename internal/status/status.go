@@ -1,6 +1,7 @@
 // Package status reads an edge's admin API (GET /admin/v1/nodes,
 // /providers, /queues) into one View and renders it as text tables for
-// `iop status`. It holds no state and starts no goroutine.
+// `iop status`, and reads GET /admin/v1/usage into a table for `iop
+// usage` (usage.go). It holds no state and starts no goroutine.
 package status
 
 import (
@@ -109,6 +110,7 @@ func Render(w io.Writer, v View, now time.Time) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%d\t%s\t%s\t%s\n", p.NodeID, p.ProviderID, dash(p.Type),
 			p.InFlight, p.Capacity, bar(p.InFlight, p.Capacity), p.Queued, health, ProviderState(p), strings.Join(p.Models, ","))
 	}
+	renderResidency(tw, v.Providers, now)
 	fmt.Fprintf(tw, "\nQUEUES (%d)\n", len(v.Queues))
 	fmt.Fprintln(tw, "MODEL\tQUEUED\tMAX QUEUE\tQUEUE TIMEOUT\tFAIRNESS\tFLOWS")
 	for _, q := range v.Queues {
@@ -130,6 +132,41 @@ func Render(w io.Writer, v View, now time.Time) error {
 		return err
 	}
 	return renderUnmatched(w, v.Queues)
+}
+
+// renderResidency writes, when some provider's node reads what its
+// server holds loaded, a LOADED section: one line per model loaded, with
+// how long since and whether keep_loaded keeps it; a provider holding
+// none says "-".
+func renderResidency(w io.Writer, providers []Provider, now time.Time) {
+	var lines []string
+	for _, p := range providers {
+		if !p.ReadsLoaded {
+			continue
+		}
+		if len(p.Loaded) == 0 {
+			lines = append(lines, fmt.Sprintf("%s\t%s\t-\t-\t-\n", p.NodeID, p.ProviderID))
+		}
+		for _, m := range p.Loaded {
+			since := "-"
+			if t, err := time.Parse(time.RFC3339Nano, m.Since); err == nil {
+				since = age(now, t) + " ago"
+			}
+			kept := "no"
+			if m.Kept {
+				kept = "yes"
+			}
+			lines = append(lines, fmt.Sprintf("%s\t%s\t%s\t%s\t%s\n", p.NodeID, p.ProviderID, m.Model, since, kept))
+		}
+	}
+	if len(lines) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nLOADED")
+	fmt.Fprintln(w, "NODE\tPROVIDER\tMODEL\tSINCE\tKEPT")
+	for _, l := range lines {
+		fmt.Fprint(w, l)
+	}
 }
 
 // renderUnmatched writes, when some alias has targets no node serves, a

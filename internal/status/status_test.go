@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"iop/internal/edge/adminwire"
 )
 
 func TestBaseURL(t *testing.T) {
@@ -133,4 +135,63 @@ func cell(t *testing.T, table, col, rowPrefix string) string {
 	}
 	t.Fatalf("no column %q with a row %q in\n%s", col, rowPrefix, table)
 	return ""
+}
+
+// TestRenderResidency: a LOADED section lists what each provider whose
+// node reads it holds loaded, since when, and whether keep_loaded keeps
+// it; a provider holding none says "-"; without any such provider there
+// is no section.
+func TestRenderResidency(t *testing.T) {
+	now := time.Date(2025, 1, 1, 0, 10, 0, 0, time.UTC)
+	v := View{Providers: []Provider{
+		{NodeID: "n1", ProviderID: "a", ReadsLoaded: true, Loaded: []adminwire.Loaded{
+			{Model: "x", Since: now.Add(-3 * time.Minute).Format(time.RFC3339Nano), Kept: true}, {Model: "y"}}},
+		{NodeID: "n1", ProviderID: "b", ReadsLoaded: true},
+		{NodeID: "n2", ProviderID: "c"},
+	}}
+	var buf bytes.Buffer
+	if err := Render(&buf, v, now); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, want := range []string{"LOADED", "n1    a         x      3m0s ago  yes", "n1    a         y      -         no", "n1    b         -      -         -"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("render lacks %q:\n%s", want, out)
+		}
+	}
+	buf.Reset()
+	if err := Render(&buf, View{Providers: v.Providers[2:]}, now); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(buf.String(), "LOADED") {
+		t.Errorf("a LOADED section without residency:\n%s", buf.String())
+	}
+}
+
+// TestRenderUsage: a row per group, "(none)" for an empty group value, the
+// zone of the days in the header, a TOTAL row only for several groups.
+func TestRenderUsage(t *testing.T) {
+	var buf bytes.Buffer
+	u := Usage{GroupBy: "day", TZ: "Europe/Berlin", Data: []UsageGroup{
+		{Group: "2026-06-01", Requests: 2, Completed: 1, PromptTokens: 3, CompletionTokens: 4, TotalTokens: 7, GPUSeconds: 1.25},
+		{Group: "2026-06-02", Requests: 1, Completed: 1, TotalTokens: 1, GPUSeconds: 0.5},
+	}}
+	if err := RenderUsage(&buf, u); err != nil {
+		t.Fatal(err)
+	}
+	want := `DAY (Europe/Berlin)  REQUESTS  COMPLETED  PROMPT TOKENS  COMPLETION TOKENS  TOTAL TOKENS  GPU-SECONDS
+2026-06-01           2         1          3              4                  7             1.2
+2026-06-02           1         1          0              0                  1             0.5
+TOTAL                3         2          3              4                  8             1.8
+`
+	if buf.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", buf.String(), want)
+	}
+	buf.Reset()
+	if err := RenderUsage(&buf, Usage{GroupBy: "team", Data: []UsageGroup{{Group: "", Requests: 4}}}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(buf.String(), "TEAM") || !strings.Contains(buf.String(), "(none)  4") || strings.Contains(buf.String(), "\nTOTAL") {
+		t.Errorf("one group of keys in no team:\n%s", buf.String())
+	}
 }

@@ -1,7 +1,7 @@
 // Package adminwire holds the JSON shapes of the edge's admin API
-// (GET /admin/v1/nodes, /providers, /queues), shared by the edge that
+// (GET /admin/v1/nodes, /providers, /queues, /usage), shared by the edge that
 // writes them (internal/edge/api) and the clients that read them
-// (iop status). Times are RFC 3339; slices are never null.
+// (iop status, iop usage). Times are RFC 3339; slices are never null.
 package adminwire
 
 import "time"
@@ -41,6 +41,22 @@ type Provider struct {
 	// server said its own (Ollama's /api/show: a discovered provider's
 	// models), by model name; a model not listed has Capabilities.
 	ModelCapabilities map[string][]string `json:"model_capabilities,omitempty"`
+	// Loaded are the served models its server holds loaded, as its node
+	// last read them (an Ollama's /api/ps); absent when its node reads
+	// none (a server that holds its models always).
+	Loaded []Loaded `json:"loaded,omitempty"`
+	// ReadsLoaded says its node reads what its server holds loaded: then
+	// an absent Loaded means none. Absent when false.
+	ReadsLoaded bool `json:"reads_loaded,omitempty"`
+}
+
+// Loaded is one served model a provider holds loaded.
+type Loaded struct {
+	Model string `json:"model"`
+	// Since is when its node first saw it loaded (RFC 3339), "" unknown.
+	Since string `json:"since,omitempty"`
+	// Kept: an alias with keep_loaded names it.
+	Kept bool `json:"kept,omitempty"`
 }
 
 // Queue is one entry of GET /admin/v1/queues: a model group's policy and

@@ -501,6 +501,11 @@ func TestLedgerRecordsEveryFinishedRun(t *testing.T) {
 		if !strings.HasPrefix(e.RequestID, "req_") {
 			t.Errorf("entry without its request id: %+v", e)
 		}
+		// The slot is held from the dispatch to the end: never longer than
+		// the request, and not at all by a request never dispatched.
+		if e.SlotTime < 0 || e.SlotTime > e.Duration || (e.ErrorCode == "queue_full") != (e.SlotTime == 0 && e.RunID == "") {
+			t.Errorf("entry's slot time %s (duration %s): %+v", e.SlotTime, e.Duration, e)
+		}
 	}
 	want := []row{
 		{"alice", "completed", 3, 4}, {"alice", "completed", 11, 12}, {"alice", "completed", 21, 22},

@@ -95,7 +95,8 @@ type Config struct {
 	// Metrics, if set, serves GET /metrics (the Prometheus exposition).
 	Metrics http.Handler
 	// Routes are the routes of the API packages (package admin's, ...),
-	// by exact path, served beside the frame's own; nil: none. They
+	// by exact path (a path ending in "/" also serves the paths under it
+	// that no other route serves), served beside the frame's own; nil: none. They
 	// share the frame's body limits, keys and admission, observation and
 	// error shapes (WriteError).
 	Routes map[string]Route

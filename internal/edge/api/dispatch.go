@@ -56,6 +56,7 @@ func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *cont
 		return
 	}
 	queued := h.cfg.Now()
+	obs.dispatching(queued)
 	rr := &runResponse{h: h, w: w, r: r, req: req, obs: obs, writeError: render.writeError}
 	var run Run
 	var err error

@@ -165,6 +165,10 @@ func classify(err error, req *contract.Request) *apiError {
 	case errors.Is(err, errUnsupportedMedia):
 		return newAPIError(http.StatusUnsupportedMediaType, "invalid_request_error", "", "unsupported_media_type",
 			"Content-Type must be application/json")
+	case errors.Is(err, contract.ErrUnknownProvider):
+		return newAPIError(http.StatusNotFound, "invalid_request_error", "", "provider_not_found", clip(err.Error()))
+	case errors.Is(err, contract.ErrResidencyConflict):
+		return newAPIError(http.StatusConflict, "invalid_request_error", "", "residency_conflict", clip(err.Error()))
 	case errors.Is(err, ErrUnknownModel):
 		msg := fmt.Sprintf("The model %q does not exist", model)
 		if ua, ok := errors.AsType[*contract.UnmatchedAliasError](err); ok {

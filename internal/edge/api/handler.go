@@ -52,6 +52,11 @@ func New[R Run](cfg Config, gw Gateway[R], logger *slog.Logger) http.Handler {
 		h.routes["/metrics"] = Route{http.MethodGet, h.cfg.Metrics.ServeHTTP}
 	}
 	maps.Copy(h.routes, cfg.Routes)
+	for p := range cfg.Routes {
+		if strings.HasSuffix(p, "/") {
+			h.prefixes = append(h.prefixes, p)
+		}
+	}
 	return h
 }
 
@@ -61,6 +66,9 @@ type handler struct {
 	gw     Gateway[Run]
 	logger *slog.Logger
 	routes map[string]Route // exact path -> route
+	// prefixes are the paths of Config.Routes ending in "/": each also
+	// serves the paths under it that no exact route serves.
+	prefixes []string
 	// flowHeader is the header naming a request's flow (Config.Flow), or "".
 	flowHeader string
 	// streaming holds the stored Responses API responses being streamed
@@ -296,6 +304,11 @@ func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 	}
 	if !ok && strings.HasPrefix(r.URL.Path, ollamaBlobsPrefix) {
 		rt, ok = Route{"", h.ollamaManage}, true
+	}
+	for _, p := range h.prefixes {
+		if !ok && strings.HasPrefix(r.URL.Path, p) {
+			rt, ok = h.routes[p], true
+		}
 	}
 	writeError := h.errorWriterFor(r.URL.Path)
 	if !ok {
@@ -536,6 +549,11 @@ func WriteJSON(w http.ResponseWriter, status int, v any) { writeJSON(w, status, 
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	frameOf(r).writeError(w, r, err, nil)
 }
+
+// ErrNotFound is the error of a path nothing serves: WriteError answers
+// it 404 unknown_url. A prefix route (Config.Routes) answers it for the
+// paths under it that it does not serve.
+var ErrNotFound = errNotFound
 
 // InvalidParam is the error of a request whose parameter param is
 // invalid: WriteError answers it 400 invalid_request_error with message,

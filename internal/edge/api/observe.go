@@ -85,6 +85,10 @@ type RequestRecord struct {
 	// the end of the response.
 	Start    time.Time
 	Duration time.Duration
+	// SlotTime is from when the request's lease was granted (its first
+	// dispatch's start plus its queue wait) to the end of the response:
+	// how long it held a provider slot; 0 when not dispatched.
+	SlotTime time.Duration
 	// TimeToFirstToken is from Start to the first generated text reaching
 	// the edge (a non-empty delta; on the tunnel path an SSE event carrying
 	// content); 0 when none did or it cannot be seen (a tunnel JSON body).
@@ -130,6 +134,10 @@ type observation struct {
 	trace *requestSpan
 	// finishReason is the normalized run's finish reason (finished).
 	finishReason string
+	// dispatchStart is when the request's first dispatch began
+	// (dispatching); slotFrom when its lease was granted: dispatchStart
+	// plus its queue wait, set by dispatched.
+	dispatchStart, slotFrom time.Time
 }
 
 type observationKey struct{}
@@ -235,12 +243,26 @@ func (o *observation) queueWaited(d time.Duration) {
 	}
 }
 
+// dispatching records that the request's dispatch (admission, then the
+// send) began at at; its slot time counts from at plus its queue wait.
+func (o *observation) dispatching(at time.Time) {
+	if o != nil && o.dispatchStart.IsZero() {
+		o.dispatchStart = at
+	}
+}
+
 // dispatched records where the run went.
 func (o *observation) dispatched(info contract.DispatchInfo) {
 	if o == nil {
 		return
 	}
 	o.sent = true
+	if o.slotFrom.IsZero() {
+		o.slotFrom = o.now()
+		if !o.dispatchStart.IsZero() {
+			o.slotFrom = o.dispatchStart.Add(info.QueueWait)
+		}
+	}
 	o.rec.RunID, o.rec.NodeID, o.rec.ProviderID, o.rec.ProviderType = info.RunID, info.NodeID, info.ProviderID, info.ProviderType
 	o.rec.ServedModel, o.rec.Generation, o.rec.QueueWait = info.ServedModel, info.Generation, info.QueueWait
 	o.rec.Admission = contract.AdmissionImmediate
@@ -424,7 +446,11 @@ func (o *observation) record(status int) RequestRecord {
 	o.decide(status)
 	rec := o.rec
 	rec.Status = status
-	rec.Duration = o.now().Sub(rec.Start)
+	end := o.now()
+	rec.Duration = end.Sub(rec.Start)
+	if !o.slotFrom.IsZero() {
+		rec.SlotTime = max(0, end.Sub(o.slotFrom))
+	}
 	if o.usage != nil {
 		if in, out, ok := o.usage.end(); ok {
 			rec.InputTokens, rec.OutputTokens, rec.TokensKnown = in, out, true
@@ -472,7 +498,7 @@ func ledgerEntry(rec RequestRecord) ledger.Entry {
 	e := ledger.Entry{
 		Time: rec.Start, RequestID: rec.RequestID, Key: rec.Key, Model: rec.Model,
 		RunID: rec.RunID, NodeID: rec.NodeID, ProviderID: rec.ProviderID, ServedModel: rec.ServedModel,
-		Duration: rec.Duration, Outcome: rec.Outcome.String(), ErrorCode: rec.ErrorCode,
+		Duration: rec.Duration, SlotTime: rec.SlotTime, Outcome: rec.Outcome.String(), ErrorCode: rec.ErrorCode,
 	}
 	if rec.TokensKnown {
 		e.PromptTokens, e.CompletionTokens = int64(rec.InputTokens), int64(rec.OutputTokens)

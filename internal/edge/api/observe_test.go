@@ -79,12 +79,17 @@ func TestRecordOfANormalizedStream(t *testing.T) {
 	if !strings.HasPrefix(got.RequestID, "req_") || len(got.RequestID) != len("req_")+32 {
 		t.Errorf("request id %q, want req_ and 32 hex digits", got.RequestID)
 	}
-	got.Start, got.Duration, got.TimeToFirstToken, got.InterTokenLatency, got.RequestID = time.Time{}, 0, 0, 0, ""
+	got.Start, got.Duration, got.SlotTime, got.TimeToFirstToken, got.InterTokenLatency, got.RequestID = time.Time{}, 0, 0, 0, 0, ""
 	if got != want {
 		t.Fatalf("record\n got %+v\nwant %+v", got, want)
 	}
 	if rec.TimeToFirstToken <= 0 || rec.Duration <= rec.TimeToFirstToken || rec.InterTokenLatency <= 0 {
 		t.Fatalf("times: ttft %s, duration %s, inter-token %s", rec.TimeToFirstToken, rec.Duration, rec.InterTokenLatency)
+	}
+	// The slot is held from the lease's grant (after the queue wait) to
+	// the end: less than the request's time after its queue wait.
+	if rec.SlotTime <= 0 || rec.SlotTime >= rec.Duration-rec.QueueWait {
+		t.Fatalf("slot time %s, duration %s, queue wait %s", rec.SlotTime, rec.Duration, rec.QueueWait)
 	}
 }
 

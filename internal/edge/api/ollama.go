@@ -470,12 +470,14 @@ type ollamaPSModel struct {
 	// iop's own: the node and provider that hold the model, where the
 	// entry comes from (contract.LoadedModel.Source: "reported",
 	// "always", "in_flight"), since when the node saw it loaded
-	// ("reported" only) and the runs of it in flight on that provider.
+	// ("reported" only), the runs of it in flight on that provider, and
+	// whether an alias's keep_loaded keeps it.
 	NodeID      string `json:"node_id"`
 	ProviderID  string `json:"provider_id"`
 	Source      string `json:"source"`
 	LoadedSince string `json:"loaded_since,omitempty"`
 	InFlight    int    `json:"in_flight"`
+	Kept        bool   `json:"kept,omitempty"`
 }
 
 // ollamaForever is how far ahead /api/ps puts the expiry of a model held
@@ -509,7 +511,7 @@ func (h *handler) ollamaPS(w http.ResponseWriter, r *http.Request) {
 		}
 		m := ollamaPSModel{Name: lm.Name, Model: lm.Model, Size: lm.Size, Digest: lm.Digest, Details: detailsOf(lm.Details),
 			ExpiresAt: lm.ExpiresAt, SizeVRAM: lm.SizeVRAM, ContextLength: lm.ContextLength,
-			NodeID: lm.NodeID, ProviderID: lm.ProviderID, Source: lm.Source, LoadedSince: lm.LoadedSince, InFlight: lm.InFlight}
+			NodeID: lm.NodeID, ProviderID: lm.ProviderID, Source: lm.Source, LoadedSince: lm.LoadedSince, InFlight: lm.InFlight, Kept: lm.Kept}
 		if lm.Source != contract.LoadedReported {
 			m.Name = ollamaName(names, lm.Served)
 			m.Model = m.Name

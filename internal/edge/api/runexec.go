@@ -110,6 +110,7 @@ func (rc *runRecorder) dispatch(t runTarget, refused chan<- error) {
 	h, obs := rc.h, rc.obs
 	obs.request(rc.req)
 	queued := h.cfg.Now()
+	obs.dispatching(queued)
 	rc.req.RunID = rc.run.Record().ID
 	rc.req.PreferNodeID, rc.req.PreferProviderID = t.preferNode, t.preferProvider
 	run, err := rc.gatewayDispatch(refused)

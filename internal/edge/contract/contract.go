@@ -214,6 +214,19 @@ type ProviderSnapshot struct {
 	// server said their own (Ollama's /api/show), by model; a model not in
 	// it has Capabilities.
 	ModelCapabilities map[string][]string
+	// Loaded are the served models its server holds loaded, as its node
+	// last read them (an Ollama's /api/ps), by name; nil when its node
+	// reads none (a server that holds its models always).
+	Loaded []ResidentModel
+}
+
+// ResidentModel is one served model a provider holds loaded.
+type ResidentModel struct {
+	Model string
+	// Since is when its node first saw it loaded (RFC 3339; "" unknown).
+	Since string
+	// Kept: an alias with keep_loaded names it.
+	Kept bool
 }
 
 // QueueSnapshot is one model group's queue: one for every configured
@@ -328,6 +341,8 @@ type LoadedModel struct {
 	Source string
 	// InFlight counts the runs of Served in flight on the provider.
 	InFlight int
+	// Kept: an alias with keep_loaded names Served.
+	Kept bool
 }
 
 // Sources of a LoadedModel.

@@ -82,6 +82,18 @@ var (
 	ErrNoLeader = errors.New("no scheduler leader")
 )
 
+// Errors of a load or unload on a named provider (the admin calls): the
+// HTTP API's classify maps each to its status.
+var (
+	// ErrUnknownProvider: no connected node has that id, or its provider
+	// that id, or the provider does not serve the model. 404.
+	ErrUnknownProvider = errors.New("unknown provider")
+	// ErrResidencyConflict: the provider cannot load or unload the model
+	// now: its server holds its models always (not an Ollama), or refused
+	// or did not answer. 409.
+	ErrResidencyConflict = errors.New("cannot load or unload the model there")
+)
+
 // Outcome is how one API request ended, decided once when it ended. The
 // log line ("outcome"), the metrics (label outcome of
 // iop_requests_total), the usage ledger, the run's RunEnded event and

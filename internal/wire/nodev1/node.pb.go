@@ -196,7 +196,7 @@ func (x RunEvent_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RunEvent_Type.Descriptor instead.
 func (RunEvent_Type) EnumDescriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{25, 0}
+	return file_node_proto_rawDescGZIP(), []int{27, 0}
 }
 
 type NodeMessage struct {
@@ -210,6 +210,7 @@ type NodeMessage struct {
 	//	*NodeMessage_Drain
 	//	*NodeMessage_RunsReport
 	//	*NodeMessage_ShowAnswer
+	//	*NodeMessage_ResidencyAnswer
 	Msg           isNodeMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -315,6 +316,15 @@ func (x *NodeMessage) GetShowAnswer() *ShowAnswer {
 	return nil
 }
 
+func (x *NodeMessage) GetResidencyAnswer() *ResidencyAnswer {
+	if x != nil {
+		if x, ok := x.Msg.(*NodeMessage_ResidencyAnswer); ok {
+			return x.ResidencyAnswer
+		}
+	}
+	return nil
+}
+
 type isNodeMessage_Msg interface {
 	isNodeMessage_Msg()
 }
@@ -349,6 +359,11 @@ type NodeMessage_ShowAnswer struct {
 	ShowAnswer *ShowAnswer `protobuf:"bytes,7,opt,name=show_answer,json=showAnswer,proto3,oneof"`
 }
 
+type NodeMessage_ResidencyAnswer struct {
+	// The node's answer to EdgeMessage.residency_request.
+	ResidencyAnswer *ResidencyAnswer `protobuf:"bytes,8,opt,name=residency_answer,json=residencyAnswer,proto3,oneof"`
+}
+
 func (*NodeMessage_Hello) isNodeMessage_Msg() {}
 
 func (*NodeMessage_Heartbeat) isNodeMessage_Msg() {}
@@ -363,6 +378,8 @@ func (*NodeMessage_RunsReport) isNodeMessage_Msg() {}
 
 func (*NodeMessage_ShowAnswer) isNodeMessage_Msg() {}
 
+func (*NodeMessage_ResidencyAnswer) isNodeMessage_Msg() {}
+
 type EdgeMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Msg:
@@ -374,6 +391,7 @@ type EdgeMessage struct {
 	//	*EdgeMessage_HelloRefused
 	//	*EdgeMessage_RunsRequest
 	//	*EdgeMessage_ShowRequest
+	//	*EdgeMessage_ResidencyRequest
 	Msg           isEdgeMessage_Msg `protobuf_oneof:"msg"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -479,6 +497,15 @@ func (x *EdgeMessage) GetShowRequest() *ShowRequest {
 	return nil
 }
 
+func (x *EdgeMessage) GetResidencyRequest() *ResidencyRequest {
+	if x != nil {
+		if x, ok := x.Msg.(*EdgeMessage_ResidencyRequest); ok {
+			return x.ResidencyRequest
+		}
+	}
+	return nil
+}
+
 type isEdgeMessage_Msg interface {
 	isEdgeMessage_Msg()
 }
@@ -515,6 +542,12 @@ type EdgeMessage_ShowRequest struct {
 	ShowRequest *ShowRequest `protobuf:"bytes,7,opt,name=show_request,json=showRequest,proto3,oneof"`
 }
 
+type EdgeMessage_ResidencyRequest struct {
+	// Asks the node to load or unload one model on a provider's server
+	// (keep_loaded, the admin load and unload calls).
+	ResidencyRequest *ResidencyRequest `protobuf:"bytes,8,opt,name=residency_request,json=residencyRequest,proto3,oneof"`
+}
+
 func (*EdgeMessage_Welcome) isEdgeMessage_Msg() {}
 
 func (*EdgeMessage_Heartbeat) isEdgeMessage_Msg() {}
@@ -528,6 +561,8 @@ func (*EdgeMessage_HelloRefused) isEdgeMessage_Msg() {}
 func (*EdgeMessage_RunsRequest) isEdgeMessage_Msg() {}
 
 func (*EdgeMessage_ShowRequest) isEdgeMessage_Msg() {}
+
+func (*EdgeMessage_ResidencyRequest) isEdgeMessage_Msg() {}
 
 // Hello is the first message of a Connect stream.
 type Hello struct {
@@ -1708,6 +1743,136 @@ func (x *ShowAnswer) GetError() string {
 	return ""
 }
 
+// ResidencyRequest asks the node to load model (a served model name of
+// provider_id) on that provider's server ahead of demand and keep it
+// loaded, or, with unload, to unload it (an Ollama: POST /api/generate
+// with the model, no prompt, and keep_alive -1 or 0). The node answers
+// with one ResidencyAnswer of the same request_id once its server has
+// answered (a load: when the model is loaded), within its own bound, then
+// reads the provider's loaded models again and reports them in a
+// ProviderUpdate.
+type ResidencyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     uint64                 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"` // unique per edge connection
+	ProviderId    string                 `protobuf:"bytes,2,opt,name=provider_id,json=providerId,proto3" json:"provider_id,omitempty"`
+	Model         string                 `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
+	Unload        bool                   `protobuf:"varint,4,opt,name=unload,proto3" json:"unload,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResidencyRequest) Reset() {
+	*x = ResidencyRequest{}
+	mi := &file_node_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResidencyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResidencyRequest) ProtoMessage() {}
+
+func (x *ResidencyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResidencyRequest.ProtoReflect.Descriptor instead.
+func (*ResidencyRequest) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ResidencyRequest) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *ResidencyRequest) GetProviderId() string {
+	if x != nil {
+		return x.ProviderId
+	}
+	return ""
+}
+
+func (x *ResidencyRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *ResidencyRequest) GetUnload() bool {
+	if x != nil {
+		return x.Unload
+	}
+	return false
+}
+
+// ResidencyAnswer answers ResidencyRequest request_id: error is "" when
+// the server did it, else why not.
+type ResidencyAnswer struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RequestId     uint64                 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResidencyAnswer) Reset() {
+	*x = ResidencyAnswer{}
+	mi := &file_node_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResidencyAnswer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResidencyAnswer) ProtoMessage() {}
+
+func (x *ResidencyAnswer) ProtoReflect() protoreflect.Message {
+	mi := &file_node_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResidencyAnswer.ProtoReflect.Descriptor instead.
+func (*ResidencyAnswer) Descriptor() ([]byte, []int) {
+	return file_node_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ResidencyAnswer) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *ResidencyAnswer) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 // Drain tells the edge that the node takes no more dispatches (it is
 // shutting down): the edge takes the node's providers out of rotation and
 // sends new work elsewhere, while the runs in flight go on to their end.
@@ -1721,7 +1886,7 @@ type Drain struct {
 
 func (x *Drain) Reset() {
 	*x = Drain{}
-	mi := &file_node_proto_msgTypes[16]
+	mi := &file_node_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1733,7 +1898,7 @@ func (x *Drain) String() string {
 func (*Drain) ProtoMessage() {}
 
 func (x *Drain) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[16]
+	mi := &file_node_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1746,7 +1911,7 @@ func (x *Drain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Drain.ProtoReflect.Descriptor instead.
 func (*Drain) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{16}
+	return file_node_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Drain) GetReason() string {
@@ -1821,7 +1986,7 @@ type Dispatch struct {
 
 func (x *Dispatch) Reset() {
 	*x = Dispatch{}
-	mi := &file_node_proto_msgTypes[17]
+	mi := &file_node_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1833,7 +1998,7 @@ func (x *Dispatch) String() string {
 func (*Dispatch) ProtoMessage() {}
 
 func (x *Dispatch) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[17]
+	mi := &file_node_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1846,7 +2011,7 @@ func (x *Dispatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Dispatch.ProtoReflect.Descriptor instead.
 func (*Dispatch) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{17}
+	return file_node_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Dispatch) GetRunId() string {
@@ -1977,7 +2142,7 @@ type DispatchRefused struct {
 
 func (x *DispatchRefused) Reset() {
 	*x = DispatchRefused{}
-	mi := &file_node_proto_msgTypes[18]
+	mi := &file_node_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1989,7 +2154,7 @@ func (x *DispatchRefused) String() string {
 func (*DispatchRefused) ProtoMessage() {}
 
 func (x *DispatchRefused) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[18]
+	mi := &file_node_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2002,7 +2167,7 @@ func (x *DispatchRefused) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DispatchRefused.ProtoReflect.Descriptor instead.
 func (*DispatchRefused) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{18}
+	return file_node_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DispatchRefused) GetRunId() string {
@@ -2044,7 +2209,7 @@ type Cancel struct {
 
 func (x *Cancel) Reset() {
 	*x = Cancel{}
-	mi := &file_node_proto_msgTypes[19]
+	mi := &file_node_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2056,7 +2221,7 @@ func (x *Cancel) String() string {
 func (*Cancel) ProtoMessage() {}
 
 func (x *Cancel) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[19]
+	mi := &file_node_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2069,7 +2234,7 @@ func (x *Cancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cancel.ProtoReflect.Descriptor instead.
 func (*Cancel) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{19}
+	return file_node_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Cancel) GetRunId() string {
@@ -2104,7 +2269,7 @@ type RunUp struct {
 
 func (x *RunUp) Reset() {
 	*x = RunUp{}
-	mi := &file_node_proto_msgTypes[20]
+	mi := &file_node_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2116,7 +2281,7 @@ func (x *RunUp) String() string {
 func (*RunUp) ProtoMessage() {}
 
 func (x *RunUp) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[20]
+	mi := &file_node_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2129,7 +2294,7 @@ func (x *RunUp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunUp.ProtoReflect.Descriptor instead.
 func (*RunUp) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{20}
+	return file_node_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RunUp) GetMsg() isRunUp_Msg {
@@ -2264,7 +2429,7 @@ type RunDown struct {
 
 func (x *RunDown) Reset() {
 	*x = RunDown{}
-	mi := &file_node_proto_msgTypes[21]
+	mi := &file_node_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2276,7 +2441,7 @@ func (x *RunDown) String() string {
 func (*RunDown) ProtoMessage() {}
 
 func (x *RunDown) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[21]
+	mi := &file_node_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2289,7 +2454,7 @@ func (x *RunDown) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunDown.ProtoReflect.Descriptor instead.
 func (*RunDown) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{21}
+	return file_node_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RunDown) GetMsg() isRunDown_Msg {
@@ -2371,7 +2536,7 @@ type RunOpen struct {
 
 func (x *RunOpen) Reset() {
 	*x = RunOpen{}
-	mi := &file_node_proto_msgTypes[22]
+	mi := &file_node_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2383,7 +2548,7 @@ func (x *RunOpen) String() string {
 func (*RunOpen) ProtoMessage() {}
 
 func (x *RunOpen) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[22]
+	mi := &file_node_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2396,7 +2561,7 @@ func (x *RunOpen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunOpen.ProtoReflect.Descriptor instead.
 func (*RunOpen) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{22}
+	return file_node_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RunOpen) GetRunId() string {
@@ -2438,7 +2603,7 @@ type Body struct {
 
 func (x *Body) Reset() {
 	*x = Body{}
-	mi := &file_node_proto_msgTypes[23]
+	mi := &file_node_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2450,7 +2615,7 @@ func (x *Body) String() string {
 func (*Body) ProtoMessage() {}
 
 func (x *Body) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[23]
+	mi := &file_node_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2463,7 +2628,7 @@ func (x *Body) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Body.ProtoReflect.Descriptor instead.
 func (*Body) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{23}
+	return file_node_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Body) GetData() []byte {
@@ -2490,7 +2655,7 @@ type RunEvents struct {
 
 func (x *RunEvents) Reset() {
 	*x = RunEvents{}
-	mi := &file_node_proto_msgTypes[24]
+	mi := &file_node_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2502,7 +2667,7 @@ func (x *RunEvents) String() string {
 func (*RunEvents) ProtoMessage() {}
 
 func (x *RunEvents) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[24]
+	mi := &file_node_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2515,7 +2680,7 @@ func (x *RunEvents) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvents.ProtoReflect.Descriptor instead.
 func (*RunEvents) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{24}
+	return file_node_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RunEvents) GetEvents() []*RunEvent {
@@ -2566,7 +2731,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_node_proto_msgTypes[25]
+	mi := &file_node_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2578,7 +2743,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[25]
+	mi := &file_node_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2591,7 +2756,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{25}
+	return file_node_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RunEvent) GetType() RunEvent_Type {
@@ -2707,7 +2872,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_node_proto_msgTypes[26]
+	mi := &file_node_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2719,7 +2884,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[26]
+	mi := &file_node_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2732,7 +2897,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{26}
+	return file_node_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *TokenLogprob) GetToken() string {
@@ -2776,7 +2941,7 @@ type ToolCallDelta struct {
 
 func (x *ToolCallDelta) Reset() {
 	*x = ToolCallDelta{}
-	mi := &file_node_proto_msgTypes[27]
+	mi := &file_node_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2788,7 +2953,7 @@ func (x *ToolCallDelta) String() string {
 func (*ToolCallDelta) ProtoMessage() {}
 
 func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[27]
+	mi := &file_node_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2801,7 +2966,7 @@ func (x *ToolCallDelta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ToolCallDelta.ProtoReflect.Descriptor instead.
 func (*ToolCallDelta) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{27}
+	return file_node_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ToolCallDelta) GetIndex() int32 {
@@ -2841,7 +3006,7 @@ type Embedding struct {
 
 func (x *Embedding) Reset() {
 	*x = Embedding{}
-	mi := &file_node_proto_msgTypes[28]
+	mi := &file_node_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2853,7 +3018,7 @@ func (x *Embedding) String() string {
 func (*Embedding) ProtoMessage() {}
 
 func (x *Embedding) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[28]
+	mi := &file_node_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2866,7 +3031,7 @@ func (x *Embedding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Embedding.ProtoReflect.Descriptor instead.
 func (*Embedding) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{28}
+	return file_node_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Embedding) GetValues() []float32 {
@@ -2910,7 +3075,7 @@ type TunnelHead struct {
 
 func (x *TunnelHead) Reset() {
 	*x = TunnelHead{}
-	mi := &file_node_proto_msgTypes[29]
+	mi := &file_node_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2922,7 +3087,7 @@ func (x *TunnelHead) String() string {
 func (*TunnelHead) ProtoMessage() {}
 
 func (x *TunnelHead) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[29]
+	mi := &file_node_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2935,7 +3100,7 @@ func (x *TunnelHead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelHead.ProtoReflect.Descriptor instead.
 func (*TunnelHead) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{29}
+	return file_node_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *TunnelHead) GetStatus() int32 {
@@ -2983,7 +3148,7 @@ type TunnelData struct {
 
 func (x *TunnelData) Reset() {
 	*x = TunnelData{}
-	mi := &file_node_proto_msgTypes[30]
+	mi := &file_node_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2995,7 +3160,7 @@ func (x *TunnelData) String() string {
 func (*TunnelData) ProtoMessage() {}
 
 func (x *TunnelData) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[30]
+	mi := &file_node_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3008,7 +3173,7 @@ func (x *TunnelData) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelData.ProtoReflect.Descriptor instead.
 func (*TunnelData) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{30}
+	return file_node_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *TunnelData) GetData() []byte {
@@ -3032,7 +3197,7 @@ type TunnelEnd struct {
 
 func (x *TunnelEnd) Reset() {
 	*x = TunnelEnd{}
-	mi := &file_node_proto_msgTypes[31]
+	mi := &file_node_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3044,7 +3209,7 @@ func (x *TunnelEnd) String() string {
 func (*TunnelEnd) ProtoMessage() {}
 
 func (x *TunnelEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[31]
+	mi := &file_node_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3057,7 +3222,7 @@ func (x *TunnelEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelEnd.ProtoReflect.Descriptor instead.
 func (*TunnelEnd) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{31}
+	return file_node_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *TunnelEnd) GetProviderError() string {
@@ -3078,7 +3243,7 @@ type TunnelError struct {
 
 func (x *TunnelError) Reset() {
 	*x = TunnelError{}
-	mi := &file_node_proto_msgTypes[32]
+	mi := &file_node_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3090,7 +3255,7 @@ func (x *TunnelError) String() string {
 func (*TunnelError) ProtoMessage() {}
 
 func (x *TunnelError) ProtoReflect() protoreflect.Message {
-	mi := &file_node_proto_msgTypes[32]
+	mi := &file_node_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3103,7 +3268,7 @@ func (x *TunnelError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TunnelError.ProtoReflect.Descriptor instead.
 func (*TunnelError) Descriptor() ([]byte, []int) {
-	return file_node_proto_rawDescGZIP(), []int{32}
+	return file_node_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *TunnelError) GetMessage() string {
@@ -3125,7 +3290,7 @@ var File_node_proto protoreflect.FileDescriptor
 const file_node_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"node.proto\x12\viop.node.v1\"\xaf\x03\n" +
+	"node.proto\x12\viop.node.v1\"\xfa\x03\n" +
 	"\vNodeMessage\x12*\n" +
 	"\x05hello\x18\x01 \x01(\v2\x12.iop.node.v1.HelloH\x00R\x05hello\x126\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x16.iop.node.v1.HeartbeatH\x00R\theartbeat\x12F\n" +
@@ -3135,8 +3300,9 @@ const file_node_proto_rawDesc = "" +
 	"\vruns_report\x18\x06 \x01(\v2\x17.iop.node.v1.RunsReportH\x00R\n" +
 	"runsReport\x12:\n" +
 	"\vshow_answer\x18\a \x01(\v2\x17.iop.node.v1.ShowAnswerH\x00R\n" +
-	"showAnswerB\x05\n" +
-	"\x03msg\"\xa2\x03\n" +
+	"showAnswer\x12I\n" +
+	"\x10residency_answer\x18\b \x01(\v2\x1c.iop.node.v1.ResidencyAnswerH\x00R\x0fresidencyAnswerB\x05\n" +
+	"\x03msg\"\xf0\x03\n" +
 	"\vEdgeMessage\x120\n" +
 	"\awelcome\x18\x01 \x01(\v2\x14.iop.node.v1.WelcomeH\x00R\awelcome\x126\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x16.iop.node.v1.HeartbeatH\x00R\theartbeat\x123\n" +
@@ -3144,7 +3310,8 @@ const file_node_proto_rawDesc = "" +
 	"\x06cancel\x18\x04 \x01(\v2\x13.iop.node.v1.CancelH\x00R\x06cancel\x12@\n" +
 	"\rhello_refused\x18\x05 \x01(\v2\x19.iop.node.v1.HelloRefusedH\x00R\fhelloRefused\x12=\n" +
 	"\fruns_request\x18\x06 \x01(\v2\x18.iop.node.v1.RunsRequestH\x00R\vrunsRequest\x12=\n" +
-	"\fshow_request\x18\a \x01(\v2\x18.iop.node.v1.ShowRequestH\x00R\vshowRequestB\x05\n" +
+	"\fshow_request\x18\a \x01(\v2\x18.iop.node.v1.ShowRequestH\x00R\vshowRequest\x12L\n" +
+	"\x11residency_request\x18\b \x01(\v2\x1d.iop.node.v1.ResidencyRequestH\x00R\x10residencyRequestB\x05\n" +
 	"\x03msg\"\xe8\x01\n" +
 	"\x05Hello\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
@@ -3250,7 +3417,18 @@ const file_node_proto_rawDesc = "" +
 	"\x06status\x18\x02 \x01(\x05R\x06status\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\x12\x12\n" +
 	"\x04last\x18\x04 \x01(\bR\x04last\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error\"\x1f\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\"\x80\x01\n" +
+	"\x10ResidencyRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x1f\n" +
+	"\vprovider_id\x18\x02 \x01(\tR\n" +
+	"providerId\x12\x14\n" +
+	"\x05model\x18\x03 \x01(\tR\x05model\x12\x16\n" +
+	"\x06unload\x18\x04 \x01(\bR\x06unload\"F\n" +
+	"\x0fResidencyAnswer\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\x1f\n" +
 	"\x05Drain\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"\xb0\x05\n" +
 	"\bDispatch\x12\x15\n" +
@@ -3402,7 +3580,7 @@ func file_node_proto_rawDescGZIP() []byte {
 }
 
 var file_node_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_node_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_node_proto_goTypes = []any{
 	(ExecutionPath)(0),        // 0: iop.node.v1.ExecutionPath
 	(Operation)(0),            // 1: iop.node.v1.Operation
@@ -3423,82 +3601,86 @@ var file_node_proto_goTypes = []any{
 	(*ProviderUpdate)(nil),    // 16: iop.node.v1.ProviderUpdate
 	(*ShowRequest)(nil),       // 17: iop.node.v1.ShowRequest
 	(*ShowAnswer)(nil),        // 18: iop.node.v1.ShowAnswer
-	(*Drain)(nil),             // 19: iop.node.v1.Drain
-	(*Dispatch)(nil),          // 20: iop.node.v1.Dispatch
-	(*DispatchRefused)(nil),   // 21: iop.node.v1.DispatchRefused
-	(*Cancel)(nil),            // 22: iop.node.v1.Cancel
-	(*RunUp)(nil),             // 23: iop.node.v1.RunUp
-	(*RunDown)(nil),           // 24: iop.node.v1.RunDown
-	(*RunOpen)(nil),           // 25: iop.node.v1.RunOpen
-	(*Body)(nil),              // 26: iop.node.v1.Body
-	(*RunEvents)(nil),         // 27: iop.node.v1.RunEvents
-	(*RunEvent)(nil),          // 28: iop.node.v1.RunEvent
-	(*TokenLogprob)(nil),      // 29: iop.node.v1.TokenLogprob
-	(*ToolCallDelta)(nil),     // 30: iop.node.v1.ToolCallDelta
-	(*Embedding)(nil),         // 31: iop.node.v1.Embedding
-	(*TunnelHead)(nil),        // 32: iop.node.v1.TunnelHead
-	(*TunnelData)(nil),        // 33: iop.node.v1.TunnelData
-	(*TunnelEnd)(nil),         // 34: iop.node.v1.TunnelEnd
-	(*TunnelError)(nil),       // 35: iop.node.v1.TunnelError
-	nil,                       // 36: iop.node.v1.Dispatch.HeadersEntry
-	nil,                       // 37: iop.node.v1.Dispatch.TraceContextEntry
-	nil,                       // 38: iop.node.v1.TunnelHead.HeadersEntry
+	(*ResidencyRequest)(nil),  // 19: iop.node.v1.ResidencyRequest
+	(*ResidencyAnswer)(nil),   // 20: iop.node.v1.ResidencyAnswer
+	(*Drain)(nil),             // 21: iop.node.v1.Drain
+	(*Dispatch)(nil),          // 22: iop.node.v1.Dispatch
+	(*DispatchRefused)(nil),   // 23: iop.node.v1.DispatchRefused
+	(*Cancel)(nil),            // 24: iop.node.v1.Cancel
+	(*RunUp)(nil),             // 25: iop.node.v1.RunUp
+	(*RunDown)(nil),           // 26: iop.node.v1.RunDown
+	(*RunOpen)(nil),           // 27: iop.node.v1.RunOpen
+	(*Body)(nil),              // 28: iop.node.v1.Body
+	(*RunEvents)(nil),         // 29: iop.node.v1.RunEvents
+	(*RunEvent)(nil),          // 30: iop.node.v1.RunEvent
+	(*TokenLogprob)(nil),      // 31: iop.node.v1.TokenLogprob
+	(*ToolCallDelta)(nil),     // 32: iop.node.v1.ToolCallDelta
+	(*Embedding)(nil),         // 33: iop.node.v1.Embedding
+	(*TunnelHead)(nil),        // 34: iop.node.v1.TunnelHead
+	(*TunnelData)(nil),        // 35: iop.node.v1.TunnelData
+	(*TunnelEnd)(nil),         // 36: iop.node.v1.TunnelEnd
+	(*TunnelError)(nil),       // 37: iop.node.v1.TunnelError
+	nil,                       // 38: iop.node.v1.Dispatch.HeadersEntry
+	nil,                       // 39: iop.node.v1.Dispatch.TraceContextEntry
+	nil,                       // 40: iop.node.v1.TunnelHead.HeadersEntry
 }
 var file_node_proto_depIdxs = []int32{
 	5,  // 0: iop.node.v1.NodeMessage.hello:type_name -> iop.node.v1.Hello
 	12, // 1: iop.node.v1.NodeMessage.heartbeat:type_name -> iop.node.v1.Heartbeat
 	16, // 2: iop.node.v1.NodeMessage.provider_update:type_name -> iop.node.v1.ProviderUpdate
-	21, // 3: iop.node.v1.NodeMessage.dispatch_refused:type_name -> iop.node.v1.DispatchRefused
-	19, // 4: iop.node.v1.NodeMessage.drain:type_name -> iop.node.v1.Drain
+	23, // 3: iop.node.v1.NodeMessage.dispatch_refused:type_name -> iop.node.v1.DispatchRefused
+	21, // 4: iop.node.v1.NodeMessage.drain:type_name -> iop.node.v1.Drain
 	15, // 5: iop.node.v1.NodeMessage.runs_report:type_name -> iop.node.v1.RunsReport
 	18, // 6: iop.node.v1.NodeMessage.show_answer:type_name -> iop.node.v1.ShowAnswer
-	10, // 7: iop.node.v1.EdgeMessage.welcome:type_name -> iop.node.v1.Welcome
-	12, // 8: iop.node.v1.EdgeMessage.heartbeat:type_name -> iop.node.v1.Heartbeat
-	20, // 9: iop.node.v1.EdgeMessage.dispatch:type_name -> iop.node.v1.Dispatch
-	22, // 10: iop.node.v1.EdgeMessage.cancel:type_name -> iop.node.v1.Cancel
-	11, // 11: iop.node.v1.EdgeMessage.hello_refused:type_name -> iop.node.v1.HelloRefused
-	14, // 12: iop.node.v1.EdgeMessage.runs_request:type_name -> iop.node.v1.RunsRequest
-	17, // 13: iop.node.v1.EdgeMessage.show_request:type_name -> iop.node.v1.ShowRequest
-	6,  // 14: iop.node.v1.Hello.providers:type_name -> iop.node.v1.Provider
-	0,  // 15: iop.node.v1.Provider.execution_path:type_name -> iop.node.v1.ExecutionPath
-	8,  // 16: iop.node.v1.Provider.model_capabilities:type_name -> iop.node.v1.ModelCapabilities
-	7,  // 17: iop.node.v1.Provider.loaded:type_name -> iop.node.v1.LoadedModel
-	9,  // 18: iop.node.v1.LoadedModel.details:type_name -> iop.node.v1.ModelDetails
-	9,  // 19: iop.node.v1.ModelCapabilities.details:type_name -> iop.node.v1.ModelDetails
-	13, // 20: iop.node.v1.Heartbeat.runs:type_name -> iop.node.v1.RunInFlight
-	13, // 21: iop.node.v1.RunsReport.runs:type_name -> iop.node.v1.RunInFlight
-	8,  // 22: iop.node.v1.ProviderUpdate.model_capabilities:type_name -> iop.node.v1.ModelCapabilities
-	7,  // 23: iop.node.v1.ProviderUpdate.loaded:type_name -> iop.node.v1.LoadedModel
-	0,  // 24: iop.node.v1.Dispatch.execution_path:type_name -> iop.node.v1.ExecutionPath
-	1,  // 25: iop.node.v1.Dispatch.operation:type_name -> iop.node.v1.Operation
-	36, // 26: iop.node.v1.Dispatch.headers:type_name -> iop.node.v1.Dispatch.HeadersEntry
-	37, // 27: iop.node.v1.Dispatch.trace_context:type_name -> iop.node.v1.Dispatch.TraceContextEntry
-	25, // 28: iop.node.v1.RunUp.open:type_name -> iop.node.v1.RunOpen
-	27, // 29: iop.node.v1.RunUp.events:type_name -> iop.node.v1.RunEvents
-	32, // 30: iop.node.v1.RunUp.tunnel_head:type_name -> iop.node.v1.TunnelHead
-	33, // 31: iop.node.v1.RunUp.tunnel_data:type_name -> iop.node.v1.TunnelData
-	34, // 32: iop.node.v1.RunUp.tunnel_end:type_name -> iop.node.v1.TunnelEnd
-	35, // 33: iop.node.v1.RunUp.tunnel_error:type_name -> iop.node.v1.TunnelError
-	21, // 34: iop.node.v1.RunUp.refused:type_name -> iop.node.v1.DispatchRefused
-	26, // 35: iop.node.v1.RunDown.body:type_name -> iop.node.v1.Body
-	22, // 36: iop.node.v1.RunDown.cancel:type_name -> iop.node.v1.Cancel
-	20, // 37: iop.node.v1.RunDown.dispatch:type_name -> iop.node.v1.Dispatch
-	28, // 38: iop.node.v1.RunEvents.events:type_name -> iop.node.v1.RunEvent
-	2,  // 39: iop.node.v1.RunEvent.type:type_name -> iop.node.v1.RunEvent.Type
-	31, // 40: iop.node.v1.RunEvent.embeddings:type_name -> iop.node.v1.Embedding
-	30, // 41: iop.node.v1.RunEvent.tool_calls:type_name -> iop.node.v1.ToolCallDelta
-	29, // 42: iop.node.v1.RunEvent.logprobs:type_name -> iop.node.v1.TokenLogprob
-	29, // 43: iop.node.v1.TokenLogprob.top_logprobs:type_name -> iop.node.v1.TokenLogprob
-	38, // 44: iop.node.v1.TunnelHead.headers:type_name -> iop.node.v1.TunnelHead.HeadersEntry
-	3,  // 45: iop.node.v1.NodeGateway.Connect:input_type -> iop.node.v1.NodeMessage
-	23, // 46: iop.node.v1.NodeGateway.Run:input_type -> iop.node.v1.RunUp
-	4,  // 47: iop.node.v1.NodeGateway.Connect:output_type -> iop.node.v1.EdgeMessage
-	24, // 48: iop.node.v1.NodeGateway.Run:output_type -> iop.node.v1.RunDown
-	47, // [47:49] is the sub-list for method output_type
-	45, // [45:47] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	20, // 7: iop.node.v1.NodeMessage.residency_answer:type_name -> iop.node.v1.ResidencyAnswer
+	10, // 8: iop.node.v1.EdgeMessage.welcome:type_name -> iop.node.v1.Welcome
+	12, // 9: iop.node.v1.EdgeMessage.heartbeat:type_name -> iop.node.v1.Heartbeat
+	22, // 10: iop.node.v1.EdgeMessage.dispatch:type_name -> iop.node.v1.Dispatch
+	24, // 11: iop.node.v1.EdgeMessage.cancel:type_name -> iop.node.v1.Cancel
+	11, // 12: iop.node.v1.EdgeMessage.hello_refused:type_name -> iop.node.v1.HelloRefused
+	14, // 13: iop.node.v1.EdgeMessage.runs_request:type_name -> iop.node.v1.RunsRequest
+	17, // 14: iop.node.v1.EdgeMessage.show_request:type_name -> iop.node.v1.ShowRequest
+	19, // 15: iop.node.v1.EdgeMessage.residency_request:type_name -> iop.node.v1.ResidencyRequest
+	6,  // 16: iop.node.v1.Hello.providers:type_name -> iop.node.v1.Provider
+	0,  // 17: iop.node.v1.Provider.execution_path:type_name -> iop.node.v1.ExecutionPath
+	8,  // 18: iop.node.v1.Provider.model_capabilities:type_name -> iop.node.v1.ModelCapabilities
+	7,  // 19: iop.node.v1.Provider.loaded:type_name -> iop.node.v1.LoadedModel
+	9,  // 20: iop.node.v1.LoadedModel.details:type_name -> iop.node.v1.ModelDetails
+	9,  // 21: iop.node.v1.ModelCapabilities.details:type_name -> iop.node.v1.ModelDetails
+	13, // 22: iop.node.v1.Heartbeat.runs:type_name -> iop.node.v1.RunInFlight
+	13, // 23: iop.node.v1.RunsReport.runs:type_name -> iop.node.v1.RunInFlight
+	8,  // 24: iop.node.v1.ProviderUpdate.model_capabilities:type_name -> iop.node.v1.ModelCapabilities
+	7,  // 25: iop.node.v1.ProviderUpdate.loaded:type_name -> iop.node.v1.LoadedModel
+	0,  // 26: iop.node.v1.Dispatch.execution_path:type_name -> iop.node.v1.ExecutionPath
+	1,  // 27: iop.node.v1.Dispatch.operation:type_name -> iop.node.v1.Operation
+	38, // 28: iop.node.v1.Dispatch.headers:type_name -> iop.node.v1.Dispatch.HeadersEntry
+	39, // 29: iop.node.v1.Dispatch.trace_context:type_name -> iop.node.v1.Dispatch.TraceContextEntry
+	27, // 30: iop.node.v1.RunUp.open:type_name -> iop.node.v1.RunOpen
+	29, // 31: iop.node.v1.RunUp.events:type_name -> iop.node.v1.RunEvents
+	34, // 32: iop.node.v1.RunUp.tunnel_head:type_name -> iop.node.v1.TunnelHead
+	35, // 33: iop.node.v1.RunUp.tunnel_data:type_name -> iop.node.v1.TunnelData
+	36, // 34: iop.node.v1.RunUp.tunnel_end:type_name -> iop.node.v1.TunnelEnd
+	37, // 35: iop.node.v1.RunUp.tunnel_error:type_name -> iop.node.v1.TunnelError
+	23, // 36: iop.node.v1.RunUp.refused:type_name -> iop.node.v1.DispatchRefused
+	28, // 37: iop.node.v1.RunDown.body:type_name -> iop.node.v1.Body
+	24, // 38: iop.node.v1.RunDown.cancel:type_name -> iop.node.v1.Cancel
+	22, // 39: iop.node.v1.RunDown.dispatch:type_name -> iop.node.v1.Dispatch
+	30, // 40: iop.node.v1.RunEvents.events:type_name -> iop.node.v1.RunEvent
+	2,  // 41: iop.node.v1.RunEvent.type:type_name -> iop.node.v1.RunEvent.Type
+	33, // 42: iop.node.v1.RunEvent.embeddings:type_name -> iop.node.v1.Embedding
+	32, // 43: iop.node.v1.RunEvent.tool_calls:type_name -> iop.node.v1.ToolCallDelta
+	31, // 44: iop.node.v1.RunEvent.logprobs:type_name -> iop.node.v1.TokenLogprob
+	31, // 45: iop.node.v1.TokenLogprob.top_logprobs:type_name -> iop.node.v1.TokenLogprob
+	40, // 46: iop.node.v1.TunnelHead.headers:type_name -> iop.node.v1.TunnelHead.HeadersEntry
+	3,  // 47: iop.node.v1.NodeGateway.Connect:input_type -> iop.node.v1.NodeMessage
+	25, // 48: iop.node.v1.NodeGateway.Run:input_type -> iop.node.v1.RunUp
+	4,  // 49: iop.node.v1.NodeGateway.Connect:output_type -> iop.node.v1.EdgeMessage
+	26, // 50: iop.node.v1.NodeGateway.Run:output_type -> iop.node.v1.RunDown
+	49, // [49:51] is the sub-list for method output_type
+	47, // [47:49] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_node_proto_init() }
@@ -3514,6 +3696,7 @@ func file_node_proto_init() {
 		(*NodeMessage_Drain)(nil),
 		(*NodeMessage_RunsReport)(nil),
 		(*NodeMessage_ShowAnswer)(nil),
+		(*NodeMessage_ResidencyAnswer)(nil),
 	}
 	file_node_proto_msgTypes[1].OneofWrappers = []any{
 		(*EdgeMessage_Welcome)(nil),
@@ -3523,8 +3706,9 @@ func file_node_proto_init() {
 		(*EdgeMessage_HelloRefused)(nil),
 		(*EdgeMessage_RunsRequest)(nil),
 		(*EdgeMessage_ShowRequest)(nil),
+		(*EdgeMessage_ResidencyRequest)(nil),
 	}
-	file_node_proto_msgTypes[20].OneofWrappers = []any{
+	file_node_proto_msgTypes[22].OneofWrappers = []any{
 		(*RunUp_Open)(nil),
 		(*RunUp_Events)(nil),
 		(*RunUp_TunnelHead)(nil),
@@ -3533,7 +3717,7 @@ func file_node_proto_init() {
 		(*RunUp_TunnelError)(nil),
 		(*RunUp_Refused)(nil),
 	}
-	file_node_proto_msgTypes[21].OneofWrappers = []any{
+	file_node_proto_msgTypes[23].OneofWrappers = []any{
 		(*RunDown_Body)(nil),
 		(*RunDown_Cancel)(nil),
 		(*RunDown_Dispatch)(nil),
@@ -3544,7 +3728,7 @@ func file_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_node_proto_rawDesc), len(file_node_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   36,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

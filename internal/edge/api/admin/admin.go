@@ -76,13 +76,17 @@ func adminProviders(s contract.Snapshot) any {
 		if p.Healthy {
 			health = "healthy"
 		}
-		out = append(out, adminwire.Provider{
+		ap := adminwire.Provider{
 			NodeID: p.NodeID, ProviderID: p.ProviderID, Type: p.Type,
 			Capacity: p.Capacity, InFlight: p.InFlight, LongCapacity: p.LongCapacity, LongInFlight: p.LongInFlight,
 			Queued: p.Queued, LoadRatio: p.Load, Health: health,
 			Models: nonNil(p.Models), Capabilities: nonNil(p.Capabilities), Status: p.Status,
-			Circuit: p.Circuit, ModelCapabilities: p.ModelCapabilities,
-		})
+			Circuit: p.Circuit, ModelCapabilities: p.ModelCapabilities, ReadsLoaded: p.Loaded != nil,
+		}
+		for _, m := range p.Loaded {
+			ap.Loaded = append(ap.Loaded, adminwire.Loaded{Model: m.Model, Since: m.Since, Kept: m.Kept})
+		}
+		out = append(out, ap)
 	}
 	return out
 }

@@ -8,7 +8,7 @@
 //	GET /admin/v1/nodes, /providers, /queues, /cluster  Snapshots (admin.go)
 //	GET /admin/v1/events   lifecycle events as SSE        Events (events.go)
 //	GET /ui, /ui/<file>    the dashboard, embedded        Events (ui.go)
-//	GET /admin/v1/usage    the usage ledger's sums        Usage (usage.go)
+//	GET /admin/v1/usage    the usage ledger's sums        Usage, TeamOf (usage.go)
 //	GET /admin/v1/history  per-second aggregates          History (history.go)
 //
 // Invariants:

@@ -25,8 +25,15 @@ type Config struct {
 	EventsKeepAlive time.Duration
 	// Usage serves GET /admin/v1/usage (usage.go).
 	Usage Usage
+	// TeamOf names the team of a key ("" for none), for the usage
+	// route's team= and group_by=team; read at each query. nil: no key
+	// is in a team.
+	TeamOf func(key string) string
 	// History serves GET /admin/v1/history (history.go).
 	History History
+	// Residency serves POST /admin/v1/providers/{node}/{provider}/load
+	// and /unload (residency.go).
+	Residency Residency
 	// Logger may be nil (then nothing is logged).
 	Logger *slog.Logger
 }
@@ -71,6 +78,9 @@ func Routes(cfg Config) map[string]api.Route {
 	}
 	if cfg.History != nil {
 		routes["/admin/v1/history"] = api.Route{Method: http.MethodGet, Serve: s.history}
+	}
+	if cfg.Residency != nil {
+		maps.Copy(routes, residencyRoutes(cfg.Residency))
 	}
 	return routes
 }

@@ -2,30 +2,46 @@ package admin
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"time"
 
+	"iop/internal/edge/adminwire"
 	"iop/internal/edge/api"
 	"iop/internal/ledger"
 )
 
-// usage serves GET /admin/v1/usage?key=&model=&from=&to=&group_by=:
-// the ledger's sums, {"object":"list","group_by","data":[{"group",
-// "requests","completed","prompt_tokens","completion_tokens",
-// "total_tokens","duration_ms"}]}. from and to are RFC 3339 times, dates
-// (YYYY-MM-DD, UTC midnight) or Unix seconds; from is inclusive, to
-// exclusive. group_by is key, model, provider (node/provider), node, day
-// or empty (one total). 400 for a bad parameter.
+// usage serves GET
+// /admin/v1/usage?key=&team=&model=&from=&to=&group_by=&tz=: the
+// ledger's sums as adminwire.Usage. from and to are RFC 3339 times, dates
+// (YYYY-MM-DD, midnight in tz) or Unix seconds; from is inclusive, to
+// exclusive. group_by is key, team, model, provider (node/provider),
+// node, day or empty (one total). team selects the keys Config.TeamOf
+// puts in that team now, and group_by=team sums by it ("" for keys in no
+// team); without TeamOf no key is in a team. tz is an IANA time zone
+// (default UTC) naming group_by=day's dates and the dates of from and to.
+// 400 for a bad parameter.
 func (s *server) usage(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	query := ledger.Query{Key: q.Get("key"), Model: q.Get("model"), GroupBy: q.Get("group_by")}
+	query := ledger.Query{Key: q.Get("key"), Team: q.Get("team"), Model: q.Get("model"), GroupBy: q.Get("group_by"), TeamOf: s.cfg.TeamOf}
+	loc := time.UTC
+	if tz := q.Get("tz"); tz != "" {
+		var err error
+		// LoadLocation also reads a file path relative to the zone
+		// database: names only.
+		if loc, err = time.LoadLocation(tz); err != nil || tz == "Local" {
+			api.WriteError(w, r, api.InvalidParam("tz", "must be an IANA time zone such as UTC or Europe/Berlin"))
+			return
+		}
+	}
+	query.Location = loc
 	for _, p := range []struct {
 		name string
 		dst  *time.Time
 	}{{"from", &query.From}, {"to", &query.To}} {
 		if s := q.Get(p.name); s != "" {
-			t, ok := parseTime(s)
+			t, ok := parseTime(s, loc)
 			if !ok {
 				api.WriteError(w, r, api.InvalidParam(p.name, "must be an RFC 3339 time, a date (YYYY-MM-DD) or Unix seconds"))
 				return
@@ -33,9 +49,9 @@ func (s *server) usage(w http.ResponseWriter, r *http.Request) {
 			*p.dst = t
 		}
 	}
-	groups := []string{ledger.GroupNone, ledger.GroupKey, ledger.GroupModel, ledger.GroupProvider, ledger.GroupNode, ledger.GroupDay}
+	groups := []string{ledger.GroupNone, ledger.GroupKey, ledger.GroupTeam, ledger.GroupModel, ledger.GroupProvider, ledger.GroupNode, ledger.GroupDay}
 	if !slices.Contains(groups, query.GroupBy) {
-		api.WriteError(w, r, api.InvalidParam("group_by", "must be one of key, model, provider, node, day"))
+		api.WriteError(w, r, api.InvalidParam("group_by", "must be one of key, team, model, provider, node, day"))
 		return
 	}
 	sums, err := s.cfg.Usage.Aggregate(r.Context(), query)
@@ -44,33 +60,24 @@ func (s *server) usage(w http.ResponseWriter, r *http.Request) {
 		api.WriteError(w, r, err)
 		return
 	}
-	type groupJSON struct {
-		Group            string `json:"group"`
-		Requests         int64  `json:"requests"`
-		Completed        int64  `json:"completed"`
-		PromptTokens     int64  `json:"prompt_tokens"`
-		CompletionTokens int64  `json:"completion_tokens"`
-		TotalTokens      int64  `json:"total_tokens"`
-		DurationMs       int64  `json:"duration_ms"`
-	}
-	out := struct {
-		Object  string      `json:"object"`
-		GroupBy string      `json:"group_by"`
-		Data    []groupJSON `json:"data"`
-	}{Object: "list", GroupBy: query.GroupBy, Data: make([]groupJSON, 0, len(sums))}
+	out := adminwire.Usage{Object: "list", GroupBy: query.GroupBy, TZ: loc.String(), Data: make([]adminwire.UsageGroup, 0, len(sums))}
 	for _, g := range sums {
-		out.Data = append(out.Data, groupJSON{g.Group, g.Requests, g.Completed, g.PromptTokens, g.CompletionTokens,
-			g.PromptTokens + g.CompletionTokens, g.Duration.Milliseconds()})
+		out.Data = append(out.Data, adminwire.UsageGroup{
+			Group: g.Group, Requests: g.Requests, Completed: g.Completed,
+			PromptTokens: g.PromptTokens, CompletionTokens: g.CompletionTokens, TotalTokens: g.PromptTokens + g.CompletionTokens,
+			DurationMs: g.Duration.Milliseconds(), GPUSeconds: math.Round(g.GPUTime.Seconds()*1000) / 1000,
+		})
 	}
 	api.WriteJSON(w, http.StatusOK, out)
 }
 
-// parseTime reads an RFC 3339 time, a date (UTC) or Unix seconds.
-func parseTime(s string) (time.Time, bool) {
+// parseTime reads an RFC 3339 time, a date (midnight in loc) or Unix
+// seconds.
+func parseTime(s string, loc *time.Location) (time.Time, bool) {
 	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
 		return t, true
 	}
-	if t, err := time.Parse(time.DateOnly, s); err == nil {
+	if t, err := time.ParseInLocation(time.DateOnly, s, loc); err == nil {
 		return t, true
 	}
 	var sec int64

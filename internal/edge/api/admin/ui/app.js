@@ -112,6 +112,18 @@ function providerState(p) {
   return { text: why.join(" · "), bad: true };
 }
 
+// loadedLine says what p's server holds loaded, since when, and which
+// of them keep_loaded keeps.
+function loadedLine(p) {
+  const loaded = p.loaded || [];
+  if (loaded.length === 0) return el("div", { class: "loaded" }, "loaded: none");
+  return el("div", { class: "loaded" }, "loaded: ", ...loaded.flatMap((m, i) => [
+    i > 0 ? ", " : "",
+    el("b", { "data-model": m.model }, m.model),
+    el("span", { class: "meta" }, " " + (m.since ? ago(m.since) : "") + (m.kept ? " · kept" : "")),
+  ]));
+}
+
 function render() {
   const nodes = document.querySelector("#nodes tbody");
   nodes.replaceChildren(...state.nodes.map(n => el("tr", { "data-node": n.id, class: n.draining ? "draining" : "" },
@@ -128,6 +140,7 @@ function render() {
     return el("div", { class: cls, "data-provider": key(p.node_id, p.provider_id) },
       el("div", { class: "name" }, p.provider_id, " ", el("span", { class: "meta" }, "on " + p.node_id + " · " + (p.type || "?"))),
       el("div", { class: "meta" }, (p.models || []).join(", ")),
+      ...(p.reads_loaded ? [loadedLine(p)] : []),
       el("div", { class: "bar" + (p.in_flight >= p.capacity ? " full" : "") }, el("div", { style: "width:" + pct + "%" })),
       el("div", { class: "numbers" },
         el("span", {}, "in flight ", el("b", { class: "in-flight" }, p.in_flight + " / " + p.capacity)),
