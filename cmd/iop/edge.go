@@ -14,10 +14,10 @@ import (
 func newEdgeCommand(logLevel *string) *cobra.Command {
 	var configPath, pprofListen string
 	var tokens []string
-	cfg := process.EdgeDefaults()
+	cfg := process.EdgeFileDefaults()
 	cmd := &cobra.Command{
 		Use:   "edge",
-		Short: "Run the edge: the HTTP API for clients and the gRPC endpoint for nodes",
+		Short: "Run the edge: the HTTP API for clients, the gRPC endpoint for nodes, and the providers of its own host (providers:)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			logger, err := setUp(cmd, *logLevel, configPath, &cfg)
@@ -27,14 +27,14 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 			for _, t := range tokens {
 				cfg.Tokens = append(cfg.Tokens, edge.NodeToken{Token: t})
 			}
-			pc := process.Config{Mode: process.ModeEdge, Edge: cfg, PprofListen: pprofListen}
+			pc := process.Config{Mode: process.ModeEdge, Edge: cfg.Config, LocalProviders: cfg.Providers, LocalNodeID: cfg.LocalNodeID, PprofListen: pprofListen}
 			deps := process.Deps{Logger: logger, Hangup: hangup()}
 			if configPath != "" {
 				// The flags stay bound to cfg: each reload resets it, reads
 				// the file and applies the flags the user set again.
 				pc.ConfigFile = configPath
-				pc.Reload = func() (edge.Config, error) {
-					err := process.LoadConfig(cmd.Flags(), configPath, &cfg, func() { cfg = process.EdgeDefaults() })
+				pc.Reload = func() (process.EdgeFile, error) {
+					err := process.LoadConfig(cmd.Flags(), configPath, &cfg, func() { cfg = process.EdgeFileDefaults() })
 					return cfg, err
 				}
 			}

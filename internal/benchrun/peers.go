@@ -66,6 +66,10 @@ const (
 	GatewayBifrost       = "bifrost"
 	GatewayIOP           = "iop"
 	GatewayIOPNormalized = "iop-normalized"
+	// GatewayIOPInProcess is iop's tunnel path with the provider served
+	// by the edge itself (its providers: section): the node in the edge's
+	// process, on the in-memory link.
+	GatewayIOPInProcess = "iop-in-process"
 )
 
 // PeerRun is one measured run: a workload through a gateway in a round.
@@ -114,7 +118,8 @@ const (
 // Peers runs the side-by-side benchmark: one zero-latency `iop sim` of
 // each protocol as the mock model server, iop (edge and node as separate
 // processes; the tunnel path to the OpenAI simulator and, as its own edge
-// and node, the normalized path to the Ollama one), Olla and Bifrost in
+// and node, the normalized path to the Ollama one; and an edge serving the
+// OpenAI simulator itself, its node in its process), Olla and Bifrost in
 // front of the OpenAI simulator, and each workload through each of them
 // (and directly against the simulator), round after round. Errors: a
 // process that fails to start or exits, a gateway that does not answer
@@ -310,6 +315,20 @@ dashboard: {enabled: false}
 		}
 		gws = append(gws, &peerGateway{name: path.name, url: "http://" + edgeHTTP, model: path.model, api: loadgen.APIOpenAI, procs: []*process{edge, node}})
 	}
+
+	// iop, the provider served by the edge itself: one process.
+	edgeHTTP := addr()
+	edgeFile := filepath.Join(s.dir, GatewayIOPInProcess+"-edge.yaml")
+	conf := fmt.Sprintf("providers:\n  - {id: sim, type: sim, protocol: openai, base_url: \"http://%s/v1\", models: [%s], capacity: %d}\n", simOpenAI, peersModel, providerCapacity)
+	if err := os.WriteFile(edgeFile, []byte(conf), 0o600); err != nil {
+		return nil, err
+	}
+	inProcess, err := run(GatewayIOPInProcess, cfg.Binary, "", nil, "edge", "--config", edgeFile, "--listen", edgeHTTP, "--node-listen", addr(),
+		"--database", filepath.Join(s.dir, GatewayIOPInProcess+".db"), "--log-level", "warn")
+	if err != nil {
+		return nil, err
+	}
+	gws = append(gws, &peerGateway{name: GatewayIOPInProcess, url: "http://" + edgeHTTP, model: peersModel, api: loadgen.APIOpenAI, procs: []*process{inProcess}})
 
 	// A peer that does not come up is left out (Missing says why); iop
 	// and the simulators must.

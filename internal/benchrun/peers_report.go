@@ -92,6 +92,7 @@ var peerColumns = []struct{ gateway, heading string }{
 	{GatewayBifrost, "Bifrost"},
 	{GatewayIOP, "iop"},
 	{GatewayIOPNormalized, "iop, normalized path (Ollama provider)"},
+	{GatewayIOPInProcess, "iop, node in the edge's process (in memory)"},
 }
 
 // WriteTable writes the side-by-side table as Markdown: per workload req/s and

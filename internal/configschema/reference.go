@@ -46,7 +46,7 @@ func (k Kind) Default(n *Node) string {
 		if f == nil || v.Kind() != reflect.Struct {
 			return ""
 		}
-		v, s = v.Field(f.field), f
+		v, s = v.FieldByIndex(f.field), f
 	}
 	for v.Kind() == reflect.Pointer {
 		if v.IsNil() {

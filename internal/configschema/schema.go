@@ -58,7 +58,7 @@ type Node struct {
 	// ScalarKey, for a Section that also accepts a plain scalar, is the
 	// field the scalar sets.
 	ScalarKey string
-	field     int // the Go field's index in its struct
+	field     []int // the Go field's index path in its struct (reflect.Value.FieldByIndex)
 }
 
 var (
@@ -132,39 +132,59 @@ func (b *builder) node(t reflect.Type, key, path string) (*Node, error) {
 			}
 			n.ScalarKey = d.Scalar
 		}
-		for i := 0; i < t.NumField(); i++ {
-			f := t.Field(i)
-			if !f.IsExported() {
-				continue
-			}
-			tag := f.Tag.Get("yaml")
-			name, opts, _ := strings.Cut(tag, ",")
-			if name == "-" {
-				continue
-			}
-			if name == "" || opts != "" {
-				return nil, fmt.Errorf("configschema: %s.%s: want a plain yaml:\"key\" tag, have %q", t, f.Name, tag)
-			}
-			p := name
-			if path != "" {
-				p = path + "." + name
-			}
-			c, err := b.node(f.Type, name, p)
-			if err != nil {
-				return nil, err
-			}
-			dk := docKey(t) + "." + name
-			d, ok := b.docs[dk]
-			if !ok {
-				b.missing = append(b.missing, dk)
-			}
-			c.Doc, c.field = d, i
-			n.Fields = append(n.Fields, c)
+		fields, err := b.fields(t, path, nil)
+		if err != nil {
+			return nil, err
 		}
+		n.Fields = fields
 	default:
 		return nil, fmt.Errorf("configschema: %s: no YAML shape for %s", path, t)
 	}
 	return n, nil
+}
+
+// fields are the keys of struct t (at path; index is t's own index path
+// in the section's struct): one per field with a plain yaml:"key" tag,
+// and the keys of an embedded struct tagged yaml:",inline" in its place,
+// documented under that struct's own type.
+func (b *builder) fields(t reflect.Type, path string, index []int) ([]*Node, error) {
+	var out []*Node
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		at := append(slices.Clone(index), i)
+		tag := f.Tag.Get("yaml")
+		name, opts, _ := strings.Cut(tag, ",")
+		if f.Anonymous && name == "" && opts == "inline" && f.Type.Kind() == reflect.Struct {
+			inner, err := b.fields(f.Type, path, at)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, inner...)
+			continue
+		}
+		if !f.IsExported() || name == "-" {
+			continue
+		}
+		if name == "" || opts != "" {
+			return nil, fmt.Errorf("configschema: %s.%s: want a plain yaml:\"key\" tag, have %q", t, f.Name, tag)
+		}
+		p := name
+		if path != "" {
+			p = path + "." + name
+		}
+		c, err := b.node(f.Type, name, p)
+		if err != nil {
+			return nil, err
+		}
+		dk := docKey(t) + "." + name
+		d, ok := b.docs[dk]
+		if !ok {
+			b.missing = append(b.missing, dk)
+		}
+		c.Doc, c.field = d, at
+		out = append(out, c)
+	}
+	return out, nil
 }
 
 // Field returns the key named key of a Section, or nil.

@@ -51,6 +51,7 @@ func startCancelStack(t *testing.T, cfg edge.Config, capacity int, simCfg sim.Co
 		t.Fatal(err)
 	}
 	harness.StopAtCleanup(t, cancel, e)
+	harness.RememberEdge(t, e)
 	harness.Node(t, ctx, node.Config{
 		NodeID: "gpu-1",
 		Edge:   e.NodeAddr,

@@ -6,26 +6,42 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"syscall"
 	"testing"
 	"time"
 
+	"iop/internal/e2e/harness"
 	"iop/internal/edge"
 	"iop/internal/edge/contract"
 	"iop/internal/node"
 	"iop/internal/sim"
 	"iop/internal/testenv"
+	"iop/internal/wire/memlink"
 )
 
 // BenchmarkDispatchRoundTrip measures one run through a real edge Service
-// and a real node Agent over loopback gRPC, per run: Service.Dispatch, the
-// node calling its provider (iop sim, OpenAI protocol, no latency: the
-// tunnel path) and the answer read to its end with Run.Recv, then
-// Run.Close. seq runs one at a time (the latency of the two hops),
-// par4xcpu four per GOMAXPROCS at once; cpu-ns/op is the process's CPU
-// time per run (edge, node and simulator together). No HTTP client is involved: the edge's API layer is not
-// measured.
+// and a real node Agent, per run: Service.Dispatch, the node calling its
+// provider (iop sim, OpenAI protocol, no latency: the tunnel path) and the
+// answer read to its end with Run.Recv, then Run.Close. The node reaches
+// the edge over each link: grpc (loopback gRPC, as a remote node) and
+// memory (the node in the edge's process, package memlink). seq runs one
+// at a time (the latency of the two hops), par4xcpu four per GOMAXPROCS
+// at once, agent100k one at a time with an agent's 95 KiB request
+// (internal/edge/testdata/agent_100k.json); cpu-ns/op is the process's
+// CPU time per run (edge, node and simulator together). No HTTP client is
+// involved: the edge's API layer is not measured.
 func BenchmarkDispatchRoundTrip(b *testing.B) {
+	agent, err := os.ReadFile("../edge/testdata/agent_100k.json")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, link := range []string{harness.LinkGRPC, harness.LinkMemory} {
+		b.Run(link, func(b *testing.B) { benchDispatch(b, link, agent) })
+	}
+}
+
+func benchDispatch(b *testing.B, link string, agent []byte) {
 	s, err := sim.New(sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}, DefaultMaxTokens: 4}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		b.Fatal(err)
@@ -48,13 +64,20 @@ func BenchmarkDispatchRoundTrip(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx, lis) }()
-	a, err := node.New(node.Config{
+	ncfg := node.Config{
 		NodeID: "bench",
 		Edge:   lis.Addr().String(),
 		Providers: []node.ProviderConfig{{
 			ID: "p", Type: node.TypeSim, Protocol: node.TypeOpenAI, BaseURL: url + "/v1", Models: []string{"m"}, Capacity: 64,
 		}},
-	}, slog.New(slog.DiscardHandler))
+	}
+	var opts []node.Option
+	if link == harness.LinkMemory {
+		ml := memlink.New(srv.NodeGateway())
+		defer ml.Close()
+		ncfg.Edge, opts = "", []node.Option{node.WithGateway(ml)}
+	}
+	a, err := node.New(ncfg, slog.New(slog.DiscardHandler), opts...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -71,8 +94,8 @@ func BenchmarkDispatchRoundTrip(b *testing.B) {
 		b.Fatal("the node did not connect")
 	}
 	svc := srv.Service()
-	body := []byte(`{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`)
-	one := func() error {
+	small := []byte(`{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`)
+	one := func(body []byte) error {
 		r, err := svc.Dispatch(context.Background(), contract.Request{Model: "m", Operation: contract.OperationChat, Body: body})
 		if err != nil {
 			return err
@@ -99,7 +122,7 @@ func BenchmarkDispatchRoundTrip(b *testing.B) {
 		return len(snap.Providers) == 1 && snap.Providers[0].Status == "available" &&
 			len(snap.Nodes) == 1 && snap.Nodes[0].IdleRunStreams >= node.WarmStreams
 	})
-	if err := one(); err != nil {
+	if err := one(small); err != nil {
 		b.Fatal(err)
 	}
 
@@ -107,7 +130,7 @@ func BenchmarkDispatchRoundTrip(b *testing.B) {
 		b.ReportAllocs()
 		cpu := cpuTime()
 		for b.Loop() {
-			if err := one(); err != nil {
+			if err := one(small); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -119,12 +142,22 @@ func BenchmarkDispatchRoundTrip(b *testing.B) {
 		cpu := cpuTime()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if err := one(); err != nil {
+				if err := one(small); err != nil {
 					b.Error(err)
 					return
 				}
 			}
 		})
+		b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
+	})
+	b.Run("agent100k", func(b *testing.B) {
+		b.ReportAllocs()
+		cpu := cpuTime()
+		for b.Loop() {
+			if err := one(agent); err != nil {
+				b.Fatal(err)
+			}
+		}
 		b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
 	})
 }

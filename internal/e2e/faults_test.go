@@ -54,6 +54,7 @@ func startFaultEdge(t *testing.T, cfg edge.Config) (*process.Process, context.Co
 		t.Fatal(err)
 	}
 	harness.StopAtCleanup(t, cancel, e)
+	harness.RememberEdge(t, e)
 	return e, ctx
 }
 

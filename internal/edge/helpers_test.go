@@ -13,6 +13,7 @@ import (
 	"iop/internal/clock"
 	"iop/internal/edge/contract"
 	"iop/internal/testenv"
+	"iop/internal/wire/memlink"
 	"iop/internal/wire/nodev1"
 )
 
@@ -137,12 +138,21 @@ func startEdge(t *testing.T, cfg Config) *testEdge {
 	if err != nil {
 		t.Fatal(err)
 	}
+	client := nodev1.NewNodeGatewayClient(cc)
+	var ml *memlink.Link
+	if linkOf(t) == linkMemory {
+		ml = memlink.New(srv.NodeGateway())
+		client = ml
+	}
 	var once sync.Once
 	var serveErr error
 	stop := func() error {
 		once.Do(func() {
 			cancel()
 			serveErr = <-served
+			if ml != nil {
+				ml.Close()
+			}
 		})
 		return serveErr
 	}
@@ -152,7 +162,7 @@ func startEdge(t *testing.T, cfg Config) *testEdge {
 		}
 		cc.Close()
 	})
-	return &testEdge{srv: srv, svc: srv.Service(), clk: clk, client: nodev1.NewNodeGatewayClient(cc), stop: stop}
+	return &testEdge{srv: srv, svc: srv.Service(), clk: clk, client: client, stop: stop}
 }
 
 // waitUntil waits until cond holds for the service's snapshot, re-checking

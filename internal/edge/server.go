@@ -109,6 +109,12 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 // Service returns the dispatch surface the HTTP API uses.
 func (s *Server) Service() *Service { return s.svc }
 
+// NodeGateway returns the handlers of the NodeGateway service that Serve
+// serves over gRPC, for a node in the edge's own process to reach them
+// without gRPC (package memlink): its connections are the edge's like any
+// other, and end when Serve returns.
+func (s *Server) NodeGateway() nodev1.NodeGatewayServer { return &grpcServer{s: s.svc} }
+
 // The edge's HTTP/2 flow-control windows for what nodes send it (runs'
 // answers): static, so each run stays flow-controlled on its own, with at
 // most grpcStreamWindow bytes sent that the edge has not read

@@ -59,8 +59,9 @@ type Agent struct {
 	ready     chan struct{}                                    // closed at the first Welcome
 	readyOnce sync.Once
 	running   atomic.Bool
-	resolver  *net.Resolver // looks up the names of Config.Edges; nil: net.DefaultResolver
-	inflight  *inFlight     // node-wide runs in flight (several edges: inflight.go)
+	resolver  *net.Resolver            // looks up the names of Config.Edges; nil: net.DefaultResolver
+	gateway   nodev1.NodeGatewayClient // WithGateway: the one edge, in this process; nil: dial Config.Edge(s)
+	inflight  *inFlight                // node-wide runs in flight (several edges: inflight.go)
 	// draining is closed by the first Drain, after drainReason is set.
 	draining    chan struct{}
 	drainOnce   sync.Once
@@ -144,14 +145,22 @@ func WithRand(r *rand.Rand) Option {
 	}
 }
 
+// InProcessEdge is the edge address an agent made WithGateway reports
+// (Generations, logs): its edge is in its own process.
+const InProcessEdge = "in-process"
+
+// WithGateway makes the agent's one edge the one gw reaches, an edge in
+// the agent's own process (package memlink's Link), instead of dialing
+// Config.Edge or Edges, which must then be empty. The connection is the
+// same as over gRPC (Hello, generations, heartbeats, warm streams, drain,
+// reconnects), only in memory.
+func WithGateway(gw nodev1.NodeGatewayClient) Option { return func(a *Agent) { a.gateway = gw } }
+
 // New validates cfg (with defaults applied), reads each provider's API key
 // from its api_key_env once, and builds the adapters. A nil logger
 // discards. Errors wrap ErrInvalidConfig.
 func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 	cfg = cfg.withDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -180,6 +189,9 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Agent, error) {
 	}
 	for _, o := range opts {
 		o(a)
+	}
+	if err := cfg.validate(a.gateway != nil); err != nil {
+		return nil, err
 	}
 	creds, err := transportCredentials(cfg)
 	if err != nil {

@@ -355,14 +355,25 @@ func (c Config) withDefaults() Config {
 // environment, no embeddings, tools or vision capability; the cli fields
 // are refused on other types. Whether the executable and dir exist is
 // checked when the agent is built (node.New).
-func (c Config) Validate() error {
+func (c Config) Validate() error { return c.validate(false) }
+
+// ValidateLocal is Validate for a node in the edge's own process
+// (WithGateway): it takes no edge or edges.
+func (c Config) ValidateLocal() error { return c.validate(true) }
+
+// validate is Validate for a node whose edge is in its own process
+// (inProcess, WithGateway): it then takes no edge or edges.
+func (c Config) validate(inProcess bool) error {
 	c = c.withDefaults()
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if c.NodeID == "" {
 		bad("node_id is required")
 	}
-	if c.Edge == "" && len(c.Edges) == 0 {
+	switch {
+	case inProcess && (c.Edge != "" || len(c.Edges) > 0):
+		bad("edge and edges are not used by a node in the edge's own process")
+	case !inProcess && c.Edge == "" && len(c.Edges) == 0:
 		bad("edge or edges is required")
 	}
 	if c.Edge != "" {

@@ -103,6 +103,9 @@ func (a *Agent) superviseEdges(ctx context.Context) error {
 			}
 		}()
 	}
+	if a.gateway != nil {
+		start(a.newLink(InProcessEdge, "", ""))
+	}
 	if a.cfg.Edge != "" {
 		start(a.newLink(a.cfg.Edge, a.cfg.Edge, ""))
 	}
@@ -258,18 +261,22 @@ func (l *link) run(ctx context.Context) error {
 		if l.isDraining() {
 			return nil
 		}
-		if cc == nil {
-			var err error
-			if cc, err = l.dial(); err != nil {
-				return err
+		client := a.gateway
+		if client == nil {
+			if cc == nil {
+				var err error
+				if cc, err = l.dial(); err != nil {
+					return err
+				}
 			}
+			client = nodev1.NewNodeGatewayClient(cc)
 		}
 		start := a.clock.Now()
-		welcomed, err := a.session(ctx, l, nodev1.NewNodeGatewayClient(cc))
+		welcomed, err := a.session(ctx, l, client)
 		if ctx.Err() != nil || l.isDraining() {
 			return nil
 		}
-		if errors.Is(err, ErrHeartbeatTimeout) || errors.Is(err, ErrWelcomeTimeout) {
+		if cc != nil && (errors.Is(err, ErrHeartbeatTimeout) || errors.Is(err, ErrWelcomeTimeout)) {
 			// The edge went silent: the TCP connection may be dead (a NAT
 			// dropped it) without gRPC knowing yet. Start over on a new one.
 			cc.Close()

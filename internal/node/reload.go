@@ -36,7 +36,7 @@ func (a *Agent) Reload(cfg Config) (ReloadResult, error) {
 	if cfg.Version == "" {
 		cfg.Version = a.cfg.Version
 	}
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(a.gateway != nil); err != nil {
 		return ReloadResult{}, err
 	}
 	creds, err := transportCredentials(cfg)

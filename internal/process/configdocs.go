@@ -180,6 +180,8 @@ var configDocs = configschema.Docs{
 	"managed.Server.start_timeout": {Text: "From the start to the health URL's first 200; past it the server is stopped and the waiting runs fail (504).", Default: configschema.FormatDuration(managed.DefaultStartTimeout), Example: "5m"},
 
 	// iop dev --config
+	"process.EdgeFile.providers":                      {Text: "Model servers the edge serves itself, on its own host (an Ollama beside it): a node in the edge's process drives them, as `iop node` would, and hands runs to the edge in memory (no gRPC, the body never copied). Same keys as a node's providers. Remote nodes still connect on node_listen.", Example: "[{type: ollama, base_url: http://127.0.0.1:11434, capacity: 2}]"},
+	"process.EdgeFile.local_node_id":                  {Text: "The node id of the edge's own providers: what /admin/nodes, iop status and the metrics call that node. Give each edge of several its own.", Example: "gpu-host-1"},
 	"process.DevConfig.listen":                        {Text: "Address of the HTTP API.", Example: "127.0.0.1:9090"},
 	"process.DevConfig.node_listen":                   {Text: "Address of the node endpoint; remote nodes may join the dev edge there (port 0: any free port).", Example: "127.0.0.1:7070"},
 	"process.DevConfig.sim":                           {Text: "Serve the simulator even when a local Ollama answers.", Example: "true"},

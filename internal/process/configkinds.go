@@ -53,7 +53,7 @@ var configKinds = sync.OnceValues(func() ([]configschema.Kind, error) {
 		defaults             any
 		reloads              bool
 	}{
-		{KindEdge, "iop edge --config edge.yaml", "The edge applies the keys marked *yes* on SIGHUP and whenever the file changes, to the next request; the others keep their running values until a restart, and the edge logs which.", EdgeDefaults(), true},
+		{KindEdge, "iop edge --config edge.yaml", "The edge applies the keys marked *yes* on SIGHUP and whenever the file changes, to the next request; the others keep their running values until a restart, and the edge logs which.", EdgeFileDefaults(), true},
 		{KindNode, "iop node --config node.yaml", "On SIGHUP a node reads its file again and applies the keys marked *yes* (providers' capacities and discovery intervals, the TLS files from the next connection); the others keep their running values until a restart, and the node logs which.", nodeDefaults(), true},
 		{KindDev, "iop dev --config dev.yaml", "On SIGHUP `iop dev` reads its file again and applies the keys marked *yes*; the others keep their running values until a restart, and it logs which. Most keys are also flags (`sim_capacity` is `--sim-capacity`, `ollama_url` is `--ollama`); `iop dev --help` lists them.", DevDefaults(), true},
 	}
@@ -88,8 +88,9 @@ func ConfigKind(name string) (configschema.Kind, error) {
 }
 
 // GuessConfigKind names the kind of the file at path from its name
-// (edge.yaml, gpu-node.yaml, dev.yaml), else from its keys (node_id or
-// providers: node; sim or ollama_url: dev), else "edge".
+// (edge.yaml, gpu-node.yaml, dev.yaml), else from its keys (node_id,
+// edge or edges, or providers without an edge's listen, node_listen or
+// models: node; sim or ollama_url: dev), else "edge".
 func GuessConfigKind(path string, data []byte) string {
 	base := strings.ToLower(filepath.Base(path))
 	for _, k := range []string{KindEdge, KindNode, KindDev} {
@@ -99,8 +100,18 @@ func GuessConfigKind(path string, data []byte) string {
 	}
 	var top map[string]any
 	_ = yaml.Unmarshal(data, &top)
-	for _, k := range []string{"node_id", "providers", "edges", "edge"} {
+	for _, k := range []string{"node_id", "edges", "edge"} {
 		if _, ok := top[k]; ok {
+			return KindNode
+		}
+	}
+	if _, ok := top["providers"]; ok {
+		edgeKeys := false
+		for _, k := range []string{"listen", "node_listen", "models", "local_node_id"} {
+			_, has := top[k]
+			edgeKeys = edgeKeys || has
+		}
+		if !edgeKeys {
 			return KindNode
 		}
 	}
@@ -123,12 +134,12 @@ func CheckConfig(k configschema.Kind, data []byte) []configschema.Problem {
 	var err error
 	switch k.Name {
 	case KindEdge:
-		cfg := EdgeDefaults()
-		if err = decodeYAMLStrict(data, &cfg); err == nil {
-			cfg.SetDefaults()
-			err = cfg.Validate()
+		file := EdgeFileDefaults()
+		if err = decodeYAMLStrict(data, &file); err == nil {
+			err = file.Validate()
 		}
-		if err == nil && len(cfg.Keys) == 0 && cfg.KeysFile == "" {
+		if cfg := file.Config; err == nil && len(cfg.Keys) == 0 && cfg.KeysFile == "" {
+			cfg.SetDefaults()
 			err = checkOpenAPI(cfg, 0, slog.New(slog.DiscardHandler))
 		}
 	case KindNode:

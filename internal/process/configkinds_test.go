@@ -102,7 +102,7 @@ func TestRegression_ConfigLoadErrorsInConfigWords(t *testing.T) {
 		file string
 		want string
 	}{
-		{"edge", new(EdgeDefaults()), "queue:\n  queue_timeout: 30\n", `edge.yaml:2:18: queue.queue_timeout: "30" is not a duration; write "30s"`},
+		{"edge", new(EdgeFileDefaults()), "queue:\n  queue_timeout: 30\n", `edge.yaml:2:18: queue.queue_timeout: "30" is not a duration; write "30s"`},
 		{"node", new(node.Config), "node_id: n\nproviders:\n  - type: ollama\n    capcity: 2\n", `node.yaml:4:5: unknown key "capcity" in providers[0]; did you mean "capacity"?`},
 		{"dev", new(DevDefaults()), "sim_ttft: 150\napi-key: k\n", `dev.yaml:1:11: sim_ttft: "150" is not a duration; write "150s"` + "\n" + filepath.Join(dir, "dev.yaml") + `:2:1: unknown key "api-key"; did you mean "api_key"?`},
 	}
@@ -176,7 +176,11 @@ func markUsed(t reflect.Type, used map[string]bool) {
 	}
 	used[t.String()] = true
 	for i := 0; i < t.NumField(); i++ {
-		name, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
+		name, opts, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
+		if t.Field(i).Anonymous && opts == "inline" {
+			markUsed(t.Field(i).Type, used)
+			continue
+		}
 		if name != "" && name != "-" {
 			used[t.String()+"."+name] = true
 			markUsed(t.Field(i).Type, used)

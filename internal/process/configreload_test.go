@@ -14,7 +14,9 @@ import (
 // a running edge does. Each top-level key and section key of the edge file
 // is set to its example and the running edge reloads: a key marked yes is
 // not among the settings the edge says need a restart; a key marked
-// restart is.
+// restart is. The keys of the edge's own providers (providers,
+// local_node_id: EdgeFile's, not edge.Config's) go to edgeProcess's
+// localRestart instead.
 func TestConfigReferenceReloadColumn(t *testing.T) {
 	t.Parallel()
 	k, err := ConfigKind(KindEdge)
@@ -28,6 +30,15 @@ func TestConfigReferenceReloadColumn(t *testing.T) {
 	svc := srv.Service()
 	k.Root.Walk(func(n *configschema.Node) {
 		if n.Type == configschema.Section || strings.ContainsAny(n.Path, "[*") || strings.HasPrefix(n.Path, "cluster.") {
+			return
+		}
+		if n.Path == "providers" || n.Path == "local_node_id" {
+			if k.Reload(n) != "restart" {
+				t.Errorf("%s: the reference says it reloads; the edge's own providers apply at the next start", n.Path)
+			}
+			if got := (&edgeProcess{}).localRestart(yamlEdgeFile(t, k.Example(n), n.Path)); len(got) != 1 || got[0] != n.Path {
+				t.Errorf("%s: set to its example, the reload names %v as needing a restart", n.Path, got)
+			}
 			return
 		}
 		parts := strings.Split(n.Path, ".")
@@ -61,4 +72,15 @@ func TestConfigReferenceReloadColumn(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// yamlEdgeFile is the edge file of one top-level key, set as example
+// ("key: value") says.
+func yamlEdgeFile(t *testing.T, example, key string) EdgeFile {
+	t.Helper()
+	f := EdgeFileDefaults()
+	if err := yaml.Unmarshal([]byte(example+"\n"), &f); err != nil {
+		t.Fatalf("%s: %v", key, err)
+	}
+	return f
 }

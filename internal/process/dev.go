@@ -2,7 +2,6 @@ package process
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -21,8 +20,9 @@ import (
 )
 
 // DevConfig configures ModeDev (`iop dev`): an edge and an in-process node
-// in one process, reaching each other over the same gRPC path a remote node
-// uses. Its YAML shape (`iop dev --config`) uses the field names below.
+// in one process, reaching each other in memory (package memlink: the
+// connection, generations and runs of a remote node, without gRPC). Its
+// YAML shape (`iop dev --config`) uses the field names below.
 type DevConfig struct {
 	Listen     string `yaml:"listen"`      // HTTP API address
 	NodeListen string `yaml:"node_listen"` // node endpoint address; default an ephemeral loopback port
@@ -99,8 +99,7 @@ type devProcess struct {
 	Agent     *node.Agent
 	providers []node.ProviderConfig // the in-process node's
 	ntr       *tracing.Tracing
-	agentDone chan error // one value when Agent.Run has returned, put back by the ready step
-	stopAgent context.CancelFunc
+	local     *localNode
 	stopWatch func()
 	steps     steps
 
@@ -279,7 +278,7 @@ func (d *devProcess) Open(ctx context.Context) error {
 func (d *devProcess) Shutdown(ctx context.Context) error { return d.steps.close(ctx) }
 
 func (d *devProcess) export(p *Process) {
-	p.HTTPAddr, p.NodeAddr, p.Service, p.Ledger = d.Edge.HTTPAddr, d.Edge.NodeAddr, d.Edge.Service, d.Edge.Ledger
+	p.HTTPAddr, p.NodeAddr, p.Service, p.Ledger, p.NodeLink = d.Edge.HTTPAddr, d.Edge.NodeAddr, d.Edge.Service, d.Edge.Ledger, d.Edge.Link
 	p.Agent, p.Dev = d.Agent, &d.DevInfo
 }
 
@@ -338,56 +337,31 @@ func (d *devProcess) closeNodeTracing(context.Context) error {
 	return nil
 }
 
-// startAgent makes the in-process node and runs it; it dials the edge's
-// node endpoint, which is open (it serves from the serve step on). The
-// node outlives the run context until its step is closed.
+// startAgent makes the in-process node and runs it; it connects to the
+// edge through its in-memory link (edgeProcess.Link). The node outlives
+// the run context until its step is closed.
 func (d *devProcess) startAgent(context.Context) error {
 	d.nodeCfg = node.Config{
 		NodeID:            "dev",
 		Label:             "iop dev in-process node",
 		Version:           d.version,
-		Edge:              d.Edge.NodeAddr,
 		Providers:         d.providers,
 		DiscoveryInterval: d.cfg.DiscoveryInterval,
 	}
-	agent, err := node.New(d.nodeCfg, d.logger, node.WithTracer(d.ntr.Tracer))
-	if err != nil {
+	d.local = &localNode{cfg: d.nodeCfg, opts: []node.Option{node.WithTracer(d.ntr.Tracer)}, logger: d.logger, reason: "iop dev stopping"}
+	if err := d.local.start(d.Edge.Link); err != nil {
 		return err
 	}
-	d.Agent = agent
-	agentCtx, stopAgent := context.WithCancel(context.Background())
-	d.stopAgent = stopAgent
-	d.agentDone = make(chan error, 1)
-	go func() { d.agentDone <- agent.Run(agentCtx) }()
+	d.Agent = d.local.Agent
 	return nil
 }
 
-// drainAgent drains the in-process node and waits for its Run; ctx ending
-// aborts its runs instead. Its error is Run's.
-func (d *devProcess) drainAgent(ctx context.Context) error {
-	defer d.stopAgent()
-	d.Agent.Drain("iop dev stopping")
-	select {
-	case err := <-d.agentDone:
-		return err
-	case <-ctx.Done():
-		d.stopAgent()
-		return <-d.agentDone
-	}
-}
+// drainAgent drains the in-process node and waits for its Run
+// (localNode.drain).
+func (d *devProcess) drainAgent(ctx context.Context) error { return d.local.drain(ctx) }
 
-// awaitAgent waits, up to 30s, for the in-process node to connect.
-func (d *devProcess) awaitAgent(context.Context) error {
-	select {
-	case <-d.Agent.Ready():
-		return nil
-	case err := <-d.agentDone:
-		d.agentDone <- err // for drainAgent
-		return fmt.Errorf("in-process node stopped: %w", err)
-	case <-time.After(30 * time.Second):
-		return errors.New("in-process node did not connect within 30s")
-	}
-}
+// awaitAgent waits for the in-process node to connect (localNode.await).
+func (d *devProcess) awaitAgent(ctx context.Context) error { return d.local.await(ctx) }
 
 // openWatch reloads the configuration (reload) at each SIGHUP, until
 // Shutdown.

@@ -19,12 +19,42 @@ import (
 	"iop/internal/edge/api/admin"
 	batchapi "iop/internal/edge/api/batch"
 	"iop/internal/ledger"
+	"iop/internal/node"
 	"iop/internal/quota"
 	"iop/internal/responses"
 	"iop/internal/runs"
 	"iop/internal/scheduler"
 	"iop/internal/tracing"
+	"iop/internal/wire/memlink"
 )
+
+// EdgeFile is iop edge's configuration file: the edge's keys (edge.Config)
+// and the providers it serves itself, by a node in its own process
+// (Config.LocalProviders).
+type EdgeFile struct {
+	edge.Config `yaml:",inline"`
+	Providers   []node.ProviderConfig `yaml:"providers"`
+	LocalNodeID string                `yaml:"local_node_id"`
+}
+
+// EdgeFileDefaults is what iop edge starts from before its file:
+// EdgeDefaults, no providers, local_node_id DefaultLocalNodeID.
+func EdgeFileDefaults() EdgeFile {
+	return EdgeFile{Config: EdgeDefaults(), LocalNodeID: DefaultLocalNodeID}
+}
+
+// Validate checks the edge's keys (edge.Config.Validate, after its
+// defaults) and the providers as a node in the edge's process takes them
+// (node.Config.ValidateLocal).
+func (f EdgeFile) Validate() error {
+	cfg := f.Config
+	cfg.SetDefaults()
+	err := cfg.Validate()
+	if len(f.Providers) > 0 {
+		err = errors.Join(err, node.Config{NodeID: f.LocalNodeID, Providers: f.Providers}.ValidateLocal())
+	}
+	return err
+}
 
 // EdgeDefaults is the configuration `iop edge` starts from: the edge's
 // defaults (edge.DefaultConfig), with run records and the ledger kept in
@@ -47,6 +77,9 @@ type edgeProcess struct {
 	reload      func(trigger string) // nil: nothing to read again
 	configFile  string
 	hangup      <-chan os.Signal
+	// local, when set, is the node serving the edge's own providers
+	// (Config.LocalProviders), in this process.
+	local *localNode
 
 	// Set by the open steps, in order; read-only once Open has returned.
 	Service *edge.Service
@@ -59,6 +92,9 @@ type edgeProcess struct {
 	Quota    *quota.Ledger
 	HTTPAddr string // host:port the HTTP API listens on
 	NodeAddr string // host:port the node endpoint listens on
+	// Link is the in-memory node link to this edge (package memlink): a
+	// node in this process connects through it, without gRPC.
+	Link *memlink.Link
 
 	obs           *observability
 	srv           *edge.Server
@@ -99,10 +135,24 @@ const idleTimeout = 120 * time.Second
 // that failed (keys, configuration, store, listener, watch); the steps
 // opened before it are closed again.
 func (e *edgeProcess) Open(ctx context.Context) error {
-	return e.steps.open(ctx, append(e.coreSteps(),
+	var list []step
+	if e.local == nil {
+		list = e.coreSteps()
+	} else {
+		list = append(e.coreSteps(step{name: "in-process node", open: e.startLocal, close: e.local.drain}),
+			step{name: "in-process node ready", open: e.local.await})
+	}
+	return e.steps.open(ctx, append(list,
 		step{name: "profiler", open: e.openPprof, close: e.closePprof},
 		step{name: "reload watcher", open: e.openWatch, close: e.closeWatch},
 	))
+}
+
+// startLocal starts the node of the edge's own providers on its in-memory
+// link, with the edge's tracer.
+func (e *edgeProcess) startLocal(context.Context) error {
+	e.local.opts = append(e.local.opts, node.WithTracer(e.tr.Tracer))
+	return e.local.start(e.Link)
 }
 
 // Shutdown closes what Open opened, in reverse: it stops the reload watch
@@ -182,6 +232,7 @@ func (e *edgeProcess) openServer(context.Context) error {
 	}
 	obs.registry.MustRegister(quota.NewCollector(e.Quota))
 	e.obs, e.srv, e.Service = obs, srv, srv.Service()
+	e.Link = memlink.New(srv.NodeGateway())
 	obs.svc = e.Service
 	return nil
 }
@@ -218,8 +269,10 @@ func (e *edgeProcess) listenNodes(context.Context) (err error) {
 }
 
 // stopNodeEndpoint stops the gRPC server (its error is the edge's), or
-// closes its listener if it never served.
+// closes its listener if it never served; then it waits for the handlers
+// of the in-memory link (Link), which the server's end ended.
 func (e *edgeProcess) stopNodeEndpoint(context.Context) error {
+	defer e.Link.Close()
 	if e.grpcDone == nil {
 		e.nodeLis.Close()
 		return nil
@@ -387,7 +440,10 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 }
 
 func (e *edgeProcess) export(p *Process) {
-	p.HTTPAddr, p.NodeAddr, p.Service, p.Ledger = e.HTTPAddr, e.NodeAddr, e.Service, e.Ledger
+	p.HTTPAddr, p.NodeAddr, p.Service, p.Ledger, p.NodeLink = e.HTTPAddr, e.NodeAddr, e.Service, e.Ledger, e.Link
+	if e.local != nil {
+		p.Agent = e.local.Agent
+	}
 	e.logger.Info("edge ready", "http", "http://"+e.HTTPAddr, "node_endpoint", e.NodeAddr)
 }
 

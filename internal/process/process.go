@@ -12,6 +12,7 @@ import (
 	"iop/internal/ledger"
 	"iop/internal/node"
 	"iop/internal/tracing"
+	"iop/internal/wire/nodev1"
 )
 
 // Mode is what a Process runs.
@@ -35,6 +36,12 @@ type Config struct {
 	// Edge configures ModeEdge. Its Database "" keeps run records and the
 	// ledger in memory (EdgeDefaults is iop edge's, with iop.db).
 	Edge edge.Config
+	// LocalProviders (ModeEdge), when set, are served by a node in the
+	// edge's own process, connected in memory (package memlink), named
+	// LocalNodeID ("" is DefaultLocalNodeID); EdgeFile's providers and
+	// local_node_id.
+	LocalProviders []node.ProviderConfig
+	LocalNodeID    string
 	// Node configures ModeNode. An empty Version is set to Version.
 	Node node.Config
 	// Dev configures ModeDev (DevDefaults is iop dev's).
@@ -46,10 +53,11 @@ type Config struct {
 	// iop edge: the file under the flags the user set); it is called at each
 	// value from Deps.Hangup and whenever the file ConfigFile changes
 	// (watched through its directory, so a file replaced by rename is seen),
-	// and its result goes to edge.Service.Reload. A configuration that
+	// and its result goes to edge.Service.Reload (its providers and
+	// local_node_id apply at the next start). A configuration that
 	// cannot be read or is invalid is refused with an error log line, and
 	// the running one stays.
-	Reload     func() (edge.Config, error)
+	Reload     func() (EdgeFile, error)
 	ConfigFile string
 	// ReloadNode (ModeNode) and ReloadDev (ModeDev), when set, read the
 	// configuration again at each value from Deps.Hangup: the node applies
@@ -99,7 +107,12 @@ type Process struct {
 	// (ModeEdge, ModeDev).
 	Service *edge.Service
 	Ledger  *ledger.Ledger
-	// Agent is the node (ModeNode) or the in-process node (ModeDev).
+	// NodeLink reaches the edge in memory (ModeEdge, ModeDev): a node
+	// made with node.WithGateway(NodeLink) is a node in the edge's own
+	// process.
+	NodeLink nodev1.NodeGatewayClient
+	// Agent is the node (ModeNode) or the in-process node (ModeDev, and
+	// ModeEdge with LocalProviders).
 	Agent *node.Agent
 	// Dev says what a ModeDev process serves; nil in the other modes.
 	Dev *DevInfo
@@ -159,6 +172,14 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*Process, error) {
 	switch cfg.Mode {
 	case ModeEdge:
 		e := &edgeProcess{cfg: cfg.Edge, logger: logger, pprofListen: cfg.PprofListen, configFile: cfg.ConfigFile, hangup: deps.Hangup}
+		if len(cfg.LocalProviders) > 0 {
+			id := cfg.LocalNodeID
+			if id == "" {
+				id = DefaultLocalNodeID
+			}
+			e.local = &localNode{logger: logger, reason: "edge stopping", cfg: node.Config{
+				NodeID: id, Label: "in the edge's process", Version: cfg.Version, Providers: cfg.LocalProviders}}
+		}
 		r := &edgeReloader{e: e, logger: logger}
 		e.reload = reloadFunc(cfg.Reload, r.apply, logger)
 		e.steps.hook = deps.Steps

@@ -1,6 +1,7 @@
 package process
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -169,8 +170,8 @@ func diffKeys(old, next []auth.Key) keysChange {
 // is emptied (checkKeysKept) first, then applies the edge's part and
 // swaps the keyrings; a cfg refused anywhere changes nothing. It logs
 // what changed and what needs a restart.
-func (r *edgeReloader) apply(cfg edge.Config, trigger string) error {
-	cfg, err := cfg.LoadKeysFile()
+func (r *edgeReloader) apply(file EdgeFile, trigger string) error {
+	cfg, err := file.Config.LoadKeysFile()
 	if err != nil {
 		return err
 	}
@@ -208,10 +209,30 @@ func (r *edgeReloader) apply(cfg edge.Config, trigger string) error {
 		"keys_added", keys.added, "keys_removed", keys.removed, "keys_changed", keys.changed,
 		"admin_keys_added", admin.added, "admin_keys_removed", admin.removed, "admin_keys_changed", admin.changed,
 		"tokens_added", res.TokensAdded, "tokens_removed", res.TokensRemoved)
-	if len(res.Restart) > 0 {
-		log.Warn("config settings changed that apply only after a restart; they keep their running values", "settings", res.Restart)
+	restart := append(res.Restart, r.e.localRestart(file)...)
+	if len(restart) > 0 {
+		log.Warn("config settings changed that apply only after a restart; they keep their running values", "settings", restart)
 	}
 	return nil
+}
+
+// localRestart names the keys of file about the edge's own providers
+// (providers, local_node_id) that differ from what runs: they apply only
+// at the next start.
+func (e *edgeProcess) localRestart(file EdgeFile) []string {
+	var providers []node.ProviderConfig
+	id := DefaultLocalNodeID
+	if e.local != nil {
+		providers, id = e.local.cfg.Providers, e.local.cfg.NodeID
+	}
+	var out []string
+	if !reflect.DeepEqual(providers, file.Providers) && (len(providers) > 0 || len(file.Providers) > 0) {
+		out = append(out, "providers")
+	}
+	if next := cmp.Or(file.LocalNodeID, DefaultLocalNodeID); next != id {
+		out = append(out, "local_node_id")
+	}
+	return out
 }
 
 // checkKeysKept refuses, with ErrKeysEmptied, a cfg that has no client

@@ -54,7 +54,18 @@ var (
 		"keys", "edge server", "tracing", "history", "node endpoint", "in-process node",
 		"ledger", "responses", "runs", "http listener", "serve", "node ready", "reload watcher"}
 	agentSteps = []string{"tracing", "agent", "profiler", "reload watcher", "run"}
+	// An edge with providers of its own: their node in its process.
+	edgeLocalSteps = []string{"keys", "edge server", "tracing", "history", "node endpoint", "in-process node",
+		"ledger", "responses", "runs", "http listener", "serve", "in-process node ready", "profiler", "reload watcher"}
 )
+
+// stepsEdgeLocalConfig is stepsEdgeConfig with a provider the edge serves
+// itself (nothing answers at its address: the node connects regardless).
+func stepsEdgeLocalConfig(t *testing.T, listen, nodeListen, pprof string) Config {
+	cfg := stepsEdgeConfig(t, listen, nodeListen, pprof)
+	cfg.LocalProviders = []node.ProviderConfig{{ID: "p", Type: node.TypeOpenAI, BaseURL: "http://127.0.0.1:1/v1", Models: []string{"m"}}}
+	return cfg
+}
 
 // wantSteps is the record of opening names[:n] (the last of them failing
 // when failed) and closing the opened ones in reverse.
@@ -95,7 +106,7 @@ func stepsEdgeConfig(t *testing.T, listen, nodeListen, pprof string) Config {
 		t.Fatal(err)
 	}
 	return Config{Mode: ModeEdge, Edge: cfg, PprofListen: pprof, ConfigFile: file,
-		Reload: func() (edge.Config, error) { return cfg, nil }}
+		Reload: func() (EdgeFile, error) { return EdgeFile{Config: cfg}, nil }}
 }
 
 func stepsDevConfig(listen, nodeListen string) Config {
@@ -147,6 +158,9 @@ func TestStartShutdownOrder(t *testing.T) {
 	t.Run("dev", func(t *testing.T) {
 		run(t, stepsDevConfig("127.0.0.1:0", "127.0.0.1:0"), devSteps, nil)
 	})
+	t.Run("edge with providers", func(t *testing.T) {
+		run(t, stepsEdgeLocalConfig(t, "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"), edgeLocalSteps, nil)
+	})
 	t.Run("node", func(t *testing.T) {
 		ecfg := stepsEdgeConfig(t, "127.0.0.1:0", "127.0.0.1:0", "")
 		e, err := Start(context.Background(), ecfg, Deps{Logger: quietStepsLogger()})
@@ -189,6 +203,10 @@ func TestStartFailedStepUndoesOpened(t *testing.T) {
 		{"dev", devSteps, func(t *testing.T) (Config, []string) {
 			addrs := []string{freeStepAddr(t), freeStepAddr(t)}
 			return stepsDevConfig(addrs[0], addrs[1]), addrs
+		}},
+		{"edge with providers", edgeLocalSteps, func(t *testing.T) (Config, []string) {
+			addrs := []string{freeStepAddr(t), freeStepAddr(t), freeStepAddr(t)}
+			return stepsEdgeLocalConfig(t, addrs[0], addrs[1], addrs[2]), addrs
 		}},
 		{"node", agentSteps, func(t *testing.T) (Config, []string) {
 			addrs := []string{freeStepAddr(t)}

@@ -5,7 +5,9 @@
 //
 //   - In-process parts: Sim (an `iop sim` server), Edge and Dev (a
 //     process.Process from process.Start on loopback ports the system
-//     picks), Node (a node.Agent dialing an edge).
+//     picks), Node (a node.Agent dialing an edge, or, for a test that
+//     chose LinkMemory with UseLink, in the edge's process on its
+//     in-memory link: link.go).
 //   - Child processes: IOP builds cmd/iop once per test binary; Start runs
 //     it as a Command with its output kept.
 //   - Logs: Logger gives a component a logger whose lines are printed only

@@ -101,7 +101,9 @@ func EdgeConfig(models map[string]edge.ModelConfig) edge.Config {
 // Abort it earlier.
 func Edge(t testing.TB, ctx context.Context, cfg edge.Config) *process.Process {
 	t.Helper()
-	return start(t, ctx, "edge", process.Config{Mode: process.ModeEdge, Edge: cfg}, nil)
+	p := start(t, ctx, "edge", process.Config{Mode: process.ModeEdge, Edge: cfg}, nil)
+	RememberEdge(t, p)
+	return p
 }
 
 // Dev starts iop dev (process.ModeDev) for cfg on loopback ports the
@@ -173,6 +175,7 @@ func NodeNotReady(t testing.TB, ctx context.Context, cfg node.Config, opts ...no
 // what it returned.
 func runNode(t testing.TB, ctx context.Context, cfg node.Config, opts ...node.Option) (agent *node.Agent, done chan struct{}, err *error) {
 	t.Helper()
+	cfg, opts = onLink(t, cfg, opts)
 	agent, e := node.New(cfg, Logger(t, "node "+cfg.NodeID), opts...)
 	if e != nil {
 		t.Fatal(e)
