@@ -181,7 +181,7 @@ func (c batchSim) run(tb testing.TB, batch bool) simResult {
 // scheduler under a fake clock, the interactive queue wait (p99, and the
 // share of requests that waited) with and without a batch, and the share
 // of the slots the interactive load leaves idle that the batch held.
-// Figures: BENCHMARKS.md, "Issue 34: batch band".
+// Figures: BENCHMARKS.md, "batch band".
 func BenchmarkBatchBandSimulated(b *testing.B) {
 	for _, c := range []batchSim{
 		{providers: 2, capacity: 8, headroom: 1},

@@ -23,8 +23,7 @@
 //   - residency.go: model residency, a load as a cost (ResidencyPolicy,
 //     SetLoaded, ObserveLoad; pickResidentLocked, nextResidentLocked).
 //   - cluster.go: Adopt and KeepOnFence, for a cluster leader's rebuild.
-//   - load.go, snapshot.go: read-only views (Load, Policy, Snapshot).
-//   - clock.go: Clock, RealClock; errors.go: the sentinel errors.
+//   - load.go, snapshot.go: views (Load, Policy, Snapshot); clock.go; errors.go.
 //
 // # Invariants
 //
@@ -68,16 +67,11 @@
 //
 // By priority band, then start tag (fairTagLocked; 0 unless fair), then
 // enqueue order (waiter.before): with fairness off, the enqueue order.
-//
-// # Batch band
-//
-// PriorityBatch waits behind every interactive band, FIFO, with no flow.
-//
-//   - A batch waiter takes a slot only if no interactive waiter can use it
-//     (queue order; grantEachLocked; nextResidentLocked never passes one).
-//   - It leaves min(headroom, capacity−1) slots of its provider free.
-//   - It is never displaced nor pushed out, and not counted in MaxQueue.
-//   - Work conservation holds with "a slot it can use": beyond headroom.
+// PriorityBatch, last, is FIFO with no flow. A batch waiter takes a slot
+// only if no interactive waiter can use it (grantEachLocked;
+// nextResidentLocked never passes one) and min(headroom, capacity−1) of
+// its provider's slots stay free; it is never displaced nor pushed out,
+// nor counted in MaxQueue. Work conservation: "a slot it can use".
 //
 // # Cost
 //
