@@ -147,15 +147,17 @@ func TestDashboardUsagePanelInBrowser(t *testing.T) {
 	waitJS("one row of the keys in no team", `iopUsage.view === "team" && iopUsage.rows.length === 1 && iopUsage.rows[0].requests === 4 &&
 		document.querySelector('tr[data-usage=""] td').textContent === "(no team)"`)
 
-	// Quota lines, when GET /admin/v1/quotas answers: the page through a
-	// proxy that answers it.
+	// Quota lines, when GET /admin/v1/quotas lists a per-day quota (its
+	// shape, admin.quotaJSON): the page through a proxy that answers it;
+	// bob's per-minute quota draws no line.
 	edgeURL, _ := url.Parse(base)
 	proxy := httputil.NewSingleHostReverseProxy(edgeURL)
 	proxy.FlushInterval = -1
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/admin/v1/quotas" {
 			w.Header().Set("Content-Type", "application/json")
-			fmt.Fprint(w, `{"keys":[{"name":"alice","quota":{"tokens_per_day":100000}}],"teams":[]}`)
+			fmt.Fprint(w, `{"object":"list","data":[{"scope":"key","name":"alice","quota":{"tokens_per_day":100000},"windows":[]},`+
+				`{"scope":"key","name":"bob","quota":{"tokens_per_minute":1000},"windows":[]}]}`)
 			return
 		}
 		proxy.ServeHTTP(w, r)

@@ -50,7 +50,7 @@ func testStore(t *testing.T, s Store) {
 		{"total", Query{}, []Group{g("", 5, 3, 116, 29, 10*time.Second+time.Millisecond)}},
 		{"by key", Query{GroupBy: GroupKey}, []Group{g("alice", 2, 2, 15, 27, 3*time.Second), g("bob", 3, 1, 101, 2, 7*time.Second+time.Millisecond)}},
 		{"by model", Query{GroupBy: GroupModel}, []Group{g("llama3", 4, 3, 16, 29, 7*time.Second+time.Millisecond), g("qwen", 1, 0, 100, 0, 3*time.Second)}},
-		{"by provider", Query{GroupBy: GroupProvider}, []Group{g("/", 1, 0, 0, 0, time.Millisecond), g("gpu-1/ollama", 2, 2, 11, 22, 5*time.Second), g("gpu-2/vllm", 2, 1, 105, 7, 5*time.Second)}},
+		{"by provider", Query{GroupBy: GroupProvider}, []Group{g("", 1, 0, 0, 0, time.Millisecond), g("gpu-1/ollama", 2, 2, 11, 22, 5*time.Second), g("gpu-2/vllm", 2, 1, 105, 7, 5*time.Second)}},
 		{"by node", Query{GroupBy: GroupNode}, []Group{g("", 1, 0, 0, 0, time.Millisecond), g("gpu-1", 2, 2, 11, 22, 5*time.Second), g("gpu-2", 2, 1, 105, 7, 5*time.Second)}},
 		{"by day", Query{GroupBy: GroupDay}, []Group{g("2026-03-01", 3, 2, 115, 27, 6*time.Second), g("2026-03-02", 2, 1, 1, 2, 4*time.Second+time.Millisecond)}},
 		{"key filter", Query{Key: "bob", GroupBy: GroupModel}, []Group{g("llama3", 2, 1, 1, 2, 4*time.Second+time.Millisecond), g("qwen", 1, 0, 100, 0, 3*time.Second)}},

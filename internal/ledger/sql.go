@@ -283,7 +283,7 @@ func (s *SQL) insertSQL(rows int) string {
 var groupColumns = map[string]string{
 	GroupKey:      "key_name",
 	GroupModel:    "model",
-	GroupProvider: "node_id || '/' || provider_id",
+	GroupProvider: "CASE WHEN node_id = '' AND provider_id = '' THEN '' ELSE node_id || '/' || provider_id END",
 	GroupNode:     "node_id",
 	GroupDay:      "day",
 }

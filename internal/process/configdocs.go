@@ -76,7 +76,7 @@ var configDocs = configschema.Docs{
 	"quota.Limits.budget_per_month":       {Text: "Currency in any sliding 30 days. 0: no limit.", Reload: true, Example: "100"},
 	"quota.Limits.uncapped":               {Text: "A key's request without max_tokens (or max_completion_tokens, max_output_tokens, options.num_predict): `clamp` sets it to what the quota holds (header X-Iop-Max-Tokens-Clamped), `refuse` answers 400.", Default: "clamp", Reload: true, Example: "refuse"},
 	"quota.Limits.default_max_tokens":     {Text: "A key's cap for a request without one, clamped further to what the quota holds. 0: what the quota holds.", Reload: true, Example: "1024"},
-	"edge.Config.keys_file":               {Text: "A YAML file with more `keys`, `admin_keys`, `teams` and `prices`, same shape; read at start, again when it changes and on SIGHUP.", Reload: true, Example: "/etc/iop/keys.yaml"},
+	"edge.Config.keys_file":               {Text: "A YAML file with more `keys`, `admin_keys`, `teams` and `prices`, same shape; read at start and again on SIGHUP (a change of the file alone is not watched; the config file is).", Reload: true, Example: "/etc/iop/keys.yaml"},
 	"edge.Config.insecure_open":           {Text: "Serve the client API without keys on a non-loopback address; lets a reload remove every key or admin key.", Example: "true"},
 	"edge.Config.ledger_dsn":              {Text: "PostgreSQL DSN of the usage ledger, which several edges may share.", Default: "the database file", Example: "postgres://iop:SECRET@db:5432/iop?sslmode=verify-full"},
 	"edge.Config.runs_dsn":                {Text: "PostgreSQL DSN of the run records and their events, shared by several edges (runs API).", Default: "the database file", Example: "postgres://iop:SECRET@db:5432/iop?sslmode=verify-full"},

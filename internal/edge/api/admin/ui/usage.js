@@ -40,9 +40,8 @@
   }
   const qs = params => new URLSearchParams(params).toString();
 
-  // quotaOf finds name's per-day limits in the quotas answer, whichever of
-  // the shapes {keys: {name: limits}}, {keys: [{name, quota}]} or
-  // [{scope, name, quota}] it has; null when none.
+  // quotaOf finds name's per-day limits in the quotas list
+  // [{scope, name, quota}]; null when none.
   function quotaOf(quotas, scope, name) {
     if (!quotas) return null;
     const plural = scope + "s";
@@ -68,8 +67,11 @@
       const daily = await Promise.all(rows.map(r => get("/admin/v1/usage?" + qs({ [view]: r.group, group_by: "day", from, tz }))));
       let quotas = null, quotaState = "none";
       try {
-        quotas = await get("/admin/v1/quotas");
-        quotaState = "on";
+        // GET /admin/v1/quotas: {object: "list", data: [{scope, name, quota}]}.
+        const answer = await get("/admin/v1/quotas");
+        quotas = Array.isArray(answer && answer.data) ? answer.data : answer;
+        const limited = Array.isArray(quotas) && quotas.some(q => q.quota && (q.quota.tokens_per_day || q.quota.gpu_seconds_per_day));
+        quotaState = limited ? "on" : "none";
       } catch (err) {
         quotaState = err.status === 404 ? "none" : err.message;
       }
@@ -106,7 +108,7 @@
     document.getElementById("usage-error").textContent = u.error ? "usage API: " + u.error : "";
     document.getElementById("usage-empty").hidden = u.rows.length > 0 || !!u.error;
     document.getElementById("usage-quotas").textContent = u.quotas === "on" ? "" :
-      u.quotas === "none" ? "No quotas (GET /admin/v1/quotas: 404)." : u.quotas ? "Quotas: " + u.quotas : "";
+      u.quotas === "none" ? "No quotas per day configured." : u.quotas ? "Quotas: " + u.quotas : "";
     document.getElementById("usage-tz").textContent = u.days.length ? u.days[0] + " – " + u.days[u.days.length - 1] + ", " + u.tz : "";
     document.querySelector("#usage tbody").replaceChildren(...u.rows.flatMap(r => {
       const today = r.daily[r.daily.length - 1] || { total_tokens: 0, gpu_seconds: 0 };
