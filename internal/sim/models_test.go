@@ -212,3 +212,21 @@ func TestCapabilitiesOfUnknownModelRefused(t *testing.T) {
 		t.Fatalf("New: %v", err)
 	}
 }
+
+// TestRegression_OpenAISimAnswersHealth: an OpenAI-protocol simulator as a
+// managed provider's server never became healthy at the default health URL
+// (GET /health answered 404): it answers 200 as vLLM does; the Ollama
+// protocol has no such route, as Ollama has none.
+func TestRegression_OpenAISimAnswersHealth(t *testing.T) {
+	for proto, want := range map[Protocol]int{ProtocolOpenAI: 200, ProtocolOllama: 404} {
+		_, base, _ := startSim(t, Config{Protocol: proto, Models: []string{"a"}})
+		resp, err := newClient(t).Get(base + "/health")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("%s: GET /health %d, want %d", proto, resp.StatusCode, want)
+		}
+	}
+}

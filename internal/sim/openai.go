@@ -22,6 +22,10 @@ func (s *Server) openaiRoutes(mux *http.ServeMux) {
 		mux.Handle("GET "+prefix+"/models/{model...}", s.guard(writeOpenAIError, s.openaiModel))
 	}
 	mux.Handle("GET /stats", s.guard(writeOpenAIError, s.serveStats))
+	// GET /health answers 200 with an empty body, as vLLM's server does
+	// (llama.cpp's answers {"status":"ok"}): a managed provider's default
+	// health URL.
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.Handle("/", s.guard(writeOpenAIError, func(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, writeOpenAIError, fmt.Errorf("%w: %s %s", errNotFound, r.Method, r.URL.Path))
 	}))

@@ -281,8 +281,10 @@ func (m *Manager) awaitHealth(c *child, srv Server, exited <-chan struct{}) erro
 		}
 		cancel()
 	}()
+	var last string // the health URL's last answer, for the timeout's log
 	for {
-		if m.healthy(ctx, srv.HealthURL) {
+		var ok bool
+		if ok, last = m.healthy(ctx, srv.HealthURL); ok {
 			m.mu.Lock()
 			defer m.mu.Unlock()
 			if c.state != stateStarting {
@@ -310,7 +312,10 @@ func (m *Manager) awaitHealth(c *child, srv Server, exited <-chan struct{}) erro
 		case <-exited:
 			return fmt.Errorf("model %q: %w while starting", c.model, ErrExited)
 		case <-timedOut:
-			return fmt.Errorf("model %q: %w: no 200 from its health URL within %v", c.model, ErrStartTimeout, srv.StartTimeout)
+			m.logger.Warn("model server not healthy in time", "model", c.model, "health_url", srv.HealthURL,
+				"last_answer", last, "start_timeout", srv.StartTimeout)
+			return fmt.Errorf("model %q: %w: no 200 from its health URL within %v (the node's log names the URL and its last answer)",
+				c.model, ErrStartTimeout, srv.StartTimeout)
 		case <-c.stop:
 			return fmt.Errorf("model %q: %w while starting", c.model, ErrStopped)
 		default:
@@ -318,19 +323,20 @@ func (m *Manager) awaitHealth(c *child, srv Server, exited <-chan struct{}) erro
 	}
 }
 
-// healthy reports whether GET u answers 200.
-func (m *Manager) healthy(ctx context.Context, u string) bool {
+// healthy reports whether GET u answers 200, and what it answered: its
+// status line ("404 Not Found") or the error of the request.
+func (m *Manager) healthy(ctx context.Context, u string) (ok bool, answer string) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return false
+		return false, err.Error()
 	}
 	resp, err := m.health.Do(req)
 	if err != nil {
-		return false
+		return false, err.Error()
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
+	return resp.StatusCode == http.StatusOK, resp.Status
 }
 
 // logLines logs every line r yields, at info level, until r ends.

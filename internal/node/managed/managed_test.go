@@ -279,6 +279,12 @@ func TestHealthTimeoutStopsTheServer(t *testing.T) {
 	if len(pids) != 1 {
 		t.Fatalf("servers started: %v", pids)
 	}
+	// The node's log says where it asked and what it got, which the
+	// client's error leaves out (the server's address is the node's).
+	if got := logs.find("model server not healthy in time"); len(got) != 1 || !strings.HasPrefix(got[0]["health_url"], "http://127.0.0.1:") ||
+		strings.Contains(got[0]["health_url"], "${PORT}") || got[0]["last_answer"] == "" {
+		t.Errorf("timeout logged as %v, want the health URL (its port in place) and its last answer", got)
+	}
 	// The run's error comes when the stop begins; the process and its
 	// entry go once it has exited.
 	waitFor(t, "the unhealthy server to be gone", func() bool {
