@@ -322,14 +322,15 @@ func (j *job) work(ctx context.Context) error {
 	return nil
 }
 
-// runLine executes one line, retrying refusals (429, 503) up to
-// MaxAttempts, and records its result once; a line whose execution ctx
-// ended stays pending.
+// runLine executes one line, retrying refusals (retryable) up to
+// MaxAttempts — a refusal with a Retry-After, or while the edge is not
+// ready, waits without counting — and records its result once; a line
+// whose execution ctx ended stays pending.
 func (j *job) runLine(ctx context.Context, l Line) {
 	s := j.s
 	var resp Response
-	if streams(l.Body) {
-		resp = Response{Status: 400, Body: streamRefusal(j.kind)}
+	if field := refusedField(j.endpoint, l.Body); field != "" {
+		resp = Response{Status: 400, Body: fieldRefusal(j.kind, field)}
 	} else {
 		delay := s.cfg.RetryDelay
 		for attempt := 1; ; attempt++ {
@@ -338,17 +339,36 @@ func (j *job) runLine(ctx context.Context, l Line) {
 			if err != nil {
 				return
 			}
-			if !j.retryable(resp.Status) || attempt >= s.cfg.MaxAttempts {
+			if !j.retryable(resp) {
 				break
 			}
-			t := time.NewTimer(delay)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
+			wait := delay
+			switch {
+			case s.cfg.Ready != nil && !s.cfg.Ready():
+				attempt-- // the edge cannot serve yet: wait for it
+				if !j.waitReady(ctx) {
+					return
+				}
+				wait = 0
+			case resp.RetryAfter > 0:
+				attempt-- // the refusal says when it will fit
+				wait = resp.RetryAfter
+			case attempt >= s.cfg.MaxAttempts:
+			default:
+				delay = min(2*delay, 16*s.cfg.RetryDelay)
 			}
-			delay = min(2*delay, 16*s.cfg.RetryDelay)
+			if attempt >= s.cfg.MaxAttempts {
+				break
+			}
+			if wait > 0 {
+				t := time.NewTimer(wait)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return
+				case <-t.C:
+				}
+			}
 		}
 	}
 	if ctx.Err() != nil {
@@ -390,29 +410,48 @@ func (j *job) waitReady(ctx context.Context) bool {
 // refusal for load (429, 503), or, in a batch resumed by Start, an
 // unknown model (404) within StartGrace of it, when the model's node may
 // not have reconnected yet.
-func (j *job) retryable(status int) bool {
-	switch status {
+func (j *job) retryable(resp Response) bool {
+	switch resp.Status {
 	case 429, 503:
 		return true
+	case 502:
+		// The node serving it was lost: the line never got its answer.
+		return bytes.Contains(resp.Body, []byte(`"code":"upstream_unavailable"`))
 	case 404:
 		return !j.resumed.IsZero() && j.s.cfg.Now().Sub(j.resumed) < j.s.cfg.StartGrace
 	}
 	return false
 }
 
-// streams reports whether a request body asks for a stream.
-func streams(body []byte) bool {
+// refusedField names the field of a line's body a batch cannot serve:
+// "stream" (a batch answer is one JSON body), "background" on
+// /v1/responses (its answer would go to the response store, not the
+// batch's output); "" for none.
+func refusedField(endpoint string, body []byte) string {
 	var b struct {
-		Stream bool `json:"stream"`
+		Stream     bool `json:"stream"`
+		Background bool `json:"background"`
 	}
-	return json.Unmarshal(body, &b) == nil && b.Stream
+	if json.Unmarshal(body, &b) != nil {
+		return ""
+	}
+	switch {
+	case b.Stream:
+		return "stream"
+	case b.Background && endpoint == "/v1/responses":
+		return "background"
+	}
+	return ""
 }
 
-func streamRefusal(kind string) []byte {
+// fieldRefusal is the 400 answer of a line whose field a batch cannot
+// serve, in the batch API's error shape.
+func fieldRefusal(kind, field string) []byte {
+	msg := field + ": a batch request cannot " + map[string]string{"stream": "stream", "background": "run in the background"}[field]
 	if kind == KindAnthropic {
-		return []byte(`{"type":"error","error":{"type":"invalid_request_error","message":"stream: a batch request cannot stream"}}`)
+		return []byte(`{"type":"error","error":{"type":"invalid_request_error","message":"` + msg + `"}}`)
 	}
-	return []byte(`{"error":{"message":"stream: a batch request cannot stream","type":"invalid_request_error","param":"stream","code":null}}`)
+	return []byte(`{"error":{"message":"` + msg + `","type":"invalid_request_error","param":"` + field + `","code":null}}`)
 }
 
 // jsonOrString is body as JSON, or as a JSON string when it is not JSON.

@@ -38,6 +38,10 @@ type Response struct {
 	Status    int
 	RequestID string
 	Body      []byte
+	// RetryAfter is the answer's Retry-After (RFC 9110 10.2.3, seconds), 0
+	// without one: a refusal that says when it will fit is tried again
+	// then, without counting against MaxAttempts.
+	RetryAfter time.Duration
 }
 
 // Config configures a Service. Zero fields take the documented defaults.
@@ -54,8 +58,11 @@ type Config struct {
 	// CompletionWindow is how long the window "24h" gives a batch; tests
 	// shorten it (DefaultCompletionWindow).
 	CompletionWindow time.Duration
-	// MaxAttempts bounds the tries of a line refused with 429 or 503
-	// (DefaultMaxAttempts); the last refusal is its result.
+	// MaxAttempts bounds the tries of a line refused with 429 or 503, or
+	// lost with its node (502 upstream_unavailable) (DefaultMaxAttempts);
+	// the last refusal is its result. A refusal with a Retry-After, or
+	// while Ready says the edge cannot serve, is not counted: the line
+	// waits, within its batch's completion window.
 	MaxAttempts int
 	// RetryDelay is the first wait before a retry, doubled each time up
 	// to 16 times it (1 s).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"math"
 	"net/url"
 	"slices"
 	"strconv"
@@ -278,6 +279,13 @@ func (s *SQL) insertSQL(rows int) string {
 	return b.String()
 }
 
+// minNanoTime and maxNanoTime are the first and last instants int64
+// nanoseconds since the Unix epoch hold.
+var (
+	minNanoTime = time.Unix(0, math.MinInt64)
+	maxNanoTime = time.Unix(0, math.MaxInt64)
+)
+
 // groupColumns maps a GroupBy to the expression grouped on. GroupTeam
 // and GroupDay in a zone other than UTC are grouped in Go (Aggregate).
 var groupColumns = map[string]string{
@@ -409,10 +417,12 @@ func (s *SQL) sums(ctx context.Context, q Query, keyCol, col string) ([]keyedGro
 	if q.Model != "" {
 		cond("model = %s", q.Model)
 	}
-	if !q.From.IsZero() {
+	// at_ns holds int64 nanoseconds (1677-09-21 to 2262-04-11): a bound
+	// beyond them bounds nothing, and UnixNano would overflow it.
+	if !q.From.IsZero() && q.From.After(minNanoTime) {
 		cond("at_ns >= %s", q.From.UnixNano())
 	}
-	if !q.To.IsZero() {
+	if !q.To.IsZero() && q.To.Before(maxNanoTime) {
 		cond("at_ns < %s", q.To.UnixNano())
 	}
 	query := `SELECT ` + keyCol + ` AS k, ` + col + ` AS g, COUNT(*),

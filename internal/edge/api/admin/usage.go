@@ -49,6 +49,10 @@ func (s *server) usage(w http.ResponseWriter, r *http.Request) {
 			*p.dst = t
 		}
 	}
+	if !query.From.IsZero() && !query.To.IsZero() && !query.From.Before(query.To) {
+		api.WriteError(w, r, api.InvalidParam("to", "must be after from (from is inclusive, to exclusive)"))
+		return
+	}
 	groups := []string{ledger.GroupNone, ledger.GroupKey, ledger.GroupTeam, ledger.GroupModel, ledger.GroupProvider, ledger.GroupNode, ledger.GroupDay}
 	if !slices.Contains(groups, query.GroupBy) {
 		api.WriteError(w, r, api.InvalidParam("group_by", "must be one of key, team, model, provider, node, day"))

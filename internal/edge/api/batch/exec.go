@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+	"time"
 
 	"iop/internal/auth"
 	"iop/internal/batch"
@@ -72,7 +74,11 @@ func (e *Executor) Execute(ctx context.Context, owner, path string, body []byte)
 	if id == "" {
 		id = w.header.Get("Request-Id")
 	}
-	return batch.Response{Status: w.status, RequestID: id, Body: w.body.Bytes()}, nil
+	resp = batch.Response{Status: w.status, RequestID: id, Body: w.body.Bytes()}
+	if sec, err := strconv.Atoi(w.header.Get("Retry-After")); err == nil && sec > 0 {
+		resp.RetryAfter = time.Duration(sec) * time.Second
+	}
+	return resp, nil
 }
 
 // answer is an http.ResponseWriter that keeps the answer in memory, up to
