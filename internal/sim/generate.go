@@ -39,11 +39,14 @@ type request struct {
 	maxTokens    int      // noLimit, or >= 0 tokens
 	dimensions   int      // embedding length; 0 = embedDims
 	stream       bool
-	includeUsage bool   // OpenAI stream_options.include_usage
-	base64       bool   // OpenAI embeddings encoding_format "base64"
-	loadOnly     bool   // Ollama: no prompt at all, the request only loads the model
-	unload       bool   // Ollama: loadOnly with keep_alive 0: the request unloads it
-	seq          uint64 // admission number, set by Server.accept; makes ids unique
+	includeUsage bool // OpenAI stream_options.include_usage
+	base64       bool // OpenAI embeddings encoding_format "base64"
+	loadOnly     bool // Ollama: no prompt at all, the request only loads the model
+	unload       bool // Ollama: loadOnly with keep_alive 0: the request unloads it
+	// keepAlive is Ollama's keep_alive of the request (negative: for
+	// ever), nil when it sets none; it becomes the model's (resident).
+	keepAlive *time.Duration
+	seq       uint64 // admission number, set by Server.accept; makes ids unique
 	// prefill is the time its uncached prompt tokens take (Server.prefill),
 	// set by Server.accept; it adds to Config.TTFT.
 	prefill time.Duration

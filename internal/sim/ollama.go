@@ -116,6 +116,32 @@ func keepAliveZero(v json.RawMessage) bool {
 	return err == nil && d == 0
 }
 
+// keepAliveOf reads keep_alive as Ollama does (api.Duration): a number
+// of seconds or a duration string; negative keeps the model loaded for
+// ever. nil when absent or unreadable.
+func keepAliveOf(v json.RawMessage) *time.Duration {
+	var d time.Duration
+	var n float64
+	var str string
+	switch {
+	case len(v) == 0:
+		return nil
+	case json.Unmarshal(v, &n) == nil:
+		d = time.Duration(n * float64(time.Second))
+	case json.Unmarshal(v, &str) == nil:
+		var err error
+		if d, err = time.ParseDuration(str); err != nil {
+			return nil
+		}
+	default:
+		return nil
+	}
+	if d < 0 {
+		d = -1
+	}
+	return &d
+}
+
 // parseOllamaChat parses a POST /api/chat body.
 func parseOllamaChat(body []byte) (request, error) {
 	var in ollamaGenerateRequest
@@ -155,6 +181,7 @@ func (in ollamaGenerateRequest) toRequest(prompt string, loadOnly bool) (request
 		stream:    in.Stream == nil || *in.Stream,
 		loadOnly:  loadOnly,
 		unload:    loadOnly && keepAliveZero(in.KeepAlive),
+		keepAlive: keepAliveOf(in.KeepAlive),
 		think:     in.Think,
 		raw:       in.Raw,
 		format:    ollamaFormat(in.Format),

@@ -3,14 +3,20 @@ package sim
 import (
 	"cmp"
 	"context"
+	"math"
 	"slices"
 	"time"
 )
 
 // keepAlive is how long a loaded model stays loaded after its last use,
-// as /api/ps's expires_at says (Ollama's default keep_alive); the
-// simulator never unloads a model on it.
+// as /api/ps's expires_at says (Ollama's default keep_alive) unless a
+// request set its own; the simulator never unloads a model on it.
 const keepAlive = 5 * time.Minute
+
+// forever is the keep-alive of a model a request kept loaded for ever
+// (keep_alive negative): Ollama's /api/ps shows it expiring that far
+// ahead.
+const forever = time.Duration(math.MaxInt64)
 
 // simulatesResidency reports whether the server loads models on demand
 // (Config.MaxLoadedModels or a load time set); otherwise every served
@@ -34,18 +40,44 @@ type resident struct {
 	loading  bool
 	inUse    int // requests running on it
 	lastUsed time.Time
+	// keepAlive is the model's keep-alive: the last request's that set
+	// one (forever for a negative one), else keepAlive.
+	keepAlive time.Duration
+}
+
+// setKeepAlive takes a request's keep_alive (nil: none) as the model's.
+func (m *resident) setKeepAlive(d *time.Duration) {
+	switch {
+	case d == nil:
+	case *d < 0:
+		m.keepAlive = forever
+	default:
+		m.keepAlive = *d
+	}
+}
+
+// evictsBefore reports whether a is evicted before b: the shorter
+// keep-alive first (a model kept for ever last), as Ollama's scheduler
+// picks the runner to unload, then the least recently used.
+func (a *resident) evictsBefore(b *resident) bool {
+	if a.keepAlive != b.keepAlive {
+		return a.keepAlive < b.keepAlive
+	}
+	return a.lastUsed.Before(b.lastUsed)
 }
 
 // load makes model loaded for one request, as Ollama's scheduler does with
 // OLLAMA_MAX_LOADED_MODELS: a loaded model is used at once; one being
-// loaded is waited for; else, at the limit, the least recently used model
-// no request runs on is evicted (or, with every model busy, the request
+// loaded is waited for; else, at the limit, a model no request runs on is
+// evicted, the shortest keep-alive first, then the least recently used
+// (keepAliveAsked, the request's keep_alive, becomes the model's; nil
+// leaves it) (or, with every model busy, the request
 // waits for one to finish), and the model is loaded, which takes its load
 // time (on the server's clock, whatever the request does meanwhile). It
 // returns how long the request waited (Ollama's load_duration) and a
 // done function to call when the request ends; or ctx's error, holding
 // nothing. Without residency it returns at once.
-func (s *Server) load(ctx context.Context, model string) (waited time.Duration, done func(), err error) {
+func (s *Server) load(ctx context.Context, model string, keepAliveAsked *time.Duration) (waited time.Duration, done func(), err error) {
 	if !s.cfg.simulatesResidency() {
 		return 0, func() {}, nil
 	}
@@ -55,6 +87,7 @@ func (s *Server) load(ctx context.Context, model string) (waited time.Duration, 
 	for {
 		if own != nil {
 			own.lastUsed = s.clock.Now()
+			own.setKeepAlive(keepAliveAsked)
 			s.mu.Unlock()
 			return s.clock.Now().Sub(start), func() { s.unuse(own) }, nil
 		}
@@ -63,6 +96,7 @@ func (s *Server) load(ctx context.Context, model string) (waited time.Duration, 
 			m := s.resident[i]
 			m.inUse++
 			m.lastUsed = s.clock.Now()
+			m.setKeepAlive(keepAliveAsked)
 			s.mu.Unlock()
 			return s.clock.Now().Sub(start), func() { s.unuse(m) }, nil
 		}
@@ -73,7 +107,7 @@ func (s *Server) load(ctx context.Context, model string) (waited time.Duration, 
 		case s.cfg.MaxLoadedModels > 0 && len(s.resident) >= s.cfg.MaxLoadedModels:
 			victim := -1
 			for j, m := range s.resident {
-				if m.inUse == 0 && !m.loading && (victim < 0 || m.lastUsed.Before(s.resident[victim].lastUsed)) {
+				if m.inUse == 0 && !m.loading && (victim < 0 || m.evictsBefore(s.resident[victim])) {
 					victim = j
 				}
 			}
@@ -89,7 +123,7 @@ func (s *Server) load(ctx context.Context, model string) (waited time.Duration, 
 		default:
 			// The use is taken now: the model cannot be evicted between
 			// its load's end and this request's first step.
-			m := &resident{name: model, ready: make(chan struct{}), loading: true, inUse: 1}
+			m := &resident{name: model, ready: make(chan struct{}), loading: true, inUse: 1, keepAlive: keepAlive}
 			own = m
 			s.resident = append(s.resident, m)
 			s.stats.Loads++
@@ -196,7 +230,7 @@ func (s *Server) loadedModels() []loadedModel {
 			continue
 		}
 		if i := slices.IndexFunc(served, func(m model) bool { return m.name == r.name }); i >= 0 {
-			out = append(out, loadedModel{served[i], r.lastUsed.Add(keepAlive)})
+			out = append(out, loadedModel{served[i], r.lastUsed.Add(r.keepAlive)})
 		}
 	}
 	slices.SortStableFunc(out, func(a, b loadedModel) int { return cmp.Compare(b.expires.UnixNano(), a.expires.UnixNano()) })

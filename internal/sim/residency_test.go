@@ -154,3 +154,50 @@ func TestResidencyPreloadAndUnload(t *testing.T) {
 		t.Fatalf("stats: %d loads, %d unloads, %d evictions; want 1, 1, 0", st.Loads, st.Unloads, st.Evictions)
 	}
 }
+
+// TestRegression_SimEvictsAKeptModelLast: a model loaded with keep_alive
+// -1 (as keep_loaded loads it) was the first evicted when it was the least
+// recently used; Ollama's scheduler unloads the shortest keep-alive first,
+// so the kept model stays and /api/ps shows it expiring far ahead.
+func TestRegression_SimEvictsAKeptModelLast(t *testing.T) {
+	_, url, _ := startSim(t, Config{Protocol: ProtocolOllama, Models: []string{"a", "b", "c"}, MaxLoadedModels: 2,
+		LoadTime: time.Millisecond})
+	c := newClient(t)
+	load := func(model string, keepAlive any) {
+		t.Helper()
+		body := map[string]any{"model": model, "stream": false}
+		if keepAlive != nil {
+			body["keep_alive"] = keepAlive
+		}
+		resp := mustPost(t, c, url+"/api/generate", body)
+		resp.Body.Close()
+	}
+	loaded := func() map[string]time.Time {
+		var ps struct {
+			Models []struct {
+				Name      string    `json:"name"`
+				ExpiresAt time.Time `json:"expires_at"`
+			} `json:"models"`
+		}
+		getJSON(t, c, url+"/api/ps", &ps)
+		out := map[string]time.Time{}
+		for _, m := range ps.Models {
+			out[m.Name] = m.ExpiresAt
+		}
+		return out
+	}
+	load("c", -1)    // kept, and the least recently used from here on
+	load("a", nil)   // default keep-alive
+	load("b", "10m") // evicts a, not c
+	got := loaded()
+	if _, ok := got["c"]; !ok || len(got) != 2 {
+		t.Fatalf("/api/ps %v: want c (kept) and b", got)
+	}
+	if !got["c"].After(time.Now().AddDate(100, 0, 0)) {
+		t.Errorf("kept c expires %v, want far ahead", got["c"])
+	}
+	load("a", "30m") // evicts b (10m), the shorter keep-alive
+	if got := loaded(); len(got) != 2 || got["c"].IsZero() || got["a"].IsZero() {
+		t.Fatalf("/api/ps %v: want c and a", got)
+	}
+}

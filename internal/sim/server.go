@@ -306,11 +306,13 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byt
 		return request{}, nil, err
 	}
 	req.seq = n
-	load := s.load
+	var waited time.Duration
+	var unuse func()
 	if req.unload {
-		load = s.unload
+		waited, unuse, err = s.unload(r.Context(), req.model)
+	} else {
+		waited, unuse, err = s.load(r.Context(), req.model, req.keepAlive)
 	}
-	waited, unuse, err := load(r.Context(), req.model)
 	if err != nil {
 		s.leave()
 		return request{}, nil, err
