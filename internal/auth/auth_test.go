@@ -427,3 +427,33 @@ func TestValidateQuotas(t *testing.T) {
 		t.Errorf("scopes %+v %+v", keys, teams)
 	}
 }
+
+// AdmitLeaving keeps leave of a key's max_concurrent slots free for its
+// other requests, but never all of them: a key of max_concurrent 1 lends
+// its one slot.
+func TestAdmitLeaving(t *testing.T) {
+	for _, c := range []struct{ max, leave, want int }{{2, 1, 1}, {4, 1, 3}, {1, 1, 1}, {3, 0, 3}, {0, 1, 100}} {
+		ring, err := NewKeyring("keys", []Key{{Name: "k", Hash: Hash("s"), MaxConcurrent: c.max}}, time.Now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		caller := ring.ByName("k")
+		got := 0
+		for got < 100 {
+			if _, err := caller.AdmitLeaving(c.leave); err != nil {
+				break
+			}
+			got++
+		}
+		if got != c.want {
+			t.Errorf("max_concurrent %d, leave %d: %d admitted, want %d", c.max, c.leave, got, c.want)
+		}
+		if c.max > 0 {
+			if _, err := caller.Admit(); err == nil && got == c.max {
+				t.Errorf("max_concurrent %d: Admit past the limit", c.max)
+			} else if err != nil && got < c.max {
+				t.Errorf("max_concurrent %d: Admit refused with %d of %d taken: %v", c.max, got, c.max, err)
+			}
+		}
+	}
+}

@@ -139,11 +139,21 @@ func (c *Caller) Filter(models []string) []string {
 // *LimitError (wrapping ErrLimited) saying which and when to retry, and
 // takes nothing: a request refused for concurrency spends none of the
 // minute's allowance. Release the returned permit when the request ends.
-func (c *Caller) Admit() (*Permit, error) {
+func (c *Caller) Admit() (*Permit, error) { return c.AdmitLeaving(0) }
+
+// AdmitLeaving is Admit for background work of the key (a batch's lines):
+// it takes a slot only while leave of the key's MaxConcurrent stay free
+// for its other requests, at most MaxConcurrent−1 (a key of
+// max_concurrent 1 lends its one slot). Refused, it is a *LimitError as
+// Admit's.
+func (c *Caller) AdmitLeaving(leave int) (*Permit, error) {
 	st := c.st
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if c.maxConcurrent > 0 && st.inFlight >= c.maxConcurrent {
+	if leave = min(leave, c.maxConcurrent-1); leave < 0 {
+		leave = 0
+	}
+	if c.maxConcurrent > 0 && st.inFlight >= c.maxConcurrent-leave {
 		// A slot frees when any of the key's requests ends; retry soon.
 		return nil, &LimitError{Limit: "max_concurrent", Max: c.maxConcurrent, RetryAfter: time.Second}
 	}

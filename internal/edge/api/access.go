@@ -177,7 +177,11 @@ func (h *handler) admitKey(ctx context.Context, caller *auth.Caller) (releaser, 
 			return &remotePermit{release: release}, nil
 		}
 	}
-	p, err := caller.Admit()
+	leave := 0
+	if ic := internalOf(ctx); ic != nil && ic.priority == contract.PriorityBatch {
+		leave = 1 // a batch leaves one of its key's slots to the key's own requests
+	}
+	p, err := caller.AdmitLeaving(leave)
 	if err != nil {
 		return nil, err
 	}
