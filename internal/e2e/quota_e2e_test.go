@@ -143,26 +143,11 @@ func TestQuotaHoldsAtTheSimulator(t *testing.T) {
 			}
 		})
 	}
-	// The Retry-After is not early: a second before it, still refused.
-	var probeDone sync.WaitGroup
-	probeDone.Go(func() {
-		for ctx.Err() == nil {
-			mu.Lock()
-			at, after := firstAt, firstAfter
-			mu.Unlock()
-			if !at.IsZero() {
-				time.Sleep(time.Until(at.Add(after - 1500*time.Millisecond)))
-				resp, text, err := rig.post(ctx, "/v1/chat/completions", body)
-				if err != nil || resp.StatusCode != 429 {
-					t.Errorf("asked again 1.5 s before the Retry-After of %s: %v %s", after, err, text)
-				}
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	})
+	// Whether a retry a little before the Retry-After is refused is not
+	// asserted: requests in flight settle below their reservations and
+	// free room early (the Retry-After assumes they use it all). That a
+	// retry at it gets in is: the clients above wait exactly that long.
 	wg.Wait()
-	probeDone.Wait()
 
 	st := rig.sims[0].Stats()
 	t.Logf("answered %d, refused %d; simulator: admitted %d, %d tokens, at most %d in a minute",

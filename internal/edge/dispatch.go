@@ -318,8 +318,10 @@ func (s *Service) dispatchLoop(ctx context.Context, req contract.Request, attemp
 			continue // not an attempt: the same run id
 		case actReadmit:
 			msg, t := "dispatch failed before the run opened; admitting the request again without that node connection", tried1(cand, true)
-			if connLost(res.err) {
-				msg, t = "node connection lost before the run opened; admitting the request again (it waits for the node within reconnect_grace if no other provider serves it)", triedLost(cand)
+			if connLost(res.err) || errors.Is(res.err, errNodeDraining) {
+				// The node went away, or is going (a refusal of a draining
+				// node may come before its Drain): as for a lost connection.
+				msg, t = "node connection lost or draining before the run opened; admitting the request again (it waits for the node within reconnect_grace if no other provider serves it)", triedLost(cand)
 			}
 			s.log.Info(msg, "run", req.RunID, "model", req.Model, "node", cand.NodeID, "generation", cand.Generation, "provider", cand.ProviderID, "err", res.err)
 			s.emit(lifecycle.Event{Type: lifecycle.DispatchRetried, Model: req.Model, NodeID: cand.NodeID, Generation: cand.Generation, ProviderID: cand.ProviderID, Reason: dispatchFailure(res.err)})

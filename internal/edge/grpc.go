@@ -323,7 +323,7 @@ func (s *Service) handleNodeMessage(c *conn, m *nodev1.NodeMessage) {
 
 // refusal is the error of a run whose Dispatch c's node refused (ref):
 // ErrDispatchRefused, also wrapping errNodeDraining when the node said
-// Drain (it was sent before the Drain arrived: no failure of its
+// Drain or its refusal says so (sent before the Drain arrived: no failure of its
 // provider; Dispatch admits the request again elsewhere), and
 // contract.ErrProviderBusy when the node said its provider was busy, and
 // errStaleEpoch when it refused a deposed leader's epoch (which this edge
@@ -337,7 +337,7 @@ func (s *Service) refusal(c *conn, ref *nodev1.DispatchRefused) error {
 		err = fmt.Errorf("%w: %w", errStaleEpoch, err)
 		s.adm.sawEpoch(e)
 	}
-	if s.reg.isDraining(c) {
+	if ref.GetDraining() || s.reg.isDraining(c) {
 		err = fmt.Errorf("%w: %w", errNodeDraining, err)
 	}
 	return err

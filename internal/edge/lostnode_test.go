@@ -90,3 +90,37 @@ func waitHeld(t *testing.T, e *testEdge, res <-chan dispatched) {
 		return s.Waiters == 1 && s.Leases == 0
 	})
 }
+
+// TestRegression_DrainRefusalBeforeTheDrainWaitsForTheNode: the only node
+// of a model starts draining and refuses a dispatch sent just before its
+// Drain reached the edge (a rolling restart under load). The refusal came
+// first, so it was taken for an ordinary refusal: the request was
+// admitted again without that connection, found no provider and failed
+// 502 — a queued client of a rolling restart lost its request. The
+// refusal now says the node drains, and the request waits for the node's
+// next connection within reconnect_grace.
+func TestRegression_DrainRefusalBeforeTheDrainWaitsForTheNode(t *testing.T) {
+	e := startEdge(t, graceConfig(1))
+	h := hello("n1", prov("p1", normalized, 1, "m1"))
+	old := e.connect(t, h)
+	res := e.dispatchAsync(context.Background(), chatReq("m1"))
+	d := old.nextDispatch(t)
+	old.send(t, &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_DispatchRefused{DispatchRefused: &nodev1.DispatchRefused{
+		RunId: d.GetRunId(), Reason: "node is draining", Draining: true}}})
+	waitHeld(t, e, res)
+	old.send(t, drainMsg("SIGTERM"))
+	old.cancel()
+	e.waitUntil(t, "n1 fenced", func(s contract.Snapshot) bool { return len(s.Nodes) == 0 })
+
+	fresh := e.connect(t, h)
+	_, rs := acceptRun(t, fresh)
+	sendUp(t, rs, events(event(nodev1.RunEvent_TYPE_DELTA, "hi")))
+	r := wait(t, res)
+	if r.err != nil {
+		t.Fatalf("Dispatch = %v, want a run on the node's next connection", r.err)
+	}
+	defer r.run.Close("test")
+	if info := r.run.Info(); info.Generation != fresh.gen {
+		t.Fatalf("run on generation %d, want %d", info.Generation, fresh.gen)
+	}
+}

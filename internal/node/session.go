@@ -332,7 +332,8 @@ func (c *conn) handle(m *nodev1.EdgeMessage) {
 func (c *conn) refuse(runID string, reason error) {
 	c.a.logger.Warn("refusing dispatch", "run_id", runID, "reason", reason, "generation", c.gen)
 	m := &nodev1.NodeMessage{Msg: &nodev1.NodeMessage_DispatchRefused{
-		DispatchRefused: &nodev1.DispatchRefused{RunId: runID, Reason: reason.Error(), Busy: errors.Is(reason, ErrProviderBusy), StaleEpoch: staleEpochOf(reason)}}}
+		DispatchRefused: &nodev1.DispatchRefused{RunId: runID, Reason: reason.Error(), Busy: errors.Is(reason, ErrProviderBusy), StaleEpoch: staleEpochOf(reason),
+			Draining: errors.Is(reason, ErrDraining)}}}
 	select {
 	case c.out <- m:
 	case <-c.ctx.Done():

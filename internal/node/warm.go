@@ -135,7 +135,8 @@ func (c *conn) warmIdle() {
 // stream (or the connection ends).
 func (c *conn) refuseOn(stream runStream, runID string, reason error) {
 	c.a.logger.Warn("refusing dispatch", "run_id", runID, "reason", reason, "generation", c.gen)
-	m := &nodev1.RunUp{Msg: &nodev1.RunUp_Refused{Refused: &nodev1.DispatchRefused{RunId: runID, Reason: reason.Error(), Busy: errors.Is(reason, ErrProviderBusy), StaleEpoch: staleEpochOf(reason)}}}
+	m := &nodev1.RunUp{Msg: &nodev1.RunUp_Refused{Refused: &nodev1.DispatchRefused{RunId: runID, Reason: reason.Error(), Busy: errors.Is(reason, ErrProviderBusy), StaleEpoch: staleEpochOf(reason),
+		Draining: errors.Is(reason, ErrDraining)}}}
 	if err := stream.Send(m); err != nil {
 		c.a.logger.Debug("cannot send the refusal", "run_id", runID, "err", err)
 		return

@@ -45,7 +45,13 @@ type Manager struct {
 	mu       sync.Mutex        // guards the fields below
 	children map[string]*child // by model: starting, ready or stopping (until its process exited)
 	changed  chan struct{}     // closed and replaced when a child exits or has no run left
-	onChange func([]Loaded)    // SetOnChange's; called with mu held
+	// rooms counts, by model, the places a stop made for that model's
+	// start (acquire): once the stopped server has exited, its place is
+	// the model's, not another's that arrived meanwhile.
+	rooms map[string]int
+	// roomsHeld is the sum of rooms.
+	roomsHeld int
+	onChange  func([]Loaded) // SetOnChange's; called with mu held
 }
 
 var _ adapter.Tunneler = (*Manager)(nil)
@@ -68,6 +74,7 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 		logger:   deps.Logger,
 		clock:    deps.Clock,
 		health:   &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: healthTimeout},
+		rooms:    map[string]int{},
 		children: make(map[string]*child),
 		changed:  make(chan struct{}),
 	}, nil
@@ -128,12 +135,14 @@ func (m *Manager) acquire(ctx context.Context, model string) (*child, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownModel, model)
 	}
+	held := 0 // rooms this call made for model and has not used
 	for {
 		m.mu.Lock()
 		c := m.children[model]
 		var wait <-chan struct{}
 		switch {
 		case c != nil && c.state != stateStopping:
+			m.dropRoomsLocked(model, held)
 			c.inFlight++
 			c.lastUsed = m.clock.Now()
 			c.stopIdleLocked()
@@ -141,15 +150,25 @@ func (m *Manager) acquire(ctx context.Context, model string) (*child, error) {
 			return m.await(ctx, c)
 		case c != nil:
 			wait = c.exited
-		case len(m.children) < m.cfg.MaxLoaded:
+		case len(m.children) < m.cfg.MaxLoaded && (m.rooms[model] > 0 || len(m.children)+m.roomsHeld < m.cfg.MaxLoaded):
+			if m.rooms[model] > 0 {
+				m.dropRoomsLocked(model, 1)
+				held = max(held-1, 0)
+			}
+			m.dropRoomsLocked(model, held)
 			c = m.startLocked(model, srv)
 			c.inFlight++
 			m.mu.Unlock()
 			return m.await(ctx, c)
 		default:
-			if v := m.lruIdleLocked(); v != nil {
+			// A room made for model, or held for another, is coming: wait
+			// for it rather than stop another server.
+			if v := m.lruIdleLocked(); v != nil && m.rooms[model] == 0 && len(m.children) >= m.cfg.MaxLoaded {
 				m.logger.Info("stopping a model server to make room", "model", v.model, "for", model, "max_loaded_models", m.cfg.MaxLoaded)
 				m.stopLocked(v)
+				m.rooms[model]++
+				m.roomsHeld++
+				held++
 				wait = v.exited
 			} else {
 				wait = m.changed
@@ -159,9 +178,26 @@ func (m *Manager) acquire(ctx context.Context, model string) (*child, error) {
 		select {
 		case <-wait:
 		case <-ctx.Done():
+			m.mu.Lock()
+			m.dropRoomsLocked(model, held)
+			m.mu.Unlock()
 			return nil, fmt.Errorf("%w: %w", adapter.ErrCancelled, context.Cause(ctx))
 		}
 	}
+}
+
+// dropRoomsLocked gives back up to n of the rooms made for model, waking
+// the waiters if it gave any.
+func (m *Manager) dropRoomsLocked(model string, n int) {
+	n = min(n, m.rooms[model])
+	if n <= 0 {
+		return
+	}
+	if m.rooms[model] -= n; m.rooms[model] == 0 {
+		delete(m.rooms, model)
+	}
+	m.roomsHeld -= n
+	m.broadcastLocked()
 }
 
 // await waits for c, counted by acquire, to leave its start.

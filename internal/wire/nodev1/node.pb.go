@@ -2135,7 +2135,13 @@ type DispatchRefused struct {
 	// epoch it has seen, else 0. No failure of the provider: the edge admits
 	// the request again at the current leader and its circuit breaker does
 	// not count it.
-	StaleEpoch    int64 `protobuf:"varint,4,opt,name=stale_epoch,json=staleEpoch,proto3" json:"stale_epoch,omitempty"`
+	StaleEpoch int64 `protobuf:"varint,4,opt,name=stale_epoch,json=staleEpoch,proto3" json:"stale_epoch,omitempty"`
+	// draining: refused because the node is draining (it sent, or is about
+	// to send, Drain). No failure of the provider: the edge admits the
+	// request again as for a node that went away (it waits for the node
+	// within reconnect_grace when no other provider serves the model), even
+	// when the refusal arrives before the Drain. An older node never sets it.
+	Draining      bool `protobuf:"varint,5,opt,name=draining,proto3" json:"draining,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2196,6 +2202,13 @@ func (x *DispatchRefused) GetStaleEpoch() int64 {
 		return x.StaleEpoch
 	}
 	return 0
+}
+
+func (x *DispatchRefused) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
 }
 
 // Cancel asks the node to stop a run.
@@ -3455,13 +3468,14 @@ const file_node_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
 	"\x11TraceContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"u\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x91\x01\n" +
 	"\x0fDispatchRefused\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x12\n" +
 	"\x04busy\x18\x03 \x01(\bR\x04busy\x12\x1f\n" +
 	"\vstale_epoch\x18\x04 \x01(\x03R\n" +
-	"staleEpoch\"7\n" +
+	"staleEpoch\x12\x1a\n" +
+	"\bdraining\x18\x05 \x01(\bR\bdraining\"7\n" +
 	"\x06Cancel\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x96\x03\n" +
