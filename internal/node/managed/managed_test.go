@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"iop/internal/node/adapter"
+	"iop/internal/testenv"
 	"iop/internal/wire/nodev1"
 )
 
@@ -176,18 +177,6 @@ func alive(pid int) bool {
 	return i < 0 || i+2 >= len(data) || data[i+2] != 'Z'
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(deadline)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func loadedModels(m *Manager) []string {
 	var out []string
 	for _, l := range m.Loaded() {
@@ -219,7 +208,7 @@ func TestStartOnDemand(t *testing.T) {
 	}
 	m.mu.Unlock()
 	// The server's output reaches the log line by line, tagged.
-	waitFor(t, "the child's stdout and stderr in the log", func() bool {
+	testenv.EventuallyWithin(t, deadline, "the child's stdout and stderr in the log", func() bool {
 		var out, errs bool
 		for _, a := range logs.find("child of model m1 starting") {
 			out = out || a["model"] == "m1" && a["stream"] == "stdout"
@@ -251,12 +240,12 @@ func TestSlowStartWaitsAndOutlivesACancelledRun(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- m.Tunnel(ctx, chat("m1"), &sink{}) }()
-	waitFor(t, "the server's start", func() bool { return len(logs.pids(t, "m1")) == 1 })
+	testenv.EventuallyWithin(t, deadline, "the server's start", func() bool { return len(logs.pids(t, "m1")) == 1 })
 	cancel()
 	if err := <-done; !errors.Is(err, adapter.ErrCancelled) {
 		t.Fatalf("cancelled run: %v, want ErrCancelled", err)
 	}
-	waitFor(t, "the abandoned start to become ready", func() bool { return len(m.Loaded()) == 1 })
+	testenv.EventuallyWithin(t, deadline, "the abandoned start to become ready", func() bool { return len(m.Loaded()) == 1 })
 	run(t, m, "m1")
 	if pids := logs.pids(t, "m1"); len(pids) != 1 {
 		t.Fatalf("servers started: %v, want the one whose start a cancelled run left", pids)
@@ -287,7 +276,7 @@ func TestHealthTimeoutStopsTheServer(t *testing.T) {
 	}
 	// The run's error comes when the stop begins; the process and its
 	// entry go once it has exited.
-	waitFor(t, "the unhealthy server to be gone", func() bool {
+	testenv.EventuallyWithin(t, deadline, "the unhealthy server to be gone", func() bool {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		return !alive(pids[0]) && len(m.children) == 0
@@ -304,7 +293,7 @@ func TestTTLStopsAnIdleServer(t *testing.T) {
 	m, logs := newManager(t, Config{Servers: map[string]Server{"m1": srv}})
 	run(t, m, "m1")
 	pid := logs.pids(t, "m1")[0]
-	waitFor(t, "the idle server to stop", func() bool { return !alive(pid) && len(m.Loaded()) == 0 })
+	testenv.EventuallyWithin(t, deadline, "the idle server to stop", func() bool { return !alive(pid) && len(m.Loaded()) == 0 })
 	if got := logs.find("stopping an idle model server"); len(got) != 1 {
 		t.Fatalf("idle stops logged: %v", got)
 	}
@@ -443,7 +432,7 @@ func TestKilledNodeLeavesNoServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
-	waitFor(t, "the server of a killed node to die", func() bool { return !alive(pid) })
+	testenv.EventuallyWithin(t, deadline, "the server of a killed node to die", func() bool { return !alive(pid) })
 }
 
 func TestLoadAndUnload(t *testing.T) {
@@ -476,5 +465,5 @@ func TestLoadAndUnload(t *testing.T) {
 	if len(m.Loaded()) != 0 {
 		t.Fatalf("loaded %v after Unload", m.Loaded())
 	}
-	waitFor(t, "the unloaded server to exit", func() bool { return !alive(pid) })
+	testenv.EventuallyWithin(t, deadline, "the unloaded server to exit", func() bool { return !alive(pid) })
 }

@@ -5,6 +5,8 @@ import (
 	"os"
 	"sync"
 	"testing"
+
+	"iop/internal/testenv"
 )
 
 // lingering is simServer behind a shell that stays 500 ms after SIGTERM,
@@ -35,7 +37,7 @@ func TestRegression_SwapRoomGoesToTheModelThatMadeIt(t *testing.T) {
 		before := len(logs.find("stopping a model server to make room"))
 		var wg sync.WaitGroup
 		wg.Go(func() { run(t, m, "b") })
-		waitFor(t, "a's stop for b", func() bool { return len(logs.find("stopping a model server to make room")) > before })
+		testenv.EventuallyWithin(t, deadline, "a's stop for b", func() bool { return len(logs.find("stopping a model server to make room")) > before })
 		wg.Go(func() {
 			if err := m.Load(ctx, "a"); err != nil {
 				t.Error(err)
