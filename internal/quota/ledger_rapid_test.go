@@ -224,7 +224,7 @@ func (g *rig) failover() {
 	l.Configure(g.keys, g.teams, g.prices)
 	for _, d := range g.done {
 		if d.reqs > 0 {
-			l.Restore(d.key, d.at, d.used)
+			l.Restore(d.key, d.at, d.used, 1)
 		}
 	}
 	for _, o := range g.open {
