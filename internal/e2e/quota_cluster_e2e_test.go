@@ -38,7 +38,7 @@ func TestQuotaHoldsAcrossEdgesAndFailover(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	dsn := testenv.Postgres(t)
 	bin := harness.IOP(t)
-	s, simURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}, TokensPerSecond: 2000, DefaultMaxTokens: 4000, Seed: 5})
+	s, simURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}, TokensPerSecond: 400, DefaultMaxTokens: 4000, Seed: 5})
 	key, keyHash := auth.Generate()
 	admin, adminHash := auth.Generate()
 	rig := &clusterRig{t: t, bin: bin, etcd: etcd, admin: admin}
@@ -96,7 +96,10 @@ providers:
 		})
 	}
 
-	body := `{"model":"m","stream":true,"max_tokens":` + strconv.Itoa(maxTokens) + `,"messages":[{"role":"user","content":"tell me a story"}]}`
+	// The answers report their usage: a request settles at what it used,
+	// and the windows hold as much as they can, so what the dead leader
+	// let run and no one counted would show at the simulator.
+	body := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":` + strconv.Itoa(maxTokens) + `,"messages":[{"role":"user","content":"tell me a story"}]}`
 	client := &http.Client{Timeout: 60 * time.Second}
 	var (
 		mu                          sync.Mutex
@@ -104,6 +107,7 @@ providers:
 		killedAt                    time.Time
 		answeredAfter               int // answered after the new leader's minute
 		leaderReadyAt               time.Time
+		streaming                   [3]int // answers being read, by edge
 	)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -132,10 +136,14 @@ providers:
 					t.Errorf("request via %s: %v", e.name, err)
 					return
 				}
+				mu.Lock()
+				streaming[at] += b2i(resp.StatusCode == http.StatusOK)
+				mu.Unlock()
 				text := readAll(resp)
 				now := time.Now()
 				wait := time.Duration(0)
 				mu.Lock()
+				streaming[at] -= b2i(resp.StatusCode == http.StatusOK)
 				switch resp.StatusCode {
 				case http.StatusOK:
 					if !strings.Contains(text, "data: [DONE]") && !e.down.Load() {
@@ -174,8 +182,14 @@ providers:
 		})
 	}
 
-	// Mid-window: the key's minute is in use on every edge.
-	time.Sleep(25 * time.Second)
+	// Mid-window, late in the answers the leader relays itself: what
+	// they produced is in no ledger, and no follower holds it.
+	testenv.EventuallyWithin(t, 90*time.Second, "two answers streaming through the leader", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return streaming[li] >= 2
+	})
+	time.Sleep(1500 * time.Millisecond) // of about 2 s each
 	killed := rig.edges[li]
 	mu.Lock()
 	killedAt = time.Now()
@@ -204,6 +218,13 @@ providers:
 	if answeredAfter == 0 {
 		t.Errorf("no request answered after the new leader's first minute: the quota never came back")
 	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // readAll reads resp's body and closes it.

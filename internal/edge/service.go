@@ -366,6 +366,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req contract.Request, tried 
 			NodeID:                cand.NodeID,
 			ProviderID:            cand.ProviderID,
 			ProviderType:          p.typ,
+			CostWeight:            p.costWeight,
 			ServedModel:           cand.Target,
 			Generation:            cand.Generation,
 			Path:                  contractPath(p.path),
