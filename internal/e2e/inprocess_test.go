@@ -152,10 +152,10 @@ func TestEdgeServesItsOwnProviders(t *testing.T) {
 	_, remoteURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"remote-m"}})
 	cfg := harness.EdgeConfig(map[string]edge.ModelConfig{})
 	cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", ":memory:"
+	cfg.LocalNodeID = "gpu-host"
+	cfg.Providers = []node.ProviderConfig{{ID: "vllm", Type: "vllm", BaseURL: localURL + "/v1", Models: []string{"local-m"}, Capacity: 2}}
 	ctx, cancel := context.WithCancel(context.Background())
-	e, err := process.Start(ctx, process.Config{Mode: process.ModeEdge, Edge: cfg, LocalNodeID: "gpu-host",
-		LocalProviders: []node.ProviderConfig{{ID: "vllm", Type: "vllm", BaseURL: localURL + "/v1", Models: []string{"local-m"}, Capacity: 2}}},
-		process.Deps{Logger: harness.Logger(t, "edge")})
+	e, err := process.Start(ctx, process.Config{Mode: process.ModeEdge, Edge: cfg}, process.Deps{Logger: harness.Logger(t, "edge")})
 	if err != nil {
 		t.Fatal(err)
 	}
