@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -147,14 +148,25 @@ func TestHotKeysAndTokensReload(t *testing.T) {
 	// Join tokens: a node presenting join-2 is refused until the file adds
 	// it (the file changed: no SIGHUP needed).
 	writeKeys(key("b", hashB, ""))
+	var n2Log harness.Buffer
+	harness.ShowOnFailure(t, "node n2", &n2Log)
 	agent, err := node.New(node.Config{NodeID: "n2", Edge: nodeAddr, Token: "join-2", ReconnectMin: 20 * time.Millisecond, ReconnectMax: 50 * time.Millisecond,
-		Providers: []node.ProviderConfig{{ID: "p2", Type: node.TypeOllama, BaseURL: simURL, Models: []string{"m"}}}}, harness.Logger(t, "node"))
+		Providers: []node.ProviderConfig{{ID: "p2", Type: node.TypeOllama, BaseURL: simURL, Models: []string{"m"}}}}, slog.New(slog.NewJSONHandler(&n2Log, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	agentDone := make(chan error, 1)
 	go func() { agentDone <- agent.Run(nodeCtx) }()
 	edgeCmd.WaitLog(t, "node refused")
+	// The refused node says what to change.
+	testenv.Eventually(t, "the node's refusal line with its hint", func() bool {
+		for _, l := range harness.JSONLines(t, n2Log.String()) {
+			if l["msg"] == "edge refused the node" && strings.Contains(fmt.Sprint(l["hint"]), "tokens: in the edge config") {
+				return true
+			}
+		}
+		return false
+	})
 	writeAtomically(t, path, edgeYAML("join-1", "join-2"))
 	select {
 	case <-agent.Ready():
