@@ -97,6 +97,13 @@ func TestHotKeysAndTokensReload(t *testing.T) {
 		t.Errorf("reload line %v", l)
 	}
 
+	// A team and a price added: the reload line names them.
+	writeAtomically(t, keysPath, "teams:\n  - {name: t1}\nprices:\n  m: {input: 1, output: 2}\nkeys:\n"+key("a", hashA, "")+key("b", hashB, ""))
+	hup(2)
+	if l := lastLog(t, edgeCmd, "config reloaded"); fmt.Sprint(l["teams_added"]) != "[t1]" || fmt.Sprint(l["prices_added"]) != "[m]" || l["keys_changed"] != nil {
+		t.Errorf("reload line after adding a team and a price: %v", l)
+	}
+
 	// Removed while a request of a is in flight: a gets 401 at once, its
 	// stream finishes.
 	clientA := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey(secretA), option.WithMaxRetries(0))
@@ -106,7 +113,7 @@ func TestHotKeysAndTokensReload(t *testing.T) {
 		t.Fatalf("stream of a: %v", stream.Err())
 	}
 	writeKeys(key("b", hashB, ""))
-	hup(2)
+	hup(3)
 	if s := status(secretA); s != 401 {
 		t.Fatalf("removed key a: %d, want 401", s)
 	}
@@ -122,7 +129,7 @@ func TestHotKeysAndTokensReload(t *testing.T) {
 	// Rotation's overlap: c is listed with expires_at in the past (refused)
 	// beside b; b gets a limit of 1 request per minute.
 	writeKeys(key("b", hashB, ", requests_per_minute: 1"), key("c", hashC, fmt.Sprintf(", expires_at: %q", time.Now().Add(-time.Second).UTC().Format(time.RFC3339))))
-	hup(3)
+	hup(4)
 	if s := status(secretC); s != 401 {
 		t.Errorf("key c past its expires_at: %d, want 401", s)
 	}
