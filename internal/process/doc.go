@@ -40,8 +40,9 @@
 //     SIGHUP (Deps.Hangup) and a changed config file reload the edge's
 //     configuration.
 //   - The soak harness (Soak, `iop soak`).
-//   - The adapter between the edge (package edge) and its HTTP API (package
-//     edge/api), in apiadapter.go.
+//   - The edge file's schema (EdgeFile, edgefile.go): one part per
+//     component, each validating its own; edge.go hands each part to its
+//     component (the core to package edge, the HTTP part to edge/api).
 //
 // # Concurrency
 //
