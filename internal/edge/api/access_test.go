@@ -72,7 +72,7 @@ func bearer(key string) map[string]string { return map[string]string{"Authorizat
 func stubAdminRoutes() map[string]Route {
 	routes := map[string]Route{}
 	for _, p := range []string{"/admin/v1/nodes", "/admin/v1/providers", "/admin/v1/queues"} {
-		routes[p] = Route{http.MethodGet, func(w http.ResponseWriter, r *http.Request) { WriteJSON(w, http.StatusOK, []any{}) }}
+		routes[p] = Route{Method: http.MethodGet, Serve: func(w http.ResponseWriter, r *http.Request) { WriteJSON(w, http.StatusOK, []any{}) }}
 	}
 	return routes
 }

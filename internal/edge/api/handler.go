@@ -34,22 +34,22 @@ func New[R Run](cfg Config, gw Gateway[R], logger *slog.Logger) http.Handler {
 		seal:       newReasoningSeal(cfg.ReasoningSecret),
 	}
 	h.routes = map[string]Route{
-		"/v1/chat/completions": {http.MethodPost, h.chatCompletions},
-		"/v1/completions":      {http.MethodPost, h.completions},
-		"/v1/embeddings":       {http.MethodPost, h.embeddings},
-		responsesPath:          {http.MethodPost, h.responsesCreate},
-		"/v1/models":           {http.MethodGet, h.listModels},
-		messagesPath:           {http.MethodPost, h.anthropicMessages},
-		countTokensPath:        {http.MethodPost, h.countTokens},
-		"/healthz":             {http.MethodGet, h.healthz},
-		"/readyz":              {http.MethodGet, h.readyz},
+		"/v1/chat/completions": {Method: http.MethodPost, Serve: h.chatCompletions, Operation: "chat.completions"},
+		"/v1/completions":      {Method: http.MethodPost, Serve: h.completions, Operation: "completions"},
+		"/v1/embeddings":       {Method: http.MethodPost, Serve: h.embeddings, Operation: "embeddings"},
+		responsesPath:          {Method: http.MethodPost, Serve: h.responsesCreate, Operation: "responses"},
+		"/v1/models":           {Method: http.MethodGet, Serve: h.listModels},
+		messagesPath:           {Method: http.MethodPost, Serve: h.anthropicMessages, Operation: "anthropic.messages"},
+		countTokensPath:        {Method: http.MethodPost, Serve: h.countTokens},
+		"/healthz":             {Method: http.MethodGet, Serve: h.healthz},
+		"/readyz":              {Method: http.MethodGet, Serve: h.readyz},
 	}
 	maps.Copy(h.routes, h.ollamaRoutes())
 	if h.cfg.Runs != nil {
-		h.routes[runsPath] = Route{"", h.runsRoute}
+		h.routes[runsPath] = Route{Serve: h.runsRoute, Operation: "runs"}
 	}
 	if h.cfg.Metrics != nil {
-		h.routes["/metrics"] = Route{http.MethodGet, h.cfg.Metrics.ServeHTTP}
+		h.routes["/metrics"] = Route{Method: http.MethodGet, Serve: h.cfg.Metrics.ServeHTTP}
 	}
 	maps.Copy(h.routes, cfg.Routes)
 	for p := range cfg.Routes {
@@ -84,6 +84,12 @@ type handler struct {
 type Route struct {
 	Method string
 	Serve  http.HandlerFunc
+	// Operation, on a route whose POST runs a model, is the operation's
+	// name in a RequestRecord ("chat.completions", "ollama.chat"): a
+	// key's max_concurrent, requests_per_minute and quota count the
+	// route's POSTs (admit), and a refusal by them is recorded under it.
+	// Only an exact path's route counts. "": the route runs no model.
+	Operation string
 }
 
 const modelsPrefix = "/v1/models/"
@@ -294,16 +300,16 @@ func (b *requestBody) linger(w *trackingWriter, r *http.Request) {
 func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 	rt, ok := h.routes[r.URL.Path]
 	if !ok && strings.HasPrefix(r.URL.Path, modelsPrefix) {
-		rt, ok = Route{http.MethodGet, h.getModel}, true
+		rt, ok = Route{Method: http.MethodGet, Serve: h.getModel}, true
 	}
 	if !ok && h.cfg.Runs != nil && strings.HasPrefix(r.URL.Path, runsPrefix) {
-		rt, ok = Route{"", h.runRoute}, true
+		rt, ok = Route{Serve: h.runRoute}, true
 	}
 	if !ok && strings.HasPrefix(r.URL.Path, responsesPrefix) {
-		rt, ok = Route{"", h.responsesRoute}, true
+		rt, ok = Route{Serve: h.responsesRoute}, true
 	}
 	if !ok && strings.HasPrefix(r.URL.Path, ollamaBlobsPrefix) {
-		rt, ok = Route{"", h.ollamaManage}, true
+		rt, ok = Route{Serve: h.ollamaManage}, true
 	}
 	for _, p := range h.prefixes {
 		if !ok && strings.HasPrefix(r.URL.Path, p) {

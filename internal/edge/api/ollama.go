@@ -36,20 +36,20 @@ const (
 // ollamaRoutes are the Ollama API routes (Ollama API doc, docs/api.md).
 func (h *handler) ollamaRoutes() map[string]Route {
 	return map[string]Route{
-		"/":               {http.MethodGet, h.ollamaRoot},
-		"/api/chat":       {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, true) }},
-		"/api/generate":   {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, false) }},
-		"/api/embed":      {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaEmbed(w, r, false) }},
-		"/api/embeddings": {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaEmbed(w, r, true) }},
-		"/api/tags":       {http.MethodGet, h.ollamaTags},
-		"/api/ps":         {http.MethodGet, h.ollamaPS},
-		"/api/show":       {http.MethodPost, h.ollamaShow},
-		"/api/pull":       {http.MethodPost, h.ollamaPull},
-		"/api/version":    {http.MethodGet, h.ollamaVersion},
-		"/api/copy":       {"", h.ollamaManage},
-		"/api/delete":     {"", h.ollamaManage},
-		"/api/create":     {"", h.ollamaManage},
-		"/api/push":       {"", h.ollamaManage},
+		"/":               {Method: http.MethodGet, Serve: h.ollamaRoot},
+		"/api/chat":       {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, true) }, Operation: "ollama.chat"},
+		"/api/generate":   {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, false) }, Operation: "ollama.generate"},
+		"/api/embed":      {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { h.ollamaEmbed(w, r, false) }, Operation: "ollama.embed"},
+		"/api/embeddings": {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { h.ollamaEmbed(w, r, true) }, Operation: "ollama.embed"},
+		"/api/tags":       {Method: http.MethodGet, Serve: h.ollamaTags},
+		"/api/ps":         {Method: http.MethodGet, Serve: h.ollamaPS},
+		"/api/show":       {Method: http.MethodPost, Serve: h.ollamaShow},
+		"/api/pull":       {Method: http.MethodPost, Serve: h.ollamaPull},
+		"/api/version":    {Method: http.MethodGet, Serve: h.ollamaVersion},
+		"/api/copy":       {Serve: h.ollamaManage},
+		"/api/delete":     {Serve: h.ollamaManage},
+		"/api/create":     {Serve: h.ollamaManage},
+		"/api/push":       {Serve: h.ollamaManage},
 	}
 }
 
