@@ -129,7 +129,7 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request
 	// minute's allowance.
 	reserved, err := h.reserveQuota(w, r.WithContext(ctx), caller)
 	if err != nil {
-		h.logger.Debug("key over its quota", "key", caller.Name(), "path", clip(r.URL.Path), "err", err)
+		h.logger.Debug("key over its quota", "key", caller.Name(), "path", Clip(r.URL.Path), "err", err)
 		obsOf(r).begin(op)
 		h.rateLimitHeaders(w.Header(), r.URL.Path, caller)
 		return refuse(err)
@@ -140,7 +140,7 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request
 	ctx = contract.WithLeaderBound(r.Context())
 	permit, err := h.admitKey(ctx, caller)
 	if err != nil {
-		h.logger.Debug("key over its limit", "key", caller.Name(), "path", clip(r.URL.Path), "err", err)
+		h.logger.Debug("key over its limit", "key", caller.Name(), "path", Clip(r.URL.Path), "err", err)
 		obsOf(r).begin(op)
 		obsOf(r).cancelQuota()
 		h.rateLimitHeaders(w.Header(), r.URL.Path, caller)

@@ -13,7 +13,7 @@
 //	errors.go         classify: the one mapping of every failure to a status and an OpenAI error body
 //	observe.go        one RequestRecord per API request; outcome decided once (observation.decide)
 //	dispatch.go       serveRun/serveRunWith: dispatch, then render by execution path
-//	chat.go render.go runResponse: a run rendered into an http.ResponseWriter; the tunnel relay
+//	chat.go render.go Answer: a run rendered into an http.ResponseWriter; the tunnel relay
 //	chunks.go         chunkRenderer: chat.completion.chunk events for the chat stream, runs and run logs
 //	tunnelhold.go     finalHold: one reader of a tunnel stream, holding the bytes that end it
 //	decode.go         the OpenAI bodies' checks, needs and estimates (one parse, jsonvalue.go)

@@ -367,7 +367,7 @@ func TestOllamaRequestsNeedNoTunnelOnlySettings(t *testing.T) {
 }
 
 // TestThinkingNeeds: a request that asks the model to think needs a model
-// that can (needThinking), from either API; one that does not ask, or asks
+// that can (NeedThinking), from either API; one that does not ask, or asks
 // for no thinking, needs nothing more: a think request never goes to a
 // model whose server said it cannot think (where it would get Ollama's
 // 400 every time).

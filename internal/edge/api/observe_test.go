@@ -260,7 +260,7 @@ func TestRecordTimes(t *testing.T) {
 	o := &observation{now: func() time.Time { return now }}
 	o.rec.Start = now
 	o.rec.API = "chat.completions"
-	o.sent, o.reason = true, reasonCompleted
+	o.sent, o.reason = true, ReasonCompleted
 	now = base.Add(2 * time.Second)
 	o.content(1)
 	now = base.Add(3 * time.Second)
