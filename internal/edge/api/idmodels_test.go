@@ -67,9 +67,8 @@ func TestRegression_RequestIDOnEveryAnswer(t *testing.T) {
 					continue
 				}
 				env.waitHandlers()
-				recs.mu.Lock()
-				rec := recs.recs[len(recs.recs)-1]
-				recs.mu.Unlock()
+				all := recs.All()
+				rec := all[len(all)-1]
 				entries := led.all()
 				if rec.RequestID != id || entries[len(entries)-1].RequestID != id {
 					t.Errorf("%s %s: header id %s, record %s, ledger %s", c.method, c.path, id, rec.RequestID, entries[len(entries)-1].RequestID)

@@ -170,7 +170,7 @@ func newQuotaEnv(t *testing.T, lim quota.Limits) (*testEnv, keyFixture, *clock.F
 // routes (the frame's test of that name).
 func TestProviderBusyIs503WithRetryAfter(t *testing.T) {
 	busy := fmt.Errorf("%w: %w: node %q: provider at capacity on this node", contract.ErrProviderBusy, api.ErrDispatchRefused, "n1")
-	env := newEnv(t, api.Config{}, failWith(busy))
+	env := newEnv(t, api.Config{}, apitest.FailWith(busy))
 	resp := env.post(t, messagesPath, "application/json", `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hello"}]}`)
 	if resp.status != 503 || resp.header.Get("Retry-After") == "" {
 		t.Errorf("%d Retry-After %q, want 503 with Retry-After", resp.status, resp.header.Get("Retry-After"))
@@ -193,8 +193,8 @@ func TestRegression_BrokenTunnelAnswerFailsTheRun(t *testing.T) {
 		for _, answer := range []string{broken, clean} {
 			wantFail := answer == broken
 			t.Run(fmt.Sprintf("stream=%v/broken=%v", stream, wantFail), func(t *testing.T) {
-				run := scriptedRun(contract.PathTunnel,
-					tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}), tunnelData(answer), tunnelEnd())
+				run := apitest.ScriptedRun(contract.PathTunnel,
+					apitest.TunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}), apitest.TunnelData(answer), apitest.TunnelEnd())
 				env := newEnv(t, api.Config{}, runWith(run))
 				env.post(t, messagesPath, "application/json", messagesBody+fmt.Sprintf(`,"stream":%v}`, stream))
 				failed := false
@@ -220,8 +220,8 @@ func TestRegression_RequestIDOnEveryAnswer(t *testing.T) {
 	scripts := map[string]func(context.Context, contract.Request) (Run, error){
 		"normalized": okRun,
 		"tunnel": func(context.Context, contract.Request) (Run, error) {
-			return scriptedRun(tunnel, tunnelHead(200, map[string]string{"content-type": "text/event-stream", "x-request-id": "provider-id"}),
-				tunnelData(sse), tunnelEnd()), nil
+			return apitest.ScriptedRun(apitest.Tunnel, apitest.TunnelHead(200, map[string]string{"content-type": "text/event-stream", "x-request-id": "provider-id"}),
+				apitest.TunnelData(sse), apitest.TunnelEnd()), nil
 		},
 	}
 	idForm := regexp.MustCompile(`^req_[0-9a-f]{32}$`)
@@ -264,9 +264,8 @@ func TestRegression_RequestIDOnEveryAnswer(t *testing.T) {
 					continue
 				}
 				env.WaitHandlers()
-				recs.mu.Lock()
-				rec := recs.recs[len(recs.recs)-1]
-				recs.mu.Unlock()
+				all := recs.All()
+				rec := all[len(all)-1]
 				if rec.RequestID != id {
 					t.Errorf("%s %s: header id %s, record %s", c.method, c.path, id, rec.RequestID)
 				}

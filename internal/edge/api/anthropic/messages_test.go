@@ -129,11 +129,11 @@ const messagesBody = `{"model":"m","max_tokens":100,"messages":[{"role":"user","
 // either way), with the run's usage and the stop reason of its finish.
 func TestMessagesNormalized(t *testing.T) {
 	script := func() *apitest.FakeRun {
-		return scriptedRun(normalized,
-			events(started(), thinkingDelta("hmm "), thinkingDelta("yes")),
-			events(delta("Hel"), delta("lo")),
-			events(toolPart(0, "", "get_weather", `{"city":"Paris"}`)),
-			events(usageEvent(12, 7), complete("stop")))
+		return apitest.ScriptedRun(apitest.Normalized,
+			apitest.Events(apitest.Started(), thinkingDelta("hmm "), thinkingDelta("yes")),
+			apitest.Events(apitest.Delta("Hel"), apitest.Delta("lo")),
+			apitest.Events(toolPart(0, "", "get_weather", `{"city":"Paris"}`)),
+			apitest.Events(apitest.Usage(12, 7), apitest.Complete("stop")))
 	}
 	want := anyJSON(t, `{"id":"msg_run1","type":"message","role":"assistant","model":"m","content":[
 	  {"type":"thinking","thinking":"hmm yes","signature":"SIG"},{"type":"text","text":"Hello"},
@@ -187,8 +187,8 @@ func TestMessagesNormalized(t *testing.T) {
 // TestMessagesNoThinkingUnlessEnabled: reasoning a provider sends for a
 // request that did not enable thinking (Anthropic's default) is not shown.
 func TestMessagesNoThinkingUnlessEnabled(t *testing.T) {
-	env := newEnv(t, api.Config{}, runWith(scriptedRun(normalized,
-		events(started(), thinkingDelta("hmm"), delta("ok"), complete("length")))))
+	env := newEnv(t, api.Config{}, runWith(apitest.ScriptedRun(apitest.Normalized,
+		apitest.Events(apitest.Started(), thinkingDelta("hmm"), apitest.Delta("ok"), apitest.Complete("length")))))
 	resp := env.post(t, messagesPath, "", messagesBody+`}`)
 	var got struct {
 		Content    []map[string]any `json:"content"`
@@ -238,14 +238,14 @@ func TestMessagesTunnelSplitWrites(t *testing.T) {
 	  {"type":"thinking","thinking":"think","signature":"SIG"},{"type":"text","text":"Héllo"},
 	  {"type":"tool_use","id":"toolu_9","name":"get_weather","input":{"city":"Paris"}}],
 	  "stop_reason":"tool_use","stop_sequence":null,"usage":{"input_tokens":9,"output_tokens":4}}`)
-	head := tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"})
+	head := apitest.TunnelHead(200, map[string]string{"Content-Type": "text/event-stream"})
 	for _, size := range []int{len(openAIStreamBody), 1, 2, 3, 5, 7, 64} {
 		msgs := []*nodev1.RunUp{head}
 		for i := 0; i < len(openAIStreamBody); i += size {
-			msgs = append(msgs, tunnelData(openAIStreamBody[i:min(i+size, len(openAIStreamBody))]))
+			msgs = append(msgs, apitest.TunnelData(openAIStreamBody[i:min(i+size, len(openAIStreamBody))]))
 		}
-		msgs = append(msgs, tunnelEnd())
-		env := newEnv(t, api.Config{}, runWith(scriptedRun(tunnel, msgs...)))
+		msgs = append(msgs, apitest.TunnelEnd())
+		env := newEnv(t, api.Config{}, runWith(apitest.ScriptedRun(apitest.Tunnel, msgs...)))
 		resp := env.post(t, messagesPath, "application/json", messagesBody+`,"max_tokens":2000,"stream":true,"thinking":{"type":"enabled","budget_tokens":1024}}`)
 		if resp.status != 200 {
 			t.Fatalf("size %d: %d %s", size, resp.status, resp.body)
@@ -276,8 +276,8 @@ func TestMessagesTunnelSplitWrites(t *testing.T) {
 // same message.
 func TestMessagesTunnelWhole(t *testing.T) {
 	body := `{"choices":[{"index":0,"message":{"role":"assistant","content":"hi","tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}`
-	env := newEnv(t, api.Config{}, runWith(scriptedRun(tunnel,
-		tunnelHead(200, map[string]string{"Content-Type": "application/json"}), tunnelData(body), tunnelEnd())))
+	env := newEnv(t, api.Config{}, runWith(apitest.ScriptedRun(apitest.Tunnel,
+		apitest.TunnelHead(200, map[string]string{"Content-Type": "application/json"}), apitest.TunnelData(body), apitest.TunnelEnd())))
 	resp := env.post(t, messagesPath, "application/json", messagesBody+`}`)
 	want := anyJSON(t, `{"id":"msg_run1","type":"message","role":"assistant","model":"m","content":[{"type":"text","text":"hi"},
 	  {"type":"tool_use","id":"toolu_1","name":"f","input":{"a":1}}],"stop_reason":"tool_use","stop_sequence":null,
@@ -294,16 +294,16 @@ func TestMessagesTunnelWhole(t *testing.T) {
 func TestMessagesErrorMidStream(t *testing.T) {
 	for name, run := range map[string]func() *apitest.FakeRun{
 		"normalized": func() *apitest.FakeRun {
-			return scriptedRun(normalized, events(started(), delta("par")), events(errorEvent(502, "model crashed")))
+			return apitest.ScriptedRun(apitest.Normalized, apitest.Events(apitest.Started(), apitest.Delta("par")), apitest.Events(apitest.ErrorEvent(502, "model crashed")))
 		},
 		"tunnel provider error": func() *apitest.FakeRun {
-			return scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}),
-				tunnelData(`data: {"choices":[{"index":0,"delta":{"content":"par"}}]}`+"\n\n"),
-				tunnelData(`data: {"error":{"message":"model crashed"}}`+"\n\n"), tunnelEnd())
+			return apitest.ScriptedRun(apitest.Tunnel, apitest.TunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}),
+				apitest.TunnelData(`data: {"choices":[{"index":0,"delta":{"content":"par"}}]}`+"\n\n"),
+				apitest.TunnelData(`data: {"error":{"message":"model crashed"}}`+"\n\n"), apitest.TunnelEnd())
 		},
 		"tunnel cut": func() *apitest.FakeRun {
-			return scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}),
-				tunnelData(`data: {"choices":[{"index":0,"delta":{"content":"par"}}]}`+"\n\n"), tunnelError(502, "connection reset"))
+			return apitest.ScriptedRun(apitest.Tunnel, apitest.TunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}),
+				apitest.TunnelData(`data: {"choices":[{"index":0,"delta":{"content":"par"}}]}`+"\n\n"), apitest.TunnelError(502, "connection reset"))
 		},
 	} {
 		env := newEnv(t, api.Config{}, runWith(run()))
@@ -361,7 +361,7 @@ func TestMessagesErrorStatuses(t *testing.T) {
 		{api.ErrShuttingDown, 503, "api_error", true},
 		{fmt.Errorf("boom"), 500, "api_error", false},
 	} {
-		env := newEnv(t, api.Config{}, failWith(tc.err))
+		env := newEnv(t, api.Config{}, apitest.FailWith(tc.err))
 		resp := env.post(t, messagesPath, "application/json", messagesBody+`}`)
 		typ, _ := anthropicErrorOf(t, resp.body)
 		if resp.status != tc.status || typ != tc.typ || (resp.header.Get("Retry-After") != "") != tc.retryAfter {
@@ -416,7 +416,7 @@ func TestMessagesAuth(t *testing.T) {
 		if strings.Contains(string(req.Body), "hold") {
 			<-block
 		}
-		return scriptedRun(normalized, events(started(), delta("ok"), complete("stop"))), nil
+		return apitest.ScriptedRun(apitest.Normalized, apitest.Events(apitest.Started(), apitest.Delta("ok"), apitest.Complete("stop"))), nil
 	})
 	post := func(header map[string]string, body string) rawResponse {
 		header["Content-Type"] = "application/json"
@@ -506,14 +506,14 @@ func TestMessagesDispatchedRequest(t *testing.T) {
 // mid-answer cancels its run (the node is told, the lease is released)
 // and the run is closed once with outcome client_gone... as any route's.
 func TestMessagesClientGoneCancelsRun(t *testing.T) {
-	for _, path := range []contract.Path{normalized, tunnel} {
-		run := liveRun(path, 4)
+	for _, path := range []contract.Path{apitest.Normalized, apitest.Tunnel} {
+		run := apitest.LiveRun(path, 4)
 		env := newEnv(t, api.Config{}, runWith(run))
-		if path == normalized {
-			run.Up <- events(started(), delta("first"))
+		if path == apitest.Normalized {
+			run.Up <- apitest.Events(apitest.Started(), apitest.Delta("first"))
 		} else {
-			run.Up <- tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"})
-			run.Up <- tunnelData(`data: {"choices":[{"index":0,"delta":{"content":"first"}}]}` + "\n\n")
+			run.Up <- apitest.TunnelHead(200, map[string]string{"Content-Type": "text/event-stream"})
+			run.Up <- apitest.TunnelData(`data: {"choices":[{"index":0,"delta":{"content":"first"}}]}` + "\n\n")
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		req, _ := http.NewRequestWithContext(ctx, "POST", env.Srv.URL+messagesPath, strings.NewReader(messagesBody+`,"stream":true}`))
@@ -546,7 +546,7 @@ func TestMessagesClientGoneCancelsRun(t *testing.T) {
 // answered with its own status (the node could not translate the request
 // for its provider: 400), not a 200 stream.
 func TestMessagesFailureBeforeOutput(t *testing.T) {
-	env := newEnv(t, api.Config{}, runWith(scriptedRun(normalized, events(started(),
+	env := newEnv(t, api.Config{}, runWith(apitest.ScriptedRun(apitest.Normalized, apitest.Events(apitest.Started(),
 		&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_ERROR, Status: 400, InvalidRequest: true, Param: "tool_choice", Error: "tool_choice: required cannot be honoured"}))))
 	resp := env.post(t, messagesPath, "application/json", messagesBody+`,"stream":true}`)
 	if typ, msg := anthropicErrorOf(t, resp.body); resp.status != 400 || typ != "invalid_request_error" || !strings.Contains(msg, "tool_choice") {
@@ -565,30 +565,30 @@ func TestMessagesRecords(t *testing.T) {
 		path contract.Path
 		run  func() *apitest.FakeRun
 	}{
-		{normalized, func() *apitest.FakeRun {
-			return scriptedRun(normalized, events(started(), delta("hi")), events(usageEvent(5, 1), complete("stop")))
+		{apitest.Normalized, func() *apitest.FakeRun {
+			return apitest.ScriptedRun(apitest.Normalized, apitest.Events(apitest.Started(), apitest.Delta("hi")), apitest.Events(apitest.Usage(5, 1), apitest.Complete("stop")))
 		}},
-		{tunnel, func() *apitest.FakeRun {
-			return scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}), tunnelData(tunnelSSE), tunnelEnd())
+		{apitest.Tunnel, func() *apitest.FakeRun {
+			return apitest.ScriptedRun(apitest.Tunnel, apitest.TunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}), apitest.TunnelData(tunnelSSE), apitest.TunnelEnd())
 		}},
 	} {
 		recs := &records{}
-		env := newEnv(t, api.Config{Observer: recs, Now: ticking()}, runWith(tc.run()))
+		env := newEnv(t, api.Config{Observer: recs, Now: apitest.Ticking()}, runWith(tc.run()))
 		if resp := env.post(t, messagesPath, "application/json", messagesBody+`,"stream":true}`); resp.status != 200 {
 			t.Fatalf("%v: %d", tc.path, resp.status)
 		}
 		env.WaitHandlers()
-		rec := recs.only(t)
+		rec := recs.Only(t)
 		if rec.API != "anthropic.messages" || rec.Model != "m" || !rec.Stream || rec.RunID != "run1" || rec.Status != 200 ||
 			rec.Outcome != contract.OutcomeCompleted || rec.InputTokens != 5 || rec.OutputTokens != 1 || !rec.TokensKnown || rec.TimeToFirstToken <= 0 {
 			t.Errorf("%v: record %+v", tc.path, rec)
 		}
 	}
 	recs := &records{}
-	env := newEnv(t, api.Config{Observer: recs}, failWith(fmt.Errorf("%w: m", api.ErrQueueFull)))
+	env := newEnv(t, api.Config{Observer: recs}, apitest.FailWith(fmt.Errorf("%w: m", api.ErrQueueFull)))
 	env.post(t, messagesPath, "application/json", messagesBody+`}`)
 	env.WaitHandlers()
-	if rec := recs.only(t); rec.API != "anthropic.messages" || rec.Status != 529 || rec.Outcome != contract.OutcomeRefused || rec.ErrorCode != "queue_full" {
+	if rec := recs.Only(t); rec.API != "anthropic.messages" || rec.Status != 529 || rec.Outcome != contract.OutcomeRefused || rec.ErrorCode != "queue_full" {
 		t.Errorf("refusal record %+v", rec)
 	}
 }
@@ -598,9 +598,9 @@ func TestMessagesRecords(t *testing.T) {
 // stream ends with an error event (502's api_error, the upstream broke the
 // answer; not a 500 of iop's), not a wrong answer.
 func TestMessagesLateToolPart(t *testing.T) {
-	env := newEnv(t, api.Config{}, runWith(scriptedRun(normalized,
-		events(started(), toolPart(0, "", "f", `{"a":1}`), toolPart(1, "", "g", `{}`)),
-		events(toolPart(0, "", "", `{}`), complete("tool_calls")))))
+	env := newEnv(t, api.Config{}, runWith(apitest.ScriptedRun(apitest.Normalized,
+		apitest.Events(apitest.Started(), toolPart(0, "", "f", `{"a":1}`), toolPart(1, "", "g", `{}`)),
+		apitest.Events(toolPart(0, "", "", `{}`), apitest.Complete("tool_calls")))))
 	resp := env.post(t, messagesPath, "application/json", messagesBody+`,"stream":true}`)
 	evs := messagesEvents(t, resp.body)
 	last := evs[len(evs)-1]
@@ -617,7 +617,7 @@ func TestMessagesLateToolPart(t *testing.T) {
 // parallel_tool_calls false), which the client never sent.
 func TestRegression_MessagesToolChoiceAnyInItsOwnWords(t *testing.T) {
 	refusal := fmt.Errorf(`%w: no provider for model "m" honours tool_choice "required" or parallel_tool_calls false: only OpenAI-compatible providers do`, api.ErrCandidatesRejected)
-	env := newEnv(t, api.Config{}, failWith(refusal))
+	env := newEnv(t, api.Config{}, apitest.FailWith(refusal))
 	resp := env.post(t, messagesPath, "application/json", messagesBody+`,"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"any"}}`)
 	typ, msg := anthropicErrorOf(t, resp.body)
 	if resp.status != 400 || typ != "invalid_request_error" || !strings.Contains(msg, `tool_choice "any"`) || strings.Contains(msg, "required") {
@@ -644,13 +644,13 @@ func TestRegression_MessagesToolArgumentsNotAnObject(t *testing.T) {
 			string(quoted) + `}}]},"finish_reason":"tool_calls"}]}`
 		runs := map[string]func() *apitest.FakeRun{
 			"normalized": func() *apitest.FakeRun {
-				return scriptedRun(normalized, events(started(), toolPart(0, "call_1", "f", args)), events(complete("tool_calls")))
+				return apitest.ScriptedRun(apitest.Normalized, apitest.Events(apitest.Started(), toolPart(0, "call_1", "f", args)), apitest.Events(apitest.Complete("tool_calls")))
 			},
 			"tunnel SSE": func() *apitest.FakeRun {
-				return scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}), tunnelData(sseBody), tunnelEnd())
+				return apitest.ScriptedRun(apitest.Tunnel, apitest.TunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}), apitest.TunnelData(sseBody), apitest.TunnelEnd())
 			},
 			"tunnel JSON": func() *apitest.FakeRun {
-				return scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "application/json"}), tunnelData(jsonBody), tunnelEnd())
+				return apitest.ScriptedRun(apitest.Tunnel, apitest.TunnelHead(200, map[string]string{"Content-Type": "application/json"}), apitest.TunnelData(jsonBody), apitest.TunnelEnd())
 			},
 		}
 		for name, run := range runs {

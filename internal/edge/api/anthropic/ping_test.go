@@ -28,7 +28,7 @@ import (
 // receiving goroutine (synctest: no goroutine is left in the bubble).
 func TestPingRunPingsAQuietRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		run := liveRun(normalized, 0)
+		run := apitest.LiveRun(apitest.Normalized, 0)
 		caller := make(chan struct{}) // closed while the caller is in Recv
 		var pings atomic.Int32
 		var inRecv atomic.Bool
@@ -60,14 +60,14 @@ func TestPingRunPingsAQuietRun(t *testing.T) {
 		if n := pings.Load(); n != 3 {
 			t.Errorf("%d pings in 35 s of quiet, want 3", n)
 		}
-		run.Up <- events(started(), delta("x"))
+		run.Up <- apitest.Events(apitest.Started(), apitest.Delta("x"))
 		<-got
 		time.Sleep(5 * time.Second) // the interval starts again with each Recv
 		synctest.Wait()
 		if n := pings.Load(); n != 3 {
 			t.Errorf("%d pings, want still 3", n)
 		}
-		run.Up <- events(complete("stop"))
+		run.Up <- apitest.Events(apitest.Complete("stop"))
 		if msg := <-got; !msg.Ends {
 			t.Errorf("message %+v, want the end", msg)
 		}
@@ -81,7 +81,7 @@ func TestPingRunPingsAQuietRun(t *testing.T) {
 // ping stops the pings.
 func TestPingRunStopCancelsABlockedRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		run := liveRun(normalized, 0)
+		run := apitest.LiveRun(apitest.Normalized, 0)
 		var pings atomic.Int32
 		p := newPingRun(run, time.Second, func() error { pings.Add(1); return io.ErrClosedPipe })
 		done := make(chan error)
@@ -111,11 +111,11 @@ func TestMessagesQuietStreamPings(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const quiet = 3*messagesPingInterval + messagesPingInterval/2
 		gw := &apitest.Gateway{Names: []string{"m"}, DispatchFunc: func(ctx context.Context, req contract.Request) (Run, error) {
-			run := liveRun(normalized, 2)
+			run := apitest.LiveRun(apitest.Normalized, 2)
 			go func() {
 				time.Sleep(quiet)
-				run.Up <- events(started(), delta("x"))
-				run.Up <- events(complete("stop"))
+				run.Up <- apitest.Events(apitest.Started(), apitest.Delta("x"))
+				run.Up <- apitest.Events(apitest.Complete("stop"))
 				close(run.Up)
 			}()
 			return run, nil
@@ -201,12 +201,12 @@ func (w *timedWriter) firstWrite() time.Duration {
 // firstMessages are a run's first messages, its first token among them,
 // and the rest, for each path.
 func firstMessages(path contract.Path) (first, rest []*nodev1.RunUp) {
-	if path == normalized {
-		return []*nodev1.RunUp{events(started(), delta("late"))}, []*nodev1.RunUp{events(usageEvent(3, 1), complete("stop"))}
+	if path == apitest.Normalized {
+		return []*nodev1.RunUp{apitest.Events(apitest.Started(), apitest.Delta("late"))}, []*nodev1.RunUp{apitest.Events(apitest.Usage(3, 1), apitest.Complete("stop"))}
 	}
-	return []*nodev1.RunUp{tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}),
-			tunnelData(`data: {"choices":[{"index":0,"delta":{"content":"late"}}]}` + "\n\n")},
-		[]*nodev1.RunUp{tunnelData(`data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\ndata: [DONE]\n\n"), tunnelEnd()}
+	return []*nodev1.RunUp{apitest.TunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}),
+			apitest.TunnelData(`data: {"choices":[{"index":0,"delta":{"content":"late"}}]}` + "\n\n")},
+		[]*nodev1.RunUp{apitest.TunnelData(`data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\ndata: [DONE]\n\n"), apitest.TunnelEnd()}
 }
 
 // TestRegression_MessagesPingBeforeTheFirstToken: a streamed Messages
@@ -222,7 +222,7 @@ func firstMessages(path contract.Path) (first, rest []*nodev1.RunUp) {
 // run the request was dispatched as.
 func TestRegression_MessagesPingBeforeTheFirstToken(t *testing.T) {
 	const ttft = 25 * time.Second
-	for _, path := range []contract.Path{normalized, tunnel} {
+	for _, path := range []contract.Path{apitest.Normalized, apitest.Tunnel} {
 		for _, waitIn := range []string{"dispatch", "run"} {
 			t.Run(fmt.Sprintf("%v/%s", path, waitIn), func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
@@ -230,7 +230,7 @@ func TestRegression_MessagesPingBeforeTheFirstToken(t *testing.T) {
 					var runID string
 					gw := &apitest.Gateway{Names: []string{"m"}, DispatchFunc: func(ctx context.Context, req contract.Request) (Run, error) {
 						runID = req.RunID
-						run := liveRun(path, len(first)+len(rest))
+						run := apitest.LiveRun(path, len(first)+len(rest))
 						run.RunInfo.RunID = req.RunID // as the edge names it
 						send := func() {
 							for _, m := range append(first, rest...) {
@@ -306,7 +306,7 @@ func TestRegression_MessagesDispatchFailsAfterPings(t *testing.T) {
 				r.Header.Set("Content-Type", "application/json")
 				h.ServeHTTP(w, r)
 				_, all := w.before(0)
-				rec := recs.only(t)
+				rec := recs.Only(t)
 				if rec.Outcome != contract.OutcomeRefused || rec.ErrorCode != "queue_timeout" {
 					t.Errorf("record %+v", rec)
 				}
