@@ -94,8 +94,12 @@ func (f *Frame) Serve(w http.ResponseWriter, r *http.Request, req *contract.Requ
 // to, with Retry-After when Classify gave one; the failure is recorded
 // and logged, and the request's key slot given back.
 func (f *Frame) WriteErrorAs(w http.ResponseWriter, r *http.Request, err error, req *contract.Request, shape ErrorShape) {
-	h := f.h
-	if clientGone(r) && !errors.Is(err, errBodyTimeout) {
+	f.h.writeShaped(w, r, err, req, shape, "application/json")
+}
+
+// writeShaped is WriteErrorAs with the body's Content-Type.
+func (h *handler) writeShaped(w http.ResponseWriter, r *http.Request, err error, req *contract.Request, shape ErrorShape, contentType string) {
+	if clientGone(r) && !errors.Is(err, errBodyTimeout) { // a body read past its deadline cancels the context; the client is there
 		h.logger.Debug("client gone before the answer", "path", Clip(r.URL.Path), "err", errorText(err, req))
 		obsOf(r).failed(err, nil, true)
 		return
@@ -108,7 +112,7 @@ func (f *Frame) WriteErrorAs(w http.ResponseWriter, r *http.Request, err error, 
 		w.Header().Set("Retry-After", e.retryAfter)
 	}
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	writeJSON(w, status, body)
+	writeJSONAs(w, status, contentType, body)
 }
 
 // Status is the HTTP status of the error.

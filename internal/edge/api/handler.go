@@ -440,20 +440,14 @@ func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 // nothing, logs at debug, and ServeHTTP aborts the connection. It must be
 // called before anything else was written to w.
 func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error, req *contract.Request) {
-	if clientGone(r) && !errors.Is(err, errBodyTimeout) { // a body read past its deadline cancels the context; the client is there
-		h.logger.Debug("client gone before the answer", "path", Clip(r.URL.Path), "err", errorText(err, req))
-		obsOf(r).failed(err, nil, true)
-		return
-	}
+	h.writeShaped(w, r, err, req, openAIShape, "application/json")
+}
+
+// openAIShape is the OpenAI routes' ErrorShape: Classify's status and
+// {"error":{...}}.
+func openAIShape(err error, req *contract.Request) (*APIError, int, any) {
 	e := Classify(err, req)
-	obsOf(r).failed(err, e.Code, false)
-	h.logError(r, e, err, req)
-	answerFinished(r.Context()) // an error answer ends the request
-	if e.retryAfter != "" {
-		w.Header().Set("Retry-After", e.retryAfter)
-	}
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	writeJSON(w, e.status, errorBody{Error: e})
+	return e, e.status, errorBody{Error: e}
 }
 
 // logError logs one error answer: server-side failures at warn, client

@@ -323,20 +323,10 @@ func ollamaError(err error, req *contract.Request) (*APIError, string) {
 // writeOllamaError is writeError with an Ollama error body,
 // {"error":"<message>"}.
 func (h *handler) writeOllamaError(w http.ResponseWriter, r *http.Request, err error, req *contract.Request) {
-	if clientGone(r) && !errors.Is(err, errBodyTimeout) {
-		h.logger.Debug("client gone before the answer", "path", Clip(r.URL.Path), "err", errorText(err, req))
-		obsOf(r).failed(err, nil, true)
-		return
-	}
-	e, msg := ollamaError(err, req)
-	obsOf(r).failed(err, e.Code, false)
-	h.logError(r, e, err, req)
-	answerFinished(r.Context()) // an error answer ends the request
-	if e.retryAfter != "" {
-		w.Header().Set("Retry-After", e.retryAfter)
-	}
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	writeOllamaJSON(w, e.status, ollamaErrorBody{Error: msg})
+	h.writeShaped(w, r, err, req, func(err error, req *contract.Request) (*APIError, int, any) {
+		e, msg := ollamaError(err, req)
+		return e, e.status, ollamaErrorBody{Error: msg}
+	}, ollamaJSONContentType)
 }
 
 func writeOllamaJSON(w http.ResponseWriter, status int, v any) {
