@@ -299,7 +299,7 @@ func ToOllamaChatRequest(body []byte, model string, fields *OllamaFields) (Ollam
 			return OllamaChat{}, fieldErr("response_format", "unsupported type %q", rf.Type)
 		}
 	}
-	toolNames := make(map[string]string) // tool call id -> function name
+	toolNames := make(map[string]string)                        // tool call id -> function name
 	out.Messages = make([]ollamaMessage, 0, len(in.Messages)+1) // +1: forceCall's
 	for i, m := range in.Messages {
 		om := ollamaMessage{Role: m.Role, Thinking: reasoningText(m.ReasoningContent, m.Reasoning)}
