@@ -91,6 +91,53 @@ func Members(body []byte, i, depth int, member func(key []byte, keyFlags int, vs
 	}
 }
 
+// MembersFunc is Members for a caller that reads some values itself: for
+// each member, value is called with its key (as for Members) and the index
+// where its value starts (white space skipped), and returns the index just
+// past the value, -1 when it is not valid (the walk then fails). value
+// may call Value for the members it leaves alone; a value it reads itself
+// is checked by it alone, so it must reject what Value rejects.
+func MembersFunc(body []byte, i, depth int, value func(key []byte, keyFlags int, vstart int) (vend int)) (end, members int) {
+	if i >= len(body) || body[i] != '{' || depth > MaxDepth {
+		return -1, 0
+	}
+	i = SkipSpace(body, i+1)
+	if i < len(body) && body[i] == '}' {
+		return i + 1, 0
+	}
+	for {
+		if i >= len(body) || body[i] != '"' {
+			return -1, members
+		}
+		kend, kflags := String(body, i)
+		if kend < 0 {
+			return -1, members
+		}
+		key := body[i:kend]
+		i = SkipSpace(body, kend)
+		if i >= len(body) || body[i] != ':' {
+			return -1, members
+		}
+		vend := value(key, kflags, SkipSpace(body, i+1))
+		if vend < 0 {
+			return -1, members
+		}
+		members++
+		i = SkipSpace(body, vend)
+		if i >= len(body) {
+			return -1, members
+		}
+		switch body[i] {
+		case ',':
+			i = SkipSpace(body, i+1)
+		case '}':
+			return i + 1, members
+		default:
+			return -1, members
+		}
+	}
+}
+
 // Elements walks the array that opens at body[i] ('['), nested depth deep,
 // calling element with the span of each element; end is the index just
 // past its ']', -1 if it is not a valid array.

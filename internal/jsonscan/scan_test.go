@@ -3,6 +3,7 @@ package jsonscan
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
 	"testing"
 )
 
@@ -50,4 +51,29 @@ func BenchmarkDecode(b *testing.B) {
 	for b.Loop() {
 		Decode(quoted, func(p []byte) { n += len(p) })
 	}
+}
+
+// FuzzMembersFunc: MembersFunc whose value reads each value with Value
+// walks an object as Members does (the same end, members and spans), and
+// takes exactly the objects json.Valid takes.
+func FuzzMembersFunc(f *testing.F) {
+	for _, s := range []string{`{}`, ` { "a" : [1, {"b":null}] , "c":"d" } `, `{"a":1,}`, `{"a" 1}`, `{"a":tru}`, `{"\u0061":"x"}`, `{"a":1}}`, `{`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		i := SkipSpace(body, 0)
+		var spans, funcSpans []int
+		end, n := Members(body, i, 1, func(_ []byte, _ int, vstart, vend int) { spans = append(spans, vstart, vend) })
+		fend, fn := MembersFunc(body, i, 1, func(_ []byte, _ int, vstart int) int {
+			vend := Value(body, vstart, 1)
+			funcSpans = append(funcSpans, vstart, vend)
+			return vend
+		})
+		if end != fend || n != fn || (end >= 0 && !slices.Equal(spans, funcSpans)) {
+			t.Fatalf("%q: Members = %d, %d, %v; MembersFunc = %d, %d, %v", body, end, n, spans, fend, fn, funcSpans)
+		}
+		if valid := fend >= 0 && SkipSpace(body, fend) == len(body); valid != (json.Valid(body) && i < len(body) && body[i] == '{') {
+			t.Fatalf("%q: MembersFunc takes it: %v; json.Valid %v", body, valid, json.Valid(body))
+		}
+	})
 }

@@ -3,6 +3,7 @@ package translate
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
 
 	"iop/internal/jsonscan"
 )
@@ -56,21 +57,32 @@ func memberIndex(key []byte, flags int, names []string) (i int, ok bool) {
 // then decodes with encoding/json, which also says what is wrong.
 func scanChatRequest(body []byte, in *openAIChatRequest) bool {
 	var spans [18]span
-	ok := true
-	_, _, valid := jsonscan.Object(body, func(key []byte, flags int, vstart, vend int) {
+	open := jsonscan.SkipSpace(body, 0)
+	if open >= len(body) || body[open] != '{' {
+		return false
+	}
+	// One walk: the messages are read as they are checked.
+	end, _ := jsonscan.MembersFunc(body, open, 1, func(key []byte, flags int, vstart int) int {
 		i, known := memberIndex(key, flags, chatMembers)
-		switch {
-		case !known || i >= 0 && spans[i].end != 0:
-			ok = false
-		case i >= 0:
+		if !known || i >= 0 && spans[i].end != 0 {
+			return -1
+		}
+		var vend int
+		if i == messagesMember {
+			vend = scanMessages(body, vstart, in)
+		} else {
+			vend = jsonscan.Value(body, vstart, 1)
+		}
+		if i >= 0 {
 			spans[i] = span{vstart, vend}
 		}
+		return vend
 	})
-	if !valid || !ok {
+	if end < 0 || jsonscan.SkipSpace(body, end) != len(body) {
 		return false
 	}
 	for i, s := range spans {
-		if s.end == 0 {
+		if s.end == 0 || i == messagesMember {
 			continue
 		}
 		v := body[s.start:s.end]
@@ -94,10 +106,6 @@ func scanChatRequest(body []byte, in *openAIChatRequest) bool {
 			err = json.Unmarshal(v, &in.PresencePenalty)
 		case "n":
 			err = json.Unmarshal(v, &in.N)
-		case "messages":
-			if !scanMessages(body, s, in) {
-				return false
-			}
 		case "response_format":
 			err = json.Unmarshal(v, &in.ResponseFormat)
 		case "tools":
@@ -122,41 +130,58 @@ func scanChatRequest(body []byte, in *openAIChatRequest) bool {
 	return true
 }
 
-// scanMessages decodes the messages array at s of body into in.Messages,
-// as scanChatRequest does; false when it cannot (see there).
-func scanMessages(body []byte, s span, in *openAIChatRequest) bool {
-	if body[s.start] != '[' {
-		return string(body[s.start:s.end]) == "null" // null leaves Messages nil
+// messagesMember is the index of "messages" in chatMembers.
+var messagesMember = slices.Index(chatMembers, "messages")
+
+// scanMessages checks the messages array that starts at body[start] and
+// decodes it into in.Messages, as scanChatRequest does; end is the index
+// just past it, -1 when it is not valid or cannot be read so (see
+// scanChatRequest).
+func scanMessages(body []byte, start int, in *openAIChatRequest) (end int) {
+	if body[start] != '[' {
+		end = jsonscan.Value(body, start, 1)
+		if end < 0 || string(body[start:end]) != "null" {
+			return -1
+		}
+		return end // null leaves Messages nil
 	}
 	in.Messages = []openAIMessage{}
-	return objects(body, s.start, func(start int) (end int) {
+	return objects(body, start, func(start int) (end int) {
 		in.Messages = append(in.Messages, openAIMessage{})
 		return scanMessage(body, start, &in.Messages[len(in.Messages)-1])
 	})
 }
 
-// objects walks the valid JSON array at body[start] ('['), whose elements
-// must be objects, calling object with the index of each one's '{'; object
-// returns the index just past it, -1 to stop. false when an element is
-// not an object or object stopped.
-func objects(body []byte, start int, object func(start int) (end int)) bool {
+// objects walks the array at body[start] ('['), whose elements must be
+// objects, calling object with the index of each one's '{'; object checks
+// it and returns the index just past it, -1 to stop. end is the index
+// just past the array, -1 when it is not valid, an element is not an
+// object or object stopped.
+func objects(body []byte, start int, object func(start int) (end int)) (end int) {
 	i := jsonscan.SkipSpace(body, start+1)
-	if body[i] == ']' {
-		return true
+	if i < len(body) && body[i] == ']' {
+		return i + 1
 	}
 	for {
-		if body[i] != '{' {
-			return false
+		if i >= len(body) || body[i] != '{' {
+			return -1
 		}
 		end := object(i)
 		if end < 0 {
-			return false
+			return -1
 		}
 		i = jsonscan.SkipSpace(body, end)
-		if body[i] == ']' {
-			return true
+		if i >= len(body) {
+			return -1
 		}
-		i = jsonscan.SkipSpace(body, i+1) // past ','
+		switch body[i] {
+		case ',':
+			i = jsonscan.SkipSpace(body, i+1)
+		case ']':
+			return i + 1
+		default:
+			return -1
+		}
 	}
 }
 
@@ -165,7 +190,7 @@ func objects(body []byte, start int, object func(start int) (end int)) bool {
 func scanMessage(body []byte, start int, m *openAIMessage) (end int) {
 	var spans [7]span
 	ok := true
-	end, _ = jsonscan.Members(body, start, 2, func(key []byte, flags int, vstart, vend int) {
+	end, _ = jsonscan.Members(body, start, 3, func(key []byte, flags int, vstart, vend int) {
 		i, known := memberIndex(key, flags, messageMembers)
 		switch {
 		case !known || i >= 0 && spans[i].end != 0:
@@ -225,7 +250,7 @@ func scanToolCalls(body []byte, s span, dst *[]openAIToolCall) bool {
 		c := &calls[len(calls)-1]
 		var id bool
 		var fn span
-		end, _ := jsonscan.Members(body, start, 3, func(key []byte, flags int, vstart, vend int) {
+		end, _ := jsonscan.Members(body, start, 5, func(key []byte, flags int, vstart, vend int) {
 			i, known := memberIndex(key, flags, toolCallMembers)
 			switch {
 			case !known:
@@ -248,7 +273,7 @@ func scanToolCalls(body []byte, s span, dst *[]openAIToolCall) bool {
 			return -1
 		}
 		var name, args bool
-		jsonscan.Members(body, fn.start, 4, func(key []byte, flags int, vstart, vend int) {
+		jsonscan.Members(body, fn.start, 6, func(key []byte, flags int, vstart, vend int) {
 			i, known := memberIndex(key, flags, functionMembers)
 			switch {
 			case !known:
@@ -266,7 +291,7 @@ func scanToolCalls(body []byte, s span, dst *[]openAIToolCall) bool {
 		}
 		return end
 	})
-	if !walked || !ok {
+	if walked < 0 || !ok {
 		return false
 	}
 	*dst = calls
