@@ -118,7 +118,11 @@ func MembersFunc(body []byte, i, depth int, value func(key []byte, keyFlags int,
 		if i >= len(body) || body[i] != ':' {
 			return -1, members
 		}
-		vend := value(key, kflags, SkipSpace(body, i+1))
+		vstart := SkipSpace(body, i+1)
+		if vstart >= len(body) {
+			return -1, members
+		}
+		vend := value(key, kflags, vstart)
 		if vend < 0 {
 			return -1, members
 		}
