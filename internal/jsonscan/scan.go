@@ -11,6 +11,7 @@ package jsonscan
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -180,6 +181,9 @@ func Elements(body []byte, i, depth int, element func(vstart, vend int)) (end in
 // check UTF-8 either.
 func String(body []byte, start int) (end int, flags int) {
 	for i := start + 1; i < len(body); i++ {
+		for i+8 <= len(body) && plain8(binary.LittleEndian.Uint64(body[i:])) {
+			i += 8
+		}
 		for i < len(body) && plain[body[i]] {
 			i++
 		}
@@ -227,6 +231,22 @@ var plain = func() (t [256]bool) {
 	}
 	return t
 }()
+
+// Eight bytes at a time (SWAR): lo has 1 in each byte, hi the top bit of
+// each.
+const (
+	lo = 0x0101010101010101
+	hi = 0x8080808080808080
+)
+
+// plain8 reports whether every byte of x is plain: below 0x80, at least
+// 0x20, neither '"' nor '\\'.
+func plain8(x uint64) bool {
+	return x&hi == 0 && (x-lo*0x20)&^x&hi == 0 && hasZero(x^(lo*'"')) == 0 && hasZero(x^(lo*'\\')) == 0
+}
+
+// hasZero is nonzero when a byte of v is zero.
+func hasZero(v uint64) uint64 { return (v - lo) &^ v & hi }
 
 func isHex(c byte) bool {
 	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'

@@ -2,7 +2,9 @@ package jsonscan
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
+	"math/rand/v2"
 	"slices"
 	"testing"
 )
@@ -76,4 +78,36 @@ func FuzzMembersFunc(f *testing.F) {
 			t.Fatalf("%q: MembersFunc takes it: %v; json.Valid %v", body, valid, json.Valid(body))
 		}
 	})
+}
+
+// TestPlain8: eight bytes are plain at once exactly when each one is.
+func TestPlain8(t *testing.T) {
+	for c := range 256 {
+		for pos := range 8 {
+			b := []byte("abcdefgh")
+			b[pos] = byte(c)
+			want := true
+			for _, x := range b {
+				want = want && plain[x]
+			}
+			if got := plain8(binary.LittleEndian.Uint64(b)); got != want {
+				t.Fatalf("plain8(%q) = %v, want %v", b, got, want)
+			}
+		}
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 1 << 20 {
+		x := r.Uint64()
+		if r.IntN(2) == 0 {
+			x &^= hi // ASCII only, so that plain runs are common
+		}
+		b := binary.LittleEndian.AppendUint64(nil, x)
+		want := true
+		for _, c := range b {
+			want = want && plain[c]
+		}
+		if got := plain8(x); got != want {
+			t.Fatalf("plain8(%q) = %v, want %v", b, got, want)
+		}
+	}
 }

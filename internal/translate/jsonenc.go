@@ -1,6 +1,7 @@
 package translate
 
 import (
+	"encoding/binary"
 	"errors"
 	"unicode/utf8"
 
@@ -114,6 +115,12 @@ func appendRawString(dst, quoted []byte) []byte {
 func canonical(quoted []byte) bool {
 	s := quoted[1 : len(quoted)-1]
 	for i := 0; i < len(s); {
+		for i+8 <= len(s) && htmlSafe8(binary.LittleEndian.Uint64(s[i:])) {
+			i += 8
+		}
+		if i >= len(s) {
+			break
+		}
 		c := s[i]
 		if c < utf8.RuneSelf {
 			if htmlSafe[c] {
@@ -144,6 +151,23 @@ func canonical(quoted []byte) bool {
 	}
 	return true
 }
+
+// Eight bytes at a time (SWAR): lo8 has 1 in each byte, hi8 the top bit
+// of each.
+const (
+	lo8 = 0x0101010101010101
+	hi8 = 0x8080808080808080
+)
+
+// htmlSafe8 reports whether each byte of x is htmlSafe.
+func htmlSafe8(x uint64) bool {
+	return x&hi8 == 0 && (x-lo8*0x20)&^x&hi8 == 0 &&
+		hasZero(x^(lo8*'"')) == 0 && hasZero(x^(lo8*'\\')) == 0 &&
+		hasZero(x^(lo8*'<')) == 0 && hasZero(x^(lo8*'>')) == 0 && hasZero(x^(lo8*'&')) == 0
+}
+
+// hasZero is nonzero when a byte of v is zero.
+func hasZero(v uint64) uint64 { return (v - lo8) &^ v & hi8 }
 
 // canonicalU reports whether the four hex digits of a \u escape are one
 // json.Marshal writes.

@@ -2,10 +2,13 @@ package translate
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
+	"math/rand/v2"
 	"os"
 	"reflect"
 	"testing"
+	"unicode/utf8"
 
 	"iop/internal/jsonscan"
 )
@@ -202,5 +205,26 @@ func TestChatScanEqualsDecodeOnSeeds(t *testing.T) {
 	var in openAIChatRequest
 	if !scanChatRequest(agent, &in) {
 		t.Fatal("the agent's request is not read in place")
+	}
+}
+
+// TestHTMLSafe8: eight bytes are safe at once exactly when each one is.
+func TestHTMLSafe8(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for n := range 1<<20 + 256*8 {
+		var b [8]byte
+		if n < 256*8 {
+			copy(b[:], "abcdefgh")
+			b[n%8] = byte(n / 8)
+		} else {
+			binary.LittleEndian.PutUint64(b[:], r.Uint64()&^(hi8*uint64(n%2)))
+		}
+		want := true
+		for _, c := range b {
+			want = want && c < utf8.RuneSelf && htmlSafe[c]
+		}
+		if got := htmlSafe8(binary.LittleEndian.Uint64(b[:])); got != want {
+			t.Fatalf("htmlSafe8(%q) = %v, want %v", b, got, want)
+		}
 	}
 }

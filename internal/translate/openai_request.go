@@ -191,7 +191,7 @@ type ollamaChatRequest struct {
 	hint int
 }
 
-func (r *ollamaChatRequest) sizeHint() int { return r.hint + 512 }
+func (r *ollamaChatRequest) sizeHint() int { return r.hint + 128 }
 
 // ToOllamaChat translates an OpenAI chat completions body into an Ollama
 // /api/chat body for model, always streaming:
@@ -517,12 +517,13 @@ func nonNullRaw(raw json.RawMessage) json.RawMessage {
 // parts whose text parts are joined by newlines and whose image_url parts,
 // which must be base64 data: URLs, become Ollama images. A string comes
 // back as quoted, the JSON string itself (raw without white space around
-// it), for appendRawString; the others as text.
+// it), for appendRawString; the others as text. raw is one valid JSON
+// value (decoded from the body), so a string needs no second look.
 func messageContent(raw json.RawMessage, i int) (quoted []byte, text string, images []string, err error) {
 	if isNull(raw) {
 		return nil, "", nil, nil
 	}
-	if q, ok := jsonString(raw); ok {
+	if q := bytes.TrimSpace(raw); q[0] == '"' {
 		return q, "", nil, nil
 	}
 	var parts []openAIPart
