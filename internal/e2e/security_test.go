@@ -41,6 +41,7 @@ import (
 	"iop/internal/ledger"
 	"iop/internal/node"
 	"iop/internal/process"
+	"iop/internal/quota"
 	"iop/internal/sim"
 	"iop/internal/testenv"
 )
@@ -330,7 +331,8 @@ func TestDevAPIKey(t *testing.T) {
 // that, pasted under keys:, accepts exactly that key with its limits.
 func TestKeysCreate(t *testing.T) {
 	t.Parallel()
-	create := harness.StartCommand(t, context.Background(), "keys", "create", "team a", "--models", "llama3,qwen:7b", "--max-concurrent", "2", "--requests-per-minute", "30")
+	create := harness.StartCommand(t, context.Background(), "keys", "create", "team a", "--models", "llama3,qwen:7b", "--max-concurrent", "2", "--requests-per-minute", "30",
+		"--team", "research", "--tokens-per-minute", "10000", "--tokens-per-day", "2000000", "--requests-per-day", "500", "--gpu-seconds-per-day", "3600.5")
 	if err := <-create.Done(); err != nil {
 		t.Fatalf("%v\n%s", err, create.Log.String())
 	}
@@ -349,13 +351,17 @@ func TestKeysCreate(t *testing.T) {
 	if secret == "" || line == "" || strings.Contains(line, secret) {
 		t.Fatalf("output:\n%s", out)
 	}
-	cfg, err := edge.ParseConfig([]byte("keys:\n  " + line + "\n"))
+	cfg, err := edge.ParseConfig([]byte("teams:\n  - {name: research}\nkeys:\n  " + line + "\n"))
 	if err != nil {
 		t.Fatalf("the printed line does not parse: %v", err)
 	}
 	k := cfg.Keys[0]
-	if k.Name != "team a" || k.MaxConcurrent != 2 || k.RequestsPerMinute != 30 || !slices.Equal(k.Models, []string{"llama3", "qwen:7b"}) {
+	if k.Name != "team a" || k.MaxConcurrent != 2 || k.RequestsPerMinute != 30 || !slices.Equal(k.Models, []string{"llama3", "qwen:7b"}) ||
+		k.Team != "research" || k.Quota != (quota.Limits{TokensPerMinute: 10000, TokensPerDay: 2000000, RequestsPerDay: 500, GPUSecondsPerDay: 3600.5}) {
 		t.Errorf("key %+v", k)
+	}
+	if !strings.Contains(out, `team "research" must be listed under teams:`) {
+		t.Errorf("output does not say the team must be listed:\n%s", out)
 	}
 	kr, err := auth.NewKeyring("keys", cfg.Keys, nil)
 	if err != nil || kr.Authenticate(secret) == nil {
@@ -363,7 +369,7 @@ func TestKeysCreate(t *testing.T) {
 	}
 	// A keys file in the same shape works too.
 	path := filepath.Join(t.TempDir(), "keys.yaml")
-	writeFile(t, path, []byte("keys:\n  "+line+"\n"))
+	writeFile(t, path, []byte("teams:\n  - {name: research}\nkeys:\n  "+line+"\n"))
 	c2 := edge.DefaultConfig()
 	c2.KeysFile = path
 	c2, err = c2.LoadKeysFile()

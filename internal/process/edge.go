@@ -116,8 +116,10 @@ type edgeProcess struct {
 	stopWatch     func()
 	steps         steps
 
-	keysMu           sync.Mutex // serializes reloads; guards the fields below
-	keyCfg, adminCfg []auth.Key // the keys the keyrings were last given
+	keysMu           sync.Mutex             // serializes reloads; guards the fields below
+	keyCfg, adminCfg []auth.Key             // the keys the keyrings were last given
+	teamCfg          []auth.Team            // the teams the quota was last given
+	priceCfg         map[string]quota.Price // the prices the quota was last given
 }
 
 // maxHeaderBytes caps a client request's header block; a larger one is
@@ -206,7 +208,7 @@ func (e *edgeProcess) openKeys(context.Context) error {
 	if e.AdminKeys, err = auth.NewKeyring("admin_keys", cfg.AdminKeys, nil); err != nil {
 		return err
 	}
-	e.keyCfg, e.adminCfg = cfg.Keys, cfg.AdminKeys
+	e.keyCfg, e.adminCfg, e.teamCfg, e.priceCfg = cfg.Keys, cfg.AdminKeys, cfg.Teams, cfg.Prices
 	e.Quota = quota.New(quota.Config{Logger: e.logger.With("component", "quota")})
 	configureQuota(e.Quota, cfg)
 	return checkOpenAPI(cfg, e.Keys.Len(), e.logger)

@@ -17,6 +17,7 @@ import (
 	"iop/internal/clock"
 	"iop/internal/edge"
 	"iop/internal/node"
+	"iop/internal/quota"
 )
 
 // reloadSettle is how long the config file must stay unchanged after an
@@ -139,31 +140,58 @@ type edgeReloader struct {
 	logger *slog.Logger
 }
 
-// keysChange names the keys (of one keyring) a reload added, removed and
-// changed.
-type keysChange struct{ added, removed, changed []string }
+// namedChange names the entries (keys of one keyring, teams, priced
+// models) a reload added, removed and changed, each list sorted.
+type namedChange struct{ added, removed, changed []string }
 
-func diffKeys(old, next []auth.Key) keysChange {
-	var c keysChange
-	byName := make(map[string]auth.Key, len(old))
-	for _, k := range old {
-		byName[k.Name] = k
+// diffNamed compares old and next by the name each entry has.
+func diffNamed[T any](old, next []T, name func(T) string) namedChange {
+	byName := make(map[string]T, len(old))
+	for _, x := range old {
+		byName[name(x)] = x
 	}
-	for _, k := range next {
-		was, ok := byName[k.Name]
+	var c namedChange
+	for _, x := range next {
+		was, ok := byName[name(x)]
 		switch {
 		case !ok:
-			c.added = append(c.added, k.Name)
-		case !reflect.DeepEqual(was, k):
-			c.changed = append(c.changed, k.Name)
+			c.added = append(c.added, name(x))
+		case !reflect.DeepEqual(was, x):
+			c.changed = append(c.changed, name(x))
 		}
-		delete(byName, k.Name)
+		delete(byName, name(x))
 	}
-	for name := range byName {
-		c.removed = append(c.removed, name)
+	for n := range byName {
+		c.removed = append(c.removed, n)
 	}
+	slices.Sort(c.added)
 	slices.Sort(c.removed)
+	slices.Sort(c.changed)
 	return c
+}
+
+func diffKeys(old, next []auth.Key) namedChange {
+	return diffNamed(old, next, func(k auth.Key) string { return k.Name })
+}
+
+func diffTeams(old, next []auth.Team) namedChange {
+	return diffNamed(old, next, func(t auth.Team) string { return t.Name })
+}
+
+// diffPrices compares two price tables by model name.
+func diffPrices(old, next map[string]quota.Price) namedChange {
+	type priced struct {
+		model string
+		price quota.Price
+	}
+	list := func(m map[string]quota.Price) []priced {
+		out := make([]priced, 0, len(m))
+		for model, p := range m {
+			out = append(out, priced{model, p})
+		}
+		return out
+	}
+	return diffNamed(list(old), list(next), func(p priced) string { return p.model })
 }
 
 // apply reads cfg's keys file, checks every keyring and that no keyring
@@ -194,6 +222,7 @@ func (r *edgeReloader) apply(file EdgeFile, trigger string) error {
 		return err
 	}
 	keys, admin := diffKeys(r.e.keyCfg, cfg.Keys), diffKeys(r.e.adminCfg, cfg.AdminKeys)
+	teams, prices := diffTeams(r.e.teamCfg, cfg.Teams), diffPrices(r.e.priceCfg, cfg.Prices)
 	// Validated above: Replace cannot fail now.
 	if err := r.e.Keys.Replace(cfg.Keys); err != nil {
 		return err
@@ -201,13 +230,15 @@ func (r *edgeReloader) apply(file EdgeFile, trigger string) error {
 	if err := r.e.AdminKeys.Replace(cfg.AdminKeys); err != nil {
 		return err
 	}
-	r.e.keyCfg, r.e.adminCfg = cfg.Keys, cfg.AdminKeys
+	r.e.keyCfg, r.e.adminCfg, r.e.teamCfg, r.e.priceCfg = cfg.Keys, cfg.AdminKeys, cfg.Teams, cfg.Prices
 	configureQuota(r.e.Quota, cfg)
 	log := r.logger.With("component", "config")
 	log.Info("config reloaded", "trigger", trigger, "added", res.Added, "removed", res.Removed,
 		"changed", res.Changed, "queue_changed", res.QueueChanged,
 		"keys_added", keys.added, "keys_removed", keys.removed, "keys_changed", keys.changed,
 		"admin_keys_added", admin.added, "admin_keys_removed", admin.removed, "admin_keys_changed", admin.changed,
+		"teams_added", teams.added, "teams_removed", teams.removed, "teams_changed", teams.changed,
+		"prices_added", prices.added, "prices_removed", prices.removed, "prices_changed", prices.changed,
 		"tokens_added", res.TokensAdded, "tokens_removed", res.TokensRemoved)
 	restart := append(res.Restart, r.e.localRestart(file)...)
 	if len(restart) > 0 {
