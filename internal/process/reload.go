@@ -15,7 +15,6 @@ import (
 
 	"iop/internal/auth"
 	"iop/internal/clock"
-	"iop/internal/edge"
 	"iop/internal/node"
 	"iop/internal/quota"
 )
@@ -194,22 +193,17 @@ func diffPrices(old, next map[string]quota.Price) namedChange {
 	return diffNamed(list(old), list(next), func(p priced) string { return p.model })
 }
 
-// apply reads cfg's keys file, checks every keyring and that no keyring
-// is emptied (checkKeysKept) first, then applies the edge's part and
-// swaps the keyrings; a cfg refused anywhere changes nothing. It logs
+// apply validates every part of file (EdgeFile.Validate), reads its keys
+// file and checks that no keyring is emptied (checkKeysKept) first, then
+// applies the edge core's part (edge.Service.Reload) and swaps the
+// keyrings; a cfg refused anywhere changes nothing. It logs
 // what changed and what needs a restart.
 func (r *edgeReloader) apply(file EdgeFile, trigger string) error {
-	cfg, err := file.Config.LoadKeysFile()
+	if err := file.Validate(); err != nil {
+		return err
+	}
+	cfg, err := file.AccessConfig.LoadKeysFile()
 	if err != nil {
-		return err
-	}
-	if err := auth.Validate("keys", cfg.Keys); err != nil {
-		return err
-	}
-	if err := auth.Validate("admin_keys", cfg.AdminKeys); err != nil {
-		return err
-	}
-	if err := auth.ValidateQuotas(cfg.Keys, cfg.Teams, cfg.Prices); err != nil {
 		return err
 	}
 	if err := checkKeysKept(r.e.Keys.Len(), r.e.AdminKeys.Len(), cfg); err != nil {
@@ -217,7 +211,7 @@ func (r *edgeReloader) apply(file EdgeFile, trigger string) error {
 	}
 	r.e.keysMu.Lock()
 	defer r.e.keysMu.Unlock()
-	res, err := r.e.Service.Reload(cfg)
+	res, err := r.e.Service.Reload(file.Config)
 	if err != nil {
 		return err
 	}
@@ -240,7 +234,9 @@ func (r *edgeReloader) apply(file EdgeFile, trigger string) error {
 		"teams_added", teams.added, "teams_removed", teams.removed, "teams_changed", teams.changed,
 		"prices_added", prices.added, "prices_removed", prices.removed, "prices_changed", prices.changed,
 		"tokens_added", res.TokensAdded, "tokens_removed", res.TokensRemoved)
-	restart := append(res.Restart, r.e.localRestart(file)...)
+	file.SetDefaults()
+	restart := append(append(res.Restart, r.e.cfg.restartOnly(file)...), r.e.localRestart(file)...)
+	slices.Sort(restart)
 	if len(restart) > 0 {
 		log.Warn("config settings changed that apply only after a restart; they keep their running values", "settings", restart)
 	}
@@ -270,7 +266,7 @@ func (e *edgeProcess) localRestart(file EdgeFile) []string {
 // keys while running has some (running: the running client keyring's
 // length), or no admin keys while runningAdmin > 0, unless cfg sets
 // insecure_open: a file read while half written must not open the API.
-func checkKeysKept(running, runningAdmin int, cfg edge.Config) error {
+func checkKeysKept(running, runningAdmin int, cfg AccessConfig) error {
 	if cfg.InsecureOpen {
 		return nil
 	}
