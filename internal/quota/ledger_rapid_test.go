@@ -230,18 +230,24 @@ func (g *rig) settle(t *rapid.T, cancel bool) {
 }
 
 // failover replaces the ledger by a new one rebuilt the way a new
-// leader rebuilds it: the settled usage from the usage ledger, and every
-// run in flight adopted with its reservation.
+// leader rebuilds it: the settled usage from the usage ledger, every
+// run in flight adopted with its reservation, and the minute windows
+// filled while requests lost by an earlier leader may count in them.
 func (g *rig) failover() {
 	l := New(Config{Clock: g.clk})
 	l.Configure(g.keys, g.teams, g.prices)
 	for _, d := range g.done {
-		if d.reqs > 0 {
+		if d.reqs > 0 && !d.lost { // a lost request is in no usage ledger
 			l.Restore(d.key, d.at, d.used, 1)
 		}
 	}
 	for _, o := range g.open {
 		o.res = l.Adopt(o.key, o.res.Ask())
+	}
+	if g.clk.Now().Before(g.filledUntil) {
+		// Requests lost within the minute: this leader fills it too.
+		l.Fill(time.Minute)
+		g.filledUntil = g.clk.Now().Add(time.Minute + time.Minute/granules)
 	}
 	g.l, g.doubles = l, 0
 }
