@@ -539,6 +539,23 @@ func (s *Service) startLocked(b Batch, resumed time.Time) bool {
 	return true
 }
 
+// Statuses are every status of a batch, in the order of its life.
+var Statuses = []string{StatusValidating, StatusFailed, StatusInProgress, StatusFinalizing, StatusCompleted,
+	StatusExpired, StatusCancelling, StatusCancelled}
+
+// Counts counts the batches of every owner by status (every status of
+// Statuses, 0 when none).
+func (s *Service) Counts(ctx context.Context) (map[string]int, error) {
+	counts, err := s.store.CountBatches(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, st := range Statuses {
+		counts[st] += 0
+	}
+	return counts, nil
+}
+
 // Active lists every batch still being worked on, of every owner, with
 // its stored counts (for the admin API's progress view).
 func (s *Service) Active(ctx context.Context) ([]Batch, error) {

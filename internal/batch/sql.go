@@ -363,6 +363,24 @@ func (s *SQL) queryBatches(ctx context.Context, limit int, q string, args ...any
 	return out, more, rows.Err()
 }
 
+func (s *SQL) CountBatches(ctx context.Context) (map[string]int, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT status, COUNT(*) FROM batches GROUP BY status`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var status string
+		var n int
+		if err := rows.Scan(&status, &n); err != nil {
+			return nil, err
+		}
+		out[status] = n
+	}
+	return out, rows.Err()
+}
+
 // maxCancelTries bounds RequestCancel's read-modify-write rounds against
 // a runner writing the same batch.
 const maxCancelTries = 16

@@ -121,6 +121,8 @@ type Store interface {
 	// in_progress, finalizing, cancelling), oldest first, with Runner and
 	// Leased.
 	ActiveBatches(ctx context.Context) ([]Batch, error)
+	// CountBatches counts the batches of every owner by status.
+	CountBatches(ctx context.Context) (map[string]int, error)
 	// RequestCancel moves owner's batch id from validating or
 	// in_progress to cancelling at at, whichever service runs it (its
 	// runner sees it at its next Renew). A batch already cancelling is

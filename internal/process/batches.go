@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"os"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -49,6 +50,10 @@ func (e *edgeProcess) openBatches(ctx context.Context) error {
 		Help: "Batch lines finished, by API (openai, anthropic) and state (done, failed).",
 	}, []string{"api", "state"})
 	if err := e.obs.registry.Register(lines); err != nil {
+		b.close()
+		return err
+	}
+	if err := e.obs.registry.Register(batchCounts{b}); err != nil {
 		b.close()
 		return err
 	}
@@ -102,4 +107,29 @@ func (e *edgeProcess) edgeName() string {
 	}
 	name, _ := os.Hostname()
 	return name
+}
+
+// batchesDesc is the gauge of batches by status.
+var batchesDesc = prometheus.NewDesc("iop_batches", "Batches by status (validating, in_progress, finalizing, completed, failed, expired, cancelling, cancelled), "+
+	"of every key; edges sharing a PostgreSQL database each report the same.", []string{"status"}, nil)
+
+// batchCounts collects iop_batches from the store at each scrape.
+type batchCounts struct{ b *edgeBatches }
+
+func (c batchCounts) Describe(ch chan<- *prometheus.Desc) { ch <- batchesDesc }
+
+func (c batchCounts) Collect(ch chan<- prometheus.Metric) {
+	if c.b.svc == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	counts, err := c.b.svc.Counts(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(batchesDesc, err)
+		return
+	}
+	for status, n := range counts {
+		ch <- prometheus.MustNewConstMetric(batchesDesc, prometheus.GaugeValue, float64(n), status)
+	}
 }
