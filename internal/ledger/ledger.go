@@ -70,7 +70,7 @@ const (
 	GroupModel    = "model"
 	GroupProvider = "provider" // node_id/provider_id
 	GroupNode     = "node"
-	GroupDay      = "day"  // the date of Entry.Time in Query.Location (UTC by default), YYYY-MM-DD
+	GroupDay      = "day"   // the date of Entry.Time in Query.Location (UTC by default), YYYY-MM-DD
 	GroupTeam     = "team"  // Query.TeamOf of the entry's key; "" for a key in no team
 	GroupBatch    = "batch" // "batch" for Entry.Batch, else "interactive"
 )
