@@ -447,8 +447,8 @@ func (s *Service) CreateMessageBatch(ctx context.Context, owner string, reqs []M
 	lines := make([]Line, len(reqs))
 	seen := make(map[string]bool, len(reqs))
 	for i, r := range reqs {
-		if r.CustomID == "" || len(r.CustomID) > 64 {
-			return Batch{}, fmt.Errorf("%w: requests.%d.custom_id: between 1 and 64 characters", ErrInvalid, i)
+		if !validCustomID(r.CustomID) {
+			return Batch{}, fmt.Errorf("%w: requests.%d.custom_id: String should match pattern '^[a-zA-Z0-9_-]{1,64}$'", ErrInvalid, i)
 		}
 		if seen[r.CustomID] {
 			return Batch{}, fmt.Errorf("%w: requests.%d.custom_id: %q is used twice", ErrInvalid, i, r.CustomID)
@@ -461,6 +461,22 @@ func (s *Service) CreateMessageBatch(ctx context.Context, owner string, reqs []M
 		CompletionWindow: "24h", Status: StatusInProgress, CreatedAt: now, InProgressAt: now,
 		ExpiresAt: now.Add(s.cfg.CompletionWindow), Total: len(lines)}
 	return b, s.create(ctx, b, lines)
+}
+
+// validCustomID reports whether id matches Anthropic's custom_id pattern,
+// ^[a-zA-Z0-9_-]{1,64}$.
+func validCustomID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range []byte(id) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // create stores b (and lines, when given) and starts its job.
