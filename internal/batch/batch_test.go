@@ -68,6 +68,11 @@ func input(ids ...string) string {
 	return sb.String()
 }
 
+// expiringWindow is the completion window of the batches tests let
+// expire: long enough for their immediate lines to finish first on a
+// loaded machine (PostgreSQL's writes included), short enough to wait for.
+const expiringWindow = 5 * time.Second
+
 func newService(t *testing.T, store Store, dir string, cfg Config) *Service {
 	t.Helper()
 	cfg.Store, cfg.Dir = store, dir
@@ -176,7 +181,7 @@ func create(t *testing.T, s *Service, content string) Batch {
 // ends expired; the lines that finished keep their results and the rest
 // are in the error file as batch_expired.
 func testExpiresWithPartialResults(t *testing.T, db database) {
-	s := newService(t, db.open(t), db.dir, Config{CompletionWindow: time.Second, Concurrency: 8})
+	s := newService(t, db.open(t), db.dir, Config{CompletionWindow: expiringWindow, Concurrency: 8})
 	defer s.store.Close()
 	defer s.Close()
 	if err := s.Start(context.Background(), &executor{}); err != nil {
@@ -203,7 +208,7 @@ func testExpiresWithPartialResults(t *testing.T, db database) {
 // testMessageBatchExpiredAndCanceledResults: an Anthropic batch's
 // unrun requests end expired (window over) or canceled (cancel).
 func testMessageBatchExpiredAndCanceledResults(t *testing.T, db database) {
-	s := newService(t, db.open(t), db.dir, Config{CompletionWindow: time.Second, Concurrency: 8})
+	s := newService(t, db.open(t), db.dir, Config{CompletionWindow: expiringWindow, Concurrency: 8})
 	defer s.store.Close()
 	defer s.Close()
 	if err := s.Start(context.Background(), &executor{}); err != nil {
