@@ -18,6 +18,7 @@ import (
 	"iop/internal/edge"
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/admin"
+	"iop/internal/edge/api/anthropic"
 	batchapi "iop/internal/edge/api/batch"
 	"iop/internal/ledger"
 	"iop/internal/node"
@@ -371,6 +372,7 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 		Shower:          svc,
 		Known:           svc.Known,
 		Routes:          routes,
+		APIs:            []api.API{anthropic.Routes},
 	}), svc, e.logger)
 	if err := e.startBatches(ctx, handler); err != nil {
 		return err
