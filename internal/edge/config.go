@@ -158,6 +158,11 @@ type Config struct {
 	// MaxBodyBytes caps a client request body, in bytes (413 above it);
 	// default 32 MiB. Served by the HTTP layer.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// MaxUploadBytes caps a multipart upload's body (POST
+	// /v1/audio/transcriptions), in bytes (413 above it), apart from
+	// MaxBodyBytes: an upload is streamed to its provider, not held;
+	// default 1 GiB (0). Served by the HTTP layer (package media).
+	MaxUploadBytes int64 `yaml:"max_upload_bytes"`
 	// MaxAnswerBytes caps a provider answer the edge reads whole to
 	// translate it for another API (a non-streamed tunnel answer for an
 	// Ollama or Anthropic client), in bytes (502 above it); default
@@ -585,6 +590,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxAnswerBytes < 0 {
 		bad("max_answer_bytes %d must not be negative", c.MaxAnswerBytes)
+	}
+	if c.MaxUploadBytes < 0 {
+		bad("max_upload_bytes %d must not be negative", c.MaxUploadBytes)
 	}
 	if c.MaxBodyBytes <= 0 {
 		bad("max_body_bytes %d must be positive", c.MaxBodyBytes)

@@ -18,6 +18,7 @@ import (
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/admin"
 	batchapi "iop/internal/edge/api/batch"
+	"iop/internal/edge/api/media"
 	"iop/internal/ledger"
 	"iop/internal/node"
 	"iop/internal/quota"
@@ -389,6 +390,8 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 	routes := admin.Routes(e.obs.adminConfig(admin.Config{Snapshots: svc, Usage: e.usage, Residency: svc, Quotas: e.Quota,
 		TeamOf: e.teamOf, Logger: e.logger}))
 	maps.Copy(routes, batchapi.Routes(e.batches.svc, e.logger))
+	mediaRoutes, bodyLimits := media.Routes(media.Config{MaxUploadBytes: e.cfg.MaxUploadBytes})
+	maps.Copy(routes, mediaRoutes)
 	handler := api.New(e.obs.apiConfig(api.Config{
 		Stopping:        e.stopping,
 		MaxBodyBytes:    e.cfg.MaxBodyBytes,
@@ -409,6 +412,7 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 		Shower:          svc,
 		Known:           svc.Known,
 		Routes:          routes,
+		BodyLimits:      bodyLimits,
 	}), svc, e.logger)
 	if err := e.startBatches(ctx, handler); err != nil {
 		return err

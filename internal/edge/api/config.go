@@ -100,6 +100,9 @@ type Config struct {
 	// share the frame's body limits, keys and admission, observation and
 	// error shapes (WriteError).
 	Routes map[string]Route
+	// BodyLimits replace MaxBodyBytes and BodyReadTimeout for the
+	// requests of their exact paths (a Config.Routes upload route's).
+	BodyLimits map[string]BodyLimit
 	// Keys are the client API keys; with at least one, every route but
 	// /healthz, /readyz and the admin routes needs one of them
 	// (access.go). Nil or empty: the client API is open.
@@ -184,4 +187,12 @@ func (c Config) withDefaults() Config {
 		c.AdminPrefixes = DefaultAdminPrefixes
 	}
 	return c
+}
+
+// BodyLimit is one path's request body limits (Config.BodyLimits): at
+// most MaxBytes bytes (0: Config.MaxBodyBytes), read within ReadTimeout
+// (0: Config.BodyReadTimeout).
+type BodyLimit struct {
+	MaxBytes    int64
+	ReadTimeout time.Duration
 }
