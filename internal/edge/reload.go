@@ -126,6 +126,7 @@ func restartOnly(running, next Config) []string {
 		{"tls", running.TLSCert != next.TLSCert || running.TLSKey != next.TLSKey || running.ClientCA != next.ClientCA},
 		{"database", running.Database != next.Database || running.LedgerDSN != next.LedgerDSN || running.RunsDSN != next.RunsDSN || running.Name != next.Name},
 		{"max_body_bytes", running.MaxBodyBytes != next.MaxBodyBytes},
+		{"max_upload_bytes", running.MaxUploadBytes != next.MaxUploadBytes},
 		{"max_answer_bytes", running.MaxAnswerBytes != next.MaxAnswerBytes},
 		{"write_timeout", running.WriteTimeout != next.WriteTimeout},
 		{"fairness.flow", running.Fairness.Flow != next.Fairness.Flow},
