@@ -103,6 +103,10 @@ type Config struct {
 	// BodyLimits replace MaxBodyBytes and BodyReadTimeout for the
 	// requests of their exact paths (a Config.Routes upload route's).
 	BodyLimits map[string]BodyLimit
+	// APIs are the client API packages served on the frame, each making
+	// its routes with the Frame (anthropic.Routes, ...); their routes are
+	// merged with Routes. Nil: none.
+	APIs []API
 	// Keys are the client API keys; with at least one, every route but
 	// /healthz, /readyz and the admin routes needs one of them
 	// (access.go). Nil or empty: the client API is open.

@@ -38,8 +38,8 @@ func Relay(w http.ResponseWriter, r *http.Request, api string, req contract.Requ
 	if req.Headers == nil {
 		req.Headers = forwardHeaders(r.Header)
 	}
-	h.serveRun(w, r, &req, func(rr *runResponse, _ contract.DispatchInfo) string {
-		return rr.fail(&requestError{message: "the provider chosen for model " + clip(req.Model) +
+	h.serveRun(w, r, &req, func(rr *Answer, _ contract.DispatchInfo) string {
+		return rr.fail(&requestError{message: "the provider chosen for model " + Clip(req.Model) +
 			" does not serve this endpoint: it is not on the tunnel path"})
 	})
 }

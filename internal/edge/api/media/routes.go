@@ -72,14 +72,17 @@ func Routes(cfg Config) (map[string]api.Route, map[string]api.BodyLimit) {
 		cfg.UploadReadTimeout = DefaultUploadReadTimeout
 	}
 	s := &server{cfg: cfg}
+	jsonRoute := func(name string, op contract.Operation, need string, chk check) api.Route {
+		return api.Route{Method: http.MethodPost, Serve: s.json(name, op, need, chk), Operation: name}
+	}
 	routes := map[string]api.Route{
-		rerankPath:         {Method: http.MethodPost, Serve: s.json("rerank", contract.OperationRerank, CapRerank, checkRerank)},
-		rerankRootPath:     {Method: http.MethodPost, Serve: s.json("rerank", contract.OperationRerank, CapRerank, checkRerank)},
-		speechPath:         {Method: http.MethodPost, Serve: s.json("speech", contract.OperationSpeech, CapSpeech, checkSpeech)},
-		imagesPath:         {Method: http.MethodPost, Serve: s.json("images", contract.OperationImages, CapImages, checkImages)},
-		infillPath:         {Method: http.MethodPost, Serve: s.json("infill", contract.OperationInfill, CapInfill, checkInfill)},
-		completionPath:     {Method: http.MethodPost, Serve: s.json("llama_completion", contract.OperationLlamaCompletion, CapLlamaCompletion, checkLlamaCompletion)},
-		transcriptionsPath: {Method: http.MethodPost, Serve: s.transcription},
+		rerankPath:         jsonRoute("rerank", contract.OperationRerank, CapRerank, checkRerank),
+		rerankRootPath:     jsonRoute("rerank", contract.OperationRerank, CapRerank, checkRerank),
+		speechPath:         jsonRoute("speech", contract.OperationSpeech, CapSpeech, checkSpeech),
+		imagesPath:         jsonRoute("images", contract.OperationImages, CapImages, checkImages),
+		infillPath:         jsonRoute("infill", contract.OperationInfill, CapInfill, checkInfill),
+		completionPath:     jsonRoute("llama_completion", contract.OperationLlamaCompletion, CapLlamaCompletion, checkLlamaCompletion),
+		transcriptionsPath: {Method: http.MethodPost, Serve: s.transcription, Operation: "transcription"},
 	}
 	limits := map[string]api.BodyLimit{
 		transcriptionsPath: {MaxBytes: cfg.MaxUploadBytes, ReadTimeout: cfg.UploadReadTimeout},
