@@ -67,6 +67,8 @@ type Run struct {
 	// cancel, is reused (serveWarm).
 	endedClean atomic.Bool
 	body       []byte
+	// bodyFrom, when set, streams the body instead (Request.BodyFrom).
+	bodyFrom func(servedModel string) io.Reader
 	// opened is closed when the node's Run stream is attached and its
 	// RunStarted published (so that Dispatch, and the caller's Close with
 	// its RunEnded, come after it); bodySent when the whole body went down
