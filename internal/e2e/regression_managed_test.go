@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,7 +24,9 @@ import (
 // the provider, whose servers start fine, are still served: a server
 // start failure is that model's, not the provider's, so it must not open
 // the provider's circuit. Three requests for the broken model opened it
-// and the good model got 503 provider_unavailable for the cool-down.
+// and the good model got 503 provider_unavailable for the cool-down. A
+// model whose server never answers its health URL (504 after its
+// start_timeout) is the same.
 func TestRegression_ManagedBrokenServerKeepsTheOtherModelsServed(t *testing.T) {
 	t.Parallel()
 	bin := filepath.Join(t.TempDir(), "iop")
@@ -42,11 +45,18 @@ func TestRegression_ManagedBrokenServerKeepsTheOtherModelsServed(t *testing.T) {
 		Cmd: []string{"sh", "-c", "exit 3"},
 		Env: map[string]string{"P": "${PORT}"},
 	}
+	// A server that runs but never answers its health URL: every run
+	// waits start_timeout for it, then fails 504.
+	mute := managed.Server{
+		Cmd:          []string{"sh", "-c", "exec sleep 600"},
+		Env:          map[string]string{"P": "${PORT}"},
+		StartTimeout: 500 * time.Millisecond,
+	}
 	harness.Node(t, ctx, node.Config{
 		NodeID: "gpu",
 		Edge:   e.NodeAddr,
-		Providers: []node.ProviderConfig{{ID: "mg", Type: node.TypeManaged, Capacity: 2,
-			Servers: map[string]managed.Server{"good": good, "broken": broken}}},
+		Providers: []node.ProviderConfig{{ID: "mg", Type: node.TypeManaged, Capacity: 2, MaxLoadedModels: 3,
+			Servers: map[string]managed.Server{"good": good, "broken": broken, "mute": mute}}},
 	})
 	chat := func(model string) (int, string) {
 		body := `{"model":"` + model + `","messages":[{"role":"user","content":"hi"}]}`
@@ -62,12 +72,18 @@ func TestRegression_ManagedBrokenServerKeepsTheOtherModelsServed(t *testing.T) {
 		code, _ := chat("good")
 		return code == http.StatusOK
 	})
-	for i := range edge.DefaultBreakerFailures {
-		if code, body := chat("broken"); code != http.StatusBadGateway {
-			t.Fatalf("broken model, request %d: %d %s, want 502", i, code, body)
+	for _, bad := range []struct {
+		model string
+		code  int
+	}{{"broken", http.StatusBadGateway}, {"mute", http.StatusGatewayTimeout}} {
+		for i := range edge.DefaultBreakerFailures {
+			code, body := chat(bad.model)
+			if code != bad.code || !strings.Contains(body, `"error"`) || !strings.Contains(body, "model server") {
+				t.Fatalf("%s model, request %d: %d %s, want %d with an error naming the model server", bad.model, i, code, body, bad.code)
+			}
 		}
-	}
-	if code, body := chat("good"); code != http.StatusOK {
-		t.Fatalf("good model after the broken one failed: %d %s, want 200", code, body)
+		if code, body := chat("good"); code != http.StatusOK {
+			t.Fatalf("good model after the %s one failed: %d %s, want 200", bad.model, code, body)
+		}
 	}
 }
