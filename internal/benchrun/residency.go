@@ -141,7 +141,9 @@ func residencyTrace(cfg ResidencyConfig) []traced {
 // Providers `iop sim` processes (Ollama protocol, every model, residency
 // on), `iop edge` (routing least_loaded, residency on or off) and one
 // `iop node` driving them, replays the same trace, and reads the
-// simulators' loads and the edge's queue waits. Errors: a process that
+// simulators' loads and the edge's queue waits; then it adds the
+// reference row, llama-swap's policy on one host for the same trace
+// (llamaSwapPhase, simulated). Errors: a process that
 // fails to start or exits, a setup step that times out, ctx's end.
 func Residency(ctx context.Context, cfg ResidencyConfig) (ResidencyReport, error) {
 	cfg.setDefaults()
@@ -154,6 +156,7 @@ func Residency(ctx context.Context, cfg ResidencyConfig) (ResidencyReport, error
 		}
 		rep.Phases = append(rep.Phases, p)
 	}
+	rep.Phases = append(rep.Phases, llamaSwapPhase(cfg, trace))
 	return rep, nil
 }
 
@@ -377,7 +380,7 @@ func (r ResidencyReport) WriteTable(w io.Writer) {
 			roundFair(p.QueueWait.P99), roundFair(p.QueueWait.Max), p.OverCapacity)
 	}
 	tw.Flush()
-	if len(r.Phases) != 2 {
+	if len(r.Phases) < 2 {
 		return
 	}
 	on, off := r.Phases[0], r.Phases[1]
