@@ -45,6 +45,13 @@ type ResidencyConfig struct {
 	Warmup time.Duration
 	// Log gets progress lines; nil means none.
 	Log io.Writer
+	// Ollamas, when set, are the providers instead of simulators: the
+	// base URLs of Ollama servers already serving models m1..mModels
+	// (Providers is their number), not started or stopped here. Loads
+	// then come from CountLoads (the servers' loads so far, summed), and
+	// over capacity is not measured (an Ollama queues what it cannot run).
+	Ollamas    []string
+	CountLoads func() int64
 }
 
 func (c *ResidencyConfig) setDefaults() {
@@ -54,6 +61,9 @@ func (c *ResidencyConfig) setDefaults() {
 		}
 	}
 	def(&c.Models, 3)
+	if len(c.Ollamas) > 0 {
+		c.Providers = len(c.Ollamas)
+	}
 	def(&c.Providers, 2)
 	def(&c.MaxLoaded, 1)
 	def(&c.Capacity, 2)
@@ -156,7 +166,9 @@ func Residency(ctx context.Context, cfg ResidencyConfig) (ResidencyReport, error
 		}
 		rep.Phases = append(rep.Phases, p)
 	}
-	rep.Phases = append(rep.Phases, llamaSwapPhase(cfg, trace))
+	if len(cfg.Ollamas) == 0 { // its load and service times are the simulators'
+		rep.Phases = append(rep.Phases, llamaSwapPhase(cfg, trace))
+	}
 	return rep, nil
 }
 
@@ -187,7 +199,14 @@ func residencyPhase(ctx context.Context, cfg ResidencyConfig, phase string, trac
 	}
 	var sims []string
 	var providers strings.Builder
+	for i, url := range cfg.Ollamas {
+		fmt.Fprintf(&providers, "  - {id: p%d, type: ollama, base_url: %q, models: [%s], capacity: %d, max_loaded_models: %d}\n",
+			i+1, url, strings.Join(models, ", "), cfg.Capacity, cfg.MaxLoaded)
+	}
 	for i := range cfg.Providers {
+		if len(cfg.Ollamas) > 0 {
+			break
+		}
 		addr, err := freeAddr()
 		if err != nil {
 			return out, err
@@ -260,6 +279,10 @@ keys:
 	fmt.Fprintf(cfg.Log, "phase %s: %d sims, edge (%s) and node up; %d requests over %s; logs in %s\n",
 		phase, cfg.Providers, edgeURL, len(trace), cfg.Duration, dir)
 
+	var loadsBefore int64
+	if cfg.CountLoads != nil {
+		loadsBefore = cfg.CountLoads()
+	}
 	lat, ok := replay(ctx, edgeURL, trace)
 	out.Requests = len(trace)
 	var ds, steady []time.Duration
@@ -275,6 +298,9 @@ keys:
 		}
 	}
 	out.Latency, out.Steady = percentilesOf(ds), percentilesOf(steady)
+	if cfg.CountLoads != nil {
+		out.Loads = cfg.CountLoads() - loadsBefore
+	}
 	for i, u := range sims {
 		var st struct {
 			Loads       int64 `json:"loads"`
