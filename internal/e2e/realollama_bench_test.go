@@ -18,16 +18,21 @@ import (
 // (OLLAMA_NUM_PARALLEL=2), of three tiny models, behind iop edge and node
 // processes; the same trace with residency on and off; loads counted from
 // the Ollamas' logs. It reports figures (BENCHMARKS.md, "Issue 32"),
-// asserts no target, and runs only with IOP_BENCH_REAL_OLLAMA=1 (minutes).
+// asserts no target, and runs only with IOP_BENCH_REAL_OLLAMA=1 (minutes);
+// IOP_BENCH_REAL_OLLAMA_MAX_LOADED=2 has each Ollama hold two models.
 func TestRealOllamaResidencyBench(t *testing.T) {
 	if os.Getenv("IOP_BENCH_REAL_OLLAMA") != "1" {
 		t.Skip("a benchmark: set IOP_BENCH_REAL_OLLAMA=1 to run it")
 	}
 	const models = 3
+	maxLoaded := 1
+	if os.Getenv("IOP_BENCH_REAL_OLLAMA_MAX_LOADED") == "2" {
+		maxLoaded = 2
+	}
 	var urls []string
 	var ollamas []*ollamatest.Server
 	for range 2 {
-		s := ollamatest.Start(t, "OLLAMA_MAX_LOADED_MODELS=1", "OLLAMA_NUM_PARALLEL=2")
+		s := ollamatest.Start(t, fmt.Sprintf("OLLAMA_MAX_LOADED_MODELS=%d", maxLoaded), "OLLAMA_NUM_PARALLEL=2")
 		for i := range models {
 			s.CreateModel(t, fmt.Sprintf("m%d", i+1), ollamatest.Plain)
 		}
@@ -36,7 +41,7 @@ func TestRealOllamaResidencyBench(t *testing.T) {
 	}
 	var out strings.Builder
 	rep, err := benchrun.Residency(t.Context(), benchrun.ResidencyConfig{
-		Binary: harness.IOP(t), Models: models, MaxLoaded: 1, Capacity: 2, Rate: 2, Duration: 60 * time.Second,
+		Binary: harness.IOP(t), Models: models, MaxLoaded: maxLoaded, Capacity: 2, Rate: 2, Duration: 60 * time.Second,
 		LoadTime: time.Second, Ollamas: urls, Log: &out,
 		CountLoads: func() int64 {
 			n := 0

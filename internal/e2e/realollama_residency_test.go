@@ -52,8 +52,7 @@ func TestRealOllama_ResidencyPair(t *testing.T) {
 	phase := func(mode string) (starts []int, readLoads int) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		cfg := edge.DefaultConfig()
-		cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", ":memory:"
+		cfg := harness.EdgeConfig(nil)
 		cfg.Routing = edge.RoutingLeastLoaded
 		cfg.Residency = edge.ResidencyConfig{Mode: mode}
 		e, err := process.Start(ctx, process.Config{Mode: process.ModeEdge, Edge: cfg}, process.Deps{Logger: harness.Logger(t, "edge "+mode)})
