@@ -460,7 +460,8 @@ func readRunDownTo(stream runStream, r *run, inline, streamed bool, bodies chan<
 //	adapter.ErrCancelled   CANCELLED                  TunnelError{"run cancelled", 0}
 //	adapter.ErrBadRequest  ERROR{message, 400,        TunnelError{message, 400}
 //	  (status 400)           invalid_request, param}
-//	*adapter.Error         ERROR{message, status}     TunnelError{message, status}
+//	*adapter.Error         ERROR{message, status}     TunnelError{message, status,
+//	                                                    model_failure}
 //	anything else          ERROR{..., 502}            TunnelError{..., 502}
 //
 // An ERROR event's invalid_request tells the edge that the node itself
@@ -475,6 +476,7 @@ func terminal(path nodev1.ExecutionPath, err error) *nodev1.RunUp {
 		msg       string
 		code      int32
 		cancelled bool
+		modelOnly bool
 	)
 	switch {
 	case err == nil:
@@ -496,7 +498,7 @@ func terminal(path nodev1.ExecutionPath, err error) *nodev1.RunUp {
 	case errors.Is(err, ErrNoAdapter):
 		msg, code = err.Error(), http.StatusBadGateway
 	case errors.As(err, &aerr):
-		msg, code = aerr.Message, int32(aerr.Status)
+		msg, code, modelOnly = aerr.Message, int32(aerr.Status), aerr.ModelFailure
 		if !tunnel && errors.Is(err, adapter.ErrBadRequest) && aerr.Status == http.StatusBadRequest {
 			ev := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_ERROR, Error: msg, Status: code, InvalidRequest: true, Param: aerr.Param}
 			return &nodev1.RunUp{Msg: &nodev1.RunUp_Events{Events: &nodev1.RunEvents{Events: []*nodev1.RunEvent{ev}}}}
@@ -505,7 +507,7 @@ func terminal(path nodev1.ExecutionPath, err error) *nodev1.RunUp {
 		msg, code = "node failed to run the request", http.StatusBadGateway
 	}
 	if tunnel {
-		return &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelError{TunnelError: &nodev1.TunnelError{Message: msg, Status: code}}}
+		return &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelError{TunnelError: &nodev1.TunnelError{Message: msg, Status: code, ModelFailure: modelOnly}}}
 	}
 	ev := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_ERROR, Error: msg, Status: code}
 	if cancelled {

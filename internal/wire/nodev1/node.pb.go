@@ -3278,9 +3278,15 @@ func (x *TunnelEnd) GetProviderError() string {
 
 // TunnelError reports a failure of the provider request.
 type TunnelError struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Message       string                 `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
-	Status        int32                  `protobuf:"varint,2,opt,name=status,proto3" json:"status,omitempty"` // 502 for an upstream failure, 504 for a timeout
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Message string                 `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
+	Status  int32                  `protobuf:"varint,2,opt,name=status,proto3" json:"status,omitempty"` // 502 for an upstream failure, 504 for a timeout
+	// model_failure: the failure is the served model's alone, not its
+	// provider's: a managed provider's server for that model could not
+	// start, was not healthy in time, or exited. Another model of the
+	// provider is unaffected, so no circuit breaker counts it. Additive: an
+	// edge from before it counts it against the provider.
+	ModelFailure  bool `protobuf:"varint,3,opt,name=model_failure,json=modelFailure,proto3" json:"model_failure,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3327,6 +3333,13 @@ func (x *TunnelError) GetStatus() int32 {
 		return x.Status
 	}
 	return 0
+}
+
+func (x *TunnelError) GetModelFailure() bool {
+	if x != nil {
+		return x.ModelFailure
+	}
+	return false
 }
 
 var File_node_proto protoreflect.FileDescriptor
@@ -3597,10 +3610,11 @@ const file_node_proto_rawDesc = "" +
 	"TunnelData\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\"2\n" +
 	"\tTunnelEnd\x12%\n" +
-	"\x0eprovider_error\x18\x01 \x01(\tR\rproviderError\"?\n" +
+	"\x0eprovider_error\x18\x01 \x01(\tR\rproviderError\"d\n" +
 	"\vTunnelError\x12\x18\n" +
 	"\amessage\x18\x01 \x01(\tR\amessage\x12\x16\n" +
-	"\x06status\x18\x02 \x01(\x05R\x06status*i\n" +
+	"\x06status\x18\x02 \x01(\x05R\x06status\x12#\n" +
+	"\rmodel_failure\x18\x03 \x01(\bR\fmodelFailure*i\n" +
 	"\rExecutionPath\x12\x1e\n" +
 	"\x1aEXECUTION_PATH_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15EXECUTION_PATH_TUNNEL\x10\x01\x12\x1d\n" +
