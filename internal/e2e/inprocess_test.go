@@ -25,7 +25,7 @@ import (
 // (the storm of 1,000 clients: TestStormOnTheInMemoryLink). The
 // gRPC row of the table is each test run on its own.
 func TestGuaranteesOnTheInMemoryLink(t *testing.T) {
-	// Not parallel: EndToEndBothExecutionPaths sets the environment.
+	t.Parallel()
 	harness.UseLink(t, harness.LinkMemory)
 	for _, tc := range []struct {
 		name string
@@ -50,12 +50,14 @@ func TestGuaranteesOnTheInMemoryLink(t *testing.T) {
 }
 
 // TestStormOnTheInMemoryLink is TestStormAdmitsCapacityPlusQueue with its
-// node in the edge's process. It stands alone: it counts every goroutine
-// of the test binary, and inside TestGuaranteesOnTheInMemoryLink, after
-// the tests there, the count stayed above its baseline (not seen alone).
+// node in the edge's process. It runs in a process of its own: it counts
+// every goroutine of the test binary.
 func TestStormOnTheInMemoryLink(t *testing.T) {
+	if testenv.RunInOwnProcess(t) {
+		return
+	}
 	harness.UseLink(t, harness.LinkMemory)
-	TestStormAdmitsCapacityPlusQueue(t)
+	storm(t)
 }
 
 // TestInProcessNodeRestartIsANewGeneration: a node in the edge's process
