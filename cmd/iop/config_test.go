@@ -78,7 +78,7 @@ func TestEdgeMaxRetriesFlag(t *testing.T) {
 // set by max_body_bytes in the edge's config and --max-body-bytes on edge
 // and dev.
 func TestBadInput_MaxBodyBytesConfig(t *testing.T) {
-	if got := edge.DefaultConfig().MaxBodyBytes; got != 32<<20 {
+	if got := process.DefaultEdgeFile().MaxBodyBytes; got != 32<<20 {
 		t.Fatalf("default max_body_bytes %d, want 32 MiB", got)
 	}
 	logLevel := "info"
@@ -95,7 +95,7 @@ func TestBadInput_MaxBodyBytesConfig(t *testing.T) {
 	if err := os.WriteFile(path, []byte("max_body_bytes: 12345\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	if err := loadConfig(&cobra.Command{Use: "x"}, path, &cfg); err != nil || cfg.MaxBodyBytes != 12345 {
 		t.Fatalf("max_body_bytes from YAML: %d, %v", cfg.MaxBodyBytes, err)
 	}

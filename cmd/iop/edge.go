@@ -27,7 +27,7 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 			for _, t := range tokens {
 				cfg.Tokens = append(cfg.Tokens, edge.NodeToken{Token: t})
 			}
-			pc := process.Config{Mode: process.ModeEdge, Edge: cfg.Config, LocalProviders: cfg.Providers, LocalNodeID: cfg.LocalNodeID, PprofListen: pprofListen}
+			pc := process.Config{Mode: process.ModeEdge, Edge: cfg, Version: version, PprofListen: pprofListen}
 			deps := process.Deps{Logger: logger, Hangup: hangup()}
 			if configPath != "" {
 				// The flags stay bound to cfg: each reload resets it, reads

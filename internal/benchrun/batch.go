@@ -165,7 +165,7 @@ func Batch(ctx context.Context, cfg BatchConfig) (BatchReport, error) {
 			i, addr, batchModel, cfg.Capacity))
 	}
 
-	ecfg := edge.DefaultConfig()
+	ecfg := iopprocess.DefaultEdgeFile()
 	ecfg.Listen, ecfg.NodeListen, ecfg.Database = "127.0.0.1:0", "127.0.0.1:0", ":memory:"
 	ecfg.Queue.MaxQueue = 1024
 	ecfg.Queue.QueueTimeout = 30 * time.Second

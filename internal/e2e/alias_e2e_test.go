@@ -201,7 +201,7 @@ func TestCheckNodeAgainstEdge(t *testing.T) {
 	_, tinyURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"tiny:latest", "embed:latest"}})
 	_, otherURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"other"}})
 	admin, adminHash := auth.Generate()
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.AdminKeys = []auth.Key{{Name: "ops", Hash: adminHash}}
 	cfg.Models = edge.Aliases{
 		"chat":  {Targets: []string{"m1"}},

@@ -21,7 +21,6 @@ import (
 
 	"iop/internal/auth"
 	"iop/internal/e2e/harness"
-	"iop/internal/edge"
 	"iop/internal/node"
 	"iop/internal/process"
 	"iop/internal/sim"
@@ -83,7 +82,7 @@ func startKeyRig(t *testing.T, keys []auth.Key) *keyRig {
 		rig.drains.Wait()
 		rig.client.CloseIdleConnections()
 	})
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Keys = keys
 	cfg.AdminKeys = []auth.Key{{Name: "ops", Hash: adminHash}}
 	cfg.Database = rig.db

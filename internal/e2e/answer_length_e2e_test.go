@@ -21,7 +21,6 @@ import (
 	"testing"
 
 	"iop/internal/e2e/harness"
-	"iop/internal/edge"
 	"iop/internal/node"
 	"iop/internal/process"
 	"iop/internal/sim"
@@ -51,7 +50,7 @@ func startLengthRig(t *testing.T, breakerFailures int) *lengthRig {
 	}
 	_, simURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"sim-model"}, Seed: 18})
 	ctx, cancel := context.WithCancel(context.Background())
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", rig.db
 	cfg.CircuitBreaker.Failures = breakerFailures
 	retries := 0

@@ -63,7 +63,7 @@ func startBadRig(t *testing.T, maxBody int64) *badRig {
 	rig := &badRig{normProxy: startRecordingProxy(t, normURL), tunPrx: startRecordingProxy(t, tunURL)}
 
 	ctx, cancel := context.WithCancel(context.Background())
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Listen, cfg.NodeListen = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Database = ":memory:"
 	if maxBody != 0 {

@@ -18,9 +18,9 @@ import (
 
 	"iop/internal/auth"
 	"iop/internal/e2e/harness"
-	"iop/internal/edge"
 	"iop/internal/node"
 	"iop/internal/ollamatest"
+	"iop/internal/process"
 	"iop/internal/sim"
 	"iop/internal/status"
 	"iop/internal/testenv"
@@ -173,7 +173,7 @@ func chatLines(prefix, model string, n, maxTokens int) string {
 // batchRig is an edge in this process with a node serving model "fast"
 // (an Ollama simulator, normalized path), "tunneled" (an OpenAI one,
 // tunnel path) and "slow" (capacity 1, 20 tokens a second).
-func batchRig(t *testing.T, cfg edge.Config) batchAPI {
+func batchRig(t *testing.T, cfg process.EdgeFile) batchAPI {
 	t.Helper()
 	_, ollamaURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"fast", "slow"}, Seed: 3})
 	_, openaiURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"tunneled"}, Seed: 3})

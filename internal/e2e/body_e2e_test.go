@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"iop/internal/e2e/harness"
-	"iop/internal/edge"
 	"iop/internal/node"
+	"iop/internal/process"
 )
 
 // TestEndToEndBodySizes: through a real edge and node, the provider gets
@@ -19,7 +19,7 @@ import (
 func TestEndToEndBodySizes(t *testing.T) {
 	t.Parallel()
 	up := startUpstream(t, nil)
-	e := startEdgeWith(t, edge.DefaultConfig(), harness.Logger(t, "edge"))
+	e := startEdgeWith(t, process.DefaultEdgeFile(), harness.Logger(t, "edge"))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	harness.Node(t, ctx, node.Config{NodeID: "n1", Edge: e.NodeAddr, Providers: []node.ProviderConfig{

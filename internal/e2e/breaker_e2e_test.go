@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"iop/internal/e2e/harness"
-	"iop/internal/edge"
 	"iop/internal/edge/contract"
 	"iop/internal/node"
 	"iop/internal/process"
@@ -37,7 +36,7 @@ func TestRegression_TranslatedRoutesOpenTheCircuit(t *testing.T) {
 		{"messages", "/v1/messages", `{"model":%q,"max_tokens":64,"messages":[{"role":"user","content":"hi"}],"stream":%v}`, both},
 		{"ollama", "/api/chat", `{"model":%q,"messages":[{"role":"user","content":"hi"}],"stream":%v}`, both},
 	}
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	retries := 0
 	cfg.MaxRetries = &retries
 	cfg.CircuitBreaker.Failures = 3

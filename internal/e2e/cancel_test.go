@@ -15,7 +15,6 @@ import (
 	"github.com/openai/openai-go/v3"
 
 	"iop/internal/e2e/harness"
-	"iop/internal/edge"
 	"iop/internal/node"
 	"iop/internal/process"
 	"iop/internal/sim"
@@ -33,7 +32,7 @@ type cancelPath struct {
 // one node with an Ollama provider (normalized path) and an
 // OpenAI-compatible one (tunnel path), each of the given capacity, over two
 // simulators at simCfg's pace.
-func startCancelStack(t *testing.T, cfg edge.Config, capacity int, simCfg sim.Config) (*process.Process, []cancelPath) {
+func startCancelStack(t *testing.T, cfg process.EdgeFile, capacity int, simCfg sim.Config) (*process.Process, []cancelPath) {
 	t.Helper()
 	// Answers as long as max_tokens asks (the simulator's default is 16).
 	simCfg.DefaultMaxTokens = 100_000_000
@@ -106,7 +105,7 @@ func TestClientGoneCancelsRun(t *testing.T) {
 	t.Parallel()
 	// 100 tokens/s: a 100,000-token answer outlives the test; a 20-token
 	// one ends in 0.2 s.
-	e, paths := startCancelStack(t, edge.DefaultConfig(), 2, sim.Config{TokensPerSecond: 100})
+	e, paths := startCancelStack(t, process.DefaultEdgeFile(), 2, sim.Config{TokensPerSecond: 100})
 	client := newClient(e)
 	const long = 100_000
 
@@ -203,7 +202,7 @@ func TestClientGoneCancelsRun(t *testing.T) {
 // cancelled after write_timeout, and the next request is admitted.
 func TestSlowReaderLosesItsSlot(t *testing.T) {
 	t.Parallel()
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.WriteTimeout = 300 * time.Millisecond
 	// The next request waits for the stalled run's slot: on two cores
 	// shared with other test binaries, freeing it took longer than the
@@ -260,7 +259,7 @@ func stalledReader(t *testing.T, e *process.Process, model string) net.Conn {
 // whole to a client that keeps reading.
 func TestWriteDeadlineDoesNotCutReadingClients(t *testing.T) {
 	t.Parallel()
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.WriteTimeout = 100 * time.Millisecond
 	// 10 tokens at 5/s: 200 ms between writes, 2 s in all.
 	e, paths := startCancelStack(t, cfg, 1, sim.Config{TokensPerSecond: 5})

@@ -26,7 +26,6 @@ import (
 
 	"iop/internal/clock"
 	"iop/internal/e2e/harness"
-	"iop/internal/edge"
 	"iop/internal/node"
 	"iop/internal/process"
 	"iop/internal/sim"
@@ -68,7 +67,7 @@ func startEndpointEnv(t *testing.T) *endpointEnv {
 	env.openaiSim, env.openaiURL = harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{tunnelModel}, Seed: 11})
 	_, plainURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{plainModel}})
 	ctx, cancel := context.WithCancel(context.Background())
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Listen, cfg.NodeListen = "127.0.0.1:0", "127.0.0.1:0"
 	e, err := process.Start(ctx, process.Config{Mode: process.ModeEdge, Edge: cfg}, process.Deps{Logger: slog.New(env.logs)})
 	if err != nil {
@@ -549,7 +548,7 @@ func TestEndToEndStreamFraming(t *testing.T) {
 
 	logs := &logRecorder{}
 	ctx, cancel := context.WithCancel(context.Background())
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Listen, cfg.NodeListen = "127.0.0.1:0", "127.0.0.1:0"
 	e, err := process.Start(ctx, process.Config{Mode: process.ModeEdge, Edge: cfg}, process.Deps{Logger: slog.New(logs)})
 	if err != nil {

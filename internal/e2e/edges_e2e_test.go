@@ -34,7 +34,7 @@ var severalEdgesModels = map[string]edge.ModelConfig{"alias": {Targets: []string
 // (HTTP on an ephemeral loopback port); stop ends it and waits.
 func startEdgeAt(t *testing.T, nodeListen string) (e *process.Process, stop func()) {
 	t.Helper()
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Listen, cfg.NodeListen = "127.0.0.1:0", nodeListen
 	cfg.Database = ":memory:"
 	cfg.Models = severalEdgesModels

@@ -88,7 +88,7 @@ func startErrorsRig(t *testing.T, breakerFailures int) *errorsRig {
 	_, goodOllama := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"good-ollama"}, Seed: 2})
 	_, goodOpenAI := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"good-openai"}, Seed: 2})
 	ctx, cancel := context.WithCancel(context.Background())
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", rig.db
 	cfg.CircuitBreaker.Failures = breakerFailures
 	// The failing fakes must be tried first (they sort first and win

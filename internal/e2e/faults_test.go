@@ -40,10 +40,10 @@ import (
 // startFaultEdge starts an edge for cfg on ephemeral loopback ports (or
 // cfg.NodeListen, if set) with in-memory run records, stopped at the end
 // of the test; ctx ends then too.
-func startFaultEdge(t *testing.T, cfg edge.Config) (*process.Process, context.Context) {
+func startFaultEdge(t *testing.T, cfg process.EdgeFile) (*process.Process, context.Context) {
 	t.Helper()
 	cfg.Listen = "127.0.0.1:0"
-	if cfg.NodeListen == edge.DefaultNodeListen || cfg.NodeListen == "" {
+	if cfg.NodeListen == process.DefaultNodeListen || cfg.NodeListen == "" {
 		cfg.NodeListen = "127.0.0.1:0"
 	}
 	cfg.Database = ":memory:"
@@ -238,7 +238,7 @@ func TestFaultFailingProviderAnswersAtOnce(t *testing.T) {
 	healthySim, healthyURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"healthy"}})
 	providers = append(providers, node.ProviderConfig{ID: "p-healthy", Type: node.TypeOllama, BaseURL: healthyURL, Models: []string{"healthy"}, Capacity: 1})
 
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Models = models
 	// Each provider fails 4 times in a row here; its circuit opening is
 	// TestFaultRetryAndCircuitBreaker's.
@@ -316,7 +316,7 @@ func TestFaultErrorStatusWithJSONBody(t *testing.T) {
 			node.ProviderConfig{ID: fmt.Sprintf("n%d", status), Type: node.TypeOllama, BaseURL: startErrorProvider(t, status, ollamaBody),
 				Models: []string{fmt.Sprintf("normalized-%d", status)}, Capacity: 1})
 	}
-	e, ctx := startFaultEdge(t, edge.DefaultConfig())
+	e, ctx := startFaultEdge(t, process.DefaultEdgeFile())
 	harness.Node(t, ctx, node.Config{NodeID: "gpu-1", Edge: e.NodeAddr, Providers: providers})
 
 	for _, status := range statuses {
@@ -358,7 +358,7 @@ func TestFaultProviderDiesMidStream(t *testing.T) {
 	t.Parallel()
 	_, ollamaURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"drop-ollama"}, Faults: sim.Faults{DropAfter: 3}})
 	_, openaiURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"drop-openai"}, Faults: sim.Faults{DropAfter: 3}})
-	e, ctx := startFaultEdge(t, edge.DefaultConfig())
+	e, ctx := startFaultEdge(t, process.DefaultEdgeFile())
 	harness.Node(t, ctx, node.Config{NodeID: "gpu-1", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
 		{ID: "o", Type: node.TypeOllama, BaseURL: ollamaURL, Models: []string{"drop-ollama"}, Capacity: 1},
 		{ID: "v", Type: "vllm", BaseURL: openaiURL + "/v1", Models: []string{"drop-openai"}, Capacity: 1},
@@ -455,7 +455,7 @@ func TestFaultRetryAndCircuitBreaker(t *testing.T) {
 	limitedSim, limitedURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m2"}, Faults: sim.Faults{ErrorRate: 1, ErrorStatus: http.StatusTooManyRequests}})
 	soloSim, soloURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m3"}, Faults: sim.Faults{ErrorRate: 1, ErrorStatus: http.StatusServiceUnavailable}})
 
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	const coolDown = 2 * time.Second
 	cfg.CircuitBreaker = edge.BreakerConfig{Failures: 2, CoolDown: coolDown, MaxCoolDown: coolDown}
 	e, ctx := startFaultEdge(t, cfg)
@@ -678,7 +678,7 @@ func TestFaultNodeProcessStoppedAndKilled(t *testing.T) {
 	queueSim, queueURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"q-m"}, Faults: sim.Faults{Hang: true}})
 	okSim, okURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}})
 
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.HeartbeatInterval = time.Second
 	e, ctx := startFaultEdge(t, cfg)
 	harness.Node(t, ctx, node.Config{NodeID: "survivor", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
@@ -786,7 +786,7 @@ func TestFaultEdgeRestartNodesReconnectWithJitter(t *testing.T) {
 	const nodes = 4
 	const reconnectMin = time.Second
 	_, simURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}})
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.NodeListen = testenv.ProcessAddr(t)
 	cfg.HeartbeatInterval = time.Hour
 	cfg.Listen, cfg.Database = "127.0.0.1:0", ":memory:"

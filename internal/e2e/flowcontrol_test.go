@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"iop/internal/edge"
+	"iop/internal/process"
 	"iop/internal/sim"
 )
 
@@ -18,7 +18,7 @@ func TestStalledRunDoesNotHoldUpItsConnection(t *testing.T) {
 	t.Parallel()
 	// Unlimited token rate: the stalled answer fills every buffer on its
 	// way; the write timeout outlasts the test.
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.WriteTimeout = 5 * time.Minute
 	e, paths := startCancelStack(t, cfg, 2, sim.Config{})
 	client := newClient(e)

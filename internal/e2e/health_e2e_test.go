@@ -5,9 +5,9 @@ import (
 	"testing"
 
 	"iop/internal/e2e/harness"
-	"iop/internal/edge"
 	"iop/internal/edge/contract"
 	"iop/internal/node"
+	"iop/internal/process"
 	"iop/internal/sim"
 )
 
@@ -19,7 +19,7 @@ import (
 func TestMetricsOrphanProviderHasNoCapacity(t *testing.T) {
 	t.Parallel()
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}})
-	e, ctx := startFaultEdge(t, edge.DefaultConfig())
+	e, ctx := startFaultEdge(t, process.DefaultEdgeFile())
 	harness.Node(t, ctx, node.Config{NodeID: "stays", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
 		{ID: "p", Type: node.TypeOllama, BaseURL: url, Models: []string{"m"}, Capacity: 3}}})
 	goneCtx, stopGone := context.WithCancel(ctx)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -96,6 +97,13 @@ func TestHotKeysAndTokensReload(t *testing.T) {
 		t.Errorf("reload line %v", l)
 	}
 
+	// A team and a price added: the reload line names them.
+	writeAtomically(t, keysPath, "teams:\n  - {name: t1}\nprices:\n  m: {input: 1, output: 2}\nkeys:\n"+key("a", hashA, "")+key("b", hashB, ""))
+	hup(2)
+	if l := lastLog(t, edgeCmd, "config reloaded"); fmt.Sprint(l["teams_added"]) != "[t1]" || fmt.Sprint(l["prices_added"]) != "[m]" || l["keys_changed"] != nil {
+		t.Errorf("reload line after adding a team and a price: %v", l)
+	}
+
 	// Removed while a request of a is in flight: a gets 401 at once, its
 	// stream finishes.
 	clientA := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey(secretA), option.WithMaxRetries(0))
@@ -105,7 +113,7 @@ func TestHotKeysAndTokensReload(t *testing.T) {
 		t.Fatalf("stream of a: %v", stream.Err())
 	}
 	writeKeys(key("b", hashB, ""))
-	hup(2)
+	hup(3)
 	if s := status(secretA); s != 401 {
 		t.Fatalf("removed key a: %d, want 401", s)
 	}
@@ -121,7 +129,7 @@ func TestHotKeysAndTokensReload(t *testing.T) {
 	// Rotation's overlap: c is listed with expires_at in the past (refused)
 	// beside b; b gets a limit of 1 request per minute.
 	writeKeys(key("b", hashB, ", requests_per_minute: 1"), key("c", hashC, fmt.Sprintf(", expires_at: %q", time.Now().Add(-time.Second).UTC().Format(time.RFC3339))))
-	hup(3)
+	hup(4)
 	if s := status(secretC); s != 401 {
 		t.Errorf("key c past its expires_at: %d, want 401", s)
 	}
@@ -147,14 +155,25 @@ func TestHotKeysAndTokensReload(t *testing.T) {
 	// Join tokens: a node presenting join-2 is refused until the file adds
 	// it (the file changed: no SIGHUP needed).
 	writeKeys(key("b", hashB, ""))
+	var n2Log harness.Buffer
+	harness.ShowOnFailure(t, "node n2", &n2Log)
 	agent, err := node.New(node.Config{NodeID: "n2", Edge: nodeAddr, Token: "join-2", ReconnectMin: 20 * time.Millisecond, ReconnectMax: 50 * time.Millisecond,
-		Providers: []node.ProviderConfig{{ID: "p2", Type: node.TypeOllama, BaseURL: simURL, Models: []string{"m"}}}}, harness.Logger(t, "node"))
+		Providers: []node.ProviderConfig{{ID: "p2", Type: node.TypeOllama, BaseURL: simURL, Models: []string{"m"}}}}, slog.New(slog.NewJSONHandler(&n2Log, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	agentDone := make(chan error, 1)
 	go func() { agentDone <- agent.Run(nodeCtx) }()
 	edgeCmd.WaitLog(t, "node refused")
+	// The refused node says what to change.
+	testenv.Eventually(t, "the node's refusal line with its hint", func() bool {
+		for _, l := range harness.JSONLines(t, n2Log.String()) {
+			if l["msg"] == "edge refused the node" && strings.Contains(fmt.Sprint(l["hint"]), "tokens: in the edge config") {
+				return true
+			}
+		}
+		return false
+	})
 	writeAtomically(t, path, edgeYAML("join-1", "join-2"))
 	select {
 	case <-agent.Ready():

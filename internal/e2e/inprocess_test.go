@@ -2,7 +2,12 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -154,10 +159,10 @@ func TestEdgeServesItsOwnProviders(t *testing.T) {
 	_, remoteURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"remote-m"}})
 	cfg := harness.EdgeConfig(map[string]edge.ModelConfig{})
 	cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", ":memory:"
+	cfg.LocalNodeID = "gpu-host"
+	cfg.Providers = []node.ProviderConfig{{ID: "vllm", Type: "vllm", BaseURL: localURL + "/v1", Models: []string{"local-m"}, Capacity: 2}}
 	ctx, cancel := context.WithCancel(context.Background())
-	e, err := process.Start(ctx, process.Config{Mode: process.ModeEdge, Edge: cfg, LocalNodeID: "gpu-host",
-		LocalProviders: []node.ProviderConfig{{ID: "vllm", Type: "vllm", BaseURL: localURL + "/v1", Models: []string{"local-m"}, Capacity: 2}}},
-		process.Deps{Logger: harness.Logger(t, "edge")})
+	e, err := process.Start(ctx, process.Config{Mode: process.ModeEdge, Edge: cfg}, process.Deps{Logger: harness.Logger(t, "edge")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,4 +187,45 @@ func TestEdgeServesItsOwnProviders(t *testing.T) {
 		t.Fatalf("providers %v, want gpu-host/vllm (in the edge's process) and remote/ollama", nodes)
 	}
 	waitIdle(t, e)
+}
+
+// TestRegression_EdgeOwnNodeReportsTheBinaryVersion: the node in the
+// edge's own process (iop edge with providers:) reports the iop binary's
+// version (-X main.version), as a remote node does; it reported the Go
+// module's version because iop edge did not pass the binary's on.
+func TestRegression_EdgeOwnNodeReportsTheBinaryVersion(t *testing.T) {
+	t.Parallel()
+	// As make build stamps it.
+	const stamped = "9.9.9-stamped"
+	bin := filepath.Join(t.TempDir(), "iop")
+	if out, err := exec.Command("go", "build", "-ldflags", "-X main.version="+stamped, "-o", bin, "iop/cmd/iop").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	simURL := startSimProcess(t, bin, "openai", "m", 400)
+	httpAddr := testenv.ProcessAddr(t)
+	cfgPath := filepath.Join(t.TempDir(), "edge.yaml")
+	if err := os.WriteFile(cfgPath, []byte(fmt.Sprintf(`listen: %s
+node_listen: 127.0.0.1:0
+database: ":memory:"
+providers:
+  - {id: p1, type: openai, base_url: %q, models: [m]}
+`, httpAddr, simURL+"/v1")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	harness.StartProgram(t, nil, "edge", bin, "edge", "--config", cfgPath)
+	var nodes []struct {
+		ID      string `json:"id"`
+		Version string `json:"version"`
+	}
+	testenv.Eventually(t, "the edge lists its own node", func() bool {
+		resp, err := http.Get("http://" + httpAddr + "/admin/v1/nodes")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		return json.NewDecoder(resp.Body).Decode(&nodes) == nil && len(nodes) == 1
+	})
+	if n := nodes[0]; n.ID != process.DefaultLocalNodeID || n.Version != stamped {
+		t.Fatalf("the edge's own node %+v, want version %q", n, stamped)
+	}
 }

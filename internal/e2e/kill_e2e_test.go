@@ -34,7 +34,7 @@ func newKillRig(t *testing.T) *killRig {
 	t.Helper()
 	_, simURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 20, DefaultMaxTokens: 40})
 	ctx, cancel := context.WithCancel(context.Background())
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", ":memory:"
 	cfg.Queue = edge.QueueConfig{MaxQueue: 32, QueueTimeout: 60 * time.Second, ReconnectGrace: 30 * time.Second}
 	log := &harness.Buffer{}

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"iop/internal/edge"
+	"iop/internal/process"
 	"iop/internal/sim"
 	"iop/internal/testenv"
 )
@@ -21,7 +21,7 @@ import (
 // next Messages request on that provider is answered whole.
 func TestMessagesClientGoneCancelsRun(t *testing.T) {
 	t.Parallel()
-	e, paths := startCancelStack(t, edge.DefaultConfig(), 1, sim.Config{TokensPerSecond: 100})
+	e, paths := startCancelStack(t, process.DefaultEdgeFile(), 1, sim.Config{TokensPerSecond: 100})
 	url := "http://" + e.HTTPAddr + "/v1/messages"
 	body := func(model string, maxTokens int, stream bool) string {
 		return fmt.Sprintf(`{"model":%q,"max_tokens":%d,"stream":%v,"messages":[{"role":"user","content":"count for me"}]}`, model, maxTokens, stream)

@@ -661,7 +661,7 @@ func TestOllamaClientGetsToolCallsFromOpenAIProvider(t *testing.T) {
 func TestRegression_LoadOfAModelWhoseNodeIsGoneIsUnavailable(t *testing.T) {
 	t.Parallel()
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}})
-	e := startEdgeWith(t, edge.DefaultConfig(), harness.Logger(t, "edge"))
+	e := startEdgeWith(t, process.DefaultEdgeFile(), harness.Logger(t, "edge"))
 	nodeCtx, stopNode := context.WithCancel(context.Background())
 	harness.Node(t, nodeCtx, node.Config{NodeID: "n1", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
 		{ID: "o", Type: node.TypeOllama, BaseURL: url, Models: []string{"m"}}}})

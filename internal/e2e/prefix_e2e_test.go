@@ -32,7 +32,7 @@ var prefixProviders = []string{"a", "b", "c"}
 func startPrefixStack(t *testing.T, protocol sim.Protocol, capacity int) *prefixStack {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Listen, cfg.NodeListen = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Database = ":memory:"
 	cfg.Models = map[string]edge.ModelConfig{

@@ -81,7 +81,7 @@ func TestNodeModeDrainLetsRunsFinish(t *testing.T) {
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 20, DefaultMaxTokens: 1000})
 	ctx, cancel := context.WithCancel(context.Background())
 	edgeLogs := &logRecorder{}
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", ":memory:"
 	cfg.Models = map[string]edge.ModelConfig{"alias": {Targets: []string{"m"}}}
 	e, err := process.Start(ctx, process.Config{Mode: process.ModeEdge, Edge: cfg}, process.Deps{Logger: slog.New(edgeLogs)})
@@ -147,7 +147,7 @@ func TestEdgeModeAbortCutsTheDrainShort(t *testing.T) {
 	t.Parallel()
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 20, DefaultMaxTokens: 100_000})
 	logs := &logRecorder{}
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", ":memory:"
 	cfg.DrainTimeout = time.Hour
 	cfg.Models = map[string]edge.ModelConfig{"alias": {Targets: []string{"m"}}}

@@ -27,7 +27,7 @@ func TestResidencyE2E(t *testing.T) {
 	loads := map[string]int64{}
 	for _, mode := range []string{edge.ResidencyOn, edge.ResidencyOff} {
 		ctx, cancel := context.WithCancel(context.Background())
-		cfg := edge.DefaultConfig()
+		cfg := process.DefaultEdgeFile()
 		cfg.Listen, cfg.NodeListen = "127.0.0.1:0", "127.0.0.1:0"
 		cfg.Database = ":memory:"
 		cfg.Routing = edge.RoutingLeastLoaded

@@ -27,7 +27,7 @@ func TestRollingRestartKeepsQueuedClients(t *testing.T) {
 	t.Parallel()
 	_, simURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 40, DefaultMaxTokens: 8})
 	ctx, cancel := context.WithCancel(context.Background())
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", ":memory:"
 	cfg.Queue = edge.QueueConfig{MaxQueue: 32, QueueTimeout: 60 * time.Second, ReconnectGrace: 30 * time.Second}
 	e, err := process.Start(ctx, process.Config{Mode: process.ModeEdge, Edge: cfg}, process.Deps{Logger: harness.Logger(t, "edge")})

@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"iop/internal/e2e/harness"
-	"iop/internal/edge"
 	"iop/internal/node"
 	"iop/internal/process"
 	"iop/internal/sim"
@@ -20,7 +19,7 @@ import (
 // the PostgreSQL database dsn.
 func startSharedRunsEdge(t *testing.T, dsn, name string) *process.Process {
 	t.Helper()
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", ":memory:"
 	cfg.RunsDSN, cfg.Name = dsn, name
 	ctx, cancel := context.WithCancel(context.Background())

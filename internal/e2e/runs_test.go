@@ -17,7 +17,6 @@ import (
 
 	"iop/internal/auth"
 	"iop/internal/e2e/harness"
-	"iop/internal/edge"
 	"iop/internal/node"
 	"iop/internal/process"
 	"iop/internal/runs"
@@ -165,7 +164,7 @@ func waitRun(t *testing.T, base, id string, state string) runJSON {
 // by DELETE and by a leaving submitter, listing, and bad input.
 func TestRunsAPI(t *testing.T) {
 	t.Parallel()
-	e, paths := startCancelStack(t, edge.DefaultConfig(), 2, sim.Config{TokensPerSecond: 200})
+	e, paths := startCancelStack(t, process.DefaultEdgeFile(), 2, sim.Config{TokensPerSecond: 200})
 	base := "http://" + e.HTTPAddr
 	for _, p := range paths {
 		t.Run(p.name+"/background run, late reader", func(t *testing.T) {
@@ -370,7 +369,7 @@ func TestRunsOutliveTheEdgeProcess(t *testing.T) {
 
 	t.Run("graceful stop", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
-		cfg := edge.DefaultConfig()
+		cfg := process.DefaultEdgeFile()
 		cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", db
 		e, err := process.Start(ctx, process.Config{Mode: process.ModeEdge, Edge: cfg}, process.Deps{Logger: harness.Logger(t, "edge")})
 		if err != nil {
@@ -472,7 +471,7 @@ func TestRegression_RunsOfOneKeyHiddenFromAnother(t *testing.T) {
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}})
 	alice, aliceHash := auth.Generate()
 	bob, bobHash := auth.Generate()
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Keys = []auth.Key{{Name: "alice", Hash: aliceHash}, {Name: "bob", Hash: bobHash}}
 	e := startEdgeWith(t, cfg, harness.Logger(t, "edge"))
 	ctx, cancel := context.WithCancel(context.Background())
@@ -531,7 +530,7 @@ func TestRegression_ZeroConfigKeepsNothingOnDisk(t *testing.T) {
 	dir := t.TempDir()
 	t.Chdir(dir)
 	ctx, cancel := context.WithCancel(context.Background())
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Listen, cfg.NodeListen = "127.0.0.1:0", "127.0.0.1:0"
 	e, err := process.Start(ctx, process.Config{Mode: process.ModeEdge, Edge: cfg}, process.Deps{Logger: harness.Logger(t, "edge")})
 	if err != nil {
@@ -544,7 +543,7 @@ func TestRegression_ZeroConfigKeepsNothingOnDisk(t *testing.T) {
 	if files, _ := os.ReadDir(dir); len(files) != 0 {
 		t.Fatalf("the edge wrote %v", files)
 	}
-	if got := process.EdgeDefaults().Database; got != edge.DefaultDatabase {
-		t.Fatalf("iop edge's database default %q, want %q", got, edge.DefaultDatabase)
+	if got := process.EdgeFileDefaults().Database; got != process.DefaultDatabase {
+		t.Fatalf("iop edge's database default %q, want %q", got, process.DefaultDatabase)
 	}
 }

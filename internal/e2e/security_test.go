@@ -37,10 +37,10 @@ import (
 
 	"iop/internal/auth"
 	"iop/internal/e2e/harness"
-	"iop/internal/edge"
 	"iop/internal/ledger"
 	"iop/internal/node"
 	"iop/internal/process"
+	"iop/internal/quota"
 	"iop/internal/sim"
 	"iop/internal/testenv"
 )
@@ -112,10 +112,10 @@ func writeFile(t *testing.T, path string, data []byte) {
 }
 
 // startEdgeWith starts an edge with cfg on ephemeral loopback ports.
-func startEdgeWith(t *testing.T, cfg edge.Config, logger *slog.Logger) *process.Process {
+func startEdgeWith(t *testing.T, cfg process.EdgeFile, logger *slog.Logger) *process.Process {
 	t.Helper()
 	cfg.Listen, cfg.NodeListen = "127.0.0.1:0", "127.0.0.1:0"
-	if cfg.Database == "" || cfg.Database == edge.DefaultDatabase {
+	if cfg.Database == "" || cfg.Database == process.DefaultDatabase {
 		cfg.Database = ":memory:"
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -187,7 +187,7 @@ func TestNodeTLS(t *testing.T) {
 	}
 
 	t.Run("server certificate", func(t *testing.T) {
-		cfg := edge.DefaultConfig()
+		cfg := process.DefaultEdgeFile()
 		cfg.TLSCert, cfg.TLSKey = edgeCert, edgeKey
 		e := startEdgeWith(t, cfg, harness.Logger(t, "edge"))
 		good := nodeCfg("good", e)
@@ -217,7 +217,7 @@ func TestNodeTLS(t *testing.T) {
 	})
 
 	t.Run("TLS node at a plaintext edge", func(t *testing.T) {
-		e := startEdgeWith(t, edge.DefaultConfig(), harness.Logger(t, "edge"))
+		e := startEdgeWith(t, process.DefaultEdgeFile(), harness.Logger(t, "edge"))
 		n := nodeCfg("tls-node", e)
 		n.TLSCA = caFile
 		if rec := failingNode(t, e, n); !strings.Contains(rec["hint"], "tls_ca") {
@@ -226,7 +226,7 @@ func TestNodeTLS(t *testing.T) {
 	})
 
 	t.Run("mutual TLS", func(t *testing.T) {
-		cfg := edge.DefaultConfig()
+		cfg := process.DefaultEdgeFile()
 		cfg.TLSCert, cfg.TLSKey, cfg.ClientCA = edgeCert, edgeKey, caFile
 		e := startEdgeWith(t, cfg, harness.Logger(t, "edge"))
 		// With TLS 1.3 the client's handshake completes before the edge
@@ -254,15 +254,15 @@ func TestNodeTLS(t *testing.T) {
 // non-loopback listen address unless --insecure-open, and says why.
 func TestOpenAPIOnlyOnLoopback(t *testing.T) {
 	t.Parallel()
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Listen, cfg.NodeListen, cfg.Database = "0.0.0.0:0", "127.0.0.1:0", ":memory:"
 	_, err := process.Start(context.Background(), process.Config{Mode: process.ModeEdge, Edge: cfg}, process.Deps{Logger: harness.Logger(t, "edge")})
 	if err == nil || !strings.Contains(err.Error(), "--insecure-open") || !strings.Contains(err.Error(), "keys") {
 		t.Fatalf("open API on 0.0.0.0: %v, want a refusal naming keys and --insecure-open", err)
 	}
-	for name, mutate := range map[string]func(*edge.Config){
-		"insecure-open": func(c *edge.Config) { c.InsecureOpen = true },
-		"keys":          func(c *edge.Config) { _, h := auth.Generate(); c.Keys = []auth.Key{{Name: "k", Hash: h}} },
+	for name, mutate := range map[string]func(*process.EdgeFile){
+		"insecure-open": func(c *process.EdgeFile) { c.InsecureOpen = true },
+		"keys":          func(c *process.EdgeFile) { _, h := auth.Generate(); c.Keys = []auth.Key{{Name: "k", Hash: h}} },
 	} {
 		c := cfg
 		mutate(&c)
@@ -330,7 +330,8 @@ func TestDevAPIKey(t *testing.T) {
 // that, pasted under keys:, accepts exactly that key with its limits.
 func TestKeysCreate(t *testing.T) {
 	t.Parallel()
-	create := harness.StartCommand(t, context.Background(), "keys", "create", "team a", "--models", "llama3,qwen:7b", "--max-concurrent", "2", "--requests-per-minute", "30")
+	create := harness.StartCommand(t, context.Background(), "keys", "create", "team a", "--models", "llama3,qwen:7b", "--max-concurrent", "2", "--requests-per-minute", "30",
+		"--team", "research", "--tokens-per-minute", "10000", "--tokens-per-day", "2000000", "--requests-per-day", "500", "--gpu-seconds-per-day", "3600.5")
 	if err := <-create.Done(); err != nil {
 		t.Fatalf("%v\n%s", err, create.Log.String())
 	}
@@ -349,13 +350,17 @@ func TestKeysCreate(t *testing.T) {
 	if secret == "" || line == "" || strings.Contains(line, secret) {
 		t.Fatalf("output:\n%s", out)
 	}
-	cfg, err := edge.ParseConfig([]byte("keys:\n  " + line + "\n"))
+	cfg, err := process.ParseEdgeFile([]byte("teams:\n  - {name: research}\nkeys:\n  " + line + "\n"))
 	if err != nil {
 		t.Fatalf("the printed line does not parse: %v", err)
 	}
 	k := cfg.Keys[0]
-	if k.Name != "team a" || k.MaxConcurrent != 2 || k.RequestsPerMinute != 30 || !slices.Equal(k.Models, []string{"llama3", "qwen:7b"}) {
+	if k.Name != "team a" || k.MaxConcurrent != 2 || k.RequestsPerMinute != 30 || !slices.Equal(k.Models, []string{"llama3", "qwen:7b"}) ||
+		k.Team != "research" || k.Quota != (quota.Limits{TokensPerMinute: 10000, TokensPerDay: 2000000, RequestsPerDay: 500, GPUSecondsPerDay: 3600.5}) {
 		t.Errorf("key %+v", k)
+	}
+	if !strings.Contains(out, `team "research" must be listed under teams:`) {
+		t.Errorf("output does not say the team must be listed:\n%s", out)
 	}
 	kr, err := auth.NewKeyring("keys", cfg.Keys, nil)
 	if err != nil || kr.Authenticate(secret) == nil {
@@ -363,10 +368,8 @@ func TestKeysCreate(t *testing.T) {
 	}
 	// A keys file in the same shape works too.
 	path := filepath.Join(t.TempDir(), "keys.yaml")
-	writeFile(t, path, []byte("keys:\n  "+line+"\n"))
-	c2 := edge.DefaultConfig()
-	c2.KeysFile = path
-	c2, err = c2.LoadKeysFile()
+	writeFile(t, path, []byte("teams:\n  - {name: research}\nkeys:\n  "+line+"\n"))
+	c2, err := process.AccessConfig{KeysFile: path}.LoadKeysFile()
 	if err != nil || len(c2.Keys) != 1 || c2.Keys[0].Hash != k.Hash {
 		t.Fatalf("keys file: %+v, %v", c2.Keys, err)
 	}
@@ -398,7 +401,7 @@ func rawRequest(t *testing.T, addr, req string) (*http.Response, string) {
 func TestOversizedHeader(t *testing.T) {
 	t.Parallel()
 	_, h := auth.Generate()
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Keys = []auth.Key{{Name: "k", Hash: h}}
 	e := startEdgeWith(t, cfg, harness.Logger(t, "edge"))
 	big := strings.Repeat("a", 100<<10)
@@ -467,7 +470,7 @@ func TestHeaderInjection(t *testing.T) {
 	t.Parallel()
 	const injected = "X-Injected"
 	up := startUpstream(t, nil)
-	e := startEdgeWith(t, edge.DefaultConfig(), harness.Logger(t, "edge"))
+	e := startEdgeWith(t, process.DefaultEdgeFile(), harness.Logger(t, "edge"))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	crlfModel := "m\r\nX-Injected: served"
@@ -565,7 +568,7 @@ func TestNeverAnOpenProxy(t *testing.T) {
 			fmt.Fprint(w, `{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}`)
 		}
 	})
-	e := startEdgeWith(t, edge.DefaultConfig(), harness.Logger(t, "edge"))
+	e := startEdgeWith(t, process.DefaultEdgeFile(), harness.Logger(t, "edge"))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	tricky := []string{"../../admin", "/../../v1/files", "m/../../../etc/passwd", "http://evil.example/x", "m?x=/v1/files#"}
@@ -676,7 +679,7 @@ func TestProviderKeyNeverEchoed(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	userKey, userHash := auth.Generate()
 	adminKey, adminHash := auth.Generate()
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Keys = []auth.Key{{Name: "alice", Hash: userHash}}
 	cfg.AdminKeys = []auth.Key{{Name: "ops", Hash: adminHash}}
 	// The provider fails on purpose, again and again: keep it in rotation.
@@ -787,7 +790,7 @@ func TestUsageLedgerEndToEnd(t *testing.T) {
 	alice, aliceHash := auth.Generate()
 	bob, bobHash := auth.Generate()
 	admin, adminHash := auth.Generate()
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Keys = []auth.Key{{Name: "alice", Hash: aliceHash}, {Name: "bob", Hash: bobHash}}
 	cfg.AdminKeys = []auth.Key{{Name: "ops", Hash: adminHash}}
 	cfg.Database = filepath.Join(t.TempDir(), "iop.db")

@@ -14,7 +14,6 @@ import (
 	_ "modernc.org/sqlite"
 
 	"iop/internal/e2e/harness"
-	"iop/internal/edge"
 	"iop/internal/node"
 	"iop/internal/process"
 	"iop/internal/sim"
@@ -34,7 +33,7 @@ func TestRegression_EdgeStopEndsRequestsWithAnAnswer(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "edge.db")
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", db
 	cfg.DrainTimeout = 300 * time.Millisecond
 	e, err := process.Start(ctx, process.Config{Mode: process.ModeEdge, Edge: cfg}, process.Deps{Logger: harness.Logger(t, "edge")})
@@ -133,7 +132,7 @@ func TestRegression_EdgeStopDrainsBackgroundRuns(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "edge.db")
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	cfg := edge.DefaultConfig()
+	cfg := process.DefaultEdgeFile()
 	cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", db
 	cfg.DrainTimeout = time.Minute // far more than the run needs
 	e, err := process.Start(ctx, process.Config{Mode: process.ModeEdge, Edge: cfg}, process.Deps{Logger: harness.Logger(t, "edge")})

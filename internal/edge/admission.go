@@ -50,7 +50,7 @@ type grant interface {
 	// track names the run the slot is used for (the scheduler's lease
 	// tracks it; a leader's lease of a follower's run is tracked there).
 	track(runID string)
-	release(reason string) bool
+	release(reason EndReason) bool
 	// stamp is the epoch and lease id the run's Dispatch carries (several
 	// edges); 0, 0 outside a cluster.
 	stamp() (epoch int64, leaseID uint64)
@@ -115,7 +115,7 @@ type localGrant struct {
 func (g localGrant) candidate() scheduler.Candidate { return g.l.Candidate() }
 func (g localGrant) info() scheduler.DispatchInfo   { return g.l.Info() }
 func (g localGrant) track(runID string)             { g.l.Track(runID) }
-func (g localGrant) release(reason string) bool     { return g.l.Release(reason) }
+func (g localGrant) release(reason EndReason) bool  { return g.l.Release(string(reason)) }
 func (g localGrant) local() bool                    { return true }
 func (g localGrant) stamp() (int64, uint64) {
 	if g.epoch == 0 {

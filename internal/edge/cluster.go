@@ -1164,7 +1164,7 @@ type remoteLease struct {
 func (rl *remoteLease) candidate() scheduler.Candidate { return rl.cand }
 func (rl *remoteLease) info() scheduler.DispatchInfo   { return rl.inf }
 func (rl *remoteLease) track(string)                   {} // the leader tracked it at the grant
-func (rl *remoteLease) release(reason string) bool     { return rl.Release(reason) }
+func (rl *remoteLease) release(reason EndReason) bool  { return rl.Release(string(reason)) }
 func (rl *remoteLease) stamp() (int64, uint64)         { return rl.key.epoch, rl.key.id }
 func (rl *remoteLease) local() bool                    { return false }
 

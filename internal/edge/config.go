@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
-	"net"
-	"os"
 	"reflect"
 	"sort"
 	"strings"
@@ -15,38 +12,31 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"iop/internal/auth"
 	"iop/internal/cluster"
-	"iop/internal/quota"
 	"iop/internal/scheduler"
-	"iop/internal/tracing"
 )
 
 // Defaults applied by Config.SetDefaults to zero fields.
 const (
-	DefaultListen            = "127.0.0.1:8080"
-	DefaultNodeListen        = "127.0.0.1:7070"
 	DefaultHeartbeatInterval = 5 * time.Second
 	DefaultDispatchTimeout   = 10 * time.Second
 	DefaultMaxQueue          = scheduler.DefaultMaxQueue     // 16
 	DefaultQueueTimeout      = scheduler.DefaultQueueTimeout // 30s
 	DefaultLongContextTokens = 8192
-	DefaultMaxBodyBytes      = 32 << 20 // 32 MiB
-	DefaultWriteTimeout      = 60 * time.Second
-	DefaultDrainTimeout      = 30 * time.Second
-	DefaultDatabase          = "iop.db"
 	DefaultMaxRetries        = 1
 	DefaultBreakerFailures   = 3
 	DefaultBreakerCoolDown   = 30 * time.Second
 	DefaultBreakerMaxCool    = 5 * time.Minute
 )
 
-// Config is the edge's configuration, loaded once from YAML (LoadConfig) and
-// overridden by flags. A zero field means its documented default; durations
-// are Go duration strings in YAML ("30s", "1m30s").
+// Config is the edge core's configuration: the node endpoint's protocol
+// and TLS, the scheduler's queue policies and routing, the model aliases,
+// node join tokens, retries and the circuit breaker, and the cluster. It
+// is one part of the edge process's file (process.EdgeFile), whose keys
+// are flat; the listeners, the HTTP API's limits, the keys, the stores and
+// tracing are the process's parts. A zero field means its documented
+// default; durations are Go duration strings in YAML ("30s", "1m30s").
 //
-//	listen: 127.0.0.1:8080
-//	node_listen: 0.0.0.0:7070
 //	heartbeat_interval: 5s
 //	dispatch_timeout: 10s
 //	queue: {max_queue: 16, queue_timeout: 30s}
@@ -61,31 +51,13 @@ const (
 //	tls_cert: /etc/iop/edge.crt                # TLS on the node endpoint
 //	tls_key: /etc/iop/edge.key
 //	client_ca: /etc/iop/nodes-ca.crt           # mutual TLS: nodes need a cert from this CA
-//	keys:                                      # client API keys (hashes; iop keys create)
-//	  - {name: team-a, hash: "sha256:...", max_concurrent: 4, requests_per_minute: 60, models: [llama3]}
-//	admin_keys:
-//	  - {name: ops, hash: "sha256:..."}
-//	keys_file: /etc/iop/keys.yaml              # more keys/admin_keys, same shape
-//	ledger_dsn: postgres://iop@db/iop          # usage ledger in PostgreSQL (default: database)
-//	runs_dsn: postgres://iop@db/iop            # run records and events in PostgreSQL, shared by several edges
-//	name: edge-a                               # this edge among those sharing runs_dsn (default: the host name)
 //	long_context_tokens: 8192
-//	max_body_bytes: 33554432
-//	write_timeout: 60s
-//	drain_timeout: 30s                         # on SIGTERM: how long requests in flight may take
-//	database: /var/lib/iop/edge.db
 //	max_retries: 1
 //	circuit_breaker: {failures: 3, cool_down: 30s, max_cool_down: 5m}
 //	routing: prefix                            # or least_loaded; per alias too (models.<alias>.routing)
 //	prefix_index_blocks: 16384                 # per served model
 //	prefix_load_slack: 0.5
 type Config struct {
-	// Listen is the HTTP API address (host:port); default 127.0.0.1:8080.
-	// The edge core does not serve it; the HTTP layer does.
-	Listen string `yaml:"listen"`
-	// NodeListen is the gRPC address nodes dial (host:port); default
-	// 127.0.0.1:7070.
-	NodeListen string `yaml:"node_listen"`
 	// HeartbeatInterval is how often both sides send a heartbeat on a
 	// node's control stream; a connection silent for 3 intervals is fenced.
 	// Default 5s.
@@ -113,72 +85,10 @@ type Config struct {
 	// must chain to: mutual TLS; a node without such a certificate cannot
 	// connect.
 	ClientCA string `yaml:"client_ca"`
-	// Keys are the client API keys (auth.Key: name, hash, limits,
-	// models). With none (here and in KeysFile) the client API is open,
-	// and served only on a loopback address unless InsecureOpen. Served
-	// by the HTTP layer.
-	Keys []auth.Key `yaml:"keys"`
-	// AdminKeys are the keys of the admin routes (/admin, /metrics, /ui,
-	// /debug). Served by the HTTP layer.
-	AdminKeys []auth.Key `yaml:"admin_keys"`
-	// Teams are the teams keys may belong to (Key.Team), each with a
-	// quota that bounds the sum of its keys' usage (package quota).
-	// Served by the HTTP layer.
-	Teams []auth.Team `yaml:"teams"`
-	// Prices maps a requested model name to its price per million input
-	// and output tokens, for the quota budget windows; a model without a
-	// price costs nothing (its tokens still count).
-	Prices map[string]quota.Price `yaml:"prices"`
-	// KeysFile is a YAML file with more keys, admin_keys, teams and prices,
-	// in the same shape as here (LoadKeysFile); read once at start.
-	KeysFile string `yaml:"keys_file"`
-	// InsecureOpen allows an open client API (no keys) on a non-loopback
-	// listen address.
-	InsecureOpen bool `yaml:"insecure_open"`
-	// LedgerDSN, when set, keeps the usage ledger in this PostgreSQL
-	// database (a pgx DSN) instead of the Database file; several edges
-	// may share it.
-	LedgerDSN string `yaml:"ledger_dsn"`
-	// RunsDSN, when set, keeps the run records of the runs API and their
-	// event logs in this PostgreSQL database (a pgx DSN, may be the same
-	// as LedgerDSN) instead of the Database file: several edges sharing it
-	// read, stream and cancel each other's runs (runs.Postgres).
-	RunsDSN string `yaml:"runs_dsn"`
-	// Name names this edge among the edges sharing RunsDSN: its runs are
-	// saved under it, and when it starts it ends as interrupted only the
-	// runs it left unfinished, never another live edge's. It must stay the
-	// same across the edge's restarts and differ between edges; default
-	// cluster.name when the edge has a cluster section, else the host
-	// name.
-	Name string `yaml:"name"`
 	// LongContextTokens is the estimated prompt size, in tokens, from which
 	// a request is long-context and also needs a free long_capacity slot of
 	// its provider; default 8192, negative disables the classification.
 	LongContextTokens int `yaml:"long_context_tokens"`
-	// MaxBodyBytes caps a client request body, in bytes (413 above it);
-	// default 32 MiB. Served by the HTTP layer.
-	MaxBodyBytes int64 `yaml:"max_body_bytes"`
-	// MaxAnswerBytes caps a provider answer the edge reads whole to
-	// translate it for another API (a non-streamed tunnel answer for an
-	// Ollama or Anthropic client), in bytes (502 above it); default
-	// 256 MiB, the bound a node puts on an answer it reads whole. Served by
-	// the HTTP layer.
-	MaxAnswerBytes int64 `yaml:"max_answer_bytes"`
-	// WriteTimeout bounds one write to a client: a client that stays
-	// connected but reads nothing for this long has its run cancelled and
-	// its slot released; default 60s. Served by the HTTP layer.
-	WriteTimeout time.Duration `yaml:"write_timeout"`
-	// DrainTimeout is how long a stopping edge (SIGTERM or SIGINT) lets
-	// the requests in flight finish before it ends them with an answer
-	// that says it stopped (503, or a stream's error event); default 30s,
-	// as a node's. Served by the process (cmd/iop).
-	DrainTimeout time.Duration `yaml:"drain_timeout"`
-	// Database is the SQLite file holding run records (the runs API) and
-	// the usage ledger; it is created if missing. "" or ":memory:" keeps
-	// them in memory only, lost at exit. `iop edge` defaults it to
-	// DefaultDatabase ("iop.db" in the working directory); the zero Config
-	// (tests, embedding) keeps nothing on disk.
-	Database string `yaml:"database"`
 	// MaxRetries is how many more times a request is admitted, each time to
 	// a candidate not tried yet for it, when its provider failed before any
 	// byte of the answer reached the client: unreachable, or answered 502,
@@ -223,11 +133,6 @@ type Config struct {
 	// the prefix only to break ties between equally loaded providers.
 	// Reloadable.
 	PrefixLoadSlack *float64 `yaml:"prefix_load_slack"`
-	// Tracing exports OpenTelemetry traces of the API requests (package
-	// tracing; docs/observability.md, "Tracing"): off unless an endpoint is set here or in
-	// OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT. A field set here wins over its
-	// environment variable.
-	Tracing tracing.Config `yaml:"tracing"`
 	// Cluster, when set, makes this edge one of several that elect one
 	// scheduler leader on etcd (package cluster; cluster.go): nil is a
 	// single edge, its own leader, with no etcd.
@@ -493,12 +398,6 @@ func DefaultConfig() Config {
 
 // SetDefaults fills zero fields with their documented defaults.
 func (c *Config) SetDefaults() {
-	if c.Listen == "" {
-		c.Listen = DefaultListen
-	}
-	if c.NodeListen == "" {
-		c.NodeListen = DefaultNodeListen
-	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = DefaultHeartbeatInterval
 	}
@@ -522,15 +421,6 @@ func (c *Config) SetDefaults() {
 	}
 	if c.LongContextTokens == 0 {
 		c.LongContextTokens = DefaultLongContextTokens
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if c.DrainTimeout == 0 {
-		c.DrainTimeout = DefaultDrainTimeout
-	}
-	if c.WriteTimeout == 0 {
-		c.WriteTimeout = DefaultWriteTimeout
 	}
 	if c.MaxRetries == nil {
 		n := DefaultMaxRetries
@@ -562,38 +452,22 @@ func (c Config) Retries() int {
 }
 
 // Validate reports the first problem of a configuration whose defaults are
-// set, as an error wrapping ErrInvalidConfig: an address that is not
-// host:port, a non-positive interval or timeout, a negative queue field, an
+// set, as an error wrapping ErrInvalidConfig that names the YAML key: a
+// non-positive interval or timeout, a negative queue field, an
 // alias with an empty name or no (or an empty or repeated) target, an empty
 // token, a negative max_retries, a negative circuit breaker cool-down or a
-// max_cool_down below cool_down.
+// max_cool_down below cool_down, TLS files that do not go together, an
+// invalid cluster section.
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...))
-	}
-	for _, a := range []struct{ name, addr string }{{"listen", c.Listen}, {"node_listen", c.NodeListen}} {
-		if _, _, err := net.SplitHostPort(a.addr); err != nil {
-			bad("%s %q is not host:port", a.name, a.addr)
-		}
 	}
 	if c.HeartbeatInterval <= 0 {
 		bad("heartbeat_interval %s must be positive", c.HeartbeatInterval)
 	}
 	if c.DispatchTimeout <= 0 {
 		bad("dispatch_timeout %s must be positive", c.DispatchTimeout)
-	}
-	if c.MaxAnswerBytes < 0 {
-		bad("max_answer_bytes %d must not be negative", c.MaxAnswerBytes)
-	}
-	if c.MaxBodyBytes <= 0 {
-		bad("max_body_bytes %d must be positive", c.MaxBodyBytes)
-	}
-	if c.WriteTimeout <= 0 {
-		bad("write_timeout %s must be positive", c.WriteTimeout)
-	}
-	if c.DrainTimeout < 0 {
-		bad("drain_timeout %s must not be negative", c.DrainTimeout)
 	}
 	if c.Queue.MaxQueue < 0 {
 		bad("queue.max_queue %d is negative", c.Queue.MaxQueue)
@@ -692,31 +566,13 @@ func (c Config) Validate() error {
 	if c.ClientCA != "" && c.TLSCert == "" {
 		bad("client_ca needs tls_cert and tls_key")
 	}
-	if err := auth.Validate("keys", c.Keys); err != nil {
-		bad("%v", err)
-	}
-	if err := auth.Validate("admin_keys", c.AdminKeys); err != nil {
-		bad("%v", err)
-	}
-	if err := auth.ValidateQuotas(c.Keys, c.Teams, c.Prices); err != nil {
-		bad("%v", err)
-	}
 	return errors.Join(errs...)
 }
 
-// LoadConfig reads the YAML file at path, rejecting unknown fields, fills
-// defaults and validates it. Errors wrap ErrInvalidConfig, or are the
-// file's read error.
-func LoadConfig(path string) (Config, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return Config{}, err
-	}
-	return ParseConfig(data)
-}
-
-// ParseConfig is LoadConfig on YAML bytes. An empty document is the default
-// configuration.
+// ParseConfig decodes YAML holding the edge core's keys alone (unknown
+// keys, the process's included, are errors), fills defaults and
+// validates. An empty document is the default configuration. Errors wrap
+// ErrInvalidConfig. The edge process's file is process.EdgeFile.
 func ParseConfig(data []byte) (Config, error) {
 	var c Config
 	dec := yaml.NewDecoder(bytes.NewReader(data))
@@ -727,50 +583,6 @@ func ParseConfig(data []byte) (Config, error) {
 	c.SetDefaults()
 	if err := c.Validate(); err != nil {
 		return Config{}, err
-	}
-	return c, nil
-}
-
-// KeysFile is the shape of a keys file (Config.KeysFile).
-type KeysFile struct {
-	Keys      []auth.Key             `yaml:"keys"`
-	AdminKeys []auth.Key             `yaml:"admin_keys"`
-	Teams     []auth.Team            `yaml:"teams"`
-	Prices    map[string]quota.Price `yaml:"prices"`
-}
-
-// LoadKeysFile reads c.KeysFile (if set) and returns c with its keys,
-// admin keys and teams appended and its prices added (the file's win),
-// validated together. Errors wrap ErrInvalidConfig,
-// or are the file's read error.
-func (c Config) LoadKeysFile() (Config, error) {
-	if c.KeysFile == "" {
-		return c, nil
-	}
-	data, err := os.ReadFile(c.KeysFile)
-	if err != nil {
-		return c, err
-	}
-	var kf KeysFile
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&kf); err != nil && !errors.Is(err, io.EOF) {
-		return c, fmt.Errorf("%w: keys_file %s: %w", ErrInvalidConfig, c.KeysFile, err)
-	}
-	c.Keys = append(append([]auth.Key(nil), c.Keys...), kf.Keys...)
-	c.AdminKeys = append(append([]auth.Key(nil), c.AdminKeys...), kf.AdminKeys...)
-	c.Teams = append(append([]auth.Team(nil), c.Teams...), kf.Teams...)
-	if len(kf.Prices) > 0 {
-		prices := maps.Clone(c.Prices)
-		if prices == nil {
-			prices = make(map[string]quota.Price, len(kf.Prices))
-		}
-		maps.Copy(prices, kf.Prices)
-		c.Prices = prices
-	}
-	c.KeysFile = ""
-	if err := c.Validate(); err != nil {
-		return c, err
 	}
 	return c, nil
 }

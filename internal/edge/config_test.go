@@ -2,8 +2,6 @@ package edge
 
 import (
 	"errors"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,8 +10,6 @@ import (
 )
 
 const exampleConfig = `
-listen: 0.0.0.0:8080
-node_listen: 0.0.0.0:7070
 heartbeat_interval: 2s
 dispatch_timeout: 15s
 queue:
@@ -29,16 +25,12 @@ models:
 tokens: [s3cret]
 `
 
-func TestLoadConfig(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "edge.yaml")
-	if err := os.WriteFile(path, []byte(exampleConfig), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := LoadConfig(path)
+func TestParseConfig(t *testing.T) {
+	cfg, err := ParseConfig([]byte(exampleConfig))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Listen != "0.0.0.0:8080" || cfg.NodeListen != "0.0.0.0:7070" || cfg.HeartbeatInterval != 2*time.Second ||
+	if cfg.HeartbeatInterval != 2*time.Second ||
 		cfg.DispatchTimeout != 15*time.Second || cfg.Queue.MaxQueue != 8 || cfg.Queue.QueueTimeout != time.Minute ||
 		len(cfg.Tokens) != 1 || cfg.Tokens[0].Token != "s3cret" {
 		t.Errorf("config %+v", cfg)
@@ -51,8 +43,8 @@ func TestLoadConfig(t *testing.T) {
 		sc.Groups["llama3"] != (scheduler.Policy{MaxQueue: 32}) || sc.Groups["embed"] != (scheduler.Policy{QueueTimeout: 5 * time.Second}) {
 		t.Errorf("scheduler config %+v", sc)
 	}
-	if _, err := LoadConfig(filepath.Join(t.TempDir(), "missing.yaml")); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("missing file: %v", err)
+	if _, err := ParseConfig([]byte("listen: 0.0.0.0:8080\n")); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "listen") {
+		t.Errorf("a key of the process's part: %v, want ErrInvalidConfig naming it", err)
 	}
 }
 
@@ -62,15 +54,14 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Config{
-		Listen: "127.0.0.1:8080", NodeListen: "127.0.0.1:7070",
 		HeartbeatInterval: 5 * time.Second, DispatchTimeout: 10 * time.Second,
 		Queue: QueueConfig{MaxQueue: 16, QueueTimeout: 30 * time.Second, ReconnectGrace: 5 * time.Second},
 	}
-	if cfg.Listen != want.Listen || cfg.NodeListen != want.NodeListen || cfg.HeartbeatInterval != want.HeartbeatInterval ||
+	if cfg.HeartbeatInterval != want.HeartbeatInterval ||
 		cfg.DispatchTimeout != want.DispatchTimeout || cfg.Queue != want.Queue {
 		t.Errorf("defaults %+v, want %+v", cfg, want)
 	}
-	if d := DefaultConfig(); d.Queue != want.Queue || d.Listen != want.Listen {
+	if d := DefaultConfig(); d.Queue != want.Queue || d.HeartbeatInterval != want.HeartbeatInterval {
 		t.Errorf("DefaultConfig() = %+v", d)
 	}
 }
@@ -79,12 +70,10 @@ func TestConfigInvalid(t *testing.T) {
 	tests := []struct {
 		name, yaml, text string
 	}{
-		{"unknown field", "listne: x", "listne"},
+		{"unknown field", "heartbeat_intervl: 1s", "heartbeat_intervl"},
 		{"integer duration", "dispatch_timeout: 5", "into time.Duration"},
 		{"bad duration", "heartbeat_interval: soon", "soon"},
 		{"negative heartbeat", "heartbeat_interval: -1s", "heartbeat_interval"},
-		{"listen not host:port", "listen: localhost", "listen"},
-		{"node_listen not host:port", "node_listen: ':x:y'", "node_listen"},
 		{"negative max_queue", "queue: {max_queue: -1}", "max_queue"},
 		{"negative queue_timeout", "queue: {queue_timeout: -5s}", "queue_timeout"},
 		{"alias without targets", "models: {a: {}}", "no targets"},
@@ -100,8 +89,6 @@ func TestConfigInvalid(t *testing.T) {
 		{"fairness flow", "fairness: {flow: ip}", "fairness.flow"},
 		{"fairness flow header", "fairness: {flow: 'header:'}", "fairness.flow"},
 		{"model fairness", "models: {a: {targets: [x], fairness: sometimes}}", "models.a.fairness"},
-		{"key priority", `keys: [{name: a, hash: "sha256:` + strings.Repeat("a", 64) + `", priority: urgent}]`, "priority"},
-		{"key weight", `keys: [{name: a, hash: "sha256:` + strings.Repeat("a", 64) + `", weight: -1}]`, "weight"},
 		{"unknown routing", "routing: round_robin", "routing"},
 		{"unknown alias routing", "models: {a: {targets: [x], routing: random}}", "models.a.routing"},
 		{"negative prefix slack", "prefix_load_slack: -0.1", "prefix_load_slack"},

@@ -16,7 +16,7 @@ import (
 type runMsg struct {
 	msg contract.Message
 	// reason is the release reason of a terminal message (msg.Ends).
-	reason string
+	reason EndReason
 	// verdict: what the message tells of its provider, whether it is the
 	// first kind of message that tells it, and the retry reason (verdict).
 	outcome  outcome

@@ -264,7 +264,7 @@ func (s *Service) attempt(ctx context.Context, req contract.Request, tried []tri
 	// stream, so the earlier failed attempt stays the answer until the
 	// read-ahead said it was not.
 	if superseded != nil && !run.warm {
-		superseded.drop("another provider took the request")
+		superseded.drop(EndSuperseded)
 		superseded = nil
 	}
 	res := attemptResult{kind: resAnswered, run: run, cand: cand}
@@ -284,7 +284,7 @@ func (s *Service) attempt(ctx context.Context, req contract.Request, tried []tri
 		return attemptResult{kind: resNotDispatched, run: run, cand: cand, err: err}
 	}
 	if superseded != nil {
-		superseded.drop("another provider took the request")
+		superseded.drop(EndSuperseded)
 	}
 	return res
 }
@@ -308,7 +308,7 @@ func (s *Service) dispatchLoop(ctx context.Context, req contract.Request, attemp
 		switch act.kind {
 		case actFinish:
 			if act.drop != nil {
-				act.drop.drop("client gone")
+				act.drop.drop(EndClientGone)
 			}
 			return act.run, act.err
 		case actAgain:
@@ -360,7 +360,7 @@ func watchClient(ctx context.Context, r *Run) (stop func()) {
 	fired := make(chan struct{})
 	stopAfter := context.AfterFunc(ctx, func() {
 		defer close(fired)
-		r.finish("client gone", ctx.Err(), true)
+		r.finish(EndClientGone, ctx.Err(), true)
 	})
 	var once sync.Once
 	return func() {

@@ -262,7 +262,7 @@ func (s *Service) closeConn(c *conn, cause error) {
 	c.close()
 	s.sched.Fence(c.nodeID, c.gen)
 	for _, r := range s.runsOf(c) {
-		r.finish("node gone", fmt.Errorf("%w: node %q generation %d: %w", ErrNodeGone, c.nodeID, c.gen, cause), false)
+		r.finish(EndNodeGone, fmt.Errorf("%w: node %q generation %d: %w", ErrNodeGone, c.nodeID, c.gen, cause), false)
 	}
 	s.reg.notify()
 	s.log.Info("node fenced", "node", c.nodeID, "generation", c.gen, "cause", cause)
@@ -308,7 +308,7 @@ func (s *Service) handleNodeMessage(c *conn, m *nodev1.NodeMessage) {
 	case *nodev1.NodeMessage_DispatchRefused:
 		id := msg.DispatchRefused.GetRunId()
 		if r := s.run(id); r != nil && r.conn == c {
-			r.finishIf(func(st runState) bool { return st == runPending }, "dispatch refused", s.refusal(c, msg.DispatchRefused), false)
+			r.finishIf(func(st runState) bool { return st == runPending }, EndDispatchRefused, "", s.refusal(c, msg.DispatchRefused), false)
 		}
 	case *nodev1.NodeMessage_Drain:
 		s.drainConn(c, msg.Drain.GetReason())
@@ -431,16 +431,16 @@ func (s *Service) serveRun(stream nodev1.NodeGateway_RunServer) error {
 // ending first (the node cancelled it), or the edge stopping, ends the run.
 func (s *Service) serveOpen(stream nodev1.NodeGateway_RunServer, r *Run) error {
 	if err := s.sendBody(stream, r); err != nil {
-		r.finish("body send failed", fmt.Errorf("%w: node %q run %q: %w", ErrNodeGone, r.info.NodeID, r.info.RunID, err), false)
+		r.finish(EndBodySendFailed, fmt.Errorf("%w: node %q run %q: %w", ErrNodeGone, r.info.NodeID, r.info.RunID, err), false)
 		return err
 	}
 	select {
 	case <-r.ended:
 	case <-stream.Context().Done():
-		r.finish("run stream closed", fmt.Errorf("%w: node %q run %q: %w", ErrNodeGone, r.info.NodeID, r.info.RunID, errRunAborted), false)
+		r.finish(EndRunStreamClosed, fmt.Errorf("%w: node %q run %q: %w", ErrNodeGone, r.info.NodeID, r.info.RunID, errRunAborted), false)
 		return stream.Context().Err()
 	case <-s.shutdown:
-		r.finish("edge shutting down", fmt.Errorf("%w: %w", ErrNodeGone, errShutdown), true)
+		r.finish(EndEdgeShuttingDown, fmt.Errorf("%w: %w", ErrNodeGone, errShutdown), true)
 	}
 	if cancel, reason := r.cancelled(); cancel {
 		_ = stream.Send(&nodev1.RunDown{Msg: &nodev1.RunDown_Cancel{Cancel: &nodev1.Cancel{RunId: r.info.RunID, Reason: reason}}})

@@ -136,13 +136,13 @@ func TestObserverSeesNodeAndRunLifecycle(t *testing.T) {
 		a.QueueReason != "immediate" || a.Load == nil || a.Load.InFlight != 1 || a.Load.Capacity != 1 {
 		t.Errorf("first run_admitted %+v load %+v", a, a.Load)
 	}
-	if end := one[2]; end.Reason != "complete" || end.Outcome != "completed" || end.Load == nil {
+	if end := one[2]; end.Reason != string(EndComplete) || end.Outcome != "completed" || end.Load == nil {
 		t.Errorf("first run_ended %+v", end)
 	}
 	if a := two[0]; a.QueueReason != "queued" || a.Load.InFlight != 1 || a.Load.ModelQueued != 0 {
 		t.Errorf("second run_admitted %+v load %+v", a, a.Load)
 	}
-	if end := two[2]; end.Reason != "closed: client gone" || end.Outcome != "client gone" || end.Load.InFlight != 0 {
+	if end := two[2]; end.Reason != string(EndClosed) || end.Outcome != "client gone" || end.Load.InFlight != 0 {
 		t.Errorf("second run_ended %+v load %+v", end, end.Load)
 	}
 }
@@ -248,7 +248,7 @@ func TestRunEndedCarriesTheCallersOutcome(t *testing.T) {
 	run.Close("client_gone")
 	run.Close("completed")
 	if evs := endsOf(rec, run.Info().RunID); len(evs) != 1 || evs[0].Outcome != "client_gone" ||
-		evs[0].Reason != "closed: client gone" || evs[0].Load == nil || evs[0].Load.InFlight != 0 {
+		evs[0].Reason != string(EndClosed) || evs[0].Load == nil || evs[0].Load.InFlight != 0 {
 		t.Fatalf("run_ended %+v, want one with outcome client_gone", evs)
 	}
 
@@ -263,7 +263,7 @@ func TestRunEndedCarriesTheCallersOutcome(t *testing.T) {
 			e.svc.Snapshot().Leases, endsOf(rec, run.Info().RunID))
 	}
 	run.Close("completed")
-	if evs := endsOf(rec, run.Info().RunID); len(evs) != 1 || evs[0].Outcome != "completed" || evs[0].Reason != "complete" {
+	if evs := endsOf(rec, run.Info().RunID); len(evs) != 1 || evs[0].Outcome != "completed" || evs[0].Reason != string(EndComplete) {
 		t.Fatalf("run_ended %+v, want one with outcome completed", evs)
 	}
 }

@@ -39,12 +39,11 @@ type ReloadResult struct {
 // runs in flight and requests already queued are untouched (a queued
 // request keeps its deadline and its candidates). The node join tokens
 // apply to the next Hello (nodes already connected stay; an id bound to a
-// removed token is freed). The client and admin keys are the HTTP API's
-// (its caller swaps its keyrings); Reload neither applies nor reports them.
-// Other settings (listen, node_listen, heartbeat_interval,
-// dispatch_timeout, long_context_tokens, insecure_open, drain_timeout,
-// max_retries, circuit_breaker, ...) need a restart; Reload reports those
-// that differ, by YAML key (restartOnly), and keeps their running values.
+// removed token is freed). The core's other settings (heartbeat_interval,
+// dispatch_timeout, long_context_tokens, max_retries, circuit_breaker,
+// cluster, ...) need a restart; Reload reports those that differ, by YAML
+// key (restartOnly), and keeps their running values. The process's parts
+// of the file (listeners, keys, stores) are its caller's.
 //
 // cfg's zero fields take their defaults. An invalid cfg changes nothing and
 // returns an error wrapping ErrInvalidConfig that names every problem.
@@ -79,8 +78,6 @@ func (s *Service) Reload(cfg Config) (ReloadResult, error) {
 	applied := old
 	applied.Models, applied.Queue = maps.Clone(cfg.Models), cfg.Queue
 	applied.Tokens = slices.Clone(cfg.Tokens)
-	applied.Keys, applied.AdminKeys, applied.KeysFile = cfg.Keys, cfg.AdminKeys, cfg.KeysFile
-	applied.Teams, applied.Prices = cfg.Teams, cfg.Prices
 	applied.Fairness.Mode = cfg.Fairness.Mode
 	applied.Routing, applied.PrefixLoadSlack = cfg.Routing, cfg.PrefixLoadSlack
 	applied.Residency = cfg.Residency
@@ -119,20 +116,11 @@ func restartOnly(running, next Config) []string {
 	}{
 		{"dispatch_timeout", running.DispatchTimeout != next.DispatchTimeout},
 		{"heartbeat_interval", running.HeartbeatInterval != next.HeartbeatInterval},
-		{"listen", running.Listen != next.Listen},
 		{"long_context_tokens", running.LongContextTokens != next.LongContextTokens},
-		{"node_listen", running.NodeListen != next.NodeListen},
 		{"prefix_index_blocks", running.PrefixIndexBlocks != next.PrefixIndexBlocks},
 		{"tls", running.TLSCert != next.TLSCert || running.TLSKey != next.TLSKey || running.ClientCA != next.ClientCA},
-		{"database", running.Database != next.Database || running.LedgerDSN != next.LedgerDSN || running.RunsDSN != next.RunsDSN || running.Name != next.Name},
-		{"max_body_bytes", running.MaxBodyBytes != next.MaxBodyBytes},
-		{"max_answer_bytes", running.MaxAnswerBytes != next.MaxAnswerBytes},
-		{"write_timeout", running.WriteTimeout != next.WriteTimeout},
 		{"fairness.flow", running.Fairness.Flow != next.Fairness.Flow},
-		{"tracing", !reflect.DeepEqual(running.Tracing, next.Tracing)},
 		{"cluster", !reflect.DeepEqual(running.Cluster, next.Cluster)},
-		{"insecure_open", running.InsecureOpen != next.InsecureOpen},
-		{"drain_timeout", running.DrainTimeout != next.DrainTimeout},
 		{"max_retries", running.Retries() != next.Retries()},
 		{"circuit_breaker", running.CircuitBreaker != next.CircuitBreaker},
 	} {

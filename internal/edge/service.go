@@ -194,7 +194,7 @@ func (s *Service) Dispatch(ctx context.Context, req contract.Request) (out *Run,
 	defer func() {
 		for _, a := range attempts {
 			if a != out || outErr != nil {
-				a.drop("not handed to the caller")
+				a.drop(EndNotHandedOver)
 			}
 		}
 	}()
@@ -324,7 +324,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req contract.Request, tried 
 	}
 	tk, ok := s.breakers.acquire(providerKey{cand.NodeID, cand.ProviderID})
 	if !ok {
-		g.release("circuit open")
+		g.release(EndCircuitOpen)
 		return nil, cand, nil, errOutOfRotation
 	}
 	runID := req.RunID
@@ -334,7 +334,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req contract.Request, tried 
 	}
 	c, p := s.reg.lookup(cand.NodeID, cand.Generation, cand.ProviderID)
 	if c == nil {
-		g.release("stale generation")
+		g.release(EndStaleGeneration)
 		tk.done(outcomeNeutral)
 		if !g.local() && cand.Generation == 0 {
 			s.adm.awaitNode(ctx, cand.NodeID)
@@ -419,12 +419,12 @@ func (s *Service) dispatchOnce(ctx context.Context, req contract.Request, tried 
 	} else {
 		// Arm the timeout before the node can see the dispatch.
 		timer := s.clock.AfterFunc(s.cfg.DispatchTimeout, func() {
-			r.finishIf(func(st runState) bool { return st == runPending }, "dispatch timeout",
+			r.finishIf(func(st runState) bool { return st == runPending }, EndDispatchTimeout, "",
 				fmt.Errorf("%w: node %q did not open run %q within %s", ErrDispatchTimeout, cand.NodeID, runID, s.cfg.DispatchTimeout), true)
 		})
 		defer timer.Stop()
 		if !c.enqueue(&nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_Dispatch{Dispatch: d}}) {
-			r.finish("stale generation", nil, false)
+			r.finish(EndStaleGeneration, nil, false)
 			r.settle("")
 			return nil, cand, nil, fmt.Errorf("%w: node %q generation %d closed before dispatch", ErrStaleGeneration, cand.NodeID, cand.Generation)
 		}
@@ -585,7 +585,7 @@ func (s *Service) Shutdown() {
 	}
 	s.mu.Unlock()
 	for _, r := range open {
-		r.finish("edge shutting down", fmt.Errorf("%w: run %q ended before it finished", ErrShuttingDown, r.info.RunID), true)
+		r.finish(EndEdgeShuttingDown, fmt.Errorf("%w: run %q ended before it finished", ErrShuttingDown, r.info.RunID), true)
 	}
 }
 

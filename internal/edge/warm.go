@@ -158,7 +158,7 @@ func (s *Service) dispatchWarm(w *warmStream, r *Run, d *nodev1.Dispatch) {
 		return
 	}
 	if err := w.stream.Send(&nodev1.RunDown{Msg: &nodev1.RunDown_Dispatch{Dispatch: d}}); err != nil {
-		r.finish("dispatch send failed", fmt.Errorf("%w: node %q run %q: dispatch on a warm run stream: %w", ErrNodeGone, r.info.NodeID, r.info.RunID, err), false)
+		r.finish(EndDispatchSendFailed, fmt.Errorf("%w: node %q run %q: dispatch on a warm run stream: %w", ErrNodeGone, r.info.NodeID, r.info.RunID, err), false)
 		w.assigned <- r
 		return
 	}

@@ -11,6 +11,7 @@ package jsonscan
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -91,6 +92,57 @@ func Members(body []byte, i, depth int, member func(key []byte, keyFlags int, vs
 	}
 }
 
+// MembersFunc is Members for a caller that reads some values itself: for
+// each member, value is called with its key (as for Members) and the index
+// where its value starts (white space skipped), and returns the index just
+// past the value, -1 when it is not valid (the walk then fails). value
+// may call Value for the members it leaves alone; a value it reads itself
+// is checked by it alone, so it must reject what Value rejects.
+func MembersFunc(body []byte, i, depth int, value func(key []byte, keyFlags int, vstart int) (vend int)) (end, members int) {
+	if i >= len(body) || body[i] != '{' || depth > MaxDepth {
+		return -1, 0
+	}
+	i = SkipSpace(body, i+1)
+	if i < len(body) && body[i] == '}' {
+		return i + 1, 0
+	}
+	for {
+		if i >= len(body) || body[i] != '"' {
+			return -1, members
+		}
+		kend, kflags := String(body, i)
+		if kend < 0 {
+			return -1, members
+		}
+		key := body[i:kend]
+		i = SkipSpace(body, kend)
+		if i >= len(body) || body[i] != ':' {
+			return -1, members
+		}
+		vstart := SkipSpace(body, i+1)
+		if vstart >= len(body) {
+			return -1, members
+		}
+		vend := value(key, kflags, vstart)
+		if vend < 0 {
+			return -1, members
+		}
+		members++
+		i = SkipSpace(body, vend)
+		if i >= len(body) {
+			return -1, members
+		}
+		switch body[i] {
+		case ',':
+			i = SkipSpace(body, i+1)
+		case '}':
+			return i + 1, members
+		default:
+			return -1, members
+		}
+	}
+}
+
 // Elements walks the array that opens at body[i] ('['), nested depth deep,
 // calling element with the span of each element; end is the index just
 // past its ']', -1 if it is not a valid array.
@@ -129,6 +181,9 @@ func Elements(body []byte, i, depth int, element func(vstart, vend int)) (end in
 // check UTF-8 either.
 func String(body []byte, start int) (end int, flags int) {
 	for i := start + 1; i < len(body); i++ {
+		for i+8 <= len(body) && plain8(binary.LittleEndian.Uint64(body[i:])) {
+			i += 8
+		}
 		for i < len(body) && plain[body[i]] {
 			i++
 		}
@@ -176,6 +231,22 @@ var plain = func() (t [256]bool) {
 	}
 	return t
 }()
+
+// Eight bytes at a time (SWAR): lo has 1 in each byte, hi the top bit of
+// each.
+const (
+	lo = 0x0101010101010101
+	hi = 0x8080808080808080
+)
+
+// plain8 reports whether every byte of x is plain: below 0x80, at least
+// 0x20, neither '"' nor '\\'.
+func plain8(x uint64) bool {
+	return x&hi == 0 && (x-lo*0x20)&^x&hi == 0 && hasZero(x^(lo*'"')) == 0 && hasZero(x^(lo*'\\')) == 0
+}
+
+// hasZero is nonzero when a byte of v is zero.
+func hasZero(v uint64) uint64 { return (v - lo) &^ v & hi }
 
 func isHex(c byte) bool {
 	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'

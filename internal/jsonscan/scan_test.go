@@ -2,7 +2,10 @@ package jsonscan
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
+	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -49,5 +52,62 @@ func BenchmarkDecode(b *testing.B) {
 	n := 0
 	for b.Loop() {
 		Decode(quoted, func(p []byte) { n += len(p) })
+	}
+}
+
+// FuzzMembersFunc: MembersFunc whose value reads each value with Value
+// walks an object as Members does (the same end, members and spans), and
+// takes exactly the objects json.Valid takes.
+func FuzzMembersFunc(f *testing.F) {
+	for _, s := range []string{`{}`, ` { "a" : [1, {"b":null}] , "c":"d" } `, `{"a":1,}`, `{"a" 1}`, `{"a":tru}`, `{"\u0061":"x"}`, `{"a":1}}`, `{`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		i := SkipSpace(body, 0)
+		var spans, funcSpans []int
+		end, n := Members(body, i, 1, func(_ []byte, _ int, vstart, vend int) { spans = append(spans, vstart, vend) })
+		fend, fn := MembersFunc(body, i, 1, func(_ []byte, _ int, vstart int) int {
+			vend := Value(body, vstart, 1)
+			funcSpans = append(funcSpans, vstart, vend)
+			return vend
+		})
+		if end != fend || n != fn || (end >= 0 && !slices.Equal(spans, funcSpans)) {
+			t.Fatalf("%q: Members = %d, %d, %v; MembersFunc = %d, %d, %v", body, end, n, spans, fend, fn, funcSpans)
+		}
+		if valid := fend >= 0 && SkipSpace(body, fend) == len(body); valid != (json.Valid(body) && i < len(body) && body[i] == '{') {
+			t.Fatalf("%q: MembersFunc takes it: %v; json.Valid %v", body, valid, json.Valid(body))
+		}
+	})
+}
+
+// TestPlain8: eight bytes are plain at once exactly when each one is.
+func TestPlain8(t *testing.T) {
+	for c := range 256 {
+		for pos := range 8 {
+			b := []byte("abcdefgh")
+			b[pos] = byte(c)
+			want := true
+			for _, x := range b {
+				want = want && plain[x]
+			}
+			if got := plain8(binary.LittleEndian.Uint64(b)); got != want {
+				t.Fatalf("plain8(%q) = %v, want %v", b, got, want)
+			}
+		}
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 1 << 20 {
+		x := r.Uint64()
+		if r.IntN(2) == 0 {
+			x &^= hi // ASCII only, so that plain runs are common
+		}
+		b := binary.LittleEndian.AppendUint64(nil, x)
+		want := true
+		for _, c := range b {
+			want = want && plain[c]
+		}
+		if got := plain8(x); got != want {
+			t.Fatalf("plain8(%q) = %v, want %v", b, got, want)
+		}
 	}
 }

@@ -122,9 +122,12 @@ type Store interface {
 var ErrInvalidQuery = errors.New("invalid usage query")
 
 // bufferEntries is how many entries wait for the writer before Record
-// blocks; batchEntries is the most one transaction inserts.
+// blocks; batchEntries is the most one transaction inserts. The buffer is
+// allocated whole at New (an entry and its acknowledgement take about
+// 216 bytes: 221 KB): four batches absorb a store stalled for 200 ms at
+// 5,000 requests a second.
 const (
-	bufferEntries = 4096
+	bufferEntries = 1024
 	batchEntries  = 256
 )
 

@@ -413,6 +413,21 @@ func (a *Agent) Run(ctx context.Context) error {
 	return a.superviseEdges(ctx)
 }
 
+// refusalHint says what to change when err, an edge's HelloRefused, is
+// one of its token refusals (the reasons the edge sends), else "".
+func refusalHint(err error) string {
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "node token not accepted for this node id"):
+		return "the edge accepts this token only from the node ids listed with it (tokens: [{token: ..., nodes: [...]}] in the edge config): set node_id to one of them, or add this node's id"
+	case strings.Contains(msg, "node token not accepted"):
+		return "set the node's token to one of the edge's tokens (tokens: in the edge config, read again when that file changes)"
+	case strings.Contains(msg, "bound to another token"):
+		return "this node id joined the edge with another token before: use that token, or list this node id under the new token's nodes (tokens: [{token: ..., nodes: [...]}]) while rotating"
+	}
+	return ""
+}
+
 // handshakeHint says what to check when err, a failed connection's, is
 // the mark of a TLS mismatch between node and edge, else "". gRPC reports a
 // plaintext node at a TLS endpoint as "error reading server preface: EOF"

@@ -292,7 +292,11 @@ func (l *link) run(ctx context.Context) error {
 		attempt++
 		switch {
 		case errors.Is(err, ErrHelloRefused):
-			l.logger.Error("edge refused the node", "err", err, "retry_in", wait)
+			attrs := []any{"err", err, "retry_in", wait}
+			if hint := refusalHint(err); hint != "" {
+				attrs = append(attrs, "hint", hint)
+			}
+			l.logger.Error("edge refused the node", attrs...)
 		case status.Code(err) == codes.FailedPrecondition:
 			l.logger.Error("the edge replaced this connection with a newer one of the same node_id: is another node running with it (or is this edge listed twice)?", "err", err, "retry_in", wait)
 		default:

@@ -40,7 +40,7 @@ func staleEpochOf(err error) int64 {
 // holds the highest epoch seen, below which a Dispatch is refused.
 //
 // Concurrency: mu guards everything; it is a leaf lock, taken under a
-// connection's mu (conn.admit) and nothing is called under it.
+// connection's mu (conn.acceptDispatch) and nothing is called under it.
 type inFlight struct {
 	mu    sync.Mutex
 	runs  map[*run]*nodev1.RunInFlight

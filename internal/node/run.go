@@ -67,7 +67,7 @@ type bodyResult struct {
 // together sent it more than it takes, see capacity.go).
 func (c *conn) dispatch(d *nodev1.Dispatch) {
 	streamCtx, stopStream := context.WithCancel(c.ctx)
-	r, p, err := c.admit(d, streamCtx, stopStream)
+	r, p, err := c.acceptDispatch(d, streamCtx, stopStream)
 	if err != nil {
 		stopStream()
 		c.refuse(d.RunId, err)
@@ -86,14 +86,15 @@ func (c *conn) dispatch(d *nodev1.Dispatch) {
 	}()
 }
 
-// admit validates d, a Dispatch from the control stream or down a warm
+// acceptDispatch validates d, a Dispatch from the control stream or down a warm
 // stream, and registers it as a run of c whose stream lives in streamCtx
 // (stopStream ends it), or says why the node refuses it: ErrDraining
 // after a drain began, ErrMissingRunID, ErrUnknownProvider,
 // ErrPathMismatch, ErrUnsupportedOperation, ErrDuplicateRun for a run id
 // in flight, ErrStaleEpoch for a deposed scheduler leader's (inflight.go). The drain check and the registration are one step under
-// c.mu, so a drain that finds no run in flight admits none after.
-func (c *conn) admit(d *nodev1.Dispatch, streamCtx context.Context, stopStream context.CancelFunc) (*run, *provider, error) {
+// c.mu, so a drain that finds no run in flight accepts none after.
+// (Admission is the edge's word: the scheduler admits; a node accepts.)
+func (c *conn) acceptDispatch(d *nodev1.Dispatch, streamCtx context.Context, stopStream context.CancelFunc) (*run, *provider, error) {
 	p := c.a.providers[d.ProviderId]
 	var invalid error
 	switch {

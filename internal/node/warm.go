@@ -99,7 +99,7 @@ func (c *conn) serveWarm() {
 // Dispatch when the edge reuses the stream after the run's clean end,
 // counting the stream idle meanwhile, else nil.
 func (c *conn) serveWarmRun(ctx context.Context, stop context.CancelFunc, stream runStream, d *nodev1.Dispatch) *nodev1.Dispatch {
-	r, p, err := c.admit(d, ctx, stop)
+	r, p, err := c.acceptDispatch(d, ctx, stop)
 	if err != nil {
 		c.refuseOn(stream, d.RunId, err)
 		return nil

@@ -70,7 +70,7 @@ var configKinds = sync.OnceValues(func() ([]configschema.Kind, error) {
 })
 
 // ConfigKinds returns the schemas of the edge, node and dev config files,
-// built from edge.Config, node.Config and DevConfig and their docs.
+// built from EdgeFile, node.Config and DevConfig and their docs.
 func ConfigKinds() ([]configschema.Kind, error) { return configKinds() }
 
 // ConfigKind returns the kind named name ("edge", "node", "dev").
@@ -138,9 +138,9 @@ func CheckConfig(k configschema.Kind, data []byte) []configschema.Problem {
 		if err = decodeYAMLStrict(data, &file); err == nil {
 			err = file.Validate()
 		}
-		if cfg := file.Config; err == nil && len(cfg.Keys) == 0 && cfg.KeysFile == "" {
-			cfg.SetDefaults()
-			err = checkOpenAPI(cfg, 0, slog.New(slog.DiscardHandler))
+		if err == nil && len(file.Keys) == 0 && file.KeysFile == "" {
+			file.SetDefaults()
+			err = checkOpenAPI(file, 0, slog.New(slog.DiscardHandler))
 		}
 	case KindNode:
 		cfg := node.Config{}

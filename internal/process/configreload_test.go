@@ -15,8 +15,8 @@ import (
 // is set to its example and the running edge reloads: a key marked yes is
 // not among the settings the edge says need a restart; a key marked
 // restart is. The keys of the edge's own providers (providers,
-// local_node_id: EdgeFile's, not edge.Config's) go to edgeProcess's
-// localRestart instead.
+// local_node_id) go to edgeProcess's localRestart instead; the other
+// process parts' to EdgeFile.restartOnly, the core's to edge's Reload.
 func TestConfigReferenceReloadColumn(t *testing.T) {
 	t.Parallel()
 	k, err := ConfigKind(KindEdge)
@@ -47,20 +47,21 @@ func TestConfigReferenceReloadColumn(t *testing.T) {
 			b.WriteString(strings.Repeat("  ", i) + p + ":\n")
 		}
 		b.WriteString(strings.Repeat("  ", len(parts)-1) + k.Example(n) + "\n")
-		cfg := edge.DefaultConfig()
-		if err := yaml.Unmarshal([]byte(b.String()), &cfg); err != nil {
+		file := DefaultEdgeFile()
+		if err := yaml.Unmarshal([]byte(b.String()), &file); err != nil {
 			t.Errorf("%s: %v", n.Path, err)
 			return
 		}
 		switch n.Path {
 		case "tls_cert", "tls_key", "client_ca":
-			cfg.TLSCert, cfg.TLSKey = "/etc/iop/edge.crt", "/etc/iop/edge.key"
+			file.TLSCert, file.TLSKey = "/etc/iop/edge.crt", "/etc/iop/edge.key"
 		}
-		res, err := svc.Reload(cfg)
+		res, err := svc.Reload(file.Config)
 		if err != nil {
 			t.Errorf("%s: reload of its example refused: %v", n.Path, err)
 			return
 		}
+		res.Restart = append(res.Restart, DefaultEdgeFile().restartOnly(file)...)
 		reported := len(res.Restart) > 0
 		switch {
 		case k.Reload(n) == "yes" && reported:

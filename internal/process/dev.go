@@ -14,6 +14,7 @@ import (
 
 	"iop/internal/auth"
 	"iop/internal/edge"
+	"iop/internal/edge/api"
 	"iop/internal/node"
 	"iop/internal/sim"
 	"iop/internal/tracing"
@@ -205,7 +206,7 @@ func (d *devProcess) Open(ctx context.Context) error {
 	if cfg.MaxBodyBytes < 0 || cfg.WriteTimeout < 0 {
 		return fmt.Errorf("--max-body-bytes %d and --write-timeout %s must not be negative", cfg.MaxBodyBytes, cfg.WriteTimeout)
 	}
-	edgeCfg := edge.DefaultConfig()
+	edgeCfg := DefaultEdgeFile()
 	edgeCfg.Listen, edgeCfg.NodeListen = cfg.Listen, cfg.NodeListen
 	edgeCfg.MaxBodyBytes, edgeCfg.WriteTimeout = cfg.MaxBodyBytes, cfg.WriteTimeout
 	edgeCfg.DrainTimeout = cfg.DrainTimeout
@@ -405,7 +406,7 @@ func probeOllama(ctx context.Context, pc node.ProviderConfig) []string {
 // 127.0.0.1:8080, the node endpoint on an ephemeral loopback port, a local
 // Ollama looked for at http://127.0.0.1:11434, simulated providers of
 // capacity 4 at 50 tokens/s with a 150 ms time to first token, the edge's
-// HTTP limits, and run records in edge.DefaultDatabase.
+// HTTP limits, and run records in DefaultDatabase.
 func DevDefaults() DevConfig {
 	return DevConfig{
 		Listen:             "127.0.0.1:8080",
@@ -414,8 +415,8 @@ func DevDefaults() DevConfig {
 		SimCapacity:        4,
 		SimTokensPerSecond: 50,
 		SimTTFT:            150 * time.Millisecond,
-		MaxBodyBytes:       edge.DefaultMaxBodyBytes,
-		WriteTimeout:       edge.DefaultWriteTimeout,
-		Database:           edge.DefaultDatabase,
+		MaxBodyBytes:       api.DefaultMaxBodyBytes,
+		WriteTimeout:       api.DefaultWriteTimeout,
+		Database:           DefaultDatabase,
 	}
 }

@@ -26,16 +26,23 @@
 //     stops. A node tells the edge it drains and lets its runs finish, up
 //     to its drain timeout; Abort aborts them.
 //   - The open-API policy: an edge without client keys serves only on a
-//     loopback address unless Edge.InsecureOpen, and logs what is open.
+//     loopback address unless insecure_open (AccessConfig), and logs what is
+//     open.
 //   - The signal policy of iop node (HandleSignals): the first SIGTERM or
 //     SIGINT drains, the second aborts.
+//   - The config file schema of each process kind: EdgeFile (edgefile.go)
+//     nests the edge core's edge.Config and the process's own parts
+//     (ServeConfig, HTTPConfig, AccessConfig, StoreConfig, tracing, the
+//     local providers), each with its Validate; node.Config; DevConfig.
+//     ConfigKinds builds the reference and iop check from them.
 //   - Configuration layering (LoadConfig): defaults, then the YAML file,
 //     then the flags the user set; and the reload loop (Config.Reload):
 //     SIGHUP (Deps.Hangup) and a changed config file reload the edge's
 //     configuration.
 //   - The soak harness (Soak, `iop soak`).
-//   - The adapter between the edge (package edge) and its HTTP API (package
-//     edge/api), in apiadapter.go.
+//   - The edge file's schema (EdgeFile, edgefile.go): one part per
+//     component, each validating its own; edge.go hands each part to its
+//     component (the core to package edge, the HTTP part to edge/api).
 //
 // # Concurrency
 //

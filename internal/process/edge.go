@@ -14,9 +14,11 @@ import (
 	"time"
 
 	"iop/internal/auth"
+	"iop/internal/cluster"
 	"iop/internal/edge"
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/admin"
+	"iop/internal/edge/api/anthropic"
 	batchapi "iop/internal/edge/api/batch"
 	"iop/internal/ledger"
 	"iop/internal/node"
@@ -28,49 +30,11 @@ import (
 	"iop/internal/wire/memlink"
 )
 
-// EdgeFile is iop edge's configuration file: the edge's keys (edge.Config)
-// and the providers it serves itself, by a node in its own process
-// (Config.LocalProviders).
-type EdgeFile struct {
-	edge.Config `yaml:",inline"`
-	Providers   []node.ProviderConfig `yaml:"providers"`
-	LocalNodeID string                `yaml:"local_node_id"`
-}
-
-// EdgeFileDefaults is what iop edge starts from before its file:
-// EdgeDefaults, no providers, local_node_id DefaultLocalNodeID.
-func EdgeFileDefaults() EdgeFile {
-	return EdgeFile{Config: EdgeDefaults(), LocalNodeID: DefaultLocalNodeID}
-}
-
-// Validate checks the edge's keys (edge.Config.Validate, after its
-// defaults) and the providers as a node in the edge's process takes them
-// (node.Config.ValidateLocal).
-func (f EdgeFile) Validate() error {
-	cfg := f.Config
-	cfg.SetDefaults()
-	err := cfg.Validate()
-	if len(f.Providers) > 0 {
-		err = errors.Join(err, node.Config{NodeID: f.LocalNodeID, Providers: f.Providers}.ValidateLocal())
-	}
-	return err
-}
-
-// EdgeDefaults is the configuration `iop edge` starts from: the edge's
-// defaults (edge.DefaultConfig), with run records and the ledger kept in
-// the file edge.DefaultDatabase (iop.db). A Config.Edge built from
-// edge.DefaultConfig instead keeps them in memory.
-func EdgeDefaults() edge.Config {
-	cfg := edge.DefaultConfig()
-	cfg.Database = edge.DefaultDatabase
-	return cfg
-}
-
 // edgeProcess is an edge (ModeEdge, and the edge of ModeDev): its node
 // endpoint and HTTP API. Its resources are the steps of coreSteps, opened
 // in that order; Shutdown closes them in reverse.
 type edgeProcess struct {
-	cfg    edge.Config
+	cfg    EdgeFile
 	logger *slog.Logger
 	// ModeEdge only: the profiler's address and the reload watch.
 	pprofListen string
@@ -116,8 +80,10 @@ type edgeProcess struct {
 	stopWatch     func()
 	steps         steps
 
-	keysMu           sync.Mutex // serializes reloads; guards the fields below
-	keyCfg, adminCfg []auth.Key // the keys the keyrings were last given
+	keysMu           sync.Mutex             // serializes reloads; guards the fields below
+	keyCfg, adminCfg []auth.Key             // the keys the keyrings were last given
+	teamCfg          []auth.Team            // the teams the quota was last given
+	priceCfg         map[string]quota.Price // the prices the quota was last given
 }
 
 // maxHeaderBytes caps a client request's header block; a larger one is
@@ -195,26 +161,26 @@ func (e *edgeProcess) coreSteps(inProcess ...step) []step {
 // open client API (no keys) on a non-loopback address unless
 // cfg.InsecureOpen.
 func (e *edgeProcess) openKeys(context.Context) error {
-	cfg, err := e.cfg.LoadKeysFile()
+	cfg, err := e.cfg.AccessConfig.LoadKeysFile()
 	if err != nil {
 		return err
 	}
-	e.cfg = cfg
+	e.cfg.AccessConfig = cfg
 	if e.Keys, err = auth.NewKeyring("keys", cfg.Keys, nil); err != nil {
 		return err
 	}
 	if e.AdminKeys, err = auth.NewKeyring("admin_keys", cfg.AdminKeys, nil); err != nil {
 		return err
 	}
-	e.keyCfg, e.adminCfg = cfg.Keys, cfg.AdminKeys
+	e.keyCfg, e.adminCfg, e.teamCfg, e.priceCfg = cfg.Keys, cfg.AdminKeys, cfg.Teams, cfg.Prices
 	e.Quota = quota.New(quota.Config{Logger: e.logger.With("component", "quota")})
 	configureQuota(e.Quota, cfg)
-	return checkOpenAPI(cfg, e.Keys.Len(), e.logger)
+	return checkOpenAPI(e.cfg, e.Keys.Len(), e.logger)
 }
 
 // configureQuota gives q the quotas of cfg's keys and teams and its
 // prices.
-func configureQuota(q *quota.Ledger, cfg edge.Config) {
+func configureQuota(q *quota.Ledger, cfg AccessConfig) {
 	keys, teams := auth.QuotaScopes(cfg.Keys, cfg.Teams)
 	q.Configure(keys, teams, cfg.Prices)
 }
@@ -226,7 +192,7 @@ func (e *edgeProcess) openServer(context.Context) error {
 	if err != nil {
 		return err
 	}
-	srv, err := edge.NewServer(e.cfg, edge.Deps{Logger: e.logger, Clock: scheduler.RealClock(), Observer: obs.observer()})
+	srv, err := edge.NewServer(e.cfg.Config, edge.Deps{Logger: e.logger, Clock: scheduler.RealClock(), Observer: obs.observer()})
 	if err != nil {
 		return err
 	}
@@ -284,15 +250,12 @@ func (e *edgeProcess) stopNodeEndpoint(context.Context) error {
 // openLedger opens the usage ledger: in PostgreSQL with cfg.LedgerDSN,
 // else in cfg.Database (":memory:" when unset).
 func (e *edgeProcess) openLedger(ctx context.Context) error {
-	if e.cfg.Database == "" {
-		e.cfg.Database = ":memory:"
-	}
 	var store ledger.Store
 	var err error
 	if e.cfg.LedgerDSN != "" {
 		store, err = ledger.OpenPostgres(ctx, e.cfg.LedgerDSN)
 	} else {
-		store, err = ledger.OpenSQLite(e.cfg.Database)
+		store, err = ledger.OpenSQLite(e.cfg.database())
 	}
 	if err != nil {
 		return err
@@ -306,7 +269,7 @@ func (e *edgeProcess) openLedger(ctx context.Context) error {
 func (e *edgeProcess) closeLedger(context.Context) error { return e.usage.Close() }
 
 func (e *edgeProcess) openResponses(context.Context) (err error) {
-	e.responseStore, err = responses.OpenSQLite(e.cfg.Database)
+	e.responseStore, err = responses.OpenSQLite(e.cfg.database())
 	return err
 }
 
@@ -338,7 +301,7 @@ func (e *edgeProcess) openRuns(ctx context.Context) error {
 		store, runsCfg.Shared = shared, shared
 	} else {
 		var own *runs.SQLite
-		own, err = runs.OpenSQLite(e.cfg.Database)
+		own, err = runs.OpenSQLite(e.cfg.database())
 		store, runsCfg.Store = own, own
 	}
 	if err != nil {
@@ -403,12 +366,13 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 		Responses:       e.responseStore,
 		Flow:            e.cfg.Fairness.Flow,
 		Tracer:          e.tr.Tracer,
-		KeyAdmit:        clusterKeyAdmit(e.cfg, svc, e.Keys),
-		ReasoningSecret: reasoningSecret(e.cfg),
+		KeyAdmit:        clusterKeyAdmit(e.cfg.Cluster, svc, e.Keys),
+		ReasoningSecret: reasoningSecret(e.cfg.Cluster),
 		Catalog:         svc,
 		Shower:          svc,
 		Known:           svc.Known,
 		Routes:          routes,
+		APIs:            []api.API{anthropic.Routes},
 	}), svc, e.logger)
 	if err := e.startBatches(ctx, handler); err != nil {
 		return err
@@ -470,7 +434,7 @@ func (e *edgeProcess) until(ctx context.Context) error {
 func (e *edgeProcess) drain(abort context.Context) error {
 	grace := e.cfg.DrainTimeout
 	if grace <= 0 {
-		grace = edge.DefaultDrainTimeout
+		grace = DefaultDrainTimeout
 	}
 	// For stopLameDuck the listener stays open, so a request already on
 	// its way on a kept-alive connection gets that answer rather than a
@@ -545,7 +509,7 @@ func (e *edgeProcess) closeWatch(context.Context) error {
 // hosts can reach, unless cfg.InsecureOpen, and says in the log what is
 // open: the client API without keys, the admin API without admin keys, a
 // plaintext node endpoint off loopback.
-func checkOpenAPI(cfg edge.Config, keys int, logger *slog.Logger) error {
+func checkOpenAPI(cfg EdgeFile, keys int, logger *slog.Logger) error {
 	if keys == 0 {
 		if !isLoopback(cfg.Listen) && !cfg.InsecureOpen {
 			return fmt.Errorf("refusing to serve the HTTP API on %s without API keys: anyone who can reach it could use your models. "+
@@ -619,8 +583,8 @@ const shutdownFinish = 5 * time.Second
 // key (edge.Service.AdmitKey), taking them from its own keyring by name;
 // a key without limits is counted by each edge alone (no call to the
 // leader). nil for a single edge: each request takes its slot from its key here.
-func clusterKeyAdmit(cfg edge.Config, svc *edge.Service, keys *auth.Keyring) func(context.Context, *auth.Caller) (func(), bool, error) {
-	if cfg.Cluster == nil {
+func clusterKeyAdmit(cluster *cluster.Config, svc *edge.Service, keys *auth.Keyring) func(context.Context, *auth.Caller) (func(), bool, error) {
+	if cluster == nil {
 		return nil
 	}
 	svc.SetKeyAdmitter(func(name string) (func(), error) {
@@ -659,9 +623,9 @@ func clusterKeyAdmit(cfg edge.Config, svc *edge.Service, keys *auth.Keyring) fun
 // reasoningSecret is what the edge seals Responses reasoning items under
 // (api.Config.ReasoningSecret): the cluster's token, shared by every edge
 // of the deployment, or none (a key made at start).
-func reasoningSecret(cfg edge.Config) []byte {
-	if cfg.Cluster == nil || cfg.Cluster.Token == "" {
+func reasoningSecret(cluster *cluster.Config) []byte {
+	if cluster == nil || cluster.Token == "" {
 		return nil
 	}
-	return []byte(cfg.Cluster.Token)
+	return []byte(cluster.Token)
 }

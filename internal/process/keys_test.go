@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"iop/internal/auth"
-	"iop/internal/edge"
 )
 
 // TestRegression_ReloadEmptyingKeysNeedsInsecureOpen: a config with no
@@ -17,14 +16,14 @@ func TestRegression_ReloadEmptyingKeysNeedsInsecureOpen(t *testing.T) {
 	for _, c := range []struct {
 		name                  string
 		running, runningAdmin int
-		cfg                   edge.Config
+		cfg                   AccessConfig
 		refused               bool
 	}{
-		{"client keys emptied", 1, 0, edge.Config{}, true},
-		{"admin keys emptied", 0, 1, edge.Config{Keys: key}, true},
-		{"both emptied, insecure_open", 1, 1, edge.Config{InsecureOpen: true}, false},
-		{"none running", 0, 0, edge.Config{}, false},
-		{"keys kept", 1, 1, edge.Config{Keys: key, AdminKeys: key}, false},
+		{"client keys emptied", 1, 0, AccessConfig{}, true},
+		{"admin keys emptied", 0, 1, AccessConfig{Keys: key}, true},
+		{"both emptied, insecure_open", 1, 1, AccessConfig{InsecureOpen: true}, false},
+		{"none running", 0, 0, AccessConfig{}, false},
+		{"keys kept", 1, 1, AccessConfig{Keys: key, AdminKeys: key}, false},
 	} {
 		err := checkKeysKept(c.running, c.runningAdmin, c.cfg)
 		if got := errors.Is(err, ErrKeysEmptied); got != c.refused {

@@ -33,15 +33,12 @@ const (
 // Config is what Start starts.
 type Config struct {
 	Mode Mode
-	// Edge configures ModeEdge. Its Database "" keeps run records and the
-	// ledger in memory (EdgeDefaults is iop edge's, with iop.db).
-	Edge edge.Config
-	// LocalProviders (ModeEdge), when set, are served by a node in the
+	// Edge configures ModeEdge: its file (DefaultEdgeFile keeps run
+	// records and the ledger in memory; EdgeFileDefaults is iop edge's,
+	// with iop.db). Its Providers, when set, are served by a node in the
 	// edge's own process, connected in memory (package memlink), named
-	// LocalNodeID ("" is DefaultLocalNodeID); EdgeFile's providers and
-	// local_node_id.
-	LocalProviders []node.ProviderConfig
-	LocalNodeID    string
+	// LocalNodeID ("" is DefaultLocalNodeID).
+	Edge EdgeFile
 	// Node configures ModeNode. An empty Version is set to Version.
 	Node node.Config
 	// Dev configures ModeDev (DevDefaults is iop dev's).
@@ -172,13 +169,13 @@ func Start(ctx context.Context, cfg Config, deps Deps) (*Process, error) {
 	switch cfg.Mode {
 	case ModeEdge:
 		e := &edgeProcess{cfg: cfg.Edge, logger: logger, pprofListen: cfg.PprofListen, configFile: cfg.ConfigFile, hangup: deps.Hangup}
-		if len(cfg.LocalProviders) > 0 {
-			id := cfg.LocalNodeID
+		if len(cfg.Edge.Providers) > 0 {
+			id := cfg.Edge.LocalNodeID
 			if id == "" {
 				id = DefaultLocalNodeID
 			}
 			e.local = &localNode{logger: logger, reason: "edge stopping", cfg: node.Config{
-				NodeID: id, Label: "in the edge's process", Version: cfg.Version, Providers: cfg.LocalProviders}}
+				NodeID: id, Label: "in the edge's process", Version: cfg.Version, Providers: cfg.Edge.Providers}}
 		}
 		r := &edgeReloader{e: e, logger: logger}
 		e.reload = reloadFunc(cfg.Reload, r.apply, logger)

@@ -15,8 +15,8 @@ import (
 
 	"iop/internal/auth"
 	"iop/internal/clock"
-	"iop/internal/edge"
 	"iop/internal/node"
+	"iop/internal/quota"
 )
 
 // reloadSettle is how long the config file must stay unchanged after an
@@ -139,49 +139,71 @@ type edgeReloader struct {
 	logger *slog.Logger
 }
 
-// keysChange names the keys (of one keyring) a reload added, removed and
-// changed.
-type keysChange struct{ added, removed, changed []string }
+// namedChange names the entries (keys of one keyring, teams, priced
+// models) a reload added, removed and changed, each list sorted.
+type namedChange struct{ added, removed, changed []string }
 
-func diffKeys(old, next []auth.Key) keysChange {
-	var c keysChange
-	byName := make(map[string]auth.Key, len(old))
-	for _, k := range old {
-		byName[k.Name] = k
+// diffNamed compares old and next by the name each entry has.
+func diffNamed[T any](old, next []T, name func(T) string) namedChange {
+	byName := make(map[string]T, len(old))
+	for _, x := range old {
+		byName[name(x)] = x
 	}
-	for _, k := range next {
-		was, ok := byName[k.Name]
+	var c namedChange
+	for _, x := range next {
+		was, ok := byName[name(x)]
 		switch {
 		case !ok:
-			c.added = append(c.added, k.Name)
-		case !reflect.DeepEqual(was, k):
-			c.changed = append(c.changed, k.Name)
+			c.added = append(c.added, name(x))
+		case !reflect.DeepEqual(was, x):
+			c.changed = append(c.changed, name(x))
 		}
-		delete(byName, k.Name)
+		delete(byName, name(x))
 	}
-	for name := range byName {
-		c.removed = append(c.removed, name)
+	for n := range byName {
+		c.removed = append(c.removed, n)
 	}
+	slices.Sort(c.added)
 	slices.Sort(c.removed)
+	slices.Sort(c.changed)
 	return c
 }
 
-// apply reads cfg's keys file, checks every keyring and that no keyring
-// is emptied (checkKeysKept) first, then applies the edge's part and
-// swaps the keyrings; a cfg refused anywhere changes nothing. It logs
+func diffKeys(old, next []auth.Key) namedChange {
+	return diffNamed(old, next, func(k auth.Key) string { return k.Name })
+}
+
+func diffTeams(old, next []auth.Team) namedChange {
+	return diffNamed(old, next, func(t auth.Team) string { return t.Name })
+}
+
+// diffPrices compares two price tables by model name.
+func diffPrices(old, next map[string]quota.Price) namedChange {
+	type priced struct {
+		model string
+		price quota.Price
+	}
+	list := func(m map[string]quota.Price) []priced {
+		out := make([]priced, 0, len(m))
+		for model, p := range m {
+			out = append(out, priced{model, p})
+		}
+		return out
+	}
+	return diffNamed(list(old), list(next), func(p priced) string { return p.model })
+}
+
+// apply validates every part of file (EdgeFile.Validate), reads its keys
+// file and checks that no keyring is emptied (checkKeysKept) first, then
+// applies the edge core's part (edge.Service.Reload) and swaps the
+// keyrings; a cfg refused anywhere changes nothing. It logs
 // what changed and what needs a restart.
 func (r *edgeReloader) apply(file EdgeFile, trigger string) error {
-	cfg, err := file.Config.LoadKeysFile()
+	if err := file.Validate(); err != nil {
+		return err
+	}
+	cfg, err := file.AccessConfig.LoadKeysFile()
 	if err != nil {
-		return err
-	}
-	if err := auth.Validate("keys", cfg.Keys); err != nil {
-		return err
-	}
-	if err := auth.Validate("admin_keys", cfg.AdminKeys); err != nil {
-		return err
-	}
-	if err := auth.ValidateQuotas(cfg.Keys, cfg.Teams, cfg.Prices); err != nil {
 		return err
 	}
 	if err := checkKeysKept(r.e.Keys.Len(), r.e.AdminKeys.Len(), cfg); err != nil {
@@ -189,11 +211,12 @@ func (r *edgeReloader) apply(file EdgeFile, trigger string) error {
 	}
 	r.e.keysMu.Lock()
 	defer r.e.keysMu.Unlock()
-	res, err := r.e.Service.Reload(cfg)
+	res, err := r.e.Service.Reload(file.Config)
 	if err != nil {
 		return err
 	}
 	keys, admin := diffKeys(r.e.keyCfg, cfg.Keys), diffKeys(r.e.adminCfg, cfg.AdminKeys)
+	teams, prices := diffTeams(r.e.teamCfg, cfg.Teams), diffPrices(r.e.priceCfg, cfg.Prices)
 	// Validated above: Replace cannot fail now.
 	if err := r.e.Keys.Replace(cfg.Keys); err != nil {
 		return err
@@ -201,15 +224,19 @@ func (r *edgeReloader) apply(file EdgeFile, trigger string) error {
 	if err := r.e.AdminKeys.Replace(cfg.AdminKeys); err != nil {
 		return err
 	}
-	r.e.keyCfg, r.e.adminCfg = cfg.Keys, cfg.AdminKeys
+	r.e.keyCfg, r.e.adminCfg, r.e.teamCfg, r.e.priceCfg = cfg.Keys, cfg.AdminKeys, cfg.Teams, cfg.Prices
 	configureQuota(r.e.Quota, cfg)
 	log := r.logger.With("component", "config")
 	log.Info("config reloaded", "trigger", trigger, "added", res.Added, "removed", res.Removed,
 		"changed", res.Changed, "queue_changed", res.QueueChanged,
 		"keys_added", keys.added, "keys_removed", keys.removed, "keys_changed", keys.changed,
 		"admin_keys_added", admin.added, "admin_keys_removed", admin.removed, "admin_keys_changed", admin.changed,
+		"teams_added", teams.added, "teams_removed", teams.removed, "teams_changed", teams.changed,
+		"prices_added", prices.added, "prices_removed", prices.removed, "prices_changed", prices.changed,
 		"tokens_added", res.TokensAdded, "tokens_removed", res.TokensRemoved)
-	restart := append(res.Restart, r.e.localRestart(file)...)
+	file.SetDefaults()
+	restart := append(append(res.Restart, r.e.cfg.restartOnly(file)...), r.e.localRestart(file)...)
+	slices.Sort(restart)
 	if len(restart) > 0 {
 		log.Warn("config settings changed that apply only after a restart; they keep their running values", "settings", restart)
 	}
@@ -239,7 +266,7 @@ func (e *edgeProcess) localRestart(file EdgeFile) []string {
 // keys while running has some (running: the running client keyring's
 // length), or no admin keys while runningAdmin > 0, unless cfg sets
 // insecure_open: a file read while half written must not open the API.
-func checkKeysKept(running, runningAdmin int, cfg edge.Config) error {
+func checkKeysKept(running, runningAdmin int, cfg AccessConfig) error {
 	if cfg.InsecureOpen {
 		return nil
 	}

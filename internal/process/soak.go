@@ -116,7 +116,7 @@ func soakRun(ctx context.Context, cfg SoakConfig, logger, quiet *slog.Logger, re
 	defer stopSim()
 
 	edgeCtx, stopEdge := context.WithCancel(context.Background())
-	ecfg := edge.DefaultConfig()
+	ecfg := DefaultEdgeFile()
 	ecfg.Listen, ecfg.NodeListen, ecfg.Database = "127.0.0.1:0", "127.0.0.1:0", ":memory:"
 	ecfg.Models = map[string]edge.ModelConfig{soakModel: {Targets: []string{"m"}, MaxQueue: cfg.MaxQueue, QueueTimeout: cfg.QueueTimeout}}
 	e, err := Start(edgeCtx, Config{Mode: ModeEdge, Edge: ecfg}, Deps{Logger: logger})

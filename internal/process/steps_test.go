@@ -63,7 +63,7 @@ var (
 // itself (nothing answers at its address: the node connects regardless).
 func stepsEdgeLocalConfig(t *testing.T, listen, nodeListen, pprof string) Config {
 	cfg := stepsEdgeConfig(t, listen, nodeListen, pprof)
-	cfg.LocalProviders = []node.ProviderConfig{{ID: "p", Type: node.TypeOpenAI, BaseURL: "http://127.0.0.1:1/v1", Models: []string{"m"}}}
+	cfg.Edge.Providers = []node.ProviderConfig{{ID: "p", Type: node.TypeOpenAI, BaseURL: "http://127.0.0.1:1/v1", Models: []string{"m"}}}
 	return cfg
 }
 
@@ -98,7 +98,7 @@ func freeStepAddr(t *testing.T) string {
 // stepsEdgeConfig is an edge on the given addresses with a profiler and
 // a watched config file, so every step of edgeSteps holds a resource.
 func stepsEdgeConfig(t *testing.T, listen, nodeListen, pprof string) Config {
-	cfg := edge.DefaultConfig()
+	cfg := DefaultEdgeFile()
 	cfg.Listen, cfg.NodeListen, cfg.Database = listen, nodeListen, ":memory:"
 	cfg.Models = map[string]edge.ModelConfig{"m": {Targets: []string{"m"}}}
 	file := filepath.Join(t.TempDir(), "edge.yaml")
@@ -106,7 +106,7 @@ func stepsEdgeConfig(t *testing.T, listen, nodeListen, pprof string) Config {
 		t.Fatal(err)
 	}
 	return Config{Mode: ModeEdge, Edge: cfg, PprofListen: pprof, ConfigFile: file,
-		Reload: func() (EdgeFile, error) { return EdgeFile{Config: cfg}, nil }}
+		Reload: func() (EdgeFile, error) { return cfg, nil }}
 }
 
 func stepsDevConfig(listen, nodeListen string) Config {

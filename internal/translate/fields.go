@@ -89,7 +89,7 @@ func (f *OllamaFields) has(name string) bool {
 // appended to the objects they belong to: nothing is decoded again.
 func (f *OllamaFields) encode(out any, has func(string) bool, opts **ollamaOptions, msgs *[]ollamaMessage) ([]byte, error) {
 	if f == nil {
-		return json.Marshal(out)
+		return marshal(out)
 	}
 	extra := make(map[string]json.RawMessage, len(f.top)+2)
 	for k, v := range f.top {
@@ -129,7 +129,7 @@ func (f *OllamaFields) encode(out any, has func(string) bool, opts **ollamaOptio
 			extra["messages"] = raw
 		}
 	}
-	b, err := json.Marshal(out)
+	b, err := marshal(out)
 	if err != nil {
 		return nil, err
 	}
@@ -161,7 +161,7 @@ func mergeMessages(msgs []ollamaMessage, fields []map[string]json.RawMessage) (j
 	}
 	out := []byte{'['}
 	for i := range msgs {
-		b, err := json.Marshal(&msgs[i])
+		b, err := msgs[i].appendJSON(nil)
 		if err != nil {
 			return nil, err
 		}

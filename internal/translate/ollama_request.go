@@ -167,6 +167,9 @@ type ollamaMessage struct {
 	ToolCalls []OllamaToolCall `json:"tool_calls,omitempty"`
 	ToolName  string           `json:"tool_name,omitempty"`
 	Thinking  string           `json:"thinking,omitempty"`
+	// rawContent, when set, is the content as the client's JSON string
+	// (quotes included, valid): appendJSON writes it instead of Content.
+	rawContent []byte
 }
 
 // chatKnown and generateKnown are the top-level fields translated (or

@@ -3,6 +3,8 @@ package translate
 import (
 	"bytes"
 	"encoding/json"
+
+	"iop/internal/jsonscan"
 )
 
 // TakeOllamaStop removes options.stop from an Ollama /api/chat or
@@ -14,7 +16,7 @@ import (
 // sequence ended an answer matches them itself. Errors are *FieldError:
 // options.stop neither a string nor an array of strings, or more than 4.
 func TakeOllamaStop(body []byte) ([]byte, []string, error) {
-	if !bytes.Contains(body, []byte(`"stop"`)) {
+	if !bytes.Contains(body, []byte(`"stop"`)) || !hasOptionsStop(body) {
 		return body, nil, nil
 	}
 	var top map[string]json.RawMessage
@@ -47,4 +49,25 @@ func TakeOllamaStop(body []byte) ([]byte, []string, error) {
 		return nil, nil, err
 	}
 	return out, stop, nil
+}
+
+// hasOptionsStop reports whether body is a JSON object whose "options"
+// (the last one, as encoding/json decodes a map) is an object with a
+// "stop" member: read in place, so that a body whose text merely says
+// "stop" is not decoded.
+func hasOptionsStop(body []byte) bool {
+	opts := -1
+	_, _, ok := jsonscan.Object(body, func(key []byte, flags int, vstart, _ int) {
+		if jsonscan.KeyIs(key, flags, "options") {
+			opts = vstart
+		}
+	})
+	if !ok || opts < 0 || body[opts] != '{' {
+		return false
+	}
+	stop := false
+	jsonscan.Members(body, opts, 2, func(key []byte, flags int, _, _ int) {
+		stop = stop || jsonscan.KeyIs(key, flags, "stop")
+	})
+	return stop
 }

@@ -187,7 +187,11 @@ type ollamaChatRequest struct {
 	Options  *ollamaOptions  `json:"options,omitempty"`
 	Tools    json.RawMessage `json:"tools,omitempty"`
 	Think    json.RawMessage `json:"think,omitempty"`
+	// hint is the size of the client's body, for appendJSON's buffer.
+	hint int
 }
+
+func (r *ollamaChatRequest) sizeHint() int { return r.hint + 128 }
 
 // ToOllamaChat translates an OpenAI chat completions body into an Ollama
 // /api/chat body for model, always streaming:
@@ -249,8 +253,11 @@ type OllamaChat struct {
 // admitting only the call (forced_tool.go), and OllamaChat.Forced.
 func ToOllamaChatRequest(body []byte, model string, fields *OllamaFields) (OllamaChat, error) {
 	var in openAIChatRequest
-	if err := json.Unmarshal(body, &in); err != nil {
-		return OllamaChat{}, fieldErr("", "request body is not a valid chat completions object")
+	if !scanChatRequest(body, &in) {
+		in = openAIChatRequest{}
+		if err := json.Unmarshal(body, &in); err != nil {
+			return OllamaChat{}, fieldErr("", "request body is not a valid chat completions object")
+		}
 	}
 	if len(in.Messages) == 0 {
 		return OllamaChat{}, fieldErr("messages", "at least one message is required")
@@ -268,7 +275,7 @@ func ToOllamaChatRequest(body []byte, model string, fields *OllamaFields) (Ollam
 	if err != nil {
 		return OllamaChat{}, err
 	}
-	out := ollamaChatRequest{Model: model, Stream: true, Options: opts}
+	out := ollamaChatRequest{Model: model, Stream: true, Options: opts, hint: len(body)}
 	forced := false
 	if out.Tools, forced, err = toolsFor(in.Tools, in.ToolChoice, in.ParallelToolCalls); err != nil {
 		return OllamaChat{}, err
@@ -292,7 +299,8 @@ func ToOllamaChatRequest(body []byte, model string, fields *OllamaFields) (Ollam
 			return OllamaChat{}, fieldErr("response_format", "unsupported type %q", rf.Type)
 		}
 	}
-	toolNames := make(map[string]string) // tool call id -> function name
+	toolNames := make(map[string]string)                        // tool call id -> function name
+	out.Messages = make([]ollamaMessage, 0, len(in.Messages)+1) // +1: forceCall's
 	for i, m := range in.Messages {
 		om := ollamaMessage{Role: m.Role, Thinking: reasoningText(m.ReasoningContent, m.Reasoning)}
 		switch m.Role {
@@ -301,15 +309,18 @@ func ToOllamaChatRequest(body []byte, model string, fields *OllamaFields) (Ollam
 		case "developer":
 			om.Role = "system"
 		}
-		if om.Content, om.Images, err = messageContent(m.Content, i); err != nil {
+		if om.rawContent, om.Content, om.Images, err = messageContent(m.Content, i); err != nil {
 			return OllamaChat{}, err
 		}
 		for _, tc := range m.ToolCalls {
 			args := json.RawMessage(tc.Function.Arguments)
 			if strings.TrimSpace(tc.Function.Arguments) == "" {
 				args = json.RawMessage(`{}`)
-			} else if !json.Valid(args) {
+			} else if _, _, ok := validJSON(args); !ok {
 				return OllamaChat{}, fieldErr(fmt.Sprintf("messages[%d]", i), "tool call arguments are not JSON")
+			}
+			if om.ToolCalls == nil {
+				om.ToolCalls = make([]OllamaToolCall, 0, len(m.ToolCalls))
 			}
 			om.ToolCalls = append(om.ToolCalls, OllamaToolCall{Function: OllamaFunctionCall{Name: tc.Function.Name, Arguments: args}})
 			if tc.ID != "" {
@@ -354,11 +365,10 @@ func (r *ollamaChatRequest) has(name string) bool {
 // reasoningText is a message's reasoning: reasoning_content when it is a
 // non-empty string, else reasoning when it is a string.
 func reasoningText(content, reasoning json.RawMessage) string {
-	var s string
-	if json.Unmarshal(content, &s) == nil && s != "" {
+	if s, ok := rawString(content); ok && s != "" {
 		return s
 	}
-	if json.Unmarshal(reasoning, &s) == nil {
+	if s, ok := rawString(reasoning); ok {
 		return s
 	}
 	return ""
@@ -505,19 +515,22 @@ func nonNullRaw(raw json.RawMessage) json.RawMessage {
 
 // messageContent flattens OpenAI message content: a string, or an array of
 // parts whose text parts are joined by newlines and whose image_url parts,
-// which must be base64 data: URLs, become Ollama images.
-func messageContent(raw json.RawMessage, i int) (string, []string, error) {
+// which must be base64 data: URLs, become Ollama images. A string comes
+// back as quoted, the JSON string itself (raw without white space around
+// it), for appendRawString; the others as text. raw is one valid JSON
+// value (decoded from the body), so a string needs no second look.
+func messageContent(raw json.RawMessage, i int) (quoted []byte, text string, images []string, err error) {
 	if isNull(raw) {
-		return "", nil, nil
+		return nil, "", nil, nil
 	}
-	if s, ok := rawString(raw); ok {
-		return s, nil, nil
+	if q := bytes.TrimSpace(raw); q[0] == '"' {
+		return q, "", nil, nil
 	}
 	var parts []openAIPart
 	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", nil, fieldErr(fmt.Sprintf("messages[%d].content", i), "want a string or an array of parts")
+		return nil, "", nil, fieldErr(fmt.Sprintf("messages[%d].content", i), "want a string or an array of parts")
 	}
-	var texts, images []string
+	var texts []string
 	for j, p := range parts {
 		field := fmt.Sprintf("messages[%d].content[%d]", i, j)
 		switch p.Type {
@@ -526,31 +539,41 @@ func messageContent(raw json.RawMessage, i int) (string, []string, error) {
 		case "image_url":
 			img, err := imageData(p.ImageURL)
 			if err != nil {
-				return "", nil, fieldErr(field+".image_url", "%s", err)
+				return nil, "", nil, fieldErr(field+".image_url", "%s", err)
 			}
 			images = append(images, img)
 		default:
-			return "", nil, fieldErr(field, "unsupported part type %q", p.Type)
+			return nil, "", nil, fieldErr(field, "unsupported part type %q", p.Type)
 		}
 	}
-	return strings.Join(texts, "\n"), images, nil
+	return nil, strings.Join(texts, "\n"), images, nil
 }
 
 // rawString is the value of raw when it is one JSON string, decoded as
 // encoding/json decodes it, in one pass and without reflection
 // (jsonscan); ok is false for any other value.
 func rawString(raw json.RawMessage) (string, bool) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || raw[0] != '"' {
-		return "", false
-	}
-	if end, _ := jsonscan.String(raw, 0); end != len(raw) {
+	raw, ok := jsonString(raw)
+	if !ok {
 		return "", false
 	}
 	var b strings.Builder
 	b.Grow(len(raw) - 2)
 	jsonscan.Decode(raw, func(p []byte) { b.Write(p) })
 	return b.String(), true
+}
+
+// jsonString is raw without the white space around it when that is one
+// valid JSON string (quotes included); ok is false for any other value.
+func jsonString(raw json.RawMessage) (quoted []byte, ok bool) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || raw[0] != '"' {
+		return nil, false
+	}
+	if end, _ := jsonscan.String(raw, 0); end != len(raw) {
+		return nil, false
+	}
+	return raw, true
 }
 
 // imageData returns the base64 payload of an image_url part, which is

@@ -123,11 +123,11 @@ func Sim(t testing.TB, cfg sim.Config) (*sim.Server, string) {
 	return s, url
 }
 
-// EdgeConfig is edge.DefaultConfig with both listeners on loopback ports
+// EdgeConfig is process.DefaultEdgeFile with both listeners on loopback ports
 // the system picks, run records and the ledger in memory, and models as
 // its model groups.
-func EdgeConfig(models map[string]edge.ModelConfig) edge.Config {
-	cfg := edge.DefaultConfig()
+func EdgeConfig(models map[string]edge.ModelConfig) process.EdgeFile {
+	cfg := process.DefaultEdgeFile()
 	cfg.Listen, cfg.NodeListen = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Database = ":memory:"
 	cfg.Models = models
@@ -139,7 +139,7 @@ func EdgeConfig(models map[string]edge.ModelConfig) edge.Config {
 // process.Start says). At cleanup it drains it and waits for it to stop,
 // failing t if it stopped with an error; a test may end ctx, Drain or
 // Abort it earlier.
-func Edge(t testing.TB, ctx context.Context, cfg edge.Config) *process.Process {
+func Edge(t testing.TB, ctx context.Context, cfg process.EdgeFile) *process.Process {
 	t.Helper()
 	p := start(t, ctx, "edge", process.Config{Mode: process.ModeEdge, Edge: cfg}, nil)
 	RememberEdge(t, p)

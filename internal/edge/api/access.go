@@ -24,16 +24,6 @@ var DefaultAdminPrefixes = []string{"/admin", "/metrics", "/ui", "/debug"}
 // publicPaths need no key: liveness and readiness probes.
 var publicPaths = map[string]bool{"/healthz": true, "/readyz": true}
 
-// dispatchPaths are the routes whose POST runs a model: the ones a key's
-// max_concurrent and requests_per_minute count, with the name of their
-// operation in a RequestRecord (a refusal by the key's limits is recorded
-// under it).
-var dispatchPaths = map[string]string{
-	"/v1/chat/completions": "chat.completions", "/v1/completions": "completions", "/v1/embeddings": "embeddings",
-	"/api/chat": "ollama.chat", "/api/generate": "ollama.generate", "/api/embed": "ollama.embed",
-	"/api/embeddings": "ollama.embed", runsPath: "runs", messagesPath: "anthropic.messages", responsesPath: "responses",
-}
-
 // Ledger is what the API needs of the usage ledger (package ledger): a
 // place to record each finished run.
 type Ledger interface {
@@ -129,8 +119,8 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request
 	}
 	ctx := auth.NewContext(r.Context(), caller)
 	obsOf(r).key(caller.Name())
-	op, dispatches := dispatchPaths[r.URL.Path]
-	if r.Method != http.MethodPost || !dispatches {
+	op := h.routes[r.URL.Path].Operation // "": the route runs no model
+	if r.Method != http.MethodPost || op == "" {
 		h.rateLimitHeaders(w.Header(), r.URL.Path, caller)
 		return r.WithContext(ctx), release, true
 	}
@@ -139,7 +129,7 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request
 	// minute's allowance.
 	reserved, err := h.reserveQuota(w, r.WithContext(ctx), caller)
 	if err != nil {
-		h.logger.Debug("key over its quota", "key", caller.Name(), "path", clip(r.URL.Path), "err", err)
+		h.logger.Debug("key over its quota", "key", caller.Name(), "path", Clip(r.URL.Path), "err", err)
 		obsOf(r).begin(op)
 		h.rateLimitHeaders(w.Header(), r.URL.Path, caller)
 		return refuse(err)
@@ -150,7 +140,7 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request
 	ctx = contract.WithLeaderBound(r.Context())
 	permit, err := h.admitKey(ctx, caller)
 	if err != nil {
-		h.logger.Debug("key over its limit", "key", caller.Name(), "path", clip(r.URL.Path), "err", err)
+		h.logger.Debug("key over its limit", "key", caller.Name(), "path", Clip(r.URL.Path), "err", err)
 		obsOf(r).begin(op)
 		obsOf(r).cancelQuota()
 		h.rateLimitHeaders(w.Header(), r.URL.Path, caller)

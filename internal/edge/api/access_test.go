@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"iop/internal/auth"
+	"iop/internal/edge/api/apitest"
 	"iop/internal/edge/contract"
 	"iop/internal/ledger"
 	"iop/internal/runs"
@@ -23,31 +24,16 @@ import (
 
 // keyFixture is a client keyring and an admin keyring with known secrets.
 type keyFixture struct {
-	keys, admin           *auth.Keyring
-	alice, bob, adminKey  string
-	aliceKey, bobKey, adm auth.Key
+	keys, admin          *auth.Keyring
+	alice, bob, adminKey string
 }
 
-// newKeys makes keys alice and bob (alice limited by aliceKey's limits and
-// models) and one admin key.
+// newKeys makes keys alice and bob (alice limited by alice's limits and
+// models) and one admin key (apitest.NewKeys).
 func newKeys(t *testing.T, alice auth.Key) keyFixture {
 	t.Helper()
-	var f keyFixture
-	var h string
-	f.alice, h = auth.Generate()
-	alice.Name, alice.Hash = "alice", h
-	f.bob, h = auth.Generate()
-	bob := auth.Key{Name: "bob", Hash: h}
-	f.adminKey, h = auth.Generate()
-	adm := auth.Key{Name: "ops", Hash: h}
-	var err error
-	if f.keys, err = auth.NewKeyring("keys", []auth.Key{alice, bob}, nil); err != nil {
-		t.Fatal(err)
-	}
-	if f.admin, err = auth.NewKeyring("admin_keys", []auth.Key{adm}, nil); err != nil {
-		t.Fatal(err)
-	}
-	return f
+	k := apitest.NewKeys(t, alice)
+	return keyFixture{keys: k.Keys, admin: k.Admin, alice: k.Alice, bob: k.Bob, adminKey: k.AdminKey}
 }
 
 // send makes a request with the given credential headers.
@@ -72,7 +58,7 @@ func bearer(key string) map[string]string { return map[string]string{"Authorizat
 func stubAdminRoutes() map[string]Route {
 	routes := map[string]Route{}
 	for _, p := range []string{"/admin/v1/nodes", "/admin/v1/providers", "/admin/v1/queues"} {
-		routes[p] = Route{http.MethodGet, func(w http.ResponseWriter, r *http.Request) { WriteJSON(w, http.StatusOK, []any{}) }}
+		routes[p] = Route{Method: http.MethodGet, Serve: func(w http.ResponseWriter, r *http.Request) { WriteJSON(w, http.StatusOK, []any{}) }}
 	}
 	return routes
 }

@@ -29,7 +29,7 @@ func nodeAnswer() []*contract.Message {
 // the node sends it (nodeAnswer), through the API handler (ServeHTTP, in
 // process) per answer: chat, a POST /v1/chat/completions relayed to the
 // client with its observation (an Observer and a ledger record it);
-// relay, the tunnel relay alone (runResponse.tunnel with its observation).
+// relay, the tunnel relay alone (Answer.tunnel with its observation).
 func BenchmarkTunnelAnswer(b *testing.B) {
 	msgs := nodeAnswer()
 	gw := &fakeGateway{models: []string{"bench-openai"}, dispatch: func(context.Context, contract.Request) (Run, error) {
@@ -60,7 +60,7 @@ func BenchmarkTunnelAnswer(b *testing.B) {
 		for b.Loop() {
 			rr, w := benchResponse(&listRun{msgs: msgs})
 			rr.obs = &observation{now: time.Now}
-			if reason := rr.tunnel(); reason != reasonCompleted || w.n != int64(len(simAnswer)) {
+			if reason := rr.tunnel(); reason != ReasonCompleted || w.n != int64(len(simAnswer)) {
 				b.Fatalf("tunnel ended %q after %d bytes", reason, w.n)
 			}
 		}

@@ -197,7 +197,7 @@ func TestTunnelWholeAnswerWrittenOnce(t *testing.T) {
 			rr, _ := benchResponse(&listRun{msgs: msgs})
 			rr.w = w
 			reason := rr.tunnel()
-			if reason != reasonCompleted || !rr.done {
+			if reason != ReasonCompleted || !rr.done {
 				t.Fatalf("tunnel ended %q, done %v; want completed, the answer finished before it was written", reason, rr.done)
 			}
 			if w.status != 200 || !strings.HasPrefix(w.body.String(), string(c.msg.GetTunnelHead().GetData()[:20])) {

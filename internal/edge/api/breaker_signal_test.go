@@ -9,7 +9,7 @@ import (
 )
 
 // TestRegression_BrokenTunnelAnswerFailsTheRun: the translated routes
-// (Responses, Messages, Ollama) stop reading a tunnel at the provider's
+// (Responses, Ollama; Messages in package anthropic) stop reading a tunnel at the provider's
 // error object inside its 200 stream, before the TunnelEnd whose
 // provider_error would tell the edge's circuit breaker; they ended the run
 // with Cancel, which counted as the provider's success and reset its
@@ -23,7 +23,6 @@ func TestRegression_BrokenTunnelAnswerFailsTheRun(t *testing.T) {
 		"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"
 	routes := []struct{ name, path, body string }{
 		{"responses", "/v1/responses", `{"model":"m","input":"hi"`},
-		{"messages", messagesPath, messagesBody},
 		{"ollama chat", "/api/chat", `{"model":"m","messages":[{"role":"user","content":"hi"}]`},
 	}
 	for _, rt := range routes {

@@ -14,14 +14,14 @@ import (
 // decide the request's outcome (runOutcome) and appear in the debug line
 // "run ended".
 const (
-	reasonCompleted     = "completed"
-	reasonClientGone    = "client gone"
-	reasonWriteFailed   = "client write failed"
-	reasonUpstreamError = "upstream error"
-	reasonEdgeStopped   = "edge stopped"
-	// reasonInvalidRequest: the node could not turn the request into its
+	ReasonCompleted     = "completed"
+	ReasonClientGone    = "client gone"
+	ReasonWriteFailed   = "client write failed"
+	ReasonUpstreamError = "upstream error"
+	ReasonEdgeStopped   = "edge stopped"
+	// ReasonInvalidRequest: the node could not turn the request into its
 	// provider's protocol (a *requestError after dispatch).
-	reasonInvalidRequest = "invalid request"
+	ReasonInvalidRequest = "invalid request"
 )
 
 // forwardedHeaders are the client headers passed to the provider (canonical
@@ -59,8 +59,8 @@ func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err, nil)
 		return
 	}
-	h.serveRun(w, r, &req, func(rr *runResponse, info contract.DispatchInfo) string {
-		cr := &chatRender{eventReader: eventReader{runResponse: rr}, id: "chatcmpl-" + info.RunID,
+	h.serveRun(w, r, &req, func(rr *Answer, info contract.DispatchInfo) string {
+		cr := &chatRender{eventReader: eventReader{Answer: rr}, id: "chatcmpl-" + info.RunID,
 			created: h.cfg.Now().Unix(), model: chat.Model, includeUsage: chat.IncludeUsage}
 		if chat.Stream {
 			return cr.stream()
@@ -89,9 +89,9 @@ func forwardHeaders(header http.Header) map[string]string {
 	return out
 }
 
-// runResponse is one dispatched run and the response it is rendered into.
+// Answer is one dispatched run and the response it is rendered into.
 // Only the request goroutine uses it.
-type runResponse struct {
+type Answer struct {
 	h   *handler
 	w   http.ResponseWriter
 	r   *http.Request
@@ -129,7 +129,7 @@ type runResponse struct {
 // edge decided) or a failure means the run has ended at the edge: recv
 // then finishes the answer (answerDone) before anything of it is written,
 // so the last bytes of the answer always follow.
-func (rr *runResponse) recv() (contract.Message, error) {
+func (rr *Answer) recv() (contract.Message, error) {
 	msg, err := rr.run.Recv()
 	if err != nil || msg.Ends {
 		rr.answerDone()
@@ -151,7 +151,7 @@ func (rr *runResponse) recv() (contract.Message, error) {
 // max_concurrent: after its run released its lease, before the client can
 // see the end of the answer — unless keepSlot is set (a stored Responses
 // answer keeps it until its save is done, then gives it back itself).
-func (rr *runResponse) answerDone() {
+func (rr *Answer) answerDone() {
 	if rr.done {
 		return
 	}
@@ -167,7 +167,7 @@ func (rr *runResponse) answerDone() {
 // answerFailed is answerDone for an answer that ends with err: when err
 // says the provider's answer was broken (providerBroke), the run ends as
 // the provider's failure (Run.Fail), for its circuit breaker.
-func (rr *runResponse) answerFailed(err error) {
+func (rr *Answer) answerFailed(err error) {
 	if !rr.done && rr.run != nil && providerBroke(err) {
 		rr.run.Fail(errorText(err, rr.req))
 	}
@@ -183,7 +183,7 @@ func (rr *runResponse) answerFailed(err error) {
 func providerBroke(err error) bool {
 	var ue *upstreamError
 	switch {
-	case errors.Is(err, errUpstreamProtocol), errors.Is(err, errUpstreamEnded):
+	case errors.Is(err, ErrUpstreamProtocol), errors.Is(err, errUpstreamEnded):
 		return true
 	case errors.As(err, &ue):
 		return ue.status == 0 || ue.status == http.StatusTooManyRequests || ue.status >= 500
@@ -194,23 +194,23 @@ func providerBroke(err error) bool {
 // fail ends a response that failed before its status line: an error answer,
 // or nothing if the client is gone (then ServeHTTP aborts the connection).
 // It returns the rendering's reason.
-func (rr *runResponse) fail(err error) string {
+func (rr *Answer) fail(err error) string {
 	if clientGone(rr.r) {
-		rr.h.logger.Debug("client gone", "path", clip(rr.r.URL.Path), "err", errorText(err, rr.req))
-		return reasonClientGone
+		rr.h.logger.Debug("client gone", "path", Clip(rr.r.URL.Path), "err", errorText(err, rr.req))
+		return ReasonClientGone
 	}
 	rr.answerFailed(err)
 	rr.writeError(rr.w, rr.r, err, rr.req)
 	if errors.As(err, new(*requestError)) {
-		return reasonInvalidRequest
+		return ReasonInvalidRequest
 	}
-	return reasonUpstreamError
+	return ReasonUpstreamError
 }
 
 // flush sends what was written so far to the client.
 // A writer that cannot flush (some middleware) still delivers the bytes,
 // later, so that is not a failure.
-func (rr *runResponse) flush() error {
+func (rr *Answer) flush() error {
 	if err := http.NewResponseController(rr.w).Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
 		return err
 	}
@@ -219,7 +219,7 @@ func (rr *runResponse) flush() error {
 
 // write writes p and flushes it, unless a hold is on: then the flush waits
 // for release.
-func (rr *runResponse) write(p []byte) error {
+func (rr *Answer) write(p []byte) error {
 	if _, err := rr.w.Write(p); err != nil {
 		return err
 	}
@@ -234,7 +234,7 @@ func (rr *runResponse) write(p []byte) error {
 // flushes of the events that came in one message sends them in one write
 // to the client (BENCHMARKS.md: a flush per chunk was 39% of the edge's CPU
 // on a streamed normalized run); no event waits for a later message.
-func (rr *runResponse) release() error {
+func (rr *Answer) release() error {
 	rr.hold = false
 	if !rr.held {
 		return nil

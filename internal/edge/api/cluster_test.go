@@ -30,15 +30,14 @@ func TestNoLeaderIs503WithRetryAfter(t *testing.T) {
 
 // TestProviderBusyIs503WithRetryAfter: every provider tried refused the
 // dispatch as busy (its node runs its capacity for other edges): 503
-// provider_busy with Retry-After on the OpenAI, Ollama and Anthropic
-// routes, not the 502 of a failed node (TestRegression_BusyRefusal-
+// provider_busy with Retry-After on the OpenAI and Ollama routes (and
+// Anthropic's: package anthropic), not the 502 of a failed node (TestRegression_BusyRefusal-
 // IsNoProviderFailure in package edge).
 func TestProviderBusyIs503WithRetryAfter(t *testing.T) {
 	busy := fmt.Errorf("%w: %w: node %q: provider at capacity on this node", contract.ErrProviderBusy, ErrDispatchRefused, "n1")
 	for _, route := range []struct{ path, body string }{
 		{"/v1/chat/completions", simpleChat},
 		{"/api/chat", `{"model":"m","messages":[{"role":"user","content":"hello"}]}`},
-		{"/v1/messages", `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hello"}]}`},
 	} {
 		env := newEnv(t, Config{}, failWith(busy))
 		resp := env.post(t, route.path, "application/json", route.body)

@@ -18,8 +18,8 @@ type completionRequest struct {
 	IncludeUsage bool
 	// EstimatedInputTokens is the prompt's token ids plus its characters / 4.
 	EstimatedInputTokens int
-	// Needs are needPromptBatch for more than one prompt, needTokenInput
-	// for a prompt of token ids, needChoices for n or best_of above 1, in
+	// Needs are NeedPromptBatch for more than one prompt, NeedTokenInput
+	// for a prompt of token ids, NeedChoices for n or best_of above 1, in
 	// that order; empty for one prompt string and one choice.
 	Needs []string
 	// ollama is the body's translate.ExtensionKey member.
@@ -106,10 +106,10 @@ func decodeCompletionRequest(body []byte) (completionRequest, error) {
 		return completionRequest{}, err
 	}
 	if severalChoicesOf(top.get("n")) || severalChoicesOf(top.get("best_of")) {
-		req.Needs = append(req.Needs, needChoices)
+		req.Needs = append(req.Needs, NeedChoices)
 	}
 	if !top.get("logprobs").absent() {
-		req.Needs = append(req.Needs, needLogprobs)
+		req.Needs = append(req.Needs, NeedLogprobs)
 	}
 	req.ollama = ollamaMemberOf(top)
 	return req, nil
@@ -165,8 +165,8 @@ func (h *handler) completions(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err, nil)
 		return
 	}
-	h.serveRun(w, r, &req, func(rr *runResponse, info contract.DispatchInfo) string {
-		tr := &textRender{eventReader: eventReader{runResponse: rr}, id: "cmpl-" + info.RunID,
+	h.serveRun(w, r, &req, func(rr *Answer, info contract.DispatchInfo) string {
+		tr := &textRender{eventReader: eventReader{Answer: rr}, id: "cmpl-" + info.RunID,
 			created: h.cfg.Now().Unix(), model: cr.Model, includeUsage: cr.IncludeUsage}
 		if cr.Stream {
 			return tr.stream()
@@ -219,11 +219,11 @@ func (t *textRender) json() string {
 		return t.fail(err)
 	}
 	if clientGone(t.r) {
-		return reasonClientGone
+		return ReasonClientGone
 	}
 	u := t.usage
 	writeJSON(t.w, http.StatusOK, t.object([]textChoice{{Text: text.String(), FinishReason: &finish}}, &u))
-	return reasonCompleted
+	return ReasonCompleted
 }
 
 // stream writes the answer as SSE text_completion chunks: one per delta
@@ -266,5 +266,5 @@ func (t *textRender) stream() string {
 	if err := t.events().Done(); err != nil {
 		return t.writeFailed(err)
 	}
-	return reasonCompleted
+	return ReasonCompleted
 }

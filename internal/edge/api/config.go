@@ -100,6 +100,10 @@ type Config struct {
 	// share the frame's body limits, keys and admission, observation and
 	// error shapes (WriteError).
 	Routes map[string]Route
+	// APIs are the client API packages served on the frame, each making
+	// its routes with the Frame (anthropic.Routes, ...); their routes are
+	// merged with Routes. Nil: none.
+	APIs []API
 	// Keys are the client API keys; with at least one, every route but
 	// /healthz, /readyz and the admin routes needs one of them
 	// (access.go). Nil or empty: the client API is open.

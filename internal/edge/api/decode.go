@@ -16,52 +16,52 @@ import (
 
 // Capabilities a request can need of its provider (contract.Request.Needs).
 const (
-	needTools  = "tools"
-	needVision = "vision"
-	// needChoices is a request for more than one choice ("n", or a
+	NeedTools  = "tools"
+	NeedVision = "vision"
+	// NeedChoices is a request for more than one choice ("n", or a
 	// completion's "best_of", above 1). No provider declares it: the edge
 	// finds it in tunnel-path (OpenAI-compatible) providers only, as Ollama
 	// and command-line providers answer one choice per request.
-	needChoices = "choices"
-	// needToolChoice is a request whose tool use only an OpenAI-compatible
+	NeedChoices = "choices"
+	// NeedToolChoice is a request whose tool use only an OpenAI-compatible
 	// provider can keep to: parallel_tool_calls false without a forced
 	// call (an Ollama provider serves a forced call, as one call, through
-	// a format). Like needChoices, no provider declares it: tunnel-path
+	// a format). Like NeedChoices, no provider declares it: tunnel-path
 	// providers have it (the request reaches them as sent).
-	needToolChoice = "tool_choice"
-	// needRemoteImages is a request with an image given by an http(s)
+	NeedToolChoice = "tool_choice"
+	// NeedRemoteImages is a request with an image given by an http(s)
 	// URL: only a provider that fetches it itself (an OpenAI-compatible
 	// one, on the tunnel path) can take it; iop fetches nothing for
 	// Ollama providers.
-	needRemoteImages = "remote_images"
-	// needThinking is a request that asks the model to think: Ollama's
+	NeedRemoteImages = "remote_images"
+	// NeedThinking is a request that asks the model to think: Ollama's
 	// "think" true or a level, OpenAI's reasoning_effort (or
 	// reasoning.effort) other than "none", or reasoning.enabled true. A
 	// served model whose server said its capabilities (Ollama's /api/show)
 	// has it only when they list "thinking": Ollama refuses think for any
 	// other ("does not support thinking"), so such a request goes to a
 	// provider whose model thinks.
-	needThinking = "thinking"
-	// needPromptBatch is a completions request with more than one prompt
+	NeedThinking = "thinking"
+	// NeedPromptBatch is a completions request with more than one prompt
 	// (an array of strings or of token arrays): one request, several
 	// answers. Ollama's /api/generate (and its own /v1/completions) takes
-	// one prompt string, so like needChoices only tunnel-path providers
+	// one prompt string, so like NeedChoices only tunnel-path providers
 	// have it.
-	needPromptBatch = "prompt_batch"
-	// needTokenInput is a completions prompt or an embeddings input given
+	NeedPromptBatch = "prompt_batch"
+	// NeedTokenInput is a completions prompt or an embeddings input given
 	// as token ids: Ollama takes text only (/api/generate a string,
 	// /api/embed a string or strings), so only tunnel-path providers have
 	// it.
-	needTokenInput = "token_input"
-	// needLogprobs is a request for log probabilities (chat's logprobs true
+	NeedTokenInput = "token_input"
+	// NeedLogprobs is a request for log probabilities (chat's logprobs true
 	// or top_logprobs, a completion's logprobs): the translation to
 	// Ollama's API returns none, so only tunnel-path providers have it.
-	needLogprobs = "logprobs"
-	// needOllamaLogprobs is an Ollama client's request for log
+	NeedLogprobs = "logprobs"
+	// NeedOllamaLogprobs is an Ollama client's request for log
 	// probabilities (/api/chat's or /api/generate's logprobs true or
 	// top_logprobs above 0): only a provider that speaks Ollama's API
 	// returns them (the node relays them as they come).
-	needOllamaLogprobs = "ollama_logprobs"
+	NeedOllamaLogprobs = "ollama_logprobs"
 )
 
 // maxStopSequences is how many "stop" strings a request may give (OpenAI's
@@ -221,7 +221,7 @@ func chatRequestOf(top *jsonValue) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	if logprobs || !top.get("top_logprobs").absent() {
-		req.Needs = append(req.Needs, needLogprobs)
+		req.Needs = append(req.Needs, NeedLogprobs)
 	}
 	for _, name := range []string{"temperature", "top_p", "presence_penalty", "frequency_penalty"} {
 		if err := checkNumber(top.get(name), name); err != nil {
@@ -249,21 +249,21 @@ func chatRequestOf(top *jsonValue) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	if len(elemsOf(tools)) > 0 || len(elemsOf(functions)) > 0 {
-		req.Needs = append(req.Needs, needTools)
+		req.Needs = append(req.Needs, NeedTools)
 	}
 	constrained, err := toolChoiceOf(top, elemsOf(tools))
 	if err != nil {
 		return chatRequest{}, err
 	}
 	if constrained {
-		req.Needs = append(req.Needs, needToolChoice)
+		req.Needs = append(req.Needs, NeedToolChoice)
 	}
 	thinks, err := reasoningOf(top)
 	if err != nil {
 		return chatRequest{}, err
 	}
 	if thinks {
-		req.Needs = append(req.Needs, needThinking)
+		req.Needs = append(req.Needs, NeedThinking)
 	}
 	for _, def := range elemsOf(tools) {
 		chars += def.compact
@@ -273,13 +273,13 @@ func chatRequestOf(top *jsonValue) (chatRequest, error) {
 	}
 	req.EstimatedInputTokens = (chars + 3) / 4
 	if images.vision {
-		req.Needs = append(req.Needs, needVision)
+		req.Needs = append(req.Needs, NeedVision)
 	}
 	if images.remote {
-		req.Needs = append(req.Needs, needRemoteImages)
+		req.Needs = append(req.Needs, NeedRemoteImages)
 	}
 	if severalChoicesOf(top.get("n")) {
-		req.Needs = append(req.Needs, needChoices)
+		req.Needs = append(req.Needs, NeedChoices)
 	}
 	req.ollama = ollamaMemberOf(top)
 	return req, nil
@@ -331,7 +331,7 @@ func messagesOf(v *jsonValue) (chars int, images imageUse, err error) {
 		}
 		if !slices.Contains(messageRoles, role) {
 			return 0, imageUse{}, &requestError{param: param + ".role", message: fmt.Sprintf("must be one of %s, got %s",
-				strings.Join(messageRoles, ", "), strconv.Quote(clip(role)))}
+				strings.Join(messageRoles, ", "), strconv.Quote(Clip(role)))}
 		}
 		if err := checkType(msg.get("name"), param+".name", wantString); err != nil {
 			return 0, imageUse{}, err
@@ -390,7 +390,7 @@ func contentOf(v *jsonValue, param string) (chars int, images imageUse, err erro
 			default:
 				return 0, imageUse{}, &requestError{param: partParam + ".type",
 					message: fmt.Sprintf("content part type %s is not supported; use %s",
-						strconv.Quote(clip(typ)), strings.Join(contentPartTypes, " or "))}
+						strconv.Quote(Clip(typ)), strings.Join(contentPartTypes, " or "))}
 			}
 		}
 		return chars, images, nil
@@ -496,7 +496,7 @@ func checkTools(tools, functions []jsonValue) error {
 		case "":
 			return &requestError{param: param + ".type", message: `each tool must have a type: "function"`}
 		default:
-			return &requestError{param: param + ".type", message: fmt.Sprintf(`must be "function" or "custom", got %s`, strconv.Quote(clip(typ)))}
+			return &requestError{param: param + ".type", message: fmt.Sprintf(`must be "function" or "custom", got %s`, strconv.Quote(Clip(typ)))}
 		}
 	}
 	for i := range functions {
@@ -510,7 +510,7 @@ func checkTools(tools, functions []jsonValue) error {
 // toolChoiceOf checks "tool_choice" and "parallel_tool_calls" (OpenAI
 // API reference, "Create chat completion") against the request's tools,
 // and reports whether they constrain the tool use beyond what Ollama can
-// honour (needToolChoice): parallel_tool_calls false with tools, unless
+// honour (NeedToolChoice): parallel_tool_calls false with tools, unless
 // tool_choice forces a call ("required", a named function, allowed tools
 // of mode "required"), whose answer from an Ollama provider is one call.
 func toolChoiceOf(top *jsonValue, tools []jsonValue) (constrained bool, err error) {
@@ -541,7 +541,7 @@ func forcedChoiceOf(top *jsonValue, tools []jsonValue) (forced bool, err error) 
 			}
 			return true, nil
 		default:
-			return false, &requestError{param: "tool_choice", message: fmt.Sprintf("must be %s, got %s", choices, strconv.Quote(clip(mode)))}
+			return false, &requestError{param: "tool_choice", message: fmt.Sprintf("must be %s, got %s", choices, strconv.Quote(Clip(mode)))}
 		}
 	case '{':
 	default:
@@ -568,7 +568,7 @@ func forcedChoiceOf(top *jsonValue, tools []jsonValue) (forced bool, err error) 
 		}
 		if !slices.Contains(toolNamesOf(tools), name) {
 			return false, &requestError{param: "tool_choice.function.name",
-				message: fmt.Sprintf("names the function %s, which is not among the request's tools", strconv.Quote(clip(name)))}
+				message: fmt.Sprintf("names the function %s, which is not among the request's tools", strconv.Quote(Clip(name)))}
 		}
 		forced = true
 	case "allowed_tools":
@@ -675,7 +675,7 @@ func toolCallsOf(v *jsonValue, param string) (chars int, err error) {
 		}
 		if !call.get("type").absent() && typ != "function" {
 			return 0, &requestError{param: callParam + ".type",
-				message: "only function tool calls are supported, got " + strconv.Quote(clip(typ))}
+				message: "only function tool calls are supported, got " + strconv.Quote(Clip(typ))}
 		}
 		fn := call.get("function")
 		if err := checkType(fn, callParam+".function", wantObject); err != nil {
@@ -774,7 +774,7 @@ func checkResponseFormat(rf *jsonValue) error {
 	}
 	if !slices.Contains(responseFormatTypes, typ) {
 		return &requestError{param: "response_format.type", message: fmt.Sprintf("must be one of %s, got %s",
-			strings.Join(responseFormatTypes, ", "), strconv.Quote(clip(typ)))}
+			strings.Join(responseFormatTypes, ", "), strconv.Quote(Clip(typ)))}
 	}
 	if typ != "json_schema" {
 		return nil
@@ -838,7 +838,7 @@ func checkInteger(v *jsonValue, param string, min, max int64) error {
 	if integralIn(lit, min, max) {
 		return notPlainInteger(param, lit)
 	}
-	return &requestError{param: param, message: fmt.Sprintf("must be an integer between %d and %d, got %s", min, max, clip(lit))}
+	return &requestError{param: param, message: fmt.Sprintf("must be an integer between %d and %d, got %s", min, max, Clip(lit))}
 }
 
 // decodeNumber checks that raw, when present, is a JSON number that fits
@@ -853,7 +853,7 @@ func checkNumber(v *jsonValue, param string) error {
 		return err
 	}
 	if _, err := strconv.ParseFloat(lit, 64); err != nil {
-		return &requestError{param: param, message: "number out of range, got " + clip(lit)}
+		return &requestError{param: param, message: "number out of range, got " + Clip(lit)}
 	}
 	return nil
 }
@@ -888,7 +888,7 @@ func integralIn(lit string, min, max int64) bool {
 }
 
 func notPlainInteger(param, lit string) error {
-	return &requestError{param: param, message: "must be an integer written without a fraction or exponent, got " + clip(lit)}
+	return &requestError{param: param, message: "must be an integer written without a fraction or exponent, got " + Clip(lit)}
 }
 
 // checkType checks that v, when present and not null, has the JSON type

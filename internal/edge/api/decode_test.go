@@ -114,7 +114,7 @@ func FuzzDecodeChatRequest(f *testing.F) {
 			if !errors.As(err, &reqErr) || reqErr.message == "" {
 				t.Fatalf("err = %#v, want a *requestError with a message", err)
 			}
-			e := classify(err, nil)
+			e := Classify(err, nil)
 			if e.status != 400 {
 				t.Fatalf("status %d, want 400", e.status)
 			}
@@ -142,7 +142,7 @@ func FuzzDecodeChatRequest(f *testing.F) {
 		}
 		seen := map[string]bool{}
 		for _, n := range got.Needs {
-			if !slices.Contains([]string{needTools, needToolChoice, needThinking, needVision, needRemoteImages, needChoices}, n) || seen[n] {
+			if !slices.Contains([]string{NeedTools, NeedToolChoice, NeedThinking, NeedVision, NeedRemoteImages, NeedChoices}, n) || seen[n] {
 				t.Fatalf("Needs = %v", got.Needs)
 			}
 			seen[n] = true

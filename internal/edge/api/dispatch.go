@@ -10,7 +10,7 @@ import (
 )
 
 // serveRun dispatches req and answers with its run: a tunnel-path run is
-// relayed (runResponse.tunnel), a normalized-path run is rendered by
+// relayed (Answer.tunnel), a normalized-path run is rendered by
 // normalized, which returns the reason the rendering ended for. A failed
 // dispatch is answered with classify's status and error body. The run is
 // closed exactly once before serveRun returns, with the request's outcome
@@ -18,10 +18,10 @@ import (
 // cut short after its status line aborts the connection
 // (http.ErrAbortHandler) after that Close.
 func (h *handler) serveRun(w http.ResponseWriter, r *http.Request, req *contract.Request,
-	normalized func(rr *runResponse, info contract.DispatchInfo) string) {
+	normalized func(rr *Answer, info contract.DispatchInfo) string) {
 	h.serveRunWith(w, r, req, runRenderer{
 		writeError: h.writeError,
-		tunnel:     func(rr *runResponse, _ contract.DispatchInfo) string { return rr.tunnel() },
+		tunnel:     func(rr *Answer, _ contract.DispatchInfo) string { return rr.tunnel() },
 		normalized: normalized,
 	})
 }
@@ -31,7 +31,7 @@ func (h *handler) serveRun(w http.ResponseWriter, r *http.Request, req *contract
 // rendering's reason).
 type runRenderer struct {
 	writeError         func(w http.ResponseWriter, r *http.Request, err error, req *contract.Request)
-	tunnel, normalized func(rr *runResponse, info contract.DispatchInfo) string
+	tunnel, normalized func(rr *Answer, info contract.DispatchInfo) string
 	// quiet, when set, is called on the request goroutine each
 	// quietInterval that Dispatch blocks (the request queued, or the
 	// edge reading ahead to the provider's first message, which may come
@@ -40,9 +40,9 @@ type runRenderer struct {
 	// (the Messages stream's message_start and ping); a Dispatch failure
 	// after that is then ended by failed, as a started answer's failure,
 	// not with an error status.
-	quiet         func(rr *runResponse) error
+	quiet         func(rr *Answer) error
 	quietInterval time.Duration
-	failed        func(rr *runResponse, err error) string
+	failed        func(rr *Answer, err error) string
 }
 
 // serveRunWith is serveRun with the route's own error shape and tunnel
@@ -57,7 +57,7 @@ func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *cont
 	}
 	queued := h.cfg.Now()
 	obs.dispatching(queued)
-	rr := &runResponse{h: h, w: w, r: r, req: req, obs: obs, writeError: render.writeError}
+	rr := &Answer{h: h, w: w, r: r, req: req, obs: obs, writeError: render.writeError}
 	var run Run
 	var err error
 	if render.quiet != nil {
@@ -83,9 +83,9 @@ func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *cont
 		obs.failed(err, nil, clientGone(r))
 		reason := render.failed(rr, err)
 		if obs != nil {
-			obs.decide(classify(err, req).status)
+			obs.decide(Classify(err, req).status)
 		}
-		h.logger.Debug("dispatch failed after the answer began", "path", clip(r.URL.Path), "reason", reason, "err", errorText(err, req))
+		h.logger.Debug("dispatch failed after the answer began", "path", Clip(r.URL.Path), "reason", reason, "err", errorText(err, req))
 		if rr.abort {
 			panic(http.ErrAbortHandler)
 		}
@@ -97,7 +97,7 @@ func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *cont
 	// A client that goes away ends the run at once (a blocked Recv returns);
 	// the outcome is still decided here, on the request goroutine, from how
 	// the rendering ended.
-	stop := context.AfterFunc(r.Context(), func() { run.Cancel(reasonClientGone) })
+	stop := context.AfterFunc(r.Context(), func() { run.Cancel(ReasonClientGone) })
 	reason := "" // a renderer that panics ends the request "error"
 	defer func() {
 		stop()
@@ -113,8 +113,8 @@ func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *cont
 	default:
 		reason = rr.fail(errUnknownPath)
 	}
-	if reason != reasonCompleted && h.stopping() {
-		reason = reasonEdgeStopped // its run was ended by the edge's stop
+	if reason != ReasonCompleted && h.stopping() {
+		reason = ReasonEdgeStopped // its run was ended by the edge's stop
 	}
 	h.logRunEnded(r.Context(), info, req, reason, rr.abort)
 	if rr.abort {
@@ -154,7 +154,7 @@ func (h *handler) logRunEnded(ctx context.Context, info contract.DispatchInfo, r
 	if !h.logger.Enabled(ctx, slog.LevelDebug) {
 		return
 	}
-	h.logger.Debug("run ended", "run_id", info.RunID, "model", clip(req.Model), "node_id", info.NodeID,
+	h.logger.Debug("run ended", "run_id", info.RunID, "model", Clip(req.Model), "node_id", info.NodeID,
 		"provider_id", info.ProviderID, "path", pathLogNames[info.Path], "operation", operationLogNames[req.Operation],
 		"reason", reason, "queue_wait", info.QueueWait, "aborted", aborted)
 }
@@ -171,4 +171,39 @@ func waitedBeforeRefusal(err error) bool {
 		return true
 	}
 	return false
+}
+
+// dispatchQuiet calls dispatch on a goroutine of its own and returns what
+// it returned; meanwhile it calls quiet, on the calling goroutine (the
+// request goroutine, which stays the only writer of the response), each
+// time interval passes, until quiet fails. Dispatch blocks while the
+// request is queued and, with retries on, until the provider's first
+// message, which a provider that sends its status line with its first
+// token (the simulator, many servers reading a long prompt) sends only
+// then: without this a streamed Messages answer would stay silent that
+// long. It waits for dispatch to return in every case: a
+// client gone ends Dispatch's context, so it returns promptly.
+func dispatchQuiet(dispatch func() (Run, error), interval time.Duration, quiet func() error) (Run, error) {
+	type result struct {
+		run Run
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		run, err := dispatch()
+		done <- result{run, err}
+	}()
+	timer := time.NewTimer(interval)
+	defer timer.Stop()
+	for {
+		select {
+		case res := <-done:
+			return res.run, res.err
+		case <-timer.C:
+			if quiet != nil && quiet() != nil {
+				quiet = nil
+			}
+			timer.Reset(interval)
+		}
+	}
 }

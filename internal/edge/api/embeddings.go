@@ -11,9 +11,9 @@ import (
 	"iop/internal/edge/contract"
 )
 
-// needEmbeddings is the capability an embeddings request needs of its
+// NeedEmbeddings is the capability an embeddings request needs of its
 // provider (contract.Request.Needs).
-const needEmbeddings = "embeddings"
+const NeedEmbeddings = "embeddings"
 
 // maxDimensions bounds "dimensions", the requested vector length.
 const maxDimensions = 1 << 16
@@ -29,7 +29,7 @@ type embeddingsRequest struct {
 	Base64 bool
 	// EstimatedInputTokens is the input's token ids plus its characters / 4.
 	EstimatedInputTokens int
-	// Needs are needEmbeddings, and needTokenInput for an input of token
+	// Needs are NeedEmbeddings, and NeedTokenInput for an input of token
 	// ids (Ollama's /api/embed takes text only).
 	Needs []string
 	// ollama is the body's translate.ExtensionKey member.
@@ -67,7 +67,7 @@ func embeddingsRequestOf(top *jsonValue) (embeddingsRequest, error) {
 		return embeddingsRequest{}, err
 	}
 	req.Inputs, req.EstimatedInputTokens = input.Items, input.estimatedTokens()
-	req.Needs = append([]string{needEmbeddings}, input.needs(false)...)
+	req.Needs = append([]string{NeedEmbeddings}, input.needs(false)...)
 	if err := checkInteger(top.get("dimensions"), "dimensions", 1, maxDimensions); err != nil {
 		return embeddingsRequest{}, err
 	}
@@ -81,7 +81,7 @@ func embeddingsRequestOf(top *jsonValue) (embeddingsRequest, error) {
 		req.Base64 = true
 	default:
 		return embeddingsRequest{}, &requestError{param: "encoding_format",
-			message: `must be "float" or "base64", got ` + strconv.Quote(clip(format))}
+			message: `must be "float" or "base64", got ` + strconv.Quote(Clip(format))}
 	}
 	if err := checkType(top.get("user"), "user", wantString); err != nil {
 		return embeddingsRequest{}, err
@@ -93,7 +93,7 @@ func embeddingsRequestOf(top *jsonValue) (embeddingsRequest, error) {
 // embeddings serves POST /v1/embeddings: it decodes and checks the body and
 // dispatches it with Operation EMBEDDINGS to a provider with capability
 // "embeddings" (none: 400 naming it), and, for token ids, to a tunnel-path
-// one (needTokenInput). The tunnel path relays the
+// one (NeedTokenInput). The tunnel path relays the
 // provider's answer; the normalized path's vectors are rendered as
 // {"object":"list","data":[{"object":"embedding","index","embedding"}],
 // "model","usage":{"prompt_tokens","total_tokens"}}. Statuses as for chat
@@ -122,8 +122,8 @@ func (h *handler) embeddings(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err, nil)
 		return
 	}
-	h.serveRun(w, r, &req, func(rr *runResponse, info contract.DispatchInfo) string {
-		return (&embeddingsRender{eventReader: eventReader{runResponse: rr}, req: er}).json()
+	h.serveRun(w, r, &req, func(rr *Answer, info contract.DispatchInfo) string {
+		return (&embeddingsRender{eventReader: eventReader{Answer: rr}, req: er}).json()
 	})
 }
 
@@ -156,7 +156,7 @@ func (e *embeddingsRender) json() string {
 		return e.fail(err)
 	}
 	if clientGone(e.r) {
-		return reasonClientGone
+		return ReasonClientGone
 	}
 	data := make([]embeddingObject, 0, len(vectors))
 	for i, vec := range vectors {
@@ -172,25 +172,25 @@ func (e *embeddingsRender) json() string {
 		Model  string            `json:"model"`
 		Usage  embeddingsUsage   `json:"usage"`
 	}{"list", data, e.req.Model, embeddingsUsage{PromptTokens: e.usage.PromptTokens, TotalTokens: e.usage.PromptTokens}})
-	return reasonCompleted
+	return ReasonCompleted
 }
 
 // vectors reads a normalized-path embeddings run to its end and returns
 // the vectors of its delta events, in order. A run that sends other than
-// inputs vectors failed: errUpstreamProtocol; else next's errors.
+// inputs vectors failed: ErrUpstreamProtocol; else next's errors.
 func (e *eventReader) vectors(inputs int) ([][]float32, error) {
 	vectors := make([][]float32, 0, inputs)
 	_, err := e.next(func(ev *contract.Event) error {
 		for _, vec := range ev.Embeddings {
 			if len(vectors) == inputs {
-				return fmt.Errorf("%w: more vectors than inputs", errUpstreamProtocol)
+				return fmt.Errorf("%w: more vectors than inputs", ErrUpstreamProtocol)
 			}
 			vectors = append(vectors, vec)
 		}
 		return nil
 	})
 	if err == nil && len(vectors) != inputs {
-		err = fmt.Errorf("%w: %d vectors for %d inputs", errUpstreamProtocol, len(vectors), inputs)
+		err = fmt.Errorf("%w: %d vectors for %d inputs", ErrUpstreamProtocol, len(vectors), inputs)
 	}
 	return vectors, err
 }

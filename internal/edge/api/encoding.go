@@ -17,7 +17,7 @@ import (
 type encodingError struct{ coding string }
 
 func (e *encodingError) Error() string {
-	return fmt.Sprintf("unsupported Content-Encoding %q: send the body as identity, gzip or deflate", clip(e.coding))
+	return fmt.Sprintf("unsupported Content-Encoding %q: send the body as identity, gzip or deflate", Clip(e.coding))
 }
 
 // errBodyEncoding is a body that is not valid in its declared

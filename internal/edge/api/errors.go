@@ -48,7 +48,7 @@ var (
 	// models (copy, delete, create, push, blobs): 403, with why.
 	errModelManagement   = errors.New("model management refused")
 	errUpstreamEnded     = errors.New("upstream ended the response without completing it")
-	errUpstreamProtocol  = errors.New("unexpected message from upstream")
+	ErrUpstreamProtocol  = errors.New("unexpected message from upstream")
 	errUnknownPath       = errors.New("unknown execution path")
 	errUpstreamCancelled = errors.New("upstream cancelled the run")
 	errUpstreamLost      = errors.New("lost the connection to the node serving this request")
@@ -85,9 +85,9 @@ type upstreamError struct {
 
 func (e *upstreamError) Error() string { return e.message }
 
-// apiError is an OpenAI error response: HTTP status, an optional Retry-After
+// APIError is an OpenAI error response: HTTP status, an optional Retry-After
 // (seconds), and the body's fields.
-type apiError struct {
+type APIError struct {
 	status     int
 	retryAfter string
 	Message    string  `json:"message"`
@@ -98,7 +98,7 @@ type apiError struct {
 
 // errorBody is the OpenAI error shape, {"error":{...}}.
 type errorBody struct {
-	Error *apiError `json:"error"`
+	Error *APIError `json:"error"`
 }
 
 // Retry-After values, in seconds. A full queue frees up as soon as any run
@@ -114,10 +114,10 @@ const (
 // Messages never carry text from errors of unknown origin (they could hold
 // provider addresses); upstream messages come from the node, which strips
 // secrets.
-func classify(err error, req *contract.Request) *apiError {
+func Classify(err error, req *contract.Request) *APIError {
 	model := ""
 	if req != nil {
-		model = clip(req.Model)
+		model = Clip(req.Model)
 	}
 	var (
 		reqErr   *requestError
@@ -170,14 +170,14 @@ func classify(err error, req *contract.Request) *apiError {
 		return newAPIError(http.StatusUnsupportedMediaType, "invalid_request_error", "", "unsupported_media_type",
 			"Content-Type must be application/json")
 	case errors.Is(err, contract.ErrUnknownProvider):
-		return newAPIError(http.StatusNotFound, "invalid_request_error", "", "provider_not_found", clip(err.Error()))
+		return newAPIError(http.StatusNotFound, "invalid_request_error", "", "provider_not_found", Clip(err.Error()))
 	case errors.Is(err, contract.ErrResidencyConflict):
-		return newAPIError(http.StatusConflict, "invalid_request_error", "", "residency_conflict", clip(err.Error()))
+		return newAPIError(http.StatusConflict, "invalid_request_error", "", "residency_conflict", Clip(err.Error()))
 	case errors.Is(err, ErrUnknownModel):
 		msg := fmt.Sprintf("The model %q does not exist", model)
 		if ua, ok := errors.AsType[*contract.UnmatchedAliasError](err); ok {
 			// A configured alias whose targets no node serves: say which.
-			msg = clip(ua.Error())
+			msg = Clip(ua.Error())
 		}
 		return newAPIError(http.StatusNotFound, "invalid_request_error", "model", "model_not_found", msg)
 	case errors.Is(err, ErrCandidatesRejected):
@@ -247,7 +247,7 @@ func classify(err error, req *contract.Request) *apiError {
 		default:
 			return newAPIError(status, "upstream_error", "", "upstream_error", msg)
 		}
-	case errors.Is(err, errUpstreamEnded), errors.Is(err, errUpstreamProtocol), errors.Is(err, errUpstreamCancelled):
+	case errors.Is(err, errUpstreamEnded), errors.Is(err, ErrUpstreamProtocol), errors.Is(err, errUpstreamCancelled):
 		return newAPIError(http.StatusBadGateway, "upstream_error", "", "upstream_error", err.Error())
 	case errors.Is(err, errUpstreamLost):
 		// Not err.Error(): the wrapped Recv error may name addresses.
@@ -261,8 +261,8 @@ func classify(err error, req *contract.Request) *apiError {
 	}
 }
 
-func newAPIError(status int, typ, param, code, message string) *apiError {
-	e := &apiError{status: status, Message: message, Type: typ}
+func newAPIError(status int, typ, param, code, message string) *APIError {
+	e := &APIError{status: status, Message: message, Type: typ}
 	if param != "" {
 		e.Param = &param
 	}
@@ -315,7 +315,7 @@ const (
 
 // clip returns s cut to at most maxQuotedBytes bytes of valid UTF-8, ending
 // in "…" when it was cut; invalid bytes become U+FFFD.
-func clip(s string) string { return clipTo(s, maxQuotedBytes) }
+func Clip(s string) string { return clipTo(s, maxQuotedBytes) }
 
 // clipTo is clip with a bound of limit bytes (at least len("…")).
 func clipTo(s string, limit int) string {
@@ -345,7 +345,7 @@ func clipTo(s string, limit int) string {
 func errorText(err error, req *contract.Request) string {
 	text := err.Error()
 	if req != nil {
-		if short := clip(req.Model); short != req.Model {
+		if short := Clip(req.Model); short != req.Model {
 			text = strings.ReplaceAll(text, strconv.Quote(req.Model), strconv.Quote(short))
 			text = strings.ReplaceAll(text, req.Model, short)
 		}

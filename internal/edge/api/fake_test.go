@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"iop/internal/edge"
+	"iop/internal/edge/api/apitest"
 	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
@@ -238,50 +239,22 @@ func newEnvLogging(t *testing.T, cfg Config, logger *slog.Logger, dispatch func(
 // waitHandlers blocks until every handler that started has returned.
 func (e *testEnv) waitHandlers() { e.handlers.Wait() }
 
-// Run messages.
-
-func events(evs ...*nodev1.RunEvent) *nodev1.RunUp {
-	return &nodev1.RunUp{Msg: &nodev1.RunUp_Events{Events: &nodev1.RunEvents{Events: evs}}}
-}
-
-func started() *nodev1.RunEvent {
-	return &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_STARTED}
-}
-
-func delta(text string) *nodev1.RunEvent {
-	return &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Text: text}
-}
-
-func usageEvent(prompt, completion int32) *nodev1.RunEvent {
-	return &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_USAGE, PromptTokens: prompt, CompletionTokens: completion}
-}
-
-func complete(finish string) *nodev1.RunEvent {
-	return &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_COMPLETE, FinishReason: finish}
-}
-
-func errorEvent(status int32, msg string) *nodev1.RunEvent {
-	return &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_ERROR, Status: status, Error: msg}
-}
+// Run messages (package apitest's).
+var (
+	events      = apitest.Events
+	started     = apitest.Started
+	delta       = apitest.Delta
+	usageEvent  = apitest.Usage
+	complete    = apitest.Complete
+	errorEvent  = apitest.ErrorEvent
+	tunnelHead  = apitest.TunnelHead
+	tunnelData  = apitest.TunnelData
+	tunnelEnd   = apitest.TunnelEnd
+	tunnelError = apitest.TunnelError
+)
 
 func cancelledEvent() *nodev1.RunEvent {
 	return &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_CANCELLED}
-}
-
-func tunnelHead(status int32, headers map[string]string) *nodev1.RunUp {
-	return &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelHead{TunnelHead: &nodev1.TunnelHead{Status: status, Headers: headers}}}
-}
-
-func tunnelData(s string) *nodev1.RunUp {
-	return &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelData{TunnelData: &nodev1.TunnelData{Data: []byte(s)}}}
-}
-
-func tunnelEnd() *nodev1.RunUp {
-	return &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelEnd{TunnelEnd: &nodev1.TunnelEnd{}}}
-}
-
-func tunnelError(status int32, msg string) *nodev1.RunUp {
-	return &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelError{TunnelError: &nodev1.TunnelError{Status: status, Message: msg}}}
 }
 
 const (

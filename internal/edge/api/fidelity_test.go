@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/edge/api/apitest"
 	"iop/internal/sse"
 	"iop/internal/wire/nodev1"
 )
@@ -243,10 +244,10 @@ func TestThinkingCountsForTimeToFirstToken(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			recs := &records{}
-			env := newEnv(t, Config{Observer: recs, Now: ticking()}, runWith(run()))
+			env := newEnv(t, Config{Observer: recs, Now: apitest.Ticking()}, runWith(run()))
 			env.post(t, "/v1/chat/completions", "application/json", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
 			env.waitHandlers()
-			rec := recs.only(t)
+			rec := recs.Only(t)
 			// Three content events, the first of them reasoning; with a
 			// clock ticking a second per reading, the first token comes
 			// before the last by at least two readings.
@@ -367,7 +368,7 @@ func TestOllamaRequestsNeedNoTunnelOnlySettings(t *testing.T) {
 }
 
 // TestThinkingNeeds: a request that asks the model to think needs a model
-// that can (needThinking), from either API; one that does not ask, or asks
+// that can (NeedThinking), from either API; one that does not ask, or asks
 // for no thinking, needs nothing more: a think request never goes to a
 // model whose server said it cannot think (where it would get Ollama's
 // 400 every time).

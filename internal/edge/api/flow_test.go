@@ -145,7 +145,7 @@ func TestShedIsAnswered429(t *testing.T) {
 		}
 		env.waitHandlers()
 		want := map[error]string{contract.ErrDisplaced: "displaced", contract.ErrExpectedWait: "expected_wait"}[reason]
-		for _, rec := range recs.all() {
+		for _, rec := range recs.All() {
 			if rec.Admission != contract.AdmissionShed || rec.ShedReason != want || rec.Outcome != contract.OutcomeRefused {
 				t.Fatalf("%v: record admission %q reason %q outcome %q", reason, rec.Admission, rec.ShedReason, rec.Outcome)
 			}

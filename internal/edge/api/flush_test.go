@@ -42,9 +42,9 @@ func TestStreamFlushesOncePerMessage(t *testing.T) {
 	w := &flushRecorder{ResponseRecorder: httptest.NewRecorder()}
 	h := &handler{cfg: Config{}.withDefaults(), logger: slog.New(slog.DiscardHandler)}
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-	rr := &runResponse{h: h, w: w, r: r, run: run, req: &contract.Request{Model: "m"}}
-	cr := &chatRender{eventReader: eventReader{runResponse: rr}, id: "chatcmpl-x", model: "m"}
-	if reason := cr.stream(); reason != reasonCompleted {
+	rr := &Answer{h: h, w: w, r: r, run: run, req: &contract.Request{Model: "m"}}
+	cr := &chatRender{eventReader: eventReader{Answer: rr}, id: "chatcmpl-x", model: "m"}
+	if reason := cr.stream(); reason != ReasonCompleted {
 		t.Fatalf("stream ended %q", reason)
 	}
 	body := w.Body.String()

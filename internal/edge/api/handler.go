@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"maps"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,29 +36,37 @@ func New[R Run](cfg Config, gw Gateway[R], logger *slog.Logger) http.Handler {
 		seal:       newReasoningSeal(cfg.ReasoningSecret),
 	}
 	h.routes = map[string]Route{
-		"/v1/chat/completions": {http.MethodPost, h.chatCompletions},
-		"/v1/completions":      {http.MethodPost, h.completions},
-		"/v1/embeddings":       {http.MethodPost, h.embeddings},
-		responsesPath:          {http.MethodPost, h.responsesCreate},
-		"/v1/models":           {http.MethodGet, h.listModels},
-		messagesPath:           {http.MethodPost, h.anthropicMessages},
-		countTokensPath:        {http.MethodPost, h.countTokens},
-		"/healthz":             {http.MethodGet, h.healthz},
-		"/readyz":              {http.MethodGet, h.readyz},
+		"/v1/chat/completions": {Method: http.MethodPost, Serve: h.chatCompletions, Operation: "chat.completions"},
+		"/v1/completions":      {Method: http.MethodPost, Serve: h.completions, Operation: "completions"},
+		"/v1/embeddings":       {Method: http.MethodPost, Serve: h.embeddings, Operation: "embeddings"},
+		responsesPath:          {Method: http.MethodPost, Serve: h.responsesCreate, Operation: "responses"},
+		"/v1/models":           {Method: http.MethodGet, Serve: h.listModels},
+		"/healthz":             {Method: http.MethodGet, Serve: h.healthz},
+		"/readyz":              {Method: http.MethodGet, Serve: h.readyz},
 	}
 	maps.Copy(h.routes, h.ollamaRoutes())
 	if h.cfg.Runs != nil {
-		h.routes[runsPath] = Route{"", h.runsRoute}
+		h.routes[runsPath] = Route{Serve: h.runsRoute, Operation: "runs"}
 	}
 	if h.cfg.Metrics != nil {
-		h.routes["/metrics"] = Route{http.MethodGet, h.cfg.Metrics.ServeHTTP}
+		h.routes["/metrics"] = Route{Method: http.MethodGet, Serve: h.cfg.Metrics.ServeHTTP}
 	}
-	maps.Copy(h.routes, cfg.Routes)
-	for p := range cfg.Routes {
+	added := maps.Clone(cfg.Routes)
+	if added == nil {
+		added = map[string]Route{}
+	}
+	f := &Frame{h: h}
+	for _, routes := range cfg.APIs {
+		maps.Copy(added, routes(f))
+	}
+	maps.Copy(h.routes, added)
+	for p := range added {
 		if strings.HasSuffix(p, "/") {
 			h.prefixes = append(h.prefixes, p)
 		}
 	}
+	// The longest prefix serves a path under several.
+	slices.SortFunc(h.prefixes, func(a, b string) int { return cmp.Compare(len(b), len(a)) })
 	return h
 }
 
@@ -77,6 +87,9 @@ type handler struct {
 	streaming sync.Map
 	// seal makes and opens Responses reasoning items' encrypted_content.
 	seal *reasoningSeal
+	// errorRoots are the error writers the APIs registered for their
+	// paths (Frame.Errors).
+	errorRoots []errorRoot
 }
 
 // Route is the one method a path accepts (GET also accepts HEAD) and its
@@ -84,6 +97,12 @@ type handler struct {
 type Route struct {
 	Method string
 	Serve  http.HandlerFunc
+	// Operation, on a route whose POST runs a model, is the operation's
+	// name in a RequestRecord ("chat.completions", "ollama.chat"): a
+	// key's max_concurrent, requests_per_minute and quota count the
+	// route's POSTs (admit), and a refusal by them is recorded under it.
+	// Only an exact path's route counts. "": the route runs no model.
+	Operation string
 }
 
 const modelsPrefix = "/v1/models/"
@@ -137,7 +156,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.route(tw, r)
 	}
 	if !tw.wrote {
-		h.logger.Debug("aborting a response with nothing written", "path", clip(r.URL.Path))
+		h.logger.Debug("aborting a response with nothing written", "path", Clip(r.URL.Path))
 		panic(http.ErrAbortHandler)
 	}
 	body.linger(tw, r)
@@ -160,6 +179,31 @@ func requestIDHeader(r *http.Request) string {
 // anthropicVersionHeader is the header every request of Anthropic's SDKs
 // carries (Anthropic API reference, "Versions").
 const anthropicVersionHeader = "Anthropic-Version"
+
+// anthropicRoot is the root of Anthropic's Messages API (package
+// anthropic): its answers carry Request-Id and Anthropic's rate-limit
+// headers.
+const anthropicRoot = "/v1/messages"
+
+// isAnthropicPath reports whether path lies under Anthropic's Messages API.
+func isAnthropicPath(path string) bool {
+	return path == anthropicRoot || strings.HasPrefix(path, anthropicRoot+"/")
+}
+
+// errorWriterFor is the error writer of path's API: the one an API
+// registered for a root path lies under (Frame.Errors), Ollama's, or
+// OpenAI's.
+func (h *handler) errorWriterFor(path string) ErrorWriter {
+	for _, e := range h.errorRoots {
+		if path == e.root || strings.HasPrefix(path, e.root+"/") {
+			return e.write
+		}
+	}
+	if isOllamaPath(path) {
+		return h.writeOllamaError
+	}
+	return h.writeError
+}
 
 // Bounds of ServeHTTP's lingering read after an early answer.
 const (
@@ -293,22 +337,22 @@ func (b *requestBody) linger(w *trackingWriter, r *http.Request) {
 
 func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 	rt, ok := h.routes[r.URL.Path]
-	if !ok && strings.HasPrefix(r.URL.Path, modelsPrefix) {
-		rt, ok = Route{http.MethodGet, h.getModel}, true
-	}
 	if !ok && h.cfg.Runs != nil && strings.HasPrefix(r.URL.Path, runsPrefix) {
-		rt, ok = Route{"", h.runRoute}, true
+		rt, ok = Route{Serve: h.runRoute}, true
 	}
 	if !ok && strings.HasPrefix(r.URL.Path, responsesPrefix) {
-		rt, ok = Route{"", h.responsesRoute}, true
+		rt, ok = Route{Serve: h.responsesRoute}, true
 	}
 	if !ok && strings.HasPrefix(r.URL.Path, ollamaBlobsPrefix) {
-		rt, ok = Route{"", h.ollamaManage}, true
+		rt, ok = Route{Serve: h.ollamaManage}, true
 	}
 	for _, p := range h.prefixes {
 		if !ok && strings.HasPrefix(r.URL.Path, p) {
 			rt, ok = h.routes[p], true
 		}
+	}
+	if !ok && strings.HasPrefix(r.URL.Path, modelsPrefix) {
+		rt, ok = Route{Method: http.MethodGet, Serve: h.getModel}, true
 	}
 	writeError := h.errorWriterFor(r.URL.Path)
 	if !ok {
@@ -396,50 +440,44 @@ func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 // nothing, logs at debug, and ServeHTTP aborts the connection. It must be
 // called before anything else was written to w.
 func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error, req *contract.Request) {
-	if clientGone(r) && !errors.Is(err, errBodyTimeout) { // a body read past its deadline cancels the context; the client is there
-		h.logger.Debug("client gone before the answer", "path", clip(r.URL.Path), "err", errorText(err, req))
-		obsOf(r).failed(err, nil, true)
-		return
-	}
-	e := classify(err, req)
-	obsOf(r).failed(err, e.Code, false)
-	h.logError(r, e, err, req)
-	answerFinished(r.Context()) // an error answer ends the request
-	if e.retryAfter != "" {
-		w.Header().Set("Retry-After", e.retryAfter)
-	}
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	writeJSON(w, e.status, errorBody{Error: e})
+	h.writeShaped(w, r, err, req, openAIShape, "application/json")
+}
+
+// openAIShape is the OpenAI routes' ErrorShape: Classify's status and
+// {"error":{...}}.
+func openAIShape(err error, req *contract.Request) (*APIError, int, any) {
+	e := Classify(err, req)
+	return e, e.status, errorBody{Error: e}
 }
 
 // logError logs one error answer: server-side failures at warn, client
 // mistakes and back-pressure at debug. Client text in it is clipped.
-func (h *handler) logError(r *http.Request, e *apiError, err error, req *contract.Request) {
+func (h *handler) logError(r *http.Request, e *APIError, err error, req *contract.Request) {
 	h.logFailure(r.Context(), r.URL.Path, e, err, req)
 }
 
 // logFailure is logError for the request of ctx on path (a run of the
 // runs API has no *http.Request of its own).
-func (h *handler) logFailure(ctx context.Context, path string, e *apiError, err error, req *contract.Request) {
+func (h *handler) logFailure(ctx context.Context, path string, e *APIError, err error, req *contract.Request) {
 	level := slog.LevelDebug
 	if e.status >= 500 {
 		level = slog.LevelWarn
 	}
 	h.logger.Log(ctx, level, "request failed",
-		"path", clip(path), "status", e.status, "code", deref(e.Code), "err", errorText(err, req))
+		"path", Clip(path), "status", e.status, "code", deref(e.Code), "err", errorText(err, req))
 }
 
 // logStarted logs a failure that ended an answer after its status line
 // was sent: status is the status the client got (the access log's and
 // the record's), error_status the one classify maps err to had nothing
 // been sent yet.
-func (rr *runResponse) logStarted(e *apiError, err error) {
+func (rr *Answer) logStarted(e *APIError, err error) {
 	level := slog.LevelDebug
 	if e.status >= 500 {
 		level = slog.LevelWarn
 	}
 	rr.h.logger.Log(rr.r.Context(), level, "answer failed after it began",
-		"path", clip(rr.r.URL.Path), "status", sentStatus(rr.w), "error_status", e.status,
+		"path", Clip(rr.r.URL.Path), "status", sentStatus(rr.w), "error_status", e.status,
 		"code", deref(e.Code), "err", errorText(err, rr.req))
 }
 
@@ -479,15 +517,9 @@ func (h *handler) model(id string) modelObject {
 	return modelObject{ID: id, Object: "model", Created: h.cfg.Now().Unix(), OwnedBy: "iop"}
 }
 
-// listModels serves GET /v1/models: {"object":"list","data":[model...]};
-// to a request that names an anthropic-version, Anthropic's list instead
-// (listAnthropicModels).
+// listModels serves GET /v1/models: {"object":"list","data":[model...]}.
 func (h *handler) listModels(w http.ResponseWriter, r *http.Request) {
 	names := h.models(r)
-	if r.Header.Get(anthropicVersionHeader) != "" {
-		h.listAnthropicModels(w, r, names)
-		return
-	}
 	data := make([]modelObject, 0, len(names))
 	for _, name := range names {
 		data = append(data, h.model(name))
@@ -499,27 +531,16 @@ func (h *handler) listModels(w http.ResponseWriter, r *http.Request) {
 }
 
 // getModel serves GET /v1/models/{model}: the model object of a name the
-// chat and Messages routes take (resolveModel: also the same name with or
-// without ":latest", Ollama's rule), with the id asked for, in OpenAI's
-// shape, or Anthropic's (anthropicModel) to a request that names an
-// anthropic-version, whose errors are Anthropic's too; else 404 (also
-// for a model the key may not use, which the listing leaves out).
+// chat route takes (resolveModel: also the same name with or without
+// ":latest", Ollama's rule), with the id asked for; else 404 (also for a
+// model the key may not use, which the listing leaves out).
 func (h *handler) getModel(w http.ResponseWriter, r *http.Request) {
 	id := strings.TrimPrefix(r.URL.Path, modelsPrefix)
-	anthropic := r.Header.Get(anthropicVersionHeader) != ""
 	if _, err := h.resolveModel(r, id); err != nil {
 		if errors.Is(err, ErrModelNotAllowed) {
 			err = ErrUnknownModel // as the listing, which leaves it out
 		}
-		if anthropic {
-			h.writeAnthropicError(w, r, err, &contract.Request{Model: id})
-		} else {
-			h.writeError(w, r, err, &contract.Request{Model: id})
-		}
-		return
-	}
-	if anthropic {
-		writeJSON(w, http.StatusOK, h.anthropicModel(id))
+		h.writeError(w, r, err, &contract.Request{Model: id})
 		return
 	}
 	writeJSON(w, http.StatusOK, h.model(id))

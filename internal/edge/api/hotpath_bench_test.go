@@ -102,11 +102,11 @@ func (r *generatedRun) Recv() (contract.Message, error) {
 	}
 }
 
-func benchResponse(run Run) (*runResponse, *discardWriter) {
+func benchResponse(run Run) (*Answer, *discardWriter) {
 	h := &handler{cfg: Config{}.withDefaults(), logger: slog.New(slog.DiscardHandler)}
 	w := &discardWriter{header: http.Header{}}
 	r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
-	return &runResponse{h: h, w: w, r: r, run: run, req: &contract.Request{Model: "bench-openai"}, writeError: h.writeError}, w
+	return &Answer{h: h, w: w, r: r, run: run, req: &contract.Request{Model: "bench-openai"}, writeError: h.writeError}, w
 }
 
 // sseChunk is a typical chat.completion.chunk event of one token, as vLLM
@@ -128,7 +128,7 @@ func BenchmarkTunnelRelayChunk(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(sseChunk)))
 	b.ResetTimer()
-	if reason := rr.tunnel(); reason != reasonCompleted {
+	if reason := rr.tunnel(); reason != ReasonCompleted {
 		b.Fatalf("tunnel ended %q", reason)
 	}
 	b.StopTimer()
@@ -148,10 +148,10 @@ func BenchmarkRenderChunk(b *testing.B) {
 		{Type: nodev1.RunEvent_TYPE_COMPLETE, FinishReason: "stop"}}}}}
 	run := &generatedRun{path: contract.PathNormalized, body: decoded(delta), last: decoded(complete), n: b.N - 1}
 	rr, w := benchResponse(run)
-	cr := &chatRender{eventReader: eventReader{runResponse: rr}, id: "chatcmpl-run_0123456789abcdef", created: 1767225600, model: "bench-ollama", includeUsage: true}
+	cr := &chatRender{eventReader: eventReader{Answer: rr}, id: "chatcmpl-run_0123456789abcdef", created: 1767225600, model: "bench-ollama", includeUsage: true}
 	b.ReportAllocs()
 	b.ResetTimer()
-	if reason := cr.stream(); reason != reasonCompleted {
+	if reason := cr.stream(); reason != ReasonCompleted {
 		b.Fatalf("stream ended %q", reason)
 	}
 	b.StopTimer()

@@ -43,15 +43,15 @@ type textInput struct {
 
 // needs are the capabilities a completions prompt (batch: whether more
 // than one prompt is a need) or an embeddings input requires of its
-// provider: needPromptBatch for more than one item, needTokenInput for
+// provider: NeedPromptBatch for more than one item, NeedTokenInput for
 // token ids.
 func (in textInput) needs(batch bool) []string {
 	var needs []string
 	if batch && in.Items > 1 {
-		needs = append(needs, needPromptBatch)
+		needs = append(needs, NeedPromptBatch)
 	}
 	if in.TokenIDs {
-		needs = append(needs, needTokenInput)
+		needs = append(needs, NeedTokenInput)
 	}
 	return needs
 }

@@ -177,14 +177,14 @@ func TestRoutesParseBodyOnce(t *testing.T) {
 			`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"look at this"},{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}],` +
 				`"tools":[{"type":"function","function":{"name":"f"}}],"iop_ollama":{"think":true}}`,
 			scriptedRun(normalized, events(delta("hi"), complete("stop"))),
-			[]string{needTools, needVision, needRemoteImages},
+			[]string{NeedTools, NeedVision, NeedRemoteImages},
 			(len("look at this") + len(`{"type":"function","function":{"name":"f"}}`) + 3) / 4},
 		{"/v1/completions", `{"model":"m","prompt":["one","two"],"n":2}`,
 			scriptedRun(normalized, events(delta("hi"), complete("stop"))),
-			[]string{needPromptBatch, needChoices}, (len("onetwo") + 3) / 4},
+			[]string{NeedPromptBatch, NeedChoices}, (len("onetwo") + 3) / 4},
 		{"/v1/embeddings", `{"model":"m","input":"some text"}`,
 			scriptedRun(normalized, events(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Embeddings: []*nodev1.Embedding{{Values: []float32{1}}}}), events(complete("stop"))),
-			[]string{needEmbeddings}, (len("some text") + 3) / 4},
+			[]string{NeedEmbeddings}, (len("some text") + 3) / 4},
 	} {
 		t.Run(c.path, func(t *testing.T) {
 			env := newEnv(t, Config{}, runWith(c.run))

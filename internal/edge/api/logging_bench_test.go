@@ -21,7 +21,7 @@ func BenchmarkRunEndedLog(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
-		h.logRunEnded(ctx, info, req, reasonCompleted, false)
+		h.logRunEnded(ctx, info, req, ReasonCompleted, false)
 	}
 }
 

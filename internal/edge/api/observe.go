@@ -159,7 +159,7 @@ type observationKey struct{}
 func (h *handler) observe(r *http.Request) (*http.Request, *observation) {
 	o := &observation{h: h, now: h.cfg.Now}
 	o.rec.Start = o.now()
-	o.rec.RequestID, o.rec.ClientRequestID = newRequestID(), clip(r.Header.Get("X-Request-Id"))
+	o.rec.RequestID, o.rec.ClientRequestID = newRequestID(), Clip(r.Header.Get("X-Request-Id"))
 	if h.cfg.Tracer != nil {
 		o.trace = newRequestSpan(h, r)
 	}
@@ -229,7 +229,7 @@ func newRequestID() string {
 // request records the decoded request.
 func (o *observation) request(req *contract.Request) {
 	if o != nil {
-		o.rec.Model, o.decoded = clip(req.Model), true
+		o.rec.Model, o.decoded = Clip(req.Model), true
 		if o.trace != nil {
 			o.trace.request(req.Operation, o.rec.Model)
 		}
@@ -383,17 +383,17 @@ func admissionOf(err error) contract.Admission { return contract.AdmissionOf(err
 // rendered, from the renderer's reason.
 func runOutcome(reason string) contract.Outcome {
 	switch reason {
-	case reasonCompleted:
+	case ReasonCompleted:
 		return contract.OutcomeCompleted
-	case reasonClientGone:
+	case ReasonClientGone:
 		return contract.OutcomeClientGone
-	case reasonWriteFailed:
+	case ReasonWriteFailed:
 		return contract.OutcomeWriteFailed
-	case reasonUpstreamError:
+	case ReasonUpstreamError:
 		return contract.OutcomeUpstreamError
-	case reasonEdgeStopped:
+	case ReasonEdgeStopped:
 		return contract.OutcomeEdgeStopped
-	case reasonInvalidRequest:
+	case ReasonInvalidRequest:
 		return contract.OutcomeInvalidRequest
 	default:
 		return contract.OutcomeError

@@ -11,49 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/edge/api/apitest"
 	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
 
 // records is an Observer that keeps every record.
-type records struct {
-	mu   sync.Mutex
-	recs []RequestRecord
-}
-
-func (r *records) RequestDone(rec RequestRecord) {
-	r.mu.Lock()
-	r.recs = append(r.recs, rec)
-	r.mu.Unlock()
-}
-
-func (r *records) all() []RequestRecord {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]RequestRecord(nil), r.recs...)
-}
-
-func (r *records) only(t *testing.T) RequestRecord {
-	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if len(r.recs) != 1 {
-		t.Fatalf("%d records, want 1: %+v", len(r.recs), r.recs)
-	}
-	return r.recs[0]
-}
-
-// ticking returns a clock that moves one second at each reading.
-func ticking() func() time.Time {
-	var mu sync.Mutex
-	now := time.Unix(1700000000, 0)
-	return func() time.Time {
-		mu.Lock()
-		defer mu.Unlock()
-		now = now.Add(time.Second)
-		return now
-	}
-}
+type records = apitest.Records[RequestRecord]
 
 func TestRecordOfANormalizedStream(t *testing.T) {
 	run := scriptedRun(normalized,
@@ -65,13 +29,13 @@ func TestRecordOfANormalizedStream(t *testing.T) {
 	)
 	run.info.QueueReason, run.info.QueueWait = "queued", 1500*time.Millisecond
 	recs := &records{}
-	env := newEnv(t, Config{Observer: recs, Now: ticking()}, runWith(run))
+	env := newEnv(t, Config{Observer: recs, Now: apitest.Ticking()}, runWith(run))
 	resp := env.post(t, "/v1/chat/completions", "application/json", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
 	if resp.status != 200 {
 		t.Fatalf("status %d", resp.status)
 	}
 	env.waitHandlers()
-	rec := recs.only(t)
+	rec := recs.Only(t)
 	want := RequestRecord{API: "chat.completions", Model: "m", Stream: true, RunID: "run1", NodeID: "node1", ProviderID: "prov1",
 		ProviderType: "sim", ServedModel: "served-model", Generation: 1, Path: "normalized", Admission: contract.AdmissionQueued,
 		QueueWait: 1500 * time.Millisecond, Priority: "standard", FlowFromKey: true, Status: 200, Outcome: contract.OutcomeCompleted, InputTokens: 7, OutputTokens: 3, TokensKnown: true}
@@ -113,7 +77,7 @@ func TestRecordOfATunnelStreamParsesUsage(t *testing.T) {
 		t.Fatalf("relayed bytes changed:\n%q\nwant\n%q", resp.body, sse)
 	}
 	env.waitHandlers()
-	rec := recs.only(t)
+	rec := recs.Only(t)
 	if !rec.TokensKnown || rec.InputTokens != 11 || rec.OutputTokens != 2 || rec.Path != "tunnel" || rec.Outcome != contract.OutcomeCompleted || rec.Admission != contract.AdmissionImmediate {
 		t.Fatalf("record %+v", rec)
 	}
@@ -126,7 +90,7 @@ func TestRecordOfATunnelJSONParsesUsage(t *testing.T) {
 		tunnelData(tunnelJSON[:50]), tunnelData(tunnelJSON[50:]), tunnelEnd())))
 	env.post(t, "/v1/chat/completions", "application/json", simpleChat)
 	env.waitHandlers()
-	if rec := recs.only(t); !rec.TokensKnown || rec.InputTokens != 4 || rec.OutputTokens != 2 || rec.TimeToFirstToken != 0 {
+	if rec := recs.Only(t); !rec.TokensKnown || rec.InputTokens != 4 || rec.OutputTokens != 2 || rec.TimeToFirstToken != 0 {
 		t.Fatalf("record %+v", rec)
 	}
 }
@@ -157,7 +121,7 @@ func TestRecordOfRefusalsAndInvalidRequests(t *testing.T) {
 				t.Fatalf("status %d, want %d", resp.status, c.status)
 			}
 			env.waitHandlers()
-			rec := recs.only(t)
+			rec := recs.Only(t)
 			if rec.Status != c.status || rec.Admission != c.admission || rec.Outcome != c.outcome || rec.ErrorCode != c.code || rec.RunID != "" {
 				t.Fatalf("record %+v", rec)
 			}
@@ -169,8 +133,8 @@ func TestRecordOfRefusalsAndInvalidRequests(t *testing.T) {
 	env.get(t, "/v1/models")
 	env.get(t, "/nope")
 	env.waitHandlers()
-	if len(recs.recs) != 0 {
-		t.Fatalf("records for non-API routes: %+v", recs.recs)
+	if all := recs.All(); len(all) != 0 {
+		t.Fatalf("records for non-API routes: %+v", all)
 	}
 }
 
@@ -179,7 +143,7 @@ func TestRecordOfAnUpstreamFailureAndAClientThatLeft(t *testing.T) {
 	env := newEnv(t, Config{Observer: recs}, runWith(scriptedRun(normalized, events(errorEvent(502, "boom")))))
 	env.post(t, "/v1/chat/completions", "application/json", simpleChat)
 	env.waitHandlers()
-	if rec := recs.only(t); rec.Status != 502 || rec.Outcome != contract.OutcomeUpstreamError || rec.RunID != "run1" || rec.ErrorCode != "upstream_error" {
+	if rec := recs.Only(t); rec.Status != 502 || rec.Outcome != contract.OutcomeUpstreamError || rec.RunID != "run1" || rec.ErrorCode != "upstream_error" {
 		t.Fatalf("record %+v", rec)
 	}
 
@@ -200,7 +164,7 @@ func TestRecordOfAnUpstreamFailureAndAClientThatLeft(t *testing.T) {
 		resp.Body.Close()
 	}
 	env.waitHandlers()
-	if rec := recs.only(t); rec.Status != 0 || rec.Outcome != contract.OutcomeClientGone || rec.Admission != contract.AdmissionCancelled {
+	if rec := recs.Only(t); rec.Status != 0 || rec.Outcome != contract.OutcomeClientGone || rec.Admission != contract.AdmissionCancelled {
 		t.Fatalf("record %+v", rec)
 	}
 }
@@ -260,7 +224,7 @@ func TestRecordTimes(t *testing.T) {
 	o := &observation{now: func() time.Time { return now }}
 	o.rec.Start = now
 	o.rec.API = "chat.completions"
-	o.sent, o.reason = true, reasonCompleted
+	o.sent, o.reason = true, ReasonCompleted
 	now = base.Add(2 * time.Second)
 	o.content(1)
 	now = base.Add(3 * time.Second)
@@ -315,7 +279,7 @@ func TestRegression_TunnelClientLeavingAfterDoneIsCompleted(t *testing.T) {
 	cancel() // the client leaves as soon as it has the whole answer
 	resp.Body.Close()
 	env.waitHandlers()
-	if rec := recs.only(t); rec.Outcome != contract.OutcomeCompleted || rec.Status != 200 {
+	if rec := recs.Only(t); rec.Outcome != contract.OutcomeCompleted || rec.Status != 200 {
 		t.Fatalf("record %+v", rec)
 	}
 	if n, outcomes := run.closeCalls(); n != 1 || outcomes[0] != contract.OutcomeCompleted {
@@ -341,7 +305,7 @@ func TestRegression_OllamaRecordSaysTheClientsStream(t *testing.T) {
 		}
 		env.ollamaPost(t, path, body)
 		env.waitHandlers()
-		if rec := recs.only(t); rec.Stream != want {
+		if rec := recs.Only(t); rec.Stream != want {
 			t.Errorf("%s %s: record stream %v, want %v", path, body, rec.Stream, want)
 		}
 	}
@@ -367,7 +331,7 @@ func TestRegression_QueueTimeoutRecordsItsWait(t *testing.T) {
 		t.Fatalf("status %d, want 503", resp.status)
 	}
 	env.waitHandlers()
-	if rec := recs.only(t); rec.QueueWait != 3*time.Second || rec.Admission != contract.AdmissionQueueTimeout {
+	if rec := recs.Only(t); rec.QueueWait != 3*time.Second || rec.Admission != contract.AdmissionQueueTimeout {
 		t.Fatalf("record queue wait %s admission %q, want 3s queue_timeout", rec.QueueWait, rec.Admission)
 	}
 }
@@ -392,7 +356,7 @@ func TestRegression_HeldRequestRecordsItsWait(t *testing.T) {
 		t.Fatalf("status %d, want 503", resp.status)
 	}
 	env.waitHandlers()
-	if rec := recs.only(t); rec.QueueWait != 5*time.Second || rec.Admission != contract.AdmissionUnavailable {
+	if rec := recs.Only(t); rec.QueueWait != 5*time.Second || rec.Admission != contract.AdmissionUnavailable {
 		t.Fatalf("record queue wait %s admission %q, want 5s unavailable", rec.QueueWait, rec.Admission)
 	}
 }

@@ -36,20 +36,20 @@ const (
 // ollamaRoutes are the Ollama API routes (Ollama API doc, docs/api.md).
 func (h *handler) ollamaRoutes() map[string]Route {
 	return map[string]Route{
-		"/":               {http.MethodGet, h.ollamaRoot},
-		"/api/chat":       {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, true) }},
-		"/api/generate":   {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, false) }},
-		"/api/embed":      {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaEmbed(w, r, false) }},
-		"/api/embeddings": {http.MethodPost, func(w http.ResponseWriter, r *http.Request) { h.ollamaEmbed(w, r, true) }},
-		"/api/tags":       {http.MethodGet, h.ollamaTags},
-		"/api/ps":         {http.MethodGet, h.ollamaPS},
-		"/api/show":       {http.MethodPost, h.ollamaShow},
-		"/api/pull":       {http.MethodPost, h.ollamaPull},
-		"/api/version":    {http.MethodGet, h.ollamaVersion},
-		"/api/copy":       {"", h.ollamaManage},
-		"/api/delete":     {"", h.ollamaManage},
-		"/api/create":     {"", h.ollamaManage},
-		"/api/push":       {"", h.ollamaManage},
+		"/":               {Method: http.MethodGet, Serve: h.ollamaRoot},
+		"/api/chat":       {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, true) }, Operation: "ollama.chat"},
+		"/api/generate":   {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, false) }, Operation: "ollama.generate"},
+		"/api/embed":      {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { h.ollamaEmbed(w, r, false) }, Operation: "ollama.embed"},
+		"/api/embeddings": {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { h.ollamaEmbed(w, r, true) }, Operation: "ollama.embed"},
+		"/api/tags":       {Method: http.MethodGet, Serve: h.ollamaTags},
+		"/api/ps":         {Method: http.MethodGet, Serve: h.ollamaPS},
+		"/api/show":       {Method: http.MethodPost, Serve: h.ollamaShow},
+		"/api/pull":       {Method: http.MethodPost, Serve: h.ollamaPull},
+		"/api/version":    {Method: http.MethodGet, Serve: h.ollamaVersion},
+		"/api/copy":       {Serve: h.ollamaManage},
+		"/api/delete":     {Serve: h.ollamaManage},
+		"/api/create":     {Serve: h.ollamaManage},
+		"/api/push":       {Serve: h.ollamaManage},
 	}
 }
 
@@ -136,10 +136,10 @@ func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bo
 		req.EstimatedInputTokens = tr.EstimatedInputTokens
 	}
 	if tr.Logprobs {
-		req.Needs = append(req.Needs, needOllamaLogprobs)
+		req.Needs = append(req.Needs, NeedOllamaLogprobs)
 	}
-	if tr.Thinking && !slices.Contains(req.Needs, needThinking) {
-		req.Needs = append(req.Needs, needThinking)
+	if tr.Thinking && !slices.Contains(req.Needs, NeedThinking) {
+		req.Needs = append(req.Needs, NeedThinking)
 	}
 	if len(tr.Dropped) > 0 {
 		h.logger.Debug("dropping Ollama fields no provider takes", "path", r.URL.Path, "fields", tr.Dropped)
@@ -162,7 +162,7 @@ func ollamaChatNeeds(tr *translate.Request) (needs []string, estimate int, err e
 	for i, role := range tr.Roles {
 		if !slices.Contains(messageRoles, role) {
 			return nil, 0, &requestError{param: fmt.Sprintf("messages[%d].role", i), message: fmt.Sprintf("must be one of %s, got %s",
-				strings.Join(messageRoles, ", "), strconv.Quote(clip(role)))}
+				strings.Join(messageRoles, ", "), strconv.Quote(Clip(role)))}
 		}
 	}
 	chars := tr.InputChars
@@ -175,7 +175,7 @@ func ollamaChatNeeds(tr *translate.Request) (needs []string, estimate int, err e
 			return nil, 0, err
 		}
 		if len(elemsOf(tools)) > 0 {
-			needs = append(needs, needTools)
+			needs = append(needs, NeedTools)
 		}
 		for _, def := range elemsOf(tools) {
 			// The canonical body has the tools as json.Marshal writes
@@ -186,10 +186,10 @@ func ollamaChatNeeds(tr *translate.Request) (needs []string, estimate int, err e
 		}
 	}
 	if tr.ReasoningEffort != "" && tr.ReasoningEffort != "none" {
-		needs = append(needs, needThinking)
+		needs = append(needs, NeedThinking)
 	}
 	if tr.Images {
-		needs = append(needs, needVision)
+		needs = append(needs, NeedVision)
 	}
 	return needs, (chars + 3) / 4, nil
 }
@@ -197,7 +197,7 @@ func ollamaChatNeeds(tr *translate.Request) (needs []string, estimate int, err e
 // ollamaRun renders one run as an Ollama route's answer.
 type ollamaRun interface {
 	// begin sets the run to render, once it was dispatched.
-	begin(rr *runResponse)
+	begin(rr *Answer)
 	// tunnel and normalized render the run of each execution path and
 	// return the rendering's reason.
 	tunnel() string
@@ -210,14 +210,14 @@ type ollamaRun interface {
 func (h *handler) serveOllamaRun(w http.ResponseWriter, r *http.Request, req *contract.Request, extension []string, o ollamaRun) {
 	h.serveRunWith(w, r, req, runRenderer{
 		writeError: h.writeOllamaError,
-		tunnel: func(rr *runResponse, info contract.DispatchInfo) string {
+		tunnel: func(rr *Answer, info contract.DispatchInfo) string {
 			if len(extension) > 0 {
 				h.logger.Debug("dropping Ollama-only fields for an OpenAI-compatible provider", "run_id", info.RunID, "fields", extension)
 			}
 			o.begin(rr)
 			return o.tunnel()
 		},
-		normalized: func(rr *runResponse, _ contract.DispatchInfo) string {
+		normalized: func(rr *Answer, _ contract.DispatchInfo) string {
 			o.begin(rr)
 			return o.normalized()
 		},
@@ -304,16 +304,16 @@ type ollamaErrorBody struct {
 // clients expect: an unknown model is `model 'x' not found` (the text of
 // Ollama's chat, generate, embed and show handlers for a name it does not
 // have, which clients match on).
-func ollamaError(err error, req *contract.Request) (*apiError, string) {
-	e := classify(err, req)
+func ollamaError(err error, req *contract.Request) (*APIError, string) {
+	e := Classify(err, req)
 	if errors.Is(err, ErrUnknownModel) {
 		model := ""
 		if req != nil {
-			model = clip(req.Model)
+			model = Clip(req.Model)
 		}
 		if ua, ok := errors.AsType[*contract.UnmatchedAliasError](err); ok {
 			// Ollama's words first, which clients match on, then why.
-			return e, fmt.Sprintf("model '%s' not found: %s", model, clip(ua.Error()))
+			return e, fmt.Sprintf("model '%s' not found: %s", model, Clip(ua.Error()))
 		}
 		return e, fmt.Sprintf("model '%s' not found", model)
 	}
@@ -323,20 +323,10 @@ func ollamaError(err error, req *contract.Request) (*apiError, string) {
 // writeOllamaError is writeError with an Ollama error body,
 // {"error":"<message>"}.
 func (h *handler) writeOllamaError(w http.ResponseWriter, r *http.Request, err error, req *contract.Request) {
-	if clientGone(r) && !errors.Is(err, errBodyTimeout) {
-		h.logger.Debug("client gone before the answer", "path", clip(r.URL.Path), "err", errorText(err, req))
-		obsOf(r).failed(err, nil, true)
-		return
-	}
-	e, msg := ollamaError(err, req)
-	obsOf(r).failed(err, e.Code, false)
-	h.logError(r, e, err, req)
-	answerFinished(r.Context()) // an error answer ends the request
-	if e.retryAfter != "" {
-		w.Header().Set("Retry-After", e.retryAfter)
-	}
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	writeOllamaJSON(w, e.status, ollamaErrorBody{Error: msg})
+	h.writeShaped(w, r, err, req, func(err error, req *contract.Request) (*APIError, int, any) {
+		e, msg := ollamaError(err, req)
+		return e, e.status, ollamaErrorBody{Error: msg}
+	}, ollamaJSONContentType)
 }
 
 func writeOllamaJSON(w http.ResponseWriter, status int, v any) {
@@ -716,7 +706,7 @@ func (h *handler) showFromOllama(w http.ResponseWriter, r *http.Request, provide
 			return false
 		}
 		h.logger.Warn("/api/show: the provider's Ollama gave no answer; trying the next, else answering iop's own view",
-			"node", p.NodeID, "provider", p.ProviderID, "model", clip(p.Target), "status", status, "err", err)
+			"node", p.NodeID, "provider", p.ProviderID, "model", Clip(p.Target), "status", status, "err", err)
 	}
 	return false
 }

@@ -34,7 +34,7 @@ func (h *handler) ollamaEmbed(w http.ResponseWriter, r *http.Request, legacy boo
 		return
 	}
 	req.Operation = contract.OperationEmbeddings
-	req.Needs = []string{needEmbeddings}
+	req.Needs = []string{NeedEmbeddings}
 	e := &ollamaEmbedRender{legacy: legacy, model: tr.Model, timings: translate.Timings{Start: start}}
 	if tr.LoadOnly {
 		e.timings.Dispatched, e.timings.End = start, h.cfg.Now()
@@ -72,7 +72,7 @@ func checkOllamaEmbed(tr *translate.Request) error {
 // ollamaEmbedRender renders an embeddings run as an Ollama answer. Only the
 // request goroutine uses it.
 type ollamaEmbedRender struct {
-	*runResponse
+	*Answer
 	legacy  bool
 	model   string // the model name the client asked for
 	inputs  int    // vectors the answer must have
@@ -82,14 +82,14 @@ type ollamaEmbedRender struct {
 var _ ollamaRun = (*ollamaEmbedRender)(nil)
 
 // begin sets the run e renders, once it was dispatched.
-func (e *ollamaEmbedRender) begin(rr *runResponse) {
-	e.runResponse, e.timings.Dispatched = rr, rr.h.cfg.Now()
+func (e *ollamaEmbedRender) begin(rr *Answer) {
+	e.Answer, e.timings.Dispatched = rr, rr.h.cfg.Now()
 }
 
 // normalized renders a normalized-path run: the vectors of its delta
 // events and the prompt tokens of its usage event. It returns the rendering's reason.
 func (e *ollamaEmbedRender) normalized() string {
-	er := &eventReader{runResponse: e.runResponse}
+	er := &eventReader{Answer: e.Answer}
 	vectors, err := er.vectors(e.inputs)
 	if err != nil {
 		return e.fail(err)
@@ -108,7 +108,7 @@ func (e *ollamaEmbedRender) tunnel() string {
 	}
 	vectors, prompt, err := translate.DecodeOpenAIEmbeddings(body)
 	if err == nil && len(vectors) != e.inputs {
-		err = fmt.Errorf("%w: %d vectors for %d inputs", errUpstreamProtocol, len(vectors), e.inputs)
+		err = fmt.Errorf("%w: %d vectors for %d inputs", ErrUpstreamProtocol, len(vectors), e.inputs)
 	}
 	if err != nil {
 		return e.fail(streamError(err))
@@ -119,11 +119,11 @@ func (e *ollamaEmbedRender) tunnel() string {
 // write writes the answer. It returns the rendering's reason.
 func (e *ollamaEmbedRender) write(vectors [][]float32, promptTokens int) string {
 	if clientGone(e.r) {
-		return reasonClientGone
+		return ReasonClientGone
 	}
 	e.timings.End = e.h.cfg.Now()
 	writeOllamaJSON(e.w, http.StatusOK, e.answer(vectors, promptTokens))
-	return reasonCompleted
+	return ReasonCompleted
 }
 
 // answer is the answer object: /api/embed's, or for legacy /api/embeddings'

@@ -23,7 +23,7 @@ import (
 // object. Not streamed: one JSON object with the whole text and thinking.
 // Only the request goroutine uses it.
 type ollamaRender struct {
-	*runResponse
+	*Answer
 	chat    bool
 	model   string // the model name the client asked for
 	stream  bool
@@ -46,21 +46,21 @@ var _ ollamaRun = (*ollamaRender)(nil)
 
 // begin sets the run o renders, once it was dispatched (which ends the
 // queue wait the final object reports as load_duration).
-func (o *ollamaRender) begin(rr *runResponse) {
-	o.runResponse, o.timings.Dispatched = rr, rr.h.cfg.Now()
+func (o *ollamaRender) begin(rr *Answer) {
+	o.Answer, o.timings.Dispatched = rr, rr.h.cfg.Now()
 }
 
 // normalized renders a normalized-path run: its delta events (text, thinking and
 // tool-call parts, joined by index), usage and end events (read by
 // eventReader.next). It returns the rendering's reason.
 func (o *ollamaRender) normalized() string {
-	er := &eventReader{runResponse: o.runResponse}
+	er := &eventReader{Answer: o.Answer}
 	var calls []translate.ToolCall // by index
 	finish, err := er.next(func(ev *contract.Event) error {
 		for _, tc := range ev.ToolCalls {
 			i := tc.Index
-			if i < 0 || i >= maxToolCalls {
-				return errUpstreamProtocol
+			if i < 0 || i >= MaxToolCalls {
+				return ErrUpstreamProtocol
 			}
 			for len(calls) <= i {
 				calls = append(calls, translate.ToolCall{})
@@ -127,9 +127,9 @@ func (o *ollamaRender) tunnel() string {
 // *upstreamError with the provider's status and message for an error
 // status or a tunnel failure, one of status 502 for a body over
 // Config.MaxAnswerBytes, onSSE's error through streamError,
-// errUpstreamProtocol or errUpstreamEnded for a run that breaks the
+// ErrUpstreamProtocol or errUpstreamEnded for a run that breaks the
 // tunnel's message order, and recv's errors.
-func (rr *runResponse) tunnelAnswer(onSSE func(data []byte) error) (sse bool, body []byte, err error) {
+func (rr *Answer) tunnelAnswer(onSSE func(data []byte) error) (sse bool, body []byte, err error) {
 	status, retryAfter := 0, ""
 	var next tunnelQueue
 	for {
@@ -140,11 +140,11 @@ func (rr *runResponse) tunnelAnswer(onSSE func(data []byte) error) (sse bool, bo
 		switch ev.Kind {
 		case contract.EventHead:
 			if status != 0 {
-				return false, nil, errUpstreamProtocol
+				return false, nil, ErrUpstreamProtocol
 			}
 			status = ev.Status
 			if status < 200 || status > 599 {
-				return false, nil, errUpstreamProtocol
+				return false, nil, ErrUpstreamProtocol
 			}
 			for name, value := range ev.Headers {
 				switch http.CanonicalHeaderKey(name) {
@@ -162,7 +162,7 @@ func (rr *runResponse) tunnelAnswer(onSSE func(data []byte) error) (sse bool, bo
 			}
 		case contract.EventData:
 			if status == 0 {
-				return false, nil, errUpstreamProtocol
+				return false, nil, ErrUpstreamProtocol
 			}
 			data := ev.Data
 			if sse {
@@ -186,7 +186,7 @@ func (rr *runResponse) tunnelAnswer(onSSE func(data []byte) error) (sse bool, bo
 		case contract.EventFailure:
 			return false, nil, failureError(ev)
 		default:
-			return false, nil, errUpstreamProtocol
+			return false, nil, ErrUpstreamProtocol
 		}
 	}
 }
@@ -274,7 +274,7 @@ func (o *ollamaRender) finish(ans translate.Answer) string {
 	final := translate.NewOllamaResponse(o.chat, o.model, now, o.text.String())
 	calls := translate.OllamaToolCalls(ans.ToolCalls)
 	if !o.chat && len(calls) > 0 {
-		o.h.logger.Debug("dropping tool calls from a generate answer", "model", clip(o.model))
+		o.h.logger.Debug("dropping tool calls from a generate answer", "model", Clip(o.model))
 		calls = nil
 	}
 	final.SetFinal(translate.OllamaDoneReason(ans.Finish), usage, o.timings)
@@ -283,7 +283,7 @@ func (o *ollamaRender) finish(ans translate.Answer) string {
 	}
 	if !o.stream {
 		if clientGone(o.r) {
-			return reasonClientGone
+			return ReasonClientGone
 		}
 		final.SetThinking(o.thinking.String())
 		final.Logprobs = o.logprobs
@@ -291,7 +291,7 @@ func (o *ollamaRender) finish(ans translate.Answer) string {
 			final.Message.ToolCalls = calls
 		}
 		writeOllamaJSON(o.w, http.StatusOK, final)
-		return reasonCompleted
+		return ReasonCompleted
 	}
 	o.startStream()
 	if len(calls) > 0 {
@@ -304,7 +304,7 @@ func (o *ollamaRender) finish(ans translate.Answer) string {
 	if err := o.writeLine(final); err != nil {
 		return o.writeFailed(err)
 	}
-	return reasonCompleted
+	return ReasonCompleted
 }
 
 // failed ends a run that failed with err: before the status line, an
@@ -322,9 +322,9 @@ func (o *ollamaRender) failed(err error) string {
 	o.obs.errorCode(e.Code)
 	if werr := o.writeLine(ollamaErrorBody{Error: msg}); werr != nil {
 		o.abort = true
-		return reasonWriteFailed
+		return ReasonWriteFailed
 	}
-	return reasonUpstreamError
+	return ReasonUpstreamError
 }
 
 // ollamaLogprobs is a delta's log probabilities in Ollama's shape (nil for

@@ -265,7 +265,7 @@ func (h *handler) rateLimitHeaders(hdr http.Header, path string, caller *auth.Ca
 // limit, what was asked and used, and when it resets, with a Retry-After
 // of the seconds until the window holds the request (none when it never
 // can: the ask is larger than the limit).
-func quotaError(ref *quota.Refusal) *apiError {
+func quotaError(ref *quota.Refusal) *APIError {
 	unit := quotaUnits[ref.Window]
 	var msg string
 	if ref.Never {

@@ -100,7 +100,7 @@ func TestRegression_ClientClosingAfterItsAnswerIsNotClientGone(t *testing.T) {
 			}
 			resp.Body.Close() // the whole answer is in: the client leaves at once
 			env.waitHandlers()
-			rec := recs.only(t)
+			rec := recs.Only(t)
 			entries := led.all()
 			if len(entries) != 1 {
 				t.Fatalf("%d ledger entries, want 1: %+v", len(entries), entries)
@@ -191,7 +191,7 @@ func TestKeyRefusalsAreRecordedOnce(t *testing.T) {
 	env.waitHandlers()
 	envRPM.waitHandlers()
 
-	got := recs.all()
+	got := recs.All()
 	entries := led.all()
 	if len(got) != len(wants) || len(entries) != len(wants) {
 		t.Fatalf("%d records and %d ledger entries for %d requests:\n%+v\n%+v", len(got), len(entries), len(wants), got, entries)
@@ -234,7 +234,7 @@ func TestRegression_OllamaLoadIsCompleted(t *testing.T) {
 		t.Fatalf("load: %d %s", resp.status, resp.body)
 	}
 	env.waitHandlers()
-	if rec, entries := recs.only(t), led.all(); rec.Outcome != contract.OutcomeCompleted || len(entries) != 1 || entries[0].Outcome != string(contract.OutcomeCompleted) {
+	if rec, entries := recs.Only(t), led.all(); rec.Outcome != contract.OutcomeCompleted || len(entries) != 1 || entries[0].Outcome != string(contract.OutcomeCompleted) {
 		t.Fatalf("record %+v, ledger %+v; want completed", rec, entries)
 	}
 }

@@ -198,7 +198,7 @@ func TestRegression_LongModelNameClipped(t *testing.T) {
 			if str(code) != "model_not_found" {
 				t.Errorf("code = %s", str(code))
 			}
-			want := fmt.Sprintf("The model %q does not exist", clip(tt.model))
+			want := fmt.Sprintf("The model %q does not exist", Clip(tt.model))
 			if msg != want {
 				t.Errorf("message = %q, want %q", msg, want)
 			}
@@ -257,7 +257,7 @@ func TestClip(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := clip(tt.in)
+			got := Clip(tt.in)
 			if got != tt.want {
 				t.Errorf("clip = %q (%d bytes), want %q", got, len(got), tt.want)
 			}

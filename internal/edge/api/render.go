@@ -55,9 +55,9 @@ var ownHeaders = map[string]bool{"X-Request-Id": true, "Request-Id": true}
 // 8.6) when the edge knows its length before it writes it: the whole body
 // came with the head, or the head declared it (ContentLength); else it is
 // sent chunked. A body that turns out longer or shorter than it declared is
-// a broken answer (errUpstreamProtocol, errUpstreamEnded): the response is
+// a broken answer (ErrUpstreamProtocol, errUpstreamEnded): the response is
 // aborted, never ended as if it were complete.
-func (rr *runResponse) tunnel() string {
+func (rr *Answer) tunnel() string {
 	hold := finalHold{obs: rr.obs}
 	status := 0 // the head's
 	// declared is the Content-Length the client was told, -1 for none;
@@ -69,11 +69,11 @@ func (rr *runResponse) tunnel() string {
 		switch ev.Kind {
 		case contract.EventHead:
 			if rr.started {
-				return rr.tunnelFail(errUpstreamProtocol, hold.sse), true
+				return rr.tunnelFail(ErrUpstreamProtocol, hold.sse), true
 			}
 			status = ev.Status
 			if status < 200 || status > 599 {
-				return rr.fail(errUpstreamProtocol), true
+				return rr.fail(ErrUpstreamProtocol), true
 			}
 			header := rr.w.Header()
 			for name, value := range ev.Headers {
@@ -106,10 +106,10 @@ func (rr *runResponse) tunnel() string {
 			}
 		case contract.EventData:
 			if !rr.started {
-				return rr.fail(errUpstreamProtocol), true
+				return rr.fail(ErrUpstreamProtocol), true
 			}
 			if fed += int64(len(ev.Data)); declared >= 0 && fed > declared {
-				return rr.tunnelFail(errUpstreamProtocol, hold.sse), true // longer than it said
+				return rr.tunnelFail(ErrUpstreamProtocol, hold.sse), true // longer than it said
 			}
 			if p := hold.split(ev.Data); len(p) > 0 {
 				if err := rr.write(p); err != nil {
@@ -134,20 +134,20 @@ func (rr *runResponse) tunnel() string {
 			if msg := ev.ProviderError; msg != "" {
 				// The provider's error event reached the client with its
 				// bytes; the run failed all the same.
-				rr.h.logger.Warn("provider reported an error inside its answer", "path", clip(rr.r.URL.Path),
-					"model", clip(rr.req.Model), "err", clipTo(msg, maxErrorTextBytes))
-				return reasonUpstreamError, true
+				rr.h.logger.Warn("provider reported an error inside its answer", "path", Clip(rr.r.URL.Path),
+					"model", Clip(rr.req.Model), "err", clipTo(msg, maxErrorTextBytes))
+				return ReasonUpstreamError, true
 			}
 			if status >= 400 {
 				// The provider's error answer was relayed whole; the run
 				// failed, as it does on the normalized path.
-				return reasonUpstreamError, true
+				return ReasonUpstreamError, true
 			}
-			return reasonCompleted, true
+			return ReasonCompleted, true
 		case contract.EventFailure:
 			return rr.tunnelFail(failureError(ev), hold.sse), true
 		default:
-			return rr.tunnelFail(errUpstreamProtocol, hold.sse), true
+			return rr.tunnelFail(ErrUpstreamProtocol, hold.sse), true
 		}
 		return "", false
 	}
@@ -157,7 +157,7 @@ func (rr *runResponse) tunnel() string {
 			return rr.tunnelFail(err, hold.sse)
 		}
 		if !msg.Tunnel {
-			return rr.tunnelFail(errUpstreamProtocol, hold.sse)
+			return rr.tunnelFail(ErrUpstreamProtocol, hold.sse)
 		}
 		parts, n := contract.TunnelParts(msg)
 		rr.hold = n > 1 // one flush for the parts of one message
@@ -182,7 +182,7 @@ func bodyAllowed(status int) bool {
 
 // flushOrHold flushes what was written, or under a hold leaves the flush to
 // release.
-func (rr *runResponse) flushOrHold() error {
+func (rr *Answer) flushOrHold() error {
 	if rr.hold {
 		rr.held = true
 		return nil
@@ -191,7 +191,7 @@ func (rr *runResponse) flushOrHold() error {
 }
 
 // tunnelFail ends a tunnel-path response that failed with err.
-func (rr *runResponse) tunnelFail(err error, sse bool) string {
+func (rr *Answer) tunnelFail(err error, sse bool) string {
 	if !rr.started {
 		return rr.fail(err)
 	}
@@ -205,7 +205,7 @@ func (rr *runResponse) tunnelFail(err error, sse bool) string {
 // it aborts the connection. ended is false when none of these holds: the
 // stream began and the client is there, so the caller writes its API's
 // error event.
-func (rr *runResponse) failedEarly(err error) (reason string, ended bool) {
+func (rr *Answer) failedEarly(err error) (reason string, ended bool) {
 	var werr *errWrite
 	if errors.As(err, &werr) {
 		return rr.writeFailed(werr.err), true
@@ -214,9 +214,9 @@ func (rr *runResponse) failedEarly(err error) (reason string, ended bool) {
 		return rr.fail(err), true
 	}
 	if clientGone(rr.r) {
-		rr.h.logger.Debug("client gone", "path", clip(rr.r.URL.Path), "err", errorText(err, rr.req))
+		rr.h.logger.Debug("client gone", "path", Clip(rr.r.URL.Path), "err", errorText(err, rr.req))
 		rr.abort = true
-		return reasonClientGone, true
+		return ReasonClientGone, true
 	}
 	return "", false
 }
@@ -228,45 +228,45 @@ func (rr *runResponse) failedEarly(err error) (reason string, ended bool) {
 // response whose client is gone is marked for abort too: a client that only
 // half-closed its connection may still be reading. It returns the Close
 // reason.
-func (rr *runResponse) failStarted(err error, sse bool) string {
+func (rr *Answer) failStarted(err error, sse bool) string {
 	if clientGone(rr.r) {
-		rr.h.logger.Debug("client gone", "path", clip(rr.r.URL.Path), "err", errorText(err, rr.req))
+		rr.h.logger.Debug("client gone", "path", Clip(rr.r.URL.Path), "err", errorText(err, rr.req))
 		rr.abort = true
-		return reasonClientGone
+		return ReasonClientGone
 	}
 	rr.answerFailed(err)
-	e := classify(err, rr.req)
+	e := Classify(err, rr.req)
 	rr.logStarted(e, err)
 	rr.obs.errorCode(e.Code)
 	if !sse {
 		rr.abort = true
-		return reasonUpstreamError
+		return ReasonUpstreamError
 	}
 	if werr := rr.writeEvent(errorBody{Error: e}); werr != nil {
 		rr.abort = true
-		return reasonWriteFailed
+		return ReasonWriteFailed
 	}
-	return reasonUpstreamError
+	return ReasonUpstreamError
 }
 
 // writeFailed is the outcome of a failed write to the client. The response
 // is marked for abort: whatever part of it was sent must not end cleanly.
-func (rr *runResponse) writeFailed(err error) string {
+func (rr *Answer) writeFailed(err error) string {
 	rr.abort = true
 	if clientGone(rr.r) {
-		return reasonClientGone
+		return ReasonClientGone
 	}
-	rr.h.logger.Debug("writing the response failed", "path", clip(rr.r.URL.Path), "err", err)
-	return reasonWriteFailed
+	rr.h.logger.Debug("writing the response failed", "path", Clip(rr.r.URL.Path), "err", err)
+	return ReasonWriteFailed
 }
 
 // writeEvent writes v as one SSE event, `data: <json>\n\n`, and flushes it
 // (unless a hold is on).
-func (rr *runResponse) writeEvent(v any) error { return rr.events().JSON("", v) }
+func (rr *Answer) writeEvent(v any) error { return rr.events().JSON("", v) }
 
 // events is the SSE writer of the response's body, whose writes go
 // through write (and its hold).
-func (rr *runResponse) events() *sse.Writer {
+func (rr *Answer) events() *sse.Writer {
 	if rr.eventWriter == nil {
 		rr.eventWriter = sse.NewWriter(writeFunc(rr.write))
 	}
@@ -290,7 +290,7 @@ func isEventStream(contentType string) bool {
 
 // eventReader reads the run events of a normalized-path run.
 type eventReader struct {
-	*runResponse
+	*Answer
 	usage usage
 	// stopSequence is the request's stop sequence that ended the answer,
 	// once the end event said one did.
@@ -406,7 +406,7 @@ func (e *eventReader) next(onDelta func(ev *contract.Event) error) (finish strin
 			return "", err
 		}
 		if msg.Tunnel {
-			return "", errUpstreamProtocol
+			return "", ErrUpstreamProtocol
 		}
 		// The events of one message are written with one flush.
 		e.hold = true
@@ -470,8 +470,8 @@ func (c *chatRender) json() string {
 		thinking.WriteString(ev.Thinking)
 		for _, part := range ev.ToolCalls {
 			i := part.Index
-			if i < 0 || i >= maxToolCalls {
-				return errUpstreamProtocol
+			if i < 0 || i >= MaxToolCalls {
+				return ErrUpstreamProtocol
 			}
 			for len(calls) <= i {
 				calls = append(calls, toolCall{Type: "function"})
@@ -490,7 +490,7 @@ func (c *chatRender) json() string {
 		return c.fail(err)
 	}
 	if clientGone(c.r) {
-		return reasonClientGone
+		return ReasonClientGone
 	}
 	msg := chatMessage{Role: "assistant", ToolCalls: calls, ReasoningContent: thinking.String()}
 	if content := text.String(); content != "" || len(calls) == 0 {
@@ -504,12 +504,12 @@ func (c *chatRender) json() string {
 		Choices: []chatChoice{{Message: msg, FinishReason: finish}},
 		Usage:   c.usage,
 	})
-	return reasonCompleted
+	return ReasonCompleted
 }
 
-// maxToolCalls bounds the index of a tool call in one answer, so a
+// MaxToolCalls bounds the index of a tool call in one answer, so a
 // malformed index from a node cannot make the edge allocate without bound.
-const maxToolCalls = 1024
+const MaxToolCalls = 1024
 
 // stream writes the answer as SSE chat.completion.chunk events
 // (chunkRenderer; each delta's chunks flushed at once, so a stream that is
@@ -540,7 +540,7 @@ func (c *chatRender) stream() string {
 	if err := c.finishStream(&chunks, finish); err != nil {
 		return c.writeFailed(err)
 	}
-	return reasonCompleted
+	return ReasonCompleted
 }
 
 // finishStream writes the final chunk, the usage chunk if asked for, and
@@ -563,7 +563,7 @@ func (c *chatRender) finishStream(chunks *chunkRenderer, finish string) (err err
 }
 
 // startStream sends the SSE status line and headers, once.
-func (rr *runResponse) startStream() {
+func (rr *Answer) startStream() {
 	if rr.started {
 		return
 	}
@@ -585,7 +585,7 @@ func failureError(ev contract.Event) error {
 	case ev.Cancelled:
 		return errUpstreamCancelled
 	case ev.InvalidRequest:
-		param := clip(ev.Param)
+		param := Clip(ev.Param)
 		msg := ev.Message
 		if param != "" {
 			msg = strings.TrimPrefix(msg, param+": ")
@@ -607,7 +607,7 @@ type tunnelQueue struct {
 
 // event returns the next event, reading the next message with recv when
 // the last one's are used up; a message that is not a tunnel part (a
-// normalized message on a tunnel run) is errUpstreamProtocol, recv's
+// normalized message on a tunnel run) is ErrUpstreamProtocol, recv's
 // error is returned as it is.
 func (q *tunnelQueue) event(recv func() (contract.Message, error)) (contract.Event, error) {
 	if q.i == q.n {
@@ -616,7 +616,7 @@ func (q *tunnelQueue) event(recv func() (contract.Message, error)) (contract.Eve
 			return contract.Event{}, err
 		}
 		if !msg.Tunnel {
-			return contract.Event{}, errUpstreamProtocol
+			return contract.Event{}, ErrUpstreamProtocol
 		}
 		q.parts, q.n = contract.TunnelParts(msg)
 		q.i = 0

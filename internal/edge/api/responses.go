@@ -54,7 +54,7 @@ var _ ResponseStore = (*responses.SQLite)(nil)
 type responseNotFound struct{ id string }
 
 func (e *responseNotFound) Error() string {
-	return fmt.Sprintf("Response with id '%s' not found.", clip(e.id))
+	return fmt.Sprintf("Response with id '%s' not found.", Clip(e.id))
 }
 
 // responseObject is a Responses API response (OpenAI API reference, "The
@@ -320,7 +320,7 @@ func (h *handler) responseInputItems(w http.ResponseWriter, r *http.Request, id 
 		}
 		i := slices.IndexFunc(items, func(it responses.Item) bool { return it.ID == v })
 		if i < 0 {
-			h.writeError(w, r, &requestError{param: param, message: fmt.Sprintf("no input item of this response has the id %q", clip(v))}, nil)
+			h.writeError(w, r, &requestError{param: param, message: fmt.Sprintf("no input item of this response has the id %q", Clip(v))}, nil)
 			return 0, false
 		}
 		return i, true
@@ -448,7 +448,7 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			if errors.As(err, new(*responseNotFound)) {
 				err = &requestError{param: "previous_response_id",
-					message: fmt.Sprintf("Previous response with id '%s' not found.", clip(rq.PreviousResponseID))}
+					message: fmt.Sprintf("Previous response with id '%s' not found.", Clip(rq.PreviousResponseID))}
 			}
 			h.writeError(w, r, err, nil)
 			return
@@ -457,17 +457,17 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 			// Its answer is not there yet: a conversation continued from
 			// it would miss it.
 			h.writeError(w, r, &requestError{param: "previous_response_id",
-				message: fmt.Sprintf("Previous response with id '%s' is still %s: wait until it is no longer queued or in_progress.", clip(rq.PreviousResponseID), prev.Status)}, nil)
+				message: fmt.Sprintf("Previous response with id '%s' is still %s: wait until it is no longer queued or in_progress.", Clip(rq.PreviousResponseID), prev.Status)}, nil)
 			return
 		}
 		if history, err = h.cfg.Responses.Conversation(ctx, owner, rq.PreviousResponseID); err != nil {
 			switch {
 			case errors.Is(err, responses.ErrNotFound):
 				err = &requestError{param: "previous_response_id",
-					message: fmt.Sprintf("Previous response with id '%s' not found.", clip(rq.PreviousResponseID))}
+					message: fmt.Sprintf("Previous response with id '%s' not found.", Clip(rq.PreviousResponseID))}
 			case errors.Is(err, responses.ErrChainTooLong):
 				err = &requestError{param: "previous_response_id",
-					message: fmt.Sprintf("Previous response with id '%s' continues a conversation longer than iop keeps (%d responses, %d items): start a new one.", clip(rq.PreviousResponseID), responses.MaxChainDepth, responses.MaxChainItems)}
+					message: fmt.Sprintf("Previous response with id '%s' continues a conversation longer than iop keeps (%d responses, %d items): start a new one.", Clip(rq.PreviousResponseID), responses.MaxChainDepth, responses.MaxChainItems)}
 			}
 			h.writeError(w, r, err, nil)
 			return
@@ -554,8 +554,8 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 	}
 	h.serveRunWith(w, r, &req, runRenderer{
 		writeError: h.writeError,
-		tunnel:     func(rr *runResponse, _ contract.DispatchInfo) string { o.begin(rr); return o.tunnel() },
-		normalized: func(rr *runResponse, _ contract.DispatchInfo) string { o.begin(rr); return o.normalized() },
+		tunnel:     func(rr *Answer, _ contract.DispatchInfo) string { o.begin(rr); return o.tunnel() },
+		normalized: func(rr *Answer, _ contract.DispatchInfo) string { o.begin(rr); return o.normalized() },
 	})
 }
 
@@ -577,8 +577,8 @@ func responsesNeeds(rq *translate.ResponsesRequest, chat translate.ResponsesChat
 		need string
 		on   bool
 	}{
-		{needTools, rq.NeedsTools}, {needToolChoice, rq.NeedsToolChoice}, {needVision, chat.Vision},
-		{needRemoteImages, chat.RemoteImages}, {needThinking, rq.Thinks},
+		{NeedTools, rq.NeedsTools}, {NeedToolChoice, rq.NeedsToolChoice}, {NeedVision, chat.Vision},
+		{NeedRemoteImages, chat.RemoteImages}, {NeedThinking, rq.Thinks},
 	} {
 		if n.on {
 			needs = append(needs, n.need)
@@ -600,7 +600,7 @@ func (h *handler) resolveItems(ctx context.Context, owner string, in []translate
 				doc, err = h.cfg.Responses.Item(ctx, owner, it.ID)
 			}
 			if errors.Is(err, responses.ErrNotFound) {
-				return nil, &requestError{param: fmt.Sprintf("input[%d].id", i), message: fmt.Sprintf("Item with id '%s' not found.", clip(it.ID))}
+				return nil, &requestError{param: fmt.Sprintf("input[%d].id", i), message: fmt.Sprintf("Item with id '%s' not found.", Clip(it.ID))}
 			}
 			if err != nil {
 				return nil, err
@@ -705,12 +705,12 @@ func (h *handler) runBackground(ctx context.Context, run *runs.Run, requestID st
 		}()
 		h.serveRunWith(dw, hr, req, runRenderer{
 			writeError: h.writeError,
-			tunnel: func(rr *runResponse, info contract.DispatchInfo) string {
+			tunnel: func(rr *Answer, info contract.DispatchInfo) string {
 				o.begin(rr)
 				o.inProgress(info)
 				return o.tunnel()
 			},
-			normalized: func(rr *runResponse, info contract.DispatchInfo) string {
+			normalized: func(rr *Answer, info contract.DispatchInfo) string {
 				o.begin(rr)
 				o.inProgress(info)
 				return o.normalized()

@@ -28,13 +28,13 @@ import (
 // A stored response (save set) is kept before the final event or the
 // body is written, so a client that continues it at once finds it, and
 // the key's request slot (max_concurrent) is given back only once the
-// save is done (runResponse.keepSlot). A save that fails fails the
+// save is done (Answer.keepSlot). A save that fails fails the
 // request: not streamed, a 500 error answer; streamed, response.failed
 // with the error, never response.completed (a client told "store": true
 // must find what it was told is stored). Only the request goroutine (a
 // background response's run goroutine) uses it.
 type responsesRender struct {
-	*runResponse
+	*Answer
 	resp   *responseObject
 	stream bool
 	// background: the run is a background response's (its state is
@@ -92,8 +92,8 @@ func (o *responsesRender) endEvents() {
 }
 
 // begin sets the run o renders, once it was dispatched.
-func (o *responsesRender) begin(rr *runResponse) {
-	o.runResponse = rr
+func (o *responsesRender) begin(rr *Answer) {
+	o.Answer = rr
 	rr.keepSlot = o.save != nil
 	o.b.NewID = newItemID
 	if o.stream {
@@ -232,8 +232,8 @@ func (o *responsesRender) text(s string) error {
 }
 
 func (o *responsesRender) toolCall(index int, id, name, args string) error {
-	if index < 0 || index >= maxToolCalls {
-		return errUpstreamProtocol
+	if index < 0 || index >= MaxToolCalls {
+		return ErrUpstreamProtocol
 	}
 	if err := o.open(); err != nil {
 		return err
@@ -247,7 +247,7 @@ func (o *responsesRender) toolCall(index int, id, name, args string) error {
 // normalized renders a normalized-path run from its delta, usage and end
 // events (eventReader.next).
 func (o *responsesRender) normalized() string {
-	er := &eventReader{runResponse: o.runResponse}
+	er := &eventReader{Answer: o.Answer}
 	finish, err := er.next(func(ev *contract.Event) error {
 		if err := o.thinking(ev.Thinking); err != nil {
 			return err
@@ -352,10 +352,10 @@ func (o *responsesRender) finish(finishReason string, in, out int) string {
 	}
 	if !o.stream {
 		if clientGone(o.r) {
-			return reasonClientGone
+			return ReasonClientGone
 		}
 		writeJSON(o.w, http.StatusOK, o.resp)
-		return reasonCompleted
+		return ReasonCompleted
 	}
 	typ := "response.completed"
 	if status == "incomplete" {
@@ -364,7 +364,7 @@ func (o *responsesRender) finish(finishReason string, in, out int) string {
 	if err := o.b.Event(typ, map[string]any{"response": o.resp}); err != nil {
 		return o.writeFailed(err)
 	}
-	return reasonCompleted
+	return ReasonCompleted
 }
 
 // failed ends a run that failed with err: before the stream began (or
@@ -377,7 +377,7 @@ func (o *responsesRender) failed(err error) string {
 		return reason
 	}
 	o.answerFailed(err)
-	e := classify(err, o.req)
+	e := Classify(err, o.req)
 	o.logStarted(e, err)
 	o.obs.errorCode(e.Code)
 	code := "server_error"
@@ -389,9 +389,9 @@ func (o *responsesRender) failed(err error) string {
 	_ = o.store(o.r.Context()) // failed either way; the error is logged
 	if werr := o.b.Event("response.failed", map[string]any{"response": o.resp}); werr != nil {
 		o.abort = true
-		return reasonWriteFailed
+		return ReasonWriteFailed
 	}
-	return reasonUpstreamError
+	return ReasonUpstreamError
 }
 
 // notStored ends a complete answer whose save failed (err, an
@@ -404,14 +404,14 @@ func (o *responsesRender) notStored(err error) string {
 	}
 	if clientGone(o.r) {
 		o.abort = true
-		return reasonClientGone
+		return ReasonClientGone
 	}
-	o.logStarted(classify(err, o.req), err)
+	o.logStarted(Classify(err, o.req), err)
 	o.resp.Status, o.resp.Usage = "failed", nil
 	o.resp.Error = &responseError{Code: "server_error", Message: msgNotStored}
 	if werr := o.b.Event("response.failed", map[string]any{"response": o.resp}); werr != nil {
 		o.abort = true
-		return reasonWriteFailed
+		return ReasonWriteFailed
 	}
-	return reasonUpstreamError
+	return ReasonUpstreamError
 }

@@ -155,7 +155,7 @@ func TestResponses_StreamNormalized(t *testing.T) {
 	// The dispatched request is the canonical chat body with the tool in
 	// the chat shape, and it needs tools.
 	reqs := env.gw.requests()
-	if len(reqs) != 1 || !slices.Contains(reqs[0].Needs, needTools) {
+	if len(reqs) != 1 || !slices.Contains(reqs[0].Needs, NeedTools) {
 		t.Fatalf("requests %+v", reqs)
 	}
 	var body struct {

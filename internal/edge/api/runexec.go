@@ -131,7 +131,7 @@ func (rc *runRecorder) dispatch(t runTarget, refused chan<- error) {
 	// A cancelled run ends its dispatched run at once (a blocked Recv
 	// returns); the outcome is still decided here, from how the recording
 	// ended.
-	stop := context.AfterFunc(rc.ctx, func() { run.Cancel(reasonClientGone) })
+	stop := context.AfterFunc(rc.ctx, func() { run.Cancel(ReasonClientGone) })
 	reason := "" // a recording that panics ends the request "error"
 	defer func() {
 		stop()
@@ -145,8 +145,8 @@ func (rc *runRecorder) dispatch(t runTarget, refused chan<- error) {
 	default:
 		reason = rc.fail(run, errUnknownPath)
 	}
-	if reason != reasonCompleted && h.stopping() {
-		reason = reasonEdgeStopped // its run was ended by the edge's stop
+	if reason != ReasonCompleted && h.stopping() {
+		reason = ReasonEdgeStopped // its run was ended by the edge's stop
 	}
 	h.logRunEnded(rc.ctx, info, rc.req, reason, rc.abort)
 }
@@ -165,7 +165,7 @@ func (rc *runRecorder) gatewayDispatch(refused chan<- error) (Run, error) {
 	return run, nil
 }
 
-// recv is runResponse.recv for a run: Run.Recv with its failures turned
+// recv is Answer.recv for a run: Run.Recv with its failures turned
 // into outcomes, finishing the answer (answerDone) when the run ended at
 // the edge, before anything of its end is recorded.
 func (rc *runRecorder) recv(run Run) (contract.Message, error) {
@@ -182,7 +182,7 @@ func (rc *runRecorder) recv(run Run) (contract.Message, error) {
 	return msg, nil
 }
 
-// answerDone is runResponse.answerDone: it ends the run at the edge if it
+// answerDone is Answer.answerDone: it ends the run at the edge if it
 // has not ended and gives the key's request slot back. Idempotent.
 func (rc *runRecorder) answerDone(run Run) {
 	if rc.done {
@@ -206,7 +206,7 @@ func (rc *runRecorder) answerError(err error) {
 		rc.obs.failed(err, nil, true)
 		return
 	}
-	e := classify(err, rc.req)
+	e := Classify(err, rc.req)
 	rc.obs.failed(err, e.Code, false)
 	rc.h.logFailure(rc.ctx, runChatPath, e, err, rc.req)
 	answerFinished(rc.ctx) // an error answer ends the request
@@ -218,43 +218,43 @@ func (rc *runRecorder) answerError(err error) {
 	rc.body = body
 }
 
-// fail is runResponse.fail: it ends an answer that failed before its
+// fail is Answer.fail: it ends an answer that failed before its
 // status with an error answer (nothing if the run was cancelled) and
 // returns the recording's reason.
 func (rc *runRecorder) fail(run Run, err error) string {
 	if rc.gone() {
 		rc.h.logger.Debug("client gone", "path", runChatPath, "err", errorText(err, rc.req))
-		return reasonClientGone
+		return ReasonClientGone
 	}
 	rc.answerDone(run)
 	rc.answerError(err)
 	if errors.As(err, new(*requestError)) {
-		return reasonInvalidRequest
+		return ReasonInvalidRequest
 	}
-	return reasonUpstreamError
+	return ReasonUpstreamError
 }
 
-// failStarted is runResponse.failStarted: an event stream ends with one
+// failStarted is Answer.failStarted: an event stream ends with one
 // error event (no [DONE]); any other answer is cut short.
 func (rc *runRecorder) failStarted(run Run, err error) string {
 	if rc.gone() {
 		rc.h.logger.Debug("client gone", "path", runChatPath, "err", errorText(err, rc.req))
 		rc.abort = true
-		return reasonClientGone
+		return ReasonClientGone
 	}
 	rc.answerDone(run)
-	e := classify(err, rc.req)
+	e := Classify(err, rc.req)
 	rc.h.logFailure(rc.ctx, runChatPath, e, err, rc.req)
 	rc.obs.errorCode(e.Code)
 	if !rc.sse {
 		rc.abort = true
-		return reasonUpstreamError
+		return ReasonUpstreamError
 	}
 	b, _ := json.Marshal(errorBody{Error: e})
 	eb, _ := json.Marshal(e)
 	rc.errMsg = errorMessage(eb)
 	rc.append(b, "")
-	return reasonUpstreamError
+	return ReasonUpstreamError
 }
 
 // append adds one event whose data is payload, carrying text, to the
@@ -287,7 +287,7 @@ func (rc *runRecorder) normalized(run Run, id string, created int64, model strin
 				return "", err
 			}
 			if msg.Tunnel {
-				return "", errUpstreamProtocol
+				return "", ErrUpstreamProtocol
 			}
 			for i := range msg.Events {
 				ev := &msg.Events[i]
@@ -325,7 +325,7 @@ func (rc *runRecorder) normalized(run Run, id string, created int64, model strin
 	}
 	_ = chunks.end(finish, u) // the sink does not fail
 	rc.run.Append(sse.AppendDone(nil), "")
-	return reasonCompleted
+	return ReasonCompleted
 }
 
 // usageOf is the OpenAI usage object of a usage event.
@@ -334,7 +334,7 @@ func usageOf(ev *contract.Event) usage {
 		TotalTokens: ev.PromptTokens + ev.CompletionTokens}
 }
 
-// tunnel records a tunnel-path run as runResponse.tunnel relays it: the
+// tunnel records a tunnel-path run as Answer.tunnel relays it: the
 // head gives the status and says whether the answer is an event stream;
 // the body's bytes (OpenAI chat-completions bytes) are read once, by
 // finalHold's reader, which tells the observation of each event as it is
@@ -354,10 +354,10 @@ func (rc *runRecorder) tunnel(run Run) string {
 		switch ev.Kind {
 		case contract.EventHead:
 			if rc.started {
-				return rc.tunnelFail(run, errUpstreamProtocol)
+				return rc.tunnelFail(run, ErrUpstreamProtocol)
 			}
 			if ev.Status < 200 || ev.Status > 599 {
-				return rc.fail(run, errUpstreamProtocol)
+				return rc.fail(run, ErrUpstreamProtocol)
 			}
 			contentType := ""
 			for name, value := range ev.Headers {
@@ -369,7 +369,7 @@ func (rc *runRecorder) tunnel(run Run) string {
 			rc.status, rc.started, rc.sse = ev.Status, true, hold.sse
 		case contract.EventData:
 			if !rc.started {
-				return rc.fail(run, errUpstreamProtocol)
+				return rc.fail(run, ErrUpstreamProtocol)
 			}
 			rc.data(hold.split(ev.Data))
 		case contract.EventEnd:
@@ -379,17 +379,17 @@ func (rc *runRecorder) tunnel(run Run) string {
 			rc.data(hold.rest())
 			if msg := ev.ProviderError; msg != "" {
 				rc.h.logger.Warn("provider reported an error inside its answer", "path", runChatPath,
-					"model", clip(rc.req.Model), "err", clipTo(msg, maxErrorTextBytes))
-				return reasonUpstreamError
+					"model", Clip(rc.req.Model), "err", clipTo(msg, maxErrorTextBytes))
+				return ReasonUpstreamError
 			}
 			if rc.status >= 400 {
-				return reasonUpstreamError
+				return ReasonUpstreamError
 			}
-			return reasonCompleted
+			return ReasonCompleted
 		case contract.EventFailure:
 			return rc.tunnelFail(run, failureError(ev))
 		default:
-			return rc.tunnelFail(run, errUpstreamProtocol)
+			return rc.tunnelFail(run, ErrUpstreamProtocol)
 		}
 	}
 }

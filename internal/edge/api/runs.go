@@ -130,7 +130,7 @@ func decodeMetadata(raw json.RawMessage, dst *map[string]string) error {
 	}
 	out := make(map[string]string, len(obj))
 	for k, v := range obj {
-		param := "metadata." + clip(k)
+		param := "metadata." + Clip(k)
 		if len(k) > maxMetadataKey || k == "" {
 			return &requestError{param: param, message: fmt.Sprintf("keys must be 1-%d bytes", maxMetadataKey)}
 		}
@@ -203,7 +203,7 @@ func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rec := runs.Record{
-		ID:         newRunID(),
+		ID:         NewRunID(),
 		Model:      sub.chat.Model,
 		SessionID:  sub.sessionID,
 		Background: sub.background,
@@ -579,7 +579,7 @@ func msOf(d time.Duration) *int64 {
 	return &ms
 }
 
-func newRunID() string {
+func NewRunID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
 	return "run_" + hex.EncodeToString(b[:])

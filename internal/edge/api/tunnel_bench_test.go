@@ -66,7 +66,7 @@ func tunnelStream20() (msgs []*contract.Message, body string) {
 // chunks through the API handler (ServeHTTP, in process), per answer:
 // chat, a streaming POST /v1/chat/completions relayed to the client with
 // its observation (content, usage; an Observer and a ledger record it);
-// relay, the tunnel relay of chat alone (runResponse.tunnel with its
+// relay, the tunnel relay of chat alone (Answer.tunnel with its
 // observation); runs, a synchronous POST /v1/runs whose run records the
 // same stream (an in-memory runs store).
 func BenchmarkTunnelStream20(b *testing.B) {
@@ -91,14 +91,14 @@ func BenchmarkTunnelStream20(b *testing.B) {
 		}
 	})
 	b.Run("relay", func(b *testing.B) {
-		// The tunnel relay alone (runResponse.tunnel with its observation),
+		// The tunnel relay alone (Answer.tunnel with its observation),
 		// without the request's decode, dispatch and record.
 		b.ReportAllocs()
 		b.SetBytes(int64(len(body)))
 		for b.Loop() {
 			rr, w := benchResponse(&listRun{msgs: msgs})
 			rr.obs = &observation{now: time.Now}
-			if reason := rr.tunnel(); reason != reasonCompleted || w.n != int64(len(body)) {
+			if reason := rr.tunnel(); reason != ReasonCompleted || w.n != int64(len(body)) {
 				b.Fatalf("tunnel ended %q after %d bytes", reason, w.n)
 			}
 		}

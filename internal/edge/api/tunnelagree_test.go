@@ -72,7 +72,7 @@ func waitRecorded(t *testing.T, recs *records, led *recordingLedger, n int) ([]R
 	var all []RequestRecord
 	var entries []ledger.Entry
 	eventually(t, fmt.Sprintf("%d records and ledger entries", n), func() bool {
-		all, entries = recs.all(), led.all()
+		all, entries = recs.All(), led.all()
 		if len(all) > n || len(entries) > n {
 			t.Fatalf("%d records and %d ledger entries, want %d of each: %+v", len(all), len(entries), n, all)
 		}

@@ -22,6 +22,7 @@
 //	iop_input_tokens_total{model}                      counter: prompt tokens of requests whose usage is known
 //	iop_output_tokens_total{model}                     counter: completion tokens of requests whose usage is known
 //	iop_runs_in_flight{model}                          gauge: runs admitted and not yet ended
+//	iop_runs_ended_total{reason}                       counter: runs ended, by edge.EndReason (every reason from 0)
 //	iop_node_connects_total{node}                      counter: node connections accepted
 //	iop_node_fences_total{node,reason}                 counter: node connections fenced
 //	iop_dispatch_retries_total{model,reason}           counter: dispatches admitted again after failing before the run started
@@ -95,6 +96,7 @@ type Metrics struct {
 	inputTokens  *prometheus.CounterVec
 	outputTokens *prometheus.CounterVec
 	runsInFlight *prometheus.GaugeVec
+	runsEnded    *prometheus.CounterVec
 	connects     *prometheus.CounterVec
 	fences       *prometheus.CounterVec
 	retries      *prometheus.CounterVec
@@ -174,6 +176,9 @@ func New(reg prometheus.Registerer, snap Snapshotter) (*Metrics, error) {
 		runsInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "iop_runs_in_flight", Help: "Runs admitted and not yet ended, by requested model.",
 		}, []string{"model"}),
+		runsEnded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "iop_runs_ended_total", Help: "Runs ended, by why they ended (edge.EndReason: complete, closed, node_gone, ...).",
+		}, []string{"reason"}),
 		connects: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "iop_node_connects_total", Help: "Node connections accepted (each a new generation).",
 		}, []string{"node"}),
@@ -201,11 +206,14 @@ func New(reg prometheus.Registerer, snap Snapshotter) (*Metrics, error) {
 		gone:      make(map[string]time.Time),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.admissions, m.queueWait, m.ttft, m.duration, m.interToken,
-		m.inputTokens, m.outputTokens, m.runsInFlight, m.connects, m.fences, m.retries, m.flowAdmits, m.flowSheds,
+		m.inputTokens, m.outputTokens, m.runsInFlight, m.runsEnded, m.connects, m.fences, m.retries, m.flowAdmits, m.flowSheds,
 		m.prefixPrompt, m.prefixPredicted, newSnapshotCollector(snap)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
+	}
+	for _, r := range edge.EndReasons() {
+		m.runsEnded.WithLabelValues(string(r)) // every reason has its series from the start
 	}
 	return m, nil
 }
@@ -309,6 +317,7 @@ func (m *Metrics) Observe(e lifecycle.Event) {
 		}
 	case lifecycle.RunEnded:
 		m.runsInFlight.WithLabelValues(e.Model).Dec()
+		m.runsEnded.WithLabelValues(e.Reason).Inc()
 	}
 }
 

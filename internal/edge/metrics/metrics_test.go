@@ -193,3 +193,46 @@ func TestFlowAdmissionsAndSheds(t *testing.T) {
 		t.Errorf("%d flow admission series, want %d", flows, MaxFlowLabels+3)
 	}
 }
+
+// TestEveryEndReasonHasAMetricsLabel: iop_runs_ended_total has a series
+// for every edge.EndReason from the start (at 0), and a run_ended event
+// counts on its reason's.
+func TestEveryEndReasonHasAMetricsLabel(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m, err := New(reg, fixedSnapshot{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Observe(lifecycle.Event{Type: lifecycle.RunEnded, Model: "m", Reason: string(edge.EndNodeGone)})
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(map[string]float64)
+	for _, f := range families {
+		if f.GetName() != "iop_runs_ended_total" {
+			continue
+		}
+		for _, mt := range f.GetMetric() {
+			for _, l := range mt.GetLabel() {
+				if l.GetName() == "reason" {
+					got[l.GetValue()] = mt.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	for _, r := range edge.EndReasons() {
+		v, ok := got[string(r)]
+		want := 0.0
+		if r == edge.EndNodeGone {
+			want = 1
+		}
+		if !ok || v != want {
+			t.Errorf("iop_runs_ended_total{reason=%q} = %v (present %v), want %v", r, v, ok, want)
+		}
+	}
+	if len(got) != len(edge.EndReasons()) {
+		t.Errorf("iop_runs_ended_total has %d reasons, want %d: %v", len(got), len(edge.EndReasons()), got)
+	}
+}

@@ -1,11 +1,16 @@
-package api
+package anthropic
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+
+	"iop/internal/edge/api"
+	"iop/internal/edge/contract"
 )
 
 // anthropicModelObject is one model of Anthropic's Models API (Anthropic
@@ -21,9 +26,9 @@ type anthropicModelObject struct {
 // anthropicModel is id as Anthropic's Models API shows a model; its
 // created_at is the time of the answer, as OpenAI's created is (iop keeps
 // no release date of a model).
-func (h *handler) anthropicModel(id string) anthropicModelObject {
+func (s *server) model(id string) anthropicModelObject {
 	return anthropicModelObject{Type: "model", ID: id, DisplayName: id,
-		CreatedAt: h.cfg.Now().UTC().Format(time.RFC3339)}
+		CreatedAt: s.f.Now().UTC().Format(time.RFC3339)}
 }
 
 // Paging of Anthropic's list of models ("List Models": limit 1 to 1000,
@@ -33,20 +38,26 @@ const (
 	maxAnthropicModelsLimit     = 1000
 )
 
-// listAnthropicModels answers GET /v1/models in Anthropic's shape:
+// listModels answers GET /v1/models in Anthropic's shape to a request
+// that names an anthropic-version, else in OpenAI's (the frame's):
 // {"data":[model...],"has_more","first_id","last_id"} (first_id and
 // last_id null for an empty page), the names in the listing's order,
 // paged by limit (1 to 1000, default 20), after_id and before_id (a name
 // of the list; exclusive; with before_id, the page is the limit names
 // just before it). 400, in Anthropic's error shape, for a bad parameter
 // or an id the list does not hold.
-func (h *handler) listAnthropicModels(w http.ResponseWriter, r *http.Request, names []string) {
+func (s *server) listModels(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get(versionHeader) == "" {
+		s.f.ServeModels(w, r)
+		return
+	}
+	names := s.f.Models(r)
 	q := r.URL.Query()
 	limit := defaultAnthropicModelsLimit
-	if s := q.Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > maxAnthropicModelsLimit {
-			h.writeAnthropicError(w, r, &requestError{param: "limit", message: fmt.Sprintf("must be an integer in [1, %d]", maxAnthropicModelsLimit)}, nil)
+			s.writeError(w, r, api.InvalidParam("limit", fmt.Sprintf("must be an integer in [1, %d]", maxAnthropicModelsLimit)), nil)
 			return
 		}
 		limit = n
@@ -58,7 +69,7 @@ func (h *handler) listAnthropicModels(w http.ResponseWriter, r *http.Request, na
 		}
 		i := slices.Index(names, v)
 		if i < 0 {
-			h.writeAnthropicError(w, r, &requestError{param: param, message: fmt.Sprintf("no model of this list has the id %q", clip(v))}, nil)
+			s.writeError(w, r, api.InvalidParam(param, fmt.Sprintf("no model of this list has the id %q", api.Clip(v))), nil)
 		}
 		return i, i >= 0
 	}
@@ -87,16 +98,37 @@ func (h *handler) listAnthropicModels(w http.ResponseWriter, r *http.Request, na
 	page := names[start:end]
 	data := make([]anthropicModelObject, 0, len(page))
 	for _, name := range page {
-		data = append(data, h.anthropicModel(name))
+		data = append(data, s.model(name))
 	}
 	var first, last *string
 	if len(page) > 0 {
 		first, last = &page[0], &page[len(page)-1]
 	}
-	writeJSON(w, http.StatusOK, struct {
+	api.WriteJSON(w, http.StatusOK, struct {
 		Data    []anthropicModelObject `json:"data"`
 		HasMore bool                   `json:"has_more"`
 		FirstID *string                `json:"first_id"`
 		LastID  *string                `json:"last_id"`
 	}{data, more, first, last})
+}
+
+// getModel answers GET /v1/models/{model} in Anthropic's shape (model)
+// to a request that names an anthropic-version, with Anthropic's errors
+// (404 for a name the chat and Messages routes do not take, also one the
+// key may not use, which the listing leaves out), else in OpenAI's (the
+// frame's).
+func (s *server) getModel(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get(versionHeader) == "" {
+		s.f.ServeModel(w, r)
+		return
+	}
+	id := strings.TrimPrefix(r.URL.Path, modelsPath+"/")
+	if _, err := s.f.ResolveModel(r, id); err != nil {
+		if errors.Is(err, api.ErrModelNotAllowed) {
+			err = api.ErrUnknownModel // as the listing, which leaves it out
+		}
+		s.writeError(w, r, err, &contract.Request{Model: id})
+		return
+	}
+	api.WriteJSON(w, http.StatusOK, s.model(id))
 }

@@ -1,37 +1,50 @@
-package api
+package anthropic
 
 import (
 	"errors"
+	"log/slog"
 	"net/http"
 	"strings"
 
+	"iop/internal/edge/api"
 	"iop/internal/edge/contract"
 	"iop/internal/translate"
 )
 
 // Paths of Anthropic's Messages API (Anthropic API reference, "Messages",
-// "Count Message tokens").
+// "Count Message tokens", "Models").
 const (
 	messagesPath    = "/v1/messages"
 	countTokensPath = "/v1/messages/count_tokens"
+	modelsPath      = "/v1/models"
 )
 
-// isAnthropicPath reports whether path belongs to the Messages API, whose
-// errors are Anthropic-shaped.
-func isAnthropicPath(path string) bool {
-	return path == messagesPath || strings.HasPrefix(path, messagesPath+"/")
+// versionHeader is the header every request of Anthropic's SDKs carries
+// (Anthropic API reference, "Versions"): GET /v1/models answers such a
+// request in Anthropic's shape.
+const versionHeader = "Anthropic-Version"
+
+// server serves the Messages API on the frame. Its fields are set by
+// Routes and only read after.
+type server struct {
+	f      *api.Frame
+	logger *slog.Logger
 }
 
-// errorWriterFor is the error writer of path's API: Anthropic's, Ollama's
-// or OpenAI's shape.
-func (h *handler) errorWriterFor(path string) func(w http.ResponseWriter, r *http.Request, err error, req *contract.Request) {
-	switch {
-	case isAnthropicPath(path):
-		return h.writeAnthropicError
-	case isOllamaPath(path):
-		return h.writeOllamaError
+// Routes are the routes of Anthropic's Messages API on f (an api.API for
+// api.Config.APIs): POST /v1/messages and /v1/messages/count_tokens, and
+// GET /v1/models and /v1/models/{model} in Anthropic's shape for a
+// request that names an anthropic-version (else the frame's OpenAI
+// answer). Errors on /v1/messages and under it are Anthropic's.
+func Routes(f *api.Frame) map[string]api.Route {
+	s := &server{f: f, logger: f.Logger()}
+	f.Errors(messagesPath, s.writeError)
+	return map[string]api.Route{
+		messagesPath:     {Method: http.MethodPost, Serve: s.messages, Operation: "anthropic.messages"},
+		countTokensPath:  {Method: http.MethodPost, Serve: s.countTokens},
+		modelsPath:       {Method: http.MethodGet, Serve: s.listModels},
+		modelsPath + "/": {Method: http.MethodGet, Serve: s.getModel},
 	}
-	return h.writeError
 }
 
 // anthropicMessages serves POST /v1/messages: the body is translated
@@ -48,53 +61,53 @@ func (h *handler) errorWriterFor(path string) func(w http.ResponseWriter, r *htt
 // that cannot be translated, 413 body over Config.MaxBodyBytes, 415 a
 // non-JSON Content-Type, then whatever classify maps a dispatch or
 // upstream failure to.
-func (h *handler) anthropicMessages(w http.ResponseWriter, r *http.Request) {
-	obsOf(r).begin("anthropic.messages")
-	body, err := h.readBody(r)
+func (s *server) messages(w http.ResponseWriter, r *http.Request) {
+	api.Begin(r, "anthropic.messages")
+	body, err := s.f.ReadBody(r)
 	if err == nil {
 		var tr translate.AnthropicRequest
 		if tr, err = translate.FromAnthropicMessages(body); err == nil {
 			req := anthropicDispatch(r, tr)
-			obsOf(r).clientStreams(tr.Stream)
+			api.ClientStreams(r, tr.Stream)
 			if len(tr.Extension) > 0 {
-				h.logger.Debug("Messages fields only Ollama providers take", "fields", tr.Extension)
+				s.logger.Debug("Messages fields only Ollama providers take", "fields", tr.Extension)
 			}
 			var m *messagesRender // made once, by the first of the calls below
-			render := func(rr *runResponse) *messagesRender {
+			render := func(rr *api.Answer) *messagesRender {
 				if m == nil {
 					m = newMessagesRender(rr, tr)
 				}
 				return m
 			}
-			rend := runRenderer{
-				writeError: h.writeAnthropicError,
-				tunnel: func(rr *runResponse, info contract.DispatchInfo) string {
+			rend := api.Renderer{
+				WriteError: s.writeError,
+				Tunnel: func(rr *api.Answer, info contract.DispatchInfo) string {
 					return render(rr).dispatched(info).tunnel()
 				},
-				normalized: func(rr *runResponse, info contract.DispatchInfo) string {
+				Normalized: func(rr *api.Answer, info contract.DispatchInfo) string {
 					return render(rr).dispatched(info).normalized()
 				},
 			}
 			if tr.Stream {
 				// A ping every messagesPingInterval from the start, while
 				// the request waits for its provider too.
-				rend.quiet = func(rr *runResponse) error { return render(rr).quiet() }
-				rend.quietInterval = messagesPingInterval
-				rend.failed = func(rr *runResponse, err error) string { return render(rr).failed(err) }
+				rend.Quiet = func(rr *api.Answer) error { return render(rr).quiet() }
+				rend.QuietInterval = messagesPingInterval
+				rend.Failed = func(rr *api.Answer, err error) string { return render(rr).failed(err) }
 			}
-			h.serveRunWith(w, r, &req, rend)
+			s.f.Serve(w, r, &req, rend)
 			return
 		}
 	}
-	h.writeAnthropicError(w, r, anthropicRequestError(err), nil)
+	s.writeError(w, r, anthropicRequestError(err), nil)
 }
 
 // anthropicRequestError turns a translation's *translate.FieldError into
-// this package's *requestError (400).
+// the frame's invalid parameter (400, api.InvalidParam).
 func anthropicRequestError(err error) error {
 	var fe *translate.FieldError
 	if errors.As(err, &fe) {
-		return &requestError{param: fe.Field, message: fe.Message}
+		return api.InvalidParam(fe.Field, fe.Message)
 	}
 	return err
 }
@@ -109,13 +122,13 @@ func anthropicDispatch(r *http.Request, tr translate.AnthropicRequest) contract.
 	if tr.Stream {
 		// The stream may start, naming its message after the run, before
 		// Dispatch returns (dispatchQuiet).
-		req.RunID = newRunID()
+		req.RunID = api.NewRunID()
 	}
 	for _, n := range []struct {
 		on   bool
 		need string
-	}{{tr.Tools, needTools}, {tr.Vision, needVision},
-		{tr.RemoteImages, needRemoteImages}, {tr.Thinking, needThinking}} {
+	}{{tr.Tools, api.NeedTools}, {tr.Vision, api.NeedVision},
+		{tr.RemoteImages, api.NeedRemoteImages}, {tr.Thinking, api.NeedThinking}} {
 		if n.on {
 			req.Needs = append(req.Needs, n.need)
 		}
@@ -129,23 +142,23 @@ func anthropicDispatch(r *http.Request, tr translate.AnthropicRequest) contract.
 // measure), for a body checked as a create is (without max_tokens), and
 // a model the key may use (403) and that POST /v1/messages would take
 // (resolveModel; else 404). Nothing is dispatched.
-func (h *handler) countTokens(w http.ResponseWriter, r *http.Request) {
-	body, err := h.readBody(r)
+func (s *server) countTokens(w http.ResponseWriter, r *http.Request) {
+	body, err := s.f.ReadBody(r)
 	if err != nil {
-		h.writeAnthropicError(w, r, err, nil)
+		s.writeError(w, r, err, nil)
 		return
 	}
 	tr, err := translate.FromAnthropicCountTokens(body)
 	if err != nil {
-		h.writeAnthropicError(w, r, anthropicRequestError(err), nil)
+		s.writeError(w, r, anthropicRequestError(err), nil)
 		return
 	}
 	req := &contract.Request{Model: tr.Model}
-	if _, err := h.resolveModel(r, tr.Model); err != nil {
-		h.writeAnthropicError(w, r, err, req)
+	if _, err := s.f.ResolveModel(r, tr.Model); err != nil {
+		s.writeError(w, r, err, req)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]int{"input_tokens": tr.EstimatedInputTokens})
+	api.WriteJSON(w, http.StatusOK, map[string]int{"input_tokens": tr.EstimatedInputTokens})
 }
 
 // statusOverloaded is Anthropic's 529 "overloaded_error", which its
@@ -163,10 +176,10 @@ const statusOverloaded = 529
 // of the model rather than load, with type overloaded_error, as Ollama's
 // Messages API types a 503. Other statuses keep classify's, with type
 // invalid_request_error below 500 and api_error from 500.
-func anthropicError(err error, req *contract.Request) (e *apiError, status int, typ string) {
-	e = classify(err, req)
-	status = e.status
-	if errors.Is(err, ErrCandidatesRejected) {
+func anthropicError(err error, req *contract.Request) (e *api.APIError, status int, typ string) {
+	e = api.Classify(err, req)
+	status = e.Status()
+	if errors.Is(err, api.ErrCandidatesRejected) {
 		// The edge words the tool_choice need in the chat API's terms;
 		// a Messages client sent tool_choice "any".
 		words := *e
@@ -174,9 +187,9 @@ func anthropicError(err error, req *contract.Request) (e *apiError, status int, 
 		e = &words
 	}
 	switch {
-	case errors.Is(err, ErrQueueFull), errors.Is(err, ErrQueueTimeout), errors.Is(err, ErrShed):
+	case errors.Is(err, api.ErrQueueFull), errors.Is(err, api.ErrQueueTimeout), errors.Is(err, api.ErrShed):
 		return e, statusOverloaded, "overloaded_error"
-	case errors.Is(err, ErrNoProvider), errors.Is(err, ErrProviderUnavailable):
+	case errors.Is(err, api.ErrNoProvider), errors.Is(err, api.ErrProviderUnavailable):
 		return e, status, "overloaded_error"
 	}
 	switch status {
@@ -199,21 +212,11 @@ func anthropicError(err error, req *contract.Request) (e *apiError, status int, 
 	return e, status, typ
 }
 
-// writeAnthropicError is writeError with Anthropic's status and error
-// body, {"type":"error","error":{"type","message"}} (anthropicError).
-func (h *handler) writeAnthropicError(w http.ResponseWriter, r *http.Request, err error, req *contract.Request) {
-	if clientGone(r) && !errors.Is(err, errBodyTimeout) {
-		h.logger.Debug("client gone before the answer", "path", clip(r.URL.Path), "err", errorText(err, req))
-		obsOf(r).failed(err, nil, true)
-		return
-	}
-	e, status, typ := anthropicError(err, req)
-	obsOf(r).failed(err, e.Code, false)
-	h.logError(r, e, err, req)
-	answerFinished(r.Context()) // an error answer ends the request
-	if e.retryAfter != "" {
-		w.Header().Set("Retry-After", e.retryAfter)
-	}
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	writeJSON(w, status, translate.NewAnthropicError(typ, e.Message))
+// writeError answers err in Anthropic's shape (anthropicError):
+// {"type":"error","error":{"type","message"}}.
+func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error, req *contract.Request) {
+	s.f.WriteErrorAs(w, r, err, req, func(err error, req *contract.Request) (*api.APIError, int, any) {
+		e, status, typ := anthropicError(err, req)
+		return e, status, translate.NewAnthropicError(typ, e.Message)
+	})
 }

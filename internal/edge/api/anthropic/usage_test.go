@@ -1,6 +1,8 @@
-package api
+package anthropic
 
 import (
+	"iop/internal/edge/api"
+	"iop/internal/edge/api/apitest"
 	"testing"
 )
 
@@ -30,14 +32,14 @@ func TestRegression_MessageStartInputTokensFromProvider(t *testing.T) {
 		return start, delta
 	}
 	t.Run("tunnel", func(t *testing.T) {
-		env := newEnv(t, Config{}, runWith(scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}), tunnelData(sseBody), tunnelEnd())))
+		env := newEnv(t, api.Config{}, runWith(apitest.ScriptedRun(apitest.Tunnel, apitest.TunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}), apitest.TunnelData(sseBody), apitest.TunnelEnd())))
 		resp := env.post(t, messagesPath, "application/json", messagesBody+`,"stream":true}`)
 		if start, delta := inputs(t, resp.body); resp.status != 200 || start != float64(42) || delta != float64(42) {
 			t.Fatalf("%d: message_start input_tokens %v, message_delta %v; want the provider's 42: %s", resp.status, start, delta, resp.body)
 		}
 	})
 	t.Run("normalized", func(t *testing.T) {
-		env := newEnv(t, Config{}, runWith(scriptedRun(normalized, events(started(), delta("hi")), events(usageEvent(42, 2), complete("stop")))))
+		env := newEnv(t, api.Config{}, runWith(apitest.ScriptedRun(apitest.Normalized, apitest.Events(apitest.Started(), apitest.Delta("hi")), apitest.Events(apitest.Usage(42, 2), apitest.Complete("stop")))))
 		resp := env.post(t, messagesPath, "application/json", messagesBody+`,"stream":true}`)
 		if start, delta := inputs(t, resp.body); resp.status != 200 || start == float64(42) || delta != float64(42) {
 			t.Fatalf("%d: message_start input_tokens %v (the estimate), message_delta %v (want 42): %s", resp.status, start, delta, resp.body)

@@ -1,11 +1,10 @@
-package api
+package anthropic
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -17,8 +16,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"iop/internal/edge/api"
+	"iop/internal/edge/api/apitest"
 	"iop/internal/edge/contract"
-	"iop/internal/translate"
 	"iop/internal/wire/nodev1"
 )
 
@@ -28,7 +28,7 @@ import (
 // receiving goroutine (synctest: no goroutine is left in the bubble).
 func TestPingRunPingsAQuietRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		run := liveRun(normalized, 0)
+		run := apitest.LiveRun(apitest.Normalized, 0)
 		caller := make(chan struct{}) // closed while the caller is in Recv
 		var pings atomic.Int32
 		var inRecv atomic.Bool
@@ -60,14 +60,14 @@ func TestPingRunPingsAQuietRun(t *testing.T) {
 		if n := pings.Load(); n != 3 {
 			t.Errorf("%d pings in 35 s of quiet, want 3", n)
 		}
-		run.up <- events(started(), delta("x"))
+		run.Up <- apitest.Events(apitest.Started(), apitest.Delta("x"))
 		<-got
 		time.Sleep(5 * time.Second) // the interval starts again with each Recv
 		synctest.Wait()
 		if n := pings.Load(); n != 3 {
 			t.Errorf("%d pings, want still 3", n)
 		}
-		run.up <- events(complete("stop"))
+		run.Up <- apitest.Events(apitest.Complete("stop"))
 		if msg := <-got; !msg.Ends {
 			t.Errorf("message %+v, want the end", msg)
 		}
@@ -81,7 +81,7 @@ func TestPingRunPingsAQuietRun(t *testing.T) {
 // ping stops the pings.
 func TestPingRunStopCancelsABlockedRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		run := liveRun(normalized, 0)
+		run := apitest.LiveRun(apitest.Normalized, 0)
 		var pings atomic.Int32
 		p := newPingRun(run, time.Second, func() error { pings.Add(1); return io.ErrClosedPipe })
 		done := make(chan error)
@@ -98,33 +98,40 @@ func TestPingRunStopCancelsABlockedRun(t *testing.T) {
 		if err := <-done; err == nil {
 			t.Error("Recv returned no error after stop")
 		}
-		if len(run.cancelReasons()) == 0 {
+		if len(run.CancelReasons()) == 0 {
 			t.Error("stop did not cancel the run")
 		}
 	})
 }
 
-// TestMessagesQuietStreamPings: a streamed Messages answer's quiet
-// callback starts the stream if nothing was sent (status 200,
-// message_start and its ping), then sends a ping each time.
+// TestMessagesQuietStreamPings: a streamed Messages answer whose run
+// stays quiet starts the stream after messagesPingInterval (status 200,
+// message_start and its ping), then sends a ping each interval.
 func TestMessagesQuietStreamPings(t *testing.T) {
-	rec := httptest.NewRecorder()
-	h := &handler{cfg: Config{}.withDefaults(), logger: slog.New(slog.DiscardHandler)}
-	r := httptest.NewRequest("POST", messagesPath, nil)
-	rr := &runResponse{h: h, w: rec, r: r, run: liveRun(normalized, 0), req: &contract.Request{Model: "m"}}
-	m := newMessagesRender(rr, translate.AnthropicRequest{Model: "m", Stream: true}).dispatched(contract.DispatchInfo{RunID: "r1"})
-	defer m.pings.stop()
-	for range 3 {
-		if err := m.quiet(); err != nil {
-			t.Fatal(err)
+	synctest.Test(t, func(t *testing.T) {
+		const quiet = 3*messagesPingInterval + messagesPingInterval/2
+		gw := &apitest.Gateway{Names: []string{"m"}, DispatchFunc: func(ctx context.Context, req contract.Request) (Run, error) {
+			run := apitest.LiveRun(apitest.Normalized, 2)
+			go func() {
+				time.Sleep(quiet)
+				run.Up <- apitest.Events(apitest.Started(), apitest.Delta("x"))
+				run.Up <- apitest.Events(apitest.Complete("stop"))
+				close(run.Up)
+			}()
+			return run, nil
+		}}
+		w := newTimedWriter()
+		r := httptest.NewRequest("POST", messagesPath, strings.NewReader(messagesBody+`,"stream":true}`))
+		r.Header.Set("Content-Type", "application/json")
+		newHandler(api.Config{}, gw).ServeHTTP(w, r)
+		if w.status != 200 || w.header.Get("Content-Type") != "text/event-stream" {
+			t.Fatalf("status %d, headers %v", w.status, w.header)
 		}
-	}
-	if rec.Code != 200 || rec.Header().Get("Content-Type") != "text/event-stream" {
-		t.Fatalf("status %d, headers %v", rec.Code, rec.Header())
-	}
-	if names := eventNames(messagesEvents(t, rec.Body.String())); !reflect.DeepEqual(names, []string{"message_start", "ping", "ping", "ping"}) {
-		t.Errorf("events %q", names)
-	}
+		early, _ := w.before(quiet)
+		if names := eventNames(messagesEvents(t, early)); !reflect.DeepEqual(names, []string{"message_start", "ping", "ping", "ping"}) {
+			t.Errorf("events %q", names)
+		}
+	})
 }
 
 // timedWriter is a streaming http.ResponseWriter that keeps each write
@@ -194,12 +201,12 @@ func (w *timedWriter) firstWrite() time.Duration {
 // firstMessages are a run's first messages, its first token among them,
 // and the rest, for each path.
 func firstMessages(path contract.Path) (first, rest []*nodev1.RunUp) {
-	if path == normalized {
-		return []*nodev1.RunUp{events(started(), delta("late"))}, []*nodev1.RunUp{events(usageEvent(3, 1), complete("stop"))}
+	if path == apitest.Normalized {
+		return []*nodev1.RunUp{apitest.Events(apitest.Started(), apitest.Delta("late"))}, []*nodev1.RunUp{apitest.Events(apitest.Usage(3, 1), apitest.Complete("stop"))}
 	}
-	return []*nodev1.RunUp{tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}),
-			tunnelData(`data: {"choices":[{"index":0,"delta":{"content":"late"}}]}` + "\n\n")},
-		[]*nodev1.RunUp{tunnelData(`data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\ndata: [DONE]\n\n"), tunnelEnd()}
+	return []*nodev1.RunUp{apitest.TunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}),
+			apitest.TunnelData(`data: {"choices":[{"index":0,"delta":{"content":"late"}}]}` + "\n\n")},
+		[]*nodev1.RunUp{apitest.TunnelData(`data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}` + "\n\ndata: [DONE]\n\n"), apitest.TunnelEnd()}
 }
 
 // TestRegression_MessagesPingBeforeTheFirstToken: a streamed Messages
@@ -215,21 +222,21 @@ func firstMessages(path contract.Path) (first, rest []*nodev1.RunUp) {
 // run the request was dispatched as.
 func TestRegression_MessagesPingBeforeTheFirstToken(t *testing.T) {
 	const ttft = 25 * time.Second
-	for _, path := range []contract.Path{normalized, tunnel} {
+	for _, path := range []contract.Path{apitest.Normalized, apitest.Tunnel} {
 		for _, waitIn := range []string{"dispatch", "run"} {
 			t.Run(fmt.Sprintf("%v/%s", path, waitIn), func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
 					first, rest := firstMessages(path)
 					var runID string
-					gw := &fakeGateway{models: []string{"m"}, dispatch: func(ctx context.Context, req contract.Request) (Run, error) {
+					gw := &apitest.Gateway{Names: []string{"m"}, DispatchFunc: func(ctx context.Context, req contract.Request) (Run, error) {
 						runID = req.RunID
-						run := liveRun(path, len(first)+len(rest))
-						run.info.RunID = req.RunID // as the edge names it
+						run := apitest.LiveRun(path, len(first)+len(rest))
+						run.RunInfo.RunID = req.RunID // as the edge names it
 						send := func() {
 							for _, m := range append(first, rest...) {
-								run.up <- m
+								run.Up <- m
 							}
-							close(run.up)
+							close(run.Up)
 						}
 						if waitIn == "dispatch" {
 							// The edge's read-ahead: Dispatch returns with the
@@ -241,7 +248,7 @@ func TestRegression_MessagesPingBeforeTheFirstToken(t *testing.T) {
 						go func() { time.Sleep(ttft); send() }()
 						return run, nil
 					}}
-					h := New(Config{}, gw, slog.New(slog.DiscardHandler))
+					h := newHandler(api.Config{}, gw)
 					w := newTimedWriter()
 					r := httptest.NewRequest("POST", messagesPath, strings.NewReader(messagesBody+`,"stream":true}`))
 					r.Header.Set("Content-Type", "application/json")
@@ -270,7 +277,7 @@ func TestRegression_MessagesPingBeforeTheFirstToken(t *testing.T) {
 					if content, _ := json.Marshal(msg["content"]); string(content) != `[{"text":"late","type":"text"}]` {
 						t.Errorf("content %s", content)
 					}
-					if n, _ := gw.allRuns()[0].closeCalls(); n != 1 {
+					if n, _ := gw.Runs()[0].CloseCalls(); n != 1 {
 						t.Errorf("Close called %d times", n)
 					}
 				})
@@ -289,17 +296,17 @@ func TestRegression_MessagesDispatchFailsAfterPings(t *testing.T) {
 		t.Run(wait.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				recs := &records{}
-				gw := &fakeGateway{models: []string{"m"}, dispatch: func(ctx context.Context, req contract.Request) (Run, error) {
+				gw := &apitest.Gateway{Names: []string{"m"}, DispatchFunc: func(ctx context.Context, req contract.Request) (Run, error) {
 					time.Sleep(wait)
-					return nil, fmt.Errorf("%w: m waited %v", ErrQueueTimeout, wait)
+					return nil, fmt.Errorf("%w: m waited %v", api.ErrQueueTimeout, wait)
 				}}
-				h := New(Config{Observer: recs}, gw, slog.New(slog.DiscardHandler))
+				h := newHandler(api.Config{Observer: recs}, gw)
 				w := newTimedWriter()
 				r := httptest.NewRequest("POST", messagesPath, strings.NewReader(messagesBody+`,"stream":true}`))
 				r.Header.Set("Content-Type", "application/json")
 				h.ServeHTTP(w, r)
 				_, all := w.before(0)
-				rec := recs.only(t)
+				rec := recs.Only(t)
 				if rec.Outcome != contract.OutcomeRefused || rec.ErrorCode != "queue_timeout" {
 					t.Errorf("record %+v", rec)
 				}

@@ -1,4 +1,4 @@
-package api
+package anthropic
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"iop/internal/auth"
+	"iop/internal/edge/api"
+	"iop/internal/edge/api/apitest"
 	"iop/internal/edge/contract"
 	"iop/internal/sse"
 	"iop/internal/wire/nodev1"
@@ -126,12 +128,12 @@ const messagesBody = `{"model":"m","max_tokens":100,"messages":[{"role":"user","
 // parts become a message's blocks, whole and streamed (the same message
 // either way), with the run's usage and the stop reason of its finish.
 func TestMessagesNormalized(t *testing.T) {
-	script := func() *fakeRun {
-		return scriptedRun(normalized,
-			events(started(), thinkingDelta("hmm "), thinkingDelta("yes")),
-			events(delta("Hel"), delta("lo")),
-			events(toolPart(0, "", "get_weather", `{"city":"Paris"}`)),
-			events(usageEvent(12, 7), complete("stop")))
+	script := func() *apitest.FakeRun {
+		return apitest.ScriptedRun(apitest.Normalized,
+			apitest.Events(apitest.Started(), thinkingDelta("hmm "), thinkingDelta("yes")),
+			apitest.Events(apitest.Delta("Hel"), apitest.Delta("lo")),
+			apitest.Events(toolPart(0, "", "get_weather", `{"city":"Paris"}`)),
+			apitest.Events(apitest.Usage(12, 7), apitest.Complete("stop")))
 	}
 	want := anyJSON(t, `{"id":"msg_run1","type":"message","role":"assistant","model":"m","content":[
 	  {"type":"thinking","thinking":"hmm yes","signature":"SIG"},{"type":"text","text":"Hello"},
@@ -139,7 +141,7 @@ func TestMessagesNormalized(t *testing.T) {
 	  "stop_reason":"tool_use","stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":7}}`).(map[string]any)
 	thinking := `,"thinking":{"type":"enabled","budget_tokens":1024},"max_tokens":2000`
 	for _, stream := range []bool{false, true} {
-		env := newEnv(t, Config{}, runWith(script()))
+		env := newEnv(t, api.Config{}, runWith(script()))
 		resp := env.post(t, messagesPath, "application/json", messagesBody+thinking+fmt.Sprintf(`,"stream":%v}`, stream))
 		if resp.status != http.StatusOK {
 			t.Fatalf("stream %v: status %d: %s", stream, resp.status, resp.body)
@@ -175,7 +177,7 @@ func TestMessagesNormalized(t *testing.T) {
 			g, _ := json.Marshal(got)
 			t.Errorf("stream %v: message\n got %s", stream, g)
 		}
-		reqs := env.gw.requests()
+		reqs := env.GW.Requests()
 		if len(reqs) != 1 || reqs[0].Operation != contract.OperationChat || !reqs[0].Stream {
 			t.Fatalf("dispatched %+v", reqs)
 		}
@@ -185,8 +187,8 @@ func TestMessagesNormalized(t *testing.T) {
 // TestMessagesNoThinkingUnlessEnabled: reasoning a provider sends for a
 // request that did not enable thinking (Anthropic's default) is not shown.
 func TestMessagesNoThinkingUnlessEnabled(t *testing.T) {
-	env := newEnv(t, Config{}, runWith(scriptedRun(normalized,
-		events(started(), thinkingDelta("hmm"), delta("ok"), complete("length")))))
+	env := newEnv(t, api.Config{}, runWith(apitest.ScriptedRun(apitest.Normalized,
+		apitest.Events(apitest.Started(), thinkingDelta("hmm"), apitest.Delta("ok"), apitest.Complete("length")))))
 	resp := env.post(t, messagesPath, "", messagesBody+`}`)
 	var got struct {
 		Content    []map[string]any `json:"content"`
@@ -236,14 +238,14 @@ func TestMessagesTunnelSplitWrites(t *testing.T) {
 	  {"type":"thinking","thinking":"think","signature":"SIG"},{"type":"text","text":"Héllo"},
 	  {"type":"tool_use","id":"toolu_9","name":"get_weather","input":{"city":"Paris"}}],
 	  "stop_reason":"tool_use","stop_sequence":null,"usage":{"input_tokens":9,"output_tokens":4}}`)
-	head := tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"})
+	head := apitest.TunnelHead(200, map[string]string{"Content-Type": "text/event-stream"})
 	for _, size := range []int{len(openAIStreamBody), 1, 2, 3, 5, 7, 64} {
 		msgs := []*nodev1.RunUp{head}
 		for i := 0; i < len(openAIStreamBody); i += size {
-			msgs = append(msgs, tunnelData(openAIStreamBody[i:min(i+size, len(openAIStreamBody))]))
+			msgs = append(msgs, apitest.TunnelData(openAIStreamBody[i:min(i+size, len(openAIStreamBody))]))
 		}
-		msgs = append(msgs, tunnelEnd())
-		env := newEnv(t, Config{}, runWith(scriptedRun(tunnel, msgs...)))
+		msgs = append(msgs, apitest.TunnelEnd())
+		env := newEnv(t, api.Config{}, runWith(apitest.ScriptedRun(apitest.Tunnel, msgs...)))
 		resp := env.post(t, messagesPath, "application/json", messagesBody+`,"max_tokens":2000,"stream":true,"thinking":{"type":"enabled","budget_tokens":1024}}`)
 		if resp.status != 200 {
 			t.Fatalf("size %d: %d %s", size, resp.status, resp.body)
@@ -274,8 +276,8 @@ func TestMessagesTunnelSplitWrites(t *testing.T) {
 // same message.
 func TestMessagesTunnelWhole(t *testing.T) {
 	body := `{"choices":[{"index":0,"message":{"role":"assistant","content":"hi","tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}`
-	env := newEnv(t, Config{}, runWith(scriptedRun(tunnel,
-		tunnelHead(200, map[string]string{"Content-Type": "application/json"}), tunnelData(body), tunnelEnd())))
+	env := newEnv(t, api.Config{}, runWith(apitest.ScriptedRun(apitest.Tunnel,
+		apitest.TunnelHead(200, map[string]string{"Content-Type": "application/json"}), apitest.TunnelData(body), apitest.TunnelEnd())))
 	resp := env.post(t, messagesPath, "application/json", messagesBody+`}`)
 	want := anyJSON(t, `{"id":"msg_run1","type":"message","role":"assistant","model":"m","content":[{"type":"text","text":"hi"},
 	  {"type":"tool_use","id":"toolu_1","name":"f","input":{"a":1}}],"stop_reason":"tool_use","stop_sequence":null,
@@ -290,21 +292,21 @@ func TestMessagesTunnelWhole(t *testing.T) {
 // both paths (the provider's error event inside its 200 stream, a node's
 // failure event).
 func TestMessagesErrorMidStream(t *testing.T) {
-	for name, run := range map[string]func() *fakeRun{
-		"normalized": func() *fakeRun {
-			return scriptedRun(normalized, events(started(), delta("par")), events(errorEvent(502, "model crashed")))
+	for name, run := range map[string]func() *apitest.FakeRun{
+		"normalized": func() *apitest.FakeRun {
+			return apitest.ScriptedRun(apitest.Normalized, apitest.Events(apitest.Started(), apitest.Delta("par")), apitest.Events(apitest.ErrorEvent(502, "model crashed")))
 		},
-		"tunnel provider error": func() *fakeRun {
-			return scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}),
-				tunnelData(`data: {"choices":[{"index":0,"delta":{"content":"par"}}]}`+"\n\n"),
-				tunnelData(`data: {"error":{"message":"model crashed"}}`+"\n\n"), tunnelEnd())
+		"tunnel provider error": func() *apitest.FakeRun {
+			return apitest.ScriptedRun(apitest.Tunnel, apitest.TunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}),
+				apitest.TunnelData(`data: {"choices":[{"index":0,"delta":{"content":"par"}}]}`+"\n\n"),
+				apitest.TunnelData(`data: {"error":{"message":"model crashed"}}`+"\n\n"), apitest.TunnelEnd())
 		},
-		"tunnel cut": func() *fakeRun {
-			return scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}),
-				tunnelData(`data: {"choices":[{"index":0,"delta":{"content":"par"}}]}`+"\n\n"), tunnelError(502, "connection reset"))
+		"tunnel cut": func() *apitest.FakeRun {
+			return apitest.ScriptedRun(apitest.Tunnel, apitest.TunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}),
+				apitest.TunnelData(`data: {"choices":[{"index":0,"delta":{"content":"par"}}]}`+"\n\n"), apitest.TunnelError(502, "connection reset"))
 		},
 	} {
-		env := newEnv(t, Config{}, runWith(run()))
+		env := newEnv(t, api.Config{}, runWith(run()))
 		resp := env.post(t, messagesPath, "application/json", messagesBody+`,"stream":true}`)
 		if resp.status != 200 {
 			t.Fatalf("%s: status %d", name, resp.status)
@@ -349,17 +351,17 @@ func TestMessagesErrorStatuses(t *testing.T) {
 		typ        string
 		retryAfter bool
 	}{
-		{fmt.Errorf("%w: m", ErrQueueFull), 529, "overloaded_error", true},
-		{fmt.Errorf("%w: m", ErrQueueTimeout), 529, "overloaded_error", true},
-		{fmt.Errorf("%w: m", ErrNoProvider), 503, "overloaded_error", true},
-		{fmt.Errorf("%w: m", ErrProviderUnavailable), 503, "overloaded_error", true},
-		{fmt.Errorf("%w: m", ErrUnknownModel), 404, "not_found_error", false},
-		{fmt.Errorf("%w: no candidate has vision", ErrCandidatesRejected), 400, "invalid_request_error", false},
-		{fmt.Errorf("%w: x", ErrNodeGone), 502, "api_error", false},
-		{ErrShuttingDown, 503, "api_error", true},
+		{fmt.Errorf("%w: m", api.ErrQueueFull), 529, "overloaded_error", true},
+		{fmt.Errorf("%w: m", api.ErrQueueTimeout), 529, "overloaded_error", true},
+		{fmt.Errorf("%w: m", api.ErrNoProvider), 503, "overloaded_error", true},
+		{fmt.Errorf("%w: m", api.ErrProviderUnavailable), 503, "overloaded_error", true},
+		{fmt.Errorf("%w: m", api.ErrUnknownModel), 404, "not_found_error", false},
+		{fmt.Errorf("%w: no candidate has vision", api.ErrCandidatesRejected), 400, "invalid_request_error", false},
+		{fmt.Errorf("%w: x", api.ErrNodeGone), 502, "api_error", false},
+		{api.ErrShuttingDown, 503, "api_error", true},
 		{fmt.Errorf("boom"), 500, "api_error", false},
 	} {
-		env := newEnv(t, Config{}, failWith(tc.err))
+		env := newEnv(t, api.Config{}, apitest.FailWith(tc.err))
 		resp := env.post(t, messagesPath, "application/json", messagesBody+`}`)
 		typ, _ := anthropicErrorOf(t, resp.body)
 		if resp.status != tc.status || typ != tc.typ || (resp.header.Get("Retry-After") != "") != tc.retryAfter {
@@ -372,7 +374,7 @@ func TestMessagesErrorStatuses(t *testing.T) {
 // TestMessagesBadInput: bad requests are answered in Anthropic's shape
 // with its status, before anything is dispatched.
 func TestMessagesBadInput(t *testing.T) {
-	env := newEnv(t, Config{MaxBodyBytes: 4096}, okRun)
+	env := newEnv(t, api.Config{MaxBodyBytes: 4096}, okRun)
 	for _, tc := range []struct {
 		method, path, contentType, body string
 		status                          int
@@ -395,7 +397,7 @@ func TestMessagesBadInput(t *testing.T) {
 			t.Errorf("%s %s %.60s: %d %s %q, want %d %s", tc.method, tc.path, tc.body, resp.status, typ, msg, tc.status, tc.typ)
 		}
 	}
-	if n := len(env.gw.requests()); n != 0 {
+	if n := len(env.GW.Requests()); n != 0 {
 		t.Errorf("%d requests dispatched", n)
 	}
 }
@@ -409,12 +411,12 @@ func TestMessagesAuth(t *testing.T) {
 	f := newKeys(t, auth.Key{Models: []string{"m"}, MaxConcurrent: 1})
 	block := make(chan struct{})
 	dispatched := make(chan struct{}, 4)
-	env := newEnv(t, Config{Keys: f.keys, AdminKeys: f.admin}, func(ctx context.Context, req contract.Request) (Run, error) {
+	env := newEnv(t, api.Config{Keys: f.keys, AdminKeys: f.admin}, func(ctx context.Context, req contract.Request) (Run, error) {
 		dispatched <- struct{}{}
 		if strings.Contains(string(req.Body), "hold") {
 			<-block
 		}
-		return scriptedRun(normalized, events(started(), delta("ok"), complete("stop"))), nil
+		return apitest.ScriptedRun(apitest.Normalized, apitest.Events(apitest.Started(), apitest.Delta("ok"), apitest.Complete("stop"))), nil
 	})
 	post := func(header map[string]string, body string) rawResponse {
 		header["Content-Type"] = "application/json"
@@ -469,19 +471,19 @@ func TestMessagesAuth(t *testing.T) {
 // remote images, thinking, tool_choice for "any"), the estimate
 // count_tokens answers, the Ollama-only fields apart from the body.
 func TestMessagesDispatchedRequest(t *testing.T) {
-	env := newEnv(t, Config{}, okRun)
+	env := newEnv(t, api.Config{}, okRun)
 	body := `{"model":"m","max_tokens":2000,"top_k":5,"thinking":{"type":"enabled","budget_tokens":1024},
 	 "tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"any"},
 	 "messages":[{"role":"user","content":[{"type":"text","text":"look"},{"type":"image","source":{"type":"url","url":"https://x/y.png"}}]}]}`
 	if resp := env.post(t, messagesPath, "application/json", body); resp.status != 200 {
 		t.Fatalf("%d %s", resp.status, resp.body)
 	}
-	reqs := env.gw.requests()
+	reqs := env.GW.Requests()
 	if len(reqs) != 1 {
 		t.Fatalf("%d requests", len(reqs))
 	}
 	req := reqs[0]
-	wantNeeds := []string{needTools, needVision, needRemoteImages, needThinking} // "any" is served everywhere
+	wantNeeds := []string{api.NeedTools, api.NeedVision, api.NeedRemoteImages, api.NeedThinking} // "any" is served everywhere
 	if req.Model != "m" || req.Operation != contract.OperationChat || !reflect.DeepEqual(req.Needs, wantNeeds) {
 		t.Errorf("request %+v", req)
 	}
@@ -504,18 +506,18 @@ func TestMessagesDispatchedRequest(t *testing.T) {
 // mid-answer cancels its run (the node is told, the lease is released)
 // and the run is closed once with outcome client_gone... as any route's.
 func TestMessagesClientGoneCancelsRun(t *testing.T) {
-	for _, path := range []contract.Path{normalized, tunnel} {
-		run := liveRun(path, 4)
-		env := newEnv(t, Config{}, runWith(run))
-		if path == normalized {
-			run.up <- events(started(), delta("first"))
+	for _, path := range []contract.Path{apitest.Normalized, apitest.Tunnel} {
+		run := apitest.LiveRun(path, 4)
+		env := newEnv(t, api.Config{}, runWith(run))
+		if path == apitest.Normalized {
+			run.Up <- apitest.Events(apitest.Started(), apitest.Delta("first"))
 		} else {
-			run.up <- tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"})
-			run.up <- tunnelData(`data: {"choices":[{"index":0,"delta":{"content":"first"}}]}` + "\n\n")
+			run.Up <- apitest.TunnelHead(200, map[string]string{"Content-Type": "text/event-stream"})
+			run.Up <- apitest.TunnelData(`data: {"choices":[{"index":0,"delta":{"content":"first"}}]}` + "\n\n")
 		}
 		ctx, cancel := context.WithCancel(context.Background())
-		req, _ := http.NewRequestWithContext(ctx, "POST", env.srv.URL+messagesPath, strings.NewReader(messagesBody+`,"stream":true}`))
-		resp, err := env.srv.Client().Do(req)
+		req, _ := http.NewRequestWithContext(ctx, "POST", env.Srv.URL+messagesPath, strings.NewReader(messagesBody+`,"stream":true}`))
+		resp, err := env.Srv.Client().Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -530,11 +532,11 @@ func TestMessagesClientGoneCancelsRun(t *testing.T) {
 		}
 		cancel()
 		resp.Body.Close()
-		env.waitHandlers()
-		if len(run.cancelReasons()) == 0 {
+		env.WaitHandlers()
+		if len(run.CancelReasons()) == 0 {
 			t.Errorf("%v: the run was not cancelled", path)
 		}
-		if n, outcomes := run.closeCalls(); n != 1 || outcomes[0] != contract.OutcomeClientGone {
+		if n, outcomes := run.CloseCalls(); n != 1 || outcomes[0] != contract.OutcomeClientGone {
 			t.Errorf("%v: Close %d times, outcomes %v", path, n, outcomes)
 		}
 	}
@@ -544,7 +546,7 @@ func TestMessagesClientGoneCancelsRun(t *testing.T) {
 // answered with its own status (the node could not translate the request
 // for its provider: 400), not a 200 stream.
 func TestMessagesFailureBeforeOutput(t *testing.T) {
-	env := newEnv(t, Config{}, runWith(scriptedRun(normalized, events(started(),
+	env := newEnv(t, api.Config{}, runWith(apitest.ScriptedRun(apitest.Normalized, apitest.Events(apitest.Started(),
 		&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_ERROR, Status: 400, InvalidRequest: true, Param: "tool_choice", Error: "tool_choice: required cannot be honoured"}))))
 	resp := env.post(t, messagesPath, "application/json", messagesBody+`,"stream":true}`)
 	if typ, msg := anthropicErrorOf(t, resp.body); resp.status != 400 || typ != "invalid_request_error" || !strings.Contains(msg, "tool_choice") {
@@ -561,32 +563,32 @@ func TestMessagesRecords(t *testing.T) {
 		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n"
 	for _, tc := range []struct {
 		path contract.Path
-		run  func() *fakeRun
+		run  func() *apitest.FakeRun
 	}{
-		{normalized, func() *fakeRun {
-			return scriptedRun(normalized, events(started(), delta("hi")), events(usageEvent(5, 1), complete("stop")))
+		{apitest.Normalized, func() *apitest.FakeRun {
+			return apitest.ScriptedRun(apitest.Normalized, apitest.Events(apitest.Started(), apitest.Delta("hi")), apitest.Events(apitest.Usage(5, 1), apitest.Complete("stop")))
 		}},
-		{tunnel, func() *fakeRun {
-			return scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}), tunnelData(tunnelSSE), tunnelEnd())
+		{apitest.Tunnel, func() *apitest.FakeRun {
+			return apitest.ScriptedRun(apitest.Tunnel, apitest.TunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}), apitest.TunnelData(tunnelSSE), apitest.TunnelEnd())
 		}},
 	} {
 		recs := &records{}
-		env := newEnv(t, Config{Observer: recs, Now: ticking()}, runWith(tc.run()))
+		env := newEnv(t, api.Config{Observer: recs, Now: apitest.Ticking()}, runWith(tc.run()))
 		if resp := env.post(t, messagesPath, "application/json", messagesBody+`,"stream":true}`); resp.status != 200 {
 			t.Fatalf("%v: %d", tc.path, resp.status)
 		}
-		env.waitHandlers()
-		rec := recs.only(t)
+		env.WaitHandlers()
+		rec := recs.Only(t)
 		if rec.API != "anthropic.messages" || rec.Model != "m" || !rec.Stream || rec.RunID != "run1" || rec.Status != 200 ||
 			rec.Outcome != contract.OutcomeCompleted || rec.InputTokens != 5 || rec.OutputTokens != 1 || !rec.TokensKnown || rec.TimeToFirstToken <= 0 {
 			t.Errorf("%v: record %+v", tc.path, rec)
 		}
 	}
 	recs := &records{}
-	env := newEnv(t, Config{Observer: recs}, failWith(fmt.Errorf("%w: m", ErrQueueFull)))
+	env := newEnv(t, api.Config{Observer: recs}, apitest.FailWith(fmt.Errorf("%w: m", api.ErrQueueFull)))
 	env.post(t, messagesPath, "application/json", messagesBody+`}`)
-	env.waitHandlers()
-	if rec := recs.only(t); rec.API != "anthropic.messages" || rec.Status != 529 || rec.Outcome != contract.OutcomeRefused || rec.ErrorCode != "queue_full" {
+	env.WaitHandlers()
+	if rec := recs.Only(t); rec.API != "anthropic.messages" || rec.Status != 529 || rec.Outcome != contract.OutcomeRefused || rec.ErrorCode != "queue_full" {
 		t.Errorf("refusal record %+v", rec)
 	}
 }
@@ -596,9 +598,9 @@ func TestMessagesRecords(t *testing.T) {
 // stream ends with an error event (502's api_error, the upstream broke the
 // answer; not a 500 of iop's), not a wrong answer.
 func TestMessagesLateToolPart(t *testing.T) {
-	env := newEnv(t, Config{}, runWith(scriptedRun(normalized,
-		events(started(), toolPart(0, "", "f", `{"a":1}`), toolPart(1, "", "g", `{}`)),
-		events(toolPart(0, "", "", `{}`), complete("tool_calls")))))
+	env := newEnv(t, api.Config{}, runWith(apitest.ScriptedRun(apitest.Normalized,
+		apitest.Events(apitest.Started(), toolPart(0, "", "f", `{"a":1}`), toolPart(1, "", "g", `{}`)),
+		apitest.Events(toolPart(0, "", "", `{}`), apitest.Complete("tool_calls")))))
 	resp := env.post(t, messagesPath, "application/json", messagesBody+`,"stream":true}`)
 	evs := messagesEvents(t, resp.body)
 	last := evs[len(evs)-1]
@@ -614,8 +616,8 @@ func TestMessagesLateToolPart(t *testing.T) {
 // refused in the chat API's words (tool_choice "required" or
 // parallel_tool_calls false), which the client never sent.
 func TestRegression_MessagesToolChoiceAnyInItsOwnWords(t *testing.T) {
-	refusal := fmt.Errorf(`%w: no provider for model "m" honours tool_choice "required" or parallel_tool_calls false: only OpenAI-compatible providers do`, ErrCandidatesRejected)
-	env := newEnv(t, Config{}, failWith(refusal))
+	refusal := fmt.Errorf(`%w: no provider for model "m" honours tool_choice "required" or parallel_tool_calls false: only OpenAI-compatible providers do`, api.ErrCandidatesRejected)
+	env := newEnv(t, api.Config{}, apitest.FailWith(refusal))
 	resp := env.post(t, messagesPath, "application/json", messagesBody+`,"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"any"}}`)
 	typ, msg := anthropicErrorOf(t, resp.body)
 	if resp.status != 400 || typ != "invalid_request_error" || !strings.Contains(msg, `tool_choice "any"`) || strings.Contains(msg, "required") {
@@ -640,20 +642,20 @@ func TestRegression_MessagesToolArgumentsNotAnObject(t *testing.T) {
 			`data: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}` + "\n\ndata: [DONE]\n\n"
 		jsonBody := `{"choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":` +
 			string(quoted) + `}}]},"finish_reason":"tool_calls"}]}`
-		runs := map[string]func() *fakeRun{
-			"normalized": func() *fakeRun {
-				return scriptedRun(normalized, events(started(), toolPart(0, "call_1", "f", args)), events(complete("tool_calls")))
+		runs := map[string]func() *apitest.FakeRun{
+			"normalized": func() *apitest.FakeRun {
+				return apitest.ScriptedRun(apitest.Normalized, apitest.Events(apitest.Started(), toolPart(0, "call_1", "f", args)), apitest.Events(apitest.Complete("tool_calls")))
 			},
-			"tunnel SSE": func() *fakeRun {
-				return scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}), tunnelData(sseBody), tunnelEnd())
+			"tunnel SSE": func() *apitest.FakeRun {
+				return apitest.ScriptedRun(apitest.Tunnel, apitest.TunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}), apitest.TunnelData(sseBody), apitest.TunnelEnd())
 			},
-			"tunnel JSON": func() *fakeRun {
-				return scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "application/json"}), tunnelData(jsonBody), tunnelEnd())
+			"tunnel JSON": func() *apitest.FakeRun {
+				return apitest.ScriptedRun(apitest.Tunnel, apitest.TunnelHead(200, map[string]string{"Content-Type": "application/json"}), apitest.TunnelData(jsonBody), apitest.TunnelEnd())
 			},
 		}
 		for name, run := range runs {
 			for _, stream := range []bool{false, true} {
-				env := newEnv(t, Config{}, runWith(run()))
+				env := newEnv(t, api.Config{}, runWith(run()))
 				resp := env.post(t, messagesPath, "application/json", messagesBody+fmt.Sprintf(`,"stream":%v}`, stream))
 				what := fmt.Sprintf("%s %q stream %v", name, args, stream)
 				if !stream {
@@ -690,7 +692,7 @@ func TestRegression_MessagesToolArgumentsNotAnObject(t *testing.T) {
 // field, on either route (create and count_tokens), with nothing
 // dispatched.
 func TestRegression_MessagesValidatedAsTheReference(t *testing.T) {
-	env := newEnv(t, Config{}, okRun)
+	env := newEnv(t, api.Config{}, okRun)
 	image := func(src string) string {
 		return `{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":` + src + `}]}]}`
 	}
@@ -712,7 +714,7 @@ func TestRegression_MessagesValidatedAsTheReference(t *testing.T) {
 			}
 		}
 	}
-	if n := len(env.gw.requests()); n != 0 {
+	if n := len(env.GW.Requests()); n != 0 {
 		t.Errorf("%d requests dispatched", n)
 	}
 }

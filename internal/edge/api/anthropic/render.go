@@ -1,9 +1,10 @@
-package api
+package anthropic
 
 import (
 	"errors"
 	"net/http"
 
+	"iop/internal/edge/api"
 	"iop/internal/edge/contract"
 	"iop/internal/translate"
 )
@@ -19,7 +20,7 @@ import (
 // object. Reasoning becomes a thinking block only when the request
 // enabled thinking. Only the request goroutine uses it.
 type messagesRender struct {
-	*runResponse
+	*api.Answer
 	stream   bool
 	thinking bool // the request enabled thinking: show the reasoning
 	ans      translate.AnthropicAnswer
@@ -32,14 +33,14 @@ type messagesRender struct {
 // made before rr has a run when the stream may start while the request
 // waits (quiet): its message id is then "msg_" and the run id the request
 // was dispatched with (contract.Request.RunID), until dispatched names the run.
-func newMessagesRender(rr *runResponse, tr translate.AnthropicRequest) *messagesRender {
-	m := &messagesRender{runResponse: rr, stream: tr.Stream, thinking: tr.Thinking}
-	m.ans = translate.AnthropicAnswer{ID: "msg_" + rr.req.RunID, Model: tr.Model,
+func newMessagesRender(rr *api.Answer, tr translate.AnthropicRequest) *messagesRender {
+	m := &messagesRender{Answer: rr, stream: tr.Stream, thinking: tr.Thinking}
+	m.ans = translate.AnthropicAnswer{ID: "msg_" + rr.Request().RunID, Model: tr.Model,
 		InputTokens: tr.EstimatedInputTokens, OneToolCall: tr.OneToolCall}
 	if m.stream {
 		m.ans.Write = func(p []byte) error {
-			if err := m.write(p); err != nil {
-				return &errWrite{err}
+			if err := m.Write(p); err != nil {
+				return api.WriteFailure(err)
 			}
 			return nil
 		}
@@ -52,12 +53,12 @@ func newMessagesRender(rr *runResponse, tr translate.AnthropicRequest) *messages
 // request's by its "-retry" suffix), and a stream's run pings while it is
 // quiet (pingRun).
 func (m *messagesRender) dispatched(info contract.DispatchInfo) *messagesRender {
-	if !m.started {
+	if !m.Started() {
 		m.ans.ID = "msg_" + info.RunID
 	}
 	if m.stream {
-		m.pings = newPingRun(m.run, messagesPingInterval, m.quiet)
-		m.run = m.pings
+		m.pings = newPingRun(m.Run(), messagesPingInterval, m.quiet)
+		m.SetRun(m.pings)
 	} else {
 		_ = m.ans.Start() // collects only
 	}
@@ -70,7 +71,7 @@ func (m *messagesRender) dispatched(info contract.DispatchInfo) *messagesRender 
 // yet; a failure after that ends the stream with an error event rather
 // than an error status.
 func (m *messagesRender) quiet() error {
-	if !m.started {
+	if !m.Started() {
 		return m.begin()
 	}
 	return m.ans.Ping()
@@ -86,10 +87,10 @@ func (m *messagesRender) end(reason string) string {
 
 // begin sends the stream's status line, headers and message_start, once.
 func (m *messagesRender) begin() error {
-	if !m.stream || m.started {
+	if !m.stream || m.Started() {
 		return nil
 	}
-	m.startStream()
+	m.StartStream()
 	return m.ans.Start()
 }
 
@@ -111,8 +112,8 @@ func (m *messagesRender) part(thinking, text string, calls []contract.ToolCallPa
 		return answerError(err)
 	}
 	for _, c := range calls {
-		if c.Index < 0 || c.Index >= maxToolCalls {
-			return errUpstreamProtocol
+		if c.Index < 0 || c.Index >= api.MaxToolCalls {
+			return api.ErrUpstreamProtocol
 		}
 		if err := m.ans.ToolCall(c.Index, c.ID, c.Name, c.Arguments); err != nil {
 			return answerError(err)
@@ -127,8 +128,8 @@ func (m *messagesRender) part(thinking, text string, calls []contract.ToolCallPa
 // 502 saying what was broken, which a stream ends with as its error event.
 // A failed write passes through.
 func answerError(err error) error {
-	if errors.Is(err, translate.ErrMalformedAnswer) && !errors.As(err, new(*errWrite)) {
-		return &upstreamError{status: http.StatusBadGateway, message: clipTo(err.Error(), maxErrorTextBytes)}
+	if errors.Is(err, translate.ErrMalformedAnswer) && !api.IsWriteFailure(err) {
+		return api.UpstreamFailure(http.StatusBadGateway, err.Error())
 	}
 	return err
 }
@@ -136,15 +137,14 @@ func answerError(err error) error {
 // normalized renders a normalized-path run from its run events.
 func (m *messagesRender) normalized() (reason string) {
 	defer func() { reason = m.end(reason) }()
-	er := &eventReader{runResponse: m.runResponse}
-	finish, err := er.next(func(ev *contract.Event) error {
+	end, err := m.ReadEvents(func(ev *contract.Event) error {
 		return m.part(ev.Thinking, ev.Text, ev.ToolCalls)
 	})
 	if err != nil {
 		return m.failed(err)
 	}
-	m.ans.StopSequence = er.stopSequence
-	return m.finish(finish, &translate.Usage{PromptTokens: er.usage.PromptTokens, CompletionTokens: er.usage.CompletionTokens})
+	m.ans.StopSequence = end.StopSequence
+	return m.finish(end.Finish, &translate.Usage{PromptTokens: end.PromptTokens, CompletionTokens: end.CompletionTokens})
 }
 
 // tunnel renders a tunnel-path run, the OpenAI-compatible provider's
@@ -164,16 +164,16 @@ func (m *messagesRender) tunnel() (reason string) {
 	defer func() { reason = m.end(reason) }()
 	var stream translate.OpenAIStream
 	onDelta := func(d translate.Delta) error {
-		m.obs.content(1)
+		m.Content(1)
 		m.providerInput(stream.Usage())
 		return m.part(d.Thinking, d.Text, nil)
 	}
 	stream.ToolDelta = func(index int, id, name, args string) error {
-		m.obs.content(1)
+		m.Content(1)
 		m.providerInput(stream.Usage())
 		return m.part("", "", []contract.ToolCallPart{{Index: index, ID: id, Name: name, Arguments: args}})
 	}
-	sse, body, err := m.tunnelAnswer(func(data []byte) error { return stream.Feed(data, onDelta) })
+	sse, body, err := m.TunnelAnswer(func(data []byte) error { return stream.Feed(data, onDelta) })
 	if err != nil {
 		return m.failed(err)
 	}
@@ -191,13 +191,13 @@ func (m *messagesRender) tunnel() (reason string) {
 		err = m.part("", "", calls)
 	}
 	if err != nil {
-		if errors.As(err, new(*errWrite)) {
+		if api.IsWriteFailure(err) {
 			return m.failed(err)
 		}
-		return m.failed(streamError(err))
+		return m.failed(api.StreamError(err))
 	}
 	if ans.Usage != nil {
-		m.obs.tokens(ans.Usage.PromptTokens, ans.Usage.CompletionTokens)
+		m.Tokens(ans.Usage.PromptTokens, ans.Usage.CompletionTokens)
 	}
 	m.ans.StopSequence = ans.StopSequence
 	return m.finish(ans.Finish, ans.Usage)
@@ -206,7 +206,7 @@ func (m *messagesRender) tunnel() (reason string) {
 // providerInput makes the provider's prompt count, when u has one, the
 // input_tokens of message_start, if it was not sent yet.
 func (m *messagesRender) providerInput(u *translate.Usage) {
-	if !m.started && u != nil && u.PromptTokens > 0 {
+	if !m.Started() && u != nil && u.PromptTokens > 0 {
 		m.ans.InputTokens = u.PromptTokens
 	}
 }
@@ -221,13 +221,13 @@ func (m *messagesRender) finish(finish string, usage *translate.Usage) string {
 		return m.failed(answerError(err))
 	}
 	if m.stream {
-		return reasonCompleted
+		return api.ReasonCompleted
 	}
-	if clientGone(m.r) {
-		return reasonClientGone
+	if m.HTTPRequest().Context().Err() != nil {
+		return api.ReasonClientGone
 	}
-	writeJSON(m.w, http.StatusOK, m.ans.Message())
-	return reasonCompleted
+	api.WriteJSON(m.ResponseWriter(), http.StatusOK, m.ans.Message())
+	return api.ReasonCompleted
 }
 
 // failed ends a run that failed with err: before the status line, an
@@ -235,16 +235,16 @@ func (m *messagesRender) finish(finish string, usage *translate.Usage) string {
 // Anthropic's error body and no message_stop. A failed write to the
 // client, or a client gone, aborts the connection instead.
 func (m *messagesRender) failed(err error) string {
-	if reason, ended := m.failedEarly(err); ended {
+	if reason, ended := m.FailedEarly(err); ended {
 		return reason
 	}
-	m.answerFailed(err)
-	e, _, typ := anthropicError(err, m.req)
-	m.logStarted(e, err)
-	m.obs.errorCode(e.Code)
-	if werr := m.write(translate.AnthropicEvent("error", translate.NewAnthropicError(typ, e.Message))); werr != nil {
-		m.abort = true
-		return reasonWriteFailed
+	m.AnswerFailed(err)
+	e, _, typ := anthropicError(err, m.Request())
+	m.LogStarted(e, err)
+	m.ErrorCode(e.Code)
+	if werr := m.Write(translate.AnthropicEvent("error", translate.NewAnthropicError(typ, e.Message))); werr != nil {
+		m.Abort()
+		return api.ReasonWriteFailed
 	}
-	return reasonUpstreamError
+	return api.ReasonUpstreamError
 }

@@ -1,9 +1,10 @@
-package api
+package anthropic
 
 import (
 	"io"
 	"time"
 
+	"iop/internal/edge/api"
 	"iop/internal/edge/contract"
 )
 
@@ -14,48 +15,13 @@ import (
 // clients between give up on a silent connection.
 const messagesPingInterval = 10 * time.Second
 
-// dispatchQuiet calls dispatch on a goroutine of its own and returns what
-// it returned; meanwhile it calls quiet, on the calling goroutine (the
-// request goroutine, which stays the only writer of the response), each
-// time interval passes, until quiet fails. Dispatch blocks while the
-// request is queued and, with retries on, until the provider's first
-// message, which a provider that sends its status line with its first
-// token (the simulator, many servers reading a long prompt) sends only
-// then: without this a streamed Messages answer would stay silent that
-// long. It waits for dispatch to return in every case: a
-// client gone ends Dispatch's context, so it returns promptly.
-func dispatchQuiet(dispatch func() (Run, error), interval time.Duration, quiet func() error) (Run, error) {
-	type result struct {
-		run Run
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		run, err := dispatch()
-		done <- result{run, err}
-	}()
-	timer := time.NewTimer(interval)
-	defer timer.Stop()
-	for {
-		select {
-		case res := <-done:
-			return res.run, res.err
-		case <-timer.C:
-			if quiet != nil && quiet() != nil {
-				quiet = nil
-			}
-			timer.Reset(interval)
-		}
-	}
-}
-
 // pingRun is a Run whose Recv calls ping, on the calling goroutine, each
 // time interval passes without a message, so that the request goroutine
 // stays the only writer of the response. The run's own Recv is called by
 // a receiving goroutine of pingRun's, which hands each message over; stop
 // ends that goroutine and waits for it.
 type pingRun struct {
-	Run
+	api.Run
 	interval time.Duration
 	// ping is called when interval passed without a message; nil or an
 	// error stops the pings (a failed write: the client has gone, and the
@@ -73,7 +39,7 @@ type recvResult struct {
 	err error
 }
 
-func newPingRun(run Run, interval time.Duration, ping func() error) *pingRun {
+func newPingRun(run api.Run, interval time.Duration, ping func() error) *pingRun {
 	return &pingRun{Run: run, interval: interval, ping: ping,
 		msgs: make(chan recvResult), done: make(chan struct{}), exited: make(chan struct{})}
 }

@@ -1,0 +1,84 @@
+package process
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/internal/edge"
+)
+
+// TestEdgeFilePartsValidate: each part of the edge's file refuses its own
+// bad values with an error wrapping edge.ErrInvalidConfig that names the
+// YAML key, and EdgeFile.Validate returns every part's problems at once.
+func TestEdgeFilePartsValidate(t *testing.T) {
+	t.Parallel()
+	hash := `"sha256:` + strings.Repeat("a", 64) + `"`
+	for _, tc := range []struct{ name, yaml, text string }{
+		{"listen not host:port", "listen: localhost", "listen"},
+		{"node_listen not host:port", "node_listen: ':x:y'", "node_listen"},
+		{"negative drain_timeout", "drain_timeout: -1s", "drain_timeout"},
+		{"negative max_body_bytes", "max_body_bytes: -1", "max_body_bytes"},
+		{"negative max_answer_bytes", "max_answer_bytes: -1", "max_answer_bytes"},
+		{"negative write_timeout", "write_timeout: -1s", "write_timeout"},
+		{"key priority", "keys: [{name: a, hash: " + hash + ", priority: urgent}]", "priority"},
+		{"admin key weight", "admin_keys: [{name: a, hash: " + hash + ", weight: -1}]", "weight"},
+		{"team of no key", "teams: [{name: t, quota: {tokens_per_day: 1}}, {name: t}]", "team"},
+		{"tracing sampler", "tracing: {endpoint: http://127.0.0.1:4318, sampler: sometimes}", "tracing"},
+		{"core part", "heartbeat_interval: -1s", "heartbeat_interval"},
+		{"local providers", "providers: [{type: tgi}]", "tgi"},
+		{"unknown key", "listne: x", "listne"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := ParseEdgeFile([]byte(tc.yaml))
+			if err == nil || !strings.Contains(err.Error(), tc.text) {
+				t.Fatalf("ParseEdgeFile(%q) = %v, want an error naming %q", tc.yaml, err, tc.text)
+			}
+			if tc.name != "local providers" && !errors.Is(err, edge.ErrInvalidConfig) {
+				t.Fatalf("ParseEdgeFile(%q) = %v, want edge.ErrInvalidConfig", tc.yaml, err)
+			}
+		})
+	}
+	err := parseEdgeFileErr("listen: x\nmax_body_bytes: -1\nheartbeat_interval: -1s\n")
+	for _, key := range []string{"listen", "max_body_bytes", "heartbeat_interval"} {
+		if !strings.Contains(fmt.Sprint(err), key) {
+			t.Errorf("three bad parts: %v, want %s named", err, key)
+		}
+	}
+	f, err := ParseEdgeFile(nil)
+	if err != nil || f.Listen != DefaultListen || f.NodeListen != DefaultNodeListen || f.DrainTimeout != DefaultDrainTimeout ||
+		f.MaxBodyBytes != 32<<20 || f.WriteTimeout != time.Minute || f.Database != "" || f.HeartbeatInterval != edge.DefaultHeartbeatInterval {
+		t.Fatalf("defaults %+v %v", f, err)
+	}
+}
+
+// parseEdgeFileErr is the error of ParseEdgeFile alone.
+func parseEdgeFileErr(data string) error {
+	_, err := ParseEdgeFile([]byte(data))
+	return err
+}
+
+// TestEdgeFileRestartOnly: a reload that changes a key of the process's
+// parts (listeners, drain, HTTP limits, insecure_open, stores, tracing)
+// names it as needing a restart; keys and the core's reloadable keys are
+// not named.
+func TestEdgeFileRestartOnly(t *testing.T) {
+	t.Parallel()
+	running := DefaultEdgeFile()
+	next := DefaultEdgeFile()
+	next.InsecureOpen = true
+	next.DrainTimeout = time.Minute
+	next.Name = "edge-b"
+	next.Tracing.Endpoint = "http://127.0.0.1:4318"
+	next.Keys = nil
+	next.Models = map[string]edge.ModelConfig{"a": {Targets: []string{"x"}}}
+	if got := fmt.Sprint(running.restartOnly(next)); got != "[database drain_timeout insecure_open tracing]" {
+		t.Fatalf("restart %s", got)
+	}
+	if got := running.restartOnly(DefaultEdgeFile()); len(got) != 0 {
+		t.Fatalf("the running file again: restart %v", got)
+	}
+}
