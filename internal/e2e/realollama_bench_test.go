@@ -17,7 +17,7 @@ import (
 // (OLLAMA_MAX_LOADED_MODELS=1) and answering two requests at a time
 // (OLLAMA_NUM_PARALLEL=2), of three tiny models, behind iop edge and node
 // processes; the same trace with residency on and off; loads counted from
-// the Ollamas' logs. It reports figures (BENCHMARKS.md, "Issue 32"),
+// the Ollamas' logs. It reports figures (BENCHMARKS.md, its model residency section),
 // asserts no target, and runs only with IOP_BENCH_REAL_OLLAMA=1 (minutes);
 // IOP_BENCH_REAL_OLLAMA_MAX_LOADED=2 has each Ollama hold two models.
 func TestRealOllamaResidencyBench(t *testing.T) {
