@@ -75,11 +75,18 @@ func (rr *Answer) tunnel() string {
 			if status < 200 || status > 599 {
 				return rr.fail(ErrUpstreamProtocol), true
 			}
+			// header.Set, with the values of all the headers (the
+			// Content-Length's too) in one allocation; each one's capacity
+			// is its length, so that a later Add copies it rather than
+			// overwrite its neighbour.
 			header := rr.w.Header()
+			values := make([]string, 0, len(ev.Headers)+1)
 			for name, value := range ev.Headers {
 				name = http.CanonicalHeaderKey(name)
 				if !hopHeaders[name] && !ownHeaders[name] {
-					header.Set(name, value)
+					values = append(values, value)
+					n := len(values)
+					header[name] = values[n-1 : n : n]
 				}
 			}
 			hold.sse = isEventStream(header.Get("Content-Type"))
@@ -91,7 +98,9 @@ func (rr *Answer) tunnel() string {
 					declared = ev.ContentLength
 				}
 				if declared >= 0 {
-					header.Set("Content-Length", strconv.FormatInt(declared, 10))
+					values = append(values, strconv.FormatInt(declared, 10))
+					n := len(values)
+					header["Content-Length"] = values[n-1 : n : n]
 				}
 			}
 			rr.w.WriteHeader(status)
