@@ -512,7 +512,10 @@ func (h *handler) finish(ctx context.Context, o *observation, status int) {
 		h.cfg.Observer.RequestDone(rec)
 	}
 	if h.cfg.Ledger != nil {
-		h.cfg.Ledger.Record(ledgerEntry(rec))
+		e := ledgerEntry(rec)
+		ic := internalOf(ctx)
+		e.Batch = ic != nil && ic.priority == contract.PriorityBatch // a batch line
+		h.cfg.Ledger.Record(e)
 	}
 }
 
