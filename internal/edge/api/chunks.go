@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 
 	"iop/internal/edge/contract"
@@ -16,15 +17,30 @@ import (
 // chunk (choices []). The stream's `data: [DONE]` is the sink owner's. The
 // HTTP answer (chatRender.stream), the runs recorder (runRecorder) and a
 // background response's run log (responseRunLog) all render through one.
+//
+// Every chunk is encoded into one buffer the renderer keeps, from one
+// chatChunk value it reuses, by one json.Encoder: a delta's chunk costs no
+// allocation (BENCHMARKS.md, "Issue 35: one client on the tunnel path"),
+// and its bytes are json.Marshal's.
 type chunkRenderer struct {
 	id      string // "chatcmpl-" + run id
 	created int64  // Unix seconds
 	model   string // the model name the client asked for
-	// sink takes one event's data (a chunk's JSON) and the output text it
-	// carries; its error ends the rendering.
+	// sink takes one event's data (a chunk's JSON, valid only during the
+	// call: the renderer reuses it) and the output text it carries; its
+	// error ends the rendering.
 	sink    func(data []byte, text string) error
 	started bool // the role chunk went out
+
+	v      chatChunk      // the chunk being written; emptied after
+	choice [1]chunkChoice // v's one choice
+	finish string         // the final chunk's finish reason
+	buf    bytes.Buffer   // enc's output: the chunk's JSON and a newline
+	enc    *json.Encoder  // writes into buf, created with the first chunk
 }
+
+// emptyContent is the role chunk's content, "" (not left out).
+var emptyContent = ""
 
 // start writes the role chunk, once.
 func (c *chunkRenderer) start() error {
@@ -32,8 +48,7 @@ func (c *chunkRenderer) start() error {
 		return nil
 	}
 	c.started = true
-	empty := ""
-	return c.chunk(chunkDelta{Role: "assistant", Content: &empty}, nil, "")
+	return c.chunk(chunkDelta{Role: "assistant", Content: &emptyContent}, nil, "")
 }
 
 // delta writes the chunks of one delta event, after the role chunk.
@@ -41,13 +56,13 @@ func (c *chunkRenderer) delta(ev *contract.Event) error {
 	if err := c.start(); err != nil {
 		return err
 	}
-	if s := ev.Thinking; s != "" {
-		if err := c.chunk(chunkDelta{ReasoningContent: &s}, nil, ""); err != nil {
+	if ev.Thinking != "" {
+		if err := c.chunk(chunkDelta{ReasoningContent: &ev.Thinking}, nil, ""); err != nil {
 			return err
 		}
 	}
-	if s := ev.Text; s != "" {
-		if err := c.chunk(chunkDelta{Content: &s}, nil, s); err != nil {
+	if ev.Text != "" {
+		if err := c.chunk(chunkDelta{Content: &ev.Text}, nil, ev.Text); err != nil {
 			return err
 		}
 	}
@@ -73,26 +88,36 @@ func (c *chunkRenderer) end(finish string, u *usage) error {
 	if err := c.start(); err != nil {
 		return err
 	}
-	if err := c.chunk(chunkDelta{}, &finish, ""); err != nil {
+	c.finish = finish
+	if err := c.chunk(chunkDelta{}, &c.finish, ""); err != nil {
 		return err
 	}
 	if u == nil {
 		return nil
 	}
-	return c.write(chatChunk{ID: c.id, Object: "chat.completion.chunk", Created: c.created, Model: c.model,
-		Choices: []chunkChoice{}, Usage: u}, "")
+	return c.write(c.choice[:0], u, "")
 }
 
 // chunk writes one chunk with a single choice.
 func (c *chunkRenderer) chunk(delta chunkDelta, finish *string, text string) error {
-	return c.write(chatChunk{ID: c.id, Object: "chat.completion.chunk", Created: c.created, Model: c.model,
-		Choices: []chunkChoice{{Delta: delta, FinishReason: finish}}}, text)
+	c.choice[0] = chunkChoice{Delta: delta, FinishReason: finish}
+	return c.write(c.choice[:], nil, text)
 }
 
-func (c *chunkRenderer) write(v chatChunk, text string) error {
-	b, err := json.Marshal(v)
+// write encodes the chunk of choices and u (c.v, as json.Marshal would)
+// and hands it to sink. It empties v and choice after, so that they hold
+// no event's text.
+func (c *chunkRenderer) write(choices []chunkChoice, u *usage, text string) error {
+	if c.enc == nil {
+		c.enc = json.NewEncoder(&c.buf)
+	}
+	c.v = chatChunk{ID: c.id, Object: "chat.completion.chunk", Created: c.created, Model: c.model, Choices: choices, Usage: u}
+	c.buf.Reset()
+	err := c.enc.Encode(&c.v)
+	c.v, c.choice[0] = chatChunk{}, chunkChoice{}
 	if err != nil {
 		return err
 	}
-	return c.sink(b, text)
+	b := c.buf.Bytes()
+	return c.sink(b[:len(b)-1], text) // without Encode's newline
 }

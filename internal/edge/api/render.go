@@ -75,11 +75,18 @@ func (rr *Answer) tunnel() string {
 			if status < 200 || status > 599 {
 				return rr.fail(ErrUpstreamProtocol), true
 			}
+			// header.Set, with the values of all the headers (the
+			// Content-Length's too) in one allocation; each one's capacity
+			// is its length, so that a later Add copies it rather than
+			// overwrite its neighbour.
 			header := rr.w.Header()
+			values := make([]string, 0, len(ev.Headers)+1)
 			for name, value := range ev.Headers {
 				name = http.CanonicalHeaderKey(name)
 				if !hopHeaders[name] && !ownHeaders[name] {
-					header.Set(name, value)
+					values = append(values, value)
+					n := len(values)
+					header[name] = values[n-1 : n : n]
 				}
 			}
 			hold.sse = isEventStream(header.Get("Content-Type"))
@@ -91,7 +98,9 @@ func (rr *Answer) tunnel() string {
 					declared = ev.ContentLength
 				}
 				if declared >= 0 {
-					header.Set("Content-Length", strconv.FormatInt(declared, 10))
+					values = append(values, strconv.FormatInt(declared, 10))
+					n := len(values)
+					header["Content-Length"] = values[n-1 : n : n]
 				}
 			}
 			rr.w.WriteHeader(status)
@@ -283,9 +292,33 @@ func (f writeFunc) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// isEventStream reports whether contentType's media type is
+// text/event-stream. A type that does not name event-stream anywhere (a
+// JSON answer's) is told without parsing it (mime.ParseMediaType
+// allocates its parameters' map), with the same result.
 func isEventStream(contentType string) bool {
+	if !containsFold(contentType, "event-stream") {
+		return false
+	}
 	mediaType, _, err := mime.ParseMediaType(contentType)
 	return err == nil && mediaType == "text/event-stream"
+}
+
+// containsFold reports whether s may contain substr (lower-case ASCII
+// letters and '-') under case folding, as mime.ParseMediaType lowers a
+// media type: each byte is compared with its 0x20 bit set, which maps an
+// upper-case letter to its lower case (and may match more, never less).
+func containsFold(s, substr string) bool {
+	for i := 0; i+len(substr) <= len(s); i++ {
+		j := 0
+		for j < len(substr) && s[i+j]|0x20 == substr[j] {
+			j++
+		}
+		if j == len(substr) {
+			return true
+		}
+	}
+	return false
 }
 
 // eventReader reads the run events of a normalized-path run.
