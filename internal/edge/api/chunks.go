@@ -15,7 +15,8 @@ import (
 // part), a final chunk with the finish reason and, when asked for, a usage
 // chunk (choices []). The stream's `data: [DONE]` is the sink owner's. The
 // HTTP answer (chatRender.stream), the runs recorder (runRecorder) and a
-// background response's run log (responseRunLog) all render through one.
+// background response's run log (package responses, through ChatChunks)
+// all render through one.
 type chunkRenderer struct {
 	id      string // "chatcmpl-" + run id
 	created int64  // Unix seconds
