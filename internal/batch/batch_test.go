@@ -68,9 +68,17 @@ func input(ids ...string) string {
 	return sb.String()
 }
 
+// expiringWindow is the completion window of the batches tests let
+// expire: long enough for their immediate lines to finish first on a
+// loaded machine (PostgreSQL's writes included), short enough to wait for.
+const expiringWindow = 5 * time.Second
+
 func newService(t *testing.T, store Store, dir string, cfg Config) *Service {
 	t.Helper()
 	cfg.Store, cfg.Dir = store, dir
+	if cfg.Contents == nil {
+		cfg.Contents = contentsOf(store)
+	}
 	if cfg.RetryDelay == 0 {
 		cfg.RetryDelay = 10 * time.Millisecond
 	}
@@ -81,7 +89,27 @@ func newService(t *testing.T, store Store, dir string, cfg Config) *Service {
 	return s
 }
 
-func openStore(t *testing.T, path string) *SQLite {
+// contentsOf is the PostgreSQL store under st, which keeps the file
+// bytes itself; nil for SQLite (a directory keeps them).
+func contentsOf(st Store) Contents {
+	for {
+		switch s := st.(type) {
+		case *SQL:
+			if s.dialect == "postgres" {
+				return s
+			}
+			return nil
+		case nopClose:
+			st = s.Store
+		case *frozenStore:
+			st = s.Store
+		default:
+			return nil
+		}
+	}
+}
+
+func openStore(t *testing.T, path string) *SQL {
 	t.Helper()
 	st, err := OpenSQLite(path)
 	if err != nil {
@@ -149,12 +177,11 @@ func create(t *testing.T, s *Service, content string) Batch {
 	return b
 }
 
-// TestBatchExpiresWithPartialResults: a batch past its completion window
+// testExpiresWithPartialResults: a batch past its completion window
 // ends expired; the lines that finished keep their results and the rest
 // are in the error file as batch_expired.
-func TestBatchExpiresWithPartialResults(t *testing.T) {
-	t.Parallel()
-	s := newService(t, openStore(t, ":memory:"), t.TempDir(), Config{CompletionWindow: time.Second, Concurrency: 8})
+func testExpiresWithPartialResults(t *testing.T, db database) {
+	s := newService(t, db.open(t), db.dir, Config{CompletionWindow: expiringWindow, Concurrency: 8})
 	defer s.store.Close()
 	defer s.Close()
 	if err := s.Start(context.Background(), &executor{}); err != nil {
@@ -178,11 +205,10 @@ func TestBatchExpiresWithPartialResults(t *testing.T) {
 	}
 }
 
-// TestMessageBatchExpiredAndCanceledResults: an Anthropic batch's
+// testMessageBatchExpiredAndCanceledResults: an Anthropic batch's
 // unrun requests end expired (window over) or canceled (cancel).
-func TestMessageBatchExpiredAndCanceledResults(t *testing.T) {
-	t.Parallel()
-	s := newService(t, openStore(t, ":memory:"), t.TempDir(), Config{CompletionWindow: time.Second, Concurrency: 8})
+func testMessageBatchExpiredAndCanceledResults(t *testing.T, db database) {
+	s := newService(t, db.open(t), db.dir, Config{CompletionWindow: expiringWindow, Concurrency: 8})
 	defer s.store.Close()
 	defer s.Close()
 	if err := s.Start(context.Background(), &executor{}); err != nil {
@@ -218,13 +244,12 @@ func TestMessageBatchExpiredAndCanceledResults(t *testing.T) {
 	}
 }
 
-// TestBatchResumesAfterClose: a service closed mid-batch leaves it
-// in_progress; a new service on the same store runs the lines without a
-// result and every custom_id has exactly one result line.
-func TestBatchResumesAfterClose(t *testing.T) {
-	t.Parallel()
-	path, dir := filepath.Join(t.TempDir(), "iop.db"), t.TempDir()
-	store := openStore(t, path)
+// testResumesAfterClose: a service closed mid-batch leaves it
+// in_progress; a new service on the same database runs the lines without
+// a result and every custom_id has exactly one result line.
+func testResumesAfterClose(t *testing.T, db database) {
+	dir := db.dir
+	store := db.open(t)
 	first := newService(t, store, dir, Config{Concurrency: 2, MaxAttempts: 1 << 20})
 	exec := &executor{busy: true}
 	if err := first.Start(context.Background(), exec); err != nil {
@@ -237,7 +262,7 @@ func TestBatchResumesAfterClose(t *testing.T) {
 	})
 	first.Close()
 	store.Close()
-	store = openStore(t, path)
+	store = db.open(t)
 	defer store.Close()
 	if got, _ := store.GetBatch(context.Background(), "", b.ID); got.Status != StatusInProgress {
 		t.Fatalf("after close: %+v", got)
@@ -254,11 +279,10 @@ func TestBatchResumesAfterClose(t *testing.T) {
 	}
 }
 
-// TestFinishLineRecordsOnce: a line's result is recorded once; a second
+// testFinishLineRecordsOnce: a line's result is recorded once; a second
 // (a late answer of a line re-run after a restart) changes nothing.
-func TestFinishLineRecordsOnce(t *testing.T) {
-	t.Parallel()
-	st := openStore(t, ":memory:")
+func testFinishLineRecordsOnce(t *testing.T, db database) {
+	st := db.open(t)
 	defer st.Close()
 	ctx := context.Background()
 	if err := st.CreateBatch(ctx, Batch{ID: "b", Kind: KindOpenAI, Status: StatusInProgress}); err != nil {
@@ -267,8 +291,12 @@ func TestFinishLineRecordsOnce(t *testing.T) {
 	if err := st.AddLines(ctx, "b", []Line{{No: 1, CustomID: "a", Body: []byte(`{}`)}}); err != nil {
 		t.Fatal(err)
 	}
+	claimed, ok, err := st.Claim(ctx, "b", "r", time.Minute)
+	if err != nil || !ok {
+		t.Fatalf("claim: %v %v", ok, err)
+	}
 	for i, want := range []bool{true, false} {
-		ok, err := st.FinishLine(ctx, "b", 1, LineDone, []byte(fmt.Sprintf(`{"n":%d}`, i)))
+		ok, err := st.FinishLine(ctx, "b", claimed.Epoch, 1, LineDone, []byte(fmt.Sprintf(`{"n":%d}`, i)))
 		if err != nil || ok != want {
 			t.Fatalf("finish %d: %v %v", i, ok, err)
 		}

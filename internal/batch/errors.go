@@ -16,4 +16,7 @@ var (
 	ErrState = errors.New("not allowed in this status")
 	// ErrClosed is a call after Close (503).
 	ErrClosed = errors.New("batch service closed")
+	// ErrLeaseLost is a runner's write after another service claimed the
+	// batch (Store.UpdateBatch); the runner stops.
+	ErrLeaseLost = errors.New("batch lease lost")
 )

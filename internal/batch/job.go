@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"sync"
 	"time"
 )
@@ -25,76 +24,113 @@ const maxValidationErrors = 100
 // maxLineBytes bounds one line of an input file.
 const maxLineBytes = 16 << 20
 
-// job runs one batch: validation, its lines, finalization. Its goroutine
-// (run) is the sole writer of the batch's status but for Cancel, which
-// moves it to cancelling under mu.
+// job runs one batch: validation, its lines, finalization, while its
+// service holds the batch's lease (epoch). Its goroutine (run) is the
+// sole writer of the batch's status but for a cancel, which moves it to
+// cancelling (cancelled).
 type job struct {
 	s                                  *Service
 	id, owner, kind, endpoint, inputID string    // the batch's, immutable
-	resumed                            time.Time // when Start resumed it; zero for a new batch
+	epoch                              int64     // the lease's, immutable
+	resumed                            time.Time // when it was claimed from an earlier runner; zero for a new batch
 
 	mu        sync.Mutex // guards the fields below
 	b         Batch
 	cancelRun context.CancelCauseFunc // ends the lines in flight; nil before run
+	loseLease context.CancelCauseFunc // ends the job without a final status; nil before run
 }
 
 func newJob(s *Service, b Batch) *job {
-	return &job{s: s, id: b.ID, owner: b.Owner, kind: b.Kind, endpoint: b.Endpoint, inputID: b.InputFileID, b: b}
+	return &job{s: s, id: b.ID, owner: b.Owner, kind: b.Kind, endpoint: b.Endpoint, inputID: b.InputFileID, epoch: b.Epoch, b: b}
 }
 
-// snapshot is the batch with its stored counts.
-func (j *job) snapshot(ctx context.Context) (Batch, error) {
+// cancelled adopts a cancel stored (Store.RequestCancel) as stored shows
+// it and ends the lines in flight.
+func (j *job) cancelled(stored Batch) {
 	j.mu.Lock()
-	b := j.b
-	j.mu.Unlock()
-	stored, err := j.s.store.GetBatch(ctx, j.owner, j.id)
-	if err != nil {
-		return Batch{}, err
-	}
-	b.Total, b.Completed, b.Failed = stored.Total, stored.Completed, stored.Failed
-	return b, nil
-}
-
-// cancel moves the batch to cancelling and ends its lines in flight.
-func (j *job) cancel(ctx context.Context) (Batch, error) {
-	j.mu.Lock()
+	defer j.mu.Unlock()
 	switch j.b.Status {
-	case StatusCancelling:
-		j.mu.Unlock()
-		return j.snapshot(ctx)
 	case StatusValidating, StatusInProgress:
-	default:
-		st := j.b.Status
-		j.mu.Unlock()
-		return Batch{}, fmt.Errorf("%w: batch %s is %s", ErrState, j.id, st)
+		j.b.Status, j.b.CancellingAt = StatusCancelling, stored.CancellingAt
 	}
-	prev := j.b
-	j.b.Status, j.b.CancellingAt = StatusCancelling, j.s.cfg.Now()
-	if err := j.s.store.UpdateBatch(ctx, j.b); err != nil {
-		j.b = prev
-		j.mu.Unlock()
-		return Batch{}, err
-	}
-	if j.cancelRun != nil {
+	if j.b.Status == StatusCancelling && j.cancelRun != nil {
 		j.cancelRun(errCancelled)
 	}
+}
+
+// lost ends the job without a final status: another service holds the
+// batch's lease now.
+func (j *job) lost(err error) {
+	j.mu.Lock()
+	lose := j.loseLease
 	j.mu.Unlock()
-	return j.snapshot(ctx)
+	if lose != nil {
+		j.s.logger.Warn("batch lease lost: another runner has it", "batch", j.id, "epoch", j.epoch, "err", err)
+		lose(ErrLeaseLost)
+	}
+}
+
+// keepLease renews the lease every third of LeaseTTL until ctx ends; it
+// ends the job (lost) when another claim took the lease, or when the
+// store did not answer for so long that the lease may have lapsed, and
+// adopts a cancel another service stored.
+func (j *job) keepLease(ctx context.Context) {
+	ttl := j.s.cfg.LeaseTTL
+	t := time.NewTicker(ttl / 3)
+	defer t.Stop()
+	renewed := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		status, ok, err := j.s.store.Renew(ctx, j.id, j.epoch, ttl)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil && time.Since(renewed) < ttl-ttl/3:
+			j.s.logger.Warn("batch lease not renewed", "batch", j.id, "err", err)
+			continue
+		case err != nil:
+			j.lost(err)
+			return
+		case !ok:
+			j.lost(ErrLeaseLost)
+			return
+		}
+		renewed = time.Now()
+		if status == StatusCancelling && j.status() != StatusCancelling {
+			if b, err := j.s.store.GetBatch(ctx, j.owner, j.id); err == nil {
+				j.cancelled(b)
+			}
+		}
+	}
 }
 
 // run takes the batch from its stored status to its end, unless parent
-// ends first (the service closes): then the batch stays as it is, to be
-// resumed.
+// ends first (the service closes) or the lease is lost: then the batch
+// stays as it is, to be resumed by whoever claims it next.
 func (j *job) run(parent context.Context) {
-	ctx, cancel := context.WithCancelCause(parent)
+	leased, loseLease := context.WithCancelCause(parent)
+	ctx, cancel := context.WithCancelCause(leased)
 	defer cancel(nil)
 	j.mu.Lock()
-	j.cancelRun = cancel
+	j.cancelRun, j.loseLease = cancel, loseLease
 	if j.b.Status == StatusCancelling {
 		cancel(errCancelled)
 	}
 	expires := j.b.ExpiresAt
 	j.mu.Unlock()
+	defer func() {
+		if err := j.s.store.Release(context.Background(), j.id, j.epoch); err != nil {
+			j.s.logger.Warn("batch lease not released", "batch", j.id, "err", err)
+		}
+	}()
+	var renewals sync.WaitGroup
+	defer renewals.Wait()
+	renewals.Go(func() { j.keepLease(leased) })
+	defer loseLease(nil) // stops keepLease before the Release
 	expiry := time.AfterFunc(time.Until(expires), func() { cancel(errExpired) })
 	defer expiry.Stop()
 	log := j.s.logger.With("batch", j.id)
@@ -104,7 +140,7 @@ func (j *job) run(parent context.Context) {
 		// even when the batch is cancelled meanwhile.
 		ok, err := j.validate(context.WithoutCancel(ctx))
 		if err != nil {
-			if parent.Err() == nil {
+			if leased.Err() == nil {
 				log.Error("batch validation failed", "err", err)
 				j.fail([]LineError{{Code: "internal_error", Message: "The input file could not be read."}})
 			}
@@ -115,12 +151,12 @@ func (j *job) run(parent context.Context) {
 		}
 	}
 	if st := j.status(); st == StatusInProgress {
-		if err := j.work(ctx); err != nil && parent.Err() == nil {
+		if err := j.work(ctx); err != nil && leased.Err() == nil {
 			log.Error("batch lines could not be read", "err", err)
 		}
 	}
-	if parent.Err() != nil {
-		return // the service closed: resumed by the next Start
+	if leased.Err() != nil {
+		return // the service closed or the lease was lost: resumed by the next claim
 	}
 	final := StatusCompleted
 	switch context.Cause(ctx) {
@@ -129,7 +165,7 @@ func (j *job) run(parent context.Context) {
 	case errCancelled:
 		final = StatusCancelled
 	}
-	if err := j.finalize(parent, final); err != nil && parent.Err() == nil {
+	if err := j.finalize(leased, final); err != nil && leased.Err() == nil {
 		log.Error("batch finalization failed", "err", err)
 	}
 }
@@ -141,20 +177,33 @@ func (j *job) status() string {
 }
 
 // save applies change to the batch and stores it, unless the batch is
-// cancelling and change would leave that (then it reports false).
+// cancelling (here, or stored by another service) and change would leave
+// that: then it reports false. A lease lost ends the job (ErrLeaseLost).
 func (j *job) save(change func(b *Batch)) (bool, error) {
 	j.mu.Lock()
-	defer j.mu.Unlock()
 	next := j.b
 	change(&next)
 	if j.b.Status == StatusCancelling && next.Status != StatusCancelled {
+		j.mu.Unlock()
 		return false, nil
 	}
-	if err := j.s.store.UpdateBatch(context.Background(), next); err != nil {
-		return false, err
+	err := j.s.store.UpdateBatch(context.Background(), next)
+	if err == nil {
+		j.b = next
 	}
-	j.b = next
-	return true, nil
+	j.mu.Unlock()
+	switch {
+	case errors.Is(err, ErrState): // cancelled through another service
+		stored, gerr := j.s.store.GetBatch(context.Background(), j.owner, j.id)
+		if gerr != nil {
+			return false, gerr
+		}
+		j.cancelled(stored)
+		return false, nil
+	case errors.Is(err, ErrLeaseLost):
+		j.lost(err)
+	}
+	return err == nil, err
 }
 
 // fail ends the batch as failed with errs.
@@ -381,9 +430,12 @@ func (j *job) runLine(ctx context.Context, l Line) {
 	result, err := resultLine(j.kind, l.CustomID, resp)
 	if err == nil {
 		var ok bool
-		ok, err = s.store.FinishLine(context.Background(), j.id, l.No, state, result)
+		ok, err = s.store.FinishLine(context.Background(), j.id, j.epoch, l.No, state, result)
 		if ok && s.cfg.Progress != nil {
 			s.cfg.Progress(j.kind, state)
+		}
+		if err == nil && !ok {
+			s.logger.Info("batch line result discarded: recorded already, or the batch has another runner", "batch", j.id, "line", l.No)
 		}
 	}
 	if err != nil {
@@ -517,7 +569,7 @@ func (j *job) finalize(ctx context.Context, final string) error {
 	write := func(name string, keep func(l Line) []byte) (string, error) {
 		f := File{ID: newID("file-"), Owner: b.Owner, Purpose: "batch_output", Filename: b.ID + "_" + name + ".jsonl", CreatedAt: j.s.cfg.Now()}
 		lines := 0
-		n, err := j.s.writeFileWith(f.ID, func(w io.Writer) error {
+		n, err := j.s.writeFileWith(ctx, f.ID, func(w io.Writer) error {
 			return j.s.store.Results(ctx, b.ID, func(l Line) error {
 				if out := keep(l); out != nil {
 					lines++
@@ -529,7 +581,7 @@ func (j *job) finalize(ctx context.Context, final string) error {
 			})
 		})
 		if err != nil || lines == 0 {
-			os.Remove(j.s.path(f.ID))
+			j.s.removeContent(f.ID)
 			return "", err
 		}
 		f.Bytes = n
@@ -581,8 +633,8 @@ func (j *job) finalize(ctx context.Context, final string) error {
 	return err
 }
 
-// writeFileWith writes file id with fn, through a temporary name.
-func (s *Service) writeFileWith(id string, fn func(w io.Writer) error) (int64, error) {
+// writeFileWith writes file id's bytes with fn, whole or not at all.
+func (s *Service) writeFileWith(ctx context.Context, id string, fn func(w io.Writer) error) (int64, error) {
 	pr, pw := io.Pipe()
 	done := make(chan struct{})
 	go func() {
@@ -594,7 +646,7 @@ func (s *Service) writeFileWith(id string, fn func(w io.Writer) error) (int64, e
 		}
 		pw.CloseWithError(err)
 	}()
-	n, err := s.writeFile(id, pr)
+	n, err := s.contents.Put(ctx, id, pr)
 	pr.CloseWithError(io.ErrClosedPipe) // unblocks fn if the write failed
 	<-done
 	return n, err

@@ -3,6 +3,7 @@ package batch
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -147,5 +148,49 @@ func TestRegression_BatchResponsesLineRefusesBackground(t *testing.T) {
 	errs := lines(t, s, done.ErrorFileID)
 	if done.Completed != 1 || done.Failed != 1 || errs["bg"] == nil {
 		t.Fatalf("background line: %+v, error file %v; want it refused (400)", done, errs)
+	}
+}
+
+// TestRegression_MessageBatchCustomIDPattern: an Anthropic batch refuses
+// a custom_id outside ^[a-zA-Z0-9_-]{1,64}$ (the reference's pattern;
+// a space, a dot or a slash was accepted) and one used twice, naming the
+// request; nothing is stored.
+func TestRegression_MessageBatchCustomIDPattern(t *testing.T) {
+	t.Parallel()
+	store := openStore(t, ":memory:")
+	defer store.Close()
+	s := newService(t, store, t.TempDir(), Config{})
+	defer s.Close()
+	if err := s.Start(context.Background(), &executor{}); err != nil {
+		t.Fatal(err)
+	}
+	req := func(ids ...string) []MessageRequest {
+		var out []MessageRequest
+		for _, id := range ids {
+			out = append(out, MessageRequest{CustomID: id, Params: []byte(`{"id":"ok"}`)})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		ids  []string
+		want string
+	}{
+		{[]string{"ok-1", "has space"}, "requests.1.custom_id"},
+		{[]string{"a.b"}, "requests.0.custom_id"},
+		{[]string{"a/b"}, "requests.0.custom_id"},
+		{[]string{""}, "requests.0.custom_id"},
+		{[]string{strings.Repeat("x", 65)}, "requests.0.custom_id"},
+		{[]string{"dup", "dup"}, "requests.1.custom_id"},
+	} {
+		_, err := s.CreateMessageBatch(context.Background(), "", req(tc.ids...))
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("custom_ids %q: %v, want ErrInvalid naming %s", tc.ids, err, tc.want)
+		}
+	}
+	if list, _, _ := s.Batches(context.Background(), "", KindAnthropic, "", 10); len(list) != 0 {
+		t.Fatalf("a refused batch was stored: %+v", list)
+	}
+	if _, err := s.CreateMessageBatch(context.Background(), "", req("Az09_-", strings.Repeat("y", 64))); err != nil {
+		t.Fatalf("valid custom_ids: %v", err)
 	}
 }

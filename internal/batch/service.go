@@ -21,6 +21,7 @@ const (
 	DefaultCompletionWindow       = 24 * time.Hour
 	DefaultMaxAttempts            = 8
 	DefaultStartGrace             = 15 * time.Second
+	DefaultLeaseTTL               = 10 * time.Second
 	// MaxLines bounds the requests of one batch (OpenAI's limit).
 	MaxLines = 50_000
 )
@@ -48,8 +49,20 @@ type Response struct {
 type Config struct {
 	// Store keeps files, batches and lines; required.
 	Store Store
-	// Dir holds the files' bytes, one file per id; required.
+	// Contents keeps the files' bytes; nil means a directory, Dir.
+	Contents Contents
+	// Dir holds the files' bytes, one file per id, when Contents is nil.
 	Dir string
+	// Runner names this service among those sharing Store (the edge's
+	// name); a random suffix makes each process's own, so a restarted
+	// edge never takes a lease its previous process may still use.
+	Runner string
+	// LeaseTTL is how long a batch's lease lasts unrenewed
+	// (DefaultLeaseTTL): the runner renews it every third of it, and a
+	// batch whose runner died runs again on another service that long
+	// after. Every third of it, too, a service claims the active batches
+	// nobody holds.
+	LeaseTTL time.Duration
 	// MaxFileBytes bounds an uploaded file, in bytes (DefaultMaxFileBytes).
 	MaxFileBytes int64
 	// Concurrency is the lines of one batch in flight at once
@@ -83,9 +96,10 @@ type Config struct {
 
 // Service keeps files and batches and runs the batches.
 type Service struct {
-	cfg    Config
-	store  Store
-	logger *slog.Logger
+	cfg      Config
+	store    Store
+	contents Contents
+	logger   *slog.Logger
 
 	mu      sync.Mutex // guards the fields below
 	exec    Executor
@@ -99,12 +113,19 @@ type Service struct {
 
 // New returns a Service over cfg.Store; Start starts its runner.
 func New(cfg Config) (*Service, error) {
-	if cfg.Store == nil || cfg.Dir == "" {
-		return nil, fmt.Errorf("%w: batch service needs a store and a directory", ErrInvalid)
+	if cfg.Store == nil || (cfg.Contents == nil && cfg.Dir == "") {
+		return nil, fmt.Errorf("%w: batch service needs a store and a place for file bytes", ErrInvalid)
 	}
-	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
-		return nil, fmt.Errorf("batch files: %w", err)
+	if cfg.Contents == nil {
+		if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+			return nil, fmt.Errorf("batch files: %w", err)
+		}
+		cfg.Contents = Dir(cfg.Dir)
 	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = DefaultLeaseTTL
+	}
+	cfg.Runner += "/" + newID("")[:8]
 	if cfg.MaxFileBytes <= 0 {
 		cfg.MaxFileBytes = DefaultMaxFileBytes
 	}
@@ -129,32 +150,94 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Service{cfg: cfg, store: cfg.Store, logger: cfg.Logger.With("component", "batch"), jobs: map[string]*job{}}, nil
+	return &Service{cfg: cfg, store: cfg.Store, contents: cfg.Contents, logger: cfg.Logger.With("component", "batch", "runner", cfg.Runner),
+		jobs: map[string]*job{}}, nil
 }
 
 // MaxFileBytes is the upload limit in force.
 func (s *Service) MaxFileBytes() int64 { return s.cfg.MaxFileBytes }
 
-// Start starts the runner with exec and resumes every batch a previous
-// process left active: lines without a result run (again).
+// Start starts the runner with exec: it claims every active batch
+// nobody holds (a previous process's, or one whose runner died) now and
+// every third of LeaseTTL, and runs its lines without a result (again).
 func (s *Service) Start(ctx context.Context, exec Executor) error {
-	active, err := s.store.ActiveBatches(ctx)
-	if err != nil {
+	if _, err := s.store.ActiveBatches(ctx); err != nil {
 		return fmt.Errorf("batch store: %w", err)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.exec = exec
 	s.ctx, s.stop = context.WithCancel(context.Background())
-	for _, b := range active {
-		s.logger.Info("resuming batch", "batch", b.ID, "status", b.Status, "done", b.Completed+b.Failed, "total", b.Total)
-		s.startLocked(b, s.cfg.Now())
-	}
+	runCtx := s.ctx
+	s.mu.Unlock()
+	s.claimIdle(runCtx)
+	s.wg.Go(func() {
+		t := time.NewTicker(s.cfg.LeaseTTL / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-t.C:
+				s.claimIdle(runCtx)
+			}
+		}
+	})
 	return nil
 }
 
-// Close stops every running batch without changing its status (a later
-// Start resumes it) and waits for the runner.
+// claimIdle claims the active batches whose lease is not live and runs
+// them here.
+func (s *Service) claimIdle(ctx context.Context) {
+	active, err := s.store.ActiveBatches(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.logger.Warn("batch store: active batches not read", "err", err)
+		}
+		return
+	}
+	for _, b := range active {
+		s.mu.Lock()
+		_, running := s.jobs[b.ID]
+		s.mu.Unlock()
+		if running || (b.Leased && b.Runner != s.cfg.Runner) {
+			continue
+		}
+		s.claim(ctx, b.ID, true)
+	}
+}
+
+// claim takes batch id's lease and runs it here; resumed says another
+// process (or this one, earlier) ran it before.
+func (s *Service) claim(ctx context.Context, id string, resumed bool) {
+	b, ok, err := s.store.Claim(ctx, id, s.cfg.Runner, s.cfg.LeaseTTL)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.logger.Warn("batch not claimed", "batch", id, "err", err)
+		}
+		return
+	}
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		_ = s.store.Release(context.WithoutCancel(ctx), id, b.Epoch)
+		return
+	}
+	at := time.Time{}
+	if resumed {
+		at = s.cfg.Now()
+		s.logger.Info("resuming batch", "batch", b.ID, "status", b.Status, "epoch", b.Epoch, "done", b.Completed+b.Failed, "total", b.Total)
+	}
+	if !s.startLocked(b, at) {
+		_ = s.store.Release(context.WithoutCancel(ctx), id, b.Epoch)
+	}
+}
+
+// Close stops every running batch without changing its status and
+// releases its lease (a later Start, here or on another service,
+// resumes it) and waits for the runner.
 func (s *Service) Close() error {
 	s.mu.Lock()
 	s.closed = true
@@ -173,9 +256,6 @@ func newID(prefix string) string {
 	_, _ = rand.Read(b[:])
 	return prefix + hex.EncodeToString(b[:])
 }
-
-// path is where file id's bytes live.
-func (s *Service) path(id string) string { return filepath.Join(s.cfg.Dir, filepath.Base(id)) }
 
 // UploadFile streams r (at most MaxFileBytes) to a new file of owner
 // with purpose and filename: Stage, then Commit.
@@ -198,12 +278,12 @@ type Upload struct {
 // or r's or the storage's.
 func (s *Service) Stage(owner, filename string, r io.Reader) (*Upload, error) {
 	f := File{ID: newID("file-"), Owner: owner, Filename: filename, CreatedAt: s.cfg.Now()}
-	n, err := s.writeFile(f.ID, io.LimitReader(r, s.cfg.MaxFileBytes+1))
+	n, err := s.contents.Put(context.Background(), f.ID, io.LimitReader(r, s.cfg.MaxFileBytes+1))
 	if err == nil && n > s.cfg.MaxFileBytes {
 		err = fmt.Errorf("%w: over %d bytes", ErrTooLarge, s.cfg.MaxFileBytes)
 	}
 	if err != nil {
-		os.Remove(s.path(f.ID))
+		s.removeContent(f.ID)
 		return nil, err
 	}
 	f.Bytes = n
@@ -226,12 +306,26 @@ func (u *Upload) Commit(ctx context.Context, purpose string) (File, error) {
 }
 
 // Discard removes the upload's bytes.
-func (u *Upload) Discard() { os.Remove(u.s.path(u.f.ID)) }
+func (u *Upload) Discard() { u.s.removeContent(u.f.ID) }
 
-// writeFile copies r to file id through a temporary name, synced, so a
-// crash never leaves a partial file under an id.
-func (s *Service) writeFile(id string, r io.Reader) (int64, error) {
-	tmp, err := os.CreateTemp(s.cfg.Dir, ".upload-*")
+// removeContent removes file id's bytes, logging a failure.
+func (s *Service) removeContent(id string) {
+	if err := s.contents.Remove(context.Background(), id); err != nil {
+		s.logger.Warn("file bytes left behind", "file", id, "err", err)
+	}
+}
+
+// Dir keeps file bytes in a directory, one file per id.
+type Dir string
+
+var _ Contents = Dir("")
+
+func (d Dir) path(id string) string { return filepath.Join(string(d), filepath.Base(id)) }
+
+// Put copies r to file id through a temporary name, synced, so a crash
+// never leaves a partial file under an id.
+func (d Dir) Put(_ context.Context, id string, r io.Reader) (int64, error) {
+	tmp, err := os.CreateTemp(string(d), ".upload-*")
 	if err != nil {
 		return 0, err
 	}
@@ -243,12 +337,29 @@ func (s *Service) writeFile(id string, r io.Reader) (int64, error) {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp.Name(), s.path(id))
+		err = os.Rename(tmp.Name(), d.path(id))
 	}
 	if err != nil {
 		os.Remove(tmp.Name())
 	}
 	return n, err
+}
+
+// Open opens file id (ErrNotFound when it has none).
+func (d Dir) Open(_ context.Context, id string) (io.ReadCloser, error) {
+	f, err := os.Open(d.path(id))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w: file %s has no content", ErrNotFound, id)
+	}
+	return f, err
+}
+
+// Remove removes file id.
+func (d Dir) Remove(_ context.Context, id string) error {
+	if err := os.Remove(d.path(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // File returns owner's file id (ErrNotFound).
@@ -267,11 +378,11 @@ func (s *Service) Content(ctx context.Context, owner, id string) (File, io.ReadC
 	if err != nil {
 		return File{}, nil, err
 	}
-	rc, err := os.Open(s.path(id))
-	if errors.Is(err, os.ErrNotExist) {
-		return File{}, nil, fmt.Errorf("%w: file %s has no content", ErrNotFound, id)
+	rc, err := s.contents.Open(ctx, id)
+	if err != nil {
+		return File{}, nil, err
 	}
-	return f, rc, err
+	return f, rc, nil
 }
 
 // DeleteFile deletes owner's file id and its bytes.
@@ -279,9 +390,7 @@ func (s *Service) DeleteFile(ctx context.Context, owner, id string) error {
 	if err := s.store.DeleteFile(ctx, owner, id); err != nil {
 		return err
 	}
-	if err := os.Remove(s.path(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		s.logger.Warn("file bytes left behind", "file", id, "err", err)
-	}
+	s.removeContent(id)
 	return nil
 }
 
@@ -338,8 +447,8 @@ func (s *Service) CreateMessageBatch(ctx context.Context, owner string, reqs []M
 	lines := make([]Line, len(reqs))
 	seen := make(map[string]bool, len(reqs))
 	for i, r := range reqs {
-		if r.CustomID == "" || len(r.CustomID) > 64 {
-			return Batch{}, fmt.Errorf("%w: requests.%d.custom_id: between 1 and 64 characters", ErrInvalid, i)
+		if !validCustomID(r.CustomID) {
+			return Batch{}, fmt.Errorf("%w: requests.%d.custom_id: String should match pattern '^[a-zA-Z0-9_-]{1,64}$'", ErrInvalid, i)
 		}
 		if seen[r.CustomID] {
 			return Batch{}, fmt.Errorf("%w: requests.%d.custom_id: %q is used twice", ErrInvalid, i, r.CustomID)
@@ -352,6 +461,22 @@ func (s *Service) CreateMessageBatch(ctx context.Context, owner string, reqs []M
 		CompletionWindow: "24h", Status: StatusInProgress, CreatedAt: now, InProgressAt: now,
 		ExpiresAt: now.Add(s.cfg.CompletionWindow), Total: len(lines)}
 	return b, s.create(ctx, b, lines)
+}
+
+// validCustomID reports whether id matches Anthropic's custom_id pattern,
+// ^[a-zA-Z0-9_-]{1,64}$.
+func validCustomID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range []byte(id) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // create stores b (and lines, when given) and starts its job.
@@ -370,12 +495,7 @@ func (s *Service) create(ctx context.Context, b Batch, lines []Line) error {
 			return err
 		}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil // resumed by the next Start
-	}
-	s.startLocked(b, time.Time{})
+	s.claim(ctx, b.ID, false) // nobody holds it yet; else a service that claimed it first runs it
 	return nil
 }
 
@@ -394,30 +514,32 @@ func (s *Service) Batches(ctx context.Context, owner, kind, after string, limit 
 }
 
 // Cancel asks owner's batch id to stop: it goes to cancelling at once,
-// and to cancelled once its lines in flight have ended. Cancelling a
-// batch already cancelling is no change; one that ended is ErrState.
+// and to cancelled once its lines in flight have ended, on whichever
+// service runs it (this one at once, another at its next lease renewal).
+// Cancelling a batch already cancelling is no change; one that ended is
+// ErrState.
 func (s *Service) Cancel(ctx context.Context, owner, kind, id string) (Batch, error) {
-	b, err := s.Batch(ctx, owner, kind, id)
+	if _, err := s.Batch(ctx, owner, kind, id); err != nil {
+		return Batch{}, err
+	}
+	b, err := s.store.RequestCancel(ctx, owner, id, s.cfg.Now())
 	if err != nil {
 		return Batch{}, err
 	}
 	s.mu.Lock()
 	j := s.jobs[id]
 	s.mu.Unlock()
-	if j == nil {
-		if b.Status == StatusCancelling {
-			return b, nil
-		}
-		return Batch{}, fmt.Errorf("%w: batch %s is %s", ErrState, id, b.Status)
+	if j != nil {
+		j.cancelled(b)
 	}
-	return j.cancel(ctx)
+	return b, nil
 }
 
-// startLocked starts b's job unless one runs; resumed is when Start
-// resumed it (zero for a new batch).
-func (s *Service) startLocked(b Batch, resumed time.Time) {
-	if _, ok := s.jobs[b.ID]; ok {
-		return
+// startLocked starts b's job unless one runs (false then); resumed is
+// when it was claimed from an earlier runner (zero for a new batch).
+func (s *Service) startLocked(b Batch, resumed time.Time) bool {
+	if _, ok := s.jobs[b.ID]; ok || s.ctx == nil {
+		return false
 	}
 	j := newJob(s, b)
 	j.resumed = resumed
@@ -430,6 +552,24 @@ func (s *Service) startLocked(b Batch, resumed time.Time) {
 		delete(s.jobs, b.ID)
 		s.mu.Unlock()
 	}()
+	return true
+}
+
+// Statuses are every status of a batch, in the order of its life.
+var Statuses = []string{StatusValidating, StatusFailed, StatusInProgress, StatusFinalizing, StatusCompleted,
+	StatusExpired, StatusCancelling, StatusCancelled}
+
+// Counts counts the batches of every owner by status (every status of
+// Statuses, 0 when none).
+func (s *Service) Counts(ctx context.Context) (map[string]int, error) {
+	counts, err := s.store.CountBatches(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, st := range Statuses {
+		counts[st] += 0
+	}
+	return counts, nil
 }
 
 // Active lists every batch still being worked on, of every owner, with

@@ -336,11 +336,13 @@ func TestBatchCancel(t *testing.T) {
 	c.waitBatch(id, "in_progress")
 	// iop status shows its progress.
 	v, err := status.Fetch(context.Background(), http.DefaultClient, c.base)
-	if err != nil || len(v.Batches) != 1 || v.Batches[0].ID != id || v.Batches[0].Total != 30 || v.Batches[0].API != "openai" {
+	if err != nil || len(v.Batches) != 1 || v.Batches[0].ID != id || v.Batches[0].Total != 30 || v.Batches[0].API != "openai" ||
+		!strings.Contains(v.Batches[0].Runner, "/") {
 		t.Fatalf("status: %+v %v", v.Batches, err)
 	}
 	var table strings.Builder
-	if err := status.Render(&table, v, time.Now()); err != nil || !strings.Contains(table.String(), "BATCHES (1)") || !strings.Contains(table.String(), id) {
+	if err := status.Render(&table, v, time.Now()); err != nil || !strings.Contains(table.String(), "BATCHES (1)") || !strings.Contains(table.String(), id) ||
+		!strings.Contains(table.String(), "EDGE") {
 		t.Fatalf("status table: %v\n%s", err, table.String())
 	}
 	b := c.object(http.MethodPost, "/v1/batches/"+id+"/cancel", "")

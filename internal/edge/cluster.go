@@ -163,7 +163,8 @@ type clusterMode struct {
 	name  string
 	peers *peerAuth // identity, token and TLS between edges (cluster_auth.go); nil on a simulated network
 	keys  clusterKeys
-	born  time.Time // when this edge started (its nodes connect from then on)
+	quota clusterQuota // quota reservations at the leader (cluster_quota.go)
+	born  time.Time    // when this edge started (its nodes connect from then on)
 
 	ready   atomic.Int64 // the epoch whose rebuild is done (this edge leads it)
 	session atomic.Int64 // the epoch of this follower's open admission session (0: none)
@@ -229,6 +230,7 @@ func startClusterMode(s *Service, cfg cluster.Config, el elector, pn peerNet, pe
 		permits:  make(map[uint64]func()),
 		stop:     make(chan struct{}),
 	}
+	cm.quota.deps = s.quotaDeps
 	cm.stopCtx, cm.stopNow = context.WithCancel(context.Background())
 	cm.wg.Add(2)
 	go cm.leadLoop()
@@ -283,11 +285,14 @@ func (cm *clusterMode) leadLoop() {
 			cm.endTerm("a newer epoch")
 			led = st.Epoch
 			cm.electedKeys()
+			cm.quotaElected(led)
 			ctx, cancel := context.WithCancel(cm.stopCtx)
+			t := &leadTerm{epoch: led, ctx: ctx, cancel: cancel}
 			cm.mu.Lock()
-			cm.term = &leadTerm{epoch: led, ctx: ctx, cancel: cancel}
+			cm.term = t
 			cm.mu.Unlock()
 			cm.rebuild(st.Epoch)
+			cm.quotaReady(t)
 			cm.ready.Store(st.Epoch)
 			cm.s.log.Info("cluster leader ready", "edge", cm.name, "epoch", st.Epoch)
 			cm.s.reg.notify()
@@ -753,6 +758,7 @@ func (a *admissionServer) Follow(req *clusterv1.FollowRequest, stream grpc.Serve
 	}
 	epoch := t.epoch
 	edge := req.GetEdge()
+	defer cm.followSession(edge, req.GetQuotas())()
 	for _, hr := range req.GetRuns() {
 		cm.adoptRun(epoch, hr.GetNodeId(), hr.GetProviderId(), hr.GetRunId(), hr.GetEpoch(), hr.GetLeaseId(), hr.GetLong(), edge)
 	}
@@ -959,7 +965,7 @@ func (cm *clusterMode) followOnce(st cluster.State) {
 	}
 	ctx, cancel := context.WithCancel(cm.stopCtx)
 	defer cancel()
-	stream, err := cli.Follow(ctx, &clusterv1.FollowRequest{Epoch: st.Epoch, Edge: cm.name, Advertise: cm.cfg.Advertise, Runs: cm.s.heldRuns()})
+	stream, err := cli.Follow(ctx, &clusterv1.FollowRequest{Epoch: st.Epoch, Edge: cm.name, Advertise: cm.cfg.Advertise, Runs: cm.s.heldRuns(), Quotas: cm.heldQuotas()})
 	if err != nil {
 		return
 	}

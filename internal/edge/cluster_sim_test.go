@@ -459,6 +459,18 @@ func (c *simClient) ReleaseKey(ctx context.Context, in *clusterv1.ReleaseKeyRequ
 	return simUnary(c, ctx, func(sctx context.Context) (*clusterv1.ReleaseKeyReply, error) { return c.server().ReleaseKey(sctx, in) })
 }
 
+func (c *simClient) ReserveQuota(ctx context.Context, in *clusterv1.ReserveQuotaRequest, _ ...grpc.CallOption) (*clusterv1.ReserveQuotaReply, error) {
+	return simUnary(c, ctx, func(sctx context.Context) (*clusterv1.ReserveQuotaReply, error) {
+		return c.server().ReserveQuota(sctx, in)
+	})
+}
+
+func (c *simClient) SettleQuota(ctx context.Context, in *clusterv1.SettleQuotaRequest, _ ...grpc.CallOption) (*clusterv1.SettleQuotaReply, error) {
+	return simUnary(c, ctx, func(sctx context.Context) (*clusterv1.SettleQuotaReply, error) {
+		return c.server().SettleQuota(sctx, in)
+	})
+}
+
 // ---- the election: etcd's, simulated ----
 
 type simKey struct {

@@ -34,6 +34,7 @@ type provider struct {
 	path   nodev1.ExecutionPath
 
 	healthy      bool
+	costWeight   float64  // GPU-time of one slot second (0 = 1)
 	capacity     int      // ≥ 1
 	longCapacity int      // 0 = follows capacity
 	models       []string // served model names, sorted, unique
@@ -340,6 +341,7 @@ func parseHello(h *nodev1.Hello, now time.Time) (*conn, error) {
 			loaded:       hp.GetLoaded(),
 			loadedSet:    hp.GetLoadedSet(),
 			maxLoaded:    int(max(hp.GetMaxLoadedModels(), 0)),
+			costWeight:   hp.GetCostWeight(),
 		}
 		p.capSet = setOf(p.caps)
 		ids[id] = true

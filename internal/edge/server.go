@@ -38,6 +38,9 @@ type Deps struct {
 	// Admission service (Serve serves on it and closes it); nil means
 	// Serve listens on cluster.listen.
 	ClusterListener net.Listener
+	// Quota is the quota ledger the scheduler leader keeps for every edge
+	// (with Config.Cluster; cluster_quota.go).
+	Quota QuotaDeps
 }
 
 // Server is the edge core: node registry, catalog, scheduler and the gRPC
@@ -97,6 +100,7 @@ func NewServer(cfg Config, deps Deps) (*Server, error) {
 	svc.breakers.onBack = svc.rotationChanged
 	svc.stopping, svc.stopRequests = context.WithCancelCause(context.Background())
 	svc.adm = localAdmission{s: svc}
+	svc.quotaDeps = deps.Quota
 	if cfg.Cluster != nil {
 		if svc.cl, err = newClusterMode(svc, *cfg.Cluster); err != nil {
 			return nil, fmt.Errorf("%w: cluster: %w", ErrInvalidConfig, err)

@@ -109,6 +109,8 @@ type Service struct {
 	// cl is the cluster side (several edges, Config.Cluster); nil for a
 	// single edge, whose admissions never look at it.
 	cl *clusterMode
+	// quotaDeps are Deps.Quota, for the cluster side.
+	quotaDeps QuotaDeps
 	// keep is keep_loaded's and the admin loads' state (residency_keep.go).
 	keep keepState
 
@@ -364,6 +366,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req contract.Request, tried 
 			NodeID:                cand.NodeID,
 			ProviderID:            cand.ProviderID,
 			ProviderType:          p.typ,
+			CostWeight:            p.costWeight,
 			ServedModel:           cand.Target,
 			Generation:            cand.Generation,
 			Path:                  contractPath(p.path),

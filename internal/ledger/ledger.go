@@ -45,6 +45,9 @@ type Entry struct {
 	// ("queue_full", "model_not_found", "concurrency_limit_exceeded",
 	// ...); "" for one that did not.
 	ErrorCode string
+	// Batch marks a line of a batch (run by the edge's batch runner at
+	// the batch priority), not a client's own request.
+	Batch bool
 }
 
 // GPUTime is e's slot time weighted by its cost weight (1 when not
@@ -67,8 +70,16 @@ const (
 	GroupModel    = "model"
 	GroupProvider = "provider" // node_id/provider_id
 	GroupNode     = "node"
-	GroupDay      = "day"  // the date of Entry.Time in Query.Location (UTC by default), YYYY-MM-DD
-	GroupTeam     = "team" // Query.TeamOf of the entry's key; "" for a key in no team
+	GroupDay      = "day"   // the date of Entry.Time in Query.Location (UTC by default), YYYY-MM-DD
+	GroupTeam     = "team"  // Query.TeamOf of the entry's key; "" for a key in no team
+	GroupBatch    = "batch" // "batch" for Entry.Batch, else "interactive"
+)
+
+// Values of Query.Batch.
+const (
+	BatchAll         = ""            // every entry
+	BatchOnly        = "batch"       // the entries of Entry.Batch
+	BatchInteractive = "interactive" // the others
 )
 
 // Query selects and groups entries. Zero fields select everything.
@@ -84,6 +95,9 @@ type Query struct {
 	From, To time.Time
 	// GroupBy is one of the Group constants.
 	GroupBy string
+	// Batch selects batch lines or interactive requests (the Batch
+	// constants); an unknown value is ErrInvalidQuery.
+	Batch string
 	// Location is the time zone whose dates GroupDay names; nil is UTC.
 	// Exact for every zone whose offsets are whole quarter hours (every
 	// zone since 1972).

@@ -117,6 +117,49 @@ func testStore(t *testing.T, s Store) {
 		t.Errorf("after batches of reused statements: %+v (%v), want %d requests and %d completion tokens", got, err, total, want)
 	}
 	testTeamsDaysAndGPUTime(t, s)
+	testBatchLines(t, s)
+}
+
+// testBatchLines is the conformance suite's part for batch lines: they
+// are kept apart from interactive requests (Entry.Batch), selected by
+// Query.Batch and grouped by GroupBatch (entries of March 2026).
+func testBatchLines(t *testing.T, s Store) {
+	ctx := context.Background()
+	at := time.Date(2026, 3, 2, 10, 0, 0, 0, time.UTC)
+	entries := []Entry{
+		{Time: at, Key: "ann", Model: "march", PromptTokens: 1, Batch: true},
+		{Time: at, Key: "ann", Model: "march", PromptTokens: 2},
+		{Time: at, Key: "ann", Model: "march", PromptTokens: 4, Batch: true},
+	}
+	if err := s.Insert(ctx, entries); err != nil {
+		t.Fatal(err)
+	}
+	march := Query{Model: "march", From: at, To: at.Add(time.Hour)}
+	for _, tc := range []struct {
+		batch, groupBy, want string
+	}{
+		{BatchAll, GroupBatch, "[batch 2 5] [interactive 1 2]"},
+		{BatchOnly, GroupNone, "[ 2 5]"},
+		{BatchInteractive, GroupKey, "[ann 1 2]"},
+		{BatchOnly, GroupBatch, "[batch 2 5]"},
+	} {
+		q := march
+		q.Batch, q.GroupBy = tc.batch, tc.groupBy
+		got, err := s.Aggregate(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var parts []string
+		for _, g := range got {
+			parts = append(parts, fmt.Sprintf("[%s %d %d]", g.Group, g.Requests, g.PromptTokens))
+		}
+		if got := strings.Join(parts, " "); got != tc.want {
+			t.Errorf("batch %q by %q: got %s, want %s", tc.batch, tc.groupBy, got, tc.want)
+		}
+	}
+	if _, err := s.Aggregate(ctx, Query{Batch: "sometimes"}); !errors.Is(err, ErrInvalidQuery) {
+		t.Errorf("an unknown batch selection: %v, want ErrInvalidQuery", err)
+	}
 }
 
 // testTeamsDaysAndGPUTime is the conformance suite's part for teams (from

@@ -48,7 +48,8 @@ var schema = []string{`CREATE TABLE IF NOT EXISTS usage_ledger (
 	error_code        TEXT   NOT NULL DEFAULT '',
 	slot_ns           BIGINT NOT NULL DEFAULT 0,
 	cost_weight       DOUBLE PRECISION NOT NULL DEFAULT 0,
-	gpu_ns            BIGINT NOT NULL DEFAULT 0
+	gpu_ns            BIGINT NOT NULL DEFAULT 0,
+	batch             INTEGER NOT NULL DEFAULT 0
 )`,
 	`CREATE INDEX IF NOT EXISTS usage_ledger_at ON usage_ledger (at_ns)`,
 	`CREATE INDEX IF NOT EXISTS usage_ledger_key ON usage_ledger (key_name, at_ns)`,
@@ -62,10 +63,11 @@ var addedColumns = []struct{ name, def string }{
 	{"slot_ns", "BIGINT NOT NULL DEFAULT 0"},
 	{"cost_weight", "DOUBLE PRECISION NOT NULL DEFAULT 0"},
 	{"gpu_ns", "BIGINT NOT NULL DEFAULT 0"},
+	{"batch", "INTEGER NOT NULL DEFAULT 0"}, // 1 for Entry.Batch
 }
 
 // columnsPerRow is the number of columns Insert writes per entry.
-const columnsPerRow = 17
+const columnsPerRow = 18
 
 // OpenSQLite opens (creating if needed) the ledger table in the SQLite
 // database at path, the edge's run database (its own table there), or a
@@ -181,7 +183,7 @@ func (s *SQL) param(n int) string {
 }
 
 // rowsPerInsert is the most rows one INSERT statement carries
-// (columnsPerRow parameters each: 1,088, far below SQLite's 32,766 and
+// (columnsPerRow parameters each: 1,152, far below SQLite's 32,766 and
 // PostgreSQL's 65,535).
 const rowsPerInsert = 64
 
@@ -231,7 +233,7 @@ func (s *SQL) Insert(ctx context.Context, entries []Entry) error {
 			args = append(args, e.Time.UnixNano(), e.Time.UTC().Format(time.DateOnly), e.Key, e.Model,
 				e.RunID, e.NodeID, e.ProviderID, e.ServedModel, e.PromptTokens, e.CompletionTokens,
 				int64(e.Duration), e.Outcome, e.RequestID, e.ErrorCode,
-				int64(e.SlotTime), e.CostWeight, int64(e.GPUTime()))
+				int64(e.SlotTime), e.CostWeight, int64(e.GPUTime()), batchFlag(e.Batch))
 		}
 		if _, err := stmt.ExecContext(ctx, args...); err != nil {
 			return err
@@ -262,7 +264,7 @@ func (s *SQL) insertSQL(rows int) string {
 	var b strings.Builder
 	b.WriteString(`INSERT INTO usage_ledger (at_ns, day, key_name, model, run_id, node_id,
 		provider_id, served_model, prompt_tokens, completion_tokens, duration_ns, outcome, request_id, error_code,
-		slot_ns, cost_weight, gpu_ns) VALUES `)
+		slot_ns, cost_weight, gpu_ns, batch) VALUES `)
 	for r := range rows {
 		if r > 0 {
 			b.WriteString(", ")
@@ -294,6 +296,15 @@ var groupColumns = map[string]string{
 	GroupProvider: "CASE WHEN node_id = '' AND provider_id = '' THEN '' ELSE node_id || '/' || provider_id END",
 	GroupNode:     "node_id",
 	GroupDay:      "day",
+	GroupBatch:    "CASE WHEN batch = 1 THEN 'batch' ELSE 'interactive' END",
+}
+
+// batchFlag is the batch column's value of Entry.Batch.
+func batchFlag(batch bool) int {
+	if batch {
+		return 1
+	}
+	return 0
 }
 
 // dayBucket is the span of the rows summed together for GroupDay in a zone
@@ -416,6 +427,15 @@ func (s *SQL) sums(ctx context.Context, q Query, keyCol, col string) ([]keyedGro
 	}
 	if q.Model != "" {
 		cond("model = %s", q.Model)
+	}
+	switch q.Batch {
+	case BatchAll:
+	case BatchOnly:
+		cond("batch = %s", 1)
+	case BatchInteractive:
+		cond("batch = %s", 0)
+	default:
+		return nil, fmt.Errorf("%w: batch %q", ErrInvalidQuery, q.Batch)
 	}
 	// at_ns holds int64 nanoseconds (1677-09-21 to 2262-04-11): a bound
 	// beyond them bounds nothing, and UnixNano would overflow it.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net"
 	"os"
 	"regexp"
@@ -205,6 +206,10 @@ type ProviderConfig struct {
 	// so its scheduler predicts evictions; 0 means unknown (the edge learns
 	// it from the server's /api/ps readings).
 	MaxLoadedModels int `yaml:"max_loaded_models"`
+	// CostWeight is what one second of one of its slots counts as in
+	// GPU-time (the edge's gpu_seconds quotas): a provider on a GPU twice
+	// as costly says 2; 0 means 1. Told to the edge.
+	CostWeight float64 `yaml:"cost_weight"`
 	// Capabilities are advertised in addition to "stream", which every
 	// provider has: cancel, tools, vision, embeddings, background, ... For
 	// a provider whose models are discovered, each model has the
@@ -447,6 +452,9 @@ func (c Config) validate(inProcess bool) error {
 		}
 		if p.MaxLoadedModels < 0 {
 			bad("%s: max_loaded_models %d: must not be negative", name, p.MaxLoadedModels)
+		}
+		if p.CostWeight < 0 || math.IsNaN(p.CostWeight) || math.IsInf(p.CostWeight, 0) || p.CostWeight > 1e6 {
+			bad("%s: cost_weight %v: must be a number from 0 (meaning 1) to 1e6", name, p.CostWeight)
 		}
 		if p.Timeout < 0 {
 			bad("%s: timeout %v: must not be negative", name, p.Timeout)

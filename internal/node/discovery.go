@@ -90,6 +90,7 @@ func (a *Agent) providerMessage(p *provider, v advert) *nodev1.Provider {
 		Healthy:           v.healthy,
 		ModelCapabilities: v.entries,
 		MaxLoadedModels:   int32(p.cfg.MaxLoadedModels),
+		CostWeight:        p.cfg.CostWeight,
 	}
 }
 

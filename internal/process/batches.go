@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"os"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -14,22 +15,30 @@ import (
 // edgeBatches is the edge's files and batches: their store, service and
 // the counter of finished lines.
 type edgeBatches struct {
-	store  *batch.SQLite
+	store  *batch.SQL
 	svc    *batch.Service
 	tmpDir string // removed at close; "" when the files live beside the database
 }
 
-// openBatches opens the batch tables in cfg.Database and the files'
+// openBatches opens the batch tables: in PostgreSQL with cfg.RunsDSN,
+// shared by the edges on it (each batch runs on the edge holding its
+// lease) with the files' bytes; else in cfg.Database, the files'
 // directory beside it (cfg.Database + ".files"; a temporary one for an
 // in-memory database). The runner starts with the HTTP API (serve).
-func (e *edgeProcess) openBatches(context.Context) error {
+func (e *edgeProcess) openBatches(ctx context.Context) error {
 	b := &edgeBatches{}
 	var err error
-	if b.store, err = batch.OpenSQLite(e.cfg.Database); err != nil {
+	var contents batch.Contents
+	dir := e.cfg.Database + ".files"
+	if e.cfg.RunsDSN != "" {
+		if b.store, err = batch.OpenPostgres(ctx, e.cfg.RunsDSN); err != nil {
+			return err
+		}
+		contents, dir = b.store, ""
+	} else if b.store, err = batch.OpenSQLite(e.cfg.Database); err != nil {
 		return err
 	}
-	dir := e.cfg.Database + ".files"
-	if e.cfg.Database == ":memory:" || e.cfg.Database == "" {
+	if contents == nil && (e.cfg.Database == ":memory:" || e.cfg.Database == "") {
 		if dir, err = os.MkdirTemp("", "iop-batch-files-"); err != nil {
 			b.store.Close()
 			return err
@@ -44,11 +53,15 @@ func (e *edgeProcess) openBatches(context.Context) error {
 		b.close()
 		return err
 	}
+	if err := e.obs.registry.Register(batchCounts{b}); err != nil {
+		b.close()
+		return err
+	}
 	maxFile := e.cfg.MaxBodyBytes // an upload is a request body: the edge's body limit bounds it
 	if maxFile <= 0 {
 		maxFile = batch.DefaultMaxFileBytes
 	}
-	b.svc, err = batch.New(batch.Config{Store: b.store, Dir: dir, MaxFileBytes: maxFile,
+	b.svc, err = batch.New(batch.Config{Store: b.store, Contents: contents, Dir: dir, MaxFileBytes: maxFile, Runner: e.edgeName(),
 		Ready: e.Service.Ready, Logger: e.logger, Progress: func(kind, state string) { lines.WithLabelValues(kind, state).Inc() }})
 	if err != nil {
 		b.close()
@@ -82,3 +95,41 @@ func (b *edgeBatches) close() error {
 
 // closeBatches stops the runner and closes the store.
 func (e *edgeProcess) closeBatches(context.Context) error { return e.batches.close() }
+
+// edgeName is this edge's name among edges sharing a database: cfg.Name,
+// else the cluster's name for it, else the host name ("" without one).
+func (e *edgeProcess) edgeName() string {
+	if e.cfg.Name != "" {
+		return e.cfg.Name
+	}
+	if e.cfg.Cluster != nil && e.cfg.Cluster.Name != "" {
+		return e.cfg.Cluster.Name
+	}
+	name, _ := os.Hostname()
+	return name
+}
+
+// batchesDesc is the gauge of batches by status.
+var batchesDesc = prometheus.NewDesc("iop_batches", "Batches by status (validating, in_progress, finalizing, completed, failed, expired, cancelling, cancelled), "+
+	"of every key; edges sharing a PostgreSQL database each report the same.", []string{"status"}, nil)
+
+// batchCounts collects iop_batches from the store at each scrape.
+type batchCounts struct{ b *edgeBatches }
+
+func (c batchCounts) Describe(ch chan<- *prometheus.Desc) { ch <- batchesDesc }
+
+func (c batchCounts) Collect(ch chan<- prometheus.Metric) {
+	if c.b.svc == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	counts, err := c.b.svc.Counts(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(batchesDesc, err)
+		return
+	}
+	for status, n := range counts {
+		ch <- prometheus.MustNewConstMetric(batchesDesc, prometheus.GaugeValue, float64(n), status)
+	}
+}

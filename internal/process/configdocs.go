@@ -158,6 +158,7 @@ var configDocs = configschema.Docs{
 	"node.ProviderConfig.base_url":           {Text: "The server's root: Ollama's address, or an OpenAI-compatible API root that `/chat/completions` is added to.", Default: node.DefaultOllamaURL + " for ollama", Example: "http://127.0.0.1:8000/v1"},
 	"node.ProviderConfig.models":             {Text: "The served model names; omitted (but for cli), the node discovers them from the server and follows its changes.", Example: "[meta-llama/Llama-3.1-8B-Instruct]"},
 	"node.ProviderConfig.capacity":           {Text: "The most requests the provider runs at once.", Default: "runtime_concurrency", Reload: true, Example: "2"},
+	"node.ProviderConfig.cost_weight":        {Text: "What one second of one of its slots counts as in GPU-time, for the edge's gpu_seconds quotas (a provider on a GPU twice as costly: 2); 0 means 1.", Default: "1", Example: "2"},
 	"node.ProviderConfig.max_loaded_models":  {Text: "How many models its server holds loaded at once (Ollama's OLLAMA_MAX_LOADED_MODELS), so the edge predicts which load evicts which model; 0: learned from the server's /api/ps. For type managed: how many of its servers run at once (default 1).", Default: "0", Example: "2"},
 	"node.ProviderConfig.long_capacity":      {Text: "The most long-context requests it runs at once.", Default: "capacity", Reload: true, Example: "1"},
 	"node.ProviderConfig.capabilities":       {Text: "`tools`, `vision`, `embeddings`, ...: what its models can do, overriding what a discovered server says.", Example: "[tools]"},

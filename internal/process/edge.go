@@ -66,6 +66,7 @@ type edgeProcess struct {
 	tr            *tracing.Tracing
 	nodeLis       net.Listener
 	usage         *ledger.Ledger
+	usageOpen     chan struct{} // closed once usage is set
 	responseStore *responses.SQLite
 	runManager    *runs.Manager
 	batches       *edgeBatches
@@ -193,7 +194,8 @@ func (e *edgeProcess) openServer(context.Context) error {
 	if err != nil {
 		return err
 	}
-	srv, err := edge.NewServer(e.cfg.Config, edge.Deps{Logger: e.logger, Clock: scheduler.RealClock(), Observer: obs.observer()})
+	e.usageOpen = make(chan struct{})
+	srv, err := edge.NewServer(e.cfg.Config, edge.Deps{Logger: e.logger, Clock: scheduler.RealClock(), Observer: obs.observer(), Quota: e.quotaDeps()})
 	if err != nil {
 		return err
 	}
@@ -263,6 +265,7 @@ func (e *edgeProcess) openLedger(ctx context.Context) error {
 	}
 	e.usage = ledger.New(store, e.logger)
 	e.Ledger = e.usage
+	close(e.usageOpen)
 	return nil
 }
 
@@ -363,7 +366,7 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 		Keys:           e.Keys,
 		AdminKeys:      e.AdminKeys,
 		Ledger:         e.usage,
-		Quota:          e.Quota,
+		Quota:          e.apiQuota(ctx),
 		Flow:           e.cfg.Fairness.Flow,
 		Tracer:         e.tr.Tracer,
 		KeyAdmit:       clusterKeyAdmit(e.cfg.Cluster, svc, e.Keys),

@@ -20,8 +20,11 @@
 //   - A team's windows bound the sum of its keys' usage.
 //   - An unknown model price never refuses: its tokens count, its cost is 0,
 //     logged once per model.
-//   - A new leader rebuilds the windows with Restore (settled usage, from the
-//     usage ledger) and Adopt (runs in flight, taken whether or not they fit).
+//   - A new leader rebuilds the windows: Reset, Restore (settled usage,
+//     from the usage ledger), Adopt (reservations in flight, taken whether
+//     or not they fit), and, after another leader, Fill of the minute
+//     windows (what the old leader let run last is unknown: refuse).
+//   - A reservation another ledger holds (Held) settles there, once.
 //
 // # Concurrency
 //

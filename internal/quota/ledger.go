@@ -108,6 +108,7 @@ type Ledger struct {
 	state       map[scopeID]*scope // kept across Configure, by name
 	unpriced    map[string]bool    // models logged without a price
 	outstanding int                // reservations not yet settled
+	gen         uint64             // Reset's count: reservations of an older one settle as no-ops
 	doubles     int                // Settle or Cancel of a settled reservation
 	overruns    int                // settlements above their reservation
 }
@@ -281,18 +282,23 @@ func (s *scope) usedLocked(w int) int64 {
 // addSettledLocked puts v in every ring's bucket of at.
 func (s *scope) addSettledLocked(at time.Time, v vec) {
 	for r := range s.rings {
-		idx := at.UnixNano() / int64(granule(r))
-		ring := s.rings[r]
-		i := sort.Search(len(ring), func(i int) bool { return ring[i].idx >= idx })
-		if i < len(ring) && ring[i].idx == idx {
-			ring[i].v.add(v)
-			continue
-		}
-		ring = append(ring, bucket{})
-		copy(ring[i+1:], ring[i:])
-		ring[i] = bucket{idx: idx, v: v}
-		s.rings[r] = ring
+		s.addRingLocked(r, at, v)
 	}
+}
+
+// addRingLocked puts v in ring r's bucket of at.
+func (s *scope) addRingLocked(r int, at time.Time, v vec) {
+	idx := at.UnixNano() / int64(granule(r))
+	ring := s.rings[r]
+	i := sort.Search(len(ring), func(i int) bool { return ring[i].idx >= idx })
+	if i < len(ring) && ring[i].idx == idx {
+		ring[i].v.add(v)
+		return
+	}
+	ring = append(ring, bucket{})
+	copy(ring[i+1:], ring[i:])
+	ring[i] = bucket{idx: idx, v: v}
+	s.rings[r] = ring
 }
 
 // refusalLocked checks window w of s for ask; nil if it fits.
@@ -345,7 +351,20 @@ type Reservation struct {
 	ask     Usage
 	scopes  []*scope
 	v       vec
+	gen     uint64
 	settled bool // guarded by l.mu
+
+	// end, for a reservation held by another ledger (Held), is called
+	// by its first Settle or Cancel; guarded by once.
+	end  func(used Usage, ran bool)
+	once sync.Once
+}
+
+// Held returns a reservation of ask that another ledger holds (a
+// scheduler leader's, several edges): its first Settle or Cancel calls
+// end once (ran false for Cancel), later ones nothing.
+func Held(ask Usage, end func(used Usage, ran bool)) *Reservation {
+	return &Reservation{ask: ask, end: end}
 }
 
 // Ask is what the reservation holds (OutputTokens as clamped by
@@ -387,7 +406,7 @@ func (l *Ledger) ReserveUpTo(key string, ask Usage, minOutput int64) (*Reservati
 		s.reserved.add(v)
 	}
 	l.outstanding++
-	return &Reservation{l: l, key: key, ask: ask, scopes: scopes, v: v}, nil
+	return &Reservation{l: l, key: key, ask: ask, scopes: scopes, v: v, gen: l.gen}, nil
 }
 
 // fitOutputLocked is the most output tokens every window of scopes holds
@@ -430,17 +449,85 @@ func (l *Ledger) Adopt(key string, ask Usage) *Reservation {
 		s.reserved.add(v)
 	}
 	l.outstanding++
-	return &Reservation{l: l, key: key, ask: ask, scopes: scopes, v: v}
+	return &Reservation{l: l, key: key, ask: ask, scopes: scopes, v: v, gen: l.gen}
 }
 
-// Restore counts one request's settled usage at the instant at (a new
-// leader rebuilding its windows from the usage ledger).
-func (l *Ledger) Restore(key string, at time.Time, used Usage) {
+// Restore counts the settled usage of requests requests, used in sum, at
+// the instant at (a new leader rebuilding its windows from the usage
+// ledger).
+func (l *Ledger) Restore(key string, at time.Time, used Usage, requests int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	v := l.vecLocked(used, 1)
+	v := l.vecLocked(used, requests)
 	for _, s := range l.scopesLocked(key) {
 		s.addSettledLocked(at, v)
+	}
+}
+
+// Reset forgets every window's usage, settled and reserved, keeping the
+// configuration: a leader rebuilds its windows from scratch (Restore,
+// Adopt, Fill). A reservation taken before settles as a no-op.
+func (l *Ledger) Reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.gen++
+	l.outstanding = 0
+	for _, st := range l.state {
+		st.reserved = vec{}
+		for r := range st.rings {
+			st.rings[r] = nil
+		}
+	}
+}
+
+// Fill charges every limited window of length length, of every key and
+// team, with what it has room for now, as if settled now: none of them
+// takes a reservation until that charge has left the window (length and
+// at most a granule more). A new leader that cannot know what the old
+// one let run in its last moments fills its shortest windows this way;
+// the charge counts in those windows only.
+func (l *Ledger) Fill(length time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.clk.Now()
+	ring := -1
+	for r, n := range lengths {
+		if n == length {
+			ring = r
+		}
+	}
+	if ring < 0 {
+		return
+	}
+	for _, s := range l.state {
+		s.pruneLocked(now)
+		var v vec
+		for w := range NumWindows {
+			if s.bounds[w] == 0 || ringOf[w] != ring {
+				continue
+			}
+			room := s.bounds[w] - s.usedLocked(w) - s.counted(w, v)
+			if room <= 0 {
+				continue
+			}
+			switch Windows[w].Unit {
+			case "tokens":
+				if s.tokens == CountOutput {
+					v[resOutput] += room
+				} else {
+					v[resInput] += room
+				}
+			case "requests":
+				v[resRequests] += room
+			case "gpu_ms":
+				v[resGPU] += room
+			default:
+				v[resCost] += room
+			}
+		}
+		if v != (vec{}) {
+			s.addRingLocked(ring, now, v)
+		}
 	}
 }
 
@@ -462,6 +549,14 @@ func (r *Reservation) settle(used Usage, requests int64) {
 	if r == nil {
 		return
 	}
+	if r.l == nil {
+		r.once.Do(func() {
+			if r.end != nil {
+				r.end(used, requests > 0)
+			}
+		})
+		return
+	}
 	l := r.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -470,6 +565,9 @@ func (r *Reservation) settle(used Usage, requests int64) {
 		return
 	}
 	r.settled = true
+	if r.gen != l.gen {
+		return // taken before a Reset: its usage is counted anew
+	}
 	l.outstanding--
 	v := l.vecLocked(used, requests)
 	for i := range v {

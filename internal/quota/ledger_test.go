@@ -171,3 +171,78 @@ func TestCollectorExportsRemaining(t *testing.T) {
 		t.Fatalf("gathered %q, want %q", got, want)
 	}
 }
+
+// TestFillRefusesTheMinuteOnly: a new leader's Fill of the minute windows
+// refuses every reservation that counts in one of them until a minute
+// (and a granule) has passed, names when it fits, and leaves the day
+// windows as they were.
+func TestFillRefusesTheMinuteOnly(t *testing.T) {
+	t.Parallel()
+	l, clk := newLedger(t, Scope{Bounds: Limits{TokensPerMinute: 1000, TokensPerDay: 5000, RequestsPerMinute: 10}.Bounds()}, nil, nil)
+	r, err := l.Reserve("k", Usage{InputTokens: 100, OutputTokens: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Fill(time.Minute)
+	_, err = l.Reserve("k", Usage{InputTokens: 1})
+	var ref *Refusal
+	if !errors.As(err, &ref) || ref.Window != "tokens_per_minute" || ref.Never || ref.RetryAfter != 61*time.Second {
+		t.Fatalf("after Fill: %v, want a tokens_per_minute refusal for 61s", err)
+	}
+	day := l.Status("k")[1]
+	if day.Window.Name != "tokens_per_day" || day.Used != 300 {
+		t.Fatalf("the day window after Fill: %+v, want only the 300 reserved", day)
+	}
+	r.Settle(Usage{InputTokens: 100, OutputTokens: 100})
+	clk.Advance(61 * time.Second)
+	if _, err := l.Reserve("k", Usage{InputTokens: 100, OutputTokens: 600}); err != nil {
+		t.Fatalf("a minute after Fill: %v", err)
+	}
+}
+
+// TestResetForgetsAndOldReservationsSettleAsNoOps: Reset empties every
+// window; a reservation taken before settles as a no-op (it is counted
+// anew by Restore or Adopt), and Restore counts its requests.
+func TestResetForgetsAndOldReservationsSettleAsNoOps(t *testing.T) {
+	t.Parallel()
+	l, clk := newLedger(t, Scope{Bounds: Limits{TokensPerMinute: 1000, RequestsPerDay: 5}.Bounds()}, nil, nil)
+	old, err := l.Reserve("k", Usage{InputTokens: 900})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Reset()
+	if st := l.Stats(); st.Outstanding != 0 {
+		t.Fatalf("stats after Reset %+v", st)
+	}
+	l.Restore("k", clk.Now(), Usage{InputTokens: 400}, 3)
+	adopted := l.Adopt("k", old.Ask())
+	old.Settle(Usage{InputTokens: 900})
+	ws := l.Status("k")
+	if ws[0].Used != 1300 || ws[1].Used != 4 {
+		t.Fatalf("windows %+v, want 400 restored + 900 adopted tokens, 3 + 1 requests", ws)
+	}
+	adopted.Settle(Usage{InputTokens: 50})
+	if ws := l.Status("k"); ws[0].Used != 450 || ws[1].Used != 4 {
+		t.Fatalf("windows after the adopted settled: %+v", ws)
+	}
+}
+
+// TestHeldSettlesOnce: a reservation another ledger holds calls its end
+// once, with the usage (Settle) or ran false (Cancel).
+func TestHeldSettlesOnce(t *testing.T) {
+	t.Parallel()
+	var calls []string
+	r := Held(Usage{OutputTokens: 10}, func(used Usage, ran bool) { calls = append(calls, fmt.Sprint(used.OutputTokens, ran)) })
+	if r.Ask().OutputTokens != 10 {
+		t.Fatalf("ask %+v", r.Ask())
+	}
+	r.Settle(Usage{OutputTokens: 7})
+	r.Cancel()
+	r.Settle(Usage{OutputTokens: 9})
+	c := Held(Usage{}, func(used Usage, ran bool) { calls = append(calls, fmt.Sprint(used.OutputTokens, ran)) })
+	c.Cancel()
+	c.Settle(Usage{})
+	if got := strings.Join(calls, ","); got != "7 true,0 false" {
+		t.Fatalf("ends %q", got)
+	}
+}

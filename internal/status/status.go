@@ -40,6 +40,9 @@ type Batch struct {
 	Failed         int     `json:"failed"`
 	LinesPerSecond float64 `json:"lines_per_second"`
 	ETASeconds     float64 `json:"eta_seconds"`
+	// Runner is the edge running the batch: its name, a slash and its
+	// process's suffix; "" while none does.
+	Runner string `json:"runner"`
 }
 
 // The admin API's entries (package adminwire).
@@ -155,14 +158,15 @@ func Render(w io.Writer, v View, now time.Time) error {
 	}
 	if len(v.Batches) > 0 {
 		fmt.Fprintf(tw, "\nBATCHES (%d)\n", len(v.Batches))
-		fmt.Fprintln(tw, "BATCH\tAPI\tOWNER\tSTATUS\tDONE\tFAILED\tTOTAL\tRATE\tETA")
+		fmt.Fprintln(tw, "BATCH\tAPI\tOWNER\tSTATUS\tDONE\tFAILED\tTOTAL\tRATE\tETA\tEDGE")
 		for _, b := range v.Batches {
 			rate, eta := "-", "-"
 			if b.LinesPerSecond > 0 {
 				rate = fmt.Sprintf("%.1f/s", b.LinesPerSecond)
 				eta = (time.Duration(b.ETASeconds) * time.Second).String()
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", b.ID, b.API, dash(b.Owner), b.Status, b.Done, b.Failed, b.Total, rate, eta)
+			edgeName, _, _ := strings.Cut(b.Runner, "/")
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\n", b.ID, b.API, dash(b.Owner), b.Status, b.Done, b.Failed, b.Total, rate, eta, dash(edgeName))
 		}
 	}
 	if err := tw.Flush(); err != nil {

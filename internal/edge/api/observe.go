@@ -90,6 +90,8 @@ type RequestRecord struct {
 	// dispatch's start plus its queue wait) to the end of the response:
 	// how long it held a provider slot; 0 when not dispatched.
 	SlotTime time.Duration
+	// CostWeight is the provider's cost_weight (0: 1; not dispatched).
+	CostWeight float64
 	// TimeToFirstToken is from Start to the first generated text reaching
 	// the edge (a non-empty delta; on the tunnel path an SSE event carrying
 	// content); 0 when none did or it cannot be seen (a tunnel JSON body).
@@ -278,6 +280,7 @@ func (o *observation) dispatched(info contract.DispatchInfo) {
 	}
 	o.rec.RunID, o.rec.NodeID, o.rec.ProviderID, o.rec.ProviderType = info.RunID, info.NodeID, info.ProviderID, info.ProviderType
 	o.rec.ServedModel, o.rec.Generation, o.rec.QueueWait = info.ServedModel, info.Generation, info.QueueWait
+	o.rec.CostWeight = info.CostWeight
 	o.rec.Admission = contract.AdmissionImmediate
 	if info.QueueReason == contract.AdmissionQueued {
 		o.rec.Admission = contract.AdmissionQueued
@@ -509,7 +512,10 @@ func (h *handler) finish(ctx context.Context, o *observation, status int) {
 		h.cfg.Observer.RequestDone(rec)
 	}
 	if h.cfg.Ledger != nil {
-		h.cfg.Ledger.Record(ledgerEntry(rec))
+		e := ledgerEntry(rec)
+		ic := internalOf(ctx)
+		e.Batch = ic != nil && ic.priority == contract.PriorityBatch // a batch line
+		h.cfg.Ledger.Record(e)
 	}
 }
 
@@ -518,7 +524,7 @@ func ledgerEntry(rec RequestRecord) ledger.Entry {
 	e := ledger.Entry{
 		Time: rec.Start, RequestID: rec.RequestID, Key: rec.Key, Model: rec.Model,
 		RunID: rec.RunID, NodeID: rec.NodeID, ProviderID: rec.ProviderID, ServedModel: rec.ServedModel,
-		Duration: rec.Duration, SlotTime: rec.SlotTime, Outcome: rec.Outcome.String(), ErrorCode: rec.ErrorCode,
+		Duration: rec.Duration, SlotTime: rec.SlotTime, CostWeight: rec.CostWeight, Outcome: rec.Outcome.String(), ErrorCode: rec.ErrorCode,
 	}
 	if rec.TokensKnown {
 		e.PromptTokens, e.CompletionTokens = int64(rec.InputTokens), int64(rec.OutputTokens)

@@ -194,7 +194,8 @@ func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 // usage was reported (a tunnel stream without include_usage, a run of
 // the runs API or a background response, dispatched by a request of its
 // own), what it reserved; its slot time is its
-// time from the end of its queue wait to the end of the answer.
+// time from the end of its queue wait to the end of the answer, weighted
+// by its provider's cost_weight.
 func settleQuota(res *quota.Reservation, rec RequestRecord, sent bool) {
 	if !sent && (rec.Status == 0 || rec.Status >= 400) {
 		res.Cancel()
@@ -205,6 +206,7 @@ func settleQuota(res *quota.Reservation, rec RequestRecord, sent bool) {
 		used.InputTokens, used.OutputTokens = int64(rec.InputTokens), int64(rec.OutputTokens)
 	}
 	used.SlotTime = max(0, rec.Duration-rec.QueueWait)
+	used.CostWeight = rec.CostWeight
 	res.Settle(used)
 }
 

@@ -125,6 +125,9 @@ const (
 // DispatchInfo describes where a run went. It does not change.
 type DispatchInfo struct {
 	RunID, NodeID, ProviderID, ProviderType, ServedModel string
+	// CostWeight is the provider's cost_weight: what one second of its
+	// slot counts as in GPU-time; 0 means 1.
+	CostWeight float64
 	// Generation is the node connection the run was sent on.
 	Generation uint64
 	// Path says how the answer comes back: tunnel or normalized.

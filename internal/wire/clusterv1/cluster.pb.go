@@ -900,7 +900,10 @@ type FollowRequest struct {
 	// Every run the follower relays now, with the epoch and lease that
 	// admitted it: a new leader counts those it has not counted yet (beside
 	// the nodes' reports), each once.
-	Runs          []*HeldRun `protobuf:"bytes,4,rep,name=runs,proto3" json:"runs,omitempty"`
+	Runs []*HeldRun `protobuf:"bytes,4,rep,name=runs,proto3" json:"runs,omitempty"`
+	// Every quota reservation the follower holds at a leader now (not yet
+	// settled there): a new leader takes each, once, before it admits.
+	Quotas        []*HeldQuota `protobuf:"bytes,5,rep,name=quotas,proto3" json:"quotas,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -959,6 +962,13 @@ func (x *FollowRequest) GetAdvertise() string {
 func (x *FollowRequest) GetRuns() []*HeldRun {
 	if x != nil {
 		return x.Runs
+	}
+	return nil
+}
+
+func (x *FollowRequest) GetQuotas() []*HeldQuota {
+	if x != nil {
+		return x.Quotas
 	}
 	return nil
 }
@@ -1095,6 +1105,637 @@ func (x *FollowReply) GetEpoch() int64 {
 	return 0
 }
 
+// QuotaUsage is one request's quota amount (package quota, Usage): what
+// it reserves, or what it used.
+type QuotaUsage struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	InputTokens   int64                  `protobuf:"varint,2,opt,name=input_tokens,json=inputTokens,proto3" json:"input_tokens,omitempty"`
+	OutputTokens  int64                  `protobuf:"varint,3,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
+	SlotTimeNs    int64                  `protobuf:"varint,4,opt,name=slot_time_ns,json=slotTimeNs,proto3" json:"slot_time_ns,omitempty"`
+	CostWeight    float64                `protobuf:"fixed64,5,opt,name=cost_weight,json=costWeight,proto3" json:"cost_weight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuotaUsage) Reset() {
+	*x = QuotaUsage{}
+	mi := &file_cluster_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuotaUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuotaUsage) ProtoMessage() {}
+
+func (x *QuotaUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuotaUsage.ProtoReflect.Descriptor instead.
+func (*QuotaUsage) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *QuotaUsage) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *QuotaUsage) GetInputTokens() int64 {
+	if x != nil {
+		return x.InputTokens
+	}
+	return 0
+}
+
+func (x *QuotaUsage) GetOutputTokens() int64 {
+	if x != nil {
+		return x.OutputTokens
+	}
+	return 0
+}
+
+func (x *QuotaUsage) GetSlotTimeNs() int64 {
+	if x != nil {
+		return x.SlotTimeNs
+	}
+	return 0
+}
+
+func (x *QuotaUsage) GetCostWeight() float64 {
+	if x != nil {
+		return x.CostWeight
+	}
+	return 0
+}
+
+// ReserveQuotaRequest: a follower's request of a key with a quota asks
+// the leader, which holds every edge's quota windows, for its worst case
+// (ask), its output tokens clamped down to no less than min_output.
+type ReserveQuotaRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Epoch         int64                  `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Edge          string                 `protobuf:"bytes,2,opt,name=edge,proto3" json:"edge,omitempty"`
+	Key           string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	Ask           *QuotaUsage            `protobuf:"bytes,4,opt,name=ask,proto3" json:"ask,omitempty"`
+	MinOutput     int64                  `protobuf:"varint,5,opt,name=min_output,json=minOutput,proto3" json:"min_output,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveQuotaRequest) Reset() {
+	*x = ReserveQuotaRequest{}
+	mi := &file_cluster_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveQuotaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveQuotaRequest) ProtoMessage() {}
+
+func (x *ReserveQuotaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveQuotaRequest.ProtoReflect.Descriptor instead.
+func (*ReserveQuotaRequest) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ReserveQuotaRequest) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ReserveQuotaRequest) GetEdge() string {
+	if x != nil {
+		return x.Edge
+	}
+	return ""
+}
+
+func (x *ReserveQuotaRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ReserveQuotaRequest) GetAsk() *QuotaUsage {
+	if x != nil {
+		return x.Ask
+	}
+	return nil
+}
+
+func (x *ReserveQuotaRequest) GetMinOutput() int64 {
+	if x != nil {
+		return x.MinOutput
+	}
+	return 0
+}
+
+// QuotaWindow is one limited window of a key or its team (the rate-limit
+// headers of the follower's answer).
+type QuotaWindow struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Scope         string                 `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Window        string                 `protobuf:"bytes,3,opt,name=window,proto3" json:"window,omitempty"`
+	Limit         int64                  `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	Used          int64                  `protobuf:"varint,5,opt,name=used,proto3" json:"used,omitempty"`
+	ResetAtUnixNs int64                  `protobuf:"varint,6,opt,name=reset_at_unix_ns,json=resetAtUnixNs,proto3" json:"reset_at_unix_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuotaWindow) Reset() {
+	*x = QuotaWindow{}
+	mi := &file_cluster_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuotaWindow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuotaWindow) ProtoMessage() {}
+
+func (x *QuotaWindow) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuotaWindow.ProtoReflect.Descriptor instead.
+func (*QuotaWindow) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *QuotaWindow) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *QuotaWindow) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *QuotaWindow) GetWindow() string {
+	if x != nil {
+		return x.Window
+	}
+	return ""
+}
+
+func (x *QuotaWindow) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *QuotaWindow) GetUsed() int64 {
+	if x != nil {
+		return x.Used
+	}
+	return 0
+}
+
+func (x *QuotaWindow) GetResetAtUnixNs() int64 {
+	if x != nil {
+		return x.ResetAtUnixNs
+	}
+	return 0
+}
+
+// QuotaRefusal is a reservation a window cannot hold (quota.Refusal).
+type QuotaRefusal struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Scope         string                 `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
+	Name          string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Window        string                 `protobuf:"bytes,3,opt,name=window,proto3" json:"window,omitempty"`
+	Limit         int64                  `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	Asked         int64                  `protobuf:"varint,5,opt,name=asked,proto3" json:"asked,omitempty"`
+	Used          int64                  `protobuf:"varint,6,opt,name=used,proto3" json:"used,omitempty"`
+	ResetAtUnixNs int64                  `protobuf:"varint,7,opt,name=reset_at_unix_ns,json=resetAtUnixNs,proto3" json:"reset_at_unix_ns,omitempty"`
+	RetryAfterNs  int64                  `protobuf:"varint,8,opt,name=retry_after_ns,json=retryAfterNs,proto3" json:"retry_after_ns,omitempty"`
+	Never         bool                   `protobuf:"varint,9,opt,name=never,proto3" json:"never,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuotaRefusal) Reset() {
+	*x = QuotaRefusal{}
+	mi := &file_cluster_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuotaRefusal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuotaRefusal) ProtoMessage() {}
+
+func (x *QuotaRefusal) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuotaRefusal.ProtoReflect.Descriptor instead.
+func (*QuotaRefusal) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *QuotaRefusal) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *QuotaRefusal) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *QuotaRefusal) GetWindow() string {
+	if x != nil {
+		return x.Window
+	}
+	return ""
+}
+
+func (x *QuotaRefusal) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *QuotaRefusal) GetAsked() int64 {
+	if x != nil {
+		return x.Asked
+	}
+	return 0
+}
+
+func (x *QuotaRefusal) GetUsed() int64 {
+	if x != nil {
+		return x.Used
+	}
+	return 0
+}
+
+func (x *QuotaRefusal) GetResetAtUnixNs() int64 {
+	if x != nil {
+		return x.ResetAtUnixNs
+	}
+	return 0
+}
+
+func (x *QuotaRefusal) GetRetryAfterNs() int64 {
+	if x != nil {
+		return x.RetryAfterNs
+	}
+	return 0
+}
+
+func (x *QuotaRefusal) GetNever() bool {
+	if x != nil {
+		return x.Never
+	}
+	return false
+}
+
+// ReserveQuotaReply: a hold (epoch, hold_id) of held, or over (the quota
+// refused it), or refused (not the leader).
+type ReserveQuotaReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Epoch         int64                  `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	HoldId        uint64                 `protobuf:"varint,2,opt,name=hold_id,json=holdId,proto3" json:"hold_id,omitempty"`
+	Held          *QuotaUsage            `protobuf:"bytes,3,opt,name=held,proto3" json:"held,omitempty"`
+	Over          *QuotaRefusal          `protobuf:"bytes,4,opt,name=over,proto3" json:"over,omitempty"`
+	Refused       *Refused               `protobuf:"bytes,5,opt,name=refused,proto3" json:"refused,omitempty"`
+	Windows       []*QuotaWindow         `protobuf:"bytes,6,rep,name=windows,proto3" json:"windows,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveQuotaReply) Reset() {
+	*x = ReserveQuotaReply{}
+	mi := &file_cluster_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveQuotaReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveQuotaReply) ProtoMessage() {}
+
+func (x *ReserveQuotaReply) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveQuotaReply.ProtoReflect.Descriptor instead.
+func (*ReserveQuotaReply) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ReserveQuotaReply) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ReserveQuotaReply) GetHoldId() uint64 {
+	if x != nil {
+		return x.HoldId
+	}
+	return 0
+}
+
+func (x *ReserveQuotaReply) GetHeld() *QuotaUsage {
+	if x != nil {
+		return x.Held
+	}
+	return nil
+}
+
+func (x *ReserveQuotaReply) GetOver() *QuotaRefusal {
+	if x != nil {
+		return x.Over
+	}
+	return nil
+}
+
+func (x *ReserveQuotaReply) GetRefused() *Refused {
+	if x != nil {
+		return x.Refused
+	}
+	return nil
+}
+
+func (x *ReserveQuotaReply) GetWindows() []*QuotaWindow {
+	if x != nil {
+		return x.Windows
+	}
+	return nil
+}
+
+// SettleQuotaRequest ends a hold once: with used (cancel false) or
+// counting nothing (cancel true: the request never ran). An unknown or
+// ended hold is a no-op.
+type SettleQuotaRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Epoch         int64                  `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	HoldId        uint64                 `protobuf:"varint,2,opt,name=hold_id,json=holdId,proto3" json:"hold_id,omitempty"`
+	Edge          string                 `protobuf:"bytes,3,opt,name=edge,proto3" json:"edge,omitempty"`
+	Used          *QuotaUsage            `protobuf:"bytes,4,opt,name=used,proto3" json:"used,omitempty"`
+	Cancel        bool                   `protobuf:"varint,5,opt,name=cancel,proto3" json:"cancel,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleQuotaRequest) Reset() {
+	*x = SettleQuotaRequest{}
+	mi := &file_cluster_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleQuotaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleQuotaRequest) ProtoMessage() {}
+
+func (x *SettleQuotaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleQuotaRequest.ProtoReflect.Descriptor instead.
+func (*SettleQuotaRequest) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *SettleQuotaRequest) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *SettleQuotaRequest) GetHoldId() uint64 {
+	if x != nil {
+		return x.HoldId
+	}
+	return 0
+}
+
+func (x *SettleQuotaRequest) GetEdge() string {
+	if x != nil {
+		return x.Edge
+	}
+	return ""
+}
+
+func (x *SettleQuotaRequest) GetUsed() *QuotaUsage {
+	if x != nil {
+		return x.Used
+	}
+	return nil
+}
+
+func (x *SettleQuotaRequest) GetCancel() bool {
+	if x != nil {
+		return x.Cancel
+	}
+	return false
+}
+
+type SettleQuotaReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Settled       bool                   `protobuf:"varint,1,opt,name=settled,proto3" json:"settled,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleQuotaReply) Reset() {
+	*x = SettleQuotaReply{}
+	mi := &file_cluster_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleQuotaReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleQuotaReply) ProtoMessage() {}
+
+func (x *SettleQuotaReply) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleQuotaReply.ProtoReflect.Descriptor instead.
+func (*SettleQuotaReply) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *SettleQuotaReply) GetSettled() bool {
+	if x != nil {
+		return x.Settled
+	}
+	return false
+}
+
+// HeldQuota is a reservation a follower holds: the hold (epoch, hold_id)
+// of key.
+type HeldQuota struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Epoch         int64                  `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	HoldId        uint64                 `protobuf:"varint,2,opt,name=hold_id,json=holdId,proto3" json:"hold_id,omitempty"`
+	Key           string                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	Held          *QuotaUsage            `protobuf:"bytes,4,opt,name=held,proto3" json:"held,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeldQuota) Reset() {
+	*x = HeldQuota{}
+	mi := &file_cluster_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeldQuota) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeldQuota) ProtoMessage() {}
+
+func (x *HeldQuota) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeldQuota.ProtoReflect.Descriptor instead.
+func (*HeldQuota) Descriptor() ([]byte, []int) {
+	return file_cluster_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *HeldQuota) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *HeldQuota) GetHoldId() uint64 {
+	if x != nil {
+		return x.HoldId
+	}
+	return 0
+}
+
+func (x *HeldQuota) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *HeldQuota) GetHeld() *QuotaUsage {
+	if x != nil {
+		return x.Held
+	}
+	return nil
+}
+
 var File_cluster_proto protoreflect.FileDescriptor
 
 const file_cluster_proto_rawDesc = "" +
@@ -1160,12 +1801,13 @@ const file_cluster_proto_rawDesc = "" +
 	"\x11ReleaseKeyRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\x12\x1b\n" +
 	"\tpermit_id\x18\x02 \x01(\x04R\bpermitId\"\x11\n" +
-	"\x0fReleaseKeyReply\"\x84\x01\n" +
+	"\x0fReleaseKeyReply\"\xb7\x01\n" +
 	"\rFollowRequest\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\x12\x12\n" +
 	"\x04edge\x18\x02 \x01(\tR\x04edge\x12\x1c\n" +
 	"\tadvertise\x18\x03 \x01(\tR\tadvertise\x12+\n" +
-	"\x04runs\x18\x04 \x03(\v2\x17.iop.cluster.v1.HeldRunR\x04runs\"\x9f\x01\n" +
+	"\x04runs\x18\x04 \x03(\v2\x17.iop.cluster.v1.HeldRunR\x04runs\x121\n" +
+	"\x06quotas\x18\x05 \x03(\v2\x19.iop.cluster.v1.HeldQuotaR\x06quotas\"\x9f\x01\n" +
 	"\aHeldRun\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x15\n" +
 	"\x06run_id\x18\x02 \x01(\tR\x05runId\x12\x1f\n" +
@@ -1175,14 +1817,69 @@ const file_cluster_proto_rawDesc = "" +
 	"\blease_id\x18\x05 \x01(\x04R\aleaseId\x12\x12\n" +
 	"\x04long\x18\x06 \x01(\bR\x04long\"#\n" +
 	"\vFollowReply\x12\x14\n" +
-	"\x05epoch\x18\x01 \x01(\x03R\x05epoch2\xff\x02\n" +
+	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\"\xad\x01\n" +
+	"\n" +
+	"QuotaUsage\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12!\n" +
+	"\finput_tokens\x18\x02 \x01(\x03R\vinputTokens\x12#\n" +
+	"\routput_tokens\x18\x03 \x01(\x03R\foutputTokens\x12 \n" +
+	"\fslot_time_ns\x18\x04 \x01(\x03R\n" +
+	"slotTimeNs\x12\x1f\n" +
+	"\vcost_weight\x18\x05 \x01(\x01R\n" +
+	"costWeight\"\x9e\x01\n" +
+	"\x13ReserveQuotaRequest\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\x12\x12\n" +
+	"\x04edge\x18\x02 \x01(\tR\x04edge\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12,\n" +
+	"\x03ask\x18\x04 \x01(\v2\x1a.iop.cluster.v1.QuotaUsageR\x03ask\x12\x1d\n" +
+	"\n" +
+	"min_output\x18\x05 \x01(\x03R\tminOutput\"\xa2\x01\n" +
+	"\vQuotaWindow\x12\x14\n" +
+	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
+	"\x06window\x18\x03 \x01(\tR\x06window\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x03R\x05limit\x12\x12\n" +
+	"\x04used\x18\x05 \x01(\x03R\x04used\x12'\n" +
+	"\x10reset_at_unix_ns\x18\x06 \x01(\x03R\rresetAtUnixNs\"\xf5\x01\n" +
+	"\fQuotaRefusal\x12\x14\n" +
+	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
+	"\x06window\x18\x03 \x01(\tR\x06window\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x03R\x05limit\x12\x14\n" +
+	"\x05asked\x18\x05 \x01(\x03R\x05asked\x12\x12\n" +
+	"\x04used\x18\x06 \x01(\x03R\x04used\x12'\n" +
+	"\x10reset_at_unix_ns\x18\a \x01(\x03R\rresetAtUnixNs\x12$\n" +
+	"\x0eretry_after_ns\x18\b \x01(\x03R\fretryAfterNs\x12\x14\n" +
+	"\x05never\x18\t \x01(\bR\x05never\"\x8e\x02\n" +
+	"\x11ReserveQuotaReply\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\x12\x17\n" +
+	"\ahold_id\x18\x02 \x01(\x04R\x06holdId\x12.\n" +
+	"\x04held\x18\x03 \x01(\v2\x1a.iop.cluster.v1.QuotaUsageR\x04held\x120\n" +
+	"\x04over\x18\x04 \x01(\v2\x1c.iop.cluster.v1.QuotaRefusalR\x04over\x121\n" +
+	"\arefused\x18\x05 \x01(\v2\x17.iop.cluster.v1.RefusedR\arefused\x125\n" +
+	"\awindows\x18\x06 \x03(\v2\x1b.iop.cluster.v1.QuotaWindowR\awindows\"\x9f\x01\n" +
+	"\x12SettleQuotaRequest\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\x12\x17\n" +
+	"\ahold_id\x18\x02 \x01(\x04R\x06holdId\x12\x12\n" +
+	"\x04edge\x18\x03 \x01(\tR\x04edge\x12.\n" +
+	"\x04used\x18\x04 \x01(\v2\x1a.iop.cluster.v1.QuotaUsageR\x04used\x12\x16\n" +
+	"\x06cancel\x18\x05 \x01(\bR\x06cancel\",\n" +
+	"\x10SettleQuotaReply\x12\x18\n" +
+	"\asettled\x18\x01 \x01(\bR\asettled\"|\n" +
+	"\tHeldQuota\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\x12\x17\n" +
+	"\ahold_id\x18\x02 \x01(\x04R\x06holdId\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12.\n" +
+	"\x04held\x18\x04 \x01(\v2\x1a.iop.cluster.v1.QuotaUsageR\x04held2\xac\x04\n" +
 	"\tAdmission\x12C\n" +
 	"\x05Admit\x12\x1c.iop.cluster.v1.AdmitRequest\x1a\x1a.iop.cluster.v1.AdmitReply0\x01\x12G\n" +
 	"\aRelease\x12\x1e.iop.cluster.v1.ReleaseRequest\x1a\x1c.iop.cluster.v1.ReleaseReply\x12J\n" +
 	"\bAdmitKey\x12\x1f.iop.cluster.v1.AdmitKeyRequest\x1a\x1d.iop.cluster.v1.AdmitKeyReply\x12P\n" +
 	"\n" +
 	"ReleaseKey\x12!.iop.cluster.v1.ReleaseKeyRequest\x1a\x1f.iop.cluster.v1.ReleaseKeyReply\x12F\n" +
-	"\x06Follow\x12\x1d.iop.cluster.v1.FollowRequest\x1a\x1b.iop.cluster.v1.FollowReply0\x01B'Z%iop/internal/wire/clusterv1;clusterv1b\x06proto3"
+	"\x06Follow\x12\x1d.iop.cluster.v1.FollowRequest\x1a\x1b.iop.cluster.v1.FollowReply0\x01\x12V\n" +
+	"\fReserveQuota\x12#.iop.cluster.v1.ReserveQuotaRequest\x1a!.iop.cluster.v1.ReserveQuotaReply\x12S\n" +
+	"\vSettleQuota\x12\".iop.cluster.v1.SettleQuotaRequest\x1a .iop.cluster.v1.SettleQuotaReplyB'Z%iop/internal/wire/clusterv1;clusterv1b\x06proto3"
 
 var (
 	file_cluster_proto_rawDescOnce sync.Once
@@ -1196,23 +1893,31 @@ func file_cluster_proto_rawDescGZIP() []byte {
 	return file_cluster_proto_rawDescData
 }
 
-var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_cluster_proto_goTypes = []any{
-	(*ProviderRef)(nil),       // 0: iop.cluster.v1.ProviderRef
-	(*AdmitRequest)(nil),      // 1: iop.cluster.v1.AdmitRequest
-	(*AdmitReply)(nil),        // 2: iop.cluster.v1.AdmitReply
-	(*Queued)(nil),            // 3: iop.cluster.v1.Queued
-	(*Granted)(nil),           // 4: iop.cluster.v1.Granted
-	(*Refused)(nil),           // 5: iop.cluster.v1.Refused
-	(*ReleaseRequest)(nil),    // 6: iop.cluster.v1.ReleaseRequest
-	(*ReleaseReply)(nil),      // 7: iop.cluster.v1.ReleaseReply
-	(*AdmitKeyRequest)(nil),   // 8: iop.cluster.v1.AdmitKeyRequest
-	(*AdmitKeyReply)(nil),     // 9: iop.cluster.v1.AdmitKeyReply
-	(*ReleaseKeyRequest)(nil), // 10: iop.cluster.v1.ReleaseKeyRequest
-	(*ReleaseKeyReply)(nil),   // 11: iop.cluster.v1.ReleaseKeyReply
-	(*FollowRequest)(nil),     // 12: iop.cluster.v1.FollowRequest
-	(*HeldRun)(nil),           // 13: iop.cluster.v1.HeldRun
-	(*FollowReply)(nil),       // 14: iop.cluster.v1.FollowReply
+	(*ProviderRef)(nil),         // 0: iop.cluster.v1.ProviderRef
+	(*AdmitRequest)(nil),        // 1: iop.cluster.v1.AdmitRequest
+	(*AdmitReply)(nil),          // 2: iop.cluster.v1.AdmitReply
+	(*Queued)(nil),              // 3: iop.cluster.v1.Queued
+	(*Granted)(nil),             // 4: iop.cluster.v1.Granted
+	(*Refused)(nil),             // 5: iop.cluster.v1.Refused
+	(*ReleaseRequest)(nil),      // 6: iop.cluster.v1.ReleaseRequest
+	(*ReleaseReply)(nil),        // 7: iop.cluster.v1.ReleaseReply
+	(*AdmitKeyRequest)(nil),     // 8: iop.cluster.v1.AdmitKeyRequest
+	(*AdmitKeyReply)(nil),       // 9: iop.cluster.v1.AdmitKeyReply
+	(*ReleaseKeyRequest)(nil),   // 10: iop.cluster.v1.ReleaseKeyRequest
+	(*ReleaseKeyReply)(nil),     // 11: iop.cluster.v1.ReleaseKeyReply
+	(*FollowRequest)(nil),       // 12: iop.cluster.v1.FollowRequest
+	(*HeldRun)(nil),             // 13: iop.cluster.v1.HeldRun
+	(*FollowReply)(nil),         // 14: iop.cluster.v1.FollowReply
+	(*QuotaUsage)(nil),          // 15: iop.cluster.v1.QuotaUsage
+	(*ReserveQuotaRequest)(nil), // 16: iop.cluster.v1.ReserveQuotaRequest
+	(*QuotaWindow)(nil),         // 17: iop.cluster.v1.QuotaWindow
+	(*QuotaRefusal)(nil),        // 18: iop.cluster.v1.QuotaRefusal
+	(*ReserveQuotaReply)(nil),   // 19: iop.cluster.v1.ReserveQuotaReply
+	(*SettleQuotaRequest)(nil),  // 20: iop.cluster.v1.SettleQuotaRequest
+	(*SettleQuotaReply)(nil),    // 21: iop.cluster.v1.SettleQuotaReply
+	(*HeldQuota)(nil),           // 22: iop.cluster.v1.HeldQuota
 }
 var file_cluster_proto_depIdxs = []int32{
 	0,  // 0: iop.cluster.v1.AdmitRequest.prefer:type_name -> iop.cluster.v1.ProviderRef
@@ -1222,21 +1927,33 @@ var file_cluster_proto_depIdxs = []int32{
 	5,  // 4: iop.cluster.v1.AdmitReply.refused:type_name -> iop.cluster.v1.Refused
 	5,  // 5: iop.cluster.v1.AdmitKeyReply.refused:type_name -> iop.cluster.v1.Refused
 	13, // 6: iop.cluster.v1.FollowRequest.runs:type_name -> iop.cluster.v1.HeldRun
-	1,  // 7: iop.cluster.v1.Admission.Admit:input_type -> iop.cluster.v1.AdmitRequest
-	6,  // 8: iop.cluster.v1.Admission.Release:input_type -> iop.cluster.v1.ReleaseRequest
-	8,  // 9: iop.cluster.v1.Admission.AdmitKey:input_type -> iop.cluster.v1.AdmitKeyRequest
-	10, // 10: iop.cluster.v1.Admission.ReleaseKey:input_type -> iop.cluster.v1.ReleaseKeyRequest
-	12, // 11: iop.cluster.v1.Admission.Follow:input_type -> iop.cluster.v1.FollowRequest
-	2,  // 12: iop.cluster.v1.Admission.Admit:output_type -> iop.cluster.v1.AdmitReply
-	7,  // 13: iop.cluster.v1.Admission.Release:output_type -> iop.cluster.v1.ReleaseReply
-	9,  // 14: iop.cluster.v1.Admission.AdmitKey:output_type -> iop.cluster.v1.AdmitKeyReply
-	11, // 15: iop.cluster.v1.Admission.ReleaseKey:output_type -> iop.cluster.v1.ReleaseKeyReply
-	14, // 16: iop.cluster.v1.Admission.Follow:output_type -> iop.cluster.v1.FollowReply
-	12, // [12:17] is the sub-list for method output_type
-	7,  // [7:12] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	22, // 7: iop.cluster.v1.FollowRequest.quotas:type_name -> iop.cluster.v1.HeldQuota
+	15, // 8: iop.cluster.v1.ReserveQuotaRequest.ask:type_name -> iop.cluster.v1.QuotaUsage
+	15, // 9: iop.cluster.v1.ReserveQuotaReply.held:type_name -> iop.cluster.v1.QuotaUsage
+	18, // 10: iop.cluster.v1.ReserveQuotaReply.over:type_name -> iop.cluster.v1.QuotaRefusal
+	5,  // 11: iop.cluster.v1.ReserveQuotaReply.refused:type_name -> iop.cluster.v1.Refused
+	17, // 12: iop.cluster.v1.ReserveQuotaReply.windows:type_name -> iop.cluster.v1.QuotaWindow
+	15, // 13: iop.cluster.v1.SettleQuotaRequest.used:type_name -> iop.cluster.v1.QuotaUsage
+	15, // 14: iop.cluster.v1.HeldQuota.held:type_name -> iop.cluster.v1.QuotaUsage
+	1,  // 15: iop.cluster.v1.Admission.Admit:input_type -> iop.cluster.v1.AdmitRequest
+	6,  // 16: iop.cluster.v1.Admission.Release:input_type -> iop.cluster.v1.ReleaseRequest
+	8,  // 17: iop.cluster.v1.Admission.AdmitKey:input_type -> iop.cluster.v1.AdmitKeyRequest
+	10, // 18: iop.cluster.v1.Admission.ReleaseKey:input_type -> iop.cluster.v1.ReleaseKeyRequest
+	12, // 19: iop.cluster.v1.Admission.Follow:input_type -> iop.cluster.v1.FollowRequest
+	16, // 20: iop.cluster.v1.Admission.ReserveQuota:input_type -> iop.cluster.v1.ReserveQuotaRequest
+	20, // 21: iop.cluster.v1.Admission.SettleQuota:input_type -> iop.cluster.v1.SettleQuotaRequest
+	2,  // 22: iop.cluster.v1.Admission.Admit:output_type -> iop.cluster.v1.AdmitReply
+	7,  // 23: iop.cluster.v1.Admission.Release:output_type -> iop.cluster.v1.ReleaseReply
+	9,  // 24: iop.cluster.v1.Admission.AdmitKey:output_type -> iop.cluster.v1.AdmitKeyReply
+	11, // 25: iop.cluster.v1.Admission.ReleaseKey:output_type -> iop.cluster.v1.ReleaseKeyReply
+	14, // 26: iop.cluster.v1.Admission.Follow:output_type -> iop.cluster.v1.FollowReply
+	19, // 27: iop.cluster.v1.Admission.ReserveQuota:output_type -> iop.cluster.v1.ReserveQuotaReply
+	21, // 28: iop.cluster.v1.Admission.SettleQuota:output_type -> iop.cluster.v1.SettleQuotaReply
+	22, // [22:29] is the sub-list for method output_type
+	15, // [15:22] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_cluster_proto_init() }
@@ -1255,7 +1972,7 @@ func file_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cluster_proto_rawDesc), len(file_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -39,11 +39,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Admission_Admit_FullMethodName      = "/iop.cluster.v1.Admission/Admit"
-	Admission_Release_FullMethodName    = "/iop.cluster.v1.Admission/Release"
-	Admission_AdmitKey_FullMethodName   = "/iop.cluster.v1.Admission/AdmitKey"
-	Admission_ReleaseKey_FullMethodName = "/iop.cluster.v1.Admission/ReleaseKey"
-	Admission_Follow_FullMethodName     = "/iop.cluster.v1.Admission/Follow"
+	Admission_Admit_FullMethodName        = "/iop.cluster.v1.Admission/Admit"
+	Admission_Release_FullMethodName      = "/iop.cluster.v1.Admission/Release"
+	Admission_AdmitKey_FullMethodName     = "/iop.cluster.v1.Admission/AdmitKey"
+	Admission_ReleaseKey_FullMethodName   = "/iop.cluster.v1.Admission/ReleaseKey"
+	Admission_Follow_FullMethodName       = "/iop.cluster.v1.Admission/Follow"
+	Admission_ReserveQuota_FullMethodName = "/iop.cluster.v1.Admission/ReserveQuota"
+	Admission_SettleQuota_FullMethodName  = "/iop.cluster.v1.Admission/SettleQuota"
 )
 
 // AdmissionClient is the client API for Admission service.
@@ -55,6 +57,8 @@ type AdmissionClient interface {
 	AdmitKey(ctx context.Context, in *AdmitKeyRequest, opts ...grpc.CallOption) (*AdmitKeyReply, error)
 	ReleaseKey(ctx context.Context, in *ReleaseKeyRequest, opts ...grpc.CallOption) (*ReleaseKeyReply, error)
 	Follow(ctx context.Context, in *FollowRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FollowReply], error)
+	ReserveQuota(ctx context.Context, in *ReserveQuotaRequest, opts ...grpc.CallOption) (*ReserveQuotaReply, error)
+	SettleQuota(ctx context.Context, in *SettleQuotaRequest, opts ...grpc.CallOption) (*SettleQuotaReply, error)
 }
 
 type admissionClient struct {
@@ -133,6 +137,26 @@ func (c *admissionClient) Follow(ctx context.Context, in *FollowRequest, opts ..
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Admission_FollowClient = grpc.ServerStreamingClient[FollowReply]
 
+func (c *admissionClient) ReserveQuota(ctx context.Context, in *ReserveQuotaRequest, opts ...grpc.CallOption) (*ReserveQuotaReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReserveQuotaReply)
+	err := c.cc.Invoke(ctx, Admission_ReserveQuota_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *admissionClient) SettleQuota(ctx context.Context, in *SettleQuotaRequest, opts ...grpc.CallOption) (*SettleQuotaReply, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SettleQuotaReply)
+	err := c.cc.Invoke(ctx, Admission_SettleQuota_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdmissionServer is the server API for Admission service.
 // All implementations must embed UnimplementedAdmissionServer
 // for forward compatibility.
@@ -142,6 +166,8 @@ type AdmissionServer interface {
 	AdmitKey(context.Context, *AdmitKeyRequest) (*AdmitKeyReply, error)
 	ReleaseKey(context.Context, *ReleaseKeyRequest) (*ReleaseKeyReply, error)
 	Follow(*FollowRequest, grpc.ServerStreamingServer[FollowReply]) error
+	ReserveQuota(context.Context, *ReserveQuotaRequest) (*ReserveQuotaReply, error)
+	SettleQuota(context.Context, *SettleQuotaRequest) (*SettleQuotaReply, error)
 	mustEmbedUnimplementedAdmissionServer()
 }
 
@@ -166,6 +192,12 @@ func (UnimplementedAdmissionServer) ReleaseKey(context.Context, *ReleaseKeyReque
 }
 func (UnimplementedAdmissionServer) Follow(*FollowRequest, grpc.ServerStreamingServer[FollowReply]) error {
 	return status.Errorf(codes.Unimplemented, "method Follow not implemented")
+}
+func (UnimplementedAdmissionServer) ReserveQuota(context.Context, *ReserveQuotaRequest) (*ReserveQuotaReply, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ReserveQuota not implemented")
+}
+func (UnimplementedAdmissionServer) SettleQuota(context.Context, *SettleQuotaRequest) (*SettleQuotaReply, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SettleQuota not implemented")
 }
 func (UnimplementedAdmissionServer) mustEmbedUnimplementedAdmissionServer() {}
 func (UnimplementedAdmissionServer) testEmbeddedByValue()                   {}
@@ -264,6 +296,42 @@ func _Admission_Follow_Handler(srv interface{}, stream grpc.ServerStream) error 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Admission_FollowServer = grpc.ServerStreamingServer[FollowReply]
 
+func _Admission_ReserveQuota_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReserveQuotaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdmissionServer).ReserveQuota(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admission_ReserveQuota_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdmissionServer).ReserveQuota(ctx, req.(*ReserveQuotaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admission_SettleQuota_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SettleQuotaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdmissionServer).SettleQuota(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admission_SettleQuota_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdmissionServer).SettleQuota(ctx, req.(*SettleQuotaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admission_ServiceDesc is the grpc.ServiceDesc for Admission service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -282,6 +350,14 @@ var Admission_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReleaseKey",
 			Handler:    _Admission_ReleaseKey_Handler,
+		},
+		{
+			MethodName: "ReserveQuota",
+			Handler:    _Admission_ReserveQuota_Handler,
+		},
+		{
+			MethodName: "SettleQuota",
+			Handler:    _Admission_SettleQuota_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -690,8 +690,12 @@ type Provider struct {
 	// configured on the node (max_loaded_models); 0 = not configured: the
 	// edge learns it from the readings of loaded.
 	MaxLoadedModels int32 `protobuf:"varint,12,opt,name=max_loaded_models,json=maxLoadedModels,proto3" json:"max_loaded_models,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// What one second of a slot of this provider counts as in GPU-time
+	// (quotas' gpu_seconds windows), as configured on the node
+	// (cost_weight); 0 = 1.
+	CostWeight    float64 `protobuf:"fixed64,13,opt,name=cost_weight,json=costWeight,proto3" json:"cost_weight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Provider) Reset() {
@@ -804,6 +808,13 @@ func (x *Provider) GetLoaded() []*LoadedModel {
 func (x *Provider) GetMaxLoadedModels() int32 {
 	if x != nil {
 		return x.MaxLoadedModels
+	}
+	return 0
+}
+
+func (x *Provider) GetCostWeight() float64 {
+	if x != nil {
+		return x.CostWeight
 	}
 	return 0
 }
@@ -3333,7 +3344,7 @@ const file_node_proto_rawDesc = "" +
 	"\tproviders\x18\x04 \x03(\v2\x15.iop.node.v1.ProviderR\tproviders\x12/\n" +
 	"\x13runtime_concurrency\x18\x05 \x01(\x05R\x12runtimeConcurrency\x12\x18\n" +
 	"\aversion\x18\x06 \x01(\tR\aversion\x12\x1a\n" +
-	"\binstance\x18\a \x01(\tR\binstance\"\xd4\x03\n" +
+	"\binstance\x18\a \x01(\tR\binstance\"\xf5\x03\n" +
 	"\bProvider\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x16\n" +
@@ -3348,7 +3359,9 @@ const file_node_proto_rawDesc = "" +
 	"loaded_set\x18\n" +
 	" \x01(\bR\tloadedSet\x120\n" +
 	"\x06loaded\x18\v \x03(\v2\x18.iop.node.v1.LoadedModelR\x06loaded\x12*\n" +
-	"\x11max_loaded_models\x18\f \x01(\x05R\x0fmaxLoadedModels\"\x9e\x02\n" +
+	"\x11max_loaded_models\x18\f \x01(\x05R\x0fmaxLoadedModels\x12\x1f\n" +
+	"\vcost_weight\x18\r \x01(\x01R\n" +
+	"costWeight\"\x9e\x02\n" +
 	"\vLoadedModel\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x12\n" +

@@ -13,18 +13,24 @@ import (
 )
 
 // usage serves GET
-// /admin/v1/usage?key=&team=&model=&from=&to=&group_by=&tz=: the
+// /admin/v1/usage?key=&team=&model=&batch=&from=&to=&group_by=&tz=: the
 // ledger's sums as adminwire.Usage. from and to are RFC 3339 times, dates
 // (YYYY-MM-DD, midnight in tz) or Unix seconds; from is inclusive, to
 // exclusive. group_by is key, team, model, provider (node/provider),
-// node, day or empty (one total). team selects the keys Config.TeamOf
+// node, day, batch ("batch" for batch lines, else "interactive") or
+// empty (one total); batch=batch or batch=interactive selects those. team selects the keys Config.TeamOf
 // puts in that team now, and group_by=team sums by it ("" for keys in no
 // team); without TeamOf no key is in a team. tz is an IANA time zone
 // (default UTC) naming group_by=day's dates and the dates of from and to.
 // 400 for a bad parameter.
 func (s *server) usage(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	query := ledger.Query{Key: q.Get("key"), Team: q.Get("team"), Model: q.Get("model"), GroupBy: q.Get("group_by"), TeamOf: s.cfg.TeamOf}
+	query := ledger.Query{Key: q.Get("key"), Team: q.Get("team"), Model: q.Get("model"), GroupBy: q.Get("group_by"), TeamOf: s.cfg.TeamOf,
+		Batch: q.Get("batch")}
+	if query.Batch != ledger.BatchAll && query.Batch != ledger.BatchOnly && query.Batch != ledger.BatchInteractive {
+		api.WriteError(w, r, api.InvalidParam("batch", "must be batch or interactive"))
+		return
+	}
 	loc := time.UTC
 	if tz := q.Get("tz"); tz != "" {
 		var err error
@@ -53,9 +59,9 @@ func (s *server) usage(w http.ResponseWriter, r *http.Request) {
 		api.WriteError(w, r, api.InvalidParam("to", "must be after from (from is inclusive, to exclusive)"))
 		return
 	}
-	groups := []string{ledger.GroupNone, ledger.GroupKey, ledger.GroupTeam, ledger.GroupModel, ledger.GroupProvider, ledger.GroupNode, ledger.GroupDay}
+	groups := []string{ledger.GroupNone, ledger.GroupKey, ledger.GroupTeam, ledger.GroupModel, ledger.GroupProvider, ledger.GroupNode, ledger.GroupDay, ledger.GroupBatch}
 	if !slices.Contains(groups, query.GroupBy) {
-		api.WriteError(w, r, api.InvalidParam("group_by", "must be one of key, team, model, provider, node, day"))
+		api.WriteError(w, r, api.InvalidParam("group_by", "must be one of key, team, model, provider, node, day, batch"))
 		return
 	}
 	sums, err := s.cfg.Usage.Aggregate(r.Context(), query)

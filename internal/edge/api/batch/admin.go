@@ -22,6 +22,9 @@ type Progress struct {
 	Total  int    `json:"total"`
 	Done   int    `json:"done"`
 	Failed int    `json:"failed"`
+	// Runner names the edge whose service holds the batch's lease (its
+	// name, a slash and that process's own suffix); "" while none does.
+	Runner string `json:"runner"`
 	// CreatedAt is Unix seconds.
 	CreatedAt int64 `json:"created_at"`
 	// LinesPerSecond is the lines finished per second since the batch
@@ -35,6 +38,9 @@ type Progress struct {
 func progressOf(b batch.Batch, now time.Time) Progress {
 	p := Progress{ID: b.ID, Owner: b.Owner, API: b.Kind, Status: b.Status, Total: b.Total,
 		Done: b.Completed, Failed: b.Failed, CreatedAt: b.CreatedAt.Unix()}
+	if b.Leased {
+		p.Runner = b.Runner
+	}
 	finished := b.Completed + b.Failed
 	if secs := now.Sub(b.InProgressAt).Seconds(); !b.InProgressAt.IsZero() && secs > 0 && finished > 0 {
 		p.LinesPerSecond = float64(finished) / secs
