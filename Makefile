@@ -37,11 +37,16 @@ run:
 # their own (deploy/helm/check), vetted here and run by package deploy. IOP_TEST_STRICT=1 makes a test whose tool is missing fail instead
 # of skip (package internal/testenv), so make test skips nothing;
 # IOP_OLLAMA_BIN tells the real-Ollama tests where the binary is.
+# The packages are listed longest first (TEST_FIRST, then ./..., which
+# adds the rest once): go test starts them in that order, two at a time on
+# two cores, so the end-to-end suite starts at once instead of after the
+# packages before it in ./... order, and no long package starts last.
+TEST_FIRST := ./internal/e2e/ ./internal/edge/ ./deploy/ ./internal/scheduler/ ./internal/node/adapter/ ./cmd/iop/
 test: test/js/node_modules chromium postgresql etcd systemd helm ollama
 	$(GO) vet ./...
 	cd deploy/helm/check && $(GO) vet ./...
 	IOP_OLLAMA_BIN="$$(OLLAMA_VERSION=$(OLLAMA_VERSION) GO=$(GO) test/ollama/build.sh)" IOP_HELM_BIN=$(HELM) IOP_TEST_STRICT=1 \
-		$(GO) test -race -count=1 -timeout 30m ./...
+		$(GO) test -race -count=1 -timeout 30m $(TEST_FIRST) ./...
 
 # The npm packages of the JavaScript client tests (the official `openai` and `ollama`
 # clients), exactly as package-lock.json pins them. Needs Node.js and npm.

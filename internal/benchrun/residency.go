@@ -45,6 +45,13 @@ type ResidencyConfig struct {
 	Warmup time.Duration
 	// Log gets progress lines; nil means none.
 	Log io.Writer
+	// Ollamas, when set, are the providers instead of simulators: the
+	// base URLs of Ollama servers already serving models m1..mModels
+	// (Providers is their number), not started or stopped here. Loads
+	// then come from CountLoads (the servers' loads so far, summed), and
+	// over capacity is not measured (an Ollama queues what it cannot run).
+	Ollamas    []string
+	CountLoads func() int64
 }
 
 func (c *ResidencyConfig) setDefaults() {
@@ -54,6 +61,9 @@ func (c *ResidencyConfig) setDefaults() {
 		}
 	}
 	def(&c.Models, 3)
+	if len(c.Ollamas) > 0 {
+		c.Providers = len(c.Ollamas)
+	}
 	def(&c.Providers, 2)
 	def(&c.MaxLoaded, 1)
 	def(&c.Capacity, 2)
@@ -141,7 +151,9 @@ func residencyTrace(cfg ResidencyConfig) []traced {
 // Providers `iop sim` processes (Ollama protocol, every model, residency
 // on), `iop edge` (routing least_loaded, residency on or off) and one
 // `iop node` driving them, replays the same trace, and reads the
-// simulators' loads and the edge's queue waits. Errors: a process that
+// simulators' loads and the edge's queue waits; then it adds the
+// reference row, llama-swap's policy on one host for the same trace
+// (llamaSwapPhase, simulated). Errors: a process that
 // fails to start or exits, a setup step that times out, ctx's end.
 func Residency(ctx context.Context, cfg ResidencyConfig) (ResidencyReport, error) {
 	cfg.setDefaults()
@@ -153,6 +165,9 @@ func Residency(ctx context.Context, cfg ResidencyConfig) (ResidencyReport, error
 			return rep, fmt.Errorf("phase %s: %w", phase, err)
 		}
 		rep.Phases = append(rep.Phases, p)
+	}
+	if len(cfg.Ollamas) == 0 { // its load and service times are the simulators'
+		rep.Phases = append(rep.Phases, llamaSwapPhase(cfg, trace))
 	}
 	return rep, nil
 }
@@ -184,7 +199,14 @@ func residencyPhase(ctx context.Context, cfg ResidencyConfig, phase string, trac
 	}
 	var sims []string
 	var providers strings.Builder
+	for i, url := range cfg.Ollamas {
+		fmt.Fprintf(&providers, "  - {id: p%d, type: ollama, base_url: %q, models: [%s], capacity: %d, max_loaded_models: %d}\n",
+			i+1, url, strings.Join(models, ", "), cfg.Capacity, cfg.MaxLoaded)
+	}
 	for i := range cfg.Providers {
+		if len(cfg.Ollamas) > 0 {
+			break
+		}
 		addr, err := freeAddr()
 		if err != nil {
 			return out, err
@@ -257,6 +279,10 @@ keys:
 	fmt.Fprintf(cfg.Log, "phase %s: %d sims, edge (%s) and node up; %d requests over %s; logs in %s\n",
 		phase, cfg.Providers, edgeURL, len(trace), cfg.Duration, dir)
 
+	var loadsBefore int64
+	if cfg.CountLoads != nil {
+		loadsBefore = cfg.CountLoads()
+	}
 	lat, ok := replay(ctx, edgeURL, trace)
 	out.Requests = len(trace)
 	var ds, steady []time.Duration
@@ -272,6 +298,9 @@ keys:
 		}
 	}
 	out.Latency, out.Steady = percentilesOf(ds), percentilesOf(steady)
+	if cfg.CountLoads != nil {
+		out.Loads = cfg.CountLoads() - loadsBefore
+	}
 	for i, u := range sims {
 		var st struct {
 			Loads       int64 `json:"loads"`
@@ -377,7 +406,7 @@ func (r ResidencyReport) WriteTable(w io.Writer) {
 			roundFair(p.QueueWait.P99), roundFair(p.QueueWait.Max), p.OverCapacity)
 	}
 	tw.Flush()
-	if len(r.Phases) != 2 {
+	if len(r.Phases) < 2 {
 		return
 	}
 	on, off := r.Phases[0], r.Phases[1]

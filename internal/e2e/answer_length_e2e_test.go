@@ -42,7 +42,7 @@ const lengthKey = "sk-length-test-0123456789"
 
 func startLengthRig(t *testing.T, breakerFailures int) *lengthRig {
 	t.Helper()
-	t.Setenv("IOP_TEST_LENGTH_KEY", lengthKey)
+	keyEnv := harness.Env(t, lengthKey)
 	rig := &lengthRig{
 		db:    filepath.Join(t.TempDir(), "edge.db"),
 		fake:  startFakeProvider(t, respond(200, "application/json", "")),
@@ -67,7 +67,7 @@ func startLengthRig(t *testing.T, breakerFailures int) *lengthRig {
 		Providers: []node.ProviderConfig{
 			{ID: "sim", Type: "vllm", BaseURL: simURL + "/v1", Models: []string{"sim-model"}, Capacity: 4, Capabilities: []string{"embeddings"}},
 			{ID: "fake", Type: "vllm", BaseURL: rig.fake.URL + "/v1", Models: []string{"fake-model"}, Capacity: 4},
-			{ID: "keyed", Type: "openai", BaseURL: rig.keyed.URL + "/v1", Models: []string{"keyed-model"}, Capacity: 4, APIKeyEnv: "IOP_TEST_LENGTH_KEY"},
+			{ID: "keyed", Type: "openai", BaseURL: rig.keyed.URL + "/v1", Models: []string{"keyed-model"}, Capacity: 4, APIKeyEnv: keyEnv},
 		},
 	})
 	transport := &http.Transport{}
@@ -175,6 +175,7 @@ func nonStreamedChat(model string) string {
 // embeddings from the simulator, and a provider's answer that declared its
 // length. A streamed answer stays an event stream without one.
 func TestRegression_NonStreamedPassthroughKeepsContentLength(t *testing.T) {
+	t.Parallel()
 	rig := startLengthRig(t, -1)
 	small := bigAnswer(100, "small")
 	rig.set(rig.fake, withLength(small))
@@ -224,6 +225,7 @@ func TestRegression_NonStreamedPassthroughKeepsContentLength(t *testing.T) {
 // scrub (a redacted key changes the length, so the node cannot vouch for
 // the provider's).
 func TestTunnelLargeAnswerArrivesWhole(t *testing.T) {
+	t.Parallel()
 	rig := startLengthRig(t, -1)
 	body := bigAnswer(200<<10, "big")
 	for _, c := range []struct {
@@ -266,6 +268,7 @@ func TestTunnelLargeAnswerArrivesWhole(t *testing.T) {
 // declared length, is cut off, and the client's read fails. Both count
 // as upstream errors in the ledger.
 func TestTunnelProviderClosingEarlyFailsTheClient(t *testing.T) {
+	t.Parallel()
 	rig := startLengthRig(t, -1)
 	t.Run("small", func(t *testing.T) {
 		rig.set(rig.fake, cutShort(1000, `{"id":"chatcmpl-short","choices":[`))
@@ -309,6 +312,7 @@ func (rig *lengthRig) set(p *fakeProvider, answer func(w http.ResponseWriter, ur
 // status relayed whole (a 500 answer, also one message), and a good
 // answer between them resets the count.
 func TestTunnelOneMessageErrorsCountForTheBreaker(t *testing.T) {
+	t.Parallel()
 	rig := startLengthRig(t, 2)
 	good := bigAnswer(10, "good")
 	errObject := `{"error":{"message":"quota exhausted","type":"server_error"}}`

@@ -135,8 +135,11 @@ func TestEndToEndCLIProvider(t *testing.T) {
 // whole process group, gives the slot back, and leaves a concurrent run on
 // the same provider intact.
 func TestEndToEndCLICancellation(t *testing.T) {
-	// Not parallel: it checks that the test process has no zombie child,
-	// and the children of parallel tests come and go meanwhile.
+	// In a process of its own: it checks that the test process has no
+	// zombie child, and the children of parallel tests come and go.
+	if testenv.RunInOwnProcess(t) {
+		return
+	}
 	e := startCLINode(t)
 	client := newClient(e)
 

@@ -35,8 +35,9 @@ func newClient(e *process.Process) openai.Client {
 }
 
 func TestEndToEndBothExecutionPaths(t *testing.T) {
+	t.Parallel()
 	const providerKey = "sk-provider-secret-42"
-	t.Setenv("IOP_E2E_PROVIDER_KEY", providerKey)
+	keyEnv := harness.Env(t, providerKey)
 	ollamaSim, ollamaURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"llama3:8b"}, Seed: 7})
 	openaiSim, openaiURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"meta-llama/Llama-3-8B"}, Seed: 7, APIKey: providerKey})
 
@@ -51,7 +52,7 @@ func TestEndToEndBothExecutionPaths(t *testing.T) {
 		Edge:   e.NodeAddr,
 		Providers: []node.ProviderConfig{
 			{ID: "ollama-1", Type: node.TypeOllama, BaseURL: ollamaURL, Models: []string{"llama3:8b"}, Capacity: 2},
-			{ID: "vllm-1", Type: "vllm", BaseURL: openaiURL + "/v1", Models: []string{"meta-llama/Llama-3-8B"}, Capacity: 2, APIKeyEnv: "IOP_E2E_PROVIDER_KEY"},
+			{ID: "vllm-1", Type: "vllm", BaseURL: openaiURL + "/v1", Models: []string{"meta-llama/Llama-3-8B"}, Capacity: 2, APIKeyEnv: keyEnv},
 		},
 	})
 	client := newClient(e)

@@ -19,7 +19,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -673,10 +672,7 @@ func nodeGeneration(s contract.Snapshot, nodeID string) uint64 {
 // and started again: the same, with nothing left in flight.
 func TestFaultNodeProcessStoppedAndKilled(t *testing.T) {
 	t.Parallel()
-	bin := filepath.Join(t.TempDir(), "iop")
-	if out, err := exec.Command("go", "build", "-o", bin, "iop/cmd/iop").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := harness.IOP(t)
 	_, streamURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"stream-m"}, TokensPerSecond: 20, DefaultMaxTokens: 100_000})
 	silentSim, silentURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, Faults: sim.Faults{Hang: true}})
 	queueSim, queueURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"q-m"}, Faults: sim.Faults{Hang: true}})

@@ -24,8 +24,8 @@ import (
 // appears anywhere in either log.
 func TestLogsOneLinePerRequestAndNoSecrets(t *testing.T) {
 	const providerKey, wrongKey, clientKey = "sk-provider-secret-7f3a", "sk-wrong-secret-99c1", "client-secret-5e2b"
-	t.Setenv("IOP_LOGS_TEST_KEY", providerKey)
-	t.Setenv("IOP_LOGS_TEST_WRONG_KEY", wrongKey)
+	t.Parallel()
+	keyEnv, wrongKeyEnv := harness.Env(t, providerKey), harness.Env(t, wrongKey)
 	_, goodURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"good-m"}, APIKey: providerKey})
 	_, badURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"bad-m"}, APIKey: providerKey})
 	dir := t.TempDir()
@@ -43,9 +43,9 @@ func TestLogsOneLinePerRequestAndNoSecrets(t *testing.T) {
 	nodeCfg := fmt.Sprintf(`node_id: gpu-1
 edge: %s
 providers:
-  - {id: good, type: vllm, base_url: %s/v1, models: [good-m], api_key_env: IOP_LOGS_TEST_KEY}
-  - {id: bad, type: vllm, base_url: %s/v1, models: [bad-m], api_key_env: IOP_LOGS_TEST_WRONG_KEY}
-`, nodeAddr, goodURL, badURL)
+  - {id: good, type: vllm, base_url: %s/v1, models: [good-m], api_key_env: %s}
+  - {id: bad, type: vllm, base_url: %s/v1, models: [bad-m], api_key_env: %s}
+`, nodeAddr, goodURL, keyEnv, badURL, wrongKeyEnv)
 	if err := os.WriteFile(nodeYAML, []byte(nodeCfg), 0o600); err != nil {
 		t.Fatal(err)
 	}

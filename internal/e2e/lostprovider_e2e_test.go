@@ -132,10 +132,7 @@ func wantUnavailable(t *testing.T, what string, a httpAnswer) {
 func TestLostToolsProviderIsUnavailableE2E(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "iop")
-	if out, err := exec.Command("go", "build", "-o", bin, "iop/cmd/iop").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := harness.IOP(t)
 	toolsSim, plainSim := testenv.ProcessAddr(t), testenv.ProcessAddr(t)
 	startSimAt(t, bin, toolsSim, "--protocol", "ollama", "--model", "m", "--hang")
 	startSimAt(t, bin, plainSim, "--protocol", "ollama", "--model", "m")

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -48,10 +47,7 @@ func procsRunning(t *testing.T, bin string) int {
 // the node's shutdown leaves no server running.
 func TestEndToEndManagedProvider(t *testing.T) {
 	t.Parallel()
-	bin := filepath.Join(t.TempDir(), "iop")
-	if out, err := exec.Command("go", "build", "-o", bin, "iop/cmd/iop").CombinedOutput(); err != nil {
-		t.Fatalf("go build iop/cmd/iop: %v\n%s", err, out)
-	}
+	bin := harness.IOP(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	e := harness.Edge(t, ctx, harness.EdgeConfig(map[string]edge.ModelConfig{

@@ -15,7 +15,6 @@ import (
 	"io"
 	"net/http"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -76,10 +75,7 @@ func TestRealOllama_Dev(t *testing.T) {
 		t.Fatalf("Ollama lists %v: want %d models, tiny first", tags, len(all))
 	}
 
-	bin := filepath.Join(t.TempDir(), "iop")
-	if out, err := exec.Command("go", "build", "-o", bin, "iop/cmd/iop").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := harness.IOP(t)
 	addr := testenv.ProcessAddr(t)
 	logs := &harness.Buffer{}
 	cmd := exec.Command(bin, "dev", "--listen", addr, "--node-listen", "127.0.0.1:0", "--ollama", s.URL, "--database", ":memory:", "--log-level", "warn")

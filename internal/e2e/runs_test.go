@@ -399,10 +399,7 @@ func TestRunsOutliveTheEdgeProcess(t *testing.T) {
 	})
 
 	t.Run("killed and restarted", func(t *testing.T) {
-		bin := filepath.Join(t.TempDir(), "iop")
-		if out, err := exec.Command("go", "build", "-o", bin, "iop/cmd/iop").CombinedOutput(); err != nil {
-			t.Fatalf("go build: %v\n%s", err, out)
-		}
+		bin := harness.IOP(t)
 		httpAddr, nodeAddr := testenv.ProcessAddr(t), testenv.ProcessAddr(t)
 		first := startEdgeProcess(t, bin, httpAddr, nodeAddr, db)
 		ctx, stopNode := context.WithCancel(context.Background())
@@ -526,7 +523,10 @@ func TestRegression_RunsOfOneKeyHiddenFromAnother(t *testing.T) {
 // memory; only `iop edge` defaults to iop.db. Before, every test edge
 // shared cmd/iop/iop.db, and two test processes at once failed on its lock.
 func TestRegression_ZeroConfigKeepsNothingOnDisk(t *testing.T) {
-	// Not parallel: it changes the working directory (t.Chdir).
+	// In a process of its own: it changes the working directory (t.Chdir).
+	if testenv.RunInOwnProcess(t) {
+		return
+	}
 	dir := t.TempDir()
 	t.Chdir(dir)
 	ctx, cancel := context.WithCancel(context.Background())

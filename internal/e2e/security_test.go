@@ -635,8 +635,9 @@ func TestNeverAnOpenProxy(t *testing.T) {
 // success and error paths, OpenAI, Ollama and runs APIs, the runs records
 // and the usage report.
 func TestProviderKeyNeverEchoed(t *testing.T) {
+	t.Parallel()
 	const secret = "sk-test-PROVIDER-SECRET-9f3a71c2"
-	t.Setenv("IOP_TEST_ECHO_KEY", secret)
+	keyEnv := harness.Env(t, secret)
 	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
 		got := r.Header.Get("Authorization")
 		w.Header().Set("X-Echo-Authorization", got)
@@ -687,7 +688,7 @@ func TestProviderKeyNeverEchoed(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	agent, err := node.New(node.Config{NodeID: "n1", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
-		{ID: "echo", Type: node.TypeOpenAI, BaseURL: up.URL + "/v1", Models: []string{"m"}, Capacity: 4, APIKeyEnv: "IOP_TEST_ECHO_KEY"},
+		{ID: "echo", Type: node.TypeOpenAI, BaseURL: up.URL + "/v1", Models: []string{"m"}, Capacity: 4, APIKeyEnv: keyEnv},
 	}}, logger)
 	if err != nil {
 		t.Fatal(err)

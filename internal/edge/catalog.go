@@ -49,12 +49,14 @@ func (c *catalog) setAliases(models map[string]ModelConfig) {
 	c.aliases.Store(&aliases)
 }
 
-// resolve returns one candidate per healthy provider of a current node
-// connection, not draining, that serves one of model's targets with every
-// capability of needs: the first such target, in alias order, the provider
-// serves (capabilities are per served model: a provider may serve one
-// target with tools and another without). Candidates are ordered by node
-// then provider. missing is the capability that the first provider left
+// resolve returns one candidate per target of model a healthy provider of
+// a current node connection, not draining, serves with every capability
+// of needs (capabilities are per served model: a provider may serve one
+// target with tools and another without). Candidates are ordered by node,
+// then provider, then target in alias order: with several targets on one
+// provider, the scheduler takes the first unless the provider holds
+// another loaded (residency), so an alias's request goes to the target
+// already loaded rather than swap. missing is the capability that the first provider left
 // out for lacking it (in target order) lacked first, "" when none was left
 // out. It returns an error wrapping scheduler.ErrUnknownModel when model is
 // neither an alias nor a known served name (served now, or less than
@@ -73,16 +75,17 @@ func (c *catalog) resolve(model string, needs []string) (out []candidate, missin
 		p    *provider
 		need string
 	}
-	taken := make(map[*provider]bool)
-	var rejected []rejection // in the order met
+	taken := make(map[*provider]bool) // by any target
+	var rejected []rejection          // in the order met
 	for _, target := range targets {
+		takenHere := make(map[*provider]bool) // by this target, under one of its spellings
 		for _, t := range spellings(target) {
 			if t == "" {
 				continue
 			}
 			list, _ := st.served.get(t)
 			for _, s := range list {
-				if taken[s.p] || !s.p.healthy || s.cs.draining {
+				if takenHere[s.p] || !s.p.healthy || s.cs.draining {
 					continue
 				}
 				caps, own := s.p.capsOf(t)
@@ -90,7 +93,7 @@ func (c *catalog) resolve(model string, needs []string) (out []candidate, missin
 					rejected = append(rejected, rejection{s.p, m})
 					continue
 				}
-				taken[s.p] = true
+				taken[s.p], takenHere[s.p] = true, true
 				out = append(out, candidate{
 					Candidate: scheduler.Candidate{NodeID: s.cs.c.nodeID, Generation: s.cs.c.gen, ProviderID: s.p.id, Target: t},
 					prov:      s.p,
@@ -115,7 +118,7 @@ func (c *catalog) resolve(model string, needs []string) (out []candidate, missin
 			break
 		}
 	}
-	sort.Slice(out, func(i, j int) bool {
+	sort.SliceStable(out, func(i, j int) bool {
 		if out[i].NodeID != out[j].NodeID {
 			return out[i].NodeID < out[j].NodeID
 		}

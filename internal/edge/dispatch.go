@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
+	"sync/atomic"
 
 	"iop/internal/edge/contract"
 	"iop/internal/edge/lifecycle"
@@ -295,6 +297,12 @@ func (s *Service) attempt(ctx context.Context, req contract.Request, tried []tri
 func (s *Service) dispatchLoop(ctx context.Context, req contract.Request, attempts *[]*Run) (*Run, error) {
 	baseID := req.RunID
 	st := dispatchState{model: req.Model, maxRetries: s.cfg.Retries()}
+	if req.BodyFrom != nil {
+		// A streamed body is read once: no retry, and an admission
+		// again after it began to go down gets an error to read.
+		st.maxRetries = 0
+		req.BodyFrom = onceBody(req.BodyFrom)
+	}
 	var tried []triedCandidate
 	var waited queueTime
 	for n := 0; ; {
@@ -371,3 +379,20 @@ func watchClient(ctx context.Context, r *Run) (stop func()) {
 		})
 	}
 }
+
+// onceBody is from, callable once: a second call's reader fails with
+// errBodyRead (the body already went to another attempt).
+func onceBody(from func(string) io.Reader) func(string) io.Reader {
+	var used atomic.Bool
+	return func(served string) io.Reader {
+		if used.Swap(true) {
+			return errReader{fmt.Errorf("%w: the body already went to another attempt", errBodyRead)}
+		}
+		return from(served)
+	}
+}
+
+// errReader is a reader whose every Read fails with err.
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }

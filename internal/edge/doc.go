@@ -55,8 +55,8 @@
 //     closed flag, last-seen time, idle warm streams and pending shows.
 //   - trust.mu, peerAuth.mu, clusterMode.mu and qmu, grpcPeers.mu,
 //     prefixIndex.mu: their own maps (see each type).
-//   - keepState.mu guards keep_loaded's aliases and its pending, failed
-//     and unloaded loads; conn.mu also the pending ResidencyRequests.
+//   - keepState.mu guards keep_loaded's aliases and its pending and
+//     failed loads; conn.mu also the pending ResidencyRequests.
 //   - reload.mu serializes Reload, the one lock held across calls (the
 //     scheduler's policies, registry.notify); only keepState.mu is taken
 //     under it (setKept).

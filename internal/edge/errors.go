@@ -125,6 +125,9 @@ var (
 	errRunNotPending   = errors.New("run is not pending")
 	errRunStale        = errors.New("run was dispatched on another node connection")
 	errRunAborted      = errors.New("run stream ended by the node")
+	// errBodyRead: a streamed request body (Request.BodyFrom) failed to
+	// read, its client's failure (gone, or over its size limit).
+	errBodyRead = errors.New("reading the request body failed")
 	// errNodeDraining: the node said Drain; it refuses dispatches and
 	// closes its connection when its runs are done.
 	errNodeDraining = errors.New("node is draining")

@@ -448,6 +448,42 @@ func (s *Service) serveOpen(stream nodev1.NodeGateway_RunServer, r *Run) error {
 	return nil
 }
 
+// streamBody sends r's streamed body (Request.BodyFrom) down its stream:
+// each read, of at most maxBodyChunk bytes, as one Body message, then an
+// empty last one. A body that fails to read ends the run as its client's
+// failure (errBodyRead): the node is told to cancel, the provider's
+// breaker hears nothing. It stops early, without error, when the run ends.
+func (s *Service) streamBody(stream nodev1.NodeGateway_RunServer, r *Run) error {
+	src := r.bodyFrom(r.info.ServedModel)
+	for {
+		select {
+		case <-r.ended:
+			return nil
+		default:
+		}
+		// A buffer of its own for each message: the in-memory link
+		// hands the message itself to the node.
+		buf := make([]byte, maxBodyChunk)
+		n, err := src.Read(buf)
+		if n > 0 {
+			if serr := stream.Send(&nodev1.RunDown{Msg: &nodev1.RunDown_Body{Body: &nodev1.Body{Data: buf[:n]}}}); serr != nil {
+				return serr
+			}
+		}
+		switch {
+		case err == io.EOF:
+			if serr := stream.Send(&nodev1.RunDown{Msg: &nodev1.RunDown_Body{Body: &nodev1.Body{Last: true}}}); serr != nil {
+				return serr
+			}
+			close(r.bodySent)
+			return nil
+		case err != nil:
+			r.finish("request body read failed", fmt.Errorf("%w: %w", errBodyRead, err), true)
+			return nil
+		}
+	}
+}
+
 // sendBody sends r's body down its stream in chunks of at most
 // maxBodyChunk bytes, the last one marked; an empty body is one empty last
 // chunk. It sends nothing for a body that went inline in the Dispatch. It
@@ -455,6 +491,9 @@ func (s *Service) serveOpen(stream nodev1.NodeGateway_RunServer, r *Run) error {
 func (s *Service) sendBody(stream nodev1.NodeGateway_RunServer, r *Run) error {
 	if r.inline {
 		return nil
+	}
+	if r.bodyFrom != nil {
+		return s.streamBody(stream, r)
 	}
 	body := r.body
 	for {

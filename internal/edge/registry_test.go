@@ -75,7 +75,10 @@ func TestCatalogPrefersAliasOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cands) != 2 || cands[0].ProviderID != "both" || cands[0].Target != "big" || cands[1].ProviderID != "small-only" || cands[1].Target != "small" {
+	// One candidate per target a provider serves, in alias order within
+	// a provider: the scheduler takes the first unless another is loaded.
+	if len(cands) != 3 || cands[0].ProviderID != "both" || cands[0].Target != "big" || cands[1].ProviderID != "both" || cands[1].Target != "small" ||
+		cands[2].ProviderID != "small-only" || cands[2].Target != "small" {
 		t.Fatalf("candidates %+v", cands)
 	}
 	if _, _, err := cat.resolve("nothing", nil); !errors.Is(err, scheduler.ErrUnknownModel) {

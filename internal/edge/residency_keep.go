@@ -51,9 +51,6 @@ type keepState struct {
 	pending map[keepKey]bool
 	// failed holds when a load the keeper asked for failed.
 	failed map[keepKey]time.Time
-	// unloaded are the models an admin unloaded: the keeper loads them
-	// there no more, until an admin loads them there again.
-	unloaded map[keepKey]bool
 }
 
 // setKept takes the keep_loaded of cfg's aliases, and tells the scheduler
@@ -112,9 +109,12 @@ func (s *Service) keptTargets() map[string]bool {
 // it, under the name rule) and keep it loaded, or with unload to unload
 // it, and waits for the node's answer (a load: until the model is
 // loaded). The node then reads what its server holds and reports it, so
-// /api/ps and the scheduler follow. An unload also stops keep_loaded from
-// loading that model on that provider again, until a KeepModel loads it
-// there. Errors: contract.ErrUnknownProvider (the node is not connected,
+// /api/ps and the scheduler follow. A load or an unload is one action, not
+// a setting the edge keeps: what the nodes report and the configuration
+// are the keeper's only inputs, so it decides the same on every edge and
+// after a restart. A model an alias's keep_loaded keeps is loaded again by
+// its rule (keepPass) once a provider has room, maybe the one it was
+// unloaded from; to stop keeping it, lower keep_loaded. Errors: contract.ErrUnknownProvider (the node is not connected,
 // has no such provider, or it does not serve model);
 // contract.ErrResidencyConflict (its server holds its models always: its
 // node reads none and it is no Ollama; or refused, or the node did not
@@ -137,17 +137,9 @@ func (s *Service) KeepModel(ctx context.Context, nodeID, providerID, model strin
 		return fmt.Errorf("%w: provider %q of node %q holds its models always",
 			contract.ErrResidencyConflict, providerID, nodeID)
 	}
-	k := keepKey{nodeID, providerID, served}
-	s.keep.mu.Lock()
-	if s.keep.unloaded == nil {
-		s.keep.unloaded = make(map[keepKey]bool)
+	if unload && s.keptTargets()[served] {
+		s.log.Info("unloading a kept model: keep_loaded loads it again where there is room", "model", served, "node", nodeID, "provider", providerID)
 	}
-	if unload {
-		s.keep.unloaded[k] = true
-	} else {
-		delete(s.keep.unloaded, k)
-	}
-	s.keep.mu.Unlock()
 	if err := s.askKeep(ctx, c, providerID, served, unload); err != nil {
 		if errors.Is(err, ctx.Err()) || errors.Is(err, ErrShuttingDown) {
 			return err
@@ -265,10 +257,11 @@ func (s *Service) keepLoaded(ctx context.Context) {
 // providers with room (fewer models loaded
 // than their node's max_loaded_models, or no limit known), fewest loaded
 // first, then by node and provider id. It never evicts: a model that
-// demand evicted is loaded again once its provider has room. It skips
-// providers that are draining or unhealthy, where an admin unloaded the
-// model, and where a load failed in the last keepRetry. With several
-// edges only the scheduler leader keeps.
+// demand or an admin unload evicted is loaded again once a provider has
+// room. It skips providers that are draining or unhealthy, and where a
+// load failed in the last keepRetry. Its inputs are the nodes' reports
+// and the configuration alone, so every edge (and one restarted) decides
+// the same. With several edges only the scheduler leader keeps.
 func (s *Service) keepPass(ctx context.Context) {
 	if s.cl != nil && s.cl.leadsReady() == 0 {
 		return
@@ -309,7 +302,7 @@ func (s *Service) keepPass(ctx context.Context) {
 					return ok && name == served
 				}):
 					held++
-				case cs.draining || !p.healthy || s.keep.unloaded[k] || now.Sub(s.keep.failed[k]) < keepRetry:
+				case cs.draining || !p.healthy || now.Sub(s.keep.failed[k]) < keepRetry:
 				case p.maxLoaded == 0 || len(p.loaded) < p.maxLoaded:
 					free = append(free, room{cs.c, p, served})
 				}

@@ -67,6 +67,8 @@ type Run struct {
 	// cancel, is reused (serveWarm).
 	endedClean atomic.Bool
 	body       []byte
+	// bodyFrom, when set, streams the body instead (Request.BodyFrom).
+	bodyFrom func(servedModel string) io.Reader
 	// opened is closed when the node's Run stream is attached and its
 	// RunStarted published (so that Dispatch, and the caller's Close with
 	// its RunEnded, come after it); bodySent when the whole body went down
@@ -251,8 +253,8 @@ func (r *Run) observe(m runMsg) {
 
 // lateFailure reports whether m, a message after the provider's answer
 // began, ends it with a failure of the provider: an ERROR event or a
-// TunnelError of status 429 or 500 and above (or none: the node's own 502),
-// or a TunnelEnd whose body carried the provider's error object
+// TunnelError of status 429 or 500 and above (or none: the node's own 502)
+// that is not the served model's alone (model_failure), or a TunnelEnd whose body carried the provider's error object
 // (provider_error). A cancel (CANCELLED, a TunnelError of status 0) and a
 // client error (another 4xx) are none.
 func lateFailure(m *nodev1.RunUp) bool {
@@ -267,7 +269,7 @@ func lateFailure(m *nodev1.RunUp) bool {
 			}
 		}
 	case *nodev1.RunUp_TunnelError:
-		return msg.TunnelError.GetStatus() != 0 && failed(int(msg.TunnelError.GetStatus()))
+		return msg.TunnelError.GetStatus() != 0 && !msg.TunnelError.GetModelFailure() && failed(int(msg.TunnelError.GetStatus()))
 	case *nodev1.RunUp_TunnelEnd:
 		return msg.TunnelEnd.GetProviderError() != ""
 	}
@@ -308,6 +310,11 @@ func verdict(m *nodev1.RunUp) (o outcome, decisive bool, retry string) {
 			return outcomeNeutral, true, ""
 		}
 		o, retry := statusOutcome(int(msg.TunnelError.GetStatus()))
+		if msg.TunnelError.GetModelFailure() {
+			// The served model's server failed, not the provider: another
+			// candidate may serve the model, but no circuit counts it.
+			o = outcomeNeutral
+		}
 		return o, true, retry
 	case *nodev1.RunUp_TunnelData, *nodev1.RunUp_TunnelEnd:
 		return outcomeNeutral, true, "" // out of order: the HTTP layer answers it

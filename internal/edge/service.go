@@ -59,6 +59,18 @@ func wireOperation(op contract.Operation) (nodev1.Operation, bool) {
 		return nodev1.Operation_OPERATION_COMPLETION, true
 	case contract.OperationEmbeddings:
 		return nodev1.Operation_OPERATION_EMBEDDINGS, true
+	case contract.OperationRerank:
+		return nodev1.Operation_OPERATION_RERANK, true
+	case contract.OperationTranscription:
+		return nodev1.Operation_OPERATION_TRANSCRIPTION, true
+	case contract.OperationSpeech:
+		return nodev1.Operation_OPERATION_SPEECH, true
+	case contract.OperationImages:
+		return nodev1.Operation_OPERATION_IMAGES, true
+	case contract.OperationInfill:
+		return nodev1.Operation_OPERATION_INFILL, true
+	case contract.OperationLlamaCompletion:
+		return nodev1.Operation_OPERATION_LLAMA_COMPLETION, true
 	default:
 		return nodev1.Operation_OPERATION_UNSPECIFIED, false
 	}
@@ -348,7 +360,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req contract.Request, tried 
 		span.AddEvent(tracing.EventAdmitted, trace.WithAttributes(tracing.QueueReason.String(string(li.QueueReason)),
 			tracing.QueueWait.Float64(li.Wait.Seconds())))
 	}
-	inline := len(req.Body) <= maxInlineBody
+	inline := len(req.Body) <= maxInlineBody && req.BodyFrom == nil
 	epoch, leaseID := g.stamp()
 	r := &Run{
 		s:       s,
@@ -386,7 +398,7 @@ func (s *Service) dispatchOnce(ctx context.Context, req contract.Request, tried 
 		inlineBody = req.Body
 		close(r.bodySent) // it goes with the Dispatch
 	} else {
-		r.body = req.Body
+		r.body, r.bodyFrom = req.Body, req.BodyFrom
 	}
 	s.mu.Lock()
 	s.runs[runID] = r

@@ -54,6 +54,9 @@ var (
 	ErrCancelledByEdge = errors.New("cancelled by edge")
 	// ErrRunStreamEnded: the run's stream ended or broke before the run did.
 	ErrRunStreamEnded = errors.New("run stream ended")
+	// errBodyUnread: the adapter returned before it read a streamed body
+	// to its end; the rest is dropped.
+	errBodyUnread = errors.New("the provider call ended before the body was read")
 	// ErrRunEnded: the run is over; its work context ends with it (on a
 	// warm stream, which outlives the run).
 	ErrRunEnded = errors.New("run ended")

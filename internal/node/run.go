@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -58,7 +59,17 @@ func (r *run) lastFrame() {
 // bodyResult is a run's whole request body, or why there is none.
 type bodyResult struct {
 	data []byte
-	err  error
+	// reader, for a streamed body (streamedOp), is the body as it comes
+	// down the run stream; data is then nil.
+	reader *io.PipeReader
+	err    error
+}
+
+// streamedOp reports whether a body of op that does not come inline is
+// handed to its adapter as it comes down the run stream, not whole: a
+// multipart upload, which the edge streams and no adapter rewrites.
+func streamedOp(op nodev1.Operation) bool {
+	return op == nodev1.Operation_OPERATION_TRANSCRIPTION
 }
 
 // dispatch starts d, a Dispatch from the control stream, as a run on a
@@ -107,7 +118,9 @@ func (c *conn) acceptDispatch(d *nodev1.Dispatch, streamCtx context.Context, sto
 	}
 	if invalid == nil {
 		switch d.Operation {
-		case nodev1.Operation_OPERATION_CHAT, nodev1.Operation_OPERATION_COMPLETION, nodev1.Operation_OPERATION_EMBEDDINGS:
+		case nodev1.Operation_OPERATION_CHAT, nodev1.Operation_OPERATION_COMPLETION, nodev1.Operation_OPERATION_EMBEDDINGS,
+			nodev1.Operation_OPERATION_RERANK, nodev1.Operation_OPERATION_TRANSCRIPTION, nodev1.Operation_OPERATION_SPEECH,
+			nodev1.Operation_OPERATION_IMAGES, nodev1.Operation_OPERATION_INFILL, nodev1.Operation_OPERATION_LLAMA_COMPLETION:
 		default:
 			invalid = fmt.Errorf("%w %v", ErrUnsupportedOperation, d.Operation)
 		}
@@ -230,7 +243,7 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 	readerDone := make(chan struct{})
 	go func() { // the only caller of stream.Recv
 		defer close(readerDone)
-		next = readRunDown(stream, r, d.BodyInline, bodies)
+		next = readRunDownTo(stream, r, d.BodyInline, streamedOp(d.Operation), bodies)
 	}()
 	events := &eventSink{s: stream, last: r.lastFrame}
 	workCtx := r.workCtx
@@ -260,6 +273,9 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 	sentLast := false // the adapter's last message ended the run (tunnelSink.ended)
 	if err == nil {
 		req := adapter.Request{Op: d.Operation, Stream: d.Stream, ServedModel: d.ServedModel, Body: body.data, OllamaFields: d.OllamaFields, Headers: d.Headers}
+		if body.reader != nil {
+			req.BodyReader = body.reader
+		}
 		callCtx := workCtx
 		if spans != nil {
 			callCtx = spans.startCall(workCtx, c.a.tracer, d, p)
@@ -278,6 +294,11 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 		}
 		if spans != nil {
 			spans.endCall(err)
+		}
+		if body.reader != nil {
+			// What the adapter left unread no longer holds up the
+			// stream's reader (readRunDownTo), which runOn waits for.
+			body.reader.CloseWithError(errBodyUnread)
 		}
 	}
 	// A run aborted with its connection (the node stopping, the edge lost)
@@ -360,12 +381,25 @@ func inlineBody(data []byte) bodyResult {
 // unmarshalled it into a slice of its own); chunks are joined once, at the
 // last one, into a slice of the body's size.
 func readRunDown(stream runStream, r *run, inline bool, bodies chan<- bodyResult) *nodev1.Dispatch {
+	return readRunDownTo(stream, r, inline, false, bodies)
+}
+
+// readRunDownTo is readRunDown; with streamed set, the body is delivered
+// at its first chunk as a pipe its chunks are written to as they come,
+// under the run stream's flow control (the adapter's reads pace the
+// edge), without MaxBodyBytes (the edge bounds it); the pipe fails with
+// the stream's error if the stream ends before the last chunk.
+func readRunDownTo(stream runStream, r *run, inline, streamed bool, bodies chan<- bodyResult) *nodev1.Dispatch {
 	var chunks [][]byte
 	size := 0
 	delivered := inline
+	var pipe *io.PipeWriter // the streamed body's, until its last chunk
 	for {
 		m, err := stream.Recv()
 		if err != nil {
+			if pipe != nil {
+				pipe.CloseWithError(fmt.Errorf("%w: %w", ErrRunStreamEnded, err))
+			}
 			r.cancelWork(fmt.Errorf("%w: %w", ErrRunStreamEnded, err))
 			return nil
 		}
@@ -373,6 +407,24 @@ func readRunDown(stream runStream, r *run, inline bool, bodies chan<- bodyResult
 		case *nodev1.RunDown_Dispatch:
 			return x.Dispatch
 		case *nodev1.RunDown_Body:
+			if streamed && !delivered {
+				pr, pw := io.Pipe()
+				pipe, delivered = pw, true
+				bodies <- bodyResult{reader: pr}
+			}
+			if pipe != nil {
+				if len(x.Body.Data) > 0 {
+					if _, err := pipe.Write(x.Body.Data); err != nil {
+						pipe = nil // the adapter is done with it: the rest is dropped
+						continue
+					}
+				}
+				if x.Body.Last {
+					pipe.Close()
+					pipe = nil
+				}
+				continue
+			}
 			if delivered {
 				continue
 			}
@@ -408,7 +460,8 @@ func readRunDown(stream runStream, r *run, inline bool, bodies chan<- bodyResult
 //	adapter.ErrCancelled   CANCELLED                  TunnelError{"run cancelled", 0}
 //	adapter.ErrBadRequest  ERROR{message, 400,        TunnelError{message, 400}
 //	  (status 400)           invalid_request, param}
-//	*adapter.Error         ERROR{message, status}     TunnelError{message, status}
+//	*adapter.Error         ERROR{message, status}     TunnelError{message, status,
+//	                                                    model_failure}
 //	anything else          ERROR{..., 502}            TunnelError{..., 502}
 //
 // An ERROR event's invalid_request tells the edge that the node itself
@@ -423,6 +476,7 @@ func terminal(path nodev1.ExecutionPath, err error) *nodev1.RunUp {
 		msg       string
 		code      int32
 		cancelled bool
+		modelOnly bool
 	)
 	switch {
 	case err == nil:
@@ -444,7 +498,7 @@ func terminal(path nodev1.ExecutionPath, err error) *nodev1.RunUp {
 	case errors.Is(err, ErrNoAdapter):
 		msg, code = err.Error(), http.StatusBadGateway
 	case errors.As(err, &aerr):
-		msg, code = aerr.Message, int32(aerr.Status)
+		msg, code, modelOnly = aerr.Message, int32(aerr.Status), aerr.ModelFailure
 		if !tunnel && errors.Is(err, adapter.ErrBadRequest) && aerr.Status == http.StatusBadRequest {
 			ev := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_ERROR, Error: msg, Status: code, InvalidRequest: true, Param: aerr.Param}
 			return &nodev1.RunUp{Msg: &nodev1.RunUp_Events{Events: &nodev1.RunEvents{Events: []*nodev1.RunEvent{ev}}}}
@@ -453,7 +507,7 @@ func terminal(path nodev1.ExecutionPath, err error) *nodev1.RunUp {
 		msg, code = "node failed to run the request", http.StatusBadGateway
 	}
 	if tunnel {
-		return &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelError{TunnelError: &nodev1.TunnelError{Message: msg, Status: code}}}
+		return &nodev1.RunUp{Msg: &nodev1.RunUp_TunnelError{TunnelError: &nodev1.TunnelError{Message: msg, Status: code, ModelFailure: modelOnly}}}
 	}
 	ev := &nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_ERROR, Error: msg, Status: code}
 	if cancelled {

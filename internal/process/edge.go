@@ -20,6 +20,7 @@ import (
 	"iop/internal/edge/api/admin"
 	"iop/internal/edge/api/anthropic"
 	batchapi "iop/internal/edge/api/batch"
+	"iop/internal/edge/api/media"
 	responsesapi "iop/internal/edge/api/responses"
 	"iop/internal/ledger"
 	"iop/internal/node"
@@ -356,6 +357,8 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 	routes := admin.Routes(e.obs.adminConfig(admin.Config{Snapshots: svc, Usage: e.usage, Residency: svc, Quotas: e.Quota,
 		TeamOf: e.teamOf, Logger: e.logger}))
 	maps.Copy(routes, batchapi.Routes(e.batches.svc, e.logger))
+	mediaRoutes, bodyLimits := media.Routes(media.Config{MaxUploadBytes: e.cfg.MaxUploadBytes})
+	maps.Copy(routes, mediaRoutes)
 	handler := api.New(e.obs.apiConfig(api.Config{
 		Stopping:       e.stopping,
 		MaxBodyBytes:   e.cfg.MaxBodyBytes,
@@ -376,6 +379,7 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 		Routes:         routes,
 		APIs: []api.API{anthropic.Routes, responsesapi.Routes(responsesapi.Config{Store: e.responseStore, Runs: e.runManager,
 			ReasoningSecret: reasoningSecret(e.cfg.Cluster)})},
+		BodyLimits: bodyLimits,
 	}), svc, e.logger)
 	if err := e.startBatches(ctx, handler); err != nil {
 		return err

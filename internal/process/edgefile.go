@@ -39,7 +39,7 @@ const (
 //
 //	ServeConfig   listen, node_listen, drain_timeout: the process's listeners and drain
 //	edge.Config   the edge core: node link, queues, aliases, tokens, routing, cluster
-//	HTTPConfig    max_body_bytes, max_answer_bytes, write_timeout: the HTTP API's limits
+//	HTTPConfig    max_body_bytes, max_upload_bytes, max_answer_bytes, write_timeout: the HTTP API's limits
 //	AccessConfig  keys, admin_keys, teams, prices, keys_file, insecure_open
 //	StoreConfig   database, ledger_dsn, runs_dsn, name: ledger, runs, responses, batches
 //	tracing       tracing.Config
@@ -170,6 +170,11 @@ type HTTPConfig struct {
 	// MaxBodyBytes caps a client request body, in bytes (413 above it);
 	// default api.DefaultMaxBodyBytes (32 MiB).
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// MaxUploadBytes caps a multipart upload's body (POST
+	// /v1/audio/transcriptions), in bytes (413 above it), apart from
+	// MaxBodyBytes: an upload is streamed to its provider, not held; 0 is
+	// media.DefaultMaxUploadBytes (1 GiB).
+	MaxUploadBytes int64 `yaml:"max_upload_bytes"`
 	// MaxAnswerBytes caps a provider answer the edge reads whole to
 	// translate it for another API, in bytes (502 above it); 0 is the
 	// HTTP API's default (256 MiB, the bound a node puts on an answer it
@@ -200,6 +205,9 @@ func (c HTTPConfig) Validate() error {
 	}
 	if c.MaxBodyBytes <= 0 {
 		errs = append(errs, invalid("max_body_bytes %d must be positive", c.MaxBodyBytes))
+	}
+	if c.MaxUploadBytes < 0 {
+		errs = append(errs, invalid("max_upload_bytes %d must not be negative", c.MaxUploadBytes))
 	}
 	if c.WriteTimeout <= 0 {
 		errs = append(errs, invalid("write_timeout %s must be positive", c.WriteTimeout))
@@ -337,6 +345,7 @@ func (running EdgeFile) restartOnly(next EdgeFile) []string {
 		{"listen", running.Listen != next.Listen},
 		{"max_answer_bytes", running.MaxAnswerBytes != next.MaxAnswerBytes},
 		{"max_body_bytes", running.MaxBodyBytes != next.MaxBodyBytes},
+		{"max_upload_bytes", running.MaxUploadBytes != next.MaxUploadBytes},
 		{"node_listen", running.NodeListen != next.NodeListen},
 		{"tracing", !reflect.DeepEqual(running.Tracing, next.Tracing)},
 		{"write_timeout", running.WriteTimeout != next.WriteTimeout},

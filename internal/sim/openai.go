@@ -21,6 +21,7 @@ func (s *Server) openaiRoutes(mux *http.ServeMux) {
 		mux.Handle("GET "+prefix+"/models", s.guard(writeOpenAIError, s.openaiModels))
 		mux.Handle("GET "+prefix+"/models/{model...}", s.guard(writeOpenAIError, s.openaiModel))
 	}
+	s.mediaRoutes(mux)
 	mux.Handle("GET /stats", s.guard(writeOpenAIError, s.serveStats))
 	// GET /health answers 200 with an empty body, as vLLM's server does
 	// (llama.cpp's answers {"status":"ok"}): a managed provider's default

@@ -90,6 +90,10 @@ type SeenRequest struct {
 	Model string
 	// Authorization is the request's Authorization header, verbatim.
 	Authorization string
+	// BodyBytes and BodySHA256 (hex) are the length and hash of the body
+	// as received, on the media routes (media.go); else 0 and "".
+	BodyBytes  int64
+	BodySHA256 string
 }
 
 // Server is a simulated model server. Create it with New; serve it with
@@ -119,6 +123,9 @@ type Server struct {
 	// loads, is evicted or a request on one ends.
 	resident        []*resident
 	residentChanged chan struct{}
+
+	// mediaAnswers are the media routes' answers, the last maxSeen.
+	mediaAnswers []MediaAnswer
 }
 
 // New returns a Server for cfg, with defaults applied to its zero fields.
@@ -291,6 +298,13 @@ func (s *Server) accept(w http.ResponseWriter, r *http.Request, parse func([]byt
 		req, err = parse(body)
 	}
 	s.record(r, req.model)
+	return s.admit(r, req, err)
+}
+
+// admit is accept's steps after the body was read and parsed into req
+// (parseErr its failure) and recorded.
+func (s *Server) admit(r *http.Request, req request, parseErr error) (_ request, release func(), err error) {
+	err = parseErr
 	if authErr := s.authorize(r); authErr != nil {
 		return request{}, nil, authErr
 	}
@@ -399,7 +413,11 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, writeErr errorWrit
 
 // record counts r and remembers its path, model and Authorization header.
 func (s *Server) record(r *http.Request, model string) {
-	seen := SeenRequest{Method: r.Method, Path: r.URL.Path, Model: model, Authorization: r.Header.Get("Authorization")}
+	s.recordSeen(SeenRequest{Method: r.Method, Path: r.URL.Path, Model: model, Authorization: r.Header.Get("Authorization")})
+}
+
+// recordSeen counts a request and remembers seen.
+func (s *Server) recordSeen(seen SeenRequest) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stats.Requests++

@@ -706,9 +706,9 @@ func TestSeen(t *testing.T) {
 	do("/v1/embeddings", `{"model":"b","input":"x"}`, "Bearer two")
 	do("/v1/embeddings", `{bad`, "")
 	want := []SeenRequest{
-		{"POST", "/v1/chat/completions", "a", "Bearer one"},
-		{"POST", "/v1/embeddings", "b", "Bearer two"},
-		{"POST", "/v1/embeddings", "", ""},
+		{Method: "POST", Path: "/v1/chat/completions", Model: "a", Authorization: "Bearer one"},
+		{Method: "POST", Path: "/v1/embeddings", Model: "b", Authorization: "Bearer two"},
+		{Method: "POST", Path: "/v1/embeddings"},
 	}
 	if got := s.Seen(); !slices.Equal(got, want) {
 		t.Errorf("Seen() = %+v, want %+v", got, want)

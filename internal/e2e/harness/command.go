@@ -26,9 +26,19 @@ var binary struct {
 }
 
 // IOP builds the iop command (package iop/cmd/iop) once per test binary
-// and returns the path of the executable; a failed build fails t.
+// and returns the path of the executable; a failed build fails t. In a
+// run of every test Main has started the build already.
 func IOP(t testing.TB) string {
 	t.Helper()
+	buildBinary()
+	if binary.err != nil {
+		t.Fatalf("go build iop/cmd/iop: %v\n%s", binary.err, binary.out)
+	}
+	return binary.path
+}
+
+// buildBinary builds the iop command into a temporary directory, once.
+func buildBinary() {
 	binary.once.Do(func() {
 		binary.dir, binary.err = os.MkdirTemp("", "iop-test-")
 		if binary.err != nil {
@@ -37,10 +47,6 @@ func IOP(t testing.TB) string {
 		binary.path = filepath.Join(binary.dir, "iop")
 		binary.out, binary.err = exec.Command("go", "build", "-o", binary.path, "iop/cmd/iop").CombinedOutput()
 	})
-	if binary.err != nil {
-		t.Fatalf("go build iop/cmd/iop: %v\n%s", binary.err, binary.out)
-	}
-	return binary.path
 }
 
 func removeBinary() {

@@ -14,7 +14,12 @@
 //     if the test fails.
 //   - Waiting: testenv.Eventually (package internal/testenv) polls a
 //     condition with one generous deadline; waits here use it.
-//   - Main wraps TestMain: goleak, and removing the built binary.
+//   - Main wraps TestMain: goleak, building the binary beside the first
+//     tests of a full run, and removing it.
+//   - Env: a provider's API key in an environment variable of the test's
+//     own, so the test stays parallel (t.Setenv forbids it).
+//   - A test that needs the whole process (counts goroutines, changes
+//     directory) runs alone in a child: testenv.RunInOwnProcess.
 //
 // A real etcd is etcdtest.Start (internal/testenv/etcdtest), a real
 // Ollama ollamatest.Start (internal/ollamatest), PostgreSQL

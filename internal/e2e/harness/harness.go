@@ -3,10 +3,13 @@ package harness
 import (
 	"bytes"
 	"context"
+	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,12 +23,49 @@ import (
 )
 
 // Main runs the tests of m as TestMain does, checks that no goroutine
-// outlives them (goleak), removes the binary IOP built, and exits.
+// outlives them (goleak), removes the binary IOP built, and exits. In a
+// run of every test (no -test.run) it builds the binary while the first
+// tests run, so no test waits for the whole build.
 func Main(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+	flag.Parse()
+	var prebuild sync.WaitGroup
+	if f := flag.Lookup("test.run"); f != nil && f.Value.String() == "" {
+		prebuild.Go(buildBinary)
+	}
+	goleak.VerifyTestMain(afterBuild{m, &prebuild}, goleak.Cleanup(func(code int) {
 		removeBinary()
 		os.Exit(code)
 	}))
+}
+
+// afterBuild is m whose Run also waits for the binary's prebuild, so
+// goleak finds the build's goroutine gone.
+type afterBuild struct {
+	m        *testing.M
+	prebuild *sync.WaitGroup
+}
+
+func (a afterBuild) Run() int {
+	code := a.m.Run()
+	a.prebuild.Wait()
+	return code
+}
+
+// envs numbers the variables Env sets.
+var envs atomic.Int64
+
+// Env sets a new environment variable, IOP_TEST_ENV_<n> (n unique in the
+// test binary), to value until t ends and returns its name: for a
+// provider's api_key_env. Unlike t.Setenv it leaves t free to run in
+// parallel, as no other test reads that name.
+func Env(t testing.TB, value string) string {
+	t.Helper()
+	key := fmt.Sprintf("IOP_TEST_ENV_%d", envs.Add(1))
+	if err := os.Setenv(key, value); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Unsetenv(key) })
+	return key
 }
 
 // Buffer is a bytes.Buffer that concurrent writers (a logger, a child's

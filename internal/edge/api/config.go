@@ -94,6 +94,9 @@ type Config struct {
 	// share the frame's body limits, keys and admission, observation and
 	// error shapes (WriteError).
 	Routes map[string]Route
+	// BodyLimits replace MaxBodyBytes and BodyReadTimeout for the
+	// requests of their exact paths (a Config.Routes upload route's).
+	BodyLimits map[string]BodyLimit
 	// APIs are the client API packages served on the frame, each making
 	// its routes with the Frame (anthropic.Routes, ...); their routes are
 	// merged with Routes. Nil: none.
@@ -177,4 +180,12 @@ func (c Config) withDefaults() Config {
 		c.AdminPrefixes = DefaultAdminPrefixes
 	}
 	return c
+}
+
+// BodyLimit is one path's request body limits (Config.BodyLimits): at
+// most MaxBytes bytes (0: Config.MaxBodyBytes), read within ReadTimeout
+// (0: Config.BodyReadTimeout).
+type BodyLimit struct {
+	MaxBytes    int64
+	ReadTimeout time.Duration
 }

@@ -123,7 +123,11 @@ const modelsPrefix = "/v1/models/"
 // nginx's lingering close does the same).
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	tw := &trackingWriter{ResponseWriter: w, rc: http.NewResponseController(w), timeout: h.cfg.WriteTimeout}
-	body := newRequestBody(w, r, h.cfg.MaxBodyBytes)
+	limit, bodyTimeout := h.cfg.MaxBodyBytes, h.cfg.BodyReadTimeout
+	if bl, ok := h.cfg.BodyLimits[r.URL.Path]; ok {
+		limit, bodyTimeout = cmp.Or(bl.MaxBytes, limit), cmp.Or(bl.ReadTimeout, bodyTimeout)
+	}
+	body := newRequestBody(w, r, limit)
 	r.Body = body
 	if r.ContentLength != 0 {
 		// Handlers read the body before they answer, except for early
@@ -132,7 +136,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_ = tw.rc.EnableFullDuplex()
 		// The body must be in within BodyReadTimeout; the deadline is lifted
 		// when it is (requestBody.Read at its end), before any answer.
-		if tw.rc.SetReadDeadline(time.Now().Add(h.cfg.BodyReadTimeout)) == nil {
+		if tw.rc.SetReadDeadline(time.Now().Add(bodyTimeout)) == nil {
 			body.lift = func() { _ = tw.rc.SetReadDeadline(time.Time{}) }
 		}
 	}

@@ -1,6 +1,7 @@
 package contract
 
 import (
+	"io"
 	"time"
 )
 
@@ -19,6 +20,19 @@ const (
 	// OperationEmbeddings is an embeddings request (OpenAI /v1/embeddings,
 	// Ollama /api/embed and /api/embeddings).
 	OperationEmbeddings
+	// The media operations (package edge/api/media): the client's body
+	// goes to the provider's endpoint of the same name as it came, on the
+	// tunnel path only. OperationRerank: /v1/rerank and /rerank;
+	// OperationTranscription: /v1/audio/transcriptions (multipart);
+	// OperationSpeech: /v1/audio/speech; OperationImages:
+	// /v1/images/generations; OperationInfill and OperationLlamaCompletion:
+	// llama.cpp's /infill and /completion.
+	OperationRerank
+	OperationTranscription
+	OperationSpeech
+	OperationImages
+	OperationInfill
+	OperationLlamaCompletion
 )
 
 // String names the operation for logs and errors: "chat", "completion",
@@ -31,6 +45,18 @@ func (o Operation) String() string {
 		return "completion"
 	case OperationEmbeddings:
 		return "embeddings"
+	case OperationRerank:
+		return "rerank"
+	case OperationTranscription:
+		return "transcription"
+	case OperationSpeech:
+		return "speech"
+	case OperationImages:
+		return "images"
+	case OperationInfill:
+		return "infill"
+	case OperationLlamaCompletion:
+		return "llama_completion"
 	default:
 		return "unspecified"
 	}
@@ -76,6 +102,14 @@ type Request struct {
 	// Body is the client's JSON body, byte for byte; the node rewrites its
 	// model to the served target.
 	Body []byte
+	// BodyFrom, when set, is the body as a stream, for a body too large to
+	// hold (a multipart upload): Body is then nil, and the edge calls
+	// BodyFrom once, with the served model the run went to, when it sends
+	// the body down the run's stream, in chunks as they are read. It must
+	// return a reader of the body with its model set to that name. A read
+	// error fails the run (the node's provider call is cut). Such a request
+	// is admitted once: no retry, as its body cannot be read again.
+	BodyFrom func(servedModel string) io.Reader
 	// OllamaFields is the JSON object of Ollama request fields OpenAI's API
 	// has no name for (translate.OllamaFields), for Ollama providers
 	// (node.proto Dispatch.ollama_fields); nil when there are none. Body

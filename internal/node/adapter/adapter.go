@@ -49,6 +49,10 @@ type Request struct {
 	// or empty. Only the Ollama adapter reads it; no adapter reads such
 	// fields from Body.
 	OllamaFields []byte
+	// BodyReader, when set, is the body as it comes from the edge (a
+	// streamed multipart upload); Body is then nil. The adapter reads it
+	// once, as it sends it to the provider.
+	BodyReader io.Reader
 	// Headers are client request headers the edge selected for the provider
 	// (e.g. Accept), canonical or not. Tunnelers forward them, except
 	// hop-by-hop headers and those the adapter sets itself.
@@ -252,8 +256,13 @@ func (p *httpProvider) postParts(ctx context.Context, path string, parts net.Buf
 // postReader is post of the body rd reads: a bytes.Reader, or parts'
 // partsReader.
 func (p *httpProvider) postReader(ctx context.Context, path string, rd io.Reader, parts net.Buffers, header http.Header) (*call, error) {
+	return p.postURL(ctx, p.baseURL+path, rd, parts, header)
+}
+
+// postURL is postReader to url.
+func (p *httpProvider) postURL(ctx context.Context, url string, rd io.Reader, parts net.Buffers, header http.Header) (*call, error) {
 	rctx, cancel := context.WithTimeoutCause(ctx, p.timeout, ErrProviderTimeout)
-	req, err := http.NewRequestWithContext(rctx, http.MethodPost, p.baseURL+path, rd)
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, url, rd)
 	if err != nil {
 		cancel()
 		return nil, &Error{Kind: ErrBadRequest, Status: http.StatusBadRequest, Message: "cannot build provider request"}
@@ -272,7 +281,9 @@ func (p *httpProvider) postReader(ctx context.Context, path string, rd io.Reader
 	for k, vs := range header {
 		req.Header[k] = vs
 	}
-	req.Header.Set("Content-Type", "application/json")
+	if req.Header.Get("Content-Type") == "" { // only the media routes set their own
+		req.Header.Set("Content-Type", "application/json")
+	}
 	req.Header.Set("User-Agent", "iop-node")
 	// Without Accept-Encoding a server may use any coding (RFC 9110
 	// section 12.5.3): ask for the bytes as they are.

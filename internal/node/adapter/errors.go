@@ -59,6 +59,11 @@ type Error struct {
 	// "messages[0].content[1].image_url"; "" for the body as a whole or
 	// another failure.
 	Param string
+	// ModelFailure says the failure is the served model's alone, not the
+	// provider's (a managed provider's server for that model could not
+	// start or exited): the provider's other models are unaffected, so no
+	// circuit breaker counts it.
+	ModelFailure bool
 }
 
 func (e *Error) Error() string {

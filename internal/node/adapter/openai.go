@@ -174,7 +174,10 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 	case nodev1.Operation_OPERATION_EMBEDDINGS:
 		path = "/embeddings"
 	default:
-		return badRequest("operation %v is not supported", req.Op)
+		if mediaPaths[req.Op] == "" {
+			return badRequest("operation %v is not supported", req.Op)
+		}
+		return o.media(ctx, req, sink)
 	}
 	// req.OllamaFields mean nothing to an OpenAI-compatible server, but
 	// for their "think": a level an Ollama client set in its own terms,
@@ -232,6 +235,14 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 			return err
 		}
 	}
+	return o.relay(c, req.Stream, true, sink)
+}
+
+// relay relays c's answer to sink (Tunnel's rules) and closes c. With
+// needDone, an event stream that ends without data: [DONE] failed (the
+// OpenAI routes'; llama.cpp's own routes end theirs with a last event
+// whose "stop" is true instead).
+func (o *OpenAI) relay(c *call, stream, needDone bool, sink TunnelSink) error {
 	defer c.close()
 	switch status := c.resp.StatusCode; {
 	case status >= 200 && status <= 299:
@@ -253,7 +264,7 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 	// (an HTML error page of a proxy, a truncated JSON object) is no
 	// answer the client can read: a provider failure before its first
 	// byte, not a stream relayed as completed.
-	notAStream := req.Stream && watch == nil
+	notAStream := stream && watch == nil
 	scrub := newStreamRedactor(o.p.apiKey)
 	// The body's length as relayed is known before its end when the
 	// provider declared it (Content-Length), for a body that is not an
@@ -376,7 +387,7 @@ func (o *OpenAI) Tunnel(ctx context.Context, req Request, sink TunnelSink) error
 				if watch.message != "" {
 					return &Error{Kind: ErrProviderReported, Status: http.StatusBadGateway, Message: o.p.redact(watch.message)}
 				}
-				if !watch.done {
+				if needDone && !watch.done {
 					return &Error{Kind: ErrProviderStream, Status: http.StatusBadGateway, Message: "provider closed stream before data: [DONE]"}
 				}
 			}

@@ -333,7 +333,8 @@ const crashWait = time.Second
 // first byte: an *adapter.Error of status 502 (504 when it was not
 // healthy within start_timeout) naming the model. A server that exits
 // during the run ends it with a 502 "model server ... exited"; the next run
-// starts a new one.
+// starts a new one. Both are the model's failures (ModelFailure), not the
+// provider's.
 func (m *Manager) Tunnel(ctx context.Context, req adapter.Request, sink adapter.TunnelSink) error {
 	c, err := m.acquire(ctx, req.ServedModel)
 	if err != nil {
@@ -350,14 +351,18 @@ func (m *Manager) Tunnel(ctx context.Context, req adapter.Request, sink adapter.
 	defer t.Stop()
 	select {
 	case <-c.exited:
-		return &adapter.Error{Kind: aerr.Kind, Status: http.StatusBadGateway,
+		return &adapter.Error{Kind: aerr.Kind, Status: http.StatusBadGateway, ModelFailure: true,
 			Message: fmt.Sprintf("model server of %q exited (%s) during the run: %s", req.ServedModel, c.exitText, aerr.Message)}
 	case <-woke:
 		return err
 	}
 }
 
-// runError is the adapter outcome of err, acquire's.
+// runError is the adapter outcome of err, acquire's. A server that could
+// not start (or was not healthy in time, or exited or was stopped while
+// starting) is its model's failure (adapter.Error.ModelFailure): the
+// provider's other models have servers of their own, so it must not take
+// the provider out of rotation.
 func runError(model string, err error) error {
 	switch {
 	case errors.Is(err, adapter.ErrCancelled):
@@ -365,8 +370,8 @@ func runError(model string, err error) error {
 	case errors.Is(err, ErrUnknownModel):
 		return &adapter.Error{Kind: adapter.ErrBadRequest, Status: http.StatusNotFound, Message: err.Error()}
 	case errors.Is(err, ErrStartTimeout):
-		return &adapter.Error{Kind: adapter.ErrProviderTimeout, Status: http.StatusGatewayTimeout, Message: err.Error()}
+		return &adapter.Error{Kind: adapter.ErrProviderTimeout, Status: http.StatusGatewayTimeout, Message: err.Error(), ModelFailure: true}
 	default:
-		return &adapter.Error{Kind: adapter.ErrProviderUnreachable, Status: http.StatusBadGateway, Message: err.Error()}
+		return &adapter.Error{Kind: adapter.ErrProviderUnreachable, Status: http.StatusBadGateway, Message: err.Error(), ModelFailure: true}
 	}
 }

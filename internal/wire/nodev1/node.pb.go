@@ -93,6 +93,14 @@ const (
 	Operation_OPERATION_CHAT        Operation = 1 // OpenAI POST /v1/chat/completions body
 	Operation_OPERATION_COMPLETION  Operation = 2 // OpenAI POST /v1/completions body
 	Operation_OPERATION_EMBEDDINGS  Operation = 3 // OpenAI POST /v1/embeddings body
+	// The media operations: the client's body goes to the provider's
+	// endpoint of the same name as it came (tunnel path only).
+	Operation_OPERATION_RERANK           Operation = 4 // POST {base_url}/rerank: JSON {model, query, documents, top_n}
+	Operation_OPERATION_TRANSCRIPTION    Operation = 5 // POST {base_url}/audio/transcriptions: multipart/form-data
+	Operation_OPERATION_SPEECH           Operation = 6 // POST {base_url}/audio/speech: JSON in, audio bytes out
+	Operation_OPERATION_IMAGES           Operation = 7 // POST {base_url}/images/generations: JSON
+	Operation_OPERATION_INFILL           Operation = 8 // POST {server root}/infill: llama.cpp's native JSON
+	Operation_OPERATION_LLAMA_COMPLETION Operation = 9 // POST {server root}/completion: llama.cpp's native JSON
 )
 
 // Enum value maps for Operation.
@@ -102,12 +110,24 @@ var (
 		1: "OPERATION_CHAT",
 		2: "OPERATION_COMPLETION",
 		3: "OPERATION_EMBEDDINGS",
+		4: "OPERATION_RERANK",
+		5: "OPERATION_TRANSCRIPTION",
+		6: "OPERATION_SPEECH",
+		7: "OPERATION_IMAGES",
+		8: "OPERATION_INFILL",
+		9: "OPERATION_LLAMA_COMPLETION",
 	}
 	Operation_value = map[string]int32{
-		"OPERATION_UNSPECIFIED": 0,
-		"OPERATION_CHAT":        1,
-		"OPERATION_COMPLETION":  2,
-		"OPERATION_EMBEDDINGS":  3,
+		"OPERATION_UNSPECIFIED":      0,
+		"OPERATION_CHAT":             1,
+		"OPERATION_COMPLETION":       2,
+		"OPERATION_EMBEDDINGS":       3,
+		"OPERATION_RERANK":           4,
+		"OPERATION_TRANSCRIPTION":    5,
+		"OPERATION_SPEECH":           6,
+		"OPERATION_IMAGES":           7,
+		"OPERATION_INFILL":           8,
+		"OPERATION_LLAMA_COMPLETION": 9,
 	}
 )
 
@@ -3258,9 +3278,15 @@ func (x *TunnelEnd) GetProviderError() string {
 
 // TunnelError reports a failure of the provider request.
 type TunnelError struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Message       string                 `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
-	Status        int32                  `protobuf:"varint,2,opt,name=status,proto3" json:"status,omitempty"` // 502 for an upstream failure, 504 for a timeout
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Message string                 `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
+	Status  int32                  `protobuf:"varint,2,opt,name=status,proto3" json:"status,omitempty"` // 502 for an upstream failure, 504 for a timeout
+	// model_failure: the failure is the served model's alone, not its
+	// provider's: a managed provider's server for that model could not
+	// start, was not healthy in time, or exited. Another model of the
+	// provider is unaffected, so no circuit breaker counts it. Additive: an
+	// edge from before it counts it against the provider.
+	ModelFailure  bool `protobuf:"varint,3,opt,name=model_failure,json=modelFailure,proto3" json:"model_failure,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3307,6 +3333,13 @@ func (x *TunnelError) GetStatus() int32 {
 		return x.Status
 	}
 	return 0
+}
+
+func (x *TunnelError) GetModelFailure() bool {
+	if x != nil {
+		return x.ModelFailure
+	}
+	return false
 }
 
 var File_node_proto protoreflect.FileDescriptor
@@ -3577,19 +3610,26 @@ const file_node_proto_rawDesc = "" +
 	"TunnelData\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\"2\n" +
 	"\tTunnelEnd\x12%\n" +
-	"\x0eprovider_error\x18\x01 \x01(\tR\rproviderError\"?\n" +
+	"\x0eprovider_error\x18\x01 \x01(\tR\rproviderError\"d\n" +
 	"\vTunnelError\x12\x18\n" +
 	"\amessage\x18\x01 \x01(\tR\amessage\x12\x16\n" +
-	"\x06status\x18\x02 \x01(\x05R\x06status*i\n" +
+	"\x06status\x18\x02 \x01(\x05R\x06status\x12#\n" +
+	"\rmodel_failure\x18\x03 \x01(\bR\fmodelFailure*i\n" +
 	"\rExecutionPath\x12\x1e\n" +
 	"\x1aEXECUTION_PATH_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15EXECUTION_PATH_TUNNEL\x10\x01\x12\x1d\n" +
-	"\x19EXECUTION_PATH_NORMALIZED\x10\x02*n\n" +
+	"\x19EXECUTION_PATH_NORMALIZED\x10\x02*\x83\x02\n" +
 	"\tOperation\x12\x19\n" +
 	"\x15OPERATION_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eOPERATION_CHAT\x10\x01\x12\x18\n" +
 	"\x14OPERATION_COMPLETION\x10\x02\x12\x18\n" +
-	"\x14OPERATION_EMBEDDINGS\x10\x032\x85\x01\n" +
+	"\x14OPERATION_EMBEDDINGS\x10\x03\x12\x14\n" +
+	"\x10OPERATION_RERANK\x10\x04\x12\x1b\n" +
+	"\x17OPERATION_TRANSCRIPTION\x10\x05\x12\x14\n" +
+	"\x10OPERATION_SPEECH\x10\x06\x12\x14\n" +
+	"\x10OPERATION_IMAGES\x10\a\x12\x14\n" +
+	"\x10OPERATION_INFILL\x10\b\x12\x1e\n" +
+	"\x1aOPERATION_LLAMA_COMPLETION\x10\t2\x85\x01\n" +
 	"\vNodeGateway\x12A\n" +
 	"\aConnect\x12\x18.iop.node.v1.NodeMessage\x1a\x18.iop.node.v1.EdgeMessage(\x010\x01\x123\n" +
 	"\x03Run\x12\x12.iop.node.v1.RunUp\x1a\x14.iop.node.v1.RunDown(\x010\x01B!Z\x1fiop/internal/wire/nodev1;nodev1b\x06proto3"

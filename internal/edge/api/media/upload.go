@@ -1,0 +1,232 @@
+package media
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+
+	"iop/internal/edge/api"
+	"iop/internal/edge/contract"
+)
+
+// A multipart upload is relayed as it comes. The edge reads the body up
+// to the end of its "model" field (it routes by it), keeping what it
+// read in a spool: in memory up to maxHeldPrefix bytes, beyond that in a
+// temporary file (a file part sent before the model, as OpenAI's Node
+// SDK and curl's documented examples do). The body that goes to the
+// provider is the spool followed by the rest of the client's body, read
+// as the run's stream takes it: the edge holds at most maxHeldPrefix
+// bytes of it in memory, plus the chunks in flight.
+
+// Bounds of an upload's model field.
+const (
+	// maxHeldPrefix is the most of the body before the end of its model
+	// field held in memory; more goes to a temporary file.
+	maxHeldPrefix = 1 << 20
+	// tailSize is how much of the spool's end is kept in memory to find
+	// the model field's value in it: the multipart reader reads at most a
+	// few KiB past the field.
+	tailSize = 64 << 10
+	// maxModelField bounds the model field's value.
+	maxModelField = 1 << 10
+)
+
+// errUploadEnded: the request's handler returned; its body is no longer
+// to be read.
+var errUploadEnded = errors.New("the upload's request ended")
+
+// transcription serves POST /v1/audio/transcriptions: a multipart body
+// (OpenAI's: file, model, language, prompt, response_format, ...) read up
+// to its model field, then relayed, model field set to the served
+// model's name, to a provider with capability "transcription". 400 for a
+// body that is not multipart/form-data or has no model field; 413 over
+// Config.MaxUploadBytes.
+func (s *server) transcription(w http.ResponseWriter, r *http.Request) {
+	ct := r.Header.Get("Content-Type")
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil || mt != "multipart/form-data" || params["boundary"] == "" {
+		api.WriteError(w, r, api.InvalidParam("", "the body must be multipart/form-data with a boundary"))
+		return
+	}
+	boundary := params["boundary"]
+	sp := &spool{dir: s.cfg.SpoolDir}
+	defer sp.close()
+	model, err := readModel(io.TeeReader(r.Body, sp), boundary)
+	if err != nil {
+		api.WriteError(w, r, err)
+		return
+	}
+	at := sp.valueAt(model, boundary)
+	if at < 0 {
+		api.WriteError(w, r, api.InvalidParam("model", "the model field is not a plain form field"))
+		return
+	}
+	rest := &gate{r: r.Body}
+	defer rest.closed.Store(true)
+	headers := map[string]string{"Content-Type": ct}
+	if v := r.Header.Get("Accept"); v != "" {
+		headers["Accept"] = v
+	}
+	api.Relay(w, r, "transcription", contract.Request{
+		Model:     model,
+		Operation: contract.OperationTranscription,
+		Needs:     []string{CapTranscription},
+		Headers:   headers,
+		BodyFrom: func(served string) io.Reader {
+			return io.MultiReader(sp.reader(at, model, served), rest)
+		},
+	})
+}
+
+// readModel reads a multipart body up to its model field and returns the
+// field's value. Errors are for api.WriteError: the body's read errors
+// as the frame answers them (413, 408, ...), else 400.
+func readModel(body io.Reader, boundary string) (string, error) {
+	mr := multipart.NewReader(body, boundary)
+	for {
+		part, err := mr.NextRawPart()
+		if err == io.EOF {
+			return "", api.InvalidParam("model", "the multipart body has no model field")
+		}
+		if err != nil {
+			return "", bodyError(err)
+		}
+		if part.FormName() != "model" || part.FileName() != "" {
+			if _, err := io.Copy(io.Discard, part); err != nil {
+				return "", bodyError(err)
+			}
+			continue
+		}
+		v, err := io.ReadAll(io.LimitReader(part, maxModelField+1))
+		switch {
+		case err != nil:
+			return "", bodyError(err)
+		case len(v) == 0 || len(v) > maxModelField:
+			return "", api.InvalidParam("model", "the model field must hold 1 to 1024 bytes")
+		}
+		return string(v), nil
+	}
+}
+
+// bodyError is a multipart read's error: the body's own read error as
+// the frame answers it, else a malformed body (400).
+func bodyError(err error) error {
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) || errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return api.BodyError(err)
+	}
+	return api.InvalidParam("", "the multipart body is malformed: "+clip(err.Error()))
+}
+
+// clip bounds a message taken from a parser.
+func clip(s string) string {
+	if len(s) > 200 {
+		return s[:200]
+	}
+	return s
+}
+
+// spool holds the bytes of a body read before its relay: in memory up to
+// maxHeldPrefix, else in a temporary file. Only the request goroutine
+// writes it, before the relay reads it.
+type spool struct {
+	dir  string
+	mem  []byte
+	file *os.File
+	n    int64  // bytes written
+	tail []byte // the last tailSize bytes written
+	err  error  // the temporary file's failure
+}
+
+func (s *spool) Write(p []byte) (int, error) {
+	if s.err != nil {
+		return 0, s.err
+	}
+	s.n += int64(len(p))
+	s.tail = append(s.tail, p...)
+	if len(s.tail) > 2*tailSize {
+		s.tail = append(s.tail[:0], s.tail[len(s.tail)-tailSize:]...)
+	}
+	if s.file == nil && len(s.mem)+len(p) <= maxHeldPrefix {
+		s.mem = append(s.mem, p...)
+		return len(p), nil
+	}
+	if s.file == nil {
+		if s.file, s.err = os.CreateTemp(s.dir, "iop-upload-*"); s.err != nil {
+			return 0, s.err
+		}
+		_ = os.Remove(s.file.Name()) // gone with its last descriptor
+		if _, s.err = s.file.Write(s.mem); s.err != nil {
+			return 0, s.err
+		}
+		s.mem = nil
+	}
+	if _, s.err = s.file.Write(p); s.err != nil {
+		return 0, s.err
+	}
+	return len(p), nil
+}
+
+// valueAt is the offset in the spool of the model field's value model,
+// -1 when the field is not found as a plain part (its headers, a blank
+// line, the value, the next boundary).
+func (s *spool) valueAt(model, boundary string) int64 {
+	needle := []byte("\r\n\r\n" + model + "\r\n--" + boundary)
+	tail := s.tail
+	for end := len(tail); ; {
+		i := bytes.LastIndex(tail[:end], needle)
+		if i < 0 {
+			return -1
+		}
+		start := bytes.LastIndex(tail[:i], []byte("--"+boundary))
+		if start >= 0 && strings.Contains(strings.ToLower(string(tail[start:i])), `name="model"`) {
+			return s.n - int64(len(tail)) + int64(i) + 4
+		}
+		end = i + len(needle) - 1
+	}
+}
+
+// reader is the spool's bytes with model, the value at "at", replaced by
+// served (unchanged when it is the same).
+func (s *spool) reader(at int64, model, served string) io.Reader {
+	var src io.ReaderAt = bytes.NewReader(s.mem)
+	if s.file != nil {
+		src = s.file
+	}
+	if served == model {
+		return io.NewSectionReader(src, 0, s.n)
+	}
+	end := at + int64(len(model))
+	return io.MultiReader(io.NewSectionReader(src, 0, at), strings.NewReader(served), io.NewSectionReader(src, end, s.n-end))
+}
+
+// close drops the temporary file, if any.
+func (s *spool) close() {
+	if s.file != nil {
+		s.file.Close()
+	}
+}
+
+// gate reads the rest of a request's body for its relay, until the
+// request's handler returns; read errors are the frame's (api.BodyError).
+type gate struct {
+	r      io.Reader
+	closed atomic.Bool
+}
+
+func (g *gate) Read(p []byte) (int, error) {
+	if g.closed.Load() {
+		return 0, errUploadEnded
+	}
+	n, err := g.r.Read(p)
+	if err != nil && err != io.EOF {
+		err = api.BodyError(err)
+	}
+	return n, err
+}

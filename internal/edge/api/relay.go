@@ -1,0 +1,73 @@
+package api
+
+import (
+	"net/http"
+
+	"iop/internal/edge/contract"
+)
+
+// The frame's relay for the API packages' routes (Config.Routes) that
+// answer on the tunnel path only (package media): the request goes
+// through the frame's admission (key, model access, quota, flow, queue,
+// the key's slot given back once) and records (RequestRecord, usage
+// ledger row, span, metrics), and the provider's answer is relayed byte
+// for byte.
+
+// Relay dispatches req, a request of a Config.Routes route, and relays
+// its provider's answer unchanged (the tunnel path), as the frame's own
+// routes do: api is the record's API name ("rerank", ...). A failed
+// admission is answered in OpenAI's error shape with classify's status
+// (404 unknown model, 400 naming a capability no provider has, 429, 503
+// with Retry-After, 413 for a streamed body over its limit, ...); a run
+// whose provider is on the normalized path (it cannot serve the route)
+// is answered 400 unsupported_capability. Outside the frame (no frame in
+// r's context) it answers 500.
+//
+// A request whose provider was never on the tunnel path cannot be
+// relayed: Relay's caller sets a capability in req.Needs that only
+// providers serving the endpoint advertise.
+func Relay(w http.ResponseWriter, r *http.Request, api string, req contract.Request) {
+	o := obsOf(r)
+	if o == nil || o.h == nil {
+		WriteJSON(w, http.StatusInternalServerError, errorBody{Error: newAPIError(http.StatusInternalServerError,
+			"server_error", "", "internal_error", "Internal server error")})
+		return
+	}
+	h := o.h
+	o.begin(api)
+	if req.Headers == nil {
+		req.Headers = forwardHeaders(r.Header)
+	}
+	h.serveRun(w, r, &req, func(rr *Answer, _ contract.DispatchInfo) string {
+		return rr.fail(&requestError{message: "the provider chosen for model " + Clip(req.Model) +
+			" does not serve this endpoint: it is not on the tunnel path"})
+	})
+}
+
+// ReadJSONBody reads a Config.Routes route's JSON body as the frame's
+// routes do: 415 for a Content-Type that is not JSON (none is JSON), 413
+// over the route's limit, 408 when it does not come in time; errors are
+// for WriteError.
+func ReadJSONBody(r *http.Request) ([]byte, error) {
+	if !isJSONContentType(r.Header.Get("Content-Type")) {
+		return nil, errUnsupportedMedia
+	}
+	return readAllBody(r)
+}
+
+// BodyError is err, an error reading a request's body, as the frame
+// answers it (WriteError): 413 over the route's limit, 408 too slow, 415
+// an encoding it does not decode, else 400.
+func BodyError(err error) error {
+	if err == nil {
+		return nil
+	}
+	_, err = readAllBody(&http.Request{Body: errBody{err}})
+	return err
+}
+
+// errBody is a request body whose Read fails with err.
+type errBody struct{ err error }
+
+func (e errBody) Read([]byte) (int, error) { return 0, e.err }
+func (e errBody) Close() error             { return nil }
