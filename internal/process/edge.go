@@ -21,6 +21,7 @@ import (
 	"iop/internal/edge/api/anthropic"
 	batchapi "iop/internal/edge/api/batch"
 	"iop/internal/edge/api/media"
+	responsesapi "iop/internal/edge/api/responses"
 	"iop/internal/ledger"
 	"iop/internal/node"
 	"iop/internal/quota"
@@ -359,27 +360,26 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 	mediaRoutes, bodyLimits := media.Routes(media.Config{MaxUploadBytes: e.cfg.MaxUploadBytes})
 	maps.Copy(routes, mediaRoutes)
 	handler := api.New(e.obs.apiConfig(api.Config{
-		Stopping:        e.stopping,
-		MaxBodyBytes:    e.cfg.MaxBodyBytes,
-		MaxAnswerBytes:  e.cfg.MaxAnswerBytes,
-		WriteTimeout:    e.cfg.WriteTimeout,
-		Ready:           func() bool { return !e.draining.Load() && svc.Ready() },
-		Runs:            e.runManager,
-		Keys:            e.Keys,
-		AdminKeys:       e.AdminKeys,
-		Ledger:          e.usage,
-		Quota:           e.apiQuota(ctx),
-		Responses:       e.responseStore,
-		Flow:            e.cfg.Fairness.Flow,
-		Tracer:          e.tr.Tracer,
-		KeyAdmit:        clusterKeyAdmit(e.cfg.Cluster, svc, e.Keys),
-		ReasoningSecret: reasoningSecret(e.cfg.Cluster),
-		Catalog:         svc,
-		Shower:          svc,
-		Known:           svc.Known,
-		Routes:          routes,
-		APIs:            []api.API{anthropic.Routes},
-		BodyLimits:      bodyLimits,
+		Stopping:       e.stopping,
+		MaxBodyBytes:   e.cfg.MaxBodyBytes,
+		MaxAnswerBytes: e.cfg.MaxAnswerBytes,
+		WriteTimeout:   e.cfg.WriteTimeout,
+		Ready:          func() bool { return !e.draining.Load() && svc.Ready() },
+		Runs:           e.runManager,
+		Keys:           e.Keys,
+		AdminKeys:      e.AdminKeys,
+		Ledger:         e.usage,
+		Quota:          e.apiQuota(ctx),
+		Flow:           e.cfg.Fairness.Flow,
+		Tracer:         e.tr.Tracer,
+		KeyAdmit:       clusterKeyAdmit(e.cfg.Cluster, svc, e.Keys),
+		Catalog:        svc,
+		Shower:         svc,
+		Known:          svc.Known,
+		Routes:         routes,
+		APIs: []api.API{anthropic.Routes, responsesapi.Routes(responsesapi.Config{Store: e.responseStore, Runs: e.runManager,
+			ReasoningSecret: reasoningSecret(e.cfg.Cluster)})},
+		BodyLimits: bodyLimits,
 	}), svc, e.logger)
 	if err := e.startBatches(ctx, handler); err != nil {
 		return err

@@ -9,7 +9,7 @@ import (
 )
 
 // TestRegression_BrokenTunnelAnswerFailsTheRun: the translated routes
-// (Responses, Ollama; Messages in package anthropic) stop reading a tunnel at the provider's
+// (Ollama; Messages and Responses in their packages) stop reading a tunnel at the provider's
 // error object inside its 200 stream, before the TunnelEnd whose
 // provider_error would tell the edge's circuit breaker; they ended the run
 // with Cancel, which counted as the provider's success and reset its
@@ -22,7 +22,6 @@ func TestRegression_BrokenTunnelAnswerFailsTheRun(t *testing.T) {
 	const clean = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"he\"}}]}\n\n" +
 		"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"
 	routes := []struct{ name, path, body string }{
-		{"responses", "/v1/responses", `{"model":"m","input":"hi"`},
 		{"ollama chat", "/api/chat", `{"model":"m","messages":[{"role":"user","content":"hi"}]`},
 	}
 	for _, rt := range routes {
@@ -41,7 +40,7 @@ func TestRegression_BrokenTunnelAnswerFailsTheRun(t *testing.T) {
 						tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}),
 						tunnelData(answer),
 						&nodev1.RunUp{Msg: &nodev1.RunUp_TunnelEnd{TunnelEnd: &nodev1.TunnelEnd{}}})
-					env := newEnv(t, Config{Responses: newResponseStore(t)}, runWith(run))
+					env := newEnv(t, Config{}, runWith(run))
 					streamFlag := `,"stream":false}`
 					if stream {
 						streamFlag = `,"stream":true}`

@@ -16,12 +16,12 @@ import (
 // part), a final chunk with the finish reason and, when asked for, a usage
 // chunk (choices []). The stream's `data: [DONE]` is the sink owner's. The
 // HTTP answer (chatRender.stream), the runs recorder (runRecorder) and a
-// background response's run log (responseRunLog) all render through one.
+// background response's run log (package responses, through ChatChunks)
+// all render through one.
 //
 // Every chunk is encoded into one buffer the renderer keeps, from one
 // chatChunk value it reuses, by one json.Encoder: a delta's chunk costs no
-// allocation (BENCHMARKS.md, "Issue 35: one client on the tunnel path"),
-// and its bytes are json.Marshal's.
+// allocation, and its bytes are json.Marshal's.
 type chunkRenderer struct {
 	id      string // "chatcmpl-" + run id
 	created int64  // Unix seconds

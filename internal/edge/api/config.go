@@ -29,12 +29,6 @@ const DefaultWriteTimeout = 60 * time.Second
 // Config configures the HTTP API. The zero value is valid and means the
 // documented defaults.
 type Config struct {
-	// ReasoningSecret is the secret the encrypted_content of Responses
-	// reasoning items is sealed under (AES-256-GCM, its key derived with
-	// HKDF-SHA256): edges given the same secret open each other's tokens,
-	// across restarts. Empty: a random key made at start, so a token opens
-	// only on the edge that made it, until it restarts.
-	ReasoningSecret []byte
 	// MaxBodyBytes caps a request body, in bytes; a larger body is answered
 	// 413. 0 means DefaultMaxBodyBytes (32 MiB); negative is invalid.
 	MaxBodyBytes int64
@@ -135,11 +129,6 @@ type Config struct {
 	// key with one reserves its worst case before it is queued and settles
 	// when it is finished (quota.go).
 	Quota Quota
-	// Responses, when set, keeps the stored responses of the Responses API
-	// (POST /v1/responses with store true; GET, DELETE, input_items and
-	// previous_response_id read them). Nil: nothing is kept, every stored
-	// id is unknown (404), and background responses are refused.
-	Responses ResponseStore
 	// Tracer, when set, traces every API request (tracing.go): a server
 	// span that continues the client's traceparent, whose context goes to
 	// the node with the run. Nil: no tracing, at no cost per request.

@@ -1,15 +1,16 @@
-// Package api is the edge's HTTP API frame and its OpenAI, Ollama,
-// Responses and runs routes. A client's request is decoded once, becomes
+// Package api is the edge's HTTP API frame and its OpenAI, Ollama and
+// runs routes. A client's request is decoded once, becomes
 // one Gateway.Dispatch call, and the run the node sends back is rendered
 // in the client's wire format. Client API packages under it register
-// their routes on the frame: anthropic through Config.APIs (it serves
-// with the Frame), admin and batch through Config.Routes; the frame never
+// their routes on the frame: anthropic and responses through
+// Config.APIs (they serve with the Frame), admin and batch through Config.Routes; the frame never
 // imports them. Package apitest is their tests' harness.
 //
 // # Where things live
 //
 //	handler.go        New, ServeHTTP: routing, body caps and lingering, write deadlines, abort on nothing written
 //	frame.go          Frame, API, Renderer, ErrorShape: what a client API package serves with; Answer's exported methods
+//	frame_detached.go Frame.ServeDetached (a run with no connection), ChatChunks, and the rest a client API package needs
 //	access.go         keys, admin prefixes, a key's request slot (admit, answerFinished), model access
 //	quota.go          a key's quota: reservation before queueing, clamp, settlement, rate-limit headers
 //	errors.go         classify: the one mapping of every failure to a status and an OpenAI error body
@@ -21,20 +22,19 @@
 //	decode.go         the OpenAI bodies' checks, needs and estimates (one parse, jsonvalue.go)
 //	completions.go embeddings.go  the other OpenAI routes
 //	ollama*.go        the Ollama routes (translated by package translate)
-//	responses*.go reasoning_seal.go  the Responses API and its stored responses
 //	runs.go runexec.go  the runs API (Config.Runs): a run's chat request executed and recorded
 //	tracing.go        a server span per request (Config.Tracer)
 //
 // # Routes
 //
 //	POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models, /v1/models/{model}
-//	POST /v1/responses; GET, DELETE /v1/responses/{id}; .../input_items; POST .../cancel
 //	POST /v1/runs; GET /v1/runs, /v1/runs/{id}, /v1/runs/{id}/events; DELETE /v1/runs/{id}
 //	POST /api/chat, /api/generate, /api/embed, /api/embeddings, /api/show, /api/pull
 //	GET  /api/tags, /api/ps, /api/version, /
 //	/api/copy, /api/delete, /api/create, /api/push, /api/blobs/...: ollamaManage
 //	GET  /healthz, /readyz, /metrics (Config.Metrics)
 //	Config.APIs: package anthropic: POST /v1/messages, .../count_tokens; GET /v1/models in Anthropic's shape
+//	Config.APIs: package responses: POST /v1/responses; GET, DELETE /v1/responses/{id}; .../input_items; POST .../cancel
 //	Config.Routes: the API packages' routes (package admin: /admin/v1/..., /ui)
 //
 // A route's errors take its API's shape: OpenAI's, Ollama's under /api/
@@ -49,7 +49,7 @@
 //     gets one error event and no [DONE]; any other body is aborted.
 //   - A request that wrote nothing aborts its connection (ServeHTTP).
 //   - A key's slot is given back once, before the answer's last byte
-//     (answerFinished); a stored response keeps it until it is saved.
+//     (answerFinished), unless the renderer keeps it (Answer.KeepSlot).
 //   - Every API request ends with exactly one RequestRecord; its outcome
 //     is decided once and is the one Run.Close gets.
 //   - A tunnel answer's bytes are relayed unchanged and read once.
@@ -70,6 +70,4 @@
 //     the request goroutine, which waits for it.
 //   - A runs-API run is owned by its runs.Run goroutine (execute) as a
 //     request is by its goroutine.
-//   - handler.streaming (sync.Map): written by the streaming request,
-//     read by GET and DELETE of others; DELETE cancels and waits on done.
 package api

@@ -152,7 +152,7 @@ func Classify(err error, req *contract.Request) *APIError {
 		return newAPIError(http.StatusBadRequest, "invalid_request_error", reqErr.param, "invalid_request", reqErr.Error())
 	case errors.Is(err, errNotFound):
 		return newAPIError(http.StatusNotFound, "invalid_request_error", "", "unknown_url", err.Error())
-	case errors.As(err, new(*responseNotFound)):
+	case errors.As(err, new(*notFoundError)):
 		return newAPIError(http.StatusNotFound, "invalid_request_error", "", "not_found", err.Error())
 	case errors.Is(err, errRunNotFound):
 		return newAPIError(http.StatusNotFound, "invalid_request_error", "", "run_not_found", "No run has this id")

@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"iop/internal/edge/contract"
@@ -33,13 +32,11 @@ func New[R Run](cfg Config, gw Gateway[R], logger *slog.Logger) http.Handler {
 		cfg:        cfg.withDefaults(),
 		gw:         widened[R]{gw},
 		logger:     logger.With("component", "edge-api"),
-		seal:       newReasoningSeal(cfg.ReasoningSecret),
 	}
 	h.routes = map[string]Route{
 		"/v1/chat/completions": {Method: http.MethodPost, Serve: h.chatCompletions, Operation: "chat.completions"},
 		"/v1/completions":      {Method: http.MethodPost, Serve: h.completions, Operation: "completions"},
 		"/v1/embeddings":       {Method: http.MethodPost, Serve: h.embeddings, Operation: "embeddings"},
-		responsesPath:          {Method: http.MethodPost, Serve: h.responsesCreate, Operation: "responses"},
 		"/v1/models":           {Method: http.MethodGet, Serve: h.listModels},
 		"/healthz":             {Method: http.MethodGet, Serve: h.healthz},
 		"/readyz":              {Method: http.MethodGet, Serve: h.readyz},
@@ -81,12 +78,6 @@ type handler struct {
 	prefixes []string
 	// flowHeader is the header naming a request's flow (Config.Flow), or "".
 	flowHeader string
-	// streaming holds the stored Responses API responses being streamed
-	// now (id -> *liveResponse): GET finds them in progress, DELETE
-	// cancels and deletes them.
-	streaming sync.Map
-	// seal makes and opens Responses reasoning items' encrypted_content.
-	seal *reasoningSeal
 	// errorRoots are the error writers the APIs registered for their
 	// paths (Frame.Errors).
 	errorRoots []errorRoot
@@ -343,9 +334,6 @@ func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 	rt, ok := h.routes[r.URL.Path]
 	if !ok && h.cfg.Runs != nil && strings.HasPrefix(r.URL.Path, runsPrefix) {
 		rt, ok = Route{Serve: h.runRoute}, true
-	}
-	if !ok && strings.HasPrefix(r.URL.Path, responsesPrefix) {
-		rt, ok = Route{Serve: h.responsesRoute}, true
 	}
 	if !ok && strings.HasPrefix(r.URL.Path, ollamaBlobsPrefix) {
 		rt, ok = Route{Serve: h.ollamaManage}, true

@@ -169,6 +169,9 @@ func (r *FakeRun) Close(outcome contract.Outcome) {
 	r.once.Do(func() { close(r.closed) })
 }
 
+// Closed is closed once Cancel or Close was called.
+func (r *FakeRun) Closed() <-chan struct{} { return r.closed }
+
 // CancelReasons returns the reasons Cancel was called with.
 func (r *FakeRun) CancelReasons() []string {
 	r.mu.Lock()

@@ -1,4 +1,4 @@
-package api
+package responses
 
 import (
 	"context"
@@ -7,15 +7,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"iop/internal/edge/api"
 	"iop/internal/edge/contract"
-	"iop/internal/responses"
+	respstore "iop/internal/responses"
 	"iop/internal/runs"
 	"iop/internal/translate"
 )
@@ -26,20 +28,70 @@ const (
 	responsesPrefix = "/v1/responses/"
 )
 
-// ResponseStore keeps stored responses (Config.Responses); package
+// server serves the Responses API on the frame. Its fields are set by
+// Routes and only read after (streaming is safe for concurrent use).
+type server struct {
+	f      *api.Frame
+	logger *slog.Logger
+	// store keeps the stored responses; nil: none is kept.
+	store ResponseStore
+	// runs runs background responses; nil: they are refused.
+	runs *runs.Manager
+	// seal makes and opens reasoning items' encrypted_content.
+	seal *reasoningSeal
+	// streaming holds the stored responses being streamed now (id ->
+	// *liveResponse): GET finds them in progress, DELETE cancels and
+	// deletes them.
+	streaming sync.Map
+}
+
+// Config is what the Responses API keeps its responses and runs its
+// background responses with.
+type Config struct {
+	// Store, when set, keeps the stored responses (POST /v1/responses
+	// with store true; GET, DELETE, input_items and previous_response_id
+	// read them). Nil: nothing is kept, every stored id is unknown (404),
+	// and background responses are refused.
+	Store ResponseStore
+	// Runs, when set with Store, runs background responses (background
+	// true) as runs of the runs API. Nil: they are refused (400).
+	Runs *runs.Manager
+	// ReasoningSecret is the secret the encrypted_content of reasoning
+	// items is sealed under (AES-256-GCM, its key derived with
+	// HKDF-SHA256): edges given the same secret open each other's tokens,
+	// across restarts. Empty: a random key made at start, so a token opens
+	// only on the edge that made it, until it restarts.
+	ReasoningSecret []byte
+}
+
+// Routes returns the Responses API with cfg (an api.API for
+// api.Config.APIs): POST /v1/responses, and under /v1/responses/ GET and
+// DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items and POST
+// /v1/responses/{id}/cancel. Its errors are OpenAI's.
+func Routes(cfg Config) api.API {
+	return func(f *api.Frame) map[string]api.Route {
+		s := &server{f: f, logger: f.Logger(), store: cfg.Store, runs: cfg.Runs, seal: newReasoningSeal(cfg.ReasoningSecret)}
+		return map[string]api.Route{
+			responsesPath:   {Method: http.MethodPost, Serve: s.responsesCreate, Operation: "responses"},
+			responsesPrefix: {Serve: s.responsesRoute},
+		}
+	}
+}
+
+// ResponseStore keeps stored responses (Config.Store); package
 // responses' SQLite implements it. Every method but Save finds only the
-// owner's responses: another owner's id is responses.ErrNotFound.
+// owner's responses: another owner's id is respstore.ErrNotFound.
 type ResponseStore interface {
 	// Save inserts or replaces a response with its items.
-	Save(ctx context.Context, rec responses.Record) error
+	Save(ctx context.Context, rec respstore.Record) error
 	// SetStatus changes a stored response's status and object.
 	SetStatus(ctx context.Context, owner, id, status string, response json.RawMessage) error
 	// Get returns a stored response with its own items.
-	Get(ctx context.Context, owner, id string) (responses.Record, error)
+	Get(ctx context.Context, owner, id string) (respstore.Record, error)
 	// Conversation returns the items a response continuing a stored one
-	// starts from, the whole chain's (responses.ErrChainTooLong past its
+	// starts from, the whole chain's (respstore.ErrChainTooLong past its
 	// limits).
-	Conversation(ctx context.Context, owner, id string) ([]responses.Item, error)
+	Conversation(ctx context.Context, owner, id string) ([]respstore.Item, error)
 	// Delete removes a stored response.
 	Delete(ctx context.Context, owner, id string) error
 	// Item returns the JSON of the owner's latest stored input or output
@@ -47,15 +99,18 @@ type ResponseStore interface {
 	Item(ctx context.Context, owner, itemID string) (json.RawMessage, error)
 }
 
-var _ ResponseStore = (*responses.SQLite)(nil)
+var _ ResponseStore = (*respstore.SQLite)(nil)
 
 // responseNotFound is a response id the request's key has no stored
 // response of: 404, as OpenAI answers an id it does not know.
 type responseNotFound struct{ id string }
 
 func (e *responseNotFound) Error() string {
-	return fmt.Sprintf("Response with id '%s' not found.", Clip(e.id))
+	return fmt.Sprintf("Response with id '%s' not found.", api.Clip(e.id))
 }
+
+// Unwrap makes it the frame's 404 (api.NotFound).
+func (e *responseNotFound) Unwrap() error { return api.NotFound(e.Error()) }
 
 // responseObject is a Responses API response (OpenAI API reference, "The
 // response object").
@@ -121,13 +176,13 @@ var itemPrefixes = map[string]string{
 
 // responsesRoute serves /v1/responses/{id}, /v1/responses/{id}/input_items
 // and /v1/responses/{id}/cancel.
-func (h *handler) responsesRoute(w http.ResponseWriter, r *http.Request) {
+func (s *server) responsesRoute(w http.ResponseWriter, r *http.Request) {
 	rest := strings.TrimPrefix(r.URL.Path, responsesPrefix)
 	id, sub, _ := strings.Cut(rest, "/")
 	method := http.MethodGet
 	switch {
 	case id == "" || strings.Contains(sub, "/"):
-		h.writeError(w, r, errNotFound, nil)
+		s.f.WriteError(w, r, api.ErrNotFound, nil)
 		return
 	case sub == "":
 		method = r.Method
@@ -138,7 +193,7 @@ func (h *handler) responsesRoute(w http.ResponseWriter, r *http.Request) {
 	case sub == "cancel":
 		method = http.MethodPost
 	default:
-		h.writeError(w, r, errNotFound, nil)
+		s.f.WriteError(w, r, api.ErrNotFound, nil)
 		return
 	}
 	if r.Method != method && !(method == http.MethodGet && r.Method == http.MethodHead) {
@@ -147,33 +202,33 @@ func (h *handler) responsesRoute(w http.ResponseWriter, r *http.Request) {
 			allow = "GET, DELETE"
 		}
 		w.Header().Set("Allow", allow)
-		h.writeError(w, r, errMethodNotAllowed, nil)
+		s.f.WriteError(w, r, api.ErrMethodNotAllowed, nil)
 		return
 	}
 	switch {
 	case sub == "input_items":
-		h.responseInputItems(w, r, id)
+		s.responseInputItems(w, r, id)
 	case sub == "cancel":
-		h.cancelResponse(w, r, id)
+		s.cancelResponse(w, r, id)
 	case r.Method == http.MethodDelete:
-		h.deleteResponse(w, r, id)
+		s.deleteResponse(w, r, id)
 	default:
-		h.getResponse(w, r, id)
+		s.getResponse(w, r, id)
 	}
 }
 
 // storedResponse returns the request key's stored response id: a
 // *responseNotFound for none (also for another key's, or with no store).
-func (h *handler) storedResponse(ctx context.Context, id string) (responses.Record, error) {
-	if h.cfg.Responses == nil {
-		return responses.Record{}, &responseNotFound{id}
+func (s *server) storedResponse(ctx context.Context, id string) (respstore.Record, error) {
+	if s.store == nil {
+		return respstore.Record{}, &responseNotFound{id}
 	}
-	rec, err := h.cfg.Responses.Get(ctx, keyName(ctx), id)
-	if errors.Is(err, responses.ErrNotFound) {
-		return responses.Record{}, &responseNotFound{id}
+	rec, err := s.store.Get(ctx, api.KeyName(ctx), id)
+	if errors.Is(err, respstore.ErrNotFound) {
+		return respstore.Record{}, &responseNotFound{id}
 	}
-	if err == nil && (rec.Status == "queued" || rec.Status == "in_progress") && (h.cfg.Runs == nil || h.cfg.Runs.Live(id) == nil) && !h.isStreaming(id) {
-		rec = h.orphaned(ctx, rec)
+	if err == nil && (rec.Status == "queued" || rec.Status == "in_progress") && (s.runs == nil || s.runs.Live(id) == nil) && !s.isStreaming(id) {
+		rec = s.orphaned(ctx, rec)
 	}
 	return rec, err
 }
@@ -192,8 +247,8 @@ var errResponseDeleted = errors.New("the response was deleted")
 
 // isStreaming reports whether the stored response id is being streamed
 // by this edge process now.
-func (h *handler) isStreaming(id string) bool {
-	_, ok := h.streaming.Load(id)
+func (s *server) isStreaming(id string) bool {
+	_, ok := s.streaming.Load(id)
 	return ok
 }
 
@@ -204,7 +259,7 @@ const errResponseOrphaned = "the edge restarted while the response was in flight
 
 // orphaned ends a stored response left queued or in progress by an edge
 // process that is gone: failed, with errResponseOrphaned, saved so.
-func (h *handler) orphaned(ctx context.Context, rec responses.Record) responses.Record {
+func (s *server) orphaned(ctx context.Context, rec respstore.Record) respstore.Record {
 	var obj map[string]any
 	if json.Unmarshal(rec.Response, &obj) != nil {
 		return rec
@@ -215,8 +270,8 @@ func (h *handler) orphaned(ctx context.Context, rec responses.Record) responses.
 	if err != nil {
 		return rec
 	}
-	if err := h.cfg.Responses.SetStatus(ctx, rec.Owner, rec.ID, "failed", doc); err != nil {
-		h.logger.Warn("marking an orphaned response failed", "response_id", rec.ID, "err", err)
+	if err := s.store.SetStatus(ctx, rec.Owner, rec.ID, "failed", doc); err != nil {
+		s.logger.Warn("marking an orphaned response failed", "response_id", rec.ID, "err", err)
 	}
 	rec.Status, rec.Response = "failed", doc
 	return rec
@@ -225,14 +280,14 @@ func (h *handler) orphaned(ctx context.Context, rec responses.Record) responses.
 // getResponse serves GET /v1/responses/{id}: the stored response object
 // (of a background response, its state now); with stream=true its event
 // stream (streamResponse). 404 for an id the key has none of.
-func (h *handler) getResponse(w http.ResponseWriter, r *http.Request, id string) {
+func (s *server) getResponse(w http.ResponseWriter, r *http.Request, id string) {
 	if v := r.URL.Query().Get("stream"); v != "" && v != "false" {
-		h.streamResponse(w, r, id)
+		s.streamResponse(w, r, id)
 		return
 	}
-	rec, err := h.storedResponse(r.Context(), id)
+	rec, err := s.storedResponse(r.Context(), id)
 	if err != nil {
-		h.writeError(w, r, err, nil)
+		s.f.WriteError(w, r, err, nil)
 		return
 	}
 	writeRawJSON(w, http.StatusOK, rec.Response)
@@ -241,18 +296,18 @@ func (h *handler) getResponse(w http.ResponseWriter, r *http.Request, id string)
 // deleteResponse serves DELETE /v1/responses/{id}: {"id","object":
 // "response","deleted":true}. A background response still running is
 // cancelled first. 404 for an id the key has none of.
-func (h *handler) deleteResponse(w http.ResponseWriter, r *http.Request, id string) {
-	if _, err := h.storedResponse(r.Context(), id); err != nil {
-		h.writeError(w, r, err, nil)
+func (s *server) deleteResponse(w http.ResponseWriter, r *http.Request, id string) {
+	if _, err := s.storedResponse(r.Context(), id); err != nil {
+		s.f.WriteError(w, r, err, nil)
 		return
 	}
-	if h.cfg.Runs != nil {
-		if run := h.cfg.Runs.Live(id); run != nil && run.Record().KeyName == keyName(r.Context()) {
+	if s.runs != nil {
+		if run := s.runs.Live(id); run != nil && run.Record().KeyName == api.KeyName(r.Context()) {
 			run.Cancel("the response was deleted")
 			_, _ = run.Wait(r.Context())
 		}
 	}
-	if v, ok := h.streaming.Load(id); ok && v.(*liveResponse).owner == keyName(r.Context()) {
+	if v, ok := s.streaming.Load(id); ok && v.(*liveResponse).owner == api.KeyName(r.Context()) {
 		// Streamed now: its request ends (the run is cancelled, the
 		// client's stream cut) and stores its last state, then it is
 		// deleted, so the delete is not undone by that last save.
@@ -261,18 +316,18 @@ func (h *handler) deleteResponse(w http.ResponseWriter, r *http.Request, id stri
 		select {
 		case <-live.done:
 		case <-r.Context().Done():
-			h.writeError(w, r, context.Cause(r.Context()), nil)
+			s.f.WriteError(w, r, context.Cause(r.Context()), nil)
 			return
 		}
 	}
-	if err := h.cfg.Responses.Delete(r.Context(), keyName(r.Context()), id); err != nil {
-		if errors.Is(err, responses.ErrNotFound) {
+	if err := s.store.Delete(r.Context(), api.KeyName(r.Context()), id); err != nil {
+		if errors.Is(err, respstore.ErrNotFound) {
 			err = &responseNotFound{id}
 		}
-		h.writeError(w, r, err, nil)
+		s.f.WriteError(w, r, err, nil)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"id": id, "object": "response", "deleted": true})
+	api.WriteJSON(w, http.StatusOK, map[string]any{"id": id, "object": "response", "deleted": true})
 }
 
 // Paging of input_items (OpenAI API reference, "List input items").
@@ -288,18 +343,18 @@ const (
 // or "asc", limit 1 to 100 (default 20), after and before naming an item
 // of the list (exclusive). 400 for a bad parameter, 404 for an id the key
 // has none of.
-func (h *handler) responseInputItems(w http.ResponseWriter, r *http.Request, id string) {
-	rec, err := h.storedResponse(r.Context(), id)
+func (s *server) responseInputItems(w http.ResponseWriter, r *http.Request, id string) {
+	rec, err := s.storedResponse(r.Context(), id)
 	if err != nil {
-		h.writeError(w, r, err, nil)
+		s.f.WriteError(w, r, err, nil)
 		return
 	}
 	q := r.URL.Query()
 	limit := defaultItemsLimit
-	if s := q.Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > maxItemsLimit {
-			h.writeError(w, r, &requestError{param: "limit", message: fmt.Sprintf("must be an integer in [1, %d]", maxItemsLimit)}, nil)
+			s.f.WriteError(w, r, api.InvalidParam("limit", fmt.Sprintf("must be an integer in [1, %d]", maxItemsLimit)), nil)
 			return
 		}
 		limit = n
@@ -310,7 +365,7 @@ func (h *handler) responseInputItems(w http.ResponseWriter, r *http.Request, id 
 		slices.Reverse(items)
 	case "asc":
 	default:
-		h.writeError(w, r, &requestError{param: "order", message: `must be "asc" or "desc"`}, nil)
+		s.f.WriteError(w, r, api.InvalidParam("order", `must be "asc" or "desc"`), nil)
 		return
 	}
 	index := func(param string) (int, bool) {
@@ -318,9 +373,9 @@ func (h *handler) responseInputItems(w http.ResponseWriter, r *http.Request, id 
 		if v == "" {
 			return -1, true
 		}
-		i := slices.IndexFunc(items, func(it responses.Item) bool { return it.ID == v })
+		i := slices.IndexFunc(items, func(it respstore.Item) bool { return it.ID == v })
 		if i < 0 {
-			h.writeError(w, r, &requestError{param: param, message: fmt.Sprintf("no input item of this response has the id %q", Clip(v))}, nil)
+			s.f.WriteError(w, r, api.InvalidParam(param, fmt.Sprintf("no input item of this response has the id %q", api.Clip(v))), nil)
 			return 0, false
 		}
 		return i, true
@@ -353,7 +408,7 @@ func (h *handler) responseInputItems(w http.ResponseWriter, r *http.Request, id 
 	if len(page) > 0 {
 		list["first_id"], list["last_id"] = page[0].ID, page[len(page)-1].ID
 	}
-	writeJSON(w, http.StatusOK, list)
+	api.WriteJSON(w, http.StatusOK, list)
 }
 
 // cancelResponse serves POST /v1/responses/{id}/cancel: a background
@@ -361,10 +416,10 @@ func (h *handler) responseInputItems(w http.ResponseWriter, r *http.Request, id 
 // its object once its run has ended (status "cancelled"); one already
 // finished is answered as it is. 400 for a response that is not a
 // background one, 404 for an id the key has none of.
-func (h *handler) cancelResponse(w http.ResponseWriter, r *http.Request, id string) {
-	rec, err := h.storedResponse(r.Context(), id)
+func (s *server) cancelResponse(w http.ResponseWriter, r *http.Request, id string) {
+	rec, err := s.storedResponse(r.Context(), id)
 	if err != nil {
-		h.writeError(w, r, err, nil)
+		s.f.WriteError(w, r, err, nil)
 		return
 	}
 	var obj struct {
@@ -372,20 +427,20 @@ func (h *handler) cancelResponse(w http.ResponseWriter, r *http.Request, id stri
 	}
 	_ = json.Unmarshal(rec.Response, &obj)
 	if !obj.Background {
-		h.writeError(w, r, &requestError{message: "Only responses created with background true can be cancelled."}, nil)
+		s.f.WriteError(w, r, api.InvalidParam("", "Only responses created with background true can be cancelled."), nil)
 		return
 	}
-	if h.cfg.Runs != nil {
-		if run := h.cfg.Runs.Live(id); run != nil && run.Record().KeyName == keyName(r.Context()) {
+	if s.runs != nil {
+		if run := s.runs.Live(id); run != nil && run.Record().KeyName == api.KeyName(r.Context()) {
 			run.Cancel("the response was cancelled")
 			if _, err := run.Wait(r.Context()); err != nil {
-				h.writeError(w, r, err, nil) // the client is gone
+				s.f.WriteError(w, r, err, nil) // the client is gone
 				return
 			}
 		}
 	}
-	if rec, err = h.storedResponse(r.Context(), id); err != nil {
-		h.writeError(w, r, err, nil)
+	if rec, err = s.storedResponse(r.Context(), id); err != nil {
+		s.f.WriteError(w, r, err, nil)
 		return
 	}
 	writeRawJSON(w, http.StatusOK, rec.Response)
@@ -393,7 +448,7 @@ func (h *handler) cancelResponse(w http.ResponseWriter, r *http.Request, id stri
 
 // writeRawJSON answers with a JSON document as it is.
 func writeRawJSON(w http.ResponseWriter, status int, doc json.RawMessage) {
-	writeJSON(w, status, doc)
+	api.WriteJSON(w, status, doc)
 }
 
 // responsesCreate serves POST /v1/responses (OpenAI API reference,
@@ -415,74 +470,73 @@ func writeRawJSON(w http.ResponseWriter, status int, doc json.RawMessage) {
 // no stored response or item of), 413, 415, then whatever classify maps a
 // dispatch or upstream failure to (404 unknown model, 429 queue full, 503
 // no provider, ...).
-func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
-	obs := obsOf(r)
-	obs.begin("responses")
-	start := h.cfg.Now()
-	body, err := h.readBody(r)
+func (s *server) responsesCreate(w http.ResponseWriter, r *http.Request) {
+	api.Begin(r, "responses")
+	start := s.f.Now()
+	body, err := s.f.ReadBody(r)
 	if err != nil {
-		h.writeError(w, r, err, nil)
+		s.f.WriteError(w, r, err, nil)
 		return
 	}
 	rq, err := translate.DecodeResponsesRequest(body)
 	if err != nil {
-		h.writeError(w, r, fieldError(err), nil)
+		s.f.WriteError(w, r, fieldError(err), nil)
 		return
 	}
-	if err := h.openReasoning(rq.Input); err != nil {
-		h.writeError(w, r, err, nil)
+	if err := s.openReasoning(rq.Input); err != nil {
+		s.f.WriteError(w, r, err, nil)
 		return
 	}
-	obs.clientStreams(rq.Stream)
+	api.ClientStreams(r, rq.Stream)
 	ctx := r.Context()
-	owner := keyName(ctx)
-	store := rq.Store && h.cfg.Responses != nil
-	if rq.Background && (h.cfg.Runs == nil || h.cfg.Responses == nil) {
-		h.writeError(w, r, &requestError{param: "background", message: "background responses are not served by this edge (it keeps no run records)"}, nil)
+	owner := api.KeyName(ctx)
+	store := rq.Store && s.store != nil
+	if rq.Background && (s.runs == nil || s.store == nil) {
+		s.f.WriteError(w, r, api.InvalidParam("background", "background responses are not served by this edge (it keeps no run records)"), nil)
 		return
 	}
 	// The conversation so far: the previous response's items.
-	var history []responses.Item
+	var history []respstore.Item
 	if rq.PreviousResponseID != "" {
-		prev, err := h.storedResponse(ctx, rq.PreviousResponseID)
+		prev, err := s.storedResponse(ctx, rq.PreviousResponseID)
 		if err != nil {
 			if errors.As(err, new(*responseNotFound)) {
-				err = &requestError{param: "previous_response_id",
-					message: fmt.Sprintf("Previous response with id '%s' not found.", Clip(rq.PreviousResponseID))}
+				err = api.InvalidParam("previous_response_id",
+					fmt.Sprintf("Previous response with id '%s' not found.", api.Clip(rq.PreviousResponseID)))
 			}
-			h.writeError(w, r, err, nil)
+			s.f.WriteError(w, r, err, nil)
 			return
 		}
 		if prev.Status == "queued" || prev.Status == "in_progress" {
 			// Its answer is not there yet: a conversation continued from
 			// it would miss it.
-			h.writeError(w, r, &requestError{param: "previous_response_id",
-				message: fmt.Sprintf("Previous response with id '%s' is still %s: wait until it is no longer queued or in_progress.", Clip(rq.PreviousResponseID), prev.Status)}, nil)
+			s.f.WriteError(w, r, api.InvalidParam("previous_response_id",
+				fmt.Sprintf("Previous response with id '%s' is still %s: wait until it is no longer queued or in_progress.", api.Clip(rq.PreviousResponseID), prev.Status)), nil)
 			return
 		}
-		if history, err = h.cfg.Responses.Conversation(ctx, owner, rq.PreviousResponseID); err != nil {
+		if history, err = s.store.Conversation(ctx, owner, rq.PreviousResponseID); err != nil {
 			switch {
-			case errors.Is(err, responses.ErrNotFound):
-				err = &requestError{param: "previous_response_id",
-					message: fmt.Sprintf("Previous response with id '%s' not found.", Clip(rq.PreviousResponseID))}
-			case errors.Is(err, responses.ErrChainTooLong):
-				err = &requestError{param: "previous_response_id",
-					message: fmt.Sprintf("Previous response with id '%s' continues a conversation longer than iop keeps (%d responses, %d items): start a new one.", Clip(rq.PreviousResponseID), responses.MaxChainDepth, responses.MaxChainItems)}
+			case errors.Is(err, respstore.ErrNotFound):
+				err = api.InvalidParam("previous_response_id",
+					fmt.Sprintf("Previous response with id '%s' not found.", api.Clip(rq.PreviousResponseID)))
+			case errors.Is(err, respstore.ErrChainTooLong):
+				err = api.InvalidParam("previous_response_id",
+					fmt.Sprintf("Previous response with id '%s' continues a conversation longer than iop keeps (%d responses, %d items): start a new one.", api.Clip(rq.PreviousResponseID), respstore.MaxChainDepth, respstore.MaxChainItems))
 			}
-			h.writeError(w, r, err, nil)
+			s.f.WriteError(w, r, err, nil)
 			return
 		}
 	}
-	input, err := h.resolveItems(ctx, owner, rq.Input)
+	input, err := s.resolveItems(ctx, owner, rq.Input)
 	if err != nil {
-		h.writeError(w, r, err, nil)
+		s.f.WriteError(w, r, err, nil)
 		return
 	}
 	conversation := make([]translate.ResponseItem, 0, len(history)+len(input))
 	for _, it := range history {
 		var item translate.ResponseItem
 		if err := json.Unmarshal(it.JSON, &item); err != nil {
-			h.writeError(w, r, fmt.Errorf("a stored item of %s: %w", rq.PreviousResponseID, err), nil)
+			s.f.WriteError(w, r, fmt.Errorf("a stored item of %s: %w", rq.PreviousResponseID, err), nil)
 			return
 		}
 		conversation = append(conversation, item)
@@ -490,7 +544,7 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 	conversation = append(conversation, input...)
 	chat, err := rq.ChatBody(rq.Model, conversation)
 	if err != nil {
-		h.writeError(w, r, fieldError(err), nil)
+		s.f.WriteError(w, r, fieldError(err), nil)
 		return
 	}
 	req := contract.Request{
@@ -500,7 +554,7 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 		Body:                 chat.Body,
 		Needs:                responsesNeeds(&rq, chat),
 		EstimatedInputTokens: (chat.Chars + 3) / 4,
-		Headers:              forwardHeaders(r.Header),
+		Headers:              api.ForwardHeaders(r.Header),
 	}
 	resp := &responseObject{
 		ID: newItemID("resp"), Object: "response", CreatedAt: start.Unix(), Status: "in_progress",
@@ -510,10 +564,10 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 	if rq.PreviousResponseID != "" {
 		resp.PreviousResponseID = &rq.PreviousResponseID
 	}
-	rec := responses.Record{ID: resp.ID, Owner: owner, CreatedAt: start, Previous: rq.PreviousResponseID, Input: storedItems(input)}
-	o := &responsesRender{resp: resp, stream: rq.Stream || rq.Background, noThinking: rq.NoThinking}
+	rec := respstore.Record{ID: resp.ID, Owner: owner, CreatedAt: start, Previous: rq.PreviousResponseID, Input: storedItems(input)}
+	o := &responsesRender{logger: s.logger, resp: resp, stream: rq.Stream || rq.Background, noThinking: rq.NoThinking}
 	if rq.EncryptedReasoning {
-		o.b.Seal = h.seal.seal
+		o.b.Seal = s.seal.seal
 	}
 	if rq.Background {
 		o.events = newResponseEventLog()
@@ -525,11 +579,11 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 				return err
 			}
 			rec.Status, rec.Response, rec.Output = resp.Status, doc, storedItems(resp.Output)
-			return h.cfg.Responses.Save(ctx, rec)
+			return s.store.Save(ctx, rec)
 		}
 	}
 	if rq.Background {
-		h.responsesBackground(w, r, &req, o, rq.Stream)
+		s.responsesBackground(w, r, &req, o, rq.Stream)
 		return
 	}
 	if store && o.stream {
@@ -540,22 +594,22 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 		// (http.ErrAbortHandler).
 		rctx, cancel := context.WithCancelCause(ctx)
 		live := &liveResponse{owner: owner, cancel: cancel, done: make(chan struct{})}
-		h.streaming.Store(resp.ID, live)
+		s.streaming.Store(resp.ID, live)
 		r = r.WithContext(rctx)
 		defer func() {
 			if o.created && !o.saved {
 				o.resp.Status = "cancelled"
 				_ = o.store(rctx)
 			}
-			h.streaming.Delete(resp.ID)
+			s.streaming.Delete(resp.ID)
 			close(live.done)
 			cancel(nil)
 		}()
 	}
-	h.serveRunWith(w, r, &req, runRenderer{
-		writeError: h.writeError,
-		tunnel:     func(rr *Answer, _ contract.DispatchInfo) string { o.begin(rr); return o.tunnel() },
-		normalized: func(rr *Answer, _ contract.DispatchInfo) string { o.begin(rr); return o.normalized() },
+	s.f.Serve(w, r, &req, api.Renderer{
+		WriteError: s.f.WriteError,
+		Tunnel:     func(rr *api.Answer, _ contract.DispatchInfo) string { o.begin(rr); return o.tunnel() },
+		Normalized: func(rr *api.Answer, _ contract.DispatchInfo) string { o.begin(rr); return o.normalized() },
 	})
 }
 
@@ -563,7 +617,7 @@ func (h *handler) responsesCreate(w http.ResponseWriter, r *http.Request) {
 func fieldError(err error) error {
 	var fe *translate.FieldError
 	if errors.As(err, &fe) {
-		return &requestError{param: fe.Field, message: fe.Message}
+		return api.InvalidParam(fe.Field, fe.Message)
 	}
 	return err
 }
@@ -577,8 +631,8 @@ func responsesNeeds(rq *translate.ResponsesRequest, chat translate.ResponsesChat
 		need string
 		on   bool
 	}{
-		{NeedTools, rq.NeedsTools}, {NeedToolChoice, rq.NeedsToolChoice}, {NeedVision, chat.Vision},
-		{NeedRemoteImages, chat.RemoteImages}, {NeedThinking, rq.Thinks},
+		{api.NeedTools, rq.NeedsTools}, {api.NeedToolChoice, rq.NeedsToolChoice}, {api.NeedVision, chat.Vision},
+		{api.NeedRemoteImages, chat.RemoteImages}, {api.NeedThinking, rq.Thinks},
 	} {
 		if n.on {
 			needs = append(needs, n.need)
@@ -590,17 +644,17 @@ func responsesNeeds(rq *translate.ResponsesRequest, chat translate.ResponsesChat
 // resolveItems gives every input item an id (its own, or a new one) and
 // replaces each item_reference by the owner's stored item it names (400
 // naming the input item for one it names none of).
-func (h *handler) resolveItems(ctx context.Context, owner string, in []translate.ResponseItem) ([]translate.ResponseItem, error) {
+func (s *server) resolveItems(ctx context.Context, owner string, in []translate.ResponseItem) ([]translate.ResponseItem, error) {
 	out := make([]translate.ResponseItem, 0, len(in))
 	for i, it := range in {
 		if it.Type == translate.ItemReference {
 			var doc json.RawMessage
-			err := responses.ErrNotFound
-			if h.cfg.Responses != nil {
-				doc, err = h.cfg.Responses.Item(ctx, owner, it.ID)
+			err := respstore.ErrNotFound
+			if s.store != nil {
+				doc, err = s.store.Item(ctx, owner, it.ID)
 			}
-			if errors.Is(err, responses.ErrNotFound) {
-				return nil, &requestError{param: fmt.Sprintf("input[%d].id", i), message: fmt.Sprintf("Item with id '%s' not found.", Clip(it.ID))}
+			if errors.Is(err, respstore.ErrNotFound) {
+				return nil, api.InvalidParam(fmt.Sprintf("input[%d].id", i), fmt.Sprintf("Item with id '%s' not found.", api.Clip(it.ID)))
 			}
 			if err != nil {
 				return nil, err
@@ -621,14 +675,14 @@ func (h *handler) resolveItems(ctx context.Context, owner string, in []translate
 }
 
 // storedItems is items as the store keeps them.
-func storedItems(items []translate.ResponseItem) []responses.Item {
-	out := make([]responses.Item, 0, len(items))
+func storedItems(items []translate.ResponseItem) []respstore.Item {
+	out := make([]respstore.Item, 0, len(items))
 	for _, it := range items {
 		doc, err := json.Marshal(it)
 		if err != nil {
 			continue // a type MarshalJSON has no shape for is never built
 		}
-		out = append(out, responses.Item{ID: it.ID, JSON: doc})
+		out = append(out, respstore.Item{ID: it.ID, JSON: doc})
 	}
 	return out
 }
@@ -644,40 +698,38 @@ func storedItems(items []translate.ResponseItem) []responses.Item {
 // request goroutine (followResponse) until its end or the client leaves;
 // the response runs on either way. The run keeps its key's request slot
 // until it ends.
-func (h *handler) responsesBackground(w http.ResponseWriter, r *http.Request, req *contract.Request, o *responsesRender, stream bool) {
+func (s *server) responsesBackground(w http.ResponseWriter, r *http.Request, req *contract.Request, o *responsesRender, stream bool) {
 	resp := o.resp
 	resp.Status = "queued"
 	ctx := r.Context()
 	if err := o.save(ctx, resp); err != nil {
-		h.writeError(w, r, err, nil)
+		s.f.WriteError(w, r, err, nil)
 		return
 	}
 	o.b.NewID, o.b.Emit = newItemID, o.emit
 	snap := *resp
 	_ = o.b.Event("response.created", map[string]any{"response": &snap})
 	_ = o.b.Event("response.queued", map[string]any{"response": &snap})
-	obs := obsOf(r)
-	obs.request(req)
-	requestID := obs.requestID()
-	owner := keyName(ctx)
-	release := keepPermit(ctx)
+	requestID := api.RecordRequest(r, req)
+	owner := api.KeyName(ctx)
+	release := api.KeepPermit(ctx)
 	started := make(chan struct{})
 	rec := runs.Record{ID: resp.ID, Model: req.Model, Background: true, KeyName: owner, Metadata: resp.Metadata}
-	run, err := h.cfg.Runs.Start(ctx, rec, func(ctx context.Context, run *runs.Run) {
+	run, err := s.runs.Start(ctx, rec, func(ctx context.Context, run *runs.Run) {
 		defer release()
 		<-started // the create's answer is written first
-		h.runBackground(ctx, run, requestID, req, o)
+		s.runBackground(ctx, run, requestID, req, o)
 	})
 	if err != nil {
 		release()
-		h.writeError(w, r, err, nil)
+		s.f.WriteError(w, r, err, nil)
 		return
 	}
 	run.Attach(o.events)
-	obs.handOff()
+	api.HandOff(r)
 	if stream {
 		close(started)
-		h.followResponse(w, r, o.events, -1)
+		s.followResponse(w, r, o.events, -1)
 		return
 	}
 	doc, _ := json.Marshal(resp)
@@ -686,39 +738,24 @@ func (h *handler) responsesBackground(w http.ResponseWriter, r *http.Request, re
 }
 
 // runBackground is the execution of a background response's run.
-func (h *handler) runBackground(ctx context.Context, run *runs.Run, requestID string, req *contract.Request, o *responsesRender) {
-	obs := &observation{now: h.cfg.Now}
-	obs.rec.Start = obs.now()
-	obs.rec.API, obs.rec.RequestID, obs.rec.Key = "responses", requestID, keyName(ctx)
-	ctx = context.WithValue(ctx, observationKey{}, obs)
-	dw := &backgroundWriter{header: http.Header{}}
-	hr := (&http.Request{Method: http.MethodPost, URL: &url.URL{Path: responsesPath}, Header: http.Header{}}).WithContext(ctx)
+func (s *server) runBackground(ctx context.Context, run *runs.Run, requestID string, req *contract.Request, o *responsesRender) {
 	req.RunID = run.Record().ID
 	o.background = true
 	o.log = newResponseRunLog(run, o.resp.ID, o.resp.CreatedAt, req.Model)
-	func() {
-		defer func() {
-			// A rendering cut short aborts its (here absent) connection.
-			if p := recover(); p != nil && p != http.ErrAbortHandler {
-				panic(p)
-			}
-		}()
-		h.serveRunWith(dw, hr, req, runRenderer{
-			writeError: h.writeError,
-			tunnel: func(rr *Answer, info contract.DispatchInfo) string {
-				o.begin(rr)
-				o.inProgress(info)
-				return o.tunnel()
-			},
-			normalized: func(rr *Answer, info contract.DispatchInfo) string {
-				o.begin(rr)
-				o.inProgress(info)
-				return o.normalized()
-			},
-		})
-	}()
-	h.finish(ctx, obs, dw.status)
-	outcome := runs.Outcome{State: runs.StateComplete, Status: dw.status, Outcome: string(obs.rec.Outcome)}
+	d := s.f.ServeDetached(ctx, requestID, "responses", responsesPath, req, api.Renderer{
+		WriteError: s.f.WriteError,
+		Tunnel: func(rr *api.Answer, info contract.DispatchInfo) string {
+			o.begin(rr)
+			o.inProgress(info)
+			return o.tunnel()
+		},
+		Normalized: func(rr *api.Answer, info contract.DispatchInfo) string {
+			o.begin(rr)
+			o.inProgress(info)
+			return o.normalized()
+		},
+	})
+	outcome := runs.Outcome{State: runs.StateComplete, Status: d.Status, Outcome: d.Outcome}
 	if u := o.resp.Usage; u != nil {
 		outcome.PromptTokens, outcome.CompletionTokens = u.InputTokens, u.OutputTokens
 	}
@@ -726,8 +763,7 @@ func (h *handler) runBackground(ctx context.Context, run *runs.Run, requestID st
 	defer func() {
 		if outcome.State == runs.StateComplete {
 			outcome.FinishReason = o.finishReason
-			o.log.complete(o.finishReason, usage{PromptTokens: outcome.PromptTokens, CompletionTokens: outcome.CompletionTokens,
-				TotalTokens: outcome.PromptTokens + outcome.CompletionTokens})
+			o.log.complete(o.finishReason, outcome.PromptTokens, outcome.CompletionTokens)
 		} else {
 			code := "run_failed"
 			if outcome.State == runs.StateCancelled {
@@ -752,8 +788,8 @@ func (h *handler) runBackground(ctx context.Context, run *runs.Run, requestID st
 		_ = o.store(context.WithoutCancel(ctx))
 	default:
 		// Refused before it reached a provider: the error answer's message.
-		var body errorBody
-		_ = json.Unmarshal(dw.body, &body)
+		var body errorAnswer
+		_ = json.Unmarshal(d.ErrorBody, &body)
 		e := &responseError{Code: "server_error", Message: "the response failed"}
 		if body.Error != nil {
 			e.Message = body.Error.Message
@@ -768,30 +804,13 @@ func (h *handler) runBackground(ctx context.Context, run *runs.Run, requestID st
 	o.endEvents()
 }
 
-// backgroundWriter is the http.ResponseWriter of a background response: it
-// keeps the status and, for an error answer, the body.
-type backgroundWriter struct {
-	header http.Header
-	status int
-	body   []byte
-}
-
-func (d *backgroundWriter) Header() http.Header { return d.header }
-
-func (d *backgroundWriter) WriteHeader(status int) {
-	if d.status == 0 {
-		d.status = status
-	}
-}
-
-func (d *backgroundWriter) Write(p []byte) (int, error) {
-	if d.status == 0 {
-		d.status = http.StatusOK
-	}
-	if d.status >= 300 && len(d.body) < maxErrorBody {
-		d.body = append(d.body, p...)
-	}
-	return len(p), nil
+// errorAnswer is what runBackground reads of an OpenAI error answer
+// ({"error":{...}}).
+type errorAnswer struct {
+	Error *struct {
+		Message string  `json:"message"`
+		Code    *string `json:"code"`
+	} `json:"error"`
 }
 
 // responsesStoreTimeout bounds saving a response whose request context
@@ -802,15 +821,15 @@ const responsesStoreTimeout = 10 * time.Second
 // back into their reasoning text (a reasoning_text part, unless the item
 // has content of its own). A token this edge did not make, or one
 // altered, is a 400 naming input[i].encrypted_content.
-func (h *handler) openReasoning(input []translate.ResponseItem) error {
+func (s *server) openReasoning(input []translate.ResponseItem) error {
 	for i := range input {
 		it := &input[i]
 		if it.Type != translate.ItemReasoning || it.EncryptedContent == "" {
 			continue
 		}
-		text, err := h.seal.open(it.EncryptedContent)
+		text, err := s.seal.open(it.EncryptedContent)
 		if err != nil {
-			return &requestError{param: fmt.Sprintf("input[%d].encrypted_content", i), message: err.Error()}
+			return api.InvalidParam(fmt.Sprintf("input[%d].encrypted_content", i), err.Error())
 		}
 		if len(it.Content) == 0 {
 			it.Content = []translate.ResponsePart{{Type: translate.PartReasoningText, Text: text}}

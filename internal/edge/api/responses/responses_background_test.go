@@ -1,4 +1,4 @@
-package api
+package responses
 
 import (
 	"bufio"
@@ -44,7 +44,7 @@ func seqEvents(t *testing.T, body string, first int) []respEvent {
 func TestRegression_BackgroundStreamAndResume(t *testing.T) {
 	t.Parallel()
 	m := newRunsManager(t)
-	env := newEnv(t, Config{Responses: newResponseStore(t), Runs: m}, okRun)
+	env := newEnv(t, envConfig{Responses: newResponseStore(t), Runs: m}, okRun)
 	resp := env.post(t, "/v1/responses", "application/json", `{"model":"m","input":"hi","background":true,"stream":true}`)
 	if resp.status != http.StatusOK || !strings.HasPrefix(resp.header.Get("Content-Type"), "text/event-stream") {
 		t.Fatalf("create: %d %s %s", resp.status, resp.header.Get("Content-Type"), resp.body)
@@ -99,12 +99,12 @@ func TestRegression_BackgroundStreamResumesLive(t *testing.T) {
 	t.Parallel()
 	m := newRunsManager(t)
 	run := liveRun(normalized, 8)
-	run.up <- events(started(), delta("first "))
-	env := newEnv(t, Config{Responses: newResponseStore(t), Runs: m}, runWith(run))
+	run.Up <- events(started(), delta("first "))
+	env := newEnv(t, envConfig{Responses: newResponseStore(t), Runs: m}, runWith(run))
 	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, env.srv.URL+"/v1/responses",
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, env.Srv.URL+"/v1/responses",
 		strings.NewReader(`{"model":"m","input":"long","background":true,"stream":true}`))
-	res, err := env.srv.Client().Do(req)
+	res, err := env.Srv.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,12 +137,12 @@ func TestRegression_BackgroundStreamResumesLive(t *testing.T) {
 	res.Body.Close()
 	// The response runs on: a resumed stream starts (its head comes
 	// before the response has more), then it has more output and ends.
-	res, err = env.srv.Client().Get(env.srv.URL + "/v1/responses/" + id + "?stream=true&starting_after=" + strconv.Itoa(last))
+	res, err = env.Srv.Client().Get(env.Srv.URL + "/v1/responses/" + id + "?stream=true&starting_after=" + strconv.Itoa(last))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer res.Body.Close()
-	run.up <- events(delta("second"), usageEvent(3, 2), complete("stop"))
+	run.Up <- events(delta("second"), usageEvent(3, 2), complete("stop"))
 	var b strings.Builder
 	if _, err := bufio.NewReader(res.Body).WriteTo(&b); err != nil {
 		t.Fatal(err)
@@ -165,8 +165,8 @@ func TestRegression_BackgroundStreamCancelled(t *testing.T) {
 	t.Parallel()
 	m := newRunsManager(t)
 	run := liveRun(normalized, 8)
-	run.up <- events(started(), delta("partial"))
-	env := newEnv(t, Config{Responses: newResponseStore(t), Runs: m}, runWith(run))
+	run.Up <- events(started(), delta("partial"))
+	env := newEnv(t, envConfig{Responses: newResponseStore(t), Runs: m}, runWith(run))
 	obj := createResponse(t, env, `{"model":"m","input":"long job","background":true}`, nil)
 	id := obj["id"].(string)
 	eventually(t, "the response in progress", func() bool {
@@ -174,7 +174,7 @@ func TestRegression_BackgroundStreamCancelled(t *testing.T) {
 	})
 	done := make(chan rawResponse, 1)
 	go func() {
-		res, err := env.srv.Client().Get(env.srv.URL + "/v1/responses/" + id + "?stream=true")
+		res, err := env.Srv.Client().Get(env.Srv.URL + "/v1/responses/" + id + "?stream=true")
 		if err != nil {
 			done <- rawResponse{}
 			return

@@ -1,9 +1,11 @@
-package api
+package responses
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 
+	"iop/internal/edge/api"
 	"iop/internal/edge/contract"
 	"iop/internal/sse"
 	"iop/internal/translate"
@@ -34,7 +36,8 @@ import (
 // must find what it was told is stored). Only the request goroutine (a
 // background response's run goroutine) uses it.
 type responsesRender struct {
-	*Answer
+	*api.Answer
+	logger *slog.Logger
 	resp   *responseObject
 	stream bool
 	// background: the run is a background response's (its state is
@@ -92,9 +95,11 @@ func (o *responsesRender) endEvents() {
 }
 
 // begin sets the run o renders, once it was dispatched.
-func (o *responsesRender) begin(rr *Answer) {
+func (o *responsesRender) begin(rr *api.Answer) {
 	o.Answer = rr
-	rr.keepSlot = o.save != nil
+	if o.save != nil {
+		rr.KeepSlot()
+	}
 	o.b.NewID = newItemID
 	if o.stream {
 		o.b.Emit = o.emit
@@ -109,8 +114,8 @@ func (o *responsesRender) inProgress(info contract.DispatchInfo) {
 	}
 	o.resp.Status = "in_progress"
 	if o.save != nil {
-		if err := o.save(o.r.Context(), o.resp); err != nil {
-			o.h.logger.Warn("saving a background response failed", "response_id", o.resp.ID, "err", err)
+		if err := o.save(o.HTTPRequest().Context(), o.resp); err != nil {
+			o.logger.Warn("saving a background response failed", "response_id", o.resp.ID, "err", err)
 		}
 	}
 	if o.events != nil {
@@ -126,7 +131,7 @@ func (o *responsesRender) store(ctx context.Context) error {
 	if o.save == nil {
 		return nil
 	}
-	defer answerFinished(ctx)
+	defer api.AnswerFinished(ctx)
 	if err := o.saveNow(ctx); err != nil {
 		return err
 	}
@@ -141,7 +146,7 @@ func (o *responsesRender) saveNow(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), responsesStoreTimeout)
 	defer cancel()
 	if err := o.save(sctx, o.resp); err != nil {
-		o.h.logger.Warn("saving a response failed", "response_id", o.resp.ID, "err", err)
+		o.logger.Warn("saving a response failed", "response_id", o.resp.ID, "err", err)
 		return &errNotStored{err}
 	}
 	return nil
@@ -170,17 +175,17 @@ func (o *responsesRender) open() error {
 		// A background response: response.created went to its log when
 		// it was created, response.in_progress when it was dispatched.
 		o.opened = true
-		o.startStream()
+		o.StartStream()
 		return nil
 	}
 	if o.save != nil && !o.created {
-		if err := o.saveNow(o.r.Context()); err != nil {
+		if err := o.saveNow(o.HTTPRequest().Context()); err != nil {
 			return err
 		}
 		o.created = true
 	}
 	o.opened = true
-	o.startStream()
+	o.StartStream()
 	snap := *o.resp
 	snap.Status, snap.Output = "in_progress", []translate.ResponseItem{}
 	if err := o.b.Event("response.created", map[string]any{"response": &snap}); err != nil {
@@ -198,8 +203,8 @@ func (o *responsesRender) emit(ev translate.ResponseEvent) error {
 		o.events.add(buf, finalEvents[ev.Type] || ev.Type == "error")
 		return nil
 	}
-	if err := o.write(buf); err != nil {
-		return &errWrite{err}
+	if err := o.Write(buf); err != nil {
+		return api.WriteFailure(err)
 	}
 	return nil
 }
@@ -232,8 +237,8 @@ func (o *responsesRender) text(s string) error {
 }
 
 func (o *responsesRender) toolCall(index int, id, name, args string) error {
-	if index < 0 || index >= MaxToolCalls {
-		return ErrUpstreamProtocol
+	if index < 0 || index >= api.MaxToolCalls {
+		return api.ErrUpstreamProtocol
 	}
 	if err := o.open(); err != nil {
 		return err
@@ -245,10 +250,9 @@ func (o *responsesRender) toolCall(index int, id, name, args string) error {
 }
 
 // normalized renders a normalized-path run from its delta, usage and end
-// events (eventReader.next).
+// events (Answer.ReadEvents).
 func (o *responsesRender) normalized() string {
-	er := &eventReader{Answer: o.Answer}
-	finish, err := er.next(func(ev *contract.Event) error {
+	end, err := o.ReadEvents(func(ev *contract.Event) error {
 		if err := o.thinking(ev.Thinking); err != nil {
 			return err
 		}
@@ -265,7 +269,7 @@ func (o *responsesRender) normalized() string {
 	if err != nil {
 		return o.failed(err)
 	}
-	return o.finish(finish, er.usage.PromptTokens, er.usage.CompletionTokens)
+	return o.finish(end.Finish, end.PromptTokens, end.CompletionTokens)
 }
 
 // tunnel renders a tunnel-path run, the OpenAI-compatible provider's
@@ -276,17 +280,17 @@ func (o *responsesRender) normalized() string {
 func (o *responsesRender) tunnel() string {
 	var stream translate.OpenAIStream
 	stream.ToolDelta = func(index int, id, name, args string) error {
-		o.obs.content(1)
+		o.Content(1)
 		return o.toolCall(index, id, name, args)
 	}
 	onDelta := func(d translate.Delta) error {
-		o.obs.content(1)
+		o.Content(1)
 		if err := o.thinking(d.Thinking); err != nil {
 			return err
 		}
 		return o.text(d.Text)
 	}
-	sse, body, err := o.tunnelAnswer(func(data []byte) error { return stream.Feed(data, onDelta) })
+	sse, body, err := o.TunnelAnswer(func(data []byte) error { return stream.Feed(data, onDelta) })
 	if err != nil {
 		return o.failed(err)
 	}
@@ -302,12 +306,12 @@ func (o *responsesRender) tunnel() string {
 		}
 	}
 	if err != nil {
-		return o.failed(streamError(err))
+		return o.failed(api.StreamError(err))
 	}
 	in, out := 0, 0
 	if ans.Usage != nil {
 		in, out = ans.Usage.PromptTokens, ans.Usage.CompletionTokens
-		o.obs.tokens(in, out)
+		o.Tokens(in, out)
 		o.reasoningTokens = ans.Usage.ReasoningTokens
 	}
 	return o.finish(ans.Finish, in, out)
@@ -347,24 +351,24 @@ func (o *responsesRender) finish(finishReason string, in, out int) string {
 	if reason != "" {
 		o.resp.IncompleteDetails = &incompleteDetails{Reason: reason}
 	}
-	if err := o.store(o.r.Context()); err != nil {
+	if err := o.store(o.HTTPRequest().Context()); err != nil {
 		return o.notStored(err)
 	}
 	if !o.stream {
-		if clientGone(o.r) {
-			return ReasonClientGone
+		if api.ClientGone(o.HTTPRequest()) {
+			return api.ReasonClientGone
 		}
-		writeJSON(o.w, http.StatusOK, o.resp)
-		return ReasonCompleted
+		api.WriteJSON(o.ResponseWriter(), http.StatusOK, o.resp)
+		return api.ReasonCompleted
 	}
 	typ := "response.completed"
 	if status == "incomplete" {
 		typ = "response.incomplete"
 	}
 	if err := o.b.Event(typ, map[string]any{"response": o.resp}); err != nil {
-		return o.writeFailed(err)
+		return o.WriteFailed(err)
 	}
-	return ReasonCompleted
+	return api.ReasonCompleted
 }
 
 // failed ends a run that failed with err: before the stream began (or
@@ -373,25 +377,25 @@ func (o *responsesRender) finish(finishReason string, in, out int) string {
 // response.failed. A failed write to the client, or a client gone,
 // aborts the connection instead. It returns the rendering's reason.
 func (o *responsesRender) failed(err error) string {
-	if reason, ended := o.failedEarly(err); ended {
+	if reason, ended := o.FailedEarly(err); ended {
 		return reason
 	}
-	o.answerFailed(err)
-	e := Classify(err, o.req)
-	o.logStarted(e, err)
-	o.obs.errorCode(e.Code)
+	o.AnswerFailed(err)
+	e := api.Classify(err, o.Request())
+	o.LogStarted(e, err)
+	o.ErrorCode(e.Code)
 	code := "server_error"
-	if e.status < 500 && e.Code != nil {
+	if e.Status() < 500 && e.Code != nil {
 		code = *e.Code
 	}
 	o.resp.Status, o.resp.Output = "failed", o.b.Output()
 	o.resp.Error = &responseError{Code: code, Message: e.Message}
-	_ = o.store(o.r.Context()) // failed either way; the error is logged
+	_ = o.store(o.HTTPRequest().Context()) // failed either way; the error is logged
 	if werr := o.b.Event("response.failed", map[string]any{"response": o.resp}); werr != nil {
-		o.abort = true
-		return ReasonWriteFailed
+		o.Abort()
+		return api.ReasonWriteFailed
 	}
-	return ReasonUpstreamError
+	return api.ReasonUpstreamError
 }
 
 // notStored ends a complete answer whose save failed (err, an
@@ -400,18 +404,18 @@ func (o *responsesRender) failed(err error) string {
 // gone aborts instead. It returns the rendering's reason.
 func (o *responsesRender) notStored(err error) string {
 	if !o.stream {
-		return o.fail(err)
+		return o.Fail(err)
 	}
-	if clientGone(o.r) {
-		o.abort = true
-		return ReasonClientGone
+	if api.ClientGone(o.HTTPRequest()) {
+		o.Abort()
+		return api.ReasonClientGone
 	}
-	o.logStarted(Classify(err, o.req), err)
+	o.LogStarted(api.Classify(err, o.Request()), err)
 	o.resp.Status, o.resp.Usage = "failed", nil
 	o.resp.Error = &responseError{Code: "server_error", Message: msgNotStored}
 	if werr := o.b.Event("response.failed", map[string]any{"response": o.resp}); werr != nil {
-		o.abort = true
-		return ReasonWriteFailed
+		o.Abort()
+		return api.ReasonWriteFailed
 	}
-	return ReasonUpstreamError
+	return api.ReasonUpstreamError
 }

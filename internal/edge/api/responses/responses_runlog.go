@@ -1,8 +1,7 @@
-package api
+package responses
 
 import (
-	"encoding/json"
-
+	"iop/internal/edge/api"
 	"iop/internal/edge/contract"
 	"iop/internal/runs"
 	"iop/internal/sse"
@@ -18,17 +17,17 @@ import (
 // error event. Only the run's goroutine uses it.
 type responseRunLog struct {
 	run    *runs.Run
-	chunks chunkRenderer
+	chunks *api.ChatChunks
 }
 
 // newResponseRunLog returns the log of run, whose chunks carry id, created
 // (Unix seconds) and model.
 func newResponseRunLog(run *runs.Run, id string, created int64, model string) *responseRunLog {
 	l := &responseRunLog{run: run}
-	l.chunks = chunkRenderer{id: id, created: created, model: model, sink: func(data []byte, text string) error {
+	l.chunks = api.NewChatChunks(id, created, model, func(data []byte, text string) error {
 		l.run.Append(sse.AppendEvent(nil, "", data), text)
 		return nil
-	}}
+	})
 	return l
 }
 
@@ -40,25 +39,24 @@ func (l *responseRunLog) dispatched(info contract.DispatchInfo) {
 	})
 }
 
-// The sink does not fail: the errors below are chunkRenderer's own (none
+// The sink does not fail: the errors below are ChatChunks' own (none
 // for these values).
 
-func (l *responseRunLog) thinking(s string) { _ = l.chunks.delta(&contract.Event{Thinking: s}) }
+func (l *responseRunLog) thinking(s string) { _ = l.chunks.Delta(&contract.Event{Thinking: s}) }
 
-func (l *responseRunLog) text(s string) { _ = l.chunks.delta(&contract.Event{Text: s}) }
+func (l *responseRunLog) text(s string) { _ = l.chunks.Delta(&contract.Event{Text: s}) }
 
 func (l *responseRunLog) toolCall(index int, id, name, args string) {
-	_ = l.chunks.delta(&contract.Event{ToolCalls: []contract.ToolCallPart{{Index: index, ID: id, Name: name, Arguments: args}}})
+	_ = l.chunks.Delta(&contract.Event{ToolCalls: []contract.ToolCallPart{{Index: index, ID: id, Name: name, Arguments: args}}})
 }
 
-// complete ends the log of a complete answer.
-func (l *responseRunLog) complete(finish string, u usage) {
-	_ = l.chunks.end(finish, &u)
+// complete ends the log of a complete answer, with its token counts.
+func (l *responseRunLog) complete(finish string, promptTokens, completionTokens int) {
+	_ = l.chunks.End(finish, promptTokens, completionTokens)
 	l.run.Append(sse.AppendDone(nil), "")
 }
 
 // fail ends the log with an error event.
 func (l *responseRunLog) fail(message, code string) {
-	b, _ := json.Marshal(errorBody{Error: newAPIError(0, "server_error", "", code, message)})
-	l.run.Append(sse.AppendEvent(nil, "", b), "")
+	l.run.Append(sse.AppendEvent(nil, "", api.ErrorJSON("server_error", code, message)), "")
 }

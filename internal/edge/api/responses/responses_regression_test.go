@@ -1,4 +1,4 @@
-package api
+package responses
 
 import (
 	"context"
@@ -47,7 +47,7 @@ func TestRegression_FailedSaveFailsTheRequest(t *testing.T) {
 		}
 		return nil
 	}}
-	env := newEnv(t, Config{Responses: store}, okRun)
+	env := newEnv(t, envConfig{Responses: store}, okRun)
 	resp := env.post(t, "/v1/responses", "application/json", `{"model":"m","input":"tiny"}`)
 	if resp.status != http.StatusInternalServerError || !strings.Contains(resp.body, `"error":{`) || strings.Contains(resp.body, `"store":true`) {
 		t.Errorf("not streamed: %d %s", resp.status, resp.body)
@@ -92,7 +92,7 @@ func TestRegression_SlotHeldWhileSaving(t *testing.T) {
 		})
 		return nil
 	}}
-	env := newEnv(t, Config{Keys: f.keys, AdminKeys: f.admin, Responses: store}, okRun)
+	env := newEnv(t, envConfig{Keys: f.keys, AdminKeys: f.admin, Responses: store}, okRun)
 	h := bearer(f.alice)
 	h["Content-Type"] = "application/json"
 	type result struct {
@@ -102,11 +102,11 @@ func TestRegression_SlotHeldWhileSaving(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		req, _ := http.NewRequest(http.MethodPost, env.srv.URL+"/v1/responses", strings.NewReader(`{"model":"m","input":"first"}`))
+		req, _ := http.NewRequest(http.MethodPost, env.Srv.URL+"/v1/responses", strings.NewReader(`{"model":"m","input":"first"}`))
 		for k, v := range h {
 			req.Header.Set(k, v)
 		}
-		resp, err := env.srv.Client().Do(req)
+		resp, err := env.Srv.Client().Do(req)
 		if err != nil {
 			done <- result{err: err}
 			return
@@ -133,7 +133,7 @@ func TestRegression_SlotHeldWhileSaving(t *testing.T) {
 // conversation, the middle one deleted; the last one still continues with
 // the whole conversation, and the deleted one is not found.
 func TestRegression_ContinueAfterTheMiddleIsDeleted(t *testing.T) {
-	env := newEnv(t, Config{Responses: newResponseStore(t)}, okRun)
+	env := newEnv(t, envConfig{Responses: newResponseStore(t)}, okRun)
 	first := createResponse(t, env, `{"model":"m","input":"one"}`, nil)
 	second := createResponse(t, env, fmt.Sprintf(`{"model":"m","previous_response_id":%q,"input":"two"}`, first["id"]), nil)
 	third := createResponse(t, env, fmt.Sprintf(`{"model":"m","previous_response_id":%q,"input":"three"}`, second["id"]), nil)
@@ -148,7 +148,7 @@ func TestRegression_ContinueAfterTheMiddleIsDeleted(t *testing.T) {
 		t.Errorf("continuing the deleted one: %d %s", resp.status, resp.body)
 	}
 	createResponse(t, env, fmt.Sprintf(`{"model":"m","previous_response_id":%q,"input":"four"}`, third["id"]), nil)
-	reqs := env.gw.requests()
+	reqs := env.GW.Requests()
 	var got []string
 	for _, m := range chatMessages(t, reqs[len(reqs)-1]) {
 		got = append(got, fmt.Sprint(m["role"], ":", m["content"]))
@@ -165,31 +165,31 @@ func TestRegression_ContinueAfterTheMiddleIsDeleted(t *testing.T) {
 // previous_response_id, and nothing is dispatched for it.
 func TestRegression_PreviousStillInProgressIsRefused(t *testing.T) {
 	run := liveRun(normalized, 4)
-	run.up <- events(started(), delta("working"))
+	run.Up <- events(started(), delta("working"))
 	m := newRunsManager(t)
-	env := newEnv(t, Config{Responses: newResponseStore(t), Runs: m}, runWith(run))
+	env := newEnv(t, envConfig{Responses: newResponseStore(t), Runs: m}, runWith(run))
 	obj := createResponse(t, env, `{"model":"m","input":"long job","background":true}`, nil)
 	id := obj["id"].(string)
 	defer waitBackground(t, m, id)
-	defer close(run.up)
+	defer close(run.Up)
 	resp := env.post(t, "/v1/responses", "application/json", fmt.Sprintf(`{"model":"m","previous_response_id":%q,"input":"and then?"}`, id))
 	if resp.status != http.StatusBadRequest || !strings.Contains(resp.body, `"param":"previous_response_id"`) ||
 		!(strings.Contains(resp.body, "is still queued") || strings.Contains(resp.body, "is still in_progress")) {
 		t.Errorf("continuing a running background response: %d %s", resp.status, resp.body)
 	}
-	if n := len(env.gw.requests()); n != 1 {
+	if n := len(env.GW.Requests()); n != 1 {
 		t.Errorf("%d dispatched, want the background one only", n)
 	}
-	run.up <- events(usageEvent(1, 1), complete("stop"))
+	run.Up <- events(usageEvent(1, 1), complete("stop"))
 }
 
 // openStream posts a streamed response and reads its events until
 // response.created: the response's id and the open body.
 func openStream(t *testing.T, env *testEnv, ctx context.Context, body string) (string, io.ReadCloser) {
 	t.Helper()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, env.srv.URL+"/v1/responses", strings.NewReader(body))
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, env.Srv.URL+"/v1/responses", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := env.srv.Client().Do(req)
+	resp, err := env.Srv.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,8 +223,8 @@ func openStream(t *testing.T, env *testEnv, ctx context.Context, body string) (s
 // while it streams, and DELETE cancels its run and deletes it for good.
 func TestRegression_StreamedResponseIsStoredWhileItStreams(t *testing.T) {
 	run := liveRun(normalized, 4)
-	run.up <- events(started(), delta("first words"))
-	env := newEnv(t, Config{Responses: newResponseStore(t)}, runWith(run))
+	run.Up <- events(started(), delta("first words"))
+	env := newEnv(t, envConfig{Responses: newResponseStore(t)}, runWith(run))
 	id, body := openStream(t, env, context.Background(), `{"model":"m","input":"hi","stream":true}`)
 	defer body.Close()
 	if resp := env.get(t, "/v1/responses/"+id); resp.status != http.StatusOK || !strings.Contains(resp.body, `"status":"in_progress"`) {
@@ -233,11 +233,11 @@ func TestRegression_StreamedResponseIsStoredWhileItStreams(t *testing.T) {
 	if resp := env.send(t, http.MethodDelete, "/v1/responses/"+id, "", nil); resp.status != http.StatusOK || !strings.Contains(resp.body, `"deleted":true`) {
 		t.Fatalf("DELETE while it streams: %d %s", resp.status, resp.body)
 	}
-	if len(run.cancelReasons()) == 0 {
+	if len(run.CancelReasons()) == 0 {
 		t.Error("the run was not cancelled")
 	}
 	_, _ = io.Copy(io.Discard, body) // the stream ends
-	env.waitHandlers()
+	env.WaitHandlers()
 	if resp := env.get(t, "/v1/responses/"+id); resp.status != http.StatusNotFound {
 		t.Errorf("GET after DELETE, once the stream ended: %d %s", resp.status, resp.body)
 	}
@@ -248,13 +248,13 @@ func TestRegression_StreamedResponseIsStoredWhileItStreams(t *testing.T) {
 // stored "cancelled" (README).
 func TestRegression_StreamedResponseItsClientLeftIsStoredCancelled(t *testing.T) {
 	run := liveRun(normalized, 4)
-	run.up <- events(started(), delta("first words"))
-	env := newEnv(t, Config{Responses: newResponseStore(t)}, runWith(run))
+	run.Up <- events(started(), delta("first words"))
+	env := newEnv(t, envConfig{Responses: newResponseStore(t)}, runWith(run))
 	ctx, cancel := context.WithCancel(context.Background())
 	id, body := openStream(t, env, ctx, `{"model":"m","input":"hi","stream":true}`)
 	cancel()
 	body.Close()
-	env.waitHandlers()
+	env.WaitHandlers()
 	resp := env.get(t, "/v1/responses/"+id)
 	if resp.status != http.StatusOK || !strings.Contains(resp.body, `"status":"cancelled"`) {
 		t.Errorf("GET after its client left: %d %s", resp.status, resp.body)
@@ -266,7 +266,7 @@ func TestRegression_StreamedResponseItsClientLeftIsStoredCancelled(t *testing.T)
 // refused 400 naming the field (OpenAI API reference), nothing
 // dispatched; the bounds themselves are accepted.
 func TestRegression_ResponsesRangesAndDuplicateTools(t *testing.T) {
-	env := newEnv(t, Config{}, okRun)
+	env := newEnv(t, envConfig{}, okRun)
 	for body, param := range map[string]string{
 		`{"model":"m","input":"x","temperature":2.5}`:                                 "temperature",
 		`{"model":"m","input":"x","temperature":-0.1}`:                                "temperature",
@@ -279,7 +279,7 @@ func TestRegression_ResponsesRangesAndDuplicateTools(t *testing.T) {
 			t.Errorf("%s: %d %s, want 400 naming %s", body, resp.status, resp.body, param)
 		}
 	}
-	if n := len(env.gw.requests()); n != 0 {
+	if n := len(env.GW.Requests()); n != 0 {
 		t.Errorf("%d dispatched", n)
 	}
 	for _, body := range []string{
@@ -304,7 +304,7 @@ func TestRegression_ReasoningTokensPassedOn(t *testing.T) {
 		want float64
 	}{{withDetails, 6}, {without, 0}} {
 		for _, stream := range []bool{false, true} {
-			env := newEnv(t, Config{}, func(context.Context, contract.Request) (Run, error) { return splitTunnel(tc.body, 16), nil })
+			env := newEnv(t, envConfig{}, func(context.Context, contract.Request) (Run, error) { return splitTunnel(tc.body, 16), nil })
 			resp := env.post(t, "/v1/responses", "application/json", fmt.Sprintf(`{"model":"m","input":"x","stream":%v}`, stream))
 			var obj map[string]any
 			if stream {
@@ -328,7 +328,7 @@ func TestRegression_ReasoningTokensPassedOn(t *testing.T) {
 // refused 400 naming the client's (input[0].arguments,
 // input[0].content[0].image_url), nothing dispatched.
 func TestRegression_ResponsesErrorsInTheClientsWords(t *testing.T) {
-	env := newEnv(t, Config{}, okRun)
+	env := newEnv(t, envConfig{}, okRun)
 	for body, param := range map[string]string{
 		`{"model":"m","input":[{"type":"function_call","call_id":"c1","name":"get_weather","arguments":"{not json"},
 			{"type":"function_call_output","call_id":"c1","output":"21C"}]}`: "input[0].arguments",
@@ -340,7 +340,7 @@ func TestRegression_ResponsesErrorsInTheClientsWords(t *testing.T) {
 			t.Errorf("%s: %d %s, want 400 naming %s", body, resp.status, resp.body, param)
 		}
 	}
-	if n := len(env.gw.requests()); n != 0 {
+	if n := len(env.GW.Requests()); n != 0 {
 		t.Errorf("%d dispatched", n)
 	}
 }
@@ -352,7 +352,7 @@ func TestRegression_ResponsesErrorsInTheClientsWords(t *testing.T) {
 // JSON string, which the Ollama translation takes.
 func TestRegression_StoredCallWithBrokenArgumentsContinuesOnOllama(t *testing.T) {
 	n := 0
-	env := newEnv(t, Config{Responses: newResponseStore(t)}, func(context.Context, contract.Request) (Run, error) {
+	env := newEnv(t, envConfig{Responses: newResponseStore(t)}, func(context.Context, contract.Request) (Run, error) {
 		if n++; n == 1 {
 			return scriptedRun(normalized, events(started(), toolDelta(0, "call_a", "get_weather", `{"city": Paris`)),
 				events(usageEvent(3, 2), complete("tool_calls"))), nil
@@ -362,11 +362,11 @@ func TestRegression_StoredCallWithBrokenArgumentsContinuesOnOllama(t *testing.T)
 	first := createResponse(t, env, `{"model":"m","input":"weather?","tools":[`+weatherTool+`]}`, nil)
 	createResponse(t, env, fmt.Sprintf(`{"model":"m","previous_response_id":%q,"tools":[`+weatherTool+`],
 		"input":[{"type":"function_call_output","call_id":"call_a","output":"21C"}]}`, first["id"]), nil)
-	body := env.gw.requests()[1].Body
+	body := env.GW.Requests()[1].Body
 	if _, err := translate.ToOllamaChat(body, "served", nil); err != nil {
 		t.Fatalf("the continued conversation on an Ollama provider: %v\n%s", err, body)
 	}
-	msgs := chatMessages(t, env.gw.requests()[1])
+	msgs := chatMessages(t, env.GW.Requests()[1])
 	calls, _ := msgs[1]["tool_calls"].([]any)
 	if len(calls) != 1 {
 		t.Fatalf("messages %v", msgs)
@@ -387,16 +387,16 @@ func TestRegression_StoredCallWithBrokenArgumentsContinuesOnOllama(t *testing.T)
 // with [DONE].
 func TestRegression_BackgroundResponseInTheRunsAPI(t *testing.T) {
 	run := liveRun(normalized, 4)
-	run.up <- events(started(), delta("Hel"))
+	run.Up <- events(started(), delta("Hel"))
 	m := newRunsManager(t)
-	env := newEnv(t, Config{Responses: newResponseStore(t), Runs: m}, runWith(run))
+	env := newEnv(t, envConfig{Responses: newResponseStore(t), Runs: m}, runWith(run))
 	id := createResponse(t, env, `{"model":"m","input":"hi","background":true}`, nil)["id"].(string)
 
 	// While it runs, its events stream has its first delta.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, env.srv.URL+"/v1/runs/"+id+"/events", nil)
-	resp, err := env.srv.Client().Do(req)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, env.Srv.URL+"/v1/runs/"+id+"/events", nil)
+	resp, err := env.Srv.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -410,8 +410,8 @@ func TestRegression_BackgroundResponseInTheRunsAPI(t *testing.T) {
 			t.Fatalf("events while it runs: %v %q", err, seen.String())
 		}
 	}
-	run.up <- events(delta("lo"), usageEvent(7, 2), complete("stop"))
-	close(run.up)
+	run.Up <- events(delta("lo"), usageEvent(7, 2), complete("stop"))
+	close(run.Up)
 	waitBackground(t, m, id)
 	rest, _ := io.ReadAll(resp.Body)
 	if all := seen.String() + string(rest); !strings.Contains(all, `"content":"lo"`) || !strings.HasSuffix(all, "data: [DONE]\n\n") {

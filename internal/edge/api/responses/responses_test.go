@@ -1,4 +1,4 @@
-package api
+package responses
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"iop/internal/auth"
+	"iop/internal/edge/api"
+	"iop/internal/edge/api/apitest"
 	"iop/internal/edge/contract"
 	"iop/internal/responses"
 	"iop/internal/runs"
@@ -102,7 +104,7 @@ func TestResponses_StreamNormalized(t *testing.T) {
 		events(delta("Hel"), delta("lo")),
 		events(toolDelta(0, "call_1", "get_weather", `{"ci`), toolDelta(0, "", "", `ty":"Paris"}`)),
 		events(usageEvent(7, 5), complete("tool_calls")))
-	env := newEnv(t, Config{}, runWith(run))
+	env := newEnv(t, envConfig{}, runWith(run))
 	resp := env.post(t, "/v1/responses", "application/json",
 		`{"model":"m","input":"weather?","stream":true,"tools":[`+weatherTool+`]}`)
 	if resp.status != http.StatusOK || !strings.HasPrefix(resp.header.Get("Content-Type"), "text/event-stream") {
@@ -154,8 +156,8 @@ func TestResponses_StreamNormalized(t *testing.T) {
 	}
 	// The dispatched request is the canonical chat body with the tool in
 	// the chat shape, and it needs tools.
-	reqs := env.gw.requests()
-	if len(reqs) != 1 || !slices.Contains(reqs[0].Needs, NeedTools) {
+	reqs := env.GW.Requests()
+	if len(reqs) != 1 || !slices.Contains(reqs[0].Needs, api.NeedTools) {
 		t.Fatalf("requests %+v", reqs)
 	}
 	var body struct {
@@ -197,7 +199,7 @@ data: [DONE]
 `
 
 // splitTunnel is a tunnel run relaying body in chunks of n bytes.
-func splitTunnel(body string, n int) *fakeRun {
+func splitTunnel(body string, n int) *apitest.FakeRun {
 	msgs := []*nodev1.RunUp{tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"})}
 	for i := 0; i < len(body); i += n {
 		msgs = append(msgs, tunnelData(body[i:min(len(body), i+n)]))
@@ -215,7 +217,7 @@ func TestResponses_TunnelSplitWrites(t *testing.T) {
 	var first []string
 	for _, n := range []int{1, 2, 3, 5, 7, 11, 64, len(tunnelChatStream)} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
-			env := newEnv(t, Config{}, runWith(splitTunnel(tunnelChatStream, n)))
+			env := newEnv(t, envConfig{}, runWith(splitTunnel(tunnelChatStream, n)))
 			resp := env.post(t, "/v1/responses", "application/json",
 				`{"model":"m","input":"weather?","stream":true,"tools":[`+weatherTool+`]}`)
 			if resp.status != http.StatusOK {
@@ -259,7 +261,7 @@ func TestResponses_TunnelSplitWrites(t *testing.T) {
 // clean-looking response.completed, on both paths; the failed response is
 // stored as failed.
 func TestResponses_ErrorMidStream(t *testing.T) {
-	cases := map[string]*fakeRun{
+	cases := map[string]*apitest.FakeRun{
 		"normalized": scriptedRun(normalized, events(started(), delta("partial")), events(errorEvent(502, "the model server crashed"))),
 		"tunnel error event": scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}),
 			tunnelData(`data: {"choices":[{"index":0,"delta":{"content":"partial"}}]}`+"\n\n"),
@@ -272,7 +274,7 @@ func TestResponses_ErrorMidStream(t *testing.T) {
 	for name, run := range cases {
 		t.Run(name, func(t *testing.T) {
 			store := newResponseStore(t)
-			env := newEnv(t, Config{Responses: store}, runWith(run))
+			env := newEnv(t, envConfig{Responses: store}, runWith(run))
 			resp := env.post(t, "/v1/responses", "application/json", `{"model":"m","input":"hi","stream":true}`)
 			if resp.status != http.StatusOK {
 				t.Fatalf("status %d: %s", resp.status, resp.body)
@@ -302,7 +304,7 @@ func TestResponses_ErrorBeforeOutput(t *testing.T) {
 	for _, stream := range []bool{false, true} {
 		run := scriptedRun(normalized, events(started(), errorEvent(503, "model server overloaded")))
 		store := newResponseStore(t)
-		env := newEnv(t, Config{Responses: store}, runWith(run))
+		env := newEnv(t, envConfig{Responses: store}, runWith(run))
 		resp := env.post(t, "/v1/responses", "application/json", fmt.Sprintf(`{"model":"m","input":"hi","stream":%v}`, stream))
 		if resp.status != http.StatusServiceUnavailable || !strings.Contains(resp.body, `"error":{`) {
 			t.Errorf("stream %v: %d %s", stream, resp.status, resp.body)
@@ -319,7 +321,7 @@ func TestResponses_JSON(t *testing.T) {
 		finish, status, reason string
 	}{{"stop", "completed", ""}, {"length", "incomplete", "max_output_tokens"}} {
 		run := scriptedRun(normalized, events(started(), delta("Hello")), events(usageEvent(3, 1), complete(tc.finish)))
-		env := newEnv(t, Config{}, runWith(run))
+		env := newEnv(t, envConfig{}, runWith(run))
 		resp := env.post(t, "/v1/responses", "application/json",
 			`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]}],"max_output_tokens":16,"temperature":0.5,"metadata":{"a":"b"}}`)
 		if resp.status != http.StatusOK {
@@ -369,7 +371,7 @@ func TestResponses_JSON(t *testing.T) {
 // tools and unserved features are answered 400 invalid_request_error
 // naming the param, before anything is dispatched; unknown ids are 404.
 func TestResponses_BadInput(t *testing.T) {
-	env := newEnv(t, Config{Responses: newResponseStore(t)}, okRun)
+	env := newEnv(t, envConfig{Responses: newResponseStore(t)}, okRun)
 	for _, tc := range []struct{ body, param, text string }{
 		{`[]`, "", ""},
 		{`{"input":"hi"}`, "model", ""},
@@ -413,7 +415,7 @@ func TestResponses_BadInput(t *testing.T) {
 			t.Errorf("%s: message %q lacks %q", tc.body, e.Error.Message, tc.text)
 		}
 	}
-	if n := len(env.gw.requests()); n != 0 {
+	if n := len(env.GW.Requests()); n != 0 {
 		t.Errorf("%d requests dispatched", n)
 	}
 	for _, path := range []string{"/v1/responses/resp_nope", "/v1/responses/resp_nope/input_items"} {
@@ -435,9 +437,9 @@ func TestResponses_Admission(t *testing.T) {
 	for _, tc := range []struct {
 		err    error
 		status int
-	}{{ErrQueueFull, http.StatusTooManyRequests}, {ErrProviderUnavailable, http.StatusServiceUnavailable}, {ErrUnknownModel, http.StatusNotFound}} {
+	}{{api.ErrQueueFull, http.StatusTooManyRequests}, {api.ErrProviderUnavailable, http.StatusServiceUnavailable}, {api.ErrUnknownModel, http.StatusNotFound}} {
 		store := newResponseStore(t)
-		env := newEnv(t, Config{Responses: store}, failWith(tc.err))
+		env := newEnv(t, envConfig{Responses: store}, failWith(tc.err))
 		for _, stream := range []string{"false", "true"} {
 			resp := env.post(t, "/v1/responses", "application/json", `{"model":"m","input":"hi","stream":`+stream+`}`)
 			if resp.status != tc.status || !strings.Contains(resp.body, `"error":{`) {
@@ -495,14 +497,14 @@ func TestResponses_PreviousResponseAcrossPaths(t *testing.T) {
 		}
 		return splitTunnel(`data: {"choices":[{"index":0,"delta":{"content":"Sunny."},"finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n", 9), nil
 	}
-	env := newEnv(t, Config{Responses: newResponseStore(t)}, dispatch)
+	env := newEnv(t, envConfig{Responses: newResponseStore(t)}, dispatch)
 	first := createResponse(t, env, `{"model":"m","instructions":"be brief","input":"weather in Paris?","tools":[`+weatherTool+`]}`, nil)
 	second := createResponse(t, env, fmt.Sprintf(`{"model":"m","previous_response_id":%q,"tools":[`+weatherTool+`],
 		"input":[{"type":"function_call_output","call_id":"call_a","output":"21C"}]}`, first["id"]), nil)
 	if second["previous_response_id"] != first["id"] || second["status"] != "completed" {
 		t.Fatalf("second %v", second)
 	}
-	reqs := env.gw.requests()
+	reqs := env.GW.Requests()
 	msgs := chatMessages(t, reqs[1])
 	if len(msgs) != 3 {
 		t.Fatalf("messages %v", msgs)
@@ -522,7 +524,7 @@ func TestResponses_PreviousResponseAcrossPaths(t *testing.T) {
 	}
 	// A third turn on top of the second sees all of it.
 	createResponse(t, env, fmt.Sprintf(`{"model":"m","previous_response_id":%q,"input":"thanks"}`, second["id"]), nil)
-	if msgs := chatMessages(t, env.gw.requests()[2]); len(msgs) != 5 || msgs[3]["content"] != "Sunny." || msgs[4]["content"] != "thanks" {
+	if msgs := chatMessages(t, env.GW.Requests()[2]); len(msgs) != 5 || msgs[3]["content"] != "Sunny." || msgs[4]["content"] != "thanks" {
 		t.Errorf("third turn's messages %v", msgs)
 	}
 }
@@ -533,7 +535,7 @@ func TestResponses_PreviousResponseAcrossPaths(t *testing.T) {
 // an id it does not know; its owner still can.
 func TestResponses_OwnerIsolation(t *testing.T) {
 	f := newKeys(t, auth.Key{})
-	env := newEnv(t, Config{Keys: f.keys, AdminKeys: f.admin, Responses: newResponseStore(t)}, okRun)
+	env := newEnv(t, envConfig{Keys: f.keys, AdminKeys: f.admin, Responses: newResponseStore(t)}, okRun)
 	obj := createResponse(t, env, `{"model":"m","input":"secret plans"}`, bearer(f.alice))
 	id := obj["id"].(string)
 	for _, path := range []string{"/v1/responses/" + id, "/v1/responses/" + id + "/input_items"} {
@@ -564,7 +566,7 @@ func TestResponses_OwnerIsolation(t *testing.T) {
 // TestResponses_StoreFalse: store false keeps nothing: GET is 404 and
 // previous_response_id naming it 400.
 func TestResponses_StoreFalse(t *testing.T) {
-	env := newEnv(t, Config{Responses: newResponseStore(t)}, okRun)
+	env := newEnv(t, envConfig{Responses: newResponseStore(t)}, okRun)
 	obj := createResponse(t, env, `{"model":"m","input":"hi","store":false}`, nil)
 	if obj["store"] != false {
 		t.Errorf("store %v", obj["store"])
@@ -582,7 +584,7 @@ func TestResponses_StoreFalse(t *testing.T) {
 // input items, newest first by default, limit/after/before as the API
 // reference says, with first_id, last_id and has_more.
 func TestResponses_InputItemsPaging(t *testing.T) {
-	env := newEnv(t, Config{Responses: newResponseStore(t)}, okRun)
+	env := newEnv(t, envConfig{Responses: newResponseStore(t)}, okRun)
 	var input []string
 	for i := range 5 {
 		input = append(input, fmt.Sprintf(`{"id":"msg_%d","role":"user","content":"turn %d"}`, i, i))
@@ -648,11 +650,11 @@ func TestResponses_InputItemsPaging(t *testing.T) {
 // stored item of that id (here the earlier answer's message), sent to the
 // provider as it was.
 func TestResponses_ItemReference(t *testing.T) {
-	env := newEnv(t, Config{Responses: newResponseStore(t)}, okRun)
+	env := newEnv(t, envConfig{Responses: newResponseStore(t)}, okRun)
 	first := createResponse(t, env, `{"model":"m","input":"hi"}`, nil)
 	msgID := first["output"].([]any)[0].(map[string]any)["id"].(string)
 	createResponse(t, env, fmt.Sprintf(`{"model":"m","input":[{"role":"user","content":"hi"},{"type":"item_reference","id":%q},{"role":"user","content":"again"}]}`, msgID), nil)
-	msgs := chatMessages(t, env.gw.requests()[1])
+	msgs := chatMessages(t, env.GW.Requests()[1])
 	if len(msgs) != 3 || msgs[1]["role"] != "assistant" || msgs[1]["content"] != "hi" {
 		t.Errorf("messages %v", msgs)
 	}
@@ -665,8 +667,8 @@ func TestResponses_ItemReference(t *testing.T) {
 // one cannot be cancelled (400).
 func TestResponses_BackgroundCancel(t *testing.T) {
 	run := liveRun(normalized, 4)
-	run.up <- events(started(), delta("thinking about it"))
-	env := newEnv(t, Config{Responses: newResponseStore(t), Runs: newRunsManager(t)}, runWith(run))
+	run.Up <- events(started(), delta("thinking about it"))
+	env := newEnv(t, envConfig{Responses: newResponseStore(t), Runs: newRunsManager(t)}, runWith(run))
 	obj := createResponse(t, env, `{"model":"m","input":"long job","background":true}`, nil)
 	if obj["status"] != "queued" || obj["background"] != true {
 		t.Fatalf("create: %v", obj)
@@ -682,7 +684,7 @@ func TestResponses_BackgroundCancel(t *testing.T) {
 	if resp := env.get(t, "/v1/responses/"+id); !strings.Contains(resp.body, `"status":"cancelled"`) {
 		t.Errorf("GET after cancel: %s", resp.body)
 	}
-	if len(run.cancelReasons()) == 0 {
+	if len(run.CancelReasons()) == 0 {
 		t.Error("the run was not cancelled")
 	}
 }
@@ -707,7 +709,7 @@ func waitBackground(t *testing.T, m *runs.Manager, id string) {
 // and usage.
 func TestResponses_BackgroundCompletes(t *testing.T) {
 	m := newRunsManager(t)
-	env := newEnv(t, Config{Responses: newResponseStore(t), Runs: m}, okRun)
+	env := newEnv(t, envConfig{Responses: newResponseStore(t), Runs: m}, okRun)
 	obj := createResponse(t, env, `{"model":"m","input":"hi","background":true}`, nil)
 	id := obj["id"].(string)
 	waitBackground(t, m, id) // its final object is stored before its run ends
@@ -731,7 +733,7 @@ func TestResponses_BackgroundCompletes(t *testing.T) {
 // ends.
 func TestResponses_KeyLimits(t *testing.T) {
 	f := newKeys(t, auth.Key{RequestsPerMinute: 1})
-	env := newEnv(t, Config{Keys: f.keys, AdminKeys: f.admin, Responses: newResponseStore(t)}, okRun)
+	env := newEnv(t, envConfig{Keys: f.keys, AdminKeys: f.admin, Responses: newResponseStore(t)}, okRun)
 	createResponse(t, env, `{"model":"m","input":"hi"}`, bearer(f.alice))
 	h := bearer(f.alice)
 	h["Content-Type"] = "application/json"
@@ -739,14 +741,14 @@ func TestResponses_KeyLimits(t *testing.T) {
 	if resp.status != http.StatusTooManyRequests || resp.header.Get("Retry-After") == "" {
 		t.Errorf("second request: %d %s", resp.status, resp.body)
 	}
-	if n := len(env.gw.requests()); n != 1 {
+	if n := len(env.GW.Requests()); n != 1 {
 		t.Errorf("%d dispatched, want 1", n)
 	}
 
 	g := newKeys(t, auth.Key{MaxConcurrent: 1})
 	run := liveRun(normalized, 4)
 	m := newRunsManager(t)
-	env = newEnv(t, Config{Keys: g.keys, AdminKeys: g.admin, Responses: newResponseStore(t), Runs: m}, runWith(run))
+	env = newEnv(t, envConfig{Keys: g.keys, AdminKeys: g.admin, Responses: newResponseStore(t), Runs: m}, runWith(run))
 	obj := createResponse(t, env, `{"model":"m","input":"long","background":true}`, bearer(g.alice))
 	defer waitBackground(t, m, obj["id"].(string))
 	h = bearer(g.alice)
@@ -754,8 +756,8 @@ func TestResponses_KeyLimits(t *testing.T) {
 	if resp := env.send(t, http.MethodPost, "/v1/responses", `{"model":"m","input":"hi"}`, h); resp.status != http.StatusTooManyRequests {
 		t.Errorf("while the background response runs: %d %s", resp.status, resp.body)
 	}
-	run.up <- events(started(), delta("done"), usageEvent(1, 1), complete("stop"))
-	close(run.up)
+	run.Up <- events(started(), delta("done"), usageEvent(1, 1), complete("stop"))
+	close(run.Up)
 	waitBackground(t, m, obj["id"].(string))
 	if body := env.send(t, http.MethodGet, "/v1/responses/"+obj["id"].(string), "", bearer(g.alice)).body; !strings.Contains(body, `"status":"completed"`) {
 		t.Fatalf("the background response did not complete: %s", body)
@@ -773,17 +775,17 @@ func TestResponses_ClientGoesAway(t *testing.T) {
 			first := events(started(), delta("first words"))
 			if path == "tunnel" {
 				run = liveRun(tunnel, 4)
-				run.up <- tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"})
+				run.Up <- tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"})
 				first = tunnelData(`data: {"choices":[{"index":0,"delta":{"content":"first words"}}]}` + "\n\n")
 			}
-			run.up <- first
+			run.Up <- first
 			store := newResponseStore(t)
-			env := newEnv(t, Config{Responses: store}, runWith(run))
+			env := newEnv(t, envConfig{Responses: store}, runWith(run))
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, env.srv.URL+"/v1/responses",
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, env.Srv.URL+"/v1/responses",
 				strings.NewReader(`{"model":"m","input":"hi","stream":true}`))
-			resp, err := env.srv.Client().Do(req)
+			resp, err := env.Srv.Client().Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -811,12 +813,12 @@ func TestResponses_ClientGoesAway(t *testing.T) {
 			}
 			cancel()
 			select {
-			case <-run.closed:
+			case <-run.Closed():
 			case <-time.After(30 * time.Second):
 				t.Fatal("the run was not closed after the client left")
 			}
-			env.waitHandlers()
-			if n, reasons := run.closeCalls(); n != 1 || reasons[0] != contract.OutcomeClientGone {
+			env.WaitHandlers()
+			if n, reasons := run.CloseCalls(); n != 1 || reasons[0] != contract.OutcomeClientGone {
 				t.Errorf("Close called %d times with %q, want once with %q", n, reasons, contract.OutcomeClientGone)
 			}
 			if rec, err := store.Get(context.Background(), "", id); err != nil || rec.Status != "cancelled" {
@@ -835,7 +837,7 @@ func TestResponses_NoReasoningWhenNone(t *testing.T) {
 		items  int
 	}{{`"none"`, 1}, {`"low"`, 2}} {
 		run := scriptedRun(normalized, events(started(), thinkingDelta("pondering"), delta("answer")), events(complete("stop")))
-		env := newEnv(t, Config{}, runWith(run))
+		env := newEnv(t, envConfig{}, runWith(run))
 		obj := createResponse(t, env, `{"model":"m","input":"hi","reasoning":{"effort":`+tc.effort+`}}`, nil)
 		out := obj["output"].([]any)
 		if len(out) != tc.items || out[len(out)-1].(map[string]any)["type"] != "message" {
@@ -856,7 +858,7 @@ func TestResponses_OrphanedBackground(t *testing.T) {
 		Response: json.RawMessage(`{"id":"resp_old","object":"response","status":"in_progress","background":true,"error":null}`)}); err != nil {
 		t.Fatal(err)
 	}
-	env := newEnv(t, Config{Responses: store, Runs: newRunsManager(t)}, okRun)
+	env := newEnv(t, envConfig{Responses: store, Runs: newRunsManager(t)}, okRun)
 	for range 2 {
 		resp := env.get(t, "/v1/responses/resp_old")
 		if resp.status != http.StatusOK || !strings.Contains(resp.body, `"status":"failed"`) || !strings.Contains(resp.body, errResponseOrphaned) {
@@ -875,7 +877,7 @@ func TestResponses_OrphanedBackground(t *testing.T) {
 // background response only: for another, 400 naming stream; stream=false
 // is a plain retrieve.
 func TestRegression_RetrieveWithStreamIsRefused(t *testing.T) {
-	env := newEnv(t, Config{Responses: newResponseStore(t)}, okRun)
+	env := newEnv(t, envConfig{Responses: newResponseStore(t)}, okRun)
 	id := createResponse(t, env, `{"model":"m","input":"hi"}`, nil)["id"].(string)
 	for _, q := range []string{"?stream=true", "?stream=true&starting_after=3", "?stream=1"} {
 		resp := env.get(t, "/v1/responses/"+id+q)

@@ -1,4 +1,4 @@
-package api
+package responses
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 
+	"iop/internal/edge/api"
 	"iop/internal/runs"
 	"iop/internal/sse"
 )
@@ -92,12 +93,12 @@ func (l *responseEventLog) next(ctx context.Context, from int) (evs [][]byte, do
 
 // responseEventsOf returns the event log of the request key's background
 // response id that this edge keeps; nil for none.
-func (h *handler) responseEventsOf(ctx context.Context, id string) *responseEventLog {
-	if h.cfg.Runs == nil {
+func (s *server) responseEventsOf(ctx context.Context, id string) *responseEventLog {
+	if s.runs == nil {
 		return nil
 	}
-	run := h.cfg.Runs.Live(id)
-	if run == nil || run.Record().KeyName != keyName(ctx) {
+	run := s.runs.Live(id)
+	if run == nil || run.Record().KeyName != api.KeyName(ctx) {
 		return nil
 	}
 	l, _ := run.Attached().(*responseEventLog)
@@ -111,34 +112,34 @@ func (h *handler) responseEventsOf(ctx context.Context, id string) *responseEven
 // whose events this edge does not keep (not a background one, another
 // edge's, or one ended longer ago than the runs' retention); 404 for an
 // id the key has no response of.
-func (h *handler) streamResponse(w http.ResponseWriter, r *http.Request, id string) {
+func (s *server) streamResponse(w http.ResponseWriter, r *http.Request, id string) {
 	after := -1
-	if s := r.URL.Query().Get("starting_after"); s != "" {
-		n, err := strconv.Atoi(s)
+	if v := r.URL.Query().Get("starting_after"); v != "" {
+		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
-			h.writeError(w, r, &requestError{param: "starting_after", message: "must be an integer ≥ 0, the sequence number of an event"}, nil)
+			s.f.WriteError(w, r, api.InvalidParam("starting_after", "must be an integer ≥ 0, the sequence number of an event"), nil)
 			return
 		}
 		after = n
 	}
-	if _, err := h.storedResponse(r.Context(), id); err != nil {
-		h.writeError(w, r, err, nil)
+	if _, err := s.storedResponse(r.Context(), id); err != nil {
+		s.f.WriteError(w, r, err, nil)
 		return
 	}
-	l := h.responseEventsOf(r.Context(), id)
+	l := s.responseEventsOf(r.Context(), id)
 	if l == nil {
-		h.writeError(w, r, &requestError{param: "stream", message: "this edge keeps no events of this response (only of a background response it runs, until some time after it ended): retrieve it without stream"}, nil)
+		s.f.WriteError(w, r, api.InvalidParam("stream", "this edge keeps no events of this response (only of a background response it runs, until some time after it ended): retrieve it without stream"), nil)
 		return
 	}
-	h.followResponse(w, r, l, after)
+	s.followResponse(w, r, l, after)
 }
 
 // followResponse writes the events of l after sequence number after as an
 // SSE stream, flushed as they come, until the log's end or the client
 // goes away (the response runs on either way). A write that fails, or a
 // client gone, aborts the connection.
-func (h *handler) followResponse(w http.ResponseWriter, r *http.Request, l *responseEventLog, after int) {
-	answerFinished(r.Context()) // following a response occupies no provider
+func (s *server) followResponse(w http.ResponseWriter, r *http.Request, l *responseEventLog, after int) {
+	api.AnswerFinished(r.Context()) // following a response occupies no provider
 	header := w.Header()
 	header.Set("Content-Type", "text/event-stream")
 	header.Set("Cache-Control", "no-cache")
