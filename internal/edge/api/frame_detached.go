@@ -148,7 +148,9 @@ func (d *detachedWriter) Write(p []byte) (int, error) {
 type ChatChunks struct{ c chunkRenderer }
 
 // NewChatChunks returns chunks that carry id, created (Unix seconds) and
-// model, handed to sink; sink's error ends the rendering.
+// model, handed to sink; sink's error ends the rendering. data is valid
+// only during the call (the renderer reuses its buffer): a sink that
+// keeps it copies it.
 func NewChatChunks(id string, created int64, model string, sink func(data []byte, text string) error) *ChatChunks {
 	return &ChatChunks{c: chunkRenderer{id: id, created: created, model: model, sink: sink}}
 }
