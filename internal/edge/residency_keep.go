@@ -250,10 +250,11 @@ func (s *Service) keepLoaded(ctx context.Context) {
 }
 
 // keepPass counts, for each alias with keep_loaded N, the providers that
-// hold one of its targets (as their nodes last read: an Ollama's
+// hold any one of its targets (as their nodes last read: an Ollama's
 // /api/ps, a managed provider's servers; a provider whose server holds
 // its models always counts when healthy) or are loading one for the
-// keeper; below N, it asks the nodes of the others to load it, on
+// keeper; below N, it asks the nodes of the others to load the first
+// target each serves, on
 // providers with room (fewer models loaded
 // than their node's max_loaded_models, or no limit known), fewest loaded
 // first, then by node and provider id. It never evicts: a model that
@@ -280,12 +281,22 @@ func (s *Service) keepPass(ctx context.Context) {
 		var free []room
 		for node, cs := range st.nodes.all() {
 			for _, p := range cs.providers {
-				served := ""
+				// served is the first target p serves (the one to load);
+				// p holds the alias when any target it serves is loaded
+				// or being loaded for the keeper.
+				served, holds := "", false
 				for _, t := range ka.targets {
-					if name, ok := p.servedName(t); ok {
-						served = name
-						break
+					name, ok := p.servedName(t)
+					if !ok {
+						continue
 					}
+					if served == "" {
+						served = name
+					}
+					holds = holds || s.keep.pending[keepKey{node, p.id, name}] || slices.ContainsFunc(p.loaded, func(lm *nodev1.LoadedModel) bool {
+						loaded, ok := p.servedName(lm.GetName())
+						return ok && loaded == name
+					})
 				}
 				if served == "" {
 					continue
@@ -297,10 +308,7 @@ func (s *Service) keepPass(ctx context.Context) {
 					if p.healthy && !p.ollamaAPI() {
 						held++
 					}
-				case s.keep.pending[k] || slices.ContainsFunc(p.loaded, func(lm *nodev1.LoadedModel) bool {
-					name, ok := p.servedName(lm.GetName())
-					return ok && name == served
-				}):
+				case holds:
 					held++
 				case cs.draining || !p.healthy || now.Sub(s.keep.failed[k]) < keepRetry:
 				case p.maxLoaded == 0 || len(p.loaded) < p.maxLoaded:

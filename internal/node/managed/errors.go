@@ -19,6 +19,9 @@ var (
 	ErrExited = errors.New("model server exited")
 	// ErrBusy: Unload of a model whose server has runs in flight.
 	ErrBusy = errors.New("model server has runs in flight")
+	// ErrNoRoom: Load of a model while MaxLoaded servers run (or are
+	// starting): a preload never stops another model's server.
+	ErrNoRoom = errors.New("no room for another model server (max_loaded_models): a preload stops none")
 	// ErrStopped: the server was stopped while starting (Close, or another
 	// model needed its place).
 	ErrStopped = errors.New("model server stopped")

@@ -131,6 +131,12 @@ func (m *Manager) Path() nodev1.ExecutionPath { return nodev1.ExecutionPath_EXEC
 // place are woken together, not in arrival order. The caller calls
 // release(c) once.
 func (m *Manager) acquire(ctx context.Context, model string) (*child, error) {
+	return m.acquireFor(ctx, model, false)
+}
+
+// acquireFor is acquire; with preload, instead of stopping a server or
+// waiting for a place it fails with ErrNoRoom.
+func (m *Manager) acquireFor(ctx context.Context, model string, preload bool) (*child, error) {
 	srv, ok := m.cfg.Servers[model]
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownModel, model)
@@ -160,6 +166,11 @@ func (m *Manager) acquire(ctx context.Context, model string) (*child, error) {
 			c.inFlight++
 			m.mu.Unlock()
 			return m.await(ctx, c)
+		case preload:
+			m.dropRoomsLocked(model, held)
+			running := len(m.children)
+			m.mu.Unlock()
+			return nil, fmt.Errorf("%w: %d of %d running", ErrNoRoom, running, m.cfg.MaxLoaded)
 		default:
 			// A room made for model, or held for another, is coming: wait
 			// for it rather than stop another server.
@@ -295,9 +306,10 @@ func (m *Manager) Close() {
 // Load starts the server of model, as a run would, and returns once it
 // is healthy (nil), its start failed, or ctx ended; it counts no run, so
 // the server's TTL starts at once. For a preload (keep_loaded, an admin
-// load).
+// load): unlike a run it never stops another model's server, and fails
+// with ErrNoRoom when MaxLoaded servers run or start.
 func (m *Manager) Load(ctx context.Context, model string) error {
-	c, err := m.acquire(ctx, model)
+	c, err := m.acquireFor(ctx, model, true)
 	if err != nil {
 		return err
 	}
