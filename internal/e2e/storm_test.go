@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"syscall"
@@ -179,6 +180,14 @@ func TestStormAdmitsCapacityPlusQueue(t *testing.T) {
 	waitIdle(t, e)
 	waitWarm(t, e)
 	tr.CloseIdleConnections()
+	// On failure the goroutines left are logged, grouped by stack.
+	t.Cleanup(func() {
+		if t.Failed() && runtime.NumGoroutine() > baseline {
+			var dump strings.Builder
+			_ = pprof.Lookup("goroutine").WriteTo(&dump, 1)
+			t.Logf("goroutines above the baseline of %d:\n%s", baseline, dump.String())
+		}
+	})
 	testenv.Eventually(t, fmt.Sprintf("the goroutine count is back to its baseline of %d", baseline), func() bool {
 		return runtime.NumGoroutine() <= baseline
 	})
