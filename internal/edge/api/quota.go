@@ -45,6 +45,23 @@ type quotaBody struct {
 	Options             struct {
 		NumPredict *float64 `json:"num_predict"`
 	} `json:"options"`
+	NPredict *float64 `json:"n_predict"`
+}
+
+// llamaPath reports whether path is one of llama.cpp's own routes, whose
+// answer length is n_predict (default -1: until the context ends) and
+// which ignore max_tokens (llama.cpp's server README).
+func llamaPath(path string) bool { return path == "/completion" || path == "/infill" }
+
+// noOutputTokens reports whether path's answer is no generated text
+// counted in tokens (embeddings, rerank scores, speech, images): its
+// worst case is its prompt alone, and it is never clamped.
+func noOutputTokens(path string) bool {
+	switch path {
+	case "/v1/embeddings", "/api/embed", "/api/embeddings", "/v1/rerank", "/rerank", "/v1/audio/speech", "/v1/images/generations":
+		return true
+	}
+	return false
 }
 
 // capField is the body field that caps the answer of path's API: where a
@@ -56,6 +73,9 @@ func capField(path string) string {
 	case responsesPath:
 		return "max_output_tokens"
 	}
+	if llamaPath(path) {
+		return "n_predict"
+	}
 	return "max_tokens"
 }
 
@@ -65,8 +85,9 @@ func capField(path string) string {
 // `iop sim`, which counts words; the JSON framing pays for the chat
 // template's tokens), its output tokens the smallest cap it sets
 // (max_tokens, max_completion_tokens, max_output_tokens, Ollama's
-// options.num_predict ≥ 0); capped is false when it sets none. An
-// embedding produces no output tokens. A body that is no JSON object is
+// options.num_predict ≥ 0; on llama.cpp's routes n_predict ≥ 0 alone);
+// capped is false when it sets none. An embedding, a rerank, speech and
+// images produce no output tokens. A body that is no JSON object is
 // a *requestError.
 func quotaAsk(path string, body []byte) (ask quota.Usage, capped bool, err error) {
 	var b quotaBody
@@ -74,12 +95,15 @@ func quotaAsk(path string, body []byte) (ask quota.Usage, capped bool, err error
 		return ask, false, &requestError{message: "The request body is not a JSON object with numeric token caps"}
 	}
 	ask = quota.Usage{Model: b.Model, InputTokens: int64(len(body)), SlotTime: time.Millisecond}
-	switch path {
-	case "/v1/embeddings", "/api/embed", "/api/embeddings":
+	if noOutputTokens(path) {
 		return ask, true, nil
 	}
 	ask.OutputTokens = math.MaxInt64
-	for _, c := range []*float64{b.MaxTokens, b.MaxCompletionTokens, b.MaxOutputTokens, b.Options.NumPredict} {
+	caps := []*float64{b.MaxTokens, b.MaxCompletionTokens, b.MaxOutputTokens, b.Options.NumPredict}
+	if llamaPath(path) {
+		caps = []*float64{b.NPredict}
+	}
+	for _, c := range caps {
 		if c != nil && *c >= 0 {
 			ask.OutputTokens, capped = min(ask.OutputTokens, int64(math.Ceil(*c))), true
 		}
