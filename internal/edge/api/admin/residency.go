@@ -46,8 +46,8 @@ type residencyAnswer struct {
 
 // serveResidency serves POST /admin/v1/providers/{node}/{provider}/load
 // and /unload with {"model": NAME}: the provider's server loads the
-// model and keeps it loaded (until an unload; keep_loaded no longer skips
-// it there), or unloads it (and keep_loaded no longer loads it there).
+// model and keeps it loaded (until an unload), or unloads it; one action,
+// not a setting (keep_loaded applies its own rule afterwards).
 // It answers 200 {"node_id","provider_id","model","status"} once done;
 // 400 a body without a model; 404 another path, or no such connected
 // node, provider or served model; 409 a provider whose server holds its
