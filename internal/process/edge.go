@@ -391,7 +391,7 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 			refuseStopping(w)
 			return
 		}
-		handler.ServeHTTP(w, r)
+		handler.ServeHTTP(&closeWhenDraining{ResponseWriter: w, draining: &e.draining}, r)
 	})
 	// IdleTimeout closes a keep-alive connection idle that long between
 	// requests; a request's body has api.Config.BodyReadTimeout, its
@@ -578,6 +578,50 @@ func refuseStopping(w http.ResponseWriter) {
 	w.WriteHeader(http.StatusServiceUnavailable)
 	_, _ = w.Write([]byte(`{"error":{"message":"the edge is stopping: retry on another edge","type":"server_error","param":null,"code":"edge_shutting_down"}}` + "\n"))
 }
+
+// closeWhenDraining is a request's http.ResponseWriter that adds
+// "Connection: close" to an answer whose header is written once the edge
+// drains: the client then opens a new connection for its next request
+// (to another edge) instead of sending it on this one as the server
+// closes it, which would leave that request with no answer (RFC 9112
+// §9.6). Flush, FlushError and Unwrap keep http.ResponseController
+// working through it.
+type closeWhenDraining struct {
+	http.ResponseWriter
+	draining *atomic.Bool
+	wrote    bool
+}
+
+func (w *closeWhenDraining) header() {
+	if w.wrote {
+		return
+	}
+	w.wrote = true
+	if w.draining.Load() {
+		w.ResponseWriter.Header().Set("Connection", "close")
+	}
+}
+
+func (w *closeWhenDraining) WriteHeader(code int) {
+	if code >= 200 {
+		w.header()
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *closeWhenDraining) Write(b []byte) (int, error) {
+	w.header()
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *closeWhenDraining) Flush() { _ = w.FlushError() }
+
+func (w *closeWhenDraining) FlushError() error {
+	w.header()
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *closeWhenDraining) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // shutdownFinish bounds how long a stopping edge, past its drain timeout,
 // waits for the requests it ended to write their last answer (a client
