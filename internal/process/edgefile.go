@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"gopkg.in/yaml.v3"
 
 	"iop/internal/auth"
@@ -108,7 +109,7 @@ func (f *EdgeFile) SetDefaults() {
 // naming its YAML key.
 func (f EdgeFile) Validate() error {
 	f.SetDefaults()
-	errs := []error{f.ServeConfig.Validate(), f.Config.Validate(), f.HTTPConfig.Validate(), f.AccessConfig.Validate()}
+	errs := []error{f.ServeConfig.Validate(), f.Config.Validate(), f.HTTPConfig.Validate(), f.AccessConfig.Validate(), f.StoreConfig.Validate()}
 	if err := f.Tracing.Validate(func(string) string { return "" }); err != nil {
 		errs = append(errs, fmt.Errorf("%w: tracing: %w", edge.ErrInvalidConfig, err))
 	}
@@ -321,6 +322,22 @@ type StoreConfig struct {
 	// restarts and differ between edges; default cluster.name when the
 	// edge has a cluster section, else the host name.
 	Name string `yaml:"name"`
+}
+
+// Validate refuses a ledger_dsn or runs_dsn that is not a PostgreSQL
+// connection string as pgx parses it (a URL or key=value pairs), without
+// connecting: a typo is found by iop check, not at the first start.
+func (c StoreConfig) Validate() error {
+	var errs []error
+	for _, d := range []struct{ key, dsn string }{{"ledger_dsn", c.LedgerDSN}, {"runs_dsn", c.RunsDSN}} {
+		if d.dsn == "" {
+			continue
+		}
+		if _, err := pgconn.ParseConfig(d.dsn); err != nil {
+			errs = append(errs, invalid("%s is not a PostgreSQL connection string: %v", d.key, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // database is the SQLite file of c: Database, or ":memory:" when unset.
