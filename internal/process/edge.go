@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -568,12 +569,20 @@ func isLoopback(addr string) bool {
 // answer.
 const stopLameDuck = time.Second
 
+// stoppingRetryAfter is refuseStopping's Retry-After, in seconds: one
+// more than stopLameDuck.
+var stoppingRetryAfter = strconv.Itoa(int(stopLameDuck/time.Second) + 1)
+
 // refuseStopping answers a request that arrives while the edge stops:
-// 503 edge_shutting_down with Retry-After, closing the connection.
+// 503 edge_shutting_down, closing the connection, with a Retry-After past
+// stopLameDuck: a client that honors it comes back once the listener is
+// closed and is refused at connect (nothing sent, safe to retry), not at
+// the instant it closes, when the kernel resets a connection still in the
+// listener's backlog after the client sent its request.
 func refuseStopping(w http.ResponseWriter) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
-	h.Set("Retry-After", "1")
+	h.Set("Retry-After", stoppingRetryAfter)
 	h.Set("Connection", "close")
 	w.WriteHeader(http.StatusServiceUnavailable)
 	_, _ = w.Write([]byte(`{"error":{"message":"the edge is stopping: retry on another edge","type":"server_error","param":null,"code":"edge_shutting_down"}}` + "\n"))
