@@ -29,6 +29,12 @@ type BatchPolicy struct {
 	// QueueTimeout is how long one batch request may wait for a slot;
 	// default DefaultBatchQueueTimeout (24h).
 	QueueTimeout time.Duration
+	// Backoff is how long a provider takes no new batch request after an
+	// interactive request that listed it had to wait (it is granted a slot
+	// after queueing): the slots that interactive requests free meanwhile
+	// stay free for the next ones, instead of going to a batch line that
+	// holds them for its whole run. Zero (the default) or negative: none.
+	Backoff time.Duration
 }
 
 func (p BatchPolicy) validate() error {
@@ -54,6 +60,7 @@ func (p BatchPolicy) withDefaults() BatchPolicy {
 	if p.QueueTimeout == 0 {
 		p.QueueTimeout = DefaultBatchQueueTimeout
 	}
+	p.Backoff = max(p.Backoff, 0)
 	return p
 }
 
