@@ -287,16 +287,16 @@ type BatchQueueConfig struct {
 	MaxQueue int `yaml:"max_queue"`
 	// QueueTimeout is how long one batch request may wait; default 24h.
 	QueueTimeout time.Duration `yaml:"queue_timeout"`
-	// Backoff is how long a slot freed by an interactive request that had
-	// waited stays kept for the next interactive request
+	// Backoff is how long an interactive request that had to wait for a
+	// provider keeps one more of its slots from batch requests
 	// (scheduler.BatchPolicy's Backoff); default DefaultBatchBackoff (5s),
 	// negative none.
 	Backoff time.Duration `yaml:"backoff"`
 }
 
-// DefaultBatchBackoff is queue.batch.backoff's default: well above the
-// gap between two interactive arrivals of a loaded model, so a kept slot
-// is taken by the next one.
+// DefaultBatchBackoff is queue.batch.backoff's default: longer than a
+// typical interactive answer, so the requests that waited end and their
+// slots go to the next ones before batch lines take slots again.
 const DefaultBatchBackoff = 5 * time.Second
 
 // backoff is the scheduler's Backoff of b: its default for zero, none

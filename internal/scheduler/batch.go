@@ -30,13 +30,14 @@ type BatchPolicy struct {
 	// QueueTimeout is how long one batch request may wait for a slot;
 	// default DefaultBatchQueueTimeout (24h).
 	QueueTimeout time.Duration
-	// Backoff is how long a slot freed by an interactive request that had
-	// waited for it (granted after queueing) stays kept for the next
-	// interactive request, beyond Headroom: while k such slots of a
-	// provider are kept, a batch request takes one of its slots only if
-	// Headroom + k stay free after it. An interactive request taking a slot
-	// of the provider uses up one kept slot. Zero (the default) or
-	// negative: none.
+	// Backoff is how long an interactive request that had to wait for a
+	// provider (granted a slot after queueing) keeps one more of its slots
+	// from batch requests, beyond Headroom: after k such waits within
+	// Backoff, a batch request takes a slot only if Headroom + k stay free
+	// after it (k at most the capacity), so the slots interactive requests
+	// free stay free for the next ones instead of going to a batch line
+	// that holds them for its whole run. Zero (the default) or negative:
+	// none.
 	Backoff time.Duration
 }
 
@@ -107,72 +108,71 @@ func (s *Scheduler) fitsLocked(r *resource, req *Request) bool {
 
 // batchRoomLocked reports whether a batch request (long or not) may take
 // one of r's slots: r has one and keeps its headroom (headroomLocked) and
-// the slots kept for interactive requests (reservedLocked) free after it. No
+// one slot per recent interactive wait (waitedLocked) free after it. No
 // interactive waiter could use that slot: the pumps hand every free slot
 // to the interactive waiters that can use it first (queue order), and nextResidentLocked never passes one for a batch waiter. An
 // interactive waiter that chose to wait for a provider holding its model
 // (waitHotLocked) rather than load it on r does not hold r back: the
 // headroom keeps a slot of r free for it.
 func (s *Scheduler) batchRoomLocked(r *resource, long bool) bool {
-	return r.fits(long) && r.inFlight+1+s.headroomLocked(r)+s.reservedLocked(r) <= r.capacity
+	return r.fits(long) && r.inFlight+1+s.headroomLocked(r)+s.waitedLocked(r) <= r.capacity
 }
 
-// reservedLocked is how many of r's slots are kept for interactive
-// requests (keepForInteractiveLocked), dropping those that lapsed.
-func (s *Scheduler) reservedLocked(r *resource) int {
-	if len(r.reserved) == 0 {
+// waitedLocked is how many interactive requests waited for r within the
+// batch policy's Backoff (pruning the older ones): r keeps that many more
+// slots from batch requests, beyond its headroom.
+func (s *Scheduler) waitedLocked(r *resource) int {
+	if len(r.waited) == 0 {
 		return 0
 	}
 	now := s.clock.Now()
-	r.reserved = slices.DeleteFunc(r.reserved, func(until time.Time) bool { return !until.After(now) })
-	return len(r.reserved)
+	r.waited = slices.DeleteFunc(r.waited, func(until time.Time) bool { return !until.After(now) })
+	return len(r.waited)
 }
 
-// keepForInteractiveLocked keeps the slot of r that an interactive
-// request which had waited just freed for the next interactive request,
-// for the batch policy's Backoff at most. Interactive requests that
-// waited are granted together as batch lines end, so under a steady load
-// they end together one service time later; without this, queued batch
-// lines took the slots they freed (the headroom rule alone allows it) and
-// held them for their whole runs, the next interactive arrivals waited in
-// turn, and the waits came back every service time. Kept slots are taken
-// by the next interactive requests (takeReservedLocked), at no cost to the
-// batch in a steady state where nothing waits.
-func (s *Scheduler) keepForInteractiveLocked(r *resource) {
-	if s.batch.Backoff <= 0 || r.capacity < 1 {
+// yieldLocked counts a wait of an interactive request granted a slot
+// after queueing on each resource of cands (those it listed and waited
+// for), for the batch policy's Backoff. Under a steady interactive load
+// the requests that waited end together; without it, batch lines took
+// the slots they freed (the headroom rule alone allows it) and held them
+// for their runs, the next interactive arrivals waited in turn, and the
+// waits came back every service time. An occasional wait holds back one
+// slot for Backoff; a burst of them, as many. A timer hands the slots out
+// (pumpResourceLocked) when a wait stops counting.
+func (s *Scheduler) yieldLocked(cands []choice) {
+	if s.batch.Backoff <= 0 {
 		return
 	}
-	s.reservedLocked(r)
-	if len(r.reserved) >= r.capacity {
-		r.reserved = slices.Delete(r.reserved, 0, 1)
-	}
-	r.reserved = append(r.reserved, s.clock.Now().Add(s.batch.Backoff))
-	if r.reservedTimer == nil {
-		s.armReservedLocked(r)
+	until := s.clock.Now().Add(s.batch.Backoff)
+	for _, c := range cands {
+		r := c.res
+		if r == nil || r.capacity < 1 {
+			continue
+		}
+		s.waitedLocked(r)
+		if len(r.waited) >= r.capacity {
+			r.waited = slices.Delete(r.waited, 0, 1) // the earliest: each one counts Backoff from its grant
+		}
+		r.waited = append(r.waited, until)
+		if r.waitedTimer == nil {
+			s.armWaitedLocked(r)
+		}
 	}
 }
 
-// takeReservedLocked counts an interactive request's slot of r against
-// the earliest slot kept for one, if any.
-func (s *Scheduler) takeReservedLocked(r *resource) {
-	if s.reservedLocked(r) > 0 {
-		r.reserved = slices.Delete(r.reserved, 0, 1)
-	}
-}
-
-// armReservedLocked sets r's timer for the earliest of r.reserved; when
-// it fires, the kept slots that lapsed are handed out
-// (pumpResourceLocked) and the timer is set for the next one.
-func (s *Scheduler) armReservedLocked(r *resource) {
-	if len(r.reserved) == 0 {
-		r.reservedTimer = nil
+// armWaitedLocked sets r's timer for the earliest of r.waited; when it
+// fires, the waits that passed stop counting, r's free slots are handed
+// out, and the timer is set again for the next one.
+func (s *Scheduler) armWaitedLocked(r *resource) {
+	if len(r.waited) == 0 {
+		r.waitedTimer = nil
 		return
 	}
-	r.reservedTimer = s.clock.AfterFunc(slices.MinFunc(r.reserved, time.Time.Compare).Sub(s.clock.Now()), func() {
+	r.waitedTimer = s.clock.AfterFunc(slices.MinFunc(r.waited, time.Time.Compare).Sub(s.clock.Now()), func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		s.reservedLocked(r)
-		s.armReservedLocked(r)
+		s.waitedLocked(r)
+		s.armWaitedLocked(r)
 		s.pumpResourceLocked(r)
 	})
 }

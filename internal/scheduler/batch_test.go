@@ -399,39 +399,58 @@ func TestBatchNeverForcesABusySwap(t *testing.T) {
 // capacity 4, headroom 1, a batch holding the 3 slots beyond the headroom
 // and more batch lines queued. Two interactive requests arrive together:
 // the first takes the headroom, the second waits for a batch line to end.
-// When both end, the slot the one that waited frees must stay free for
-// the next interactive arrival: before the backoff, a queued batch line
-// took it (the headroom rule alone allows it), so the fourth interactive
+// When both end, the two slots they free must stay free for the next two
+// interactive arrivals: before the backoff, a queued batch line took one
+// of them (the headroom rule alone allows it), so the fourth interactive
 // request waited as the second did, and under a steady interactive load
 // that wait came back every service time (the arrivals that waited end
 // together, the batch fills the gap, the next ones wait again).
 func TestRegression_BatchYieldsAfterAnInteractiveWait(t *testing.T) {
 	f := newBatchFixture(t, BatchPolicy{Headroom: 1, Backoff: 5 * time.Second}, map[string]int{"a": 4})
-	queued := waveAfterBatch(t, f)
+	var batch []*Lease
+	for range 3 {
+		batch = append(batch, leaseOrFail(t, "batch line", mustLease(f.enq(f.preq("m", PriorityBatch)))))
+	}
+	_, queued := f.enq(f.preq("m", PriorityBatch))
+	i1 := leaseOrFail(t, "first interactive", mustLease(f.enq(f.preq("m", PriorityStandard))))
+	_, w2 := f.enq(f.preq("m", PriorityStandard))
+	if w2 == nil {
+		t.Fatal("second interactive request got a slot with 4 of 4 held")
+	}
+	f.clk.Advance(300 * time.Millisecond)
+	batch[0].Release("done")
+	i2 := outcome(w2).lease
+	if i2 == nil {
+		t.Fatal("the batch line's slot did not go to the waiting interactive request")
+	}
+	f.clk.Advance(time.Second)
+	i1.Release("done")
+	i2.Release("done")
 	if r := outcome(queued); r.lease != nil {
-		t.Fatal("a batch line took the slot an interactive request that had waited just freed")
+		t.Fatalf("a batch line took a slot just freed by interactive requests that had to wait (%s)", r.lease.Info().QueueReason)
 	}
 	i3 := leaseOrFail(t, "third interactive", mustLease(f.enq(f.preq("m", PriorityStandard))))
 	i4 := leaseOrFail(t, "fourth interactive", mustLease(f.enq(f.preq("m", PriorityStandard))))
 	i3.Release("done")
 	i4.Release("done")
-	// They did not wait: nothing is kept, the queued line takes a slot.
+	// The backoff over, the queued line takes a slot beyond the headroom
+	// without another release.
+	f.clk.Advance(5 * time.Second)
 	if outcome(queued).lease == nil {
-		t.Fatal("the batch line still waits with 2 of 4 slots free and none kept")
+		t.Fatal("the batch line still waits after the backoff with 2 of 4 slots free")
 	}
 }
 
-// TestBatchBackoffLapses: a slot kept for interactive requests that none
-// takes goes to the queued batch line when the backoff ends, with no
-// other event.
+// TestBatchBackoffLapses: the slot an interactive wait holds back goes to
+// the queued batch line when the backoff ends, with no other event.
 func TestBatchBackoffLapses(t *testing.T) {
 	f := newBatchFixture(t, BatchPolicy{Headroom: 1, Backoff: 5 * time.Second}, map[string]int{"a": 4})
-	queued := waveAfterBatch(t, f)
-	f.clk.Advance(4 * time.Second)
+	queued := waveAfterBatch(t, f) // the wait counts from 0.3 s to 5.3 s; the clock is at 1.3 s
+	f.clk.Advance(3900 * time.Millisecond)
 	if outcome(queued).lease != nil {
-		t.Fatal("the batch line took the kept slot before the backoff ended")
+		t.Fatal("the batch line took the held slot before the backoff ended")
 	}
-	f.clk.Advance(time.Second)
+	f.clk.Advance(100 * time.Millisecond)
 	if outcome(queued).lease == nil {
 		t.Fatal("the batch line still waits after the backoff with 2 of 4 slots free")
 	}

@@ -239,14 +239,13 @@ type resource struct {
 	vtime [3]uint64
 	// held is what it holds loaded; nil: every model (residency unread).
 	held *holding
-	// reserved holds, for each slot freed by an interactive request that
-	// had waited, when it stops being kept for interactive requests (the
-	// batch policy's Backoff after the release), at most capacity of them:
-	// each keeps one more slot from batch requests (batchRoomLocked) until
-	// an interactive request takes a slot or it lapses. reservedTimer hands
-	// the slots out when the earliest lapses.
-	reserved      []time.Time
-	reservedTimer Timer
+	// waited holds when each recent interactive wait for it stops
+	// counting (the batch policy's Backoff after the waiter's grant), at
+	// most capacity of them: each keeps one more of its slots from batch
+	// requests (batchRoomLocked). waitedTimer hands its slots out when the
+	// earliest of them passes.
+	waited      []time.Time
+	waitedTimer Timer
 }
 
 func (r *resource) fits(long bool) bool {
@@ -725,8 +724,6 @@ func (s *Scheduler) reserveLocked(r *resource, c Candidate, req Request, reason 
 	}
 	if req.Priority == PriorityBatch {
 		r.batchInFlight++
-	} else {
-		s.takeReservedLocked(r)
 	}
 	s.leaseSeq++
 	load := s.touchLocked(r, c.Target)
@@ -764,6 +761,9 @@ func (s *Scheduler) grantLocked(w *waiter) bool {
 	}
 	if best.res == nil {
 		return false
+	}
+	if w.band != batchBand {
+		s.yieldLocked(w.cands)
 	}
 	w.state = granted // before unlinkLocked: a granted waiter keeps its flow's cost
 	s.unlinkLocked(w)
@@ -1154,8 +1154,6 @@ func (s *Scheduler) releaseLocked(l *Lease, reason string) bool {
 	}
 	if l.batch {
 		r.batchInFlight--
-	} else if l.info.QueueReason == ReasonQueued {
-		s.keepForInteractiveLocked(r)
 	}
 	s.active--
 	return true
