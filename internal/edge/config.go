@@ -288,9 +288,9 @@ type BatchQueueConfig struct {
 	// QueueTimeout is how long one batch request may wait; default 24h.
 	QueueTimeout time.Duration `yaml:"queue_timeout"`
 	// Backoff is how long an interactive request that had to wait for a
-	// provider keeps one more of its slots from batch requests
-	// (scheduler.BatchPolicy's Backoff); default DefaultBatchBackoff (5s),
-	// negative none.
+	// provider keeps one more of its slots from batch requests, the
+	// headroom at most doubling (scheduler.BatchPolicy's Backoff); default
+	// DefaultBatchBackoff (5s), negative none.
 	Backoff time.Duration `yaml:"backoff"`
 }
 

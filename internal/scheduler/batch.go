@@ -33,10 +33,9 @@ type BatchPolicy struct {
 	// Backoff is how long an interactive request that had to wait for a
 	// provider (granted a slot after queueing) keeps one more of its slots
 	// from batch requests, beyond Headroom: after k such waits within
-	// Backoff, a batch request takes a slot only if Headroom + k stay free
-	// after it (k at most the capacity), so the slots interactive requests
-	// free stay free for the next ones instead of going to a batch line
-	// that holds them for its whole run. Zero (the default) or negative:
+	// Backoff, a batch request takes a slot only if Headroom + min(k,
+	// max(Headroom, 1)) stay free after it — the headroom at most doubles
+	// while interactive requests wait. Zero (the default) or negative:
 	// none.
 	Backoff time.Duration
 }
@@ -115,12 +114,14 @@ func (s *Scheduler) fitsLocked(r *resource, req *Request) bool {
 // (waitHotLocked) rather than load it on r does not hold r back: the
 // headroom keeps a slot of r free for it.
 func (s *Scheduler) batchRoomLocked(r *resource, long bool) bool {
-	return r.fits(long) && r.inFlight+1+s.headroomLocked(r)+s.waitedLocked(r) <= r.capacity
+	h := s.headroomLocked(r)
+	return r.fits(long) && r.inFlight+1+h+min(s.waitedLocked(r), max(h, 1)) <= r.capacity
 }
 
 // waitedLocked is how many interactive requests waited for r within the
 // batch policy's Backoff (pruning the older ones): r keeps that many more
-// slots from batch requests, beyond its headroom.
+// slots from batch requests, beyond its headroom, up to the headroom again
+// (at least one): batchRoomLocked.
 func (s *Scheduler) waitedLocked(r *resource) int {
 	if len(r.waited) == 0 {
 		return 0
@@ -137,8 +138,9 @@ func (s *Scheduler) waitedLocked(r *resource) int {
 // the slots they freed (the headroom rule alone allows it) and held them
 // for their runs, the next interactive arrivals waited in turn, and the
 // waits came back every service time. An occasional wait holds back one
-// slot for Backoff; a burst of them, as many. A timer hands the slots out
-// (pumpResourceLocked) when a wait stops counting.
+// slot for Backoff; a burst of them, as many as the headroom again. A
+// timer hands the slots out (pumpResourceLocked) when a wait stops
+// counting.
 func (s *Scheduler) yieldLocked(cands []choice) {
 	if s.batch.Backoff <= 0 {
 		return

@@ -489,3 +489,38 @@ func waveAfterBatch(t *testing.T, f *fixture) *waiter {
 
 // mustLease is l, dropping the waiter of an enqueue.
 func mustLease(l *Lease, _ *waiter) *Lease { return l }
+
+// TestBatchBackoffAtMostDoublesTheHeadroom: capacity 6, headroom 1, two
+// interactive waits within the backoff hold back one slot beyond the
+// headroom, not two: with 3 of 6 slots held by batch lines, one more
+// batch line starts (2 stay free), a second does not.
+func TestBatchBackoffAtMostDoublesTheHeadroom(t *testing.T) {
+	f := newBatchFixture(t, BatchPolicy{Headroom: 1, Backoff: 5 * time.Second}, map[string]int{"a": 6})
+	var batch []*Lease
+	for range 5 {
+		batch = append(batch, leaseOrFail(t, "batch line", mustLease(f.enq(f.preq("m", PriorityBatch)))))
+	}
+	_, q1 := f.enq(f.preq("m", PriorityBatch))
+	_, q2 := f.enq(f.preq("m", PriorityBatch))
+	inter := []*Lease{leaseOrFail(t, "first interactive", mustLease(f.enq(f.preq("m", PriorityStandard))))}
+	_, w2 := f.enq(f.preq("m", PriorityStandard))
+	_, w3 := f.enq(f.preq("m", PriorityStandard))
+	batch[0].Release("done")
+	batch[1].Release("done")
+	for _, w := range []*waiter{w2, w3} {
+		l := outcome(w).lease
+		if l == nil {
+			t.Fatal("a freed batch slot did not go to a waiting interactive request")
+		}
+		inter = append(inter, l)
+	}
+	for _, l := range inter {
+		l.Release("done")
+	}
+	if outcome(q1).lease == nil {
+		t.Fatal("no batch line started with 3 of 6 slots free, headroom 1 and two waits")
+	}
+	if outcome(q2).lease != nil {
+		t.Fatal("a second batch line started: the two waits held back less than one slot beyond the headroom")
+	}
+}
