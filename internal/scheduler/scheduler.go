@@ -239,6 +239,13 @@ type resource struct {
 	vtime [3]uint64
 	// held is what it holds loaded; nil: every model (residency unread).
 	held *holding
+	// waited holds when each recent interactive wait for it stops
+	// counting (the batch policy's Backoff after the waiter's grant), at
+	// most capacity of them: each keeps one more of its slots from batch
+	// requests (batchRoomLocked). waitedTimer hands its slots out when the
+	// earliest of them passes.
+	waited      []time.Time
+	waitedTimer Timer
 }
 
 func (r *resource) fits(long bool) bool {
@@ -754,6 +761,9 @@ func (s *Scheduler) grantLocked(w *waiter) bool {
 	}
 	if best.res == nil {
 		return false
+	}
+	if w.band != batchBand {
+		s.yieldLocked(w.cands)
 	}
 	w.state = granted // before unlinkLocked: a granted waiter keeps its flow's cost
 	s.unlinkLocked(w)
