@@ -310,11 +310,11 @@ func (r *resource) runsModel(model string) bool {
 
 // Eviction costs (evictionCostLocked), cheapest first.
 const (
-	evictNothing = iota // r has room, or its limit is unknown
-	evictIdle           // the victim has no run in flight and no waiter
-	evictWanted         // a waiter listing r asks for the victim, or it is kept
-	evictInDemand       // the victim was asked for more than the load's model waits: the swap waits
-	evictBusy           // the victim has runs in flight: the swap waits for them
+	evictNothing  = iota // r has room, or its limit is unknown
+	evictIdle            // the victim has no run in flight and no waiter
+	evictWanted          // a waiter listing r asks for the victim, or it is kept
+	evictInDemand        // the victim was asked for more than the load's model waits: the swap waits
+	evictBusy            // the victim has runs in flight: the swap waits for them
 )
 
 // evictionCostLocked ranks loading model on r, which does not hold it,
