@@ -445,6 +445,14 @@ func TestMediaRoutesRefuseInTheirShape(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A second model field after a file the edge relays before it sees it.
+	var twice bytes.Buffer
+	mw := multipart.NewWriter(&twice)
+	_ = mw.WriteField("model", "m")
+	fw, _ := mw.CreateFormFile("file", "a.wav")
+	_, _ = io.CopyN(fw, newPattern(), 1<<20)
+	_ = mw.WriteField("model", "chat-only")
+	_ = mw.Close()
 	for _, tc := range []struct {
 		name, path, contentType, body string
 		status                        int
@@ -459,6 +467,7 @@ func TestMediaRoutesRefuseInTheirShape(t *testing.T) {
 		{"no model", "/infill", "application/json", `{"input_prefix":"a","input_suffix":"b"}`, 400, "invalid_request", "model", false},
 		{"no documents", "/rerank", "application/json", `{"model":"m","query":"q"}`, 400, "invalid_request", "documents", false},
 		{"not multipart", "/v1/audio/transcriptions", "application/json", `{"model":"m"}`, 400, "invalid_request", "multipart", false},
+		{"model field repeated", "/v1/audio/transcriptions", mw.FormDataContentType(), twice.String(), 400, "invalid_request", "model", true},
 		{"no model field", "/v1/audio/transcriptions", "multipart/form-data; boundary=XX", "--XX\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n\r\nabc\r\n--XX--\r\n", 400, "invalid_request", "model", false},
 		{"JSON body over the body limit", "/v1/rerank", "application/json", `{"model":"m","query":"` + strings.Repeat("q", 2<<20) + `"}`, 413, "request_too_large", "", false},
 	} {

@@ -1,12 +1,14 @@
 package media
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"io"
 	"mime"
 	"mime/multipart"
 	"net/http"
+	"net/textproto"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -79,9 +81,113 @@ func (s *server) transcription(w http.ResponseWriter, r *http.Request) {
 		Needs:     []string{CapTranscription},
 		Headers:   headers,
 		BodyFrom: func(served string) io.Reader {
-			return io.MultiReader(sp.reader(at, model, served), rest)
+			return relayBody(sp, at, model, served, rest, boundary)
 		},
 	})
+}
+
+// relayBody is the body the provider receives: the spool's bytes with
+// the model field's value (at) replaced by served, then rest, the
+// client's body after the spool, read through a oneModel check: a body
+// with another part named "model" fails, at that part's headers, with a
+// 400 naming the field, before any byte of it is relayed. Model servers
+// disagree on a repeated field (Go's FormValue takes the first,
+// Starlette's forms, as vLLM's, the last): the edge routes and checks the
+// first, so a second one could run a model the key may not use.
+func relayBody(sp *spool, at int64, model, served string, rest io.Reader, boundary string) io.Reader {
+	return &oneModel{r: io.MultiReader(sp.reader(at, model, served), rest), delim: []byte("\r\n--" + boundary), pending: []byte("\r\n")}
+}
+
+// errModelRepeated: a multipart body has more than one part named model.
+var errModelRepeated = api.InvalidParam("model", "the model field must be given once; the multipart body repeats it")
+
+// Bounds of oneModel's scan.
+const (
+	// maxPartHeader is the most bytes of one part's headers read; longer
+	// headers are not looked into (Go's and Starlette's parsers refuse
+	// far less).
+	maxPartHeader = 16 << 10
+)
+
+// oneModel relays a multipart body as it reads it, and fails it with
+// errModelRepeated at the headers of a second part named "model". It
+// keeps at most maxPartHeader + the delimiter's length bytes.
+type oneModel struct {
+	r       io.Reader
+	delim   []byte // CRLF "--" boundary
+	pending []byte // bytes read but not yet scanned past (a delimiter may start in them)
+	models  int    // parts named model seen
+	err     error
+}
+
+func (o *oneModel) Read(p []byte) (int, error) {
+	if o.err != nil {
+		return 0, o.err
+	}
+	n, err := o.r.Read(p)
+	if n > 0 {
+		o.pending = append(o.pending, p[:n]...)
+		if o.scan() {
+			o.err = errModelRepeated
+			return 0, o.err
+		}
+	}
+	return n, err
+}
+
+// scan looks for part headers in pending and reports whether a second
+// part named model began; it drops what it no longer needs.
+func (o *oneModel) scan() bool {
+	for {
+		i := bytes.Index(o.pending, o.delim)
+		if i < 0 {
+			o.pending = keepTail(o.pending, len(o.delim)-1)
+			return false
+		}
+		head := o.pending[i+len(o.delim):]
+		end := bytes.Index(head, []byte("\r\n\r\n"))
+		if end < 0 {
+			if len(head) > maxPartHeader {
+				o.pending = keepTail(o.pending, len(o.delim)-1)
+			} else {
+				o.pending = o.pending[i:]
+			}
+			return false
+		}
+		if partName(head[:end+4]) == "model" {
+			o.models++
+			if o.models > 1 {
+				return true
+			}
+		}
+		o.pending = head[end+4:]
+	}
+}
+
+// keepTail is b's last n bytes, moved to b's start.
+func keepTail(b []byte, n int) []byte {
+	if len(b) <= n {
+		return b
+	}
+	return append(b[:0], b[len(b)-n:]...)
+}
+
+// partName is the form name of a part whose delimiter line's rest and
+// headers are head (ending in a blank line); "" when it has none.
+func partName(head []byte) string {
+	line := bytes.IndexByte(head, '\n')
+	if line < 0 {
+		return ""
+	}
+	hdr, err := textproto.NewReader(bufio.NewReader(bytes.NewReader(head[line+1:]))).ReadMIMEHeader()
+	if err != nil && len(hdr) == 0 {
+		return ""
+	}
+	_, params, err := mime.ParseMediaType(hdr.Get("Content-Disposition"))
+	if err != nil {
+		return ""
+	}
+	return params["name"]
 }
 
 // readModel reads a multipart body up to its model field and returns the
