@@ -42,7 +42,7 @@ type mediaRig struct {
 	url string
 }
 
-func newMediaRig(t *testing.T, maxUpload int64) *mediaRig {
+func newMediaRig(t *testing.T, maxUpload int64, opts ...func(*process.EdgeFile)) *mediaRig {
 	t.Helper()
 	s, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m", "chat-only"}, DefaultMaxTokens: 8})
 	cfg := harness.EdgeConfig(map[string]edge.ModelConfig{"asr": {Targets: []string{"m"}}})
@@ -50,6 +50,9 @@ func newMediaRig(t *testing.T, maxUpload int64) *mediaRig {
 	cfg.Database = db
 	cfg.MaxBodyBytes = 1 << 20
 	cfg.MaxUploadBytes = maxUpload
+	for _, o := range opts {
+		o(&cfg)
+	}
 	ctx := context.Background()
 	e := harness.Edge(t, ctx, cfg)
 	harness.Node(t, ctx, node.Config{NodeID: "n", Edge: e.NodeAddr, Providers: []node.ProviderConfig{

@@ -11,7 +11,9 @@ import (
 	"net/textproto"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"iop/internal/edge/api"
 	"iop/internal/edge/contract"
@@ -48,7 +50,8 @@ var errUploadEnded = errors.New("the upload's request ended")
 // to its model field, then relayed, model field set to the served
 // model's name, to a provider with capability "transcription". 400 for a
 // body that is not multipart/form-data or has no model field; 413 over
-// Config.MaxUploadBytes.
+// Config.MaxUploadBytes; 408 when the body pauses longer than
+// Config.UploadIdleTimeout (or is not in within UploadReadTimeout).
 func (s *server) transcription(w http.ResponseWriter, r *http.Request) {
 	ct := r.Header.Get("Content-Type")
 	mt, params, err := mime.ParseMediaType(ct)
@@ -57,9 +60,11 @@ func (s *server) transcription(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	boundary := params["boundary"]
+	body := newIdleBody(w, r.Body, s.cfg.UploadIdleTimeout, time.Now().Add(s.cfg.UploadReadTimeout))
+	defer body.stop()
 	sp := &spool{dir: s.cfg.SpoolDir}
 	defer sp.close()
-	model, err := readModel(io.TeeReader(r.Body, sp), boundary)
+	model, err := readModel(io.TeeReader(body, sp), boundary)
 	if err != nil {
 		api.WriteError(w, r, err)
 		return
@@ -69,7 +74,7 @@ func (s *server) transcription(w http.ResponseWriter, r *http.Request) {
 		api.WriteError(w, r, api.InvalidParam("model", "the model field is not a plain form field"))
 		return
 	}
-	rest := &gate{r: r.Body}
+	rest := &gate{r: body}
 	defer rest.closed.Store(true)
 	headers := map[string]string{"Content-Type": ct}
 	if v := r.Header.Get("Accept"); v != "" {
@@ -316,6 +321,72 @@ func (s *spool) reader(at int64, model, served string) io.Reader {
 func (s *spool) close() {
 	if s.file != nil {
 		s.file.Close()
+	}
+}
+
+// idleBody is an upload's body whose each read waits at most idle for
+// bytes: then the connection's read deadline is set to the past, so the
+// read fails with os.ErrDeadlineExceeded (api.BodyError: 408), whichever
+// goroutine reads (the handler before its relay, the run's stream
+// after). Between reads (a queue wait, a provider slow to take the body)
+// nothing is watched. A read that brings bytes as its watch fires gets the
+// body's whole deadline (UploadReadTimeout from the handler's start) back.
+type idleBody struct {
+	r        io.Reader
+	rc       *http.ResponseController
+	idle     time.Duration
+	deadline time.Time
+
+	mu      sync.Mutex
+	timer   *time.Timer
+	reads   uint64 // reads started; a watch acts only for the current one
+	reading bool
+	fired   bool // the current read's watch set the deadline to the past
+	done    bool // the handler returned: rc is not to be used
+}
+
+// newIdleBody watches body's reads on w's connection; deadline is the
+// body's whole read deadline.
+func newIdleBody(w http.ResponseWriter, body io.Reader, idle time.Duration, deadline time.Time) *idleBody {
+	return &idleBody{r: body, rc: http.NewResponseController(w), idle: idle, deadline: deadline}
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	b.reads++
+	read := b.reads
+	b.reading, b.fired = true, false
+	b.timer = time.AfterFunc(b.idle, func() { b.expire(read) })
+	b.mu.Unlock()
+	n, err := b.r.Read(p)
+	b.mu.Lock()
+	b.timer.Stop()
+	if b.fired && err == nil && !b.done {
+		_ = b.rc.SetReadDeadline(b.deadline)
+	}
+	b.reading, b.fired = false, false
+	b.mu.Unlock()
+	return n, err
+}
+
+// expire ends read number read, if it still waits.
+func (b *idleBody) expire(read uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.done || !b.reading || read != b.reads {
+		return
+	}
+	b.fired = true
+	_ = b.rc.SetReadDeadline(time.Now())
+}
+
+// stop ends the watch; called when the handler returns.
+func (b *idleBody) stop() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.done = true
+	if b.timer != nil {
+		b.timer.Stop()
 	}
 }
 
