@@ -3,6 +3,7 @@ package media
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"mime"
@@ -76,6 +77,9 @@ func (s *server) transcription(w http.ResponseWriter, r *http.Request) {
 	}
 	rest := &gate{r: body}
 	defer rest.closed.Store(true)
+	ctx, cancel := body.context(r)
+	defer cancel()
+	r = r.WithContext(ctx)
 	headers := map[string]string{"Content-Type": ct}
 	if v := r.Header.Get("Accept"); v != "" {
 		headers["Accept"] = v
@@ -342,6 +346,7 @@ type idleBody struct {
 	reads   uint64 // reads started; a watch acts only for the current one
 	reading bool
 	fired   bool // the current read's watch set the deadline to the past
+	expired bool // a read failed at the watch's deadline
 	done    bool // the handler returned: rc is not to be used
 }
 
@@ -363,6 +368,7 @@ func (b *idleBody) Read(p []byte) (int, error) {
 	b.timer.Stop()
 	if b.fired && err == nil && !b.done {
 		_ = b.rc.SetReadDeadline(b.deadline)
+		b.expired = false
 	}
 	b.reading, b.fired = false, false
 	b.mu.Unlock()
@@ -376,8 +382,28 @@ func (b *idleBody) expire(read uint64) {
 	if b.done || !b.reading || read != b.reads {
 		return
 	}
-	b.fired = true
+	b.fired, b.expired = true, true
 	_ = b.rc.SetReadDeadline(time.Now())
+}
+
+// context is r's context, cancelled with it unless the cancel comes from
+// a read that failed at the watch's deadline (net/http cancels a request
+// whose connection read fails): the run then ends on its body's read
+// error, answered 408, not as a client gone; stop ends it.
+func (b *idleBody) context(r *http.Request) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	unwatch := context.AfterFunc(r.Context(), func() {
+		b.mu.Lock()
+		expired := b.expired
+		b.mu.Unlock()
+		if !expired {
+			cancel()
+		}
+	})
+	return ctx, func() {
+		unwatch()
+		cancel()
+	}
 }
 
 // stop ends the watch; called when the handler returns.
