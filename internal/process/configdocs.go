@@ -86,6 +86,7 @@ var configDocs = configschema.Docs{
 	"process.HTTPConfig.max_answer_bytes": {Text: "The largest answer the edge reads from a provider for a translated (normalized) or buffered answer, and the longest single stream line, in bytes; larger fails with 502.", Example: "268435456"},
 	"process.HTTPConfig.max_body_bytes":   {Text: "The largest client request body, in bytes; larger gets 413.", Example: "67108864"},
 	"process.HTTPConfig.max_upload_bytes": {Text: "The largest multipart upload (POST /v1/audio/transcriptions), in bytes, apart from max_body_bytes: it is streamed to the provider, never held whole; larger gets 413.", Default: "1073741824", Example: "4294967296"},
+	"process.HTTPConfig.upload_idle_timeout": {Text: "The longest a multipart upload's body (POST /v1/audio/transcriptions) may pause: a client that sends nothing this long gets 408 and its run's provider slot is released. Time in a queue does not count.", Default: "1m", Example: "2m"},
 	"process.HTTPConfig.write_timeout":    {Text: "A client that reads nothing of its answer this long loses its run (its slot is released).", Example: "2m"},
 	"process.ServeConfig.drain_timeout":   {Text: "On SIGTERM or SIGINT: how long the requests in flight may take before they are ended with 503 `edge_shutting_down` (a second signal stops at once).", Example: "1m"},
 	"process.StoreConfig.database":        {Text: "SQLite file of run records, stored Responses and the usage ledger; `:memory:` keeps nothing.", Example: "/var/lib/iop/edge.db"},

@@ -358,7 +358,7 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 	routes := admin.Routes(e.obs.adminConfig(admin.Config{Snapshots: svc, Usage: e.usage, Residency: svc, Quotas: e.Quota,
 		TeamOf: e.teamOf, Logger: e.logger}))
 	maps.Copy(routes, batchapi.Routes(e.batches.svc, e.logger))
-	mediaRoutes, bodyLimits := media.Routes(media.Config{MaxUploadBytes: e.cfg.MaxUploadBytes})
+	mediaRoutes, bodyLimits := media.Routes(media.Config{MaxUploadBytes: e.cfg.MaxUploadBytes, UploadIdleTimeout: e.cfg.UploadIdleTimeout})
 	maps.Copy(routes, mediaRoutes)
 	handler := api.New(e.obs.apiConfig(api.Config{
 		Stopping:       e.stopping,
