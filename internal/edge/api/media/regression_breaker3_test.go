@@ -1,0 +1,56 @@
+package media
+
+import (
+	"bytes"
+	"io"
+	"mime/multipart"
+	"strings"
+	"testing"
+)
+
+// TestRegression_UploadModelFieldRepeatedPastTheHeaderScan FAILS on main
+// at 00eaa01 (breaker3): a second part named model is relayed to the
+// provider when oneModel does not see its headers: headers over
+// maxPartHeader (16 KiB, a padding header; Go's multipart reader takes
+// up to 10 MiB of them), or headers ended by a bare LF blank line
+// (textproto reads bare LF lines) in the body's last part. A provider's
+// form parser then sees two model fields, the case oneModel refuses.
+func TestRegression_UploadModelFieldRepeatedPastTheHeaderScan(t *testing.T) {
+	t.Parallel()
+	const b = "XXbound"
+	head := "--" + b + "\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n" +
+		"--" + b + "\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nabc\r\n"
+	for _, tc := range []struct{ name, second string }{
+		{"headers over 16 KiB, 200 KiB", "--" + b + "\r\nX-Pad: " + strings.Repeat("a", 200<<10) + "\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nother\r\n--" + b + "--\r\n"},
+		{"headers ended by a bare LF", "--" + b + "\r\nContent-Disposition: form-data; name=\"model\"\n\nother\r\n--" + b + "--\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := []byte(head + tc.second)
+			model, out, err := relayed(t, body, b, "served")
+			if err != nil {
+				t.Logf("refused: %v", err)
+				return
+			}
+			if model != "m" {
+				t.Fatalf("routed by model %q", model)
+			}
+			mr := multipart.NewReader(bytes.NewReader(out), b)
+			for {
+				p, err := mr.NextPart()
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					t.Fatalf("relayed body: %v", err)
+				}
+				if p.FormName() != "model" {
+					continue
+				}
+				v, _ := io.ReadAll(p)
+				if string(v) != "served" {
+					t.Errorf("the provider receives a model field %q beside the routed one (%q, served as %q)", v, model, "served")
+				}
+			}
+		})
+	}
+}
