@@ -1,0 +1,52 @@
+package scheduler
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestRegression_ResidencyBatchWaiterStuckBehindADecayedDemand FAILS on
+// main at 00eaa01 (breaker3) if the batch line is never granted: a batch
+// request for y on a provider that holds only x, just asked for 20 times,
+// is not given the idle provider (x is in more demand than one waiter:
+// evictInDemand), and a batch waiter is never overdue. Once x's demand
+// decays below 1 (about 30 s with max_extra_wait 10s) nothing is asked for
+// any more, the provider is idle, and y should load; the test advances
+// the fake clock 10 minutes, by seconds, with no other request.
+func TestRegression_ResidencyBatchWaiterStuckBehindADecayedDemand(t *testing.T) {
+	checkBatchWaiterGranted(t, 20)
+}
+
+func checkBatchWaiterGranted(t *testing.T, xAsked int) {
+	f := newFixture(t, residencyConfig())
+	f.activate("n1", 1, ResourceSpec{ProviderID: "a", Capacity: 2})
+	f.setLoaded("a", 1, "x")
+	f.setModel("x", "a")
+	f.setModel("y", "a")
+	for range xAsked {
+		l := f.admitNow(f.req("x"))
+		f.clk.Advance(100 * time.Millisecond)
+		l.Release("done")
+	}
+	p := f.admitAsync(context.Background(), f.preq("y", PriorityBatch))
+	for range 600 {
+		select {
+		case <-p.done:
+			l := leaseOf(t, p)
+			if !l.Info().Load {
+				t.Fatalf("y granted without a load: %+v", l.Info())
+			}
+			l.Release("done")
+			return
+		default:
+		}
+		f.clk.Advance(time.Second)
+	}
+	select {
+	case <-p.done:
+		leaseOf(t, p).Release("done")
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the batch request for y still waits 10 min after x's last request on an idle provider (waiters %d)", f.waiters())
+	}
+}
