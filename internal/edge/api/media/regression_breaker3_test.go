@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"mime/multipart"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -84,5 +85,31 @@ func TestRegression_UploadManyPartsCostPerPart(t *testing.T) {
 	})
 	if per := allocs / parts; per >= 4 {
 		t.Errorf("%.1f allocations per relayed part (%v for %d parts)", per, allocs, parts)
+	}
+}
+
+// TestRegression_UploadHugePartHeaderHeldInMemory FAILS on main at
+// 00eaa01 (breaker3): readModel parses part headers with Go's multipart
+// reader, which takes up to 10 MiB of headers per part in memory, so a
+// part with a 9 MiB header before the model field costs the edge ~23 MB
+// of heap per request (8 such uploads at once: RSS 40 MB to 224 MB on a
+// live edge), against the upload design's bound of maxHeldPrefix (1 MiB)
+// held in memory. The bound here: readModel allocates less than 4 MiB.
+func TestRegression_UploadHugePartHeaderHeldInMemory(t *testing.T) {
+	const b = "XXbound"
+	body := "--" + b + "\r\nContent-Disposition: form-data; name=\"x\"\r\nX-Pad: " + strings.Repeat("a", 9<<20) +
+		"\r\n\r\ny\r\n--" + b + "\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--" + b + "--\r\n"
+	sp := &spool{dir: t.TempDir()}
+	defer sp.close()
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_, err := readModel(io.TeeReader(strings.NewReader(body), sp), b)
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		return // refused: fine
+	}
+	if n := after.TotalAlloc - before.TotalAlloc; n >= 4<<20 {
+		t.Errorf("readModel allocated %d MiB for a body with a 9 MiB part header", n>>20)
 	}
 }
