@@ -17,7 +17,7 @@ import (
 // Defaults of Config's zero fields.
 const (
 	DefaultMaxFileBytes     int64 = 200 << 20 // 200 MiB, OpenAI's batch input limit
-	DefaultConcurrency            = 4
+	DefaultConcurrency            = 64
 	DefaultCompletionWindow       = 24 * time.Hour
 	DefaultMaxAttempts            = 8
 	DefaultStartGrace             = 15 * time.Second

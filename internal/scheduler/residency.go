@@ -325,34 +325,37 @@ const (
 // evicts, and does not evict a model in more demand than its own (the
 // pause between two requests of a model in use is not the end of its
 // use): pickResidentLocked takes such a load only for a request that
-// waited MaxExtraWait.
-func (s *Scheduler) evictionCostLocked(r *resource, model string, waiting int) int {
+// waited MaxExtraWait, or, for evictInDemand, hold: what evicting the
+// model is expected to cost its own requests, its demand times its load
+// time (a model that loads in 0.3 s is not worth a 10 s wait), at most
+// MaxExtraWait.
+func (s *Scheduler) evictionCostLocked(r *resource, model string, waiting int) (cost int, hold time.Duration) {
 	h := r.held
 	limit := h.limit()
 	if limit == 0 || len(h.models) < limit {
-		return evictNothing
+		return evictNothing, 0
 	}
 	i, busy := s.victimLocked(r, h.models)
 	if busy {
-		return evictBusy
+		return evictBusy, 0
 	}
 	victim := h.models[i]
-	if victim.name != model && s.demandLocked(&victim) > float64(waiting) {
-		return evictInDemand
+	if d := s.demandLocked(&victim); victim.name != model && d > float64(waiting) {
+		return evictInDemand, min(s.residency.MaxExtraWait, time.Duration(d*float64(s.loadTimeLocked(r, victim.name))))
 	}
 	if s.kept[victim.name] {
-		return evictWanted
+		return evictWanted, 0
 	}
 	for _, hp := range []waitHeap{r.short, r.long} {
 		for _, ref := range hp {
 			for _, c := range ref.w.cands {
 				if c.res == r && c.Target == victim.name {
-					return evictWanted
+					return evictWanted, 0
 				}
 			}
 		}
 	}
-	return evictIdle
+	return evictIdle, 0
 }
 
 // waitingForLocked counts r's waiters whose candidate on r is model.
@@ -409,9 +412,9 @@ func (s *Scheduler) nextResidentLocked(r *resource, top *waiter) *waiter {
 // waitHot true); else the best of the cheapest loads (evictionCostLocked,
 // counting req among its model's waiters unless queued is set), leaving
 // out those that wait for the runs of the model they evict (evictBusy) or
-// would evict a model in more demand (evictInDemand) unless overdue is
-// set.
-func (s *Scheduler) pickResidentLocked(choices []choice, req *Request, wait, overdue, queued bool) (best choice, waitHot bool) {
+// would evict a model in more demand (evictInDemand, until req has waited
+// its hold) unless overdue is set. waited is how long req has been queued.
+func (s *Scheduler) pickResidentLocked(choices []choice, req *Request, wait, overdue, queued bool, waited time.Duration) (best choice, waitHot bool) {
 	hot := newChooser(req)
 	var preferred choice
 	var free []choice
@@ -465,8 +468,8 @@ func (s *Scheduler) pickResidentLocked(choices []choice, req *Request, wait, ove
 		self = 0
 	}
 	for _, c := range free {
-		cost := s.evictionCostLocked(c.res, c.Target, waitingForLocked(c.res, c.Target)+self)
-		if cost >= evictInDemand && !overdue {
+		cost, hold := s.evictionCostLocked(c.res, c.Target, waitingForLocked(c.res, c.Target)+self)
+		if cost >= evictInDemand && !overdue && (cost == evictBusy || waited < hold) {
 			continue
 		}
 		if cost < bestCost {
@@ -499,14 +502,29 @@ func (s *Scheduler) waitHotLocked(w *waiter) {
 // waitSwapLocked bounds the wait of w, queued under a residency policy:
 // once w has waited MaxExtraWait it is offered a slot again, and may then
 // take a load that evicts a model with runs in flight (evictBusy) or pass
-// waiters of models a provider holds (nextResidentLocked).
+// waiters of models a provider holds (nextResidentLocked); before that,
+// once it has waited the hold of a candidate whose load would evict a
+// model in more demand (evictInDemand), it is offered a slot then.
 func (s *Scheduler) waitSwapLocked(w *waiter) {
-	w.swapWait = s.clock.AfterFunc(s.residency.MaxExtraWait, func() {
+	waited := s.clock.Now().Sub(w.enqueued)
+	d := s.residency.MaxExtraWait - waited
+	for _, c := range w.cands {
+		if c.res.held == nil {
+			continue
+		}
+		if cost, hold := s.evictionCostLocked(c.res, c.Target, waitingForLocked(c.res, c.Target)); cost == evictInDemand && hold > waited {
+			d = min(d, hold-waited)
+		}
+	}
+	if d <= 0 {
+		return
+	}
+	w.swapWait = s.clock.AfterFunc(d, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		w.swapWait = nil
-		if w.state == waiting {
-			s.grantLocked(w)
+		if w.state == waiting && !s.grantLocked(w) {
+			s.waitSwapLocked(w)
 		}
 	})
 }

@@ -200,7 +200,7 @@ func (m *rMachine) check(t *rapid.T) {
 			// waits for the runs of the model it evicts, and the demand of
 			// that model decays between the events that reconsider it.
 			waited := now.Sub(w.enqueued)
-			if m.s.evictionCostLocked(c.res, c.Target, 0) != evictNothing {
+			if cost, _ := m.s.evictionCostLocked(c.res, c.Target, 0); cost != evictNothing {
 				if w.swapWait == nil || waited >= m.pol.MaxExtraWait {
 					t.Fatalf("waiter %d (%s) waits %v for a swap on %s", w.seq, w.group.name, waited, c.ProviderID)
 				}

@@ -510,3 +510,49 @@ func TestResidencyAlternatingClientSwapsAtOnce(t *testing.T) {
 		f.clk.Advance(100 * time.Millisecond)
 	}
 }
+
+// TestRegression_ResidencyHoldWeighsTheLoadTime: a swap held back because
+// the model it would evict is in demand waits what evicting that model
+// would cost its own requests (its demand times its load time), not the
+// whole MaxExtraWait: with models that load in 300 ms (a real Ollama's
+// tiny models), a request for a third model waited the full 10 s, and the
+// real-Ollama bench's p99 went from 1.9 s to 10.4 s.
+func TestRegression_ResidencyHoldWeighsTheLoadTime(t *testing.T) {
+	f := newFixture(t, residencyConfig())
+	f.activate("n1", 1, ResourceSpec{ProviderID: "a", Capacity: 2}, ResourceSpec{ProviderID: "b", Capacity: 2})
+	f.setLoaded("a", 1, "x")
+	f.setLoaded("b", 1, "y")
+	for _, m := range []string{"x", "y", "z"} {
+		f.setModel(m, "a", "b")
+		for _, p := range []string{"a", "b"} {
+			f.s.ObserveLoad("n1", p, m, 300*time.Millisecond)
+		}
+	}
+	for range 3 {
+		for _, m := range []string{"x", "y"} {
+			l := f.admitNow(f.req(m))
+			f.clk.Advance(250 * time.Millisecond)
+			l.Release("done")
+			f.clk.Advance(250 * time.Millisecond)
+		}
+	}
+	z := f.admitAsync(context.Background(), f.req("z"))
+	if f.waiters() != 1 {
+		l, err := z.wait()
+		t.Fatalf("z swapped out a model in use at once: %+v %v", l.Info(), err)
+	}
+	// x and y were asked for three times each in 3 s: evicting one costs
+	// its requests about 3 × 300 ms.
+	for range 30 {
+		if f.waiters() == 0 {
+			break
+		}
+		f.clk.Advance(100 * time.Millisecond)
+	}
+	if f.waiters() != 0 {
+		t.Fatalf("z still waits after 3 s for a model that loads in 300 ms (MaxExtraWait 10 s)")
+	}
+	if l := leaseOf(t, z); !l.Info().Load || l.Info().Wait > 1500*time.Millisecond {
+		t.Fatalf("z %+v: want a load after about 0.9 s", l.Info())
+	}
+}

@@ -493,10 +493,10 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	}
 	waitHot := false
 	if s.residency != nil && s.tracksAnyLocked(cands) {
-		best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, true, false, false)
+		best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, true, false, false, 0)
 		if g := s.groups[req.Group]; waitHot && g != nil && s.fullLocked(g, req.Priority) {
 			// No room to wait for a holder: load it where a slot is free.
-			best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, false, false, false)
+			best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, false, false, false, 0)
 		}
 	}
 	if best.res != nil {
@@ -755,7 +755,7 @@ func (s *Scheduler) reserveLocked(r *resource, c Candidate, req Request, reason 
 func (s *Scheduler) grantLocked(w *waiter) bool {
 	var best choice
 	if s.residency != nil && slices.ContainsFunc(w.cands, func(c choice) bool { return c.res.held != nil }) {
-		best, _ = s.pickResidentLocked(w.cands, &w.req, false, s.overdueLocked(w), true)
+		best, _ = s.pickResidentLocked(w.cands, &w.req, false, s.overdueLocked(w), true, s.clock.Now().Sub(w.enqueued))
 	} else {
 		best = s.pickLocked(w.cands, &w.req)
 	}
