@@ -7,13 +7,14 @@ import (
 )
 
 // TestRegression_ResidencyBatchWaiterStuckBehindADecayedDemand FAILS on
-// main at 00eaa01 (breaker3) if the batch line is never granted: a batch
-// request for y on a provider that holds only x, just asked for 20 times,
-// is not given the idle provider (x is in more demand than one waiter:
-// evictInDemand), and a batch waiter is never overdue. Once x's demand
-// decays below 1 (about 30 s with max_extra_wait 10s) nothing is asked for
-// any more, the provider is idle, and y should load; the test advances
-// the fake clock 10 minutes, by seconds, with no other request.
+// main at 1ddb10d (breaker3): a batch request for y on an idle provider
+// that holds only x, just asked for 20 times, is held (evictInDemand, its
+// hold demand x load time, at most max_extra_wait), but a batch waiter
+// gets no swap timer (enqueue arms waitSwapLocked for other bands only)
+// and is never overdue, so when the hold has passed nothing offers it
+// the idle provider again: with no other request it waits out its queue
+// timeout (24 h). The test advances the fake clock 10 minutes, by
+// seconds, with no other request.
 func TestRegression_ResidencyBatchWaiterStuckBehindADecayedDemand(t *testing.T) {
 	checkBatchWaiterGranted(t, 20)
 }
