@@ -4,13 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -185,58 +182,20 @@ func openAIError(t *testing.T, body string) (code, param string) {
 	return code, param
 }
 
-// recordingLedger keeps the usage ledger's entries.
-type recordingLedger struct {
-	mu      sync.Mutex // guards entries
-	entries []ledger.Entry
-}
-
-func (l *recordingLedger) Record(e ledger.Entry) {
-	l.mu.Lock()
-	l.entries = append(l.entries, e)
-	l.mu.Unlock()
-}
-
-func (l *recordingLedger) Aggregate(context.Context, ledger.Query) ([]ledger.Group, error) {
-	return nil, errors.New("unused")
-}
-
-func (l *recordingLedger) all() []ledger.Entry {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.Clone(l.entries)
-}
-
 type records = apitest.Records[api.RequestRecord]
 
 // waitRecorded waits until the observer and the ledger each have n
 // records (failing at more) and returns them.
-func waitRecorded(t *testing.T, recs *records, led *recordingLedger, n int) ([]api.RequestRecord, []ledger.Entry) {
+func waitRecorded(t *testing.T, recs *records, led *apitest.Ledger, n int) ([]api.RequestRecord, []ledger.Entry) {
 	t.Helper()
 	var all []api.RequestRecord
 	var entries []ledger.Entry
-	eventually(t, fmt.Sprintf("%d records and ledger entries", n), func() bool {
-		all, entries = recs.All(), led.all()
+	apitest.Eventually(t, fmt.Sprintf("%d records and ledger entries", n), func() bool {
+		all, entries = recs.All(), led.All()
 		if len(all) > n || len(entries) > n {
 			t.Fatalf("%d records and %d ledger entries, want %d of each: %+v", len(all), len(entries), n, all)
 		}
 		return len(all) == n && len(entries) == n
 	})
 	return all, entries
-}
-
-// eventually waits until cond holds, checking it every 5 ms; it fails
-// the test, naming what, after 30 s.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.After(30 * time.Second)
-	for !cond() {
-		select {
-		case <-tick.C:
-		case <-deadline:
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }
