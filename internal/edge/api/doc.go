@@ -11,7 +11,8 @@
 //	handler.go        New, ServeHTTP: routing, body caps and lingering, write deadlines, abort on nothing written
 //	frame.go          Frame, API, Renderer, ErrorShape: what a client API package serves with; Answer's exported methods
 //	frame_detached.go Frame.ServeDetached (a run with no connection), ChatChunks, and the rest a client API package needs
-//	frame_record.go   DecodeChat, Answer.RelayRecorded, NewRunID: what the runs API records a run with
+//	frame_record.go   Answer.RelayRecorded, NewRunID: what the runs API records a run with
+//	frame_openai.go   Body, DecodeChat: an OpenAI body decoded and checked
 //	access.go         keys, admin prefixes, a key's request slot (admit, answerFinished), model access
 //	quota.go          a key's quota: reservation before queueing, clamp, settlement, rate-limit headers
 //	errors.go         classify: the one mapping of every failure to a status and an OpenAI error body

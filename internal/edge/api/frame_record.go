@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-
-	"iop/internal/edge/contract"
 )
 
 // ErrRunNotFound is the error of a run id the request's key has no run
@@ -29,29 +27,6 @@ var errRunNotFound = errors.New("run not found")
 // CheckModel refuses a model the key of the request whose context is ctx
 // may not use: ErrModelNotAllowed (403); nil on an open API.
 func CheckModel(ctx context.Context, model string) error { return checkModel(ctx, model) }
-
-// DecodeChat decodes body as POST /v1/chat/completions does, with the
-// same 400 errors (*requestError, naming the field), into the request
-// the chat route dispatches for it (Operation chat; no client headers)
-// and its stream_options.include_usage.
-func DecodeChat(body []byte) (req contract.Request, includeUsage bool, err error) {
-	chat, err := decodeChatRequest(body)
-	if err != nil {
-		return contract.Request{}, false, err
-	}
-	req = contract.Request{
-		Model:                chat.Model,
-		Operation:            contract.OperationChat,
-		Stream:               chat.Stream,
-		Body:                 body,
-		Needs:                chat.Needs,
-		EstimatedInputTokens: chat.EstimatedInputTokens,
-	}
-	if err := chat.ollama.moveTo(&req); err != nil {
-		return contract.Request{}, false, err
-	}
-	return req, chat.IncludeUsage, nil
-}
 
 // DecodeValue decodes raw, the value of a request's parameter param, into
 // dst; null or nothing leaves dst alone. A value of another JSON type is

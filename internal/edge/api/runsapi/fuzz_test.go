@@ -46,8 +46,8 @@ func FuzzDecodeRunSubmission(f *testing.F) {
 		if string(top["stream"]) != "true" || string(top["stream_options"]) != `{"include_usage":true}` {
 			t.Fatalf("%q: chat body %s does not stream with usage", body, sub.chat.Body)
 		}
-		chat, includeUsage, err := api.DecodeChat(sub.chat.Body)
-		if err != nil || chat.Model != sub.chat.Model || !chat.Stream || !includeUsage {
+		chat, err := api.DecodeChat(sub.chat.Body)
+		if err != nil || chat.Request.Model != sub.chat.Model || !chat.Request.Stream || !chat.IncludeUsage {
 			t.Fatalf("%q: chat body %s decodes as %+v, %v", body, sub.chat.Body, chat, err)
 		}
 	})

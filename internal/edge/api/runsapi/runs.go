@@ -98,7 +98,7 @@ func decodeRunSubmission(body []byte) (runSubmission, error) {
 	if err := json.Unmarshal(body, &top); err != nil || top == nil {
 		// The chat route's decoding words every way a body fails to be an
 		// object.
-		_, _, derr := api.DecodeChat(body)
+		_, derr := api.DecodeChat(body)
 		if derr == nil {
 			derr = api.InvalidParam("", "the request body must be a JSON object")
 		}
@@ -137,11 +137,11 @@ func decodeRunSubmission(body []byte) (runSubmission, error) {
 	if err != nil {
 		return runSubmission{}, api.InvalidParam("", "the request body cannot be re-encoded: "+err.Error())
 	}
-	chat, _, err := api.DecodeChat(chatBody)
+	chat, err := api.DecodeChat(chatBody)
 	if err != nil {
 		return runSubmission{}, err
 	}
-	s.chat = chat
+	s.chat = chat.Request
 	return s, nil
 }
 
