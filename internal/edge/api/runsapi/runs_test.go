@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -169,5 +170,43 @@ func TestRunEventsAreTheChatStream(t *testing.T) {
 				t.Errorf("the run's log is not the chat stream's bytes\nrun:\n%q\nchat:\n%q", replay, chat)
 			}
 		})
+	}
+}
+
+// TestRegression_RunBrokenAnswerCountsForBreaker: a run whose provider's
+// answer breaks the protocol (a tunnel message on a normalized run) is
+// ended as the provider's failure (Run.Fail, for its circuit breaker), as
+// a chat request's is. The runs API's own copy of the rendering only
+// cancelled it.
+func TestRegression_RunBrokenAnswerCountsForBreaker(t *testing.T) {
+	t.Parallel()
+	run := apitest.ScriptedRun(normalized, apitest.Events(apitest.Started(), apitest.Delta("hi")), apitest.TunnelData("x"))
+	env := newEnv(t, api.Config{}, apitest.RunWith(run))
+	if rec := submitRun(t, env); rec.State != "error" {
+		t.Fatalf("record %+v, want state error", rec)
+	}
+	env.WaitHandlers()
+	reasons := run.CancelReasons()
+	if !slices.ContainsFunc(reasons, func(r string) bool { return strings.HasPrefix(r, "fail: ") }) {
+		t.Errorf("cancel reasons %q: the run was not ended as the provider's failure", reasons)
+	}
+}
+
+// TestRegression_RunFlowFromBodyUser: with flows named by the body's
+// "user" (Config.Flow "user"), a run's flow is its body's user, as a chat
+// request's is. The runs API's own dispatch read no flow from the body.
+func TestRegression_RunFlowFromBodyUser(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, api.Config{Flow: api.FlowUser}, okRun)
+	if rec := submitRun(t, env); rec.State != "complete" {
+		t.Fatalf("record %+v", rec)
+	}
+	resp := env.Post(t, "/v1/runs", "application/json", `{"model":"m","prompt":"x","user":"u-42"}`)
+	if resp.Status != 200 {
+		t.Fatalf("POST /v1/runs: %d %s", resp.Status, resp.Body)
+	}
+	reqs := env.GW.Requests()
+	if len(reqs) != 2 || reqs[1].Flow == reqs[0].Flow || !strings.Contains(reqs[1].Flow, "u-42") {
+		t.Errorf("flows %q and %q, want the second named by its user u-42", reqs[0].Flow, reqs[1].Flow)
 	}
 }
