@@ -23,6 +23,7 @@ import (
 	batchapi "iop/internal/edge/api/batch"
 	"iop/internal/edge/api/media"
 	responsesapi "iop/internal/edge/api/responses"
+	"iop/internal/edge/api/runsapi"
 	"iop/internal/ledger"
 	"iop/internal/node"
 	"iop/internal/quota"
@@ -366,7 +367,6 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 		MaxAnswerBytes: e.cfg.MaxAnswerBytes,
 		WriteTimeout:   e.cfg.WriteTimeout,
 		Ready:          func() bool { return !e.draining.Load() && svc.Ready() },
-		Runs:           e.runManager,
 		Keys:           e.Keys,
 		AdminKeys:      e.AdminKeys,
 		Ledger:         e.usage,
@@ -378,7 +378,7 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 		Shower:         svc,
 		Known:          svc.Known,
 		Routes:         routes,
-		APIs: []api.API{anthropic.Routes, responsesapi.Routes(responsesapi.Config{Store: e.responseStore, Runs: e.runManager,
+		APIs: []api.API{anthropic.Routes, runsapi.Routes(runsapi.Config{Runs: e.runManager}), responsesapi.Routes(responsesapi.Config{Store: e.responseStore, Runs: e.runManager,
 			ReasoningSecret: reasoningSecret(e.cfg.Cluster)})},
 		BodyLimits: bodyLimits,
 	}), svc, e.logger)

@@ -19,7 +19,6 @@ import (
 	"iop/internal/edge/api/apitest"
 	"iop/internal/edge/contract"
 	"iop/internal/ledger"
-	"iop/internal/runs"
 )
 
 // keyFixture is a client keyring and an admin keyring with known secrets.
@@ -63,21 +62,6 @@ func stubAdminRoutes() map[string]Route {
 	return routes
 }
 
-// newRunsManager is a runs manager over an in-memory store.
-func newRunsManager(t *testing.T) *runs.Manager {
-	t.Helper()
-	store, err := runs.OpenSQLite(":memory:")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := runs.NewManager(context.Background(), runs.Config{Store: store})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	return m
-}
-
 func okRun(context.Context, contract.Request) (Run, error) {
 	return scriptedRun(normalized, events(started(), delta("hi"), usageEvent(3, 1), complete("stop"))), nil
 }
@@ -90,7 +74,7 @@ func okRun(context.Context, contract.Request) (Run, error) {
 // model API get 403.
 func TestWrongOrMissingKeys(t *testing.T) {
 	f := newKeys(t, auth.Key{})
-	cfg := Config{Keys: f.keys, AdminKeys: f.admin, Runs: newRunsManager(t), Routes: stubAdminRoutes()}
+	cfg := Config{Keys: f.keys, AdminKeys: f.admin, Routes: stubAdminRoutes()}
 	env := newEnv(t, cfg, okRun)
 	const wrong = "iop-wrong-key-0123456789-do-not-echo"
 	routes := []struct {
@@ -102,8 +86,6 @@ func TestWrongOrMissingKeys(t *testing.T) {
 		{"POST", "/v1/embeddings", `{"model":"m","input":"x"}`, false},
 		{"GET", "/v1/models", "", false},
 		{"GET", "/v1/models/m", "", false},
-		{"POST", "/v1/runs", `{"model":"m","prompt":"x"}`, false},
-		{"GET", "/v1/runs", "", false},
 		{"POST", "/api/chat", `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":false}`, true},
 		{"POST", "/api/generate", `{"model":"m","prompt":"x","stream":false}`, true},
 		{"GET", "/api/tags", "", true},
@@ -246,7 +228,7 @@ func TestOpenAPINeedsNoKey(t *testing.T) {
 func TestModelsAllowedPerKey(t *testing.T) {
 	f := newKeys(t, auth.Key{Models: []string{"m"}})
 	gw := &fakeGateway{models: []string{"m", "alias", "secret-model"}, dispatch: okRun}
-	env := newEnvWithGateway(t, Config{Keys: f.keys, Runs: newRunsManager(t)}, gw, gw)
+	env := newEnvWithGateway(t, Config{Keys: f.keys}, gw, gw)
 
 	var list struct {
 		Data []struct {
@@ -282,7 +264,6 @@ func TestModelsAllowedPerKey(t *testing.T) {
 		{"/v1/chat/completions", `{"model":"secret-model","messages":[{"role":"user","content":"x"}]}`, false},
 		{"/v1/completions", `{"model":"alias","prompt":"x"}`, false},
 		{"/v1/embeddings", `{"model":"secret-model","input":"x"}`, false},
-		{"/v1/runs", `{"model":"secret-model","prompt":"x","background":true}`, false},
 		{"/api/chat", `{"model":"secret-model","messages":[{"role":"user","content":"x"}]}`, true},
 		{"/api/generate", `{"model":"secret-model","prompt":"x"}`, true},
 	} {

@@ -118,9 +118,9 @@ func TestTunnelAnswerNotMatchingItsLengthIsCut(t *testing.T) {
 	}
 }
 
-// The readers of tunnel answers other than the chat relay (the Ollama
-// route, which translates a tunnel answer, and the runs API) read an
-// answer that came in one message as one that came in three.
+// The reader of tunnel answers other than the chat relay (the Ollama
+// route, which translates a tunnel answer) reads an answer that came in
+// one message as one that came in three.
 func TestTunnelWholeAnswerOnTranslatedRoutes(t *testing.T) {
 	for _, form := range []struct {
 		name string
@@ -142,13 +142,6 @@ func TestTunnelWholeAnswerOnTranslatedRoutes(t *testing.T) {
 			}
 			if err := json.Unmarshal([]byte(resp.body), &got); err != nil || resp.status != 200 || got.Message.Content != "from upstream" || !got.Done {
 				t.Errorf("/api/chat: %d %s", resp.status, resp.body)
-			}
-		})
-		t.Run(form.name+"/runs", func(t *testing.T) {
-			env := newEnv(t, Config{Runs: newRunsManager(t)}, runWith(scriptedRun(tunnel, form.msgs()...)))
-			resp := env.post(t, "/v1/runs", "application/json", `{"model":"m","prompt":"hi"}`)
-			if resp.status != 200 || !strings.Contains(resp.body, `"state":"complete"`) {
-				t.Errorf("/v1/runs: %d %s", resp.status, resp.body)
 			}
 		})
 	}

@@ -99,8 +99,6 @@ func TestAnswerFinishedBeforeItsLastByte(t *testing.T) {
 			[]*nodev1.RunUp{vectors(), events(usageEvent(1, 0), complete(""))}, nil, false},
 		{"ollama embed tunnel", "/api/embed", `{"model":"m","input":"x"}`, tunnel, tunJSON(embeddingsJSON), nil, false},
 		{"ollama embeddings tunnel", "/api/embeddings", `{"model":"m","prompt":"x"}`, tunnel, tunJSON(embeddingsJSON), nil, false},
-		{"run", "/v1/runs", `{"model":"m","prompt":"x"}`, normalized, normStream(), nil, false},
-		{"run tunnel", "/v1/runs", `{"model":"m","prompt":"x"}`, tunnel, tunStream(), nil, false},
 		{"refused before dispatch", "/v1/chat/completions", chatStream, normalized, nil, ErrQueueFull, false},
 		{"ollama refused before dispatch", "/api/chat", ollamaChat, normalized, nil, ErrQueueTimeout, false},
 		{"stream failing after its status line", "/v1/chat/completions", chatStream, normalized,
@@ -121,7 +119,7 @@ func TestAnswerFinishedBeforeItsLastByte(t *testing.T) {
 				run = scriptedRun(tc.path_, tc.msgs...)
 				return run, nil
 			}}
-			h := New(Config{Keys: f.keys, Runs: newRunsManager(t)}, gw, nil)
+			h := New(Config{Keys: f.keys}, gw, nil)
 			watch := &writeWatch{caller: alice}
 			var handlers sync.WaitGroup
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

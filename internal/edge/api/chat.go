@@ -120,6 +120,9 @@ type Answer struct {
 	keepSlot bool
 	// eventWriter writes the body's events (events), once it has one.
 	eventWriter *sse.Writer
+	// recorder, if set, is told of the events of a relayed stream
+	// (RelayRecorded).
+	recorder eventRecorder
 }
 
 // recv is Run.Recv with its failures turned into outcomes: io.EOF before a

@@ -9,7 +9,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"iop/internal/auth"
-	"iop/internal/runs"
 )
 
 // DefaultMaxBodyBytes is the request body limit when Config.MaxBodyBytes is 0.
@@ -80,9 +79,6 @@ type Config struct {
 	// the listing leaves it out). Nil: only listed names are known, so a
 	// name no node serves now is 404 rather than 503 where that differs.
 	Known func(model string) bool
-	// Runs, when set, serves the runs API (/v1/runs, see runs.go) with
-	// this manager of run records.
-	Runs *runs.Manager
 	// Observer gets a RequestRecord for every finished API request; nil
 	// means none (each request is still logged).
 	Observer Observer

@@ -17,7 +17,7 @@ func TestOptionalFeaturesOff(t *testing.T) {
 	for _, path := range []string{
 		"/admin/v1/nodes", "/admin/v1/events", "/ui", "/admin/v1/usage", // Routes (package admin)
 		"/metrics",                   // Metrics
-		"/v1/runs", "/v1/runs/run_x", // Runs
+		"/v1/runs", "/v1/runs/run_x", // package runsapi
 	} {
 		resp := env.get(t, path)
 		if resp.status != http.StatusNotFound {

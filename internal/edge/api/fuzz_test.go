@@ -3,7 +3,6 @@ package api
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -15,51 +14,6 @@ import (
 
 	"iop/internal/wire/nodev1"
 )
-
-// FuzzDecodeRunSubmission: a POST /v1/runs body never panics the decoder;
-// a rejection is a *requestError; an accepted one becomes a chat
-// completion request that is a JSON object, always streams with usage,
-// carries none of the runs API's own fields, and passes the chat checks.
-func FuzzDecodeRunSubmission(f *testing.F) {
-	for _, s := range []string{
-		`{"model":"m","prompt":"hi"}`,
-		`{"model":"m","messages":[{"role":"user","content":"hi"}],"background":true,"session_id":"s","metadata":{"k":"v"},"stream":false}`,
-		`{"model":"m","prompt":"x","messages":[]}`,
-		`{"model":"m","prompt":7}`,
-		`{"model":"m","prompt":null,"messages":[{"role":"user","content":"x"}]}`,
-		`{"model":"m","prompt":"x","metadata":{"":"v"}}`,
-		`{"model":"m","prompt":"x","session_id":"a\nb"}`,
-		`{"model":"m","prompt":"x","stream_options":{"include_usage":false},"max_tokens":-1}`,
-		`[]`, `null`, `{`,
-	} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, body []byte) {
-		sub, err := decodeRunSubmission(body)
-		if err != nil {
-			if _, ok := errors.AsType[*requestError](err); !ok {
-				t.Fatalf("%q: error %T %v, want a *requestError", body, err, err)
-			}
-			return
-		}
-		var top map[string]json.RawMessage
-		if err := json.Unmarshal(sub.chatBody, &top); err != nil {
-			t.Fatalf("%q: chat body %q is not a JSON object", body, sub.chatBody)
-		}
-		for _, k := range []string{"prompt", "background", "session_id", "metadata"} {
-			if _, ok := top[k]; ok {
-				t.Fatalf("%q: chat body keeps %q", body, k)
-			}
-		}
-		if string(top["stream"]) != "true" || string(top["stream_options"]) != `{"include_usage":true}` {
-			t.Fatalf("%q: chat body %s does not stream with usage", body, sub.chatBody)
-		}
-		chat, err := decodeChatRequest(sub.chatBody)
-		if err != nil || chat.Model != sub.chat.Model || !chat.Stream || !chat.IncludeUsage {
-			t.Fatalf("%q: chat body %s decodes as %+v, %v", body, sub.chatBody, chat, err)
-		}
-	})
-}
 
 // frames joins protobuf messages into one fuzz input: each is a length
 // byte and that many bytes.

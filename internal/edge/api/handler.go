@@ -20,7 +20,7 @@ import (
 
 // New returns the edge's OpenAI- and Ollama-compatible HTTP handler (routes
 // in the package doc), serving requests by calling gw, with the optional
-// features cfg sets (Admin, Catalog, Shower, Known, Runs, ...). A negative
+// features cfg sets (Admin, Catalog, Shower, Known, ...). A negative
 // cfg.MaxBodyBytes is treated as 0 (the default); call cfg.Validate first
 // to reject it instead. logger may be nil (then nothing is logged).
 func New[R Run](cfg Config, gw Gateway[R], logger *slog.Logger) http.Handler {
@@ -42,9 +42,6 @@ func New[R Run](cfg Config, gw Gateway[R], logger *slog.Logger) http.Handler {
 		"/readyz":              {Method: http.MethodGet, Serve: h.readyz},
 	}
 	maps.Copy(h.routes, h.ollamaRoutes())
-	if h.cfg.Runs != nil {
-		h.routes[runsPath] = Route{Serve: h.runsRoute, Operation: "runs"}
-	}
 	if h.cfg.Metrics != nil {
 		h.routes["/metrics"] = Route{Method: http.MethodGet, Serve: h.cfg.Metrics.ServeHTTP}
 	}
@@ -332,9 +329,6 @@ func (b *requestBody) linger(w *trackingWriter, r *http.Request) {
 
 func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 	rt, ok := h.routes[r.URL.Path]
-	if !ok && h.cfg.Runs != nil && strings.HasPrefix(r.URL.Path, runsPrefix) {
-		rt, ok = Route{Serve: h.runRoute}, true
-	}
 	if !ok && strings.HasPrefix(r.URL.Path, ollamaBlobsPrefix) {
 		rt, ok = Route{Serve: h.ollamaManage}, true
 	}

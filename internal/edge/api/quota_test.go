@@ -162,29 +162,6 @@ func TestQuotaRefusalIsRecordedRefused(t *testing.T) {
 	}
 }
 
-// TestRegression_QuotaOfARunsAPIRunIsKept: a run of the runs API is
-// dispatched by a request of its own, not the POST that submitted it;
-// the POST's reservation must be settled (to what it reserved), not
-// cancelled as if nothing had run, or runs would bypass the quota.
-func TestRegression_QuotaOfARunsAPIRunIsKept(t *testing.T) {
-	t.Parallel()
-	lim := quota.Limits{TokensPerMinute: 1000}
-	f := newKeys(t, auth.Key{Quota: lim})
-	l := quota.New(quota.Config{})
-	keys, teams := auth.QuotaScopes([]auth.Key{{Name: "alice", Quota: lim}}, nil)
-	l.Configure(keys, teams, nil)
-	gw := &fakeGateway{models: []string{"m"}, dispatch: okRun}
-	env := newEnvWithGateway(t, Config{Keys: f.keys, Quota: l, Runs: newRunsManager(t)}, gw, gw)
-	body := `{"model":"m","prompt":"x","max_tokens":300}`
-	if resp := env.send(t, "POST", "/v1/runs", body, bearer(f.alice)); resp.status/100 != 2 {
-		t.Fatalf("%d %s", resp.status, resp.body)
-	}
-	st := l.Status("alice")
-	if len(st) != 1 || st[0].Used != int64(len(body)+300) {
-		t.Fatalf("after a run: %+v, want %d used", st, len(body)+300)
-	}
-}
-
 // FuzzQuotaAsk: for any body, quotaAsk never panics and never asks fewer
 // prompt tokens than the body has bytes; for an uncapped object, setCap
 // writes a cap that quotaAsk then reads back, on every route's field.

@@ -121,7 +121,8 @@ func TestRegression_ClientClosingAfterItsAnswerIsNotClientGone(t *testing.T) {
 // limits (max_concurrent, requests_per_minute, a model it may not use) is
 // a finished request like any other: one record (the log line's, the
 // metrics'), one ledger entry, outcome refused with the error code, under
-// the route's operation, on the OpenAI, Ollama and runs APIs.
+// the route's operation, on the OpenAI and Ollama APIs (package runsapi
+// checks the runs API's).
 func TestKeyRefusalsAreRecordedOnce(t *testing.T) {
 	limited, limitedHash := auth.Generate()
 	f := newKeys(t, auth.Key{MaxConcurrent: 1, Models: []string{"m"}})
@@ -136,7 +137,7 @@ func TestKeyRefusalsAreRecordedOnce(t *testing.T) {
 		return held, nil
 	}}
 	led, recs := &recordingLedger{}, &records{}
-	cfg := Config{Keys: f.keys, Ledger: led, Observer: recs, Runs: newRunsManager(t)}
+	cfg := Config{Keys: f.keys, Ledger: led, Observer: recs}
 	env := newEnvWithGateway(t, cfg, gw, gw)
 	cfgRPM := Config{Keys: rpm, Ledger: led, Observer: recs}
 	gwRPM := &fakeGateway{models: []string{"m"}, dispatch: okRun}
@@ -157,7 +158,6 @@ func TestKeyRefusalsAreRecordedOnce(t *testing.T) {
 		{"chat.completions", "/v1/chat/completions", simpleChat},
 		{"ollama.chat", "/api/chat", `{"model":"m","messages":[{"role":"user","content":"x"}]}`},
 		{"ollama.embed", "/api/embeddings", `{"model":"m","prompt":"x"}`},
-		{"runs", "/v1/runs", `{"model":"m","prompt":"x"}`},
 	} {
 		if resp := env.send(t, "POST", r.path, r.body, bearer(f.alice)); resp.status != 429 {
 			t.Fatalf("%s over max_concurrent: %d %s", r.path, resp.status, resp.body)
@@ -173,7 +173,6 @@ func TestKeyRefusalsAreRecordedOnce(t *testing.T) {
 	for _, r := range []struct{ api, path, body string }{
 		{"chat.completions", "/v1/chat/completions", `{"model":"other","messages":[{"role":"user","content":"x"}]}`},
 		{"ollama.chat", "/api/chat", `{"model":"other","messages":[{"role":"user","content":"x"}]}`},
-		{"runs", "/v1/runs", `{"model":"other","prompt":"x"}`},
 	} {
 		if resp := env.send(t, "POST", r.path, r.body, bearer(f.alice)); resp.status != 403 {
 			t.Fatalf("%s for a model not allowed: %d %s", r.path, resp.status, resp.body)

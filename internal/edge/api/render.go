@@ -58,7 +58,7 @@ var ownHeaders = map[string]bool{"X-Request-Id": true, "Request-Id": true}
 // a broken answer (ErrUpstreamProtocol, errUpstreamEnded): the response is
 // aborted, never ended as if it were complete.
 func (rr *Answer) tunnel() string {
-	hold := finalHold{obs: rr.obs}
+	hold := finalHold{obs: rr.obs, runs: rr.recorder}
 	status := 0 // the head's
 	// declared is the Content-Length the client was told, -1 for none;
 	// fed counts the body's bytes so far.
@@ -255,6 +255,7 @@ func (rr *Answer) failStarted(err error, sse bool) string {
 		rr.abort = true
 		return ReasonWriteFailed
 	}
+	rr.recordError(e)
 	return ReasonUpstreamError
 }
 
