@@ -121,7 +121,7 @@ func TestAnswerFinishedBeforeItsLastByte(t *testing.T) {
 				run = scriptedRun(tc.path_, tc.msgs...)
 				return run, nil
 			}}
-			h := New(Config{Keys: f.keys, Runs: newRunsManager(t)}, gw, nil)
+			h := New(withOpenAI(Config{Keys: f.keys, Runs: newRunsManager(t)}), gw, nil)
 			watch := &writeWatch{caller: alice}
 			var handlers sync.WaitGroup
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
