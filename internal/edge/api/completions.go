@@ -1,6 +1,7 @@
 package api
 
 import (
+	"iop/internal/jsonvalue"
 	"math"
 	"strings"
 )
@@ -59,23 +60,23 @@ func decodeCompletionRequest(body []byte) (completionRequest, error) {
 	if req.Model, err = modelOf(top); err != nil {
 		return completionRequest{}, err
 	}
-	prompt, err := textInputOf(top.get("prompt"), "prompt", false)
+	prompt, err := textInputOf(top.Get("prompt"), "prompt", false)
 	if err != nil {
 		return completionRequest{}, err
 	}
 	req.EstimatedInputTokens = prompt.estimatedTokens()
 	req.Needs = prompt.needs(true)
-	if req.Stream, err = boolOf(top.get("stream"), "stream"); err != nil {
+	if req.Stream, err = boolOf(top.Get("stream"), "stream"); err != nil {
 		return completionRequest{}, err
 	}
 	if req.IncludeUsage, err = includeUsageOf(top); err != nil {
 		return completionRequest{}, err
 	}
-	if err := checkType(top.get("echo"), "echo", wantBool); err != nil {
+	if err := checkType(top.Get("echo"), "echo", wantBool); err != nil {
 		return completionRequest{}, err
 	}
 	for _, name := range []string{"suffix", "user"} {
-		if err := checkType(top.get(name), name, wantString); err != nil {
+		if err := checkType(top.Get(name), name, wantString); err != nil {
 			return completionRequest{}, err
 		}
 	}
@@ -89,22 +90,22 @@ func decodeCompletionRequest(body []byte) (completionRequest, error) {
 		{"logprobs", 0, 5},
 		{"seed", math.MinInt64, math.MaxInt64},
 	} {
-		if err := checkInteger(top.get(f.name), f.name, f.min, f.max); err != nil {
+		if err := checkInteger(top.Get(f.name), f.name, f.min, f.max); err != nil {
 			return completionRequest{}, err
 		}
 	}
 	for _, name := range []string{"temperature", "top_p", "presence_penalty", "frequency_penalty"} {
-		if err := checkNumber(top.get(name), name); err != nil {
+		if err := checkNumber(top.Get(name), name); err != nil {
 			return completionRequest{}, err
 		}
 	}
-	if err := checkStop(top.get("stop")); err != nil {
+	if err := checkStop(top.Get("stop")); err != nil {
 		return completionRequest{}, err
 	}
-	if severalChoicesOf(top.get("n")) || severalChoicesOf(top.get("best_of")) {
+	if severalChoicesOf(top.Get("n")) || severalChoicesOf(top.Get("best_of")) {
 		req.Needs = append(req.Needs, NeedChoices)
 	}
-	if !top.get("logprobs").absent() {
+	if !top.Get("logprobs").Absent() {
 		req.Needs = append(req.Needs, NeedLogprobs)
 	}
 	req.ollama = ollamaMemberOf(top)
@@ -112,8 +113,8 @@ func decodeCompletionRequest(body []byte) (completionRequest, error) {
 }
 
 // modelOf reads the required, non-empty "model".
-func modelOf(top *jsonValue) (string, error) {
-	model, err := stringOf(top.get("model"), "model")
+func modelOf(top *jsonvalue.Value) (string, error) {
+	model, err := stringOf(top.Get("model"), "model")
 	if err != nil {
 		return "", err
 	}
@@ -124,10 +125,10 @@ func modelOf(top *jsonValue) (string, error) {
 }
 
 // includeUsageOf reads "stream_options.include_usage".
-func includeUsageOf(top *jsonValue) (bool, error) {
-	opts := top.get("stream_options")
+func includeUsageOf(top *jsonvalue.Value) (bool, error) {
+	opts := top.Get("stream_options")
 	if err := checkType(opts, "stream_options", wantObject); err != nil {
 		return false, err
 	}
-	return boolOf(opts.get("include_usage"), "stream_options.include_usage")
+	return boolOf(opts.Get("include_usage"), "stream_options.include_usage")
 }

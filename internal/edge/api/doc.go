@@ -20,7 +20,7 @@
 //	chat.go render.go Answer: a run rendered into an http.ResponseWriter; the tunnel relay
 //	chunks.go         chunkRenderer: chat.completion.chunk events for the chat stream, runs and run logs
 //	tunnelhold.go     finalHold: one reader of a tunnel stream, holding the bytes that end it
-//	decode.go         the OpenAI bodies' checks, needs and estimates (one parse, jsonvalue.go)
+//	decode.go         the OpenAI bodies' checks, needs and estimates (one parse, package jsonvalue)
 //	completions.go embeddings.go  the completions and embeddings bodies' checks
 //	ollama*.go        the Ollama routes (translated by package translate)
 //	runs.go runexec.go  the runs API (Config.Runs): a run's chat request executed and recorded

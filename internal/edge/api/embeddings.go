@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"iop/internal/edge/contract"
+	"iop/internal/jsonvalue"
 )
 
 // NeedEmbeddings is the capability an embeddings request needs of its
@@ -52,22 +53,22 @@ func decodeEmbeddingsRequest(body []byte) (embeddingsRequest, error) {
 }
 
 // embeddingsRequestOf is decodeEmbeddingsRequest of a parsed body.
-func embeddingsRequestOf(top *jsonValue) (embeddingsRequest, error) {
+func embeddingsRequestOf(top *jsonvalue.Value) (embeddingsRequest, error) {
 	var req embeddingsRequest
 	var err error
 	if req.Model, err = modelOf(top); err != nil {
 		return embeddingsRequest{}, err
 	}
-	input, err := textInputOf(top.get("input"), "input", true)
+	input, err := textInputOf(top.Get("input"), "input", true)
 	if err != nil {
 		return embeddingsRequest{}, err
 	}
 	req.Inputs, req.EstimatedInputTokens = input.Items, input.estimatedTokens()
 	req.Needs = append([]string{NeedEmbeddings}, input.needs(false)...)
-	if err := checkInteger(top.get("dimensions"), "dimensions", 1, maxDimensions); err != nil {
+	if err := checkInteger(top.Get("dimensions"), "dimensions", 1, maxDimensions); err != nil {
 		return embeddingsRequest{}, err
 	}
-	format, err := stringOf(top.get("encoding_format"), "encoding_format")
+	format, err := stringOf(top.Get("encoding_format"), "encoding_format")
 	if err != nil {
 		return embeddingsRequest{}, err
 	}
@@ -79,7 +80,7 @@ func embeddingsRequestOf(top *jsonValue) (embeddingsRequest, error) {
 		return embeddingsRequest{}, &requestError{param: "encoding_format",
 			message: `must be "float" or "base64", got ` + strconv.Quote(Clip(format))}
 	}
-	if err := checkType(top.get("user"), "user", wantString); err != nil {
+	if err := checkType(top.Get("user"), "user", wantString); err != nil {
 		return embeddingsRequest{}, err
 	}
 	req.ollama = ollamaMemberOf(top)
