@@ -31,11 +31,11 @@ func newHandler(gw *apitest.Gateway) http.Handler {
 	return api.New(cfg, gw, slog.New(slog.DiscardHandler))
 }
 
-// newEnv serves newHandler over a gateway (model m) that hands out what
-// dispatch returns, and checks each run is closed once.
+// newEnv serves newHandler over a gateway that hands out what
+// dispatch returns (models m and alias), and checks each run is closed once.
 func newEnv(t *testing.T, dispatch func(context.Context, contract.Request) (Run, error)) *apitest.Env {
 	t.Helper()
-	gw := &apitest.Gateway{Names: []string{"m"}, DispatchFunc: dispatch}
+	gw := &apitest.Gateway{Names: []string{"m", "alias"}, DispatchFunc: dispatch}
 	return apitest.Start(t, gw, newHandler(gw))
 }
 
