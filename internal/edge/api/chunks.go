@@ -15,7 +15,7 @@ import (
 // (delta.tool_calls with index, and id, type and name on a call's first
 // part), a final chunk with the finish reason and, when asked for, a usage
 // chunk (choices []). The stream's `data: [DONE]` is the sink owner's. The
-// HTTP answer (package openai, through ChatChunks), the runs recorder (runRecorder) and a
+// HTTP answer (chatRender.stream), the runs recorder (runRecorder) and a
 // background response's run log (package responses, through ChatChunks)
 // all render through one.
 //

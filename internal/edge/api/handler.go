@@ -18,12 +18,11 @@ import (
 	"iop/internal/edge/contract"
 )
 
-// New returns the edge's HTTP handler: the frame's routes and those of
-// cfg.APIs and cfg.Routes (package doc), serving requests by calling gw,
-// with the optional features cfg sets (Catalog, Shower, Known, Runs, ...).
-// A negative cfg.MaxBodyBytes is treated as 0 (the default); call
-// cfg.Validate first to reject it instead. logger may be nil (then nothing
-// is logged).
+// New returns the edge's OpenAI- and Ollama-compatible HTTP handler (routes
+// in the package doc), serving requests by calling gw, with the optional
+// features cfg sets (Admin, Catalog, Shower, Known, Runs, ...). A negative
+// cfg.MaxBodyBytes is treated as 0 (the default); call cfg.Validate first
+// to reject it instead. logger may be nil (then nothing is logged).
 func New[R Run](cfg Config, gw Gateway[R], logger *slog.Logger) http.Handler {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
