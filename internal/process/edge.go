@@ -22,6 +22,7 @@ import (
 	"iop/internal/edge/api/anthropic"
 	batchapi "iop/internal/edge/api/batch"
 	"iop/internal/edge/api/media"
+	"iop/internal/edge/api/openai"
 	responsesapi "iop/internal/edge/api/responses"
 	"iop/internal/edge/api/runsapi"
 	"iop/internal/ledger"
@@ -378,7 +379,7 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 		Shower:         svc,
 		Known:          svc.Known,
 		Routes:         routes,
-		APIs: []api.API{anthropic.Routes, runsapi.Routes(runsapi.Config{Runs: e.runManager}), responsesapi.Routes(responsesapi.Config{Store: e.responseStore, Runs: e.runManager,
+		APIs: []api.API{openai.Routes, anthropic.Routes, runsapi.Routes(runsapi.Config{Runs: e.runManager}), responsesapi.Routes(responsesapi.Config{Store: e.responseStore, Runs: e.runManager,
 			ReasoningSecret: reasoningSecret(e.cfg.Cluster)})},
 		BodyLimits: bodyLimits,
 	}), svc, e.logger)

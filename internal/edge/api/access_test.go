@@ -204,7 +204,7 @@ func newEnvWithGateway(t *testing.T, cfg Config, gw Gateway[Run], fake *fakeGate
 		cfg.Now = func() time.Time { return time.Unix(1700000000, 0) }
 	}
 	env := &testEnv{t: t, gw: fake}
-	h := New(withFeatures(cfg, gw), gw, nil)
+	h := New(withOpenAI(withFeatures(cfg, gw)), gw, nil)
 	env.srv = newServer(env, h)
 	return env
 }

@@ -119,7 +119,7 @@ func TestAnswerFinishedBeforeItsLastByte(t *testing.T) {
 				run = scriptedRun(tc.path_, tc.msgs...)
 				return run, nil
 			}}
-			h := New(Config{Keys: f.keys}, gw, nil)
+			h := New(withOpenAI(Config{Keys: f.keys}), gw, nil)
 			watch := &writeWatch{caller: alice}
 			var handlers sync.WaitGroup
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

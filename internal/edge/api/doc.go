@@ -1,8 +1,8 @@
-// Package api is the edge's HTTP API frame and its OpenAI and Ollama
-// routes. A client's request is decoded once, becomes
+// Package api is the edge's HTTP API frame and its Ollama routes. A
+// client's request is decoded once, becomes
 // one Gateway.Dispatch call, and the run the node sends back is rendered
 // in the client's wire format. Client API packages under it register
-// their routes on the frame: anthropic, responses and runsapi through
+// their routes on the frame: openai, anthropic, responses and runsapi through
 // Config.APIs (they serve with the Frame), admin and batch through Config.Routes; the frame never
 // imports them. Package apitest is their tests' harness.
 //
@@ -12,7 +12,7 @@
 //	frame.go          Frame, API, Renderer, ErrorShape: what a client API package serves with; Answer's exported methods
 //	frame_detached.go Frame.ServeDetached (a run with no connection), ChatChunks, and the rest a client API package needs
 //	frame_record.go   Answer.RelayRecorded, NewRunID: what the runs API records a run with
-//	frame_openai.go   Body, DecodeChat: an OpenAI body decoded and checked
+//	frame_openai.go   Body, DecodeChat, DecodeCompletion, DecodeEmbeddings; the Answer's relay, SSE writer and error event
 //	access.go         keys, admin prefixes, a key's request slot (admit, answerFinished), model access
 //	quota.go          a key's quota: reservation before queueing, clamp, settlement, rate-limit headers
 //	errors.go         classify: the one mapping of every failure to a status and an OpenAI error body
@@ -21,18 +21,19 @@
 //	chat.go render.go Answer: a run rendered into an http.ResponseWriter; the tunnel relay
 //	chunks.go         chunkRenderer: chat.completion.chunk events for the chat stream and run logs (ChatChunks)
 //	tunnelhold.go     finalHold: one reader of a tunnel stream, holding the bytes that end it
-//	decode.go         the OpenAI bodies' checks, needs and estimates (one parse, jsonvalue.go)
-//	completions.go embeddings.go  the other OpenAI routes
+//	decode.go         the OpenAI bodies' checks, needs and estimates (one parse, package jsonvalue)
+//	completions.go embeddings.go  the completions and embeddings bodies' checks
 //	ollama*.go        the Ollama routes (translated by package translate)
 //	tracing.go        a server span per request (Config.Tracer)
 //
 // # Routes
 //
-//	POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models, /v1/models/{model}
+//	GET  /v1/models, /v1/models/{model} in OpenAI's shape
 //	POST /api/chat, /api/generate, /api/embed, /api/embeddings, /api/show, /api/pull
 //	GET  /api/tags, /api/ps, /api/version, /
 //	/api/copy, /api/delete, /api/create, /api/push, /api/blobs/...: ollamaManage
 //	GET  /healthz, /readyz, /metrics (Config.Metrics)
+//	Config.APIs: package openai: POST /v1/chat/completions, /v1/completions, /v1/embeddings
 //	Config.APIs: package anthropic: POST /v1/messages, .../count_tokens; GET /v1/models in Anthropic's shape
 //	Config.APIs: package responses: POST /v1/responses; GET, DELETE /v1/responses/{id}; .../input_items; POST .../cancel
 //	Config.APIs: package runsapi: POST, GET /v1/runs; GET, DELETE /v1/runs/{id}; GET .../events

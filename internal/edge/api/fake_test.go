@@ -218,7 +218,7 @@ func newEnvLogging(t *testing.T, cfg Config, logger *slog.Logger, dispatch func(
 		cfg.Now = func() time.Time { return time.Unix(1700000000, 0) }
 	}
 	env := &testEnv{t: t, gw: &fakeGateway{models: []string{"m", "alias"}, dispatch: dispatch}}
-	h := New(cfg, env.gw, logger)
+	h := New(withOpenAI(cfg), env.gw, logger)
 	env.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		env.handlers.Add(1)
 		defer env.handlers.Done()

@@ -102,7 +102,7 @@ func FuzzRenderRunUp(f *testing.F) {
 		}
 		run := scriptedRun(path, unframe(msgs)...)
 		gw := &fakeGateway{models: []string{"m"}, dispatch: runWith(run)}
-		h := New(Config{Now: func() time.Time { return time.Unix(1700000000, 0) }}, gw, nil)
+		h := New(withOpenAI(Config{Now: func() time.Time { return time.Unix(1700000000, 0) }}), gw, nil)
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest(http.MethodPost, rt.path, strings.NewReader(rt.body))
 		aborted := serveRecovering(t, h, rec, req)

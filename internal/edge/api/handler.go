@@ -34,12 +34,9 @@ func New[R Run](cfg Config, gw Gateway[R], logger *slog.Logger) http.Handler {
 		logger:     logger.With("component", "edge-api"),
 	}
 	h.routes = map[string]Route{
-		"/v1/chat/completions": {Method: http.MethodPost, Serve: h.chatCompletions, Operation: "chat.completions"},
-		"/v1/completions":      {Method: http.MethodPost, Serve: h.completions, Operation: "completions"},
-		"/v1/embeddings":       {Method: http.MethodPost, Serve: h.embeddings, Operation: "embeddings"},
-		"/v1/models":           {Method: http.MethodGet, Serve: h.listModels},
-		"/healthz":             {Method: http.MethodGet, Serve: h.healthz},
-		"/readyz":              {Method: http.MethodGet, Serve: h.readyz},
+		"/v1/models": {Method: http.MethodGet, Serve: h.listModels},
+		"/healthz":   {Method: http.MethodGet, Serve: h.healthz},
+		"/readyz":    {Method: http.MethodGet, Serve: h.readyz},
 	}
 	maps.Copy(h.routes, h.ollamaRoutes())
 	if h.cfg.Metrics != nil {

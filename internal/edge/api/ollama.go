@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"iop/internal/edge/contract"
+	"iop/internal/jsonvalue"
 	"iop/internal/modelname"
 	"iop/internal/translate"
 )
@@ -167,7 +168,7 @@ func ollamaChatNeeds(tr *translate.Request) (needs []string, estimate int, err e
 	}
 	chars := tr.InputChars
 	if tr.Tools != nil {
-		tools, perr := parseJSON(tr.Tools)
+		tools, perr := jsonvalue.Parse(tr.Tools)
 		if perr != nil {
 			return nil, 0, &requestError{param: "tools", message: "expected an array of tools"}
 		}
@@ -181,8 +182,8 @@ func ollamaChatNeeds(tr *translate.Request) (needs []string, estimate int, err e
 			// The canonical body has the tools as json.Marshal writes
 			// them: compact, and <, >, &, U+2028 and U+2029 escaped as
 			// \u003c and the like (5 characters more each).
-			chars += def.compact + 5*(bytes.Count(def.raw, []byte("<"))+bytes.Count(def.raw, []byte(">"))+
-				bytes.Count(def.raw, []byte("&"))+bytes.Count(def.raw, []byte("\u2028"))+bytes.Count(def.raw, []byte("\u2029")))
+			chars += def.Compact + 5*(bytes.Count(def.Raw, []byte("<"))+bytes.Count(def.Raw, []byte(">"))+
+				bytes.Count(def.Raw, []byte("&"))+bytes.Count(def.Raw, []byte("\u2028"))+bytes.Count(def.Raw, []byte("\u2029")))
 		}
 	}
 	if tr.ReasoningEffort != "" && tr.ReasoningEffort != "none" {

@@ -15,6 +15,7 @@ import (
 
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/apitest"
+	"iop/internal/edge/api/openai"
 	"iop/internal/edge/contract"
 	"iop/internal/ledger"
 	"iop/internal/runs"
@@ -62,7 +63,7 @@ func newHandler(t testing.TB, cfg api.Config, m *runs.Manager, gw *apitest.Gatew
 	if m == nil {
 		m = newRunsManager(t)
 	}
-	cfg.APIs = append(cfg.APIs, Routes(Config{Runs: m}))
+	cfg.APIs = append(cfg.APIs, openai.Routes, Routes(Config{Runs: m}))
 	return api.New(cfg, gw, slog.New(slog.DiscardHandler))
 }
 
