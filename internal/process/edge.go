@@ -21,6 +21,7 @@ import (
 	"iop/internal/edge/api/anthropic"
 	batchapi "iop/internal/edge/api/batch"
 	"iop/internal/edge/api/media"
+	"iop/internal/edge/api/ollama"
 	responsesapi "iop/internal/edge/api/responses"
 	"iop/internal/ledger"
 	"iop/internal/node"
@@ -373,12 +374,11 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 		Flow:           e.cfg.Fairness.Flow,
 		Tracer:         e.tr.Tracer,
 		KeyAdmit:       clusterKeyAdmit(e.cfg.Cluster, svc, e.Keys),
-		Catalog:        svc,
-		Shower:         svc,
 		Known:          svc.Known,
 		Routes:         routes,
 		APIs: []api.API{anthropic.Routes, responsesapi.Routes(responsesapi.Config{Store: e.responseStore, Runs: e.runManager,
-			ReasoningSecret: reasoningSecret(e.cfg.Cluster)})},
+			ReasoningSecret: reasoningSecret(e.cfg.Cluster)}),
+			ollama.Routes(ollama.Config{Catalog: svc, Shower: svc})},
 		BodyLimits: bodyLimits,
 	}), svc, e.logger)
 	if err := e.startBatches(ctx, handler); err != nil {

@@ -41,7 +41,6 @@ func New[R Run](cfg Config, gw Gateway[R], logger *slog.Logger) http.Handler {
 		"/healthz":             {Method: http.MethodGet, Serve: h.healthz},
 		"/readyz":              {Method: http.MethodGet, Serve: h.readyz},
 	}
-	maps.Copy(h.routes, h.ollamaRoutes())
 	if h.cfg.Runs != nil {
 		h.routes[runsPath] = Route{Serve: h.runsRoute, Operation: "runs"}
 	}
@@ -58,7 +57,7 @@ func New[R Run](cfg Config, gw Gateway[R], logger *slog.Logger) http.Handler {
 	}
 	maps.Copy(h.routes, added)
 	for p := range added {
-		if strings.HasSuffix(p, "/") {
+		if strings.HasSuffix(p, "/") && p != "/" {
 			h.prefixes = append(h.prefixes, p)
 		}
 	}
@@ -186,16 +185,17 @@ func isAnthropicPath(path string) bool {
 }
 
 // errorWriterFor is the error writer of path's API: the one an API
-// registered for a root path lies under (Frame.Errors), Ollama's, or
-// OpenAI's.
+// registered for a root path lies under (Frame.Errors) or for the paths
+// it matches (Frame.ErrorsFor), or OpenAI's.
 func (h *handler) errorWriterFor(path string) ErrorWriter {
 	for _, e := range h.errorRoots {
-		if path == e.root || strings.HasPrefix(path, e.root+"/") {
+		if e.match != nil {
+			if e.match(path) {
+				return e.write
+			}
+		} else if path == e.root || strings.HasPrefix(path, e.root+"/") {
 			return e.write
 		}
-	}
-	if isOllamaPath(path) {
-		return h.writeOllamaError
 	}
 	return h.writeError
 }
@@ -334,9 +334,6 @@ func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 	rt, ok := h.routes[r.URL.Path]
 	if !ok && h.cfg.Runs != nil && strings.HasPrefix(r.URL.Path, runsPrefix) {
 		rt, ok = Route{Serve: h.runRoute}, true
-	}
-	if !ok && strings.HasPrefix(r.URL.Path, ollamaBlobsPrefix) {
-		rt, ok = Route{Serve: h.ollamaManage}, true
 	}
 	for _, p := range h.prefixes {
 		if !ok && strings.HasPrefix(r.URL.Path, p) {
