@@ -18,9 +18,9 @@ import (
 	"iop/internal/edge/contract"
 )
 
-// New returns the edge's OpenAI- and Ollama-compatible HTTP handler (routes
-// in the package doc), serving requests by calling gw, with the optional
-// features cfg sets (Admin, Catalog, Shower, Known, Runs, ...). A negative
+// New returns the edge's HTTP handler (routes in the package doc; the
+// client APIs of cfg.APIs), serving requests by calling gw, with the
+// optional features cfg sets (Admin, Known, Runs, ...). A negative
 // cfg.MaxBodyBytes is treated as 0 (the default); call cfg.Validate first
 // to reject it instead. logger may be nil (then nothing is logged).
 func New[R Run](cfg Config, gw Gateway[R], logger *slog.Logger) http.Handler {
