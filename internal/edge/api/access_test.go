@@ -84,9 +84,9 @@ func okRun(context.Context, contract.Request) (Run, error) {
 
 // TestWrongOrMissingKeys: with keys configured, every route but the
 // probes needs a key; a missing or wrong one is answered 401 with
-// WWW-Authenticate: Bearer and the route's error shape (OpenAI's, or
-// Ollama's under /api/), never echoing the key sent, and nothing is
-// dispatched. A client key on the admin routes and an admin key on the
+// WWW-Authenticate: Bearer and the route's error shape (OpenAI's here;
+// package ollama's test has Ollama's), never echoing the key sent, and
+// nothing is dispatched. A client key on the admin routes and an admin key on the
 // model API get 403.
 func TestWrongOrMissingKeys(t *testing.T) {
 	f := newKeys(t, auth.Key{})

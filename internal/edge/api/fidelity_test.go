@@ -283,11 +283,11 @@ type rejected struct{ msg string }
 func (e *rejected) Error() string { return ErrCandidatesRejected.Error() + ": " + e.msg }
 func (e *rejected) Unwrap() error { return ErrCandidatesRejected }
 
-// TestThinkingNeeds: a request that asks the model to think needs a model
-// that can (NeedThinking) (package ollama's test has the Ollama routes); one that does not ask, or asks
-// for no thinking, needs nothing more: a think request never goes to a
-// model whose server said it cannot think (where it would get Ollama's
-// 400 every time).
+// TestThinkingNeeds: an OpenAI request that asks the model to think needs
+// a model that can (NeedThinking); one that does not ask, or asks for no
+// thinking, needs nothing more: a think request never goes to a model
+// whose server said it cannot think (where it would get Ollama's 400
+// every time). Package ollama's test has the Ollama routes.
 func TestThinkingNeeds(t *testing.T) {
 	user := `"messages":[{"role":"user","content":"hi"}]`
 	for fields, want := range map[string][]string{

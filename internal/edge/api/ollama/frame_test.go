@@ -188,11 +188,9 @@ func TestThinkingOnlyStreamSendsAsItComes(t *testing.T) {
 	}
 }
 
-// TestThinkingNeeds: a request that asks the model to think needs a model
-// that can (NeedThinking), from either API; one that does not ask, or asks
-// for no thinking, needs nothing more: a think request never goes to a
-// model whose server said it cannot think (where it would get Ollama's
-// 400 every time).
+// TestThinkingNeeds: an Ollama request that asks the model to think
+// (think true or a level) needs a model that can (api.NeedThinking); one
+// that does not ask, or asks for no thinking, needs nothing more.
 func TestThinkingNeeds(t *testing.T) {
 	user := `"messages":[{"role":"user","content":"hi"}]`
 	for _, c := range []struct {
@@ -827,8 +825,8 @@ func (h holdAtRunEnd) WithGroup(string) slog.Handler      { return h }
 
 // TestRegression_ClientClosingAfterItsAnswerIsNotClientGone: under
 // concurrency, 13-16% of successful streamed requests were recorded in the
-// usage ledger as client_gone while their log line said completed (issue
-// 13, item 6). The ledger took the outcome from the first Run.Close, and
+// usage ledger as client_gone while their log line said completed. The
+// ledger took the outcome from the first Run.Close, and
 // the callback that closes the run when the request's context ends won
 // whenever the client, having read the whole answer, closed its connection
 // before the handler had closed the run: net/http then ends the context.
@@ -1147,8 +1145,9 @@ func TestQuotaClampsOrRefusesAnUncappedRequest(t *testing.T) {
 	}
 }
 
-// TestRegression_RequestIDOnEveryAnswer), errors included, on both execution paths; the
-// id is the one of the request's log line, ledger entry and record; a
+// TestRegression_RequestIDOnEveryAnswer: an Ollama route's answer carries
+// the request's id in X-Request-Id, on both execution paths; the id is
+// the one of the request's log line, ledger entry and record; a
 // provider's own X-Request-Id and a client's are not it.
 func TestRegression_RequestIDOnEveryAnswer(t *testing.T) {
 	t.Parallel()
