@@ -260,7 +260,7 @@ func TestOllamaRoutesDecodeBodyOnce(t *testing.T) {
 // "x:latest") both keep their own names.
 func TestRegression_TagsListNamesWithTheirTag(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t, api.Config{}, failWith(api.ErrUnknownModel))
+	env := newEnv(t, api.Config{}, failWith(contract.ErrUnknownModel))
 	env.gw.Names = []string{"demo", "llama3:8b", "meta-llama/Llama-3.1-8B-Instruct", "x", "x:latest"}
 	resp := env.get(t, "/api/tags")
 	var tags struct {
@@ -384,7 +384,7 @@ func TestRegression_OllamaRecordSaysTheClientsStream(t *testing.T) {
 // fields go as OllamaFields, the canonical body never carrying the member.
 func TestOllamaClientCannotSendIopOllama(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t, api.Config{}, failWith(api.ErrQueueFull))
+	env := newEnv(t, api.Config{}, failWith(contract.ErrQueueFull))
 	env.ollamaPost(t, "/api/chat", `{"model":"m","keep_alive":"5m","iop_ollama":{"options":{"num_ctx":1},"think":true},"messages":[{"role":"user","content":"hi"}]}`)
 	reqs := env.gw.Requests()
 	if len(reqs) != 1 {
@@ -745,7 +745,7 @@ func TestAnswerFinishedBeforeItsLastByte(t *testing.T) {
 			[]*nodev1.RunUp{vectors(), events(usageEvent(1, 0), complete(""))}, nil, false},
 		{"ollama embed tunnel", "/api/embed", `{"model":"m","input":"x"}`, tunnel, tunJSON(embeddingsJSON), nil, false},
 		{"ollama embeddings tunnel", "/api/embeddings", `{"model":"m","prompt":"x"}`, tunnel, tunJSON(embeddingsJSON), nil, false},
-		{"ollama refused before dispatch", "/api/chat", ollamaChat, normalized, nil, api.ErrQueueTimeout, false},
+		{"ollama refused before dispatch", "/api/chat", ollamaChat, normalized, nil, contract.ErrQueueTimeout, false},
 		{"ollama stream failing after its status line", "/api/chat", ollamaChat, normalized,
 			[]*nodev1.RunUp{events(started(), delta("hi")), events(errorEvent(500, "boom"))}, nil, true},
 	} {
@@ -895,7 +895,7 @@ func TestRegression_ClientClosingAfterItsAnswerIsNotClientGone(t *testing.T) {
 // TestNoLeaderIs503WithRetryAfter: with no scheduler leader reachable,
 // /api/chat is 503 with Retry-After, saying so.
 func TestNoLeaderIs503WithRetryAfter(t *testing.T) {
-	env := newEnv(t, api.Config{}, failWith(fmt.Errorf("%w: none elected within 5s", api.ErrNoLeader)))
+	env := newEnv(t, api.Config{}, failWith(fmt.Errorf("%w: none elected within 5s", contract.ErrNoLeader)))
 	resp := env.post(t, "/api/chat", "application/json", `{"model":"m","messages":[{"role":"user","content":"hello"}]}`)
 	if resp.status != 503 || resp.header.Get("Retry-After") == "" {
 		t.Errorf("%d Retry-After %q, want 503 with Retry-After", resp.status, resp.header.Get("Retry-After"))
@@ -908,7 +908,7 @@ func TestNoLeaderIs503WithRetryAfter(t *testing.T) {
 // TestProviderBusyIs503WithRetryAfter: a dispatch every provider refused
 // as busy is 503 with Retry-After on /api/chat, saying so.
 func TestProviderBusyIs503WithRetryAfter(t *testing.T) {
-	busy := fmt.Errorf("%w: %w: node %q: provider at capacity on this node", contract.ErrProviderBusy, api.ErrDispatchRefused, "n1")
+	busy := fmt.Errorf("%w: %w: node %q: provider at capacity on this node", contract.ErrProviderBusy, contract.ErrDispatchRefused, "n1")
 	env := newEnv(t, api.Config{}, failWith(busy))
 	resp := env.post(t, "/api/chat", "application/json", `{"model":"m","messages":[{"role":"user","content":"hello"}]}`)
 	if resp.status != 503 || resp.header.Get("Retry-After") == "" {
@@ -1167,7 +1167,7 @@ func TestRegression_RequestIDOnEveryAnswer(t *testing.T) {
 			mu := &syncBuffer{}
 			env := newEnvLogging(t, api.Config{Observer: recs, Ledger: led}, slog.New(slog.NewJSONHandler(mu, nil)), func(ctx context.Context, req contract.Request) (Run, error) {
 				if req.Model == "nope" {
-					return nil, api.ErrUnknownModel
+					return nil, contract.ErrUnknownModel
 				}
 				return dispatch(ctx, req)
 			})

@@ -242,11 +242,11 @@ func (s *server) request(w http.ResponseWriter, r *http.Request, from func([]byt
 // when streaming, for a model the edge knows; else 404.
 func (s *server) load(w http.ResponseWriter, r *http.Request, req *contract.Request, answer any) {
 	if _, ok := api.KnownModel(s.f.Models(r), req.Model); !ok {
-		err := api.ErrUnknownModel
+		err := contract.ErrUnknownModel
 		if s.f.Known(req.Model) && api.Allowed(r, req.Model) {
 			// Served before, and no node serves it now: unavailable, as a
 			// request that generates is answered (503), not "pull it".
-			err = api.ErrProviderUnavailable
+			err = contract.ErrProviderUnavailable
 		}
 		s.writeError(w, r, err, req)
 		return
@@ -266,7 +266,7 @@ type errorBody struct {
 // have, which clients match on).
 func errorMessage(err error, req *contract.Request) (*api.APIError, string) {
 	e := api.Classify(err, req)
-	if errors.Is(err, api.ErrUnknownModel) {
+	if errors.Is(err, contract.ErrUnknownModel) {
 		model := ""
 		if req != nil {
 			model = api.Clip(req.Model)
@@ -561,17 +561,17 @@ func (s *server) show(w http.ResponseWriter, r *http.Request) {
 	}
 	info := contract.ModelInfo{Name: name, Targets: []string{name}}
 	if !api.Allowed(r, name) {
-		s.writeError(w, r, api.ErrUnknownModel, req)
+		s.writeError(w, r, contract.ErrUnknownModel, req)
 		return
 	}
 	if cat := s.cfg.Catalog; cat != nil {
 		var ok bool
 		if info, ok = cat.ModelInfo(name); !ok {
-			s.writeError(w, r, api.ErrUnknownModel, req)
+			s.writeError(w, r, contract.ErrUnknownModel, req)
 			return
 		}
 	} else if _, ok := api.KnownModel(s.f.Models(r), name); !ok {
-		s.writeError(w, r, api.ErrUnknownModel, req)
+		s.writeError(w, r, contract.ErrUnknownModel, req)
 		return
 	}
 	providers := make([]showProvider, 0, len(info.Providers))

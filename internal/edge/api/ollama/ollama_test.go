@@ -28,7 +28,7 @@ func (e *testEnv) ollamaPost(t *testing.T, path, body string) (int, string, stri
 }
 
 func TestOllamaRootProbe(t *testing.T) {
-	env := newEnv(t, api.Config{}, failWith(api.ErrUnknownModel))
+	env := newEnv(t, api.Config{}, failWith(contract.ErrUnknownModel))
 	for _, method := range []string{"GET", "HEAD"} {
 		req, _ := http.NewRequest(method, env.srv.URL+"/", nil)
 		resp := env.do(t, req)
@@ -156,7 +156,7 @@ func TestOllamaDispatchesCanonicalRequests(t *testing.T) {
 }
 
 func TestOllamaLoadAnswersForTaggedNames(t *testing.T) {
-	env := newEnv(t, api.Config{}, failWith(api.ErrUnknownModel))
+	env := newEnv(t, api.Config{}, failWith(contract.ErrUnknownModel))
 	for body, want := range map[string]int{
 		`{"model":"m:latest","messages":[]}`: 200,
 		`{"model":"m","messages":[]}`:        200,
