@@ -14,9 +14,10 @@ import (
 // api.Frame.Models alone and /api/ps lists no model. The edge's
 // *edge.Service implements it.
 type ModelCatalog interface {
-	// ModelInfo describes the model clients call name (an alias or a served
-	// name; "x" and "x:latest" are one model, as in api.Gateway.Dispatch). ok is false
-	// when no alias or served name matches.
+	// ModelInfo describes the model clients call name (an alias or a
+	// served name; "x" and "x:latest" are one model, as in
+	// api.Gateway.Dispatch). ok is false when no alias or served name
+	// matches.
 	ModelInfo(name string) (info contract.ModelInfo, ok bool)
 	// Loaded lists the models the providers hold loaded, one entry per
 	// provider and served model (contract.LoadedModel says where each

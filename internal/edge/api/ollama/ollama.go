@@ -351,9 +351,9 @@ func representative(info contract.ModelInfo) (rep contract.ModelProvider, same [
 	return rep, same, true
 }
 
-// listed returns the listing entry of name: what the
-// representative provider's server said of it, when the gateway is a
-// Config.Catalog is set and a node said something.
+// listed returns the listing entry of name: what the representative
+// provider's server said of it, when Config.Catalog is set and a node
+// said something.
 func (s *server) listed(name string) listedModel {
 	sum := sha256.Sum256([]byte(name))
 	m := listedModel{Name: name, Model: name, Digest: hex.EncodeToString(sum[:])}

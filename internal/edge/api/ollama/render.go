@@ -126,7 +126,7 @@ func (o *render) tunnel() string {
 // came before (thinking included: it is what a thinking model produces
 // first). logprobs are the delta's tokens' log probabilities, on its line
 // (streamed) or gathered for the final object. A write failure is an
-// *errWrite.
+// api.WriteFailure.
 func (o *render) onDelta(d translate.Delta, logprobs []translate.OllamaLogprob) error {
 	now := o.s.f.Now()
 	if o.timings.FirstToken.IsZero() {
