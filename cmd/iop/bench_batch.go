@@ -23,6 +23,7 @@ func (f *batchFlags) register(fl *pflag.FlagSet) {
 	fl.IntVar(&f.cfg.BatchMaxTokens, "batch-max-tokens", 0, "with --batch: batch line i asks for 1 + i mod this many tokens (default 40)")
 	fl.Float64Var(&f.cfg.Load, "batch-load", 0, "with --batch: the interactive rate, a fraction of the fleet's capacity (default 0.6)")
 	fl.IntVar(&f.cfg.Headroom, "batch-headroom", 0, "with --batch: the edge's queue.batch.headroom (default 1; negative: none)")
+	fl.DurationVar(&f.cfg.Backoff, "batch-backoff", 0, "with --batch: the edge's queue.batch.backoff (default 5s; negative: none)")
 }
 
 func runBatch(cmd *cobra.Command, f benchFlags) error {

@@ -1,13 +1,17 @@
 package benchrun
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,6 +53,9 @@ type BatchConfig struct {
 	// Headroom is the edge's queue.batch.headroom [0: the edge's default,
 	// 1]; negative: none.
 	Headroom int
+	// Backoff is the edge's queue.batch.backoff [0: the edge's default,
+	// 5s]; negative: none.
+	Backoff time.Duration
 	// Duration is each phase's interactive window [60s].
 	Duration time.Duration
 	// Driver submits the batch; nil: InProcessBatch on the edge's
@@ -169,7 +176,7 @@ func Batch(ctx context.Context, cfg BatchConfig) (BatchReport, error) {
 	ecfg.Listen, ecfg.NodeListen, ecfg.Database = "127.0.0.1:0", "127.0.0.1:0", ":memory:"
 	ecfg.Queue.MaxQueue = 1024
 	ecfg.Queue.QueueTimeout = 30 * time.Second
-	ecfg.Queue.Batch = edge.BatchQueueConfig{Headroom: cfg.Headroom, MaxQueue: cfg.Lines}
+	ecfg.Queue.Batch = edge.BatchQueueConfig{Headroom: cfg.Headroom, MaxQueue: cfg.Lines, Backoff: cfg.Backoff}
 	edgeLog, err := os.Create(filepath.Join(dir, "edge.log"))
 	if err != nil {
 		return rep, err
@@ -230,19 +237,10 @@ func Batch(ctx context.Context, cfg BatchConfig) (BatchReport, error) {
 		if name == "batch" {
 			driver = cfg.Driver(svc, url)
 		}
-		before, err := queueWaits(edgeLog.Name())
-		if err != nil {
-			return rep, err
-		}
-		ph, err := batchPhase(ctx, cfg, svc, url, name, driver)
+		ph, err := batchPhase(ctx, cfg, svc, url, edgeLog.Name(), name, driver)
 		if err != nil {
 			return rep, fmt.Errorf("phase %s: %w (logs in %s)", name, err, dir)
 		}
-		after, err := queueWaits(edgeLog.Name())
-		if err != nil {
-			return rep, err
-		}
-		ph.Wait = percentilesOf(after[""][len(before[""]):])
 		rep.Phases = append(rep.Phases, ph)
 		for _, p := range procs {
 			if err := p.exited(); err != nil {
@@ -254,20 +252,39 @@ func Batch(ctx context.Context, cfg BatchConfig) (BatchReport, error) {
 	return rep, nil
 }
 
-// batchPhase runs one phase: with a driver, the batch first, until every
-// line is submitted and they fill the room the headroom leaves (at most
-// 2 min), then the interactive
-// load for cfg.Duration while it samples the slots held; then it cancels
-// the batch and waits for every slot to be free again.
-func batchPhase(ctx context.Context, cfg BatchConfig, svc *edge.Service, url, name string, driver BatchDriver) (BatchPhase, error) {
+// batchPhase runs one phase: the interactive load (open loop, fixed
+// schedule) starts first and runs for batchWarmUp; with a driver, the
+// batch is then submitted at once, and the phase waits until every line
+// is queued, running or ended and they fill the room the headroom leaves
+// (at most 2 min). Then the window opens for cfg.Duration: the slots held
+// are sampled, and the interactive requests that arrive in it are the
+// phase's figures (the edge's request log: each one's duration and queue
+// wait). The load goes on until they ended; then the batch is cancelled
+// and the phase waits for every slot to be free again.
+func batchPhase(ctx context.Context, cfg BatchConfig, svc *edge.Service, url, logPath, name string, driver BatchDriver) (BatchPhase, error) {
 	out := BatchPhase{Name: name}
 	capacity := cfg.Providers * cfg.Capacity
+	rate := cfg.Load * float64(capacity) / cfg.service().Seconds()
+	fmt.Fprintf(cfg.Log, "phase %s: interactive load %.1f req/s\n", name, rate)
+	lctx, stopLoad := context.WithCancel(ctx)
+	defer stopLoad()
+	loadDone := make(chan error, 1)
+	go func() {
+		_, err := loadgen.Run(lctx, loadgen.Config{URL: url, API: loadgen.APIOpenAI, Model: batchModel, PromptChars: loadgen.DefaultPromptChars,
+			Rate: rate, Duration: 24 * time.Hour, Timeout: time.Minute, MaxInFlight: loadgen.DefaultMaxInFlight}, nil)
+		loadDone <- err
+	}()
+	if err := sleepCtx(ctx, batchWarmUp(cfg)); err != nil {
+		return out, err
+	}
+
 	var windowOpen atomic.Bool
-	var done, failed, ended atomic.Int64
+	var done, failed atomic.Int64
 	bctx, stopBatch := context.WithCancel(ctx)
 	defer stopBatch()
 	var wg sync.WaitGroup
 	if driver != nil {
+		var ended atomic.Int64
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -287,58 +304,62 @@ func batchPhase(ctx context.Context, cfg BatchConfig, svc *edge.Service, url, na
 		if headroom == 0 {
 			headroom = 1
 		}
-		want := capacity - cfg.Providers*max(min(headroom, cfg.Capacity-1), 0)
+		room := cfg.Providers * max(min(headroom, cfg.Capacity-1), 0)
 		// Every line submitted (queued, running or ended) and the room
 		// filled before the window opens: the submission itself is not
 		// what the window measures.
 		for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 			snap := svc.Snapshot()
-			running := 0
+			running, held := 0, 0
 			for _, p := range snap.Providers {
 				running += p.BatchInFlight
+				held += p.InFlight
 			}
-			if running >= want && snap.Waiters+running+int(ended.Load()) >= cfg.Lines {
+			if held+room >= capacity && snap.Waiters+running+int(ended.Load()) >= cfg.Lines {
 				break
 			}
 		}
 		fmt.Fprintf(cfg.Log, "phase %s: %d batch lines running\n", name, batchSlots(svc))
 	}
-	rate := cfg.Load * float64(capacity) / cfg.service().Seconds()
-	fmt.Fprintf(cfg.Log, "phase %s: interactive load %.1f req/s for %s\n", name, rate, cfg.Duration)
-	sampleDone := make(chan struct{})
+	fmt.Fprintf(cfg.Log, "phase %s: window of %s\n", name, cfg.Duration)
 	var samples int
 	var inFlight, batchInFlight float64
-	stopSampling := make(chan struct{})
-	go func() {
-		defer close(sampleDone)
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stopSampling:
-				return
-			case <-tick.C:
-			}
-			snap := svc.Snapshot()
-			samples++
-			for _, p := range snap.Providers {
-				inFlight += float64(p.InFlight)
-				batchInFlight += float64(p.BatchInFlight)
-			}
-		}
-	}()
 	windowOpen.Store(true)
-	res, err := loadgen.Run(ctx, loadgen.Config{URL: url, API: loadgen.APIOpenAI, Model: batchModel, PromptChars: loadgen.DefaultPromptChars,
-		Rate: rate, Duration: cfg.Duration, Timeout: time.Minute, MaxInFlight: loadgen.DefaultMaxInFlight}, nil)
+	open := time.Now()
+	tick := time.NewTicker(50 * time.Millisecond)
+	for closeAt := open.Add(cfg.Duration); time.Now().Before(closeAt); {
+		select {
+		case <-ctx.Done():
+			tick.Stop()
+			return out, ctx.Err()
+		case <-tick.C:
+		}
+		snap := svc.Snapshot()
+		samples++
+		for _, p := range snap.Providers {
+			inFlight += float64(p.InFlight)
+			batchInFlight += float64(p.BatchInFlight)
+		}
+	}
+	tick.Stop()
+	closed := time.Now()
 	windowOpen.Store(false)
-	close(stopSampling)
-	<-sampleDone
+	// The requests of the window end before the load stops.
+	if err := sleepCtx(ctx, 2*cfg.service()+5*time.Second); err != nil {
+		return out, err
+	}
+	stopLoad()
+	loadErr := <-loadDone
 	stopBatch()
 	wg.Wait()
+	if loadErr != nil {
+		return out, loadErr
+	}
+	reqs, err := requestsIn(logPath, open, closed)
 	if err != nil {
 		return out, err
 	}
-	out.Interactive = res
+	out.Interactive, out.Wait = reqs.result(rate, closed.Sub(open))
 	out.BatchDone, out.BatchFailed = int(done.Load()), int(failed.Load())
 	if samples > 0 {
 		out.InFlight, out.BatchInFlight = inFlight/float64(samples), batchInFlight/float64(samples)
@@ -351,6 +372,82 @@ func batchPhase(ctx context.Context, cfg BatchConfig, svc *edge.Service, url, na
 		time.Sleep(20 * time.Millisecond)
 	}
 	return out, nil
+}
+
+// batchWarmUp is how long the interactive load runs before the batch is
+// submitted (and, alone, before the window opens): three interactive
+// service times, at least 3 s, so its slots are in their steady state.
+func batchWarmUp(cfg BatchConfig) time.Duration {
+	return max(3*cfg.service(), 3*time.Second)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// loggedRequest is one "request" line of the edge's log.
+type loggedRequest struct {
+	end      time.Time
+	duration time.Duration // the edge's, from the request's arrival to its end
+	wait     time.Duration // queue_wait
+	status   int
+}
+
+// loggedRequests are the requests of a window.
+type loggedRequests []loggedRequest
+
+// requestsIn reads the edge's JSON log at path and returns its requests
+// that arrived (end − duration) in [from, to).
+func requestsIn(path string, from, to time.Time) (loggedRequests, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out loggedRequests
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var line struct {
+			Time      time.Time `json:"time"`
+			Msg       string    `json:"msg"`
+			Status    int       `json:"status"`
+			Duration  int64     `json:"duration"`   // nanoseconds (slog's JSON of a Duration)
+			QueueWait int64     `json:"queue_wait"` // nanoseconds
+		}
+		if json.Unmarshal(sc.Bytes(), &line) != nil || line.Msg != "request" {
+			continue
+		}
+		r := loggedRequest{end: line.Time, duration: time.Duration(line.Duration), wait: time.Duration(line.QueueWait), status: line.Status}
+		if at := r.end.Add(-r.duration); !at.Before(from) && at.Before(to) {
+			out = append(out, r)
+		}
+	}
+	return out, sc.Err()
+}
+
+// result sums rs as a loadgen.Result (counts by status, latency over the
+// 200s) and their queue waits.
+func (rs loggedRequests) result(rate float64, window time.Duration) (loadgen.Result, loadgen.Percentiles) {
+	res := loadgen.Result{API: loadgen.APIOpenAI, Model: batchModel, Rate: rate, Requests: len(rs), Outcomes: map[string]int{}, Elapsed: window}
+	var lat, wait []time.Duration
+	for _, r := range rs {
+		res.Outcomes[strconv.Itoa(r.status)]++
+		wait = append(wait, r.wait)
+		if r.status == http.StatusOK {
+			res.OK++
+			lat = append(lat, r.duration)
+		}
+	}
+	res.Latency = percentilesOf(lat)
+	return res, percentilesOf(wait)
 }
 
 // batchSlots is how many slots batch requests hold now.

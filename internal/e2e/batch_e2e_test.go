@@ -539,3 +539,38 @@ func TestRealOllama_Batch(t *testing.T) {
 		t.Fatalf("message batch: %v", m)
 	}
 }
+
+// TestRealOllama_BatchJavaScriptClients runs test/js/batch_*.mjs, the
+// official `openai` and `@anthropic-ai/sdk` clients, against a real edge
+// and node on a real Ollama (internal/ollamatest): "tiny" on its native API
+// (normalized path), "tiny-v1" on its /v1 (tunnel path) and "crawl", one
+// request at a time, for the cancels. The tiny model writes thousands of
+// tokens a second, so the lines to cancel ask for 1500 tokens each: 20 of
+// them last seconds, and a cancel lands with most of them unrun.
+func TestRealOllama_BatchJavaScriptClients(t *testing.T) {
+	t.Parallel()
+	nodeBin, files := requireJS(t, "batch_*.mjs")
+	s := ollamatest.Start(t)
+	for _, m := range []string{"tiny", "tiny-v1", "crawl"} {
+		s.CreateModel(t, m, ollamatest.Plain)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	e := harness.Edge(t, ctx, harness.EdgeConfig(nil))
+	harness.Node(t, ctx, node.Config{NodeID: "gpu-1", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
+		{ID: "native", Type: node.TypeOllama, BaseURL: s.URL, Models: []string{"tiny"}, Capacity: 2},
+		{ID: "v1", Type: node.TypeOpenAI, BaseURL: s.URL + "/v1", Models: []string{"tiny-v1"}, Capacity: 2},
+		{ID: "crawl", Type: node.TypeOllama, BaseURL: s.URL, Models: []string{"crawl"}, Capacity: 1},
+	}})
+	models, _ := json.Marshal([]map[string]string{{"path": "normalized", "model": "tiny"}, {"path": "tunnel", "model": "tiny-v1"}})
+	runCtx, stop := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer stop()
+	cmd := exec.CommandContext(runCtx, nodeBin, append([]string{"--test", "--test-reporter=spec"}, files...)...)
+	cmd.Env = append(os.Environ(), "IOP_BASE_URL=http://"+e.HTTPAddr, "IOP_MODELS="+string(models),
+		"IOP_SLOW=crawl", "IOP_SLOW_MAX_TOKENS=1500", "NO_COLOR=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("node --test %v: %v\n%s", files, err, out)
+	}
+	t.Logf("%s", out)
+}

@@ -42,7 +42,7 @@ type mediaRig struct {
 	url string
 }
 
-func newMediaRig(t *testing.T, maxUpload int64) *mediaRig {
+func newMediaRig(t *testing.T, maxUpload int64, opts ...func(*process.EdgeFile)) *mediaRig {
 	t.Helper()
 	s, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m", "chat-only"}, DefaultMaxTokens: 8})
 	cfg := harness.EdgeConfig(map[string]edge.ModelConfig{"asr": {Targets: []string{"m"}}})
@@ -50,6 +50,9 @@ func newMediaRig(t *testing.T, maxUpload int64) *mediaRig {
 	cfg.Database = db
 	cfg.MaxBodyBytes = 1 << 20
 	cfg.MaxUploadBytes = maxUpload
+	for _, o := range opts {
+		o(&cfg)
+	}
 	ctx := context.Background()
 	e := harness.Edge(t, ctx, cfg)
 	harness.Node(t, ctx, node.Config{NodeID: "n", Edge: e.NodeAddr, Providers: []node.ProviderConfig{
@@ -445,6 +448,14 @@ func TestMediaRoutesRefuseInTheirShape(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A second model field after a file the edge relays before it sees it.
+	var twice bytes.Buffer
+	mw := multipart.NewWriter(&twice)
+	_ = mw.WriteField("model", "m")
+	fw, _ := mw.CreateFormFile("file", "a.wav")
+	_, _ = io.CopyN(fw, newPattern(), 1<<20)
+	_ = mw.WriteField("model", "chat-only")
+	_ = mw.Close()
 	for _, tc := range []struct {
 		name, path, contentType, body string
 		status                        int
@@ -459,6 +470,7 @@ func TestMediaRoutesRefuseInTheirShape(t *testing.T) {
 		{"no model", "/infill", "application/json", `{"input_prefix":"a","input_suffix":"b"}`, 400, "invalid_request", "model", false},
 		{"no documents", "/rerank", "application/json", `{"model":"m","query":"q"}`, 400, "invalid_request", "documents", false},
 		{"not multipart", "/v1/audio/transcriptions", "application/json", `{"model":"m"}`, 400, "invalid_request", "multipart", false},
+		{"model field repeated", "/v1/audio/transcriptions", mw.FormDataContentType(), twice.String(), 400, "invalid_request", "model", true},
 		{"no model field", "/v1/audio/transcriptions", "multipart/form-data; boundary=XX", "--XX\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n\r\nabc\r\n--XX--\r\n", 400, "invalid_request", "model", false},
 		{"JSON body over the body limit", "/v1/rerank", "application/json", `{"model":"m","query":"` + strings.Repeat("q", 2<<20) + `"}`, 413, "request_too_large", "", false},
 	} {

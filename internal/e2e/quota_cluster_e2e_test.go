@@ -108,6 +108,7 @@ providers:
 		answeredAfter               int // answered after the new leader's minute
 		leaderReadyAt               time.Time
 		streaming                   [3]int // answers being read, by edge
+		late                        [3]int // of those, the ones past three quarters of their tokens
 	)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -139,11 +140,20 @@ providers:
 				mu.Lock()
 				streaming[at] += b2i(resp.StatusCode == http.StatusOK)
 				mu.Unlock()
-				text := readAll(resp)
+				passed := false
+				text := readEvents(resp, func(events int) {
+					if !passed && events >= maxTokens*3/4 && resp.StatusCode == http.StatusOK {
+						passed = true
+						mu.Lock()
+						late[at]++
+						mu.Unlock()
+					}
+				})
 				now := time.Now()
 				wait := time.Duration(0)
 				mu.Lock()
 				streaming[at] -= b2i(resp.StatusCode == http.StatusOK)
+				late[at] -= b2i(passed)
 				switch resp.StatusCode {
 				case http.StatusOK:
 					if !strings.Contains(text, "data: [DONE]") && !e.down.Load() {
@@ -189,7 +199,11 @@ providers:
 		defer mu.Unlock()
 		return streaming[li] >= 2
 	})
-	time.Sleep(1500 * time.Millisecond) // of about 2 s each
+	testenv.EventuallyWithin(t, 30*time.Second, "an answer through the leader past three quarters of its tokens", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return late[li] >= 1
+	})
 	killed := rig.edges[li]
 	mu.Lock()
 	killedAt = time.Now()
@@ -202,7 +216,11 @@ providers:
 	leaderReadyAt = time.Now()
 	mu.Unlock()
 	// The new leader's filled minute passes, and the key spends again.
-	time.Sleep(80 * time.Second)
+	testenv.EventuallyWithin(t, 3*time.Minute, "answers after the new leader's first minute", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return answeredAfter >= 3
+	})
 	close(stop)
 	wg.Wait()
 
@@ -227,14 +245,23 @@ func b2i(b bool) int {
 	return 0
 }
 
-// readAll reads resp's body and closes it.
-func readAll(resp *http.Response) string {
+// readEvents reads resp's body and closes it, calling progress with the
+// number of server-sent events (blank-line separated) read so far.
+func readEvents(resp *http.Response, progress func(events int)) string {
 	defer resp.Body.Close()
 	var b strings.Builder
 	buf := make([]byte, 32<<10)
+	events, prev := 0, byte(0)
 	for {
 		n, err := resp.Body.Read(buf)
 		b.Write(buf[:n])
+		for _, c := range buf[:n] {
+			if c == '\n' && prev == '\n' {
+				events++
+			}
+			prev = c
+		}
+		progress(events)
 		if err != nil {
 			return b.String()
 		}

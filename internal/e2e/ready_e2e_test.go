@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -101,7 +102,8 @@ providers:
 					refused.Add(1)
 					// As a client or load balancer does: not again before
 					// Retry-After.
-					time.Sleep(time.Second)
+					after, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+					time.Sleep(time.Duration(max(after, 1)) * time.Second)
 				default:
 					mu.Lock()
 					bad = append(bad, fmt.Sprintf("%d %s", resp.StatusCode, b))

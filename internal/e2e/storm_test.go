@@ -60,7 +60,7 @@ func TestStormAdmitsCapacityPlusQueue(t *testing.T) {
 		t.Fatalf("open file limit %d (%v): the storm needs %d", lim.Cur, err, 4*clients)
 	}
 
-	_, simURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, Faults: sim.Faults{Hang: true}})
+	sm, simURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, Faults: sim.Faults{Hang: true}})
 	ctx, cancel := context.WithCancel(context.Background())
 	e := harness.Edge(t, ctx, harness.EdgeConfig(map[string]edge.ModelConfig{"storm": {Targets: []string{"m"}, MaxQueue: maxQueue, QueueTimeout: queueTimeout}}))
 	t.Cleanup(cancel)
@@ -77,7 +77,21 @@ func TestStormAdmitsCapacityPlusQueue(t *testing.T) {
 	// The baseline: the rig running idle, its node's warm run streams open.
 	waitIdle(t, e)
 	waitWarm(t, e)
+	// And its node's first reading of the model server's /api/ps done, its
+	// connection idle in the pool: a baseline taken while that reading
+	// was dialing counted one goroutine fewer than the idle connection
+	// holds (client read and write loops, the server's conn).
+	testenv.Eventually(t, "the node's first /api/ps reading done", func() bool {
+		if sm.Stats().PSReadings == 0 {
+			return false
+		}
+		var dump strings.Builder
+		_ = pprof.Lookup("goroutine").WriteTo(&dump, 1)
+		return !strings.Contains(dump.String(), "readResidency")
+	})
 	baseline := runtime.NumGoroutine()
+	var atBaseline strings.Builder
+	_ = pprof.Lookup("goroutine").WriteTo(&atBaseline, 1)
 	ignore := goleak.IgnoreCurrent()
 
 	// Connections for every client, opened beforehand (and left idle in
@@ -185,7 +199,7 @@ func TestStormAdmitsCapacityPlusQueue(t *testing.T) {
 		if t.Failed() && runtime.NumGoroutine() > baseline {
 			var dump strings.Builder
 			_ = pprof.Lookup("goroutine").WriteTo(&dump, 1)
-			t.Logf("goroutines above the baseline of %d:\n%s", baseline, dump.String())
+			t.Logf("goroutines above the baseline of %d:\n%s\nat the baseline:\n%s", baseline, dump.String(), atBaseline.String())
 		}
 	})
 	testenv.Eventually(t, fmt.Sprintf("the goroutine count is back to its baseline of %d", baseline), func() bool {

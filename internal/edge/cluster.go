@@ -1185,6 +1185,28 @@ func (rl *remoteLease) Release(reason string) bool {
 		return false
 	}
 	cm := rl.cm
+	req := &clusterv1.ReleaseRequest{Epoch: rl.key.epoch, LeaseId: rl.key.id, Reason: reason, Edge: cm.name}
+	cm.untilLeaderTakes(func() error {
+		if cm.el.Leads() == 0 {
+			return errNotLeaderRPC // elected, its term not begun: wait for it
+		}
+		// Elected meanwhile: release it here (a no-op when it led no term
+		// that counted it).
+		(&admissionServer{cm: cm}).Release(context.Background(), req) //nolint:errcheck
+		return nil
+	}, func(ctx context.Context, cli clusterv1.AdmissionClient) error {
+		_, err := cli.Release(ctx, req)
+		return err
+	})
+	return true
+}
+
+// untilLeaderTakes hands one message to the scheduler leader of the
+// moment on a goroutine of cm.wg, retried (50 ms backoff doubling to 1 s)
+// until a call returns nil or the edge stops: local when this edge leads,
+// remote (2 s a try) on the leader's client otherwise; nothing while no
+// leader is known.
+func (cm *clusterMode) untilLeaderTakes(local func() error, remote func(context.Context, clusterv1.AdmissionClient) error) {
 	cm.wg.Add(1)
 	go func() {
 		defer cm.wg.Done()
@@ -1192,16 +1214,15 @@ func (rl *remoteLease) Release(reason string) bool {
 		for {
 			st := cm.el.State()
 			switch {
-			case st.Epoch == 0 || (st.Leader && cm.el.Leads() == 0):
+			case st.Epoch == 0:
 			case st.Leader:
-				// Elected meanwhile: release it here (a no-op when it led
-				// no term that counted it).
-				(&admissionServer{cm: cm}).Release(context.Background(), &clusterv1.ReleaseRequest{Epoch: rl.key.epoch, LeaseId: rl.key.id, Reason: reason, Edge: cm.name}) //nolint:errcheck
-				return
+				if local() == nil {
+					return
+				}
 			case st.LeaderAddr != "":
 				if cli, err := cm.client(st.LeaderAddr); err == nil {
 					ctx, cancel := cm.withTimeout(cm.stopCtx, 2*time.Second)
-					_, err = cli.Release(ctx, &clusterv1.ReleaseRequest{Epoch: rl.key.epoch, LeaseId: rl.key.id, Reason: reason, Edge: cm.name})
+					err = remote(ctx, cli)
 					cancel()
 					if err == nil {
 						return
@@ -1218,7 +1239,6 @@ func (rl *remoteLease) Release(reason string) bool {
 			backoff = min(2*backoff, time.Second)
 		}
 	}()
-	return true
 }
 
 // waitLeader waits (until deadline) for a leader this edge can call: a

@@ -405,46 +405,22 @@ func (cm *clusterMode) reserveAt(ctx context.Context, st cluster.State, key stri
 // the background, retried until a ready leader took it (this edge's own
 // when it leads); then the hold leaves the Follow sessions' list.
 func (cm *clusterMode) settleQuota(k leaseKey, used quota.Usage, ran bool) {
-	done := func() {
-		cm.quota.mu.Lock()
-		delete(cm.quota.mine, k)
-		cm.quota.mu.Unlock()
-	}
 	req := &clusterv1.SettleQuotaRequest{Epoch: k.epoch, HoldId: k.id, Edge: cm.name, Used: wireUsage(used), Cancel: !ran}
-	cm.wg.Add(1)
-	go func() {
-		defer cm.wg.Done()
-		backoff := 50 * time.Millisecond
-		for {
-			st := cm.el.State()
-			switch {
-			case st.Epoch == 0:
-			case st.Leader:
-				if _, err := (&admissionServer{cm: cm}).SettleQuota(context.Background(), req); err == nil {
-					done()
-					return
-				}
-			case st.LeaderAddr != "":
-				if cli, err := cm.client(st.LeaderAddr); err == nil {
-					ctx, cancel := cm.withTimeout(cm.stopCtx, 2*time.Second)
-					_, err = cli.SettleQuota(ctx, req)
-					cancel()
-					if err == nil {
-						done()
-						return
-					}
-				}
-			}
-			wait, stopWait := cm.after(backoff)
-			select {
-			case <-cm.stop:
-				stopWait()
-				return
-			case <-wait:
-			}
-			backoff = min(2*backoff, time.Second)
+	settled := func(err error) error {
+		if err == nil {
+			cm.quota.mu.Lock()
+			delete(cm.quota.mine, k)
+			cm.quota.mu.Unlock()
 		}
-	}()
+		return err
+	}
+	cm.untilLeaderTakes(func() error {
+		_, err := (&admissionServer{cm: cm}).SettleQuota(context.Background(), req)
+		return settled(err)
+	}, func(ctx context.Context, cli clusterv1.AdmissionClient) error {
+		_, err := cli.SettleQuota(ctx, req)
+		return settled(err)
+	})
 }
 
 // quotaWindows is what the follower last heard of key's windows.

@@ -287,6 +287,25 @@ type BatchQueueConfig struct {
 	MaxQueue int `yaml:"max_queue"`
 	// QueueTimeout is how long one batch request may wait; default 24h.
 	QueueTimeout time.Duration `yaml:"queue_timeout"`
+	// Backoff is how long an interactive request that had to wait for a
+	// provider keeps one more of its slots from batch requests, the
+	// headroom at most doubling (scheduler.BatchPolicy's Backoff); default
+	// DefaultBatchBackoff (5s), negative none.
+	Backoff time.Duration `yaml:"backoff"`
+}
+
+// DefaultBatchBackoff is queue.batch.backoff's default: longer than a
+// typical interactive answer, so the requests that waited end and their
+// slots go to the next ones before batch lines take slots again.
+const DefaultBatchBackoff = 5 * time.Second
+
+// backoff is the scheduler's Backoff of b: its default for zero, none
+// (0) for a negative one.
+func (b BatchQueueConfig) backoff() time.Duration {
+	if b.Backoff == 0 {
+		return DefaultBatchBackoff
+	}
+	return max(b.Backoff, 0)
 }
 
 // maxReconnectGrace is the longest reconnect grace of c (its default and
@@ -595,7 +614,8 @@ func (c Config) schedulerConfig(clk scheduler.Clock) scheduler.Config {
 		Groups:    make(map[string]scheduler.Policy),
 		Clock:     clk,
 		Residency: c.Residency.policy(),
-		Batch:     scheduler.BatchPolicy{Headroom: c.Queue.Batch.Headroom, MaxQueue: c.Queue.Batch.MaxQueue, QueueTimeout: c.Queue.Batch.QueueTimeout},
+		Batch: scheduler.BatchPolicy{Headroom: c.Queue.Batch.Headroom, MaxQueue: c.Queue.Batch.MaxQueue, QueueTimeout: c.Queue.Batch.QueueTimeout,
+			Backoff: c.Queue.Batch.backoff()},
 	}
 	if sc.Default.Fairness == scheduler.FairnessDefault {
 		sc.Default.Fairness = scheduler.FairnessOn // the default of an edge

@@ -50,46 +50,13 @@ func Object(body []byte, member func(key []byte, keyFlags int, vstart, vend int)
 // Object does; end is the index just past its '}', -1 if it is not a
 // valid object.
 func Members(body []byte, i, depth int, member func(key []byte, keyFlags int, vstart, vend int)) (end, members int) {
-	if i >= len(body) || body[i] != '{' || depth > MaxDepth {
-		return -1, 0
-	}
-	i = SkipSpace(body, i+1)
-	if i < len(body) && body[i] == '}' {
-		return i + 1, 0
-	}
-	for {
-		if i >= len(body) || body[i] != '"' {
-			return -1, members
-		}
-		kend, kflags := String(body, i)
-		if kend < 0 {
-			return -1, members
-		}
-		key := body[i:kend]
-		i = SkipSpace(body, kend)
-		if i >= len(body) || body[i] != ':' {
-			return -1, members
-		}
-		vstart := SkipSpace(body, i+1)
+	return MembersFunc(body, i, depth, func(key []byte, keyFlags int, vstart int) int {
 		vend := Value(body, vstart, depth)
-		if vend < 0 {
-			return -1, members
+		if vend >= 0 {
+			member(key, keyFlags, vstart, vend)
 		}
-		members++
-		member(key, kflags, vstart, vend)
-		i = SkipSpace(body, vend)
-		if i >= len(body) {
-			return -1, members
-		}
-		switch body[i] {
-		case ',':
-			i = SkipSpace(body, i+1)
-		case '}':
-			return i + 1, members
-		default:
-			return -1, members
-		}
-	}
+		return vend
+	})
 }
 
 // MembersFunc is Members for a caller that reads some values itself: for

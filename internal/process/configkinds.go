@@ -15,6 +15,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"iop/internal/auth"
 	"iop/internal/configschema"
 	"iop/internal/edge"
 	"iop/internal/node"
@@ -184,7 +185,7 @@ func errorLines(err error) []string {
 	}
 	var out []string
 	for _, l := range strings.Split(err.Error(), "\n") {
-		for _, p := range []string{edge.ErrInvalidConfig.Error() + ": ", node.ErrInvalidConfig.Error() + ": "} {
+		for _, p := range []string{edge.ErrInvalidConfig.Error() + ": ", node.ErrInvalidConfig.Error() + ": ", auth.ErrInvalidKey.Error() + ": "} {
 			l = strings.TrimPrefix(l, p)
 		}
 		if l = strings.TrimSpace(l); l != "" {

@@ -63,6 +63,12 @@ func TestConfigCheckMessages(t *testing.T) {
 			[]string{`1:1: not YAML: did not find expected node content`}},
 		{"validate: an alias without targets, at its line", KindEdge, "listen: 127.0.0.1:8080\nmodels:\n  chat: {max_queue: 3}\n",
 			[]string{`3:3: models.chat: no targets`}},
+		// Regression: a key's and a team's problems had no line (the
+		// "invalid key: " prefix hid the path they name).
+		{"validate: a key's problem, at its line", KindEdge, "listen: 127.0.0.1:8080\nkeys:\n  - {name: a, hash: \"sha256:" + strings.Repeat("a", 64) + "\"}\n  - {name: b, hash: \"sha256:" + strings.Repeat("a", 64) + "\"}\n",
+			[]string{`4:5: keys[1] (b): the same hash as another key`}},
+		{"validate: a team's problem, at its line", KindEdge, "listen: 127.0.0.1:8080\nkeys:\n  - {name: a, hash: \"sha256:" + strings.Repeat("a", 64) + "\"}\nteams:\n  - {name: t, quota: {tokens_per_day: -1}}\n",
+			[]string{`5:5: teams[0] (t): invalid quota: tokens_per_day -1 is not a limit (0 = none)`}},
 		{"validate: a node without an edge", KindNode, "node_id: n\nproviders: [{type: ollama}]\n",
 			[]string{`edge or edges is required`}},
 		{"scalar form of a section", KindEdge, "fairness: off\ntokens: [plain]\n", nil},

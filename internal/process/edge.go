@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -358,7 +359,7 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 	routes := admin.Routes(e.obs.adminConfig(admin.Config{Snapshots: svc, Usage: e.usage, Residency: svc, Quotas: e.Quota,
 		TeamOf: e.teamOf, Logger: e.logger}))
 	maps.Copy(routes, batchapi.Routes(e.batches.svc, e.logger))
-	mediaRoutes, bodyLimits := media.Routes(media.Config{MaxUploadBytes: e.cfg.MaxUploadBytes})
+	mediaRoutes, bodyLimits := media.Routes(media.Config{MaxUploadBytes: e.cfg.MaxUploadBytes, UploadIdleTimeout: e.cfg.UploadIdleTimeout})
 	maps.Copy(routes, mediaRoutes)
 	handler := api.New(e.obs.apiConfig(api.Config{
 		Stopping:       e.stopping,
@@ -391,7 +392,7 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 			refuseStopping(w)
 			return
 		}
-		handler.ServeHTTP(w, r)
+		handler.ServeHTTP(&closeWhenDraining{ResponseWriter: w, draining: &e.draining}, r)
 	})
 	// IdleTimeout closes a keep-alive connection idle that long between
 	// requests; a request's body has api.Config.BodyReadTimeout, its
@@ -568,16 +569,68 @@ func isLoopback(addr string) bool {
 // answer.
 const stopLameDuck = time.Second
 
+// stoppingRetryAfter is refuseStopping's Retry-After, in seconds: one
+// more than stopLameDuck.
+var stoppingRetryAfter = strconv.Itoa(int(stopLameDuck/time.Second) + 1)
+
 // refuseStopping answers a request that arrives while the edge stops:
-// 503 edge_shutting_down with Retry-After, closing the connection.
+// 503 edge_shutting_down, closing the connection, with a Retry-After past
+// stopLameDuck: a client that honors it comes back once the listener is
+// closed and is refused at connect (nothing sent, safe to retry), not at
+// the instant it closes, when the kernel resets a connection still in the
+// listener's backlog after the client sent its request.
 func refuseStopping(w http.ResponseWriter) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
-	h.Set("Retry-After", "1")
+	h.Set("Retry-After", stoppingRetryAfter)
 	h.Set("Connection", "close")
 	w.WriteHeader(http.StatusServiceUnavailable)
 	_, _ = w.Write([]byte(`{"error":{"message":"the edge is stopping: retry on another edge","type":"server_error","param":null,"code":"edge_shutting_down"}}` + "\n"))
 }
+
+// closeWhenDraining is a request's http.ResponseWriter that adds
+// "Connection: close" to an answer whose header is written once the edge
+// drains: the client then opens a new connection for its next request
+// (to another edge) instead of sending it on this one as the server
+// closes it, which would leave that request with no answer (RFC 9112
+// §9.6). Flush, FlushError and Unwrap keep http.ResponseController
+// working through it.
+type closeWhenDraining struct {
+	http.ResponseWriter
+	draining *atomic.Bool
+	wrote    bool
+}
+
+func (w *closeWhenDraining) header() {
+	if w.wrote {
+		return
+	}
+	w.wrote = true
+	if w.draining.Load() {
+		w.ResponseWriter.Header().Set("Connection", "close")
+	}
+}
+
+func (w *closeWhenDraining) WriteHeader(code int) {
+	if code >= 200 {
+		w.header()
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *closeWhenDraining) Write(b []byte) (int, error) {
+	w.header()
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *closeWhenDraining) Flush() { _ = w.FlushError() }
+
+func (w *closeWhenDraining) FlushError() error {
+	w.header()
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *closeWhenDraining) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // shutdownFinish bounds how long a stopping edge, past its drain timeout,
 // waits for the requests it ended to write their last answer (a client

@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"gopkg.in/yaml.v3"
 
 	"iop/internal/auth"
@@ -108,7 +109,7 @@ func (f *EdgeFile) SetDefaults() {
 // naming its YAML key.
 func (f EdgeFile) Validate() error {
 	f.SetDefaults()
-	errs := []error{f.ServeConfig.Validate(), f.Config.Validate(), f.HTTPConfig.Validate(), f.AccessConfig.Validate()}
+	errs := []error{f.ServeConfig.Validate(), f.Config.Validate(), f.HTTPConfig.Validate(), f.AccessConfig.Validate(), f.StoreConfig.Validate()}
 	if err := f.Tracing.Validate(func(string) string { return "" }); err != nil {
 		errs = append(errs, fmt.Errorf("%w: tracing: %w", edge.ErrInvalidConfig, err))
 	}
@@ -175,6 +176,11 @@ type HTTPConfig struct {
 	// MaxBodyBytes: an upload is streamed to its provider, not held; 0 is
 	// media.DefaultMaxUploadBytes (1 GiB).
 	MaxUploadBytes int64 `yaml:"max_upload_bytes"`
+	// UploadIdleTimeout bounds the pause in a multipart upload's body
+	// (POST /v1/audio/transcriptions): a client that sends nothing for
+	// this long is answered 408 and the provider slot its run holds is
+	// released; 0 is media.DefaultUploadIdleTimeout (60s).
+	UploadIdleTimeout time.Duration `yaml:"upload_idle_timeout"`
 	// MaxAnswerBytes caps a provider answer the edge reads whole to
 	// translate it for another API, in bytes (502 above it); 0 is the
 	// HTTP API's default (256 MiB, the bound a node puts on an answer it
@@ -208,6 +214,9 @@ func (c HTTPConfig) Validate() error {
 	}
 	if c.MaxUploadBytes < 0 {
 		errs = append(errs, invalid("max_upload_bytes %d must not be negative", c.MaxUploadBytes))
+	}
+	if c.UploadIdleTimeout < 0 {
+		errs = append(errs, invalid("upload_idle_timeout %s must not be negative", c.UploadIdleTimeout))
 	}
 	if c.WriteTimeout <= 0 {
 		errs = append(errs, invalid("write_timeout %s must be positive", c.WriteTimeout))
@@ -323,6 +332,22 @@ type StoreConfig struct {
 	Name string `yaml:"name"`
 }
 
+// Validate refuses a ledger_dsn or runs_dsn that is not a PostgreSQL
+// connection string as pgx parses it (a URL or key=value pairs), without
+// connecting: a typo is found by iop check, not at the first start.
+func (c StoreConfig) Validate() error {
+	var errs []error
+	for _, d := range []struct{ key, dsn string }{{"ledger_dsn", c.LedgerDSN}, {"runs_dsn", c.RunsDSN}} {
+		if d.dsn == "" {
+			continue
+		}
+		if _, err := pgconn.ParseConfig(d.dsn); err != nil {
+			errs = append(errs, invalid("%s is not a PostgreSQL connection string: %v", d.key, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // database is the SQLite file of c: Database, or ":memory:" when unset.
 func (c StoreConfig) database() string {
 	if c.Database == "" {
@@ -346,6 +371,7 @@ func (running EdgeFile) restartOnly(next EdgeFile) []string {
 		{"max_answer_bytes", running.MaxAnswerBytes != next.MaxAnswerBytes},
 		{"max_body_bytes", running.MaxBodyBytes != next.MaxBodyBytes},
 		{"max_upload_bytes", running.MaxUploadBytes != next.MaxUploadBytes},
+		{"upload_idle_timeout", running.UploadIdleTimeout != next.UploadIdleTimeout},
 		{"node_listen", running.NodeListen != next.NodeListen},
 		{"tracing", !reflect.DeepEqual(running.Tracing, next.Tracing)},
 		{"write_timeout", running.WriteTimeout != next.WriteTimeout},

@@ -30,12 +30,18 @@ func TestEdgeFilePartsValidate(t *testing.T) {
 		{"core part", "heartbeat_interval: -1s", "heartbeat_interval"},
 		{"local providers", "providers: [{type: tgi}]", "tgi"},
 		{"unknown key", "listne: x", "listne"},
+		// Regression: a malformed DSN passed iop check and failed at start.
+		{"runs_dsn not a connection string", "runs_dsn: 'postgres://u:secret@host:notaport/db'", "runs_dsn"},
+		{"ledger_dsn not a connection string", "ledger_dsn: 'host=a port=x'", "ledger_dsn"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			_, err := ParseEdgeFile([]byte(tc.yaml))
 			if err == nil || !strings.Contains(err.Error(), tc.text) {
 				t.Fatalf("ParseEdgeFile(%q) = %v, want an error naming %q", tc.yaml, err, tc.text)
+			}
+			if strings.Contains(err.Error(), "secret") {
+				t.Fatalf("ParseEdgeFile(%q) = %v: the password is in the error", tc.yaml, err)
 			}
 			if tc.name != "local providers" && !errors.Is(err, edge.ErrInvalidConfig) {
 				t.Fatalf("ParseEdgeFile(%q) = %v, want edge.ErrInvalidConfig", tc.yaml, err)

@@ -750,9 +750,13 @@ func (b Bounds) limits(tokens string) Limits {
 
 // SetLimits replaces the windows' limits of the configured key or team
 // named name, until the next Configure (a reload of the keys): the
-// admin API's change of a quota. Errors: ErrUnknownScope, or lim's
-// (Limits.ValidateTeam, which also refuses a key's admission settings).
+// admin API's change of a quota. Errors: ErrUnknownScope, or
+// ErrInvalidLimits: lim's (Limits.Validate), or a key's admission settings
+// (uncapped, default_max_tokens), which the keys file sets, not this.
 func (l *Ledger) SetLimits(scope, name string, lim Limits) error {
+	if scope == ScopeKey && (lim.Uncapped != "" || lim.DefaultMaxTokens != 0) {
+		return fmt.Errorf("%w: a key's uncapped and default_max_tokens are set in the keys file (a reload applies them), not by a quota change", ErrInvalidLimits)
+	}
 	if err := lim.ValidateTeam(); err != nil {
 		return err
 	}

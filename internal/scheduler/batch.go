@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -29,6 +30,14 @@ type BatchPolicy struct {
 	// QueueTimeout is how long one batch request may wait for a slot;
 	// default DefaultBatchQueueTimeout (24h).
 	QueueTimeout time.Duration
+	// Backoff is how long an interactive request that had to wait for a
+	// provider (granted a slot after queueing) keeps one more of its slots
+	// from batch requests, beyond Headroom: after k such waits within
+	// Backoff, a batch request takes a slot only if Headroom + min(k,
+	// max(Headroom, 1)) stay free after it — the headroom at most doubles
+	// while interactive requests wait. Zero (the default) or negative:
+	// none.
+	Backoff time.Duration
 }
 
 func (p BatchPolicy) validate() error {
@@ -54,6 +63,7 @@ func (p BatchPolicy) withDefaults() BatchPolicy {
 	if p.QueueTimeout == 0 {
 		p.QueueTimeout = DefaultBatchQueueTimeout
 	}
+	p.Backoff = max(p.Backoff, 0)
 	return p
 }
 
@@ -96,15 +106,77 @@ func (s *Scheduler) fitsLocked(r *resource, req *Request) bool {
 }
 
 // batchRoomLocked reports whether a batch request (long or not) may take
-// one of r's slots: r has one and keeps its headroom (headroomLocked) free
-// after it. No interactive waiter could use that slot: the pumps hand
-// every free slot to the interactive waiters that can use it first (queue
-// order), and nextResidentLocked never passes one for a batch waiter. An
+// one of r's slots: r has one and keeps its headroom (headroomLocked) and
+// one slot per recent interactive wait (waitedLocked) free after it. No
+// interactive waiter could use that slot: the pumps hand every free slot
+// to the interactive waiters that can use it first (queue order), and nextResidentLocked never passes one for a batch waiter. An
 // interactive waiter that chose to wait for a provider holding its model
 // (waitHotLocked) rather than load it on r does not hold r back: the
 // headroom keeps a slot of r free for it.
 func (s *Scheduler) batchRoomLocked(r *resource, long bool) bool {
-	return r.fits(long) && r.inFlight+1+s.headroomLocked(r) <= r.capacity
+	h := s.headroomLocked(r)
+	return r.fits(long) && r.inFlight+1+h+min(s.waitedLocked(r), max(h, 1)) <= r.capacity
+}
+
+// waitedLocked is how many interactive requests waited for r within the
+// batch policy's Backoff (pruning the older ones): r keeps that many more
+// slots from batch requests, beyond its headroom, up to the headroom again
+// (at least one): batchRoomLocked.
+func (s *Scheduler) waitedLocked(r *resource) int {
+	if len(r.waited) == 0 {
+		return 0
+	}
+	now := s.clock.Now()
+	r.waited = slices.DeleteFunc(r.waited, func(until time.Time) bool { return !until.After(now) })
+	return len(r.waited)
+}
+
+// yieldLocked counts a wait of an interactive request granted a slot
+// after queueing on each resource of cands (those it listed and waited
+// for), for the batch policy's Backoff. Under a steady interactive load
+// the requests that waited end together; without it, batch lines took
+// the slots they freed (the headroom rule alone allows it) and held them
+// for their runs, the next interactive arrivals waited in turn, and the
+// waits came back every service time. An occasional wait holds back one
+// slot for Backoff; a burst of them, as many as the headroom again. A
+// timer hands the slots out (pumpResourceLocked) when a wait stops
+// counting.
+func (s *Scheduler) yieldLocked(cands []choice) {
+	if s.batch.Backoff <= 0 {
+		return
+	}
+	until := s.clock.Now().Add(s.batch.Backoff)
+	for _, c := range cands {
+		r := c.res
+		if r == nil || r.capacity < 1 {
+			continue
+		}
+		s.waitedLocked(r)
+		if len(r.waited) >= r.capacity {
+			r.waited = slices.Delete(r.waited, 0, 1) // the earliest: each one counts Backoff from its grant
+		}
+		r.waited = append(r.waited, until)
+		if r.waitedTimer == nil {
+			s.armWaitedLocked(r)
+		}
+	}
+}
+
+// armWaitedLocked sets r's timer for the earliest of r.waited; when it
+// fires, the waits that passed stop counting, r's free slots are handed
+// out, and the timer is set again for the next one.
+func (s *Scheduler) armWaitedLocked(r *resource) {
+	if len(r.waited) == 0 {
+		r.waitedTimer = nil
+		return
+	}
+	r.waitedTimer = s.clock.AfterFunc(slices.MinFunc(r.waited, time.Time.Compare).Sub(s.clock.Now()), func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.waitedLocked(r)
+		s.armWaitedLocked(r)
+		s.pumpResourceLocked(r)
+	})
 }
 
 // fullLocked reports whether g's queue of a request of priority p is

@@ -20,6 +20,7 @@ import (
 // no network: what it measures is the band's rule alone.
 type batchSim struct {
 	providers, capacity, headroom int
+	backoff                       time.Duration // the batch policy's Backoff
 	load                          float64
 	service                       time.Duration
 	length                        time.Duration
@@ -53,7 +54,7 @@ func (c batchSim) run(tb testing.TB, batch bool) simResult {
 	clk := clock.NewFake(time.Unix(0, 0))
 	start := clk.Now()
 	s, err := New(Config{Clock: clk, Default: Policy{MaxQueue: 1 << 20, QueueTimeout: time.Hour},
-		Batch: BatchPolicy{Headroom: c.headroom, MaxQueue: 1 << 20}})
+		Batch: BatchPolicy{Headroom: c.headroom, MaxQueue: 1 << 20, Backoff: c.backoff}})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -194,13 +195,25 @@ func BenchmarkBatchBandSimulated(b *testing.B) {
 		{providers: 2, capacity: 32, headroom: 2, poisson: true},
 		{providers: 2, capacity: 32, headroom: 4, poisson: true},
 		{providers: 2, capacity: 32, headroom: 8, poisson: true},
+		{providers: 2, capacity: 8, headroom: 1, backoff: 2 * time.Second},
+		{providers: 2, capacity: 32, headroom: 2, backoff: 2 * time.Second},
+		{providers: 2, capacity: 8, headroom: 1, backoff: 2 * time.Second, poisson: true},
+		{providers: 2, capacity: 8, headroom: 2, backoff: 2 * time.Second, poisson: true},
+		{providers: 2, capacity: 32, headroom: 2, backoff: 2 * time.Second, poisson: true},
+		{providers: 2, capacity: 32, headroom: 4, backoff: 2 * time.Second, poisson: true},
+		{providers: 2, capacity: 8, headroom: 1, backoff: 5 * time.Second},
+		{providers: 2, capacity: 32, headroom: 2, backoff: 5 * time.Second},
+		{providers: 2, capacity: 8, headroom: 1, backoff: 5 * time.Second, poisson: true},
+		{providers: 2, capacity: 8, headroom: 2, backoff: 5 * time.Second, poisson: true},
+		{providers: 2, capacity: 32, headroom: 2, backoff: 5 * time.Second, poisson: true},
+		{providers: 2, capacity: 32, headroom: 4, backoff: 5 * time.Second, poisson: true},
 	} {
 		c.load, c.service, c.length = 0.6, 1150*time.Millisecond, 10*time.Minute
 		arrivals := "fixed"
 		if c.poisson {
 			arrivals = "poisson"
 		}
-		b.Run(fmt.Sprintf("%s/capacity=%dx%d/headroom=%d", arrivals, c.providers, c.capacity, c.headroom), func(b *testing.B) {
+		b.Run(fmt.Sprintf("%s/capacity=%dx%d/headroom=%d/backoff=%s", arrivals, c.providers, c.capacity, c.headroom, c.backoff), func(b *testing.B) {
 			var alone, with simResult
 			for range b.N {
 				alone, with = c.run(b, false), c.run(b, true)

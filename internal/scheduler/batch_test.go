@@ -394,3 +394,133 @@ func TestBatchNeverForcesABusySwap(t *testing.T) {
 	}
 	r.lease.Release("done")
 }
+
+// TestRegression_BatchYieldsAfterAnInteractiveWait: one provider of
+// capacity 4, headroom 1, a batch holding the 3 slots beyond the headroom
+// and more batch lines queued. Two interactive requests arrive together:
+// the first takes the headroom, the second waits for a batch line to end.
+// When both end, the two slots they free must stay free for the next two
+// interactive arrivals: before the backoff, a queued batch line took one
+// of them (the headroom rule alone allows it), so the fourth interactive
+// request waited as the second did, and under a steady interactive load
+// that wait came back every service time (the arrivals that waited end
+// together, the batch fills the gap, the next ones wait again).
+func TestRegression_BatchYieldsAfterAnInteractiveWait(t *testing.T) {
+	f := newBatchFixture(t, BatchPolicy{Headroom: 1, Backoff: 5 * time.Second}, map[string]int{"a": 4})
+	var batch []*Lease
+	for range 3 {
+		batch = append(batch, leaseOrFail(t, "batch line", mustLease(f.enq(f.preq("m", PriorityBatch)))))
+	}
+	_, queued := f.enq(f.preq("m", PriorityBatch))
+	i1 := leaseOrFail(t, "first interactive", mustLease(f.enq(f.preq("m", PriorityStandard))))
+	_, w2 := f.enq(f.preq("m", PriorityStandard))
+	if w2 == nil {
+		t.Fatal("second interactive request got a slot with 4 of 4 held")
+	}
+	f.clk.Advance(300 * time.Millisecond)
+	batch[0].Release("done")
+	i2 := outcome(w2).lease
+	if i2 == nil {
+		t.Fatal("the batch line's slot did not go to the waiting interactive request")
+	}
+	f.clk.Advance(time.Second)
+	i1.Release("done")
+	i2.Release("done")
+	if r := outcome(queued); r.lease != nil {
+		t.Fatalf("a batch line took a slot just freed by interactive requests that had to wait (%s)", r.lease.Info().QueueReason)
+	}
+	i3 := leaseOrFail(t, "third interactive", mustLease(f.enq(f.preq("m", PriorityStandard))))
+	i4 := leaseOrFail(t, "fourth interactive", mustLease(f.enq(f.preq("m", PriorityStandard))))
+	i3.Release("done")
+	i4.Release("done")
+	// The backoff over, the queued line takes a slot beyond the headroom
+	// without another release.
+	f.clk.Advance(5 * time.Second)
+	if outcome(queued).lease == nil {
+		t.Fatal("the batch line still waits after the backoff with 2 of 4 slots free")
+	}
+}
+
+// TestBatchBackoffLapses: the slot an interactive wait holds back goes to
+// the queued batch line when the backoff ends, with no other event.
+func TestBatchBackoffLapses(t *testing.T) {
+	f := newBatchFixture(t, BatchPolicy{Headroom: 1, Backoff: 5 * time.Second}, map[string]int{"a": 4})
+	queued := waveAfterBatch(t, f) // the wait counts from 0.3 s to 5.3 s; the clock is at 1.3 s
+	f.clk.Advance(3900 * time.Millisecond)
+	if outcome(queued).lease != nil {
+		t.Fatal("the batch line took the held slot before the backoff ended")
+	}
+	f.clk.Advance(100 * time.Millisecond)
+	if outcome(queued).lease == nil {
+		t.Fatal("the batch line still waits after the backoff with 2 of 4 slots free")
+	}
+	if n := f.clk.Pending(); n != 0 {
+		t.Fatalf("%d timers left", n)
+	}
+}
+
+// waveAfterBatch fills f's provider "a" (capacity 4, headroom 1) with 3
+// batch lines, queues one more, then runs two interactive requests that
+// arrive together (the second waits for a batch line's slot) to their
+// end; it returns the queued batch line's waiter.
+func waveAfterBatch(t *testing.T, f *fixture) *waiter {
+	t.Helper()
+	var batch []*Lease
+	for range 3 {
+		batch = append(batch, leaseOrFail(t, "batch line", mustLease(f.enq(f.preq("m", PriorityBatch)))))
+	}
+	_, queued := f.enq(f.preq("m", PriorityBatch))
+	i1 := leaseOrFail(t, "first interactive", mustLease(f.enq(f.preq("m", PriorityStandard))))
+	_, w2 := f.enq(f.preq("m", PriorityStandard))
+	if w2 == nil {
+		t.Fatal("second interactive request got a slot with 4 of 4 held")
+	}
+	f.clk.Advance(300 * time.Millisecond)
+	batch[0].Release("done")
+	i2 := outcome(w2).lease
+	if i2 == nil {
+		t.Fatal("the batch line's slot did not go to the waiting interactive request")
+	}
+	f.clk.Advance(time.Second)
+	i1.Release("done")
+	i2.Release("done")
+	return queued
+}
+
+// mustLease is l, dropping the waiter of an enqueue.
+func mustLease(l *Lease, _ *waiter) *Lease { return l }
+
+// TestBatchBackoffAtMostDoublesTheHeadroom: capacity 6, headroom 1, two
+// interactive waits within the backoff hold back one slot beyond the
+// headroom, not two: with 3 of 6 slots held by batch lines, one more
+// batch line starts (2 stay free), a second does not.
+func TestBatchBackoffAtMostDoublesTheHeadroom(t *testing.T) {
+	f := newBatchFixture(t, BatchPolicy{Headroom: 1, Backoff: 5 * time.Second}, map[string]int{"a": 6})
+	var batch []*Lease
+	for range 5 {
+		batch = append(batch, leaseOrFail(t, "batch line", mustLease(f.enq(f.preq("m", PriorityBatch)))))
+	}
+	_, q1 := f.enq(f.preq("m", PriorityBatch))
+	_, q2 := f.enq(f.preq("m", PriorityBatch))
+	inter := []*Lease{leaseOrFail(t, "first interactive", mustLease(f.enq(f.preq("m", PriorityStandard))))}
+	_, w2 := f.enq(f.preq("m", PriorityStandard))
+	_, w3 := f.enq(f.preq("m", PriorityStandard))
+	batch[0].Release("done")
+	batch[1].Release("done")
+	for _, w := range []*waiter{w2, w3} {
+		l := outcome(w).lease
+		if l == nil {
+			t.Fatal("a freed batch slot did not go to a waiting interactive request")
+		}
+		inter = append(inter, l)
+	}
+	for _, l := range inter {
+		l.Release("done")
+	}
+	if outcome(q1).lease == nil {
+		t.Fatal("no batch line started with 3 of 6 slots free, headroom 1 and two waits")
+	}
+	if outcome(q2).lease != nil {
+		t.Fatal("a second batch line started: the two waits held back less than one slot beyond the headroom")
+	}
+}

@@ -53,15 +53,15 @@
 //   - A request may wait for a busy holder, at most the shorter of the
 //     load time and MaxExtraWait (waitHotLocked).
 //   - A load goes where it evicts nothing idle (evictionCostLocked).
-//   - A load never evicts a model with runs in flight, unless its request
-//     waited MaxExtraWait (evictBusy, waitSwapLocked).
+//   - A load evicts no model running or in more demand than its own until
+//     its request waited MaxExtraWait (evictBusy, evictInDemand).
 //   - A kept model (SetKept) is evicted last, and a load avoids providers
 //     where it would evict one (victimLocked, evictWanted).
 //   - A freed slot goes to the first waiter needing no load there, or
 //     overdue, before an earlier one needing a swap (nextResidentLocked).
 //   - No slot stays idle while a waiter that could use it without a load
-//     waits; one needing a load waits beside it only for a busy holder or
-//     for the runs its load would evict, bounded as above.
+//     waits; one needing a load waits beside it only for a busy holder
+//     or while its load would evict a model, bounded as above.
 //
 // # Queue order
 //

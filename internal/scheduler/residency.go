@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"time"
 )
@@ -59,6 +60,36 @@ type heldModel struct {
 	name    string
 	used    uint64 // the scheduler's lease sequence at its last grant
 	loading bool   // a grant started its load; no reading shows it yet
+	// demand counts its grants on the provider, each decayed by
+	// e^(−age/MaxExtraWait) (demandLocked), as of demandAt.
+	demand   float64
+	demandAt time.Time
+}
+
+// demandLocked is m's demand on its provider now: its grants there, each
+// weighing e^(−age/MaxExtraWait), about how many of its requests the
+// provider served in the last MaxExtraWait.
+func (s *Scheduler) demandLocked(m *heldModel) float64 {
+	if m.demand == 0 {
+		return 0
+	}
+	age := s.clock.Now().Sub(m.demandAt)
+	return m.demand * math.Exp(-float64(age)/float64(s.maxExtraWait()))
+}
+
+// maxExtraWait is the policy's MaxExtraWait, else its default (demand is
+// counted with residency off too).
+func (s *Scheduler) maxExtraWait() time.Duration {
+	if s.residency != nil {
+		return s.residency.MaxExtraWait
+	}
+	return DefaultMaxExtraWait
+}
+
+// grantedLocked adds a grant to m's demand.
+func (s *Scheduler) grantedLocked(m *heldModel) {
+	m.demand = s.demandLocked(m) + 1
+	m.demandAt = s.clock.Now()
 }
 
 // limit is how many models the provider holds at once: configured, else
@@ -155,7 +186,7 @@ func (s *Scheduler) SetLoaded(nodeID, providerID string, loaded []string, maxLoa
 		}
 		m := heldModel{name: name, used: s.leaseSeq, loading: loading}
 		if i := slices.IndexFunc(old, func(o heldModel) bool { return o.name == name }); i >= 0 {
-			m.used = old[i].used
+			m.used, m.demand, m.demandAt = old[i].used, old[i].demand, old[i].demandAt
 		}
 		models = append(models, m)
 	}
@@ -201,9 +232,11 @@ func (s *Scheduler) touchLocked(r *resource, model string) bool {
 	}
 	if i := h.index(model); i >= 0 {
 		h.models[i].used = s.leaseSeq
+		s.grantedLocked(&h.models[i])
 		return false
 	}
 	h.models = append(h.models, heldModel{name: model, used: s.leaseSeq, loading: true})
+	s.grantedLocked(&h.models[len(h.models)-1])
 	h.loads++
 	s.trimLocked(r)
 	return true
@@ -277,18 +310,23 @@ func (r *resource) runsModel(model string) bool {
 
 // Eviction costs (evictionCostLocked), cheapest first.
 const (
-	evictNothing = iota // r has room, or its limit is unknown
-	evictIdle           // the victim has no run in flight and no waiter
-	evictWanted         // a waiter listing r asks for the victim, or it is kept
-	evictBusy           // the victim has runs in flight: the swap waits for them
+	evictNothing  = iota // r has room, or its limit is unknown
+	evictIdle            // the victim has no run in flight and no waiter
+	evictWanted          // a waiter listing r asks for the victim, or it is kept
+	evictInDemand        // the victim was asked for more than the load's model waits: the swap waits
+	evictBusy            // the victim has runs in flight: the swap waits for them
 )
 
-// evictionCostLocked ranks loading a model on r, which does not hold it,
-// by what the load evicts (victimLocked): evictNothing, evictIdle,
-// evictWanted or evictBusy. A swap waits for the runs of the model it
-// evicts: pickResidentLocked takes an evictBusy load only for a request
-// that waited MaxExtraWait.
-func (s *Scheduler) evictionCostLocked(r *resource) int {
+// evictionCostLocked ranks loading model on r, which does not hold it,
+// for waiting requests of that model (counting the one deciding), by
+// what the load evicts (victimLocked): evictNothing, evictIdle,
+// evictWanted, evictInDemand (its demand on r, demandLocked, is above
+// waiting) or evictBusy. A swap waits for the runs of the model it
+// evicts, and does not evict a model in more demand than its own (the
+// pause between two requests of a model in use is not the end of its
+// use): pickResidentLocked takes such a load only for a request that
+// waited MaxExtraWait.
+func (s *Scheduler) evictionCostLocked(r *resource, model string, waiting int) int {
 	h := r.held
 	limit := h.limit()
 	if limit == 0 || len(h.models) < limit {
@@ -299,6 +337,9 @@ func (s *Scheduler) evictionCostLocked(r *resource) int {
 		return evictBusy
 	}
 	victim := h.models[i]
+	if victim.name != model && s.demandLocked(&victim) > float64(waiting) {
+		return evictInDemand
+	}
 	if s.kept[victim.name] {
 		return evictWanted
 	}
@@ -312,6 +353,20 @@ func (s *Scheduler) evictionCostLocked(r *resource) int {
 		}
 	}
 	return evictIdle
+}
+
+// waitingForLocked counts r's waiters whose candidate on r is model.
+// It costs O(waiters listing r × their candidates).
+func waitingForLocked(r *resource, model string) int {
+	n := 0
+	for _, hp := range []waitHeap{r.short, r.long} {
+		for _, ref := range hp {
+			if slices.ContainsFunc(ref.w.cands, func(c choice) bool { return c.res == r && c.Target == model }) {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // nextResidentLocked returns the waiter r's free slot goes to under a
@@ -351,10 +406,12 @@ func (s *Scheduler) nextResidentLocked(r *resource, top *waiter) *waiter {
 // free one for req: the best (by the chooser, Prefer first) of those that
 // hold their target; else, when wait is set and a busy candidate holds its
 // target with an expected wait shorter than the load, none (res nil,
-// waitHot true); else the best of the cheapest loads (evictionCostLocked),
-// leaving out those that wait for the runs of the model they evict
-// (evictBusy) unless overdue is set.
-func (s *Scheduler) pickResidentLocked(choices []choice, req *Request, wait, overdue bool) (best choice, waitHot bool) {
+// waitHot true); else the best of the cheapest loads (evictionCostLocked,
+// counting req among its model's waiters unless queued is set), leaving
+// out those that wait for the runs of the model they evict (evictBusy) or
+// would evict a model in more demand (evictInDemand) unless overdue is
+// set.
+func (s *Scheduler) pickResidentLocked(choices []choice, req *Request, wait, overdue, queued bool) (best choice, waitHot bool) {
 	hot := newChooser(req)
 	var preferred choice
 	var free []choice
@@ -403,9 +460,13 @@ func (s *Scheduler) pickResidentLocked(choices []choice, req *Request, wait, ove
 	}
 	cold := newChooser(req)
 	bestCost := evictBusy + 1
+	self := 1
+	if queued {
+		self = 0
+	}
 	for _, c := range free {
-		cost := s.evictionCostLocked(c.res)
-		if cost == evictBusy && !overdue {
+		cost := s.evictionCostLocked(c.res, c.Target, waitingForLocked(c.res, c.Target)+self)
+		if cost >= evictInDemand && !overdue {
 			continue
 		}
 		if cost < bestCost {

@@ -18,7 +18,7 @@ import (
 // waiting while a provider holding its model has a free slot, and a
 // request left waiting beside a free provider only within its bounded
 // wait for one that holds its model, or, where its load would evict a
-// model with runs in flight, for those runs within MaxExtraWait.
+// model, within MaxExtraWait.
 type rMachine struct {
 	clk     *clock.Fake
 	s       *Scheduler
@@ -195,13 +195,14 @@ func (m *rMachine) check(t *rapid.T) {
 				t.Fatalf("waiter %d (%s) waits while %s, holding it, is free", w.seq, w.group.name, c.ProviderID)
 			}
 			// Beside a free provider only while waiting for a holder, or,
-			// when a load there would evict a model with runs in flight,
-			// for those runs: a swap waits for the runs of the model it
-			// evicts, up to MaxExtraWait.
+			// when a load there would evict a model (with runs in flight,
+			// or in more demand than its own), up to MaxExtraWait: a swap
+			// waits for the runs of the model it evicts, and the demand of
+			// that model decays between the events that reconsider it.
 			waited := now.Sub(w.enqueued)
-			if m.s.evictionCostLocked(c.res) == evictBusy {
+			if m.s.evictionCostLocked(c.res, c.Target, 0) != evictNothing {
 				if w.swapWait == nil || waited >= m.pol.MaxExtraWait {
-					t.Fatalf("waiter %d (%s) waits %v for the runs %s evicts", w.seq, w.group.name, waited, c.ProviderID)
+					t.Fatalf("waiter %d (%s) waits %v for a swap on %s", w.seq, w.group.name, waited, c.ProviderID)
 				}
 				continue
 			}

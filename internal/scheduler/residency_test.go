@@ -185,7 +185,9 @@ func TestResidencyLongQueueLoadsElsewhere(t *testing.T) {
 
 // TestResidencyBatchesByModel: on a provider holding x, waiters for x are
 // served before an earlier waiter for y, which needs a swap; without the
-// policy the order is the queue's.
+// policy the order is the queue's. With it, x, just asked for three times,
+// is in more demand than the one y waiter: y swaps it out at its deadline
+// (MaxExtraWait), not as soon as the x waiters are served.
 func TestResidencyBatchesByModel(t *testing.T) {
 	for _, on := range []bool{true, false} {
 		t.Run(fmt.Sprint("residency=", on), func(t *testing.T) {
@@ -206,6 +208,9 @@ func TestResidencyBatchesByModel(t *testing.T) {
 			names := map[*pending]string{y: "y", x2: "x2", x3: "x3"}
 			var order []string
 			for i := range 3 {
+				if i == 2 {
+					f.clk.Advance(9 * time.Second) // y's deadline
+				}
 				cur.Release("done")
 				if f.waiters() != 2-i {
 					t.Fatalf("release %d: %d waiters left", i, f.waiters())
@@ -423,4 +428,85 @@ func TestResidencyKeptEvictedLast(t *testing.T) {
 		t.Fatalf("b holds %v, want [v]: the only slot is needed", got)
 	}
 	l.Release("done")
+}
+
+// TestRegression_ResidencyIdleSwapOfAModelInUse: two providers of
+// capacity 2 holding one model each (a: x, b: y), clients asking for x, y
+// and z in turns at about 2 a second, as `iop bench --residency` run D
+// does. A request for z found both providers idle between two requests
+// of their models and swapped one out at once; the next request of that
+// model swapped it back in: a load every second or two (45 in 60 s). A
+// swap now waits while the model it evicts is in more demand than its
+// own: z waits (x and y keep running without a load) until its deadline,
+// then loads once, and the z requests that came meanwhile share the load.
+func TestRegression_ResidencyIdleSwapOfAModelInUse(t *testing.T) {
+	f := newFixture(t, residencyConfig())
+	f.activate("n1", 1, ResourceSpec{ProviderID: "a", Capacity: 2}, ResourceSpec{ProviderID: "b", Capacity: 2})
+	f.setLoaded("a", 1, "x")
+	f.setLoaded("b", 1, "y")
+	for _, m := range []string{"x", "y", "z"} {
+		f.setModel(m, "a", "b")
+	}
+	serve := func(model string) {
+		t.Helper()
+		l := f.admitNow(f.req(model))
+		if l.Info().Load {
+			t.Fatalf("%s loaded on %s", model, l.Candidate().ProviderID)
+		}
+		f.clk.Advance(250 * time.Millisecond)
+		l.Release("done")
+		f.clk.Advance(250 * time.Millisecond)
+	}
+	for range 3 {
+		serve("x")
+		serve("y")
+	}
+	z1 := f.admitAsync(context.Background(), f.req("z"))
+	if f.waiters() != 1 {
+		l, err := z1.wait()
+		t.Fatalf("z swapped out a model in use at once: %+v %v", l.Info(), err)
+	}
+	for range 4 { // 4 s: x and y run where they are
+		serve("x")
+		serve("y")
+	}
+	z2 := f.admitAsync(context.Background(), f.req("z"))
+	f.clk.Advance(6 * time.Second) // z1's deadline
+	l1, l2 := leaseOf(t, z1), leaseOf(t, z2)
+	if !l1.Info().Load || l2.Info().Load || l1.Candidate() != l2.Candidate() {
+		t.Fatalf("z1 %+v, z2 %+v: want one load for both", l1.Info(), l2.Info())
+	}
+	l1.Release("done")
+	l2.Release("done")
+	var loads uint64
+	for _, p := range []string{"a", "b"} {
+		r, _ := f.s.Residency("n1", p)
+		loads += r.Loads
+	}
+	if loads != 1 {
+		t.Fatalf("%d loads, want 1", loads)
+	}
+}
+
+// TestResidencyAlternatingClientSwapsAtOnce: one client alternating two
+// models on a provider that holds one (Aider's architect mode, alone) is
+// never held back: each model was asked for once since its last swap, no
+// more than the request waiting for the other, so each request loads at
+// once.
+func TestResidencyAlternatingClientSwapsAtOnce(t *testing.T) {
+	f := newFixture(t, residencyConfig())
+	f.activate("n1", 1, ResourceSpec{ProviderID: "a", Capacity: 2})
+	f.setLoaded("a", 1)
+	f.setModel("x", "a")
+	f.setModel("y", "a")
+	for i := range 6 {
+		model := []string{"x", "y"}[i%2]
+		l := f.admitNow(f.req(model))
+		if !l.Info().Load {
+			t.Fatalf("request %d (%s): no load", i, model)
+		}
+		f.clk.Advance(time.Second)
+		l.Release("done")
+		f.clk.Advance(100 * time.Millisecond)
+	}
 }

@@ -239,6 +239,13 @@ type resource struct {
 	vtime [3]uint64
 	// held is what it holds loaded; nil: every model (residency unread).
 	held *holding
+	// waited holds when each recent interactive wait for it stops
+	// counting (the batch policy's Backoff after the waiter's grant), at
+	// most capacity of them: each keeps one more of its slots from batch
+	// requests (batchRoomLocked). waitedTimer hands its slots out when the
+	// earliest of them passes.
+	waited      []time.Time
+	waitedTimer Timer
 }
 
 func (r *resource) fits(long bool) bool {
@@ -486,10 +493,10 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	}
 	waitHot := false
 	if s.residency != nil && s.tracksAnyLocked(cands) {
-		best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, true, false)
+		best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, true, false, false)
 		if g := s.groups[req.Group]; waitHot && g != nil && s.fullLocked(g, req.Priority) {
 			// No room to wait for a holder: load it where a slot is free.
-			best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, false, false)
+			best, waitHot = s.pickResidentLocked(s.choicesLocked(cands), &req, false, false, false)
 		}
 	}
 	if best.res != nil {
@@ -748,12 +755,15 @@ func (s *Scheduler) reserveLocked(r *resource, c Candidate, req Request, reason 
 func (s *Scheduler) grantLocked(w *waiter) bool {
 	var best choice
 	if s.residency != nil && slices.ContainsFunc(w.cands, func(c choice) bool { return c.res.held != nil }) {
-		best, _ = s.pickResidentLocked(w.cands, &w.req, false, s.overdueLocked(w))
+		best, _ = s.pickResidentLocked(w.cands, &w.req, false, s.overdueLocked(w), true)
 	} else {
 		best = s.pickLocked(w.cands, &w.req)
 	}
 	if best.res == nil {
 		return false
+	}
+	if w.band != batchBand {
+		s.yieldLocked(w.cands)
 	}
 	w.state = granted // before unlinkLocked: a granted waiter keeps its flow's cost
 	s.unlinkLocked(w)

@@ -6,6 +6,9 @@
 //   IOP_BASE_URL  the edge's base URL, "http://127.0.0.1:PORT"
 //   IOP_MODELS    JSON [{"path": "normalized"|"tunnel", "model": NAME}, ...]
 //   IOP_SLOW      a model served slowly, one request at a time (to cancel)
+//   IOP_SLOW_MAX_TOKENS  max_tokens of the lines to cancel (default 8 for
+//                 openai's, 20 for anthropic's): a fast real model needs
+//                 long answers for a cancel to land before the batch ends
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI, { toFile } from 'openai';
@@ -16,6 +19,7 @@ const openai = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'client-key', maxRetr
 const anthropic = new Anthropic({ baseURL: base, apiKey: 'client-key', maxRetries: 0 });
 const models = JSON.parse(process.env.IOP_MODELS ?? '[]').map((m) => m.model);
 const slow = process.env.IOP_SLOW;
+const slowMaxTokens = Number(process.env.IOP_SLOW_MAX_TOKENS ?? 0);
 assert.ok(models.length >= 2 && slow, 'IOP_MODELS and IOP_SLOW must be set');
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -29,10 +33,10 @@ async function poll(get, done) {
   throw new Error('batch did not end in time');
 }
 
-function chatLines(prefix, model, n) {
+function chatLines(prefix, model, n, maxTokens = 8) {
   return Array.from({ length: n }, (_, i) => JSON.stringify({
     custom_id: `${prefix}-${i}`, method: 'POST', url: '/v1/chat/completions',
-    body: { model, max_tokens: 8, messages: [{ role: 'user', content: `line ${i}` }] },
+    body: { model, max_tokens: maxTokens, messages: [{ role: 'user', content: `line ${i}` }] },
   })).join('\n') + '\n';
 }
 
@@ -68,7 +72,7 @@ test('openai: files.create, batches.create, retrieve polling, files.content', as
 });
 
 test('openai: batches.cancel', async () => {
-  const file = await openai.files.create({ file: await toFile(Buffer.from(chatLines('s', slow, 20)), 'slow.jsonl'), purpose: 'batch' });
+  const file = await openai.files.create({ file: await toFile(Buffer.from(chatLines('s', slow, 20, slowMaxTokens || 8)), 'slow.jsonl'), purpose: 'batch' });
   const created = await openai.batches.create({ input_file_id: file.id, endpoint: '/v1/chat/completions', completion_window: '24h' });
   await poll(() => openai.batches.retrieve(created.id), (b) => b.status === 'in_progress');
   const cancelling = await openai.batches.cancel(created.id);
@@ -108,7 +112,7 @@ test('anthropic: messages.batches create, retrieve, results', async () => {
 
 test('anthropic: messages.batches.cancel', async () => {
   const requests = Array.from({ length: 20 }, (_, i) => ({
-    custom_id: `c${i}`, params: { model: slow, max_tokens: 20, messages: [{ role: 'user', content: 'hi' }] },
+    custom_id: `c${i}`, params: { model: slow, max_tokens: slowMaxTokens || 20, messages: [{ role: 'user', content: 'hi' }] },
   }));
   const created = await anthropic.messages.batches.create({ requests });
   const canceling = await anthropic.messages.batches.cancel(created.id);

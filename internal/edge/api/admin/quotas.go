@@ -64,8 +64,12 @@ func renderQuota(s quota.ScopeStatus) quotaJSON {
 func (s *server) quotas(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	scope, name := quota.ScopeKey, q.Get("key")
-	if t := q.Get("team"); t != "" {
-		scope, name = quota.ScopeTeam, t
+	if q.Has("team") {
+		if q.Has("key") {
+			api.WriteError(w, r, api.InvalidParam("team", "name a key (?key=) or a team (?team=), not both"))
+			return
+		}
+		scope, name = quota.ScopeTeam, q.Get("team")
 	}
 	switch {
 	case r.Method == http.MethodGet && name == "":
@@ -86,6 +90,11 @@ func (s *server) quotas(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(r.Body)
 		if err != nil {
 			api.WriteError(w, r, api.InvalidParam("", "reading the body failed"))
+			return
+		}
+		if b := bytes.TrimSpace(body); len(b) == 0 || b[0] != '{' {
+			// null would decode as no change and clear every limit.
+			api.WriteError(w, r, api.InvalidParam("", `the body must be a quota object ({} removes every limit)`))
 			return
 		}
 		var lim quota.Limits

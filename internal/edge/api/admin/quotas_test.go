@@ -61,16 +61,27 @@ func TestQuotasReadAndChange(t *testing.T) {
 	for _, c := range []struct {
 		query, body string
 		status      int
+		says        string
 	}{
-		{"key=nobody", `{}`, 404},
-		{"key=a", `{"tokens_per_minute":-1}`, 400},
-		{"key=a", `{"uncapped":"refuse"}`, 400},
-		{"key=a", `{"tokens_per_mnute":5}`, 400},
-		{"", `{}`, 400},
+		{"key=nobody", `{}`, 404, "nobody"},
+		{"key=a", `{"tokens_per_minute":-1}`, 400, "tokens_per_minute"},
+		// Regression: a key's admission settings were refused with a team's message.
+		{"key=a", `{"uncapped":"refuse"}`, 400, "keys file"},
+		{"team=t", `{"uncapped":"refuse"}`, 400, "not a team's"},
+		{"key=a", `{"tokens_per_mnute":5}`, 400, "tokens_per_mnute"},
+		{"", `{}`, 400, "key"},
+		// Regression: null decoded as no field and removed every limit;
+		// ?key=&team= chose the team without a word.
+		{"key=a", `null`, 400, "quota object"},
+		{"key=a", ` [] `, 400, "quota object"},
+		{"key=a&team=t", `{}`, 400, "not both"},
 	} {
-		if resp := put(c.query, c.body); resp.status != c.status {
-			t.Errorf("PUT ?%s %s: %d %s, want %d", c.query, c.body, resp.status, resp.body, c.status)
+		if resp := put(c.query, c.body); resp.status != c.status || !strings.Contains(resp.body, c.says) {
+			t.Errorf("PUT ?%s %s: %d %s, want %d saying %q", c.query, c.body, resp.status, resp.body, c.status, c.says)
 		}
+	}
+	if st, _ := l.Describe(quota.ScopeKey, "a"); st.Limits.TokensPerMinute != 20 {
+		t.Errorf("the refused changes changed key a: %+v", st.Limits)
 	}
 	if resp := env.get(t, "/admin/v1/quotas?team=nope"); resp.status != 404 {
 		t.Errorf("unknown team: %d", resp.status)

@@ -33,6 +33,9 @@
 //     file), the remainder read as the run's stream takes it.
 //   - A streamed body is read once: such a request is never retried on
 //     another provider.
+//   - A multipart body names its model once: a second part named model
+//     fails the request with 400 before any byte of that part is relayed
+//     (oneModel).
 //
 // # Concurrency
 //

@@ -38,6 +38,9 @@ const (
 	DefaultMaxUploadBytes int64 = 1 << 30 // 1 GiB
 	// DefaultUploadReadTimeout is Config.UploadReadTimeout when 0.
 	DefaultUploadReadTimeout = 10 * time.Minute
+	// DefaultUploadIdleTimeout is Config.UploadIdleTimeout when 0: as
+	// nginx's client_body_timeout.
+	DefaultUploadIdleTimeout = 60 * time.Second
 )
 
 // Config is the media routes' configuration.
@@ -50,6 +53,11 @@ type Config struct {
 	// UploadReadTimeout bounds reading an upload's body. 0 means
 	// DefaultUploadReadTimeout.
 	UploadReadTimeout time.Duration
+	// UploadIdleTimeout bounds the pause between two reads of an
+	// upload's body: a client that sends nothing for this long is
+	// answered 408 and its run, if it holds a slot, ends. 0 means
+	// DefaultUploadIdleTimeout.
+	UploadIdleTimeout time.Duration
 	// SpoolDir is the directory of the temporary files that hold what
 	// comes before a multipart body's model field beyond maxHeldPrefix
 	// bytes ("" is os.TempDir()).
@@ -70,6 +78,9 @@ func Routes(cfg Config) (map[string]api.Route, map[string]api.BodyLimit) {
 	}
 	if cfg.UploadReadTimeout <= 0 {
 		cfg.UploadReadTimeout = DefaultUploadReadTimeout
+	}
+	if cfg.UploadIdleTimeout <= 0 {
+		cfg.UploadIdleTimeout = DefaultUploadIdleTimeout
 	}
 	s := &server{cfg: cfg}
 	jsonRoute := func(name string, op contract.Operation, need string, chk check) api.Route {

@@ -1,15 +1,20 @@
 package media
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"mime"
 	"mime/multipart"
 	"net/http"
+	"net/textproto"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"iop/internal/edge/api"
 	"iop/internal/edge/contract"
@@ -46,7 +51,8 @@ var errUploadEnded = errors.New("the upload's request ended")
 // to its model field, then relayed, model field set to the served
 // model's name, to a provider with capability "transcription". 400 for a
 // body that is not multipart/form-data or has no model field; 413 over
-// Config.MaxUploadBytes.
+// Config.MaxUploadBytes; 408 when the body pauses longer than
+// Config.UploadIdleTimeout (or is not in within UploadReadTimeout).
 func (s *server) transcription(w http.ResponseWriter, r *http.Request) {
 	ct := r.Header.Get("Content-Type")
 	mt, params, err := mime.ParseMediaType(ct)
@@ -55,9 +61,11 @@ func (s *server) transcription(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	boundary := params["boundary"]
+	body := newIdleBody(w, r.Body, s.cfg.UploadIdleTimeout, time.Now().Add(s.cfg.UploadReadTimeout))
+	defer body.stop()
 	sp := &spool{dir: s.cfg.SpoolDir}
 	defer sp.close()
-	model, err := readModel(io.TeeReader(r.Body, sp), boundary)
+	model, err := readModel(io.TeeReader(body, sp), boundary)
 	if err != nil {
 		api.WriteError(w, r, err)
 		return
@@ -67,8 +75,11 @@ func (s *server) transcription(w http.ResponseWriter, r *http.Request) {
 		api.WriteError(w, r, api.InvalidParam("model", "the model field is not a plain form field"))
 		return
 	}
-	rest := &gate{r: r.Body}
+	rest := &gate{r: body}
 	defer rest.closed.Store(true)
+	ctx, cancel := body.context(r)
+	defer cancel()
+	r = r.WithContext(ctx)
 	headers := map[string]string{"Content-Type": ct}
 	if v := r.Header.Get("Accept"); v != "" {
 		headers["Accept"] = v
@@ -79,9 +90,113 @@ func (s *server) transcription(w http.ResponseWriter, r *http.Request) {
 		Needs:     []string{CapTranscription},
 		Headers:   headers,
 		BodyFrom: func(served string) io.Reader {
-			return io.MultiReader(sp.reader(at, model, served), rest)
+			return relayBody(sp, at, model, served, rest, boundary)
 		},
 	})
+}
+
+// relayBody is the body the provider receives: the spool's bytes with
+// the model field's value (at) replaced by served, then rest, the
+// client's body after the spool, read through a oneModel check: a body
+// with another part named "model" fails, at that part's headers, with a
+// 400 naming the field, before any byte of it is relayed. Model servers
+// disagree on a repeated field (Go's FormValue takes the first,
+// Starlette's forms, as vLLM's, the last): the edge routes and checks the
+// first, so a second one could run a model the key may not use.
+func relayBody(sp *spool, at int64, model, served string, rest io.Reader, boundary string) io.Reader {
+	return &oneModel{r: io.MultiReader(sp.reader(at, model, served), rest), delim: []byte("\r\n--" + boundary), pending: []byte("\r\n")}
+}
+
+// errModelRepeated: a multipart body has more than one part named model.
+var errModelRepeated = api.InvalidParam("model", "the model field must be given once; the multipart body repeats it")
+
+// Bounds of oneModel's scan.
+const (
+	// maxPartHeader is the most bytes of one part's headers read; longer
+	// headers are not looked into (Go's and Starlette's parsers refuse
+	// far less).
+	maxPartHeader = 16 << 10
+)
+
+// oneModel relays a multipart body as it reads it, and fails it with
+// errModelRepeated at the headers of a second part named "model". It
+// keeps at most maxPartHeader + the delimiter's length bytes.
+type oneModel struct {
+	r       io.Reader
+	delim   []byte // CRLF "--" boundary
+	pending []byte // bytes read but not yet scanned past (a delimiter may start in them)
+	models  int    // parts named model seen
+	err     error
+}
+
+func (o *oneModel) Read(p []byte) (int, error) {
+	if o.err != nil {
+		return 0, o.err
+	}
+	n, err := o.r.Read(p)
+	if n > 0 {
+		o.pending = append(o.pending, p[:n]...)
+		if o.scan() {
+			o.err = errModelRepeated
+			return 0, o.err
+		}
+	}
+	return n, err
+}
+
+// scan looks for part headers in pending and reports whether a second
+// part named model began; it drops what it no longer needs.
+func (o *oneModel) scan() bool {
+	for {
+		i := bytes.Index(o.pending, o.delim)
+		if i < 0 {
+			o.pending = keepTail(o.pending, len(o.delim)-1)
+			return false
+		}
+		head := o.pending[i+len(o.delim):]
+		end := bytes.Index(head, []byte("\r\n\r\n"))
+		if end < 0 {
+			if len(head) > maxPartHeader {
+				o.pending = keepTail(o.pending, len(o.delim)-1)
+			} else {
+				o.pending = o.pending[i:]
+			}
+			return false
+		}
+		if partName(head[:end+4]) == "model" {
+			o.models++
+			if o.models > 1 {
+				return true
+			}
+		}
+		o.pending = head[end+4:]
+	}
+}
+
+// keepTail is b's last n bytes, moved to b's start.
+func keepTail(b []byte, n int) []byte {
+	if len(b) <= n {
+		return b
+	}
+	return append(b[:0], b[len(b)-n:]...)
+}
+
+// partName is the form name of a part whose delimiter line's rest and
+// headers are head (ending in a blank line); "" when it has none.
+func partName(head []byte) string {
+	line := bytes.IndexByte(head, '\n')
+	if line < 0 {
+		return ""
+	}
+	hdr, err := textproto.NewReader(bufio.NewReader(bytes.NewReader(head[line+1:]))).ReadMIMEHeader()
+	if err != nil && len(hdr) == 0 {
+		return ""
+	}
+	_, params, err := mime.ParseMediaType(hdr.Get("Content-Disposition"))
+	if err != nil {
+		return ""
+	}
+	return params["name"]
 }
 
 // readModel reads a multipart body up to its model field and returns the
@@ -210,6 +325,94 @@ func (s *spool) reader(at int64, model, served string) io.Reader {
 func (s *spool) close() {
 	if s.file != nil {
 		s.file.Close()
+	}
+}
+
+// idleBody is an upload's body whose each read waits at most idle for
+// bytes: then the connection's read deadline is set to the past, so the
+// read fails with os.ErrDeadlineExceeded (api.BodyError: 408), whichever
+// goroutine reads (the handler before its relay, the run's stream
+// after). Between reads (a queue wait, a provider slow to take the body)
+// nothing is watched. A read that brings bytes as its watch fires gets the
+// body's whole deadline (UploadReadTimeout from the handler's start) back.
+type idleBody struct {
+	r        io.Reader
+	rc       *http.ResponseController
+	idle     time.Duration
+	deadline time.Time
+
+	mu      sync.Mutex
+	timer   *time.Timer
+	reads   uint64 // reads started; a watch acts only for the current one
+	reading bool
+	fired   bool // the current read's watch set the deadline to the past
+	expired bool // a read failed at the watch's deadline
+	done    bool // the handler returned: rc is not to be used
+}
+
+// newIdleBody watches body's reads on w's connection; deadline is the
+// body's whole read deadline.
+func newIdleBody(w http.ResponseWriter, body io.Reader, idle time.Duration, deadline time.Time) *idleBody {
+	return &idleBody{r: body, rc: http.NewResponseController(w), idle: idle, deadline: deadline}
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	b.reads++
+	read := b.reads
+	b.reading, b.fired = true, false
+	b.timer = time.AfterFunc(b.idle, func() { b.expire(read) })
+	b.mu.Unlock()
+	n, err := b.r.Read(p)
+	b.mu.Lock()
+	b.timer.Stop()
+	if b.fired && err == nil && !b.done {
+		_ = b.rc.SetReadDeadline(b.deadline)
+		b.expired = false
+	}
+	b.reading, b.fired = false, false
+	b.mu.Unlock()
+	return n, err
+}
+
+// expire ends read number read, if it still waits.
+func (b *idleBody) expire(read uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.done || !b.reading || read != b.reads {
+		return
+	}
+	b.fired, b.expired = true, true
+	_ = b.rc.SetReadDeadline(time.Now())
+}
+
+// context is r's context, cancelled with it unless the cancel comes from
+// a read that failed at the watch's deadline (net/http cancels a request
+// whose connection read fails): the run then ends on its body's read
+// error, answered 408, not as a client gone; stop ends it.
+func (b *idleBody) context(r *http.Request) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	unwatch := context.AfterFunc(r.Context(), func() {
+		b.mu.Lock()
+		expired := b.expired
+		b.mu.Unlock()
+		if !expired {
+			cancel()
+		}
+	})
+	return ctx, func() {
+		unwatch()
+		cancel()
+	}
+}
+
+// stop ends the watch; called when the handler returns.
+func (b *idleBody) stop() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.done = true
+	if b.timer != nil {
+		b.timer.Stop()
 	}
 }
 

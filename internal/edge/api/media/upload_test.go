@@ -48,7 +48,7 @@ func relayed(t testing.TB, body []byte, boundary, served string) (model string, 
 	if at < 0 {
 		return model, nil, io.ErrUnexpectedEOF
 	}
-	out, err = io.ReadAll(io.MultiReader(sp.reader(at, model, served), src))
+	out, err = io.ReadAll(relayBody(sp, at, model, served, src, boundary))
 	return model, out, err
 }
 
