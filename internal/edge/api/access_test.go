@@ -68,9 +68,9 @@ func okRun(context.Context, contract.Request) (Run, error) {
 
 // TestWrongOrMissingKeys: with keys configured, every route but the
 // probes needs a key; a missing or wrong one is answered 401 with
-// WWW-Authenticate: Bearer and the route's error shape (OpenAI's, or
-// Ollama's under /api/), never echoing the key sent, and nothing is
-// dispatched. A client key on the admin routes and an admin key on the
+// WWW-Authenticate: Bearer and the route's error shape (OpenAI's here;
+// package ollama's test has Ollama's), never echoing the key sent, and
+// nothing is dispatched. A client key on the admin routes and an admin key on the
 // model API get 403.
 func TestWrongOrMissingKeys(t *testing.T) {
 	f := newKeys(t, auth.Key{})
@@ -86,11 +86,6 @@ func TestWrongOrMissingKeys(t *testing.T) {
 		{"POST", "/v1/embeddings", `{"model":"m","input":"x"}`, false},
 		{"GET", "/v1/models", "", false},
 		{"GET", "/v1/models/m", "", false},
-		{"POST", "/api/chat", `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":false}`, true},
-		{"POST", "/api/generate", `{"model":"m","prompt":"x","stream":false}`, true},
-		{"GET", "/api/tags", "", true},
-		{"GET", "/api/ps", "", true},
-		{"GET", "/", "", true},
 		{"GET", "/no/such/path", "", false},
 	}
 	for _, rt := range routes {
@@ -239,15 +234,6 @@ func TestModelsAllowedPerKey(t *testing.T) {
 	if err := json.Unmarshal([]byte(resp.body), &list); err != nil || len(list.Data) != 1 || list.Data[0].ID != "m" {
 		t.Errorf("alice's /v1/models: %s", resp.body)
 	}
-	var tags struct {
-		Models []struct {
-			Name string `json:"name"`
-		} `json:"models"`
-	}
-	resp = env.send(t, "GET", "/api/tags", "", bearer(f.alice))
-	if err := json.Unmarshal([]byte(resp.body), &tags); err != nil || len(tags.Models) != 1 || tags.Models[0].Name != "m:latest" {
-		t.Errorf("alice's /api/tags: %s", resp.body)
-	}
 	resp = env.send(t, "GET", "/v1/models", "", bearer(f.bob))
 	if err := json.Unmarshal([]byte(resp.body), &list); err != nil || len(list.Data) != 3 {
 		t.Errorf("bob (every model) sees: %s", resp.body)
@@ -259,36 +245,26 @@ func TestModelsAllowedPerKey(t *testing.T) {
 	before := len(gw.requests())
 	for _, tc := range []struct {
 		path, body string
-		ollama     bool
 	}{
-		{"/v1/chat/completions", `{"model":"secret-model","messages":[{"role":"user","content":"x"}]}`, false},
-		{"/v1/completions", `{"model":"alias","prompt":"x"}`, false},
-		{"/v1/embeddings", `{"model":"secret-model","input":"x"}`, false},
-		{"/api/chat", `{"model":"secret-model","messages":[{"role":"user","content":"x"}]}`, true},
-		{"/api/generate", `{"model":"secret-model","prompt":"x"}`, true},
+		{"/v1/chat/completions", `{"model":"secret-model","messages":[{"role":"user","content":"x"}]}`},
+		{"/v1/completions", `{"model":"alias","prompt":"x"}`},
+		{"/v1/embeddings", `{"model":"secret-model","input":"x"}`},
 	} {
 		resp := env.send(t, "POST", tc.path, tc.body, bearer(f.alice))
 		if resp.status != http.StatusForbidden {
 			t.Errorf("%s: %d, want 403 (%s)", tc.path, resp.status, resp.body)
 			continue
 		}
-		if tc.ollama {
-			if !strings.Contains(resp.body, `"error":`) || strings.Contains(resp.body, `"code"`) {
-				t.Errorf("%s: Ollama body %s", tc.path, resp.body)
-			}
-		} else if _, _, param, code := openAIError(t, resp.body); str(code) != "model_not_allowed" || str(param) != "model" {
+		if _, _, param, code := openAIError(t, resp.body); str(code) != "model_not_allowed" || str(param) != "model" {
 			t.Errorf("%s: code %s param %s", tc.path, str(code), str(param))
 		}
 	}
 	if n := len(gw.requests()) - before; n != 0 {
 		t.Errorf("%d refused requests reached the gateway", n)
 	}
-	// The allowed model, and its :latest spelling on the Ollama API, pass.
+	// The allowed model passes (package ollama's test has the Ollama API).
 	if resp := env.send(t, "POST", "/v1/chat/completions", simpleChat, bearer(f.alice)); resp.status != 200 {
 		t.Errorf("allowed model: %d %s", resp.status, resp.body)
-	}
-	if resp := env.send(t, "POST", "/api/chat", `{"model":"m:latest","messages":[{"role":"user","content":"x"}],"stream":false}`, bearer(f.alice)); resp.status != 200 {
-		t.Errorf("allowed model as m:latest: %d %s", resp.status, resp.body)
 	}
 }
 
@@ -326,7 +302,7 @@ func TestKeyConcurrencyLimitRefusesBeforeDispatch(t *testing.T) {
 	}
 	<-dispatched
 	<-dispatched
-	for _, path := range []string{"/v1/chat/completions", "/api/chat"} {
+	for _, path := range []string{"/v1/chat/completions"} {
 		body := simpleChat
 		resp := env.send(t, "POST", path, body, bearer(f.alice))
 		if resp.status != http.StatusTooManyRequests || resp.header.Get("Retry-After") == "" {
@@ -375,10 +351,6 @@ func TestKeyRequestsPerMinute(t *testing.T) {
 	}
 	if _, typ, _, code := openAIError(t, resp.body); typ != "rate_limit_error" || str(code) != "rate_limit_exceeded" {
 		t.Errorf("type %s code %s", typ, str(code))
-	}
-	resp = env.send(t, "POST", "/api/generate", `{"model":"m","prompt":"x"}`, bearer(f.alice))
-	if resp.status != http.StatusTooManyRequests || !strings.HasPrefix(resp.body, `{"error":"`) {
-		t.Errorf("Ollama route over the limit: %d %s", resp.status, resp.body)
 	}
 	if n := len(gw.requests()); n != 2 {
 		t.Errorf("%d dispatches, want 2", n)
@@ -449,7 +421,6 @@ func TestLedgerRecordsEveryFinishedRun(t *testing.T) {
 	for _, s := range []string{"normalized", "tunnel-sse", "tunnel-json", "upstream-error", "full"} {
 		env.send(t, "POST", "/v1/chat/completions", chat(s), bearer(f.alice))
 	}
-	env.send(t, "POST", "/api/chat", `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":false}`, bearer(f.bob))
 	env.waitHandlers()
 	got := led.all()
 	type row struct {
@@ -476,10 +447,8 @@ func TestLedgerRecordsEveryFinishedRun(t *testing.T) {
 	}
 	want := []row{
 		{"alice", "completed", 3, 4}, {"alice", "completed", 11, 12}, {"alice", "completed", 21, 22},
-		{"alice", "upstream_error", 0, 0}, {"alice", "refused", 0, 0}, {"bob", "completed", 3, 4},
+		{"alice", "upstream_error", 0, 0}, {"alice", "refused", 0, 0},
 	}
-	// The Ollama request dispatches a normalized run with no "user": the
-	// fake falls back to the normalized script.
 	if !slices.Equal(rows, want) {
 		t.Errorf("ledger rows\n got %+v\nwant %+v", rows, want)
 	}
@@ -545,7 +514,6 @@ func TestUsageAttributionNeverInfluencesScheduling(t *testing.T) {
 		{"/v1/chat/completions", simpleChat},
 		{"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}],"tools":[{"type":"function","function":{"name":"f"}}]}`},
 		{"/v1/completions", `{"model":"m","prompt":"x"}`},
-		{"/api/chat", `{"model":"m","messages":[{"role":"user","content":"x"}]}`},
 	}
 	for _, b := range bodies {
 		for _, key := range []string{f.alice, f.bob} {

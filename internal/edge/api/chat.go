@@ -58,7 +58,7 @@ type Answer struct {
 	req *contract.Request
 	obs *observation // may be nil
 	// writeError writes an error answer in the route's shape (OpenAI's
-	// writeError, or writeOllamaError).
+	// writeError, or an API's Renderer.WriteError).
 	writeError func(w http.ResponseWriter, r *http.Request, err error, req *contract.Request)
 	// started is set once the status line was written; from then on a
 	// failure can only end the body.

@@ -66,14 +66,6 @@ type Config struct {
 	// Now stamps "created" fields (Unix seconds) and times requests; nil
 	// means time.Now.
 	Now func() time.Time
-	// Catalog, when set, describes the models for POST /api/show and the
-	// tags' details, and lists the loaded ones for GET /api/ps
-	// (ollama_catalog.go). Nil: /api/show answers from Gateway.Models
-	// alone and /api/ps lists no model.
-	Catalog ModelCatalog
-	// Shower, when set, asks a model's serving Ollama for POST /api/show's
-	// answer. Nil: /api/show is iop's own answer.
-	Shower ModelShower
 	// Known, when set, reports whether Dispatch would resolve a model name
 	// rather than refuse it as unknown, also while no node serves it (and
 	// the listing leaves it out). Nil: only listed names are known, so a

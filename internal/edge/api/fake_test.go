@@ -34,12 +34,6 @@ var _ Gateway[Run] = (*fakeGateway)(nil)
 // cfg leaves nil: the wiring a composition root writes by hand, for the
 // tests' gateways.
 func withFeatures(cfg Config, gw Gateway[Run]) Config {
-	if c, ok := gw.(ModelCatalog); ok && cfg.Catalog == nil {
-		cfg.Catalog = c
-	}
-	if s, ok := gw.(ModelShower); ok && cfg.Shower == nil {
-		cfg.Shower = s
-	}
 	if k, ok := gw.(interface{ Known(string) bool }); ok && cfg.Known == nil {
 		cfg.Known = k.Known
 	}

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"bytes"
 	"encoding/json"
 	"math"
 	"net/http"
@@ -47,17 +46,13 @@ func unframe(b []byte) []*nodev1.RunUp {
 // renderRoutes are the requests FuzzRenderRunUp renders a run for.
 var renderRoutes = []struct {
 	path, body string
-	stream     bool // SSE (OpenAI) or NDJSON (Ollama) lines
-	ollama     bool
+	stream     bool // SSE lines
 }{
-	{"/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"x"}]}`, true, false},
-	{"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"x"}]}`, false, false},
-	{"/v1/completions", `{"model":"m","stream":true,"prompt":"x"}`, true, false},
-	{"/v1/completions", `{"model":"m","prompt":"x"}`, false, false},
-	{"/v1/embeddings", `{"model":"m","input":["a","b"],"encoding_format":"base64"}`, false, false},
-	{"/api/chat", `{"model":"m","messages":[{"role":"user","content":"x"}]}`, true, true},
-	{"/api/chat", `{"model":"m","stream":false,"messages":[{"role":"user","content":"x"}]}`, false, true},
-	{"/api/generate", `{"model":"m","prompt":"x"}`, true, true},
+	{"/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"x"}]}`, true},
+	{"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"x"}]}`, false},
+	{"/v1/completions", `{"model":"m","stream":true,"prompt":"x"}`, true},
+	{"/v1/completions", `{"model":"m","prompt":"x"}`, false},
+	{"/v1/embeddings", `{"model":"m","input":["a","b"],"encoding_format":"base64"}`, false},
 }
 
 // FuzzRenderRunUp feeds arbitrary run messages, as a node would send them,
@@ -65,8 +60,7 @@ var renderRoutes = []struct {
 // (other than http.ErrAbortHandler, which cuts a response short on
 // purpose), closes the run exactly once, and a normalized-path answer that
 // was not cut short is well formed: JSON bodies, SSE events of JSON ending
-// with [DONE] or an error event, NDJSON lines ending with a done or error
-// object.
+// with [DONE] or an error event (package ollama's has the Ollama routes).
 func FuzzRenderRunUp(f *testing.F) {
 	tc := func(index int32, id, name, args string) *nodev1.ToolCallDelta {
 		return &nodev1.ToolCallDelta{Index: index, Id: id, Name: name, Arguments: args}
@@ -118,8 +112,6 @@ func FuzzRenderRunUp(f *testing.F) {
 			if !json.Valid(body) {
 				t.Fatalf("%s: %d answer is not JSON: %q", rt.path, rec.Code, body)
 			}
-		case rt.ollama:
-			checkNDJSON(t, body)
 		default:
 			checkSSE(t, body)
 		}
@@ -165,25 +157,6 @@ func checkSSE(t *testing.T, body []byte) {
 		}
 		if last && obj["error"] == nil {
 			t.Fatalf("the stream ends with neither [DONE] nor an error: %q", body)
-		}
-	}
-}
-
-// checkNDJSON checks a complete NDJSON answer: JSON objects, one a line,
-// the last one done or an error.
-func checkNDJSON(t *testing.T, body []byte) {
-	t.Helper()
-	lines := bytes.Split(bytes.TrimSuffix(body, []byte("\n")), []byte("\n"))
-	for i, line := range lines {
-		var obj struct {
-			Done  bool    `json:"done"`
-			Error *string `json:"error"`
-		}
-		if err := json.Unmarshal(line, &obj); err != nil {
-			t.Fatalf("line %d is not a JSON object: %q", i, line)
-		}
-		if i == len(lines)-1 && !obj.Done && obj.Error == nil {
-			t.Fatalf("the stream ends with neither done nor an error: %q", body)
 		}
 	}
 }

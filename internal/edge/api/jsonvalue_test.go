@@ -94,8 +94,8 @@ func TestRoutesParseBodyOnce(t *testing.T) {
 }
 
 // FuzzOllamaNeedsAsCanonical: an Ollama request's checks, needs and
-// estimate, taken from what the translation decoded (ollamaChatNeeds,
-// checkOllamaEmbed), are those decodeChatRequest and
+// estimate, taken from what the translation decoded (TranslatedChatNeeds,
+// CheckTranslatedEmbed), are those decodeChatRequest and
 // decodeEmbeddingsRequest find in the canonical body it generated, which
 // the route used to decode again.
 func FuzzOllamaNeedsAsCanonical(f *testing.F) {
@@ -130,7 +130,7 @@ func FuzzOllamaNeedsAsCanonical(f *testing.F) {
 				continue
 			}
 			want, werr := decodeChatRequest(tr.Body)
-			needs, estimate, gerr := ollamaChatNeeds(&tr)
+			needs, estimate, gerr := TranslatedChatNeeds(&tr)
 			if words(gerr) != words(werr) {
 				t.Fatalf("body %s: error %q, the canonical body's %q", body, words(gerr), words(werr))
 			}
@@ -143,7 +143,7 @@ func FuzzOllamaNeedsAsCanonical(f *testing.F) {
 			return
 		}
 		want, werr := decodeEmbeddingsRequest(tr.Body)
-		gerr := checkOllamaEmbed(&tr)
+		gerr := CheckTranslatedEmbed(&tr)
 		if words(gerr) != words(werr) {
 			t.Fatalf("body %s: error %q, the canonical body's %q", body, words(gerr), words(werr))
 		}
@@ -151,44 +151,4 @@ func FuzzOllamaNeedsAsCanonical(f *testing.F) {
 			t.Fatalf("body %s: %d inputs, estimate %d; the canonical body's %d %d", body, len(tr.Inputs), (tr.InputChars+3)/4, want.Inputs, want.EstimatedInputTokens)
 		}
 	})
-}
-
-// TestOllamaRoutesDecodeBodyOnce: /api/chat, /api/generate and /api/embed
-// decode the client's body once (in the translation) and do not parse
-// the canonical body they generated.
-func TestOllamaRoutesDecodeBodyOnce(t *testing.T) {
-	for _, c := range []struct {
-		path, body string
-		run        *fakeRun
-	}{
-		{"/api/chat", `{"model":"m","stream":false,"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}]}`,
-			scriptedRun(normalized, events(delta("hi"), complete("stop")))},
-		{"/api/generate", `{"model":"m","stream":false,"prompt":"hi","system":"s"}`,
-			scriptedRun(normalized, events(delta("hi"), complete("stop")))},
-		{"/api/embed", `{"model":"m","input":["a","b"]}`,
-			scriptedRun(normalized, events(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Embeddings: []*nodev1.Embedding{{Values: []float32{1}}, {Values: []float32{2}}}}), events(complete("stop")))},
-	} {
-		t.Run(c.path, func(t *testing.T) {
-			env := newEnv(t, Config{}, runWith(c.run))
-			decodes, parses := translate.BodyDecodes(), bodyParses.Load()
-			resp, err := http.Post(env.srv.URL+c.path, "application/json", strings.NewReader(c.body))
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("status %d", resp.StatusCode)
-			}
-			if n := translate.BodyDecodes() - decodes; n != 1 {
-				t.Errorf("the client's body was decoded %d times, want 1", n)
-			}
-			if n := bodyParses.Load() - parses; n != 0 {
-				t.Errorf("a generated body was parsed %d times, want 0", n)
-			}
-			if reqs := env.gw.requests(); len(reqs) != 1 || reqs[0].EstimatedInputTokens == 0 {
-				t.Errorf("dispatched %+v", reqs)
-			}
-		})
-	}
 }
