@@ -22,7 +22,10 @@ import (
 	"iop/internal/edge/api/anthropic"
 	batchapi "iop/internal/edge/api/batch"
 	"iop/internal/edge/api/media"
+	"iop/internal/edge/api/ollama"
+	"iop/internal/edge/api/openai"
 	responsesapi "iop/internal/edge/api/responses"
+	"iop/internal/edge/api/runsapi"
 	"iop/internal/ledger"
 	"iop/internal/node"
 	"iop/internal/quota"
@@ -366,7 +369,6 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 		MaxAnswerBytes: e.cfg.MaxAnswerBytes,
 		WriteTimeout:   e.cfg.WriteTimeout,
 		Ready:          func() bool { return !e.draining.Load() && svc.Ready() },
-		Runs:           e.runManager,
 		Keys:           e.Keys,
 		AdminKeys:      e.AdminKeys,
 		Ledger:         e.usage,
@@ -374,12 +376,11 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 		Flow:           e.cfg.Fairness.Flow,
 		Tracer:         e.tr.Tracer,
 		KeyAdmit:       clusterKeyAdmit(e.cfg.Cluster, svc, e.Keys),
-		Catalog:        svc,
-		Shower:         svc,
 		Known:          svc.Known,
 		Routes:         routes,
-		APIs: []api.API{anthropic.Routes, responsesapi.Routes(responsesapi.Config{Store: e.responseStore, Runs: e.runManager,
-			ReasoningSecret: reasoningSecret(e.cfg.Cluster)})},
+		APIs: []api.API{openai.Routes, anthropic.Routes, runsapi.Routes(runsapi.Config{Runs: e.runManager}), responsesapi.Routes(responsesapi.Config{Store: e.responseStore, Runs: e.runManager,
+			ReasoningSecret: reasoningSecret(e.cfg.Cluster)}),
+			ollama.Routes(ollama.Config{Catalog: svc, Shower: svc})},
 		BodyLimits: bodyLimits,
 	}), svc, e.logger)
 	if err := e.startBatches(ctx, handler); err != nil {

@@ -294,7 +294,7 @@ func keyName(ctx context.Context) string {
 
 // dispatch is Gateway.Dispatch for a handler: it refuses a model the
 // request's key may not use (ErrModelNotAllowed, before anything is
-// queued), then dispatches. serveRun and ollamaGenerate call it; the runs
+// queued), then dispatches. serveRun (and so Frame.Serve) calls it; the runs
 // API reaches it through serveRun.
 func (h *handler) dispatch(ctx context.Context, req *contract.Request) (Run, error) {
 	if err := checkModel(ctx, req.Model); err != nil {

@@ -19,7 +19,6 @@ import (
 	"iop/internal/edge/api/apitest"
 	"iop/internal/edge/contract"
 	"iop/internal/ledger"
-	"iop/internal/runs"
 )
 
 // keyFixture is a client keyring and an admin keyring with known secrets.
@@ -63,34 +62,19 @@ func stubAdminRoutes() map[string]Route {
 	return routes
 }
 
-// newRunsManager is a runs manager over an in-memory store.
-func newRunsManager(t *testing.T) *runs.Manager {
-	t.Helper()
-	store, err := runs.OpenSQLite(":memory:")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := runs.NewManager(context.Background(), runs.Config{Store: store})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	return m
-}
-
 func okRun(context.Context, contract.Request) (Run, error) {
 	return scriptedRun(normalized, events(started(), delta("hi"), usageEvent(3, 1), complete("stop"))), nil
 }
 
 // TestWrongOrMissingKeys: with keys configured, every route but the
 // probes needs a key; a missing or wrong one is answered 401 with
-// WWW-Authenticate: Bearer and the route's error shape (OpenAI's, or
-// Ollama's under /api/), never echoing the key sent, and nothing is
-// dispatched. A client key on the admin routes and an admin key on the
+// WWW-Authenticate: Bearer and the route's error shape (OpenAI's here;
+// package ollama's test has Ollama's), never echoing the key sent, and
+// nothing is dispatched. A client key on the admin routes and an admin key on the
 // model API get 403.
 func TestWrongOrMissingKeys(t *testing.T) {
 	f := newKeys(t, auth.Key{})
-	cfg := Config{Keys: f.keys, AdminKeys: f.admin, Runs: newRunsManager(t), Routes: stubAdminRoutes()}
+	cfg := Config{Keys: f.keys, AdminKeys: f.admin, Routes: stubAdminRoutes()}
 	env := newEnv(t, cfg, okRun)
 	const wrong = "iop-wrong-key-0123456789-do-not-echo"
 	routes := []struct {
@@ -102,13 +86,6 @@ func TestWrongOrMissingKeys(t *testing.T) {
 		{"POST", "/v1/embeddings", `{"model":"m","input":"x"}`, false},
 		{"GET", "/v1/models", "", false},
 		{"GET", "/v1/models/m", "", false},
-		{"POST", "/v1/runs", `{"model":"m","prompt":"x"}`, false},
-		{"GET", "/v1/runs", "", false},
-		{"POST", "/api/chat", `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":false}`, true},
-		{"POST", "/api/generate", `{"model":"m","prompt":"x","stream":false}`, true},
-		{"GET", "/api/tags", "", true},
-		{"GET", "/api/ps", "", true},
-		{"GET", "/", "", true},
 		{"GET", "/no/such/path", "", false},
 	}
 	for _, rt := range routes {
@@ -222,7 +199,7 @@ func newEnvWithGateway(t *testing.T, cfg Config, gw Gateway[Run], fake *fakeGate
 		cfg.Now = func() time.Time { return time.Unix(1700000000, 0) }
 	}
 	env := &testEnv{t: t, gw: fake}
-	h := New(withFeatures(cfg, gw), gw, nil)
+	h := New(withOpenAI(withFeatures(cfg, gw)), gw, nil)
 	env.srv = newServer(env, h)
 	return env
 }
@@ -246,7 +223,7 @@ func TestOpenAPINeedsNoKey(t *testing.T) {
 func TestModelsAllowedPerKey(t *testing.T) {
 	f := newKeys(t, auth.Key{Models: []string{"m"}})
 	gw := &fakeGateway{models: []string{"m", "alias", "secret-model"}, dispatch: okRun}
-	env := newEnvWithGateway(t, Config{Keys: f.keys, Runs: newRunsManager(t)}, gw, gw)
+	env := newEnvWithGateway(t, Config{Keys: f.keys}, gw, gw)
 
 	var list struct {
 		Data []struct {
@@ -256,15 +233,6 @@ func TestModelsAllowedPerKey(t *testing.T) {
 	resp := env.send(t, "GET", "/v1/models", "", bearer(f.alice))
 	if err := json.Unmarshal([]byte(resp.body), &list); err != nil || len(list.Data) != 1 || list.Data[0].ID != "m" {
 		t.Errorf("alice's /v1/models: %s", resp.body)
-	}
-	var tags struct {
-		Models []struct {
-			Name string `json:"name"`
-		} `json:"models"`
-	}
-	resp = env.send(t, "GET", "/api/tags", "", bearer(f.alice))
-	if err := json.Unmarshal([]byte(resp.body), &tags); err != nil || len(tags.Models) != 1 || tags.Models[0].Name != "m:latest" {
-		t.Errorf("alice's /api/tags: %s", resp.body)
 	}
 	resp = env.send(t, "GET", "/v1/models", "", bearer(f.bob))
 	if err := json.Unmarshal([]byte(resp.body), &list); err != nil || len(list.Data) != 3 {
@@ -277,37 +245,26 @@ func TestModelsAllowedPerKey(t *testing.T) {
 	before := len(gw.requests())
 	for _, tc := range []struct {
 		path, body string
-		ollama     bool
 	}{
-		{"/v1/chat/completions", `{"model":"secret-model","messages":[{"role":"user","content":"x"}]}`, false},
-		{"/v1/completions", `{"model":"alias","prompt":"x"}`, false},
-		{"/v1/embeddings", `{"model":"secret-model","input":"x"}`, false},
-		{"/v1/runs", `{"model":"secret-model","prompt":"x","background":true}`, false},
-		{"/api/chat", `{"model":"secret-model","messages":[{"role":"user","content":"x"}]}`, true},
-		{"/api/generate", `{"model":"secret-model","prompt":"x"}`, true},
+		{"/v1/chat/completions", `{"model":"secret-model","messages":[{"role":"user","content":"x"}]}`},
+		{"/v1/completions", `{"model":"alias","prompt":"x"}`},
+		{"/v1/embeddings", `{"model":"secret-model","input":"x"}`},
 	} {
 		resp := env.send(t, "POST", tc.path, tc.body, bearer(f.alice))
 		if resp.status != http.StatusForbidden {
 			t.Errorf("%s: %d, want 403 (%s)", tc.path, resp.status, resp.body)
 			continue
 		}
-		if tc.ollama {
-			if !strings.Contains(resp.body, `"error":`) || strings.Contains(resp.body, `"code"`) {
-				t.Errorf("%s: Ollama body %s", tc.path, resp.body)
-			}
-		} else if _, _, param, code := openAIError(t, resp.body); str(code) != "model_not_allowed" || str(param) != "model" {
+		if _, _, param, code := openAIError(t, resp.body); str(code) != "model_not_allowed" || str(param) != "model" {
 			t.Errorf("%s: code %s param %s", tc.path, str(code), str(param))
 		}
 	}
 	if n := len(gw.requests()) - before; n != 0 {
 		t.Errorf("%d refused requests reached the gateway", n)
 	}
-	// The allowed model, and its :latest spelling on the Ollama API, pass.
+	// The allowed model passes (package ollama's test has the Ollama API).
 	if resp := env.send(t, "POST", "/v1/chat/completions", simpleChat, bearer(f.alice)); resp.status != 200 {
 		t.Errorf("allowed model: %d %s", resp.status, resp.body)
-	}
-	if resp := env.send(t, "POST", "/api/chat", `{"model":"m:latest","messages":[{"role":"user","content":"x"}],"stream":false}`, bearer(f.alice)); resp.status != 200 {
-		t.Errorf("allowed model as m:latest: %d %s", resp.status, resp.body)
 	}
 }
 
@@ -345,7 +302,7 @@ func TestKeyConcurrencyLimitRefusesBeforeDispatch(t *testing.T) {
 	}
 	<-dispatched
 	<-dispatched
-	for _, path := range []string{"/v1/chat/completions", "/api/chat"} {
+	for _, path := range []string{"/v1/chat/completions"} {
 		body := simpleChat
 		resp := env.send(t, "POST", path, body, bearer(f.alice))
 		if resp.status != http.StatusTooManyRequests || resp.header.Get("Retry-After") == "" {
@@ -394,10 +351,6 @@ func TestKeyRequestsPerMinute(t *testing.T) {
 	}
 	if _, typ, _, code := openAIError(t, resp.body); typ != "rate_limit_error" || str(code) != "rate_limit_exceeded" {
 		t.Errorf("type %s code %s", typ, str(code))
-	}
-	resp = env.send(t, "POST", "/api/generate", `{"model":"m","prompt":"x"}`, bearer(f.alice))
-	if resp.status != http.StatusTooManyRequests || !strings.HasPrefix(resp.body, `{"error":"`) {
-		t.Errorf("Ollama route over the limit: %d %s", resp.status, resp.body)
 	}
 	if n := len(gw.requests()); n != 2 {
 		t.Errorf("%d dispatches, want 2", n)
@@ -468,7 +421,6 @@ func TestLedgerRecordsEveryFinishedRun(t *testing.T) {
 	for _, s := range []string{"normalized", "tunnel-sse", "tunnel-json", "upstream-error", "full"} {
 		env.send(t, "POST", "/v1/chat/completions", chat(s), bearer(f.alice))
 	}
-	env.send(t, "POST", "/api/chat", `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":false}`, bearer(f.bob))
 	env.waitHandlers()
 	got := led.all()
 	type row struct {
@@ -495,10 +447,8 @@ func TestLedgerRecordsEveryFinishedRun(t *testing.T) {
 	}
 	want := []row{
 		{"alice", "completed", 3, 4}, {"alice", "completed", 11, 12}, {"alice", "completed", 21, 22},
-		{"alice", "upstream_error", 0, 0}, {"alice", "refused", 0, 0}, {"bob", "completed", 3, 4},
+		{"alice", "upstream_error", 0, 0}, {"alice", "refused", 0, 0},
 	}
-	// The Ollama request dispatches a normalized run with no "user": the
-	// fake falls back to the normalized script.
 	if !slices.Equal(rows, want) {
 		t.Errorf("ledger rows\n got %+v\nwant %+v", rows, want)
 	}
@@ -564,7 +514,6 @@ func TestUsageAttributionNeverInfluencesScheduling(t *testing.T) {
 		{"/v1/chat/completions", simpleChat},
 		{"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}],"tools":[{"type":"function","function":{"name":"f"}}]}`},
 		{"/v1/completions", `{"model":"m","prompt":"x"}`},
-		{"/api/chat", `{"model":"m","messages":[{"role":"user","content":"x"}]}`},
 	}
 	for _, b := range bodies {
 		for _, key := range []string{f.alice, f.bob} {

@@ -38,7 +38,7 @@ func BenchmarkTunnelAnswer(b *testing.B) {
 	logger := slog.New(slog.DiscardHandler)
 	cfg := Config{Observer: ObserverFunc(func(RequestRecord) {}), Ledger: &recordingLedger{}}
 	b.Run("chat", func(b *testing.B) {
-		h := New(cfg, gw, logger)
+		h := New(withOpenAI(cfg), gw, logger)
 		req := `{"model":"bench-openai","messages":[{"role":"user","content":"hi"}]}`
 		b.ReportAllocs()
 		b.SetBytes(int64(len(simAnswer)))

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"encoding/json"
 	"io"
 	"net/http"
 	"strconv"
@@ -113,42 +112,6 @@ func TestTunnelAnswerNotMatchingItsLengthIsCut(t *testing.T) {
 			env.waitHandlers()
 			if _, outcomes := env.gw.allRuns()[0].closeCalls(); len(outcomes) != 1 || outcomes[0] != contract.OutcomeUpstreamError {
 				t.Errorf("run closed with %v, want upstream_error", outcomes)
-			}
-		})
-	}
-}
-
-// The readers of tunnel answers other than the chat relay (the Ollama
-// route, which translates a tunnel answer, and the runs API) read an
-// answer that came in one message as one that came in three.
-func TestTunnelWholeAnswerOnTranslatedRoutes(t *testing.T) {
-	for _, form := range []struct {
-		name string
-		msgs func() []*nodev1.RunUp
-	}{
-		{"one message", func() []*nodev1.RunUp {
-			return []*nodev1.RunUp{wholeAnswer(200, map[string]string{"Content-Type": "application/json"}, tunnelJSON)}
-		}},
-		{"three messages", func() []*nodev1.RunUp {
-			return []*nodev1.RunUp{tunnelHead(200, map[string]string{"Content-Type": "application/json"}), tunnelData(tunnelJSON), tunnelEnd()}
-		}},
-	} {
-		t.Run(form.name+"/ollama", func(t *testing.T) {
-			env := newEnv(t, Config{}, runWith(scriptedRun(tunnel, form.msgs()...)))
-			resp := env.post(t, "/api/chat", "application/json", `{"model":"m","stream":false,"messages":[{"role":"user","content":"hi"}]}`)
-			var got struct {
-				Message struct{ Content string } `json:"message"`
-				Done    bool                     `json:"done"`
-			}
-			if err := json.Unmarshal([]byte(resp.body), &got); err != nil || resp.status != 200 || got.Message.Content != "from upstream" || !got.Done {
-				t.Errorf("/api/chat: %d %s", resp.status, resp.body)
-			}
-		})
-		t.Run(form.name+"/runs", func(t *testing.T) {
-			env := newEnv(t, Config{Runs: newRunsManager(t)}, runWith(scriptedRun(tunnel, form.msgs()...)))
-			resp := env.post(t, "/v1/runs", "application/json", `{"model":"m","prompt":"hi"}`)
-			if resp.status != 200 || !strings.Contains(resp.body, `"state":"complete"`) {
-				t.Errorf("/v1/runs: %d %s", resp.status, resp.body)
 			}
 		})
 	}

@@ -69,8 +69,6 @@ func TestAnswerFinishedBeforeItsLastByte(t *testing.T) {
 	chat := `{"model":"m","messages":[{"role":"user","content":"x"}]}`
 	chatStream := `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`
 	completion, completionStream := `{"model":"m","prompt":"x"}`, `{"model":"m","prompt":"x","stream":true}`
-	ollamaChat, ollamaChatJSON := `{"model":"m","messages":[{"role":"user","content":"x"}]}`, `{"model":"m","stream":false,"messages":[{"role":"user","content":"x"}]}`
-	generate, generateJSON := `{"model":"m","prompt":"x"}`, `{"model":"m","prompt":"x","stream":false}`
 	for _, tc := range []struct {
 		name, path, body string
 		path_            contract.Path
@@ -89,26 +87,11 @@ func TestAnswerFinishedBeforeItsLastByte(t *testing.T) {
 		{"embeddings normalized", "/v1/embeddings", `{"model":"m","input":"x"}`, normalized,
 			[]*nodev1.RunUp{vectors(), events(usageEvent(1, 0), complete(""))}, nil, false},
 		{"embeddings tunnel", "/v1/embeddings", `{"model":"m","input":"x"}`, tunnel, tunJSON(embeddingsJSON), nil, true},
-		{"ollama chat stream normalized", "/api/chat", ollamaChat, normalized, normStream(), nil, true},
-		{"ollama chat stream tunnel", "/api/chat", ollamaChat, tunnel, tunStream(), nil, true},
-		{"ollama chat normalized", "/api/chat", ollamaChatJSON, normalized, normStream(), nil, false},
-		{"ollama chat tunnel", "/api/chat", ollamaChatJSON, tunnel, tunStream(), nil, false},
-		{"ollama generate stream normalized", "/api/generate", generate, normalized, normStream(), nil, true},
-		{"ollama generate tunnel", "/api/generate", generateJSON, tunnel, tunStream(), nil, false},
-		{"ollama embed normalized", "/api/embed", `{"model":"m","input":"x"}`, normalized,
-			[]*nodev1.RunUp{vectors(), events(usageEvent(1, 0), complete(""))}, nil, false},
-		{"ollama embed tunnel", "/api/embed", `{"model":"m","input":"x"}`, tunnel, tunJSON(embeddingsJSON), nil, false},
-		{"ollama embeddings tunnel", "/api/embeddings", `{"model":"m","prompt":"x"}`, tunnel, tunJSON(embeddingsJSON), nil, false},
-		{"run", "/v1/runs", `{"model":"m","prompt":"x"}`, normalized, normStream(), nil, false},
-		{"run tunnel", "/v1/runs", `{"model":"m","prompt":"x"}`, tunnel, tunStream(), nil, false},
 		{"refused before dispatch", "/v1/chat/completions", chatStream, normalized, nil, ErrQueueFull, false},
-		{"ollama refused before dispatch", "/api/chat", ollamaChat, normalized, nil, ErrQueueTimeout, false},
 		{"stream failing after its status line", "/v1/chat/completions", chatStream, normalized,
 			[]*nodev1.RunUp{events(started(), delta("hi")), events(errorEvent(500, "boom"))}, nil, true},
 		{"tunnel failing after its status line", "/v1/chat/completions", chatStream, tunnel,
 			[]*nodev1.RunUp{tunnelHead(200, sse), tunnelData(chunk), tunnelError(502, "reset")}, nil, true},
-		{"ollama stream failing after its status line", "/api/chat", ollamaChat, normalized,
-			[]*nodev1.RunUp{events(started(), delta("hi")), events(errorEvent(500, "boom"))}, nil, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newKeys(t, auth.Key{MaxConcurrent: 1})
@@ -121,7 +104,7 @@ func TestAnswerFinishedBeforeItsLastByte(t *testing.T) {
 				run = scriptedRun(tc.path_, tc.msgs...)
 				return run, nil
 			}}
-			h := New(Config{Keys: f.keys, Runs: newRunsManager(t)}, gw, nil)
+			h := New(withOpenAI(Config{Keys: f.keys}), gw, nil)
 			watch := &writeWatch{caller: alice}
 			var handlers sync.WaitGroup
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -28,47 +28,6 @@ const (
 // names). The client's Authorization is for the edge and never forwarded.
 var forwardedHeaders = []string{"Accept", "X-Request-Id"}
 
-// chatCompletions serves POST /v1/chat/completions: it decodes and checks
-// the body, dispatches it with Operation CHAT, and renders the run by its
-// execution path. Statuses: 400 bad body, 413 body over Config.MaxBodyBytes,
-// 415 non-JSON Content-Type, then whatever classify maps a dispatch or
-// upstream failure to.
-func (h *handler) chatCompletions(w http.ResponseWriter, r *http.Request) {
-	obs := obsOf(r)
-	obs.begin("chat.completions")
-	body, err := h.readBody(r)
-	if err != nil {
-		h.writeError(w, r, err, nil)
-		return
-	}
-	chat, err := decodeChatRequest(body)
-	if err != nil {
-		h.writeError(w, r, err, nil)
-		return
-	}
-	req := contract.Request{
-		Model:                chat.Model,
-		Operation:            contract.OperationChat,
-		Stream:               chat.Stream,
-		Body:                 body,
-		Needs:                chat.Needs,
-		EstimatedInputTokens: chat.EstimatedInputTokens,
-		Headers:              forwardHeaders(r.Header),
-	}
-	if err := chat.ollama.moveTo(&req); err != nil {
-		h.writeError(w, r, err, nil)
-		return
-	}
-	h.serveRun(w, r, &req, func(rr *Answer, info contract.DispatchInfo) string {
-		cr := &chatRender{eventReader: eventReader{Answer: rr}, id: "chatcmpl-" + info.RunID,
-			created: h.cfg.Now().Unix(), model: chat.Model, includeUsage: chat.IncludeUsage}
-		if chat.Stream {
-			return cr.stream()
-		}
-		return cr.json()
-	})
-}
-
 // readBody reads a request body (ServeHTTP caps it at Config.MaxBodyBytes),
 // after checking its Content-Type. Errors: errUnsupportedMedia,
 // errBodyTooLarge, or a *requestError when the body cannot be read.
@@ -99,7 +58,7 @@ type Answer struct {
 	req *contract.Request
 	obs *observation // may be nil
 	// writeError writes an error answer in the route's shape (OpenAI's
-	// writeError, or writeOllamaError).
+	// writeError, or an API's Renderer.WriteError).
 	writeError func(w http.ResponseWriter, r *http.Request, err error, req *contract.Request)
 	// started is set once the status line was written; from then on a
 	// failure can only end the body.
@@ -120,6 +79,9 @@ type Answer struct {
 	keepSlot bool
 	// eventWriter writes the body's events (events), once it has one.
 	eventWriter *sse.Writer
+	// recorder, if set, is told of the events of a relayed stream
+	// (RelayRecorded).
+	recorder eventRecorder
 }
 
 // recv is Run.Recv with its failures turned into outcomes: io.EOF before a

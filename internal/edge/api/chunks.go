@@ -15,9 +15,9 @@ import (
 // (delta.tool_calls with index, and id, type and name on a call's first
 // part), a final chunk with the finish reason and, when asked for, a usage
 // chunk (choices []). The stream's `data: [DONE]` is the sink owner's. The
-// HTTP answer (chatRender.stream), the runs recorder (runRecorder) and a
-// background response's run log (package responses, through ChatChunks)
-// all render through one.
+// HTTP answer (chatRender.stream), a run of the runs API (package runsapi)
+// and a background response's run log (package responses), both through
+// ChatChunks, all render through one.
 //
 // Every chunk is encoded into one buffer the renderer keeps, from one
 // chatChunk value it reuses, by one json.Encoder: a delta's chunk costs no

@@ -15,7 +15,6 @@ import (
 func TestNoLeaderIs503WithRetryAfter(t *testing.T) {
 	for _, route := range []struct{ path, body string }{
 		{"/v1/chat/completions", simpleChat},
-		{"/api/chat", `{"model":"m","messages":[{"role":"user","content":"hello"}]}`},
 	} {
 		env := newEnv(t, Config{}, failWith(fmt.Errorf("%w: none elected within 5s", ErrNoLeader)))
 		resp := env.post(t, route.path, "application/json", route.body)
@@ -37,7 +36,6 @@ func TestProviderBusyIs503WithRetryAfter(t *testing.T) {
 	busy := fmt.Errorf("%w: %w: node %q: provider at capacity on this node", contract.ErrProviderBusy, ErrDispatchRefused, "n1")
 	for _, route := range []struct{ path, body string }{
 		{"/v1/chat/completions", simpleChat},
-		{"/api/chat", `{"model":"m","messages":[{"role":"user","content":"hello"}]}`},
 	} {
 		env := newEnv(t, Config{}, failWith(busy))
 		resp := env.post(t, route.path, "application/json", route.body)

@@ -9,7 +9,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"iop/internal/auth"
-	"iop/internal/runs"
 )
 
 // DefaultMaxBodyBytes is the request body limit when Config.MaxBodyBytes is 0.
@@ -67,22 +66,11 @@ type Config struct {
 	// Now stamps "created" fields (Unix seconds) and times requests; nil
 	// means time.Now.
 	Now func() time.Time
-	// Catalog, when set, describes the models for POST /api/show and the
-	// tags' details, and lists the loaded ones for GET /api/ps
-	// (ollama_catalog.go). Nil: /api/show answers from Gateway.Models
-	// alone and /api/ps lists no model.
-	Catalog ModelCatalog
-	// Shower, when set, asks a model's serving Ollama for POST /api/show's
-	// answer. Nil: /api/show is iop's own answer.
-	Shower ModelShower
 	// Known, when set, reports whether Dispatch would resolve a model name
 	// rather than refuse it as unknown, also while no node serves it (and
 	// the listing leaves it out). Nil: only listed names are known, so a
 	// name no node serves now is 404 rather than 503 where that differs.
 	Known func(model string) bool
-	// Runs, when set, serves the runs API (/v1/runs, see runs.go) with
-	// this manager of run records.
-	Runs *runs.Manager
 	// Observer gets a RequestRecord for every finished API request; nil
 	// means none (each request is still logged).
 	Observer Observer

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"iop/internal/jsonvalue"
 	"iop/internal/translate"
 )
 
@@ -176,22 +177,22 @@ func decodeChatRequest(body []byte) (chatRequest, error) {
 }
 
 // chatRequestOf is decodeChatRequest of a parsed body.
-func chatRequestOf(top *jsonValue) (chatRequest, error) {
+func chatRequestOf(top *jsonvalue.Value) (chatRequest, error) {
 	var req chatRequest
 	var err error
-	if req.Model, err = stringOf(top.get("model"), "model"); err != nil {
+	if req.Model, err = stringOf(top.Get("model"), "model"); err != nil {
 		return chatRequest{}, err
 	}
 	if strings.TrimSpace(req.Model) == "" {
 		return chatRequest{}, &requestError{param: "model", message: "you must provide a model parameter"}
 	}
 
-	chars, images, err := messagesOf(top.get("messages"))
+	chars, images, err := messagesOf(top.Get("messages"))
 	if err != nil {
 		return chatRequest{}, err
 	}
 
-	if req.Stream, err = boolOf(top.get("stream"), "stream"); err != nil {
+	if req.Stream, err = boolOf(top.Get("stream"), "stream"); err != nil {
 		return chatRequest{}, err
 	}
 	if req.IncludeUsage, err = includeUsageOf(top); err != nil {
@@ -200,7 +201,7 @@ func chatRequestOf(top *jsonValue) (chatRequest, error) {
 
 	// Fields the API does not use, checked so that a request every provider
 	// would reject fails here, before it waits in a queue.
-	if err := checkInteger(top.get("n"), "n", 1, maxChoices); err != nil {
+	if err := checkInteger(top.Get("n"), "n", 1, maxChoices); err != nil {
 		return chatRequest{}, err
 	}
 	for _, f := range []struct {
@@ -212,33 +213,33 @@ func chatRequestOf(top *jsonValue) (chatRequest, error) {
 		{"seed", math.MinInt64, math.MaxInt64},
 		{"top_logprobs", 0, 20},
 	} {
-		if err := checkInteger(top.get(f.name), f.name, f.min, f.max); err != nil {
+		if err := checkInteger(top.Get(f.name), f.name, f.min, f.max); err != nil {
 			return chatRequest{}, err
 		}
 	}
-	logprobs, err := boolOf(top.get("logprobs"), "logprobs")
+	logprobs, err := boolOf(top.Get("logprobs"), "logprobs")
 	if err != nil {
 		return chatRequest{}, err
 	}
-	if logprobs || !top.get("top_logprobs").absent() {
+	if logprobs || !top.Get("top_logprobs").Absent() {
 		req.Needs = append(req.Needs, NeedLogprobs)
 	}
 	for _, name := range []string{"temperature", "top_p", "presence_penalty", "frequency_penalty"} {
-		if err := checkNumber(top.get(name), name); err != nil {
+		if err := checkNumber(top.Get(name), name); err != nil {
 			return chatRequest{}, err
 		}
 	}
-	if err := checkType(top.get("user"), "user", wantString); err != nil {
+	if err := checkType(top.Get("user"), "user", wantString); err != nil {
 		return chatRequest{}, err
 	}
-	if err := checkStop(top.get("stop")); err != nil {
+	if err := checkStop(top.Get("stop")); err != nil {
 		return chatRequest{}, err
 	}
-	if err := checkResponseFormat(top.get("response_format")); err != nil {
+	if err := checkResponseFormat(top.Get("response_format")); err != nil {
 		return chatRequest{}, err
 	}
 
-	tools, functions := top.get("tools"), top.get("functions")
+	tools, functions := top.Get("tools"), top.Get("functions")
 	if err := checkType(tools, "tools", wantArray); err != nil {
 		return chatRequest{}, err
 	}
@@ -266,10 +267,10 @@ func chatRequestOf(top *jsonValue) (chatRequest, error) {
 		req.Needs = append(req.Needs, NeedThinking)
 	}
 	for _, def := range elemsOf(tools) {
-		chars += def.compact
+		chars += def.Compact
 	}
 	for _, def := range elemsOf(functions) {
-		chars += def.compact
+		chars += def.Compact
 	}
 	req.EstimatedInputTokens = (chars + 3) / 4
 	if images.vision {
@@ -278,7 +279,7 @@ func chatRequestOf(top *jsonValue) (chatRequest, error) {
 	if images.remote {
 		req.Needs = append(req.Needs, NeedRemoteImages)
 	}
-	if severalChoicesOf(top.get("n")) {
+	if severalChoicesOf(top.Get("n")) {
 		req.Needs = append(req.Needs, NeedChoices)
 	}
 	req.ollama = ollamaMemberOf(top)
@@ -296,7 +297,7 @@ func decodeMessages(raw json.RawMessage) (chars int, images imageUse, err error)
 	if isAbsent(raw) {
 		return messagesOf(nil)
 	}
-	v, perr := parseJSON(raw)
+	v, perr := jsonvalue.Parse(raw)
 	if perr != nil {
 		return 0, imageUse{}, &requestError{param: "messages", message: "expected an array, got " + jsonKind(raw)}
 	}
@@ -306,23 +307,23 @@ func decodeMessages(raw json.RawMessage) (chars int, images imageUse, err error)
 // messagesOf checks the "messages" array and returns the number of
 // characters of its text and tool calls and what images its content
 // parts carry.
-func messagesOf(v *jsonValue) (chars int, images imageUse, err error) {
-	if v.absent() {
+func messagesOf(v *jsonvalue.Value) (chars int, images imageUse, err error) {
+	if v.Absent() {
 		return 0, imageUse{}, &requestError{param: "messages", message: "you must provide a messages parameter"}
 	}
 	if err := checkType(v, "messages", wantArray); err != nil {
 		return 0, imageUse{}, err
 	}
-	if len(v.elems) == 0 {
+	if len(v.Elems) == 0 {
 		return 0, imageUse{}, &requestError{param: "messages", message: "messages must contain at least one message"}
 	}
-	for i := range v.elems {
-		msg := &v.elems[i]
+	for i := range v.Elems {
+		msg := &v.Elems[i]
 		param := fmt.Sprintf("messages[%d]", i)
-		if msg.kind() != '{' {
-			return 0, imageUse{}, &requestError{param: param, message: "expected an object, got " + msg.typeName()}
+		if msg.Kind() != '{' {
+			return 0, imageUse{}, &requestError{param: param, message: "expected an object, got " + msg.TypeName()}
 		}
-		role, err := stringOf(msg.get("role"), param+".role")
+		role, err := stringOf(msg.Get("role"), param+".role")
 		if err != nil {
 			return 0, imageUse{}, err
 		}
@@ -333,15 +334,15 @@ func messagesOf(v *jsonValue) (chars int, images imageUse, err error) {
 			return 0, imageUse{}, &requestError{param: param + ".role", message: fmt.Sprintf("must be one of %s, got %s",
 				strings.Join(messageRoles, ", "), strconv.Quote(Clip(role)))}
 		}
-		if err := checkType(msg.get("name"), param+".name", wantString); err != nil {
+		if err := checkType(msg.Get("name"), param+".name", wantString); err != nil {
 			return 0, imageUse{}, err
 		}
-		n, err := toolCallsOf(msg.get("tool_calls"), param+".tool_calls")
+		n, err := toolCallsOf(msg.Get("tool_calls"), param+".tool_calls")
 		if err != nil {
 			return 0, imageUse{}, err
 		}
 		chars += n
-		n, use, err := contentOf(msg.get("content"), param+".content")
+		n, use, err := contentOf(msg.Get("content"), param+".content")
 		if err != nil {
 			return 0, imageUse{}, err
 		}
@@ -355,21 +356,21 @@ func messagesOf(v *jsonValue) (chars int, images imageUse, err error) {
 // contentOf checks one message's content: a string, an array of content
 // parts, or absent/null. It returns the characters of its text and what
 // images its parts carry.
-func contentOf(v *jsonValue, param string) (chars int, images imageUse, err error) {
-	if v.absent() {
+func contentOf(v *jsonvalue.Value, param string) (chars int, images imageUse, err error) {
+	if v.Absent() {
 		return 0, imageUse{}, nil
 	}
-	switch v.kind() {
+	switch v.Kind() {
 	case '"':
-		return v.runes, imageUse{}, nil
+		return v.Runes, imageUse{}, nil
 	case '[':
-		for j := range v.elems {
-			part := &v.elems[j]
+		for j := range v.Elems {
+			part := &v.Elems[j]
 			partParam := fmt.Sprintf("%s[%d]", param, j)
-			if part.kind() != '{' {
-				return 0, imageUse{}, &requestError{param: partParam, message: "expected an object, got " + part.typeName()}
+			if part.Kind() != '{' {
+				return 0, imageUse{}, &requestError{param: partParam, message: "expected an object, got " + part.TypeName()}
 			}
-			typ, err := stringOf(part.get("type"), partParam+".type")
+			typ, err := stringOf(part.Get("type"), partParam+".type")
 			if err != nil {
 				return 0, imageUse{}, err
 			}
@@ -377,16 +378,16 @@ func contentOf(v *jsonValue, param string) (chars int, images imageUse, err erro
 			case "":
 				return 0, imageUse{}, &requestError{param: partParam + ".type", message: "each content part must have a type"}
 			case "text":
-				text := part.get("text")
+				text := part.Get("text")
 				if err := checkType(text, partParam+".text", wantString); err != nil {
 					return 0, imageUse{}, err
 				}
-				if !text.absent() {
-					chars += text.runes
+				if !text.Absent() {
+					chars += text.Runes
 				}
 			case "image_url":
 				images.vision = true
-				images.remote = images.remote || translate.IsRemoteImageURL(imageURLOf(part.get("image_url")))
+				images.remote = images.remote || translate.IsRemoteImageURL(imageURLOf(part.Get("image_url")))
 			default:
 				return 0, imageUse{}, &requestError{param: partParam + ".type",
 					message: fmt.Sprintf("content part type %s is not supported; use %s",
@@ -395,7 +396,7 @@ func contentOf(v *jsonValue, param string) (chars int, images imageUse, err erro
 		}
 		return chars, images, nil
 	default:
-		return 0, imageUse{}, &requestError{param: param, message: "expected a string or an array of content parts, got " + v.typeName()}
+		return 0, imageUse{}, &requestError{param: param, message: "expected a string or an array of content parts, got " + v.TypeName()}
 	}
 }
 
@@ -403,16 +404,16 @@ func contentOf(v *jsonValue, param string) (chars int, images imageUse, err erro
 // URL as a bare string; "" for anything else. As encoding/json decodes
 // such a value into struct{URL string `json:"url"`}, a key "url" matches
 // in any case, and the last string one counts.
-func imageURLOf(v *jsonValue) string {
-	switch v.kind() {
+func imageURLOf(v *jsonvalue.Value) string {
+	switch v.Kind() {
 	case '"':
-		return v.text()
+		return v.Text()
 	case '{':
 		url := ""
-		for i := range v.members {
-			m := &v.members[i]
-			if strings.EqualFold(m.key(), "url") && m.value.kind() == '"' {
-				url = m.value.text()
+		for i := range v.Members {
+			m := &v.Members[i]
+			if strings.EqualFold(m.Key(), "url") && m.Value.Kind() == '"' {
+				url = m.Value.Text()
 			}
 		}
 		return url
@@ -423,10 +424,10 @@ func imageURLOf(v *jsonValue) string {
 // decodeTools checks the shape of a chat request's "tools" and legacy
 // "functions" (checkTools, for values not parsed yet).
 func decodeTools(tools, functions []json.RawMessage) error {
-	parse := func(raws []json.RawMessage) ([]jsonValue, error) {
-		vs := make([]jsonValue, len(raws))
+	parse := func(raws []json.RawMessage) ([]jsonvalue.Value, error) {
+		vs := make([]jsonvalue.Value, len(raws))
 		for i, raw := range raws {
-			v, err := parseJSON(raw)
+			v, err := jsonvalue.Parse(raw)
 			if err != nil {
 				return nil, &requestError{message: "the request body is not valid JSON"}
 			}
@@ -455,42 +456,42 @@ func decodeTools(tools, functions []json.RawMessage) error {
 // provider that drops it or fails. A name's characters are
 // left to the provider (OpenAI allows [a-zA-Z0-9_-], Ollama any). Errors
 // are *requestError naming the field, e.g. "tools[0].function.name".
-func checkTools(tools, functions []jsonValue) error {
-	checkFunction := func(fn *jsonValue, param string) error {
-		if fn.kind() != '{' {
-			return &requestError{param: param, message: "expected an object, got " + fn.typeName()}
+func checkTools(tools, functions []jsonvalue.Value) error {
+	checkFunction := func(fn *jsonvalue.Value, param string) error {
+		if fn.Kind() != '{' {
+			return &requestError{param: param, message: "expected an object, got " + fn.TypeName()}
 		}
-		name, err := stringOf(fn.get("name"), param+".name")
+		name, err := stringOf(fn.Get("name"), param+".name")
 		if err != nil {
 			return err
 		}
 		if name == "" {
 			return &requestError{param: param + ".name", message: "a function must have a name"}
 		}
-		if err := checkType(fn.get("description"), param+".description", wantString); err != nil {
+		if err := checkType(fn.Get("description"), param+".description", wantString); err != nil {
 			return err
 		}
-		if err := checkType(fn.get("parameters"), param+".parameters", wantObject); err != nil {
+		if err := checkType(fn.Get("parameters"), param+".parameters", wantObject); err != nil {
 			return err
 		}
-		return checkType(fn.get("strict"), param+".strict", wantBool)
+		return checkType(fn.Get("strict"), param+".strict", wantBool)
 	}
 	for i := range tools {
 		tool := &tools[i]
 		param := fmt.Sprintf("tools[%d]", i)
-		if tool.kind() != '{' {
-			return &requestError{param: param, message: "expected an object, got " + tool.typeName()}
+		if tool.Kind() != '{' {
+			return &requestError{param: param, message: "expected an object, got " + tool.TypeName()}
 		}
-		typ, err := stringOf(tool.get("type"), param+".type")
+		typ, err := stringOf(tool.Get("type"), param+".type")
 		if err != nil {
 			return err
 		}
 		switch typ {
 		case "function", "custom":
-			if tool.get(typ).absent() {
+			if tool.Get(typ).Absent() {
 				return &requestError{param: param + "." + typ, message: fmt.Sprintf("a tool of type %q must have a %q object", typ, typ)}
 			}
-			if err := checkFunction(tool.get(typ), param+"."+typ); err != nil {
+			if err := checkFunction(tool.Get(typ), param+"."+typ); err != nil {
 				return err
 			}
 		case "":
@@ -513,26 +514,26 @@ func checkTools(tools, functions []jsonValue) error {
 // honour (NeedToolChoice): parallel_tool_calls false with tools, unless
 // tool_choice forces a call ("required", a named function, allowed tools
 // of mode "required"), whose answer from an Ollama provider is one call.
-func toolChoiceOf(top *jsonValue, tools []jsonValue) (constrained bool, err error) {
-	parallel := top.get("parallel_tool_calls")
+func toolChoiceOf(top *jsonvalue.Value, tools []jsonvalue.Value) (constrained bool, err error) {
+	parallel := top.Get("parallel_tool_calls")
 	if err := checkType(parallel, "parallel_tool_calls", wantBool); err != nil {
 		return false, err
 	}
 	forced, err := forcedChoiceOf(top, tools)
-	return parallel.kind() == 'f' && len(tools) > 0 && !forced, err
+	return parallel.Kind() == 'f' && len(tools) > 0 && !forced, err
 }
 
 // forcedChoiceOf checks "tool_choice" against the request's tools and
 // reports whether it forces a tool call.
-func forcedChoiceOf(top *jsonValue, tools []jsonValue) (forced bool, err error) {
-	tc := top.get("tool_choice")
-	if tc.absent() {
+func forcedChoiceOf(top *jsonvalue.Value, tools []jsonvalue.Value) (forced bool, err error) {
+	tc := top.Get("tool_choice")
+	if tc.Absent() {
 		return false, nil
 	}
 	const choices = `"none", "auto", "required" or an object naming a function`
-	switch tc.kind() {
+	switch tc.Kind() {
 	case '"':
-		switch mode := tc.text(); mode {
+		switch mode := tc.Text(); mode {
 		case "none", "auto":
 			return false, nil
 		case "required":
@@ -545,9 +546,9 @@ func forcedChoiceOf(top *jsonValue, tools []jsonValue) (forced bool, err error) 
 		}
 	case '{':
 	default:
-		return false, &requestError{param: "tool_choice", message: fmt.Sprintf("expected %s, got %s", choices, tc.typeName())}
+		return false, &requestError{param: "tool_choice", message: fmt.Sprintf("expected %s, got %s", choices, tc.TypeName())}
 	}
-	typ, err := stringOf(tc.get("type"), "tool_choice.type")
+	typ, err := stringOf(tc.Get("type"), "tool_choice.type")
 	if err != nil {
 		return false, err
 	}
@@ -555,11 +556,11 @@ func forcedChoiceOf(top *jsonValue, tools []jsonValue) (forced bool, err error) 
 	case "":
 		return false, &requestError{param: "tool_choice.type", message: "a tool_choice object must have a type"}
 	case "function":
-		fn := tc.get("function")
+		fn := tc.Get("function")
 		if err := checkType(fn, "tool_choice.function", wantObject); err != nil {
 			return false, err
 		}
-		name, err := stringOf(fn.get("name"), "tool_choice.function.name")
+		name, err := stringOf(fn.Get("name"), "tool_choice.function.name")
 		if err != nil {
 			return false, err
 		}
@@ -572,11 +573,11 @@ func forcedChoiceOf(top *jsonValue, tools []jsonValue) (forced bool, err error) 
 		}
 		forced = true
 	case "allowed_tools":
-		allowed := tc.get("allowed_tools")
+		allowed := tc.Get("allowed_tools")
 		if err := checkType(allowed, "tool_choice.allowed_tools", wantObject); err != nil {
 			return false, err
 		}
-		mode, err := stringOf(allowed.get("mode"), "tool_choice.allowed_tools.mode")
+		mode, err := stringOf(allowed.Get("mode"), "tool_choice.allowed_tools.mode")
 		if err != nil {
 			return false, err
 		}
@@ -594,16 +595,16 @@ func forcedChoiceOf(top *jsonValue, tools []jsonValue) (forced bool, err error) 
 // encoding/json reads a tool into struct{Function struct{Name string}}:
 // keys "function" and "name" match in any case, the last one counts, and
 // a tool whose function or name is of another type has none.
-func toolNamesOf(tools []jsonValue) []string {
+func toolNamesOf(tools []jsonvalue.Value) []string {
 	names := make([]string, 0, len(tools))
 	for i := range tools {
 		name, ok := "", true
-		for j := range tools[i].members {
-			m := &tools[i].members[j]
-			if !strings.EqualFold(m.key(), "function") {
+		for j := range tools[i].Members {
+			m := &tools[i].Members[j]
+			if !strings.EqualFold(m.Key(), "function") {
 				continue
 			}
-			switch m.value.kind() {
+			switch m.Value.Kind() {
 			case 'n':
 				continue
 			case '{':
@@ -611,14 +612,14 @@ func toolNamesOf(tools []jsonValue) []string {
 				ok = false
 				continue
 			}
-			for k := range m.value.members {
-				n := &m.value.members[k]
-				if !strings.EqualFold(n.key(), "name") {
+			for k := range m.Value.Members {
+				n := &m.Value.Members[k]
+				if !strings.EqualFold(n.Key(), "name") {
 					continue
 				}
-				switch n.value.kind() {
+				switch n.Value.Kind() {
 				case '"':
-					name = n.value.text()
+					name = n.Value.Text()
 				case 'n':
 				default:
 					ok = false
@@ -635,20 +636,20 @@ func toolNamesOf(tools []jsonValue) []string {
 // reasoningOf checks the reasoning settings: "reasoning_effort" a
 // string, "reasoning" an object whose "effort" is a string and "enabled"
 // a boolean. Which efforts a model takes is its provider's to say.
-func reasoningOf(top *jsonValue) (thinks bool, err error) {
-	effort, err := stringOf(top.get("reasoning_effort"), "reasoning_effort")
+func reasoningOf(top *jsonvalue.Value) (thinks bool, err error) {
+	effort, err := stringOf(top.Get("reasoning_effort"), "reasoning_effort")
 	if err != nil {
 		return false, err
 	}
-	reasoning := top.get("reasoning")
+	reasoning := top.Get("reasoning")
 	if err := checkType(reasoning, "reasoning", wantObject); err != nil {
 		return false, err
 	}
-	nestedEffort, err := stringOf(reasoning.get("effort"), "reasoning.effort")
+	nestedEffort, err := stringOf(reasoning.Get("effort"), "reasoning.effort")
 	if err != nil {
 		return false, err
 	}
-	enabled, err := boolOf(reasoning.get("enabled"), "reasoning.enabled")
+	enabled, err := boolOf(reasoning.Get("enabled"), "reasoning.enabled")
 	if err != nil {
 		return false, err
 	}
@@ -659,45 +660,45 @@ func reasoningOf(top *jsonValue) (thinks bool, err error) {
 // toolCallsOf checks one message's "tool_calls", when present: an array
 // of function tool calls. It returns the characters of their function names
 // and arguments.
-func toolCallsOf(v *jsonValue, param string) (chars int, err error) {
+func toolCallsOf(v *jsonvalue.Value, param string) (chars int, err error) {
 	if err := checkType(v, param, wantArray); err != nil {
 		return 0, err
 	}
 	for j := range elemsOf(v) {
-		call := &v.elems[j]
+		call := &v.Elems[j]
 		callParam := fmt.Sprintf("%s[%d]", param, j)
-		if call.kind() != '{' {
-			return 0, &requestError{param: callParam, message: "expected an object, got " + call.typeName()}
+		if call.Kind() != '{' {
+			return 0, &requestError{param: callParam, message: "expected an object, got " + call.TypeName()}
 		}
-		typ, err := stringOf(call.get("type"), callParam+".type")
+		typ, err := stringOf(call.Get("type"), callParam+".type")
 		if err != nil {
 			return 0, err
 		}
-		if !call.get("type").absent() && typ != "function" {
+		if !call.Get("type").Absent() && typ != "function" {
 			return 0, &requestError{param: callParam + ".type",
 				message: "only function tool calls are supported, got " + strconv.Quote(Clip(typ))}
 		}
-		fn := call.get("function")
+		fn := call.Get("function")
 		if err := checkType(fn, callParam+".function", wantObject); err != nil {
 			return 0, err
 		}
-		if fn.absent() {
+		if fn.Absent() {
 			return 0, &requestError{param: callParam + ".function", message: "each tool call must have a function"}
 		}
-		name := fn.get("name")
+		name := fn.Get("name")
 		if err := checkType(name, callParam+".function.name", wantString); err != nil {
 			return 0, err
 		}
-		if name.absent() {
+		if name.Absent() {
 			return 0, &requestError{param: callParam + ".function.name", message: "each tool call function must have a name"}
 		}
-		args := fn.get("arguments")
+		args := fn.Get("arguments")
 		if err := checkType(args, callParam+".function.arguments", wantString); err != nil {
 			return 0, err
 		}
-		chars += name.runes
-		if !args.absent() {
-			chars += args.runes
+		chars += name.Runes
+		if !args.Absent() {
+			chars += args.Runes
 		}
 	}
 	return chars, nil
@@ -715,13 +716,13 @@ func jsonChars(raw json.RawMessage) int {
 
 // rawValue is raw, a valid JSON value (or nothing), parsed: for the
 // decode* wrappers of values that were not parsed with their body.
-func rawValue(raw json.RawMessage) *jsonValue {
+func rawValue(raw json.RawMessage) *jsonvalue.Value {
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return nil
 	}
-	v, err := parseJSON(bytes.TrimSpace(raw))
+	v, err := jsonvalue.Parse(bytes.TrimSpace(raw))
 	if err != nil {
-		return &jsonValue{raw: bytes.TrimSpace(raw)}
+		return &jsonvalue.Value{Raw: bytes.TrimSpace(raw)}
 	}
 	return v
 }
@@ -731,24 +732,24 @@ func decodeStop(raw json.RawMessage) error { return checkStop(rawValue(raw)) }
 
 // checkStop checks "stop": a string, or an array of at most
 // maxStopSequences strings.
-func checkStop(v *jsonValue) error {
-	switch v.kind() {
+func checkStop(v *jsonvalue.Value) error {
+	switch v.Kind() {
 	case 0, 'n', '"': // absent, null, a string
 		return nil
 	case '[':
-		if len(v.elems) > maxStopSequences {
+		if len(v.Elems) > maxStopSequences {
 			return &requestError{param: "stop",
-				message: fmt.Sprintf("at most %d stop sequences are allowed, got %d", maxStopSequences, len(v.elems))}
+				message: fmt.Sprintf("at most %d stop sequences are allowed, got %d", maxStopSequences, len(v.Elems))}
 		}
-		for i := range v.elems {
-			if v.elems[i].kind() != '"' {
-				return &requestError{param: fmt.Sprintf("stop[%d]", i), message: "expected a string, got " + v.elems[i].typeName()}
+		for i := range v.Elems {
+			if v.Elems[i].Kind() != '"' {
+				return &requestError{param: fmt.Sprintf("stop[%d]", i), message: "expected a string, got " + v.Elems[i].TypeName()}
 			}
 		}
 		return nil
 	default:
 		return &requestError{param: "stop",
-			message: fmt.Sprintf("expected a string or an array of at most %d strings, got %s", maxStopSequences, v.typeName())}
+			message: fmt.Sprintf("expected a string or an array of at most %d strings, got %s", maxStopSequences, v.TypeName())}
 	}
 }
 
@@ -758,14 +759,14 @@ func decodeResponseFormat(raw json.RawMessage) error { return checkResponseForma
 // checkResponseFormat checks "response_format": an object whose "type" is
 // one of responseFormatTypes; for json_schema, "json_schema" must be an
 // object with a string "name" and, if given, an object "schema".
-func checkResponseFormat(rf *jsonValue) error {
-	if rf.absent() {
+func checkResponseFormat(rf *jsonvalue.Value) error {
+	if rf.Absent() {
 		return nil
 	}
 	if err := checkType(rf, "response_format", wantObject); err != nil {
 		return err
 	}
-	typ, err := stringOf(rf.get("type"), "response_format.type")
+	typ, err := stringOf(rf.Get("type"), "response_format.type")
 	if err != nil {
 		return err
 	}
@@ -779,20 +780,20 @@ func checkResponseFormat(rf *jsonValue) error {
 	if typ != "json_schema" {
 		return nil
 	}
-	js := rf.get("json_schema")
+	js := rf.Get("json_schema")
 	if err := checkType(js, "response_format.json_schema", wantObject); err != nil {
 		return err
 	}
-	if js.absent() {
+	if js.Absent() {
 		return &requestError{param: "response_format.json_schema", message: "required when the response format type is json_schema"}
 	}
-	if err := checkType(js.get("name"), "response_format.json_schema.name", wantString); err != nil {
+	if err := checkType(js.Get("name"), "response_format.json_schema.name", wantString); err != nil {
 		return err
 	}
-	if js.get("name").absent() {
+	if js.Get("name").Absent() {
 		return &requestError{param: "response_format.json_schema.name", message: "a json_schema response format must have a name"}
 	}
-	return checkType(js.get("schema"), "response_format.json_schema.schema", wantObject)
+	return checkType(js.Get("schema"), "response_format.json_schema.schema", wantObject)
 }
 
 // maxChoices is the largest "n" (OpenAI's limit).
@@ -811,11 +812,11 @@ func decodeN(raw json.RawMessage) error {
 func severalChoices(raw json.RawMessage) bool { return severalChoicesOf(rawValue(raw)) }
 
 // severalChoicesOf is severalChoices of a parsed value.
-func severalChoicesOf(v *jsonValue) bool {
-	if v.kind() == 0 {
+func severalChoicesOf(v *jsonvalue.Value) bool {
+	if v.Kind() == 0 {
 		return false
 	}
-	n, ok := parseInteger(string(v.raw))
+	n, ok := parseInteger(string(v.Raw))
 	return ok && n > 1
 }
 
@@ -827,7 +828,7 @@ func decodeInteger(raw json.RawMessage, param string, min, max int64) error {
 
 // checkInteger checks that v, when present, is a JSON integer in
 // [min, max].
-func checkInteger(v *jsonValue, param string, min, max int64) error {
+func checkInteger(v *jsonvalue.Value, param string, min, max int64) error {
 	lit, err := numberLiteral(v, param, wantInteger)
 	if lit == "" || err != nil {
 		return err
@@ -847,7 +848,7 @@ func decodeNumber(raw json.RawMessage, param string) error { return checkNumber(
 
 // checkNumber checks that v, when present, is a JSON number that fits a
 // float64. (One too small to represent is 0, as encoding/json reads it.)
-func checkNumber(v *jsonValue, param string) error {
+func checkNumber(v *jsonvalue.Value, param string) error {
 	lit, err := numberLiteral(v, param, wantNumber)
 	if lit == "" || err != nil {
 		return err
@@ -860,14 +861,14 @@ func checkNumber(v *jsonValue, param string) error {
 
 // numberLiteral returns the JSON number literal v holds, "" if v is
 // absent or null, or a *requestError if v is another JSON type.
-func numberLiteral(v *jsonValue, param, want string) (string, error) {
-	if v.absent() {
+func numberLiteral(v *jsonvalue.Value, param, want string) (string, error) {
+	if v.Absent() {
 		return "", nil
 	}
-	if c := v.kind(); c != '-' && (c < '0' || c > '9') {
-		return "", &requestError{param: param, message: fmt.Sprintf("expected %s, got %s", want, v.typeName())}
+	if c := v.Kind(); c != '-' && (c < '0' || c > '9') {
+		return "", &requestError{param: param, message: fmt.Sprintf("expected %s, got %s", want, v.TypeName())}
 	}
-	return string(v.raw), nil
+	return string(v.Raw), nil
 }
 
 // parseInteger returns the value of a JSON number literal written as an
@@ -893,12 +894,12 @@ func notPlainInteger(param, lit string) error {
 
 // checkType checks that v, when present and not null, has the JSON type
 // want names; else a *requestError naming param.
-func checkType(v *jsonValue, param, want string) error {
-	if v.absent() {
+func checkType(v *jsonvalue.Value, param, want string) error {
+	if v.Absent() {
 		return nil
 	}
 	var ok bool
-	switch k := v.kind(); want {
+	switch k := v.Kind(); want {
 	case wantString:
 		ok = k == '"'
 	case wantBool:
@@ -911,35 +912,35 @@ func checkType(v *jsonValue, param, want string) error {
 		ok = k == '-' || k >= '0' && k <= '9'
 	}
 	if !ok {
-		return &requestError{param: param, message: fmt.Sprintf("expected %s, got %s", want, v.typeName())}
+		return &requestError{param: param, message: fmt.Sprintf("expected %s, got %s", want, v.TypeName())}
 	}
 	return nil
 }
 
 // stringOf is v's text when v is a string, "" when absent or null, else a
 // *requestError naming param.
-func stringOf(v *jsonValue, param string) (string, error) {
-	if err := checkType(v, param, wantString); err != nil || v.absent() {
+func stringOf(v *jsonvalue.Value, param string) (string, error) {
+	if err := checkType(v, param, wantString); err != nil || v.Absent() {
 		return "", err
 	}
-	return v.text(), nil
+	return v.Text(), nil
 }
 
 // boolOf is v's value when v is a boolean, false when absent or null,
 // else a *requestError naming param.
-func boolOf(v *jsonValue, param string) (bool, error) {
+func boolOf(v *jsonvalue.Value, param string) (bool, error) {
 	if err := checkType(v, param, wantBool); err != nil {
 		return false, err
 	}
-	return v.kind() == 't', nil
+	return v.Kind() == 't', nil
 }
 
 // elemsOf is an array's elements; none for anything else.
-func elemsOf(v *jsonValue) []jsonValue {
-	if v.kind() != '[' {
+func elemsOf(v *jsonvalue.Value) []jsonvalue.Value {
+	if v.Kind() != '[' {
 		return nil
 	}
-	return v.elems
+	return v.Elems
 }
 
 // decodeField decodes top[name] into dst, which is left alone when the key
@@ -984,24 +985,7 @@ func firstByte(raw []byte) byte {
 }
 
 // jsonKind names the JSON type of a valid JSON value, for error messages.
-func jsonKind(raw []byte) string {
-	switch firstByte(raw) {
-	case '"':
-		return "a string"
-	case '{':
-		return "an object"
-	case '[':
-		return "an array"
-	case 't', 'f':
-		return "a boolean"
-	case 'n':
-		return "null"
-	case 0:
-		return "nothing"
-	default:
-		return "a number"
-	}
-}
+func jsonKind(raw []byte) string { return jsonvalue.KindName(firstByte(raw)) }
 
 // isJSONContentType reports whether a request's Content-Type allows a JSON
 // body: absent, application/json, or any type with a "+json" suffix.

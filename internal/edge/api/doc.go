@@ -1,8 +1,8 @@
-// Package api is the edge's HTTP API frame and its OpenAI, Ollama and
-// runs routes. A client's request is decoded once, becomes
+// Package api is the edge's HTTP API frame. A client's request is
+// decoded once, becomes
 // one Gateway.Dispatch call, and the run the node sends back is rendered
 // in the client's wire format. Client API packages under it register
-// their routes on the frame: anthropic and responses through
+// their routes on the frame: openai, anthropic, ollama, responses and runsapi through
 // Config.APIs (they serve with the Frame), admin and batch through Config.Routes; the frame never
 // imports them. Package apitest is their tests' harness.
 //
@@ -11,35 +11,36 @@
 //	handler.go        New, ServeHTTP: routing, body caps and lingering, write deadlines, abort on nothing written
 //	frame.go          Frame, API, Renderer, ErrorShape: what a client API package serves with; Answer's exported methods
 //	frame_detached.go Frame.ServeDetached (a run with no connection), ChatChunks, and the rest a client API package needs
+//	frame_record.go   Answer.RelayRecorded, NewRunID: what the runs API records a run with
+//	frame_openai.go   Body, DecodeChat, DecodeCompletion, DecodeEmbeddings; the Answer's relay, SSE writer and error event
+//	frame_translated.go  what an API that translates its bodies needs (ollama): any-type bodies, the checks of a translation, tunnelAnswer
 //	access.go         keys, admin prefixes, a key's request slot (admit, answerFinished), model access
 //	quota.go          a key's quota: reservation before queueing, clamp, settlement, rate-limit headers
 //	errors.go         classify: the one mapping of every failure to a status and an OpenAI error body
 //	observe.go        one RequestRecord per API request; outcome decided once (observation.decide)
 //	dispatch.go       serveRun/serveRunWith: dispatch, then render by execution path
 //	chat.go render.go Answer: a run rendered into an http.ResponseWriter; the tunnel relay
-//	chunks.go         chunkRenderer: chat.completion.chunk events for the chat stream, runs and run logs
+//	chunks.go         chunkRenderer: chat.completion.chunk events for the chat stream and run logs (ChatChunks)
 //	tunnelhold.go     finalHold: one reader of a tunnel stream, holding the bytes that end it
-//	decode.go         the OpenAI bodies' checks, needs and estimates (one parse, jsonvalue.go)
-//	completions.go embeddings.go  the other OpenAI routes
-//	ollama*.go        the Ollama routes (translated by package translate)
-//	runs.go runexec.go  the runs API (Config.Runs): a run's chat request executed and recorded
+//	decode.go         the OpenAI bodies' checks, needs and estimates (one parse, package jsonvalue)
+//	completions.go embeddings.go  the completions and embeddings bodies' checks
 //	tracing.go        a server span per request (Config.Tracer)
 //
 // # Routes
 //
-//	POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models, /v1/models/{model}
-//	POST /v1/runs; GET /v1/runs, /v1/runs/{id}, /v1/runs/{id}/events; DELETE /v1/runs/{id}
-//	POST /api/chat, /api/generate, /api/embed, /api/embeddings, /api/show, /api/pull
-//	GET  /api/tags, /api/ps, /api/version, /
-//	/api/copy, /api/delete, /api/create, /api/push, /api/blobs/...: ollamaManage
+//	GET  /v1/models, /v1/models/{model} in OpenAI's shape
 //	GET  /healthz, /readyz, /metrics (Config.Metrics)
+//	Config.APIs: package openai: POST /v1/chat/completions, /v1/completions, /v1/embeddings
 //	Config.APIs: package anthropic: POST /v1/messages, .../count_tokens; GET /v1/models in Anthropic's shape
+//	Config.APIs: package ollama: POST /api/chat, /api/generate, /api/embed, /api/show, /api/pull, ...; GET /api/tags, /api/ps, /
 //	Config.APIs: package responses: POST /v1/responses; GET, DELETE /v1/responses/{id}; .../input_items; POST .../cancel
+//	Config.APIs: package runsapi: POST, GET /v1/runs; GET, DELETE /v1/runs/{id}; GET .../events
 //	Config.Routes: the API packages' routes (package admin: /admin/v1/..., /ui)
 //
-// A route's errors take its API's shape: OpenAI's, Ollama's under /api/
-// and at /, an API's own under the root it registered (Frame.Errors;
-// Anthropic's under /v1/messages).
+// A route's errors take its API's shape: OpenAI's, or an API's own under
+// the root it registered (Frame.Errors; Anthropic's under /v1/messages)
+// or on the paths it matches (Frame.ErrorsFor; Ollama's at / and under
+// /api/).
 //
 // # Invariants
 //
@@ -68,6 +69,7 @@
 //   - A route with Renderer.Quiet (a streamed Messages answer) dispatches
 //     on a helper goroutine (dispatchQuiet); it only hands its result to
 //     the request goroutine, which waits for it.
-//   - A runs-API run is owned by its runs.Run goroutine (execute) as a
-//     request is by its goroutine.
+//   - A run served by Frame.ServeDetached (a runs-API run, a background
+//     response) is owned by its runs.Run goroutine as a request is by its
+//     goroutine.
 package api

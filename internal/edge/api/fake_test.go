@@ -34,12 +34,6 @@ var _ Gateway[Run] = (*fakeGateway)(nil)
 // cfg leaves nil: the wiring a composition root writes by hand, for the
 // tests' gateways.
 func withFeatures(cfg Config, gw Gateway[Run]) Config {
-	if c, ok := gw.(ModelCatalog); ok && cfg.Catalog == nil {
-		cfg.Catalog = c
-	}
-	if s, ok := gw.(ModelShower); ok && cfg.Shower == nil {
-		cfg.Shower = s
-	}
 	if k, ok := gw.(interface{ Known(string) bool }); ok && cfg.Known == nil {
 		cfg.Known = k.Known
 	}
@@ -218,7 +212,7 @@ func newEnvLogging(t *testing.T, cfg Config, logger *slog.Logger, dispatch func(
 		cfg.Now = func() time.Time { return time.Unix(1700000000, 0) }
 	}
 	env := &testEnv{t: t, gw: &fakeGateway{models: []string{"m", "alias"}, dispatch: dispatch}}
-	h := New(cfg, env.gw, logger)
+	h := New(withOpenAI(cfg), env.gw, logger)
 	env.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		env.handlers.Add(1)
 		defer env.handlers.Done()

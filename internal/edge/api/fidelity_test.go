@@ -105,14 +105,13 @@ func TestRegression_ThinkingDropped(t *testing.T) {
 }
 
 // TestThinkingOnlyStreamSendsAsItComes: a stream that is only thinking so
-// far sends each piece to the client as it arrives, on both client APIs.
+// far sends each piece to the client as it arrives (package ollama's
+// test has the Ollama routes).
 func TestThinkingOnlyStreamSendsAsItComes(t *testing.T) {
 	for _, c := range []struct {
 		path, body, want string
 	}{
 		{"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`, `"reasoning_content":"Hmm"`},
-		{"/api/chat", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, `"thinking":"Hmm"`},
-		{"/api/generate", `{"model":"m","prompt":"hi"}`, `"thinking":"Hmm"`},
 	} {
 		t.Run(c.path, func(t *testing.T) {
 			run := liveRun(normalized, 4)
@@ -154,78 +153,6 @@ func TestThinkingOnlyStreamSendsAsItComes(t *testing.T) {
 			}
 		})
 	}
-}
-
-// TestOllamaClientThinking: an Ollama client gets thinking as Ollama
-// writes it, message.thinking (chat) or thinking (generate), streamed and
-// whole, from an Ollama provider (run events) and from an OpenAI-compatible
-// one (reasoning_content or reasoning in its SSE or JSON answer); with
-// think false an OpenAI-compatible provider's reasoning is not shown.
-func TestOllamaClientThinking(t *testing.T) {
-	normalizedRun := func() *fakeRun {
-		return scriptedRun(normalized, events(started(), thinkingDelta("So")), events(delta("Hi"), usageEvent(1, 2), complete("stop")))
-	}
-	sseRun := func(field string) func() *fakeRun {
-		return func() *fakeRun {
-			return scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"}),
-				tunnelData(`data: {"choices":[{"index":0,"delta":{"role":"assistant","content":null,"`+field+`":"So"}}]}`+"\n\n"),
-				tunnelData(`data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":"stop"}]}`+"\n\ndata: [DONE]\n\n"), tunnelEnd())
-		}
-	}
-	jsonRun := func() *fakeRun {
-		return scriptedRun(tunnel, tunnelHead(200, map[string]string{"Content-Type": "application/json"}),
-			tunnelData(`{"choices":[{"index":0,"message":{"role":"assistant","content":"Hi","reasoning_content":"So"},"finish_reason":"stop"}]}`), tunnelEnd())
-	}
-	const (
-		chatStream = `{"model":"m"%s"role":"assistant","content":"","thinking":"So"},"done":false}` + "\n" +
-			`{"model":"m"%s"role":"assistant","content":"Hi"},"done":false}` + "\n"
-		chatWhole = `"message":{"role":"assistant","content":"Hi","thinking":"So"},"done":true`
-		genStream = `"response":"","thinking":"So","done":false}` + "\n"
-		genWhole  = `"response":"Hi","thinking":"So","done":true`
-	)
-	msgPrefix := `,"created_at":"","message":{`
-	for _, c := range []struct {
-		name, path, body string
-		run              func() *fakeRun
-		want             string // in the normalized body
-	}{
-		{"normalized chat stream", "/api/chat", `{"model":"m","messages":[{"role":"user","content":"q"}]}`, normalizedRun,
-			strings.ReplaceAll(chatStream, "%s", msgPrefix)},
-		{"normalized chat whole", "/api/chat", `{"model":"m","stream":false,"messages":[{"role":"user","content":"q"}]}`, normalizedRun, chatWhole},
-		{"normalized generate stream", "/api/generate", `{"model":"m","prompt":"q"}`, normalizedRun, genStream},
-		{"normalized generate whole", "/api/generate", `{"model":"m","prompt":"q","stream":false}`, normalizedRun, genWhole},
-		{"tunnel reasoning_content chat stream", "/api/chat", `{"model":"m","messages":[{"role":"user","content":"q"}]}`, sseRun("reasoning_content"),
-			strings.ReplaceAll(chatStream, "%s", msgPrefix)},
-		{"tunnel reasoning chat whole", "/api/chat", `{"model":"m","stream":false,"messages":[{"role":"user","content":"q"}]}`, sseRun("reasoning"), chatWhole},
-		{"tunnel reasoning generate stream", "/api/generate", `{"model":"m","prompt":"q"}`, sseRun("reasoning"), genStream},
-		{"tunnel JSON answer", "/api/chat", `{"model":"m","stream":false,"messages":[{"role":"user","content":"q"}]}`, jsonRun, chatWhole},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			env := newEnv(t, Config{}, runWith(c.run()))
-			status, _, body := env.ollamaPost(t, c.path, c.body)
-			if got := normalizeOllama(t, body); status != 200 || !strings.Contains(got, c.want) {
-				t.Fatalf("%d\n%s\nwant it to hold\n%s", status, got, c.want)
-			}
-		})
-	}
-	t.Run("think false hides an OpenAI-compatible provider's reasoning", func(t *testing.T) {
-		env := newEnv(t, Config{}, runWith(sseRun("reasoning_content")()))
-		status, _, body := env.ollamaPost(t, "/api/chat", `{"model":"m","think":false,"stream":false,"messages":[{"role":"user","content":"q"}]}`)
-		if status != 200 || strings.Contains(body, "thinking") || !strings.Contains(body, `"content":"Hi"`) {
-			t.Fatalf("%d %s", status, body)
-		}
-		if req := env.gw.requests()[0]; strings.Contains(string(req.Body), "reasoning_effort") {
-			t.Fatalf("think false sent a reasoning_effort: %s", req.Body)
-		}
-	})
-	t.Run("a think level reaches the canonical body as reasoning_effort", func(t *testing.T) {
-		env := newEnv(t, Config{}, runWith(normalizedRun()))
-		env.ollamaPost(t, "/api/chat", `{"model":"m","think":"high","messages":[{"role":"user","content":"q"}]}`)
-		if req := env.gw.requests()[0]; !strings.Contains(string(req.Body), `"reasoning_effort":"high"`) || strings.Contains(string(req.Body), "iop_ollama") ||
-			string(req.OllamaFields) != `{"think":"high"}` {
-			t.Fatalf("body %s, Ollama fields %s", req.Body, req.OllamaFields)
-		}
-	})
 }
 
 // TestThinkingCountsForTimeToFirstToken: the first reasoning token is the
@@ -356,22 +283,11 @@ type rejected struct{ msg string }
 func (e *rejected) Error() string { return ErrCandidatesRejected.Error() + ": " + e.msg }
 func (e *rejected) Unwrap() error { return ErrCandidatesRejected }
 
-// The requests from Ollama clients carry nothing only OpenAI-compatible
-// providers take (their think level needs a model that thinks, as any).
-func TestOllamaRequestsNeedNoTunnelOnlySettings(t *testing.T) {
-	env := newEnv(t, Config{}, runWith(scriptedRun(normalized, events(started(), delta("a"), complete("stop")))))
-	env.ollamaPost(t, "/api/chat", `{"model":"m","think":"high","messages":[{"role":"user","content":"look","images":["iVBORw0KGgo="]}],
-		"tools":[{"type":"function","function":{"name":"f"}}]}`)
-	if req := env.gw.requests()[0]; !slices.Equal(req.Needs, []string{"tools", "thinking", "vision"}) {
-		t.Fatalf("needs %v", req.Needs)
-	}
-}
-
-// TestThinkingNeeds: a request that asks the model to think needs a model
-// that can (NeedThinking), from either API; one that does not ask, or asks
-// for no thinking, needs nothing more: a think request never goes to a
-// model whose server said it cannot think (where it would get Ollama's
-// 400 every time).
+// TestThinkingNeeds: an OpenAI request that asks the model to think needs
+// a model that can (NeedThinking); one that does not ask, or asks for no
+// thinking, needs nothing more: a think request never goes to a model
+// whose server said it cannot think (where it would get Ollama's 400
+// every time). Package ollama's test has the Ollama routes.
 func TestThinkingNeeds(t *testing.T) {
 	user := `"messages":[{"role":"user","content":"hi"}]`
 	for fields, want := range map[string][]string{
@@ -387,24 +303,6 @@ func TestThinkingNeeds(t *testing.T) {
 		req, err := decodeChatRequest([]byte(`{"model":"m",` + user + `,` + fields + `}`))
 		if err != nil || !slices.Equal(req.Needs, want) {
 			t.Errorf("%s: needs %v, %v; want %v", fields, req.Needs, err, want)
-		}
-	}
-	for _, c := range []struct {
-		path, body string
-		want       []string
-	}{
-		{"/api/chat", `{"model":"m","think":true,` + user + `}`, []string{"thinking"}},
-		{"/api/chat", `{"model":"m","think":"low",` + user + `}`, []string{"thinking"}},
-		{"/api/chat", `{"model":"m","think":false,` + user + `}`, nil},
-		{"/api/chat", `{"model":"m",` + user + `}`, nil},
-		{"/api/generate", `{"model":"m","think":true,"prompt":"hi"}`, []string{"thinking"}},
-		{"/api/generate", `{"model":"m","think":"high","prompt":"hi"}`, []string{"thinking"}},
-		{"/api/generate", `{"model":"m","prompt":"hi"}`, nil},
-	} {
-		env := newEnv(t, Config{}, runWith(scriptedRun(normalized, events(started(), delta("a"), complete("stop")))))
-		env.ollamaPost(t, c.path, c.body)
-		if req := env.gw.requests()[0]; !slices.Equal(req.Needs, c.want) {
-			t.Errorf("%s %s: needs %v, want %v", c.path, c.body, req.Needs, c.want)
 		}
 	}
 }

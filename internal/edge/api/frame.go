@@ -16,7 +16,8 @@ import (
 type Frame struct{ h *handler }
 
 // API makes one client API's routes on f (by exact path; a path ending in
-// "/" also serves the paths under it that no other route serves). It is
+// "/", other than "/" itself, also serves the paths under it that no
+// other route serves). It is
 // called once, by New; it may register the API's error shape (Errors).
 type API func(f *Frame) map[string]Route
 
@@ -34,7 +35,7 @@ type ErrorShape func(err error, req *contract.Request) (e *APIError, status int,
 // key refused, a body too large) on root and the paths under it (root +
 // "/..."), for an API whose errors are not OpenAI's.
 func (f *Frame) Errors(root string, write ErrorWriter) {
-	f.h.errorRoots = append(f.h.errorRoots, errorRoot{root, write})
+	f.h.errorRoots = append(f.h.errorRoots, errorRoot{root: root, write: write})
 }
 
 // Logger is the frame's logger (component edge-api).
@@ -219,4 +220,7 @@ func (rr *Answer) ReadEvents(onDelta func(ev *contract.Event) error) (Events, er
 type errorRoot struct {
 	root  string
 	write ErrorWriter
+	// match, when set (Frame.ErrorsFor), says which paths are the API's
+	// instead of root.
+	match func(path string) bool
 }

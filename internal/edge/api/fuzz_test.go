@@ -1,9 +1,7 @@
 package api
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -15,51 +13,6 @@ import (
 
 	"iop/internal/wire/nodev1"
 )
-
-// FuzzDecodeRunSubmission: a POST /v1/runs body never panics the decoder;
-// a rejection is a *requestError; an accepted one becomes a chat
-// completion request that is a JSON object, always streams with usage,
-// carries none of the runs API's own fields, and passes the chat checks.
-func FuzzDecodeRunSubmission(f *testing.F) {
-	for _, s := range []string{
-		`{"model":"m","prompt":"hi"}`,
-		`{"model":"m","messages":[{"role":"user","content":"hi"}],"background":true,"session_id":"s","metadata":{"k":"v"},"stream":false}`,
-		`{"model":"m","prompt":"x","messages":[]}`,
-		`{"model":"m","prompt":7}`,
-		`{"model":"m","prompt":null,"messages":[{"role":"user","content":"x"}]}`,
-		`{"model":"m","prompt":"x","metadata":{"":"v"}}`,
-		`{"model":"m","prompt":"x","session_id":"a\nb"}`,
-		`{"model":"m","prompt":"x","stream_options":{"include_usage":false},"max_tokens":-1}`,
-		`[]`, `null`, `{`,
-	} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, body []byte) {
-		sub, err := decodeRunSubmission(body)
-		if err != nil {
-			if _, ok := errors.AsType[*requestError](err); !ok {
-				t.Fatalf("%q: error %T %v, want a *requestError", body, err, err)
-			}
-			return
-		}
-		var top map[string]json.RawMessage
-		if err := json.Unmarshal(sub.chatBody, &top); err != nil {
-			t.Fatalf("%q: chat body %q is not a JSON object", body, sub.chatBody)
-		}
-		for _, k := range []string{"prompt", "background", "session_id", "metadata"} {
-			if _, ok := top[k]; ok {
-				t.Fatalf("%q: chat body keeps %q", body, k)
-			}
-		}
-		if string(top["stream"]) != "true" || string(top["stream_options"]) != `{"include_usage":true}` {
-			t.Fatalf("%q: chat body %s does not stream with usage", body, sub.chatBody)
-		}
-		chat, err := decodeChatRequest(sub.chatBody)
-		if err != nil || chat.Model != sub.chat.Model || !chat.Stream || !chat.IncludeUsage {
-			t.Fatalf("%q: chat body %s decodes as %+v, %v", body, sub.chatBody, chat, err)
-		}
-	})
-}
 
 // frames joins protobuf messages into one fuzz input: each is a length
 // byte and that many bytes.
@@ -93,17 +46,13 @@ func unframe(b []byte) []*nodev1.RunUp {
 // renderRoutes are the requests FuzzRenderRunUp renders a run for.
 var renderRoutes = []struct {
 	path, body string
-	stream     bool // SSE (OpenAI) or NDJSON (Ollama) lines
-	ollama     bool
+	stream     bool // SSE lines
 }{
-	{"/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"x"}]}`, true, false},
-	{"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"x"}]}`, false, false},
-	{"/v1/completions", `{"model":"m","stream":true,"prompt":"x"}`, true, false},
-	{"/v1/completions", `{"model":"m","prompt":"x"}`, false, false},
-	{"/v1/embeddings", `{"model":"m","input":["a","b"],"encoding_format":"base64"}`, false, false},
-	{"/api/chat", `{"model":"m","messages":[{"role":"user","content":"x"}]}`, true, true},
-	{"/api/chat", `{"model":"m","stream":false,"messages":[{"role":"user","content":"x"}]}`, false, true},
-	{"/api/generate", `{"model":"m","prompt":"x"}`, true, true},
+	{"/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"x"}]}`, true},
+	{"/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"x"}]}`, false},
+	{"/v1/completions", `{"model":"m","stream":true,"prompt":"x"}`, true},
+	{"/v1/completions", `{"model":"m","prompt":"x"}`, false},
+	{"/v1/embeddings", `{"model":"m","input":["a","b"],"encoding_format":"base64"}`, false},
 }
 
 // FuzzRenderRunUp feeds arbitrary run messages, as a node would send them,
@@ -111,8 +60,7 @@ var renderRoutes = []struct {
 // (other than http.ErrAbortHandler, which cuts a response short on
 // purpose), closes the run exactly once, and a normalized-path answer that
 // was not cut short is well formed: JSON bodies, SSE events of JSON ending
-// with [DONE] or an error event, NDJSON lines ending with a done or error
-// object.
+// with [DONE] or an error event (package ollama's has the Ollama routes).
 func FuzzRenderRunUp(f *testing.F) {
 	tc := func(index int32, id, name, args string) *nodev1.ToolCallDelta {
 		return &nodev1.ToolCallDelta{Index: index, Id: id, Name: name, Arguments: args}
@@ -148,7 +96,7 @@ func FuzzRenderRunUp(f *testing.F) {
 		}
 		run := scriptedRun(path, unframe(msgs)...)
 		gw := &fakeGateway{models: []string{"m"}, dispatch: runWith(run)}
-		h := New(Config{Now: func() time.Time { return time.Unix(1700000000, 0) }}, gw, nil)
+		h := New(withOpenAI(Config{Now: func() time.Time { return time.Unix(1700000000, 0) }}), gw, nil)
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest(http.MethodPost, rt.path, strings.NewReader(rt.body))
 		aborted := serveRecovering(t, h, rec, req)
@@ -164,8 +112,6 @@ func FuzzRenderRunUp(f *testing.F) {
 			if !json.Valid(body) {
 				t.Fatalf("%s: %d answer is not JSON: %q", rt.path, rec.Code, body)
 			}
-		case rt.ollama:
-			checkNDJSON(t, body)
 		default:
 			checkSSE(t, body)
 		}
@@ -211,25 +157,6 @@ func checkSSE(t *testing.T, body []byte) {
 		}
 		if last && obj["error"] == nil {
 			t.Fatalf("the stream ends with neither [DONE] nor an error: %q", body)
-		}
-	}
-}
-
-// checkNDJSON checks a complete NDJSON answer: JSON objects, one a line,
-// the last one done or an error.
-func checkNDJSON(t *testing.T, body []byte) {
-	t.Helper()
-	lines := bytes.Split(bytes.TrimSuffix(body, []byte("\n")), []byte("\n"))
-	for i, line := range lines {
-		var obj struct {
-			Done  bool    `json:"done"`
-			Error *string `json:"error"`
-		}
-		if err := json.Unmarshal(line, &obj); err != nil {
-			t.Fatalf("line %d is not a JSON object: %q", i, line)
-		}
-		if i == len(lines)-1 && !obj.Done && obj.Error == nil {
-			t.Fatalf("the stream ends with neither done nor an error: %q", body)
 		}
 	}
 }

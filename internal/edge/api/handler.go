@@ -18,9 +18,9 @@ import (
 	"iop/internal/edge/contract"
 )
 
-// New returns the edge's OpenAI- and Ollama-compatible HTTP handler (routes
-// in the package doc), serving requests by calling gw, with the optional
-// features cfg sets (Admin, Catalog, Shower, Known, Runs, ...). A negative
+// New returns the edge's HTTP handler (routes in the package doc; the
+// client APIs of cfg.APIs), serving requests by calling gw, with the
+// optional features cfg sets (Admin, Known, ...). A negative
 // cfg.MaxBodyBytes is treated as 0 (the default); call cfg.Validate first
 // to reject it instead. logger may be nil (then nothing is logged).
 func New[R Run](cfg Config, gw Gateway[R], logger *slog.Logger) http.Handler {
@@ -34,16 +34,9 @@ func New[R Run](cfg Config, gw Gateway[R], logger *slog.Logger) http.Handler {
 		logger:     logger.With("component", "edge-api"),
 	}
 	h.routes = map[string]Route{
-		"/v1/chat/completions": {Method: http.MethodPost, Serve: h.chatCompletions, Operation: "chat.completions"},
-		"/v1/completions":      {Method: http.MethodPost, Serve: h.completions, Operation: "completions"},
-		"/v1/embeddings":       {Method: http.MethodPost, Serve: h.embeddings, Operation: "embeddings"},
-		"/v1/models":           {Method: http.MethodGet, Serve: h.listModels},
-		"/healthz":             {Method: http.MethodGet, Serve: h.healthz},
-		"/readyz":              {Method: http.MethodGet, Serve: h.readyz},
-	}
-	maps.Copy(h.routes, h.ollamaRoutes())
-	if h.cfg.Runs != nil {
-		h.routes[runsPath] = Route{Serve: h.runsRoute, Operation: "runs"}
+		"/v1/models": {Method: http.MethodGet, Serve: h.listModels},
+		"/healthz":   {Method: http.MethodGet, Serve: h.healthz},
+		"/readyz":    {Method: http.MethodGet, Serve: h.readyz},
 	}
 	if h.cfg.Metrics != nil {
 		h.routes["/metrics"] = Route{Method: http.MethodGet, Serve: h.cfg.Metrics.ServeHTTP}
@@ -58,7 +51,7 @@ func New[R Run](cfg Config, gw Gateway[R], logger *slog.Logger) http.Handler {
 	}
 	maps.Copy(h.routes, added)
 	for p := range added {
-		if strings.HasSuffix(p, "/") {
+		if strings.HasSuffix(p, "/") && p != "/" {
 			h.prefixes = append(h.prefixes, p)
 		}
 	}
@@ -186,16 +179,17 @@ func isAnthropicPath(path string) bool {
 }
 
 // errorWriterFor is the error writer of path's API: the one an API
-// registered for a root path lies under (Frame.Errors), Ollama's, or
-// OpenAI's.
+// registered for a root path lies under (Frame.Errors) or for the paths
+// it matches (Frame.ErrorsFor), or OpenAI's.
 func (h *handler) errorWriterFor(path string) ErrorWriter {
 	for _, e := range h.errorRoots {
-		if path == e.root || strings.HasPrefix(path, e.root+"/") {
+		if e.match != nil {
+			if e.match(path) {
+				return e.write
+			}
+		} else if path == e.root || strings.HasPrefix(path, e.root+"/") {
 			return e.write
 		}
-	}
-	if isOllamaPath(path) {
-		return h.writeOllamaError
 	}
 	return h.writeError
 }
@@ -332,12 +326,6 @@ func (b *requestBody) linger(w *trackingWriter, r *http.Request) {
 
 func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 	rt, ok := h.routes[r.URL.Path]
-	if !ok && h.cfg.Runs != nil && strings.HasPrefix(r.URL.Path, runsPrefix) {
-		rt, ok = Route{Serve: h.runRoute}, true
-	}
-	if !ok && strings.HasPrefix(r.URL.Path, ollamaBlobsPrefix) {
-		rt, ok = Route{Serve: h.ollamaManage}, true
-	}
 	for _, p := range h.prefixes {
 		if !ok && strings.HasPrefix(r.URL.Path, p) {
 			rt, ok = h.routes[p], true

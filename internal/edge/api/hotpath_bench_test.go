@@ -136,26 +136,3 @@ func BenchmarkTunnelRelayChunk(b *testing.B) {
 		b.Fatalf("relayed %d bytes, want at least %d", w.n, b.N*len(sseChunk))
 	}
 }
-
-// BenchmarkRenderChunk measures the edge's render of one delta run event
-// into an OpenAI chat.completion.chunk SSE event on the normalized path
-// (chatRender.stream), write and flush included. One op is one chunk.
-func BenchmarkRenderChunk(b *testing.B) {
-	delta := &nodev1.RunUp{Msg: &nodev1.RunUp_Events{Events: &nodev1.RunEvents{Events: []*nodev1.RunEvent{
-		{Type: nodev1.RunEvent_TYPE_DELTA, Text: " token"}}}}}
-	complete := &nodev1.RunUp{Msg: &nodev1.RunUp_Events{Events: &nodev1.RunEvents{Events: []*nodev1.RunEvent{
-		{Type: nodev1.RunEvent_TYPE_USAGE, PromptTokens: 10, CompletionTokens: int32(b.N)},
-		{Type: nodev1.RunEvent_TYPE_COMPLETE, FinishReason: "stop"}}}}}
-	run := &generatedRun{path: contract.PathNormalized, body: decoded(delta), last: decoded(complete), n: b.N - 1}
-	rr, w := benchResponse(run)
-	cr := &chatRender{eventReader: eventReader{Answer: rr}, id: "chatcmpl-run_0123456789abcdef", created: 1767225600, model: "bench-ollama", includeUsage: true}
-	b.ReportAllocs()
-	b.ResetTimer()
-	if reason := cr.stream(); reason != ReasonCompleted {
-		b.Fatalf("stream ended %q", reason)
-	}
-	b.StopTimer()
-	if w.n == 0 {
-		b.Fatal("nothing rendered")
-	}
-}

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iop/internal/jsonvalue"
 	"math"
+	"sync/atomic"
 )
 
 // maxInputs bounds the items of a batched prompt or embeddings input
@@ -72,22 +74,22 @@ func decodeTextInput(raw json.RawMessage, param string, nonEmpty bool) (textInpu
 // non-empty (OpenAI's rule for embeddings input). Absent or null is an
 // error: both fields are required. Errors are *requestError naming param
 // or the item, as in "input[3]".
-func textInputOf(v *jsonValue, param string, nonEmpty bool) (textInput, error) {
-	if v.absent() {
+func textInputOf(v *jsonvalue.Value, param string, nonEmpty bool) (textInput, error) {
+	if v.Absent() {
 		return textInput{}, &requestError{param: param, message: "you must provide " + param}
 	}
 	const want = "a string, an array of strings, an array of token ids or an array of token id arrays"
-	switch v.kind() {
+	switch v.Kind() {
 	case '"':
-		if nonEmpty && v.runes == 0 {
+		if nonEmpty && v.Runes == 0 {
 			return textInput{}, &requestError{param: param, message: "must not be an empty string"}
 		}
-		return textInput{Items: 1, Chars: v.runes}, nil
+		return textInput{Items: 1, Chars: v.Runes}, nil
 	case '[':
 	default:
-		return textInput{}, &requestError{param: param, message: "expected " + want + ", got " + v.typeName()}
+		return textInput{}, &requestError{param: param, message: "expected " + want + ", got " + v.TypeName()}
 	}
-	items := v.elems
+	items := v.Elems
 	switch {
 	case len(items) == 0:
 		return textInput{}, &requestError{param: param, message: "must not be an empty array"}
@@ -95,19 +97,19 @@ func textInputOf(v *jsonValue, param string, nonEmpty bool) (textInput, error) {
 		return textInput{}, &requestError{param: param, message: fmt.Sprintf("at most %d items are allowed, got %d", maxInputs, len(items))}
 	}
 	var in textInput
-	switch items[0].kind() {
+	switch items[0].Kind() {
 	case '"': // strings
 		in.Items = len(items)
 		for i := range items {
 			item := &items[i]
 			itemParam := fmt.Sprintf("%s[%d]", param, i)
-			if item.kind() != '"' {
-				return textInput{}, &requestError{param: itemParam, message: "expected a string like the first item, got " + item.typeName()}
+			if item.Kind() != '"' {
+				return textInput{}, &requestError{param: itemParam, message: "expected a string like the first item, got " + item.TypeName()}
 			}
-			if nonEmpty && item.runes == 0 {
+			if nonEmpty && item.Runes == 0 {
 				return textInput{}, &requestError{param: itemParam, message: "must not be an empty string"}
 			}
-			in.Chars += item.runes
+			in.Chars += item.Runes
 		}
 	case '[': // token id arrays
 		in.Items, in.TokenIDs = len(items), true
@@ -129,21 +131,52 @@ func textInputOf(v *jsonValue, param string, nonEmpty bool) (textInput, error) {
 }
 
 // tokenIDsOf checks an array of token ids and returns its length.
-func tokenIDsOf(v *jsonValue, param string, nonEmpty bool) (int, error) {
-	if v.kind() != '[' {
-		return 0, &requestError{param: param, message: "expected an array of token ids, got " + v.typeName()}
+func tokenIDsOf(v *jsonvalue.Value, param string, nonEmpty bool) (int, error) {
+	if v.Kind() != '[' {
+		return 0, &requestError{param: param, message: "expected an array of token ids, got " + v.TypeName()}
 	}
-	if nonEmpty && len(v.elems) == 0 {
+	if nonEmpty && len(v.Elems) == 0 {
 		return 0, &requestError{param: param, message: "must not be an empty array"}
 	}
-	for j := range v.elems {
-		id := &v.elems[j]
+	for j := range v.Elems {
+		id := &v.Elems[j]
 		if err := checkInteger(id, fmt.Sprintf("%s[%d]", param, j), 0, math.MaxInt32); err != nil {
 			return 0, err
 		}
-		if id.absent() {
+		if id.Absent() {
 			return 0, &requestError{param: fmt.Sprintf("%s[%d]", param, j), message: "expected a token id, got null"}
 		}
 	}
-	return len(v.elems), nil
+	return len(v.Elems), nil
+}
+
+// bodyParses counts jsonvalue.Parse's calls on a whole request body (parseBody):
+// a test hook, so a test can tell that each route parses the client's
+// bytes once.
+var bodyParses atomic.Int64
+
+// parseBody parses a request body that must be one JSON object, once.
+// Errors are *requestError with no param, worded as decodeObject words
+// them (the body not valid JSON, with encoding/json's own error text; not
+// an object; null).
+func parseBody(body []byte) (*jsonvalue.Value, error) {
+	bodyParses.Add(1)
+	v, err := jsonvalue.Parse(body)
+	if err != nil {
+		// Only an invalid body gets here: encoding/json words the error
+		// (its text is part of the answer, and the tests hold it).
+		var top map[string]json.RawMessage
+		if jerr := json.Unmarshal(body, &top); jerr != nil {
+			return nil, &requestError{message: "the request body is not valid JSON: " + jerr.Error()}
+		}
+		return nil, &requestError{message: "the request body is not valid JSON"}
+	}
+	switch v.Kind() {
+	case '{':
+		return v, nil
+	case 'n':
+		return nil, &requestError{message: "the request body must be a JSON object, got null"}
+	default:
+		return nil, &requestError{message: "the request body must be a JSON object, got " + jsonKind(body)}
+	}
 }

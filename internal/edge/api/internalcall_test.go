@@ -21,7 +21,7 @@ func TestInternalCallerRunsAsTheKeyAtItsPriority(t *testing.T) {
 		t.Fatal(err)
 	}
 	gw := &fakeGateway{models: []string{"m"}, dispatch: okRun}
-	h := New(Config{Keys: ring}, gw, nil)
+	h := New(withOpenAI(Config{Keys: ring}), gw, nil)
 	serve := func(r *http.Request) *httptest.ResponseRecorder {
 		r.Header.Set("Content-Type", "application/json")
 		w := httptest.NewRecorder()

@@ -9,134 +9,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"unicode/utf8"
 
+	"iop/internal/jsonvalue"
 	"iop/internal/translate"
 	"iop/internal/wire/nodev1"
 )
-
-// jsonSeeds are bodies at the edges of RFC 8259 as encoding/json reads it.
-var jsonSeeds = []string{
-	`{}`, `[]`, `""`, `0`, `-0.5e+10`, `01`, `1.`, `.5`, `-`, `1e`, `true`, `tru`, `null`, ` {"a" : [1, 2 ,{}]} `,
-	`{"model":"m","messages":[{"role":"user","content":"h\u00e9llo \ud83d\ude00 \ud800 x"}]}`,
-	"{\"a\":\"\xff\xfe bad utf-8\"}", "{\"a\":\"tab\there\"}", `{"a":"\x"}`, `{"a":1,}`, `[1,]`, `{"a" 1}`,
-	`{"mod\u0065l":"x","model":"y"}`, `{"a":"\"\\\/\b\f\n\r\t"}`, `{"a":"\u12"}`, `{} x`, `{"a":[[[[]]]]}`,
-	`{"a":{"b":1,"c":[1,{"d":2,"e":[3,4]}],"f":{}},"g":[[],[1,2],{}],"h":3}`, `[{"a":[1,{"b":[]}]},[2,[3]],4]`,
-	`{"a":{"b":1,"c":[1,{"d":2}` + "]}}x",
-}
-
-// FuzzParseJSON: parseJSON accepts exactly what encoding/json accepts,
-// decodes every string as encoding/json does (text, its length in code
-// points), and counts a value's code points as json.Compact writes it.
-func FuzzParseJSON(f *testing.F) {
-	for _, s := range jsonSeeds {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		v, err := parseJSON(data)
-		if valid := json.Valid(data); valid != (err == nil) {
-			t.Fatalf("parseJSON error %v, json.Valid %v", err, valid)
-		}
-		if err != nil {
-			return
-		}
-		var check func(v *jsonValue)
-		check = func(v *jsonValue) {
-			var buf bytes.Buffer
-			if err := json.Compact(&buf, v.raw); err != nil {
-				t.Fatalf("raw %q is not a JSON value: %v", v.raw, err)
-			}
-			if n := utf8.RuneCount(buf.Bytes()); n != v.compact {
-				t.Fatalf("compact of %q: %d code points, want %d", v.raw, v.compact, n)
-			}
-			switch v.kind() {
-			case '"':
-				var s string
-				if err := json.Unmarshal(v.raw, &s); err != nil {
-					t.Fatal(err)
-				}
-				if v.text() != s || v.runes != utf8.RuneCountInString(s) {
-					t.Fatalf("string %q: text %q (%d runes), want %q (%d)", v.raw, v.text(), v.runes, s, utf8.RuneCountInString(s))
-				}
-			case '{':
-				var m map[string]json.RawMessage
-				if err := json.Unmarshal(v.raw, &m); err != nil {
-					t.Fatal(err)
-				}
-				for k, raw := range m {
-					got := v.get(k)
-					if got == nil || !bytes.Equal(got.raw, raw) {
-						t.Fatalf("member %q: %v, want %q", k, got, raw)
-					}
-				}
-				// Exactly the object's own members, in order, none of a
-				// nested object's.
-				dec := json.NewDecoder(bytes.NewReader(v.raw))
-				dec.Token() // '{'
-				for i := 0; dec.More(); i++ {
-					key, _ := dec.Token()
-					var raw json.RawMessage
-					if err := dec.Decode(&raw); err != nil {
-						t.Fatal(err)
-					}
-					if i >= len(v.members) || v.members[i].key() != key || !bytes.Equal(v.members[i].value.raw, raw) {
-						t.Fatalf("member %d of %q (parseJSON has %d), want %q: %q", i, v.raw, len(v.members), key, raw)
-					}
-					if !dec.More() && i != len(v.members)-1 {
-						t.Fatalf("%q has %d members, parseJSON %d", v.raw, i+1, len(v.members))
-					}
-				}
-				for i := range v.members {
-					check(&v.members[i].value)
-				}
-			case '[':
-				var elems []json.RawMessage
-				if err := json.Unmarshal(v.raw, &elems); err != nil {
-					t.Fatal(err)
-				}
-				if len(elems) != len(v.elems) || v.elems == nil {
-					t.Fatalf("array %q: %d elements (nil %v), want %d", v.raw, len(v.elems), v.elems == nil, len(elems))
-				}
-				for i := range v.elems {
-					if !bytes.Equal(v.elems[i].raw, elems[i]) {
-						t.Fatalf("element %d of %q: %q, want %q", i, v.raw, v.elems[i].raw, elems[i])
-					}
-					check(&v.elems[i])
-				}
-			}
-		}
-		check(v)
-	})
-}
-
-// TestParseJSONTreeOutlivesItsScratch: the members and elements of one
-// parse are its own, not the pooled scratch stack's, so parses after it
-// (of other bodies, which reuse the scratch) leave its tree as it was.
-func TestParseJSONTreeOutlivesItsScratch(t *testing.T) {
-	body := []byte(`{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}],"n":[1,2,3]}`)
-	v, err := parseJSON(body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 50 {
-		if _, err := parseJSON([]byte(`{"x":[{"y":{"z":[9,8,7,6]}},{"w":0}],"v":{"u":"t"}}`)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if got := string(v.get("model").raw); got != `"m"` {
-		t.Errorf("model %s", got)
-	}
-	msgs := v.get("messages")
-	if len(msgs.elems) != 2 || msgs.elems[1].get("role").text() != "assistant" || msgs.elems[0].get("content").text() != "a" {
-		t.Errorf("messages %s: %+v", msgs.raw, msgs.elems)
-	}
-	if n := v.get("n"); len(n.elems) != 3 || string(n.elems[2].raw) != "3" {
-		t.Errorf("n %+v", n)
-	}
-	if len(v.members) != 3 {
-		t.Errorf("%d members, want 3", len(v.members))
-	}
-}
 
 // FuzzStripMembers: taking the iop_ollama member out of a body from the
 // spans of its one parse gives the bytes translate.StripExtension gives.
@@ -149,8 +26,8 @@ func FuzzStripMembers(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		top, err := parseJSON(body)
-		if err != nil || top.kind() != '{' {
+		top, err := jsonvalue.Parse(body)
+		if err != nil || top.Kind() != '{' {
 			return
 		}
 		want, _, err := translate.StripExtension(body)
@@ -217,8 +94,8 @@ func TestRoutesParseBodyOnce(t *testing.T) {
 }
 
 // FuzzOllamaNeedsAsCanonical: an Ollama request's checks, needs and
-// estimate, taken from what the translation decoded (ollamaChatNeeds,
-// checkOllamaEmbed), are those decodeChatRequest and
+// estimate, taken from what the translation decoded (TranslatedChatNeeds,
+// CheckTranslatedEmbed), are those decodeChatRequest and
 // decodeEmbeddingsRequest find in the canonical body it generated, which
 // the route used to decode again.
 func FuzzOllamaNeedsAsCanonical(f *testing.F) {
@@ -253,7 +130,7 @@ func FuzzOllamaNeedsAsCanonical(f *testing.F) {
 				continue
 			}
 			want, werr := decodeChatRequest(tr.Body)
-			needs, estimate, gerr := ollamaChatNeeds(&tr)
+			needs, estimate, gerr := TranslatedChatNeeds(&tr)
 			if words(gerr) != words(werr) {
 				t.Fatalf("body %s: error %q, the canonical body's %q", body, words(gerr), words(werr))
 			}
@@ -266,7 +143,7 @@ func FuzzOllamaNeedsAsCanonical(f *testing.F) {
 			return
 		}
 		want, werr := decodeEmbeddingsRequest(tr.Body)
-		gerr := checkOllamaEmbed(&tr)
+		gerr := CheckTranslatedEmbed(&tr)
 		if words(gerr) != words(werr) {
 			t.Fatalf("body %s: error %q, the canonical body's %q", body, words(gerr), words(werr))
 		}
@@ -274,44 +151,4 @@ func FuzzOllamaNeedsAsCanonical(f *testing.F) {
 			t.Fatalf("body %s: %d inputs, estimate %d; the canonical body's %d %d", body, len(tr.Inputs), (tr.InputChars+3)/4, want.Inputs, want.EstimatedInputTokens)
 		}
 	})
-}
-
-// TestOllamaRoutesDecodeBodyOnce: /api/chat, /api/generate and /api/embed
-// decode the client's body once (in the translation) and do not parse
-// the canonical body they generated.
-func TestOllamaRoutesDecodeBodyOnce(t *testing.T) {
-	for _, c := range []struct {
-		path, body string
-		run        *fakeRun
-	}{
-		{"/api/chat", `{"model":"m","stream":false,"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}]}`,
-			scriptedRun(normalized, events(delta("hi"), complete("stop")))},
-		{"/api/generate", `{"model":"m","stream":false,"prompt":"hi","system":"s"}`,
-			scriptedRun(normalized, events(delta("hi"), complete("stop")))},
-		{"/api/embed", `{"model":"m","input":["a","b"]}`,
-			scriptedRun(normalized, events(&nodev1.RunEvent{Type: nodev1.RunEvent_TYPE_DELTA, Embeddings: []*nodev1.Embedding{{Values: []float32{1}}, {Values: []float32{2}}}}), events(complete("stop")))},
-	} {
-		t.Run(c.path, func(t *testing.T) {
-			env := newEnv(t, Config{}, runWith(c.run))
-			decodes, parses := translate.BodyDecodes(), bodyParses.Load()
-			resp, err := http.Post(env.srv.URL+c.path, "application/json", strings.NewReader(c.body))
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("status %d", resp.StatusCode)
-			}
-			if n := translate.BodyDecodes() - decodes; n != 1 {
-				t.Errorf("the client's body was decoded %d times, want 1", n)
-			}
-			if n := bodyParses.Load() - parses; n != 0 {
-				t.Errorf("a generated body was parsed %d times, want 0", n)
-			}
-			if reqs := env.gw.requests(); len(reqs) != 1 || reqs[0].EstimatedInputTokens == 0 {
-				t.Errorf("dispatched %+v", reqs)
-			}
-		})
-	}
 }

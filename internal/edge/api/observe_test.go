@@ -287,30 +287,6 @@ func TestRegression_TunnelClientLeavingAfterDoneIsCompleted(t *testing.T) {
 	}
 }
 
-// TestRegression_OllamaRecordSaysTheClientsStream: an Ollama request's
-// record (its log line) says the client's own "stream" flag (Ollama
-// streams unless "stream": false), not the canonical body's, which always
-// streams: a "stream": false request is logged stream=false.
-func TestRegression_OllamaRecordSaysTheClientsStream(t *testing.T) {
-	for body, want := range map[string]bool{
-		`{"model":"m","stream":false,"messages":[{"role":"user","content":"hi"}]}`: false,
-		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`:                true,
-		`{"model":"m","stream":false,"prompt":"hi"}`:                               false,
-	} {
-		recs := &records{}
-		env := newEnv(t, Config{Observer: recs}, runWith(scriptedRun(normalized, events(started(), delta("a"), complete("stop")))))
-		path := "/api/chat"
-		if strings.Contains(body, "prompt") {
-			path = "/api/generate"
-		}
-		env.ollamaPost(t, path, body)
-		env.waitHandlers()
-		if rec := recs.Only(t); rec.Stream != want {
-			t.Errorf("%s %s: record stream %v, want %v", path, body, rec.Stream, want)
-		}
-	}
-}
-
 // TestRegression_QueueTimeoutRecordsItsWait: a request refused because its
 // queue timeout passed was logged and recorded with queue_wait=0s after
 // waiting seconds. Its record has the time it waited.

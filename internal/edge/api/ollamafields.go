@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 
 	"iop/internal/edge/contract"
+	"iop/internal/jsonvalue"
 	"iop/internal/translate"
 )
 
@@ -12,22 +13,22 @@ import (
 // Ollama-only fields it sends (docs/apis.md, "Endpoints"), as decoded with the
 // rest of its body.
 type ollamaMember struct {
-	present bool            // the body has the member (null included)
-	value   json.RawMessage // its value; nil when null
-	top     *jsonValue      // the parsed body the member is in
+	present bool             // the body has the member (null included)
+	value   json.RawMessage  // its value; nil when null
+	top     *jsonvalue.Value // the parsed body the member is in
 }
 
 // ollamaMemberOf returns the ExtensionKey member of a body's members (key
 // matched exactly; a duplicated key counts by its last occurrence).
-func ollamaMemberOf(top *jsonValue) ollamaMember {
-	v := top.get(translate.ExtensionKey)
+func ollamaMemberOf(top *jsonvalue.Value) ollamaMember {
+	v := top.Get(translate.ExtensionKey)
 	if v == nil {
 		return ollamaMember{}
 	}
-	if v.absent() {
+	if v.Absent() {
 		return ollamaMember{present: true, top: top}
 	}
-	return ollamaMember{present: true, value: v.raw, top: top}
+	return ollamaMember{present: true, value: v.Raw, top: top}
 }
 
 // moveTo takes the member out of req.Body (every occurrence, every other
@@ -48,16 +49,16 @@ func (m ollamaMember) moveTo(req *contract.Request) error {
 // point into body), without its members of key key, every other byte as it
 // was: what translate.StripExtension returns for it, without reading the
 // body again.
-func stripMembers(body []byte, top *jsonValue, key string) []byte {
+func stripMembers(body []byte, top *jsonvalue.Value, key string) []byte {
 	offset := func(sub []byte) int { return cap(body) - cap(sub) }
 	type span struct{ start, end int }
 	var cut []span
-	prevEnd := offset(top.raw) + 1 // just after '{' or the previous value
+	prevEnd := offset(top.Raw) + 1 // just after '{' or the previous value
 	first := true
-	for i := range top.members {
-		m := &top.members[i]
-		end := offset(m.value.raw) + len(m.value.raw)
-		if m.is(key) {
+	for i := range top.Members {
+		m := &top.Members[i]
+		end := offset(m.Value.Raw) + len(m.Value.Raw)
+		if m.Is(key) {
 			// As StripExtension: not the first member, cut from the end of
 			// the previous value, taking the comma before this member; the
 			// first, up to its value's end, and the comma after it below.

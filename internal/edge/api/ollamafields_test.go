@@ -1,7 +1,6 @@
 package api
 
 import (
-	"strings"
 	"testing"
 )
 
@@ -42,22 +41,5 @@ func TestOpenAIClientOllamaFieldsTravelApartFromTheBody(t *testing.T) {
 				t.Errorf("Ollama fields %q, want %q", got, c.wantFields)
 			}
 		})
-	}
-}
-
-// TestOllamaClientCannotSendIopOllama: an Ollama client's own "iop_ollama"
-// member is not an Ollama field: it is not taken as fields (a client
-// cannot put settings past the translation with it), and its body's
-// fields go as OllamaFields, the canonical body never carrying the member.
-func TestOllamaClientCannotSendIopOllama(t *testing.T) {
-	t.Parallel()
-	env := newEnv(t, Config{}, failWith(ErrQueueFull))
-	env.ollamaPost(t, "/api/chat", `{"model":"m","keep_alive":"5m","iop_ollama":{"options":{"num_ctx":1},"think":true},"messages":[{"role":"user","content":"hi"}]}`)
-	reqs := env.gw.requests()
-	if len(reqs) != 1 {
-		t.Fatalf("%d dispatches, want 1", len(reqs))
-	}
-	if string(reqs[0].OllamaFields) != `{"keep_alive":"5m"}` || strings.Contains(string(reqs[0].Body), "iop_ollama") {
-		t.Errorf("body %s, Ollama fields %s; want only keep_alive as fields", reqs[0].Body, reqs[0].OllamaFields)
 	}
 }

@@ -66,14 +66,6 @@ func TestRegression_ClientClosingAfterItsAnswerIsNotClientGone(t *testing.T) {
 			func() *fakeRun {
 				return scriptedRun(tunnel, tunnelHead(200, sse), tunnelData(tunnelStream), tunnelEnd())
 			}},
-		{"normalized NDJSON", "/api/chat", `{"model":"m","messages":[{"role":"user","content":"x"}]}`, `"done":true`,
-			func() *fakeRun {
-				return scriptedRun(normalized, events(started(), delta("hi"), usageEvent(1, 1), complete("stop")))
-			}},
-		{"tunnel NDJSON", "/api/chat", `{"model":"m","messages":[{"role":"user","content":"x"}]}`, `"done":true`,
-			func() *fakeRun {
-				return scriptedRun(tunnel, tunnelHead(200, sse), tunnelData(tunnelStream), tunnelEnd())
-			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newKeys(t, auth.Key{})
@@ -121,7 +113,8 @@ func TestRegression_ClientClosingAfterItsAnswerIsNotClientGone(t *testing.T) {
 // limits (max_concurrent, requests_per_minute, a model it may not use) is
 // a finished request like any other: one record (the log line's, the
 // metrics'), one ledger entry, outcome refused with the error code, under
-// the route's operation, on the OpenAI, Ollama and runs APIs.
+// the route's operation, on the OpenAI and Ollama APIs (package runsapi
+// checks the runs API's).
 func TestKeyRefusalsAreRecordedOnce(t *testing.T) {
 	limited, limitedHash := auth.Generate()
 	f := newKeys(t, auth.Key{MaxConcurrent: 1, Models: []string{"m"}})
@@ -136,7 +129,7 @@ func TestKeyRefusalsAreRecordedOnce(t *testing.T) {
 		return held, nil
 	}}
 	led, recs := &recordingLedger{}, &records{}
-	cfg := Config{Keys: f.keys, Ledger: led, Observer: recs, Runs: newRunsManager(t)}
+	cfg := Config{Keys: f.keys, Ledger: led, Observer: recs}
 	env := newEnvWithGateway(t, cfg, gw, gw)
 	cfgRPM := Config{Keys: rpm, Ledger: led, Observer: recs}
 	gwRPM := &fakeGateway{models: []string{"m"}, dispatch: okRun}
@@ -155,9 +148,6 @@ func TestKeyRefusalsAreRecordedOnce(t *testing.T) {
 	var wants []want
 	for _, r := range []struct{ api, path, body string }{
 		{"chat.completions", "/v1/chat/completions", simpleChat},
-		{"ollama.chat", "/api/chat", `{"model":"m","messages":[{"role":"user","content":"x"}]}`},
-		{"ollama.embed", "/api/embeddings", `{"model":"m","prompt":"x"}`},
-		{"runs", "/v1/runs", `{"model":"m","prompt":"x"}`},
 	} {
 		if resp := env.send(t, "POST", r.path, r.body, bearer(f.alice)); resp.status != 429 {
 			t.Fatalf("%s over max_concurrent: %d %s", r.path, resp.status, resp.body)
@@ -172,8 +162,6 @@ func TestKeyRefusalsAreRecordedOnce(t *testing.T) {
 	// A model alice may not use, once her slot is free.
 	for _, r := range []struct{ api, path, body string }{
 		{"chat.completions", "/v1/chat/completions", `{"model":"other","messages":[{"role":"user","content":"x"}]}`},
-		{"ollama.chat", "/api/chat", `{"model":"other","messages":[{"role":"user","content":"x"}]}`},
-		{"runs", "/v1/runs", `{"model":"other","prompt":"x"}`},
 	} {
 		if resp := env.send(t, "POST", r.path, r.body, bearer(f.alice)); resp.status != 403 {
 			t.Fatalf("%s for a model not allowed: %d %s", r.path, resp.status, resp.body)
@@ -221,20 +209,5 @@ func TestKeyRefusalsAreRecordedOnce(t *testing.T) {
 			t.Errorf("ledger entry %+v disagrees with its record %+v", e, rec)
 		}
 		delete(byID, e.RequestID)
-	}
-}
-
-// TestRegression_OllamaLoadIsCompleted: an Ollama "load" (a generate
-// request with nothing to generate, answered 200 without a run) was
-// recorded invalid_request; it is completed, in the log and the ledger.
-func TestRegression_OllamaLoadIsCompleted(t *testing.T) {
-	led, recs := &recordingLedger{}, &records{}
-	env := newEnv(t, Config{Ledger: led, Observer: recs}, okRun)
-	if resp := env.post(t, "/api/generate", "application/json", `{"model":"m"}`); resp.status != 200 || !strings.Contains(resp.body, `"done_reason":"load"`) {
-		t.Fatalf("load: %d %s", resp.status, resp.body)
-	}
-	env.waitHandlers()
-	if rec, entries := recs.Only(t), led.all(); rec.Outcome != contract.OutcomeCompleted || len(entries) != 1 || entries[0].Outcome != string(contract.OutcomeCompleted) {
-		t.Fatalf("record %+v, ledger %+v; want completed", rec, entries)
 	}
 }

@@ -58,7 +58,7 @@ var ownHeaders = map[string]bool{"X-Request-Id": true, "Request-Id": true}
 // a broken answer (ErrUpstreamProtocol, errUpstreamEnded): the response is
 // aborted, never ended as if it were complete.
 func (rr *Answer) tunnel() string {
-	hold := finalHold{obs: rr.obs}
+	hold := finalHold{obs: rr.obs, runs: rr.recorder}
 	status := 0 // the head's
 	// declared is the Content-Length the client was told, -1 for none;
 	// fed counts the body's bytes so far.
@@ -255,6 +255,7 @@ func (rr *Answer) failStarted(err error, sse bool) string {
 		rr.abort = true
 		return ReasonWriteFailed
 	}
+	rr.recordError(e)
 	return ReasonUpstreamError
 }
 
@@ -330,59 +331,11 @@ type eventReader struct {
 	stopSequence string
 }
 
-// chatRender renders a normalized-path run as an OpenAI chat completion.
-type chatRender struct {
-	eventReader
-	id           string // "chatcmpl-" + run id
-	created      int64  // Unix seconds
-	model        string // the model name the client asked for
-	includeUsage bool
-}
-
 // usage is the OpenAI usage object, in tokens.
 type usage struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
 	TotalTokens      int `json:"total_tokens"`
-}
-
-// chatCompletion is the non-streamed answer (object "chat.completion").
-type chatCompletion struct {
-	ID      string       `json:"id"`
-	Object  string       `json:"object"`
-	Created int64        `json:"created"`
-	Model   string       `json:"model"`
-	Choices []chatChoice `json:"choices"`
-	Usage   usage        `json:"usage"`
-}
-
-// chatChoice is one choice of a chat.completion. Logprobs is always
-// null: no provider's log probabilities reach it.
-type chatChoice struct {
-	Index        int         `json:"index"`
-	Message      chatMessage `json:"message"`
-	Logprobs     *struct{}   `json:"logprobs"`
-	FinishReason string      `json:"finish_reason"`
-}
-
-// chatMessage is the answer's message. Content is null when the message
-// only calls tools, as OpenAI answers.
-//
-// ReasoningContent is the model's reasoning (an Ollama provider's
-// message.thinking), sent as "reasoning_content" on the message and on
-// stream deltas (chunkDelta), as vLLM, DeepSeek and LiteLLM send it. It is
-// the name the clients agents are built on read: @langchain/openai reads
-// reasoning_content only, the Vercel AI SDK's openai-compatible provider
-// reasoning_content and then reasoning, and so do most hand-written
-// clients; Ollama's own OpenAI API and OpenRouter say "reasoning" instead.
-// Only one of the two is written, since a client that reads both would
-// show the reasoning twice.
-type chatMessage struct {
-	Role             string     `json:"role"`
-	Content          *string    `json:"content"`
-	Refusal          *string    `json:"refusal"` // always null
-	ReasoningContent string     `json:"reasoning_content,omitempty"`
-	ToolCalls        []toolCall `json:"tool_calls,omitempty"`
 }
 
 // toolCall is one entry of a message's or a delta's "tool_calls" (OpenAI
@@ -490,110 +443,9 @@ type errWrite struct{ err error }
 func (e *errWrite) Error() string { return "write: " + e.err.Error() }
 func (e *errWrite) Unwrap() error { return e.err }
 
-// json collects the whole answer and writes one chat.completion object. Usage
-// is what the node reported, zero if it reported none. It returns the Close
-// reason.
-func (c *chatRender) json() string {
-	var (
-		text, thinking strings.Builder
-		calls          []toolCall // by index; parts of one call are joined
-	)
-	finish, err := c.next(func(ev *contract.Event) error {
-		text.WriteString(ev.Text)
-		thinking.WriteString(ev.Thinking)
-		for _, part := range ev.ToolCalls {
-			i := part.Index
-			if i < 0 || i >= MaxToolCalls {
-				return ErrUpstreamProtocol
-			}
-			for len(calls) <= i {
-				calls = append(calls, toolCall{Type: "function"})
-			}
-			if part.ID != "" {
-				calls[i].ID = part.ID
-			}
-			if part.Name != "" {
-				calls[i].Function.Name = part.Name
-			}
-			calls[i].Function.Arguments += part.Arguments
-		}
-		return nil
-	})
-	if err != nil {
-		return c.fail(err)
-	}
-	if clientGone(c.r) {
-		return ReasonClientGone
-	}
-	msg := chatMessage{Role: "assistant", ToolCalls: calls, ReasoningContent: thinking.String()}
-	if content := text.String(); content != "" || len(calls) == 0 {
-		msg.Content = &content
-	}
-	writeJSON(c.w, http.StatusOK, chatCompletion{
-		ID:      c.id,
-		Object:  "chat.completion",
-		Created: c.created,
-		Model:   c.model,
-		Choices: []chatChoice{{Message: msg, FinishReason: finish}},
-		Usage:   c.usage,
-	})
-	return ReasonCompleted
-}
-
 // MaxToolCalls bounds the index of a tool call in one answer, so a
 // malformed index from a node cannot make the edge allocate without bound.
 const MaxToolCalls = 1024
-
-// stream writes the answer as SSE chat.completion.chunk events
-// (chunkRenderer; each delta's chunks flushed at once, so a stream that is
-// only reasoning so far sends it as it comes), a usage chunk when the
-// request asked for include_usage, and `data: [DONE]`. The status line is
-// sent with the first delta or the completion, so a run that fails before
-// either gets an error answer with its own status; a run that fails later
-// ends with an error event and no [DONE]. It returns the rendering's reason.
-func (c *chatRender) stream() string {
-	chunks := chunkRenderer{id: c.id, created: c.created, model: c.model,
-		sink: func(data []byte, _ string) error {
-			c.startStream()
-			if err := c.events().Event("", data); err != nil {
-				return &errWrite{err}
-			}
-			return nil
-		}}
-	finish, err := c.next(chunks.delta)
-	var werr *errWrite
-	switch {
-	case errors.As(err, &werr):
-		return c.writeFailed(werr.err)
-	case err != nil && !c.started:
-		return c.fail(err)
-	case err != nil:
-		return c.failStarted(err, true)
-	}
-	if err := c.finishStream(&chunks, finish); err != nil {
-		return c.writeFailed(err)
-	}
-	return ReasonCompleted
-}
-
-// finishStream writes the final chunk, the usage chunk if asked for, and
-// [DONE], in one flush.
-func (c *chatRender) finishStream(chunks *chunkRenderer, finish string) (err error) {
-	c.hold = true
-	defer func() {
-		if rerr := c.release(); err == nil {
-			err = rerr
-		}
-	}()
-	var u *usage
-	if c.includeUsage {
-		u = &c.usage
-	}
-	if err := chunks.end(finish, u); err != nil {
-		return err
-	}
-	return c.events().Done()
-}
 
 // startStream sends the SSE status line and headers, once.
 func (rr *Answer) startStream() {

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"iop/internal/edge/contract"
-	"iop/internal/runs"
 	"iop/internal/wire/nodev1"
 )
 
@@ -67,8 +66,8 @@ func tunnelStream20() (msgs []*contract.Message, body string) {
 // chat, a streaming POST /v1/chat/completions relayed to the client with
 // its observation (content, usage; an Observer and a ledger record it);
 // relay, the tunnel relay of chat alone (Answer.tunnel with its
-// observation); runs, a synchronous POST /v1/runs whose run records the
-// same stream (an in-memory runs store).
+// observation). Package runsapi's BenchmarkRunTunnelStream20 records
+// the same stream in a run.
 func BenchmarkTunnelStream20(b *testing.B) {
 	msgs, body := tunnelStream20()
 	gw := &fakeGateway{models: []string{"bench-openai"}, dispatch: func(context.Context, contract.Request) (Run, error) {
@@ -100,30 +99,6 @@ func BenchmarkTunnelStream20(b *testing.B) {
 			rr.obs = &observation{now: time.Now}
 			if reason := rr.tunnel(); reason != ReasonCompleted || w.n != int64(len(body)) {
 				b.Fatalf("tunnel ended %q after %d bytes", reason, w.n)
-			}
-		}
-	})
-	b.Run("runs", func(b *testing.B) {
-		store, err := runs.OpenSQLite(":memory:")
-		if err != nil {
-			b.Fatal(err)
-		}
-		m, err := runs.NewManager(context.Background(), runs.Config{Store: store})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer m.Close()
-		rcfg := cfg
-		rcfg.Runs = m
-		h := New(rcfg, gw, logger)
-		b.ReportAllocs()
-		b.SetBytes(int64(len(body)))
-		for b.Loop() {
-			resetBench(gw, cfg.Ledger.(*recordingLedger))
-			w := httptest.NewRecorder()
-			h.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/v1/runs", strings.NewReader(`{"model":"bench-openai","prompt":"hi"}`)))
-			if w.Code != http.StatusOK || !strings.Contains(w.Body.String(), `"state":"complete"`) {
-				b.Fatalf("POST /v1/runs: %d %s", w.Code, w.Body)
 			}
 		}
 	})

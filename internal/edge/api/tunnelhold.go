@@ -48,8 +48,8 @@ type finalHold struct {
 	// obs, if set, is told of each event as it is read and of a JSON
 	// body's bytes (observation.tunnelEvent, tunnelBody).
 	obs *observation
-	// runs, if set, is told of each event once it is released (the runs
-	// API's runRecorder).
+	// runs, if set, is told of each event once it is released
+	// (Answer.RelayRecorded).
 	runs eventRecorder
 
 	events sse.Reader // an event stream's one reader
@@ -75,7 +75,7 @@ type eventRecorder interface {
 	tunnelEvent(ev streamEvent) // ev.data valid only during the call
 }
 
-var _ eventRecorder = (*runRecorder)(nil)
+var _ eventRecorder = recordFunc(nil)
 
 // tunnelBytesRead counts the bytes of tunnel event streams fed to a
 // finalHold's reader, as the reader counted them (sse.Reader.Fed): a test

@@ -13,6 +13,7 @@ import (
 	"iop/internal/auth"
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/apitest"
+	"iop/internal/edge/api/runsapi"
 	"iop/internal/edge/contract"
 	"iop/internal/runs"
 	"iop/internal/wire/nodev1"
@@ -77,8 +78,8 @@ func newEnv(t *testing.T, cfg envConfig, dispatch func(context.Context, contract
 		Now:       func() time.Time { return time.Unix(1700000000, 0) },
 		Keys:      cfg.Keys,
 		AdminKeys: cfg.AdminKeys,
-		Runs:      cfg.Runs,
-		APIs:      []api.API{Routes(Config{Store: cfg.Responses, Runs: cfg.Runs})},
+		// The runs API shows a background response's run.
+		APIs: []api.API{Routes(Config{Store: cfg.Responses, Runs: cfg.Runs}), runsapi.Routes(runsapi.Config{Runs: cfg.Runs})},
 	}
 	return &testEnv{Env: apitest.Start(t, gw, api.New(acfg, gw, slog.New(slog.DiscardHandler)))}
 }

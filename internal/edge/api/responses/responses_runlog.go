@@ -8,7 +8,7 @@ import (
 )
 
 // responseRunLog records a background response's answer in its run, as
-// a run of POST /v1/runs records its own (runRecorder.normalized), so
+// a run of POST /v1/runs records its own (package runsapi), so
 // /v1/runs/{id} and /v1/runs/{id}/events show it like any other run:
 // where it was dispatched (Dispatched), its output, and its events as
 // OpenAI chat.completion.chunk objects (a first chunk with the assistant

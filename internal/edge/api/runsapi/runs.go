@@ -1,9 +1,8 @@
-package api
+package runsapi
 
 import (
+	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,12 +12,13 @@ import (
 	"strings"
 	"time"
 
+	"iop/internal/edge/api"
 	"iop/internal/edge/contract"
 	"iop/internal/runs"
 	"iop/internal/sse"
 )
 
-// The runs API (served when Config.Runs is set):
+// The runs API (Routes):
 //
 //	POST   /v1/runs              submit a run; 202 and its record when
 //	                             background, else 200 and its final record
@@ -51,50 +51,78 @@ const (
 	maxMetadataValue  = 512
 )
 
-// errRunNotFound: no run has the requested id. 404.
-var errRunNotFound = errors.New("run not found")
+// Config is the runs API's configuration.
+type Config struct {
+	// Runs keeps the run records and runs the runs; nil: the runs API is
+	// off (its paths are 404).
+	Runs *runs.Manager
+}
+
+// Routes makes the runs API an api.API on the frame: POST and GET
+// /v1/runs, GET and DELETE /v1/runs/{id}, GET /v1/runs/{id}/events.
+// Its errors are OpenAI's (api.Frame.WriteError).
+func Routes(cfg Config) api.API {
+	return func(f *api.Frame) map[string]api.Route {
+		if cfg.Runs == nil {
+			return nil
+		}
+		s := &server{f: f, runs: cfg.Runs}
+		return map[string]api.Route{
+			runsPath:   {Serve: s.runsRoute, Operation: "runs"},
+			runsPrefix: {Serve: s.runRoute},
+		}
+	}
+}
+
+// server serves the runs API's routes; read-only after Routes.
+type server struct {
+	f    *api.Frame
+	runs *runs.Manager
+}
 
 // runSubmission is a decoded POST /v1/runs body.
 type runSubmission struct {
-	chatBody   []byte // the chat completion request to run (stream on, usage on)
-	chat       chatRequest
+	// chat is the chat completion request to run (stream on, usage on;
+	// the chat route's decoding).
+	chat       contract.Request
 	background bool
 	sessionID  string
 	metadata   map[string]string
 }
 
 // decodeRunSubmission checks a POST /v1/runs body and derives the chat
-// completion request it runs. Errors are *requestError (400) naming the
+// completion request it runs. Errors are api.InvalidParam errors (400) naming the
 // field.
 func decodeRunSubmission(body []byte) (runSubmission, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil || top == nil {
-		// decodeChatRequest words every way a body fails to be an object.
-		_, derr := decodeChatRequest(body)
+		// The chat route's decoding words every way a body fails to be an
+		// object.
+		_, derr := api.DecodeChat(body)
 		if derr == nil {
-			derr = &requestError{message: "the request body must be a JSON object"}
+			derr = api.InvalidParam("", "the request body must be a JSON object")
 		}
 		return runSubmission{}, derr
 	}
 	var s runSubmission
-	if err := decodeField(top, "background", wantBool, &s.background); err != nil {
+	if err := api.DecodeValue(top["background"], "background", wantBool, &s.background); err != nil {
 		return runSubmission{}, err
 	}
-	if err := decodeField(top, "session_id", wantString, &s.sessionID); err != nil {
+	if err := api.DecodeValue(top["session_id"], "session_id", wantString, &s.sessionID); err != nil {
 		return runSubmission{}, err
 	}
 	if len(s.sessionID) > maxSessionIDBytes || strings.ContainsAny(s.sessionID, "\r\n") {
-		return runSubmission{}, &requestError{param: "session_id", message: fmt.Sprintf("must be at most %d bytes, without line breaks", maxSessionIDBytes)}
+		return runSubmission{}, api.InvalidParam("session_id", fmt.Sprintf("must be at most %d bytes, without line breaks", maxSessionIDBytes))
 	}
 	if err := decodeMetadata(top["metadata"], &s.metadata); err != nil {
 		return runSubmission{}, err
 	}
 	if prompt, ok := top["prompt"]; ok && !isAbsent(prompt) {
 		if _, both := top["messages"]; both {
-			return runSubmission{}, &requestError{param: "prompt", message: "give either prompt or messages, not both"}
+			return runSubmission{}, api.InvalidParam("prompt", "give either prompt or messages, not both")
 		}
 		var text string
-		if err := decodeValue(prompt, "prompt", wantString, &text); err != nil {
+		if err := api.DecodeValue(prompt, "prompt", wantString, &text); err != nil {
 			return runSubmission{}, err
 		}
 		msgs, _ := json.Marshal([]map[string]string{{"role": "user", "content": text}})
@@ -107,39 +135,52 @@ func decodeRunSubmission(body []byte) (runSubmission, error) {
 	top["stream_options"] = json.RawMessage(`{"include_usage":true}`)
 	chatBody, err := json.Marshal(top)
 	if err != nil {
-		return runSubmission{}, &requestError{message: "the request body cannot be re-encoded: " + err.Error()}
+		return runSubmission{}, api.InvalidParam("", "the request body cannot be re-encoded: "+err.Error())
 	}
-	chat, err := decodeChatRequest(chatBody)
+	chat, err := api.DecodeChat(chatBody)
 	if err != nil {
 		return runSubmission{}, err
 	}
-	s.chatBody, s.chat = chatBody, chat
+	s.chat = chat.Request
 	return s, nil
 }
+
+// isAbsent reports whether a raw value is missing or JSON null.
+func isAbsent(raw json.RawMessage) bool {
+	raw = bytes.TrimLeft(raw, " \t\r\n")
+	return len(raw) == 0 || raw[0] == 'n'
+}
+
+// The JSON types a submission's fields must have, for messages.
+const (
+	wantString = "a string"
+	wantBool   = "a boolean"
+	wantObject = "an object"
+)
 
 func decodeMetadata(raw json.RawMessage, dst *map[string]string) error {
 	if isAbsent(raw) {
 		return nil
 	}
 	var obj map[string]json.RawMessage
-	if err := decodeValue(raw, "metadata", wantObject, &obj); err != nil {
+	if err := api.DecodeValue(raw, "metadata", wantObject, &obj); err != nil {
 		return err
 	}
 	if len(obj) > maxMetadataKeys {
-		return &requestError{param: "metadata", message: fmt.Sprintf("at most %d keys", maxMetadataKeys)}
+		return api.InvalidParam("metadata", fmt.Sprintf("at most %d keys", maxMetadataKeys))
 	}
 	out := make(map[string]string, len(obj))
 	for k, v := range obj {
-		param := "metadata." + Clip(k)
+		param := "metadata." + api.Clip(k)
 		if len(k) > maxMetadataKey || k == "" {
-			return &requestError{param: param, message: fmt.Sprintf("keys must be 1-%d bytes", maxMetadataKey)}
+			return api.InvalidParam(param, fmt.Sprintf("keys must be 1-%d bytes", maxMetadataKey))
 		}
 		var s string
-		if err := decodeValue(v, param, wantString, &s); err != nil {
+		if err := api.DecodeValue(v, param, wantString, &s); err != nil {
 			return err
 		}
 		if len(s) > maxMetadataValue {
-			return &requestError{param: param, message: fmt.Sprintf("values must be at most %d bytes", maxMetadataValue)}
+			return api.InvalidParam(param, fmt.Sprintf("values must be at most %d bytes", maxMetadataValue))
 		}
 		out[k] = s
 	}
@@ -148,24 +189,24 @@ func decodeMetadata(raw json.RawMessage, dst *map[string]string) error {
 }
 
 // runsRoute serves /v1/runs: POST submits, GET lists.
-func (h *handler) runsRoute(w http.ResponseWriter, r *http.Request) {
+func (s *server) runsRoute(w http.ResponseWriter, r *http.Request) {
 	switch r.Method {
 	case http.MethodPost:
-		h.submitRun(w, r)
+		s.submitRun(w, r)
 	case http.MethodGet, http.MethodHead:
-		h.listRuns(w, r)
+		s.listRuns(w, r)
 	default:
 		w.Header().Set("Allow", "GET, POST")
-		h.writeError(w, r, errMethodNotAllowed, nil)
+		s.f.WriteError(w, r, api.ErrMethodNotAllowed, nil)
 	}
 }
 
 // runRoute serves /v1/runs/{id} (GET, DELETE) and /v1/runs/{id}/events (GET).
-func (h *handler) runRoute(w http.ResponseWriter, r *http.Request) {
+func (s *server) runRoute(w http.ResponseWriter, r *http.Request) {
 	rest := strings.TrimPrefix(r.URL.Path, runsPrefix)
 	id, events := strings.CutSuffix(rest, "/events")
 	if id == "" || strings.Contains(id, "/") {
-		h.writeError(w, r, errNotFound, nil)
+		s.f.WriteError(w, r, api.ErrNotFound, nil)
 		return
 	}
 	allow := "GET, DELETE"
@@ -174,14 +215,14 @@ func (h *handler) runRoute(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case events && (r.Method == http.MethodGet || r.Method == http.MethodHead):
-		h.runEvents(w, r, id)
+		s.runEvents(w, r, id)
 	case !events && (r.Method == http.MethodGet || r.Method == http.MethodHead):
-		h.getRun(w, r, id)
+		s.getRun(w, r, id)
 	case !events && r.Method == http.MethodDelete:
-		h.cancelRun(w, r, id)
+		s.cancelRun(w, r, id)
 	default:
 		w.Header().Set("Allow", allow)
-		h.writeError(w, r, errMethodNotAllowed, nil)
+		s.f.WriteError(w, r, api.ErrMethodNotAllowed, nil)
 	}
 }
 
@@ -189,54 +230,52 @@ func (h *handler) runRoute(w http.ResponseWriter, r *http.Request) {
 // starts is recorded as a request of operation "runs"; a run that starts
 // is recorded by its own chat request (execute), under the same request
 // id, when it ends.
-func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
-	obs := obsOf(r)
-	obs.begin("runs")
-	body, err := h.readBody(r)
+func (s *server) submitRun(w http.ResponseWriter, r *http.Request) {
+	api.Begin(r, "runs")
+	body, err := s.f.ReadBody(r)
 	if err != nil {
-		h.writeError(w, r, err, nil)
+		s.f.WriteError(w, r, err, nil)
 		return
 	}
 	sub, err := decodeRunSubmission(body)
 	if err != nil {
-		h.writeError(w, r, err, nil)
+		s.f.WriteError(w, r, err, nil)
 		return
 	}
 	rec := runs.Record{
-		ID:         NewRunID(),
+		ID:         api.NewRunID(),
 		Model:      sub.chat.Model,
 		SessionID:  sub.sessionID,
 		Background: sub.background,
 		Metadata:   sub.metadata,
-		KeyName:    keyName(r.Context()),
+		KeyName:    api.KeyName(r.Context()),
 	}
-	obs.request(&contract.Request{Model: rec.Model})
-	if err := checkModel(r.Context(), rec.Model); err != nil {
-		h.writeError(w, r, err, &contract.Request{Model: rec.Model})
+	requestID := api.RecordRequest(r, &contract.Request{Model: rec.Model})
+	if err := api.CheckModel(r.Context(), rec.Model); err != nil {
+		s.f.WriteError(w, r, err, &contract.Request{Model: rec.Model})
 		return
 	}
-	nodeID, providerID := h.cfg.Runs.Affinity(sub.sessionID)
+	nodeID, providerID := s.runs.Affinity(sub.sessionID)
 	// The run holds its key's request slot until it ends, also in the
 	// background after this request answered.
-	release := keepPermit(r.Context())
+	release := api.KeepPermit(r.Context())
 	// The run's refusal by the gateway, if it got one: sent before the
 	// run finishes, so it is there once run.Wait saw it finish.
 	refused := make(chan error, 1)
-	requestID := obs.requestID()
-	run, err := h.cfg.Runs.Start(r.Context(), rec, func(ctx context.Context, run *runs.Run) {
+	run, err := s.runs.Start(r.Context(), rec, func(ctx context.Context, run *runs.Run) {
 		defer release()
-		h.execute(ctx, run, runTarget{requestID: requestID, sub: sub, preferNode: nodeID, preferProvider: providerID}, refused)
+		s.execute(ctx, run, runTarget{requestID: requestID, sub: sub, preferNode: nodeID, preferProvider: providerID}, refused)
 	})
 	if err != nil {
 		release()
-		h.logger.Error("starting a run failed", "err", err)
-		h.writeError(w, r, err, nil)
+		s.f.Logger().Error("starting a run failed", "err", err)
+		s.f.WriteError(w, r, err, nil)
 		return
 	}
-	obs.handOff()
+	api.HandOff(r)
 	if sub.background {
 		w.Header().Set("Location", runsPrefix+rec.ID)
-		writeJSON(w, http.StatusAccepted, renderRecord(run.Record()))
+		api.WriteJSON(w, http.StatusAccepted, renderRecord(run.Record()))
 		return
 	}
 	// The run belongs to this request: it ends when the submitter leaves.
@@ -244,7 +283,7 @@ func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
 	defer stop()
 	final, err := run.Wait(r.Context())
 	if err != nil {
-		h.writeError(w, r, err, nil) // the client is gone: nothing is written
+		s.f.WriteError(w, r, err, nil) // the client is gone: nothing is written
 		return
 	}
 	var dispatchErr error
@@ -256,20 +295,20 @@ func (h *handler) submitRun(w http.ResponseWriter, r *http.Request) {
 		// It never reached a provider (an unknown model, a full queue, ...):
 		// answered as the chat route answers it; the record stays listed.
 		w.Header().Set("Location", runsPrefix+rec.ID)
-		h.writeError(w, r, dispatchErr, &contract.Request{Model: sub.chat.Model, Needs: sub.chat.Needs})
+		s.f.WriteError(w, r, dispatchErr, &contract.Request{Model: sub.chat.Model, Needs: sub.chat.Needs})
 		return
 	}
-	writeJSON(w, http.StatusOK, renderRecord(final))
+	api.WriteJSON(w, http.StatusOK, renderRecord(final))
 }
 
 // getRun serves GET /v1/runs/{id}.
-func (h *handler) getRun(w http.ResponseWriter, r *http.Request, id string) {
-	rec, err := h.ownRun(r, id)
+func (s *server) getRun(w http.ResponseWriter, r *http.Request, id string) {
+	rec, err := s.ownRun(r, id)
 	if err != nil {
-		h.writeError(w, r, runError(err), nil)
+		s.f.WriteError(w, r, runError(err), nil)
 		return
 	}
-	writeJSON(w, http.StatusOK, renderRecord(rec))
+	api.WriteJSON(w, http.StatusOK, renderRecord(rec))
 }
 
 // cancelRun serves DELETE /v1/runs/{id}: it cancels a live run, waits for
@@ -278,32 +317,32 @@ func (h *handler) getRun(w http.ResponseWriter, r *http.Request, id string) {
 // shared between edges, a run another edge holds is cancelled there (the
 // store carries the request; runs.Manager.CancelRemote) and answered once
 // it ended.
-func (h *handler) cancelRun(w http.ResponseWriter, r *http.Request, id string) {
-	run := h.cfg.Runs.Live(id)
-	if run == nil && h.cfg.Runs.Shared() {
-		if _, err := h.ownRun(r, id); err != nil {
-			h.writeError(w, r, runError(err), nil)
+func (s *server) cancelRun(w http.ResponseWriter, r *http.Request, id string) {
+	run := s.runs.Live(id)
+	if run == nil && s.runs.Shared() {
+		if _, err := s.ownRun(r, id); err != nil {
+			s.f.WriteError(w, r, runError(err), nil)
 			return
 		}
-		rec, err := h.cfg.Runs.CancelRemote(r.Context(), id, "cancelled by DELETE /v1/runs/"+id)
+		rec, err := s.runs.CancelRemote(r.Context(), id, "cancelled by DELETE /v1/runs/"+id)
 		if err != nil {
-			h.writeError(w, r, runError(err), nil)
+			s.f.WriteError(w, r, runError(err), nil)
 			return
 		}
-		writeJSON(w, http.StatusOK, renderRecord(rec))
+		api.WriteJSON(w, http.StatusOK, renderRecord(rec))
 		return
 	}
 	if run == nil || !ownedBy(r, run.Record()) {
-		h.getRun(w, r, id)
+		s.getRun(w, r, id)
 		return
 	}
 	run.Cancel("cancelled by DELETE /v1/runs/" + id)
 	rec, err := run.Wait(r.Context())
 	if err != nil {
-		h.writeError(w, r, err, nil)
+		s.f.WriteError(w, r, err, nil)
 		return
 	}
-	writeJSON(w, http.StatusOK, renderRecord(rec))
+	api.WriteJSON(w, http.StatusOK, renderRecord(rec))
 }
 
 // runEvents serves GET /v1/runs/{id}/events: the run's events from the
@@ -313,21 +352,21 @@ func (h *handler) cancelRun(w http.ResponseWriter, r *http.Request, id string) {
 // With runs shared between edges, the log of a run another edge holds is
 // read from the store, from the start, and followed live
 // (runs.Manager.Follow).
-func (h *handler) runEvents(w http.ResponseWriter, r *http.Request, id string) {
-	run := h.cfg.Runs.Live(id)
+func (s *server) runEvents(w http.ResponseWriter, r *http.Request, id string) {
+	run := s.runs.Live(id)
 	if run == nil || !ownedBy(r, run.Record()) {
-		rec, err := h.ownRun(r, id)
+		rec, err := s.ownRun(r, id)
 		if err != nil {
-			h.writeError(w, r, runError(err), nil)
+			s.f.WriteError(w, r, runError(err), nil)
 			return
 		}
 		startSSE(w)
-		if h.cfg.Runs.Shared() {
+		if s.runs.Shared() {
 			rc := http.NewResponseController(w)
 			if err := rc.Flush(); err != nil {
 				return
 			}
-			streamed, err := h.cfg.Runs.Follow(r.Context(), id, func(p []byte) error {
+			streamed, err := s.runs.Follow(r.Context(), id, func(p []byte) error {
 				if _, err := w.Write(p); err != nil {
 					return err
 				}
@@ -336,7 +375,7 @@ func (h *handler) runEvents(w http.ResponseWriter, r *http.Request, id string) {
 			if streamed || err != nil {
 				return
 			}
-			if rec, err = h.cfg.Runs.Get(r.Context(), id); err != nil {
+			if rec, err = s.runs.Get(r.Context(), id); err != nil {
 				return
 			}
 		}
@@ -406,37 +445,37 @@ func replayRecord(rec runs.Record) []byte {
 	if rec.State == runs.StateCancelled {
 		code = "run_cancelled"
 	}
-	event(errorBody{Error: newAPIError(0, "server_error", "", code, msg)})
+	event(json.RawMessage(api.ErrorJSON("server_error", code, msg)))
 	return out
 }
 
 // listRuns serves GET /v1/runs.
-func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
+func (s *server) listRuns(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := runs.Filter{State: runs.State(q.Get("state")), Model: q.Get("model"), SessionID: q.Get("session_id"), After: q.Get("after"),
-		KeyName: keyName(r.Context())}
+		KeyName: api.KeyName(r.Context())}
 	switch f.State {
 	case "", runs.StateQueued, runs.StateRunning, runs.StateComplete, runs.StateError, runs.StateCancelled:
 	default:
-		h.writeError(w, r, &requestError{param: "state", message: "must be one of queued, running, complete, error, cancelled"}, nil)
+		s.f.WriteError(w, r, api.InvalidParam("state", "must be one of queued, running, complete, error, cancelled"), nil)
 		return
 	}
-	if s := q.Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > runs.MaxLimit {
-			h.writeError(w, r, &requestError{param: "limit", message: fmt.Sprintf("must be an integer from 1 to %d", runs.MaxLimit)}, nil)
+			s.f.WriteError(w, r, api.InvalidParam("limit", fmt.Sprintf("must be an integer from 1 to %d", runs.MaxLimit)), nil)
 			return
 		}
 		f.Limit = n
 	}
-	recs, more, err := h.cfg.Runs.List(r.Context(), f)
+	recs, more, err := s.runs.List(r.Context(), f)
 	if errors.Is(err, runs.ErrNotFound) {
-		h.writeError(w, r, &requestError{param: "after", message: "no run has this id"}, nil)
+		s.f.WriteError(w, r, api.InvalidParam("after", "no run has this id"), nil)
 		return
 	}
 	if err != nil {
-		h.logger.Error("listing runs failed", "err", err)
-		h.writeError(w, r, err, nil)
+		s.f.Logger().Error("listing runs failed", "err", err)
+		s.f.WriteError(w, r, err, nil)
 		return
 	}
 	page := struct {
@@ -453,14 +492,14 @@ func (h *handler) listRuns(w http.ResponseWriter, r *http.Request) {
 	if len(recs) > 0 {
 		page.LastID = &recs[len(recs)-1].ID
 	}
-	writeJSON(w, http.StatusOK, page)
+	api.WriteJSON(w, http.StatusOK, page)
 }
 
 // ownRun returns the record of run id if the request's key submitted it
 // (any run on an open API); a run of another key is ErrNotFound, as if it
 // did not exist.
-func (h *handler) ownRun(r *http.Request, id string) (runs.Record, error) {
-	rec, err := h.cfg.Runs.Get(r.Context(), id)
+func (s *server) ownRun(r *http.Request, id string) (runs.Record, error) {
+	rec, err := s.runs.Get(r.Context(), id)
 	if err == nil && !ownedBy(r, rec) {
 		return runs.Record{}, fmt.Errorf("%w: %q", runs.ErrNotFound, id)
 	}
@@ -469,13 +508,13 @@ func (h *handler) ownRun(r *http.Request, id string) (runs.Record, error) {
 
 // ownedBy reports whether the request's key may see rec.
 func ownedBy(r *http.Request, rec runs.Record) bool {
-	name := keyName(r.Context())
+	name := api.KeyName(r.Context())
 	return name == "" || rec.KeyName == name
 }
 
 func runError(err error) error {
 	if errors.Is(err, runs.ErrNotFound) {
-		return errRunNotFound
+		return api.ErrRunNotFound
 	}
 	return err
 }
@@ -577,10 +616,4 @@ func unixOrNil(t time.Time) *int64 {
 func msOf(d time.Duration) *int64 {
 	ms := d.Milliseconds()
 	return &ms
-}
-
-func NewRunID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
-	return "run_" + hex.EncodeToString(b[:])
 }

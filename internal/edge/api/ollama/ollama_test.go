@@ -1,4 +1,4 @@
-package api
+package ollama
 
 import (
 	"encoding/json"
@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"iop/internal/edge/api"
 	"iop/internal/edge/contract"
 	"iop/internal/translate"
 )
@@ -27,7 +28,7 @@ func (e *testEnv) ollamaPost(t *testing.T, path, body string) (int, string, stri
 }
 
 func TestOllamaRootProbe(t *testing.T) {
-	env := newEnv(t, Config{}, failWith(ErrUnknownModel))
+	env := newEnv(t, api.Config{}, failWith(contract.ErrUnknownModel))
 	for _, method := range []string{"GET", "HEAD"} {
 		req, _ := http.NewRequest(method, env.srv.URL+"/", nil)
 		resp := env.do(t, req)
@@ -103,7 +104,7 @@ func TestOllamaRendering(t *testing.T) {
 		},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			env := newEnv(t, Config{}, runWith(c.run))
+			env := newEnv(t, api.Config{}, runWith(c.run))
 			status, ct, body := env.ollamaPost(t, c.path, c.body)
 			if status != c.status || ct != c.contentType {
 				t.Fatalf("%d %q %s, want %d %q", status, ct, body, c.status, c.contentType)
@@ -139,7 +140,7 @@ func normalizeOllama(t *testing.T, body string) string {
 
 func TestOllamaDispatchesCanonicalRequests(t *testing.T) {
 	run := scriptedRun(normalized, events(started(), complete("stop")))
-	env := newEnv(t, Config{}, runWith(run))
+	env := newEnv(t, api.Config{}, runWith(run))
 	req, _ := http.NewRequest("POST", env.srv.URL+"/api/generate", strings.NewReader(`{"model":"m","prompt":"p","raw":true,"stream":false}`))
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("X-Request-Id", "r-1")
@@ -147,7 +148,7 @@ func TestOllamaDispatchesCanonicalRequests(t *testing.T) {
 	if resp := env.do(t, req); resp.status != 200 {
 		t.Fatalf("%d %s", resp.status, resp.body)
 	}
-	got := env.gw.requests()[0]
+	got := env.gw.Requests()[0]
 	if got.Operation != contract.OperationCompletion || got.Model != "m" || !got.Stream ||
 		len(got.Headers) != 1 || got.Headers["X-Request-Id"] != "r-1" || !strings.Contains(string(got.Body), `"prompt":"p"`) {
 		t.Fatalf("dispatched %+v %s", got, got.Body)
@@ -155,7 +156,7 @@ func TestOllamaDispatchesCanonicalRequests(t *testing.T) {
 }
 
 func TestOllamaLoadAnswersForTaggedNames(t *testing.T) {
-	env := newEnv(t, Config{}, failWith(ErrUnknownModel))
+	env := newEnv(t, api.Config{}, failWith(contract.ErrUnknownModel))
 	for body, want := range map[string]int{
 		`{"model":"m:latest","messages":[]}`: 200,
 		`{"model":"m","messages":[]}`:        200,
@@ -166,7 +167,7 @@ func TestOllamaLoadAnswersForTaggedNames(t *testing.T) {
 			t.Fatalf("%s: %d %s, want %d", body, status, data, want)
 		}
 	}
-	if n := len(env.gw.requests()); n != 0 {
+	if n := len(env.gw.Requests()); n != 0 {
 		t.Fatalf("%d load requests were dispatched", n)
 	}
 }
@@ -187,7 +188,7 @@ func TestRegression_OllamaClientGetsTheProvidersRetryAfter(t *testing.T) {
 	for value, want := range map[string]string{"7": "7", "Wed, 21 Oct 2026 07:28:00 GMT": "Wed, 21 Oct 2026 07:28:00 GMT", "soon\r\nX-Evil: 1": ""} {
 		run := scriptedRun(tunnel, tunnelHead(429, map[string]string{"Content-Type": "application/json", "Retry-After": value}),
 			tunnelData(`{"error":{"message":"slow down","type":"rate_limit"}}`), tunnelEnd())
-		env := newEnv(t, Config{}, runWith(run))
+		env := newEnv(t, api.Config{}, runWith(run))
 		resp := env.post(t, "/api/chat", "", chat)
 		if resp.status != http.StatusTooManyRequests || resp.header.Get("Retry-After") != want || resp.header.Get("X-Evil") != "" {
 			t.Errorf("provider Retry-After %q: %d Retry-After %q %s, want 429 with %q", value, resp.status, resp.header.Get("Retry-After"), resp.body, want)

@@ -1,4 +1,4 @@
-package api
+package ollama
 
 import (
 	"context"
@@ -9,14 +9,15 @@ import (
 	"iop/internal/modelname"
 )
 
-// ModelCatalog is what POST /api/show and GET /api/ps need beyond
-// Gateway.Models (Config.Catalog); without it /api/show answers
-// from Gateway.Models alone and /api/ps lists no model. The edge's
+// ModelCatalog is what POST /api/show and GET /api/ps need beyond the
+// frame's models (Config.Catalog); without it /api/show answers from
+// api.Frame.Models alone and /api/ps lists no model. The edge's
 // *edge.Service implements it.
 type ModelCatalog interface {
-	// ModelInfo describes the model clients call name (an alias or a served
-	// name; "x" and "x:latest" are one model, as in Dispatch). ok is false
-	// when no alias or served name matches.
+	// ModelInfo describes the model clients call name (an alias or a
+	// served name; "x" and "x:latest" are one model, as in
+	// api.Gateway.Dispatch). ok is false when no alias or served name
+	// matches.
 	ModelInfo(name string) (info contract.ModelInfo, ok bool)
 	// Loaded lists the models the providers hold loaded, one entry per
 	// provider and served model (contract.LoadedModel says where each
@@ -33,22 +34,6 @@ type ModelShower interface {
 	// status and JSON body, with paths of the provider's host removed.
 	// An error means no answer came (node gone, not an Ollama, timeout).
 	Show(ctx context.Context, nodeID, providerID, model string, verbose bool) (status int, body []byte, err error)
-}
-
-// knownModel returns the name in names that the Ollama model name means:
-// name itself, else its other spelling (modelname.Alternative); ok is false when neither is there.
-func knownModel(names []string, name string) (string, bool) {
-	alt := modelname.Alternative(name)
-	found := ""
-	for _, n := range names {
-		if n == name {
-			return n, true
-		}
-		if alt != "" && n == alt {
-			found = n
-		}
-	}
-	return found, found != ""
 }
 
 // ollamaName is the name Ollama's /api/tags and /api/ps show for name, one

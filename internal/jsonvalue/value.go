@@ -1,107 +1,127 @@
-package api
+// Package jsonvalue reads one JSON document in one pass into a tree of
+// values that point into its bytes: each value's raw span, an object's
+// members (duplicates kept, in order), an array's elements, a string's
+// length in code points, and each value's length as json.Compact would
+// write it. It accepts exactly what encoding/json accepts. The edge's
+// request decoders check a client's body on it without decoding any part
+// of it twice.
+package jsonvalue
 
 import (
-	"encoding/json"
 	"errors"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"unicode/utf16"
 	"unicode/utf8"
 )
 
-// jsonValue is one JSON value of a request body as parseJSON read it, in
-// one pass over the body's bytes: the request decoders (decodeChatRequest,
-// decodeCompletionRequest, decodeEmbeddingsRequest) check it, and take the
-// needs and the estimated input tokens from it, without decoding any part
-// of the body again.
-type jsonValue struct {
-	// raw is the value's bytes, a subslice of the body, without the space
-	// around it; raw[0] tells its type ('{', '[', '"', 't', 'f', 'n', or a
-	// number's first byte).
-	raw []byte
-	// members are an object's members, in the body's order (duplicates
-	// kept; get takes the last, as encoding/json does).
-	members []jsonMember
-	// elems are an array's elements.
-	elems []jsonValue
-	// runes is a string's length in code points as decoded (an invalid
+// Value is one JSON value of a document as Parse read it. A nil *Value
+// is absent (a member or element that is not there).
+type Value struct {
+	// Raw is the value's bytes, a subslice of the document, without the
+	// space around it; Raw[0] tells its type ('{', '[', '"', 't', 'f',
+	// 'n', or a number's first byte).
+	Raw []byte
+	// Members are an object's members, in the document's order
+	// (duplicates kept; Get takes the last, as encoding/json does).
+	Members []Member
+	// Elems are an array's elements.
+	Elems []Value
+	// Runes is a string's length in code points as decoded (an invalid
 	// UTF-8 byte or lone surrogate counts one, as the U+FFFD it becomes).
-	runes int
-	// escaped is set for a string with a backslash escape: text decodes
-	// it; else its text is raw without the quotes.
-	escaped bool
-	// compact is the code points of raw without insignificant space, as
+	Runes int
+	// Compact is the code points of Raw without insignificant space, as
 	// json.Compact would write it.
-	compact int
+	Compact int
+	// escaped is set for a string with a backslash escape: Text decodes
+	// it; else its text is Raw without the quotes.
+	escaped bool
 }
 
-// jsonMember is one member of an object: its key as written (without the
-// quotes) and, when the key has an escape, as decoded.
-type jsonMember struct {
+// Member is one member of an object: its key as written (without the
+// quotes) and, when the key has an escape, as decoded; and its value.
+type Member struct {
 	keyRaw []byte
 	keyEsc string
-	value  jsonValue
+	Value  Value
 }
 
-// key is the member's key, decoded.
-func (m *jsonMember) key() string {
+// Key is the member's key, decoded.
+func (m *Member) Key() string {
 	if m.keyEsc != "" {
 		return m.keyEsc
 	}
 	return string(m.keyRaw)
 }
 
-// is reports whether the member's key is k.
-func (m *jsonMember) is(k string) bool {
+// Is reports whether the member's key is k.
+func (m *Member) Is(k string) bool {
 	if m.keyEsc != "" {
 		return m.keyEsc == k
 	}
 	return string(m.keyRaw) == k
 }
 
-// get returns the last member of an object with key k (encoding/json's
+// Get returns the last member of an object with key k (encoding/json's
 // rule for a duplicated key), nil when there is none or v is no object.
-func (v *jsonValue) get(k string) *jsonValue {
+func (v *Value) Get(k string) *Value {
 	if v == nil {
 		return nil
 	}
-	for i := len(v.members) - 1; i >= 0; i-- {
-		if v.members[i].is(k) {
-			return &v.members[i].value
+	for i := len(v.Members) - 1; i >= 0; i-- {
+		if v.Members[i].Is(k) {
+			return &v.Members[i].Value
 		}
 	}
 	return nil
 }
 
-// kind is raw[0], 0 for a nil value (absent).
-func (v *jsonValue) kind() byte {
-	if v == nil || len(v.raw) == 0 {
+// Kind is Raw[0], 0 for a nil value (absent).
+func (v *Value) Kind() byte {
+	if v == nil || len(v.Raw) == 0 {
 		return 0
 	}
-	return v.raw[0]
+	return v.Raw[0]
 }
 
-// absent reports whether v is missing or JSON null.
-func (v *jsonValue) absent() bool {
-	k := v.kind()
+// Absent reports whether v is missing or JSON null.
+func (v *Value) Absent() bool {
+	k := v.Kind()
 	return k == 0 || k == 'n'
 }
 
-// typeName names v's JSON type, for error messages (jsonKind).
-func (v *jsonValue) typeName() string {
-	if v == nil {
+// TypeName names v's JSON type, for error messages (KindName).
+func (v *Value) TypeName() string { return KindName(v.Kind()) }
+
+// KindName names the JSON type of a value whose first byte is b: "a
+// string", "an object", "an array", "a boolean", "null", "a number", or
+// "nothing" for 0.
+func KindName(b byte) string {
+	switch b {
+	case '"':
+		return "a string"
+	case '{':
+		return "an object"
+	case '[':
+		return "an array"
+	case 't', 'f':
+		return "a boolean"
+	case 'n':
+		return "null"
+	case 0:
 		return "nothing"
+	default:
+		return "a number"
 	}
-	return jsonKind(v.raw)
 }
 
-// text is a string value's text, decoded as encoding/json decodes it.
-func (v *jsonValue) text() string {
-	if v.kind() != '"' {
+// Text is a string value's text, decoded as encoding/json decodes it; ""
+// for any other value.
+func (v *Value) Text() string {
+	if v.Kind() != '"' {
 		return ""
 	}
-	inner := v.raw[1 : len(v.raw)-1]
+	inner := v.Raw[1 : len(v.Raw)-1]
 	if !v.escaped {
 		if utf8.Valid(inner) {
 			return string(inner)
@@ -111,94 +131,63 @@ func (v *jsonValue) text() string {
 	return unquote(inner)
 }
 
-// bodyParses counts parseJSON's calls on a whole request body (parseBody):
-// a test hook, so a test can tell that each route parses the client's
-// bytes once.
-var bodyParses atomic.Int64
+// MaxDepth is encoding/json's nesting limit; a deeper document is
+// invalid.
+const MaxDepth = 10000
 
-// maxJSONDepth is encoding/json's nesting limit; a deeper body is invalid.
-const maxJSONDepth = 10000
+// ErrSyntax is Parse's error: data is not exactly one JSON value.
+var ErrSyntax = errors.New("invalid JSON")
 
-// errJSONSyntax is parseJSON's error; parseBody words it as encoding/json
-// does.
-var errJSONSyntax = errors.New("invalid JSON")
-
-// parseBody parses a request body that must be one JSON object, once.
-// Errors are *requestError with no param, worded as decodeObject words
-// them (the body not valid JSON, with encoding/json's own error text; not
-// an object; null).
-func parseBody(body []byte) (*jsonValue, error) {
-	bodyParses.Add(1)
-	v, err := parseJSON(body)
-	if err != nil {
-		// Only an invalid body gets here: encoding/json words the error
-		// (its text is part of the answer, and the tests hold it).
-		var top map[string]json.RawMessage
-		if jerr := json.Unmarshal(body, &top); jerr != nil {
-			return nil, &requestError{message: "the request body is not valid JSON: " + jerr.Error()}
-		}
-		return nil, &requestError{message: "the request body is not valid JSON"}
-	}
-	switch v.kind() {
-	case '{':
-		return v, nil
-	case 'n':
-		return nil, &requestError{message: "the request body must be a JSON object, got null"}
-	default:
-		return nil, &requestError{message: "the request body must be a JSON object, got " + jsonKind(body)}
-	}
-}
-
-// parseJSON parses data, which must be exactly one JSON value (RFC 8259,
+// Parse parses data, which must be exactly one JSON value (RFC 8259,
 // as encoding/json reads it: invalid UTF-8 in strings allowed, nesting up
-// to maxJSONDepth), in one pass.
+// to MaxDepth), in one pass.
 //
 // Each object's members and each array's elements are gathered on a
 // scratch stack (pooled across parses) and copied, when the object or
 // array ends, into a slice of exactly their number: one allocation per
 // object or array instead of append's doublings.
-func parseJSON(data []byte) (*jsonValue, error) {
-	st := scratchPool.Get().(*jsonScratch)
+func Parse(data []byte) (*Value, error) {
+	st := scratchPool.Get().(*scratch)
 	defer st.release()
-	p := jsonParser{data: data, st: st}
+	p := parser{data: data, st: st}
 	p.space()
-	v := new(jsonValue)
+	v := new(Value)
 	if err := p.value(v, 0); err != nil {
 		return nil, err
 	}
 	p.space()
 	if p.pos != len(data) {
-		return nil, errJSONSyntax
+		return nil, ErrSyntax
 	}
 	return v, nil
 }
 
-type jsonParser struct {
+type parser struct {
 	data []byte
 	pos  int
 	// sig counts the code points read so far outside insignificant space
-	// (jsonValue.compact).
+	// (Value.Compact).
 	sig int
-	st  *jsonScratch
+	st  *scratch
 }
 
-// jsonScratch holds the members and elements of the objects and arrays
+// scratch holds the members and elements of the objects and arrays
 // being parsed, innermost last: an object's members are members[base:]
 // while it is read (its nested values push above them and pop before it
 // goes on).
-type jsonScratch struct {
-	members []jsonMember
-	elems   []jsonValue
+type scratch struct {
+	members []Member
+	elems   []Value
 }
 
-var scratchPool = sync.Pool{New: func() any { return new(jsonScratch) }}
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 
 // maxScratch is the most members or elements a pooled scratch keeps room
 // for; a larger one (an unusual body) is left to the collector.
 const maxScratch = 1 << 10
 
 // release empties st (so it holds no body) and returns it to the pool.
-func (st *jsonScratch) release() {
+func (st *scratch) release() {
 	if cap(st.members) > maxScratch || cap(st.elems) > maxScratch {
 		return
 	}
@@ -208,7 +197,7 @@ func (st *jsonScratch) release() {
 	scratchPool.Put(st)
 }
 
-func (p *jsonParser) space() {
+func (p *parser) space() {
 	for p.pos < len(p.data) {
 		switch p.data[p.pos] {
 		case ' ', '\t', '\r', '\n':
@@ -219,19 +208,19 @@ func (p *jsonParser) space() {
 	}
 }
 
-func (p *jsonParser) value(v *jsonValue, depth int) error {
+func (p *parser) value(v *Value, depth int) error {
 	if p.pos >= len(p.data) {
-		return errJSONSyntax
+		return ErrSyntax
 	}
 	start, sig := p.pos, p.sig
 	var err error
 	switch c := p.data[p.pos]; {
 	case c == '{':
-		v.members, err = p.object(depth + 1)
+		v.Members, err = p.object(depth + 1)
 	case c == '[':
-		v.elems, err = p.array(depth + 1)
+		v.Elems, err = p.array(depth + 1)
 	case c == '"':
-		v.runes, v.escaped, err = p.str()
+		v.Runes, v.escaped, err = p.str()
 	case c == 't':
 		err = p.literal("true")
 	case c == 'f':
@@ -241,20 +230,20 @@ func (p *jsonParser) value(v *jsonValue, depth int) error {
 	case c == '-' || c >= '0' && c <= '9':
 		err = p.number()
 	default:
-		err = errJSONSyntax
+		err = ErrSyntax
 	}
 	if err != nil {
 		return err
 	}
-	v.raw = p.data[start:p.pos]
-	v.compact = p.sig - sig
+	v.Raw = p.data[start:p.pos]
+	v.Compact = p.sig - sig
 	return nil
 }
 
 // object reads an object and returns its members (nil for {}).
-func (p *jsonParser) object(depth int) ([]jsonMember, error) {
-	if depth > maxJSONDepth {
-		return nil, errJSONSyntax
+func (p *parser) object(depth int) ([]Member, error) {
+	if depth > MaxDepth {
+		return nil, ErrSyntax
 	}
 	p.pos++ // '{'
 	p.sig++
@@ -268,14 +257,14 @@ func (p *jsonParser) object(depth int) ([]jsonMember, error) {
 	defer func() { p.st.members = p.st.members[:base] }()
 	for {
 		if p.pos >= len(p.data) || p.data[p.pos] != '"' {
-			return nil, errJSONSyntax
+			return nil, ErrSyntax
 		}
 		keyStart := p.pos
 		_, escaped, err := p.str()
 		if err != nil {
 			return nil, err
 		}
-		m := jsonMember{keyRaw: p.data[keyStart+1 : p.pos-1]}
+		m := Member{keyRaw: p.data[keyStart+1 : p.pos-1]}
 		if escaped {
 			m.keyEsc = unquote(m.keyRaw)
 		} else if !utf8.Valid(m.keyRaw) {
@@ -283,18 +272,18 @@ func (p *jsonParser) object(depth int) ([]jsonMember, error) {
 		}
 		p.space()
 		if p.pos >= len(p.data) || p.data[p.pos] != ':' {
-			return nil, errJSONSyntax
+			return nil, ErrSyntax
 		}
 		p.pos++
 		p.sig++
 		p.space()
-		if err := p.value(&m.value, depth); err != nil {
+		if err := p.value(&m.Value, depth); err != nil {
 			return nil, err
 		}
 		p.st.members = append(p.st.members, m)
 		p.space()
 		if p.pos >= len(p.data) {
-			return nil, errJSONSyntax
+			return nil, ErrSyntax
 		}
 		switch p.data[p.pos] {
 		case ',':
@@ -306,16 +295,16 @@ func (p *jsonParser) object(depth int) ([]jsonMember, error) {
 			p.sig++
 			return slices.Clone(p.st.members[base:]), nil
 		default:
-			return nil, errJSONSyntax
+			return nil, ErrSyntax
 		}
 	}
 }
 
 // array reads an array and returns its elements (empty, not nil, for
 // []).
-func (p *jsonParser) array(depth int) ([]jsonValue, error) {
-	if depth > maxJSONDepth {
-		return nil, errJSONSyntax
+func (p *parser) array(depth int) ([]Value, error) {
+	if depth > MaxDepth {
+		return nil, ErrSyntax
 	}
 	p.pos++ // '['
 	p.sig++
@@ -323,19 +312,19 @@ func (p *jsonParser) array(depth int) ([]jsonValue, error) {
 	if p.pos < len(p.data) && p.data[p.pos] == ']' {
 		p.pos++
 		p.sig++
-		return []jsonValue{}, nil
+		return []Value{}, nil
 	}
 	base := len(p.st.elems)
 	defer func() { p.st.elems = p.st.elems[:base] }()
 	for {
-		var e jsonValue
+		var e Value
 		if err := p.value(&e, depth); err != nil {
 			return nil, err
 		}
 		p.st.elems = append(p.st.elems, e)
 		p.space()
 		if p.pos >= len(p.data) {
-			return nil, errJSONSyntax
+			return nil, ErrSyntax
 		}
 		switch p.data[p.pos] {
 		case ',':
@@ -347,14 +336,14 @@ func (p *jsonParser) array(depth int) ([]jsonValue, error) {
 			p.sig++
 			return slices.Clone(p.st.elems[base:]), nil
 		default:
-			return nil, errJSONSyntax
+			return nil, ErrSyntax
 		}
 	}
 }
 
 // str reads a string token: its decoded length in code points, whether it
 // has an escape.
-func (p *jsonParser) str() (runes int, escaped bool, err error) {
+func (p *parser) str() (runes int, escaped bool, err error) {
 	d := p.data
 	i := p.pos + 1
 	written := 1 // the code points of the token as written, quotes included
@@ -366,11 +355,11 @@ func (p *jsonParser) str() (runes int, escaped bool, err error) {
 			p.sig += written + 1
 			return runes, escaped, nil
 		case c < 0x20:
-			return 0, false, errJSONSyntax
+			return 0, false, ErrSyntax
 		case c == '\\':
 			escaped = true
 			if i+1 >= len(d) {
-				return 0, false, errJSONSyntax
+				return 0, false, ErrSyntax
 			}
 			switch d[i+1] {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
@@ -380,7 +369,7 @@ func (p *jsonParser) str() (runes int, escaped bool, err error) {
 			case 'u':
 				r, ok := hex4(d, i+2)
 				if !ok {
-					return 0, false, errJSONSyntax
+					return 0, false, ErrSyntax
 				}
 				i += 6
 				written += 6
@@ -394,7 +383,7 @@ func (p *jsonParser) str() (runes int, escaped bool, err error) {
 					}
 				}
 			default:
-				return 0, false, errJSONSyntax
+				return 0, false, ErrSyntax
 			}
 		case c < utf8.RuneSelf:
 			i++
@@ -407,7 +396,7 @@ func (p *jsonParser) str() (runes int, escaped bool, err error) {
 			runes++
 		}
 	}
-	return 0, false, errJSONSyntax
+	return 0, false, ErrSyntax
 }
 
 // hex4 reads the four hex digits of a \u escape at d[i:].
@@ -488,9 +477,9 @@ func unquote(s []byte) string {
 	return string(out)
 }
 
-func (p *jsonParser) literal(lit string) error {
+func (p *parser) literal(lit string) error {
 	if len(p.data)-p.pos < len(lit) || string(p.data[p.pos:p.pos+len(lit)]) != lit {
-		return errJSONSyntax
+		return ErrSyntax
 	}
 	p.pos += len(lit)
 	p.sig += len(lit)
@@ -498,7 +487,7 @@ func (p *jsonParser) literal(lit string) error {
 }
 
 // number reads -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?.
-func (p *jsonParser) number() error {
+func (p *parser) number() error {
 	d, i := p.data, p.pos
 	digits := func() int {
 		n := 0
@@ -515,12 +504,12 @@ func (p *jsonParser) number() error {
 	case i < len(d) && d[i] == '0':
 		i++
 	case digits() == 0:
-		return errJSONSyntax
+		return ErrSyntax
 	}
 	if i < len(d) && d[i] == '.' {
 		i++
 		if digits() == 0 {
-			return errJSONSyntax
+			return ErrSyntax
 		}
 	}
 	if i < len(d) && (d[i] == 'e' || d[i] == 'E') {
@@ -529,7 +518,7 @@ func (p *jsonParser) number() error {
 			i++
 		}
 		if digits() == 0 {
-			return errJSONSyntax
+			return ErrSyntax
 		}
 	}
 	p.sig += i - p.pos

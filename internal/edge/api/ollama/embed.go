@@ -1,14 +1,15 @@
-package api
+package ollama
 
 import (
 	"fmt"
+	"iop/internal/edge/api"
 	"net/http"
 
 	"iop/internal/edge/contract"
 	"iop/internal/translate"
 )
 
-// ollamaEmbed serves POST /api/embed (Ollama API doc, "Generate
+// embed serves POST /api/embed (Ollama API doc, "Generate
 // Embeddings": input a string or strings; truncate, dimensions,
 // keep_alive, options) and, with legacy, the older POST /api/embeddings
 // ({"model","prompt"} → {"embedding":[...]}). The body is translated to a
@@ -23,112 +24,92 @@ import (
 // model: {"model","embeddings":[]} ({"embedding":[]}) at once, 404 for an
 // unknown model. Errors are Ollama-shaped with the statuses of
 // ollamaGenerate.
-func (h *handler) ollamaEmbed(w http.ResponseWriter, r *http.Request, legacy bool) {
-	obsOf(r).begin("ollama.embed")
+func (s *server) embed(w http.ResponseWriter, r *http.Request, legacy bool) {
+	api.Begin(r, "ollama.embed")
 	from := translate.FromOllamaEmbed
 	if legacy {
 		from = translate.FromOllamaEmbeddings
 	}
-	tr, req, start, ok := h.ollamaRequest(w, r, from)
+	tr, req, start, ok := s.request(w, r, from)
 	if !ok {
 		return
 	}
 	req.Operation = contract.OperationEmbeddings
-	req.Needs = []string{NeedEmbeddings}
-	e := &ollamaEmbedRender{legacy: legacy, model: tr.Model, timings: translate.Timings{Start: start}}
+	req.Needs = []string{api.NeedEmbeddings}
+	e := &embedRender{s: s, legacy: legacy, model: tr.Model, timings: translate.Timings{Start: start}}
 	if tr.LoadOnly {
-		e.timings.Dispatched, e.timings.End = start, h.cfg.Now()
-		h.ollamaLoad(w, r, &req, e.answer(nil, 0))
+		e.timings.Dispatched, e.timings.End = start, s.f.Now()
+		s.load(w, r, &req, e.answer(nil, 0))
 		return
 	}
-	if err := checkOllamaEmbed(&tr); err != nil {
-		h.writeOllamaError(w, r, err, &req)
+	if err := api.CheckTranslatedEmbed(&tr); err != nil {
+		s.writeError(w, r, err, &req)
 		return
 	}
 	req.EstimatedInputTokens, e.inputs = (tr.InputChars+3)/4, len(tr.Inputs)
-	h.serveOllamaRun(w, r, &req, tr.Extension, e)
+	s.serveRun(w, r, &req, tr.Extension, e)
 }
 
-// checkOllamaEmbed checks a translated embeddings request as
-// decodeEmbeddingsRequest checks its canonical body (what that body could
-// fail: the number of inputs, an empty one, the dimensions' range), from
-// what the translation decoded (Inputs, Dimensions) instead of decoding
-// the body it generated. Errors are decodeEmbeddingsRequest's.
-func checkOllamaEmbed(tr *translate.Request) error {
-	if len(tr.Inputs) > maxInputs {
-		return &requestError{param: "input", message: fmt.Sprintf("at most %d items are allowed, got %d", maxInputs, len(tr.Inputs))}
-	}
-	for i, in := range tr.Inputs {
-		if in == "" {
-			return &requestError{param: fmt.Sprintf("input[%d]", i), message: "must not be an empty string"}
-		}
-	}
-	if d := tr.Dimensions; d != nil && (*d < 1 || *d > maxDimensions) {
-		return &requestError{param: "dimensions", message: fmt.Sprintf("must be an integer between %d and %d, got %d", 1, maxDimensions, *d)}
-	}
-	return nil
-}
-
-// ollamaEmbedRender renders an embeddings run as an Ollama answer. Only the
+// embedRender renders an embeddings run as an Ollama answer. Only the
 // request goroutine uses it.
-type ollamaEmbedRender struct {
-	*Answer
+type embedRender struct {
+	*api.Answer
+	s       *server
 	legacy  bool
 	model   string // the model name the client asked for
 	inputs  int    // vectors the answer must have
 	timings translate.Timings
 }
 
-var _ ollamaRun = (*ollamaEmbedRender)(nil)
+var _ run = (*embedRender)(nil)
 
 // begin sets the run e renders, once it was dispatched.
-func (e *ollamaEmbedRender) begin(rr *Answer) {
-	e.Answer, e.timings.Dispatched = rr, rr.h.cfg.Now()
+func (e *embedRender) begin(a *api.Answer) {
+	e.Answer, e.timings.Dispatched = a, e.s.f.Now()
 }
 
 // normalized renders a normalized-path run: the vectors of its delta
 // events and the prompt tokens of its usage event. It returns the rendering's reason.
-func (e *ollamaEmbedRender) normalized() string {
-	er := &eventReader{Answer: e.Answer}
-	vectors, err := er.vectors(e.inputs)
+func (e *embedRender) normalized() string {
+	vectors, prompt, err := e.ReadVectors(e.inputs)
 	if err != nil {
-		return e.fail(err)
+		return e.Fail(err)
 	}
-	return e.write(vectors, er.usage.PromptTokens)
+	return e.write(vectors, prompt)
 }
 
 // tunnel renders a tunnel-path run, the provider's OpenAI embeddings
 // answer (vectors as numbers or base64; translate.DecodeOpenAIEmbeddings);
 // an error status becomes an error answer with that status and the
 // provider's message. It returns the rendering's reason.
-func (e *ollamaEmbedRender) tunnel() string {
-	_, body, err := e.tunnelAnswer(nil)
+func (e *embedRender) tunnel() string {
+	_, body, err := e.TunnelAnswer(nil)
 	if err != nil {
-		return e.fail(err)
+		return e.Fail(err)
 	}
 	vectors, prompt, err := translate.DecodeOpenAIEmbeddings(body)
 	if err == nil && len(vectors) != e.inputs {
-		err = fmt.Errorf("%w: %d vectors for %d inputs", ErrUpstreamProtocol, len(vectors), e.inputs)
+		err = fmt.Errorf("%w: %d vectors for %d inputs", api.ErrUpstreamProtocol, len(vectors), e.inputs)
 	}
 	if err != nil {
-		return e.fail(streamError(err))
+		return e.Fail(api.StreamError(err))
 	}
 	return e.write(vectors, prompt)
 }
 
 // write writes the answer. It returns the rendering's reason.
-func (e *ollamaEmbedRender) write(vectors [][]float32, promptTokens int) string {
-	if clientGone(e.r) {
-		return ReasonClientGone
+func (e *embedRender) write(vectors [][]float32, promptTokens int) string {
+	if api.ClientGone(e.HTTPRequest()) {
+		return api.ReasonClientGone
 	}
-	e.timings.End = e.h.cfg.Now()
-	writeOllamaJSON(e.w, http.StatusOK, e.answer(vectors, promptTokens))
-	return ReasonCompleted
+	e.timings.End = e.s.f.Now()
+	writeJSON(e.ResponseWriter(), http.StatusOK, e.answer(vectors, promptTokens))
+	return api.ReasonCompleted
 }
 
 // answer is the answer object: /api/embed's, or for legacy /api/embeddings'
 // with the one vector ([] when there is none).
-func (e *ollamaEmbedRender) answer(vectors [][]float32, promptTokens int) any {
+func (e *embedRender) answer(vectors [][]float32, promptTokens int) any {
 	if !e.legacy {
 		return translate.NewOllamaEmbedResponse(e.model, vectors, promptTokens, e.timings)
 	}

@@ -1,4 +1,4 @@
-package api
+package runsapi
 
 import (
 	"bytes"
@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
+	"iop/internal/edge/api"
+	"iop/internal/edge/api/apitest"
 	"iop/internal/edge/contract"
-	"iop/internal/sse"
 	"iop/internal/wire/nodev1"
 )
 
@@ -34,18 +36,18 @@ func TestRegression_RunRecordsTunnelEventsWhole(t *testing.T) {
 		`data:{"id":"c1","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}` + "\n\n",
 		"data: [DONE]\r\n\r\n",
 	}
-	msgs := []*nodev1.RunUp{tunnelHead(200, map[string]string{"Content-Type": "text/event-stream"})}
+	msgs := []*nodev1.RunUp{apitest.TunnelHead(200, map[string]string{"Content-Type": "text/event-stream"})}
 	for _, s := range stream {
-		msgs = append(msgs, tunnelData(s))
+		msgs = append(msgs, apitest.TunnelData(s))
 	}
-	msgs = append(msgs, tunnelEnd())
+	msgs = append(msgs, apitest.TunnelEnd())
 	want := eventData(t, []byte(strings.Join(stream, "")))
 	if len(want) != 4 {
 		t.Fatalf("the provider's stream has %d events, want 4: %q", len(want), want)
 	}
 
-	env := newEnv(t, Config{Runs: newRunsManager(t)}, runWith(scriptedRun(contract.PathTunnel, msgs...)))
-	resp, err := http.Post(env.srv.URL+"/v1/runs", "application/json", strings.NewReader(`{"model":"m","prompt":"x"}`))
+	env := newEnv(t, api.Config{}, apitest.RunWith(apitest.ScriptedRun(contract.PathTunnel, msgs...)))
+	resp, err := http.Post(env.Srv.URL+"/v1/runs", "application/json", strings.NewReader(`{"model":"m","prompt":"x"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +75,7 @@ func TestRegression_RunRecordsTunnelEventsWhole(t *testing.T) {
 		t.Errorf("record: %s\nwant state complete, output \"Hello\", finish_reason stop, no error, usage 3/2", body)
 	}
 
-	resp, err = http.Get(env.srv.URL + "/v1/runs/" + rec.ID + "/events")
+	resp, err = http.Get(env.Srv.URL + "/v1/runs/" + rec.ID + "/events")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,20 +93,6 @@ func TestRegression_RunRecordsTunnelEventsWhole(t *testing.T) {
 			t.Errorf("event %d: replayed data %q, want the provider's %q", i, got[i], want[i])
 		}
 	}
-}
-
-// eventData is the data of each event of an SSE stream, read by the
-// WHATWG rules (package sse).
-func eventData(t *testing.T, stream []byte) []string {
-	t.Helper()
-	var out []string
-	if err := sse.ReadAll(bytes.NewReader(stream), func(e sse.Event) error {
-		out = append(out, string(e.Data))
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
 
 // TestRunEventsAreTheChatStream: a run's events (GET /v1/runs/{id}/events)
@@ -127,27 +115,27 @@ func TestRunEventsAreTheChatStream(t *testing.T) {
 		same bool // the same bytes, not only the same events
 	}{
 		{"normalized", normalized, func() []*nodev1.RunUp {
-			return []*nodev1.RunUp{events(started(), thinking, delta("hi")), events(calls, delta(" there")),
-				events(usageEvent(4, 3), complete("tool_calls"))}
+			return []*nodev1.RunUp{apitest.Events(apitest.Started(), thinking, apitest.Delta("hi")), apitest.Events(calls, apitest.Delta(" there")),
+				apitest.Events(apitest.Usage(4, 3), apitest.Complete("tool_calls"))}
 		}, true},
 		{"normalized without a finish reason", normalized, func() []*nodev1.RunUp {
-			return []*nodev1.RunUp{events(started(), delta("hi")), events(complete(""))}
+			return []*nodev1.RunUp{apitest.Events(apitest.Started(), apitest.Delta("hi")), apitest.Events(apitest.Complete(""))}
 		}, true},
 		{"normalized failing after its first event", normalized, func() []*nodev1.RunUp {
-			return []*nodev1.RunUp{events(started(), delta("hi")), events(errorEvent(500, "boom"))}
+			return []*nodev1.RunUp{apitest.Events(apitest.Started(), apitest.Delta("hi")), apitest.Events(apitest.ErrorEvent(500, "boom"))}
 		}, true},
 		{"tunnel", tunnel, func() []*nodev1.RunUp {
-			return []*nodev1.RunUp{tunnelHead(200, sseHead), tunnelData(chunk), tunnelData(chunk + "data: [DONE]\n\n"), tunnelEnd()}
+			return []*nodev1.RunUp{apitest.TunnelHead(200, sseHead), apitest.TunnelData(chunk), apitest.TunnelData(chunk + "data: [DONE]\n\n"), apitest.TunnelEnd()}
 		}, false},
 		{"tunnel failing after its status line", tunnel, func() []*nodev1.RunUp {
-			return []*nodev1.RunUp{tunnelHead(200, sseHead), tunnelData(chunk), tunnelError(502, "reset")}
+			return []*nodev1.RunUp{apitest.TunnelHead(200, sseHead), apitest.TunnelData(chunk), apitest.TunnelError(502, "reset")}
 		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			env := newEnv(t, Config{Runs: newRunsManager(t)}, func(context.Context, contract.Request) (Run, error) {
-				return scriptedRun(tc.path, tc.msgs()...), nil
+			env := newEnv(t, api.Config{}, func(context.Context, contract.Request) (Run, error) {
+				return apitest.ScriptedRun(tc.path, tc.msgs()...), nil
 			})
-			resp, err := http.Post(env.srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(
+			resp, err := http.Post(env.Srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(
 				`{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"x"}]}`))
 			if err != nil {
 				t.Fatal(err)
@@ -155,7 +143,7 @@ func TestRunEventsAreTheChatStream(t *testing.T) {
 			chat, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 
-			resp, err = http.Post(env.srv.URL+"/v1/runs", "application/json", strings.NewReader(`{"model":"m","prompt":"x"}`))
+			resp, err = http.Post(env.Srv.URL+"/v1/runs", "application/json", strings.NewReader(`{"model":"m","prompt":"x"}`))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -167,7 +155,7 @@ func TestRunEventsAreTheChatStream(t *testing.T) {
 			if err != nil || rec.ID == "" {
 				t.Fatalf("POST /v1/runs: %d, %v", resp.StatusCode, err)
 			}
-			resp, err = http.Get(env.srv.URL + "/v1/runs/" + rec.ID + "/events")
+			resp, err = http.Get(env.Srv.URL + "/v1/runs/" + rec.ID + "/events")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -182,5 +170,43 @@ func TestRunEventsAreTheChatStream(t *testing.T) {
 				t.Errorf("the run's log is not the chat stream's bytes\nrun:\n%q\nchat:\n%q", replay, chat)
 			}
 		})
+	}
+}
+
+// TestRegression_RunBrokenAnswerCountsForBreaker: a run whose provider's
+// answer breaks the protocol (a tunnel message on a normalized run) is
+// ended as the provider's failure (Run.Fail, for its circuit breaker), as
+// a chat request's is. The runs API's own copy of the rendering only
+// cancelled it.
+func TestRegression_RunBrokenAnswerCountsForBreaker(t *testing.T) {
+	t.Parallel()
+	run := apitest.ScriptedRun(normalized, apitest.Events(apitest.Started(), apitest.Delta("hi")), apitest.TunnelData("x"))
+	env := newEnv(t, api.Config{}, apitest.RunWith(run))
+	if rec := submitRun(t, env); rec.State != "error" {
+		t.Fatalf("record %+v, want state error", rec)
+	}
+	env.WaitHandlers()
+	reasons := run.CancelReasons()
+	if !slices.ContainsFunc(reasons, func(r string) bool { return strings.HasPrefix(r, "fail: ") }) {
+		t.Errorf("cancel reasons %q: the run was not ended as the provider's failure", reasons)
+	}
+}
+
+// TestRegression_RunFlowFromBodyUser: with flows named by the body's
+// "user" (Config.Flow "user"), a run's flow is its body's user, as a chat
+// request's is. The runs API's own dispatch read no flow from the body.
+func TestRegression_RunFlowFromBodyUser(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, api.Config{Flow: api.FlowUser}, okRun)
+	if rec := submitRun(t, env); rec.State != "complete" {
+		t.Fatalf("record %+v", rec)
+	}
+	resp := env.Post(t, "/v1/runs", "application/json", `{"model":"m","prompt":"x","user":"u-42"}`)
+	if resp.Status != 200 {
+		t.Fatalf("POST /v1/runs: %d %s", resp.Status, resp.Body)
+	}
+	reqs := env.GW.Requests()
+	if len(reqs) != 2 || reqs[1].Flow == reqs[0].Flow || !strings.Contains(reqs[1].Flow, "u-42") {
+		t.Errorf("flows %q and %q, want the second named by its user u-42", reqs[0].Flow, reqs[1].Flow)
 	}
 }

@@ -1,4 +1,4 @@
-package api
+package ollama
 
 import (
 	"context"
@@ -14,13 +14,15 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/edge/api"
+	"iop/internal/edge/api/apitest"
 	"iop/internal/edge/contract"
 )
 
-// catalogGateway is a fakeGateway that is also a ModelCatalog, answering
+// catalogGateway is an apitest.Gateway that is also a ModelCatalog, answering
 // from fixed infos and run counts.
 type catalogGateway struct {
-	*fakeGateway
+	*apitest.Gateway
 	infos  map[string]contract.ModelInfo
 	loaded []contract.LoadedModel
 }
@@ -28,7 +30,7 @@ type catalogGateway struct {
 var _ ModelCatalog = catalogGateway{}
 
 func (g catalogGateway) ModelInfo(name string) (contract.ModelInfo, bool) {
-	if n, ok := knownModel(slices.Collect(maps.Keys(g.infos)), name); ok {
+	if n, ok := api.KnownModel(slices.Collect(maps.Keys(g.infos)), name); ok {
 		return g.infos[n], true
 	}
 	return contract.ModelInfo{}, false
@@ -66,8 +68,8 @@ func catalogInfos() map[string]contract.ModelInfo {
 
 func newCatalogEnv(t *testing.T) *testEnv {
 	t.Helper()
-	fake := &fakeGateway{models: []string{"coder", "embed:latest", "legacy", "qwen3:latest"}, dispatch: okRun}
-	gw := catalogGateway{fakeGateway: fake,
+	fake := &apitest.Gateway{Names: []string{"coder", "embed:latest", "legacy", "qwen3:latest"}, DispatchFunc: okRun}
+	gw := catalogGateway{Gateway: fake,
 		infos: catalogInfos(),
 		loaded: []contract.LoadedModel{
 			{NodeID: "n1", ProviderID: "ollama", Type: "ollama", Served: "qwen3:latest", Name: "qwen3:latest", Model: "qwen3:latest",
@@ -80,7 +82,7 @@ func newCatalogEnv(t *testing.T) *testEnv {
 				Source: contract.LoadedAlways},
 		},
 	}
-	return newEnvWithGateway(t, Config{}, gw, fake)
+	return newEnvWithGateway(t, api.Config{}, gw, fake)
 }
 
 // TestOllamaTagsPassDetailsThrough: /api/tags shows the size, digest,
@@ -235,12 +237,12 @@ func (g *showGateway) Show(_ context.Context, nodeID, providerID, model string, 
 // passed on), asked of the Ollama providers only; when none answers, or
 // the model has none, iop's own view is the answer.
 func TestOllamaShowPassesOllamasAnswerThrough(t *testing.T) {
-	fake := &fakeGateway{models: []string{"coder", "embed:latest", "legacy", "qwen3:latest"}, dispatch: okRun}
-	base := catalogGateway{fakeGateway: fake, infos: catalogInfos()}
+	fake := &apitest.Gateway{Names: []string{"coder", "embed:latest", "legacy", "qwen3:latest"}, DispatchFunc: okRun}
+	base := catalogGateway{Gateway: fake, infos: catalogInfos()}
 	own := `{"modelfile":"FROM qwen3:latest\n","parameters":"temperature 0.6","template":"{{ .Prompt }}","details":{"parent_model":""},` +
 		`"model_info":{"general.architecture":"qwen3","qwen3.attention.layer_norm_rms_epsilon":0.000001},"capabilities":["completion"],"modified_at":"x"}`
 	gw := &showGateway{catalogGateway: base, answers: map[string]string{"ollama": own}}
-	env := newEnvWithGateway(t, Config{}, gw, fake)
+	env := newEnvWithGateway(t, api.Config{}, gw, fake)
 	for _, tc := range []struct{ body, want, asked string }{
 		{`{"model":"qwen3"}`, own, "n1/ollama/qwen3:latest/short"},
 		{`{"model":"coder","verbose":true}`, own, "n1/ollama/qwen3:latest/verbose"},

@@ -1,4 +1,4 @@
-package api
+package ollama
 
 import (
 	"bytes"
@@ -9,10 +9,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"iop/internal/edge/api"
 	"math"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,68 +28,99 @@ const ollamaVersion = "0.17.4"
 
 // Content types of Ollama answers (an Ollama server sends these).
 const (
-	ndjsonContentType     = "application/x-ndjson"
-	ollamaJSONContentType = "application/json; charset=utf-8"
+	ndjsonContentType = "application/x-ndjson"
+	jsonContentType   = "application/json; charset=utf-8"
 )
 
-// ollamaRoutes are the Ollama API routes (Ollama API doc, docs/api.md).
-func (h *handler) ollamaRoutes() map[string]Route {
-	return map[string]Route{
-		"/":               {Method: http.MethodGet, Serve: h.ollamaRoot},
-		"/api/chat":       {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, true) }, Operation: "ollama.chat"},
-		"/api/generate":   {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { h.ollamaGenerate(w, r, false) }, Operation: "ollama.generate"},
-		"/api/embed":      {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { h.ollamaEmbed(w, r, false) }, Operation: "ollama.embed"},
-		"/api/embeddings": {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { h.ollamaEmbed(w, r, true) }, Operation: "ollama.embed"},
-		"/api/tags":       {Method: http.MethodGet, Serve: h.ollamaTags},
-		"/api/ps":         {Method: http.MethodGet, Serve: h.ollamaPS},
-		"/api/show":       {Method: http.MethodPost, Serve: h.ollamaShow},
-		"/api/pull":       {Method: http.MethodPost, Serve: h.ollamaPull},
-		"/api/version":    {Method: http.MethodGet, Serve: h.ollamaVersion},
-		"/api/copy":       {Serve: h.ollamaManage},
-		"/api/delete":     {Serve: h.ollamaManage},
-		"/api/create":     {Serve: h.ollamaManage},
-		"/api/push":       {Serve: h.ollamaManage},
+// Config is what the Ollama routes need beyond the frame; every field is
+// optional.
+type Config struct {
+	// Catalog, when set, describes the models for POST /api/show and the
+	// tags' details, and lists the loaded ones for GET /api/ps
+	// (catalog.go). Nil: /api/show answers from the frame's models alone
+	// and /api/ps lists no model.
+	Catalog ModelCatalog
+	// Shower, when set, asks a model's serving Ollama for POST /api/show's
+	// answer. Nil: /api/show is iop's own answer.
+	Shower ModelShower
+}
+
+// server serves the Ollama routes on one frame. It is read-only after
+// Routes.
+type server struct {
+	f   *api.Frame
+	cfg Config
+}
+
+// Routes is the Ollama API (Ollama API doc, docs/api.md) for
+// api.Config.APIs: its routes by path, and Ollama's error shape
+// ({"error":"..."}) for the frame's own failures at "/" and under
+// "/api/" (isOllamaPath).
+func Routes(cfg Config) api.API {
+	return func(f *api.Frame) map[string]api.Route {
+		s := &server{f: f, cfg: cfg}
+		f.ErrorsFor(isOllamaPath, s.writeError)
+		return map[string]api.Route{
+			"/":               {Method: http.MethodGet, Serve: s.root},
+			"/api/chat":       {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) }, Operation: "ollama.chat"},
+			"/api/generate":   {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) }, Operation: "ollama.generate"},
+			"/api/embed":      {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { s.embed(w, r, false) }, Operation: "ollama.embed"},
+			"/api/embeddings": {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { s.embed(w, r, true) }, Operation: "ollama.embed"},
+			"/api/tags":       {Method: http.MethodGet, Serve: s.tags},
+			"/api/ps":         {Method: http.MethodGet, Serve: s.ps},
+			"/api/show":       {Method: http.MethodPost, Serve: s.show},
+			"/api/pull":       {Method: http.MethodPost, Serve: s.pull},
+			"/api/version":    {Method: http.MethodGet, Serve: s.version},
+			"/api/copy":       {Serve: s.manage},
+			"/api/delete":     {Serve: s.manage},
+			"/api/create":     {Serve: s.manage},
+			"/api/push":       {Serve: s.manage},
+			blobsPrefix:       {Serve: s.manage},
+		}
 	}
 }
 
-// ollamaBlobsPrefix is the path of Ollama's blob routes (HEAD and POST
+// blobsPrefix is the path of Ollama's blob routes (HEAD and POST
 // /api/blobs/sha256:<hex>), which only /api/create uses.
-const ollamaBlobsPrefix = "/api/blobs/"
+const blobsPrefix = "/api/blobs/"
 
-// ollamaManage answers the Ollama routes that manage a model server's own
+// manage answers the Ollama routes that manage a model server's own
 // models (/api/copy, /api/delete, /api/create, /api/push, /api/blobs/...)
 // with 403 and an Ollama error body saying why, whatever the method and
 // key: iop is a gateway, and the model servers behind its nodes manage
 // their own models (one name may be served by several of them, so no one
 // copy or delete would be right). 403, not 404 (which clients read as "no
 // such model") nor 5xx (which they may retry, and which counts as the
-// gateway's failure). /api/pull is answered apart (ollamaPull): clients
+// gateway's failure). /api/pull is answered apart (pull): clients
 // pull before they use a model.
-func (h *handler) ollamaManage(w http.ResponseWriter, r *http.Request) {
-	h.writeOllamaError(w, r, fmt.Errorf("%w: iop is a gateway and does not create, copy, delete or push models: "+
-		"the model servers behind its nodes manage their own models (run ollama on those hosts to change them)", errModelManagement), nil)
+func (s *server) manage(w http.ResponseWriter, r *http.Request) {
+	s.writeError(w, r, fmt.Errorf("%w: iop is a gateway and does not create, copy, delete or push models: "+
+		"the model servers behind its nodes manage their own models (run ollama on those hosts to change them)", api.ErrModelManagement), nil)
 }
 
 // isOllamaPath reports whether path belongs to the Ollama API, whose errors
-// are Ollama-shaped.
+// are Ollama-shaped (Routes).
 func isOllamaPath(path string) bool {
 	return path == "/" || strings.HasPrefix(path, "/api/")
 }
 
-// ollamaRoot answers GET and HEAD / as Ollama does: clients probe it to
+// root answers GET and HEAD / as Ollama does: clients probe it to
 // find a server.
-func (h *handler) ollamaRoot(w http.ResponseWriter, r *http.Request) {
-	writeText(w, http.StatusOK, "Ollama is running")
+func (s *server) root(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write([]byte("Ollama is running"))
 }
 
-func (h *handler) ollamaVersion(w http.ResponseWriter, r *http.Request) {
-	writeOllamaJSON(w, http.StatusOK, map[string]string{"version": ollamaVersion})
+// version answers GET /api/version.
+func (s *server) version(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"version": ollamaVersion})
 }
 
-// ollamaGenerate serves POST /api/chat (chat) and POST /api/generate: it
+// generate serves POST /api/chat (chat) and POST /api/generate: it
 // translates the body to a canonical OpenAI request (translate), checks it
 // as POST /v1/chat/completions does, dispatches it, and renders the run as
-// Ollama NDJSON lines or one JSON object (ollamaRender). A request with
+// Ollama NDJSON lines or one JSON object (render). A request with
 // nothing to generate (no messages, an empty prompt) only "loads" the
 // model, as in Ollama: it is answered at once, done_reason "load" ("unload"
 // with keep_alive 0), after checking that the model exists.
@@ -99,35 +129,35 @@ func (h *handler) ollamaVersion(w http.ResponseWriter, r *http.Request) {
 // examples send curl's default, application/x-www-form-urlencoded).
 // Statuses: 400 a body that cannot be translated or fails the chat checks,
 // 404 unknown model (`model 'x' not found`), 413 body
-// over Config.MaxBodyBytes, then whatever classify maps a dispatch or
+// over api.Config.MaxBodyBytes, then whatever api.Classify maps a dispatch or
 // upstream failure to; every error body is {"error":"..."}.
-func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
-	from, api := translate.FromOllamaGenerate, "ollama.generate"
+func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
+	from, operation := translate.FromOllamaGenerate, "ollama.generate"
 	if chat {
-		from, api = translate.FromOllamaChat, "ollama.chat"
+		from, operation = translate.FromOllamaChat, "ollama.chat"
 	}
-	obsOf(r).begin(api)
-	tr, req, start, ok := h.ollamaRequest(w, r, from)
+	api.Begin(r, operation)
+	tr, req, start, ok := s.request(w, r, from)
 	if !ok {
 		return
 	}
 	req.Operation = contract.OperationChat
 	req.Stream = true // the canonical body always streams
-	obsOf(r).clientStreams(tr.Stream)
+	api.ClientStreams(r, tr.Stream)
 	if tr.LoadOnly {
-		resp := translate.NewOllamaResponse(chat, tr.Model, h.cfg.Now(), "")
+		resp := translate.NewOllamaResponse(chat, tr.Model, s.f.Now(), "")
 		resp.Done, resp.DoneReason = true, "load"
 		if tr.Unload {
 			resp.DoneReason = "unload"
 		}
-		h.ollamaLoad(w, r, &req, resp)
+		s.load(w, r, &req, resp)
 		return
 	}
 	switch tr.Operation {
 	case translate.Chat:
-		needs, estimate, err := ollamaChatNeeds(&tr)
+		needs, estimate, err := api.TranslatedChatNeeds(&tr)
 		if err != nil {
-			h.writeOllamaError(w, r, err, &req)
+			s.writeError(w, r, err, &req)
 			return
 		}
 		req.Needs, req.EstimatedInputTokens = needs, estimate
@@ -136,112 +166,68 @@ func (h *handler) ollamaGenerate(w http.ResponseWriter, r *http.Request, chat bo
 		req.EstimatedInputTokens = tr.EstimatedInputTokens
 	}
 	if tr.Logprobs {
-		req.Needs = append(req.Needs, NeedOllamaLogprobs)
+		req.Needs = append(req.Needs, api.NeedOllamaLogprobs)
 	}
-	if tr.Thinking && !slices.Contains(req.Needs, NeedThinking) {
-		req.Needs = append(req.Needs, NeedThinking)
+	if tr.Thinking && !slices.Contains(req.Needs, api.NeedThinking) {
+		req.Needs = append(req.Needs, api.NeedThinking)
 	}
 	if len(tr.Dropped) > 0 {
-		h.logger.Debug("dropping Ollama fields no provider takes", "path", r.URL.Path, "fields", tr.Dropped)
+		s.f.Logger().Debug("dropping Ollama fields no provider takes", "path", r.URL.Path, "fields", tr.Dropped)
 	}
 
-	h.serveOllamaRun(w, r, &req, tr.Extension,
-		&ollamaRender{chat: chat, model: tr.Model, stream: tr.Stream, timings: translate.Timings{Start: start}, noThinking: tr.NoThinking,
+	s.serveRun(w, r, &req, tr.Extension,
+		&render{s: s, chat: chat, model: tr.Model, stream: tr.Stream, timings: translate.Timings{Start: start}, noThinking: tr.NoThinking,
 			conversation: tr.Conversation})
 }
 
-// ollamaChatNeeds checks a translated chat as decodeChatRequest checks
-// an OpenAI client's (the checks its canonical body could fail: the
-// messages' roles, the tools' shape) and returns its needs and estimated
-// input tokens as decodeChatRequest finds them in the canonical body, from
-// what the translation decoded (Roles, InputChars, Images, Tools,
-// ReasoningEffort) instead of decoding the body it generated. The client's
-// tools are parsed here, once (the translation passes them on unread).
-// Errors are *requestError naming the field, as decodeChatRequest's.
-func ollamaChatNeeds(tr *translate.Request) (needs []string, estimate int, err error) {
-	for i, role := range tr.Roles {
-		if !slices.Contains(messageRoles, role) {
-			return nil, 0, &requestError{param: fmt.Sprintf("messages[%d].role", i), message: fmt.Sprintf("must be one of %s, got %s",
-				strings.Join(messageRoles, ", "), strconv.Quote(Clip(role)))}
-		}
-	}
-	chars := tr.InputChars
-	if tr.Tools != nil {
-		tools, perr := parseJSON(tr.Tools)
-		if perr != nil {
-			return nil, 0, &requestError{param: "tools", message: "expected an array of tools"}
-		}
-		if err := checkTools(elemsOf(tools), nil); err != nil {
-			return nil, 0, err
-		}
-		if len(elemsOf(tools)) > 0 {
-			needs = append(needs, NeedTools)
-		}
-		for _, def := range elemsOf(tools) {
-			// The canonical body has the tools as json.Marshal writes
-			// them: compact, and <, >, &, U+2028 and U+2029 escaped as
-			// \u003c and the like (5 characters more each).
-			chars += def.compact + 5*(bytes.Count(def.raw, []byte("<"))+bytes.Count(def.raw, []byte(">"))+
-				bytes.Count(def.raw, []byte("&"))+bytes.Count(def.raw, []byte("\u2028"))+bytes.Count(def.raw, []byte("\u2029")))
-		}
-	}
-	if tr.ReasoningEffort != "" && tr.ReasoningEffort != "none" {
-		needs = append(needs, NeedThinking)
-	}
-	if tr.Images {
-		needs = append(needs, NeedVision)
-	}
-	return needs, (chars + 3) / 4, nil
-}
-
-// ollamaRun renders one run as an Ollama route's answer.
-type ollamaRun interface {
+// run renders one run as an Ollama route's answer.
+type run interface {
 	// begin sets the run to render, once it was dispatched.
-	begin(rr *Answer)
+	begin(a *api.Answer)
 	// tunnel and normalized render the run of each execution path and
 	// return the rendering's reason.
 	tunnel() string
 	normalized() string
 }
 
-// serveOllamaRun dispatches req and renders its run with o (serveRunWith,
+// serveRun dispatches req and renders its run with o (api.Frame.Serve,
 // with Ollama-shaped errors). extension lists the Ollama-only fields the
 // request carries, which a tunnel-path provider does not get (logged).
-func (h *handler) serveOllamaRun(w http.ResponseWriter, r *http.Request, req *contract.Request, extension []string, o ollamaRun) {
-	h.serveRunWith(w, r, req, runRenderer{
-		writeError: h.writeOllamaError,
-		tunnel: func(rr *Answer, info contract.DispatchInfo) string {
+func (s *server) serveRun(w http.ResponseWriter, r *http.Request, req *contract.Request, extension []string, o run) {
+	s.f.Serve(w, r, req, api.Renderer{
+		WriteError: s.writeError,
+		Tunnel: func(a *api.Answer, info contract.DispatchInfo) string {
 			if len(extension) > 0 {
-				h.logger.Debug("dropping Ollama-only fields for an OpenAI-compatible provider", "run_id", info.RunID, "fields", extension)
+				s.f.Logger().Debug("dropping Ollama-only fields for an OpenAI-compatible provider", "run_id", info.RunID, "fields", extension)
 			}
-			o.begin(rr)
+			o.begin(a)
 			return o.tunnel()
 		},
-		normalized: func(rr *Answer, _ contract.DispatchInfo) string {
-			o.begin(rr)
+		Normalized: func(a *api.Answer, _ contract.DispatchInfo) string {
+			o.begin(a)
 			return o.normalized()
 		},
 	})
 }
 
-// ollamaRequest reads the body of an Ollama route and translates it with
+// request reads the body of an Ollama route and translates it with
 // from (a translate.FromOllama* function). It returns the translation, the
 // Request to dispatch, with Model, Body and the X-Request-Id header set,
 // and when the request arrived; on failure it has answered with the Ollama
 // error (400 naming the field, 413) and ok is false.
-func (h *handler) ollamaRequest(w http.ResponseWriter, r *http.Request, from func([]byte) (translate.Request, error)) (
+func (s *server) request(w http.ResponseWriter, r *http.Request, from func([]byte) (translate.Request, error)) (
 	tr translate.Request, req contract.Request, start time.Time, ok bool) {
-	start = h.cfg.Now()
-	body, err := readAllBody(r)
+	start = s.f.Now()
+	body, err := s.f.ReadAnyBody(r)
 	if err == nil {
 		tr, err = from(body)
 	}
 	if err != nil {
 		var fe *translate.FieldError
 		if errors.As(err, &fe) {
-			err = &requestError{param: fe.Field, message: fe.Message}
+			err = api.InvalidParam(fe.Field, fe.Message)
 		}
-		h.writeOllamaError(w, r, err, nil)
+		s.writeError(w, r, err, nil)
 		return translate.Request{}, contract.Request{}, start, false
 	}
 	req = contract.Request{Model: tr.Model, Body: tr.Body, OllamaFields: tr.OllamaFields, Headers: map[string]string{}}
@@ -251,104 +237,79 @@ func (h *handler) ollamaRequest(w http.ResponseWriter, r *http.Request, from fun
 	return tr, req, start, true
 }
 
-// ollamaLoad answers a request with nothing to generate or embed (Ollama's
+// load answers a request with nothing to generate or embed (Ollama's
 // "load", or with keep_alive 0 "unload") with answer, a single object even
 // when streaming, for a model the edge knows; else 404.
-func (h *handler) ollamaLoad(w http.ResponseWriter, r *http.Request, req *contract.Request, answer any) {
-	if _, ok := knownModel(h.models(r), req.Model); !ok {
-		err := ErrUnknownModel
-		if h.cfg.Known != nil && h.cfg.Known(req.Model) && checkModel(r.Context(), req.Model) == nil {
+func (s *server) load(w http.ResponseWriter, r *http.Request, req *contract.Request, answer any) {
+	if _, ok := api.KnownModel(s.f.Models(r), req.Model); !ok {
+		err := contract.ErrUnknownModel
+		if s.f.Known(req.Model) && api.Allowed(r, req.Model) {
 			// Served before, and no node serves it now: unavailable, as a
 			// request that generates is answered (503), not "pull it".
-			err = ErrProviderUnavailable
+			err = contract.ErrProviderUnavailable
 		}
-		h.writeOllamaError(w, r, err, req)
+		s.writeError(w, r, err, req)
 		return
 	}
-	answerFinished(r.Context()) // nothing was dispatched
-	writeOllamaJSON(w, http.StatusOK, answer)
+	api.AnswerFinished(r.Context()) // nothing was dispatched
+	writeJSON(w, http.StatusOK, answer)
 }
 
-// readAllBody reads a request body (ServeHTTP caps it at
-// Config.MaxBodyBytes, decoded, and decodes its Content-Encoding).
-// Errors: errBodyTooLarge, errBodyTimeout, an *encodingError, or a
-// *requestError (also for a body not valid in its coding).
-func readAllBody(r *http.Request) ([]byte, error) {
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		if encErr, ok := errors.AsType[*encodingError](err); ok {
-			return nil, encErr
-		}
-		if errors.Is(err, errBodyEncoding) {
-			return nil, &requestError{message: errBodyEncoding.Error()}
-		}
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return nil, errBodyTooLarge
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return nil, errBodyTimeout // Config.BodyReadTimeout
-		}
-		// Usually a client that went away mid-upload; then nothing is written.
-		return nil, &requestError{message: "reading the request body failed"}
-	}
-	return body, nil
-}
-
-// ollamaErrorBody is Ollama's error shape.
-type ollamaErrorBody struct {
+// errorBody is Ollama's error shape.
+type errorBody struct {
 	Error string `json:"error"`
 }
 
-// ollamaError maps err as classify does and gives the message Ollama
+// errorMessage maps err as api.Classify does and gives the message Ollama
 // clients expect: an unknown model is `model 'x' not found` (the text of
 // Ollama's chat, generate, embed and show handlers for a name it does not
 // have, which clients match on).
-func ollamaError(err error, req *contract.Request) (*APIError, string) {
-	e := Classify(err, req)
-	if errors.Is(err, ErrUnknownModel) {
+func errorMessage(err error, req *contract.Request) (*api.APIError, string) {
+	e := api.Classify(err, req)
+	if errors.Is(err, contract.ErrUnknownModel) {
 		model := ""
 		if req != nil {
-			model = Clip(req.Model)
+			model = api.Clip(req.Model)
 		}
 		if ua, ok := errors.AsType[*contract.UnmatchedAliasError](err); ok {
 			// Ollama's words first, which clients match on, then why.
-			return e, fmt.Sprintf("model '%s' not found: %s", model, Clip(ua.Error()))
+			return e, fmt.Sprintf("model '%s' not found: %s", model, api.Clip(ua.Error()))
 		}
 		return e, fmt.Sprintf("model '%s' not found", model)
 	}
 	return e, e.Message
 }
 
-// writeOllamaError is writeError with an Ollama error body,
-// {"error":"<message>"}.
-func (h *handler) writeOllamaError(w http.ResponseWriter, r *http.Request, err error, req *contract.Request) {
-	h.writeShaped(w, r, err, req, func(err error, req *contract.Request) (*APIError, int, any) {
-		e, msg := ollamaError(err, req)
-		return e, e.status, ollamaErrorBody{Error: msg}
-	}, ollamaJSONContentType)
+// writeError is the Ollama routes' api.ErrorWriter: api.Frame.WriteErrorAs
+// with an Ollama error body, {"error":"<message>"} (errorMessage).
+func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error, req *contract.Request) {
+	s.f.WriteErrorAsType(w, r, err, req, func(err error, req *contract.Request) (*api.APIError, int, any) {
+		e, msg := errorMessage(err, req)
+		return e, e.Status(), errorBody{Error: msg}
+	}, jsonContentType)
 }
 
-func writeOllamaJSON(w http.ResponseWriter, status int, v any) {
-	writeJSONAs(w, status, ollamaJSONContentType, v)
+// writeJSON answers with v as JSON in an Ollama answer's Content-Type.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	api.WriteJSONAs(w, status, jsonContentType, v)
 }
 
-// ollamaModel is one entry of GET /api/tags (Ollama API doc, "List Local
+// listedModel is one entry of GET /api/tags (Ollama API doc, "List Local
 // Models"). Its size, digest,
 // modified_at and details are what the serving model server said of the
 // model (contract.ModelProvider.Details; see representative); a model whose node
 // said nothing has size 0, the SHA-256 of its name as digest (stable, so
 // clients can tell models apart) and empty details.
-type ollamaModel struct {
-	Name       string             `json:"name"`
-	Model      string             `json:"model"`
-	ModifiedAt string             `json:"modified_at,omitempty"`
-	Size       int64              `json:"size"`
-	Digest     string             `json:"digest"`
-	Details    ollamaModelDetails `json:"details"`
+type listedModel struct {
+	Name       string       `json:"name"`
+	Model      string       `json:"model"`
+	ModifiedAt string       `json:"modified_at,omitempty"`
+	Size       int64        `json:"size"`
+	Digest     string       `json:"digest"`
+	Details    modelDetails `json:"details"`
 }
 
-type ollamaModelDetails struct {
+type modelDetails struct {
 	ParentModel       string   `json:"parent_model"`
 	Format            string   `json:"format"`
 	Family            string   `json:"family"`
@@ -357,8 +318,8 @@ type ollamaModelDetails struct {
 	QuantizationLevel string   `json:"quantization_level"`
 }
 
-func detailsOf(d contract.ModelDetails) ollamaModelDetails {
-	return ollamaModelDetails{
+func detailsOf(d contract.ModelDetails) modelDetails {
+	return modelDetails{
 		ParentModel: d.ParentModel, Format: d.Format, Family: d.Family, Families: d.Families,
 		ParameterSize: d.ParameterSize, QuantizationLevel: d.QuantizationLevel,
 	}
@@ -390,13 +351,13 @@ func representative(info contract.ModelInfo) (rep contract.ModelProvider, same [
 	return rep, same, true
 }
 
-// newOllamaModel returns the listing entry of name: what the
-// representative provider's server said of it, when the gateway is a
-// Config.Catalog is set and a node said something.
-func (h *handler) newOllamaModel(name string) ollamaModel {
+// listed returns the listing entry of name: what the representative
+// provider's server said of it, when Config.Catalog is set and a node
+// said something.
+func (s *server) listed(name string) listedModel {
 	sum := sha256.Sum256([]byte(name))
-	m := ollamaModel{Name: name, Model: name, Digest: hex.EncodeToString(sum[:])}
-	cat := h.cfg.Catalog
+	m := listedModel{Name: name, Model: name, Digest: hex.EncodeToString(sum[:])}
+	cat := s.cfg.Catalog
 	if cat == nil {
 		return m
 	}
@@ -416,19 +377,19 @@ func (h *handler) newOllamaModel(name string) ollamaModel {
 	return m
 }
 
-// ollamaTags serves GET /api/tags: {"models":[...]}, one entry per name of
-// Gateway.Models (the names /v1/models lists), each named with its tag as
+// tags serves GET /api/tags: {"models":[...]}, one entry per name of
+// api.Frame.Models (the names /v1/models lists), each named with its tag as
 // Ollama names them (ollamaName: "demo" is listed as "demo:latest", in
 // "name" and "model"), all of them names /api/chat accepts, the most
 // recently modified first (by the second, then by name). Each entry has
 // the size, digest, modified_at and details its model server said
-// (newOllamaModel); modified_at is now when unknown.
-func (h *handler) ollamaTags(w http.ResponseWriter, r *http.Request) {
-	names := h.models(r)
-	now := h.cfg.Now().UTC().Format(time.RFC3339Nano)
-	models := make([]ollamaModel, 0, len(names))
+// (listed); modified_at is now when unknown.
+func (s *server) tags(w http.ResponseWriter, r *http.Request) {
+	names := s.f.Models(r)
+	now := s.f.Now().UTC().Format(time.RFC3339Nano)
+	models := make([]listedModel, 0, len(names))
 	for _, name := range names {
-		m := h.newOllamaModel(name)
+		m := s.listed(name)
 		m.Name = ollamaName(names, name)
 		m.Model = m.Name
 		if m.ModifiedAt == "" {
@@ -438,25 +399,25 @@ func (h *handler) ollamaTags(w http.ResponseWriter, r *http.Request) {
 	}
 	// As Ollama's ListHandler sorts: the most recently modified first, by
 	// the second (within one, Ollama's order is its map's; here by name).
-	seconds := func(m ollamaModel) int64 {
+	seconds := func(m listedModel) int64 {
 		at, _ := time.Parse(time.RFC3339Nano, m.ModifiedAt)
 		return at.Unix()
 	}
-	slices.SortStableFunc(models, func(a, b ollamaModel) int { return cmp.Compare(seconds(b), seconds(a)) })
-	writeOllamaJSON(w, http.StatusOK, map[string]any{"models": models})
+	slices.SortStableFunc(models, func(a, b listedModel) int { return cmp.Compare(seconds(b), seconds(a)) })
+	writeJSON(w, http.StatusOK, map[string]any{"models": models})
 }
 
-// ollamaPSModel is one entry of GET /api/ps: Ollama's fields
+// psModel is one entry of GET /api/ps: Ollama's fields
 // (api.ProcessModelResponse, in its order, none left out), then iop's own.
-type ollamaPSModel struct {
-	Name          string             `json:"name"`
-	Model         string             `json:"model"`
-	Size          int64              `json:"size"`
-	Digest        string             `json:"digest"`
-	Details       ollamaModelDetails `json:"details"`
-	ExpiresAt     string             `json:"expires_at"`
-	SizeVRAM      int64              `json:"size_vram"`
-	ContextLength int64              `json:"context_length"`
+type psModel struct {
+	Name          string       `json:"name"`
+	Model         string       `json:"model"`
+	Size          int64        `json:"size"`
+	Digest        string       `json:"digest"`
+	Details       modelDetails `json:"details"`
+	ExpiresAt     string       `json:"expires_at"`
+	SizeVRAM      int64        `json:"size_vram"`
+	ContextLength int64        `json:"context_length"`
 	// iop's own: the node and provider that hold the model, where the
 	// entry comes from (contract.LoadedModel.Source: "reported",
 	// "always", "in_flight"), since when the node saw it loaded
@@ -475,7 +436,7 @@ type ollamaPSModel struct {
 // loaded with a negative keep_alive: the largest duration.
 const ollamaForever = time.Duration(math.MaxInt64)
 
-// ollamaPS serves GET /api/ps: {"models":[...]}, what the providers hold
+// ps serves GET /api/ps: {"models":[...]}, what the providers hold
 // loaded (ModelCatalog.Loaded), one entry per provider and model that the
 // request's key may use, longest expiry first (as Ollama sorts), then by
 // name, node and provider. An entry an Ollama reported is its own /api/ps
@@ -484,22 +445,22 @@ const ollamaForever = time.Duration(math.MaxInt64)
 // loaded (expires_at the far future, sizes 0 or the size on disk its node
 // said); a model with runs in flight that its provider has not reported
 // yet is listed with expires_at now and the details its node said. iop's
-// fields say where each is (ollamaPSModel).
-func (h *handler) ollamaPS(w http.ResponseWriter, r *http.Request) {
-	models := []ollamaPSModel{}
-	cat := h.cfg.Catalog
+// fields say where each is (psModel).
+func (s *server) ps(w http.ResponseWriter, r *http.Request) {
+	models := []psModel{}
+	cat := s.cfg.Catalog
 	if cat == nil {
-		writeOllamaJSON(w, http.StatusOK, map[string]any{"models": models})
+		writeJSON(w, http.StatusOK, map[string]any{"models": models})
 		return
 	}
-	names := h.models(r)
-	now := h.cfg.Now().UTC()
+	names := s.f.Models(r)
+	now := s.f.Now().UTC()
 	expiry := make(map[int]time.Time)
 	for _, lm := range cat.Loaded() {
-		if !allowed(r, lm.Served) {
+		if !api.Allowed(r, lm.Served) {
 			continue
 		}
-		m := ollamaPSModel{Name: lm.Name, Model: lm.Model, Size: lm.Size, Digest: lm.Digest, Details: detailsOf(lm.Details),
+		m := psModel{Name: lm.Name, Model: lm.Model, Size: lm.Size, Digest: lm.Digest, Details: detailsOf(lm.Details),
 			ExpiresAt: lm.ExpiresAt, SizeVRAM: lm.SizeVRAM, ContextLength: lm.ContextLength,
 			NodeID: lm.NodeID, ProviderID: lm.ProviderID, Source: lm.Source, LoadedSince: lm.LoadedSince, InFlight: lm.InFlight, Kept: lm.Kept}
 		if lm.Source != contract.LoadedReported {
@@ -527,15 +488,15 @@ func (h *handler) ollamaPS(w http.ResponseWriter, r *http.Request) {
 		return cmp.Or(expiry[b].Compare(expiry[a]), cmp.Compare(models[a].Name, models[b].Name),
 			cmp.Compare(models[a].NodeID, models[b].NodeID), cmp.Compare(models[a].ProviderID, models[b].ProviderID))
 	})
-	sorted := make([]ollamaPSModel, len(models))
+	sorted := make([]psModel, len(models))
 	for i, j := range order {
 		sorted[i] = models[j]
 	}
-	writeOllamaJSON(w, http.StatusOK, map[string]any{"models": sorted})
+	writeJSON(w, http.StatusOK, map[string]any{"models": sorted})
 }
 
-// ollamaShowProvider is one provider in /api/show's model_info.
-type ollamaShowProvider struct {
+// showProvider is one provider in /api/show's model_info.
+type showProvider struct {
 	NodeID       string   `json:"node_id"`
 	ProviderID   string   `json:"provider_id"`
 	Type         string   `json:"type"`
@@ -545,15 +506,15 @@ type ollamaShowProvider struct {
 	InFlight     int      `json:"in_flight"`
 }
 
-// ollamaCapabilities maps iop's capability words to Ollama's (the words
+// capabilityNames maps iop's capability words to Ollama's (the words
 // of /api/show "capabilities" in Ollama's types/model/capability.go);
 // others (stream, cancel, ...) have no Ollama name.
-var ollamaCapabilities = map[string]string{
+var capabilityNames = map[string]string{
 	"completion": "completion", "tools": "tools", "vision": "vision", "embeddings": "embedding",
 	"thinking": "thinking", "insert": "insert",
 }
 
-// ollamaShow serves POST /api/show {"model"} (or the older {"name"};
+// show serves POST /api/show {"model"} (or the older {"name"};
 // "verbose" as Ollama takes it). For a model whose representative
 // providers (see representative: an alias shows its first target's)
 // include one whose server speaks Ollama's API, the answer is that
@@ -574,10 +535,10 @@ var ollamaCapabilities = map[string]string{
 // model_info also holds "iop.name", "iop.alias", "iop.targets" and
 // "iop.providers". 400 for a body without a model, 404 (`model 'x' not
 // found`, Ollama's text) for an unknown model.
-func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
-	body, err := readAllBody(r)
+func (s *server) show(w http.ResponseWriter, r *http.Request) {
+	body, err := s.f.ReadAnyBody(r)
 	if err != nil {
-		h.writeOllamaError(w, r, err, nil)
+		s.writeError(w, r, err, nil)
 		return
 	}
 	var in struct {
@@ -586,7 +547,7 @@ func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 		Verbose bool   `json:"verbose"`
 	}
 	if err := json.Unmarshal(body, &in); err != nil {
-		h.writeOllamaError(w, r, &requestError{message: "the request body must be a JSON object with a string model"}, nil)
+		s.writeError(w, r, api.InvalidParam("", "the request body must be a JSON object with a string model"), nil)
 		return
 	}
 	name := in.Model
@@ -595,30 +556,30 @@ func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 	}
 	req := &contract.Request{Model: name}
 	if strings.TrimSpace(name) == "" {
-		h.writeOllamaError(w, r, &requestError{message: "model is required"}, nil) // Ollama's text
+		s.writeError(w, r, api.InvalidParam("", "model is required"), nil) // Ollama's text
 		return
 	}
 	info := contract.ModelInfo{Name: name, Targets: []string{name}}
-	if !allowed(r, name) {
-		h.writeOllamaError(w, r, ErrUnknownModel, req)
+	if !api.Allowed(r, name) {
+		s.writeError(w, r, contract.ErrUnknownModel, req)
 		return
 	}
-	if cat := h.cfg.Catalog; cat != nil {
+	if cat := s.cfg.Catalog; cat != nil {
 		var ok bool
 		if info, ok = cat.ModelInfo(name); !ok {
-			h.writeOllamaError(w, r, ErrUnknownModel, req)
+			s.writeError(w, r, contract.ErrUnknownModel, req)
 			return
 		}
-	} else if _, ok := knownModel(h.models(r), name); !ok {
-		h.writeOllamaError(w, r, ErrUnknownModel, req)
+	} else if _, ok := api.KnownModel(s.f.Models(r), name); !ok {
+		s.writeError(w, r, contract.ErrUnknownModel, req)
 		return
 	}
-	providers := make([]ollamaShowProvider, 0, len(info.Providers))
+	providers := make([]showProvider, 0, len(info.Providers))
 	for _, p := range info.Providers {
-		providers = append(providers, ollamaShowProvider{NodeID: p.NodeID, ProviderID: p.ProviderID, Type: p.Type,
+		providers = append(providers, showProvider{NodeID: p.NodeID, ProviderID: p.ProviderID, Type: p.Type,
 			Capabilities: nonNil(p.Capabilities), Healthy: p.Healthy, Capacity: p.Capacity, InFlight: p.InFlight})
 	}
-	if _, same, ok := representative(info); ok && h.showFromOllama(w, r, same, in.Verbose) {
+	if _, same, ok := representative(info); ok && s.showFromOllama(w, r, same, in.Verbose) {
 		return
 	}
 	caps := []string{}
@@ -629,7 +590,7 @@ func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 		}
 		for _, p := range same {
 			for _, c := range p.Capabilities {
-				if oc, ok := ollamaCapabilities[c]; ok && !slices.Contains(caps, oc) {
+				if oc, ok := capabilityNames[c]; ok && !slices.Contains(caps, oc) {
 					caps = append(caps, oc)
 				}
 			}
@@ -650,9 +611,9 @@ func (h *handler) ollamaShow(w http.ResponseWriter, r *http.Request) {
 	}
 	modifiedAt := d.ModifiedAt
 	if modifiedAt == "" {
-		modifiedAt = h.cfg.Now().UTC().Format(time.RFC3339Nano)
+		modifiedAt = s.f.Now().UTC().Format(time.RFC3339Nano)
 	}
-	writeOllamaJSON(w, http.StatusOK, map[string]any{
+	writeJSON(w, http.StatusOK, map[string]any{
 		"modelfile":    "",
 		"parameters":   "",
 		"template":     "",
@@ -673,8 +634,8 @@ const maxShowTries = 2
 // Config.Shower is set and one of the first maxShowTries of them
 // answers 200; it reports whether it answered. A failure is logged, and
 // the caller answers instead.
-func (h *handler) showFromOllama(w http.ResponseWriter, r *http.Request, providers []contract.ModelProvider, verbose bool) bool {
-	shower := h.cfg.Shower
+func (s *server) showFromOllama(w http.ResponseWriter, r *http.Request, providers []contract.ModelProvider, verbose bool) bool {
+	shower := s.cfg.Shower
 	if shower == nil {
 		return false
 	}
@@ -696,7 +657,7 @@ func (h *handler) showFromOllama(w http.ResponseWriter, r *http.Request, provide
 	for _, p := range ollamas[:min(len(ollamas), maxShowTries)] {
 		status, body, err := shower.Show(r.Context(), p.NodeID, p.ProviderID, p.Target, verbose)
 		if err == nil && status == http.StatusOK {
-			w.Header().Set("Content-Type", ollamaJSONContentType)
+			w.Header().Set("Content-Type", jsonContentType)
 			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 			w.WriteHeader(http.StatusOK)
 			_, _ = w.Write(body)
@@ -705,15 +666,15 @@ func (h *handler) showFromOllama(w http.ResponseWriter, r *http.Request, provide
 		if errors.Is(err, context.Canceled) {
 			return false
 		}
-		h.logger.Warn("/api/show: the provider's Ollama gave no answer; trying the next, else answering iop's own view",
-			"node", p.NodeID, "provider", p.ProviderID, "model", Clip(p.Target), "status", status, "err", err)
+		s.f.Logger().Warn("/api/show: the provider's Ollama gave no answer; trying the next, else answering iop's own view",
+			"node", p.NodeID, "provider", p.ProviderID, "model", api.Clip(p.Target), "status", status, "err", err)
 	}
 	return false
 }
 
-// ollamaProgress is one object of /api/pull's answer (Ollama's
+// progress is one object of /api/pull's answer (Ollama's
 // api.ProgressResponse).
-type ollamaProgress struct {
+type progress struct {
 	Status    string `json:"status"`
 	Digest    string `json:"digest,omitempty"`
 	Total     int64  `json:"total,omitempty"`
@@ -725,7 +686,7 @@ type ollamaProgress struct {
 // os.ErrNotExist).
 const pullNotFound = "pull model manifest: file does not exist"
 
-// ollamaPull serves POST /api/pull {"model"} (or the older {"name"};
+// pull serves POST /api/pull {"model"} (or the older {"name"};
 // "stream" true by default, "insecure" ignored) as Ollama's PullHandler
 // answers it, for clients that pull a model before they use it (LangChain's
 // ChatOllama with checkOrPullModel, Open WebUI, editor plugins). iop
@@ -745,10 +706,10 @@ const pullNotFound = "pull model manifest: file does not exist"
 // false, 500 {"error":"pull model manifest: file does not exist"}. A body
 // that is not JSON, or names no model, is 400 as in Ollama ("invalid
 // model name" for an empty name).
-func (h *handler) ollamaPull(w http.ResponseWriter, r *http.Request) {
-	body, err := readAllBody(r)
+func (s *server) pull(w http.ResponseWriter, r *http.Request) {
+	body, err := s.f.ReadAnyBody(r)
 	if err != nil {
-		h.writeOllamaError(w, r, err, nil)
+		s.writeError(w, r, err, nil)
 		return
 	}
 	var in struct {
@@ -757,11 +718,11 @@ func (h *handler) ollamaPull(w http.ResponseWriter, r *http.Request) {
 		Stream *bool  `json:"stream"`
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
-		h.writeOllamaError(w, r, &requestError{message: "missing request body"}, nil)
+		s.writeError(w, r, api.InvalidParam("", "missing request body"), nil)
 		return
 	}
 	if err := json.Unmarshal(body, &in); err != nil {
-		h.writeOllamaError(w, r, &requestError{message: "the request body must be a JSON object with a string model"}, nil)
+		s.writeError(w, r, api.InvalidParam("", "the request body must be a JSON object with a string model"), nil)
 		return
 	}
 	name := in.Model
@@ -769,36 +730,36 @@ func (h *handler) ollamaPull(w http.ResponseWriter, r *http.Request) {
 		name = in.Name
 	}
 	if strings.TrimSpace(name) == "" {
-		h.writeOllamaError(w, r, &requestError{param: "model", message: "invalid model name"}, nil)
+		s.writeError(w, r, api.InvalidParam("model", "invalid model name"), nil)
 		return
 	}
 	stream := in.Stream == nil || *in.Stream
-	answerFinished(r.Context()) // nothing is dispatched
-	served, ok := knownModel(h.models(r), name)
+	api.AnswerFinished(r.Context()) // nothing is dispatched
+	served, ok := api.KnownModel(s.f.Models(r), name)
 	if !ok {
 		if !stream {
-			writeOllamaJSON(w, http.StatusInternalServerError, ollamaErrorBody{Error: pullNotFound})
+			writeJSON(w, http.StatusInternalServerError, errorBody{Error: pullNotFound})
 			return
 		}
 		w.Header().Set("Content-Type", ndjsonContentType)
 		w.WriteHeader(http.StatusOK)
-		writeNDJSON(w, ollamaProgress{Status: "pulling manifest"}, ollamaErrorBody{Error: pullNotFound})
+		writeNDJSON(w, progress{Status: "pulling manifest"}, errorBody{Error: pullNotFound})
 		return
 	}
 	if !stream {
-		writeOllamaJSON(w, http.StatusOK, ollamaProgress{Status: "success"})
+		writeJSON(w, http.StatusOK, progress{Status: "success"})
 		return
 	}
-	m := h.newOllamaModel(served)
+	m := s.listed(served)
 	digest := "sha256:" + strings.TrimPrefix(m.Digest, "sha256:")
 	w.Header().Set("Content-Type", ndjsonContentType)
 	w.WriteHeader(http.StatusOK)
 	writeNDJSON(w,
-		ollamaProgress{Status: "pulling manifest"},
-		ollamaProgress{Status: "pulling " + shortDigest(digest), Digest: digest, Total: m.Size, Completed: m.Size},
-		ollamaProgress{Status: "verifying sha256 digest"},
-		ollamaProgress{Status: "writing manifest"},
-		ollamaProgress{Status: "success"})
+		progress{Status: "pulling manifest"},
+		progress{Status: "pulling " + shortDigest(digest), Digest: digest, Total: m.Size, Completed: m.Size},
+		progress{Status: "verifying sha256 digest"},
+		progress{Status: "writing manifest"},
+		progress{Status: "success"})
 }
 
 // shortDigest is the part of a "sha256:<hex>" digest Ollama's progress
