@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"reflect"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -333,16 +334,27 @@ type StoreConfig struct {
 }
 
 // Validate refuses a ledger_dsn or runs_dsn that is not a PostgreSQL
-// connection string as pgx parses it (a URL or key=value pairs), without
-// connecting: a typo is found by iop check, not at the first start.
+// connection string as pgx parses it (a URL or key=value pairs), or that
+// carries pgxpool's pool_* settings, without connecting: such a DSN is
+// found by iop check, not at the first start.
 func (c StoreConfig) Validate() error {
 	var errs []error
 	for _, d := range []struct{ key, dsn string }{{"ledger_dsn", c.LedgerDSN}, {"runs_dsn", c.RunsDSN}} {
 		if d.dsn == "" {
 			continue
 		}
-		if _, err := pgconn.ParseConfig(d.dsn); err != nil {
+		cfg, err := pgconn.ParseConfig(d.dsn)
+		if err != nil {
 			errs = append(errs, invalid("%s is not a PostgreSQL connection string: %v", d.key, err))
+			continue
+		}
+		// pgx keeps a parameter it does not know as a server setting,
+		// which the server refuses at connect; pgxpool's pool_* settings
+		// are the ones people copy in (the edge does not use pgxpool).
+		for name := range cfg.RuntimeParams {
+			if strings.HasPrefix(name, "pool_") {
+				errs = append(errs, invalid("%s: %s is a pgxpool setting, not a PostgreSQL one (the server would refuse the connection): remove it", d.key, name))
+			}
 		}
 	}
 	return errors.Join(errs...)

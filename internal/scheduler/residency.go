@@ -504,10 +504,14 @@ func (s *Scheduler) waitHotLocked(w *waiter) {
 // take a load that evicts a model with runs in flight (evictBusy) or pass
 // waiters of models a provider holds (nextResidentLocked); before that,
 // once it has waited the hold of a candidate whose load would evict a
-// model in more demand (evictInDemand), it is offered a slot then.
+// model in more demand (evictInDemand), it is offered a slot then (a
+// batch waiter too, which is never overdue).
 func (s *Scheduler) waitSwapLocked(w *waiter) {
 	waited := s.clock.Now().Sub(w.enqueued)
-	d := s.residency.MaxExtraWait - waited
+	d := time.Duration(math.MaxInt64) // a batch waiter is never overdue
+	if w.band != batchBand {
+		d = s.residency.MaxExtraWait - waited
+	}
 	for _, c := range w.cands {
 		if c.res.held == nil {
 			continue
@@ -516,7 +520,7 @@ func (s *Scheduler) waitSwapLocked(w *waiter) {
 			d = min(d, hold-waited)
 		}
 	}
-	if d <= 0 {
+	if d <= 0 || d == math.MaxInt64 {
 		return
 	}
 	w.swapWait = s.clock.AfterFunc(d, func() {

@@ -538,7 +538,7 @@ func (s *Scheduler) enqueue(req Request) (*Lease, *waiter, error) {
 	if waitHot {
 		s.waitHotLocked(w)
 	}
-	if s.residency != nil && w.band != batchBand { // a batch waiter is never overdue
+	if s.residency != nil {
 		s.waitSwapLocked(w)
 	}
 	return nil, w, nil

@@ -104,6 +104,10 @@ func (s *server) quotas(w http.ResponseWriter, r *http.Request) {
 			api.WriteError(w, r, api.InvalidParam("", "the body must be a quota object: "+err.Error()))
 			return
 		}
+		if _, err := dec.Token(); err != io.EOF {
+			api.WriteError(w, r, api.InvalidParam("", "the body must be one quota object, with nothing after it"))
+			return
+		}
 		if err := s.cfg.Quotas.SetLimits(scope, name, lim); err != nil {
 			if errors.Is(err, quota.ErrUnknownScope) {
 				notFound(w, scope, name)

@@ -75,6 +75,8 @@ func TestQuotasReadAndChange(t *testing.T) {
 		{"key=a", `null`, 400, "quota object"},
 		{"key=a", ` [] `, 400, "quota object"},
 		{"key=a&team=t", `{}`, 400, "not both"},
+		// Regression: a second object after the first was dropped silently.
+		{"key=a", `{"tokens_per_minute":5}{"tokens_per_day":1}`, 400, "nothing after it"},
 	} {
 		if resp := put(c.query, c.body); resp.status != c.status || !strings.Contains(resp.body, c.says) {
 			t.Errorf("PUT ?%s %s: %d %s, want %d saying %q", c.query, c.body, resp.status, resp.body, c.status, c.says)

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"mime/multipart"
@@ -104,29 +105,42 @@ func (s *server) transcription(w http.ResponseWriter, r *http.Request) {
 // Starlette's forms, as vLLM's, the last): the edge routes and checks the
 // first, so a second one could run a model the key may not use.
 func relayBody(sp *spool, at int64, model, served string, rest io.Reader, boundary string) io.Reader {
-	return &oneModel{r: io.MultiReader(sp.reader(at, model, served), rest), delim: []byte("\r\n--" + boundary), pending: []byte("\r\n")}
+	return newOneModel(io.MultiReader(sp.reader(at, model, served), rest), boundary)
 }
 
 // errModelRepeated: a multipart body has more than one part named model.
 var errModelRepeated = api.InvalidParam("model", "the model field must be given once; the multipart body repeats it")
 
+// errPartHeader: a part's headers are longer than maxPartHeader.
+var errPartHeader = api.InvalidParam("", fmt.Sprintf("a part's headers exceed %d KiB", maxPartHeader>>10))
+
 // Bounds of oneModel's scan.
 const (
-	// maxPartHeader is the most bytes of one part's headers read; longer
-	// headers are not looked into (Go's and Starlette's parsers refuse
-	// far less).
+	// maxPartHeader is the most bytes of one part's delimiter line and
+	// headers; a body with longer ones is refused (errPartHeader): the
+	// edge could not see whether such a part is a second model field, and
+	// holds no more of a body in memory than this per part.
 	maxPartHeader = 16 << 10
 )
 
 // oneModel relays a multipart body as it reads it, and fails it with
-// errModelRepeated at the headers of a second part named "model". It
-// keeps at most maxPartHeader + the delimiter's length bytes.
+// errModelRepeated at the headers of a second part named "model", or
+// errPartHeader at headers longer than maxPartHeader. Delimiters and
+// header lines may end in CRLF or a bare LF, as Go's multipart reader
+// (and others) accept. It keeps at most maxPartHeader + the delimiter's
+// length bytes.
 type oneModel struct {
 	r       io.Reader
-	delim   []byte // CRLF "--" boundary
+	delim   []byte // LF "--" boundary (a CRLF delimiter ends with it too)
 	pending []byte // bytes read but not yet scanned past (a delimiter may start in them)
 	models  int    // parts named model seen
+	closed  bool   // the close delimiter was seen: the epilogue follows
 	err     error
+}
+
+// newOneModel reads the multipart body r (boundary) through a oneModel.
+func newOneModel(r io.Reader, boundary string) *oneModel {
+	return &oneModel{r: r, delim: []byte("\n--" + boundary), pending: []byte("\n")}
 }
 
 func (o *oneModel) Read(p []byte) (int, error) {
@@ -134,43 +148,83 @@ func (o *oneModel) Read(p []byte) (int, error) {
 		return 0, o.err
 	}
 	n, err := o.r.Read(p)
-	if n > 0 {
+	if n > 0 && !o.closed {
 		o.pending = append(o.pending, p[:n]...)
-		if o.scan() {
-			o.err = errModelRepeated
+		if o.err = o.scan(); o.err != nil {
 			return 0, o.err
 		}
 	}
 	return n, err
 }
 
-// scan looks for part headers in pending and reports whether a second
-// part named model began; it drops what it no longer needs.
-func (o *oneModel) scan() bool {
+// scan looks for part headers in pending: errModelRepeated once a
+// second part named model began, errPartHeader for headers too long; it
+// drops what it no longer needs.
+func (o *oneModel) scan() error {
 	for {
 		i := bytes.Index(o.pending, o.delim)
 		if i < 0 {
 			o.pending = keepTail(o.pending, len(o.delim)-1)
-			return false
+			return nil
 		}
 		head := o.pending[i+len(o.delim):]
-		end := bytes.Index(head, []byte("\r\n\r\n"))
+		if bytes.HasPrefix(head, []byte("--")) {
+			o.closed, o.pending = true, nil
+			return nil
+		}
+		end := headerEnd(head)
 		if end < 0 {
 			if len(head) > maxPartHeader {
-				o.pending = keepTail(o.pending, len(o.delim)-1)
-			} else {
-				o.pending = o.pending[i:]
+				return errPartHeader
 			}
-			return false
+			o.pending = o.pending[i:]
+			return nil
 		}
-		if partName(head[:end+4]) == "model" {
+		if end > maxPartHeader {
+			return errPartHeader
+		}
+		if mayNameModel(head[:end]) && partName(head[:end]) == "model" {
 			o.models++
 			if o.models > 1 {
-				return true
+				return errModelRepeated
 			}
 		}
-		o.pending = head[end+4:]
+		o.pending = head[end:]
 	}
+}
+
+// headerEnd is the index in head (a delimiter line's rest, then a part's
+// headers) just past the blank line that ends the headers, CRLF or bare
+// LF; -1 when head does not hold it yet.
+func headerEnd(head []byte) int {
+	for i := 0; ; {
+		j := bytes.IndexByte(head[i:], '\n')
+		if j < 0 {
+			return -1
+		}
+		j += i
+		switch rest := head[j+1:]; {
+		case len(rest) >= 1 && rest[0] == '\n':
+			return j + 2
+		case len(rest) >= 2 && rest[0] == '\r' && rest[1] == '\n':
+			return j + 3
+		case len(rest) < 2:
+			return -1
+		}
+		i = j + 1
+	}
+}
+
+// mayNameModel reports whether head could name its part "model": it
+// holds "model" in any case, or an encoding a parser decodes (RFC 2231's
+// name*=, a quoted-pair, a %-escape). A part it clears is not parsed.
+func mayNameModel(head []byte) bool {
+	for i := 0; i+5 <= len(head); i++ {
+		if c := head[i] | 0x20; c == 'm' && bytes.EqualFold(head[i:i+5], []byte("model")) {
+			return true
+		}
+	}
+	return bytes.ContainsAny(head, "*\\%")
 }
 
 // keepTail is b's last n bytes, moved to b's start.
@@ -203,7 +257,7 @@ func partName(head []byte) string {
 // field's value. Errors are for api.WriteError: the body's read errors
 // as the frame answers them (413, 408, ...), else 400.
 func readModel(body io.Reader, boundary string) (string, error) {
-	mr := multipart.NewReader(body, boundary)
+	mr := multipart.NewReader(newOneModel(body, boundary), boundary)
 	for {
 		part, err := mr.NextRawPart()
 		if err == io.EOF {
@@ -232,6 +286,9 @@ func readModel(body io.Reader, boundary string) (string, error) {
 // bodyError is a multipart read's error: the body's own read error as
 // the frame answers it, else a malformed body (400).
 func bodyError(err error) error {
+	if errors.Is(err, errPartHeader) || errors.Is(err, errModelRepeated) {
+		return err
+	}
 	var tooBig *http.MaxBytesError
 	if errors.As(err, &tooBig) || errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return api.BodyError(err)

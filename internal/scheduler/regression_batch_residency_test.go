@@ -6,11 +6,11 @@ import (
 	"time"
 )
 
-// TestRegression_ResidencyBatchWaiterStuckBehindADecayedDemand FAILS on
-// main at 1ddb10d (breaker3): a batch request for y on an idle provider
+// TestRegression_ResidencyBatchWaiterStuckBehindADecayedDemand: a batch
+// request for y on an idle provider
 // that holds only x, just asked for 20 times, is held (evictInDemand, its
 // hold demand x load time, at most max_extra_wait), but a batch waiter
-// gets no swap timer (enqueue arms waitSwapLocked for other bands only)
+// got no swap timer (enqueue armed waitSwapLocked for other bands only)
 // and is never overdue, so when the hold has passed nothing offers it
 // the idle provider again: with no other request it waits out its queue
 // timeout (24 h). The test advances the fake clock 10 minutes, by

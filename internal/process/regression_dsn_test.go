@@ -2,9 +2,8 @@ package process
 
 import "testing"
 
-// TestRegression_CheckPassesADSNTheEdgeCannotConnectWith FAILS on main at
-// 00eaa01 (breaker3): iop check parses ledger_dsn and runs_dsn with
-// pgconn.ParseConfig, which keeps an unknown parameter as a server
+// TestRegression_CheckPassesADSNTheEdgeCannotConnectWith: iop check
+// parsed ledger_dsn and runs_dsn with pgconn.ParseConfig alone, which keeps an unknown parameter as a server
 // runtime parameter, so pgxpool's pool_max_conns (and any typo of a
 // parameter name) passes the check; the edge then fails at start with
 // FATAL: unrecognized configuration parameter "pool_max_conns" (SQLSTATE

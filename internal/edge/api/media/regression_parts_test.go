@@ -9,9 +9,9 @@ import (
 	"testing"
 )
 
-// TestRegression_UploadModelFieldRepeatedPastTheHeaderScan FAILS on main
-// at 00eaa01 (breaker3): a second part named model is relayed to the
-// provider when oneModel does not see its headers: headers over
+// TestRegression_UploadModelFieldRepeatedPastTheHeaderScan: a second part
+// named model was relayed to the provider when oneModel did not see its
+// headers: headers over
 // maxPartHeader (16 KiB, a padding header; Go's multipart reader takes
 // up to 10 MiB of them), or headers ended by a bare LF blank line
 // (textproto reads bare LF lines) in the body's last part. A provider's
@@ -56,8 +56,8 @@ func TestRegression_UploadModelFieldRepeatedPastTheHeaderScan(t *testing.T) {
 	}
 }
 
-// TestRegression_UploadManyPartsCostPerPart FAILS on main at 00eaa01
-// (breaker3): oneModel parses every relayed part's headers with a new
+// TestRegression_UploadManyPartsCostPerPart: oneModel parsed every
+// relayed part's headers with a new
 // textproto and bufio reader (a 4 KiB buffer each), so a body of tiny
 // parts after the model field costs the edge ~15x the CPU of a file of
 // the same size (21.6 MB: 2.16 s CPU against 0.14 s on a live edge; the
@@ -88,8 +88,8 @@ func TestRegression_UploadManyPartsCostPerPart(t *testing.T) {
 	}
 }
 
-// TestRegression_UploadHugePartHeaderHeldInMemory FAILS on main at
-// 00eaa01 (breaker3): readModel parses part headers with Go's multipart
+// TestRegression_UploadHugePartHeaderHeldInMemory: readModel parsed part
+// headers with Go's multipart
 // reader, which takes up to 10 MiB of headers per part in memory, so a
 // part with a 9 MiB header before the model field costs the edge ~23 MB
 // of heap per request (8 such uploads at once: RSS 40 MB to 224 MB on a
