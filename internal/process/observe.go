@@ -13,6 +13,7 @@ import (
 	"iop/internal/edge"
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/admin"
+	"iop/internal/edge/api/observe"
 	"iop/internal/edge/contract"
 	"iop/internal/edge/history"
 	"iop/internal/edge/lifecycle"
@@ -61,7 +62,7 @@ func (o *observability) observer() lifecycle.Observer {
 // RequestDone feeds a finished API request to the metrics and the
 // history, and a refused one (by admission or by its key's limits) to the
 // event stream (the dashboard's recent refusals), once each.
-func (o *observability) RequestDone(rec api.RequestRecord) {
+func (o *observability) RequestDone(rec observe.RequestRecord) {
 	o.metrics.RequestDone(rec)
 	o.history.RequestDone(rec)
 	if rec.Outcome == contract.OutcomeRefused {

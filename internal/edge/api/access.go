@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"iop/internal/auth"
+	"iop/internal/edge/api/access"
 	"iop/internal/edge/contract"
 	"iop/internal/ledger"
 )
@@ -36,11 +37,10 @@ type Ledger interface {
 // model the key may not use, 429 for a key over its limits
 // (*auth.LimitError).
 var (
-	errMissingKey      = errors.New("missing API key")
-	errWrongKey        = errors.New("incorrect API key")
-	errNotAdminKey     = errors.New("this API key may not use the admin API")
-	errAdminKeyOnAPI   = errors.New("an admin key cannot call the model API; use a client key")
-	ErrModelNotAllowed = errors.New("model not allowed for this API key")
+	errMissingKey    = errors.New("missing API key")
+	errWrongKey      = errors.New("incorrect API key")
+	errNotAdminKey   = errors.New("this API key may not use the admin API")
+	errAdminKeyOnAPI = errors.New("an admin key cannot call the model API; use a client key")
 )
 
 // isAdminPath reports whether p, or p with its dot segments resolved
@@ -234,10 +234,10 @@ func keepPermit(ctx context.Context) func() {
 }
 
 // checkModel refuses a model the request's key may not use
-// (ErrModelNotAllowed, 403); nil for an open API.
+// (access.ErrModelNotAllowed, 403); nil for an open API.
 func checkModel(ctx context.Context, model string) error {
 	if c := auth.FromContext(ctx); c != nil && !c.Allows(model) {
-		return fmt.Errorf("%w: %q", ErrModelNotAllowed, model)
+		return fmt.Errorf("%w: %q", access.ErrModelNotAllowed, model)
 	}
 	return nil
 }
@@ -248,7 +248,7 @@ func checkModel(ctx context.Context, model string) error {
 // name as the model listings show it: name itself, or its other spelling
 // ("x" and "x:latest" are one model, knownModel); a name the Gateway
 // knows (Config.Known: an alias, or a served name no node serves right
-// now) is itself. Errors: ErrModelNotAllowed (403) for a model the
+// now) is itself. Errors: access.ErrModelNotAllowed (403) for a model the
 // request's key may not use, ErrUnknownModel (404) for any other name.
 func (h *handler) resolveModel(r *http.Request, name string) (string, error) {
 	if err := checkModel(r.Context(), name); err != nil {
@@ -293,15 +293,15 @@ func keyName(ctx context.Context) string {
 }
 
 // dispatch is Gateway.Dispatch for a handler: it refuses a model the
-// request's key may not use (ErrModelNotAllowed, before anything is
+// request's key may not use (access.ErrModelNotAllowed, before anything is
 // queued), then dispatches. serveRun (and so Frame.Serve) calls it; the runs
 // API reaches it through serveRun.
 func (h *handler) dispatch(ctx context.Context, req *contract.Request) (Run, error) {
 	if err := checkModel(ctx, req.Model); err != nil {
 		return nil, err
 	}
-	if o, _ := ctx.Value(observationKey{}).(*observation); o != nil && o.trace != nil {
-		ctx = o.trace.context(ctx)
+	if o, _ := ctx.Value(observationKey{}).(*observation); o != nil {
+		ctx = o.req.TraceContext(ctx)
 	}
 	return h.gw.Dispatch(ctx, *req)
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/edge/api/observe"
 	"iop/internal/edge/contract"
 )
 
@@ -36,7 +37,7 @@ func BenchmarkTunnelAnswer(b *testing.B) {
 		return &listRun{msgs: msgs}, nil
 	}}
 	logger := slog.New(slog.DiscardHandler)
-	cfg := Config{Observer: ObserverFunc(func(RequestRecord) {}), Ledger: &recordingLedger{}}
+	cfg := Config{Observer: observe.ObserverFunc(func(observe.RequestRecord) {}), Ledger: &recordingLedger{}}
 	b.Run("chat", func(b *testing.B) {
 		h := New(withOpenAI(cfg), gw, logger)
 		req := `{"model":"bench-openai","messages":[{"role":"user","content":"hi"}]}`
@@ -59,7 +60,7 @@ func BenchmarkTunnelAnswer(b *testing.B) {
 		cpu := cpuTime()
 		for b.Loop() {
 			rr, w := benchResponse(&listRun{msgs: msgs})
-			rr.obs = &observation{now: time.Now}
+			rr.obs = &observation{}
 			if reason := rr.tunnel(); reason != ReasonCompleted || w.n != int64(len(simAnswer)) {
 				b.Fatalf("tunnel ended %q after %d bytes", reason, w.n)
 			}

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"iop/internal/auth"
+	"iop/internal/edge/api/observe"
 )
 
 // DefaultMaxBodyBytes is the request body limit when Config.MaxBodyBytes is 0.
@@ -73,7 +74,7 @@ type Config struct {
 	Known func(model string) bool
 	// Observer gets a RequestRecord for every finished API request; nil
 	// means none (each request is still logged).
-	Observer Observer
+	Observer observe.Observer
 	// Metrics, if set, serves GET /metrics (the Prometheus exposition).
 	Metrics http.Handler
 	// Routes are the routes of the API packages (package admin's, ...),
@@ -117,7 +118,7 @@ type Config struct {
 	// key with one reserves its worst case before it is queued and settles
 	// when it is finished (quota.go).
 	Quota Quota
-	// Tracer, when set, traces every API request (tracing.go): a server
+	// Tracer, when set, traces every API request (package observe): a server
 	// span that continues the client's traceparent, whose context goes to
 	// the node with the run. Nil: no tracing, at no cost per request.
 	Tracer trace.Tracer

@@ -4,7 +4,9 @@
 // in the client's wire format. Client API packages under it register
 // their routes on the frame: openai, anthropic, ollama, responses and runsapi through
 // Config.APIs (they serve with the Frame), admin and batch through Config.Routes; the frame never
-// imports them. Package apitest is their tests' harness.
+// imports them. Package apitest is their tests' harness. Package
+// observe holds a request's record, its log line, ledger row and span;
+// package access what a request's key may do.
 //
 // # Where things live
 //
@@ -17,14 +19,13 @@
 //	access.go         keys, admin prefixes, a key's request slot (admit, answerFinished), model access
 //	quota.go          a key's quota: reservation before queueing, clamp, settlement, rate-limit headers
 //	errors.go         classify: the one mapping of every failure to a status and an OpenAI error body
-//	observe.go        one RequestRecord per API request; outcome decided once (observation.decide)
+//	observe.go        the glue to package observe: a request's observation in its context, finish (log line, Observer, ledger)
 //	dispatch.go       serveRun/serveRunWith: dispatch, then render by execution path
 //	chat.go render.go Answer: a run rendered into an http.ResponseWriter; the tunnel relay
 //	chunks.go         chunkRenderer: chat.completion.chunk events for the chat stream and run logs (ChatChunks)
 //	tunnelhold.go     finalHold: one reader of a tunnel stream, holding the bytes that end it
 //	decode.go         the OpenAI bodies' checks, needs and estimates (one parse, package jsonvalue)
 //	completions.go embeddings.go  the completions and embeddings bodies' checks
-//	tracing.go        a server span per request (Config.Tracer)
 //
 // # Routes
 //

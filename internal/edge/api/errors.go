@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"iop/internal/auth"
+	"iop/internal/edge/api/access"
 	"iop/internal/edge/contract"
 	"iop/internal/quota"
 )
@@ -134,7 +135,7 @@ func Classify(err error, req *contract.Request) *APIError {
 		return newAPIError(http.StatusUnauthorized, "invalid_request_error", "", "invalid_api_key", "Incorrect API key provided")
 	case errors.Is(err, errNotAdminKey), errors.Is(err, errAdminKeyOnAPI):
 		return newAPIError(http.StatusForbidden, "invalid_request_error", "", "permission_denied", err.Error())
-	case errors.Is(err, ErrModelNotAllowed):
+	case errors.Is(err, access.ErrModelNotAllowed):
 		return newAPIError(http.StatusForbidden, "invalid_request_error", "model", "model_not_allowed",
 			fmt.Sprintf("This API key may not use the model %q", model))
 	case errors.As(err, &limitErr):

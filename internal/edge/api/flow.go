@@ -61,9 +61,7 @@ func (h *handler) assignFlow(ctx context.Context, header http.Header, req *contr
 	if v != "" {
 		req.Flow, fromKey = flowName(v), false
 	}
-	if obs != nil {
-		obs.rec.Flow, obs.rec.Priority, obs.rec.FlowFromKey = req.Flow, priorityName(req.Priority), fromKey
-	}
+	obs.get().Flow(req.Flow, priorityName(req.Priority), fromKey)
 	return nil
 }
 

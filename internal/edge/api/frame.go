@@ -51,7 +51,7 @@ func (f *Frame) Now() time.Time { return f.h.cfg.Now() }
 func (f *Frame) ReadBody(r *http.Request) ([]byte, error) { return f.h.readBody(r) }
 
 // ResolveModel is the name Dispatch would take for name, checked against
-// the key's models: ErrModelNotAllowed (403), ErrUnknownModel (404).
+// the key's models: access.ErrModelNotAllowed (403), ErrUnknownModel (404).
 func (f *Frame) ResolveModel(r *http.Request, name string) (string, error) {
 	return f.h.resolveModel(r, name)
 }

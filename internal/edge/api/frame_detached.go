@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 
+	"iop/internal/edge/api/observe"
 	"iop/internal/edge/contract"
 )
 
@@ -93,9 +94,7 @@ type Detached struct {
 // The answer is rendered into nothing but its status and error body.
 func (f *Frame) ServeDetached(ctx context.Context, requestID, operation, path string, req *contract.Request, rend Renderer) Detached {
 	h := f.h
-	obs := &observation{now: h.cfg.Now}
-	obs.rec.Start = obs.now()
-	obs.rec.API, obs.rec.RequestID, obs.rec.Key = operation, requestID, keyName(ctx)
+	obs := &observation{req: observe.Detached(h.cfg.Now, operation, requestID, keyName(ctx))}
 	ctx = context.WithValue(ctx, observationKey{}, obs)
 	dw := &detachedWriter{header: http.Header{}}
 	hr := (&http.Request{Method: http.MethodPost, URL: &url.URL{Path: path}, Header: http.Header{}}).WithContext(ctx)
@@ -110,7 +109,7 @@ func (f *Frame) ServeDetached(ctx context.Context, requestID, operation, path st
 			normalized: rend.Normalized, quiet: rend.Quiet, quietInterval: rend.QuietInterval, failed: rend.Failed})
 	}()
 	h.finish(ctx, obs, dw.status)
-	return Detached{Status: dw.status, ErrorBody: dw.body, Outcome: string(obs.rec.Outcome)}
+	return Detached{Status: dw.status, ErrorBody: dw.body, Outcome: string(obs.req.Outcome())}
 }
 
 // detachedWriter is the http.ResponseWriter of ServeDetached: it keeps the

@@ -25,7 +25,7 @@ var ErrUpstreamEnded = errUpstreamEnded
 var errRunNotFound = errors.New("run not found")
 
 // CheckModel refuses a model the key of the request whose context is ctx
-// may not use: ErrModelNotAllowed (403); nil on an open API.
+// may not use: access.ErrModelNotAllowed (403); nil on an open API.
 func CheckModel(ctx context.Context, model string) error { return checkModel(ctx, model) }
 
 // DecodeValue decodes raw, the value of a request's parameter param, into

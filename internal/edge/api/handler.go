@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"iop/internal/edge/api/access"
 	"iop/internal/edge/contract"
 )
 
@@ -137,7 +138,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// each request with a fresh one (e.g. for a 100 Continue).
 	tw.extend()
 	r, obs := h.observe(r)
-	tw.Header().Set(requestIDHeader(r), obs.rec.RequestID)
+	tw.Header().Set(requestIDHeader(r), obs.requestID())
 	defer func() { h.finish(r.Context(), obs, tw.status) }()
 	if r, release, ok := h.admit(tw, r); ok {
 		defer release()
@@ -517,7 +518,7 @@ func (h *handler) listModels(w http.ResponseWriter, r *http.Request) {
 func (h *handler) getModel(w http.ResponseWriter, r *http.Request) {
 	id := strings.TrimPrefix(r.URL.Path, modelsPrefix)
 	if _, err := h.resolveModel(r, id); err != nil {
-		if errors.Is(err, ErrModelNotAllowed) {
+		if errors.Is(err, access.ErrModelNotAllowed) {
 			err = ErrUnknownModel // as the listing, which leaves it out
 		}
 		h.writeError(w, r, err, &contract.Request{Model: id})

@@ -12,12 +12,13 @@ import (
 	"time"
 
 	"iop/internal/edge/api/apitest"
+	"iop/internal/edge/api/observe"
 	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
 
 // records is an Observer that keeps every record.
-type records = apitest.Records[RequestRecord]
+type records = apitest.Records[observe.RequestRecord]
 
 func TestRecordOfANormalizedStream(t *testing.T) {
 	run := scriptedRun(normalized,
@@ -36,7 +37,7 @@ func TestRecordOfANormalizedStream(t *testing.T) {
 	}
 	env.waitHandlers()
 	rec := recs.Only(t)
-	want := RequestRecord{API: "chat.completions", Model: "m", Stream: true, RunID: "run1", NodeID: "node1", ProviderID: "prov1",
+	want := observe.RequestRecord{API: "chat.completions", Model: "m", Stream: true, RunID: "run1", NodeID: "node1", ProviderID: "prov1",
 		ProviderType: "sim", ServedModel: "served-model", Generation: 1, Path: "normalized", Admission: contract.AdmissionQueued,
 		QueueWait: 1500 * time.Millisecond, Priority: "standard", FlowFromKey: true, Status: 200, Outcome: contract.OutcomeCompleted, InputTokens: 7, OutputTokens: 3, TokensKnown: true}
 	got := rec
@@ -215,31 +216,6 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
-}
-
-// record's derived times, on a hand-driven clock.
-func TestRecordTimes(t *testing.T) {
-	base := time.Unix(100, 0)
-	now := base
-	o := &observation{now: func() time.Time { return now }}
-	o.rec.Start = now
-	o.rec.API = "chat.completions"
-	o.sent, o.reason = true, ReasonCompleted
-	now = base.Add(2 * time.Second)
-	o.content(1)
-	now = base.Add(3 * time.Second)
-	o.content(2)
-	now = base.Add(4 * time.Second)
-	rec := o.record(200)
-	// 3 content events over 1s: 0.5s apart.
-	if rec.TimeToFirstToken != 2*time.Second || rec.Duration != 4*time.Second || rec.InterTokenLatency != 500*time.Millisecond {
-		t.Fatalf("ttft %s duration %s inter-token %s", rec.TimeToFirstToken, rec.Duration, rec.InterTokenLatency)
-	}
-	// Known usage counts the tokens instead of the events.
-	o.tokens(5, 11)
-	if rec := o.record(200); rec.InterTokenLatency != 100*time.Millisecond {
-		t.Fatalf("inter-token with 11 output tokens: %s", rec.InterTokenLatency)
-	}
 }
 
 // A client that leaves right after a tunnel stream's [DONE], before the

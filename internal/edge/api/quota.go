@@ -144,7 +144,7 @@ func setCap(path string, body []byte, n int64) ([]byte, error) {
 // returned (*quota.Refusal, 429 with Retry-After; a *requestError 400 for
 // an uncapped request of a key whose quota says uncapped: refuse). The
 // reservation rides on the request's observation and is settled when the
-// request is finished (settleQuota). A body that cannot be read, or of a
+// request is finished (observe.Request.Finish). A body that cannot be read, or of a
 // Content-Type the route refuses, reserves nothing: the route answers it
 // and runs nothing.
 func (h *handler) reserveQuota(w http.ResponseWriter, r *http.Request, caller *auth.Caller) (*http.Request, error) {
@@ -199,7 +199,7 @@ func (h *handler) reserveQuota(w http.ResponseWriter, r *http.Request, caller *a
 	}
 	replay(body, nil)
 	if o := obsOf(r); o != nil {
-		o.quota = res
+		o.req.SetQuota(res)
 	} else {
 		res.Cancel()
 	}
@@ -210,29 +210,6 @@ func (h *handler) reserveQuota(w http.ResponseWriter, r *http.Request, caller *a
 type errReader struct{ err error }
 
 func (e errReader) Read([]byte) (int, error) { return 0, e.err }
-
-// settleQuota settles a request's reservation from its record: cancelled
-// when it was never dispatched and its answer is a failure or none (sent
-// false: Dispatch returned no run to this request; status 0 or ≥ 400);
-// else its reported usage, or, when no
-// usage was reported (a tunnel stream without include_usage, a run of
-// the runs API or a background response, dispatched by a request of its
-// own), what it reserved; its slot time is its
-// time from the end of its queue wait to the end of the answer, weighted
-// by its provider's cost_weight.
-func settleQuota(res *quota.Reservation, rec RequestRecord, sent bool) {
-	if !sent && (rec.Status == 0 || rec.Status >= 400) {
-		res.Cancel()
-		return
-	}
-	used := res.Ask()
-	if rec.TokensKnown {
-		used.InputTokens, used.OutputTokens = int64(rec.InputTokens), int64(rec.OutputTokens)
-	}
-	used.SlotTime = max(0, rec.Duration-rec.QueueWait)
-	used.CostWeight = rec.CostWeight
-	res.Settle(used)
-}
 
 // rateLimitHeaders sets the rate-limit headers of an answer to a key with
 // limits: OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens}

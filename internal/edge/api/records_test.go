@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"iop/internal/auth"
+	"iop/internal/edge/api/observe"
 	"iop/internal/edge/contract"
 )
 
@@ -190,7 +191,7 @@ func TestKeyRefusalsAreRecordedOnce(t *testing.T) {
 	for _, w := range wants {
 		count[w]++
 	}
-	byID := map[string]RequestRecord{}
+	byID := map[string]observe.RequestRecord{}
 	for _, rec := range got {
 		w := want{rec.API, rec.ErrorCode, rec.Status}
 		outcome := contract.OutcomeRefused

@@ -10,6 +10,7 @@ import (
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"iop/internal/edge/api/observe"
 	"iop/internal/edge/contract"
 )
 
@@ -38,7 +39,7 @@ func BenchmarkTracedTunnelStream20(b *testing.B) {
 		sampler sdktrace.Sampler
 	}{{"off", nil}, {"sampled", sdktrace.AlwaysSample()}, {"unsampled", sdktrace.NeverSample()}} {
 		b.Run(bc.name, func(b *testing.B) {
-			cfg := Config{Observer: ObserverFunc(func(RequestRecord) {}), Ledger: &recordingLedger{}}
+			cfg := Config{Observer: observe.ObserverFunc(func(observe.RequestRecord) {}), Ledger: &recordingLedger{}}
 			if bc.sampler != nil {
 				tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(bc.sampler), sdktrace.WithSpanProcessor(discardSpans{}))
 				defer tp.Shutdown(context.Background())

@@ -9,8 +9,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
+	"iop/internal/edge/api/observe"
 	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
@@ -74,7 +74,7 @@ func BenchmarkTunnelStream20(b *testing.B) {
 		return &listRun{msgs: msgs}, nil
 	}}
 	logger := slog.New(slog.DiscardHandler)
-	cfg := Config{Observer: ObserverFunc(func(RequestRecord) {}), Ledger: &recordingLedger{}}
+	cfg := Config{Observer: observe.ObserverFunc(func(observe.RequestRecord) {}), Ledger: &recordingLedger{}}
 	b.Run("chat", func(b *testing.B) {
 		h := New(cfg, gw, logger)
 		req := `{"model":"bench-openai","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`
@@ -96,7 +96,7 @@ func BenchmarkTunnelStream20(b *testing.B) {
 		b.SetBytes(int64(len(body)))
 		for b.Loop() {
 			rr, w := benchResponse(&listRun{msgs: msgs})
-			rr.obs = &observation{now: time.Now}
+			rr.obs = &observation{}
 			if reason := rr.tunnel(); reason != ReasonCompleted || w.n != int64(len(body)) {
 				b.Fatalf("tunnel ended %q after %d bytes", reason, w.n)
 			}

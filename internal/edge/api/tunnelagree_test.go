@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/edge/api/observe"
 	"iop/internal/edge/contract"
 	"iop/internal/ledger"
 	"iop/internal/wire/nodev1"
@@ -64,9 +65,9 @@ func tunnelRun(chunks []string, last *nodev1.RunUp) *fakeRun {
 // each (a run of the runs API records its request after its record is
 // final, so after a synchronous submission was answered) and returns
 // them; it fails after 30 s, or when there are more.
-func waitRecorded(t *testing.T, recs *records, led *recordingLedger, n int) ([]RequestRecord, []ledger.Entry) {
+func waitRecorded(t *testing.T, recs *records, led *recordingLedger, n int) ([]observe.RequestRecord, []ledger.Entry) {
 	t.Helper()
-	var all []RequestRecord
+	var all []observe.RequestRecord
 	var entries []ledger.Entry
 	eventually(t, fmt.Sprintf("%d records and ledger entries", n), func() bool {
 		all, entries = recs.All(), led.all()

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"iop/internal/sse"
 )
@@ -141,7 +140,7 @@ func (l *eventList) tunnelEvent(ev streamEvent) { l.data = append(l.data, string
 // returns the number of bytes the one reader was fed.
 func compareWithOld(t *testing.T, sseBody bool, chunks []string) {
 	t.Helper()
-	obs := &observation{now: time.Now}
+	obs := &observation{}
 	rec := &eventList{}
 	f := finalHold{sse: sseBody, obs: obs, runs: rec}
 	old := oldFinalHold{sse: sseBody}
@@ -167,9 +166,9 @@ func compareWithOld(t *testing.T, sseBody bool, chunks []string) {
 	if u == nil {
 		u = &usageScanner{}
 	}
-	if obs.contentEvents != old.contentEvents || u.found != old.usageFound || u.prompt != old.prompt || u.completed != old.complete {
+	if obs.req.ContentEvents() != old.contentEvents || u.found != old.usageFound || u.prompt != old.prompt || u.completed != old.complete {
 		t.Fatalf("chunks %q: observed %d content events, usage %v %d/%d; the old observer %d, %v %d/%d", chunks,
-			obs.contentEvents, u.found, u.prompt, u.completed, old.contentEvents, old.usageFound, old.prompt, old.complete)
+			obs.req.ContentEvents(), u.found, u.prompt, u.completed, old.contentEvents, old.usageFound, old.prompt, old.complete)
 	}
 	if got := f.events.Fed(); got != int64(len(strings.Join(chunks, ""))) {
 		t.Fatalf("chunks %q: the reader was fed %d bytes, want each byte once", chunks, got)

@@ -3,7 +3,6 @@ package api
 import (
 	"runtime"
 	"sync"
-	"time"
 	"weak"
 )
 
@@ -27,15 +26,15 @@ func (u *usageScanner) write(p []byte) (contentEvents int) {
 	key := weak.Make(u)
 	v, ok := scannerReaders.Load(key)
 	if !ok {
-		v = &finalHold{sse: true, obs: &observation{now: time.Now}}
+		v = &finalHold{sse: true, obs: &observation{}}
 		scannerReaders.Store(key, v)
 		runtime.AddCleanup(u, func(k weak.Pointer[usageScanner]) { scannerReaders.Delete(k) }, key)
 	}
 	f := v.(*finalHold)
-	before := f.obs.contentEvents
+	before := f.obs.req.ContentEvents()
 	f.split(p)
 	if s := f.obs.usage; s != nil {
 		u.found, u.prompt, u.completed = s.found, s.prompt, s.completed
 	}
-	return f.obs.contentEvents - before
+	return f.obs.req.ContentEvents() - before
 }

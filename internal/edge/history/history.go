@@ -10,7 +10,7 @@ import (
 
 	"iop/internal/clock"
 	"iop/internal/edge/adminwire"
-	"iop/internal/edge/api"
+	"iop/internal/edge/api/observe"
 	"iop/internal/edge/contract"
 )
 
@@ -63,7 +63,7 @@ func indexOf(names []string) map[string]int {
 // key's limits before admission, its error code
 // (concurrency_limit_exceeded, rate_limit_exceeded, model_not_allowed).
 // The events stream's request_refused and the history say the same.
-func RefusalReason(rec api.RequestRecord) string {
+func RefusalReason(rec observe.RequestRecord) string {
 	if rec.Admission != "" {
 		return rec.Admission.String()
 	}
@@ -158,7 +158,7 @@ type History struct {
 	stopped  bool
 }
 
-var _ api.Observer = (*History)(nil)
+var _ observe.Observer = (*History)(nil)
 
 // New returns an empty History reading time from c and provider
 // counters from snap. Its sampler is not running: call Start.
@@ -205,7 +205,7 @@ func (h *History) tick() {
 
 // RequestDone counts one finished API request in the current second (or,
 // if the sampler sealed that one meanwhile, the next).
-func (h *History) RequestDone(rec api.RequestRecord) {
+func (h *History) RequestDone(rec observe.RequestRecord) {
 	sec := h.clock.Now().Unix()
 	outcome, ok := outcomeIndex[rec.Outcome.String()]
 	if !ok {

@@ -9,7 +9,7 @@ import (
 
 	"iop/internal/clock"
 	"iop/internal/edge/adminwire"
-	"iop/internal/edge/api"
+	"iop/internal/edge/api/observe"
 	"iop/internal/edge/contract"
 )
 
@@ -45,13 +45,13 @@ func started(t *testing.T) (*History, *clock.Fake, *providers) {
 	return h, c, snap
 }
 
-func completed(ttft time.Duration, tokens int) api.RequestRecord {
-	return api.RequestRecord{Outcome: contract.OutcomeCompleted, Admission: contract.AdmissionImmediate, RunID: "run",
+func completed(ttft time.Duration, tokens int) observe.RequestRecord {
+	return observe.RequestRecord{Outcome: contract.OutcomeCompleted, Admission: contract.AdmissionImmediate, RunID: "run",
 		TimeToFirstToken: ttft, OutputTokens: tokens, TokensKnown: true}
 }
 
-func refused(admission contract.Admission, code string) api.RequestRecord {
-	return api.RequestRecord{Outcome: contract.OutcomeRefused, Admission: admission, ErrorCode: code}
+func refused(admission contract.Admission, code string) observe.RequestRecord {
+	return observe.RequestRecord{Outcome: contract.OutcomeRefused, Admission: admission, ErrorCode: code}
 }
 
 // byTime indexes a history's seconds.
@@ -71,7 +71,7 @@ func TestSecondsAggregateWhatEndedInThem(t *testing.T) {
 	c.Advance(300 * time.Millisecond) // within the first second
 	h.RequestDone(completed(100*time.Millisecond, 10))
 	h.RequestDone(completed(300*time.Millisecond, 30))
-	h.RequestDone(api.RequestRecord{Outcome: contract.OutcomeUpstreamError, RunID: "r"}) // no usage, no first token
+	h.RequestDone(observe.RequestRecord{Outcome: contract.OutcomeUpstreamError, RunID: "r"}) // no usage, no first token
 	h.RequestDone(refused(contract.AdmissionQueueFull, "queue_full"))
 	h.RequestDone(refused("", "concurrency_limit_exceeded")) // a key's limit: no admission
 	h.RequestDone(refused(contract.AdmissionUnknownModel, "model_not_found"))

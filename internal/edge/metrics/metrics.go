@@ -1,7 +1,7 @@
 // Package metrics exports the edge's Prometheus metrics (prometheus.io
 // naming conventions: the iop_ prefix, base units in the name, _total for
 // counters). Counters and histograms are fed by two hooks: one
-// api.RequestRecord per finished API request (RequestDone), and the edge's
+// observe.RequestRecord per finished API request (RequestDone), and the edge's
 // lifecycle events (Observe). Gauges that mirror the scheduler and the node
 // registry (in-flight, capacity, queue depth, nodes connected) are read from
 // the edge's Snapshot at scrape time by a custom Collector, so they can
@@ -75,7 +75,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"iop/internal/edge"
-	"iop/internal/edge/api"
+	"iop/internal/edge/api/observe"
 	"iop/internal/edge/contract"
 	"iop/internal/edge/lifecycle"
 )
@@ -126,7 +126,7 @@ type goneNode struct {
 }
 
 var (
-	_ api.Observer       = (*Metrics)(nil)
+	_ observe.Observer   = (*Metrics)(nil)
 	_ lifecycle.Observer = (*Metrics)(nil)
 )
 
@@ -220,7 +220,7 @@ func New(reg prometheus.Registerer, snap Snapshotter) (*Metrics, error) {
 
 // knownModel returns rec's model for a label, or "" when the edge never
 // knew it (see the package doc).
-func knownModel(rec api.RequestRecord) string {
+func knownModel(rec observe.RequestRecord) string {
 	switch rec.Admission {
 	case "", contract.AdmissionUnknownModel, contract.AdmissionCancelled:
 		return ""
@@ -235,7 +235,7 @@ const MaxFlowLabels = 100
 // flowLabel is rec's flow as a label value: a key's name as it is; a
 // client-named flow as it is while fewer than MaxFlowLabels have been
 // seen, else "other".
-func (m *Metrics) flowLabel(rec api.RequestRecord) string {
+func (m *Metrics) flowLabel(rec observe.RequestRecord) string {
 	if !utf8.ValidString(rec.Flow) {
 		// A label must be UTF-8 (client_golang panics otherwise); the API
 		// layer gives valid names, this keeps a stray one from taking the
@@ -257,11 +257,11 @@ func (m *Metrics) flowLabel(rec api.RequestRecord) string {
 	return rec.Flow
 }
 
-// observe adds d, in seconds, to the histogram o, with the exemplar
+// observeSeconds adds d, in seconds, to the histogram o, with the exemplar
 // {trace_id="<32 hex digits>"} when the request's trace was sampled
 // (traceID not ""), so that a slow bucket leads to a trace. Exemplars are
 // exposed in the OpenMetrics format only.
-func observe(o prometheus.Observer, d time.Duration, traceID string) {
+func observeSeconds(o prometheus.Observer, d time.Duration, traceID string) {
 	if traceID != "" {
 		if eo, ok := o.(prometheus.ExemplarObserver); ok {
 			eo.ObserveWithExemplar(d.Seconds(), prometheus.Labels{"trace_id": traceID})
@@ -272,10 +272,10 @@ func observe(o prometheus.Observer, d time.Duration, traceID string) {
 }
 
 // RequestDone counts one finished API request.
-func (m *Metrics) RequestDone(rec api.RequestRecord) {
+func (m *Metrics) RequestDone(rec observe.RequestRecord) {
 	model := knownModel(rec)
 	m.requests.WithLabelValues(model, rec.API, rec.Outcome.String(), strconv.Itoa(rec.Status)).Inc()
-	observe(m.duration.WithLabelValues(model, rec.API), rec.Duration, rec.TraceID)
+	observeSeconds(m.duration.WithLabelValues(model, rec.API), rec.Duration, rec.TraceID)
 	if rec.Admission != "" {
 		m.admissions.WithLabelValues(model, rec.Admission.String()).Inc()
 	}
@@ -288,9 +288,9 @@ func (m *Metrics) RequestDone(rec api.RequestRecord) {
 	if rec.RunID == "" {
 		return
 	}
-	observe(m.queueWait.WithLabelValues(model), rec.QueueWait, rec.TraceID)
+	observeSeconds(m.queueWait.WithLabelValues(model), rec.QueueWait, rec.TraceID)
 	if rec.TimeToFirstToken > 0 {
-		observe(m.ttft.WithLabelValues(model, rec.Path), rec.TimeToFirstToken, rec.TraceID)
+		observeSeconds(m.ttft.WithLabelValues(model, rec.Path), rec.TimeToFirstToken, rec.TraceID)
 	}
 	if rec.InterTokenLatency > 0 {
 		m.interToken.WithLabelValues(model, rec.Path).Observe(rec.InterTokenLatency.Seconds())

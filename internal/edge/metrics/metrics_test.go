@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"iop/internal/edge"
-	"iop/internal/edge/api"
+	"iop/internal/edge/api/observe"
 	"iop/internal/edge/contract"
 	"iop/internal/edge/lifecycle"
 )
@@ -59,12 +59,12 @@ func TestMetricsFromRecordsEventsAndSnapshot(t *testing.T) {
 	if _, err := New(reg, snap); err == nil {
 		t.Fatal("registering twice on one registry succeeded")
 	}
-	m.RequestDone(api.RequestRecord{API: "chat.completions", Model: "m", RunID: "r", Path: "tunnel", Admission: contract.AdmissionQueued,
+	m.RequestDone(observe.RequestRecord{API: "chat.completions", Model: "m", RunID: "r", Path: "tunnel", Admission: contract.AdmissionQueued,
 		QueueWait: time.Second, Status: 200, Outcome: contract.OutcomeCompleted, Duration: 3 * time.Second,
 		TimeToFirstToken: time.Second, InterTokenLatency: 10 * time.Millisecond, InputTokens: 7, OutputTokens: 9, TokensKnown: true})
 	// A client's unknown model name never becomes a label.
-	m.RequestDone(api.RequestRecord{API: "chat.completions", Model: "attacker-chosen", Admission: contract.AdmissionUnknownModel, Status: 404, Outcome: contract.OutcomeRefused})
-	m.RequestDone(api.RequestRecord{API: "chat.completions", Model: "also-chosen", Status: 400, Outcome: contract.OutcomeInvalidRequest})
+	m.RequestDone(observe.RequestRecord{API: "chat.completions", Model: "attacker-chosen", Admission: contract.AdmissionUnknownModel, Status: 404, Outcome: contract.OutcomeRefused})
+	m.RequestDone(observe.RequestRecord{API: "chat.completions", Model: "also-chosen", Status: 400, Outcome: contract.OutcomeInvalidRequest})
 	m.Observe(lifecycle.Event{Type: lifecycle.NodeConnected, NodeID: "n1"})
 	m.Observe(lifecycle.Event{Type: lifecycle.NodeFenced, NodeID: "n1", Reason: "heartbeats missed"})
 	m.Observe(lifecycle.Event{Type: lifecycle.DispatchRetried, Model: "m", Reason: "stale generation"})
@@ -160,16 +160,16 @@ func TestFlowAdmissionsAndSheds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.RequestDone(api.RequestRecord{Model: "m", Admission: contract.AdmissionImmediate, Flow: "alice", FlowFromKey: true, Priority: "critical"})
-	m.RequestDone(api.RequestRecord{Model: "m", Admission: contract.AdmissionQueued, Flow: "alice", FlowFromKey: true, Priority: "critical"})
-	m.RequestDone(api.RequestRecord{Model: "m", Admission: contract.AdmissionShed, ShedReason: "displaced", Flow: "bob", FlowFromKey: true, Priority: "sheddable"})
-	m.RequestDone(api.RequestRecord{Model: "m", Admission: contract.AdmissionQueueFull, Flow: "bob", FlowFromKey: true, Priority: "standard"})
+	m.RequestDone(observe.RequestRecord{Model: "m", Admission: contract.AdmissionImmediate, Flow: "alice", FlowFromKey: true, Priority: "critical"})
+	m.RequestDone(observe.RequestRecord{Model: "m", Admission: contract.AdmissionQueued, Flow: "alice", FlowFromKey: true, Priority: "critical"})
+	m.RequestDone(observe.RequestRecord{Model: "m", Admission: contract.AdmissionShed, ShedReason: "displaced", Flow: "bob", FlowFromKey: true, Priority: "sheddable"})
+	m.RequestDone(observe.RequestRecord{Model: "m", Admission: contract.AdmissionQueueFull, Flow: "bob", FlowFromKey: true, Priority: "standard"})
 	for i := range MaxFlowLabels + 5 {
-		m.RequestDone(api.RequestRecord{Model: "m", Admission: contract.AdmissionImmediate, Flow: fmt.Sprintf("user-%d", i), Priority: "standard"})
+		m.RequestDone(observe.RequestRecord{Model: "m", Admission: contract.AdmissionImmediate, Flow: fmt.Sprintf("user-%d", i), Priority: "standard"})
 	}
-	m.RequestDone(api.RequestRecord{Model: "m", Admission: contract.AdmissionImmediate, Flow: "user-0", Priority: "standard"})
-	m.RequestDone(api.RequestRecord{Model: "m", Admission: contract.AdmissionImmediate, Flow: "carol", FlowFromKey: true, Priority: "standard"})
-	m.RequestDone(api.RequestRecord{Model: "m", Admission: contract.AdmissionImmediate, Flow: "bad\xc3", Priority: "standard"}) // no panic: counted as other
+	m.RequestDone(observe.RequestRecord{Model: "m", Admission: contract.AdmissionImmediate, Flow: "user-0", Priority: "standard"})
+	m.RequestDone(observe.RequestRecord{Model: "m", Admission: contract.AdmissionImmediate, Flow: "carol", FlowFromKey: true, Priority: "standard"})
+	m.RequestDone(observe.RequestRecord{Model: "m", Admission: contract.AdmissionImmediate, Flow: "bad\xc3", Priority: "standard"}) // no panic: counted as other
 	got := series(t, reg)
 	for name, want := range map[string]float64{
 		"iop_flow_admissions_total{flow=alice,model=m,priority=critical}":    2,

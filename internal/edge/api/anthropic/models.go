@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/access"
 	"iop/internal/edge/contract"
 )
 
@@ -124,7 +125,7 @@ func (s *server) getModel(w http.ResponseWriter, r *http.Request) {
 	}
 	id := strings.TrimPrefix(r.URL.Path, modelsPath+"/")
 	if _, err := s.f.ResolveModel(r, id); err != nil {
-		if errors.Is(err, api.ErrModelNotAllowed) {
+		if errors.Is(err, access.ErrModelNotAllowed) {
 			err = api.ErrUnknownModel // as the listing, which leaves it out
 		}
 		s.writeError(w, r, err, &contract.Request{Model: id})

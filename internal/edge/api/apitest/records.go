@@ -7,7 +7,7 @@ import (
 )
 
 // Records is an observer that keeps every record it is handed: as
-// Records[api.RequestRecord], the frame's Config.Observer.
+// Records[observe.RequestRecord], the frame's Config.Observer.
 type Records[T any] struct {
 	mu   sync.Mutex // guards recs
 	recs []T

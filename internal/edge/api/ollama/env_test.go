@@ -14,6 +14,7 @@ import (
 	"iop/internal/auth"
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/apitest"
+	"iop/internal/edge/api/observe"
 	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
@@ -175,4 +176,4 @@ type keyFixture struct {
 }
 
 // records keeps the RequestRecords the frame hands its Observer.
-type records = apitest.Records[api.RequestRecord]
+type records = apitest.Records[observe.RequestRecord]

@@ -12,6 +12,7 @@ import (
 	"iop/internal/clock"
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/apitest"
+	"iop/internal/edge/api/observe"
 	"iop/internal/edge/contract"
 	"iop/internal/ledger"
 	"iop/internal/quota"
@@ -1061,7 +1062,7 @@ func TestKeyRefusalsAreRecordedOnce(t *testing.T) {
 	for _, w := range wants {
 		count[w]++
 	}
-	byID := map[string]api.RequestRecord{}
+	byID := map[string]observe.RequestRecord{}
 	for _, rec := range got {
 		w := want{rec.API, rec.ErrorCode, rec.Status}
 		outcome := contract.OutcomeRefused

@@ -11,6 +11,7 @@ import (
 
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/apitest"
+	"iop/internal/edge/api/observe"
 	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
@@ -40,7 +41,7 @@ func BenchmarkRunTunnelStream20(b *testing.B) {
 	gw := &apitest.Gateway{Names: []string{"bench-openai"}, DispatchFunc: func(context.Context, contract.Request) (Run, error) {
 		return apitest.ScriptedRun(tunnel, msgs...), nil
 	}}
-	cfg := api.Config{Observer: api.ObserverFunc(func(api.RequestRecord) {}), Ledger: &apitest.Ledger{}}
+	cfg := api.Config{Observer: observe.ObserverFunc(func(observe.RequestRecord) {}), Ledger: &apitest.Ledger{}}
 	cfg.APIs = []api.API{Routes(Config{Runs: newRunsManager(b)})}
 	h := api.New(cfg, gw, slog.New(slog.DiscardHandler))
 	b.ReportAllocs()

@@ -15,6 +15,7 @@ import (
 
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/apitest"
+	"iop/internal/edge/api/observe"
 	"iop/internal/edge/api/openai"
 	"iop/internal/edge/contract"
 	"iop/internal/ledger"
@@ -183,13 +184,13 @@ func openAIError(t *testing.T, body string) (code, param string) {
 	return code, param
 }
 
-type records = apitest.Records[api.RequestRecord]
+type records = apitest.Records[observe.RequestRecord]
 
 // waitRecorded waits until the observer and the ledger each have n
 // records (failing at more) and returns them.
-func waitRecorded(t *testing.T, recs *records, led *apitest.Ledger, n int) ([]api.RequestRecord, []ledger.Entry) {
+func waitRecorded(t *testing.T, recs *records, led *apitest.Ledger, n int) ([]observe.RequestRecord, []ledger.Entry) {
 	t.Helper()
-	var all []api.RequestRecord
+	var all []observe.RequestRecord
 	var entries []ledger.Entry
 	apitest.Eventually(t, fmt.Sprintf("%d records and ledger entries", n), func() bool {
 		all, entries = recs.All(), led.All()

@@ -1,4 +1,4 @@
-package api
+package observe
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"iop/internal/tracing"
 )
 
-// requestSpan is the trace of one API request (Config.Tracer set): a
+// span is the trace of one API request (a tracer set): a
 // server span that continues the client's W3C traceparent (else starts a
 // trace), named by the GenAI conventions "{gen_ai.operation.name}
 // {gen_ai.request.model}" once the body is decoded, with the span events
@@ -23,25 +23,23 @@ import (
 // stream_end here). Its attributes are ids, names, counts and outcomes:
 // never a header value, a body, a prompt or an answer. Only the request's
 // goroutine touches it, as its observation.
-type requestSpan struct {
+type span struct {
 	tracer        trace.Tracer
 	parent        context.Context // the client's trace context, if it sent one
 	method, route string
 	span          trace.Span // nil until begin
 }
 
-func newRequestSpan(h *handler, r *http.Request) *requestSpan {
-	rs := &requestSpan{tracer: h.cfg.Tracer, method: r.Method}
-	if _, ok := h.routes[r.URL.Path]; ok {
-		rs.route = r.URL.Path
-	}
+// newSpan prepares the span of r, of the route at path route ("": none).
+func newSpan(tracer trace.Tracer, r *http.Request, route string) *span {
+	rs := &span{tracer: tracer, method: r.Method, route: route}
 	rs.parent = tracing.Propagator.Extract(context.Background(), propagation.HeaderCarrier(r.Header))
 	return rs
 }
 
 // begin starts the span of an API request of operation api that reached
 // the handler at start.
-func (rs *requestSpan) begin(api string, start time.Time) {
+func (rs *span) begin(api string, start time.Time) {
 	attrs := make([]attribute.KeyValue, 0, 2)
 	attrs = append(attrs, tracing.HTTPRequestMethod.String(rs.method))
 	if rs.route != "" {
@@ -65,7 +63,7 @@ func genAIOperation(op contract.Operation) string {
 }
 
 // request names the span by the decoded request.
-func (rs *requestSpan) request(op contract.Operation, model string) {
+func (rs *span) request(op contract.Operation, model string) {
 	if rs.span == nil || !rs.span.IsRecording() {
 		return
 	}
@@ -81,7 +79,7 @@ func (rs *requestSpan) request(op contract.Operation, model string) {
 }
 
 // event adds the span event name at t.
-func (rs *requestSpan) event(name string, t time.Time, attrs ...attribute.KeyValue) {
+func (rs *span) event(name string, t time.Time, attrs ...attribute.KeyValue) {
 	if rs.span != nil && rs.span.IsRecording() {
 		rs.span.AddEvent(name, trace.WithTimestamp(t), trace.WithAttributes(attrs...))
 	}
@@ -89,15 +87,15 @@ func (rs *requestSpan) event(name string, t time.Time, attrs ...attribute.KeyVal
 
 // context returns ctx carrying the span, for Dispatch (its events, and the
 // trace context it sends to the node).
-func (rs *requestSpan) context(ctx context.Context) context.Context {
+func (rs *span) context(ctx context.Context) context.Context {
 	if rs.span == nil {
 		return ctx
 	}
 	return trace.ContextWithSpan(ctx, rs.span)
 }
 
-// drop ends the span of a request another records (observation.handOff).
-func (rs *requestSpan) drop() {
+// drop ends the span of a request another records (Request.HandOff).
+func (rs *span) drop() {
 	if rs.span != nil {
 		rs.span.End()
 	}
@@ -108,7 +106,7 @@ func (rs *requestSpan) drop() {
 // "". finish is the normalized run's finish reason, if known. A request
 // that did not complete has status Error, described by its outcome, and
 // error.type its error code (else its outcome).
-func (rs *requestSpan) end(rec *RequestRecord, finish string) string {
+func (rs *span) end(rec *RequestRecord, finish string) string {
 	if rs.span == nil {
 		return ""
 	}
