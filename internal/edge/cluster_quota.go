@@ -433,7 +433,7 @@ func (cm *clusterMode) quotaWindows(key string) ([]quota.WindowStatus, bool) {
 
 // ---- the HTTP API's quota ----
 
-// Quota is the quota ledger as the HTTP API uses it (api.Quota). On a
+// Quota is the quota ledger as the HTTP API uses it (access.Quota). On a
 // single edge, and on the leader, it is the ledger's; on a follower a
 // reservation is the leader's (Service.ReserveQuota) and a key's windows
 // are what the leader last said of them.

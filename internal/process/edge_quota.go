@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"iop/internal/edge"
-	"iop/internal/edge/api"
+	"iop/internal/edge/api/access"
 	"iop/internal/ledger"
 	"iop/internal/quota"
 )
@@ -63,7 +63,7 @@ func (e *edgeProcess) quotaDeps() edge.QuotaDeps {
 // apiQuota is the HTTP API's quota: with several edges the scheduler
 // leader's (edge.Quota); a single edge's own ledger, restored from its
 // usage ledger once at start.
-func (e *edgeProcess) apiQuota(ctx context.Context) api.Quota {
+func (e *edgeProcess) apiQuota(ctx context.Context) access.Quota {
 	if e.cfg.Cluster != nil {
 		return e.Service.Quota(e.Quota)
 	}

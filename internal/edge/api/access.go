@@ -3,27 +3,13 @@ package api
 import (
 	"context"
 	"errors"
-	"fmt"
-	"math"
 	"net/http"
-	"path"
-	"strings"
-	"sync"
-	"time"
 
 	"iop/internal/auth"
 	"iop/internal/edge/api/access"
 	"iop/internal/edge/contract"
 	"iop/internal/ledger"
 )
-
-// DefaultAdminPrefixes are the path roots Config.AdminPrefixes defaults
-// to: the admin API, the Prometheus metrics, the dashboard and Go's
-// profiler. A path is admin when it is a root or lies under one.
-var DefaultAdminPrefixes = []string{"/admin", "/metrics", "/ui", "/debug"}
-
-// publicPaths need no key: liveness and readiness probes.
-var publicPaths = map[string]bool{"/healthz": true, "/readyz": true}
 
 // Ledger is what the API needs of the usage ledger (package ledger): a
 // place to record each finished run.
@@ -32,30 +18,9 @@ type Ledger interface {
 	Record(e ledger.Entry)
 }
 
-// Access refusals, mapped by classify: 401 (with WWW-Authenticate: Bearer)
-// for a missing or unknown key, 403 for a key of the wrong class or a
-// model the key may not use, 429 for a key over its limits
-// (*auth.LimitError).
-var (
-	errMissingKey    = errors.New("missing API key")
-	errWrongKey      = errors.New("incorrect API key")
-	errNotAdminKey   = errors.New("this API key may not use the admin API")
-	errAdminKeyOnAPI = errors.New("an admin key cannot call the model API; use a client key")
-)
-
-// isAdminPath reports whether p, or p with its dot segments resolved
-// (path.Clean: a proxy in front might resolve them), lies under one of the
-// admin prefixes.
-func (h *handler) isAdminPath(p string) bool {
-	for _, candidate := range []string{p, path.Clean(p)} {
-		for _, prefix := range h.cfg.AdminPrefixes {
-			if candidate == prefix || strings.HasPrefix(candidate, strings.TrimSuffix(prefix, "/")+"/") {
-				return true
-			}
-		}
-	}
-	return false
-}
+// isAdminPath reports whether p lies under one of the admin prefixes
+// (access.AdminPath).
+func (h *handler) isAdminPath(p string) bool { return access.AdminPath(h.cfg.AdminPrefixes, p) }
 
 // admit checks a request's key before it is routed (DESIGN.md; OpenAI API
 // reference, "Authentication": Authorization: Bearer). With no key of
@@ -67,17 +32,17 @@ func (h *handler) isAdminPath(p string) bool {
 // before anything is queued or dispatched; recorded as a refused request
 // of the route's operation). ok false means the request was answered;
 // otherwise release, to call when the request ends, gives the slot back
-// if the answer did not already (answerFinished), unless a background run
-// kept it (keepPermit).
+// if the answer did not already (access.AnswerFinished), unless a background run
+// kept it (access.KeepPermit).
 func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request, release func(), ok bool) {
 	release = func() {}
-	if h.cfg.Keys.Len() == 0 && h.cfg.AdminKeys.Len() == 0 || publicPaths[r.URL.Path] {
+	if h.cfg.Keys.Len() == 0 && h.cfg.AdminKeys.Len() == 0 || access.Public(r.URL.Path) {
 		return r, release, true
 	}
 	writeError := h.errorWriterFor(r.URL.Path)
 	secret := auth.Credential(r.Header)
 	refuse := func(err error) (*http.Request, func(), bool) {
-		if errors.Is(err, errMissingKey) || errors.Is(err, errWrongKey) {
+		if errors.Is(err, access.ErrMissingKey) || errors.Is(err, access.ErrWrongKey) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="iop"`)
 			if h.isAdminPath(r.URL.Path) {
 				// A browser opening the dashboard prompts for the admin
@@ -94,11 +59,11 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request
 		case h.cfg.AdminKeys.Authenticate(secret) != nil:
 			return r, release, true
 		case secret == "":
-			return refuse(errMissingKey)
+			return refuse(access.ErrMissingKey)
 		case h.cfg.Keys.Authenticate(secret) != nil:
-			return refuse(errNotAdminKey)
+			return refuse(access.ErrNotAdminKey)
 		default:
-			return refuse(errWrongKey)
+			return refuse(access.ErrWrongKey)
 		}
 	}
 	if h.cfg.Keys.Len() == 0 {
@@ -111,11 +76,11 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request
 	switch {
 	case caller != nil:
 	case secret == "":
-		return refuse(errMissingKey)
+		return refuse(access.ErrMissingKey)
 	case h.cfg.AdminKeys.Authenticate(secret) != nil:
-		return refuse(errAdminKeyOnAPI)
+		return refuse(access.ErrAdminKeyOnAPI)
 	default:
-		return refuse(errWrongKey)
+		return refuse(access.ErrWrongKey)
 	}
 	ctx := auth.NewContext(r.Context(), caller)
 	obsOf(r).key(caller.Name())
@@ -147,99 +112,20 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request
 		return refuse(err)
 	}
 	h.rateLimitHeaders(w.Header(), r.URL.Path, caller)
-	held := &heldPermit{permit: permit}
-	return r.WithContext(context.WithValue(ctx, permitKey{}, held)), func() {
-		if !held.kept {
-			permit.Release()
-		}
-	}, true
+	ctx, release = access.WithPermit(ctx, permit)
+	return r.WithContext(ctx), release, true
 }
 
-// admitKey takes one request slot of caller: at the scheduler leader when
-// Config.KeyAdmit says so (several edges), else from the caller itself.
-func (h *handler) admitKey(ctx context.Context, caller *auth.Caller) (releaser, error) {
-	if h.cfg.KeyAdmit != nil {
-		release, local, err := h.cfg.KeyAdmit(ctx, caller)
-		if err != nil {
-			return nil, err
-		}
-		if !local {
-			return &remotePermit{release: release}, nil
-		}
-	}
+// admitKey takes one request slot of caller (access.Admit): at the
+// scheduler leader when Config.KeyAdmit says so (several edges), else
+// from the caller itself; a batch line leaves one of its key's slots to
+// the key's own requests.
+func (h *handler) admitKey(ctx context.Context, caller *auth.Caller) (access.Releaser, error) {
 	leave := 0
 	if ic := internalOf(ctx); ic != nil && ic.priority == contract.PriorityBatch {
-		leave = 1 // a batch leaves one of its key's slots to the key's own requests
+		leave = 1
 	}
-	p, err := caller.AdmitLeaving(leave)
-	if err != nil {
-		return nil, err
-	}
-	return p, nil
-}
-
-// releaser gives a request slot back, once however often it is called.
-type releaser interface{ Release() }
-
-// remotePermit is a request slot the scheduler leader holds.
-type remotePermit struct {
-	once    sync.Once
-	release func()
-}
-
-func (p *remotePermit) Release() {
-	p.once.Do(func() {
-		if p.release != nil {
-			p.release()
-		}
-	})
-}
-
-// heldPermit is the request slot a request took; kept is set (on the
-// request goroutine) when a run outliving the request took it over.
-type heldPermit struct {
-	permit releaser
-	kept   bool
-}
-
-type permitKey struct{}
-
-// answerFinished gives back the request slot of the request whose context
-// is ctx, if it holds one: its answer is finished, so the key's next
-// request may start. It is called before the answer's last byte is
-// written (its final bytes, an error answer, the end of a run recorded
-// by the runs API), once the request occupies no provider any more: its
-// run has ended at the edge (the terminal message arrived, or the run was
-// cancelled; either way its lease is released) or it was never
-// dispatched. The slot is given back once, however often this is called
-// (auth.Permit.Release), also for a run that took it over (keepPermit).
-func answerFinished(ctx context.Context) {
-	if held, _ := ctx.Value(permitKey{}).(*heldPermit); held != nil {
-		held.permit.Release()
-	}
-}
-
-// keepPermit takes over the request slot of the request whose context is
-// ctx, for a run that goes on after the request ends (a background run):
-// the slot is then given back by calling the returned func (once), or
-// when the run's answer is finished (answerFinished), not when the
-// request ends. Without a slot it returns a no-op.
-func keepPermit(ctx context.Context) func() {
-	held, _ := ctx.Value(permitKey{}).(*heldPermit)
-	if held == nil {
-		return func() {}
-	}
-	held.kept = true
-	return held.permit.Release
-}
-
-// checkModel refuses a model the request's key may not use
-// (access.ErrModelNotAllowed, 403); nil for an open API.
-func checkModel(ctx context.Context, model string) error {
-	if c := auth.FromContext(ctx); c != nil && !c.Allows(model) {
-		return fmt.Errorf("%w: %q", access.ErrModelNotAllowed, model)
-	}
-	return nil
+	return access.Admit(ctx, caller, h.cfg.KeyAdmit, leave)
 }
 
 // resolveModel is the one resolution of a client's model name for the
@@ -251,7 +137,7 @@ func checkModel(ctx context.Context, model string) error {
 // now) is itself. Errors: access.ErrModelNotAllowed (403) for a model the
 // request's key may not use, ErrUnknownModel (404) for any other name.
 func (h *handler) resolveModel(r *http.Request, name string) (string, error) {
-	if err := checkModel(r.Context(), name); err != nil {
+	if err := access.CheckModel(r.Context(), name); err != nil {
 		return "", err
 	}
 	if listed, ok := knownModel(h.models(r), name); ok {
@@ -264,40 +150,14 @@ func (h *handler) resolveModel(r *http.Request, name string) (string, error) {
 }
 
 // models is Gateway.Models narrowed to what the request's key may use.
-func (h *handler) models(r *http.Request) []string {
-	names := h.gw.Models()
-	if c := auth.FromContext(r.Context()); c != nil {
-		return c.Filter(names)
-	}
-	return names
-}
-
-// allowed reports whether the request's key may use model (true for an
-// open API).
-func allowed(r *http.Request, model string) bool {
-	return checkModel(r.Context(), model) == nil
-}
-
-// retryAfterSeconds renders d as a Retry-After value: whole seconds,
-// rounded up, at least 1 (RFC 9110 §10.2.3).
-func retryAfterSeconds(d time.Duration) string {
-	return fmt.Sprint(max(1, int64(math.Ceil(d.Seconds()))))
-}
-
-// keyName is the name of the request's key, "" for an open API.
-func keyName(ctx context.Context) string {
-	if c := auth.FromContext(ctx); c != nil {
-		return c.Name()
-	}
-	return ""
-}
+func (h *handler) models(r *http.Request) []string { return access.Models(r.Context(), h.gw.Models()) }
 
 // dispatch is Gateway.Dispatch for a handler: it refuses a model the
 // request's key may not use (access.ErrModelNotAllowed, before anything is
 // queued), then dispatches. serveRun (and so Frame.Serve) calls it; the runs
 // API reaches it through serveRun.
 func (h *handler) dispatch(ctx context.Context, req *contract.Request) (Run, error) {
-	if err := checkModel(ctx, req.Model); err != nil {
+	if err := access.CheckModel(ctx, req.Model); err != nil {
 		return nil, err
 	}
 	if o, _ := ctx.Value(observationKey{}).(*observation); o != nil {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"iop/internal/auth"
+	"iop/internal/edge/api/access"
 	"iop/internal/edge/contract"
 )
 
@@ -44,17 +45,17 @@ func TestNoClientReachesTheBatchBand(t *testing.T) {
 	} {
 		env := newEnv(t, Config{Keys: ring}, okRun)
 		resp := env.send(t, "POST", "/v1/chat/completions", simpleChat, map[string]string{
-			"Authorization": "Bearer " + secrets[c.key], PriorityHeader: c.header})
+			"Authorization": "Bearer " + secrets[c.key], access.PriorityHeader: c.header})
 		if resp.status != c.status {
-			t.Fatalf("key %s, %s: %s: status %d, want %d: %s", c.key, PriorityHeader, c.header, resp.status, c.status, resp.body)
+			t.Fatalf("key %s, %s: %s: status %d, want %d: %s", c.key, access.PriorityHeader, c.header, resp.status, c.status, resp.body)
 		}
 		for _, r := range env.gw.requests() {
 			if r.Priority < contract.PrioritySheddable {
-				t.Fatalf("key %s, %s: %s: dispatched at priority %d", c.key, PriorityHeader, c.header, r.Priority)
+				t.Fatalf("key %s, %s: %s: dispatched at priority %d", c.key, access.PriorityHeader, c.header, r.Priority)
 			}
 		}
-		if c.status == 400 && !strings.Contains(resp.body, PriorityHeader) {
-			t.Fatalf("the 400 does not name %s: %s", PriorityHeader, resp.body)
+		if c.status == 400 && !strings.Contains(resp.body, access.PriorityHeader) {
+			t.Fatalf("the 400 does not name %s: %s", access.PriorityHeader, resp.body)
 		}
 	}
 }

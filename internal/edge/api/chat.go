@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 
+	"iop/internal/edge/api/access"
 	"iop/internal/edge/contract"
 	"iop/internal/sse"
 )
@@ -122,7 +123,7 @@ func (rr *Answer) answerDone() {
 		rr.run.Cancel("the edge ended the answer")
 	}
 	if !rr.keepSlot {
-		answerFinished(rr.r.Context())
+		access.AnswerFinished(rr.r.Context())
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"iop/internal/auth"
+	"iop/internal/edge/api/access"
 	"iop/internal/edge/api/observe"
 )
 
@@ -104,11 +105,11 @@ type Config struct {
 	// need whenever Keys or AdminKeys hold a key.
 	AdminKeys *auth.Keyring
 	// AdminPrefixes are the path roots of the admin routes; nil means
-	// DefaultAdminPrefixes.
+	// access.DefaultAdminPrefixes.
 	AdminPrefixes []string
 	// Flow names what makes a request's flow in its model's queue (docs/scheduling.md,
-	// "Fair sharing"): FlowKey ("key", also ""), its key's name; FlowUser
-	// ("user"), the OpenAI body's "user" field; FlowHeaderPrefix+Name
+	// "Fair sharing"): access.FlowKey ("key", also ""), its key's name; access.FlowUser
+	// ("user"), the OpenAI body's "user" field; access.FlowHeaderPrefix+Name
 	// ("header:X-Iop-Flow"), that header's value. The latter two fall back
 	// to the key's name where the request has no value.
 	Flow string
@@ -117,7 +118,7 @@ type Config struct {
 	// Quota, when set, holds the quotas of keys and teams: a request of a
 	// key with one reserves its worst case before it is queued and settles
 	// when it is finished (quota.go).
-	Quota Quota
+	Quota access.Quota
 	// Tracer, when set, traces every API request (package observe): a server
 	// span that continues the client's traceparent, whose context goes to
 	// the node with the run. Nil: no tracing, at no cost per request.
@@ -139,7 +140,7 @@ func (c Config) Validate() error {
 	if c.WriteTimeout < 0 {
 		return fmt.Errorf("%w: write timeout %s is negative", ErrInvalidConfig, c.WriteTimeout)
 	}
-	if c.Flow != "" && c.Flow != FlowKey && c.Flow != FlowUser && flowHeaderOf(c.Flow) == "" {
+	if c.Flow != "" && c.Flow != access.FlowKey && c.Flow != access.FlowUser && access.FlowHeader(c.Flow) == "" {
 		return fmt.Errorf("%w: flow %q is none of key, user, header:<Name>", ErrInvalidConfig, c.Flow)
 	}
 	return nil
@@ -166,7 +167,7 @@ func (c Config) withDefaults() Config {
 		c.Now = time.Now
 	}
 	if c.AdminPrefixes == nil {
-		c.AdminPrefixes = DefaultAdminPrefixes
+		c.AdminPrefixes = access.DefaultAdminPrefixes
 	}
 	return c
 }

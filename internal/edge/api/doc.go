@@ -16,8 +16,8 @@
 //	frame_record.go   Answer.RelayRecorded, NewRunID: what the runs API records a run with
 //	frame_openai.go   Body, DecodeChat, DecodeCompletion, DecodeEmbeddings; the Answer's relay, SSE writer and error event
 //	frame_translated.go  what an API that translates its bodies needs (ollama): any-type bodies, the checks of a translation, tunnelAnswer
-//	access.go         keys, admin prefixes, a key's request slot (admit, answerFinished), model access
-//	quota.go          a key's quota: reservation before queueing, clamp, settlement, rate-limit headers
+//	access.go         admit: a request's key, quota and request slot, in that order (package access)
+//	quota.go          reserveQuota: the body read for a key's quota (access.Reserve); rate-limit headers, quotaError
 //	errors.go         classify: the one mapping of every failure to a status and an OpenAI error body
 //	observe.go        the glue to package observe: a request's observation in its context, finish (log line, Observer, ledger)
 //	dispatch.go       serveRun/serveRunWith: dispatch, then render by execution path
@@ -51,7 +51,7 @@
 //     gets one error event and no [DONE]; any other body is aborted.
 //   - A request that wrote nothing aborts its connection (ServeHTTP).
 //   - A key's slot is given back once, before the answer's last byte
-//     (answerFinished), unless the renderer keeps it (Answer.KeepSlot).
+//     (access.AnswerFinished), unless the renderer keeps it (Answer.KeepSlot).
 //   - Every API request ends with exactly one RequestRecord; its outcome
 //     is decided once and is the one Run.Close gets.
 //   - A tunnel answer's bytes are relayed unchanged and read once.

@@ -127,13 +127,13 @@ func Classify(err error, req *contract.Request) *APIError {
 		quotaErr *quota.Refusal
 	)
 	switch {
-	case errors.Is(err, errMissingKey):
+	case errors.Is(err, access.ErrMissingKey):
 		return newAPIError(http.StatusUnauthorized, "invalid_request_error", "", "missing_api_key",
 			"Missing API key: send it as Authorization: Bearer KEY (or x-api-key: KEY)")
-	case errors.Is(err, errWrongKey):
+	case errors.Is(err, access.ErrWrongKey):
 		// Never the key itself: it could be someone's secret typed into the wrong place.
 		return newAPIError(http.StatusUnauthorized, "invalid_request_error", "", "invalid_api_key", "Incorrect API key provided")
-	case errors.Is(err, errNotAdminKey), errors.Is(err, errAdminKeyOnAPI):
+	case errors.Is(err, access.ErrNotAdminKey), errors.Is(err, access.ErrAdminKeyOnAPI):
 		return newAPIError(http.StatusForbidden, "invalid_request_error", "", "permission_denied", err.Error())
 	case errors.Is(err, access.ErrModelNotAllowed):
 		return newAPIError(http.StatusForbidden, "invalid_request_error", "model", "model_not_allowed",
@@ -145,7 +145,7 @@ func Classify(err error, req *contract.Request) *APIError {
 		}
 		e := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "", code,
 			"This API key is over its limit of "+what+"; retry later")
-		e.retryAfter = retryAfterSeconds(limitErr.RetryAfter)
+		e.retryAfter = access.RetryAfterSeconds(limitErr.RetryAfter)
 		return e
 	case errors.As(err, &quotaErr):
 		return quotaError(quotaErr)

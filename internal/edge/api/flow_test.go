@@ -6,9 +6,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"unicode/utf8"
 
 	"iop/internal/auth"
+	"iop/internal/edge/api/access"
 	"iop/internal/edge/contract"
 )
 
@@ -47,11 +47,11 @@ func TestFlowWeightAndPriorityOfARequest(t *testing.T) {
 		{"key flow", "", "plain", simpleChat, nil, 200, "plain", 1, contract.PriorityStandard},
 		{"key weight and priority", "", "heavy", simpleChat, nil, 200, "heavy", 3, contract.PrioritySheddable},
 		{"critical key", "", "vip", simpleChat, nil, 200, "vip", 1, contract.PriorityCritical},
-		{"header ignored without priority_header", "", "vip", simpleChat, map[string]string{PriorityHeader: "sheddable"}, 200, "vip", 1, contract.PriorityCritical},
-		{"bad header ignored without priority_header", "", "plain", simpleChat, map[string]string{PriorityHeader: "urgent"}, 200, "plain", 1, contract.PriorityStandard},
-		{"header lowers", "", "asks", simpleChat, map[string]string{PriorityHeader: "sheddable"}, 200, "asks", 1, contract.PrioritySheddable},
-		{"header capped at priority_header", "", "asks", simpleChat, map[string]string{PriorityHeader: "critical"}, 200, "asks", 1, contract.PriorityStandard},
-		{"bad header with priority_header", "", "asks", simpleChat, map[string]string{PriorityHeader: "urgent"}, 400, "", 0, 0},
+		{"header ignored without priority_header", "", "vip", simpleChat, map[string]string{access.PriorityHeader: "sheddable"}, 200, "vip", 1, contract.PriorityCritical},
+		{"bad header ignored without priority_header", "", "plain", simpleChat, map[string]string{access.PriorityHeader: "urgent"}, 200, "plain", 1, contract.PriorityStandard},
+		{"header lowers", "", "asks", simpleChat, map[string]string{access.PriorityHeader: "sheddable"}, 200, "asks", 1, contract.PrioritySheddable},
+		{"header capped at priority_header", "", "asks", simpleChat, map[string]string{access.PriorityHeader: "critical"}, 200, "asks", 1, contract.PriorityStandard},
+		{"bad header with priority_header", "", "asks", simpleChat, map[string]string{access.PriorityHeader: "urgent"}, 400, "", 0, 0},
 		{"flow header", "header:X-Iop-Flow", "heavy", simpleChat, map[string]string{"X-Iop-Flow": "tenant-7"}, 200, "tenant-7", 3, contract.PrioritySheddable},
 		{"flow header absent", "header:X-Iop-Flow", "heavy", simpleChat, nil, 200, "heavy", 3, contract.PrioritySheddable},
 		{"flow header cut", "header:X-Iop-Flow", "plain", simpleChat, map[string]string{"X-Iop-Flow": long}, 200, long[:64], 1, contract.PriorityStandard},
@@ -73,7 +73,7 @@ func TestFlowWeightAndPriorityOfARequest(t *testing.T) {
 			}
 			reqs := env.gw.requests()
 			if c.status != 200 {
-				if len(reqs) != 0 || !strings.Contains(resp.body, PriorityHeader) {
+				if len(reqs) != 0 || !strings.Contains(resp.body, access.PriorityHeader) {
 					t.Fatalf("refused request: %d dispatched, body %s", len(reqs), resp.body)
 				}
 				return
@@ -89,30 +89,12 @@ func TestFlowWeightAndPriorityOfARequest(t *testing.T) {
 	}
 }
 
-// TestRegression_FlowNameCutInsideACharacter: a client-given flow (a
-// header's value, the body's "user") becomes a Prometheus label and a log
-// field, so it must be valid UTF-8: cutting "a" + 40 × "ü" at 64 bytes split
-// the 32nd "ü" and client_golang's label check panicked in the request's
-// bookkeeping (no ledger row, the connection cut). flowName cuts at a
-// character boundary and replaces invalid bytes.
-func TestRegression_FlowNameCutInsideACharacter(t *testing.T) {
-	for _, v := range []string{"a" + strings.Repeat("ü", 40), "\xff", strings.Repeat("\xc3", 100), strings.Repeat("€", 30), "plain"} {
-		got := flowName(v)
-		if !utf8.ValidString(got) || len(got) > maxFlowBytes || got == "" {
-			t.Fatalf("flowName(%q) = %q (%d bytes, valid %v)", v, got, len(got), utf8.ValidString(got))
-		}
-		if utf8.ValidString(v) && !strings.HasPrefix(v, got) {
-			t.Fatalf("flowName(%q) = %q: not a prefix of the valid value", v, got)
-		}
-	}
-}
-
 // TestOpenAPIRequestsShareTheDefaultFlow: with no keys, requests without a
 // flow value are of the default flow "", weight 1, standard; the priority
 // header is ignored (no key allows it).
 func TestOpenAPIRequestsShareTheDefaultFlow(t *testing.T) {
 	env := newEnv(t, Config{Flow: "header:X-Iop-Flow"}, okRun)
-	env.send(t, "POST", "/v1/chat/completions", simpleChat, map[string]string{PriorityHeader: "critical"})
+	env.send(t, "POST", "/v1/chat/completions", simpleChat, map[string]string{access.PriorityHeader: "critical"})
 	env.send(t, "POST", "/v1/chat/completions", simpleChat, map[string]string{"X-Iop-Flow": "a"})
 	reqs := env.gw.requests()
 	if len(reqs) != 2 || reqs[0].Flow != "" || reqs[0].Weight != 1 || reqs[0].Priority != 0 || reqs[1].Flow != "a" {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"iop/internal/edge/api/access"
 	"iop/internal/edge/contract"
 )
 
@@ -108,7 +109,7 @@ func (h *handler) writeShaped(w http.ResponseWriter, r *http.Request, err error,
 	e, status, body := shape(err, req)
 	obsOf(r).failed(err, e.Code, false)
 	h.logError(r, e, err, req)
-	answerFinished(r.Context()) // an error answer ends the request
+	access.AnswerFinished(r.Context()) // an error answer ends the request
 	if e.retryAfter != "" {
 		w.Header().Set("Retry-After", e.retryAfter)
 	}

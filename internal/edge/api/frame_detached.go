@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 
+	"iop/internal/edge/api/access"
 	"iop/internal/edge/api/observe"
 	"iop/internal/edge/contract"
 )
@@ -21,10 +22,6 @@ func (f *Frame) WriteError(w http.ResponseWriter, r *http.Request, err error, re
 // WriteError answers it 405 (the caller sets Allow).
 var ErrMethodNotAllowed = errMethodNotAllowed
 
-// KeyName is the name of the API key of the request whose context is ctx
-// ("" on an open API).
-func KeyName(ctx context.Context) string { return keyName(ctx) }
-
 // ForwardHeaders are the client's headers a run carries to its provider
 // (by canonical name), as the chat route forwards them.
 func ForwardHeaders(header http.Header) map[string]string { return forwardHeaders(header) }
@@ -32,18 +29,6 @@ func ForwardHeaders(header http.Header) map[string]string { return forwardHeader
 // ClientGone reports whether the client of r has gone (its context ended
 // for a reason other than a body read past its deadline).
 func ClientGone(r *http.Request) bool { return clientGone(r) }
-
-// AnswerFinished gives the key's request slot of the request whose
-// context is ctx back, once (also one taken over by KeepPermit): its
-// answer is written and it occupies no provider any more.
-func AnswerFinished(ctx context.Context) { answerFinished(ctx) }
-
-// KeepPermit takes over the key's request slot of the request whose
-// context is ctx, for a run that goes on after the request ends (a
-// background run): the slot is given back by calling the returned func
-// (once) or by AnswerFinished, not when the request ends. Without a slot
-// it returns a no-op.
-func KeepPermit(ctx context.Context) func() { return keepPermit(ctx) }
 
 // RecordRequest records req, decoded, in r's request record and returns
 // the record's request id ("" without a record).
@@ -94,7 +79,7 @@ type Detached struct {
 // The answer is rendered into nothing but its status and error body.
 func (f *Frame) ServeDetached(ctx context.Context, requestID, operation, path string, req *contract.Request, rend Renderer) Detached {
 	h := f.h
-	obs := &observation{req: observe.Detached(h.cfg.Now, operation, requestID, keyName(ctx))}
+	obs := &observation{req: observe.Detached(h.cfg.Now, operation, requestID, access.KeyName(ctx))}
 	ctx = context.WithValue(ctx, observationKey{}, obs)
 	dw := &detachedWriter{header: http.Header{}}
 	hr := (&http.Request{Method: http.MethodPost, URL: &url.URL{Path: path}, Header: http.Header{}}).WithContext(ctx)

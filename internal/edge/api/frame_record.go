@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -23,10 +22,6 @@ var ErrUpstreamEnded = errUpstreamEnded
 
 // errRunNotFound: no run has the requested id. 404.
 var errRunNotFound = errors.New("run not found")
-
-// CheckModel refuses a model the key of the request whose context is ctx
-// may not use: access.ErrModelNotAllowed (403); nil on an open API.
-func CheckModel(ctx context.Context, model string) error { return checkModel(ctx, model) }
 
 // DecodeValue decodes raw, the value of a request's parameter param, into
 // dst; null or nothing leaves dst alone. A value of another JSON type is

@@ -47,10 +47,6 @@ func (f *Frame) WriteErrorAsType(w http.ResponseWriter, r *http.Request, err err
 	f.h.writeShaped(w, r, err, req, shape, contentType)
 }
 
-// Allowed reports whether the request's key may use model (true on an
-// open API).
-func Allowed(r *http.Request, model string) bool { return allowed(r, model) }
-
 // KnownModel returns the name in names that the model name name means:
 // name itself, else its other spelling ("x" and "x:latest",
 // modelname.Alternative); ok is false when neither is there.
@@ -144,12 +140,6 @@ func (rr *Answer) StartStreamAs(contentType string) {
 	header.Set("X-Accel-Buffering", "no")
 	rr.w.WriteHeader(http.StatusOK)
 	rr.started = true
-}
-
-// isOllamaPath reports whether path belongs to the Ollama API (package
-// ollama), whose routes take a body of any Content-Type.
-func isOllamaPath(path string) bool {
-	return path == "/" || strings.HasPrefix(path, "/api/")
 }
 
 // knownModel returns the name in names that the Ollama model name means:

@@ -29,7 +29,7 @@ func New[R Run](cfg Config, gw Gateway[R], logger *slog.Logger) http.Handler {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	h := &handler{
-		flowHeader: flowHeaderOf(cfg.Flow),
+		flowHeader: access.FlowHeader(cfg.Flow),
 		cfg:        cfg.withDefaults(),
 		gw:         widened[R]{gw},
 		logger:     logger.With("component", "edge-api"),
@@ -88,6 +88,11 @@ type Route struct {
 	// route's POSTs (admit), and a refusal by them is recorded under it.
 	// Only an exact path's route counts. "": the route runs no model.
 	Operation string
+	// AnyContentType says the route reads its body as JSON whatever its
+	// Content-Type (Ollama's clients send none): a key's quota reads it
+	// too. Any other route's body is read for a quota only when it is
+	// JSON, since the route refuses any other (415).
+	AnyContentType bool
 }
 
 const modelsPrefix = "/v1/models/"

@@ -2,145 +2,20 @@ package api
 
 import (
 	"bytes"
-	"encoding/json"
-	"fmt"
+	"errors"
 	"io"
-	"math"
 	"net/http"
 	"strconv"
-	"time"
 
 	"iop/internal/auth"
+	"iop/internal/edge/api/access"
 	"iop/internal/quota"
 )
-
-// Quota is what the API needs of the quota ledger (package quota);
-// *quota.Ledger is one.
-type Quota interface {
-	// Limited reports whether the key or its team has a quota.
-	Limited(key string) bool
-	// ReserveUpTo reserves ask, its output tokens clamped down to no less
-	// than minOutput; a refusal is a *quota.Refusal.
-	ReserveUpTo(key string, ask quota.Usage, minOutput int64) (*quota.Reservation, error)
-	// Status is the key's and its team's limited windows now.
-	Status(key string) []quota.WindowStatus
-}
-
-var _ Quota = (*quota.Ledger)(nil)
-
-// clampedHeader says a request without a cap on its answer was given one
-// (Limits.Uncapped "clamp"): the output tokens reserved for it.
-const clampedHeader = "X-Iop-Max-Tokens-Clamped"
-
-// uncappedAsk is the output tokens asked for a request without a cap and
-// no default_max_tokens: as many as the windows hold.
-const uncappedAsk = math.MaxInt32
-
-// quotaBody is what a reservation reads of a request body.
-type quotaBody struct {
-	Model               string   `json:"model"`
-	MaxTokens           *float64 `json:"max_tokens"`
-	MaxCompletionTokens *float64 `json:"max_completion_tokens"`
-	MaxOutputTokens     *float64 `json:"max_output_tokens"`
-	Options             struct {
-		NumPredict *float64 `json:"num_predict"`
-	} `json:"options"`
-	NPredict *float64 `json:"n_predict"`
-}
-
-// llamaPath reports whether path is one of llama.cpp's own routes, whose
-// answer length is n_predict (default -1: until the context ends) and
-// which ignore max_tokens (llama.cpp's server README).
-func llamaPath(path string) bool { return path == "/completion" || path == "/infill" }
-
-// noOutputTokens reports whether path's answer is no generated text
-// counted in tokens (embeddings, rerank scores, speech, images): its
-// worst case is its prompt alone, and it is never clamped.
-func noOutputTokens(path string) bool {
-	switch path {
-	case "/v1/embeddings", "/api/embed", "/api/embeddings", "/v1/rerank", "/rerank", "/v1/audio/speech", "/v1/images/generations":
-		return true
-	}
-	return false
-}
-
-// capField is the body field that caps the answer of path's API: where a
-// clamp is written.
-func capField(path string) string {
-	switch path {
-	case "/api/chat", "/api/generate":
-		return "options.num_predict"
-	case responsesPath:
-		return "max_output_tokens"
-	}
-	if llamaPath(path) {
-		return "n_predict"
-	}
-	return "max_tokens"
-}
-
-// quotaAsk is the worst case of a request body of path: its prompt tokens
-// estimated as the body's length in bytes (an upper bound for byte-level
-// BPE tokenizers, whose every token covers at least one byte, and for
-// `iop sim`, which counts words; the JSON framing pays for the chat
-// template's tokens), its output tokens the smallest cap it sets
-// (max_tokens, max_completion_tokens, max_output_tokens, Ollama's
-// options.num_predict ≥ 0; on llama.cpp's routes n_predict ≥ 0 alone);
-// capped is false when it sets none. An embedding, a rerank, speech and
-// images produce no output tokens. A body that is no JSON object is
-// a *requestError.
-func quotaAsk(path string, body []byte) (ask quota.Usage, capped bool, err error) {
-	var b quotaBody
-	if err := json.Unmarshal(body, &b); err != nil {
-		return ask, false, &requestError{message: "The request body is not a JSON object with numeric token caps"}
-	}
-	ask = quota.Usage{Model: b.Model, InputTokens: int64(len(body)), SlotTime: time.Millisecond}
-	if noOutputTokens(path) {
-		return ask, true, nil
-	}
-	ask.OutputTokens = math.MaxInt64
-	caps := []*float64{b.MaxTokens, b.MaxCompletionTokens, b.MaxOutputTokens, b.Options.NumPredict}
-	if llamaPath(path) {
-		caps = []*float64{b.NPredict}
-	}
-	for _, c := range caps {
-		if c != nil && *c >= 0 {
-			ask.OutputTokens, capped = min(ask.OutputTokens, int64(math.Ceil(*c))), true
-		}
-	}
-	if !capped {
-		ask.OutputTokens = 0
-	}
-	return ask, capped, nil
-}
-
-// setCap writes n as the cap of the answer into body (capField).
-func setCap(path string, body []byte, n int64) ([]byte, error) {
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(body, &obj); err != nil {
-		return nil, &requestError{message: "The request body is not a JSON object"}
-	}
-	num := json.RawMessage(strconv.FormatInt(n, 10))
-	if field := capField(path); field == "options.num_predict" {
-		opts := map[string]json.RawMessage{}
-		if raw, ok := obj["options"]; ok && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
-			if err := json.Unmarshal(raw, &opts); err != nil {
-				return nil, &requestError{param: "options", message: "options is not an object"}
-			}
-		}
-		opts["num_predict"] = num
-		raw, _ := json.Marshal(opts)
-		obj["options"] = raw
-	} else {
-		obj[field] = num
-	}
-	return json.Marshal(obj)
-}
 
 // reserveQuota takes the quota reservation of a request that runs a model,
 // for a key with a quota (Config.Quota), before anything is queued: the
 // body is read (and given back to the route as it was, or with the cap a
-// clamp wrote), its worst case reserved (quotaAsk), and a refusal
+// clamp wrote), its worst case reserved (access.Reserve), and a refusal
 // returned (*quota.Refusal, 429 with Retry-After; a *requestError 400 for
 // an uncapped request of a key whose quota says uncapped: refuse). The
 // reservation rides on the request's observation and is settled when the
@@ -152,7 +27,7 @@ func (h *handler) reserveQuota(w http.ResponseWriter, r *http.Request, caller *a
 	if q == nil || !q.Limited(caller.Name()) {
 		return r, nil
 	}
-	if !isOllamaPath(r.URL.Path) && !isJSONContentType(r.Header.Get("Content-Type")) {
+	if !h.routes[r.URL.Path].AnyContentType && !isJSONContentType(r.Header.Get("Content-Type")) {
 		return r, nil
 	}
 	orig := r.Body
@@ -168,34 +43,15 @@ func (h *handler) reserveQuota(w http.ResponseWriter, r *http.Request, caller *a
 		replay(body, readErr)
 		return r, nil
 	}
-	ask, capped, err := quotaAsk(r.URL.Path, body)
+	res, body, clamp, err := access.Reserve(q, caller, r.URL.Path, body)
+	if be := (*access.BodyError)(nil); errors.As(err, &be) {
+		return nil, &requestError{param: be.Param, message: be.Message}
+	}
 	if err != nil {
 		return nil, err
 	}
-	lim := caller.Quota()
-	minOutput := ask.OutputTokens
-	if !capped {
-		if lim.Uncapped == quota.UncappedRefuse {
-			return nil, &requestError{param: capField(r.URL.Path),
-				message: fmt.Sprintf("This API key's quota needs a cap on the answer: set %s", capField(r.URL.Path))}
-		}
-		ask.OutputTokens, minOutput = uncappedAsk, 1
-		if lim.DefaultMaxTokens > 0 {
-			ask.OutputTokens = lim.DefaultMaxTokens
-		}
-	}
-	res, err := q.ReserveUpTo(caller.Name(), ask, minOutput)
-	if err != nil {
-		return nil, err
-	}
-	if n := res.Ask().OutputTokens; !capped && n < uncappedAsk {
-		// (A quota none of whose windows counts answer tokens leaves
-		// the request uncapped.)
-		if body, err = setCap(r.URL.Path, body, n); err != nil {
-			res.Cancel()
-			return nil, err
-		}
-		w.Header().Set(clampedHeader, strconv.FormatInt(n, 10))
+	if clamp > 0 {
+		w.Header().Set(access.ClampedHeader, strconv.FormatInt(clamp, 10))
 	}
 	replay(body, nil)
 	if o := obsOf(r); o != nil {
@@ -212,95 +68,19 @@ type errReader struct{ err error }
 func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 
 // rateLimitHeaders sets the rate-limit headers of an answer to a key with
-// limits: OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens}
-// (reset as a Go duration, "1s", "6m0s") and, on Anthropic's routes,
-// anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset} (reset as
-// an RFC 3339 instant). Requests are the key's requests_per_minute
-// bucket when it has one, else its tightest requests window (key or
-// team); tokens the tightest tokens window. The tightest is the one with
-// the least remaining.
+// limits (access.RateLimitHeaders), Anthropic's on its routes.
 func (h *handler) rateLimitHeaders(hdr http.Header, path string, caller *auth.Caller) {
-	now := h.cfg.Now()
-	type line struct {
-		limit, remaining int64
-		reset            time.Duration
-		ok               bool
-	}
-	var req, tok line
-	if limit, remaining, full := caller.RateStatus(); limit > 0 {
-		req = line{int64(limit), int64(remaining), full, true}
-	}
-	if h.cfg.Quota != nil {
-		for _, s := range h.cfg.Quota.Status(caller.Name()) {
-			l := line{s.Limit, s.Remaining(), max(0, s.ResetAt.Sub(now)), true}
-			switch s.Window.Unit {
-			case "tokens":
-				if !tok.ok || l.remaining < tok.remaining {
-					tok = l
-				}
-			case "requests":
-				if !req.ok || l.remaining < req.remaining {
-					req = l
-				}
-			}
-		}
-	}
-	set := func(kind string, l line) {
-		if !l.ok {
-			return
-		}
-		if isAnthropicPath(path) {
-			hdr.Set("Anthropic-Ratelimit-"+kind+"-Limit", strconv.FormatInt(l.limit, 10))
-			hdr.Set("Anthropic-Ratelimit-"+kind+"-Remaining", strconv.FormatInt(l.remaining, 10))
-			hdr.Set("Anthropic-Ratelimit-"+kind+"-Reset", now.Add(l.reset).UTC().Format(time.RFC3339))
-			return
-		}
-		hdr.Set("X-Ratelimit-Limit-"+kind, strconv.FormatInt(l.limit, 10))
-		hdr.Set("X-Ratelimit-Remaining-"+kind, strconv.FormatInt(l.remaining, 10))
-		hdr.Set("X-Ratelimit-Reset-"+kind, l.reset.Round(time.Millisecond).String())
-	}
-	set("Requests", req)
-	set("Tokens", tok)
+	access.RateLimitHeaders(hdr, h.cfg.Now(), caller, h.cfg.Quota, isAnthropicPath(path))
 }
 
 // quotaError is classify's answer to a refused reservation: 429
-// rate_limit_error "quota_exceeded", naming the scope, the window, its
-// limit, what was asked and used, and when it resets, with a Retry-After
-// of the seconds until the window holds the request (none when it never
-// can: the ask is larger than the limit).
+// rate_limit_error "quota_exceeded" (access.QuotaMessage), with a
+// Retry-After of the seconds until the window holds the request (none
+// when it never can: the ask is larger than the limit).
 func quotaError(ref *quota.Refusal) *APIError {
-	unit := quotaUnits[ref.Window]
-	var msg string
-	if ref.Never {
-		msg = fmt.Sprintf("This request asks %s, more than the %s limit of %s of %s %q; ask for fewer tokens",
-			amount(ref.Asked, unit), ref.Window, amount(ref.Limit, unit), ref.Scope, ref.Name)
-		return newAPIError(http.StatusTooManyRequests, "rate_limit_error", "", "quota_exceeded", msg)
+	e := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "", "quota_exceeded", access.QuotaMessage(ref))
+	if !ref.Never {
+		e.retryAfter = access.RetryAfterSeconds(ref.RetryAfter)
 	}
-	msg = fmt.Sprintf("Quota %s of %s %q exceeded: limit %s, used %s, this request asks %s; it resets at %s",
-		ref.Window, ref.Scope, ref.Name, amount(ref.Limit, unit), amount(ref.Used, unit), amount(ref.Asked, unit),
-		ref.ResetAt.UTC().Format(time.RFC3339))
-	e := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "", "quota_exceeded", msg)
-	e.retryAfter = retryAfterSeconds(ref.RetryAfter)
 	return e
-}
-
-// quotaUnits names each window's unit in messages.
-var quotaUnits = func() map[string]string {
-	m := make(map[string]string, quota.NumWindows)
-	for _, w := range quota.Windows {
-		m[w.Name] = w.Unit
-	}
-	return m
-}()
-
-// amount renders n of unit for a client: GPU milliseconds as seconds,
-// currency micro-units as currency.
-func amount(n int64, unit string) string {
-	switch unit {
-	case "gpu_ms":
-		return strconv.FormatFloat(float64(n)/1000, 'f', -1, 64) + " GPU-seconds"
-	case "micros":
-		return strconv.FormatFloat(float64(n)/1e6, 'f', -1, 64) + " (currency)"
-	}
-	return strconv.FormatInt(n, 10) + " " + unit
 }

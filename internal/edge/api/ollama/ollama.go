@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/access"
 	"math"
 	"net/http"
 	"slices"
@@ -62,10 +63,10 @@ func Routes(cfg Config) api.API {
 		f.ErrorsFor(isOllamaPath, s.writeError)
 		return map[string]api.Route{
 			"/":               {Method: http.MethodGet, Serve: s.root},
-			"/api/chat":       {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) }, Operation: "ollama.chat"},
-			"/api/generate":   {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) }, Operation: "ollama.generate"},
-			"/api/embed":      {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { s.embed(w, r, false) }, Operation: "ollama.embed"},
-			"/api/embeddings": {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { s.embed(w, r, true) }, Operation: "ollama.embed"},
+			"/api/chat":       {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) }, Operation: "ollama.chat", AnyContentType: true},
+			"/api/generate":   {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) }, Operation: "ollama.generate", AnyContentType: true},
+			"/api/embed":      {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { s.embed(w, r, false) }, Operation: "ollama.embed", AnyContentType: true},
+			"/api/embeddings": {Method: http.MethodPost, Serve: func(w http.ResponseWriter, r *http.Request) { s.embed(w, r, true) }, Operation: "ollama.embed", AnyContentType: true},
 			"/api/tags":       {Method: http.MethodGet, Serve: s.tags},
 			"/api/ps":         {Method: http.MethodGet, Serve: s.ps},
 			"/api/show":       {Method: http.MethodPost, Serve: s.show},
@@ -243,7 +244,7 @@ func (s *server) request(w http.ResponseWriter, r *http.Request, from func([]byt
 func (s *server) load(w http.ResponseWriter, r *http.Request, req *contract.Request, answer any) {
 	if _, ok := api.KnownModel(s.f.Models(r), req.Model); !ok {
 		err := contract.ErrUnknownModel
-		if s.f.Known(req.Model) && api.Allowed(r, req.Model) {
+		if s.f.Known(req.Model) && access.Allowed(r.Context(), req.Model) {
 			// Served before, and no node serves it now: unavailable, as a
 			// request that generates is answered (503), not "pull it".
 			err = contract.ErrProviderUnavailable
@@ -251,7 +252,7 @@ func (s *server) load(w http.ResponseWriter, r *http.Request, req *contract.Requ
 		s.writeError(w, r, err, req)
 		return
 	}
-	api.AnswerFinished(r.Context()) // nothing was dispatched
+	access.AnswerFinished(r.Context()) // nothing was dispatched
 	writeJSON(w, http.StatusOK, answer)
 }
 
@@ -457,7 +458,7 @@ func (s *server) ps(w http.ResponseWriter, r *http.Request) {
 	now := s.f.Now().UTC()
 	expiry := make(map[int]time.Time)
 	for _, lm := range cat.Loaded() {
-		if !api.Allowed(r, lm.Served) {
+		if !access.Allowed(r.Context(), lm.Served) {
 			continue
 		}
 		m := psModel{Name: lm.Name, Model: lm.Model, Size: lm.Size, Digest: lm.Digest, Details: detailsOf(lm.Details),
@@ -560,7 +561,7 @@ func (s *server) show(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	info := contract.ModelInfo{Name: name, Targets: []string{name}}
-	if !api.Allowed(r, name) {
+	if !access.Allowed(r.Context(), name) {
 		s.writeError(w, r, contract.ErrUnknownModel, req)
 		return
 	}
@@ -734,7 +735,7 @@ func (s *server) pull(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	stream := in.Stream == nil || *in.Stream
-	api.AnswerFinished(r.Context()) // nothing is dispatched
+	access.AnswerFinished(r.Context()) // nothing is dispatched
 	served, ok := api.KnownModel(s.f.Models(r), name)
 	if !ok {
 		if !stream {

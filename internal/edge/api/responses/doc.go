@@ -19,7 +19,7 @@
 //
 //   - A stored response is saved before its final event or body is
 //     written, and the key's request slot is given back only after that
-//     save (api.Answer.KeepSlot, api.AnswerFinished).
+//     save (api.Answer.KeepSlot, access.AnswerFinished).
 //   - A started stream that fails ends with response.failed, never with
 //     response.completed.
 //

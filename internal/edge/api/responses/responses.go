@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/access"
 	"iop/internal/edge/contract"
 	respstore "iop/internal/responses"
 	"iop/internal/runs"
@@ -223,7 +224,7 @@ func (s *server) storedResponse(ctx context.Context, id string) (respstore.Recor
 	if s.store == nil {
 		return respstore.Record{}, &responseNotFound{id}
 	}
-	rec, err := s.store.Get(ctx, api.KeyName(ctx), id)
+	rec, err := s.store.Get(ctx, access.KeyName(ctx), id)
 	if errors.Is(err, respstore.ErrNotFound) {
 		return respstore.Record{}, &responseNotFound{id}
 	}
@@ -302,12 +303,12 @@ func (s *server) deleteResponse(w http.ResponseWriter, r *http.Request, id strin
 		return
 	}
 	if s.runs != nil {
-		if run := s.runs.Live(id); run != nil && run.Record().KeyName == api.KeyName(r.Context()) {
+		if run := s.runs.Live(id); run != nil && run.Record().KeyName == access.KeyName(r.Context()) {
 			run.Cancel("the response was deleted")
 			_, _ = run.Wait(r.Context())
 		}
 	}
-	if v, ok := s.streaming.Load(id); ok && v.(*liveResponse).owner == api.KeyName(r.Context()) {
+	if v, ok := s.streaming.Load(id); ok && v.(*liveResponse).owner == access.KeyName(r.Context()) {
 		// Streamed now: its request ends (the run is cancelled, the
 		// client's stream cut) and stores its last state, then it is
 		// deleted, so the delete is not undone by that last save.
@@ -320,7 +321,7 @@ func (s *server) deleteResponse(w http.ResponseWriter, r *http.Request, id strin
 			return
 		}
 	}
-	if err := s.store.Delete(r.Context(), api.KeyName(r.Context()), id); err != nil {
+	if err := s.store.Delete(r.Context(), access.KeyName(r.Context()), id); err != nil {
 		if errors.Is(err, respstore.ErrNotFound) {
 			err = &responseNotFound{id}
 		}
@@ -431,7 +432,7 @@ func (s *server) cancelResponse(w http.ResponseWriter, r *http.Request, id strin
 		return
 	}
 	if s.runs != nil {
-		if run := s.runs.Live(id); run != nil && run.Record().KeyName == api.KeyName(r.Context()) {
+		if run := s.runs.Live(id); run != nil && run.Record().KeyName == access.KeyName(r.Context()) {
 			run.Cancel("the response was cancelled")
 			if _, err := run.Wait(r.Context()); err != nil {
 				s.f.WriteError(w, r, err, nil) // the client is gone
@@ -489,7 +490,7 @@ func (s *server) responsesCreate(w http.ResponseWriter, r *http.Request) {
 	}
 	api.ClientStreams(r, rq.Stream)
 	ctx := r.Context()
-	owner := api.KeyName(ctx)
+	owner := access.KeyName(ctx)
 	store := rq.Store && s.store != nil
 	if rq.Background && (s.runs == nil || s.store == nil) {
 		s.f.WriteError(w, r, api.InvalidParam("background", "background responses are not served by this edge (it keeps no run records)"), nil)
@@ -711,8 +712,8 @@ func (s *server) responsesBackground(w http.ResponseWriter, r *http.Request, req
 	_ = o.b.Event("response.created", map[string]any{"response": &snap})
 	_ = o.b.Event("response.queued", map[string]any{"response": &snap})
 	requestID := api.RecordRequest(r, req)
-	owner := api.KeyName(ctx)
-	release := api.KeepPermit(ctx)
+	owner := access.KeyName(ctx)
+	release := access.KeepPermit(ctx)
 	started := make(chan struct{})
 	rec := runs.Record{ID: resp.ID, Model: req.Model, Background: true, KeyName: owner, Metadata: resp.Metadata}
 	run, err := s.runs.Start(ctx, rec, func(ctx context.Context, run *runs.Run) {

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/access"
 	"iop/internal/runs"
 	"iop/internal/sse"
 )
@@ -98,7 +99,7 @@ func (s *server) responseEventsOf(ctx context.Context, id string) *responseEvent
 		return nil
 	}
 	run := s.runs.Live(id)
-	if run == nil || run.Record().KeyName != api.KeyName(ctx) {
+	if run == nil || run.Record().KeyName != access.KeyName(ctx) {
 		return nil
 	}
 	l, _ := run.Attached().(*responseEventLog)
@@ -139,7 +140,7 @@ func (s *server) streamResponse(w http.ResponseWriter, r *http.Request, id strin
 // goes away (the response runs on either way). A write that fails, or a
 // client gone, aborts the connection.
 func (s *server) followResponse(w http.ResponseWriter, r *http.Request, l *responseEventLog, after int) {
-	api.AnswerFinished(r.Context()) // following a response occupies no provider
+	access.AnswerFinished(r.Context()) // following a response occupies no provider
 	header := w.Header()
 	header.Set("Content-Type", "text/event-stream")
 	header.Set("Cache-Control", "no-cache")

@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/access"
 	"iop/internal/edge/contract"
 	"iop/internal/sse"
 	"iop/internal/translate"
@@ -131,7 +132,7 @@ func (o *responsesRender) store(ctx context.Context) error {
 	if o.save == nil {
 		return nil
 	}
-	defer api.AnswerFinished(ctx)
+	defer access.AnswerFinished(ctx)
 	if err := o.saveNow(ctx); err != nil {
 		return err
 	}

@@ -28,7 +28,7 @@
 //   - A refusal by the gateway (nothing dispatched) is answered to a
 //     synchronous submitter as the chat route answers it.
 //   - A run holds its key's request slot until its answer is finished,
-//     also in the background (api.KeepPermit).
+//     also in the background (access.KeepPermit).
 //   - A key sees only its own runs; another key's is 404.
 //
 // # Concurrency

@@ -9,6 +9,7 @@ import (
 	"net/http"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/access"
 	"iop/internal/edge/contract"
 	"iop/internal/runs"
 	"iop/internal/sse"
@@ -70,7 +71,7 @@ func (s *server) execute(ctx context.Context, run *runs.Run, t runTarget, refuse
 		},
 	})
 	// The run's answer is finished (also when it never started).
-	api.AnswerFinished(ctx)
+	access.AnswerFinished(ctx)
 	run.Finish(rc.outcome(ctx, d))
 }
 

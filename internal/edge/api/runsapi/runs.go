@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/access"
 	"iop/internal/edge/contract"
 	"iop/internal/runs"
 	"iop/internal/sse"
@@ -248,17 +249,17 @@ func (s *server) submitRun(w http.ResponseWriter, r *http.Request) {
 		SessionID:  sub.sessionID,
 		Background: sub.background,
 		Metadata:   sub.metadata,
-		KeyName:    api.KeyName(r.Context()),
+		KeyName:    access.KeyName(r.Context()),
 	}
 	requestID := api.RecordRequest(r, &contract.Request{Model: rec.Model})
-	if err := api.CheckModel(r.Context(), rec.Model); err != nil {
+	if err := access.CheckModel(r.Context(), rec.Model); err != nil {
 		s.f.WriteError(w, r, err, &contract.Request{Model: rec.Model})
 		return
 	}
 	nodeID, providerID := s.runs.Affinity(sub.sessionID)
 	// The run holds its key's request slot until it ends, also in the
 	// background after this request answered.
-	release := api.KeepPermit(r.Context())
+	release := access.KeepPermit(r.Context())
 	// The run's refusal by the gateway, if it got one: sent before the
 	// run finishes, so it is there once run.Wait saw it finish.
 	refused := make(chan error, 1)
@@ -453,7 +454,7 @@ func replayRecord(rec runs.Record) []byte {
 func (s *server) listRuns(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := runs.Filter{State: runs.State(q.Get("state")), Model: q.Get("model"), SessionID: q.Get("session_id"), After: q.Get("after"),
-		KeyName: api.KeyName(r.Context())}
+		KeyName: access.KeyName(r.Context())}
 	switch f.State {
 	case "", runs.StateQueued, runs.StateRunning, runs.StateComplete, runs.StateError, runs.StateCancelled:
 	default:
@@ -508,7 +509,7 @@ func (s *server) ownRun(r *http.Request, id string) (runs.Record, error) {
 
 // ownedBy reports whether the request's key may see rec.
 func ownedBy(r *http.Request, rec runs.Record) bool {
-	name := api.KeyName(r.Context())
+	name := access.KeyName(r.Context())
 	return name == "" || rec.KeyName == name
 }
 

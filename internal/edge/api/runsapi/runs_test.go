@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/access"
 	"iop/internal/edge/api/apitest"
 	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
@@ -197,7 +198,7 @@ func TestRegression_RunBrokenAnswerCountsForBreaker(t *testing.T) {
 // request's is. The runs API's own dispatch read no flow from the body.
 func TestRegression_RunFlowFromBodyUser(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t, api.Config{Flow: api.FlowUser}, okRun)
+	env := newEnv(t, api.Config{Flow: access.FlowUser}, okRun)
 	if rec := submitRun(t, env); rec.State != "complete" {
 		t.Fatalf("record %+v", rec)
 	}
