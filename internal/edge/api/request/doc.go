@@ -9,7 +9,9 @@
 // # Where things live
 //
 //	body.go          Body, DecodeChat, DecodeCompletion, DecodeEmbeddings: a body as a contract.Request
-//	decode.go        the chat body's checks, the Need* capabilities, the JSON type checks (Want*, DecodeValue)
+//	chat.go          the chat body's checks: messages, tools, tool_choice, reasoning, stop, response_format
+//	needs.go         the Need* capabilities a request can need of its provider
+//	check.go         the JSON type and number checks (Want*, DecodeValue), shared by every body
 //	completions.go   the completions body's checks
 //	embeddings.go    the embeddings body's checks
 //	input.go         a prompt or input (textInputOf), one parse of the body (parseBody, BodyParses)

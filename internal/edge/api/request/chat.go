@@ -1,8 +1,6 @@
 package request
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"math"
 	"slices"
@@ -11,56 +9,6 @@ import (
 
 	"iop/internal/jsonvalue"
 	"iop/internal/translate"
-)
-
-// Capabilities a request can need of its provider (contract.Request.Needs).
-const (
-	NeedTools  = "tools"
-	NeedVision = "vision"
-	// NeedChoices is a request for more than one choice ("n", or a
-	// completion's "best_of", above 1). No provider declares it: the edge
-	// finds it in tunnel-path (OpenAI-compatible) providers only, as Ollama
-	// and command-line providers answer one choice per request.
-	NeedChoices = "choices"
-	// NeedToolChoice is a request whose tool use only an OpenAI-compatible
-	// provider can keep to: parallel_tool_calls false without a forced
-	// call (an Ollama provider serves a forced call, as one call, through
-	// a format). Like NeedChoices, no provider declares it: tunnel-path
-	// providers have it (the request reaches them as sent).
-	NeedToolChoice = "tool_choice"
-	// NeedRemoteImages is a request with an image given by an http(s)
-	// URL: only a provider that fetches it itself (an OpenAI-compatible
-	// one, on the tunnel path) can take it; iop fetches nothing for
-	// Ollama providers.
-	NeedRemoteImages = "remote_images"
-	// NeedThinking is a request that asks the model to think: Ollama's
-	// "think" true or a level, OpenAI's reasoning_effort (or
-	// reasoning.effort) other than "none", or reasoning.enabled true. A
-	// served model whose server said its capabilities (Ollama's /api/show)
-	// has it only when they list "thinking": Ollama refuses think for any
-	// other ("does not support thinking"), so such a request goes to a
-	// provider whose model thinks.
-	NeedThinking = "thinking"
-	// NeedPromptBatch is a completions request with more than one prompt
-	// (an array of strings or of token arrays): one request, several
-	// answers. Ollama's /api/generate (and its own /v1/completions) takes
-	// one prompt string, so like NeedChoices only tunnel-path providers
-	// have it.
-	NeedPromptBatch = "prompt_batch"
-	// NeedTokenInput is a completions prompt or an embeddings input given
-	// as token ids: Ollama takes text only (/api/generate a string,
-	// /api/embed a string or strings), so only tunnel-path providers have
-	// it.
-	NeedTokenInput = "token_input"
-	// NeedLogprobs is a request for log probabilities (chat's logprobs true
-	// or top_logprobs, a completion's logprobs): the translation to
-	// Ollama's API returns none, so only tunnel-path providers have it.
-	NeedLogprobs = "logprobs"
-	// NeedOllamaLogprobs is an Ollama client's request for log
-	// probabilities (/api/chat's or /api/generate's logprobs true or
-	// top_logprobs above 0): only a provider that speaks Ollama's API
-	// returns them (the node relays them as they come).
-	NeedOllamaLogprobs = "ollama_logprobs"
 )
 
 // maxStopSequences is how many "stop" strings a request may give (OpenAI's
@@ -101,16 +49,6 @@ type chatRequest struct {
 	// ollama is the body's translate.ExtensionKey member.
 	ollama ollamaMember
 }
-
-// The JSON type a checked field must have, as an error message names it.
-const (
-	WantString  = "a string"
-	WantBool    = "a boolean"
-	WantInteger = "an integer"
-	WantNumber  = "a number"
-	WantArray   = "an array"
-	WantObject  = "an object"
-)
 
 // decodeChatRequest reads the fields the API needs from an OpenAI chat
 // completion request body (OpenAI API reference, "Create chat completion")
@@ -738,147 +676,3 @@ func severalChoicesOf(v *jsonvalue.Value) bool {
 	n, ok := parseInteger(string(v.Raw))
 	return ok && n > 1
 }
-
-// checkInteger checks that v, when present, is a JSON integer in
-// [min, max].
-func checkInteger(v *jsonvalue.Value, param string, min, max int64) error {
-	lit, err := numberLiteral(v, param, WantInteger)
-	if lit == "" || err != nil {
-		return err
-	}
-	if v, ok := parseInteger(lit); ok && v >= min && v <= max {
-		return nil
-	}
-	if integralIn(lit, min, max) {
-		return notPlainInteger(param, lit)
-	}
-	return &FieldError{Field: param, Message: fmt.Sprintf("must be an integer between %d and %d, got %s", min, max, Clip(lit))}
-}
-
-// checkNumber checks that v, when present, is a JSON number that fits a
-// float64. (One too small to represent is 0, as encoding/json reads it.)
-func checkNumber(v *jsonvalue.Value, param string) error {
-	lit, err := numberLiteral(v, param, WantNumber)
-	if lit == "" || err != nil {
-		return err
-	}
-	if _, err := strconv.ParseFloat(lit, 64); err != nil {
-		return &FieldError{Field: param, Message: "number out of range, got " + Clip(lit)}
-	}
-	return nil
-}
-
-// numberLiteral returns the JSON number literal v holds, "" if v is
-// absent or null, or a *FieldError if v is another JSON type.
-func numberLiteral(v *jsonvalue.Value, param, want string) (string, error) {
-	if v.Absent() {
-		return "", nil
-	}
-	if c := v.Kind(); c != '-' && (c < '0' || c > '9') {
-		return "", &FieldError{Field: param, Message: fmt.Sprintf("expected %s, got %s", want, v.TypeName())}
-	}
-	return string(v.Raw), nil
-}
-
-// parseInteger returns the value of a JSON number literal written as an
-// integer (no fraction, no exponent) that fits an int64.
-func parseInteger(lit string) (int64, bool) {
-	if strings.ContainsAny(lit, ".eE") {
-		return 0, false
-	}
-	v, err := strconv.ParseInt(lit, 10, 64)
-	return v, err == nil
-}
-
-// integralIn reports whether a JSON number literal has an integral value in
-// [min, max] (as near as a float64 tells).
-func integralIn(lit string, min, max int64) bool {
-	f, err := strconv.ParseFloat(lit, 64)
-	return err == nil && f == math.Trunc(f) && f >= float64(min) && f < float64(max)+1
-}
-
-func notPlainInteger(param, lit string) error {
-	return &FieldError{Field: param, Message: "must be an integer written without a fraction or exponent, got " + Clip(lit)}
-}
-
-// checkType checks that v, when present and not null, has the JSON type
-// want names; else a *FieldError naming param.
-func checkType(v *jsonvalue.Value, param, want string) error {
-	if v.Absent() {
-		return nil
-	}
-	var ok bool
-	switch k := v.Kind(); want {
-	case WantString:
-		ok = k == '"'
-	case WantBool:
-		ok = k == 't' || k == 'f'
-	case WantArray:
-		ok = k == '['
-	case WantObject:
-		ok = k == '{'
-	case WantNumber, WantInteger:
-		ok = k == '-' || k >= '0' && k <= '9'
-	}
-	if !ok {
-		return &FieldError{Field: param, Message: fmt.Sprintf("expected %s, got %s", want, v.TypeName())}
-	}
-	return nil
-}
-
-// stringOf is v's text when v is a string, "" when absent or null, else a
-// *FieldError naming param.
-func stringOf(v *jsonvalue.Value, param string) (string, error) {
-	if err := checkType(v, param, WantString); err != nil || v.Absent() {
-		return "", err
-	}
-	return v.Text(), nil
-}
-
-// boolOf is v's value when v is a boolean, false when absent or null,
-// else a *FieldError naming param.
-func boolOf(v *jsonvalue.Value, param string) (bool, error) {
-	if err := checkType(v, param, WantBool); err != nil {
-		return false, err
-	}
-	return v.Kind() == 't', nil
-}
-
-// elemsOf is an array's elements; none for anything else.
-func elemsOf(v *jsonvalue.Value) []jsonvalue.Value {
-	if v.Kind() != '[' {
-		return nil
-	}
-	return v.Elems
-}
-
-// DecodeValue decodes raw, the value of a request's parameter param, into
-// dst; null or nothing leaves dst alone. A value of another JSON type is
-// a *FieldError naming param: "expected <want>, got <its type>" (want:
-// WantString, WantBool, WantObject, ...).
-func DecodeValue(raw json.RawMessage, param, want string, dst any) error {
-	if isAbsent(raw) {
-		return nil
-	}
-	if err := json.Unmarshal(raw, dst); err != nil {
-		return &FieldError{Field: param, Message: fmt.Sprintf("expected %s, got %s", want, jsonKind(raw))}
-	}
-	return nil
-}
-
-// isAbsent reports whether a raw value is missing or JSON null.
-func isAbsent(raw json.RawMessage) bool {
-	return len(raw) == 0 || firstByte(raw) == 'n'
-}
-
-// firstByte is the first non-space byte of a JSON value, 0 if none.
-func firstByte(raw []byte) byte {
-	raw = bytes.TrimLeft(raw, " \t\r\n")
-	if len(raw) == 0 {
-		return 0
-	}
-	return raw[0]
-}
-
-// jsonKind names the JSON type of a valid JSON value, for error messages.
-func jsonKind(raw []byte) string { return jsonvalue.KindName(firstByte(raw)) }
