@@ -22,7 +22,7 @@ import (
 // route finds them in the canonical body, from what the translation
 // decoded (Roles, InputChars, Images, Tools, ReasoningEffort) instead of
 // decoding the body it generated. The client's tools are parsed here,
-// once (the translation passes them on unread). Errors are InvalidParam's
+// once (the translation passes them on unread). Errors are *FieldError
 // naming the field, as the route's.
 func TranslatedChatNeeds(tr *translate.Request) (needs []string, estimate int, err error) {
 	for i, role := range tr.Roles {
