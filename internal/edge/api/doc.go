@@ -4,9 +4,10 @@
 // in the client's wire format. Client API packages under it register
 // their routes on the frame: openai, anthropic, ollama, responses and runsapi through
 // Config.APIs (they serve with the Frame), admin and batch through Config.Routes; the frame never
-// imports them. Package apitest is their tests' harness. Package
-// observe holds a request's record, its log line, ledger row and span;
-// package access what a request's key may do.
+// imports them. Package apitest is their tests' harness; package request
+// decodes and checks the request bodies (its *FieldError is answered 400
+// by Classify); package observe holds a request's record, its log line,
+// ledger row and span; package access what a request's key may do.
 //
 // # Where things live
 //
@@ -14,8 +15,8 @@
 //	frame.go          Frame, API, Renderer, ErrorShape: what a client API package serves with; Answer's exported methods
 //	frame_detached.go Frame.ServeDetached (a run with no connection), ChatChunks, and the rest a client API package needs
 //	frame_record.go   Answer.RelayRecorded, NewRunID: what the runs API records a run with
-//	frame_openai.go   Body, DecodeChat, DecodeCompletion, DecodeEmbeddings; the Answer's relay, SSE writer and error event
-//	frame_translated.go  what an API that translates its bodies needs (ollama): any-type bodies, the checks of a translation, tunnelAnswer
+//	frame_openai.go   the Answer's relay, SSE writer, error event and embeddings vectors, for package openai
+//	frame_translated.go  what an API that translates its bodies needs (ollama): any-type bodies, tunnelAnswer
 //	access.go         admit: a request's key, quota and request slot, in that order (package access)
 //	quota.go          reserveQuota: the body read for a key's quota (access.Reserve); rate-limit headers, quotaError
 //	errors.go         classify: the one mapping of every failure to a status and an OpenAI error body
@@ -24,8 +25,6 @@
 //	chat.go render.go Answer: a run rendered into an http.ResponseWriter; the tunnel relay
 //	chunks.go         chunkRenderer: chat.completion.chunk events for the chat stream and run logs (ChatChunks)
 //	tunnelhold.go     finalHold: one reader of a tunnel stream, holding the bytes that end it
-//	decode.go         the OpenAI bodies' checks, needs and estimates (one parse, package jsonvalue)
-//	completions.go embeddings.go  the completions and embeddings bodies' checks
 //
 // # Routes
 //
