@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 
+	"iop/internal/edge/api/stream"
 	"iop/internal/edge/contract"
 	"iop/internal/sse"
 )
@@ -81,7 +82,7 @@ type Answer struct {
 	eventWriter *sse.Writer
 	// recorder, if set, is told of the events of a relayed stream
 	// (RelayRecorded).
-	recorder eventRecorder
+	recorder func(stream.Event)
 }
 
 // recv is Run.Recv with its failures turned into outcomes: io.EOF before a

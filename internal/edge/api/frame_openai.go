@@ -100,7 +100,3 @@ func (rr *Answer) ReadVectors(inputs int) (vectors [][]float32, promptTokens int
 	vectors, err = er.vectors(inputs)
 	return vectors, er.usage.PromptTokens, err
 }
-
-// Finish renders the chunk with the finish reason, as End does, without
-// the usage chunk.
-func (c *ChatChunks) Finish(finish string) error { return c.c.end(finish, nil) }
