@@ -6,7 +6,8 @@
 // Config.APIs (they serve with the Frame), admin and batch through Config.Routes; the frame never
 // imports them. Package apitest is their tests' harness; package stream
 // holds the relay's stream pieces (a tunnel answer's one reader and usage,
-// the chat chunk renderer).
+// the chat chunk renderer), package bodycoding a request body's
+// Content-Encoding.
 //
 // # Where things live
 //

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"iop/internal/edge/api/bodycoding"
 	"iop/internal/edge/contract"
 	"iop/internal/jsonvalue"
 	"iop/internal/modelname"
@@ -178,8 +179,8 @@ func readAllBody(r *http.Request) ([]byte, error) {
 		if encErr, ok := errors.AsType[*encodingError](err); ok {
 			return nil, encErr
 		}
-		if errors.Is(err, errBodyEncoding) {
-			return nil, &requestError{message: errBodyEncoding.Error()}
+		if errors.Is(err, bodycoding.ErrCorrupt) {
+			return nil, &requestError{message: bodycoding.ErrCorrupt.Error()}
 		}
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
