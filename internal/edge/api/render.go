@@ -2,7 +2,6 @@ package api
 
 import (
 	"errors"
-	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -101,7 +100,7 @@ func (rr *Answer) tunnel() string {
 					header[name] = values[n-1 : n : n]
 				}
 			}
-			hold.SSE = isEventStream(header.Get("Content-Type"))
+			hold.SSE = sse.IsEventStream(header.Get("Content-Type"))
 			if !hold.SSE && bodyAllowed(status) {
 				switch {
 				case ev.End:
@@ -303,35 +302,6 @@ func (f writeFunc) Write(p []byte) (int, error) {
 		return 0, err
 	}
 	return len(p), nil
-}
-
-// isEventStream reports whether contentType's media type is
-// text/event-stream. A type that does not name event-stream anywhere (a
-// JSON answer's) is told without parsing it (mime.ParseMediaType
-// allocates its parameters' map), with the same result.
-func isEventStream(contentType string) bool {
-	if !containsFold(contentType, "event-stream") {
-		return false
-	}
-	mediaType, _, err := mime.ParseMediaType(contentType)
-	return err == nil && mediaType == "text/event-stream"
-}
-
-// containsFold reports whether s may contain substr (lower-case ASCII
-// letters and '-') under case folding, as mime.ParseMediaType lowers a
-// media type: each byte is compared with its 0x20 bit set, which maps an
-// upper-case letter to its lower case (and may match more, never less).
-func containsFold(s, substr string) bool {
-	for i := 0; i+len(substr) <= len(s); i++ {
-		j := 0
-		for j < len(substr) && s[i+j]|0x20 == substr[j] {
-			j++
-		}
-		if j == len(substr) {
-			return true
-		}
-	}
-	return false
 }
 
 // eventReader reads the run events of a normalized-path run.

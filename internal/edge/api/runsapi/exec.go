@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"mime"
 	"net/http"
 
 	"iop/internal/edge/api"
@@ -61,7 +60,7 @@ func (s *server) execute(ctx context.Context, run *runs.Run, t runTarget, refuse
 			dispatched = true
 			rc.dispatched(info)
 			reason := a.RelayRecorded(rc.tunnelEvent)
-			rc.sse = isEventStream(a.ResponseWriter().Header().Get("Content-Type"))
+			rc.sse = sse.IsEventStream(a.ResponseWriter().Header().Get("Content-Type"))
 			return reason
 		},
 		Normalized: func(a *api.Answer, info contract.DispatchInfo) string {
@@ -201,13 +200,6 @@ func errorMessage(raw json.RawMessage) string {
 		return e.Message
 	}
 	return api.Clip(string(raw))
-}
-
-// isEventStream reports whether contentType's media type is
-// text/event-stream.
-func isEventStream(contentType string) bool {
-	mediaType, _, err := mime.ParseMediaType(contentType)
-	return err == nil && mediaType == "text/event-stream"
 }
 
 // outcome is how the recorded answer ended, from d, how its request
