@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"iop/internal/edge/api/request"
+	"iop/internal/edge/api/stream"
 	"iop/internal/edge/contract"
 	"iop/internal/sse"
 )
@@ -84,7 +85,7 @@ type Answer struct {
 	eventWriter *sse.Writer
 	// recorder, if set, is told of the events of a relayed stream
 	// (RelayRecorded).
-	recorder eventRecorder
+	recorder func(stream.Event)
 }
 
 // recv is Run.Recv with its failures turned into outcomes: io.EOF before a
