@@ -224,7 +224,7 @@ func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
 		c.logRun(slog.LevelWarn, r, d, "run stream failed before open", "err", err)
 		return
 	}
-	c.runOn(stream, r, d, p, false)
+	c.runOn(stream, nil, r, d, p)
 }
 
 // runOn serves run r, whose Dispatch is d, on its open stream: it
@@ -232,19 +232,20 @@ func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
 // is called at once), runs the provider, and sends the answer up, ending
 // with one terminal frame, after which it sends nothing more on the
 // stream. It returns once the edge has ended the stream (or the connection
-// ended). On a warm stream (warm) it does not half-close the stream after
+// ended). On a warm stream (rd, the stream's one reader, is set; nil on
+// a stream of the run's own) it does not half-close the stream after
 // the terminal frame: the edge may send the next run's Dispatch down it
 // instead of ending it, which runOn then returns (nil when the stream
 // ended). A run that sent no terminal frame (its adapter ended without
 // one) half-closes the stream, as on a stream of its own, so the edge ends
 // the run as aborted.
-func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, warm bool) (next *nodev1.Dispatch) {
-	bodies := make(chan bodyResult, 1)
-	readerDone := make(chan struct{})
-	go func() { // the only caller of stream.Recv
-		defer close(readerDone)
-		next = readRunDownTo(stream, r, d.BodyInline, streamedOp(d.Operation), bodies)
-	}()
+func (c *conn) runOn(stream runStream, rd *downReader, r *run, d *nodev1.Dispatch, p *provider) (next *nodev1.Dispatch) {
+	warm := rd != nil
+	var bodies chan bodyResult // nil for a body that came inline: none is delivered
+	if !d.BodyInline {
+		bodies = make(chan bodyResult, 1)
+	}
+	down := readDown(stream, rd, r, d, bodies)
 	events := &eventSink{s: stream, last: r.lastFrame}
 	workCtx := r.workCtx
 	var spans *runSpans
@@ -340,7 +341,7 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 		c.logRun(slog.LevelWarn, r, d, "run failed", "err", err)
 	}
 	if !warm {
-		<-readerDone // the edge ends the stream after our last frame
+		<-down // the edge ends the stream after our last frame
 		return nil
 	}
 	// The run is over at the provider: it is no run in flight while its
@@ -353,12 +354,69 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 	// (TestRegression_DrainKeepsAnswersFinishedAsItBegan).
 	c.finishWarm(r)
 	c.warmIdle()
-	<-readerDone
+	next = <-down
 	if next == nil {
 		c.warmGone()
 	}
 	c.acknowledged()
 	return next
+}
+
+// readDown starts reading r's side of stream (readRunDownTo, for d's
+// body) and returns the channel that gives what it returned: the next
+// Dispatch, or nil once the stream ended. On a warm stream the stream's
+// one reader (rd) reads it; on a stream of the run's own, a goroutine of
+// its own. Either is the only caller of stream.Recv until that value is
+// received.
+func readDown(stream runStream, rd *downReader, r *run, d *nodev1.Dispatch, bodies chan<- bodyResult) <-chan *nodev1.Dispatch {
+	if rd != nil {
+		rd.jobs <- downJob{r: r, inline: d.BodyInline, streamed: streamedOp(d.Operation), bodies: bodies}
+		return rd.next
+	}
+	down := make(chan *nodev1.Dispatch, 1)
+	inline, streamed := d.BodyInline, streamedOp(d.Operation)
+	go func() { down <- readRunDownTo(stream, r, inline, streamed, bodies) }()
+	return down
+}
+
+// downReader is a warm run stream's one reader, for the stream's whole
+// life: it reads each run's side of the stream (readRunDownTo) when that
+// run's goroutine hands it the run (jobs), and gives back what it
+// returned (next: the next Dispatch, or nil once the stream ended) before
+// it reads again. Between runs it is parked on jobs and nothing calls
+// stream.Recv but the warm stream's goroutine (serveWarm, refuseOn). One
+// goroutine per stream, not one per run: a run's reader no longer starts
+// on a fresh stack that protobuf's decoder grows at every run.
+type downReader struct {
+	jobs chan downJob
+	next chan *nodev1.Dispatch
+	done chan struct{} // closed when the reader returned
+}
+
+// downJob is one run for a downReader: readRunDownTo's arguments.
+type downJob struct {
+	r                *run
+	inline, streamed bool
+	bodies           chan<- bodyResult
+}
+
+// newDownReader starts stream's reader; stop ends it.
+func newDownReader(stream runStream) *downReader {
+	rd := &downReader{jobs: make(chan downJob), next: make(chan *nodev1.Dispatch, 1), done: make(chan struct{})}
+	go func() {
+		defer close(rd.done)
+		for j := range rd.jobs {
+			rd.next <- readRunDownTo(stream, j.r, j.inline, j.streamed, j.bodies)
+		}
+	}()
+	return rd
+}
+
+// stop ends the reader and waits for it; every run handed to it must
+// have received its next value.
+func (rd *downReader) stop() {
+	close(rd.jobs)
+	<-rd.done
 }
 
 // inlineBody is the body a Dispatch carried inline, or ErrBodyTooLarge
