@@ -311,7 +311,11 @@ func (c *conn) runOn(stream runStream, rd *downReader, r *run, d *nodev1.Dispatc
 		// The adapter sent the terminal frame itself: a terminal event,
 		// or a tunnel head with the whole body (End).
 		ended := events.ended || sentLast
-		if last := terminal(p.path, err); last != nil && !ended {
+		var last *nodev1.RunUp
+		if !ended {
+			last = terminal(p.path, err)
+		}
+		if last != nil {
 			r.lastFrame() // before the edge can read the end
 			if spans != nil {
 				spans.lastAt = time.Now()
