@@ -161,8 +161,9 @@ func (c *conn) cancelRun(runID, reason string) {
 // finishWarm forgets r, whose terminal frame went up a warm stream the
 // edge has not yet ended or reused, and counts it unacknowledged (c.unread)
 // in the same step, so a drain never sees it neither in flight nor
-// unacknowledged; acknowledged ends that count. Both wake the session
-// goroutine as removeRun does.
+// unacknowledged; acknowledged ends that count, and wakes the session
+// goroutine as removeRun does. finishWarm wakes nobody: with the run
+// unacknowledged, no drain can be done.
 func (c *conn) finishWarm(r *run) {
 	c.mu.Lock()
 	if c.runs[r.id] == r {
@@ -173,7 +174,6 @@ func (c *conn) finishWarm(r *run) {
 	c.a.untrack(r)
 	c.a.inflight.remove(r)
 	c.a.kickResidencyAfter(r.provider, r.model)
-	c.wakeSession()
 }
 
 // acknowledged ends the count finishWarm started: the edge ended or
@@ -181,26 +181,35 @@ func (c *conn) finishWarm(r *run) {
 func (c *conn) acknowledged() {
 	c.mu.Lock()
 	c.unread--
+	draining := c.draining
 	c.mu.Unlock()
-	c.wakeSession()
+	if draining {
+		c.wakeSession()
+	}
 }
 
-// removeRun forgets r and wakes the session goroutine (a drain waits for
-// the last run).
+// removeRun forgets r and, while a drain waits for the last run, wakes
+// the session goroutine.
 func (c *conn) removeRun(r *run) {
 	c.mu.Lock()
 	if c.runs[r.id] == r {
 		delete(c.runs, r.id)
 	}
+	draining := c.draining
 	c.mu.Unlock()
 	c.a.untrack(r)
 	c.a.inflight.remove(r)
 	c.a.kickResidencyAfter(r.provider, r.model)
-	c.wakeSession()
+	if draining {
+		c.wakeSession()
+	}
 }
 
 // wakeSession fills runEnded's one slot: the session goroutine checks
-// whether a drain is done.
+// whether a drain is done. Only a change seen while c.draining needs it:
+// one before the drain began is seen by the session goroutine's own
+// check after startDrain (both under c.mu). Waking it at every run's end
+// cost two goroutine hand-offs per run.
 func (c *conn) wakeSession() {
 	select {
 	case c.runEnded <- struct{}{}:
