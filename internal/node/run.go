@@ -208,8 +208,8 @@ func (c *conn) removeRun(r *run) {
 // wakeSession fills runEnded's one slot: the session goroutine checks
 // whether a drain is done. Only a change seen while c.draining needs it:
 // one before the drain began is seen by the session goroutine's own
-// check after startDrain (both under c.mu). Waking it at every run's end
-// cost two goroutine hand-offs per run.
+// check after startDrain (both under c.mu). Runs end without it while
+// no drain is under way: no goroutine hand-off per run.
 func (c *conn) wakeSession() {
 	select {
 	case c.runEnded <- struct{}{}:
@@ -398,8 +398,8 @@ func readDown(stream runStream, rd *downReader, r *run, d *nodev1.Dispatch, bodi
 // returned (next: the next Dispatch, or nil once the stream ended) before
 // it reads again. Between runs it is parked on jobs and nothing calls
 // stream.Recv but the warm stream's goroutine (serveWarm, refuseOn). One
-// goroutine per stream, not one per run: a run's reader no longer starts
-// on a fresh stack that protobuf's decoder grows at every run.
+// goroutine per stream, not one per run, so the stack protobuf's decoder
+// grows serves every run of the stream.
 type downReader struct {
 	jobs chan downJob
 	next chan *nodev1.Dispatch
