@@ -28,14 +28,6 @@ var errRunNotFound = errors.New("run not found")
 // may not use: ErrModelNotAllowed (403); nil on an open API.
 func CheckModel(ctx context.Context, model string) error { return checkModel(ctx, model) }
 
-// DecodeValue decodes raw, the value of a request's parameter param, into
-// dst; null or nothing leaves dst alone. A value of another JSON type is
-// a 400 naming param: "expected <want>, got <its type>" (want: "a
-// string", "a boolean", "an object", ...).
-func DecodeValue(raw json.RawMessage, param, want string, dst any) error {
-	return decodeValue(raw, param, want, dst)
-}
-
 // StreamEvent is one event of a relayed tunnel event stream, read once
 // by the stream's one reader: its data (valid only during the call),
 // whether it is [DONE], and the usage object it carries, in tokens.

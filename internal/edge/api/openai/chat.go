@@ -5,15 +5,16 @@ import (
 	"strings"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 )
 
 // chatCompletions serves POST /v1/chat/completions: the body is checked
-// (api.DecodeChat) and dispatched with Operation CHAT; a normalized run
+// (request.DecodeChat) and dispatched with Operation CHAT; a normalized run
 // is rendered as one chat.completion object, or with "stream": true as
 // chat.completion.chunk events (chatRender).
 func (s *server) chatCompletions(w http.ResponseWriter, r *http.Request) {
-	s.serve(w, r, "chat.completions", api.DecodeChat, func(a *api.Answer, info contract.DispatchInfo, b *api.Body, model string) string {
+	s.serve(w, r, "chat.completions", request.DecodeChat, func(a *api.Answer, info contract.DispatchInfo, b *request.Body, model string) string {
 		c := &chatRender{Answer: a, id: "chatcmpl-" + info.RunID, created: s.f.Now().Unix(), model: model, includeUsage: b.IncludeUsage}
 		if b.Request.Stream {
 			return c.stream()
