@@ -10,6 +10,7 @@ import (
 
 	"iop/internal/edge/api/access"
 	"iop/internal/edge/api/request"
+	"iop/internal/edge/api/stream"
 	"iop/internal/edge/contract"
 	"iop/internal/sse"
 )
@@ -85,7 +86,7 @@ type Answer struct {
 	eventWriter *sse.Writer
 	// recorder, if set, is told of the events of a relayed stream
 	// (RelayRecorded).
-	recorder eventRecorder
+	recorder func(stream.Event)
 }
 
 // recv is Run.Recv with its failures turned into outcomes: io.EOF before a

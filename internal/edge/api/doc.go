@@ -6,14 +6,17 @@
 // Config.APIs (they serve with the Frame), admin and batch through Config.Routes; the frame never
 // imports them. Package apitest is their tests' harness; package request
 // decodes and checks the request bodies (its *FieldError is answered 400
-// by Classify); package observe holds a request's record, its log line,
-// ledger row and span; package access what a request's key may do.
+// by Classify); package stream holds the relay's stream pieces (a tunnel
+// answer's one reader and usage, the chat chunk renderer), package
+// bodycoding a request body's Content-Encoding; package observe holds a
+// request's record, its log line, ledger row and span; package access
+// what a request's key may do.
 //
 // # Where things live
 //
 //	handler.go        New, ServeHTTP: routing, body caps and lingering, write deadlines, abort on nothing written
 //	frame.go          Frame, API, Renderer, ErrorShape: what a client API package serves with; Answer's exported methods
-//	frame_detached.go Frame.ServeDetached (a run with no connection), ChatChunks, and the rest a client API package needs
+//	frame_detached.go Frame.ServeDetached (a run with no connection), and the rest a client API package needs
 //	frame_record.go   Answer.RelayRecorded, NewRunID: what the runs API records a run with
 //	frame_openai.go   the Answer's relay, SSE writer, error event and embeddings vectors, for package openai
 //	frame_translated.go  what an API that translates its bodies needs (ollama): any-type bodies, tunnelAnswer
@@ -22,9 +25,7 @@
 //	errors.go         classify: the one mapping of every failure to a status and an OpenAI error body
 //	observe.go        the glue to package observe: a request's observation in its context, finish (log line, Observer, ledger)
 //	dispatch.go       serveRun/serveRunWith: dispatch, then render by execution path
-//	chat.go render.go Answer: a run rendered into an http.ResponseWriter; the tunnel relay
-//	chunks.go         chunkRenderer: chat.completion.chunk events for the chat stream and run logs (ChatChunks)
-//	tunnelhold.go     finalHold: one reader of a tunnel stream, holding the bytes that end it
+//	chat.go render.go Answer: a run rendered into an http.ResponseWriter; the tunnel relay (its reader: stream.FinalHold)
 //
 // # Routes
 //

@@ -55,7 +55,3 @@ func (rr *Answer) ReadVectors(inputs int) (vectors [][]float32, promptTokens int
 	}
 	return vectors, er.usage.PromptTokens, err
 }
-
-// Finish renders the chunk with the finish reason, as End does, without
-// the usage chunk.
-func (c *ChatChunks) Finish(finish string) error { return c.c.end(finish, nil) }

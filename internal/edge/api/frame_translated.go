@@ -7,8 +7,10 @@ import (
 	"os"
 	"strconv"
 
+	"iop/internal/edge/api/bodycoding"
 	"iop/internal/edge/contract"
 	"iop/internal/modelname"
+	"iop/internal/sse"
 	"iop/internal/translate"
 )
 
@@ -93,8 +95,8 @@ func readAllBody(r *http.Request) ([]byte, error) {
 		if encErr, ok := errors.AsType[*encodingError](err); ok {
 			return nil, encErr
 		}
-		if errors.Is(err, errBodyEncoding) {
-			return nil, &requestError{message: errBodyEncoding.Error()}
+		if errors.Is(err, bodycoding.ErrCorrupt) {
+			return nil, &requestError{message: bodycoding.ErrCorrupt.Error()}
 		}
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
@@ -110,14 +112,14 @@ func readAllBody(r *http.Request) ([]byte, error) {
 }
 
 // tunnelAnswer reads a tunnel-path run to its end. A 2xx event stream is
-// handed to onSSE as it arrives (sse is then true); with onSSE nil, or for
+// handed to onSSE as it arrives (stream is then true); with onSSE nil, or for
 // any other 2xx answer, the body is returned whole. Errors: an
 // *upstreamError with the provider's status and message for an error
 // status or a tunnel failure, one of status 502 for a body over
 // Config.MaxAnswerBytes, onSSE's error through streamError,
 // ErrUpstreamProtocol or errUpstreamEnded for a run that breaks the
 // tunnel's message order, and recv's errors.
-func (rr *Answer) tunnelAnswer(onSSE func(data []byte) error) (sse bool, body []byte, err error) {
+func (rr *Answer) tunnelAnswer(onSSE func(data []byte) error) (stream bool, body []byte, err error) {
 	status, retryAfter := 0, ""
 	var next tunnelQueue
 	for {
@@ -137,7 +139,7 @@ func (rr *Answer) tunnelAnswer(onSSE func(data []byte) error) (sse bool, body []
 			for name, value := range ev.Headers {
 				switch http.CanonicalHeaderKey(name) {
 				case "Content-Type":
-					sse = onSSE != nil && status < 300 && isEventStream(value)
+					stream = onSSE != nil && status < 300 && sse.IsEventStream(value)
 				case "Retry-After":
 					// The provider's, for the Ollama client as an OpenAI
 					// client gets it.
@@ -153,7 +155,7 @@ func (rr *Answer) tunnelAnswer(onSSE func(data []byte) error) (sse bool, body []
 				return false, nil, ErrUpstreamProtocol
 			}
 			data := ev.Data
-			if sse {
+			if stream {
 				if err := onSSE(data); err != nil {
 					return false, nil, streamError(err)
 				}
@@ -170,7 +172,7 @@ func (rr *Answer) tunnelAnswer(onSSE func(data []byte) error) (sse bool, body []
 			if status >= 300 {
 				return false, nil, &upstreamError{status: status, message: clipTo(translate.DecodeOpenAIError(body), maxErrorTextBytes), retryAfter: retryAfter}
 			}
-			return sse, body, nil
+			return stream, body, nil
 		case contract.EventFailure:
 			return false, nil, failureError(ev)
 		default:

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"iop/internal/edge/api/observe"
+	"iop/internal/edge/api/stream"
 	"iop/internal/edge/contract"
 )
 
@@ -15,8 +16,8 @@ import (
 // and the usage read of a relayed tunnel answer. Only the request's
 // goroutine touches it. Its methods do nothing on a nil *observation.
 type observation struct {
-	h     *handler      // the frame serving the request (frameOf); nil for a run's
-	usage *usageScanner // tunnel path only (tunnelEvent, tunnelBody)
+	h     *handler             // the frame serving the request (frameOf); nil for a run's
+	usage *stream.UsageScanner // tunnel path only (TunnelEvent, TunnelBody)
 	req   observe.Request
 }
 
@@ -85,31 +86,31 @@ func (o *observation) ended(reason string) contract.Outcome {
 	return o.get().Ended(reason, runOutcome(reason))
 }
 
-// tunnelEvent records one event of a relayed tunnel stream, as its one
-// reader (finalHold) read it: content arriving now, and its usage.
-func (o *observation) tunnelEvent(ev *streamEvent) {
+// TunnelEvent records one event of a relayed tunnel stream, as its one
+// reader (stream.FinalHold) read it: content arriving now, and its usage.
+func (o *observation) TunnelEvent(ev *stream.Event) {
 	if o == nil {
 		return
 	}
 	if o.usage == nil {
-		o.usage = &usageScanner{sse: true}
+		o.usage = &stream.UsageScanner{}
 	}
-	o.usage.event(ev)
-	if ev.content {
+	o.usage.Event(ev)
+	if ev.Content {
 		o.content(1)
 	}
 }
 
-// tunnelBody keeps the next bytes of a relayed tunnel answer that is not
-// an event stream, for its usage (usageScanner.end).
-func (o *observation) tunnelBody(p []byte) {
+// TunnelBody keeps the next bytes of a relayed tunnel answer that is not
+// an event stream, for its usage (stream.UsageScanner.End).
+func (o *observation) TunnelBody(p []byte) {
 	if o == nil {
 		return
 	}
 	if o.usage == nil {
-		o.usage = &usageScanner{}
+		o.usage = &stream.UsageScanner{}
 	}
-	o.usage.json(p)
+	o.usage.Body(p)
 }
 
 // admissionOf is the admission of a failed Dispatch (contract.AdmissionOf).
@@ -142,7 +143,7 @@ func runOutcome(reason string) contract.Outcome {
 // RequestRecord, so they agree on the request's outcome.
 func (h *handler) finish(ctx context.Context, o *observation, status int) {
 	if o.usage != nil {
-		if in, out, ok := o.usage.end(); ok {
+		if in, out, ok := o.usage.End(); ok {
 			o.req.Tokens(in, out)
 		}
 	}

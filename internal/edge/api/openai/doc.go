@@ -15,7 +15,7 @@
 // # Where things live
 //
 //	routes.go       Routes; serve: read, decode, dispatch, render by execution path
-//	chat.go         chatRender: one chat.completion, or chat.completion.chunk events (api.ChatChunks)
+//	chat.go         chatRender: one chat.completion, or chat.completion.chunk events (stream.ChatChunks)
 //	completions.go  textRender: one text_completion, or text_completion chunks
 //	embeddings.go   the embeddings list: vectors as numbers or base64
 //
