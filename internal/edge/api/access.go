@@ -54,33 +54,16 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request
 		writeError(w, r, err, nil)
 		return nil, release, false
 	}
-	if h.isAdminPath(r.URL.Path) {
-		switch {
-		case h.cfg.AdminKeys.Authenticate(secret) != nil:
-			return r, release, true
-		case secret == "":
-			return refuse(access.ErrMissingKey)
-		case h.cfg.Keys.Authenticate(secret) != nil:
-			return refuse(access.ErrNotAdminKey)
-		default:
-			return refuse(access.ErrWrongKey)
-		}
+	var internal *auth.Caller
+	if ic := internalOf(r.Context()); ic != nil {
+		internal = ic.caller
 	}
-	if h.cfg.Keys.Len() == 0 {
+	caller, err := access.Authenticate(h.cfg.Keys, h.cfg.AdminKeys, h.isAdminPath(r.URL.Path), secret, internal)
+	if err != nil {
+		return refuse(err)
+	}
+	if caller == nil {
 		return r, release, true
-	}
-	caller := h.cfg.Keys.Authenticate(secret)
-	if ic := internalOf(r.Context()); ic != nil && ic.caller != nil {
-		caller = ic.caller
-	}
-	switch {
-	case caller != nil:
-	case secret == "":
-		return refuse(access.ErrMissingKey)
-	case h.cfg.AdminKeys.Authenticate(secret) != nil:
-		return refuse(access.ErrAdminKeyOnAPI)
-	default:
-		return refuse(access.ErrWrongKey)
 	}
 	ctx := auth.NewContext(r.Context(), caller)
 	obsOf(r).key(caller.Name())

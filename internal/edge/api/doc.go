@@ -20,7 +20,7 @@
 //	frame_record.go   Answer.RelayRecorded, NewRunID: what the runs API records a run with
 //	frame_openai.go   the Answer's relay, SSE writer, error event and embeddings vectors, for package openai
 //	frame_translated.go  what an API that translates its bodies needs (ollama): any-type bodies, tunnelAnswer
-//	access.go         admit: a request's key, quota and request slot, in that order (package access)
+//	access.go         admit: a request's key (access.Authenticate), quota and request slot, in that order
 //	quota.go          reserveQuota: the body read for a key's quota (access.Reserve); rate-limit headers, quotaError
 //	errors.go         classify: the one mapping of every failure to a status and an OpenAI error body
 //	observe.go        the glue to package observe: a request's observation in its context, finish (log line, Observer, ledger)

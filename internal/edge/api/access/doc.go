@@ -6,7 +6,7 @@
 // # Where things live
 //
 //	errors.go  the access refusals (ErrMissingKey, ErrWrongKey, ...), BodyError
-//	keys.go    admin and public paths, CheckModel/Allowed/Models, KeyName, RetryAfterSeconds
+//	keys.go    Authenticate (which key a path needs), admin and public paths, CheckModel/Allowed/Models, KeyName, RetryAfterSeconds
 //	permit.go  a key's request slot: Admit (local or at the scheduler leader), WithPermit, AnswerFinished, KeepPermit
 //	flow.go    flow sources and names (FlowName, BodyUser, FlowHeader), PriorityHeader, PriorityName
 //	quota.go   Quota, Reserve (a request's worst case, the clamp of an uncapped answer), RateLimitHeaders, QuotaMessage

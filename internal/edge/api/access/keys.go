@@ -73,3 +73,44 @@ func KeyName(ctx context.Context) string {
 func RetryAfterSeconds(d time.Duration) string {
 	return fmt.Sprint(max(1, int64(math.Ceil(d.Seconds()))))
 }
+
+// Authenticate decides which key a request with credential secret
+// presents, for an admin path (admin) or any other that is not public:
+// an admin path needs one of adminKeys; any other path needs one of keys
+// when keys holds any (else it passes), or internal, the caller an
+// internal request runs as (a batch line), which stands in for secret.
+// caller is the client key the request runs as, nil when it passes
+// without one. Errors: ErrMissingKey, ErrWrongKey, ErrNotAdminKey (a
+// client key on an admin path), ErrAdminKeyOnAPI (an admin key on the
+// model API).
+func Authenticate(keys, adminKeys *auth.Keyring, admin bool, secret string, internal *auth.Caller) (caller *auth.Caller, err error) {
+	if admin {
+		switch {
+		case adminKeys.Authenticate(secret) != nil:
+			return nil, nil
+		case secret == "":
+			return nil, ErrMissingKey
+		case keys.Authenticate(secret) != nil:
+			return nil, ErrNotAdminKey
+		default:
+			return nil, ErrWrongKey
+		}
+	}
+	if keys.Len() == 0 {
+		return nil, nil
+	}
+	caller = keys.Authenticate(secret)
+	if internal != nil {
+		caller = internal
+	}
+	switch {
+	case caller != nil:
+		return caller, nil
+	case secret == "":
+		return nil, ErrMissingKey
+	case adminKeys.Authenticate(secret) != nil:
+		return nil, ErrAdminKeyOnAPI
+	default:
+		return nil, ErrWrongKey
+	}
+}
