@@ -391,6 +391,10 @@ func (j *job) runLine(ctx context.Context, l Line) {
 			if !j.retryable(resp) {
 				break
 			}
+			if resp.RetryAfter > 0 && quotaRefusal(resp) {
+				// Its lines wait for the key's window: no rate holds.
+				j.setWaiting(WaitingQuota, s.cfg.Now().Add(resp.RetryAfter))
+			}
 			wait := delay
 			switch {
 			case s.cfg.Ready != nil && !s.cfg.Ready():
@@ -426,6 +430,8 @@ func (j *job) runLine(ctx context.Context, l Line) {
 	state := LineDone
 	if resp.Status < 200 || resp.Status > 299 {
 		state = LineFailed
+	} else {
+		j.setWaiting("", time.Time{})
 	}
 	result, err := resultLine(j.kind, l.CustomID, resp)
 	if err == nil {
@@ -441,6 +447,43 @@ func (j *job) runLine(ctx context.Context, l Line) {
 	if err != nil {
 		s.logger.Error("batch line result not saved", "batch", j.id, "line", l.No, "err", err)
 	}
+}
+
+// setWaiting records why the batch's lines wait (Batch.Waiting), until
+// when: reason "" when a line ran. It stores the batch only when that
+// changes: a new reason, or a later until by more than a second.
+func (j *job) setWaiting(reason string, until time.Time) {
+	j.mu.Lock()
+	same := j.b.Waiting == reason && (reason == "" || !until.After(j.b.WaitingUntil.Add(time.Second)))
+	j.mu.Unlock()
+	if same {
+		return
+	}
+	if _, err := j.save(func(b *Batch) { b.Waiting, b.WaitingUntil = reason, until }); err != nil {
+		j.s.logger.Error("batch status not saved", "batch", j.id, "err", err)
+	}
+}
+
+// keyRefusals are what a 429 of the batch's key's own limits holds: the
+// codes of the OpenAI shape (a quota's window, the key's requests per
+// minute), and the messages of the Anthropic shape, which has no code.
+var keyRefusals = [][]byte{
+	[]byte(`"code":"quota_exceeded"`), []byte(`"code":"rate_limit_exceeded"`),
+	[]byte(`"message":"Quota `), []byte(` requests per minute; retry later"`),
+}
+
+// quotaRefusal reports whether resp is a refusal of the batch's key's
+// quota or request rate (429), not of load.
+func quotaRefusal(resp Response) bool {
+	if resp.Status != 429 || bytes.Contains(resp.Body, []byte(`"code":"upstream_rate_limited"`)) {
+		return false
+	}
+	for _, k := range keyRefusals {
+		if bytes.Contains(resp.Body, k) {
+			return true
+		}
+	}
+	return false
 }
 
 // waitReady waits until the edge is ready (Config.Ready), polling every
