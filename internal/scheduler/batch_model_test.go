@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -406,7 +407,11 @@ func (m *batchMachine) check(t *rapid.T) {
 			t.Fatalf("%s: %d in flight of %d while an interactive waiter lists it", p, held, c)
 		}
 		if batch && !interactive && held+1+m.room(p)+m.held(p) <= c {
-			t.Fatalf("%s: %d in flight of %d, headroom %d, backoff %d, while a batch waiter lists it", p, held, c, m.room(p), m.held(p))
+			m.s.mu.Lock()
+			r := m.s.resources[resourceKey{"n", p}]
+			got := fmt.Sprint(r.waited, r.waitedTimer != nil)
+			m.s.mu.Unlock()
+			t.Fatalf("%s: %d in flight of %d, headroom %d, backoff %d, while a batch waiter lists it (now %s; model's waits %v, scheduler's %s)", p, held, c, m.room(p), m.held(p), m.clk.Now(), m.waited[p], got)
 		}
 	}
 	snap := m.s.Snapshot()
