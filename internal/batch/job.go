@@ -38,6 +38,8 @@ type job struct {
 	b         Batch
 	cancelRun context.CancelCauseFunc // ends the lines in flight; nil before run
 	loseLease context.CancelCauseFunc // ends the job without a final status; nil before run
+	// quotaWaits counts the lines waiting for the key's quota (quotaWait).
+	quotaWaits int
 }
 
 func newJob(s *Service, b Batch) *job {
@@ -391,11 +393,7 @@ func (j *job) runLine(ctx context.Context, l Line) {
 			if !j.retryable(resp) {
 				break
 			}
-			if resp.RetryAfter > 0 && quotaRefusal(resp) {
-				// Its lines wait for the key's window: no rate holds.
-				j.setWaiting(WaitingQuota, s.cfg.Now().Add(resp.RetryAfter))
-			}
-			wait := delay
+			wait, quota := delay, false
 			switch {
 			case s.cfg.Ready != nil && !s.cfg.Ready():
 				attempt-- // the edge cannot serve yet: wait for it
@@ -405,7 +403,7 @@ func (j *job) runLine(ctx context.Context, l Line) {
 				wait = 0
 			case resp.RetryAfter > 0:
 				attempt-- // the refusal says when it will fit
-				wait = resp.RetryAfter
+				wait, quota = resp.RetryAfter, quotaRefusal(resp)
 			case attempt >= s.cfg.MaxAttempts:
 			default:
 				delay = min(2*delay, 16*s.cfg.RetryDelay)
@@ -414,12 +412,21 @@ func (j *job) runLine(ctx context.Context, l Line) {
 				break
 			}
 			if wait > 0 {
+				if quota {
+					// The line waits for its key's window: no rate holds.
+					j.quotaWait(1, s.cfg.Now().Add(wait))
+				}
 				t := time.NewTimer(wait)
 				select {
 				case <-ctx.Done():
 					t.Stop()
-					return
 				case <-t.C:
+				}
+				if quota {
+					j.quotaWait(-1, time.Time{})
+				}
+				if ctx.Err() != nil {
+					return
 				}
 			}
 		}
@@ -431,7 +438,7 @@ func (j *job) runLine(ctx context.Context, l Line) {
 	if resp.Status < 200 || resp.Status > 299 {
 		state = LineFailed
 	} else {
-		j.setWaiting("", time.Time{})
+		j.ran()
 	}
 	result, err := resultLine(j.kind, l.CustomID, resp)
 	if err == nil {
@@ -449,16 +456,33 @@ func (j *job) runLine(ctx context.Context, l Line) {
 	}
 }
 
-// setWaiting records why the batch's lines wait (Batch.Waiting), until
-// when: reason "" when a line ran. It stores the batch only when that
-// changes: a new reason, or a later until by more than a second.
-func (j *job) setWaiting(reason string, until time.Time) {
+// quotaWait counts a line that starts (delta 1, until when its key's
+// window holds it) or ends (delta −1) a wait for its key's quota. The
+// batch is stored Waiting WaitingQuota when the first starts, or when a
+// wait ends more than a second after the stored WaitingUntil.
+func (j *job) quotaWait(delta int, until time.Time) {
 	j.mu.Lock()
-	same := j.b.Waiting == reason && (reason == "" || !until.After(j.b.WaitingUntil.Add(time.Second)))
+	j.quotaWaits += delta
+	store := delta > 0 && (j.b.Waiting != WaitingQuota || until.After(j.b.WaitingUntil.Add(time.Second)))
 	j.mu.Unlock()
-	if same {
-		return
+	if store {
+		j.saveWaiting(WaitingQuota, until)
 	}
+}
+
+// ran notes a line answered 2xx: once no line waits for the key's quota,
+// the batch is stored waiting no more.
+func (j *job) ran() {
+	j.mu.Lock()
+	none := j.quotaWaits == 0 && j.b.Waiting != ""
+	j.mu.Unlock()
+	if none {
+		j.saveWaiting("", time.Time{})
+	}
+}
+
+// saveWaiting stores the batch's Waiting and WaitingUntil.
+func (j *job) saveWaiting(reason string, until time.Time) {
 	if _, err := j.save(func(b *Batch) { b.Waiting, b.WaitingUntil = reason, until }); err != nil {
 		j.s.logger.Error("batch status not saved", "batch", j.id, "err", err)
 	}
