@@ -33,8 +33,8 @@ type Progress struct {
 	LinesPerSecond float64 `json:"lines_per_second"`
 	ETASeconds     float64 `json:"eta_seconds"`
 	// Waiting is why the lines do not run, when they do not: "quota"
-	// while the batch's key's quota or request rate refuses them (no
-	// ETA: the rate does not hold). WaitingUntil is when the latest
+	// while a line waits out a refusal of the batch's key's quota or
+	// request rate (no ETA: the rate does not hold). WaitingUntil is when the latest
 	// refusal said the key's window holds a line again, Unix seconds (0
 	// when not waiting).
 	Waiting      string `json:"waiting,omitempty"`
