@@ -14,8 +14,8 @@ type batchFlags struct {
 }
 
 func (f *batchFlags) register(fl *pflag.FlagSet) {
-	fl.BoolVar(&f.on, "batch", false, "run the batch-band benchmark (starts its own sims and node, the edge in this process): interactive load at --batch-load × the fleet's capacity, alone and beside --batch-lines lines at the batch priority")
-	fl.IntVar(&f.cfg.Lines, "batch-lines", 0, "with --batch: lines of the batch, submitted at once (default 10000); those not done when the interactive window ends are cancelled")
+	fl.BoolVar(&f.on, "batch", false, "run the batch-band benchmark (starts its own sims and node, the edge in this process): interactive load at --batch-load × the fleet's capacity, alone and beside a batch of --batch-lines lines uploaded with POST /v1/files and run by the edge's batch runner (POST /v1/batches), polled to its end and its output checked")
+	fl.IntVar(&f.cfg.Lines, "batch-lines", 0, "with --batch: lines of the batch (default 10000); the batch always runs to its end, on the whole fleet after the window")
 	fl.IntVar(&f.cfg.Providers, "batch-providers", 0, "with --batch: simulators, one provider each (default 2)")
 	fl.IntVar(&f.cfg.Capacity, "batch-capacity", 0, "with --batch: each provider's capacity (default 8)")
 	fl.DurationVar(&f.cfg.TTFT, "batch-ttft", 0, "with --batch: the simulators' time to first token (default 1s)")

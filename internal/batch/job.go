@@ -38,6 +38,8 @@ type job struct {
 	b         Batch
 	cancelRun context.CancelCauseFunc // ends the lines in flight; nil before run
 	loseLease context.CancelCauseFunc // ends the job without a final status; nil before run
+	// quotaWaits counts the lines waiting for the key's quota (quotaWait).
+	quotaWaits int
 }
 
 func newJob(s *Service, b Batch) *job {
@@ -391,7 +393,7 @@ func (j *job) runLine(ctx context.Context, l Line) {
 			if !j.retryable(resp) {
 				break
 			}
-			wait := delay
+			wait, quota := delay, false
 			switch {
 			case s.cfg.Ready != nil && !s.cfg.Ready():
 				attempt-- // the edge cannot serve yet: wait for it
@@ -401,7 +403,7 @@ func (j *job) runLine(ctx context.Context, l Line) {
 				wait = 0
 			case resp.RetryAfter > 0:
 				attempt-- // the refusal says when it will fit
-				wait = resp.RetryAfter
+				wait, quota = resp.RetryAfter, quotaRefusal(resp)
 			case attempt >= s.cfg.MaxAttempts:
 			default:
 				delay = min(2*delay, 16*s.cfg.RetryDelay)
@@ -410,12 +412,21 @@ func (j *job) runLine(ctx context.Context, l Line) {
 				break
 			}
 			if wait > 0 {
+				if quota {
+					// The line waits for its key's window: no rate holds.
+					j.quotaWait(1, s.cfg.Now().Add(wait))
+				}
 				t := time.NewTimer(wait)
 				select {
 				case <-ctx.Done():
 					t.Stop()
-					return
 				case <-t.C:
+				}
+				if quota {
+					j.quotaWait(-1, time.Time{})
+				}
+				if ctx.Err() != nil {
+					return
 				}
 			}
 		}
@@ -426,6 +437,8 @@ func (j *job) runLine(ctx context.Context, l Line) {
 	state := LineDone
 	if resp.Status < 200 || resp.Status > 299 {
 		state = LineFailed
+	} else {
+		j.ran()
 	}
 	result, err := resultLine(j.kind, l.CustomID, resp)
 	if err == nil {
@@ -441,6 +454,60 @@ func (j *job) runLine(ctx context.Context, l Line) {
 	if err != nil {
 		s.logger.Error("batch line result not saved", "batch", j.id, "line", l.No, "err", err)
 	}
+}
+
+// quotaWait counts a line that starts (delta 1, until when its key's
+// window holds it) or ends (delta −1) a wait for its key's quota. The
+// batch is stored Waiting WaitingQuota when the first starts, or when a
+// wait ends more than a second after the stored WaitingUntil.
+func (j *job) quotaWait(delta int, until time.Time) {
+	j.mu.Lock()
+	j.quotaWaits += delta
+	store := delta > 0 && (j.b.Waiting != WaitingQuota || until.After(j.b.WaitingUntil.Add(time.Second)))
+	j.mu.Unlock()
+	if store {
+		j.saveWaiting(WaitingQuota, until)
+	}
+}
+
+// ran notes a line answered 2xx: once no line waits for the key's quota,
+// the batch is stored waiting no more.
+func (j *job) ran() {
+	j.mu.Lock()
+	none := j.quotaWaits == 0 && j.b.Waiting != ""
+	j.mu.Unlock()
+	if none {
+		j.saveWaiting("", time.Time{})
+	}
+}
+
+// saveWaiting stores the batch's Waiting and WaitingUntil.
+func (j *job) saveWaiting(reason string, until time.Time) {
+	if _, err := j.save(func(b *Batch) { b.Waiting, b.WaitingUntil = reason, until }); err != nil {
+		j.s.logger.Error("batch status not saved", "batch", j.id, "err", err)
+	}
+}
+
+// keyRefusals are what a 429 of the batch's key's own limits holds: the
+// codes of the OpenAI shape (a quota's window, the key's requests per
+// minute), and the messages of the Anthropic shape, which has no code.
+var keyRefusals = [][]byte{
+	[]byte(`"code":"quota_exceeded"`), []byte(`"code":"rate_limit_exceeded"`),
+	[]byte(`"message":"Quota `), []byte(` requests per minute; retry later"`),
+}
+
+// quotaRefusal reports whether resp is a refusal of the batch's key's
+// quota or request rate (429), not of load.
+func quotaRefusal(resp Response) bool {
+	if resp.Status != 429 || bytes.Contains(resp.Body, []byte(`"code":"upstream_rate_limited"`)) {
+		return false
+	}
+	for _, k := range keyRefusals {
+		if bytes.Contains(resp.Body, k) {
+			return true
+		}
+	}
+	return false
 }
 
 // waitReady waits until the edge is ready (Config.Ready), polling every

@@ -49,6 +49,12 @@ type Batch struct {
 	CancelledAt                time.Time
 	ResultsFileID              string // Anthropic: every result, in line order
 	Canceled, ExpiredCount     int    // Anthropic: lines ended unrun
+	// Waiting says why the batch's lines do not run though it is in
+	// progress: WaitingQuota while its key's quota refuses them, "" when
+	// they run. WaitingUntil is when the latest refusal said the quota
+	// holds a line again (its Retry-After).
+	Waiting      string
+	WaitingUntil time.Time
 
 	// Runner names the service that holds (or last held) the batch's
 	// lease; Leased says whether its lease is live (ActiveBatches).
@@ -77,6 +83,10 @@ type LineError struct {
 	Param   *string `json:"param"`
 	Line    *int    `json:"line"`
 }
+
+// WaitingQuota is Batch.Waiting while the batch's key's quota refuses
+// its lines (429 quota_exceeded with a Retry-After).
+const WaitingQuota = "quota"
 
 // Line is one request of a batch. State is pending until its result is
 // recorded (done or failed), exactly once.
@@ -171,12 +181,18 @@ type batchDoc struct {
 	Expired          int               `json:"expired,omitempty"`
 	Times            map[string]int64  `json:"times"`              // Unix seconds
 	TimesNS          map[string]int64  `json:"times_ns,omitempty"` // the same, Unix nanoseconds (a resumed batch's expiry is exact)
+	Waiting          string            `json:"waiting,omitempty"`
+	WaitingUntilNS   int64             `json:"waiting_until_ns,omitempty"`
 }
 
 func docOf(b Batch) batchDoc {
 	d := batchDoc{Endpoint: b.Endpoint, InputFileID: b.InputFileID, CompletionWindow: b.CompletionWindow,
 		Metadata: b.Metadata, Errors: b.Errors, OutputFileID: b.OutputFileID, ErrorFileID: b.ErrorFileID,
-		ResultsFileID: b.ResultsFileID, Canceled: b.Canceled, Expired: b.ExpiredCount, Times: map[string]int64{}, TimesNS: map[string]int64{}}
+		ResultsFileID: b.ResultsFileID, Canceled: b.Canceled, Expired: b.ExpiredCount, Times: map[string]int64{}, TimesNS: map[string]int64{},
+		Waiting: b.Waiting}
+	if b.Waiting != "" && !b.WaitingUntil.IsZero() {
+		d.WaitingUntilNS = b.WaitingUntil.UnixNano()
+	}
 	for name, t := range b.times() {
 		if !t.IsZero() {
 			d.Times[name], d.TimesNS[name] = t.Unix(), t.UnixNano()
@@ -189,6 +205,10 @@ func (d batchDoc) into(b *Batch) {
 	b.Endpoint, b.InputFileID, b.CompletionWindow = d.Endpoint, d.InputFileID, d.CompletionWindow
 	b.Metadata, b.Errors, b.OutputFileID, b.ErrorFileID = d.Metadata, d.Errors, d.OutputFileID, d.ErrorFileID
 	b.ResultsFileID, b.Canceled, b.ExpiredCount = d.ResultsFileID, d.Canceled, d.Expired
+	b.Waiting = d.Waiting
+	if d.WaitingUntilNS != 0 {
+		b.WaitingUntil = time.Unix(0, d.WaitingUntilNS)
+	}
 	for name, p := range b.times() {
 		if ns, ok := d.TimesNS[name]; ok {
 			*p = time.Unix(0, ns)

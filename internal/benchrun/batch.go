@@ -13,24 +13,22 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
 	"iop/internal/edge"
-	"iop/internal/edge/contract"
 	"iop/internal/loadgen"
 	iopprocess "iop/internal/process"
 )
 
 // BatchConfig is the batch-band benchmark (`iop bench --batch`): an
 // interactive load at Load × the fleet's capacity on simulators, alone
-// and beside a batch of Lines requests at the batch priority submitted at
-// once. Zero fields take the defaults in brackets.
+// and beside a batch of Lines requests run by the edge's batch runner
+// (uploaded with POST /v1/files, created with POST /v1/batches). Zero
+// fields take the defaults in brackets.
 type BatchConfig struct {
 	// Binary is the iop executable the simulators and the node run from
-	// (the edge runs in this process: the batch driver calls its dispatch).
+	// (the edge runs in this process, so its scheduler can be sampled).
 	Binary string
 	// Providers is the number of simulators, one provider each [2];
 	// Capacity each provider's capacity [8].
@@ -47,8 +45,9 @@ type BatchConfig struct {
 	BatchMaxTokens  int
 	// Load is the interactive rate as a fraction of that capacity [0.6].
 	Load float64
-	// Lines is the batch's size [10000]; the lines not done when the
-	// interactive window ends are cancelled.
+	// Lines is the batch's size [10000]. The batch always runs to its
+	// end: after the window the interactive load stops and the rest of
+	// the lines run on the whole fleet.
 	Lines int
 	// Headroom is the edge's queue.batch.headroom [0: the edge's default,
 	// 1]; negative: none.
@@ -56,24 +55,11 @@ type BatchConfig struct {
 	// Backoff is the edge's queue.batch.backoff [0: the edge's default,
 	// 5s]; negative: none.
 	Backoff time.Duration
-	// Duration is each phase's interactive window [60s].
+	// Duration is the longest interactive window of a phase [60s]; in the
+	// batch phase the window also ends when the batch leaves in_progress.
 	Duration time.Duration
-	// Driver submits the batch; nil: InProcessBatch on the edge's
-	// dispatch.
-	Driver func(svc *edge.Service, edgeURL string) BatchDriver
 	// Log gets progress lines; nil means none.
 	Log io.Writer
-}
-
-// BatchDriver runs one batch of lines at the batch priority. Today
-// InProcessBatch calls the edge's dispatch; a driver that submits through
-// POST /v1/files and POST /v1/batches fits the same interface.
-type BatchDriver interface {
-	// Run submits lines chat requests for model at once and returns when
-	// each one ended (done is called once per line, with nil when it
-	// completed) or ctx ended (the lines not done are cancelled).
-	// Line i asks for 1 + i mod maxTokens tokens.
-	Run(ctx context.Context, model string, lines, maxTokens int, done func(error))
 }
 
 // BatchPhase is one phase's figures, over its interactive window.
@@ -81,19 +67,49 @@ type BatchPhase struct {
 	// Name is "interactive" (the interactive load alone) or "batch" (with
 	// the batch running).
 	Name string `json:"name"`
-	// Interactive is the interactive load's result, as its client saw it;
-	// Wait its requests' queue waits, as the edge logged them.
+	// Window is the window's length: Duration, or less when the batch
+	// left in_progress first.
+	Window time.Duration `json:"window_ns"`
+	// Interactive is the interactive requests that arrived in the window,
+	// as the edge's request log shows them (status, duration); Wait their
+	// queue waits (queue_wait).
 	Interactive loadgen.Result      `json:"interactive"`
 	Wait        loadgen.Percentiles `json:"wait"`
 	// BatchDone and BatchFailed count the batch lines that ended in the
-	// window, completed or not.
+	// window (the edge's request log, priority batch), answered 200 or
+	// not.
 	BatchDone   int `json:"batch_done"`
 	BatchFailed int `json:"batch_failed"`
-	// InFlight and BatchInFlight are the slots held, all and by batch
-	// lines, averaged over the window (the edge's provider snapshots,
-	// every 50 ms).
+	// Slots and BatchSlots are the slots held, by every request and by
+	// batch lines, averaged over the window: from the edge's request log,
+	// each request holding its slot from its arrival plus its queue_wait
+	// to its end. The targets are computed from these.
+	Slots      float64 `json:"slots"`
+	BatchSlots float64 `json:"batch_slots"`
+	// InFlight and BatchInFlight are the same, sampled from the edge's
+	// provider snapshots every 50 ms: a cross-check.
 	InFlight      float64 `json:"in_flight"`
 	BatchInFlight float64 `json:"batch_in_flight"`
+	// Batch is the batch's own account, nil in the interactive phase.
+	Batch *BatchRun `json:"batch,omitempty"`
+}
+
+// BatchRun is the batch as the batch API reported it at its end, and
+// what its result files held.
+type BatchRun struct {
+	ID     string `json:"id"`
+	Status string `json:"status"`
+	// Total, Completed and Failed are its request_counts.
+	Total     int `json:"total"`
+	Completed int `json:"completed"`
+	Failed    int `json:"failed"`
+	// CreatedAt, InProgressAt and CompletedAt are its timestamps, Unix
+	// seconds.
+	CreatedAt    int64 `json:"created_at"`
+	InProgressAt int64 `json:"in_progress_at"`
+	CompletedAt  int64 `json:"completed_at"`
+	// Output is the check of its result files.
+	Output BatchOutput `json:"output"`
 }
 
 // BatchReport is the benchmark's result.
@@ -132,16 +148,14 @@ func (c *BatchConfig) defaults() {
 	if c.Log == nil {
 		c.Log = io.Discard
 	}
-	if c.Driver == nil {
-		c.Driver = func(svc *edge.Service, _ string) BatchDriver { return &InProcessBatch{Service: svc} }
-	}
 }
 
 // Batch runs the batch-band benchmark: it starts cfg.Providers iop sim
 // processes, an edge in this process and an iop node process, runs the
 // interactive open-loop load (loadgen) alone, then again with the batch
-// submitted just before it, and stops them. Errors: a process that fails
-// to start or exits, a setup step that times out, ctx's end.
+// submitted through the edge's batch API, and stops them. Errors: a
+// process that fails to start or exits, a setup step that times out, a
+// batch API call that fails, ctx's end.
 func Batch(ctx context.Context, cfg BatchConfig) (BatchReport, error) {
 	cfg.defaults()
 	rep := BatchReport{Config: cfg}
@@ -168,6 +182,11 @@ func Batch(ctx context.Context, cfg BatchConfig) (BatchReport, error) {
 			return rep, err
 		}
 		procs = append(procs, p)
+		// The node must not reach a simulator before it listens: its
+		// provider's breaker would open, and the warm-up fail.
+		if err := waitListening(ctx, addr, 30*time.Second, procs); err != nil {
+			return rep, fmt.Errorf("sim%d: %w (logs in %s)", i, err, dir)
+		}
 		provs = append(provs, fmt.Sprintf(`  - {id: sim%d, type: sim, protocol: openai, base_url: "http://%s/v1", models: [%s], capacity: %d}`,
 			i, addr, batchModel, cfg.Capacity))
 	}
@@ -176,7 +195,7 @@ func Batch(ctx context.Context, cfg BatchConfig) (BatchReport, error) {
 	ecfg.Listen, ecfg.NodeListen, ecfg.Database = "127.0.0.1:0", "127.0.0.1:0", ":memory:"
 	ecfg.Queue.MaxQueue = 1024
 	ecfg.Queue.QueueTimeout = 30 * time.Second
-	ecfg.Queue.Batch = edge.BatchQueueConfig{Headroom: cfg.Headroom, MaxQueue: cfg.Lines, Backoff: cfg.Backoff}
+	ecfg.Queue.Batch = edge.BatchQueueConfig{Headroom: cfg.Headroom, Backoff: cfg.Backoff}
 	edgeLog, err := os.Create(filepath.Join(dir, "edge.log"))
 	if err != nil {
 		return rep, err
@@ -207,12 +226,12 @@ func Batch(ctx context.Context, cfg BatchConfig) (BatchReport, error) {
 	if err := waitFor(ctx, 30*time.Second, procs, func() error {
 		ready := 0
 		for _, p := range svc.Snapshot().Providers {
-			if p.Capacity == cfg.Capacity {
+			if p.Capacity == cfg.Capacity && p.Healthy && p.Circuit != "open" {
 				ready++
 			}
 		}
 		if ready < cfg.Providers {
-			return fmt.Errorf("%d of %d providers connected", ready, cfg.Providers)
+			return fmt.Errorf("%d of %d providers advertised, healthy and in rotation", ready, cfg.Providers)
 		}
 		return nil
 	}); err != nil {
@@ -233,11 +252,7 @@ func Batch(ctx context.Context, cfg BatchConfig) (BatchReport, error) {
 	fmt.Fprintf(cfg.Log, "batch: %d sims (capacity %d each), edge %s and node up; logs in %s\n", cfg.Providers, cfg.Capacity, url, dir)
 
 	for _, name := range []string{"interactive", "batch"} {
-		var driver BatchDriver
-		if name == "batch" {
-			driver = cfg.Driver(svc, url)
-		}
-		ph, err := batchPhase(ctx, cfg, svc, url, edgeLog.Name(), name, driver)
+		ph, err := batchPhase(ctx, cfg, svc, url, edgeLog.Name(), name)
 		if err != nil {
 			return rep, fmt.Errorf("phase %s: %w (logs in %s)", name, err, dir)
 		}
@@ -253,15 +268,16 @@ func Batch(ctx context.Context, cfg BatchConfig) (BatchReport, error) {
 }
 
 // batchPhase runs one phase: the interactive load (open loop, fixed
-// schedule) starts first and runs for batchWarmUp; with a driver, the
-// batch is then submitted at once, and the phase waits until every line
-// is queued, running or ended and they fill the room the headroom leaves
-// (at most 2 min). Then the window opens for cfg.Duration: the slots held
-// are sampled, and the interactive requests that arrive in it are the
-// phase's figures (the edge's request log: each one's duration and queue
-// wait). The load goes on until they ended; then the batch is cancelled
-// and the phase waits for every slot to be free again.
-func batchPhase(ctx context.Context, cfg BatchConfig, svc *edge.Service, url, logPath, name string, driver BatchDriver) (BatchPhase, error) {
+// schedule) starts first and runs for batchWarmUp. In the "batch" phase
+// the batch is then uploaded and created, and the phase waits until its
+// lines fill the room the headroom leaves (at most 2 min) or it left
+// in_progress. Then the window opens for cfg.Duration, or until the
+// batch leaves in_progress: the slots held are sampled, and the requests
+// of the edge's request log give the phase's figures. The load goes on
+// until the window's requests ended, then stops; the batch runs to its
+// end, and its result files are downloaded and checked. The phase ends
+// when every slot is free again.
+func batchPhase(ctx context.Context, cfg BatchConfig, svc *edge.Service, url, logPath, name string) (BatchPhase, error) {
 	out := BatchPhase{Name: name}
 	capacity := cfg.Providers * cfg.Capacity
 	rate := cfg.Load * float64(capacity) / cfg.service().Seconds()
@@ -278,53 +294,51 @@ func batchPhase(ctx context.Context, cfg BatchConfig, svc *edge.Service, url, lo
 		return out, err
 	}
 
-	var windowOpen atomic.Bool
-	var done, failed atomic.Int64
-	bctx, stopBatch := context.WithCancel(ctx)
-	defer stopBatch()
-	var wg sync.WaitGroup
-	if driver != nil {
-		var ended atomic.Int64
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			driver.Run(bctx, batchModel, cfg.Lines, cfg.BatchMaxTokens, func(err error) {
-				ended.Add(1)
-				if !windowOpen.Load() {
-					return
-				}
-				if err != nil && bctx.Err() == nil {
-					failed.Add(1)
-				} else if err == nil {
-					done.Add(1)
-				}
-			})
-		}()
+	var job *batchJob
+	running := func() (bool, error) { return true, nil }
+	if name == "batch" {
+		job = &batchJob{url: url}
+		if err := job.submit(ctx, batchInput(batchModel, cfg.Lines, cfg.BatchMaxTokens)); err != nil {
+			return out, err
+		}
+		fmt.Fprintf(cfg.Log, "phase %s: batch %s of %d lines created\n", name, job.id, cfg.Lines)
+		var polled time.Time
+		var still bool
+		running = func() (bool, error) {
+			if time.Since(polled) < 500*time.Millisecond {
+				return still, nil
+			}
+			b, err := job.get(ctx)
+			if err != nil {
+				return false, err
+			}
+			polled, still = time.Now(), b.Status == "validating" || b.Status == "in_progress"
+			return still, nil
+		}
 		headroom := cfg.Headroom
 		if headroom == 0 {
 			headroom = 1
 		}
 		room := cfg.Providers * max(min(headroom, cfg.Capacity-1), 0)
-		// Every line submitted (queued, running or ended) and the room
-		// filled before the window opens: the submission itself is not
-		// what the window measures.
-		for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-			snap := svc.Snapshot()
-			running, held := 0, 0
-			for _, p := range snap.Providers {
-				running += p.BatchInFlight
+		// The room filled before the window opens: the batch's start is
+		// not what the window measures.
+		for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			held := 0
+			for _, p := range svc.Snapshot().Providers {
 				held += p.InFlight
 			}
-			if held+room >= capacity && snap.Waiters+running+int(ended.Load()) >= cfg.Lines {
+			if held+room >= capacity {
+				break
+			}
+			if on, err := running(); err != nil || !on {
 				break
 			}
 		}
 		fmt.Fprintf(cfg.Log, "phase %s: %d batch lines running\n", name, batchSlots(svc))
 	}
-	fmt.Fprintf(cfg.Log, "phase %s: window of %s\n", name, cfg.Duration)
+	fmt.Fprintf(cfg.Log, "phase %s: window of at most %s\n", name, cfg.Duration)
 	var samples int
 	var inFlight, batchInFlight float64
-	windowOpen.Store(true)
 	open := time.Now()
 	tick := time.NewTicker(50 * time.Millisecond)
 	for closeAt := open.Add(cfg.Duration); time.Now().Before(closeAt); {
@@ -340,27 +354,40 @@ func batchPhase(ctx context.Context, cfg BatchConfig, svc *edge.Service, url, lo
 			inFlight += float64(p.InFlight)
 			batchInFlight += float64(p.BatchInFlight)
 		}
+		on, err := running()
+		if err != nil {
+			tick.Stop()
+			return out, err
+		}
+		if !on {
+			break
+		}
 	}
 	tick.Stop()
 	closed := time.Now()
-	windowOpen.Store(false)
 	// The requests of the window end before the load stops.
 	if err := sleepCtx(ctx, 2*cfg.service()+5*time.Second); err != nil {
 		return out, err
 	}
 	stopLoad()
-	loadErr := <-loadDone
-	stopBatch()
-	wg.Wait()
-	if loadErr != nil {
-		return out, loadErr
+	if err := <-loadDone; err != nil {
+		return out, err
 	}
-	reqs, err := requestsIn(logPath, open, closed)
+	if job != nil {
+		run, err := finishBatch(ctx, cfg, job)
+		if err != nil {
+			return out, err
+		}
+		out.Batch = &run
+	}
+	reqs, err := requestsIn(logPath)
 	if err != nil {
 		return out, err
 	}
-	out.Interactive, out.Wait = reqs.result(rate, closed.Sub(open))
-	out.BatchDone, out.BatchFailed = int(done.Load()), int(failed.Load())
+	out.Window = closed.Sub(open)
+	out.Interactive, out.Wait = reqs.interactive(open, closed).result(rate, out.Window)
+	out.Slots, out.BatchSlots = reqs.slots(open, closed)
+	out.BatchDone, out.BatchFailed = reqs.batchEnded(open, closed)
 	if samples > 0 {
 		out.InFlight, out.BatchInFlight = inFlight/float64(samples), batchInFlight/float64(samples)
 	}
@@ -372,6 +399,44 @@ func batchPhase(ctx context.Context, cfg BatchConfig, svc *edge.Service, url, lo
 		time.Sleep(20 * time.Millisecond)
 	}
 	return out, nil
+}
+
+// finishBatch polls job until its batch ended (a progress line every
+// 10 s), then downloads its result files and checks them against the
+// input's cfg.Lines custom_ids. Past a bound of twice the time its lines
+// take on the whole fleet plus 2 min it cancels the batch and fails.
+func finishBatch(ctx context.Context, cfg BatchConfig, job *batchJob) (BatchRun, error) {
+	longest := cfg.TTFT + time.Duration(float64(cfg.BatchMaxTokens-1)/cfg.TokensPerSecond*float64(time.Second))
+	bound := 2*time.Duration(cfg.Lines/(cfg.Providers*cfg.Capacity)+1)*longest + 2*time.Minute
+	var b batchObject
+	var err error
+	for start, said := time.Now(), time.Now(); ; {
+		if b, err = job.get(ctx); err != nil {
+			return BatchRun{}, err
+		}
+		if terminal(b.Status) {
+			break
+		}
+		if time.Since(start) > bound {
+			_ = job.cancel(context.WithoutCancel(ctx))
+			return BatchRun{}, fmt.Errorf("batch %s not done %s after the window: %d of %d lines", job.id, bound, b.RequestCounts.Completed+b.RequestCounts.Failed, b.RequestCounts.Total)
+		}
+		if time.Since(said) >= 10*time.Second {
+			said = time.Now()
+			fmt.Fprintf(cfg.Log, "batch %s: %s, %d done, %d failed of %d\n", job.id, b.Status, b.RequestCounts.Completed, b.RequestCounts.Failed, b.RequestCounts.Total)
+		}
+		if err := sleepCtx(ctx, 500*time.Millisecond); err != nil {
+			_ = job.cancel(context.WithoutCancel(ctx))
+			return BatchRun{}, err
+		}
+	}
+	run := BatchRun{ID: b.ID, Status: b.Status, Total: b.RequestCounts.Total, Completed: b.RequestCounts.Completed, Failed: b.RequestCounts.Failed,
+		CreatedAt: b.CreatedAt, InProgressAt: b.InProgressAt, CompletedAt: b.CompletedAt}
+	if run.Output, err = job.checkOutput(ctx, b, cfg.Lines); err != nil {
+		return run, err
+	}
+	fmt.Fprintf(cfg.Log, "batch %s: %s; output %d result lines, %d missing, %d duplicated\n", b.ID, b.Status, run.Output.Lines, run.Output.Missing, run.Output.Duplicated)
+	return run, nil
 }
 
 // batchWarmUp is how long the interactive load runs before the batch is
@@ -398,21 +463,29 @@ type loggedRequest struct {
 	duration time.Duration // the edge's, from the request's arrival to its end
 	wait     time.Duration // queue_wait
 	status   int
+	batch    bool // priority batch: a line of the batch runner
 }
 
-// loggedRequests are the requests of a window.
+// arrived is when the request reached the edge.
+func (r loggedRequest) arrived() time.Time { return r.end.Add(-r.duration) }
+
+// loggedRequests are requests of the edge's log.
 type loggedRequests []loggedRequest
 
-// requestsIn reads the edge's JSON log at path and returns its requests
-// that arrived (end − duration) in [from, to).
-func requestsIn(path string, from, to time.Time) (loggedRequests, error) {
+// requestsIn reads the edge's JSON log at path and returns its requests.
+func requestsIn(path string) (loggedRequests, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	return readRequests(f)
+}
+
+// readRequests parses the "request" lines of an edge's JSON log.
+func readRequests(r io.Reader) (loggedRequests, error) {
 	var out loggedRequests
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		var line struct {
@@ -421,16 +494,69 @@ func requestsIn(path string, from, to time.Time) (loggedRequests, error) {
 			Status    int       `json:"status"`
 			Duration  int64     `json:"duration"`   // nanoseconds (slog's JSON of a Duration)
 			QueueWait int64     `json:"queue_wait"` // nanoseconds
+			Priority  string    `json:"priority"`
 		}
 		if json.Unmarshal(sc.Bytes(), &line) != nil || line.Msg != "request" {
 			continue
 		}
-		r := loggedRequest{end: line.Time, duration: time.Duration(line.Duration), wait: time.Duration(line.QueueWait), status: line.Status}
-		if at := r.end.Add(-r.duration); !at.Before(from) && at.Before(to) {
+		out = append(out, loggedRequest{end: line.Time, duration: time.Duration(line.Duration), wait: time.Duration(line.QueueWait),
+			status: line.Status, batch: line.Priority == "batch"})
+	}
+	return out, sc.Err()
+}
+
+// interactive returns the requests other than batch lines that arrived in
+// [from, to).
+func (rs loggedRequests) interactive(from, to time.Time) loggedRequests {
+	var out loggedRequests
+	for _, r := range rs {
+		if at := r.arrived(); !r.batch && !at.Before(from) && at.Before(to) {
 			out = append(out, r)
 		}
 	}
-	return out, sc.Err()
+	return out
+}
+
+// slots returns the slots held on average over [from, to), by every
+// request and by batch lines: each request holds one from its arrival
+// plus its queue wait to its end.
+func (rs loggedRequests) slots(from, to time.Time) (all, batch float64) {
+	window := to.Sub(from).Seconds()
+	if window <= 0 {
+		return 0, 0
+	}
+	for _, r := range rs {
+		start, end := r.arrived().Add(r.wait), r.end
+		if start.Before(from) {
+			start = from
+		}
+		if end.After(to) {
+			end = to
+		}
+		if held := end.Sub(start).Seconds(); held > 0 {
+			all += held
+			if r.batch {
+				batch += held
+			}
+		}
+	}
+	return all / window, batch / window
+}
+
+// batchEnded counts the batch lines that ended in [from, to), answered
+// 200 or not.
+func (rs loggedRequests) batchEnded(from, to time.Time) (done, failed int) {
+	for _, r := range rs {
+		if !r.batch || r.end.Before(from) || !r.end.Before(to) {
+			continue
+		}
+		if r.status == http.StatusOK {
+			done++
+		} else {
+			failed++
+		}
+	}
+	return done, failed
 }
 
 // result sums rs as a loadgen.Result (counts by status, latency over the
@@ -459,62 +585,6 @@ func batchSlots(svc *edge.Service) int {
 	return n
 }
 
-// InProcessBatch runs batch lines through the edge's own dispatch
-// (edge.Service.Dispatch) at contract.PriorityBatch: the scheduler path
-// the batch runner takes, without the HTTP batch API.
-type InProcessBatch struct {
-	Service *edge.Service
-}
-
-var _ BatchDriver = (*InProcessBatch)(nil)
-
-// Run submits lines requests at once, one goroutine each.
-func (d *InProcessBatch) Run(ctx context.Context, model string, lines, maxTokens int, done func(error)) {
-	var wg sync.WaitGroup
-	for i := range lines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			done(d.line(ctx, model, i, 1+i%maxTokens))
-		}()
-	}
-	wg.Wait()
-}
-
-// line runs batch line i to its end: nil when the provider answered 2xx.
-func (d *InProcessBatch) line(ctx context.Context, model string, i, tokens int) error {
-	body := fmt.Appendf(nil, `{"model":%q,"messages":[{"role":"user","content":"batch line %d"}],"max_tokens":%d}`, model, i, tokens)
-	run, err := d.Service.Dispatch(ctx, contract.Request{Model: model, Operation: contract.OperationChat, Body: body,
-		Priority: contract.PriorityBatch, Flow: "batch", Weight: 1, EstimatedInputTokens: 4})
-	if err != nil {
-		return err
-	}
-	status := 0
-	for {
-		m, err := run.Recv()
-		if err != nil {
-			run.Close(contract.OutcomeError)
-			return err
-		}
-		if m.Tunnel && m.Part.Kind == contract.EventHead {
-			status = m.Part.Status
-		}
-		if m.Tunnel && m.Part.Kind == contract.EventFailure {
-			run.Close(contract.OutcomeUpstreamError)
-			return fmt.Errorf("line %d: %s", i, m.Part.Message)
-		}
-		if m.Ends {
-			break
-		}
-	}
-	if status/100 != 2 {
-		run.Close(contract.OutcomeUpstreamError)
-		return fmt.Errorf("line %d: status %d", i, status)
-	}
-	run.Close(contract.OutcomeCompleted)
-	return nil
-}
-
 // service is an interactive request's service time: the time to first
 // token and 3 more tokens.
 func (c BatchConfig) service() time.Duration {
@@ -534,9 +604,11 @@ func (r BatchReport) phase(name string) *BatchPhase {
 // WriteTable writes the phases and the two targets, each met or missed:
 // the interactive p99 latency with the batch within 1.1× of without it,
 // and the batch using ≥ 85% of the slots the interactive load leaves idle
-// (capacity − its mean in-flight, in the batch phase). It also gives the
-// batch's use of the idle slots beyond the headroom, which is all the band
-// may take by design.
+// (capacity − the interactive requests' mean slots, in the batch phase;
+// both from the edge's request log). It also gives the batch's use of the
+// idle slots beyond the headroom, which is all the band may take by
+// design, and the batch's own account: its status, counts, timestamps and
+// the check of its result files.
 func (r BatchReport) WriteTable(w io.Writer) {
 	c := r.Config
 	capacity := c.Providers * c.Capacity
@@ -545,18 +617,23 @@ func (r BatchReport) WriteTable(w io.Writer) {
 		headroom = 1
 	}
 	headroom = max(min(headroom, c.Capacity-1), 0)
-	fmt.Fprintf(w, "batch band: %d providers × capacity %d, interactive service %s (%.0f req/s); interactive %.0f%% (%.1f req/s); batch %d lines of %s to %s; headroom %d per provider; %s a phase\n\n",
+	fmt.Fprintf(w, "batch band: %d providers × capacity %d, interactive service %s (%.0f req/s); interactive %.0f%% (%.1f req/s); batch %d lines of %s to %s through POST /v1/files and /v1/batches; headroom %d per provider; windows of at most %s\n\n",
 		c.Providers, c.Capacity, c.service().Round(time.Millisecond), float64(capacity)/c.service().Seconds(), c.Load*100, c.Load*float64(capacity)/c.service().Seconds(),
 		c.Lines, c.TTFT, c.TTFT+time.Duration(float64(c.BatchMaxTokens-1)/c.TokensPerSecond*float64(time.Second)), headroom, c.Duration)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PHASE\tSENT\tOK\tNOT OK\tLATENCY p50/p99\tWAIT p50/p99\tIN FLIGHT\tBATCH IN FLIGHT\tBATCH LINES DONE\tBATCH FAILED\tBATCH LINES/s")
+	fmt.Fprintln(tw, "PHASE\tWINDOW\tSENT\tOK\tNOT OK\tLATENCY p50/p99\tWAIT p50/p99\tSLOTS\tBATCH SLOTS\tSAMPLED\tBATCH LINES DONE\tBATCH FAILED\tBATCH LINES/s")
 	for _, p := range r.Phases {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s/%s\t%s/%s\t%.2f\t%.2f\t%d\t%d\t%.1f\n", p.Name, p.Interactive.Requests, p.Interactive.OK,
-			p.Interactive.Requests-p.Interactive.OK, roundFair(p.Interactive.Latency.P50), roundFair(p.Interactive.Latency.P99),
-			roundFair(p.Wait.P50), roundFair(p.Wait.P99),
-			p.InFlight, p.BatchInFlight, p.BatchDone, p.BatchFailed, float64(p.BatchDone)/c.Duration.Seconds())
+		perSecond := 0.0
+		if p.Window > 0 {
+			perSecond = float64(p.BatchDone) / p.Window.Seconds()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s/%s\t%s/%s\t%.2f\t%.2f\t%.2f/%.2f\t%d\t%d\t%.1f\n", p.Name, p.Window.Round(100*time.Millisecond),
+			p.Interactive.Requests, p.Interactive.OK, p.Interactive.Requests-p.Interactive.OK,
+			roundFair(p.Interactive.Latency.P50), roundFair(p.Interactive.Latency.P99), roundFair(p.Wait.P50), roundFair(p.Wait.P99),
+			p.Slots, p.BatchSlots, p.InFlight, p.BatchInFlight, p.BatchDone, p.BatchFailed, perSecond)
 	}
 	tw.Flush()
+	fmt.Fprintln(w, "(SLOTS, BATCH SLOTS: mean slots held, from the edge's request log; SAMPLED: the same from its provider snapshots every 50 ms)")
 	alone, with := r.phase("interactive"), r.phase("batch")
 	if alone == nil || with == nil {
 		return
@@ -565,18 +642,36 @@ func (r BatchReport) WriteTable(w io.Writer) {
 	ratio := float64(with.Interactive.Latency.P99) / float64(max(alone.Interactive.Latency.P99, 1))
 	fmt.Fprintf(w, "interactive p99 with the batch %s = %.2f× without (%s): target ≤ 1.1×: %s\n",
 		roundFair(with.Interactive.Latency.P99), ratio, roundFair(alone.Interactive.Latency.P99), metOr(ratio <= 1.1))
-	interactive := with.InFlight - with.BatchInFlight
+	interactive := with.Slots - with.BatchSlots
 	idle := float64(capacity) - interactive
-	use := with.BatchInFlight / max(idle, 1e-9)
+	use := with.BatchSlots / max(idle, 1e-9)
 	fmt.Fprintf(w, "batch held %.2f slots of the %.2f the interactive load left idle (%d − %.2f): %.0f%%: target ≥ 85%%: %s\n",
-		with.BatchInFlight, idle, capacity, interactive, 100*use, metOr(use >= 0.85))
+		with.BatchSlots, idle, capacity, interactive, 100*use, metOr(use >= 0.85))
 	if usable := idle - float64(c.Providers*headroom); usable > 0 {
 		fmt.Fprintf(w, "of the idle slots beyond the headroom (%.2f − %d × %d = %.2f), the batch held %.0f%%\n",
-			idle, c.Providers, headroom, usable, 100*with.BatchInFlight/usable)
+			idle, c.Providers, headroom, usable, 100*with.BatchSlots/usable)
+	}
+	if b := with.Batch; b != nil {
+		fmt.Fprintf(w, "batch %s: %s, %d completed, %d failed of %d", b.ID, b.Status, b.Completed, b.Failed, b.Total)
+		if b.InProgressAt > 0 && b.CompletedAt >= b.InProgressAt {
+			secs := b.CompletedAt - b.InProgressAt
+			fmt.Fprintf(w, "; in progress %d s (its own timestamps; the interactive load stopped after the window)", secs)
+		}
+		o := b.Output
+		fmt.Fprintf(w, "\nbatch output: %d result lines (%d answered 200), %d error lines, %d custom_ids missing, %d duplicated: %s\n",
+			o.Lines, o.OK, o.Errors, o.Missing, o.Duplicated, okOr(o.Complete(c.Lines), "each of the %d lines once", c.Lines))
 	}
 	for _, p := range r.Phases {
 		if p.Interactive.OK != p.Interactive.Requests {
 			fmt.Fprintf(w, "phase %s: interactive outcomes %v\n", p.Name, p.Interactive.Outcomes)
 		}
 	}
+}
+
+// okOr is "ok: " and the claim when ok, else "NOT " and it.
+func okOr(ok bool, format string, args ...any) string {
+	if ok {
+		return "ok: " + fmt.Sprintf(format, args...)
+	}
+	return "NOT " + fmt.Sprintf(format, args...)
 }

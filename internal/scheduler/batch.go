@@ -156,23 +156,32 @@ func (s *Scheduler) yieldLocked(cands []choice) {
 			r.waited = slices.Delete(r.waited, 0, 1) // the earliest: each one counts Backoff from its grant
 		}
 		r.waited = append(r.waited, until)
-		if r.waitedTimer == nil {
-			s.armWaitedLocked(r)
-		}
+		// Armed again: this wait may end before the one the timer was
+		// set for (a shorter Backoff since, or that one dropped above).
+		s.armWaitedLocked(r)
 	}
 }
 
-// armWaitedLocked sets r's timer for the earliest of r.waited; when it
-// fires, the waits that passed stop counting, r's free slots are handed
-// out, and the timer is set again for the next one.
+// armWaitedLocked sets r's timer for the earliest of r.waited, replacing
+// the one set before; when it fires, the waits that passed stop counting,
+// r's free slots are handed out, and the timer is set again for the next
+// one.
 func (s *Scheduler) armWaitedLocked(r *resource) {
+	if r.waitedTimer != nil {
+		r.waitedTimer.Stop()
+	}
+	r.waitedArm++
 	if len(r.waited) == 0 {
 		r.waitedTimer = nil
 		return
 	}
+	arm := r.waitedArm
 	r.waitedTimer = s.clock.AfterFunc(slices.MinFunc(r.waited, time.Time.Compare).Sub(s.clock.Now()), func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		if r.waitedArm != arm {
+			return // replaced while it fired
+		}
 		s.waitedLocked(r)
 		s.armWaitedLocked(r)
 		s.pumpResourceLocked(r)

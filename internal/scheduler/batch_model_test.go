@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -22,11 +23,16 @@ import (
 //   - never ahead: no batch request is handed a slot of a provider while
 //     an interactive waiter listing that provider is still waiting;
 //   - headroom: a provider that handed a batch request a slot in the step
-//     keeps its headroom (min(H, capacity−1)) free after it;
+//     keeps its headroom h = min(H, capacity−1) free after it, and the
+//     backoff's slots: min(k, max(h, 1)) more, k the interactive requests
+//     granted a slot after waiting in a group listing it within the
+//     policy's Backoff (the latest capacity of them);
 //   - work conservation: no interactive waiter lists a provider with a
 //     free slot; no batch waiter lists a provider with room for a batch
-//     request (a free slot beyond the headroom, no interactive waiter on
-//     it) — with no interactive load, batch work fills capacity − headroom;
+//     request (a free slot beyond the headroom and the backoff's slots,
+//     no interactive waiter on it) — with no interactive load, batch work
+//     fills capacity − headroom, and a backoff that passed hands its
+//     slots out at once;
 //   - FIFO: a batch request is never handed a slot while an earlier batch
 //     waiter of its group waits;
 //   - outcomes: a batch waiter ends only with a lease, its own queue
@@ -66,7 +72,11 @@ type batchMachine struct {
 	s        *Scheduler
 	gen      uint64
 	capacity map[string]int
-	headroom int // the policy's, as configured (negative: none)
+	headroom int           // the policy's, as configured (negative: none)
+	backoff  time.Duration // the policy's Backoff (0: none)
+	// waited: per provider, until when each interactive wait counts, in
+	// the order the waits were granted (the backoff's state).
+	waited   map[string][]time.Time
 	leases   []*bLease
 	waiters  []*bWaiter
 	seq      int
@@ -79,12 +89,13 @@ type batchMachine struct {
 
 func newBatchMachine(t *rapid.T) *batchMachine {
 	clk := clock.NewFake(time.Unix(0, 0))
-	m := &batchMachine{clk: clk, capacity: map[string]int{}, lastHeld: map[string]int{}}
+	m := &batchMachine{clk: clk, capacity: map[string]int{}, lastHeld: map[string]int{}, waited: map[string][]time.Time{}}
 	m.headroom = rapid.IntRange(-1, 3).Draw(t, "headroom")
+	m.backoff = drawBackoff(t)
 	s, err := New(Config{
 		Default: Policy{MaxQueue: 4, QueueTimeout: batchModelTimeout, ReconnectGrace: -1},
 		Clock:   clk,
-		Batch:   BatchPolicy{Headroom: m.headroom, MaxQueue: 6, QueueTimeout: batchModelBatchTimeout},
+		Batch:   BatchPolicy{Headroom: m.headroom, MaxQueue: 6, QueueTimeout: batchModelBatchTimeout, Backoff: m.backoff},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -125,6 +136,46 @@ func (m *batchMachine) room(p string) int {
 		h = DefaultBatchHeadroom
 	}
 	return max(min(h, m.capacity[p]-1), 0)
+}
+
+// drawBackoff draws the batch policy's Backoff: none, or a few of the
+// model's clock steps (1–12 s).
+func drawBackoff(t *rapid.T) time.Duration {
+	return rapid.SampledFrom([]time.Duration{0, 0, 3 * time.Second, 7 * time.Second, 20 * time.Second}).Draw(t, "backoff")
+}
+
+// yielded counts, with the backoff on, a wait of an interactive waiter of
+// group granted a slot: on each provider the group lists, until now +
+// Backoff; a provider keeps its latest capacity of them.
+func (m *batchMachine) yielded(group string) {
+	if m.backoff <= 0 {
+		return
+	}
+	now := m.clk.Now()
+	for _, p := range batchGroups[group] {
+		w := m.live(p, now)
+		if len(w) >= m.capacity[p] {
+			w = w[1:]
+		}
+		m.waited[p] = append(w, now.Add(m.backoff))
+	}
+}
+
+// live is p's waits that still count at now.
+func (m *batchMachine) live(p string, now time.Time) []time.Time {
+	var out []time.Time
+	for _, until := range m.waited[p] {
+		if until.After(now) {
+			out = append(out, until)
+		}
+	}
+	return out
+}
+
+// held is how many slots beyond the headroom p keeps from batch requests
+// now: min(k, max(h, 1)) for k waits that count.
+func (m *batchMachine) held(p string) int {
+	return min(len(m.live(p, m.clk.Now())), max(m.room(p), 1))
 }
 
 func (m *batchMachine) lists(w *bWaiter, p string) bool {
@@ -243,16 +294,20 @@ func (m *batchMachine) setCapacity(t *rapid.T) {
 	m.capacity[p] = c
 }
 
+// setHeadroom changes the batch policy's headroom and backoff; the waits
+// counted keep counting until their own ends.
 func (m *batchMachine) setHeadroom(t *rapid.T) {
 	h := rapid.IntRange(-1, 3).Draw(t, "headroom")
-	if err := m.s.SetBatchPolicy(BatchPolicy{Headroom: h, MaxQueue: 6, QueueTimeout: batchModelBatchTimeout}); err != nil {
+	b := drawBackoff(t)
+	if err := m.s.SetBatchPolicy(BatchPolicy{Headroom: h, MaxQueue: 6, QueueTimeout: batchModelBatchTimeout, Backoff: b}); err != nil {
 		t.Fatal(err)
 	}
-	m.headroom = h
+	m.headroom, m.backoff = h, b
 }
 
 // restart fences the node's connection and connects a new generation:
-// every lease is released by the fence, every waiter fails unavailable.
+// every lease is released by the fence, every waiter fails unavailable,
+// and the waits the backoff counted go with the node's old resources.
 func (m *batchMachine) restart(t *rapid.T) {
 	m.s.Fence("n", m.gen)
 	for _, bl := range m.leases {
@@ -262,6 +317,9 @@ func (m *batchMachine) restart(t *rapid.T) {
 	}
 	m.leases = nil
 	m.restarted = true
+	// The fence drops the node's resources (no lease, no waiter left):
+	// the new generation's start with no wait counted.
+	m.waited = map[string][]time.Time{}
 	m.connect(t)
 }
 
@@ -287,6 +345,8 @@ func (m *batchMachine) settle(t *rapid.T) {
 			m.took(t, r.lease, bw.prio == PriorityBatch)
 			if bw.prio == PriorityBatch {
 				grantedBatch = append(grantedBatch, bw)
+			} else {
+				m.yielded(bw.group)
 			}
 		case errors.Is(r.err, ErrQueueTimeout):
 			if now.Before(bw.deadline) {
@@ -326,8 +386,8 @@ func (m *batchMachine) check(t *rapid.T) {
 		if got := m.batchInFlight(p); got != batchLeases {
 			t.Fatalf("%s: batch in flight %d, want %d", p, got, batchLeases)
 		}
-		if m.granted[p] && held+m.room(p) > c {
-			t.Fatalf("%s handed a batch request a slot: %d in flight, capacity %d, headroom %d not kept", p, held, c, m.room(p))
+		if m.granted[p] && held+m.room(p)+m.held(p) > c {
+			t.Fatalf("%s handed a batch request a slot: %d in flight, capacity %d, headroom %d and backoff %d not kept", p, held, c, m.room(p), m.held(p))
 		}
 		interactive, batch := false, false
 		for _, bw := range m.waiters {
@@ -346,8 +406,12 @@ func (m *batchMachine) check(t *rapid.T) {
 		if interactive && held < c {
 			t.Fatalf("%s: %d in flight of %d while an interactive waiter lists it", p, held, c)
 		}
-		if batch && !interactive && held+1+m.room(p) <= c {
-			t.Fatalf("%s: %d in flight of %d, headroom %d, while a batch waiter lists it", p, held, c, m.room(p))
+		if batch && !interactive && held+1+m.room(p)+m.held(p) <= c {
+			m.s.mu.Lock()
+			r := m.s.resources[resourceKey{"n", p}]
+			got := fmt.Sprint(r.waited, r.waitedTimer != nil)
+			m.s.mu.Unlock()
+			t.Fatalf("%s: %d in flight of %d, headroom %d, backoff %d, while a batch waiter lists it (now %s; model's waits %v, scheduler's %s)", p, held, c, m.room(p), m.held(p), m.clk.Now(), m.waited[p], got)
 		}
 	}
 	snap := m.s.Snapshot()
@@ -369,6 +433,8 @@ func (m *batchMachine) drain(t *rapid.T) {
 		}
 	}
 	m.leases = nil
+	// The backoff's timers fire once its waits stop counting.
+	m.clk.Advance(time.Minute)
 	snap := m.s.Snapshot()
 	if snap.Waiters != 0 || snap.Leases != 0 {
 		t.Fatalf("after drain: %d waiters, %d leases", snap.Waiters, snap.Leases)

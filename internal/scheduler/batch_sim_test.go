@@ -207,6 +207,12 @@ func BenchmarkBatchBandSimulated(b *testing.B) {
 		{providers: 2, capacity: 8, headroom: 2, backoff: 5 * time.Second, poisson: true},
 		{providers: 2, capacity: 32, headroom: 2, backoff: 5 * time.Second, poisson: true},
 		{providers: 2, capacity: 32, headroom: 4, backoff: 5 * time.Second, poisson: true},
+		{providers: 2, capacity: 8, headroom: 1, backoff: time.Second, poisson: true},
+		{providers: 2, capacity: 32, headroom: 2, backoff: time.Second, poisson: true},
+		{providers: 2, capacity: 8, headroom: 1, backoff: 10 * time.Second, poisson: true},
+		{providers: 2, capacity: 32, headroom: 2, backoff: 10 * time.Second, poisson: true},
+		{providers: 2, capacity: 8, headroom: 1, backoff: time.Second},
+		{providers: 2, capacity: 8, headroom: 1, backoff: 10 * time.Second},
 	} {
 		c.load, c.service, c.length = 0.6, 1150*time.Millisecond, 10*time.Minute
 		arrivals := "fixed"

@@ -524,3 +524,45 @@ func TestBatchBackoffAtMostDoublesTheHeadroom(t *testing.T) {
 		t.Fatal("a second batch line started: the two waits held back less than one slot beyond the headroom")
 	}
 }
+
+// TestRegression_BatchBackoffShortenedHandsSlotsOutOnTime: the backoff's
+// timer was set only when none was, for the earliest wait then; a wait
+// counted later that ends sooner (the backoff shortened by a reload, the
+// earlier wait dropped at the cap of capacity waits) held its slot from
+// the batch until the old timer fired, 17 s late here. The input is the
+// one the batch band's model test found: capacity 2, no headroom, a wait
+// under a 20 s backoff, then two under 3 s.
+func TestRegression_BatchBackoffShortenedHandsSlotsOutOnTime(t *testing.T) {
+	f := newBatchFixture(t, BatchPolicy{Headroom: -1, Backoff: 20 * time.Second}, map[string]int{"a": 2})
+	b1 := leaseOrFail(t, "batch line", mustLease(f.enq(f.preq("m", PriorityBatch))))
+	b2 := leaseOrFail(t, "batch line", mustLease(f.enq(f.preq("m", PriorityBatch))))
+	// waitFor queues an interactive request, frees a slot, and returns
+	// the request's lease: one wait counted.
+	waitFor := func(free *Lease) *Lease {
+		t.Helper()
+		l, w := f.enq(f.preq("m", PriorityStandard))
+		if l != nil {
+			t.Fatal("an interactive request got a slot with 2 of 2 held")
+		}
+		free.Release("done")
+		return leaseOrFail(t, "interactive after its wait", outcome(w).lease)
+	}
+	i1 := waitFor(b1) // counts until 20 s
+	if err := f.s.SetBatchPolicy(BatchPolicy{Headroom: -1, Backoff: 3 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	i2 := waitFor(b2) // until 3 s
+	i3 := waitFor(i1) // until 3 s; the 20 s wait dropped (2 waits at most)
+	_, queued := f.enq(f.preq("m", PriorityBatch))
+	i2.Release("done")
+	if r := outcome(queued); r.lease != nil {
+		t.Fatal("the batch line took the slot the waits hold back")
+	}
+	f.clk.Advance(3 * time.Second)
+	l := outcome(queued).lease
+	if l == nil {
+		t.Fatal("the batch line still waits with 1 of 2 slots free after every wait counted ended")
+	}
+	l.Release("done")
+	i3.Release("done")
+}

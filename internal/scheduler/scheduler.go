@@ -243,9 +243,11 @@ type resource struct {
 	// counting (the batch policy's Backoff after the waiter's grant), at
 	// most capacity of them: each keeps one more of its slots from batch
 	// requests (batchRoomLocked). waitedTimer hands its slots out when the
-	// earliest of them passes.
+	// earliest of them passes; waitedArm numbers its arming, so a timer
+	// replaced by a later one does nothing when it fires.
 	waited      []time.Time
 	waitedTimer Timer
+	waitedArm   uint64
 }
 
 func (r *resource) fits(long bool) bool {

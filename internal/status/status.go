@@ -40,6 +40,10 @@ type Batch struct {
 	Failed         int     `json:"failed"`
 	LinesPerSecond float64 `json:"lines_per_second"`
 	ETASeconds     float64 `json:"eta_seconds"`
+	// Waiting is why its lines do not run ("quota"), WaitingUntil when
+	// the key's window holds one again, Unix seconds.
+	Waiting      string `json:"waiting"`
+	WaitingUntil int64  `json:"waiting_until"`
 	// Runner is the edge running the batch: its name, a slash and its
 	// process's suffix; "" while none does.
 	Runner string `json:"runner"`
@@ -164,6 +168,12 @@ func Render(w io.Writer, v View, now time.Time) error {
 			if b.LinesPerSecond > 0 {
 				rate = fmt.Sprintf("%.1f/s", b.LinesPerSecond)
 				eta = (time.Duration(b.ETASeconds) * time.Second).String()
+			}
+			if b.Waiting != "" {
+				eta = "waiting: " + b.Waiting
+				if b.WaitingUntil > 0 {
+					eta += " until " + time.Unix(b.WaitingUntil, 0).UTC().Format("15:04:05Z")
+				}
 			}
 			edgeName, _, _ := strings.Cut(b.Runner, "/")
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\n", b.ID, b.API, dash(b.Owner), b.Status, b.Done, b.Failed, b.Total, rate, eta, dash(edgeName))

@@ -29,9 +29,16 @@ type Progress struct {
 	CreatedAt int64 `json:"created_at"`
 	// LinesPerSecond is the lines finished per second since the batch
 	// started running; ETASeconds the time the rest take at that rate
-	// (0 when unknown).
+	// (0 when unknown, and while Waiting).
 	LinesPerSecond float64 `json:"lines_per_second"`
 	ETASeconds     float64 `json:"eta_seconds"`
+	// Waiting is why the lines do not run, when they do not: "quota"
+	// while a line waits out a refusal of the batch's key's quota or
+	// request rate (no ETA: the rate does not hold). WaitingUntil is when the latest
+	// refusal said the key's window holds a line again, Unix seconds (0
+	// when not waiting).
+	Waiting      string `json:"waiting,omitempty"`
+	WaitingUntil int64  `json:"waiting_until,omitempty"`
 }
 
 // progressOf is b's progress at now.
@@ -45,6 +52,12 @@ func progressOf(b batch.Batch, now time.Time) Progress {
 	if secs := now.Sub(b.InProgressAt).Seconds(); !b.InProgressAt.IsZero() && secs > 0 && finished > 0 {
 		p.LinesPerSecond = float64(finished) / secs
 		p.ETASeconds = float64(b.Total-finished) / p.LinesPerSecond
+	}
+	if b.Waiting != "" && b.Status == batch.StatusInProgress {
+		p.Waiting, p.ETASeconds = b.Waiting, 0
+		if !b.WaitingUntil.IsZero() {
+			p.WaitingUntil = b.WaitingUntil.Unix()
+		}
 	}
 	return p
 }

@@ -1,7 +1,8 @@
 // The dashboard's batch panel: the batches in progress, from GET
 // /admin/v1/batches (oldest first), each with its lines done, failed and
 // total, its rate (lines per second since it began running), the time
-// the rest take at that rate, and the edge running it. Re-read every 2 s.
+// the rest take at that rate (or why its lines wait, when its key's
+// quota refuses them), and the edge running it. Re-read every 2 s.
 // What it shows is in window.iopBatches (rows: the API's entries, loaded,
 // error) for people and tests.
 "use strict";
@@ -24,6 +25,14 @@
     if (seconds < 90) return Math.round(seconds) + " s";
     if (seconds < 5400) return Math.round(seconds / 60) + " min";
     return (seconds / 3600).toFixed(1) + " h";
+  }
+
+  // waiting says why a batch's lines do not run, and until when, in
+  // place of an ETA its rate would get wrong.
+  function waiting(r) {
+    let s = "waiting: " + r.waiting;
+    if (r.waiting_until > 0) s += " until " + new Date(r.waiting_until * 1000).toLocaleTimeString();
+    return s;
   }
 
   let loading = false;
@@ -57,7 +66,7 @@
         el("td", { class: "progress" }, el("div", { class: "bar" }, el("div", { style: "width:" + pct + "%" })),
           el("span", { class: "lines" }, num(r.done) + " done" + (r.failed ? ", " + num(r.failed) + " failed" : "") + " of " + num(r.total))),
         el("td", { class: "n rate" }, r.lines_per_second > 0 ? num(r.lines_per_second) + "/s" : "–"),
-        el("td", { class: "n eta" }, eta(r.eta_seconds)),
+        el("td", { class: "n eta" }, r.waiting ? waiting(r) : eta(r.eta_seconds)),
         el("td", { class: "runner" }, r.runner ? r.runner.split("/")[0] : "–"));
     }));
   }
