@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"iop/internal/edge/api/access"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/api/request"
 	"iop/internal/edge/api/stream"
 	"iop/internal/edge/contract"
@@ -25,7 +26,7 @@ const (
 	ReasonUpstreamError = "upstream error"
 	ReasonEdgeStopped   = "edge stopped"
 	// ReasonInvalidRequest: the node could not turn the request into its
-	// provider's protocol (a *requestError after dispatch).
+	// provider's protocol (a *request.FieldError after dispatch).
 	ReasonInvalidRequest = "invalid request"
 )
 
@@ -35,7 +36,7 @@ var forwardedHeaders = []string{"Accept", "X-Request-Id"}
 
 // readBody reads a request body (ServeHTTP caps it at Config.MaxBodyBytes),
 // after checking its Content-Type. Errors: errUnsupportedMedia,
-// errBodyTooLarge, or a *requestError when the body cannot be read.
+// errBodyTooLarge, or a *request.FieldError when the body cannot be read.
 func (h *handler) readBody(r *http.Request) ([]byte, error) {
 	if !isJSONContentType(r.Header.Get("Content-Type")) {
 		return nil, errUnsupportedMedia
@@ -162,13 +163,13 @@ func providerBroke(err error) bool {
 // or nothing if the client is gone (then ServeHTTP aborts the connection).
 // It returns the rendering's reason.
 func (rr *Answer) fail(err error) string {
-	if clientGone(rr.r) {
+	if httpconn.ClientGone(rr.r) {
 		rr.h.logger.Debug("client gone", "path", Clip(rr.r.URL.Path), "err", errorText(err, rr.req))
 		return ReasonClientGone
 	}
 	rr.answerFailed(err)
 	rr.writeError(rr.w, rr.r, err, rr.req)
-	if errors.As(err, new(*requestError)) || errors.As(err, new(*request.FieldError)) {
+	if errors.As(err, new(*request.FieldError)) {
 		return ReasonInvalidRequest
 	}
 	return ReasonUpstreamError

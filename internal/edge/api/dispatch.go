@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/contract"
 )
 
@@ -80,7 +81,7 @@ func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *cont
 		// quiet started the answer while the request waited: it ends as a
 		// started answer does, and its outcome is the failure's, not the
 		// 200 the client got.
-		obs.failed(err, nil, clientGone(r))
+		obs.failed(err, nil, httpconn.ClientGone(r))
 		reason := render.failed(rr, err)
 		if obs != nil {
 			obs.decide(Classify(err, req).status)

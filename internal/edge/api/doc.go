@@ -8,13 +8,15 @@
 // decodes and checks the request bodies (its *FieldError is answered 400
 // by Classify); package stream holds the relay's stream pieces (a tunnel
 // answer's one reader and usage, the chat chunk renderer), package
-// bodycoding a request body's Content-Encoding; package observe holds a
+// bodycoding a request body's Content-Encoding, package httpconn a
+// request body's cap and lingering and the writer's write deadlines;
+// package observe holds a
 // request's record, its log line, ledger row and span; package access
 // what a request's key may do.
 //
 // # Where things live
 //
-//	handler.go        New, ServeHTTP: routing, body caps and lingering, write deadlines, abort on nothing written
+//	handler.go        New, ServeHTTP: routing, body caps (httpconn.Body), write deadlines (httpconn.Writer), abort on nothing written
 //	frame.go          Frame, API, Renderer, ErrorShape: what a client API package serves with; Answer's exported methods
 //	frame_detached.go Frame.ServeDetached (a run with no connection), and the rest a client API package needs
 //	frame_record.go   Answer.RelayRecorded, NewRunID: what the runs API records a run with

@@ -10,6 +10,7 @@ import (
 
 	"iop/internal/auth"
 	"iop/internal/edge/api/access"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 	"iop/internal/quota"
@@ -54,22 +55,6 @@ var (
 	errUpstreamCancelled = errors.New("upstream cancelled the run")
 	errUpstreamLost      = errors.New("lost the connection to the node serving this request")
 )
-
-// requestError is a client request that cannot be served as sent: 400, with
-// param naming the offending field ("" when the body as a whole is bad).
-// Its Error text, "param: message", is the error body's message, so the
-// message says which field is wrong even where a client shows only it.
-type requestError struct {
-	param   string
-	message string
-}
-
-func (e *requestError) Error() string {
-	if e.param == "" {
-		return e.message
-	}
-	return e.param + ": " + e.message
-}
 
 // upstreamError is a failure the node reported for a run: a normalized or a
 // tunnel failure event. status is the HTTP status the provider answered or
@@ -121,7 +106,6 @@ func Classify(err error, req *contract.Request) *APIError {
 		model = Clip(req.Model)
 	}
 	var (
-		reqErr   *requestError
 		fieldErr *request.FieldError
 		upErr    *upstreamError
 		limitErr *auth.LimitError
@@ -150,8 +134,6 @@ func Classify(err error, req *contract.Request) *APIError {
 		return e
 	case errors.As(err, &quotaErr):
 		return quotaError(quotaErr)
-	case errors.As(err, &reqErr):
-		return newAPIError(http.StatusBadRequest, "invalid_request_error", reqErr.param, "invalid_request", reqErr.Error())
 	case errors.As(err, &fieldErr):
 		return newAPIError(http.StatusBadRequest, "invalid_request_error", fieldErr.Field, "invalid_request", fieldErr.Error())
 	case errors.Is(err, errNotFound):
@@ -166,7 +148,7 @@ func Classify(err error, req *contract.Request) *APIError {
 		return newAPIError(http.StatusRequestTimeout, "invalid_request_error", "", "request_timeout", err.Error())
 	case errors.Is(err, errBodyTooLarge):
 		return newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "", "request_too_large", err.Error())
-	case errors.As(err, new(*encodingError)):
+	case errors.As(err, new(*httpconn.EncodingError)):
 		return newAPIError(http.StatusUnsupportedMediaType, "invalid_request_error", "", "unsupported_content_encoding", err.Error())
 	case errors.Is(err, errModelManagement):
 		return newAPIError(http.StatusForbidden, "invalid_request_error", "", "model_management_refused", err.Error())

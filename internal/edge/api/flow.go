@@ -6,10 +6,11 @@ import (
 
 	"iop/internal/auth"
 	"iop/internal/edge/api/access"
+	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 )
 
-var errBadPriority = &requestError{param: access.PriorityHeader, message: "must be one of critical, standard, sheddable"}
+var errBadPriority = &request.FieldError{Field: access.PriorityHeader, Message: "must be one of critical, standard, sheddable"}
 
 // assignFlow sets req's flow, weight and priority before its dispatch:
 // the flow is the key's name, or the value of the header or body field

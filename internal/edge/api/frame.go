@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"iop/internal/edge/api/access"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/contract"
 )
 
@@ -101,7 +102,7 @@ func (f *Frame) WriteErrorAs(w http.ResponseWriter, r *http.Request, err error, 
 
 // writeShaped is WriteErrorAs with the body's Content-Type.
 func (h *handler) writeShaped(w http.ResponseWriter, r *http.Request, err error, req *contract.Request, shape ErrorShape, contentType string) {
-	if clientGone(r) && !errors.Is(err, errBodyTimeout) { // a body read past its deadline cancels the context; the client is there
+	if httpconn.ClientGone(r) && !errors.Is(err, errBodyTimeout) { // a body read past its deadline cancels the context; the client is there
 		h.logger.Debug("client gone before the answer", "path", Clip(r.URL.Path), "err", errorText(err, req))
 		obsOf(r).failed(err, nil, true)
 		return

@@ -7,6 +7,7 @@ import (
 	"net/url"
 
 	"iop/internal/edge/api/access"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/api/observe"
 	"iop/internal/edge/contract"
 )
@@ -28,7 +29,7 @@ func ForwardHeaders(header http.Header) map[string]string { return forwardHeader
 
 // ClientGone reports whether the client of r has gone (its context ended
 // for a reason other than a body read past its deadline).
-func ClientGone(r *http.Request) bool { return clientGone(r) }
+func ClientGone(r *http.Request) bool { return httpconn.ClientGone(r) }
 
 // RecordRequest records req, decoded, in r's request record and returns
 // the record's request id ("" without a record).

@@ -8,6 +8,8 @@ import (
 	"strconv"
 
 	"iop/internal/edge/api/bodycoding"
+	"iop/internal/edge/api/httpconn"
+	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 	"iop/internal/modelname"
 	"iop/internal/sse"
@@ -87,16 +89,16 @@ func knownModel(names []string, name string) (string, bool) {
 
 // readAllBody reads a request body (ServeHTTP caps it at
 // Config.MaxBodyBytes, decoded, and decodes its Content-Encoding).
-// Errors: errBodyTooLarge, errBodyTimeout, an *encodingError, or a
-// *requestError (also for a body not valid in its coding).
+// Errors: errBodyTooLarge, errBodyTimeout, an *httpconn.EncodingError, or a
+// *request.FieldError (also for a body not valid in its coding).
 func readAllBody(r *http.Request) ([]byte, error) {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
-		if encErr, ok := errors.AsType[*encodingError](err); ok {
+		if encErr, ok := errors.AsType[*httpconn.EncodingError](err); ok {
 			return nil, encErr
 		}
 		if errors.Is(err, bodycoding.ErrCorrupt) {
-			return nil, &requestError{message: bodycoding.ErrCorrupt.Error()}
+			return nil, &request.FieldError{Message: bodycoding.ErrCorrupt.Error()}
 		}
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
@@ -106,7 +108,7 @@ func readAllBody(r *http.Request) ([]byte, error) {
 			return nil, errBodyTimeout // Config.BodyReadTimeout
 		}
 		// Usually a client that went away mid-upload; then nothing is written.
-		return nil, &requestError{message: "reading the request body failed"}
+		return nil, &request.FieldError{Message: "reading the request body failed"}
 	}
 	return body, nil
 }

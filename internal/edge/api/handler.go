@@ -5,18 +5,17 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"log/slog"
 	"maps"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"iop/internal/edge/api/access"
-	"iop/internal/edge/api/bodycoding"
+	"iop/internal/edge/api/httpconn"
+	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 )
 
@@ -116,45 +115,45 @@ const modelsPrefix = "/v1/models/"
 // A body declared (Content-Length) or found (while read) to be over the
 // limit is answered 413 without reading more than the limit. Whenever an
 // answer is given before its body was read to the end (413, 415, 404, 405,
-// any early 400), ServeHTTP then lingers: it sends the answer and reads and
-// discards what the client is still sending, up to lingerBytes for at most
-// lingerTime, so that a client that sends its whole body before reading
-// reads the answer instead of a connection reset (RFC 9112 §9.6, "Tear-down";
-// nginx's lingering close does the same).
+// any early 400), ServeHTTP then lingers (httpconn.Body.Linger): it sends
+// the answer and reads and discards what the client is still sending, up to
+// 64 MiB for at most 5 s, so that a client that sends its whole body before
+// reading reads the answer instead of a connection reset (RFC 9112 §9.6,
+// "Tear-down"; nginx's lingering close does the same).
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	tw := &trackingWriter{ResponseWriter: w, rc: http.NewResponseController(w), timeout: h.cfg.WriteTimeout}
+	tw := httpconn.NewWriter(w, h.cfg.WriteTimeout)
 	limit, bodyTimeout := h.cfg.MaxBodyBytes, h.cfg.BodyReadTimeout
 	if bl, ok := h.cfg.BodyLimits[r.URL.Path]; ok {
 		limit, bodyTimeout = cmp.Or(bl.MaxBytes, limit), cmp.Or(bl.ReadTimeout, bodyTimeout)
 	}
-	body := newRequestBody(w, r, limit)
+	body := httpconn.NewBody(w, r, limit)
 	r.Body = body
 	if r.ContentLength != 0 {
 		// Handlers read the body before they answer, except for early
 		// errors, after which linger reads the rest itself: net/http must not
 		// consume (or give up on) the body when the answer starts.
-		_ = tw.rc.EnableFullDuplex()
+		_ = tw.Controller().EnableFullDuplex()
 		// The body must be in within BodyReadTimeout; the deadline is lifted
-		// when it is (requestBody.Read at its end), before any answer.
-		if tw.rc.SetReadDeadline(time.Now().Add(bodyTimeout)) == nil {
-			body.lift = func() { _ = tw.rc.SetReadDeadline(time.Time{}) }
+		// when it is (httpconn.Body.Read at its end), before any answer.
+		if rc := tw.Controller(); rc.SetReadDeadline(time.Now().Add(bodyTimeout)) == nil {
+			body.LiftOnEnd(func() { _ = rc.SetReadDeadline(time.Time{}) })
 		}
 	}
 	// net/http keeps a connection's write deadline between requests: start
 	// each request with a fresh one (e.g. for a 100 Continue).
-	tw.extend()
+	tw.Extend()
 	r, obs := h.observe(r)
 	tw.Header().Set(requestIDHeader(r), obs.requestID())
-	defer func() { h.finish(r.Context(), obs, tw.status) }()
+	defer func() { h.finish(r.Context(), obs, tw.Status()) }()
 	if r, release, ok := h.admit(tw, r); ok {
 		defer release()
 		h.route(tw, r)
 	}
-	if !tw.wrote {
+	if !tw.Wrote() {
 		h.logger.Debug("aborting a response with nothing written", "path", Clip(r.URL.Path))
 		panic(http.ErrAbortHandler)
 	}
-	body.linger(tw, r)
+	body.Linger(tw, r)
 }
 
 // requestIDHeader is the answer header that carries the request's id
@@ -201,136 +200,6 @@ func (h *handler) errorWriterFor(path string) ErrorWriter {
 	return h.writeError
 }
 
-// Bounds of ServeHTTP's lingering read after an early answer.
-const (
-	// lingerBytes is the most of a body read and discarded after the
-	// answer; a client sending more may see its connection closed.
-	lingerBytes = 64 << 20 // 64 MiB
-	// lingerTime bounds the whole lingering read.
-	lingerTime = 5 * time.Second
-)
-
-// requestBody is a request's body capped at Config.MaxBodyBytes
-// (http.MaxBytesReader) that records how far the handler read it. Only the
-// request goroutine uses it.
-type requestBody struct {
-	orig   io.ReadCloser // the body as net/http gave it
-	capped io.ReadCloser // orig behind http.MaxBytesReader
-	limit  int64
-	read   bool // Read was called: a 100 Continue was sent, if asked for
-	eof    bool // the body was read to its end
-	// tooLarge: the body is over the limit, by its Content-Length or by
-	// what was read. Every Read then fails with *http.MaxBytesError.
-	tooLarge bool
-	// lift, when set, lifts the connection's read deadline for the body
-	// (Config.BodyReadTimeout); called once the body is read to its end,
-	// or by linger.
-	lift func()
-	// header is the answer's header, for a Connection: close.
-	header http.Header
-	// encErr is the *encodingError of a body in a coding the edge does not
-	// decode: every Read fails with it.
-	encErr error
-}
-
-// readCloser reads from one reader and closes another.
-type readCloser struct {
-	io.Reader
-	io.Closer
-}
-
-// newRequestBody caps r's body at limit bytes. A Content-Length over the
-// limit fails the first Read at once, without reading anything (so a
-// client waiting for a 100 Continue is never asked for the body), and
-// marks the answer Connection: close, as net/http does for a body over a
-// MaxBytesReader's limit.
-//
-// A body with a Content-Encoding (bodycoding.Parse: gzip, deflate) is decoded as
-// it is read, and the limit counts the decoded bytes (a small compressed
-// body that decodes to more is 413, without decoding more than the limit)
-// as well as the bytes received; the header is then removed, so that
-// nothing after reads the decoded body as encoded. A coding the edge does
-// not decode fails every Read with an *encodingError (415).
-func newRequestBody(w http.ResponseWriter, r *http.Request, limit int64) *requestBody {
-	b := &requestBody{orig: r.Body, limit: limit, header: w.Header()}
-	src := r.Body
-	codings, unsupported := bodycoding.Parse(r.Header)
-	switch {
-	case unsupported != "":
-		b.encErr = &encodingError{coding: unsupported}
-	case len(codings) > 0:
-		raw := http.MaxBytesReader(w, r.Body, limit)
-		src = readCloser{bodycoding.NewReader(raw, codings), raw}
-		r.Header.Del("Content-Encoding")
-	}
-	b.capped = http.MaxBytesReader(w, src, limit)
-	if r.ContentLength > limit {
-		b.tooLarge = true
-		w.Header().Set("Connection", "close")
-	}
-	return b
-}
-
-func (b *requestBody) Read(p []byte) (int, error) {
-	if b.tooLarge {
-		return 0, &http.MaxBytesError{Limit: b.limit}
-	}
-	if b.encErr != nil {
-		return 0, b.encErr
-	}
-	b.read = true
-	n, err := b.capped.Read(p)
-	if err == io.EOF {
-		b.eof = true
-		if b.lift != nil {
-			// Nothing after the body may hit its deadline (with full duplex
-			// net/http reads no more itself; this keeps it so should that
-			// change, and for a handler that reads past the body).
-			b.lift()
-			b.lift = nil
-		}
-	} else if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-		b.tooLarge = true
-	} else if errors.Is(err, os.ErrDeadlineExceeded) && b.header != nil {
-		// The rest of the body may still come: the connection cannot
-		// carry another request (its 408 says so).
-		b.header.Set("Connection", "close")
-	}
-	return n, err
-}
-
-func (b *requestBody) Close() error { return b.capped.Close() }
-
-// linger, after the handler has answered, sends the answer and reads and
-// discards the rest of a body the handler did not read to its end (see
-// ServeHTTP), unless the client asked for a 100 Continue that was never
-// sent (then it sends no body) or has gone away.
-func (b *requestBody) linger(w *trackingWriter, r *http.Request) {
-	if b.lift != nil {
-		b.lift()
-		b.lift = nil
-	}
-	if b.eof || r.ContentLength == 0 || clientGone(r) {
-		return
-	}
-	if !b.read && strings.EqualFold(r.Header.Get("Expect"), "100-continue") {
-		return
-	}
-	if w.FlushError() != nil {
-		return
-	}
-	_ = w.rc.SetReadDeadline(time.Now().Add(lingerTime))
-	buf := make([]byte, 64<<10) // few reads: io.Discard would read 8 KiB at a time
-	for left := lingerBytes; left > 0; {
-		n, err := b.orig.Read(buf[:min(left, len(buf))])
-		left -= n
-		if err != nil {
-			break
-		}
-	}
-	_ = w.rc.SetReadDeadline(time.Time{})
-}
-
 func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 	rt, ok := h.routes[r.URL.Path]
 	for _, p := range h.prefixes {
@@ -353,74 +222,6 @@ func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 	}
 	rt.Serve(w, r)
 }
-
-// trackingWriter records whether a handler wrote anything: a status line,
-// a body byte, or a flush (which sends the status line). It gives every
-// write and flush a fresh write deadline of timeout (Config.WriteTimeout),
-// so a client that stops reading fails the write instead of blocking it.
-type trackingWriter struct {
-	http.ResponseWriter
-	rc      *http.ResponseController
-	timeout time.Duration
-	wrote   bool
-	status  int // the status sent; 0 until then
-}
-
-// extend moves the connection's write deadline to timeout from now. A
-// writer without deadlines (some middleware, tests) keeps none.
-func (w *trackingWriter) extend() {
-	_ = w.rc.SetWriteDeadline(time.Now().Add(w.timeout))
-}
-
-func (w *trackingWriter) WriteHeader(status int) {
-	w.wrote = true
-	if w.status == 0 && status >= 200 {
-		w.status = status
-	}
-	w.ResponseWriter.WriteHeader(status)
-}
-
-func (w *trackingWriter) Write(p []byte) (int, error) {
-	w.wrote = true
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	// In pieces of writePiece bytes, each with a fresh deadline: a client
-	// that keeps reading, however slowly, makes progress within every
-	// deadline, so only one that stops (takes longer than the timeout to
-	// take writePiece bytes) is cut. One deadline for a whole large write
-	// would cut a slow reader that is still reading (2 KB/s against a 10 s
-	// timeout).
-	written := 0
-	for {
-		piece := p[written:min(len(p), written+writePiece)]
-		w.extend()
-		n, err := w.ResponseWriter.Write(piece)
-		written += n
-		if err != nil || written == len(p) {
-			return written, err
-		}
-	}
-}
-
-// writePiece is the most trackingWriter writes under one deadline, in
-// bytes.
-const writePiece = 16 << 10
-
-// FlushError is here so that a flush through http.ResponseController is
-// seen too; the controller finds the other optional methods by Unwrap.
-func (w *trackingWriter) FlushError() error {
-	w.wrote = true
-	w.extend()
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	return w.rc.Flush()
-}
-
-func (w *trackingWriter) Flush() { _ = w.FlushError() }
-
-func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // writeError answers a request with the status and OpenAI error body that
 // classify maps err to, unless the client has gone away: then it writes
@@ -468,13 +269,13 @@ func (rr *Answer) logStarted(e *APIError, err error) {
 		"code", deref(e.Code), "err", errorText(err, rr.req))
 }
 
-// sentStatus is the status already written to w: the trackingWriter's
+// sentStatus is the status already written to w: the httpconn.Writer's
 // under any wrapping that unwraps to it, else 200 (what a started answer
 // sends unless it said otherwise).
 func sentStatus(w http.ResponseWriter) int {
 	for w != nil {
-		if tw, ok := w.(*trackingWriter); ok && tw.status != 0 {
-			return tw.status
+		if tw, ok := w.(*httpconn.Writer); ok && tw.Status() != 0 {
+			return tw.Status()
 		}
 		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
 		if !ok {
@@ -567,7 +368,7 @@ var ErrNotFound = errNotFound
 // invalid: WriteError answers it 400 invalid_request_error with message,
 // naming param.
 func InvalidParam(param, message string) error {
-	return &requestError{param: param, message: message}
+	return &request.FieldError{Field: param, Message: message}
 }
 
 // writeJSON answers with v as JSON (and a newline) and its Content-Length,
@@ -595,10 +396,4 @@ func writeText(w http.ResponseWriter, status int, s string) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.WriteHeader(status)
 	_, _ = w.Write([]byte(s))
-}
-
-// clientGone reports whether the request's client has gone away (or the
-// server is shutting the request down): then nothing more is written.
-func clientGone(r *http.Request) bool {
-	return r.Context().Err() != nil
 }

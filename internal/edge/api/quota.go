@@ -9,6 +9,8 @@ import (
 
 	"iop/internal/auth"
 	"iop/internal/edge/api/access"
+	"iop/internal/edge/api/httpconn"
+	"iop/internal/edge/api/request"
 	"iop/internal/quota"
 )
 
@@ -16,7 +18,7 @@ import (
 // for a key with a quota (Config.Quota), before anything is queued: the
 // body is read (and given back to the route as it was, or with the cap a
 // clamp wrote), its worst case reserved (access.Reserve), and a refusal
-// returned (*quota.Refusal, 429 with Retry-After; a *requestError 400 for
+// returned (*quota.Refusal, 429 with Retry-After; a *request.FieldError 400 for
 // an uncapped request of a key whose quota says uncapped: refuse). The
 // reservation rides on the request's observation and is settled when the
 // request is finished (observe.Request.Finish). A body that cannot be read, or of a
@@ -37,7 +39,7 @@ func (h *handler) reserveQuota(w http.ResponseWriter, r *http.Request, caller *a
 		if err != nil {
 			rd = io.MultiReader(rd, errReader{err})
 		}
-		r.Body = readCloser{Reader: rd, Closer: orig}
+		r.Body = httpconn.ReadCloser{Reader: rd, Closer: orig}
 	}
 	if readErr != nil {
 		replay(body, readErr)
@@ -45,7 +47,7 @@ func (h *handler) reserveQuota(w http.ResponseWriter, r *http.Request, caller *a
 	}
 	res, body, clamp, err := access.Reserve(q, caller, r.URL.Path, body)
 	if be := (*access.BodyError)(nil); errors.As(err, &be) {
-		return nil, &requestError{param: be.Param, message: be.Message}
+		return nil, &request.FieldError{Field: be.Param, Message: be.Message}
 	}
 	if err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package api
 import (
 	"net/http"
 
+	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 )
 
@@ -39,7 +40,7 @@ func Relay(w http.ResponseWriter, r *http.Request, api string, req contract.Requ
 		req.Headers = forwardHeaders(r.Header)
 	}
 	h.serveRun(w, r, &req, func(rr *Answer, _ contract.DispatchInfo) string {
-		return rr.fail(&requestError{message: "the provider chosen for model " + Clip(req.Model) +
+		return rr.fail(&request.FieldError{Message: "the provider chosen for model " + Clip(req.Model) +
 			" does not serve this endpoint: it is not on the tunnel path"})
 	})
 }

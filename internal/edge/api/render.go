@@ -7,27 +7,12 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"iop/internal/edge/api/httpconn"
+	"iop/internal/edge/api/request"
 	"iop/internal/edge/api/stream"
 	"iop/internal/edge/contract"
 	"iop/internal/sse"
 )
-
-// hopHeaders are response headers of the provider's connection, not of its
-// answer, so they are not relayed. Content-Length goes too: the edge sets
-// its own from what the node says of the body (the head's ContentLength,
-// or the whole body in one message), and a length that no longer matched
-// would corrupt the response.
-var hopHeaders = map[string]bool{
-	"Connection":          true,
-	"Keep-Alive":          true,
-	"Proxy-Authenticate":  true,
-	"Proxy-Authorization": true,
-	"Te":                  true,
-	"Trailer":             true,
-	"Transfer-Encoding":   true,
-	"Upgrade":             true,
-	"Content-Length":      true,
-}
 
 // ownHeaders are response headers the edge sets itself on every answer
 // (requestIDHeader): a provider's of the same name is not relayed.
@@ -40,7 +25,7 @@ var ownHeaders = map[string]bool{"X-Request-Id": true, "Request-Id": true}
 var tunnelBytesRead atomic.Int64
 
 // tunnel relays a tunnel-path run: the head event becomes the status and
-// headers (as received, minus hopHeaders; flushed at once for an event
+// headers (as received, minus httpconn.IsHopHeader's; flushed at once for an event
 // stream, else with the first data), each data event is read once by
 // stream.FinalHold (which tells the observation of its content and usage) and
 // written and flushed at once, but for the bytes that end the answer,
@@ -94,7 +79,7 @@ func (rr *Answer) tunnel() string {
 			values := make([]string, 0, len(ev.Headers)+1)
 			for name, value := range ev.Headers {
 				name = http.CanonicalHeaderKey(name)
-				if !hopHeaders[name] && !ownHeaders[name] {
+				if !httpconn.IsHopHeader(name) && !ownHeaders[name] {
 					values = append(values, value)
 					n := len(values)
 					header[name] = values[n-1 : n : n]
@@ -233,7 +218,7 @@ func (rr *Answer) failedEarly(err error) (reason string, ended bool) {
 	if !rr.started {
 		return rr.fail(err), true
 	}
-	if clientGone(rr.r) {
+	if httpconn.ClientGone(rr.r) {
 		rr.h.logger.Debug("client gone", "path", Clip(rr.r.URL.Path), "err", errorText(err, rr.req))
 		rr.abort = true
 		return ReasonClientGone, true
@@ -249,7 +234,7 @@ func (rr *Answer) failedEarly(err error) (reason string, ended bool) {
 // half-closed its connection may still be reading. It returns the Close
 // reason.
 func (rr *Answer) failStarted(err error, sse bool) string {
-	if clientGone(rr.r) {
+	if httpconn.ClientGone(rr.r) {
 		rr.h.logger.Debug("client gone", "path", Clip(rr.r.URL.Path), "err", errorText(err, rr.req))
 		rr.abort = true
 		return ReasonClientGone
@@ -274,7 +259,7 @@ func (rr *Answer) failStarted(err error, sse bool) string {
 // is marked for abort: whatever part of it was sent must not end cleanly.
 func (rr *Answer) writeFailed(err error) string {
 	rr.abort = true
-	if clientGone(rr.r) {
+	if httpconn.ClientGone(rr.r) {
 		return ReasonClientGone
 	}
 	rr.h.logger.Debug("writing the response failed", "path", Clip(rr.r.URL.Path), "err", err)
@@ -395,7 +380,7 @@ func (rr *Answer) startStream() {
 }
 
 // failureError is the failure a run's failure event reports: errUpstreamCancelled
-// when the node cancelled the run; a *requestError (400
+// when the node cancelled the run; a *request.FieldError (400
 // invalid_request_error naming the field, if any) when the node could not
 // translate or send the request; else an *upstreamError with the event's
 // status and message.
@@ -409,7 +394,7 @@ func failureError(ev contract.Event) error {
 		if param != "" {
 			msg = strings.TrimPrefix(msg, param+": ")
 		}
-		return &requestError{param: param, message: msg}
+		return &request.FieldError{Field: param, Message: msg}
 	default:
 		return &upstreamError{status: ev.Status, message: ev.Message}
 	}

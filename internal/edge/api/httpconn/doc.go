@@ -1,0 +1,26 @@
+// Package httpconn holds the pieces of the edge's HTTP serving that belong
+// to the connection and not to any API: a request body capped, decoded and
+// lingered on, and a response writer that gives every write a fresh write
+// deadline and records what was sent. The frame (package edge/api) wraps
+// every request in both before it routes it; nothing here knows a route,
+// a model or an error body.
+//
+// # Map
+//
+//   - body.go: Body, a request body capped at a limit
+//     (http.MaxBytesReader), decoded when it has a Content-Encoding
+//     (package bodycoding), with a read deadline lifted at its end, and
+//     Body.Linger, the read-and-discard of what a client still sends after
+//     an early answer (RFC 9112 §9.6). EncodingError is a body in a coding
+//     the edge does not decode (the frame answers it 415).
+//   - writer.go: Writer, the response writer: writes in pieces of
+//     16 KiB, each after a fresh write deadline; records whether anything
+//     was written and the status sent.
+//   - header.go: IsHopHeader, the response headers of a connection rather
+//     than of an answer (not relayed); ClientGone.
+//
+// # Concurrency
+//
+// A Body and a Writer belong to the goroutine serving their request; no
+// method is safe for concurrent use. Nothing here starts a goroutine.
+package httpconn
