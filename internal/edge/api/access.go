@@ -66,7 +66,7 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request
 		return r, release, true
 	}
 	ctx := auth.NewContext(r.Context(), caller)
-	obsOf(r).key(caller.Name())
+	obsOf(r).get().Key(caller.Name())
 	op := h.routes[r.URL.Path].Operation // "": the route runs no model
 	if r.Method != http.MethodPost || op == "" {
 		h.rateLimitHeaders(w.Header(), r.URL.Path, caller)
@@ -78,7 +78,7 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request
 	reserved, err := h.reserveQuota(w, r.WithContext(ctx), caller)
 	if err != nil {
 		h.logger.Debug("key over its quota", "key", caller.Name(), "path", Clip(r.URL.Path), "err", err)
-		obsOf(r).begin(op)
+		obsOf(r).get().Begin(op)
 		h.rateLimitHeaders(w.Header(), r.URL.Path, caller)
 		return refuse(err)
 	}
@@ -89,8 +89,8 @@ func (h *handler) admit(w http.ResponseWriter, r *http.Request) (_ *http.Request
 	permit, err := h.admitKey(ctx, caller)
 	if err != nil {
 		h.logger.Debug("key over its limit", "key", caller.Name(), "path", Clip(r.URL.Path), "err", err)
-		obsOf(r).begin(op)
-		obsOf(r).cancelQuota()
+		obsOf(r).get().Begin(op)
+		obsOf(r).get().CancelQuota()
 		h.rateLimitHeaders(w.Header(), r.URL.Path, caller)
 		return refuse(err)
 	}

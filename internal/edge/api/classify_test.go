@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"testing"
 
+	"iop/internal/edge/api/apierror"
 	"iop/internal/edge/api/request"
 )
 
@@ -22,12 +23,12 @@ func TestClassifyFieldError(t *testing.T) {
 			`{"error":{"message":"the request body must be a JSON object, got null","type":"invalid_request_error","param":null,"code":"invalid_request"}}`},
 	} {
 		e := Classify(&request.FieldError{Field: c.field, Message: c.message}, nil)
-		body, err := json.Marshal(errorBody{Error: e})
-		if err != nil || e.status != 400 || string(body) != c.want {
-			t.Errorf("%q: status %d, body %s (%v); want 400 %s", c.field, e.status, body, err, c.want)
+		body, err := json.Marshal(apierror.Body{Error: e})
+		if err != nil || e.Status() != 400 || string(body) != c.want {
+			t.Errorf("%q: status %d, body %s (%v); want 400 %s", c.field, e.Status(), body, err, c.want)
 		}
 		same := Classify(InvalidParam(c.field, c.message), nil)
-		if sameBody, _ := json.Marshal(errorBody{Error: same}); string(sameBody) != string(body) || same.status != e.status {
+		if sameBody, _ := json.Marshal(apierror.Body{Error: same}); string(sameBody) != string(body) || same.Status() != e.Status() {
 			t.Errorf("%q: %s, InvalidParam's %s", c.field, body, sameBody)
 		}
 	}

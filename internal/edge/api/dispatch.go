@@ -57,7 +57,7 @@ func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *cont
 		return
 	}
 	queued := h.cfg.Now()
-	obs.dispatching(queued)
+	obs.get().Dispatching(queued)
 	rr := &Answer{h: h, w: w, r: r, req: req, obs: obs, writeError: render.writeError}
 	var run Run
 	var err error
@@ -72,7 +72,7 @@ func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *cont
 			// It may have waited in its queue before the refusal (its
 			// whole queue timeout, or held for its providers' reconnect
 			// grace): the record says how long.
-			obs.queueWaited(h.cfg.Now().Sub(queued))
+			obs.get().QueueWaited(h.cfg.Now().Sub(queued))
 		}
 		if !rr.started {
 			render.writeError(w, r, err, req)
@@ -81,10 +81,10 @@ func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *cont
 		// quiet started the answer while the request waited: it ends as a
 		// started answer does, and its outcome is the failure's, not the
 		// 200 the client got.
-		obs.failed(err, nil, httpconn.ClientGone(r))
+		obs.get().Failed(err, nil, httpconn.ClientGone(r))
 		reason := render.failed(rr, err)
 		if obs != nil {
-			obs.decide(Classify(err, req).status)
+			obs.get().Decide(Classify(err, req).Status())
 		}
 		h.logger.Debug("dispatch failed after the answer began", "path", Clip(r.URL.Path), "reason", reason, "err", errorText(err, req))
 		if rr.abort {
@@ -93,7 +93,7 @@ func (h *handler) serveRunWith(w http.ResponseWriter, r *http.Request, req *cont
 		return
 	}
 	rr.run = run
-	obs.dispatched(run.Info())
+	obs.get().Dispatched(run.Info())
 
 	// A client that goes away ends the run at once (a blocked Recv returns);
 	// the outcome is still decided here, on the request goroutine, from how

@@ -24,7 +24,7 @@
 //	frame_translated.go  what an API that translates its bodies needs (ollama): any-type bodies, tunnelAnswer
 //	access.go         admit: a request's key (access.Authenticate), quota and request slot, in that order
 //	quota.go          reserveQuota: the body read for a key's quota (access.Reserve); rate-limit headers, quotaError
-//	errors.go         classify: the one mapping of every failure to a status and an OpenAI error body
+//	errors.go         classify: the one mapping of every failure to a status and an OpenAI error body (apierror.Error)
 //	observe.go        the glue to package observe: a request's observation in its context, finish (log line, Observer, ledger)
 //	dispatch.go       serveRun/serveRunWith: dispatch, then render by execution path
 //	chat.go render.go Answer: a run rendered into an http.ResponseWriter; the tunnel relay (its reader: stream.FinalHold)

@@ -10,6 +10,7 @@ import (
 
 	"iop/internal/auth"
 	"iop/internal/edge/api/access"
+	"iop/internal/edge/api/apierror"
 	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
@@ -71,36 +72,13 @@ type upstreamError struct {
 
 func (e *upstreamError) Error() string { return e.message }
 
-// APIError is an OpenAI error response: HTTP status, an optional Retry-After
-// (seconds), and the body's fields.
-type APIError struct {
-	status     int
-	retryAfter string
-	Message    string  `json:"message"`
-	Type       string  `json:"type"`
-	Param      *string `json:"param"`
-	Code       *string `json:"code"`
-}
-
-// errorBody is the OpenAI error shape, {"error":{...}}.
-type errorBody struct {
-	Error *APIError `json:"error"`
-}
-
-// Retry-After values, in seconds. A full queue frees up as soon as any run
-// ends; a timed-out queue or a missing provider takes longer.
-const (
-	retryAfterQueueFull   = "1"
-	retryAfterUnavailable = "5"
-)
-
 // classify is the one mapping from an outcome of this package or of the
 // Gateway to an HTTP status and OpenAI error body. req, when not nil, is the
 // request being served; messages may name its model (clipped) and needs.
 // Messages never carry text from errors of unknown origin (they could hold
 // provider addresses); upstream messages come from the node, which strips
 // secrets.
-func Classify(err error, req *contract.Request) *APIError {
+func Classify(err error, req *contract.Request) *apierror.Error {
 	model := ""
 	if req != nil {
 		model = Clip(req.Model)
@@ -113,104 +91,90 @@ func Classify(err error, req *contract.Request) *APIError {
 	)
 	switch {
 	case errors.Is(err, access.ErrMissingKey):
-		return newAPIError(http.StatusUnauthorized, "invalid_request_error", "", "missing_api_key",
+		return apierror.New(http.StatusUnauthorized, "invalid_request_error", "", "missing_api_key",
 			"Missing API key: send it as Authorization: Bearer KEY (or x-api-key: KEY)")
 	case errors.Is(err, access.ErrWrongKey):
 		// Never the key itself: it could be someone's secret typed into the wrong place.
-		return newAPIError(http.StatusUnauthorized, "invalid_request_error", "", "invalid_api_key", "Incorrect API key provided")
+		return apierror.New(http.StatusUnauthorized, "invalid_request_error", "", "invalid_api_key", "Incorrect API key provided")
 	case errors.Is(err, access.ErrNotAdminKey), errors.Is(err, access.ErrAdminKeyOnAPI):
-		return newAPIError(http.StatusForbidden, "invalid_request_error", "", "permission_denied", err.Error())
+		return apierror.New(http.StatusForbidden, "invalid_request_error", "", "permission_denied", err.Error())
 	case errors.Is(err, access.ErrModelNotAllowed):
-		return newAPIError(http.StatusForbidden, "invalid_request_error", "model", "model_not_allowed",
+		return apierror.New(http.StatusForbidden, "invalid_request_error", "model", "model_not_allowed",
 			fmt.Sprintf("This API key may not use the model %q", model))
 	case errors.As(err, &limitErr):
 		code, what := "rate_limit_exceeded", fmt.Sprintf("%d requests per minute", limitErr.Max)
 		if limitErr.Limit == "max_concurrent" {
 			code, what = "concurrency_limit_exceeded", fmt.Sprintf("%d requests at once", limitErr.Max)
 		}
-		e := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "", code,
-			"This API key is over its limit of "+what+"; retry later")
-		e.retryAfter = access.RetryAfterSeconds(limitErr.RetryAfter)
-		return e
+		return apierror.New(http.StatusTooManyRequests, "rate_limit_error", "", code,
+			"This API key is over its limit of "+what+"; retry later").WithRetryAfter(access.RetryAfterSeconds(limitErr.RetryAfter))
 	case errors.As(err, &quotaErr):
 		return quotaError(quotaErr)
 	case errors.As(err, &fieldErr):
-		return newAPIError(http.StatusBadRequest, "invalid_request_error", fieldErr.Field, "invalid_request", fieldErr.Error())
+		return apierror.New(http.StatusBadRequest, "invalid_request_error", fieldErr.Field, "invalid_request", fieldErr.Error())
 	case errors.Is(err, errNotFound):
-		return newAPIError(http.StatusNotFound, "invalid_request_error", "", "unknown_url", err.Error())
+		return apierror.New(http.StatusNotFound, "invalid_request_error", "", "unknown_url", err.Error())
 	case errors.As(err, new(*notFoundError)):
-		return newAPIError(http.StatusNotFound, "invalid_request_error", "", "not_found", err.Error())
+		return apierror.New(http.StatusNotFound, "invalid_request_error", "", "not_found", err.Error())
 	case errors.Is(err, errRunNotFound):
-		return newAPIError(http.StatusNotFound, "invalid_request_error", "", "run_not_found", "No run has this id")
+		return apierror.New(http.StatusNotFound, "invalid_request_error", "", "run_not_found", "No run has this id")
 	case errors.Is(err, errMethodNotAllowed):
-		return newAPIError(http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", err.Error())
+		return apierror.New(http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", err.Error())
 	case errors.Is(err, errBodyTimeout):
-		return newAPIError(http.StatusRequestTimeout, "invalid_request_error", "", "request_timeout", err.Error())
+		return apierror.New(http.StatusRequestTimeout, "invalid_request_error", "", "request_timeout", err.Error())
 	case errors.Is(err, errBodyTooLarge):
-		return newAPIError(http.StatusRequestEntityTooLarge, "invalid_request_error", "", "request_too_large", err.Error())
+		return apierror.New(http.StatusRequestEntityTooLarge, "invalid_request_error", "", "request_too_large", err.Error())
 	case errors.As(err, new(*httpconn.EncodingError)):
-		return newAPIError(http.StatusUnsupportedMediaType, "invalid_request_error", "", "unsupported_content_encoding", err.Error())
+		return apierror.New(http.StatusUnsupportedMediaType, "invalid_request_error", "", "unsupported_content_encoding", err.Error())
 	case errors.Is(err, errModelManagement):
-		return newAPIError(http.StatusForbidden, "invalid_request_error", "", "model_management_refused", err.Error())
+		return apierror.New(http.StatusForbidden, "invalid_request_error", "", "model_management_refused", err.Error())
 	case errors.Is(err, errUnsupportedMedia):
-		return newAPIError(http.StatusUnsupportedMediaType, "invalid_request_error", "", "unsupported_media_type",
+		return apierror.New(http.StatusUnsupportedMediaType, "invalid_request_error", "", "unsupported_media_type",
 			"Content-Type must be application/json")
 	case errors.Is(err, contract.ErrUnknownProvider):
-		return newAPIError(http.StatusNotFound, "invalid_request_error", "", "provider_not_found", Clip(err.Error()))
+		return apierror.New(http.StatusNotFound, "invalid_request_error", "", "provider_not_found", Clip(err.Error()))
 	case errors.Is(err, contract.ErrResidencyConflict):
-		return newAPIError(http.StatusConflict, "invalid_request_error", "", "residency_conflict", Clip(err.Error()))
+		return apierror.New(http.StatusConflict, "invalid_request_error", "", "residency_conflict", Clip(err.Error()))
 	case errors.Is(err, ErrUnknownModel):
 		msg := fmt.Sprintf("The model %q does not exist", model)
 		if ua, ok := errors.AsType[*contract.UnmatchedAliasError](err); ok {
 			// A configured alias whose targets no node serves: say which.
 			msg = Clip(ua.Error())
 		}
-		return newAPIError(http.StatusNotFound, "invalid_request_error", "model", "model_not_found", msg)
+		return apierror.New(http.StatusNotFound, "invalid_request_error", "model", "model_not_found", msg)
 	case errors.Is(err, ErrCandidatesRejected):
-		return newAPIError(http.StatusBadRequest, "invalid_request_error", "", "unsupported_capability",
+		return apierror.New(http.StatusBadRequest, "invalid_request_error", "", "unsupported_capability",
 			rejectedMessage(err, req))
 	case errors.Is(err, ErrShed):
 		why := "a higher-priority request took its place in the queue"
 		if errors.Is(err, contract.ErrExpectedWait) {
 			why = "its expected queue time passes the queue timeout"
 		}
-		e := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "", "shed",
-			fmt.Sprintf("Sheddable request for model %q shed: %s; retry later", model, why))
-		e.retryAfter = retryAfterUnavailable
-		return e
+		return apierror.New(http.StatusTooManyRequests, "rate_limit_error", "", "shed",
+			fmt.Sprintf("Sheddable request for model %q shed: %s; retry later", model, why)).WithRetryAfter(apierror.RetryAfterUnavailable)
 	case errors.Is(err, ErrQueueFull):
-		e := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "", "queue_full",
-			fmt.Sprintf("Too many requests queued for model %q; retry later", model))
-		e.retryAfter = retryAfterQueueFull
-		return e
+		return apierror.New(http.StatusTooManyRequests, "rate_limit_error", "", "queue_full",
+			fmt.Sprintf("Too many requests queued for model %q; retry later", model)).
+			WithRetryAfter(apierror.RetryAfterQueueFull)
 	case errors.Is(err, ErrQueueTimeout):
-		e := newAPIError(http.StatusServiceUnavailable, "server_error", "", "queue_timeout",
-			fmt.Sprintf("No capacity for model %q became free in time; retry later", model))
-		e.retryAfter = retryAfterUnavailable
-		return e
+		return apierror.New(http.StatusServiceUnavailable, "server_error", "", "queue_timeout",
+			fmt.Sprintf("No capacity for model %q became free in time; retry later", model)).WithRetryAfter(apierror.RetryAfterUnavailable)
 	case errors.Is(err, ErrShuttingDown):
-		e := newAPIError(http.StatusServiceUnavailable, "server_error", "", "edge_shutting_down",
-			"The gateway is shutting down; retry")
-		e.retryAfter = retryAfterUnavailable
-		return e
+		return apierror.New(http.StatusServiceUnavailable, "server_error", "", "edge_shutting_down",
+			"The gateway is shutting down; retry").WithRetryAfter(apierror.RetryAfterUnavailable)
 	case errors.Is(err, ErrNoLeader):
-		e := newAPIError(http.StatusServiceUnavailable, "server_error", "", "no_leader",
-			"No scheduler leader is reachable from this gateway edge; retry")
-		e.retryAfter = retryAfterQueueFull
-		return e
+		return apierror.New(http.StatusServiceUnavailable, "server_error", "", "no_leader",
+			"No scheduler leader is reachable from this gateway edge; retry").WithRetryAfter(apierror.RetryAfterQueueFull)
 	case errors.Is(err, ErrNoProvider), errors.Is(err, ErrProviderUnavailable):
-		e := newAPIError(http.StatusServiceUnavailable, "server_error", "", "provider_unavailable",
-			fmt.Sprintf("No provider for model %q is available; retry later", model))
-		e.retryAfter = retryAfterUnavailable
-		return e
+		return apierror.New(http.StatusServiceUnavailable, "server_error", "", "provider_unavailable",
+			fmt.Sprintf("No provider for model %q is available; retry later", model)).WithRetryAfter(apierror.RetryAfterUnavailable)
 	case errors.Is(err, contract.ErrProviderBusy):
-		e := newAPIError(http.StatusServiceUnavailable, "server_error", "", "provider_busy",
-			fmt.Sprintf("Every provider of model %q that was tried is busy with other requests; retry", model))
-		e.retryAfter = retryAfterQueueFull
-		return e
+		return apierror.New(http.StatusServiceUnavailable, "server_error", "", "provider_busy",
+			fmt.Sprintf("Every provider of model %q that was tried is busy with other requests; retry", model)).
+			WithRetryAfter(apierror.RetryAfterQueueFull)
 	case errors.Is(err, ErrDispatchTimeout), errors.Is(err, ErrDispatchRefused),
 		errors.Is(err, ErrStaleGeneration), errors.Is(err, ErrNodeGone):
-		return newAPIError(http.StatusBadGateway, "upstream_error", "", "upstream_unavailable",
+		return apierror.New(http.StatusBadGateway, "upstream_error", "", "upstream_unavailable",
 			"The node serving this request failed: "+dispatchReason(err))
 	case errors.As(err, &upErr):
 		status := upErr.status
@@ -223,39 +187,26 @@ func Classify(err error, req *contract.Request) *APIError {
 		}
 		switch {
 		case status == http.StatusGatewayTimeout:
-			return newAPIError(status, "upstream_error", "", "upstream_timeout", msg)
+			return apierror.New(status, "upstream_error", "", "upstream_timeout", msg)
 		case status == http.StatusTooManyRequests:
-			e := newAPIError(status, "rate_limit_error", "", "upstream_rate_limited", msg)
-			e.retryAfter = upErr.retryAfter
-			return e
+			return apierror.New(status, "rate_limit_error", "", "upstream_rate_limited", msg).WithRetryAfter(upErr.retryAfter)
 		case status < 500:
-			return newAPIError(status, "invalid_request_error", "", "upstream_rejected", msg)
+			return apierror.New(status, "invalid_request_error", "", "upstream_rejected", msg)
 		default:
-			return newAPIError(status, "upstream_error", "", "upstream_error", msg)
+			return apierror.New(status, "upstream_error", "", "upstream_error", msg)
 		}
 	case errors.Is(err, errUpstreamEnded), errors.Is(err, ErrUpstreamProtocol), errors.Is(err, errUpstreamCancelled):
-		return newAPIError(http.StatusBadGateway, "upstream_error", "", "upstream_error", err.Error())
+		return apierror.New(http.StatusBadGateway, "upstream_error", "", "upstream_error", err.Error())
 	case errors.Is(err, errUpstreamLost):
 		// Not err.Error(): the wrapped Recv error may name addresses.
-		return newAPIError(http.StatusBadGateway, "upstream_error", "", "upstream_error", errUpstreamLost.Error())
+		return apierror.New(http.StatusBadGateway, "upstream_error", "", "upstream_error", errUpstreamLost.Error())
 	case errors.Is(err, context.DeadlineExceeded):
-		return newAPIError(http.StatusGatewayTimeout, "upstream_error", "", "upstream_timeout", "The request timed out")
+		return apierror.New(http.StatusGatewayTimeout, "upstream_error", "", "upstream_timeout", "The request timed out")
 	default:
 		// Also errUnknownPath, and a Recv or Dispatch error of unknown
 		// origin: the text stays in the log.
-		return newAPIError(http.StatusInternalServerError, "server_error", "", "internal_error", "Internal server error")
+		return apierror.New(http.StatusInternalServerError, "server_error", "", "internal_error", "Internal server error")
 	}
-}
-
-func newAPIError(status int, typ, param, code, message string) *APIError {
-	e := &APIError{status: status, Message: message, Type: typ}
-	if param != "" {
-		e.Param = &param
-	}
-	if code != "" {
-		e.Code = &code
-	}
-	return e
 }
 
 // rejectedMessage is the message of a 400 for ErrCandidatesRejected: the

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"iop/internal/edge/api/access"
+	"iop/internal/edge/api/apierror"
 	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/contract"
 )
@@ -28,10 +29,10 @@ type API func(f *Frame) map[string]Route
 // It must be called before anything else was written to w.
 type ErrorWriter func(w http.ResponseWriter, r *http.Request, err error, req *contract.Request)
 
-// ErrorShape maps a failure to an API's answer: the *APIError Classify
+// ErrorShape maps a failure to an API's answer: the *apierror.Error Classify
 // makes of it (for the request's record and log), and the status and the
 // JSON body to send.
-type ErrorShape func(err error, req *contract.Request) (e *APIError, status int, body any)
+type ErrorShape func(err error, req *contract.Request) (e *apierror.Error, status int, body any)
 
 // Errors makes write answer the frame's own failures (no such route, a
 // key refused, a body too large) on root and the paths under it (root +
@@ -104,28 +105,25 @@ func (f *Frame) WriteErrorAs(w http.ResponseWriter, r *http.Request, err error, 
 func (h *handler) writeShaped(w http.ResponseWriter, r *http.Request, err error, req *contract.Request, shape ErrorShape, contentType string) {
 	if httpconn.ClientGone(r) && !errors.Is(err, errBodyTimeout) { // a body read past its deadline cancels the context; the client is there
 		h.logger.Debug("client gone before the answer", "path", Clip(r.URL.Path), "err", errorText(err, req))
-		obsOf(r).failed(err, nil, true)
+		obsOf(r).get().Failed(err, nil, true)
 		return
 	}
 	e, status, body := shape(err, req)
-	obsOf(r).failed(err, e.Code, false)
+	obsOf(r).get().Failed(err, e.Code, false)
 	h.logError(r, e, err, req)
 	access.AnswerFinished(r.Context()) // an error answer ends the request
-	if e.retryAfter != "" {
-		w.Header().Set("Retry-After", e.retryAfter)
+	if e.RetryAfter() != "" {
+		w.Header().Set("Retry-After", e.RetryAfter())
 	}
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	writeJSONAs(w, status, contentType, body)
 }
 
-// Status is the HTTP status of the error.
-func (e *APIError) Status() int { return e.status }
-
 // Begin names the request's operation in its record ("anthropic.messages").
-func Begin(r *http.Request, operation string) { obsOf(r).begin(operation) }
+func Begin(r *http.Request, operation string) { obsOf(r).get().Begin(operation) }
 
 // ClientStreams records whether the client asked for a streamed answer.
-func ClientStreams(r *http.Request, stream bool) { obsOf(r).clientStreams(stream) }
+func ClientStreams(r *http.Request, stream bool) { obsOf(r).get().ClientStreams(stream) }
 
 // WriteFailure wraps a failed write to the client, so that a renderer's
 // error says the client, not the provider, failed (IsWriteFailure).
@@ -169,13 +167,13 @@ func (rr *Answer) HTTPRequest() *http.Request { return rr.r }
 func (rr *Answer) ResponseWriter() http.ResponseWriter { return rr.w }
 
 // Content records n events of output in the request's record.
-func (rr *Answer) Content(n int) { rr.obs.content(n) }
+func (rr *Answer) Content(n int) { rr.obs.get().Content(n) }
 
 // Tokens records the provider's token counts in the request's record.
-func (rr *Answer) Tokens(in, out int) { rr.obs.tokens(in, out) }
+func (rr *Answer) Tokens(in, out int) { rr.obs.get().Tokens(in, out) }
 
 // ErrorCode records the code of the error a started answer ended with.
-func (rr *Answer) ErrorCode(code *string) { rr.obs.errorCode(code) }
+func (rr *Answer) ErrorCode(code *string) { rr.obs.get().ErrorCode(code) }
 
 // Abort marks a started answer cut short: the connection is aborted
 // rather than the body ended as if complete.
@@ -192,7 +190,7 @@ func (rr *Answer) FailedEarly(err error) (reason string, ended bool) { return rr
 func (rr *Answer) AnswerFailed(err error) { rr.answerFailed(err) }
 
 // LogStarted logs the failure of a started answer.
-func (rr *Answer) LogStarted(e *APIError, err error) { rr.logStarted(e, err) }
+func (rr *Answer) LogStarted(e *apierror.Error, err error) { rr.logStarted(e, err) }
 
 // TunnelAnswer reads a tunnel-path run's answer: a 2xx event stream's
 // data handed to onSSE as it comes (sse true), any other 2xx body whole;

@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"net/url"
 
@@ -36,19 +35,12 @@ func ClientGone(r *http.Request) bool { return httpconn.ClientGone(r) }
 func RecordRequest(r *http.Request, req *contract.Request) (requestID string) {
 	obs := obsOf(r)
 	obs.request(req)
-	return obs.requestID()
+	return obs.get().RequestID()
 }
 
 // HandOff drops r's request record: the run it started records the
 // request when it ends (ServeDetached).
-func HandOff(r *http.Request) { obsOf(r).handOff() }
-
-// ErrorJSON is the OpenAI error body {"error":{...}} of type typ, code
-// and message, with no param.
-func ErrorJSON(typ, code, message string) []byte {
-	b, _ := json.Marshal(errorBody{Error: newAPIError(0, typ, "", code, message)})
-	return b
-}
+func HandOff(r *http.Request) { obsOf(r).get().HandOff() }
 
 // KeepSlot keeps the key's request slot after the run ends: the renderer
 // still has work (a stored response's save) and gives it back itself

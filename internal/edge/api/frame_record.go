@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 
+	"iop/internal/edge/api/apierror"
 	"iop/internal/edge/api/stream"
 )
 
@@ -49,9 +50,9 @@ func (rr *Answer) RelayRecorded(record func(stream.Event)) string {
 
 // recordError tells the answer's recorder, if any, of the error event e
 // that ends a started stream.
-func (rr *Answer) recordError(e *APIError) {
+func (rr *Answer) recordError(e *apierror.Error) {
 	if rr.recorder != nil {
-		b, _ := json.Marshal(errorBody{Error: e})
+		b, _ := json.Marshal(apierror.Body{Error: e})
 		rr.recorder(stream.ReadEvent(b))
 	}
 }

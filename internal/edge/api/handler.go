@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"iop/internal/edge/api/access"
+	"iop/internal/edge/api/apierror"
 	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
@@ -143,7 +144,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// each request with a fresh one (e.g. for a 100 Continue).
 	tw.Extend()
 	r, obs := h.observe(r)
-	tw.Header().Set(requestIDHeader(r), obs.requestID())
+	tw.Header().Set(requestIDHeader(r), obs.get().RequestID())
 	defer func() { h.finish(r.Context(), obs, tw.Status()) }()
 	if r, release, ok := h.admit(tw, r); ok {
 		defer release()
@@ -233,39 +234,39 @@ func (h *handler) writeError(w http.ResponseWriter, r *http.Request, err error, 
 
 // openAIShape is the OpenAI routes' ErrorShape: Classify's status and
 // {"error":{...}}.
-func openAIShape(err error, req *contract.Request) (*APIError, int, any) {
+func openAIShape(err error, req *contract.Request) (*apierror.Error, int, any) {
 	e := Classify(err, req)
-	return e, e.status, errorBody{Error: e}
+	return e, e.Status(), apierror.Body{Error: e}
 }
 
 // logError logs one error answer: server-side failures at warn, client
 // mistakes and back-pressure at debug. Client text in it is clipped.
-func (h *handler) logError(r *http.Request, e *APIError, err error, req *contract.Request) {
+func (h *handler) logError(r *http.Request, e *apierror.Error, err error, req *contract.Request) {
 	h.logFailure(r.Context(), r.URL.Path, e, err, req)
 }
 
 // logFailure is logError for the request of ctx on path (a run of the
 // runs API has no *http.Request of its own).
-func (h *handler) logFailure(ctx context.Context, path string, e *APIError, err error, req *contract.Request) {
+func (h *handler) logFailure(ctx context.Context, path string, e *apierror.Error, err error, req *contract.Request) {
 	level := slog.LevelDebug
-	if e.status >= 500 {
+	if e.Status() >= 500 {
 		level = slog.LevelWarn
 	}
 	h.logger.Log(ctx, level, "request failed",
-		"path", Clip(path), "status", e.status, "code", deref(e.Code), "err", errorText(err, req))
+		"path", Clip(path), "status", e.Status(), "code", deref(e.Code), "err", errorText(err, req))
 }
 
 // logStarted logs a failure that ended an answer after its status line
 // was sent: status is the status the client got (the access log's and
 // the record's), error_status the one classify maps err to had nothing
 // been sent yet.
-func (rr *Answer) logStarted(e *APIError, err error) {
+func (rr *Answer) logStarted(e *apierror.Error, err error) {
 	level := slog.LevelDebug
-	if e.status >= 500 {
+	if e.Status() >= 500 {
 		level = slog.LevelWarn
 	}
 	rr.h.logger.Log(rr.r.Context(), level, "answer failed after it began",
-		"path", Clip(rr.r.URL.Path), "status", sentStatus(rr.w), "error_status", e.status,
+		"path", Clip(rr.r.URL.Path), "status", sentStatus(rr.w), "error_status", e.Status(),
 		"code", deref(e.Code), "err", errorText(err, rr.req))
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
-	"time"
 
 	"iop/internal/edge/api/observe"
 	"iop/internal/edge/api/stream"
@@ -57,22 +56,6 @@ func (o *observation) get() *observe.Request {
 	return &o.req
 }
 
-func (o *observation) begin(api string)                      { o.get().Begin(api) }
-func (o *observation) requestID() string                     { return o.get().RequestID() }
-func (o *observation) handOff()                              { o.get().HandOff() }
-func (o *observation) key(name string)                       { o.get().Key(name) }
-func (o *observation) cancelQuota()                          { o.get().CancelQuota() }
-func (o *observation) clientStreams(stream bool)             { o.get().ClientStreams(stream) }
-func (o *observation) content(n int)                         { o.get().Content(n) }
-func (o *observation) tokens(in, out int)                    { o.get().Tokens(in, out) }
-func (o *observation) finished(reason string)                { o.get().Finished(reason) }
-func (o *observation) errorCode(code *string)                { o.get().ErrorCode(code) }
-func (o *observation) failed(e error, c *string, gone bool)  { o.get().Failed(e, c, gone) }
-func (o *observation) queueWaited(d time.Duration)           { o.get().QueueWaited(d) }
-func (o *observation) dispatching(at time.Time)              { o.get().Dispatching(at) }
-func (o *observation) dispatched(info contract.DispatchInfo) { o.get().Dispatched(info) }
-func (o *observation) decide(status int) contract.Outcome    { return o.req.Decide(status) }
-
 // request records the decoded request.
 func (o *observation) request(req *contract.Request) {
 	if o != nil {
@@ -97,7 +80,7 @@ func (o *observation) TunnelEvent(ev *stream.Event) {
 	}
 	o.usage.Event(ev)
 	if ev.Content {
-		o.content(1)
+		o.get().Content(1)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"iop/internal/auth"
 	"iop/internal/edge/api/access"
+	"iop/internal/edge/api/apierror"
 	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/api/request"
 	"iop/internal/quota"
@@ -79,10 +80,10 @@ func (h *handler) rateLimitHeaders(hdr http.Header, path string, caller *auth.Ca
 // rate_limit_error "quota_exceeded" (access.QuotaMessage), with a
 // Retry-After of the seconds until the window holds the request (none
 // when it never can: the ask is larger than the limit).
-func quotaError(ref *quota.Refusal) *APIError {
-	e := newAPIError(http.StatusTooManyRequests, "rate_limit_error", "", "quota_exceeded", access.QuotaMessage(ref))
+func quotaError(ref *quota.Refusal) *apierror.Error {
+	e := apierror.New(http.StatusTooManyRequests, "rate_limit_error", "", "quota_exceeded", access.QuotaMessage(ref))
 	if !ref.Never {
-		e.retryAfter = access.RetryAfterSeconds(ref.RetryAfter)
+		e.WithRetryAfter(access.RetryAfterSeconds(ref.RetryAfter))
 	}
 	return e
 }

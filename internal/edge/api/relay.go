@@ -3,6 +3,7 @@ package api
 import (
 	"net/http"
 
+	"iop/internal/edge/api/apierror"
 	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 )
@@ -30,12 +31,12 @@ import (
 func Relay(w http.ResponseWriter, r *http.Request, api string, req contract.Request) {
 	o := obsOf(r)
 	if o == nil || o.h == nil {
-		WriteJSON(w, http.StatusInternalServerError, errorBody{Error: newAPIError(http.StatusInternalServerError,
+		WriteJSON(w, http.StatusInternalServerError, apierror.Body{Error: apierror.New(http.StatusInternalServerError,
 			"server_error", "", "internal_error", "Internal server error")})
 		return
 	}
 	h := o.h
-	o.begin(api)
+	o.get().Begin(api)
 	if req.Headers == nil {
 		req.Headers = forwardHeaders(r.Header)
 	}

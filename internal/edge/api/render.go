@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"iop/internal/edge/api/apierror"
 	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/api/request"
 	"iop/internal/edge/api/stream"
@@ -242,12 +243,12 @@ func (rr *Answer) failStarted(err error, sse bool) string {
 	rr.answerFailed(err)
 	e := Classify(err, rr.req)
 	rr.logStarted(e, err)
-	rr.obs.errorCode(e.Code)
+	rr.obs.get().ErrorCode(e.Code)
 	if !sse {
 		rr.abort = true
 		return ReasonUpstreamError
 	}
-	if werr := rr.writeEvent(errorBody{Error: e}); werr != nil {
+	if werr := rr.writeEvent(apierror.Body{Error: e}); werr != nil {
 		rr.abort = true
 		return ReasonWriteFailed
 	}
@@ -332,7 +333,7 @@ func (e *eventReader) handle(events []contract.Event, onDelta func(ev *contract.
 		ev := &events[i]
 		switch ev.Kind {
 		case contract.EventDelta: // the edge leaves out deltas without content
-			e.obs.content(1)
+			e.obs.get().Content(1)
 			if err := onDelta(ev); err != nil {
 				return "", true, err
 			}
@@ -340,14 +341,14 @@ func (e *eventReader) handle(events []contract.Event, onDelta func(ev *contract.
 			e.usage.PromptTokens = ev.PromptTokens
 			e.usage.CompletionTokens = ev.CompletionTokens
 			e.usage.TotalTokens = e.usage.PromptTokens + e.usage.CompletionTokens
-			e.obs.tokens(e.usage.PromptTokens, e.usage.CompletionTokens)
+			e.obs.get().Tokens(e.usage.PromptTokens, e.usage.CompletionTokens)
 		case contract.EventEnd:
 			finish := ev.FinishReason
 			if finish == "" {
 				finish = "stop"
 			}
 			e.stopSequence = ev.StopSequence
-			e.obs.finished(finish)
+			e.obs.get().Finished(finish)
 			return finish, true, nil
 		case contract.EventFailure:
 			return "", true, failureError(*ev)

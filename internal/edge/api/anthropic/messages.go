@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/apierror"
 	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 	"iop/internal/translate"
@@ -177,7 +178,7 @@ const statusOverloaded = 529
 // of the model rather than load, with type overloaded_error, as Ollama's
 // Messages API types a 503. Other statuses keep classify's, with type
 // invalid_request_error below 500 and api_error from 500.
-func anthropicError(err error, req *contract.Request) (e *api.APIError, status int, typ string) {
+func anthropicError(err error, req *contract.Request) (e *apierror.Error, status int, typ string) {
 	e = api.Classify(err, req)
 	status = e.Status()
 	if errors.Is(err, api.ErrCandidatesRejected) {
@@ -216,7 +217,7 @@ func anthropicError(err error, req *contract.Request) (e *api.APIError, status i
 // writeError answers err in Anthropic's shape (anthropicError):
 // {"type":"error","error":{"type","message"}}.
 func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error, req *contract.Request) {
-	s.f.WriteErrorAs(w, r, err, req, func(err error, req *contract.Request) (*api.APIError, int, any) {
+	s.f.WriteErrorAs(w, r, err, req, func(err error, req *contract.Request) (*apierror.Error, int, any) {
 		e, status, typ := anthropicError(err, req)
 		return e, status, translate.NewAnthropicError(typ, e.Message)
 	})

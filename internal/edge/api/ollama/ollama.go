@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/access"
+	"iop/internal/edge/api/apierror"
 	"iop/internal/edge/api/request"
 	"math"
 	"net/http"
@@ -266,7 +267,7 @@ type errorBody struct {
 // clients expect: an unknown model is `model 'x' not found` (the text of
 // Ollama's chat, generate, embed and show handlers for a name it does not
 // have, which clients match on).
-func errorMessage(err error, req *contract.Request) (*api.APIError, string) {
+func errorMessage(err error, req *contract.Request) (*apierror.Error, string) {
 	e := api.Classify(err, req)
 	if errors.Is(err, contract.ErrUnknownModel) {
 		model := ""
@@ -285,7 +286,7 @@ func errorMessage(err error, req *contract.Request) (*api.APIError, string) {
 // writeError is the Ollama routes' api.ErrorWriter: api.Frame.WriteErrorAs
 // with an Ollama error body, {"error":"<message>"} (errorMessage).
 func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error, req *contract.Request) {
-	s.f.WriteErrorAsType(w, r, err, req, func(err error, req *contract.Request) (*api.APIError, int, any) {
+	s.f.WriteErrorAsType(w, r, err, req, func(err error, req *contract.Request) (*apierror.Error, int, any) {
 		e, msg := errorMessage(err, req)
 		return e, e.Status(), errorBody{Error: msg}
 	}, jsonContentType)

@@ -1,7 +1,7 @@
 package responses
 
 import (
-	"iop/internal/edge/api"
+	"iop/internal/edge/api/apierror"
 	"iop/internal/edge/api/stream"
 	"iop/internal/edge/contract"
 	"iop/internal/runs"
@@ -59,5 +59,5 @@ func (l *responseRunLog) complete(finish string, promptTokens, completionTokens 
 
 // fail ends the log with an error event.
 func (l *responseRunLog) fail(message, code string) {
-	l.run.Append(sse.AppendEvent(nil, "", api.ErrorJSON("server_error", code, message)), "")
+	l.run.Append(sse.AppendEvent(nil, "", apierror.JSON("server_error", code, message)), "")
 }

@@ -9,6 +9,7 @@ import (
 
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/access"
+	"iop/internal/edge/api/apierror"
 	"iop/internal/edge/api/stream"
 	"iop/internal/edge/contract"
 	"iop/internal/runs"
@@ -143,14 +144,9 @@ func (rc *runRecorder) failed(a *api.Answer, err error) string {
 	e := api.Classify(err, a.Request())
 	a.LogStarted(e, err)
 	a.ErrorCode(e.Code)
-	b, _ := json.Marshal(errorBody{Error: e})
+	b, _ := json.Marshal(apierror.Body{Error: e})
 	rc.tunnelEvent(stream.Event{Data: b})
 	return api.ReasonUpstreamError
-}
-
-// errorBody is the OpenAI error shape, {"error":{...}}.
-type errorBody struct {
-	Error *api.APIError `json:"error"`
 }
 
 // tunnelEvent records one event of the answer's stream as a client of
@@ -242,5 +238,5 @@ func (rc *runRecorder) outcome(ctx context.Context, d api.Detached) runs.Outcome
 
 // appendError ends the run's log with an OpenAI error event.
 func (rc *runRecorder) appendError(message, code string) {
-	rc.append(api.ErrorJSON("server_error", code, message), "")
+	rc.append(apierror.JSON("server_error", code, message), "")
 }

@@ -14,6 +14,7 @@ import (
 
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/access"
+	"iop/internal/edge/api/apierror"
 	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 	"iop/internal/runs"
@@ -440,7 +441,7 @@ func replayRecord(rec runs.Record) []byte {
 	if rec.State == runs.StateCancelled {
 		code = "run_cancelled"
 	}
-	event(json.RawMessage(api.ErrorJSON("server_error", code, msg)))
+	event(json.RawMessage(apierror.JSON("server_error", code, msg)))
 	return out
 }
 
