@@ -51,3 +51,20 @@ func Alternative(name string) string {
 	}
 	return name + LatestTag
 }
+
+// Known returns the name in names that the model name name means: name
+// itself, else its other spelling ("x" and "x:latest", Alternative); ok
+// is false when neither is there.
+func Known(names []string, name string) (string, bool) {
+	alt := Alternative(name)
+	found := ""
+	for _, n := range names {
+		if n == name {
+			return n, true
+		}
+		if alt != "" && n == alt {
+			found = n
+		}
+	}
+	return found, found != ""
+}

@@ -9,6 +9,7 @@ import (
 	"iop/internal/edge/api/access"
 	"iop/internal/edge/contract"
 	"iop/internal/ledger"
+	"iop/internal/modelname"
 )
 
 // Ledger is what the API needs of the usage ledger (package ledger): a
@@ -115,7 +116,7 @@ func (h *handler) admitKey(ctx context.Context, caller *auth.Caller) (access.Rel
 // routes that answer of a model without dispatching it (count_tokens,
 // GET /v1/models/{model}): it takes what Dispatch takes. It returns the
 // name as the model listings show it: name itself, or its other spelling
-// ("x" and "x:latest" are one model, knownModel); a name the Gateway
+// ("x" and "x:latest" are one model, modelname.Known); a name the Gateway
 // knows (Config.Known: an alias, or a served name no node serves right
 // now) is itself. Errors: access.ErrModelNotAllowed (403) for a model the
 // request's key may not use, ErrUnknownModel (404) for any other name.
@@ -123,7 +124,7 @@ func (h *handler) resolveModel(r *http.Request, name string) (string, error) {
 	if err := access.CheckModel(r.Context(), name); err != nil {
 		return "", err
 	}
-	if listed, ok := knownModel(h.models(r), name); ok {
+	if listed, ok := modelname.Known(h.models(r), name); ok {
 		return listed, nil
 	}
 	if h.cfg.Known != nil && h.cfg.Known(name) {

@@ -4,9 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"mime"
 	"net/http"
-	"strings"
 
 	"iop/internal/edge/api/access"
 	"iop/internal/edge/api/httpconn"
@@ -33,16 +31,6 @@ const (
 // forwardedHeaders are the client headers passed to the provider (canonical
 // names). The client's Authorization is for the edge and never forwarded.
 var forwardedHeaders = []string{"Accept", "X-Request-Id"}
-
-// readBody reads a request body (ServeHTTP caps it at Config.MaxBodyBytes),
-// after checking its Content-Type. Errors: errUnsupportedMedia,
-// errBodyTooLarge, or a *request.FieldError when the body cannot be read.
-func (h *handler) readBody(r *http.Request) ([]byte, error) {
-	if !isJSONContentType(r.Header.Get("Content-Type")) {
-		return nil, errUnsupportedMedia
-	}
-	return readAllBody(r)
-}
 
 func forwardHeaders(header http.Header) map[string]string {
 	out := make(map[string]string)
@@ -209,17 +197,4 @@ func (rr *Answer) release() error {
 	}
 	rr.held = false
 	return rr.flush()
-}
-
-// isJSONContentType reports whether a request's Content-Type allows a JSON
-// body: absent, application/json, or any type with a "+json" suffix.
-func isJSONContentType(header string) bool {
-	if header == "" {
-		return true
-	}
-	mediaType, _, err := mime.ParseMediaType(header)
-	if err != nil {
-		return false
-	}
-	return mediaType == "application/json" || strings.HasSuffix(mediaType, "+json")
 }

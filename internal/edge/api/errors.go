@@ -44,9 +44,6 @@ var (
 var (
 	errNotFound         = errors.New("unknown url")
 	errMethodNotAllowed = errors.New("method not allowed")
-	errBodyTooLarge     = errors.New("request body too large")
-	errBodyTimeout      = errors.New("the request body did not arrive in time")
-	errUnsupportedMedia = errors.New("unsupported content type")
 	// errModelManagement is an Ollama route that manages a model server's
 	// models (copy, delete, create, push, blobs): 403, with why.
 	errModelManagement   = errors.New("model management refused")
@@ -120,15 +117,15 @@ func Classify(err error, req *contract.Request) *apierror.Error {
 		return apierror.New(http.StatusNotFound, "invalid_request_error", "", "run_not_found", "No run has this id")
 	case errors.Is(err, errMethodNotAllowed):
 		return apierror.New(http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", err.Error())
-	case errors.Is(err, errBodyTimeout):
+	case errors.Is(err, httpconn.ErrBodyTimeout):
 		return apierror.New(http.StatusRequestTimeout, "invalid_request_error", "", "request_timeout", err.Error())
-	case errors.Is(err, errBodyTooLarge):
+	case errors.Is(err, httpconn.ErrBodyTooLarge):
 		return apierror.New(http.StatusRequestEntityTooLarge, "invalid_request_error", "", "request_too_large", err.Error())
 	case errors.As(err, new(*httpconn.EncodingError)):
 		return apierror.New(http.StatusUnsupportedMediaType, "invalid_request_error", "", "unsupported_content_encoding", err.Error())
 	case errors.Is(err, errModelManagement):
 		return apierror.New(http.StatusForbidden, "invalid_request_error", "", "model_management_refused", err.Error())
-	case errors.Is(err, errUnsupportedMedia):
+	case errors.Is(err, httpconn.ErrUnsupportedMedia):
 		return apierror.New(http.StatusUnsupportedMediaType, "invalid_request_error", "", "unsupported_media_type",
 			"Content-Type must be application/json")
 	case errors.Is(err, contract.ErrUnknownProvider):

@@ -51,7 +51,7 @@ func (f *Frame) Now() time.Time { return f.h.cfg.Now() }
 // Content-Type that is not JSON, 413 over Config.MaxBodyBytes, 408 for a
 // body not in within Config.BodyReadTimeout, 400 for a coding the edge
 // does not decode.
-func (f *Frame) ReadBody(r *http.Request) ([]byte, error) { return f.h.readBody(r) }
+func (f *Frame) ReadBody(r *http.Request) ([]byte, error) { return httpconn.ReadJSONBody(r) }
 
 // ResolveModel is the name Dispatch would take for name, checked against
 // the key's models: access.ErrModelNotAllowed (403), ErrUnknownModel (404).
@@ -103,7 +103,7 @@ func (f *Frame) WriteErrorAs(w http.ResponseWriter, r *http.Request, err error, 
 
 // writeShaped is WriteErrorAs with the body's Content-Type.
 func (h *handler) writeShaped(w http.ResponseWriter, r *http.Request, err error, req *contract.Request, shape ErrorShape, contentType string) {
-	if httpconn.ClientGone(r) && !errors.Is(err, errBodyTimeout) { // a body read past its deadline cancels the context; the client is there
+	if httpconn.ClientGone(r) && !errors.Is(err, httpconn.ErrBodyTimeout) { // a body read past its deadline cancels the context; the client is there
 		h.logger.Debug("client gone before the answer", "path", Clip(r.URL.Path), "err", errorText(err, req))
 		obsOf(r).get().Failed(err, nil, true)
 		return
@@ -116,7 +116,7 @@ func (h *handler) writeShaped(w http.ResponseWriter, r *http.Request, err error,
 		w.Header().Set("Retry-After", e.RetryAfter())
 	}
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	writeJSONAs(w, status, contentType, body)
+	httpconn.WriteJSONAs(w, status, contentType, body)
 }
 
 // Begin names the request's operation in its record ("anthropic.messages").

@@ -6,7 +6,6 @@ import (
 	"net/url"
 
 	"iop/internal/edge/api/access"
-	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/api/observe"
 	"iop/internal/edge/contract"
 )
@@ -25,10 +24,6 @@ var ErrMethodNotAllowed = errMethodNotAllowed
 // ForwardHeaders are the client's headers a run carries to its provider
 // (by canonical name), as the chat route forwards them.
 func ForwardHeaders(header http.Header) map[string]string { return forwardHeaders(header) }
-
-// ClientGone reports whether the client of r has gone (its context ended
-// for a reason other than a body read past its deadline).
-func ClientGone(r *http.Request) bool { return httpconn.ClientGone(r) }
 
 // RecordRequest records req, decoded, in r's request record and returns
 // the record's request id ("" without a record).

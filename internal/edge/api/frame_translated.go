@@ -2,16 +2,11 @@ package api
 
 import (
 	"errors"
-	"io"
 	"net/http"
-	"os"
 	"strconv"
 
-	"iop/internal/edge/api/bodycoding"
 	"iop/internal/edge/api/httpconn"
-	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
-	"iop/internal/modelname"
 	"iop/internal/sse"
 	"iop/internal/translate"
 )
@@ -35,7 +30,7 @@ func (f *Frame) ErrorsFor(match func(path string) bool, write ErrorWriter) {
 
 // ReadAnyBody reads a request's body whole, whatever its Content-Type.
 // Errors as ReadBody's, but none for the Content-Type.
-func (f *Frame) ReadAnyBody(r *http.Request) ([]byte, error) { return readAllBody(r) }
+func (f *Frame) ReadAnyBody(r *http.Request) ([]byte, error) { return httpconn.ReadBody(r) }
 
 // Known reports whether Dispatch would resolve name rather than refuse it
 // as unknown (Config.Known; false without it).
@@ -44,17 +39,6 @@ func (f *Frame) Known(name string) bool { return f.h.cfg.Known != nil && f.h.cfg
 // WriteErrorAsType is WriteErrorAs with the body's Content-Type.
 func (f *Frame) WriteErrorAsType(w http.ResponseWriter, r *http.Request, err error, req *contract.Request, shape ErrorShape, contentType string) {
 	f.h.writeShaped(w, r, err, req, shape, contentType)
-}
-
-// KnownModel returns the name in names that the model name name means:
-// name itself, else its other spelling ("x" and "x:latest",
-// modelname.Alternative); ok is false when neither is there.
-func KnownModel(names []string, name string) (string, bool) { return knownModel(names, name) }
-
-// WriteJSONAs answers with v as JSON, a newline, Content-Type contentType
-// and its Content-Length.
-func WriteJSONAs(w http.ResponseWriter, status int, contentType string, v any) {
-	writeJSONAs(w, status, contentType, v)
 }
 
 // StartStreamAs sends the status line and headers of a streamed answer of
@@ -69,48 +53,6 @@ func (rr *Answer) StartStreamAs(contentType string) {
 	header.Set("X-Accel-Buffering", "no")
 	rr.w.WriteHeader(http.StatusOK)
 	rr.started = true
-}
-
-// knownModel returns the name in names that the Ollama model name means:
-// name itself, else its other spelling (modelname.Alternative); ok is false when neither is there.
-func knownModel(names []string, name string) (string, bool) {
-	alt := modelname.Alternative(name)
-	found := ""
-	for _, n := range names {
-		if n == name {
-			return n, true
-		}
-		if alt != "" && n == alt {
-			found = n
-		}
-	}
-	return found, found != ""
-}
-
-// readAllBody reads a request body (ServeHTTP caps it at
-// Config.MaxBodyBytes, decoded, and decodes its Content-Encoding).
-// Errors: errBodyTooLarge, errBodyTimeout, an *httpconn.EncodingError, or a
-// *request.FieldError (also for a body not valid in its coding).
-func readAllBody(r *http.Request) ([]byte, error) {
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		if encErr, ok := errors.AsType[*httpconn.EncodingError](err); ok {
-			return nil, encErr
-		}
-		if errors.Is(err, bodycoding.ErrCorrupt) {
-			return nil, &request.FieldError{Message: bodycoding.ErrCorrupt.Error()}
-		}
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return nil, errBodyTooLarge
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return nil, errBodyTimeout // Config.BodyReadTimeout
-		}
-		// Usually a client that went away mid-upload; then nothing is written.
-		return nil, &request.FieldError{Message: "reading the request body failed"}
-	}
-	return body, nil
 }
 
 // tunnelAnswer reads a tunnel-path run to its end. A 2xx event stream is

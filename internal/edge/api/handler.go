@@ -3,13 +3,11 @@ package api
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"maps"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -266,25 +264,8 @@ func (rr *Answer) logStarted(e *apierror.Error, err error) {
 		level = slog.LevelWarn
 	}
 	rr.h.logger.Log(rr.r.Context(), level, "answer failed after it began",
-		"path", Clip(rr.r.URL.Path), "status", sentStatus(rr.w), "error_status", e.Status(),
+		"path", Clip(rr.r.URL.Path), "status", httpconn.SentStatus(rr.w), "error_status", e.Status(),
 		"code", deref(e.Code), "err", errorText(err, rr.req))
-}
-
-// sentStatus is the status already written to w: the httpconn.Writer's
-// under any wrapping that unwraps to it, else 200 (what a started answer
-// sends unless it said otherwise).
-func sentStatus(w http.ResponseWriter) int {
-	for w != nil {
-		if tw, ok := w.(*httpconn.Writer); ok && tw.Status() != 0 {
-			return tw.Status()
-		}
-		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
-		if !ok {
-			break
-		}
-		w = u.Unwrap()
-	}
-	return http.StatusOK
 }
 
 func deref(s *string) string {
@@ -313,7 +294,7 @@ func (h *handler) listModels(w http.ResponseWriter, r *http.Request) {
 	for _, name := range names {
 		data = append(data, h.model(name))
 	}
-	writeJSON(w, http.StatusOK, struct {
+	httpconn.WriteJSON(w, http.StatusOK, struct {
 		Object string        `json:"object"`
 		Data   []modelObject `json:"data"`
 	}{"list", data})
@@ -332,24 +313,24 @@ func (h *handler) getModel(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err, &contract.Request{Model: id})
 		return
 	}
-	writeJSON(w, http.StatusOK, h.model(id))
+	httpconn.WriteJSON(w, http.StatusOK, h.model(id))
 }
 
 func (h *handler) healthz(w http.ResponseWriter, r *http.Request) {
-	writeText(w, http.StatusOK, "ok")
+	httpconn.WriteText(w, http.StatusOK, "ok")
 }
 
 func (h *handler) readyz(w http.ResponseWriter, r *http.Request) {
 	if !h.cfg.Ready() {
-		writeText(w, http.StatusServiceUnavailable, "not ready")
+		httpconn.WriteText(w, http.StatusServiceUnavailable, "not ready")
 		return
 	}
-	writeText(w, http.StatusOK, "ready")
+	httpconn.WriteText(w, http.StatusOK, "ready")
 }
 
-// WriteJSON answers with v as JSON (writeJSON), for the routes of the API
-// packages.
-func WriteJSON(w http.ResponseWriter, status int, v any) { writeJSON(w, status, v) }
+// WriteJSON answers with v as JSON (httpconn.WriteJSON), for the routes
+// of the API packages.
+func WriteJSON(w http.ResponseWriter, status int, v any) { httpconn.WriteJSON(w, status, v) }
 
 // WriteError answers r, a request the frame is serving, with the status
 // and OpenAI error body classify maps err to (writeError): an
@@ -370,31 +351,4 @@ var ErrNotFound = errNotFound
 // naming param.
 func InvalidParam(param, message string) error {
 	return &request.FieldError{Field: param, Message: message}
-}
-
-// writeJSON answers with v as JSON (and a newline) and its Content-Length,
-// so that the client can read the whole answer even while ServeHTTP still
-// lingers on the request body.
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	writeJSONAs(w, status, "application/json", v)
-}
-
-// writeJSONAs is writeJSON with another Content-Type.
-func writeJSONAs(w http.ResponseWriter, status int, contentType string, v any) {
-	data, err := json.Marshal(v)
-	if err != nil {
-		// Only values of this package are written: a bug, not bad input.
-		status, data = http.StatusInternalServerError, []byte(`{"error":{"message":"Internal server error","type":"server_error","param":null,"code":"internal_error"}}`)
-	}
-	data = append(data, '\n')
-	w.Header().Set("Content-Type", contentType)
-	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
-	w.WriteHeader(status)
-	_, _ = w.Write(data)
-}
-
-func writeText(w http.ResponseWriter, status int, s string) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.WriteHeader(status)
-	_, _ = w.Write([]byte(s))
 }

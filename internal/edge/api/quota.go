@@ -30,7 +30,7 @@ func (h *handler) reserveQuota(w http.ResponseWriter, r *http.Request, caller *a
 	if q == nil || !q.Limited(caller.Name()) {
 		return r, nil
 	}
-	if !h.routes[r.URL.Path].AnyContentType && !isJSONContentType(r.Header.Get("Content-Type")) {
+	if !h.routes[r.URL.Path].AnyContentType && !httpconn.IsJSONContentType(r.Header.Get("Content-Type")) {
 		return r, nil
 	}
 	orig := r.Body

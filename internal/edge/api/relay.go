@@ -45,31 +45,3 @@ func Relay(w http.ResponseWriter, r *http.Request, api string, req contract.Requ
 			" does not serve this endpoint: it is not on the tunnel path"})
 	})
 }
-
-// ReadJSONBody reads a Config.Routes route's JSON body as the frame's
-// routes do: 415 for a Content-Type that is not JSON (none is JSON), 413
-// over the route's limit, 408 when it does not come in time; errors are
-// for WriteError.
-func ReadJSONBody(r *http.Request) ([]byte, error) {
-	if !isJSONContentType(r.Header.Get("Content-Type")) {
-		return nil, errUnsupportedMedia
-	}
-	return readAllBody(r)
-}
-
-// BodyError is err, an error reading a request's body, as the frame
-// answers it (WriteError): 413 over the route's limit, 408 too slow, 415
-// an encoding it does not decode, else 400.
-func BodyError(err error) error {
-	if err == nil {
-		return nil
-	}
-	_, err = readAllBody(&http.Request{Body: errBody{err}})
-	return err
-}
-
-// errBody is a request body whose Read fails with err.
-type errBody struct{ err error }
-
-func (e errBody) Read([]byte) (int, error) { return 0, e.err }
-func (e errBody) Close() error             { return nil }

@@ -368,17 +368,7 @@ func (e *errWrite) Unwrap() error { return e.err }
 const MaxToolCalls = 1024
 
 // startStream sends the SSE status line and headers, once.
-func (rr *Answer) startStream() {
-	if rr.started {
-		return
-	}
-	header := rr.w.Header()
-	header.Set("Content-Type", "text/event-stream")
-	header.Set("Cache-Control", "no-cache")
-	header.Set("X-Accel-Buffering", "no") // tell nginx-like proxies not to buffer
-	rr.w.WriteHeader(http.StatusOK)
-	rr.started = true
-}
+func (rr *Answer) startStream() { rr.StartStreamAs("text/event-stream") }
 
 // failureError is the failure a run's failure event reports: errUpstreamCancelled
 // when the node cancelled the run; a *request.FieldError (400

@@ -5,6 +5,7 @@ import (
 
 	"iop/internal/edge/adminwire"
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/contract"
 )
 
@@ -21,7 +22,7 @@ type Snapshots interface {
 func stateRoutes(snaps Snapshots) map[string]api.Route {
 	serve := func(render func(contract.Snapshot) any) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
-			api.WriteJSON(w, http.StatusOK, render(snaps.Snapshot()))
+			httpconn.WriteJSON(w, http.StatusOK, render(snaps.Snapshot()))
 		}
 	}
 	return map[string]api.Route{

@@ -6,6 +6,7 @@ import (
 
 	"iop/internal/edge/adminwire"
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/httpconn"
 )
 
 // History is the edge's short history of per-second aggregates, for GET
@@ -31,5 +32,5 @@ func (s *server) history(w http.ResponseWriter, r *http.Request) {
 		since = n
 	}
 	w.Header().Set("Cache-Control", "no-store")
-	api.WriteJSON(w, http.StatusOK, s.cfg.History.Since(since))
+	httpconn.WriteJSON(w, http.StatusOK, s.cfg.History.Since(since))
 }

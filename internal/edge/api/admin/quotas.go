@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/quota"
 )
 
@@ -81,7 +82,7 @@ func (s *server) quotas(w http.ResponseWriter, r *http.Request) {
 		for _, st := range all {
 			out.Data = append(out.Data, renderQuota(st))
 		}
-		api.WriteJSON(w, http.StatusOK, out)
+		httpconn.WriteJSON(w, http.StatusOK, out)
 		return
 	case name == "":
 		api.WriteError(w, r, api.InvalidParam("key", "name a key (?key=) or a team (?team=)"))
@@ -119,7 +120,7 @@ func (s *server) quotas(w http.ResponseWriter, r *http.Request) {
 		s.logger.Info("quota changed by the admin API", "scope", scope, "name", name)
 	case r.Method != http.MethodGet:
 		w.Header().Set("Allow", "GET, PUT")
-		api.WriteJSON(w, http.StatusMethodNotAllowed, errorJSON("method_not_allowed", "use GET or PUT"))
+		httpconn.WriteJSON(w, http.StatusMethodNotAllowed, errorJSON("method_not_allowed", "use GET or PUT"))
 		return
 	}
 	st, ok := s.cfg.Quotas.Describe(scope, name)
@@ -127,11 +128,11 @@ func (s *server) quotas(w http.ResponseWriter, r *http.Request) {
 		notFound(w, scope, name)
 		return
 	}
-	api.WriteJSON(w, http.StatusOK, renderQuota(st))
+	httpconn.WriteJSON(w, http.StatusOK, renderQuota(st))
 }
 
 func notFound(w http.ResponseWriter, scope, name string) {
-	api.WriteJSON(w, http.StatusNotFound, errorJSON("not_found", "no "+scope+" named "+name+" is configured"))
+	httpconn.WriteJSON(w, http.StatusNotFound, errorJSON("not_found", "no "+scope+" named "+name+" is configured"))
 }
 
 // errorJSON is an OpenAI-shaped error body.

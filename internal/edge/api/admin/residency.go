@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/httpconn"
 )
 
 // Residency is what the load and unload routes need of the edge. The
@@ -78,6 +79,6 @@ func serveResidency(res Residency) http.HandlerFunc {
 		if unload {
 			status = "unloaded"
 		}
-		api.WriteJSON(w, http.StatusOK, residencyAnswer{NodeID: parts[0], ProviderID: parts[1], Model: body.Model, Status: status})
+		httpconn.WriteJSON(w, http.StatusOK, residencyAnswer{NodeID: parts[0], ProviderID: parts[1], Model: body.Model, Status: status})
 	}
 }

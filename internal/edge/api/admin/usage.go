@@ -9,6 +9,7 @@ import (
 
 	"iop/internal/edge/adminwire"
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/ledger"
 )
 
@@ -78,7 +79,7 @@ func (s *server) usage(w http.ResponseWriter, r *http.Request) {
 			DurationMs: g.Duration.Milliseconds(), GPUSeconds: math.Round(g.GPUTime.Seconds()*1000) / 1000,
 		})
 	}
-	api.WriteJSON(w, http.StatusOK, out)
+	httpconn.WriteJSON(w, http.StatusOK, out)
 }
 
 // parseTime reads an RFC 3339 time, a date (midnight in loc) or Unix

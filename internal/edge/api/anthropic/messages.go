@@ -8,6 +8,7 @@ import (
 
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/apierror"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 	"iop/internal/translate"
@@ -160,7 +161,7 @@ func (s *server) countTokens(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err, req)
 		return
 	}
-	api.WriteJSON(w, http.StatusOK, map[string]int{"input_tokens": tr.EstimatedInputTokens})
+	httpconn.WriteJSON(w, http.StatusOK, map[string]int{"input_tokens": tr.EstimatedInputTokens})
 }
 
 // statusOverloaded is Anthropic's 529 "overloaded_error", which its

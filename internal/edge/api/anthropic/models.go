@@ -11,6 +11,7 @@ import (
 
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/access"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/contract"
 )
 
@@ -105,7 +106,7 @@ func (s *server) listModels(w http.ResponseWriter, r *http.Request) {
 	if len(page) > 0 {
 		first, last = &page[0], &page[len(page)-1]
 	}
-	api.WriteJSON(w, http.StatusOK, struct {
+	httpconn.WriteJSON(w, http.StatusOK, struct {
 		Data    []anthropicModelObject `json:"data"`
 		HasMore bool                   `json:"has_more"`
 		FirstID *string                `json:"first_id"`
@@ -131,5 +132,5 @@ func (s *server) getModel(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err, &contract.Request{Model: id})
 		return
 	}
-	api.WriteJSON(w, http.StatusOK, s.model(id))
+	httpconn.WriteJSON(w, http.StatusOK, s.model(id))
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/contract"
 	"iop/internal/translate"
 )
@@ -226,7 +227,7 @@ func (m *messagesRender) finish(finish string, usage *translate.Usage) string {
 	if m.HTTPRequest().Context().Err() != nil {
 		return api.ReasonClientGone
 	}
-	api.WriteJSON(m.ResponseWriter(), http.StatusOK, m.ans.Message())
+	httpconn.WriteJSON(m.ResponseWriter(), http.StatusOK, m.ans.Message())
 	return api.ReasonCompleted
 }
 

@@ -1,9 +1,10 @@
 // Package httpconn holds the pieces of the edge's HTTP serving that belong
 // to the connection and not to any API: a request body capped, decoded and
-// lingered on, and a response writer that gives every write a fresh write
-// deadline and records what was sent. The frame (package edge/api) wraps
-// every request in both before it routes it; nothing here knows a route,
-// a model or an error body.
+// lingered on, and read whole; a response writer that gives every write a
+// fresh write deadline and records what was sent; a JSON or text answer.
+// The frame (package edge/api) wraps every request in Body and Writer
+// before it routes it; the API packages read bodies and write answers
+// with the rest. Nothing here knows a route or a model.
 //
 // # Map
 //
@@ -16,6 +17,12 @@
 //   - writer.go: Writer, the response writer: writes in pieces of
 //     16 KiB, each after a fresh write deadline; records whether anything
 //     was written and the status sent.
+//   - read.go: ReadBody, ReadJSONBody, BodyError: a body read whole, its
+//     failures as ErrBodyTooLarge (413), ErrBodyTimeout (408),
+//     ErrUnsupportedMedia (415), *EncodingError (415) or a
+//     *request.FieldError (400), which the frame's Classify answers.
+//   - answer.go: WriteJSON, WriteJSONAs, WriteText (with Content-Length,
+//     so a lingering read does not hold the answer); SentStatus.
 //   - header.go: IsHopHeader, the response headers of a connection rather
 //     than of an answer (not relayed); ClientGone.
 //

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/contract"
 )
 
@@ -115,7 +116,7 @@ type check func(f fields) (tokens int, err error)
 // capability need (Stream set by a "stream": true).
 func (s *server) json(name string, op contract.Operation, need string, chk check) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		body, err := api.ReadJSONBody(r)
+		body, err := httpconn.ReadJSONBody(r)
 		if err != nil {
 			api.WriteError(w, r, err)
 			return

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/contract"
 )
 
@@ -295,7 +296,7 @@ func bodyError(err error) error {
 	}
 	var tooBig *http.MaxBytesError
 	if errors.As(err, &tooBig) || errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return api.BodyError(err)
+		return httpconn.BodyError(err)
 	}
 	return api.InvalidParam("", "the multipart body is malformed: "+clip(err.Error()))
 }
@@ -422,7 +423,7 @@ func (s *spool) close() {
 
 // idleBody is an upload's body whose each read waits at most idle for
 // bytes: then the connection's read deadline is set to the past, so the
-// read fails with os.ErrDeadlineExceeded (api.BodyError: 408), whichever
+// read fails with os.ErrDeadlineExceeded (httpconn.BodyError: 408), whichever
 // goroutine reads (the handler before its relay, the run's stream
 // after). Between reads (a queue wait, a provider slow to take the body)
 // nothing is watched. A read that brings bytes as its watch fires gets the
@@ -509,7 +510,7 @@ func (b *idleBody) stop() {
 }
 
 // gate reads the rest of a request's body for its relay, until the
-// request's handler returns; read errors are the frame's (api.BodyError).
+// request's handler returns; read errors are the frame's (httpconn.BodyError).
 type gate struct {
 	r      io.Reader
 	closed atomic.Bool
@@ -521,7 +522,7 @@ func (g *gate) Read(p []byte) (int, error) {
 	}
 	n, err := g.r.Read(p)
 	if err != nil && err != io.EOF {
-		err = api.BodyError(err)
+		err = httpconn.BodyError(err)
 	}
 	return n, err
 }

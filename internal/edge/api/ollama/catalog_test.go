@@ -17,6 +17,7 @@ import (
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/apitest"
 	"iop/internal/edge/contract"
+	"iop/internal/modelname"
 )
 
 // catalogGateway is an apitest.Gateway that is also a ModelCatalog, answering
@@ -30,7 +31,7 @@ type catalogGateway struct {
 var _ ModelCatalog = catalogGateway{}
 
 func (g catalogGateway) ModelInfo(name string) (contract.ModelInfo, bool) {
-	if n, ok := api.KnownModel(slices.Collect(maps.Keys(g.infos)), name); ok {
+	if n, ok := modelname.Known(slices.Collect(maps.Keys(g.infos)), name); ok {
 		return g.infos[n], true
 	}
 	return contract.ModelInfo{}, false

@@ -3,6 +3,7 @@ package ollama
 import (
 	"fmt"
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/api/request"
 	"net/http"
 
@@ -100,7 +101,7 @@ func (e *embedRender) tunnel() string {
 
 // write writes the answer. It returns the rendering's reason.
 func (e *embedRender) write(vectors [][]float32, promptTokens int) string {
-	if api.ClientGone(e.HTTPRequest()) {
+	if httpconn.ClientGone(e.HTTPRequest()) {
 		return api.ReasonClientGone
 	}
 	e.timings.End = e.s.f.Now()

@@ -12,6 +12,7 @@ import (
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/access"
 	"iop/internal/edge/api/apierror"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/api/request"
 	"math"
 	"net/http"
@@ -244,7 +245,7 @@ func (s *server) request(w http.ResponseWriter, r *http.Request, from func([]byt
 // "load", or with keep_alive 0 "unload") with answer, a single object even
 // when streaming, for a model the edge knows; else 404.
 func (s *server) load(w http.ResponseWriter, r *http.Request, req *contract.Request, answer any) {
-	if _, ok := api.KnownModel(s.f.Models(r), req.Model); !ok {
+	if _, ok := modelname.Known(s.f.Models(r), req.Model); !ok {
 		err := contract.ErrUnknownModel
 		if s.f.Known(req.Model) && access.Allowed(r.Context(), req.Model) {
 			// Served before, and no node serves it now: unavailable, as a
@@ -294,7 +295,7 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error, r
 
 // writeJSON answers with v as JSON in an Ollama answer's Content-Type.
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	api.WriteJSONAs(w, status, jsonContentType, v)
+	httpconn.WriteJSONAs(w, status, jsonContentType, v)
 }
 
 // listedModel is one entry of GET /api/tags (Ollama API doc, "List Local
@@ -573,7 +574,7 @@ func (s *server) show(w http.ResponseWriter, r *http.Request) {
 			s.writeError(w, r, contract.ErrUnknownModel, req)
 			return
 		}
-	} else if _, ok := api.KnownModel(s.f.Models(r), name); !ok {
+	} else if _, ok := modelname.Known(s.f.Models(r), name); !ok {
 		s.writeError(w, r, contract.ErrUnknownModel, req)
 		return
 	}
@@ -738,7 +739,7 @@ func (s *server) pull(w http.ResponseWriter, r *http.Request) {
 	}
 	stream := in.Stream == nil || *in.Stream
 	access.AnswerFinished(r.Context()) // nothing is dispatched
-	served, ok := api.KnownModel(s.f.Models(r), name)
+	served, ok := modelname.Known(s.f.Models(r), name)
 	if !ok {
 		if !stream {
 			writeJSON(w, http.StatusInternalServerError, errorBody{Error: pullNotFound})

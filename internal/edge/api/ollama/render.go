@@ -3,6 +3,7 @@ package ollama
 import (
 	"encoding/json"
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/httpconn"
 	"net/http"
 	"strings"
 
@@ -185,7 +186,7 @@ func (o *render) finish(ans translate.Answer) string {
 		final.Context = translate.EncodeContext(append(o.conversation, translate.Turn{Role: "assistant", Content: o.answer.String()}))
 	}
 	if !o.stream {
-		if api.ClientGone(o.HTTPRequest()) {
+		if httpconn.ClientGone(o.HTTPRequest()) {
 			return api.ReasonClientGone
 		}
 		final.SetThinking(o.thinking.String())

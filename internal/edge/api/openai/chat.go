@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/api/request"
 	"iop/internal/edge/api/stream"
 	"iop/internal/edge/contract"
@@ -120,14 +121,14 @@ func (c *chatRender) json() string {
 	if err != nil {
 		return c.Fail(err)
 	}
-	if api.ClientGone(c.HTTPRequest()) {
+	if httpconn.ClientGone(c.HTTPRequest()) {
 		return api.ReasonClientGone
 	}
 	msg := chatMessage{Role: "assistant", ToolCalls: calls, ReasoningContent: thinking.String()}
 	if content := text.String(); content != "" || len(calls) == 0 {
 		msg.Content = &content
 	}
-	api.WriteJSON(c.ResponseWriter(), http.StatusOK, chatCompletion{
+	httpconn.WriteJSON(c.ResponseWriter(), http.StatusOK, chatCompletion{
 		ID:      c.id,
 		Object:  "chat.completion",
 		Created: c.created,

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 )
@@ -67,11 +68,11 @@ func (t *textRender) json() string {
 	if err != nil {
 		return t.Fail(err)
 	}
-	if api.ClientGone(t.HTTPRequest()) {
+	if httpconn.ClientGone(t.HTTPRequest()) {
 		return api.ReasonClientGone
 	}
 	u := usageOf(ev)
-	api.WriteJSON(t.ResponseWriter(), http.StatusOK, t.object([]textChoice{{Text: text.String(), FinishReason: &ev.Finish}}, &u))
+	httpconn.WriteJSON(t.ResponseWriter(), http.StatusOK, t.object([]textChoice{{Text: text.String(), FinishReason: &ev.Finish}}, &u))
 	return api.ReasonCompleted
 }
 

@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 )
@@ -45,7 +46,7 @@ func writeEmbeddings(a *api.Answer, b *request.Body, model string) string {
 	if err != nil {
 		return a.Fail(err)
 	}
-	if api.ClientGone(a.HTTPRequest()) {
+	if httpconn.ClientGone(a.HTTPRequest()) {
 		return api.ReasonClientGone
 	}
 	data := make([]embeddingObject, 0, len(vectors))
@@ -56,7 +57,7 @@ func writeEmbeddings(a *api.Answer, b *request.Body, model string) string {
 		}
 		data = append(data, obj)
 	}
-	api.WriteJSON(a.ResponseWriter(), http.StatusOK, struct {
+	httpconn.WriteJSON(a.ResponseWriter(), http.StatusOK, struct {
 		Object string            `json:"object"` // "list"
 		Data   []embeddingObject `json:"data"`
 		Model  string            `json:"model"`

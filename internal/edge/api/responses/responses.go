@@ -17,6 +17,7 @@ import (
 
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/access"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 	respstore "iop/internal/responses"
@@ -329,7 +330,7 @@ func (s *server) deleteResponse(w http.ResponseWriter, r *http.Request, id strin
 		s.f.WriteError(w, r, err, nil)
 		return
 	}
-	api.WriteJSON(w, http.StatusOK, map[string]any{"id": id, "object": "response", "deleted": true})
+	httpconn.WriteJSON(w, http.StatusOK, map[string]any{"id": id, "object": "response", "deleted": true})
 }
 
 // Paging of input_items (OpenAI API reference, "List input items").
@@ -410,7 +411,7 @@ func (s *server) responseInputItems(w http.ResponseWriter, r *http.Request, id s
 	if len(page) > 0 {
 		list["first_id"], list["last_id"] = page[0].ID, page[len(page)-1].ID
 	}
-	api.WriteJSON(w, http.StatusOK, list)
+	httpconn.WriteJSON(w, http.StatusOK, list)
 }
 
 // cancelResponse serves POST /v1/responses/{id}/cancel: a background
@@ -450,7 +451,7 @@ func (s *server) cancelResponse(w http.ResponseWriter, r *http.Request, id strin
 
 // writeRawJSON answers with a JSON document as it is.
 func writeRawJSON(w http.ResponseWriter, status int, doc json.RawMessage) {
-	api.WriteJSON(w, status, doc)
+	httpconn.WriteJSON(w, status, doc)
 }
 
 // responsesCreate serves POST /v1/responses (OpenAI API reference,

@@ -7,6 +7,7 @@ import (
 
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/access"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/contract"
 	"iop/internal/sse"
 	"iop/internal/translate"
@@ -356,10 +357,10 @@ func (o *responsesRender) finish(finishReason string, in, out int) string {
 		return o.notStored(err)
 	}
 	if !o.stream {
-		if api.ClientGone(o.HTTPRequest()) {
+		if httpconn.ClientGone(o.HTTPRequest()) {
 			return api.ReasonClientGone
 		}
-		api.WriteJSON(o.ResponseWriter(), http.StatusOK, o.resp)
+		httpconn.WriteJSON(o.ResponseWriter(), http.StatusOK, o.resp)
 		return api.ReasonCompleted
 	}
 	typ := "response.completed"
@@ -407,7 +408,7 @@ func (o *responsesRender) notStored(err error) string {
 	if !o.stream {
 		return o.Fail(err)
 	}
-	if api.ClientGone(o.HTTPRequest()) {
+	if httpconn.ClientGone(o.HTTPRequest()) {
 		o.Abort()
 		return api.ReasonClientGone
 	}

@@ -15,6 +15,7 @@ import (
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/access"
 	"iop/internal/edge/api/apierror"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 	"iop/internal/runs"
@@ -271,7 +272,7 @@ func (s *server) submitRun(w http.ResponseWriter, r *http.Request) {
 	api.HandOff(r)
 	if sub.background {
 		w.Header().Set("Location", runsPrefix+rec.ID)
-		api.WriteJSON(w, http.StatusAccepted, renderRecord(run.Record()))
+		httpconn.WriteJSON(w, http.StatusAccepted, renderRecord(run.Record()))
 		return
 	}
 	// The run belongs to this request: it ends when the submitter leaves.
@@ -294,7 +295,7 @@ func (s *server) submitRun(w http.ResponseWriter, r *http.Request) {
 		s.f.WriteError(w, r, dispatchErr, &contract.Request{Model: sub.chat.Model, Needs: sub.chat.Needs})
 		return
 	}
-	api.WriteJSON(w, http.StatusOK, renderRecord(final))
+	httpconn.WriteJSON(w, http.StatusOK, renderRecord(final))
 }
 
 // getRun serves GET /v1/runs/{id}.
@@ -304,7 +305,7 @@ func (s *server) getRun(w http.ResponseWriter, r *http.Request, id string) {
 		s.f.WriteError(w, r, runError(err), nil)
 		return
 	}
-	api.WriteJSON(w, http.StatusOK, renderRecord(rec))
+	httpconn.WriteJSON(w, http.StatusOK, renderRecord(rec))
 }
 
 // cancelRun serves DELETE /v1/runs/{id}: it cancels a live run, waits for
@@ -325,7 +326,7 @@ func (s *server) cancelRun(w http.ResponseWriter, r *http.Request, id string) {
 			s.f.WriteError(w, r, runError(err), nil)
 			return
 		}
-		api.WriteJSON(w, http.StatusOK, renderRecord(rec))
+		httpconn.WriteJSON(w, http.StatusOK, renderRecord(rec))
 		return
 	}
 	if run == nil || !ownedBy(r, run.Record()) {
@@ -338,7 +339,7 @@ func (s *server) cancelRun(w http.ResponseWriter, r *http.Request, id string) {
 		s.f.WriteError(w, r, err, nil)
 		return
 	}
-	api.WriteJSON(w, http.StatusOK, renderRecord(rec))
+	httpconn.WriteJSON(w, http.StatusOK, renderRecord(rec))
 }
 
 // runEvents serves GET /v1/runs/{id}/events: the run's events from the
@@ -488,7 +489,7 @@ func (s *server) listRuns(w http.ResponseWriter, r *http.Request) {
 	if len(recs) > 0 {
 		page.LastID = &recs[len(recs)-1].ID
 	}
-	api.WriteJSON(w, http.StatusOK, page)
+	httpconn.WriteJSON(w, http.StatusOK, page)
 }
 
 // ownRun returns the record of run id if the request's key submitted it
