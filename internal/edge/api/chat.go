@@ -32,7 +32,9 @@ const (
 // names). The client's Authorization is for the edge and never forwarded.
 var forwardedHeaders = []string{"Accept", "X-Request-Id"}
 
-func forwardHeaders(header http.Header) map[string]string {
+// ForwardHeaders are the client's headers a run carries to its provider
+// (by canonical name), as the chat route forwards them.
+func ForwardHeaders(header http.Header) map[string]string {
 	out := make(map[string]string)
 	for _, name := range forwardedHeaders {
 		if v := header.Get(name); v != "" {

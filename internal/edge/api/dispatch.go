@@ -167,7 +167,7 @@ func (h *handler) logRunEnded(ctx context.Context, info contract.DispatchInfo, r
 // its admission. A full queue, an unknown model and a rejection refuse at
 // once.
 func waitedBeforeRefusal(err error) bool {
-	switch admissionOf(err) {
+	switch contract.AdmissionOf(err) {
 	case contract.AdmissionQueueTimeout, contract.AdmissionUnavailable, contract.AdmissionShed, contract.AdmissionDispatchFailed:
 		return true
 	}

@@ -42,11 +42,17 @@ var (
 
 // Outcomes this package finds itself.
 var (
-	errNotFound         = errors.New("unknown url")
-	errMethodNotAllowed = errors.New("method not allowed")
-	// errModelManagement is an Ollama route that manages a model server's
-	// models (copy, delete, create, push, blobs): 403, with why.
-	errModelManagement   = errors.New("model management refused")
+	// ErrNotFound is the error of a path nothing serves: WriteError answers
+	// it 404 unknown_url. A prefix route (Config.Routes) answers it for the
+	// paths under it that it does not serve.
+	ErrNotFound = errors.New("unknown url")
+	// ErrMethodNotAllowed is the error of a method a route does not serve:
+	// WriteError answers it 405 (the caller sets Allow).
+	ErrMethodNotAllowed = errors.New("method not allowed")
+	// ErrModelManagement is the error of a route that would manage a model
+	// server's own models (create, copy, delete, push, blobs): Classify
+	// answers it 403 permission_error with the wrapping error's text.
+	ErrModelManagement   = errors.New("model management refused")
 	errUpstreamEnded     = errors.New("upstream ended the response without completing it")
 	ErrUpstreamProtocol  = errors.New("unexpected message from upstream")
 	errUnknownPath       = errors.New("unknown execution path")
@@ -109,13 +115,13 @@ func Classify(err error, req *contract.Request) *apierror.Error {
 		return quotaError(quotaErr)
 	case errors.As(err, &fieldErr):
 		return apierror.New(http.StatusBadRequest, "invalid_request_error", fieldErr.Field, "invalid_request", fieldErr.Error())
-	case errors.Is(err, errNotFound):
+	case errors.Is(err, ErrNotFound):
 		return apierror.New(http.StatusNotFound, "invalid_request_error", "", "unknown_url", err.Error())
 	case errors.As(err, new(*notFoundError)):
 		return apierror.New(http.StatusNotFound, "invalid_request_error", "", "not_found", err.Error())
 	case errors.Is(err, errRunNotFound):
 		return apierror.New(http.StatusNotFound, "invalid_request_error", "", "run_not_found", "No run has this id")
-	case errors.Is(err, errMethodNotAllowed):
+	case errors.Is(err, ErrMethodNotAllowed):
 		return apierror.New(http.StatusMethodNotAllowed, "invalid_request_error", "", "method_not_allowed", err.Error())
 	case errors.Is(err, httpconn.ErrBodyTimeout):
 		return apierror.New(http.StatusRequestTimeout, "invalid_request_error", "", "request_timeout", err.Error())
@@ -123,7 +129,7 @@ func Classify(err error, req *contract.Request) *apierror.Error {
 		return apierror.New(http.StatusRequestEntityTooLarge, "invalid_request_error", "", "request_too_large", err.Error())
 	case errors.As(err, new(*httpconn.EncodingError)):
 		return apierror.New(http.StatusUnsupportedMediaType, "invalid_request_error", "", "unsupported_content_encoding", err.Error())
-	case errors.Is(err, errModelManagement):
+	case errors.Is(err, ErrModelManagement):
 		return apierror.New(http.StatusForbidden, "invalid_request_error", "", "model_management_refused", err.Error())
 	case errors.Is(err, httpconn.ErrUnsupportedMedia):
 		return apierror.New(http.StatusUnsupportedMediaType, "invalid_request_error", "", "unsupported_media_type",
@@ -245,9 +251,6 @@ const maxErrorTextBytes = 1024
 // valid UTF-8, ending in "…" when it was cut.
 func Clip(s string) string { return request.Clip(s) }
 
-// clipTo is request.ClipTo: Clip with a bound of limit bytes.
-func clipTo(s string, limit int) string { return request.ClipTo(s, limit) }
-
 // errorText is err's text for a log line or a message: the request's model
 // name, wherever the text quotes it, clipped; the whole text clipped to
 // maxErrorTextBytes.
@@ -259,5 +262,5 @@ func errorText(err error, req *contract.Request) string {
 			text = strings.ReplaceAll(text, req.Model, short)
 		}
 	}
-	return clipTo(text, maxErrorTextBytes)
+	return request.ClipTo(text, maxErrorTextBytes)
 }

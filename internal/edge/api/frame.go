@@ -9,6 +9,7 @@ import (
 	"iop/internal/edge/api/access"
 	"iop/internal/edge/api/apierror"
 	"iop/internal/edge/api/httpconn"
+	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 )
 
@@ -46,12 +47,6 @@ func (f *Frame) Logger() *slog.Logger { return f.h.logger }
 
 // Now is the frame's clock (Config.Now).
 func (f *Frame) Now() time.Time { return f.h.cfg.Now() }
-
-// ReadBody reads a JSON request's body whole. Errors: 415 for a
-// Content-Type that is not JSON, 413 over Config.MaxBodyBytes, 408 for a
-// body not in within Config.BodyReadTimeout, 400 for a coding the edge
-// does not decode.
-func (f *Frame) ReadBody(r *http.Request) ([]byte, error) { return httpconn.ReadJSONBody(r) }
 
 // ResolveModel is the name Dispatch would take for name, checked against
 // the key's models: access.ErrModelNotAllowed (403), ErrUnknownModel (404).
@@ -135,7 +130,7 @@ func IsWriteFailure(err error) bool { return errors.As(err, new(*errWrite)) }
 // UpstreamFailure is a failure of the provider's answer with status and
 // message (clipped to maxErrorTextBytes), answered with that status.
 func UpstreamFailure(status int, message string) error {
-	return &upstreamError{status: status, message: clipTo(message, maxErrorTextBytes)}
+	return &upstreamError{status: status, message: request.ClipTo(message, maxErrorTextBytes)}
 }
 
 // StreamError maps a decoding failure of a tunnel answer (package

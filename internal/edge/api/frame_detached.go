@@ -17,14 +17,6 @@ func (f *Frame) WriteError(w http.ResponseWriter, r *http.Request, err error, re
 	f.h.writeError(w, r, err, req)
 }
 
-// ErrMethodNotAllowed is the error of a method a route does not serve:
-// WriteError answers it 405 (the caller sets Allow).
-var ErrMethodNotAllowed = errMethodNotAllowed
-
-// ForwardHeaders are the client's headers a run carries to its provider
-// (by canonical name), as the chat route forwards them.
-func ForwardHeaders(header http.Header) map[string]string { return forwardHeaders(header) }
-
 // RecordRequest records req, decoded, in r's request record and returns
 // the record's request id ("" without a record).
 func RecordRequest(r *http.Request, req *contract.Request) (requestID string) {

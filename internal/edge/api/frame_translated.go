@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"strconv"
 
-	"iop/internal/edge/api/httpconn"
+	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 	"iop/internal/sse"
 	"iop/internal/translate"
@@ -16,21 +16,12 @@ import (
 // Content-Type, the OpenAI checks of what it translated, its error bodies
 // and answer streams in its own content type.
 
-// ErrModelManagement is the error of a route that would manage a model
-// server's own models (create, copy, delete, push): Classify answers it
-// 403 permission_error with the wrapping error's text.
-var ErrModelManagement = errModelManagement
-
 // ErrorsFor makes write answer the frame's own failures on the paths
 // match reports true for, as Errors does for a root, for an API whose
 // paths lie under no one root (Ollama's: "/" and "/api/...").
 func (f *Frame) ErrorsFor(match func(path string) bool, write ErrorWriter) {
 	f.h.errorRoots = append(f.h.errorRoots, errorRoot{match: match, write: write})
 }
-
-// ReadAnyBody reads a request's body whole, whatever its Content-Type.
-// Errors as ReadBody's, but none for the Content-Type.
-func (f *Frame) ReadAnyBody(r *http.Request) ([]byte, error) { return httpconn.ReadBody(r) }
 
 // Known reports whether Dispatch would resolve name rather than refuse it
 // as unknown (Config.Known; false without it).
@@ -114,7 +105,7 @@ func (rr *Answer) tunnelAnswer(onSSE func(data []byte) error) (stream bool, body
 				return false, nil, errUpstreamEnded
 			}
 			if status >= 300 {
-				return false, nil, &upstreamError{status: status, message: clipTo(translate.DecodeOpenAIError(body), maxErrorTextBytes), retryAfter: retryAfter}
+				return false, nil, &upstreamError{status: status, message: request.ClipTo(translate.DecodeOpenAIError(body), maxErrorTextBytes), retryAfter: retryAfter}
 			}
 			return stream, body, nil
 		case contract.EventFailure:
@@ -133,7 +124,7 @@ func streamError(err error) error {
 	case errors.As(err, new(*errWrite)):
 		return err
 	case errors.As(err, &pe):
-		return &upstreamError{status: http.StatusBadGateway, message: clipTo(pe.Error(), maxErrorTextBytes)}
+		return &upstreamError{status: http.StatusBadGateway, message: request.ClipTo(pe.Error(), maxErrorTextBytes)}
 	case errors.Is(err, translate.ErrStreamTruncated):
 		return errUpstreamEnded
 	default:

@@ -211,12 +211,12 @@ func (h *handler) route(w http.ResponseWriter, r *http.Request) {
 	}
 	writeError := h.errorWriterFor(r.URL.Path)
 	if !ok {
-		writeError(w, r, errNotFound, nil)
+		writeError(w, r, ErrNotFound, nil)
 		return
 	}
 	if rt.Method != "" && r.Method != rt.Method && (rt.Method != http.MethodGet || r.Method != http.MethodHead) {
 		w.Header().Set("Allow", rt.Method)
-		writeError(w, r, errMethodNotAllowed, nil)
+		writeError(w, r, ErrMethodNotAllowed, nil)
 		return
 	}
 	rt.Serve(w, r)
@@ -340,11 +340,6 @@ func WriteJSON(w http.ResponseWriter, status int, v any) { httpconn.WriteJSON(w,
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	frameOf(r).writeError(w, r, err, nil)
 }
-
-// ErrNotFound is the error of a path nothing serves: WriteError answers
-// it 404 unknown_url. A prefix route (Config.Routes) answers it for the
-// paths under it that it does not serve.
-var ErrNotFound = errNotFound
 
 // InvalidParam is the error of a request whose parameter param is
 // invalid: WriteError answers it 400 invalid_request_error with message,

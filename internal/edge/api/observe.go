@@ -96,9 +96,6 @@ func (o *observation) TunnelBody(p []byte) {
 	o.usage.Body(p)
 }
 
-// admissionOf is the admission of a failed Dispatch (contract.AdmissionOf).
-func admissionOf(err error) contract.Admission { return contract.AdmissionOf(err) }
-
 // runOutcome is the outcome of a request whose run was dispatched and
 // rendered, from the renderer's reason.
 func runOutcome(reason string) contract.Outcome {

@@ -38,7 +38,7 @@ func Relay(w http.ResponseWriter, r *http.Request, api string, req contract.Requ
 	h := o.h
 	o.get().Begin(api)
 	if req.Headers == nil {
-		req.Headers = forwardHeaders(r.Header)
+		req.Headers = ForwardHeaders(r.Header)
 	}
 	h.serveRun(w, r, &req, func(rr *Answer, _ contract.DispatchInfo) string {
 		return rr.fail(&request.FieldError{Message: "the provider chosen for model " + Clip(req.Model) +

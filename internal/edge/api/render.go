@@ -141,7 +141,7 @@ func (rr *Answer) tunnel() string {
 				// The provider's error event reached the client with its
 				// bytes; the run failed all the same.
 				rr.h.logger.Warn("provider reported an error inside its answer", "path", Clip(rr.r.URL.Path),
-					"model", Clip(rr.req.Model), "err", clipTo(msg, maxErrorTextBytes))
+					"model", Clip(rr.req.Model), "err", request.ClipTo(msg, maxErrorTextBytes))
 				return ReasonUpstreamError, true
 			}
 			if status >= 400 {

@@ -66,7 +66,7 @@ func Routes(f *api.Frame) map[string]api.Route {
 // upstream failure to.
 func (s *server) messages(w http.ResponseWriter, r *http.Request) {
 	api.Begin(r, "anthropic.messages")
-	body, err := s.f.ReadBody(r)
+	body, err := httpconn.ReadJSONBody(r)
 	if err == nil {
 		var tr translate.AnthropicRequest
 		if tr, err = translate.FromAnthropicMessages(body); err == nil {
@@ -146,7 +146,7 @@ func anthropicDispatch(r *http.Request, tr translate.AnthropicRequest) contract.
 // a model the key may use (403) and that POST /v1/messages would take
 // (resolveModel; else 404). Nothing is dispatched.
 func (s *server) countTokens(w http.ResponseWriter, r *http.Request) {
-	body, err := s.f.ReadBody(r)
+	body, err := httpconn.ReadJSONBody(r)
 	if err != nil {
 		s.writeError(w, r, err, nil)
 		return

@@ -222,7 +222,7 @@ func (s *server) serveRun(w http.ResponseWriter, r *http.Request, req *contract.
 func (s *server) request(w http.ResponseWriter, r *http.Request, from func([]byte) (translate.Request, error)) (
 	tr translate.Request, req contract.Request, start time.Time, ok bool) {
 	start = s.f.Now()
-	body, err := s.f.ReadAnyBody(r)
+	body, err := httpconn.ReadBody(r)
 	if err == nil {
 		tr, err = from(body)
 	}
@@ -540,7 +540,7 @@ var capabilityNames = map[string]string{
 // "iop.providers". 400 for a body without a model, 404 (`model 'x' not
 // found`, Ollama's text) for an unknown model.
 func (s *server) show(w http.ResponseWriter, r *http.Request) {
-	body, err := s.f.ReadAnyBody(r)
+	body, err := httpconn.ReadBody(r)
 	if err != nil {
 		s.writeError(w, r, err, nil)
 		return
@@ -711,7 +711,7 @@ const pullNotFound = "pull model manifest: file does not exist"
 // that is not JSON, or names no model, is 400 as in Ollama ("invalid
 // model name" for an empty name).
 func (s *server) pull(w http.ResponseWriter, r *http.Request) {
-	body, err := s.f.ReadAnyBody(r)
+	body, err := httpconn.ReadBody(r)
 	if err != nil {
 		s.writeError(w, r, err, nil)
 		return

@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 )
@@ -40,7 +41,7 @@ type server struct{ f *api.Frame }
 func (s *server) serve(w http.ResponseWriter, r *http.Request, operation string, decode func([]byte) (request.Body, error),
 	normalized func(a *api.Answer, info contract.DispatchInfo, b *request.Body, model string) string) {
 	api.Begin(r, operation)
-	body, err := s.f.ReadBody(r)
+	body, err := httpconn.ReadJSONBody(r)
 	if err != nil {
 		s.f.WriteError(w, r, err, nil)
 		return

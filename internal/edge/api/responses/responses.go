@@ -476,7 +476,7 @@ func writeRawJSON(w http.ResponseWriter, status int, doc json.RawMessage) {
 func (s *server) responsesCreate(w http.ResponseWriter, r *http.Request) {
 	api.Begin(r, "responses")
 	start := s.f.Now()
-	body, err := s.f.ReadBody(r)
+	body, err := httpconn.ReadJSONBody(r)
 	if err != nil {
 		s.f.WriteError(w, r, err, nil)
 		return

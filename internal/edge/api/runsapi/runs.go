@@ -229,7 +229,7 @@ func (s *server) runRoute(w http.ResponseWriter, r *http.Request) {
 // id, when it ends.
 func (s *server) submitRun(w http.ResponseWriter, r *http.Request) {
 	api.Begin(r, "runs")
-	body, err := s.f.ReadBody(r)
+	body, err := httpconn.ReadJSONBody(r)
 	if err != nil {
 		s.f.WriteError(w, r, err, nil)
 		return
