@@ -9,8 +9,9 @@
 // by Classify); package stream holds the relay's stream pieces (a tunnel
 // answer's one reader and usage, the chat chunk renderer), package
 // bodycoding a request body's Content-Encoding, package httpconn a
-// request body's cap and lingering and the writer's write deadlines;
-// package observe holds a
+// request body's cap, lingering and read, the writer's write deadlines
+// and JSON answers; package apierror the OpenAI error answer Classify
+// makes; package observe holds a
 // request's record, its log line, ledger row and span; package access
 // what a request's key may do.
 //

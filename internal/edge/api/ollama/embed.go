@@ -2,11 +2,11 @@ package ollama
 
 import (
 	"fmt"
+	"net/http"
+
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/api/request"
-	"net/http"
-
 	"iop/internal/edge/contract"
 	"iop/internal/translate"
 )

@@ -2,11 +2,11 @@ package ollama
 
 import (
 	"encoding/json"
-	"iop/internal/edge/api"
-	"iop/internal/edge/api/httpconn"
 	"net/http"
 	"strings"
 
+	"iop/internal/edge/api"
+	"iop/internal/edge/api/httpconn"
 	"iop/internal/edge/contract"
 	"iop/internal/translate"
 )
