@@ -203,8 +203,15 @@ func (c *HTTPConfig) SetDefaults() {
 	}
 }
 
-// Validate refuses a non-positive max_body_bytes or write_timeout and a
-// negative max_answer_bytes (after SetDefaults).
+// minUploadIdleTimeout is the shortest upload_idle_timeout check takes:
+// Linux's TCP retransmission timeout starts at 200 ms and doubles, so a
+// shorter bound would cut healthy uploads on a lossy link.
+const minUploadIdleTimeout = time.Second
+
+// Validate refuses a non-positive max_body_bytes or write_timeout, a
+// negative max_answer_bytes or max_upload_bytes, and an
+// upload_idle_timeout that is negative or under minUploadIdleTimeout
+// (after SetDefaults).
 func (c HTTPConfig) Validate() error {
 	var errs []error
 	if c.MaxAnswerBytes < 0 {
@@ -216,8 +223,11 @@ func (c HTTPConfig) Validate() error {
 	if c.MaxUploadBytes < 0 {
 		errs = append(errs, invalid("max_upload_bytes %d must not be negative", c.MaxUploadBytes))
 	}
-	if c.UploadIdleTimeout < 0 {
+	switch {
+	case c.UploadIdleTimeout < 0:
 		errs = append(errs, invalid("upload_idle_timeout %s must not be negative", c.UploadIdleTimeout))
+	case c.UploadIdleTimeout > 0 && c.UploadIdleTimeout < minUploadIdleTimeout:
+		errs = append(errs, invalid("upload_idle_timeout %s is under %s: a TCP retransmission alone can pause a healthy upload that long", c.UploadIdleTimeout, minUploadIdleTimeout))
 	}
 	if c.WriteTimeout <= 0 {
 		errs = append(errs, invalid("write_timeout %s must be positive", c.WriteTimeout))

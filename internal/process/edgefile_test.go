@@ -23,6 +23,8 @@ func TestEdgeFilePartsValidate(t *testing.T) {
 		{"negative max_body_bytes", "max_body_bytes: -1", "max_body_bytes"},
 		{"negative max_answer_bytes", "max_answer_bytes: -1", "max_answer_bytes"},
 		{"negative write_timeout", "write_timeout: -1s", "write_timeout"},
+		// Regression: 1ns passed check and cut every upload at its first pause.
+		{"upload_idle_timeout under a second", "upload_idle_timeout: 1ns", "upload_idle_timeout 1ns is under 1s"},
 		{"key priority", "keys: [{name: a, hash: " + hash + ", priority: urgent}]", "priority"},
 		{"admin key weight", "admin_keys: [{name: a, hash: " + hash + ", weight: -1}]", "weight"},
 		{"team of no key", "teams: [{name: t, quota: {tokens_per_day: 1}}, {name: t}]", "team"},

@@ -67,7 +67,8 @@ type Config struct {
 // server serves the media routes. Its fields are set by Routes and only
 // read after.
 type server struct {
-	cfg Config
+	cfg  Config
+	held memBudget // bytes the uploads' spools hold in memory, at most maxHeldTotal
 }
 
 // Routes returns the media routes for api.Config.Routes and the upload
@@ -82,7 +83,7 @@ func Routes(cfg Config) (map[string]api.Route, map[string]api.BodyLimit) {
 	if cfg.UploadIdleTimeout <= 0 {
 		cfg.UploadIdleTimeout = DefaultUploadIdleTimeout
 	}
-	s := &server{cfg: cfg}
+	s := &server{cfg: cfg, held: memBudget{max: maxHeldTotal}}
 	jsonRoute := func(name string, op contract.Operation, need string, chk check) api.Route {
 		return api.Route{Method: http.MethodPost, Serve: s.json(name, op, need, chk), Operation: name}
 	}

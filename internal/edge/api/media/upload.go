@@ -35,6 +35,10 @@ const (
 	// maxHeldPrefix is the most of the body before the end of its model
 	// field held in memory; more goes to a temporary file.
 	maxHeldPrefix = 1 << 20
+	// maxHeldTotal is the most the spools of all uploads hold in memory
+	// at once: past it, a spool goes to its temporary file from its
+	// first byte, so many slow uploads cannot hold maxHeldPrefix each.
+	maxHeldTotal = 32 << 20
 	// tailSize is how much of the spool's end is kept in memory to find
 	// the model field's value in it: the multipart reader reads at most a
 	// few KiB past the field.
@@ -64,7 +68,7 @@ func (s *server) transcription(w http.ResponseWriter, r *http.Request) {
 	boundary := params["boundary"]
 	body := newIdleBody(w, r.Body, s.cfg.UploadIdleTimeout, time.Now().Add(s.cfg.UploadReadTimeout))
 	defer body.stop()
-	sp := &spool{dir: s.cfg.SpoolDir}
+	sp := &spool{dir: s.cfg.SpoolDir, held: &s.held}
 	defer sp.close()
 	model, err := readModel(io.TeeReader(body, sp), boundary)
 	if err != nil {
@@ -305,10 +309,12 @@ func clip(s string) string {
 }
 
 // spool holds the bytes of a body read before its relay: in memory up to
-// maxHeldPrefix, else in a temporary file. Only the request goroutine
-// writes it, before the relay reads it.
+// maxHeldPrefix while every upload's spools hold less than maxHeldTotal,
+// else in a temporary file. Only the request goroutine writes it, before
+// the relay reads it.
 type spool struct {
 	dir  string
+	held *memBudget // bytes in memory of every spool; nil: unbounded
 	mem  []byte
 	file *os.File
 	n    int64  // bytes written
@@ -325,7 +331,7 @@ func (s *spool) Write(p []byte) (int, error) {
 	if len(s.tail) > 2*tailSize {
 		s.tail = append(s.tail[:0], s.tail[len(s.tail)-tailSize:]...)
 	}
-	if s.file == nil && len(s.mem)+len(p) <= maxHeldPrefix {
+	if s.file == nil && len(s.mem)+len(p) <= maxHeldPrefix && s.hold(len(p)) {
 		s.mem = append(s.mem, p...)
 		return len(p), nil
 	}
@@ -337,7 +343,7 @@ func (s *spool) Write(p []byte) (int, error) {
 		if _, s.err = s.file.Write(s.mem); s.err != nil {
 			return 0, s.err
 		}
-		s.mem = nil
+		s.drop()
 	}
 	if _, s.err = s.file.Write(p); s.err != nil {
 		return 0, s.err
@@ -378,11 +384,40 @@ func (s *spool) reader(at int64, model, served string) io.Reader {
 	return io.MultiReader(io.NewSectionReader(src, 0, at), strings.NewReader(served), io.NewSectionReader(src, end, s.n-end))
 }
 
-// close drops the temporary file, if any.
+// memBudget counts the bytes the spools of every upload hold in memory,
+// at most max.
+type memBudget struct {
+	max int64
+	n   atomic.Int64
+}
+
+// hold counts n more bytes in memory against the budget; false (and
+// nothing counted) when they would pass it.
+func (s *spool) hold(n int) bool {
+	if s.held == nil {
+		return true
+	}
+	if s.held.n.Add(int64(n)) > s.held.max {
+		s.held.n.Add(-int64(n))
+		return false
+	}
+	return true
+}
+
+// drop lets go of the bytes held in memory.
+func (s *spool) drop() {
+	if s.held != nil {
+		s.held.n.Add(-int64(len(s.mem)))
+	}
+	s.mem = nil
+}
+
+// close drops the temporary file, if any, and the bytes in memory.
 func (s *spool) close() {
 	if s.file != nil {
 		s.file.Close()
 	}
+	s.drop()
 }
 
 // idleBody is an upload's body whose each read waits at most idle for
