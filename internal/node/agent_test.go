@@ -45,7 +45,7 @@ func cancelMsg(runID string) *nodev1.EdgeMessage {
 }
 
 // connect waits for the agent's next connection and welcomes it.
-func connect(t *testing.T, e *fakeEdge, gen uint64, interval time.Duration) *edgeConn {
+func connect(t testing.TB, e *fakeEdge, gen uint64, interval time.Duration) *edgeConn {
 	t.Helper()
 	c := recv(t, e.conns, "connection")
 	c.welcome(t, gen, interval)

@@ -65,7 +65,9 @@
 //   - Per run: one run goroutine, the only sender on its Run stream, and
 //     one reader, the only caller of its Recv.
 //   - Per warm stream: serveWarm, sole user of the stream until a Dispatch
-//     arrives; then it is that run's goroutine.
+//     arrives; then it is that run's goroutine, and the stream's one
+//     reader (downReader, for the stream's life) is each of its runs'
+//     reader in turn, parked between runs.
 //   - Per ShowRequest: one goroutine (conn.auxWG, at most maxShows).
 //   - Per ResidencyRequest: one goroutine (conn.auxWG; the edge asks for
 //     one per provider at a time).

@@ -286,3 +286,55 @@ func TestAgentDrainWithoutRuns(t *testing.T) {
 		}
 	})
 }
+
+// TestAgentDrainWaitsForWarmRunInFlight: a run on a warm stream in flight
+// when the drain begins keeps the connection until its whole answer went
+// up and the edge ended its stream (so it read the run's end); then the
+// node disconnects and Run returns nil, with no timer (the grace period is
+// never reached on the test clock).
+func TestAgentDrainWaitsForWarmRunInFlight(t *testing.T) {
+	e, addr := startWarmEdge(t)
+	pc, release, _ := gatedUpstream(t, tunnel)
+	cfg := testConfig(addr, pc)
+	cfg.DrainTimeout = drainGrace
+	a, done := runAgent(t, cfg, newTestClock())
+	c := connect(t, e, 1, hour)
+	r := recv(t, e.warm, "warm run stream")
+	r.warmDown(t, inlineDispatchMsg("w1", "p", tunnel, `{"messages":[{"role":"user","content":"x"}],"stream":true}`))
+	if o := r.next(t).GetOpen(); o.GetRunId() != "w1" {
+		t.Fatalf("want the run's RunOpen, got %v", o)
+	}
+	if h := r.next(t).GetTunnelHead(); !strings.Contains(string(h.GetData()), "first ") {
+		t.Fatalf("want the head with the first data, got %v", h)
+	}
+	a.Drain("SIGTERM")
+	for m := c.next(t); m.GetDrain() == nil; m = c.next(t) {
+	}
+	close(release)
+	text := ""
+	for {
+		m := r.next(t)
+		if m == nil {
+			t.Fatalf("half-closed before the run's end; got %q", text)
+		}
+		text += string(m.GetTunnelData().GetData())
+		if m.GetTunnelEnd() != nil {
+			break
+		}
+	}
+	if !strings.Contains(text, "last") {
+		t.Errorf("rest of the answer %q, want its last part", text)
+	}
+	select {
+	case <-c.done:
+		t.Fatal("the node disconnected before the edge ended the stream of the run that finished")
+	case err := <-done:
+		t.Fatalf("Run returned %v before the edge read the run's end", err)
+	default:
+	}
+	r.end <- nil
+	if err := recv(t, done, "Run to return after the drain"); err != nil {
+		t.Fatalf("Run returned %v, want nil", err)
+	}
+	recv(t, c.done, "the connection to end")
+}

@@ -25,7 +25,7 @@ import (
 const failsafe = 10 * time.Second
 
 // recv returns the next value from ch, failing the test if none comes.
-func recv[T any](t *testing.T, ch <-chan T, what string) T {
+func recv[T any](t testing.TB, ch <-chan T, what string) T {
 	t.Helper()
 	select {
 	case v := <-ch:
@@ -105,7 +105,7 @@ type edgeRun struct {
 	recvErr error
 }
 
-func startEdge(t *testing.T) (*fakeEdge, string) {
+func startEdge(t testing.TB) (*fakeEdge, string) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -220,7 +220,7 @@ func (e *fakeEdge) Run(s grpc.BidiStreamingServer[nodev1.RunUp, nodev1.RunDown])
 	}
 }
 
-func (c *edgeConn) send(t *testing.T, m *nodev1.EdgeMessage) {
+func (c *edgeConn) send(t testing.TB, m *nodev1.EdgeMessage) {
 	t.Helper()
 	if err := c.stream.Send(m); err != nil {
 		t.Fatalf("edge send: %v", err)
@@ -228,14 +228,14 @@ func (c *edgeConn) send(t *testing.T, m *nodev1.EdgeMessage) {
 }
 
 // welcome welcomes the node as today's edge does, with its features.
-func (c *edgeConn) welcome(t *testing.T, gen uint64, interval time.Duration) {
+func (c *edgeConn) welcome(t testing.TB, gen uint64, interval time.Duration) {
 	t.Helper()
 	c.welcomeWith(t, gen, interval, nodev1.FeatureTunnelHeadBody)
 }
 
 // welcomeWith welcomes the node naming only features: none is an edge
 // older than every feature.
-func (c *edgeConn) welcomeWith(t *testing.T, gen uint64, interval time.Duration, features ...string) {
+func (c *edgeConn) welcomeWith(t testing.TB, gen uint64, interval time.Duration, features ...string) {
 	t.Helper()
 	c.send(t, &nodev1.EdgeMessage{Msg: &nodev1.EdgeMessage_Welcome{Welcome: &nodev1.Welcome{Generation: gen, HeartbeatIntervalMs: interval.Milliseconds(), Features: features}}})
 }
@@ -366,7 +366,7 @@ func (h *logRecorder) hasMessage(msg string) bool {
 
 // startAgent builds an agent for cfg on clk, with backoff jitter turned off
 // (every wait is its ceiling), and runs it until the test ends.
-func startAgent(t *testing.T, cfg Config, clk clock.Clock, logs slog.Handler) *Agent {
+func startAgent(t testing.TB, cfg Config, clk clock.Clock, logs slog.Handler) *Agent {
 	t.Helper()
 	return startAgentWith(t, cfg, clk, logs, nil)
 }
@@ -374,7 +374,7 @@ func startAgent(t *testing.T, cfg Config, clk clock.Clock, logs slog.Handler) *A
 // startAgentWith is startAgent that lets setup change the agent before it
 // runs. The agent reads no provider's /api/ps (noResidency) unless setup
 // says otherwise.
-func startAgentWith(t *testing.T, cfg Config, clk clock.Clock, logs slog.Handler, setup func(*Agent)) *Agent {
+func startAgentWith(t testing.TB, cfg Config, clk clock.Clock, logs slog.Handler, setup func(*Agent)) *Agent {
 	t.Helper()
 	if logs == nil {
 		logs = slog.DiscardHandler

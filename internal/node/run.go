@@ -161,8 +161,9 @@ func (c *conn) cancelRun(runID, reason string) {
 // finishWarm forgets r, whose terminal frame went up a warm stream the
 // edge has not yet ended or reused, and counts it unacknowledged (c.unread)
 // in the same step, so a drain never sees it neither in flight nor
-// unacknowledged; acknowledged ends that count. Both wake the session
-// goroutine as removeRun does.
+// unacknowledged; acknowledged ends that count, and wakes the session
+// goroutine as removeRun does. finishWarm wakes nobody: with the run
+// unacknowledged, no drain can be done.
 func (c *conn) finishWarm(r *run) {
 	c.mu.Lock()
 	if c.runs[r.id] == r {
@@ -173,7 +174,6 @@ func (c *conn) finishWarm(r *run) {
 	c.a.untrack(r)
 	c.a.inflight.remove(r)
 	c.a.kickResidencyAfter(r.provider, r.model)
-	c.wakeSession()
 }
 
 // acknowledged ends the count finishWarm started: the edge ended or
@@ -181,26 +181,35 @@ func (c *conn) finishWarm(r *run) {
 func (c *conn) acknowledged() {
 	c.mu.Lock()
 	c.unread--
+	draining := c.draining
 	c.mu.Unlock()
-	c.wakeSession()
+	if draining {
+		c.wakeSession()
+	}
 }
 
-// removeRun forgets r and wakes the session goroutine (a drain waits for
-// the last run).
+// removeRun forgets r and, while a drain waits for the last run, wakes
+// the session goroutine.
 func (c *conn) removeRun(r *run) {
 	c.mu.Lock()
 	if c.runs[r.id] == r {
 		delete(c.runs, r.id)
 	}
+	draining := c.draining
 	c.mu.Unlock()
 	c.a.untrack(r)
 	c.a.inflight.remove(r)
 	c.a.kickResidencyAfter(r.provider, r.model)
-	c.wakeSession()
+	if draining {
+		c.wakeSession()
+	}
 }
 
 // wakeSession fills runEnded's one slot: the session goroutine checks
-// whether a drain is done.
+// whether a drain is done. Only a change seen while c.draining needs it:
+// one before the drain began is seen by the session goroutine's own
+// check after startDrain (both under c.mu). Runs end without it while
+// no drain is under way: no goroutine hand-off per run.
 func (c *conn) wakeSession() {
 	select {
 	case c.runEnded <- struct{}{}:
@@ -224,7 +233,7 @@ func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
 		c.logRun(slog.LevelWarn, r, d, "run stream failed before open", "err", err)
 		return
 	}
-	c.runOn(stream, r, d, p, false)
+	c.runOn(stream, nil, r, d, p)
 }
 
 // runOn serves run r, whose Dispatch is d, on its open stream: it
@@ -232,19 +241,20 @@ func (c *conn) serveRun(r *run, d *nodev1.Dispatch, p *provider) {
 // is called at once), runs the provider, and sends the answer up, ending
 // with one terminal frame, after which it sends nothing more on the
 // stream. It returns once the edge has ended the stream (or the connection
-// ended). On a warm stream (warm) it does not half-close the stream after
+// ended). On a warm stream (rd, the stream's one reader, is set; nil on
+// a stream of the run's own) it does not half-close the stream after
 // the terminal frame: the edge may send the next run's Dispatch down it
 // instead of ending it, which runOn then returns (nil when the stream
 // ended). A run that sent no terminal frame (its adapter ended without
 // one) half-closes the stream, as on a stream of its own, so the edge ends
 // the run as aborted.
-func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, warm bool) (next *nodev1.Dispatch) {
-	bodies := make(chan bodyResult, 1)
-	readerDone := make(chan struct{})
-	go func() { // the only caller of stream.Recv
-		defer close(readerDone)
-		next = readRunDownTo(stream, r, d.BodyInline, streamedOp(d.Operation), bodies)
-	}()
+func (c *conn) runOn(stream runStream, rd *downReader, r *run, d *nodev1.Dispatch, p *provider) (next *nodev1.Dispatch) {
+	warm := rd != nil
+	var bodies chan bodyResult // nil for a body that came inline: none is delivered
+	if !d.BodyInline {
+		bodies = make(chan bodyResult, 1)
+	}
+	down := readDown(stream, rd, r, d, bodies)
 	events := &eventSink{s: stream, last: r.lastFrame}
 	workCtx := r.workCtx
 	var spans *runSpans
@@ -310,7 +320,11 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 		// The adapter sent the terminal frame itself: a terminal event,
 		// or a tunnel head with the whole body (End).
 		ended := events.ended || sentLast
-		if last := terminal(p.path, err); last != nil && !ended {
+		var last *nodev1.RunUp
+		if !ended {
+			last = terminal(p.path, err)
+		}
+		if last != nil {
 			r.lastFrame() // before the edge can read the end
 			if spans != nil {
 				spans.lastAt = time.Now()
@@ -340,7 +354,7 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 		c.logRun(slog.LevelWarn, r, d, "run failed", "err", err)
 	}
 	if !warm {
-		<-readerDone // the edge ends the stream after our last frame
+		<-down // the edge ends the stream after our last frame
 		return nil
 	}
 	// The run is over at the provider: it is no run in flight while its
@@ -353,12 +367,69 @@ func (c *conn) runOn(stream runStream, r *run, d *nodev1.Dispatch, p *provider, 
 	// (TestRegression_DrainKeepsAnswersFinishedAsItBegan).
 	c.finishWarm(r)
 	c.warmIdle()
-	<-readerDone
+	next = <-down
 	if next == nil {
 		c.warmGone()
 	}
 	c.acknowledged()
 	return next
+}
+
+// readDown starts reading r's side of stream (readRunDownTo, for d's
+// body) and returns the channel that gives what it returned: the next
+// Dispatch, or nil once the stream ended. On a warm stream the stream's
+// one reader (rd) reads it; on a stream of the run's own, a goroutine of
+// its own. Either is the only caller of stream.Recv until that value is
+// received.
+func readDown(stream runStream, rd *downReader, r *run, d *nodev1.Dispatch, bodies chan<- bodyResult) <-chan *nodev1.Dispatch {
+	if rd != nil {
+		rd.jobs <- downJob{r: r, inline: d.BodyInline, streamed: streamedOp(d.Operation), bodies: bodies}
+		return rd.next
+	}
+	down := make(chan *nodev1.Dispatch, 1)
+	inline, streamed := d.BodyInline, streamedOp(d.Operation)
+	go func() { down <- readRunDownTo(stream, r, inline, streamed, bodies) }()
+	return down
+}
+
+// downReader is a warm run stream's one reader, for the stream's whole
+// life: it reads each run's side of the stream (readRunDownTo) when that
+// run's goroutine hands it the run (jobs), and gives back what it
+// returned (next: the next Dispatch, or nil once the stream ended) before
+// it reads again. Between runs it is parked on jobs and nothing calls
+// stream.Recv but the warm stream's goroutine (serveWarm, refuseOn). One
+// goroutine per stream, not one per run, so the stack protobuf's decoder
+// grows serves every run of the stream.
+type downReader struct {
+	jobs chan downJob
+	next chan *nodev1.Dispatch
+	done chan struct{} // closed when the reader returned
+}
+
+// downJob is one run for a downReader: readRunDownTo's arguments.
+type downJob struct {
+	r                *run
+	inline, streamed bool
+	bodies           chan<- bodyResult
+}
+
+// newDownReader starts stream's reader; stop ends it.
+func newDownReader(stream runStream) *downReader {
+	rd := &downReader{jobs: make(chan downJob), next: make(chan *nodev1.Dispatch, 1), done: make(chan struct{})}
+	go func() {
+		defer close(rd.done)
+		for j := range rd.jobs {
+			rd.next <- readRunDownTo(stream, j.r, j.inline, j.streamed, j.bodies)
+		}
+	}()
+	return rd
+}
+
+// stop ends the reader and waits for it; every run handed to it must
+// have received its next value.
+func (rd *downReader) stop() {
+	close(rd.jobs)
+	<-rd.done
 }
 
 // inlineBody is the body a Dispatch carried inline, or ErrBodyTooLarge

@@ -37,7 +37,8 @@ type conn struct {
 	auxWG    sync.WaitGroup // one per goroutine serving a ShowRequest or ResidencyRequest
 	// shows holds a token per ShowRequest being served (at most maxShows).
 	shows chan struct{}
-	// runEnded has one slot; a run goroutine fills it when it leaves runs.
+	// runEnded has one slot; a run goroutine fills it when it leaves runs
+	// (or its terminal frame was read) while the connection drains.
 	runEnded chan struct{}
 
 	mu   sync.Mutex      // guards the fields below

@@ -81,10 +81,12 @@ func (c *conn) serveWarm() {
 		c.a.logger.Warn("ignoring a warm run stream whose first message is no Dispatch", "type", fmt.Sprintf("%T", m.GetMsg()), "generation", c.gen)
 		return
 	}
+	rd := newDownReader(stream)
+	defer rd.stop()
 	for d != nil {
 		c.warmGone()
 		c.refillWarm()
-		if d = c.serveWarmRun(ctx, stop, stream, d); d == nil {
+		if d = c.serveWarmRun(ctx, stop, stream, rd, d); d == nil {
 			return
 		}
 		// The edge reuses the stream for d: it was idle since the last
@@ -98,7 +100,7 @@ func (c *conn) serveWarm() {
 // an earlier run can pass for this one's) and served. It returns the next
 // Dispatch when the edge reuses the stream after the run's clean end,
 // counting the stream idle meanwhile, else nil.
-func (c *conn) serveWarmRun(ctx context.Context, stop context.CancelFunc, stream runStream, d *nodev1.Dispatch) *nodev1.Dispatch {
+func (c *conn) serveWarmRun(ctx context.Context, stop context.CancelFunc, stream runStream, rd *downReader, d *nodev1.Dispatch) *nodev1.Dispatch {
 	r, p, err := c.acceptDispatch(d, ctx, stop)
 	if err != nil {
 		c.refuseOn(stream, d.RunId, err)
@@ -119,7 +121,7 @@ func (c *conn) serveWarmRun(ctx context.Context, stop context.CancelFunc, stream
 		c.logRun(slog.LevelDebug, r, d, "warm run stream failed", "err", err)
 		return nil
 	}
-	return c.runOn(stream, r, d, p, true)
+	return c.runOn(stream, rd, r, d, p)
 }
 
 // warmIdle counts one warm stream more idle: a run on it ended cleanly and

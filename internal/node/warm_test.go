@@ -13,7 +13,7 @@ import (
 
 // startWarmEdge is startEdge whose fake edge takes warm run streams and
 // hands them to the test (fakeEdge.warm).
-func startWarmEdge(t *testing.T) (*fakeEdge, string) {
+func startWarmEdge(t testing.TB) (*fakeEdge, string) {
 	t.Helper()
 	e, addr := startEdge(t)
 	e.warm = make(chan *edgeRun, 16)
@@ -21,7 +21,7 @@ func startWarmEdge(t *testing.T) (*fakeEdge, string) {
 }
 
 // warmDown sends m down the warm stream r, as the edge does.
-func (r *edgeRun) warmDown(t *testing.T, m *nodev1.EdgeMessage) {
+func (r *edgeRun) warmDown(t testing.TB, m *nodev1.EdgeMessage) {
 	t.Helper()
 	if err := r.stream.Send(&nodev1.RunDown{Msg: &nodev1.RunDown_Dispatch{Dispatch: m.GetDispatch()}}); err != nil {
 		t.Fatalf("edge send dispatch: %v", err)
@@ -331,4 +331,56 @@ func TestRegression_WarmStreamKeepsNoEndedRun(t *testing.T) {
 	if grown := int64(after) - int64(before); grown > 128<<10 {
 		t.Fatalf("live heap grew %d bytes (%d a run) over %d runs on one warm stream", grown, grown/more, more)
 	}
+}
+
+// One warm stream serves run after run with one reader: a body that came
+// inline, one sent in chunks down the stream after the Dispatch, a run
+// cancelled down the stream before its body came, then a Dispatch the node
+// refuses on the reused stream (the stream's goroutine reads it to its end
+// while the reader waits between runs). Each run gets its own body and
+// answer, the cancelled one ends CANCELLED, and the refusal half-closes.
+func TestWarmStreamReaderServesRunAfterRun(t *testing.T) {
+	e, addr := startWarmEdge(t)
+	ollama, calls := ollamaServer(t)
+	startAgent(t, testConfig(addr, ProviderConfig{ID: "ol", Type: "ollama", BaseURL: ollama.URL, Models: []string{"served-model"}}), newTestClock(), nil)
+	connect(t, e, 1, hour)
+	r := recv(t, e.warm, "warm run stream")
+	text := func(msgs []*nodev1.RunUp) (s string, last nodev1.RunEvent_Type) {
+		for _, ev := range eventsOf(msgs) {
+			s += ev.Text
+			last = ev.Type
+		}
+		return s, last
+	}
+	const complete, cancelled = nodev1.RunEvent_TYPE_COMPLETE, nodev1.RunEvent_TYPE_CANCELLED
+	r.warmDown(t, inlineDispatchMsg("r1", "ol", normalized, `{"messages":[{"role":"user","content":"hello"}]}`))
+	if s, last := text(r.warmRun(t, "r1")); s != "Hi there" || last != complete {
+		t.Errorf("r1 (inline): %q, last %v", s, last)
+	}
+	r.warmDown(t, dispatchMsg("r2", "ol", normalized))
+	r.sendBody(t, `{"messages":[{"role":"user",`, `"content":"hello"}]}`)
+	if s, last := text(r.warmRun(t, "r2")); s != "Hi there" || last != complete {
+		t.Errorf("r2 (body in chunks): %q, last %v", s, last)
+	}
+	r.warmDown(t, inlineDispatchMsg("r3", "ol", normalized, `{"messages":[{"role":"user","content":"hello"}]}`))
+	if s, last := text(r.warmRun(t, "r3")); s != "Hi there" || last != complete {
+		t.Errorf("r3 (inline again): %q, last %v", s, last)
+	}
+	r.warmDown(t, dispatchMsg("r4", "ol", normalized))
+	if err := r.stream.Send(&nodev1.RunDown{Msg: &nodev1.RunDown_Cancel{Cancel: &nodev1.Cancel{RunId: "r4", Reason: "client gone"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, last := text(r.warmRun(t, "r4")); last != cancelled {
+		t.Errorf("r4 (cancelled before its body): last %v, want CANCELLED", last)
+	}
+	r.warmDown(t, inlineDispatchMsg("r5", "nope", normalized, `{}`))
+	rest := r.rest(t)
+	if len(rest) != 1 || rest[0].GetRefused().GetRunId() != "r5" || !strings.Contains(rest[0].GetRefused().GetReason(), ErrUnknownProvider.Error()) {
+		t.Errorf("r5 (unknown provider): %v, want one refusal, then the half-close", rest)
+	}
+	r.end <- nil
+	if n := calls.Load(); n != 3 {
+		t.Errorf("%d provider calls, want 3", n)
+	}
+	noRun(t, e)
 }

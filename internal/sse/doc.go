@@ -37,6 +37,8 @@
 // bytes were fed. So a relay can hold back the line that ends a stream
 // while the same one parse feeds the stream's other readers.
 //
+// [IsEventStream] tells a text/event-stream Content-Type from another.
+//
 // # Concurrency
 //
 // A Reader holds one stream's state and is used by one goroutine at a

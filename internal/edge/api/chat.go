@@ -4,8 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
+	"strings"
 
+	"iop/internal/edge/api/request"
+	"iop/internal/edge/api/stream"
 	"iop/internal/edge/contract"
 	"iop/internal/sse"
 )
@@ -81,7 +85,7 @@ type Answer struct {
 	eventWriter *sse.Writer
 	// recorder, if set, is told of the events of a relayed stream
 	// (RelayRecorded).
-	recorder eventRecorder
+	recorder func(stream.Event)
 }
 
 // recv is Run.Recv with its failures turned into outcomes: io.EOF before a
@@ -163,7 +167,7 @@ func (rr *Answer) fail(err error) string {
 	}
 	rr.answerFailed(err)
 	rr.writeError(rr.w, rr.r, err, rr.req)
-	if errors.As(err, new(*requestError)) {
+	if errors.As(err, new(*requestError)) || errors.As(err, new(*request.FieldError)) {
 		return ReasonInvalidRequest
 	}
 	return ReasonUpstreamError
@@ -203,4 +207,17 @@ func (rr *Answer) release() error {
 	}
 	rr.held = false
 	return rr.flush()
+}
+
+// isJSONContentType reports whether a request's Content-Type allows a JSON
+// body: absent, application/json, or any type with a "+json" suffix.
+func isJSONContentType(header string) bool {
+	if header == "" {
+		return true
+	}
+	mediaType, _, err := mime.ParseMediaType(header)
+	if err != nil {
+		return false
+	}
+	return mediaType == "application/json" || strings.HasSuffix(mediaType, "+json")
 }

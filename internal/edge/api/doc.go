@@ -4,26 +4,26 @@
 // in the client's wire format. Client API packages under it register
 // their routes on the frame: openai, anthropic, ollama, responses and runsapi through
 // Config.APIs (they serve with the Frame), admin and batch through Config.Routes; the frame never
-// imports them. Package apitest is their tests' harness.
+// imports them. Package apitest is their tests' harness; package request
+// decodes and checks the request bodies (its *FieldError is answered 400
+// by Classify); package stream holds the relay's stream pieces (a tunnel
+// answer's one reader and usage, the chat chunk renderer), package
+// bodycoding a request body's Content-Encoding.
 //
 // # Where things live
 //
 //	handler.go        New, ServeHTTP: routing, body caps and lingering, write deadlines, abort on nothing written
 //	frame.go          Frame, API, Renderer, ErrorShape: what a client API package serves with; Answer's exported methods
-//	frame_detached.go Frame.ServeDetached (a run with no connection), ChatChunks, and the rest a client API package needs
+//	frame_detached.go Frame.ServeDetached (a run with no connection), and the rest a client API package needs
 //	frame_record.go   Answer.RelayRecorded, NewRunID: what the runs API records a run with
-//	frame_openai.go   Body, DecodeChat, DecodeCompletion, DecodeEmbeddings; the Answer's relay, SSE writer and error event
-//	frame_translated.go  what an API that translates its bodies needs (ollama): any-type bodies, the checks of a translation, tunnelAnswer
+//	frame_openai.go   the Answer's relay, SSE writer, error event and embeddings vectors, for package openai
+//	frame_translated.go  what an API that translates its bodies needs (ollama): any-type bodies, tunnelAnswer
 //	access.go         keys, admin prefixes, a key's request slot (admit, answerFinished), model access
 //	quota.go          a key's quota: reservation before queueing, clamp, settlement, rate-limit headers
 //	errors.go         classify: the one mapping of every failure to a status and an OpenAI error body
 //	observe.go        one RequestRecord per API request; outcome decided once (observation.decide)
 //	dispatch.go       serveRun/serveRunWith: dispatch, then render by execution path
-//	chat.go render.go Answer: a run rendered into an http.ResponseWriter; the tunnel relay
-//	chunks.go         chunkRenderer: chat.completion.chunk events for the chat stream and run logs (ChatChunks)
-//	tunnelhold.go     finalHold: one reader of a tunnel stream, holding the bytes that end it
-//	decode.go         the OpenAI bodies' checks, needs and estimates (one parse, package jsonvalue)
-//	completions.go embeddings.go  the completions and embeddings bodies' checks
+//	chat.go render.go Answer: a run rendered into an http.ResponseWriter; the tunnel relay (its reader: stream.FinalHold)
 //	tracing.go        a server span per request (Config.Tracer)
 //
 // # Routes

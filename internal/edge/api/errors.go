@@ -7,9 +7,9 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"iop/internal/auth"
+	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 	"iop/internal/quota"
 )
@@ -121,6 +121,7 @@ func Classify(err error, req *contract.Request) *APIError {
 	}
 	var (
 		reqErr   *requestError
+		fieldErr *request.FieldError
 		upErr    *upstreamError
 		limitErr *auth.LimitError
 		quotaErr *quota.Refusal
@@ -150,6 +151,8 @@ func Classify(err error, req *contract.Request) *APIError {
 		return quotaError(quotaErr)
 	case errors.As(err, &reqErr):
 		return newAPIError(http.StatusBadRequest, "invalid_request_error", reqErr.param, "invalid_request", reqErr.Error())
+	case errors.As(err, &fieldErr):
+		return newAPIError(http.StatusBadRequest, "invalid_request_error", fieldErr.Field, "invalid_request", fieldErr.Error())
 	case errors.Is(err, errNotFound):
 		return newAPIError(http.StatusNotFound, "invalid_request_error", "", "unknown_url", err.Error())
 	case errors.As(err, new(*notFoundError)):
@@ -301,43 +304,18 @@ func dispatchReason(err error) string {
 	return "unknown"
 }
 
-// Bounds on client-provided text in what the API writes or logs, so that a
-// 1 MB model name does not make a 1 MB error body or log line.
-const (
-	// maxQuotedBytes bounds one client value quoted in an error message or
-	// a log line: a model name, a URL path, a field's value.
-	maxQuotedBytes = 256
-	// maxErrorTextBytes bounds the text of an error that may embed client
-	// values among other words (a gateway error naming the model), in a
-	// log line or a message.
-	maxErrorTextBytes = 1024
-)
+// maxErrorTextBytes bounds the text of an error that may embed client
+// values among other words (a gateway error naming the model), in a log
+// line or a message; one client value alone is clipped to
+// request.MaxQuotedBytes (Clip).
+const maxErrorTextBytes = 1024
 
-// clip returns s cut to at most maxQuotedBytes bytes of valid UTF-8, ending
-// in "…" when it was cut; invalid bytes become U+FFFD.
-func Clip(s string) string { return clipTo(s, maxQuotedBytes) }
+// Clip is request.Clip: s cut to at most request.MaxQuotedBytes bytes of
+// valid UTF-8, ending in "…" when it was cut.
+func Clip(s string) string { return request.Clip(s) }
 
-// clipTo is clip with a bound of limit bytes (at least len("…")).
-func clipTo(s string, limit int) string {
-	if len(s) <= limit && utf8.ValidString(s) {
-		return s
-	}
-	const ellipsis = "…"
-	out := make([]byte, 0, limit)
-	cut := 0 // the longest rune-aligned prefix of out that leaves room for the ellipsis
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:]) // an invalid byte is (RuneError, 1)
-		if len(out)+utf8.RuneLen(r) > limit {
-			return string(out[:cut]) + ellipsis
-		}
-		out = utf8.AppendRune(out, r)
-		if len(out) <= limit-len(ellipsis) {
-			cut = len(out)
-		}
-		i += size
-	}
-	return string(out)
-}
+// clipTo is request.ClipTo: Clip with a bound of limit bytes.
+func clipTo(s string, limit int) string { return request.ClipTo(s, limit) }
 
 // errorText is err's text for a log line or a message: the request's model
 // name, wherever the text quotes it, clipped; the whole text clipped to

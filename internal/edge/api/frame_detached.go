@@ -139,32 +139,6 @@ func (d *detachedWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// ChatChunks renders a normalized run's answer as the OpenAI
-// chat.completion.chunk events a streaming client of the chat route gets
-// (the data of each event, with the output text it carries, to a sink):
-// a first chunk with the assistant role, one per delta's reasoning, text
-// and tool-call parts, then a chunk with the finish reason and a usage
-// chunk (End). The stream's `data: [DONE]` is the sink owner's.
-type ChatChunks struct{ c chunkRenderer }
-
-// NewChatChunks returns chunks that carry id, created (Unix seconds) and
-// model, handed to sink; sink's error ends the rendering. data is valid
-// only during the call (the renderer reuses its buffer): a sink that
-// keeps it copies it.
-func NewChatChunks(id string, created int64, model string, sink func(data []byte, text string) error) *ChatChunks {
-	return &ChatChunks{c: chunkRenderer{id: id, created: created, model: model, sink: sink}}
-}
-
-// Delta renders one delta event's chunks.
-func (c *ChatChunks) Delta(ev *contract.Event) error { return c.c.delta(ev) }
-
-// End renders the chunk with the finish reason and the usage chunk, in
-// tokens.
-func (c *ChatChunks) End(finish string, promptTokens, completionTokens int) error {
-	return c.c.end(finish, &usage{PromptTokens: promptTokens, CompletionTokens: completionTokens,
-		TotalTokens: promptTokens + completionTokens})
-}
-
 // NotFound is the error of a resource the request names that its key has
 // none of (a stored response): WriteError answers it 404
 // invalid_request_error, code not_found, with message.

@@ -1,72 +1,15 @@
 package api
 
 import (
+	"fmt"
+
 	"iop/internal/edge/contract"
 	"iop/internal/sse"
 )
 
-// What package openai serves its routes with, beyond frame.go: the
-// OpenAI bodies decoded and checked (the runs API and the Ollama routes
-// check theirs with the same code, decode.go), and the Answer's tunnel
-// relay, SSE writer, flush hold and OpenAI error event.
-
-// Body is an OpenAI route's request body as the frame decodes and checks
-// it (DecodeChat, DecodeCompletion, DecodeEmbeddings).
-type Body struct {
-	// Request is the request to dispatch: Model, Operation, Stream, Needs
-	// and EstimatedInputTokens read from the body, and Body the body with
-	// its Ollama member (translate.ExtensionKey) moved to OllamaFields.
-	// Headers is the caller's to set (ForwardHeaders).
-	Request contract.Request
-	// IncludeUsage is stream_options.include_usage (chat, completions): a
-	// streamed answer ends with a usage chunk.
-	IncludeUsage bool
-	// Inputs is an embeddings body's number of inputs, thus of vectors in
-	// the answer.
-	Inputs int
-	// Base64 is an embeddings body's encoding_format "base64": vectors as
-	// the base64 of their little-endian float32 components.
-	Base64 bool
-}
-
-// DecodeChat reads and checks a POST /v1/chat/completions body
-// (decodeChatRequest), for Operation CHAT. Errors are InvalidParam's,
-// naming the field.
-func DecodeChat(body []byte) (Body, error) {
-	chat, err := decodeChatRequest(body)
-	if err != nil {
-		return Body{}, err
-	}
-	b := Body{IncludeUsage: chat.IncludeUsage, Request: contract.Request{Model: chat.Model, Operation: contract.OperationChat,
-		Stream: chat.Stream, Body: body, Needs: chat.Needs, EstimatedInputTokens: chat.EstimatedInputTokens}}
-	return b, chat.ollama.moveTo(&b.Request)
-}
-
-// DecodeCompletion reads and checks a POST /v1/completions body
-// (decodeCompletionRequest), for Operation COMPLETION. Errors are
-// InvalidParam's, naming the field.
-func DecodeCompletion(body []byte) (Body, error) {
-	cr, err := decodeCompletionRequest(body)
-	if err != nil {
-		return Body{}, err
-	}
-	b := Body{IncludeUsage: cr.IncludeUsage, Request: contract.Request{Model: cr.Model, Operation: contract.OperationCompletion,
-		Stream: cr.Stream, Body: body, Needs: cr.Needs, EstimatedInputTokens: cr.EstimatedInputTokens}}
-	return b, cr.ollama.moveTo(&b.Request)
-}
-
-// DecodeEmbeddings reads and checks a POST /v1/embeddings body
-// (decodeEmbeddingsRequest), for Operation EMBEDDINGS. Errors are
-// InvalidParam's, naming the field.
-func DecodeEmbeddings(body []byte) (Body, error) {
-	er, err := decodeEmbeddingsRequest(body)
-	if err != nil {
-		return Body{}, err
-	}
-	b := Body{Inputs: er.Inputs, Base64: er.Base64, Request: contract.Request{Model: er.Model, Operation: contract.OperationEmbeddings,
-		Body: body, Needs: er.Needs, EstimatedInputTokens: er.EstimatedInputTokens}}
-	return b, er.ollama.moveTo(&b.Request)
-}
+// What package openai serves its routes with, beyond frame.go (its
+// bodies are decoded and checked by package request): the Answer's
+// tunnel relay, SSE writer, flush hold and OpenAI error event.
 
 // RelayTunnel relays a tunnel-path run's answer unchanged: the provider's
 // status and headers (but its connection's), then its body, each part
@@ -97,10 +40,18 @@ func (rr *Answer) FailStream(err error) string { return rr.failStarted(err, true
 // else ReadEvents' errors.
 func (rr *Answer) ReadVectors(inputs int) (vectors [][]float32, promptTokens int, err error) {
 	er := &eventReader{Answer: rr}
-	vectors, err = er.vectors(inputs)
+	vectors = make([][]float32, 0, inputs)
+	_, err = er.next(func(ev *contract.Event) error {
+		for _, vec := range ev.Embeddings {
+			if len(vectors) == inputs {
+				return fmt.Errorf("%w: more vectors than inputs", ErrUpstreamProtocol)
+			}
+			vectors = append(vectors, vec)
+		}
+		return nil
+	})
+	if err == nil && len(vectors) != inputs {
+		err = fmt.Errorf("%w: %d vectors for %d inputs", ErrUpstreamProtocol, len(vectors), inputs)
+	}
 	return vectors, er.usage.PromptTokens, err
 }
-
-// Finish renders the chunk with the finish reason, as End does, without
-// the usage chunk.
-func (c *ChatChunks) Finish(finish string) error { return c.c.end(finish, nil) }

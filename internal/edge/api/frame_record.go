@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+
+	"iop/internal/edge/api/stream"
 )
 
 // ErrRunNotFound is the error of a run id the request's key has no run
@@ -28,41 +30,16 @@ var errRunNotFound = errors.New("run not found")
 // may not use: ErrModelNotAllowed (403); nil on an open API.
 func CheckModel(ctx context.Context, model string) error { return checkModel(ctx, model) }
 
-// DecodeValue decodes raw, the value of a request's parameter param, into
-// dst; null or nothing leaves dst alone. A value of another JSON type is
-// a 400 naming param: "expected <want>, got <its type>" (want: "a
-// string", "a boolean", "an object", ...).
-func DecodeValue(raw json.RawMessage, param, want string, dst any) error {
-	return decodeValue(raw, param, want, dst)
-}
-
-// StreamEvent is one event of a relayed tunnel event stream, read once
-// by the stream's one reader: its data (valid only during the call),
-// whether it is [DONE], and the usage object it carries, in tokens.
-type StreamEvent struct {
-	Data                           []byte
-	Done                           bool
-	HasUsage                       bool
-	PromptTokens, CompletionTokens int
-}
-
 // RelayRecorded relays a tunnel-path run as the chat route does (the
 // provider's status, headers and bytes; the bytes that end the answer
 // held until its end) and tells record of each event of an event stream
-// once the bytes that complete it are released, and of the error event a
-// started stream that fails ends with: record gets what a client of the
-// chat route reads. It returns the rendering's reason.
-func (rr *Answer) RelayRecorded(record func(StreamEvent)) string {
-	rr.recorder = recordFunc(record)
+// once the bytes that complete it are released (stream.FinalHold.Record),
+// and of the error event a started stream that fails ends with: record
+// gets what a client of the chat route reads. It returns the rendering's
+// reason.
+func (rr *Answer) RelayRecorded(record func(stream.Event)) string {
+	rr.recorder = record
 	return rr.tunnel()
-}
-
-// recordFunc is RelayRecorded's record as a finalHold's eventRecorder.
-type recordFunc func(StreamEvent)
-
-func (f recordFunc) tunnelEvent(ev streamEvent) {
-	f(StreamEvent{Data: ev.data, Done: ev.done, HasUsage: ev.hasUsage,
-		PromptTokens: ev.usage.PromptTokens, CompletionTokens: ev.usage.CompletionTokens})
 }
 
 // recordError tells the answer's recorder, if any, of the error event e
@@ -70,7 +47,7 @@ func (f recordFunc) tunnelEvent(ev streamEvent) {
 func (rr *Answer) recordError(e *APIError) {
 	if rr.recorder != nil {
 		b, _ := json.Marshal(errorBody{Error: e})
-		rr.recorder.tunnelEvent(readStreamEvent(b))
+		rr.recorder(stream.ReadEvent(b))
 	}
 }
 

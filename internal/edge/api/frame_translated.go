@@ -1,19 +1,17 @@
 package api
 
 import (
-	"bytes"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 
+	"iop/internal/edge/api/bodycoding"
 	"iop/internal/edge/contract"
-	"iop/internal/jsonvalue"
 	"iop/internal/modelname"
+	"iop/internal/sse"
 	"iop/internal/translate"
 )
 
@@ -62,76 +60,6 @@ func WriteJSONAs(w http.ResponseWriter, status int, contentType string, v any) {
 	writeJSONAs(w, status, contentType, v)
 }
 
-// TranslatedChatNeeds checks a translated chat (translate.Request of
-// Operation Chat) as POST /v1/chat/completions checks an OpenAI client's
-// (the checks its canonical body could fail: the messages' roles, the
-// tools' shape) and returns its needs and estimated input tokens as that
-// route finds them in the canonical body, from what the translation
-// decoded (Roles, InputChars, Images, Tools, ReasoningEffort) instead of
-// decoding the body it generated. The client's tools are parsed here,
-// once (the translation passes them on unread). Errors are InvalidParam's
-// naming the field, as the route's.
-func TranslatedChatNeeds(tr *translate.Request) (needs []string, estimate int, err error) {
-	for i, role := range tr.Roles {
-		if !slices.Contains(messageRoles, role) {
-			return nil, 0, &requestError{param: fmt.Sprintf("messages[%d].role", i), message: fmt.Sprintf("must be one of %s, got %s",
-				strings.Join(messageRoles, ", "), strconv.Quote(Clip(role)))}
-		}
-	}
-	chars := tr.InputChars
-	if tr.Tools != nil {
-		tools, perr := jsonvalue.Parse(tr.Tools)
-		if perr != nil {
-			return nil, 0, &requestError{param: "tools", message: "expected an array of tools"}
-		}
-		if err := checkTools(elemsOf(tools), nil); err != nil {
-			return nil, 0, err
-		}
-		if len(elemsOf(tools)) > 0 {
-			needs = append(needs, NeedTools)
-		}
-		for _, def := range elemsOf(tools) {
-			// The canonical body has the tools as json.Marshal writes
-			// them: compact, and <, >, &, U+2028 and U+2029 escaped as
-			// \u003c and the like (5 characters more each).
-			chars += def.Compact + 5*(bytes.Count(def.Raw, []byte("<"))+bytes.Count(def.Raw, []byte(">"))+
-				bytes.Count(def.Raw, []byte("&"))+bytes.Count(def.Raw, []byte("\u2028"))+bytes.Count(def.Raw, []byte("\u2029")))
-		}
-	}
-	if tr.ReasoningEffort != "" && tr.ReasoningEffort != "none" {
-		needs = append(needs, NeedThinking)
-	}
-	if tr.Images {
-		needs = append(needs, NeedVision)
-	}
-	return needs, (chars + 3) / 4, nil
-}
-
-// CheckTranslatedEmbed checks a translated embeddings request as POST
-// /v1/embeddings checks its canonical body (what that body could fail:
-// the number of inputs, an empty one, the dimensions' range), from what
-// the translation decoded (Inputs, Dimensions) instead of decoding the
-// body it generated. Errors are InvalidParam's, as the route's.
-func CheckTranslatedEmbed(tr *translate.Request) error {
-	if len(tr.Inputs) > maxInputs {
-		return &requestError{param: "input", message: fmt.Sprintf("at most %d items are allowed, got %d", maxInputs, len(tr.Inputs))}
-	}
-	for i, in := range tr.Inputs {
-		if in == "" {
-			return &requestError{param: fmt.Sprintf("input[%d]", i), message: "must not be an empty string"}
-		}
-	}
-	if d := tr.Dimensions; d != nil && (*d < 1 || *d > maxDimensions) {
-		return &requestError{param: "dimensions", message: fmt.Sprintf("must be an integer between %d and %d, got %d", 1, maxDimensions, *d)}
-	}
-	return nil
-}
-
-// BodyParses is how many whole request bodies the frame's routes parsed
-// since the process started (a test hook, as translate.BodyDecodes, so a
-// client API's tests can tell that its routes parse no body twice).
-func BodyParses() int64 { return bodyParses.Load() }
-
 // StartStreamAs sends the status line and headers of a streamed answer of
 // Content-Type contentType (no caching, no proxy buffering), once.
 func (rr *Answer) StartStreamAs(contentType string) {
@@ -178,8 +106,8 @@ func readAllBody(r *http.Request) ([]byte, error) {
 		if encErr, ok := errors.AsType[*encodingError](err); ok {
 			return nil, encErr
 		}
-		if errors.Is(err, errBodyEncoding) {
-			return nil, &requestError{message: errBodyEncoding.Error()}
+		if errors.Is(err, bodycoding.ErrCorrupt) {
+			return nil, &requestError{message: bodycoding.ErrCorrupt.Error()}
 		}
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
@@ -195,14 +123,14 @@ func readAllBody(r *http.Request) ([]byte, error) {
 }
 
 // tunnelAnswer reads a tunnel-path run to its end. A 2xx event stream is
-// handed to onSSE as it arrives (sse is then true); with onSSE nil, or for
+// handed to onSSE as it arrives (stream is then true); with onSSE nil, or for
 // any other 2xx answer, the body is returned whole. Errors: an
 // *upstreamError with the provider's status and message for an error
 // status or a tunnel failure, one of status 502 for a body over
 // Config.MaxAnswerBytes, onSSE's error through streamError,
 // ErrUpstreamProtocol or errUpstreamEnded for a run that breaks the
 // tunnel's message order, and recv's errors.
-func (rr *Answer) tunnelAnswer(onSSE func(data []byte) error) (sse bool, body []byte, err error) {
+func (rr *Answer) tunnelAnswer(onSSE func(data []byte) error) (stream bool, body []byte, err error) {
 	status, retryAfter := 0, ""
 	var next tunnelQueue
 	for {
@@ -222,7 +150,7 @@ func (rr *Answer) tunnelAnswer(onSSE func(data []byte) error) (sse bool, body []
 			for name, value := range ev.Headers {
 				switch http.CanonicalHeaderKey(name) {
 				case "Content-Type":
-					sse = onSSE != nil && status < 300 && isEventStream(value)
+					stream = onSSE != nil && status < 300 && sse.IsEventStream(value)
 				case "Retry-After":
 					// The provider's, for the Ollama client as an OpenAI
 					// client gets it.
@@ -238,7 +166,7 @@ func (rr *Answer) tunnelAnswer(onSSE func(data []byte) error) (sse bool, body []
 				return false, nil, ErrUpstreamProtocol
 			}
 			data := ev.Data
-			if sse {
+			if stream {
 				if err := onSSE(data); err != nil {
 					return false, nil, streamError(err)
 				}
@@ -255,7 +183,7 @@ func (rr *Answer) tunnelAnswer(onSSE func(data []byte) error) (sse bool, body []
 			if status >= 300 {
 				return false, nil, &upstreamError{status: status, message: clipTo(translate.DecodeOpenAIError(body), maxErrorTextBytes), retryAfter: retryAfter}
 			}
-			return sse, body, nil
+			return stream, body, nil
 		case contract.EventFailure:
 			return false, nil, failureError(ev)
 		default:

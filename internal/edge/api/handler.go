@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"iop/internal/edge/api/bodycoding"
 	"iop/internal/edge/contract"
 )
 
@@ -238,7 +239,7 @@ type readCloser struct {
 // marks the answer Connection: close, as net/http does for a body over a
 // MaxBytesReader's limit.
 //
-// A body with a Content-Encoding (bodyCoding: gzip, deflate) is decoded as
+// A body with a Content-Encoding (bodycoding.Parse: gzip, deflate) is decoded as
 // it is read, and the limit counts the decoded bytes (a small compressed
 // body that decodes to more is 413, without decoding more than the limit)
 // as well as the bytes received; the header is then removed, so that
@@ -247,13 +248,13 @@ type readCloser struct {
 func newRequestBody(w http.ResponseWriter, r *http.Request, limit int64) *requestBody {
 	b := &requestBody{orig: r.Body, limit: limit, header: w.Header()}
 	src := r.Body
-	codings, err := bodyCoding(r.Header)
+	codings, unsupported := bodycoding.Parse(r.Header)
 	switch {
-	case err != nil:
-		b.encErr = err
+	case unsupported != "":
+		b.encErr = &encodingError{coding: unsupported}
 	case len(codings) > 0:
 		raw := http.MaxBytesReader(w, r.Body, limit)
-		src = readCloser{&decodedBody{raw: rawReader{raw}, codings: codings}, raw}
+		src = readCloser{bodycoding.NewReader(raw, codings), raw}
 		r.Header.Del("Content-Encoding")
 	}
 	b.capped = http.MaxBytesReader(w, src, limit)

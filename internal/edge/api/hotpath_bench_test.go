@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
@@ -38,7 +39,7 @@ func chatBody(messages, contentChars int, withTools bool) []byte {
 }
 
 // BenchmarkDecodeChatRequest measures the edge's parse and check of a chat
-// completion body (decodeChatRequest), per request.
+// completion body (request.DecodeChat), per request.
 func BenchmarkDecodeChatRequest(b *testing.B) {
 	for _, bc := range []struct {
 		name string
@@ -52,7 +53,7 @@ func BenchmarkDecodeChatRequest(b *testing.B) {
 			b.SetBytes(int64(len(bc.body)))
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := decodeChatRequest(bc.body); err != nil {
+				if _, err := request.DecodeChat(bc.body); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"iop/internal/auth"
+	"iop/internal/edge/api/stream"
 	"iop/internal/edge/contract"
 	"iop/internal/ledger"
 	"iop/internal/quota"
@@ -126,7 +127,7 @@ type observation struct {
 	// arrived; contentEvents counts the deltas or content-carrying events.
 	firstToken, lastToken time.Time
 	contentEvents         int
-	usage                 *usageScanner // tunnel path only (tunnelEvent, tunnelBody)
+	usage                 *stream.UsageScanner // tunnel path only (TunnelEvent, TunnelBody)
 	now                   func() time.Time
 	// decided is set once rec.Outcome was decided (decide).
 	decided bool
@@ -352,31 +353,31 @@ func (o *observation) tokens(in, out int) {
 	}
 }
 
-// tunnelEvent records one event of a relayed tunnel stream, as its one
-// reader (finalHold) read it: content arriving now, and its usage.
-func (o *observation) tunnelEvent(ev *streamEvent) {
+// TunnelEvent records one event of a relayed tunnel stream, as its one
+// reader (stream.FinalHold) read it: content arriving now, and its usage.
+func (o *observation) TunnelEvent(ev *stream.Event) {
 	if o == nil {
 		return
 	}
 	if o.usage == nil {
-		o.usage = &usageScanner{sse: true}
+		o.usage = &stream.UsageScanner{}
 	}
-	o.usage.event(ev)
-	if ev.content {
+	o.usage.Event(ev)
+	if ev.Content {
 		o.content(1)
 	}
 }
 
-// tunnelBody keeps the next bytes of a relayed tunnel answer that is not
-// an event stream, for its usage (usageScanner.end).
-func (o *observation) tunnelBody(p []byte) {
+// TunnelBody keeps the next bytes of a relayed tunnel answer that is not
+// an event stream, for its usage (stream.UsageScanner.End).
+func (o *observation) TunnelBody(p []byte) {
 	if o == nil {
 		return
 	}
 	if o.usage == nil {
-		o.usage = &usageScanner{}
+		o.usage = &stream.UsageScanner{}
 	}
-	o.usage.json(p)
+	o.usage.Body(p)
 }
 
 // admissionOf is the admission of a failed Dispatch (contract.AdmissionOf).
@@ -469,7 +470,7 @@ func (o *observation) record(status int) RequestRecord {
 		rec.SlotTime = max(0, end.Sub(o.slotFrom))
 	}
 	if o.usage != nil {
-		if in, out, ok := o.usage.end(); ok {
+		if in, out, ok := o.usage.End(); ok {
 			rec.InputTokens, rec.OutputTokens, rec.TokensKnown = in, out, true
 		}
 	}

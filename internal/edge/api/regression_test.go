@@ -16,6 +16,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 	"iop/internal/wire/nodev1"
 )
@@ -130,7 +131,7 @@ func TestRegression_MaxTokensBelowOneRejected(t *testing.T) {
 // "temperature": 1e400 was "expected a number, got a number"; "n": 1e0 and
 // "max_tokens": 1e20 were "expected an integer, got a number". An integer
 // written with an exponent or a fraction is rejected even when its value is
-// integral (decodeChatRequest says why), with a message that says so.
+// integral (request.DecodeChat says why), with a message that says so.
 func TestRegression_NumberMessagesArePrecise(t *testing.T) {
 	checkRejected(t, []badChat{
 		{"temperature 1e400", chatWith(`"temperature": 1e400`), "temperature", "temperature: number out of range, got 1e400"},
@@ -234,38 +235,10 @@ func TestRegression_LongModelNameClipped(t *testing.T) {
 	// Other client values quoted in a 400: a number literal, a part type.
 	checkRejected(t, []badChat{
 		{"1 MB max_tokens literal", chatWith(`"max_tokens": 1` + strings.Repeat("0", 1<<20)), "max_tokens",
-			", got 1" + strings.Repeat("0", maxQuotedBytes-len("…")-1) + "…"},
+			", got 1" + strings.Repeat("0", request.MaxQuotedBytes-len("…")-1) + "…"},
 		{"1 MB part type", `{"model":"m","messages":[{"role":"user","content":[{"type":"` + strings.Repeat("t", 1<<20) + `"}]}]}`,
-			"messages[0].content[0].type", `"` + strings.Repeat("t", maxQuotedBytes-len("…")) + `…" is not supported`},
+			"messages[0].content[0].type", `"` + strings.Repeat("t", request.MaxQuotedBytes-len("…")) + `…" is not supported`},
 	})
-}
-
-func TestClip(t *testing.T) {
-	const ell = "…"
-	tests := []struct {
-		name, in, want string
-	}{
-		{"empty", "", ""},
-		{"short", "llama3", "llama3"},
-		{"exactly the limit", strings.Repeat("a", 256), strings.Repeat("a", 256)},
-		{"one over", strings.Repeat("a", 257), strings.Repeat("a", 253) + ell},
-		{"2-byte runes", strings.Repeat("é", 200), strings.Repeat("é", 126) + ell},
-		{"3-byte runes", strings.Repeat("日", 100), strings.Repeat("日", 84) + ell},
-		{"4-byte rune at the cut", strings.Repeat("a", 251) + "😀😀", strings.Repeat("a", 251) + ell},
-		{"invalid UTF-8, short", "a\xffb", "a\uFFFDb"},
-		{"invalid UTF-8 grows past the limit", strings.Repeat("\xff", 100), strings.Repeat("\uFFFD", 84) + ell},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got := Clip(tt.in)
-			if got != tt.want {
-				t.Errorf("clip = %q (%d bytes), want %q", got, len(got), tt.want)
-			}
-			if len(got) > maxQuotedBytes || !utf8.ValidString(got) {
-				t.Errorf("clip = %d bytes, valid UTF-8 %v", len(got), utf8.ValidString(got))
-			}
-		})
-	}
 }
 
 // Values a provider rejects only after the request waited in a queue (the
@@ -501,7 +474,7 @@ func TestRegression_UnknownRoleRejected(t *testing.T) {
 		{"role a number", `{"model":"m","messages":[{"role":1,"content":"x"}]}`, "messages[0].role", "expected a string, got a number"},
 	})
 	bodies := map[string]string{}
-	for _, role := range messageRoles {
+	for _, role := range []string{"system", "user", "assistant", "tool", "developer", "function"} {
 		bodies[role] = `{"model":"m","messages":[{"role":"` + role + `","name":"f","tool_call_id":"c1","content":"x"}]}`
 	}
 	checkAccepted(t, bodies)

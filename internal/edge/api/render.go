@@ -2,11 +2,12 @@ package api
 
 import (
 	"errors"
-	"mime"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
+	"iop/internal/edge/api/stream"
 	"iop/internal/edge/contract"
 	"iop/internal/sse"
 )
@@ -32,12 +33,18 @@ var hopHeaders = map[string]bool{
 // (requestIDHeader): a provider's of the same name is not relayed.
 var ownHeaders = map[string]bool{"X-Request-Id": true, "Request-Id": true}
 
+// tunnelBytesRead counts the bytes of tunnel event streams fed to a
+// stream.FinalHold's reader, as the reader counted them
+// (stream.FinalHold.Fed): a test hook, so a test can tell that each
+// relayed chunk is parsed once.
+var tunnelBytesRead atomic.Int64
+
 // tunnel relays a tunnel-path run: the head event becomes the status and
 // headers (as received, minus hopHeaders; flushed at once for an event
 // stream, else with the first data), each data event is read once by
-// finalHold (which tells the observation of its content and usage) and
+// stream.FinalHold (which tells the observation of its content and usage) and
 // written and flushed at once, but for the bytes that end the answer,
-// which finalHold holds until the end event: the answer is finished (answerDone, in recv)
+// which the hold keeps until the end event: the answer is finished (answerDone, in recv)
 // before its last bytes are written. The end event ends the response (one
 // with ProviderError, an error event the provider sent inside its 2xx
 // stream and the client got as is, ends it the same way but the run counts
@@ -58,7 +65,11 @@ var ownHeaders = map[string]bool{"X-Request-Id": true, "Request-Id": true}
 // a broken answer (ErrUpstreamProtocol, errUpstreamEnded): the response is
 // aborted, never ended as if it were complete.
 func (rr *Answer) tunnel() string {
-	hold := finalHold{obs: rr.obs, runs: rr.recorder}
+	hold := stream.FinalHold{Record: rr.recorder}
+	if rr.obs != nil {
+		hold.Observer = rr.obs
+	}
+	defer func() { tunnelBytesRead.Add(hold.Fed()) }()
 	status := 0 // the head's
 	// declared is the Content-Length the client was told, -1 for none;
 	// fed counts the body's bytes so far.
@@ -69,7 +80,7 @@ func (rr *Answer) tunnel() string {
 		switch ev.Kind {
 		case contract.EventHead:
 			if rr.started {
-				return rr.tunnelFail(ErrUpstreamProtocol, hold.sse), true
+				return rr.tunnelFail(ErrUpstreamProtocol, hold.SSE), true
 			}
 			status = ev.Status
 			if status < 200 || status > 599 {
@@ -89,8 +100,8 @@ func (rr *Answer) tunnel() string {
 					header[name] = values[n-1 : n : n]
 				}
 			}
-			hold.sse = isEventStream(header.Get("Content-Type"))
-			if !hold.sse && bodyAllowed(status) {
+			hold.SSE = sse.IsEventStream(header.Get("Content-Type"))
+			if !hold.SSE && bodyAllowed(status) {
 				switch {
 				case ev.End:
 					declared = int64(len(ev.Data))
@@ -108,7 +119,7 @@ func (rr *Answer) tunnel() string {
 			// The head of a stream goes at once (with the bytes that came
 			// with it); any other answer's goes with its first data, one
 			// write fewer (BENCHMARKS.md).
-			if hold.sse {
+			if hold.SSE {
 				if err := rr.flushOrHold(); err != nil {
 					return rr.writeFailed(err), true
 				}
@@ -118,9 +129,9 @@ func (rr *Answer) tunnel() string {
 				return rr.fail(ErrUpstreamProtocol), true
 			}
 			if fed += int64(len(ev.Data)); declared >= 0 && fed > declared {
-				return rr.tunnelFail(ErrUpstreamProtocol, hold.sse), true // longer than it said
+				return rr.tunnelFail(ErrUpstreamProtocol, hold.SSE), true // longer than it said
 			}
-			if p := hold.split(ev.Data); len(p) > 0 {
+			if p := hold.Split(ev.Data); len(p) > 0 {
 				if err := rr.write(p); err != nil {
 					return rr.writeFailed(err), true
 				}
@@ -130,9 +141,9 @@ func (rr *Answer) tunnel() string {
 				return rr.fail(errUpstreamEnded), true
 			}
 			if declared >= 0 && fed != declared {
-				return rr.tunnelFail(errUpstreamEnded, hold.sse), true // shorter than it said
+				return rr.tunnelFail(errUpstreamEnded, hold.SSE), true // shorter than it said
 			}
-			if p := hold.rest(); len(p) > 0 {
+			if p := hold.Rest(); len(p) > 0 {
 				if err := rr.write(p); err != nil {
 					return rr.writeFailed(err), true
 				}
@@ -154,19 +165,19 @@ func (rr *Answer) tunnel() string {
 			}
 			return ReasonCompleted, true
 		case contract.EventFailure:
-			return rr.tunnelFail(failureError(ev), hold.sse), true
+			return rr.tunnelFail(failureError(ev), hold.SSE), true
 		default:
-			return rr.tunnelFail(ErrUpstreamProtocol, hold.sse), true
+			return rr.tunnelFail(ErrUpstreamProtocol, hold.SSE), true
 		}
 		return "", false
 	}
 	for {
 		msg, err := rr.recv()
 		if err != nil {
-			return rr.tunnelFail(err, hold.sse)
+			return rr.tunnelFail(err, hold.SSE)
 		}
 		if !msg.Tunnel {
-			return rr.tunnelFail(ErrUpstreamProtocol, hold.sse)
+			return rr.tunnelFail(ErrUpstreamProtocol, hold.SSE)
 		}
 		parts, n := contract.TunnelParts(msg)
 		rr.hold = n > 1 // one flush for the parts of one message
@@ -293,90 +304,13 @@ func (f writeFunc) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// isEventStream reports whether contentType's media type is
-// text/event-stream. A type that does not name event-stream anywhere (a
-// JSON answer's) is told without parsing it (mime.ParseMediaType
-// allocates its parameters' map), with the same result.
-func isEventStream(contentType string) bool {
-	if !containsFold(contentType, "event-stream") {
-		return false
-	}
-	mediaType, _, err := mime.ParseMediaType(contentType)
-	return err == nil && mediaType == "text/event-stream"
-}
-
-// containsFold reports whether s may contain substr (lower-case ASCII
-// letters and '-') under case folding, as mime.ParseMediaType lowers a
-// media type: each byte is compared with its 0x20 bit set, which maps an
-// upper-case letter to its lower case (and may match more, never less).
-func containsFold(s, substr string) bool {
-	for i := 0; i+len(substr) <= len(s); i++ {
-		j := 0
-		for j < len(substr) && s[i+j]|0x20 == substr[j] {
-			j++
-		}
-		if j == len(substr) {
-			return true
-		}
-	}
-	return false
-}
-
 // eventReader reads the run events of a normalized-path run.
 type eventReader struct {
 	*Answer
-	usage usage
+	usage stream.Usage
 	// stopSequence is the request's stop sequence that ended the answer,
 	// once the end event said one did.
 	stopSequence string
-}
-
-// usage is the OpenAI usage object, in tokens.
-type usage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-	TotalTokens      int `json:"total_tokens"`
-}
-
-// toolCall is one entry of a message's or a delta's "tool_calls" (OpenAI
-// API reference, chat completion object and chunk object). In a delta,
-// Index says which call a part belongs to; ID, Type and Function.Name come
-// with a call's first part only, and each part's Function.Arguments is
-// appended to the call's arguments.
-type toolCall struct {
-	Index    *int             `json:"index,omitempty"` // deltas only
-	ID       string           `json:"id,omitempty"`
-	Type     string           `json:"type,omitempty"` // "function"
-	Function toolCallFunction `json:"function"`
-}
-
-type toolCallFunction struct {
-	Name      string `json:"name,omitempty"`
-	Arguments string `json:"arguments"` // JSON text, or a piece of it
-}
-
-// chatChunk is one streamed event (object "chat.completion.chunk").
-type chatChunk struct {
-	ID      string        `json:"id"`
-	Object  string        `json:"object"`
-	Created int64         `json:"created"`
-	Model   string        `json:"model"`
-	Choices []chunkChoice `json:"choices"`
-	Usage   *usage        `json:"usage,omitempty"`
-}
-
-type chunkChoice struct {
-	Index        int        `json:"index"`
-	Delta        chunkDelta `json:"delta"`
-	Logprobs     *struct{}  `json:"logprobs"` // always null
-	FinishReason *string    `json:"finish_reason"`
-}
-
-type chunkDelta struct {
-	Role             string     `json:"role,omitempty"`
-	Content          *string    `json:"content,omitempty"`
-	ReasoningContent *string    `json:"reasoning_content,omitempty"`
-	ToolCalls        []toolCall `json:"tool_calls,omitempty"`
 }
 
 // next reads run events until one ends the run, calling onDelta for each

@@ -160,6 +160,10 @@ type httpProvider struct {
 	client    *http.Client
 	transport *http.Transport
 	redactor  *strings.Replacer // hides baseURL, its origin, its host, its password and apiKey
+	// needles are the host, the password and apiKey (those set): every
+	// secret the redactor hides contains one of them, so a string holding
+	// none is returned as it is, without the Replacer's copy.
+	needles []string
 }
 
 func newHTTPProvider(cfg Config) (*httpProvider, error) {
@@ -201,11 +205,14 @@ func newHTTPProvider(cfg Config) (*httpProvider, error) {
 	// argument order, so the full URL wins over its origin, the origin over
 	// the bare host.
 	secrets := []string{base, "[provider]", u.Scheme + "://" + u.Host, "[provider]", u.Host, "[provider]"}
+	needles := []string{u.Host}
 	if pw, ok := u.User.Password(); ok && pw != "" {
 		secrets = append(secrets, pw, "[redacted]")
+		needles = append(needles, pw)
 	}
 	if cfg.APIKey != "" {
 		secrets = append(secrets, cfg.APIKey, "[redacted]")
+		needles = append(needles, cfg.APIKey)
 	}
 	return &httpProvider{
 		baseURL: base,
@@ -218,6 +225,7 @@ func newHTTPProvider(cfg Config) (*httpProvider, error) {
 		},
 		transport: transport,
 		redactor:  strings.NewReplacer(secrets...),
+		needles:   needles,
 	}, nil
 }
 
@@ -227,7 +235,14 @@ func (p *httpProvider) Close() { p.transport.CloseIdleConnections() }
 // redact removes the provider's URL (in full, its scheme and host, its host
 // alone), any password in it, and its API key from s; "Bearer <key>" thus
 // becomes "Bearer [redacted]".
-func (p *httpProvider) redact(s string) string { return p.redactor.Replace(s) }
+func (p *httpProvider) redact(s string) string {
+	for _, n := range p.needles {
+		if strings.Contains(s, n) {
+			return p.redactor.Replace(s)
+		}
+	}
+	return s
+}
 
 // call is one provider request in flight.
 type call struct {

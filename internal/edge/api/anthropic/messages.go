@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 	"iop/internal/translate"
 )
@@ -127,8 +128,8 @@ func anthropicDispatch(r *http.Request, tr translate.AnthropicRequest) contract.
 	for _, n := range []struct {
 		on   bool
 		need string
-	}{{tr.Tools, api.NeedTools}, {tr.Vision, api.NeedVision},
-		{tr.RemoteImages, api.NeedRemoteImages}, {tr.Thinking, api.NeedThinking}} {
+	}{{tr.Tools, request.NeedTools}, {tr.Vision, request.NeedVision},
+		{tr.RemoteImages, request.NeedRemoteImages}, {tr.Thinking, request.NeedThinking}} {
 		if n.on {
 			req.Needs = append(req.Needs, n.need)
 		}

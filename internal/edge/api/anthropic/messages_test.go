@@ -13,6 +13,7 @@ import (
 	"iop/internal/auth"
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/apitest"
+	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 	"iop/internal/sse"
 	"iop/internal/wire/nodev1"
@@ -483,7 +484,7 @@ func TestMessagesDispatchedRequest(t *testing.T) {
 		t.Fatalf("%d requests", len(reqs))
 	}
 	req := reqs[0]
-	wantNeeds := []string{api.NeedTools, api.NeedVision, api.NeedRemoteImages, api.NeedThinking} // "any" is served everywhere
+	wantNeeds := []string{request.NeedTools, request.NeedVision, request.NeedRemoteImages, request.NeedThinking} // "any" is served everywhere
 	if req.Model != "m" || req.Operation != contract.OperationChat || !reflect.DeepEqual(req.Needs, wantNeeds) {
 		t.Errorf("request %+v", req)
 	}

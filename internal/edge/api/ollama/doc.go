@@ -23,9 +23,9 @@
 //     object.
 //   - /api/copy, /api/delete, /api/create, /api/push and /api/blobs/...
 //     are 403: the model servers behind the nodes manage their models.
-//   - The checks and needs of a translated body are the frame's
-//     (api.TranslatedChatNeeds, api.CheckTranslatedEmbed), as the OpenAI
-//     routes find them in the canonical body.
+//   - The checks and needs of a translated body are package request's
+//     (request.TranslatedChatNeeds, request.CheckTranslatedEmbed), as the
+//     OpenAI routes find them in the canonical body.
 //
 // # Concurrency
 //

@@ -3,6 +3,7 @@ package ollama
 import (
 	"fmt"
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/request"
 	"net/http"
 
 	"iop/internal/edge/contract"
@@ -35,14 +36,14 @@ func (s *server) embed(w http.ResponseWriter, r *http.Request, legacy bool) {
 		return
 	}
 	req.Operation = contract.OperationEmbeddings
-	req.Needs = []string{api.NeedEmbeddings}
+	req.Needs = []string{request.NeedEmbeddings}
 	e := &embedRender{s: s, legacy: legacy, model: tr.Model, timings: translate.Timings{Start: start}}
 	if tr.LoadOnly {
 		e.timings.Dispatched, e.timings.End = start, s.f.Now()
 		s.load(w, r, &req, e.answer(nil, 0))
 		return
 	}
-	if err := api.CheckTranslatedEmbed(&tr); err != nil {
+	if err := request.CheckTranslatedEmbed(&tr); err != nil {
 		s.writeError(w, r, err, &req)
 		return
 	}

@@ -12,6 +12,7 @@ import (
 	"iop/internal/clock"
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/apitest"
+	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 	"iop/internal/ledger"
 	"iop/internal/quota"
@@ -189,7 +190,7 @@ func TestThinkingOnlyStreamSendsAsItComes(t *testing.T) {
 }
 
 // TestThinkingNeeds: an Ollama request that asks the model to think
-// (think true or a level) needs a model that can (api.NeedThinking); one
+// (think true or a level) needs a model that can (request.NeedThinking); one
 // that does not ask, or asks for no thinking, needs nothing more.
 func TestThinkingNeeds(t *testing.T) {
 	user := `"messages":[{"role":"user","content":"hi"}]`
@@ -230,7 +231,7 @@ func TestOllamaRoutesDecodeBodyOnce(t *testing.T) {
 	} {
 		t.Run(c.path, func(t *testing.T) {
 			env := newEnv(t, api.Config{}, runWith(c.run))
-			decodes, parses := translate.BodyDecodes(), api.BodyParses()
+			decodes, parses := translate.BodyDecodes(), request.BodyParses()
 			resp, err := http.Post(env.srv.URL+c.path, "application/json", strings.NewReader(c.body))
 			if err != nil {
 				t.Fatal(err)
@@ -243,7 +244,7 @@ func TestOllamaRoutesDecodeBodyOnce(t *testing.T) {
 			if n := translate.BodyDecodes() - decodes; n != 1 {
 				t.Errorf("the client's body was decoded %d times, want 1", n)
 			}
-			if n := api.BodyParses() - parses; n != 0 {
+			if n := request.BodyParses() - parses; n != 0 {
 				t.Errorf("a generated body was parsed %d times, want 0", n)
 			}
 			if reqs := env.gw.Requests(); len(reqs) != 1 || reqs[0].EstimatedInputTokens == 0 {

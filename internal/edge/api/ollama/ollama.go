@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/request"
 	"math"
 	"net/http"
 	"slices"
@@ -155,7 +156,7 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	switch tr.Operation {
 	case translate.Chat:
-		needs, estimate, err := api.TranslatedChatNeeds(&tr)
+		needs, estimate, err := request.TranslatedChatNeeds(&tr)
 		if err != nil {
 			s.writeError(w, r, err, &req)
 			return
@@ -166,10 +167,10 @@ func (s *server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		req.EstimatedInputTokens = tr.EstimatedInputTokens
 	}
 	if tr.Logprobs {
-		req.Needs = append(req.Needs, api.NeedOllamaLogprobs)
+		req.Needs = append(req.Needs, request.NeedOllamaLogprobs)
 	}
-	if tr.Thinking && !slices.Contains(req.Needs, api.NeedThinking) {
-		req.Needs = append(req.Needs, api.NeedThinking)
+	if tr.Thinking && !slices.Contains(req.Needs, request.NeedThinking) {
+		req.Needs = append(req.Needs, request.NeedThinking)
 	}
 	if len(tr.Dropped) > 0 {
 		s.f.Logger().Debug("dropping Ollama fields no provider takes", "path", r.URL.Path, "fields", tr.Dropped)

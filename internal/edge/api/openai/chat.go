@@ -5,15 +5,17 @@ import (
 	"strings"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/request"
+	"iop/internal/edge/api/stream"
 	"iop/internal/edge/contract"
 )
 
 // chatCompletions serves POST /v1/chat/completions: the body is checked
-// (api.DecodeChat) and dispatched with Operation CHAT; a normalized run
+// (request.DecodeChat) and dispatched with Operation CHAT; a normalized run
 // is rendered as one chat.completion object, or with "stream": true as
 // chat.completion.chunk events (chatRender).
 func (s *server) chatCompletions(w http.ResponseWriter, r *http.Request) {
-	s.serve(w, r, "chat.completions", api.DecodeChat, func(a *api.Answer, info contract.DispatchInfo, b *api.Body, model string) string {
+	s.serve(w, r, "chat.completions", request.DecodeChat, func(a *api.Answer, info contract.DispatchInfo, b *request.Body, model string) string {
 		c := &chatRender{Answer: a, id: "chatcmpl-" + info.RunID, created: s.f.Now().Unix(), model: model, includeUsage: b.IncludeUsage}
 		if b.Request.Stream {
 			return c.stream()
@@ -56,7 +58,7 @@ type chatChoice struct {
 //
 // ReasoningContent is the model's reasoning (an Ollama provider's
 // message.thinking), sent as "reasoning_content" on the message and on
-// stream deltas (api.ChatChunks), as vLLM, DeepSeek and LiteLLM send it.
+// stream deltas (stream.ChatChunks), as vLLM, DeepSeek and LiteLLM send it.
 // It is the name the clients agents are built on read: @langchain/openai
 // reads reasoning_content only, the Vercel AI SDK's openai-compatible
 // provider reasoning_content and then reasoning, and so do most
@@ -137,7 +139,7 @@ func (c *chatRender) json() string {
 }
 
 // stream writes the answer as SSE chat.completion.chunk events
-// (api.ChatChunks; each message's chunks flushed at once, so a stream that
+// (stream.ChatChunks; each message's chunks flushed at once, so a stream that
 // is only reasoning so far sends it as it comes), a usage chunk when the
 // request asked for include_usage, and `data: [DONE]`. The status line is
 // sent with the first delta or the completion, so a run that fails before
@@ -145,7 +147,7 @@ func (c *chatRender) json() string {
 // ends with an error event and no [DONE]. It returns the rendering's
 // reason.
 func (c *chatRender) stream() string {
-	chunks := api.NewChatChunks(c.id, c.created, c.model, func(data []byte, _ string) error {
+	chunks := stream.NewChatChunks(c.id, c.created, c.model, func(data []byte, _ string) error {
 		c.StartStream()
 		if err := c.EventWriter().Event("", data); err != nil {
 			return api.WriteFailure(err)
@@ -167,7 +169,7 @@ func (c *chatRender) stream() string {
 
 // finishStream writes the final chunk, the usage chunk if asked for, and
 // [DONE], in one flush.
-func (c *chatRender) finishStream(chunks *api.ChatChunks, ev api.Events) (err error) {
+func (c *chatRender) finishStream(chunks *stream.ChatChunks, ev api.Events) (err error) {
 	c.Hold()
 	defer func() {
 		if rerr := c.Release(); err == nil {

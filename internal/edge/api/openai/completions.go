@@ -5,15 +5,16 @@ import (
 	"strings"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 )
 
 // completions serves POST /v1/completions (legacy text completions): the
-// body is checked (api.DecodeCompletion) and dispatched with Operation
+// body is checked (request.DecodeCompletion) and dispatched with Operation
 // COMPLETION; a normalized run is rendered as text_completion objects
 // (textRender).
 func (s *server) completions(w http.ResponseWriter, r *http.Request) {
-	s.serve(w, r, "completions", api.DecodeCompletion, func(a *api.Answer, info contract.DispatchInfo, b *api.Body, model string) string {
+	s.serve(w, r, "completions", request.DecodeCompletion, func(a *api.Answer, info contract.DispatchInfo, b *request.Body, model string) string {
 		t := &textRender{Answer: a, id: "cmpl-" + info.RunID, created: s.f.Now().Unix(), model: model, includeUsage: b.IncludeUsage}
 		if b.Request.Stream {
 			return t.stream()

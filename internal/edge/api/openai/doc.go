@@ -3,9 +3,10 @@
 // Routes registers them (api.Config.APIs). Their errors are the frame's
 // default shape, OpenAI's ({"error":{...}}, api.Classify).
 //
-// A request's body is decoded and checked by the frame (api.DecodeChat,
-// DecodeCompletion, DecodeEmbeddings: the runs API and the Ollama routes
-// check theirs with the same code) and dispatched with api.Frame.Serve.
+// A request's body is decoded and checked by package request
+// (request.DecodeChat, DecodeCompletion, DecodeEmbeddings: the runs API
+// and the Ollama routes check theirs with the same code) and dispatched
+// with api.Frame.Serve.
 // A tunnel-path run's answer is relayed byte for byte
 // (api.Answer.RelayTunnel); a normalized-path run is rendered here. GET
 // /v1/models and /v1/models/{model} stay in the frame: package anthropic
@@ -14,7 +15,7 @@
 // # Where things live
 //
 //	routes.go       Routes; serve: read, decode, dispatch, render by execution path
-//	chat.go         chatRender: one chat.completion, or chat.completion.chunk events (api.ChatChunks)
+//	chat.go         chatRender: one chat.completion, or chat.completion.chunk events (stream.ChatChunks)
 //	completions.go  textRender: one text_completion, or text_completion chunks
 //	embeddings.go   the embeddings list: vectors as numbers or base64
 //

@@ -7,17 +7,18 @@ import (
 	"net/http"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 )
 
 // embeddings serves POST /v1/embeddings: the body is checked
-// (api.DecodeEmbeddings) and dispatched with Operation EMBEDDINGS to a
+// (request.DecodeEmbeddings) and dispatched with Operation EMBEDDINGS to a
 // provider with capability "embeddings" (none: 400 naming it), and, for
 // token ids, to a tunnel-path one. A normalized run's vectors are
 // rendered as {"object":"list","data":[{"object":"embedding","index",
 // "embedding"}],"model","usage":{"prompt_tokens","total_tokens"}}.
 func (s *server) embeddings(w http.ResponseWriter, r *http.Request) {
-	s.serve(w, r, "embeddings", api.DecodeEmbeddings, func(a *api.Answer, _ contract.DispatchInfo, b *api.Body, model string) string {
+	s.serve(w, r, "embeddings", request.DecodeEmbeddings, func(a *api.Answer, _ contract.DispatchInfo, b *request.Body, model string) string {
 		return writeEmbeddings(a, b, model)
 	})
 }
@@ -39,7 +40,7 @@ type embeddingsUsage struct {
 // writeEmbeddings collects the vectors of every delta, in order, and
 // writes the list. A run that sends other than one vector per input
 // failed (502). It returns the rendering's reason.
-func writeEmbeddings(a *api.Answer, b *api.Body, model string) string {
+func writeEmbeddings(a *api.Answer, b *request.Body, model string) string {
 	vectors, prompt, err := a.ReadVectors(b.Inputs)
 	if err != nil {
 		return a.Fail(err)

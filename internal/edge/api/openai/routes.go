@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 )
 
@@ -36,8 +37,8 @@ type server struct{ f *api.Frame }
 // the request's record. Statuses: 415 a non-JSON Content-Type, 413 a body
 // over its limit, 408 a body not in in time, 400 a body decode refuses,
 // then whatever api.Classify maps a dispatch or upstream failure to.
-func (s *server) serve(w http.ResponseWriter, r *http.Request, operation string, decode func([]byte) (api.Body, error),
-	normalized func(a *api.Answer, info contract.DispatchInfo, b *api.Body, model string) string) {
+func (s *server) serve(w http.ResponseWriter, r *http.Request, operation string, decode func([]byte) (request.Body, error),
+	normalized func(a *api.Answer, info contract.DispatchInfo, b *request.Body, model string) string) {
 	api.Begin(r, operation)
 	body, err := s.f.ReadBody(r)
 	if err != nil {

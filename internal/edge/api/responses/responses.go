@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 	respstore "iop/internal/responses"
 	"iop/internal/runs"
@@ -623,7 +624,7 @@ func fieldError(err error) error {
 }
 
 // responsesNeeds lists what a Responses request needs of its provider,
-// as decodeChatRequest does for a chat request: tools, tool_choice,
+// as request.DecodeChat does for a chat request: tools, tool_choice,
 // vision, remote_images, thinking.
 func responsesNeeds(rq *translate.ResponsesRequest, chat translate.ResponsesChat) []string {
 	var needs []string
@@ -631,8 +632,8 @@ func responsesNeeds(rq *translate.ResponsesRequest, chat translate.ResponsesChat
 		need string
 		on   bool
 	}{
-		{api.NeedTools, rq.NeedsTools}, {api.NeedToolChoice, rq.NeedsToolChoice}, {api.NeedVision, chat.Vision},
-		{api.NeedRemoteImages, chat.RemoteImages}, {api.NeedThinking, rq.Thinks},
+		{request.NeedTools, rq.NeedsTools}, {request.NeedToolChoice, rq.NeedsToolChoice}, {request.NeedVision, chat.Vision},
+		{request.NeedRemoteImages, chat.RemoteImages}, {request.NeedThinking, rq.Thinks},
 	} {
 		if n.on {
 			needs = append(needs, n.need)

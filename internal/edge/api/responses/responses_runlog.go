@@ -2,6 +2,7 @@ package responses
 
 import (
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/stream"
 	"iop/internal/edge/contract"
 	"iop/internal/runs"
 	"iop/internal/sse"
@@ -17,14 +18,14 @@ import (
 // error event. Only the run's goroutine uses it.
 type responseRunLog struct {
 	run    *runs.Run
-	chunks *api.ChatChunks
+	chunks *stream.ChatChunks
 }
 
 // newResponseRunLog returns the log of run, whose chunks carry id, created
 // (Unix seconds) and model.
 func newResponseRunLog(run *runs.Run, id string, created int64, model string) *responseRunLog {
 	l := &responseRunLog{run: run}
-	l.chunks = api.NewChatChunks(id, created, model, func(data []byte, text string) error {
+	l.chunks = stream.NewChatChunks(id, created, model, func(data []byte, text string) error {
 		l.run.Append(sse.AppendEvent(nil, "", data), text)
 		return nil
 	})

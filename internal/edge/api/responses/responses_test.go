@@ -13,6 +13,7 @@ import (
 	"iop/internal/auth"
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/apitest"
+	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 	"iop/internal/responses"
 	"iop/internal/runs"
@@ -157,7 +158,7 @@ func TestResponses_StreamNormalized(t *testing.T) {
 	// The dispatched request is the canonical chat body with the tool in
 	// the chat shape, and it needs tools.
 	reqs := env.GW.Requests()
-	if len(reqs) != 1 || !slices.Contains(reqs[0].Needs, api.NeedTools) {
+	if len(reqs) != 1 || !slices.Contains(reqs[0].Needs, request.NeedTools) {
 		t.Fatalf("requests %+v", reqs)
 	}
 	var body struct {

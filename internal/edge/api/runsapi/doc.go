@@ -22,7 +22,7 @@
 //     "runs", named by its submission's request id; its outcome is the
 //     run record's, and the run is complete exactly when it completed.
 //   - The run's events are what a chat client reads: the normalized path
-//     rendered by the frame's chunk renderer (api.ChatChunks), the tunnel
+//     rendered by the frame's chunk renderer (stream.ChatChunks), the tunnel
 //     path the events the frame's relay releases (Answer.RelayRecorded);
 //     a stream that fails ends with one error event, never [DONE].
 //   - A refusal by the gateway (nothing dispatched) is answered to a

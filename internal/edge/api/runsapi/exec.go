@@ -5,10 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"mime"
 	"net/http"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/stream"
 	"iop/internal/edge/contract"
 	"iop/internal/runs"
 	"iop/internal/sse"
@@ -60,7 +60,7 @@ func (s *server) execute(ctx context.Context, run *runs.Run, t runTarget, refuse
 			dispatched = true
 			rc.dispatched(info)
 			reason := a.RelayRecorded(rc.tunnelEvent)
-			rc.sse = isEventStream(a.ResponseWriter().Header().Get("Content-Type"))
+			rc.sse = sse.IsEventStream(a.ResponseWriter().Header().Get("Content-Type"))
 			return reason
 		},
 		Normalized: func(a *api.Answer, info contract.DispatchInfo) string {
@@ -107,14 +107,14 @@ func (rc *runRecorder) append(payload []byte, text string) {
 
 // normalized records a normalized-path run as the chat route streams it
 // (with include_usage), through the frame's chunk renderer
-// (api.ChatChunks): a first chunk with the assistant role, one chunk per
+// (stream.ChatChunks): a first chunk with the assistant role, one chunk per
 // delta's reasoning, text and tool-call parts, a final chunk with the
 // finish reason, a usage chunk and `data: [DONE]`; a run that fails
 // before its first delta gets an error answer, a later failure one error
 // event. id, created and model are the chunks' (model: the name the run
 // asked for). It returns the recording's reason.
 func (rc *runRecorder) normalized(a *api.Answer, id string, created int64, model string) string {
-	chunks := api.NewChatChunks(id, created, model, func(data []byte, text string) error {
+	chunks := stream.NewChatChunks(id, created, model, func(data []byte, text string) error {
 		a.StartStream()
 		rc.sse = true
 		rc.append(data, text)
@@ -143,7 +143,7 @@ func (rc *runRecorder) failed(a *api.Answer, err error) string {
 	a.LogStarted(e, err)
 	a.ErrorCode(e.Code)
 	b, _ := json.Marshal(errorBody{Error: e})
-	rc.tunnelEvent(api.StreamEvent{Data: b})
+	rc.tunnelEvent(stream.Event{Data: b})
 	return api.ReasonUpstreamError
 }
 
@@ -157,7 +157,7 @@ type errorBody struct {
 // OpenAI chat.completion.chunk, an error object or [DONE]: its choice 0's
 // delta.content is output text, its finish_reason and error are kept,
 // and its usage, as the stream's reader read it.
-func (rc *runRecorder) tunnelEvent(ev api.StreamEvent) {
+func (rc *runRecorder) tunnelEvent(ev stream.Event) {
 	payload, text := ev.Data, ""
 	if !ev.Done {
 		var chunk struct {
@@ -200,13 +200,6 @@ func errorMessage(raw json.RawMessage) string {
 		return e.Message
 	}
 	return api.Clip(string(raw))
-}
-
-// isEventStream reports whether contentType's media type is
-// text/event-stream.
-func isEventStream(contentType string) bool {
-	mediaType, _, err := mime.ParseMediaType(contentType)
-	return err == nil && mediaType == "text/event-stream"
 }
 
 // outcome is how the recorded answer ended, from d, how its request

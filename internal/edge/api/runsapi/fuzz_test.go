@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/request"
 )
 
 // FuzzDecodeRunSubmission: a POST /v1/runs body never panics the decoder;
@@ -46,7 +47,7 @@ func FuzzDecodeRunSubmission(f *testing.F) {
 		if string(top["stream"]) != "true" || string(top["stream_options"]) != `{"include_usage":true}` {
 			t.Fatalf("%q: chat body %s does not stream with usage", body, sub.chat.Body)
 		}
-		chat, err := api.DecodeChat(sub.chat.Body)
+		chat, err := request.DecodeChat(sub.chat.Body)
 		if err != nil || chat.Request.Model != sub.chat.Model || !chat.Request.Stream || !chat.IncludeUsage {
 			t.Fatalf("%q: chat body %s decodes as %+v, %v", body, sub.chat.Body, chat, err)
 		}

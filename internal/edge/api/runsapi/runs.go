@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"iop/internal/edge/api"
+	"iop/internal/edge/api/request"
 	"iop/internal/edge/contract"
 	"iop/internal/runs"
 	"iop/internal/sse"
@@ -91,24 +92,24 @@ type runSubmission struct {
 }
 
 // decodeRunSubmission checks a POST /v1/runs body and derives the chat
-// completion request it runs. Errors are api.InvalidParam errors (400) naming the
-// field.
+// completion request it runs. Errors are 400s naming the field
+// (api.InvalidParam, *request.FieldError).
 func decodeRunSubmission(body []byte) (runSubmission, error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil || top == nil {
 		// The chat route's decoding words every way a body fails to be an
 		// object.
-		_, derr := api.DecodeChat(body)
+		_, derr := request.DecodeChat(body)
 		if derr == nil {
 			derr = api.InvalidParam("", "the request body must be a JSON object")
 		}
 		return runSubmission{}, derr
 	}
 	var s runSubmission
-	if err := api.DecodeValue(top["background"], "background", wantBool, &s.background); err != nil {
+	if err := request.DecodeValue(top["background"], "background", request.WantBool, &s.background); err != nil {
 		return runSubmission{}, err
 	}
-	if err := api.DecodeValue(top["session_id"], "session_id", wantString, &s.sessionID); err != nil {
+	if err := request.DecodeValue(top["session_id"], "session_id", request.WantString, &s.sessionID); err != nil {
 		return runSubmission{}, err
 	}
 	if len(s.sessionID) > maxSessionIDBytes || strings.ContainsAny(s.sessionID, "\r\n") {
@@ -122,7 +123,7 @@ func decodeRunSubmission(body []byte) (runSubmission, error) {
 			return runSubmission{}, api.InvalidParam("prompt", "give either prompt or messages, not both")
 		}
 		var text string
-		if err := api.DecodeValue(prompt, "prompt", wantString, &text); err != nil {
+		if err := request.DecodeValue(prompt, "prompt", request.WantString, &text); err != nil {
 			return runSubmission{}, err
 		}
 		msgs, _ := json.Marshal([]map[string]string{{"role": "user", "content": text}})
@@ -137,7 +138,7 @@ func decodeRunSubmission(body []byte) (runSubmission, error) {
 	if err != nil {
 		return runSubmission{}, api.InvalidParam("", "the request body cannot be re-encoded: "+err.Error())
 	}
-	chat, err := api.DecodeChat(chatBody)
+	chat, err := request.DecodeChat(chatBody)
 	if err != nil {
 		return runSubmission{}, err
 	}
@@ -151,19 +152,12 @@ func isAbsent(raw json.RawMessage) bool {
 	return len(raw) == 0 || raw[0] == 'n'
 }
 
-// The JSON types a submission's fields must have, for messages.
-const (
-	wantString = "a string"
-	wantBool   = "a boolean"
-	wantObject = "an object"
-)
-
 func decodeMetadata(raw json.RawMessage, dst *map[string]string) error {
 	if isAbsent(raw) {
 		return nil
 	}
 	var obj map[string]json.RawMessage
-	if err := api.DecodeValue(raw, "metadata", wantObject, &obj); err != nil {
+	if err := request.DecodeValue(raw, "metadata", request.WantObject, &obj); err != nil {
 		return err
 	}
 	if len(obj) > maxMetadataKeys {
@@ -176,7 +170,7 @@ func decodeMetadata(raw json.RawMessage, dst *map[string]string) error {
 			return api.InvalidParam(param, fmt.Sprintf("keys must be 1-%d bytes", maxMetadataKey))
 		}
 		var s string
-		if err := api.DecodeValue(v, param, wantString, &s); err != nil {
+		if err := request.DecodeValue(v, param, request.WantString, &s); err != nil {
 			return err
 		}
 		if len(s) > maxMetadataValue {

@@ -13,6 +13,7 @@ import (
 	"iop/internal/edge/api"
 	"iop/internal/edge/api/apitest"
 	"iop/internal/edge/contract"
+	"iop/internal/sse"
 	"iop/internal/wire/nodev1"
 )
 
@@ -81,7 +82,7 @@ func TestRegression_RunRecordsTunnelEventsWhole(t *testing.T) {
 	}
 	replay, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !isEventStream(resp.Header.Get("Content-Type")) {
+	if resp.StatusCode != http.StatusOK || !sse.IsEventStream(resp.Header.Get("Content-Type")) {
 		t.Fatalf("GET events: %d %q %s", resp.StatusCode, resp.Header.Get("Content-Type"), replay)
 	}
 	got := eventData(t, replay)

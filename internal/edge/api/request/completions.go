@@ -1,4 +1,4 @@
-package api
+package request
 
 import (
 	"iop/internal/jsonvalue"
@@ -30,7 +30,7 @@ type completionRequest struct {
 //	model                    a non-empty string, required
 //	prompt                   required: a string, an array of strings, an array
 //	                         of token ids or an array of token id arrays
-//	                         (decodeTextInput)
+//	                         (textInputOf)
 //	stream, echo             booleans
 //	stream_options           an object; include_usage a boolean
 //	suffix, user             strings
@@ -50,7 +50,7 @@ type completionRequest struct {
 // 400 when no provider of the model is one. Whether a provider can honour echo, suffix
 // and logprobs is the provider's to say: the tunnel path passes them on;
 // the normalized path (Ollama) answers 400 naming the field it cannot
-// honour (echo, logprobs). Errors are *requestError naming the field.
+// honour (echo, logprobs). Errors are *FieldError naming the field.
 func decodeCompletionRequest(body []byte) (completionRequest, error) {
 	top, err := parseBody(body)
 	if err != nil {
@@ -72,11 +72,11 @@ func decodeCompletionRequest(body []byte) (completionRequest, error) {
 	if req.IncludeUsage, err = includeUsageOf(top); err != nil {
 		return completionRequest{}, err
 	}
-	if err := checkType(top.Get("echo"), "echo", wantBool); err != nil {
+	if err := checkType(top.Get("echo"), "echo", WantBool); err != nil {
 		return completionRequest{}, err
 	}
 	for _, name := range []string{"suffix", "user"} {
-		if err := checkType(top.Get(name), name, wantString); err != nil {
+		if err := checkType(top.Get(name), name, WantString); err != nil {
 			return completionRequest{}, err
 		}
 	}
@@ -119,7 +119,7 @@ func modelOf(top *jsonvalue.Value) (string, error) {
 		return "", err
 	}
 	if strings.TrimSpace(model) == "" {
-		return "", &requestError{param: "model", message: "you must provide a model parameter"}
+		return "", &FieldError{Field: "model", Message: "you must provide a model parameter"}
 	}
 	return model, nil
 }
@@ -127,7 +127,7 @@ func modelOf(top *jsonvalue.Value) (string, error) {
 // includeUsageOf reads "stream_options.include_usage".
 func includeUsageOf(top *jsonvalue.Value) (bool, error) {
 	opts := top.Get("stream_options")
-	if err := checkType(opts, "stream_options", wantObject); err != nil {
+	if err := checkType(opts, "stream_options", WantObject); err != nil {
 		return false, err
 	}
 	return boolOf(opts.Get("include_usage"), "stream_options.include_usage")

@@ -1,68 +1,14 @@
-package api
+package request
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"math"
-	"mime"
 	"slices"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"iop/internal/jsonvalue"
 	"iop/internal/translate"
-)
-
-// Capabilities a request can need of its provider (contract.Request.Needs).
-const (
-	NeedTools  = "tools"
-	NeedVision = "vision"
-	// NeedChoices is a request for more than one choice ("n", or a
-	// completion's "best_of", above 1). No provider declares it: the edge
-	// finds it in tunnel-path (OpenAI-compatible) providers only, as Ollama
-	// and command-line providers answer one choice per request.
-	NeedChoices = "choices"
-	// NeedToolChoice is a request whose tool use only an OpenAI-compatible
-	// provider can keep to: parallel_tool_calls false without a forced
-	// call (an Ollama provider serves a forced call, as one call, through
-	// a format). Like NeedChoices, no provider declares it: tunnel-path
-	// providers have it (the request reaches them as sent).
-	NeedToolChoice = "tool_choice"
-	// NeedRemoteImages is a request with an image given by an http(s)
-	// URL: only a provider that fetches it itself (an OpenAI-compatible
-	// one, on the tunnel path) can take it; iop fetches nothing for
-	// Ollama providers.
-	NeedRemoteImages = "remote_images"
-	// NeedThinking is a request that asks the model to think: Ollama's
-	// "think" true or a level, OpenAI's reasoning_effort (or
-	// reasoning.effort) other than "none", or reasoning.enabled true. A
-	// served model whose server said its capabilities (Ollama's /api/show)
-	// has it only when they list "thinking": Ollama refuses think for any
-	// other ("does not support thinking"), so such a request goes to a
-	// provider whose model thinks.
-	NeedThinking = "thinking"
-	// NeedPromptBatch is a completions request with more than one prompt
-	// (an array of strings or of token arrays): one request, several
-	// answers. Ollama's /api/generate (and its own /v1/completions) takes
-	// one prompt string, so like NeedChoices only tunnel-path providers
-	// have it.
-	NeedPromptBatch = "prompt_batch"
-	// NeedTokenInput is a completions prompt or an embeddings input given
-	// as token ids: Ollama takes text only (/api/generate a string,
-	// /api/embed a string or strings), so only tunnel-path providers have
-	// it.
-	NeedTokenInput = "token_input"
-	// NeedLogprobs is a request for log probabilities (chat's logprobs true
-	// or top_logprobs, a completion's logprobs): the translation to
-	// Ollama's API returns none, so only tunnel-path providers have it.
-	NeedLogprobs = "logprobs"
-	// NeedOllamaLogprobs is an Ollama client's request for log
-	// probabilities (/api/chat's or /api/generate's logprobs true or
-	// top_logprobs above 0): only a provider that speaks Ollama's API
-	// returns them (the node relays them as they come).
-	NeedOllamaLogprobs = "ollama_logprobs"
 )
 
 // maxStopSequences is how many "stop" strings a request may give (OpenAI's
@@ -103,16 +49,6 @@ type chatRequest struct {
 	// ollama is the body's translate.ExtensionKey member.
 	ollama ollamaMember
 }
-
-// jsonTypes names the JSON type each checked field must have, for messages.
-const (
-	wantString  = "a string"
-	wantBool    = "a boolean"
-	wantInteger = "an integer"
-	wantNumber  = "a number"
-	wantArray   = "an array"
-	wantObject  = "an object"
-)
 
 // decodeChatRequest reads the fields the API needs from an OpenAI chat
 // completion request body (OpenAI API reference, "Create chat completion")
@@ -165,7 +101,7 @@ const (
 // (Ollama's OpenAI layer, for one) reject such a literal; accepting it here
 // would bring back the after-queue 400 this check exists to prevent.
 //
-// Every error is a *requestError whose param names the field in the form
+// Every error is a *FieldError whose param names the field in the form
 // "messages[2].content[0].type" ("" when the body as a whole is not a JSON
 // object). A client value quoted in its message is clipped (clip).
 func decodeChatRequest(body []byte) (chatRequest, error) {
@@ -184,7 +120,7 @@ func chatRequestOf(top *jsonvalue.Value) (chatRequest, error) {
 		return chatRequest{}, err
 	}
 	if strings.TrimSpace(req.Model) == "" {
-		return chatRequest{}, &requestError{param: "model", message: "you must provide a model parameter"}
+		return chatRequest{}, &FieldError{Field: "model", Message: "you must provide a model parameter"}
 	}
 
 	chars, images, err := messagesOf(top.Get("messages"))
@@ -229,7 +165,7 @@ func chatRequestOf(top *jsonvalue.Value) (chatRequest, error) {
 			return chatRequest{}, err
 		}
 	}
-	if err := checkType(top.Get("user"), "user", wantString); err != nil {
+	if err := checkType(top.Get("user"), "user", WantString); err != nil {
 		return chatRequest{}, err
 	}
 	if err := checkStop(top.Get("stop")); err != nil {
@@ -240,10 +176,10 @@ func chatRequestOf(top *jsonvalue.Value) (chatRequest, error) {
 	}
 
 	tools, functions := top.Get("tools"), top.Get("functions")
-	if err := checkType(tools, "tools", wantArray); err != nil {
+	if err := checkType(tools, "tools", WantArray); err != nil {
 		return chatRequest{}, err
 	}
-	if err := checkType(functions, "functions", wantArray); err != nil {
+	if err := checkType(functions, "functions", WantArray); err != nil {
 		return chatRequest{}, err
 	}
 	if err := checkTools(elemsOf(tools), elemsOf(functions)); err != nil {
@@ -290,51 +226,37 @@ func chatRequestOf(top *jsonvalue.Value) (chatRequest, error) {
 // any given by an http(s) URL (remote).
 type imageUse struct{ vision, remote bool }
 
-// decodeMessages checks the "messages" array and returns the number of
-// characters of its text and tool calls and what images its content
-// parts carry (messagesOf, for a value not parsed yet).
-func decodeMessages(raw json.RawMessage) (chars int, images imageUse, err error) {
-	if isAbsent(raw) {
-		return messagesOf(nil)
-	}
-	v, perr := jsonvalue.Parse(raw)
-	if perr != nil {
-		return 0, imageUse{}, &requestError{param: "messages", message: "expected an array, got " + jsonKind(raw)}
-	}
-	return messagesOf(v)
-}
-
 // messagesOf checks the "messages" array and returns the number of
 // characters of its text and tool calls and what images its content
 // parts carry.
 func messagesOf(v *jsonvalue.Value) (chars int, images imageUse, err error) {
 	if v.Absent() {
-		return 0, imageUse{}, &requestError{param: "messages", message: "you must provide a messages parameter"}
+		return 0, imageUse{}, &FieldError{Field: "messages", Message: "you must provide a messages parameter"}
 	}
-	if err := checkType(v, "messages", wantArray); err != nil {
+	if err := checkType(v, "messages", WantArray); err != nil {
 		return 0, imageUse{}, err
 	}
 	if len(v.Elems) == 0 {
-		return 0, imageUse{}, &requestError{param: "messages", message: "messages must contain at least one message"}
+		return 0, imageUse{}, &FieldError{Field: "messages", Message: "messages must contain at least one message"}
 	}
 	for i := range v.Elems {
 		msg := &v.Elems[i]
 		param := fmt.Sprintf("messages[%d]", i)
 		if msg.Kind() != '{' {
-			return 0, imageUse{}, &requestError{param: param, message: "expected an object, got " + msg.TypeName()}
+			return 0, imageUse{}, &FieldError{Field: param, Message: "expected an object, got " + msg.TypeName()}
 		}
 		role, err := stringOf(msg.Get("role"), param+".role")
 		if err != nil {
 			return 0, imageUse{}, err
 		}
 		if role == "" {
-			return 0, imageUse{}, &requestError{param: param + ".role", message: "each message must have a role"}
+			return 0, imageUse{}, &FieldError{Field: param + ".role", Message: "each message must have a role"}
 		}
 		if !slices.Contains(messageRoles, role) {
-			return 0, imageUse{}, &requestError{param: param + ".role", message: fmt.Sprintf("must be one of %s, got %s",
+			return 0, imageUse{}, &FieldError{Field: param + ".role", Message: fmt.Sprintf("must be one of %s, got %s",
 				strings.Join(messageRoles, ", "), strconv.Quote(Clip(role)))}
 		}
-		if err := checkType(msg.Get("name"), param+".name", wantString); err != nil {
+		if err := checkType(msg.Get("name"), param+".name", WantString); err != nil {
 			return 0, imageUse{}, err
 		}
 		n, err := toolCallsOf(msg.Get("tool_calls"), param+".tool_calls")
@@ -368,7 +290,7 @@ func contentOf(v *jsonvalue.Value, param string) (chars int, images imageUse, er
 			part := &v.Elems[j]
 			partParam := fmt.Sprintf("%s[%d]", param, j)
 			if part.Kind() != '{' {
-				return 0, imageUse{}, &requestError{param: partParam, message: "expected an object, got " + part.TypeName()}
+				return 0, imageUse{}, &FieldError{Field: partParam, Message: "expected an object, got " + part.TypeName()}
 			}
 			typ, err := stringOf(part.Get("type"), partParam+".type")
 			if err != nil {
@@ -376,10 +298,10 @@ func contentOf(v *jsonvalue.Value, param string) (chars int, images imageUse, er
 			}
 			switch typ {
 			case "":
-				return 0, imageUse{}, &requestError{param: partParam + ".type", message: "each content part must have a type"}
+				return 0, imageUse{}, &FieldError{Field: partParam + ".type", Message: "each content part must have a type"}
 			case "text":
 				text := part.Get("text")
-				if err := checkType(text, partParam+".text", wantString); err != nil {
+				if err := checkType(text, partParam+".text", WantString); err != nil {
 					return 0, imageUse{}, err
 				}
 				if !text.Absent() {
@@ -389,14 +311,14 @@ func contentOf(v *jsonvalue.Value, param string) (chars int, images imageUse, er
 				images.vision = true
 				images.remote = images.remote || translate.IsRemoteImageURL(imageURLOf(part.Get("image_url")))
 			default:
-				return 0, imageUse{}, &requestError{param: partParam + ".type",
-					message: fmt.Sprintf("content part type %s is not supported; use %s",
+				return 0, imageUse{}, &FieldError{Field: partParam + ".type",
+					Message: fmt.Sprintf("content part type %s is not supported; use %s",
 						strconv.Quote(Clip(typ)), strings.Join(contentPartTypes, " or "))}
 			}
 		}
 		return chars, images, nil
 	default:
-		return 0, imageUse{}, &requestError{param: param, message: "expected a string or an array of content parts, got " + v.TypeName()}
+		return 0, imageUse{}, &FieldError{Field: param, Message: "expected a string or an array of content parts, got " + v.TypeName()}
 	}
 }
 
@@ -421,31 +343,6 @@ func imageURLOf(v *jsonvalue.Value) string {
 	return ""
 }
 
-// decodeTools checks the shape of a chat request's "tools" and legacy
-// "functions" (checkTools, for values not parsed yet).
-func decodeTools(tools, functions []json.RawMessage) error {
-	parse := func(raws []json.RawMessage) ([]jsonvalue.Value, error) {
-		vs := make([]jsonvalue.Value, len(raws))
-		for i, raw := range raws {
-			v, err := jsonvalue.Parse(raw)
-			if err != nil {
-				return nil, &requestError{message: "the request body is not valid JSON"}
-			}
-			vs[i] = *v
-		}
-		return vs, nil
-	}
-	t, err := parse(tools)
-	if err != nil {
-		return err
-	}
-	f, err := parse(functions)
-	if err != nil {
-		return err
-	}
-	return checkTools(t, f)
-}
-
 // checkTools checks the shape of a chat request's "tools" and legacy
 // "functions" (OpenAI API reference, chat completions "tools"): each tool
 // an object of type "function" with a "function" object, or of type
@@ -455,32 +352,32 @@ func decodeTools(tools, functions []json.RawMessage) error {
 // the others 400, and so does iop: a malformed tool would reach a
 // provider that drops it or fails. A name's characters are
 // left to the provider (OpenAI allows [a-zA-Z0-9_-], Ollama any). Errors
-// are *requestError naming the field, e.g. "tools[0].function.name".
+// are *FieldError naming the field, e.g. "tools[0].function.name".
 func checkTools(tools, functions []jsonvalue.Value) error {
 	checkFunction := func(fn *jsonvalue.Value, param string) error {
 		if fn.Kind() != '{' {
-			return &requestError{param: param, message: "expected an object, got " + fn.TypeName()}
+			return &FieldError{Field: param, Message: "expected an object, got " + fn.TypeName()}
 		}
 		name, err := stringOf(fn.Get("name"), param+".name")
 		if err != nil {
 			return err
 		}
 		if name == "" {
-			return &requestError{param: param + ".name", message: "a function must have a name"}
+			return &FieldError{Field: param + ".name", Message: "a function must have a name"}
 		}
-		if err := checkType(fn.Get("description"), param+".description", wantString); err != nil {
+		if err := checkType(fn.Get("description"), param+".description", WantString); err != nil {
 			return err
 		}
-		if err := checkType(fn.Get("parameters"), param+".parameters", wantObject); err != nil {
+		if err := checkType(fn.Get("parameters"), param+".parameters", WantObject); err != nil {
 			return err
 		}
-		return checkType(fn.Get("strict"), param+".strict", wantBool)
+		return checkType(fn.Get("strict"), param+".strict", WantBool)
 	}
 	for i := range tools {
 		tool := &tools[i]
 		param := fmt.Sprintf("tools[%d]", i)
 		if tool.Kind() != '{' {
-			return &requestError{param: param, message: "expected an object, got " + tool.TypeName()}
+			return &FieldError{Field: param, Message: "expected an object, got " + tool.TypeName()}
 		}
 		typ, err := stringOf(tool.Get("type"), param+".type")
 		if err != nil {
@@ -489,15 +386,15 @@ func checkTools(tools, functions []jsonvalue.Value) error {
 		switch typ {
 		case "function", "custom":
 			if tool.Get(typ).Absent() {
-				return &requestError{param: param + "." + typ, message: fmt.Sprintf("a tool of type %q must have a %q object", typ, typ)}
+				return &FieldError{Field: param + "." + typ, Message: fmt.Sprintf("a tool of type %q must have a %q object", typ, typ)}
 			}
 			if err := checkFunction(tool.Get(typ), param+"."+typ); err != nil {
 				return err
 			}
 		case "":
-			return &requestError{param: param + ".type", message: `each tool must have a type: "function"`}
+			return &FieldError{Field: param + ".type", Message: `each tool must have a type: "function"`}
 		default:
-			return &requestError{param: param + ".type", message: fmt.Sprintf(`must be "function" or "custom", got %s`, strconv.Quote(Clip(typ)))}
+			return &FieldError{Field: param + ".type", Message: fmt.Sprintf(`must be "function" or "custom", got %s`, strconv.Quote(Clip(typ)))}
 		}
 	}
 	for i := range functions {
@@ -516,7 +413,7 @@ func checkTools(tools, functions []jsonvalue.Value) error {
 // of mode "required"), whose answer from an Ollama provider is one call.
 func toolChoiceOf(top *jsonvalue.Value, tools []jsonvalue.Value) (constrained bool, err error) {
 	parallel := top.Get("parallel_tool_calls")
-	if err := checkType(parallel, "parallel_tool_calls", wantBool); err != nil {
+	if err := checkType(parallel, "parallel_tool_calls", WantBool); err != nil {
 		return false, err
 	}
 	forced, err := forcedChoiceOf(top, tools)
@@ -538,15 +435,15 @@ func forcedChoiceOf(top *jsonvalue.Value, tools []jsonvalue.Value) (forced bool,
 			return false, nil
 		case "required":
 			if len(tools) == 0 {
-				return false, &requestError{param: "tool_choice", message: `"required" needs tools; the request has none`}
+				return false, &FieldError{Field: "tool_choice", Message: `"required" needs tools; the request has none`}
 			}
 			return true, nil
 		default:
-			return false, &requestError{param: "tool_choice", message: fmt.Sprintf("must be %s, got %s", choices, strconv.Quote(Clip(mode)))}
+			return false, &FieldError{Field: "tool_choice", Message: fmt.Sprintf("must be %s, got %s", choices, strconv.Quote(Clip(mode)))}
 		}
 	case '{':
 	default:
-		return false, &requestError{param: "tool_choice", message: fmt.Sprintf("expected %s, got %s", choices, tc.TypeName())}
+		return false, &FieldError{Field: "tool_choice", Message: fmt.Sprintf("expected %s, got %s", choices, tc.TypeName())}
 	}
 	typ, err := stringOf(tc.Get("type"), "tool_choice.type")
 	if err != nil {
@@ -554,10 +451,10 @@ func forcedChoiceOf(top *jsonvalue.Value, tools []jsonvalue.Value) (forced bool,
 	}
 	switch typ {
 	case "":
-		return false, &requestError{param: "tool_choice.type", message: "a tool_choice object must have a type"}
+		return false, &FieldError{Field: "tool_choice.type", Message: "a tool_choice object must have a type"}
 	case "function":
 		fn := tc.Get("function")
-		if err := checkType(fn, "tool_choice.function", wantObject); err != nil {
+		if err := checkType(fn, "tool_choice.function", WantObject); err != nil {
 			return false, err
 		}
 		name, err := stringOf(fn.Get("name"), "tool_choice.function.name")
@@ -565,16 +462,16 @@ func forcedChoiceOf(top *jsonvalue.Value, tools []jsonvalue.Value) (forced bool,
 			return false, err
 		}
 		if name == "" {
-			return false, &requestError{param: "tool_choice.function.name", message: "a function tool_choice must name the function"}
+			return false, &FieldError{Field: "tool_choice.function.name", Message: "a function tool_choice must name the function"}
 		}
 		if !slices.Contains(toolNamesOf(tools), name) {
-			return false, &requestError{param: "tool_choice.function.name",
-				message: fmt.Sprintf("names the function %s, which is not among the request's tools", strconv.Quote(Clip(name)))}
+			return false, &FieldError{Field: "tool_choice.function.name",
+				Message: fmt.Sprintf("names the function %s, which is not among the request's tools", strconv.Quote(Clip(name)))}
 		}
 		forced = true
 	case "allowed_tools":
 		allowed := tc.Get("allowed_tools")
-		if err := checkType(allowed, "tool_choice.allowed_tools", wantObject); err != nil {
+		if err := checkType(allowed, "tool_choice.allowed_tools", WantObject); err != nil {
 			return false, err
 		}
 		mode, err := stringOf(allowed.Get("mode"), "tool_choice.allowed_tools.mode")
@@ -583,7 +480,7 @@ func forcedChoiceOf(top *jsonvalue.Value, tools []jsonvalue.Value) (forced bool,
 		}
 		if mode == "required" {
 			if len(tools) == 0 {
-				return false, &requestError{param: "tool_choice.allowed_tools.mode", message: `"required" needs tools; the request has none`}
+				return false, &FieldError{Field: "tool_choice.allowed_tools.mode", Message: `"required" needs tools; the request has none`}
 			}
 			forced = true
 		}
@@ -642,7 +539,7 @@ func reasoningOf(top *jsonvalue.Value) (thinks bool, err error) {
 		return false, err
 	}
 	reasoning := top.Get("reasoning")
-	if err := checkType(reasoning, "reasoning", wantObject); err != nil {
+	if err := checkType(reasoning, "reasoning", WantObject); err != nil {
 		return false, err
 	}
 	nestedEffort, err := stringOf(reasoning.Get("effort"), "reasoning.effort")
@@ -661,39 +558,39 @@ func reasoningOf(top *jsonvalue.Value) (thinks bool, err error) {
 // of function tool calls. It returns the characters of their function names
 // and arguments.
 func toolCallsOf(v *jsonvalue.Value, param string) (chars int, err error) {
-	if err := checkType(v, param, wantArray); err != nil {
+	if err := checkType(v, param, WantArray); err != nil {
 		return 0, err
 	}
 	for j := range elemsOf(v) {
 		call := &v.Elems[j]
 		callParam := fmt.Sprintf("%s[%d]", param, j)
 		if call.Kind() != '{' {
-			return 0, &requestError{param: callParam, message: "expected an object, got " + call.TypeName()}
+			return 0, &FieldError{Field: callParam, Message: "expected an object, got " + call.TypeName()}
 		}
 		typ, err := stringOf(call.Get("type"), callParam+".type")
 		if err != nil {
 			return 0, err
 		}
 		if !call.Get("type").Absent() && typ != "function" {
-			return 0, &requestError{param: callParam + ".type",
-				message: "only function tool calls are supported, got " + strconv.Quote(Clip(typ))}
+			return 0, &FieldError{Field: callParam + ".type",
+				Message: "only function tool calls are supported, got " + strconv.Quote(Clip(typ))}
 		}
 		fn := call.Get("function")
-		if err := checkType(fn, callParam+".function", wantObject); err != nil {
+		if err := checkType(fn, callParam+".function", WantObject); err != nil {
 			return 0, err
 		}
 		if fn.Absent() {
-			return 0, &requestError{param: callParam + ".function", message: "each tool call must have a function"}
+			return 0, &FieldError{Field: callParam + ".function", Message: "each tool call must have a function"}
 		}
 		name := fn.Get("name")
-		if err := checkType(name, callParam+".function.name", wantString); err != nil {
+		if err := checkType(name, callParam+".function.name", WantString); err != nil {
 			return 0, err
 		}
 		if name.Absent() {
-			return 0, &requestError{param: callParam + ".function.name", message: "each tool call function must have a name"}
+			return 0, &FieldError{Field: callParam + ".function.name", Message: "each tool call function must have a name"}
 		}
 		args := fn.Get("arguments")
-		if err := checkType(args, callParam+".function.arguments", wantString); err != nil {
+		if err := checkType(args, callParam+".function.arguments", WantString); err != nil {
 			return 0, err
 		}
 		chars += name.Runes
@@ -704,32 +601,6 @@ func toolCallsOf(v *jsonvalue.Value, param string) (chars int, err error) {
 	return chars, nil
 }
 
-// jsonChars is the characters of a valid JSON value without insignificant
-// space.
-func jsonChars(raw json.RawMessage) int {
-	var buf bytes.Buffer
-	if err := json.Compact(&buf, raw); err != nil {
-		return utf8.RuneCount(raw)
-	}
-	return utf8.RuneCount(buf.Bytes())
-}
-
-// rawValue is raw, a valid JSON value (or nothing), parsed: for the
-// decode* wrappers of values that were not parsed with their body.
-func rawValue(raw json.RawMessage) *jsonvalue.Value {
-	if len(bytes.TrimSpace(raw)) == 0 {
-		return nil
-	}
-	v, err := jsonvalue.Parse(bytes.TrimSpace(raw))
-	if err != nil {
-		return &jsonvalue.Value{Raw: bytes.TrimSpace(raw)}
-	}
-	return v
-}
-
-// decodeStop checks "stop" (checkStop).
-func decodeStop(raw json.RawMessage) error { return checkStop(rawValue(raw)) }
-
 // checkStop checks "stop": a string, or an array of at most
 // maxStopSequences strings.
 func checkStop(v *jsonvalue.Value) error {
@@ -738,23 +609,20 @@ func checkStop(v *jsonvalue.Value) error {
 		return nil
 	case '[':
 		if len(v.Elems) > maxStopSequences {
-			return &requestError{param: "stop",
-				message: fmt.Sprintf("at most %d stop sequences are allowed, got %d", maxStopSequences, len(v.Elems))}
+			return &FieldError{Field: "stop",
+				Message: fmt.Sprintf("at most %d stop sequences are allowed, got %d", maxStopSequences, len(v.Elems))}
 		}
 		for i := range v.Elems {
 			if v.Elems[i].Kind() != '"' {
-				return &requestError{param: fmt.Sprintf("stop[%d]", i), message: "expected a string, got " + v.Elems[i].TypeName()}
+				return &FieldError{Field: fmt.Sprintf("stop[%d]", i), Message: "expected a string, got " + v.Elems[i].TypeName()}
 			}
 		}
 		return nil
 	default:
-		return &requestError{param: "stop",
-			message: fmt.Sprintf("expected a string or an array of at most %d strings, got %s", maxStopSequences, v.TypeName())}
+		return &FieldError{Field: "stop",
+			Message: fmt.Sprintf("expected a string or an array of at most %d strings, got %s", maxStopSequences, v.TypeName())}
 	}
 }
-
-// decodeResponseFormat checks "response_format" (checkResponseFormat).
-func decodeResponseFormat(raw json.RawMessage) error { return checkResponseFormat(rawValue(raw)) }
 
 // checkResponseFormat checks "response_format": an object whose "type" is
 // one of responseFormatTypes; for json_schema, "json_schema" must be an
@@ -763,7 +631,7 @@ func checkResponseFormat(rf *jsonvalue.Value) error {
 	if rf.Absent() {
 		return nil
 	}
-	if err := checkType(rf, "response_format", wantObject); err != nil {
+	if err := checkType(rf, "response_format", WantObject); err != nil {
 		return err
 	}
 	typ, err := stringOf(rf.Get("type"), "response_format.type")
@@ -771,231 +639,40 @@ func checkResponseFormat(rf *jsonvalue.Value) error {
 		return err
 	}
 	if typ == "" {
-		return &requestError{param: "response_format.type", message: "a response format must have a type"}
+		return &FieldError{Field: "response_format.type", Message: "a response format must have a type"}
 	}
 	if !slices.Contains(responseFormatTypes, typ) {
-		return &requestError{param: "response_format.type", message: fmt.Sprintf("must be one of %s, got %s",
+		return &FieldError{Field: "response_format.type", Message: fmt.Sprintf("must be one of %s, got %s",
 			strings.Join(responseFormatTypes, ", "), strconv.Quote(Clip(typ)))}
 	}
 	if typ != "json_schema" {
 		return nil
 	}
 	js := rf.Get("json_schema")
-	if err := checkType(js, "response_format.json_schema", wantObject); err != nil {
+	if err := checkType(js, "response_format.json_schema", WantObject); err != nil {
 		return err
 	}
 	if js.Absent() {
-		return &requestError{param: "response_format.json_schema", message: "required when the response format type is json_schema"}
+		return &FieldError{Field: "response_format.json_schema", Message: "required when the response format type is json_schema"}
 	}
-	if err := checkType(js.Get("name"), "response_format.json_schema.name", wantString); err != nil {
+	if err := checkType(js.Get("name"), "response_format.json_schema.name", WantString); err != nil {
 		return err
 	}
 	if js.Get("name").Absent() {
-		return &requestError{param: "response_format.json_schema.name", message: "a json_schema response format must have a name"}
+		return &FieldError{Field: "response_format.json_schema.name", Message: "a json_schema response format must have a name"}
 	}
-	return checkType(js.Get("schema"), "response_format.json_schema.schema", wantObject)
+	return checkType(js.Get("schema"), "response_format.json_schema.schema", WantObject)
 }
 
 // maxChoices is the largest "n" (OpenAI's limit).
 const maxChoices = 128
 
-// decodeN checks "n", the number of choices: an integer in [1, 128]. A
-// provider on the tunnel path answers them all; one on the normalized
-// path answers one choice per request and refuses a larger n with a 400
-// naming it, rather than silently answering a different question.
-func decodeN(raw json.RawMessage) error {
-	return decodeInteger(raw, "n", 1, maxChoices)
-}
-
-// severalChoices reports whether raw, an "n" or "best_of" that passed its
-// check, asks for more than one choice.
-func severalChoices(raw json.RawMessage) bool { return severalChoicesOf(rawValue(raw)) }
-
-// severalChoicesOf is severalChoices of a parsed value.
+// severalChoicesOf reports whether v, an "n" or "best_of" that passed
+// its check, asks for more than one choice.
 func severalChoicesOf(v *jsonvalue.Value) bool {
 	if v.Kind() == 0 {
 		return false
 	}
 	n, ok := parseInteger(string(v.Raw))
 	return ok && n > 1
-}
-
-// decodeInteger checks that raw, when present, is a JSON integer in
-// [min, max] (checkInteger).
-func decodeInteger(raw json.RawMessage, param string, min, max int64) error {
-	return checkInteger(rawValue(raw), param, min, max)
-}
-
-// checkInteger checks that v, when present, is a JSON integer in
-// [min, max].
-func checkInteger(v *jsonvalue.Value, param string, min, max int64) error {
-	lit, err := numberLiteral(v, param, wantInteger)
-	if lit == "" || err != nil {
-		return err
-	}
-	if v, ok := parseInteger(lit); ok && v >= min && v <= max {
-		return nil
-	}
-	if integralIn(lit, min, max) {
-		return notPlainInteger(param, lit)
-	}
-	return &requestError{param: param, message: fmt.Sprintf("must be an integer between %d and %d, got %s", min, max, Clip(lit))}
-}
-
-// decodeNumber checks that raw, when present, is a JSON number that fits
-// a float64 (checkNumber).
-func decodeNumber(raw json.RawMessage, param string) error { return checkNumber(rawValue(raw), param) }
-
-// checkNumber checks that v, when present, is a JSON number that fits a
-// float64. (One too small to represent is 0, as encoding/json reads it.)
-func checkNumber(v *jsonvalue.Value, param string) error {
-	lit, err := numberLiteral(v, param, wantNumber)
-	if lit == "" || err != nil {
-		return err
-	}
-	if _, err := strconv.ParseFloat(lit, 64); err != nil {
-		return &requestError{param: param, message: "number out of range, got " + Clip(lit)}
-	}
-	return nil
-}
-
-// numberLiteral returns the JSON number literal v holds, "" if v is
-// absent or null, or a *requestError if v is another JSON type.
-func numberLiteral(v *jsonvalue.Value, param, want string) (string, error) {
-	if v.Absent() {
-		return "", nil
-	}
-	if c := v.Kind(); c != '-' && (c < '0' || c > '9') {
-		return "", &requestError{param: param, message: fmt.Sprintf("expected %s, got %s", want, v.TypeName())}
-	}
-	return string(v.Raw), nil
-}
-
-// parseInteger returns the value of a JSON number literal written as an
-// integer (no fraction, no exponent) that fits an int64.
-func parseInteger(lit string) (int64, bool) {
-	if strings.ContainsAny(lit, ".eE") {
-		return 0, false
-	}
-	v, err := strconv.ParseInt(lit, 10, 64)
-	return v, err == nil
-}
-
-// integralIn reports whether a JSON number literal has an integral value in
-// [min, max] (as near as a float64 tells).
-func integralIn(lit string, min, max int64) bool {
-	f, err := strconv.ParseFloat(lit, 64)
-	return err == nil && f == math.Trunc(f) && f >= float64(min) && f < float64(max)+1
-}
-
-func notPlainInteger(param, lit string) error {
-	return &requestError{param: param, message: "must be an integer written without a fraction or exponent, got " + Clip(lit)}
-}
-
-// checkType checks that v, when present and not null, has the JSON type
-// want names; else a *requestError naming param.
-func checkType(v *jsonvalue.Value, param, want string) error {
-	if v.Absent() {
-		return nil
-	}
-	var ok bool
-	switch k := v.Kind(); want {
-	case wantString:
-		ok = k == '"'
-	case wantBool:
-		ok = k == 't' || k == 'f'
-	case wantArray:
-		ok = k == '['
-	case wantObject:
-		ok = k == '{'
-	case wantNumber, wantInteger:
-		ok = k == '-' || k >= '0' && k <= '9'
-	}
-	if !ok {
-		return &requestError{param: param, message: fmt.Sprintf("expected %s, got %s", want, v.TypeName())}
-	}
-	return nil
-}
-
-// stringOf is v's text when v is a string, "" when absent or null, else a
-// *requestError naming param.
-func stringOf(v *jsonvalue.Value, param string) (string, error) {
-	if err := checkType(v, param, wantString); err != nil || v.Absent() {
-		return "", err
-	}
-	return v.Text(), nil
-}
-
-// boolOf is v's value when v is a boolean, false when absent or null,
-// else a *requestError naming param.
-func boolOf(v *jsonvalue.Value, param string) (bool, error) {
-	if err := checkType(v, param, wantBool); err != nil {
-		return false, err
-	}
-	return v.Kind() == 't', nil
-}
-
-// elemsOf is an array's elements; none for anything else.
-func elemsOf(v *jsonvalue.Value) []jsonvalue.Value {
-	if v.Kind() != '[' {
-		return nil
-	}
-	return v.Elems
-}
-
-// decodeField decodes top[name] into dst, which is left alone when the key
-// is absent or null; a value of the wrong JSON type is a *requestError
-// naming the field.
-func decodeField(top map[string]json.RawMessage, name, want string, dst any) error {
-	return decodeNested(top, name, name, want, dst)
-}
-
-// decodeNested is decodeField for obj[key] reported as param.
-func decodeNested(obj map[string]json.RawMessage, param, key, want string, dst any) error {
-	raw, ok := obj[key]
-	if !ok {
-		return nil
-	}
-	return decodeValue(raw, param, want, dst)
-}
-
-// decodeValue decodes raw into dst; null leaves dst alone.
-func decodeValue(raw json.RawMessage, param, want string, dst any) error {
-	if isAbsent(raw) {
-		return nil
-	}
-	if err := json.Unmarshal(raw, dst); err != nil {
-		return &requestError{param: param, message: fmt.Sprintf("expected %s, got %s", want, jsonKind(raw))}
-	}
-	return nil
-}
-
-// isAbsent reports whether a raw value is missing or JSON null.
-func isAbsent(raw json.RawMessage) bool {
-	return len(raw) == 0 || firstByte(raw) == 'n'
-}
-
-// firstByte is the first non-space byte of a JSON value, 0 if none.
-func firstByte(raw []byte) byte {
-	raw = bytes.TrimLeft(raw, " \t\r\n")
-	if len(raw) == 0 {
-		return 0
-	}
-	return raw[0]
-}
-
-// jsonKind names the JSON type of a valid JSON value, for error messages.
-func jsonKind(raw []byte) string { return jsonvalue.KindName(firstByte(raw)) }
-
-// isJSONContentType reports whether a request's Content-Type allows a JSON
-// body: absent, application/json, or any type with a "+json" suffix.
-func isJSONContentType(header string) bool {
-	if header == "" {
-		return true
-	}
-	mediaType, _, err := mime.ParseMediaType(header)
-	if err != nil {
-		return false
-	}
-	return mediaType == "application/json" || strings.HasSuffix(mediaType, "+json")
 }

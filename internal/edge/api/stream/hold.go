@@ -1,23 +1,21 @@
-package api
+package stream
 
 import (
 	"bytes"
-	"sync/atomic"
 
 	"iop/internal/sse"
 )
 
-// finalHold is the one reader of a relayed tunnel answer's body: each
-// chunk is fed to it once, as it arrives, and it both decides what may be
-// written now and tells the answer's observers what the body says.
+// FinalHold is the one reader of a relayed tunnel answer's body: each
+// chunk is fed to it once (Split), as it arrives, and it both decides what
+// may be written now and tells the answer's observers what the body says.
 //
 // It holds back the end of the answer until the run's terminal message
 // arrives (the tunnel's end event), so that the key's request slot is
-// given back before the client can see the answer end (answerDone): the
-// provider's last bytes come before the tunnel's end event, and a client
-// reading them could otherwise send its next request while this one still
-// counts. What is held is exactly what tells a client the answer is
-// complete:
+// given back before the client can see the answer end: the provider's
+// last bytes come before the tunnel's end event, and a client reading
+// them could otherwise send its next request while this one still counts.
+// What is held is exactly what tells a client the answer is complete:
 //   - an event stream (SSE): from the start of the line that ends it,
 //     `data: [DONE]` (OpenAI's end of stream) or an error event
 //     `data: {"error"...` (which ends a stream that failed), to the end,
@@ -28,36 +26,37 @@ import (
 //
 // Everything else passes at once, so no content event waits: an SSE event
 // is dispatched by the client only at its blank line, which a held partial
-// line does not have yet. The relayed bytes are never changed: what split
-// returns followed by rest is what was fed, in order.
+// line does not have yet. The relayed bytes are never changed: what Split
+// returns followed by Rest is what was fed, in order.
 //
 // An event stream is parsed once, by one sse.Reader (the WHATWG rules),
 // whose lines tell where the held part starts and whose events, each read
-// once (readStreamEvent: content, usage), go to obs at once, held or not
+// once (ReadEvent: content, usage), go to Observer at once, held or not
 // (the metrics and the usage ledger count what the provider sent), and to
-// runs once the bytes that complete them are released (split's result or
-// rest's): the runs API records what a client would have got, so the held
-// end of a run that fails instead is never recorded. A line is judged as
-// it came: the first line after a byte order mark is not an end (the
+// Record once the bytes that complete them are released (Split's result
+// or Rest's): the runs API records what a client would have got, so the
+// held end of a run that fails instead is never recorded. A line is judged
+// as it came: the first line after a byte order mark is not an end (the
 // OpenAI clients iop relays to do not drop a BOM), and a line over the
-// reader's bound (maxUsageScanBytes) by its first maxUsageScanBytes bytes.
-// Only the request goroutine (for a run of the runs API, the run's) uses a
-// finalHold.
-type finalHold struct {
-	sse bool
-	// obs, if set, is told of each event as it is read and of a JSON
-	// body's bytes (observation.tunnelEvent, tunnelBody).
-	obs *observation
-	// runs, if set, is told of each event once it is released
-	// (Answer.RelayRecorded).
-	runs eventRecorder
+// reader's bound (MaxScanBytes) by its first MaxScanBytes bytes. One
+// goroutine uses a FinalHold.
+type FinalHold struct {
+	// SSE is set when the body is an event stream; set before the first
+	// Split.
+	SSE bool
+	// Observer, if set, is told of each event as it is read and of a JSON
+	// body's bytes.
+	Observer Observer
+	// Record, if set, is told of each event once it is released; the
+	// event's Data is valid only during the call.
+	Record func(Event)
 
 	events sse.Reader // an event stream's one reader
 	held   []byte     // the bytes fed but not yet returned
-	// scratch holds held+p while split looks at them; what split returns
+	// scratch holds held+p while Split looks at them; what Split returns
 	// may point into it, until the next call.
 	scratch []byte
-	// passed is the number of bytes split returned so far: the offset in
+	// passed is the number of bytes Split returned so far: the offset in
 	// the stream of held's first byte.
 	passed int64
 	// final is set once an SSE line ending the stream was seen, at offset
@@ -66,30 +65,29 @@ type finalHold struct {
 	finalAt int64
 	// sawLine is set once the reader passed the stream's first line.
 	sawLine bool
-	// pending are the events read from held bytes, not yet told to runs.
-	pending []streamEvent
+	// pending are the events read from held bytes, not yet told to Record.
+	pending []Event
 }
 
-// eventRecorder records the released events of a tunnel stream.
-type eventRecorder interface {
-	tunnelEvent(ev streamEvent) // ev.data valid only during the call
+// Observer is told what a relayed tunnel answer says, as its one reader
+// reads it.
+type Observer interface {
+	// TunnelEvent is told of each event of an event stream as it is read;
+	// ev.Data is valid only during the call.
+	TunnelEvent(ev *Event)
+	// TunnelBody is given the bytes of a body that is not an event stream,
+	// as they arrive; p is valid only during the call.
+	TunnelBody(p []byte)
 }
 
-var _ eventRecorder = recordFunc(nil)
-
-// tunnelBytesRead counts the bytes of tunnel event streams fed to a
-// finalHold's reader, as the reader counted them (sse.Reader.Fed): a test
-// hook, so a test can tell that each relayed chunk is parsed once.
-var tunnelBytesRead atomic.Int64
-
-// split takes the next relayed bytes and returns those to write now (valid
-// until the next call); the rest is kept for rest.
-func (f *finalHold) split(p []byte) []byte {
+// Split takes the next relayed bytes and returns those to write now (valid
+// until the next call); the rest is kept for Rest.
+func (f *FinalHold) Split(p []byte) []byte {
 	wasFinal := f.final
-	if f.sse {
+	if f.SSE {
 		f.read(p)
-	} else {
-		f.obs.tunnelBody(p)
+	} else if f.Observer != nil {
+		f.Observer.TunnelBody(p)
 	}
 	if wasFinal {
 		f.held = append(f.held, p...)
@@ -101,7 +99,7 @@ func (f *finalHold) split(p []byte) []byte {
 		buf = f.scratch
 	}
 	var cut int // where the held part starts, in buf
-	if f.sse {
+	if f.SSE {
 		cut = int(f.sseCut() - f.passed)
 	} else {
 		cut = max(lastNonBlank(buf), 0) // only blanks so far (-1): hold them with what ends the body
@@ -111,11 +109,11 @@ func (f *finalHold) split(p []byte) []byte {
 	return buf[:cut]
 }
 
-// rest returns the held bytes and forgets them; the events they complete
-// are told to runs.
-func (f *finalHold) rest() []byte {
+// Rest returns the held bytes and forgets them; the events they complete
+// are told to Record.
+func (f *FinalHold) Rest() []byte {
 	for _, ev := range f.pending {
-		f.runs.tunnelEvent(ev)
+		f.Record(ev)
 	}
 	f.pending = nil
 	p := f.held
@@ -124,21 +122,23 @@ func (f *finalHold) rest() []byte {
 	return p
 }
 
+// Fed is the number of bytes of an event stream its reader was fed, as
+// the reader counted them (sse.Reader.Fed): each byte Split took, once.
+func (f *FinalHold) Fed() int64 { return f.events.Fed() }
+
 // read feeds the next bytes of an event stream to the reader, once.
-func (f *finalHold) read(p []byte) {
+func (f *FinalHold) read(p []byte) {
 	if f.events.MaxSize == 0 {
-		f.events.MaxSize, f.events.SkipTooLong = maxUsageScanBytes, true
+		f.events.MaxSize, f.events.SkipTooLong = MaxScanBytes, true
 	}
-	before := f.events.Fed()
 	// With SkipTooLong, FeedLines fails only with the callback's error:
 	// never.
 	_ = f.events.FeedLines(p, f.line, f.event)
-	tunnelBytesRead.Add(f.events.Fed() - before)
 }
 
 // line is told of each line of the stream before it is interpreted: the
 // first that ends the stream starts the held part.
-func (f *finalHold) line(l sse.Line) {
+func (f *FinalHold) line(l sse.Line) {
 	afterBOM := !f.sawLine && l.Start > 0 // only a BOM comes before the first line
 	f.sawLine = true
 	if !f.final && !afterBOM && endsStream(l.Text) {
@@ -146,20 +146,22 @@ func (f *finalHold) line(l sse.Line) {
 	}
 }
 
-// event reads one event of the stream, once, for obs and runs.
-func (f *finalHold) event(e sse.Event) error {
-	if f.obs == nil && f.runs == nil {
+// event reads one event of the stream, once, for Observer and Record.
+func (f *FinalHold) event(e sse.Event) error {
+	if f.Observer == nil && f.Record == nil {
 		return nil
 	}
-	ev := readStreamEvent(e.Data)
-	f.obs.tunnelEvent(&ev)
+	ev := ReadEvent(e.Data)
+	if f.Observer != nil {
+		f.Observer.TunnelEvent(&ev)
+	}
 	switch {
-	case f.runs == nil:
+	case f.Record == nil:
 	case f.final && e.End > f.finalAt: // completed by held bytes
-		ev.data = bytes.Clone(ev.data)
+		ev.Data = bytes.Clone(ev.Data)
 		f.pending = append(f.pending, ev)
 	default:
-		f.runs.tunnelEvent(ev)
+		f.Record(ev)
 	}
 	return nil
 }
@@ -168,7 +170,7 @@ func (f *finalHold) event(e sse.Event) error {
 // from what the reader found: the start of the first line that ends the
 // stream, else of the unterminated last line if that may still become
 // one, else the end of the bytes fed.
-func (f *finalHold) sseCut() int64 {
+func (f *FinalHold) sseCut() int64 {
 	if f.final {
 		return f.finalAt
 	}

@@ -1,10 +1,7 @@
-package api
+package stream
 
 import (
 	"encoding/json"
-	"mime"
-	"net/http"
-	"slices"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -12,7 +9,7 @@ import (
 	"iop/internal/edge/contract"
 )
 
-// TestChunkRendererBytesAreMarshals checks that chunkRenderer, which
+// TestChunkRendererBytesAreMarshals checks that ChatChunks, which
 // encodes every chunk into one reused buffer, hands its sink exactly the
 // bytes json.Marshal gives for the chunk, for any text (HTML characters,
 // invalid UTF-8, line ends), reasoning and tool-call parts, and that the
@@ -22,10 +19,10 @@ func TestChunkRendererBytesAreMarshals(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		text := rapid.SampledFrom([]string{"", "hi", "<a href=\"x\">&amp;</a>", "line\nend\r\u2028", "\xff\xfe", "é😀", "\\\"'"})
 		var got, want [][]byte
-		c := chunkRenderer{id: "chatcmpl-run_1", created: 1767225600, model: "m<1>", sink: func(data []byte, _ string) error {
+		c := NewChatChunks("chatcmpl-run_1", 1767225600, "m<1>", func(data []byte, _ string) error {
 			got = append(got, append([]byte(nil), data...))
 			return nil
-		}}
+		})
 		marshal := func(v chatChunk) {
 			b, err := json.Marshal(v)
 			if err != nil {
@@ -33,7 +30,7 @@ func TestChunkRendererBytesAreMarshals(t *testing.T) {
 			}
 			want = append(want, b)
 		}
-		head := func(choices []chunkChoice, u *usage) chatChunk {
+		head := func(choices []chunkChoice, u *Usage) chatChunk {
 			return chatChunk{ID: c.id, Object: "chat.completion.chunk", Created: c.created, Model: c.model, Choices: choices, Usage: u}
 		}
 		empty := ""
@@ -63,15 +60,15 @@ func TestChunkRendererBytesAreMarshals(t *testing.T) {
 				}
 				marshal(head([]chunkChoice{{Delta: chunkDelta{ToolCalls: parts}}}, nil))
 			}
-			if err := c.delta(&ev); err != nil {
+			if err := c.Delta(&ev); err != nil {
 				t.Fatal(err)
 			}
 		}
 		finish := rapid.SampledFrom([]string{"stop", "length", "tool_calls"}).Draw(t, "finish")
 		marshal(head([]chunkChoice{{FinishReason: &finish}}, nil))
-		var u *usage
+		var u *Usage
 		if rapid.Bool().Draw(t, "usage") {
-			u = &usage{PromptTokens: 3, CompletionTokens: 5, TotalTokens: 8}
+			u = &Usage{PromptTokens: 3, CompletionTokens: 5, TotalTokens: 8}
 			marshal(head([]chunkChoice{}, u))
 		}
 		if err := c.end(finish, u); err != nil {
@@ -86,48 +83,4 @@ func TestChunkRendererBytesAreMarshals(t *testing.T) {
 			}
 		}
 	})
-}
-
-// TestIsEventStreamEqualsParse checks that isEventStream, which skips
-// mime.ParseMediaType for a type that does not name event-stream, tells
-// every content type as the parse does.
-func TestIsEventStreamEqualsParse(t *testing.T) {
-	rapid.Check(t, func(t *rapid.T) {
-		ct := rapid.OneOf(
-			rapid.SampledFrom([]string{"text/event-stream", "TEXT/Event-Stream; charset=utf-8", "application/json; charset=utf-8",
-				"text/event-stream;", " text/event-stream ", "text/event-streamx", "text/plain; x=event-stream", "", "text/EVENT-STREAM"}),
-			rapid.StringMatching(`[ a-zA-Z/;=\-"\t]{0,24}(event-stream|EVENT-STREAM|Event-Stream)?[ a-z;=\-"]{0,8}`),
-		).Draw(t, "content type")
-		mediaType, _, err := mime.ParseMediaType(ct)
-		if want := err == nil && mediaType == "text/event-stream"; isEventStream(ct) != want {
-			t.Fatalf("isEventStream(%q) = %v, want %v", ct, !want, want)
-		}
-	})
-}
-
-// TestTunnelHeadValuesStandAlone checks that the relayed head's header
-// values, which share one allocation, stay apart: a value added to one
-// header after the head does not change another, and each is the
-// provider's (the Content-Length the edge's).
-func TestTunnelHeadValuesStandAlone(t *testing.T) {
-	body := `{"ok":true}`
-	rr, w := benchResponse(&listRun{msgs: []*contract.Message{decoded(wholeAnswer(200,
-		map[string]string{"Content-Type": "application/json", "x-one": "1", "X-Two": "2", "Connection": "close"}, body))}})
-	if reason := rr.tunnel(); reason != ReasonCompleted || w.n != int64(len(body)) {
-		t.Fatalf("tunnel ended %q after %d bytes", reason, w.n)
-	}
-	h := w.Header()
-	for _, name := range []string{"Content-Type", "X-One", "X-Two", "Content-Length"} {
-		h.Add(name, "added")
-	}
-	want := http.Header{"Content-Type": {"application/json", "added"}, "X-One": {"1", "added"}, "X-Two": {"2", "added"},
-		"Content-Length": {"11", "added"}}
-	for name, v := range want {
-		if !slices.Equal(h[name], v) {
-			t.Errorf("%s: %q, want %q", name, h[name], v)
-		}
-	}
-	if _, ok := h["Connection"]; ok {
-		t.Error("the provider's Connection was relayed")
-	}
 }

@@ -1,4 +1,4 @@
-package api
+package stream
 
 import (
 	"bytes"
@@ -6,12 +6,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"iop/internal/sse"
 )
 
-// oldFinalHold is finalHold as it was before its stream had one reader:
+// oldFinalHold is FinalHold as it was before its stream had one reader:
 // it scanned the relayed bytes for the lines that end a stream
 // itself, while the observation and the runs recorder each ran an
 // sse.Reader of their own (the observation's over every byte, the runs
@@ -32,15 +31,15 @@ type oldFinalHold struct {
 
 func (f *oldFinalHold) split(p []byte) []byte {
 	if f.sse {
-		f.obsReader.MaxSize, f.obsReader.SkipTooLong = maxUsageScanBytes, true
+		f.obsReader.MaxSize, f.obsReader.SkipTooLong = MaxScanBytes, true
 		_ = f.obsReader.Feed(p, func(e sse.Event) error {
 			f.obsEvents = append(f.obsEvents, string(e.Data))
-			ev := readStreamEvent(e.Data)
-			if ev.content {
+			ev := ReadEvent(e.Data)
+			if ev.Content {
 				f.contentEvents++
 			}
-			if ev.hasUsage {
-				f.usageFound, f.prompt, f.complete = true, ev.usage.PromptTokens, ev.usage.CompletionTokens
+			if ev.HasUsage {
+				f.usageFound, f.prompt, f.complete = true, ev.PromptTokens, ev.CompletionTokens
 			}
 			return nil
 		})
@@ -128,12 +127,12 @@ func oldLineEnd(p []byte) int {
 	return n
 }
 
-// eventList is an eventRecorder that keeps the events' data.
+// eventList is a FinalHold's Record that keeps the events' data.
 type eventList struct{ data []string }
 
-func (l *eventList) tunnelEvent(ev streamEvent) { l.data = append(l.data, string(ev.data)) }
+func (l *eventList) record(ev Event) { l.data = append(l.data, string(ev.Data)) }
 
-// compareWithOld feeds chunks to a finalHold (with an observation and a
+// compareWithOld feeds chunks to a FinalHold (with an observation and a
 // runs recorder) and to oldFinalHold, and fails unless each chunk lets the
 // same bytes through, the same are held, the observation counts the same
 // content events and usage, and the runs recorder gets the same events,
@@ -141,21 +140,21 @@ func (l *eventList) tunnelEvent(ev streamEvent) { l.data = append(l.data, string
 // returns the number of bytes the one reader was fed.
 func compareWithOld(t *testing.T, sseBody bool, chunks []string) {
 	t.Helper()
-	obs := &observation{now: time.Now}
+	obs := &observer{}
 	rec := &eventList{}
-	f := finalHold{sse: sseBody, obs: obs, runs: rec}
+	f := FinalHold{SSE: sseBody, Observer: obs, Record: rec.record}
 	old := oldFinalHold{sse: sseBody}
 	for i, c := range chunks {
-		got, want := string(f.split([]byte(c))), string(old.split([]byte(c)))
+		got, want := string(f.Split([]byte(c))), string(old.split([]byte(c)))
 		if got != want {
-			t.Fatalf("chunks %q: chunk %d lets %q through, the old finalHold %q", chunks, i, got, want)
+			t.Fatalf("chunks %q: chunk %d lets %q through, the old FinalHold %q", chunks, i, got, want)
 		}
 	}
 	if !slices.Equal(rec.data, old.runsEvents) {
 		t.Fatalf("chunks %q: a failed run records %q, the old recorder %q", chunks, rec.data, old.runsEvents)
 	}
-	if got, want := string(f.rest()), string(old.rest()); got != want {
-		t.Fatalf("chunks %q: holds %q, the old finalHold %q", chunks, got, want)
+	if got, want := string(f.Rest()), string(old.rest()); got != want {
+		t.Fatalf("chunks %q: holds %q, the old FinalHold %q", chunks, got, want)
 	}
 	if !slices.Equal(rec.data, old.runsEvents) {
 		t.Fatalf("chunks %q: an ended run records %q, the old recorder %q", chunks, rec.data, old.runsEvents)
@@ -163,20 +162,17 @@ func compareWithOld(t *testing.T, sseBody bool, chunks []string) {
 	if !sseBody {
 		return
 	}
-	u := obs.usage
-	if u == nil {
-		u = &usageScanner{}
-	}
-	if obs.contentEvents != old.contentEvents || u.found != old.usageFound || u.prompt != old.prompt || u.completed != old.complete {
+	u := &obs.usage
+	if obs.content != old.contentEvents || u.found != old.usageFound || u.prompt != old.prompt || u.completed != old.complete {
 		t.Fatalf("chunks %q: observed %d content events, usage %v %d/%d; the old observer %d, %v %d/%d", chunks,
-			obs.contentEvents, u.found, u.prompt, u.completed, old.contentEvents, old.usageFound, old.prompt, old.complete)
+			obs.content, u.found, u.prompt, u.completed, old.contentEvents, old.usageFound, old.prompt, old.complete)
 	}
 	if got := f.events.Fed(); got != int64(len(strings.Join(chunks, ""))) {
 		t.Fatalf("chunks %q: the reader was fed %d bytes, want each byte once", chunks, got)
 	}
 }
 
-// FuzzTunnelReadOnce: the one reader of a tunnel stream (finalHold fed
+// FuzzTunnelReadOnce: the one reader of a tunnel stream (FinalHold fed
 // each chunk once, its events told to the observation and the runs
 // recorder) does what the three readers it replaced did, chunk by chunk,
 // however the stream is cut: the same bytes pass and are held, the
@@ -202,10 +198,10 @@ func FuzzTunnelReadOnce(f *testing.F) {
 }
 
 // TestTunnelReadOnceOverTheBound: a line over the reader's bound (an event
-// of more than maxUsageScanBytes) is not read, the stream goes on after
+// of more than MaxScanBytes) is not read, the stream goes on after
 // it, and it is held back when it ends the stream, as before.
 func TestTunnelReadOnceOverTheBound(t *testing.T) {
-	big := strings.Repeat("x", maxUsageScanBytes+10)
+	big := strings.Repeat("x", MaxScanBytes+10)
 	content := "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n"
 	for _, stream := range []string{
 		content + "data: {\"pad\":\"" + big + "\"}\n\n" + content + "data: [DONE]\n\n",

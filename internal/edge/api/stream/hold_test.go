@@ -1,4 +1,4 @@
-package api
+package stream
 
 import (
 	"bytes"
@@ -6,15 +6,15 @@ import (
 	"testing"
 )
 
-// feed passes chunks through a finalHold and returns what split let
+// feed passes chunks through a FinalHold and returns what Split let
 // through, in order, and what it held at the end.
 func feed(sse bool, chunks ...string) (passed, held string) {
-	h := finalHold{sse: sse}
+	h := FinalHold{SSE: sse}
 	var out strings.Builder
 	for _, c := range chunks {
-		out.Write(h.split([]byte(c)))
+		out.Write(h.Split([]byte(c)))
 	}
-	return out.String(), string(h.rest())
+	return out.String(), string(h.Rest())
 }
 
 func TestFinalHoldKeepsOnlyTheAnswersEnd(t *testing.T) {

@@ -1,7 +1,7 @@
-package api
+package request
 
 import (
-	"encoding/json"
+	"iop/internal/jsonvalue"
 	"slices"
 	"testing"
 )
@@ -34,15 +34,19 @@ func TestDecodeTextInput(t *testing.T) {
 		{`[[1],"a"]`, false, textInput{}, "input[1]"},
 		{`[[1,2147483648]]`, false, textInput{}, "input[0][1]"},
 	} {
-		got, err := decodeTextInput(json.RawMessage(tc.raw), "input", tc.nonEmpty)
+		v, err := jsonvalue.Parse([]byte(tc.raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := textInputOf(v, "input", tc.nonEmpty)
 		if tc.param == "" {
 			if err != nil || got != tc.want {
 				t.Errorf("%s: got %+v, %v; want %+v", tc.raw, got, err, tc.want)
 			}
 			continue
 		}
-		re, ok := err.(*requestError)
-		if !ok || re.param != tc.param {
+		re, ok := err.(*FieldError)
+		if !ok || re.Field != tc.param {
 			t.Errorf("%s: error %v, want one naming %s", tc.raw, err, tc.param)
 		}
 	}
@@ -50,7 +54,7 @@ func TestDecodeTextInput(t *testing.T) {
 
 // FuzzDecodeEmbeddingsRequest: the decoder never panics, an accepted body
 // has at least one input and at most 2048, and every rejection is a
-// *requestError.
+// *FieldError.
 func FuzzDecodeEmbeddingsRequest(f *testing.F) {
 	for _, seed := range []string{
 		`{"model":"m","input":"x"}`,
@@ -63,7 +67,7 @@ func FuzzDecodeEmbeddingsRequest(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		req, err := decodeEmbeddingsRequest(body)
 		if err != nil {
-			if _, ok := err.(*requestError); !ok {
+			if _, ok := err.(*FieldError); !ok {
 				t.Fatalf("error %T %v", err, err)
 			}
 			return
@@ -75,7 +79,7 @@ func FuzzDecodeEmbeddingsRequest(f *testing.F) {
 }
 
 // FuzzDecodeCompletionRequest: the decoder never panics, and every
-// rejection is a *requestError.
+// rejection is a *FieldError.
 func FuzzDecodeCompletionRequest(f *testing.F) {
 	for _, seed := range []string{
 		`{"model":"m","prompt":"x","max_tokens":5,"stream":true,"stream_options":{"include_usage":true}}`,
@@ -87,7 +91,7 @@ func FuzzDecodeCompletionRequest(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		req, err := decodeCompletionRequest(body)
 		if err != nil {
-			if _, ok := err.(*requestError); !ok {
+			if _, ok := err.(*FieldError); !ok {
 				t.Fatalf("error %T %v", err, err)
 			}
 			return

@@ -1,17 +1,42 @@
-package api
+package stream
 
 import (
 	"strings"
 	"testing"
 )
 
-func scan(sse bool, chunks ...string) (in, out int, ok bool, content int) {
-	u := &usageScanner{sse: sse}
-	for _, c := range chunks {
-		content += u.write([]byte(c))
+// tunnelJSON is a JSON chat answer as a provider sends it, with usage.
+const tunnelJSON = `{"id":"chatcmpl-up","object":"chat.completion","created":1,"model":"served-model",` +
+	`"choices":[{"index":0,"message":{"role":"assistant","content":"from upstream"},"finish_reason":"stop"}],` +
+	`"usage":{"prompt_tokens":4,"completion_tokens":2,"total_tokens":6}}`
+
+// observer is what the edge's observation does with what a FinalHold
+// tells it: it keeps the answer's usage and counts its content events.
+type observer struct {
+	usage   UsageScanner
+	content int
+}
+
+func (o *observer) TunnelEvent(ev *Event) {
+	o.usage.Event(ev)
+	if ev.Content {
+		o.content++
 	}
-	in, out, ok = u.end()
-	return in, out, ok, content
+}
+
+func (o *observer) TunnelBody(p []byte) { o.usage.Body(p) }
+
+// scan reads chunks of a tunnel answer as the tunnel path reads them (a
+// FinalHold whose one reader tells an observer) and returns the usage
+// found and how many events carried content.
+func scan(sse bool, chunks ...string) (in, out int, ok bool, content int) {
+	o := &observer{}
+	h := FinalHold{SSE: sse, Observer: o}
+	for _, c := range chunks {
+		h.Split([]byte(c))
+	}
+	in, out, ok = o.usage.End()
+	return in, out, ok, o.content
 }
 
 func TestUsageScanner(t *testing.T) {
@@ -60,7 +85,7 @@ func TestUsageScanner(t *testing.T) {
 // with the next line.
 func TestUsageScannerBound(t *testing.T) {
 	t.Parallel()
-	long := "data: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1},\"pad\":\"" + strings.Repeat("x", maxUsageScanBytes) + "\"}\n\n"
+	long := "data: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1},\"pad\":\"" + strings.Repeat("x", MaxScanBytes) + "\"}\n\n"
 	in, out, ok, _ := scan(true, long[:100], long[100:], "data: {\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":6}}\n\n")
 	if !ok || in != 5 || out != 6 {
 		t.Fatalf("after an overlong line: %d/%d %v", in, out, ok)
@@ -68,7 +93,7 @@ func TestUsageScannerBound(t *testing.T) {
 	if in, out, ok, _ := scan(true, long); ok {
 		t.Fatalf("an overlong event was scanned: %d/%d", in, out)
 	}
-	if _, _, ok, _ := scan(false, `{"usage":{"prompt_tokens":1,"completion_tokens":1},"pad":"`+strings.Repeat("x", maxUsageScanBytes)+`"}`); ok {
+	if _, _, ok, _ := scan(false, `{"usage":{"prompt_tokens":1,"completion_tokens":1},"pad":"`+strings.Repeat("x", MaxScanBytes)+`"}`); ok {
 		t.Fatal("an overlong JSON body was parsed")
 	}
 }
@@ -87,4 +112,26 @@ func FuzzUsageScanner(f *testing.F) {
 			t.Fatalf("cut at %d: %d/%d %v %d vs whole %d/%d %v %d", i, in2, out2, ok2, c2, in1, out1, ok1, c1)
 		}
 	})
+}
+
+// TestUsageScannerReadsTheTailOfALargeAnswer: a JSON answer larger than
+// the whole body the scanner keeps (a big embeddings list) still yields its
+// trailing usage, and a quoted "usage" inside a string is not taken for it.
+func TestUsageScannerReadsTheTailOfALargeAnswer(t *testing.T) {
+	body := `{"object":"list","data":[{"embedding":[` + strings.Repeat("0.125,", 200000) + `0.5]}],"note":"\"usage\":{\"prompt_tokens\":999}","usage":{"prompt_tokens":7,"total_tokens":7}}`
+	if len(body) <= MaxScanBytes {
+		t.Fatalf("the body (%d bytes) must outgrow what the scanner keeps whole (%d)", len(body), MaxScanBytes)
+	}
+	u := UsageScanner{}
+	for p := body; p != ""; {
+		n := min(len(p), 1000)
+		u.Body([]byte(p[:n]))
+		p = p[n:]
+	}
+	if p, c, ok := u.End(); !ok || p != 7 || c != 0 {
+		t.Fatalf("usage = %d, %d, %v; want 7, 0, true", p, c, ok)
+	}
+	if _, _, ok, _ := scan(true, "data: {\"choices\":[{\"delta\":{\"content\":\"\\\"usage\\\"\"}}]}\r\n\r\ndata: [DONE]\r\n\r\n"); ok {
+		t.Fatal("a stream without a usage chunk reported usage")
+	}
 }

@@ -1,63 +1,69 @@
-package api
+package stream
 
 import (
 	"bytes"
 	"encoding/json"
 )
 
-// maxUsageScanBytes bounds what is read of a tunnel answer: one SSE line
-// or event (finalHold's reader; a longer event is not read), or a whole
-// JSON body (usageScanner). Of a longer body only the last maxUsageTail
-// bytes are kept (usage comes last in OpenAI's objects, after choices or
-// data). The relayed bytes are never affected.
-const (
-	maxUsageScanBytes = 1 << 20  // 1 MiB
-	maxUsageTail      = 64 << 10 // 64 KiB
-)
+// MaxScanBytes bounds what is read of a tunnel answer: one SSE line or
+// event (FinalHold's reader; a longer event is not read), or a whole JSON
+// body (UsageScanner). Of a longer body only the last maxUsageTail bytes
+// are kept (usage comes last in OpenAI's objects, after choices or data).
+// The relayed bytes are never affected.
+const MaxScanBytes = 1 << 20 // 1 MiB
 
-// streamEvent is what one event of a tunnel event stream (an OpenAI chat
-// or completion chunk, an error object or [DONE]) says to the edge, read
-// once (readStreamEvent) by the stream's one reader (finalHold) and told
-// to the observation (metrics, the usage ledger) and the runs recorder
-// alike, so they agree on it.
-type streamEvent struct {
-	// data is the event's data as the provider sent it; valid only during
+// maxUsageTail is what a UsageScanner keeps of a JSON body over
+// MaxScanBytes: its tail.
+const maxUsageTail = 64 << 10 // 64 KiB
+
+// Event is what one event of a tunnel event stream (an OpenAI chat or
+// completion chunk, an error object or [DONE]) says to the edge, read
+// once (ReadEvent) by the stream's one reader (FinalHold) and told to the
+// observation (metrics, the usage ledger) and the runs recorder alike, so
+// they agree on it.
+type Event struct {
+	// Data is the event's data as the provider sent it; valid only during
 	// the call it is passed to.
-	data []byte
-	// done is set for OpenAI's end of stream, [DONE] (blanks around it
+	Data []byte
+	// Done is set for OpenAI's end of stream, [DONE] (blanks around it
 	// allowed), which is no JSON and carries nothing.
-	done bool
-	// content is set when the event carries generated content (hasContent).
-	content bool
-	// usage is the event's OpenAI "usage" object, when hasUsage (the final
-	// chunk's, sent when the request set stream_options.include_usage).
-	usage    usageObject
-	hasUsage bool
+	Done bool
+	// Content is set when the event carries generated content (a non-empty
+	// content, text or reasoning string, or a tool call).
+	Content bool
+	// HasUsage is set when the event has OpenAI's "usage" object (the
+	// final chunk's, sent when the request set
+	// stream_options.include_usage); PromptTokens and CompletionTokens are
+	// its counts, in tokens.
+	HasUsage                       bool
+	PromptTokens, CompletionTokens int
 }
 
-// readStreamEvent reads the data of one event: whether it is [DONE],
-// whether it carries content and its usage object.
-func readStreamEvent(data []byte) streamEvent {
-	ev := streamEvent{data: data}
+// ReadEvent reads the data of one event: whether it is [DONE], whether it
+// carries content and its usage object.
+func ReadEvent(data []byte) Event {
+	ev := Event{Data: data}
 	doc := bytes.TrimSpace(data)
 	if string(doc) == "[DONE]" {
-		ev.done = true
+		ev.Done = true
 		return ev
 	}
 	if bytes.Contains(doc, []byte(`"usage"`)) {
-		ev.usage, ev.hasUsage = parseUsage(doc)
+		var u usageObject
+		if u, ev.HasUsage = parseUsage(doc); ev.HasUsage {
+			ev.PromptTokens, ev.CompletionTokens = u.PromptTokens, u.CompletionTokens
+		}
 	}
-	ev.content = hasContent(doc)
+	ev.Content = hasContent(doc)
 	return ev
 }
 
-// usageScanner keeps the token usage of one tunnel-path answer (an OpenAI
+// UsageScanner keeps the token usage of one tunnel-path answer (an OpenAI
 // chat or completion response, SSE or JSON), never changing a byte of it.
 // Usage is the OpenAI "usage" object: in a JSON answer at the top level
-// (the body is kept, or its tail, until end), in a stream the latest
-// event's that had one (event).
-type usageScanner struct {
-	sse  bool   // the answer is an event stream
+// (the body is kept, or its tail, until End), in a stream the latest
+// event's that had one (Event). The zero value scans a JSON answer.
+type UsageScanner struct {
 	buf  []byte // JSON: the body so far, or its tail
 	tail bool   // JSON: the body outgrew the bound; buf is its last maxUsageTail bytes
 
@@ -65,19 +71,19 @@ type usageScanner struct {
 	prompt, completed int
 }
 
-// json keeps the next bytes of a JSON answer for end.
-func (u *usageScanner) json(p []byte) {
+// Body keeps the next bytes of a JSON answer for End.
+func (u *UsageScanner) Body(p []byte) {
 	u.buf = append(u.buf, p...)
-	if len(u.buf) > maxUsageScanBytes || u.tail && len(u.buf) > maxUsageTail {
+	if len(u.buf) > MaxScanBytes || u.tail && len(u.buf) > maxUsageTail {
 		u.tail = true
 		u.buf = append(u.buf[:0], u.buf[len(u.buf)-maxUsageTail:]...)
 	}
 }
 
-// event records the usage of one event of a stream, if it had one.
-func (u *usageScanner) event(ev *streamEvent) {
-	if ev.hasUsage {
-		u.found, u.prompt, u.completed = true, ev.usage.PromptTokens, ev.usage.CompletionTokens
+// Event records the usage of one event of a stream, if it had one.
+func (u *UsageScanner) Event(ev *Event) {
+	if ev.HasUsage {
+		u.found, u.prompt, u.completed = true, ev.PromptTokens, ev.CompletionTokens
 	}
 }
 
@@ -98,11 +104,12 @@ func parseUsage(doc []byte) (usageObject, bool) {
 	return usageObject{}, false
 }
 
-// end finishes the scan and returns the usage, if the answer had one: for
-// a JSON answer, its top-level "usage" when the whole body was kept, else
-// the object after the last `"usage":` key of the kept tail.
-func (u *usageScanner) end() (prompt, completion int, ok bool) {
-	if !u.sse && len(u.buf) > 0 {
+// End finishes the scan and returns the usage in tokens, if the answer had
+// one: for a JSON answer (bytes given to Body), its top-level "usage" when
+// the whole body was kept, else the object after the last `"usage":` key
+// of the kept tail; for a stream, the latest event's.
+func (u *UsageScanner) End() (prompt, completion int, ok bool) {
+	if len(u.buf) > 0 {
 		if !u.tail {
 			if v, ok := parseUsage(u.buf); ok {
 				u.found, u.prompt, u.completed = true, v.PromptTokens, v.CompletionTokens

@@ -1,8 +1,7 @@
-package api
+package request
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"iop/internal/jsonvalue"
 	"math"
@@ -13,24 +12,7 @@ import (
 // (OpenAI's limit for embeddings).
 const maxInputs = 2048
 
-// decodeObject decodes a request body that must be one JSON object into its
-// members. Errors are *requestError with no param.
-func decodeObject(body []byte) (map[string]json.RawMessage, error) {
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(body, &top); err != nil {
-		var typeErr *json.UnmarshalTypeError
-		if errors.As(err, &typeErr) {
-			return nil, &requestError{message: "the request body must be a JSON object, got " + jsonKind(body)}
-		}
-		return nil, &requestError{message: "the request body is not valid JSON: " + err.Error()}
-	}
-	if top == nil {
-		return nil, &requestError{message: "the request body must be a JSON object, got null"}
-	}
-	return top, nil
-}
-
-// textInput is what decodeTextInput found in a prompt or input.
+// textInput is what textInputOf found in a prompt or input.
 type textInput struct {
 	// Items is the number of prompts or inputs: 1 for a string or one
 	// token array, else the array's length.
@@ -62,39 +44,34 @@ func (in textInput) needs(batch bool) []string {
 // plus its characters / 4 rounded up.
 func (in textInput) estimatedTokens() int { return in.Tokens + (in.Chars+3)/4 }
 
-// decodeTextInput is textInputOf for a value not parsed yet.
-func decodeTextInput(raw json.RawMessage, param string, nonEmpty bool) (textInput, error) {
-	return textInputOf(rawValue(raw), param, nonEmpty)
-}
-
 // textInputOf checks a completions "prompt" or an embeddings "input"
 // (OpenAI API reference): a string, an array of 1 to 2048 strings, an
 // array of token ids (integers in [0, 2^31)), or an array of 1 to 2048
 // such arrays. With nonEmpty, every string and token array must be
 // non-empty (OpenAI's rule for embeddings input). Absent or null is an
-// error: both fields are required. Errors are *requestError naming param
+// error: both fields are required. Errors are *FieldError naming param
 // or the item, as in "input[3]".
 func textInputOf(v *jsonvalue.Value, param string, nonEmpty bool) (textInput, error) {
 	if v.Absent() {
-		return textInput{}, &requestError{param: param, message: "you must provide " + param}
+		return textInput{}, &FieldError{Field: param, Message: "you must provide " + param}
 	}
 	const want = "a string, an array of strings, an array of token ids or an array of token id arrays"
 	switch v.Kind() {
 	case '"':
 		if nonEmpty && v.Runes == 0 {
-			return textInput{}, &requestError{param: param, message: "must not be an empty string"}
+			return textInput{}, &FieldError{Field: param, Message: "must not be an empty string"}
 		}
 		return textInput{Items: 1, Chars: v.Runes}, nil
 	case '[':
 	default:
-		return textInput{}, &requestError{param: param, message: "expected " + want + ", got " + v.TypeName()}
+		return textInput{}, &FieldError{Field: param, Message: "expected " + want + ", got " + v.TypeName()}
 	}
 	items := v.Elems
 	switch {
 	case len(items) == 0:
-		return textInput{}, &requestError{param: param, message: "must not be an empty array"}
+		return textInput{}, &FieldError{Field: param, Message: "must not be an empty array"}
 	case len(items) > maxInputs:
-		return textInput{}, &requestError{param: param, message: fmt.Sprintf("at most %d items are allowed, got %d", maxInputs, len(items))}
+		return textInput{}, &FieldError{Field: param, Message: fmt.Sprintf("at most %d items are allowed, got %d", maxInputs, len(items))}
 	}
 	var in textInput
 	switch items[0].Kind() {
@@ -104,10 +81,10 @@ func textInputOf(v *jsonvalue.Value, param string, nonEmpty bool) (textInput, er
 			item := &items[i]
 			itemParam := fmt.Sprintf("%s[%d]", param, i)
 			if item.Kind() != '"' {
-				return textInput{}, &requestError{param: itemParam, message: "expected a string like the first item, got " + item.TypeName()}
+				return textInput{}, &FieldError{Field: itemParam, Message: "expected a string like the first item, got " + item.TypeName()}
 			}
 			if nonEmpty && item.Runes == 0 {
-				return textInput{}, &requestError{param: itemParam, message: "must not be an empty string"}
+				return textInput{}, &FieldError{Field: itemParam, Message: "must not be an empty string"}
 			}
 			in.Chars += item.Runes
 		}
@@ -133,10 +110,10 @@ func textInputOf(v *jsonvalue.Value, param string, nonEmpty bool) (textInput, er
 // tokenIDsOf checks an array of token ids and returns its length.
 func tokenIDsOf(v *jsonvalue.Value, param string, nonEmpty bool) (int, error) {
 	if v.Kind() != '[' {
-		return 0, &requestError{param: param, message: "expected an array of token ids, got " + v.TypeName()}
+		return 0, &FieldError{Field: param, Message: "expected an array of token ids, got " + v.TypeName()}
 	}
 	if nonEmpty && len(v.Elems) == 0 {
-		return 0, &requestError{param: param, message: "must not be an empty array"}
+		return 0, &FieldError{Field: param, Message: "must not be an empty array"}
 	}
 	for j := range v.Elems {
 		id := &v.Elems[j]
@@ -144,7 +121,7 @@ func tokenIDsOf(v *jsonvalue.Value, param string, nonEmpty bool) (int, error) {
 			return 0, err
 		}
 		if id.Absent() {
-			return 0, &requestError{param: fmt.Sprintf("%s[%d]", param, j), message: "expected a token id, got null"}
+			return 0, &FieldError{Field: fmt.Sprintf("%s[%d]", param, j), Message: "expected a token id, got null"}
 		}
 	}
 	return len(v.Elems), nil
@@ -155,8 +132,13 @@ func tokenIDsOf(v *jsonvalue.Value, param string, nonEmpty bool) (int, error) {
 // bytes once.
 var bodyParses atomic.Int64
 
+// BodyParses is how many whole request bodies this package parsed since
+// the process started (a test hook, as translate.BodyDecodes, so a client
+// API's tests can tell that its routes parse no body twice).
+func BodyParses() int64 { return bodyParses.Load() }
+
 // parseBody parses a request body that must be one JSON object, once.
-// Errors are *requestError with no param, worded as decodeObject words
+// Errors are *FieldError with no param, worded as decodeObject words
 // them (the body not valid JSON, with encoding/json's own error text; not
 // an object; null).
 func parseBody(body []byte) (*jsonvalue.Value, error) {
@@ -167,16 +149,16 @@ func parseBody(body []byte) (*jsonvalue.Value, error) {
 		// (its text is part of the answer, and the tests hold it).
 		var top map[string]json.RawMessage
 		if jerr := json.Unmarshal(body, &top); jerr != nil {
-			return nil, &requestError{message: "the request body is not valid JSON: " + jerr.Error()}
+			return nil, &FieldError{Message: "the request body is not valid JSON: " + jerr.Error()}
 		}
-		return nil, &requestError{message: "the request body is not valid JSON"}
+		return nil, &FieldError{Message: "the request body is not valid JSON"}
 	}
 	switch v.Kind() {
 	case '{':
 		return v, nil
 	case 'n':
-		return nil, &requestError{message: "the request body must be a JSON object, got null"}
+		return nil, &FieldError{Message: "the request body must be a JSON object, got null"}
 	default:
-		return nil, &requestError{message: "the request body must be a JSON object, got " + jsonKind(body)}
+		return nil, &FieldError{Message: "the request body must be a JSON object, got " + jsonKind(body)}
 	}
 }

@@ -1,4 +1,4 @@
-package api
+package request
 
 import (
 	"bytes"
@@ -66,11 +66,11 @@ func TestDecodeChatRequest(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := decodeChatRequest([]byte(tt.body))
 			if tt.wantParam != "" {
-				var reqErr *requestError
+				var reqErr *FieldError
 				if !errors.As(err, &reqErr) {
-					t.Fatalf("err = %v, want a *requestError", err)
+					t.Fatalf("err = %v, want a *FieldError", err)
 				}
-				if param := reqErr.param; param != tt.wantParam && !(tt.wantParam == "-" && param == "") {
+				if param := reqErr.Field; param != tt.wantParam && !(tt.wantParam == "-" && param == "") {
 					t.Errorf("param = %q, want %q (%v)", param, tt.wantParam, err)
 				}
 				return
@@ -89,11 +89,11 @@ func TestDecodeChatRequest(t *testing.T) {
 // FuzzDecodeChatRequest feeds the decoder arbitrary client bodies. Corpus:
 // testdata/fuzz/FuzzDecodeChatRequest. It must never panic; an accepted body
 // must be a JSON object with a model whose checked fields a provider can
-// read (acceptedFieldsOK), and a rejected one must yield a *requestError that
-// renders as a short OpenAI error body in valid UTF-8.
+// read (acceptedFieldsOK), and a rejected one must yield a *FieldError
+// whose text (the OpenAI error body's message) is short and valid UTF-8.
 func FuzzDecodeChatRequest(f *testing.F) {
 	for _, seed := range []string{
-		simpleChat,
+		`{"model":"m","messages":[{"role":"user","content":"hello"}]}`,
 		`{"model":"m","stream":true,"stream_options":{"include_usage":true},"tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}]}`,
 		`{"model":"m","messages":"x"}`,
 		`{"model":"","messages":[]}`,
@@ -110,20 +110,15 @@ func FuzzDecodeChatRequest(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		got, err := decodeChatRequest(body)
 		if err != nil {
-			var reqErr *requestError
-			if !errors.As(err, &reqErr) || reqErr.message == "" {
-				t.Fatalf("err = %#v, want a *requestError with a message", err)
+			var reqErr *FieldError
+			if !errors.As(err, &reqErr) || reqErr.Message == "" {
+				t.Fatalf("err = %#v, want a *FieldError with a message", err)
 			}
-			e := Classify(err, nil)
-			if e.status != 400 {
-				t.Fatalf("status %d, want 400", e.status)
-			}
-			if _, err := json.Marshal(errorBody{Error: e}); err != nil {
-				t.Fatalf("error body does not marshal: %v", err)
-			}
-			// One quoted client value (clipped, maybe escaped) and some words.
-			if len(e.Message) > 4*maxQuotedBytes+256 || !utf8.ValidString(e.Message) {
-				t.Fatalf("message of %d bytes (valid UTF-8: %v): %.300q", len(e.Message), utf8.ValidString(e.Message), e.Message)
+			// The frame answers it 400 with this text as the message
+			// (TestClassifyFieldError): one quoted client value (clipped,
+			// maybe escaped) and some words.
+			if msg := reqErr.Error(); len(msg) > 4*MaxQuotedBytes+256 || !utf8.ValidString(msg) {
+				t.Fatalf("message of %d bytes (valid UTF-8: %v): %.300q", len(msg), utf8.ValidString(msg), msg)
 			}
 			return
 		}
@@ -286,8 +281,8 @@ func TestRegression_MalformedToolsAreRefused(t *testing.T) {
 	} {
 		body := `{"model":"m",` + tools + `,` + msgs + `}`
 		_, err := decodeChatRequest([]byte(body))
-		var re *requestError
-		if !errors.As(err, &re) || re.param != param {
+		var re *FieldError
+		if !errors.As(err, &re) || re.Field != param {
 			t.Errorf("%s: %v, want a 400 naming %s", tools, err, param)
 		}
 	}

@@ -1,10 +1,8 @@
-package api
+package request
 
 import (
-	"fmt"
 	"strconv"
 
-	"iop/internal/edge/contract"
 	"iop/internal/jsonvalue"
 )
 
@@ -43,7 +41,7 @@ type embeddingsRequest struct {
 //	user             a string
 //
 // It needs "embeddings" of its provider, and "token_input" (a tunnel-path
-// provider) for token ids. Errors are *requestError naming the field.
+// provider) for token ids. Errors are *FieldError naming the field.
 func decodeEmbeddingsRequest(body []byte) (embeddingsRequest, error) {
 	top, err := parseBody(body)
 	if err != nil {
@@ -77,32 +75,12 @@ func embeddingsRequestOf(top *jsonvalue.Value) (embeddingsRequest, error) {
 	case "base64":
 		req.Base64 = true
 	default:
-		return embeddingsRequest{}, &requestError{param: "encoding_format",
-			message: `must be "float" or "base64", got ` + strconv.Quote(Clip(format))}
+		return embeddingsRequest{}, &FieldError{Field: "encoding_format",
+			Message: `must be "float" or "base64", got ` + strconv.Quote(Clip(format))}
 	}
-	if err := checkType(top.Get("user"), "user", wantString); err != nil {
+	if err := checkType(top.Get("user"), "user", WantString); err != nil {
 		return embeddingsRequest{}, err
 	}
 	req.ollama = ollamaMemberOf(top)
 	return req, nil
-}
-
-// vectors reads a normalized-path embeddings run to its end and returns
-// the vectors of its delta events, in order. A run that sends other than
-// inputs vectors failed: ErrUpstreamProtocol; else next's errors.
-func (e *eventReader) vectors(inputs int) ([][]float32, error) {
-	vectors := make([][]float32, 0, inputs)
-	_, err := e.next(func(ev *contract.Event) error {
-		for _, vec := range ev.Embeddings {
-			if len(vectors) == inputs {
-				return fmt.Errorf("%w: more vectors than inputs", ErrUpstreamProtocol)
-			}
-			vectors = append(vectors, vec)
-		}
-		return nil
-	})
-	if err == nil && len(vectors) != inputs {
-		err = fmt.Errorf("%w: %d vectors for %d inputs", ErrUpstreamProtocol, len(vectors), inputs)
-	}
-	return vectors, err
 }
