@@ -231,7 +231,12 @@ func TestSlowReaderLosesItsSlot(t *testing.T) {
 
 // stalledReader sends a streaming request for a huge answer on a raw
 // connection with a small receive buffer, reads the response head and then
-// reads nothing more. It returns once the run holds its slot.
+// reads nothing more. It returns once the run holds its slot. The answer,
+// 2,000,000 tokens of at least 90 bytes on the wire each, is over four
+// times what every buffer on its way holds (loopback sockets autotune to
+// at most 32 MiB received and 4 MiB sent, the edge's stream window is
+// 256 KiB), so it never ends while the test runs; the simulator builds it
+// whole before the first byte, so a larger one only costs time.
 func stalledReader(t *testing.T, e *process.Process, model string) net.Conn {
 	t.Helper()
 	conn, err := net.Dial("tcp", e.HTTPAddr)
@@ -241,7 +246,7 @@ func stalledReader(t *testing.T, e *process.Process, model string) net.Conn {
 	if err := conn.(*net.TCPConn).SetReadBuffer(4096); err != nil {
 		t.Fatal(err)
 	}
-	body := fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":10000000,"messages":[{"role":"user","content":"go on"}]}`, model)
+	body := fmt.Sprintf(`{"model":%q,"stream":true,"max_tokens":2000000,"messages":[{"role":"user","content":"go on"}]}`, model)
 	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", e.HTTPAddr, len(body), body)
 	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 4096), nil)
 	if err != nil {

@@ -115,7 +115,7 @@ func (st *prefixStack) block(t *testing.T, model string, messages []chatMessage)
 	}
 	prompted := st.prompted()
 	ctx, cancel := context.WithCancel(context.Background())
-	body, _ := json.Marshal(map[string]any{"model": model, "stream": true, "max_tokens": 1_000_000, "messages": messages})
+	body, _ := json.Marshal(map[string]any{"model": model, "stream": true, "max_tokens": 200_000, "messages": messages})
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+st.e.HTTPAddr+"/v1/chat/completions", strings.NewReader(string(body)))
 	req.Header.Set("Content-Type", "application/json")
 	done := make(chan struct{})

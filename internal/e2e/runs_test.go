@@ -206,7 +206,7 @@ func TestRunsAPI(t *testing.T) {
 
 		t.Run(p.name+"/DELETE cancels a running run", func(t *testing.T) {
 			before := p.backend.Stats().Cancelled
-			r := submit(t, base, fmt.Sprintf(`{"model":%q,"prompt":"x","max_tokens":1000000,"background":true}`, p.model), http.StatusAccepted)
+			r := submit(t, base, fmt.Sprintf(`{"model":%q,"prompt":"x","max_tokens":200000,"background":true}`, p.model), http.StatusAccepted)
 			waitRun(t, base, r.ID, "running")
 			// Cancelled before its request reached the backend, a run would
 			// leave it nothing to abort.
@@ -230,7 +230,7 @@ func TestRunsAPI(t *testing.T) {
 				testenv.Eventually(t, "the run reaches the backend", func() bool { return p.backend.Stats().InFlight == 1 })
 				cancel()
 			}()
-			call(t, ctx, http.MethodPost, base+"/v1/runs", fmt.Sprintf(`{"model":%q,"prompt":"x","max_tokens":1000000}`, p.model))
+			call(t, ctx, http.MethodPost, base+"/v1/runs", fmt.Sprintf(`{"model":%q,"prompt":"x","max_tokens":200000}`, p.model))
 			testenv.Eventually(t, "the backend sees the abort", func() bool { return p.backend.Stats().Cancelled == before.Cancelled+1 })
 			waitIdle(t, e)
 			var page struct{ Data []runJSON }
@@ -337,7 +337,7 @@ func TestRunsSessionAffinity(t *testing.T) {
 
 	// A long run holds one slot of a (ties go to the lowest provider id), so
 	// the session's first run goes to the less loaded b.
-	hold := submit(t, base, `{"model":"m","prompt":"x","max_tokens":1000000,"background":true}`, http.StatusAccepted)
+	hold := submit(t, base, `{"model":"m","prompt":"x","max_tokens":200000,"background":true}`, http.StatusAccepted)
 	if got := provider(waitRun(t, base, hold.ID, "running")); got != "a" {
 		t.Fatalf("holding run on %s", got)
 	}
@@ -381,7 +381,7 @@ func TestRunsOutliveTheEdgeProcess(t *testing.T) {
 			{ID: "v", Type: "vllm", BaseURL: url + "/v1", Models: []string{"m"}, Capacity: 2}}})
 		base := "http://" + e.HTTPAddr
 		submit(t, base, `{"model":"m","prompt":"kept","max_tokens":3}`, http.StatusOK)
-		long := submit(t, base, `{"model":"m","prompt":"x","max_tokens":1000000,"background":true}`, http.StatusAccepted)
+		long := submit(t, base, `{"model":"m","prompt":"x","max_tokens":200000,"background":true}`, http.StatusAccepted)
 		waitRun(t, base, long.ID, "running")
 		cancel()
 		if err := e.Wait(); err != nil {
@@ -408,7 +408,7 @@ func TestRunsOutliveTheEdgeProcess(t *testing.T) {
 			{ID: "v", Type: "vllm", BaseURL: url + "/v1", Models: []string{"m"}, Capacity: 2}}})
 		base := "http://" + httpAddr
 		done := submit(t, base, `{"model":"m","prompt":"kept","max_tokens":4,"metadata":{"k":"v"}}`, http.StatusOK)
-		inFlight := submit(t, base, `{"model":"m","prompt":"x","max_tokens":1000000,"background":true}`, http.StatusAccepted)
+		inFlight := submit(t, base, `{"model":"m","prompt":"x","max_tokens":200000,"background":true}`, http.StatusAccepted)
 		waitRun(t, base, inFlight.ID, "running")
 		if err := first.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)

@@ -29,6 +29,15 @@ const DefaultTimeout = 10 * time.Minute
 // dialTimeout bounds one TCP connect to a provider.
 const dialTimeout = 10 * time.Second
 
+// idleConnTimeout is how long a pooled connection to a provider may sit
+// idle before the node closes it: under the 5 s keep-alive of the servers
+// models run behind (uvicorn's timeout_keep_alive for vLLM, cpp-httplib's
+// for llama.cpp, Node's keepAliveTimeout), so the node never sends a
+// request on a connection the server is closing — net/http does not
+// retry a POST it has written, and the run would end 502 "provider
+// unreachable: connection closed".
+const idleConnTimeout = 4 * time.Second
+
 // errorBodyLimit caps how much of a non-2xx answer is read for its message.
 const errorBodyLimit = 64 << 10
 
@@ -191,7 +200,7 @@ func newHTTPProvider(cfg Config) (*httpProvider, error) {
 		ForceAttemptHTTP2:     true,
 		MaxIdleConns:          max(100, conns),
 		MaxIdleConnsPerHost:   conns,
-		IdleConnTimeout:       90 * time.Second,
+		IdleConnTimeout:       idleConnTimeout,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
 		// The tunnel relays few headers; refuse a provider's oversized ones.
