@@ -14,7 +14,7 @@ type peersFlags struct {
 }
 
 func (f *peersFlags) register(fl *pflag.FlagSet) {
-	fl.BoolVar(&f.on, "peers", false, "run the side-by-side benchmark (make bench-peers; Linux): iop (edge + node, tunnel and normalized paths; an edge serving the provider itself, its node in its process), Olla and Bifrost in front of one mock model server, issue 35's workloads in alternating rounds")
+	fl.BoolVar(&f.on, "peers", false, "run the side-by-side benchmark (make bench-peers; Linux): iop (edge + node, tunnel and normalized paths; an edge serving the provider itself, its node in its process), Olla and Bifrost in front of one mock model server, the peer table's workloads (BENCHMARKS.md) in alternating rounds")
 	fl.StringVar(&f.cfg.Olla, "olla", "", "with --peers: Olla's executable (none: Olla is left out)")
 	fl.StringVar(&f.cfg.OllaDir, "olla-dir", "", "with --peers: Olla's working directory, the root of its source tree (default: the executable's directory)")
 	fl.StringVar(&f.cfg.Bifrost, "bifrost", "", "with --peers: Bifrost's bifrost-http executable (none: Bifrost is left out)")
