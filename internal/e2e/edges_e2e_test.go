@@ -16,9 +16,11 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 
 	"iop/internal/e2e/harness"
+	"iop/internal/edge/contract"
 	"iop/internal/edge"
 	"iop/internal/node"
 	"iop/internal/process"
+	"iop/internal/scheduler"
 	"iop/internal/sim"
 	"iop/internal/testenv"
 )
@@ -95,8 +97,9 @@ func welcomedBy(t *testing.T, e *process.Process) uint64 {
 	t.Helper()
 	var gen uint64
 	testenv.Eventually(t, "node n1 on the edge at "+e.NodeAddr, func() bool {
-		for _, n := range e.Service.Snapshot().Nodes {
-			if n.NodeID == "n1" && len(n.Providers) == 1 && !n.Draining {
+		snap := e.Service.Snapshot()
+		for _, n := range snap.Nodes {
+			if n.NodeID == "n1" && len(n.Providers) == 1 && !n.Draining && providerAvailable(snap, n.NodeID, n.Generation) {
 				gen = n.Generation
 				return true
 			}
@@ -104,6 +107,19 @@ func welcomedBy(t *testing.T, e *process.Process) uint64 {
 		return false
 	})
 	return gen
+}
+
+// providerAvailable reports whether the scheduler holds a provider of
+// node id at generation gen taking requests. The node is in the snapshot's
+// Nodes from its hello, a moment before its providers are activated: a
+// request in between is refused (TestNodeResolvesEdgesName failed so once).
+func providerAvailable(snap contract.Snapshot, id string, gen uint64) bool {
+	for _, p := range snap.Providers {
+		if p.NodeID == id && p.Generation == gen && p.Status == scheduler.StatusAvailable {
+			return true
+		}
+	}
+	return false
 }
 
 // postChat sends a non-streamed chat through e and returns status and body.
