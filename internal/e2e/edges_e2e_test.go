@@ -16,8 +16,8 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 
 	"iop/internal/e2e/harness"
-	"iop/internal/edge/contract"
 	"iop/internal/edge"
+	"iop/internal/edge/contract"
 	"iop/internal/node"
 	"iop/internal/process"
 	"iop/internal/scheduler"
