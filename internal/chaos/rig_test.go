@@ -393,7 +393,12 @@ func (r *rig) startNode(id string) {
 			return n == want
 		})
 		if !ok {
-			t.Fatalf("node %s not on %s within %s", id, e.name, startWithin)
+			// Rare (once in about fifty starts): say everything the two
+			// processes said, whatever IOP_CHAOS_LOGS is.
+			var ps []adminwire.Provider
+			err := r.adminGet(e, "/admin/v1/providers", &ps)
+			t.Fatalf("node %s not on %s within %s; the edge's providers: %+v (err %v)\nnode %s output:\n%s\n%s output:\n%s",
+				id, e.name, startWithin, ps, err, id, r.nodes[id].logs.String(), e.name, e.proc.Load().logs.String())
 		}
 	}
 }
