@@ -46,11 +46,11 @@ func TestGuaranteesOnTheInMemoryLink(t *testing.T) {
 		{"FaultFailingProviderAnswersAtOnce", TestFaultFailingProviderAnswersAtOnce},
 		{"EdgeStopEndsRequestsWithAnAnswer", TestRegression_EdgeStopEndsRequestsWithAnAnswer},
 	} {
-		// One test at a time, as each runs on its own: t.Run returns
-		// once the inner test and its parallel subtests are done (three
-		// of them at once, each streaming unlimited answers under the
-		// race detector, took 4 GB and stalled the process).
-		t.Run(tc.name, func(t *testing.T) { t.Run(harness.LinkMemory, tc.test) })
+		// Each row is parallel, as the test it runs is on the gRPC link.
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			t.Run(harness.LinkMemory, tc.test)
+		})
 	}
 }
 
