@@ -47,9 +47,13 @@ func startPrefixStack(t *testing.T, protocol sim.Protocol, capacity int) *prefix
 	st := &prefixStack{e: e, sims: map[string]*sim.Server{}}
 	var provs []node.ProviderConfig
 	for _, id := range prefixProviders {
-		// A slow token rate keeps a long answer (a blocker) in flight.
+		// A slow token rate and no length of its own keep a long answer
+		// (a blocker) in flight until it is stopped; every other request
+		// sets a short limit. (With the simulator's 16 tokens a blocker
+		// ended by itself 0.2 s after its start, and on a loaded machine a
+		// turn meant for the free provider went to a blocker's.)
 		s, url := harness.Sim(t, sim.Config{Protocol: protocol, Models: []string{"m"}, MaxConcurrent: capacity,
-			TokensPerSecond: 100, PrefixCacheTokens: 100_000})
+			TokensPerSecond: 100, DefaultMaxTokens: 1_000_000, PrefixCacheTokens: 100_000})
 		st.sims[id] = s
 		p := node.ProviderConfig{ID: id, Type: node.TypeOllama, BaseURL: url, Models: []string{"m"}, Capacity: capacity}
 		if protocol == sim.ProtocolOpenAI {
