@@ -62,6 +62,22 @@ var ErrInvalid = errors.New("invalid config file")
 
 var yamlLine = regexp.MustCompile(`^yaml: line (\d+): `)
 
+// parserProblem holds the problems of yaml.v3's parser (parserc.go), as
+// opposed to its scanner's.
+var parserProblem = map[string]bool{
+	"did not find expected ',' or ']'":       true,
+	"did not find expected ',' or '}'":       true,
+	"did not find expected '-' indicator":    true,
+	"did not find expected <document start>": true,
+	"did not find expected <stream-start>":   true,
+	"did not find expected key":              true,
+	"did not find expected node content":     true,
+	"found duplicate %TAG directive":         true,
+	"found duplicate %YAML directive":        true,
+	"found incompatible YAML document":       true,
+	"found undefined tag handle":             true,
+}
+
 // Check parses data as YAML and reports every key and value that does not
 // fit the schema root: unknown keys (with the nearest known key as a
 // suggestion), values of the wrong shape or type, repeated keys. It says
@@ -76,6 +92,11 @@ func Check(data []byte, root *Node) []Problem {
 			p.Line, _ = strconv.Atoi(m[1])
 			p.Column = 1
 			p.Message = "not YAML: " + msg[len(m[0]):]
+			if parserProblem[msg[len(m[0]):]] {
+				// yaml.v3 (decode.go, parser.fail) gives a parser error's
+				// line 0-based and a scanner error's 1-based.
+				p.Line++
+			}
 		}
 		return []Problem{p}
 	}

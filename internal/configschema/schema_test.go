@@ -92,6 +92,28 @@ func TestCheckWalksListsMapsAndScalarForms(t *testing.T) {
 	}
 }
 
+// TestRegression_YAMLErrorsNameTheirLine: a flow sequence left open on
+// line 2 was reported at 1:1 (yaml.v3 counts a parser error's line from
+// 0); a scanner error's line was right and stays so.
+func TestRegression_YAMLErrorsNameTheirLine(t *testing.T) {
+	t.Parallel()
+	root, _, err := Build(reflect.TypeOf(testRoot{}), testDocs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ file, want string }{
+		{"name: x\nitems: [oops\n", "2:1: not YAML: did not find expected ',' or ']'"},
+		{"name: x\nratio: 1\non: true\nitems:\n  - capacity: 1\n   timeout: 2s\n", "5:1: not YAML: did not find expected '-' indicator"},
+		{"name: x\nratio: 1\nitems: @x\n", "3:1: not YAML: found character that cannot start any token"},
+		{"name: x\non: true\nby_name: {a: 1\n", "3:1: not YAML: did not find expected ',' or '}'"},
+	} {
+		ps := Check([]byte(tc.file), root)
+		if len(ps) != 1 || ps[0].String() != tc.want {
+			t.Errorf("%q: got %v, want %s", tc.file, ps, tc.want)
+		}
+	}
+}
+
 func TestDistance(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {

@@ -60,7 +60,7 @@ func TestConfigCheckMessages(t *testing.T) {
 		{"several problems, in file order", KindEdge, "insecure_open: maybe\nqueue:\n  queue_timeout: 1\n",
 			[]string{`1:16: insecure_open: "maybe" is not true or false`, `3:18: queue.queue_timeout: "1" is not a duration; write "1s"`}},
 		{"not YAML", KindEdge, "listen: [\n",
-			[]string{`1:1: not YAML: did not find expected node content`}},
+			[]string{`2:1: not YAML: did not find expected node content`}},
 		{"validate: an alias without targets, at its line", KindEdge, "listen: 127.0.0.1:8080\nmodels:\n  chat: {max_queue: 3}\n",
 			[]string{`3:3: models.chat: no targets`}},
 		// Regression: a key's and a team's problems had no line (the
