@@ -481,6 +481,13 @@ func readRunDownTo(stream runStream, r *run, inline, streamed bool, bodies chan<
 			if streamed && !delivered {
 				pr, pw := io.Pipe()
 				pipe, delivered = pw, true
+				// Once the run's work ends (cancelled, the connection
+				// gone, the run over) nobody may read the pipe: its
+				// writes below must fail, not wait, or the stream's
+				// reader (which runOn waits for) never reads again.
+				context.AfterFunc(r.workCtx, func() {
+					pr.CloseWithError(fmt.Errorf("%w: %w", adapter.ErrCancelled, context.Cause(r.workCtx)))
+				})
 				bodies <- bodyResult{reader: pr}
 			}
 			if pipe != nil {

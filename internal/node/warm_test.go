@@ -2,6 +2,9 @@ package node
 
 import (
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"slices"
 	"strings"
@@ -383,4 +386,43 @@ func TestWarmStreamReaderServesRunAfterRun(t *testing.T) {
 		t.Errorf("%d provider calls, want 3", n)
 	}
 	noRun(t, e)
+}
+
+// TestRegression_CancelledUploadFreesItsWarmStream: a streamed body (a
+// transcription's multipart upload) whose run is cancelled before its
+// first chunk comes down was delivered to nobody, and the stream's one
+// reader blocked for ever writing the chunk into its pipe: the warm
+// stream never read the next Dispatch, and the node's Run never returned
+// (a make test hung 13 minutes in an in-process node's shutdown). The
+// pipe now fails once the run's work ends: the run ends cancelled, the
+// same stream serves the next run, and the node stops.
+func TestRegression_CancelledUploadFreesItsWarmStream(t *testing.T) {
+	e, addr := startWarmEdge(t)
+	const sse = "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\ndata: [DONE]\n\n"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, sse)
+	}))
+	t.Cleanup(up.Close)
+	startAgent(t, testConfig(addr, ProviderConfig{ID: "p", Type: "vllm", BaseURL: up.URL, Models: []string{"served-model"}}), newTestClock(), nil)
+	connect(t, e, 1, hour)
+	r := recv(t, e.warm, "warm run stream")
+
+	upload := dispatchMsg("upload", "p", tunnel)
+	upload.GetDispatch().Operation, upload.GetDispatch().Stream = nodev1.Operation_OPERATION_TRANSCRIPTION, false
+	r.warmDown(t, upload)
+	if err := r.stream.Send(&nodev1.RunDown{Msg: &nodev1.RunDown_Cancel{Cancel: &nodev1.Cancel{RunId: "upload", Reason: "client gone"}}}); err != nil {
+		t.Fatal(err)
+	}
+	r.sendBody(t, "--b\r\nfirst part", "second part", "--b--\r\n")
+	if last := r.warmRun(t, "upload"); last[len(last)-1].GetTunnelError() == nil {
+		t.Fatalf("cancelled upload ended with %v, want TunnelError", last[len(last)-1])
+	}
+
+	r.warmDown(t, inlineDispatchMsg("chat", "p", tunnel, `{"model":"alias","stream":true}`))
+	if _, body, complete := tunnelAnswer(r.warmRun(t, "chat")); !complete || body != sse {
+		t.Fatalf("next run on the stream: complete %v body %q", complete, body)
+	}
+	r.end <- nil
 }
