@@ -481,9 +481,22 @@ func (j *job) ran() {
 	}
 }
 
-// saveWaiting stores the batch's Waiting and WaitingUntil.
+// saveWaiting stores the batch's Waiting and WaitingUntil, and when a
+// wait begins or ends, WaitingSince and Waited.
 func (j *job) saveWaiting(reason string, until time.Time) {
-	if _, err := j.save(func(b *Batch) { b.Waiting, b.WaitingUntil = reason, until }); err != nil {
+	now := j.s.cfg.Now()
+	if _, err := j.save(func(b *Batch) {
+		switch {
+		case reason != "" && b.Waiting == "":
+			b.WaitingSince = now
+		case reason == "" && b.Waiting != "":
+			if !b.WaitingSince.IsZero() && now.After(b.WaitingSince) {
+				b.Waited += now.Sub(b.WaitingSince)
+			}
+			b.WaitingSince = time.Time{}
+		}
+		b.Waiting, b.WaitingUntil = reason, until
+	}); err != nil {
 		j.s.logger.Error("batch status not saved", "batch", j.id, "err", err)
 	}
 }

@@ -55,6 +55,11 @@ type Batch struct {
 	// holds a line again (its Retry-After).
 	Waiting      string
 	WaitingUntil time.Time
+	// WaitingSince is when the present wait began (zero while the lines
+	// run); Waited is the time the batch's earlier waits took, so that
+	// its rate counts the time its lines could run (the progress's ETA).
+	WaitingSince time.Time
+	Waited       time.Duration
 
 	// Runner names the service that holds (or last held) the batch's
 	// lease; Leased says whether its lease is live (ActiveBatches).
@@ -183,15 +188,20 @@ type batchDoc struct {
 	TimesNS          map[string]int64  `json:"times_ns,omitempty"` // the same, Unix nanoseconds (a resumed batch's expiry is exact)
 	Waiting          string            `json:"waiting,omitempty"`
 	WaitingUntilNS   int64             `json:"waiting_until_ns,omitempty"`
+	WaitingSinceNS   int64             `json:"waiting_since_ns,omitempty"`
+	WaitedNS         int64             `json:"waited_ns,omitempty"`
 }
 
 func docOf(b Batch) batchDoc {
 	d := batchDoc{Endpoint: b.Endpoint, InputFileID: b.InputFileID, CompletionWindow: b.CompletionWindow,
 		Metadata: b.Metadata, Errors: b.Errors, OutputFileID: b.OutputFileID, ErrorFileID: b.ErrorFileID,
 		ResultsFileID: b.ResultsFileID, Canceled: b.Canceled, Expired: b.ExpiredCount, Times: map[string]int64{}, TimesNS: map[string]int64{},
-		Waiting: b.Waiting}
+		Waiting: b.Waiting, WaitedNS: int64(b.Waited)}
 	if b.Waiting != "" && !b.WaitingUntil.IsZero() {
 		d.WaitingUntilNS = b.WaitingUntil.UnixNano()
+	}
+	if b.Waiting != "" && !b.WaitingSince.IsZero() {
+		d.WaitingSinceNS = b.WaitingSince.UnixNano()
 	}
 	for name, t := range b.times() {
 		if !t.IsZero() {
@@ -205,9 +215,12 @@ func (d batchDoc) into(b *Batch) {
 	b.Endpoint, b.InputFileID, b.CompletionWindow = d.Endpoint, d.InputFileID, d.CompletionWindow
 	b.Metadata, b.Errors, b.OutputFileID, b.ErrorFileID = d.Metadata, d.Errors, d.OutputFileID, d.ErrorFileID
 	b.ResultsFileID, b.Canceled, b.ExpiredCount = d.ResultsFileID, d.Canceled, d.Expired
-	b.Waiting = d.Waiting
+	b.Waiting, b.Waited = d.Waiting, time.Duration(d.WaitedNS)
 	if d.WaitingUntilNS != 0 {
 		b.WaitingUntil = time.Unix(0, d.WaitingUntilNS)
+	}
+	if d.WaitingSinceNS != 0 {
+		b.WaitingSince = time.Unix(0, d.WaitingSinceNS)
 	}
 	for name, p := range b.times() {
 		if ns, ok := d.TimesNS[name]; ok {

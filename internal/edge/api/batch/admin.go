@@ -27,9 +27,10 @@ type Progress struct {
 	Runner string `json:"runner"`
 	// CreatedAt is Unix seconds.
 	CreatedAt int64 `json:"created_at"`
-	// LinesPerSecond is the lines finished per second since the batch
-	// started running; ETASeconds the time the rest take at that rate
-	// (0 when unknown, and while Waiting).
+	// LinesPerSecond is the lines finished per second of the time since
+	// the batch started running that its lines could run (its waits for
+	// its key's quota not counted); ETASeconds the time the rest take at
+	// that rate (0 when unknown, and while Waiting).
 	LinesPerSecond float64 `json:"lines_per_second"`
 	ETASeconds     float64 `json:"eta_seconds"`
 	// Waiting is why the lines do not run, when they do not: "quota"
@@ -49,7 +50,11 @@ func progressOf(b batch.Batch, now time.Time) Progress {
 		p.Runner = b.Runner
 	}
 	finished := b.Completed + b.Failed
-	if secs := now.Sub(b.InProgressAt).Seconds(); !b.InProgressAt.IsZero() && secs > 0 && finished > 0 {
+	running := now.Sub(b.InProgressAt) - b.Waited
+	if b.Waiting != "" && !b.WaitingSince.IsZero() {
+		running -= now.Sub(b.WaitingSince)
+	}
+	if secs := running.Seconds(); !b.InProgressAt.IsZero() && secs > 0 && finished > 0 {
 		p.LinesPerSecond = float64(finished) / secs
 		p.ETASeconds = float64(b.Total-finished) / p.LinesPerSecond
 	}

@@ -102,6 +102,8 @@ func TestRegression_BatchETAWhileTheQuotaRefusesItsLines(t *testing.T) {
 	if p.ID != b.ID || p.Waiting != batch.WaitingQuota || p.WaitingUntil <= 0 || p.ETASeconds != 0 || p.Done != 2 {
 		t.Fatalf("while the quota refuses its lines: %+v; want 2 done, waiting quota with a time, no ETA", p)
 	}
+	seenWaiting := time.Now()
+	let := time.Now()
 	gate.let()
 	testenv.Eventually(t, "the batch to complete", func() bool {
 		got, err := s.Batch(context.Background(), "", batch.KindOpenAI, b.ID)
@@ -116,6 +118,31 @@ func TestRegression_BatchETAWhileTheQuotaRefusesItsLines(t *testing.T) {
 	}
 	if got.Completed != 6 || got.Waiting != "" {
 		t.Fatalf("after the quota let its lines run: %d completed, waiting %q; want 6 and none", got.Completed, got.Waiting)
+	}
+	// The wait began before it was seen and ended after the gate opened.
+	if min := let.Sub(seenWaiting); got.Waited <= 0 || got.Waited < min || !got.WaitingSince.IsZero() {
+		t.Fatalf("after the wait: waited %v since %v; want at least %v, and no wait under way", got.Waited, got.WaitingSince, min)
+	}
+}
+
+// TestRegression_BatchETAAfterAQuotaWait: a batch's rate counted the time
+// its lines waited for its key's quota as running time, so after a wait
+// its ETA was as long as the wait made it (a batch that waited out a day's
+// quota and then ran 2 lines a second showed a rate of a few lines an
+// hour). The rate now counts only the time its lines could run: the waits
+// that ended (Waited) and the one under way (WaitingSince).
+func TestRegression_BatchETAAfterAQuotaWait(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	b := batch.Batch{ID: "b", Status: batch.StatusInProgress, Total: 100, Completed: 40, InProgressAt: t0,
+		Waited: 10 * time.Hour}
+	p := progressOf(b, t0.Add(10*time.Hour+20*time.Second))
+	if p.LinesPerSecond != 2 || p.ETASeconds != 30 {
+		t.Fatalf("after a 10 h wait, 40 lines in 20 s of running: %+v; want 2 lines/s, ETA 30 s", p)
+	}
+	b.Waiting, b.WaitingSince, b.WaitingUntil = batch.WaitingQuota, t0.Add(10*time.Hour+20*time.Second), t0.Add(20*time.Hour)
+	p = progressOf(b, t0.Add(15*time.Hour))
+	if p.LinesPerSecond != 2 || p.ETASeconds != 0 || p.Waiting != batch.WaitingQuota {
+		t.Fatalf("in a second wait: %+v; want the running rate (2 lines/s) and no ETA", p)
 	}
 }
 
