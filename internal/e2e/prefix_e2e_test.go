@@ -47,13 +47,15 @@ func startPrefixStack(t *testing.T, protocol sim.Protocol, capacity int) *prefix
 	st := &prefixStack{e: e, sims: map[string]*sim.Server{}}
 	var provs []node.ProviderConfig
 	for _, id := range prefixProviders {
-		// A slow token rate and no length of its own keep a long answer
-		// (a blocker) in flight until it is stopped; every other request
+		// A slow token rate and a length of 300 s keep a long answer (a
+		// blocker) in flight until it is stopped; every other request
 		// sets a short limit. (With the simulator's 16 tokens a blocker
 		// ended by itself 0.2 s after its start, and on a loaded machine a
-		// turn meant for the free provider went to a blocker's.)
+		// turn meant for the free provider went to a blocker's.) No
+		// longer: the simulator builds an answer whole at its admission,
+		// and one of 200,000 tokens took a second of CPU under -race.
 		s, url := harness.Sim(t, sim.Config{Protocol: protocol, Models: []string{"m"}, MaxConcurrent: capacity,
-			TokensPerSecond: 100, DefaultMaxTokens: 1_000_000, PrefixCacheTokens: 100_000})
+			TokensPerSecond: 100, DefaultMaxTokens: 30_000, PrefixCacheTokens: 100_000})
 		st.sims[id] = s
 		p := node.ProviderConfig{ID: id, Type: node.TypeOllama, BaseURL: url, Models: []string{"m"}, Capacity: capacity}
 		if protocol == sim.ProtocolOpenAI {
@@ -119,7 +121,7 @@ func (st *prefixStack) block(t *testing.T, model string, messages []chatMessage)
 	}
 	prompted := st.prompted()
 	ctx, cancel := context.WithCancel(context.Background())
-	body, _ := json.Marshal(map[string]any{"model": model, "stream": true, "max_tokens": 200_000, "messages": messages})
+	body, _ := json.Marshal(map[string]any{"model": model, "stream": true, "max_tokens": 30_000, "messages": messages})
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+st.e.HTTPAddr+"/v1/chat/completions", strings.NewReader(string(body)))
 	req.Header.Set("Content-Type", "application/json")
 	done := make(chan struct{})

@@ -42,7 +42,7 @@ func startSharedRunsEdge(t *testing.T, dsn, name string) *process.Process {
 func TestRunsSharedBetweenEdges(t *testing.T) {
 	t.Parallel()
 	dsn := testenv.Postgres(t)
-	s, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}, TokensPerSecond: 50, DefaultMaxTokens: 1_000_000})
+	s, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}, TokensPerSecond: 50, DefaultMaxTokens: 30_000})
 	a, b := startSharedRunsEdge(t, dsn, "edge-a"), startSharedRunsEdge(t, dsn, "edge-b")
 	ctx, stopNode := context.WithCancel(context.Background())
 	defer stopNode()

@@ -319,7 +319,7 @@ func TestRunsAPI(t *testing.T) {
 // loaded rule would choose another.
 func TestRunsSessionAffinity(t *testing.T) {
 	t.Parallel()
-	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 200, DefaultMaxTokens: 1_000_000})
+	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 200, DefaultMaxTokens: 100_000})
 	ctx, cancel := context.WithCancel(context.Background())
 	e := harness.Edge(t, ctx, harness.EdgeConfig(nil))
 	t.Cleanup(cancel)
@@ -364,7 +364,7 @@ func TestRunsSessionAffinity(t *testing.T) {
 // ones with their output.
 func TestRunsOutliveTheEdgeProcess(t *testing.T) {
 	t.Parallel()
-	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}, TokensPerSecond: 200, DefaultMaxTokens: 1_000_000})
+	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}, TokensPerSecond: 200, DefaultMaxTokens: 100_000})
 	db := filepath.Join(t.TempDir(), "runs.db")
 
 	t.Run("graceful stop", func(t *testing.T) {

@@ -29,7 +29,7 @@ import (
 // client_gone, and not dropped as "usage entry after the ledger closed").
 func TestRegression_EdgeStopEndsRequestsWithAnAnswer(t *testing.T) {
 	t.Parallel()
-	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"slow"}, TokensPerSecond: 20, DefaultMaxTokens: 1_000_000})
+	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"slow"}, TokensPerSecond: 20, DefaultMaxTokens: 20_000})
 	db := filepath.Join(t.TempDir(), "edge.db")
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()

@@ -97,6 +97,16 @@ type completion struct {
 
 func (c completion) text() string { return strings.Join(c.tokens, "") }
 
+// spacedVocabulary is vocabulary's words each after a space, as answer
+// tokens are: a long answer (a million tokens) allocates no string per
+// token.
+var spacedVocabulary = func() (out [len(vocabulary)]string) {
+	for i, w := range vocabulary {
+		out[i] = " " + w
+	}
+	return out
+}()
+
 // vocabulary is the fixed set of words answers are made of.
 var vocabulary = [...]string{
 	"the", "a", "model", "token", "gateway", "request", "stream", "answer",
@@ -147,7 +157,7 @@ func completeFrom(rng *rand.Rand, defaultTokens int, req request) completion {
 	}
 	tokens := make([]string, n)
 	for i := range tokens {
-		tokens[i] = " " + vocabulary[rng.IntN(len(vocabulary))]
+		tokens[i] = spacedVocabulary[rng.IntN(len(spacedVocabulary))]
 	}
 	return applyStop(completion{tokens: tokens, promptTokens: countWords(req.prompt), finishReason: reason}, req.stop)
 }

@@ -122,7 +122,7 @@ func thinkingTokens(seed int64, prompt, key string, n int) []string {
 	rng := rngFor(seed, "\x00thinking\x00"+key+"\x00"+prompt)
 	words := make([]string, n)
 	for i := range words {
-		words[i] = " " + vocabulary[rng.IntN(len(vocabulary))]
+		words[i] = spacedVocabulary[rng.IntN(len(spacedVocabulary))]
 	}
 	return words
 }
