@@ -2,6 +2,17 @@ package batch
 
 import "errors"
 
+// MissingError is a request that leaves out a required parameter:
+// ErrInvalid (400), with OpenAI's code missing_required_parameter.
+type MissingError struct{ Param string }
+
+func (e *MissingError) Error() string {
+	return ErrInvalid.Error() + ": " + e.Param + ": missing required parameter"
+}
+
+// Is makes a MissingError an ErrInvalid.
+func (e *MissingError) Is(target error) bool { return target == ErrInvalid }
+
 // Errors of the batch service; the HTTP layer maps each to one status
 // (package edge/api/batch, writeError).
 var (

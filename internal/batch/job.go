@@ -218,6 +218,10 @@ func (j *job) fail(errs []LineError) {
 	}
 }
 
+// utf8BOM is the byte order mark some editors put before a UTF-8 file's
+// first line.
+var utf8BOM = []byte("\xef\xbb\xbf")
+
 // inputLine is one line of an OpenAI batch input file.
 type inputLine struct {
 	CustomID *string         `json:"custom_id"`
@@ -296,11 +300,18 @@ func parseInput(r io.Reader, endpoint string, emit func([]Line) error) (errs []L
 	for sc.Scan() {
 		no++
 		raw := sc.Bytes()
+		if no == 1 {
+			raw = bytes.TrimPrefix(raw, utf8BOM) // an editor's byte order mark
+		}
 		if len(bytes.TrimSpace(raw)) == 0 {
 			continue // a blank line (a trailing newline) is no request
 		}
 		var in inputLine
 		if err := json.Unmarshal(raw, &in); err != nil {
+			if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok && te.Field != "" {
+				addErr(no, "invalid_value", te.Field, "The %s must be a string, not %s.", te.Field, te.Value)
+				continue
+			}
 			addErr(no, "invalid_json_line", "", "This line is not parseable as valid JSON.")
 			continue
 		}

@@ -8,10 +8,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 // Defaults of Config's zero fields.
@@ -399,6 +402,32 @@ var Endpoints = map[string]bool{
 	"/v1/chat/completions": true, "/v1/completions": true, "/v1/embeddings": true, "/v1/responses": true,
 }
 
+// Metadata bounds of OpenAI's API reference ("metadata": up to 16 pairs,
+// keys of at most 64 characters, values of at most 512).
+const (
+	maxMetadataPairs    = 16
+	maxMetadataKeyLen   = 64
+	maxMetadataValueLen = 512
+)
+
+// checkMetadata returns ErrInvalid naming the first pair of m over the
+// bounds (a key's pair as param metadata.<key>).
+func checkMetadata(m map[string]string) error {
+	if len(m) > maxMetadataPairs {
+		return fmt.Errorf("%w: metadata: at most %d pairs, not %d", ErrInvalid, maxMetadataPairs, len(m))
+	}
+	keys := slices.Sorted(maps.Keys(m))
+	for _, k := range keys {
+		if n := utf8.RuneCountInString(k); n > maxMetadataKeyLen {
+			return fmt.Errorf("%w: metadata: a key is %d characters long, over %d", ErrInvalid, n, maxMetadataKeyLen)
+		}
+		if n := utf8.RuneCountInString(m[k]); n > maxMetadataValueLen {
+			return fmt.Errorf("%w: metadata.%s: the value is %d characters long, over %d", ErrInvalid, k, n, maxMetadataValueLen)
+		}
+	}
+	return nil
+}
+
 // CreateRequest is POST /v1/batches's body.
 type CreateRequest struct {
 	InputFileID      string            `json:"input_file_id"`
@@ -411,12 +440,19 @@ type CreateRequest struct {
 // validating at once. Errors: ErrInvalid, ErrNotFound (the input file).
 func (s *Service) CreateBatch(ctx context.Context, owner string, req CreateRequest) (Batch, error) {
 	switch {
+	case req.InputFileID == "":
+		return Batch{}, &MissingError{Param: "input_file_id"}
+	case req.Endpoint == "":
+		return Batch{}, &MissingError{Param: "endpoint"}
+	case req.CompletionWindow == "":
+		return Batch{}, &MissingError{Param: "completion_window"}
 	case !Endpoints[req.Endpoint]:
 		return Batch{}, fmt.Errorf("%w: endpoint: must be one of /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses", ErrInvalid)
 	case req.CompletionWindow != "24h":
 		return Batch{}, fmt.Errorf("%w: completion_window: must be 24h", ErrInvalid)
-	case len(req.Metadata) > 16:
-		return Batch{}, fmt.Errorf("%w: metadata: at most 16 pairs", ErrInvalid)
+	}
+	if err := checkMetadata(req.Metadata); err != nil {
+		return Batch{}, err
 	}
 	f, err := s.store.GetFile(ctx, owner, req.InputFileID)
 	if err != nil {
@@ -533,6 +569,26 @@ func (s *Service) Cancel(ctx context.Context, owner, kind, id string) (Batch, er
 		j.cancelled(b)
 	}
 	return b, nil
+}
+
+// DeleteMessageBatch deletes owner's ended message batch id, its lines
+// and its results (Anthropic's DELETE /v1/messages/batches/{id}).
+// Errors: ErrNotFound; ErrState while the batch is in progress or
+// canceling (Anthropic: cancel it first, then delete it once it ended).
+func (s *Service) DeleteMessageBatch(ctx context.Context, owner, id string) error {
+	b, err := s.Batch(ctx, owner, KindAnthropic, id)
+	if err != nil {
+		return err
+	}
+	if err := s.store.DeleteBatch(ctx, owner, id); err != nil {
+		return err
+	}
+	if b.ResultsFileID != "" {
+		if err := s.DeleteFile(ctx, owner, b.ResultsFileID); err != nil && !errors.Is(err, ErrNotFound) {
+			s.logger.Warn("message batch results left behind", "batch", id, "file", b.ResultsFileID, "err", err)
+		}
+	}
+	return nil
 }
 
 // startLocked starts b's job unless one runs (false then); resumed is

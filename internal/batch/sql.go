@@ -385,6 +385,34 @@ func (s *SQL) CountBatches(ctx context.Context) (map[string]int, error) {
 // a runner writing the same batch.
 const maxCancelTries = 16
 
+func (s *SQL) DeleteBatch(ctx context.Context, owner, id string) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, s.q(`DELETE FROM batches WHERE id = ? AND owner = ? AND status IN (?, ?, ?, ?)`),
+		id, owner, StatusCompleted, StatusFailed, StatusExpired, StatusCancelled)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		var status string
+		err := tx.QueryRowContext(ctx, s.q(`SELECT status FROM batches WHERE id = ? AND owner = ?`), id, owner).Scan(&status)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("%w: no batch %s", ErrNotFound, id)
+		}
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: batch %s is %s", ErrState, id, status)
+	}
+	if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM batch_lines WHERE batch_id = ?`), id); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
 func (s *SQL) RequestCancel(ctx context.Context, owner, id string, at time.Time) (Batch, error) {
 	for range maxCancelTries {
 		var version int64

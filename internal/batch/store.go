@@ -143,6 +143,10 @@ type Store interface {
 	// runner sees it at its next Renew). A batch already cancelling is
 	// returned unchanged; one in another status is ErrState.
 	RequestCancel(ctx context.Context, owner, id string, at time.Time) (Batch, error)
+	// DeleteBatch deletes owner's ended batch id (completed, failed,
+	// expired, cancelled) and its lines, in one transaction. Errors:
+	// ErrNotFound, ErrState for a batch still being worked on.
+	DeleteBatch(ctx context.Context, owner, id string) error
 
 	// Claim gives runner the lease of active batch id for ttl, when no
 	// other runner's lease is live, with a new, higher epoch; it returns

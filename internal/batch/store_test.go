@@ -41,6 +41,7 @@ var scenarios = []struct {
 	{"LeaseFencesTheEarlierRunner", testLeaseFencesTheEarlierRunner},
 	{"CancelThroughAnotherService", testCancelThroughAnotherService},
 	{"TakeoverDiscardsALateFirstResult", testTakeoverDiscardsALateFirstResult},
+	{"DeleteOnlyAnEndedMessageBatch", testDeleteOnlyAnEndedMessageBatch},
 }
 
 // TestSQLite runs the scenarios on SQLite files, file bytes in a
@@ -349,5 +350,50 @@ func testTakeoverDiscardsALateFirstResult(t *testing.T, db database) {
 		if from := out[id]["response"].(map[string]any)["body"].(map[string]any)["from"]; from != "second" {
 			t.Fatalf("%s answered by %v, want the second runner", id, from)
 		}
+	}
+}
+
+// testDeleteOnlyAnEndedMessageBatch: a message batch still processing is
+// not deleted (ErrState); once it ended (here cancelled), its record, its
+// lines and its results file go, and a second delete finds nothing.
+func testDeleteOnlyAnEndedMessageBatch(t *testing.T, db database) {
+	st := db.open(t)
+	defer st.Close()
+	s := newService(t, st, db.dir, Config{})
+	defer s.Close()
+	if err := s.Start(context.Background(), &executor{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	b, err := s.CreateMessageBatch(ctx, "", []MessageRequest{
+		{CustomID: "a", Params: []byte(`{"id":"ok-1"}`)}, {CustomID: "b", Params: []byte(`{"id":"hold-1"}`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteMessageBatch(ctx, "", b.ID); !errors.Is(err, ErrState) {
+		t.Fatalf("delete while processing: %v, want ErrState", err)
+	}
+	if _, err := s.Cancel(ctx, "", KindAnthropic, b.ID); err != nil {
+		t.Fatal(err)
+	}
+	ended := waitStatus(t, s, KindAnthropic, b.ID, StatusCancelled)
+	if ended.ResultsFileID == "" {
+		t.Fatalf("ended batch %+v has no results file", ended)
+	}
+	if err := s.DeleteMessageBatch(ctx, "", b.ID); err != nil {
+		t.Fatalf("delete ended: %v", err)
+	}
+	if _, err := s.Batch(ctx, "", KindAnthropic, b.ID); !errors.Is(err, ErrNotFound) {
+		t.Errorf("batch after delete: %v, want ErrNotFound", err)
+	}
+	if _, _, err := s.Content(ctx, "", ended.ResultsFileID); !errors.Is(err, ErrNotFound) {
+		t.Errorf("results file after delete: %v, want ErrNotFound", err)
+	}
+	lines := 0
+	if err := st.Results(ctx, b.ID, func(Line) error { lines++; return nil }); err != nil || lines != 0 {
+		t.Errorf("lines after delete: %d %v, want none", lines, err)
+	}
+	if err := s.DeleteMessageBatch(ctx, "", b.ID); !errors.Is(err, ErrNotFound) {
+		t.Errorf("second delete: %v, want ErrNotFound", err)
 	}
 }

@@ -108,6 +108,9 @@ test('anthropic: messages.batches create, retrieve, results', async () => {
   assert.equal(seen.get('bad').error.type, 'error');
   const page = await anthropic.messages.batches.list({ limit: 5 });
   assert.ok(page.data.some((b) => b.id === created.id));
+  const deleted = await anthropic.messages.batches.delete(created.id);
+  assert.deepEqual(deleted, { id: created.id, type: 'message_batch_deleted' });
+  await assert.rejects(anthropic.messages.batches.retrieve(created.id), (err) => err.status === 404);
 });
 
 test('anthropic: messages.batches.cancel', async () => {
@@ -115,6 +118,9 @@ test('anthropic: messages.batches.cancel', async () => {
     custom_id: `c${i}`, params: { model: slow, max_tokens: slowMaxTokens || 20, messages: [{ role: 'user', content: 'hi' }] },
   }));
   const created = await anthropic.messages.batches.create({ requests });
+  // A batch in progress is not deleted: it is canceled first.
+  await assert.rejects(anthropic.messages.batches.delete(created.id),
+    (err) => err.status === 400 && err.error?.error?.type === 'invalid_request_error');
   const canceling = await anthropic.messages.batches.cancel(created.id);
   assert.ok(['canceling', 'ended'].includes(canceling.processing_status));
   const batch = await poll(() => anthropic.messages.batches.retrieve(created.id), (b) => b.processing_status === 'ended');
@@ -124,4 +130,7 @@ test('anthropic: messages.batches.cancel', async () => {
     if (r.result.type === 'canceled') canceled++;
   }
   assert.equal(canceled, batch.request_counts.canceled);
+  // An ended batch is canceled no more (400, Anthropic's shape).
+  await assert.rejects(anthropic.messages.batches.cancel(created.id),
+    (err) => err.status === 400 && err.error?.error?.type === 'invalid_request_error');
 });

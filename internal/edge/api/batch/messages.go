@@ -2,6 +2,7 @@ package batch
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -63,7 +64,7 @@ func resultsURL(r *http.Request, id string) string {
 }
 
 // messageBatches serves POST /v1/messages/batches (create) and GET (list,
-// newest first, paged by after_id and limit).
+// newest first, paged by after_id or before_id, and limit).
 func (s *server) messageBatches(w http.ResponseWriter, r *http.Request) {
 	ctx, who := r.Context(), owner(r.Context())
 	switch r.Method {
@@ -98,7 +99,13 @@ func (s *server) messageBatches(w http.ResponseWriter, r *http.Request) {
 			s.writeAnthropicError(w, r, err)
 			return
 		}
-		list, more, err := s.svc.Batches(ctx, who, batch.KindAnthropic, r.URL.Query().Get("after_id"), limit)
+		var list []batch.Batch
+		var more bool
+		if before := r.URL.Query().Get("before_id"); before != "" {
+			list, more, err = s.newerThan(r, before, limit)
+		} else {
+			list, more, err = s.svc.Batches(ctx, who, batch.KindAnthropic, r.URL.Query().Get("after_id"), limit)
+		}
 		if err != nil {
 			s.writeAnthropicError(w, r, err)
 			return
@@ -113,12 +120,51 @@ func (s *server) messageBatches(w http.ResponseWriter, r *http.Request) {
 		}
 		api.WriteJSON(w, http.StatusOK, out)
 	default:
-		methodNotAllowed(w, "GET, POST")
+		anthropicMethodNotAllowed(w, "GET, POST")
 	}
 }
 
-// messageBatch serves GET /v1/messages/batches/{id}, POST .../cancel and
-// GET .../results (the results as JSON Lines, once the batch ended).
+// newerThan is the page of the request's key's message batches just
+// before batch id in the list (newest first): the limit batches created
+// right after it, newest first, and whether newer ones remain. Anthropic's
+// before_id; an id the key has none of is ErrNotFound.
+func (s *server) newerThan(r *http.Request, id string, limit int) ([]batch.Batch, bool, error) {
+	ctx, who := r.Context(), owner(r.Context())
+	if _, err := s.svc.Batch(ctx, who, batch.KindAnthropic, id); err != nil {
+		return nil, false, err
+	}
+	var newer []batch.Batch
+	for after := ""; ; {
+		page, more, err := s.svc.Batches(ctx, who, batch.KindAnthropic, after, 1000)
+		if err != nil {
+			return nil, false, err
+		}
+		for i, b := range page {
+			if b.ID == id {
+				newer = append(newer, page[:i]...)
+				start := max(len(newer)-limit, 0)
+				return newer[start:], start > 0, nil
+			}
+		}
+		newer = append(newer, page...)
+		if !more || len(page) == 0 {
+			return nil, false, fmt.Errorf("%w: no batch %s", batch.ErrNotFound, id)
+		}
+		after = page[len(page)-1].ID
+	}
+}
+
+// anthropicMethodNotAllowed answers a method the path does not take, in
+// Anthropic's error shape.
+func anthropicMethodNotAllowed(w http.ResponseWriter, allow string) {
+	w.Header().Set("Allow", allow)
+	api.WriteJSON(w, http.StatusMethodNotAllowed, map[string]any{"type": "error",
+		"error": map[string]string{"type": "invalid_request_error", "message": "Method not allowed; this path takes " + allow + "."}})
+}
+
+// messageBatch serves GET /v1/messages/batches/{id}, DELETE (an ended
+// batch), POST .../cancel and GET .../results (the results as JSON Lines,
+// once the batch ended).
 func (s *server) messageBatch(w http.ResponseWriter, r *http.Request) {
 	segs := split(r.URL.Path, messagesPath+"/")
 	ctx, who := r.Context(), owner(r.Context())
@@ -129,13 +175,32 @@ func (s *server) messageBatch(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case len(segs) == 1 && (r.Method == http.MethodGet || r.Method == http.MethodHead):
 		b, err = s.svc.Batch(ctx, who, batch.KindAnthropic, segs[0])
+	case len(segs) == 1 && r.Method == http.MethodDelete:
+		if err := s.svc.DeleteMessageBatch(ctx, who, segs[0]); err != nil {
+			if errors.Is(err, batch.ErrState) {
+				err = fmt.Errorf("%w: message batch %s is still processing; cancel it and delete it once it has ended", batch.ErrInvalid, segs[0])
+			}
+			s.writeAnthropicError(w, r, err)
+			return
+		}
+		api.WriteJSON(w, http.StatusOK, map[string]any{"id": segs[0], "type": "message_batch_deleted"})
+		return
 	case len(segs) == 2 && segs[1] == "cancel" && r.Method == http.MethodPost:
 		b, err = s.svc.Cancel(ctx, who, batch.KindAnthropic, segs[0])
+		if errors.Is(err, batch.ErrState) {
+			err = fmt.Errorf("%w: message batch %s has ended; only a batch in progress can be canceled", batch.ErrInvalid, segs[0])
+		}
 	case len(segs) == 2 && segs[1] == "results" && (r.Method == http.MethodGet || r.Method == http.MethodHead):
 		s.results(w, r, segs[0])
 		return
 	case len(segs) == 1:
-		methodNotAllowed(w, "GET")
+		anthropicMethodNotAllowed(w, "GET, DELETE")
+		return
+	case len(segs) == 2 && segs[1] == "cancel":
+		anthropicMethodNotAllowed(w, "POST")
+		return
+	case len(segs) == 2 && segs[1] == "results":
+		anthropicMethodNotAllowed(w, "GET")
 		return
 	default:
 		err = fmt.Errorf("%w: no route %s", batch.ErrNotFound, r.URL.Path)

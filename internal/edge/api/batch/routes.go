@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 
@@ -79,6 +80,10 @@ type problem struct {
 // does not allow the call, 503 closed; anything else 500 without its text.
 func problemOf(err error) problem {
 	var tooBig *http.MaxBytesError
+	if m, ok := errors.AsType[*batch.MissingError](err); ok {
+		return problem{http.StatusBadRequest, "invalid_request_error", "missing_required_parameter", m.Param,
+			fmt.Sprintf("Missing required parameter: '%s'.", m.Param)}
+	}
 	switch {
 	case errors.Is(err, batch.ErrNotFound):
 		return problem{http.StatusNotFound, "invalid_request_error", "not_found", "", err.Error()}
@@ -129,6 +134,9 @@ func (s *server) writeAnthropicError(w http.ResponseWriter, r *http.Request, err
 	if typ == "" {
 		typ = "invalid_request_error"
 	}
+	if p.status == http.StatusConflict {
+		p.status = http.StatusBadRequest // Anthropic's error table has no 409
+	}
 	api.WriteJSON(w, p.status, map[string]any{"type": "error", "error": map[string]string{"type": typ, "message": p.message}})
 }
 
@@ -153,15 +161,36 @@ func limitParam(r *http.Request, def, hi int) (int, error) {
 	return n, nil
 }
 
-// decodeJSON reads r's body as v.
+// decodeJSON reads r's body as v. A field of the wrong JSON type is
+// ErrInvalid naming the field (its dotted path, the error's param).
 func decodeJSON(r *http.Request, v any) error {
 	if err := json.NewDecoder(r.Body).Decode(v); err != nil {
 		if tooBig, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return tooBig
 		}
+		if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok && te.Field != "" {
+			return fmt.Errorf("%w: %s: must be %s, not %s", batch.ErrInvalid, te.Field, jsonKind(te.Type), te.Value)
+		}
 		return fmt.Errorf("%w: the body is not a valid JSON object", batch.ErrInvalid)
 	}
 	return nil
+}
+
+// jsonKind names the JSON value a Go type decodes from, with an article.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	}
+	return "a number"
 }
 
 // unix is t as Unix seconds, nil when t is zero.
