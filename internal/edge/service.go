@@ -800,7 +800,7 @@ func (s *Service) Snapshot() contract.Snapshot {
 		}
 		listed[g.Name] = true
 		q := contract.QueueSnapshot{Model: g.Name, MaxQueue: g.Policy.MaxQueue, QueueTimeout: g.Policy.QueueTimeout, Queued: g.Queued,
-			Fairness: fairnessName(g.Policy.Fairness)}
+			Batch: g.Batch, Fairness: fairnessName(g.Policy.Fairness)}
 		for _, f := range g.Flows {
 			q.Flows = append(q.Flows, contract.FlowQueue{Flow: f.Flow, Priority: f.Priority.String(), Queued: f.Queued})
 		}

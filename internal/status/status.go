@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -157,7 +158,11 @@ func Render(w io.Writer, v View, now time.Time) error {
 			}
 			flows = append(flows, fmt.Sprintf("%s=%d", name, f.Queued))
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\n", q.Model, q.Queued, q.Policy.MaxQueue, time.Duration(q.Policy.QueueTimeoutMS)*time.Millisecond,
+		queued := strconv.Itoa(q.Queued)
+		if q.Batch > 0 {
+			queued += fmt.Sprintf(" (%d batch)", q.Batch) // the batch band has its own bound
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", q.Model, queued, q.Policy.MaxQueue, time.Duration(q.Policy.QueueTimeoutMS)*time.Millisecond,
 			dash(q.Policy.Fairness), dash(strings.Join(flows, ",")))
 	}
 	if len(v.Batches) > 0 {

@@ -195,3 +195,19 @@ TOTAL                3         2          3              4                  8   
 		t.Errorf("one group of keys in no team:\n%s", buf.String())
 	}
 }
+
+// TestRegression_RenderQueueNamesItsBatchLines: a queue holding a
+// batch's lines showed QUEUED 62 beside MAX QUEUE 16, as if over its
+// bound; the batch band has its own bound, and the row says how many of
+// the queued are batch lines.
+func TestRegression_RenderQueueNamesItsBatchLines(t *testing.T) {
+	q := Queue{Model: "m", Queued: 62, Batch: 60}
+	q.Policy.MaxQueue = 16
+	var buf bytes.Buffer
+	if err := Render(&buf, View{Queues: []Queue{q}}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "62 (60 batch)") {
+		t.Errorf("render lacks %q:\n%s", "62 (60 batch)", buf.String())
+	}
+}

@@ -74,6 +74,9 @@ type Queue struct {
 		Fairness string `json:"fairness"`
 	} `json:"policy"`
 	Queued int `json:"queued"`
+	// Batch counts the batch lines among Queued (the batch band, bounded
+	// by queue.batch.max_queue, not max_queue).
+	Batch int `json:"batch"`
 	// Flows are the queued requests by flow and priority, sorted by flow
 	// then priority (highest first); only pairs with a queued request,
 	// never null.

@@ -279,6 +279,9 @@ type QueueSnapshot struct {
 	MaxQueue     int
 	QueueTimeout time.Duration
 	Queued       int
+	// Batch counts the queued batch lines, of Queued: the batch band,
+	// bounded by queue.batch's max_queue, not MaxQueue.
+	Batch int
 	// Fairness is "on" or "off" (the queue's order).
 	Fairness string
 	// Flows counts the queued requests by flow and priority ("critical",

@@ -95,7 +95,7 @@ func adminProviders(s contract.Snapshot) any {
 func adminQueues(s contract.Snapshot) any {
 	out := make([]adminwire.Queue, 0, len(s.Queues))
 	for _, q := range s.Queues {
-		j := adminwire.Queue{Model: q.Model, Queued: q.Queued, Flows: make([]adminwire.QueueFlow, 0, len(q.Flows)),
+		j := adminwire.Queue{Model: q.Model, Queued: q.Queued, Batch: q.Batch, Flows: make([]adminwire.QueueFlow, 0, len(q.Flows)),
 			Targets: q.Targets, UnmatchedTargets: q.UnmatchedTargets}
 		j.Policy.MaxQueue, j.Policy.QueueTimeoutMS, j.Policy.Fairness = q.MaxQueue, q.QueueTimeout.Milliseconds(), q.Fairness
 		for _, f := range q.Flows {
