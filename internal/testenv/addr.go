@@ -1,12 +1,15 @@
 package testenv
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -17,9 +20,14 @@ import (
 // handed to any outgoing connection or ":0" listener before the process
 // binds it ("address already in use"). ProcessAddr picks, at random, a
 // port below the kernel's ephemeral range (net.ipv4.ip_local_port_range,
-// from 20000 up), which neither takes, and checks that it is free now;
-// only another explicit bind to the same port can collide. When the
-// ephemeral range leaves no room below it, it falls back to ":0".
+// from 20000 up), which neither takes, and checks that it is free now.
+// It also reserves the port until t ends, with an flock(2) on a file
+// named after it (os.TempDir()/iop-test-ports), which every ProcessAddr
+// of every test process honours: a port a test freed to restart its
+// server on is not handed to another test meanwhile (an etcd of another
+// test bound the port of an edge killed to be restarted, and the edge
+// could not come back). The lock goes with the process, whatever ends it.
+// When the ephemeral range leaves no room below it, it falls back to ":0".
 func ProcessAddr(t testing.TB) string {
 	t.Helper()
 	const lowest = 20000
@@ -28,11 +36,18 @@ func ProcessAddr(t testing.TB) string {
 		if top <= lowest+1000 {
 			break
 		}
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(lowest+rand.IntN(top-lowest)))
+		port := lowest + rand.IntN(top-lowest)
+		lock, ok := reservePort(port)
+		if !ok {
+			continue
+		}
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		if l, err := net.Listen("tcp", addr); err == nil {
 			l.Close()
+			t.Cleanup(func() { lock.Close() })
 			return addr
 		}
+		lock.Close()
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -40,6 +55,26 @@ func ProcessAddr(t testing.TB) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// reservePort takes an exclusive flock on port's file under
+// os.TempDir()/iop-test-ports, without waiting: the open file holds it
+// (closing it lets it go); false when another holds it. Where the file
+// cannot be made or locked, the port is taken unreserved.
+func reservePort(port int) (*os.File, bool) {
+	dir := filepath.Join(os.TempDir(), "iop-test-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return nil, true
+	}
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return nil, true
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, !errors.Is(err, syscall.EWOULDBLOCK)
+	}
+	return f, true
 }
 
 // ephemeralLow is the first port of the kernel's ephemeral range (32768

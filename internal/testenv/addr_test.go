@@ -26,3 +26,30 @@ func TestProcessAddr(t *testing.T) {
 		l.Close()
 	}
 }
+
+// TestRegression_ProcessAddrKeepsItsPortReserved: a port ProcessAddr
+// handed out is reserved until its test ends, for every test process
+// (an flock on its file): an etcd of one test bound the node port of
+// another test's edge, killed to be restarted on it, and the restarted
+// edge failed with "address already in use". Here the reservation is
+// tried as another process's ProcessAddr would (a file opened anew), and
+// it is let go when the test that took it ends.
+func TestRegression_ProcessAddrKeepsItsPortReserved(t *testing.T) {
+	if lo := ephemeralLow(); lo <= 21000 {
+		t.Skip("no room below the ephemeral range: ProcessAddr falls back to :0")
+	}
+	var port int
+	t.Run("holder", func(t *testing.T) {
+		_, p, _ := net.SplitHostPort(ProcessAddr(t))
+		port, _ = strconv.Atoi(p)
+		if f, ok := reservePort(port); ok {
+			f.Close()
+			t.Fatalf("port %d reserved again while its test runs", port)
+		}
+	})
+	f, ok := reservePort(port)
+	if !ok {
+		t.Fatalf("port %d still reserved after its test ended", port)
+	}
+	f.Close()
+}
