@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -198,6 +199,62 @@ func TestBatchFIFOWithinModel(t *testing.T) {
 	}
 	for _, l := range held {
 		l.Release("done")
+	}
+}
+
+// TestBatchSharedFairlyBetweenFlows: with fairness on, the batch band is
+// a fair queue of its own: a key that queued 8 batch lines first does not
+// hold the next key's lines back until all of its own ran; the two share
+// the freed slots by their weights (1 and 3 here: 3 of every 4 grants go
+// to the heavier once both wait), FIFO within each. (The band was FIFO
+// across keys: key a's 8 would all have gone first.)
+func TestBatchSharedFairlyBetweenFlows(t *testing.T) {
+	f := newFixture(t, Config{Default: Policy{Fairness: FairnessOn}, Batch: BatchPolicy{Headroom: -1}})
+	f.activate("n1", 1, ResourceSpec{ProviderID: "a", Capacity: 1})
+	f.world.set("m", cand("n1", 1, "a"))
+	held := leaseOrFail(t, "the first batch line", func() *Lease { l, _ := f.enq(f.preq("m", PriorityBatch)); return l }())
+	type line struct {
+		flow string
+		w    *waiter
+	}
+	var lines []line
+	for _, fl := range []struct {
+		name   string
+		weight int
+	}{{"a", 1}, {"b", 3}} {
+		for range 8 {
+			r := f.preq("m", PriorityBatch)
+			r.Flow, r.Weight = fl.name, fl.weight
+			_, w := f.enq(r)
+			lines = append(lines, line{fl.name, w})
+		}
+	}
+	var order string
+	for range 8 {
+		held.Release("done")
+		held = nil
+		for i, l := range lines {
+			if r := outcome(l.w); r.lease != nil {
+				order += l.flow
+				held = r.lease
+				lines = append(lines[:i], lines[i+1:]...)
+				break
+			}
+		}
+		if held == nil {
+			t.Fatalf("no batch line got the freed slot (order so far %q)", order)
+		}
+	}
+	// b's three to a's one: of 8 grants, 2 to a (its first first: it came
+	// first at an equal start) and 6 to b.
+	if order[0] != 'a' || strings.Count(order, "a") != 2 || strings.Count(order, "b") != 6 {
+		t.Errorf("grants %q, want a first, then 2 of a and 6 of b", order)
+	}
+	held.Release("done")
+	for _, l := range lines {
+		if r := outcome(l.w); r.lease != nil {
+			r.lease.Release("done")
+		}
 	}
 }
 

@@ -61,13 +61,15 @@ func ParsePriority(s string) (Priority, error) {
 func (p Priority) valid() bool { return p >= PriorityBatch && p <= PriorityCritical }
 
 // band is p's place in a heap: 0 for critical, 1 standard, 2 sheddable,
-// batchBand for batch. The fair-queueing state (flow, group and resource
-// vtimes) is kept for the three interactive bands only: the batch band is
-// FIFO.
+// batchBand for batch. Each band is its own fair queue (flow, group and
+// resource vtimes by band).
 func (p Priority) band() uint8 { return uint8(PriorityCritical - p) }
 
 // batchBand is PriorityBatch's band.
 const batchBand = uint8(PriorityCritical - PriorityBatch)
+
+// bands counts the bands: the three interactive ones and batchBand.
+const bands = int(batchBand) + 1
 
 // Fairness says how one group orders its waiters (Policy.Fairness).
 type Fairness string
@@ -111,12 +113,12 @@ const DefaultFlow = ""
 // fair queueing.
 type flow struct {
 	name   string
-	weight uint64    // of its latest waiter, 1..MaxWeight
-	finish [3]uint64 // by band
-	queued [3]int    // by band
-	total  int
+	weight uint64        // of its latest waiter, 1..MaxWeight
+	finish [bands]uint64 // by band
+	queued [bands]int    // by band
+	total  int           // its waiters of the interactive bands (what MaxQueue bounds)
 	// head, tail: its waiters by band, in enqueue order (waiter.prevFlow).
-	head, tail [3]*waiter
+	head, tail [bands]*waiter
 }
 
 func weightOf(w int) uint64 { return uint64(min(max(w, 1), MaxWeight)) }
@@ -137,8 +139,7 @@ func weightOf(w int) uint64 { return uint64(min(max(w, 1), MaxWeight)) }
 func (s *Scheduler) fairTagLocked(w *waiter, cands []choice) {
 	g := w.group
 	if w.band == batchBand {
-		g.batchQueued++ // FIFO: no flow, tag 0
-		return
+		g.batchQueued++
 	}
 	f := g.flows[w.req.Flow]
 	if f == nil {
@@ -148,7 +149,9 @@ func (s *Scheduler) fairTagLocked(w *waiter, cands []choice) {
 	b := w.band
 	w.flow = f
 	f.queued[b]++
-	f.total++
+	if b != batchBand {
+		f.total++
+	}
 	f.weight = weightOf(w.req.Weight)
 	w.prevFlow = f.tail[b]
 	if f.tail[b] != nil {
@@ -172,11 +175,8 @@ func (s *Scheduler) fairTagLocked(w *waiter, cands []choice) {
 }
 
 // fairGrantedLocked advances the virtual times of w's group and of r, the
-// resource w was granted, to w's start tag; the batch band keeps none.
+// resource w was granted, to w's start tag.
 func fairGrantedLocked(w *waiter, r *resource) {
-	if w.band == batchBand {
-		return
-	}
 	w.group.vtime[w.band] = max(w.group.vtime[w.band], w.tag)
 	r.vtime[w.band] = max(r.vtime[w.band], w.tag)
 }
@@ -192,7 +192,6 @@ func fairUnlinkLocked(w *waiter) {
 	g, f := w.group, w.flow
 	if w.band == batchBand {
 		g.batchQueued--
-		return
 	}
 	if f != nil {
 		b := w.band
@@ -216,8 +215,10 @@ func fairUnlinkLocked(w *waiter) {
 		if f.queued[b] == 0 {
 			f.finish[b] = 0
 		}
-		f.total--
-		if f.total == 0 && g.flows[f.name] == f {
+		if b != batchBand {
+			f.total--
+		}
+		if f.total == 0 && f.queued[batchBand] == 0 && g.flows[f.name] == f {
 			delete(g.flows, f.name)
 		}
 		w.flow = nil

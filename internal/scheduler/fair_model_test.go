@@ -490,7 +490,7 @@ func (m *fairMachine) drain(t *rapid.T) {
 		if g.Queued != 0 || len(g.Flows) != 0 {
 			t.Fatalf("group not empty at the end: %+v", g)
 		}
-		if gr := m.s.groups[g.Name]; len(gr.flows) != 0 || gr.shedHead != nil || gr.shedTail != nil || gr.bandQueued != [3]int{} {
+		if gr := m.s.groups[g.Name]; len(gr.flows) != 0 || gr.shedHead != nil || gr.shedTail != nil || gr.bandQueued != [bands]int{} {
 			t.Fatalf("group %s keeps flow state with no waiter: %d flows, bands %v", g.Name, len(gr.flows), gr.bandQueued)
 		}
 	}

@@ -236,7 +236,7 @@ type resource struct {
 	short, long waitHeap
 	// vtime is, by band, the largest start tag of a fair waiter granted a
 	// slot here.
-	vtime [3]uint64
+	vtime [bands]uint64
 	// held is what it holds loaded; nil: every model (residency unread).
 	held *holding
 	// waited holds when each recent interactive wait for it stops
@@ -263,9 +263,9 @@ type group struct {
 	queued int
 	// vtime is the group's virtual time by band: the largest start tag
 	// granted in it (or caught up from its resources', fairTagLocked).
-	vtime [3]uint64
+	vtime [bands]uint64
 	// bandQueued counts its waiters by band.
-	bandQueued [3]int
+	bandQueued [bands]int
 	// flows are the group's flows that have a waiter, by name.
 	flows map[string]*flow
 	// shedHead, shedTail: its sheddable waiters, in enqueue order.
