@@ -34,6 +34,8 @@ import (
 //     fills capacity − headroom, and a backoff that passed hands its
 //     slots out at once;
 //   - FIFO: a batch request is never handed a slot while an earlier batch
+//     waiter of its group and flow waits (of its group, with fairness off;
+//     batch requests come from two flows, fairness on or off);
 //     waiter of its group waits;
 //   - outcomes: a batch waiter ends only with a lease, its own queue
 //     timeout, a cancel or a restart of its node (never displaced by an
@@ -62,6 +64,7 @@ type bLease struct {
 type bWaiter struct {
 	w        *waiter
 	group    string
+	flow     string
 	prio     Priority
 	deadline time.Time
 	seq      int
@@ -72,6 +75,7 @@ type batchMachine struct {
 	s        *Scheduler
 	gen      uint64
 	capacity map[string]int
+	fair     bool          // the groups' fairness is on
 	headroom int           // the policy's, as configured (negative: none)
 	backoff  time.Duration // the policy's Backoff (0: none)
 	// waited: per provider, until when each interactive wait counts, in
@@ -92,8 +96,13 @@ func newBatchMachine(t *rapid.T) *batchMachine {
 	m := &batchMachine{clk: clk, capacity: map[string]int{}, lastHeld: map[string]int{}, waited: map[string][]time.Time{}}
 	m.headroom = rapid.IntRange(-1, 3).Draw(t, "headroom")
 	m.backoff = drawBackoff(t)
+	m.fair = rapid.Bool().Draw(t, "fair")
+	fairness := FairnessOff
+	if m.fair {
+		fairness = FairnessOn
+	}
 	s, err := New(Config{
-		Default: Policy{MaxQueue: 4, QueueTimeout: batchModelTimeout, ReconnectGrace: -1},
+		Default: Policy{MaxQueue: 4, QueueTimeout: batchModelTimeout, ReconnectGrace: -1, Fairness: fairness},
 		Clock:   clk,
 		Batch:   BatchPolicy{Headroom: m.headroom, MaxQueue: 6, QueueTimeout: batchModelBatchTimeout, Backoff: m.backoff},
 	})
@@ -202,7 +211,11 @@ func (m *batchMachine) batchInFlight(p string) int {
 
 func (m *batchMachine) admit(t *rapid.T, prio Priority) {
 	group := rapid.SampledFrom(batchGroupList).Draw(t, "group")
-	req := Request{Group: group, Priority: prio, Flow: "f", Resolve: m.resolver(group)}
+	flow := "f"
+	if prio == PriorityBatch {
+		flow = rapid.SampledFrom([]string{"f", "g"}).Draw(t, "flow")
+	}
+	req := Request{Group: group, Priority: prio, Flow: flow, Resolve: m.resolver(group)}
 	l, w, err := m.s.enqueue(req)
 	switch {
 	case err != nil:
@@ -227,7 +240,7 @@ func (m *batchMachine) admit(t *rapid.T, prio Priority) {
 		m.took(t, l, prio == PriorityBatch)
 	default:
 		m.seq++
-		m.waiters = append(m.waiters, &bWaiter{w: w, group: group, prio: prio, deadline: m.clk.Now().Add(m.timeout(prio)), seq: m.seq})
+		m.waiters = append(m.waiters, &bWaiter{w: w, group: group, flow: flow, prio: prio, deadline: m.clk.Now().Add(m.timeout(prio)), seq: m.seq})
 	}
 }
 
@@ -362,7 +375,7 @@ func (m *batchMachine) settle(t *rapid.T) {
 	// FIFO within the band (never ahead: check).
 	for _, g := range grantedBatch {
 		for _, bw := range m.waiters {
-			if bw.prio == PriorityBatch && bw.group == g.group && bw.seq < g.seq {
+			if bw.prio == PriorityBatch && bw.group == g.group && (bw.flow == g.flow || !m.fair) && bw.seq < g.seq {
 				t.Fatalf("batch waiter %d of %s got a slot before the earlier batch waiter %d", g.seq, g.group, bw.seq)
 			}
 		}
