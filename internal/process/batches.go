@@ -2,8 +2,14 @@ package process
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -39,7 +45,8 @@ func (e *edgeProcess) openBatches(ctx context.Context) error {
 		return err
 	}
 	if contents == nil && (e.cfg.Database == ":memory:" || e.cfg.Database == "") {
-		if dir, err = os.MkdirTemp("", "iop-batch-files-"); err != nil {
+		removeOrphanBatchDirs(os.TempDir(), e.logger)
+		if dir, err = os.MkdirTemp("", batchDirPrefix+strconv.Itoa(os.Getpid())+"-"); err != nil {
 			b.store.Close()
 			return err
 		}
@@ -132,4 +139,40 @@ func (c batchCounts) Collect(ch chan<- prometheus.Metric) {
 	for status, n := range counts {
 		ch <- prometheus.MustNewConstMetric(batchesDesc, prometheus.GaugeValue, float64(n), status)
 	}
+}
+
+// batchDirPrefix starts the name of the temporary directory an edge whose
+// database is in memory keeps batch files in, followed by its process id
+// and a dash.
+const batchDirPrefix = "iop-batch-files-"
+
+// removeOrphanBatchDirs removes the batch file directories under dir of
+// edges that are gone (killed before they could remove their own): those
+// whose process id names no running process. A directory of a running
+// process, or without a process id in its name, stays.
+func removeOrphanBatchDirs(dir string, logger *slog.Logger) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), batchDirPrefix)
+		pidText, _, dashed := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(pidText)
+		if !ok || !dashed || err != nil || pid <= 0 || !e.IsDir() || processAlive(pid) {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			logger.Warn("cannot remove a stopped edge's batch files", "dir", e.Name(), "err", err)
+			continue
+		}
+		logger.Info("removed a stopped edge's batch files", "dir", e.Name(), "pid", pid)
+	}
+}
+
+// processAlive reports whether pid names a running process (signal 0
+// reaches it, or it exists but is not ours to signal).
+func processAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
 }
