@@ -67,13 +67,11 @@
 //
 // By priority band, then start tag (fairTagLocked; 0 unless fair), then
 // enqueue order (waiter.before): with fairness off, the enqueue order.
-// PriorityBatch, last, is a fair queue of its own (by flow, when fair; a
-// flow's batch waiters are not in flow.total, so push-out never counts
-// them). A batch waiter takes a slot
-// only if no interactive waiter can use it (grantEachLocked;
-// nextResidentLocked never passes one) and min(headroom, capacity−1) of
-// its provider's slots stay free; it is never displaced nor pushed out,
-// nor counted in MaxQueue. Work conservation: "a slot it can use".
+// PriorityBatch, last, is a band like the others (fair by flow when fair).
+// A batch waiter takes a slot only if no interactive waiter can use it
+// (grantEachLocked; nextResidentLocked never passes one) and
+// min(headroom, capacity−1) of its provider's slots stay free; it is
+// never displaced nor pushed out, nor counted in MaxQueue (flow.total).
 //
 // # Cost
 //
