@@ -51,7 +51,7 @@ func TestAdminRoutes(t *testing.T) {
 			`{"node_id":"gpu-1","provider_id":"ollama-1","type":"ollama","capacity":4,"in_flight":3,"long_capacity":1,"long_in_flight":1,"queued":2,"load_ratio":0.75,"health":"healthy","models":["llama3:8b"],"capabilities":["tools"],"status":"available","circuit":"closed","model_capabilities":{"llama3:8b":["completion","tools"]}},` +
 			`{"node_id":"gpu-3","provider_id":"p","type":"","capacity":2,"in_flight":1,"long_capacity":0,"long_in_flight":0,"queued":0,"load_ratio":0.5,"health":"unhealthy","models":[],"capabilities":[],"status":"orphan","circuit":"open"}]`},
 		{"/admin/v1/queues", snap, `[{"model":"chat","policy":{"max_queue":64,"queue_timeout_ms":30000,"fairness":"on"},"queued":2,` +
-			`"flows":[{"flow":"alice","priority":"critical","queued":1},{"flow":"bob","priority":"standard","queued":1}]}]`},
+			`"batch":0,"flows":[{"flow":"alice","priority":"critical","queued":1},{"flow":"bob","priority":"standard","queued":1}]}]`},
 		{"/admin/v1/nodes", contract.Snapshot{}, `[]`},
 		{"/admin/v1/providers", contract.Snapshot{}, `[]`},
 		{"/admin/v1/queues", contract.Snapshot{}, `[]`},
