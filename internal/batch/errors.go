@@ -25,6 +25,9 @@ var (
 	// ErrState is an operation the batch's status does not allow, such
 	// as cancelling a completed batch (409).
 	ErrState = errors.New("not allowed in this status")
+	// ErrBodyRead is an upload that failed reading the client's bytes (a
+	// malformed or cut multipart body), not storing them (Stage).
+	ErrBodyRead = errors.New("reading the upload failed")
 	// ErrClosed is a call after Close (503).
 	ErrClosed = errors.New("batch service closed")
 	// ErrLeaseLost is a runner's write after another service claimed the

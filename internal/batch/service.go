@@ -277,12 +277,17 @@ type Upload struct {
 	f File
 }
 
-// Stage streams r (at most MaxFileBytes) to storage. Errors: ErrTooLarge,
-// or r's or the storage's.
+// Stage streams r (at most MaxFileBytes) to storage. Errors: ErrTooLarge;
+// ErrBodyRead wrapping r's error (the client's upload broke); else the
+// storage's (a server fault).
 func (s *Service) Stage(owner, filename string, r io.Reader) (*Upload, error) {
 	f := File{ID: newID("file-"), Owner: owner, Filename: filename, CreatedAt: s.cfg.Now()}
-	n, err := s.contents.Put(context.Background(), f.ID, io.LimitReader(r, s.cfg.MaxFileBytes+1))
-	if err == nil && n > s.cfg.MaxFileBytes {
+	src := &readFailure{r: io.LimitReader(r, s.cfg.MaxFileBytes+1)}
+	n, err := s.contents.Put(context.Background(), f.ID, src)
+	switch {
+	case err != nil && src.err != nil:
+		err = fmt.Errorf("%w: %w", ErrBodyRead, err)
+	case err == nil && n > s.cfg.MaxFileBytes:
 		err = fmt.Errorf("%w: over %d bytes", ErrTooLarge, s.cfg.MaxFileBytes)
 	}
 	if err != nil {
@@ -291,6 +296,21 @@ func (s *Service) Stage(owner, filename string, r io.Reader) (*Upload, error) {
 	}
 	f.Bytes = n
 	return &Upload{s: s, f: f}, nil
+}
+
+// readFailure is r remembering its first read error other than io.EOF:
+// what tells a client's broken upload from a store that failed.
+type readFailure struct {
+	r   io.Reader
+	err error
+}
+
+func (f *readFailure) Read(p []byte) (int, error) {
+	n, err := f.r.Read(p)
+	if err != nil && err != io.EOF && f.err == nil {
+		f.err = err
+	}
+	return n, err
 }
 
 // Commit records the upload as a file of purpose; only "batch" is kept

@@ -2,7 +2,7 @@ package process
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
@@ -24,6 +24,7 @@ type edgeBatches struct {
 	store  *batch.SQL
 	svc    *batch.Service
 	tmpDir string // removed at close; "" when the files live beside the database
+	owner  *os.File // tmpDir's owner lock (ownBatchDir), held until close
 }
 
 // openBatches opens the batch tables: in PostgreSQL with cfg.RunsDSN,
@@ -46,11 +47,11 @@ func (e *edgeProcess) openBatches(ctx context.Context) error {
 	}
 	if contents == nil && (e.cfg.Database == ":memory:" || e.cfg.Database == "") {
 		removeOrphanBatchDirs(os.TempDir(), e.logger)
-		if dir, err = os.MkdirTemp("", batchDirPrefix+strconv.Itoa(os.Getpid())+"-"); err != nil {
+		if b.tmpDir, b.owner, err = newBatchDir(os.TempDir()); err != nil {
 			b.store.Close()
 			return err
 		}
-		b.tmpDir = dir
+		dir = b.tmpDir
 	}
 	lines := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "iop_batch_lines_total",
@@ -96,6 +97,7 @@ func (b *edgeBatches) close() error {
 	err := b.store.Close()
 	if b.tmpDir != "" {
 		os.RemoveAll(b.tmpDir)
+		b.owner.Close()
 	}
 	return err
 }
@@ -142,37 +144,81 @@ func (c batchCounts) Collect(ch chan<- prometheus.Metric) {
 }
 
 // batchDirPrefix starts the name of the temporary directory an edge whose
-// database is in memory keeps batch files in, followed by its process id
-// and a dash.
+// database is in memory keeps batch files in (its process id, a dash and
+// a random suffix follow, for people; the owner lock decides).
 const batchDirPrefix = "iop-batch-files-"
+
+// ownerLockName is the file in a batch file directory its edge holds an
+// exclusive flock(2) on for its life: the kernel lets it go when the
+// process ends, however it ends, and the lock is seen from every process
+// on the host, whatever its pid namespace.
+const ownerLockName = ".owner"
+
+// newBatchDir makes a batch file directory under parent and takes its
+// owner lock: made under a name the sweep (removeOrphanBatchDirs) skips,
+// locked, then renamed, so no sweep sees it unlocked.
+func newBatchDir(parent string) (string, *os.File, error) {
+	const staging = ".iop-batch-new-"
+	tmp, err := os.MkdirTemp(parent, staging)
+	if err != nil {
+		return "", nil, err
+	}
+	owner, err := ownBatchDir(tmp)
+	if err != nil {
+		os.RemoveAll(tmp)
+		return "", nil, err
+	}
+	dir := filepath.Join(parent, batchDirPrefix+strconv.Itoa(os.Getpid())+"-"+strings.TrimPrefix(filepath.Base(tmp), staging))
+	if err := os.Rename(tmp, dir); err != nil {
+		owner.Close()
+		os.RemoveAll(tmp)
+		return "", nil, err
+	}
+	return dir, owner, nil
+}
+
+// ownBatchDir takes dir's owner lock; closing the file lets it go.
+func ownBatchDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, ownerLockName), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("batch files %s: owner lock: %w", dir, err)
+	}
+	return f, nil
+}
 
 // removeOrphanBatchDirs removes the batch file directories under dir of
 // edges that are gone (killed before they could remove their own): those
-// whose process id names no running process. A directory of a running
-// process, or without a process id in its name, stays.
+// whose owner lock nobody holds. A directory whose lock is held (a running
+// edge, in any pid namespace), or without a lock file (an edge creating
+// it, or an older edge's), stays.
 func removeOrphanBatchDirs(dir string, logger *slog.Logger) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return
 	}
 	for _, e := range entries {
-		rest, ok := strings.CutPrefix(e.Name(), batchDirPrefix)
-		pidText, _, dashed := strings.Cut(rest, "-")
-		pid, err := strconv.Atoi(pidText)
-		if !ok || !dashed || err != nil || pid <= 0 || !e.IsDir() || processAlive(pid) {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), batchDirPrefix) {
 			continue
 		}
-		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-			logger.Warn("cannot remove a stopped edge's batch files", "dir", e.Name(), "err", err)
+		path := filepath.Join(dir, e.Name())
+		lock, err := os.OpenFile(filepath.Join(path, ownerLockName), os.O_RDWR, 0)
+		if err != nil {
 			continue
 		}
-		logger.Info("removed a stopped edge's batch files", "dir", e.Name(), "pid", pid)
+		if syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+			lock.Close() // its edge runs
+			continue
+		}
+		err = os.RemoveAll(path)
+		lock.Close()
+		if err != nil {
+			logger.Warn("cannot remove a stopped edge's batch files", "dir", path, "err", err)
+			continue
+		}
+		logger.Info("removed a stopped edge's batch files", "dir", path)
 	}
-}
-
-// processAlive reports whether pid names a running process (signal 0
-// reaches it, or it exists but is not ours to signal).
-func processAlive(pid int) bool {
-	err := syscall.Kill(pid, 0)
-	return err == nil || errors.Is(err, syscall.EPERM)
 }

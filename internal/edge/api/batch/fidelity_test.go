@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
@@ -270,4 +272,70 @@ func TestMessageBatchDeleteAndCursors(t *testing.T) {
 	if got := list("limit=10"); len(got) != 4 {
 		t.Errorf("after one delete the list holds %v, want 4 batches", got)
 	}
+}
+
+// brokenContents is a file store whose writes fail after reading what
+// they are given (a full disk, a directory removed).
+type brokenContents struct{}
+
+func (brokenContents) Put(_ context.Context, _ string, r io.Reader) (int64, error) {
+	n, err := io.Copy(io.Discard, r)
+	if err != nil {
+		return n, err
+	}
+	return n, errors.New("write /tmp/iop-batch-files/file-x: no space left on device")
+}
+func (brokenContents) Open(context.Context, string) (io.ReadCloser, error) {
+	return nil, batch.ErrNotFound
+}
+func (brokenContents) Remove(context.Context, string) error { return nil }
+
+// TestRegression_UploadStoreFailureIsAServerError: a file store that
+// failed to write an upload was answered 400 invalid_value "the multipart
+// form could not be read", as if the client's body were broken, and
+// nothing was logged; it is a 500 now (logged), while a cut multipart
+// body stays a 400.
+func TestRegression_UploadStoreFailureIsAServerError(t *testing.T) {
+	t.Parallel()
+	store, err := batch.OpenSQLite(":memory:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	s, err := batch.New(batch.Config{Store: store, Contents: brokenContents{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var logs bytes.Buffer
+	mux := http.NewServeMux()
+	for path, rt := range Routes(s, slog.New(slog.NewTextHandler(&logs, nil))) {
+		mux.HandleFunc(path, rt.Serve)
+	}
+	post := func(body, contentType string) (int, map[string]any) {
+		req := httptest.NewRequest(http.MethodPost, filesPath, strings.NewReader(body))
+		req.Header.Set("Content-Type", contentType)
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, req)
+		var out map[string]any
+		_ = json.Unmarshal(rec.Body.Bytes(), &out)
+		return rec.Code, out
+	}
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	mw.WriteField("purpose", "batch")
+	fw, _ := mw.CreateFormFile("file", "in.jsonl")
+	io.WriteString(fw, `{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{}}`+"\n")
+	mw.Close()
+	whole := buf.String()
+	status, out := post(whole, mw.FormDataContentType())
+	if e, _ := out["error"].(map[string]any); status != http.StatusInternalServerError || e["type"] != "server_error" {
+		t.Errorf("a store that failed: %d %v; want 500 server_error", status, out)
+	}
+	if !strings.Contains(logs.String(), "no space left on device") {
+		t.Errorf("the store's failure is not logged: %q", logs.String())
+	}
+	cut := whole[:strings.Index(whole, `"custom_id"`)+5] // the file part cut short, no closing boundary
+	status, out = post(cut, mw.FormDataContentType())
+	openAIError(t, "a cut multipart body", status, out, http.StatusBadRequest, "invalid_value", "")
 }

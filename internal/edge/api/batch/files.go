@@ -110,7 +110,10 @@ func (s *server) upload(w http.ResponseWriter, r *http.Request) {
 				name = "upload.jsonl"
 			}
 			if up, err = s.svc.Stage(owner(r.Context()), name, part); err != nil {
-				s.writeError(w, r, multipartError(err))
+				if errors.Is(err, batch.ErrBodyRead) {
+					err = multipartError(err)
+				}
+				s.writeError(w, r, err) // a store that failed is a 500, logged
 				return
 			}
 		}
