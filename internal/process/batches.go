@@ -23,7 +23,7 @@ import (
 type edgeBatches struct {
 	store  *batch.SQL
 	svc    *batch.Service
-	tmpDir string // removed at close; "" when the files live beside the database
+	tmpDir string   // removed at close; "" when the files live beside the database
 	owner  *os.File // tmpDir's owner lock (ownBatchDir), held until close
 }
 
