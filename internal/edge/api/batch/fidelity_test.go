@@ -125,7 +125,8 @@ func openAIError(t *testing.T, what string, status int, out map[string]any, want
 // looked up); a field of the wrong JSON type answered "the body is not a
 // valid JSON object"; metadata keys and values of any length were kept
 // (a 2 MB value came back on every list). Each now gets OpenAI's 400
-// naming its parameter.
+// naming its parameter (a wrong type: invalid_type, as OpenAI's API
+// answers one).
 func TestRegression_BatchCreateErrorsNameTheParameter(t *testing.T) {
 	t.Parallel()
 	r := newAPIRig(t)
@@ -140,14 +141,18 @@ func TestRegression_BatchCreateErrorsNameTheParameter(t *testing.T) {
 		{"no input_file_id", `"endpoint":"/v1/chat/completions","completion_window":"24h"`, "missing_required_parameter", "input_file_id"},
 		{"no endpoint", fmt.Sprintf(`"input_file_id":%q,"completion_window":"24h"`, file), "missing_required_parameter", "endpoint"},
 		{"no completion_window", fmt.Sprintf(`"input_file_id":%q,"endpoint":"/v1/chat/completions"`, file), "missing_required_parameter", "completion_window"},
-		{"input_file_id a number", `"input_file_id":123,"endpoint":"/v1/chat/completions","completion_window":"24h"`, "invalid_value", "input_file_id"},
-		{"metadata a string", ok + `,"metadata":"x"`, "invalid_value", "metadata"},
-		{"metadata value a number", ok + `,"metadata":{"k":1}`, "invalid_value", "metadata"},
+		{"input_file_id a number", `"input_file_id":123,"endpoint":"/v1/chat/completions","completion_window":"24h"`, "invalid_type", "input_file_id"},
+		{"metadata a string", ok + `,"metadata":"x"`, "invalid_type", "metadata"},
+		{"metadata value a number", ok + `,"metadata":{"k":1}`, "invalid_type", "metadata"},
 		{"metadata value of 513", ok + `,"metadata":{"k":"` + strings.Repeat("é", 513) + `"}`, "invalid_value", "metadata.k"},
 		{"metadata key of 65", ok + `,"metadata":{"` + strings.Repeat("k", 65) + `":"v"}`, "invalid_value", "metadata"},
 	} {
 		status, out := create(c.body)
 		openAIError(t, c.name, status, out, http.StatusBadRequest, c.code, c.param)
+	}
+	_, out := create(`"input_file_id":123,"endpoint":"/v1/chat/completions","completion_window":"24h"`)
+	if e, _ := out["error"].(map[string]any); e["message"] != "Invalid type for 'input_file_id': expected a string, but got a number instead." {
+		t.Errorf("a number for input_file_id: message %q, in OpenAI's words", e["message"])
 	}
 	// The bounds themselves are allowed: 16 pairs, keys of 64, values of 512.
 	meta := map[string]string{}

@@ -80,6 +80,9 @@ type problem struct {
 // does not allow the call, 503 closed; anything else 500 without its text.
 func problemOf(err error) problem {
 	var tooBig *http.MaxBytesError
+	if te, ok := errors.AsType[*typeError](err); ok {
+		return problem{http.StatusBadRequest, "invalid_request_error", "invalid_type", te.param, te.Error()}
+	}
 	if m, ok := errors.AsType[*batch.MissingError](err); ok {
 		return problem{http.StatusBadRequest, "invalid_request_error", "missing_required_parameter", m.Param,
 			fmt.Sprintf("Missing required parameter: '%s'.", m.Param)}
@@ -169,11 +172,32 @@ func decodeJSON(r *http.Request, v any) error {
 			return tooBig
 		}
 		if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok && te.Field != "" {
-			return fmt.Errorf("%w: %s: must be %s, not %s", batch.ErrInvalid, te.Field, jsonKind(te.Type), te.Value)
+			return &typeError{param: te.Field, want: jsonKind(te.Type), got: te.Value}
 		}
 		return fmt.Errorf("%w: the body is not a valid JSON object", batch.ErrInvalid)
 	}
 	return nil
+}
+
+// typeError is a body field of the wrong JSON type: 400 invalid_type, as
+// OpenAI answers one ("Invalid type for 'x': expected a string, but got
+// an integer instead.").
+type typeError struct{ param, want, got string }
+
+func (e *typeError) Error() string {
+	return fmt.Sprintf("Invalid type for '%s': expected %s, but got %s instead.", e.param, e.want, article(e.got))
+}
+
+// article is a JSON value kind encoding/json names ("number", "string",
+// "object", "array", "bool") with its article.
+func article(kind string) string {
+	switch kind {
+	case "object", "array":
+		return "an " + kind
+	case "bool":
+		return "a boolean"
+	}
+	return "a " + kind
 }
 
 // jsonKind names the JSON value a Go type decodes from, with an article.
