@@ -16,6 +16,7 @@ import (
 	"iop/internal/edge/contract"
 	"iop/internal/responses"
 	"iop/internal/sse"
+	"iop/internal/testenv"
 	"iop/internal/translate"
 )
 
@@ -172,6 +173,10 @@ func TestRegression_PreviousStillInProgressIsRefused(t *testing.T) {
 	id := obj["id"].(string)
 	defer waitBackground(t, m, id)
 	defer close(run.Up)
+	// The background response is dispatched by the runs manager's own
+	// goroutine: counted once it is (the count was read before it, 0, once
+	// in a make test).
+	testenv.Eventually(t, "the background response dispatched", func() bool { return len(env.GW.Requests()) == 1 })
 	resp := env.post(t, "/v1/responses", "application/json", fmt.Sprintf(`{"model":"m","previous_response_id":%q,"input":"and then?"}`, id))
 	if resp.status != http.StatusBadRequest || !strings.Contains(resp.body, `"param":"previous_response_id"`) ||
 		!(strings.Contains(resp.body, "is still queued") || strings.Contains(resp.body, "is still in_progress")) {
