@@ -208,10 +208,16 @@ func (j *job) save(change func(b *Batch)) (bool, error) {
 	return err == nil, err
 }
 
-// fail ends the batch as failed with errs.
+// fail ends the batch as failed with errs, and drops the lines its
+// validation stored before it failed: a failed batch holds no request
+// (request_counts.total 0, as OpenAI's).
+// The lines go first, so the batch is never seen failed with a total.
 func (j *job) fail(errs []LineError) {
+	if err := j.s.store.DropLines(context.Background(), j.id); err != nil {
+		j.s.logger.Error("failed batch's lines not dropped", "batch", j.id, "err", err)
+	}
 	_, err := j.save(func(b *Batch) {
-		b.Status, b.FailedAt, b.Errors = StatusFailed, j.s.cfg.Now(), errs
+		b.Status, b.FailedAt, b.Errors, b.Total = StatusFailed, j.s.cfg.Now(), errs, 0
 	})
 	if err != nil {
 		j.s.logger.Error("batch status not saved", "batch", j.id, "err", err)

@@ -385,6 +385,21 @@ func (s *SQL) CountBatches(ctx context.Context) (map[string]int, error) {
 // a runner writing the same batch.
 const maxCancelTries = 16
 
+func (s *SQL) DropLines(ctx context.Context, id string) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM batch_lines WHERE batch_id = ?`), id); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, s.q(`UPDATE batches SET total = 0 WHERE id = ?`), id); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
 func (s *SQL) DeleteBatch(ctx context.Context, owner, id string) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {

@@ -143,6 +143,9 @@ type Store interface {
 	// runner sees it at its next Renew). A batch already cancelling is
 	// returned unchanged; one in another status is ErrState.
 	RequestCancel(ctx context.Context, owner, id string, at time.Time) (Batch, error)
+	// DropLines deletes batch id's lines and sets its total to 0: a batch
+	// whose input failed validation runs none of them.
+	DropLines(ctx context.Context, id string) error
 	// DeleteBatch deletes owner's ended batch id (completed, failed,
 	// expired, cancelled) and its lines, in one transaction. Errors:
 	// ErrNotFound, ErrState for a batch still being worked on.

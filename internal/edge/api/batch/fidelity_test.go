@@ -200,6 +200,17 @@ func TestRegression_BatchFileLineErrors(t *testing.T) {
 		!strings.Contains(e["message"].(string), "must be a string") {
 		t.Errorf("a numeric custom_id: error %v", e)
 	}
+	// Valid lines before a bad one are not counted: a failed batch holds
+	// no request (it reported the lines stored before the error: over
+	// 1,000 of them, validation's first chunk).
+	var many strings.Builder
+	for i := range 1200 {
+		fmt.Fprintf(&many, `{"custom_id":"l%d","method":"POST","url":"/v1/chat/completions","body":{"model":"m"}}`+"\n", i)
+	}
+	b = run(many.String() + `{"custom_id":"bad"}` + "\n")
+	if counts, _ := b["request_counts"].(map[string]any); b["status"] != "failed" || counts["total"] != float64(0) {
+		t.Errorf("a bad line after 1,200 good ones: %v; want failed with total 0", b)
+	}
 }
 
 // anthropicError checks an Anthropic error answer: status and error type.
@@ -252,6 +263,10 @@ func TestMessageBatchDeleteAndCursors(t *testing.T) {
 	}
 	if got, want := list("after_id="+ids[3]+"&limit=2"), []string{ids[2], ids[1]}; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("after_id %s limit 2: %v, want %v", ids[3], got, want)
+	}
+	for _, cursor := range []string{"after_id", "before_id"} {
+		status, out := r.do(http.MethodGet, messagesPath+"?"+cursor+"=msgbatch_unknown", "", nil)
+		anthropicError(t, "an unknown "+cursor, status, out, http.StatusNotFound, "not_found_error")
 	}
 
 	r.exec.let()

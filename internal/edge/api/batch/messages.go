@@ -103,8 +103,10 @@ func (s *server) messageBatches(w http.ResponseWriter, r *http.Request) {
 		var more bool
 		if before := r.URL.Query().Get("before_id"); before != "" {
 			list, more, err = s.newerThan(r, before, limit)
-		} else {
-			list, more, err = s.svc.Batches(ctx, who, batch.KindAnthropic, r.URL.Query().Get("after_id"), limit)
+		} else if after := r.URL.Query().Get("after_id"); after == "" {
+			list, more, err = s.svc.Batches(ctx, who, batch.KindAnthropic, "", limit)
+		} else if _, err = s.svc.Batch(ctx, who, batch.KindAnthropic, after); err == nil { // an unknown cursor is 404, as before_id's
+			list, more, err = s.svc.Batches(ctx, who, batch.KindAnthropic, after, limit)
 		}
 		if err != nil {
 			s.writeAnthropicError(w, r, err)
