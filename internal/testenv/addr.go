@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 )
@@ -37,17 +38,16 @@ func ProcessAddr(t testing.TB) string {
 			break
 		}
 		port := lowest + rand.IntN(top-lowest)
-		lock, ok := reservePort(port)
+		release, ok := reserveFor(t, port)
 		if !ok {
 			continue
 		}
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		if l, err := net.Listen("tcp", addr); err == nil {
 			l.Close()
-			t.Cleanup(func() { lock.Close() })
 			return addr
 		}
-		lock.Close()
+		release()
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -55,6 +55,19 @@ func ProcessAddr(t testing.TB) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// reserveFor reserves port (reservePort) until t ends; release lets it go
+// sooner. false when another test holds it.
+func reserveFor(t testing.TB, port int) (release func(), ok bool) {
+	lock, ok := reservePort(port)
+	if !ok {
+		return nil, false
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { lock.Close() }) }
+	t.Cleanup(release)
+	return release, true
 }
 
 // reservePort takes an exclusive flock on port's file under
