@@ -38,22 +38,31 @@ run:
 # of skip (package internal/testenv), so make test skips nothing;
 # IOP_OLLAMA_BIN tells the real-Ollama tests where the binary is.
 # The packages are listed longest first (TEST_FIRST, then ./..., which
-# adds the rest once): go test starts them in that order, two at a time on
-# two cores, so the end-to-end suite starts at once instead of after the
-# packages before it in ./... order, and no long package starts last.
-# TEST_PARALLEL parallel tests run at once in a package (go test's default
-# is the number of cores): most end-to-end tests spend their time waiting
-# on processes, timeouts and streams, so more at once keep two cores
-# busy (internal/e2e alone on 2 cores: 580 s at 2, 328 s at 6, 334 s at 8;
-# make test on a clean clone, warm: 11 m 2 s at 2, 9 m 17 s at 4, 9 m 11 s
-# to 9 m 50 s at 6, with more CPU spent at 6).
+# adds the rest once), so the end-to-end suite starts at once. TEST_P
+# programs (builds, links, test binaries) run at once: with 2 the other
+# packages' links and runs queued behind each other on the one slot the
+# end-to-end suite left, and ended after it. TEST_PARALLEL parallel tests
+# run at once in a package: most end-to-end tests spend their time waiting
+# on processes, timeouts and streams; more than 4 spent more CPU than they
+# saved (make test on a clean clone, warm: 6 m 30 s at -p 4 -parallel 4,
+# 7 m 14 s at -p 4 -parallel 8).
+# -trimpath keeps the build cache's entries independent of the checkout's
+# directory, so a clean clone elsewhere reuses them (without it a new clone
+# compiled every iop package again: 100 CPU-seconds). GORACE's
+# atexit_sleep_ms=0 ends each race-detector test binary at once instead of
+# a second later: 54 binaries, 54 seconds of a slot. A race during the tests
+# is reported where it happens, as before; what the sleep adds is a second
+# in which goroutines left running after the last test may still race.
 TEST_FIRST := ./internal/e2e/ ./internal/edge/ ./deploy/ ./internal/scheduler/ ./internal/node/adapter/ ./cmd/iop/
+TEST_P ?= 4
 TEST_PARALLEL ?= 4
+test: export GOFLAGS := -trimpath $(GOFLAGS)
+test: export GORACE := atexit_sleep_ms=0 $(GORACE)
 test: test/js/node_modules chromium postgresql etcd systemd helm ollama
 	$(GO) vet ./...
 	cd deploy/helm/check && $(GO) vet ./...
 	IOP_OLLAMA_BIN="$$(OLLAMA_VERSION=$(OLLAMA_VERSION) GO=$(GO) test/ollama/build.sh)" IOP_HELM_BIN=$(HELM) IOP_TEST_STRICT=1 \
-		$(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 30m $(TEST_FIRST) ./...
+		$(GO) test -race -count=1 -p $(TEST_P) -parallel $(TEST_PARALLEL) -timeout 30m $(TEST_FIRST) ./...
 
 # The npm packages of the JavaScript client tests (the official `openai` and `ollama`
 # clients), exactly as package-lock.json pins them. Needs Node.js and npm.

@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -231,10 +232,39 @@ func readAnswer(t *testing.T, c clientCase, body []byte) streamAnswer {
 // every time).
 func referenceText(t *testing.T, base string, c clientCase, maxTokens int) string {
 	t.Helper()
+	text, err := askReference(base, c, maxTokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return text
+}
+
+// referenceTexts is referenceText of each of cases, asked at once (each
+// answer takes as long as its simulator's pace).
+func referenceTexts(t *testing.T, base string, cases []clientCase, maxTokens int) map[clientCase]string {
+	t.Helper()
+	texts := make([]string, len(cases))
+	errs := make([]error, len(cases))
+	var wg sync.WaitGroup
+	for i, c := range cases {
+		wg.Go(func() { texts[i], errs[i] = askReference(base, c, maxTokens) })
+	}
+	wg.Wait()
+	out := make(map[clientCase]string, len(cases))
+	for i, c := range cases {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		out[c] = texts[i]
+	}
+	return out
+}
+
+func askReference(base string, c clientCase, maxTokens int) (string, error) {
 	path, body := c.request(false, maxTokens)
 	resp, err := http.Post(base+path, "application/json", strings.NewReader(body))
 	if err != nil {
-		t.Fatal(err)
+		return "", err
 	}
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(resp.Body)
@@ -249,15 +279,15 @@ func referenceText(t *testing.T, base string, c clientCase, maxTokens int) strin
 		} `json:"message"`
 	}
 	if resp.StatusCode != http.StatusOK || json.Unmarshal(data, &doc) != nil {
-		t.Fatalf("%s reference: %d %s", c, resp.StatusCode, data)
+		return "", fmt.Errorf("%s reference: %d %s", c, resp.StatusCode, data)
 	}
 	if c.api == "openai" {
 		if len(doc.Choices) != 1 {
-			t.Fatalf("%s reference: %s", c, data)
+			return "", fmt.Errorf("%s reference: %s", c, data)
 		}
-		return doc.Choices[0].Message.Content
+		return doc.Choices[0].Message.Content, nil
 	}
-	return doc.Message.Content
+	return doc.Message.Content, nil
 }
 
 // requestLines returns the edge's per-request log lines.
@@ -371,10 +401,11 @@ func TestNodeProcessDrainsOnSIGTERM(t *testing.T) {
 	if err := node1.Wait(t, testenv.WaitDeadline); err != nil {
 		t.Errorf("drained node exited with %v, want status 0", err)
 	}
+	want := referenceTexts(t, base, everyCase, tokens)
 	for i, s := range streams {
 		r := results[i]
 		a := readAnswer(t, s.c, r.body)
-		if want := referenceText(t, base, s.c, tokens); r.err != nil || r.status != http.StatusOK || !a.complete || len(a.errors) != 0 || a.text != want {
+		if want := want[s.c]; r.err != nil || r.status != http.StatusOK || !a.complete || len(a.errors) != 0 || a.text != want {
 			t.Errorf("stream %d (%s): %d %v complete %v errors %q, text %d bytes (want %d)\n%s",
 				i, s.c, r.status, r.err, a.complete, a.errors, len(a.text), len(want), r.body)
 		}
