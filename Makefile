@@ -45,7 +45,7 @@ run:
 # once, TEST_PARALLEL parallel tests in each. Make test on a clean clone,
 # warm, on 2 cores: 8 m 50 s with one go test at -p 2 -parallel 4; 6 m 24 s
 # at -p 4 -parallel 4; 7 m 14 s at -p 4 -parallel 8 (more tests at once
-# spent more CPU than they saved); 5 m 52 s with the suite apart at
+# spent more CPU than they saved); 6 m 9 s with the suite apart at
 # -parallel 6 and the rest at -p 3 -parallel 4.
 # -trimpath keeps the build cache's entries independent of the checkout's
 # directory, so a clean clone elsewhere reuses them (without it a new clone
