@@ -54,10 +54,15 @@ run:
 # a second later: 54 binaries, 54 seconds of a slot. A race during the tests
 # is reported where it happens, as before; what the sleep adds is a second
 # in which goroutines left running after the last test may still race.
+# The race detector also turns on checkptr (the checks of unsafe pointer
+# conversions) in every package; make test keeps it for iop's own packages
+# and turns it off for the standard library and the dependencies (SQLite's
+# transpiled C above all), whose conversions are theirs to check: 7 % less
+# CPU (585 against 629 CPU-seconds, 5 m 42 s against 5 m 52 s).
 E2E_PARALLEL ?= 6
 TEST_P ?= 3
 TEST_PARALLEL ?= 4
-test: export GOFLAGS := -trimpath $(GOFLAGS)
+test: export GOFLAGS := -trimpath -gcflags=all=-d=checkptr=0 -gcflags=iop/...=-d=checkptr=1 $(GOFLAGS)
 test: export GORACE := atexit_sleep_ms=0 $(GORACE)
 test: test/js/node_modules chromium postgresql etcd systemd helm ollama
 	$(GO) vet ./...
