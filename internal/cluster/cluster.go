@@ -636,11 +636,13 @@ func (e *Elector) claimName(lease clientv3.LeaseID) {
 			}
 		}
 	}
-	e.nameInUseBy.Store(&other)
+	// Logged before it is published: whoever sees NameInUseBy finds the
+	// warning in the log.
 	if other != "" {
 		e.log.Warn("another edge of this cluster has this edge's cluster.name: give each edge its own name",
 			"name", e.cfg.Name, "advertise", own, "other_advertise", other)
 	}
+	e.nameInUseBy.Store(&other)
 }
 
 // NameInUseBy is the advertise address of another edge that held this

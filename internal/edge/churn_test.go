@@ -167,6 +167,8 @@ func TestChurnOfRealNodeConnections(t *testing.T) {
 	stays := e.forgetTrigger(t, e.connect(t, hello("stays", prov("p", normalized, 1, "m-stays"))))
 	before := e.svc.waitSizes(t, baseline)
 	goroutines := runtime.NumGoroutine()
+	atBaseline := make([]byte, 1<<20)
+	atBaseline = atBaseline[:runtime.Stack(atBaseline, true)]
 	t.Logf("before: %+v, %d goroutines", before, goroutines)
 
 	for i := range nodes {
@@ -189,7 +191,7 @@ func TestChurnOfRealNodeConnections(t *testing.T) {
 		case <-tick.C:
 		case <-deadline:
 			buf := make([]byte, 1<<20)
-			t.Fatalf("%d goroutines, baseline %d:\n%s", runtime.NumGoroutine(), goroutines, buf[:runtime.Stack(buf, true)])
+			t.Fatalf("%d goroutines, baseline %d:\n%s\nat the baseline:\n%s", runtime.NumGoroutine(), goroutines, buf[:runtime.Stack(buf, true)], atBaseline)
 		}
 	}
 	t.Logf("after: %d goroutines", runtime.NumGoroutine())
