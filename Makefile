@@ -72,12 +72,6 @@ run:
 # one -o directory: the second of each name goes in a second go test.
 # Two make tests of different code at once on one machine need TESTBINs of
 # their own (each would run the other's binaries).
-# The end-to-end tests that count the goroutines of their process (the
-# storms: 1,000 clients, then no goroutine left) cannot share it with
-# parallel tests, so in one go test they ran alone before every parallel
-# test (50 s, most of it waiting out a queue timeout); they run in a go
-# test of their own (the same binary, linked once by go test -c).
-E2E_ALONE := ^TestStorm
 E2E_PARALLEL ?= 6
 TEST_P ?= 3
 TEST_PARALLEL ?= 4
@@ -88,14 +82,12 @@ test: test/js/node_modules chromium postgresql etcd systemd helm ollama
 	$(GO) vet ./...
 	cd deploy/helm/check && $(GO) vet ./...
 	export IOP_OLLAMA_BIN="$$(OLLAMA_VERSION=$(OLLAMA_VERSION) GO=$(GO) test/ollama/build.sh)" IOP_HELM_BIN=$(HELM) IOP_TEST_STRICT=1; \
-	$(GO) test -race -c -ldflags='-s -w' -o $(TESTBIN)/e2e/ ./internal/e2e/ && \
-	{ $(GO) test -race -count=1 -ldflags='-s -w' -o $(TESTBIN)/e2e/ -run '$(E2E_ALONE)' -timeout 30m ./internal/e2e/ & alone=$$!; } && \
-	{ $(GO) test -race -count=1 -ldflags='-s -w' -o $(TESTBIN)/e2e/ -skip '$(E2E_ALONE)' -parallel $(E2E_PARALLEL) -timeout 30m ./internal/e2e/ & e2e=$$!; } || exit 1; \
+	$(GO) test -race -count=1 -ldflags='-s -w' -o $(TESTBIN)/e2e/ -parallel $(E2E_PARALLEL) -timeout 30m ./internal/e2e/ & e2e=$$!; \
 	pkgs="$$($(GO) list ./... | grep -v '/internal/e2e$$')"; \
 	first="$$(echo "$$pkgs" | awk -F/ '!seen[$$NF]++')"; again="$$(echo "$$pkgs" | awk -F/ 'seen[$$NF]++')"; \
 	$(GO) test -race -count=1 -ldflags='-s -w' -o $(TESTBIN)/1/ -p $(TEST_P) -parallel $(TEST_PARALLEL) -timeout 30m $$first; rest=$$?; \
 	[ -z "$$again" ] || $(GO) test -race -count=1 -ldflags='-s -w' -o $(TESTBIN)/2/ -p $(TEST_P) -parallel $(TEST_PARALLEL) -timeout 30m $$again || rest=1; \
-	wait $$alone || rest=1; wait $$e2e && exit $$rest
+	wait $$e2e && exit $$rest
 
 # The npm packages of the JavaScript client tests (the official `openai` and `ollama`
 # clients), exactly as package-lock.json pins them. Needs Node.js and npm.
