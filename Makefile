@@ -46,10 +46,11 @@ run:
 # warm, on 2 cores: 8 m 50 s with one go test at -p 2 -parallel 4; 6 m 24 s
 # at -p 4 -parallel 4; 7 m 14 s at -p 4 -parallel 8 (more tests at once
 # spent more CPU than they saved); 6 m 9 s with the suite apart at
-# -parallel 6 and the rest at -p 3 -parallel 4; 4 m 56 s – 5 m 31 s with
-# the linked test binaries kept (TESTBIN), the npm packages cached
-# (JS_MODULES) and the storms apart (E2E_ALONE); E2E_PARALLEL=8 then took
-# 6 m 6 s (more CPU).
+# -parallel 6 and the rest at -p 3 -parallel 4; 5 m 5 s with the linked
+# test binaries kept (TESTBIN). The storm tests (which count the process's
+# goroutines, so run alone before the parallel e2e tests, ~50 s) were tried
+# in a go test of their own beside the suite: 4 m 56 s – 5 m 31 s, but
+# beside the parallel tests their burst outlasted the queue timeout.
 # -trimpath keeps the build cache's entries independent of the checkout's
 # directory, so a clean clone elsewhere reuses them (without it a new clone
 # compiled every iop package again: 100 CPU-seconds). GORACE's
