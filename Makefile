@@ -77,17 +77,18 @@ E2E_PARALLEL ?= 6
 TEST_P ?= 3
 TEST_PARALLEL ?= 4
 TESTBIN ?= $(HOME)/.cache/iop/test-binaries
+RACE_TEST = $(GO) test -race -count=1 -ldflags='-s -w' -timeout 30m
 test: export GOFLAGS := -trimpath -gcflags=all=-d=checkptr=0 -gcflags=iop/...=-d=checkptr=1 $(GOFLAGS)
 test: export GORACE := atexit_sleep_ms=0 $(GORACE)
 test: test/js/node_modules chromium postgresql etcd systemd helm ollama
 	$(GO) vet ./...
 	cd deploy/helm/check && $(GO) vet ./...
 	export IOP_OLLAMA_BIN="$$(OLLAMA_VERSION=$(OLLAMA_VERSION) GO=$(GO) test/ollama/build.sh)" IOP_HELM_BIN=$(HELM) IOP_TEST_STRICT=1; \
-	$(GO) test -race -count=1 -ldflags='-s -w' -o $(TESTBIN)/e2e/ -parallel $(E2E_PARALLEL) -timeout 30m ./internal/e2e/ & e2e=$$!; \
+	$(RACE_TEST) -o $(TESTBIN)/e2e/ -parallel $(E2E_PARALLEL) ./internal/e2e/ & e2e=$$!; \
 	pkgs="$$($(GO) list ./... | grep -v '/internal/e2e$$')"; \
 	first="$$(echo "$$pkgs" | awk -F/ '!seen[$$NF]++')"; again="$$(echo "$$pkgs" | awk -F/ 'seen[$$NF]++')"; \
-	$(GO) test -race -count=1 -ldflags='-s -w' -o $(TESTBIN)/1/ -p $(TEST_P) -parallel $(TEST_PARALLEL) -timeout 30m $$first; rest=$$?; \
-	[ -z "$$again" ] || $(GO) test -race -count=1 -ldflags='-s -w' -o $(TESTBIN)/2/ -p $(TEST_P) -parallel $(TEST_PARALLEL) -timeout 30m $$again || rest=1; \
+	$(RACE_TEST) -o $(TESTBIN)/1/ -p $(TEST_P) -parallel $(TEST_PARALLEL) $$first; rest=$$?; \
+	[ -z "$$again" ] || $(RACE_TEST) -o $(TESTBIN)/2/ -p $(TEST_P) -parallel $(TEST_PARALLEL) $$again || rest=1; \
 	wait $$e2e && exit $$rest
 
 # The npm packages of the JavaScript client tests (the official `openai` and `ollama`

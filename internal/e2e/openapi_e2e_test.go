@@ -119,6 +119,7 @@ func (v *specValidator) check(what, schema string, doc []byte) {
 // variant its type names (streamEventVariants).
 func (v *specValidator) problems(schema string, doc []byte) string {
 	v.t.Helper()
+	asked := schema
 	if schema == "ResponseStreamEvent" {
 		variants, err := streamEventVariants()
 		if err != nil {
@@ -151,7 +152,9 @@ func (v *specValidator) problems(schema string, doc []byte) string {
 		return ""
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n  (schema %s)", schema)
+	if schema != asked {
+		fmt.Fprintf(&b, "\n  (its variant %s)", schema)
+	}
 	for _, e := range errs {
 		fmt.Fprintf(&b, "\n  %s: %s", e.Message, e.Reason)
 		for _, se := range e.SchemaValidationErrors {
