@@ -230,7 +230,7 @@ func checkForcedToolChoice(t *testing.T, rig *agentRig) {
 // OpenAI-protocol one; then the Anthropic SDK and the AI SDK's Anthropic
 // provider (test/js/agents_anthropic.mjs).
 func TestRegression_ForcedToolChoiceOnOllama(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, ollamaURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"tools-n"}, Seed: 7})
 	_, openaiURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"tools-v1"}, Seed: 7})
 	rig := startAgentRig(t, ollamaURL, "tools-n", openaiURL, "tools-v1")
@@ -244,7 +244,7 @@ func TestRegression_ForcedToolChoiceOnOllama(t *testing.T) {
 // on its /v1 (whose tool_choice handling is Ollama's own: only the pass
 // through is checked there).
 func TestRealOllama_ForcedToolChoice(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	s := ollamatest.Start(t)
 	s.CreateModel(t, "tools-n", ollamatest.Tools)
 	s.CreateModel(t, "tools-v1", ollamatest.Tools)
@@ -293,7 +293,7 @@ func checkEffortOnABooleanThinker(t *testing.T, rig *agentRig) {
 // \"low\" is not supported for this model") for every thinking model but
 // gpt-oss. Against the simulator, which refuses levels as Ollama does.
 func TestRegression_ReasoningEffortOnABooleanThinker(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"think-n"}, Seed: 7, Thinking: true})
 	rig := startAgentRig(t, url, "think-n", "", "")
 	checkEffortOnABooleanThinker(t, rig)
@@ -304,7 +304,7 @@ func TestRegression_ReasoningEffortOnABooleanThinker(t *testing.T) {
 // TestRegression_ReasoningEffortOnABooleanThinker against a real Ollama
 // (v0.17.4) serving a tiny thinking model (not gpt-oss).
 func TestRealOllama_ReasoningEffort(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	s := ollamatest.Start(t)
 	s.CreateModel(t, "think-n", ollamatest.Thinking)
 	rig := startAgentRig(t, s.URL, "think-n", "", "")

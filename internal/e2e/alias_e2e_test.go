@@ -34,7 +34,7 @@ import (
 // the name rule reached alias targets, "tiny" matched nothing and every
 // request went to "other".
 func TestRegression_AliasTargetWithoutTag(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	tiny, tinyURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"tiny:latest"}, TTFT: 200 * time.Millisecond})
 	other, otherURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"other"}, TTFT: 200 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -99,7 +99,7 @@ func TestRegression_AliasTargetWithoutTag(t *testing.T) {
 // GET /admin/v1/queues lists every alias's targets and unmatched targets,
 // and iop status warns of them.
 func TestAliasUnmatchedTargetsEndToEnd(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"tiny:latest"}})
 	ctx, cancel := context.WithCancel(context.Background())
 	e := harness.Edge(t, ctx, harness.EdgeConfig(map[string]edge.ModelConfig{
@@ -197,7 +197,7 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 // (a warning), and its models no alias targets. Without the admin key the
 // edge refuses, and the error says to give one.
 func TestCheckNodeAgainstEdge(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, tinyURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"tiny:latest", "embed:latest"}})
 	_, otherURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"other"}})
 	admin, adminHash := auth.Generate()

@@ -342,7 +342,7 @@ func clipText(s string) string {
 // every route, streamed and not, on both execution paths: it is never
 // refused. Each (route, path) has its own key and client, all at once.
 func TestFinishedAnswerFreesItsCallerSequential(t *testing.T) {
-	t.Parallel()
+	harness.ParallelLong(t)
 	const rounds = 200
 	type sequence struct {
 		route route
@@ -383,7 +383,7 @@ func TestFinishedAnswerFreesItsCallerSequential(t *testing.T) {
 // max_concurrent N, each streaming one request after the other, are never
 // refused, on every streamed route and both execution paths.
 func TestFinishedAnswerFreesItsCallerConcurrent(t *testing.T) {
-	t.Parallel()
+	harness.ParallelLong(t)
 	const clients, rounds = 3, 60
 	type group struct {
 		route route

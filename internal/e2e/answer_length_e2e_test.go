@@ -175,7 +175,7 @@ func nonStreamedChat(model string) string {
 // embeddings from the simulator, and a provider's answer that declared its
 // length. A streamed answer stays an event stream without one.
 func TestRegression_NonStreamedPassthroughKeepsContentLength(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startLengthRig(t, -1)
 	small := bigAnswer(100, "small")
 	rig.set(rig.fake, withLength(small))
@@ -225,7 +225,7 @@ func TestRegression_NonStreamedPassthroughKeepsContentLength(t *testing.T) {
 // scrub (a redacted key changes the length, so the node cannot vouch for
 // the provider's).
 func TestTunnelLargeAnswerArrivesWhole(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startLengthRig(t, -1)
 	body := bigAnswer(200<<10, "big")
 	for _, c := range []struct {
@@ -268,7 +268,7 @@ func TestTunnelLargeAnswerArrivesWhole(t *testing.T) {
 // declared length, is cut off, and the client's read fails. Both count
 // as upstream errors in the ledger.
 func TestTunnelProviderClosingEarlyFailsTheClient(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startLengthRig(t, -1)
 	t.Run("small", func(t *testing.T) {
 		rig.set(rig.fake, cutShort(1000, `{"id":"chatcmpl-short","choices":[`))
@@ -312,7 +312,7 @@ func (rig *lengthRig) set(p *fakeProvider, answer func(w http.ResponseWriter, ur
 // status relayed whole (a 500 answer, also one message), and a good
 // answer between them resets the count.
 func TestTunnelOneMessageErrorsCountForTheBreaker(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startLengthRig(t, 2)
 	good := bigAnswer(10, "good")
 	errObject := `{"error":{"message":"quota exhausted","type":"server_error"}}`

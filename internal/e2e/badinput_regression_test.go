@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"testing"
+
+	"iop/internal/e2e/harness"
 )
 
 // TestRegression_OversizedBodyNoConnectionReset: a client that writes its
@@ -13,7 +15,7 @@ import (
 // connection with the rest of the body unread, and the kernel reset it.
 // The edge now reads and discards the rest (bounded) after answering.
 func TestRegression_OversizedBodyNoConnectionReset(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	const limit = 1 << 20
 	rig := startBadRig(t, limit)
 	for _, rt := range []badRoute{badRoutes[0], badRoutes[3]} { // chat, /api/chat
@@ -37,7 +39,7 @@ func TestRegression_OversizedBodyNoConnectionReset(t *testing.T) {
 // answers it (404 model_not_found), and its record, named by Location,
 // stays listed as failed.
 func TestRegression_SyncRunOfUnknownModelIs404(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startBadRig(t, 0)
 	resp, body := rig.send(t, "/v1/runs", "application/json", `{"model":"no-such-model","prompt":"hi"}`)
 	checkErrorBody(t, badRoutes[5], resp, body, badCase{body: "unknown model", status: http.StatusNotFound, param: "model", code: "model_not_found"})

@@ -271,7 +271,7 @@ func (rig *badRig) checkCases(t *testing.T, rt badRoute, cases []badCase) {
 }
 
 func TestBadInput_InvalidJSON(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startBadRig(t, 0)
 	bodies := []string{``, `{`, `{"model":`, `{"model":"norm-model",}`, `not json`, `{"model":"norm-model"}{}`, "{\"model\":\"\xff\"", `{'model':'x'}`}
 	for _, rt := range badRoutes {
@@ -286,7 +286,7 @@ func TestBadInput_InvalidJSON(t *testing.T) {
 }
 
 func TestBadInput_BodyNotAnObject(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startBadRig(t, 0)
 	for _, rt := range badRoutes {
 		t.Run(rt.name, func(t *testing.T) {
@@ -304,7 +304,7 @@ func TestBadInput_BodyNotAnObject(t *testing.T) {
 // runs API, while the Ollama routes accept any Content-Type on purpose
 // (Ollama's own curl examples send none or curl's form default).
 func TestBadInput_ContentType(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startBadRig(t, 0)
 	for _, rt := range badRoutes {
 		t.Run(rt.name, func(t *testing.T) {
@@ -338,7 +338,7 @@ func TestBadInput_ContentType(t *testing.T) {
 // OpenAI answers: "you must provide a model parameter"); an unknown one is
 // 404 model_not_found (Ollama: `model 'x' not found`).
 func TestBadInput_Model(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startBadRig(t, 0)
 	for _, rt := range badRoutes {
 		t.Run(rt.name, func(t *testing.T) {
@@ -366,7 +366,7 @@ func TestBadInput_Model(t *testing.T) {
 
 // TestBadInput_InvalidMessageRole covers the routes that take messages.
 func TestBadInput_InvalidMessageRole(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startBadRig(t, 0)
 	for _, rt := range badRoutes {
 		if rt.path != "/v1/chat/completions" && rt.path != "/api/chat" && rt.path != "/v1/runs" {
@@ -395,7 +395,7 @@ func TestBadInput_InvalidMessageRole(t *testing.T) {
 // TestBadInput_WrongFieldTypes: a well-known field of the wrong JSON type
 // is a 400 naming it.
 func TestBadInput_WrongFieldTypes(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startBadRig(t, 0)
 	const msg = `"messages":[{"role":"user","content":"hi"}]`
 	perRoute := map[string][]badCase{
@@ -467,7 +467,7 @@ func TestBadInput_WrongFieldTypes(t *testing.T) {
 // (negative counts, 1e30 tokens, numbers no float64 holds) are a 400 naming
 // the field, before any queue wait.
 func TestBadInput_NegativeOrAbsurdNumbers(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startBadRig(t, 0)
 	const msg = `"messages":[{"role":"user","content":"hi"}]`
 	chat := func(extra string) string { return `{"model":"norm-model",` + msg + `,` + extra + `}` }
@@ -530,7 +530,7 @@ func TestBadInput_NegativeOrAbsurdNumbers(t *testing.T) {
 // client that writes its whole oversized body before reading:
 // TestRegression_OversizedBodyNoConnectionReset.)
 func TestBadInput_BodyOverLimit(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	const limit = 1 << 20
 	rig := startBadRig(t, limit)
 	for _, rt := range badRoutes {
@@ -639,7 +639,7 @@ func rawPost(t *testing.T, addr, path, body, framing string, send int) (*http.Re
 // capability, which gets the image intact; a provider without vision that
 // serves the same alias is passed over.
 func TestBadInput_LargeImageAccepted(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startBadRig(t, 0)
 	b64 := base64.StdEncoding.EncodeToString(noisePNG(t, 620)) // ~2 MB
 	dataURL := "data:image/png;base64," + b64
@@ -706,7 +706,7 @@ func noisePNG(t *testing.T, side int) []byte {
 // request is admitted at once ("queue_reason": "immediate" in its run
 // record) and answered.
 func TestBadInput_FailureAfterAdmissionReleasesSlot(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startBadRig(t, 0)
 	paths := []struct{ name, ghost, good string }{
 		{"normalized", badGhostNorm, badNormModel},

@@ -165,7 +165,7 @@ func checkBatchOutput(t *testing.T, e *batchEdge, id string, n int) (int, map[st
 // completes it: the output file, read through a third edge, has every
 // custom_id exactly once and no error line (lines lost 0, duplicated 0).
 func TestBatchSurvivesTheRunnerEdgeKill(t *testing.T) {
-	t.Parallel()
+	harness.ParallelLong(t)
 	edges, _ := batchCluster(t)
 	const n = 300
 	first := batchAPI{t: t, base: edges[0].base}
@@ -207,7 +207,7 @@ func TestBatchSurvivesTheRunnerEdgeKill(t *testing.T) {
 // batch or not). The batch completes with every custom_id exactly once in
 // its output file and no error line: lines lost 0, duplicated 0.
 func TestBatchSurvivesAnEdgeRestartAndALeaderKill(t *testing.T) {
-	t.Parallel()
+	harness.ParallelLong(t)
 	edges, bin := batchCluster(t)
 	const n = 600
 	first := batchAPI{t: t, base: edges[0].base}

@@ -195,7 +195,7 @@ func batchRig(t *testing.T, cfg process.EdgeFile) batchAPI {
 // custom_id and its error file the 404 of the bad one; the files API
 // lists, reads and deletes the files.
 func TestBatchRunsEveryLineOnce(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	c := batchRig(t, harness.EdgeConfig(nil))
 	input := chatLines("n", "fast", 6, 8) + chatLines("t", "tunneled", 6, 8) +
 		`{"custom_id":"bad","method":"POST","url":"/v1/chat/completions","body":{"model":"nope","messages":[{"role":"user","content":"x"}]}}` + "\n"
@@ -250,7 +250,7 @@ func TestBatchRunsEveryLineOnce(t *testing.T) {
 
 // TestBatchEmbeddings runs a batch of the embeddings endpoint.
 func TestBatchEmbeddings(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	c := batchRig(t, harness.EdgeConfig(nil))
 	var sb strings.Builder
 	for i := range 5 {
@@ -274,7 +274,7 @@ func TestBatchEmbeddings(t *testing.T) {
 // TestBatchValidationNamesLines: an input file with bad lines fails
 // validation, each error naming its line and code, and runs nothing.
 func TestBatchValidationNamesLines(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	c := batchRig(t, harness.EdgeConfig(nil))
 	input := chatLines("ok", "fast", 1, 4) +
 		"{not json\n" +
@@ -314,7 +314,7 @@ func TestBatchValidationNamesLines(t *testing.T) {
 // TestBatchUploadOverTheLimit: a file over the edge's body limit is
 // answered 413 and leaves no file.
 func TestBatchUploadOverTheLimit(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	cfg := harness.EdgeConfig(nil)
 	cfg.MaxBodyBytes = 8 << 10
 	c := batchRig(t, cfg)
@@ -330,7 +330,7 @@ func TestBatchUploadOverTheLimit(t *testing.T) {
 // TestBatchCancel: cancelling a running batch stops it: cancelling, then
 // cancelled with the results of the lines that finished, and no more.
 func TestBatchCancel(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	c := batchRig(t, harness.EdgeConfig(nil))
 	id := c.createBatch(c.uploadFile(chatLines("s", "slow", 30, 20)), "/v1/chat/completions")
 	c.waitBatch(id, "in_progress")
@@ -367,7 +367,7 @@ func TestBatchCancel(t *testing.T) {
 // and a batch are seen only by the key that made them; the batch's lines
 // run as that key.
 func TestBatchFilesAndBatchesOfOneKeyHiddenFromAnother(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	alice, aliceHash := auth.Generate()
 	bob, bobHash := auth.Generate()
 	cfg := harness.EdgeConfig(nil)
@@ -395,7 +395,7 @@ func TestBatchFilesAndBatchesOfOneKeyHiddenFromAnother(t *testing.T) {
 // the middle of a batch and started again on the same database finishes
 // the batch with every custom_id's result exactly once.
 func TestBatchResumesAfterTheEdgeIsKilled(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 40, Seed: 5})
 	bin := harness.IOP(t)
 	db := filepath.Join(t.TempDir(), "iop.db")
@@ -434,7 +434,7 @@ func TestBatchResumesAfterTheEdgeIsKilled(t *testing.T) {
 // as POST /v1/messages; its results stream as JSON Lines once it ended,
 // one per custom_id, succeeded or errored.
 func TestMessageBatchEndToEnd(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	c := batchRig(t, harness.EdgeConfig(nil))
 	b := c.object(http.MethodPost, "/v1/messages/batches", `{"requests":[
 		{"custom_id":"a","params":{"model":"fast","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}},
@@ -487,7 +487,7 @@ func TestMessageBatchEndToEnd(t *testing.T) {
 // clients unchanged, against a real edge and node with an Ollama and an
 // OpenAI-compatible simulator (one per execution path) and a slow one.
 func TestBatchJavaScriptClients(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	nodeBin, files := requireJS(t, "batch_*.mjs")
 	_, ollamaURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{normalizedModel}, Seed: 11})
 	_, openaiURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{tunnelModel}, Seed: 11})
@@ -516,7 +516,7 @@ func TestBatchJavaScriptClients(t *testing.T) {
 // run on a real Ollama (internal/ollamatest) through a real edge and
 // node, every custom_id answered once.
 func TestRealOllama_Batch(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	s := ollamatest.Start(t)
 	s.CreateModel(t, "tiny", ollamatest.Plain)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -548,7 +548,7 @@ func TestRealOllama_Batch(t *testing.T) {
 // tokens a second, so the lines to cancel ask for 1500 tokens each: 20 of
 // them last seconds, and a cancel lands with most of them unrun.
 func TestRealOllama_BatchJavaScriptClients(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	nodeBin, files := requireJS(t, "batch_*.mjs")
 	s := ollamatest.Start(t)
 	for _, m := range []string{"tiny", "tiny-v1", "crawl"} {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"iop/internal/e2e/harness"
 	"iop/internal/sim"
 )
 
@@ -21,7 +22,7 @@ import (
 // Lines placed least-loaded would spread the prompts over the providers
 // and miss.
 func TestBatchLinesOfOnePrefixGoToItsProvider(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	st := startPrefixStack(t, sim.ProtocolOllama, 32)
 	groups := []string{"A", "B", "C"}
 	system := map[string]string{}

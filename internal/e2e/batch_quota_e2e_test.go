@@ -22,7 +22,7 @@ import (
 // until a time to come, and iop status says so in its ETA column. A
 // cancel ends it.
 func TestBatchWaitingForItsKeysQuota(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	key, hash := auth.Generate()
 	admin, adminHash := auth.Generate()
 	cfg := harness.EdgeConfig(nil)

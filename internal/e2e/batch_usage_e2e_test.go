@@ -16,7 +16,7 @@ import (
 // GET /admin/v1/usage groups them by group_by=batch and selects them by
 // batch=; /metrics counts the batches by status (iop_batches).
 func TestBatchLinesMarkedInTheLedger(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	c := batchRig(t, harness.EdgeConfig(nil))
 	if status, b := c.do(http.MethodPost, "/v1/chat/completions", "application/json",
 		strings.NewReader(`{"model":"fast","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`)); status != http.StatusOK {

@@ -17,7 +17,7 @@ import (
 // Dispatch message (at most 64 KiB) or goes down the run stream in Body
 // chunks (here 300 KiB: five chunks).
 func TestEndToEndBodySizes(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	up := startUpstream(t, nil)
 	e := startEdgeWith(t, process.DefaultEdgeFile(), harness.Logger(t, "edge"))
 	ctx, cancel := context.WithCancel(context.Background())

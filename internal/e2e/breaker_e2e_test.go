@@ -25,7 +25,7 @@ import (
 // circuit, and the next request is refused 503 without reaching the
 // provider.
 func TestRegression_TranslatedRoutesOpenTheCircuit(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	both := []bool{true, false}
 	routes := []struct {
 		name, path, body string

@@ -102,7 +102,7 @@ func intactRun(client openai.Client, model string, n int64) <-chan error {
 // the slot comes back, a queued request never reaches the backend, and a
 // concurrent run on the same provider finishes intact.
 func TestClientGoneCancelsRun(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	// 100 tokens/s: a 100,000-token answer outlives the test; a 20-token
 	// one ends in 0.2 s.
 	e, paths := startCancelStack(t, process.DefaultEdgeFile(), 2, sim.Config{TokensPerSecond: 100})
@@ -201,7 +201,7 @@ func TestClientGoneCancelsRun(t *testing.T) {
 // client that reads the response headers and then stops reading has its run
 // cancelled after write_timeout, and the next request is admitted.
 func TestSlowReaderLosesItsSlot(t *testing.T) {
-	t.Parallel()
+	harness.ParallelLong(t)
 	cfg := process.DefaultEdgeFile()
 	cfg.WriteTimeout = 300 * time.Millisecond
 	// The next request waits for the stalled run's slot: on two cores
@@ -263,7 +263,7 @@ func stalledReader(t *testing.T, e *process.Process, model string) net.Conn {
 // apart than the write timeout, and which lasts many of them, is delivered
 // whole to a client that keeps reading.
 func TestWriteDeadlineDoesNotCutReadingClients(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	cfg := process.DefaultEdgeFile()
 	cfg.WriteTimeout = 100 * time.Millisecond
 	// 10 tokens at 5/s: 200 ms between writes, 2 s in all.

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"iop/internal/e2e/harness"
 	"iop/internal/sse"
 )
 
@@ -17,7 +18,7 @@ import (
 // although the Ollama provider wins ties; to a model only Ollama serves it
 // is answered 400 naming n at once, without reaching the provider.
 func TestRegression_NAboveOneReachesOnlyOpenAICompatibleProviders(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startOllamaRig(t)
 	requests := func() int {
 		rig.ollamaProxy.mu.Lock()
@@ -78,7 +79,7 @@ func TestRegression_NAboveOneReachesOnlyOpenAICompatibleProviders(t *testing.T) 
 // answered 400 at once, saying why, and the provider sees nothing. Never
 // the wrong provider's 400.
 func TestRegression_BatchPromptReachesOnlyProvidersThatTakeIt(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startOllamaRig(t)
 	requests := func() int {
 		rig.ollamaProxy.mu.Lock()
@@ -191,7 +192,7 @@ func batchAnswer(t *testing.T, data []byte, stream bool) (model string, items in
 // one; on a model only an Ollama provider serves it is refused 400 saying
 // why, and the Ollama provider sees none of them.
 func TestRegression_LogprobsReachOnlyProvidersThatReturnThem(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startOllamaRig(t)
 	requests := func() int {
 		rig.ollamaProxy.mu.Lock()

@@ -76,7 +76,7 @@ func chatParams(model, prompt string) openai.ChatCompletionNewParams {
 }
 
 func TestEndToEndCLIProvider(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	e := startCLINode(t)
 	client := newClient(e)
 

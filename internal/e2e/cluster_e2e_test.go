@@ -331,7 +331,7 @@ func (rig *clusterRig) waitQuiet(what string) {
 // holds a lease or run. One etcd member killed: the edges keep serving.
 // The old leader restarted: it follows (a higher epoch leads).
 func TestClusterThreeEdgesStormAndFailover(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := newClusterRig(t)
 	var li int
 	var epoch int64

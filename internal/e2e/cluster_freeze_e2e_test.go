@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"iop/internal/e2e/harness"
 	"iop/internal/testenv"
 	"strings"
 	"syscall"
@@ -22,7 +23,7 @@ import (
 // Retry-After), p1 never runs above capacity, and afterwards no edge holds
 // a lease, run or waiter (/admin/v1/cluster): no phantom lease.
 func TestRegression_ClusterLeaderFrozen(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := newClusterEdges(t)
 	rig.startNodeOnEvery()
 	var li int

@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"io"
+	"iop/internal/e2e/harness"
 	"iop/internal/testenv"
 	"net/http"
 	"strings"
@@ -39,7 +40,7 @@ func (rig *clusterRig) keyAsk(e *clusterEdge, key string, maxTokens int) (int, s
 // the second key's allowance empty: it gets no more than a single leader
 // would have refilled since its burst (one per 20 s).
 func TestRegression_KeyLimitsSurviveFailover(t *testing.T) {
-	t.Parallel()
+	harness.ParallelLong(t)
 	rig := newClusterEdges(t)
 	rig.startNodeOnEvery()
 	var li int

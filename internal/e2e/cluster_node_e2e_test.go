@@ -75,7 +75,7 @@ func (rig *clusterRig) nodeConn(e *clusterEdge) (adminwire.Node, error) {
 // unchanged: the node's capacity refusals and the lost edge disturbed
 // neither).
 func TestClusterOneNodeOnEveryEdge(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := newClusterEdges(t)
 	rig.startNodeOnEvery()
 	var li int

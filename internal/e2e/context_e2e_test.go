@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"iop/internal/e2e/harness"
 )
 
 // A non-raw /api/generate answer carries "context" on its final object, as
@@ -16,7 +18,7 @@ import (
 // gives. A context of another server (a real Ollama's token ids) is 400
 // naming "context"; a raw answer has none, as in Ollama.
 func TestGenerateContextContinuesTheConversation(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startOllamaRig(t)
 	type final struct {
 		Response string `json:"response"`

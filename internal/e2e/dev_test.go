@@ -18,7 +18,7 @@ import (
 // declare capability embeddings, so the alias demo answers embedding
 // requests (on whichever of its providers is least loaded).
 func TestDevDemoAnswersEmbeddings(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	d := harness.Dev(t, process.DevConfig{}, nil)
 	c := &http.Client{Transport: &http.Transport{}}
 	defer c.CloseIdleConnections()
@@ -43,7 +43,7 @@ func TestDevDemoAnswersEmbeddings(t *testing.T) {
 // tools model and an embeddings request to the embedding model; a model
 // pulled while iop dev runs is listed without a restart.
 func TestRegression_DevOllamaAdmitsToolsAndEmbeddings(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	s, ollamaURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"nomic-embed-text:latest", "qwen3:latest"},
 		Capabilities: map[string][]string{"qwen3:latest": {"completion", "tools", "thinking"}, "nomic-embed-text:latest": {"embedding"}}})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -99,7 +99,7 @@ func TestRegression_DevOllamaAdmitsToolsAndEmbeddings(t *testing.T) {
 // message.thinking, an OpenAI client reasoning_content, before the answer
 // (a new user could not try thinking against iop dev).
 func TestDevSimThinking(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	d := harness.Dev(t, process.DevConfig{SimThinking: true}, nil)
 	c := &http.Client{Transport: &http.Transport{}}
 	defer c.CloseIdleConnections()
@@ -131,7 +131,7 @@ func TestDevSimThinking(t *testing.T) {
 // between flows by default: /admin/v1/queues says fairness on
 // for each, with its flows listed (none queued here).
 func TestDevQueuesAreFair(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	d := harness.Dev(t, process.DevConfig{}, nil)
 	c := &http.Client{Transport: &http.Transport{}}
 	defer c.CloseIdleConnections()

@@ -113,7 +113,7 @@ func simDiscoveredServer(t *testing.T) *discoveredServer {
 // and a stopped server takes the provider out of rotation until it answers
 // again, with no restart of edge or node.
 func TestDiscoveryEndToEnd(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	runDiscoveryEndToEnd(t, simDiscoveredServer(t))
 }
 

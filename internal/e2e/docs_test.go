@@ -94,7 +94,7 @@ func freePorts(t *testing.T, script string) string {
 // directory that holds a copy of docs/examples, on free loopback ports:
 // what the docs tell an operator to type works as written.
 func TestDocsRunnableBlocks(t *testing.T) {
-	t.Parallel()
+	t.Parallel() // its subtests take the slots
 	blocks := runnableBlocks(t)
 	if len(blocks) < 2 {
 		t.Fatalf("found %d runnable blocks in the docs; want the config check and the one-machine tour at least", len(blocks))
@@ -111,7 +111,7 @@ func TestDocsRunnableBlocks(t *testing.T) {
 		b := b
 		name := fmt.Sprintf("%s:%d", filepath.Base(b.file), b.line)
 		t.Run(name, func(t *testing.T) {
-			t.Parallel()
+			harness.Parallel(t)
 			dir := t.TempDir()
 			if err := os.MkdirAll(filepath.Join(dir, "docs", "examples"), 0o755); err != nil {
 				t.Fatal(err)
@@ -149,7 +149,7 @@ func TestDocsRunnableBlocks(t *testing.T) {
 // TestDocsLinks: every relative link of README.md and docs/*.md names a
 // file that exists and, with a #fragment, a heading of that file.
 func TestDocsLinks(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	fence := regexp.MustCompile("(?ms)^```.*?^```")
 	heading := regexp.MustCompile(`(?m)^#+ (.*)$`)
 	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)

@@ -312,7 +312,7 @@ func requestLines(t *testing.T, edge *harness.Command) []map[string]any {
 // text whole (equal to the same request answered later), then the node
 // exits with status 0 and leaves the edge.
 func TestNodeProcessDrainsOnSIGTERM(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	bin := harness.IOP(t)
 	oaURL := startSimProcess(t, bin, "openai", "oa-m", 20)
 	olURL := startSimProcess(t, bin, "ollama", "ol-m", 20)
@@ -438,7 +438,7 @@ func TestNodeProcessDrainsOnSIGTERM(t *testing.T) {
 // as the last thing of the stream (an SSE error event without "[DONE]";
 // an NDJSON error object without done), after the text it had got.
 func TestNodeProcessSecondSignalStopsAtOnce(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	bin := harness.IOP(t)
 	oaURL := startSimProcess(t, bin, "openai", "oa-m", 5)
 	olURL := startSimProcess(t, bin, "ollama", "ol-m", 5)
@@ -490,7 +490,7 @@ func TestNodeProcessSecondSignalStopsAtOnce(t *testing.T) {
 // drains as `iop node` does — it tells the edge and leaves — before the
 // edge stops.
 func TestDevCtrlCDrains(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	logs := &harness.Buffer{}
 	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, cancel := context.WithCancel(context.Background())

@@ -30,7 +30,7 @@ import (
 // the connection with enough reused ones), the node is draining at the
 // edge before the provider answers, and then every answer ends at once.
 func TestRegression_DrainKeepsAnswersFinishedAsItBegan(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	const n = 8
 	var (
 		arrived = make(chan struct{}, 2*n)

@@ -189,7 +189,7 @@ func checkWeatherArguments(t *testing.T, args string) {
 }
 
 func TestEndToEndToolCalls(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	env := startEndpointEnv(t)
 	params := func(model string) openai.ChatCompletionNewParams {
 		return openai.ChatCompletionNewParams{
@@ -281,7 +281,7 @@ func TestEndToEndToolCalls(t *testing.T) {
 }
 
 func TestEndToEndEmbeddings(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	env := startEndpointEnv(t)
 	inputs := []string{"the first text", "a second one", "third"}
 	var vectors [][][]float64
@@ -397,7 +397,7 @@ func TestEndToEndEmbeddings(t *testing.T) {
 }
 
 func TestEndToEndCompletions(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	env := startEndpointEnv(t)
 	var texts []string
 	for _, p := range env.byPath {
@@ -530,7 +530,7 @@ func postTo(t *testing.T, c *http.Client, url, body string) (int, []byte) {
 // chunks, an error event inside a 200 stream), on the normalized path the
 // same usage.
 func TestEndToEndStreamFraming(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	// Twin simulators: same config and a frozen clock, so the same request
 	// sequence gets byte-identical answers (ids count admitted requests).
 	twin := func(model string, faults sim.Faults) (direct, behind string) {

@@ -35,7 +35,7 @@ func newClient(e *process.Process) openai.Client {
 }
 
 func TestEndToEndBothExecutionPaths(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	const providerKey = "sk-provider-secret-42"
 	keyEnv := harness.Env(t, providerKey)
 	ollamaSim, ollamaURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"llama3:8b"}, Seed: 7})
@@ -251,7 +251,7 @@ func waitIdle(t *testing.T, e *process.Process) {
 }
 
 func TestCapacityNeverExceededUnderConcurrency(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	const nodes, capacity, clients, perClient = 3, 2, 20, 3
 	ctx, cancel := context.WithCancel(context.Background())
 	e := harness.Edge(t, ctx, harness.EdgeConfig(map[string]edge.ModelConfig{"pool": {Targets: []string{"m"}, MaxQueue: clients}}))
@@ -338,7 +338,7 @@ func errorsAs(err error, target any) bool { return errors.As(err, target) }
 // provider and checks that the admin routes report what the edge's own
 // snapshot (the scheduler's counters) says.
 func TestAdminAPIMatchesScheduler(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	// One token a second after the first: a stream stays open until closed.
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 1, DefaultMaxTokens: 1000})
 	ctx, cancel := context.WithCancel(context.Background())

@@ -137,7 +137,7 @@ func postChat(e *process.Process, maxTokens int) (int, []byte, error) {
 // as one more) connects to each, with a generation per edge; a run
 // dispatched by each edge is answered.
 func TestNodeOnSeveralEdges(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}})
 	e1, _ := startEdgeAt(t, "127.0.0.1:0")
 	e2, _ := startEdgeAt(t, "127.0.0.1:0")
@@ -174,7 +174,7 @@ func TestNodeOnSeveralEdges(t *testing.T) {
 // failure of the provider), never a hang, and no edge took the provider
 // out of rotation for it.
 func TestNodeCapacityHoldsAcrossEdges(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	s, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 200})
 	var edges []*process.Process
 	var addrs []string
@@ -244,7 +244,7 @@ func TestNodeCapacityHoldsAcrossEdges(t *testing.T) {
 // the two others (same generations) and connects to the restarted edge
 // again.
 func TestNodeEdgeRestartLeavesOtherEdgesAlone(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 50, DefaultMaxTokens: 1000})
 	e1, stop1 := startEdgeAt(t, "127.0.0.1:0")
 	e2, _ := startEdgeAt(t, "127.0.0.1:0")
@@ -282,7 +282,7 @@ func TestNodeEdgeRestartLeavesOtherEdgesAlone(t *testing.T) {
 // node draining) and lets a stream in flight through one of them end
 // whole; then Run returns.
 func TestNodeDrainDrainsEveryEdge(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 50, DefaultMaxTokens: 1000})
 	e1, _ := startEdgeAt(t, "127.0.0.1:0")
 	e2, _ := startEdgeAt(t, "127.0.0.1:0")
@@ -405,7 +405,7 @@ func (d *dnsServer) resolver() *net.Resolver {
 // with it back connects again. The lookups go through Go's resolver to a
 // DNS server of the test.
 func TestNodeResolvesEdgesName(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}})
 	e1, _ := startEdgeAt(t, "127.0.0.1:0")
 	_, port, _ := net.SplitHostPort(e1.NodeAddr)
@@ -458,7 +458,7 @@ func TestNodeResolvesEdgesName(t *testing.T) {
 // request failed". A refusal for capacity is load: 503 with Retry-After,
 // and every circuit stays closed.
 func TestRegression_NodeCapacityRefusalsKeepCircuitsClosed(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	s, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 20})
 	var edges []*process.Process
 	var addrs []string

@@ -220,7 +220,7 @@ func chatBodies(model string) []struct{ path, body string } {
 // for an answer (an empty one on the normalized path, the error object
 // relayed with its 200 on the tunnel path).
 func TestRegression_ErrorObjectInA200IsAnError(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startErrorsRig(t, -1) // no breaker: each request reaches its fake
 	for _, c := range []struct {
 		name   string
@@ -273,7 +273,7 @@ func TestRegression_ErrorObjectInA200IsAnError(t *testing.T) {
 // another provider of the model (max_retries 1) and is answered; the
 // retry is counted with reason "status 502".
 func TestErrorObjectInA200IsRetried(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startErrorsRig(t, -1)
 	rig.set(rig.ollama, respond(200, "application/x-ndjson", `{"error":"runner crashed"}`+"\n"))
 	rig.set(rig.openai, respond(200, "text/event-stream", "data: {\"error\":{\"message\":\"overloaded\"}}\n\n"))
@@ -297,7 +297,7 @@ func TestErrorObjectInA200IsRetried(t *testing.T) {
 // provider that keeps answering one is taken out of rotation (3 failures
 // in a row, the default), and its model is then 503.
 func TestErrorObjectInA200OpensTheCircuit(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startErrorsRig(t, 3)
 	rig.set(rig.ollama, respond(200, "application/x-ndjson", `{"error":"runner crashed"}`+"\n"))
 	rig.set(rig.openai, respond(200, "application/json", `{"error":{"message":"quota"}}`))
@@ -327,7 +327,7 @@ func TestErrorObjectInA200OpensTheCircuit(t *testing.T) {
 // on both paths and for both client APIs, instead of a generic "upstream
 // returned HTTP 503".
 func TestRegression_PlainTextErrorBodyKeepsItsText(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startErrorsRig(t, -1)
 	for _, c := range []struct {
 		name   string
@@ -367,7 +367,7 @@ func TestRegression_PlainTextErrorBodyKeepsItsText(t *testing.T) {
 // API), not the provider's "upstream_rejected"; the provider never sees
 // it.
 func TestRegression_NodeTranslationErrorNamesTheParam(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startErrorsRig(t, -1)
 	rig.set(rig.ollama, respond(200, "application/x-ndjson", `{"message":{"role":"assistant","content":"hi"},"done":true}`+"\n"))
 	for _, c := range []struct{ path, body, param string }{

@@ -21,7 +21,7 @@ import (
 // connects a node and sends one request and one for an unknown model, and
 // reads their lifecycle in order with the provider's load.
 func TestEventsStreamThroughARealEdge(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}})
 	ctx, cancel := context.WithCancel(context.Background())
 	e := harness.Edge(t, ctx, harness.EdgeConfig(map[string]edge.ModelConfig{"pool": {Targets: []string{"m"}}}))

@@ -180,7 +180,7 @@ func closedURL(t *testing.T) string {
 // TestRegression_ClosedPortTakenByAnotherServer: the port of closedURL
 // stays refused while the test runs; no listener can take it.
 func TestRegression_ClosedPortTakenByAnotherServer(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	u := closedURL(t)
 	if ln, err := net.Listen("tcp", strings.TrimPrefix(u, "http://")); err == nil {
 		ln.Close()
@@ -203,7 +203,7 @@ func TestRegression_ClosedPortTakenByAnotherServer(t *testing.T) {
 // timeout is 1 ms: a request that had to wait would get 503
 // queue_timeout), and a healthy provider keeps serving.
 func TestFaultFailingProviderAnswersAtOnce(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	type failing struct {
 		model, provider string
 		status          int
@@ -304,7 +304,7 @@ func startErrorProvider(t *testing.T, status int, body string) string {
 // gets the client that status, application/json and the body's error
 // intact; never a 200 stream.
 func TestFaultErrorStatusWithJSONBody(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	const openAIBody = `{"error":{"message":"the model is overloaded","type":"server_error","param":null,"code":"model_overloaded"}}`
 	const ollamaBody = `{"error":"the model crashed"}`
 	statuses := []int{400, 422, 500, 503}
@@ -355,7 +355,7 @@ func TestFaultErrorStatusWithJSONBody(t *testing.T) {
 // clean-looking end; a background run of it is recorded as failed; nothing
 // stays in flight.
 func TestFaultProviderDiesMidStream(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, ollamaURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"drop-ollama"}, Faults: sim.Faults{DropAfter: 3}})
 	_, openaiURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"drop-openai"}, Faults: sim.Faults{DropAfter: 3}})
 	e, ctx := startFaultEdge(t, process.DefaultEdgeFile())
@@ -447,7 +447,7 @@ func circuit(e *process.Process, providerID string) string {
 // cool-down one trial request goes to it, and its success puts it back in
 // rotation.
 func TestFaultRetryAndCircuitBreaker(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	goodSim, goodURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m", "m2"}})
 	_, backURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}})
 	flaky := startToggleProvider(t, backURL, http.StatusServiceUnavailable)
@@ -671,7 +671,7 @@ func nodeGeneration(s contract.Snapshot, nodeID string) uint64 {
 // old generation still sends changes nothing. Killed (SIGKILL) mid-stream
 // and started again: the same, with nothing left in flight.
 func TestFaultNodeProcessStoppedAndKilled(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	bin := harness.IOP(t)
 	_, streamURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"stream-m"}, TokensPerSecond: 20, DefaultMaxTokens: 100_000})
 	silentSim, silentURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, Faults: sim.Faults{Hang: true}})
@@ -782,7 +782,7 @@ func (c *backoffClock) AfterFunc(d time.Duration, f func()) clock.Timer {
 // exactly the backoff it drew (from the default, process-wide source):
 // without jitter every one would be reconnect_min.
 func TestFaultEdgeRestartNodesReconnectWithJitter(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	const nodes = 4
 	const reconnectMin = time.Second
 	_, simURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}})

@@ -176,7 +176,7 @@ func ollamaThinking(t *testing.T, data []byte) (thinking, text string, thinkingL
 // reaches Ollama as think, think reaches OpenAI-compatible providers as
 // reasoning_effort.
 func TestThinkingEndToEnd(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	for _, field := range []string{sim.ReasoningContent, sim.ReasoningPlain} {
 		rig := startThinkingRig(t, field)
 		chat := func(model, extra string, stream bool) string {
@@ -275,7 +275,7 @@ func TestThinkingEndToEnd(t *testing.T) {
 // and an OpenAI client's reasoning_effort reaches the model as think and
 // gets it too.
 func TestRegression_ThinkOnAModelThatCannotThink(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startThinkingRig(t, sim.ReasoningContent)
 	resp, data := rig.do(t, http.MethodPost, "/api/chat", `{"model":"llama3","think":true,"messages":[{"role":"user","content":"hi"}]}`)
 	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(data), `does not support thinking`) {
@@ -298,7 +298,7 @@ func TestRegression_ThinkOnAModelThatCannotThink(t *testing.T) {
 // message names; a forced call reaches the Ollama one as a format (the
 // simulator writes the first anyOf branch's value).
 func TestToolChoiceEndToEnd(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startThinkingRig(t, sim.ReasoningContent)
 	const tools = `"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}},` +
 		`{"type":"function","function":{"name":"get_time","parameters":{"type":"object","properties":{"zone":{"type":"string"}}}}}]`
@@ -408,7 +408,7 @@ func TestToolChoiceEndToEnd(t *testing.T) {
 // URL, and reaches an OpenAI-compatible provider (so a mixed alias sends it
 // there).
 func TestRolesAndImagesEndToEnd(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startThinkingRig(t, sim.ReasoningContent)
 	dev := `{"model":%q,"max_tokens":2,"messages":[{"role":"developer","content":"be brief"},{"role":"user","content":"hi"}]}`
 	if resp, data := rig.do(t, http.MethodPost, "/v1/chat/completions", fmt.Sprintf(dev, thinkOllamaModel)); resp.StatusCode != 200 {
@@ -443,7 +443,7 @@ func TestRolesAndImagesEndToEnd(t *testing.T) {
 // or reasoning); an OpenAI-compatible provider gets none from an Ollama
 // client.
 func TestThinkingHistoryEndToEnd(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startThinkingRig(t, sim.ReasoningContent)
 	history := func(t *testing.T, p *recordingProxy) string {
 		t.Helper()

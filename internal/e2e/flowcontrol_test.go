@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/e2e/harness"
 	"iop/internal/process"
 	"iop/internal/sim"
 )
@@ -15,7 +16,7 @@ import (
 // same node connection streams an answer larger than a run's window
 // (about 600 KB; the edge's stream window is 256 KiB) and gets it whole.
 func TestStalledRunDoesNotHoldUpItsConnection(t *testing.T) {
-	t.Parallel()
+	harness.ParallelLong(t)
 	// Unlimited token rate: the stalled answer fills every buffer on its
 	// way; the write timeout outlasts the test.
 	cfg := process.DefaultEdgeFile()

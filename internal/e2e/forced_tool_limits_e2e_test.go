@@ -17,7 +17,7 @@ import (
 // custom tool answered a nameless call; allowed tools of mode "required"
 // with an empty list were refused as having no function tools.
 func TestRegression_ForcedToolLimitsOnOllama(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"tools-n"}, Seed: 7})
 	rig := startAgentRig(t, url, "tools-n", "", "")
 	const tool = `{"name":"get_w","input_schema":{"type":"object","properties":{"city":{"type":"string"}}}}`

@@ -46,7 +46,7 @@ func lastLog(t *testing.T, c *harness.Command, msg string) map[string]any {
 // complete; then a broken file and SIGHUP: refused in the log, the old
 // config kept, the node alive and serving.
 func TestSIGHUPReloadsNodeWhileStreaming(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, simURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 40, DefaultMaxTokens: 60})
 	ctx, cancel := context.WithCancel(context.Background())
 	e := harness.Edge(t, ctx, harness.EdgeConfig(map[string]edge.ModelConfig{}))
@@ -142,7 +142,7 @@ func TestSIGHUPReloadsNodeWhileStreaming(t *testing.T) {
 // running (the second SIGHUP's line shows it is still there). Before, a
 // process that did not catch SIGHUP died of it with no log line.
 func TestRegression_SIGHUPStopsNoProcess(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cases := []struct {

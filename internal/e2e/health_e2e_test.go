@@ -17,7 +17,7 @@ import (
 // says it is not healthy, while the provider of the node still connected
 // keeps its series.
 func TestMetricsOrphanProviderHasNoCapacity(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}})
 	e, ctx := startFaultEdge(t, process.DefaultEdgeFile())
 	harness.Node(t, ctx, node.Config{NodeID: "stays", Edge: e.NodeAddr, Providers: []node.ProviderConfig{

@@ -13,7 +13,7 @@ import (
 // HTTP API address instead of its node endpoint got a hint about TLS; the
 // log now says it is the HTTP port and to use node_listen.
 func TestRegression_NodeAtTheEdgeHTTPPortIsToldSo(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	e := harness.Edge(t, ctx, harness.EdgeConfig(nil))
 	t.Cleanup(cancel)

@@ -30,7 +30,7 @@ import (
 // its request in flight finishes, a key past its expires_at gets 401, a
 // changed limit applies; a node with a token added by the reload joins.
 func TestHotKeysAndTokensReload(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, simURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 40, DefaultMaxTokens: 40})
 	dir := t.TempDir()
 	path, keysPath := filepath.Join(dir, "edge.yaml"), filepath.Join(dir, "keys.yaml")

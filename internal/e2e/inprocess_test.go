@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -30,7 +29,7 @@ import (
 // (the storm of 1,000 clients: TestStormOnTheInMemoryLink). The
 // gRPC row of the table is each test run on its own.
 func TestGuaranteesOnTheInMemoryLink(t *testing.T) {
-	t.Parallel()
+	t.Parallel() // each row's test takes a slot
 	harness.UseLink(t, harness.LinkMemory)
 	for _, tc := range []struct {
 		name string
@@ -69,7 +68,7 @@ func TestStormOnTheInMemoryLink(t *testing.T) {
 // reconnect is. Its run in flight at the stop ends with an error event
 // (never a clean end), its slot comes back, and the new generation serves.
 func TestInProcessNodeRestartIsANewGeneration(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	harness.UseLink(t, harness.LinkMemory)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}, TokensPerSecond: 50, DefaultMaxTokens: 100_000})
 	ctx := context.Background()
@@ -153,7 +152,7 @@ func tail(s string, n int) string {
 // local_node_id; remote nodes still connect beside it; the edge's stop
 // drains that node after its requests.
 func TestEdgeServesItsOwnProviders(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, localURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"local-m"}})
 	_, remoteURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"remote-m"}})
 	cfg := harness.EdgeConfig(map[string]edge.ModelConfig{})
@@ -193,13 +192,8 @@ func TestEdgeServesItsOwnProviders(t *testing.T) {
 // version (-X main.version), as a remote node does; it reported the Go
 // module's version because iop edge did not pass the binary's on.
 func TestRegression_EdgeOwnNodeReportsTheBinaryVersion(t *testing.T) {
-	t.Parallel()
-	// As make build stamps it.
-	const stamped = "9.9.9-stamped"
-	bin := filepath.Join(t.TempDir(), "iop")
-	if out, err := exec.Command("go", "build", "-ldflags", "-X main.version="+stamped, "-o", bin, "iop/cmd/iop").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	harness.Parallel(t)
+	bin := harness.IOP(t) // stamped with harness.Version, as make build stamps a release
 	simURL := startSimProcess(t, bin, "openai", "m", 400)
 	httpAddr := testenv.ProcessAddr(t)
 	cfgPath := filepath.Join(t.TempDir(), "edge.yaml")
@@ -224,7 +218,7 @@ providers:
 		defer resp.Body.Close()
 		return json.NewDecoder(resp.Body).Decode(&nodes) == nil && len(nodes) == 1
 	})
-	if n := nodes[0]; n.ID != process.DefaultLocalNodeID || n.Version != stamped {
-		t.Fatalf("the edge's own node %+v, want version %q", n, stamped)
+	if n := nodes[0]; n.ID != process.DefaultLocalNodeID || n.Version != harness.Version {
+		t.Fatalf("the edge's own node %+v, want version %q", n, harness.Version)
 	}
 }

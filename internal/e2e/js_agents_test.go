@@ -53,7 +53,7 @@ func jsModels(t *testing.T, models ...jsModel) string {
 // embeddings and reasoning, each per client and path, and ChatOllama's
 // checkOrPullModel (test/js/agent_frameworks.test.mjs).
 func TestAgentFrameworkClients(t *testing.T) {
-	t.Parallel()
+	harness.ParallelLong(t)
 	_, thinkOllamaURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{thinkOllamaModel}, Seed: 11, Thinking: true})
 	_, thinkOpenAIURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{thinkOpenAIModel}, Seed: 11, Thinking: true})
 	rig := startOllamaRig(t,

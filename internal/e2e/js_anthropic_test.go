@@ -3,6 +3,8 @@ package e2e
 import (
 	"testing"
 	"time"
+
+	"iop/internal/e2e/harness"
 )
 
 // TestAnthropicJavaScriptClient runs test/js/anthropic_*.mjs, the official
@@ -10,6 +12,6 @@ import (
 // and a node with an Ollama and an OpenAI-compatible simulator (one per
 // execution path), and a thinking one of each for the thinking checks.
 func TestAnthropicJavaScriptClient(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	runJSClientSuite(t, "anthropic_*.mjs", []string{"tools"}, "", 2*time.Minute)
 }

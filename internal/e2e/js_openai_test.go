@@ -42,7 +42,7 @@ func requireJS(t *testing.T, pattern string) (nodeBin string, files []string) {
 // TestOpenAIJavaScriptClient runs test/js/openai_*.mjs, the official
 // `openai` npm client, against a real edge and node (runJSClientSuite).
 func TestOpenAIJavaScriptClient(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	runJSClientSuite(t, "openai_*.mjs", []string{"tools", "embeddings"}, "/v1", 2*time.Minute)
 }
 

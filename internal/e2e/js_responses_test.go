@@ -3,6 +3,8 @@ package e2e
 import (
 	"testing"
 	"time"
+
+	"iop/internal/e2e/harness"
 )
 
 // TestResponsesJavaScriptClients runs test/js/responses_*.mjs, the official
@@ -12,6 +14,6 @@ import (
 // OpenAI-compatible simulator (one per execution path), and a thinking one
 // of each for the reasoning summaries.
 func TestResponsesJavaScriptClients(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	runJSClientSuite(t, "responses_*.mjs", []string{"tools", "vision"}, "/v1", 3*time.Minute)
 }

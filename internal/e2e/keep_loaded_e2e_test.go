@@ -26,7 +26,7 @@ import (
 // restarts while its server lost the model: the edge loads it again. An
 // admin unload is one action: keep_loaded loads the model again.
 func TestKeepLoadedE2E(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	ctx := t.Context()
 	cfg := harness.EdgeConfig(map[string]edge.ModelConfig{"kept": {Targets: []string{"x"}, KeepLoaded: 1}})
 	e := harness.Edge(t, ctx, cfg)
@@ -114,8 +114,7 @@ func TestKeepLoadedE2E(t *testing.T) {
 // model loaded on a simulated Ollama: the provider's card lists it as
 // loaded, kept, with how long since.
 func TestDashboardShowsResidency(t *testing.T) {
-	t.Parallel()
-	chrome := chromiumPath(t)
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"x", "y"}, MaxLoadedModels: 1, LoadTime: time.Millisecond})
 	ctx := t.Context()
 	e := harness.Edge(t, ctx, harness.EdgeConfig(map[string]edge.ModelConfig{"kept": {Targets: []string{"x"}, KeepLoaded: 1}}))
@@ -130,14 +129,7 @@ func TestDashboardShowsResidency(t *testing.T) {
 		return false
 	})
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.Flag("disable-dev-shm-usage", true))
-	allocCtx, stopAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer stopAlloc()
-	browser, stopBrowser := chromedp.NewContext(allocCtx)
-	defer stopBrowser()
-	page, stopPage := context.WithTimeout(browser, 90*time.Second)
-	defer stopPage()
+	page := harness.Tab(t, 800, 600, 90*time.Second)
 	if err := chromedp.Do(page, chromedp.Navigate("http://"+e.HTTPAddr+"/ui")); err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +146,7 @@ func TestDashboardShowsResidency(t *testing.T) {
 // start the kept model's server before any request, /api/ps lists it
 // kept, and an admin unload stops that server.
 func TestKeepLoadedManagedE2E(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	bin := harness.IOP(t)
 	ctx := t.Context()
 	e := harness.Edge(t, ctx, harness.EdgeConfig(map[string]edge.ModelConfig{"a": {Targets: []string{"model-a"}, KeepLoaded: 1}}))

@@ -106,7 +106,7 @@ func (k *killRig) stream(maxTokens int64) <-chan error {
 // waited, and no line says a provider is tried, a generation was
 // replaced, or an error's prefix twice.
 func TestRegression_KilledNodeKeepsEveryQueuedClient(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	k := newKillRig(t)
 	node := k.node(t)
 	for round := range 3 {

@@ -24,7 +24,7 @@ import (
 // appears anywhere in either log.
 func TestLogsOneLinePerRequestAndNoSecrets(t *testing.T) {
 	const providerKey, wrongKey, clientKey = "sk-provider-secret-7f3a", "sk-wrong-secret-99c1", "client-secret-5e2b"
-	t.Parallel()
+	harness.Parallel(t)
 	keyEnv, wrongKeyEnv := harness.Env(t, providerKey), harness.Env(t, wrongKey)
 	_, goodURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"good-m"}, APIKey: providerKey})
 	_, badURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"bad-m"}, APIKey: providerKey})

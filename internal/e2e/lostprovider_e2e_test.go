@@ -130,7 +130,7 @@ func wantUnavailable(t *testing.T, what string, a httpAnswer) {
 // Retry-After, never 400; so does a fresh tools request while the node may
 // come back; a plain request still gets its answer.
 func TestLostToolsProviderIsUnavailableE2E(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	dir := t.TempDir()
 	bin := harness.IOP(t)
 	toolsSim, plainSim := testenv.ProcessAddr(t), testenv.ProcessAddr(t)

@@ -63,7 +63,7 @@ func procsRunning(t *testing.T, bin string) int {
 // the other server; the edge's /api/ps shows the model whose server runs;
 // the node's shutdown leaves no server running.
 func TestEndToEndManagedProvider(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	bin := privateIOP(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -119,7 +119,7 @@ func TestEndToEndManagedProvider(t *testing.T) {
 // restarted the first target after every such request, and each request
 // for the second cost two model loads.
 func TestRegression_KeepLoadedLeavesADemandLoadAlone(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	bin := harness.IOP(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)

@@ -117,7 +117,7 @@ func hexSum(b []byte) string {
 // which ends without [DONE]), with one usage ledger row per request, and
 // no slot held after.
 func TestMediaRoutesRelayByteForByte(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := newMediaRig(t, 0)
 	for _, tc := range []struct {
 		name, path, simPath, body string
@@ -244,7 +244,7 @@ func (p *pattern) Read(b []byte) (int, error) {
 // alias, the model field is the served model's name and nothing else
 // changes.
 func TestMediaTranscriptionRelaysTheUpload(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := newMediaRig(t, 0)
 	for _, tc := range []struct {
 		name  string
@@ -389,7 +389,7 @@ func (b *boundaryTap) Write(p []byte) (int, error) {
 // in the middle of its upload, while the run holds its slot, ends the run:
 // the provider's in-flight count returns to 0 and no lease is left.
 func TestMediaUploadCancelledMidwayReleasesTheSlot(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := newMediaRig(t, 0)
 	pr, pw := io.Pipe()
 	mw := multipart.NewWriter(pw)
@@ -444,7 +444,7 @@ func TestMediaUploadCancelledMidwayReleasesTheSlot(t *testing.T) {
 // unknown model 404, a body without a model 400, and a transcription that
 // is not multipart 400; never a 502.
 func TestMediaRoutesRefuseInTheirShape(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := newMediaRig(t, 2<<20)
 	var big bytes.Buffer
 	bigBoundary, err := multipartBody(&big, []string{"model", "file"}, "m", 3<<20)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"iop/internal/e2e/harness"
 	"iop/internal/process"
 	"iop/internal/sim"
 	"iop/internal/testenv"
@@ -20,7 +21,7 @@ import (
 // not: the provider sees the abort, the slot (capacity 1) is freed, and the
 // next Messages request on that provider is answered whole.
 func TestMessagesClientGoneCancelsRun(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	e, paths := startCancelStack(t, process.DefaultEdgeFile(), 1, sim.Config{TokensPerSecond: 100})
 	url := "http://" + e.HTTPAddr + "/v1/messages"
 	body := func(model string, maxTokens int, stream bool) string {

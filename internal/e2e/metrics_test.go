@@ -85,7 +85,7 @@ func familySum(fams map[string]*dto.MetricFamily, name string) float64 {
 // totals against the usage the simulators reported, and that every
 // in-flight gauge is back to 0.
 func TestMetricsAfterAScriptedWorkload(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, ollamaURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"llama3:8b"}, Seed: 7})
 	_, openaiURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"gpt-sim"}, Seed: 7})
 	// 50 tokens a second: a 1000-token answer holds its slot until closed.

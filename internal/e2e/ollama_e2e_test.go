@@ -231,7 +231,7 @@ func checkFinal(t *testing.T, o ollamaObject, model, doneReason string, evalCoun
 }
 
 func TestOllamaAPIBothProviderProtocols(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startOllamaRig(t)
 	providers := []struct {
 		name, model string // the provider's protocol, the model name a client uses
@@ -314,7 +314,7 @@ func TestOllamaAPIBothProviderProtocols(t *testing.T) {
 }
 
 func TestOllamaTagsListWhatChatAccepts(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startOllamaRig(t)
 	_, data := rig.do(t, http.MethodGet, "/api/tags", "")
 	var tags struct {
@@ -359,7 +359,7 @@ func TestOllamaTagsListWhatChatAccepts(t *testing.T) {
 }
 
 func TestOllamaOnlyFieldsReachOllamaProvidersUnchanged(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startOllamaRig(t)
 	for _, keepAlive := range []string{`"24h"`, `300`, `-1`} {
 		for _, p := range []struct {
@@ -406,7 +406,7 @@ func TestOllamaOnlyFieldsReachOllamaProvidersUnchanged(t *testing.T) {
 }
 
 func TestOllamaErrorsAreOllamaShaped(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startOllamaRig(t)
 	for _, c := range []struct {
 		method, path, body string
@@ -443,7 +443,7 @@ func TestOllamaErrorsAreOllamaShaped(t *testing.T) {
 }
 
 func TestOllamaProbesVersionShowAndLoad(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startOllamaRig(t)
 	for _, method := range []string{http.MethodGet, http.MethodHead} {
 		resp, data := rig.do(t, method, "/", "")
@@ -503,7 +503,7 @@ func TestOllamaProbesVersionShowAndLoad(t *testing.T) {
 // flight of the model it holds (in_flight), reported loaded by its server
 // or not.
 func TestOllamaPSListsRunsInFlight(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, hangURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"slow:1b"}, Faults: sim.Faults{Hang: true}})
 	rig := startOllamaRig(t, node.ProviderConfig{ID: "slow-1", Type: node.TypeOllama, BaseURL: hangURL, Models: []string{"slow:1b"}, Capacity: 2})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -569,7 +569,7 @@ func startRawProvider(t *testing.T, writes ...string) string {
 }
 
 func TestOllamaClientOverFragmentedOpenAIStream(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	// "héllo wörld": é and ö split between writes; lines split; CRLF and
 	// bare CR line ends; "data:" without a space; two events in one write;
 	// a comment; a usage chunk with "choices": [].
@@ -602,7 +602,7 @@ func TestOllamaClientOverFragmentedOpenAIStream(t *testing.T) {
 }
 
 func TestRegression_OllamaErrorInside200StreamFailsTheRun(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	// A provider that starts a 200 stream and then reports an error in it
 	// must not look like a clean answer to an Ollama client.
 	raw := startRawProvider(t,
@@ -626,7 +626,7 @@ func TestRegression_OllamaErrorInside200StreamFailsTheRun(t *testing.T) {
 }
 
 func TestOllamaClientGetsToolCallsFromOpenAIProvider(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	// Tool-call deltas split over chunks (index, id, partial arguments)
 	// become one Ollama tool call with an arguments object.
 	raw := startRawProvider(t,
@@ -659,7 +659,7 @@ func TestOllamaClientGetsToolCallsFromOpenAIProvider(t *testing.T) {
 // a request that generates answered 503. It answers
 // 503 with Retry-After too; a model never served is still 404.
 func TestRegression_LoadOfAModelWhoseNodeIsGoneIsUnavailable(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}})
 	e := startEdgeWith(t, process.DefaultEdgeFile(), harness.Logger(t, "edge"))
 	nodeCtx, stopNode := context.WithCancel(context.Background())

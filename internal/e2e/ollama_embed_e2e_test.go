@@ -40,7 +40,7 @@ func decodeStrict(t *testing.T, data []byte, v any) {
 }
 
 func TestOllamaEmbedBothProviderProtocols(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startOllamaRig(t)
 	var batch [][]float32 // the first provider's answer; the other must match it
 	for _, p := range []struct {
@@ -146,7 +146,7 @@ func TestOllamaEmbedBothProviderProtocols(t *testing.T) {
 }
 
 func TestOllamaEmbedErrors(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, plainURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"plain:1b"}})
 	rig := startOllamaRig(t, node.ProviderConfig{ID: "plain-1", Type: node.TypeOllama, BaseURL: plainURL, Models: []string{"plain:1b"}, Capacity: 1})
 	for _, c := range []struct {

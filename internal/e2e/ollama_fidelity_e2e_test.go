@@ -117,7 +117,7 @@ func decodeLogprobObjects(t *testing.T, body []byte) []logprobObject {
 // model only an OpenAI-compatible provider serves refuses them (400), and
 // top_logprobs out of 0..20 is Ollama's 400.
 func TestRegression_OllamaLogprobsPassThrough(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startOllamaRig(t)
 	for _, path := range []string{"/api/chat", "/api/generate"} {
 		for _, stream := range []bool{false, true} {
@@ -159,7 +159,7 @@ func TestRegression_OllamaLogprobsPassThrough(t *testing.T) {
 // template) was accepted, the system dropped; Ollama refuses it with 400
 // and this text. A raw request without them, and a raw load, still work.
 func TestRegression_OllamaRawWithSystemRefused(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startOllamaRig(t)
 	for _, model := range []string{rigOllamaModel, rigOpenAIModel} {
 		for _, extra := range []string{`"system":"be brief"`, `"template":"{{ .Prompt }}"`} {
@@ -178,7 +178,7 @@ func TestRegression_OllamaRawWithSystemRefused(t *testing.T) {
 // (and create, push, blobs) answered 404, which clients read as "no such
 // model". They are refused 403 saying why, in Ollama's error shape.
 func TestRegression_OllamaModelManagementRefused(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startOllamaRig(t)
 	for _, tc := range []struct{ method, path, body string }{
 		{http.MethodPost, "/api/copy", `{"source":"` + rigOllamaModel + `","destination":"x"}`},
@@ -228,7 +228,7 @@ func gzipped(t *testing.T, s string) []byte {
 // limit counts the decoded bytes (a 40 MiB body of zeros in 40 KB of gzip
 // is 413), and a coding the edge does not decode is 415 naming it.
 func TestRegression_GzipRequestBody(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startOllamaRig(t)
 	send := func(path, encoding string, body []byte) (int, string) {
 		req, err := http.NewRequest(http.MethodPost, "http://"+rig.e.HTTPAddr+path, bytes.NewReader(body))
@@ -334,7 +334,7 @@ func startGzipProxy(t *testing.T, target string) *gzipProxy {
 // both paths: the text, the usage and the end of every answer arrive, and
 // the provider stays in rotation.
 func TestRegression_ProviderGzipsUnasked(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	const olModel, oaModel = "gz-ollama:latest", "gz-openai"
 	_, olURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{olModel}, Seed: 11})
 	_, oaURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{oaModel}, Seed: 11})
@@ -388,7 +388,7 @@ func boolText(b bool) string {
 // is now the provider's own /api/embeddings answer, and /api/embed stays
 // normalized.
 func TestRegression_OllamaLegacyEmbeddingsRaw(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := startOllamaRig(t)
 	body := `{"model":"` + rigOllamaModel + `","prompt":"why is the sky blue"}`
 	resp, err := rig.client.Post(rig.ollamaProxy.URL+"/api/embeddings", "application/json", strings.NewReader(body))
@@ -468,7 +468,7 @@ func startBigAnswerServer(t *testing.T, contextIDs, dims int) string {
 // vectors. Both limits are now the documented answer limit (256 MiB by
 // default, the same on the node and the edge).
 func TestRegression_BigAnswersWithinTheAnswerLimit(t *testing.T) {
-	t.Parallel()
+	harness.ParallelLong(t)
 	const dims = 900_000 // about 18 MB of JSON
 	url := startBigAnswerServer(t, 400_000, dims)
 	rig := startOllamaRig(t,

@@ -56,7 +56,7 @@ func runJSTest(t *testing.T, script string, env ...string) {
 // not, chat with tools, embed in batch and the older embeddings call, and
 // think with thinking models of both protocols (test/js/ollama_client.mjs).
 func TestOllamaJavaScriptClient(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, thinkOllamaURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{thinkOllamaModel}, Seed: 11, Thinking: true})
 	_, thinkOpenAIURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{thinkOpenAIModel}, Seed: 11, Thinking: true})
 	rig := startOllamaRig(t,

@@ -16,6 +16,8 @@ import (
 	"github.com/pb33f/libopenapi-validator/schema_validation"
 	"github.com/pb33f/libopenapi/datamodel/high/base"
 	v3 "github.com/pb33f/libopenapi/datamodel/high/v3"
+
+	"iop/internal/e2e/harness"
 )
 
 // openAISpec is OpenAI's published OpenAPI document, vendored at a pinned
@@ -200,7 +202,7 @@ func sseEvents(t *testing.T, body []byte) (names []string, data [][]byte) {
 // /v1/embeddings and /v1/models validates against OpenAI's published
 // OpenAPI document, on both execution paths.
 func TestOpenAPIAnswersValidate(t *testing.T) {
-	t.Parallel()
+	harness.ParallelLong(t)
 	env := startEndpointEnv(t)
 	v := newSpecValidator(t)
 	post := func(t *testing.T, path, body string) []byte {
@@ -274,7 +276,7 @@ func TestOpenAPIAnswersValidate(t *testing.T) {
 // The validator itself: a Responses stream event is held to the variant
 // its type names, and an event of no variant's type is refused.
 func TestSpecValidatorHoldsEventsToTheirVariant(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	v := newSpecValidator(t)
 	for _, c := range []struct {
 		name, event string

@@ -231,7 +231,7 @@ func (st *prefixStack) send(t *testing.T, path string, body any) {
 // would choose a; with routing least_loaded (alias pool-ll) it goes to a,
 // today's choice. For every client API, on both execution paths.
 func TestPrefixRoutingSecondTurnGoesToItsProvider(t *testing.T) {
-	t.Parallel()
+	harness.ParallelLong(t)
 	for _, path := range []struct {
 		name     string
 		protocol sim.Protocol
@@ -279,7 +279,7 @@ func TestPrefixRoutingSecondTurnGoesToItsProvider(t *testing.T) {
 // a conversation's prefix is full, its next turn goes at once to a free
 // provider (the least loaded one: a), never waiting for the busy one.
 func TestPrefixRoutingIsWorkConserving(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	st := startPrefixStack(t, sim.ProtocolOpenAI, 1)
 	c := newConversation("work conservation")
 	c.ask("First question?")
@@ -321,7 +321,7 @@ func TestPrefixRoutingIsWorkConserving(t *testing.T) {
 // once through prefix routing: every request is answered, no simulator
 // ever sees more than its capacity or answers 429, and the caches hit.
 func TestPrefixRoutingCapacityUnderConcurrency(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	const capacity, sessions, turns = 2, 12, 3
 	st := startPrefixStack(t, sim.ProtocolOpenAI, capacity)
 	shared := strings.Repeat("Shared system prompt for every session. ", 30)

@@ -77,7 +77,7 @@ func startNodeMode(t *testing.T, e *process.Process, url string, drainTimeout ti
 // whole, then the node closes its connection (the edge fences it as
 // drained) and Wait returns nil.
 func TestNodeModeDrainLetsRunsFinish(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 20, DefaultMaxTokens: 1000})
 	ctx, cancel := context.WithCancel(context.Background())
 	edgeLogs := &logRecorder{}
@@ -118,7 +118,7 @@ func TestNodeModeDrainLetsRunsFinish(t *testing.T) {
 // timeout: the client's stream ends with an error event, and the node
 // says it aborted.
 func TestNodeModeAbortEndsRunsAtOnce(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 20, DefaultMaxTokens: 100_000})
 	ctx, cancel := context.WithCancel(context.Background())
 	e := harness.Edge(t, ctx, harness.EdgeConfig(map[string]edge.ModelConfig{"alias": {Targets: []string{"m"}}}))
@@ -144,7 +144,7 @@ func TestNodeModeAbortEndsRunsAtOnce(t *testing.T) {
 // with the answer the drain timeout would give (an error event, never a
 // cut connection) and the edge stops, Wait nil.
 func TestEdgeModeAbortCutsTheDrainShort(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 20, DefaultMaxTokens: 100_000})
 	logs := &logRecorder{}
 	cfg := process.DefaultEdgeFile()

@@ -20,7 +20,7 @@ import (
 // window: between twice the simulator's answer time and twice what the
 // client waited.
 func TestQuotaGPUTimeWeighsTheProviderCost(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	key, hash := auth.Generate()
 	admin, adminHash := auth.Generate()
 	cfg := harness.EdgeConfig(nil)

@@ -30,7 +30,7 @@ import (
 // at the instant of SIGTERM. /readyz is 503 until the
 // node connected.
 func TestRegression_SIGTERMDuringBurstAnswersEveryRequest(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	bin := harness.IOP(t)
 	simURL := startSimProcess(t, bin, "openai", "m", 400)
 	httpAddr, nodeAddr := testenv.ProcessAddr(t), testenv.ProcessAddr(t)

@@ -24,7 +24,7 @@ import (
 // token altered by one character is a 400 invalid_request_error naming
 // input[1].encrypted_content. Without include there is none.
 func TestResponses_EncryptedReasoning(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, ollamaURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"seal-ollama"}, Thinking: true, ThinkLevels: true})
 	_, openaiURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"seal-openai"}, Thinking: true})
 	ctx, cancel := context.WithCancel(context.Background())

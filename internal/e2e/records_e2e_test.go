@@ -181,7 +181,7 @@ func str(v any) string {
 // iop_requests_total counts the same outcomes; each outcome is the one
 // the client saw.
 func TestRecordsAgreeRequestByRequest(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	load, loadHash := auth.Generate()
 	tight, tightHash := auth.Generate()
 	rpm, rpmHash := auth.Generate()

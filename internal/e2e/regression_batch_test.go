@@ -18,7 +18,7 @@ import (
 // request of the key got 429 concurrency_limit_exceeded for the whole
 // batch: batch work ran above the key's interactive work, not below it.
 func TestRegression_OwnBatchLeavesTheKeysInteractiveRequests(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	carol, carolHash := auth.Generate()
 	cfg := harness.EdgeConfig(nil)
 	cfg.Keys = []auth.Key{{Name: "carol", Hash: carolHash, MaxConcurrent: 2}}

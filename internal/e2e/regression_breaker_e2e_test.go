@@ -20,7 +20,7 @@ import (
 // the provider in one minute; on main the edge clamps a max_tokens the
 // server ignores and settles the request at its reservation.
 func TestRegression_QuotaLlamaCompletionNPredict(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	const limit = 2000
 	key, hash := auth.Generate()
 	cfg := harness.EdgeConfig(nil)

@@ -5,8 +5,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -28,11 +26,8 @@ import (
 // model whose server never answers its health URL (504 after its
 // start_timeout) is the same.
 func TestRegression_ManagedBrokenServerKeepsTheOtherModelsServed(t *testing.T) {
-	t.Parallel()
-	bin := filepath.Join(t.TempDir(), "iop")
-	if out, err := exec.Command("go", "build", "-o", bin, "iop/cmd/iop").CombinedOutput(); err != nil {
-		t.Fatalf("go build iop/cmd/iop: %v\n%s", err, out)
-	}
+	harness.ParallelLong(t)
+	bin := harness.IOP(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	e := harness.Edge(t, ctx, harness.EdgeConfig(nil))

@@ -23,7 +23,7 @@ import (
 // memory: the kept model stayed unloaded until the edge restarted, and
 // then came back.
 func TestRegression_AdminUnloadIsOneActionAcrossEdgeRestarts(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	s, simURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"x", "y"}, MaxLoadedModels: 2,
 		LoadTime: 50 * time.Millisecond, DefaultMaxTokens: 2})
 	cfg := harness.EdgeConfig(map[string]edge.ModelConfig{"kept": {Targets: []string{"x"}, KeepLoaded: 1}})

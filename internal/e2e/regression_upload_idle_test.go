@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/e2e/harness"
 	"iop/internal/process"
 	"iop/internal/testenv"
 )
@@ -22,7 +23,7 @@ import (
 // read timeout (10 minutes); with upload_idle_timeout 2s the client is
 // answered 408 once the body pauses that long, and the slot is released.
 func TestRegression_UploadStalledReleasesTheSlot(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	rig := newMediaRig(t, 0, func(c *process.EdgeFile) { c.UploadIdleTimeout = 2 * time.Second })
 	var part bytes.Buffer
 	mw := multipart.NewWriter(&part)

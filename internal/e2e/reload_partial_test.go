@@ -22,7 +22,7 @@ import (
 // neither the client API nor the admin API ever answers without a key;
 // the whole file is then applied.
 func TestRegression_HalfWrittenConfigNeverOpensAPI(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "edge.yaml")
 	_, hash := auth.Generate()

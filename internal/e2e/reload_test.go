@@ -81,7 +81,7 @@ func countReloads(t *testing.T, c *harness.Command, trigger string) int {
 // 429; then an invalid file is refused with a log line naming the error and
 // the running config keeps working; then SIGHUP reloads the file again.
 func TestConfigReloadUnderLoad(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, slowURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"slow-m"}, TokensPerSecond: 50, DefaultMaxTokens: 1000})
 	dir := t.TempDir()
 	path := filepath.Join(dir, "edge.yaml")

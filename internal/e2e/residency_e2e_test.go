@@ -22,7 +22,7 @@ import (
 // sends every request to the first provider, which swaps each time;
 // residency-aware routing loads each model once, on its own provider.
 func TestResidencyE2E(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	const requests = 8
 	loads := map[string]int64{}
 	for _, mode := range []string{edge.ResidencyOn, edge.ResidencyOff} {

@@ -24,7 +24,7 @@ import (
 // the restart (reconnect_grace), and a request that arrives while no node
 // serves the model is held too instead of refused.
 func TestRollingRestartKeepsQueuedClients(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, simURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 40, DefaultMaxTokens: 8})
 	ctx, cancel := context.WithCancel(context.Background())
 	cfg := process.DefaultEdgeFile()

@@ -40,7 +40,7 @@ func startSharedRunsEdge(t *testing.T, dsn, name string) *process.Process {
 // with the run's error event. A finished run's events replay through B
 // exactly as through A.
 func TestRunsSharedBetweenEdges(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	dsn := testenv.Postgres(t)
 	s, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}, TokensPerSecond: 50, DefaultMaxTokens: 30_000})
 	a, b := startSharedRunsEdge(t, dsn, "edge-a"), startSharedRunsEdge(t, dsn, "edge-b")

@@ -163,7 +163,7 @@ func waitRun(t *testing.T, base, id string, state string) runJSON {
 // synchronous runs, replay for a late reader and a live one, cancellation
 // by DELETE and by a leaving submitter, listing, and bad input.
 func TestRunsAPI(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	e, paths := startCancelStack(t, process.DefaultEdgeFile(), 2, sim.Config{TokensPerSecond: 200})
 	base := "http://" + e.HTTPAddr
 	for _, p := range paths {
@@ -318,7 +318,7 @@ func TestRunsAPI(t *testing.T) {
 // its previous run when that one has a free slot, even where the least
 // loaded rule would choose another.
 func TestRunsSessionAffinity(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 200, DefaultMaxTokens: 100_000})
 	ctx, cancel := context.WithCancel(context.Background())
 	e := harness.Edge(t, ctx, harness.EdgeConfig(nil))
@@ -363,7 +363,7 @@ func TestRunsSessionAffinity(t *testing.T) {
 // which marks them error "edge restarted" and still lists the finished
 // ones with their output.
 func TestRunsOutliveTheEdgeProcess(t *testing.T) {
-	t.Parallel()
+	harness.ParallelLong(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}, TokensPerSecond: 200, DefaultMaxTokens: 100_000})
 	db := filepath.Join(t.TempDir(), "runs.db")
 
@@ -467,7 +467,7 @@ func startEdgeProcess(t *testing.T, bin, httpAddr, nodeAddr, db string) *exec.Cm
 // (another key gets 404, as for a run that does not exist). Before, any key
 // could read any run's output.
 func TestRegression_RunsOfOneKeyHiddenFromAnother(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}})
 	alice, aliceHash := auth.Generate()
 	bob, bobHash := auth.Generate()

@@ -165,7 +165,7 @@ func failingNode(t *testing.T, e *process.Process, cfg node.Config) map[string]s
 // certificate, or with one from another CA, is refused; one with a
 // certificate from the CA connects.
 func TestNodeTLS(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	dir := t.TempDir()
 	ca, other := newTestCA(t, "iop test CA"), newTestCA(t, "some other CA")
 	caFile, otherFile := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "other.crt")
@@ -253,7 +253,7 @@ func TestNodeTLS(t *testing.T) {
 // TestOpenAPIOnlyOnLoopback: without client keys the edge refuses a
 // non-loopback listen address unless --insecure-open, and says why.
 func TestOpenAPIOnlyOnLoopback(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	cfg := process.DefaultEdgeFile()
 	cfg.Listen, cfg.NodeListen, cfg.Database = "0.0.0.0:0", "127.0.0.1:0", ":memory:"
 	_, err := process.Start(context.Background(), process.Config{Mode: process.ModeEdge, Edge: cfg}, process.Deps{Logger: harness.Logger(t, "edge")})
@@ -287,7 +287,7 @@ func TestOpenAPIOnlyOnLoopback(t *testing.T) {
 // TestDevAPIKey: iop dev --api-key requires that key, with an OpenAI error
 // the official client understands.
 func TestDevAPIKey(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	var banner bytes.Buffer // the banner iop dev prints once ready
 	d := harness.Dev(t, process.DevConfig{APIKey: "dev-secret-key"}, &banner)
 	if !strings.Contains(banner.String(), "Authorization: Bearer dev-secret-key") {
@@ -329,7 +329,7 @@ func TestDevAPIKey(t *testing.T) {
 // TestKeysCreate: iop keys create prints a key once and a config line
 // that, pasted under keys:, accepts exactly that key with its limits.
 func TestKeysCreate(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	create := harness.StartCommand(t, context.Background(), "keys", "create", "team a", "--models", "llama3,qwen:7b", "--max-concurrent", "2", "--requests-per-minute", "30",
 		"--team", "research", "--tokens-per-minute", "10000", "--tokens-per-day", "2000000", "--requests-per-day", "500", "--gpu-seconds-per-day", "3600.5")
 	if err := <-create.Done(); err != nil {
@@ -399,7 +399,7 @@ func rawRequest(t *testing.T, addr, req string) (*http.Response, string) {
 // TestOversizedHeader: a header block over the edge's 64 KiB limit is
 // answered 431 (net/http's MaxHeaderBytes), before any handler runs.
 func TestOversizedHeader(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, h := auth.Generate()
 	cfg := process.DefaultEdgeFile()
 	cfg.Keys = []auth.Key{{Name: "k", Hash: h}}
@@ -467,7 +467,7 @@ func (u *upstream) requests() []upstreamRequest {
 // metadata or a session id never becomes a header, in the answer to the
 // client or in the request to the provider.
 func TestHeaderInjection(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	const injected = "X-Injected"
 	up := startUpstream(t, nil)
 	e := startEdgeWith(t, process.DefaultEdgeFile(), harness.Logger(t, "edge"))
@@ -545,7 +545,7 @@ func TestHeaderInjection(t *testing.T) {
 // /chat/completions, /completions, /embeddings), and edge paths other than
 // the API's reach no provider.
 func TestNeverAnOpenProxy(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
 		if bytes.Contains(body, []byte(`"stream":true`)) {
 			// An Ollama route always asks for a stream; one answered
@@ -635,7 +635,7 @@ func TestNeverAnOpenProxy(t *testing.T) {
 // success and error paths, OpenAI, Ollama and runs APIs, the runs records
 // and the usage report.
 func TestProviderKeyNeverEchoed(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	const secret = "sk-test-PROVIDER-SECRET-9f3a71c2"
 	keyEnv := harness.Env(t, secret)
 	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
@@ -784,7 +784,7 @@ func waitLedger(t *testing.T, e *process.Process, n int) {
 // token counts; GET /admin/v1/usage sums them. Two keys sending the same
 // requests are scheduled the same way: attribution never steers selection.
 func TestUsageLedgerEndToEnd(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, ollamaURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, Seed: 3})
 	_, openaiURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}, Seed: 3})
 	alice, aliceHash := auth.Generate()
@@ -885,7 +885,7 @@ func TestUsageLedgerEndToEnd(t *testing.T) {
 // works as printed, with and without --api-key (200, a body), the
 // Responses and Messages ones included.
 func TestDevBannerCommandsWork(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	if _, err := exec.LookPath("curl"); err != nil {
 		testenv.Missing(t, "curl is not on PATH; the banner's commands are curl commands")
 	}

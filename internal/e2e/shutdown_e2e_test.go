@@ -28,7 +28,7 @@ import (
 // each is in the usage ledger once, with the outcome edge_stopped (not
 // client_gone, and not dropped as "usage entry after the ledger closed").
 func TestRegression_EdgeStopEndsRequestsWithAnAnswer(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"slow"}, TokensPerSecond: 20, DefaultMaxTokens: 20_000})
 	db := filepath.Join(t.TempDir(), "edge.db")
 	ctx, stop := context.WithCancel(context.Background())
@@ -127,7 +127,7 @@ func TestRegression_EdgeStopEndsRequestsWithAnAnswer(t *testing.T) {
 // left. It runs to its end within the drain, is
 // recorded complete with its whole output, and the edge then stops.
 func TestRegression_EdgeStopDrainsBackgroundRuns(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"slow"}, TokensPerSecond: 20})
 	db := filepath.Join(t.TempDir(), "edge.db")
 	ctx, stop := context.WithCancel(context.Background())

@@ -14,7 +14,7 @@ import (
 // outcomes adding up to the requests, no slot leaked, and no goroutine
 // left behind.
 func TestSoakCommand(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	cmd := harness.StartCommand(t, context.Background(), "soak", "--clients", "24", "--capacity", "2", "--max-queue", "2",
 		"--queue-timeout", "200ms", "--duration", "500ms", "--tokens-per-second", "500", "--max-tokens", "4")
 	err := <-cmd.Done()

@@ -27,7 +27,7 @@ const clearScreen = "\x1b[H\x1b[2J"
 // (1000 tokens at 2 a second), held until the test closes it: at 50 a
 // second it ended before iop status read it on a loaded machine.
 func TestStatusCommand(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"m"}, TokensPerSecond: 2, DefaultMaxTokens: 1000})
 	ctx, cancel := context.WithCancel(context.Background())
 	e := harness.Edge(t, ctx, harness.EdgeConfig(map[string]edge.ModelConfig{"pool": {Targets: []string{"m"}}}))

@@ -160,7 +160,7 @@ func chatAnswer(t *testing.T, c *http.Client, url, body string, stream bool) (te
 // end "stop" with the same text. Before, stop_reason was end_turn and
 // stop_sequence null whatever ended the answer.
 func TestRegression_StopSequenceReported(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	e, paths := startStopStack(t)
 	base := "http://" + e.HTTPAddr
 	c := &http.Client{Transport: &http.Transport{}}

@@ -147,7 +147,7 @@ func postTracedChat(t *testing.T, base, body, traceparent string) {
 // line and the latency histograms' exemplars carry the trace id; and no
 // canary secret appears anywhere in what was exported.
 func TestTracesAcrossEdgeNodeProvider(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	bin := harness.IOP(t)
 	for _, protocol := range []string{"grpc", "http/protobuf"} {
 		t.Run(strings.ReplaceAll(protocol, "/", "_"), func(t *testing.T) {

@@ -21,7 +21,7 @@ import (
 // cancelled. Its screenshot, dashboard-batches.png, goes where
 // artifactDir says.
 func TestDashboardBatchPanelInBrowser(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	c := batchRig(t, harness.EdgeConfig(nil))
 	page, waitJS := browserPage(t, 180*time.Second)
 	if err := chromedp.Do(page, chromedp.Navigate(c.base+"/ui")); err != nil {

@@ -35,21 +35,13 @@ import (
 	"iop/internal/sim"
 )
 
-// browserPage starts headless Chromium and returns a tab whose actions
-// time out after timeout; waitJS(what, expr) waits, in the page, until the
-// JavaScript expression is true, failing the test after 30 s.
+// browserPage opens a tab in the shared headless Chromium (1280 × 1100)
+// whose actions time out after timeout; waitJS(what, expr) waits, in the
+// page, until the JavaScript expression is true, failing the test after
+// 30 s.
 func browserPage(t *testing.T, timeout time.Duration) (page context.Context, waitJS func(what, expr string)) {
 	t.Helper()
-	chrome := chromiumPath(t)
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.WindowSize(1280, 1100),
-		chromedp.Flag("disable-dev-shm-usage", true))
-	allocCtx, stopAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	t.Cleanup(stopAlloc)
-	browser, stopBrowser := chromedp.NewContext(allocCtx)
-	t.Cleanup(stopBrowser)
-	page, stopPage := context.WithTimeout(browser, timeout)
-	t.Cleanup(stopPage)
+	page = harness.Tab(t, 1280, 1100, timeout)
 	return page, func(what, expr string) {
 		t.Helper()
 		if _, err := chromedp.Run(page, chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(30*time.Second))); err != nil {
@@ -145,7 +137,7 @@ func getHistory(t *testing.T, base string, since int64) adminwire.History {
 // totals are those of the load, and each series' colour is on the canvas
 // at its highest point.
 func TestDashboardChartsInBrowser(t *testing.T) {
-	t.Parallel()
+	harness.ParallelLong(t)
 	_, simURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"chart-m"},
 		TTFT: 30 * time.Millisecond, TokensPerSecond: 200, DefaultMaxTokens: 100_000})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -328,7 +320,7 @@ func sameColor(hex string, rgba [4]int) bool {
 // cannot be constructed from a URL that includes credentials"), so it
 // showed nothing but that error.
 func TestRegression_UIWithCredentialsInURL(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	const key = "admin-secret-key"
 	ctx, cancel := context.WithCancel(context.Background())
 	d, err := process.Start(ctx, process.Config{Mode: process.ModeDev, Dev: process.DevConfig{Listen: "127.0.0.1:0", NodeListen: "127.0.0.1:0", ForceSim: true,
@@ -368,7 +360,7 @@ func TestRegression_UIWithCredentialsInURL(t *testing.T) {
 // with every tick inside it, and the edge's first second is at the plot's
 // left edge.
 func TestRegression_DashboardAxisSpansTheRealWindow(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	e := harness.Edge(t, ctx, harness.EdgeConfig(nil))
 	t.Cleanup(cancel)

@@ -10,7 +10,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -25,22 +24,7 @@ import (
 	"iop/internal/node"
 	"iop/internal/process"
 	"iop/internal/sim"
-	"iop/internal/testenv"
 )
-
-// chromiumPath finds the browser the dashboard test drives, failing the
-// test under make test, and skipping it elsewhere, when there is none
-// (package testenv).
-func chromiumPath(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	testenv.Missing(t, "chromium is not installed: run `make test`, which installs Debian's chromium package (or apt-get install chromium)")
-	return ""
-}
 
 // artifactDir is where the test saves files for people to look at.
 func artifactDir(t *testing.T) string {
@@ -59,8 +43,7 @@ func artifactDir(t *testing.T) string {
 // provider's in-flight count rise and fall live (from the events stream),
 // sees a refusal listed, and saves a screenshot.
 func TestDashboardInBrowser(t *testing.T) {
-	t.Parallel()
-	chrome := chromiumPath(t)
+	harness.ParallelLong(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	d, err := process.Start(ctx, process.Config{Mode: process.ModeDev, Dev: process.DevConfig{Listen: "127.0.0.1:0", NodeListen: "127.0.0.1:0", ForceSim: true,
 		SimCapacity: 4, SimTokensPerSecond: 20, SimTTFT: 10 * time.Millisecond, SimMaxTokens: 100_000}}, process.Deps{Logger: harness.Logger(t, "iop dev")})
@@ -75,15 +58,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	}()
 	base := "http://" + d.HTTPAddr
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.WindowSize(1280, 860),
-		chromedp.Flag("disable-dev-shm-usage", true))
-	allocCtx, stopAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer stopAlloc()
-	browser, stopBrowser := chromedp.NewContext(allocCtx)
-	defer stopBrowser()
-	page, stopPage := context.WithTimeout(browser, 90*time.Second)
-	defer stopPage()
+	page := harness.Tab(t, 1280, 860, 90*time.Second)
 
 	const ollama = `[data-provider="dev/sim-ollama"] .in-flight`
 	// waitFor waits, in the page, until the JavaScript expression is true.
@@ -225,8 +200,7 @@ func providerSnapshot(s contract.Snapshot, node, id string) (contract.ProviderSn
 // in headless Chromium: an alias with a target no node serves shows it
 // beside its queue; an alias whose targets all match shows nothing.
 func TestDashboardShowsUnmatchedTargets(t *testing.T) {
-	t.Parallel()
-	chrome := chromiumPath(t)
+	harness.Parallel(t)
 	_, url := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"tiny:latest"}})
 	ctx, cancel := context.WithCancel(context.Background())
 	e := harness.Edge(t, ctx, harness.EdgeConfig(map[string]edge.ModelConfig{
@@ -238,14 +212,7 @@ func TestDashboardShowsUnmatchedTargets(t *testing.T) {
 		Providers: []node.ProviderConfig{{ID: "a", Type: node.TypeOllama, BaseURL: url}}})
 	waitSnapshot(t, e, func(s contract.Snapshot) bool { return len(s.Providers) == 1 && s.Providers[0].Healthy })
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.Flag("disable-dev-shm-usage", true))
-	allocCtx, stopAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer stopAlloc()
-	browser, stopBrowser := chromedp.NewContext(allocCtx)
-	defer stopBrowser()
-	page, stopPage := context.WithTimeout(browser, 90*time.Second)
-	defer stopPage()
+	page := harness.Tab(t, 800, 600, 90*time.Second)
 	if err := chromedp.Do(page, chromedp.Navigate("http://"+e.HTTPAddr+"/ui")); err != nil {
 		t.Fatal(err)
 	}

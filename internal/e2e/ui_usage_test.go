@@ -34,7 +34,7 @@ import (
 // answer names a key's per-day tokens, the key's row gets a quota line.
 // Its screenshot, dashboard-usage.png, goes where artifactDir says.
 func TestDashboardUsagePanelInBrowser(t *testing.T) {
-	t.Parallel()
+	harness.Parallel(t)
 	_, simURL := harness.Sim(t, sim.Config{Protocol: sim.ProtocolOllama, Models: []string{"usage-ui"}, TTFT: 20 * time.Millisecond})
 	alice, aliceHash := auth.Generate()
 	bob, bobHash := auth.Generate()

@@ -25,9 +25,14 @@ var binary struct {
 	err       error
 }
 
-// IOP builds the iop command (package iop/cmd/iop) once per test binary
-// and returns the path of the executable; a failed build fails t. In a
-// run of every test Main has started the build already.
+// Version is the version IOP's binary is stamped with (-X main.version,
+// as make build stamps a release), which its nodes report to the edge.
+const Version = "9.9.9-e2e"
+
+// IOP builds the iop command (package iop/cmd/iop) once per test binary,
+// stamped with Version, and returns the path of the executable; a failed
+// build fails t. In a run of every test Main has started the build
+// already.
 func IOP(t testing.TB) string {
 	t.Helper()
 	buildBinary()
@@ -45,7 +50,7 @@ func buildBinary() {
 			return
 		}
 		binary.path = filepath.Join(binary.dir, "iop")
-		binary.out, binary.err = exec.Command("go", "build", "-o", binary.path, "iop/cmd/iop").CombinedOutput()
+		binary.out, binary.err = exec.Command("go", "build", "-ldflags", "-X main.version="+Version, "-o", binary.path, "iop/cmd/iop").CombinedOutput()
 	})
 }
 

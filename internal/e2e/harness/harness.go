@@ -22,12 +22,14 @@ import (
 	"iop/internal/testenv"
 )
 
-// Main runs the tests of m as TestMain does, checks that no goroutine
+// Main runs the tests of m as TestMain does, with -parallel's slots
+// handed out by Parallel and ParallelLong, checks that no goroutine
 // outlives them (goleak), removes the binary IOP built, and exits. In a
 // run of every test (no -test.run) it builds the binary while the first
 // tests run, so no test waits for the whole build.
 func Main(m *testing.M) {
 	flag.Parse()
+	takeParallel()
 	var prebuild sync.WaitGroup
 	if f := flag.Lookup("test.run"); f != nil && f.Value.String() == "" {
 		prebuild.Go(buildBinary)
@@ -38,8 +40,8 @@ func Main(m *testing.M) {
 	}))
 }
 
-// afterBuild is m whose Run also waits for the binary's prebuild, so
-// goleak finds the build's goroutine gone.
+// afterBuild is m whose Run also stops the shared browser and waits for
+// the binary's prebuild, so goleak finds their goroutines gone.
 type afterBuild struct {
 	m        *testing.M
 	prebuild *sync.WaitGroup
@@ -47,6 +49,7 @@ type afterBuild struct {
 
 func (a afterBuild) Run() int {
 	code := a.m.Run()
+	stopBrowser()
 	a.prebuild.Wait()
 	return code
 }

@@ -44,7 +44,7 @@ func (r *cleanupRecorder) cleanup() {
 }
 
 func TestLoggerPrintsOnlyOnFailure(t *testing.T) {
-	t.Parallel()
+	Parallel(t)
 	for _, failed := range []bool{false, true} {
 		r := &cleanupRecorder{TB: t, failed: failed}
 		Logger(r, "edge").Info("node connected", "node", "n1")
@@ -57,7 +57,7 @@ func TestLoggerPrintsOnlyOnFailure(t *testing.T) {
 }
 
 func TestCommandKeepsOutputAndExit(t *testing.T) {
-	t.Parallel()
+	Parallel(t)
 	c := StartProgram(t, nil, "sh", "/bin/sh", "-c", "echo out; echo err >&2; exit 3")
 	err := c.Wait(t, time.Minute)
 	var exit *exec.ExitError
@@ -73,7 +73,7 @@ func TestCommandKeepsOutputAndExit(t *testing.T) {
 }
 
 func TestCommandGetsSIGTERMWhenItsContextEnds(t *testing.T) {
-	t.Parallel()
+	Parallel(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	c := StartProgram(t, ctx, "sleep", "sleep", "600")
 	if !c.Running() {
@@ -87,7 +87,7 @@ func TestCommandGetsSIGTERMWhenItsContextEnds(t *testing.T) {
 }
 
 func TestCommandWaitLog(t *testing.T) {
-	t.Parallel()
+	Parallel(t)
 	c := StartProgram(t, nil, "sh", "/bin/sh", "-c", `echo '{"msg":"starting"}' >&2; echo '{"msg":"ready","port":7}' >&2; exec sleep 600`)
 	if l := c.WaitLog(t, "ready"); l["port"] != float64(7) {
 		t.Fatalf("line %v", l)
@@ -95,7 +95,7 @@ func TestCommandWaitLog(t *testing.T) {
 }
 
 func TestJSONLinesLeavesOutAPartialLastLine(t *testing.T) {
-	t.Parallel()
+	Parallel(t)
 	lines := JSONLines(t, "{\"msg\":\"a\"}\n{\"msg\":\"b\"}\n{\"msg\":")
 	if len(lines) != 2 || lines[1]["msg"] != "b" {
 		t.Fatalf("lines %v", lines)
@@ -105,7 +105,7 @@ func TestJSONLinesLeavesOutAPartialLastLine(t *testing.T) {
 // TestEdgeNodeSim: the in-process parts start on ports of their own and
 // serve a request from the node's simulator through the edge.
 func TestEdgeNodeSim(t *testing.T) {
-	t.Parallel()
+	Parallel(t)
 	_, url := Sim(t, sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}, DefaultMaxTokens: 3})
 	e := Edge(t, context.Background(), EdgeConfig(map[string]edge.ModelConfig{"alias": {Targets: []string{"m"}}}))
 	Node(t, context.Background(), node.Config{NodeID: "n1", Edge: e.NodeAddr,
