@@ -244,7 +244,7 @@ func TestRegression_ForcedToolChoiceOnOllama(t *testing.T) {
 // on its /v1 (whose tool_choice handling is Ollama's own: only the pass
 // through is checked there).
 func TestRealOllama_ForcedToolChoice(t *testing.T) {
-	harness.Parallel(t)
+	harness.ParallelOllama(t)
 	s := ollamatest.Start(t)
 	s.CreateModel(t, "tools-n", ollamatest.Tools)
 	s.CreateModel(t, "tools-v1", ollamatest.Tools)
@@ -304,7 +304,7 @@ func TestRegression_ReasoningEffortOnABooleanThinker(t *testing.T) {
 // TestRegression_ReasoningEffortOnABooleanThinker against a real Ollama
 // (v0.17.4) serving a tiny thinking model (not gpt-oss).
 func TestRealOllama_ReasoningEffort(t *testing.T) {
-	harness.Parallel(t)
+	harness.ParallelOllama(t)
 	s := ollamatest.Start(t)
 	s.CreateModel(t, "think-n", ollamatest.Thinking)
 	rig := startAgentRig(t, s.URL, "think-n", "", "")

@@ -516,7 +516,7 @@ func TestBatchJavaScriptClients(t *testing.T) {
 // run on a real Ollama (internal/ollamatest) through a real edge and
 // node, every custom_id answered once.
 func TestRealOllama_Batch(t *testing.T) {
-	harness.Parallel(t)
+	harness.ParallelOllama(t)
 	s := ollamatest.Start(t)
 	s.CreateModel(t, "tiny", ollamatest.Plain)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -548,7 +548,7 @@ func TestRealOllama_Batch(t *testing.T) {
 // tokens a second, so the lines to cancel ask for 1500 tokens each: 20 of
 // them last seconds, and a cancel lands with most of them unrun.
 func TestRealOllama_BatchJavaScriptClients(t *testing.T) {
-	harness.Parallel(t)
+	harness.ParallelOllama(t)
 	nodeBin, files := requireJS(t, "batch_*.mjs")
 	s := ollamatest.Start(t)
 	for _, m := range []string{"tiny", "tiny-v1", "crawl"} {

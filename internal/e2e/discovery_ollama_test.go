@@ -80,7 +80,7 @@ func ollamaDiscoveredServer(t *testing.T) *discoveredServer {
 // discovery interval; stopping Ollama marks the provider unhealthy and
 // starting it again brings it back, with no restart of edge or node.
 func TestDiscoveryEndToEndOllama(t *testing.T) {
-	harness.Parallel(t)
+	harness.ParallelOllama(t)
 	runDiscoveryEndToEnd(t, ollamaDiscoveredServer(t))
 }
 
@@ -90,7 +90,7 @@ func TestDiscoveryEndToEndOllama(t *testing.T) {
 // Demo's tools request is admitted and answered by the tools model, and its embeddings request by
 // the embedding model.
 func TestRegression_DevRealOllamaAdmitsTools(t *testing.T) {
-	harness.Parallel(t)
+	harness.ParallelOllama(t)
 	s := ollamatest.Start(t)
 	s.CreateModel(t, "coder", ollamatest.Tools)
 	s.CreateModel(t, "embed", ollamatest.Embedding)
@@ -118,7 +118,7 @@ func TestRegression_DevRealOllamaAdmitsTools(t *testing.T) {
 // taken from /api/show, where Ollama's own /api/tags says "". No model list or description iop serves carries a path of the
 // host.
 func TestRegression_ModelListsShowNoPathOfTheOllamaHost(t *testing.T) {
-	harness.Parallel(t)
+	harness.ParallelOllama(t)
 	s := ollamatest.Start(t)
 	s.CreateModel(t, "plain", ollamatest.Plain)
 	d := startDevOllama(t, s.URL)

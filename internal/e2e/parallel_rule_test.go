@@ -11,11 +11,11 @@ import (
 )
 
 // TestParallelTestsTakeASlot: every parallel test of the suite calls
-// harness.Parallel or harness.ParallelLong, which take one of -parallel's
-// slots (harness.Main lifts go test's own limit); a t.Parallel is allowed
-// only in a function that also starts subtests (t.Run), which take the
-// slots. A test calling t.Parallel alone would run beside all the others,
-// whatever -parallel says.
+// harness.Parallel, ParallelLong or ParallelOllama, which take one of
+// -parallel's slots (harness.Main lifts go test's own limit); a t.Parallel
+// is allowed only in a function that also starts subtests (t.Run), which
+// take the slots. A test calling t.Parallel alone would run beside all the
+// others, whatever -parallel says.
 func TestParallelTestsTakeASlot(t *testing.T) {
 	harness.Parallel(t)
 	files, err := filepath.Glob("*_test.go")

@@ -30,7 +30,7 @@ import (
 // compatible provider serves refuses logprobs (400) instead of dropping
 // them.
 func TestRealOllama_Logprobs(t *testing.T) {
-	harness.Parallel(t)
+	harness.ParallelOllama(t)
 	rig := startRealRig(t)
 	targets := map[string]string{"direct": rig.s.URL, "iop": "http://" + rig.e.HTTPAddr}
 	opts := func(n int) string { return `"options":{"temperature":0,"seed":123,"num_predict":` + itoa(n) + `}` }
@@ -90,7 +90,7 @@ func TestRealOllama_Logprobs(t *testing.T) {
 // Ollama"). Deterministic answers (temperature 0, a seed) must match
 // exactly.
 func TestRealOllama_FieldByField(t *testing.T) {
-	harness.Parallel(t)
+	harness.ParallelOllama(t)
 	rig := startRealRig(t)
 	// An embedding model on a provider of its own, with capability
 	// embeddings.
@@ -194,7 +194,7 @@ var modelFieldDifferences = []string{
 // answer is adjusted by (the FROM path becomes the model's name, a
 // parent_model path "") or which only iop's answer has.
 func TestRealOllama_FieldByFieldModels(t *testing.T) {
-	harness.Parallel(t)
+	harness.ParallelOllama(t)
 	doc, err := os.ReadFile("../../docs/apis.md")
 	if err != nil {
 		t.Fatal(err)

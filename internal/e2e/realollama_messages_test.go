@@ -21,7 +21,7 @@ import (
 // and messages.stream, a tool round trip's turns reaching Ollama, and
 // thinking.
 func TestRealOllama_Messages(t *testing.T) {
-	harness.ParallelLong(t)
+	harness.ParallelOllama(t)
 	s := ollamatest.Start(t)
 	native := []string{"tiny", "tools-n", "think-n"}
 	v1 := []string{"tiny-v1", "tools-v1", "think-v1"}

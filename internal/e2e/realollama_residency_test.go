@@ -34,7 +34,7 @@ func runnerStarts(s *ollamatest.Server, mark int) int {
 // where its model is loaded: the Ollamas' runner starts, their /api/ps and
 // iop's residency readings (a new loaded_since is a load) agree.
 func TestRealOllama_ResidencyPair(t *testing.T) {
-	harness.Parallel(t)
+	harness.ParallelOllama(t)
 	const requests = 8
 	var ollamas []*ollamatest.Server
 	for range 2 {

@@ -60,7 +60,7 @@ func middleStop(t *testing.T, text string) (stop, before string) {
 // text. Through Ollama's OpenAI API (tunnel path) the text is cut the
 // same, but Ollama does not say why: end_turn.
 func TestRealOllama_StopSequence(t *testing.T) {
-	harness.Parallel(t)
+	harness.ParallelOllama(t)
 	s := ollamatest.Start(t)
 	s.CreateModel(t, "tiny-stop", ollamatest.Plain)
 	s.CreateModel(t, "tiny-stop-v1", ollamatest.Plain)

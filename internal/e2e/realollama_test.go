@@ -53,7 +53,7 @@ func ollamaTags(t *testing.T, c *http.Client, base string) []string {
 // name, and the official `openai` and `ollama` JavaScript clients pass
 // their checks against it (test/js/real_openai.mjs, real_ollama.mjs).
 func TestRealOllama_Dev(t *testing.T) {
-	harness.ParallelLong(t)
+	harness.ParallelOllama(t)
 	s := ollamatest.Start(t)
 	// Ollama lists the newest model first and iop dev aliases demo to the
 	// first listed: every other model is created a second before tiny
@@ -232,7 +232,7 @@ func (rig *realRig) post(t *testing.T, path, body string) (int, []byte) {
 // both paths; and, being a 4xx, it leaves the provider in rotation however
 // often it happens (the circuit breaker opens after 3 failures in a row).
 func TestRealOllama_UnknownModel(t *testing.T) {
-	harness.Parallel(t)
+	harness.ParallelOllama(t)
 	rig := startRealRig(t)
 	for _, tc := range []struct{ path, model, body string }{
 		{"/v1/chat/completions", "ghost-n", `"messages":[{"role":"user","content":"hi"}]`},
@@ -273,7 +273,7 @@ func TestRealOllama_UnknownModel(t *testing.T) {
 // itself, answers it; a model whose template has no tools is refused by
 // Ollama with 400, and the client gets that 400.
 func TestRealOllama_ToolsReachOllama(t *testing.T) {
-	harness.Parallel(t)
+	harness.ParallelOllama(t)
 	rig := startRealRig(t)
 	tools := `"tools":[{"type":"function","function":{"name":"get_weather","description":"the weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]`
 	for _, tc := range []struct {
@@ -321,7 +321,7 @@ func TestRealOllama_ToolsReachOllama(t *testing.T) {
 // same model (ollama/ollama#17131, see TestRealOllama_CancelMidStream in
 // internal/node/adapter).
 func TestRealOllama_ClientGoesAway(t *testing.T) {
-	harness.Parallel(t)
+	harness.ParallelOllama(t)
 	rig := startRealRig(t)
 	for _, tc := range []struct{ name, path, model, body string }{
 		{"normalized", "/v1/chat/completions", "cancel-n", `"stream":true,"max_tokens":1000000,"messages":[{"role":"user","content":"hi"}]`},
@@ -375,7 +375,7 @@ func TestRealOllama_ClientGoesAway(t *testing.T) {
 // gets the text that came, then an error event and no clean end (DESIGN: a
 // stream that fails after its headers ends with an error event).
 func TestRealOllama_RepeatLimit(t *testing.T) {
-	harness.Parallel(t)
+	harness.ParallelOllama(t)
 	rig := startRealRig(t)
 	greedy := `"temperature":0,"seed":7,"max_tokens":1000,"messages":[{"role":"system","content":"you are terse"},{"role":"user","content":"why is the sky blue"}]`
 	for _, model := range []string{"tiny", "tiny-v1"} {
@@ -402,7 +402,7 @@ func TestRealOllama_RepeatLimit(t *testing.T) {
 // gets JSON of the schema, and a thinking model (on a second node) answers
 // reasoning.effort with a reasoning item and its reasoning_tokens.
 func TestRealOllama_Responses(t *testing.T) {
-	harness.Parallel(t)
+	harness.ParallelOllama(t)
 	rig := startRealRig(t)
 	rig.s.CreateModel(t, "think-r", ollamatest.Thinking)
 	rig.s.CreateModel(t, "think-r-v1", ollamatest.Thinking)

@@ -22,7 +22,7 @@ import (
 // The model never closes its thinking once it starts, so an answer that
 // thinks is all thinking.
 func TestRealOllama_Thinking(t *testing.T) {
-	harness.Parallel(t)
+	harness.ParallelOllama(t)
 	s := ollamatest.Start(t)
 	s.CreateModel(t, "think-n", ollamatest.Thinking)
 	s.CreateModel(t, "think-v1", ollamatest.Thinking)

@@ -98,14 +98,25 @@ type Server struct {
 	exited chan struct{} // closed when cmd has exited
 }
 
+// BeforeStart, when set, is called by Start with its test first: a test
+// harness that runs tests in parallel sets it to check that t may start
+// an Ollama server now. Two servers loading models at once can pick the
+// same port for their runners (each binds port 0, closes it, and starts
+// the runner on it) and talk to each other's runner.
+var BeforeStart func(t testing.TB)
+
 // Start starts `ollama serve` for the test and waits until it answers; it is
 // stopped when the test ends. extraEnv entries ("KEY=VALUE", for example
 // "OLLAMA_NUM_PARALLEL=2") are added to its environment after the harness's
-// own (OLLAMA_HOST, OLLAMA_MODELS, HOME, OLLAMA_DEBUG=1, OLLAMA_NOPRUNE=1);
-// every other OLLAMA_* variable of the test's environment is dropped. Start
-// skips or fails the test as [Binary] does when there is no binary.
+// own (OLLAMA_HOST, OLLAMA_MODELS, HOME, OLLAMA_DEBUG=1, OLLAMA_NOPRUNE=1,
+// OLLAMA_LOAD_TIMEOUT=1m); every other OLLAMA_* variable of the test's
+// environment is dropped. Start skips or fails the test as [Binary] does
+// when there is no binary.
 func Start(t testing.TB, extraEnv ...string) *Server {
 	t.Helper()
+	if BeforeStart != nil {
+		BeforeStart(t)
+	}
 	bin := Binary(t)
 	dir := t.TempDir()
 	s := &Server{
@@ -285,6 +296,10 @@ func serverEnv(addr, models, home string, extra []string) []string {
 		"HOME="+home,
 		"OLLAMA_DEBUG=1",
 		"OLLAMA_NOPRUNE=1",
+		// A runner that never comes up fails its load in a minute, not
+		// Ollama's default five: the models here load in well under a
+		// second.
+		"OLLAMA_LOAD_TIMEOUT=1m",
 	)
 	return append(env, extra...)
 }

@@ -3,33 +3,65 @@ package harness
 import (
 	"flag"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
+
+	"iop/internal/ollamatest"
 )
 
 // slots limits how many of the suite's parallel tests run at once, as
-// go test's -parallel does, but hands a freed slot to a waiting long test
-// (ParallelLong) before any other. go test itself resumes its waiting
-// parallel tests in no set order (last declared first, as it happens), so
-// the suite's longest tests often started last and ran on alone, one
-// core idle, for the last minute of make test.
+// go test's -parallel does, and decides which waiting test runs next:
+//
+//   - A test with a real Ollama server (ParallelOllama) runs only while no
+//     other does. Each Ollama server picks its model runners' ports by
+//     binding port 0 and closing it before the runner binds it, so two
+//     servers loading at once can pick the same port and talk to each
+//     other's runner ("model already loaded", then a 5-minute wait for a
+//     runner that never starts).
+//   - A freed slot goes to a waiting Ollama test when no Ollama test runs
+//     (their chain is the suite's longest), else to a long test
+//     (ParallelLong), else to any other, each kind in arrival order.
+//     go test itself resumes its waiting parallel tests in no set order
+//     (last declared first, as it happens), so the longest tests often
+//     started last and ran on alone, one core idle, at the end of make
+//     test.
 //
 // Main takes over -parallel: it keeps the value as the number of slots
 // and lifts go test's own limit, so every parallel test waits here.
 var slots slotQueue
 
-// slotQueue is a counting semaphore of limit slots whose waiters are
-// served long ones first, each kind in arrival order.
+// kind is what a parallel test declares about itself.
+type kind int
+
+const (
+	other kind = iota
+	long
+	withOllama
+)
+
+// slotQueue is a counting semaphore of limit slots, with the waiting
+// tests of each kind in arrival order and at most one withOllama test
+// holding a slot.
 type slotQueue struct {
-	mu    sync.Mutex
-	limit int // 0: no limit (Main did not run)
-	busy  int
-	long  []chan struct{} // waiting long tests, in arrival order
-	other []chan struct{} // waiting other tests, in arrival order
+	mu      sync.Mutex
+	limit   int // 0: no limit (Main did not run)
+	busy    int
+	ollama  string // the name of the test holding the Ollama turn, or ""
+	waiting [3][]waiter
+	// parallel holds the names of the tests that called Parallel,
+	// ParallelLong or ParallelOllama.
+	parallel map[string]bool
 }
 
-// takeParallel moves go test's -parallel value to slots and sets go
-// test's own limit above any number of tests.
+type waiter struct {
+	name  string
+	ready chan struct{}
+}
+
+// takeParallel moves go test's -parallel value to slots, sets go test's
+// own limit above any number of tests, and has ollamatest.Start check
+// that its test took the Ollama turn.
 func takeParallel() {
 	f := flag.Lookup("test.parallel")
 	if f == nil {
@@ -41,6 +73,7 @@ func takeParallel() {
 	}
 	slots.limit = n
 	_ = f.Value.Set(strconv.Itoa(1 << 20))
+	ollamatest.BeforeStart = slots.checkOllama
 }
 
 // Parallel is t.Parallel for an end-to-end test: t runs beside the other
@@ -50,56 +83,98 @@ func takeParallel() {
 // its subtests need), and its subtests call Parallel.
 func Parallel(t *testing.T) {
 	t.Helper()
-	parallel(t, false)
+	parallel(t, other)
 }
 
 // ParallelLong is Parallel for one of the suite's longest tests (tens of
 // seconds, mostly waiting on clocks and processes): it gets a freed slot
-// before any test that called Parallel, so it starts early and ends
+// before the tests that called Parallel, so it starts early and ends
 // beside the others, not after them.
 func ParallelLong(t *testing.T) {
 	t.Helper()
-	parallel(t, true)
+	parallel(t, long)
 }
 
-func parallel(t *testing.T, long bool) {
+// ParallelOllama is Parallel for a test that starts a real Ollama server
+// (package ollamatest), itself or in its subtests: it runs while no other
+// such test runs, before the other waiting tests. ollamatest.Start fails
+// a parallel test that did not call it.
+func ParallelOllama(t *testing.T) {
+	t.Helper()
+	parallel(t, withOllama)
+}
+
+func parallel(t *testing.T, k kind) {
 	t.Parallel()
-	slots.acquire(long)
-	t.Cleanup(slots.release)
+	slots.acquire(t.Name(), k)
+	t.Cleanup(func() { slots.release(t.Name()) })
 }
 
-// acquire takes a slot, waiting for one if all are busy.
-func (q *slotQueue) acquire(long bool) {
+// acquire takes a slot for the test name, waiting until one is free
+// (and, for withOllama, the Ollama turn too).
+func (q *slotQueue) acquire(name string, k kind) {
 	q.mu.Lock()
-	if q.limit == 0 || q.busy < q.limit {
+	if q.parallel == nil {
+		q.parallel = map[string]bool{}
+	}
+	q.parallel[name] = true
+	if (q.limit == 0 || q.busy < q.limit) && (k != withOllama || q.ollama == "") {
 		q.busy++
+		if k == withOllama {
+			q.ollama = name
+		}
 		q.mu.Unlock()
 		return
 	}
-	ready := make(chan struct{})
-	if long {
-		q.long = append(q.long, ready)
-	} else {
-		q.other = append(q.other, ready)
-	}
+	w := waiter{name, make(chan struct{})}
+	q.waiting[k] = append(q.waiting[k], w)
 	q.mu.Unlock()
-	<-ready
+	<-w.ready
 }
 
-// release hands the slot to the first waiting long test, else to the
-// first other one, else frees it.
-func (q *slotQueue) release() {
+// release gives back the slot (and the Ollama turn) of the test name:
+// to the first waiting Ollama test if the turn is free, else to the
+// first waiting long test, else to the first other one.
+func (q *slotQueue) release(name string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	var next chan struct{}
-	switch {
-	case len(q.long) > 0:
-		next, q.long = q.long[0], q.long[1:]
-	case len(q.other) > 0:
-		next, q.other = q.other[0], q.other[1:]
-	default:
-		q.busy--
+	if q.ollama == name {
+		q.ollama = ""
+	}
+	for k := withOllama; k >= other; k-- {
+		ws := q.waiting[k]
+		if len(ws) == 0 || k == withOllama && q.ollama != "" {
+			continue
+		}
+		w := ws[0]
+		q.waiting[k] = ws[1:]
+		if k == withOllama {
+			q.ollama = w.name
+		}
+		close(w.ready)
 		return
 	}
-	close(next)
+	q.busy--
+}
+
+// checkOllama fails t, about to start an Ollama server, when it or the
+// test it belongs to is parallel without the Ollama turn. Serial tests
+// run while no parallel test does.
+func (q *slotQueue) checkOllama(t testing.TB) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for name := t.Name(); ; {
+		if q.ollama != "" && name == q.ollama {
+			return
+		}
+		if q.parallel[name] {
+			t.Fatalf("%s starts an Ollama server beside other tests: call harness.ParallelOllama(t) instead of harness.Parallel", name)
+			return
+		}
+		i := strings.LastIndexByte(name, '/')
+		if i < 0 {
+			return
+		}
+		name = name[:i]
+	}
 }

@@ -9,49 +9,121 @@ import (
 	"iop/internal/testenv"
 )
 
-// TestSlotQueueServesLongTestsFirst: with its one slot taken, a queue
-// hands each freed slot to the waiting long tests in arrival order, then
-// to the others in arrival order, and never to more than one at a time.
-func TestSlotQueueServesLongTestsFirst(t *testing.T) {
+// TestSlotQueueOrder: with its one slot taken, a queue hands each freed
+// slot to the waiting Ollama tests first, then the long ones, then the
+// others, each kind in arrival order, and never to two tests at once.
+func TestSlotQueueOrder(t *testing.T) {
 	Parallel(t)
 	q := &slotQueue{limit: 1}
-	q.acquire(false)
+	q.acquire("first", other)
+	arrive := []struct {
+		name string
+		kind kind
+	}{{"other-1", other}, {"long-1", long}, {"ollama-1", withOllama}, {"other-2", other}, {"long-2", long}, {"ollama-2", withOllama}}
+	order := run(t, q, arrive, func() { q.release("first") })
+	if want := []string{"ollama-1", "ollama-2", "long-1", "long-2", "other-1", "other-2"}; !slices.Equal(order, want) {
+		t.Fatalf("served %v, want %v", order, want)
+	}
+}
+
+// TestSlotQueueRunsOneOllamaTestAtATime: with slots to spare, a second
+// Ollama test waits for the first to end while the other tests run.
+func TestSlotQueueRunsOneOllamaTestAtATime(t *testing.T) {
+	Parallel(t)
+	q := &slotQueue{limit: 4}
+	q.acquire("ollama-0", withOllama)
+	arrive := []struct {
+		name string
+		kind kind
+	}{{"ollama-1", withOllama}, {"ollama-2", withOllama}}
+	var order []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		order = run(t, q, arrive, func() {
+			q.acquire("other", other) // a free slot: not behind the Ollama tests
+			q.release("other")
+			q.release("ollama-0")
+		})
+	}()
+	<-done
+	if want := []string{"ollama-1", "ollama-2"}; !slices.Equal(order, want) {
+		t.Fatalf("served %v, want %v", order, want)
+	}
+}
+
+// run lets each of arrive wait on q in turn, then calls start, and
+// returns the order in which they got their slot; each holds it alone
+// among them (q.ollama checked for the Ollama ones) and releases it.
+func run(t *testing.T, q *slotQueue, arrive []struct {
+	name string
+	kind kind
+}, start func()) []string {
 	var (
 		mu     sync.Mutex
 		order  []string
 		inside int
 		wg     sync.WaitGroup
 	)
-	arrive := []struct {
-		name string
-		long bool
-	}{{"other-1", false}, {"long-1", true}, {"other-2", false}, {"long-2", true}}
 	for i, a := range arrive {
 		wg.Go(func() {
-			q.acquire(a.long)
+			q.acquire(a.name, a.kind)
 			mu.Lock()
 			inside++
 			if inside > 1 {
 				t.Errorf("%s got a slot while %d others held one", a.name, inside-1)
 			}
+			q.mu.Lock()
+			if a.kind == withOllama && q.ollama != a.name {
+				t.Errorf("%s runs without the Ollama turn (held by %q)", a.name, q.ollama)
+			}
+			q.mu.Unlock()
 			order = append(order, a.name)
 			inside--
 			mu.Unlock()
-			q.release()
+			q.release(a.name)
 		})
-		// Each waits before the next arrives.
 		testenv.Eventually(t, fmt.Sprintf("%d waiting", i+1), func() bool {
 			q.mu.Lock()
 			defer q.mu.Unlock()
-			return len(q.long)+len(q.other) == i+1
+			return len(q.waiting[other])+len(q.waiting[long])+len(q.waiting[withOllama]) == i+1
 		})
 	}
-	q.release()
+	start()
 	wg.Wait()
-	if want := []string{"long-1", "long-2", "other-1", "other-2"}; !slices.Equal(order, want) {
-		t.Fatalf("served %v, want %v", order, want)
+	if q.busy != 0 || q.ollama != "" {
+		t.Errorf("after: %d slots busy, Ollama turn %q", q.busy, q.ollama)
 	}
-	if q.busy != 0 {
-		t.Fatalf("%d slots still busy", q.busy)
+	return order
+}
+
+// TestOllamaStartNeedsTheOllamaTurn: ollamatest.Start (through
+// BeforeStart) fails a parallel test, or its subtest, that did not call
+// ParallelOllama.
+func TestOllamaStartNeedsTheOllamaTurn(t *testing.T) {
+	Parallel(t)
+	q := &slotQueue{limit: 2}
+	q.acquire("TestA", other)
+	q.acquire("TestB", withOllama)
+	for _, c := range []struct {
+		name  string
+		fails bool
+	}{{"TestA", true}, {"TestA/sub", true}, {"TestB", false}, {"TestB/sub/sub", false}, {"TestSerial", false}} {
+		r := &fatalRecorder{TB: t, name: c.name}
+		q.checkOllama(r)
+		if (r.fatal != "") != c.fails {
+			t.Errorf("%s: failed %q, want a failure: %v", c.name, r.fatal, c.fails)
+		}
 	}
+}
+
+// fatalRecorder is a test named name whose Fatalf only records.
+type fatalRecorder struct {
+	testing.TB
+	name, fatal string
+}
+
+func (r *fatalRecorder) Name() string { return r.name }
+func (r *fatalRecorder) Fatalf(format string, args ...any) {
+	r.fatal = fmt.Sprintf(format, args...)
 }
