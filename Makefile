@@ -40,7 +40,9 @@ run:
 # The end-to-end suite (internal/e2e, the longest package) runs as its own
 # go test beside the one of every other package, so it starts at once and
 # has its own number of parallel tests, E2E_PARALLEL: most of its tests
-# spend their time waiting on processes, timeouts and streams. TEST_P
+# spend their time waiting on processes, timeouts and streams. Its harness
+# hands those slots out itself (harness.Parallel): one real-Ollama test at
+# a time, those first, then the longest tests, so none starts last. TEST_P
 # programs (builds, links, test binaries) of the other packages run at
 # once, TEST_PARALLEL parallel tests in each. Make test on a clean clone,
 # warm, on 2 cores: 8 m 50 s with one go test at -p 2 -parallel 4; 6 m 24 s
