@@ -200,7 +200,7 @@ func TestBatchSurvivesTheRunnerEdgeKill(t *testing.T) {
 
 // TestBatchSurvivesAnEdgeRestartAndALeaderKill: the batch cluster of
 // TestBatchSurvivesTheRunnerEdgeKill (three edges, a real etcd, one real
-// PostgreSQL), a batch of 600 lines created through edge-1. At a sixth
+// PostgreSQL), a batch of 300 lines created through edge-1. At a sixth
 // done, its runner edge is restarted (SIGTERM: it lets the lease go, then
 // the same config starts again); at a third done, the cluster's leader is
 // SIGKILLed with lines in flight (whichever edge leads: it may run the
@@ -209,7 +209,7 @@ func TestBatchSurvivesTheRunnerEdgeKill(t *testing.T) {
 func TestBatchSurvivesAnEdgeRestartAndALeaderKill(t *testing.T) {
 	harness.ParallelLong(t)
 	edges, bin := batchCluster(t)
-	const n = 600
+	const n = 300
 	first := batchAPI{t: t, base: edges[0].base}
 	id := first.createBatch(first.uploadFile(chatLines("k", "m", n, 10)), "/v1/chat/completions")
 	runner := func(p batchProgress) *batchEdge {
