@@ -55,12 +55,14 @@ func ollamaTags(t *testing.T, c *http.Client, base string) []string {
 func TestRealOllama_Dev(t *testing.T) {
 	harness.ParallelOllama(t)
 	s := ollamatest.Start(t)
-	// Ollama lists the newest model first and iop dev aliases demo to the
-	// first listed: every other model is created a second before tiny
-	// (modified_at has one-second steps), so demo is tiny. (Otherwise demo
-	// may be the embedding model, the thinking one, whose answer is all
-	// thinking and no text (its template never ends the thinking), or the one whose slot the
-	// abort checks may leave taken: iop dev does not read capabilities.)
+	// Ollama lists the newest model first: every other model is created a
+	// second before tiny (modified_at has one-second steps), so tiny heads
+	// the list. iop dev's demo alias is every model, the least loaded that
+	// can take a request first, so the clients' checks name models, not
+	// demo: demo may be the thinking model (its answer is all thinking) or
+	// tiny-abort, whose slot the first script's abort check may leave taken
+	// (ollama/ollama#17131), and a request and its repeat may go to two
+	// models.
 	s.CreateModel(t, "tiny-embed", ollamatest.Embedding)
 	s.CreateModel(t, "tiny-think", ollamatest.Thinking)
 	s.CreateModel(t, "tiny-abort", ollamatest.Plain) // only for the clients' abort checks (ollama/ollama#17131)
@@ -133,7 +135,7 @@ func TestRealOllama_Dev(t *testing.T) {
 		t.Errorf("iop's /api/tags lists %v, want at least %v", tags, all)
 	}
 
-	chat, _ := json.Marshal([]string{"demo", "tiny:latest", "tiny-tools:latest"})
+	chat, _ := json.Marshal([]string{"tiny:latest", "tiny-tools:latest"})
 	allJSON, _ := json.Marshal(all)
 	// Each script ends with a client going away mid-stream on tiny-abort:
 	// Ollama must end that request too.

@@ -2,7 +2,7 @@
 // Ollama (its tiny random-weight test models). Driven by the Go test
 // TestRealOllama_Dev (cmd/iop), which sets:
 //   IOP_BASE_URL     the edge's OpenAI base URL, http://127.0.0.1:PORT/v1
-//   IOP_CHAT_MODELS  JSON array of chat model names (e.g. "demo", "tiny:latest")
+//   IOP_CHAT_MODELS  JSON array of chat model names (e.g. "tiny:latest")
 //   IOP_EMBED_MODEL  the embedding model's name
 //   IOP_ABORT_MODEL  a chat model for the abort check alone (Ollama may keep
 //                    its slot after a client goes away: ollama/ollama#17131)
