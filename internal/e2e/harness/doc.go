@@ -14,8 +14,14 @@
 //     if the test fails.
 //   - Waiting: testenv.Eventually (package internal/testenv) polls a
 //     condition with one generous deadline; waits here use it.
+//   - Parallel tests: Parallel, ParallelLong and ParallelOllama take one
+//     of -parallel's slots, which Main takes over from go test: the
+//     real-Ollama tests one at a time and first, then the long ones
+//     (parallel.go).
+//   - A browser: Tab opens a tab in the one headless Chromium the test
+//     binary's browser tests share (browser.go).
 //   - Main wraps TestMain: goleak, building the binary beside the first
-//     tests of a full run, and removing it.
+//     tests of a full run, and removing it and the browser.
 //   - Env: a provider's API key in an environment variable of the test's
 //     own, so the test stays parallel (t.Setenv forbids it).
 //   - A test that needs the whole process (counts goroutines, changes
@@ -35,8 +41,9 @@
 //
 // # Concurrency
 //
-// Every function is safe for parallel tests. The one shared state is the
-// built binary (IOP: built once, under a sync.Once). A Command's output
+// Every function is safe for parallel tests. The shared state: the built
+// binary and the browser (each started once, under a sync.Once) and the
+// slots (under their mutex). A Command's output
 // buffer is written by the child's pipes and read by the test under its
 // own lock.
 package harness
