@@ -15,7 +15,8 @@ import (
 // browser is the headless Chromium (Debian's chromium package, which
 // `make test` installs when it is missing) that the test binary's browser
 // tests share: the first Tab starts it, Main stops it after the last test.
-// A launch costs ~5 CPU-seconds; a tab, a fraction of that.
+// Sharing it saves each test the browser's own processes (~1 CPU-second);
+// the tab, its renderer and the page cost the rest (~3).
 var browser struct {
 	once sync.Once
 	ctx  context.Context // the browser's first tab; every Tab is its child

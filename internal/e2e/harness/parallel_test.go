@@ -16,10 +16,7 @@ func TestSlotQueueOrder(t *testing.T) {
 	Parallel(t)
 	q := &slotQueue{limit: 1}
 	q.acquire("first", other)
-	arrive := []struct {
-		name string
-		kind kind
-	}{{"other-1", other}, {"long-1", long}, {"ollama-1", withOllama}, {"other-2", other}, {"long-2", long}, {"ollama-2", withOllama}}
+	arrive := []arrival{{"other-1", other}, {"long-1", long}, {"ollama-1", withOllama}, {"other-2", other}, {"long-2", long}, {"ollama-2", withOllama}}
 	order := run(t, q, arrive, func() { q.release("first") })
 	if want := []string{"ollama-1", "ollama-2", "long-1", "long-2", "other-1", "other-2"}; !slices.Equal(order, want) {
 		t.Fatalf("served %v, want %v", order, want)
@@ -32,10 +29,7 @@ func TestSlotQueueRunsOneOllamaTestAtATime(t *testing.T) {
 	Parallel(t)
 	q := &slotQueue{limit: 4}
 	q.acquire("ollama-0", withOllama)
-	arrive := []struct {
-		name string
-		kind kind
-	}{{"ollama-1", withOllama}, {"ollama-2", withOllama}}
+	arrive := []arrival{{"ollama-1", withOllama}, {"ollama-2", withOllama}}
 	var order []string
 	done := make(chan struct{})
 	go func() {
@@ -52,13 +46,16 @@ func TestSlotQueueRunsOneOllamaTestAtATime(t *testing.T) {
 	}
 }
 
+// arrival is a test that comes to wait for a slot.
+type arrival struct {
+	name string
+	kind kind
+}
+
 // run lets each of arrive wait on q in turn, then calls start, and
 // returns the order in which they got their slot; each holds it alone
 // among them (q.ollama checked for the Ollama ones) and releases it.
-func run(t *testing.T, q *slotQueue, arrive []struct {
-	name string
-	kind kind
-}, start func()) []string {
+func run(t *testing.T, q *slotQueue, arrive []arrival, start func()) []string {
 	var (
 		mu     sync.Mutex
 		order  []string
