@@ -169,6 +169,9 @@ func completeFrom(rng *rand.Rand, defaultTokens int, req request) completion {
 // the finish reason is "stop" and c.stopSequence names it. Empty stop
 // sequences match nothing.
 func applyStop(c completion, stops []string) completion {
+	if len(stops) == 0 {
+		return c
+	}
 	text := c.text()
 	at, end, matched := -1, -1, ""
 	for _, s := range stops {

@@ -370,7 +370,10 @@ func (s *Server) ollamaGenerate(chat bool) http.HandlerFunc {
 		}
 
 		// The output, a token per step: the thinking, then the answer.
-		steps := append(thoughts[:len(thoughts):len(thoughts)], c.tokens...)
+		steps := c.tokens
+		if len(thoughts) > 0 {
+			steps = append(thoughts[:len(thoughts):len(thoughts)], c.tokens...)
+		}
 		var logprobs []simLogprob
 		if req.logprobs {
 			logprobs = simLogprobs(steps, req.topLogprobs)
