@@ -40,8 +40,9 @@ func Main(m *testing.M) {
 	}))
 }
 
-// afterBuild is m whose Run also stops the shared browser and waits for
-// the binary's prebuild, so goleak finds their goroutines gone.
+// afterBuild is m whose Run also stops the slots' idle watch and the
+// shared browser and waits for the binary's prebuild, so goleak finds
+// their goroutines gone.
 type afterBuild struct {
 	m        *testing.M
 	prebuild *sync.WaitGroup
@@ -49,6 +50,7 @@ type afterBuild struct {
 
 func (a afterBuild) Run() int {
 	code := a.m.Run()
+	stopWatching()
 	stopBrowser()
 	a.prebuild.Wait()
 	return code

@@ -2,10 +2,13 @@ package harness
 
 import (
 	"flag"
+	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"iop/internal/ollamatest"
 )
@@ -26,6 +29,11 @@ import (
 //     (last declared first, as it happens), so the longest tests often
 //     started last and ran on alone, one core idle, at the end of make
 //     test.
+//   - While the machine has idle cores (half a core or more over the last
+//     second), one more waiting test starts each second, up to twice the
+//     limit at once: many tests spend seconds waiting on timers, windows
+//     and processes, and once make test's other packages have ended the
+//     limit's tests alone left a core half idle.
 //
 // Main takes over -parallel: it keeps the value as the number of slots
 // and lifts go test's own limit, so every parallel test waits here.
@@ -74,7 +82,16 @@ func takeParallel() {
 	slots.limit = n
 	_ = f.Value.Set(strconv.Itoa(1 << 20))
 	ollamatest.BeforeStart = slots.checkOllama
+	stop := make(chan struct{})
+	watching.Go(func() { slots.watchIdle(time.Second, stop) })
+	stopWatching = func() { close(stop); watching.Wait() }
 }
+
+// watching runs slots.watchIdle from takeParallel until stopWatching.
+var (
+	watching     sync.WaitGroup
+	stopWatching = func() {}
+)
 
 // Parallel is t.Parallel for an end-to-end test: t runs beside the other
 // parallel tests once one of the suite's slots (-parallel of them) is
@@ -133,14 +150,42 @@ func (q *slotQueue) acquire(name string, k kind) {
 }
 
 // release gives back the slot (and the Ollama turn) of the test name:
-// to the first waiting Ollama test if the turn is free, else to the
-// first waiting long test, else to the first other one.
+// to the next waiting test (see wakeNext) unless limit tests still run
+// (spare let more in).
 func (q *slotQueue) release(name string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.ollama == name {
 		q.ollama = ""
 	}
+	q.busy--
+	if q.busy < q.limit && q.wakeNext() {
+		q.busy++
+	}
+}
+
+// spare lets one more waiting test run beside the limit's when idle
+// cores (of the machine, measured over the last interval) were at least
+// spareCores, up to twice limit tests at once. It reports whether it
+// did.
+func (q *slotQueue) spare(idle float64) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.limit == 0 || idle < spareCores || q.busy >= 2*q.limit || !q.wakeNext() {
+		return false
+	}
+	q.busy++
+	return true
+}
+
+// spareCores is how many cores must have been idle for spare to let
+// one more test in.
+const spareCores = 0.5
+
+// wakeNext hands a slot to the first waiting Ollama test if the turn is
+// free, else to the first waiting long test, else to the first other
+// one, and reports whether there was one. q.mu is held.
+func (q *slotQueue) wakeNext() bool {
 	for k := withOllama; k >= other; k-- {
 		ws := q.waiting[k]
 		if len(ws) == 0 || k == withOllama && q.ollama != "" {
@@ -152,9 +197,71 @@ func (q *slotQueue) release(name string) {
 			q.ollama = w.name
 		}
 		close(w.ready)
+		return true
+	}
+	return false
+}
+
+// watchIdle calls q.spare every interval with the machine's idle cores
+// over it (from /proc/stat), until stop is closed; without /proc/stat
+// it returns at once and the limit stays fixed.
+func (q *slotQueue) watchIdle(interval time.Duration, stop <-chan struct{}) {
+	last, ok := cpuTimes()
+	if !ok {
 		return
 	}
-	q.busy--
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		now, ok := cpuTimes()
+		if !ok {
+			return
+		}
+		if total := now.total - last.total; total > 0 {
+			q.spare(float64(now.idle-last.idle) / float64(total) * float64(runtime.NumCPU()))
+		}
+		last = now
+	}
+}
+
+// jiffies are the machine's CPU time since boot, all cores summed, in
+// clock ticks: in total and idle (idle and iowait).
+type jiffies struct{ total, idle uint64 }
+
+// cpuTimes reads the first line of /proc/stat ("cpu user nice system
+// idle iowait irq softirq steal ...", proc(5)).
+func cpuTimes() (jiffies, bool) {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return jiffies{}, false
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	fields := strings.Fields(line)
+	if len(fields) < 6 || fields[0] != "cpu" {
+		return jiffies{}, false
+	}
+	var j jiffies
+	for i, f := range fields[1:] {
+		v, err := strconv.ParseUint(f, 10, 64)
+		if err != nil {
+			return jiffies{}, false
+		}
+		if i == 7 { // steal: time another machine had
+			continue
+		}
+		if i < 8 {
+			j.total += v
+		}
+		if i == 3 || i == 4 {
+			j.idle += v
+		}
+	}
+	return j, true
 }
 
 // checkOllama fails t, about to start an Ollama server, when it or the

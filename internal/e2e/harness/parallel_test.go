@@ -124,3 +124,73 @@ func (r *fatalRecorder) Name() string { return r.name }
 func (r *fatalRecorder) Fatalf(format string, args ...any) {
 	r.fatal = fmt.Sprintf(format, args...)
 }
+
+// TestSlotQueueSparesIdleCores: with the limit's slots taken, a waiting
+// test starts only when half a core or more was idle, one per call, up to
+// twice the limit; a test let in that way hands no slot on when it ends
+// while the limit's tests still run.
+func TestSlotQueueSparesIdleCores(t *testing.T) {
+	Parallel(t)
+	q := &slotQueue{limit: 2}
+	q.acquire("a", other)
+	q.acquire("b", other)
+	started := make(chan string, 4)
+	for _, name := range []string{"c", "d", "e"} {
+		go func() {
+			q.acquire(name, other)
+			started <- name
+		}()
+		testenv.Eventually(t, name+" waiting", func() bool {
+			q.mu.Lock()
+			defer q.mu.Unlock()
+			return len(q.waiting[other]) > 0 && q.waiting[other][len(q.waiting[other])-1].name == name
+		})
+	}
+	if q.spare(spareCores - 0.1) {
+		t.Fatal("a test started with less than spareCores idle")
+	}
+	for _, want := range []string{"c", "d"} {
+		if !q.spare(1) {
+			t.Fatalf("%s did not start with a core idle", want)
+		}
+		if got := <-started; got != want {
+			t.Fatalf("started %s, want %s", got, want)
+		}
+	}
+	if q.spare(2) {
+		t.Fatal("a test started beyond twice the limit")
+	}
+	q.release("c") // 3 running, over the limit: e waits on
+	select {
+	case name := <-started:
+		t.Fatalf("%s started while the limit's tests ran", name)
+	default:
+	}
+	q.release("d") // 2 running: at the limit, e still waits
+	if !q.spare(1) || <-started != "e" {
+		t.Fatal("e did not start with a core idle")
+	}
+	for _, name := range []string{"a", "b", "e"} {
+		q.release(name)
+	}
+	if q.busy != 0 {
+		t.Fatalf("%d slots taken after every test ended", q.busy)
+	}
+}
+
+// TestCPUTimesReadsTheMachine: /proc/stat's first line gives a total
+// that grows and an idle part of it.
+func TestCPUTimesReadsTheMachine(t *testing.T) {
+	Parallel(t)
+	a, ok := cpuTimes()
+	if !ok {
+		t.Skip("no /proc/stat on this system: the slot limit stays fixed")
+	}
+	testenv.Eventually(t, "the CPU times to grow", func() bool {
+		b, _ := cpuTimes()
+		return b.total > a.total
+	})
+	if b, _ := cpuTimes(); b.idle > b.total || b.idle < a.idle {
+		t.Fatalf("idle %d of total %d, before %d of %d", b.idle, b.total, a.idle, a.total)
+	}
+}
