@@ -29,11 +29,12 @@ import (
 //     (last declared first, as it happens), so the longest tests often
 //     started last and ran on alone, one core idle, at the end of make
 //     test.
-//   - While the machine has idle cores (half a core or more over the last
-//     second), one more waiting test starts each second, up to twice the
-//     limit at once: many tests spend seconds waiting on timers, windows
-//     and processes, and once make test's other packages have ended the
-//     limit's tests alone left a core half idle.
+//   - The limit grows by one each second in which the machine had half a
+//     core or more idle, up to twice -parallel, and shrinks by one each
+//     second in which it had less than a tenth of a core idle, down to
+//     -parallel: many tests spend seconds waiting on timers, windows and
+//     processes, and once make test's other packages had ended,
+//     -parallel's tests alone left a core half idle.
 //
 // Main takes over -parallel: it keeps the value as the number of slots
 // and lifts go test's own limit, so every parallel test waits here.
@@ -54,6 +55,7 @@ const (
 type slotQueue struct {
 	mu      sync.Mutex
 	limit   int // 0: no limit (Main did not run)
+	extra   int // slots above limit while cores are idle (adjust), at most limit
 	busy    int
 	ollama  string // the name of the test holding the Ollama turn, or ""
 	waiting [3][]waiter
@@ -135,7 +137,7 @@ func (q *slotQueue) acquire(name string, k kind) {
 		q.parallel = map[string]bool{}
 	}
 	q.parallel[name] = true
-	if (q.limit == 0 || q.busy < q.limit) && (k != withOllama || q.ollama == "") {
+	if (q.limit == 0 || q.busy < q.limit+q.extra) && (k != withOllama || q.ollama == "") {
 		q.busy++
 		if k == withOllama {
 			q.ollama = name
@@ -149,9 +151,9 @@ func (q *slotQueue) acquire(name string, k kind) {
 	<-w.ready
 }
 
-// release gives back the slot (and the Ollama turn) of the test name:
-// to the next waiting test (see wakeNext) unless limit tests still run
-// (spare let more in).
+// release gives back the slot (and the Ollama turn) of the test name,
+// to the next waiting test (see wakeNext) while fewer than the current
+// limit (see adjust) run.
 func (q *slotQueue) release(name string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -159,28 +161,39 @@ func (q *slotQueue) release(name string) {
 		q.ollama = ""
 	}
 	q.busy--
-	if q.busy < q.limit && q.wakeNext() {
+	q.fill()
+}
+
+// adjust moves the current limit by the machine's idle cores over the
+// last interval: one slot more when at least spareCores were idle, one
+// less when fewer than busyCores were, between limit and twice limit;
+// then it starts waiting tests up to it.
+func (q *slotQueue) adjust(idle float64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	switch {
+	case idle >= spareCores && q.extra < q.limit:
+		q.extra++
+	case idle < busyCores && q.extra > 0:
+		q.extra--
+	}
+	q.fill()
+}
+
+// The idle cores (of the machine, over adjust's last interval) at which
+// adjust adds a slot, and under which it takes one back.
+const (
+	spareCores = 0.5
+	busyCores  = 0.1
+)
+
+// fill starts waiting tests while fewer than the current limit run.
+// q.mu is held.
+func (q *slotQueue) fill() {
+	for q.busy < q.limit+q.extra && q.wakeNext() {
 		q.busy++
 	}
 }
-
-// spare lets one more waiting test run beside the limit's when idle
-// cores (of the machine, measured over the last interval) were at least
-// spareCores, up to twice limit tests at once. It reports whether it
-// did.
-func (q *slotQueue) spare(idle float64) bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.limit == 0 || idle < spareCores || q.busy >= 2*q.limit || !q.wakeNext() {
-		return false
-	}
-	q.busy++
-	return true
-}
-
-// spareCores is how many cores must have been idle for spare to let
-// one more test in.
-const spareCores = 0.5
 
 // wakeNext hands a slot to the first waiting Ollama test if the turn is
 // free, else to the first waiting long test, else to the first other
@@ -202,7 +215,7 @@ func (q *slotQueue) wakeNext() bool {
 	return false
 }
 
-// watchIdle calls q.spare every interval with the machine's idle cores
+// watchIdle calls q.adjust every interval with the machine's idle cores
 // over it (from /proc/stat), until stop is closed; without /proc/stat
 // it returns at once and the limit stays fixed.
 func (q *slotQueue) watchIdle(interval time.Duration, stop <-chan struct{}) {
@@ -223,7 +236,7 @@ func (q *slotQueue) watchIdle(interval time.Duration, stop <-chan struct{}) {
 			return
 		}
 		if total := now.total - last.total; total > 0 {
-			q.spare(float64(now.idle-last.idle) / float64(total) * float64(runtime.NumCPU()))
+			q.adjust(float64(now.idle-last.idle) / float64(total) * float64(runtime.NumCPU()))
 		}
 		last = now
 	}

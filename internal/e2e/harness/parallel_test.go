@@ -125,57 +125,59 @@ func (r *fatalRecorder) Fatalf(format string, args ...any) {
 	r.fatal = fmt.Sprintf(format, args...)
 }
 
-// TestSlotQueueSparesIdleCores: with the limit's slots taken, a waiting
-// test starts only when half a core or more was idle, one per call, up to
-// twice the limit; a test let in that way hands no slot on when it ends
-// while the limit's tests still run.
-func TestSlotQueueSparesIdleCores(t *testing.T) {
+// TestSlotQueueLimitFollowsIdleCores: the limit grows by one for each
+// interval with half a core or more idle, up to twice -parallel, and
+// shrinks by one for each with less than a tenth idle, down to
+// -parallel; waiting tests start while fewer than it run.
+func TestSlotQueueLimitFollowsIdleCores(t *testing.T) {
 	Parallel(t)
 	q := &slotQueue{limit: 2}
 	q.acquire("a", other)
 	q.acquire("b", other)
-	started := make(chan string, 4)
-	for _, name := range []string{"c", "d", "e"} {
-		go func() {
-			q.acquire(name, other)
-			started <- name
-		}()
-		testenv.Eventually(t, name+" waiting", func() bool {
-			q.mu.Lock()
-			defer q.mu.Unlock()
-			return len(q.waiting[other]) > 0 && q.waiting[other][len(q.waiting[other])-1].name == name
-		})
+	for _, name := range []string{"c", "d", "e", "f"} {
+		go q.acquire(name, other)
+		testenv.Eventually(t, name+" waiting", func() bool { return slices.Contains(q.waitingNames(), name) })
 	}
-	if q.spare(spareCores - 0.1) {
-		t.Fatal("a test started with less than spareCores idle")
+	steps := []struct {
+		do      func()
+		busy    int
+		waiting []string
+	}{
+		{func() { q.adjust(spareCores - 0.1) }, 2, []string{"c", "d", "e", "f"}}, // neither idle nor busy
+		{func() { q.adjust(1) }, 3, []string{"d", "e", "f"}},
+		{func() { q.adjust(spareCores) }, 4, []string{"e", "f"}},
+		{func() { q.adjust(2) }, 4, []string{"e", "f"}}, // at twice the limit
+		{func() { q.release("c") }, 4, []string{"f"}},
+		{func() { q.adjust(busyCores - 0.01) }, 4, []string{"f"}}, // limit 3
+		{func() { q.release("d") }, 3, []string{"f"}},
+		{func() { q.adjust(0) }, 3, []string{"f"}}, // limit 2
+		{func() { q.adjust(0) }, 3, []string{"f"}}, // not below -parallel
+		{func() { q.release("e") }, 2, []string{"f"}},
+		{func() { q.release("a") }, 2, nil},
+		{func() { q.release("b"); q.release("f") }, 0, nil},
 	}
-	for _, want := range []string{"c", "d"} {
-		if !q.spare(1) {
-			t.Fatalf("%s did not start with a core idle", want)
+	for i, s := range steps {
+		s.do()
+		if busy, waiting := q.busyCount(), q.waitingNames(); busy != s.busy || !slices.Equal(waiting, s.waiting) {
+			t.Fatalf("step %d: %d running, %v waiting; want %d, %v", i, busy, waiting, s.busy, s.waiting)
 		}
-		if got := <-started; got != want {
-			t.Fatalf("started %s, want %s", got, want)
-		}
 	}
-	if q.spare(2) {
-		t.Fatal("a test started beyond twice the limit")
+}
+
+func (q *slotQueue) busyCount() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.busy
+}
+
+func (q *slotQueue) waitingNames() []string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var names []string
+	for _, w := range q.waiting[other] {
+		names = append(names, w.name)
 	}
-	q.release("c") // 3 running, over the limit: e waits on
-	select {
-	case name := <-started:
-		t.Fatalf("%s started while the limit's tests ran", name)
-	default:
-	}
-	q.release("d") // 2 running: at the limit, e still waits
-	if !q.spare(1) || <-started != "e" {
-		t.Fatal("e did not start with a core idle")
-	}
-	for _, name := range []string{"a", "b", "e"} {
-		q.release(name)
-	}
-	if q.busy != 0 {
-		t.Fatalf("%d slots taken after every test ended", q.busy)
-	}
+	return names
 }
 
 // TestCPUTimesReadsTheMachine: /proc/stat's first line gives a total
