@@ -76,7 +76,6 @@ run:
 # Two make tests of different code at once on one machine need TESTBINs of
 # their own (each would run the other's binaries).
 E2E_PARALLEL ?= 6
-E2E_OLLAMA ?= ^(TestRealOllama|TestRegression_RealOllama)
 TEST_P ?= 3
 TEST_PARALLEL ?= 4
 TESTBIN ?= $(HOME)/.cache/iop/test-binaries
@@ -87,10 +86,7 @@ test: test/js/node_modules chromium postgresql etcd systemd helm ollama
 	$(GO) vet ./...
 	cd deploy/helm/check && $(GO) vet ./...
 	export IOP_OLLAMA_BIN="$$(OLLAMA_VERSION=$(OLLAMA_VERSION) GO=$(GO) test/ollama/build.sh)" IOP_HELM_BIN=$(HELM) IOP_TEST_STRICT=1; \
-	{ $(RACE_TEST) -c -o $(TESTBIN)/e2e/e2e.test ./internal/e2e/ || exit 1; \
-	  $(RACE_TEST) -o $(TESTBIN)/e2e/ -run '$(E2E_OLLAMA)' ./internal/e2e/ & ollama=$$!; \
-	  $(RACE_TEST) -o $(TESTBIN)/e2e/ -skip '$(E2E_OLLAMA)' -parallel $(E2E_PARALLEL) ./internal/e2e/; e2e=$$?; \
-	  wait $$ollama && exit $$e2e; } & e2e=$$!; \
+	$(RACE_TEST) -o $(TESTBIN)/e2e/ -parallel $(E2E_PARALLEL) ./internal/e2e/ & e2e=$$!; \
 	pkgs="$$($(GO) list ./... | grep -v '/internal/e2e$$')"; \
 	first="$$(echo "$$pkgs" | awk -F/ '!seen[$$NF]++')"; again="$$(echo "$$pkgs" | awk -F/ 'seen[$$NF]++')"; \
 	$(RACE_TEST) -o $(TESTBIN)/1/ -p $(TEST_P) -parallel $(TEST_PARALLEL) $$first; rest=$$?; \

@@ -73,23 +73,23 @@ func ollamaDiscoveredServer(t *testing.T) *discoveredServer {
 	return d
 }
 
-// TestRealOllama_DiscoveryEndToEnd is TestDiscoveryEndToEnd against a real
+// TestDiscoveryEndToEndOllama is TestDiscoveryEndToEnd against a real
 // Ollama: a tools request to a tools-capable model is admitted and reaches
 // Ollama with its tools; an embeddings request reaches the embedding model;
 // a model created after the node started is listed within about one
 // discovery interval; stopping Ollama marks the provider unhealthy and
 // starting it again brings it back, with no restart of edge or node.
-func TestRealOllama_DiscoveryEndToEnd(t *testing.T) {
+func TestDiscoveryEndToEndOllama(t *testing.T) {
 	harness.ParallelOllama(t)
 	runDiscoveryEndToEnd(t, ollamaDiscoveredServer(t))
 }
 
-// TestRegression_RealOllamaDevAdmitsTools: iop dev in front of a real
+// TestRegression_DevRealOllamaAdmitsTools: iop dev in front of a real
 // Ollama refused a chat request with tools 400 ("no provider for model
 // demo has capability tools"), because its node advertised only "stream".
 // Demo's tools request is admitted and answered by the tools model, and its embeddings request by
 // the embedding model.
-func TestRegression_RealOllamaDevAdmitsTools(t *testing.T) {
+func TestRegression_DevRealOllamaAdmitsTools(t *testing.T) {
 	harness.ParallelOllama(t)
 	s := ollamatest.Start(t)
 	s.CreateModel(t, "coder", ollamatest.Tools)
@@ -112,12 +112,12 @@ func TestRegression_RealOllamaDevAdmitsTools(t *testing.T) {
 	}
 }
 
-// TestRegression_RealOllamaModelListsShowNoPathOfTheHost: /api/tags through
+// TestRegression_ModelListsShowNoPathOfTheOllamaHost: /api/tags through
 // iop dev in front of a real Ollama showed a model's parent_model as the
 // path of its blob on the Ollama host ("/.../models/blobs/sha256-..."),
 // taken from /api/show, where Ollama's own /api/tags says "". No model list or description iop serves carries a path of the
 // host.
-func TestRegression_RealOllamaModelListsShowNoPathOfTheHost(t *testing.T) {
+func TestRegression_ModelListsShowNoPathOfTheOllamaHost(t *testing.T) {
 	harness.ParallelOllama(t)
 	s := ollamatest.Start(t)
 	s.CreateModel(t, "plain", ollamatest.Plain)

@@ -181,7 +181,7 @@ func TestQuotaHoldsAtTheSimulator(t *testing.T) {
 // long enough for node to start under load; the clients retry each
 // second (Retry-After 1: only a running request holds the quota).
 func TestQuotaSDKsBackOff(t *testing.T) {
-	harness.ParallelLong(t)
+	harness.Parallel(t)
 	nodeBin, files := requireJS(t, "quota_backoff.mjs")
 	rig := startQuotaRig(t, quota.Limits{TokensPerMinute: 3000},
 		sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"fast"}, DefaultMaxTokens: 8, Seed: 5},
