@@ -33,7 +33,7 @@ import (
 // quota_exceeded with a Retry-After, or a 503 while no leader is known;
 // requests are answered again after the failover.
 func TestQuotaHoldsAcrossEdgesAndFailover(t *testing.T) {
-	harness.ParallelLong(t)
+	harness.ParallelLongest(t)
 	const limit, maxTokens, clients = 10_000, 800, 12
 	etcd := etcdtest.Start(t)
 	dsn := testenv.Postgres(t)

@@ -82,7 +82,7 @@ func (rig *quotaRig) post(ctx context.Context, path, body string) (*http.Respons
 // again, and once the window has room a request gets in no later than
 // the Retry-After said.
 func TestQuotaHoldsAtTheSimulator(t *testing.T) {
-	harness.ParallelLong(t)
+	harness.ParallelLongest(t)
 	const limit, maxTokens, clients = 10_000, 800, 16
 	rig := startQuotaRig(t, quota.Limits{TokensPerMinute: limit},
 		sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"m"}, TokensPerSecond: 2000, DefaultMaxTokens: 4000, Seed: 3})
@@ -181,7 +181,7 @@ func TestQuotaHoldsAtTheSimulator(t *testing.T) {
 // long enough for node to start under load; the clients retry each
 // second (Retry-After 1: only a running request holds the quota).
 func TestQuotaSDKsBackOff(t *testing.T) {
-	harness.Parallel(t)
+	harness.ParallelLong(t)
 	nodeBin, files := requireJS(t, "quota_backoff.mjs")
 	rig := startQuotaRig(t, quota.Limits{TokensPerMinute: 3000},
 		sim.Config{Protocol: sim.ProtocolOpenAI, Models: []string{"fast"}, DefaultMaxTokens: 8, Seed: 5},

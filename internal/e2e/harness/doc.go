@@ -16,7 +16,8 @@
 //     condition with one generous deadline; waits here use it.
 //   - Parallel tests: Parallel, ParallelLong and ParallelOllama take one
 //     of -parallel's slots, which Main takes over from go test: the
-//     real-Ollama tests one at a time and first, then the long ones;
+//     real-Ollama tests one at a time and first, then the longest and
+//     the long ones;
 //     while cores are idle the limit grows, up to twice -parallel
 //     (parallel.go).
 //   - A browser: Tab opens a tab in the one headless Chromium the test

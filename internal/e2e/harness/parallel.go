@@ -23,8 +23,9 @@ import (
 //     other's runner ("model already loaded", then a 5-minute wait for a
 //     runner that never starts).
 //   - A freed slot goes to a waiting Ollama test when no Ollama test runs
-//     (their chain is the suite's longest), else to a long test
-//     (ParallelLong), else to any other, each kind in arrival order.
+//     (their chain is the suite's longest), else to one of the longest
+//     tests (ParallelLongest), else to a long one (ParallelLong), else
+//     to any other, each kind in arrival order.
 //     go test itself resumes its waiting parallel tests in no set order
 //     (last declared first, as it happens), so the longest tests often
 //     started last and ran on alone, one core idle, at the end of make
@@ -46,6 +47,7 @@ type kind int
 const (
 	other kind = iota
 	long
+	longest
 	withOllama
 )
 
@@ -58,7 +60,7 @@ type slotQueue struct {
 	extra   int // slots above limit while cores are idle (adjust), at most limit
 	busy    int
 	ollama  string // the name of the test holding the Ollama turn, or ""
-	waiting [3][]waiter
+	waiting [withOllama + 1][]waiter
 	// parallel holds the names of the tests that called Parallel,
 	// ParallelLong or ParallelOllama.
 	parallel map[string]bool
@@ -112,6 +114,14 @@ func Parallel(t *testing.T) {
 func ParallelLong(t *testing.T) {
 	t.Helper()
 	parallel(t, long)
+}
+
+// ParallelLongest is ParallelLong for a test of a minute or more that
+// waits on windows of wall-clock time (quotas per minute): it gets a
+// freed slot before the long tests, so it starts first of them.
+func ParallelLongest(t *testing.T) {
+	t.Helper()
+	parallel(t, longest)
 }
 
 // ParallelOllama is Parallel for a test that starts a real Ollama server
@@ -196,8 +206,8 @@ func (q *slotQueue) fill() {
 }
 
 // wakeNext hands a slot to the first waiting Ollama test if the turn is
-// free, else to the first waiting long test, else to the first other
-// one, and reports whether there was one. q.mu is held.
+// free, else to the first waiting longest test, else long, else any
+// other, and reports whether there was one. q.mu is held.
 func (q *slotQueue) wakeNext() bool {
 	for k := withOllama; k >= other; k-- {
 		ws := q.waiting[k]

@@ -10,15 +10,16 @@ import (
 )
 
 // TestSlotQueueOrder: with its one slot taken, a queue hands each freed
-// slot to the waiting Ollama tests first, then the long ones, then the
-// others, each kind in arrival order, and never to two tests at once.
+// slot to the waiting Ollama tests first, then the longest, then the
+// long ones, then the others, each kind in arrival order, and never to
+// two tests at once.
 func TestSlotQueueOrder(t *testing.T) {
 	Parallel(t)
 	q := &slotQueue{limit: 1}
 	q.acquire("first", other)
-	arrive := []arrival{{"other-1", other}, {"long-1", long}, {"ollama-1", withOllama}, {"other-2", other}, {"long-2", long}, {"ollama-2", withOllama}}
+	arrive := []arrival{{"other-1", other}, {"long-1", long}, {"ollama-1", withOllama}, {"longest-1", longest}, {"other-2", other}, {"long-2", long}, {"ollama-2", withOllama}, {"longest-2", longest}}
 	order := run(t, q, arrive, func() { q.release("first") })
-	if want := []string{"ollama-1", "ollama-2", "long-1", "long-2", "other-1", "other-2"}; !slices.Equal(order, want) {
+	if want := []string{"ollama-1", "ollama-2", "longest-1", "longest-2", "long-1", "long-2", "other-1", "other-2"}; !slices.Equal(order, want) {
 		t.Fatalf("served %v, want %v", order, want)
 	}
 }
@@ -83,7 +84,11 @@ func run(t *testing.T, q *slotQueue, arrive []arrival, start func()) []string {
 		testenv.Eventually(t, fmt.Sprintf("%d waiting", i+1), func() bool {
 			q.mu.Lock()
 			defer q.mu.Unlock()
-			return len(q.waiting[other])+len(q.waiting[long])+len(q.waiting[withOllama]) == i+1
+			n := 0
+			for _, ws := range q.waiting {
+				n += len(ws)
+			}
+			return n == i+1
 		})
 	}
 	start()
