@@ -42,7 +42,10 @@ run:
 # has its own number of parallel tests, E2E_PARALLEL: most of its tests
 # spend their time waiting on processes, timeouts and streams. Its harness
 # hands those slots out itself (harness.Parallel): one real-Ollama test at
-# a time, those first, then the longest tests, so none starts last. TEST_P
+# a time, those first, then the longest tests, so none starts last; and
+# while the machine has idle cores it adds slots, up to twice
+# E2E_PARALLEL (once the other packages end, six tests alone left half a
+# core idle: most of a short test's time is waiting). TEST_P
 # programs (builds, links, test binaries) of the other packages run at
 # once, TEST_PARALLEL parallel tests in each. Make test on a clean clone,
 # warm, on 2 cores: 8 m 50 s with one go test at -p 2 -parallel 4; 6 m 24 s
