@@ -74,8 +74,16 @@ func TestRegression_DevOllamaAdmitsToolsAndEmbeddings(t *testing.T) {
 	if status != http.StatusOK {
 		t.Fatalf("embeddings request to demo: %d %s", status, body)
 	}
-	if seen := s.Seen(); seen[len(seen)-1].Path != "/api/embed" || seen[len(seen)-1].Model != "nomic-embed-text:latest" {
-		t.Fatalf("the embeddings request reached %+v", seen[len(seen)-1])
+	// The last request that ran a model: the node's discovery (GET
+	// /api/tags, POST /api/show) polls the server meanwhile.
+	var last sim.SeenRequest
+	for _, r := range s.Seen() {
+		if r.Method == http.MethodPost && r.Path != "/api/show" {
+			last = r
+		}
+	}
+	if last.Path != "/api/embed" || last.Model != "nomic-embed-text:latest" {
+		t.Fatalf("the embeddings request reached %+v", last)
 	}
 
 	s.AddModel("llama3.2:latest", "completion", "tools")
