@@ -269,17 +269,14 @@ func cpuTimes() (jiffies, bool) {
 		return jiffies{}, false
 	}
 	var j jiffies
-	for i, f := range fields[1:] {
+	// user nice system idle iowait irq softirq; steal (time another
+	// machine had) and guest (counted in user already) are left out.
+	for i, f := range fields[1:min(len(fields), 8)] {
 		v, err := strconv.ParseUint(f, 10, 64)
 		if err != nil {
 			return jiffies{}, false
 		}
-		if i == 7 { // steal: time another machine had
-			continue
-		}
-		if i < 8 {
-			j.total += v
-		}
+		j.total += v
 		if i == 3 || i == 4 {
 			j.idle += v
 		}
