@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -173,5 +174,59 @@ func TestRegression_EdgeStopDrainsBackgroundRuns(t *testing.T) {
 	}
 	if state != "complete" || outcome != "completed" || strings.TrimSpace(output) == "" {
 		t.Fatalf("run %s: state %q outcome %q output %q, want complete, completed, its answer", run.ID, state, outcome, output)
+	}
+}
+
+// TestEdgeLameDuckFollowsItsSetting: a stopping edge with lame_duck 1h
+// keeps its HTTP listener open past the default lame duck, refusing each
+// new request 503 edge_shutting_down with "Connection: close" and a
+// Retry-After past the setting (3601 s), and /readyz says 503; Abort then
+// ends the lame duck at once and the edge stops cleanly.
+func TestEdgeLameDuckFollowsItsSetting(t *testing.T) {
+	harness.Parallel(t)
+	cfg := harness.EdgeConfig(nil)
+	cfg.LameDuck, cfg.DrainTimeout = time.Hour, time.Hour
+	logs := &logRecorder{}
+	e, err := process.Start(context.Background(), process.Config{Mode: process.ModeEdge, Edge: cfg}, process.Deps{Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Abort(); _ = e.Wait() })
+	base := "http://" + e.HTTPAddr
+	e.Drain("test")
+	waitLog(t, logs, map[string]string{"msg": "edge shutting down: draining requests in flight; a second signal stops it at once"})
+	refused := func(when string) {
+		t.Helper()
+		resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatalf("%s: %v, want an answer: the listener stays open for the lame duck", when, err)
+		}
+		defer resp.Body.Close()
+		var body struct {
+			Error struct{ Code string } `json:"error"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		if resp.StatusCode != http.StatusServiceUnavailable || body.Error.Code != "edge_shutting_down" || resp.Header.Get("Retry-After") != "3601" || !resp.Close {
+			t.Fatalf("%s: %d code %q Retry-After %q close %v, want 503 edge_shutting_down, Retry-After 3601, Connection: close",
+				when, resp.StatusCode, body.Error.Code, resp.Header.Get("Retry-After"), resp.Close)
+		}
+		ready, err := http.Get(base + "/readyz")
+		if err != nil {
+			t.Fatalf("%s: /readyz: %v", when, err)
+		}
+		ready.Body.Close()
+		if ready.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("%s: /readyz %d, want 503", when, ready.StatusCode)
+		}
+	}
+	refused("at once")
+	time.Sleep(2 * process.DefaultLameDuck) // past the default: the setting holds the listener open
+	refused("after twice the default lame duck")
+	if stopped(e) {
+		t.Fatal("the edge stopped within its lame duck")
+	}
+	e.Abort()
+	if err := waitDone(t, e); err != nil {
+		t.Errorf("edge: %v", err)
 	}
 }

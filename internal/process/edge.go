@@ -386,11 +386,12 @@ func (e *edgeProcess) serve(ctx context.Context) error {
 	if err := e.startBatches(ctx, handler); err != nil {
 		return err
 	}
+	retryAfter := retryAfterPast(e.lameDuck())
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		e.handlers.Add(1)
 		defer e.handlers.Done()
 		if e.draining.Load() && r.Method != http.MethodGet && r.Method != http.MethodHead {
-			refuseStopping(w)
+			refuseStopping(w, retryAfter)
 			return
 		}
 		handler.ServeHTTP(&closeWhenDraining{ResponseWriter: w, draining: &e.draining}, r)
@@ -435,7 +436,7 @@ func (e *edgeProcess) until(ctx context.Context) error {
 
 // drain stops the HTTP API (the serve step's close): /readyz is 503 and
 // every new request is answered 503 with Retry-After at once; after
-// stopLameDuck the listener closes and the requests in flight, then the
+// cfg.LameDuck the listener closes and the requests in flight, then the
 // background runs, have the rest of cfg.DrainTimeout (cut short when
 // abort ends); what is still going then ends with an answer that says so.
 // It returns once every handler has returned, with the HTTP server's
@@ -445,7 +446,7 @@ func (e *edgeProcess) drain(abort context.Context) error {
 	if grace <= 0 {
 		grace = DefaultDrainTimeout
 	}
-	// For stopLameDuck the listener stays open, so a request already on
+	// For the lame duck the listener stays open, so a request already on
 	// its way on a kept-alive connection gets that answer rather than a
 	// closed connection.
 	e.draining.Store(true)
@@ -454,7 +455,7 @@ func (e *edgeProcess) drain(abort context.Context) error {
 	drainCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	defer context.AfterFunc(abort, cancel)()
-	lame := time.NewTimer(min(stopLameDuck, grace))
+	lame := time.NewTimer(min(e.lameDuck(), grace))
 	select {
 	case <-lame.C:
 	case <-drainCtx.Done():
@@ -489,6 +490,14 @@ func (e *edgeProcess) drain(abort context.Context) error {
 	}
 	e.handlers.Wait() // Close does not wait for its handlers; their records go to the ledger first
 	return err
+}
+
+// lameDuck is cfg.LameDuck, or DefaultLameDuck when unset.
+func (e *edgeProcess) lameDuck() time.Duration {
+	if e.cfg.LameDuck <= 0 {
+		return DefaultLameDuck
+	}
+	return e.cfg.LameDuck
 }
 
 // openPprof serves the profiler at pprofListen (if set) until Shutdown.
@@ -562,28 +571,22 @@ func isLoopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// stopLameDuck is how long a stopping edge keeps its HTTP listener and
-// idle connections open, answering every new request 503 with
-// Retry-After and "Connection: close", before it closes them: the load
-// balancer's health check (/readyz, 503 from the first instant) takes the
-// edge out of rotation meanwhile, and a request racing the stop gets an
-// answer.
-const stopLameDuck = time.Second
-
-// stoppingRetryAfter is refuseStopping's Retry-After, in seconds: one
-// more than stopLameDuck.
-var stoppingRetryAfter = strconv.Itoa(int(stopLameDuck/time.Second) + 1)
+// retryAfterPast is a Retry-After, in whole seconds, one more than d
+// rounded up: refuseStopping's, past the lame duck.
+func retryAfterPast(d time.Duration) string {
+	return strconv.Itoa(int((d+time.Second-1)/time.Second) + 1)
+}
 
 // refuseStopping answers a request that arrives while the edge stops:
-// 503 edge_shutting_down, closing the connection, with a Retry-After past
-// stopLameDuck: a client that honors it comes back once the listener is
+// 503 edge_shutting_down, closing the connection, with retryAfter (past
+// the lame duck, retryAfterPast): a client that honors it comes back once the listener is
 // closed and is refused at connect (nothing sent, safe to retry), not at
 // the instant it closes, when the kernel resets a connection still in the
 // listener's backlog after the client sent its request.
-func refuseStopping(w http.ResponseWriter) {
+func refuseStopping(w http.ResponseWriter, retryAfter string) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
-	h.Set("Retry-After", stoppingRetryAfter)
+	h.Set("Retry-After", retryAfter)
 	h.Set("Connection", "close")
 	w.WriteHeader(http.StatusServiceUnavailable)
 	_, _ = w.Write([]byte(`{"error":{"message":"the edge is stopping: retry on another edge","type":"server_error","param":null,"code":"edge_shutting_down"}}` + "\n"))

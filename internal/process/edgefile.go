@@ -28,6 +28,8 @@ const (
 	DefaultListen       = "127.0.0.1:8080"
 	DefaultNodeListen   = "127.0.0.1:7070"
 	DefaultDrainTimeout = 30 * time.Second
+	// DefaultLameDuck is ServeConfig.LameDuck's default.
+	DefaultLameDuck = time.Second
 	// DefaultDatabase is iop edge's database file (EdgeFileDefaults); a
 	// file without one built by DefaultEdgeFile keeps nothing on disk.
 	DefaultDatabase = "iop.db"
@@ -137,6 +139,13 @@ type ServeConfig struct {
 	// that says it stopped (503, or a stream's error event); default
 	// DefaultDrainTimeout, as a node's.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// LameDuck is how long a stopping edge keeps its HTTP listener and
+	// idle connections open, answering each new request 503
+	// edge_shutting_down with Retry-After and "Connection: close", before
+	// it closes them (at most DrainTimeout): long enough for a load
+	// balancer's health check (/readyz, 503 from the first instant) to take
+	// the edge out of rotation. Default DefaultLameDuck.
+	LameDuck time.Duration `yaml:"lame_duck"`
 }
 
 // SetDefaults fills the zero fields.
@@ -150,10 +159,13 @@ func (c *ServeConfig) SetDefaults() {
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = DefaultDrainTimeout
 	}
+	if c.LameDuck == 0 {
+		c.LameDuck = DefaultLameDuck
+	}
 }
 
 // Validate refuses an address that is not host:port and a negative
-// drain_timeout.
+// drain_timeout or lame_duck.
 func (c ServeConfig) Validate() error {
 	var errs []error
 	for _, a := range []struct{ name, addr string }{{"listen", c.Listen}, {"node_listen", c.NodeListen}} {
@@ -163,6 +175,9 @@ func (c ServeConfig) Validate() error {
 	}
 	if c.DrainTimeout < 0 {
 		errs = append(errs, invalid("drain_timeout %s must not be negative", c.DrainTimeout))
+	}
+	if c.LameDuck < 0 {
+		errs = append(errs, invalid("lame_duck %s must not be negative", c.LameDuck))
 	}
 	return errors.Join(errs...)
 }
@@ -389,6 +404,7 @@ func (running EdgeFile) restartOnly(next EdgeFile) []string {
 		{"database", running.StoreConfig != next.StoreConfig},
 		{"drain_timeout", running.DrainTimeout != next.DrainTimeout},
 		{"insecure_open", running.InsecureOpen != next.InsecureOpen},
+		{"lame_duck", running.LameDuck != next.LameDuck},
 		{"listen", running.Listen != next.Listen},
 		{"max_answer_bytes", running.MaxAnswerBytes != next.MaxAnswerBytes},
 		{"max_body_bytes", running.MaxBodyBytes != next.MaxBodyBytes},

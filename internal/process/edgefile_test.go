@@ -20,6 +20,7 @@ func TestEdgeFilePartsValidate(t *testing.T) {
 		{"listen not host:port", "listen: localhost", "listen"},
 		{"node_listen not host:port", "node_listen: ':x:y'", "node_listen"},
 		{"negative drain_timeout", "drain_timeout: -1s", "drain_timeout"},
+		{"negative lame_duck", "lame_duck: -1s", "lame_duck"},
 		{"negative max_body_bytes", "max_body_bytes: -1", "max_body_bytes"},
 		{"negative max_answer_bytes", "max_answer_bytes: -1", "max_answer_bytes"},
 		{"negative write_timeout", "write_timeout: -1s", "write_timeout"},
@@ -57,9 +58,28 @@ func TestEdgeFilePartsValidate(t *testing.T) {
 		}
 	}
 	f, err := ParseEdgeFile(nil)
-	if err != nil || f.Listen != DefaultListen || f.NodeListen != DefaultNodeListen || f.DrainTimeout != DefaultDrainTimeout ||
+	if err != nil || f.Listen != DefaultListen || f.NodeListen != DefaultNodeListen || f.DrainTimeout != DefaultDrainTimeout || f.LameDuck != DefaultLameDuck ||
 		f.MaxBodyBytes != 32<<20 || f.WriteTimeout != time.Minute || f.Database != "" || f.HeartbeatInterval != edge.DefaultHeartbeatInterval {
 		t.Fatalf("defaults %+v %v", f, err)
+	}
+}
+
+// TestRetryAfterPastTheLameDuck: a stopping edge's Retry-After is the
+// lame duck rounded up to whole seconds, plus one.
+func TestRetryAfterPastTheLameDuck(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		lameDuck time.Duration
+		want     string
+	}{
+		{10 * time.Millisecond, "2"},
+		{time.Second, "2"},
+		{1500 * time.Millisecond, "3"},
+		{10 * time.Second, "11"},
+	} {
+		if got := retryAfterPast(tc.lameDuck); got != tc.want {
+			t.Errorf("retryAfterPast(%v) = %s, want %s", tc.lameDuck, got, tc.want)
+		}
 	}
 }
 
@@ -79,11 +99,12 @@ func TestEdgeFileRestartOnly(t *testing.T) {
 	next := DefaultEdgeFile()
 	next.InsecureOpen = true
 	next.DrainTimeout = time.Minute
+	next.LameDuck = 5 * time.Second
 	next.Name = "edge-b"
 	next.Tracing.Endpoint = "http://127.0.0.1:4318"
 	next.Keys = nil
 	next.Models = map[string]edge.ModelConfig{"a": {Targets: []string{"x"}}}
-	if got := fmt.Sprint(running.restartOnly(next)); got != "[database drain_timeout insecure_open tracing]" {
+	if got := fmt.Sprint(running.restartOnly(next)); got != "[database drain_timeout insecure_open lame_duck tracing]" {
 		t.Fatalf("restart %s", got)
 	}
 	if got := running.restartOnly(DefaultEdgeFile()); len(got) != 0 {

@@ -126,9 +126,10 @@ check('an unknown model is a NotFoundError', async () => {
 
 let failed = 0
 for (const { name, fn } of checks) {
+  const start = performance.now()
   try {
     await fn()
-    console.log(`ok   ${name}`)
+    console.log(`ok   ${name} (${Math.round(performance.now() - start)} ms)`)
   } catch (err) {
     failed++
     console.log(`FAIL ${name}: ${err?.stack ?? err}`)

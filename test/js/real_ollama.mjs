@@ -149,9 +149,10 @@ check('a client that aborts mid-stream', async () => {
 let failed = 0
 let skipped = 0
 for (const { name, fn } of checks) {
+  const start = performance.now()
   try {
     await fn()
-    console.log(`ok   ${name}`)
+    console.log(`ok   ${name} (${Math.round(performance.now() - start)} ms)`)
   } catch (err) {
     if (err instanceof Skip) {
       skipped++

@@ -170,9 +170,10 @@ check('a client that goes away mid-stream', async () => {
 let failed = 0
 let skipped = 0
 for (const { name, fn } of checks) {
+  const start = performance.now()
   try {
     await fn()
-    console.log(`ok   ${name}`)
+    console.log(`ok   ${name} (${Math.round(performance.now() - start)} ms)`)
   } catch (err) {
     if (err instanceof Skip) {
       skipped++

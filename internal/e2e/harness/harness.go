@@ -143,13 +143,23 @@ func EdgeConfig(models map[string]edge.ModelConfig) process.EdgeFile {
 // Logger, and returns it serving; it drains when ctx ends (as
 // process.Start says). At cleanup it drains it and waits for it to stop,
 // failing t if it stopped with an error; a test may end ctx, Drain or
-// Abort it earlier.
+// Abort it earlier. A cfg with the default lame duck
+// (process.DefaultLameDuck) gets TestLameDuck instead: no load balancer
+// waits on a test's edge, and a stopping edge would hold its test's slot
+// for it. A test of the lame duck sets another.
 func Edge(t testing.TB, ctx context.Context, cfg process.EdgeFile) *process.Process {
 	t.Helper()
+	if cfg.LameDuck == process.DefaultLameDuck {
+		cfg.LameDuck = TestLameDuck
+	}
 	p := start(t, ctx, "edge", process.Config{Mode: process.ModeEdge, Edge: cfg}, nil)
 	RememberEdge(t, p)
 	return p
 }
+
+// TestLameDuck is the lame duck (process.ServeConfig.LameDuck) of the
+// edges Edge starts.
+const TestLameDuck = 10 * time.Millisecond
 
 // Dev starts iop dev (process.ModeDev) for cfg on loopback ports the
 // system picks, with the simulator (ForceSim) and SimCapacity 2 unless cfg
