@@ -10,10 +10,18 @@ import (
 // (tests run in parallel on two shared cores).
 const WaitDeadline = 60 * time.Second
 
-// pollEvery is how often Eventually asks its condition again.
-const pollEvery = 5 * time.Millisecond
+// Eventually asks its condition again after pollFirst, then after twice
+// the last pause, up to pollMax: a condition true within milliseconds is
+// seen within milliseconds, and one that takes a minute (a batch, a lease
+// expiry) is asked 20 times a second, not 200 (each ask may be an HTTP
+// request and a database query: CPU the other tests of make test share).
+const (
+	pollFirst = 5 * time.Millisecond
+	pollMax   = 50 * time.Millisecond
+)
 
-// Eventually calls cond every 5ms until it returns true, and fails t with
+// Eventually calls cond every 5 to 50 ms (the pause doubling) until it
+// returns true, and fails t with
 // "timed out after 1m0s waiting until <what>" (t.Fatalf) if it has not by
 // WaitDeadline. cond runs on the caller's goroutine; it may call t.Fatal.
 func Eventually(t testing.TB, what string, cond func() bool) {
@@ -30,9 +38,8 @@ func EventuallyWithin(t testing.TB, within time.Duration, what string, cond func
 		return
 	}
 	deadline := time.Now().Add(within)
-	tick := time.NewTicker(pollEvery)
-	defer tick.Stop()
-	for range tick.C {
+	for pause := pollFirst; ; pause = min(2*pause, pollMax) {
+		time.Sleep(pause)
 		if cond() {
 			return
 		}
