@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -55,6 +56,23 @@ func (e *testEdge) forgetTrigger(t *testing.T, stays *fakeNode) *fakeNode {
 	stays.cancel()
 	e.waitUntil(t, "stays gone", func(s contract.Snapshot) bool { return len(s.Nodes) == 0 })
 	return e.connect(t, hello("stays", prov("p", normalized, 1, "m-stays")))
+}
+
+// waitServeStarted waits until Serve has started the last of its
+// goroutines (keepLoaded), failing after the failsafe: a node on the
+// in-memory link is served before Serve runs, and a goroutine count taken
+// earlier misses Serve's own.
+func waitServeStarted(t *testing.T) {
+	t.Helper()
+	deadline := time.After(failsafe)
+	buf := make([]byte, 1<<20)
+	for !bytes.Contains(buf[:runtime.Stack(buf, true)], []byte("edge.(*Service).keepLoaded(")) {
+		select {
+		case <-time.After(time.Millisecond):
+		case <-deadline:
+			t.Fatal("Serve did not start its residency goroutine (keepLoaded)")
+		}
+	}
 }
 
 // waitSizes waits until the sizes are want (the disconnect that forgets
@@ -166,6 +184,7 @@ func TestChurnOfRealNodeConnections(t *testing.T) {
 	churn(-1)
 	stays := e.forgetTrigger(t, e.connect(t, hello("stays", prov("p", normalized, 1, "m-stays"))))
 	before := e.svc.waitSizes(t, baseline)
+	waitServeStarted(t)
 	goroutines := runtime.NumGoroutine()
 	atBaseline := make([]byte, 1<<20)
 	atBaseline = atBaseline[:runtime.Stack(atBaseline, true)]

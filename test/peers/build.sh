@@ -12,11 +12,11 @@
 # on a machine with the repository (a clone, or a mirror copied over):
 #
 #   C=~/.cache/iop/peers/olla-$OLLA_COMMIT; mkdir -p $C
-#   git -C olla archive $OLLA_COMMIT | tar -x -C $C
+#   git -C olla archive $OLLA_COMMIT -- . ':(exclude)docs/media' | tar -x -C $C
 #   C=~/.cache/iop/peers/bifrost-$BIFROST_COMMIT; mkdir -p $C
 #   git -C bifrost archive $BIFROST_COMMIT -- . ':(exclude)docs' ':(exclude)ui' | tar -x -C $C
 #
-# (github.com/thushan/olla; github.com/maximhq/bifrost. Bifrost's docs hold
+# (github.com/thushan/olla; github.com/maximhq/bifrost. Olla's docs/media and Bifrost's docs hold
 # large media and its ui is a Next.js app the gateway only embeds, so they
 # are left out; a placeholder ui folder is written, as Bifrost's own
 # `make dev` does.) The build uses the Go module cache, or the module proxy
