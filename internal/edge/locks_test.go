@@ -432,3 +432,23 @@ func TestCowMapWritesLeaveEarlierMapsAsTheyWere(t *testing.T) {
 		t.Fatal("the zero cowMap is not empty")
 	}
 }
+
+// TestRegression_NotifyTakesNoRegistryLock: a connection wakes the
+// registry's waiters (notify) after its Welcome, while a registry writer may
+// hold registry.mu; notify returns and wakes them without the lock. It
+// took the lock, so in TestAdmissionDoesNotWaitForARegistryWriter, whose
+// writer locked the registry just after the node's Welcome, the
+// connection's goroutine waited at notify and never sent the dispatch
+// ("node n1: no control message", once under make test's load).
+func TestRegression_NotifyTakesNoRegistryLock(t *testing.T) {
+	e := startEdge(t, testConfig())
+	changed := e.svc.reg.changes()
+	e.svc.reg.mu.Lock()
+	defer e.svc.reg.mu.Unlock()
+	within(t, "notify with registry.mu held by a writer", e.svc.reg.notify)
+	select {
+	case <-changed:
+	default:
+		t.Fatal("notify did not wake the waiters on changes")
+	}
+}

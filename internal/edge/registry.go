@@ -495,7 +495,7 @@ type registry struct {
 	now func() time.Time // the edge's clock; immutable
 
 	state atomic.Pointer[regState] // the published state; never modified, replaced under mu
-	// changed is closed and replaced (under mu) after every change of the
+	// changed is closed and replaced (notify) after every change of the
 	// registry or of the scheduler state the edge drives.
 	changed atomic.Pointer[chan struct{}]
 
@@ -647,7 +647,7 @@ func (r *registry) add(c *conn) (old *conn) {
 		r.indexLocked(&st, cs, p)
 	}
 	r.publishLocked(&st)
-	r.notifyLocked()
+	r.notify()
 	return old
 }
 
@@ -724,7 +724,7 @@ func (r *registry) remove(c *conn) bool {
 	st.gone = st.gone.with(c.nodeID, goneNode{cs: cs, at: now})
 	r.expiry = append(r.expiry, expiring{node: c.nodeID, at: now})
 	r.publishLocked(&st)
-	r.notifyLocked()
+	r.notify()
 	return true
 }
 
@@ -819,7 +819,7 @@ func (r *registry) drain(c *conn) bool {
 	r.setConnLocked(&st, next)
 	r.repointLocked(&st, next, "")
 	r.publishLocked(&st)
-	r.notifyLocked()
+	r.notify()
 	return true
 }
 
@@ -916,20 +916,16 @@ func (r *registry) update(c *conn, u *nodev1.ProviderUpdate) (ch providerChange,
 		r.repointLocked(&st, ncs, "")
 	}
 	r.publishLocked(&st)
-	r.notifyLocked()
+	r.notify()
 	return ch, true
 }
 
-func (r *registry) notifyLocked() {
+// notify wakes everyone waiting on changes. It takes no lock (a writer
+// calls it under mu, a connection after its Welcome without): the swap is
+// atomic, so each channel is closed once, by the notify that replaced it.
+func (r *registry) notify() {
 	next := make(chan struct{})
 	close(*r.changed.Swap(&next))
-}
-
-// notify wakes everyone waiting on changes.
-func (r *registry) notify() {
-	r.mu.Lock()
-	r.notifyLocked()
-	r.mu.Unlock()
 }
 
 // changes returns a channel closed at the next change of the registry or

@@ -140,11 +140,12 @@ type ServeConfig struct {
 	// DefaultDrainTimeout, as a node's.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
 	// LameDuck is how long a stopping edge keeps its HTTP listener and
-	// idle connections open, answering each new request 503
-	// edge_shutting_down with Retry-After and "Connection: close", before
-	// it closes them (at most DrainTimeout): long enough for a load
-	// balancer's health check (/readyz, 503 from the first instant) to take
-	// the edge out of rotation. Default DefaultLameDuck.
+	// idle connections open before it closes them (cut short at
+	// DrainTimeout), answering each new request but a GET or HEAD 503
+	// edge_shutting_down with Retry-After and "Connection: close": long
+	// enough for a load balancer's health check (/readyz, 503 from the
+	// first instant) to take the edge out of rotation. Default
+	// DefaultLameDuck.
 	LameDuck time.Duration `yaml:"lame_duck"`
 }
 
