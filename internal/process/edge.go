@@ -147,6 +147,7 @@ func (e *edgeProcess) Shutdown(ctx context.Context) error { return e.steps.close
 // and ledger flush, and the node endpoint stops.
 func (e *edgeProcess) coreSteps(inProcess ...step) []step {
 	list := []step{
+		{name: "config", open: e.checkConfig},
 		{name: "keys", open: e.openKeys},
 		{name: "edge server", open: e.openServer},
 		{name: "tracing", open: e.openTracing, close: e.closeTracing},
@@ -163,6 +164,12 @@ func (e *edgeProcess) coreSteps(inProcess ...step) []step {
 		step{name: "serve", open: e.serve, close: e.drain},
 	)
 }
+
+// checkConfig refuses a configuration iop check refuses
+// (EdgeFile.Validate: every part's problems at once, each wrapping
+// edge.ErrInvalidConfig), so the edge does not start on a file it would
+// refuse to reload.
+func (e *edgeProcess) checkConfig(context.Context) error { return e.cfg.Validate() }
 
 // openKeys reads the keys file and makes the keyrings. It refuses an
 // open client API (no keys) on a non-loopback address unless
@@ -442,10 +449,7 @@ func (e *edgeProcess) until(ctx context.Context) error {
 // It returns once every handler has returned, with the HTTP server's
 // failure if it had one.
 func (e *edgeProcess) drain(abort context.Context) error {
-	grace := e.cfg.DrainTimeout
-	if grace <= 0 {
-		grace = DefaultDrainTimeout
-	}
+	grace := e.drainTimeout()
 	// For the lame duck the listener stays open, so a request already on
 	// its way on a kept-alive connection gets that answer rather than a
 	// closed connection.
@@ -455,7 +459,7 @@ func (e *edgeProcess) drain(abort context.Context) error {
 	drainCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	defer context.AfterFunc(abort, cancel)()
-	lame := time.NewTimer(min(e.lameDuck(), grace))
+	lame := time.NewTimer(e.lameDuck())
 	select {
 	case <-lame.C:
 	case <-drainCtx.Done():
@@ -492,12 +496,22 @@ func (e *edgeProcess) drain(abort context.Context) error {
 	return err
 }
 
-// lameDuck is cfg.LameDuck, or DefaultLameDuck when unset.
+// lameDuck is cfg.LameDuck (DefaultLameDuck when unset), cut short at
+// the drain timeout.
 func (e *edgeProcess) lameDuck() time.Duration {
-	if e.cfg.LameDuck <= 0 {
-		return DefaultLameDuck
+	d := e.cfg.LameDuck
+	if d <= 0 {
+		d = DefaultLameDuck
 	}
-	return e.cfg.LameDuck
+	return min(d, e.drainTimeout())
+}
+
+// drainTimeout is cfg.DrainTimeout, or DefaultDrainTimeout when unset.
+func (e *edgeProcess) drainTimeout() time.Duration {
+	if e.cfg.DrainTimeout <= 0 {
+		return DefaultDrainTimeout
+	}
+	return e.cfg.DrainTimeout
 }
 
 // openPprof serves the profiler at pprofListen (if set) until Shutdown.
@@ -574,7 +588,11 @@ func isLoopback(addr string) bool {
 // retryAfterPast is a Retry-After, in whole seconds, one more than d
 // rounded up: refuseStopping's, past the lame duck.
 func retryAfterPast(d time.Duration) string {
-	return strconv.Itoa(int((d+time.Second-1)/time.Second) + 1)
+	secs := d / time.Second
+	if d%time.Second > 0 {
+		secs++
+	}
+	return strconv.FormatInt(int64(secs)+1, 10)
 }
 
 // refuseStopping answers a request that arrives while the edge stops:

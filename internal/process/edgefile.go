@@ -2,6 +2,7 @@ package process
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -117,7 +118,7 @@ func (f EdgeFile) Validate() error {
 		errs = append(errs, fmt.Errorf("%w: tracing: %w", edge.ErrInvalidConfig, err))
 	}
 	if len(f.Providers) > 0 {
-		errs = append(errs, node.Config{NodeID: f.LocalNodeID, Providers: f.Providers}.ValidateLocal())
+		errs = append(errs, node.Config{NodeID: cmp.Or(f.LocalNodeID, DefaultLocalNodeID), Providers: f.Providers}.ValidateLocal())
 	}
 	return errors.Join(errs...)
 }

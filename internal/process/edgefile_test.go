@@ -1,8 +1,10 @@
 package process
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -76,6 +78,8 @@ func TestRetryAfterPastTheLameDuck(t *testing.T) {
 		{time.Second, "2"},
 		{1500 * time.Millisecond, "3"},
 		{10 * time.Second, "11"},
+		// Regression: d+time.Second-1 overflowed to a negative Retry-After.
+		{time.Duration(math.MaxInt64), "9223372038"},
 	} {
 		if got := retryAfterPast(tc.lameDuck); got != tc.want {
 			t.Errorf("retryAfterPast(%v) = %s, want %s", tc.lameDuck, got, tc.want)
@@ -109,5 +113,50 @@ func TestEdgeFileRestartOnly(t *testing.T) {
 	}
 	if got := running.restartOnly(DefaultEdgeFile()); len(got) != 0 {
 		t.Fatalf("the running file again: restart %v", got)
+	}
+}
+
+// TestRegression_EdgeStartRefusesWhatCheckRefuses: an edge does not start
+// on a file iop check refuses (a negative lame_duck or drain_timeout); it
+// started, and then refused every reload of that file.
+func TestRegression_EdgeStartRefusesWhatCheckRefuses(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		key string
+		set func(*EdgeFile)
+	}{
+		{"lame_duck", func(f *EdgeFile) { f.LameDuck = -time.Second }},
+		{"drain_timeout", func(f *EdgeFile) { f.DrainTimeout = -5 * time.Second }},
+	} {
+		cfg := DefaultEdgeFile()
+		cfg.Listen, cfg.NodeListen, cfg.Database = "127.0.0.1:0", "127.0.0.1:0", ":memory:"
+		tc.set(&cfg)
+		p, err := Start(context.Background(), Config{Mode: ModeEdge, Edge: cfg}, Deps{})
+		if err == nil {
+			p.Abort()
+			_ = p.Wait()
+			t.Fatalf("%s negative: the edge started", tc.key)
+		}
+		if !errors.Is(err, edge.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.key) {
+			t.Errorf("%s negative: %v, want edge.ErrInvalidConfig naming %s", tc.key, err, tc.key)
+		}
+	}
+}
+
+// TestLameDuckIsCutAtTheDrainTimeout: the lame duck, and so the Retry-After
+// of the answers during it, is at most the drain timeout; unset, it is
+// DefaultLameDuck.
+func TestLameDuckIsCutAtTheDrainTimeout(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ lameDuck, drain, want time.Duration }{
+		{0, 0, DefaultLameDuck},
+		{10 * time.Second, 2 * time.Second, 2 * time.Second},
+		{1000 * time.Hour, 0, DefaultDrainTimeout},
+		{3 * time.Second, time.Minute, 3 * time.Second},
+	} {
+		e := &edgeProcess{cfg: EdgeFile{ServeConfig: ServeConfig{LameDuck: tc.lameDuck, DrainTimeout: tc.drain}}}
+		if got := e.lameDuck(); got != tc.want {
+			t.Errorf("lame_duck %v, drain_timeout %v: lame duck %v, want %v", tc.lameDuck, tc.drain, got, tc.want)
+		}
 	}
 }

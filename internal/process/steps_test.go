@@ -48,14 +48,14 @@ func (l *stepLog) get() []string {
 
 // The open steps of each process, in order; each shuts down in reverse.
 var (
-	edgeSteps = []string{"keys", "edge server", "tracing", "history", "node endpoint",
+	edgeSteps = []string{"config", "keys", "edge server", "tracing", "history", "node endpoint",
 		"ledger", "responses", "runs", "batches", "http listener", "serve", "profiler", "reload watcher"}
 	devSteps = []string{"node tracing", "sim sim-ollama", "sim sim-openai",
-		"keys", "edge server", "tracing", "history", "node endpoint", "in-process node",
+		"config", "keys", "edge server", "tracing", "history", "node endpoint", "in-process node",
 		"ledger", "responses", "runs", "batches", "http listener", "serve", "node ready", "reload watcher"}
 	agentSteps = []string{"tracing", "agent", "profiler", "reload watcher", "run"}
 	// An edge with providers of its own: their node in its process.
-	edgeLocalSteps = []string{"keys", "edge server", "tracing", "history", "node endpoint", "in-process node",
+	edgeLocalSteps = []string{"config", "keys", "edge server", "tracing", "history", "node endpoint", "in-process node",
 		"ledger", "responses", "runs", "batches", "http listener", "serve", "in-process node ready", "profiler", "reload watcher"}
 )
 
