@@ -455,7 +455,7 @@ func (e *edgeProcess) drain(abort context.Context) error {
 	// closed connection.
 	e.draining.Store(true)
 	e.batches.stopRunner() // its lines in flight stay pending: the next start runs them
-	e.logger.Info("edge shutting down: draining requests in flight; a second signal stops it at once", "drain_timeout", grace)
+	e.logger.Info("edge shutting down: draining requests in flight; a second signal stops it at once", "drain_timeout", grace, "lame_duck", e.lameDuck())
 	drainCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	defer context.AfterFunc(abort, cancel)()
