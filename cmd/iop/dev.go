@@ -18,8 +18,6 @@ func newDevCommand(logLevel *string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext(cmd.Context())
-			defer stop()
 			pc := process.Config{Mode: process.ModeDev, Dev: cfg, Version: version}
 			if configPath != "" {
 				// SIGHUP reads the file again under the flags the user set.
@@ -28,10 +26,12 @@ func newDevCommand(logLevel *string) *cobra.Command {
 					return cfg, err
 				}
 			}
-			p, err := process.Start(ctx, pc, process.Deps{Logger: logger, Stdout: cmd.OutOrStdout(), Hangup: hangup()})
+			p, err := process.Start(cmd.Context(), pc, process.Deps{Logger: logger, Stdout: cmd.OutOrStdout(), Hangup: hangup()})
 			if err != nil {
 				return err
 			}
+			// Ctrl-C (or SIGTERM) drains; a second one stops at once.
+			process.HandleSignals(p)
 			return p.Wait()
 		},
 	}

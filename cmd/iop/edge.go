@@ -38,12 +38,17 @@ func newEdgeCommand(logLevel *string) *cobra.Command {
 					return cfg, err
 				}
 			}
-			ctx, stop := signalContext(cmd.Context())
-			defer stop()
-			p, err := process.Start(ctx, pc, deps)
+			p, err := process.Start(cmd.Context(), pc, deps)
 			if err != nil {
 				return err
 			}
+			// The first SIGTERM or SIGINT drains the edge (lame duck, then
+			// the requests in flight up to drain_timeout); the second ends
+			// what is still going, each with an answer that says so, and
+			// stops at once. Handled, not left to the default disposition,
+			// which is "ignored" for a process started with SIGINT ignored
+			// (nohup, `cmd &` in a script) and for SIGTERM as PID 1.
+			process.HandleSignals(p)
 			return p.Wait()
 		},
 	}

@@ -540,3 +540,42 @@ func TestDevCtrlCDrains(t *testing.T) {
 		}
 	}
 }
+
+// TestRegression_EdgeSecondSIGINTWhenStartedIgnoringIt: `iop edge` started
+// with SIGINT ignored (as `nohup` and `cmd &` in a script start it)
+// drains at the first SIGINT and, at the second, ends its streams in flight
+// with an error event and exits 0 at once, with a drain timeout of ten
+// minutes. It left the second signal to the default disposition, which
+// such a start leaves "ignored": the edge went on draining.
+func TestRegression_EdgeSecondSIGINTWhenStartedIgnoringIt(t *testing.T) {
+	harness.Parallel(t)
+	bin := harness.IOP(t)
+	oaURL := startSimProcess(t, bin, "openai", "oa-m", 5)
+	olURL := startSimProcess(t, bin, "ollama", "ol-m", 5)
+	httpAddr, nodeAddr := testenv.ProcessAddr(t), testenv.ProcessAddr(t)
+	edgeProc := harness.StartProgram(t, nil, "edge", "sh", "-c", `trap "" INT; exec "$0" "$@"`, bin, "edge",
+		"--listen", httpAddr, "--node-listen", nodeAddr, "--database", ":memory:", "--drain-timeout", "10m",
+		"--log-format", "json", "--log-level", "info")
+	base := "http://" + httpAddr
+	testenv.Eventually(t, "the edge answers", func() bool { return getStatus(base+"/healthz") == http.StatusOK })
+	startNodeProc(t, bin, base, nodeAddr, "n1", oaURL, olURL, "10m")
+
+	c := clientCase{"openai", "oa-m"}
+	first, done := startStream(base, c, 100_000)
+	<-first
+	edgeProc.Signal(t, syscall.SIGINT)
+	edgeProc.WaitLog(t, "edge shutting down: draining requests in flight; a second signal stops it at once")
+	edgeProc.Signal(t, syscall.SIGINT)
+	if err := edgeProc.Wait(t, testenv.WaitDeadline); err != nil {
+		t.Errorf("edge exited with %v after the second SIGINT, want status 0", err)
+	}
+	var r streamResult
+	select {
+	case r = <-done:
+	case <-time.After(testenv.WaitDeadline):
+		t.Fatal("the stream did not end")
+	}
+	if a := readAnswer(t, c, r.body); r.err != nil || a.complete || len(a.errors) != 1 || !a.errorLast {
+		t.Errorf("the stream: %v, complete %v, errors %q (last %v); want one error event, last\n%s", r.err, a.complete, a.errors, a.errorLast, r.body)
+	}
+}

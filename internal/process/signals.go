@@ -8,12 +8,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// HandleSignals gives SIGINT and SIGTERM to p until it stops, as `iop node`
-// does: the first calls p.Drain with the signal's name (e.g. "SIGTERM"),
-// the second p.Abort; then the default handling is restored, so a third
-// stops the OS process as the system does. (iop edge and iop dev cancel
-// Start's context at the first signal and restore the default handling at
-// once instead.) It returns at once; its goroutine ends when p stops.
+// HandleSignals gives SIGINT and SIGTERM to p until it stops (iop node,
+// iop edge, iop dev): the first calls p.Drain with the signal's name (e.g.
+// "SIGTERM"), the second p.Abort; then the default handling is restored,
+// so a third stops the OS process as the system does. It returns at once;
+// its goroutine ends when p stops.
 func HandleSignals(p *Process) {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
