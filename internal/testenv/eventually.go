@@ -38,13 +38,19 @@ func EventuallyWithin(t testing.TB, within time.Duration, what string, cond func
 		return
 	}
 	deadline := time.Now().Add(within)
-	for pause := pollFirst; ; pause = min(2*pause, pollMax) {
-		time.Sleep(pause)
+	pause := pollFirst
+	tick := time.NewTicker(pause)
+	defer tick.Stop()
+	for range tick.C {
 		if cond() {
 			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %v waiting until %s", within, what)
+		}
+		if pause < pollMax {
+			pause = min(2*pause, pollMax)
+			tick.Reset(pause)
 		}
 	}
 }
