@@ -442,8 +442,8 @@ func (e *edgeProcess) until(ctx context.Context) error {
 }
 
 // drain stops the HTTP API (the serve step's close): /readyz is 503 and
-// every new request is answered 503 with Retry-After at once; after
-// cfg.LameDuck the listener closes and the requests in flight, then the
+// every new request is answered 503 with Retry-After at once; after the
+// lame duck (lameDuck) the listener closes and the requests in flight, then the
 // background runs, have the rest of cfg.DrainTimeout (cut short when
 // abort ends); what is still going then ends with an answer that says so.
 // It returns once every handler has returned, with the HTTP server's
@@ -597,8 +597,8 @@ func retryAfterPast(d time.Duration) string {
 
 // refuseStopping answers a request that arrives while the edge stops:
 // 503 edge_shutting_down, closing the connection, with retryAfter (past
-// the lame duck, retryAfterPast): a client that honors it comes back once the listener is
-// closed and is refused at connect (nothing sent, safe to retry), not at
+// the lame duck, retryAfterPast): a client that honors it comes back once
+// the listener is closed and is refused at connect (nothing sent, safe to retry), not at
 // the instant it closes, when the kernel resets a connection still in the
 // listener's backlog after the client sent its request.
 func refuseStopping(w http.ResponseWriter, retryAfter string) {
