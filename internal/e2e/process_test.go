@@ -178,5 +178,5 @@ func TestEdgeModeAbortCutsTheDrainShort(t *testing.T) {
 	if err := waitDone(t, e); err != nil {
 		t.Errorf("edge: %v", err)
 	}
-	waitLog(t, logs, map[string]string{"msg": "drain timeout over: ending the requests still in flight"})
+	waitLog(t, logs, map[string]string{"msg": "drain cut short (a second signal): ending the requests still in flight"})
 }

@@ -475,7 +475,10 @@ func (e *edgeProcess) drain(abort context.Context) error {
 	// background runs) ends with an answer that says the edge stopped
 	// (503, or a stream's error event), recorded as edge_stopped: never a
 	// cut connection.
-	if derr != nil {
+	switch {
+	case derr != nil && abort.Err() != nil:
+		e.logger.Warn("drain cut short (a second signal): ending the requests still in flight", "drain_timeout", grace)
+	case derr != nil:
 		e.logger.Warn("drain timeout over: ending the requests still in flight", "drain_timeout", grace)
 	}
 	close(e.stopping)
