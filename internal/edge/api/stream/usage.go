@@ -3,6 +3,10 @@ package stream
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
+	"unicode/utf8"
+
+	"iop/internal/jsonscan"
 )
 
 // MaxScanBytes bounds what is read of a tunnel answer: one SSE line or
@@ -93,15 +97,69 @@ type usageObject struct {
 	CompletionTokens int `json:"completion_tokens"`
 }
 
-// parseUsage is the usage object of one JSON document, if it has one.
+// parseUsage is the usage object of one JSON document, if it has one: what
+// json.Unmarshal of the whole document into struct{ Usage *usageObject }
+// leaves, read in place (jsonscan), without decoding or allocating. As
+// encoding/json does, it matches keys under Unicode case folding, lets
+// each "usage" member in turn decode into what the ones before it left
+// (null resets it), and reports nothing when the document is not valid
+// JSON or a usage member or count has a value of the wrong type (a count
+// must be an integer that fits an int).
 func parseUsage(doc []byte) (usageObject, bool) {
-	var v struct {
-		Usage *usageObject `json:"usage"`
+	var (
+		usage   usageObject
+		found   bool
+		bad     bool
+		scratch [32]byte // an escaped key, decoded
+	)
+	keyIs := func(quoted []byte, flags int, name string) bool {
+		key := quoted[1 : len(quoted)-1]
+		if flags&jsonscan.Escaped != 0 || flags&jsonscan.High != 0 && !utf8.Valid(key) {
+			key = jsonscan.AppendString(scratch[:0], quoted)
+		}
+		return bytes.EqualFold(key, []byte(name))
 	}
-	if json.Unmarshal(doc, &v) == nil && v.Usage != nil {
-		return *v.Usage, true
+	count := func(v []byte, n *int) {
+		switch v[0] {
+		case 'n': // null leaves the count as it was
+		case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+			i, err := strconv.ParseInt(string(v), 10, strconv.IntSize)
+			if err != nil {
+				bad = true
+				return
+			}
+			*n = int(i)
+		default:
+			bad = true
+		}
 	}
-	return usageObject{}, false
+	_, _, ok := jsonscan.Object(doc, func(quoted []byte, flags int, vstart, vend int) {
+		if !keyIs(quoted, flags, "usage") {
+			return
+		}
+		switch doc[vstart] {
+		case 'n':
+			usage, found = usageObject{}, false
+		case '{':
+			if !found {
+				usage, found = usageObject{}, true
+			}
+			jsonscan.Members(doc, vstart, 2, func(quoted []byte, flags int, vstart, vend int) {
+				switch {
+				case keyIs(quoted, flags, "prompt_tokens"):
+					count(doc[vstart:vend], &usage.PromptTokens)
+				case keyIs(quoted, flags, "completion_tokens"):
+					count(doc[vstart:vend], &usage.CompletionTokens)
+				}
+			})
+		default:
+			bad = true
+		}
+	})
+	if !ok || bad || !found {
+		return usageObject{}, false
+	}
+	return usage, true
 }
 
 // End finishes the scan and returns the usage in tokens, if the answer had

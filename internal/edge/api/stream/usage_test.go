@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -133,5 +134,83 @@ func TestUsageScannerReadsTheTailOfALargeAnswer(t *testing.T) {
 	}
 	if _, _, ok, _ := scan(true, "data: {\"choices\":[{\"delta\":{\"content\":\"\\\"usage\\\"\"}}]}\r\n\r\ndata: [DONE]\r\n\r\n"); ok {
 		t.Fatal("a stream without a usage chunk reported usage")
+	}
+}
+
+// unmarshalUsage is parseUsage as encoding/json reads it: the whole
+// document decoded.
+func unmarshalUsage(doc []byte) (usageObject, bool) {
+	var v struct {
+		Usage *usageObject `json:"usage"`
+	}
+	if json.Unmarshal(doc, &v) == nil && v.Usage != nil {
+		return *v.Usage, true
+	}
+	return usageObject{}, false
+}
+
+// usageDocs are documents on which reading usage in place could part from
+// decoding the whole document.
+var usageDocs = []string{
+	tunnelJSON,
+	`{"usage":{"prompt_tokens":3,"completion_tokens":4}}`,
+	`{"USAGE":{"prompt_tokens":3}}`,
+	`{"u\u0073age":{"prompt_tokens":3}}`,
+	`{"uſage":{"prompt_tokens":3}}`,
+	`{"usage":{"prompt_tokens":1},"usage":{"completion_tokens":2}}`,
+	`{"usage":{"prompt_tokens":1},"Usage":null}`,
+	`{"usage":null,"usage":{"completion_tokens":2}}`,
+	`{"usage":{"prompt_tokens":"x"},"usage":{"completion_tokens":2}}`,
+	`{"usage":{"prompt_tokens":1.5}}`,
+	`{"usage":[1]}`,
+	`{"usage":{"prompt_tokens":1}`,
+	`{"usage":{"prompt_tokens":1}} x`,
+	`[{"usage":{"prompt_tokens":1}}]`,
+	`null`,
+	`{"choices":[{"usage":{"prompt_tokens":1}}]}`,
+	"{\"us\xffage\":{\"prompt_tokens\":1}}",
+	`{"usage":{"prompt_tokens":1,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":1}}}`,
+}
+
+// TestRegression_UsageIsReadInPlace: the usage of a JSON answer is read
+// without decoding the whole answer (6 % of the edge's CPU at 32 clients
+// went to json.Unmarshal of every non-streamed body), and what it reads is
+// what decoding the whole document reads.
+func TestRegression_UsageIsReadInPlace(t *testing.T) {
+	for _, doc := range usageDocs {
+		got, gotOK := parseUsage([]byte(doc))
+		want, wantOK := unmarshalUsage([]byte(doc))
+		if got != want || gotOK != wantOK {
+			t.Errorf("%s: %+v %v; json.Unmarshal reads %+v %v", doc, got, gotOK, want, wantOK)
+		}
+	}
+	body := []byte(tunnelJSON)
+	if n := testing.AllocsPerRun(100, func() { parseUsage(body) }); n != 0 {
+		t.Errorf("reading the usage of a JSON answer allocates %v times; want none", n)
+	}
+}
+
+func FuzzParseUsage(f *testing.F) {
+	for _, doc := range usageDocs {
+		f.Add([]byte(doc))
+	}
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		got, gotOK := parseUsage(doc)
+		want, wantOK := unmarshalUsage(doc)
+		if got != want || gotOK != wantOK {
+			t.Fatalf("%q: %+v %v; json.Unmarshal reads %+v %v", doc, got, gotOK, want, wantOK)
+		}
+	})
+}
+
+func BenchmarkUsageScannerJSON(b *testing.B) {
+	body := []byte(tunnelJSON)
+	b.ReportAllocs()
+	for b.Loop() {
+		var u UsageScanner
+		u.Body(body)
+		if _, _, ok := u.End(); !ok {
+			b.Fatal("no usage")
+		}
 	}
 }
