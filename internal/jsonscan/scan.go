@@ -148,13 +148,7 @@ func Elements(body []byte, i, depth int, element func(vstart, vend int)) (end in
 // check UTF-8 either.
 func String(body []byte, start int) (end int, flags int) {
 	for i := start + 1; i < len(body); i++ {
-		for i+8 <= len(body) && plain8(binary.LittleEndian.Uint64(body[i:])) {
-			i += 8
-		}
-		for i < len(body) && plain[body[i]] {
-			i++
-		}
-		if i >= len(body) {
+		if i = Plain(body, i); i >= len(body) {
 			break
 		}
 		switch c := body[i]; {
@@ -188,6 +182,20 @@ func String(body []byte, start int) (end int, flags int) {
 		}
 	}
 	return -1, flags
+}
+
+// Plain returns the index of the first byte at or after i that a JSON
+// string's reader must look at (a quote, a backslash, a control byte or a
+// byte ≥ 0x80), len(body) if there is none: the run of bytes that stand
+// for themselves, read eight at a time.
+func Plain(body []byte, i int) int {
+	for i+8 <= len(body) && plain8(binary.LittleEndian.Uint64(body[i:])) {
+		i += 8
+	}
+	for i < len(body) && plain[body[i]] {
+		i++
+	}
+	return i
 }
 
 // plain marks the bytes String passes over without a second look: not a

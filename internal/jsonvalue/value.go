@@ -13,6 +13,8 @@ import (
 	"sync"
 	"unicode/utf16"
 	"unicode/utf8"
+
+	"iop/internal/jsonscan"
 )
 
 // Value is one JSON value of a document as Parse read it. A nil *Value
@@ -348,6 +350,14 @@ func (p *parser) str() (runes int, escaped bool, err error) {
 	i := p.pos + 1
 	written := 1 // the code points of the token as written, quotes included
 	for i < len(d) {
+		// A byte that stands for itself is one code point as written and
+		// one decoded.
+		if j := jsonscan.Plain(d, i); j > i {
+			written, runes, i = written+j-i, runes+j-i, j
+			if i >= len(d) {
+				break
+			}
+		}
 		c := d[i]
 		switch {
 		case c == '"':

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 
@@ -41,6 +42,10 @@ func chatBody(messages, contentChars int, withTools bool) []byte {
 // BenchmarkDecodeChatRequest measures the edge's parse and check of a chat
 // completion body (request.DecodeChat), per request.
 func BenchmarkDecodeChatRequest(b *testing.B) {
+	agent, err := os.ReadFile("../testdata/agent_100k.json")
+	if err != nil {
+		b.Fatal(err)
+	}
 	for _, bc := range []struct {
 		name string
 		body []byte
@@ -48,6 +53,7 @@ func BenchmarkDecodeChatRequest(b *testing.B) {
 		{"small_1msg_64B", chatBody(1, 64, false)},
 		{"chat_10msgs_1KiB_tools", chatBody(10, 1024, true)},
 		{"long_50msgs_4KiB", chatBody(50, 4096, false)},
+		{"agent_95KiB", agent},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.SetBytes(int64(len(bc.body)))
