@@ -118,7 +118,9 @@ const modelsPrefix = "/v1/models/"
 // the answer and reads and discards what the client is still sending, up to
 // 64 MiB for at most 5 s, so that a client that sends its whole body before
 // reading reads the answer instead of a connection reset (RFC 9112 §9.6,
-// "Tear-down"; nginx's lingering close does the same).
+// "Tear-down"; nginx's lingering close does the same). A connection whose
+// body did not come whole in that time is then closed, never left to wait
+// for the rest.
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	tw := httpconn.NewWriter(w, h.cfg.WriteTimeout)
 	limit, bodyTimeout := h.cfg.MaxBodyBytes, h.cfg.BodyReadTimeout
@@ -152,7 +154,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.logger.Debug("aborting a response with nothing written", "path", Clip(r.URL.Path))
 		panic(http.ErrAbortHandler)
 	}
-	body.Linger(tw, r)
+	if !body.Linger(tw, r) && tw.Header().Get("Content-Length") != "" {
+		// The answer is whole on the wire and the rest of the body will
+		// not be read: close the connection now (a lingering close),
+		// rather than leave it to parse what the client sends next as a
+		// request.
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // requestIDHeader is the answer header that carries the request's id

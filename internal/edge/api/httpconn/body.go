@@ -116,31 +116,51 @@ func (b *Body) Close() error { return b.capped.Close() }
 // Linger, after the handler has answered, sends the answer and reads and
 // discards the rest of a body the handler did not read to its end (see
 // the edge API's ServeHTTP), unless the client asked for a 100 Continue that was never
-// sent (then it sends no body) or has gone away.
-func (b *Body) Linger(w *Writer, r *http.Request) {
+// sent (then it sends no body) or has gone away. It reports whether the
+// body was read to its end, so that the connection may carry another
+// request. When it was not, the connection's read deadline is left
+// expired: net/http reads up to 256 KiB of what is left of a body after
+// the handler, to reuse the connection, and with no deadline that read
+// waited on a client that sent nothing more for as long as the client
+// kept the connection (and held a graceful stop for its whole drain).
+func (b *Body) Linger(w *Writer, r *http.Request) (ended bool) {
 	if b.lift != nil {
 		b.lift()
 		b.lift = nil
 	}
-	if b.eof || r.ContentLength == 0 || ClientGone(r) {
-		return
+	if b.eof || r.ContentLength == 0 {
+		return true
+	}
+	defer func() {
+		if ended {
+			_ = w.rc.SetReadDeadline(time.Time{})
+			return
+		}
+		_ = w.FlushError() // the answer is on the wire before the connection may close
+		_ = w.rc.SetReadDeadline(time.Now())
+	}()
+	if ClientGone(r) {
+		return false
 	}
 	if !b.read && strings.EqualFold(r.Header.Get("Expect"), "100-continue") {
-		return
+		return false
 	}
 	if w.FlushError() != nil {
-		return
+		return false
 	}
 	_ = w.rc.SetReadDeadline(time.Now().Add(lingerTime))
 	buf := make([]byte, 64<<10) // few reads: io.Discard would read 8 KiB at a time
 	for left := lingerBytes; left > 0; {
 		n, err := b.orig.Read(buf[:min(left, len(buf))])
 		left -= n
+		if err == io.EOF {
+			return true
+		}
 		if err != nil {
 			break
 		}
 	}
-	_ = w.rc.SetReadDeadline(time.Time{})
+	return false
 }
 
 // LiftOnEnd sets lift, which lifts the connection's read deadline for the
