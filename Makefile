@@ -183,7 +183,8 @@ bench: build
 # nothing: test/peers/build.sh builds each peer from its snapshot at the
 # pinned commit under ~/.cache/iop/peers/<name>-<commit>/ (its header says
 # how to put a snapshot there) and a missing peer is left out. Shorter:
-# make bench-peers PEERS_ARGS="--rounds 1 -d 5s". Figures: BENCHMARKS.md.
+# make bench-peers PEERS_ARGS="--rounds 1 -d 5s". Figures: BENCHMARKS.md; the profiles
+# of its iop processes per workload: test/peers/profile.sh.
 OLLA_COMMIT := 200c24f6f2758da6f45411fbd61a89c14a4ec239
 BIFROST_COMMIT := 5978108db0fd9a50a3349d10bb6aa311502c05e2
 bench-peers: build
