@@ -12,9 +12,25 @@ import (
 	"time"
 )
 
+// dialEnv opens a TCP connection to env's server, closed at the test's
+// end, with a deadline of a minute: far past the lingering's 5 s, so a
+// read still blocked then is a hang.
+func dialEnv(t *testing.T, env *testEnv) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	conn, err := net.Dial("tcp", env.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if err := conn.SetDeadline(time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	return conn, bufio.NewReader(conn)
+}
+
 // sendPartial sends a POST to path that announces a 1,000-byte body and
 // sends only its first bytes, then reads the whole answer.
-func sendPartial(t *testing.T, env *testEnv, conn net.Conn, br *bufio.Reader, path string) *http.Response {
+func sendPartial(t *testing.T, conn net.Conn, br *bufio.Reader, path string) *http.Response {
 	t.Helper()
 	req := "POST " + path + " HTTP/1.1\r\nHost: iop\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n" + `{"model":"m","messages":`
 	if _, err := io.WriteString(conn, req); err != nil {
@@ -49,17 +65,8 @@ func TestRegression_UnreadBodyLeavesNoConnectionOpen(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			env := newEnv(t, Config{BodyReadTimeout: 200 * time.Millisecond}, okRun)
-			conn, err := net.Dial("tcp", env.srv.Listener.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			// Far past the lingering's 5 s: a read still blocked then is the hang.
-			if err := conn.SetDeadline(time.Now().Add(time.Minute)); err != nil {
-				t.Fatal(err)
-			}
-			br := bufio.NewReader(conn)
-			if resp := sendPartial(t, env, conn, br, tc.path); resp.StatusCode != tc.status {
+			conn, br := dialEnv(t, env)
+			if resp := sendPartial(t, conn, br, tc.path); resp.StatusCode != tc.status {
 				t.Fatalf("answer %d, want %d", resp.StatusCode, tc.status)
 			}
 			n, err := br.Read(make([]byte, 1))
@@ -78,15 +85,7 @@ func TestRegression_UnreadBodyLeavesNoConnectionOpen(t *testing.T) {
 func TestLingerKeepsAConnectionWhoseBodyCameWhole(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t, Config{}, okRun)
-	conn, err := net.Dial("tcp", env.srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if err := conn.SetDeadline(time.Now().Add(time.Minute)); err != nil {
-		t.Fatal(err)
-	}
-	br := bufio.NewReader(conn)
+	conn, br := dialEnv(t, env)
 	body := `{"model":"m","messages":[{"role":"user","content":"x"}]}`
 	req := "POST /v1/no-such-route HTTP/1.1\r\nHost: iop\r\nContent-Type: application/json\r\nContent-Length: " +
 		strconv.Itoa(len(body)) + "\r\n\r\n" + body
